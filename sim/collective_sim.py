@@ -1,0 +1,415 @@
+"""Simulating one collective on a pod: `simulate_collective` and its `CollectiveResult`.
+
+The collective's schedule is routed before `env.run()`; SimPy then replays its streams of steps
+against the fluid link network. One representative chip stands for all when the setup is
+translation-symmetric (every collective axis wraps, no degraded link); otherwise whole replica
+groups are simulated link by link (a representative group, plus every group that contains a
+degraded link).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import simpy
+
+from sim.collectives import CollectiveKind, Schedule, build_schedule
+from sim.hardware import ChipSpec
+from sim.network import CLASS_NAMES, NUM_CLASSES, FluidNetwork, GroupGeometry, group_axes
+from sim.routing import (
+    check_full_size,
+    full_batch,
+    link_model,
+    send_batch,
+    symmetric_batch,
+)
+from topologies.errors import TpusimError
+from topologies.torus import AXIS_NAMES, DCN_AXIS, Topology
+
+LINK_COLUMNS = ["link", "src", "dst", "axis", "direction", "bytes", "busy_s", "utilization"]
+TIMELINE_COLUMNS = [
+    "group", "chip", "chips_represented", "stream", "step", "label", "start_s", "end_s",
+    "bytes_per_chip",
+]
+
+
+@dataclass(kw_only=True)
+class CollectiveResult:
+    """What one collective did. Scalar fields are the CLI's JSON; tables are pandas on demand."""
+
+    op: str
+    algorithm: str
+    algorithm_requested: str
+    chip: str
+    topology: str
+    axes: tuple[str, ...]
+    bytes: int
+    num_chips: int
+    group_size: int
+    num_groups: int
+    time_s: float
+    bytes_on_busiest_link: float
+    max_link_utilization: float
+    hbm_bytes_per_chip: float
+    mode: str
+    num_steps: int
+    sim_events: int
+    _topology: Topology = field(repr=False)
+    _link_bytes: np.ndarray = field(repr=False)
+    _link_busy: np.ndarray = field(repr=False)
+    _link_cap: np.ndarray = field(repr=False)
+    _timeline: list[tuple] = field(repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "algorithm": self.algorithm,
+            "algorithm_requested": self.algorithm_requested,
+            "chip": self.chip,
+            "topology": self.topology,
+            "axes": list(self.axes),
+            "bytes": self.bytes,
+            "num_chips": self.num_chips,
+            "group_size": self.group_size,
+            "num_groups": self.num_groups,
+            "time_s": self.time_s,
+            "bytes_on_busiest_link": self.bytes_on_busiest_link,
+            "max_link_utilization": self.max_link_utilization,
+            "hbm_bytes_per_chip": self.hbm_bytes_per_chip,
+            "mode": self.mode,
+            "num_steps": self.num_steps,
+            "sim_events": self.sim_events,
+        }
+
+    @property
+    def links(self):
+        """Per-link table (every existing link that carried bytes): LINK_COLUMNS."""
+        import pandas as pd
+
+        topo = self._topology
+        used = np.flatnonzero(self._link_bytes > 0)
+        src, dst = topo.link_endpoints()
+        rows = []
+        ndim = topo.ndim
+        for link in used:
+            link = int(link)
+            if link < topo.num_ici_links:
+                chip, rest = divmod(link, 2 * ndim)
+                axis, d = AXIS_NAMES[rest // 2], "+-"[rest % 2]
+                s, t = topo.coords(chip), topo.coords(int(dst[link]))
+            else:
+                k = link - topo.num_ici_links
+                out = k < topo.num_chips
+                chip = k if out else k - topo.num_chips
+                axis, d = DCN_AXIS, "out" if out else "in"
+                s = t = topo.coords(chip)
+            cap = self._link_cap[link]
+            b = float(self._link_bytes[link])
+            rows.append((link, str(s), str(t), axis, d, b, float(self._link_busy[link]),
+                         b / (cap * self.time_s) if self.time_s > 0 else 0.0))
+        return pd.DataFrame(rows, columns=LINK_COLUMNS)
+
+    @property
+    def timeline(self):
+        """Per-step table for the simulated chips/groups: TIMELINE_COLUMNS."""
+        import pandas as pd
+
+        return pd.DataFrame(self._timeline, columns=TIMELINE_COLUMNS)
+
+
+def parse_slow_link(spec: str, topology: Topology) -> tuple[int, float]:
+    """`"0,0:x+:0.5"` -> (link id, bandwidth factor). The factor defaults to 0.5."""
+    parts = spec.split(":")
+    if len(parts) not in (2, 3):
+        raise TpusimError(
+            f"--slow-link {spec!r} is not like 0,0:x+:0.5 (chip coordinates : axis and direction "
+            f": bandwidth factor)"
+        )
+    try:
+        coords = tuple(int(c) for c in parts[0].split(","))
+    except ValueError:
+        raise TpusimError(f"--slow-link {spec!r}: chip coordinates must be integers") from None
+    if len(coords) != topology.ndim:
+        raise TpusimError(
+            f"--slow-link {spec!r}: give {topology.ndim} coordinates for the {topology.name} torus"
+        )
+    ad = parts[1].strip()
+    if len(ad) != 2 or ad[0] not in AXIS_NAMES[: topology.ndim] or ad[1] not in "+-":
+        raise TpusimError(
+            f"--slow-link {spec!r}: the link is an axis letter and a direction, such as x+ or y-"
+        )
+    factor = 0.5
+    if len(parts) == 3:
+        try:
+            factor = float(parts[2])
+        except ValueError:
+            raise TpusimError(f"--slow-link {spec!r}: factor must be a number in (0, 1]") from None
+    if not 0 < factor <= 1:
+        raise TpusimError(f"--slow-link {spec!r}: factor {factor} must be in (0, 1]")
+    chip = topology.chip_id(coords)
+    link = topology.ici_link_id(chip, AXIS_NAMES.index(ad[0]), 1 if ad[1] == "+" else -1)
+    if not topology.link_mask()[link]:
+        raise TpusimError(
+            f"--slow-link {spec!r}: chip {coords} has no {ad} link in the {topology.name} torus "
+            f"(edge of an axis without wraparound)"
+        )
+    return link, factor
+
+
+def _check_bytes(nbytes: Any, kind: CollectiveKind, group_size: int) -> int:
+    if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)):
+        if isinstance(nbytes, float) and nbytes.is_integer():
+            nbytes = int(nbytes)
+        else:
+            raise TpusimError(f"--bytes {nbytes!r} must be a whole number of bytes")
+    if nbytes <= 0:
+        raise TpusimError(f"--bytes {nbytes} must be > 0 (V is the size of the whole array)")
+    if kind in (CollectiveKind.SEND, CollectiveKind.PERMUTE):
+        return int(nbytes)
+    if nbytes % group_size:
+        raise TpusimError(
+            f"--bytes {nbytes} is not divisible by the group size {group_size}: each chip holds "
+            f"V/{group_size}; use a multiple of {group_size} (e.g. "
+            f"{math.ceil(nbytes / group_size) * group_size})"
+        )
+    return int(nbytes)
+
+
+def simulate_collective(
+    *,
+    chip: ChipSpec,
+    topology: Topology,
+    op: str | CollectiveKind,
+    axes: tuple[str, ...] | str = (),
+    nbytes: int,
+    algorithm: str = "auto",
+    shift: int = 1,
+    src: tuple[int, ...] | None = None,
+    dst: tuple[int, ...] | None = None,
+    slow_links: tuple[str, ...] | dict[int, float] = (),
+    mode: str = "auto",
+) -> CollectiveResult:
+    """Simulate one collective on `topology` made of `chip`s.
+
+    Args:
+        op: all-gather, reduce-scatter, all-reduce, all-to-all, collective-permute or send.
+        axes: the physical axes of the replica group (`("y",)`, `"x,y"`, `dcn`).
+        nbytes: V, the textbook's convention (see README): the gathered output for all-gather,
+            the full unreduced buffer for reduce-scatter/all-reduce, the whole array for
+            all-to-all, the per-chip message for collective-permute and send.
+        algorithm: a name from `collectives.ALGORITHMS` (`auto` = what a TPU does).
+        shift: chips to shift by, for collective-permute.
+        src, dst: chip coordinates for send.
+        slow_links: degraded links, as `"x,y[,z]:x+:factor"` strings or {link id: factor}.
+        mode: `auto` (symmetric where exact), `symmetric` (error if not exact) or `full`.
+    """
+    try:
+        kind = CollectiveKind(op)
+    except ValueError:
+        raise TpusimError(
+            f"unknown --op {op!r}; use one of: {', '.join(k.value for k in CollectiveKind)}"
+        ) from None
+    if mode not in ("auto", "symmetric", "full"):
+        raise TpusimError(f"mode {mode!r} must be auto, symmetric or full")
+    if isinstance(slow_links, dict):
+        slow = dict(slow_links)
+    else:
+        slow = {}
+        for s in slow_links:
+            link, f = parse_slow_link(s, topology)
+            slow[link] = slow.get(link, 1.0) * f
+    lm = link_model(chip, topology, slow)
+    env = simpy.Environment()
+    timeline: list[tuple] = []
+
+    if kind == CollectiveKind.SEND:
+        if src is None or dst is None:
+            raise TpusimError("--op send needs --src and --dst chip coordinates, e.g. 0,0 and 3,3")
+        nbytes = _check_bytes(nbytes, kind, 1)
+        batch, npaths, _hops = send_batch(topology, lm, tuple(src), tuple(dst), nbytes)
+        net = FluidNetwork(env, lm.capacity_bytes_per_s)
+
+        def proc():
+            t0 = env.now
+            yield net.transfer(batch)
+            timeline.append((0, topology.chip_id(tuple(src)), 1, 0, 0, f"send over {npaths} "
+                             f"path(s)", t0, env.now, float(nbytes)))
+
+        env.process(proc())
+        env.run()
+        return _result(
+            kind=kind, algorithm="direct", requested=algorithm, chip=chip, topology=topology,
+            axes=(), nbytes=nbytes, group_size=2, num_groups=1, time_s=env.now,
+            net=net, link_bytes=net.bytes, link_busy=net.busy_s, lm=lm,
+            hbm=2.0 * nbytes, mode="full", steps=1, timeline=timeline,
+        )
+
+    if isinstance(axes, str):
+        axes = tuple(a.strip() for a in axes.split(",") if a.strip())
+    gaxes = group_axes(topology, tuple(axes))
+    geo = GroupGeometry(topology, gaxes)
+    nbytes = _check_bytes(nbytes, kind, geo.group_size)
+    schedule = build_schedule(kind, gaxes, float(nbytes), algorithm, shift=shift)
+
+    # Which mode: symmetric is exact when the schedule is translation-invariant and no link
+    # in the group's axes is degraded.
+    relevant_slow = {
+        link: f for link, f in slow.items() if _link_axis(topology, link) in {g.name for g in gaxes}
+    }
+    symmetric_ok = schedule.translation_invariant and not relevant_slow
+    if mode == "symmetric" and not symmetric_ok:
+        raise TpusimError(
+            "--mode symmetric is not exact here (an axis without wraparound, an edge-dependent "
+            "algorithm, or a degraded link); use --mode auto or full"
+        )
+    use_sym = symmetric_ok and mode != "full"
+    steps_total = sum(len(s) for s in schedule.streams)
+    sent = schedule.bytes_sent_per_chip()
+    hbm = 2.0 * sent + (sent if schedule.reduces else 0.0)
+
+    if use_sym:
+        net = FluidNetwork(env, lm.class_capacity_bytes_per_s)
+        batches = [[symmetric_batch(st, gaxes, lm) for st in s] for s in schedule.streams]
+        _launch(env, net, batches, schedule, 0, 0, topology.num_chips, timeline)
+        env.run()
+        link_bytes, link_busy = _expand_classes(topology, gaxes, net.bytes, net.busy_s)
+        return _result(
+            kind=kind, algorithm=_algo_name(schedule), requested=algorithm, chip=chip,
+            topology=topology, axes=tuple(g.name for g in gaxes), nbytes=nbytes,
+            group_size=geo.group_size, num_groups=geo.num_groups, time_s=env.now, net=net,
+            link_bytes=link_bytes, link_busy=link_busy, lm=lm, hbm=hbm, mode="symmetric",
+            steps=steps_total, timeline=timeline,
+        )
+
+    # Full detail: the representative group 0 and every group holding a degraded link.
+    groups = sorted({0} | {int(geo.group_of_chip[_link_src(topology, lk)]) for lk in relevant_slow})
+    check_full_size(schedule, geo.group_size, len(groups))
+    net = FluidNetwork(env, lm.capacity_bytes_per_s)
+    local = geo.local_coords()
+    group_chips = {}
+    for g in groups:
+        chips = geo.group_chips(g)
+        group_chips[g] = chips
+        batches = [
+            [full_batch(st, gaxes, topology, chips, local, lm) for st in s]
+            for s in schedule.streams
+        ]
+        represented = geo.group_size if g != 0 else geo.group_size * (
+            geo.num_groups - (len(groups) - 1)
+        )
+        _launch(env, net, batches, schedule, g, int(chips[0]), represented, timeline)
+    env.run()
+    link_bytes, link_busy = _replicate_group0(topology, geo, group_chips, net)
+    return _result(
+        kind=kind, algorithm=_algo_name(schedule), requested=algorithm, chip=chip,
+        topology=topology, axes=tuple(g.name for g in gaxes), nbytes=nbytes,
+        group_size=geo.group_size, num_groups=geo.num_groups, time_s=env.now, net=net,
+        link_bytes=link_bytes, link_busy=link_busy, lm=lm, hbm=hbm, mode="full",
+        steps=steps_total, timeline=timeline,
+    )
+
+
+def _algo_name(schedule: Schedule) -> str:
+    return schedule.algorithm
+
+
+def _link_axis(topology: Topology, link: int) -> str:
+    if link >= topology.num_ici_links:
+        return DCN_AXIS
+    return AXIS_NAMES[(link % (2 * topology.ndim)) // 2]
+
+
+def _link_src(topology: Topology, link: int) -> int:
+    return link // (2 * topology.ndim)
+
+
+def _launch(env, net, batches, schedule, group, chip, represented, timeline) -> None:
+    for si, stream in enumerate(batches):
+        steps = schedule.streams[si]
+
+        def proc(stream=stream, steps=steps, si=si):
+            for k, (b, st) in enumerate(zip(stream, steps, strict=True)):
+                t0 = env.now
+                yield net.transfer(b)
+                per_chip = sum(m.bytes for m in st.moves) * st.repeat
+                timeline.append((group, chip, represented, si, k, st.label, t0, env.now,
+                                 per_chip))
+
+        env.process(proc())
+
+
+def _expand_classes(topology: Topology, gaxes, cls_bytes, cls_busy):
+    """Symmetric mode: every link of a used class carries that class's bytes."""
+    n = topology.num_links
+    lb = np.zeros(n)
+    busy = np.zeros(n)
+    mask = topology.link_mask()
+    names = {g.name for g in gaxes}
+    ndim = topology.ndim
+    n_ici = topology.num_ici_links
+    ids = np.arange(n_ici)
+    cls = ids % (2 * ndim)
+    for c in range(2 * ndim):
+        if AXIS_NAMES[c // 2] not in names:
+            continue
+        sel = (cls == c) & mask
+        lb[:n_ici][sel] = cls_bytes[c]
+        busy[:n_ici][sel] = cls_busy[c]
+    if topology.num_slices > 1 and DCN_AXIS in names:
+        nc = topology.num_chips
+        lb[n_ici : n_ici + nc] = cls_bytes[NUM_CLASSES - 2]
+        lb[n_ici + nc :] = cls_bytes[NUM_CLASSES - 1]
+        busy[n_ici : n_ici + nc] = cls_busy[NUM_CLASSES - 2]
+        busy[n_ici + nc :] = cls_busy[NUM_CLASSES - 1]
+    return lb, busy
+
+
+def _replicate_group0(topology: Topology, geo: GroupGeometry, group_chips, net):
+    """Full mode: groups that were not simulated behave exactly like group 0."""
+    lb = net.bytes.copy()
+    busy = net.busy_s.copy()
+    simulated = set(group_chips)
+    if geo.num_groups == len(simulated):
+        return lb, busy
+    ndim = topology.ndim
+    n_ici = topology.num_ici_links
+    g0 = group_chips[0]
+    per = 2 * ndim
+    # ICI links: link id = chip * per + class; translate group 0's pattern by local index.
+    g0_ici = np.stack([lb[g0 * per + c] for c in range(per)], axis=1)
+    g0_busy = np.stack([busy[g0 * per + c] for c in range(per)], axis=1)
+    others = ~np.isin(geo.group_of_chip, list(simulated))
+    chips = np.flatnonzero(others)
+    loc = geo.local_of_chip[chips]
+    for c in range(per):
+        lb[chips * per + c] = g0_ici[loc, c]
+        busy[chips * per + c] = g0_busy[loc, c]
+    if topology.num_slices > 1:
+        nc = topology.num_chips
+        lb[n_ici + chips] = lb[n_ici + g0[loc]]
+        lb[n_ici + nc + chips] = lb[n_ici + nc + g0[loc]]
+        busy[n_ici + chips] = busy[n_ici + g0[loc]]
+        busy[n_ici + nc + chips] = busy[n_ici + nc + g0[loc]]
+    return lb, busy
+
+
+def _result(*, kind, algorithm, requested, chip, topology, axes, nbytes, group_size, num_groups,
+            time_s, net, link_bytes, link_busy, lm, hbm, mode, steps, timeline):
+    cap = lm.capacity_bytes_per_s
+    busiest = float(link_bytes.max(initial=0.0))
+    util = float(np.max(link_bytes / cap, initial=0.0) / time_s) if time_s > 0 else 0.0
+    return CollectiveResult(
+        op=str(kind), algorithm=algorithm, algorithm_requested=requested, chip=chip.name,
+        topology=topology.name, axes=axes, bytes=int(nbytes), num_chips=topology.num_chips,
+        group_size=group_size, num_groups=num_groups, time_s=float(time_s),
+        bytes_on_busiest_link=busiest, max_link_utilization=util, hbm_bytes_per_chip=float(hbm),
+        mode=mode, num_steps=steps, sim_events=net.num_events, _topology=topology,
+        _link_bytes=link_bytes, _link_busy=link_busy, _link_cap=cap,
+        _timeline=sorted(timeline, key=lambda r: (r[0], r[3], r[4])),
+    )
+
+
+__all__ = ["CLASS_NAMES", "CollectiveResult", "simulate_collective", "parse_slow_link"]

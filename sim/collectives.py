@@ -1,0 +1,525 @@
+"""Collective algorithms: each turns a collective into concurrent streams of link-level steps.
+
+An algorithm produces a `Schedule`: one or more *streams* that run concurrently (e.g. the k parts
+of a multi-axis all-gather), each a sequence of `Step`s. A step is a set of `Move`s that every chip
+of the replica group performs at once: "send `bytes` to the chip at `offset`" (offsets are per
+group axis; on a ring the sign picks the direction). Moves may be restricted to a range of source
+coordinates (the ends of a line). Identical consecutive steps are folded into one `repeat`.
+
+`routing` turns steps into `network.Batch`es, either on link classes (symmetric mode, exact under
+translation symmetry) or on individual links (full detail). The registry names below are part of
+the CLI interface: ring, bidi-ring, split-bidi-ring, line, multi-axis, per-axis-ring, direct,
+auto.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.network import GroupAxis
+from topologies.errors import TpusimError
+from topologies.registry import Registry
+
+
+class CollectiveKind(enum.StrEnum):
+    ALL_GATHER = "all-gather"
+    REDUCE_SCATTER = "reduce-scatter"
+    ALL_REDUCE = "all-reduce"
+    ALL_TO_ALL = "all-to-all"
+    PERMUTE = "collective-permute"
+    SEND = "send"
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """Every chip of the group sends `bytes` to the chip at `offset` (per group axis).
+
+    `src_lo`/`src_hi` (per group axis, inclusive) restrict which chips send; None = all.
+    """
+
+    offset: tuple[int, ...]
+    bytes: float
+    src_lo: tuple[int, ...] | None = None
+    src_hi: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    moves: tuple[Move, ...]
+    repeat: int = 1
+    label: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Schedule:
+    """An algorithm's plan for one collective on one replica group."""
+
+    kind: CollectiveKind
+    algorithm: str
+    gaxes: tuple[GroupAxis, ...]
+    streams: tuple[tuple[Step, ...], ...]
+    reduces: bool  # received data is summed into a local buffer (reduce-scatter phases)
+
+    @property
+    def translation_invariant(self) -> bool:
+        """True if every chip does exactly the same moves on rings (symmetric mode is exact)."""
+        if not all(g.wraps or g.size == 1 for g in self.gaxes):
+            return False
+        return all(m.src_lo is None for s in self.streams for st in s for m in st.moves)
+
+    def bytes_sent_per_chip(self) -> float:
+        """Bytes one chip injects (for a chip that performs every move)."""
+        return sum(m.bytes * st.repeat for s in self.streams for st in s for m in st.moves)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AlgorithmInfo:
+    name: str
+    description: str
+    build: Callable[..., Schedule]
+
+
+ALGORITHMS: Registry[AlgorithmInfo] = Registry("collective algorithm")
+
+
+# -- single-axis building blocks ----------------------------------------------------------
+def _unit(k: int, ai: int, v: int) -> tuple[int, ...]:
+    o = [0] * k
+    o[ai] = v
+    return tuple(o)
+
+
+def _rng(k: int, ai: int, lo: int, hi: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Source range restricting axis ai to [lo, hi], other axes unrestricted."""
+    los = [0] * k
+    his = [1 << 30] * k
+    los[ai], his[ai] = lo, hi
+    return tuple(los), tuple(his)
+
+
+def _ring_phase(k: int, ai: int, n: int, msg: float, wraps: bool, label: str) -> list[Step]:
+    """Unidirectional ring: n-1 steps, each chip sends `msg` to its + neighbour."""
+    if n <= 1:
+        return []
+    if wraps:
+        return [Step((Move(_unit(k, ai, 1), msg),), repeat=n - 1, label=label)]
+    # No wraparound link: the ring closes by routing the last chip's message back along the
+    # line (n-1 hops on the - links), which the simulation charges honestly.
+    lo, hi = _rng(k, ai, 0, n - 2)
+    lo2, hi2 = _rng(k, ai, n - 1, n - 1)
+    moves = (Move(_unit(k, ai, 1), msg, lo, hi), Move(_unit(k, ai, -(n - 1)), msg, lo2, hi2))
+    return [Step(moves, repeat=n - 1, label=label)]
+
+
+def _bidi_phase(k: int, ai: int, n: int, msg: float, label: str) -> list[Step]:
+    """Textbook bidirectional ring: msg both ways each hop, floor(n/2) hops."""
+    if n <= 1:
+        return []
+    moves = (Move(_unit(k, ai, 1), msg), Move(_unit(k, ai, -1), msg))
+    return [Step(moves, repeat=n // 2, label=label)]
+
+
+def _split_phase(k: int, ai: int, n: int, msg: float, label: str) -> list[Step]:
+    """Split bidirectional ring: half of each shard each way, n-1 hops."""
+    if n <= 1:
+        return []
+    moves = (Move(_unit(k, ai, 1), msg / 2), Move(_unit(k, ai, -1), msg / 2))
+    return [Step(moves, repeat=n - 1, label=label)]
+
+
+def _line_phase(k: int, ai: int, n: int, msg: float, label: str, *, transpose: bool) -> list[Step]:
+    """Bidirectional line: n-1 steps; link i->i+1 carries exactly the shards that must cross it.
+
+    All-gather: at step s the + link out of chip i is busy iff i >= s-1 (it forwards the shard of
+    chip i-s+1). Reduce-scatter is the transpose (time reversed).
+    """
+    steps = []
+    for s in range(1, n):
+        if not transpose:
+            plus, minus = (s - 1, n - 2), (1, n - s)
+        else:
+            plus, minus = (0, n - 1 - s), (s, n - 1)
+        moves = (
+            Move(_unit(k, ai, 1), msg, *_rng(k, ai, *plus)),
+            Move(_unit(k, ai, -1), msg, *_rng(k, ai, *minus)),
+        )
+        steps.append(Step(moves, label=label))
+    return steps
+
+
+def _axis_phase(
+    style: str, k: int, ai: int, g: GroupAxis, msg: float, label: str, *, transpose: bool
+) -> list[Step]:
+    if style == "ring":
+        return _ring_phase(k, ai, g.size, msg, g.wraps, label)
+    if style == "bidi":
+        return _bidi_phase(k, ai, g.size, msg, label)
+    if style == "split":
+        return _split_phase(k, ai, g.size, msg, label)
+    if style == "line":
+        return _line_phase(k, ai, g.size, msg, label, transpose=transpose)
+    raise AssertionError(style)
+
+
+def _best_style(g: GroupAxis) -> str:
+    """What a TPU does on one axis: a split bidirectional ring if it wraps, else a line.
+
+    Over DCN each chip has one NIC, so both directions share it: a unidirectional ring.
+    """
+    if g.is_dcn:
+        return "ring"
+    return "split" if g.wraps else "line"
+
+
+def _phases(
+    kind: CollectiveKind, gaxes, order: list[int], styles: dict[int, str], v: float, tag: str
+) -> list[Step]:
+    """Chained per-axis phases for one stream carrying `v` bytes (the stream's share of V).
+
+    All-gather walks `order` growing the shard; reduce-scatter walks it shrinking the buffer;
+    all-reduce = reduce-scatter over `order` then all-gather over reversed(order).
+    """
+    k = len(gaxes)
+    n_total = int(np.prod([gaxes[i].size for i in order])) if order else 1
+    steps: list[Step] = []
+
+    def ag(seq: list[int], shard: float) -> None:
+        for ai in seq:
+            g = gaxes[ai]
+            steps.extend(
+                _axis_phase(styles[ai], k, ai, g, shard, f"{tag}AG {g.name}", transpose=False)
+            )
+            shard *= g.size
+
+    def rs(seq: list[int], buf: float) -> float:
+        for ai in seq:
+            g = gaxes[ai]
+            buf /= g.size
+            steps.extend(
+                _axis_phase(styles[ai], k, ai, g, buf, f"{tag}RS {g.name}", transpose=True)
+            )
+        return buf
+
+    if kind == CollectiveKind.ALL_GATHER:
+        ag(order, v / n_total)
+    elif kind == CollectiveKind.REDUCE_SCATTER:
+        rs(order, v)
+    elif kind == CollectiveKind.ALL_REDUCE:
+        shard = rs(order, v)
+        ag(list(reversed(order)), shard)
+    else:  # pragma: no cover
+        raise AssertionError(kind)
+    return steps
+
+
+def _nontrivial(gaxes) -> list[int]:
+    return [i for i, g in enumerate(gaxes) if g.size > 1]
+
+
+def _require_one_axis(name: str, gaxes) -> int:
+    nt = _nontrivial(gaxes)
+    if len(nt) > 1:
+        axes = ",".join(gaxes[i].name for i in nt)
+        raise TpusimError(
+            f"algorithm {name!r} runs on one axis but --axes {axes} has {len(nt)} axes of size "
+            f"> 1; use multi-axis or per-axis-ring for several axes, or collective over one axis"
+        )
+    return nt[0] if nt else 0
+
+
+def _require_wrap(name: str, g: GroupAxis) -> None:
+    if g.size > 1 and not g.wraps:
+        raise TpusimError(
+            f"algorithm {name!r} needs a ring, but axis {g.name} (size {g.size}) has no "
+            f"wraparound; use line or auto, or give --wraparound all (or include {g.name})"
+        )
+
+
+_REDUCING = (CollectiveKind.REDUCE_SCATTER, CollectiveKind.ALL_REDUCE)
+_GATHERLIKE = (CollectiveKind.ALL_GATHER, CollectiveKind.REDUCE_SCATTER, CollectiveKind.ALL_REDUCE)
+
+
+def _not_for(name: str, kind: CollectiveKind, ok: str) -> TpusimError:
+    return TpusimError(
+        f"algorithm {name!r} does not implement {kind}; for {kind} use one of: {ok}"
+    )
+
+
+# -- registered algorithms ----------------------------------------------------------------
+def _single_axis_algo(name: str, style: str, need_wrap: bool):
+    def build(kind: CollectiveKind, gaxes, v: float, **_) -> Schedule:
+        if kind == CollectiveKind.ALL_TO_ALL and style in ("ring", "bidi"):
+            return _alltoall_relay(name, gaxes, v, bidi=(style == "bidi"))
+        if kind not in _GATHERLIKE:
+            raise _not_for(name, kind, applicable_algorithms(kind))
+        ai = _require_one_axis(name, gaxes)
+        g = gaxes[ai]
+        if need_wrap:
+            _require_wrap(name, g)
+        if style == "line" and g.is_dcn:
+            raise TpusimError(
+                "algorithm 'line' is for an ICI axis; over dcn use ring or auto"
+            )
+        steps = _phases(kind, gaxes, [ai], {ai: style}, v, "")
+        return Schedule(
+            kind=kind, algorithm=name, gaxes=gaxes, streams=(tuple(steps),),
+            reduces=kind in _REDUCING,
+        )
+
+    return build
+
+
+def _multi_axis(kind: CollectiveKind, gaxes, v: float, **_) -> Schedule:
+    """All ICI axes at once: k streams of V/k, stream j visits the axes rotated by j.
+
+    DCN (if present) is done hierarchically: for all-gather first (smallest shards), for
+    reduce-scatter last, for all-reduce in the middle, so DCN carries the least data.
+    """
+    if kind not in _GATHERLIKE:
+        raise _not_for("multi-axis", kind, applicable_algorithms(kind))
+    ici = [i for i in _nontrivial(gaxes) if not gaxes[i].is_dcn]
+    dcn = [i for i in _nontrivial(gaxes) if gaxes[i].is_dcn]
+    styles = {i: _best_style(gaxes[i]) for i in range(len(gaxes))}
+    k = max(len(ici), 1)
+    streams = []
+    for j in range(k):
+        rot = ici[j:] + ici[:j]
+        if kind == CollectiveKind.ALL_GATHER:
+            order = dcn + rot
+        elif kind == CollectiveKind.REDUCE_SCATTER:
+            order = rot + dcn
+        else:
+            order = rot + dcn  # RS over ICI, then DCN; AG runs the reverse (DCN first)
+        streams.append(tuple(_phases(kind, gaxes, order, styles, v / k, f"part{j} ")))
+    return Schedule(
+        kind=kind, algorithm="multi-axis", gaxes=gaxes, streams=tuple(streams),
+        reduces=kind in _REDUCING,
+    )
+
+
+def _per_axis_ring(kind: CollectiveKind, gaxes, v: float, **_) -> Schedule:
+    """One unidirectional ring per axis, axes one after another (hierarchical simulators)."""
+    if kind not in _GATHERLIKE:
+        raise _not_for("per-axis-ring", kind, applicable_algorithms(kind))
+    order = _nontrivial(gaxes)
+    styles = {i: "ring" for i in range(len(gaxes))}
+    steps = _phases(kind, gaxes, order, styles, v, "")
+    return Schedule(
+        kind=kind, algorithm="per-axis-ring", gaxes=gaxes, streams=(tuple(steps),),
+        reduces=kind in _REDUCING,
+    )
+
+
+def _shortest_offsets(g: GroupAxis) -> list[tuple[int, float]]:
+    """(offset, weight) for every destination along one axis, shortest way round on a ring.
+
+    Ties (distance exactly n/2 on a ring) split evenly between the two directions. On a line
+    every signed offset is listed; chips whose destination falls off the line skip it.
+    """
+    n = g.size
+    if n == 1:
+        return [(0, 1.0)]
+    if g.is_dcn:
+        return [(0, 1.0)] + [(t, 1.0) for t in range(1, n)]
+    if not g.wraps:
+        return [(o, 1.0) for o in range(-(n - 1), n)]
+    out = [(0, 1.0)]
+    for t in range(1, n):
+        if t < n - t:
+            out.append((t, 1.0))
+        elif t > n - t:
+            out.append((-(n - t), 1.0))
+        else:
+            out += [(t, 0.5), (-t, 0.5)]
+    return out
+
+
+def _direct_moves(gaxes, per_pair_bytes: float) -> tuple[Move, ...]:
+    per_axis = [_shortest_offsets(g) for g in gaxes]
+    moves = []
+    for combo in itertools.product(*per_axis):
+        off = tuple(o for o, _ in combo)
+        if all(o == 0 for o in off):
+            continue
+        w = float(np.prod([wt for _, wt in combo]))
+        lo = hi = None
+        if any(not g.wraps and g.size > 1 and o != 0 for g, o in zip(gaxes, off, strict=True)):
+            # Only chips whose destination stays on the line send this move.
+            los, his = [], []
+            for g, o in zip(gaxes, off, strict=True):
+                if g.wraps or g.size == 1:
+                    los.append(0)
+                    his.append(1 << 30)
+                else:
+                    los.append(max(0, -o))
+                    his.append(min(g.size - 1, g.size - 1 - o))
+            lo, hi = tuple(los), tuple(his)
+        moves.append(Move(off, per_pair_bytes * w, lo, hi))
+    return tuple(moves)
+
+
+def _direct(kind: CollectiveKind, gaxes, v: float, **_) -> Schedule:
+    """Every pair over its own dimension-order route, all at once."""
+    n = int(np.prod([g.size for g in gaxes]))
+    if kind == CollectiveKind.ALL_GATHER:
+        streams = ((Step(_direct_moves(gaxes, v / n), label="AG direct"),),)
+    elif kind == CollectiveKind.REDUCE_SCATTER:
+        streams = ((Step(_direct_moves(gaxes, v / n), label="RS direct"),),)
+    elif kind == CollectiveKind.ALL_REDUCE:
+        streams = (
+            (
+                Step(_direct_moves(gaxes, v / n), label="RS direct"),
+                Step(_direct_moves(gaxes, v / n), label="AG direct"),
+            ),
+        )
+    elif kind == CollectiveKind.ALL_TO_ALL:
+        streams = ((Step(_direct_moves(gaxes, v / (n * n)), label="A2A direct"),),)
+    else:
+        raise _not_for("direct", kind, applicable_algorithms(kind))
+    return Schedule(
+        kind=kind, algorithm="direct", gaxes=gaxes, streams=streams, reduces=kind in _REDUCING
+    )
+
+
+def _alltoall_relay(name: str, gaxes, v: float, *, bidi: bool) -> Schedule:
+    """All-to-all by relaying along a ring: step s carries the chunks still travelling."""
+    ai = _require_one_axis(name, gaxes)
+    g = gaxes[ai]
+    if bidi:
+        _require_wrap(name, g)
+    n = g.size
+    k = len(gaxes)
+    chunk = v / (n * n)
+    steps: list[Step] = []
+    if n > 1 and not bidi:
+        if not g.wraps:
+            raise TpusimError(
+                f"algorithm {name!r} for all-to-all needs a ring, but axis {g.name} has no "
+                f"wraparound; use direct or auto"
+            )
+        for s in range(1, n):
+            steps.append(Step((Move(_unit(k, ai, 1), (n - s) * chunk),), label="A2A ring"))
+    elif n > 1:
+        half = (n - 1) // 2  # distances that go one way in full
+        for s in range(1, n // 2 + 1):
+            c = max(0, half - s + 1) + (0.5 if n % 2 == 0 else 0.0)
+            moves = (Move(_unit(k, ai, 1), c * chunk), Move(_unit(k, ai, -1), c * chunk))
+            steps.append(Step(moves, label="A2A bidi"))
+    return Schedule(
+        kind=CollectiveKind.ALL_TO_ALL, algorithm=name, gaxes=gaxes, streams=(tuple(steps),),
+        reduces=False,
+    )
+
+
+def _auto(kind: CollectiveKind, gaxes, v: float, **kw) -> Schedule:
+    """What a TPU does: all axes at once (split bidirectional rings, lines where no wrap,
+    DCN hierarchically); all-to-all, permute and send go direct."""
+    if kind in _GATHERLIKE:
+        s = _multi_axis(kind, gaxes, v)
+    else:
+        s = ALGORITHMS.get("direct").build(kind, gaxes, v, **kw)
+    return Schedule(
+        kind=s.kind, algorithm=f"auto ({s.algorithm})", gaxes=s.gaxes, streams=s.streams,
+        reduces=s.reduces,
+    )
+
+
+def _permute(kind: CollectiveKind, gaxes, v: float, *, shift: int = 1, **_) -> Schedule:
+    """Shift by `shift` along one axis: every chip sends V to the chip `shift` ahead."""
+    ai = _require_one_axis("collective-permute", gaxes)
+    g = gaxes[ai]
+    k = len(gaxes)
+    if g.size == 1:
+        return Schedule(kind=kind, algorithm="direct", gaxes=gaxes, streams=((),), reduces=False)
+    if g.wraps:
+        t = shift % g.size
+        if t == 0:
+            moves: tuple[Move, ...] = ()
+        elif 2 * t < g.size or g.is_dcn:
+            moves = (Move(_unit(k, ai, t), v),)
+        elif 2 * t > g.size:
+            moves = (Move(_unit(k, ai, -(g.size - t)), v),)
+        else:  # exactly half way round: both directions carry half
+            moves = (Move(_unit(k, ai, t), v / 2), Move(_unit(k, ai, -t), v / 2))
+    else:
+        if abs(shift) >= g.size:
+            raise TpusimError(
+                f"--shift {shift} moves every chip off the {g.size}-chip line {g.name} (no "
+                f"wraparound); use |shift| < {g.size}"
+            )
+        lo, hi = _rng(k, ai, max(0, -shift), min(g.size - 1, g.size - 1 - shift))
+        moves = (Move(_unit(k, ai, shift), v, lo, hi),) if shift else ()
+    steps = (Step(moves, label=f"permute {g.name}{shift:+d}"),) if moves else ()
+    return Schedule(kind=kind, algorithm="direct", gaxes=gaxes, streams=(steps,), reduces=False)
+
+
+def _direct_or_special(kind: CollectiveKind, gaxes, v: float, **kw) -> Schedule:
+    if kind == CollectiveKind.PERMUTE:
+        return _permute(kind, gaxes, v, **kw)
+    return _direct(kind, gaxes, v, **kw)
+
+
+ALGORITHMS.add("auto", AlgorithmInfo(
+    name="auto", build=_auto,
+    description="what a TPU does: multi-axis for gathers/reductions, direct otherwise"))
+ALGORITHMS.add("ring", AlgorithmInfo(
+    name="ring", build=_single_axis_algo("ring", "ring", need_wrap=False),
+    description="unidirectional ring on one axis: (X-1) hops of V/X"))
+ALGORITHMS.add("bidi-ring", AlgorithmInfo(
+    name="bidi-ring", build=_single_axis_algo("bidi-ring", "bidi", need_wrap=True),
+    description="textbook bidirectional ring: every shard both ways, floor(X/2) hops"))
+ALGORITHMS.add("split-bidi-ring", AlgorithmInfo(
+    name="split-bidi-ring", build=_single_axis_algo("split-bidi-ring", "split", need_wrap=True),
+    description="half of every shard each way round the ring, X-1 hops"))
+ALGORITHMS.add("line", AlgorithmInfo(
+    name="line", build=_single_axis_algo("line", "line", need_wrap=False),
+    description="bidirectional line (no wraparound links used): X-1 hops"))
+ALGORITHMS.add("multi-axis", AlgorithmInfo(
+    name="multi-axis", build=_multi_axis,
+    description="all given axes at once, k parts on rotated axis orders: V/(k W)"))
+ALGORITHMS.add("per-axis-ring", AlgorithmInfo(
+    name="per-axis-ring", build=_per_axis_ring,
+    description="one unidirectional ring per axis, axes in turn (hierarchical simulators)"))
+ALGORITHMS.add("direct", AlgorithmInfo(
+    name="direct", build=_direct_or_special,
+    description="every pair over its own dimension-order route, all at once"))
+
+_APPLICABLE = {
+    CollectiveKind.ALL_GATHER: [
+        "auto", "ring", "bidi-ring", "split-bidi-ring", "line", "multi-axis", "per-axis-ring",
+        "direct",
+    ],
+    CollectiveKind.ALL_TO_ALL: ["auto", "direct", "ring", "bidi-ring"],
+    CollectiveKind.PERMUTE: ["auto", "direct"],
+    CollectiveKind.SEND: ["auto", "direct"],
+}
+_APPLICABLE[CollectiveKind.REDUCE_SCATTER] = _APPLICABLE[CollectiveKind.ALL_GATHER]
+_APPLICABLE[CollectiveKind.ALL_REDUCE] = _APPLICABLE[CollectiveKind.ALL_GATHER]
+
+
+def applicable_algorithms(kind: CollectiveKind) -> str:
+    return ", ".join(_APPLICABLE[kind])
+
+
+def algorithm_names(kind: CollectiveKind) -> list[str]:
+    return list(_APPLICABLE[kind])
+
+
+def build_schedule(
+    kind: CollectiveKind, gaxes: tuple[GroupAxis, ...], v: float, algorithm: str = "auto",
+    *, shift: int = 1,
+) -> Schedule:
+    """The algorithm's schedule for one collective of V bytes on one replica group."""
+    info = ALGORITHMS.get(algorithm)
+    if info.name not in _APPLICABLE[kind]:
+        raise _not_for(info.name, kind, applicable_algorithms(kind))
+    if kind == CollectiveKind.PERMUTE:
+        ai = _require_one_axis("collective-permute", gaxes)
+        del ai
+        return _permute(kind, gaxes, v, shift=shift)
+    return info.build(kind, gaxes, v, shift=shift)

@@ -1,0 +1,348 @@
+"""TPU chip descriptions (`ChipSpec`), the preset registry, and custom chips from YAML.
+
+Every preset number cites `../shared/reference/tpu.md` (the textbook *How to Scale Your Model*,
+restated) or a public Google Cloud spec. Efficiency factors scale the peak numbers to what the
+hardware achieves; they default to 1.0 (the textbook's idealisation) unless a fit says otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from topologies.errors import TpusimError
+from topologies.registry import Registry
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChipSpec:
+    """One TPU chip, as the simulator sees it. Rates are per chip (all TensorCores together).
+
+    Attributes:
+        name: registry name (`v5e`).
+        generation_rule: which wraparound rule its slices follow (`cube` for v4/v5p-style optical
+            cubes, `full-axis` for v5e/v6e-style 2D pods that wrap only full-length axes).
+        max_pod_shape: the largest ICI slice (chips per axis).
+        mxu_flops_per_s: dense bf16 peak of all MXUs.
+        mxu_int8_ops_per_s: int8 peak of all MXUs.
+        vpu_flops_per_s: fp32 vector-unit peak.
+        hbm_bytes: HBM capacity.
+        hbm_bytes_per_s: HBM bandwidth.
+        ici_link_bytes_per_s: one ICI link, one direction (the book's "one-way"; bidi is 2x).
+        ici_hop_latency_s: latency added per ICI hop.
+        ici_links_per_chip: ICI links (each full duplex) leaving one chip.
+        dcn_bytes_per_s: data-center-network egress per chip (and ingress, full duplex).
+        dcn_latency_s: one-way DCN latency between slices.
+        pcie_bytes_per_s: host <-> HBM bandwidth per chip.
+        tensorcores_per_chip: TensorCores sharing the chip's HBM (megacore counts as one device).
+        mxu_efficiency, vpu_efficiency, hbm_efficiency, ici_efficiency, dcn_efficiency: achievable
+            fraction of each peak (1.0 = the textbook's roofline).
+        op_overhead_s: fixed cost added to every compute op (launch / pipeline fill).
+    """
+
+    name: str
+    generation_rule: str
+    max_pod_shape: tuple[int, ...]
+    mxu_flops_per_s: float
+    mxu_int8_ops_per_s: float
+    vpu_flops_per_s: float
+    hbm_bytes: float
+    hbm_bytes_per_s: float
+    ici_link_bytes_per_s: float
+    ici_hop_latency_s: float
+    ici_links_per_chip: int
+    dcn_bytes_per_s: float
+    dcn_latency_s: float
+    pcie_bytes_per_s: float
+    tensorcores_per_chip: int
+    mxu_efficiency: float = 1.0
+    vpu_efficiency: float = 1.0
+    hbm_efficiency: float = 1.0
+    ici_efficiency: float = 1.0
+    dcn_efficiency: float = 1.0
+    op_overhead_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.generation_rule not in WRAP_RULES:
+            raise TpusimError(
+                f"chip {self.name!r}: generation_rule {self.generation_rule!r} is not a known "
+                f"wraparound rule; use one of: {', '.join(WRAP_RULES)}"
+            )
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name in _POSITIVE_FIELDS and not (isinstance(v, (int, float)) and v > 0):
+                raise TpusimError(
+                    f"chip {self.name!r}: {f.name} = {v!r} must be a positive number; "
+                    f"give a value > 0"
+                )
+            if f.name.endswith("_efficiency") and not (
+                isinstance(v, (int, float)) and 0 < v <= 1
+            ):
+                raise TpusimError(
+                    f"chip {self.name!r}: {f.name} = {v!r} must be in (0, 1]; it is the "
+                    f"achievable fraction of the peak"
+                )
+        if not isinstance(self.op_overhead_s, (int, float)) or self.op_overhead_s < 0:
+            raise TpusimError(
+                f"chip {self.name!r}: op_overhead_s = {self.op_overhead_s!r} must be >= 0"
+            )
+        if not self.max_pod_shape or any(
+            not isinstance(n, int) or n < 1 for n in self.max_pod_shape
+        ):
+            raise TpusimError(
+                f"chip {self.name!r}: max_pod_shape = {self.max_pod_shape!r} must be a list of "
+                f"positive integers such as [16, 16]"
+            )
+
+    @property
+    def ici_bidi_bytes_per_s(self) -> float:
+        """The book's `W_ici`: both directions of one link."""
+        return 2.0 * self.ici_link_bytes_per_s
+
+    @property
+    def num_dims(self) -> int:
+        return len(self.max_pod_shape)
+
+    def with_overrides(self, **changes: Any) -> ChipSpec:
+        """A copy with some fields changed (what-if studies), validated like a preset."""
+        unknown = sorted(set(changes) - set(CHIP_FIELDS))
+        if unknown:
+            raise TpusimError(
+                f"chip override {unknown} is not a ChipSpec field; use: {', '.join(CHIP_FIELDS)}"
+            )
+        return dataclasses.replace(self, **changes)
+
+
+WRAP_RULES = ("cube", "full-axis")
+_POSITIVE_FIELDS = {
+    "mxu_flops_per_s",
+    "mxu_int8_ops_per_s",
+    "vpu_flops_per_s",
+    "hbm_bytes",
+    "hbm_bytes_per_s",
+    "ici_link_bytes_per_s",
+    "ici_hop_latency_s",
+    "ici_links_per_chip",
+    "dcn_bytes_per_s",
+    "dcn_latency_s",
+    "pcie_bytes_per_s",
+    "tensorcores_per_chip",
+}
+CHIP_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ChipSpec))
+
+CHIPS: Registry[ChipSpec] = Registry("chip")
+
+# Shared numbers, each cited once.
+_HOP_LATENCY_S = 1e-6  # tpu.md §1.1 "Per-hop ICI latency: about 1 µs" (the book's T_min)
+# No public per-hop DCN latency is given in the reference; 10 µs is an assumption (a datacenter
+# network one-way latency is tens of µs), documented in docs/model.md and overridable via YAML.
+_DCN_LATENCY_S = 10e-6
+_MXU_TO_VPU = 30.0  # tpu.md §1.2: the VPU is "about 30x below the MXU" (v5p)
+
+CHIPS.add(
+    "v3",
+    ChipSpec(
+        name="v3",
+        generation_rule="full-axis",  # assumption: 2D pod like v5e; the book gives no rule
+        max_pod_shape=(32, 32),  # tpu.md §1.1 "32x32 (2D)"
+        mxu_flops_per_s=1.4e14,  # tpu.md §1.1 bf16
+        mxu_int8_ops_per_s=1.4e14,  # tpu.md §1.1 int8
+        vpu_flops_per_s=1.4e14 / _MXU_TO_VPU,  # tpu.md §1.2 ratio
+        hbm_bytes=32e9,  # tpu.md §1.1 "32 GB"
+        hbm_bytes_per_s=9.0e11,  # tpu.md §1.1
+        ici_link_bytes_per_s=1.0e11,  # tpu.md §1.1 one-way
+        ici_hop_latency_s=_HOP_LATENCY_S,
+        ici_links_per_chip=4,  # tpu.md §1.1 "4 nearest neighbours in 2D tori (v2, v3, ...)"
+        dcn_bytes_per_s=6.25e9,  # tpu.md §1.1 DCN egress 6.25e9 B/s per chip (generic figure)
+        dcn_latency_s=_DCN_LATENCY_S,
+        pcie_bytes_per_s=1.6e10,  # tpu.md §1.1 PCIe "1.6e10 B/s per chip typical"
+        tensorcores_per_chip=2,  # tpu.md §1.2 "v3 and older: 2 separate devices"
+    ),
+)
+CHIPS.add(
+    "v4",
+    ChipSpec(
+        name="v4",
+        generation_rule="cube",  # tpu.md §1.3 v4/v5p: 4x4x4 optical cubes
+        max_pod_shape=(16, 16, 16),  # tpu.md §1.1 / §1.3 "16x16x16 for v4"
+        mxu_flops_per_s=2.75e14,  # tpu.md §1.1 bf16
+        mxu_int8_ops_per_s=2.75e14,  # tpu.md §1.1 int8
+        vpu_flops_per_s=2.75e14 / _MXU_TO_VPU,  # tpu.md §1.2 ratio
+        hbm_bytes=32e9,  # tpu.md §1.1 "32 GB"
+        hbm_bytes_per_s=1.2e12,  # tpu.md §1.1 (1.23e12 in one worked answer, §7 item 9)
+        ici_link_bytes_per_s=4.5e10,  # tpu.md §1.1 one-way
+        ici_hop_latency_s=_HOP_LATENCY_S,
+        ici_links_per_chip=6,  # tpu.md §1.1 "6 in 3D tori (v4, v5p)"
+        dcn_bytes_per_s=6.25e9,  # tpu.md §1.1 DCN egress per chip (generic figure)
+        dcn_latency_s=_DCN_LATENCY_S,
+        pcie_bytes_per_s=1.6e10,  # tpu.md §1.1 "v4 is 16 GB/s each way"
+        tensorcores_per_chip=2,  # tpu.md §1.2 megacore
+    ),
+)
+CHIPS.add(
+    "v5e",
+    ChipSpec(
+        name="v5e",
+        generation_rule="full-axis",  # tpu.md §1.3 "an axis wraps only if its length is 16"
+        max_pod_shape=(16, 16),  # tpu.md §1.1 "16x16 = 256 (2D)"
+        mxu_flops_per_s=1.97e14,  # tpu.md §1.1 bf16
+        mxu_int8_ops_per_s=3.94e14,  # tpu.md §1.1 int8
+        # tpu.md §1.2: 8 sublanes x 128 lanes x 4 ALUs per core at 1.5 GHz, 1 core.
+        vpu_flops_per_s=8 * 128 * 4 * 1.5e9,
+        hbm_bytes=16e9,  # tpu.md §1.1 "16 GB"
+        hbm_bytes_per_s=8.2e11,  # tpu.md §1.1
+        ici_link_bytes_per_s=4.5e10,  # tpu.md §1.1 one-way
+        ici_hop_latency_s=_HOP_LATENCY_S,
+        ici_links_per_chip=4,  # tpu.md §1.1 2D torus
+        dcn_bytes_per_s=3.125e9,  # tpu.md §1.1 "3.125e9 per chip on v5e"
+        dcn_latency_s=_DCN_LATENCY_S,
+        pcie_bytes_per_s=1.6e10,  # tpu.md §1.1
+        tensorcores_per_chip=1,  # tpu.md §1.2 "v5e = 1"
+    ),
+)
+CHIPS.add(
+    "v5p",
+    ChipSpec(
+        name="v5p",
+        generation_rule="cube",  # tpu.md §1.3
+        max_pod_shape=(16, 20, 28),  # tpu.md §1.1 "16x20x28 = 8960 (3D)"
+        mxu_flops_per_s=4.59e14,  # tpu.md §1.1 bf16
+        mxu_int8_ops_per_s=9.18e14,  # tpu.md §1.1 int8
+        # tpu.md §1.2: 8·128·4·1.75e9 ≈ 7e12 FLOP/s per core, 2 cores per chip.
+        vpu_flops_per_s=2 * 8 * 128 * 4 * 1.75e9,
+        hbm_bytes=96e9,  # tpu.md §1.1 "96 GB"
+        hbm_bytes_per_s=2.8e12,  # tpu.md §1.1
+        ici_link_bytes_per_s=9.0e10,  # tpu.md §1.1 one-way
+        ici_hop_latency_s=_HOP_LATENCY_S,
+        ici_links_per_chip=6,  # tpu.md §1.1 3D torus
+        dcn_bytes_per_s=6.25e9,  # tpu.md §1.1 "6.25e9 B/s per chip (v5p ...)"
+        dcn_latency_s=_DCN_LATENCY_S,
+        pcie_bytes_per_s=1.6e10,  # tpu.md §1.1
+        tensorcores_per_chip=2,  # tpu.md §1.2 "v5p: 2 cores"
+    ),
+)
+CHIPS.add(
+    "v6e",
+    ChipSpec(
+        name="v6e",
+        generation_rule="full-axis",  # tpu.md §1.3 v5e and v6e: one 16x16 torus
+        max_pod_shape=(16, 16),  # tpu.md §1.1
+        mxu_flops_per_s=9.20e14,  # tpu.md §1.1 bf16 (MaxText uses 918, maxtext.md §5 item 9)
+        mxu_int8_ops_per_s=1.84e15,  # tpu.md §1.1 int8
+        vpu_flops_per_s=9.20e14 / _MXU_TO_VPU,  # tpu.md §1.2 ratio
+        hbm_bytes=32e9,  # tpu.md §1.1 "32 GB"
+        hbm_bytes_per_s=1.6e12,  # tpu.md §1.1
+        ici_link_bytes_per_s=9.0e10,  # tpu.md §1.1 one-way
+        ici_hop_latency_s=_HOP_LATENCY_S,
+        ici_links_per_chip=4,  # tpu.md §1.1 2D torus
+        dcn_bytes_per_s=1.25e10,  # tpu.md §1.1 "1.25e10 per chip on v6e"
+        dcn_latency_s=_DCN_LATENCY_S,
+        pcie_bytes_per_s=3.2e10,  # tpu.md §1.1 "3.2e10 on v6e"
+        # tpu.md §1.2 leaves v6e ambiguous; Google Cloud's v6e page lists one TensorCore per chip.
+        tensorcores_per_chip=1,
+    ),
+)
+CHIPS.add(
+    "tpu7x",
+    ChipSpec(
+        name="tpu7x",
+        # Assumption: tpu.md §7 says the book describes no TPU7x torus; we treat it like v5p.
+        generation_rule="cube",
+        max_pod_shape=(4, 4, 576),  # tpu.md §1.1 "4x4x576 (3D shape)"
+        mxu_flops_per_s=2.30e15,  # tpu.md §1.1 bf16
+        mxu_int8_ops_per_s=4.61e15,  # tpu.md §1.1 int8
+        vpu_flops_per_s=2.30e15 / _MXU_TO_VPU,  # tpu.md §1.2 ratio
+        hbm_bytes=192e9,  # tpu.md §1.1 "192 GB"
+        hbm_bytes_per_s=7.4e12,  # tpu.md §1.1
+        ici_link_bytes_per_s=9.0e10,  # tpu.md §1.1 one-way
+        ici_hop_latency_s=_HOP_LATENCY_S,
+        ici_links_per_chip=6,  # tpu.md §1.1 3D torus
+        dcn_bytes_per_s=1.25e10,  # tpu.md §1.1 "1.25e10 per chip on v6e and TPU7x"
+        dcn_latency_s=_DCN_LATENCY_S,
+        pcie_bytes_per_s=1.6e10,  # tpu.md §1.1 typical figure
+        tensorcores_per_chip=2,  # tpu.md §1.2 "TPU7x: 2 cores joined by a high-bandwidth link"
+    ),
+)
+
+
+def get_chip(name: str) -> ChipSpec:
+    """A preset by name (`v5e`, `v5p`, ...); `v4p` is accepted for `v4`."""
+    if name.lower() == "v4p":
+        name = "v4"
+    return CHIPS.get(name)
+
+
+def chip_from_dict(data: dict[str, Any], *, source: str = "chip YAML") -> ChipSpec:
+    """Build a `ChipSpec` from a mapping; `base: <preset>` starts from a preset.
+
+    Unknown keys are errors that list the allowed ones.
+    """
+    if not isinstance(data, dict):
+        raise TpusimError(
+            f"{source}: expected a mapping of ChipSpec fields, got {type(data).__name__}; "
+            f"write `key: value` lines such as `hbm_bytes_per_s: 1.6e12`"
+        )
+    data = dict(data)
+    base_name = data.pop("base", None)
+    allowed = set(CHIP_FIELDS)
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise TpusimError(
+            f"{source}: unknown key(s) {', '.join(unknown)}; allowed keys are: base, "
+            f"{', '.join(CHIP_FIELDS)}"
+        )
+    if "max_pod_shape" in data:
+        shape = data["max_pod_shape"]
+        if isinstance(shape, str):
+            try:
+                shape = [int(s) for s in shape.lower().split("x")]
+            except ValueError:
+                raise TpusimError(
+                    f"{source}: max_pod_shape {data['max_pod_shape']!r} is not like 16x16"
+                ) from None
+        if not isinstance(shape, (list, tuple)):
+            raise TpusimError(f"{source}: max_pod_shape must be a list like [16, 16]")
+        data["max_pod_shape"] = tuple(shape)
+    for key, value in data.items():
+        if key in ("name", "generation_rule", "max_pod_shape"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TpusimError(f"{source}: {key} = {value!r} must be a number")
+        if key in ("ici_links_per_chip", "tensorcores_per_chip"):
+            if int(value) != value:
+                raise TpusimError(f"{source}: {key} = {value!r} must be an integer")
+            data[key] = int(value)
+        else:
+            data[key] = float(value)
+    if base_name is not None:
+        base = get_chip(str(base_name))
+        data.setdefault("name", f"{base.name}-custom")
+        return dataclasses.replace(base, **data)
+    missing = [
+        f.name
+        for f in dataclasses.fields(ChipSpec)
+        if f.name not in data and f.default is dataclasses.MISSING
+    ]
+    if missing:
+        raise TpusimError(
+            f"{source}: missing key(s) {', '.join(missing)}; give them, or start from a preset "
+            f"with `base: v5e`"
+        )
+    try:
+        return ChipSpec(**data)
+    except TypeError as exc:  # pragma: no cover - guarded by the checks above
+        raise TpusimError(f"{source}: {exc}") from None
+
+
+def load_chip(name_or_path: str) -> ChipSpec:
+    """A preset name, or a YAML file of ChipSpec fields (see `chip_from_dict`)."""
+    if name_or_path.lower() in CHIPS or name_or_path.lower() == "v4p":
+        return get_chip(name_or_path)
+    path = Path(name_or_path)
+    if path.suffix.lower() not in (".yaml", ".yml", ".json") and not path.exists():
+        CHIPS.get(name_or_path)  # raises the "unknown chip" error listing presets
+    from topologies.yamlio import read_yaml_mapping
+
+    return chip_from_dict(read_yaml_mapping(path, what="chip"), source=f"chip file {path}")

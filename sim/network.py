@@ -1,0 +1,308 @@
+"""ICI/DCN links as a fluid network inside SimPy, and dimension-order routing.
+
+Resources are either individual directed links (full detail) or link *classes* (axis, direction)
+when every chip does the same thing on a uniform torus (symmetric mode). Under translation
+symmetry each link of a class carries exactly the traffic that one representative chip puts on
+that class, so simulating the representative's transfers against class resources is exact
+(see docs/model.md). Both modes share one fluid engine:
+
+* A *batch* is one step of a collective: a set of transfers (bytes, path) that start together.
+  It first waits its latency (hops x per-hop latency, the pipeline fill of a cut-through
+  transfer), then its bytes drain. Transfers that share a link share its bandwidth in
+  proportion to their bytes (so they drain together); a batch progresses at the pace of its most
+  loaded link and holds its links until it completes.
+* Rates are recomputed only when a batch starts draining or completes, so the cost is per step,
+  not per byte or per packet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from topologies.errors import TpusimError
+from topologies.torus import AXIS_NAMES, DCN_AXIS, Topology
+
+NUM_CLASSES = 8  # x+, x-, y+, y-, z+, z-, dcn-out, dcn-in
+DCN_OUT_CLASS = 6
+DCN_IN_CLASS = 7
+CLASS_NAMES = ("x+", "x-", "y+", "y-", "z+", "z-", "dcn-out", "dcn-in")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Batch:
+    """One collective step, routed onto resources (links or link classes).
+
+    Attributes:
+        res: resource index of every hop of every transfer, transfer by transfer.
+        ptr: CSR offsets into `res` (len = num transfers + 1); every transfer has >= 1 hop.
+        bytes_per_transfer: payload of each transfer, per repetition.
+        latency_s: latency before the bytes drain (all repetitions).
+        repeat: identical back-to-back repetitions folded into this batch.
+    """
+
+    res: np.ndarray
+    ptr: np.ndarray
+    bytes_per_transfer: np.ndarray
+    latency_s: float
+    repeat: int = 1
+
+    @property
+    def num_transfers(self) -> int:
+        return len(self.ptr) - 1
+
+    @property
+    def hop_weights(self) -> np.ndarray:
+        """Bytes (all repetitions) of the transfer that owns each entry of `res`."""
+        return np.repeat(self.bytes_per_transfer * self.repeat, np.diff(self.ptr))
+
+    def resource_bytes(self, num_resources: int) -> np.ndarray:
+        """Bytes carried per resource by this batch (all repetitions)."""
+        counts = np.diff(self.ptr)
+        w = np.repeat(self.bytes_per_transfer, counts) * self.repeat
+        return np.bincount(self.res, weights=w, minlength=num_resources)
+
+
+class FluidNetwork:
+    """Bandwidth shared by concurrent batches, advanced by SimPy events.
+
+    Args:
+        env: the SimPy environment.
+        capacity_bytes_per_s: bandwidth of each resource.
+    """
+
+    def __init__(self, env: simpy.Environment, capacity_bytes_per_s: np.ndarray) -> None:
+        self.env = env
+        self.capacity = np.asarray(capacity_bytes_per_s, dtype=float)
+        self.num_resources = len(self.capacity)
+        self.bytes = np.zeros(self.num_resources)
+        self.busy_s = np.zeros(self.num_resources)
+        self._active: dict[int, list] = {}  # id -> [batch, remaining fraction, speed, event]
+        self._next_id = 0
+        self._last_t = 0.0
+        self._version = 0
+        self._in_use = np.zeros(self.num_resources, dtype=bool)
+        self.num_events = 0
+
+    def transfer(self, batch: Batch) -> simpy.Event:
+        """Start a batch now; the returned event fires when its last byte has arrived."""
+        done = self.env.event()
+        self.bytes += batch.resource_bytes(self.num_resources)
+        if batch.num_transfers == 0 or float(np.max(batch.bytes_per_transfer, initial=0)) <= 0:
+            t = self.env.timeout(batch.latency_s)
+            t.callbacks.append(lambda _ev: done.succeed())
+            return done
+        if batch.latency_s > 0:
+            t = self.env.timeout(batch.latency_s)
+            t.callbacks.append(lambda _ev: self._admit(batch, done))
+        else:
+            self._admit(batch, done)
+        return done
+
+    # -- fluid bookkeeping ------------------------------------------------------------------
+    def _advance(self) -> None:
+        now = self.env.now
+        dt = now - self._last_t
+        if dt > 0 and self._active:
+            for entry in self._active.values():
+                entry[1] -= entry[2] * dt
+            self.busy_s[self._in_use] += dt
+        self._last_t = now
+
+    def _admit(self, batch: Batch, done: simpy.Event) -> None:
+        self._advance()
+        bid = self._next_id
+        self._next_id += 1
+        self._active[bid] = [batch, 1.0, 0.0, done]
+        self._reschedule()
+
+    def _reschedule(self) -> None:
+        self.num_events += 1
+        # Complete batches whose remaining work has drained (tolerate float dust).
+        finished = [bid for bid, e in self._active.items() if e[1] <= 1e-12]
+        for bid in finished:
+            self._active.pop(bid)[3].succeed()
+        self._in_use[:] = False
+        if not self._active:
+            return
+        entries = list(self._active.values())
+        # Weighted fair sharing: a link's bandwidth is split in proportion to the bytes each
+        # transfer puts on it, so every transfer on a link drains at the same fraction per
+        # second, and a batch finishes when its most loaded link has drained.
+        res_all = np.concatenate([e[0].res for e in entries])
+        w_all = np.concatenate([e[0].hop_weights for e in entries])
+        load = np.bincount(res_all, weights=w_all, minlength=self.num_resources)
+        self._in_use = load > 0
+        pace = np.divide(
+            self.capacity, load, out=np.full(self.num_resources, np.inf), where=load > 0
+        )  # fraction of every transfer's bytes per second on each link
+        next_dt = np.inf
+        for e in entries:
+            speed = float(np.min(pace[e[0].res]))
+            e[2] = speed
+            next_dt = min(next_dt, e[1] / speed)
+        self._version += 1
+        version = self._version
+        timer = self.env.timeout(max(next_dt, 0.0))
+        timer.callbacks.append(lambda _ev: self._on_timer(version))
+
+    def _on_timer(self, version: int) -> None:
+        if version != self._version:
+            return  # superseded by a later reschedule
+        self._advance()
+        # The batch that set the timer is done; snap it to zero against rounding.
+        for e in self._active.values():
+            if e[1] <= 1e-9:
+                e[1] = 0.0
+        self._reschedule()
+
+
+# -- groups and routing ------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupAxis:
+    """One axis of a replica group: an ICI axis of the torus, or the DCN axis across slices."""
+
+    name: str
+    size: int
+    wraps: bool  # ICI ring, or DCN (any slice reaches any other)
+    index: int  # ICI axis index in the topology (-1 for DCN)
+
+    @property
+    def is_dcn(self) -> bool:
+        return self.name == DCN_AXIS
+
+
+def group_axes(topology: Topology, axes: tuple[str, ...]) -> tuple[GroupAxis, ...]:
+    """Validate collective axes against the topology; ICI axes in x, y, z order, DCN last."""
+    if not axes:
+        raise TpusimError("a collective needs at least one axis, e.g. --axes x or --axes x,y")
+    seen: list[GroupAxis] = []
+    for a in axes:
+        if a == DCN_AXIS:
+            if topology.num_slices == 1:
+                raise TpusimError(
+                    "axis 'dcn' needs several slices; add --slices N (N >= 2) or drop dcn"
+                )
+            ga = GroupAxis(name=DCN_AXIS, size=topology.num_slices, wraps=True, index=-1)
+        else:
+            idx = topology.axis_index(a)
+            ga = GroupAxis(
+                name=a, size=topology.shape[idx], wraps=topology.wraparound[idx], index=idx
+            )
+        if any(g.name == ga.name for g in seen):
+            raise TpusimError(f"axis {a!r} is given twice in --axes; list each axis once")
+        seen.append(ga)
+    order = {n: i for i, n in enumerate(AXIS_NAMES + (DCN_AXIS,))}
+    return tuple(sorted(seen, key=lambda g: order[g.name]))
+
+
+class GroupGeometry:
+    """The replica groups of a collective: chips that differ only along the group axes."""
+
+    def __init__(self, topology: Topology, gaxes: tuple[GroupAxis, ...]) -> None:
+        self.topology = topology
+        self.gaxes = gaxes
+        self.sizes = tuple(g.size for g in gaxes)
+        self.group_size = int(np.prod(self.sizes))
+        self.num_groups = topology.num_chips // self.group_size
+        # Full coordinates of every chip: ICI coords then slice index.
+        ici = topology.all_coords()
+        if topology.num_slices > 1:
+            s = np.repeat(np.arange(topology.num_slices), topology.chips_per_slice)
+            full = np.column_stack([np.tile(ici, (topology.num_slices, 1)), s])
+        else:
+            full = np.asarray(ici)
+        self._full = full
+        self._col = [g.index if not g.is_dcn else topology.ndim for g in gaxes]
+        other = [c for c in range(full.shape[1]) if c not in self._col]
+        self._other_cols = other
+        # Group id of each chip: ravel of its coordinates on the non-group axes.
+        dims = [self._dim(c) for c in other]
+        if other:
+            self.group_of_chip = np.ravel_multi_index(tuple(full[:, other].T), dims)
+        else:
+            self.group_of_chip = np.zeros(topology.num_chips, dtype=np.int64)
+        self.local_of_chip = np.ravel_multi_index(tuple(full[:, self._col].T), self.sizes)
+
+    def _dim(self, col: int) -> int:
+        t = self.topology
+        return t.num_slices if col == t.ndim else t.shape[col]
+
+    def group_chips(self, g: int) -> np.ndarray:
+        """Global chip ids of group g, ordered by local index (C order over the group axes)."""
+        chips = np.flatnonzero(self.group_of_chip == g)
+        order = np.argsort(self.local_of_chip[chips], kind="stable")
+        return chips[order]
+
+    def local_coords(self) -> np.ndarray:
+        """[group_size, k] coordinates along the group axes."""
+        return np.indices(self.sizes).reshape(len(self.sizes), -1).T
+
+
+def route_class_hops(gaxes: tuple[GroupAxis, ...], offset: tuple[int, ...]) -> list[int]:
+    """Class resources (with multiplicity) of a dimension-order route for a translation move."""
+    res: list[int] = []
+    for g, o in zip(gaxes, offset, strict=True):
+        if o == 0:
+            continue
+        if g.is_dcn:
+            res += [DCN_OUT_CLASS, DCN_IN_CLASS]
+        else:
+            res += [2 * g.index + (0 if o > 0 else 1)] * abs(o)
+    return res
+
+
+def route_latency_s(gaxes, offset, ici_hop_s: float, dcn_s: float) -> float:
+    lat = 0.0
+    for g, o in zip(gaxes, offset, strict=True):
+        if o:
+            lat += dcn_s if g.is_dcn else ici_hop_s * abs(o)
+    return lat
+
+
+def route_links(
+    topology: Topology,
+    gaxes: tuple[GroupAxis, ...],
+    src_chips: np.ndarray,
+    offset: tuple[int, ...],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Link ids of dimension-order routes from `src_chips` by `offset` (full detail).
+
+    Returns (res, ptr, dst_chips) in CSR form, one transfer per source chip. The caller has
+    already dropped sources whose destination falls off a non-wrapping axis.
+    """
+    src_arr, dst_arr = topology.link_endpoints()
+    ndim = topology.ndim
+    n_ici = topology.num_ici_links
+    n = len(src_chips)
+    hops_cols: list[np.ndarray] = []
+    cur = np.asarray(src_chips, dtype=np.int64).copy()
+    for g, o in zip(gaxes, offset, strict=True):
+        if o == 0:
+            continue
+        if g.is_dcn:
+            # Jump |o| slices in the slice index (any-to-any switched network).
+            s_cur = cur // topology.chips_per_slice
+            local = cur % topology.chips_per_slice
+            s_new = (s_cur + o) % topology.num_slices
+            nxt = s_new * topology.chips_per_slice + local
+            hops_cols.append(n_ici + cur)
+            hops_cols.append(n_ici + topology.num_chips + nxt)
+            cur = nxt
+            continue
+        d = 0 if o > 0 else 1
+        for _ in range(abs(o)):
+            link = cur * 2 * ndim + 2 * g.index + d
+            if np.any(src_arr[link] < 0):
+                raise TpusimError(  # pragma: no cover - algorithms never route off a line
+                    f"internal routing error: a route leaves the {topology.name} torus on axis "
+                    f"{g.name}"
+                )
+            hops_cols.append(link)
+            cur = dst_arr[link]
+    h = len(hops_cols)
+    res = np.stack(hops_cols, axis=1).reshape(-1) if h else np.zeros(0, dtype=np.int64)
+    ptr = np.arange(0, n * h + 1, h, dtype=np.int64) if h else np.zeros(n + 1, dtype=np.int64)
+    return res, ptr, cur

@@ -1,0 +1,217 @@
+"""Turning collective schedules into network batches, in symmetric or full-detail mode.
+
+Symmetric mode routes one representative chip's moves onto link classes; full-detail mode routes
+every chip of the chosen replica groups onto individual link ids. Both produce `network.Batch`es
+for the same fluid engine, so their results agree exactly wherever both apply.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.collectives import Schedule, Step
+from sim.hardware import ChipSpec
+from sim.network import (
+    DCN_IN_CLASS,
+    DCN_OUT_CLASS,
+    NUM_CLASSES,
+    Batch,
+    GroupAxis,
+    GroupGeometry,
+    route_class_hops,
+    route_latency_s,
+    route_links,
+)
+from topologies.errors import TpusimError
+from topologies.torus import AXIS_NAMES, Topology
+
+# Full detail routes one transfer per chip per move; beyond this many we refuse rather than
+# exhaust memory (only `direct` on a huge group without symmetry can get there).
+MAX_FULL_TRANSFERS = 20_000_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkModel:
+    """Per-resource bandwidth for one topology, with optional degraded links."""
+
+    capacity_bytes_per_s: np.ndarray  # full detail: per link id
+    class_capacity_bytes_per_s: np.ndarray  # symmetric: per link class
+    ici_latency_s: float
+    dcn_latency_s: float
+
+
+def link_model(chip: ChipSpec, topology: Topology, slow_links: dict[int, float]) -> LinkModel:
+    ici = chip.ici_link_bytes_per_s * chip.ici_efficiency
+    dcn = chip.dcn_bytes_per_s * chip.dcn_efficiency
+    cap = np.full(topology.num_links, ici)
+    cap[topology.num_ici_links :] = dcn
+    for link, factor in slow_links.items():
+        cap[link] *= factor
+    cls = np.full(NUM_CLASSES, ici)
+    cls[DCN_OUT_CLASS] = cls[DCN_IN_CLASS] = dcn
+    return LinkModel(
+        capacity_bytes_per_s=cap,
+        class_capacity_bytes_per_s=cls,
+        ici_latency_s=chip.ici_hop_latency_s,
+        dcn_latency_s=chip.dcn_latency_s,
+    )
+
+
+def symmetric_batch(step: Step, gaxes: tuple[GroupAxis, ...], lm: LinkModel) -> Batch:
+    """One representative chip's moves, routed on link classes."""
+    res: list[int] = []
+    ptr = [0]
+    nbytes = []
+    lat = 0.0
+    for m in step.moves:
+        hops = route_class_hops(gaxes, m.offset)
+        if not hops or m.bytes <= 0:
+            continue
+        res += hops
+        ptr.append(len(res))
+        nbytes.append(m.bytes)
+        lat = max(lat, route_latency_s(gaxes, m.offset, lm.ici_latency_s, lm.dcn_latency_s))
+    return Batch(
+        res=np.asarray(res, dtype=np.int64),
+        ptr=np.asarray(ptr, dtype=np.int64),
+        bytes_per_transfer=np.asarray(nbytes, dtype=float),
+        latency_s=lat * step.repeat,
+        repeat=step.repeat,
+    )
+
+
+def _valid_sources(m, gaxes, local: np.ndarray) -> np.ndarray:
+    ok = np.ones(len(local), dtype=bool)
+    if m.src_lo is not None:
+        ok &= np.all(local >= np.asarray(m.src_lo), axis=1)
+        ok &= np.all(local <= np.asarray(m.src_hi), axis=1)
+    for i, (g, o) in enumerate(zip(gaxes, m.offset, strict=True)):
+        if o and not g.wraps:
+            d = local[:, i] + o
+            ok &= (d >= 0) & (d < g.size)
+    return ok
+
+
+def full_batch(
+    step: Step,
+    gaxes: tuple[GroupAxis, ...],
+    topology: Topology,
+    chips: np.ndarray,
+    local: np.ndarray,
+    lm: LinkModel,
+) -> Batch:
+    """Every chip of one replica group (`chips`, local coords `local`), on individual links."""
+    res_parts, counts, nbytes = [], [], []
+    lat = 0.0
+    for m in step.moves:
+        if m.bytes <= 0 or not any(m.offset):
+            continue
+        ok = _valid_sources(m, gaxes, local)
+        src = chips[ok]
+        if len(src) == 0:
+            continue
+        r, p, _dst = route_links(topology, gaxes, src, m.offset)
+        h = int(p[1] - p[0]) if len(p) > 1 else 0
+        res_parts.append(r)
+        counts.append(np.full(len(src), h, dtype=np.int64))
+        nbytes.append(np.full(len(src), m.bytes))
+        lat = max(lat, route_latency_s(gaxes, m.offset, lm.ici_latency_s, lm.dcn_latency_s))
+    if not res_parts:
+        z = np.zeros(0, dtype=np.int64)
+        return Batch(res=z, ptr=np.zeros(1, dtype=np.int64), bytes_per_transfer=np.zeros(0),
+                     latency_s=0.0, repeat=step.repeat)
+    c = np.concatenate(counts)
+    return Batch(
+        res=np.concatenate(res_parts),
+        ptr=np.concatenate([[0], np.cumsum(c)]).astype(np.int64),
+        bytes_per_transfer=np.concatenate(nbytes),
+        latency_s=lat * step.repeat,
+        repeat=step.repeat,
+    )
+
+
+def check_full_size(schedule: Schedule, group_size: int, num_groups: int) -> None:
+    moves = max((len(st.moves) for s in schedule.streams for st in s), default=0)
+    if moves * group_size * num_groups > MAX_FULL_TRANSFERS:
+        raise TpusimError(
+            f"full-detail simulation of {schedule.algorithm} would route "
+            f"{moves * group_size * num_groups:,} transfers in one step (limit "
+            f"{MAX_FULL_TRANSFERS:,}); use a symmetric setup (no --slow-link, wraparound on the "
+            f"collective's axes) or a ring-based algorithm"
+        )
+
+
+def send_batch(
+    topology: Topology,
+    lm: LinkModel,
+    src: tuple[int, ...],
+    dst: tuple[int, ...],
+    nbytes: float,
+) -> tuple[Batch, int, int]:
+    """Point-to-point: split evenly over the distinct minimal paths (all dimension orders and,
+    on a ring, both directions when the destination is exactly half way round).
+
+    Returns (batch, number of paths, hops)."""
+    s_chip = topology.chip_id(src)
+    d_chip = topology.chip_id(dst)
+    if s_chip == d_chip:
+        raise TpusimError(f"--src {src} and --dst {dst} are the same chip; pick two chips")
+    gaxes_all = [
+        GroupAxis(name=a, size=topology.shape[i], wraps=topology.wraparound[i], index=i)
+        for i, a in enumerate(AXIS_NAMES[: topology.ndim])
+    ]
+    choices: list[list[int]] = []
+    for i, g in enumerate(gaxes_all):
+        d = dst[i] - src[i]
+        if d == 0:
+            choices.append([0])
+        elif not g.wraps:
+            choices.append([d])
+        else:
+            t = d % g.size
+            if 2 * t < g.size:
+                choices.append([t])
+            elif 2 * t > g.size:
+                choices.append([t - g.size])
+            else:
+                choices.append([t, -t])
+    if topology.num_slices > 1:
+        s_sl = src[topology.ndim] if len(src) > topology.ndim else 0
+        d_sl = dst[topology.ndim] if len(dst) > topology.ndim else 0
+        gaxes_all.append(GroupAxis(name="dcn", size=topology.num_slices, wraps=True, index=-1))
+        choices.append([d_sl - s_sl])
+    paths: dict[tuple[int, ...], float] = {}
+    lat = 0.0
+    for offs in itertools.product(*choices):
+        used = [i for i, o in enumerate(offs) if o != 0]
+        ici_used = [i for i in used if not gaxes_all[i].is_dcn]
+        dcn_used = [i for i in used if gaxes_all[i].is_dcn]
+        for perm in itertools.permutations(ici_used):
+            order = list(perm) + dcn_used
+            ga = tuple(gaxes_all[i] for i in order)
+            off = tuple(offs[i] for i in order)
+            r, _p, _ = route_links(topology, ga, np.array([s_chip]), off)
+            paths.setdefault(tuple(int(x) for x in r), 0.0)
+            lat = max(lat, route_latency_s(ga, off, lm.ici_latency_s, lm.dcn_latency_s))
+    keys = sorted(paths)
+    hop_counts = [len(k) for k in keys]
+    res = np.concatenate([np.asarray(k, dtype=np.int64) for k in keys])
+    ptr = np.concatenate([[0], np.cumsum(hop_counts)]).astype(np.int64)
+    batch = Batch(
+        res=res,
+        ptr=ptr,
+        bytes_per_transfer=np.full(len(keys), nbytes / len(keys)),
+        latency_s=lat,
+    )
+    ici_hops = sum(
+        abs(offs) for offs, g in zip([c[0] for c in choices], gaxes_all, strict=True)
+        if not g.is_dcn
+    )
+    return batch, len(keys), ici_hops
+
+
+def geometry(topology: Topology, gaxes: tuple[GroupAxis, ...]) -> GroupGeometry:
+    return GroupGeometry(topology, gaxes)

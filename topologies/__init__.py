@@ -1,0 +1,1 @@
+"""tpusim.topologies: the physical pod (tori, named slices, logical meshes, DCN multi-slice)."""

@@ -1,0 +1,59 @@
+"""A small generic name -> object registry, one instance per extension point.
+
+Chips, slices, collective algorithms and models each keep one. Lookups of unknown names raise a
+`TpusimError` that lists the known names; registering a name twice is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
+from topologies.errors import TpusimError
+
+T = TypeVar("T")
+
+
+class Registry(Generic[T]):
+    """Maps lower-case names to objects, in registration order."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._items: dict[str, T] = {}
+
+    def add(self, name: str, item: T) -> T:
+        key = name.lower()
+        if key in self._items:
+            raise ValueError(f"{self.kind} {name!r} is registered twice")
+        self._items[key] = item
+        return item
+
+    def register(self, name: str) -> Callable[[T], T]:
+        """Decorator form of `add`."""
+
+        def deco(item: T) -> T:
+            return self.add(name, item)
+
+        return deco
+
+    def get(self, name: str) -> T:
+        try:
+            return self._items[name.lower()]
+        except KeyError:
+            known = ", ".join(self._items)
+            raise TpusimError(
+                f"unknown {self.kind} {name!r}: it is not one of the known {self.kind}s; "
+                f"use one of: {known}"
+            ) from None
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.lower() in self._items
+
+    def names(self) -> list[str]:
+        return list(self._items)
+
+    def items(self) -> Iterator[tuple[str, T]]:
+        return iter(self._items.items())
+
+    def __len__(self) -> int:
+        return len(self._items)

@@ -1,0 +1,150 @@
+"""Named TPU slices (`v5p-128` -> 4x4x4) and each generation's wraparound rule.
+
+Shapes come from `../shared/reference/slices.md` (public Cloud TPU configuration tables); the
+wraparound rules from `tpu.md` §1.3. This module knows chips only by name and rule string, so it
+does not depend on `sim`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from topologies.errors import TpusimError
+from topologies.registry import Registry
+from topologies.torus import Topology, build_torus, parse_shape, parse_wraparound
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SliceSpec:
+    """A named slice: its chip generation and physical shape (x, y, z)."""
+
+    name: str
+    chip: str
+    shape: tuple[int, ...]
+
+    @property
+    def num_chips(self) -> int:
+        return int(np.prod(self.shape))
+
+
+SLICES: Registry[SliceSpec] = Registry("slice")
+
+# slices.md: v4-N and v5p-N count TensorCores (2 per chip); v5e-N and v6e-N count chips.
+_CUBE_SHAPES = {
+    8: (2, 2, 1),
+    16: (2, 2, 2),
+    32: (2, 2, 4),
+    64: (2, 4, 4),
+    128: (4, 4, 4),
+    256: (4, 4, 8),
+    512: (4, 8, 8),
+    1024: (8, 8, 8),
+    2048: (8, 8, 16),
+    4096: (8, 16, 16),
+    8192: (16, 16, 16),
+}
+for _n, _shape in _CUBE_SHAPES.items():
+    SLICES.add(f"v4-{_n}", SliceSpec(name=f"v4-{_n}", chip="v4", shape=_shape))
+    SLICES.add(f"v5p-{_n}", SliceSpec(name=f"v5p-{_n}", chip="v5p", shape=_shape))
+SLICES.add("v4-384", SliceSpec(name="v4-384", chip="v4", shape=(4, 4, 12)))  # slices.md
+SLICES.add("v4-1536", SliceSpec(name="v4-1536", chip="v4", shape=(8, 8, 12)))  # slices.md
+SLICES.add("v5p-12288", SliceSpec(name="v5p-12288", chip="v5p", shape=(16, 16, 24)))  # slices.md
+# The whole v5p pod, 8960 chips, which the textbook describes as 16x20x28 (tpu.md §1.1).
+SLICES.add("v5p-17920", SliceSpec(name="v5p-17920", chip="v5p", shape=(16, 20, 28)))
+SLICES.add("v5p-pod", SliceSpec(name="v5p-pod", chip="v5p", shape=(16, 20, 28)))
+SLICES.add("v4-pod", SliceSpec(name="v4-pod", chip="v4", shape=(16, 16, 16)))
+
+_2D_SHAPES = {
+    1: (1, 1),
+    4: (2, 2),
+    8: (2, 4),
+    16: (4, 4),
+    32: (4, 8),
+    64: (8, 8),
+    128: (8, 16),
+    256: (16, 16),
+}
+for _n, _shape in _2D_SHAPES.items():
+    for _gen in ("v5e", "v6e"):
+        SLICES.add(f"{_gen}-{_n}", SliceSpec(name=f"{_gen}-{_n}", chip=_gen, shape=_shape))
+    # Cloud's name for v5e slices (slices.md).
+    SLICES.add(
+        f"v5litepod-{_n}", SliceSpec(name=f"v5litepod-{_n}", chip="v5e", shape=_shape)
+    )
+
+
+def default_wraparound(rule: str, shape: tuple[int, ...]) -> tuple[bool, ...]:
+    """The generation's wraparound rule (tpu.md §1.3).
+
+    `cube` (v4, v5p): a slice made of whole 4x4x4 cubes (every axis a multiple of 4) wraps on every
+    axis; smaller slices have none. `full-axis` (v5e, v6e): an axis wraps only at length 16.
+    """
+    if rule == "cube":
+        full = len(shape) == 3 and all(n % 4 == 0 for n in shape)
+        return tuple(full and n > 1 for n in shape)
+    if rule == "full-axis":
+        return tuple(n == 16 for n in shape)
+    raise TpusimError(f"unknown wraparound rule {rule!r}; use cube or full-axis")
+
+
+def check_shape_fits(chip_name: str, max_pod_shape: tuple[int, ...], shape: tuple[int, ...]):
+    """Refuse shapes that the chip's largest ICI slice cannot hold (axes may be permuted)."""
+    if len(shape) > len(max_pod_shape):
+        raise TpusimError(
+            f"shape {'x'.join(map(str, shape))} has {len(shape)} axes but {chip_name} pods are "
+            f"{len(max_pod_shape)}D ({'x'.join(map(str, max_pod_shape))}); use at most "
+            f"{len(max_pod_shape)} axes, or --slices for more chips over DCN"
+        )
+    padded = sorted(shape + (1,) * (len(max_pod_shape) - len(shape)))
+    if any(a > b for a, b in zip(padded, sorted(max_pod_shape), strict=True)):
+        raise TpusimError(
+            f"shape {'x'.join(map(str, shape))} does not fit one {chip_name} pod "
+            f"(largest ICI slice {'x'.join(map(str, max_pod_shape))}); use a smaller shape, "
+            f"or --slices N to join slices over DCN"
+        )
+
+
+def resolve_topology(
+    *,
+    chip_name: str,
+    wrap_rule: str,
+    max_pod_shape: tuple[int, ...],
+    slice_name: str | None = None,
+    shape: str | tuple[int, ...] | None = None,
+    wraparound: str = "auto",
+    num_slices: int = 1,
+    check_fit: bool = True,
+) -> Topology:
+    """Turn the CLI's `--slice` / `--shape` / `--wraparound` / `--slices` into a `Topology`."""
+    if slice_name is None and shape is None:
+        raise TpusimError("give the pod as --slice NAME (e.g. v5p-128) or --shape AxB[xC]")
+    if slice_name is not None:
+        spec = SLICES.get(slice_name)
+        if spec.chip != chip_name.split("-")[0] and spec.chip != chip_name:
+            raise TpusimError(
+                f"slice {slice_name!r} is a {spec.chip} slice but the chip is {chip_name!r}; "
+                f"drop --chip or pick a {chip_name} slice"
+            )
+        sl_shape = spec.shape
+        if shape is not None:
+            given = parse_shape(shape) if isinstance(shape, str) else tuple(shape)
+            if int(np.prod(given)) != spec.num_chips:
+                raise TpusimError(
+                    f"shape {'x'.join(map(str, given))} has {int(np.prod(given))} chips but slice "
+                    f"{slice_name} has {spec.num_chips} ({'x'.join(map(str, sl_shape))}); "
+                    f"give a shape with {spec.num_chips} chips or drop --shape"
+                )
+            sl_shape = given
+        shape_t = sl_shape
+    else:
+        shape_t = parse_shape(shape) if isinstance(shape, str) else tuple(shape)
+    if check_fit:
+        check_shape_fits(chip_name, max_pod_shape, shape_t)
+    if not isinstance(num_slices, int) or num_slices < 1:
+        raise TpusimError(f"--slices {num_slices!r} must be an integer >= 1")
+    wrap = parse_wraparound(wraparound, shape_t)
+    if wrap is None:
+        wrap = default_wraparound(wrap_rule, shape_t)
+    return build_torus(shape_t, wrap, num_slices=num_slices)

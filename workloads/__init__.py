@@ -1,0 +1,1 @@
+"""tpusim.workloads: what runs on the pod (model zoo, traces, parallelism, training and decode)."""

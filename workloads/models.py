@@ -1,0 +1,573 @@
+"""Decoder-only Transformer descriptions: `TransformerSpec`, its parameter / FLOP / KV-cache
+arithmetic (reference/tpu.md §3, reference/maxtext.md §1), the `MODELS` zoo of public
+architectures, and `load_model` / `model_from_dict` for zoo names and YAML files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from topologies.errors import TpusimError
+from topologies.registry import Registry
+
+
+class MlpKind(enum.StrEnum):
+    """Feed-forward block type; the YAML text is the enum value."""
+
+    RELU = "relu"
+    GELU = "gelu"
+    SWIGLU = "swiglu"
+    GEGLU = "geglu"
+
+    @property
+    def is_gated(self) -> bool:
+        """True for GLU variants, which multiply a gate projection into the up projection."""
+        return self in (MlpKind.SWIGLU, MlpKind.GEGLU)
+
+    @property
+    def num_matrices(self) -> int:
+        """d_model x d_ff weight matrices per MLP: gate, up, down (3) or up, down (2)."""
+        return 3 if self.is_gated else 2
+
+
+class MaxTextFlopEra(enum.StrEnum):
+    """The five model-FLOP formulas MaxText has used (maxtext.md §1).
+
+    Values are the era names stored in `maxtext_runs.json` (`maxtext_flop_accounting.formula_era`).
+    """
+
+    SIX_P = "6P"
+    SIX_P_ATTN12 = "6P+attn12"
+    SIX_P_ATTN6 = "6P+attn6"
+    MATMUL_NONCAUSAL = "matmul_noncausal"
+    MATMUL_CAUSAL = "matmul_causal"
+
+
+# Fields that must be integers >= 1, and MoE counts that must be integers >= 0.
+_SIZE_FIELDS = (
+    "num_layers", "d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff", "vocab_size",
+)
+_MOE_COUNT_FIELDS = ("num_experts", "experts_per_token", "num_shared_experts", "first_dense_layers")
+_BOOL_FIELDS = ("tied_embeddings", "parallel_block")
+
+
+def _is_int(value: object) -> bool:
+    # bool is an int subclass, but `num_layers: true` in a YAML file is a mistake, not 1.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TransformerSpec:
+    """A decoder-only Transformer's shape. Field names are the public YAML keys.
+
+    Counts returned by the properties are numbers of parameters (elements, not bytes); FLOP
+    figures count a multiply-add as 2 FLOPs (tpu.md §3: a [B,D]x[D,F] matmul is 2BDF FLOPs).
+
+    Attributes:
+        name: registry / report name (`llama3-70b`).
+        num_layers: decoder layers (L).
+        d_model: residual-stream width (D in the book, E = emb_dim in MaxText).
+        num_heads: query heads (N).
+        num_kv_heads: key/value heads (K); K = N is MHA, K = 1 is MQA, else GQA.
+        head_dim: width of one head (H in the book, D in MaxText); num_heads * head_dim need not
+            equal d_model (Gemma, the MaxText 2023 family).
+        d_ff: hidden width of a dense MLP (F).
+        mlp: MLP kind; gated kinds have 3 matrices, plain ones 2.
+        vocab_size: vocabulary rows of the embedding (V).
+        tied_embeddings: True if the output projection reuses the input embedding matrix.
+        parallel_block: True for PaLM-style blocks where attention and MLP read one shared
+            pre-norm and are summed (changes the norm count, not the FLOPs).
+        num_experts: routed experts per MoE layer; 0 means a dense model.
+        experts_per_token: routed experts each token uses (top-k).
+        moe_d_ff: hidden width of one expert (and of one shared expert); None means d_ff
+            (Mixtral style, where every layer is MoE).
+        num_shared_experts: always-on experts per MoE layer (DeepSeek style).
+        first_dense_layers: leading layers that use a dense d_ff MLP instead of experts.
+    """
+
+    name: str
+    num_layers: int
+    d_model: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    d_ff: int
+    mlp: MlpKind
+    vocab_size: int
+    tied_embeddings: bool = False
+    parallel_block: bool = False
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_d_ff: int | None = None
+    num_shared_experts: int = 0
+    first_dense_layers: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise TpusimError(
+                f"model name {self.name!r} is not a non-empty string; give `name: <text>`"
+            )
+        for field in _SIZE_FIELDS:
+            value = getattr(self, field)
+            if not _is_int(value) or value < 1:
+                self._fail(field, value, "must be a positive integer", "give a whole number >= 1")
+        if not isinstance(self.mlp, MlpKind):
+            try:
+                # Frozen dataclass: coerce the YAML string to the enum in place, once.
+                object.__setattr__(self, "mlp", MlpKind(self.mlp))
+            except (ValueError, TypeError):
+                self._fail("mlp", self.mlp, "is not a known MLP kind",
+                           f"use one of: {', '.join(MlpKind)}")
+        for field in _BOOL_FIELDS:
+            value = getattr(self, field)
+            if not isinstance(value, bool):
+                self._fail(field, value, "must be a boolean", "write true or false")
+        if self.num_heads % self.num_kv_heads:
+            self._fail(
+                "num_kv_heads", self.num_kv_heads,
+                f"does not divide num_heads={self.num_heads} (each KV head serves a whole group "
+                f"of query heads)",
+                "set num_kv_heads to a divisor of num_heads (num_heads itself for MHA)",
+            )
+        self._check_moe()
+
+    def _fail(self, field: str, value: object, rule: str, fix: str) -> None:
+        raise TpusimError(f"model {self.name!r}: {field}={value!r} {rule}; {fix}")
+
+    def _check_moe(self) -> None:
+        for field in _MOE_COUNT_FIELDS:
+            value = getattr(self, field)
+            if not _is_int(value) or value < 0:
+                self._fail(field, value, "must be a non-negative integer",
+                           "give a whole number >= 0")
+        if self.moe_d_ff is not None and (not _is_int(self.moe_d_ff) or self.moe_d_ff < 1):
+            self._fail("moe_d_ff", self.moe_d_ff, "must be a positive integer or null",
+                       "give the expert hidden width, or null to use d_ff")
+        if self.num_experts == 0:
+            # MoE knobs on a dense model are almost always a forgotten num_experts.
+            for field in ("experts_per_token", "num_shared_experts", "first_dense_layers"):
+                value = getattr(self, field)
+                if value:
+                    self._fail(field, value, "is set but num_experts=0 (a dense model)",
+                               f"set num_experts > 0 for an MoE model, or set {field} to 0")
+            if self.moe_d_ff is not None:
+                self._fail("moe_d_ff", self.moe_d_ff, "is set but num_experts=0 (a dense model)",
+                           "set num_experts > 0 for an MoE model, or remove moe_d_ff")
+            return
+        if not 1 <= self.experts_per_token <= self.num_experts:
+            self._fail(
+                "experts_per_token", self.experts_per_token,
+                f"must be between 1 and num_experts={self.num_experts}",
+                "set the top-k routing count to at least 1 and at most num_experts",
+            )
+        if self.first_dense_layers >= self.num_layers:
+            self._fail(
+                "first_dense_layers", self.first_dense_layers,
+                f"leaves no MoE layer out of num_layers={self.num_layers}",
+                "make it smaller than num_layers, or set num_experts to 0 for a dense model",
+            )
+
+    # ---- structure ---------------------------------------------------------------------------
+
+    @property
+    def is_moe(self) -> bool:
+        """True if some layers route tokens to experts."""
+        return self.num_experts > 0
+
+    @property
+    def expert_d_ff(self) -> int:
+        """Hidden width of one expert (moe_d_ff, defaulting to d_ff)."""
+        return self.d_ff if self.moe_d_ff is None else self.moe_d_ff
+
+    @property
+    def num_moe_layers(self) -> int:
+        """Layers whose MLP is a mixture of experts."""
+        return self.num_layers - self.first_dense_layers if self.is_moe else 0
+
+    @property
+    def num_dense_layers(self) -> int:
+        """Layers whose MLP is a single dense d_ff MLP."""
+        return self.num_layers - self.num_moe_layers
+
+    # ---- parameter counts (elements) ---------------------------------------------------------
+
+    @property
+    def attention_params_per_layer(self) -> int:
+        """Q, K, V and output projections: D(N+2K)H + NHD, i.e. 2D(N+K)H (tpu.md §3)."""
+        qkv = self.d_model * (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+        return qkv + self.num_heads * self.head_dim * self.d_model
+
+    @property
+    def dense_mlp_params_per_layer(self) -> int:
+        """One dense MLP: 2 or 3 matrices of d_model x d_ff (no biases)."""
+        return self.mlp.num_matrices * self.d_model * self.d_ff
+
+    @property
+    def _expert_params(self) -> int:
+        return self.mlp.num_matrices * self.d_model * self.expert_d_ff
+
+    @property
+    def router_params_per_layer(self) -> int:
+        """MoE gate: a d_model x num_experts matrix (0 for dense models)."""
+        return self.d_model * self.num_experts
+
+    @property
+    def moe_mlp_params_per_layer(self) -> int:
+        """All routed experts, the router and the shared experts of one MoE layer (0 if dense)."""
+        if not self.is_moe:
+            return 0
+        experts = (self.num_experts + self.num_shared_experts) * self._expert_params
+        return experts + self.router_params_per_layer
+
+    @property
+    def active_moe_mlp_params_per_layer(self) -> int:
+        """MoE-layer weights one token touches: top-k + shared experts, and the router."""
+        if not self.is_moe:
+            return 0
+        active = (self.experts_per_token + self.num_shared_experts) * self._expert_params
+        return active + self.router_params_per_layer
+
+    @property
+    def norm_params_per_layer(self) -> int:
+        """Norm scales per layer: one d_model vector per pre-norm.
+
+        A parallel block has a single pre-norm shared by attention and MLP (PaLM, MaxText 2023);
+        a sequential block has two. Norm biases, QK-norms and post-norms are not modelled.
+        """
+        return (1 if self.parallel_block else 2) * self.d_model
+
+    @property
+    def num_attention_params(self) -> int:
+        """Attention projections of all layers."""
+        return self.num_layers * self.attention_params_per_layer
+
+    @property
+    def num_mlp_params(self) -> int:
+        """MLP weights of all layers (every expert, routers, shared experts)."""
+        return (self.num_dense_layers * self.dense_mlp_params_per_layer
+                + self.num_moe_layers * self.moe_mlp_params_per_layer)
+
+    @property
+    def num_active_mlp_params(self) -> int:
+        """MLP weights one token touches, summed over layers."""
+        return (self.num_dense_layers * self.dense_mlp_params_per_layer
+                + self.num_moe_layers * self.active_moe_mlp_params_per_layer)
+
+    @property
+    def num_norm_params(self) -> int:
+        """Per-layer norm scales plus the final norm (d_model)."""
+        return self.num_layers * self.norm_params_per_layer + self.d_model
+
+    @property
+    def num_embedding_params(self) -> int:
+        """vocab x d_model, twice if the output projection is a separate matrix."""
+        return (1 if self.tied_embeddings else 2) * self.vocab_size * self.d_model
+
+    @property
+    def num_params(self) -> int:
+        """Total parameters: attention + MLP + norms + embeddings."""
+        return (self.num_attention_params + self.num_mlp_params + self.num_norm_params
+                + self.num_embedding_params)
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters one token uses: like `num_params` but with top-k + shared experts only."""
+        return (self.num_attention_params + self.num_active_mlp_params + self.num_norm_params
+                + self.num_embedding_params)
+
+    # ---- FLOPs -------------------------------------------------------------------------------
+
+    @property
+    def forward_matmul_flops_per_token(self) -> int:
+        """Forward FLOPs per token of all weight matmuls, excluding attention scores.
+
+        2 x (attention projections + active MLP weights incl. router + the d_model x vocab
+        output projection). The embedding lookup is a gather, not a matmul, so the output
+        projection counts once whether or not it is tied (as MaxText's matmul eras do).
+        """
+        unembed = self.d_model * self.vocab_size
+        return 2 * (self.num_attention_params + self.num_active_mlp_params + unembed)
+
+    def attention_flops_per_token(self, seq_len: int, *, causal: bool = True) -> int:
+        """Forward attention-score FLOPs (QK^T and AV) per token, summed over layers.
+
+        Non-causal: 4 * seq_len * num_heads * head_dim per layer (2 matmuls of 2*S*N*H each).
+        A causal mask halves the useful work on average over the sequence (tpu.md §3).
+
+        Args:
+            seq_len: tokens per sequence (keys each query attends to, before masking).
+            causal: whether the attention mask is causal.
+        """
+        _check_positive("seq_len", seq_len)
+        full = 4 * seq_len * self.num_heads * self.head_dim * self.num_layers
+        return full // 2 if causal else full
+
+    def forward_flops_per_token(self, seq_len: int, *, causal: bool = True) -> int:
+        """Forward FLOPs per token: weight matmuls plus attention scores."""
+        return self.forward_matmul_flops_per_token + self.attention_flops_per_token(
+            seq_len, causal=causal
+        )
+
+    def training_flops(self, tokens: float, seq_len: int, *, causal: bool = True) -> float:
+        """Model FLOPs of a training pass (forward + backward) over `tokens` tokens.
+
+        3 x forward (backward costs 2x forward, tpu.md §3): the textbook's 6 * params * tokens
+        plus attention. Remat recomputation is not counted (these are model FLOPs).
+
+        Args:
+            tokens: tokens processed (e.g. global batch x seq_len).
+            seq_len: tokens per sequence, for the attention-score term.
+            causal: whether the attention mask is causal.
+        """
+        _check_positive("tokens", tokens)
+        return 3 * tokens * self.forward_flops_per_token(seq_len, causal=causal)
+
+    def kv_cache_bytes_per_token(self, bytes_per_elem: float = 2) -> float:
+        """KV-cache bytes one token occupies: 2 * L * K * H * bytes (tpu.md §3).
+
+        Args:
+            bytes_per_elem: bytes per cached element (2 for bf16, 1 for int8).
+        """
+        _check_positive("bytes_per_elem", bytes_per_elem)
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * bytes_per_elem
+
+    def maxtext_flops_per_device(
+        self, per_device_batch: float, seq_len: int, era: MaxTextFlopEra | str
+    ) -> float:
+        """Model FLOPs per device per training step, as MaxText counted them in `era`.
+
+        Reproduces maxtext.md §1, with T = per_device_batch * seq_len tokens per device:
+        * `6P`: 6 * P * T, P = all parameters (`num_params`, tied embedding once).
+        * `6P+attn12` / `6P+attn6`: plus 12 (resp. 6) * N * L * H * S * T.
+        * `matmul_noncausal` / `matmul_causal`: 3 * T * (weight matmuls + attention scores),
+          i.e. 3 * T * `forward_flops_per_token(S, causal=...)`: MoE layers count the router
+          and top-k + shared experts only, the output projection counts once, the lookup is free.
+
+        Args:
+            per_device_batch: sequences per device per step (MaxText `per_device_batch_size`).
+            seq_len: tokens per sequence (MaxText `max_target_length`).
+            era: which formula (a `MaxTextFlopEra` or its string value).
+        """
+        try:
+            era = MaxTextFlopEra(era)
+        except (ValueError, TypeError):
+            raise TpusimError(
+                f"maxtext FLOP era {era!r} is not a known formula era; "
+                f"use one of: {', '.join(MaxTextFlopEra)}"
+            ) from None
+        _check_positive("per_device_batch", per_device_batch)
+        tokens = per_device_batch * seq_len
+        if era is MaxTextFlopEra.MATMUL_NONCAUSAL or era is MaxTextFlopEra.MATMUL_CAUSAL:
+            causal = era is MaxTextFlopEra.MATMUL_CAUSAL
+            return 3 * tokens * self.forward_flops_per_token(seq_len, causal=causal)
+        flops = 6 * self.num_params * tokens
+        if era is MaxTextFlopEra.SIX_P_ATTN12:
+            flops += 3 * tokens * self.attention_flops_per_token(seq_len, causal=False)
+        elif era is MaxTextFlopEra.SIX_P_ATTN6:
+            flops += 3 * tokens * self.attention_flops_per_token(seq_len, causal=True)
+        return flops
+
+    # ---- serialisation -----------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain YAML-ready mapping of the fields (`model_from_dict` inverts it)."""
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["mlp"] = str(self.mlp)
+        return data
+
+
+def _check_positive(what: str, value: object) -> None:
+    # numbers.Real also admits numpy scalars; bool is excluded as in `_is_int`.
+    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not value > 0:
+        raise TpusimError(f"{what}={value!r} must be a positive number; give a value > 0")
+
+
+MODEL_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TransformerSpec))
+_REQUIRED_FIELDS = tuple(
+    f.name for f in dataclasses.fields(TransformerSpec)
+    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+)
+_ALLOWED_KEYS = ("base", *MODEL_FIELDS)
+
+
+# ---- the zoo ---------------------------------------------------------------------------------
+
+MODELS: Registry[TransformerSpec] = Registry("model")
+
+
+def _add(spec: TransformerSpec, *aliases: str) -> None:
+    MODELS.add(spec.name, spec)
+    for alias in aliases:
+        MODELS.add(alias, dataclasses.replace(spec, name=alias))
+
+
+def _llama(name: str, layers: int, d: int, heads: int, kv: int, d_ff: int, vocab: int,
+           *aliases: str) -> None:
+    # LLaMA / Mistral layout: SwiGLU, head_dim 128, untied embeddings, sequential block.
+    _add(TransformerSpec(name=name, num_layers=layers, d_model=d, num_heads=heads,
+                         num_kv_heads=kv, head_dim=128, d_ff=d_ff, mlp=MlpKind.SWIGLU,
+                         vocab_size=vocab), *aliases)
+
+
+# LLaMA-2: Touvron et al. 2023 (arXiv:2307.09288) Table 1 and the meta-llama/Llama-2-{7b,13b,70b}-hf
+# config.json files (hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
+# intermediate_size, vocab_size 32000, tie_word_embeddings false).
+_llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000)
+_llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000)
+_llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000)
+# LLaMA-3 / 3.1: meta-llama/Meta-Llama-3-{8B,70B} and Llama-3.1-405B config.json; Dubey et al.
+# 2024 "The Llama 3 Herd of Models" (arXiv:2407.21783) Table 3 (405B: 126 layers, 16384 wide,
+# FFN 53248, 128 heads, 8 KV heads). 3.1 keeps the 3.0 shapes (only RoPE scaling changes).
+_llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, "llama3.1-8b")
+_llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, "llama3.1-70b")
+_llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, "llama3.1-405b")
+# Mistral 7B: Jiang et al. 2023 (arXiv:2310.06825) Table 1 and mistralai/Mistral-7B-v0.1
+# config.json. Its 4096-token sliding window is not modelled (full attention is assumed).
+_llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000)
+
+# Mixtral 8x7B: Jiang et al. 2024 (arXiv:2401.04088) Table 1 and mistralai/Mixtral-8x7B-v0.1
+# config.json: Mistral-7B shapes with 8 experts, top-2, in every layer (46.7B total / 12.9B active).
+_add(TransformerSpec(name="mixtral-8x7b", num_layers=32, d_model=4096, num_heads=32,
+                     num_kv_heads=8, head_dim=128, d_ff=14336, mlp=MlpKind.SWIGLU,
+                     vocab_size=32000, num_experts=8, experts_per_token=2))
+# Mixtral 8x22B: mistralai/Mixtral-8x22B-v0.1 config.json (56 layers, 6144 wide, 48 heads, 8 KV
+# heads, 16384 expert FFN, 8 experts top-2); Mistral's announcement gives 141B total / 39B
+# active. Vocab 32768 as in MaxText's mixtral-8x22b.yml (reference/maxtext_runs.json); 32000 vs
+# 32768 moves the total by < 0.01%.
+_add(TransformerSpec(name="mixtral-8x22b", num_layers=56, d_model=6144, num_heads=48,
+                     num_kv_heads=8, head_dim=128, d_ff=16384, mlp=MlpKind.SWIGLU,
+                     vocab_size=32768, num_experts=8, experts_per_token=2))
+
+# Gemma 2: Gemma Team 2024 (arXiv:2408.00118) Table 1 and google/gemma-2-{9b,27b} config.json
+# (the paper's "feedforward dim" 28672 / 73728 counts gate + up, i.e. 2 x intermediate_size).
+# GeGLU, tied embeddings, vocab 256000. Not modelled: local/global sliding-window alternation,
+# logit soft-capping, and the extra post-norms (4 norms per layer instead of 2).
+_add(TransformerSpec(name="gemma2-9b", num_layers=42, d_model=3584, num_heads=16,
+                     num_kv_heads=8, head_dim=256, d_ff=14336, mlp=MlpKind.GEGLU,
+                     vocab_size=256000, tied_embeddings=True))
+_add(TransformerSpec(name="gemma2-27b", num_layers=46, d_model=4608, num_heads=32,
+                     num_kv_heads=16, head_dim=128, d_ff=36864, mlp=MlpKind.GEGLU,
+                     vocab_size=256000, tied_embeddings=True))
+
+# GPT-3 175B: Brown et al. 2020 (arXiv:2005.14165) Table 2.1 (96 layers, d_model 12288, 96 heads
+# of 128) and §2.1 (d_ff = 4 d_model, GPT-2 architecture: GELU MLP, tied embeddings, the
+# 50257-token GPT-2 BPE vocabulary). Biases and learned position embeddings are not counted.
+_add(TransformerSpec(name="gpt3-175b", num_layers=96, d_model=12288, num_heads=96,
+                     num_kv_heads=96, head_dim=128, d_ff=49152, mlp=MlpKind.GELU,
+                     vocab_size=50257, tied_embeddings=True))
+
+
+def _maxtext_default(name: str, layers: int, d: int, heads: int, d_ff: int) -> None:
+    # MaxText's 2023 default decoder (maxtext.md §2): parallel block, 2-matrix ReLU MLP, MHA with
+    # head_dim 256 (so heads x head_dim != d_model in general), tied embeddings, vocab 32768.
+    _add(TransformerSpec(name=name, num_layers=layers, d_model=d, num_heads=heads,
+                         num_kv_heads=heads, head_dim=256, d_ff=d_ff, mlp=MlpKind.RELU,
+                         vocab_size=32768, tied_embeddings=True, parallel_block=True))
+
+
+# Sizes from maxtext.md §2: MaxText base.yml (Sep 2023: base_emb_dim 2560, base_num_heads 8,
+# base_mlp_dim 8192, base_num_decoder_layers 16) scaled by global_parameter_scale; these are the
+# models behind the 2023 v4 / v5e / v5p README tables, not today's Llama-style base.yml.
+_maxtext_default("maxtext-16b", 32, 5120, 32, 32768)
+_maxtext_default("maxtext-32b", 32, 10240, 32, 32768)
+_maxtext_default("maxtext-64b", 64, 10240, 32, 32768)
+_maxtext_default("maxtext-128b", 64, 10240, 64, 65536)
+_maxtext_default("maxtext-256b", 64, 20480, 64, 65536)
+_maxtext_default("maxtext-512b", 128, 20480, 64, 65536)
+_maxtext_default("maxtext-1024b", 128, 20480, 128, 131072)
+# The Apr-2023 v4 table's models (maxtext.md §2, `scale=3` and `scale=4`).
+_maxtext_default("maxtext-22b", 48, 6144, 24, 24576)
+_maxtext_default("maxtext-52b", 32, 12288, 32, 49152)
+
+
+# ---- config boundary -------------------------------------------------------------------------
+
+
+def model_from_dict(
+    data: Mapping[str, Any], *, default_name: str | None = None, source: str = "model config"
+) -> TransformerSpec:
+    """Build a `TransformerSpec` from a mapping of its field names (no disk I/O).
+
+    `base: <zoo name>` starts from a zoo model and overrides the given fields. Without `base`,
+    every field without a default is required.
+
+    Args:
+        data: field name -> value, as parsed from YAML.
+        default_name: name to use when `data` has no `name` (e.g. the file stem).
+        source: where `data` came from, for error messages.
+
+    Raises:
+        TpusimError: unknown keys (the message lists the allowed ones), missing required keys,
+            an unknown base, or any field that fails `TransformerSpec` validation.
+    """
+    if not isinstance(data, Mapping):
+        raise TpusimError(
+            f"{source}: expected a mapping of TransformerSpec fields, got {type(data).__name__}; "
+            f"write `key: value` lines such as `num_layers: 32`"
+        )
+    unknown = sorted(str(key) for key in data if key not in _ALLOWED_KEYS)
+    if unknown:
+        raise TpusimError(
+            f"{source}: unknown key(s) {', '.join(unknown)}; allowed keys are: "
+            f"{', '.join(_ALLOWED_KEYS)}"
+        )
+    fields = {key: value for key, value in data.items() if key != "base"}
+    base_name = data.get("base")
+    if base_name is not None:
+        if not isinstance(base_name, str):
+            raise TpusimError(
+                f"{source}: base={base_name!r} is not a model name; give a zoo name such as "
+                f"`base: llama3-8b` (known: {', '.join(MODELS.names())})"
+            )
+        if base_name not in MODELS:
+            raise TpusimError(
+                f"{source}: base {base_name!r} is not a zoo model; use one of: "
+                f"{', '.join(MODELS.names())}"
+            )
+        base = MODELS.get(base_name)
+        fields = {**base.to_dict(), "name": default_name or base.name, **fields}
+    elif "name" not in fields and default_name is not None:
+        fields["name"] = default_name
+    missing = [key for key in _REQUIRED_FIELDS if key not in fields]
+    if missing:
+        raise TpusimError(
+            f"{source}: missing required key(s) {', '.join(missing)}; add them, or start from a "
+            f"zoo model with `base: <name>` (known: {', '.join(MODELS.names())})"
+        )
+    return TransformerSpec(**fields)
+
+
+def load_model(name_or_path: str) -> TransformerSpec:
+    """A zoo model by name, or a YAML file of `TransformerSpec` fields.
+
+    The file's keys are the field names (see `model_from_dict`); `name` defaults to the file
+    stem and `base: <zoo name>` starts from a zoo model.
+
+    Raises:
+        TpusimError: an unknown name, a missing / unreadable / malformed file, or a bad field.
+    """
+    if name_or_path in MODELS:
+        return MODELS.get(name_or_path)
+    path = Path(name_or_path)
+    if path.suffix.lower() not in (".yaml", ".yml", ".json") and not path.exists():
+        raise TpusimError(
+            f"unknown model {name_or_path!r}: it is neither a zoo model nor an existing file; "
+            f"use one of: {', '.join(MODELS.names())}, or a path to a .yaml file"
+        )
+    # Imported here: only this loader touches the disk (building specs never does).
+    from topologies.yamlio import read_yaml_mapping
+
+    data = read_yaml_mapping(path, what="model")
+    source = f"model file {str(path)!r}"
+    try:
+        return model_from_dict(data, default_name=path.stem, source=source)
+    except TpusimError as exc:
+        if str(exc).startswith(source):
+            raise
+        raise TpusimError(f"{source}: {exc}") from None
