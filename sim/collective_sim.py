@@ -86,31 +86,9 @@ class CollectiveResult:
 
     @property
     def links(self):
-        """Per-link table (every existing link that carried bytes): LINK_COLUMNS."""
-        import pandas as pd
-
-        topo = self._topology
-        used = np.flatnonzero(self._link_bytes > 0)
-        src, dst = topo.link_endpoints()
-        rows = []
-        ndim = topo.ndim
-        for link in used:
-            link = int(link)
-            if link < topo.num_ici_links:
-                chip, rest = divmod(link, 2 * ndim)
-                axis, d = AXIS_NAMES[rest // 2], "+-"[rest % 2]
-                s, t = topo.coords(chip), topo.coords(int(dst[link]))
-            else:
-                k = link - topo.num_ici_links
-                out = k < topo.num_chips
-                chip = k if out else k - topo.num_chips
-                axis, d = DCN_AXIS, "out" if out else "in"
-                s = t = topo.coords(chip)
-            cap = self._link_cap[link]
-            b = float(self._link_bytes[link])
-            rows.append((link, str(s), str(t), axis, d, b, float(self._link_busy[link]),
-                         b / (cap * self.time_s) if self.time_s > 0 else 0.0))
-        return pd.DataFrame(rows, columns=LINK_COLUMNS)
+        """Per-link table (every link that carried bytes): LINK_COLUMNS."""
+        return link_table(self._topology, self._link_bytes, self._link_busy, self._link_cap,
+                          self.time_s)
 
     @property
     def timeline(self):
@@ -118,6 +96,51 @@ class CollectiveResult:
         import pandas as pd
 
         return pd.DataFrame(self._timeline, columns=TIMELINE_COLUMNS)
+
+
+def _coord_strings(topology: Topology, chips: np.ndarray) -> list[str]:
+    per = topology.chips_per_slice
+    local = topology.all_coords()[chips % per]
+    if topology.num_slices > 1:
+        local = np.column_stack([local, chips // per])
+    return ["(" + ", ".join(map(str, row)) + ")" for row in local.tolist()]
+
+
+def link_table(topology: Topology, link_bytes, link_busy, link_cap, time_s: float):
+    """Per-link DataFrame (LINK_COLUMNS) of the links that carried bytes."""
+    import pandas as pd
+
+    used = np.flatnonzero(link_bytes > 0)
+    n_ici = topology.num_ici_links
+    ndim = topology.ndim
+    _src, dst = topology.link_endpoints()
+    ici = used[used < n_ici]
+    dcn = used[used >= n_ici] - n_ici
+    ici_src = ici // (2 * ndim)
+    rest = ici % (2 * ndim)
+    dcn_out = dcn < topology.num_chips
+    dcn_chip = np.where(dcn_out, dcn, dcn - topology.num_chips)
+    src_chips = np.concatenate([ici_src, dcn_chip])
+    dst_chips = np.concatenate([dst[ici], dcn_chip])
+    axis = np.concatenate([np.asarray(AXIS_NAMES)[rest // 2], np.full(len(dcn), DCN_AXIS)])
+    direction = np.concatenate(
+        [np.asarray(["+", "-"])[rest % 2], np.where(dcn_out, "out", "in")]
+    )
+    b = link_bytes[used]
+    util = b / (link_cap[used] * time_s) if time_s > 0 else np.zeros(len(used))
+    return pd.DataFrame(
+        {
+            "link": used,
+            "src": _coord_strings(topology, src_chips),
+            "dst": _coord_strings(topology, dst_chips),
+            "axis": axis,
+            "direction": direction,
+            "bytes": b,
+            "busy_s": link_busy[used],
+            "utilization": util,
+        },
+        columns=LINK_COLUMNS,
+    )
 
 
 def parse_slow_link(spec: str, topology: Topology) -> tuple[int, float]:

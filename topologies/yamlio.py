@@ -22,7 +22,9 @@ def read_yaml_mapping(path: Path, *, what: str) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise TpusimError(f"{what} file {str(path)!r} cannot be read as UTF-8 text: {exc}") from None
+        raise TpusimError(
+            f"{what} file {str(path)!r} cannot be read as UTF-8 text: {exc}"
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -1,0 +1,1 @@
+"""Registers the subcommands that live outside `sim.cli` (training, decode, export, demo)."""

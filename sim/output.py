@@ -1,0 +1,47 @@
+"""Writing result tables and summaries to disk, atomically (no half-written outputs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from topologies.errors import TpusimError
+
+
+def atomic_write(path: str | Path, writer: Callable[[Path], None]) -> Path:
+    """Run `writer(tmp_path)` then rename into `path`, so a failure leaves no partial file."""
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TpusimError(f"cannot create directory {str(parent)!r}: {exc.strerror}") from None
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        writer(tmp_path)
+        os.replace(tmp_path, path)
+    except BaseException:
+        tmp_path.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json(path: str | Path, obj: Any) -> Path:
+    text = json.dumps(obj, indent=2, sort_keys=False) + "\n"
+    return atomic_write(path, lambda p: p.write_text(text, encoding="utf-8"))
+
+
+def write_tables(out_dir: str | Path, tables: dict[str, Any], summary: dict[str, Any]) -> Path:
+    """`<out>/<name>.csv` and `<out>/<name>.parquet` for each table, plus `summary.json`."""
+    out = Path(out_dir)
+    for name, df in tables.items():
+        atomic_write(out / f"{name}.csv", lambda p, df=df: df.to_csv(p, index=False))
+        atomic_write(out / f"{name}.parquet", lambda p, df=df: df.to_parquet(p, index=False))
+    write_json(out / "summary.json", summary)
+    return out
