@@ -18,7 +18,14 @@ import simpy
 
 from sim.collectives import CollectiveKind, Schedule, build_schedule
 from sim.hardware import ChipSpec
-from sim.network import CLASS_NAMES, NUM_CLASSES, FluidNetwork, GroupGeometry, group_axes
+from sim.network import (
+    CLASS_NAMES,
+    NUM_CLASSES,
+    FluidNetwork,
+    GroupAxis,
+    GroupGeometry,
+    group_axes,
+)
 from sim.routing import (
     check_full_size,
     full_batch,
@@ -272,7 +279,10 @@ def simulate_collective(
 
     if isinstance(axes, str):
         axes = tuple(a.strip() for a in axes.split(",") if a.strip())
-    gaxes = group_axes(topology, tuple(axes))
+    if axes and all(isinstance(a, GroupAxis) for a in axes):
+        gaxes = tuple(axes)  # factors of physical axes, from a logical mesh
+    else:
+        gaxes = group_axes(topology, tuple(axes))
     geo = GroupGeometry(topology, gaxes)
     nbytes = _check_bytes(nbytes, kind, geo.group_size)
     schedule = build_schedule(kind, gaxes, float(nbytes), algorithm, shift=shift)
@@ -280,7 +290,9 @@ def simulate_collective(
     # Which mode: symmetric is exact when the schedule is translation-invariant and no link
     # in the group's axes is degraded.
     relevant_slow = {
-        link: f for link, f in slow.items() if _link_axis(topology, link) in {g.name for g in gaxes}
+        link: f
+        for link, f in slow.items()
+        if _link_axis(topology, link) in {g.physical_name for g in gaxes}
     }
     symmetric_ok = schedule.translation_invariant and not relevant_slow
     if mode == "symmetric" and not symmetric_ok:
@@ -308,7 +320,12 @@ def simulate_collective(
         )
 
     # Full detail: the representative group 0 and every group holding a degraded link.
-    groups = sorted({0} | {int(geo.group_of_chip[_link_src(topology, lk)]) for lk in relevant_slow})
+    if geo.disjoint:
+        groups = sorted(
+            {0} | {int(geo.group_of_chip[_link_src(topology, lk)]) for lk in relevant_slow}
+        )
+    else:  # strided groups share links: simulate them all
+        groups = list(range(geo.num_groups))
     check_full_size(schedule, geo.group_size, len(groups))
     net = FluidNetwork(env, lm.capacity_bytes_per_s)
     local = geo.local_coords()
@@ -370,7 +387,7 @@ def _expand_classes(topology: Topology, gaxes, cls_bytes, cls_busy):
     lb = np.zeros(n)
     busy = np.zeros(n)
     mask = topology.link_mask()
-    names = {g.name for g in gaxes}
+    names = {g.physical_name for g in gaxes}
     ndim = topology.ndim
     n_ici = topology.num_ici_links
     ids = np.arange(n_ici)

@@ -162,16 +162,52 @@ class FluidNetwork:
 # -- groups and routing ------------------------------------------------------------------
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GroupAxis:
-    """One axis of a replica group: an ICI axis of the torus, or the DCN axis across slices."""
+    """One axis of a replica group: a physical ICI axis, a factor of one, or the DCN axis.
+
+    A factor of a physical axis of `phys_size` chips takes `size` chips `stride` apart
+    (coordinate digit `(c // stride) % size`): `tensor=4` on a 16-chip x axis is the inner factor
+    (stride 1, a 4-chip line segment); the remaining factor has stride 4 and, if x wraps, is a
+    4-chip ring whose neighbours are 4 hops apart.
+    """
 
     name: str
     size: int
-    wraps: bool  # ICI ring, or DCN (any slice reaches any other)
+    wraps: bool  # a ring (whole wrapped axis, or its outermost factor), or DCN
     index: int  # ICI axis index in the topology (-1 for DCN)
+    stride: int = 1
+    phys_size: int = 0  # chips on the physical axis (0: same as size)
 
     @property
     def is_dcn(self) -> bool:
         return self.name == DCN_AXIS
+
+    @property
+    def physical_name(self) -> str:
+        return DCN_AXIS if self.is_dcn else AXIS_NAMES[self.index]
+
+    @property
+    def axis_len(self) -> int:
+        return self.phys_size or self.size
+
+
+def axis_factor(topology: Topology, axis: str, size: int, stride: int) -> GroupAxis:
+    """A factor of a physical axis (or of DCN): `size` chips, `stride` apart."""
+    n = topology.axis_size(axis)
+    if size < 1 or stride < 1 or n % (size * stride):
+        raise TpusimError(
+            f"axis {axis} has {n} chips and cannot hold a factor of {size} with stride {stride}; "
+            f"use sizes that divide {n}"
+        )
+    if axis == DCN_AXIS:
+        return GroupAxis(name=DCN_AXIS, size=size, wraps=True, index=-1, stride=stride,
+                         phys_size=n)
+    idx = topology.axis_index(axis)
+    whole = size * stride == n
+    label = axis if size == n else f"{axis}[{size}@{stride}]"
+    return GroupAxis(
+        name=label, size=size, wraps=topology.wraparound[idx] and whole and size > 1,
+        index=idx, stride=stride, phys_size=n,
+    )
 
 
 def group_axes(topology: Topology, axes: tuple[str, ...]) -> tuple[GroupAxis, ...]:
@@ -185,21 +221,19 @@ def group_axes(topology: Topology, axes: tuple[str, ...]) -> tuple[GroupAxis, ..
                 raise TpusimError(
                     "axis 'dcn' needs several slices; add --slices N (N >= 2) or drop dcn"
                 )
-            ga = GroupAxis(name=DCN_AXIS, size=topology.num_slices, wraps=True, index=-1)
+            ga = axis_factor(topology, DCN_AXIS, topology.num_slices, 1)
         else:
-            idx = topology.axis_index(a)
-            ga = GroupAxis(
-                name=a, size=topology.shape[idx], wraps=topology.wraparound[idx], index=idx
-            )
+            topology.axis_index(a)
+            ga = axis_factor(topology, a, topology.axis_size(a), 1)
         if any(g.name == ga.name for g in seen):
             raise TpusimError(f"axis {a!r} is given twice in --axes; list each axis once")
         seen.append(ga)
     order = {n: i for i, n in enumerate(AXIS_NAMES + (DCN_AXIS,))}
-    return tuple(sorted(seen, key=lambda g: order[g.name]))
+    return tuple(sorted(seen, key=lambda g: (order[g.physical_name], g.stride)))
 
 
 class GroupGeometry:
-    """The replica groups of a collective: chips that differ only along the group axes."""
+    """The replica groups of a collective: chips that differ only in the group's digits."""
 
     def __init__(self, topology: Topology, gaxes: tuple[GroupAxis, ...]) -> None:
         self.topology = topology
@@ -207,28 +241,39 @@ class GroupGeometry:
         self.sizes = tuple(g.size for g in gaxes)
         self.group_size = int(np.prod(self.sizes))
         self.num_groups = topology.num_chips // self.group_size
-        # Full coordinates of every chip: ICI coords then slice index.
         ici = topology.all_coords()
         if topology.num_slices > 1:
             s = np.repeat(np.arange(topology.num_slices), topology.chips_per_slice)
             full = np.column_stack([np.tile(ici, (topology.num_slices, 1)), s])
         else:
             full = np.asarray(ici)
-        self._full = full
-        self._col = [g.index if not g.is_dcn else topology.ndim for g in gaxes]
-        other = [c for c in range(full.shape[1]) if c not in self._col]
-        self._other_cols = other
-        # Group id of each chip: ravel of its coordinates on the non-group axes.
-        dims = [self._dim(c) for c in other]
-        if other:
-            self.group_of_chip = np.ravel_multi_index(tuple(full[:, other].T), dims)
+        ndim = topology.ndim
+        dims = list(topology.shape) + ([topology.num_slices] if topology.num_slices > 1 else [])
+        col_of = [g.index if not g.is_dcn else ndim for g in gaxes]
+        group_digits = [(full[:, c] // g.stride) % g.size for g, c in zip(gaxes, col_of,
+                                                                          strict=True)]
+        other_digits, other_sizes = [], []
+        for c, n in enumerate(dims):
+            factors = sorted((g.stride, g.size) for g, cc in zip(gaxes, col_of, strict=True)
+                             if cc == c)
+            pos = 1
+            for stride, size in factors:
+                if stride < pos:
+                    raise TpusimError("internal error: overlapping axis factors")
+                if stride > pos:
+                    other_digits.append((full[:, c] // pos) % (stride // pos))
+                    other_sizes.append(stride // pos)
+                pos = stride * size
+            if pos < n:
+                other_digits.append(full[:, c] // pos)
+                other_sizes.append(n // pos)
+        if other_digits:
+            self.group_of_chip = np.ravel_multi_index(tuple(other_digits), other_sizes)
         else:
             self.group_of_chip = np.zeros(topology.num_chips, dtype=np.int64)
-        self.local_of_chip = np.ravel_multi_index(tuple(full[:, self._col].T), self.sizes)
-
-    def _dim(self, col: int) -> int:
-        t = self.topology
-        return t.num_slices if col == t.ndim else t.shape[col]
+        self.local_of_chip = np.ravel_multi_index(tuple(group_digits), self.sizes)
+        # Groups interleave (share links) when a factor is strided.
+        self.disjoint = all(g.stride == 1 for g in gaxes)
 
     def group_chips(self, g: int) -> np.ndarray:
         """Global chip ids of group g, ordered by local index (C order over the group axes)."""
@@ -250,7 +295,7 @@ def route_class_hops(gaxes: tuple[GroupAxis, ...], offset: tuple[int, ...]) -> l
         if g.is_dcn:
             res += [DCN_OUT_CLASS, DCN_IN_CLASS]
         else:
-            res += [2 * g.index + (0 if o > 0 else 1)] * abs(o)
+            res += [2 * g.index + (0 if o > 0 else 1)] * (abs(o) * g.stride)
     return res
 
 
@@ -258,7 +303,7 @@ def route_latency_s(gaxes, offset, ici_hop_s: float, dcn_s: float) -> float:
     lat = 0.0
     for g, o in zip(gaxes, offset, strict=True):
         if o:
-            lat += dcn_s if g.is_dcn else ici_hop_s * abs(o)
+            lat += dcn_s if g.is_dcn else ici_hop_s * abs(o) * g.stride
     return lat
 
 
@@ -286,14 +331,14 @@ def route_links(
             # Jump |o| slices in the slice index (any-to-any switched network).
             s_cur = cur // topology.chips_per_slice
             local = cur % topology.chips_per_slice
-            s_new = (s_cur + o) % topology.num_slices
+            s_new = (s_cur + o * g.stride) % topology.num_slices
             nxt = s_new * topology.chips_per_slice + local
             hops_cols.append(n_ici + cur)
             hops_cols.append(n_ici + topology.num_chips + nxt)
             cur = nxt
             continue
         d = 0 if o > 0 else 1
-        for _ in range(abs(o)):
+        for _ in range(abs(o) * g.stride):
             link = cur * 2 * ndim + 2 * g.index + d
             if np.any(src_arr[link] < 0):
                 raise TpusimError(  # pragma: no cover - algorithms never route off a line

@@ -160,7 +160,8 @@ def send_batch(
     if s_chip == d_chip:
         raise TpusimError(f"--src {src} and --dst {dst} are the same chip; pick two chips")
     gaxes_all = [
-        GroupAxis(name=a, size=topology.shape[i], wraps=topology.wraparound[i], index=i)
+        GroupAxis(name=a, size=topology.shape[i], wraps=topology.wraparound[i], index=i,
+                  phys_size=topology.shape[i])
         for i, a in enumerate(AXIS_NAMES[: topology.ndim])
     ]
     choices: list[list[int]] = []
