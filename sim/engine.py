@@ -1,0 +1,420 @@
+"""Replaying an SPMD `Trace` on a pod: MXU/VPU as SimPy resources, HBM bandwidth shared with
+collective traffic, collectives on the fluid ICI/DCN link network, host transfers over PCIe.
+
+Every op is costed before `env.run()`:
+* compute: `max(flops / (peak * eff), hbm_bytes / (hbm_bw * eff)) + op_overhead_s`, bound by
+  whichever term is larger (MXU, VPU or HBM);
+* collective: simulated once per distinct (kind, replica group, bytes) with `simulate_collective`
+  on the real topology, then replayed as one fluid batch whose per-link-class loads are the
+  busiest link of each class, so that concurrent collectives on the same links share bandwidth;
+* host transfer: bytes / PCIe bandwidth (one DMA queue per chip).
+
+SPMD symmetry: every chip runs the same program and the mesh tiles the torus, so one
+representative chip is replayed (exact for uniform links; documented in docs/model.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import simpy
+
+from sim.collective_sim import simulate_collective
+from sim.hardware import ChipSpec
+from sim.network import (
+    DCN_IN_CLASS,
+    DCN_OUT_CLASS,
+    NUM_CLASSES,
+    Batch,
+    FluidNetwork,
+    GroupAxis,
+    axis_factor,
+)
+from sim.routing import link_model
+from topologies.errors import TpusimError
+from topologies.mesh import place_mesh
+from topologies.torus import Topology
+from workloads.trace import OpKind, Trace, Unit
+
+OP_COLUMNS = [
+    "chip", "op_id", "name", "kind", "unit", "bound", "layer", "phase", "start_s", "end_s",
+    "flops", "bytes", "collective", "mesh_axes",
+]
+UNIT_COLUMNS = ["chip", "unit", "busy_s", "utilization"]
+LINK_CLASS_COLUMNS = ["link_class", "bytes_per_link", "busy_s", "utilization"]
+MEMORY_COLUMNS = ["chip", "time_s", "hbm_bytes"]
+BREAKDOWN_KEYS = ("mxu_compute_s", "vpu_s", "hbm_bound_s", "exposed_comm_s", "pipeline_bubble_s")
+
+
+@dataclass(kw_only=True)
+class CollectiveCost:
+    time_s: float
+    latency_s: float
+    class_bytes: np.ndarray  # bytes on the busiest link of each class
+    group_size: int
+    algorithm: str
+
+
+@dataclass(kw_only=True)
+class StepResult:
+    """A replayed step: scalars plus pandas tables built on demand."""
+
+    step_time_s: float
+    breakdown: dict[str, float]
+    hbm_peak_bytes: float
+    hbm_capacity_bytes: float
+    fits_in_hbm: bool
+    num_ops: int
+    sim_events: int
+    chip: str
+    topology: str
+    num_chips: int
+    collective_costs: dict[str, Any] = field(default_factory=dict)
+    _ops: list[tuple] = field(default_factory=list, repr=False)
+    _units: list[tuple] = field(default_factory=list, repr=False)
+    _links: list[tuple] = field(default_factory=list, repr=False)
+    _memory: list[tuple] = field(default_factory=list, repr=False)
+
+    @property
+    def ops(self):
+        import pandas as pd
+
+        return pd.DataFrame(self._ops, columns=OP_COLUMNS)
+
+    @property
+    def units(self):
+        import pandas as pd
+
+        return pd.DataFrame(self._units, columns=UNIT_COLUMNS)
+
+    @property
+    def links(self):
+        import pandas as pd
+
+        return pd.DataFrame(self._links, columns=LINK_CLASS_COLUMNS)
+
+    @property
+    def memory(self):
+        import pandas as pd
+
+        return pd.DataFrame(self._memory, columns=MEMORY_COLUMNS)
+
+
+def collective_groups(trace: Trace, topology: Topology) -> dict[str, tuple[GroupAxis, ...]]:
+    """Physical group axes (factors) of every logical mesh axis."""
+    placements = place_mesh(trace.mesh, topology)
+    out = {}
+    for name, pl in placements.items():
+        out[name] = tuple(axis_factor(topology, a, size, stride) for a, size, stride in pl.factors)
+    return out
+
+
+def _merge(topology: Topology, factors: list[GroupAxis]) -> tuple[GroupAxis, ...]:
+    """Merge contiguous factors of one physical axis (tensor x[4@1] + fsdp x[4@4] = x)."""
+    by_axis: dict[str, list[GroupAxis]] = {}
+    for f in factors:
+        by_axis.setdefault(f.physical_name, []).append(f)
+    merged = []
+    for axis, fs in by_axis.items():
+        fs = sorted(fs, key=lambda g: g.stride)
+        cur = fs[0]
+        for g in fs[1:]:
+            if g.stride == cur.stride * cur.size:
+                cur = axis_factor(topology, axis, cur.size * g.size, cur.stride)
+            else:
+                merged.append(cur)
+                cur = g
+        merged.append(cur)
+    order = {"x": 0, "y": 1, "z": 2, "dcn": 3}
+    return tuple(sorted(merged, key=lambda g: (order[g.physical_name], g.stride)))
+
+
+def cost_collective(
+    chip: ChipSpec, topology: Topology, kind: str, gaxes: tuple[GroupAxis, ...], nbytes: float,
+    algorithm: str = "auto",
+) -> CollectiveCost:
+    group = int(np.prod([g.size for g in gaxes]))
+    v = int(np.ceil(max(nbytes, 1.0) / group)) * group  # XLA pads to a multiple of the group
+    if kind == "collective-permute":
+        v = int(np.ceil(nbytes))
+    algo = algorithm if kind in ("all-gather", "reduce-scatter", "all-reduce") else "auto"
+    if kind == "collective-permute":
+        # Pipeline stage-to-stage sends: shift by one along the (single) group axis.
+        if len(gaxes) != 1:
+            gaxes = gaxes[:1]
+    res = simulate_collective(
+        chip=chip, topology=topology, op=kind, axes=gaxes, nbytes=v, algorithm=algo
+    )
+    lb = res._link_bytes
+    cls = np.zeros(NUM_CLASSES)
+    ndim = topology.ndim
+    n_ici = topology.num_ici_links
+    ici = lb[:n_ici].reshape(-1, 2 * ndim)
+    cls[: 2 * ndim] = ici.max(axis=0)
+    if topology.num_slices > 1:
+        nc = topology.num_chips
+        cls[DCN_OUT_CLASS] = lb[n_ici : n_ici + nc].max(initial=0.0)
+        cls[DCN_IN_CLASS] = lb[n_ici + nc :].max(initial=0.0)
+    lm = link_model(chip, topology, {})
+    drain = float(np.max(cls / lm.class_capacity_bytes_per_s, initial=0.0))
+    return CollectiveCost(
+        time_s=res.time_s, latency_s=max(res.time_s - drain, 0.0), class_bytes=cls,
+        group_size=group, algorithm=res.algorithm,
+    )
+
+
+def replay(
+    trace: Trace,
+    chip: ChipSpec,
+    topology: Topology,
+    *,
+    algorithm: str = "auto",
+    overlap: bool | None = None,
+    progress: bool = False,
+) -> StepResult:
+    """Replay `trace` on `topology` of `chip`s (one representative chip; see module docstring).
+
+    Args:
+        overlap: None follows the trace; False forces every collective to block compute.
+    """
+    groups = collective_groups(trace, topology)
+    lm = link_model(chip, topology, {})
+    hbm_bw = chip.hbm_bytes_per_s * chip.hbm_efficiency
+    mxu_rate = chip.mxu_flops_per_s * chip.mxu_efficiency
+    int8_rate = chip.mxu_int8_ops_per_s * chip.mxu_efficiency
+    vpu_rate = chip.vpu_flops_per_s * chip.vpu_efficiency
+    if overlap is None:
+        overlap = bool(trace.meta.get("overlap", True))
+
+    # -- cost everything before env.run() ---------------------------------------------------
+    costs: dict[tuple, CollectiveCost] = {}
+    n = len(trace.ops)
+    dur = np.zeros(n)
+    bound = [""] * n
+    coll_batch: dict[int, Batch] = {}
+    coll_hbm_rate = np.zeros(n)
+    for op in trace.ops:
+        if op.kind == OpKind.COMPUTE:
+            rate = (int8_rate if op.dtype == "int8" else mxu_rate) if op.unit == Unit.MXU \
+                else vpu_rate
+            t_c = op.flops / rate
+            t_m = op.hbm_bytes / hbm_bw
+            if t_c >= t_m:
+                bound[op.id] = "mxu" if op.unit == Unit.MXU else "vpu"
+            else:
+                bound[op.id] = "hbm"
+            dur[op.id] = max(t_c, t_m) + chip.op_overhead_s
+        elif op.kind == OpKind.COLLECTIVE:
+            factors: list[GroupAxis] = []
+            for a in op.mesh_axes:
+                factors += list(groups[a])
+            gaxes = _merge(topology, factors)
+            key = (op.collective, gaxes, round(op.bytes))
+            if key not in costs:
+                costs[key] = cost_collective(chip, topology, op.collective, gaxes, op.bytes,
+                                             algorithm)
+            c = costs[key]
+            dur[op.id] = c.time_s
+            bound[op.id] = "ici"
+            used = np.flatnonzero(c.class_bytes > 0)
+            coll_batch[op.id] = Batch(
+                res=used.astype(np.int64),
+                ptr=np.arange(len(used) + 1, dtype=np.int64),
+                bytes_per_transfer=c.class_bytes[used],
+                latency_s=c.latency_s,
+            )
+            # DMA reads the send buffer and writes the receive buffer in HBM.
+            sent = float(c.class_bytes.sum())
+            coll_hbm_rate[op.id] = 2 * sent / c.time_s if c.time_s > 0 else 0.0
+        elif op.kind == OpKind.HOST:
+            dur[op.id] = op.bytes / chip.pcie_bytes_per_s
+            bound[op.id] = "pcie"
+        else:
+            dur[op.id] = op.duration_s
+            bound[op.id] = "idle"
+
+    # -- replay -----------------------------------------------------------------------------
+    env = simpy.Environment()
+    net = FluidNetwork(env, lm.class_capacity_bytes_per_s)
+    mxu = simpy.Resource(env, capacity=1)
+    vpu = simpy.Resource(env, capacity=1)
+    pcie = simpy.Resource(env, capacity=1)
+    # HBM bandwidth as a SimPy container: running collectives hold their DMA share of it, and a
+    # compute op runs at whatever bandwidth is left when it starts.
+    # (The container's capacity has headroom so that float rounding can never block a put.)
+    hbm = simpy.Container(env, capacity=2 * hbm_bw, init=hbm_bw)
+    done = [env.event() for _ in range(n)]
+    start = np.zeros(n)
+    end = np.zeros(n)
+    ops = trace.ops
+
+    def wait_deps(op):
+        evs = [done[d] for d in op.deps if not done[d].processed]
+        if evs:
+            yield env.all_of(evs)
+
+    def run_collective(op):
+        yield from wait_deps(op)
+        start[op.id] = env.now
+        share = min(coll_hbm_rate[op.id], hbm.level * 0.5)
+        if share > 0:
+            yield hbm.get(share)
+        yield net.transfer(coll_batch[op.id])
+        if share > 0:
+            yield hbm.put(share)
+        end[op.id] = env.now
+        done[op.id].succeed()
+
+    def run_async(op, resource):
+        yield from wait_deps(op)
+        with resource.request() as req:
+            yield req
+            start[op.id] = env.now
+            yield env.timeout(dur[op.id])
+        end[op.id] = env.now
+        done[op.id].succeed()
+
+    def core():
+        for op in ops:
+            if op.kind == OpKind.HOST or (op.kind == OpKind.COLLECTIVE and overlap):
+                continue
+            yield from wait_deps(op)
+            if op.kind == OpKind.COLLECTIVE:  # --no-overlap: collectives block the core
+                yield env.process(run_collective(op))
+                continue
+            if op.kind == OpKind.IDLE:
+                start[op.id] = env.now
+                yield env.timeout(dur[op.id])
+                end[op.id] = env.now
+                done[op.id].succeed()
+                continue
+            unit = mxu if op.unit == Unit.MXU else vpu
+            with unit.request() as req:
+                yield req
+                start[op.id] = env.now
+                t = dur[op.id]
+                if bound[op.id] == "hbm" and hbm.level < hbm_bw:
+                    # Collectives are using part of the HBM bandwidth right now.
+                    t = max(op.flops / (mxu_rate if op.unit == Unit.MXU else vpu_rate),
+                            op.hbm_bytes / max(hbm.level, 1e-9 * hbm_bw)) + chip.op_overhead_s
+                yield env.timeout(t)
+            end[op.id] = env.now
+            done[op.id].succeed()
+
+    for op in ops:
+        if op.kind == OpKind.COLLECTIVE and overlap:
+            env.process(run_collective(op))
+        elif op.kind == OpKind.HOST:
+            env.process(run_async(op, pcie))
+    env.process(core())
+    env.run()
+    stuck = [ops[i].name for i, e in enumerate(done) if not e.processed]
+    if stuck:  # pragma: no cover - guarded by Trace validation
+        raise TpusimError(f"internal error: {len(stuck)} ops never ran, e.g. {stuck[:3]}")
+
+    return _summarize(trace, chip, topology, dur, bound, start, end, net, costs, lm,
+                      mxu_rate, vpu_rate, hbm_bw)
+
+
+def _summarize(trace, chip, topology, dur, bound, start, end, net, costs, lm, mxu_rate,
+               vpu_rate, hbm_bw) -> StepResult:
+    ops = trace.ops
+    step = float(end.max(initial=0.0))
+    # Pipeline bubble: the (p-1) idle stage slots of GPipe/1F1B, each as long as one
+    # microbatch's forward+backward on a stage (the standard bubble, tpu.md §4 pipeline row).
+    pp = int(trace.meta.get("pipeline_stages", 1))
+    mbs = int(trace.meta.get("microbatches", 1))
+    bubble = 0.0
+    if pp > 1:
+        bubble = (pp - 1) * step / mbs
+    total = step + bubble
+    # Critical-path breakdown along the core's timeline: compute ops by their bound unit, and
+    # the gaps in between (waiting for collectives or host transfers) as exposed communication.
+    core_ops = sorted(
+        (o for o in ops if o.kind == OpKind.COMPUTE or o.kind == OpKind.IDLE),
+        key=lambda o: (start[o.id], o.id),
+    )
+    bd = dict.fromkeys(BREAKDOWN_KEYS, 0.0)
+    t = 0.0
+    for o in core_ops:
+        gap = start[o.id] - t
+        if gap > 0:
+            bd["exposed_comm_s"] += gap
+        length = end[o.id] - start[o.id]
+        b = bound[o.id]
+        if o.kind == OpKind.IDLE:
+            bd["pipeline_bubble_s"] += length
+        elif b == "mxu":
+            bd["mxu_compute_s"] += length
+        elif b == "vpu":
+            bd["vpu_s"] += length
+        else:
+            bd["hbm_bound_s"] += length
+        t = max(t, end[o.id])
+    if step > t:
+        bd["exposed_comm_s"] += step - t
+    bd["pipeline_bubble_s"] += bubble
+
+    op_rows = []
+    for o in ops:
+        op_rows.append((
+            0, o.id, o.name, str(o.kind), str(o.unit) if o.kind == OpKind.COMPUTE else bound[o.id],
+            bound[o.id], o.layer, o.phase, float(start[o.id]), float(end[o.id]), float(o.flops),
+            float(o.hbm_bytes if o.kind == OpKind.COMPUTE else o.bytes), o.collective,
+            ",".join(o.mesh_axes),
+        ))
+    mxu_busy = sum(o.flops / mxu_rate for o in ops
+                   if o.kind == OpKind.COMPUTE and o.unit == Unit.MXU)
+    vpu_busy = sum(o.flops / vpu_rate for o in ops
+                   if o.kind == OpKind.COMPUTE and o.unit == Unit.VPU)
+    hbm_busy = sum(o.hbm_bytes for o in ops if o.kind == OpKind.COMPUTE) / hbm_bw
+    pcie_busy = sum(dur[o.id] for o in ops if o.kind == OpKind.HOST)
+    units = [
+        (0, "mxu", mxu_busy, mxu_busy / total if total else 0.0),
+        (0, "vpu", vpu_busy, vpu_busy / total if total else 0.0),
+        (0, "hbm", hbm_busy, hbm_busy / total if total else 0.0),
+        (0, "pcie", pcie_busy, pcie_busy / total if total else 0.0),
+    ]
+    from sim.network import CLASS_NAMES
+
+    links = []
+    for c in range(NUM_CLASSES):
+        if net.bytes[c] <= 0:
+            continue
+        cap = lm.class_capacity_bytes_per_s[c]
+        links.append((CLASS_NAMES[c], float(net.bytes[c]), float(net.busy_s[c]),
+                      float(net.bytes[c] / (cap * total)) if total else 0.0))
+
+    # HBM occupancy: static state plus alloc/free events at op ends.
+    static = float(trace.meta.get("static_hbm_bytes", 0.0))
+    events = []
+    for o in ops:
+        if o.alloc_bytes or o.free_bytes:
+            events.append((float(end[o.id]), o.id, o.alloc_bytes - o.free_bytes))
+    events.sort()
+    level = static
+    mem = [(0, 0.0, level)]
+    peak = level
+    for tt, _i, delta in events:
+        level += delta
+        mem.append((0, tt, level))
+        peak = max(peak, level)
+    peak += float(trace.meta.get("logits_bytes", 0.0))  # transient during the loss
+    pp_act = float(trace.meta.get("activation_bytes_estimate", 0.0))
+    if pp > 1:
+        peak = max(peak, static + pp_act)
+    cap = chip.hbm_bytes
+    coll_summary = {
+        f"{k[0]} {'/'.join(g.name for g in k[1])} {k[2]}B": {
+            "time_s": v.time_s, "group_size": v.group_size, "algorithm": v.algorithm,
+        }
+        for k, v in costs.items()
+    }
+    return StepResult(
+        step_time_s=total, breakdown=bd, hbm_peak_bytes=peak, hbm_capacity_bytes=cap,
+        fits_in_hbm=peak <= cap, num_ops=len(ops), sim_events=net.num_events + len(ops),
+        chip=chip.name, topology=topology.name, num_chips=topology.num_chips,
+        collective_costs=coll_summary, _ops=op_rows, _units=units, _links=links, _memory=mem,
+    )

@@ -1,0 +1,179 @@
+"""Logical meshes (`data`, `fsdp`, `tensor`, `sequence`, `expert`, `pipeline`) and their placement
+on the physical torus, in the spirit of `jax.experimental.mesh_utils`.
+
+A logical axis takes *factors* of physical axes: whole axes where it can, otherwise an inner
+factor of one (e.g. `tensor=4` on a 16-chip x axis takes 4 neighbouring chips, and `fsdp` then
+takes the remaining factor of x with stride 4, plus y and z). Axes are placed from the last mesh
+axis to the first, starting at x: the last mesh axis (usually `tensor`, the most
+bandwidth-hungry) gets the fastest-varying physical axis, as jax's device meshes do (xla.md: on a
+4x4x4 v5p, mesh (fsdp=16, tensor=4) puts tensor along x). DCN axes span slices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from topologies.errors import TpusimError
+from topologies.torus import AXIS_NAMES, DCN_AXIS, Topology
+
+LOGICAL_AXES = ("data", "fsdp", "pipeline", "expert", "sequence", "tensor")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LogicalMesh:
+    """Named logical axes with sizes, in placement order (ICI) plus DCN axes across slices."""
+
+    axes: tuple[tuple[str, int], ...]
+    dcn_axes: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        names = [n for n, _ in self.axes] + [n for n, _ in self.dcn_axes]
+        for name, size in self.axes + self.dcn_axes:
+            if name not in LOGICAL_AXES:
+                raise TpusimError(
+                    f"mesh axis {name!r} is unknown; use {', '.join(LOGICAL_AXES)}"
+                )
+            if not isinstance(size, int) or size < 1:
+                raise TpusimError(f"mesh axis {name}={size!r} must be a positive integer")
+        ici_names = [n for n, _ in self.axes]
+        if len(set(ici_names)) != len(ici_names):
+            raise TpusimError(f"mesh {self.describe()} names an axis twice; list each once")
+        del names
+
+    def size(self, name: str) -> int:
+        """ICI size times DCN size of a logical axis (1 if absent)."""
+        s = 1
+        for n, v in self.axes + self.dcn_axes:
+            if n == name:
+                s *= v
+        return s
+
+    def ici_size(self, name: str) -> int:
+        return dict(self.axes).get(name, 1)
+
+    def dcn_size(self, name: str) -> int:
+        return dict(self.dcn_axes).get(name, 1)
+
+    @property
+    def num_ici_devices(self) -> int:
+        n = 1
+        for _, v in self.axes:
+            n *= v
+        return n
+
+    @property
+    def num_slices(self) -> int:
+        n = 1
+        for _, v in self.dcn_axes:
+            n *= v
+        return n
+
+    def describe(self) -> str:
+        s = ",".join(f"{n}={v}" for n, v in self.axes) or "(none)"
+        if self.dcn_axes:
+            s += " dcn " + ",".join(f"{n}={v}" for n, v in self.dcn_axes)
+        return s
+
+    def to_dict(self) -> dict:
+        return {"ici": dict(self.axes), "dcn": dict(self.dcn_axes)}
+
+
+def parse_mesh(text: str | None, dcn_text: str | None = None) -> LogicalMesh:
+    """`"fsdp=16,tensor=4"` (and `--dcn data=2`) -> LogicalMesh."""
+
+    def parse(t: str | None, flag: str) -> tuple[tuple[str, int], ...]:
+        if not t:
+            return ()
+        out = []
+        for part in t.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if "=" not in part:
+                raise TpusimError(
+                    f"{flag} {t!r}: {part!r} is not name=size; write e.g. fsdp=16,tensor=4"
+                )
+            k, v = part.split("=", 1)
+            try:
+                size = int(v)
+            except ValueError:
+                raise TpusimError(f"{flag} {t!r}: size {v!r} of {k} is not an integer") from None
+            if size < 1:
+                raise TpusimError(f"{flag} {t!r}: {k}={size} must be >= 1")
+            out.append((k.strip(), size))
+        return tuple(out)
+
+    return LogicalMesh(axes=parse(text, "--mesh"), dcn_axes=parse(dcn_text, "--dcn"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AxisPlacement:
+    """Where one logical axis lives: (physical axis, size, stride) factors; `dcn` for slices."""
+
+    name: str
+    factors: tuple[tuple[str, int, int], ...]
+
+
+def place_mesh(mesh: LogicalMesh, topology: Topology) -> dict[str, AxisPlacement]:
+    """Assign logical axes to factors of the physical axes (see module docstring).
+
+    Raises a TpusimError if the mesh does not multiply to the chip count or cannot be factored
+    onto the torus.
+    """
+    n_ici = topology.chips_per_slice
+    if mesh.num_ici_devices != n_ici:
+        raise TpusimError(
+            f"mesh {mesh.describe()} has {mesh.num_ici_devices} devices per slice but the "
+            f"{'x'.join(map(str, topology.shape))} slice has {n_ici} chips; make the ICI mesh "
+            f"axes multiply to {n_ici}"
+        )
+    if mesh.num_slices != topology.num_slices:
+        raise TpusimError(
+            f"--dcn axes multiply to {mesh.num_slices} but there are {topology.num_slices} "
+            f"slice(s); make them equal (e.g. --slices {mesh.num_slices})"
+        )
+    # Remaining capacity of each physical axis: (axis, next stride, remaining chips).
+    remaining = [[AXIS_NAMES[i], 1, n] for i, n in enumerate(topology.shape)]
+    placements: dict[str, AxisPlacement] = {}
+    for name, size in reversed(mesh.axes):
+        need = size
+        factors = []
+        for slot in remaining:
+            if need == 1:
+                break
+            axis, stride, left = slot
+            if left == 1:
+                continue
+            if need % left == 0:
+                take = left
+            else:
+                take = _largest_common_factor(need, left)
+                if take == 1:
+                    continue
+            factors.append((axis, take, stride))
+            slot[1] = stride * take
+            slot[2] = left // take
+            need //= take
+        if need != 1:
+            raise TpusimError(
+                f"mesh axis {name}={size} cannot be laid on the "
+                f"{'x'.join(map(str, topology.shape))} torus with the other axes; choose sizes "
+                f"whose factors match the physical axes"
+            )
+        placements[name] = AxisPlacement(name=name, factors=tuple(factors))
+    # DCN axes: factors of the slice index (outermost first in the order given).
+    stride = 1
+    for name, size in reversed(mesh.dcn_axes):
+        prev = placements.get(name)
+        f = ((DCN_AXIS, size, stride),)
+        placements[name] = AxisPlacement(
+            name=name, factors=(prev.factors if prev else ()) + f
+        )
+        stride *= size
+    return placements
+
+
+def _largest_common_factor(a: int, b: int) -> int:
+    import math
+
+    return math.gcd(a, b)

@@ -1,0 +1,167 @@
+"""The SPMD op/collective trace: one program that every chip of a mesh runs, and its file format.
+
+An `Op` is either compute (FLOPs on the MXU or VPU plus HBM bytes, per chip), a collective over
+logical mesh axes (V bytes per replica group, the textbook's convention), a host transfer over
+PCIe, or an idle interval (a pipeline bubble). Ops name their dependencies explicitly; compute ops
+run in program order on the chip's core, collectives and host transfers run asynchronously as
+soon as their dependencies are done. `alloc_bytes`/`free_bytes` describe HBM occupancy.
+
+File format (`.trace`, JSON): {"format": "tpusim-trace", "version": 1, "mesh": {...},
+"meta": {...}, "columns": [...], "ops": [[...], ...]} — one row per op, columns named once.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import astuple, dataclass, field, fields
+from typing import Any
+
+from topologies.errors import TpusimError
+from topologies.mesh import LogicalMesh
+
+TRACE_FORMAT = "tpusim-trace"
+TRACE_VERSION = 1
+
+
+class OpKind(enum.StrEnum):
+    COMPUTE = "compute"
+    COLLECTIVE = "collective"
+    HOST = "host"  # PCIe transfer between HBM and host memory
+    IDLE = "idle"  # time the chip waits by construction (pipeline bubble)
+
+
+class Unit(enum.StrEnum):
+    MXU = "mxu"
+    VPU = "vpu"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Op:
+    """One op of the SPMD program (per-chip quantities)."""
+
+    id: int
+    name: str
+    kind: OpKind = OpKind.COMPUTE
+    unit: Unit = Unit.VPU
+    flops: float = 0.0
+    hbm_bytes: float = 0.0
+    dtype: str = "bf16"
+    collective: str = ""
+    mesh_axes: tuple[str, ...] = ()
+    bytes: float = 0.0  # collectives: V per replica group; host: PCIe bytes; idle: 0
+    duration_s: float = 0.0  # idle ops only
+    deps: tuple[int, ...] = ()
+    layer: int = -1
+    phase: str = ""
+    alloc_bytes: float = 0.0
+    free_bytes: float = 0.0
+
+
+OP_COLUMNS = tuple(f.name for f in fields(Op))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Trace:
+    """A validated SPMD program. Checks ids, backward dependencies and mesh axes on creation."""
+
+    mesh: LogicalMesh
+    ops: tuple[Op, ...]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        names = {n for n, _ in self.mesh.axes} | {n for n, _ in self.mesh.dcn_axes}
+        for i, op in enumerate(self.ops):
+            if op.id != i:
+                raise TpusimError(f"trace op #{i} has id {op.id}; ids must be 0, 1, 2, ... in order")
+            for d in op.deps:
+                if not 0 <= d < i:
+                    raise TpusimError(
+                        f"trace op {i} ({op.name}) depends on {d}, which is not an earlier op; "
+                        f"dependencies must point backwards"
+                    )
+            if op.flops < 0 or op.hbm_bytes < 0 or op.bytes < 0 or op.duration_s < 0:
+                raise TpusimError(f"trace op {i} ({op.name}) has a negative size")
+            if op.kind == OpKind.COLLECTIVE:
+                bad = [a for a in op.mesh_axes if a not in names]
+                if bad or not op.mesh_axes:
+                    raise TpusimError(
+                        f"trace op {i} ({op.name}) is a collective over {op.mesh_axes}, but the "
+                        f"mesh has axes {sorted(names)}"
+                    )
+
+    # -- file format ------------------------------------------------------------------------
+    def to_json(self) -> str:
+        rows = []
+        for op in self.ops:
+            row = list(astuple(op))
+            rows.append([list(v) if isinstance(v, tuple) else v for v in row])
+        doc = {
+            "format": TRACE_FORMAT,
+            "version": TRACE_VERSION,
+            "mesh": self.mesh.to_dict(),
+            "meta": self.meta,
+            "columns": list(OP_COLUMNS),
+            "ops": rows,
+        }
+        return json.dumps(doc, separators=(",", ":"), sort_keys=False)
+
+    @staticmethod
+    def from_json(text: str, *, source: str = "trace") -> Trace:
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise TpusimError(
+                f"{source} is not a tpusim trace: invalid JSON at line {exc.lineno} column "
+                f"{exc.colno} (truncated or corrupted file?); recompile it with `tpusim compile`"
+            ) from None
+        if not isinstance(doc, dict) or doc.get("format") != TRACE_FORMAT:
+            raise TpusimError(
+                f"{source} is not a tpusim trace (missing \"format\": \"{TRACE_FORMAT}\"); "
+                f"write one with `tpusim compile ... -o FILE`"
+            )
+        if doc.get("version") != TRACE_VERSION:
+            raise TpusimError(
+                f"{source} is trace format version {doc.get('version')!r}; this tpusim reads "
+                f"version {TRACE_VERSION}; recompile it"
+            )
+        try:
+            cols = doc["columns"]
+            mesh_d = doc["mesh"]
+            mesh = LogicalMesh(
+                axes=tuple((str(k), int(v)) for k, v in mesh_d["ici"].items()),
+                dcn_axes=tuple((str(k), int(v)) for k, v in mesh_d["dcn"].items()),
+            )
+            ops = []
+            for r in doc["ops"]:
+                if len(r) != len(cols):
+                    raise TpusimError(
+                        f"{source}: op row {len(ops)} has {len(r)} fields, expected {len(cols)}"
+                    )
+                d = dict(zip(cols, r, strict=True))
+                d["kind"] = OpKind(d["kind"])
+                d["unit"] = Unit(d["unit"])
+                d["mesh_axes"] = tuple(d["mesh_axes"])
+                d["deps"] = tuple(int(x) for x in d["deps"])
+                ops.append(Op(**d))
+        except TpusimError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise TpusimError(
+                f"{source} is a malformed tpusim trace ({type(exc).__name__}: {exc}); recompile "
+                f"it with `tpusim compile`"
+            ) from None
+        return Trace(mesh=mesh, ops=tuple(ops), meta=dict(doc.get("meta", {})))
+
+
+class TraceBuilder:
+    """Appends ops with automatic ids; `add` returns the new op's id."""
+
+    def __init__(self) -> None:
+        self.ops: list[Op] = []
+
+    def add(self, name: str, **kw: Any) -> int:
+        deps = tuple(sorted({d for d in kw.pop("deps", ()) if d is not None and d >= 0}))
+        op = Op(id=len(self.ops), name=name, deps=deps, **kw)
+        self.ops.append(op)
+        return op.id

@@ -1,0 +1,559 @@
+"""Compile one Transformer training step into an SPMD `Trace` (per-chip ops and collectives).
+
+Per layer: FSDP weight all-gathers, norms, QKV/out/MLP matmuls, rotary, attention (dot or flash),
+activations and residuals, tensor-parallel activation all-reduces, expert all-to-alls; the
+backward pass (with the remat policy's recomputation), gradient reduce-scatters and data-parallel
+all-reduces; embedding, output projection, loss and the Adam update. Pipeline stages, gradient
+accumulation and host offload of activations are expressed in the same ops. FLOP counts follow
+`tpu.md` §3-§4; activation memory follows its remat rules of thumb (§3 "Remat").
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from topologies.errors import TpusimError
+from topologies.mesh import LogicalMesh
+from workloads.models import TransformerSpec
+from workloads.trace import OpKind, Trace, TraceBuilder, Unit
+
+
+class Remat(enum.StrEnum):
+    NONE = "none"
+    MINIMAL = "minimal"
+    FULL = "full"
+    OFFLOAD = "offload"
+
+
+# Saved activation tensors of shape [tokens, d_model] per layer (tpu.md §3 "Remat": about 20
+# with nothing recomputed, about 7 when only big matmul outputs are kept, 1 with block remat).
+_SAVED_TENSORS = {Remat.NONE: 20.0, Remat.MINIMAL: 7.0, Remat.FULL: 1.0, Remat.OFFLOAD: 1.0}
+_DTYPE_BYTES = {"bf16": 2, "fp32": 4, "f32": 4, "int8": 1, "int4": 0.5, "fp8": 1}
+
+
+def dtype_bytes(name: str, flag: str) -> float:
+    try:
+        return _DTYPE_BYTES[name.lower()]
+    except KeyError:
+        raise TpusimError(
+            f"{flag} {name!r} is not a known dtype; use one of: {', '.join(_DTYPE_BYTES)}"
+        ) from None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingConfig:
+    """Run settings of one training step (see `tpusim train --help`)."""
+
+    seq_len: int
+    batch_per_chip: float
+    remat: Remat = Remat.FULL
+    attention: str = "flash"
+    microbatches: int = 1
+    param_dtype: str = "bf16"
+    grad_dtype: str = "bf16"
+    optimizer_dtype: str = "fp32"
+    overlap: bool = True
+    pipeline_schedule: str = "1f1b"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.seq_len, int) or self.seq_len < 1:
+            raise TpusimError(f"--seq-len {self.seq_len!r} must be a positive integer")
+        if not self.batch_per_chip > 0:
+            raise TpusimError(
+                f"--batch-per-chip {self.batch_per_chip!r} must be > 0 (sequences per chip)"
+            )
+        if self.attention not in ("dot", "flash"):
+            raise TpusimError(f"--attention {self.attention!r} must be dot or flash")
+        if not isinstance(self.microbatches, int) or self.microbatches < 1:
+            raise TpusimError(f"--microbatches {self.microbatches!r} must be an integer >= 1")
+        if self.pipeline_schedule not in ("gpipe", "1f1b"):
+            raise TpusimError(
+                f"--pipeline-schedule {self.pipeline_schedule!r} must be gpipe or 1f1b"
+            )
+        for flag, v in (("--param-dtype", self.param_dtype), ("--grad-dtype", self.grad_dtype),
+                        ("--optimizer-dtype", self.optimizer_dtype)):
+            dtype_bytes(v, flag)
+
+
+def parse_remat(text: str) -> Remat:
+    try:
+        return Remat(text)
+    except ValueError:
+        raise TpusimError(
+            f"--remat {text!r} is not a remat policy; use one of: "
+            f"{', '.join(r.value for r in Remat)}"
+        ) from None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Dims:
+    n: float  # tokens per chip per microbatch (rows of the activations)
+    ctx: int  # attention context (full sequence)
+    tp: int
+    fs: int
+    dp: int
+    ep: int
+    pp: int
+    sp: int
+    layers: int  # layers on this pipeline stage
+
+
+def _check_divisible(what: str, value: int, axis: str, size: int, fix: str) -> None:
+    if size > 1 and value % size:
+        raise TpusimError(
+            f"mesh axis {axis}={size} does not divide {what} = {value}; {fix}"
+        )
+
+
+def compile_training_step(
+    model: TransformerSpec, mesh: LogicalMesh, num_chips: int, config: TrainingConfig
+) -> Trace:
+    """The SPMD program of one training step for `num_chips` chips laid out as `mesh`."""
+    tp, fs, dp = mesh.size("tensor"), mesh.size("fsdp"), mesh.size("data")
+    ep, pp, sp = mesh.size("expert"), mesh.size("pipeline"), mesh.size("sequence")
+    if mesh.num_ici_devices * mesh.num_slices != num_chips:
+        raise TpusimError(
+            f"mesh {mesh.describe()} covers {mesh.num_ici_devices * mesh.num_slices} chips but "
+            f"the pod has {num_chips}; make the mesh axes multiply to {num_chips}"
+        )
+    _check_divisible("num_heads", model.num_heads, "tensor", tp,
+                     "pick a tensor size that divides the head count")
+    _check_divisible("d_ff", model.d_ff, "tensor", tp, "pick a tensor size that divides d_ff")
+    if model.num_kv_heads % tp and tp % model.num_kv_heads:
+        raise TpusimError(
+            f"mesh axis tensor={tp} neither divides nor is a multiple of num_kv_heads = "
+            f"{model.num_kv_heads}; pick a tensor size compatible with the KV heads"
+        )
+    _check_divisible("seq_len", config.seq_len, "sequence", sp,
+                     "pick a sequence size that divides --seq-len")
+    _check_divisible("num_layers", model.num_layers, "pipeline", pp,
+                     "pick a pipeline size that divides the layer count")
+    if ep > 1:
+        if not model.is_moe:
+            raise TpusimError(
+                f"mesh axis expert={ep} needs an MoE model, but {model.name} is dense; drop expert"
+            )
+        _check_divisible("num_experts", model.num_experts, "expert", ep,
+                         "pick an expert size that divides the expert count")
+    global_seqs = config.batch_per_chip * num_chips
+    if abs(global_seqs - round(global_seqs)) > 1e-9:
+        raise TpusimError(
+            f"--batch-per-chip {config.batch_per_chip} x {num_chips} chips is not a whole number "
+            f"of sequences; change the batch"
+        )
+    global_seqs = int(round(global_seqs))
+    batch_shards = dp * fs * ep
+    if global_seqs % batch_shards:
+        raise TpusimError(
+            f"the global batch of {global_seqs} sequences is not divisible by data x fsdp x "
+            f"expert = {batch_shards}; change --batch-per-chip or the mesh"
+        )
+    local_seqs = global_seqs // batch_shards
+    if local_seqs % config.microbatches:
+        raise TpusimError(
+            f"--microbatches {config.microbatches} does not divide the {local_seqs} sequences "
+            f"each data shard holds; pick a divisor of {local_seqs}"
+        )
+    d = _Dims(
+        n=local_seqs * config.seq_len / sp / config.microbatches,
+        ctx=config.seq_len,
+        tp=tp, fs=fs, dp=dp, ep=ep, pp=pp, sp=sp,
+        layers=model.num_layers // pp,
+    )
+    return _Compiler(model, mesh, d, config, num_chips, global_seqs).build()
+
+
+class _Compiler:
+    def __init__(self, model, mesh, d: _Dims, cfg: TrainingConfig, num_chips, global_seqs):
+        self.m = model
+        self.mesh = mesh
+        self.d = d
+        self.cfg = cfg
+        self.num_chips = num_chips
+        self.global_seqs = global_seqs
+        self.b = TraceBuilder()
+        self.wb = dtype_bytes(cfg.param_dtype, "--param-dtype")
+        self.gb = dtype_bytes(cfg.grad_dtype, "--grad-dtype")
+        self.ob = dtype_bytes(cfg.optimizer_dtype, "--optimizer-dtype")
+        self.act = 2.0  # activations in bf16
+
+    # -- helpers ----------------------------------------------------------------------------
+    def mm(self, name, flops, w_bytes, in_bytes, out_bytes, deps, layer, phase):
+        return self.b.add(name, kind=OpKind.COMPUTE, unit=Unit.MXU, flops=flops,
+                          hbm_bytes=w_bytes + in_bytes + out_bytes, deps=deps, layer=layer,
+                          phase=phase)
+
+    def vpu(self, name, flops, nbytes, deps, layer, phase, **kw):
+        return self.b.add(name, kind=OpKind.COMPUTE, unit=Unit.VPU, flops=flops,
+                          hbm_bytes=nbytes, deps=deps, layer=layer, phase=phase, **kw)
+
+    def coll(self, name, kind, axes, nbytes, deps, layer, phase, **kw):
+        axes = tuple(a for a in axes if self.mesh.size(a) > 1)
+        if not axes or nbytes <= 0:
+            return None
+        return self.b.add(name, kind=OpKind.COLLECTIVE, collective=kind, mesh_axes=axes,
+                          bytes=float(nbytes), deps=deps, layer=layer, phase=phase, **kw)
+
+    # -- per-layer shapes -------------------------------------------------------------------
+    def layer_weight_bytes(self, moe: bool) -> float:
+        """bf16 matmul weights one tensor shard gathers for a layer (V of the FSDP gather)."""
+        m, d = self.m, self.d
+        att = m.attention_params_per_layer / d.tp
+        if moe:
+            mlp = (m.moe_mlp_params_per_layer - m.router_params_per_layer) / (d.tp * d.ep)
+            mlp += m.router_params_per_layer
+        else:
+            mlp = m.dense_mlp_params_per_layer / d.tp
+        return (att + mlp) * self.wb
+
+    def layer_is_moe(self, layer: int) -> bool:
+        return self.m.is_moe and layer >= self.m.first_dense_layers
+
+    # -- forward ----------------------------------------------------------------------------
+    def layer_forward(self, layer, deps, gather, phase="fwd", recompute=False):
+        """Ops of one layer's forward; returns the id of its output."""
+        m, d, a = self.m, self.d, self.act
+        n, D, tp = d.n, m.d_model, d.tp
+        hd, H, K = m.head_dim, m.num_heads, m.num_kv_heads
+        k_loc = max(K / tp, 1.0)
+        h_loc = H / tp
+        wdeps = [gather] if gather is not None else []
+        tag = "re-" if recompute else ""
+        x = deps
+        norm = self.vpu(f"{tag}norm_attn", 5 * n * D, 2 * n * D * a, x, layer, phase)
+        qkv_w = D * (H + 2 * K) * hd / tp
+        qkv = self.mm(f"{tag}qkv_proj", 2 * n * D * (h_loc + 2 * k_loc) * hd, qkv_w * self.wb,
+                      n * D * a, n * (h_loc + 2 * k_loc) * hd * a, [norm] + wdeps, layer, phase)
+        rope = self.vpu(f"{tag}rotary", 6 * n * (h_loc + k_loc) * hd,
+                        2 * n * (h_loc + k_loc) * hd * a, [qkv], layer, phase)
+        att = self.attention_forward(layer, rope, phase, tag)
+        out = self.mm(f"{tag}out_proj", 2 * n * h_loc * hd * D, H * hd * D / tp * self.wb,
+                      n * h_loc * hd * a, n * D * a, [att] + wdeps, layer, phase)
+        if m.parallel_block:
+            mlp_out = self.mlp_forward(layer, norm, wdeps, phase, tag)
+            summed = self.vpu(f"{tag}block_sum", n * D, 3 * n * D * a, [out, mlp_out], layer,
+                              phase)
+            ar = self.coll(f"{tag}tp_allreduce", "all-reduce", ("tensor",), n * D * a,
+                           [summed], layer, phase)
+            res = self.vpu(f"{tag}residual", n * D, 3 * n * D * a,
+                           [summed] + ([ar] if ar is not None else []), layer, phase)
+            return res
+        ar1 = self.coll(f"{tag}tp_allreduce_attn", "all-reduce", ("tensor",), n * D * a,
+                        [out], layer, phase)
+        res1 = self.vpu(f"{tag}residual_attn", n * D, 3 * n * D * a,
+                        [out] + ([ar1] if ar1 is not None else []), layer, phase)
+        norm2 = self.vpu(f"{tag}norm_mlp", 5 * n * D, 2 * n * D * a, [res1], layer, phase)
+        mlp_out = self.mlp_forward(layer, norm2, wdeps, phase, tag)
+        ar2 = self.coll(f"{tag}tp_allreduce_mlp", "all-reduce", ("tensor",), n * D * a,
+                        [mlp_out], layer, phase)
+        return self.vpu(f"{tag}residual_mlp", n * D, 3 * n * D * a,
+                        [mlp_out, res1] + ([ar2] if ar2 is not None else []), layer, phase)
+
+    def attention_forward(self, layer, dep, phase, tag):
+        m, d, a = self.m, self.d, self.act
+        n, tp, hd = d.n, d.tp, m.head_dim
+        h_loc = m.num_heads / tp
+        k_loc = max(m.num_kv_heads / tp, 1.0)
+        ctx = d.ctx
+        deps = [dep]
+        if d.sp > 1:  # sequence parallelism: gather the other shards' keys and values
+            kv = self.coll(f"{tag}sp_kv_allgather", "all-gather", ("sequence",),
+                           2 * ctx * (n / (ctx / d.sp)) * k_loc * hd * a, [dep], layer, phase)
+            deps.append(kv)
+        if self.cfg.attention == "flash":
+            # Flash attention skips fully masked blocks (about half under a causal mask) and
+            # keeps the score matrix in VMEM: HBM sees only Q, K, V and the output.
+            flops = 4 * n * ctx * h_loc * hd * 0.5
+            nbytes = (2 * n * h_loc * hd + 2 * n * k_loc * hd * (ctx / max(n, 1))) * a
+            return self.mm(f"{tag}flash_attention", flops, 0.0, nbytes, 0.0, deps, layer, phase)
+        scores = n * ctx * h_loc
+        qk = self.mm(f"{tag}attn_scores", 2 * n * ctx * h_loc * hd, 0.0,
+                     (n * h_loc + ctx * k_loc) * hd * a, scores * 4, deps, layer, phase)
+        sm = self.vpu(f"{tag}softmax", 5 * scores, scores * 4 + scores * a, [qk], layer, phase)
+        return self.mm(f"{tag}attn_values", 2 * n * ctx * h_loc * hd, 0.0,
+                       scores * a + ctx * k_loc * hd * a, n * h_loc * hd * a, [sm], layer, phase)
+
+    def mlp_forward(self, layer, dep, wdeps, phase, tag):
+        m, d, a = self.m, self.d, self.act
+        n, D, tp = d.n, m.d_model, d.tp
+        mats = m.mlp.num_matrices
+        if self.layer_is_moe(layer):
+            E, k, F = m.num_experts, m.experts_per_token, m.expert_d_ff
+            router = self.mm(f"{tag}router", 2 * n * D * E, D * E * self.wb, n * D * a,
+                             n * E * 4, [dep], layer, phase)
+            topk = self.vpu(f"{tag}topk_route", 4 * n * E, n * E * 4, [router], layer, phase)
+            disp = self.coll(f"{tag}ep_dispatch", "all-to-all", ("expert",),
+                             n * k * D * a * d.ep, [topk], layer, phase)
+            x = [topk] + ([disp] if disp is not None else [])
+            w_bytes = (E / d.ep) * mats * D * F / tp * self.wb
+            h = self.mm(f"{tag}expert_in", 2 * n * k * D * F * (mats - 1) / tp,
+                        w_bytes * (mats - 1) / mats, n * k * D * a,
+                        n * k * F * (mats - 1) / tp * a, x + wdeps, layer, phase)
+            act = self.vpu(f"{tag}expert_act", 8 * n * k * F / tp,
+                           n * k * F * (mats - 1) / tp * a + n * k * F / tp * a, [h], layer,
+                           phase)
+            o = self.mm(f"{tag}expert_out", 2 * n * k * F * D / tp, w_bytes / mats,
+                        n * k * F / tp * a, n * k * D * a, [act] + wdeps, layer, phase)
+            comb = self.coll(f"{tag}ep_combine", "all-to-all", ("expert",),
+                             n * k * D * a * d.ep, [o], layer, phase)
+            out_deps = [o] + ([comb] if comb is not None else [])
+            if m.num_shared_experts:
+                sF = m.num_shared_experts * F
+                sh = self.mm(f"{tag}shared_expert", 2 * n * D * sF * mats / tp,
+                             mats * D * sF / tp * self.wb, n * D * a, n * D * a, [dep] + wdeps,
+                             layer, phase)
+                out_deps.append(sh)
+            return self.vpu(f"{tag}expert_combine", 2 * n * k * D, (k + 1) * n * D * a,
+                            out_deps, layer, phase)
+        F = m.d_ff
+        h = self.mm(f"{tag}mlp_in", 2 * n * D * F * (mats - 1) / tp,
+                    (mats - 1) * D * F / tp * self.wb, n * D * a, n * F * (mats - 1) / tp * a,
+                    [dep] + wdeps, layer, phase)
+        act = self.vpu(f"{tag}mlp_act", 8 * n * F / tp,
+                       n * F * (mats - 1) / tp * a + n * F / tp * a, [h], layer, phase)
+        return self.mm(f"{tag}mlp_out", 2 * n * F * D / tp, D * F / tp * self.wb, n * F / tp * a,
+                       n * D * a, [act] + wdeps, layer, phase)
+
+    # -- whole step -------------------------------------------------------------------------
+    def build(self) -> Trace:
+        m, d, cfg, a = self.m, self.d, self.cfg, self.act
+        b = self.b
+        n, D, V = d.n, m.d_model, m.vocab_size
+        overlap = cfg.overlap
+        saved_per_layer = _SAVED_TENSORS[cfg.remat] * n * D * a
+        if cfg.attention == "dot" and cfg.remat == Remat.NONE:
+            saved_per_layer += n * d.ctx * m.num_heads / d.tp * a  # the probabilities
+        offload_bytes = (_SAVED_TENSORS[Remat.MINIMAL] - 1) * n * D * a
+        emb_w = V * D / d.tp * self.wb
+        prev_compute = None
+        last_grad_ops: list[int] = []
+        layer_outputs: dict[tuple[int, int], int] = {}
+        gathers: dict[tuple[int, int, str], int] = {}
+
+        def fsdp_gather(layer, mb, phase, after):
+            """All-gather of a layer's weights; with overlap it is prefetched one layer ahead."""
+            if d.fs == 1:
+                return None
+            moe = self.layer_is_moe(layer)
+            return self.coll(f"fsdp_allgather_{phase}", "all-gather", ("fsdp",),
+                             self.layer_weight_bytes(moe), after, layer, phase,
+                             alloc_bytes=self.layer_weight_bytes(moe) / 1.0)
+
+        for mb in range(cfg.microbatches):
+            # Embedding lookup (stage 0).
+            emb_g = self.coll("fsdp_allgather_embed", "all-gather", ("fsdp",), emb_w,
+                              [prev_compute] if prev_compute is not None else [], -1, "fwd")
+            x = b.add("embed_lookup", kind=OpKind.COMPUTE, unit=Unit.VPU, flops=0.0,
+                      hbm_bytes=2 * n * D * a,
+                      deps=[prev_compute] + ([emb_g] if emb_g is not None else []),
+                      layer=-1, phase="fwd")
+            prev = x
+            pending = fsdp_gather(0, mb, "fwd", [] if overlap else [prev])
+            for layer in range(d.layers):
+                g = pending
+                inp = prev
+                out = self.layer_forward(layer, [prev], g)
+                # Free the gathered weights once the layer is done; keep saved activations.
+                b.ops[out] = _with(b.ops[out], alloc_bytes=saved_per_layer,
+                                   free_bytes=self.layer_weight_bytes(self.layer_is_moe(layer))
+                                   if g is not None else 0.0)
+                if cfg.remat == Remat.OFFLOAD:
+                    b.add("offload_activations", kind=OpKind.HOST, bytes=offload_bytes,
+                          deps=[out], layer=layer, phase="fwd")
+                if layer + 1 < d.layers:
+                    # Prefetch the next layer's weights as this layer starts (XLA's async
+                    # all-gather, two layers of weights in flight); without overlap the gather
+                    # waits for this layer to finish and blocks the next.
+                    after = [x for x in (g, inp) if x is not None] if overlap else [out]
+                    pending = fsdp_gather(layer + 1, mb, "fwd", after)
+                layer_outputs[(mb, layer)] = out
+                prev = out
+            if d.pp > 1:
+                send = self.coll("pipeline_send_fwd", "collective-permute", ("pipeline",),
+                                 n * D * a, [prev], d.layers - 1, "fwd")
+                prev = send if send is not None else prev
+            # Output projection and loss.
+            final_norm = self.vpu("final_norm", 5 * n * D, 2 * n * D * a, [prev], -1, "fwd")
+            logits = self.mm("logits", 2 * n * D * V / d.tp, emb_w, n * D * a, n * V / d.tp * 4,
+                             [final_norm] + ([emb_g] if emb_g is not None else []), -1, "fwd")
+            loss = self.vpu("softmax_xent", 6 * n * V / d.tp, 2 * n * V / d.tp * 4, [logits],
+                            -1, "loss")
+            lse = self.coll("tp_logsumexp_allreduce", "all-reduce", ("tensor",),
+                            n * 4 * 2, [loss], -1, "loss")
+            dlog = self.vpu("dlogits", 4 * n * V / d.tp, 2 * n * V / d.tp * a,
+                            [loss] + ([lse] if lse is not None else []), -1, "bwd")
+            dx = self.mm("logits_bwd", 4 * n * D * V / d.tp, 2 * emb_w, n * V / d.tp * a,
+                         n * D * a + emb_w, [dlog], -1, "bwd")
+            dar = self.coll("tp_allreduce_logits_bwd", "all-reduce", ("tensor",),
+                            n * D * a, [dx], -1, "bwd")
+            prev = dx if dar is None else dar
+            # Backward through the layers in reverse.
+            pending = fsdp_gather(d.layers - 1, mb, "bwd", [] if overlap else [prev])
+            for layer in reversed(range(d.layers)):
+                g = pending
+                deps = [prev]
+                if cfg.remat == Remat.OFFLOAD:
+                    fetch = b.add("fetch_activations", kind=OpKind.HOST, bytes=offload_bytes,
+                                  deps=[layer_outputs[(mb, layer)]], layer=layer, phase="bwd")
+                    deps.append(fetch)
+                if cfg.remat == Remat.FULL:
+                    inp = self.layer_forward(layer, deps, g, phase="bwd", recompute=True)
+                    deps = [inp]
+                elif cfg.remat in (Remat.MINIMAL, Remat.OFFLOAD):
+                    # Recompute the cheap elementwise ops (norms, activations, rotary).
+                    re = self.vpu("re-elementwise", 20 * n * D, 8 * n * D * a, deps, layer, "bwd")
+                    deps = [re]
+                inp = prev
+                out = self.layer_backward(layer, deps, g)
+                b.ops[out] = _with(b.ops[out], free_bytes=saved_per_layer)
+                if layer > 0:
+                    after = [x for x in (g, inp) if x is not None] if overlap else [out]
+                    pending = fsdp_gather(layer - 1, mb, "bwd", after)
+                # Gradient reduce-scatter over fsdp, then all-reduce over data (async).
+                grad_bytes = self.layer_weight_bytes(self.layer_is_moe(layer)) / self.wb * self.gb
+                rs = self.coll("fsdp_grad_reducescatter", "reduce-scatter", ("fsdp",),
+                               grad_bytes, [out], layer, "bwd")
+                if mb == cfg.microbatches - 1:
+                    dpar = self.coll("dp_grad_allreduce", "all-reduce", ("data",),
+                                     grad_bytes / d.fs, [rs if rs is not None else out], layer,
+                                     "bwd")
+                    last_grad_ops += [o for o in (rs, dpar) if o is not None]
+                elif rs is not None:
+                    last_grad_ops.append(rs)
+                prev = out
+            if d.pp > 1:
+                send = self.coll("pipeline_send_bwd", "collective-permute", ("pipeline",),
+                                 n * D * a, [prev], 0, "bwd")
+                prev = send if send is not None else prev
+            emb_bwd = self.vpu("embed_grad", n * D, 3 * n * D * a, [prev], -1, "bwd")
+            erc = self.coll("fsdp_grad_reducescatter_embed", "reduce-scatter", ("fsdp",),
+                            emb_w / self.wb * self.gb, [emb_bwd], -1, "bwd")
+            if erc is not None:
+                last_grad_ops.append(erc)
+            prev_compute = emb_bwd
+        # Adam on the local parameter shard (tpu.md §4: bf16 params + fp32 moments).
+        p_local = self.local_params()
+        upd = self.vpu("adam_update", 12 * p_local,
+                       p_local * (2 * self.wb + self.gb + 4 * self.ob), [prev_compute] +
+                       last_grad_ops, -1, "optimizer")
+        del upd
+        static = p_local * (self.wb + self.gb + 2 * self.ob)
+        meta = self.meta(p_local, static, saved_per_layer)
+        return Trace(mesh=self.mesh, ops=tuple(b.ops), meta=meta)
+
+    def layer_backward(self, layer, deps, gather):
+        """Backward of one layer: dX and dW matmuls (2x forward), elementwise grads, TP
+        all-reduces of the input gradients."""
+        m, d, a = self.m, self.d, self.act
+        n, D, tp = d.n, m.d_model, d.tp
+        hd, H, K = m.head_dim, m.num_heads, m.num_kv_heads
+        h_loc = H / tp
+        k_loc = max(K / tp, 1.0)
+        mats = m.mlp.num_matrices
+        wd = [gather] if gather is not None else []
+        if self.layer_is_moe(layer):
+            F = m.expert_d_ff * m.experts_per_token
+            w_mlp = (m.num_experts / d.ep) * mats * D * m.expert_d_ff / tp * self.wb
+        else:
+            F = m.d_ff
+            w_mlp = mats * D * F / tp * self.wb
+        fwd_mlp = 2 * n * D * F * mats / tp
+        dmlp = self.mm("mlp_bwd", 2 * fwd_mlp, 2 * w_mlp, 3 * n * F * mats / tp * a, n * D * a,
+                       deps + wd, layer, "bwd")
+        dact = self.vpu("mlp_act_bwd", 16 * n * F / tp, 3 * n * F / tp * a, [dmlp], layer, "bwd")
+        ar1 = None
+        if self.layer_is_moe(layer):
+            ar1 = self.coll("ep_combine_bwd", "all-to-all", ("expert",),
+                            n * m.experts_per_token * D * a * d.ep, [dact], layer, "bwd")
+        ar_mlp = self.coll("tp_allreduce_mlp_bwd", "all-reduce", ("tensor",), n * D * a,
+                           [dact], layer, "bwd")
+        nrm = self.vpu("norm_mlp_bwd", 10 * n * D, 4 * n * D * a,
+                       [dact] + [x for x in (ar1, ar_mlp) if x is not None], layer, "bwd")
+        att_fwd_flops = 4 * n * d.ctx * h_loc * hd * (0.5 if self.cfg.attention == "flash" else 1)
+        att_factor = 2.5 if self.cfg.attention == "flash" else 2.0  # flash recomputes scores
+        w_att = m.attention_params_per_layer / tp * self.wb
+        proj_flops = 2 * n * D * (2 * h_loc + 2 * k_loc) * hd
+        dproj = self.mm("attn_proj_bwd", 2 * proj_flops, 2 * w_att,
+                        3 * n * (h_loc + 2 * k_loc) * hd * a, n * D * a, [nrm] + wd, layer, "bwd")
+        if self.cfg.attention == "flash":
+            datt = self.mm("flash_attention_bwd", att_factor * att_fwd_flops, 0.0,
+                           6 * n * (h_loc + k_loc) * hd * a, 0.0, [dproj], layer, "bwd")
+        else:
+            scores = n * d.ctx * h_loc
+            datt_m = self.mm("attn_bwd", att_factor * att_fwd_flops, 0.0, 3 * scores * a,
+                             2 * n * (h_loc + k_loc) * hd * a, [dproj], layer, "bwd")
+            datt = self.vpu("softmax_bwd", 6 * scores, 3 * scores * a, [datt_m], layer, "bwd")
+        rope = self.vpu("rotary_bwd", 6 * n * (h_loc + k_loc) * hd,
+                        2 * n * (h_loc + k_loc) * hd * a, [datt], layer, "bwd")
+        ar_att = self.coll("tp_allreduce_attn_bwd", "all-reduce", ("tensor",), n * D * a,
+                           [rope], layer, "bwd")
+        return self.vpu("norm_attn_bwd", 10 * n * D, 4 * n * D * a,
+                        [rope] + ([ar_att] if ar_att is not None else []), layer, "bwd")
+
+    def local_params(self) -> float:
+        m, d = self.m, self.d
+        att = m.num_attention_params / (d.tp * d.fs * d.pp)
+        if m.is_moe:
+            dense_l = m.num_dense_layers
+            mlp = dense_l * m.dense_mlp_params_per_layer / (d.tp * d.fs * d.pp)
+            mlp += m.num_moe_layers * (m.moe_mlp_params_per_layer / (d.tp * d.ep * d.fs * d.pp))
+        else:
+            mlp = m.num_mlp_params / (d.tp * d.fs * d.pp)
+        emb = m.num_embedding_params / (d.tp * d.fs)
+        norms = m.num_norm_params / d.pp
+        return att + mlp + emb + norms
+
+    def meta(self, p_local: float, static: float, saved_per_layer: float) -> dict:
+        m, d, cfg = self.m, self.d, self.cfg
+        tokens_global = self.global_seqs * cfg.seq_len
+        model_flops = m.training_flops(tokens_global, cfg.seq_len, causal=True)
+        mt = m.maxtext_flops_per_device(cfg.batch_per_chip, cfg.seq_len, "matmul_causal")
+        inflight = min(cfg.microbatches, d.pp) if cfg.pipeline_schedule == "1f1b" else \
+            cfg.microbatches
+        act_peak = saved_per_layer * d.layers * (inflight if d.pp > 1 else 1)
+        return {
+            "kind": "training",
+            "model": m.name,
+            "seq_len": cfg.seq_len,
+            "batch_per_chip": cfg.batch_per_chip,
+            "global_sequences": self.global_seqs,
+            "num_chips": self.num_chips,
+            "tokens_per_step": tokens_global,
+            "model_flops_per_chip": model_flops / self.num_chips,
+            "maxtext_flops_per_chip": mt,
+            "remat": str(cfg.remat),
+            "attention": cfg.attention,
+            "microbatches": cfg.microbatches,
+            "pipeline_stages": d.pp,
+            "pipeline_schedule": cfg.pipeline_schedule,
+            "overlap": cfg.overlap,
+            "params_per_chip": p_local,
+            "static_hbm_bytes": static,
+            "static_breakdown": {
+                "params": p_local * self.wb,
+                "grads": p_local * self.gb,
+                "optimizer": p_local * 2 * self.ob,
+            },
+            "activation_bytes_estimate": act_peak,
+            "logits_bytes": d.n * m.vocab_size / d.tp * 2,  # bf16 logits (fp32 only per tile)
+        }
+
+
+def _with(op, **changes):
+    import dataclasses
+
+    return dataclasses.replace(op, **changes)
+
+
+def global_batch_tokens(batch_per_chip: float, num_chips: int, seq_len: int) -> float:
+    return batch_per_chip * num_chips * seq_len
+
+
+__all__ = [
+    "Remat",
+    "TrainingConfig",
+    "compile_training_step",
+    "parse_remat",
+    "dtype_bytes",
+]
