@@ -1,1 +1,282 @@
-"""Registers the subcommands that live outside `sim.cli` (training, decode, export, demo)."""
+"""Subcommands beyond single collectives: `train`, `compile`, `replay`, `demo`.
+
+They register themselves into `sim.cli` so the parser is built in one place.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from sim import cli
+from topologies.errors import TpusimError
+
+
+def _add_training_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="zoo name (llama3-70b, ...) or a model YAML")
+    p.add_argument("--seq-len", type=int, required=True, help="sequence length in tokens")
+    p.add_argument("--batch-per-chip", type=float, required=True,
+                   help="sequences per chip (global batch = this x chips)")
+    p.add_argument("--mesh", required=True,
+                   help="logical ICI mesh, e.g. fsdp=16,tensor=4 (data, fsdp, tensor, sequence, "
+                        "expert, pipeline)")
+    p.add_argument("--dcn", help="logical axes across slices, e.g. data=2")
+    p.add_argument("--remat", default="full", help="none, minimal, full (default) or offload")
+    p.add_argument("--attention", default="flash", help="flash (default) or dot")
+    p.add_argument("--microbatches", type=int, default=1, help="gradient accumulation steps")
+    p.add_argument("--param-dtype", default="bf16")
+    p.add_argument("--grad-dtype", default="bf16")
+    p.add_argument("--optimizer-dtype", default="fp32")
+    p.add_argument("--pipeline-schedule", default="1f1b", help="gpipe or 1f1b")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="collectives block compute (what-if: no async overlap)")
+
+
+def _compile(args: argparse.Namespace, num_chips: int):
+    from topologies.mesh import parse_mesh
+    from workloads.models import load_model
+    from workloads.training import TrainingConfig, compile_training_step, parse_remat
+
+    model = load_model(args.model)
+    mesh = parse_mesh(args.mesh, args.dcn)
+    cfg = TrainingConfig(
+        seq_len=args.seq_len,
+        batch_per_chip=args.batch_per_chip,
+        remat=parse_remat(args.remat),
+        attention=args.attention,
+        microbatches=args.microbatches,
+        param_dtype=args.param_dtype,
+        grad_dtype=args.grad_dtype,
+        optimizer_dtype=args.optimizer_dtype,
+        overlap=not args.no_overlap,
+        pipeline_schedule=args.pipeline_schedule,
+    )
+    return compile_training_step(model, mesh, num_chips, cfg)
+
+
+def training_summary(trace, result, chip) -> dict[str, Any]:
+    meta = trace.meta
+    step = result.step_time_s
+    tokens_per_chip = meta["tokens_per_step"] / meta["num_chips"]
+    out = {
+        "model": meta["model"],
+        "chip": result.chip,
+        "topology": result.topology,
+        "num_chips": result.num_chips,
+        "step_time_s": step,
+        "mfu": meta["model_flops_per_chip"] / (step * chip.mxu_flops_per_s),
+        "tokens_per_s_per_chip": tokens_per_chip / step,
+        "model_flops_per_chip": meta["model_flops_per_chip"],
+        "maxtext_tflops_per_s_per_chip": meta["maxtext_flops_per_chip"] / step / 1e12,
+        "hbm_peak_bytes": result.hbm_peak_bytes,
+        "hbm_capacity_bytes": result.hbm_capacity_bytes,
+        "fits_in_hbm": result.fits_in_hbm,
+        "breakdown": result.breakdown,
+        "memory": {
+            "static_bytes": meta["static_hbm_bytes"],
+            **meta["static_breakdown"],
+            "activations_estimate_bytes": meta["activation_bytes_estimate"],
+            "overflow_bytes": max(result.hbm_peak_bytes - result.hbm_capacity_bytes, 0.0),
+        },
+        "num_ops": result.num_ops,
+        "sim_events": result.sim_events,
+        "collectives": result.collective_costs,
+    }
+    return out
+
+
+def _print_training(s: dict[str, Any]) -> None:
+    print(f"{s['model']} training step on {s['topology']} {s['chip']} ({s['num_chips']} chips)")
+    print(f"  step time        {s['step_time_s']:.4f} s")
+    print(f"  MFU              {s['mfu']:.1%}   (model FLOPs: 6*params*tokens + causal attention)")
+    print(f"  tokens/s/chip    {s['tokens_per_s_per_chip']:.1f}")
+    print(f"  MaxText TFLOP/s  {s['maxtext_tflops_per_s_per_chip']:.1f} per chip")
+    fit = "fits" if s["fits_in_hbm"] else "DOES NOT FIT"
+    print(f"  HBM peak         {s['hbm_peak_bytes'] / 1e9:.2f} GB of "
+          f"{s['hbm_capacity_bytes'] / 1e9:.0f} GB ({fit})")
+    if not s["fits_in_hbm"]:
+        m = s["memory"]
+        print(f"    overflow {m['overflow_bytes'] / 1e9:.2f} GB; resident: params "
+              f"{m['params'] / 1e9:.2f} GB, grads {m['grads'] / 1e9:.2f} GB, optimizer "
+              f"{m['optimizer'] / 1e9:.2f} GB, activations ~"
+              f"{m['activations_estimate_bytes'] / 1e9:.2f} GB")
+    print("  critical path:")
+    for k, v in s["breakdown"].items():
+        share = v / s["step_time_s"] if s["step_time_s"] else 0.0
+        print(f"    {k:<18} {v:10.4f} s  {share:6.1%}")
+
+
+def _write_outputs(args, result, summary) -> None:
+    if getattr(args, "out", None):
+        from sim.output import write_tables
+
+        write_tables(args.out, {"ops": result.ops, "units": result.units, "links": result.links,
+                                "memory": result.memory}, summary)
+    if getattr(args, "perfetto", None):
+        from sim.perfetto import export_step
+
+        export_step(result, args.perfetto)
+    if getattr(args, "plots", None):
+        from sim.plots import plot_step
+
+        plot_step(result, summary, args.plots)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from sim.engine import replay
+
+    chip, topo = cli.resolve_pod(args)
+    trace = _compile(args, topo.num_chips)
+    result = replay(trace, chip, topo, algorithm=args.algorithm)
+    summary = training_summary(trace, result, chip)
+    _write_outputs(args, result, summary)
+    if args.json:
+        cli._emit_json(summary)
+    else:
+        _print_training(summary)
+    return 0
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from sim.output import atomic_write
+
+    if args.chips is not None:
+        num_chips = args.chips
+    else:
+        _chip, topo = cli.resolve_pod(args)
+        num_chips = topo.num_chips
+    trace = _compile(args, num_chips)
+    text = trace.to_json()
+    atomic_write(args.output, lambda p: p.write_text(text, encoding="utf-8"))
+    print(f"wrote {args.output}: {len(trace.ops)} ops for {num_chips} chips "
+          f"(mesh {trace.mesh.describe()})")
+    return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from sim.engine import replay
+    from workloads.trace import Trace
+
+    path = Path(args.trace)
+    if not path.is_file():
+        raise TpusimError(f"trace file {str(path)!r} does not exist; write one with tpusim compile")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TpusimError(f"trace file {str(path)!r} cannot be read: {exc}") from None
+    trace = Trace.from_json(text, source=f"trace file {str(path)!r}")
+    chip, topo = cli.resolve_pod(args)
+    n = trace.meta.get("num_chips")
+    if n is not None and n != topo.num_chips:
+        raise TpusimError(
+            f"trace {str(path)!r} was compiled for {n} chips but the pod has {topo.num_chips}; "
+            f"replay it on a {n}-chip pod or recompile"
+        )
+    result = replay(trace, chip, topo, algorithm=args.algorithm,
+                    overlap=False if args.no_overlap else None)
+    summary = training_summary(trace, result, chip) if trace.meta.get("kind") == "training" \
+        else {"step_time_s": result.step_time_s, "breakdown": result.breakdown}
+    _write_outputs(args, result, summary)
+    if args.json:
+        cli._emit_json(summary)
+    elif trace.meta.get("kind") == "training":
+        _print_training(summary)
+    else:
+        print(f"step time {result.step_time_s:.6f} s")
+    return 0
+
+
+def _outputs_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--out", help="write op/unit/link/memory tables (CSV+Parquet) + summary.json")
+    p.add_argument("--perfetto", help="write a Perfetto trace (.pftrace; .json for Chrome)")
+    p.add_argument("--plots", help="write PNG plots into this directory")
+    p.add_argument("--algorithm", default="auto",
+                   help="collective algorithm for gathers/reductions (default auto)")
+
+
+def _register_train(sub, name: str) -> None:
+    p = sub.add_parser(name, help="simulate one training step")
+    cli.add_pod_args(p)
+    _add_training_args(p)
+    _outputs_args(p)
+    p.set_defaults(func=cmd_train)
+
+
+def _register_compile(sub, name: str) -> None:
+    p = sub.add_parser(name, help="compile a training step into a trace file")
+    cli.add_pod_args(p)
+    p.add_argument("--chips", type=int, help="chip count, instead of --chip/--shape/--slice")
+    _add_training_args(p)
+    p.add_argument("-o", "--output", required=True, help="trace file to write (JSON)")
+    p.set_defaults(func=cmd_compile)
+
+
+def _register_replay(sub, name: str) -> None:
+    p = sub.add_parser(name, help="replay a trace file on a pod")
+    p.add_argument("trace", help="a file written by `tpusim compile`")
+    cli.add_pod_args(p)
+    p.add_argument("--no-overlap", action="store_true")
+    _outputs_args(p)
+    p.set_defaults(func=cmd_replay)
+
+
+def _register_demo(sub, name: str) -> None:
+    p = sub.add_parser(name, help="run the demo: a collective comparison and a training step")
+    p.add_argument("--out", default="demo-out", help="output directory (default demo-out)")
+    p.set_defaults(func=cmd_demo)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Simulate a LLaMA-3-8B step on a v5e-16 and a collective comparison; write a summary,
+    a Perfetto trace, tables and plots into --out."""
+    from sim.collective_sim import simulate_collective
+    from sim.engine import replay
+    from sim.hardware import get_chip
+    from sim.output import write_json, write_tables
+    from topologies.mesh import parse_mesh
+    from topologies.slices import resolve_topology
+    from workloads.models import load_model
+    from workloads.training import Remat, TrainingConfig, compile_training_step
+
+    out = Path(args.out)
+    chip = get_chip("v5e")
+    topo = resolve_topology(chip_name="v5e", wrap_rule=chip.generation_rule,
+                            max_pod_shape=chip.max_pod_shape, slice_name="v5e-16")
+    model = load_model("llama3-8b")
+    trace = compile_training_step(
+        model, parse_mesh("fsdp=4,tensor=4"), topo.num_chips,
+        TrainingConfig(seq_len=2048, batch_per_chip=1, remat=Remat.FULL, attention="flash"),
+    )
+    result = replay(trace, chip, topo)
+    summary = training_summary(trace, result, chip)
+    collectives = []
+    for algo in ("auto", "ring", "bidi-ring", "per-axis-ring"):
+        try:
+            c = simulate_collective(chip=chip, topology=topo, op="all-gather", axes="x",
+                                    nbytes=32 << 20, algorithm=algo)
+            collectives.append(c.to_dict())
+        except TpusimError as exc:
+            collectives.append({"algorithm_requested": algo, "error": str(exc)})
+    write_tables(out / "tables", {"ops": result.ops, "units": result.units,
+                                  "links": result.links, "memory": result.memory}, summary)
+    write_json(out / "summary.json", {"training_step": summary,
+                                      "all_gather_32MiB_x_v5e-16": collectives})
+    from sim.perfetto import export_step
+    from sim.plots import plot_step
+
+    export_step(result, out / "train_step.pftrace")
+    plot_step(result, summary, out / "plots")
+    _print_training(summary)
+    print(f"\nwrote {out}/summary.json, {out}/train_step.pftrace, {out}/plots/*.png, "
+          f"{out}/tables/")
+    return 0
+
+
+cli._EXTRA_COMMANDS.extend([
+    ("train", _register_train),
+    ("compile", _register_compile),
+    ("replay", _register_replay),
+    ("demo", _register_demo),
+])

@@ -25,6 +25,7 @@ def atomic_write(path: str | Path, writer: Callable[[Path], None]) -> Path:
     tmp_path = Path(tmp)
     try:
         writer(tmp_path)
+        os.chmod(tmp_path, 0o644)  # mkstemp creates 0600; outputs are ordinary files
         os.replace(tmp_path, path)
     except BaseException:
         tmp_path.unlink(missing_ok=True)
