@@ -73,7 +73,9 @@ class Trace:
         names = {n for n, _ in self.mesh.axes} | {n for n, _ in self.mesh.dcn_axes}
         for i, op in enumerate(self.ops):
             if op.id != i:
-                raise TpusimError(f"trace op #{i} has id {op.id}; ids must be 0, 1, 2, ... in order")
+                raise TpusimError(
+                    f"trace op #{i} has id {op.id}; ids must be 0, 1, 2, ... in order"
+                )
             for d in op.deps:
                 if not 0 <= d < i:
                     raise TpusimError(

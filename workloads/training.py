@@ -329,7 +329,6 @@ class _Compiler:
         prev_compute = None
         last_grad_ops: list[int] = []
         layer_outputs: dict[tuple[int, int], int] = {}
-        gathers: dict[tuple[int, int, str], int] = {}
 
         def fsdp_gather(layer, mb, phase, after):
             """All-gather of a layer's weights; with overlap it is prefetched one layer ahead."""
