@@ -28,7 +28,8 @@ class Remat(enum.StrEnum):
 
 # Saved activation tensors of shape [tokens, d_model] per layer (tpu.md §3 "Remat": about 20
 # with nothing recomputed, about 7 when only big matmul outputs are kept, 1 with block remat).
-_SAVED_TENSORS = {Remat.NONE: 20.0, Remat.MINIMAL: 7.0, Remat.FULL: 1.0, Remat.OFFLOAD: 1.0}
+# With offload the minimal set goes to host memory over PCIe and none stays in HBM.
+_SAVED_TENSORS = {Remat.NONE: 20.0, Remat.MINIMAL: 7.0, Remat.FULL: 1.0, Remat.OFFLOAD: 0.0}
 _DTYPE_BYTES = {"bf16": 2, "fp32": 4, "f32": 4, "int8": 1, "int4": 0.5, "fp8": 1}
 
 
@@ -324,7 +325,7 @@ class _Compiler:
         saved_per_layer = _SAVED_TENSORS[cfg.remat] * n * D * a
         if cfg.attention == "dot" and cfg.remat == Remat.NONE:
             saved_per_layer += n * d.ctx * m.num_heads / d.tp * a  # the probabilities
-        offload_bytes = (_SAVED_TENSORS[Remat.MINIMAL] - 1) * n * D * a
+        offload_bytes = _SAVED_TENSORS[Remat.MINIMAL] * n * D * a
         emb_w = V * D / d.tp * self.wb
         prev_compute = None
         last_grad_ops: list[int] = []
