@@ -308,6 +308,12 @@ def chip_from_dict(data: dict[str, Any], *, source: str = "chip YAML") -> ChipSp
     for key, value in data.items():
         if key in ("name", "generation_rule", "max_pod_shape"):
             continue
+        if isinstance(value, str):
+            # PyYAML (YAML 1.1) reads `1.6e12` as a string; accept any number-looking text.
+            try:
+                value = float(value.strip())
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TpusimError(f"{source}: {key} = {value!r} must be a number")
         if key in ("ici_links_per_chip", "tensorcores_per_chip"):

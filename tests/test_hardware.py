@@ -255,12 +255,6 @@ def test_bad_yaml_values_are_one_clear_error(tmp_path, line, match):
         load_chip(str(path))
 
 
-@pytest.mark.xfail(
-    reason="BUG: topologies/yamlio.py parses with PyYAML (YAML 1.1), which reads 1.6e12, 9e10 "
-    "and 1e-6 as strings, so load_chip rejects them as 'must be a number' - the very syntax "
-    "chip_from_dict's own error message suggests (`hbm_bytes_per_s: 1.6e12`)",
-    strict=True,
-)
 def test_yaml_chip_accepts_plain_exponent_notation(tmp_path):
     path = _write_yaml(tmp_path, "base: v5e\nhbm_bytes_per_s: 1.6e12\nici_hop_latency_s: 2e-6\n")
     chip = load_chip(str(path))
@@ -268,11 +262,6 @@ def test_yaml_chip_accepts_plain_exponent_notation(tmp_path):
     assert chip.ici_hop_latency_s == 2e-6
 
 
-@pytest.mark.xfail(
-    reason="BUG: a .json chip file is read by PyYAML, which turns the JSON number 64e9 into the "
-    "string '64e9'; load_chip then rejects valid JSON as 'must be a number'",
-    strict=True,
-)
 def test_json_chip_file_accepts_json_exponent_numbers(tmp_path):
     path = _write_yaml(tmp_path, '{"base": "v6e", "hbm_bytes": 64e9}', name="chip.json")
     assert load_chip(str(path)).hbm_bytes == 64e9

@@ -353,22 +353,12 @@ def test_axis_not_in_the_topology_is_an_error_naming_its_axes(topo, v5e):
         topology.axis_index("z")
 
 
-@pytest.mark.xfail(
-    reason="BUG: Topology.chip_id zips coordinates with strict=True, so too few coordinates "
-    "raise a bare ValueError instead of a TpusimError (the CLI then prints a traceback)",
-    strict=True,
-)
 def test_too_few_coordinates_are_a_tpusim_error(topo, v5e):
     topology = topo(v5e, "4x4")
     with pytest.raises(TpusimError):
         topology.chip_id((0,))
 
 
-@pytest.mark.xfail(
-    reason="BUG: Topology.chip_id silently ignores coordinates beyond (x, y[, z], slice), so "
-    "(3, 3, 0, 1) on a single-slice 4x4 is taken as chip (3, 3)",
-    strict=True,
-)
 def test_too_many_coordinates_are_a_tpusim_error(topo, v5e):
     topology = topo(v5e, "4x4")
     with pytest.raises(TpusimError):

@@ -101,6 +101,13 @@ class Topology:
         return c + ((s,) if self.num_slices > 1 else ())
 
     def chip_id(self, coords: tuple[int, ...]) -> int:
+        n_ok = (self.ndim, self.ndim + 1) if self.num_slices > 1 else (self.ndim,)
+        if len(coords) not in n_ok:
+            raise TpusimError(
+                f"chip coordinates {tuple(coords)} have {len(coords)} value(s) but the "
+                f"{self.name} topology needs {' or '.join(map(str, n_ok))} (x, y[, z]"
+                f"{', slice' if self.num_slices > 1 else ''})"
+            )
         ici = tuple(coords[: self.ndim])
         s = coords[self.ndim] if len(coords) > self.ndim else 0
         for n, c in zip(self.shape, ici, strict=True):

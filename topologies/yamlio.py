@@ -25,6 +25,18 @@ def read_yaml_mapping(path: Path, *, what: str) -> dict[str, Any]:
         raise TpusimError(
             f"{what} file {str(path)!r} cannot be read as UTF-8 text: {exc}"
         ) from None
+    if path.suffix.lower() == ".json":
+        import json
+
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise TpusimError(
+                f"{what} file {str(path)!r} is not valid JSON at line {exc.lineno}; fix the syntax"
+            ) from None
+        if not isinstance(data, dict):
+            raise TpusimError(f"{what} file {str(path)!r} must hold a JSON object")
+        return data
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
