@@ -134,6 +134,8 @@ def _add_collective_args(p: argparse.ArgumentParser, *, with_algorithm: bool) ->
                    help="degrade one link: COORDS:AXISDIR[:FACTOR], e.g. 0,0:x+:0.5 (repeatable)")
     p.add_argument("--mode", default="auto", choices=["auto", "symmetric", "full"],
                    help="auto: one representative chip where exact, else full per-link detail")
+    p.add_argument("--chunks", type=int, default=1,
+                   help="pipeline the data in this many chunks so phases overlap (default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -157,6 +159,7 @@ def _run_collective(args: argparse.Namespace, algorithm: str):
         dst=parse_coords(args.dst, "--dst") if args.dst else None,
         slow_links=tuple(args.slow_link),
         mode=args.mode,
+        chunks=args.chunks,
     )
 
 

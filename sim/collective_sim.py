@@ -9,6 +9,7 @@ degraded link).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -221,6 +222,7 @@ def simulate_collective(
     dst: tuple[int, ...] | None = None,
     slow_links: tuple[str, ...] | dict[int, float] = (),
     mode: str = "auto",
+    chunks: int = 1,
 ) -> CollectiveResult:
     """Simulate one collective on `topology` made of `chip`s.
 
@@ -235,7 +237,11 @@ def simulate_collective(
         src, dst: chip coordinates for send.
         slow_links: degraded links, as `"x,y[,z]:x+:factor"` strings or {link id: factor}.
         mode: `auto` (symmetric where exact), `symmetric` (error if not exact) or `full`.
+        chunks: pipeline each stream's data in this many pieces (phases then overlap; every
+            piece pays the per-hop latency).
     """
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or not 1 <= chunks <= 1024:
+        raise TpusimError(f"--chunks {chunks!r} must be an integer from 1 to 1024")
     try:
         kind = CollectiveKind(op)
     except ValueError:
@@ -308,7 +314,7 @@ def simulate_collective(
     if use_sym:
         net = FluidNetwork(env, lm.class_capacity_bytes_per_s)
         batches = [[symmetric_batch(st, gaxes, lm) for st in s] for s in schedule.streams]
-        _launch(env, net, batches, schedule, 0, 0, topology.num_chips, timeline)
+        _launch(env, net, batches, schedule, 0, 0, topology.num_chips, timeline, chunks)
         env.run()
         link_bytes, link_busy = _expand_classes(topology, gaxes, net.bytes, net.busy_s)
         return _result(
@@ -340,7 +346,8 @@ def simulate_collective(
         represented = geo.group_size if g != 0 else geo.group_size * (
             geo.num_groups - (len(groups) - 1)
         )
-        _launch(env, net, batches, schedule, g, int(chips[0]), represented, timeline)
+        _launch(env, net, batches, schedule, g, int(chips[0]), represented, timeline,
+                chunks)
     env.run()
     link_bytes, link_busy = _replicate_group0(topology, geo, group_chips, net)
     return _result(
@@ -366,19 +373,30 @@ def _link_src(topology: Topology, link: int) -> int:
     return link // (2 * topology.ndim)
 
 
-def _launch(env, net, batches, schedule, group, chip, represented, timeline) -> None:
+def _launch(env, net, batches, schedule, group, chip, represented, timeline, chunks=1) -> None:
+    """One SimPy process per (stream, chunk). With C chunks each stream's data is cut into C
+    pieces that flow through its steps like a pipeline: chunk c runs step k once it has finished
+    step k-1 and chunk c-1 has finished step k, so later phases overlap earlier ones."""
     for si, stream in enumerate(batches):
         steps = schedule.streams[si]
+        if chunks > 1:
+            stream = [dataclasses.replace(b, bytes_per_transfer=b.bytes_per_transfer / chunks)
+                      for b in stream]
+        finished = [[env.event() for _ in stream] for _ in range(chunks)]
 
-        def proc(stream=stream, steps=steps, si=si):
+        def proc(stream=stream, steps=steps, si=si, c=0, finished=finished):
             for k, (b, st) in enumerate(zip(stream, steps, strict=True)):
+                if c > 0 and not finished[c - 1][k].processed:
+                    yield finished[c - 1][k]
                 t0 = env.now
                 yield net.transfer(b)
-                per_chip = sum(m.bytes for m in st.moves) * st.repeat
+                finished[c][k].succeed()
+                per_chip = sum(m.bytes for m in st.moves) * st.repeat / chunks
                 timeline.append((group, chip, represented, si, k, st.label, t0, env.now,
                                  per_chip))
 
-        env.process(proc())
+        for c in range(chunks):
+            env.process(proc(c=c))
 
 
 def _expand_classes(topology: Topology, gaxes, cls_bytes, cls_busy):
@@ -448,7 +466,7 @@ def _result(*, kind, algorithm, requested, chip, topology, axes, nbytes, group_s
         bytes_on_busiest_link=busiest, max_link_utilization=util, hbm_bytes_per_chip=float(hbm),
         mode=mode, num_steps=steps, sim_events=net.num_events, _topology=topology,
         _link_bytes=link_bytes, _link_busy=link_busy, _link_cap=cap,
-        _timeline=sorted(timeline, key=lambda r: (r[0], r[3], r[4])),
+        _timeline=sorted(timeline, key=lambda r: (r[0], r[3], r[4], r[6])),
     )
 
 
