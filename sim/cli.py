@@ -173,6 +173,10 @@ def cmd_collective(args: argparse.Namespace) -> int:
         from sim.perfetto import export_collective
 
         export_collective(res, args.perfetto)
+    if args.plots:
+        from sim.plots import plot_collective
+
+        plot_collective(res, args.plots)
     if args.json:
         _emit_json(res.to_dict())
         return 0
@@ -298,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_collective_args(c, with_algorithm=True)
     c.add_argument("--out", help="write links/timeline tables (CSV+Parquet) and summary.json")
     c.add_argument("--perfetto", help="write a Perfetto trace (.pftrace, or .json for Chrome)")
+    c.add_argument("--plots", help="write PNG plots (links on the torus, step timeline) here")
     c.set_defaults(func=cmd_collective)
 
     cc = sub.add_parser("compare-collectives", help="one collective under every algorithm")

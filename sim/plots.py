@@ -80,3 +80,72 @@ def plot_step(result, summary: dict, out_dir: str | Path) -> list[Path]:
 
 def _save(fig, path: Path) -> Path:
     return atomic_write(path, lambda p: fig.savefig(p, dpi=110, format="png"))
+
+
+def plot_collective(res, out_dir: str | Path, *, max_slices: int = 4) -> list[Path]:
+    """Link utilization of a collective drawn on the torus (one panel per z slice in 3D), and
+    the per-step timeline of its streams."""
+    plt = _fig()
+    import numpy as np
+    from matplotlib import cm
+    from matplotlib.colors import Normalize
+
+    out = Path(out_dir)
+    topo = res._topology
+    paths = []
+    shape = topo.shape + (1,) * (3 - topo.ndim)
+    nz = shape[2]
+    zs = list(range(nz)) if nz <= max_slices else [round(i * (nz - 1) / (max_slices - 1))
+                                                   for i in range(max_slices)]
+    util = res._link_bytes / (res._link_cap * res.time_s) if res.time_s > 0 else \
+        np.zeros_like(res._link_bytes)
+    src, dst = topo.link_endpoints()
+    norm = Normalize(0, max(float(util[: topo.num_ici_links].max(initial=0)), 1e-12))
+    cmap = cm.viridis
+    fig, axes = plt.subplots(1, len(zs), figsize=(4.2 * len(zs) + 0.8, 4.2), squeeze=False)
+    ndim = topo.ndim
+    coords = topo.all_coords()
+    for ax, z in zip(axes[0], zs, strict=True):
+        for link in np.flatnonzero(src[: topo.num_ici_links] >= 0):
+            s_chip, d_chip = int(src[link]), int(dst[link])
+            if s_chip >= topo.chips_per_slice:
+                continue  # draw slice 0 only
+            cs = list(coords[s_chip]) + [0] * (3 - ndim)
+            cd = list(coords[d_chip]) + [0] * (3 - ndim)
+            if cs[2] != z or cd[2] != z:
+                continue  # z links are not drawn in a z slice
+            axis = (link % (2 * ndim)) // 2
+            d = link % 2
+            off = 0.12 if d == 0 else -0.12
+            x0, y0, x1, y1 = cs[0], cs[1], cd[0], cd[1]
+            wrap = abs(x1 - x0) > 1 or abs(y1 - y0) > 1
+            if wrap:  # wraparound link: a short stub out of the grid edge
+                x1 = x0 + (0.45 if (axis == 0 and d == 0) else -0.45 if axis == 0 else 0)
+                y1 = y0 + (0.45 if (axis == 1 and d == 0) else -0.45 if axis == 1 else 0)
+            dx, dy = (0, off) if axis == 0 else (off, 0)
+            ax.plot([x0 + dx, x1 + dx], [y0 + dy, y1 + dy], color=cmap(norm(util[link])),
+                    linewidth=2.2, linestyle=":" if wrap else "-")
+        ax.scatter(coords[:, 0],
+                   coords[:, 1] if ndim > 1 else np.zeros(len(coords)), s=6, color="black")
+        ax.set_title(f"z = {z}" if nz > 1 else topo.name)
+        ax.set_xlabel("x")
+        ax.set_ylabel("y")
+        ax.set_aspect("equal")
+    fig.colorbar(cm.ScalarMappable(norm=norm, cmap=cmap), ax=axes[0].tolist(),
+                 label="link utilization")
+    fig.suptitle(f"{res.op} over {','.join(res.axes)} ({res.algorithm}) on {res.topology} "
+                 f"{res.chip}: {res.time_s * 1e6:.1f} us", fontsize=9)
+    paths.append(_save(fig, out / "links_on_torus.png"))
+    plt.close(fig)
+    tl = res.timeline
+    fig, ax = plt.subplots(figsize=(10, 2.5 + 0.2 * tl.stream.nunique()))
+    for r in tl.itertuples(index=False):
+        ax.broken_barh([(r.start_s * 1e6, (r.end_s - r.start_s) * 1e6)],
+                       (r.stream - 0.4, 0.8), facecolors="#8172B2", edgecolor="white")
+    ax.set_xlabel("time (us)")
+    ax.set_ylabel("stream")
+    ax.set_title("collective steps per stream")
+    fig.tight_layout()
+    paths.append(_save(fig, out / "collective_timeline.png"))
+    plt.close(fig)
+    return paths
