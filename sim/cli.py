@@ -205,8 +205,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise TpusimError(
             f"unknown --op {args.op!r}; use one of: {', '.join(k.value for k in CollectiveKind)}"
         ) from None
+    from sim.progress import progress
+
     rows = []
-    for name in algorithm_names(kind):
+    for name in progress(algorithm_names(kind), desc="algorithms"):
         try:
             r = _run_collective(args, name)
         except TpusimError as exc:
@@ -296,6 +298,8 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="tpusim", description="Discrete-event simulator of TPU pods.")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress bar (it only appears on a terminal, after 1 s)")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
     c = sub.add_parser("collective", help="simulate one collective")
@@ -328,6 +332,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         parser = build_parser()
         args = parser.parse_args(argv)
+        from sim import progress
+
+        progress.QUIET = bool(args.quiet)
         if not getattr(args, "func", None):
             parser.print_help()
             return 2

@@ -195,7 +195,9 @@ def replay(
     bound = [""] * n
     coll_batch: dict[int, Batch] = {}
     coll_hbm_rate = np.zeros(n)
-    for op in trace.ops:
+    from sim.progress import progress
+
+    for op in progress(trace.ops, desc="costing ops"):
         if op.kind == OpKind.COMPUTE:
             rate = (int8_rate if op.dtype == "int8" else mxu_rate) if op.unit == Unit.MXU \
                 else vpu_rate
