@@ -84,6 +84,7 @@ def add_pod_args(p: argparse.ArgumentParser) -> None:
         help="auto (the generation's rule, default), none, all, or axes such as x,z",
     )
     g.add_argument("--slices", type=int, default=1, help="slices joined over DCN (default 1)")
+    p.add_argument("--quiet", dest="quiet_sub", action="store_true", help="no progress bar")
 
 
 def resolve_pod(args: argparse.Namespace):
@@ -334,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         from sim import progress
 
-        progress.QUIET = bool(args.quiet)
+        progress.QUIET = bool(args.quiet or getattr(args, "quiet_sub", False))
         if not getattr(args, "func", None):
             parser.print_help()
             return 2
