@@ -165,6 +165,9 @@ def _run_collective(args: argparse.Namespace, algorithm: str):
 
 
 def cmd_collective(args: argparse.Namespace) -> int:
+    from sim.commands import check_outputs
+
+    check_outputs(args)
     res = _run_collective(args, args.algorithm)
     if args.out:
         from sim.output import write_tables

@@ -264,6 +264,13 @@ def simulate_collective(
     if kind == CollectiveKind.SEND:
         if src is None or dst is None:
             raise TpusimError("--op send needs --src and --dst chip coordinates, e.g. 0,0 and 3,3")
+        from sim.collectives import ALGORITHMS, applicable_algorithms
+
+        if ALGORITHMS.get(algorithm).name not in ("auto", "direct"):
+            raise TpusimError(
+                f"algorithm {algorithm!r} does not implement send; for send use one of: "
+                f"{applicable_algorithms(kind)}"
+            )
         nbytes = _check_bytes(nbytes, kind, 1)
         batch, npaths, _hops = send_batch(topology, lm, tuple(src), tuple(dst), nbytes)
         net = FluidNetwork(env, lm.capacity_bytes_per_s)
@@ -374,9 +381,20 @@ def _link_src(topology: Topology, link: int) -> int:
 
 
 def _launch(env, net, batches, schedule, group, chip, represented, timeline, chunks=1) -> None:
-    """One SimPy process per (stream, chunk). With C chunks each stream's data is cut into C
-    pieces that flow through its steps like a pipeline: chunk c runs step k once it has finished
-    step k-1 and chunk c-1 has finished step k, so later phases overlap earlier ones."""
+    """One SimPy process per (stream, chunk).
+
+    With C chunks each stream's data is cut into C pieces that flow through its steps like a
+    pipeline: chunk c runs step k once it has finished step k-1 and chunk c-1 has finished step
+    k, so later phases overlap earlier ones. With `sync_phases`, a chunk starts phase p of any
+    stream only when that chunk has finished phase p-1 in every stream (lock-step parts).
+    """
+    num_phases = 1 + max((st.phase for s in schedule.streams for st in s), default=0)
+    phase_done: dict[tuple[int, int, int], simpy.Event] = {}
+    if schedule.sync_phases:
+        for c in range(chunks):
+            for si in range(len(batches)):
+                for p in range(num_phases):
+                    phase_done[(c, si, p)] = env.event()
     for si, stream in enumerate(batches):
         steps = schedule.streams[si]
         if chunks > 1:
@@ -385,7 +403,17 @@ def _launch(env, net, batches, schedule, group, chip, represented, timeline, chu
         finished = [[env.event() for _ in stream] for _ in range(chunks)]
 
         def proc(stream=stream, steps=steps, si=si, c=0, finished=finished):
+            cur_phase = -1
             for k, (b, st) in enumerate(zip(stream, steps, strict=True)):
+                if phase_done and st.phase != cur_phase:
+                    for p in range(max(cur_phase, 0), st.phase):
+                        ev = phase_done[(c, si, p)]
+                        if not ev.triggered:
+                            ev.succeed()
+                    if st.phase > 0:
+                        others = [phase_done[(c, sj, st.phase - 1)] for sj in range(len(batches))]
+                        yield env.all_of(others)
+                    cur_phase = st.phase
                 if c > 0 and not finished[c - 1][k].processed:
                     yield finished[c - 1][k]
                 t0 = env.now
@@ -394,6 +422,9 @@ def _launch(env, net, batches, schedule, group, chip, represented, timeline, chu
                 per_chip = sum(m.bytes for m in st.moves) * st.repeat / chunks
                 timeline.append((group, chip, represented, si, k, st.label, t0, env.now,
                                  per_chip))
+            for p in range(max(cur_phase, 0), num_phases):
+                if phase_done and not phase_done[(c, si, p)].triggered:
+                    phase_done[(c, si, p)].succeed()
 
         for c in range(chunks):
             env.process(proc(c=c))

@@ -14,6 +14,7 @@ auto.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import itertools
 from collections.abc import Callable
@@ -53,6 +54,7 @@ class Step:
     moves: tuple[Move, ...]
     repeat: int = 1
     label: str = ""
+    phase: int = 0  # index of the per-axis phase this step belongs to (for phase barriers)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,6 +66,7 @@ class Schedule:
     gaxes: tuple[GroupAxis, ...]
     streams: tuple[tuple[Step, ...], ...]
     reduces: bool  # received data is summed into a local buffer (reduce-scatter phases)
+    sync_phases: bool = False  # streams start phase p together, after all finished phase p-1
 
     @property
     def translation_invariant(self) -> bool:
@@ -187,22 +190,23 @@ def _phases(
     k = len(gaxes)
     n_total = int(np.prod([gaxes[i].size for i in order])) if order else 1
     steps: list[Step] = []
+    phase = [0]
+
+    def emit(new: list[Step]) -> None:
+        steps.extend(dataclasses.replace(st, phase=phase[0]) for st in new)
+        phase[0] += 1
 
     def ag(seq: list[int], shard: float) -> None:
         for ai in seq:
             g = gaxes[ai]
-            steps.extend(
-                _axis_phase(styles[ai], k, ai, g, shard, f"{tag}AG {g.name}", transpose=False)
-            )
+            emit(_axis_phase(styles[ai], k, ai, g, shard, f"{tag}AG {g.name}", transpose=False))
             shard *= g.size
 
     def rs(seq: list[int], buf: float) -> float:
         for ai in seq:
             g = gaxes[ai]
             buf /= g.size
-            steps.extend(
-                _axis_phase(styles[ai], k, ai, g, buf, f"{tag}RS {g.name}", transpose=True)
-            )
+            emit(_axis_phase(styles[ai], k, ai, g, buf, f"{tag}RS {g.name}", transpose=True))
         return buf
 
     if kind == CollectiveKind.ALL_GATHER:
@@ -274,9 +278,50 @@ def _single_axis_algo(name: str, style: str, need_wrap: bool):
     return build
 
 
-def _multi_axis(kind: CollectiveKind, gaxes, v: float, **_) -> Schedule:
-    """All ICI axes at once: k streams of V/k, stream j visits the axes rotated by j.
+def _phase_loads(steps: list[Step], gaxes, num_phases: int) -> np.ndarray:
+    """Bytes per link (busiest link) that a stream puts on the network in each phase."""
+    load = np.zeros(num_phases)
+    for st in steps:
+        per = 0.0
+        for m in st.moves:
+            for g, o in zip(gaxes, m.offset, strict=True):
+                if o:
+                    per = max(per, m.bytes * abs(o) * g.stride)
+        load[st.phase] += per * st.repeat
+    return load
 
+
+def _balanced_shares(c: np.ndarray) -> np.ndarray:
+    """Shares w (sum 1) of the parts minimising sum_p max_j w_j c[j, p].
+
+    The parts run their phases in lock step (phase p starts when every part finished p-1) and
+    in each phase they use different axes, so a phase lasts as long as its slowest part. With
+    equal axis lengths the rotation is symmetric and equal shares are optimal; with unequal
+    lengths equal shares leave axes idle, so the shares are rebalanced (a fine simplex grid,
+    deterministic; equal shares win ties)."""
+    k = c.shape[0]
+    equal = np.full(k, 1.0 / k)
+    if k == 1:
+        return equal
+    res = 240 if k == 2 else 120
+    grid = [np.array(p, dtype=float) / res
+            for p in itertools.product(range(res + 1), repeat=k - 1) if sum(p) <= res]
+    cands = np.array([np.append(p, 1.0 - p.sum()) for p in grid])
+    cost = (cands[:, :, None] * c[None, :, :]).max(axis=1).sum(axis=1)
+    best = cands[int(np.argmin(cost))]
+    eq_cost = float((equal[:, None] * c).max(axis=0).sum())
+    if eq_cost <= float(cost.min()) * (1 + 1e-9):
+        return equal
+    return best
+
+
+def _multi_axis(kind: CollectiveKind, gaxes, v: float, **_) -> Schedule:
+    """All ICI axes at once: k streams, stream j visits the axes rotated by j.
+
+    The textbook credits k axes with k times the bandwidth, V/(k W). The parts advance through
+    their phases in lock step, each phase on a different axis, so they never contend. With equal
+    axis lengths they carry V/k each; with unequal lengths the shares are rebalanced so that the
+    parts' phases take about equally long (`_balanced_shares`).
     DCN (if present) is done hierarchically: for all-gather first (smallest shards), for
     reduce-scatter last, for all-reduce in the middle, so DCN carries the least data.
     """
@@ -286,19 +331,25 @@ def _multi_axis(kind: CollectiveKind, gaxes, v: float, **_) -> Schedule:
     dcn = [i for i in _nontrivial(gaxes) if gaxes[i].is_dcn]
     styles = {i: _best_style(gaxes[i]) for i in range(len(gaxes))}
     k = max(len(ici), 1)
-    streams = []
+    orders = []
     for j in range(k):
         rot = ici[j:] + ici[:j]
         if kind == CollectiveKind.ALL_GATHER:
-            order = dcn + rot
-        elif kind == CollectiveKind.REDUCE_SCATTER:
-            order = rot + dcn
-        else:
-            order = rot + dcn  # RS over ICI, then DCN; AG runs the reverse (DCN first)
-        streams.append(tuple(_phases(kind, gaxes, order, styles, v / k, f"part{j} ")))
+            orders.append(dcn + rot)
+        else:  # reduce-scatter: ICI then DCN; all-reduce: RS that way, AG back (DCN first)
+            orders.append(rot + dcn)
+    unit = [_phases(kind, gaxes, order, styles, 1.0, "") for order in orders]
+    num_phases = 1 + max((st.phase for u in unit for st in u), default=0)
+    c = np.array([_phase_loads(u, gaxes, num_phases) for u in unit])
+    shares = _balanced_shares(c)
+    streams = []
+    for j, order in enumerate(orders):
+        if shares[j] <= 0:
+            continue
+        streams.append(tuple(_phases(kind, gaxes, order, styles, v * shares[j], f"part{j} ")))
     return Schedule(
         kind=kind, algorithm="multi-axis", gaxes=gaxes, streams=tuple(streams),
-        reduces=kind in _REDUCING,
+        reduces=kind in _REDUCING, sync_phases=len(streams) > 1,
     )
 
 
@@ -423,10 +474,7 @@ def _auto(kind: CollectiveKind, gaxes, v: float, **kw) -> Schedule:
         s = _multi_axis(kind, gaxes, v)
     else:
         s = ALGORITHMS.get("direct").build(kind, gaxes, v, **kw)
-    return Schedule(
-        kind=s.kind, algorithm=f"auto ({s.algorithm})", gaxes=s.gaxes, streams=s.streams,
-        reduces=s.reduces,
-    )
+    return dataclasses.replace(s, algorithm=f"auto ({s.algorithm})")
 
 
 def _permute(kind: CollectiveKind, gaxes, v: float, *, shift: int = 1, **_) -> Schedule:

@@ -107,6 +107,18 @@ def _print_training(s: dict[str, Any]) -> None:
         print(f"    {k:<18} {v:10.4f} s  {share:6.1%}")
 
 
+def check_outputs(args) -> None:
+    """Validate every output path before simulating, so a bad one writes nothing."""
+    from sim.output import check_output_dir, check_output_file
+
+    if getattr(args, "out", None):
+        check_output_dir(args.out)
+    if getattr(args, "plots", None):
+        check_output_dir(args.plots)
+    if getattr(args, "perfetto", None):
+        check_output_file(args.perfetto)
+
+
 def _write_outputs(args, result, summary) -> None:
     if getattr(args, "out", None):
         from sim.output import write_tables
@@ -126,6 +138,7 @@ def _write_outputs(args, result, summary) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from sim.engine import replay
 
+    check_outputs(args)
     chip, topo = cli.resolve_pod(args)
     trace = _compile(args, topo.num_chips)
     result = replay(trace, chip, topo, algorithm=args.algorithm)
@@ -166,6 +179,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     except (OSError, UnicodeDecodeError) as exc:
         raise TpusimError(f"trace file {str(path)!r} cannot be read: {exc}") from None
     trace = Trace.from_json(text, source=f"trace file {str(path)!r}")
+    check_outputs(args)
     chip, topo = cli.resolve_pod(args)
     n = trace.meta.get("num_chips")
     if n is not None and n != topo.num_chips:

@@ -1,5 +1,5 @@
-"""Replaying an SPMD `Trace` on a pod: MXU/VPU as SimPy resources, HBM bandwidth shared with
-collective traffic, collectives on the fluid ICI/DCN link network, host transfers over PCIe.
+"""Replaying an SPMD `Trace` on a pod: MXU/VPU as SimPy resources, HBM bandwidth and the ICI/DCN
+link classes as fluid resources shared by compute and collectives, host transfers over PCIe.
 
 Every op is costed before `env.run()`:
 * compute: `max(flops / (peak * eff), hbm_bytes / (hbm_bw * eff)) + op_overhead_s`, bound by
@@ -7,6 +7,7 @@ Every op is costed before `env.run()`:
 * collective: simulated once per distinct (kind, replica group, bytes) with `simulate_collective`
   on the real topology, then replayed as one fluid batch whose per-link-class loads are the
   busiest link of each class, so that concurrent collectives on the same links share bandwidth;
+  its DMA traffic (send and receive buffers) also loads HBM;
 * host transfer: bytes / PCIe bandwidth (one DMA queue per chip).
 
 SPMD symmetry: every chip runs the same program and the mesh tiles the torus, so one
@@ -55,6 +56,7 @@ class CollectiveCost:
     class_bytes: np.ndarray  # bytes on the busiest link of each class
     group_size: int
     algorithm: str
+    hbm_bytes: float = 0.0  # DMA reads and writes of one chip
 
 
 @dataclass(kw_only=True)
@@ -161,7 +163,7 @@ def cost_collective(
     drain = float(np.max(cls / lm.class_capacity_bytes_per_s, initial=0.0))
     return CollectiveCost(
         time_s=res.time_s, latency_s=max(res.time_s - drain, 0.0), class_bytes=cls,
-        group_size=group, algorithm=res.algorithm,
+        group_size=group, algorithm=res.algorithm, hbm_bytes=res.hbm_bytes_per_chip,
     )
 
 
@@ -192,9 +194,10 @@ def replay(
     costs: dict[tuple, CollectiveCost] = {}
     n = len(trace.ops)
     dur = np.zeros(n)
+    t_compute = np.zeros(n)
     bound = [""] * n
     coll_batch: dict[int, Batch] = {}
-    coll_hbm_rate = np.zeros(n)
+    hbm_idx = NUM_CLASSES  # HBM bandwidth is one more fluid resource, after the link classes
     from sim.progress import progress
 
     for op in progress(trace.ops, desc="costing ops"):
@@ -202,6 +205,7 @@ def replay(
             rate = (int8_rate if op.dtype == "int8" else mxu_rate) if op.unit == Unit.MXU \
                 else vpu_rate
             t_c = op.flops / rate
+            t_compute[op.id] = t_c
             t_m = op.hbm_bytes / hbm_bw
             if t_c >= t_m:
                 bound[op.id] = "mxu" if op.unit == Unit.MXU else "vpu"
@@ -221,15 +225,14 @@ def replay(
             dur[op.id] = c.time_s
             bound[op.id] = "ici"
             used = np.flatnonzero(c.class_bytes > 0)
+            # DMA reads the send buffer and writes the receive buffer in HBM, so a collective
+            # also draws on the chip's HBM bandwidth (shared with compute in the fluid model).
             coll_batch[op.id] = Batch(
-                res=used.astype(np.int64),
-                ptr=np.arange(len(used) + 1, dtype=np.int64),
-                bytes_per_transfer=c.class_bytes[used],
+                res=np.append(used, hbm_idx).astype(np.int64),
+                ptr=np.arange(len(used) + 2, dtype=np.int64),
+                bytes_per_transfer=np.append(c.class_bytes[used], c.hbm_bytes),
                 latency_s=c.latency_s,
             )
-            # DMA reads the send buffer and writes the receive buffer in HBM.
-            sent = float(c.class_bytes.sum())
-            coll_hbm_rate[op.id] = 2 * sent / c.time_s if c.time_s > 0 else 0.0
         elif op.kind == OpKind.HOST:
             dur[op.id] = op.bytes / chip.pcie_bytes_per_s
             bound[op.id] = "pcie"
@@ -239,18 +242,17 @@ def replay(
 
     # -- replay -----------------------------------------------------------------------------
     env = simpy.Environment()
-    net = FluidNetwork(env, lm.class_capacity_bytes_per_s)
+    net = FluidNetwork(env, np.append(lm.class_capacity_bytes_per_s, hbm_bw))
     mxu = simpy.Resource(env, capacity=1)
     vpu = simpy.Resource(env, capacity=1)
     pcie = simpy.Resource(env, capacity=1)
-    # HBM bandwidth as a SimPy container: running collectives hold their DMA share of it, and a
-    # compute op runs at whatever bandwidth is left when it starts.
-    # (The container's capacity has headroom so that float rounding can never block a put.)
-    hbm = simpy.Container(env, capacity=2 * hbm_bw, init=hbm_bw)
     done = [env.event() for _ in range(n)]
     start = np.zeros(n)
     end = np.zeros(n)
     ops = trace.ops
+    one = np.zeros(1, dtype=np.int64)
+    ptr1 = np.array([0, 1], dtype=np.int64)
+    hbm_res = np.array([hbm_idx], dtype=np.int64)
 
     def wait_deps(op):
         evs = [done[d] for d in op.deps if not done[d].processed]
@@ -260,12 +262,7 @@ def replay(
     def run_collective(op):
         yield from wait_deps(op)
         start[op.id] = env.now
-        share = min(coll_hbm_rate[op.id], hbm.level * 0.5)
-        if share > 0:
-            yield hbm.get(share)
         yield net.transfer(coll_batch[op.id])
-        if share > 0:
-            yield hbm.put(share)
         end[op.id] = env.now
         done[op.id].succeed()
 
@@ -296,15 +293,21 @@ def replay(
             with unit.request() as req:
                 yield req
                 start[op.id] = env.now
-                t = dur[op.id]
-                if bound[op.id] == "hbm" and hbm.level < hbm_bw:
-                    # Collectives are using part of the HBM bandwidth right now.
-                    t = max(op.flops / (mxu_rate if op.unit == Unit.MXU else vpu_rate),
-                            op.hbm_bytes / max(hbm.level, 1e-9 * hbm_bw)) + chip.op_overhead_s
-                yield env.timeout(t)
+                if op.hbm_bytes > 0:
+                    # The op streams its bytes through HBM (shared with collective DMA) and
+                    # cannot finish faster than its FLOPs allow.
+                    t_c = t_compute[op.id]
+                    yield net.transfer(Batch(
+                        res=hbm_res, ptr=ptr1, bytes_per_transfer=np.array([op.hbm_bytes]),
+                        latency_s=chip.op_overhead_s,
+                        max_speed=1.0 / t_c if t_c > 0 else float("inf"),
+                    ))
+                else:
+                    yield env.timeout(dur[op.id])
             end[op.id] = env.now
             done[op.id].succeed()
 
+    del one
     for op in ops:
         if op.kind == OpKind.COLLECTIVE and overlap:
             env.process(run_collective(op))
@@ -371,7 +374,7 @@ def _summarize(trace, chip, topology, dur, bound, start, end, net, costs, lm, mx
                    if o.kind == OpKind.COMPUTE and o.unit == Unit.MXU)
     vpu_busy = sum(o.flops / vpu_rate for o in ops
                    if o.kind == OpKind.COMPUTE and o.unit == Unit.VPU)
-    hbm_busy = sum(o.hbm_bytes for o in ops if o.kind == OpKind.COMPUTE) / hbm_bw
+    hbm_busy = float(net.bytes[NUM_CLASSES]) / hbm_bw  # compute and collective DMA traffic
     pcie_busy = sum(dur[o.id] for o in ops if o.kind == OpKind.HOST)
     units = [
         (0, "mxu", mxu_busy, mxu_busy / total if total else 0.0),
@@ -382,7 +385,7 @@ def _summarize(trace, chip, topology, dur, bound, start, end, net, costs, lm, mx
     from sim.network import CLASS_NAMES
 
     links = []
-    for c in range(NUM_CLASSES):
+    for c in range(NUM_CLASSES):  # the HBM resource (index NUM_CLASSES) is reported in units
         if net.bytes[c] <= 0:
             continue
         cap = lm.class_capacity_bytes_per_s[c]

@@ -48,6 +48,7 @@ class Batch:
     bytes_per_transfer: np.ndarray
     latency_s: float
     repeat: int = 1
+    max_speed: float = float("inf")  # cap on the fraction completed per second (compute-bound)
 
     @property
     def num_transfers(self) -> int:
@@ -140,7 +141,7 @@ class FluidNetwork:
         )  # fraction of every transfer's bytes per second on each link
         next_dt = np.inf
         for e in entries:
-            speed = float(np.min(pace[e[0].res]))
+            speed = min(float(np.min(pace[e[0].res])), e[0].max_speed)
             e[2] = speed
             next_dt = min(next_dt, e[1] / speed)
         self._version += 1

@@ -15,6 +15,7 @@ from topologies.errors import TpusimError
 def atomic_write(path: str | Path, writer: Callable[[Path], None]) -> Path:
     """Run `writer(tmp_path)` then rename into `path`, so a failure leaves no partial file."""
     path = Path(path)
+    check_output_file(path)
     parent = path.parent if str(path.parent) else Path(".")
     try:
         parent.mkdir(parents=True, exist_ok=True)
@@ -27,10 +28,27 @@ def atomic_write(path: str | Path, writer: Callable[[Path], None]) -> Path:
         writer(tmp_path)
         os.chmod(tmp_path, 0o644)  # mkstemp creates 0600; outputs are ordinary files
         os.replace(tmp_path, path)
+    except OSError as exc:
+        tmp_path.unlink(missing_ok=True)
+        raise TpusimError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
     except BaseException:
         tmp_path.unlink(missing_ok=True)
         raise
     return path
+
+
+def check_output_file(path: str | Path) -> None:
+    """Refuse an output file path that is a directory (before anything is written)."""
+    p = Path(path)
+    if p.is_dir():
+        raise TpusimError(f"output file {str(p)!r} is a directory; give a file name")
+
+
+def check_output_dir(path: str | Path) -> None:
+    """Refuse an output directory path that is an existing file."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise TpusimError(f"output directory {str(p)!r} is an existing file; give a directory")
 
 
 def write_json(path: str | Path, obj: Any) -> Path:

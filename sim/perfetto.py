@@ -140,8 +140,11 @@ def _protobuf(tracks, mem, pname: str) -> bytes:
         p.track_descriptor.parent_uuid = proc_uuid
         p.track_descriptor.name = tname
         for start, end, name, args in rows:
-            events.append((round(start * _NS), 0, uuid, name, args))
-            events.append((round(end * _NS), 1, uuid, name, None))
+            b_ns, e_ns = round(start * _NS), round(end * _NS)
+            if e_ns <= b_ns:
+                continue  # shorter than 1 ns once rounded: it would not nest (kept in --out)
+            events.append((b_ns, 0, uuid, name, args))
+            events.append((e_ns, 1, uuid, name, None))
     mem_uuid = None
     if mem:
         mem_uuid = uuid + 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 from dataclasses import astuple, dataclass, field, fields
 from typing import Any
 
@@ -82,8 +83,17 @@ class Trace:
                         f"trace op {i} ({op.name}) depends on {d}, which is not an earlier op; "
                         f"dependencies must point backwards"
                     )
-            if op.flops < 0 or op.hbm_bytes < 0 or op.bytes < 0 or op.duration_s < 0:
-                raise TpusimError(f"trace op {i} ({op.name}) has a negative size")
+            for fname in ("flops", "hbm_bytes", "bytes", "duration_s", "alloc_bytes",
+                          "free_bytes"):
+                v = getattr(op, fname)
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                        or v < 0:
+                    kind = "negative size" if isinstance(v, (int, float)) and v < 0 else \
+                        "non-finite or non-numeric size"
+                    raise TpusimError(
+                        f"trace op {i} ({op.name}) has a {kind}: {fname} = {v!r}; sizes must be "
+                        f"finite numbers >= 0"
+                    )
             if op.kind == OpKind.COLLECTIVE:
                 bad = [a for a in op.mesh_axes if a not in names]
                 if bad or not op.mesh_axes:
@@ -145,7 +155,15 @@ class Trace:
                 d["unit"] = Unit(d["unit"])
                 d["mesh_axes"] = tuple(d["mesh_axes"])
                 d["deps"] = tuple(int(x) for x in d["deps"])
+                for fname in ("flops", "hbm_bytes", "bytes", "duration_s", "alloc_bytes",
+                              "free_bytes"):
+                    d[fname] = float(d[fname])
+                for fname in ("id", "layer"):
+                    d[fname] = int(d[fname])
                 ops.append(Op(**d))
+            meta = doc.get("meta", {})
+            if not isinstance(meta, dict):
+                raise TpusimError(f"{source}: \"meta\" must be a JSON object")
         except TpusimError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -153,7 +171,7 @@ class Trace:
                 f"{source} is a malformed tpusim trace ({type(exc).__name__}: {exc}); recompile "
                 f"it with `tpusim compile`"
             ) from None
-        return Trace(mesh=mesh, ops=tuple(ops), meta=dict(doc.get("meta", {})))
+        return Trace(mesh=mesh, ops=tuple(ops), meta=dict(meta))
 
 
 class TraceBuilder:

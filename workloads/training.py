@@ -11,6 +11,7 @@ accumulation and host offload of activations are expressed in the same ops. FLOP
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 from topologies.errors import TpusimError
@@ -60,7 +61,8 @@ class TrainingConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.seq_len, int) or self.seq_len < 1:
             raise TpusimError(f"--seq-len {self.seq_len!r} must be a positive integer")
-        if not self.batch_per_chip > 0:
+        if not (isinstance(self.batch_per_chip, (int, float)) and 0 < self.batch_per_chip
+                and math.isfinite(self.batch_per_chip)):
             raise TpusimError(
                 f"--batch-per-chip {self.batch_per_chip!r} must be > 0 (sequences per chip)"
             )
@@ -389,7 +391,8 @@ class _Compiler:
                             n * D * a, [dx], -1, "bwd")
             prev = dx if dar is None else dar
             # Backward through the layers in reverse.
-            pending = fsdp_gather(d.layers - 1, mb, "bwd", [] if overlap else [prev])
+            # The last layer's weights are gathered again while the loss is computed.
+            pending = fsdp_gather(d.layers - 1, mb, "bwd", [final_norm] if overlap else [prev])
             for layer in reversed(range(d.layers)):
                 g = pending
                 deps = [prev]
@@ -406,7 +409,8 @@ class _Compiler:
                     deps = [re]
                 inp = prev
                 out = self.layer_backward(layer, deps, g)
-                b.ops[out] = _with(b.ops[out], free_bytes=saved_per_layer)
+                w_free = self.layer_weight_bytes(self.layer_is_moe(layer)) if g is not None else 0.0
+                b.ops[out] = _with(b.ops[out], free_bytes=saved_per_layer + w_free)
                 if layer > 0:
                     after = [x for x in (g, inp) if x is not None] if overlap else [out]
                     pending = fsdp_gather(layer - 1, mb, "bwd", after)

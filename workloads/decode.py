@@ -1,0 +1,452 @@
+"""Compile inference steps into SPMD `Trace`s: one decode (generate) step of a batch of sequences
+with a KV cache, and the prefill of their prompts (optionally chunked); plus the HBM plan that
+gives the largest batch that fits. Formulas follow `reference/tpu.md` §3 and §5.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from topologies.errors import TpusimError
+from topologies.mesh import LogicalMesh
+from workloads.models import TransformerSpec
+from workloads.trace import OpKind, Trace, TraceBuilder, Unit
+
+# Bytes per element of the weight / KV-cache formats we model (tpu.md §1.2 "Lower precision").
+_WEIGHT_DTYPES = {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
+_KV_DTYPES = {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
+# MXU formats the engine costs: bf16 peak or the int8 peak (`Op.dtype == "int8"`).
+_MATMUL_DTYPES = ("bf16", "int8")
+_ACT_BYTES = 2.0  # activations in bf16
+_DECODE_AXES = ("data", "tensor", "expert")
+
+
+def _dtype_bytes(table: dict[str, float], name: object, flag: str) -> float:
+    if not isinstance(name, str) or name.lower() not in table:
+        raise TpusimError(f"{flag} {name!r} is not a supported dtype; use one of: "
+                          f"{', '.join(table)}")
+    return table[name.lower()]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DecodeConfig:
+    """Run settings of one decode step or one prefill (see `tpusim decode --help`).
+
+    Attributes:
+        batch: sequences decoded together (global, over all chips).
+        context_len: tokens in each sequence's KV cache that a decode step attends to.
+        weight_dtype: storage format of the weights (bytes only, unless matmul_dtype is int8).
+        kv_dtype: storage format of the KV cache.
+        matmul_dtype: MXU format of the weight matmuls (int8 runs at the int8 peak).
+        prompt_len: prefill only: prompt tokens per sequence.
+        prefill_chunk: prefill only: tokens per chunk (None = the whole prompt at once).
+    """
+
+    batch: int
+    context_len: int
+    weight_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    matmul_dtype: str = "bf16"
+    prompt_len: int | None = None
+    prefill_chunk: int | None = None
+
+    def __post_init__(self) -> None:
+        def _pos_int(v: object) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+        if not _pos_int(self.batch):
+            raise TpusimError(f"--batch {self.batch!r} must be an integer >= 1 (sequences)")
+        if not _pos_int(self.context_len):
+            raise TpusimError(f"--context-len {self.context_len!r} must be an integer >= 1 "
+                              f"(tokens in the KV cache)")
+        _dtype_bytes(_WEIGHT_DTYPES, self.weight_dtype, "--weight-dtype")
+        _dtype_bytes(_KV_DTYPES, self.kv_dtype, "--kv-dtype")
+        if self.matmul_dtype not in _MATMUL_DTYPES:
+            raise TpusimError(f"--matmul-dtype {self.matmul_dtype!r} is not supported; use one "
+                              f"of: {', '.join(_MATMUL_DTYPES)}")
+        if self.prompt_len is not None and not _pos_int(self.prompt_len):
+            raise TpusimError(f"--prompt-len {self.prompt_len!r} must be an integer >= 1")
+        if self.prefill_chunk is not None and not _pos_int(self.prefill_chunk):
+            raise TpusimError(f"--prefill-chunk {self.prefill_chunk!r} must be an integer >= 1")
+
+    @property
+    def weight_bytes_per_param(self) -> float:
+        return _WEIGHT_DTYPES[self.weight_dtype.lower()]
+
+    @property
+    def kv_bytes_per_elem(self) -> float:
+        return _KV_DTYPES[self.kv_dtype.lower()]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Layout:
+    """How the model and the batch are split over the mesh (per-chip quantities)."""
+
+    tp: int
+    dp: int
+    ep: int
+    batch_shards: int  # data x expert
+    local_batch: int  # sequences per chip for the projections (padded to the shards)
+    kv_split: int  # extra batch split of the KV cache when tensor > num_kv_heads
+    kv_batch: int  # sequences whose KV cache one chip holds
+    kv_heads: float  # KV heads in one chip's cache
+    proj_kv_heads: float  # KV heads one chip projects (K/tp, at least 1: replicated)
+
+
+def _layout(model: TransformerSpec, mesh: LogicalMesh, num_chips: int, batch: int) -> _Layout:
+    if mesh.num_ici_devices * mesh.num_slices != num_chips:
+        raise TpusimError(
+            f"mesh {mesh.describe()} covers {mesh.num_ici_devices * mesh.num_slices} chips but "
+            f"the pod has {num_chips}; make the mesh axes multiply to {num_chips}"
+        )
+    other = sorted({n for n, _ in mesh.axes + mesh.dcn_axes} - set(_DECODE_AXES))
+    if other:
+        raise TpusimError(f"mesh axis {other[0]} is not modelled for inference; use "
+                          f"{', '.join(_DECODE_AXES)}")
+    tp, dp, ep = mesh.size("tensor"), mesh.size("data"), mesh.size("expert")
+    if model.num_heads % tp:
+        raise TpusimError(f"mesh axis tensor={tp} does not divide num_heads = {model.num_heads}; "
+                          f"pick a tensor size that divides the head count")
+    if model.d_ff % tp:
+        raise TpusimError(f"mesh axis tensor={tp} does not divide d_ff = {model.d_ff}; pick a "
+                          f"tensor size that divides d_ff")
+    K = model.num_kv_heads
+    if K % tp and tp % K:
+        raise TpusimError(f"mesh axis tensor={tp} neither divides nor is a multiple of "
+                          f"num_kv_heads = {K}; pick a tensor size compatible with the KV heads")
+    if ep > 1:
+        if not model.is_moe:
+            raise TpusimError(f"mesh axis expert={ep} needs an MoE model, but {model.name} is "
+                              f"dense; drop expert")
+        if model.num_experts % ep:
+            raise TpusimError(f"mesh axis expert={ep} does not divide num_experts = "
+                              f"{model.num_experts}; pick a divisor")
+    shards = dp * ep
+    # SPMD pads the batch to a multiple of the shards: the busiest chip sets the step time.
+    local = math.ceil(batch / shards)
+    # tpu.md §5 "KV sharding": heads over tensor, then the rest of tensor over batch.
+    split = tp // K if tp > K else 1
+    return _Layout(tp=tp, dp=dp, ep=ep, batch_shards=shards, local_batch=local, kv_split=split,
+                   kv_batch=math.ceil(local / split), kv_heads=K / tp if tp <= K else 1.0,
+                   proj_kv_heads=max(K / tp, 1.0))
+
+
+def _weight_params_per_chip(model: TransformerSpec, lay: _Layout) -> tuple[float, float]:
+    """(matmul weights, bf16 norm scales) per chip, in parameters."""
+    m, tp = model, lay.tp
+    D, hd, H = m.d_model, m.head_dim, m.num_heads
+    att = D * (H / tp + 2 * lay.proj_kv_heads) * hd + H / tp * hd * D
+    mats = m.mlp.num_matrices
+    dense = mats * D * m.d_ff / tp
+    moe = 0.0
+    if m.is_moe:
+        moe = ((m.num_experts / lay.ep + m.num_shared_experts) * mats * D * m.expert_d_ff / tp
+               + D * m.num_experts)
+    emb = m.num_embedding_params / tp
+    weights = m.num_layers * att + m.num_dense_layers * dense + m.num_moe_layers * moe + emb
+    return weights, float(m.num_norm_params)
+
+
+def _activation_bytes(model: TransformerSpec, lay: _Layout, tokens: float,
+                      logit_rows: float) -> float:
+    """Working set of one layer's activations for `tokens` rows per chip (bf16), plus the fp32
+    logits of `logit_rows` rows (the last token of each local sequence)."""
+    m, a, tp = model, _ACT_BYTES, lay.tp
+    F = m.expert_d_ff * m.experts_per_token if m.is_moe else m.d_ff
+    widest = max(4 * m.d_model, 2 * m.mlp.num_matrices * F / tp,
+                 (m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tp * 2)
+    return tokens * widest * a + logit_rows * math.ceil(m.vocab_size / tp) * 4
+
+
+def memory_plan(model: TransformerSpec, mesh: LogicalMesh, num_chips: int,
+                cfg: DecodeConfig) -> dict[str, float]:
+    """Per-chip HBM of a decode step: weights, KV cache and activations (bytes)."""
+    lay = _layout(model, mesh, num_chips, cfg.batch)
+    w_params, norms = _weight_params_per_chip(model, lay)
+    weights = w_params * cfg.weight_bytes_per_param + norms * _ACT_BYTES
+    ctx = cfg.context_len if cfg.prompt_len is None else max(cfg.context_len, cfg.prompt_len)
+    kv = (2 * model.num_layers * lay.kv_batch * ctx * lay.kv_heads * model.head_dim
+          * cfg.kv_bytes_per_elem)
+    rows = lay.local_batch
+    if cfg.prompt_len is not None:
+        rows *= cfg.prefill_chunk or cfg.prompt_len
+    act = _activation_bytes(model, lay, rows, lay.local_batch)
+    return {"weights_bytes": weights, "kv_cache_bytes": kv, "activation_bytes": act,
+            "total_bytes": weights + kv + act}
+
+
+def max_batch_that_fits(model: TransformerSpec, mesh: LogicalMesh, num_chips: int,
+                        cfg: DecodeConfig, hbm_bytes: float, limit: int = 1 << 24) -> int:
+    """Largest global batch whose weights + KV cache + activations fit in `hbm_bytes` per chip.
+
+    Returns 0 if not even one sequence fits. The plan is monotone in the batch, so this is a
+    binary search over `memory_plan` (no replay).
+    """
+    import dataclasses
+
+    def fits(b: int) -> bool:
+        plan = memory_plan(model, mesh, num_chips, dataclasses.replace(cfg, batch=b))
+        return plan["total_bytes"] <= hbm_bytes
+
+    if not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    if hi > limit:
+        return lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class _InferenceCompiler:
+    def __init__(self, model: TransformerSpec, mesh: LogicalMesh, num_chips: int,
+                 cfg: DecodeConfig, lay: _Layout):
+        self.m, self.mesh, self.num_chips, self.cfg, self.lay = model, mesh, num_chips, cfg, lay
+        self.b = TraceBuilder()
+        self.wb = cfg.weight_bytes_per_param
+        self.kvb = cfg.kv_bytes_per_elem
+        self.mm_dtype = cfg.matmul_dtype
+
+    # -- helpers (same conventions as workloads/training.py) ---------------------------------
+    def mm(self, name, flops, w_bytes, io_bytes, deps, layer, phase, weights=True, **kw):
+        return self.b.add(name, kind=OpKind.COMPUTE, unit=Unit.MXU, flops=flops,
+                          hbm_bytes=w_bytes + io_bytes,
+                          dtype=self.mm_dtype if weights else "bf16", deps=deps, layer=layer,
+                          phase=phase, **kw)
+
+    def vpu(self, name, flops, nbytes, deps, layer, phase, **kw):
+        return self.b.add(name, kind=OpKind.COMPUTE, unit=Unit.VPU, flops=flops,
+                          hbm_bytes=nbytes, deps=deps, layer=layer, phase=phase, **kw)
+
+    def coll(self, name, kind, axes, nbytes, deps, layer, phase):
+        axes = tuple(a for a in axes if self.mesh.size(a) > 1)
+        if not axes or nbytes <= 0:
+            return None
+        return self.b.add(name, kind=OpKind.COLLECTIVE, collective=kind, mesh_axes=axes,
+                          bytes=nbytes, deps=deps, layer=layer, phase=phase)
+
+    @staticmethod
+    def _deps(*xs):
+        return [x for x in xs if x is not None]
+
+    # -- one layer ---------------------------------------------------------------------------
+    def layer(self, layer: int, dep: int, t: int, prev_ctx: int, phase: str) -> int:
+        """One Transformer layer for `t` new tokens per sequence that attend to `prev_ctx`
+        cached tokens plus (causally) themselves."""
+        m, lay, a, wb = self.m, self.lay, _ACT_BYTES, self.wb
+        D, hd, H = m.d_model, m.head_dim, m.num_heads
+        tp = lay.tp
+        n = lay.local_batch * t  # token rows per chip
+        h_loc = H / tp
+        kp = lay.proj_kv_heads
+        norm = self.vpu("norm_attn", 5 * n * D, 2 * n * D * a, [dep], layer, phase)
+        qkv = self.mm("qkv_proj", 2 * n * D * (h_loc + 2 * kp) * hd,
+                      D * (h_loc + 2 * kp) * hd * wb, n * D * a + n * (h_loc + 2 * kp) * hd * a,
+                      [norm], layer, phase)
+        rope = self.vpu("rotary", 6 * n * (h_loc + kp) * hd, 2 * n * (h_loc + kp) * hd * a,
+                        [qkv], layer, phase)
+        att_in = [rope]
+        if lay.kv_split > 1:
+            # KV cache sharded over batch within the tensor group (tpu.md §5 "KV sharding"):
+            # queries move to the chips holding their sequences' cache, and the outputs back.
+            q2a = self.coll("kv_batch_alltoall_q", "all-to-all", ("tensor",), n * H * hd * a,
+                            [rope], layer, phase)
+            att_in = self._deps(rope, q2a)
+        att = self.attention(layer, att_in, t, prev_ctx, phase)
+        if lay.kv_split > 1:
+            o2a = self.coll("kv_batch_alltoall_out", "all-to-all", ("tensor",), n * H * hd * a,
+                            [att], layer, phase)
+            att = o2a if o2a is not None else att
+        out = self.mm("out_proj", 2 * n * h_loc * hd * D, h_loc * hd * D * wb,
+                      n * h_loc * hd * a + n * D * a, [att], layer, phase)
+        ar1 = self.coll("tp_allreduce_attn", "all-reduce", ("tensor",), n * D * a, [out], layer,
+                        phase)
+        res1 = self.vpu("residual_attn", n * D, 3 * n * D * a, self._deps(out, ar1), layer,
+                        phase)
+        norm2 = self.vpu("norm_mlp", 5 * n * D, 2 * n * D * a, [res1], layer, phase)
+        mlp = self.mlp(layer, norm2, n, phase)
+        ar2 = self.coll("tp_allreduce_mlp", "all-reduce", ("tensor",), n * D * a, [mlp], layer,
+                        phase)
+        return self.vpu("residual_mlp", n * D, 3 * n * D * a, self._deps(mlp, res1, ar2), layer,
+                        phase)
+
+    def attention(self, layer: int, deps: list[int], t: int, prev_ctx: int, phase: str) -> int:
+        """Scores and values over the KV cache: HBM-bound in decode (intensity ~1, tpu.md §5)."""
+        m, lay, a, kvb = self.m, self.lay, _ACT_BYTES, self.kvb
+        hd = m.head_dim
+        bk, kh = lay.kv_batch, lay.kv_heads
+        q_heads = kh * m.num_heads / m.num_kv_heads  # query heads served by the local cache
+        keys = prev_ctx + (t + 1) / 2 if t > 1 else prev_ctx  # causal average within the chunk
+        flops = 4 * bk * t * keys * q_heads * hd
+        kv_read = bk * prev_ctx * kh * hd * 2 * kvb
+        kv_write = bk * t * kh * hd * 2 * kvb
+        chunk_kv = bk * t * kh * hd * 2 * a if t > 1 else 0.0  # this chunk's own keys/values
+        qo = 2 * bk * t * q_heads * hd * a
+        return self.mm("attention", flops, 0.0, kv_read + kv_write + chunk_kv + qo, deps, layer,
+                       phase, weights=False)
+
+    def mlp(self, layer: int, dep: int, n: float, phase: str) -> int:
+        m, lay, a, wb = self.m, self.lay, _ACT_BYTES, self.wb
+        D, tp, mats = m.d_model, lay.tp, m.mlp.num_matrices
+        if m.is_moe and layer >= m.first_dense_layers:
+            E, k, F = m.num_experts, m.experts_per_token, m.expert_d_ff
+            router = self.mm("router", 2 * n * D * E, D * E * wb, n * D * a + n * E * 4, [dep],
+                             layer, phase)
+            topk = self.vpu("topk_route", 4 * n * E, n * E * 4, [router], layer, phase)
+            disp = self.coll("ep_dispatch", "all-to-all", ("expert",), n * k * D * a * lay.ep,
+                             [topk], layer, phase)
+            # Only experts that receive a token are read from HBM. With uniform routing of the
+            # group's n*ep tokens (k distinct experts each), a given expert is idle with
+            # probability (1 - k/E)^(n*ep); this gives the book's E/k weight-load factor at
+            # small batch (tpu.md §3 "MoE").
+            e_loc = E / lay.ep
+            touched = e_loc * (1 - (1 - k / E) ** (n * lay.ep))
+            w_exp = mats * D * F / tp * wb
+            h = self.mm("expert_in", 2 * n * k * D * F * (mats - 1) / tp,
+                        touched * w_exp * (mats - 1) / mats,
+                        n * k * D * a + n * k * F * (mats - 1) / tp * a,
+                        self._deps(topk, disp), layer, phase)
+            act = self.vpu("expert_act", 8 * n * k * F / tp, n * k * F * mats / tp * a, [h],
+                           layer, phase)
+            o = self.mm("expert_out", 2 * n * k * F * D / tp, touched * w_exp / mats,
+                        n * k * F / tp * a + n * k * D * a, [act], layer, phase)
+            comb = self.coll("ep_combine", "all-to-all", ("expert",), n * k * D * a * lay.ep,
+                             [o], layer, phase)
+            outs = self._deps(o, comb)
+            if m.num_shared_experts:
+                sF = m.num_shared_experts * F
+                outs.append(self.mm("shared_expert", 2 * n * D * sF * mats / tp,
+                                    mats * D * sF / tp * wb, 2 * n * D * a, [dep], layer, phase))
+            return self.vpu("expert_combine", 2 * n * k * D, (k + 1) * n * D * a, outs, layer,
+                            phase)
+        F = m.d_ff
+        h = self.mm("mlp_in", 2 * n * D * F * (mats - 1) / tp, (mats - 1) * D * F / tp * wb,
+                    n * D * a + n * F * (mats - 1) / tp * a, [dep], layer, phase)
+        act = self.vpu("mlp_act", 8 * n * F / tp, n * F * mats / tp * a, [h], layer, phase)
+        return self.mm("mlp_out", 2 * n * F * D / tp, D * F / tp * wb, n * F / tp * a + n * D * a,
+                       [act], layer, phase)
+
+    # -- embedding and the output projection -----------------------------------------------
+    def embed(self, dep: int | None, n: float, phase: str, alloc: float) -> int:
+        D = self.m.d_model
+        return self.vpu("embed_lookup", 0.0, n * D * (self.wb + _ACT_BYTES),
+                        [dep] if dep is not None else [], -1, phase, alloc_bytes=alloc)
+
+    def head(self, dep: int, phase: str, free: float) -> int:
+        """Final norm, logits for the last token of each sequence, and sampling."""
+        m, lay, a = self.m, self.lay, _ACT_BYTES
+        n, D, tp = lay.local_batch, m.d_model, lay.tp
+        v_loc = math.ceil(m.vocab_size / tp)
+        norm = self.vpu("final_norm", 5 * n * D, 2 * n * D * a, [dep], -1, phase)
+        logits = self.mm("logits", 2 * n * D * v_loc, v_loc * D * self.wb,
+                         n * D * a + n * v_loc * 4, [norm], -1, phase)
+        local = self.vpu("sample_local_topk", 5 * n * v_loc, n * v_loc * 4, [logits], -1, phase)
+        # Each tensor shard proposes its best (value, index); a tiny all-reduce picks the token.
+        ar = self.coll("tp_sample_allreduce", "all-reduce", ("tensor",), n * 8, [local], -1,
+                       phase)
+        return self.vpu("sample", 2 * n, n * 8, self._deps(local, ar), -1, phase,
+                        free_bytes=free)
+
+    def meta(self, kind: str, plan: dict[str, float]) -> dict:
+        m, cfg, lay = self.m, self.cfg, self.lay
+        total_kv_tokens = cfg.batch * (cfg.context_len if kind == "decode" else cfg.prompt_len)
+        return {
+            "kind": kind,
+            "model": m.name,
+            "num_chips": self.num_chips,
+            "batch": cfg.batch,
+            "context_len": cfg.context_len,
+            "prompt_len": cfg.prompt_len,
+            "prefill_chunk": cfg.prefill_chunk,
+            "weight_dtype": cfg.weight_dtype,
+            "kv_dtype": cfg.kv_dtype,
+            "matmul_dtype": cfg.matmul_dtype,
+            "local_batch": lay.local_batch,
+            "kv_batch_split": lay.kv_split,
+            # Per chip (the busiest chip when the batch does not divide evenly).
+            "weights_bytes": plan["weights_bytes"],
+            "kv_cache_bytes": plan["kv_cache_bytes"],
+            "activation_bytes": plan["activation_bytes"],
+            "static_hbm_bytes": plan["weights_bytes"] + plan["kv_cache_bytes"],
+            # Whole model / whole batch (tpu.md §3: KV = 2·S·L·K·H·bytes per sequence).
+            "weights_bytes_total": m.num_params * cfg.weight_bytes_per_param,
+            "kv_cache_bytes_total": total_kv_tokens * m.kv_cache_bytes_per_token(
+                cfg.kv_bytes_per_elem),
+            "overlap": True,
+        }
+
+
+def compile_decode_step(model: TransformerSpec, mesh: LogicalMesh, num_chips: int,
+                        cfg: DecodeConfig) -> Trace:
+    """The SPMD program of one decode step: every sequence of the batch emits one token.
+
+    Args:
+        model: the Transformer.
+        mesh: logical mesh over `data`, `tensor` (heads, d_ff, vocab, KV heads) and `expert`.
+        num_chips: chips in the pod (must equal the mesh size).
+        cfg: batch, context length and dtypes.
+    """
+    lay = _layout(model, mesh, num_chips, cfg.batch)
+    plan = memory_plan(model, mesh, num_chips, cfg)
+    c = _InferenceCompiler(model, mesh, num_chips, cfg, lay)
+    x = c.embed(None, lay.local_batch, "decode", plan["activation_bytes"])
+    for layer in range(model.num_layers):
+        x = c.layer(layer, x, 1, cfg.context_len, "decode")
+    c.head(x, "decode", plan["activation_bytes"])
+    return Trace(mesh=mesh, ops=tuple(c.b.ops), meta=c.meta("decode", plan))
+
+
+def compile_prefill(model: TransformerSpec, mesh: LogicalMesh, num_chips: int,
+                    cfg: DecodeConfig) -> Trace:
+    """The SPMD program of prefilling `cfg.prompt_len` tokens of every sequence.
+
+    With `prefill_chunk`, the prompt is processed in chunks; each chunk attends causally to
+    itself and to the cache written by the earlier chunks, and re-reads the weights.
+    """
+    if cfg.prompt_len is None:
+        raise TpusimError("prefill needs --prompt-len (prompt tokens per sequence)")
+    lay = _layout(model, mesh, num_chips, cfg.batch)
+    plan = memory_plan(model, mesh, num_chips, cfg)
+    c = _InferenceCompiler(model, mesh, num_chips, cfg, lay)
+    P = cfg.prompt_len
+    chunk = min(cfg.prefill_chunk or P, P)
+    x = None
+    start = 0
+    while start < P:
+        t = min(chunk, P - start)
+        x = c.embed(x, lay.local_batch * t, "prefill",
+                    plan["activation_bytes"] if start == 0 else 0.0)
+        for layer in range(model.num_layers):
+            x = c.layer(layer, x, t, start, "prefill")
+        start += t
+    c.head(x, "prefill", plan["activation_bytes"])
+    meta = c.meta("prefill", plan)
+    meta["num_chunks"] = math.ceil(P / chunk)
+    return Trace(mesh=mesh, ops=tuple(c.b.ops), meta=meta)
+
+
+def decode_roofline_s(model: TransformerSpec, num_chips: int, cfg: DecodeConfig,
+                      hbm_bytes_per_s: float, flops_per_s: float) -> float:
+    """tpu.md §5 lower bound of a decode step on `num_chips` chips (whole-pod rates):
+    `B·KV/W_total + max(2·B·P/C_total, P_bytes/W_total)` with P = active parameters."""
+    kv = cfg.batch * cfg.context_len * model.kv_cache_bytes_per_token(cfg.kv_bytes_per_elem)
+    p = model.num_active_params
+    w_tot, c_tot = hbm_bytes_per_s * num_chips, flops_per_s * num_chips
+    return kv / w_tot + max(2 * cfg.batch * p / c_tot, p * cfg.weight_bytes_per_param / w_tot)
+
+
+__all__ = [
+    "DecodeConfig",
+    "compile_decode_step",
+    "compile_prefill",
+    "decode_roofline_s",
+    "max_batch_that_fits",
+    "memory_plan",
+]
