@@ -1,0 +1,322 @@
+"""Tests for sim/cli.py: `tpusim collective`, `compare-collectives` and `presets` in text and JSON,
+agreement with the Python API, and one-line errors (exit code 2, no traceback).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sim.cli import main, parse_bytes
+from sim.collective_sim import simulate_collective
+from sim.collectives import CollectiveKind, algorithm_names
+from sim.hardware import CHIPS, get_chip
+from topologies.errors import TpusimError
+from topologies.slices import SLICES, resolve_topology
+
+JSON_FIELDS = ("time_s", "algorithm", "num_chips", "group_size", "bytes_on_busiest_link",
+               "max_link_utilization")
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _json(capsys, *argv: str) -> dict:
+    rc, out, err = _run(capsys, *argv, "--json")
+    assert rc == 0, err
+    assert err == ""
+    return json.loads(out)
+
+
+def _api(chip_name: str, shape: str | None = None, *, slice_name: str | None = None,
+         wrap: str = "auto", slices: int = 1, **kw):
+    chip = get_chip(chip_name)
+    topology = resolve_topology(
+        chip_name=chip.name, wrap_rule=chip.generation_rule, max_pod_shape=chip.max_pod_shape,
+        slice_name=slice_name, shape=shape, wraparound=wrap, num_slices=slices,
+    )
+    return simulate_collective(chip=chip, topology=topology, **kw)
+
+
+# -- parse_bytes ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "text, value",
+    [("33554432", 33554432), ("32MiB", 32 << 20), ("1GiB", 1 << 30), ("1.5KiB", 1536),
+     ("10MB", 10_000_000), ("4.5e6", 4_500_000), ("2 kb", 2000), ("7b", 7)],
+)
+def test_parse_bytes_understands_units(text, value):
+    assert parse_bytes(text) == value
+
+
+@pytest.mark.parametrize("text", ["lots", "1.5", "0.3KiB", "nan", "inf", "MiB"])
+def test_parse_bytes_refuses_non_sizes(text):
+    with pytest.raises(TpusimError, match="--bytes"):
+        parse_bytes(text)
+
+
+# -- collective ----------------------------------------------------------------------------
+BOOK_ARGS = ("collective", "--chip", "v5e", "--shape", "8x4", "--op", "all-gather", "--axes",
+             "y", "--bytes", "32MiB")
+
+
+def test_collective_json_has_the_documented_fields_and_matches_the_api(capsys):
+    d = _json(capsys, *BOOK_ARGS)
+    for f in JSON_FIELDS:
+        assert f in d, f
+    r = _api("v5e", "8x4", op="all-gather", axes="y", nbytes=32 << 20)
+    assert d == json.loads(json.dumps(r.to_dict()))
+    assert d["bytes"] == 33554432
+    assert d["num_chips"] == 32 and d["group_size"] == 4 and d["num_groups"] == 8
+    assert d["time_s"] == pytest.approx(3 * (1e-6 + (32 << 20) / 4 / 4.5e10), rel=1e-9)
+    assert d["bytes_on_busiest_link"] == 3 * (32 << 20) / 4
+    assert 0 < d["max_link_utilization"] <= 1
+
+
+def test_collective_text_reports_time_algorithm_and_pod(capsys):
+    rc, out, err = _run(capsys, *BOOK_ARGS)
+    assert rc == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0].startswith("all-gather over y on 8x4 v5e (32 chips, 8 group(s) of 4)")
+    assert "33,554,432 B (32.00 MiB)" in lines[0]
+    assert any("auto (multi-axis)" in ln for ln in lines)
+    time_line = next(ln for ln in lines if ln.strip().startswith("time"))
+    assert time_line.split()[-2:] == ["562.24", "us"]
+    busiest = next(ln for ln in lines if "busiest link" in ln)
+    assert "24.00 MiB" in busiest
+    assert "full" in next(ln for ln in lines if "simulation" in ln)
+
+
+def test_collective_on_a_named_slice(capsys):
+    d = _json(capsys, "collective", "--slice", "v5p-128", "--op", "all-reduce", "--axes",
+              "x,y,z", "--bytes", "64MiB")
+    assert d["chip"] == "v5p" and d["topology"] == "4x4x4" and d["num_chips"] == 64
+    assert d["mode"] == "symmetric"
+    r = _api("v5p", slice_name="v5p-128", op="all-reduce", axes="x,y,z", nbytes=64 << 20)
+    assert d["time_s"] == r.time_s
+
+
+def test_collective_over_dcn_between_two_slices(capsys):
+    d = _json(capsys, "collective", "--chip", "v5e", "--shape", "4x4", "--slices", "2", "--op",
+              "all-gather", "--axes", "dcn", "--bytes", "32MiB")
+    chip = get_chip("v5e")
+    assert d["num_chips"] == 32 and d["group_size"] == 2 and d["num_groups"] == 16
+    assert d["topology"] == "2x(4x4)" and d["axes"] == ["dcn"]
+    assert d["time_s"] == pytest.approx(
+        chip.dcn_latency_s + (16 << 20) / chip.dcn_bytes_per_s, rel=1e-9)
+
+
+def test_collective_send_between_corners(capsys):
+    d = _json(capsys, "collective", "--chip", "v5e", "--shape", "4x4", "--op", "send", "--src",
+              "0,0", "--dst", "3,3", "--bytes", "1MiB")
+    # tpus Q5: 6 hops without wraparound, 2 dimension orders share the bytes.
+    assert d["time_s"] == pytest.approx(6e-6 + (1 << 20) / (2 * 4.5e10), rel=1e-9)
+    assert d["op"] == "send" and d["group_size"] == 2
+    assert d["bytes_on_busiest_link"] == (1 << 20) / 2
+
+
+def test_collective_permute_with_shift(capsys):
+    d = _json(capsys, "collective", "--chip", "v5e", "--shape", "16x16", "--op",
+              "collective-permute", "--shift", "2", "--axes", "x", "--bytes", "1MiB")
+    assert d["time_s"] == pytest.approx(2e-6 + 2 * (1 << 20) / 4.5e10, rel=1e-9)
+    assert d["bytes_on_busiest_link"] == 2 * (1 << 20)
+
+
+def test_collective_with_a_slow_link_is_slower_and_matches_the_api(capsys):
+    base = _json(capsys, *BOOK_ARGS)
+    slow = _json(capsys, *BOOK_ARGS, "--slow-link", "0,0:y+:0.5")
+    assert slow["time_s"] > base["time_s"]
+    assert slow["mode"] == "full"
+    r = _api("v5e", "8x4", op="all-gather", axes="y", nbytes=32 << 20,
+             slow_links=("0,0:y+:0.5",))
+    assert slow["time_s"] == r.time_s
+    twice = _json(capsys, *BOOK_ARGS, "--slow-link", "0,0:y+:0.5", "--slow-link",
+                  "0,0:y+:0.5")
+    assert twice["time_s"] > slow["time_s"]  # repeated flags compound (0.25)
+
+
+def test_collective_algorithm_and_wraparound_flags(capsys):
+    d = _json(capsys, "collective", "--chip", "v5e", "--shape", "8x4", "--wraparound", "all",
+              "--op", "all-gather", "--axes", "y", "--bytes", "32MiB", "--algorithm",
+              "bidi-ring")
+    assert d["algorithm"] == "bidi-ring" and d["algorithm_requested"] == "bidi-ring"
+    assert d["time_s"] == pytest.approx((32 << 20) / 9e10 + 2e-6, rel=1e-9)  # 377 us case
+
+
+def test_collective_mode_full_gives_the_same_time_as_symmetric(capsys):
+    args = ("collective", "--chip", "v5e", "--shape", "16x16", "--op", "all-reduce", "--axes",
+            "x,y", "--bytes", "16MiB")
+    sym = _json(capsys, *args, "--mode", "symmetric")
+    full = _json(capsys, *args, "--mode", "full")
+    assert sym["mode"] == "symmetric" and full["mode"] == "full"
+    assert full["time_s"] == pytest.approx(sym["time_s"], rel=1e-9)
+
+
+# -- compare-collectives ---------------------------------------------------------------------
+def test_compare_collectives_json_lists_every_algorithm(capsys):
+    d = _json(capsys, "compare-collectives", "--chip", "v5e", "--shape", "8x4", "--op",
+              "all-gather", "--axes", "y", "--bytes", "32MiB")
+    assert d["op"] == "all-gather" and d["bytes"] == 32 << 20
+    rows = {r["algorithm_requested"] if r["applicable"] else r["algorithm"]: r
+            for r in d["results"]}
+    assert list(rows) == algorithm_names(CollectiveKind.ALL_GATHER)
+    for name in ("bidi-ring", "split-bidi-ring"):  # no wraparound on a v5e 4-axis
+        assert rows[name]["applicable"] is False
+        assert "wraparound" in rows[name]["reason"]
+    ok = [r for r in d["results"] if r["applicable"]]
+    assert min(r["vs_best"] for r in ok) == 1.0
+    for r in ok:
+        api = _api("v5e", "8x4", op="all-gather", axes="y", nbytes=32 << 20,
+                   algorithm=r["algorithm_requested"])
+        assert r["time_s"] == api.time_s
+        assert r["vs_best"] == pytest.approx(r["time_s"] / min(x["time_s"] for x in ok))
+    assert rows["line"]["time_s"] == rows["auto"]["time_s"]  # auto uses a line here
+
+
+def test_compare_collectives_json_for_all_to_all_on_a_ring(capsys):
+    d = _json(capsys, "compare-collectives", "--chip", "v5e", "--shape", "16x16", "--op",
+              "all-to-all", "--axes", "x", "--bytes", "16MiB")
+    names = [r.get("algorithm_requested", r["algorithm"]) for r in d["results"]]
+    assert names == algorithm_names(CollectiveKind.ALL_TO_ALL)
+    assert all(r["applicable"] for r in d["results"])
+
+
+def test_compare_collectives_text_has_one_row_per_algorithm(capsys):
+    rc, out, err = _run(capsys, "compare-collectives", "--chip", "v5e", "--shape", "8x4",
+                        "--op", "all-gather", "--axes", "y", "--bytes", "32MiB")
+    assert rc == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0].startswith("all-gather over y on 8x4 v5e")
+    body = lines[2:]
+    assert [ln.split()[0] for ln in body] == algorithm_names(CollectiveKind.ALL_GATHER)
+    bidi = next(ln for ln in body if ln.startswith("bidi-ring"))
+    assert "n/a" in bidi and "wraparound" in bidi
+    auto = next(ln for ln in body if ln.startswith("auto"))
+    assert "562.24 us" in auto and "1.00x" in auto
+
+
+def test_compare_collectives_with_no_applicable_algorithm_is_an_error(capsys):
+    rc, out, err = _run(capsys, "compare-collectives", "--chip", "v5e", "--shape", "4x4",
+                        "--op", "collective-permute", "--axes", "x,y", "--bytes", "1024")
+    assert rc == 2 and out == ""
+    assert err.startswith("tpusim: error: no algorithm applies")
+
+
+# -- presets --------------------------------------------------------------------------------
+def test_presets_json_lists_every_chip_and_slice(capsys):
+    d = _json(capsys, "presets")
+    chips = {c["name"]: c for c in d["chips"]}
+    assert list(chips) == CHIPS.names()
+    assert chips["v5e"]["ici_link_bytes_per_s"] == 4.5e10
+    assert chips["v5p"]["max_pod_shape"] == "16x20x28"
+    assert chips["v4"]["wraparound_rule"] == "cube"
+    slices = {s["name"]: s for s in d["slices"]}
+    assert list(slices) == SLICES.names()
+    assert slices["v5p-128"] == {"name": "v5p-128", "chip": "v5p", "shape": "4x4x4",
+                                 "num_chips": 64, "wraparound": "xyz"}
+    assert slices["v5e-256"]["wraparound"] == "xy"
+    assert slices["v5e-128"]["wraparound"] == "y"
+    assert slices["v5e-16"]["wraparound"] == "none"
+
+
+def test_presets_text_has_a_row_per_chip_and_slice(capsys):
+    rc, out, err = _run(capsys, "presets")
+    assert rc == 0 and err == ""
+    rows = {ln.split()[0]: ln for ln in out.splitlines() if ln.strip()}
+    for name in CHIPS.names():
+        assert name in rows
+    assert rows["v5p"].split()[-1] == "16x20x28"
+    assert rows["v5e-256"].split() == ["v5e-256", "v5e", "16x16", "256", "xy"]
+    assert "one link, one direction" in out
+
+
+# -- errors ---------------------------------------------------------------------------------
+def _bad_yaml(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("base: [v5e\n  hbm: : :\n", encoding="utf-8")
+    return str(path)
+
+
+BASE = ("collective", "--chip", "v5e", "--shape", "4x4", "--op", "all-gather")
+ERRORS = {
+    "unknown chip": (("collective", "--chip", "v9", "--shape", "4x4", "--op", "all-gather",
+                      "--axes", "x", "--bytes", "1024"), "unknown chip 'v9'"),
+    "unknown slice": (("collective", "--slice", "v5p-999", "--op", "all-gather", "--axes", "x",
+                       "--bytes", "1024"), "unknown slice 'v5p-999'"),
+    "shape/slice size mismatch": (("collective", "--slice", "v5p-128", "--shape", "4x4x8",
+                                   "--op", "all-gather", "--axes", "x", "--bytes", "1024"),
+                                  "has 128 chips but slice v5p-128 has 64"),
+    "axis not in topology": ((*BASE, "--axes", "z", "--bytes", "1024"), "axis 'z'"),
+    "zero bytes": ((*BASE, "--axes", "x", "--bytes", "0"), "must be > 0"),
+    "negative bytes": ((*BASE, "--axes", "x", "--bytes", "-4"), "must be > 0"),
+    "bytes not divisible": ((*BASE, "--axes", "x", "--bytes", "1022"), "not divisible"),
+    "bidi-ring without wraparound": ((*BASE, "--axes", "x", "--bytes", "1024", "--algorithm",
+                                      "bidi-ring"), "no wraparound"),
+    "missing --bytes": ((*BASE, "--axes", "x"), "--bytes"),
+    "missing --axes": ((*BASE, "--bytes", "1024"), "--axes"),
+    "bad size": ((*BASE, "--axes", "x", "--bytes", "lots"), "is not a size"),
+    "shape too big": (("collective", "--chip", "v5e", "--shape", "32x4", "--op", "all-gather",
+                       "--axes", "x", "--bytes", "1024"), "does not fit"),
+    "unknown op": (("collective", "--chip", "v5e", "--shape", "4x4", "--op", "gather", "--axes",
+                    "x", "--bytes", "1024"), "unknown --op"),
+    "unknown algorithm": ((*BASE, "--axes", "x", "--bytes", "1024", "--algorithm", "warp"),
+                          "unknown collective algorithm"),
+    "send without --dst": (("collective", "--chip", "v5e", "--shape", "4x4", "--op", "send",
+                            "--src", "0,0", "--bytes", "1024"), "--dst"),
+    "send to too few coordinates": (("collective", "--chip", "v5e", "--shape", "4x4", "--op",
+                                     "send", "--src", "0", "--dst", "3,3", "--bytes", "1024"),
+                                    "coordinates"),
+    "bad slow link": ((*BASE, "--axes", "x", "--bytes", "1024", "--slow-link", "3,0:x+:0.5"),
+                      "has no x+ link"),
+    "bad wraparound": ((*BASE, "--axes", "x", "--bytes", "1024", "--wraparound", "q"),
+                       "--wraparound"),
+    "unknown command": (("teleport",), "invalid choice"),
+    "bad --slices": ((*BASE, "--axes", "x", "--bytes", "1024", "--slices", "two"),
+                     "--slices"),
+}
+
+
+@pytest.mark.parametrize("case", ERRORS)
+def test_bad_input_is_one_error_line_and_exit_code_2(capsys, case):
+    argv, match = ERRORS[case]
+    rc, out, err = _run(capsys, *argv)
+    assert rc == 2
+    assert out == ""
+    assert err.startswith("tpusim: error: ")
+    assert err.count("\n") == 1 and err.endswith("\n")
+    assert "Traceback" not in err
+    assert match in err
+
+
+def test_malformed_chip_yaml_is_one_error_line(capsys, tmp_path):
+    path = _bad_yaml(tmp_path)
+    rc, out, err = _run(capsys, "collective", "--chip", path, "--shape", "4x4", "--op",
+                        "all-gather", "--axes", "x", "--bytes", "1024")
+    assert rc == 2 and out == ""
+    assert err.startswith("tpusim: error: chip file")
+    assert "not valid YAML" in err and err.count("\n") == 1
+
+
+def test_chip_yaml_unknown_key_is_one_error_line(capsys, tmp_path):
+    path = tmp_path / "chip.yaml"
+    path.write_text("base: v5e\nwarp: 9\n", encoding="utf-8")
+    rc, out, err = _run(capsys, "collective", "--chip", str(path), "--shape", "4x4", "--op",
+                        "all-gather", "--axes", "x", "--bytes", "1024")
+    assert rc == 2 and err.count("\n") == 1 and "unknown key(s) warp" in err
+
+
+def test_custom_chip_yaml_drives_the_simulation(capsys, tmp_path):
+    path = tmp_path / "fast.yaml"
+    path.write_text("base: v5e\nici_link_bytes_per_s: 9.0e+10\n", encoding="utf-8")
+    fast = _json(capsys, *BOOK_ARGS[:2], str(path), *BOOK_ARGS[3:])
+    base = _json(capsys, *BOOK_ARGS)
+    assert fast["chip"] == "v5e-custom"
+    assert fast["time_s"] - 3e-6 == pytest.approx((base["time_s"] - 3e-6) / 2, rel=1e-9)
+
+
+def test_no_command_prints_help_and_returns_2(capsys):
+    rc, out, _ = _run(capsys)
+    assert rc == 2 and "usage" in out
