@@ -354,4 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # Run the importable module's main, so the subcommand registry is the one commands use.
+    from sim.cli import main as _main
+
+    sys.exit(_main())

@@ -155,6 +155,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from sim.output import atomic_write
 
     if args.chips is not None:
+        if args.chips < 1:
+            raise TpusimError(f"--chips {args.chips} must be >= 1")
         num_chips = args.chips
     else:
         _chip, topo = cli.resolve_pod(args)
@@ -294,3 +296,4 @@ cli._EXTRA_COMMANDS.extend([
     ("replay", _register_replay),
     ("demo", _register_demo),
 ])
+import sim.inference_cli  # noqa: E402,F401  (registers decode, prefill, serve-sweep)

@@ -204,8 +204,9 @@ class _Compiler:
         m, d = self.m, self.d
         att = m.attention_params_per_layer / d.tp
         if moe:
-            mlp = (m.moe_mlp_params_per_layer - m.router_params_per_layer) / (d.tp * d.ep)
-            mlp += m.router_params_per_layer
+            routed = m.num_experts * m.mlp.num_matrices * m.d_model * m.expert_d_ff
+            shared = m.moe_mlp_params_per_layer - m.router_params_per_layer - routed
+            mlp = routed / (d.tp * d.ep) + shared / d.tp + m.router_params_per_layer
         else:
             mlp = m.dense_mlp_params_per_layer / d.tp
         return (att + mlp) * self.wb
@@ -264,18 +265,20 @@ class _Compiler:
             kv = self.coll(f"{tag}sp_kv_allgather", "all-gather", ("sequence",),
                            2 * ctx * (n / (ctx / d.sp)) * k_loc * hd * a, [dep], layer, phase)
             deps.append(kv)
+        s_loc = n * d.sp / ctx  # local sequences (each attends to its whole context)
+        kv_bytes = s_loc * ctx * k_loc * hd * a  # K (or V) of every local sequence
         if self.cfg.attention == "flash":
             # Flash attention skips fully masked blocks (about half under a causal mask) and
             # keeps the score matrix in VMEM: HBM sees only Q, K, V and the output.
             flops = 4 * n * ctx * h_loc * hd * 0.5
-            nbytes = (2 * n * h_loc * hd + 2 * n * k_loc * hd * (ctx / max(n, 1))) * a
+            nbytes = 2 * n * h_loc * hd * a + 2 * kv_bytes
             return self.mm(f"{tag}flash_attention", flops, 0.0, nbytes, 0.0, deps, layer, phase)
         scores = n * ctx * h_loc
         qk = self.mm(f"{tag}attn_scores", 2 * n * ctx * h_loc * hd, 0.0,
-                     (n * h_loc + ctx * k_loc) * hd * a, scores * 4, deps, layer, phase)
+                     n * h_loc * hd * a + kv_bytes, scores * 4, deps, layer, phase)
         sm = self.vpu(f"{tag}softmax", 5 * scores, scores * 4 + scores * a, [qk], layer, phase)
         return self.mm(f"{tag}attn_values", 2 * n * ctx * h_loc * hd, 0.0,
-                       scores * a + ctx * k_loc * hd * a, n * h_loc * hd * a, [sm], layer, phase)
+                       scores * a + kv_bytes, n * h_loc * hd * a, [sm], layer, phase)
 
     def mlp_forward(self, layer, dep, wdeps, phase, tag):
         m, d, a = self.m, self.d, self.act
@@ -328,7 +331,9 @@ class _Compiler:
         if cfg.attention == "dot" and cfg.remat == Remat.NONE:
             saved_per_layer += n * d.ctx * m.num_heads / d.tp * a  # the probabilities
         offload_bytes = _SAVED_TENSORS[Remat.MINIMAL] * n * D * a
-        emb_w = V * D / d.tp * self.wb
+        emb_w = V * D / d.tp * self.wb  # one vocabulary matrix (the output projection)
+        # Untied models also gather and reduce the input embedding table.
+        emb_all = emb_w * (1 if m.tied_embeddings else 2)
         prev_compute = None
         last_grad_ops: list[int] = []
         layer_outputs: dict[tuple[int, int], int] = {}
@@ -344,7 +349,7 @@ class _Compiler:
 
         for mb in range(cfg.microbatches):
             # Embedding lookup (stage 0).
-            emb_g = self.coll("fsdp_allgather_embed", "all-gather", ("fsdp",), emb_w,
+            emb_g = self.coll("fsdp_allgather_embed", "all-gather", ("fsdp",), emb_all,
                               [prev_compute] if prev_compute is not None else [], -1, "fwd")
             x = b.add("embed_lookup", kind=OpKind.COMPUTE, unit=Unit.VPU, flops=0.0,
                       hbm_bytes=2 * n * D * a,
@@ -432,7 +437,7 @@ class _Compiler:
                 prev = send if send is not None else prev
             emb_bwd = self.vpu("embed_grad", n * D, 3 * n * D * a, [prev], -1, "bwd")
             erc = self.coll("fsdp_grad_reducescatter_embed", "reduce-scatter", ("fsdp",),
-                            emb_w / self.wb * self.gb, [emb_bwd], -1, "bwd")
+                            emb_all / self.wb * self.gb, [emb_bwd], -1, "bwd")
             if erc is not None:
                 last_grad_ops.append(erc)
             prev_compute = emb_bwd
@@ -463,12 +468,20 @@ class _Compiler:
             F = m.d_ff
             w_mlp = mats * D * F / tp * self.wb
         fwd_mlp = 2 * n * D * F * mats / tp
+        comb = None
+        if self.layer_is_moe(layer):
+            # Transpose of the forward's combine all-to-all, before the experts' backward.
+            comb = self.coll("ep_combine_bwd", "all-to-all", ("expert",),
+                             n * m.experts_per_token * D * a * d.ep, deps, layer, "bwd")
+            if comb is not None:
+                deps = list(deps) + [comb]
         dmlp = self.mm("mlp_bwd", 2 * fwd_mlp, 2 * w_mlp, 3 * n * F * mats / tp * a, n * D * a,
                        deps + wd, layer, "bwd")
         dact = self.vpu("mlp_act_bwd", 16 * n * F / tp, 3 * n * F / tp * a, [dmlp], layer, "bwd")
         ar1 = None
         if self.layer_is_moe(layer):
-            ar1 = self.coll("ep_combine_bwd", "all-to-all", ("expert",),
+            # Transpose of the forward's dispatch all-to-all, after the experts' backward.
+            ar1 = self.coll("ep_dispatch_bwd", "all-to-all", ("expert",),
                             n * m.experts_per_token * D * a * d.ep, [dact], layer, "bwd")
         ar_mlp = self.coll("tp_allreduce_mlp_bwd", "all-reduce", ("tensor",), n * D * a,
                            [dact], layer, "bwd")
@@ -480,13 +493,16 @@ class _Compiler:
         proj_flops = 2 * n * D * (2 * h_loc + 2 * k_loc) * hd
         dproj = self.mm("attn_proj_bwd", 2 * proj_flops, 2 * w_att,
                         3 * n * (h_loc + 2 * k_loc) * hd * a, n * D * a, [nrm] + wd, layer, "bwd")
+        kv_bytes = n * d.sp / d.ctx * d.ctx * k_loc * hd * a  # K or V of the local sequences
         if self.cfg.attention == "flash":
+            # Reads Q, O, dO and K, V; writes dQ, dK, dV.
             datt = self.mm("flash_attention_bwd", att_factor * att_fwd_flops, 0.0,
-                           6 * n * (h_loc + k_loc) * hd * a, 0.0, [dproj], layer, "bwd")
+                           4 * n * h_loc * hd * a + 4 * kv_bytes, 0.0, [dproj], layer, "bwd")
         else:
             scores = n * d.ctx * h_loc
-            datt_m = self.mm("attn_bwd", att_factor * att_fwd_flops, 0.0, 3 * scores * a,
-                             2 * n * (h_loc + k_loc) * hd * a, [dproj], layer, "bwd")
+            datt_m = self.mm("attn_bwd", att_factor * att_fwd_flops, 0.0,
+                             3 * scores * a + 2 * kv_bytes,
+                             2 * n * h_loc * hd * a + 2 * kv_bytes, [dproj], layer, "bwd")
             datt = self.vpu("softmax_bwd", 6 * scores, 3 * scores * a, [datt_m], layer, "bwd")
         rope = self.vpu("rotary_bwd", 6 * n * (h_loc + k_loc) * hd,
                         2 * n * (h_loc + k_loc) * hd * a, [datt], layer, "bwd")

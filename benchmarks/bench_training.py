@@ -1,0 +1,89 @@
+"""Wall time, simulated events per second and peak memory of `tpusim train`, from a small slice
+to the full 8960-chip v5p pod (LLaMA-3-70B, fsdp x tensor=4, seq 8192, 1 sequence per chip).
+
+Run: python benchmarks/bench_training.py [--quick]. Numbers are measurements on the machine that
+ran them; nothing here passes or fails on time. The headline case is the issue's target (whole
+process <= 10 s, memory flat in the number of symmetric chips).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CASES = [
+    ("v5p", "4x4x4", "fsdp=16,tensor=4"),
+    ("v5p", "8x8x8", "fsdp=128,tensor=4"),
+    ("v5p", "8x16x16", "fsdp=512,tensor=4"),
+    ("v5p", "16x16x16", "fsdp=1024,tensor=4"),
+    ("v5p", "16x20x28", "fsdp=2240,tensor=4"),
+]
+# Runs one child and reports its own peak RSS (RUSAGE_CHILDREN of a fresh, tiny parent).
+_TIMER = (
+    "import resource, subprocess, sys, time, json\n"
+    "t = time.perf_counter(); p = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
+    "dt = time.perf_counter() - t\n"
+    "r = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss\n"
+    "print(json.dumps({'rc': p.returncode, 'wall': dt, 'rss_kib': r, 'out': p.stdout, "
+    "'err': p.stderr}))\n"
+)
+
+
+def run(chip: str, shape: str, mesh: str, repeats: int) -> dict:
+    cmd = [sys.executable, "-m", "sim.cli", "--quiet", "train", "--chip", chip, "--shape", shape,
+           "--model", "llama3-70b", "--seq-len", "8192", "--batch-per-chip", "1",
+           "--mesh", mesh, "--json"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    walls, rss, out = [], 0, None
+    for _ in range(repeats):
+        p = subprocess.run([sys.executable, "-S", "-c", _TIMER, *cmd], capture_output=True,
+                           text=True, env=env, cwd=ROOT)
+        rec = json.loads(p.stdout)
+        if rec["rc"] != 0:
+            raise SystemExit(f"{chip} {shape}: tpusim failed: {rec['err'].strip()}")
+        walls.append(rec["wall"])
+        rss = max(rss, rec["rss_kib"])
+        out = json.loads(rec["out"])
+    wall = statistics.median(walls)
+    return {
+        "chip": chip, "shape": shape, "mesh": mesh, "num_chips": out["num_chips"],
+        "wall_s": wall, "peak_rss_mib": rss / 1024, "sim_events": out["sim_events"],
+        "events_per_s": out["sim_events"] / wall, "step_time_s": out["step_time_s"],
+        "mfu": out["mfu"],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="only the 8960-chip headline, once")
+    args = ap.parse_args()
+    cases = CASES[-1:] if args.quick else CASES
+    rows = [run(*c, repeats=1 if args.quick else 3) for c in cases]
+    print(f"{'pod':<14} {'chips':>6} {'wall s':>7} {'RSS MiB':>8} {'events':>7} "
+          f"{'events/s':>9} {'step s':>8} {'MFU':>6}")
+    for r in rows:
+        print(f"{r['chip']} {r['shape']:<10} {r['num_chips']:>6} {r['wall_s']:>7.2f} "
+              f"{r['peak_rss_mib']:>8.1f} {r['sim_events']:>7} {r['events_per_s']:>9.0f} "
+              f"{r['step_time_s']:>8.3f} {r['mfu']:>6.1%}")
+    head = rows[-1]
+    print(f"\nheadline: 8960-chip LLaMA-3-70B step, whole process {head['wall_s']:.2f} s "
+          f"= {head['wall_s'] / 10:.2f} x the 10 s target")
+    out = ROOT / "benchmarks" / "results" / ("training-quick.json" if args.quick else
+                                             "training.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "date": time.strftime("%Y-%m-%d"), "platform": platform.platform(),
+        "python": platform.python_version(), "cpus": os.cpu_count(), "rows": rows,
+    }, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,288 @@
+"""Tests for workloads/trace.py: `Trace` validation on construction, the JSON trace file format
+(exact round trip, byte-stable re-serialization), one-line errors for malformed files, and
+`tpusim replay` on a broken file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+from sim.cli import main
+from topologies.errors import TpusimError
+from topologies.mesh import parse_mesh
+from workloads.models import model_from_dict
+from workloads.trace import OP_COLUMNS, TRACE_FORMAT, TRACE_VERSION, Op, OpKind, Trace, Unit
+from workloads.training import Remat, TrainingConfig, compile_training_step
+
+TINY = {
+    "name": "tiny", "num_layers": 2, "d_model": 128, "num_heads": 4, "num_kv_heads": 2,
+    "head_dim": 32, "d_ff": 256, "mlp": "swiglu", "vocab_size": 256,
+}
+
+
+def _compiled(mesh: str = "fsdp=2,tensor=2", chips: int = 4, **cfg) -> Trace:
+    config = {"seq_len": 64, "batch_per_chip": 2, **cfg}
+    return compile_training_step(
+        model_from_dict(TINY), parse_mesh(mesh), chips, TrainingConfig(**config)
+    )
+
+
+def _small(**changes) -> Trace:
+    """Three hand-written ops: a matmul, a gather that needs it, a VPU op that needs both."""
+    ops = [
+        Op(id=0, name="mm", unit=Unit.MXU, flops=2e9, hbm_bytes=1e6, layer=0, phase="fwd"),
+        Op(id=1, name="ag", kind=OpKind.COLLECTIVE, collective="all-gather",
+           mesh_axes=("fsdp",), bytes=4096.0, deps=(0,), alloc_bytes=4096.0),
+        Op(id=2, name="add", unit=Unit.VPU, flops=10.0, hbm_bytes=24.0, deps=(0, 1),
+           free_bytes=4096.0),
+    ]
+    for i, kw in changes.items():
+        ops[int(i[1:])] = dataclasses.replace(ops[int(i[1:])], **kw)
+    return Trace(mesh=parse_mesh("fsdp=4"), ops=tuple(ops), meta={"num_chips": 4})
+
+
+# -- validation --------------------------------------------------------------------------------
+
+
+def test_a_valid_hand_written_trace_is_accepted():
+    t = _small()
+    assert [op.id for op in t.ops] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("bad_id", [1, 5, -1])
+def test_op_ids_must_be_0_1_2_in_order(bad_id):
+    with pytest.raises(TpusimError, match=r"ids must be 0, 1, 2, \.\.\. in order"):
+        _small(o0={"id": bad_id})
+
+
+def test_duplicate_ids_are_refused():
+    with pytest.raises(TpusimError, match=r"op #2 has id 1"):
+        _small(o2={"id": 1})
+
+
+@pytest.mark.parametrize("deps", [(1,), (2,), (5,), (-1,)])
+def test_dependencies_must_point_backwards(deps):
+    # op 1 may only depend on op 0.
+    with pytest.raises(TpusimError, match=r"dependencies must point backwards"):
+        _small(o1={"deps": deps})
+
+
+def test_collective_over_an_axis_not_in_the_mesh_is_refused():
+    with pytest.raises(TpusimError) as err:
+        _small(o1={"mesh_axes": ("tensor",)})
+    assert "tensor" in str(err.value) and "fsdp" in str(err.value)
+
+
+def test_collective_without_axes_is_refused():
+    with pytest.raises(TpusimError, match=r"is a collective over \(\)"):
+        _small(o1={"mesh_axes": ()})
+
+
+def test_collective_over_a_dcn_axis_is_accepted():
+    ops = (Op(id=0, name="ar", kind=OpKind.COLLECTIVE, collective="all-reduce",
+              mesh_axes=("data",), bytes=1024.0),)
+    t = Trace(mesh=parse_mesh("fsdp=4", "data=2"), ops=ops)
+    assert t.ops[0].mesh_axes == ("data",)
+
+
+@pytest.mark.parametrize("field", ["flops", "hbm_bytes", "bytes", "duration_s"])
+def test_negative_sizes_are_refused(field):
+    with pytest.raises(TpusimError, match=r"negative size"):
+        _small(o0={field: -1.0})
+
+
+@pytest.mark.parametrize("field", ["alloc_bytes", "free_bytes"])
+def test_negative_memory_sizes_are_refused(field):
+    with pytest.raises(TpusimError, match=r"negative"):
+        _small(o0={field: -1.0})
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_non_finite_sizes_are_refused(value):
+    with pytest.raises(TpusimError):
+        _small(o0={"flops": value})
+
+
+# -- JSON round trip ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"remat": Remat.OFFLOAD, "attention": "dot"},  # host ops
+        {"mesh": "pipeline=2,fsdp=2", "microbatches": 2},
+    ],
+    ids=["fsdp-tensor", "offload-dot", "pipeline"],
+)
+def test_json_round_trip_is_exact_field_by_field(kw):
+    t = _compiled(**kw)
+    back = Trace.from_json(t.to_json())
+    assert back.mesh == t.mesh
+    assert back.meta == t.meta
+    assert len(back.ops) == len(t.ops)
+    for a, b in zip(t.ops, back.ops, strict=True):
+        for f in OP_COLUMNS:
+            va, vb = getattr(a, f), getattr(b, f)
+            assert va == vb, (a.id, f, va, vb)
+            if isinstance(va, float):
+                assert type(vb) is float and va.hex() == vb.hex(), (a.id, f)
+        assert isinstance(b.kind, OpKind) and isinstance(b.unit, Unit)
+        assert isinstance(b.mesh_axes, tuple) and isinstance(b.deps, tuple)
+    assert back == t
+
+
+def test_json_round_trip_of_a_multislice_mesh():
+    t = compile_training_step(
+        model_from_dict(TINY), parse_mesh("fsdp=2", "data=2"), 4,
+        TrainingConfig(seq_len=32, batch_per_chip=1),
+    )
+    back = Trace.from_json(t.to_json())
+    assert back.mesh.dcn_axes == (("data", 2),)
+    assert back == t
+
+
+def test_reserialization_is_byte_identical():
+    text = _compiled(remat=Remat.OFFLOAD).to_json()
+    again = Trace.from_json(text).to_json()
+    assert again == text
+    assert Trace.from_json(again).to_json().encode() == text.encode()
+
+
+def test_file_layout_matches_the_documented_format():
+    t = _small()
+    doc = json.loads(t.to_json())
+    assert list(doc) == ["format", "version", "mesh", "meta", "columns", "ops"]
+    assert doc["format"] == TRACE_FORMAT == "tpusim-trace"
+    assert doc["version"] == TRACE_VERSION == 1
+    assert doc["mesh"] == {"ici": {"fsdp": 4}, "dcn": {}}
+    assert doc["columns"] == [
+        "id", "name", "kind", "unit", "flops", "hbm_bytes", "dtype", "collective", "mesh_axes",
+        "bytes", "duration_s", "deps", "layer", "phase", "alloc_bytes", "free_bytes",
+    ]
+    row = dict(zip(doc["columns"], doc["ops"][1], strict=True))
+    assert row["kind"] == "collective" and row["collective"] == "all-gather"
+    assert row["mesh_axes"] == ["fsdp"] and row["deps"] == [0] and row["bytes"] == 4096.0
+
+
+def test_columns_may_come_in_any_order():
+    t = _small()
+    doc = json.loads(t.to_json())
+    perm = list(reversed(range(len(doc["columns"]))))
+    doc["columns"] = [doc["columns"][i] for i in perm]
+    doc["ops"] = [[row[i] for i in perm] for row in doc["ops"]]
+    assert Trace.from_json(json.dumps(doc)) == t
+
+
+# -- malformed input ---------------------------------------------------------------------------
+
+
+def _doc() -> dict:
+    return json.loads(_small().to_json())
+
+
+def _mutated(fn) -> str:
+    d = _doc()
+    fn(d)
+    return json.dumps(d)
+
+
+def _col(name: str) -> int:
+    return OP_COLUMNS.index(name)
+
+
+MALFORMED = {
+    "not-json": ("this is not json", r"is not a tpusim trace: invalid JSON at line 1"),
+    "empty": ("", r"invalid JSON at line 1 column 1"),
+    "truncated": (None, r"invalid JSON .*truncated or corrupted"),
+    "json-list": ("[1, 2, 3]", r'missing "format": "tpusim-trace"'),
+    "wrong-format": (
+        _mutated(lambda d: d.update(format="chrome-trace")), r'missing "format": "tpusim-trace"'
+    ),
+    "no-format": (_mutated(lambda d: d.pop("format")), r'missing "format"'),
+    "wrong-version": (
+        _mutated(lambda d: d.update(version=2)), r"version 2; this tpusim reads version 1"
+    ),
+    "version-as-string": (
+        _mutated(lambda d: d.update(version="1")), r"version '1'; this tpusim reads version 1"
+    ),
+    "row-missing-field": (
+        _mutated(lambda d: d["ops"][1].pop()), r"op row 1 has 15 fields, expected 16"
+    ),
+    "row-extra-field": (
+        _mutated(lambda d: d["ops"][0].append(0)), r"op row 0 has 17 fields, expected 16"
+    ),
+    "no-ops": (_mutated(lambda d: d.pop("ops")), r"malformed tpusim trace \(KeyError: 'ops'\)"),
+    "no-mesh": (_mutated(lambda d: d.pop("mesh")), r"malformed .*'mesh'"),
+    "no-columns": (_mutated(lambda d: d.pop("columns")), r"malformed .*'columns'"),
+    "unknown-kind": (
+        _mutated(lambda d: d["ops"][0].__setitem__(_col("kind"), "magic")), r"'magic'"
+    ),
+    "unknown-column": (
+        _mutated(lambda d: (d["columns"].append("colour"),
+                            [r.append("red") for r in d["ops"]])),
+        r"malformed .*colour",
+    ),
+    "bad-mesh-size": (
+        _mutated(lambda d: d["mesh"]["ici"].__setitem__("fsdp", "four")), r"malformed"
+    ),
+    "bad-dep": (_mutated(lambda d: d["ops"][1].__setitem__(_col("deps"), [3])),
+                r"depends on 3"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_input_is_a_one_line_tpusim_error(case):
+    text, match = MALFORMED[case]
+    if text is None:
+        full = _compiled().to_json()
+        text = full[: len(full) // 2]
+    with pytest.raises(TpusimError, match=match) as err:
+        Trace.from_json(text, source="trace file 'x.trace'")
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert msg.startswith("trace file 'x.trace'") or "trace op" in msg
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda d: d["ops"][0].__setitem__(_col("flops"), "lots"),
+        lambda d: d["ops"][0].__setitem__(_col("hbm_bytes"), None),
+        lambda d: d.update(meta=[1, 2]),
+    ],
+    ids=["flops-string", "hbm-bytes-null", "meta-list"],
+)
+def test_wrongly_typed_fields_are_tpusim_errors(mutate):
+    with pytest.raises(TpusimError):
+        Trace.from_json(_mutated(mutate))
+
+
+# -- CLI ---------------------------------------------------------------------------------------
+
+
+def test_cli_replay_of_a_truncated_file_exits_2_with_one_line(tmp_path, capsys):
+    good = tmp_path / "step.trace"
+    rc = main(["compile", "--chips", "4", "--model", "llama3-8b", "--seq-len", "64",
+               "--batch-per-chip", "1", "--mesh", "fsdp=4", "-o", str(good)])
+    assert rc == 0 and good.is_file()
+    capsys.readouterr()
+    text = good.read_text()
+    bad = tmp_path / "cut.trace"
+    bad.write_text(text[: len(text) - 100])
+    rc = main(["replay", str(bad), "--chip", "v5e", "--shape", "2x2"])
+    out, err = capsys.readouterr()
+    assert rc == 2
+    assert out == ""
+    assert err.count("\n") == 1 and err.startswith("tpusim: error: ")
+    assert "cut.trace" in err and "invalid JSON" in err
+
+
+def test_cli_replay_of_a_missing_file_exits_2(tmp_path, capsys):
+    rc = main(["replay", str(tmp_path / "nope.trace"), "--chip", "v5e", "--shape", "2x2"])
+    _out, err = capsys.readouterr()
+    assert rc == 2 and err.count("\n") == 1 and "does not exist" in err

@@ -1,0 +1,596 @@
+"""Tests for workloads/training.py compiled and replayed by sim/engine.py, and the `tpusim train /
+compile / replay` commands: FLOP counts against the textbook (tpu.md §3), roofline timing on one
+chip, FSDP communication and overlap, the critical-path breakdown, memory, determinism, what-if
+hardware, errors, trace files, pipeline and MoE.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sim.cli import main
+from sim.engine import BREAKDOWN_KEYS, StepResult, replay
+from sim.hardware import ChipSpec, get_chip
+from topologies.errors import TpusimError
+from topologies.mesh import parse_mesh
+from topologies.slices import resolve_topology
+from topologies.torus import Topology
+from workloads.models import TransformerSpec, model_from_dict
+from workloads.trace import OpKind, Trace, Unit
+from workloads.training import Remat, TrainingConfig, compile_training_step
+
+# L=2, D=256, N=4 query heads, K=2 KV heads of H=64, F=1024 SwiGLU, V=512, untied.
+TINY = {
+    "name": "tiny", "num_layers": 2, "d_model": 256, "num_heads": 4, "num_kv_heads": 2,
+    "head_dim": 64, "d_ff": 1024, "mlp": "swiglu", "vocab_size": 512,
+}
+# Wide enough that the big matmuls are MXU-bound on a v5e (tokens per chip >> 240).
+MID = {
+    "name": "mid", "num_layers": 2, "d_model": 1024, "num_heads": 8, "num_kv_heads": 8,
+    "head_dim": 128, "d_ff": 4096, "mlp": "swiglu", "vocab_size": 1024,
+}
+TINY_MOE = {
+    "name": "tiny-moe", "num_layers": 2, "d_model": 256, "num_heads": 4, "num_kv_heads": 4,
+    "head_dim": 64, "d_ff": 512, "mlp": "swiglu", "vocab_size": 512, "num_experts": 4,
+    "experts_per_token": 2,
+}
+# One layer of 3.2e9 parameters: 12 bytes/param of static state alone is ~39 GB > 16 GB (v5e).
+BIG = {
+    "name": "big", "num_layers": 1, "d_model": 16384, "num_heads": 128, "num_kv_heads": 8,
+    "head_dim": 128, "d_ff": 65536, "mlp": "swiglu", "vocab_size": 1024,
+}
+
+
+def _pod(chip: ChipSpec, shape: str, slices: int = 1) -> Topology:
+    return resolve_topology(chip_name=chip.name, wrap_rule=chip.generation_rule,
+                            max_pod_shape=chip.max_pod_shape, shape=shape, num_slices=slices)
+
+
+def _step(mesh: str, shape: str, *, model: dict = TINY, chip: ChipSpec | None = None,
+          dcn: str | None = None, slices: int = 1, **cfg) -> tuple[Trace, StepResult]:
+    chip = chip or get_chip("v5e")
+    topo = _pod(chip, shape, slices)
+    config = {"seq_len": 128, "batch_per_chip": 2, **cfg}
+    trace = compile_training_step(model_from_dict(model), parse_mesh(mesh, dcn), topo.num_chips,
+                                  TrainingConfig(**config))
+    return trace, replay(trace, chip, topo)
+
+
+def _mxu_flops(trace: Trace) -> float:
+    return sum(o.flops for o in trace.ops if o.kind == OpKind.COMPUTE and o.unit == Unit.MXU)
+
+
+def _textbook_training_flops(m: TransformerSpec, tokens: float, seq_len: int) -> float:
+    """tpu.md §3: 6 x (matmul params) x tokens + dot attention 12·B·T²·N·H per layer.
+
+    Matmul params: per layer QKVO 2D(N+K)H + gated MLP 3DF, plus the D x V output projection
+    (the embedding lookup is a gather, not a matmul). Attention is non-causal for `dot`.
+    """
+    per_layer = 2 * m.d_model * (m.num_heads + m.num_kv_heads) * m.head_dim
+    per_layer += 3 * m.d_model * m.d_ff
+    params = m.num_layers * per_layer + m.d_model * m.vocab_size
+    attention = 12 * tokens * seq_len * m.num_heads * m.head_dim * m.num_layers
+    return 6 * params * tokens + attention
+
+
+def _layer_forward_flops(m: TransformerSpec, tokens: float, seq_len: int) -> float:
+    """One forward pass through the decoder layers (no output projection), dot attention."""
+    per_layer = 2 * m.d_model * (m.num_heads + m.num_kv_heads) * m.head_dim
+    per_layer += 3 * m.d_model * m.d_ff
+    return (2 * per_layer * tokens
+            + 4 * tokens * seq_len * m.num_heads * m.head_dim) * m.num_layers
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _train_args(model: str, *extra: str, shape: str = "2x2", mesh: str = "fsdp=4") -> list[str]:
+    return ["train", "--chip", "v5e", "--shape", shape, "--model", model, "--seq-len", "128",
+            "--batch-per-chip", "2", "--mesh", mesh, *extra]
+
+
+@pytest.fixture
+def tiny_yaml(tmp_path: Path) -> str:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(TINY))
+    return str(path)
+
+
+# -- (a) FLOPs ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "mesh,shape",
+    [("fsdp=1", "1x1"), ("fsdp=4", "2x2"), ("fsdp=2,tensor=2", "2x2"),
+     ("data=2,tensor=2", "2x2"), ("fsdp=2,sequence=2", "2x2")],
+)
+def test_mxu_flops_per_chip_equal_textbook_training_flops_over_chips(mesh, shape):
+    trace, _ = _step(mesh, shape, remat=Remat.NONE, attention="dot")
+    m = model_from_dict(TINY)
+    chips = trace.meta["num_chips"]
+    tokens = trace.meta["global_sequences"] * 128
+    expected = _textbook_training_flops(m, tokens, 128) / chips
+    # Exact: the compiler counts exactly these matmuls (K/tp heads are whole here).
+    assert _mxu_flops(trace) == pytest.approx(expected, rel=1e-9)
+
+
+def test_remat_full_adds_one_forward_of_the_layers():
+    none, _ = _step("fsdp=4", "2x2", remat=Remat.NONE, attention="dot")
+    full, _ = _step("fsdp=4", "2x2", remat=Remat.FULL, attention="dot")
+    m = model_from_dict(TINY)
+    tokens_per_chip = 2 * 128
+    extra = _layer_forward_flops(m, tokens_per_chip, 128)
+    assert _mxu_flops(full) - _mxu_flops(none) == pytest.approx(extra, rel=1e-9)
+    # tpu.md §3: block remat raises 6·P·T to about 8·P·T (the output projection is not redone).
+    assert _mxu_flops(full) / _mxu_flops(none) == pytest.approx(8 / 6, rel=0.03)
+
+
+def test_remat_minimal_recomputes_only_vpu_work():
+    none, _ = _step("fsdp=4", "2x2", remat=Remat.NONE)
+    minimal, _ = _step("fsdp=4", "2x2", remat=Remat.MINIMAL)
+    assert _mxu_flops(minimal) == _mxu_flops(none)
+    vpu = lambda t: sum(o.flops for o in t.ops if o.kind == OpKind.COMPUTE and o.unit == Unit.VPU)
+    assert vpu(minimal) > vpu(none)
+
+
+def test_flash_attention_counts_the_causal_half_forward_and_2_5x_backward():
+    dot, _ = _step("fsdp=1", "1x1", remat=Remat.NONE, attention="dot")
+    flash, _ = _step("fsdp=1", "1x1", remat=Remat.NONE, attention="flash")
+    m = model_from_dict(TINY)
+    unit = 256 * 128 * m.num_heads * m.head_dim * m.num_layers  # tokens·T·N·H·L
+    # dot: 4 (fwd) + 8 (bwd) units; flash: 2 (causal fwd) + 2.5 x 2 (bwd recomputes scores).
+    assert _mxu_flops(dot) - _mxu_flops(flash) == pytest.approx((12 - 7) * unit, rel=1e-9)
+
+
+def test_model_flops_in_the_summary_are_six_p_t_plus_causal_attention(tiny_yaml, capsys):
+    rc, out, _ = _cli(capsys, *_train_args(tiny_yaml, "--json"))
+    assert rc == 0
+    s = json.loads(out)
+    m = model_from_dict(TINY)
+    tokens = 2 * 4 * 128
+    dot = _textbook_training_flops(m, tokens, 128)
+    causal = dot - 6 * tokens * 128 * m.num_heads * m.head_dim * m.num_layers
+    assert s["model_flops_per_chip"] == pytest.approx(causal / 4, rel=1e-9)
+    assert s["mfu"] == pytest.approx(
+        s["model_flops_per_chip"] / (s["step_time_s"] * get_chip("v5e").mxu_flops_per_s)
+    )
+
+
+@pytest.mark.parametrize("attention,names", [("flash", ("flash_attention",)),
+                                             ("dot", ("attn_scores", "attn_values"))])
+def test_attention_hbm_bytes_scale_with_the_sequences_per_chip(attention, names):
+    def bytes_of(bpc):
+        trace, _ = _step("fsdp=1", "1x1", batch_per_chip=bpc, attention=attention,
+                         remat=Remat.NONE)
+        return {o.name: o.hbm_bytes for o in trace.ops
+                if o.layer == 0 and o.phase == "fwd" and o.name in names}
+
+    one, four = bytes_of(1), bytes_of(4)
+    assert set(one) == set(names)
+    m = model_from_dict(TINY)
+    if attention == "flash":  # Q and O, plus K and V, of 4 x 128 tokens, bf16
+        tokens = 4 * 128
+        qo = 2 * tokens * m.num_heads * m.head_dim * 2
+        kv = 2 * tokens * m.num_kv_heads * m.head_dim * 2
+        assert four["flash_attention"] == qo + kv
+    for name in names:  # everything an attention op touches is per sequence
+        assert four[name] == 4 * one[name], name
+
+
+# -- (b) one chip, compute only ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "remat,overrides",
+    [(Remat.NONE, {}), (Remat.FULL, {}), (Remat.NONE, {"op_overhead_s": 1e-6}),
+     (Remat.FULL, {"mxu_efficiency": 0.5, "vpu_efficiency": 0.7, "hbm_efficiency": 0.8})],
+)
+def test_single_chip_step_is_the_roofline_sum_and_at_least_mxu_flops_over_peak(remat, overrides):
+    chip = get_chip("v5e").with_overrides(**overrides)
+    trace, res = _step("fsdp=1", "1x1", model=MID, chip=chip, seq_len=512, batch_per_chip=4,
+                       remat=remat)
+    assert not any(o.kind == OpKind.COLLECTIVE for o in trace.ops)
+    mxu = _mxu_flops(trace)
+    assert res.step_time_s >= mxu / chip.mxu_flops_per_s
+    roofline = 0.0
+    for o in trace.ops:
+        assert o.kind == OpKind.COMPUTE
+        peak = chip.mxu_flops_per_s * chip.mxu_efficiency if o.unit == Unit.MXU \
+            else chip.vpu_flops_per_s * chip.vpu_efficiency
+        roofline += max(o.flops / peak, o.hbm_bytes / (chip.hbm_bytes_per_s
+                                                      * chip.hbm_efficiency))
+        roofline += chip.op_overhead_s
+    # One core, ops in program order, nothing to wait for: the step is the sum of op rooflines.
+    assert res.step_time_s == pytest.approx(roofline, rel=1e-9)
+    assert res.breakdown["exposed_comm_s"] == 0.0
+    assert res.breakdown["mxu_compute_s"] > 0.4 * res.step_time_s  # MXU-bound model
+
+
+def test_single_chip_ops_run_back_to_back_in_program_order():
+    _, res = _step("fsdp=1", "1x1")
+    ops = res.ops
+    assert (ops.start_s.iloc[1:].to_numpy() == ops.end_s.iloc[:-1].to_numpy()).all()
+    assert ops.start_s.iloc[0] == 0.0
+    assert ops.end_s.iloc[-1] == pytest.approx(res.step_time_s, rel=1e-12)
+
+
+# -- (c) FSDP and overlap ----------------------------------------------------------------------
+
+
+def test_fsdp_with_more_chips_and_same_per_chip_batch_adds_gathers():
+    one, r1 = _step("fsdp=1", "1x1")
+    four, r4 = _step("fsdp=4", "2x2")
+    sixteen, r16 = _step("fsdp=16", "4x4")
+    gathers = lambda t: [o for o in t.ops if o.collective == "all-gather"]
+    assert gathers(one) == []
+    assert len(gathers(four)) > 0 and len(gathers(sixteen)) == len(gathers(four))
+    assert all(o.mesh_axes == ("fsdp",) for o in gathers(four))
+    # Same per-chip batch -> the same matmul work on every chip.
+    assert _mxu_flops(one) == _mxu_flops(four) == _mxu_flops(sixteen)
+    assert r1.breakdown["exposed_comm_s"] == 0.0
+    assert r4.breakdown["exposed_comm_s"] > 0.0
+    assert r4.step_time_s > r1.step_time_s
+
+
+OVERLAP_CASES = [
+    ("fsdp=4", "2x2", {}),
+    ("fsdp=16", "4x4", {"batch_per_chip": 1}),
+    ("fsdp=4,tensor=4", "4x4", {"remat": Remat.NONE}),
+    ("data=2,fsdp=2", "2x2", {"remat": Remat.MINIMAL}),
+    ("fsdp=4", "2x2", {"model": MID, "batch_per_chip": 1, "attention": "dot"}),
+]
+
+
+@pytest.mark.parametrize("mesh,shape,kw", OVERLAP_CASES)
+def test_no_overlap_is_never_faster_and_exposes_more_communication(mesh, shape, kw):
+    _, ov = _step(mesh, shape, overlap=True, **kw)
+    _, blocking = _step(mesh, shape, overlap=False, **kw)
+    assert blocking.step_time_s >= ov.step_time_s
+    assert blocking.breakdown["exposed_comm_s"] > ov.breakdown["exposed_comm_s"]
+
+
+def test_no_overlap_is_never_faster_for_an_hbm_bound_fsdp_step():
+    model = {**TINY, "num_layers": 4, "num_kv_heads": 4, "mlp": "relu"}
+    kw = {"model": model, "seq_len": 256, "batch_per_chip": 8, "remat": Remat.NONE}
+    _, ov = _step("fsdp=4", "2x2", overlap=True, **kw)
+    _, blocking = _step("fsdp=4", "2x2", overlap=False, **kw)
+    # Regression: HBM used to stay throttled for a whole op after a collective ended.
+    assert blocking.step_time_s >= ov.step_time_s
+
+
+def test_backward_weight_gather_is_prefetched_at_most_one_layer_ahead():
+    model = {**TINY, "num_layers": 4}
+    trace, res = _step("fsdp=4", "2x2", model=model)
+    ops = res.ops
+    first_bwd_gather = ops[ops.name == "fsdp_allgather_bwd"].iloc[0]
+    assert first_bwd_gather.layer == 3
+    fwd_of_last_layer = ops[(ops.layer == 3) & (ops.phase == "fwd") & (ops.kind == "compute")]
+    assert first_bwd_gather.start_s >= fwd_of_last_layer.start_s.min()
+
+
+def test_cli_no_overlap_flag_is_never_faster(tiny_yaml, capsys):
+    rc, out, _ = _cli(capsys, *_train_args(tiny_yaml, "--json"))
+    rc2, out2, _ = _cli(capsys, *_train_args(tiny_yaml, "--json", "--no-overlap"))
+    assert rc == rc2 == 0
+    a, b = json.loads(out), json.loads(out2)
+    assert b["step_time_s"] >= a["step_time_s"]
+    assert b["breakdown"]["exposed_comm_s"] > a["breakdown"]["exposed_comm_s"]
+
+
+# -- (d) breakdown -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "mesh,shape,kw",
+    [
+        ("fsdp=1", "1x1", {}),
+        ("fsdp=4", "2x2", {"overlap": False}),
+        ("fsdp=2,tensor=2", "2x2", {"remat": Remat.OFFLOAD}),
+        ("pipeline=2,fsdp=2", "2x2", {"microbatches": 2}),
+        ("fsdp=4", "2x2", {"model": MID, "remat": Remat.NONE, "attention": "dot"}),
+    ],
+)
+def test_breakdown_components_sum_to_the_step_time(mesh, shape, kw):
+    _, res = _step(mesh, shape, **kw)
+    assert tuple(res.breakdown) == BREAKDOWN_KEYS
+    assert all(v >= 0 for v in res.breakdown.values())
+    assert sum(res.breakdown.values()) == pytest.approx(res.step_time_s, rel=1e-9)
+
+
+# -- (e) memory --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mesh,shape,shards", [("fsdp=1", "1x1", 1), ("fsdp=4", "2x2", 4),
+                                               ("fsdp=2,tensor=2", "2x2", 4)])
+def test_static_bytes_are_params_grads_and_adam_state_of_the_local_shard(mesh, shape, shards):
+    trace, _ = _step(mesh, shape)
+    m = model_from_dict(TINY)
+    sharded = m.num_attention_params + m.num_mlp_params + m.num_embedding_params
+    local = sharded / shards + m.num_norm_params  # norm scales are tiny and replicated
+    # bf16 params (2) + bf16 grads (2) + two fp32 Adam moments (8) = 12 bytes per parameter
+    # (tpu.md §4: Adam with bf16 params and fp32 moments is 10 bytes/param, plus the grads).
+    assert trace.meta["static_hbm_bytes"] == pytest.approx(12 * local, rel=1e-3)
+    parts = trace.meta["static_breakdown"]
+    assert parts["params"] + parts["grads"] + parts["optimizer"] == pytest.approx(
+        trace.meta["static_hbm_bytes"], rel=1e-12)
+    assert parts["optimizer"] == pytest.approx(4 * parts["params"], rel=1e-12)
+
+
+def test_static_bytes_follow_the_dtype_flags():
+    base, _ = _step("fsdp=4", "2x2")
+    wide, _ = _step("fsdp=4", "2x2", param_dtype="fp32", grad_dtype="fp32")
+    p = base.meta["params_per_chip"]
+    assert wide.meta["static_hbm_bytes"] - base.meta["static_hbm_bytes"] == pytest.approx(4 * p)
+
+
+def test_memory_table_starts_at_the_static_bytes_and_peak_covers_it():
+    trace, res = _step("fsdp=4", "2x2")
+    mem = res.memory
+    assert list(mem.columns) == ["chip", "time_s", "hbm_bytes"]
+    assert mem.hbm_bytes.iloc[0] == trace.meta["static_hbm_bytes"]
+    assert mem.time_s.is_monotonic_increasing
+    assert res.hbm_peak_bytes >= mem.hbm_bytes.max()
+    assert res.fits_in_hbm and res.hbm_capacity_bytes == get_chip("v5e").hbm_bytes
+
+
+@pytest.mark.parametrize("attention", ["dot", "flash"])
+def test_remat_none_peaks_above_minimal_above_full(attention):
+    # Enough tokens per chip (1024) that saved activations, not gathered weights, set the peak.
+    peak = {}
+    for r in (Remat.NONE, Remat.MINIMAL, Remat.FULL, Remat.OFFLOAD):
+        _, res = _step("fsdp=4", "2x2", remat=r, attention=attention, batch_per_chip=8)
+        peak[r] = res.hbm_peak_bytes
+    assert peak[Remat.NONE] > peak[Remat.MINIMAL] > peak[Remat.FULL] >= peak[Remat.OFFLOAD]
+
+
+def test_memory_returns_to_the_static_state_after_the_step():
+    trace, res = _step("fsdp=4", "2x2", remat=Remat.NONE)
+    assert res.memory.hbm_bytes.iloc[-1] == pytest.approx(trace.meta["static_hbm_bytes"])
+
+
+def test_big_model_on_one_chip_reports_overflow_instead_of_crashing(tmp_path, capsys):
+    path = tmp_path / "big.yaml"
+    path.write_text(yaml.safe_dump(BIG))
+    rc, out, err = _cli(capsys, "train", "--chip", "v5e", "--shape", "1x1", "--model",
+                        str(path), "--seq-len", "128", "--batch-per-chip", "1",
+                        "--mesh", "fsdp=1", "--json")
+    assert rc == 0 and err == ""
+    s = json.loads(out)
+    assert s["fits_in_hbm"] is False
+    assert s["memory"]["overflow_bytes"] > 0
+    assert s["memory"]["overflow_bytes"] == pytest.approx(
+        s["hbm_peak_bytes"] - s["hbm_capacity_bytes"])
+    assert s["memory"]["static_bytes"] > s["hbm_capacity_bytes"]
+
+
+# -- (f) determinism ---------------------------------------------------------------------------
+
+
+def test_two_replays_give_identical_tables():
+    chip = get_chip("v5e")
+    topo = _pod(chip, "2x2")
+    trace = compile_training_step(model_from_dict(TINY), parse_mesh("fsdp=2,tensor=2"), 4,
+                                  TrainingConfig(seq_len=128, batch_per_chip=2))
+    a, b = replay(trace, chip, topo), replay(trace, chip, topo)
+    assert a.ops.equals(b.ops)
+    assert a.memory.equals(b.memory) and a.units.equals(b.units) and a.links.equals(b.links)
+    assert a.step_time_s == b.step_time_s and a.breakdown == b.breakdown
+
+
+def test_cli_train_json_is_byte_identical_twice(tiny_yaml, capsys):
+    args = _train_args(tiny_yaml, "--json", mesh="fsdp=2,tensor=2")
+    rc1, out1, _ = _cli(capsys, *args)
+    rc2, out2, _ = _cli(capsys, *args)
+    assert rc1 == rc2 == 0
+    assert out1.encode() == out2.encode()
+
+
+# -- (g) what-if hardware ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "mesh,shape,kw",
+    [("fsdp=16", "4x4", {"batch_per_chip": 1}), ("fsdp=4,tensor=4", "4x4", {"overlap": False}),
+     ("fsdp=4", "2x2", {"model": MID, "batch_per_chip": 1}), ("fsdp=1", "1x1", {})],
+)
+def test_faster_ici_never_slows_a_step(mesh, shape, kw):
+    chip = get_chip("v5e")
+    fast = chip.with_overrides(ici_link_bytes_per_s=2 * chip.ici_link_bytes_per_s)
+    _, base = _step(mesh, shape, chip=chip, **kw)
+    _, quick = _step(mesh, shape, chip=fast, **kw)
+    assert quick.step_time_s <= base.step_time_s
+
+
+def test_faster_ici_speeds_up_a_comm_bound_step():
+    chip = get_chip("v5e")
+    fast = chip.with_overrides(ici_link_bytes_per_s=2 * chip.ici_link_bytes_per_s)
+    _, base = _step("fsdp=16", "4x4", chip=chip, batch_per_chip=1, model=MID)
+    assert base.breakdown["exposed_comm_s"] > 0.3 * base.step_time_s  # comm-bound
+    _, quick = _step("fsdp=16", "4x4", chip=fast, batch_per_chip=1, model=MID)
+    assert quick.step_time_s < 0.9 * base.step_time_s
+    assert quick.breakdown["exposed_comm_s"] < base.breakdown["exposed_comm_s"]
+
+
+def test_double_hbm_bandwidth_speeds_up_an_hbm_bound_step():
+    chip = get_chip("v5e")
+    _, base = _step("fsdp=1", "1x1", chip=chip)
+    assert base.breakdown["hbm_bound_s"] == pytest.approx(base.step_time_s)
+    _, quick = _step("fsdp=1", "1x1",
+                     chip=chip.with_overrides(hbm_bytes_per_s=2 * chip.hbm_bytes_per_s))
+    assert quick.step_time_s == pytest.approx(base.step_time_s / 2, rel=0.05)
+
+
+# -- (h) errors --------------------------------------------------------------------------------
+
+
+def _assert_one_line_error(capsys, argv, *needles):
+    rc, out, err = _cli(capsys, *argv)
+    assert rc == 2, (argv, out, err)
+    assert out == ""
+    assert err.startswith("tpusim: error: ") and err.count("\n") == 1, err
+    for n in needles:
+        assert n in err, (n, err)
+
+
+def test_cli_mesh_product_not_chip_count(tiny_yaml, capsys):
+    _assert_one_line_error(capsys, _train_args(tiny_yaml, mesh="fsdp=2"), "fsdp=2", "4")
+
+
+def test_cli_tensor_must_divide_heads(tmp_path, capsys):
+    path = tmp_path / "six.yaml"
+    path.write_text(yaml.safe_dump({**TINY, "num_heads": 6, "num_kv_heads": 6}))
+    _assert_one_line_error(capsys, _train_args(str(path), mesh="tensor=4"),
+                           "tensor=4", "num_heads = 6")
+
+
+def test_cli_tensor_must_divide_d_ff(tmp_path, capsys):
+    path = tmp_path / "odd.yaml"
+    path.write_text(yaml.safe_dump({**TINY, "num_kv_heads": 4, "d_ff": 1022}))
+    _assert_one_line_error(capsys, _train_args(str(path), mesh="tensor=4"),
+                           "tensor=4", "d_ff = 1022")
+
+
+def test_cli_batch_must_divide_by_data_times_fsdp(tiny_yaml, capsys):
+    argv = _train_args(tiny_yaml, mesh="data=2,fsdp=2")
+    argv[argv.index("--batch-per-chip") + 1] = "0.5"
+    _assert_one_line_error(capsys, argv, "2 sequences", "data x fsdp")
+
+
+@pytest.mark.parametrize(
+    "flag,value,needle",
+    [
+        ("--remat", "sometimes", "--remat 'sometimes'"),
+        ("--seq-len", "0", "--seq-len 0"),
+        ("--seq-len", "-128", "--seq-len -128"),
+        ("--batch-per-chip", "0", "--batch-per-chip 0"),
+        ("--batch-per-chip", "-2", "--batch-per-chip -2"),
+        ("--model", "llama9-1t", "unknown model 'llama9-1t'"),
+        ("--attention", "sparse", "--attention 'sparse'"),
+        ("--microbatches", "0", "--microbatches 0"),
+    ],
+)
+def test_cli_bad_training_flags_are_one_line_errors(tiny_yaml, capsys, flag, value, needle):
+    argv = _train_args(tiny_yaml)
+    if flag in argv:
+        argv[argv.index(flag) + 1] = value
+    else:
+        argv += [flag, value]
+    _assert_one_line_error(capsys, argv, needle)
+
+
+def test_cli_infinite_batch_is_a_one_line_error(tiny_yaml, capsys):
+    argv = _train_args(tiny_yaml)
+    argv[argv.index("--batch-per-chip") + 1] = "inf"
+    _assert_one_line_error(capsys, argv, "--batch-per-chip")
+
+
+def test_cli_model_yaml_with_unknown_key(tmp_path, capsys):
+    path = tmp_path / "typo.yaml"
+    path.write_text(yaml.safe_dump({**TINY, "num_layer": 2}))
+    _assert_one_line_error(capsys, _train_args(str(path)), "unknown key(s) num_layer",
+                           "allowed keys are")
+
+
+def test_python_dash_m_sim_cli_knows_the_train_command():
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-m", "sim.cli", "train", "--help"], cwd=root,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "--batch-per-chip" in proc.stdout
+
+
+def test_compile_errors_are_tpusim_errors_in_code():
+    m = model_from_dict(TINY)
+    cfg = TrainingConfig(seq_len=128, batch_per_chip=2)
+    with pytest.raises(TpusimError, match=r"covers 2 chips but the pod has 4"):
+        compile_training_step(m, parse_mesh("fsdp=2"), 4, cfg)
+    with pytest.raises(TpusimError, match=r"needs an MoE model"):
+        compile_training_step(m, parse_mesh("expert=4"), 4, cfg)
+    with pytest.raises(TpusimError, match=r"pipeline=4 does not divide num_layers = 2"):
+        compile_training_step(m, parse_mesh("pipeline=4"), 4, cfg)
+
+
+# -- (i) trace files ---------------------------------------------------------------------------
+
+
+def test_compile_then_replay_gives_the_train_step_time(tiny_yaml, tmp_path, capsys):
+    pod = ["--chip", "v5e", "--shape", "2x2"]
+    common = ["--model", tiny_yaml, "--seq-len", "128", "--batch-per-chip", "2",
+              "--mesh", "fsdp=2,tensor=2", "--remat", "minimal"]
+    rc, out, _ = _cli(capsys, "train", *pod, *common, "--json")
+    assert rc == 0
+    trained = json.loads(out)
+    path = tmp_path / "f.trace"
+    rc, out, _ = _cli(capsys, "compile", *pod, *common, "-o", str(path))
+    assert rc == 0 and path.is_file()
+    rc, out, _ = _cli(capsys, "replay", str(path), *pod, "--json")
+    assert rc == 0
+    replayed = json.loads(out)
+    assert replayed["step_time_s"] == trained["step_time_s"]
+    assert replayed["breakdown"] == trained["breakdown"]
+    assert replayed["hbm_peak_bytes"] == trained["hbm_peak_bytes"]
+
+
+def test_replay_on_a_pod_with_another_chip_count_is_an_error(tiny_yaml, tmp_path, capsys):
+    path = tmp_path / "f.trace"
+    rc, _, _ = _cli(capsys, "compile", "--chips", "4", "--model", tiny_yaml, "--seq-len", "128",
+                    "--batch-per-chip", "2", "--mesh", "fsdp=4", "-o", str(path))
+    assert rc == 0
+    _assert_one_line_error(capsys, ["replay", str(path), "--chip", "v5e", "--shape", "4x4"],
+                           "compiled for 4 chips", "16")
+    # Same chip count, other hardware: allowed.
+    rc, out, _ = _cli(capsys, "replay", str(path), "--chip", "v5p", "--shape", "2x2", "--json")
+    assert rc == 0 and json.loads(out)["chip"] == "v5p"
+
+
+# -- (j) pipeline and MoE ----------------------------------------------------------------------
+
+
+def test_pipeline_bubble_is_reported_and_shrinks_with_more_microbatches():
+    fractions = []
+    for mb in (1, 2, 4):
+        trace, res = _step("pipeline=2,fsdp=2", "2x2", batch_per_chip=4, microbatches=mb)
+        assert any(o.collective == "collective-permute" and o.mesh_axes == ("pipeline",)
+                   for o in trace.ops)
+        bubble = res.breakdown["pipeline_bubble_s"]
+        assert bubble > 0
+        fractions.append(bubble / res.step_time_s)
+        # GPipe/1F1B: (p - 1) / (m + p - 1) of the step is bubble.
+        assert fractions[-1] == pytest.approx(1 / (mb + 1), rel=1e-9)
+    assert fractions[0] > fractions[1] > fractions[2]
+    _, flat = _step("fsdp=4", "2x2", batch_per_chip=4)
+    assert flat.breakdown["pipeline_bubble_s"] == 0.0
+
+
+def test_moe_backward_has_two_all_to_alls_per_layer_like_the_forward():
+    trace, _ = _step("expert=2,fsdp=2", "2x2", model=TINY_MOE, remat=Remat.NONE)
+    for layer in range(TINY_MOE["num_layers"]):
+        per_phase = {
+            phase: [o.name for o in trace.ops if o.collective == "all-to-all"
+                    and o.layer == layer and o.phase == phase]
+            for phase in ("fwd", "bwd")
+        }
+        assert len(per_phase["fwd"]) == 2, per_phase
+        assert len(per_phase["bwd"]) == 2, per_phase
+
+
+def test_moe_with_expert_parallelism_emits_all_to_alls():
+    trace, res = _step("expert=2,fsdp=2", "2x2", model=TINY_MOE)
+    a2a = [o for o in trace.ops if o.collective == "all-to-all"]
+    assert a2a and all(o.mesh_axes == ("expert",) for o in a2a)
+    names = {o.name for o in a2a}
+    assert {"ep_dispatch", "ep_combine"} <= names
+    ops = res.ops
+    ran = ops[ops.collective == "all-to-all"]
+    assert len(ran) == len(a2a) and (ran.end_s > ran.start_s).all()
+    dense_trace, _ = _step("fsdp=4", "2x2", model=TINY_MOE)
+    assert not any(o.collective == "all-to-all" for o in dense_trace.ops)
