@@ -1,0 +1,311 @@
+"""Inference subcommands: `decode` (one generate step), `prefill` and `serve-sweep` (the
+latency-throughput table over batch sizes). They register into `sim.cli` like `sim.commands`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from sim import cli
+from topologies.errors import TpusimError
+
+SWEEP_COLUMNS = ("batch", "step_time_s", "tokens_per_s_per_chip", "fits", "hbm_peak_bytes")
+_DEFAULT_BATCHES = "1,2,4,8,16,32,64,128,256"
+
+
+def _add_inference_args(p: argparse.ArgumentParser, *, batch: bool = True,
+                        context_required: bool = True) -> None:
+    p.add_argument("--model", required=True, help="zoo name (llama3-70b, ...) or a model YAML")
+    if batch:
+        p.add_argument("--batch", type=int, required=True, help="sequences decoded together")
+    p.add_argument("--context-len", type=int, required=context_required,
+                   help="tokens in each sequence's KV cache (prefill: default --prompt-len)")
+    p.add_argument("--mesh", required=True,
+                   help="logical mesh over data, tensor, expert, e.g. tensor=8 or data=2,tensor=4")
+    p.add_argument("--dcn", help="logical axes across slices, e.g. data=2")
+    p.add_argument("--weight-dtype", default="bf16", help="bf16 (default), fp8, int8 or int4")
+    p.add_argument("--kv-dtype", default="bf16", help="bf16 (default), fp8, int8 or int4")
+    p.add_argument("--matmul-dtype", default="bf16",
+                   help="bf16 (default) or int8 (weight matmuls at the int8 peak)")
+
+
+def _outputs_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--out", help="write op/unit/link/memory tables (CSV+Parquet) + summary.json")
+    p.add_argument("--perfetto", help="write a Perfetto trace (.pftrace; .json for Chrome)")
+    p.add_argument("--plots", help="write PNG plots into this directory")
+    p.add_argument("--algorithm", default="auto",
+                   help="collective algorithm for gathers/reductions (default auto)")
+
+
+def _config(args: argparse.Namespace, batch: int):
+    from workloads.decode import DecodeConfig
+
+    return DecodeConfig(
+        batch=batch, context_len=args.context_len or getattr(args, "prompt_len", None),
+        weight_dtype=args.weight_dtype,
+        kv_dtype=args.kv_dtype, matmul_dtype=args.matmul_dtype,
+        prompt_len=getattr(args, "prompt_len", None),
+        prefill_chunk=getattr(args, "prefill_chunk", None),
+    )
+
+
+def _setup(args: argparse.Namespace):
+    from topologies.mesh import parse_mesh
+    from workloads.models import load_model
+
+    chip, topo = cli.resolve_pod(args)
+    return chip, topo, load_model(args.model), parse_mesh(args.mesh, args.dcn)
+
+
+def _run_decode(chip, topo, model, mesh, cfg, algorithm: str = "auto"):
+    from sim.engine import replay
+    from workloads.decode import compile_decode_step
+
+    trace = compile_decode_step(model, mesh, topo.num_chips, cfg)
+    return trace, replay(trace, chip, topo, algorithm=algorithm)
+
+
+def decode_summary(trace, result, max_batch: int) -> dict[str, Any]:
+    """The `tpusim decode --json` object (per-chip bytes unless suffixed `_total`)."""
+    meta = trace.meta
+    step = result.step_time_s
+    return {
+        "model": meta["model"],
+        "chip": result.chip,
+        "topology": result.topology,
+        "num_chips": result.num_chips,
+        "batch": meta["batch"],
+        "context_len": meta["context_len"],
+        "weight_dtype": meta["weight_dtype"],
+        "kv_dtype": meta["kv_dtype"],
+        "matmul_dtype": meta["matmul_dtype"],
+        "step_time_s": step,
+        "tokens_per_s": meta["batch"] / step,
+        "tokens_per_s_per_chip": meta["batch"] / step / result.num_chips,
+        "weights_bytes": meta["weights_bytes"],
+        "kv_cache_bytes": meta["kv_cache_bytes"],
+        "activation_bytes": meta["activation_bytes"],
+        "weights_bytes_total": meta["weights_bytes_total"],
+        "kv_cache_bytes_total": meta["kv_cache_bytes_total"],
+        "hbm_peak_bytes": result.hbm_peak_bytes,
+        "hbm_capacity_bytes": result.hbm_capacity_bytes,
+        "fits_in_hbm": result.fits_in_hbm,
+        "max_batch_that_fits": max_batch,
+        "breakdown": {k: float(v) for k, v in result.breakdown.items()},
+        "num_ops": result.num_ops,
+        "collectives": result.collective_costs,
+    }
+
+
+def _write_outputs(args, result, summary) -> None:
+    from sim.commands import _write_outputs as write
+
+    write(args, result, summary)
+
+
+def cmd_decode(args: argparse.Namespace) -> int:
+    from workloads.decode import max_batch_that_fits
+
+    chip, topo, model, mesh = _setup(args)
+    cfg = _config(args, args.batch)
+    trace, result = _run_decode(chip, topo, model, mesh, cfg, args.algorithm)
+    max_b = max_batch_that_fits(model, mesh, topo.num_chips, cfg, chip.hbm_bytes)
+    s = decode_summary(trace, result, max_b)
+    _write_outputs(args, result, s)
+    if args.json:
+        cli._emit_json(s)
+        return 0
+    print(f"{s['model']} decode step on {s['topology']} {s['chip']} ({s['num_chips']} chips), "
+          f"batch {s['batch']}, context {s['context_len']}")
+    print(f"  step time        {s['step_time_s'] * 1e3:.3f} ms")
+    print(f"  tokens/s/chip    {s['tokens_per_s_per_chip']:.1f}")
+    print(f"  weights          {s['weights_bytes'] / 1e9:.2f} GB per chip "
+          f"({s['weight_dtype']})")
+    print(f"  KV cache         {s['kv_cache_bytes'] / 1e9:.2f} GB per chip ({s['kv_dtype']})")
+    fit = "fits" if s["fits_in_hbm"] else "DOES NOT FIT"
+    print(f"  HBM peak         {s['hbm_peak_bytes'] / 1e9:.2f} GB of "
+          f"{s['hbm_capacity_bytes'] / 1e9:.0f} GB ({fit}); largest batch that fits: "
+          f"{s['max_batch_that_fits']}")
+    print("  critical path:")
+    for k, v in s["breakdown"].items():
+        share = v / s["step_time_s"] if s["step_time_s"] else 0.0
+        print(f"    {k:<18} {v * 1e3:10.3f} ms  {share:6.1%}")
+    return 0
+
+
+def cmd_prefill(args: argparse.Namespace) -> int:
+    from sim.engine import replay
+    from workloads.decode import compile_prefill
+
+    chip, topo, model, mesh = _setup(args)
+    cfg = _config(args, args.batch)
+    trace = compile_prefill(model, mesh, topo.num_chips, cfg)
+    result = replay(trace, chip, topo, algorithm=args.algorithm)
+    meta = trace.meta
+    t = result.step_time_s
+    tokens = meta["batch"] * meta["prompt_len"]
+    s = {
+        "model": meta["model"], "chip": result.chip, "topology": result.topology,
+        "num_chips": result.num_chips, "batch": meta["batch"],
+        "prompt_len": meta["prompt_len"], "prefill_chunk": meta["prefill_chunk"],
+        "num_chunks": meta["num_chunks"], "time_s": t,
+        "tokens_per_s_per_chip": tokens / t / result.num_chips,
+        "weights_bytes": meta["weights_bytes"], "kv_cache_bytes": meta["kv_cache_bytes"],
+        "hbm_peak_bytes": result.hbm_peak_bytes, "fits_in_hbm": result.fits_in_hbm,
+        "breakdown": {k: float(v) for k, v in result.breakdown.items()},
+    }
+    _write_outputs(args, result, s)
+    if args.json:
+        cli._emit_json(s)
+        return 0
+    print(f"{s['model']} prefill of {s['batch']} x {s['prompt_len']} tokens on {s['topology']} "
+          f"{s['chip']} ({s['num_chips']} chips, {s['num_chunks']} chunk(s))")
+    print(f"  time             {t:.4f} s")
+    print(f"  tokens/s/chip    {s['tokens_per_s_per_chip']:.1f}")
+    fit = "fits" if s["fits_in_hbm"] else "DOES NOT FIT"
+    print(f"  HBM peak         {s['hbm_peak_bytes'] / 1e9:.2f} GB ({fit})")
+    return 0
+
+
+def parse_batches(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise TpusimError(f"--batches {text!r} is not a list of integers; write e.g. 1,2,4,8") \
+            from None
+    if not out or any(b < 1 for b in out):
+        raise TpusimError(f"--batches {text!r} must list integers >= 1, e.g. 1,2,4,8")
+    return sorted(set(out))
+
+
+def sweep(chip, topo, model, mesh, cfg, batches: list[int]) -> list[dict[str, Any]]:
+    """One replayed decode step per batch size: the latency-throughput table's rows."""
+    rows = []
+    for b in batches:
+        _trace, r = _run_decode(chip, topo, model, mesh, dataclasses.replace(cfg, batch=b))
+        rows.append({"batch": b, "step_time_s": r.step_time_s,
+                     "tokens_per_s_per_chip": b / r.step_time_s / topo.num_chips,
+                     "fits": bool(r.fits_in_hbm), "hbm_peak_bytes": r.hbm_peak_bytes})
+    return rows
+
+
+def _pareto(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Fitting points not beaten on both latency and throughput by another fitting point."""
+    ok = sorted((r for r in rows if r["fits"]), key=lambda r: r["step_time_s"])
+    front, best = [], -1.0
+    for r in ok:
+        if r["tokens_per_s_per_chip"] > best:
+            front.append(r)
+            best = r["tokens_per_s_per_chip"]
+    return front
+
+
+def _write_sweep(out: Path, rows: list[dict[str, Any]], title: str) -> list[Path]:
+    import csv
+
+    from sim.output import atomic_write
+
+    def write_csv(p: Path) -> None:
+        with p.open("w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, fieldnames=list(SWEEP_COLUMNS))
+            w.writeheader()
+            w.writerows(rows)
+
+    paths = [atomic_write(out / "serve_sweep.csv", write_csv)]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for fits, color, label in ((True, "#4C72B0", "fits in HBM"), (False, "#C44E52", "OOM")):
+        pts = [r for r in rows if r["fits"] == fits]
+        if pts:
+            ax.scatter([r["step_time_s"] * 1e3 for r in pts],
+                       [r["tokens_per_s_per_chip"] for r in pts], color=color, label=label)
+    for r in rows:
+        ax.annotate(str(r["batch"]), (r["step_time_s"] * 1e3, r["tokens_per_s_per_chip"]),
+                    textcoords="offset points", xytext=(4, 4), fontsize=8)
+    front = _pareto(rows)
+    if front:
+        ax.plot([r["step_time_s"] * 1e3 for r in front],
+                [r["tokens_per_s_per_chip"] for r in front], "--", color="#4C72B0",
+                label="Pareto front")
+    ax.set_xlabel("decode step latency (ms)")
+    ax.set_ylabel("throughput (tokens/s/chip)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    paths.append(atomic_write(out / "serve_sweep_pareto.png",
+                              lambda p: fig.savefig(p, format="png", dpi=120)))
+    plt.close(fig)
+    return paths
+
+
+def cmd_serve_sweep(args: argparse.Namespace) -> int:
+    from workloads.decode import max_batch_that_fits
+
+    chip, topo, model, mesh = _setup(args)
+    batches = parse_batches(args.batches)
+    cfg = _config(args, batches[0])
+    rows = sweep(chip, topo, model, mesh, cfg, batches)
+    max_b = max_batch_that_fits(model, mesh, topo.num_chips, cfg, chip.hbm_bytes)
+    title = (f"{model.name} decode, {topo.name} {chip.name}, mesh {mesh.describe()}, "
+             f"context {args.context_len}")
+    if args.out:
+        _write_sweep(Path(args.out), rows, title)
+    if args.json:
+        cli._emit_json({"model": model.name, "chip": chip.name, "topology": topo.name,
+                        "context_len": args.context_len, "max_batch_that_fits": max_b,
+                        "rows": rows, "pareto_batches": [r["batch"] for r in _pareto(rows)]})
+        return 0
+    print(title)
+    print(f"{'batch':>6} {'step ms':>10} {'tok/s/chip':>11}  fits")
+    for r in rows:
+        print(f"{r['batch']:>6} {r['step_time_s'] * 1e3:>10.3f} "
+              f"{r['tokens_per_s_per_chip']:>11.1f}  {'yes' if r['fits'] else 'no'}")
+    print(f"largest batch that fits: {max_b}")
+    if args.out:
+        print(f"wrote {args.out}/serve_sweep.csv and {args.out}/serve_sweep_pareto.png")
+    return 0
+
+
+def _register_decode(sub, name: str) -> None:
+    p = sub.add_parser(name, help="simulate one decode (generate) step with a KV cache")
+    cli.add_pod_args(p)
+    _add_inference_args(p)
+    _outputs_args(p)
+    p.set_defaults(func=cmd_decode)
+
+
+def _register_prefill(sub, name: str) -> None:
+    p = sub.add_parser(name, help="simulate the prefill of a batch of prompts")
+    cli.add_pod_args(p)
+    _add_inference_args(p, context_required=False)
+    p.add_argument("--prompt-len", type=int, required=True, help="prompt tokens per sequence")
+    p.add_argument("--prefill-chunk", type=int, help="tokens per prefill chunk (default: all)")
+    _outputs_args(p)
+    p.set_defaults(func=cmd_prefill)
+
+
+def _register_sweep(sub, name: str) -> None:
+    p = sub.add_parser(name, help="decode latency vs throughput over batch sizes")
+    cli.add_pod_args(p)
+    _add_inference_args(p, batch=False)
+    p.add_argument("--batches", default=_DEFAULT_BATCHES,
+                   help=f"comma-separated batch sizes (default {_DEFAULT_BATCHES})")
+    p.add_argument("--out", help="write serve_sweep.csv and serve_sweep_pareto.png here")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_serve_sweep)
+
+
+cli._EXTRA_COMMANDS.extend([
+    ("decode", _register_decode),
+    ("prefill", _register_prefill),
+    ("serve-sweep", _register_sweep),
+])
