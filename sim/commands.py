@@ -111,6 +111,8 @@ def check_outputs(args) -> None:
     """Validate every output path before simulating, so a bad one writes nothing."""
     from sim.output import check_output_dir, check_output_file
 
+    if getattr(args, "trace_chips", None) and not getattr(args, "perfetto", None):
+        raise TpusimError("--trace-chips selects chips for --perfetto; add --perfetto FILE")
     if getattr(args, "out", None):
         check_output_dir(args.out)
     if getattr(args, "plots", None):
@@ -126,9 +128,10 @@ def _write_outputs(args, result, summary) -> None:
         write_tables(args.out, {"ops": result.ops, "units": result.units, "links": result.links,
                                 "memory": result.memory}, summary)
     if getattr(args, "perfetto", None):
-        from sim.perfetto import export_step
+        from sim.perfetto import export_step, parse_chip_list
 
-        export_step(result, args.perfetto)
+        chips = parse_chip_list(getattr(args, "trace_chips", None), result.num_chips)
+        export_step(result, args.perfetto, chips=chips)
     if getattr(args, "plots", None):
         from sim.plots import plot_step
 
@@ -169,7 +172,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_replay(args: argparse.Namespace) -> int:
+def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
     from sim.engine import replay
     from workloads.trace import Trace
 
@@ -194,6 +197,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     summary = training_summary(trace, result, chip) if trace.meta.get("kind") == "training" \
         else {"step_time_s": result.step_time_s, "breakdown": result.breakdown}
     _write_outputs(args, result, summary)
+    if quiet:
+        return 0
     if args.json:
         cli._emit_json(summary)
     elif trace.meta.get("kind") == "training":
@@ -207,6 +212,9 @@ def _outputs_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--out", help="write op/unit/link/memory tables (CSV+Parquet) + summary.json")
     p.add_argument("--perfetto", help="write a Perfetto trace (.pftrace; .json for Chrome)")
+    p.add_argument("--trace-chips",
+                   help="chips to show in the Perfetto trace, e.g. 0-15 (default: chip 0, which "
+                        "stands for every chip by SPMD symmetry)")
     p.add_argument("--plots", help="write PNG plots into this directory")
     p.add_argument("--algorithm", default="auto",
                    help="collective algorithm for gathers/reductions (default auto)")
@@ -236,6 +244,24 @@ def _register_replay(sub, name: str) -> None:
     p.add_argument("--no-overlap", action="store_true")
     _outputs_args(p)
     p.set_defaults(func=cmd_replay)
+
+
+def _register_export(sub, name: str) -> None:
+    p = sub.add_parser(name, help="replay a trace file and export it to Perfetto")
+    p.add_argument("trace", help="a file written by `tpusim compile`")
+    cli.add_pod_args(p)
+    p.add_argument("--no-overlap", action="store_true")
+    _outputs_args(p)
+    p.set_defaults(func=cmd_export)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    if not args.perfetto:
+        raise TpusimError("tpusim export needs --perfetto FILE (.pftrace, or .json for Chrome)")
+    args.json = False
+    rc = cmd_replay(args, quiet=True)
+    print(f"wrote {args.perfetto}")
+    return rc
 
 
 def _register_demo(sub, name: str) -> None:
@@ -294,6 +320,7 @@ cli._EXTRA_COMMANDS.extend([
     ("train", _register_train),
     ("compile", _register_compile),
     ("replay", _register_replay),
+    ("export", _register_export),
     ("demo", _register_demo),
 ])
 import sim.inference_cli  # noqa: E402,F401  (registers decode, prefill, serve-sweep)

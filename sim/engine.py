@@ -25,6 +25,7 @@ import simpy
 from sim.collective_sim import simulate_collective
 from sim.hardware import ChipSpec
 from sim.network import (
+    CLASS_NAMES,
     DCN_IN_CLASS,
     DCN_OUT_CLASS,
     NUM_CLASSES,
@@ -78,6 +79,12 @@ class StepResult:
     _units: list[tuple] = field(default_factory=list, repr=False)
     _links: list[tuple] = field(default_factory=list, repr=False)
     _memory: list[tuple] = field(default_factory=list, repr=False)
+    # For exporters: the pod, each collective op's group axes and link classes with its bytes
+    # per link of that class.
+    _topology: Topology | None = field(default=None, repr=False)
+    _coll_axes: dict[int, tuple[GroupAxis, ...]] = field(default_factory=dict, repr=False)
+    _coll_classes: dict[int, dict[str, float]] = field(default_factory=dict, repr=False)
+    _class_capacity: dict[str, float] = field(default_factory=dict, repr=False)
 
     @property
     def ops(self):
@@ -197,6 +204,8 @@ def replay(
     t_compute = np.zeros(n)
     bound = [""] * n
     coll_batch: dict[int, Batch] = {}
+    coll_axes: dict[int, tuple[GroupAxis, ...]] = {}
+    coll_classes: dict[int, dict[str, float]] = {}
     hbm_idx = NUM_CLASSES  # HBM bandwidth is one more fluid resource, after the link classes
     from sim.progress import progress
 
@@ -222,6 +231,9 @@ def replay(
                 costs[key] = cost_collective(chip, topology, op.collective, gaxes, op.bytes,
                                              algorithm)
             c = costs[key]
+            coll_axes[op.id] = gaxes
+            coll_classes[op.id] = {CLASS_NAMES[int(i)]: float(c.class_bytes[i])
+                                   for i in np.flatnonzero(c.class_bytes > 0)}
             dur[op.id] = c.time_s
             bound[op.id] = "ici"
             used = np.flatnonzero(c.class_bytes > 0)
@@ -319,8 +331,14 @@ def replay(
     if stuck:  # pragma: no cover - guarded by Trace validation
         raise TpusimError(f"internal error: {len(stuck)} ops never ran, e.g. {stuck[:3]}")
 
-    return _summarize(trace, chip, topology, dur, bound, start, end, net, costs, lm,
-                      mxu_rate, vpu_rate, hbm_bw)
+    res = _summarize(trace, chip, topology, dur, bound, start, end, net, costs, lm,
+                     mxu_rate, vpu_rate, hbm_bw)
+    res._topology = topology
+    res._coll_axes = coll_axes
+    res._coll_classes = coll_classes
+    res._class_capacity = {CLASS_NAMES[i]: float(lm.class_capacity_bytes_per_s[i])
+                           for i in range(NUM_CLASSES)}
+    return res
 
 
 def _summarize(trace, chip, topology, dur, bound, start, end, net, costs, lm, mxu_rate,
@@ -382,8 +400,6 @@ def _summarize(trace, chip, topology, dur, bound, start, end, net, costs, lm, mx
         (0, "hbm", hbm_busy, hbm_busy / total if total else 0.0),
         (0, "pcie", pcie_busy, pcie_busy / total if total else 0.0),
     ]
-    from sim.network import CLASS_NAMES
-
     links = []
     for c in range(NUM_CLASSES):  # the HBM resource (index NUM_CLASSES) is reported in units
         if net.bytes[c] <= 0:

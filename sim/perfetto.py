@@ -1,11 +1,20 @@
-"""Perfetto export: native protobuf (`.pftrace`, via the `perfetto` package's trace protos) or
-Chrome Trace Event JSON (`.json`).
+"""Perfetto export: native protobuf (`.pftrace`, built with the `perfetto` package's trace protos)
+or Chrome Trace Event JSON (`.json`, for older viewers).
 
-Layout: one process per simulated chip (the representative chip stands for every chip of the
-pod, which the process name says), with a track per unit (MXU, VPU), one per concurrent lane of
-collectives, one for PCIe host transfers, and a counter track for HBM occupancy. Slices carry
-args (op name, FLOPs, bytes, collective, mesh axes). Slices on one track never overlap, as
-Perfetto requires (reference/perfetto.md).
+Layout of a step: one process per exported chip (or per host, chips as track groups, when more
+than `MAX_CHIP_PROCESSES` chips are exported), each with a track per unit (MXU, VPU), lanes of
+collectives (the DMA work between HBM and ICI), one lane set per outgoing ICI link direction
+(the collectives using that direction), PCIe host transfers, pipeline idle time, and counter
+tracks for HBM occupancy and for each link direction's utilization. Slices carry args (op id,
+name, FLOPs, bytes, bound unit, collective, mesh axes, algorithm). Flows join each collective
+slice to the same collective on the next chip of its replica group, when both are exported
+(`.pftrace` only).
+
+Big pods: tpusim replays one representative chip (every chip runs the same SPMD program), so by
+default the trace holds chip 0 only; `chips=` (`--trace-chips 0-15`) shows more, each identical
+in time by symmetry, and the first process's name says how many chips were left out. Slices on one
+track never overlap, and slices shorter than 1 ns are left out (they would not nest once
+rounded; they are in the `--out` tables).
 """
 
 from __future__ import annotations
@@ -14,8 +23,38 @@ import json
 from pathlib import Path
 
 from sim.output import atomic_write
+from topologies.errors import TpusimError
 
 _NS = 1e9
+MAX_CHIP_PROCESSES = 64
+
+
+def parse_chip_list(spec: str | None, num_chips: int) -> list[int]:
+    """`"0-15"`, `"0,4,8"`, `"0-3,12"` -> sorted chip ids; None -> [0]."""
+    if spec is None or spec == "":
+        return [0]
+    chips: set[int] = set()
+    for part in str(spec).split(","):
+        part = part.strip()
+        try:
+            if "-" in part:
+                a, b = (int(x) for x in part.split("-", 1))
+                if b < a:
+                    raise ValueError
+                chips.update(range(a, b + 1))
+            else:
+                chips.add(int(part))
+        except ValueError:
+            raise TpusimError(
+                f"--trace-chips {spec!r} is not a chip list; write e.g. 0-15 or 0,4,8"
+            ) from None
+    bad = [c for c in chips if not 0 <= c < num_chips]
+    if bad:
+        raise TpusimError(
+            f"--trace-chips {spec!r} names chip {min(bad)}, but the pod has chips 0.."
+            f"{num_chips - 1}; pick chips in that range"
+        )
+    return sorted(chips)
 
 
 def _lanes(rows):
@@ -25,7 +64,7 @@ def _lanes(rows):
     for r in rows:
         start, end = r[0], r[1]
         for i, e in enumerate(ends):
-            if e <= start + 1e-15:
+            if e <= start:
                 ends[i] = end
                 out.append(i)
                 break
@@ -35,134 +74,255 @@ def _lanes(rows):
     return out
 
 
-def step_tracks(result) -> tuple[dict[str, list[tuple]], list[tuple[float, float]], str]:
-    """Track name -> [(start_s, end_s, name, args)], HBM counter samples, process name."""
+class _Chip:
+    """Tracks of one chip: name -> [(start_s, end_s, name, args, op_id)], counters."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.tracks: dict[str, list[tuple]] = {}
+        self.counters: dict[str, list[tuple[float, float]]] = {}
+
+
+def _step_tracks(result) -> tuple[dict[str, list[tuple]], dict[str, list[tuple[float, float]]]]:
+    """The representative chip's tracks and counters (shared by every exported chip)."""
     ops = result.ops
     tracks: dict[str, list[tuple]] = {}
     coll = []
     for r in ops.itertuples(index=False):
         if r.end_s <= r.start_s:
-            continue  # zero-length ops (no FLOPs, no bytes) would not nest; they are in --out
+            continue
         args = {"op_id": int(r.op_id), "layer": int(r.layer), "phase": r.phase,
                 "bound": r.bound, "flops": float(r.flops), "bytes": float(r.bytes)}
+        row = (float(r.start_s), float(r.end_s), r.name, args, int(r.op_id))
         if r.kind == "compute":
-            tracks.setdefault(r.unit.upper(), []).append((r.start_s, r.end_s, r.name, args))
+            tracks.setdefault(r.unit.upper(), []).append(row)
         elif r.kind == "collective":
             args.update(collective=r.collective, mesh_axes=r.mesh_axes)
-            coll.append((r.start_s, r.end_s, r.name, args))
+            classes = result._coll_classes.get(int(r.op_id), {})
+            args["link_classes"] = ",".join(classes)
+            coll.append(row)
         elif r.kind == "host":
-            tracks.setdefault("PCIe", []).append((r.start_s, r.end_s, r.name, args))
+            tracks.setdefault("PCIe", []).append(row)
         else:
-            tracks.setdefault("idle", []).append((r.start_s, r.end_s, r.name, args))
-    coll.sort(key=lambda x: (x[0], x[1]))
+            tracks.setdefault("idle", []).append(row)
+    coll.sort(key=lambda x: (x[0], x[1], x[4]))
     for lane, row in zip(_lanes(coll), coll, strict=True):
         tracks.setdefault(f"ICI collectives {lane}", []).append(row)
-    mem = [(float(t), float(b)) for t, b in zip(result.memory.time_s, result.memory.hbm_bytes,
-                                                strict=True)]
-    pname = f"chip 0 (representative of {result.num_chips} chips, {result.topology} " \
-            f"{result.chip})"
-    return tracks, mem, pname
+    # One lane set per link direction: the collectives that load it.
+    by_class: dict[str, list[tuple]] = {}
+    for row in coll:
+        for cls, nbytes in result._coll_classes.get(row[4], {}).items():
+            a = dict(row[3])
+            a["bytes_per_link"] = nbytes
+            by_class.setdefault(cls, []).append((row[0], row[1], row[2], a, row[4]))
+    counters: dict[str, list[tuple[float, float]]] = {}
+    for cls, rows in sorted(by_class.items()):
+        for lane, row in zip(_lanes(rows), rows, strict=True):
+            tracks.setdefault(f"ICI {cls} link {lane}", []).append(row)
+        counters[f"ICI {cls} utilization"] = _utilization(rows, result._class_capacity[cls])
+    counters["HBM occupancy (bytes)"] = [
+        (float(t), float(b)) for t, b in zip(result.memory.time_s, result.memory.hbm_bytes,
+                                             strict=True)
+    ]
+    return tracks, counters
 
 
-def collective_tracks(res) -> tuple[dict[str, list[tuple]], list, str]:
-    tl = res.timeline
-    tracks: dict[str, list[tuple]] = {}
-    for r in tl.itertuples(index=False):
-        name = f"stream {r.stream}" + (f" group {r.group}" if r.group else "")
-        tracks.setdefault(name, []).append(
-            (r.start_s, r.end_s, r.label or f"step {r.step}",
-             {"bytes_per_chip": float(r.bytes_per_chip), "algorithm": res.algorithm,
-              "chips_represented": int(r.chips_represented)})
-        )
-    pname = f"{res.op} {res.algorithm} on {res.topology} {res.chip} (chip 0 represents " \
-            f"{res.num_chips} chips)"
-    return tracks, [], pname
+def _utilization(rows, capacity: float) -> list[tuple[float, float]]:
+    """Piecewise-constant link utilization: each collective's average rate on the link."""
+    deltas: dict[float, float] = {}
+    for start, end, _name, args, _op in rows:
+        rate = args["bytes_per_link"] / (end - start) / capacity
+        deltas[start] = deltas.get(start, 0.0) + rate
+        deltas[end] = deltas.get(end, 0.0) - rate
+    level = 0.0
+    out = []
+    for t in sorted(deltas):
+        level += deltas[t]
+        out.append((t, max(level, 0.0) if abs(level) > 1e-12 else 0.0))
+    return out
 
 
-def write_trace(path: str | Path, tracks, mem, pname: str) -> Path:
+def _neighbour(topology, chip: int, gaxes) -> int | None:
+    """The next chip of `chip`'s replica group along its first group axis."""
+    if not gaxes:
+        return None
+    g = gaxes[0]
+    coords = list(topology.coords(chip))
+    col = topology.ndim if g.is_dcn else g.index
+    c = coords[col]
+    digit = (c // g.stride) % g.size
+    coords[col] = c + (((digit + 1) % g.size) - digit) * g.stride
+    if topology.num_slices == 1:
+        coords = coords[: topology.ndim]
+    return topology.chip_id(tuple(coords))
+
+
+def export_step(result, path: str | Path, *, chips: list[int] | None = None) -> Path:
+    """Write a replayed step as a Perfetto trace (`.pftrace`) or Chrome JSON (`.json`)."""
+    topo = result._topology
+    chips = chips or [0]
+    tracks, counters = _step_tracks(result)
+    left_out = result.num_chips - len(chips)
+    procs = []
+    for c in chips:
+        coords = topo.coords(c) if topo is not None else (c,)
+        name = f"chip {c} {tuple(coords)}"
+        if c == chips[0]:
+            name += (f" [tpusim: {result.num_chips} chips of {result.topology} {result.chip} "
+                     f"replayed as one representative; {left_out} identical chips not shown]")
+        procs.append((c, name))
+    # Flows: collective op on chip c -> same op on its group neighbour, if exported.
+    flows_out: dict[tuple[int, int], list[int]] = {}
+    flows_in: dict[tuple[int, int], list[int]] = {}
+    shown = set(chips)
+    if topo is not None and len(chips) > 1:
+        for op_id, gaxes in sorted(result._coll_axes.items()):
+            for c in chips:
+                nb = _neighbour(topo, c, gaxes)
+                if nb is None or nb == c or nb not in shown:
+                    continue
+                fid = op_id * result.num_chips + c + 1
+                flows_out.setdefault((c, op_id), []).append(fid)
+                flows_in.setdefault((nb, op_id), []).append(fid)
     path = Path(path)
+    per_host = len(chips) > MAX_CHIP_PROCESSES
     if path.suffix.lower() == ".json":
-        return atomic_write(path, lambda p: p.write_text(_chrome_json(tracks, mem, pname)))
-    data = _protobuf(tracks, mem, pname)
+        text = _chrome_json(procs, tracks, counters, flows_out, flows_in, per_host)
+        return atomic_write(path, lambda p: p.write_text(text))
+    data = _protobuf(procs, tracks, counters, flows_out, flows_in, per_host)
     return atomic_write(path, lambda p: p.write_bytes(data))
 
 
-def export_step(result, path: str | Path) -> Path:
-    return write_trace(path, *step_tracks(result))
-
-
 def export_collective(res, path: str | Path) -> Path:
-    return write_trace(path, *collective_tracks(res))
+    """A collective's steps per stream (chip 0 of each simulated group) as a trace."""
+    tl = res.timeline
+    tracks: dict[str, list[tuple]] = {}
+    for i, r in enumerate(tl.itertuples(index=False)):
+        name = f"stream {r.stream}" + (f" group {r.group}" if r.group else "")
+        tracks.setdefault(name, []).append(
+            (float(r.start_s), float(r.end_s), r.label or f"step {r.step}",
+             {"bytes_per_chip": float(r.bytes_per_chip), "algorithm": res.algorithm,
+              "chips_represented": int(r.chips_represented), "step": int(r.step)}, i)
+        )
+    # Chunked schedules can overlap within a stream: spread them over lanes.
+    laned: dict[str, list[tuple]] = {}
+    for name, rows in tracks.items():
+        rows.sort(key=lambda x: (x[0], x[1], x[4]))
+        for lane, row in zip(_lanes(rows), rows, strict=True):
+            laned.setdefault(name if lane == 0 else f"{name} lane {lane}", []).append(row)
+    pname = (f"{res.op} {res.algorithm} on {res.topology} {res.chip} (chip 0 of each simulated "
+             f"group represents {res.num_chips} chips)")
+    procs = [(0, pname)]
+    path = Path(path)
+    if path.suffix.lower() == ".json":
+        text = _chrome_json(procs, laned, {}, {}, {}, False)
+        return atomic_write(path, lambda p: p.write_text(text))
+    data = _protobuf(procs, laned, {}, {}, {}, False)
+    return atomic_write(path, lambda p: p.write_bytes(data))
 
 
-def _chrome_json(tracks, mem, pname: str) -> str:
-    events = [{"ph": "M", "pid": 0, "tid": 0, "name": "process_name", "args": {"name": pname}}]
-    for tid, (tname, rows) in enumerate(sorted(tracks.items()), start=1):
-        events.append({"ph": "M", "pid": 0, "tid": tid, "name": "thread_name",
-                       "args": {"name": tname}})
-        for start, end, name, args in sorted(rows, key=lambda x: (x[0], x[1])):
-            events.append({"ph": "X", "pid": 0, "tid": tid, "name": name,
-                           "ts": start * 1e6, "dur": max(end - start, 0.0) * 1e6, "args": args})
-    for t, b in mem:
-        events.append({"ph": "C", "pid": 0, "tid": 0, "name": "HBM occupancy",
-                       "ts": t * 1e6, "args": {"bytes": b}})
+def _ns(t: float) -> int:
+    return round(t * _NS)
+
+
+def _chrome_json(procs, tracks, counters, flows_out, flows_in, per_host) -> str:
+    events = []
+    for pid, (_chip, pname) in enumerate(procs, start=1):
+        events.append({"ph": "M", "pid": pid, "tid": 0, "name": "process_name",
+                       "args": {"name": pname}})
+        for tid, (tname, rows) in enumerate(sorted(tracks.items()), start=1):
+            events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name",
+                           "args": {"name": tname}})
+            for start, end, name, args, _op in sorted(rows, key=lambda x: (x[0], x[1])):
+                events.append({"ph": "X", "pid": pid, "tid": tid, "name": name,
+                               "ts": start * 1e6, "dur": max(end - start, 0.0) * 1e6,
+                               "args": args})
+        for cname, samples in sorted(counters.items()):
+            for t, v in samples:
+                events.append({"ph": "C", "pid": pid, "tid": 0, "name": cname,
+                               "ts": t * 1e6, "args": {"value": v}})
+    # Flows are written to .pftrace only: JSON flow v2 binds one id per event, and a ring
+    # collective slice is both the end of one flow and the start of the next.
+    del per_host, flows_out, flows_in
     return json.dumps({"traceEvents": events}, separators=(",", ":"))
 
 
-def _protobuf(tracks, mem, pname: str) -> bytes:
+def _protobuf(procs, tracks, counters, flows_out, flows_in, per_host) -> bytes:
     from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket, TrackEvent
     from perfetto.trace_builder.proto_builder import TraceProtoBuilder
 
     b = TraceProtoBuilder()
-    seq = 1
     first = True
 
     def packet():
         nonlocal first
         p = b.add_packet()
-        p.trusted_packet_sequence_id = seq
+        p.trusted_packet_sequence_id = 1
         if first:
             p.sequence_flags = TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
             first = False
         return p
 
-    proc_uuid = 1
-    p = packet()
-    p.track_descriptor.uuid = proc_uuid
-    p.track_descriptor.process.pid = 1
-    p.track_descriptor.process.process_name = pname
-    uuid = 10
+    uuid = 0
     events = []
-    for tname, rows in sorted(tracks.items()):
-        uuid += 1
-        p = packet()
-        p.track_descriptor.uuid = uuid
-        p.track_descriptor.parent_uuid = proc_uuid
-        p.track_descriptor.name = tname
-        for start, end, name, args in rows:
-            b_ns, e_ns = round(start * _NS), round(end * _NS)
-            if e_ns <= b_ns:
-                continue  # shorter than 1 ns once rounded: it would not nest (kept in --out)
-            events.append((b_ns, 0, uuid, name, args))
-            events.append((e_ns, 1, uuid, name, None))
-    mem_uuid = None
-    if mem:
-        mem_uuid = uuid + 1
-        p = packet()
-        p.track_descriptor.uuid = mem_uuid
-        p.track_descriptor.parent_uuid = proc_uuid
-        p.track_descriptor.name = "HBM occupancy (bytes)"
-        p.track_descriptor.counter.unit_name = "bytes"
-        for t, v in mem:
-            events.append((round(t * _NS), 2, mem_uuid, "", v))
-    # Ends sort before begins at the same timestamp so back-to-back slices do not nest.
-    events.sort(key=lambda e: (e[0], 0 if e[1] == 1 else 1, e[2]))
-    for ts, kind, track, name, payload in events:
+    host_uuid: dict[int, int] = {}
+    for pid, (chip, pname) in enumerate(procs, start=1):
+        if per_host:
+            host = chip // 8
+            if host not in host_uuid:
+                uuid += 1
+                host_uuid[host] = uuid
+                p = packet()
+                p.track_descriptor.uuid = uuid
+                p.track_descriptor.process.pid = host + 1
+                p.track_descriptor.process.process_name = f"host {host} (chips {host * 8}-"\
+                    f"{host * 8 + 7})"
+            uuid += 1
+            chip_uuid = uuid
+            p = packet()
+            p.track_descriptor.uuid = chip_uuid
+            p.track_descriptor.parent_uuid = host_uuid[host]
+            p.track_descriptor.name = pname
+        else:
+            uuid += 1
+            chip_uuid = uuid
+            p = packet()
+            p.track_descriptor.uuid = chip_uuid
+            p.track_descriptor.process.pid = pid
+            p.track_descriptor.process.process_name = pname
+        for tname, rows in sorted(tracks.items()):
+            uuid += 1
+            p = packet()
+            p.track_descriptor.uuid = uuid
+            p.track_descriptor.parent_uuid = chip_uuid
+            p.track_descriptor.name = tname
+            is_coll = tname.startswith("ICI collectives")
+            for start, end, name, args, op in rows:
+                b_ns, e_ns = _ns(start), _ns(end)
+                if e_ns <= b_ns:
+                    continue  # shorter than 1 ns once rounded: it would not nest (kept in --out)
+                fo = flows_out.get((chip, op), []) if is_coll else []
+                fi = flows_in.get((chip, op), []) if is_coll else []
+                events.append((b_ns, 1, uuid, name, args, fo, fi))
+                events.append((e_ns, 0, uuid, name, None, [], []))
+        for cname, samples in sorted(counters.items()):
+            uuid += 1
+            p = packet()
+            p.track_descriptor.uuid = uuid
+            p.track_descriptor.parent_uuid = chip_uuid
+            p.track_descriptor.name = cname
+            p.track_descriptor.counter.unit_name = "bytes" if "bytes" in cname else "fraction"
+            for t, v in samples:
+                events.append((_ns(t), 2, uuid, "", v, [], []))
+    # At equal timestamps: ends first (back-to-back slices must not nest), then begins, then
+    # counters; ties broken by track for determinism.
+    events.sort(key=lambda e: (e[0], e[1], e[2]))
+    for ts, kind, track, name, payload, fo, fi in events:
         p = packet()
         p.timestamp = ts
         ev = p.track_event
         ev.track_uuid = track
-        if kind == 0:
+        if kind == 1:
             ev.type = TrackEvent.TYPE_SLICE_BEGIN
             ev.name = name
             for k, v in payload.items():
@@ -174,7 +334,9 @@ def _protobuf(tracks, mem, pname: str) -> bytes:
                     a.int_value = v
                 else:
                     a.string_value = str(v)
-        elif kind == 1:
+            ev.flow_ids.extend(fo)
+            ev.terminating_flow_ids.extend(fi)
+        elif kind == 0:
             ev.type = TrackEvent.TYPE_SLICE_END
         else:
             ev.type = TrackEvent.TYPE_COUNTER

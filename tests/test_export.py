@@ -50,6 +50,11 @@ RESULTS = {
 }
 
 
+def _is_link_track(track_name: str) -> bool:
+    """`ICI x+ link 0`: the collectives that load one link direction (one slice per use)."""
+    return track_name.startswith("ICI ") and " link " in track_name
+
+
 def _category(track_name: str) -> tuple[str, str]:
     """(kind, unit) of the ops-table rows a track shows, from the track's name."""
     if track_name in ("MXU", "VPU"):
@@ -90,7 +95,7 @@ def _check_pftrace(trace: PerfettoTrace, res: StepResult) -> None:
     slices: dict[int, list[tuple[int, int, str, dict]]] = defaultdict(list)
     open_slice: dict[int, tuple[int, str, dict]] = {}
     last_ts: dict[int, int] = {}
-    counters: list[tuple[int, float]] = []
+    counters: list[tuple[int, int, float]] = []
     for p in packets:
         if p.HasField("track_descriptor"):
             td = p.track_descriptor
@@ -109,7 +114,7 @@ def _check_pftrace(trace: PerfettoTrace, res: StepResult) -> None:
         last_ts[uuid] = ts
         if ev.type == TrackEvent.TYPE_COUNTER:
             assert declared[uuid].HasField("counter")
-            counters.append((ts, ev.double_counter_value))
+            counters.append((uuid, ts, ev.double_counter_value))
         elif ev.type == TrackEvent.TYPE_SLICE_BEGIN:
             assert not declared[uuid].HasField("counter")
             assert uuid not in open_slice, f"BEGIN inside an open slice on track {uuid}"
@@ -126,37 +131,69 @@ def _check_pftrace(trace: PerfettoTrace, res: StepResult) -> None:
         else:
             raise AssertionError(f"unexpected event type {ev.type}")
     assert not open_slice, f"slices never closed: {open_slice}"
-    # Process descriptor naming the representative chip.
+    # One process per exported chip; the first names the representative and what is left out.
     procs = [td for td in declared.values() if td.HasField("process")]
-    assert len(procs) == 1 and f"{res.num_chips} chips" in procs[0].process.process_name
-    # Slices against the ops table: one per non-zero-length row, on the right track.
+    assert procs and f"{res.num_chips} chips" in procs[0].process.process_name
+    assert f"{res.num_chips - len(procs)} identical chips not shown" in \
+        procs[0].process.process_name
+    by_proc: dict[int, list[int]] = defaultdict(list)
+    for uuid, td in declared.items():
+        if td.HasField("parent_uuid"):
+            by_proc[td.parent_uuid].append(uuid)
     rows = _nonzero_rows(res, whole_ns=True).set_index("op_id")
-    per_category: dict[tuple[str, str], int] = defaultdict(int)
-    seen = set()
-    for uuid, sl in slices.items():
-        cat = _category(declared[uuid].name)
-        per_category[cat] += len(sl)
-        for begin, end, name, args in sl:
-            op_id = args["op_id"]
-            assert op_id not in seen
-            seen.add(op_id)
-            row = rows.loc[op_id]
-            assert (row.kind, row.unit if row.kind == "compute" else row.bound) == cat
-            assert name == row["name"]
-            assert begin == pytest.approx(row.start_s * NS, abs=1)
-            assert abs((end - begin) - (row.end_s - row.start_s) * NS) <= 1.0
     expected = rows.assign(cat=[
         (k, u if k == "compute" else b) for k, u, b in zip(rows.kind, rows.unit, rows.bound,
                                                             strict=True)
     ]).groupby("cat").size().to_dict()
-    assert dict(per_category) == expected
-    assert seen == set(rows.index)
-    # Counter samples: the memory table, in order.
+    for proc in procs:
+        per_category: dict[tuple[str, str], int] = defaultdict(int)
+        seen = set()
+        link_uses: dict[str, int] = defaultdict(int)
+        counter_names = []
+        for uuid in by_proc[proc.uuid]:
+            td = declared[uuid]
+            if td.HasField("counter"):
+                counter_names.append(td.name)
+                continue
+            if _is_link_track(td.name):
+                cls = td.name.split()[1]
+                for _b, _e, _n, args in slices[uuid]:
+                    assert cls in args["link_classes"].split(",")
+                    link_uses[cls] += 1
+                continue
+            cat = _category(td.name)
+            per_category[cat] += len(slices[uuid])
+            for begin, end, name, args in slices[uuid]:
+                op_id = args["op_id"]
+                assert op_id not in seen
+                seen.add(op_id)
+                row = rows.loc[op_id]
+                assert (row.kind, row.unit if row.kind == "compute" else row.bound) == cat
+                assert name == row["name"]
+                assert begin == pytest.approx(row.start_s * NS, abs=1)
+                assert abs((end - begin) - (row.end_s - row.start_s) * NS) <= 1.0
+        assert dict(per_category) == expected
+        assert seen == set(rows.index)
+        # Every collective appears once on each link direction it loads.
+        want: dict[str, int] = defaultdict(int)
+        for op_id in rows.index[rows.kind == "collective"]:
+            for cls in res._coll_classes.get(int(op_id), {}):
+                want[cls] += 1
+        assert dict(link_uses) == dict(want)
+        assert "HBM occupancy (bytes)" in counter_names
+        assert {f"ICI {c} utilization" for c in want} <= set(counter_names)
+    # HBM counter samples: the memory table, in order (first process).
     mem = res.memory
-    assert len(counters) == len(mem)
-    for (ts, value), t, b in zip(counters, mem.time_s, mem.hbm_bytes, strict=True):
+    hbm_uuid = next(u for u in by_proc[procs[0].uuid]
+                    if declared[u].name == "HBM occupancy (bytes)")
+    samples = [(ts, v) for u, ts, v in counters if u == hbm_uuid]
+    assert len(samples) == len(mem)
+    for (ts, value), t, b in zip(samples, mem.time_s, mem.hbm_bytes, strict=True):
         assert value == b
         assert abs(ts - t * NS) <= 0.5
+    for u, _ts, v in counters:
+        if declared[u].name.endswith("utilization"):
+            assert -1e-9 <= v <= 1 + 1e-6
 
 
 @pytest.mark.parametrize("case", sorted(RESULTS))
@@ -190,7 +227,7 @@ def test_sub_nanosecond_ops_keep_pftrace_slices_nested(tmp_path):
     _check_pftrace(pf, res)  # BEGIN/END still alternate: the 0.16 ns op is left out
     names = [p.track_event.name for p in pf.packet if p.HasField("track_event")
              and p.track_event.type == TrackEvent.TYPE_SLICE_BEGIN]
-    assert names == ["big", "big2"]
+    assert names == ["big", "big2"]  # (no collectives, so no link tracks)
     # The Chrome export keeps it (microsecond floats): 3 X events that do not overlap.
     _check_chrome(json.loads(export_step(res, tmp_path / "t.json").read_text()), res)
 
@@ -226,6 +263,8 @@ def _check_chrome(doc: dict, res: StepResult) -> None:
     per_category: dict[tuple[str, str], int] = defaultdict(int)
     seen = set()
     for key, evs in by_tid.items():
+        if _is_link_track(thread_names[key]):
+            continue
         cat = _category(thread_names[key])
         per_category[cat] += len(evs)
         evs = sorted(evs, key=lambda e: (e["ts"], -e["dur"]))
@@ -248,8 +287,9 @@ def _check_chrome(doc: dict, res: StepResult) -> None:
     assert dict(per_category) == dict(expected)
     assert seen == set(rows.index)
     mem = res.memory
-    assert [c["args"]["bytes"] for c in counters] == list(mem.hbm_bytes)
-    assert [c["ts"] for c in counters] == pytest.approx(list(mem.time_s * 1e6))
+    hbm = [c for c in counters if c["name"] == "HBM occupancy (bytes)"]
+    assert [c["args"]["value"] for c in hbm] == list(mem.hbm_bytes)
+    assert [c["ts"] for c in hbm] == pytest.approx(list(mem.time_s * 1e6))
 
 
 @pytest.mark.parametrize("case", sorted(RESULTS))
@@ -263,9 +303,15 @@ def test_both_formats_carry_the_same_slices(tmp_path):
     res = _result(**RESULTS["fsdp-tensor-offload"])
     pf = _parse_pftrace(export_step(res, tmp_path / "a.pftrace"))
     js = json.loads(export_step(res, tmp_path / "a.json").read_text())
+    names = {p.track_descriptor.uuid: p.track_descriptor.name for p in pf.packet
+             if p.HasField("track_descriptor")}
     n_pf = sum(1 for p in pf.packet
-               if p.HasField("track_event") and p.track_event.type == TrackEvent.TYPE_SLICE_BEGIN)
-    n_js = sum(1 for e in js["traceEvents"] if e["ph"] == "X")
+               if p.HasField("track_event") and p.track_event.type == TrackEvent.TYPE_SLICE_BEGIN
+               and not _is_link_track(names[p.track_event.track_uuid]))
+    tnames = {(e["pid"], e["tid"]): e["args"]["name"] for e in js["traceEvents"]
+              if e["ph"] == "M" and e["name"] == "thread_name"}
+    n_js = sum(1 for e in js["traceEvents"]
+               if e["ph"] == "X" and not _is_link_track(tnames[(e["pid"], e["tid"])]))
     assert n_pf == len(_nonzero_rows(res, whole_ns=True))
     assert n_js == len(_nonzero_rows(res))
     assert n_pf == n_js  # no sub-nanosecond ops in a real step
@@ -305,8 +351,11 @@ def test_train_writes_perfetto_tables_and_plots(tiny_yaml, tmp_path, capsys):
     # Perfetto: parses and has one slice per non-zero-length op.
     pf = _parse_pftrace(tmp_path / "f.pftrace")
     ops = pd.read_parquet(tmp_path / "d" / "ops.parquet")
+    names = {p.track_descriptor.uuid: p.track_descriptor.name for p in pf.packet
+             if p.HasField("track_descriptor")}
     n_begin = sum(1 for p in pf.packet if p.HasField("track_event")
-                  and p.track_event.type == TrackEvent.TYPE_SLICE_BEGIN)
+                  and p.track_event.type == TrackEvent.TYPE_SLICE_BEGIN
+                  and not _is_link_track(names[p.track_event.track_uuid]))
     assert n_begin == int((ops.end_s > ops.start_s).sum())
     # Tables: CSV and Parquet with the documented columns and the same contents.
     for name, cols in DOCUMENTED_COLUMNS.items():
@@ -361,3 +410,44 @@ def test_output_directory_that_is_an_existing_file_is_refused_before_writing(
     assert blocker.read_text() == "keep me"
     assert not (tmp_path / "f.pftrace").exists()
     assert not (tmp_path / "d").exists() and not (tmp_path / "p").exists()
+
+
+def test_pftrace_for_several_chips_has_a_process_each_and_flows_between_group_neighbours(
+    tmp_path,
+):
+    res = _result(**RESULTS["fsdp-tensor-offload"])
+    path = export_step(res, tmp_path / "m.pftrace", chips=[0, 1, 2, 3])
+    pf = _parse_pftrace(path)
+    _check_pftrace(pf, res)
+    procs = [p.track_descriptor for p in pf.packet
+             if p.HasField("track_descriptor") and p.track_descriptor.HasField("process")]
+    assert len(procs) == 4
+    assert "0 identical chips not shown" in procs[0].process.process_name
+    parent = {p.track_descriptor.uuid: p.track_descriptor.parent_uuid for p in pf.packet
+              if p.HasField("track_descriptor") and p.track_descriptor.HasField("parent_uuid")}
+    starts: dict[int, list] = defaultdict(list)
+    ends: dict[int, list] = defaultdict(list)
+    for p in pf.packet:
+        if not p.HasField("track_event"):
+            continue
+        ev = p.track_event
+        if ev.type != TrackEvent.TYPE_SLICE_BEGIN:
+            continue
+        op = next(a.int_value for a in ev.debug_annotations if a.name == "op_id")
+        for f in ev.flow_ids:
+            starts[f].append((parent[ev.track_uuid], op, p.timestamp))
+        for f in ev.terminating_flow_ids:
+            ends[f].append((parent[ev.track_uuid], op, p.timestamp))
+    assert starts and set(starts) == set(ends)
+    n_coll = int((_nonzero_rows(res, whole_ns=True).kind == "collective").sum())
+    for f in starts:
+        assert len(starts[f]) == 1 and len(ends[f]) == 1  # flow ids are unique
+        (src_proc, src_op, t0), (dst_proc, dst_op, t1) = starts[f][0], ends[f][0]
+        assert src_proc != dst_proc and src_op == dst_op and t0 == t1  # SPMD: same time
+    assert len(starts) <= 4 * n_coll
+
+
+def test_trace_chips_outside_the_pod_is_a_one_line_error(tiny_yaml, tmp_path, capsys):
+    rc = main(_train(tiny_yaml, tmp_path, "fsdp=2,tensor=2", "--trace-chips", "0-9"))
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "--trace-chips" in err
