@@ -31,6 +31,9 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pipeline-schedule", default="1f1b", help="gpipe or 1f1b")
     p.add_argument("--no-overlap", action="store_true",
                    help="collectives block compute (what-if: no async overlap)")
+    p.add_argument("--fsdp-gather", default="async",
+                   help="FSDP weight gathers: async (prefetched, default), windowed (collective "
+                        "matmul, v5e's XLA default) or blocking (v5p's XLA default)")
 
 
 def _compile(args: argparse.Namespace, num_chips: int):
@@ -50,6 +53,7 @@ def _compile(args: argparse.Namespace, num_chips: int):
         grad_dtype=args.grad_dtype,
         optimizer_dtype=args.optimizer_dtype,
         overlap=not args.no_overlap,
+        fsdp_gather=args.fsdp_gather,
         pipeline_schedule=args.pipeline_schedule,
     )
     return compile_training_step(model, mesh, num_chips, cfg)

@@ -17,6 +17,7 @@ that class, so simulating the representative's transfers against class resources
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -146,6 +147,11 @@ class FluidNetwork:
             next_dt = min(next_dt, e[1] / speed)
         self._version += 1
         version = self._version
+        now = self.env.now
+        if now + next_dt <= now:
+            # The remaining work is below the float resolution of the clock: step by a few ulps
+            # so that time always advances (the snap in _on_timer then completes the batch).
+            next_dt = 4 * math.ulp(now)
         timer = self.env.timeout(max(next_dt, 0.0))
         timer.callbacks.append(lambda _ev: self._on_timer(version))
 
@@ -153,9 +159,11 @@ class FluidNetwork:
         if version != self._version:
             return  # superseded by a later reschedule
         self._advance()
-        # The batch that set the timer is done; snap it to zero against rounding.
+        # The batch that set the timer is done; snap to zero whatever is left only by rounding
+        # (a tiny fraction, or work that would finish within a few ulps of the clock).
+        tol_s = 1e-12 * max(self.env.now, 1e-9)
         for e in self._active.values():
-            if e[1] <= 1e-9:
+            if e[1] <= 1e-9 or (e[2] > 0 and e[1] / e[2] <= tol_s):
                 e[1] = 0.0
         self._reschedule()
 

@@ -20,6 +20,7 @@ _KV_DTYPES = {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 _MATMUL_DTYPES = ("bf16", "int8")
 _ACT_BYTES = 2.0  # activations in bf16
 _DECODE_AXES = ("data", "tensor", "expert")
+_SAMPLE_TOP_K = 64  # candidates per vocab shard for top-k / top-p sampling
 
 
 def _dtype_bytes(table: dict[str, float], name: object, flag: str) -> float:
@@ -348,10 +349,12 @@ class _InferenceCompiler:
         logits = self.mm("logits", 2 * n * D * v_loc, v_loc * D * self.wb,
                          n * D * a + n * v_loc * 4, [norm], -1, phase)
         local = self.vpu("sample_local_topk", 5 * n * v_loc, n * v_loc * 4, [logits], -1, phase)
-        # Each tensor shard proposes its best (value, index); a tiny all-reduce picks the token.
-        ar = self.coll("tp_sample_allreduce", "all-reduce", ("tensor",), n * 8, [local], -1,
-                       phase)
-        return self.vpu("sample", 2 * n, n * 8, self._deps(local, ar), -1, phase,
+        # Each vocab shard proposes its top-k (fp32 value, int32 index) candidates and they are
+        # all-gathered; every chip then samples the same token from the merged candidates.
+        ar = self.coll("tp_sample_topk_allgather", "all-gather", ("tensor",),
+                       n * _SAMPLE_TOP_K * 8 * tp, [local], -1, phase)
+        cands = n * _SAMPLE_TOP_K * tp
+        return self.vpu("sample", 2 * cands, cands * 8, self._deps(local, ar), -1, phase,
                         free_bytes=free)
 
     def meta(self, kind: str, plan: dict[str, float]) -> dict:

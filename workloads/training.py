@@ -34,6 +34,13 @@ _SAVED_TENSORS = {Remat.NONE: 20.0, Remat.MINIMAL: 7.0, Remat.FULL: 1.0, Remat.O
 _DTYPE_BYTES = {"bf16": 2, "fp32": 4, "f32": 4, "int8": 1, "int4": 0.5, "fp8": 1}
 
 
+# How XLA issues FSDP weight all-gathers (reference/xla.md): `async` start/done pairs prefetched
+# one layer ahead (MaxText's async-collective flags), `windowed` collective matmuls that overlap
+# the gather with the layer's own matmuls (v5e's windowed einsum: no prefetch), `blocking`
+# gathers the compute waits for (v5p's default compile of an FSDP x TP program).
+FSDP_GATHER_MODES = ("async", "windowed", "blocking")
+
+
 def dtype_bytes(name: str, flag: str) -> float:
     try:
         return _DTYPE_BYTES[name.lower()]
@@ -56,6 +63,7 @@ class TrainingConfig:
     grad_dtype: str = "bf16"
     optimizer_dtype: str = "fp32"
     overlap: bool = True
+    fsdp_gather: str = "async"
     pipeline_schedule: str = "1f1b"
 
     def __post_init__(self) -> None:
@@ -70,6 +78,11 @@ class TrainingConfig:
             raise TpusimError(f"--attention {self.attention!r} must be dot or flash")
         if not isinstance(self.microbatches, int) or self.microbatches < 1:
             raise TpusimError(f"--microbatches {self.microbatches!r} must be an integer >= 1")
+        if self.fsdp_gather not in FSDP_GATHER_MODES:
+            raise TpusimError(
+                f"--fsdp-gather {self.fsdp_gather!r} is not a mode; use one of: "
+                f"{', '.join(FSDP_GATHER_MODES)}"
+            )
         if self.pipeline_schedule not in ("gpipe", "1f1b"):
             raise TpusimError(
                 f"--pipeline-schedule {self.pipeline_schedule!r} must be gpipe or 1f1b"
@@ -327,6 +340,8 @@ class _Compiler:
         b = self.b
         n, D, V = d.n, m.d_model, m.vocab_size
         overlap = cfg.overlap
+        prefetch = overlap and cfg.fsdp_gather == "async"
+        windowed = overlap and cfg.fsdp_gather == "windowed"
         saved_per_layer = _SAVED_TENSORS[cfg.remat] * n * D * a
         if cfg.attention == "dot" and cfg.remat == Remat.NONE:
             saved_per_layer += n * d.ctx * m.num_heads / d.tp * a  # the probabilities
@@ -356,11 +371,13 @@ class _Compiler:
                       deps=[prev_compute] + ([emb_g] if emb_g is not None else []),
                       layer=-1, phase="fwd")
             prev = x
-            pending = fsdp_gather(0, mb, "fwd", [] if overlap else [prev])
+            pending = fsdp_gather(0, mb, "fwd", [] if prefetch else [prev])
             for layer in range(d.layers):
                 g = pending
                 inp = prev
-                out = self.layer_forward(layer, [prev], g)
+                out = self.layer_forward(layer, [prev], None if windowed else g)
+                if windowed and g is not None:  # the layer ends when its gather has arrived
+                    b.ops[out] = _with(b.ops[out], deps=tuple(sorted({*b.ops[out].deps, g})))
                 # Free the gathered weights once the layer is done; keep saved activations.
                 b.ops[out] = _with(b.ops[out], alloc_bytes=saved_per_layer,
                                    free_bytes=self.layer_weight_bytes(self.layer_is_moe(layer))
@@ -372,7 +389,7 @@ class _Compiler:
                     # Prefetch the next layer's weights as this layer starts (XLA's async
                     # all-gather, two layers of weights in flight); without overlap the gather
                     # waits for this layer to finish and blocks the next.
-                    after = [x for x in (g, inp) if x is not None] if overlap else [out]
+                    after = [x for x in (g, inp) if x is not None] if prefetch else [out]
                     pending = fsdp_gather(layer + 1, mb, "fwd", after)
                 layer_outputs[(mb, layer)] = out
                 prev = out
@@ -397,7 +414,7 @@ class _Compiler:
             prev = dx if dar is None else dar
             # Backward through the layers in reverse.
             # The last layer's weights are gathered again while the loss is computed.
-            pending = fsdp_gather(d.layers - 1, mb, "bwd", [final_norm] if overlap else [prev])
+            pending = fsdp_gather(d.layers - 1, mb, "bwd", [final_norm] if prefetch else [prev])
             for layer in reversed(range(d.layers)):
                 g = pending
                 deps = [prev]
@@ -413,11 +430,13 @@ class _Compiler:
                     re = self.vpu("re-elementwise", 20 * n * D, 8 * n * D * a, deps, layer, "bwd")
                     deps = [re]
                 inp = prev
-                out = self.layer_backward(layer, deps, g)
+                out = self.layer_backward(layer, deps, None if windowed else g)
+                if windowed and g is not None:
+                    b.ops[out] = _with(b.ops[out], deps=tuple(sorted({*b.ops[out].deps, g})))
                 w_free = self.layer_weight_bytes(self.layer_is_moe(layer)) if g is not None else 0.0
                 b.ops[out] = _with(b.ops[out], free_bytes=saved_per_layer + w_free)
                 if layer > 0:
-                    after = [x for x in (g, inp) if x is not None] if overlap else [out]
+                    after = [x for x in (g, inp) if x is not None] if prefetch else [out]
                     pending = fsdp_gather(layer - 1, mb, "bwd", after)
                 # Gradient reduce-scatter over fsdp, then all-reduce over data (async).
                 grad_bytes = self.layer_weight_bytes(self.layer_is_moe(layer)) / self.wb * self.gb
@@ -548,6 +567,7 @@ class _Compiler:
             "pipeline_stages": d.pp,
             "pipeline_schedule": cfg.pipeline_schedule,
             "overlap": cfg.overlap,
+            "fsdp_gather": cfg.fsdp_gather,
             "params_per_chip": p_local,
             "static_hbm_bytes": static,
             "static_breakdown": {

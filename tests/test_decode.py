@@ -1,0 +1,288 @@
+"""Tests for workloads/decode.py and the `decode` / `prefill` / `serve-sweep` commands: the
+textbook's inference cases (reference/book_cases.json), KV-cache arithmetic, dtypes, the memory
+plan, latency-bound TP all-reduces and one-line CLI errors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from sim.cli import main
+from sim.engine import replay
+from sim.hardware import get_chip
+from tests.conftest import make_topology
+from topologies.errors import TpusimError
+from topologies.mesh import parse_mesh
+from workloads.decode import (
+    DecodeConfig,
+    compile_decode_step,
+    compile_prefill,
+    decode_roofline_s,
+    max_batch_that_fits,
+)
+from workloads.models import MlpKind, TransformerSpec, load_model
+
+REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference"
+
+
+def _cases() -> dict[str, dict]:
+    path = REFERENCE / "book_cases.json"
+    if not path.is_file():
+        pytest.skip(f"reference data {path} is absent")
+    return {c["id"]: c for c in json.loads(path.read_text()) if c["kind"] in
+            ("inference", "memory")}
+
+
+def _decode(model, chip_name, shape, mesh, **cfg):
+    chip = get_chip(chip_name)
+    topo = make_topology(chip, shape)
+    c = DecodeConfig(**cfg)
+    trace = compile_decode_step(model, parse_mesh(mesh), topo.num_chips, c)
+    return trace, replay(trace, chip, topo), chip, c
+
+
+# The book's inference-q* model (L=64, D=4096, F=16384, N=32, K=8, H=256, V=32128).
+Q_MODEL = TransformerSpec(name="book-q", num_layers=64, d_model=4096, num_heads=32,
+                          num_kv_heads=8, head_dim=256, d_ff=16384, mlp=MlpKind.SWIGLU,
+                          vocab_size=32128)
+
+
+# -- book cases: simulated step at or a little above the tpu.md §5 roofline ----------------------
+@pytest.mark.parametrize("case_id", [
+    "inference-llama2-13b-mha-step-b1", "inference-llama2-13b-mha-step-b16",
+])
+def test_llama2_13b_mha_table(case_id):
+    case = _cases()[case_id]
+    B, S = case["inputs"]["B"], case["inputs"]["S"]
+    trace, r, chip, cfg = _decode(load_model("llama2-13b"), "v5e", "4x2", "tensor=8",
+                                  batch=B, context_len=S)
+    bound = decode_roofline_s(load_model("llama2-13b"), 8, cfg, chip.hbm_bytes_per_s,
+                              chip.mxu_flops_per_s)
+    assert bound == pytest.approx(case["expected"] * 1e-3, rel=0.01)  # book rounds 6.7e9, 26e9
+    # Gap: 80 latency-bound TP all-reduces on the critical path (docs/inference.md).
+    assert bound <= r.step_time_s <= 1.25 * bound
+    if B == 1:
+        assert r.fits_in_hbm
+
+
+@pytest.mark.parametrize("case_id,shape,mesh,dtype", [
+    ("applied-inference-qps-int8", "4x2", "tensor=8", "int8"),
+    ("applied-inference-qps-int4", "2x2", "tensor=4", "int4"),
+])
+def test_llama3_70b_qps_step(case_id, shape, mesh, dtype):
+    """The book assumes a 19 ms step at B=43, 8k context, weights and KV in `dtype`."""
+    case = _cases()[case_id]
+    inp = case["inputs"]
+    m = load_model("llama3-70b")
+    trace, r, chip, cfg = _decode(m, "v5e", shape, mesh, batch=inp["B"], context_len=8192,
+                                  weight_dtype=dtype, kv_dtype=dtype)
+    bound = decode_roofline_s(m, inp["chips"], cfg, chip.hbm_bytes_per_s, chip.mxu_flops_per_s)
+    assert bound == pytest.approx(inp["step_s"], rel=0.05)
+    # Gap: at B=43 the 160 TP all-reduces (704 kB) are exposed, not overlapped (docs).
+    assert bound <= r.step_time_s <= 1.35 * bound
+    qps = inp["B"] / (r.step_time_s * inp["decode_len"] * inp["chips"])
+    assert case["expected"] / 1.35 <= qps <= case["expected"] * 1.01
+
+
+def test_pareto_min_latency_int8_b1():
+    case = _cases()["applied-inference-pareto-min-latency"]
+    m = load_model("llama3-70b")
+    _t, r, chip, cfg = _decode(m, "v5e", "4x4", "tensor=16", batch=1, context_len=2048,
+                               weight_dtype="int8")
+    bound = decode_roofline_s(m, 16, cfg, chip.hbm_bytes_per_s, chip.mxu_flops_per_s)
+    # Gap (docs/inference.md): 80 x (2 TP all-reduces + 2 KV all-to-alls, tensor=16 > K=8) of
+    # ~10-20 us each on a 4x4 without wraparound, none of which the book's bound counts.
+    assert bound <= r.step_time_s <= 1.7 * bound
+    assert r.step_time_s >= case["expected"] * 1e-3 * 0.95
+
+
+def test_q3_param_load_int8():
+    case = _cases()["inference-q3-param-load"]
+    _t, r, chip, cfg = _decode(Q_MODEL, "v5e", "4x4", "tensor=16", batch=1, context_len=128,
+                               weight_dtype="int8")
+    bound = decode_roofline_s(Q_MODEL, 16, cfg, chip.hbm_bytes_per_s, chip.mxu_flops_per_s)
+    assert bound == pytest.approx(case["expected"] * 1e-3, rel=0.03)
+    # Same latency-bound gap as above (64 layers x 4 small collectives on a 4x4 line).
+    assert bound <= r.step_time_s <= 3.0 * bound
+
+
+def test_prefill_8k_matches_book_at_40pct_mfu():
+    case = _cases()["applied-inference-prefill-8k"]
+    m = load_model("llama3-70b")
+    chip = get_chip("v5e")
+    topo = make_topology(chip, "4x4")
+    cfg = DecodeConfig(batch=1, context_len=8192, prompt_len=8192)
+    r = replay(compile_prefill(m, parse_mesh("tensor=16"), 16, cfg), chip, topo)
+    ideal = 2 * m.num_params * 8192 / (16 * chip.mxu_flops_per_s)
+    # Gap (docs/inference.md): the 160 TP all-reduces of 8192 x 8192 bf16 activations (~3 ms
+    # each on a 4x4 line) are not overlapped with the matmuls, so the simulated prefill lands
+    # near the book's 40%-MFU estimate rather than at the ideal.
+    assert ideal <= r.step_time_s <= 3.0 * ideal
+    assert r.step_time_s == pytest.approx(case["expected"], rel=0.25)
+
+
+def test_chunked_prefill_costs_more_weight_reads_same_flops():
+    m = load_model("llama3-8b")
+    mesh = parse_mesh("tensor=4")
+    one = compile_prefill(m, mesh, 4, DecodeConfig(batch=1, context_len=4096, prompt_len=4096))
+    chunked = compile_prefill(m, mesh, 4, DecodeConfig(batch=1, context_len=4096,
+                                                       prompt_len=4096, prefill_chunk=1024))
+    assert chunked.meta["num_chunks"] == 4
+    f1 = sum(o.flops for o in one.ops if o.name == "attention")
+    f4 = sum(o.flops for o in chunked.ops if o.name == "attention")
+    assert f4 == pytest.approx(f1, rel=0.01)
+    assert sum(o.hbm_bytes for o in chunked.ops) > sum(o.hbm_bytes for o in one.ops)
+
+
+# -- KV-cache and memory arithmetic --------------------------------------------------------------
+@pytest.mark.parametrize("case_id,model,kv", [
+    ("applied-inference-llama3-70b-kv-per-token", "llama3-70b", "int8"),
+    ("inference-llama2-13b-kv-8k", "llama2-13b", "bf16"),
+])
+def test_kv_cache_bytes_exact(case_id, model, kv):
+    case = _cases()[case_id]
+    m = load_model(model)
+    S = case["inputs"].get("T", 1)
+    cfg = DecodeConfig(batch=1, context_len=S, kv_dtype=kv)
+    trace = compile_decode_step(m, parse_mesh("tensor=8"), 8, cfg)
+    exact = 2 * S * m.num_layers * m.num_kv_heads * m.head_dim * cfg.kv_bytes_per_elem
+    assert trace.meta["kv_cache_bytes_total"] == exact
+    # Evenly sharded: the per-chip caches add up to the total exactly.
+    assert trace.meta["kv_cache_bytes"] * 8 == exact
+    assert exact == pytest.approx(case["expected"], rel=0.03)
+
+
+def test_kv_cache_batch_split_when_tensor_exceeds_kv_heads():
+    m = load_model("llama3-70b")  # K = 8
+    cfg = DecodeConfig(batch=32, context_len=1024)
+    trace = compile_decode_step(m, parse_mesh("tensor=16"), 16, cfg)
+    assert trace.meta["kv_batch_split"] == 2
+    assert trace.meta["kv_cache_bytes"] * 16 == trace.meta["kv_cache_bytes_total"]
+    assert any(o.name == "kv_batch_alltoall_q" for o in trace.ops)
+
+
+def test_min_topology_max_batch_near_43():
+    case = _cases()["applied-inference-min-topology-kv-count"]
+    m = load_model("llama3-70b")
+    chip = get_chip("v5e")
+    got = max_batch_that_fits(m, parse_mesh("tensor=8"), 8,
+                              DecodeConfig(batch=1, context_len=8192, weight_dtype="int8",
+                                           kv_dtype="int8"), chip.hbm_bytes)
+    # Exact bytes (163,840 B/token, 70.6e9 params) give 42.8 before activations; the book
+    # rounds the KV size down to 160-162 kB and gets 43.
+    assert case["expected"] - 2 <= got <= case["expected"]
+
+
+def test_max_batch_is_largest_that_fits():
+    m = load_model("llama3-70b")
+    chip = get_chip("v5e")
+    topo = make_topology(chip, "4x2")
+    mesh = parse_mesh("tensor=8")
+    cfg = DecodeConfig(batch=1, context_len=8192, weight_dtype="int8", kv_dtype="int8")
+    mb = max_batch_that_fits(m, mesh, 8, cfg, chip.hbm_bytes)
+    for b, fits in ((mb, True), (mb + 1, False)):
+        tr = compile_decode_step(m, mesh, 8, dataclasses.replace(cfg, batch=b))
+        assert replay(tr, chip, topo).fits_in_hbm is fits
+
+
+def test_int8_weights_halve_bytes_and_speed_up_small_batch():
+    m = load_model("llama3-8b")
+    t16, r16, _c, _ = _decode(m, "v5e", "2x2", "tensor=4", batch=1, context_len=512)
+    t8, r8, _c, _ = _decode(m, "v5e", "2x2", "tensor=4", batch=1, context_len=512,
+                            weight_dtype="int8")
+    assert t8.meta["weights_bytes_total"] == t16.meta["weights_bytes_total"] / 2
+    assert r8.step_time_s < 0.7 * r16.step_time_s
+    # FLOPs are unchanged unless the matmuls themselves run in int8.
+    assert sum(o.flops for o in t8.ops) == sum(o.flops for o in t16.ops)
+    t8m, _r, _c, _ = _decode(m, "v5e", "2x2", "tensor=4", batch=1, context_len=512,
+                             weight_dtype="int8", matmul_dtype="int8")
+    assert any(o.dtype == "int8" for o in t8m.ops)
+
+
+def test_throughput_rises_with_batch():
+    m = load_model("llama3-8b")
+    tput = []
+    for b in (1, 4, 16, 64):
+        _t, r, _c, _ = _decode(m, "v5e", "2x2", "tensor=4", batch=b, context_len=1024)
+        tput.append(b / r.step_time_s)
+    assert tput == sorted(tput) and tput[-1] > 10 * tput[0]
+
+
+def test_tp_allreduce_is_latency_bound():
+    m = load_model("llama2-13b")
+    _t, r, chip, _ = _decode(m, "v5e", "4x2", "tensor=8", batch=1, context_len=8192)
+    ar = [v for k, v in r.collective_costs.items() if k.startswith("all-reduce")
+          and k.endswith(f"{1 * m.d_model * 2}B")]
+    assert ar
+    w_bidi = 2 * chip.ici_link_bytes_per_s
+    bw_time = 2 * m.d_model * 2 / w_bidi  # tpu.md §2 AllReduce 2V/W_ici
+    assert ar[0]["time_s"] > 10 * bw_time
+    assert ar[0]["time_s"] >= 3 * chip.ici_hop_latency_s  # several 1 µs hops
+
+
+def test_moe_decode_emits_expert_all_to_all():
+    m = load_model("mixtral-8x7b")
+    trace = compile_decode_step(m, parse_mesh("expert=2,tensor=2"), 4,
+                                DecodeConfig(batch=8, context_len=1024))
+    assert any(o.name == "ep_dispatch" for o in trace.ops)
+
+
+# -- config and CLI ------------------------------------------------------------------------------
+@pytest.mark.parametrize("kw", [
+    {"batch": 0, "context_len": 8}, {"batch": 1, "context_len": 8, "kv_dtype": "int3"},
+    {"batch": 1, "context_len": 8, "matmul_dtype": "int4"},
+])
+def test_config_errors(kw):
+    with pytest.raises(TpusimError):
+        DecodeConfig(**kw)
+
+
+def test_cli_json_fields(capsys):
+    rc = main(["decode", "--chip", "v5e", "--shape", "4x2", "--model", "llama3-70b", "--batch",
+               "64", "--context-len", "8192", "--mesh", "tensor=8", "--weight-dtype", "int8",
+               "--kv-dtype", "int8", "--json"])
+    assert rc == 0
+    d = json.loads(capsys.readouterr().out)
+    for key in ("step_time_s", "tokens_per_s_per_chip", "kv_cache_bytes", "weights_bytes",
+                "hbm_peak_bytes", "fits_in_hbm", "max_batch_that_fits", "breakdown"):
+        assert key in d
+    assert d["fits_in_hbm"] is False and 0 < d["max_batch_that_fits"] < 64
+
+
+def test_cli_prefill_and_sweep(tmp_path, capsys):
+    assert main(["prefill", "--chip", "v5e", "--shape", "2x2", "--model", "llama3-8b",
+                 "--batch", "1", "--prompt-len", "2048", "--prefill-chunk", "512", "--mesh",
+                 "tensor=4", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["time_s"] > 0 and d["tokens_per_s_per_chip"] > 0 and d["num_chunks"] == 4
+    assert main(["serve-sweep", "--chip", "v5e", "--shape", "2x2", "--model", "llama3-8b",
+                 "--context-len", "1024", "--mesh", "tensor=4", "--batches", "1,8,64",
+                 "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "tok/s/chip" in out
+    assert (tmp_path / "serve_sweep.csv").read_text().count("\n") == 4
+    assert (tmp_path / "serve_sweep_pareto.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("argv", [
+    ["--batch", "0", "--mesh", "tensor=8"],
+    ["--batch", "1", "--mesh", "tensor=8", "--kv-dtype", "int3"],
+    ["--batch", "1", "--mesh", "tensor=3,data=2"],  # 6 chips, and 3 does not divide 64 heads
+    ["--batch", "1", "--mesh", "tensor=4"],  # 4 != 8 chips
+])
+def test_cli_errors_one_line(argv, capsys):
+    rc = main(["decode", "--chip", "v5e", "--shape", "4x2", "--model", "llama3-70b",
+               "--context-len", "128", *argv])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.count("\n") == 1 and err.startswith("tpusim: error:")
+
+
+def test_tensor_not_dividing_heads():
+    with pytest.raises(TpusimError, match="num_heads"):
+        compile_decode_step(load_model("llama3-70b"), parse_mesh("tensor=3"), 3,
+                            DecodeConfig(batch=1, context_len=16))
