@@ -31,6 +31,8 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pipeline-schedule", default="1f1b", help="gpipe or 1f1b")
     p.add_argument("--no-overlap", action="store_true",
                    help="collectives block compute (what-if: no async overlap)")
+    p.add_argument("--no-fusion", action="store_true",
+                   help="charge every elementwise op its own HBM round trip (no XLA fusion)")
     p.add_argument("--fsdp-gather", default="async",
                    help="FSDP weight gathers: async (prefetched, default), windowed (collective "
                         "matmul, v5e's XLA default) or blocking (v5p's XLA default)")
@@ -54,6 +56,7 @@ def _compile(args: argparse.Namespace, num_chips: int):
         optimizer_dtype=args.optimizer_dtype,
         overlap=not args.no_overlap,
         fsdp_gather=args.fsdp_gather,
+        fuse_elementwise=not args.no_fusion,
         pipeline_schedule=args.pipeline_schedule,
     )
     return compile_training_step(model, mesh, num_chips, cfg)

@@ -422,9 +422,10 @@ def test_faster_ici_speeds_up_a_comm_bound_step():
 
 def test_double_hbm_bandwidth_speeds_up_an_hbm_bound_step():
     chip = get_chip("v5e")
-    _, base = _step("fsdp=1", "1x1", chip=chip)
+    # Without fusion every op of the tiny model streams through HBM (it is HBM-bound).
+    _, base = _step("fsdp=1", "1x1", chip=chip, fuse_elementwise=False)
     assert base.breakdown["hbm_bound_s"] == pytest.approx(base.step_time_s)
-    _, quick = _step("fsdp=1", "1x1",
+    _, quick = _step("fsdp=1", "1x1", fuse_elementwise=False,
                      chip=chip.with_overrides(hbm_bytes_per_s=2 * chip.hbm_bytes_per_s))
     assert quick.step_time_s == pytest.approx(base.step_time_s / 2, rel=0.05)
 
@@ -594,3 +595,14 @@ def test_moe_with_expert_parallelism_emits_all_to_alls():
     assert len(ran) == len(a2a) and (ran.end_s > ran.start_s).all()
     dense_trace, _ = _step("fsdp=4", "2x2", model=TINY_MOE)
     assert not any(o.collective == "all-to-all" for o in dense_trace.ops)
+
+
+def test_fused_elementwise_ops_carry_no_hbm_bytes_but_keep_their_flops():
+    fused, _ = _step("fsdp=1", "1x1")
+    unfused, _ = _step("fsdp=1", "1x1", fuse_elementwise=False)
+    by_name = {o.name: o for o in fused.ops}
+    raw = {o.name: o for o in unfused.ops}
+    for name in ("rotary", "mlp_act", "residual_attn", "residual_mlp"):
+        assert by_name[name].hbm_bytes == 0 and raw[name].hbm_bytes > 0
+        assert by_name[name].flops == raw[name].flops > 0
+    assert by_name["norm_attn"].hbm_bytes == raw["norm_attn"].hbm_bytes > 0  # its own fusion

@@ -34,6 +34,14 @@ _SAVED_TENSORS = {Remat.NONE: 20.0, Remat.MINIMAL: 7.0, Remat.FULL: 1.0, Remat.O
 _DTYPE_BYTES = {"bf16": 2, "fp32": 4, "f32": 4, "int8": 1, "int4": 0.5, "fp8": 1}
 
 
+# Elementwise ops XLA fuses into an adjacent matmul (rotary into the QKV output, activations
+# between the MLP matmuls, residual adds into the following norm); norms, softmax over the
+# score matrix, the loss and the optimizer remain fusions of their own that stream through HBM.
+_FUSED = frozenset({
+    "rotary", "block_sum", "residual", "residual_attn", "residual_mlp", "mlp_act", "expert_act",
+    "rotary_bwd", "mlp_act_bwd",
+})
+
 # How XLA issues FSDP weight all-gathers (reference/xla.md): `async` start/done pairs prefetched
 # one layer ahead (MaxText's async-collective flags), `windowed` collective matmuls that overlap
 # the gather with the layer's own matmuls (v5e's windowed einsum: no prefetch), `blocking`
@@ -64,6 +72,7 @@ class TrainingConfig:
     optimizer_dtype: str = "fp32"
     overlap: bool = True
     fsdp_gather: str = "async"
+    fuse_elementwise: bool = True
     pipeline_schedule: str = "1f1b"
 
     def __post_init__(self) -> None:
@@ -201,6 +210,11 @@ class _Compiler:
                           phase=phase)
 
     def vpu(self, name, flops, nbytes, deps, layer, phase, **kw):
+        base = name.removeprefix("re-")
+        if self.cfg.fuse_elementwise and base in _FUSED:
+            # XLA fuses this elementwise op into the neighbouring matmul or norm fusion: its
+            # FLOPs stay on the VPU but its operands never make a separate trip through HBM.
+            nbytes = 0.0
         return self.b.add(name, kind=OpKind.COMPUTE, unit=Unit.VPU, flops=flops,
                           hbm_bytes=nbytes, deps=deps, layer=layer, phase=phase, **kw)
 
@@ -568,6 +582,7 @@ class _Compiler:
             "pipeline_schedule": cfg.pipeline_schedule,
             "overlap": cfg.overlap,
             "fsdp_gather": cfg.fsdp_gather,
+            "fuse_elementwise": cfg.fuse_elementwise,
             "params_per_chip": p_local,
             "static_hbm_bytes": static,
             "static_breakdown": {
