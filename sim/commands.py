@@ -22,6 +22,9 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
                    help="logical ICI mesh, e.g. fsdp=16,tensor=4 (data, fsdp, tensor, sequence, "
                         "expert, pipeline)")
     p.add_argument("--dcn", help="logical axes across slices, e.g. data=2")
+    p.add_argument("--axis-map",
+                   help="explicit placement, e.g. tensor=x,fsdp=y+z or tensor=x:4,fsdp=x:4+y+z "
+                        "(default: automatic, as jax's device meshes)")
     p.add_argument("--remat", default="full", help="none, minimal, full (default) or offload")
     p.add_argument("--attention", default="flash", help="flash (default) or dot")
     p.add_argument("--microbatches", type=int, default=1, help="gradient accumulation steps")
@@ -44,7 +47,7 @@ def _compile(args: argparse.Namespace, num_chips: int):
     from workloads.training import TrainingConfig, compile_training_step, parse_remat
 
     model = load_model(args.model)
-    mesh = parse_mesh(args.mesh, args.dcn)
+    mesh = parse_mesh(args.mesh, args.dcn, args.axis_map)
     cfg = TrainingConfig(
         seq_len=args.seq_len,
         batch_per_chip=args.batch_per_chip,

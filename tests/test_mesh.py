@@ -236,3 +236,55 @@ def test_all_permutations_of_a_3_axis_mesh_place_on_4x4x4():
         assert [pl[n].factors for n, _ in order] == [
             (("z", 4, 1),), (("y", 4, 1),), (("x", 4, 1),)
         ]
+
+
+# -- explicit placement (--axis-map) ---------------------------------------------------------
+
+
+def _v5p_444():
+    from topologies.torus import build_torus
+
+    return build_torus((4, 4, 4), True)
+
+
+def test_axis_map_places_axes_where_told():
+    from topologies.mesh import parse_mesh, place_mesh
+
+    pl = place_mesh(parse_mesh("fsdp=16,tensor=4", axis_map="tensor=y,fsdp=x+z"), _v5p_444())
+    assert pl["tensor"].factors == (("y", 4, 1),)
+    assert pl["fsdp"].factors == (("x", 4, 1), ("z", 4, 1))
+
+
+def test_axis_map_factors_of_one_axis_are_laid_out_inner_first():
+    from topologies.mesh import parse_mesh, place_mesh
+
+    pl = place_mesh(parse_mesh("fsdp=16,tensor=4", axis_map="tensor=x:2+y:2,fsdp=x+y+z"),
+                    _v5p_444())
+    assert pl["tensor"].factors == (("x", 2, 1), ("y", 2, 1))
+    assert pl["fsdp"].factors == (("x", 2, 2), ("y", 2, 2), ("z", 4, 1))
+
+
+def test_axis_map_survives_a_trace_round_trip():
+    from topologies.mesh import parse_mesh
+    from workloads.trace import Op, Trace
+
+    mesh = parse_mesh("fsdp=16,tensor=4", axis_map="tensor=y,fsdp=x+z")
+    t = Trace(mesh=mesh, ops=(Op(id=0, name="a"),))
+    assert Trace.from_json(t.to_json()).mesh == mesh
+
+
+@pytest.mark.parametrize("axis_map, match", [
+    ("tensor=x", "fsdp unplaced"),
+    ("tensor=x:2,fsdp=y+z", "gives tensor 2 chips"),
+    ("tensor=x:3,fsdp=y+z", "use a divisor"),
+    ("tensor=x,fsdp=y:2+z:2", "leaves part of axis y, z unused"),
+    ("tensor=q,fsdp=y+z", "not a physical axis"),
+    ("tensor=x,fsdp=y+z,data=x", "does not define"),
+    ("tensorx", "not name=axes"),
+])
+def test_bad_axis_maps_are_one_line_errors(axis_map, match):
+    from topologies.errors import TpusimError
+    from topologies.mesh import parse_mesh, place_mesh
+
+    with pytest.raises(TpusimError, match=match):
+        place_mesh(parse_mesh("fsdp=16,tensor=4", axis_map=axis_map), _v5p_444())

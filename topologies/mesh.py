@@ -25,6 +25,9 @@ class LogicalMesh:
 
     axes: tuple[tuple[str, int], ...]
     dcn_axes: tuple[tuple[str, int], ...] = ()
+    # Explicit placement (`--axis-map`): per logical axis, (physical axis, chips) factors in the
+    # order they are laid out; empty = automatic placement.
+    placement: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = ()
 
     def __post_init__(self) -> None:
         names = [n for n, _ in self.axes] + [n for n, _ in self.dcn_axes]
@@ -75,11 +78,54 @@ class LogicalMesh:
         return s
 
     def to_dict(self) -> dict:
-        return {"ici": dict(self.axes), "dcn": dict(self.dcn_axes)}
+        d: dict = {"ici": dict(self.axes), "dcn": dict(self.dcn_axes)}
+        if self.placement:
+            d["placement"] = {n: [[a, k] for a, k in fs] for n, fs in self.placement}
+        return d
 
 
-def parse_mesh(text: str | None, dcn_text: str | None = None) -> LogicalMesh:
-    """`"fsdp=16,tensor=4"` (and `--dcn data=2`) -> LogicalMesh."""
+def parse_axis_map(text: str | None) -> tuple[tuple[str, tuple[tuple[str, int], ...]], ...]:
+    """`"tensor=x,fsdp=y+z"` or `"tensor=x:4,fsdp=x:4+y+z"` -> explicit placement.
+
+    Each logical axis lists the physical axes it takes, joined by `+`; `x:4` takes 4 chips of x
+    (factors of one physical axis are laid out in the order written: the first is innermost).
+    A bare axis letter takes whatever is left of that axis."""
+    if not text:
+        return ()
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "=" not in part:
+            raise TpusimError(
+                f"--axis-map {text!r}: {part!r} is not name=axes; write e.g. tensor=x,fsdp=y+z"
+            )
+        name, spec = (p.strip() for p in part.split("=", 1))
+        factors = []
+        for f in spec.split("+"):
+            f = f.strip()
+            axis, _, size = f.partition(":")
+            if axis not in AXIS_NAMES:
+                raise TpusimError(
+                    f"--axis-map {text!r}: {f!r} is not a physical axis; use x, y or z "
+                    f"(optionally x:4 for 4 chips of x)"
+                )
+            try:
+                k = int(size) if size else 0
+            except ValueError:
+                raise TpusimError(f"--axis-map {text!r}: {f!r} has a non-integer size") from None
+            if size and k < 1:
+                raise TpusimError(f"--axis-map {text!r}: {f!r} must take at least 1 chip")
+            factors.append((axis, k))
+        out.append((name, tuple(factors)))
+    return tuple(out)
+
+
+def parse_mesh(
+    text: str | None, dcn_text: str | None = None, axis_map: str | None = None
+) -> LogicalMesh:
+    """`"fsdp=16,tensor=4"` (and `--dcn data=2`, `--axis-map tensor=x,fsdp=y+z`) -> mesh."""
 
     def parse(t: str | None, flag: str) -> tuple[tuple[str, int], ...]:
         if not t:
@@ -103,7 +149,8 @@ def parse_mesh(text: str | None, dcn_text: str | None = None) -> LogicalMesh:
             out.append((k.strip(), size))
         return tuple(out)
 
-    return LogicalMesh(axes=parse(text, "--mesh"), dcn_axes=parse(dcn_text, "--dcn"))
+    return LogicalMesh(axes=parse(text, "--mesh"), dcn_axes=parse(dcn_text, "--dcn"),
+                       placement=parse_axis_map(axis_map))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,10 +179,12 @@ def place_mesh(mesh: LogicalMesh, topology: Topology) -> dict[str, AxisPlacement
             f"--dcn axes multiply to {mesh.num_slices} but there are {topology.num_slices} "
             f"slice(s); make them equal (e.g. --slices {mesh.num_slices})"
         )
+    placements: dict[str, AxisPlacement] = {}
+    if mesh.placement:
+        placements = _explicit(mesh, topology)
     # Remaining capacity of each physical axis: (axis, next stride, remaining chips).
     remaining = [[AXIS_NAMES[i], 1, n] for i, n in enumerate(topology.shape)]
-    placements: dict[str, AxisPlacement] = {}
-    for name, size in reversed(mesh.axes):
+    for name, size in () if mesh.placement else reversed(mesh.axes):
         need = size
         factors = []
         for slot in remaining:
@@ -171,6 +220,59 @@ def place_mesh(mesh: LogicalMesh, topology: Topology) -> dict[str, AxisPlacement
         )
         stride *= size
     return placements
+
+
+def _explicit(mesh: LogicalMesh, topology: Topology) -> dict[str, AxisPlacement]:
+    sizes = dict(mesh.axes)
+    mapped = {n for n, _ in mesh.placement}
+    shape = dict(zip(AXIS_NAMES, topology.shape, strict=False))
+    unknown = sorted(mapped - set(sizes))
+    if unknown:
+        raise TpusimError(
+            f"--axis-map places {', '.join(unknown)}, which --mesh does not define; map only "
+            f"the mesh's axes ({', '.join(sizes)})"
+        )
+    missing = sorted(n for n, v in sizes.items() if v > 1 and n not in mapped)
+    if missing:
+        raise TpusimError(
+            f"--axis-map leaves mesh axis {', '.join(missing)} unplaced; give every mesh axis "
+            f"of size > 1 its physical axes"
+        )
+    used = {a: 1 for a in shape}
+    out: dict[str, AxisPlacement] = {}
+    for name, factors in mesh.placement:
+        got = []
+        for axis, k in factors:
+            if axis not in shape:
+                raise TpusimError(
+                    f"--axis-map puts {name} on axis {axis}, which the "
+                    f"{'x'.join(map(str, topology.shape))} torus does not have"
+                )
+            left = shape[axis] // used[axis]
+            take = k or left
+            if take > left or left % take:
+                raise TpusimError(
+                    f"--axis-map: {name} asks for {take} chips of {axis}, but {left} of its "
+                    f"{shape[axis]} are left; use a divisor of {left}"
+                )
+            got.append((axis, take, used[axis]))
+            used[axis] *= take
+        product = 1
+        for _a, k, _s in got:
+            product *= k
+        if product != sizes[name]:
+            raise TpusimError(
+                f"--axis-map gives {name} {product} chips but --mesh says {name}={sizes[name]}; "
+                f"make them equal"
+            )
+        out[name] = AxisPlacement(name=name, factors=tuple(got))
+    short = [a for a in shape if used[a] != shape[a]]
+    if short:
+        raise TpusimError(
+            f"--axis-map leaves part of axis {', '.join(short)} unused; every physical axis must "
+            f"be covered by the mesh"
+        )
+    return out
 
 
 def _largest_common_factor(a: int, b: int) -> int:

@@ -143,6 +143,10 @@ class Trace:
             mesh = LogicalMesh(
                 axes=tuple((str(k), int(v)) for k, v in mesh_d["ici"].items()),
                 dcn_axes=tuple((str(k), int(v)) for k, v in mesh_d["dcn"].items()),
+                placement=tuple(
+                    (str(n), tuple((str(a), int(k)) for a, k in fs))
+                    for n, fs in mesh_d.get("placement", {}).items()
+                ),
             )
             ops = []
             for r in doc["ops"]:
