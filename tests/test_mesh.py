@@ -277,7 +277,7 @@ def test_axis_map_survives_a_trace_round_trip():
     ("tensor=x", "fsdp unplaced"),
     ("tensor=x:2,fsdp=y+z", "gives tensor 2 chips"),
     ("tensor=x:3,fsdp=y+z", "use a divisor"),
-    ("tensor=x,fsdp=y:2+z:2", "leaves part of axis y, z unused"),
+    ("tensor=x,fsdp=y:2+z:2", "gives fsdp 4 chips"),
     ("tensor=q,fsdp=y+z", "not a physical axis"),
     ("tensor=x,fsdp=y+z,data=x", "does not define"),
     ("tensorx", "not name=axes"),
