@@ -24,7 +24,11 @@ def _add_inference_args(p: argparse.ArgumentParser, *, batch: bool = True,
     p.add_argument("--context-len", type=int, required=context_required,
                    help="tokens in each sequence's KV cache (prefill: default --prompt-len)")
     p.add_argument("--mesh", required=True,
-                   help="logical mesh over data, tensor, expert, e.g. tensor=8 or data=2,tensor=4")
+                   help="logical mesh over data, tensor, expert and fsdp, e.g. tensor=8 or "
+                        "data=2,tensor=4. fsdp=X,tensor=YZ selects 2D weight-stationary "
+                        "sharding (tpu.md §5): fsdp splits the weights' d_model (not a "
+                        "weight gather: the activations move) and the batch of attention/KV; "
+                        "the batch must be a multiple of data x fsdp (docs/inference.md)")
     p.add_argument("--dcn", help="logical axes across slices, e.g. data=2")
     p.add_argument("--weight-dtype", default="bf16", help="bf16 (default), fp8, int8 or int4")
     p.add_argument("--kv-dtype", default="bf16", help="bf16 (default), fp8, int8 or int4")
@@ -83,6 +87,7 @@ def decode_summary(trace, result, max_batch: int) -> dict[str, Any]:
         "weight_dtype": meta["weight_dtype"],
         "kv_dtype": meta["kv_dtype"],
         "matmul_dtype": meta["matmul_dtype"],
+        "sharding": meta.get("sharding", "1d"),
         "step_time_s": step,
         "tokens_per_s": meta["batch"] / step,
         "tokens_per_s_per_chip": meta["batch"] / step / result.num_chips,
@@ -120,7 +125,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
         cli._emit_json(s)
         return 0
     print(f"{s['model']} decode step on {s['topology']} {s['chip']} ({s['num_chips']} chips), "
-          f"batch {s['batch']}, context {s['context_len']}")
+          f"batch {s['batch']}, context {s['context_len']}, {s['sharding']} sharding")
     print(f"  step time        {s['step_time_s'] * 1e3:.3f} ms")
     print(f"  tokens/s/chip    {s['tokens_per_s_per_chip']:.1f}")
     print(f"  weights          {s['weights_bytes'] / 1e9:.2f} GB per chip "
@@ -151,7 +156,8 @@ def cmd_prefill(args: argparse.Namespace) -> int:
     s = {
         "model": meta["model"], "chip": result.chip, "topology": result.topology,
         "num_chips": result.num_chips, "batch": meta["batch"],
-        "prompt_len": meta["prompt_len"], "prefill_chunk": meta["prefill_chunk"],
+        "sharding": meta.get("sharding", "1d"), "prompt_len": meta["prompt_len"],
+        "prefill_chunk": meta["prefill_chunk"],
         "num_chunks": meta["num_chunks"], "time_s": t,
         "tokens_per_s_per_chip": tokens / t / result.num_chips,
         "weights_bytes": meta["weights_bytes"], "kv_cache_bytes": meta["kv_cache_bytes"],

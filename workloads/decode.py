@@ -1,6 +1,10 @@
 """Compile inference steps into SPMD `Trace`s: one decode (generate) step of a batch of sequences
 with a KV cache, and the prefill of their prompts (optionally chunked); plus the HBM plan that
 gives the largest batch that fits. Formulas follow `reference/tpu.md` §3 and §5.
+
+Two shardings: 1D (Megatron: `tensor` splits heads, d_ff and vocab) and, when the mesh has an
+`fsdp` axis, 2D weight-stationary (tpu.md §5): `fsdp=X` splits the weights' d_model dimension,
+`tensor=YZ` their heads/d_ff/vocab dimension, and the activations move instead of the weights.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ _KV_DTYPES = {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 # MXU formats the engine costs: bf16 peak or the int8 peak (`Op.dtype == "int8"`).
 _MATMUL_DTYPES = ("bf16", "int8")
 _ACT_BYTES = 2.0  # activations in bf16
-_DECODE_AXES = ("data", "tensor", "expert")
+_DECODE_AXES = ("data", "fsdp", "tensor", "expert")
 _SAMPLE_TOP_K = 64  # candidates per vocab shard for top-k / top-p sampling
 
 
@@ -87,8 +91,10 @@ class _Layout:
     tp: int
     dp: int
     ep: int
+    fs: int  # fsdp = X of 2D weight-stationary (1: 1D sharding)
     batch_shards: int  # data x expert
     local_batch: int  # sequences per chip for the projections (padded to the shards)
+    att_batch: int  # sequences per chip for attention (local_batch / fsdp)
     kv_split: int  # extra batch split of the KV cache when tensor > num_kv_heads
     kv_batch: int  # sequences whose KV cache one chip holds
     kv_heads: float  # KV heads in one chip's cache
@@ -106,6 +112,7 @@ def _layout(model: TransformerSpec, mesh: LogicalMesh, num_chips: int, batch: in
         raise TpusimError(f"mesh axis {other[0]} is not modelled for inference; use "
                           f"{', '.join(_DECODE_AXES)}")
     tp, dp, ep = mesh.size("tensor"), mesh.size("data"), mesh.size("expert")
+    fs = mesh.size("fsdp")
     if model.num_heads % tp:
         raise TpusimError(f"mesh axis tensor={tp} does not divide num_heads = {model.num_heads}; "
                           f"pick a tensor size that divides the head count")
@@ -123,14 +130,31 @@ def _layout(model: TransformerSpec, mesh: LogicalMesh, num_chips: int, batch: in
         if model.num_experts % ep:
             raise TpusimError(f"mesh axis expert={ep} does not divide num_experts = "
                               f"{model.num_experts}; pick a divisor")
+    if fs > 1:
+        # 2D weight-stationary (tpu.md §5): fsdp=X splits d_model of every weight matrix.
+        if model.is_moe:
+            raise TpusimError(f"mesh axis fsdp={fs} (2D weight-stationary) is modelled for dense "
+                              f"models only, but {model.name} is MoE; drop fsdp")
+        if model.d_model % fs:
+            raise TpusimError(f"mesh axis fsdp={fs} does not divide d_model = {model.d_model}; "
+                              f"pick an fsdp size that divides d_model")
+        if batch % (dp * fs):
+            raise TpusimError(f"batch {batch} cannot be split over data x fsdp = {dp * fs} (2D "
+                              f"weight-stationary reduce-scatters the batch over fsdp for "
+                              f"attention); use a batch that is a multiple of {dp * fs} or a "
+                              f"smaller fsdp")
     shards = dp * ep
     # SPMD pads the batch to a multiple of the shards: the busiest chip sets the step time.
     local = math.ceil(batch / shards)
+    # 2D weight-stationary: every chip of an fsdp x tensor group multiplies all `local` rows (its
+    # weights hold a d_model slice), but attention runs on local/fsdp sequences per chip, after
+    # the QKV projection's reduce-scatter over fsdp splits the batch.
+    att = local // fs
     # tpu.md §5 "KV sharding": heads over tensor, then the rest of tensor over batch.
     split = tp // K if tp > K else 1
-    return _Layout(tp=tp, dp=dp, ep=ep, batch_shards=shards, local_batch=local, kv_split=split,
-                   kv_batch=math.ceil(local / split), kv_heads=K / tp if tp <= K else 1.0,
-                   proj_kv_heads=max(K / tp, 1.0))
+    return _Layout(tp=tp, dp=dp, ep=ep, fs=fs, batch_shards=shards, local_batch=local,
+                   att_batch=att, kv_split=split, kv_batch=math.ceil(att / split),
+                   kv_heads=K / tp if tp <= K else 1.0, proj_kv_heads=max(K / tp, 1.0))
 
 
 def _weight_params_per_chip(model: TransformerSpec, lay: _Layout) -> tuple[float, float]:
@@ -146,7 +170,9 @@ def _weight_params_per_chip(model: TransformerSpec, lay: _Layout) -> tuple[float
                + D * m.num_experts)
     emb = m.num_embedding_params / tp
     weights = m.num_layers * att + m.num_dense_layers * dense + m.num_moe_layers * moe + emb
-    return weights, float(m.num_norm_params)
+    # 2D weight-stationary: fsdp splits d_model of every matrix (embeddings as [V_YZ, D_X]);
+    # norm scales stay replicated.
+    return weights / lay.fs, float(m.num_norm_params)
 
 
 def _activation_bytes(model: TransformerSpec, lay: _Layout, tokens: float,
@@ -155,7 +181,7 @@ def _activation_bytes(model: TransformerSpec, lay: _Layout, tokens: float,
     logits of `logit_rows` rows (the last token of each local sequence)."""
     m, a, tp = model, _ACT_BYTES, lay.tp
     F = m.expert_d_ff * m.experts_per_token if m.is_moe else m.d_ff
-    widest = max(4 * m.d_model, 2 * m.mlp.num_matrices * F / tp,
+    widest = max(4 * m.d_model / lay.fs, 2 * m.mlp.num_matrices * F / tp,
                  (m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tp * 2)
     return tokens * widest * a + logit_rows * math.ceil(m.vocab_size / tp) * 4
 
@@ -182,12 +208,16 @@ def max_batch_that_fits(model: TransformerSpec, mesh: LogicalMesh, num_chips: in
     """Largest global batch whose weights + KV cache + activations fit in `hbm_bytes` per chip.
 
     Returns 0 if not even one sequence fits. The plan is monotone in the batch, so this is a
-    binary search over `memory_plan` (no replay).
+    binary search over `memory_plan` (no replay). With fsdp (2D weight-stationary) the batch
+    must be a multiple of data x fsdp, so the search runs over those multiples.
     """
     import dataclasses
 
-    def fits(b: int) -> bool:
-        plan = memory_plan(model, mesh, num_chips, dataclasses.replace(cfg, batch=b))
+    fs = mesh.size("fsdp")
+    step = mesh.size("data") * fs if fs > 1 else 1
+
+    def fits(k: int) -> bool:
+        plan = memory_plan(model, mesh, num_chips, dataclasses.replace(cfg, batch=k * step))
         return plan["total_bytes"] <= hbm_bytes
 
     if not fits(1):
@@ -196,14 +226,14 @@ def max_batch_that_fits(model: TransformerSpec, mesh: LogicalMesh, num_chips: in
     while hi <= limit and fits(hi):
         lo, hi = hi, hi * 2
     if hi > limit:
-        return lo
+        return lo * step
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if fits(mid):
             lo = mid
         else:
             hi = mid
-    return lo
+    return lo * step
 
 
 class _InferenceCompiler:
@@ -241,6 +271,8 @@ class _InferenceCompiler:
     def layer(self, layer: int, dep: int, t: int, prev_ctx: int, phase: str) -> int:
         """One Transformer layer for `t` new tokens per sequence that attend to `prev_ctx`
         cached tokens plus (causally) themselves."""
+        if self.lay.fs > 1:
+            return self.layer_2d(layer, dep, t, prev_ctx, phase)
         m, lay, a, wb = self.m, self.lay, _ACT_BYTES, self.wb
         D, hd, H = m.d_model, m.head_dim, m.num_heads
         tp = lay.tp
@@ -276,6 +308,81 @@ class _InferenceCompiler:
         ar2 = self.coll("tp_allreduce_mlp", "all-reduce", ("tensor",), n * D * a, [mlp], layer,
                         phase)
         return self.vpu("residual_mlp", n * D, 3 * n * D * a, self._deps(mlp, res1, ar2), layer,
+                        phase)
+
+    def layer_2d(self, layer: int, dep: int, t: int, prev_ctx: int, phase: str) -> int:
+        """One layer with 2D weight-stationary sharding (tpu.md §5), X = fsdp, YZ = tensor.
+
+        Weights: W_qkv[D_X, heads_YZ], W_o[heads_YZ, D_X], W_in[D_X, F_YZ], W_out[F_YZ, D_X].
+        The residual stream lives as x[B, D_XYZ]. Per block:
+          x[B, D_X]          = AllGather_YZ(x[B, D_XYZ])           V = B·D/X·2
+          t[B, F_YZ]{U_X}    = x[B, D_X] ·_D W_in[D_X, F_YZ]
+          t[B_X, F_YZ]       = ReduceScatter_X(t)                   V = B·F/YZ·2 (per input matrix)
+          t[B, F_YZ]         = AllGather_X(act(t))                  V = B·F/YZ·2
+          o[B, D_X]{U_YZ}    = t ·_F W_out[F_YZ, D_X]
+          o[B, D_XYZ]        = ReduceScatter_YZ(o)                  V = B·D/X·2
+        With YZ over two torus axes (2W) and X over one (W) this is the book's
+        2BD/(X·W) + 4BF/(YZ·W). Attention takes the same path with QKV in place of W_in: the
+        reduce-scatter over X splits the batch, so each chip attends for B/X sequences of its
+        tensor heads and holds only their KV cache.
+        """
+        m, lay, a, wb = self.m, self.lay, _ACT_BYTES, self.wb
+        D, hd, H = m.d_model, m.head_dim, m.num_heads
+        tp, fs = lay.tp, lay.fs
+        n = lay.local_batch * t  # token rows every chip of the group multiplies
+        n_att = lay.att_batch * t  # rows per chip after the batch reduce-scatter over fsdp
+        dx = D / fs  # the d_model slice of this chip's weights
+        dres = dx / tp  # the residual slice this chip owns
+        h_loc, kp = H / tp, lay.proj_kv_heads
+        qkv_w = (h_loc + 2 * kp) * hd
+        d = self._deps
+        # -- attention block --------------------------------------------------------------
+        norm = self.vpu("norm_attn", 5 * n * dres, 2 * n * dres * a, [dep], layer, phase)
+        ag1 = self.coll("ws_allgather_x_attn", "all-gather", ("tensor",), n * dx * a, [norm],
+                        layer, phase)
+        qkv = self.mm("qkv_proj", 2 * n * dx * qkv_w, dx * qkv_w * wb,
+                      n * dx * a + n * qkv_w * a, d(norm, ag1), layer, phase)
+        rs_qkv = self.coll("ws_reducescatter_qkv", "reduce-scatter", ("fsdp",), n * qkv_w * a,
+                           [qkv], layer, phase)
+        rope = self.vpu("rotary", 6 * n_att * (h_loc + kp) * hd, 2 * n_att * (h_loc + kp) * hd * a,
+                        d(qkv, rs_qkv), layer, phase)
+        att_in = [rope]
+        if lay.kv_split > 1:
+            q2a = self.coll("kv_batch_alltoall_q", "all-to-all", ("tensor",),
+                            n_att * H * hd * a, [rope], layer, phase)
+            att_in = d(rope, q2a)
+        att = self.attention(layer, att_in, t, prev_ctx, phase)
+        if lay.kv_split > 1:
+            o2a = self.coll("kv_batch_alltoall_out", "all-to-all", ("tensor",),
+                            n_att * H * hd * a, [att], layer, phase)
+            att = o2a if o2a is not None else att
+        ag_o = self.coll("ws_allgather_attn_out", "all-gather", ("fsdp",), n * h_loc * hd * a,
+                         [att], layer, phase)
+        out = self.mm("out_proj", 2 * n * h_loc * hd * dx, h_loc * hd * dx * wb,
+                      n * h_loc * hd * a + n * dx * a, d(att, ag_o), layer, phase)
+        rs1 = self.coll("ws_reducescatter_x_attn", "reduce-scatter", ("tensor",), n * dx * a,
+                        [out], layer, phase)
+        res1 = self.vpu("residual_attn", n * dres, 3 * n * dres * a, d(out, rs1), layer, phase)
+        # -- MLP block ----------------------------------------------------------------------
+        F, mats = m.d_ff, m.mlp.num_matrices
+        f_loc = F / tp
+        norm2 = self.vpu("norm_mlp", 5 * n * dres, 2 * n * dres * a, [res1], layer, phase)
+        ag2 = self.coll("ws_allgather_x_mlp", "all-gather", ("tensor",), n * dx * a, [norm2],
+                        layer, phase)
+        h = self.mm("mlp_in", 2 * n * dx * f_loc * (mats - 1), (mats - 1) * dx * f_loc * wb,
+                    n * dx * a + n * f_loc * (mats - 1) * a, d(norm2, ag2), layer, phase)
+        # Gated MLPs reduce both the gate and the up projection before the nonlinearity.
+        rs_h = self.coll("ws_reducescatter_h", "reduce-scatter", ("fsdp",),
+                         n * f_loc * (mats - 1) * a, [h], layer, phase)
+        act = self.vpu("mlp_act", 8 * n_att * f_loc, n_att * f_loc * mats * a, d(h, rs_h),
+                       layer, phase)
+        ag_h = self.coll("ws_allgather_h", "all-gather", ("fsdp",), n * f_loc * a, [act], layer,
+                         phase)
+        o = self.mm("mlp_out", 2 * n * f_loc * dx, f_loc * dx * wb, n * f_loc * a + n * dx * a,
+                    d(act, ag_h), layer, phase)
+        rs2 = self.coll("ws_reducescatter_x_mlp", "reduce-scatter", ("tensor",), n * dx * a,
+                        [o], layer, phase)
+        return self.vpu("residual_mlp", n * dres, 3 * n * dres * a, d(o, res1, rs2), layer,
                         phase)
 
     def attention(self, layer: int, deps: list[int], t: int, prev_ctx: int, phase: str) -> int:
@@ -336,7 +443,8 @@ class _InferenceCompiler:
 
     # -- embedding and the output projection -----------------------------------------------
     def embed(self, dep: int | None, n: float, phase: str, alloc: float) -> int:
-        D = self.m.d_model
+        # 2D weight-stationary keeps the residual as x[B, D_XYZ]: each chip looks up its slice.
+        D = self.m.d_model / (self.lay.fs * self.lay.tp) if self.lay.fs > 1 else self.m.d_model
         return self.vpu("embed_lookup", 0.0, n * D * (self.wb + _ACT_BYTES),
                         [dep] if dep is not None else [], -1, phase, alloc_bytes=alloc)
 
@@ -345,10 +453,27 @@ class _InferenceCompiler:
         m, lay, a = self.m, self.lay, _ACT_BYTES
         n, D, tp = lay.local_batch, m.d_model, lay.tp
         v_loc = math.ceil(m.vocab_size / tp)
-        norm = self.vpu("final_norm", 5 * n * D, 2 * n * D * a, [dep], -1, phase)
-        logits = self.mm("logits", 2 * n * D * v_loc, v_loc * D * self.wb,
-                         n * D * a + n * v_loc * 4, [norm], -1, phase)
-        local = self.vpu("sample_local_topk", 5 * n * v_loc, n * v_loc * 4, [logits], -1, phase)
+        if lay.fs > 1:
+            # 2D weight-stationary: W_unembed[D_X, V_YZ]. Gather x[B, D_X] over tensor, then
+            # reduce-scatter the partial fp32 logits over fsdp (batch split); each chip samples
+            # B/X sequences. Broadcasting the sampled token ids back is a few bytes, neglected.
+            dx = D / lay.fs
+            norm = self.vpu("final_norm", 5 * n * dx / tp, 2 * n * dx / tp * a, [dep], -1, phase)
+            ag = self.coll("ws_allgather_x_head", "all-gather", ("tensor",), n * dx * a, [norm],
+                           -1, phase)
+            logits = self.mm("logits", 2 * n * dx * v_loc, v_loc * dx * self.wb,
+                             n * dx * a + n * v_loc * 4, self._deps(norm, ag), -1, phase)
+            rs = self.coll("ws_reducescatter_logits", "reduce-scatter", ("fsdp",),
+                           n * v_loc * 4, [logits], -1, phase)
+            logit_deps = self._deps(logits, rs)
+            n = lay.att_batch
+        else:
+            norm = self.vpu("final_norm", 5 * n * D, 2 * n * D * a, [dep], -1, phase)
+            logits = self.mm("logits", 2 * n * D * v_loc, v_loc * D * self.wb,
+                             n * D * a + n * v_loc * 4, [norm], -1, phase)
+            logit_deps = [logits]
+        local = self.vpu("sample_local_topk", 5 * n * v_loc, n * v_loc * 4, logit_deps, -1,
+                         phase)
         # Each vocab shard proposes its top-k (fp32 value, int32 index) candidates and they are
         # all-gathered; every chip then samples the same token from the merged candidates.
         ar = self.coll("tp_sample_topk_allgather", "all-gather", ("tensor",),
@@ -372,6 +497,8 @@ class _InferenceCompiler:
             "kv_dtype": cfg.kv_dtype,
             "matmul_dtype": cfg.matmul_dtype,
             "local_batch": lay.local_batch,
+            # "2d-weight-stationary" when the mesh has fsdp (tpu.md §5), else "1d".
+            "sharding": "2d-weight-stationary" if lay.fs > 1 else "1d",
             "kv_batch_split": lay.kv_split,
             # Per chip (the busiest chip when the batch does not divide evenly).
             "weights_bytes": plan["weights_bytes"],
@@ -392,7 +519,8 @@ def compile_decode_step(model: TransformerSpec, mesh: LogicalMesh, num_chips: in
 
     Args:
         model: the Transformer.
-        mesh: logical mesh over `data`, `tensor` (heads, d_ff, vocab, KV heads) and `expert`.
+        mesh: logical mesh over `data`, `tensor` (heads, d_ff, vocab, KV heads), `expert`, and
+            `fsdp` (2D weight-stationary: splits the weights' d_model; see `layer_2d`).
         num_chips: chips in the pod (must equal the mesh size).
         cfg: batch, context length and dtypes.
     """
