@@ -116,10 +116,15 @@ def test_bidi_bandwidth_is_twice_one_way_and_hop_latency_is_one_microsecond(name
 
 @pytest.mark.parametrize("name", sorted(BOOK_TABLE))
 def test_presets_start_at_the_textbook_roofline(name):
+    """Only the MXU fraction of v5e and v6e is fitted (to measured MaxText runs,
+    docs/validation.md); everything else is the textbook's roofline."""
     chip = get_chip(name)
-    for f in ("mxu_efficiency", "vpu_efficiency", "hbm_efficiency", "ici_efficiency",
-              "dcn_efficiency"):
+    for f in ("vpu_efficiency", "hbm_efficiency", "ici_efficiency", "dcn_efficiency"):
         assert getattr(chip, f) == 1.0
+    if name in ("v5e", "v6e"):
+        assert 0.5 <= chip.mxu_efficiency < 1.0
+    else:
+        assert chip.mxu_efficiency == 1.0
 
 
 def test_links_per_chip_follow_torus_dimension():
