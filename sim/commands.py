@@ -36,6 +36,12 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
                    help="collectives block compute (what-if: no async overlap)")
     p.add_argument("--no-fusion", action="store_true",
                    help="charge every elementwise op its own HBM round trip (no XLA fusion)")
+    p.add_argument("--tp-activations", default="sharded",
+                   help="activations between sublayers: sharded over tensor (MaxText; all-gather "
+                        "+ reduce-scatter, default) or replicated (Megatron; all-reduce)")
+    p.add_argument("--tp-comm", default="blocking",
+                   help="tensor-parallel collectives: blocking (XLA's default) or "
+                        "collective-matmul (overlapped with the adjacent matmul)")
     p.add_argument("--fsdp-gather", default="async",
                    help="FSDP weight gathers: async (prefetched, default), windowed (collective "
                         "matmul, v5e's XLA default) or blocking (v5p's XLA default)")
@@ -60,6 +66,8 @@ def _compile(args: argparse.Namespace, num_chips: int):
         overlap=not args.no_overlap,
         fsdp_gather=args.fsdp_gather,
         fuse_elementwise=not args.no_fusion,
+        tp_activations=args.tp_activations,
+        tp_comm=args.tp_comm,
         pipeline_schedule=args.pipeline_schedule,
     )
     return compile_training_step(model, mesh, num_chips, cfg)

@@ -73,6 +73,8 @@ class TrainingConfig:
     overlap: bool = True
     fsdp_gather: str = "async"
     fuse_elementwise: bool = True
+    tp_activations: str = "sharded"
+    tp_comm: str = "blocking"
     pipeline_schedule: str = "1f1b"
 
     def __post_init__(self) -> None:
@@ -91,6 +93,14 @@ class TrainingConfig:
             raise TpusimError(
                 f"--fsdp-gather {self.fsdp_gather!r} is not a mode; use one of: "
                 f"{', '.join(FSDP_GATHER_MODES)}"
+            )
+        if self.tp_activations not in ("sharded", "replicated"):
+            raise TpusimError(
+                f"--tp-activations {self.tp_activations!r} must be sharded or replicated"
+            )
+        if self.tp_comm not in ("blocking", "collective-matmul"):
+            raise TpusimError(
+                f"--tp-comm {self.tp_comm!r} must be blocking or collective-matmul"
             )
         if self.pipeline_schedule not in ("gpipe", "1f1b"):
             raise TpusimError(
@@ -225,6 +235,43 @@ class _Compiler:
         return self.b.add(name, kind=OpKind.COLLECTIVE, collective=kind, mesh_axes=axes,
                           bytes=float(nbytes), deps=deps, layer=layer, phase=phase, **kw)
 
+    # -- tensor parallelism ------------------------------------------------------------------
+    # Activations between sublayers are either replicated over `tensor` (Megatron; XLA then
+    # all-reduces each sublayer's output, reference/xla.md) or sharded over it (MaxText's
+    # activation sharding: an all-gather before each sublayer's first matmul and a reduce-scatter
+    # after its last, the same bytes on the wire, 1/tp of the norms and saved activations).
+    # `collective-matmul` overlaps those collectives with the adjacent matmul (Wang et al.).
+    @property
+    def tp_sharded(self) -> bool:
+        return self.cfg.tp_activations == "sharded" and self.d.tp > 1
+
+    @property
+    def tp_overlap(self) -> bool:
+        return self.cfg.tp_comm == "collective-matmul"
+
+    def rows(self) -> float:
+        """Rows of the residual stream each chip holds (norms, residual adds, saved inputs)."""
+        return self.d.n / self.d.tp if self.tp_sharded else self.d.n
+
+    def tp_enter(self, tag, name, dep, layer, phase) -> tuple[list[int], list[int]]:
+        """Before a sublayer's first matmul: (deps for the matmul, deps for its consumer)."""
+        if not self.tp_sharded:
+            return [], []
+        ag = self.coll(f"{tag}tp_allgather_{name}", "all-gather", ("tensor",),
+                       self.d.n * self.m.d_model * self.act, [dep], layer, phase)
+        if ag is None:
+            return [], []
+        return ([], [ag]) if self.tp_overlap else ([ag], [])
+
+    def tp_exit(self, tag, name, mm_id, mm_input, layer, phase) -> list[int]:
+        """After a sublayer's last matmul: deps for the residual that consumes its output."""
+        kind = "reduce-scatter" if self.tp_sharded else "all-reduce"
+        short = "reducescatter" if self.tp_sharded else "allreduce"
+        start = [mm_input] if self.tp_overlap else [mm_id]
+        c = self.coll(f"{tag}tp_{short}_{name}", kind, ("tensor",),
+                      self.d.n * self.m.d_model * self.act, start, layer, phase)
+        return [mm_id] + ([c] if c is not None else [])
+
     # -- per-layer shapes -------------------------------------------------------------------
     def layer_weight_bytes(self, moe: bool) -> float:
         """bf16 matmul weights one tensor shard gathers for a layer (V of the FSDP gather)."""
@@ -252,34 +299,34 @@ class _Compiler:
         wdeps = [gather] if gather is not None else []
         tag = "re-" if recompute else ""
         x = deps
-        norm = self.vpu(f"{tag}norm_attn", 5 * n * D, 2 * n * D * a, x, layer, phase)
+        r = self.rows()
+        norm = self.vpu(f"{tag}norm_attn", 5 * r * D, 2 * r * D * a, x, layer, phase)
+        mm_deps, after = self.tp_enter(tag, "attn", norm, layer, phase)
         qkv_w = D * (H + 2 * K) * hd / tp
         qkv = self.mm(f"{tag}qkv_proj", 2 * n * D * (h_loc + 2 * k_loc) * hd, qkv_w * self.wb,
-                      n * D * a, n * (h_loc + 2 * k_loc) * hd * a, [norm] + wdeps, layer, phase)
+                      n * D * a, n * (h_loc + 2 * k_loc) * hd * a, [norm] + wdeps + mm_deps,
+                      layer, phase)
         rope = self.vpu(f"{tag}rotary", 6 * n * (h_loc + k_loc) * hd,
-                        2 * n * (h_loc + k_loc) * hd * a, [qkv], layer, phase)
+                        2 * n * (h_loc + k_loc) * hd * a, [qkv] + after, layer, phase)
         att = self.attention_forward(layer, rope, phase, tag)
         out = self.mm(f"{tag}out_proj", 2 * n * h_loc * hd * D, H * hd * D / tp * self.wb,
                       n * h_loc * hd * a, n * D * a, [att] + wdeps, layer, phase)
         if m.parallel_block:
-            mlp_out = self.mlp_forward(layer, norm, wdeps, phase, tag)
+            mlp_out = self.mlp_forward(layer, norm, wdeps, phase, tag, after)
             summed = self.vpu(f"{tag}block_sum", n * D, 3 * n * D * a, [out, mlp_out], layer,
                               phase)
-            ar = self.coll(f"{tag}tp_allreduce", "all-reduce", ("tensor",), n * D * a,
-                           [summed], layer, phase)
-            res = self.vpu(f"{tag}residual", n * D, 3 * n * D * a,
-                           [summed] + ([ar] if ar is not None else []), layer, phase)
-            return res
-        ar1 = self.coll(f"{tag}tp_allreduce_attn", "all-reduce", ("tensor",), n * D * a,
-                        [out], layer, phase)
-        res1 = self.vpu(f"{tag}residual_attn", n * D, 3 * n * D * a,
-                        [out] + ([ar1] if ar1 is not None else []), layer, phase)
-        norm2 = self.vpu(f"{tag}norm_mlp", 5 * n * D, 2 * n * D * a, [res1], layer, phase)
-        mlp_out = self.mlp_forward(layer, norm2, wdeps, phase, tag)
-        ar2 = self.coll(f"{tag}tp_allreduce_mlp", "all-reduce", ("tensor",), n * D * a,
-                        [mlp_out], layer, phase)
-        return self.vpu(f"{tag}residual_mlp", n * D, 3 * n * D * a,
-                        [mlp_out, res1] + ([ar2] if ar2 is not None else []), layer, phase)
+            exit_deps = self.tp_exit(tag, "block", summed, att, layer, phase)
+            return self.vpu(f"{tag}residual", r * D, 3 * r * D * a, exit_deps + list(x), layer,
+                            phase)
+        exit1 = self.tp_exit(tag, "attn", out, att, layer, phase)
+        res1 = self.vpu(f"{tag}residual_attn", r * D, 3 * r * D * a, exit1 + list(x), layer,
+                        phase)
+        norm2 = self.vpu(f"{tag}norm_mlp", 5 * r * D, 2 * r * D * a, [res1], layer, phase)
+        mm_deps2, after2 = self.tp_enter(tag, "mlp", norm2, layer, phase)
+        mlp_out = self.mlp_forward(layer, norm2, wdeps + mm_deps2, phase, tag, after2)
+        exit2 = self.tp_exit(tag, "mlp", mlp_out, norm2, layer, phase)
+        return self.vpu(f"{tag}residual_mlp", r * D, 3 * r * D * a, exit2 + [res1], layer,
+                        phase)
 
     def attention_forward(self, layer, dep, phase, tag):
         m, d, a = self.m, self.d, self.act
@@ -307,7 +354,7 @@ class _Compiler:
         return self.mm(f"{tag}attn_values", 2 * n * ctx * h_loc * hd, 0.0,
                        scores * a + kv_bytes, n * h_loc * hd * a, [sm], layer, phase)
 
-    def mlp_forward(self, layer, dep, wdeps, phase, tag):
+    def mlp_forward(self, layer, dep, wdeps, phase, tag, after=()):
         m, d, a = self.m, self.d, self.act
         n, D, tp = d.n, m.d_model, d.tp
         mats = m.mlp.num_matrices
@@ -324,8 +371,8 @@ class _Compiler:
                         w_bytes * (mats - 1) / mats, n * k * D * a,
                         n * k * F * (mats - 1) / tp * a, x + wdeps, layer, phase)
             act = self.vpu(f"{tag}expert_act", 8 * n * k * F / tp,
-                           n * k * F * (mats - 1) / tp * a + n * k * F / tp * a, [h], layer,
-                           phase)
+                           n * k * F * (mats - 1) / tp * a + n * k * F / tp * a, [h, *after],
+                           layer, phase)
             o = self.mm(f"{tag}expert_out", 2 * n * k * F * D / tp, w_bytes / mats,
                         n * k * F / tp * a, n * k * D * a, [act] + wdeps, layer, phase)
             comb = self.coll(f"{tag}ep_combine", "all-to-all", ("expert",),
@@ -344,7 +391,7 @@ class _Compiler:
                     (mats - 1) * D * F / tp * self.wb, n * D * a, n * F * (mats - 1) / tp * a,
                     [dep] + wdeps, layer, phase)
         act = self.vpu(f"{tag}mlp_act", 8 * n * F / tp,
-                       n * F * (mats - 1) / tp * a + n * F / tp * a, [h], layer, phase)
+                       n * F * (mats - 1) / tp * a + n * F / tp * a, [h, *after], layer, phase)
         return self.mm(f"{tag}mlp_out", 2 * n * F * D / tp, D * F / tp * self.wb, n * F / tp * a,
                        n * D * a, [act] + wdeps, layer, phase)
 
@@ -356,10 +403,10 @@ class _Compiler:
         overlap = cfg.overlap
         prefetch = overlap and cfg.fsdp_gather == "async"
         windowed = overlap and cfg.fsdp_gather == "windowed"
-        saved_per_layer = _SAVED_TENSORS[cfg.remat] * n * D * a
+        saved_per_layer = _SAVED_TENSORS[cfg.remat] * self.rows() * D * a
         if cfg.attention == "dot" and cfg.remat == Remat.NONE:
             saved_per_layer += n * d.ctx * m.num_heads / d.tp * a  # the probabilities
-        offload_bytes = _SAVED_TENSORS[Remat.MINIMAL] * n * D * a
+        offload_bytes = _SAVED_TENSORS[Remat.MINIMAL] * self.rows() * D * a
         emb_w = V * D / d.tp * self.wb  # one vocabulary matrix (the output projection)
         # Untied models also gather and reduce the input embedding table.
         emb_all = emb_w * (1 if m.tied_embeddings else 2)
@@ -508,41 +555,57 @@ class _Compiler:
                              n * m.experts_per_token * D * a * d.ep, deps, layer, "bwd")
             if comb is not None:
                 deps = list(deps) + [comb]
+        r = self.rows()
+        first = deps[-1]
+        mm_deps, after = self.tp_enter("", "mlp_bwd", first, layer, "bwd")
         dmlp = self.mm("mlp_bwd", 2 * fwd_mlp, 2 * w_mlp, 3 * n * F * mats / tp * a, n * D * a,
-                       deps + wd, layer, "bwd")
-        dact = self.vpu("mlp_act_bwd", 16 * n * F / tp, 3 * n * F / tp * a, [dmlp], layer, "bwd")
+                       list(deps) + wd + mm_deps, layer, "bwd")
+        dact = self.vpu("mlp_act_bwd", 16 * n * F / tp, 3 * n * F / tp * a, [dmlp, *after], layer,
+                        "bwd")
         ar1 = None
         if self.layer_is_moe(layer):
             # Transpose of the forward's dispatch all-to-all, after the experts' backward.
             ar1 = self.coll("ep_dispatch_bwd", "all-to-all", ("expert",),
                             n * m.experts_per_token * D * a * d.ep, [dact], layer, "bwd")
-        ar_mlp = self.coll("tp_allreduce_mlp_bwd", "all-reduce", ("tensor",), n * D * a,
-                           [dact], layer, "bwd")
-        nrm = self.vpu("norm_mlp_bwd", 10 * n * D, 4 * n * D * a,
-                       [dact] + [x for x in (ar1, ar_mlp) if x is not None], layer, "bwd")
+        if m.parallel_block:
+            # Both branches read the same normed input: their input gradients are summed and
+            # reduced over `tensor` once, after the attention branch.
+            mlp_exit = [dact]
+        else:
+            mlp_exit = self.tp_exit("", "mlp_bwd", dact, first, layer, "bwd")
+        nrm = self.vpu("norm_mlp_bwd", 10 * r * D, 4 * r * D * a,
+                       mlp_exit + [x for x in (ar1,) if x is not None], layer, "bwd")
         att_fwd_flops = 4 * n * d.ctx * h_loc * hd * (0.5 if self.cfg.attention == "flash" else 1)
         att_factor = 2.5 if self.cfg.attention == "flash" else 2.0  # flash recomputes scores
         w_att = m.attention_params_per_layer / tp * self.wb
         proj_flops = 2 * n * D * (2 * h_loc + 2 * k_loc) * hd
+        if m.parallel_block:
+            att_in, mm_deps2, after2 = first, mm_deps, after
+        else:
+            att_in = nrm
+            mm_deps2, after2 = self.tp_enter("", "attn_bwd", nrm, layer, "bwd")
         dproj = self.mm("attn_proj_bwd", 2 * proj_flops, 2 * w_att,
-                        3 * n * (h_loc + 2 * k_loc) * hd * a, n * D * a, [nrm] + wd, layer, "bwd")
+                        3 * n * (h_loc + 2 * k_loc) * hd * a, n * D * a,
+                        [nrm] + wd + mm_deps2, layer, "bwd")
         kv_bytes = n * d.sp / d.ctx * d.ctx * k_loc * hd * a  # K or V of the local sequences
         if self.cfg.attention == "flash":
             # Reads Q, O, dO and K, V; writes dQ, dK, dV.
             datt = self.mm("flash_attention_bwd", att_factor * att_fwd_flops, 0.0,
-                           4 * n * h_loc * hd * a + 4 * kv_bytes, 0.0, [dproj], layer, "bwd")
+                           4 * n * h_loc * hd * a + 4 * kv_bytes, 0.0, [dproj, *after2], layer,
+                           "bwd")
         else:
             scores = n * d.ctx * h_loc
             datt_m = self.mm("attn_bwd", att_factor * att_fwd_flops, 0.0,
                              3 * scores * a + 2 * kv_bytes,
-                             2 * n * h_loc * hd * a + 2 * kv_bytes, [dproj], layer, "bwd")
+                             2 * n * h_loc * hd * a + 2 * kv_bytes, [dproj, *after2], layer,
+                             "bwd")
             datt = self.vpu("softmax_bwd", 6 * scores, 3 * scores * a, [datt_m], layer, "bwd")
         rope = self.vpu("rotary_bwd", 6 * n * (h_loc + k_loc) * hd,
                         2 * n * (h_loc + k_loc) * hd * a, [datt], layer, "bwd")
-        ar_att = self.coll("tp_allreduce_attn_bwd", "all-reduce", ("tensor",), n * D * a,
-                           [rope], layer, "bwd")
-        return self.vpu("norm_attn_bwd", 10 * n * D, 4 * n * D * a,
-                        [rope] + ([ar_att] if ar_att is not None else []), layer, "bwd")
+        att_exit = self.tp_exit("", "block_bwd" if m.parallel_block else "attn_bwd", rope, att_in,
+                                layer, "bwd")
+        return self.vpu("norm_attn_bwd", 10 * r * D, 4 * r * D * a, att_exit + [dact], layer,
+                        "bwd")
 
     def local_params(self) -> float:
         m, d = self.m, self.d
@@ -583,6 +646,8 @@ class _Compiler:
             "overlap": cfg.overlap,
             "fsdp_gather": cfg.fsdp_gather,
             "fuse_elementwise": cfg.fuse_elementwise,
+            "tp_activations": cfg.tp_activations,
+            "tp_comm": cfg.tp_comm,
             "params_per_chip": p_local,
             "static_hbm_bytes": static,
             "static_breakdown": {
