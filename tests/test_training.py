@@ -606,3 +606,44 @@ def test_fused_elementwise_ops_carry_no_hbm_bytes_but_keep_their_flops():
         assert by_name[name].hbm_bytes == 0 and raw[name].hbm_bytes > 0
         assert by_name[name].flops == raw[name].flops > 0
     assert by_name["norm_attn"].hbm_bytes == raw["norm_attn"].hbm_bytes > 0  # its own fusion
+
+
+# -- tensor-parallel activation layouts -----------------------------------------------------
+
+
+def _tp_ops(trace):
+    return [o for o in trace.ops if o.kind == OpKind.COLLECTIVE and o.mesh_axes == ("tensor",)]
+
+
+def test_sharded_tp_activations_move_the_same_bytes_as_replicated_all_reduces():
+    sharded, _ = _step("fsdp=2,tensor=2", "2x2", tp_activations="sharded")
+    replicated, _ = _step("fsdp=2,tensor=2", "2x2", tp_activations="replicated")
+    s_kinds = {o.collective for o in _tp_ops(sharded) if o.layer >= 0}
+    r_kinds = {o.collective for o in _tp_ops(replicated) if o.layer >= 0}
+    assert s_kinds == {"all-gather", "reduce-scatter"} and r_kinds == {"all-reduce"}
+    # An all-reduce is a reduce-scatter plus an all-gather of the same V.
+    s_bytes = sum(o.bytes for o in _tp_ops(sharded) if o.layer >= 0)
+    r_bytes = sum(o.bytes for o in _tp_ops(replicated) if o.layer >= 0)
+    assert s_bytes == pytest.approx(2 * r_bytes)
+
+
+def test_sharded_tp_activations_divide_saved_activations_by_tensor():
+    sharded, _ = _step("fsdp=1,tensor=4", "2x2", tp_activations="sharded")
+    replicated, _ = _step("fsdp=1,tensor=4", "2x2", tp_activations="replicated")
+    assert sharded.meta["activation_bytes_estimate"] == pytest.approx(
+        replicated.meta["activation_bytes_estimate"] / 4)
+
+
+def test_collective_matmul_overlaps_tp_collectives_and_is_never_slower():
+    trace, blocking = _step("fsdp=1,tensor=4", "2x2", model=MID, batch_per_chip=4)
+    tr2, overlapped = _step("fsdp=1,tensor=4", "2x2", model=MID, batch_per_chip=4,
+                            tp_comm="collective-matmul")
+    assert overlapped.step_time_s <= blocking.step_time_s
+    assert overlapped.breakdown["exposed_comm_s"] < blocking.breakdown["exposed_comm_s"]
+    ops = overlapped.ops.set_index("op_id")
+    by_id = {o.id: o for o in tr2.ops}
+    rs = next(o for o in tr2.ops if o.name == "tp_reducescatter_attn")
+    out = next(o for o in tr2.ops if o.name == "out_proj" and o.layer == rs.layer)
+    # The reduce-scatter starts with the out-projection, not after it.
+    assert ops.loc[rs.id, "start_s"] < ops.loc[out.id, "end_s"]
+    assert by_id[rs.id].deps != (out.id,)
