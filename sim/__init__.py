@@ -1,0 +1,21 @@
+"""tpusim's engine: chips, the ICI/DCN network, collectives, trace replay, exporters and the CLI.
+
+The main entry points, importable from `sim` directly:
+`simulate_collective` (one collective on a pod), `replay` (an SPMD trace on a pod),
+`get_chip`/`load_chip` (chip presets or YAML).
+"""
+
+from sim.collective_sim import CollectiveResult, simulate_collective
+from sim.engine import StepResult, replay
+from sim.hardware import CHIPS, ChipSpec, get_chip, load_chip
+
+__all__ = [
+    "CHIPS",
+    "ChipSpec",
+    "CollectiveResult",
+    "StepResult",
+    "get_chip",
+    "load_chip",
+    "replay",
+    "simulate_collective",
+]

@@ -84,6 +84,7 @@ class StepResult:
     _topology: Topology | None = field(default=None, repr=False)
     _coll_axes: dict[int, tuple[GroupAxis, ...]] = field(default_factory=dict, repr=False)
     _coll_classes: dict[int, dict[str, float]] = field(default_factory=dict, repr=False)
+    _coll_algorithm: dict[int, str] = field(default_factory=dict, repr=False)
     _class_capacity: dict[str, float] = field(default_factory=dict, repr=False)
 
     @property
@@ -206,6 +207,7 @@ def replay(
     coll_batch: dict[int, Batch] = {}
     coll_axes: dict[int, tuple[GroupAxis, ...]] = {}
     coll_classes: dict[int, dict[str, float]] = {}
+    coll_algo: dict[int, str] = {}
     hbm_idx = NUM_CLASSES  # HBM bandwidth is one more fluid resource, after the link classes
     from sim.progress import progress
 
@@ -232,6 +234,7 @@ def replay(
                                              algorithm)
             c = costs[key]
             coll_axes[op.id] = gaxes
+            coll_algo[op.id] = c.algorithm
             coll_classes[op.id] = {CLASS_NAMES[int(i)]: float(c.class_bytes[i])
                                    for i in np.flatnonzero(c.class_bytes > 0)}
             dur[op.id] = c.time_s
@@ -336,6 +339,7 @@ def replay(
     res._topology = topology
     res._coll_axes = coll_axes
     res._coll_classes = coll_classes
+    res._coll_algorithm = coll_algo
     res._class_capacity = {CLASS_NAMES[i]: float(lm.class_capacity_bytes_per_s[i])
                            for i in range(NUM_CLASSES)}
     return res

@@ -3,10 +3,11 @@ or Chrome Trace Event JSON (`.json`, for older viewers).
 
 Layout of a step: one process per exported chip (or per host, chips as track groups, when more
 than `MAX_CHIP_PROCESSES` chips are exported), each with a track per unit (MXU, VPU), lanes of
-collectives (the DMA work between HBM and ICI), one lane set per outgoing ICI link direction
-(the collectives using that direction), PCIe host transfers, pipeline idle time, and counter
-tracks for HBM occupancy and for each link direction's utilization. Slices carry args (op id,
-name, FLOPs, bytes, bound unit, collective, mesh axes, algorithm). Flows join each collective
+HBM DMA work (the collectives, which DMA engines move between HBM and the links), one lane set
+per outgoing ICI link direction (the collectives using that direction), PCIe host transfers,
+pipeline idle time, and counter tracks for HBM occupancy and for each link direction's
+utilization. Slices carry args (op id, name, FLOPs, bytes, bound unit, collective, mesh axes,
+algorithm). Flows join each collective
 slice to the same collective on the next chip of its replica group, when both are exported
 (`.pftrace` only).
 
@@ -97,7 +98,8 @@ def _step_tracks(result) -> tuple[dict[str, list[tuple]], dict[str, list[tuple[f
         if r.kind == "compute":
             tracks.setdefault(r.unit.upper(), []).append(row)
         elif r.kind == "collective":
-            args.update(collective=r.collective, mesh_axes=r.mesh_axes)
+            args.update(collective=r.collective, mesh_axes=r.mesh_axes,
+                        algorithm=result._coll_algorithm.get(int(r.op_id), ""))
             classes = result._coll_classes.get(int(r.op_id), {})
             args["link_classes"] = ",".join(classes)
             coll.append(row)
@@ -107,7 +109,7 @@ def _step_tracks(result) -> tuple[dict[str, list[tuple]], dict[str, list[tuple[f
             tracks.setdefault("idle", []).append(row)
     coll.sort(key=lambda x: (x[0], x[1], x[4]))
     for lane, row in zip(_lanes(coll), coll, strict=True):
-        tracks.setdefault(f"ICI collectives {lane}", []).append(row)
+        tracks.setdefault(f"HBM DMA collectives {lane}", []).append(row)
     # One lane set per link direction: the collectives that load it.
     by_class: dict[str, list[tuple]] = {}
     for row in coll:
@@ -296,7 +298,7 @@ def _protobuf(procs, tracks, counters, flows_out, flows_in, per_host) -> bytes:
             p.track_descriptor.uuid = uuid
             p.track_descriptor.parent_uuid = chip_uuid
             p.track_descriptor.name = tname
-            is_coll = tname.startswith("ICI collectives")
+            is_coll = tname.startswith("HBM DMA collectives")
             for start, end, name, args, op in rows:
                 b_ns, e_ns = _ns(start), _ns(end)
                 if e_ns <= b_ns:

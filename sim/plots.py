@@ -37,7 +37,7 @@ def plot_step(result, summary: dict, out_dir: str | Path) -> list[Path]:
         ax.broken_barh([(r.start_s, r.end_s - r.start_s)], (y - 0.4, 0.8),
                        facecolors=_COLORS.get(key, "#333333"), linewidth=0)
     del lanes
-    ax.set_yticks([0, 1, 2, 3], ["PCIe / idle", "ICI collectives", "VPU", "MXU"])
+    ax.set_yticks([0, 1, 2, 3], ["PCIe / idle", "collectives (DMA)", "VPU", "MXU"])
     ax.set_xlabel("time (s)")
     ax.set_title(f"{summary.get('model', '')} step on {result.topology} {result.chip}: chip 0 "
                  f"timeline (colour = bound unit)")

@@ -59,7 +59,7 @@ def _category(track_name: str) -> tuple[str, str]:
     """(kind, unit) of the ops-table rows a track shows, from the track's name."""
     if track_name in ("MXU", "VPU"):
         return "compute", track_name.lower()
-    if track_name.startswith("ICI collectives"):
+    if track_name.startswith("HBM DMA collectives"):
         return "collective", "ici"
     if track_name == "PCIe":
         return "host", "pcie"
@@ -209,7 +209,7 @@ def test_pftrace_has_the_expected_tracks_for_offload_with_tensor_parallelism(tmp
     trace = _parse_pftrace(export_step(res, tmp_path / "s.pftrace"))
     names = {p.track_descriptor.name for p in trace.packet if p.HasField("track_descriptor")}
     assert {"MXU", "VPU", "PCIe", "HBM occupancy (bytes)"} <= names
-    assert any(n.startswith("ICI collectives") for n in names)
+    assert any(n.startswith("HBM DMA collectives") for n in names)
 
 
 def test_sub_nanosecond_ops_keep_pftrace_slices_nested(tmp_path):
