@@ -12,7 +12,8 @@ from typing import Any
 from sim import cli
 from topologies.errors import TpusimError
 
-SWEEP_COLUMNS = ("batch", "step_time_s", "tokens_per_s_per_chip", "fits", "hbm_peak_bytes")
+SWEEP_COLUMNS = ("mesh", "weight_dtype", "kv_dtype", "batch", "step_time_s",
+                 "tokens_per_s_per_chip", "fits", "hbm_peak_bytes")
 _DEFAULT_BATCHES = "1,2,4,8,16,32,64,128,256"
 
 
@@ -190,10 +191,13 @@ def parse_batches(text: str) -> list[int]:
 
 def sweep(chip, topo, model, mesh, cfg, batches: list[int]) -> list[dict[str, Any]]:
     """One replayed decode step per batch size: the latency-throughput table's rows."""
+    from sim.progress import progress
+
     rows = []
-    for b in batches:
+    for b in progress(batches, desc=f"batches ({mesh.describe()})"):
         _trace, r = _run_decode(chip, topo, model, mesh, dataclasses.replace(cfg, batch=b))
-        rows.append({"batch": b, "step_time_s": r.step_time_s,
+        rows.append({"mesh": mesh.describe(), "weight_dtype": cfg.weight_dtype,
+                     "kv_dtype": cfg.kv_dtype, "batch": b, "step_time_s": r.step_time_s,
                      "tokens_per_s_per_chip": b / r.step_time_s / topo.num_chips,
                      "fits": bool(r.fits_in_hbm), "hbm_peak_bytes": r.hbm_peak_bytes})
     return rows
@@ -228,11 +232,21 @@ def _write_sweep(out: Path, rows: list[dict[str, Any]], title: str) -> list[Path
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for fits, color, label in ((True, "#4C72B0", "fits in HBM"), (False, "#C44E52", "OOM")):
-        pts = [r for r in rows if r["fits"] == fits]
-        if pts:
-            ax.scatter([r["step_time_s"] * 1e3 for r in pts],
-                       [r["tokens_per_s_per_chip"] for r in pts], color=color, label=label)
+    configs = list(dict.fromkeys(f"{r['mesh']} {r['weight_dtype']}/{r['kv_dtype']}"
+                                 for r in rows))
+    palette = ["#4C72B0", "#55A868", "#8172B2", "#CCB974", "#64B5CD", "#8C8C8C"]
+    for i, cfg_label in enumerate(configs):
+        mine = [r for r in rows if f"{r['mesh']} {r['weight_dtype']}/{r['kv_dtype']}" ==
+                cfg_label]
+        for fits, marker in ((True, "o"), (False, "x")):
+            pts = [r for r in mine if r["fits"] == fits]
+            if pts:
+                lbl = (cfg_label if len(configs) > 1 else "fits in HBM") if fits else \
+                    (f"{cfg_label} (OOM)" if len(configs) > 1 else "OOM")
+                ax.scatter([r["step_time_s"] * 1e3 for r in pts],
+                           [r["tokens_per_s_per_chip"] for r in pts],
+                           color=palette[i % len(palette)] if fits or len(configs) > 1
+                           else "#C44E52", marker=marker, label=lbl)
     for r in rows:
         ax.annotate(str(r["batch"]), (r["step_time_s"] * 1e3, r["tokens_per_s_per_chip"]),
                     textcoords="offset points", xytext=(4, 4), fontsize=8)
@@ -254,28 +268,57 @@ def _write_sweep(out: Path, rows: list[dict[str, Any]], title: str) -> list[Path
 
 
 def cmd_serve_sweep(args: argparse.Namespace) -> int:
+    """Batch sizes x (optionally) several meshes (`;`-separated) x weight/KV dtypes."""
+    from topologies.mesh import parse_mesh
     from workloads.decode import max_batch_that_fits
 
-    chip, topo, model, mesh = _setup(args)
+    mesh_texts = [m.strip() for m in args.mesh.split(";") if m.strip()]
+    if not mesh_texts:
+        raise TpusimError(f"--mesh {args.mesh!r} names no mesh; write e.g. tensor=8")
+    args.mesh = mesh_texts[0]
+    chip, topo, model, _mesh = _setup(args)
     batches = parse_batches(args.batches)
-    cfg = _config(args, batches[0])
-    rows = sweep(chip, topo, model, mesh, cfg, batches)
-    max_b = max_batch_that_fits(model, mesh, topo.num_chips, cfg, chip.hbm_bytes)
-    title = (f"{model.name} decode, {topo.name} {chip.name}, mesh {mesh.describe()}, "
+    meshes = [parse_mesh(m, args.dcn) for m in mesh_texts]
+    wdts = [w.strip() for w in args.weight_dtype.split(",") if w.strip()]
+    kvdts = [k.strip() for k in args.kv_dtype.split(",") if k.strip()]
+    rows, max_b = [], {}
+    for mesh in meshes:
+        for wdt in wdts:
+            for kvdt in kvdts:
+                args.weight_dtype, args.kv_dtype = wdt, kvdt
+                cfg = _config(args, batches[0])
+                rows += sweep(chip, topo, model, mesh, cfg, batches)
+                max_b[f"{mesh.describe()} {wdt}/{kvdt}"] = max_batch_that_fits(
+                    model, mesh, topo.num_chips, cfg, chip.hbm_bytes)
+    several = len(max_b) > 1
+    what = "several configurations" if several else f"mesh {meshes[0].describe()}"
+    title = (f"{model.name} decode, {topo.name} {chip.name}, {what}, "
              f"context {args.context_len}")
     if args.out:
         _write_sweep(Path(args.out), rows, title)
     if args.json:
-        cli._emit_json({"model": model.name, "chip": chip.name, "topology": topo.name,
-                        "context_len": args.context_len, "max_batch_that_fits": max_b,
-                        "rows": rows, "pareto_batches": [r["batch"] for r in _pareto(rows)]})
+        out = {"model": model.name, "chip": chip.name, "topology": topo.name,
+               "context_len": args.context_len, "rows": rows,
+               "pareto": [{k: r[k] for k in ("mesh", "weight_dtype", "kv_dtype", "batch")}
+                          for r in _pareto(rows)]}
+        if several:
+            out["max_batch_that_fits"] = max_b
+        else:
+            out["max_batch_that_fits"] = next(iter(max_b.values()))
+            out["pareto_batches"] = [r["batch"] for r in _pareto(rows)]
+        cli._emit_json(out)
         return 0
     print(title)
-    print(f"{'batch':>6} {'step ms':>10} {'tok/s/chip':>11}  fits")
+    cfg_col = several
+    head = f"{'configuration':<28} " if cfg_col else ""
+    print(f"{head}{'batch':>6} {'step ms':>10} {'tok/s/chip':>11}  fits")
     for r in rows:
-        print(f"{r['batch']:>6} {r['step_time_s'] * 1e3:>10.3f} "
+        label = f"{r['mesh']} {r['weight_dtype']}/{r['kv_dtype']}"
+        pre = f"{label:<28} " if cfg_col else ""
+        print(f"{pre}{r['batch']:>6} {r['step_time_s'] * 1e3:>10.3f} "
               f"{r['tokens_per_s_per_chip']:>11.1f}  {'yes' if r['fits'] else 'no'}")
-    print(f"largest batch that fits: {max_b}")
+    for label, b in max_b.items():
+        print(f"largest batch that fits{' (' + label + ')' if several else ''}: {b}")
     if args.out:
         print(f"wrote {args.out}/serve_sweep.csv and {args.out}/serve_sweep_pareto.png")
     return 0
@@ -304,7 +347,9 @@ def _register_sweep(sub, name: str) -> None:
     cli.add_pod_args(p)
     _add_inference_args(p, batch=False)
     p.add_argument("--batches", default=_DEFAULT_BATCHES,
-                   help=f"comma-separated batch sizes (default {_DEFAULT_BATCHES})")
+                   help=f"comma-separated batch sizes (default {_DEFAULT_BATCHES}); --mesh may "
+                        f"list several meshes separated by ';' and --weight-dtype/--kv-dtype "
+                        f"several dtypes separated by ',' to sweep them too")
     p.add_argument("--out", help="write serve_sweep.csv and serve_sweep_pareto.png here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_serve_sweep)

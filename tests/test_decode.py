@@ -421,3 +421,26 @@ def test_cli_decode_2d_weight_stationary(capsys):
     assert main([*argv, "--batch", "66"]) == 2  # 66 is not a multiple of data x fsdp = 4
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("tpusim: error:") and "fsdp" in err
+
+
+def test_serve_sweep_sweeps_meshes_and_dtypes_too(tmp_path, capsys):
+    import json as _json
+
+    from sim.cli import main as _main
+
+    rc = _main(["serve-sweep", "--chip", "v5e", "--shape", "4x2", "--model", "llama3-8b",
+                "--context-len", "1024", "--mesh", "tensor=8;data=2,tensor=4",
+                "--weight-dtype", "bf16,int8", "--batches", "2,8", "--json",
+                "--out", str(tmp_path)])
+    out = _json.loads(capsys.readouterr().out)
+    assert rc == 0
+    configs = {(r["mesh"], r["weight_dtype"]) for r in out["rows"]}
+    assert configs == {("tensor=8", "bf16"), ("tensor=8", "int8"),
+                       ("data=2,tensor=4", "bf16"), ("data=2,tensor=4", "int8")}
+    assert len(out["rows"]) == 8 and len(out["max_batch_that_fits"]) == 4
+    # int8 weights never slow a step down at the same mesh and batch.
+    by = {(r["mesh"], r["weight_dtype"], r["batch"]): r["step_time_s"] for r in out["rows"]}
+    for mesh in ("tensor=8", "data=2,tensor=4"):
+        for b in (2, 8):
+            assert by[(mesh, "int8", b)] <= by[(mesh, "bf16", b)]
+    assert (tmp_path / "serve_sweep.csv").read_text().startswith("mesh,weight_dtype,kv_dtype")
