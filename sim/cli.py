@@ -127,7 +127,7 @@ def _add_collective_args(p: argparse.ArgumentParser, *, with_algorithm: bool) ->
     if with_algorithm:
         p.add_argument("--algorithm", default="auto",
                        help="auto (default), ring, bidi-ring, split-bidi-ring, line, multi-axis, "
-                            "per-axis-ring, direct")
+                            "per-axis-ring, halving-doubling, direct")
     p.add_argument("--src", help="send: source chip coordinates, e.g. 0,0")
     p.add_argument("--dst", help="send: destination chip coordinates, e.g. 3,3")
     p.add_argument("--shift", type=int, default=1, help="collective-permute: shift by k chips")

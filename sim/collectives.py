@@ -47,6 +47,7 @@ class Move:
     bytes: float
     src_lo: tuple[int, ...] | None = None
     src_hi: tuple[int, ...] | None = None
+    src_bit: tuple[int, int, int] | None = None  # (group axis, bit, value) the source must have
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +74,8 @@ class Schedule:
         """True if every chip does exactly the same moves on rings (symmetric mode is exact)."""
         if not all(g.wraps or g.size == 1 for g in self.gaxes):
             return False
-        return all(m.src_lo is None for s in self.streams for st in s for m in st.moves)
+        return all(m.src_lo is None and m.src_bit is None
+                   for s in self.streams for st in s for m in st.moves)
 
     def bytes_sent_per_chip(self) -> float:
         """Bytes one chip injects (for a chip that performs every move)."""
@@ -467,6 +469,45 @@ def _alltoall_relay(name: str, gaxes, v: float, *, bidi: bool) -> Schedule:
     )
 
 
+def _halving_doubling(kind: CollectiveKind, gaxes, v: float, **_) -> Schedule:
+    """Recursive halving (reduce-scatter) and doubling (all-gather) on one axis of 2^m chips.
+
+    At each step a chip exchanges with the partner whose index differs in one bit: the chip
+    with that bit clear sends forward, the other backward, over d = 2^bit hops. Few steps (log2
+    X) but long routes: on a torus d chips' messages share every link of a segment, so this is
+    the algorithm for switched networks, shown here for comparison.
+    """
+    if kind not in _GATHERLIKE:
+        raise _not_for("halving-doubling", kind, applicable_algorithms(kind))
+    ai = _require_one_axis("halving-doubling", gaxes)
+    g = gaxes[ai]
+    n = g.size
+    if n & (n - 1):
+        raise TpusimError(
+            f"algorithm 'halving-doubling' needs a power-of-two group, but axis {g.name} has "
+            f"{n} chips; use ring, multi-axis or auto"
+        )
+    k = len(gaxes)
+    m = n.bit_length() - 1
+
+    def exchange(bit: int, nbytes: float, label: str) -> Step:
+        d = 1 << bit
+        return Step((Move(_unit(k, ai, d), nbytes, src_bit=(ai, bit, 0)),
+                     Move(_unit(k, ai, -d), nbytes, src_bit=(ai, bit, 1))), label=label)
+
+    rs = [exchange(m - 1 - i, v / (2 << i), f"RS halving d={1 << (m - 1 - i)}")
+          for i in range(m)]
+    ag = [exchange(i, v / n * (1 << i), f"AG doubling d={1 << i}") for i in range(m)]
+    if kind == CollectiveKind.REDUCE_SCATTER:
+        steps = rs
+    elif kind == CollectiveKind.ALL_GATHER:
+        steps = ag
+    else:
+        steps = rs + ag
+    return Schedule(kind=kind, algorithm="halving-doubling", gaxes=gaxes,
+                    streams=(tuple(steps),), reduces=kind in _REDUCING)
+
+
 def _auto(kind: CollectiveKind, gaxes, v: float, **kw) -> Schedule:
     """What a TPU does: all axes at once (split bidirectional rings, lines where no wrap,
     DCN hierarchically); all-to-all, permute and send go direct."""
@@ -533,6 +574,9 @@ ALGORITHMS.add("multi-axis", AlgorithmInfo(
 ALGORITHMS.add("per-axis-ring", AlgorithmInfo(
     name="per-axis-ring", build=_per_axis_ring,
     description="one unidirectional ring per axis, axes in turn (hierarchical simulators)"))
+ALGORITHMS.add("halving-doubling", AlgorithmInfo(
+    name="halving-doubling", build=_halving_doubling,
+    description="recursive halving/doubling: log2(X) steps to partners 2^i away"))
 ALGORITHMS.add("direct", AlgorithmInfo(
     name="direct", build=_direct_or_special,
     description="every pair over its own dimension-order route, all at once"))
@@ -540,7 +584,7 @@ ALGORITHMS.add("direct", AlgorithmInfo(
 _APPLICABLE = {
     CollectiveKind.ALL_GATHER: [
         "auto", "ring", "bidi-ring", "split-bidi-ring", "line", "multi-axis", "per-axis-ring",
-        "direct",
+        "halving-doubling", "direct",
     ],
     CollectiveKind.ALL_TO_ALL: ["auto", "direct", "ring", "bidi-ring"],
     CollectiveKind.PERMUTE: ["auto", "direct"],

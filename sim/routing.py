@@ -88,6 +88,9 @@ def _valid_sources(m, gaxes, local: np.ndarray) -> np.ndarray:
     if m.src_lo is not None:
         ok &= np.all(local >= np.asarray(m.src_lo), axis=1)
         ok &= np.all(local <= np.asarray(m.src_hi), axis=1)
+    if m.src_bit is not None:
+        axis, bit, value = m.src_bit
+        ok &= ((local[:, axis] >> bit) & 1) == value
     for i, (g, o) in enumerate(zip(gaxes, m.offset, strict=True)):
         if o and not g.wraps:
             d = local[:, i] + o

@@ -26,7 +26,7 @@ from topologies.slices import resolve_topology
 
 L = 1e-6  # tpu.md §1.1 per-hop ICI latency
 GATHERLIKE = ("all-gather", "reduce-scatter", "all-reduce")
-SINGLE_AXIS = ("ring", "bidi-ring", "split-bidi-ring", "line")
+SINGLE_AXIS = ("ring", "bidi-ring", "split-bidi-ring", "line", "halving-doubling")
 REL = 1e-9
 
 
@@ -75,6 +75,10 @@ def single_axis_time(op: str, alg: str, n: int, wraps: bool, v: float, w1: float
         elif alg == "direct":
             t = ((n // 2) * L + _ring_load(n) * shard / w1 if wraps
                  else (n - 1) * L + _line_load(n) * shard / w1)
+        elif alg == "halving-doubling":
+            # log2(n) exchanges with partners d = 2^i away; d messages share the busiest link.
+            m = n.bit_length() - 1
+            t = sum((1 << i) * (L + (v / n) * (1 << i) / w1) for i in range(m))
         else:
             raise AssertionError(alg)
         return 2 * t if op == "all-reduce" else t
@@ -186,6 +190,8 @@ def expected_error(op: str, alg: str, axes: Sequence[tuple[int, bool]]) -> str |
         return None
     if alg in SINGLE_AXIS and len(nt) > 1:
         return "runs on one axis"
+    if alg == "halving-doubling" and nt and nt[0][0] & (nt[0][0] - 1):
+        return "power-of-two"
     if alg in ("bidi-ring", "split-bidi-ring") and nt and not nt[0][1]:
         return "needs a ring"
     return None
@@ -708,8 +714,8 @@ def _sym_cases():
         for op in ("all-gather", "reduce-scatter", "all-reduce", "all-to-all",
                    "collective-permute"):
             for alg in algorithm_names(CollectiveKind(op)):
-                if alg == "line":
-                    continue  # edge-dependent: tested below
+                if alg in ("line", "halving-doubling"):
+                    continue  # edge- or bit-dependent moves: no symmetric mode
                 for shift in ((1, 2) if op == "collective-permute" else (1,)):
                     yield pytest.param(chip, shape, wrap, slices, axes, op, alg, shift,
                                        id=f"{chip}-{slices}x{shape}-[{axes}]-{op}-{alg}-{shift}")
