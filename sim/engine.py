@@ -355,7 +355,10 @@ def _summarize(trace, chip, topology, dur, bound, start, end, net, costs, lm, mx
     mbs = int(trace.meta.get("microbatches", 1))
     bubble = 0.0
     if pp > 1:
-        bubble = (pp - 1) * step / mbs
+        # One microbatch's forward+backward: the time before the optimizer update starts.
+        opt = [start[o.id] for o in ops if o.phase == "optimizer"]
+        work = min(opt) if opt else step
+        bubble = (pp - 1) * work / mbs
     total = step + bubble
     # Critical-path breakdown along the core's timeline: compute ops by their bound unit, and
     # the gaps in between (waiting for collectives or host transfers) as exposed communication.
