@@ -565,8 +565,12 @@ def test_pipeline_bubble_is_reported_and_shrinks_with_more_microbatches():
         bubble = res.breakdown["pipeline_bubble_s"]
         assert bubble > 0
         fractions.append(bubble / res.step_time_s)
-        # GPipe/1F1B: (p - 1) / (m + p - 1) of the step is bubble.
-        assert fractions[-1] == pytest.approx(1 / (mb + 1), rel=1e-9)
+        # GPipe/1F1B: (p - 1) idle slots of one microbatch's forward+backward, i.e. of the work
+        # before the optimizer update; without the optimizer that is (p-1)/(m+p-1) of the step.
+        ops = res.ops
+        work = ops[ops.phase == "optimizer"].start_s.min()
+        assert bubble == pytest.approx((2 - 1) * work / mb, rel=1e-9)
+        assert bubble / (work + bubble) == pytest.approx(1 / (mb + 1), rel=1e-9)
     assert fractions[0] > fractions[1] > fractions[2]
     _, flat = _step("fsdp=4", "2x2", batch_per_chip=4)
     assert flat.breakdown["pipeline_bubble_s"] == 0.0
