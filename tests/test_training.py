@@ -651,3 +651,36 @@ def test_collective_matmul_overlaps_tp_collectives_and_is_never_slower():
     # The reduce-scatter starts with the out-projection, not after it.
     assert ops.loc[rs.id, "start_s"] < ops.loc[out.id, "end_s"]
     assert by_id[rs.id].deps != (out.id,)
+
+
+# -- gradient reductions cover every axis a weight is replicated on -----------------------
+
+
+def _reduced_bytes(trace, axis: str) -> float:
+    return sum(o.bytes for o in trace.ops
+               if o.kind == OpKind.COLLECTIVE and o.collective == "all-reduce"
+               and axis in o.mesh_axes and o.phase == "bwd" and o.name.startswith("dp_grad"))
+
+
+@pytest.mark.parametrize("axis", ["data", "sequence"])
+def test_every_weight_gradient_is_all_reduced_over_replicating_axes(axis):
+    spec = model_from_dict(TINY)
+    trace, _ = _step(f"{axis}=4", "2x2")
+    matmul_params = spec.num_params - spec.num_norm_params
+    assert _reduced_bytes(trace, axis) == pytest.approx(2 * matmul_params, rel=1e-9)
+
+
+def test_with_fsdp_the_data_all_reduce_carries_the_fsdp_shard():
+    spec = model_from_dict(TINY)
+    trace, _ = _step("data=2,fsdp=2", "2x2")
+    matmul_params = spec.num_params - spec.num_norm_params
+    assert _reduced_bytes(trace, "data") == pytest.approx(2 * matmul_params / 2, rel=1e-9)
+
+
+def test_expert_parallel_reduces_shared_weights_over_expert_but_not_the_experts():
+    spec = model_from_dict(TINY_MOE)
+    trace, _ = _step("expert=2,fsdp=2", "2x2", model=TINY_MOE, remat=Remat.NONE)
+    routed = spec.num_experts * spec.mlp.num_matrices * spec.d_model * spec.expert_d_ff
+    shared = spec.num_params - spec.num_norm_params - spec.num_layers * routed
+    # Non-expert weights: fsdp shard (1/2) reduced over expert; experts are not.
+    assert _reduced_bytes(trace, "expert") == pytest.approx(2 * shared / 2, rel=1e-9)

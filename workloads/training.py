@@ -285,6 +285,14 @@ class _Compiler:
             mlp = m.dense_mlp_params_per_layer / d.tp
         return (att + mlp) * self.wb
 
+    def layer_expert_weight_bytes(self, layer: int) -> float:
+        """The routed experts' share of `layer_weight_bytes` (sharded over `expert`)."""
+        if not self.layer_is_moe(layer):
+            return 0.0
+        m, d = self.m, self.d
+        routed = m.num_experts * m.mlp.num_matrices * m.d_model * m.expert_d_ff
+        return routed / (d.tp * d.ep) * self.wb
+
     def layer_is_moe(self, layer: int) -> bool:
         return self.m.is_moe and layer >= self.m.first_dense_layers
 
@@ -504,10 +512,17 @@ class _Compiler:
                 rs = self.coll("fsdp_grad_reducescatter", "reduce-scatter", ("fsdp",),
                                grad_bytes, [out], layer, "bwd")
                 if mb == cfg.microbatches - 1:
-                    dpar = self.coll("dp_grad_allreduce", "all-reduce", ("data",),
-                                     grad_bytes / d.fs, [rs if rs is not None else out], layer,
-                                     "bwd")
-                    last_grad_ops += [o for o in (rs, dpar) if o is not None]
+                    # Weights are replicated over data and sequence (and, except the experts,
+                    # over expert): their gradient shards are summed over those axes too.
+                    after = [rs if rs is not None else out]
+                    expert_b = self.layer_expert_weight_bytes(layer) / self.wb * self.gb
+                    dpar = self.coll("dp_grad_allreduce", "all-reduce",
+                                     ("data", "sequence", "expert"),
+                                     (grad_bytes - expert_b) / d.fs, after, layer, "bwd")
+                    dpar_e = self.coll("dp_grad_allreduce_experts", "all-reduce",
+                                       ("data", "sequence"), expert_b / d.fs, after, layer,
+                                       "bwd")
+                    last_grad_ops += [o for o in (rs, dpar, dpar_e) if o is not None]
                 elif rs is not None:
                     last_grad_ops.append(rs)
                 prev = out
@@ -520,6 +535,12 @@ class _Compiler:
                             emb_all / self.wb * self.gb, [emb_bwd], -1, "bwd")
             if erc is not None:
                 last_grad_ops.append(erc)
+            if mb == cfg.microbatches - 1:
+                ear = self.coll("dp_grad_allreduce_embed", "all-reduce",
+                                ("data", "sequence", "expert"), emb_all / self.wb * self.gb / d.fs,
+                                [erc if erc is not None else emb_bwd], -1, "bwd")
+                if ear is not None:
+                    last_grad_ops.append(ear)
             prev_compute = emb_bwd
         # Adam on the local parameter shard (tpu.md §4: bf16 params + fp32 moments).
         p_local = self.local_params()
