@@ -286,3 +286,36 @@ def test_cli_replay_of_a_missing_file_exits_2(tmp_path, capsys):
     rc = main(["replay", str(tmp_path / "nope.trace"), "--chip", "v5e", "--shape", "2x2"])
     _out, err = capsys.readouterr()
     assert rc == 2 and err.count("\n") == 1 and "does not exist" in err
+
+
+@pytest.mark.parametrize("key, value", [
+    ("static_hbm_bytes", "x"), ("pipeline_stages", "two"), ("model_flops_per_chip", None),
+    ("num_chips", "x"), ("tokens_per_step", float("nan")), ("microbatches", 0),
+])
+def test_malformed_meta_numbers_are_one_line_errors(key, value):
+    from topologies.errors import TpusimError as _E
+
+    base = json.loads(_training_trace_json())
+    base["meta"][key] = value
+    with pytest.raises(_E, match=key):
+        Trace.from_json(json.dumps(base))
+
+
+def test_training_trace_without_its_summary_fields_is_refused():
+    from topologies.errors import TpusimError as _E
+
+    base = json.loads(_training_trace_json())
+    del base["meta"]["model"]
+    with pytest.raises(_E, match="lacks model"):
+        Trace.from_json(json.dumps(base))
+
+
+def _training_trace_json() -> str:
+    from topologies.mesh import parse_mesh as _pm
+    from workloads.models import model_from_dict as _md
+    from workloads.training import TrainingConfig as _tc
+    from workloads.training import compile_training_step as _cts
+
+    spec = _md({"name": "t", "num_layers": 1, "d_model": 128, "num_heads": 2, "num_kv_heads": 2,
+                "head_dim": 64, "d_ff": 256, "mlp": "relu", "vocab_size": 256})
+    return _cts(spec, _pm("fsdp=4"), 4, _tc(seq_len=64, batch_per_chip=1)).to_json()

@@ -168,6 +168,7 @@ class Trace:
             meta = doc.get("meta", {})
             if not isinstance(meta, dict):
                 raise TpusimError(f"{source}: \"meta\" must be a JSON object")
+            _check_meta(meta, source)
         except TpusimError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -176,6 +177,52 @@ class Trace:
                 f"it with `tpusim compile`"
             ) from None
         return Trace(mesh=mesh, ops=tuple(ops), meta=dict(meta))
+
+
+# Numeric meta fields the engine and the CLI read; integers where they count things.
+_META_INTS = ("pipeline_stages", "microbatches", "num_chips", "global_sequences", "seq_len",
+              "batch", "context_len")
+_META_NUMBERS = ("static_hbm_bytes", "model_flops_per_chip", "maxtext_flops_per_chip",
+                 "tokens_per_step", "activation_bytes_estimate", "logits_bytes",
+                 "params_per_chip", "batch_per_chip", "weights_bytes", "kv_cache_bytes")
+
+
+_TRAINING_REQUIRED = ("model", "tokens_per_step", "num_chips", "model_flops_per_chip",
+                      "maxtext_flops_per_chip", "static_hbm_bytes", "static_breakdown",
+                      "activation_bytes_estimate")
+
+
+def _check_meta(meta: dict, source: str) -> None:
+    if meta.get("kind") == "training":
+        missing = [k for k in _TRAINING_REQUIRED if k not in meta]
+        if missing:
+            raise TpusimError(
+                f"{source}: a training trace's meta lacks {', '.join(missing)}; recompile the "
+                f"trace with `tpusim compile`"
+            )
+        sb = meta["static_breakdown"]
+        if not isinstance(sb, dict) or not {"params", "grads", "optimizer"} <= set(sb):
+            raise TpusimError(
+                f"{source}: meta field 'static_breakdown' must give params, grads and optimizer"
+            )
+    for key in _META_INTS + _META_NUMBERS:
+        if key not in meta:
+            continue
+        v = meta[key]
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) \
+            and v >= 0
+        if ok and key in _META_INTS:
+            ok = float(v).is_integer() and (v >= 1 or key == "batch")
+        if not ok:
+            raise TpusimError(
+                f"{source}: meta field {key!r} = {v!r} is not a valid "
+                f"{'count' if key in _META_INTS else 'number'}; recompile the trace with "
+                f"`tpusim compile`"
+            )
+    sb = meta.get("static_breakdown")
+    if sb is not None and (not isinstance(sb, dict) or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in sb.values())):
+        raise TpusimError(f"{source}: meta field 'static_breakdown' must map names to numbers")
 
 
 class TraceBuilder:
