@@ -59,9 +59,11 @@ def _config(args: argparse.Namespace, batch: int):
 
 
 def _setup(args: argparse.Namespace):
+    from sim.commands import check_outputs
     from topologies.mesh import parse_mesh
     from workloads.models import load_model
 
+    check_outputs(args)
     chip, topo = cli.resolve_pod(args)
     return chip, topo, load_model(args.model), parse_mesh(args.mesh, args.dcn)
 

@@ -21,7 +21,10 @@ def atomic_write(path: str | Path, writer: Callable[[Path], None]) -> Path:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise TpusimError(f"cannot create directory {str(parent)!r}: {exc.strerror}") from None
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
+    except OSError as exc:
+        raise TpusimError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
     os.close(fd)
     tmp_path = Path(tmp)
     try:
@@ -37,18 +40,41 @@ def atomic_write(path: str | Path, writer: Callable[[Path], None]) -> Path:
     return path
 
 
+def _check_creatable(p: Path, what: str) -> None:
+    """The nearest existing ancestor of `p` must be a writable directory."""
+    anc = p.parent if str(p.parent) else Path(".")
+    while not anc.exists() and anc != anc.parent:
+        anc = anc.parent
+    if not anc.is_dir():
+        raise TpusimError(
+            f"{what} {str(p)!r} cannot be created: {str(anc)!r} is a file, not a directory"
+        )
+    if not os.access(anc, os.W_OK | os.X_OK):
+        raise TpusimError(
+            f"{what} {str(p)!r} cannot be created: no write permission in {str(anc)!r}"
+        )
+
+
 def check_output_file(path: str | Path) -> None:
-    """Refuse an output file path that is a directory (before anything is written)."""
+    """Refuse an output file that cannot be written (before anything is simulated or written)."""
     p = Path(path)
     if p.is_dir():
         raise TpusimError(f"output file {str(p)!r} is a directory; give a file name")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise TpusimError(f"output file {str(p)!r} is not writable")
+    _check_creatable(p, "output file")
 
 
 def check_output_dir(path: str | Path) -> None:
-    """Refuse an output directory path that is an existing file."""
+    """Refuse an output directory that is a file or cannot be created."""
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise TpusimError(f"output directory {str(p)!r} is an existing file; give a directory")
+    if p.is_dir():
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise TpusimError(f"output directory {str(p)!r} is not writable")
+        return
+    _check_creatable(p, "output directory")
 
 
 def write_json(path: str | Path, obj: Any) -> Path:

@@ -590,15 +590,30 @@ def test_moe_backward_has_two_all_to_alls_per_layer_like_the_forward():
 
 def test_moe_with_expert_parallelism_emits_all_to_alls():
     trace, res = _step("expert=2,fsdp=2", "2x2", model=TINY_MOE)
-    a2a = [o for o in trace.ops if o.collective == "all-to-all"]
+    # (The untied embedding's lookup all-to-alls run over fsdp; the experts' over expert.)
+    a2a = [o for o in trace.ops if o.collective == "all-to-all"
+           and not o.name.startswith("embed_")]
     assert a2a and all(o.mesh_axes == ("expert",) for o in a2a)
     names = {o.name for o in a2a}
     assert {"ep_dispatch", "ep_combine"} <= names
     ops = res.ops
-    ran = ops[ops.collective == "all-to-all"]
+    ran = ops[(ops.collective == "all-to-all") & ~ops.name.str.startswith("embed_")]
     assert len(ran) == len(a2a) and (ran.end_s > ran.start_s).all()
     dense_trace, _ = _step("fsdp=4", "2x2", model=TINY_MOE)
-    assert not any(o.collective == "all-to-all" for o in dense_trace.ops)
+    assert not any(o.collective == "all-to-all" and o.mesh_axes == ("expert",)
+                   for o in dense_trace.ops)
+
+
+def test_untied_embedding_is_looked_up_by_all_to_all_not_gathered():
+    trace, _ = _step("fsdp=4", "2x2")  # TINY is untied
+    spec = model_from_dict(TINY)
+    gather = next(o for o in trace.ops if o.name == "fsdp_allgather_embed")
+    assert gather.bytes == spec.vocab_size * spec.d_model * 2  # the output projection only
+    names = {o.name for o in trace.ops}
+    assert {"embed_lookup_alltoall", "embed_grad_alltoall"} <= names
+    tied, _ = _step("fsdp=4", "2x2", model={**TINY, "tied_embeddings": True})
+    assert not any(o.name.startswith("embed_") and o.kind == OpKind.COLLECTIVE
+                   for o in tied.ops)
 
 
 def test_fused_elementwise_ops_carry_no_hbm_bytes_but_keep_their_flops():

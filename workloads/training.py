@@ -416,8 +416,11 @@ class _Compiler:
             saved_per_layer += n * d.ctx * m.num_heads / d.tp * a  # the probabilities
         offload_bytes = _SAVED_TENSORS[Remat.MINIMAL] * self.rows() * D * a
         emb_w = V * D / d.tp * self.wb  # one vocabulary matrix (the output projection)
-        # Untied models also gather and reduce the input embedding table.
-        emb_all = emb_w * (1 if m.tied_embeddings else 2)
+        emb_all = emb_w * (1 if m.tied_embeddings else 2)  # every embedding parameter
+        # An untied, FSDP-sharded input table is never gathered: XLA looks rows up where they
+        # live with an all-to-all of the activations, and sends their gradients back the same
+        # way (docs/xla_crosscheck.md). Tied tables are gathered anyway for the logits.
+        lookup_a2a = (not m.tied_embeddings) and d.fs > 1
         prev_compute = None
         last_grad_ops: list[int] = []
         layer_outputs: dict[tuple[int, int], int] = {}
@@ -433,11 +436,17 @@ class _Compiler:
 
         for mb in range(cfg.microbatches):
             # Embedding lookup (stage 0).
-            emb_g = self.coll("fsdp_allgather_embed", "all-gather", ("fsdp",), emb_all,
-                              [prev_compute] if prev_compute is not None else [], -1, "fwd")
+            start = [prev_compute] if prev_compute is not None else []
+            emb_g = self.coll("fsdp_allgather_embed", "all-gather", ("fsdp",), emb_w, start, -1,
+                              "fwd")
+            lk = None
+            if lookup_a2a:
+                lk = self.coll("embed_lookup_alltoall", "all-to-all", ("fsdp",),
+                               d.fs * n * D * a, start, -1, "fwd")
+            table = lk if lookup_a2a else emb_g
             x = b.add("embed_lookup", kind=OpKind.COMPUTE, unit=Unit.VPU, flops=0.0,
                       hbm_bytes=2 * n * D * a,
-                      deps=[prev_compute] + ([emb_g] if emb_g is not None else []),
+                      deps=[prev_compute] + ([table] if table is not None else []),
                       layer=-1, phase="fwd")
             prev = x
             pending = fsdp_gather(0, mb, "fwd", [] if prefetch else [prev])
@@ -531,8 +540,13 @@ class _Compiler:
                                  n * D * a, [prev], 0, "bwd")
                 prev = send if send is not None else prev
             emb_bwd = self.vpu("embed_grad", n * D, 3 * n * D * a, [prev], -1, "bwd")
+            if lookup_a2a:
+                ga = self.coll("embed_grad_alltoall", "all-to-all", ("fsdp",), d.fs * n * D * a,
+                               [emb_bwd], -1, "bwd")
+                emb_bwd = self.vpu("embed_grad_scatter_add", n * D, 3 * n * D * a,
+                                   [emb_bwd] + ([ga] if ga is not None else []), -1, "bwd")
             erc = self.coll("fsdp_grad_reducescatter_embed", "reduce-scatter", ("fsdp",),
-                            emb_all / self.wb * self.gb, [emb_bwd], -1, "bwd")
+                            emb_w / self.wb * self.gb, [emb_bwd], -1, "bwd")
             if erc is not None:
                 last_grad_ops.append(erc)
             if mb == cfg.microbatches - 1:

@@ -1,0 +1,557 @@
+"""Cross-check tpusim's compiled training-step collectives against XLA's TPU compiler.
+
+Two sides:
+
+* **XLA**: a small JAX LLaMA-style decoder (GQA, SwiGLU, RMSNorm, untied embeddings, Adam,
+  `jax.checkpoint` per layer = remat full) is compiled for a real TPU topology on this CPU-only
+  machine (`jax[tpu]` + `jax.experimental.topologies`, `JAX_PLATFORMS=cpu`). The optimized HLO
+  (`compiled.as_text()`) is parsed and every collective is counted with its while-loop trip count,
+  attributed to a layer through `jax.named_scope("layer{i}")` in the op metadata.
+* **tpusim**: `python -m sim compile` with the same dimensions and mesh; collectives are read
+  from the trace JSON.
+
+jax is NOT a project dependency: install it into a separate venv and pass its python:
+
+    python3.11 -m venv /tmp/jaxvenv && /tmp/jaxvenv/bin/pip install "jax[tpu]==0.10.2"
+    .venv/bin/python benchmarks/xla_crosscheck.py --jax-python /tmp/jaxvenv/bin/python
+
+Without the jax python the XLA side is skipped with a message (tpusim side still printed).
+This file is also the XLA worker (`--worker CONFIG`, run by the jax python; it imports no
+tpusim code).
+
+Byte convention (both sides): tpusim's V = the array one replica group sees: all-gather =
+gathered output, reduce-scatter / all-reduce = full unreduced operand, collective-permute = the
+per-chip message. XLA bytes are taken from the per-device HLO shapes in the same way; counts and
+bytes of ops inside while loops are multiplied by the loop's known trip count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+# LLaMA-3-8B widths, fewer layers.
+DIMS = dict(d_model=4096, num_heads=32, num_kv_heads=8, head_dim=128, d_ff=14336,
+            vocab_size=128256)
+
+# name -> configuration. batch_per_chip follows tpusim's convention (global = this x chips).
+CONFIGS = {
+    "fsdp_v5e16": dict(topology="v5e:4x4", mesh={"fsdp": 16}, layers=2, seq=2048,
+                       batch_per_chip=1, tpusim_pod=["--chip", "v5e", "--shape", "4x4"],
+                       mode="train"),
+    "fsdp_tp_v5p64": dict(topology="v5p:4x4x4", mesh={"fsdp": 16, "tensor": 4}, layers=2,
+                          seq=2048, batch_per_chip=0.25,
+                          tpusim_pod=["--chip", "v5p", "--shape", "4x4x4"], mode="train"),
+    "decode_tp8_v5e8": dict(topology="v5e:2x4", mesh={"tensor": 8}, layers=2, seq=1,
+                            batch_per_chip=1, tpusim_pod=["--chip", "v5e", "--shape", "2x4"],
+                            mode="decode", kv_len=2048),
+}
+
+# tpusim option variants tried for each training configuration.
+TPUSIM_VARIANTS = {
+    "fsdp_v5e16": [[], ["--fsdp-gather", "windowed"], ["--fsdp-gather", "blocking"],
+                   ["--remat", "none"]],
+    "fsdp_tp_v5p64": [[], ["--tp-activations", "replicated"],
+                      ["--tp-activations", "replicated", "--fsdp-gather", "blocking"],
+                      ["--tp-activations", "replicated", "--remat", "none"]],
+}
+
+KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
+
+
+# --------------------------------------------------------------------------------------------
+# XLA worker (runs under the jax python)
+# --------------------------------------------------------------------------------------------
+
+def _worker(name: str, dump_dir: str | None) -> None:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import topologies
+    from jax.sharding import AxisType, Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    cfg = CONFIGS[name]
+    d, h, kv, hd, ff, vocab = (DIMS[k] for k in ("d_model", "num_heads", "num_kv_heads",
+                                                  "head_dim", "d_ff", "vocab_size"))
+    n_layers = cfg["layers"]
+    topo = topologies.get_topology_desc(platform="tpu", topology_name=cfg["topology"])
+    names = tuple(cfg["mesh"])
+    shape = tuple(cfg["mesh"].values())
+    base = topologies.make_mesh(topo, shape, names)
+    mesh = Mesh(base.devices, names, axis_types=(AxisType.Auto,) * len(names))
+    n_chips = base.devices.size
+    tp = "tensor" if "tensor" in names else None
+    fs = "fsdp" if "fsdp" in names else None
+    bf = jnp.bfloat16
+
+    # MaxText-like logical sharding: embed dim on fsdp, heads / d_ff / vocab on tensor.
+    wspec = {
+        "wq": P(fs, tp), "wk": P(fs, tp), "wv": P(fs, tp), "wo": P(tp, fs),
+        "w1": P(fs, tp), "w3": P(fs, tp), "w2": P(tp, fs), "n1": P(None), "n2": P(None),
+    }
+    wshape = {"wq": (d, h * hd), "wk": (d, kv * hd), "wv": (d, kv * hd), "wo": (h * hd, d),
+              "w1": (d, ff), "w3": (d, ff), "w2": (ff, d), "n1": (d,), "n2": (d,)}
+    top_spec = {"embed": P(tp, fs), "unembed": P(fs, tp), "nf": P(None)}
+    top_shape = {"embed": (vocab, d), "unembed": (d, vocab), "nf": (d,)}
+
+    def sds(shp, spec, dt=bf):
+        return jax.ShapeDtypeStruct(shp, dt, sharding=NamedSharding(mesh, spec))
+
+    params = {k: sds(top_shape[k], top_spec[k]) for k in top_shape}
+    params["layers"] = [{k: sds(wshape[k], wspec[k]) for k in wshape} for _ in range(n_layers)]
+    act_spec = P(fs, None, None)  # batch on fsdp, sequence/embed replicated over tensor
+
+    def rms(x, w):
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-6)
+        return (y * w.astype(jnp.float32)).astype(bf)
+
+    def attention(q, k, v, causal):
+        b, s, _ = q.shape
+        t = k.shape[1]
+        q = q.reshape(b, s, kv, h // kv, hd)
+        k = k.reshape(b, t, kv, hd)
+        v = v.reshape(b, t, kv, hd)
+        sc = jnp.einsum("bskgd,btkd->bkgst", q, k).astype(jnp.float32) / (hd ** 0.5)
+        if causal:
+            mask = jnp.tril(jnp.ones((s, t), bool))
+            sc = jnp.where(mask, sc, -1e30)
+        p = jax.nn.softmax(sc, axis=-1).astype(bf)
+        o = jnp.einsum("bkgst,btkd->bskgd", p, v)
+        return o.reshape(b, s, h * hd)
+
+    def layer(x, w, i, cache=None):
+        with jax.named_scope(f"layer{i}"):
+            y = rms(x, w["n1"])
+            q = y @ w["wq"]
+            k = y @ w["wk"]
+            v = y @ w["wv"]
+            if cache is not None:
+                k = jnp.concatenate([cache[0], k], axis=1)
+                v = jnp.concatenate([cache[1], v], axis=1)
+            a = attention(q, k, v, causal=cache is None)
+            x = x + a @ w["wo"]
+            x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, act_spec))
+            y = rms(x, w["n2"])
+            m = jax.nn.silu(y @ w["w1"]) * (y @ w["w3"])
+            x = x + m @ w["w2"]
+            x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, act_spec))
+            return x
+
+    if cfg["mode"] == "train":
+        batch = int(cfg["batch_per_chip"] * n_chips)
+        seq = cfg["seq"]
+        tokens = sds((batch, seq), P(fs, None), jnp.int32)
+
+        def loss_fn(p, tok):
+            with jax.named_scope("embed"):
+                x = jnp.take(p["embed"], tok, axis=0)
+                x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, act_spec))
+            for i, w in enumerate(p["layers"]):
+                x = jax.checkpoint(lambda x, w, i=i: layer(x, w, i))(x, w)
+            with jax.named_scope("head"):
+                x = rms(x, p["nf"])
+                logits = (x @ p["unembed"]).astype(jnp.float32)
+                lse = jax.nn.logsumexp(logits, axis=-1)
+                tgt = jnp.take_along_axis(logits, tok[..., None], axis=-1)[..., 0]
+                return jnp.mean(lse - tgt)
+
+        def step(p, m1, m2, tok):
+            loss, g = jax.value_and_grad(loss_fn)(p, tok)
+            with jax.named_scope("adam"):
+                m1 = jax.tree.map(lambda m, g: 0.9 * m + 0.1 * g.astype(jnp.float32), m1, g)
+                m2 = jax.tree.map(lambda m, g: 0.95 * m + 0.05 * jnp.square(
+                    g.astype(jnp.float32)), m2, g)
+                p = jax.tree.map(lambda w, a, b: (w.astype(jnp.float32) - 1e-4 * a
+                                                  * jax.lax.rsqrt(b + 1e-8)).astype(bf),
+                                 p, m1, m2)
+            return loss, p, m1, m2
+
+        mom = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, jnp.float32,
+                                                          sharding=s.sharding), params)
+        lowered = jax.jit(step, donate_argnums=(0, 1, 2)).lower(params, mom, mom, tokens)
+    else:  # decode: one new token per sequence against a KV cache of kv_len
+        batch = int(cfg["batch_per_chip"] * n_chips)
+        t = cfg["kv_len"]
+        tokens = sds((batch, 1), P(None, None), jnp.int32)
+        cache_spec = P(None, None, tp)
+        caches = [(sds((batch, t, kv * hd), cache_spec), sds((batch, t, kv * hd), cache_spec))
+                  for _ in range(n_layers)]
+        act_spec = P(None, None, None)
+
+        def decode(p, caches, tok):
+            x = jnp.take(p["embed"], tok, axis=0)
+            for i, w in enumerate(p["layers"]):
+                x = layer(x, w, i, cache=caches[i])
+            with jax.named_scope("head"):
+                logits = rms(x, p["nf"]) @ p["unembed"]
+                return jnp.argmax(logits, axis=-1)
+
+        lowered = jax.jit(decode).lower(params, caches, tokens)
+
+    compiled = lowered.compile()
+    text = compiled.as_text()
+    if dump_dir:
+        Path(dump_dir).mkdir(parents=True, exist_ok=True)
+        Path(dump_dir, f"{name}.hlo.txt").write_text(text)
+    ops = parse_hlo_collectives(text)
+    mem = compiled.memory_analysis()
+    out = {"config": name, "num_chips": n_chips, "ops": ops,
+           "temp_bytes": getattr(mem, "temp_size_in_bytes", None),
+           "argument_bytes": getattr(mem, "argument_size_in_bytes", None)}
+    print("XLA_JSON " + json.dumps(out))
+
+
+# --------------------------------------------------------------------------------------------
+# HLO text parsing (pure python; used by the worker)
+# --------------------------------------------------------------------------------------------
+
+_DT_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s8": 1, "u8": 1,
+             "pred": 1, "s64": 8, "u64": 8, "f8e4m3fn": 1, "f8e5m2": 1}
+_SHAPE_RE = re.compile(r"\b(bf16|f16|f32|f64|s32|u32|s8|u8|s64|u64|pred|f8e4m3fn|f8e5m2)"
+                       r"\[([0-9,]*)\]")
+_COMP_RE = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_INSTR_RE = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s([a-z][a-z0-9\-]*)\((.*)$")
+_LAYER_RE = re.compile(r"layer(\d+)")
+_COLL_BASE = {
+    "all-gather": "all-gather", "all-gather-start": "all-gather",
+    "reduce-scatter": "reduce-scatter", "all-reduce": "all-reduce",
+    "all-reduce-start": "all-reduce", "all-to-all": "all-to-all",
+    "collective-permute": "collective-permute",
+    "collective-permute-start": "collective-permute",
+}
+
+
+def _shape_bytes(txt: str) -> list[int]:
+    out = []
+    for dt, dims in _SHAPE_RE.findall(txt):
+        n = 1
+        for x in dims.split(","):
+            if x:
+                n *= int(x)
+        out.append(n * _DT_BYTES[dt])
+    return out
+
+
+def _split_operands(rest: str) -> str:
+    """The operand list text (up to the matching close paren)."""
+    depth = 1
+    for i, ch in enumerate(rest):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                return rest[:i]
+    return rest
+
+
+def parse_hlo_collectives(text: str) -> list[dict]:
+    comps: dict[str, list[dict]] = {}
+    entry = None
+    cur = None
+    for line in text.splitlines():
+        if cur is None:
+            m = _COMP_RE.match(line)
+            if m and not line[:1].isspace() and not line.startswith("HloModule"):
+                cur = m.group(2)
+                comps[cur] = []
+                if m.group(1):
+                    entry = cur
+            continue
+        if line.strip() == "}":
+            cur = None
+            continue
+        m = _INSTR_RE.match(line)
+        if not m:
+            continue
+        is_root, iname, rtype, opcode, rest = m.groups()
+        operands = _split_operands(rest)
+        attrs = rest[len(operands):]
+        meta = re.search(r'op_name="([^"]*)"', attrs)
+        calls = re.findall(r"(?:calls|body|to_apply|condition|branch_computations)="
+                           r"\{?%?([\w.\-]+)", attrs)
+        body = re.search(r"body=%?([\w.\-]+)", attrs)
+        cond = re.search(r"condition=%?([\w.\-]+)", attrs)
+        trip = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', attrs)
+        comps[cur].append(dict(name=iname, rtype=rtype, opcode=opcode, operands=operands,
+                               attrs=attrs, op_name=meta.group(1) if meta else "",
+                               calls=calls, body=body.group(1) if body else None,
+                               cond=cond.group(1) if cond else None, root=bool(is_root),
+                               trip=int(trip.group(1)) if trip else None))
+    if entry is None:
+        return []
+
+    types = {ins["name"]: ins["rtype"] for body in comps.values() for ins in body}
+
+    def operand_bytes(ins) -> list[int]:
+        sizes = _shape_bytes(ins["operands"])
+        if sizes:
+            return sizes
+        out = []
+        for ref in re.findall(r"%([\w.\-]+)", ins["operands"]):
+            out += _shape_bytes(types.get(ref, ""))[:1]
+        return out
+
+    def trip_count(ins) -> int:
+        if ins["trip"]:
+            return ins["trip"]
+        body = comps.get(ins["cond"] or "", [])
+        consts = [int(m.group(1)) for i in body
+                  for m in [re.search(r"^(\d+)", i["operands"])]
+                  if m and i["opcode"] == "constant"]
+        if not (any("direction=LT" in i["attrs"] for i in body) and len(consts) == 1):
+            return 1
+        limit = consts[0]
+        # induction variable: the tuple index the condition compares; its step is the constant
+        # added to it in the body (windowed-einsum loops are unrolled by 2, so step is often 2).
+        k = next((m.group(1) for i in body if i["opcode"] == "get-tuple-element"
+                  for m in [re.search(r"index=(\d+)", i["attrs"])] if m), None)
+        step = 1
+        bbody = comps.get(ins["body"] or "", [])
+        params_ = {"%" + i["name"] for i in bbody if i["opcode"] == "parameter"}
+        gtes = {i["name"] for i in bbody if i["opcode"] == "get-tuple-element"
+                and i["operands"].strip() in params_
+                and re.search(rf"index={k}\b", i["attrs"])}
+        cvals = {i["name"]: int(m.group(1)) for i in bbody if i["opcode"] == "constant"
+                 for m in [re.search(r"^(\d+)", i["operands"])] if m}
+        root = next((i for i in bbody if i["root"] and i["opcode"] == "tuple"), None)
+        nxt = None
+        if root is not None and k is not None:
+            elems = [e.strip() for e in re.sub(r"/\*[^*]*\*/", "", root["operands"]).split(",")]
+            if int(k) < len(elems):
+                nxt = elems[int(k)].lstrip("%")
+        for i in bbody:
+            if i["opcode"] == "add" and (nxt is None or i["name"] == nxt):
+                refs = re.findall(r"%([\w.\-]+)", i["operands"])
+                if any(r in gtes for r in refs):
+                    c = [cvals[r] for r in refs if r in cvals]
+                    if c:
+                        step = c[0]
+                        break
+        return -(-limit // max(step, 1))
+
+    results: list[dict] = []
+
+    def visit(comp: str, mult: int, ctx_name: str, loop: str | None, seen: tuple,
+              fused: bool = False):
+        if comp in seen or comp not in comps:
+            return
+        for ins in comps[comp]:
+            op = ins["opcode"]
+            op_name = ins["op_name"] or ctx_name
+            base = _COLL_BASE.get(op)
+            if base is not None:
+                # TPU "async collective fusions" put one collective (one channel_id) into a
+                # start fusion plus continuation fusions: count it once (deduplicated below).
+                async_ = op.endswith("-start") or fused
+                ch = re.search(r"channel_id=(\d+)", ins["attrs"])
+                if base == "all-gather":
+                    sizes = _shape_bytes(ins["rtype"])
+                    nbytes = max(sizes) if sizes else 0
+                elif base == "collective-permute":
+                    sizes = _shape_bytes(ins["rtype"]) if async_ else operand_bytes(ins)
+                    nbytes = sizes[0] if sizes else 0
+                else:
+                    nbytes = sum(operand_bytes(ins))
+                ml = _LAYER_RE.search(op_name)
+                rg = re.search(r"replica_groups=(\S+?)(?:,\s|$)", ins["attrs"])
+                st = re.search(r"source_target_pairs=\{([^}]*(?:\},\{[^}]*)*)\}", ins["attrs"])
+                results.append(dict(
+                    kind=base, async_=async_, count=mult, bytes=nbytes,
+                    layer=int(ml.group(1)) if ml else -1,
+                    phase="bwd" if "transpose" in op_name else "fwd",
+                    in_loop=loop is not None, loop=loop, op_name=op_name[-120:],
+                    replica_groups=rg.group(1) if rg else "",
+                    pairs=len(re.findall(r"\{\d+,\d+\}", "{" + st.group(1) + "}")) if st else 0,
+                    opcode=op, channel=int(ch.group(1)) if ch else None))
+            if op == "async-start":
+                # async wrapper around e.g. reduce-scatter: visit the wrapped computation.
+                for c in ins["calls"]:
+                    visit(c, mult, op_name, loop, seen + (comp,))
+            elif op == "while":
+                n = trip_count(ins)
+                if ins["body"]:
+                    tag = ("windowed-ag" if "_ag" in ins["body"] else
+                           "windowed-rs" if "_rs" in ins["body"] else "loop")
+                    visit(ins["body"], mult * n, op_name, f"{tag}:{ins['name']}[x{n}]",
+                          seen + (comp,))
+            elif op in ("call", "conditional", "fusion"):
+                for c in ins["calls"]:
+                    visit(c, mult, op_name, loop, seen + (comp,), fused or op == "fusion")
+        return
+
+    visit(entry, 1, "", None, ())
+    # one logical collective per channel_id; keep the occurrence with the smallest multiplier
+    # (an async all-gather started outside a loop whose continuation is sunk into it runs once).
+    best: dict = {}
+    rest = []
+    for r in results:
+        if r["channel"] is None:
+            rest.append(r)
+        elif r["channel"] not in best or r["count"] < best[r["channel"]]["count"]:
+            best[r["channel"]] = r
+    out = rest + list(best.values())
+    for r in out:
+        if r["count"] == 1:
+            r["in_loop"] = False
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# tpusim side and comparison (runs under the project python)
+# --------------------------------------------------------------------------------------------
+
+def tpusim_collectives(name: str, extra: list[str]) -> list[dict]:
+    cfg = CONFIGS[name]
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp, "model.yaml")
+        model.write_text(f"base: llama3-8b\nname: crosscheck\nnum_layers: {cfg['layers']}\n")
+        trace = Path(tmp, "x.trace")
+        mesh = ",".join(f"{k}={v}" for k, v in cfg["mesh"].items())
+        cmd = [sys.executable, "-m", "sim", "compile", "--quiet", *cfg["tpusim_pod"],
+               "--model", str(model), "--seq-len", str(cfg["seq"]),
+               "--batch-per-chip", str(cfg["batch_per_chip"]), "--mesh", mesh, *extra,
+               "-o", str(trace)]
+        r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"tpusim compile failed: {' '.join(cmd)}\n{r.stderr}")
+        d = json.loads(trace.read_text())
+    cols = d["columns"]
+    out = []
+    for row in d["ops"]:
+        o = dict(zip(cols, row, strict=True))
+        if o["kind"] != "collective":
+            continue
+        out.append(dict(kind=o["collective"], count=1, bytes=float(o["bytes"]),
+                        layer=int(o["layer"]), phase=o["phase"], name=o["name"],
+                        axes=",".join(o["mesh_axes"])))
+    return out
+
+
+def run_xla(name: str, jax_python: str, dump_dir: str | None) -> dict:
+    cmd = [jax_python, str(Path(__file__).resolve()), "--worker", name]
+    if dump_dir:
+        cmd += ["--dump", dump_dir]
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    for line in r.stdout.splitlines():
+        if line.startswith("XLA_JSON "):
+            return json.loads(line[len("XLA_JSON "):])
+    raise RuntimeError(f"XLA worker failed for {name}:\n{r.stderr[-3000:]}")
+
+
+def _layer_label(layer: int) -> str:
+    return f"L{layer}" if layer >= 0 else "top"
+
+
+def summarize(ops: list[dict], xla: bool) -> dict:
+    """(layer, phase, kind+flavour) -> [count, bytes]"""
+    acc: dict = collections.defaultdict(lambda: [0, 0.0])
+    for o in ops:
+        kind = o["kind"]
+        if xla:
+            flav = (o["loop"].split(":")[0] if o["in_loop"] else
+                    ("async" if o["async_"] else "sync"))
+            kind = f"{kind} ({flav})"
+        key = (_layer_label(o["layer"]), o["phase"], kind)
+        acc[key][0] += o["count"]
+        acc[key][1] += o["count"] * o["bytes"]
+    return acc
+
+
+def fmt_bytes(b: float) -> str:
+    if b == 0:
+        return "-"
+    for unit, s in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if b >= s:
+            return f"{b / s:.1f}{unit}"
+    return f"{b:.0f}B"
+
+
+def print_table(title: str, acc: dict) -> None:
+    print(f"\n{title}")
+    print(f"  {'layer':5} {'phase':5} {'collective':34} {'count':>6} {'total bytes':>12}")
+    for key in sorted(acc, key=lambda k: (k[0] == "top", k[0], k[1], k[2])):
+        c, b = acc[key]
+        print(f"  {key[0]:5} {key[1]:5} {key[2]:34} {c:6d} {fmt_bytes(b):>12}")
+
+
+def print_side_by_side(sim: dict, xla: dict) -> None:
+    """Per layer and collective base kind: tpusim count/bytes vs XLA count/bytes."""
+    def by_kind(acc):
+        out = collections.defaultdict(lambda: [0, 0.0])
+        for (layer, _phase, kind), (c, b) in acc.items():
+            out[(layer, kind.split(" (")[0])][0] += c
+            out[(layer, kind.split(" (")[0])][1] += b
+        return out
+    s, x = by_kind(sim), by_kind(xla)
+    print(f"  {'layer':5} {'collective':20} {'tpusim n':>9} {'tpusim V':>10} "
+          f"{'XLA n':>7} {'XLA bytes':>10}")
+    for key in sorted(set(s) | set(x), key=lambda k: (k[0] == "top", k)):
+        sc, sb = s.get(key, (0, 0.0))
+        xc, xb = x.get(key, (0, 0.0))
+        print(f"  {key[0]:5} {key[1]:20} {sc:9d} {fmt_bytes(sb):>10} {xc:7d} {fmt_bytes(xb):>10}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--dump", help="write the optimized XLA HLO text here")
+    ap.add_argument("--jax-python", default="/tmp/jaxvenv/bin/python",
+                    help="python of a venv with jax[tpu]==0.10.2 (default %(default)s)")
+    ap.add_argument("--configs", default=",".join(CONFIGS),
+                    help=f"comma list of {', '.join(CONFIGS)}")
+    ap.add_argument("--json", help="also write all results to this JSON file")
+    args = ap.parse_args()
+    if args.worker:
+        _worker(args.worker, args.dump)
+        return 0
+
+    have_jax = Path(args.jax_python).exists() and subprocess.run(
+        [args.jax_python, "-c", "import jax, libtpu"], capture_output=True).returncode == 0
+    if not have_jax:
+        print(f"SKIP XLA side: {args.jax_python} missing or lacks jax[tpu]. Install with\n"
+              "  python3.11 -m venv /tmp/jaxvenv && /tmp/jaxvenv/bin/pip install "
+              "'jax[tpu]==0.10.2'")
+    results = {}
+    for name in args.configs.split(","):
+        cfg = CONFIGS[name]
+        print(f"\n=== {name}: {cfg['topology']} mesh {cfg['mesh']} layers={cfg['layers']} "
+              f"seq={cfg['seq']} batch/chip={cfg['batch_per_chip']} ({cfg['mode']}) ===")
+        res = {"tpusim": {}, "xla": None}
+        xla_acc = None
+        if have_jax:
+            xr = run_xla(name, args.jax_python, args.dump)
+            res["xla"] = xr
+            xla_acc = summarize(xr["ops"], xla=True)
+            print_table("XLA (optimized HLO; count x loop trip count)", xla_acc)
+        for extra in TPUSIM_VARIANTS.get(name, []):
+            label = " ".join(extra) or "(defaults)"
+            ops = tpusim_collectives(name, extra)
+            res["tpusim"][label] = ops
+            acc = summarize(ops, xla=False)
+            print_table(f"tpusim {label}", acc)
+            if xla_acc is not None:
+                print(f"\n  side by side, tpusim {label} vs XLA:")
+                print_side_by_side(acc, xla_acc)
+        if name not in TPUSIM_VARIANTS:
+            print("\n(tpusim: `compile` is training-only; the decode case is XLA-side only here)")
+        results[name] = res
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
