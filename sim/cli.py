@@ -245,7 +245,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             print(f"{r['algorithm']:<16} {'n/a':>12}  {r['reason']}")
             continue
         print(
-            f"{r['algorithm_requested']:<16} {_fmt_time(r['time_s']):>12} {r['vs_best']:>7.2f}x "
+            f"{(r['algorithm'] if r['algorithm_requested'] == 'auto' else r['algorithm_requested']):<16} {_fmt_time(r['time_s']):>12} {r['vs_best']:>7.2f}x "
             f"{_fmt_bytes(r['bytes_on_busiest_link']):>14} {r['max_link_utilization']:>6.0%} "
             f"{r['num_steps']:>6}  {r['mode']}"
         )

@@ -242,6 +242,10 @@ def simulate_collective(
     """
     if isinstance(chunks, bool) or not isinstance(chunks, int) or not 1 <= chunks <= 1024:
         raise TpusimError(f"--chunks {chunks!r} must be an integer from 1 to 1024")
+    if algorithm == "auto" and str(op) in AUTO_CANDIDATES:
+        return _auto_best(chip=chip, topology=topology, op=op, axes=axes, nbytes=nbytes,
+                          shift=shift, src=src, dst=dst, slow_links=slow_links, mode=mode,
+                          chunks=chunks)
     try:
         kind = CollectiveKind(op)
     except ValueError:
@@ -364,6 +368,47 @@ def simulate_collective(
         link_bytes=link_bytes, link_busy=link_busy, lm=lm, hbm=hbm, mode="full",
         steps=steps_total, timeline=timeline,
     )
+
+
+# `auto` is what a TPU does: the fastest of the algorithms XLA uses for these collectives,
+# which is latency-aware for free (bidirectional rings take X/2 hops, split rings X-1, all-pairs
+# one route; below the latency threshold of tpu.md §2 the fewest hops win).
+AUTO_CANDIDATES = {
+    "all-gather": ("multi-axis", "bidi-ring", "split-bidi-ring", "direct"),
+    "reduce-scatter": ("multi-axis", "bidi-ring", "split-bidi-ring", "direct"),
+    "all-reduce": ("multi-axis", "bidi-ring", "split-bidi-ring", "direct"),
+}
+_AUTO_DIRECT_MAX_GROUP = 64  # all-pairs routes only pay off on small groups
+
+
+def _auto_best(**kw) -> CollectiveResult:
+    best: CollectiveResult | None = None
+    first_error: TpusimError | None = None
+    for cand in AUTO_CANDIDATES[str(kw["op"])]:
+        try:
+            if cand == "direct":
+                axes = kw["axes"]
+                if isinstance(axes, str):
+                    axes = tuple(a.strip() for a in axes.split(",") if a.strip())
+                names = [a.physical_name if isinstance(a, GroupAxis) else a for a in axes]
+                sizes = [a.size if isinstance(a, GroupAxis) else kw["topology"].axis_size(a)
+                         for a in axes]
+                if int(np.prod(sizes)) > _AUTO_DIRECT_MAX_GROUP:
+                    continue
+                del names
+            r = simulate_collective(algorithm=cand, **kw)
+        except TpusimError as exc:
+            if first_error is None:
+                first_error = exc
+            continue
+        if best is None or r.time_s < best.time_s * (1 - 1e-12):
+            best = r
+    if best is None:
+        assert first_error is not None
+        raise first_error
+    best.algorithm = f"auto ({best.algorithm})"
+    best.algorithm_requested = "auto"
+    return best
 
 
 def _algo_name(schedule: Schedule) -> str:

@@ -154,11 +154,27 @@ def direct_wrapped_time(op: str, sizes: Sequence[int], v: float, w1: float) -> f
     return 2 * t if op == "all-reduce" else t
 
 
+AUTO_CANDIDATES = ("multi-axis", "bidi-ring", "split-bidi-ring", "direct")
+
+
 def oracle(op: str, alg: str, axes: Sequence[tuple[int, bool]], v: float, w1: float):
     """The closed-form time of a collective where one is known, else None."""
     nt = [(n, w) for n, w in axes if n > 1]
     if op == "send" or not nt:
         return None
+    if alg == "auto" and op in GATHERLIKE:
+        # auto = the fastest applicable candidate (direct only on groups of <= 64 chips).
+        times = []
+        for cand in AUTO_CANDIDATES:
+            if expected_error(op, cand, axes) is not None:
+                continue
+            if cand == "direct" and math.prod(n for n, _ in nt) > 64:
+                continue
+            t = oracle(op, cand, axes, v, w1)
+            if t is None:
+                return None
+            times.append(t)
+        return min(times)
     if len(nt) == 1:
         return single_axis_time(op, alg, nt[0][0], nt[0][1], v, w1)
     all_wrap = all(w for _, w in nt)
@@ -570,8 +586,10 @@ def test_book_measured_95_percent_efficiency_scales_the_bandwidth_term(reference
     topology = _topo("v5e", "8x16")
     assert topology.wraps("y")
     slow = simulate_collective(chip=get_chip("v5e").with_overrides(ici_efficiency=0.95),
-                               topology=topology, op="all-gather", axes="y", nbytes=v)
-    ideal = _sim("v5e", topology, op="all-gather", axes="y", nbytes=v)
+                               topology=topology, op="all-gather", axes="y", nbytes=v,
+                               algorithm="split-bidi-ring")
+    ideal = _sim("v5e", topology, op="all-gather", axes="y", nbytes=v,
+                 algorithm="split-bidi-ring")
     assert slow.time_s - 15 * L == pytest.approx((ideal.time_s - 15 * L) / case["expected"],
                                                  rel=REL)
 
@@ -602,8 +620,10 @@ def test_multi_axis_on_equal_wrapped_axes_is_the_sum_of_split_phases(op, chip_na
     n, k = dims[0], len(dims)
     v = math.prod(dims) * 3 * 4096
     w_ici = chip.ici_bidi_bytes_per_s
-    for alg in ("auto", "multi-axis"):
+    for alg in ("multi-axis",):
         r = _sim(chip_name, topology, op=op, axes=axes, nbytes=v, algorithm=alg)
+        auto = _sim(chip_name, topology, op=op, axes=axes, nbytes=v, algorithm="auto")
+        assert auto.time_s <= r.time_s * (1 + 1e-12)
         expected = multi_axis_equal_time(op, n, k, True, v, chip.ici_link_bytes_per_s)
         assert r.time_s == pytest.approx(expected, rel=REL)
         mult = 2 if op == "all-reduce" else 1
@@ -671,7 +691,7 @@ def test_reduce_scatter_costs_the_same_as_all_gather_on_symmetric_setups(
 
 # -- DCN (multi-slice) ---------------------------------------------------------------------
 @pytest.mark.parametrize("slices", [2, 3, 4])
-@pytest.mark.parametrize("alg", ["auto", "ring", "split-bidi-ring"])
+@pytest.mark.parametrize("alg", ["multi-axis", "ring", "split-bidi-ring"])
 def test_all_gather_over_dcn_is_a_ring_through_each_chips_nic(slices, alg):
     chip = get_chip("v5e")
     v = slices * (1 << 20)
@@ -775,8 +795,8 @@ ONE_HOP = [
     ("v5e", "4x4", "all", "x,y", "multi-axis"),
     ("v5e", "4x4", "none", "x,y", "multi-axis"),
     ("v5p", "4x4x4", "auto", "x,y,z", "per-axis-ring"),
-    ("v5p", "4x4x4", "auto", "x,y,z", "auto"),
-    ("v5e", "2x4", "all", "x,y", "auto"),
+    ("v5p", "4x4x4", "auto", "x,y,z", "multi-axis"),
+    ("v5e", "2x4", "all", "x,y", "multi-axis"),
 ]
 
 
@@ -942,3 +962,22 @@ def test_full_v4_pod_all_gather_along_x_is_a_split_bidirectional_ring():
     textbook = v / chip.ici_bidi_bytes_per_s  # tpu.md §2: V / W_ici, independent of X
     assert textbook * 15 / 16 <= r.time_s - 15 * L <= textbook
     assert r.group_size == 16 and r.num_groups == 256
+
+
+
+@pytest.mark.parametrize("nbytes", [16 * 1024, 1 << 20, 64 << 20])
+def test_auto_is_the_fastest_of_its_candidates_and_latency_aware(nbytes):
+    """Small collectives are latency bound (tpu.md §2): auto then takes the X/2-hop
+    bidirectional ring; large ones take the split ring's (X-1)/X bandwidth."""
+    topology = _topo("v5e", "16x16")
+    auto = _sim("v5e", topology, op="all-gather", axes="x", nbytes=nbytes)
+    times = {alg: _sim("v5e", topology, op="all-gather", axes="x", nbytes=nbytes,
+                       algorithm=alg).time_s
+             for alg in ("multi-axis", "bidi-ring", "split-bidi-ring", "direct", "ring")}
+    assert auto.time_s == pytest.approx(min(times.values()), rel=1e-12)
+    assert auto.algorithm.startswith("auto (")
+    if nbytes == 16 * 1024:
+        assert auto.algorithm == "auto (bidi-ring)"
+        assert auto.time_s <= 8 * L + nbytes / 9e10 * 1.01  # T_min * X/2 + V/W_ici
+    if nbytes == 64 << 20:
+        assert auto.algorithm in ("auto (multi-axis)", "auto (split-bidi-ring)")
