@@ -245,11 +245,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
             print(f"{r['algorithm']:<16} {'n/a':>12}  {r['reason']}")
             continue
         print(
-            f"{(r['algorithm'] if r['algorithm_requested'] == 'auto' else r['algorithm_requested']):<16} {_fmt_time(r['time_s']):>12} {r['vs_best']:>7.2f}x "
+            f"{_algo_label(r):<16} {_fmt_time(r['time_s']):>12} {r['vs_best']:>7.2f}x "
             f"{_fmt_bytes(r['bytes_on_busiest_link']):>14} {r['max_link_utilization']:>6.0%} "
             f"{r['num_steps']:>6}  {r['mode']}"
         )
     return 0
+
+
+def _algo_label(r: dict) -> str:
+    """`auto (bidi-ring)` for auto rows, else the algorithm asked for."""
+    return r["algorithm"] if r["algorithm_requested"] == "auto" else r["algorithm_requested"]
 
 
 def cmd_presets(args: argparse.Namespace) -> int:

@@ -319,8 +319,13 @@ def simulate_collective(
         )
     use_sym = symmetric_ok and mode != "full"
     steps_total = sum(len(s) for s in schedule.streams)
+    # HBM traffic of one chip's DMA: it reads what it sends and writes what it receives, and in
+    # reduce-scatter steps also reads its own partial sum to add the received one to it.
+    # Symmetric: every chip sends and receives the same bytes.
     sent = schedule.bytes_sent_per_chip()
-    hbm = 2.0 * sent + (sent if schedule.reduces else 0.0)
+    sent_rs = sum(m.bytes * st.repeat for s_ in schedule.streams for st in s_ if _is_rs(st)
+                  for m in st.moves)
+    hbm = 2.0 * sent + sent_rs
 
     if use_sym:
         net = FluidNetwork(env, lm.class_capacity_bytes_per_s)
@@ -347,6 +352,7 @@ def simulate_collective(
     net = FluidNetwork(env, lm.capacity_bytes_per_s)
     local = geo.local_coords()
     group_chips = {}
+    all_batches: list = []
     for g in groups:
         chips = geo.group_chips(g)
         group_chips[g] = chips
@@ -354,6 +360,7 @@ def simulate_collective(
             [full_batch(st, gaxes, topology, chips, local, lm) for st in s]
             for s in schedule.streams
         ]
+        all_batches.append(batches)
         represented = geo.group_size if g != 0 else geo.group_size * (
             geo.num_groups - (len(groups) - 1)
         )
@@ -361,6 +368,7 @@ def simulate_collective(
                 chunks)
     env.run()
     link_bytes, link_busy = _replicate_group0(topology, geo, group_chips, net)
+    hbm = _full_hbm_bytes(all_batches, schedule, topology.num_chips)
     return _result(
         kind=kind, algorithm=_algo_name(schedule), requested=algorithm, chip=chip,
         topology=topology, axes=tuple(g.name for g in gaxes), nbytes=nbytes,
@@ -409,6 +417,25 @@ def _auto_best(**kw) -> CollectiveResult:
     best.algorithm = f"auto ({best.algorithm})"
     best.algorithm_requested = "auto"
     return best
+
+
+def _is_rs(step) -> bool:
+    return "RS" in step.label.split()
+
+
+def _full_hbm_bytes(all_batches, schedule: Schedule, num_chips: int) -> float:
+    """The busiest chip's DMA bytes from the routed transfers (ends of a line do less)."""
+    traffic = np.zeros(num_chips)
+    for batches in all_batches:
+        for si, stream in enumerate(batches):
+            for b, st in zip(stream, schedule.streams[si], strict=True):
+                if b.src is None or b.num_transfers == 0:
+                    continue
+                w = b.bytes_per_transfer * b.repeat
+                traffic += np.bincount(b.src, weights=w, minlength=num_chips)
+                recv = np.bincount(b.dst, weights=w, minlength=num_chips)
+                traffic += recv * (2.0 if _is_rs(st) else 1.0)
+    return float(traffic.max(initial=0.0))
 
 
 def _algo_name(schedule: Schedule) -> str:

@@ -50,6 +50,8 @@ class Batch:
     latency_s: float
     repeat: int = 1
     max_speed: float = float("inf")  # cap on the fraction completed per second (compute-bound)
+    src: np.ndarray | None = None  # full detail: source chip of each transfer
+    dst: np.ndarray | None = None  # full detail: destination chip of each transfer
 
     @property
     def num_transfers(self) -> int:

@@ -107,7 +107,7 @@ def full_batch(
     lm: LinkModel,
 ) -> Batch:
     """Every chip of one replica group (`chips`, local coords `local`), on individual links."""
-    res_parts, counts, nbytes = [], [], []
+    res_parts, counts, nbytes, srcs, dsts = [], [], [], [], []
     lat = 0.0
     for m in step.moves:
         if m.bytes <= 0 or not any(m.offset):
@@ -116,8 +116,10 @@ def full_batch(
         src = chips[ok]
         if len(src) == 0:
             continue
-        r, p, _dst = route_links(topology, gaxes, src, m.offset)
+        r, p, dst = route_links(topology, gaxes, src, m.offset)
         h = int(p[1] - p[0]) if len(p) > 1 else 0
+        srcs.append(src)
+        dsts.append(dst)
         res_parts.append(r)
         counts.append(np.full(len(src), h, dtype=np.int64))
         nbytes.append(np.full(len(src), m.bytes))
@@ -133,6 +135,8 @@ def full_batch(
         bytes_per_transfer=np.concatenate(nbytes),
         latency_s=lat * step.repeat,
         repeat=step.repeat,
+        src=np.concatenate(srcs),
+        dst=np.concatenate(dsts),
     )
 
 
