@@ -49,8 +49,14 @@ def _outputs_args(p: argparse.ArgumentParser) -> None:
 def _config(args: argparse.Namespace, batch: int):
     from workloads.decode import DecodeConfig
 
+    prompt = getattr(args, "prompt_len", None)
+    if prompt is not None and prompt < 1:
+        raise TpusimError(f"--prompt-len {prompt} must be >= 1 (tokens per prompt)")
+    context = args.context_len if args.context_len is not None else prompt
+    if context is None or context < 1:
+        raise TpusimError(f"--context-len {context} must be >= 1 (tokens in each KV cache)")
     return DecodeConfig(
-        batch=batch, context_len=args.context_len or getattr(args, "prompt_len", None),
+        batch=batch, context_len=context,
         weight_dtype=args.weight_dtype,
         kv_dtype=args.kv_dtype, matmul_dtype=args.matmul_dtype,
         prompt_len=getattr(args, "prompt_len", None),
