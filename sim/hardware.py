@@ -139,7 +139,9 @@ _HOP_LATENCY_S = 1e-6  # tpu.md §1.1 "Per-hop ICI latency: about 1 µs" (the bo
 # No public per-hop DCN latency is given in the reference; 10 µs is an assumption (a datacenter
 # network one-way latency is tens of µs), documented in docs/model.md and overridable via YAML.
 _DCN_LATENCY_S = 10e-6
-_MXU_TO_VPU = 30.0  # tpu.md §1.2: the VPU is "about 30x below the MXU" (v5p)
+# tpu.md §1.2: the VPU is "about 30x below the MXU" (stated for v5p). Applying the same ratio to
+# v3, v4, v6e and TPU7x is an assumption: the reference gives no VPU figure for them.
+_MXU_TO_VPU = 30.0
 
 CHIPS.add(
     "v3",
