@@ -142,6 +142,8 @@ _DCN_LATENCY_S = 10e-6
 # tpu.md §1.2: the VPU is "about 30x below the MXU" (stated for v5p). Applying the same ratio to
 # v3, v4, v6e and TPU7x is an assumption: the reference gives no VPU figure for them.
 _MXU_TO_VPU = 30.0
+# Fitted to measured MaxText runs on v5e (docs/validation.md, benchmarks/validate_maxtext.py).
+_V5E_MXU_EFFICIENCY = 0.80
 
 CHIPS.add(
     "v3",
@@ -161,6 +163,10 @@ CHIPS.add(
         dcn_latency_s=_DCN_LATENCY_S,
         pcie_bytes_per_s=1.6e10,  # tpu.md §1.1 PCIe "1.6e10 B/s per chip typical"
         tensorcores_per_chip=2,  # tpu.md §1.2 "v3 and older: 2 separate devices"
+        # Not fitted to this chip: v5e's fitted MXU fraction (docs/validation.md) carried over,
+        # because its MXUs are the same 128x128 systolic arrays (tpu.md §1.2); no measured runs
+        # of this generation were used. The roofline is `with_overrides(mxu_efficiency=1.0)`.
+        mxu_efficiency=_V5E_MXU_EFFICIENCY,
     ),
 )
 CHIPS.add(
@@ -181,6 +187,10 @@ CHIPS.add(
         dcn_latency_s=_DCN_LATENCY_S,
         pcie_bytes_per_s=1.6e10,  # tpu.md §1.1 "v4 is 16 GB/s each way"
         tensorcores_per_chip=2,  # tpu.md §1.2 megacore
+        # Not fitted to this chip: v5e's fitted MXU fraction (docs/validation.md) carried over,
+        # because its MXUs are the same 128x128 systolic arrays (tpu.md §1.2); no measured runs
+        # of this generation were used. The roofline is `with_overrides(mxu_efficiency=1.0)`.
+        mxu_efficiency=_V5E_MXU_EFFICIENCY,
     ),
 )
 CHIPS.add(
@@ -205,7 +215,7 @@ CHIPS.add(
         # Fitted to measured MaxText runs (docs/validation.md, benchmarks/validate_maxtext.py):
         # the achievable MXU fraction of the 2023 v5e-256 training table (0.80; the other half
         # of the runs gives 0.86). HBM/ICI/DCN/VPU factors stay 1.0: the fit cannot identify them.
-        mxu_efficiency=0.80,
+        mxu_efficiency=_V5E_MXU_EFFICIENCY,
     ),
 )
 CHIPS.add(
@@ -227,6 +237,10 @@ CHIPS.add(
         dcn_latency_s=_DCN_LATENCY_S,
         pcie_bytes_per_s=1.6e10,  # tpu.md §1.1
         tensorcores_per_chip=2,  # tpu.md §1.2 "v5p: 2 cores"
+        # Not fitted to this chip: v5e's fitted MXU fraction (docs/validation.md) carried over,
+        # because its MXUs are the same 128x128 systolic arrays (tpu.md §1.2); no measured runs
+        # of this generation were used. The roofline is `with_overrides(mxu_efficiency=1.0)`.
+        mxu_efficiency=_V5E_MXU_EFFICIENCY,
     ),
 )
 CHIPS.add(

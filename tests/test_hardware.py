@@ -117,12 +117,15 @@ def test_bidi_bandwidth_is_twice_one_way_and_hop_latency_is_one_microsecond(name
 @pytest.mark.parametrize("name", sorted(BOOK_TABLE))
 def test_presets_start_at_the_textbook_roofline(name):
     """Only the MXU fraction of v5e and v6e is fitted (to measured MaxText runs,
-    docs/validation.md); everything else is the textbook's roofline."""
+    docs/validation.md); v3, v4 and v5p carry v5e's over (same 128x128 MXUs); everything else
+    is the textbook's roofline."""
     chip = get_chip(name)
     for f in ("vpu_efficiency", "hbm_efficiency", "ici_efficiency", "dcn_efficiency"):
         assert getattr(chip, f) == 1.0
     if name in ("v5e", "v6e"):
         assert 0.5 <= chip.mxu_efficiency < 1.0
+    elif name in ("v3", "v4", "v5p"):
+        assert chip.mxu_efficiency == get_chip("v5e").mxu_efficiency
     else:
         assert chip.mxu_efficiency == 1.0
 
