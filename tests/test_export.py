@@ -451,3 +451,33 @@ def test_trace_chips_outside_the_pod_is_a_one_line_error(tiny_yaml, tmp_path, ca
     rc = main(_train(tiny_yaml, tmp_path, "fsdp=2,tensor=2", "--trace-chips", "0-9"))
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "--trace-chips" in err
+
+
+@pytest.mark.parametrize("chunks", [1, 4])
+def test_collective_pftrace_has_one_slice_per_timeline_step(tmp_path, chunks):
+    from sim.collective_sim import simulate_collective
+    from sim.perfetto import export_collective
+
+    chip = get_chip("v5e")
+    topo = resolve_topology(chip_name=chip.name, wrap_rule=chip.generation_rule,
+                            max_pod_shape=chip.max_pod_shape, shape="4x8")
+    res = simulate_collective(chip=chip, topology=topo, op="all-reduce", axes="x,y",
+                              nbytes=32 << 20, algorithm="multi-axis", chunks=chunks)
+    pf = _parse_pftrace(export_collective(res, tmp_path / "c.pftrace"))
+    begins, ends = {}, []
+    open_at: dict[int, int] = {}
+    for p in pf.packet:
+        if not p.HasField("track_event"):
+            continue
+        ev = p.track_event
+        if ev.type == TrackEvent.TYPE_SLICE_BEGIN:
+            assert ev.track_uuid not in open_at  # slices on a track never overlap
+            open_at[ev.track_uuid] = p.timestamp
+            begins[len(ends)] = p.timestamp
+        elif ev.type == TrackEvent.TYPE_SLICE_END:
+            ends.append(p.timestamp - open_at.pop(ev.track_uuid))
+    tl = res.timeline
+    rows = tl[(tl.end_s * NS).round() > (tl.start_s * NS).round()]
+    assert len(ends) == len(rows) and not open_at
+    assert sorted(ends) == pytest.approx(sorted(((rows.end_s - rows.start_s) * NS).tolist()),
+                                         abs=1.0)
