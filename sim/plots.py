@@ -75,6 +75,21 @@ def plot_step(result, summary: dict, out_dir: str | Path) -> list[Path]:
     fig.tight_layout()
     paths.append(_save(fig, out / "utilization.png"))
     plt.close(fig)
+    topo = getattr(result, "_topology", None)
+    if topo is not None and len(lk):
+        # Every chip runs the same program, so every link of a class carries the same load.
+        import numpy as np
+
+        per_class = dict(zip(lk.link_class, lk.utilization, strict=True))
+        util = np.zeros(topo.num_links)
+        ids = np.arange(topo.num_ici_links)
+        cls = ids % (2 * topo.ndim)
+        for c in range(2 * topo.ndim):
+            name = "xyz"[c // 2] + "+-"[c % 2]
+            util[ids[cls == c]] = per_class.get(name, 0.0)
+        paths.append(draw_torus(topo, util, f"{summary.get('model', '')} step on "
+                                f"{result.topology} {result.chip}: ICI link utilization",
+                                out / "links_on_torus.png"))
     return paths
 
 
@@ -82,23 +97,18 @@ def _save(fig, path: Path) -> Path:
     return atomic_write(path, lambda p: fig.savefig(p, dpi=110, format="png"))
 
 
-def plot_collective(res, out_dir: str | Path, *, max_slices: int = 4) -> list[Path]:
-    """Link utilization of a collective drawn on the torus (one panel per z slice in 3D), and
-    the per-step timeline of its streams."""
+def draw_torus(topo, util, title: str, path: Path, *, max_slices: int = 4) -> Path:
+    """Each ICI link of slice 0 as a short segment coloured by its utilization; + and -
+    directions side by side, wraparound links as dotted stubs; one panel per z slice."""
     plt = _fig()
     import numpy as np
     from matplotlib import cm
     from matplotlib.colors import Normalize
 
-    out = Path(out_dir)
-    topo = res._topology
-    paths = []
     shape = topo.shape + (1,) * (3 - topo.ndim)
     nz = shape[2]
     zs = list(range(nz)) if nz <= max_slices else [round(i * (nz - 1) / (max_slices - 1))
                                                    for i in range(max_slices)]
-    util = res._link_bytes / (res._link_cap * res.time_s) if res.time_s > 0 else \
-        np.zeros_like(res._link_bytes)
     src, dst = topo.link_endpoints()
     norm = Normalize(0, max(float(util[: topo.num_ici_links].max(initial=0)), 1e-12))
     cmap = cm.viridis
@@ -125,18 +135,33 @@ def plot_collective(res, out_dir: str | Path, *, max_slices: int = 4) -> list[Pa
             dx, dy = (0, off) if axis == 0 else (off, 0)
             ax.plot([x0 + dx, x1 + dx], [y0 + dy, y1 + dy], color=cmap(norm(util[link])),
                     linewidth=2.2, linestyle=":" if wrap else "-")
-        ax.scatter(coords[:, 0],
-                   coords[:, 1] if ndim > 1 else np.zeros(len(coords)), s=6, color="black")
+        ax.scatter(coords[:, 0], coords[:, 1] if ndim > 1 else np.zeros(len(coords)), s=6,
+                   color="black")
         ax.set_title(f"z = {z}" if nz > 1 else topo.name)
         ax.set_xlabel("x")
         ax.set_ylabel("y")
         ax.set_aspect("equal")
     fig.colorbar(cm.ScalarMappable(norm=norm, cmap=cmap), ax=axes[0].tolist(),
                  label="link utilization")
-    fig.suptitle(f"{res.op} over {','.join(res.axes)} ({res.algorithm}) on {res.topology} "
-                 f"{res.chip}: {res.time_s * 1e6:.1f} us", fontsize=9)
-    paths.append(_save(fig, out / "links_on_torus.png"))
+    fig.suptitle(title, fontsize=9)
+    path = _save(fig, path)
     plt.close(fig)
+    return path
+
+
+def plot_collective(res, out_dir: str | Path, *, max_slices: int = 4) -> list[Path]:
+    """Link utilization of a collective drawn on the torus (one panel per z slice in 3D), and
+    the per-step timeline of its streams."""
+    plt = _fig()
+    import numpy as np
+
+    out = Path(out_dir)
+    util = res._link_bytes / (res._link_cap * res.time_s) if res.time_s > 0 else \
+        np.zeros_like(res._link_bytes)
+    title = (f"{res.op} over {','.join(res.axes)} ({res.algorithm}) on {res.topology} "
+             f"{res.chip}: {res.time_s * 1e6:.1f} us")
+    paths = [draw_torus(res._topology, util, title, out / "links_on_torus.png",
+                        max_slices=max_slices)]
     tl = res.timeline
     fig, ax = plt.subplots(figsize=(10, 2.5 + 0.2 * tl.stream.nunique()))
     for r in tl.itertuples(index=False):
