@@ -209,15 +209,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise TpusimError(
             f"unknown --op {args.op!r}; use one of: {', '.join(k.value for k in CollectiveKind)}"
         ) from None
+    from sim.commands import check_outputs
     from sim.progress import progress
 
+    check_outputs(args)
     rows = []
+    results = []
     for name in progress(algorithm_names(kind), desc="algorithms"):
         try:
             r = _run_collective(args, name)
         except TpusimError as exc:
             rows.append({"algorithm": name, "applicable": False, "reason": str(exc)})
             continue
+        results.append(r)
         d = r.to_dict()
         d["applicable"] = True
         rows.append(d)
@@ -229,6 +233,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     best = min(r["time_s"] for r in ok)
     for r in ok:
         r["vs_best"] = r["time_s"] / best if best > 0 else 1.0
+    if args.perfetto:
+        from sim.perfetto import export_collectives
+
+        export_collectives(results, args.perfetto)
     if args.json:
         _emit_json({"op": args.op, "axes": args.axes, "bytes": parse_bytes(args.nbytes),
                     "results": rows})
@@ -320,6 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     cc = sub.add_parser("compare-collectives", help="one collective under every algorithm")
     _add_collective_args(cc, with_algorithm=False)
+    cc.add_argument("--perfetto",
+                    help="write every algorithm's steps as one trace, a process per algorithm")
     cc.set_defaults(func=cmd_compare)
 
     pr = sub.add_parser("presets", help="list chip presets and named slices")

@@ -197,6 +197,67 @@ def export_step(result, path: str | Path, *, chips: list[int] | None = None) -> 
 
 def export_collective(res, path: str | Path) -> Path:
     """A collective's steps per stream (chip 0 of each simulated group) as a trace."""
+    return export_collectives([res], path)
+
+
+def export_collectives(results, path: str | Path) -> Path:
+    """Several collectives (e.g. one per algorithm) as one trace, a process each."""
+    procs, tracks_by_proc = [], []
+    for i, res in enumerate(results):
+        tracks = _collective_tracks(res)
+        pname = (f"{res.op} {res.algorithm} on {res.topology} {res.chip} (chip 0 of each "
+                 f"simulated group represents {res.num_chips} chips)")
+        procs.append((i, pname))
+        tracks_by_proc.append(tracks)
+    path = Path(path)
+    if path.suffix.lower() == ".json":
+        text = _chrome_json_multi(procs, tracks_by_proc)
+        return atomic_write(path, lambda p: p.write_text(text))
+    data = _protobuf_multi(procs, tracks_by_proc)
+    return atomic_write(path, lambda p: p.write_bytes(data))
+
+
+def _chrome_json_multi(procs, tracks_by_proc) -> str:
+    docs = [json.loads(_chrome_json([(0, pname)], tracks, {}, {}, {}, False))["traceEvents"]
+            for (_i, pname), tracks in zip(procs, tracks_by_proc, strict=True)]
+    events = []
+    for pid, evs in enumerate(docs, start=1):
+        for e in evs:
+            e["pid"] = pid
+            events.append(e)
+    return json.dumps({"traceEvents": events}, separators=(",", ":"))
+
+
+def _protobuf_multi(procs, tracks_by_proc) -> bytes:
+    # One builder: the per-process track trees are independent, so merge them by offsetting
+    # the uuids of each process's descriptors.
+    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace as _Trace
+
+    merged = _Trace()
+    offset = 0
+    for pid, ((_i, pname), tracks) in enumerate(zip(procs, tracks_by_proc, strict=True),
+                                                 start=1):
+        part = _Trace.FromString(_protobuf([(0, pname)], tracks, {}, {}, {}, False))
+        top = 0
+        for pk in part.packet:
+            if pk.HasField("track_descriptor"):
+                td = pk.track_descriptor
+                td.uuid += offset
+                top = max(top, td.uuid)
+                if td.HasField("parent_uuid"):
+                    td.parent_uuid += offset
+                if td.HasField("process"):
+                    td.process.pid = pid
+            if pk.HasField("track_event"):
+                pk.track_event.track_uuid += offset
+            if merged.packet:
+                pk.ClearField("sequence_flags")
+            merged.packet.append(pk)
+        offset = top
+    return merged.SerializeToString()
+
+
+def _collective_tracks(res) -> dict[str, list[tuple]]:
     tl = res.timeline
     tracks: dict[str, list[tuple]] = {}
     for i, r in enumerate(tl.itertuples(index=False)):
@@ -212,15 +273,7 @@ def export_collective(res, path: str | Path) -> Path:
         rows.sort(key=lambda x: (x[0], x[1], x[4]))
         for lane, row in zip(_lanes(rows), rows, strict=True):
             laned.setdefault(name if lane == 0 else f"{name} lane {lane}", []).append(row)
-    pname = (f"{res.op} {res.algorithm} on {res.topology} {res.chip} (chip 0 of each simulated "
-             f"group represents {res.num_chips} chips)")
-    procs = [(0, pname)]
-    path = Path(path)
-    if path.suffix.lower() == ".json":
-        text = _chrome_json(procs, laned, {}, {}, {}, False)
-        return atomic_write(path, lambda p: p.write_text(text))
-    data = _protobuf(procs, laned, {}, {}, {}, False)
-    return atomic_write(path, lambda p: p.write_bytes(data))
+    return laned
 
 
 def _ns(t: float) -> int:

@@ -482,3 +482,26 @@ def test_collective_pftrace_has_one_slice_per_timeline_step(tmp_path, chunks):
     assert len(ends) == len(rows) and not open_at
     assert sorted(ends) == pytest.approx(sorted(((rows.end_s - rows.start_s) * NS).tolist()),
                                          abs=1.0)
+
+
+def test_compare_collectives_perfetto_has_a_process_per_applicable_algorithm(tmp_path, capsys):
+    out = tmp_path / "cmp.pftrace"
+    rc = main(["compare-collectives", "--chip", "v5e", "--shape", "8x4", "--op", "all-gather",
+               "--axes", "y", "--bytes", "1MiB", "--json", "--perfetto", str(out)])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    applicable = [r for r in doc["results"] if r["applicable"]]
+    pf = _parse_pftrace(out)
+    procs = {p.track_descriptor.uuid: p.track_descriptor.process.process_name for p in pf.packet
+             if p.HasField("track_descriptor") and p.track_descriptor.HasField("process")}
+    assert len(procs) == len(applicable)
+    parent = {p.track_descriptor.uuid: p.track_descriptor.parent_uuid for p in pf.packet
+              if p.HasField("track_descriptor") and p.track_descriptor.HasField("parent_uuid")}
+    per_proc: dict[int, int] = defaultdict(int)
+    for p in pf.packet:
+        if p.HasField("track_event") and p.track_event.type == TrackEvent.TYPE_SLICE_BEGIN:
+            per_proc[parent[p.track_event.track_uuid]] += 1
+    by_name = {procs[u].split(" on ")[0].removeprefix("all-gather "): n
+               for u, n in per_proc.items()}
+    for r in applicable:
+        assert by_name[r["algorithm"]] == r["num_steps"]  # one slice per step (no chunks)
