@@ -263,11 +263,17 @@ class _Compiler:
             return [], []
         return ([], [ag]) if self.tp_overlap else ([ag], [])
 
-    def tp_exit(self, tag, name, mm_id, mm_input, layer, phase) -> list[int]:
-        """After a sublayer's last matmul: deps for the residual that consumes its output."""
+    def tp_exit(self, tag, name, mm_id, last_matmuls, layer, phase) -> list[int]:
+        """After a sublayer's last matmul: deps for the residual that consumes its output.
+
+        With collective matmuls the reduction starts when the last matmul(s) producing its
+        input can start (their own dependencies), and runs alongside them."""
         kind = "reduce-scatter" if self.tp_sharded else "all-reduce"
         short = "reducescatter" if self.tp_sharded else "allreduce"
-        start = [mm_input] if self.tp_overlap else [mm_id]
+        if self.tp_overlap:
+            start = sorted({d for op in last_matmuls for d in self.b.ops[op].deps})
+        else:
+            start = [mm_id]
         c = self.coll(f"{tag}tp_{short}_{name}", kind, ("tensor",),
                       self.d.n * self.m.d_model * self.act, start, layer, phase)
         return [mm_id] + ([c] if c is not None else [])
@@ -323,16 +329,16 @@ class _Compiler:
             mlp_out = self.mlp_forward(layer, norm, wdeps, phase, tag, after)
             summed = self.vpu(f"{tag}block_sum", n * D, 3 * n * D * a, [out, mlp_out], layer,
                               phase)
-            exit_deps = self.tp_exit(tag, "block", summed, att, layer, phase)
+            exit_deps = self.tp_exit(tag, "block", summed, [out, mlp_out], layer, phase)
             return self.vpu(f"{tag}residual", r * D, 3 * r * D * a, exit_deps + list(x), layer,
                             phase)
-        exit1 = self.tp_exit(tag, "attn", out, att, layer, phase)
+        exit1 = self.tp_exit(tag, "attn", out, [out], layer, phase)
         res1 = self.vpu(f"{tag}residual_attn", r * D, 3 * r * D * a, exit1 + list(x), layer,
                         phase)
         norm2 = self.vpu(f"{tag}norm_mlp", 5 * r * D, 2 * r * D * a, [res1], layer, phase)
         mm_deps2, after2 = self.tp_enter(tag, "mlp", norm2, layer, phase)
         mlp_out = self.mlp_forward(layer, norm2, wdeps + mm_deps2, phase, tag, after2)
-        exit2 = self.tp_exit(tag, "mlp", mlp_out, norm2, layer, phase)
+        exit2 = self.tp_exit(tag, "mlp", mlp_out, [mlp_out], layer, phase)
         return self.vpu(f"{tag}residual_mlp", r * D, 3 * r * D * a, exit2 + [res1], layer,
                         phase)
 
@@ -445,7 +451,7 @@ class _Compiler:
                                d.fs * n * D * a, start, -1, "fwd")
             table = lk if lookup_a2a else emb_g
             x = b.add("embed_lookup", kind=OpKind.COMPUTE, unit=Unit.VPU, flops=0.0,
-                      hbm_bytes=2 * n * D * a,
+                      hbm_bytes=2 * self.rows() * D * a,
                       deps=[prev_compute] + ([table] if table is not None else []),
                       layer=-1, phase="fwd")
             prev = x
@@ -473,23 +479,28 @@ class _Compiler:
                 prev = out
             if d.pp > 1:
                 send = self.coll("pipeline_send_fwd", "collective-permute", ("pipeline",),
-                                 n * D * a, [prev], d.layers - 1, "fwd")
+                                 self.rows() * D * a, [prev], d.layers - 1, "fwd")
                 prev = send if send is not None else prev
             # Output projection and loss.
-            final_norm = self.vpu("final_norm", 5 * n * D, 2 * n * D * a, [prev], -1, "fwd")
+            r = self.rows()
+            final_norm = self.vpu("final_norm", 5 * r * D, 2 * r * D * a, [prev], -1, "fwd")
+            # Sharded activations are gathered over `tensor` before the vocab-split logits.
+            lg_deps, lg_after = self.tp_enter("", "logits", final_norm, -1, "fwd")
             logits = self.mm("logits", 2 * n * D * V / d.tp, emb_w, n * D * a, n * V / d.tp * 4,
-                             [final_norm] + ([emb_g] if emb_g is not None else []), -1, "fwd")
-            loss = self.vpu("softmax_xent", 6 * n * V / d.tp, 2 * n * V / d.tp * 4, [logits],
-                            -1, "loss")
+                             [final_norm] + ([emb_g] if emb_g is not None else []) + lg_deps,
+                             -1, "fwd")
+            loss = self.vpu("softmax_xent", 6 * n * V / d.tp, 2 * n * V / d.tp * 4,
+                            [logits, *lg_after], -1, "loss")
             lse = self.coll("tp_logsumexp_allreduce", "all-reduce", ("tensor",),
                             n * 4 * 2, [loss], -1, "loss")
             dlog = self.vpu("dlogits", 4 * n * V / d.tp, 2 * n * V / d.tp * a,
                             [loss] + ([lse] if lse is not None else []), -1, "bwd")
             dx = self.mm("logits_bwd", 4 * n * D * V / d.tp, 2 * emb_w, n * V / d.tp * a,
                          n * D * a + emb_w, [dlog], -1, "bwd")
-            dar = self.coll("tp_allreduce_logits_bwd", "all-reduce", ("tensor",),
-                            n * D * a, [dx], -1, "bwd")
-            prev = dx if dar is None else dar
+            # The input gradient is summed over the vocab shards (reduce-scattered when the
+            # activations are sharded, all-reduced when they are replicated).
+            dar_deps = self.tp_exit("", "logits_bwd", dx, [dx], -1, "bwd")
+            prev = dar_deps[-1]
             # Backward through the layers in reverse.
             # The last layer's weights are gathered again while the loss is computed.
             pending = fsdp_gather(d.layers - 1, mb, "bwd", [final_norm] if prefetch else [prev])
@@ -505,7 +516,9 @@ class _Compiler:
                     deps = [inp]
                 elif cfg.remat in (Remat.MINIMAL, Remat.OFFLOAD):
                     # Recompute the cheap elementwise ops (norms, activations, rotary).
-                    re = self.vpu("re-elementwise", 20 * n * D, 8 * n * D * a, deps, layer, "bwd")
+                    rr = self.rows()
+                    re = self.vpu("re-elementwise", 20 * rr * D, 8 * rr * D * a, deps, layer,
+                                  "bwd")
                     deps = [re]
                 inp = prev
                 out = self.layer_backward(layer, deps, None if windowed else g)
@@ -537,7 +550,7 @@ class _Compiler:
                 prev = out
             if d.pp > 1:
                 send = self.coll("pipeline_send_bwd", "collective-permute", ("pipeline",),
-                                 n * D * a, [prev], 0, "bwd")
+                                 self.rows() * D * a, [prev], 0, "bwd")
                 prev = send if send is not None else prev
             emb_bwd = self.vpu("embed_grad", n * D, 3 * n * D * a, [prev], -1, "bwd")
             if lookup_a2a:
@@ -607,7 +620,7 @@ class _Compiler:
             # reduced over `tensor` once, after the attention branch.
             mlp_exit = [dact]
         else:
-            mlp_exit = self.tp_exit("", "mlp_bwd", dact, first, layer, "bwd")
+            mlp_exit = self.tp_exit("", "mlp_bwd", dact, [dmlp], layer, "bwd")
         nrm = self.vpu("norm_mlp_bwd", 10 * r * D, 4 * r * D * a,
                        mlp_exit + [x for x in (ar1,) if x is not None], layer, "bwd")
         att_fwd_flops = 4 * n * d.ctx * h_loc * hd * (0.5 if self.cfg.attention == "flash" else 1)
@@ -615,14 +628,14 @@ class _Compiler:
         w_att = m.attention_params_per_layer / tp * self.wb
         proj_flops = 2 * n * D * (2 * h_loc + 2 * k_loc) * hd
         if m.parallel_block:
-            att_in, mm_deps2, after2 = first, mm_deps, after
+            mm_deps2, after2 = mm_deps, after
         else:
-            att_in = nrm
             mm_deps2, after2 = self.tp_enter("", "attn_bwd", nrm, layer, "bwd")
         dproj = self.mm("attn_proj_bwd", 2 * proj_flops, 2 * w_att,
                         3 * n * (h_loc + 2 * k_loc) * hd * a, n * D * a,
                         [nrm] + wd + mm_deps2, layer, "bwd")
         kv_bytes = n * d.sp / d.ctx * d.ctx * k_loc * hd * a  # K or V of the local sequences
+        datt_m = None
         if self.cfg.attention == "flash":
             # Reads Q, O, dO and K, V; writes dQ, dK, dV.
             datt = self.mm("flash_attention_bwd", att_factor * att_fwd_flops, 0.0,
@@ -637,8 +650,9 @@ class _Compiler:
             datt = self.vpu("softmax_bwd", 6 * scores, 3 * scores * a, [datt_m], layer, "bwd")
         rope = self.vpu("rotary_bwd", 6 * n * (h_loc + k_loc) * hd,
                         2 * n * (h_loc + k_loc) * hd * a, [datt], layer, "bwd")
-        att_exit = self.tp_exit("", "block_bwd" if m.parallel_block else "attn_bwd", rope, att_in,
-                                layer, "bwd")
+        last = [datt_m if self.cfg.attention != "flash" else datt]
+        att_exit = self.tp_exit("", "block_bwd" if m.parallel_block else "attn_bwd", rope,
+                                last + ([dmlp] if m.parallel_block else []), layer, "bwd")
         return self.vpu("norm_attn_bwd", 10 * r * D, 4 * r * D * a, att_exit + [dact], layer,
                         "bwd")
 
