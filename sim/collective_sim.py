@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import simpy
 
-from sim.collectives import CollectiveKind, Schedule, build_schedule
+from sim.collectives import CollectiveKind, Schedule, build_schedule, step_bytes_per_chip
 from sim.hardware import ChipSpec
 from sim.network import (
     CLASS_NAMES,
@@ -323,8 +323,8 @@ def simulate_collective(
     # reduce-scatter steps also reads its own partial sum to add the received one to it.
     # Symmetric: every chip sends and receives the same bytes.
     sent = schedule.bytes_sent_per_chip()
-    sent_rs = sum(m.bytes * st.repeat for s_ in schedule.streams for st in s_ if _is_rs(st)
-                  for m in st.moves)
+    sent_rs = sum(step_bytes_per_chip(st) * st.repeat for s_ in schedule.streams for st in s_
+                  if _is_rs(st))
     hbm = 2.0 * sent + sent_rs
 
     if use_sym:
@@ -491,7 +491,7 @@ def _launch(env, net, batches, schedule, group, chip, represented, timeline, chu
                 t0 = env.now
                 yield net.transfer(b)
                 finished[c][k].succeed()
-                per_chip = sum(m.bytes for m in st.moves) * st.repeat / chunks
+                per_chip = step_bytes_per_chip(st) * st.repeat / chunks
                 timeline.append((group, chip, represented, si, k, st.label, t0, env.now,
                                  per_chip))
             for p in range(max(cur_phase, 0), num_phases):

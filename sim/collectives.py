@@ -78,8 +78,21 @@ class Schedule:
                    for s in self.streams for st in s for m in st.moves)
 
     def bytes_sent_per_chip(self) -> float:
-        """Bytes one chip injects (for a chip that performs every move)."""
-        return sum(m.bytes * st.repeat for s in self.streams for st in s for m in st.moves)
+        """Bytes one chip injects (for a chip that performs every move it is eligible for)."""
+        return sum(step_bytes_per_chip(st) * st.repeat for s in self.streams for st in s)
+
+
+def step_bytes_per_chip(step: Step) -> float:
+    """Bytes one chip sends in one repetition of a step. Moves conditioned on a coordinate bit
+    come in complementary sets (bit clear / bit set): a chip performs only one set."""
+    plain = sum(m.bytes for m in step.moves if m.src_bit is None)
+    by_bit: dict[tuple[int, int], dict[int, float]] = {}
+    for m in step.moves:
+        if m.src_bit is not None:
+            axis, bit, value = m.src_bit
+            side = by_bit.setdefault((axis, bit), {})
+            side[value] = side.get(value, 0.0) + m.bytes
+    return plain + sum(max(side.values()) for side in by_bit.values())
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,12 +134,22 @@ def _ring_phase(k: int, ai: int, n: int, msg: float, wraps: bool, label: str) ->
     return [Step(moves, repeat=n - 1, label=label)]
 
 
-def _bidi_phase(k: int, ai: int, n: int, msg: float, label: str) -> list[Step]:
-    """Textbook bidirectional ring: msg both ways each hop, floor(n/2) hops."""
+def _bidi_phase(
+    k: int, ai: int, n: int, msg: float, label: str, *, transpose: bool = False
+) -> list[Step]:
+    """Textbook bidirectional ring: msg both ways each hop, floor(n/2) hops.
+
+    For even n the all-gather's last hop brings the antipode's shard from both sides (the
+    textbook's V/W_ici counts it twice); a reduce-scatter must not sum that partial twice, so
+    its last hop sends half of it each way."""
     if n <= 1:
         return []
-    moves = (Move(_unit(k, ai, 1), msg), Move(_unit(k, ai, -1), msg))
-    return [Step(moves, repeat=n // 2, label=label)]
+    both = (Move(_unit(k, ai, 1), msg), Move(_unit(k, ai, -1), msg))
+    if not transpose or n % 2:
+        return [Step(both, repeat=n // 2, label=label)]
+    halves = (Move(_unit(k, ai, 1), msg / 2), Move(_unit(k, ai, -1), msg / 2))
+    steps = [Step(both, repeat=n // 2 - 1, label=label)] if n > 2 else []
+    return steps + [Step(halves, label=label)]
 
 
 def _split_phase(k: int, ai: int, n: int, msg: float, label: str) -> list[Step]:
@@ -163,7 +186,7 @@ def _axis_phase(
     if style == "ring":
         return _ring_phase(k, ai, g.size, msg, g.wraps, label)
     if style == "bidi":
-        return _bidi_phase(k, ai, g.size, msg, label)
+        return _bidi_phase(k, ai, g.size, msg, label, transpose=transpose)
     if style == "split":
         return _split_phase(k, ai, g.size, msg, label)
     if style == "line":

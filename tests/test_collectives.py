@@ -68,6 +68,10 @@ def single_axis_time(op: str, alg: str, n: int, wraps: bool, v: float, w1: float
             t = (n - 1) * ((1 if wraps else n - 1) * L + shard / w1)
         elif alg == "bidi-ring":
             t = (n // 2) * (L + shard / w1)
+            if n % 2 == 0 and op != "all-gather":
+                # The reduce-scatter's last hop sends half the antipode's partial each way.
+                rs = (n // 2) * L + (n // 2 - 0.5) * shard / w1
+                return rs if op == "reduce-scatter" else rs + t
         elif alg == "split-bidi-ring":
             t = (n - 1) * (L + shard / 2 / w1)
         elif alg == "line":
@@ -684,9 +688,21 @@ def test_reduce_scatter_costs_the_same_as_all_gather_on_symmetric_setups(
 ):
     topology = _topo(chip_name, shape)
     v = 256 * 4096
-    ag = _sim(chip_name, topology, op="all-gather", axes=axes, nbytes=v, algorithm="auto")
-    r = _sim(chip_name, topology, op=op, axes=axes, nbytes=v, algorithm="auto")
+    ag = _sim(chip_name, topology, op="all-gather", axes=axes, nbytes=v,
+              algorithm="multi-axis")
+    r = _sim(chip_name, topology, op=op, axes=axes, nbytes=v, algorithm="multi-axis")
     assert r.time_s == pytest.approx((2 if op == "all-reduce" else 1) * ag.time_s, rel=REL)
+
+
+def test_bidi_ring_reduce_scatter_does_not_sum_the_antipode_twice():
+    """The all-gather's last hop brings the antipode's shard from both sides (the textbook's
+    V/W_ici); the reduce-scatter's last hop carries half of that partial each way."""
+    topology = _topo("v5e", "16x16")
+    v = 16 * 65536
+    ag = _sim("v5e", topology, op="all-gather", axes="x", nbytes=v, algorithm="bidi-ring")
+    rs = _sim("v5e", topology, op="reduce-scatter", axes="x", nbytes=v, algorithm="bidi-ring")
+    assert ag.bytes_on_busiest_link == pytest.approx(8 * v / 16)
+    assert rs.bytes_on_busiest_link == pytest.approx(7.5 * v / 16)
 
 
 # -- DCN (multi-slice) ---------------------------------------------------------------------
