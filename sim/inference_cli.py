@@ -286,9 +286,15 @@ def cmd_serve_sweep(args: argparse.Namespace) -> int:
     args.mesh = mesh_texts[0]
     chip, topo, model, _mesh = _setup(args)
     batches = parse_batches(args.batches)
+    mesh_texts = list(dict.fromkeys(mesh_texts))  # a repeated entry is swept once
     meshes = [parse_mesh(m, args.dcn) for m in mesh_texts]
-    wdts = [w.strip() for w in args.weight_dtype.split(",") if w.strip()]
-    kvdts = [k.strip() for k in args.kv_dtype.split(",") if k.strip()]
+    wdts = list(dict.fromkeys(w.strip() for w in args.weight_dtype.split(",") if w.strip()))
+    kvdts = list(dict.fromkeys(k.strip() for k in args.kv_dtype.split(",") if k.strip()))
+    if not wdts or not kvdts:
+        raise TpusimError(
+            f"--weight-dtype {args.weight_dtype!r} / --kv-dtype {args.kv_dtype!r} names no "
+            f"dtype; give e.g. bf16 or bf16,int8"
+        )
     rows, max_b = [], {}
     for mesh in meshes:
         for wdt in wdts:

@@ -77,7 +77,8 @@ def plot_step(result, summary: dict, out_dir: str | Path) -> list[Path]:
     plt.close(fig)
     topo = getattr(result, "_topology", None)
     if topo is not None and len(lk):
-        # Every chip runs the same program, so every link of a class carries the same load.
+        # The step's links table is per link class (the busiest link of each class), so every
+        # link is drawn at its class's value; per-link detail is in `tpusim collective --plots`.
         import numpy as np
 
         per_class = dict(zip(lk.link_class, lk.utilization, strict=True))
@@ -88,7 +89,8 @@ def plot_step(result, summary: dict, out_dir: str | Path) -> list[Path]:
             name = "xyz"[c // 2] + "+-"[c % 2]
             util[ids[cls == c]] = per_class.get(name, 0.0)
         paths.append(draw_torus(topo, util, f"{summary.get('model', '')} step on "
-                                f"{result.topology} {result.chip}: ICI link utilization",
+                                f"{result.topology} {result.chip}: ICI link utilization per "
+                                f"link class (busiest link of each class)",
                                 out / "links_on_torus.png"))
     return paths
 

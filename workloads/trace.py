@@ -176,6 +176,12 @@ class Trace:
                 f"{source} is a malformed tpusim trace ({type(exc).__name__}: {exc}); recompile "
                 f"it with `tpusim compile`"
             ) from None
+        stages = meta.get("pipeline_stages")
+        if stages is not None and stages != mesh.size("pipeline"):
+            raise TpusimError(
+                f"{source}: meta says {stages} pipeline stages but the mesh has pipeline="
+                f"{mesh.size('pipeline')}; recompile the trace with `tpusim compile`"
+            )
         return Trace(mesh=mesh, ops=tuple(ops), meta=dict(meta))
 
 
@@ -221,8 +227,11 @@ def _check_meta(meta: dict, source: str) -> None:
             )
     sb = meta.get("static_breakdown")
     if sb is not None and (not isinstance(sb, dict) or not all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) for x in sb.values())):
-        raise TpusimError(f"{source}: meta field 'static_breakdown' must map names to numbers")
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+            and x >= 0 for x in sb.values())):
+        raise TpusimError(
+            f"{source}: meta field 'static_breakdown' must map names to finite numbers >= 0"
+        )
 
 
 class TraceBuilder:
