@@ -42,6 +42,8 @@ import tracemalloc
 from dataclasses import dataclass
 from pathlib import Path
 
+from _measure import run_child as _run_child
+
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "collectives.json"
 QUICK_OUT = REPO / "benchmarks" / "results" / "collectives-quick.json"
@@ -143,45 +145,9 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def _maxrss_bytes(ru_maxrss: int) -> int:
-    # Linux reports KiB, macOS bytes.
-    return ru_maxrss if sys.platform == "darwin" else ru_maxrss * 1024
-
-
-# Runs one command in a fresh, small Python (no site, stdlib only) and reports on it. The timing
-# and `RUSAGE_CHILDREN` live in this helper, not in the benchmark process, because on Linux a
-# child's ru_maxrss starts from the memory high-water mark of the process that forked it (the
-# forked/vforked address space is carried through exec), and `RUSAGE_CHILDREN` is the maximum over
-# every child reaped so far. Measured from the benchmark itself, which grows as it imports numpy
-# and runs the in-process simulations, every row would report the benchmark's size, not tpusim's.
-_HELPER = r"""
-import json, resource, subprocess, sys, time
-cmd = json.loads(sys.argv[1])
-t0 = time.perf_counter()
-done = subprocess.run(cmd, capture_output=True, check=False)
-wall = time.perf_counter() - t0
-sys.stdout.write(json.dumps({
-    "wall_s": wall,
-    "ru_maxrss": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
-    "code": done.returncode,
-    "stdout": done.stdout.decode(errors="replace"),
-    "stderr": done.stderr.decode(errors="replace"),
-}))
-"""
-
-
 def run_child(cmd: list[str]) -> tuple[float, int, str, str, int]:
-    """Run `cmd` once: (wall seconds, peak RSS bytes, stdout, stderr, exit code).
-
-    The wall time is `time.perf_counter` around `subprocess.run(cmd)`; the peak RSS is
-    `resource.getrusage(RUSAGE_CHILDREN).ru_maxrss` of a helper whose only child is `cmd`.
-    """
-    done = subprocess.run([sys.executable, "-S", "-c", _HELPER, json.dumps(cmd)],
-                          capture_output=True, cwd=REPO, env=child_env(), check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"benchmark helper failed: {done.stderr.decode(errors='replace')}")
-    r = json.loads(done.stdout)
-    return r["wall_s"], _maxrss_bytes(r["ru_maxrss"]), r["stdout"], r["stderr"], r["code"]
+    """Run `cmd` once as a whole process (see benchmarks/_measure.py)."""
+    return _run_child(cmd, cwd=REPO, env=child_env())
 
 
 def measure_process(case: Case, repeats: int) -> dict:

@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
+
+from _measure import run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = [
@@ -20,14 +21,6 @@ CASES = [
     ("llama3-405b", ["--slice", "v5p-128"], "tensor=64", 64, 8192),
     ("llama3-405b", ["--slice", "v5p-128"], "data=2,tensor=32", 64, 8192),
 ]
-_TIMER = (
-    "import resource, subprocess, sys, time, json\n"
-    "t = time.perf_counter(); p = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
-    "dt = time.perf_counter() - t\n"
-    "r = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss\n"
-    "print(json.dumps({'rc': p.returncode, 'wall': dt, 'rss_kib': r, 'out': p.stdout, "
-    "'err': p.stderr}))\n"
-)
 
 
 def main() -> None:
@@ -39,14 +32,12 @@ def main() -> None:
                "--batch", str(batch), "--context-len", str(ctx), "--mesh", mesh, "--json"]
         walls, rss, out = [], 0, None
         for _ in range(3):
-            p = subprocess.run([sys.executable, "-S", "-c", _TIMER, *cmd], capture_output=True,
-                               text=True, env=env, cwd=ROOT)
-            rec = json.loads(p.stdout)
-            if rec["rc"] != 0:
-                raise SystemExit(f"{model} {mesh}: {rec['err'].strip()}")
-            walls.append(rec["wall"])
-            rss = max(rss, rec["rss_kib"])
-            out = json.loads(rec["out"])
+            wall, rss_bytes, stdout, err, code = run_child(cmd, cwd=ROOT, env=env)
+            if code != 0:
+                raise SystemExit(f"{model} {mesh}: {err.strip()}")
+            walls.append(wall)
+            rss = max(rss, rss_bytes // 1024)
+            out = json.loads(stdout)
         print(f"{model:<12} {' '.join(pod):<22} {mesh:<18} {batch:>5} "
               f"{statistics.median(walls):>7.2f} {rss / 1024:>8.1f} "
               f"{out['step_time_s'] * 1e3:>8.2f} {str(out['fits_in_hbm']):>5}")

@@ -13,10 +13,11 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _measure import run_child
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = [
@@ -26,15 +27,6 @@ CASES = [
     ("v5p", "16x16x16", "fsdp=1024,tensor=4"),
     ("v5p", "16x20x28", "fsdp=2240,tensor=4"),
 ]
-# Runs one child and reports its own peak RSS (RUSAGE_CHILDREN of a fresh, tiny parent).
-_TIMER = (
-    "import resource, subprocess, sys, time, json\n"
-    "t = time.perf_counter(); p = subprocess.run(sys.argv[1:], capture_output=True, text=True)\n"
-    "dt = time.perf_counter() - t\n"
-    "r = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss\n"
-    "print(json.dumps({'rc': p.returncode, 'wall': dt, 'rss_kib': r, 'out': p.stdout, "
-    "'err': p.stderr}))\n"
-)
 
 
 def run(chip: str, shape: str, mesh: str, repeats: int) -> dict:
@@ -44,14 +36,12 @@ def run(chip: str, shape: str, mesh: str, repeats: int) -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     walls, rss, out = [], 0, None
     for _ in range(repeats):
-        p = subprocess.run([sys.executable, "-S", "-c", _TIMER, *cmd], capture_output=True,
-                           text=True, env=env, cwd=ROOT)
-        rec = json.loads(p.stdout)
-        if rec["rc"] != 0:
-            raise SystemExit(f"{chip} {shape}: tpusim failed: {rec['err'].strip()}")
-        walls.append(rec["wall"])
-        rss = max(rss, rec["rss_kib"])
-        out = json.loads(rec["out"])
+        wall, rss_bytes, stdout, err, code = run_child(cmd, cwd=ROOT, env=env)
+        if code != 0:
+            raise SystemExit(f"{chip} {shape}: tpusim failed: {err.strip()}")
+        walls.append(wall)
+        rss = max(rss, rss_bytes // 1024)
+        out = json.loads(stdout)
     wall = statistics.median(walls)
     return {
         "chip": chip, "shape": shape, "mesh": mesh, "num_chips": out["num_chips"],
