@@ -334,7 +334,7 @@ def simulate_collective(
         env.run()
         link_bytes, link_busy = _expand_classes(topology, gaxes, net.bytes, net.busy_s)
         return _result(
-            kind=kind, algorithm=_algo_name(schedule), requested=algorithm, chip=chip,
+            kind=kind, algorithm=schedule.algorithm, requested=algorithm, chip=chip,
             topology=topology, axes=tuple(g.name for g in gaxes), nbytes=nbytes,
             group_size=geo.group_size, num_groups=geo.num_groups, time_s=env.now, net=net,
             link_bytes=link_bytes, link_busy=link_busy, lm=lm, hbm=hbm, mode="symmetric",
@@ -370,7 +370,7 @@ def simulate_collective(
     link_bytes, link_busy = _replicate_group0(topology, geo, group_chips, net)
     hbm = _full_hbm_bytes(all_batches, schedule, topology.num_chips)
     return _result(
-        kind=kind, algorithm=_algo_name(schedule), requested=algorithm, chip=chip,
+        kind=kind, algorithm=schedule.algorithm, requested=algorithm, chip=chip,
         topology=topology, axes=tuple(g.name for g in gaxes), nbytes=nbytes,
         group_size=geo.group_size, num_groups=geo.num_groups, time_s=env.now, net=net,
         link_bytes=link_bytes, link_busy=link_busy, lm=lm, hbm=hbm, mode="full",
@@ -398,12 +398,10 @@ def _auto_best(**kw) -> CollectiveResult:
                 axes = kw["axes"]
                 if isinstance(axes, str):
                     axes = tuple(a.strip() for a in axes.split(",") if a.strip())
-                names = [a.physical_name if isinstance(a, GroupAxis) else a for a in axes]
                 sizes = [a.size if isinstance(a, GroupAxis) else kw["topology"].axis_size(a)
                          for a in axes]
                 if int(np.prod(sizes)) > _AUTO_DIRECT_MAX_GROUP:
                     continue
-                del names
             r = simulate_collective(algorithm=cand, **kw)
         except TpusimError as exc:
             if first_error is None:
@@ -436,10 +434,6 @@ def _full_hbm_bytes(all_batches, schedule: Schedule, num_chips: int) -> float:
                 recv = np.bincount(b.dst, weights=w, minlength=num_chips)
                 traffic += recv * (2.0 if _is_rs(st) else 1.0)
     return float(traffic.max(initial=0.0))
-
-
-def _algo_name(schedule: Schedule) -> str:
-    return schedule.algorithm
 
 
 def _link_axis(topology: Topology, link: int) -> str:

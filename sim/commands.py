@@ -255,22 +255,18 @@ def _register_compile(sub, name: str) -> None:
     p.set_defaults(func=cmd_compile)
 
 
-def _register_replay(sub, name: str) -> None:
-    p = sub.add_parser(name, help="replay a trace file on a pod")
-    p.add_argument("trace", help="a file written by `tpusim compile`")
-    cli.add_pod_args(p)
-    p.add_argument("--no-overlap", action="store_true")
-    _outputs_args(p)
-    p.set_defaults(func=cmd_replay)
+def _trace_command(help_text: str, func):
+    """`replay` and `export` take the same arguments: a trace file, a pod and the outputs."""
 
+    def register(sub, name: str) -> None:
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("trace", help="a file written by `tpusim compile`")
+        cli.add_pod_args(p)
+        p.add_argument("--no-overlap", action="store_true")
+        _outputs_args(p)
+        p.set_defaults(func=func)
 
-def _register_export(sub, name: str) -> None:
-    p = sub.add_parser(name, help="replay a trace file and export it to Perfetto")
-    p.add_argument("trace", help="a file written by `tpusim compile`")
-    cli.add_pod_args(p)
-    p.add_argument("--no-overlap", action="store_true")
-    _outputs_args(p)
-    p.set_defaults(func=cmd_export)
+    return register
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -337,8 +333,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 cli._EXTRA_COMMANDS.extend([
     ("train", _register_train),
     ("compile", _register_compile),
-    ("replay", _register_replay),
-    ("export", _register_export),
+    ("replay", _trace_command("replay a trace file on a pod", cmd_replay)),
+    ("export", _trace_command("replay a trace file and export it to Perfetto", cmd_export)),
     ("demo", _register_demo),
 ])
 import sim.inference_cli  # noqa: E402,F401  (registers decode, prefill, serve-sweep)

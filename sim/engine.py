@@ -265,7 +265,6 @@ def replay(
     start = np.zeros(n)
     end = np.zeros(n)
     ops = trace.ops
-    one = np.zeros(1, dtype=np.int64)
     ptr1 = np.array([0, 1], dtype=np.int64)
     hbm_res = np.array([hbm_idx], dtype=np.int64)
 
@@ -322,7 +321,6 @@ def replay(
             end[op.id] = env.now
             done[op.id].succeed()
 
-    del one
     for op in ops:
         if op.kind == OpKind.COLLECTIVE and overlap:
             env.process(run_collective(op))

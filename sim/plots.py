@@ -28,15 +28,12 @@ def plot_step(result, summary: dict, out_dir: str | Path) -> list[Path]:
     ops = result.ops
     # 1. Timeline of the representative chip.
     fig, ax = plt.subplots(figsize=(12, 3.2))
-    lanes = {"mxu": 3, "vpu": 2, "hbm": 2, "ici": 1, "pcie": 0, "idle": 0}
     for r in ops.itertuples(index=False):
         if r.end_s <= r.start_s:
             continue
-        key = r.bound if r.kind == "compute" else ("ici" if r.kind == "collective" else r.bound)
         y = {"compute": 3 if r.unit == "mxu" else 2, "collective": 1}.get(r.kind, 0)
         ax.broken_barh([(r.start_s, r.end_s - r.start_s)], (y - 0.4, 0.8),
-                       facecolors=_COLORS.get(key, "#333333"), linewidth=0)
-    del lanes
+                       facecolors=_COLORS.get(r.bound, "#333333"), linewidth=0)
     ax.set_yticks([0, 1, 2, 3], ["PCIe / idle", "collectives (DMA)", "VPU", "MXU"])
     ax.set_xlabel("time (s)")
     ax.set_title(f"{summary.get('model', '')} step on {result.topology} {result.chip}: chip 0 "

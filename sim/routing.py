@@ -20,7 +20,6 @@ from sim.network import (
     NUM_CLASSES,
     Batch,
     GroupAxis,
-    GroupGeometry,
     route_class_hops,
     route_latency_s,
     route_links,
@@ -221,5 +220,3 @@ def send_batch(
     return batch, len(keys), ici_hops
 
 
-def geometry(topology: Topology, gaxes: tuple[GroupAxis, ...]) -> GroupGeometry:
-    return GroupGeometry(topology, gaxes)

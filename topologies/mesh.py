@@ -11,6 +11,7 @@ bandwidth-hungry) gets the fastest-varying physical axis, as jax's device meshes
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from topologies.errors import TpusimError
@@ -196,7 +197,7 @@ def place_mesh(mesh: LogicalMesh, topology: Topology) -> dict[str, AxisPlacement
             if need % left == 0:
                 take = left
             else:
-                take = _largest_common_factor(need, left)
+                take = math.gcd(need, left)
                 if take == 1:
                     continue
             factors.append((axis, take, stride))
@@ -273,9 +274,3 @@ def _explicit(mesh: LogicalMesh, topology: Topology) -> dict[str, AxisPlacement]
             f"be covered by the mesh"
         )
     return out
-
-
-def _largest_common_factor(a: int, b: int) -> int:
-    import math
-
-    return math.gcd(a, b)

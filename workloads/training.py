@@ -715,9 +715,6 @@ def _with(op, **changes):
     return dataclasses.replace(op, **changes)
 
 
-def global_batch_tokens(batch_per_chip: float, num_chips: int, seq_len: int) -> float:
-    return batch_per_chip * num_chips * seq_len
-
 
 __all__ = [
     "Remat",
