@@ -318,6 +318,20 @@ def _protobuf(procs, tracks, counters, flows_out, flows_in, per_host) -> bytes:
             first = False
         return p
 
+    def descriptor(uuid: int, *, parent: int | None = None, name: str | None = None,
+                   pid: int | None = None, process_name: str | None = None):
+        """Declare a track (a child track, or a process when `pid` is given)."""
+        td = packet().track_descriptor
+        td.uuid = uuid
+        if parent is not None:
+            td.parent_uuid = parent
+        if name is not None:
+            td.name = name
+        if pid is not None:
+            td.process.pid = pid
+            td.process.process_name = process_name
+        return td
+
     uuid = 0
     events = []
     host_uuid: dict[int, int] = {}
@@ -327,30 +341,18 @@ def _protobuf(procs, tracks, counters, flows_out, flows_in, per_host) -> bytes:
             if host not in host_uuid:
                 uuid += 1
                 host_uuid[host] = uuid
-                p = packet()
-                p.track_descriptor.uuid = uuid
-                p.track_descriptor.process.pid = host + 1
-                p.track_descriptor.process.process_name = f"host {host} (chips {host * 8}-"\
-                    f"{host * 8 + 7})"
+                descriptor(uuid, pid=host + 1,
+                           process_name=f"host {host} (chips {host * 8}-{host * 8 + 7})")
             uuid += 1
             chip_uuid = uuid
-            p = packet()
-            p.track_descriptor.uuid = chip_uuid
-            p.track_descriptor.parent_uuid = host_uuid[host]
-            p.track_descriptor.name = pname
+            descriptor(chip_uuid, parent=host_uuid[host], name=pname)
         else:
             uuid += 1
             chip_uuid = uuid
-            p = packet()
-            p.track_descriptor.uuid = chip_uuid
-            p.track_descriptor.process.pid = pid
-            p.track_descriptor.process.process_name = pname
+            descriptor(chip_uuid, pid=pid, process_name=pname)
         for tname, rows in sorted(tracks.items()):
             uuid += 1
-            p = packet()
-            p.track_descriptor.uuid = uuid
-            p.track_descriptor.parent_uuid = chip_uuid
-            p.track_descriptor.name = tname
+            descriptor(uuid, parent=chip_uuid, name=tname)
             is_coll = tname.startswith("HBM DMA collectives")
             for start, end, name, args, op in rows:
                 b_ns, e_ns = _ns(start), _ns(end)
@@ -362,11 +364,8 @@ def _protobuf(procs, tracks, counters, flows_out, flows_in, per_host) -> bytes:
                 events.append((e_ns, 0, uuid, name, None, [], []))
         for cname, samples in sorted(counters.items()):
             uuid += 1
-            p = packet()
-            p.track_descriptor.uuid = uuid
-            p.track_descriptor.parent_uuid = chip_uuid
-            p.track_descriptor.name = cname
-            p.track_descriptor.counter.unit_name = "bytes" if "bytes" in cname else "fraction"
+            td = descriptor(uuid, parent=chip_uuid, name=cname)
+            td.counter.unit_name = "bytes" if "bytes" in cname else "fraction"
             for t, v in samples:
                 events.append((_ns(t), 2, uuid, "", v, [], []))
     # At equal timestamps: ends first (back-to-back slices must not nest), then begins, then
