@@ -11,8 +11,8 @@ from sim.hardware import ChipSpec, get_chip
 from topologies.slices import resolve_topology
 from topologies.torus import Topology
 
-# The reference material lives beside the repo (../shared/reference), not inside it.
-REFERENCE_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "reference"
+# The reference material, copied into the repo with its sources (docs/reference/README.md).
+REFERENCE_DIR = Path(__file__).resolve().parents[1] / "docs" / "reference"
 
 
 def make_topology(
@@ -52,9 +52,5 @@ def topo() -> Callable[..., Topology]:
 
 @pytest.fixture
 def reference_dir() -> Path:
-    """`../shared/reference` beside the repo; tests that need it skip in a bare clone."""
-    if not REFERENCE_DIR.is_dir():
-        pytest.skip(
-            f"reference data {REFERENCE_DIR} is absent (it lives outside the repo, in shared/)"
-        )
+    """The reference data copied into the repo (docs/reference/, sources in its README)."""
     return REFERENCE_DIR

@@ -88,12 +88,14 @@ def test_every_preset_is_in_the_book_table():
     assert sorted(CHIPS.names()) == sorted(BOOK_TABLE)
 
 
-@pytest.mark.parametrize("name", sorted(BOOK_TABLE))
-@pytest.mark.parametrize("field", FIELDS)
+@pytest.mark.parametrize(
+    ("name", "field"),
+    # Only the numbers tpu.md gives (it has no DCN figure for v3/v4, no link count for TPU7x).
+    [(n, f) for n in sorted(BOOK_TABLE) for f in FIELDS
+     if BOOK_TABLE[n][FIELDS.index(f)] is not None],
+)
 def test_preset_number_matches_tpu_md_section_1(name, field):
     expected = BOOK_TABLE[name][FIELDS.index(field)]
-    if expected is None:
-        pytest.skip(f"tpu.md gives no {field} for {name}")
     assert getattr(get_chip(name), field) == pytest.approx(expected, rel=1e-12)
 
 
