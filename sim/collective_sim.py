@@ -19,14 +19,7 @@ import simpy
 
 from sim.collectives import CollectiveKind, Schedule, build_schedule, step_bytes_per_chip
 from sim.hardware import ChipSpec
-from sim.network import (
-    CLASS_NAMES,
-    NUM_CLASSES,
-    FluidNetwork,
-    GroupAxis,
-    GroupGeometry,
-    group_axes,
-)
+from sim.network import FluidNetwork
 from sim.routing import (
     check_full_size,
     full_batch,
@@ -35,6 +28,7 @@ from sim.routing import (
     symmetric_batch,
 )
 from topologies.errors import TpusimError
+from topologies.groups import CLASS_NAMES, NUM_CLASSES, GroupAxis, GroupGeometry, group_axes
 from topologies.torus import AXIS_NAMES, DCN_AXIS, Topology
 
 LINK_COLUMNS = ["link", "src", "dst", "axis", "direction", "bytes", "busy_s", "utilization"]

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.network import GroupAxis
 from topologies.errors import TpusimError
+from topologies.groups import GroupAxis
 from topologies.registry import Registry
 
 

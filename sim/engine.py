@@ -24,18 +24,17 @@ import simpy
 
 from sim.collective_sim import simulate_collective
 from sim.hardware import ChipSpec
-from sim.network import (
+from sim.network import Batch, FluidNetwork
+from sim.routing import link_model
+from topologies.errors import TpusimError
+from topologies.groups import (
     CLASS_NAMES,
     DCN_IN_CLASS,
     DCN_OUT_CLASS,
     NUM_CLASSES,
-    Batch,
-    FluidNetwork,
     GroupAxis,
     axis_factor,
 )
-from sim.routing import link_model
-from topologies.errors import TpusimError
 from topologies.mesh import place_mesh
 from topologies.torus import Topology
 from workloads.trace import OpKind, Trace, Unit

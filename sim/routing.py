@@ -14,17 +14,17 @@ import numpy as np
 
 from sim.collectives import Schedule, Step
 from sim.hardware import ChipSpec
-from sim.network import (
+from sim.network import Batch
+from topologies.errors import TpusimError
+from topologies.groups import (
     DCN_IN_CLASS,
     DCN_OUT_CLASS,
     NUM_CLASSES,
-    Batch,
     GroupAxis,
     route_class_hops,
     route_latency_s,
     route_links,
 )
-from topologies.errors import TpusimError
 from topologies.torus import AXIS_NAMES, Topology
 
 # Full detail routes one transfer per chip per move; beyond this many we refuse rather than

@@ -1,4 +1,4 @@
-"""Tests for sim/perfetto.py (protobuf `.pftrace` and Chrome `.json` exports of a training step),
+"""Tests for sim/export/perfetto.py (protobuf `.pftrace` and Chrome `.json` exports of a step),
 checked independently by parsing the files back, and for the `--perfetto/--out/--plots` outputs
 of `tpusim train` (reference/perfetto.md: "it opens" proves nothing, compare the contents).
 """
@@ -17,8 +17,8 @@ from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket, Track
 
 from sim.cli import main
 from sim.engine import StepResult, replay
+from sim.export.perfetto import export_step
 from sim.hardware import get_chip
-from sim.perfetto import export_step
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology
 from workloads.models import model_from_dict
@@ -457,7 +457,7 @@ def test_trace_chips_outside_the_pod_is_a_one_line_error(tiny_yaml, tmp_path, ca
 @pytest.mark.parametrize("chunks", [1, 4])
 def test_collective_pftrace_has_one_slice_per_timeline_step(tmp_path, chunks):
     from sim.collective_sim import simulate_collective
-    from sim.perfetto import export_collective
+    from sim.export.perfetto import export_collective
 
     chip = get_chip("v5e")
     topo = resolve_topology(chip_name=chip.name, wrap_rule=chip.generation_rule,

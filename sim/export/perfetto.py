@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sim.output import atomic_write
+from sim.export.output import atomic_write
 from topologies.errors import TpusimError
 
 _NS = 1e9

@@ -1,120 +1,21 @@
-"""The `tpusim` command: argument parsing, one-line errors, and text/JSON output.
-
-Only this module (and explicit `--out`/`--perfetto`/`--plots` writers) touches the disk. Every
-`TpusimError` becomes one line on stderr and exit code 2; so do argparse's own usage errors.
-"""
+"""`tpusim collective`, `compare-collectives` and `presets`."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-from collections.abc import Callable, Sequence
-from typing import Any
 
+from sim.cli.common import (
+    add_pod_args,
+    emit_json,
+    fmt_bytes,
+    fmt_time,
+    parse_bytes,
+    parse_coords,
+    resolve_pod,
+)
 from topologies.errors import TpusimError
 
-_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with single-line errors (no usage dump), exit code 2."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise TpusimError(f"{self.prog}: {message} (see `{self.prog} --help`)")
-
-
-def parse_bytes(text: str) -> int:
-    """`33554432`, `32MiB`, `1GiB`, `4.5e6`, `10MB` -> bytes."""
-    t = str(text).strip()
-    units = {
-        "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-        "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "b": 1,
-    }
-    low = t.lower()
-    mult = 1
-    for suffix, m in units.items():
-        if low.endswith(suffix):
-            low = low[: -len(suffix)].strip()
-            mult = m
-            break
-    try:
-        value = float(low) * mult
-    except ValueError:
-        raise TpusimError(
-            f"--bytes {text!r} is not a size; give bytes such as 33554432, 32MiB or 1GiB"
-        ) from None
-    if not value.is_integer():
-        raise TpusimError(f"--bytes {text!r} is not a whole number of bytes")
-    return int(value)
-
-
-def parse_coords(text: str, flag: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(c) for c in text.split(","))
-    except ValueError:
-        raise TpusimError(
-            f"{flag} {text!r} is not chip coordinates; give integers like 0,0 or 1,2,3"
-        ) from None
-
-
-def _fmt_time(t: float) -> str:
-    if t >= 1:
-        return f"{t:.3f} s"
-    if t >= 1e-3:
-        return f"{t * 1e3:.3f} ms"
-    return f"{t * 1e6:.2f} us"
-
-
-def _fmt_bytes(b: float) -> str:
-    for unit, m in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if b >= m:
-            return f"{b / m:.2f} {unit}"
-    return f"{b:.0f} B"
-
-
-# -- pod arguments shared by every simulating command ---------------------------------------
-def add_pod_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("pod")
-    g.add_argument("--chip", help="chip preset (v4, v5e, v5p, v6e, v3, tpu7x) or a chip YAML file")
-    g.add_argument("--slice", dest="slice_name", help="named slice, e.g. v5p-128 (4x4x4)")
-    g.add_argument("--shape", help="explicit ICI shape, e.g. 8x16 or 4x4x4 (x, y, z order)")
-    g.add_argument(
-        "--wraparound", default="auto",
-        help="auto (the generation's rule, default), none, all, or axes such as x,z",
-    )
-    g.add_argument("--slices", type=int, default=1, help="slices joined over DCN (default 1)")
-    p.add_argument("--quiet", dest="quiet_sub", action="store_true", help="no progress bar")
-
-
-def resolve_pod(args: argparse.Namespace):
-    """(ChipSpec, Topology) from --chip/--slice/--shape/--wraparound/--slices."""
-    from sim.hardware import load_chip
-    from topologies.slices import SLICES, resolve_topology
-
-    chip_arg = args.chip
-    if chip_arg is None:
-        if args.slice_name is None:
-            raise TpusimError("give --chip (e.g. v5e) with --shape, or --slice (e.g. v5p-128)")
-        chip_arg = SLICES.get(args.slice_name).chip
-    chip = load_chip(chip_arg)
-    topo = resolve_topology(
-        chip_name=chip.name,
-        wrap_rule=chip.generation_rule,
-        max_pod_shape=chip.max_pod_shape,
-        slice_name=args.slice_name,
-        shape=args.shape,
-        wraparound=args.wraparound,
-        num_slices=args.slices,
-    )
-    return chip, topo
-
-
-def _emit_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
-
-
-# -- collective -------------------------------------------------------------------------------
 def _add_collective_args(p: argparse.ArgumentParser, *, with_algorithm: bool) -> None:
     add_pod_args(p)
     p.add_argument("--op", required=True,
@@ -165,37 +66,37 @@ def _run_collective(args: argparse.Namespace, algorithm: str):
 
 
 def cmd_collective(args: argparse.Namespace) -> int:
-    from sim.commands import check_outputs
+    from sim.cli.training import check_outputs
 
     check_outputs(args)
     res = _run_collective(args, args.algorithm)
     if args.out:
-        from sim.output import write_tables
+        from sim.export.output import write_tables
 
         write_tables(args.out, {"links": res.links, "timeline": res.timeline}, res.to_dict())
     if args.perfetto:
-        from sim.perfetto import export_collective
+        from sim.export.perfetto import export_collective
 
         export_collective(res, args.perfetto)
     if args.plots:
-        from sim.plots import plot_collective
+        from sim.export.plots import plot_collective
 
         plot_collective(res, args.plots)
     if args.json:
-        _emit_json(res.to_dict())
+        emit_json(res.to_dict())
         return 0
     what = f"{res.op} over {','.join(res.axes)}" if res.axes else res.op
     print(
         f"{what} on {res.topology} {res.chip} ({res.num_chips} chips, {res.num_groups} group(s) "
-        f"of {res.group_size}), V = {res.bytes:,} B ({_fmt_bytes(res.bytes)})"
+        f"of {res.group_size}), V = {res.bytes:,} B ({fmt_bytes(res.bytes)})"
     )
     print(f"  algorithm       {res.algorithm}")
-    print(f"  time            {_fmt_time(res.time_s)}")
+    print(f"  time            {fmt_time(res.time_s)}")
     print(
-        f"  busiest link    {_fmt_bytes(res.bytes_on_busiest_link)}, "
+        f"  busiest link    {fmt_bytes(res.bytes_on_busiest_link)}, "
         f"{res.max_link_utilization:.0%} of its bandwidth"
     )
-    print(f"  HBM per chip    {_fmt_bytes(res.hbm_bytes_per_chip)} read+written")
+    print(f"  HBM per chip    {fmt_bytes(res.hbm_bytes_per_chip)} read+written")
     print(f"  simulation      {res.mode}, {res.num_steps} step(s), {res.sim_events} events")
     return 0
 
@@ -209,7 +110,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise TpusimError(
             f"unknown --op {args.op!r}; use one of: {', '.join(k.value for k in CollectiveKind)}"
         ) from None
-    from sim.commands import check_outputs
+    from sim.cli.training import check_outputs
     from sim.progress import progress
 
     check_outputs(args)
@@ -234,11 +135,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for r in ok:
         r["vs_best"] = r["time_s"] / best if best > 0 else 1.0
     if args.perfetto:
-        from sim.perfetto import export_collectives
+        from sim.export.perfetto import export_collectives
 
         export_collectives(results, args.perfetto)
     if args.json:
-        _emit_json({"op": args.op, "axes": args.axes, "bytes": parse_bytes(args.nbytes),
+        emit_json({"op": args.op, "axes": args.axes, "bytes": parse_bytes(args.nbytes),
                     "results": rows})
         return 0
     first = ok[0]
@@ -253,8 +154,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
             print(f"{r['algorithm']:<16} {'n/a':>12}  {r['reason']}")
             continue
         print(
-            f"{_algo_label(r):<16} {_fmt_time(r['time_s']):>12} {r['vs_best']:>7.2f}x "
-            f"{_fmt_bytes(r['bytes_on_busiest_link']):>14} {r['max_link_utilization']:>6.0%} "
+            f"{_algo_label(r):<16} {fmt_time(r['time_s']):>12} {r['vs_best']:>7.2f}x "
+            f"{fmt_bytes(r['bytes_on_busiest_link']):>14} {r['max_link_utilization']:>6.0%} "
             f"{r['num_steps']:>6}  {r['mode']}"
         )
     return 0
@@ -294,7 +195,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
             "wraparound": "".join(a for a, w in zip("xyz", wrap, strict=False) if w) or "none",
         })
     if args.json:
-        _emit_json({"chips": chips, "slices": slices})
+        emit_json({"chips": chips, "slices": slices})
         return 0
     print(f"{'chip':<7} {'bf16 TF/s':>9} {'HBM GB':>7} {'HBM TB/s':>9} {'ICI GB/s':>9} "
           f"{'links':>5} {'DCN GB/s':>9}  max pod")
@@ -313,12 +214,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="tpusim", description="Discrete-event simulator of TPU pods.")
-    p.add_argument("--quiet", action="store_true",
-                   help="no progress bar (it only appears on a terminal, after 1 s)")
-    sub = p.add_subparsers(dest="command", parser_class=_Parser)
-
+def register(sub) -> None:
     c = sub.add_parser("collective", help="simulate one collective")
     _add_collective_args(c, with_algorithm=True)
     c.add_argument("--out", help="write links/timeline tables (CSV+Parquet) and summary.json")
@@ -335,41 +231,3 @@ def build_parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("presets", help="list chip presets and named slices")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=cmd_presets)
-
-    for name, register in _EXTRA_COMMANDS:
-        register(sub, name)
-    return p
-
-
-# Later capabilities (training, decode, demo, export) register themselves here.
-_EXTRA_COMMANDS: list[tuple[str, Callable[[Any, str], None]]] = []
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        from sim import commands  # noqa: F401  (registers the remaining subcommands)
-
-        parser = build_parser()
-        args = parser.parse_args(argv)
-        from sim import progress
-
-        progress.QUIET = bool(args.quiet or getattr(args, "quiet_sub", False))
-        if not getattr(args, "func", None):
-            parser.print_help()
-            return 2
-        return int(args.func(args) or 0)
-    except TpusimError as exc:
-        sys.stderr.write(f"tpusim: error: {exc}\n")
-        return 2
-    except KeyboardInterrupt:  # pragma: no cover
-        sys.stderr.write("tpusim: interrupted\n")
-        return 130
-    except BrokenPipeError:  # pragma: no cover
-        return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    # Run the importable module's main, so the subcommand registry is the one commands use.
-    from sim.cli import main as _main
-
-    sys.exit(_main())

@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from sim import cli
+from sim.cli import common as cli
 from topologies.errors import TpusimError
 
 
@@ -127,7 +127,7 @@ def _print_training(s: dict[str, Any]) -> None:
 
 def check_outputs(args) -> None:
     """Validate every output path before simulating, so a bad one writes nothing."""
-    from sim.output import check_output_dir, check_output_file
+    from sim.export.output import check_output_dir, check_output_file
 
     if getattr(args, "trace_chips", None) and not getattr(args, "perfetto", None):
         raise TpusimError("--trace-chips selects chips for --perfetto; add --perfetto FILE")
@@ -141,17 +141,17 @@ def check_outputs(args) -> None:
 
 def _write_outputs(args, result, summary) -> None:
     if getattr(args, "out", None):
-        from sim.output import write_tables
+        from sim.export.output import write_tables
 
         write_tables(args.out, {"ops": result.ops, "units": result.units, "links": result.links,
                                 "memory": result.memory}, summary)
     if getattr(args, "perfetto", None):
-        from sim.perfetto import export_step, parse_chip_list
+        from sim.export.perfetto import export_step, parse_chip_list
 
         chips = parse_chip_list(getattr(args, "trace_chips", None), result.num_chips)
         export_step(result, args.perfetto, chips=chips)
     if getattr(args, "plots", None):
-        from sim.plots import plot_step
+        from sim.export.plots import plot_step
 
         plot_step(result, summary, args.plots)
 
@@ -166,14 +166,14 @@ def cmd_train(args: argparse.Namespace) -> int:
     summary = training_summary(trace, result, chip)
     _write_outputs(args, result, summary)
     if args.json:
-        cli._emit_json(summary)
+        cli.emit_json(summary)
     else:
         _print_training(summary)
     return 0
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from sim.output import atomic_write
+    from sim.export.output import atomic_write
 
     if args.chips is not None:
         if args.chips < 1:
@@ -218,7 +218,7 @@ def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
     if quiet:
         return 0
     if args.json:
-        cli._emit_json(summary)
+        cli.emit_json(summary)
     elif trace.meta.get("kind") == "training":
         _print_training(summary)
     else:
@@ -289,8 +289,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     a Perfetto trace, tables and plots into --out."""
     from sim.collective_sim import simulate_collective
     from sim.engine import replay
+    from sim.export.output import write_json, write_tables
     from sim.hardware import get_chip
-    from sim.output import write_json, write_tables
     from topologies.mesh import parse_mesh
     from topologies.slices import resolve_topology
     from workloads.models import load_model
@@ -319,8 +319,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
                                   "links": result.links, "memory": result.memory}, summary)
     write_json(out / "summary.json", {"training_step": summary,
                                       "all_gather_32MiB_x_v5e-16": collectives})
-    from sim.perfetto import export_step
-    from sim.plots import plot_step
+    from sim.export.perfetto import export_step
+    from sim.export.plots import plot_step
 
     export_step(result, out / "train_step.pftrace")
     plot_step(result, summary, out / "plots")
@@ -330,11 +330,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-cli._EXTRA_COMMANDS.extend([
-    ("train", _register_train),
-    ("compile", _register_compile),
-    ("replay", _trace_command("replay a trace file on a pod", cmd_replay)),
-    ("export", _trace_command("replay a trace file and export it to Perfetto", cmd_export)),
-    ("demo", _register_demo),
-])
-import sim.inference_cli  # noqa: E402,F401  (registers decode, prefill, serve-sweep)
+
+def register(sub) -> None:
+    for name, reg in [
+        ("train", _register_train),
+        ("compile", _register_compile),
+        ("replay", _trace_command("replay a trace file on a pod", cmd_replay)),
+        ("export", _trace_command("replay a trace file and export it to Perfetto", cmd_export)),
+        ("demo", _register_demo),
+    ]:
+        reg(sub, name)

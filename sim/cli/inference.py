@@ -1,5 +1,5 @@
 """Inference subcommands: `decode` (one generate step), `prefill` and `serve-sweep` (the
-latency-throughput table over batch sizes). They register into `sim.cli` like `sim.commands`.
+latency-throughput table over batch sizes). They register into `sim.cli` like `sim.cli.training`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from sim import cli
+from sim.cli import common as cli
 from topologies.errors import TpusimError
 
 SWEEP_COLUMNS = ("mesh", "weight_dtype", "kv_dtype", "batch", "step_time_s",
@@ -65,7 +65,7 @@ def _config(args: argparse.Namespace, batch: int):
 
 
 def _setup(args: argparse.Namespace):
-    from sim.commands import check_outputs
+    from sim.cli.training import check_outputs
     from topologies.mesh import parse_mesh
     from workloads.models import load_model
 
@@ -116,7 +116,7 @@ def decode_summary(trace, result, max_batch: int) -> dict[str, Any]:
 
 
 def _write_outputs(args, result, summary) -> None:
-    from sim.commands import _write_outputs as write
+    from sim.cli.training import _write_outputs as write
 
     write(args, result, summary)
 
@@ -131,7 +131,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
     s = decode_summary(trace, result, max_b)
     _write_outputs(args, result, s)
     if args.json:
-        cli._emit_json(s)
+        cli.emit_json(s)
         return 0
     print(f"{s['model']} decode step on {s['topology']} {s['chip']} ({s['num_chips']} chips), "
           f"batch {s['batch']}, context {s['context_len']}, {s['sharding']} sharding")
@@ -175,7 +175,7 @@ def cmd_prefill(args: argparse.Namespace) -> int:
     }
     _write_outputs(args, result, s)
     if args.json:
-        cli._emit_json(s)
+        cli.emit_json(s)
         return 0
     print(f"{s['model']} prefill of {s['batch']} x {s['prompt_len']} tokens on {s['topology']} "
           f"{s['chip']} ({s['num_chips']} chips, {s['num_chunks']} chunk(s))")
@@ -225,7 +225,7 @@ def _pareto(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _write_sweep(out: Path, rows: list[dict[str, Any]], title: str) -> list[Path]:
     import csv
 
-    from sim.output import atomic_write
+    from sim.export.output import atomic_write
 
     def write_csv(p: Path) -> None:
         with p.open("w", newline="", encoding="utf-8") as f:
@@ -320,7 +320,7 @@ def cmd_serve_sweep(args: argparse.Namespace) -> int:
         else:
             out["max_batch_that_fits"] = next(iter(max_b.values()))
             out["pareto_batches"] = [r["batch"] for r in _pareto(rows)]
-        cli._emit_json(out)
+        cli.emit_json(out)
         return 0
     print(title)
     cfg_col = several
@@ -369,8 +369,11 @@ def _register_sweep(sub, name: str) -> None:
     p.set_defaults(func=cmd_serve_sweep)
 
 
-cli._EXTRA_COMMANDS.extend([
-    ("decode", _register_decode),
-    ("prefill", _register_prefill),
-    ("serve-sweep", _register_sweep),
-])
+
+def register(sub) -> None:
+    for name, reg in [
+        ("decode", _register_decode),
+        ("prefill", _register_prefill),
+        ("serve-sweep", _register_sweep),
+    ]:
+        reg(sub, name)

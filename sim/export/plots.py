@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.output import atomic_write
+from sim.export.output import atomic_write
 
 _COLORS = {"mxu": "#4C72B0", "vpu": "#55A868", "hbm": "#C44E52", "ici": "#8172B2",
            "pcie": "#CCB974", "idle": "#999999"}

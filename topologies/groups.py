@@ -1,0 +1,214 @@
+"""Replica-group geometry on a torus: group axes (whole axes, factors of axes, DCN), the groups a
+collective's axes cut the pod into, link classes, and dimension-order routes.
+
+This is pure topology (no simulation): the algorithm schedules in `sim/collectives.py` are built
+on `GroupAxis`, routes here turn them into links, and the engines in `sim/` load those links.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from topologies.errors import TpusimError
+from topologies.torus import AXIS_NAMES, DCN_AXIS, Topology
+
+# Link classes: every directed ICI link belongs to (axis, direction); DCN egress/ingress per chip.
+NUM_CLASSES = 8  # x+, x-, y+, y-, z+, z-, dcn-out, dcn-in
+DCN_OUT_CLASS = 6
+DCN_IN_CLASS = 7
+CLASS_NAMES = ("x+", "x-", "y+", "y-", "z+", "z-", "dcn-out", "dcn-in")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupAxis:
+    """One axis of a replica group: a physical ICI axis, a factor of one, or the DCN axis.
+
+    A factor of a physical axis of `phys_size` chips takes `size` chips `stride` apart
+    (coordinate digit `(c // stride) % size`): `tensor=4` on a 16-chip x axis is the inner factor
+    (stride 1, a 4-chip line segment); the remaining factor has stride 4 and, if x wraps, is a
+    4-chip ring whose neighbours are 4 hops apart.
+    """
+
+    name: str
+    size: int
+    wraps: bool  # a ring (whole wrapped axis, or its outermost factor), or DCN
+    index: int  # ICI axis index in the topology (-1 for DCN)
+    stride: int = 1
+    phys_size: int = 0  # chips on the physical axis (0: same as size)
+
+    @property
+    def is_dcn(self) -> bool:
+        return self.name == DCN_AXIS
+
+    @property
+    def physical_name(self) -> str:
+        return DCN_AXIS if self.is_dcn else AXIS_NAMES[self.index]
+
+    @property
+    def axis_len(self) -> int:
+        return self.phys_size or self.size
+
+
+def axis_factor(topology: Topology, axis: str, size: int, stride: int) -> GroupAxis:
+    """A factor of a physical axis (or of DCN): `size` chips, `stride` apart."""
+    n = topology.axis_size(axis)
+    if size < 1 or stride < 1 or n % (size * stride):
+        raise TpusimError(
+            f"axis {axis} has {n} chips and cannot hold a factor of {size} with stride {stride}; "
+            f"use sizes that divide {n}"
+        )
+    if axis == DCN_AXIS:
+        return GroupAxis(name=DCN_AXIS, size=size, wraps=True, index=-1, stride=stride,
+                         phys_size=n)
+    idx = topology.axis_index(axis)
+    whole = size * stride == n
+    label = axis if size == n else f"{axis}[{size}@{stride}]"
+    return GroupAxis(
+        name=label, size=size, wraps=topology.wraparound[idx] and whole and size > 1,
+        index=idx, stride=stride, phys_size=n,
+    )
+
+
+def group_axes(topology: Topology, axes: tuple[str, ...]) -> tuple[GroupAxis, ...]:
+    """Validate collective axes against the topology; ICI axes in x, y, z order, DCN last."""
+    if not axes:
+        raise TpusimError("a collective needs at least one axis, e.g. --axes x or --axes x,y")
+    seen: list[GroupAxis] = []
+    for a in axes:
+        if a == DCN_AXIS:
+            if topology.num_slices == 1:
+                raise TpusimError(
+                    "axis 'dcn' needs several slices; add --slices N (N >= 2) or drop dcn"
+                )
+            ga = axis_factor(topology, DCN_AXIS, topology.num_slices, 1)
+        else:
+            topology.axis_index(a)
+            ga = axis_factor(topology, a, topology.axis_size(a), 1)
+        if any(g.name == ga.name for g in seen):
+            raise TpusimError(f"axis {a!r} is given twice in --axes; list each axis once")
+        seen.append(ga)
+    order = {n: i for i, n in enumerate(AXIS_NAMES + (DCN_AXIS,))}
+    return tuple(sorted(seen, key=lambda g: (order[g.physical_name], g.stride)))
+
+
+class GroupGeometry:
+    """The replica groups of a collective: chips that differ only in the group's digits."""
+
+    def __init__(self, topology: Topology, gaxes: tuple[GroupAxis, ...]) -> None:
+        self.topology = topology
+        self.gaxes = gaxes
+        self.sizes = tuple(g.size for g in gaxes)
+        self.group_size = int(np.prod(self.sizes))
+        self.num_groups = topology.num_chips // self.group_size
+        ici = topology.all_coords()
+        if topology.num_slices > 1:
+            s = np.repeat(np.arange(topology.num_slices), topology.chips_per_slice)
+            full = np.column_stack([np.tile(ici, (topology.num_slices, 1)), s])
+        else:
+            full = np.asarray(ici)
+        ndim = topology.ndim
+        dims = list(topology.shape) + ([topology.num_slices] if topology.num_slices > 1 else [])
+        col_of = [g.index if not g.is_dcn else ndim for g in gaxes]
+        group_digits = [(full[:, c] // g.stride) % g.size for g, c in zip(gaxes, col_of,
+                                                                          strict=True)]
+        other_digits, other_sizes = [], []
+        for c, n in enumerate(dims):
+            factors = sorted((g.stride, g.size) for g, cc in zip(gaxes, col_of, strict=True)
+                             if cc == c)
+            pos = 1
+            for stride, size in factors:
+                if stride < pos:
+                    raise TpusimError("internal error: overlapping axis factors")
+                if stride > pos:
+                    other_digits.append((full[:, c] // pos) % (stride // pos))
+                    other_sizes.append(stride // pos)
+                pos = stride * size
+            if pos < n:
+                other_digits.append(full[:, c] // pos)
+                other_sizes.append(n // pos)
+        if other_digits:
+            self.group_of_chip = np.ravel_multi_index(tuple(other_digits), other_sizes)
+        else:
+            self.group_of_chip = np.zeros(topology.num_chips, dtype=np.int64)
+        self.local_of_chip = np.ravel_multi_index(tuple(group_digits), self.sizes)
+        # Groups interleave (share links) when a factor is strided.
+        self.disjoint = all(g.stride == 1 for g in gaxes)
+
+    def group_chips(self, g: int) -> np.ndarray:
+        """Global chip ids of group g, ordered by local index (C order over the group axes)."""
+        chips = np.flatnonzero(self.group_of_chip == g)
+        order = np.argsort(self.local_of_chip[chips], kind="stable")
+        return chips[order]
+
+    def local_coords(self) -> np.ndarray:
+        """[group_size, k] coordinates along the group axes."""
+        return np.indices(self.sizes).reshape(len(self.sizes), -1).T
+
+
+def route_class_hops(gaxes: tuple[GroupAxis, ...], offset: tuple[int, ...]) -> list[int]:
+    """Class resources (with multiplicity) of a dimension-order route for a translation move."""
+    res: list[int] = []
+    for g, o in zip(gaxes, offset, strict=True):
+        if o == 0:
+            continue
+        if g.is_dcn:
+            res += [DCN_OUT_CLASS, DCN_IN_CLASS]
+        else:
+            res += [2 * g.index + (0 if o > 0 else 1)] * (abs(o) * g.stride)
+    return res
+
+
+def route_latency_s(gaxes, offset, ici_hop_s: float, dcn_s: float) -> float:
+    lat = 0.0
+    for g, o in zip(gaxes, offset, strict=True):
+        if o:
+            lat += dcn_s if g.is_dcn else ici_hop_s * abs(o) * g.stride
+    return lat
+
+
+def route_links(
+    topology: Topology,
+    gaxes: tuple[GroupAxis, ...],
+    src_chips: np.ndarray,
+    offset: tuple[int, ...],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Link ids of dimension-order routes from `src_chips` by `offset` (full detail).
+
+    Returns (res, ptr, dst_chips) in CSR form, one transfer per source chip. The caller has
+    already dropped sources whose destination falls off a non-wrapping axis.
+    """
+    src_arr, dst_arr = topology.link_endpoints()
+    ndim = topology.ndim
+    n_ici = topology.num_ici_links
+    n = len(src_chips)
+    hops_cols: list[np.ndarray] = []
+    cur = np.asarray(src_chips, dtype=np.int64).copy()
+    for g, o in zip(gaxes, offset, strict=True):
+        if o == 0:
+            continue
+        if g.is_dcn:
+            # Jump |o| slices in the slice index (any-to-any switched network).
+            s_cur = cur // topology.chips_per_slice
+            local = cur % topology.chips_per_slice
+            s_new = (s_cur + o * g.stride) % topology.num_slices
+            nxt = s_new * topology.chips_per_slice + local
+            hops_cols.append(n_ici + cur)
+            hops_cols.append(n_ici + topology.num_chips + nxt)
+            cur = nxt
+            continue
+        d = 0 if o > 0 else 1
+        for _ in range(abs(o) * g.stride):
+            link = cur * 2 * ndim + 2 * g.index + d
+            if np.any(src_arr[link] < 0):
+                raise TpusimError(  # pragma: no cover - algorithms never route off a line
+                    f"internal routing error: a route leaves the {topology.name} torus on axis "
+                    f"{g.name}"
+                )
+            hops_cols.append(link)
+            cur = dst_arr[link]
+    h = len(hops_cols)
+    res = np.stack(hops_cols, axis=1).reshape(-1) if h else np.zeros(0, dtype=np.int64)
+    ptr = np.arange(0, n * h + 1, h, dtype=np.int64) if h else np.zeros(n + 1, dtype=np.int64)
+    return res, ptr, cur
