@@ -38,6 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not getattr(args, "func", None):
             parser.print_help()
             return 2
+        if getattr(args, "set_scope", None) is not None:
+            from sim.cli.common import resolve_overrides
+
+            resolve_overrides(args)
         return int(args.func(args) or 0)
     except TpusimError as exc:
         sys.stderr.write(f"tpusim: error: {exc}\n")

@@ -6,6 +6,7 @@ import argparse
 
 from sim.cli.common import (
     add_pod_args,
+    add_set_arg,
     emit_json,
     fmt_bytes,
     fmt_time,
@@ -18,6 +19,8 @@ from topologies.errors import TpusimError
 
 def _add_collective_args(p: argparse.ArgumentParser, *, with_algorithm: bool) -> None:
     add_pod_args(p)
+    # compare-collectives runs every algorithm, so collective.algorithm is not its to take.
+    add_set_arg(p, ("chip", "topology", "collective") if with_algorithm else ("chip", "topology"))
     p.add_argument("--op", required=True,
                    help="all-gather, reduce-scatter, all-reduce, all-to-all, "
                         "collective-permute or send")

@@ -81,6 +81,41 @@ def add_pod_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", dest="quiet_sub", action="store_true", help="no progress bar")
 
 
+def add_set_arg(p: argparse.ArgumentParser, scope: tuple[str, ...]) -> None:
+    """`--set KEY=VALUE` (repeatable), accepting the key groups in `scope` (sim/overrides.py)."""
+    from sim.overrides import allowed_keys
+
+    examples = {"chip": "ici_link_bytes_per_s=x2", "topology": "topology.wraparound=none",
+                "collective": "collective.algorithm=ring", "model": "model.d_ff=28672"}
+    p.add_argument(
+        "--set", dest="set", action="append", default=[], metavar="KEY=VALUE",
+        help="what-if override (repeatable), e.g. "
+             + ", ".join(f"--set {examples[s]}" for s in scope)
+             + f"; xF multiplies the preset value. Keys: {', '.join(allowed_keys(scope))}",
+    )
+    p.set_defaults(set_scope=scope)
+
+
+def resolve_overrides(args: argparse.Namespace) -> None:
+    """Parse `--set` into `args.overrides`; `topology.wraparound` and `collective.algorithm`
+    replace `--wraparound` and `--algorithm` (an override is applied last)."""
+    from sim.overrides import parse_overrides
+
+    ov = parse_overrides(args.set, args.set_scope, command=f"tpusim {args.command}")
+    args.overrides = ov
+    if ov.wraparound is not None:
+        args.wraparound = ov.wraparound
+    if ov.algorithm is not None:
+        args.algorithm = ov.algorithm
+
+
+def overrides(args: argparse.Namespace):
+    """The command's parsed `--set` overrides (empty when the command takes none)."""
+    from sim.overrides import Overrides
+
+    return getattr(args, "overrides", None) or Overrides()
+
+
 def resolve_pod(args: argparse.Namespace):
     """(ChipSpec, Topology) from --chip/--slice/--shape/--wraparound/--slices."""
     from sim.hardware import load_chip
@@ -91,7 +126,7 @@ def resolve_pod(args: argparse.Namespace):
         if args.slice_name is None:
             raise TpusimError("give --chip (e.g. v5e) with --shape, or --slice (e.g. v5p-128)")
         chip_arg = SLICES.get(args.slice_name).chip
-    chip = load_chip(chip_arg)
+    chip = overrides(args).apply_chip(load_chip(chip_arg))
     topo = resolve_topology(
         chip_name=chip.name,
         wrap_rule=chip.generation_rule,

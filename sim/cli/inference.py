@@ -71,7 +71,8 @@ def _setup(args: argparse.Namespace):
 
     check_outputs(args)
     chip, topo = cli.resolve_pod(args)
-    return chip, topo, load_model(args.model), parse_mesh(args.mesh, args.dcn)
+    model = cli.overrides(args).apply_model(load_model(args.model))
+    return chip, topo, model, parse_mesh(args.mesh, args.dcn)
 
 
 def _run_decode(chip, topo, model, mesh, cfg, algorithm: str = "auto"):
@@ -197,13 +198,15 @@ def parse_batches(text: str) -> list[int]:
     return sorted(set(out))
 
 
-def sweep(chip, topo, model, mesh, cfg, batches: list[int]) -> list[dict[str, Any]]:
+def sweep(chip, topo, model, mesh, cfg, batches: list[int],
+          algorithm: str = "auto") -> list[dict[str, Any]]:
     """One replayed decode step per batch size: the latency-throughput table's rows."""
     from sim.progress import progress
 
     rows = []
     for b in progress(batches, desc=f"batches ({mesh.describe()})"):
-        _trace, r = _run_decode(chip, topo, model, mesh, dataclasses.replace(cfg, batch=b))
+        _trace, r = _run_decode(chip, topo, model, mesh, dataclasses.replace(cfg, batch=b),
+                                algorithm)
         rows.append({"mesh": mesh.describe(), "weight_dtype": cfg.weight_dtype,
                      "kv_dtype": cfg.kv_dtype, "batch": b, "step_time_s": r.step_time_s,
                      "tokens_per_s_per_chip": b / r.step_time_s / topo.num_chips,
@@ -301,7 +304,8 @@ def cmd_serve_sweep(args: argparse.Namespace) -> int:
             for kvdt in kvdts:
                 args.weight_dtype, args.kv_dtype = wdt, kvdt
                 cfg = _config(args, batches[0])
-                rows += sweep(chip, topo, model, mesh, cfg, batches)
+                rows += sweep(chip, topo, model, mesh, cfg, batches,
+                              getattr(args, "algorithm", "auto"))
                 max_b[f"{mesh.describe()} {wdt}/{kvdt}"] = max_batch_that_fits(
                     model, mesh, topo.num_chips, cfg, chip.hbm_bytes)
     several = len(max_b) > 1
@@ -341,6 +345,7 @@ def cmd_serve_sweep(args: argparse.Namespace) -> int:
 def _register_decode(sub, name: str) -> None:
     p = sub.add_parser(name, help="simulate one decode (generate) step with a KV cache")
     cli.add_pod_args(p)
+    cli.add_set_arg(p, ("chip", "topology", "collective", "model"))
     _add_inference_args(p)
     _outputs_args(p)
     p.set_defaults(func=cmd_decode)
@@ -349,6 +354,7 @@ def _register_decode(sub, name: str) -> None:
 def _register_prefill(sub, name: str) -> None:
     p = sub.add_parser(name, help="simulate the prefill of a batch of prompts")
     cli.add_pod_args(p)
+    cli.add_set_arg(p, ("chip", "topology", "collective", "model"))
     _add_inference_args(p, context_required=False)
     p.add_argument("--prompt-len", type=int, required=True, help="prompt tokens per sequence")
     p.add_argument("--prefill-chunk", type=int, help="tokens per prefill chunk (default: all)")
@@ -359,6 +365,7 @@ def _register_prefill(sub, name: str) -> None:
 def _register_sweep(sub, name: str) -> None:
     p = sub.add_parser(name, help="decode latency vs throughput over batch sizes")
     cli.add_pod_args(p)
+    cli.add_set_arg(p, ("chip", "topology", "collective", "model"))
     _add_inference_args(p, batch=False)
     p.add_argument("--batches", default=_DEFAULT_BATCHES,
                    help=f"comma-separated batch sizes (default {_DEFAULT_BATCHES}); --mesh may "

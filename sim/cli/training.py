@@ -52,7 +52,7 @@ def _compile(args: argparse.Namespace, num_chips: int):
     from workloads.models import load_model
     from workloads.training import TrainingConfig, compile_training_step, parse_remat
 
-    model = load_model(args.model)
+    model = cli.overrides(args).apply_model(load_model(args.model))
     mesh = parse_mesh(args.mesh, args.dcn, args.axis_map)
     cfg = TrainingConfig(
         seq_len=args.seq_len,
@@ -241,6 +241,7 @@ def _outputs_args(p: argparse.ArgumentParser) -> None:
 def _register_train(sub, name: str) -> None:
     p = sub.add_parser(name, help="simulate one training step")
     cli.add_pod_args(p)
+    cli.add_set_arg(p, ("chip", "topology", "collective", "model"))
     _add_training_args(p)
     _outputs_args(p)
     p.set_defaults(func=cmd_train)
@@ -250,6 +251,8 @@ def _register_compile(sub, name: str) -> None:
     p = sub.add_parser(name, help="compile a training step into a trace file")
     cli.add_pod_args(p)
     p.add_argument("--chips", type=int, help="chip count, instead of --chip/--shape/--slice")
+    # compile only writes the program: the chip, topology and algorithm apply at replay.
+    cli.add_set_arg(p, ("model",))
     _add_training_args(p)
     p.add_argument("-o", "--output", required=True, help="trace file to write (JSON)")
     p.set_defaults(func=cmd_compile)
@@ -262,6 +265,8 @@ def _trace_command(help_text: str, func):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("trace", help="a file written by `tpusim compile`")
         cli.add_pod_args(p)
+        # The model is compiled into the trace: model.* overrides belong to `tpusim compile`.
+        cli.add_set_arg(p, ("chip", "topology", "collective"))
         p.add_argument("--no-overlap", action="store_true")
         _outputs_args(p)
         p.set_defaults(func=func)
