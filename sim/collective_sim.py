@@ -29,6 +29,7 @@ from sim.routing import (
 )
 from topologies.errors import TpusimError
 from topologies.groups import CLASS_NAMES, NUM_CLASSES, GroupAxis, GroupGeometry, group_axes
+from topologies.scenario import Scenario, parse_slow_link
 from topologies.torus import AXIS_NAMES, DCN_AXIS, Topology
 
 LINK_COLUMNS = ["link", "src", "dst", "axis", "direction", "bytes", "busy_s", "utilization"]
@@ -145,43 +146,30 @@ def link_table(topology: Topology, link_bytes, link_busy, link_cap, time_s: floa
     )
 
 
-def parse_slow_link(spec: str, topology: Topology) -> tuple[int, float]:
-    """`"0,0:x+:0.5"` -> (link id, bandwidth factor). The factor defaults to 0.5."""
-    parts = spec.split(":")
-    if len(parts) not in (2, 3):
-        raise TpusimError(
-            f"--slow-link {spec!r} is not like 0,0:x+:0.5 (chip coordinates : axis and direction "
-            f": bandwidth factor)"
-        )
-    try:
-        coords = tuple(int(c) for c in parts[0].split(","))
-    except ValueError:
-        raise TpusimError(f"--slow-link {spec!r}: chip coordinates must be integers") from None
-    if len(coords) != topology.ndim:
-        raise TpusimError(
-            f"--slow-link {spec!r}: give {topology.ndim} coordinates for the {topology.name} torus"
-        )
-    ad = parts[1].strip()
-    if len(ad) != 2 or ad[0] not in AXIS_NAMES[: topology.ndim] or ad[1] not in "+-":
-        raise TpusimError(
-            f"--slow-link {spec!r}: the link is an axis letter and a direction, such as x+ or y-"
-        )
-    factor = 0.5
-    if len(parts) == 3:
-        try:
-            factor = float(parts[2])
-        except ValueError:
-            raise TpusimError(f"--slow-link {spec!r}: factor must be a number in (0, 1]") from None
-    if not 0 < factor <= 1:
-        raise TpusimError(f"--slow-link {spec!r}: factor {factor} must be in (0, 1]")
-    chip = topology.chip_id(coords)
-    link = topology.ici_link_id(chip, AXIS_NAMES.index(ad[0]), 1 if ad[1] == "+" else -1)
-    if not topology.link_mask()[link]:
-        raise TpusimError(
-            f"--slow-link {spec!r}: chip {coords} has no {ad} link in the {topology.name} torus "
-            f"(edge of an axis without wraparound)"
-        )
-    return link, factor
+def _slow_links(
+    topology: Topology, slow_links: tuple[str, ...] | dict[int, float], scenario: Scenario | None
+) -> dict[int, float]:
+    """{link id: bandwidth factor} of the `slow_links` argument plus the scenario's."""
+    if isinstance(slow_links, dict):
+        slow = dict(slow_links)
+    else:
+        extra = Scenario(slow_links=tuple(parse_slow_link(s) for s in slow_links))
+        slow = extra.slow_link_factors_for(topology)
+    if scenario is not None:
+        if scenario.perturbs_chips or scenario.expert_skew or scenario.capacity_factor:
+            raise TpusimError(
+                "a collective is simulated on links only: --slow-chip, --chip-variation, "
+                "--expert-skew and --capacity-factor do not apply to it; use them with train, "
+                "decode, prefill or replay"
+            )
+        if scenario.dead_links:
+            raise TpusimError(  # rerouting lands next; never ignore a dead link silently
+                "--dead-link is not supported by collective in this version; use --slow-link "
+                "with a small factor"
+            )
+        for link, f in scenario.slow_link_factors_for(topology).items():
+            slow[link] = slow.get(link, 1.0) * f
+    return slow
 
 
 def _check_bytes(nbytes: Any, kind: CollectiveKind, group_size: int) -> int:
@@ -217,6 +205,7 @@ def simulate_collective(
     slow_links: tuple[str, ...] | dict[int, float] = (),
     mode: str = "auto",
     chunks: int = 1,
+    scenario: Scenario | None = None,
 ) -> CollectiveResult:
     """Simulate one collective on `topology` made of `chip`s.
 
@@ -230,6 +219,8 @@ def simulate_collective(
         shift: chips to shift by, for collective-permute.
         src, dst: chip coordinates for send.
         slow_links: degraded links, as `"x,y[,z]:x+:factor"` strings or {link id: factor}.
+        scenario: perturbations (its slow links add to `slow_links`); a collective runs on
+            links only, so chip perturbations in it are an error.
         mode: `auto` (symmetric where exact), `symmetric` (error if not exact) or `full`.
         chunks: pipeline each stream's data in this many pieces (phases then overlap; every
             piece pays the per-hop latency).
@@ -239,7 +230,7 @@ def simulate_collective(
     if algorithm == "auto" and str(op) in AUTO_CANDIDATES:
         return _auto_best(chip=chip, topology=topology, op=op, axes=axes, nbytes=nbytes,
                           shift=shift, src=src, dst=dst, slow_links=slow_links, mode=mode,
-                          chunks=chunks)
+                          chunks=chunks, scenario=scenario)
     try:
         kind = CollectiveKind(op)
     except ValueError:
@@ -248,13 +239,7 @@ def simulate_collective(
         ) from None
     if mode not in ("auto", "symmetric", "full"):
         raise TpusimError(f"mode {mode!r} must be auto, symmetric or full")
-    if isinstance(slow_links, dict):
-        slow = dict(slow_links)
-    else:
-        slow = {}
-        for s in slow_links:
-            link, f = parse_slow_link(s, topology)
-            slow[link] = slow.get(link, 1.0) * f
+    slow = _slow_links(topology, slow_links, scenario)
     lm = link_model(chip, topology, slow)
     env = simpy.Environment()
     timeline: list[tuple] = []
@@ -561,4 +546,4 @@ def _result(*, kind, algorithm, requested, chip, topology, axes, nbytes, group_s
     )
 
 
-__all__ = ["CLASS_NAMES", "CollectiveResult", "simulate_collective", "parse_slow_link"]
+__all__ = ["CLASS_NAMES", "CollectiveResult", "simulate_collective"]

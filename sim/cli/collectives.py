@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from sim.cli.common import (
+    add_perturbation_args,
     add_pod_args,
     add_set_arg,
     emit_json,
@@ -13,6 +14,7 @@ from sim.cli.common import (
     parse_bytes,
     parse_coords,
     resolve_pod,
+    scenario_from_args,
 )
 from topologies.errors import TpusimError
 
@@ -35,8 +37,7 @@ def _add_collective_args(p: argparse.ArgumentParser, *, with_algorithm: bool) ->
     p.add_argument("--src", help="send: source chip coordinates, e.g. 0,0")
     p.add_argument("--dst", help="send: destination chip coordinates, e.g. 3,3")
     p.add_argument("--shift", type=int, default=1, help="collective-permute: shift by k chips")
-    p.add_argument("--slow-link", action="append", default=[],
-                   help="degrade one link: COORDS:AXISDIR[:FACTOR], e.g. 0,0:x+:0.5 (repeatable)")
+    add_perturbation_args(p)
     p.add_argument("--mode", default="auto", choices=["auto", "symmetric", "full"],
                    help="auto: one representative chip where exact, else full per-link detail")
     p.add_argument("--chunks", type=int, default=1,
@@ -62,7 +63,7 @@ def _run_collective(args: argparse.Namespace, algorithm: str):
         shift=args.shift,
         src=parse_coords(args.src, "--src") if args.src else None,
         dst=parse_coords(args.dst, "--dst") if args.dst else None,
-        slow_links=tuple(args.slow_link),
+        scenario=scenario_from_args(args, topo),
         mode=args.mode,
         chunks=args.chunks,
     )

@@ -141,3 +141,73 @@ def resolve_pod(args: argparse.Namespace):
 
 def emit_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+# -- perturbations shared by collective, train, decode, prefill and replay ------------------
+def add_perturbation_args(p: argparse.ArgumentParser) -> None:
+    """The scenario flags (see `topologies/scenario.py`); list flags are repeatable."""
+    g = p.add_argument_group("perturbations (repeatable; also in a --scenario YAML)")
+    g.add_argument("--scenario", help="scenario YAML file (keys slow_chip, slow_link, dead_link, "
+                                      "chip_variation, seed, expert_skew, capacity_factor)")
+    g.add_argument("--slow-chip", action="append", default=[], metavar="X,Y[,Z]:FACTOR",
+                   help="that chip's MXU, VPU and HBM run at FACTOR (> 1 = faster)")
+    g.add_argument("--slow-link", action="append", default=[],
+                   metavar="X,Y[,Z]:AXISDIR[:FACTOR]",
+                   help="the link leaving the chip along AXISDIR (x+, y-, ...) runs at FACTOR "
+                        "of its bandwidth (default 0.5; > 1 = faster)")
+    g.add_argument("--dead-link", action="append", default=[], metavar="X,Y[,Z]:AXISDIR",
+                   help="that directed link carries nothing; routes detour around it")
+    g.add_argument("--chip-variation", type=_float_arg("--chip-variation"), default=None,
+                   metavar="SIGMA",
+                   help="every chip's speed drawn from a lognormal, median 1, log-sd SIGMA")
+    g.add_argument("--seed", type=_int_arg("--seed"), default=None,
+                   help="seed of the --chip-variation draw (default 0)")
+    g.add_argument("--expert-skew", type=_float_arg("--expert-skew"), default=None,
+                   metavar="S", help="MoE router imbalance: expert loads drawn Zipf(S)")
+    g.add_argument("--capacity-factor", type=_float_arg("--capacity-factor"), default=None,
+                   metavar="C", help="MoE expert capacity (tokens above it are dropped)")
+
+
+def _float_arg(flag: str):
+    def conv(text: str) -> float:
+        try:
+            return float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} {text!r} is not a number") from None
+
+    return conv
+
+
+def _int_arg(flag: str):
+    def conv(text: str) -> int:
+        try:
+            return int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{flag} {text!r} must be a whole number >= 0"
+            ) from None
+
+    return conv
+
+
+def scenario_from_args(args: argparse.Namespace, topology):
+    """The `Scenario` of `--scenario FILE` plus the perturbation flags, validated against
+    `topology` (one-line error for anything that does not fit). Flags add to the file's lists
+    and override its scalars."""
+    from topologies.scenario import Scenario, load_scenario, scenario_from_flags
+
+    base = load_scenario(args.scenario) if getattr(args, "scenario", None) else Scenario()
+    flags = scenario_from_flags(
+        slow_chip=getattr(args, "slow_chip", []) or [],
+        slow_link=getattr(args, "slow_link", []) or [],
+        dead_link=getattr(args, "dead_link", []) or [],
+        chip_variation=(args.chip_variation if getattr(args, "chip_variation", None) is not None
+                        else 0.0),
+        seed=args.seed if getattr(args, "seed", None) is not None else 0,
+        expert_skew=(args.expert_skew if getattr(args, "expert_skew", None) is not None
+                     else 0.0),
+        capacity_factor=getattr(args, "capacity_factor", None),
+    )
+    scenario = base.merged(flags)
+    scenario.validate(topology)
+    return scenario

@@ -1,0 +1,164 @@
+"""Tests for topologies/scenario.py: flag and YAML parsing of perturbations, their validation
+against a pod, resolution to chip and link ids, and the CLI's one-line errors for bad ones."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from sim.cli import main
+from topologies.errors import TpusimError
+from topologies.scenario import (
+    SCENARIO_KEYS,
+    Scenario,
+    load_scenario,
+    scenario_from_dict,
+    scenario_from_flags,
+)
+from topologies.torus import build_torus
+
+POD_3D = build_torus((4, 4, 4), (True, True, True))
+POD_2D_LINE = build_torus((4, 2), (False, False))
+
+
+def test_flags_resolve_to_chip_and_link_ids_and_repeats_multiply():
+    s = scenario_from_flags(
+        slow_chip=["1,2,3:0.8", "1,2,3:0.5", "0,0,0:1.5"],
+        slow_link=["0,0,0:x+:0.5", "0,0,0:x+:0.5", "3,3,3:z-"],
+        dead_link=["2,0,0:y-"],
+    )
+    chips = s.slow_chip_factors_for(POD_3D)
+    assert chips == {POD_3D.chip_id((1, 2, 3)): pytest.approx(0.4), 0: 1.5}
+    links = s.slow_link_factors_for(POD_3D)
+    x_plus_0 = POD_3D.ici_link_id(0, 0, +1)
+    z_minus = POD_3D.ici_link_id(POD_3D.chip_id((3, 3, 3)), 2, -1)
+    assert links == {x_plus_0: 0.25, z_minus: 0.5}  # the factor defaults to 0.5, as before
+    dead = POD_3D.ici_link_id(POD_3D.chip_id((2, 0, 0)), 1, -1)
+    assert s.dead_link_ids_for(POD_3D) == (dead,)
+    f = s.link_factors_for(POD_3D)
+    assert f[dead] == 0 and f[x_plus_0] == 0.25 and np.count_nonzero(f != 1) == 3
+    speed = s.chip_speed_factors_for(POD_3D)
+    assert speed[0] == 1.5 and np.count_nonzero(speed != 1) == 2
+
+
+def test_chip_variation_is_a_seeded_lognormal_with_median_one():
+    pod = build_torus((16, 16), (True, True))
+    a = Scenario(chip_variation_sigma=0.1, seed=3).chip_speed_factors_for(pod)
+    b = Scenario(chip_variation_sigma=0.1, seed=3).chip_speed_factors_for(pod)
+    c = Scenario(chip_variation_sigma=0.1, seed=4).chip_speed_factors_for(pod)
+    assert np.array_equal(a, b) and not np.array_equal(a, c)
+    assert len(np.unique(a)) == pod.num_chips  # every chip differs
+    logs = np.log(a)
+    assert abs(np.median(logs)) < 0.02  # median 1; 256 draws: s.e. of the median ~0.008
+    assert np.std(logs) == pytest.approx(0.1, rel=0.15)
+
+
+def test_healthy_scenario_is_all_ones():
+    s = Scenario()
+    assert s.is_healthy and not s.perturbs_links and not s.perturbs_chips
+    assert np.all(s.chip_speed_factors_for(POD_3D) == 1)
+    assert np.all(s.link_factors_for(POD_3D) == 1)
+
+
+def test_multi_slice_coordinates_take_an_optional_slice_index():
+    pod = build_torus((4, 4), (True, True), num_slices=2)
+    s = scenario_from_flags(slow_chip=["1,1:0.5", "1,1,1:0.25"])
+    assert s.slow_chip_factors_for(pod) == {5: 0.5, 16 + 5: 0.25}
+
+
+def test_yaml_round_trip_gives_the_same_scenario(tmp_path):
+    s = scenario_from_flags(
+        slow_chip=["3,1,2:0.8"], slow_link=["0,0,0:x+:0.1"], dead_link=["1,1,1:z+"],
+        chip_variation=0.02, seed=7, expert_skew=1.2, capacity_factor=1.25,
+    )
+    path = tmp_path / "s.yaml"
+    path.write_text(s.to_yaml())
+    back = load_scenario(path)
+    assert back == s
+    assert set(s.to_dict()) == set(SCENARIO_KEYS)
+
+
+def test_yaml_mapping_entries_equal_flag_strings():
+    a = scenario_from_dict({
+        "slow_chip": [{"chip": [3, 1, 2], "factor": 0.8}],
+        "slow_link": [{"chip": [0, 0, 0], "link": "x+", "factor": 2}],
+        "dead_link": [{"chip": [1, 1, 1], "link": "z+"}],
+    })
+    b = scenario_from_flags(slow_chip=["3,1,2:0.8"], slow_link=["0,0,0:x+:2.0"],
+                            dead_link=["1,1,1:z+"])
+    assert a == b
+
+
+BAD = {
+    "outside the pod": (dict(slow_chip=["4,0:0.5"]), "x=4 is outside the 4x2 pod"),
+    "too many coordinates": (dict(slow_chip=["1,1,1:0.5"]), "have 3 value(s)"),
+    "too few coordinates": (dict(dead_link=["1:x+"]), "have 1 value(s)"),
+    "axis the pod lacks": (dict(slow_link=["0,0:z+:0.5"]), "has no z axis"),
+    "zero factor": (dict(slow_chip=["0,0:0"]), "must be a finite number > 0"),
+    "negative factor": (dict(slow_link=["0,0:x+:-1"]), "must be a finite number > 0"),
+    "nan factor": (dict(slow_chip=["0,0:nan"]), "must be a finite number > 0"),
+    "inf factor": (dict(slow_link=["0,0:x+:inf"]), "must be a finite number > 0"),
+    "unwrapped edge": (dict(dead_link=["3,0:x+"]), "edge of an axis without wraparound"),
+    "bad axisdir": (dict(dead_link=["0,0:w+"]), "axis letter and a direction"),
+    "malformed": (dict(dead_link=["0,0:x+:0.5"]), "is not like 0,0:x+"),
+    "slow and dead": (dict(slow_link=["0,0:x+"], dead_link=["0,0:x+"]), "both as --slow-link"),
+    "negative sigma": (dict(chip_variation=-0.1), "--chip-variation"),
+    "nan sigma": (dict(chip_variation=math.nan), "--chip-variation"),
+    "negative seed": (dict(seed=-1), "--seed"),
+    "inf skew": (dict(expert_skew=math.inf), "--expert-skew"),
+    "zero capacity": (dict(capacity_factor=0.0), "--capacity-factor"),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_perturbations_are_one_line_errors(case):
+    kw, match = BAD[case]
+    with pytest.raises(TpusimError, match=match.replace("(", r"\(").replace(")", r"\)")) as e:
+        scenario_from_flags(**kw).validate(POD_2D_LINE)
+    assert "\n" not in str(e.value)
+
+
+def test_unknown_yaml_keys_are_errors_listing_the_allowed_ones():
+    with pytest.raises(TpusimError, match="unknown key.*slow-chip.*allowed keys are slow_chip"):
+        scenario_from_dict({"slow-chip": ["0,0:0.5"]})
+
+
+CLI_BAD = {
+    "slow chip outside the pod": (["--slow-chip", "9,0:0.5"], "outside the 4x4 pod"),
+    "nan link factor": (["--slow-link", "0,0:x+:nan"], "finite number > 0"),
+    "dead link off the edge": (["--dead-link", "3,0:x+"], "has no x+ link"),
+    "chip perturbation on a collective": (["--slow-chip", "0,0:0.5"], "links only"),
+    "sigma not a number": (["--chip-variation", "lots"], "is not a number"),
+    "missing scenario file": (["--scenario", "/nonexistent.yaml"], "does not exist"),
+}
+
+
+@pytest.mark.parametrize("case", CLI_BAD)
+def test_bad_perturbation_flags_exit_2_with_one_line(capsys, case):
+    extra, match = CLI_BAD[case]
+    rc = main(["collective", "--chip", "v5e", "--shape", "4x4", "--wraparound", "none", "--op",
+               "all-gather", "--axes", "x", "--bytes", "1024", *extra])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == ""
+    assert err.startswith("tpusim: error: ") and err.count("\n") == 1
+    assert match in err
+
+
+def test_scenario_file_and_flags_add_up(capsys, tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("slow_link:\n  - 0,0:x+:0.5\n")
+    base = ["collective", "--chip", "v5e", "--shape", "4x4", "--op", "all-gather", "--axes",
+            "x", "--bytes", "1MiB", "--algorithm", "ring", "--json"]
+    import json
+
+    def run(*extra):
+        assert main([*base, *extra]) == 0
+        return json.loads(capsys.readouterr().out)["time_s"]
+
+    from_file = run("--scenario", str(path))
+    from_flag = run("--slow-link", "0,0:x+:0.5")
+    both = run("--scenario", str(path), "--slow-link", "0,0:x+:0.5")
+    assert from_file == from_flag
+    assert both > from_flag  # 0.5 x 0.5 on the same link

@@ -1,0 +1,478 @@
+"""Perturbations of a pod (`Scenario`): slow or fast chips, slow and dead links, chip-to-chip
+speed variation and MoE router skew, parsed from the CLI flags or a scenario YAML and checked
+against a `Topology`.
+
+A `Scenario` holds coordinates, not ids, so it can be built before the pod is known; the
+`*_for(topology)` methods validate it against a pod and resolve it to chip and link ids.
+
+Flag syntax (each repeatable; the same strings are accepted as list entries in YAML):
+
+* `--slow-chip X,Y[,Z]:FACTOR`: the chip's MXU, VPU and HBM run at FACTOR x their speed;
+* `--slow-link X,Y[,Z]:AXISDIR[:FACTOR]`: the directed link leaving chip X,Y[,Z] along AXISDIR
+  (`x+`, `y-`, ...) carries FACTOR x its bandwidth (default 0.5, as `collective` always had);
+* `--dead-link X,Y[,Z]:AXISDIR`: that directed link carries nothing (a dead cable is both
+  directions: give `X,Y:x+` and the neighbour's `x-`);
+* `--chip-variation SIGMA --seed N`: every chip's speed is drawn independently from a lognormal
+  with median 1 and log-standard-deviation SIGMA;
+* `--expert-skew S`, `--capacity-factor C`: MoE router imbalance and token capacity.
+
+FACTOR > 1 is allowed everywhere (a faster chip or link). On a multi-slice pod a coordinate may
+carry the slice index last (`X,Y,Z,S`); without it it names slice 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from topologies.errors import TpusimError
+from topologies.torus import AXIS_NAMES, Topology
+
+Coords = tuple[int, ...]
+
+# YAML keys of a scenario file (the flag names with `_` for `-`).
+SCENARIO_KEYS = (
+    "slow_chip", "slow_link", "dead_link", "chip_variation", "seed", "expert_skew",
+    "capacity_factor",
+)
+DEFAULT_SLOW_LINK_FACTOR = 0.5
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlowChip:
+    coords: Coords
+    factor: float
+
+    def to_flag(self) -> str:
+        return f"{_coord_text(self.coords)}:{self.factor!r}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlowLink:
+    coords: Coords
+    axisdir: str  # e.g. "x+"
+    factor: float
+
+    def to_flag(self) -> str:
+        return f"{_coord_text(self.coords)}:{self.axisdir}:{self.factor!r}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeadLink:
+    coords: Coords
+    axisdir: str
+
+    def to_flag(self) -> str:
+        return f"{_coord_text(self.coords)}:{self.axisdir}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Scenario:
+    """The perturbations of one run. The default (empty) scenario is the healthy pod.
+
+    Attributes:
+        slow_chips: chips whose MXU, VPU and HBM run at `factor` x (repeats multiply).
+        slow_links: directed links whose bandwidth is `factor` x (repeats multiply).
+        dead_links: directed links that carry nothing.
+        chip_variation_sigma: log-standard-deviation of every chip's speed (0 = none).
+        seed: seed of the chip-variation draw.
+        expert_skew: Zipf exponent of the MoE router's expert loads (0 = balanced).
+        capacity_factor: MoE expert capacity as a multiple of the balanced load (None = no
+            dropping).
+    """
+
+    slow_chips: tuple[SlowChip, ...] = ()
+    slow_links: tuple[SlowLink, ...] = ()
+    dead_links: tuple[DeadLink, ...] = ()
+    chip_variation_sigma: float = 0.0
+    seed: int = 0
+    expert_skew: float = 0.0
+    capacity_factor: float | None = None
+
+    def __post_init__(self) -> None:
+        for s in self.slow_chips:
+            _check_factor(s.factor, f"--slow-chip {s.to_flag()}")
+        for s in self.slow_links:
+            _check_factor(s.factor, f"--slow-link {s.to_flag()}")
+        sigma = self.chip_variation_sigma
+        if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not (
+            math.isfinite(sigma) and sigma >= 0
+        ):
+            raise TpusimError(
+                f"--chip-variation {sigma!r} must be a finite number >= 0 (the log-standard-"
+                f"deviation of chip speed, e.g. 0.02 for 2%)"
+            )
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or (
+            self.seed < 0
+        ):
+            raise TpusimError(f"--seed {self.seed!r} must be a whole number >= 0")
+        s = self.expert_skew
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not (
+            math.isfinite(s) and s >= 0
+        ):
+            raise TpusimError(
+                f"--expert-skew {s!r} must be a finite number >= 0 (the Zipf exponent of expert "
+                f"loads; 0 = a balanced router)"
+            )
+        c = self.capacity_factor
+        if c is not None and (
+            isinstance(c, bool) or not isinstance(c, (int, float)) or not (
+                math.isfinite(c) and c > 0)
+        ):
+            raise TpusimError(
+                f"--capacity-factor {c!r} must be a finite number > 0 (tokens an expert accepts "
+                f"as a multiple of the balanced load, e.g. 1.25)"
+            )
+
+    # -- what it touches ---------------------------------------------------------------------
+    @property
+    def is_healthy(self) -> bool:
+        """True when nothing differs from the uniform pod (the fast path applies)."""
+        return not (self.slow_chips or self.slow_links or self.dead_links
+                    or self.chip_variation_sigma > 0 or self.expert_skew > 0
+                    or self.capacity_factor is not None)
+
+    @property
+    def perturbs_links(self) -> bool:
+        return bool(self.slow_links or self.dead_links)
+
+    @property
+    def perturbs_chips(self) -> bool:
+        return bool(self.slow_chips or self.chip_variation_sigma > 0)
+
+    # -- resolution against a pod ------------------------------------------------------------
+    def validate(self, topology: Topology) -> None:
+        """Raise a one-line `TpusimError` for anything that does not fit `topology`."""
+        self.chip_speed_factors_for(topology)
+        self.link_factors_for(topology)
+
+    def slow_chip_factors_for(self, topology: Topology) -> dict[int, float]:
+        """{chip id: speed factor} of the `slow_chips` (repeats multiply)."""
+        out: dict[int, float] = {}
+        for s in self.slow_chips:
+            chip = _chip_id(topology, s.coords, f"--slow-chip {s.to_flag()}")
+            out[chip] = out.get(chip, 1.0) * s.factor
+        return out
+
+    def chip_speed_factors_for(self, topology: Topology) -> np.ndarray:
+        """Speed factor of every chip (float array, `num_chips` long): the chip-variation draw
+        (lognormal, median 1, from `seed`) times the slow-chip factors. All ones when healthy."""
+        speed = np.ones(topology.num_chips)
+        if self.chip_variation_sigma > 0:
+            rng = np.random.default_rng(self.seed)
+            speed = rng.lognormal(mean=0.0, sigma=self.chip_variation_sigma,
+                                  size=topology.num_chips)
+        for chip, f in self.slow_chip_factors_for(topology).items():
+            speed[chip] *= f
+        return speed
+
+    def slow_link_factors_for(self, topology: Topology) -> dict[int, float]:
+        """{ICI link id: bandwidth factor} of the `slow_links` (repeats multiply)."""
+        out: dict[int, float] = {}
+        for s in self.slow_links:
+            link = _link_id(topology, s.coords, s.axisdir, f"--slow-link {s.to_flag()}")
+            out[link] = out.get(link, 1.0) * s.factor
+        return out
+
+    def dead_link_ids_for(self, topology: Topology) -> tuple[int, ...]:
+        """Sorted ICI link ids of the dead links."""
+        return tuple(sorted({
+            _link_id(topology, d.coords, d.axisdir, f"--dead-link {d.to_flag()}")
+            for d in self.dead_links
+        }))
+
+    def link_factors_for(self, topology: Topology) -> np.ndarray:
+        """Bandwidth factor of every link id (`topology.num_links` long): the slow-link factors,
+        0 on dead links, 1 elsewhere. A link both slow and dead is an error."""
+        f = np.ones(topology.num_links)
+        slow = self.slow_link_factors_for(topology)
+        for link, x in slow.items():
+            f[link] = x
+        for link in self.dead_link_ids_for(topology):
+            if link in slow:
+                raise TpusimError(
+                    f"link {topology.describe_link(link)} is given both as --slow-link and "
+                    f"--dead-link; a dead link carries nothing, so drop one of them"
+                )
+            f[link] = 0.0
+        return f
+
+    # -- files -------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The scenario YAML mapping (only the keys that differ from the default)."""
+        d: dict[str, Any] = {}
+        if self.slow_chips:
+            d["slow_chip"] = [s.to_flag() for s in self.slow_chips]
+        if self.slow_links:
+            d["slow_link"] = [s.to_flag() for s in self.slow_links]
+        if self.dead_links:
+            d["dead_link"] = [s.to_flag() for s in self.dead_links]
+        if self.chip_variation_sigma:
+            d["chip_variation"] = float(self.chip_variation_sigma)
+        if self.seed:
+            d["seed"] = int(self.seed)
+        if self.expert_skew:
+            d["expert_skew"] = float(self.expert_skew)
+        if self.capacity_factor is not None:
+            d["capacity_factor"] = float(self.capacity_factor)
+        return d
+
+    def to_yaml(self) -> str:
+        import yaml
+
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def merged(self, other: Scenario) -> Scenario:
+        """`self` with `other`'s entries added (lists concatenate; `other`'s scalars win where
+        they are not the default)."""
+        return Scenario(
+            slow_chips=self.slow_chips + other.slow_chips,
+            slow_links=self.slow_links + other.slow_links,
+            dead_links=self.dead_links + other.dead_links,
+            chip_variation_sigma=other.chip_variation_sigma or self.chip_variation_sigma,
+            seed=other.seed or self.seed,
+            expert_skew=other.expert_skew or self.expert_skew,
+            capacity_factor=(other.capacity_factor if other.capacity_factor is not None
+                             else self.capacity_factor),
+        )
+
+
+# -- parsing -----------------------------------------------------------------------------------
+def _coord_text(c: Coords) -> str:
+    return ",".join(str(v) for v in c)
+
+
+def _check_factor(factor: Any, what: str) -> None:
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (
+        math.isfinite(factor) and factor > 0
+    ):
+        raise TpusimError(
+            f"{what}: factor {factor!r} must be a finite number > 0 (speed relative to nominal; "
+            f"0.5 = half speed, 2 = twice as fast)"
+        )
+
+
+def _parse_coords(text: str, flag: str, spec: str) -> Coords:
+    try:
+        coords = tuple(int(c) for c in text.split(","))
+    except ValueError:
+        raise TpusimError(
+            f"{flag} {spec!r}: chip coordinates {text!r} must be integers like 0,0 or 1,2,3"
+        ) from None
+    return coords
+
+
+def _parse_factor(text: str, flag: str, spec: str) -> float:
+    try:
+        f = float(text)
+    except ValueError:
+        raise TpusimError(
+            f"{flag} {spec!r}: factor {text!r} is not a number; give e.g. 0.5 (half speed)"
+        ) from None
+    _check_factor(f, f"{flag} {spec}")
+    return f
+
+
+def _parse_axisdir(text: str, flag: str, spec: str) -> str:
+    ad = text.strip()
+    if len(ad) != 2 or ad[0] not in AXIS_NAMES or ad[1] not in "+-":
+        raise TpusimError(
+            f"{flag} {spec!r}: the link {ad!r} must be an axis letter and a direction, such as "
+            f"x+ or y-"
+        )
+    return ad
+
+
+def parse_slow_chip(spec: str) -> SlowChip:
+    """`"3,5,7:0.8"` -> SlowChip((3, 5, 7), 0.8)."""
+    parts = str(spec).split(":")
+    if len(parts) != 2:
+        raise TpusimError(
+            f"--slow-chip {spec!r} is not like 3,5,7:0.8 (chip coordinates : speed factor)"
+        )
+    return SlowChip(coords=_parse_coords(parts[0], "--slow-chip", spec),
+                    factor=_parse_factor(parts[1], "--slow-chip", spec))
+
+
+def parse_slow_link(spec: str) -> SlowLink:
+    """`"0,0:x+:0.5"` -> SlowLink((0, 0), "x+", 0.5); the factor defaults to 0.5."""
+    parts = str(spec).split(":")
+    if len(parts) not in (2, 3):
+        raise TpusimError(
+            f"--slow-link {spec!r} is not like 0,0:x+:0.5 (chip coordinates : axis and direction "
+            f": bandwidth factor)"
+        )
+    factor = (_parse_factor(parts[2], "--slow-link", spec) if len(parts) == 3
+              else DEFAULT_SLOW_LINK_FACTOR)
+    return SlowLink(coords=_parse_coords(parts[0], "--slow-link", spec),
+                    axisdir=_parse_axisdir(parts[1], "--slow-link", spec), factor=factor)
+
+
+def parse_dead_link(spec: str) -> DeadLink:
+    """`"0,0:x+"` -> DeadLink((0, 0), "x+")."""
+    parts = str(spec).split(":")
+    if len(parts) != 2:
+        raise TpusimError(
+            f"--dead-link {spec!r} is not like 0,0:x+ (chip coordinates : axis and direction)"
+        )
+    return DeadLink(coords=_parse_coords(parts[0], "--dead-link", spec),
+                    axisdir=_parse_axisdir(parts[1], "--dead-link", spec))
+
+
+def scenario_from_flags(
+    *,
+    slow_chip: tuple[str, ...] | list[str] = (),
+    slow_link: tuple[str, ...] | list[str] = (),
+    dead_link: tuple[str, ...] | list[str] = (),
+    chip_variation: float = 0.0,
+    seed: int = 0,
+    expert_skew: float = 0.0,
+    capacity_factor: float | None = None,
+) -> Scenario:
+    """A `Scenario` from the flag strings (not yet checked against a pod)."""
+    return Scenario(
+        slow_chips=tuple(parse_slow_chip(s) for s in slow_chip),
+        slow_links=tuple(parse_slow_link(s) for s in slow_link),
+        dead_links=tuple(parse_dead_link(s) for s in dead_link),
+        chip_variation_sigma=chip_variation,
+        seed=seed,
+        expert_skew=expert_skew,
+        capacity_factor=capacity_factor,
+    )
+
+
+def scenario_from_dict(data: dict[str, Any], *, source: str = "scenario") -> Scenario:
+    """A `Scenario` from a scenario YAML mapping (keys `SCENARIO_KEYS`).
+
+    List entries are flag strings (`"3,5,7:0.8"`) or mappings (`{chip: [3, 5, 7], factor:
+    0.8}`; links add `link: x+`).
+    """
+    if not isinstance(data, dict):
+        raise TpusimError(f"{source} must be a mapping of `key: value` lines")
+    unknown = sorted(str(k) for k in data if k not in SCENARIO_KEYS)
+    if unknown:
+        raise TpusimError(
+            f"{source}: unknown key(s) {', '.join(unknown)}; allowed keys are "
+            f"{', '.join(SCENARIO_KEYS)}"
+        )
+    lists = {}
+    for key, kind in (("slow_chip", "chip"), ("slow_link", "link"), ("dead_link", "dead")):
+        value = data.get(key) or []
+        if not isinstance(value, list):
+            raise TpusimError(
+                f"{source}: {key} must be a list (one entry per {key.replace('_', ' ')}), got "
+                f"{type(value).__name__}"
+            )
+        lists[key] = [_entry_text(v, key, kind, source) for v in value]
+    scalars: dict[str, Any] = {}
+    for key in ("chip_variation", "expert_skew", "capacity_factor"):
+        v = data.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TpusimError(f"{source}: {key} {v!r} must be a number")
+        scalars[key] = float(v)
+    seed = data.get("seed", 0)
+    if seed is None:
+        seed = 0
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TpusimError(f"{source}: seed {seed!r} must be a whole number >= 0")
+    return scenario_from_flags(**lists, seed=seed, **scalars)
+
+
+def _entry_text(v: Any, key: str, kind: str, source: str) -> str:
+    if isinstance(v, str):
+        return v
+    if isinstance(v, dict):
+        allowed = {"chip": ("chip", "factor"), "link": ("chip", "link", "factor"),
+                   "dead": ("chip", "link")}[kind]
+        bad = sorted(str(k) for k in v if k not in allowed)
+        missing = [k for k in allowed if k not in v and not (k == "factor" and kind == "link")]
+        if bad or missing:
+            raise TpusimError(
+                f"{source}: a {key} entry {v!r} must have the keys {', '.join(allowed)}"
+                + (" (factor optional)" if kind == "link" else "")
+            )
+        chip = v["chip"]
+        if not isinstance(chip, list) or not all(
+            isinstance(c, int) and not isinstance(c, bool) for c in chip
+        ):
+            raise TpusimError(
+                f"{source}: {key} chip {chip!r} must be a list of integers like [0, 0, 0]"
+            )
+        text = _coord_text(tuple(chip))
+        if kind != "chip":
+            text += f":{v['link']}"
+        if "factor" in v:
+            f = v["factor"]
+            if isinstance(f, bool) or not isinstance(f, (int, float)):
+                raise TpusimError(f"{source}: {key} factor {f!r} must be a number")
+            text += f":{float(f)!r}"
+        return text
+    raise TpusimError(
+        f"{source}: a {key} entry must be a string like the flag's or a mapping, got {v!r}"
+    )
+
+
+def load_scenario(path) -> Scenario:
+    """Read a scenario YAML (or JSON) file; the only function here that touches the disk."""
+    from pathlib import Path
+
+    from topologies.yamlio import read_yaml_mapping
+
+    p = Path(path)
+    data = read_yaml_mapping(p, what="scenario")
+    return scenario_from_dict(data, source=f"scenario file {str(p)!r}")
+
+
+# -- resolution helpers ------------------------------------------------------------------------
+def _chip_id(topology: Topology, coords: Coords, what: str) -> int:
+    n_ok = (topology.ndim, topology.ndim + 1) if topology.num_slices > 1 else (topology.ndim,)
+    if len(coords) not in n_ok:
+        raise TpusimError(
+            f"{what}: chip coordinates {_coord_text(coords)} have {len(coords)} value(s) but the "
+            f"{topology.name} pod needs {' or '.join(map(str, n_ok))} (x"
+            f"{', y' if topology.ndim > 1 else ''}{', z' if topology.ndim > 2 else ''}"
+            f"{', slice' if topology.num_slices > 1 else ''})"
+        )
+    for name, n, c in zip(AXIS_NAMES, topology.shape, coords, strict=False):
+        if not 0 <= c < n:
+            raise TpusimError(
+                f"{what}: coordinate {name}={c} is outside the {topology.name} pod; "
+                f"{name} must be in 0..{n - 1}"
+            )
+    if len(coords) > topology.ndim and not 0 <= coords[-1] < topology.num_slices:
+        raise TpusimError(
+            f"{what}: slice index {coords[-1]} is outside 0..{topology.num_slices - 1}"
+        )
+    return topology.chip_id(coords)
+
+
+def _link_id(topology: Topology, coords: Coords, axisdir: str, what: str) -> int:
+    chip = _chip_id(topology, coords, what)
+    axis = axisdir[0]
+    if axis not in AXIS_NAMES[: topology.ndim]:
+        raise TpusimError(
+            f"{what}: the {topology.name} pod has no {axis} axis; its axes are "
+            f"{', '.join(AXIS_NAMES[: topology.ndim])}"
+        )
+    a = AXIS_NAMES.index(axis)
+    link = topology.ici_link_id(chip, a, 1 if axisdir[1] == "+" else -1)
+    if not topology.link_mask()[link]:
+        why = ("the axis has a single chip" if topology.shape[a] == 1 else
+               "edge of an axis without wraparound")
+        raise TpusimError(
+            f"{what}: chip {_coord_text(coords)} has no {axisdir} link in the {topology.name} "
+            f"pod ({why}); pick a link that exists"
+        )
+    return link
+
+
+__all__ = [
+    "DeadLink", "SCENARIO_KEYS", "Scenario", "SlowChip", "SlowLink", "load_scenario",
+    "parse_dead_link", "parse_slow_chip", "parse_slow_link", "scenario_from_dict",
+    "scenario_from_flags",
+]
