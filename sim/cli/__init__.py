@@ -1,4 +1,4 @@
-"""The `tpusim` command: one module per command family (collectives, training, inference), each
+"""The `tpusim` command: one module per command family (collectives, training, inference, studies), each
 registering its subcommands; `main` turns every `TpusimError` into one line on stderr, exit 2.
 
 Only the CLI (and the exporters in `sim/export/` it calls for `--out`/`--perfetto`/`--plots`)
@@ -17,13 +17,13 @@ __all__ = ["build_parser", "main", "parse_bytes", "parse_coords"]
 
 
 def build_parser() -> Parser:
-    from sim.cli import collectives, inference, training
+    from sim.cli import collectives, inference, studies, training
 
     p = Parser(prog="tpusim", description="Discrete-event simulator of TPU pods.")
     p.add_argument("--quiet", action="store_true",
                    help="no progress bar (it only appears on a terminal, after 1 s)")
     sub = p.add_subparsers(dest="command", parser_class=Parser)
-    for family in (collectives, training, inference):
+    for family in (collectives, training, inference, studies):
         family.register(sub)
     return p
 

@@ -1,0 +1,798 @@
+"""Studies: a base `tpusim` command and what varies (`grid`, `zip`) expand into points, run on a
+local process pool or a Dask cluster; one results row per point, written as the points finish.
+
+A point runs the very command a user would type (`tpusim train ... --json`), in-process in a
+reused worker, so a row equals, number for number, what the single command returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import json
+import math
+import os
+import shlex
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from topologies.errors import TpusimError
+
+STUDY_KEYS = ("command", "base", "grid", "zip", "metrics", "plot")
+PLOT_KEYS = ("x", "y", "hue")
+# Commands whose `--json` prints one result object (the others write tables or several results).
+STUDY_COMMANDS = ("train", "collective", "decode", "prefill")
+# Flags a study may not set: the sweep itself decides how each point prints and writes.
+_OUTPUT_FLAGS = ("json", "out", "perfetto", "plots", "trace-chips", "quiet", "help", "set")
+# Result keys that are tables of their own, not scalars of the point.
+_NOT_SCALARS = ("collectives",)
+SET_PREFIX = "set."
+# Columns every results row has besides the point's inputs and outputs.
+POINT_COLUMN = "point"
+COMMAND_LINE_COLUMN = "command_line"
+WALL_COLUMN = "wall_time_s"
+ERROR_COLUMN = "error"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StudySpec:
+    """A validated study: the base command's flags and the varied ones, in file order."""
+
+    command: str
+    base: tuple[tuple[str, Any], ...]
+    grid: tuple[tuple[str, tuple[Any, ...]], ...]
+    zip: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    metrics: tuple[str, ...] = ()
+    plots: tuple[tuple[tuple[str, str], ...], ...] = ()
+
+    @property
+    def varied(self) -> tuple[str, ...]:
+        return tuple(k for k, _ in self.grid) + tuple(k for k, _ in self.zip)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The study as a plain mapping (what `study.json` records and `load_study` reads)."""
+        d: dict[str, Any] = {"command": self.command, "base": dict(self.base),
+                             "grid": {k: list(v) for k, v in self.grid}}
+        if self.zip:
+            d["zip"] = {k: list(v) for k, v in self.zip}
+        if self.metrics:
+            d["metrics"] = list(self.metrics)
+        if self.plots:
+            plots = [dict(p) for p in self.plots]
+            d["plot"] = plots[0] if len(plots) == 1 else plots
+        return d
+
+    def points(self) -> list[dict[str, Any]]:
+        """Every combination of the grid (last key fastest) times the zipped rows (fastest)."""
+        grid_lists = [v for _, v in self.grid]
+        zip_rows = list(zip(*(v for _, v in self.zip), strict=True)) if self.zip else [()]
+        gkeys = [k for k, _ in self.grid]
+        zkeys = [k for k, _ in self.zip]
+        out = []
+        for combo in itertools.product(*grid_lists, zip_rows):
+            p = dict(zip(gkeys, combo[:-1], strict=True))
+            p.update(zip(zkeys, combo[-1], strict=True))
+            out.append(p)
+        return out
+
+
+# -- the schema ------------------------------------------------------------------------------
+def _command_parser(command: str):
+    from sim.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    return sub.choices[command]
+
+
+def _flag_actions(command: str) -> dict[str, Any]:
+    """Long flag name without dashes -> argparse action, for the command's own flags."""
+    p = _command_parser(command)
+    return {s[2:]: a for s, a in p._option_string_actions.items() if s.startswith("--")}
+
+
+def _norm_key(key: Any, where: str) -> str:
+    if not isinstance(key, str) or not key.strip():
+        raise TpusimError(f"study {where} key {key!r} is not a flag name; write e.g. seq-len")
+    key = key.strip()
+    if key.startswith(SET_PREFIX):
+        return key
+    return key.lstrip("-").replace("_", "-")
+
+
+def _check_key(key: str, where: str, command: str, actions: dict[str, Any]) -> None:
+    if key.startswith(SET_PREFIX):
+        field = key[len(SET_PREFIX):]
+        if not field:
+            raise TpusimError(f"study {where} key {key!r} names no field; write e.g. "
+                              f"set.ici_link_bytes_per_s")
+        if "set" not in actions:
+            raise TpusimError(
+                f"study {where} key {key!r} needs `tpusim {command} --set`, which this version "
+                f"of tpusim does not have; vary a flag of the command instead"
+            )
+        return
+    if key in _OUTPUT_FLAGS:
+        raise TpusimError(
+            f"study {where} key {key!r} is an output flag; a sweep prints and writes its own "
+            f"results (use --out on `tpusim sweep`)"
+        )
+    if key not in actions:
+        allowed = sorted(k for k in actions if k not in _OUTPUT_FLAGS)
+        raise TpusimError(
+            f"study {where} key {key!r} is not a flag of `tpusim {command}`; use one of: "
+            f"{', '.join(allowed)} (or set.FIELD for --set)"
+        )
+
+
+def _values(key: str, v: Any, where: str) -> tuple[Any, ...]:
+    if not isinstance(v, list):
+        raise TpusimError(
+            f"study {where}.{key} must be a list of values, got {v!r}; write [{v!r}] for one"
+        )
+    if not v:
+        raise TpusimError(f"study {where}.{key} is an empty list; give at least one value")
+    for x in v:
+        _check_value(key, x, where)
+    return tuple(v)
+
+
+def _check_bools(key: str, values: Iterable[Any], where: str, actions: dict[str, Any]) -> None:
+    is_switch = type(actions.get(key)).__name__ in ("_StoreTrueAction", "_StoreFalseAction")
+    for v in values:
+        if isinstance(v, bool) and not is_switch:
+            raise TpusimError(
+                f"study {where}.{key} value {v!r}: --{key} takes a value, not true/false (YAML "
+                f"reads yes/no/on/off as true/false; quote it, e.g. 'no')"
+            )
+        if is_switch and not isinstance(v, bool):
+            raise TpusimError(
+                f"study {where}.{key} value {v!r}: --{key} is a switch; give true or false"
+            )
+
+
+def _check_value(key: str, x: Any, where: str) -> None:
+    if isinstance(x, (dict, list)) or x is None:
+        raise TpusimError(
+            f"study {where}.{key} value {x!r} must be a number, a string or true/false"
+        )
+
+
+def load_study(source: str | os.PathLike | Mapping[str, Any]) -> StudySpec:
+    """A study file (YAML/JSON) or mapping -> validated `StudySpec` (one-line errors)."""
+    if isinstance(source, Mapping):
+        data = dict(source)
+    else:
+        from topologies.yamlio import read_yaml_mapping
+
+        data = read_yaml_mapping(Path(source), what="study")
+    unknown = [k for k in data if k not in STUDY_KEYS]
+    if unknown:
+        raise TpusimError(
+            f"study key {unknown[0]!r} is unknown; the keys are {', '.join(STUDY_KEYS)}"
+        )
+    command = data.get("command")
+    if command not in STUDY_COMMANDS:
+        raise TpusimError(
+            f"study command {command!r} cannot be swept; use one of {', '.join(STUDY_COMMANDS)}"
+        )
+    actions = _flag_actions(command)
+    seen: dict[str, str] = {}
+
+    def mapping(name: str, required: bool) -> dict:
+        m = data.get(name)
+        if m is None:
+            if required:
+                raise TpusimError(f"study has no {name!r}; add {name}: {{flag: value, ...}}")
+            return {}
+        if not isinstance(m, dict):
+            raise TpusimError(f"study {name!r} must be a mapping of flag: value, got {m!r}")
+        out = {}
+        for k, v in m.items():
+            key = _norm_key(k, name)
+            _check_key(key, name, command, actions)
+            if key in seen:
+                raise TpusimError(
+                    f"study key {key!r} appears in both {seen[key]} and {name}; give it once"
+                )
+            seen[key] = name
+            out[key] = v
+        return out
+
+    base = mapping("base", True)
+    grid = {k: _values(k, v, "grid") for k, v in mapping("grid", False).items()}
+    zipped = {k: _values(k, v, "zip") for k, v in mapping("zip", False).items()}
+    for where, m in (("base", base), ("grid", grid), ("zip", zipped)):
+        for k, vs in m.items():
+            _check_bools(k, vs if isinstance(vs, (list, tuple)) else [vs], where, actions)
+    for k, v in base.items():
+        if isinstance(v, list):
+            if getattr(actions.get(k), "__class__", type).__name__ != "_AppendAction":
+                raise TpusimError(
+                    f"study base.{k} is a list, but --{k} takes one value; move it to grid "
+                    f"to vary it"
+                )
+            for x in v:
+                _check_value(k, x, "base")
+        else:
+            _check_value(k, v, "base")
+    if "grid" in data and not data["grid"] and not data.get("zip"):
+        raise TpusimError("study grid is empty; list at least one flag with the values it takes")
+    if not grid and not zipped:
+        raise TpusimError("study varies nothing; add grid: {flag: [values, ...]} (or zip)")
+    lengths = {len(v) for v in zipped.values()}
+    if len(lengths) > 1:
+        desc = ", ".join(f"{k} has {len(v)}" for k, v in zipped.items())
+        raise TpusimError(f"study zip lists must have the same length ({desc}); even them out")
+    metrics = data.get("metrics", [])
+    if not isinstance(metrics, list) or not all(isinstance(m, str) and m for m in metrics):
+        raise TpusimError(
+            f"study metrics must be a list of result names such as [step_time_s, mfu], "
+            f"got {metrics!r}"
+        )
+    varied = set(grid) | set(zipped)
+    plots = _plots(data.get("plot"), varied)
+    return StudySpec(
+        command=command, base=tuple(base.items()),
+        grid=tuple(grid.items()), zip=tuple(zipped.items()),
+        metrics=tuple(metrics), plots=plots,
+    )
+
+
+def _plots(p: Any, varied: set[str]) -> tuple[tuple[tuple[str, str], ...], ...]:
+    if p is None:
+        return ()
+    items = p if isinstance(p, list) else [p]
+    out = []
+    for item in items:
+        if not isinstance(item, dict):
+            raise TpusimError(f"study plot must be {{x: KEY, y: METRIC, hue: KEY}}, got {item!r}")
+        bad = [k for k in item if k not in PLOT_KEYS]
+        if bad:
+            raise TpusimError(
+                f"study plot key {bad[0]!r} is unknown; the keys are {', '.join(PLOT_KEYS)}"
+            )
+        if "x" not in item or "y" not in item:
+            raise TpusimError("study plot needs x (a varied key) and y (a result name)")
+        norm = {}
+        for k in PLOT_KEYS:
+            if k not in item:
+                continue
+            v = item[k]
+            if not isinstance(v, str) or not v:
+                raise TpusimError(f"study plot {k} must be a name, got {v!r}")
+            if k != "y":
+                v = _norm_key(v, "plot")
+                if v not in varied:
+                    raise TpusimError(
+                        f"study plot {k} {v!r} is not a key the study varies; use one of: "
+                        f"{', '.join(sorted(varied))}"
+                    )
+            norm[k] = v
+        out.append(tuple(norm.items()))
+    return tuple(out)
+
+
+# -- one point -------------------------------------------------------------------------------
+def _arg_text(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def point_argv(study: StudySpec, point: Mapping[str, Any]) -> list[str]:
+    """The `tpusim` arguments of one point (without `--json`), base flags first."""
+    argv = [study.command]
+    sets = []
+    for key, v in list(study.base) + list(point.items()):
+        if key.startswith(SET_PREFIX):
+            sets.append(f"{key[len(SET_PREFIX):]}={_arg_text(v)}")
+            continue
+        if isinstance(v, bool):
+            # A true/false flag: present when true (e.g. no-overlap: true).
+            if v:
+                argv.append(f"--{key}")
+            continue
+        for x in v if isinstance(v, list) else [v]:
+            argv += [f"--{key}", _arg_text(x)]
+    for s in sets:
+        argv += ["--set", s]
+    return argv
+
+
+class _ThreadStdout(io.TextIOBase):
+    """sys.stdout that a thread can redirect into its own buffer (Dask runs points in threads,
+    where `contextlib.redirect_stdout` would mix their outputs)."""
+
+    def __init__(self, real):
+        self.real = real
+        self.local = threading.local()
+
+    def write(self, s: str) -> int:
+        buf = getattr(self.local, "buf", None)
+        return (buf or self.real).write(s)
+
+    def flush(self) -> None:
+        buf = getattr(self.local, "buf", None)
+        (buf or self.real).flush()
+
+    def isatty(self) -> bool:
+        return False
+
+
+_LOCK = threading.Lock()
+_PARSERS = threading.local()
+
+
+@contextlib.contextmanager
+def _capture_stdout():
+    with _LOCK:
+        if not isinstance(sys.stdout, _ThreadStdout):
+            sys.stdout = _ThreadStdout(sys.stdout)
+        proxy = sys.stdout
+    buf = io.StringIO()
+    proxy.local.buf = buf
+    try:
+        yield buf
+    finally:
+        proxy.local.buf = None
+
+
+def run_point(argv: list[str]) -> dict[str, Any]:
+    """Run `tpusim ARGV --json` in this process: {"result": {...}} or {"error": "..."}, plus
+    the wall time. Never raises for a failed point (a bad mesh, out of memory, a bug)."""
+    from sim import progress
+
+    progress.QUIET = True
+    t0 = time.perf_counter()
+    parser = getattr(_PARSERS, "parser", None)
+    if parser is None:
+        from sim.cli import build_parser
+
+        parser = _PARSERS.parser = build_parser()
+    try:
+        with _capture_stdout() as buf:
+            args = parser.parse_args([*argv, "--json", "--quiet"])
+            args.func(args)
+        out: dict[str, Any] = {"result": json.loads(buf.getvalue())}
+    except TpusimError as exc:
+        out = {"error": str(exc)}
+    except Exception as exc:  # a bug in one point must not take the study down
+        out = {"error": f"internal error: {type(exc).__name__}: {exc}"}
+    out["wall_time_s"] = time.perf_counter() - t0
+    return out
+
+
+def flatten_result(result: Mapping[str, Any]) -> dict[str, Any]:
+    """A command's JSON result -> scalar columns. Nested sections (`breakdown`, `memory`) give
+    their leaf names when those are unique, dotted paths otherwise; `inputs` keeps its dotted
+    prefix; lists become JSON text; per-collective tables are left out (not point scalars)."""
+    flat: list[tuple[tuple[str, ...], Any]] = []
+
+    def walk(prefix: tuple[str, ...], obj: Any) -> None:
+        if isinstance(obj, Mapping):
+            for k, v in obj.items():
+                if not prefix and k in _NOT_SCALARS:
+                    continue
+                walk(prefix + (str(k),), v)
+        elif isinstance(obj, (list, tuple)):
+            flat.append((prefix, json.dumps(obj)))
+        else:
+            flat.append((prefix, obj))
+
+    walk((), result)
+    leaves: dict[str, int] = {}
+    for path, _ in flat:
+        leaves[path[-1]] = leaves.get(path[-1], 0) + 1
+    out = {}
+    for path, v in flat:
+        short = len(path) == 1 or (path[0] != "inputs" and leaves[path[-1]] == 1)
+        out[path[-1] if short else ".".join(path)] = v
+    return out
+
+
+# -- running a study -------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SweepConfig:
+    """How to run a study: worker count, backend, output directory, resume."""
+
+    workers: int = 0  # 0 = one per core
+    dask: Any = None  # None, "local", "tcp://HOST:PORT" or a distributed.Client
+    out_dir: str | None = None
+    resume: bool = False
+    quiet: bool = False
+    write_every_s: float = 2.0  # how often finished rows are flushed to disk while running
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.workers, int) or self.workers < 0:
+            raise TpusimError(f"--workers {self.workers!r} must be a positive integer")
+        if isinstance(self.dask, str) and self.dask != "local" \
+                and not self.dask.startswith(("tcp://", "tls://", "inproc://")):
+            raise TpusimError(
+                f"--dask {self.dask!r} is not a scheduler address; give local or "
+                f"tcp://HOST:PORT"
+            )
+
+
+def _num_workers(cfg: SweepConfig) -> int:
+    return cfg.workers or max(os.cpu_count() or 1, 1)
+
+
+def _worker_init() -> None:
+    # Ctrl-C goes to the whole process group: the parent keeps finished rows and stops the
+    # pool; workers finish (or drop) their point quietly instead of printing tracebacks.
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from sim import progress
+
+    progress.QUIET = True
+
+
+def _local_runner(n: int):
+    """Yields (index, outcome) as points finish on a pool of `n` reused worker processes."""
+
+    def run(jobs: list[tuple[int, list[str]]]):
+        if n == 1:
+            for i, argv in jobs:
+                yield i, run_point(argv)
+            return
+        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+        ex = ProcessPoolExecutor(max_workers=n, initializer=_worker_init)
+        try:
+            futs = {ex.submit(run_point, argv): i for i, argv in jobs}
+            pending = set(futs)
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for f in sorted(done, key=futs.__getitem__):
+                    yield futs[f], f.result()
+        finally:
+            ex.shutdown(wait=True, cancel_futures=True)
+
+    return run
+
+
+DASK_CONNECT_TIMEOUT_S = 8
+
+
+def _dask_client(dask: Any, n: int):
+    """(client, closer) for --dask local, an address, or a given distributed.Client."""
+    if not isinstance(dask, str):
+        return dask, lambda: None
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError:  # pragma: no cover - distributed is a dependency
+        raise TpusimError("--dask needs the `distributed` package; pip install distributed") \
+            from None
+    import logging
+
+    if dask == "local":
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                               dashboard_address=None, silence_logs=logging.ERROR)
+        client = Client(cluster)
+
+        def close():
+            client.close()
+            cluster.close()
+
+        return client, close
+    try:
+        client = Client(dask, timeout=f"{DASK_CONNECT_TIMEOUT_S}s")
+    except (OSError, TimeoutError) as exc:
+        raise TpusimError(
+            f"--dask {dask}: no Dask scheduler answered within {DASK_CONNECT_TIMEOUT_S} s "
+            f"({type(exc).__name__}); start one (`dask scheduler`) or use --dask local"
+        ) from None
+    return client, client.close
+
+
+def _dask_runner(client):
+    def run(jobs: list[tuple[int, list[str]]]):
+        from distributed import as_completed
+
+        futs = {client.submit(run_point, argv, pure=False, key=f"tpusim-point-{i}-{time.time_ns()}"): i
+                for i, argv in jobs}
+        try:
+            for f in as_completed(list(futs)):
+                yield futs[f], f.result()
+        finally:
+            client.cancel(list(futs))
+
+    return run
+
+
+def _row(study: StudySpec, index: int, point: Mapping[str, Any], argv: list[str],
+         outcome: Mapping[str, Any]) -> dict[str, Any]:
+    row: dict[str, Any] = {POINT_COLUMN: index}
+    row.update(point)
+    for k, v in study.base:
+        row[k] = json.dumps(v) if isinstance(v, list) else v
+    row[COMMAND_LINE_COLUMN] = shlex.join(["tpusim", *argv])
+    if "result" in outcome:
+        for k, v in flatten_result(outcome["result"]).items():
+            # An output named like an input (`model`, `chip`) must not hide what was asked.
+            row[f"result.{k}" if k in row else k] = v
+    row[WALL_COLUMN] = outcome["wall_time_s"]
+    row[ERROR_COLUMN] = outcome.get("error")
+    return row
+
+
+def rows_frame(rows: Iterable[Mapping[str, Any]]):
+    """Rows (any order) -> DataFrame sorted by point, columns in first-seen order, the wall
+    time and error last; input columns mixing numbers and text become text."""
+    import pandas as pd
+
+    rows = sorted(rows, key=lambda r: r[POINT_COLUMN])
+    cols: dict[str, None] = {}
+    for r in rows:
+        for k in r:
+            if k not in (WALL_COLUMN, ERROR_COLUMN):
+                cols.setdefault(k)
+    order = [*cols, WALL_COLUMN, ERROR_COLUMN]
+    df = pd.DataFrame.from_records(rows, columns=order)
+    for c in df.columns:
+        vals = [v for v in df[c] if v is not None and not (isinstance(v, float) and math.isnan(v))]
+        kinds = {("bool" if isinstance(v, bool) else "num" if isinstance(v, (int, float))
+                  else "text") for v in vals}
+        if len(kinds) > 1:
+            df[c] = [None if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
+                     for v in df[c]]
+        elif vals and all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
+            df[c] = df[c].astype("Int64")  # stays integer when failed points leave gaps
+        elif kinds == {"bool"}:
+            df[c] = df[c].astype("boolean")
+    df[ERROR_COLUMN] = df[ERROR_COLUMN].astype("string")
+    return df.reset_index(drop=True)
+
+
+def _write_results(out: Path, rows: Iterable[Mapping[str, Any]]):
+    from sim.export.output import atomic_write
+
+    df = rows_frame(rows)
+    atomic_write(out / "results.parquet", lambda p: df.to_parquet(p, index=False))
+    atomic_write(out / "results.csv", lambda p: df.to_csv(p, index=False))
+    return df
+
+
+def _versions() -> dict[str, str]:
+    import platform
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for pkg in ("tpusim", "simpy", "numpy", "pandas", "networkx", "distributed"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def _load_previous(out: Path, argvs: list[list[str]]) -> dict[int, dict[str, Any]]:
+    """--resume: rows of results.parquet, by point index (they must be points of this study)."""
+    import pandas as pd
+
+    path = out / "results.parquet"
+    if not path.is_file():
+        return {}
+    try:
+        df = pd.read_parquet(path)
+    except Exception as exc:
+        raise TpusimError(
+            f"--resume: {str(path)!r} cannot be read ({type(exc).__name__}); delete it or use "
+            f"another --out"
+        ) from None
+    if COMMAND_LINE_COLUMN not in df.columns:
+        raise TpusimError(f"--resume: {str(path)!r} is not a tpusim sweep result; use another --out")
+    index = {shlex.join(["tpusim", *a]): i for i, a in enumerate(argvs)}
+    stray = [c for c in df[COMMAND_LINE_COLUMN] if c not in index]
+    if stray:
+        raise TpusimError(
+            f"--resume: {str(path)!r} holds {len(stray)} row(s) that are not points of this "
+            f"study (e.g. {stray[0]}); use another --out for a different study"
+        )
+    prev = {}
+    for rec in df.to_dict("records"):
+        rec = {k: (None if _is_missing(v) else v) for k, v in rec.items()}
+        i = index[rec[COMMAND_LINE_COLUMN]]
+        rec[POINT_COLUMN] = i
+        prev[i] = {k: v for k, v in rec.items() if v is not None or k == ERROR_COLUMN}
+    return prev
+
+
+def _is_missing(v: Any) -> bool:
+    try:
+        import pandas as pd
+
+        return v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v))
+    except TypeError:
+        return False
+
+
+def run_study(study: StudySpec, cfg: SweepConfig,
+              on_row: Callable[[dict[str, Any]], None] | None = None):
+    """Run every point of `study` (skipping finished ones with `cfg.resume`) and return the
+    results DataFrame; with `cfg.out_dir`, results/study.json/plots are written there."""
+    points = study.points()
+    argvs = [point_argv(study, p) for p in points]
+    parser = _command_parser(study.command)
+    for argv in argvs[:1] + argvs[1:]:
+        # Parse every point up front: a value the command cannot take is a study error, not
+        # a row (e.g. seq-len: [abc]); errors that need the simulation become rows.
+        parser.parse_args(argv[1:])
+    out = Path(cfg.out_dir) if cfg.out_dir else None
+    if out is not None:
+        from sim.export.output import check_output_dir
+
+        check_output_dir(out)
+        if (out / "results.parquet").exists() and not cfg.resume:
+            raise TpusimError(
+                f"{str(out)!r} already holds results.parquet; pass --resume to finish that "
+                f"study, or give another --out"
+            )
+    rows: dict[int, dict[str, Any]] = _load_previous(out, argvs) if out and cfg.resume else {}
+    skipped = len(rows)
+    jobs = [(i, a) for i, a in enumerate(argvs) if i not in rows]
+    n = _num_workers(cfg)
+    started = time.time()
+    t0 = time.perf_counter()
+    closer = lambda: None  # noqa: E731
+    if cfg.dask is not None:
+        client, closer = _dask_client(cfg.dask, n)
+        runner = _dask_runner(client)
+        backend = "dask"
+    else:
+        runner = _local_runner(min(n, max(len(jobs), 1)))
+        backend = "local"
+    bar = _bar(len(points), skipped, cfg.quiet)
+    checked = False
+    interrupted = False
+    last_write = time.perf_counter()
+    try:
+        for i, outcome in runner(jobs):
+            row = _row(study, i, points[i], argvs[i], outcome)
+            rows[i] = row
+            if not checked and "result" in outcome:
+                _check_metrics(study, row)
+                checked = True
+            if on_row:
+                on_row(row)
+            if bar:
+                bar.update(1)
+            if out is not None and time.perf_counter() - last_write >= cfg.write_every_s:
+                _write_results(out, rows.values())
+                last_write = time.perf_counter()
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
+    finally:
+        if bar:
+            bar.close()
+        closer()
+        if out is not None and rows:
+            _write_results(out, rows.values())
+    df = rows_frame(rows.values())
+    if not checked and skipped and (df[ERROR_COLUMN].isna()).any():
+        _check_metrics(study, df[df[ERROR_COLUMN].isna()].iloc[0].to_dict())
+    if out is not None and not interrupted:
+        from sim.export.output import write_json
+
+        elapsed = time.perf_counter() - t0
+        write_json(out / "study.json", {
+            "study": study.to_dict(),
+            "versions": _versions(),
+            "timing": {
+                "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+                "wall_s": elapsed,
+                "points": len(points),
+                "ran": len(jobs),
+                "resumed": skipped,
+                "failed": int(df[ERROR_COLUMN].notna().sum()),
+                "backend": backend,
+                "workers": n,
+                "points_per_s": len(jobs) / elapsed if elapsed > 0 else None,
+            },
+        })
+        plot_study(study, df, out)
+    return df
+
+
+def _bar(total: int, initial: int, quiet: bool):
+    from sim import progress
+
+    if quiet or progress.QUIET or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc="sweep", unit="pt", file=sys.stderr)
+
+
+def _check_metrics(study: StudySpec, row: Mapping[str, Any]) -> None:
+    wanted = list(study.metrics) + [dict(p)["y"] for p in study.plots]
+    missing = [m for m in wanted if m not in row]
+    if missing:
+        names = [k for k, v in row.items()
+                 if isinstance(v, (int, float)) and not isinstance(v, bool)
+                 and k not in (POINT_COLUMN, WALL_COLUMN) and k not in dict(study.base)
+                 and k not in study.varied and not k.startswith("inputs.")]
+        raise TpusimError(
+            f"study metric {missing[0]!r} is not a result of `tpusim {study.command}`; use one "
+            f"of: {', '.join(names)}"
+        )
+
+
+def plot_study(study: StudySpec, df, out_dir: str | Path) -> list[Path]:
+    """One PNG per `plot` entry: y against x, a line per hue value (and per value of every other
+    varied key, so that no line mixes points); failed points are left out."""
+    if not study.plots:
+        return []
+    from sim.export.output import atomic_write
+    from sim.export.plots import _fig
+
+    plt = _fig()
+    ok = df[df[ERROR_COLUMN].isna()]
+    paths = []
+    for spec in study.plots:
+        p = dict(spec)
+        x, y, hue = p["x"], p["y"], p.get("hue")
+        if y not in ok.columns:
+            continue
+        others = [k for k in study.varied if k not in (x, hue)]
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        xs_all = _ordered_values(study, x)
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in xs_all)
+        pos = {(v if numeric else str(v)): (v if numeric else k) for k, v in enumerate(xs_all)}
+        groups = [hue] if hue else []
+        groups += others
+        keyed = ok.groupby(groups, sort=False, dropna=False) if groups else [((), ok)]
+        for key, g in keyed:
+            key = key if isinstance(key, tuple) else (key,)
+            label = ", ".join(f"{k}={v}" for k, v in zip(groups, key, strict=True))
+            g = g.assign(_x=[pos.get(v if numeric else str(v), math.nan) for v in g[x]])
+            g = g.sort_values("_x")
+            ax.plot(g["_x"], g[y], marker="o", label=label or None)
+        if not numeric:
+            ax.set_xticks(range(len(xs_all)), [str(v) for v in xs_all])
+        ax.set_xlabel(x)
+        ax.set_ylabel(y)
+        ax.set_title(f"tpusim {study.command}: {y} vs {x}")
+        if groups:
+            ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        path = Path(out_dir) / f"plot_{_safe(y)}_vs_{_safe(x)}.png"
+        paths.append(atomic_write(path, lambda q, fig=fig: fig.savefig(q, dpi=110, format="png")))
+        plt.close(fig)
+    return paths
+
+
+def _ordered_values(study: StudySpec, key: str) -> list[Any]:
+    for k, v in study.grid + study.zip:
+        if k == key:
+            return list(dict.fromkeys(v))
+    return []
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
+
+
+__all__ = [
+    "STUDY_COMMANDS",
+    "STUDY_KEYS",
+    "StudySpec",
+    "SweepConfig",
+    "flatten_result",
+    "load_study",
+    "plot_study",
+    "point_argv",
+    "rows_frame",
+    "run_point",
+    "run_study",
+]
