@@ -197,7 +197,9 @@ def load_study(source: str | os.PathLike | Mapping[str, Any]) -> StudySpec:
         for k, v in m.items():
             key = _norm_key(k, name)
             _check_key(key, name, command, actions)
-            if key in seen:
+            # A varied key may also sit in base (the issue's example does): the varied values
+            # replace the base value. Grid and zip must not both vary it.
+            if key in seen and seen[key] != "base":
                 raise TpusimError(
                     f"study key {key!r} appears in both {seen[key]} and {name}; give it once"
                 )
@@ -290,7 +292,9 @@ def point_argv(study: StudySpec, point: Mapping[str, Any]) -> list[str]:
     """The `tpusim` arguments of one point (without `--json`), base flags first."""
     argv = [study.command]
     sets = []
-    for key, v in list(study.base) + list(point.items()):
+    merged = dict(study.base)
+    merged.update(point)  # varied values replace the base value of the same flag
+    for key, v in merged.items():
         if key.startswith(SET_PREFIX):
             sets.append(f"{key[len(SET_PREFIX):]}={_arg_text(v)}")
             continue
@@ -357,9 +361,10 @@ def run_point(argv: list[str]) -> dict[str, Any]:
 
         parser = _PARSERS.parser = build_parser()
     try:
+        from sim.cli import dispatch
+
         with _capture_stdout() as buf:
-            args = parser.parse_args([*argv, "--json", "--quiet"])
-            args.func(args)
+            dispatch(parser, [*argv, "--json", "--quiet"])
         out: dict[str, Any] = {"result": json.loads(buf.getvalue())}
     except TpusimError as exc:
         out = {"error": str(exc)}
@@ -459,7 +464,7 @@ def _local_runner(n: int):
     return run
 
 
-DASK_CONNECT_TIMEOUT_S = 8
+DASK_CONNECT_TIMEOUT_S = 5
 
 
 def _dask_client(dask: Any, n: int):
@@ -497,7 +502,8 @@ def _dask_runner(client):
     def run(jobs: list[tuple[int, list[str]]]):
         from distributed import as_completed
 
-        futs = {client.submit(run_point, argv, pure=False, key=f"tpusim-point-{i}-{time.time_ns()}"): i
+        tag = time.time_ns()  # fresh task keys: a shared scheduler may hold an earlier sweep's
+        futs = {client.submit(run_point, argv, pure=False, key=f"tpusim-point-{tag}-{i}"): i
                 for i, argv in jobs}
         try:
             for f in as_completed(list(futs)):
@@ -513,7 +519,8 @@ def _row(study: StudySpec, index: int, point: Mapping[str, Any], argv: list[str]
     row: dict[str, Any] = {POINT_COLUMN: index}
     row.update(point)
     for k, v in study.base:
-        row[k] = json.dumps(v) if isinstance(v, list) else v
+        if k not in point:
+            row[k] = json.dumps(v) if isinstance(v, list) else v
     row[COMMAND_LINE_COLUMN] = shlex.join(["tpusim", *argv])
     if "result" in outcome:
         for k, v in flatten_result(outcome["result"]).items():
@@ -589,7 +596,9 @@ def _load_previous(out: Path, argvs: list[list[str]]) -> dict[int, dict[str, Any
             f"another --out"
         ) from None
     if COMMAND_LINE_COLUMN not in df.columns:
-        raise TpusimError(f"--resume: {str(path)!r} is not a tpusim sweep result; use another --out")
+        raise TpusimError(
+            f"--resume: {str(path)!r} is not a tpusim sweep result; use another --out"
+        )
     index = {shlex.join(["tpusim", *a]): i for i, a in enumerate(argvs)}
     stray = [c for c in df[COMMAND_LINE_COLUMN] if c not in index]
     if stray:
@@ -615,17 +624,32 @@ def _is_missing(v: Any) -> bool:
         return False
 
 
+def check_points(study: StudySpec, argvs: list[list[str]]) -> None:
+    """Parse every point before running any: a value the command cannot take (`seq-len: abc`,
+    `set.nonsense: 1`, `set.hbm_bytes_per_s: -1`) is a study error, not a row. Errors that need
+    the simulation (a mesh that does not fit the pod, out of memory) become rows."""
+    parser = _command_parser(study.command)
+    checked: set[tuple[str, ...]] = set()
+    for i, argv in enumerate(argvs):
+        try:
+            args = parser.parse_args(argv[1:])
+            sets = tuple(getattr(args, "set", None) or ())
+            if sets and sets not in checked:
+                from sim.overrides import parse_overrides
+
+                parse_overrides(list(sets), args.set_scope, command=f"tpusim {study.command}")
+                checked.add(sets)
+        except TpusimError as exc:
+            raise TpusimError(f"study point {i} ({shlex.join(argv)}): {exc}") from None
+
+
 def run_study(study: StudySpec, cfg: SweepConfig,
               on_row: Callable[[dict[str, Any]], None] | None = None):
     """Run every point of `study` (skipping finished ones with `cfg.resume`) and return the
     results DataFrame; with `cfg.out_dir`, results/study.json/plots are written there."""
     points = study.points()
     argvs = [point_argv(study, p) for p in points]
-    parser = _command_parser(study.command)
-    for argv in argvs[:1] + argvs[1:]:
-        # Parse every point up front: a value the command cannot take is a study error, not
-        # a row (e.g. seq-len: [abc]); errors that need the simulation become rows.
-        parser.parse_args(argv[1:])
+    check_points(study, argvs)
     out = Path(cfg.out_dir) if cfg.out_dir else None
     if out is not None:
         from sim.export.output import check_output_dir
@@ -653,7 +677,7 @@ def run_study(study: StudySpec, cfg: SweepConfig,
     bar = _bar(len(points), skipped, cfg.quiet)
     checked = False
     interrupted = False
-    last_write = time.perf_counter()
+    last_write = -math.inf  # the first finished row is written at once, then every few s
     try:
         for i, outcome in runner(jobs):
             row = _row(study, i, points[i], argvs[i], outcome)

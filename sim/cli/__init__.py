@@ -1,5 +1,6 @@
-"""The `tpusim` command: one module per command family (collectives, training, inference, studies), each
-registering its subcommands; `main` turns every `TpusimError` into one line on stderr, exit 2.
+"""The `tpusim` command: one module per command family (collectives, training, inference,
+studies), each registering its subcommands; `main` turns every `TpusimError` into one line on
+stderr, exit 2.
 
 Only the CLI (and the exporters in `sim/export/` it calls for `--out`/`--perfetto`/`--plots`)
 touches the disk; the engine imports neither.
@@ -28,21 +29,26 @@ def build_parser() -> Parser:
     return p
 
 
+def dispatch(parser: Parser, argv: Sequence[str] | None) -> int:
+    """Parse `argv` and run its command (raising `TpusimError`); `main` and the sweep's
+    workers (which reuse one parser for many points) both run commands through here."""
+    args = parser.parse_args(argv)
+    from sim import progress
+
+    progress.QUIET = bool(args.quiet or getattr(args, "quiet_sub", False))
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    if getattr(args, "set_scope", None) is not None:
+        from sim.cli.common import resolve_overrides
+
+        resolve_overrides(args)
+    return int(args.func(args) or 0)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        parser = build_parser()
-        args = parser.parse_args(argv)
-        from sim import progress
-
-        progress.QUIET = bool(args.quiet or getattr(args, "quiet_sub", False))
-        if not getattr(args, "func", None):
-            parser.print_help()
-            return 2
-        if getattr(args, "set_scope", None) is not None:
-            from sim.cli.common import resolve_overrides
-
-            resolve_overrides(args)
-        return int(args.func(args) or 0)
+        return dispatch(build_parser(), argv)
     except TpusimError as exc:
         sys.stderr.write(f"tpusim: error: {exc}\n")
         return 2

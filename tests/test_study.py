@@ -1,0 +1,236 @@
+"""Tests for sim/study.py and `tpusim sweep`: the study schema and its one-line errors, rows that
+equal the single command's result, failed points as rows, resume, Ctrl-C, local vs Dask."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sim.cli import main
+from sim.study import (
+    ERROR_COLUMN,
+    WALL_COLUMN,
+    SweepConfig,
+    load_study,
+    point_argv,
+    run_study,
+)
+from topologies.errors import TpusimError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def tiny_model(tmp_path: Path) -> str:
+    path = tmp_path / "tiny.yaml"
+    path.write_text("base: llama3-8b\nname: tiny\nnum_layers: 2\n", encoding="utf-8")
+    return str(path)
+
+
+def _study(model: str, **extra) -> dict:
+    s = {
+        "command": "train",
+        "base": {"chip": "v5e", "shape": "2x2", "model": model, "seq-len": 1024,
+                 "batch-per-chip": 1, "mesh": "fsdp=4"},
+        "grid": {"set.ici_link_bytes_per_s": ["x0.5", "x2"]},
+        "zip": {"mesh": ["fsdp=4", "fsdp=2,tensor=2"], "remat": ["full", "minimal"]},
+        "metrics": ["step_time_s", "mfu", "exposed_comm_s"],
+        "plot": {"x": "set.ici_link_bytes_per_s", "y": "step_time_s", "hue": "mesh"},
+    }
+    s.update(extra)
+    return s
+
+
+def _single(capsys, argv: list[str]) -> dict:
+    rc = main([*argv, "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    return json.loads(out)
+
+
+def _no_wall(df: pd.DataFrame) -> pd.DataFrame:
+    return df.drop(columns=[WALL_COLUMN])
+
+
+# -- schema ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("change, message", [
+    ({"grids": {}}, "study key 'grids' is unknown"),
+    ({"grid": {}, "zip": None}, "study grid is empty"),
+    ({"grid": {"seq-len": []}}, "study grid.seq-len is an empty list"),
+    ({"grid": {"bogus-flag": [1, 2]}}, "'bogus-flag' is not a flag of `tpusim train`"),
+    ({"grid": {"out": ["a"]}}, "is an output flag"),
+    ({"grid": {"seq-len": 1024}}, "must be a list of values"),
+    ({"zip": {"mesh": ["fsdp=4"], "remat": ["full", "none"]}}, "zip lists must have the same"),
+    ({"command": "serve-sweep"}, "cannot be swept"),
+    ({"plot": {"x": "seq-len", "y": "mfu"}}, "plot x 'seq-len' is not a key the study varies"),
+    ({"grid": {"no-overlap": ["yes"]}}, "is a switch; give true or false"),
+    ({"grid": {"wraparound": [False]}}, "takes a value, not true/false"),
+])
+def test_study_schema_errors_are_one_line(tiny_model, change, message):
+    s = _study(tiny_model)
+    for k, v in change.items():
+        if v is None:
+            s.pop(k, None)
+        else:
+            s[k] = v
+    with pytest.raises(TpusimError) as exc:
+        load_study(s)
+    assert message in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("grid, message", [
+    ({"set.not_a_field": [1]}, "not_a_field"),
+    ({"set.hbm_bytes_per_s": [-1]}, "hbm_bytes_per_s"),
+    ({"seq-len": ["abc"]}, "invalid int value"),
+])
+def test_sweep_cli_rejects_a_value_the_command_cannot_take_before_running(
+        tmp_path, capsys, tiny_model, grid, message):
+    study = tmp_path / "s.yaml"
+    study.write_text(json.dumps(_study(tiny_model, grid=grid, plot=None)), encoding="utf-8")
+    rc = main(["sweep", str(study), "--out", str(tmp_path / "out"), "--workers", "1"])
+    _out, err = capsys.readouterr()
+    assert rc == 2
+    assert err.startswith("tpusim: error: study point 0") and message in err
+    assert err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_points_are_grid_times_zip_with_varied_values_replacing_base(tiny_model):
+    study = load_study(_study(tiny_model))
+    points = study.points()
+    assert [(p["set.ici_link_bytes_per_s"], p["mesh"]) for p in points] == [
+        ("x0.5", "fsdp=4"), ("x0.5", "fsdp=2,tensor=2"), ("x2", "fsdp=4"),
+        ("x2", "fsdp=2,tensor=2")]
+    argv = point_argv(study, points[1])
+    assert argv.count("--mesh") == 1 and argv[argv.index("--mesh") + 1] == "fsdp=2,tensor=2"
+    assert argv[-2:] == ["--set", "ici_link_bytes_per_s=x0.5"]
+
+
+# -- running -----------------------------------------------------------------------------------
+def test_sweep_rows_equal_the_single_command_number_for_number(tmp_path, capsys, tiny_model):
+    study = load_study(_study(tiny_model))
+    df = run_study(study, SweepConfig(workers=2, out_dir=str(tmp_path / "out"), quiet=True))
+    assert list(df["point"]) == [0, 1, 2, 3]
+    assert df[ERROR_COLUMN].isna().all()
+    for i, p in enumerate(study.points()):
+        single = _single(capsys, point_argv(study, p))
+        row = df.iloc[i]
+        assert row["step_time_s"] == single["step_time_s"]
+        assert row["mfu"] == single["mfu"]
+        assert row["hbm_peak_bytes"] == single["hbm_peak_bytes"]
+        assert row["exposed_comm_s"] == single["breakdown"]["exposed_comm_s"]
+    # A faster ICI link never makes a step slower.
+    fast = df[df["set.ici_link_bytes_per_s"] == "x2"]["step_time_s"].to_numpy()
+    slow = df[df["set.ici_link_bytes_per_s"] == "x0.5"]["step_time_s"].to_numpy()
+    assert (fast <= slow).all() and (fast < slow).any()
+    out = tmp_path / "out"
+    on_disk = pd.read_parquet(out / "results.parquet")
+    pd.testing.assert_frame_equal(on_disk, df)
+    assert len(pd.read_csv(out / "results.csv")) == 4
+    meta = json.loads((out / "study.json").read_text())
+    assert meta["study"] == study.to_dict()
+    assert meta["timing"]["points"] == 4 and meta["timing"]["failed"] == 0
+    assert (out / "plot_step_time_s_vs_set_ici_link_bytes_per_s.png").stat().st_size > 0
+
+
+def test_failed_points_are_rows_with_their_error(tiny_model):
+    s = _study(tiny_model, grid={"mesh": ["fsdp=4", "fsdp=3", "fsdp=2,tensor=2"]}, plot=None)
+    s.pop("zip")
+    df = run_study(load_study(s), SweepConfig(workers=1, quiet=True))
+    assert list(df["mesh"]) == ["fsdp=4", "fsdp=3", "fsdp=2,tensor=2"]
+    assert df[ERROR_COLUMN].isna().tolist() == [True, False, True]
+    assert "covers 3 chips but the pod has 4" in df[ERROR_COLUMN][1]
+    assert pd.isna(df["step_time_s"][1]) and df["step_time_s"][0] > 0
+
+
+def test_resume_runs_only_the_missing_points_and_gives_the_same_rows(tmp_path, tiny_model):
+    study = load_study(_study(tiny_model))
+    out = tmp_path / "out"
+    full = run_study(study, SweepConfig(workers=1, out_dir=str(out), quiet=True))
+    with pytest.raises(TpusimError, match="already holds results.parquet; pass --resume"):
+        run_study(study, SweepConfig(workers=1, out_dir=str(out), quiet=True))
+    # Keep points 0 and 2 only, as an interrupted run would have left them.
+    full.iloc[[0, 2]].to_parquet(out / "results.parquet", index=False)
+    ran = []
+    resumed = run_study(study, SweepConfig(workers=1, out_dir=str(out), resume=True, quiet=True),
+                        on_row=lambda r: ran.append(r["point"]))
+    assert ran == [1, 3]
+    pd.testing.assert_frame_equal(_no_wall(resumed), _no_wall(full))
+    assert list(resumed[WALL_COLUMN][[0, 2]]) == list(full[WALL_COLUMN][[0, 2]])
+    # Rows of another study are refused rather than mixed in.
+    other = load_study(_study(tiny_model, base={**_study(tiny_model)["base"], "seq-len": 512}))
+    with pytest.raises(TpusimError, match="not points of this study"):
+        run_study(other, SweepConfig(workers=1, out_dir=str(out), resume=True, quiet=True))
+
+
+def test_ctrl_c_keeps_every_finished_row(tmp_path, tiny_model):
+    s = _study(tiny_model, grid={"seq-len": list(range(256, 256 + 16 * 4, 4))}, plot=None)
+    study = tmp_path / "s.json"
+    study.write_text(json.dumps(s), encoding="utf-8")
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sim", "sweep", str(study), "--out", str(out), "--workers", "1",
+         "--quiet"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    deadline = time.monotonic() + 60
+    while not (out / "results.parquet").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    seen = len(pd.read_parquet(out / "results.parquet"))
+    proc.send_signal(signal.SIGINT)
+    _stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stderr.decode()
+    df = pd.read_parquet(out / "results.parquet")
+    assert seen <= len(df) < 32
+    assert list(df["point"]) == list(range(len(df)))
+    assert df[ERROR_COLUMN].isna().all() and (df["step_time_s"] > 0).all()
+    assert sorted(p.name for p in out.iterdir()) == ["results.csv", "results.parquet"]
+    # --resume finishes the study from there.
+    rc = subprocess.run(
+        [sys.executable, "-m", "sim", "sweep", str(study), "--out", str(out), "--workers", "1",
+         "--quiet", "--resume"], cwd=ROOT, capture_output=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}).returncode
+    assert rc == 0
+    assert list(pd.read_parquet(out / "results.parquet")["point"]) == list(range(32))
+
+
+def test_dask_local_cluster_gives_the_same_rows_as_the_local_pool(tiny_model):
+    import distributed
+
+    study = load_study(_study(tiny_model))
+    local = run_study(study, SweepConfig(workers=1, quiet=True))
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client:
+        on_dask = run_study(study, SweepConfig(dask=client, quiet=True))
+    pd.testing.assert_frame_equal(_no_wall(on_dask), _no_wall(local))
+
+
+def test_dask_address_that_does_not_answer_is_a_one_line_error_within_10_s(tmp_path, capsys,
+                                                                           tiny_model):
+    import socket
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    study = tmp_path / "s.json"
+    study.write_text(json.dumps(_study(tiny_model)), encoding="utf-8")
+    t0 = time.monotonic()
+    rc = main(["sweep", str(study), "--dask", f"tcp://127.0.0.1:{port}", "--out",
+               str(tmp_path / "out")])
+    elapsed = time.monotonic() - t0
+    _out, err = capsys.readouterr()
+    assert rc == 2 and elapsed < 10
+    assert err.startswith(f"tpusim: error: --dask tcp://127.0.0.1:{port}: no Dask scheduler")
+    assert err.count("\n") == 1
+    rc = main(["sweep", str(study), "--dask", "localhost:8786"])
+    assert rc == 2 and "not a scheduler address" in capsys.readouterr().err
