@@ -46,6 +46,10 @@ OP_COLUMNS = [
 UNIT_COLUMNS = ["chip", "unit", "busy_s", "utilization"]
 LINK_CLASS_COLUMNS = ["link_class", "bytes_per_link", "busy_s", "utilization"]
 MEMORY_COLUMNS = ["chip", "time_s", "hbm_bytes"]
+CHIP_COLUMNS = [
+    "chip", "coords", "chip_class", "finish_s", "mxu_busy_s", "vpu_busy_s", "hbm_busy_s",
+    "pcie_busy_s", "collective_wait_s",
+]
 BREAKDOWN_KEYS = ("mxu_compute_s", "vpu_s", "hbm_bound_s", "exposed_comm_s", "pipeline_bubble_s")
 
 
@@ -85,6 +89,19 @@ class StepResult:
     _coll_classes: dict[int, dict[str, float]] = field(default_factory=dict, repr=False)
     _coll_algorithm: dict[int, str] = field(default_factory=dict, repr=False)
     _class_capacity: dict[str, float] = field(default_factory=dict, repr=False)
+    # Per-chip engine (`sim.chip_engine.simulate_chips`); the representative replay leaves the
+    # defaults (one class, every chip like chip 0).
+    num_chip_classes: int = 1
+    slowest_chip: str = ""
+    critical_path: list[dict[str, Any]] = field(default_factory=list)
+    _chip_class: np.ndarray | None = field(default=None, repr=False)
+    _class_rows: list[tuple] = field(default_factory=list, repr=False)
+    _class_reps: np.ndarray | None = field(default=None, repr=False)
+    _class_counts: np.ndarray | None = field(default=None, repr=False)
+    _link_bytes: np.ndarray | None = field(default=None, repr=False)  # per link id
+    _link_cap: np.ndarray | None = field(default=None, repr=False)
+    _class_timelines: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict,
+                                                                        repr=False)
 
     @property
     def ops(self):
@@ -109,6 +126,28 @@ class StepResult:
         import pandas as pd
 
         return pd.DataFrame(self._memory, columns=MEMORY_COLUMNS)
+
+    @property
+    def chips(self):
+        """One row per chip (CHIP_COLUMNS): its class, finish time, busy time per unit and time
+        spent waiting for the other members of its collectives. Needs the per-chip engine."""
+        import pandas as pd
+
+        if self._chip_class is None or self._topology is None:
+            raise TpusimError("the per-chip table needs the per-chip engine (simulate_chips)")
+        topo = self._topology
+        label = self._chip_class
+        rows = np.asarray(self._class_rows, dtype=float)[label]
+        coords = topo.all_coords()[np.arange(topo.num_chips) % topo.chips_per_slice]
+        text = [",".join(map(str, r)) for r in coords.tolist()]
+        if topo.num_slices > 1:
+            text = [f"{t},{i // topo.chips_per_slice}" for i, t in enumerate(text)]
+        return pd.DataFrame({
+            "chip": np.arange(topo.num_chips), "coords": text, "chip_class": label,
+            "finish_s": rows[:, 0], "mxu_busy_s": rows[:, 1], "vpu_busy_s": rows[:, 2],
+            "hbm_busy_s": rows[:, 3], "pcie_busy_s": rows[:, 4],
+            "collective_wait_s": rows[:, 5],
+        }, columns=CHIP_COLUMNS)
 
 
 def collective_groups(trace: Trace, topology: Topology) -> dict[str, tuple[GroupAxis, ...]]:
@@ -140,14 +179,20 @@ def _merge(topology: Topology, factors: list[GroupAxis]) -> tuple[GroupAxis, ...
     return tuple(sorted(merged, key=lambda g: (order[g.physical_name], g.stride)))
 
 
+def padded_collective_bytes(kind: str, gaxes: tuple[GroupAxis, ...], nbytes: float) -> int:
+    """V as simulated: XLA pads an array to a multiple of the group (permutes move as is)."""
+    if kind == "collective-permute":
+        return int(np.ceil(nbytes))
+    group = int(np.prod([g.size for g in gaxes]))
+    return int(np.ceil(max(nbytes, 1.0) / group)) * group
+
+
 def cost_collective(
     chip: ChipSpec, topology: Topology, kind: str, gaxes: tuple[GroupAxis, ...], nbytes: float,
     algorithm: str = "auto",
 ) -> CollectiveCost:
     group = int(np.prod([g.size for g in gaxes]))
-    v = int(np.ceil(max(nbytes, 1.0) / group)) * group  # XLA pads to a multiple of the group
-    if kind == "collective-permute":
-        v = int(np.ceil(nbytes))
+    v = padded_collective_bytes(kind, gaxes, nbytes)
     algo = algorithm if kind in ("all-gather", "reduce-scatter", "all-reduce") else "auto"
     if kind == "collective-permute":
         # Pipeline stage-to-stage sends: shift by one along the (single) group axis.

@@ -1,0 +1,629 @@
+"""The per-chip step engine: every chip of the pod replays the step, so a slow chip, a slow link or
+chip-to-chip speed variation shows where (and through which chips and links) it delays the step.
+
+Model (docs/model.md, "Per-chip engine"):
+
+* Every chip runs `sim.engine.replay`'s model of one chip (MXU, VPU and PCIe as SimPy resources;
+  its HBM and its outgoing link classes as fluid resources shared by compute and collective DMA),
+  with its own speed factor `s` scaling the MXU, VPU and HBM rates.
+* A collective is a rendezvous of its replica group: it starts when every member has reached it
+  (its dependencies are done on that chip), each member then moves its bytes on its own links
+  and HBM, and the collective ends for all members when the last member's part has drained. So
+  a late chip delays its group, and the delay travels through later collectives.
+* A replica group whose routes use a degraded link gets its own cost from `simulate_collective`
+  with that link (link by link); the group's extra time is a fixed latency on top of the
+  healthy links' drain (documented approximation under contention).
+
+Equivalence classes: chips whose whole step is identical are simulated once. The partition
+starts from what a chip *is* (speed, program, per-op work scales, the cost of each of its
+groups) and is refined to a fixed point by the classes present in each of its replica groups
+(two chips stay together only if, for every collective, their groups hold the same classes).
+Within a class every chip sees the same events at the same times, so one representative
+stands for the class. `mode="per-chip"` skips the partition (one actor per chip, each with
+its own links): the brute-force oracle the tests compare against. With nothing perturbed there
+is exactly one class and the arithmetic is `replay`'s, so the result is the same to the last bit.
+
+Interface for per-chip programs and loads (`PerChipConfig`): `programs` + `program_of_chip` give
+chips different programs (pipeline stages), which must agree on which op ids are collectives
+and on their mesh axes (collectives rendezvous by op id); `op_scale` multiplies the FLOPs and
+HBM bytes of chosen compute ops per chip (MoE expert loads).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import simpy
+
+from sim.collective_sim import simulate_collective
+from sim.engine import (
+    CHIP_COLUMNS,
+    CollectiveCost,
+    StepResult,
+    _merge,
+    _summarize,
+    collective_groups,
+    cost_collective,
+    padded_collective_bytes,
+)
+from sim.hardware import ChipSpec
+from sim.network import Batch, FluidNetwork
+from sim.routing import link_model
+from topologies.errors import TpusimError
+from topologies.groups import CLASS_NAMES, NUM_CLASSES, GroupAxis, GroupGeometry
+from topologies.torus import AXIS_NAMES, DCN_AXIS, Topology
+from workloads.trace import OpKind, Trace, Unit
+
+MODES = ("auto", "per-chip")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PerChipConfig:
+    """What differs between chips in one step (all optional; the default is the healthy pod).
+
+    Attributes:
+        speed: per-chip factor on MXU, VPU and HBM rates (`num_chips` floats > 0; > 1 = faster).
+        link_factors: {link id: bandwidth factor > 0} of degraded (or faster) links.
+        programs: alternative programs; chip i runs `programs[program_of_chip[i]]` (default: the
+            trace given to `simulate_chips` for every chip). They must have the same op ids for
+            collectives, over the same mesh axes.
+        program_of_chip: index into `programs` per chip.
+        op_scale: {op id: per-chip factor} on the FLOPs and HBM bytes of that compute op.
+        mode: `auto` (equivalence classes) or `per-chip` (brute force, one actor per chip).
+    """
+
+    speed: np.ndarray | None = None
+    link_factors: Mapping[int, float] = field(default_factory=dict)
+    programs: tuple[Trace, ...] = ()
+    program_of_chip: np.ndarray | None = None
+    op_scale: Mapping[int, np.ndarray] = field(default_factory=dict)
+    mode: str = "auto"
+
+
+def _coords_text(topology: Topology, chip: int) -> str:
+    per = topology.chips_per_slice
+    c = [int(v) for v in topology.all_coords()[chip % per]]
+    if topology.num_slices > 1:
+        c.append(chip // per)
+    return ",".join(map(str, c))
+
+
+def _relabel(cols: list[np.ndarray]) -> np.ndarray:
+    """Dense labels of the distinct rows of `cols`, numbered by first chip (deterministic)."""
+    stacked = np.stack([np.asarray(c, dtype=float) for c in cols], axis=1)
+    _u, inv, = np.unique(stacked, axis=0, return_inverse=True)[:2]
+    inv = inv.reshape(-1)
+    _, first = np.unique(inv, return_index=True)
+    order = np.argsort(first, kind="stable")  # label by the first chip that carries it
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    return rank[inv]
+
+
+def _group_signatures(group_of_chip: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Per chip: an id of the set of labels present in its group."""
+    pairs = np.unique(np.stack([group_of_chip, labels], axis=1), axis=0)
+    bounds = np.flatnonzero(np.diff(pairs[:, 0])) + 1
+    sig_of_group = np.zeros(int(group_of_chip.max()) + 1, dtype=np.int64)
+    ids: dict[tuple, int] = {}
+    for chunk in np.split(pairs, bounds):
+        key = tuple(chunk[:, 1].tolist())
+        sig_of_group[chunk[0, 0]] = ids.setdefault(key, len(ids))
+    return sig_of_group[group_of_chip]
+
+
+def chip_classes(base: list[np.ndarray], geometries: list[np.ndarray]) -> np.ndarray:
+    """Partition refinement to a fixed point.
+
+    Args:
+        base: per-chip features that must be equal within a class (speed, program, costs).
+        geometries: per replica-group structure, the group index of every chip.
+
+    Returns:
+        the class of every chip (0 = the class of chip 0, numbered by first chip).
+    """
+    labels = _relabel(base)
+    while True:
+        cols = [labels] + [_group_signatures(g, labels) for g in geometries]
+        new = _relabel(cols)
+        if new.max() == labels.max():  # refinement only splits: same count = fixed point
+            return new
+        labels = new
+
+
+def _slow_group_costs(chip, topology, kind, gaxes, nbytes, algorithm, slow, base, geo):
+    """Cost index of every group and the distinct costs, for a collective with degraded links.
+
+    Groups whose routes use a degraded link are simulated link by link
+    (`simulate_collective(..., slow_links=...)`); the others keep the healthy cost.
+    """
+    v = padded_collective_bytes(kind, gaxes, nbytes)
+    algo = algorithm if kind in ("all-gather", "reduce-scatter", "all-reduce") else "auto"
+    lm = link_model(chip, topology, {})
+    drain = float(np.max(base.class_bytes / lm.class_capacity_bytes_per_s, initial=0.0))
+    try:
+        res = simulate_collective(chip=chip, topology=topology, op=kind, axes=gaxes, nbytes=v,
+                                  algorithm=algo, slow_links=dict(slow), mode="full")
+    except TpusimError:
+        # Too big to route link by link (e.g. all-pairs on thousands of chips): the affected
+        # groups drain their busiest link of each degraded class at the degraded rate.
+        f = np.ones(NUM_CLASSES)
+        for link, x in slow.items():
+            c = link % (2 * topology.ndim)
+            f[c] = min(f[c], x)
+        t = base.latency_s + float(np.max(base.class_bytes / (lm.class_capacity_bytes_per_s * f),
+                                          initial=0.0))
+        touched = {int(geo.group_of_chip[link // (2 * topology.ndim)]) for link in slow}
+        if not geo.disjoint:
+            touched = set(range(geo.num_groups))
+        per_group = {g: t for g in touched}
+    else:
+        per_group: dict[int, float] = {}
+        for row in res._timeline:
+            per_group[row[0]] = max(per_group.get(row[0], 0.0), float(row[7]))
+        if geo.disjoint:  # unsimulated groups are healthy; group 0 only counts if it is touched
+            touched = {int(geo.group_of_chip[link // (2 * topology.ndim)]) for link in slow}
+            per_group = {g: t for g, t in per_group.items() if g in touched}
+    costs = [base]
+    index = np.zeros(geo.num_groups, dtype=np.int64)
+    by_time: dict[float, int] = {base.time_s: 0}
+    for g, t in sorted(per_group.items()):
+        if t not in by_time:
+            by_time[t] = len(costs)
+            costs.append(CollectiveCost(
+                time_s=t, latency_s=max(t - drain, 0.0), class_bytes=base.class_bytes,
+                group_size=base.group_size, algorithm=base.algorithm, hbm_bytes=base.hbm_bytes,
+            ))
+        index[g] = by_time[t]
+    return index, costs
+
+
+def simulate_chips(
+    trace: Trace,
+    chip: ChipSpec,
+    topology: Topology,
+    *,
+    config: PerChipConfig | None = None,
+    algorithm: str = "auto",
+    overlap: bool | None = None,
+) -> StepResult:
+    """Replay `trace` on every chip of `topology` (see the module docstring).
+
+    Returns the `StepResult` of the chip that finishes last (ops, units, links, memory,
+    breakdown), with the per-chip table (`result.chips`), `slowest_chip`, `critical_path` and
+    `num_chip_classes` filled in.
+    """
+    cfg = config or PerChipConfig()
+    if cfg.mode not in MODES:
+        raise TpusimError(f"--mode {cfg.mode!r} must be one of {', '.join(MODES)}")
+    nchips = topology.num_chips
+    speed = np.ones(nchips) if cfg.speed is None else np.asarray(cfg.speed, dtype=float)
+    if speed.shape != (nchips,) or not np.all(np.isfinite(speed)) or np.any(speed <= 0):
+        raise TpusimError(
+            f"chip speed factors must be {nchips} finite numbers > 0 (one per chip of "
+            f"{topology.name}); got shape {speed.shape}, min {float(np.min(speed, initial=0))}"
+        )
+    programs = cfg.programs or (trace,)
+    prog_of = (np.zeros(nchips, dtype=np.int64) if cfg.program_of_chip is None
+               else np.asarray(cfg.program_of_chip, dtype=np.int64))
+    _check_programs(programs, prog_of, nchips)
+    slow = {int(k): float(v) for k, v in cfg.link_factors.items() if float(v) != 1.0}
+    for link, f in slow.items():
+        if not (np.isfinite(f) and f > 0) or not 0 <= link < topology.num_links:
+            raise TpusimError(f"link factor {f!r} of link {link} must be a finite number > 0")
+    if overlap is None:
+        overlap = bool(trace.meta.get("overlap", True))
+    ops0 = programs[0].ops
+    n = len(ops0)
+
+    # -- collectives: groups, healthy costs, per-group costs under degraded links -----------
+    groups = collective_groups(trace, topology)
+    geoms: dict[tuple[GroupAxis, ...], GroupGeometry] = {}
+    op_geom: dict[int, tuple[GroupAxis, ...]] = {}
+    op_key: dict[int, tuple] = {}
+    base_costs: dict[tuple, CollectiveCost] = {}
+    group_cost: dict[tuple, tuple[np.ndarray, list[CollectiveCost]]] = {}
+    for op in ops0:
+        if op.kind != OpKind.COLLECTIVE:
+            continue
+        factors: list[GroupAxis] = []
+        for a in op.mesh_axes:
+            factors += list(groups[a])
+        gaxes = _merge(topology, factors)
+        key = (op.collective, gaxes, round(op.bytes))
+        if key not in base_costs:
+            base_costs[key] = cost_collective(chip, topology, op.collective, gaxes, op.bytes,
+                                              algorithm)
+        geo_axes = gaxes[:1] if op.collective == "collective-permute" else gaxes
+        if geo_axes not in geoms:
+            geoms[geo_axes] = GroupGeometry(topology, geo_axes)
+        op_geom[op.id] = geo_axes
+        op_key[op.id] = key
+        if key not in group_cost:
+            names = {g.physical_name for g in geo_axes}
+            rel = {lk: f for lk, f in slow.items() if _link_axis(topology, lk) in names}
+            if rel:
+                group_cost[key] = _slow_group_costs(chip, topology, op.collective, geo_axes,
+                                                    op.bytes, algorithm, rel, base_costs[key],
+                                                    geoms[geo_axes])
+            else:
+                group_cost[key] = (np.zeros(geoms[geo_axes].num_groups, dtype=np.int64),
+                                   [base_costs[key]])
+
+    # -- equivalence classes ---------------------------------------------------------------
+    geo_list = list(geoms)
+    if cfg.mode == "per-chip":
+        label = np.arange(nchips)
+    else:
+        base_cols = [speed, prog_of.astype(float)]
+        for op_id in sorted(cfg.op_scale):
+            base_cols.append(np.asarray(cfg.op_scale[op_id], dtype=float))
+        for key, (index, costs) in group_cost.items():
+            if len(costs) > 1:
+                ga = next(op_geom[i] for i, k in op_key.items() if k == key)
+                base_cols.append(index[geoms[ga].group_of_chip].astype(float))
+        label = chip_classes(base_cols, [geoms[g].group_of_chip for g in geo_list])
+    ncls = int(label.max()) + 1
+    rep = np.zeros(ncls, dtype=np.int64)
+    _, first = np.unique(label, return_index=True)
+    rep[:] = first
+    count = np.bincount(label, minlength=ncls)
+    # Classes present in every group of every geometry (rendezvous partners).
+    partners: dict[tuple, list[tuple[int, ...]]] = {}
+    for g in geo_list:
+        goc = geoms[g].group_of_chip
+        pairs = np.unique(np.stack([goc, label], axis=1), axis=0)
+        sets: dict[int, list[int]] = {}
+        for grp, c in pairs.tolist():
+            sets.setdefault(grp, []).append(c)
+        partners[g] = [tuple(sets[int(goc[rep[c]])]) for c in range(ncls)]
+
+    # -- cost every op of every class before env.run() --------------------------------------
+    lm = link_model(chip, topology, {})
+    hbm_bw0 = chip.hbm_bytes_per_s * chip.hbm_efficiency
+    mxu_rate0 = chip.mxu_flops_per_s * chip.mxu_efficiency
+    int8_rate0 = chip.mxu_int8_ops_per_s * chip.mxu_efficiency
+    vpu_rate0 = chip.vpu_flops_per_s * chip.vpu_efficiency
+    hbm_idx = NUM_CLASSES
+    env = simpy.Environment()
+    classes = []
+    for c in range(ncls):
+        r = int(rep[c])
+        s = float(speed[r])
+        ops = programs[int(prog_of[r])].ops
+        scale = {op_id: float(np.asarray(v)[r]) for op_id, v in cfg.op_scale.items()}
+        cl = _ClassState(c=c, rep=r, speed=s, ops=ops, n=n)
+        cl.hbm_bw = hbm_bw0 * s
+        cl.mxu_rate = mxu_rate0 * s
+        cl.vpu_rate = vpu_rate0 * s
+        int8_rate = int8_rate0 * s
+        for op in ops:
+            if op.kind == OpKind.COMPUTE:
+                k = scale.get(op.id, 1.0)
+                flops = op.flops * k
+                hbm_bytes = op.hbm_bytes * k
+                rate = (int8_rate if op.dtype == "int8" else cl.mxu_rate) if op.unit == Unit.MXU \
+                    else cl.vpu_rate
+                t_c = flops / rate
+                cl.t_compute[op.id] = t_c
+                cl.hbm_bytes[op.id] = hbm_bytes
+                t_m = hbm_bytes / cl.hbm_bw
+                if t_c >= t_m:
+                    cl.bound[op.id] = "mxu" if op.unit == Unit.MXU else "vpu"
+                else:
+                    cl.bound[op.id] = "hbm"
+                cl.dur[op.id] = max(t_c, t_m) + chip.op_overhead_s
+                if op.unit == Unit.MXU:
+                    cl.mxu_busy += flops / cl.mxu_rate
+                else:
+                    cl.vpu_busy += flops / cl.vpu_rate
+            elif op.kind == OpKind.COLLECTIVE:
+                ga = op_geom[op.id]
+                grp = int(geoms[ga].group_of_chip[r])
+                index, costs = group_cost[op_key[op.id]]
+                cc = costs[int(index[grp])]
+                cl.coll_cost[op.id] = cc
+                cl.partners[op.id] = partners[ga][c]
+                cl.dur[op.id] = cc.time_s
+                cl.bound[op.id] = "ici"
+                used = np.flatnonzero(cc.class_bytes > 0)
+                cl.batch[op.id] = Batch(
+                    res=np.append(used, hbm_idx).astype(np.int64),
+                    ptr=np.arange(len(used) + 2, dtype=np.int64),
+                    bytes_per_transfer=np.append(cc.class_bytes[used], cc.hbm_bytes),
+                    latency_s=cc.latency_s,
+                )
+            elif op.kind == OpKind.HOST:
+                cl.dur[op.id] = op.bytes / chip.pcie_bytes_per_s
+                cl.bound[op.id] = "pcie"
+            else:
+                cl.dur[op.id] = op.duration_s
+                cl.bound[op.id] = "idle"
+        cl.net = FluidNetwork(env, np.append(lm.class_capacity_bytes_per_s, cl.hbm_bw))
+        cl.mxu = simpy.Resource(env, capacity=1)
+        cl.vpu = simpy.Resource(env, capacity=1)
+        cl.pcie = simpy.Resource(env, capacity=1)
+        cl.done = [env.event() for _ in range(n)]
+        classes.append(cl)
+    multi = ncls > 1
+    if multi:
+        for cl in classes:
+            cl.arrived = {i: env.event() for i in cl.coll_cost}
+            cl.drained = {i: env.event() for i in cl.coll_cost}
+
+    # -- replay -----------------------------------------------------------------------------
+    ptr1 = np.array([0, 1], dtype=np.int64)
+    hbm_res = np.array([hbm_idx], dtype=np.int64)
+
+    def wait_deps(cl, op):
+        evs = [cl.done[d] for d in op.deps if not cl.done[d].processed]
+        if evs:
+            yield env.all_of(evs)
+
+    def run_collective(cl, op):
+        yield from wait_deps(cl, op)
+        ps = cl.partners[op.id]
+        if multi and len(ps) > 1:
+            cl.arrive_t[op.id] = env.now
+            cl.arrived[op.id].succeed()
+            evs = [classes[p].arrived[op.id] for p in ps if not classes[p].arrived[op.id].processed]
+            if evs:
+                yield env.all_of(evs)
+            cl.coll_wait += env.now - cl.arrive_t[op.id]
+        cl.start[op.id] = env.now
+        yield cl.net.transfer(cl.batch[op.id])
+        if multi and len(ps) > 1:
+            t_own = env.now
+            cl.drained[op.id].succeed()
+            evs = [classes[p].drained[op.id] for p in ps if not classes[p].drained[op.id].processed]
+            if evs:
+                yield env.all_of(evs)
+            cl.coll_wait += env.now - t_own
+            cl.drain_t[op.id] = t_own
+        cl.end[op.id] = env.now
+        cl.done[op.id].succeed()
+
+    def run_async(cl, op, resource):
+        yield from wait_deps(cl, op)
+        with resource.request() as req:
+            yield req
+            cl.start[op.id] = env.now
+            yield env.timeout(cl.dur[op.id])
+        cl.end[op.id] = env.now
+        cl.done[op.id].succeed()
+
+    def core(cl):
+        for op in cl.ops:
+            if op.kind == OpKind.HOST or (op.kind == OpKind.COLLECTIVE and overlap):
+                continue
+            yield from wait_deps(cl, op)
+            if op.kind == OpKind.COLLECTIVE:  # --no-overlap: collectives block the core
+                yield env.process(run_collective(cl, op))
+                continue
+            if op.kind == OpKind.IDLE:
+                cl.start[op.id] = env.now
+                yield env.timeout(cl.dur[op.id])
+                cl.end[op.id] = env.now
+                cl.done[op.id].succeed()
+                continue
+            unit = cl.mxu if op.unit == Unit.MXU else cl.vpu
+            with unit.request() as req:
+                yield req
+                cl.start[op.id] = env.now
+                hb = cl.hbm_bytes[op.id]
+                if hb > 0:
+                    t_c = cl.t_compute[op.id]
+                    yield cl.net.transfer(Batch(
+                        res=hbm_res, ptr=ptr1, bytes_per_transfer=np.array([hb]),
+                        latency_s=chip.op_overhead_s,
+                        max_speed=1.0 / t_c if t_c > 0 else float("inf"),
+                    ))
+                else:
+                    yield env.timeout(cl.dur[op.id])
+            cl.end[op.id] = env.now
+            cl.done[op.id].succeed()
+
+    for cl in classes:
+        for op in cl.ops:
+            if op.kind == OpKind.COLLECTIVE and overlap:
+                env.process(run_collective(cl, op))
+            elif op.kind == OpKind.HOST:
+                env.process(run_async(cl, op, cl.pcie))
+        env.process(core(cl))
+    env.run()
+    for cl in classes:
+        stuck = [cl.ops[i].name for i, e in enumerate(cl.done) if not e.processed]
+        if stuck:  # pragma: no cover - guarded by Trace validation and _check_programs
+            raise TpusimError(f"internal error: {len(stuck)} ops never ran, e.g. {stuck[:3]}")
+
+    # -- results ----------------------------------------------------------------------------
+    finish = np.array([float(cl.end.max(initial=0.0)) for cl in classes])
+    slowest = int(np.argmax(finish))  # first class among equals: the one holding chip 0 first
+    sc = classes[slowest]
+    prog_trace = programs[int(prog_of[sc.rep])]
+    res = _summarize(prog_trace, chip, topology, sc.dur, sc.bound, sc.start, sc.end, sc.net,
+                     base_costs, lm, sc.mxu_rate, sc.vpu_rate, sc.hbm_bw)
+    if sc.rep != 0:
+        res._ops = [(sc.rep,) + row[1:] for row in res._ops]
+        res._units = [(sc.rep,) + row[1:] for row in res._units]
+        res._memory = [(sc.rep,) + row[1:] for row in res._memory]
+    if multi:
+        res.sim_events = sum(cl.net.num_events for cl in classes) + n * ncls
+    res._topology = topology
+    res._coll_axes = {i: op_key[i][1] for i in op_geom}
+    res._coll_classes = {i: {CLASS_NAMES[int(j)]: float(cc.class_bytes[j])
+                             for j in np.flatnonzero(cc.class_bytes > 0)}
+                         for i, cc in sc.coll_cost.items()}
+    res._coll_algorithm = {i: cc.algorithm for i, cc in sc.coll_cost.items()}
+    res._class_capacity = {CLASS_NAMES[i]: float(lm.class_capacity_bytes_per_s[i])
+                           for i in range(NUM_CLASSES)}
+    res.num_chip_classes = ncls
+    res.slowest_chip = _coords_text(topology, sc.rep)
+    res._chip_class = label
+    res._class_rows = [
+        (float(finish[cl.c]), cl.mxu_busy, cl.vpu_busy,
+         float(cl.net.bytes[hbm_idx]) / cl.hbm_bw,
+         float(sum(cl.dur[o.id] for o in cl.ops if o.kind == OpKind.HOST)), cl.coll_wait)
+        for cl in classes
+    ]
+    res._class_reps = rep
+    res._class_counts = count
+    # Per link: the bytes the class of its source chip put on that link class.
+    res._link_bytes = _per_link_bytes(topology, label, classes)
+    res._link_cap = np.where(np.arange(topology.num_links) < topology.num_ici_links,
+                             lm.capacity_bytes_per_s, lm.capacity_bytes_per_s)
+    for lk, f in slow.items():
+        res._link_cap[lk] *= f
+    res.critical_path = _critical_path(classes, slowest, topology, slow, op_key, group_cost,
+                                       count)
+    res._class_timelines = {cl.c: (cl.start, cl.end) for cl in classes}
+    return res
+
+
+class _ClassState:
+    """One class's representative: costs, SimPy resources, timeline and counters."""
+
+    def __init__(self, *, c: int, rep: int, speed: float, ops, n: int) -> None:
+        self.c = c
+        self.rep = rep
+        self.speed = speed
+        self.ops = ops
+        self.dur = np.zeros(n)
+        self.t_compute = np.zeros(n)
+        self.hbm_bytes = np.zeros(n)
+        self.bound = [""] * n
+        self.start = np.zeros(n)
+        self.end = np.zeros(n)
+        self.coll_cost: dict[int, CollectiveCost] = {}
+        self.partners: dict[int, tuple[int, ...]] = {}
+        self.batch: dict[int, Batch] = {}
+        self.arrived: dict[int, simpy.Event] = {}
+        self.drained: dict[int, simpy.Event] = {}
+        self.arrive_t: dict[int, float] = {}
+        self.drain_t: dict[int, float] = {}
+        self.coll_wait = 0.0
+        self.mxu_busy = 0.0
+        self.vpu_busy = 0.0
+
+
+def _check_programs(programs, prog_of, nchips) -> None:
+    if prog_of.shape != (nchips,) or prog_of.min(initial=0) < 0 or \
+            prog_of.max(initial=0) >= len(programs):
+        raise TpusimError(
+            f"program_of_chip must give every one of the {nchips} chips a program index in "
+            f"0..{len(programs) - 1}"
+        )
+    ref = programs[0].ops
+    for p, t in enumerate(programs[1:], start=1):
+        if len(t.ops) != len(ref) or any(
+            (a.kind == OpKind.COLLECTIVE) != (b.kind == OpKind.COLLECTIVE)
+            or (a.kind == OpKind.COLLECTIVE and a.mesh_axes != b.mesh_axes)
+            for a, b in zip(ref, t.ops, strict=True)
+        ):
+            raise TpusimError(
+                f"program {p} does not match program 0: per-chip programs need the same op ids "
+                f"for collectives, over the same mesh axes (collectives rendezvous by op id)"
+            )
+
+
+def _link_axis(topology: Topology, link: int) -> str:
+    if link >= topology.num_ici_links:
+        return DCN_AXIS
+    return AXIS_NAMES[(link % (2 * topology.ndim)) // 2]
+
+
+def _per_link_bytes(topology: Topology, label: np.ndarray, classes) -> np.ndarray:
+    """Bytes on every link: each chip's outgoing link classes carry what its class put there."""
+    per = 2 * topology.ndim
+    cls_bytes = np.stack([cl.net.bytes[:NUM_CLASSES] for cl in classes])  # [classes, 8]
+    out = np.zeros(topology.num_links)
+    chip_b = cls_bytes[label]  # [chips, 8]
+    n_ici = topology.num_ici_links
+    out[:n_ici] = chip_b[:, :per].reshape(-1)
+    out[:n_ici] *= topology.link_mask()[:n_ici]
+    if topology.num_slices > 1:
+        nc = topology.num_chips
+        out[n_ici:n_ici + nc] = chip_b[:, NUM_CLASSES - 2]
+        out[n_ici + nc:] = chip_b[:, NUM_CLASSES - 1]
+    return out
+
+
+def _critical_path(classes, last: int, topology, slow, op_key, group_cost, count) -> list[dict]:
+    """Walk back from the last op of the last chip: each op's start was set by its latest
+    dependency (or the op before it on the core), a collective's start by the last member to
+    arrive and its end by the last member to drain. Consecutive ops on one chip class form one
+    segment: the chip (class representative), the ops, and the links their collectives used."""
+    cl = classes[last]
+    k = int(np.argmax(cl.end))
+    steps: list[tuple[int, int]] = []
+    core_prev: dict[int, dict[int, int]] = {}
+    for c in classes:
+        prev, m = -1, {}
+        for op in c.ops:
+            if op.kind in (OpKind.COMPUTE, OpKind.IDLE):
+                if prev >= 0:
+                    m[op.id] = prev
+                prev = op.id
+        core_prev[c.c] = m
+    c = cl.c
+    seen = 0
+    while k >= 0 and seen < 10 * len(cl.ops) + 10:
+        seen += 1
+        st = classes[c]
+        op = st.ops[k]
+        if op.kind == OpKind.COLLECTIVE and len(st.partners.get(k, ())) > 1:
+            # End set by the member that drained last.
+            q = max(st.partners[k], key=lambda p: (classes[p].drain_t.get(k, 0.0), -p))
+            steps.append((q, k))
+            # Start set by the member that arrived last.
+            c = max(st.partners[k], key=lambda p: (classes[p].arrive_t.get(k, 0.0), -p))
+        else:
+            steps.append((c, k))
+        st = classes[c]
+        op = st.ops[k]
+        cands = list(op.deps)
+        if op.kind in (OpKind.COMPUTE, OpKind.IDLE) and k in core_prev[c]:
+            cands.append(core_prev[c][k])
+        if not cands:
+            break
+        k = max(cands, key=lambda d: (st.end[d], d))
+        if st.end[k] <= 0 and st.start[k] <= 0 and not st.ops[k].deps:
+            steps.append((c, k))
+            break
+    steps.reverse()
+    segments: list[dict] = []
+    for c, k in steps:
+        st = classes[c]
+        op = st.ops[k]
+        if not segments or segments[-1]["_class"] != c:
+            segments.append({
+                "_class": c, "chip": _coords_text(topology, st.rep),
+                "chips_in_class": 0, "first_op": op.name, "last_op": op.name, "num_ops": 0,
+                "start_s": float(st.start[k]), "end_s": float(st.end[k]), "links": [],
+            })
+        seg = segments[-1]
+        seg["last_op"] = op.name
+        seg["num_ops"] += 1
+        seg["end_s"] = float(st.end[k])
+        if k in st.coll_cost:
+            cc = st.coll_cost[k]
+            for j in np.flatnonzero(cc.class_bytes > 0):
+                name = CLASS_NAMES[int(j)]
+                if name not in seg["links"]:
+                    seg["links"].append(name)
+            index, costs = group_cost[op_key[k]]
+            if cc is not costs[0]:
+                for lk in sorted(slow):
+                    d = topology.describe_link(lk) if hasattr(topology, "describe_link") \
+                        else f"link {lk}"
+                    tag = f"degraded {d}"
+                    if tag not in seg["links"]:
+                        seg["links"].append(tag)
+    for seg in segments:
+        seg["chips_in_class"] = int(count[seg.pop("_class")])
+    return segments
+
+
+__all__ = ["CHIP_COLUMNS", "MODES", "PerChipConfig", "chip_classes", "simulate_chips"]

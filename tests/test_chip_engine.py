@@ -1,0 +1,197 @@
+"""The per-chip step engine (`sim/chip_engine.py`): identical to the representative replay when
+nothing breaks symmetry, equal to the brute-force per-chip oracle under perturbations, and
+the physics of stragglers in a synchronous step."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from sim.chip_engine import PerChipConfig, chip_classes, simulate_chips
+from sim.engine import replay
+from sim.hardware import get_chip
+from topologies.errors import TpusimError
+from topologies.mesh import parse_mesh
+from topologies.slices import resolve_topology
+from workloads.models import model_from_dict
+from workloads.trace import OpKind
+from workloads.training import TrainingConfig, compile_training_step
+
+# One layer keeps the brute-force oracle (one actor per chip) fast on 64 chips.
+TINY = {
+    "name": "tiny1", "num_layers": 1, "d_model": 256, "num_heads": 4, "num_kv_heads": 2,
+    "head_dim": 64, "d_ff": 1024, "mlp": "swiglu", "vocab_size": 512,
+}
+
+
+def _setup(chip_name: str, shape: str, mesh: str, *, wrap: str = "auto", slices: int = 1,
+           dcn: str | None = None, layers: int = 1, seq: int = 128):
+    chip = get_chip(chip_name)
+    topo = resolve_topology(chip_name=chip.name, wrap_rule=chip.generation_rule,
+                            max_pod_shape=chip.max_pod_shape, shape=shape, wraparound=wrap,
+                            num_slices=slices)
+    model = model_from_dict({**TINY, "num_layers": layers})
+    trace = compile_training_step(model, parse_mesh(mesh, dcn), topo.num_chips,
+                                  TrainingConfig(seq_len=seq, batch_per_chip=2))
+    return chip, topo, trace
+
+
+@pytest.mark.parametrize("chip_name,shape,mesh,wrap,slices,dcn", [
+    ("v5e", "2x2", "fsdp=2,tensor=2", "auto", 1, None),
+    ("v5e", "4x4", "fsdp=4,tensor=4", "all", 1, None),
+    ("v5p", "4x4x4", "fsdp=16,tensor=4", "auto", 1, None),
+    ("v5e", "2x2", "fsdp=4", "auto", 2, "data=2"),
+])
+def test_unperturbed_per_chip_engine_equals_replay_to_the_last_bit(chip_name, shape, mesh, wrap,
+                                                                   slices, dcn):
+    chip, topo, trace = _setup(chip_name, shape, mesh, wrap=wrap, slices=slices, dcn=dcn,
+                               layers=2)
+    a = replay(trace, chip, topo)
+    b = simulate_chips(trace, chip, topo)
+    assert b.num_chip_classes == 1
+    assert a.step_time_s == b.step_time_s
+    assert a.breakdown == b.breakdown
+    assert a.sim_events == b.sim_events
+    assert a.hbm_peak_bytes == b.hbm_peak_bytes
+    for table in ("ops", "units", "links", "memory"):
+        assert getattr(a, table).equals(getattr(b, table)), table
+    chips = b.chips
+    assert len(chips) == topo.num_chips
+    assert (chips.finish_s == a.step_time_s).all()
+    assert (chips.collective_wait_s == 0).all()
+
+
+def _perturbations(topo, kind: str) -> PerChipConfig:
+    n = topo.num_chips
+    if kind == "slow-chip":
+        speed = np.ones(n)
+        speed[n // 2 + 1] = 0.7
+        return PerChipConfig(speed=speed)
+    if kind == "slow-link":
+        return PerChipConfig(link_factors={topo.ici_link_id(0, 0, 1): 0.5})
+    if kind == "variation":
+        return PerChipConfig(speed=np.random.default_rng(3).lognormal(0.0, 0.05, n))
+    raise AssertionError(kind)
+
+
+_PODS = {
+    "2x2": ("v5e", "2x2", "fsdp=2,tensor=2", "auto", 1, None),
+    "4x4-line": ("v5e", "4x4", "fsdp=4,tensor=4", "none", 1, None),
+    "4x4-wrap": ("v5e", "4x4", "fsdp=4,tensor=4", "all", 1, None),
+    "4x4x4": ("v5p", "4x4x4", "fsdp=16,tensor=4", "auto", 1, None),
+    "2x2x2slices": ("v5e", "2x2", "fsdp=4", "auto", 2, "data=2"),
+}
+# Chip variation makes every chip its own class, so on 4x4x4 the two modes would run the same
+# partition; it is checked on the smaller pods, where it costs less.
+_CASES = [(name, kind) for name in _PODS for kind in ("slow-chip", "slow-link", "variation")
+          if not (kind == "variation" and name == "4x4x4")]
+
+
+@pytest.mark.parametrize("pod_name,kind", _CASES)
+def test_equivalence_classes_agree_with_brute_force(pod_name, kind):
+    chip_name, shape, mesh, wrap, slices, dcn = _PODS[pod_name]
+    chip, topo, trace = _setup(chip_name, shape, mesh, wrap=wrap, slices=slices, dcn=dcn)
+    cfg = _perturbations(topo, kind)
+    fast = simulate_chips(trace, chip, topo, config=cfg)
+    brute = simulate_chips(trace, chip, topo, config=PerChipConfig(
+        speed=cfg.speed, link_factors=cfg.link_factors, mode="per-chip"))
+    assert brute.num_chip_classes == topo.num_chips
+    if kind != "variation" and topo.num_chips > 4:
+        assert fast.num_chip_classes < topo.num_chips
+    assert fast.step_time_s == pytest.approx(brute.step_time_s, rel=1e-9)
+    np.testing.assert_allclose(fast.chips.finish_s, brute.chips.finish_s, rtol=1e-9)
+    np.testing.assert_allclose(fast.chips.collective_wait_s, brute.chips.collective_wait_s,
+                               rtol=1e-9, atol=1e-15)
+    assert fast.slowest_chip == brute.slowest_chip
+    healthy = replay(trace, chip, topo)
+    if kind != "variation":
+        assert fast.step_time_s > healthy.step_time_s
+
+
+def test_slow_chip_in_pure_fsdp_makes_the_step_at_least_its_compute_slowdown_long():
+    chip, topo, trace = _setup("v5e", "4x4", "fsdp=16", layers=2, seq=512)
+    healthy = simulate_chips(trace, chip, topo)
+    compute = float(healthy.chips.mxu_busy_s.iloc[0] + healthy.chips.vpu_busy_s.iloc[0])
+    f = 0.5
+    speed = np.ones(topo.num_chips)
+    speed[5] = f
+    slow = simulate_chips(trace, chip, topo, config=PerChipConfig(speed=speed))
+    # The slow chip alone needs compute / f; every collective waits for it, so the whole
+    # synchronous step is at least that long, and every chip finishes after it.
+    assert slow.step_time_s >= compute / f
+    assert slow.step_time_s >= healthy.step_time_s + compute * (1 / f - 1) * 0.999
+    assert slow.slowest_chip == slow.chips.coords.iloc[5]
+    assert slow.chips.collective_wait_s.iloc[5] < slow.chips.collective_wait_s.drop(5).min()
+    assert slow.num_chip_classes == 2  # the slow chip, and everyone else (one FSDP group)
+
+
+def test_one_fast_chip_changes_nothing_in_a_synchronous_step():
+    chip, topo, trace = _setup("v5e", "4x4", "fsdp=4,tensor=4", layers=2)
+    healthy = simulate_chips(trace, chip, topo)
+    speed = np.ones(topo.num_chips)
+    speed[6] = 2.0
+    fast = simulate_chips(trace, chip, topo, config=PerChipConfig(speed=speed))
+    others = fast.chips.drop(6)
+    assert (others.finish_s == healthy.step_time_s).all()
+    assert fast.step_time_s == healthy.step_time_s
+    assert fast.chips.collective_wait_s.iloc[6] > 0  # it waits for the others instead
+
+
+def test_a_slow_link_slows_only_the_groups_that_route_over_it():
+    # tensor=4 on x of a 4x4 v5e without wraparound: rows are tensor groups. A slow link in row
+    # 0 slows row 0's tensor collectives; the FSDP collectives (columns) then carry the delay to
+    # everyone, so all chips finish later, but row 0 waits least.
+    chip, topo, trace = _setup("v5e", "4x4", "fsdp=4,tensor=4", wrap="none", layers=2)
+    healthy = simulate_chips(trace, chip, topo)
+    r = simulate_chips(trace, chip, topo,
+                       config=PerChipConfig(link_factors={topo.ici_link_id(0, 0, 1): 0.25}))
+    assert r.step_time_s > healthy.step_time_s
+    assert r.num_chip_classes >= 2
+    assert any("degraded" in link for seg in r.critical_path for link in seg["links"])
+    lb = r._link_bytes
+    assert lb.max() > 0 and len(np.unique(lb[lb > 0])) >= 1
+
+
+def test_critical_path_is_ordered_in_time_and_ends_at_the_step_time():
+    chip, topo, trace = _setup("v5e", "2x2", "fsdp=2,tensor=2")
+    speed = np.ones(4)
+    speed[3] = 0.6
+    r = simulate_chips(trace, chip, topo, config=PerChipConfig(speed=speed))
+    path = r.critical_path
+    assert path and path[-1]["end_s"] == r.step_time_s
+    assert all(a["end_s"] <= b["start_s"] + 1e-15 for a, b in itertools.pairwise(path))
+    assert sum(seg["num_ops"] for seg in path) >= 2
+    assert r.slowest_chip == r.chips.coords.iloc[3]
+
+
+def test_partition_refinement_splits_only_what_a_perturbation_touches():
+    # Four chips in two groups {0,1},{2,3} on one geometry and {0,2},{1,3} on another.
+    g1 = np.array([0, 0, 1, 1])
+    g2 = np.array([0, 1, 0, 1])
+    speed = np.array([0.5, 1.0, 1.0, 1.0])
+    assert chip_classes([speed], [g1]).tolist() == [0, 1, 2, 2]
+    assert chip_classes([speed], [g1, g2]).tolist() == [0, 1, 2, 3]
+    assert chip_classes([np.ones(4)], [g1, g2]).tolist() == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("speed", [0.0, -1.0, float("nan"), float("inf")])
+def test_bad_speed_factors_are_one_line_errors(speed):
+    chip, topo, trace = _setup("v5e", "2x2", "fsdp=4")
+    s = np.ones(4)
+    s[1] = speed
+    with pytest.raises(TpusimError, match="finite numbers > 0") as exc:
+        simulate_chips(trace, chip, topo, config=PerChipConfig(speed=s))
+    assert "\n" not in str(exc.value)
+
+
+def test_per_chip_op_scales_slow_only_the_scaled_chip():
+    chip, topo, trace = _setup("v5e", "2x2", "fsdp=4")
+    mxu_ops = [o.id for o in trace.ops if o.kind == OpKind.COMPUTE and o.flops > 0]
+    scale = np.ones(4)
+    scale[2] = 3.0
+    r = simulate_chips(trace, chip, topo, config=PerChipConfig(op_scale={mxu_ops[0]: scale}))
+    busy = r.chips.mxu_busy_s + r.chips.vpu_busy_s
+    assert busy.iloc[2] > busy.iloc[0] and busy.iloc[0] == busy.iloc[1] == busy.iloc[3]
+    assert r.num_chip_classes == 2
