@@ -140,7 +140,11 @@ def _slow_group_costs(chip, topology, kind, gaxes, nbytes, algorithm, slow, base
     (`simulate_collective(..., slow_links=...)`); the others keep the healthy cost.
     """
     v = padded_collective_bytes(kind, gaxes, nbytes)
-    algo = algorithm if kind in ("all-gather", "reduce-scatter", "all-reduce") else "auto"
+    # The compiler picks the algorithm for the healthy pod (it does not know a link is slow):
+    # keep `auto`'s choice and cost it with the degraded link.
+    algo = base.algorithm
+    if algo.startswith("auto (") and algo.endswith(")"):
+        algo = algo[len("auto ("):-1]
     lm = link_model(chip, topology, {})
     drain = float(np.max(base.class_bytes / lm.class_capacity_bytes_per_s, initial=0.0))
     try:
@@ -289,6 +293,7 @@ def simulate_chips(
     hbm_idx = NUM_CLASSES
     env = simpy.Environment()
     classes = []
+    batches: dict[int, Batch] = {}
     for c in range(ncls):
         r = int(rep[c])
         s = float(speed[r])
@@ -328,13 +333,16 @@ def simulate_chips(
                 cl.partners[op.id] = partners[ga][c]
                 cl.dur[op.id] = cc.time_s
                 cl.bound[op.id] = "ici"
-                used = np.flatnonzero(cc.class_bytes > 0)
-                cl.batch[op.id] = Batch(
-                    res=np.append(used, hbm_idx).astype(np.int64),
-                    ptr=np.arange(len(used) + 2, dtype=np.int64),
-                    bytes_per_transfer=np.append(cc.class_bytes[used], cc.hbm_bytes),
-                    latency_s=cc.latency_s,
-                )
+                b = batches.get(id(cc))
+                if b is None:  # one Batch per distinct cost, shared by every class and op
+                    used = np.flatnonzero(cc.class_bytes > 0)
+                    b = batches[id(cc)] = Batch(
+                        res=np.append(used, hbm_idx).astype(np.int64),
+                        ptr=np.arange(len(used) + 2, dtype=np.int64),
+                        bytes_per_transfer=np.append(cc.class_bytes[used], cc.hbm_bytes),
+                        latency_s=cc.latency_s,
+                    )
+                cl.batch[op.id] = b
             elif op.kind == OpKind.HOST:
                 cl.dur[op.id] = op.bytes / chip.pcie_bytes_per_s
                 cl.bound[op.id] = "pcie"
@@ -574,11 +582,11 @@ def _critical_path(classes, last: int, topology, slow, op_key, group_cost, count
         st = classes[c]
         op = st.ops[k]
         if op.kind == OpKind.COLLECTIVE and len(st.partners.get(k, ())) > 1:
-            # End set by the member that drained last.
-            q = max(st.partners[k], key=lambda p: (classes[p].drain_t.get(k, 0.0), -p))
+            # End set by the member that drained last (ties: stay on this chip).
+            q = max(st.partners[k], key=lambda p: (classes[p].drain_t.get(k, 0.0), p == c, -p))
             steps.append((q, k))
             # Start set by the member that arrived last.
-            c = max(st.partners[k], key=lambda p: (classes[p].arrive_t.get(k, 0.0), -p))
+            c = max(st.partners[k], key=lambda p: (classes[p].arrive_t.get(k, 0.0), p == c, -p))
         else:
             steps.append((c, k))
         st = classes[c]

@@ -195,3 +195,96 @@ def test_per_chip_op_scales_slow_only_the_scaled_chip():
     busy = r.chips.mxu_busy_s + r.chips.vpu_busy_s
     assert busy.iloc[2] > busy.iloc[0] and busy.iloc[0] == busy.iloc[1] == busy.iloc[3]
     assert r.num_chip_classes == 2
+
+
+# -- CLI: the perturbation flags on step commands ----------------------------------------------
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str, str]:
+    from sim.cli import main
+
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.fixture
+def tiny_yaml(tmp_path) -> str:
+    import yaml
+
+    path = tmp_path / "tiny1.yaml"
+    path.write_text(yaml.safe_dump(TINY))
+    return str(path)
+
+
+def _train(model: str, *extra: str) -> list[str]:
+    return ["train", "--chip", "v5e", "--shape", "2x2", "--model", model, "--seq-len", "128",
+            "--batch-per-chip", "2", "--mesh", "fsdp=2,tensor=2", *extra]
+
+
+def test_cli_train_slow_chip_json_and_per_chip_table(tiny_yaml, capsys, tmp_path):
+    import json
+
+    import pandas as pd
+
+    rc, out, _ = _cli(capsys, *_train(tiny_yaml, "--json"))
+    healthy = json.loads(out)
+    assert rc == 0 and healthy["num_chip_classes"] == 1 and healthy["slowest_chip"] == "0,0"
+    argv = _train(tiny_yaml, "--json", "--slow-chip", "1,1:0.5", "--out", str(tmp_path / "o"))
+    rc, out, _ = _cli(capsys, *argv)
+    slow = json.loads(out)
+    assert rc == 0 and slow["slowest_chip"] == "1,1" and slow["num_chip_classes"] == 4
+    assert slow["step_time_s"] > healthy["step_time_s"]
+    assert slow["critical_path"][-1]["end_s"] == slow["step_time_s"]
+    chips = pd.read_csv(tmp_path / "o" / "chips.csv")
+    assert len(chips) == 4 and chips.finish_s.max() == pytest.approx(slow["step_time_s"])
+    assert (tmp_path / "o" / "chips.parquet").is_file()
+    rc, out, _ = _cli(capsys, *_train(tiny_yaml, "--json", "--slow-chip", "1,1:0.5",
+                                     "--mode", "per-chip"))
+    brute = json.loads(out)
+    assert brute["num_chip_classes"] == 4 and brute["step_time_s"] == slow["step_time_s"]
+
+
+@pytest.mark.parametrize("flag,value,needle", [
+    ("--slow-chip", "5,0:0.5", "outside"),
+    ("--slow-chip", "0,0:0", "> 0"),
+    ("--slow-chip", "0,0:nan", "> 0"),
+    ("--slow-chip", "0,0:inf", "> 0"),
+    ("--slow-chip", "0,0,0:0.5", "coordinates"),
+    ("--slow-link", "0,0:z+:0.5", "no z axis"),
+    ("--slow-link", "1,0:x+:-1", "> 0"),
+    ("--chip-variation", "-0.1", "--chip-variation"),
+    ("--mode", "full", "--mode"),
+])
+def test_cli_bad_perturbations_on_train_are_one_line_errors(tiny_yaml, capsys, flag, value,
+                                                            needle, tmp_path):
+    out_dir = tmp_path / "never"
+    rc, out, err = _cli(capsys, *_train(tiny_yaml, flag, value, "--out", str(out_dir)))
+    assert rc == 2 and out == ""
+    assert err.startswith("tpusim: error: ") and err.count("\n") == 1, err
+    assert needle in err, err
+    assert not out_dir.exists()
+
+
+def test_cli_decode_prefill_and_replay_take_the_perturbation_flags(tiny_yaml, capsys, tmp_path):
+    import json
+
+    pod = ["--chip", "v5e", "--shape", "2x2"]
+    for cmd in (["decode", *pod, "--model", tiny_yaml, "--batch", "4", "--context-len", "128",
+                 "--mesh", "tensor=4"],
+                ["prefill", *pod, "--model", tiny_yaml, "--batch", "1", "--prompt-len", "128",
+                 "--mesh", "tensor=4"]):
+        rc, out, _ = _cli(capsys, *cmd, "--json")
+        healthy = json.loads(out)
+        rc2, out2, _ = _cli(capsys, *cmd, "--json", "--slow-chip", "0,1:0.5")
+        slow = json.loads(out2)
+        key = "step_time_s" if cmd[0] == "decode" else "time_s"
+        assert rc == rc2 == 0 and slow[key] > healthy[key], cmd[0]
+        assert slow["slowest_chip"] == "0,1"
+    trace = tmp_path / "t.trace"
+    rc, _, _ = _cli(capsys, "compile", *pod, "--model", tiny_yaml, "--seq-len", "128",
+                    "--batch-per-chip", "2", "--mesh", "fsdp=4", "-o", str(trace))
+    rc, out, _ = _cli(capsys, "replay", str(trace), *pod, "--json", "--slow-chip", "1,0:2.0")
+    fast_chip = json.loads(out)
+    rc, out, _ = _cli(capsys, "replay", str(trace), *pod, "--json")
+    assert fast_chip["step_time_s"] == json.loads(out)["step_time_s"]

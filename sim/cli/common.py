@@ -211,3 +211,38 @@ def scenario_from_args(args: argparse.Namespace, topology):
     scenario = base.merged(flags)
     scenario.validate(topology)
     return scenario
+
+
+def add_step_perturbation_args(p: argparse.ArgumentParser) -> None:
+    """The perturbation flags plus the step engine's `--mode` (train, replay, decode, prefill)."""
+    add_perturbation_args(p)
+    p.add_argument("--mode", default="auto", choices=["auto", "per-chip"],
+                   help="auto: chips whose whole step is identical are simulated once (exact); "
+                        "per-chip: one actor per chip, every chip's links its own (the oracle)")
+
+
+def simulate_step(args: argparse.Namespace, trace, chip, topology, *, overlap=None):
+    """Replay `trace` with the perturbations of `args` on the per-chip engine (one chip class,
+    and `replay`'s result to the last bit, when nothing is perturbed)."""
+    from sim.chip_engine import PerChipConfig, simulate_chips
+
+    scenario = scenario_from_args(args, topology)
+    if scenario.dead_links:
+        raise TpusimError(
+            "--dead-link is not supported by step commands in this version (the rerouted "
+            "collectives are not wired into the step engine yet); use --slow-link with a small "
+            "factor, or `tpusim collective --dead-link`"
+        )
+    if scenario.expert_skew or scenario.capacity_factor is not None:
+        if not trace.meta.get("moe_scenario_applied"):
+            raise TpusimError(
+                "--expert-skew/--capacity-factor are not supported by this command in this "
+                "version; drop them"
+            )
+    config = PerChipConfig(
+        speed=scenario.chip_speed_factors_for(topology) if scenario.perturbs_chips else None,
+        link_factors=scenario.slow_link_factors_for(topology),
+        mode=getattr(args, "mode", "auto") or "auto",
+    )
+    return simulate_chips(trace, chip, topology, config=config, algorithm=args.algorithm,
+                          overlap=overlap)

@@ -85,6 +85,8 @@ def _run_decode(chip, topo, model, mesh, cfg, algorithm: str = "auto"):
 
 def decode_summary(trace, result, max_batch: int) -> dict[str, Any]:
     """The `tpusim decode --json` object (per-chip bytes unless suffixed `_total`)."""
+    from sim.cli.training import per_chip_summary
+
     meta = trace.meta
     step = result.step_time_s
     return {
@@ -113,6 +115,7 @@ def decode_summary(trace, result, max_batch: int) -> dict[str, Any]:
         "breakdown": {k: float(v) for k, v in result.breakdown.items()},
         "num_ops": result.num_ops,
         "collectives": result.collective_costs,
+        **per_chip_summary(result),
     }
 
 
@@ -127,7 +130,10 @@ def cmd_decode(args: argparse.Namespace) -> int:
 
     chip, topo, model, mesh = _setup(args)
     cfg = _config(args, args.batch)
-    trace, result = _run_decode(chip, topo, model, mesh, cfg, args.algorithm)
+    from workloads.decode import compile_decode_step
+
+    trace = compile_decode_step(model, mesh, topo.num_chips, cfg)
+    result = cli.simulate_step(args, trace, chip, topo)
     max_b = max_batch_that_fits(model, mesh, topo.num_chips, cfg, chip.hbm_bytes)
     s = decode_summary(trace, result, max_b)
     _write_outputs(args, result, s)
@@ -153,13 +159,13 @@ def cmd_decode(args: argparse.Namespace) -> int:
 
 
 def cmd_prefill(args: argparse.Namespace) -> int:
-    from sim.engine import replay
+    from sim.cli.training import per_chip_summary
     from workloads.decode import compile_prefill
 
     chip, topo, model, mesh = _setup(args)
     cfg = _config(args, args.batch)
     trace = compile_prefill(model, mesh, topo.num_chips, cfg)
-    result = replay(trace, chip, topo, algorithm=args.algorithm)
+    result = cli.simulate_step(args, trace, chip, topo)
     meta = trace.meta
     t = result.step_time_s
     tokens = meta["batch"] * meta["prompt_len"]
@@ -173,6 +179,7 @@ def cmd_prefill(args: argparse.Namespace) -> int:
         "weights_bytes": meta["weights_bytes"], "kv_cache_bytes": meta["kv_cache_bytes"],
         "hbm_peak_bytes": result.hbm_peak_bytes, "fits_in_hbm": result.fits_in_hbm,
         "breakdown": {k: float(v) for k, v in result.breakdown.items()},
+        **per_chip_summary(result),
     }
     _write_outputs(args, result, s)
     if args.json:
@@ -348,6 +355,7 @@ def _register_decode(sub, name: str) -> None:
     cli.add_set_arg(p, ("chip", "topology", "collective", "model"))
     _add_inference_args(p)
     _outputs_args(p)
+    cli.add_step_perturbation_args(p)
     p.set_defaults(func=cmd_decode)
 
 
@@ -359,6 +367,7 @@ def _register_prefill(sub, name: str) -> None:
     p.add_argument("--prompt-len", type=int, required=True, help="prompt tokens per sequence")
     p.add_argument("--prefill-chunk", type=int, help="tokens per prefill chunk (default: all)")
     _outputs_args(p)
+    cli.add_step_perturbation_args(p)
     p.set_defaults(func=cmd_prefill)
 
 

@@ -100,8 +100,19 @@ def training_summary(trace, result, chip) -> dict[str, Any]:
         "num_ops": result.num_ops,
         "sim_events": result.sim_events,
         "collectives": result.collective_costs,
+        **per_chip_summary(result),
     }
     return out
+
+
+def per_chip_summary(result) -> dict[str, Any]:
+    """The per-chip engine's fields of `--json`: how many chip classes were simulated, the chip
+    that finished last and the critical path (chips, ops and links that set the step time)."""
+    return {
+        "num_chip_classes": result.num_chip_classes,
+        "slowest_chip": result.slowest_chip,
+        "critical_path": result.critical_path,
+    }
 
 
 def _print_training(s: dict[str, Any]) -> None:
@@ -143,8 +154,11 @@ def _write_outputs(args, result, summary) -> None:
     if getattr(args, "out", None):
         from sim.export.output import write_tables
 
-        write_tables(args.out, {"ops": result.ops, "units": result.units, "links": result.links,
-                                "memory": result.memory}, summary)
+        tables = {"ops": result.ops, "units": result.units, "links": result.links,
+                  "memory": result.memory}
+        if result._chip_class is not None:
+            tables["chips"] = result.chips
+        write_tables(args.out, tables, summary)
     if getattr(args, "perfetto", None):
         from sim.export.perfetto import export_step, parse_chip_list
 
@@ -157,12 +171,10 @@ def _write_outputs(args, result, summary) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from sim.engine import replay
-
     check_outputs(args)
     chip, topo = cli.resolve_pod(args)
     trace = _compile(args, topo.num_chips)
-    result = replay(trace, chip, topo, algorithm=args.algorithm)
+    result = cli.simulate_step(args, trace, chip, topo)
     summary = training_summary(trace, result, chip)
     _write_outputs(args, result, summary)
     if args.json:
@@ -191,7 +203,6 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
-    from sim.engine import replay
     from workloads.trace import Trace
 
     path = Path(args.trace)
@@ -210,10 +221,11 @@ def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
             f"trace {str(path)!r} was compiled for {n} chips but the pod has {topo.num_chips}; "
             f"replay it on a {n}-chip pod or recompile"
         )
-    result = replay(trace, chip, topo, algorithm=args.algorithm,
-                    overlap=False if args.no_overlap else None)
+    result = cli.simulate_step(args, trace, chip, topo,
+                               overlap=False if args.no_overlap else None)
     summary = training_summary(trace, result, chip) if trace.meta.get("kind") == "training" \
-        else {"step_time_s": result.step_time_s, "breakdown": result.breakdown}
+        else {"step_time_s": result.step_time_s, "breakdown": result.breakdown,
+              **per_chip_summary(result)}
     _write_outputs(args, result, summary)
     if quiet:
         return 0
@@ -244,6 +256,7 @@ def _register_train(sub, name: str) -> None:
     cli.add_set_arg(p, ("chip", "topology", "collective", "model"))
     _add_training_args(p)
     _outputs_args(p)
+    cli.add_step_perturbation_args(p)
     p.set_defaults(func=cmd_train)
 
 
@@ -269,6 +282,7 @@ def _trace_command(help_text: str, func):
         cli.add_set_arg(p, ("chip", "topology", "collective"))
         p.add_argument("--no-overlap", action="store_true")
         _outputs_args(p)
+        cli.add_step_perturbation_args(p)
         p.set_defaults(func=func)
 
     return register
