@@ -28,7 +28,14 @@ from sim.routing import (
     symmetric_batch,
 )
 from topologies.errors import TpusimError
-from topologies.groups import CLASS_NAMES, NUM_CLASSES, GroupAxis, GroupGeometry, group_axes
+from topologies.groups import (
+    CLASS_NAMES,
+    NUM_CLASSES,
+    DetourRouter,
+    GroupAxis,
+    GroupGeometry,
+    group_axes,
+)
 from topologies.scenario import Scenario, parse_slow_link
 from topologies.torus import AXIS_NAMES, DCN_AXIS, Topology
 
@@ -60,6 +67,7 @@ class CollectiveResult:
     mode: str
     num_steps: int
     sim_events: int
+    detour: dict[str, Any] | None = None
     _topology: Topology = field(repr=False)
     _link_bytes: np.ndarray = field(repr=False)
     _link_busy: np.ndarray = field(repr=False)
@@ -85,6 +93,7 @@ class CollectiveResult:
             "mode": self.mode,
             "num_steps": self.num_steps,
             "sim_events": self.sim_events,
+            "detour": None if self.detour is None else dict(self.detour),
         }
 
     @property
@@ -146,6 +155,9 @@ def link_table(topology: Topology, link_bytes, link_busy, link_cap, time_s: floa
     )
 
 
+MODES = ("auto", "symmetric", "full", "per-chip")
+
+
 def _slow_links(
     topology: Topology, slow_links: tuple[str, ...] | dict[int, float], scenario: Scenario | None
 ) -> dict[int, float]:
@@ -161,11 +173,6 @@ def _slow_links(
                 "a collective is simulated on links only: --slow-chip, --chip-variation, "
                 "--expert-skew and --capacity-factor do not apply to it; use them with train, "
                 "decode, prefill or replay"
-            )
-        if scenario.dead_links:
-            raise TpusimError(  # rerouting lands next; never ignore a dead link silently
-                "--dead-link is not supported by collective in this version; use --slow-link "
-                "with a small factor"
             )
         for link, f in scenario.slow_link_factors_for(topology).items():
             slow[link] = slow.get(link, 1.0) * f
@@ -209,6 +216,9 @@ def simulate_collective(
 ) -> CollectiveResult:
     """Simulate one collective on `topology` made of `chip`s.
 
+    With dead links in the `scenario`, routes that need one take the shortest live detour, and
+    the result's `detour` reports its cost against the same collective on the healthy pod.
+
     Args:
         op: all-gather, reduce-scatter, all-reduce, all-to-all, collective-permute or send.
         axes: the physical axes of the replica group (`("y",)`, `"x,y"`, `dcn`).
@@ -221,10 +231,46 @@ def simulate_collective(
         slow_links: degraded links, as `"x,y[,z]:x+:factor"` strings or {link id: factor}.
         scenario: perturbations (its slow links add to `slow_links`); a collective runs on
             links only, so chip perturbations in it are an error.
-        mode: `auto` (symmetric where exact), `symmetric` (error if not exact) or `full`.
+        mode: `auto` (symmetric where exact), `symmetric` (error if not exact), `full` (a
+            representative group plus the perturbed ones, link by link) or `per-chip` (every
+            chip of every group and every link, all groups' transfers of a step in one batch).
         chunks: pipeline each stream's data in this many pieces (phases then overlap; every
             piece pays the per-hop latency).
     """
+    kw = dict(chip=chip, topology=topology, op=op, axes=axes, nbytes=nbytes,
+              algorithm=algorithm, shift=shift, src=src, dst=dst, slow_links=slow_links,
+              mode=mode, chunks=chunks, scenario=scenario)
+    res = _simulate_collective(**kw)
+    if res.detour is not None:
+        healthy = scenario_without_dead_links(scenario)
+        base = _simulate_collective(**{**kw, "scenario": healthy, "mode": "auto"})
+        res.detour["healthy_time_s"] = base.time_s
+        res.detour["extra_time_s"] = res.time_s - base.time_s
+    return res
+
+
+def scenario_without_dead_links(scenario: Scenario | None) -> Scenario | None:
+    if scenario is None:
+        return None
+    return dataclasses.replace(scenario, dead_links=())
+
+
+def _simulate_collective(
+    *,
+    chip: ChipSpec,
+    topology: Topology,
+    op: str | CollectiveKind,
+    axes: tuple[str, ...] | str = (),
+    nbytes: int,
+    algorithm: str = "auto",
+    shift: int = 1,
+    src: tuple[int, ...] | None = None,
+    dst: tuple[int, ...] | None = None,
+    slow_links: tuple[str, ...] | dict[int, float] = (),
+    mode: str = "auto",
+    chunks: int = 1,
+    scenario: Scenario | None = None,
+) -> CollectiveResult:
     if isinstance(chunks, bool) or not isinstance(chunks, int) or not 1 <= chunks <= 1024:
         raise TpusimError(f"--chunks {chunks!r} must be an integer from 1 to 1024")
     if algorithm == "auto" and str(op) in AUTO_CANDIDATES:
@@ -237,10 +283,12 @@ def simulate_collective(
         raise TpusimError(
             f"unknown --op {op!r}; use one of: {', '.join(k.value for k in CollectiveKind)}"
         ) from None
-    if mode not in ("auto", "symmetric", "full"):
-        raise TpusimError(f"mode {mode!r} must be auto, symmetric or full")
+    if mode not in MODES:
+        raise TpusimError(f"mode {mode!r} must be one of {', '.join(MODES)}")
     slow = _slow_links(topology, slow_links, scenario)
-    lm = link_model(chip, topology, slow)
+    dead = scenario.dead_link_ids_for(topology) if scenario is not None else ()
+    router = DetourRouter(topology, dead) if dead else None
+    lm = link_model(chip, topology, {**slow, **{d: 0.0 for d in dead}})
     env = simpy.Environment()
     timeline: list[tuple] = []
 
@@ -255,7 +303,8 @@ def simulate_collective(
                 f"{applicable_algorithms(kind)}"
             )
         nbytes = _check_bytes(nbytes, kind, 1)
-        batch, npaths, _hops = send_batch(topology, lm, tuple(src), tuple(dst), nbytes)
+        batch, npaths, _hops = send_batch(topology, lm, tuple(src), tuple(dst), nbytes,
+                                          detour=router)
         net = FluidNetwork(env, lm.capacity_bytes_per_s)
 
         def proc():
@@ -270,7 +319,7 @@ def simulate_collective(
             kind=kind, algorithm="direct", requested=algorithm, chip=chip, topology=topology,
             axes=(), nbytes=nbytes, group_size=2, num_groups=1, time_s=env.now,
             net=net, link_bytes=net.bytes, link_busy=net.busy_s, lm=lm,
-            hbm=2.0 * nbytes, mode="full", steps=1, timeline=timeline,
+            hbm=2.0 * nbytes, mode="full", steps=1, timeline=timeline, router=router,
         )
 
     if isinstance(axes, str):
@@ -290,13 +339,18 @@ def simulate_collective(
         for link, f in slow.items()
         if _link_axis(topology, link) in {g.physical_name for g in gaxes}
     }
-    symmetric_ok = schedule.translation_invariant and not relevant_slow
+    # Dimension-order routes only use links of the group's axes, so a dead link elsewhere is
+    # never on a route and changes nothing.
+    group_axes_names = {g.physical_name for g in gaxes}
+    relevant_dead = tuple(d for d in dead if _link_axis(topology, d) in group_axes_names)
+    router = DetourRouter(topology, relevant_dead) if relevant_dead else None
+    symmetric_ok = schedule.translation_invariant and not relevant_slow and not relevant_dead
     if mode == "symmetric" and not symmetric_ok:
         raise TpusimError(
             "--mode symmetric is not exact here (an axis without wraparound, an edge-dependent "
-            "algorithm, or a degraded link); use --mode auto or full"
+            "algorithm, or a degraded or dead link); use --mode auto, full or per-chip"
         )
-    use_sym = symmetric_ok and mode != "full"
+    use_sym = symmetric_ok and mode not in ("full", "per-chip")
     steps_total = sum(len(s) for s in schedule.streams)
     # HBM traffic of one chip's DMA: it reads what it sends and writes what it receives, and in
     # reduce-scatter steps also reads its own partial sum to add the received one to it.
@@ -318,6 +372,31 @@ def simulate_collective(
             group_size=geo.group_size, num_groups=geo.num_groups, time_s=env.now, net=net,
             link_bytes=link_bytes, link_busy=link_busy, lm=lm, hbm=hbm, mode="symmetric",
             steps=steps_total, timeline=timeline,
+        )
+
+    if mode == "per-chip" or relevant_dead:
+        # Every chip of every group, every link: detours leave their group and load other
+        # groups' links, so with a dead link nothing can be represented by group 0.
+        check_full_size(schedule, geo.group_size, geo.num_groups)
+        chips_all = np.lexsort((geo.local_of_chip, geo.group_of_chip))
+        local_all = np.tile(geo.local_coords(), (geo.num_groups, 1))
+        if router is not None:
+            router.context = f" (a {kind} over {','.join(g.name for g in gaxes)} needs it)"
+        batches = [
+            [full_batch(st, gaxes, topology, chips_all, local_all, lm, router) for st in s]
+            for s in schedule.streams
+        ]
+        net = FluidNetwork(env, lm.capacity_bytes_per_s)
+        _launch(env, net, batches, schedule, 0, int(chips_all[0]), topology.num_chips,
+                timeline, chunks)
+        env.run()
+        hbm = _full_hbm_bytes([batches], schedule, topology.num_chips)
+        return _result(
+            kind=kind, algorithm=schedule.algorithm, requested=algorithm, chip=chip,
+            topology=topology, axes=tuple(g.name for g in gaxes), nbytes=nbytes,
+            group_size=geo.group_size, num_groups=geo.num_groups, time_s=env.now, net=net,
+            link_bytes=net.bytes.copy(), link_busy=net.busy_s.copy(), lm=lm, hbm=hbm,
+            mode="per-chip", steps=steps_total, timeline=timeline, router=router,
         )
 
     # Full detail: the representative group 0 and every group holding a degraded link.
@@ -381,7 +460,7 @@ def _auto_best(**kw) -> CollectiveResult:
                          for a in axes]
                 if int(np.prod(sizes)) > _AUTO_DIRECT_MAX_GROUP:
                     continue
-            r = simulate_collective(algorithm=cand, **kw)
+            r = _simulate_collective(algorithm=cand, **kw)
         except TpusimError as exc:
             if first_error is None:
                 first_error = exc
@@ -531,16 +610,26 @@ def _replicate_group0(topology: Topology, geo: GroupGeometry, group_chips, net):
 
 
 def _result(*, kind, algorithm, requested, chip, topology, axes, nbytes, group_size, num_groups,
-            time_s, net, link_bytes, link_busy, lm, hbm, mode, steps, timeline):
+            time_s, net, link_bytes, link_busy, lm, hbm, mode, steps, timeline, router=None):
     cap = lm.capacity_bytes_per_s
     busiest = float(link_bytes.max(initial=0.0))
-    util = float(np.max(link_bytes / cap, initial=0.0) / time_s) if time_s > 0 else 0.0
+    per_cap = np.divide(link_bytes, cap, out=np.zeros_like(link_bytes), where=cap > 0)
+    util = float(np.max(per_cap, initial=0.0) / time_s) if time_s > 0 else 0.0
+    detour = None
+    if router is not None:
+        detour = {
+            "dead_links": [topology.describe_link(d) for d in router.dead_links],
+            "rerouted_transfers": int(router.rerouted_transfers),
+            "extra_hops": int(router.extra_hops),
+            "extra_link_bytes": float(router.extra_link_bytes),
+            "longest_detour_hops": int(router.max_route_hops),
+        }
     return CollectiveResult(
         op=str(kind), algorithm=algorithm, algorithm_requested=requested, chip=chip.name,
         topology=topology.name, axes=axes, bytes=int(nbytes), num_chips=topology.num_chips,
         group_size=group_size, num_groups=num_groups, time_s=float(time_s),
         bytes_on_busiest_link=busiest, max_link_utilization=util, hbm_bytes_per_chip=float(hbm),
-        mode=mode, num_steps=steps, sim_events=net.num_events, _topology=topology,
+        mode=mode, num_steps=steps, sim_events=net.num_events, detour=detour, _topology=topology,
         _link_bytes=link_bytes, _link_busy=link_busy, _link_cap=cap,
         _timeline=sorted(timeline, key=lambda r: (r[0], r[3], r[4], r[6])),
     )

@@ -20,6 +20,7 @@ from topologies.groups import (
     DCN_IN_CLASS,
     DCN_OUT_CLASS,
     NUM_CLASSES,
+    DetourRouter,
     GroupAxis,
     route_class_hops,
     route_latency_s,
@@ -104,8 +105,13 @@ def full_batch(
     chips: np.ndarray,
     local: np.ndarray,
     lm: LinkModel,
+    detour: DetourRouter | None = None,
 ) -> Batch:
-    """Every chip of one replica group (`chips`, local coords `local`), on individual links."""
+    """Every chip of one replica group (`chips`, local coords `local`), on individual links.
+
+    `chips`/`local` may hold several groups back to back (per-chip mode routes them all in one
+    batch). With a `detour` router, routes that cross a dead link take its detour instead, and
+    the batch's latency covers the longest detour."""
     res_parts, counts, nbytes, srcs, dsts = [], [], [], [], []
     lat = 0.0
     for m in step.moves:
@@ -128,15 +134,35 @@ def full_batch(
         return Batch(res=z, ptr=np.zeros(1, dtype=np.int64), bytes_per_transfer=np.zeros(0),
                      latency_s=0.0, repeat=step.repeat)
     c = np.concatenate(counts)
+    res = np.concatenate(res_parts)
+    ptr = np.concatenate([[0], np.cumsum(c)]).astype(np.int64)
+    per_transfer = np.concatenate(nbytes)
+    if detour is not None and detour.dead_links:
+        res, ptr, moved = detour.reroute(res, ptr, per_transfer, step.repeat)
+        if len(moved):
+            lat = max(lat, _max_route_latency_s(topology, res, ptr, moved, lm))
     return Batch(
-        res=np.concatenate(res_parts),
-        ptr=np.concatenate([[0], np.cumsum(c)]).astype(np.int64),
-        bytes_per_transfer=np.concatenate(nbytes),
+        res=res,
+        ptr=ptr,
+        bytes_per_transfer=per_transfer,
         latency_s=lat * step.repeat,
         repeat=step.repeat,
         src=np.concatenate(srcs),
         dst=np.concatenate(dsts),
     )
+
+
+def _max_route_latency_s(topology: Topology, res, ptr, transfers, lm: LinkModel) -> float:
+    """Longest latency among the given transfers' routes: ICI hops x per-hop latency, plus the
+    DCN latency once per DCN crossing (an egress and an ingress id)."""
+    n_ici = topology.num_ici_links
+    worst = 0.0
+    for t in np.asarray(transfers).tolist():
+        r = res[ptr[t] : ptr[t + 1]]
+        ici = int(np.count_nonzero(r < n_ici))
+        dcn = (len(r) - ici) // 2
+        worst = max(worst, ici * lm.ici_latency_s + dcn * lm.dcn_latency_s)
+    return worst
 
 
 def check_full_size(schedule: Schedule, group_size: int, num_groups: int) -> None:
@@ -156,9 +182,11 @@ def send_batch(
     src: tuple[int, ...],
     dst: tuple[int, ...],
     nbytes: float,
+    detour: DetourRouter | None = None,
 ) -> tuple[Batch, int, int]:
     """Point-to-point: split evenly over the distinct minimal paths (all dimension orders and,
-    on a ring, both directions when the destination is exactly half way round).
+    on a ring, both directions when the destination is exactly half way round). Paths through a
+    dead link are dropped; if none is left, the message takes the `detour` router's path.
 
     Returns (batch, number of paths, hops)."""
     s_chip = topology.chip_id(src)
@@ -204,6 +232,15 @@ def send_batch(
             paths.setdefault(tuple(int(x) for x in r), 0.0)
             lat = max(lat, route_latency_s(ga, off, lm.ici_latency_s, lm.dcn_latency_s))
     keys = sorted(paths)
+    if detour is not None and detour.dead_links:
+        alive = [k for k in keys if not any(detour.dead_mask[h] for h in k)]
+        if not alive:
+            r0 = np.asarray(keys[0], dtype=np.int64)
+            p0 = np.array([0, len(r0)], dtype=np.int64)
+            r1, _p1, _ = detour.reroute(r0, p0, np.array([float(nbytes)]), 1)
+            alive = [tuple(int(x) for x in r1)]
+            lat = _max_route_latency_s(topology, r1, _p1, [0], lm)
+        keys = alive
     hop_counts = [len(k) for k in keys]
     res = np.concatenate([np.asarray(k, dtype=np.int64) for k in keys])
     ptr = np.concatenate([[0], np.cumsum(hop_counts)]).astype(np.int64)

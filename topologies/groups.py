@@ -212,3 +212,143 @@ def route_links(
     res = np.stack(hops_cols, axis=1).reshape(-1) if h else np.zeros(0, dtype=np.int64)
     ptr = np.arange(0, n * h + 1, h, dtype=np.int64) if h else np.zeros(n + 1, dtype=np.int64)
     return res, ptr, cur
+
+
+class DetourRouter:
+    """Reroutes transfers around dead ICI links: the shortest live path, as ICI rerouting does.
+
+    A route (a run of ICI hops, possibly followed by DCN hops) that crosses a dead link has each
+    ICI run holding a dead link replaced by a shortest path between the run's ends over the live
+    links (either direction round a ring, or sideways through a neighbouring row). Among equally
+    short paths the walk prefers, at every chip, the link classes of the original run in the
+    order they appear, then the lowest class id (x+, x-, y+, ...): deterministic, and as close
+    to dimension order as the detour allows. Distances come from a reverse breadth-first search
+    over the live links (numpy, one per distinct run end, cached).
+
+    The router also accumulates what the detours cost (`rerouted_transfers`, `extra_hops`,
+    `extra_link_bytes`, repetitions included).
+    """
+
+    def __init__(self, topology: Topology, dead_links: tuple[int, ...]) -> None:
+        self.topology = topology
+        self.dead_links = tuple(sorted(int(d) for d in dead_links))
+        n_ici = topology.num_ici_links
+        self.dead_mask = np.zeros(topology.num_links, dtype=bool)
+        self.dead_mask[list(self.dead_links)] = True
+        src, dst = topology.link_endpoints()
+        live = topology.link_mask() & ~self.dead_mask[:n_ici]
+        self._live = live
+        self._ls = src[live]
+        self._ld = dst[live]
+        self._dst = dst
+        self._dist: dict[int, np.ndarray] = {}
+        self.rerouted_transfers = 0
+        self.extra_hops = 0
+        self.extra_link_bytes = 0.0
+        self.max_route_hops = 0
+        self.context = ""  # appended to the disconnection error (which collective needs it)
+
+    def _dist_to(self, end: int) -> np.ndarray:
+        d = self._dist.get(end)
+        if d is not None:
+            return d
+        dist = np.full(self.topology.num_chips, -1, dtype=np.int64)
+        dist[end] = 0
+        k = 0
+        while True:
+            step = (dist[self._ld] == k) & (dist[self._ls] < 0)
+            if not step.any():
+                break
+            dist[self._ls[step]] = k + 1
+            k += 1
+        self._dist[end] = dist
+        return dist
+
+    def path(self, start: int, end: int, prefer: list[int], what: str = "") -> list[int]:
+        """Link ids of a shortest live path from chip `start` to chip `end`."""
+        dist = self._dist_to(end)
+        if dist[start] < 0:
+            t = self.topology
+            dead = ", ".join(t.describe_link(d) for d in self.dead_links)
+            raise TpusimError(
+                f"dead links {dead} disconnect chip {_fmt(t.coords(start))} from "
+                f"{_fmt(t.coords(end))}{what}: no live path joins them; remove a --dead-link "
+                f"(or give the pod wraparound)"
+            )
+        per = 2 * self.topology.ndim
+        order = list(dict.fromkeys(prefer)) + [c for c in range(per) if c not in prefer]
+        out: list[int] = []
+        cur = start
+        while cur != end:
+            want = dist[cur] - 1
+            for c in order:
+                link = cur * per + c
+                if self._live[link] and dist[self._dst[link]] == want:
+                    out.append(link)
+                    cur = int(self._dst[link])
+                    break
+            else:  # pragma: no cover - a BFS distance always has a predecessor
+                raise TpusimError("internal routing error: broken detour distance")
+        return out
+
+    def reroute(
+        self, res: np.ndarray, ptr: np.ndarray, bytes_per_transfer: np.ndarray, repeat: int,
+        what: str = "",
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Replace the routes (CSR `res`/`ptr`) that cross a dead link.
+
+        Returns (res, ptr, rerouted transfer indices). Updates the cost counters."""
+        hit = np.flatnonzero(self.dead_mask[res])
+        if len(hit) == 0:
+            return res, ptr, np.zeros(0, dtype=np.int64)
+        n_ici = self.topology.num_ici_links
+        src_arr, _ = self.topology.link_endpoints()
+        per = 2 * self.topology.ndim
+        affected = np.unique(np.searchsorted(ptr, hit, side="right") - 1)
+        new_routes: dict[int, np.ndarray] = {}
+        for t in affected.tolist():
+            route = res[ptr[t] : ptr[t + 1]].tolist()
+            out: list[int] = []
+            i = 0
+            while i < len(route):
+                if route[i] >= n_ici:
+                    out.append(route[i])
+                    i += 1
+                    continue
+                j = i
+                while j < len(route) and route[j] < n_ici:
+                    j += 1
+                run = route[i:j]
+                if any(self.dead_mask[h] for h in run):
+                    start = int(src_arr[run[0]])
+                    end = int(self._dst[run[-1]])
+                    out += self.path(start, end, [h % per for h in run],
+                                     what or self.context)
+                else:
+                    out += run
+                i = j
+            new_routes[t] = np.asarray(out, dtype=np.int64)
+            extra = len(out) - len(route)
+            self.rerouted_transfers += repeat
+            self.extra_hops += extra * repeat
+            self.extra_link_bytes += extra * float(bytes_per_transfer[t]) * repeat
+            self.max_route_hops = max(self.max_route_hops, len(out))
+        counts = np.diff(ptr)
+        new_counts = counts.copy()
+        for t, r in new_routes.items():
+            new_counts[t] = len(r)
+        new_ptr = np.concatenate([[0], np.cumsum(new_counts)]).astype(np.int64)
+        new_res = np.empty(int(new_ptr[-1]), dtype=np.int64)
+        keep = np.ones(len(counts), dtype=bool)
+        keep[affected] = False
+        owner = np.repeat(np.arange(len(counts)), counts)
+        kept = keep[owner]
+        pos = np.arange(len(res)) - ptr[owner] + new_ptr[owner]
+        new_res[pos[kept]] = res[kept]
+        for t, r in new_routes.items():
+            new_res[new_ptr[t] : new_ptr[t + 1]] = r
+        return new_res, new_ptr, affected
+
+
+def _fmt(c: tuple[int, ...]) -> str:
+    return "(" + ",".join(str(v) for v in c) + ")"

@@ -38,8 +38,9 @@ def _add_collective_args(p: argparse.ArgumentParser, *, with_algorithm: bool) ->
     p.add_argument("--dst", help="send: destination chip coordinates, e.g. 3,3")
     p.add_argument("--shift", type=int, default=1, help="collective-permute: shift by k chips")
     add_perturbation_args(p)
-    p.add_argument("--mode", default="auto", choices=["auto", "symmetric", "full"],
-                   help="auto: one representative chip where exact, else full per-link detail")
+    p.add_argument("--mode", default="auto", choices=["auto", "symmetric", "full", "per-chip"],
+                   help="auto: one representative chip where exact, else full per-link detail; "
+                        "per-chip: every chip and every link of the pod (brute force)")
     p.add_argument("--chunks", type=int, default=1,
                    help="pipeline the data in this many chunks so phases overlap (default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
