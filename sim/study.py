@@ -440,19 +440,21 @@ def _worker_init() -> None:
     progress.QUIET = True
 
 
-def _local_runner(n: int):
-    """Yields (index, outcome) as points finish on a pool of `n` reused worker processes."""
+def _local_runner(n: int, fn: Callable[[Any], Any] = None):
+    """Yields (index, fn(job)) as jobs finish on a pool of `n` reused worker processes
+    (`fn` defaults to `run_point`; `n` = 1 runs them in this process)."""
+    fn = fn or run_point
 
-    def run(jobs: list[tuple[int, list[str]]]):
+    def run(jobs: list[tuple[int, Any]]):
         if n == 1:
             for i, argv in jobs:
-                yield i, run_point(argv)
+                yield i, fn(argv)
             return
         from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
         ex = ProcessPoolExecutor(max_workers=n, initializer=_worker_init)
         try:
-            futs = {ex.submit(run_point, argv): i for i, argv in jobs}
+            futs = {ex.submit(fn, argv): i for i, argv in jobs}
             pending = set(futs)
             while pending:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -498,12 +500,14 @@ def _dask_client(dask: Any, n: int):
     return client, client.close
 
 
-def _dask_runner(client):
-    def run(jobs: list[tuple[int, list[str]]]):
+def _dask_runner(client, fn: Callable[[Any], Any] = None):
+    fn = fn or run_point
+
+    def run(jobs: list[tuple[int, Any]]):
         from distributed import as_completed
 
         tag = time.time_ns()  # fresh task keys: a shared scheduler may hold an earlier sweep's
-        futs = {client.submit(run_point, argv, pure=False, key=f"tpusim-point-{tag}-{i}"): i
+        futs = {client.submit(fn, argv, pure=False, key=f"tpusim-point-{tag}-{i}"): i
                 for i, argv in jobs}
         try:
             for f in as_completed(list(futs)):

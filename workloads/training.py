@@ -145,6 +145,25 @@ def compile_training_step(
     model: TransformerSpec, mesh: LogicalMesh, num_chips: int, config: TrainingConfig
 ) -> Trace:
     """The SPMD program of one training step for `num_chips` chips laid out as `mesh`."""
+    return _compiler(model, mesh, num_chips, config).build()
+
+
+def estimate_training_memory(
+    model: TransformerSpec, mesh: LogicalMesh, num_chips: int, config: TrainingConfig
+) -> dict[str, float]:
+    """The compiler's HBM estimate per chip without building the trace (what `plan` prunes
+    with): `static_bytes` (params, grads, optimizer state) and `activations_bytes` (saved
+    activations at their peak), the same numbers as the trace's `static_hbm_bytes` and
+    `activation_bytes_estimate`. Raises the compiler's errors for a mesh that cannot run."""
+    c = _compiler(model, mesh, num_chips, config)
+    p_local = c.local_params()
+    return {"static_bytes": p_local * (c.wb + c.gb + 2 * c.ob),
+            "activations_bytes": c.activation_peak(c.saved_per_layer())}
+
+
+def _compiler(
+    model: TransformerSpec, mesh: LogicalMesh, num_chips: int, config: TrainingConfig
+) -> _Compiler:
     tp, fs, dp = mesh.size("tensor"), mesh.size("fsdp"), mesh.size("data")
     ep, pp, sp = mesh.size("expert"), mesh.size("pipeline"), mesh.size("sequence")
     if mesh.num_ici_devices * mesh.num_slices != num_chips:
@@ -196,7 +215,7 @@ def compile_training_step(
         tp=tp, fs=fs, dp=dp, ep=ep, pp=pp, sp=sp,
         layers=model.num_layers // pp,
     )
-    return _Compiler(model, mesh, d, config, num_chips, global_seqs).build()
+    return _Compiler(model, mesh, d, config, num_chips, global_seqs)
 
 
 class _Compiler:
@@ -417,9 +436,7 @@ class _Compiler:
         overlap = cfg.overlap
         prefetch = overlap and cfg.fsdp_gather == "async"
         windowed = overlap and cfg.fsdp_gather == "windowed"
-        saved_per_layer = _SAVED_TENSORS[cfg.remat] * self.rows() * D * a
-        if cfg.attention == "dot" and cfg.remat == Remat.NONE:
-            saved_per_layer += n * d.ctx * m.num_heads / d.tp * a  # the probabilities
+        saved_per_layer = self.saved_per_layer()
         offload_bytes = _SAVED_TENSORS[Remat.MINIMAL] * self.rows() * D * a
         emb_w = V * D / d.tp * self.wb  # one vocabulary matrix (the output projection)
         emb_all = emb_w * (1 if m.tied_embeddings else 2)  # every embedding parameter
@@ -656,6 +673,22 @@ class _Compiler:
         return self.vpu("norm_attn_bwd", 10 * r * D, 4 * r * D * a, att_exit + [dact], layer,
                         "bwd")
 
+    def saved_per_layer(self) -> float:
+        """HBM bytes of activations one layer keeps for the backward pass (remat policy)."""
+        m, d, a = self.m, self.d, self.act
+        saved = _SAVED_TENSORS[self.cfg.remat] * self.rows() * m.d_model * a
+        if self.cfg.attention == "dot" and self.cfg.remat == Remat.NONE:
+            saved += d.n * d.ctx * m.num_heads / d.tp * a  # the probabilities
+        return saved
+
+    def activation_peak(self, saved_per_layer: float) -> float:
+        """Saved activations at their peak: every layer of the stage, times the microbatches
+        in flight on a pipeline stage."""
+        cfg, d = self.cfg, self.d
+        inflight = min(cfg.microbatches, d.pp) if cfg.pipeline_schedule == "1f1b" else \
+            cfg.microbatches
+        return saved_per_layer * d.layers * (inflight if d.pp > 1 else 1)
+
     def local_params(self) -> float:
         m, d = self.m, self.d
         att = m.num_attention_params / (d.tp * d.fs * d.pp)
@@ -674,9 +707,7 @@ class _Compiler:
         tokens_global = self.global_seqs * cfg.seq_len
         model_flops = m.training_flops(tokens_global, cfg.seq_len, causal=True)
         mt = m.maxtext_flops_per_device(cfg.batch_per_chip, cfg.seq_len, "matmul_causal")
-        inflight = min(cfg.microbatches, d.pp) if cfg.pipeline_schedule == "1f1b" else \
-            cfg.microbatches
-        act_peak = saved_per_layer * d.layers * (inflight if d.pp > 1 else 1)
+        act_peak = self.activation_peak(saved_per_layer)
         return {
             "kind": "training",
             "model": m.name,
@@ -720,6 +751,7 @@ __all__ = [
     "Remat",
     "TrainingConfig",
     "compile_training_step",
+    "estimate_training_memory",
     "parse_remat",
     "dtype_bytes",
 ]

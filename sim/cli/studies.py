@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from sim.cli import common as cli
 from topologies.errors import TpusimError
 
 
@@ -56,8 +57,149 @@ def _register_sweep(sub, name: str) -> None:
     p.set_defaults(func=cmd_sweep)
 
 
+def _list(text: str, flag: str, cast=str) -> tuple:
+    items = [x.strip() for x in str(text).split(",") if x.strip()]
+    if not items:
+        raise TpusimError(f"{flag} {text!r} lists nothing; give comma-separated values")
+    try:
+        return tuple(dict.fromkeys(cast(x) for x in items))
+    except ValueError:
+        raise TpusimError(f"{flag} {text!r} must list integers, e.g. 1,2,4") from None
+
+
+def plan_config(args: argparse.Namespace):
+    from sim.plan import PlanConfig
+
+    return PlanConfig(
+        seq_len=args.seq_len, global_batch=args.global_batch, top=args.top,
+        axes=_list(args.axes, "--axes"), remat=_list(args.remat, "--remat"),
+        microbatches=_list(args.microbatches, "--microbatches", int),
+        param_dtypes=_list(args.param_dtype, "--param-dtype"),
+        grad_dtypes=_list(args.grad_dtype, "--grad-dtype"),
+        optimizer_dtypes=_list(args.optimizer_dtype, "--optimizer-dtype"),
+        max_tensor=args.max_tensor, max_data=args.max_data, max_sequence=args.max_sequence,
+        max_pipeline=args.max_pipeline, max_expert=args.max_expert,
+        placements=not args.default_placement,
+    )
+
+
+def pod_flags(args: argparse.Namespace) -> list[str]:
+    """The pod flags as given, for the `tpusim train` command of every candidate."""
+    flags = []
+    for opt, v in (("--chip", args.chip), ("--slice", args.slice_name), ("--shape", args.shape),
+                   ("--wraparound", args.wraparound)):
+        if v is not None:
+            flags += [opt, str(v)]
+    for s in args.set:
+        flags += ["--set", s]
+    return flags
+
+
+def plan_summary(res, top: int) -> dict:
+    import math
+
+    def clean(rec):
+        return {k: (None if isinstance(v, float) and math.isnan(v) else
+                    (None if v is None or str(v) == "<NA>" else v)) for k, v in rec.items()}
+
+    return {
+        "model": res.model, "pod": res.pod,
+        "best": clean(res.best) if res.best else None,
+        "explanation": res.explanation,
+        "top": [clean(r) for r in res.top(top).to_dict("records")],
+        "searched": res.counts,
+        "wall_s": res.wall_s,
+    }
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from sim.export.output import check_output_dir, write_json
+    from sim.plan import plot_frontier, run_plan
+    from workloads.models import load_model
+
+    _check_workers(args)
+    cfg = plan_config(args)
+    if args.out:
+        check_output_dir(args.out)
+    if args.slices != 1:
+        raise TpusimError(f"--slices {args.slices}: plan searches one slice; drop --slices")
+    chip, topo = cli.resolve_pod(args)
+    model = cli.overrides(args).apply_model(load_model(args.model))
+    res = run_plan(args.model, pod_flags(args), model, topo, chip, cfg, workers=args.workers,
+                   dask=args.dask, quiet=bool(args.quiet_sub))
+    summary = plan_summary(res, cfg.top)
+    if args.out:
+        from pathlib import Path
+
+        from sim.export.output import write_tables
+
+        write_tables(args.out, {"candidates": res.table}, summary)
+        plot_frontier(res, Path(args.out) / "frontier.png")
+        write_json(Path(args.out) / "summary.json", summary)
+    if args.json:
+        cli.emit_json(summary)
+        return 0
+    c = res.counts
+    print(f"plan: {res.model} on {res.pod}, seq {cfg.seq_len}, global batch "
+          f"{cfg.global_batch}: {c['candidates']} candidates ({c['pruned_by_memory']} pruned by "
+          f"the memory estimate), {c['simulated']} simulated, {c['skipped_by_bound']} skipped "
+          f"by their lower bound, {c['fit']} fit; {res.wall_s:.1f} s")
+    top = res.top(cfg.top)
+    if not len(top):
+        print("  " + res.explanation)
+        return 0
+    print(f"  {'#':>2} {'mesh':<34} {'placement':<34} {'remat':<8} {'mb':>3} {'step':>10} "
+          f"{'MFU':>6} {'tok/s/chip':>10} {'HBM GB':>7}  bound")
+    for r in top.itertuples(index=False):
+        print(f"  {r.rank:>2} {r.mesh:<34} {r.placement:<34} {r.remat:<8} {r.microbatches:>3} "
+              f"{cli.fmt_time(r.step_time_s):>10} {r.mfu:>6.1%} {r.tokens_per_s_per_chip:>10.1f} "
+              f"{r.hbm_peak_bytes / 1e9:>7.1f}  {r.bound}")
+    print(f"  best: {res.explanation}")
+    if args.out:
+        print(f"  wrote {args.out}/candidates.csv, candidates.parquet, summary.json, frontier.png")
+    return 0
+
+
+def _register_plan(sub, name: str) -> None:
+    p = sub.add_parser(name, help="search meshes, placements, remat, microbatches and dtypes "
+                                  "for a training step; print the best")
+    cli.add_pod_args(p)
+    cli.add_set_arg(p, ("chip", "topology", "model"))
+    p.add_argument("--model", required=True, help="zoo name (llama3-70b, ...) or a model YAML")
+    p.add_argument("--seq-len", type=int, required=True, help="sequence length in tokens")
+    p.add_argument("--global-batch", type=int, required=True, help="sequences per step")
+    p.add_argument("--top", type=int, default=5, help="how many to print (default 5)")
+    _add_backend_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--out", default="plan-out",
+                   help="write candidates.csv/parquet, summary.json and frontier.png here "
+                        "(default plan-out; empty to skip)")
+    g = p.add_argument_group("search space")
+    g.add_argument("--axes", default="data,fsdp,pipeline,expert,sequence,tensor",
+                   help="mesh axes to use (default all; expert only for MoE models)")
+    g.add_argument("--max-tensor", type=int, default=8, help="largest tensor axis (default 8)")
+    g.add_argument("--max-data", type=int, default=4, help="largest data axis (default 4)")
+    g.add_argument("--max-sequence", type=int, default=2,
+                   help="largest sequence axis (default 2)")
+    g.add_argument("--max-pipeline", type=int, default=4,
+                   help="largest pipeline axis (default 4)")
+    g.add_argument("--max-expert", type=int, default=64, help="largest expert axis (default 64)")
+    g.add_argument("--default-placement", action="store_true",
+                   help="only jax's default axis order (no other placements on the torus)")
+    g.add_argument("--remat", default="full,minimal,none",
+                   help="remat policies allowed (default full,minimal,none; offload too)")
+    g.add_argument("--microbatches", default="1,2,4",
+                   help="microbatch counts allowed (times the pipeline size; the fewest that "
+                        "fits is used; default 1,2,4)")
+    g.add_argument("--param-dtype", default="bf16", help="allowed param dtypes (default bf16)")
+    g.add_argument("--grad-dtype", default="bf16", help="allowed gradient dtypes (default bf16)")
+    g.add_argument("--optimizer-dtype", default="fp32",
+                   help="allowed optimizer-state dtypes (default fp32)")
+    p.set_defaults(func=cmd_plan)
+
+
 def register(sub) -> None:
-    for name, reg in [("sweep", _register_sweep)]:
+    for name, reg in [("sweep", _register_sweep), ("plan", _register_plan)]:
         reg(sub, name)
 
 

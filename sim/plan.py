@@ -1,0 +1,546 @@
+"""`plan`: search the ways to run one training step on a pod and rank them by simulated step time.
+
+The search space is every factorization of the slice into the logical axes (`data`, `fsdp`,
+`pipeline`, `expert`, `sequence`, `tensor`, within the size caps of `PlanConfig`), every distinct
+placement of those axes on the torus (jax's default order, and each axis moved innermost, as far
+as `place_mesh` lays them out differently), every allowed remat policy and dtype, with the fewest
+allowed microbatches whose memory estimate fits. Candidates the compiler rejects or the torus
+cannot hold are dropped; those whose compiler memory estimate (params, grads, optimizer state and
+saved activations, a lower bound of the simulated HBM peak) exceeds HBM are pruned without
+simulation; every other candidate is simulated as `tpusim train` would, on the sweep's workers,
+so the winner is the best of the whole space, not a heuristic's guess.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from topologies.errors import TpusimError
+
+PLAN_AXES = ("data", "fsdp", "pipeline", "expert", "sequence", "tensor")
+PLAN_COLUMNS = (
+    "rank", "mesh", "placement", "remat", "microbatches", "param_dtype", "grad_dtype",
+    "optimizer_dtype", "step_time_s", "mfu", "tokens_per_s_per_chip", "hbm_peak_bytes",
+    "hbm_estimate_bytes", "lower_bound_s", "bound", "status",
+)
+_BOUNDS = {  # breakdown component -> what bounds a step whose critical path it dominates
+    "mxu_compute_s": "compute (MXU)",
+    "vpu_s": "vector units (VPU)",
+    "hbm_bound_s": "HBM bandwidth",
+    "exposed_comm_s": "communication",
+    "pipeline_bubble_s": "pipeline bubble",
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanConfig:
+    """What `plan` may consider (the flags of `tpusim plan`)."""
+
+    seq_len: int
+    global_batch: int
+    top: int = 5
+    axes: tuple[str, ...] = PLAN_AXES
+    remat: tuple[str, ...] = ("full", "minimal", "none")
+    microbatches: tuple[int, ...] = (1, 2, 4)  # with pipeline=P: P times each
+    param_dtypes: tuple[str, ...] = ("bf16",)
+    grad_dtypes: tuple[str, ...] = ("bf16",)
+    optimizer_dtypes: tuple[str, ...] = ("fp32",)
+    max_tensor: int = 8
+    max_data: int = 4
+    max_sequence: int = 2
+    max_pipeline: int = 4
+    max_expert: int = 64
+    placements: bool = True  # also try other axis orders on the torus
+
+    def __post_init__(self) -> None:
+        for flag, v in (("--seq-len", self.seq_len), ("--global-batch", self.global_batch),
+                        ("--top", self.top), ("--max-tensor", self.max_tensor),
+                        ("--max-data", self.max_data), ("--max-sequence", self.max_sequence),
+                        ("--max-pipeline", self.max_pipeline),
+                        ("--max-expert", self.max_expert)):
+            if not isinstance(v, int) or v < 1:
+                raise TpusimError(f"{flag} {v!r} must be a positive integer")
+        bad = [a for a in self.axes if a not in PLAN_AXES]
+        if bad:
+            raise TpusimError(
+                f"--axes: {bad[0]!r} is not a mesh axis; use some of {', '.join(PLAN_AXES)}"
+            )
+        if "fsdp" not in self.axes and "data" not in self.axes:
+            raise TpusimError("--axes must include fsdp or data (the batch has to be split)")
+        from workloads.training import dtype_bytes, parse_remat
+
+        if not self.remat:
+            raise TpusimError("--remat lists no policy; give e.g. full,minimal")
+        for r in self.remat:
+            parse_remat(r)
+        if not self.microbatches or any(not isinstance(m, int) or m < 1
+                                        for m in self.microbatches):
+            raise TpusimError(
+                f"--microbatches {self.microbatches!r} must list positive integers, e.g. 1,2,4"
+            )
+        for flag, vals in (("--param-dtype", self.param_dtypes),
+                           ("--grad-dtype", self.grad_dtypes),
+                           ("--optimizer-dtype", self.optimizer_dtypes)):
+            if not vals:
+                raise TpusimError(f"{flag} lists no dtype; give e.g. bf16")
+            for v in vals:
+                dtype_bytes(v, flag)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Candidate:
+    """One way to run the step: an ordered ICI mesh (its order is its placement) and settings."""
+
+    mesh: tuple[tuple[str, int], ...]
+    remat: str
+    microbatches: int
+    param_dtype: str
+    grad_dtype: str
+    optimizer_dtype: str
+    placement: str = ""
+    hbm_estimate_bytes: float = 0.0
+
+    @property
+    def mesh_text(self) -> str:
+        return ",".join(f"{n}={v}" for n, v in self.mesh)
+
+    def train_flags(self) -> list[str]:
+        return ["--mesh", self.mesh_text, "--remat", self.remat,
+                "--microbatches", str(self.microbatches), "--param-dtype", self.param_dtype,
+                "--grad-dtype", self.grad_dtype, "--optimizer-dtype", self.optimizer_dtype]
+
+
+@dataclass(kw_only=True)
+class PlanResult:
+    """Every candidate considered, the simulated ones ranked, and the winner explained."""
+
+    table: Any  # pandas DataFrame, PLAN_COLUMNS, ranked rows first
+    explanation: str
+    counts: dict[str, int] = field(default_factory=dict)
+    wall_s: float = 0.0
+    model: str = ""
+    pod: str = ""
+
+    @property
+    def best(self) -> dict[str, Any] | None:
+        ok = self.table[self.table["status"] == "ok"]
+        return ok.iloc[0].to_dict() if len(ok) else None
+
+    def top(self, k: int):
+        return self.table[self.table["status"] == "ok"].head(k)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _size_options(model, num_chips: int, cfg: PlanConfig) -> dict[str, list[int]]:
+    """The sizes each axis may take, before the combinations are checked by the compiler."""
+    divs = _divisors(num_chips)
+    allowed = set(cfg.axes)
+
+    def opts(axis: str, cap: int, ok: Callable[[int], bool] = lambda v: True) -> list[int]:
+        if axis not in allowed:
+            return [1]
+        return [v for v in divs if v <= cap and ok(v)]
+
+    kv = model.num_kv_heads
+    return {
+        "tensor": opts("tensor", cfg.max_tensor,
+                       lambda t: model.num_heads % t == 0 and model.d_ff % t == 0
+                       and (kv % t == 0 or t % kv == 0)),
+        "pipeline": opts("pipeline", cfg.max_pipeline, lambda p: model.num_layers % p == 0),
+        "sequence": opts("sequence", cfg.max_sequence, lambda s: cfg.seq_len % s == 0),
+        "expert": opts("expert", cfg.max_expert,
+                       lambda e: e == 1 or (model.is_moe and model.num_experts % e == 0)),
+        "data": opts("data", cfg.max_data),
+    }
+
+
+def enumerate_candidates(model, topology, chip, cfg: PlanConfig) -> tuple[list[Candidate],
+                                                                            dict[str, int]]:
+    """Every valid candidate of the search space whose memory estimate fits in HBM, in a
+    deterministic order; and how many were generated, invalid and pruned by memory."""
+    from topologies.mesh import LogicalMesh
+    from workloads.training import TrainingConfig, estimate_training_memory, parse_remat
+
+    n = topology.num_chips
+    if topology.num_slices != 1:
+        raise TpusimError("plan searches one slice; drop --slices (multi-slice is not searched)")
+    opts = _size_options(model, n, cfg)
+    counts = {"generated": 0, "invalid": 0, "pruned_by_memory": 0}
+    out: list[Candidate] = []
+    capacity = chip.hbm_bytes
+    for t, p, s, e, d in itertools.product(opts["tensor"], opts["pipeline"], opts["sequence"],
+                                           opts["expert"], opts["data"]):
+        rest = n // (t * p * s * e * d) if n % (t * p * s * e * d) == 0 else 0
+        if rest == 0 or (rest > 1 and "fsdp" not in cfg.axes):
+            continue
+        sizes = {"data": d, "fsdp": rest, "pipeline": p, "expert": e, "sequence": s,
+                 "tensor": t}
+        if cfg.global_batch % (d * rest * e):
+            continue  # the batch cannot be split over data x fsdp x expert
+        local = cfg.global_batch // (d * rest * e)
+        base = tuple((a, sizes[a]) for a in PLAN_AXES if sizes[a] > 1) or (("fsdp", 1),)
+        placements = _placements(base, topology, cfg.placements)
+        mbs = sorted({m * p for m in cfg.microbatches if local % (m * p) == 0})
+        for remat, pd_, gd, od in itertools.product(cfg.remat, cfg.param_dtypes,
+                                                    cfg.grad_dtypes, cfg.optimizer_dtypes):
+            counts["generated"] += 1
+            if not placements or not mbs:
+                counts["invalid"] += 1
+                continue
+            # Microbatches only trade time for memory (each one gathers the weights again and
+            # runs smaller matmuls): the fewest allowed whose estimate fits is the candidate.
+            total = None
+            for mb in mbs:
+                tc = TrainingConfig(seq_len=cfg.seq_len, batch_per_chip=cfg.global_batch / n,
+                                    remat=parse_remat(remat), microbatches=mb,
+                                    param_dtype=pd_, grad_dtype=gd, optimizer_dtype=od)
+                try:
+                    est = estimate_training_memory(model, LogicalMesh(axes=base), n, tc)
+                except TpusimError:
+                    continue
+                total = est["static_bytes"] + est["activations_bytes"]
+                if total <= capacity:
+                    break
+            if total is None:
+                counts["invalid"] += 1
+                continue
+            if total > capacity:
+                counts["pruned_by_memory"] += 1
+                continue
+            for order, where in placements:
+                out.append(Candidate(mesh=order, remat=remat, microbatches=mb, param_dtype=pd_,
+                                     grad_dtype=gd, optimizer_dtype=od, placement=where,
+                                     hbm_estimate_bytes=total))
+    return out, counts
+
+
+def _placements(base: tuple[tuple[str, int], ...], topology,
+                search: bool) -> list[tuple[tuple[tuple[str, int], ...], str]]:
+    """Axis orders of `base` that the torus lays out differently, with a description of each
+    (`tensor=x:4 fsdp=x:4+y+z`); the default order (jax's) first."""
+    from topologies.mesh import LogicalMesh, place_mesh
+
+    # The default order, then each other axis moved innermost (onto x first): which logical
+    # axis gets the short, wrapped neighbourhoods is what placement changes for collectives.
+    orders = [base]
+    if search:
+        orders += [tuple(a for a in base if a != ax) + (ax,) for ax in base[:-1]]
+    seen: dict[tuple, tuple] = {}
+    for order in orders:
+        try:
+            placed = place_mesh(LogicalMesh(axes=tuple(order)), topology)
+        except TpusimError:
+            continue
+        key = tuple(sorted((n, pl.factors) for n, pl in placed.items()))
+        if key not in seen:
+            seen[key] = (tuple(order), _describe(placed, topology))
+    return list(seen.values())
+
+
+def _describe(placed, topology) -> str:
+    shape = dict(zip("xyz", topology.shape, strict=False))
+    parts = []
+    for name, pl in sorted(placed.items(), key=lambda kv: PLAN_AXES.index(kv[0])):
+        fs = [a if k == shape.get(a) else f"{a}:{k}" for a, k, _stride in pl.factors]
+        if fs:
+            parts.append(f"{name}={'+'.join(fs)}")
+    return " ".join(parts) or "(one chip)"
+
+
+def _bound(row: dict[str, Any]) -> str:
+    comps = {k: row.get(k) for k in _BOUNDS if isinstance(row.get(k), (int, float))}
+    if not comps:
+        return ""
+    k = max(comps, key=lambda c: (comps[c], -list(_BOUNDS).index(c)))
+    share = comps[k] / row["step_time_s"] if row.get("step_time_s") else 0.0
+    return f"{_BOUNDS[k]} {share:.0%}"
+
+
+def lower_bound(job: tuple) -> dict[str, Any]:
+    """A step time no placement of this candidate can beat: the engine runs every compute op
+    of the trace one after another on the core, each no faster than its FLOPs at the unit's
+    rate and its HBM bytes at full bandwidth (sim/engine.py), plus the trace's idle slots.
+    Collectives only add to it. Job: (model, ICI mesh axes, chips, TrainingConfig, chip)."""
+    from topologies.mesh import LogicalMesh
+    from workloads.trace import OpKind, Unit
+    from workloads.training import compile_training_step
+
+    model, axes, num_chips, tcfg, chip = job
+    try:
+        trace = compile_training_step(model, LogicalMesh(axes=axes), num_chips, tcfg)
+    except TpusimError as exc:
+        return {"error": str(exc)}
+    mxu = chip.mxu_flops_per_s * chip.mxu_efficiency
+    int8 = chip.mxu_int8_ops_per_s * chip.mxu_efficiency
+    vpu = chip.vpu_flops_per_s * chip.vpu_efficiency
+    hbm = chip.hbm_bytes_per_s * chip.hbm_efficiency
+    lb = 0.0
+    for op in trace.ops:
+        if op.kind == OpKind.COMPUTE:
+            rate = (int8 if op.dtype == "int8" else mxu) if op.unit == Unit.MXU else vpu
+            lb += max(op.flops / rate, op.hbm_bytes / hbm)
+        elif op.kind == OpKind.IDLE:
+            lb += op.duration_s
+    return {"lower_bound_s": lb}
+
+
+class _Pool:
+    """Submit jobs one at a time and wait for any to finish, on the sweep's backends: this
+    process (1 worker), a local process pool, or a Dask client."""
+
+    def __init__(self, n: int, dask: Any):
+        from sim.study import _dask_client
+
+        self.n = n
+        self.closer = lambda: None
+        self.ex = self.client = None
+        if dask is not None:
+            self.client, self.closer = _dask_client(dask, n)
+            self.tag = time.time_ns()
+        elif n > 1:
+            from concurrent.futures import ProcessPoolExecutor
+
+            from sim.study import _worker_init
+
+            self.ex = ProcessPoolExecutor(max_workers=n, initializer=_worker_init)
+
+    def submit(self, fn, arg, key: str):
+        if self.client is not None:
+            return self.client.submit(fn, arg, pure=False, key=f"tpusim-{key}-{self.tag}")
+        if self.ex is not None:
+            return self.ex.submit(fn, arg)
+        from concurrent.futures import Future
+
+        f: Future = Future()
+        f.set_result(fn(arg))
+        return f
+
+    def wait_any(self, futs):
+        if self.client is not None:
+            from distributed import wait
+
+            res = wait(list(futs), return_when="FIRST_COMPLETED")
+            return res.done
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        return wait(list(futs), return_when=FIRST_COMPLETED).done
+
+    def close(self) -> None:
+        if self.ex is not None:
+            self.ex.shutdown(wait=True, cancel_futures=True)
+        self.closer()
+
+
+def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: PlanConfig, *,
+             workers: int = 0, dask: Any = None, quiet: bool = False,
+             prune_by_bound: bool = True) -> PlanResult:
+    """Enumerate and prune by memory; bound every candidate from below (one compile per mesh
+    sizes and settings, shared by its placements); simulate in order of the bound (as
+    `tpusim train`, on the sweep's workers) until the next bound is no better than the K-th
+    best simulated step: those left cannot enter the top K, which is therefore exact."""
+    import pandas as pd
+
+    from sim.study import SweepConfig, _bar, _num_workers, run_point
+    from workloads.training import TrainingConfig, parse_remat
+
+    t0 = time.perf_counter()
+    cands, counts = enumerate_candidates(model, topology, chip, cfg)
+    n_chips = topology.num_chips
+    batch_per_chip = repr(cfg.global_batch / n_chips)
+    argvs = [["train", *pod_flags, "--model", model_arg, "--seq-len", str(cfg.seq_len),
+              "--batch-per-chip", batch_per_chip, *c.train_flags()] for c in cands]
+    n = _num_workers(SweepConfig(workers=workers, dask=dask))
+    # One bound per (sizes, settings): placements share the trace.
+    groups: dict[tuple, int] = {}
+    group_of = []
+    jobs = []
+    for c in cands:
+        key = (tuple(sorted(c.mesh)), c.remat, c.microbatches, c.param_dtype, c.grad_dtype,
+               c.optimizer_dtype)
+        if key not in groups:
+            groups[key] = len(jobs)
+            tc = TrainingConfig(seq_len=cfg.seq_len, batch_per_chip=cfg.global_batch / n_chips,
+                                remat=parse_remat(c.remat), microbatches=c.microbatches,
+                                param_dtype=c.param_dtype, grad_dtype=c.grad_dtype,
+                                optimizer_dtype=c.optimizer_dtype)
+            jobs.append((model, c.mesh, n_chips, tc, chip))
+        group_of.append(groups[key])
+    pool = _Pool(min(n, max(len(jobs), 1)), dask)
+    results: dict[int, dict[str, Any]] = {}
+    bounds: list[float] = [math.inf] * len(jobs)
+    bound_violated = False
+    skipped: list[int] = []
+    bar = _bar(len(jobs) + len(cands), 0, quiet)
+    try:
+        futs = {pool.submit(lower_bound, j, f"bound-{k}"): k for k, j in enumerate(jobs)}
+        while futs:
+            for f in pool.wait_any(futs):
+                k = futs.pop(f)
+                b = f.result()
+                bounds[k] = b.get("lower_bound_s", math.inf)
+                if bar:
+                    bar.update(1)
+        lb = [bounds[g] for g in group_of]
+        order = sorted(range(len(cands)), key=lambda i: (lb[i], i))
+        best: list[float] = []  # step times of simulated candidates that fit, sorted
+        pos = 0
+        inflight: dict[Any, int] = {}
+        while pos < len(order) or inflight:
+            while pos < len(order) and len(inflight) < 2 * pool.n:
+                i = order[pos]
+                if (prune_by_bound and not bound_violated and len(best) >= cfg.top
+                        and lb[i] >= best[cfg.top - 1]):
+                    skipped = order[pos:]
+                    pos = len(order)
+                    break
+                inflight[pool.submit(run_point, argvs[i], f"plan-{i}")] = i
+                pos += 1
+            if not inflight:
+                break
+            for f in pool.wait_any(inflight):
+                i = inflight.pop(f)
+                o = f.result()
+                results[i] = o
+                r = o.get("result") or {}
+                if r.get("fits_in_hbm"):
+                    best = sorted([*best, r["step_time_s"]])
+                if r and r["step_time_s"] < lb[i] * (1 - 1e-9):
+                    bound_violated = True  # the engine changed under the bound: stop pruning
+                if bar:
+                    bar.update(1)
+    finally:
+        if bar:
+            bar.close()
+        pool.close()
+    rows = []
+    for i, c in enumerate(cands):
+        o = results.get(i)
+        r = (o or {}).get("result") or {}
+        flat = {**r, **(r.get("breakdown") or {})}
+        if o is None:
+            status = "skipped: lower bound above the top K"
+        elif "result" not in o:
+            status = f"error: {o.get('error')}"
+        else:
+            status = "ok" if r.get("fits_in_hbm") else "out of memory"
+        rows.append({
+            "mesh": c.mesh_text, "placement": c.placement, "remat": c.remat,
+            "microbatches": c.microbatches, "param_dtype": c.param_dtype,
+            "grad_dtype": c.grad_dtype, "optimizer_dtype": c.optimizer_dtype,
+            "step_time_s": r.get("step_time_s", math.nan), "mfu": r.get("mfu", math.nan),
+            "tokens_per_s_per_chip": r.get("tokens_per_s_per_chip", math.nan),
+            "hbm_peak_bytes": r.get("hbm_peak_bytes", math.nan),
+            "hbm_estimate_bytes": c.hbm_estimate_bytes, "lower_bound_s": lb[i],
+            "bound": _bound(flat) if r else "", "status": status,
+            "_order": i, "_breakdown": r.get("breakdown"),
+            "_capacity": r.get("hbm_capacity_bytes"),
+        })
+    ok = sorted((x for x in rows if x["status"] == "ok"),
+                key=lambda x: (x["step_time_s"], x["_order"]))
+    rest = sorted((x for x in rows if x["status"] != "ok"),
+                  key=lambda x: (x["lower_bound_s"], x["_order"]))
+    for k, x in enumerate(ok, 1):
+        x["rank"] = k
+    for x in rest:
+        x["rank"] = pd.NA
+    table = pd.DataFrame([{c: x[c] for c in PLAN_COLUMNS} for x in ok + rest],
+                         columns=list(PLAN_COLUMNS))
+    table["rank"] = table["rank"].astype("Int64")
+    counts["candidates"] = len(cands)
+    counts["bounded"] = len(jobs)
+    counts["simulated"] = len(results)
+    counts["skipped_by_bound"] = len(skipped)
+    counts["fit"] = len(ok)
+    counts["out_of_memory"] = sum(1 for x in rest if x["status"] == "out of memory")
+    counts["failed"] = sum(1 for x in rest if x["status"].startswith("error"))
+    counts["bound_violated"] = int(bound_violated)
+    return PlanResult(table=table, explanation=explain(ok), counts=counts,
+                      wall_s=time.perf_counter() - t0, model=model.name,
+                      pod=f"{'x'.join(map(str, topology.shape))} {chip.name}")
+
+
+def explain(ranked: list[dict[str, Any]]) -> str:
+    """One line on why the winner wins: where its axes sit, what bounds it, its memory
+    headroom, and how much it beats the runner-up by."""
+    if not ranked:
+        return "no candidate fits in HBM; allow more remat, microbatches or sharding"
+    w = ranked[0]
+    text = f"{w['placement']}, remat {w['remat']}"
+    if w["microbatches"] > 1:
+        text += f", {w['microbatches']} microbatches"
+    cap = w.get("_capacity") or 0
+    if cap:
+        text += (f": fits in {w['hbm_peak_bytes'] / 1e9:.1f} of {cap / 1e9:.0f} GB")
+    bd = w.get("_breakdown") or {}
+    comm = bd.get("exposed_comm_s", 0.0) / w["step_time_s"] if w["step_time_s"] else 0.0
+    text += f"; bound by {w['bound']}, {comm:.0%} of the step exposed communication"
+    if len(ranked) > 1:
+        r = ranked[1]
+        gain = r["step_time_s"] / w["step_time_s"] - 1
+        what = [f"{r['mesh']}" if r["mesh"] != w["mesh"] else "",
+                f"placement {r['placement']}" if r["mesh"] == w["mesh"]
+                and r["placement"] != w["placement"] else "",
+                f"remat {r['remat']}" if r["remat"] != w["remat"] else "",
+                f"{r['microbatches']} microbatches" if r["microbatches"] != w["microbatches"]
+                else ""]
+        what = ", ".join(x for x in what if x) or "the same layout with other dtypes"
+        text += f"; {gain:.1%} faster than the runner-up ({what})"
+    return text
+
+
+def plot_frontier(result: PlanResult, path) -> Any:
+    """Tokens/s/chip against peak HBM for every simulated candidate that fits, the Pareto
+    frontier (nothing else is both faster and smaller) drawn through them, the winner marked."""
+    from sim.export.output import atomic_write
+    from sim.export.plots import _fig
+
+    plt = _fig()
+    ok = result.table[result.table["status"] == "ok"]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    if len(ok):
+        gb = ok["hbm_peak_bytes"] / 1e9
+        ax.scatter(gb, ok["tokens_per_s_per_chip"], s=14, color="#8da0cb", label="candidates")
+        front = _pareto(list(zip(gb, ok["tokens_per_s_per_chip"], strict=True)))
+        ax.plot([p[0] for p in front], [p[1] for p in front], "-o", color="#e78ac3", ms=4,
+                label="frontier (fastest for its memory)")
+        b = ok.iloc[0]
+        ax.scatter([b["hbm_peak_bytes"] / 1e9], [b["tokens_per_s_per_chip"]], marker="*",
+                   s=160, color="#d62728", zorder=5, label=f"best: {b['mesh']} {b['remat']}")
+        ax.legend(fontsize=7)
+    ax.set_xlabel("peak HBM per chip (GB)")
+    ax.set_ylabel("tokens/s/chip")
+    ax.set_title(f"plan: {result.model} on {result.pod}")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out = atomic_write(path, lambda q: fig.savefig(q, dpi=110, format="png"))
+    plt.close(fig)
+    return out
+
+
+def _pareto(points: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    front: list[tuple[float, float]] = []
+    for x, y in sorted(points, key=lambda p: (p[0], -p[1])):
+        if not front or y > front[-1][1]:
+            front.append((x, y))
+    return front
+
+
+__all__ = [
+    "PLAN_AXES",
+    "PLAN_COLUMNS",
+    "Candidate",
+    "PlanConfig",
+    "PlanResult",
+    "enumerate_candidates",
+    "explain",
+    "plot_frontier",
+    "run_plan",
+]
