@@ -811,7 +811,19 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
 
 
+def sweep(study: str | os.PathLike | Mapping[str, Any], *, workers: int = 1, dask: Any = None,
+          out: str | os.PathLike | None = None, resume: bool = False, quiet: bool = True):
+    """`tpusim sweep` from Python: the study (a file or a mapping with the same keys) run on
+    `workers` local processes (1: in this process) or on `dask` ("local", "tcp://HOST:PORT" or
+    a `distributed.Client`); returns the results DataFrame, one row per point, and with `out`
+    also writes results.parquet/csv, study.json and the plots there."""
+    cfg = SweepConfig(workers=workers, dask=dask, out_dir=None if out is None else str(out),
+                      resume=resume, quiet=quiet)
+    return run_study(load_study(study), cfg)
+
+
 __all__ = [
+    "sweep",
     "STUDY_COMMANDS",
     "STUDY_KEYS",
     "StudySpec",

@@ -12,7 +12,7 @@ import pytest
 
 from sim.cli import main
 from sim.hardware import get_chip
-from sim.plan import PlanConfig, enumerate_candidates, lower_bound, run_plan
+from sim.planner import PlanConfig, enumerate_candidates, lower_bound, run_plan
 from sim.study import run_point
 from topologies.errors import TpusimError
 from topologies.mesh import LogicalMesh
@@ -139,3 +139,20 @@ def test_plan_bad_input_is_one_line(capsys, tiny_model, argv, message):
 def test_plan_config_needs_a_batch_axis():
     with pytest.raises(TpusimError, match="must include fsdp or data"):
         PlanConfig(seq_len=8, global_batch=8, axes=("tensor",))
+
+
+def test_python_api_plan_takes_names_or_objects_and_matches_the_cli(capsys, tiny_model):
+    import sim
+
+    model = load_model(tiny_model)
+    kw = dict(shape="2x2", seq_len=1024, global_batch=8, top=2, axes=("fsdp", "tensor"),
+              remat=("full",), overrides={"hbm_bytes_per_s": "x2"})
+    by_object = sim.plan(model=model, chip=sim.get_chip("v5e"), **kw)
+    by_name = sim.plan(model=tiny_model, chip="v5e", **kw)
+    assert by_object.best["step_time_s"] == by_name.best["step_time_s"]
+    rc = main(["plan", "--chip", "v5e", "--shape", "2x2", "--model", tiny_model, "--seq-len",
+               "1024", "--global-batch", "8", "--top", "2", "--axes", "fsdp,tensor", "--remat",
+               "full", "--set", "hbm_bytes_per_s=x2", "--workers", "1", "--json", "--out", ""])
+    cli_best = json.loads(capsys.readouterr().out)["best"]
+    assert rc == 0 and cli_best["step_time_s"] == by_name.best["step_time_s"]
+    assert cli_best["mesh"] == by_name.best["mesh"]

@@ -234,3 +234,13 @@ def test_dask_address_that_does_not_answer_is_a_one_line_error_within_10_s(tmp_p
     assert err.count("\n") == 1
     rc = main(["sweep", str(study), "--dask", "localhost:8786"])
     assert rc == 2 and "not a scheduler address" in capsys.readouterr().err
+
+
+def test_python_api_sweep_returns_the_same_frame_as_the_study_runner(tiny_model):
+    import sim
+
+    s = _study(tiny_model, plot=None)
+    df = sim.sweep(s)
+    pd.testing.assert_frame_equal(_no_wall(df),
+                                  _no_wall(run_study(load_study(s), SweepConfig(workers=1,
+                                                                                quiet=True))))

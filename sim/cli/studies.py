@@ -68,7 +68,7 @@ def _list(text: str, flag: str, cast=str) -> tuple:
 
 
 def plan_config(args: argparse.Namespace):
-    from sim.plan import PlanConfig
+    from sim.planner import PlanConfig
 
     return PlanConfig(
         seq_len=args.seq_len, global_batch=args.global_batch, top=args.top,
@@ -112,21 +112,29 @@ def plan_summary(res, top: int) -> dict:
     }
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
-    from sim.export.output import check_output_dir, write_json
-    from sim.plan import plot_frontier, run_plan
+def plan_from_args(args: argparse.Namespace, dask=None):
+    """(PlanResult, PlanConfig) for parsed `tpusim plan` arguments (the CLI and `sim.plan`)."""
+    from sim.planner import run_plan
     from workloads.models import load_model
 
     _check_workers(args)
     cfg = plan_config(args)
-    if args.out:
-        check_output_dir(args.out)
     if args.slices != 1:
         raise TpusimError(f"--slices {args.slices}: plan searches one slice; drop --slices")
     chip, topo = cli.resolve_pod(args)
     model = cli.overrides(args).apply_model(load_model(args.model))
     res = run_plan(args.model, pod_flags(args), model, topo, chip, cfg, workers=args.workers,
-                   dask=args.dask, quiet=bool(args.quiet_sub))
+                   dask=dask if dask is not None else args.dask, quiet=bool(args.quiet_sub))
+    return res, cfg
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from sim.export.output import check_output_dir, write_json
+    from sim.planner import plot_frontier
+
+    if args.out:
+        check_output_dir(args.out)
+    res, cfg = plan_from_args(args)
     summary = plan_summary(res, cfg.top)
     if args.out:
         from pathlib import Path

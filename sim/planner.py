@@ -533,7 +533,86 @@ def _pareto(points: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
     return front
 
 
+def plan(*, model: Any, seq_len: int, global_batch: int, chip: Any = None,
+         slice: str | None = None, shape: str | None = None,  # noqa: A002 - the CLI's name
+         wraparound: str | None = None, overrides: dict[str, Any] | None = None, top: int = 5,
+         workers: int = 1, dask: Any = None, out: str | None = None, quiet: bool = True,
+         **space: Any) -> PlanResult:
+    """`tpusim plan` from Python: the same search, the same result (`PlanResult`: `.table`
+    ranked, `.best`, `.top(k)`, `.explanation`, `.counts`).
+
+    Args:
+        model: zoo name, model YAML path or `TransformerSpec`.
+        chip, slice, shape, wraparound: the pod, as on the CLI (chip: name, YAML or `ChipSpec`).
+        overrides: `{"ici_link_bytes_per_s": "x2", ...}`, as `--set`.
+        workers, dask: where candidates run (dask: "local", an address or a `distributed.Client`).
+        out: also write candidates.csv/parquet, summary.json and frontier.png there.
+        space: the search-space flags by their Python names, e.g. `axes=("fsdp", "tensor")`,
+            `remat=("full",)`, `microbatches=(1, 2)`, `max_tensor=4`, `default_placement=True`.
+    """
+    import tempfile
+
+    from sim.cli import build_parser
+    from sim.cli.common import resolve_overrides
+    from sim.cli.studies import plan_from_args, plan_summary
+
+    with tempfile.TemporaryDirectory(prefix="tpusim-plan-") as tmp:
+        argv = ["plan", "--model", _as_file(model, "model", tmp), "--seq-len", str(seq_len),
+                "--global-batch", str(global_batch), "--top", str(top),
+                "--workers", str(workers), "--out", ""]
+        for flag, v in (("--chip", chip), ("--slice", slice), ("--shape", shape),
+                        ("--wraparound", wraparound)):
+            if v is not None:
+                argv += [flag, _as_file(v, "chip", tmp) if flag == "--chip" else str(v)]
+        if isinstance(dask, str):
+            argv += ["--dask", dask]
+        for k, v in (overrides or {}).items():
+            argv += ["--set", f"{k}={v}"]
+        for k, v in space.items():
+            flag = "--" + k.replace("_", "-")
+            if isinstance(v, bool):
+                argv += [flag] if v else []
+            else:
+                argv += [flag, ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)]
+        if quiet:
+            argv.append("--quiet")
+        args = build_parser().parse_args(argv)
+        resolve_overrides(args)
+        res, cfg = plan_from_args(args, dask=dask if not isinstance(dask, str) else None)
+    if out:
+        from pathlib import Path
+
+        from sim.export.output import write_json, write_tables
+
+        summary = plan_summary(res, cfg.top)
+        write_tables(out, {"candidates": res.table}, summary)
+        plot_frontier(res, Path(out) / "frontier.png")
+        write_json(Path(out) / "summary.json", summary)
+    return res
+
+
+def _as_file(obj: Any, kind: str, tmp: str) -> str:
+    """A name or path as given; a `TransformerSpec`/`ChipSpec` written to a YAML file (every
+    candidate runs as a `tpusim train` command, which reads names and files)."""
+    if isinstance(obj, str):
+        return obj
+    import dataclasses
+    import enum
+    from pathlib import Path
+
+    import yaml
+
+    if not dataclasses.is_dataclass(obj):
+        raise TpusimError(f"{kind} {obj!r} must be a name, a YAML path or a spec object")
+    d = {k: (v.value if isinstance(v, enum.Enum) else list(v) if isinstance(v, tuple) else v)
+         for k, v in dataclasses.asdict(obj).items()}
+    path = Path(tmp) / f"{kind}.yaml"
+    path.write_text(yaml.safe_dump(d, sort_keys=False), encoding="utf-8")
+    return str(path)
+
+
 __all__ = [
+    "plan",
     "PLAN_AXES",
     "PLAN_COLUMNS",
     "Candidate",
