@@ -24,6 +24,7 @@ from sim.routing import (
     check_full_size,
     full_batch,
     link_model,
+    max_route_latency_s,
     send_batch,
     symmetric_batch,
 )
@@ -374,66 +375,115 @@ def _simulate_collective(
             steps=steps_total, timeline=timeline,
         )
 
-    if mode == "per-chip" or relevant_dead:
-        # Every chip of every group, every link: detours leave their group and load other
-        # groups' links, so with a dead link nothing can be represented by group 0.
-        check_full_size(schedule, geo.group_size, geo.num_groups)
-        chips_all = np.lexsort((geo.local_of_chip, geo.group_of_chip))
-        local_all = np.tile(geo.local_coords(), (geo.num_groups, 1))
-        if router is not None:
-            router.context = f" (a {kind} over {','.join(g.name for g in gaxes)} needs it)"
-        batches = [
-            [full_batch(st, gaxes, topology, chips_all, local_all, lm, router) for st in s]
-            for s in schedule.streams
-        ]
-        net = FluidNetwork(env, lm.capacity_bytes_per_s)
-        _launch(env, net, batches, schedule, 0, int(chips_all[0]), topology.num_chips,
-                timeline, chunks)
-        env.run()
-        hbm = _full_hbm_bytes([batches], schedule, topology.num_chips)
-        return _result(
-            kind=kind, algorithm=schedule.algorithm, requested=algorithm, chip=chip,
-            topology=topology, axes=tuple(g.name for g in gaxes), nbytes=nbytes,
-            group_size=geo.group_size, num_groups=geo.num_groups, time_s=env.now, net=net,
-            link_bytes=net.bytes.copy(), link_busy=net.busy_s.copy(), lm=lm, hbm=hbm,
-            mode="per-chip", steps=steps_total, timeline=timeline, router=router,
-        )
-
-    # Full detail: the representative group 0 and every group holding a degraded link.
-    if geo.disjoint:
-        groups = sorted(
-            {0} | {int(geo.group_of_chip[_link_src(topology, lk)]) for lk in relevant_slow}
-        )
-    else:  # strided groups share links: simulate them all
-        groups = list(range(geo.num_groups))
+    if router is not None:
+        router.context = f" (a {kind} over {','.join(g.name for g in gaxes)} needs it)"
+    touched: set[int] = set()
+    if mode == "per-chip" or not geo.disjoint:
+        groups = list(range(geo.num_groups))  # strided groups share links: simulate them all
+    else:
+        # The groups owning a degraded or dead link, and those whose links carry a detour,
+        # are simulated; one untouched group stands for all the others (a route stays on its
+        # group's links, so untouched groups share none with touched ones).
+        touched = {int(geo.group_of_chip[_link_src(topology, lk)])
+                   for lk in (*relevant_slow, *relevant_dead)}
+        if relevant_dead:
+            touched |= _detour_groups(topology, geo, schedule, gaxes, sorted(touched), lm,
+                                      relevant_dead)
+        rest = [g for g in range(geo.num_groups) if g not in touched]
+        groups = sorted(touched | set(rest[:1]))
     check_full_size(schedule, geo.group_size, len(groups))
-    net = FluidNetwork(env, lm.capacity_bytes_per_s)
-    local = geo.local_coords()
-    group_chips = {}
-    all_batches: list = []
+    rep = None
+    if mode != "per-chip" and geo.disjoint:
+        rep = next((g for g in groups if g not in touched), None)
+    represented = {g: geo.group_size for g in groups}
+    if rep is not None:
+        represented[rep] = geo.group_size * (geo.num_groups - len(groups) + 1)
+    net = FluidNetwork(env, lm.capacity_bytes_per_s, coalesce=True)
+    batches_of = _group_batches(topology, geo, schedule, gaxes, groups, lm, router)
     for g in groups:
-        chips = geo.group_chips(g)
-        group_chips[g] = chips
-        batches = [
-            [full_batch(st, gaxes, topology, chips, local, lm) for st in s]
-            for s in schedule.streams
-        ]
-        all_batches.append(batches)
-        represented = geo.group_size if g != 0 else geo.group_size * (
-            geo.num_groups - (len(groups) - 1)
-        )
-        _launch(env, net, batches, schedule, g, int(chips[0]), represented, timeline,
-                chunks)
+        _launch(env, net, batches_of[g], schedule, g, int(geo.group_chips(g)[0]),
+                represented[g], timeline, chunks)
     env.run()
-    link_bytes, link_busy = _replicate_group0(topology, geo, group_chips, net)
-    hbm = _full_hbm_bytes(all_batches, schedule, topology.num_chips)
+    if rep is not None:
+        link_bytes, link_busy = _replicate_group(topology, geo, groups, rep, net)
+    else:
+        link_bytes, link_busy = net.bytes.copy(), net.busy_s.copy()
+    hbm = _full_hbm_bytes(list(batches_of.values()), schedule, topology.num_chips)
     return _result(
         kind=kind, algorithm=schedule.algorithm, requested=algorithm, chip=chip,
         topology=topology, axes=tuple(g.name for g in gaxes), nbytes=nbytes,
         group_size=geo.group_size, num_groups=geo.num_groups, time_s=env.now, net=net,
-        link_bytes=link_bytes, link_busy=link_busy, lm=lm, hbm=hbm, mode="full",
-        steps=steps_total, timeline=timeline,
+        link_bytes=link_bytes, link_busy=link_busy, lm=lm, hbm=hbm,
+        mode="per-chip" if mode == "per-chip" else "full", steps=steps_total,
+        timeline=timeline, router=router,
     )
+
+
+def _group_batches(topology, geo, schedule, gaxes, groups, lm, router):
+    """{group: its streams of batches}: every step routed for all `groups` in one numpy batch
+    (detours included), then split by the group of each transfer's source chip. A group's
+    step waits the latency of its own longest route (a detour only delays its own group)."""
+    chips = np.concatenate([geo.group_chips(g) for g in groups])
+    local = np.tile(geo.local_coords(), (len(groups), 1))
+    out: dict[int, list] = {g: [[] for _ in schedule.streams] for g in groups}
+    for si, stream in enumerate(schedule.streams):
+        for st in stream:
+            b = full_batch(st, gaxes, topology, chips, local, lm)
+            lat_of = {}
+            if router is not None and router.dead_links and b.num_transfers:
+                res, ptr, moved = router.reroute(b.res, b.ptr, b.bytes_per_transfer, st.repeat)
+                b = dataclasses.replace(b, res=res, ptr=ptr)
+                for t in moved.tolist():
+                    g = int(geo.group_of_chip[b.src[t]])
+                    lat = max_route_latency_s(topology, res, ptr, [t], lm) * st.repeat
+                    lat_of[g] = max(lat_of.get(g, 0.0), lat)
+            for g, part in _split_by_group(b, geo, groups).items():
+                if lat_of.get(g, 0.0) > part.latency_s:
+                    part = dataclasses.replace(part, latency_s=lat_of[g])
+                out[g][si].append(part)
+    return out
+
+
+def _split_by_group(b, geo, groups) -> dict[int, Any]:
+    if len(groups) == 1:
+        return {groups[0]: b}
+    if b.num_transfers == 0:
+        return {g: b for g in groups}  # a step with nothing to send still waits its latency
+    owner = geo.group_of_chip[b.src]
+    order = np.argsort(owner, kind="stable")
+    counts = np.diff(b.ptr)
+    sorted_owner = owner[order]
+    starts = np.searchsorted(sorted_owner, groups, side="left")
+    ends = np.searchsorted(sorted_owner, groups, side="right")
+    # Hop entries in group order: every transfer's hops, transfers sorted by group.
+    c_sorted = counts[order]
+    new_ptr = np.concatenate([[0], np.cumsum(c_sorted)]).astype(np.int64)
+    hop_src = np.repeat(b.ptr[:-1][order] - new_ptr[:-1], c_sorted) + np.arange(new_ptr[-1])
+    res_sorted = b.res[hop_src]
+    out = {}
+    for g, lo, hi in zip(groups, starts.tolist(), ends.tolist(), strict=True):
+        idx = order[lo:hi]
+        out[g] = dataclasses.replace(
+            b, res=res_sorted[new_ptr[lo]:new_ptr[hi]],
+            ptr=new_ptr[lo:hi + 1] - new_ptr[lo],
+            bytes_per_transfer=b.bytes_per_transfer[idx], src=b.src[idx], dst=b.dst[idx],
+        )
+    return out
+
+
+def _detour_groups(topology, geo, schedule, gaxes, groups, lm, dead) -> set[int]:
+    """Groups owning a link that `groups`' routes use once they detour around `dead`."""
+    batches = _group_batches(topology, geo, schedule, gaxes, groups, lm,
+                             DetourRouter(topology, dead))
+    n_ici = topology.num_ici_links
+    per = 2 * topology.ndim
+    out: set[int] = set()
+    for g in groups:
+        for stream in batches[g]:
+            for b in stream:
+                r = b.res[b.res < n_ici]
+                out |= set(np.unique(geo.group_of_chip[r // per]).tolist())
+    return out
 
 
 # `auto` is what a TPU does: the fastest of the algorithms XLA uses for these collectives,
@@ -580,18 +630,18 @@ def _expand_classes(topology: Topology, gaxes, cls_bytes, cls_busy):
     return lb, busy
 
 
-def _replicate_group0(topology: Topology, geo: GroupGeometry, group_chips, net):
-    """Full mode: groups that were not simulated behave exactly like group 0."""
+def _replicate_group(topology: Topology, geo: GroupGeometry, groups, rep: int, net):
+    """Full mode: groups that were not simulated behave exactly like the untouched `rep`."""
     lb = net.bytes.copy()
     busy = net.busy_s.copy()
-    simulated = set(group_chips)
+    simulated = set(groups)
     if geo.num_groups == len(simulated):
         return lb, busy
     ndim = topology.ndim
     n_ici = topology.num_ici_links
-    g0 = group_chips[0]
+    g0 = geo.group_chips(rep)
     per = 2 * ndim
-    # ICI links: link id = chip * per + class; translate group 0's pattern by local index.
+    # ICI links: link id = chip * per + class; translate the pattern of `rep` by local index.
     g0_ici = np.stack([lb[g0 * per + c] for c in range(per)], axis=1)
     g0_busy = np.stack([busy[g0 * per + c] for c in range(per)], axis=1)
     others = ~np.isin(geo.group_of_chip, list(simulated))

@@ -67,9 +67,14 @@ class FluidNetwork:
     Args:
         env: the SimPy environment.
         capacity_bytes_per_s: bandwidth of each resource.
+        coalesce: batches admitted at the same instant share one rate computation (scheduled
+            as a zero-delay event) instead of one each: the same result, far fewer events when
+            hundreds of replica groups start their steps together.
     """
 
-    def __init__(self, env: simpy.Environment, capacity_bytes_per_s: np.ndarray) -> None:
+    def __init__(
+        self, env: simpy.Environment, capacity_bytes_per_s: np.ndarray, *, coalesce: bool = False
+    ) -> None:
         self.env = env
         self.capacity = np.asarray(capacity_bytes_per_s, dtype=float)
         self.num_resources = len(self.capacity)
@@ -81,6 +86,8 @@ class FluidNetwork:
         self._version = 0
         self._in_use = np.zeros(self.num_resources, dtype=bool)
         self.num_events = 0
+        self._coalesce = coalesce
+        self._flush_pending = False
 
     def transfer(self, batch: Batch) -> simpy.Event:
         """Start a batch now; the returned event fires when its last byte has arrived."""
@@ -112,6 +119,16 @@ class FluidNetwork:
         bid = self._next_id
         self._next_id += 1
         self._active[bid] = [batch, 1.0, 0.0, done]
+        if not self._coalesce:
+            self._reschedule()
+        elif not self._flush_pending:
+            # No time passes before the flush, so no batch's progress is lost by waiting.
+            self._flush_pending = True
+            self.env.timeout(0).callbacks.append(self._flush)
+
+    def _flush(self, _ev) -> None:
+        self._flush_pending = False
+        self._advance()
         self._reschedule()
 
     def _reschedule(self) -> None:

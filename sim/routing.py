@@ -140,7 +140,7 @@ def full_batch(
     if detour is not None and detour.dead_links:
         res, ptr, moved = detour.reroute(res, ptr, per_transfer, step.repeat)
         if len(moved):
-            lat = max(lat, _max_route_latency_s(topology, res, ptr, moved, lm))
+            lat = max(lat, max_route_latency_s(topology, res, ptr, moved, lm))
     return Batch(
         res=res,
         ptr=ptr,
@@ -152,7 +152,7 @@ def full_batch(
     )
 
 
-def _max_route_latency_s(topology: Topology, res, ptr, transfers, lm: LinkModel) -> float:
+def max_route_latency_s(topology: Topology, res, ptr, transfers, lm: LinkModel) -> float:
     """Longest latency among the given transfers' routes: ICI hops x per-hop latency, plus the
     DCN latency once per DCN crossing (an egress and an ingress id)."""
     n_ici = topology.num_ici_links
@@ -239,7 +239,7 @@ def send_batch(
             p0 = np.array([0, len(r0)], dtype=np.int64)
             r1, _p1, _ = detour.reroute(r0, p0, np.array([float(nbytes)]), 1)
             alive = [tuple(int(x) for x in r1)]
-            lat = _max_route_latency_s(topology, r1, _p1, [0], lm)
+            lat = max_route_latency_s(topology, r1, _p1, [0], lm)
         keys = alive
     hop_counts = [len(k) for k in keys]
     res = np.concatenate([np.asarray(k, dtype=np.int64) for k in keys])

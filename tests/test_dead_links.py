@@ -4,6 +4,7 @@ reported detour cost match hand-computed closed forms on 1D, 2D and 3D pods."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -29,8 +30,13 @@ def _topo(shape: str, wrap: str):
                             max_pod_shape=CHIP.max_pod_shape, shape=shape, wraparound=wrap)
 
 
-def _sim(topology, dead=(), **kw):
-    return simulate_collective(chip=CHIP, topology=topology,
+# A hop latency far below the drain time (1 fs): every group starts its step together, so
+# contention is the only thing a closed form has to count (latency shifts results by ~1e-11).
+NO_LATENCY = dataclasses.replace(CHIP, ici_hop_latency_s=1e-15)
+
+
+def _sim(topology, dead=(), chip=CHIP, **kw):
+    return simulate_collective(chip=chip, topology=topology,
                                scenario=scenario_from_flags(dead_link=list(dead)), **kw)
 
 
@@ -41,7 +47,7 @@ def test_a_dead_ring_link_sends_its_hop_the_other_way_round_in_1d():
     v = 8 * (1 << 20)
     m = v / 8
     r = _sim(topo, ["0:x+"], op="all-gather", axes="x", nbytes=v, algorithm="ring")
-    assert r.mode == "per-chip"
+    assert r.mode == "full"
     assert r.time_s == pytest.approx(7 * (7 * L + m / W), rel=REL)
     d = r.detour
     assert d["healthy_time_s"] == pytest.approx(7 * (L + m / W), rel=REL)
@@ -59,13 +65,17 @@ def test_a_dead_ring_link_sends_its_hop_the_other_way_round_in_1d():
 def test_a_dead_link_on_a_2d_torus_detours_sideways_and_shares_the_next_rows_link():
     # Ring all-gather over x on an 8x8 torus; (0,0)->(1,0) dead. The shortest detour is 3 hops
     # (y+, x+, y-; y- first is as short, the lower class wins), its x+ hop shares row 1's
-    # (0,1)->(1,1) link with row 1's own ring: every step takes 3L + 2m/W.
+    # (0,1)->(1,1) link with row 1's own ring. Without hop latency rows 0 and 1 drain that
+    # link together: every step takes 2m/W. (With latency, row 1 would start 2 hops earlier.)
     topo = _topo("8x8", "all")
     v = 8 * (1 << 20)
     m = v / 8
-    r = _sim(topo, ["0,0:x+"], op="all-gather", axes="x", nbytes=v, algorithm="ring")
-    assert r.time_s == pytest.approx(7 * (3 * L + 2 * m / W), rel=REL)
+    r = _sim(topo, ["0,0:x+"], op="all-gather", axes="x", nbytes=v, algorithm="ring",
+             chip=NO_LATENCY)
+    assert r.time_s == pytest.approx(7 * 2 * m / W, rel=REL)
+    assert r.detour["healthy_time_s"] == pytest.approx(7 * m / W, rel=REL)
     assert r.detour["extra_hops"] == 7 * 2 and r.detour["longest_detour_hops"] == 3
+    assert sorted(set(r.timeline.group)) == [0, 1, 2]  # rows 0 and 1, and one for the rest
     router = DetourRouter(topo, (topo.ici_link_id(0, 0, +1),))
     path = router.path(topo.chip_id((0, 0)), topo.chip_id((1, 0)), [0])
     assert [topo.describe_link(x) for x in path] == [
@@ -80,9 +90,36 @@ def test_a_dead_link_on_a_3d_torus_detours_through_the_neighbouring_column():
     topo = build_torus((4, 4, 4), (True, True, True))  # v5e link constants, a 3D torus
     v = 4 * (1 << 20)
     m = v / 4
-    r = _sim(topo, ["0,0,0:z+"], op="all-gather", axes="z", nbytes=v, algorithm="ring")
-    assert r.time_s == pytest.approx(3 * (3 * L + 2 * m / W), rel=REL)
-    assert r.detour["healthy_time_s"] == pytest.approx(3 * (L + m / W), rel=REL)
+    r = _sim(topo, ["0,0,0:z+"], op="all-gather", axes="z", nbytes=v, algorithm="ring",
+             chip=NO_LATENCY)
+    assert r.time_s == pytest.approx(3 * 2 * m / W, rel=REL)
+    assert r.detour["healthy_time_s"] == pytest.approx(3 * m / W, rel=REL)
+    assert r.detour["extra_link_bytes"] == pytest.approx(3 * 2 * m, rel=REL)
+
+
+DEAD_CASES = {
+    "1D ring": ("8", (True,), "x", "ring", ["0:x+"]),
+    "1D ring, bidi": ("8", (True,), "x", "bidi-ring", ["3:x-"]),
+    "2D torus": ("8x8", (True, True), "x", "ring", ["0,0:x+"]),
+    "2D torus, two axes": ("4x4", (True, True), "x,y", "multi-axis", ["1,1:x+", "2,3:y-"]),
+    "2D mesh, line": ("4x4", (False, False), "x", "line", ["1,0:x+"]),
+    "3D torus": ("4x4x4", (True, True, True), "z", "per-axis-ring", ["0,0,0:z+"]),
+}
+
+
+@pytest.mark.parametrize("case", DEAD_CASES)
+def test_with_dead_links_full_mode_agrees_with_per_chip_mode(case):
+    shape, wrap, axes, alg, dead = DEAD_CASES[case]
+    topo = build_torus(tuple(int(n) for n in shape.split("x")), wrap)
+    group = int(np.prod([topo.axis_size(a) for a in axes.split(",")]))
+    kw = dict(op="all-reduce", axes=axes, nbytes=group * 8192, algorithm=alg)
+    fast = _sim(topo, dead, **kw)
+    brute = _sim(topo, dead, mode="per-chip", **kw)
+    assert fast.mode == "full" and brute.mode == "per-chip"
+    assert brute.time_s == pytest.approx(fast.time_s, rel=REL)
+    np.testing.assert_allclose(brute._link_bytes, fast._link_bytes, rtol=REL, atol=0)
+    assert brute.detour["extra_hops"] == fast.detour["extra_hops"] > 0
+    assert fast.time_s > fast.detour["healthy_time_s"]
 
 
 def test_a_long_route_takes_the_shorter_way_round_not_a_local_patch():

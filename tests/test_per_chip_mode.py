@@ -62,11 +62,12 @@ def test_per_chip_mode_agrees_with_the_fast_modes(pod, kind):
     assert compared > 0 or (kind == CollectiveKind.PERMUTE and wrap == "none")
 
 
-def test_per_chip_mode_runs_every_group_in_one_batch_per_step():
+def test_per_chip_mode_simulates_every_group_for_itself():
     topology = _topo("v5e", "4x4", "none", 1)
     r = simulate_collective(chip=get_chip("v5e"), topology=topology, op="all-gather", axes="x",
                             nbytes=4 * 1024, algorithm="line", mode="per-chip")
-    # One timeline row per step that stands for the whole pod (4 groups of 4 chips).
-    assert set(r.timeline.chips_represented) == {16}
+    # Every one of the 4 row groups has its own timeline, standing for its own 4 chips.
+    assert set(r.timeline.group) == {0, 1, 2, 3}
+    assert set(r.timeline.chips_represented) == {4}
     # Every one of the 4 rows' 3+3 line links carried bytes.
     assert len(r.links) == 4 * 6
