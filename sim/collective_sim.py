@@ -486,6 +486,61 @@ def _detour_groups(topology, geo, schedule, gaxes, groups, lm, dead) -> set[int]
     return out
 
 
+@dataclass(frozen=True, kw_only=True)
+class GroupCollectiveLoads:
+    """One collective on every replica group of the pod under a scenario's slow/dead links.
+
+    Attributes:
+        time_s_per_group: when each group finishes (seconds from the start; `num_groups`).
+        link_bytes: bytes every link id carries, all groups together (`num_links`).
+        link_busy_s: seconds each link id is busy.
+        result: the full `CollectiveResult` (timeline, detour cost, ...).
+    """
+
+    time_s_per_group: np.ndarray
+    link_bytes: np.ndarray
+    link_busy_s: np.ndarray
+    result: CollectiveResult
+
+
+def collective_link_loads(
+    *,
+    chip: ChipSpec,
+    topology: Topology,
+    op: str | CollectiveKind,
+    gaxes: tuple[GroupAxis, ...] | str,
+    nbytes: int,
+    algorithm: str = "auto",
+    scenario: Scenario | None = None,
+    mode: str = "auto",
+) -> GroupCollectiveLoads:
+    """Per-group finish times and per-link loads of one collective, for the step engine.
+
+    Groups that no slow or dead link touches keep the healthy time; the others (a dead link's
+    group, and the groups whose links carry its detours) are simulated link by link.
+    `mode="per-chip"` simulates every group (the oracle)."""
+    res = simulate_collective(chip=chip, topology=topology, op=op, axes=gaxes, nbytes=nbytes,
+                              algorithm=algorithm, scenario=scenario, mode=mode)
+    geo = GroupGeometry(topology, tuple(gaxes) if not isinstance(gaxes, str) else
+                        group_axes(topology, tuple(a.strip() for a in gaxes.split(","))))
+    times = np.full(geo.num_groups, res.time_s)
+    if res.mode != "symmetric":
+        ends: dict[int, float] = {}
+        rep_time = None
+        for row in res._timeline:
+            g, end = int(row[0]), float(row[7])
+            ends[g] = max(ends.get(g, 0.0), end)
+        for row in res._timeline:
+            if row[2] > geo.group_size:  # the group that stands for the unsimulated ones
+                rep_time = ends[int(row[0])]
+        if rep_time is not None:
+            times[:] = rep_time
+        for g, t in ends.items():
+            times[g] = t
+    return GroupCollectiveLoads(time_s_per_group=times, link_bytes=res._link_bytes,
+                                link_busy_s=res._link_busy, result=res)
+
+
 # `auto` is what a TPU does: the fastest of the algorithms XLA uses for these collectives,
 # which is latency-aware for free (bidirectional rings take X/2 hops, split rings X-1, all-pairs
 # one route; below the latency threshold of tpu.md §2 the fewest hops win).
@@ -685,4 +740,5 @@ def _result(*, kind, algorithm, requested, chip, topology, axes, nbytes, group_s
     )
 
 
-__all__ = ["CLASS_NAMES", "CollectiveResult", "simulate_collective"]
+__all__ = ["CLASS_NAMES", "CollectiveResult", "GroupCollectiveLoads", "collective_link_loads",
+           "simulate_collective"]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from sim.cli import main
-from sim.collective_sim import simulate_collective
+from sim.collective_sim import collective_link_loads, simulate_collective
 from sim.hardware import get_chip
 from topologies.errors import TpusimError
 from topologies.groups import DetourRouter
@@ -175,3 +175,21 @@ def test_dead_link_cost_is_in_the_cli_json(capsys):
     d = json.loads(out)["detour"]
     assert d["dead_links"] == ["(0)->(1) x+"]
     assert d["extra_time_s"] == pytest.approx(42 * L, rel=REL)
+
+
+def test_engine_gets_per_group_times_and_link_loads_under_a_dead_link():
+    topo = _topo("8x8", "all")
+    v = 8 * (1 << 20)
+    sc = scenario_from_flags(dead_link=["0,0:x+"])
+    kw = dict(chip=CHIP, topology=topo, op="all-gather", gaxes="x", nbytes=v, algorithm="ring",
+              scenario=sc)
+    fast = collective_link_loads(**kw)
+    brute = collective_link_loads(mode="per-chip", **kw)
+    healthy = simulate_collective(chip=CHIP, topology=topo, op="all-gather", axes="x",
+                                  nbytes=v, algorithm="ring").time_s
+    np.testing.assert_allclose(fast.time_s_per_group, brute.time_s_per_group, rtol=REL)
+    np.testing.assert_allclose(fast.link_bytes, brute.link_bytes, rtol=REL, atol=0)
+    # Row 0 detours, row 1 carries the detour; rows 2..7 run as on the healthy pod.
+    assert np.all(fast.time_s_per_group[:2] > healthy)
+    assert fast.time_s_per_group[2:] == pytest.approx(np.full(6, healthy), rel=REL)
+    assert fast.time_s_per_group.max() == fast.result.time_s

@@ -103,6 +103,14 @@ def cmd_collective(args: argparse.Namespace) -> int:
     )
     print(f"  HBM per chip    {fmt_bytes(res.hbm_bytes_per_chip)} read+written")
     print(f"  simulation      {res.mode}, {res.num_steps} step(s), {res.sim_events} events")
+    if res.detour is not None:
+        d = res.detour
+        print(
+            f"  dead links      {'; '.join(d['dead_links'])}: {d['rerouted_transfers']:,} "
+            f"transfer(s) detoured, +{d['extra_hops']:,} hops, "
+            f"+{fmt_bytes(d['extra_link_bytes'])} on links, "
+            f"+{fmt_time(d['extra_time_s'])} vs healthy ({fmt_time(d['healthy_time_s'])})"
+        )
     return 0
 
 
