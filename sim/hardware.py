@@ -105,6 +105,12 @@ class ChipSpec:
     def num_dims(self) -> int:
         return len(self.max_pod_shape)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The fields under their chip YAML keys (`chip_from_dict` inverts it exactly)."""
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["max_pod_shape"] = list(self.max_pod_shape)
+        return data
+
     def with_overrides(self, **changes: Any) -> ChipSpec:
         """A copy with some fields changed (what-if studies), validated like a preset."""
         unknown = sorted(set(changes) - set(CHIP_FIELDS))

@@ -68,7 +68,9 @@ def test_collective_json_has_the_documented_fields_and_matches_the_api(capsys):
     for f in JSON_FIELDS:
         assert f in d, f
     r = _api("v5e", "8x4", op="all-gather", axes="y", nbytes=32 << 20)
+    inputs = d.pop("inputs")
     assert d == json.loads(json.dumps(r.to_dict()))
+    assert inputs["chip"] == get_chip("v5e").to_dict()
     assert d["bytes"] == 33554432
     assert d["num_chips"] == 32 and d["group_size"] == 4 and d["num_groups"] == 8
     assert d["time_s"] == pytest.approx(3 * (1e-6 + (32 << 20) / 4 / 4.5e10), rel=1e-9)

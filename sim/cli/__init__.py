@@ -1,6 +1,7 @@
 """The `tpusim` command: one module per command family (collectives, training, inference,
-studies), each registering its subcommands; `main` turns every `TpusimError` into one line on
-stderr, exit 2.
+studies, reruns), each registering its subcommands; every simulating command is also a library
+call (`run_<command>(args) -> sim.runs.Run`) that `rerun` and the Python API (`sim.api`) use.
+`main` turns every `TpusimError` into one line on stderr, exit 2.
 
 Only the CLI (and the exporters in `sim/export/` it calls for `--out`/`--perfetto`/`--plots`)
 touches the disk; the engine imports neither.
@@ -18,31 +19,50 @@ __all__ = ["build_parser", "main", "parse_bytes", "parse_coords"]
 
 
 def build_parser() -> Parser:
-    from sim.cli import collectives, inference, studies, training
+    from sim.cli import collectives, inference, reruns, studies, training
+    from sim.cli.common import flag_specs
 
     p = Parser(prog="tpusim", description="Discrete-event simulator of TPU pods.")
     p.add_argument("--quiet", action="store_true",
                    help="no progress bar (it only appears on a terminal, after 1 s)")
     sub = p.add_subparsers(dest="command", parser_class=Parser)
-    for family in (collectives, training, inference, studies):
+    for family in (collectives, training, inference, studies, reruns):
         family.register(sub)
+    for sp in sub.choices.values():
+        sp.set_defaults(flag_specs=flag_specs(sp))
+    p.set_defaults(commands=sub.choices)
     return p
+
+
+def prepare(argv: Sequence[str] | None, *, parser: Parser | None = None, chip_spec=None,
+            model_spec=None):
+    """Parse a command line into the arguments a command runs on: the flags as given are
+    recorded (`args.flags`, for `inputs`), then `--set` is parsed and applied. `chip_spec` /
+    `model_spec` (from the Python API or `rerun`) replace loading `--chip` / `--model`."""
+    from sim.cli.common import record_flags, resolve_overrides
+
+    parser = parser or build_parser()
+    args = parser.parse_args(None if argv is None else list(argv))
+    args.parser = parser
+    args.chip_spec = chip_spec
+    args.model_spec = model_spec
+    if getattr(args, "func", None):
+        args.flags = record_flags(args)
+        if getattr(args, "set_scope", None) is not None:
+            resolve_overrides(args)
+    return args
 
 
 def dispatch(parser: Parser, argv: Sequence[str] | None) -> int:
     """Parse `argv` and run its command (raising `TpusimError`); `main` and the sweep's
     workers (which reuse one parser for many points) both run commands through here."""
-    args = parser.parse_args(argv)
+    args = prepare(argv, parser=parser)
     from sim import progress
 
     progress.QUIET = bool(args.quiet or getattr(args, "quiet_sub", False))
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    if getattr(args, "set_scope", None) is not None:
-        from sim.cli.common import resolve_overrides
-
-        resolve_overrides(args)
     return int(args.func(args) or 0)
 
 

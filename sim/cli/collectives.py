@@ -8,6 +8,7 @@ from sim.cli.common import (
     add_perturbation_args,
     add_pod_args,
     add_set_arg,
+    base_inputs,
     emit_json,
     fmt_bytes,
     fmt_time,
@@ -46,10 +47,10 @@ def _add_collective_args(p: argparse.ArgumentParser, *, with_algorithm: bool) ->
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def _run_collective(args: argparse.Namespace, algorithm: str):
+def _run_collective(args: argparse.Namespace, algorithm: str, pod=None):
     from sim.collective_sim import simulate_collective
 
-    chip, topo = resolve_pod(args)
+    chip, topo = pod or resolve_pod(args)
     if args.op == "send" and (args.src is None or args.dst is None):
         raise TpusimError("--op send needs --src and --dst, e.g. --src 0,0 --dst 3,3")
     if args.op != "send" and not args.axes:
@@ -70,15 +71,27 @@ def _run_collective(args: argparse.Namespace, algorithm: str):
     )
 
 
+def run_collective(args: argparse.Namespace):
+    """`tpusim collective` as a library call: a `Run` whose summary is the CollectiveResult."""
+    from sim.runs import Run
+
+    chip, topo = resolve_pod(args)
+    res = _run_collective(args, args.algorithm, (chip, topo))
+    inputs = base_inputs(args, chip, topo)
+    inputs["algorithm"] = args.algorithm
+    return Run(command="collective", summary=res.to_dict(), inputs=inputs, result=res)
+
+
 def cmd_collective(args: argparse.Namespace) -> int:
     from sim.cli.training import check_outputs
 
     check_outputs(args)
-    res = _run_collective(args, args.algorithm)
+    run = run_collective(args)
+    res = run.result
     if args.out:
         from sim.export.output import write_tables
 
-        write_tables(args.out, {"links": res.links, "timeline": res.timeline}, res.to_dict())
+        write_tables(args.out, {"links": res.links, "timeline": res.timeline}, run.to_dict())
     if args.perfetto:
         from sim.export.perfetto import export_collective
 
@@ -88,7 +101,7 @@ def cmd_collective(args: argparse.Namespace) -> int:
 
         plot_collective(res, args.plots)
     if args.json:
-        emit_json(res.to_dict())
+        emit_json(run.to_dict())
         return 0
     what = f"{res.op} over {','.join(res.axes)}" if res.axes else res.op
     print(
@@ -114,8 +127,12 @@ def cmd_collective(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
+def run_compare(args: argparse.Namespace):
+    """`tpusim compare-collectives` as a library call: one row per algorithm (n/a rows say why);
+    `Run.result` is the list of CollectiveResults that applied."""
     from sim.collectives import CollectiveKind, algorithm_names
+    from sim.progress import progress
+    from sim.runs import Run
 
     try:
         kind = CollectiveKind(args.op)
@@ -123,15 +140,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise TpusimError(
             f"unknown --op {args.op!r}; use one of: {', '.join(k.value for k in CollectiveKind)}"
         ) from None
-    from sim.cli.training import check_outputs
-    from sim.progress import progress
-
-    check_outputs(args)
+    pod = resolve_pod(args)
     rows = []
     results = []
     for name in progress(algorithm_names(kind), desc="algorithms"):
         try:
-            r = _run_collective(args, name)
+            r = _run_collective(args, name, pod)
         except TpusimError as exc:
             rows.append({"algorithm": name, "applicable": False, "reason": str(exc)})
             continue
@@ -147,13 +161,25 @@ def cmd_compare(args: argparse.Namespace) -> int:
     best = min(r["time_s"] for r in ok)
     for r in ok:
         r["vs_best"] = r["time_s"] / best if best > 0 else 1.0
+    summary = {"op": args.op, "axes": args.axes, "bytes": parse_bytes(args.nbytes),
+               "results": rows}
+    return Run(command="compare-collectives", summary=summary,
+               inputs=base_inputs(args, *pod), result=results)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from sim.cli.training import check_outputs
+
+    check_outputs(args)
+    run = run_compare(args)
+    rows, results = run.summary["results"], run.result
+    ok = [r for r in rows if r["applicable"]]
     if args.perfetto:
         from sim.export.perfetto import export_collectives
 
         export_collectives(results, args.perfetto)
     if args.json:
-        emit_json({"op": args.op, "axes": args.axes, "bytes": parse_bytes(args.nbytes),
-                    "results": rows})
+        emit_json(run.to_dict())
         return 0
     first = ok[0]
     print(

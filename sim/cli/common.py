@@ -117,16 +117,24 @@ def overrides(args: argparse.Namespace):
 
 
 def resolve_pod(args: argparse.Namespace):
-    """(ChipSpec, Topology) from --chip/--slice/--shape/--wraparound/--slices."""
+    """(ChipSpec, Topology) from --chip/--slice/--shape/--wraparound/--slices and `--set`.
+
+    A chip object handed over by the Python API or `rerun` (`args.chip_spec`) replaces loading
+    `--chip`; the preset or file's chip, before overrides, is kept as `args.base_chip`.
+    """
     from sim.hardware import load_chip
     from topologies.slices import SLICES, resolve_topology
 
-    chip_arg = args.chip
-    if chip_arg is None:
-        if args.slice_name is None:
-            raise TpusimError("give --chip (e.g. v5e) with --shape, or --slice (e.g. v5p-128)")
-        chip_arg = SLICES.get(args.slice_name).chip
-    chip = overrides(args).apply_chip(load_chip(chip_arg))
+    base = getattr(args, "chip_spec", None)
+    if base is None:
+        chip_arg = args.chip
+        if chip_arg is None:
+            if args.slice_name is None:
+                raise TpusimError("give --chip (e.g. v5e) with --shape, or --slice (e.g. v5p-128)")
+            chip_arg = SLICES.get(args.slice_name).chip
+        base = load_chip(chip_arg)
+    args.base_chip = base
+    chip = overrides(args).apply_chip(base)
     topo = resolve_topology(
         chip_name=chip.name,
         wrap_rule=chip.generation_rule,
@@ -137,6 +145,104 @@ def resolve_pod(args: argparse.Namespace):
         num_slices=args.slices,
     )
     return chip, topo
+
+
+def resolve_model(args: argparse.Namespace):
+    """The model from --model (or `args.model_spec`), with the `model.*` overrides applied."""
+    from workloads.models import load_model
+
+    base = getattr(args, "model_spec", None)
+    if base is None:
+        base = load_model(args.model)
+    args.base_model = base
+    return overrides(args).apply_model(base)
+
+
+# -- flags: what a command was given, recorded under `inputs` and replayed by `rerun` --------
+# Flags that say where output goes; they do not change a result, so results do not record them.
+OUTPUT_FLAGS = frozenset({"json", "out", "perfetto", "plots", "trace-chips", "quiet", "output"})
+
+
+def flag_specs(p: argparse.ArgumentParser) -> tuple[tuple[str, str, str], ...]:
+    """(flag name without dashes, argparse dest, kind) for every input flag of a subcommand;
+    kind is `positional`, `switch` (store_true), `append` or `value`."""
+    specs = []
+    for a in p._actions:
+        if isinstance(a, argparse._HelpAction):
+            continue
+        if a.option_strings:
+            name = max(a.option_strings, key=len).lstrip("-")
+            kind = ("switch" if isinstance(a, argparse._StoreTrueAction)
+                    else "append" if isinstance(a, argparse._AppendAction) else "value")
+        else:
+            name, kind = a.dest, "positional"
+        if name not in OUTPUT_FLAGS:
+            specs.append((name, a.dest, kind))
+    return tuple(specs)
+
+
+def record_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """{flag: value} as given (defaults filled in); `set` as {key: value}, later wins."""
+    out: dict[str, Any] = {}
+    for name, dest, _kind in args.flag_specs:
+        v = getattr(args, dest, None)
+        if name == "set":
+            pairs: dict[str, str] = {}
+            for item in v or ():
+                key, _, value = str(item).partition("=")
+                pairs[key.strip()] = value.strip()
+            v = pairs
+        elif isinstance(v, list):
+            v = list(v)
+        out[name] = v
+    return out
+
+
+def argv_from_flags(command: str, flags: dict[str, Any],
+                    specs: tuple[tuple[str, str, str], ...]) -> list[str]:
+    """The command line that gives these flags (the inverse of `record_flags`)."""
+    known = {name: kind for name, _dest, kind in specs}
+    unknown = sorted(set(flags) - set(known))
+    if unknown:
+        raise TpusimError(
+            f"tpusim {command} has no flag(s) {', '.join(unknown)}; it takes: "
+            f"{', '.join(known)}"
+        )
+    head, tail = [command], []
+    for name, value in flags.items():
+        kind = known[name]
+        if kind == "positional":
+            head.append(str(value))
+        elif kind == "switch":
+            if value:
+                tail.append(f"--{name}")
+        elif kind == "append":
+            items = value.items() if isinstance(value, dict) else None
+            if items is not None:
+                tail += [f"--{name}={k}={v}" for k, v in items]
+            else:
+                tail += [f"--{name}={v}" for v in (value or ())]
+        elif value is not None:
+            tail.append(f"--{name}={value}")
+    return head + tail
+
+
+def base_inputs(args: argparse.Namespace, chip=None, topology=None) -> dict[str, Any]:
+    """The `inputs` every result carries: command, version, flags, overrides, chip, topology."""
+    from sim.runs import describe_chip, describe_topology, tpusim_version
+
+    out: dict[str, Any] = {
+        "command": args.command,
+        "tpusim_version": tpusim_version(),
+        "flags": args.flags,
+        "overrides": overrides(args).resolved(getattr(args, "base_chip", None),
+                                              getattr(args, "base_model", None)),
+    }
+    if chip is not None:
+        out["chip"] = describe_chip(chip)
+    if topology is not None:
+        out["topology"] = describe_topology(topology)
+    return out
 
 
 def emit_json(obj: Any) -> None:

@@ -65,14 +65,26 @@ def _config(args: argparse.Namespace, batch: int):
 
 
 def _setup(args: argparse.Namespace):
-    from sim.cli.training import check_outputs
     from topologies.mesh import parse_mesh
-    from workloads.models import load_model
 
-    check_outputs(args)
     chip, topo = cli.resolve_pod(args)
-    model = cli.overrides(args).apply_model(load_model(args.model))
+    model = cli.resolve_model(args)
     return chip, topo, model, parse_mesh(args.mesh, args.dcn)
+
+
+def _inputs(args, chip, topo, model, meshes, cfg) -> dict[str, Any]:
+    from sim.runs import describe_config, describe_mesh
+
+    inputs = cli.base_inputs(args, chip, topo)
+    inputs["model"] = model.to_dict()
+    described = [describe_mesh(m, topo) for m in meshes]
+    if len(described) == 1:
+        inputs["mesh"] = described[0]
+    else:
+        inputs["meshes"] = described
+    inputs["decode"] = describe_config(cfg)
+    inputs["algorithm"] = getattr(args, "algorithm", "auto")
+    return inputs
 
 
 def _run_decode(chip, topo, model, mesh, cfg, algorithm: str = "auto"):
@@ -125,20 +137,29 @@ def _write_outputs(args, result, summary) -> None:
     write(args, result, summary)
 
 
-def cmd_decode(args: argparse.Namespace) -> int:
-    from workloads.decode import max_batch_that_fits
+def run_decode(args: argparse.Namespace):
+    """`tpusim decode` as a library call: a `Run` with the summary, inputs, StepResult, trace."""
+    from sim.runs import Run
+    from workloads.decode import compile_decode_step, max_batch_that_fits
 
     chip, topo, model, mesh = _setup(args)
     cfg = _config(args, args.batch)
-    from workloads.decode import compile_decode_step
-
     trace = compile_decode_step(model, mesh, topo.num_chips, cfg)
     result = cli.simulate_step(args, trace, chip, topo)
     max_b = max_batch_that_fits(model, mesh, topo.num_chips, cfg, chip.hbm_bytes)
-    s = decode_summary(trace, result, max_b)
-    _write_outputs(args, result, s)
+    return Run(command="decode", summary=decode_summary(trace, result, max_b),
+               inputs=_inputs(args, chip, topo, model, [mesh], cfg), result=result, trace=trace)
+
+
+def cmd_decode(args: argparse.Namespace) -> int:
+    from sim.cli.training import check_outputs
+
+    check_outputs(args)
+    run = run_decode(args)
+    s, result = run.summary, run.result
+    _write_outputs(args, result, run.to_dict())
     if args.json:
-        cli.emit_json(s)
+        cli.emit_json(run.to_dict())
         return 0
     print(f"{s['model']} decode step on {s['topology']} {s['chip']} ({s['num_chips']} chips), "
           f"batch {s['batch']}, context {s['context_len']}, {s['sharding']} sharding")
@@ -158,8 +179,10 @@ def cmd_decode(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_prefill(args: argparse.Namespace) -> int:
+def run_prefill(args: argparse.Namespace):
+    """`tpusim prefill` as a library call: a `Run` with the summary, inputs, StepResult, trace."""
     from sim.cli.training import per_chip_summary
+    from sim.runs import Run
     from workloads.decode import compile_prefill
 
     chip, topo, model, mesh = _setup(args)
@@ -181,9 +204,20 @@ def cmd_prefill(args: argparse.Namespace) -> int:
         "breakdown": {k: float(v) for k, v in result.breakdown.items()},
         **per_chip_summary(result),
     }
-    _write_outputs(args, result, s)
+    return Run(command="prefill", summary=s, inputs=_inputs(args, chip, topo, model, [mesh], cfg),
+               result=result, trace=trace)
+
+
+def cmd_prefill(args: argparse.Namespace) -> int:
+    from sim.cli.training import check_outputs
+
+    check_outputs(args)
+    run = run_prefill(args)
+    s, result = run.summary, run.result
+    t = s["time_s"]
+    _write_outputs(args, result, run.to_dict())
     if args.json:
-        cli.emit_json(s)
+        cli.emit_json(run.to_dict())
         return 0
     print(f"{s['model']} prefill of {s['batch']} x {s['prompt_len']} tokens on {s['topology']} "
           f"{s['chip']} ({s['num_chips']} chips, {s['num_chunks']} chunk(s))")
@@ -285,11 +319,14 @@ def _write_sweep(out: Path, rows: list[dict[str, Any]], title: str) -> list[Path
     return paths
 
 
-def cmd_serve_sweep(args: argparse.Namespace) -> int:
-    """Batch sizes x (optionally) several meshes (`;`-separated) x weight/KV dtypes."""
+def run_serve_sweep(args: argparse.Namespace):
+    """`tpusim serve-sweep` as a library call: batch sizes x (optionally) several meshes
+    (`;`-separated) x weight/KV dtypes; `Run.result` is the list of rows."""
+    from sim.runs import Run, describe_mesh
     from topologies.mesh import parse_mesh
     from workloads.decode import max_batch_that_fits
 
+    args = argparse.Namespace(**vars(args))  # the loop below sets one mesh / dtype at a time
     mesh_texts = [m.strip() for m in args.mesh.split(";") if m.strip()]
     if not mesh_texts:
         raise TpusimError(f"--mesh {args.mesh!r} names no mesh; write e.g. tensor=8")
@@ -316,22 +353,48 @@ def cmd_serve_sweep(args: argparse.Namespace) -> int:
                 max_b[f"{mesh.describe()} {wdt}/{kvdt}"] = max_batch_that_fits(
                     model, mesh, topo.num_chips, cfg, chip.hbm_bytes)
     several = len(max_b) > 1
-    what = "several configurations" if several else f"mesh {meshes[0].describe()}"
-    title = (f"{model.name} decode, {topo.name} {chip.name}, {what}, "
-             f"context {args.context_len}")
+    out = {"model": model.name, "chip": chip.name, "topology": topo.name,
+           "context_len": args.context_len, "rows": rows,
+           "pareto": [{k: r[k] for k in ("mesh", "weight_dtype", "kv_dtype", "batch")}
+                      for r in _pareto(rows)]}
+    if several:
+        out["max_batch_that_fits"] = max_b
+    else:
+        out["max_batch_that_fits"] = next(iter(max_b.values()))
+        out["pareto_batches"] = [r["batch"] for r in _pareto(rows)]
+    inputs = cli.base_inputs(args, chip, topo)
+    inputs["model"] = model.to_dict()
+    inputs["meshes"] = [describe_mesh(m, topo) for m in meshes]
+    inputs["batches"] = batches
+    inputs["weight_dtypes"] = wdts
+    inputs["kv_dtypes"] = kvdts
+    inputs["context_len"] = args.context_len
+    inputs["matmul_dtype"] = args.matmul_dtype
+    inputs["algorithm"] = getattr(args, "algorithm", "auto")
+    return Run(command="serve-sweep", summary=out, inputs=inputs, result=rows)
+
+
+def cmd_serve_sweep(args: argparse.Namespace) -> int:
+    from sim.cli.training import check_outputs
+
+    check_outputs(args)
+    run = run_serve_sweep(args)
+    rows, max_b = run.summary["rows"], run.summary["max_batch_that_fits"]
+    several = isinstance(max_b, dict)
+    if not several:
+        max_b = {"": max_b}
+    meshes = run.inputs["meshes"]
+    what = "several configurations" if several else \
+        f"mesh {rows[0]['mesh'] if rows else meshes[0]}"
+    title = (f"{run.summary['model']} decode, {run.summary['topology']} {run.summary['chip']}, "
+             f"{what}, context {run.summary['context_len']}")
     if args.out:
+        from sim.export.output import write_json
+
         _write_sweep(Path(args.out), rows, title)
+        write_json(Path(args.out) / "summary.json", run.to_dict())
     if args.json:
-        out = {"model": model.name, "chip": chip.name, "topology": topo.name,
-               "context_len": args.context_len, "rows": rows,
-               "pareto": [{k: r[k] for k in ("mesh", "weight_dtype", "kv_dtype", "batch")}
-                          for r in _pareto(rows)]}
-        if several:
-            out["max_batch_that_fits"] = max_b
-        else:
-            out["max_batch_that_fits"] = next(iter(max_b.values()))
-            out["pareto_batches"] = [r["batch"] for r in _pareto(rows)]
-        cli.emit_json(out)
+        cli.emit_json(run.to_dict())
         return 0
     print(title)
     cfg_col = several
@@ -345,7 +408,7 @@ def cmd_serve_sweep(args: argparse.Namespace) -> int:
     for label, b in max_b.items():
         print(f"largest batch that fits{' (' + label + ')' if several else ''}: {b}")
     if args.out:
-        print(f"wrote {args.out}/serve_sweep.csv and {args.out}/serve_sweep_pareto.png")
+        print(f"wrote {args.out}/serve_sweep.csv, serve_sweep_pareto.png and summary.json")
     return 0
 
 

@@ -48,11 +48,11 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
 
 
 def _compile(args: argparse.Namespace, num_chips: int):
+    """(trace, model, TrainingConfig) for the training flags."""
     from topologies.mesh import parse_mesh
-    from workloads.models import load_model
     from workloads.training import TrainingConfig, compile_training_step, parse_remat
 
-    model = cli.overrides(args).apply_model(load_model(args.model))
+    model = cli.resolve_model(args)
     mesh = parse_mesh(args.mesh, args.dcn, args.axis_map)
     cfg = TrainingConfig(
         seq_len=args.seq_len,
@@ -70,7 +70,7 @@ def _compile(args: argparse.Namespace, num_chips: int):
         tp_comm=args.tp_comm,
         pipeline_schedule=args.pipeline_schedule,
     )
-    return compile_training_step(model, mesh, num_chips, cfg)
+    return compile_training_step(model, mesh, num_chips, cfg), model, cfg
 
 
 def training_summary(trace, result, chip) -> dict[str, Any]:
@@ -170,17 +170,33 @@ def _write_outputs(args, result, summary) -> None:
         plot_step(result, summary, args.plots)
 
 
+def run_train(args: argparse.Namespace):
+    """`tpusim train` as a library call: a `Run` with the step's summary, inputs, StepResult
+    and trace."""
+    from sim.runs import Run, describe_config, describe_mesh
+
+    chip, topo = cli.resolve_pod(args)
+    trace, model, cfg = _compile(args, topo.num_chips)
+    result = cli.simulate_step(args, trace, chip, topo)
+    inputs = cli.base_inputs(args, chip, topo)
+    inputs["model"] = model.to_dict()
+    inputs["mesh"] = describe_mesh(trace.mesh, topo)
+    inputs["training"] = {**describe_config(cfg),
+                          "global_batch": cfg.batch_per_chip * topo.num_chips,
+                          "tokens_per_step": trace.meta["tokens_per_step"]}
+    inputs["algorithm"] = args.algorithm
+    return Run(command="train", summary=training_summary(trace, result, chip), inputs=inputs,
+               result=result, trace=trace)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     check_outputs(args)
-    chip, topo = cli.resolve_pod(args)
-    trace = _compile(args, topo.num_chips)
-    result = cli.simulate_step(args, trace, chip, topo)
-    summary = training_summary(trace, result, chip)
-    _write_outputs(args, result, summary)
+    run = run_train(args)
+    _write_outputs(args, run.result, run.to_dict())
     if args.json:
-        cli.emit_json(summary)
+        cli.emit_json(run.to_dict())
     else:
-        _print_training(summary)
+        _print_training(run.summary)
     return 0
 
 
@@ -194,7 +210,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     else:
         _chip, topo = cli.resolve_pod(args)
         num_chips = topo.num_chips
-    trace = _compile(args, num_chips)
+    trace, _model, _cfg = _compile(args, num_chips)
     text = trace.to_json()
     atomic_write(args.output, lambda p: p.write_text(text, encoding="utf-8"))
     print(f"wrote {args.output}: {len(trace.ops)} ops for {num_chips} chips "
@@ -202,18 +218,30 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
+def run_replay(args: argparse.Namespace):
+    """`tpusim replay` as a library call. The trace file's SHA-256 is recorded in `inputs`; when
+    `args.trace_sha256` is set (by `rerun`), a file that changed since is an error."""
+    import hashlib
+
+    from sim.runs import Run, describe_mesh
     from workloads.trace import Trace
 
     path = Path(args.trace)
     if not path.is_file():
         raise TpusimError(f"trace file {str(path)!r} does not exist; write one with tpusim compile")
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise TpusimError(f"trace file {str(path)!r} cannot be read: {exc}") from None
+    digest = hashlib.sha256(raw).hexdigest()
+    expected = getattr(args, "trace_sha256", None)
+    if expected is not None and expected != digest:
+        raise TpusimError(
+            f"trace file {str(path)!r} has changed since the result was written (SHA-256 "
+            f"{digest[:12]}... instead of {str(expected)[:12]}...); rerun needs the same file"
+        )
     trace = Trace.from_json(text, source=f"trace file {str(path)!r}")
-    check_outputs(args)
     chip, topo = cli.resolve_pod(args)
     n = trace.meta.get("num_chips")
     if n is not None and n != topo.num_chips:
@@ -226,11 +254,23 @@ def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
     summary = training_summary(trace, result, chip) if trace.meta.get("kind") == "training" \
         else {"step_time_s": result.step_time_s, "breakdown": result.breakdown,
               **per_chip_summary(result)}
-    _write_outputs(args, result, summary)
+    inputs = cli.base_inputs(args, chip, topo)
+    inputs["trace"] = {"path": str(path), "sha256": digest, "kind": trace.meta.get("kind"),
+                       "model": trace.meta.get("model")}
+    inputs["mesh"] = describe_mesh(trace.mesh, topo)
+    inputs["algorithm"] = args.algorithm
+    return Run(command=args.command, summary=summary, inputs=inputs, result=result, trace=trace)
+
+
+def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
+    check_outputs(args)
+    run = run_replay(args)
+    trace, result, summary = run.trace, run.result, run.summary
+    _write_outputs(args, result, run.to_dict())
     if quiet:
         return 0
     if args.json:
-        cli.emit_json(summary)
+        cli.emit_json(run.to_dict())
     elif trace.meta.get("kind") == "training":
         _print_training(summary)
     else:
