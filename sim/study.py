@@ -615,7 +615,9 @@ def _load_previous(out: Path, argvs: list[list[str]]) -> dict[int, dict[str, Any
         rec = {k: (None if _is_missing(v) else v) for k, v in rec.items()}
         i = index[rec[COMMAND_LINE_COLUMN]]
         rec[POINT_COLUMN] = i
-        prev[i] = {k: v for k, v in rec.items() if v is not None or k == ERROR_COLUMN}
+        # Keep empty cells too (e.g. inputs.flags.slice = None): dropping them would reorder
+        # the columns of a resumed study against an uninterrupted one.
+        prev[i] = rec
     return prev
 
 

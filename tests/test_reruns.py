@@ -76,6 +76,16 @@ def test_rerun_reproduces_train_from_json_and_from_an_out_summary(tiny_yaml, tmp
     assert _ok(capsys, "rerun", tmp_path / "out" / "summary.json") == text
 
 
+def test_collective_records_its_perturbations_and_reruns_them_without_the_file(tmp_path, capsys):
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text(yaml.safe_dump({"slow_link": ["1,1:y+:0.25"]}))
+    text = _ok(capsys, *COLLECTIVE, "--scenario", scenario, "--json")
+    assert json.loads(text)["inputs"]["perturbations"] == {
+        "slow_link": ["1,1:y+:0.25", "0,0:x+:0.5"]}
+    scenario.write_text(yaml.safe_dump({"slow_link": ["2,2:y+:0.9"]}))
+    _rerun_is_identical(capsys, tmp_path, text)
+
+
 def test_rerun_uses_the_recorded_specs_not_the_files_they_came_from(tiny_yaml, tmp_path, capsys):
     chip = tmp_path / "chip.yaml"
     chip.write_text(yaml.safe_dump({"base": "v5e", "hbm_bytes_per_s": 1e12}))

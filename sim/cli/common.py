@@ -242,6 +242,8 @@ def base_inputs(args: argparse.Namespace, chip=None, topology=None) -> dict[str,
         out["chip"] = describe_chip(chip)
     if topology is not None:
         out["topology"] = describe_topology(topology)
+        if hasattr(args, "scenario"):  # the command takes perturbations: record the merged set
+            out["perturbations"] = scenario_from_args(args, topology).to_dict()
     return out
 
 
@@ -302,6 +304,10 @@ def scenario_from_args(args: argparse.Namespace, topology):
     and override its scalars."""
     from topologies.scenario import Scenario, load_scenario, scenario_from_flags
 
+    recorded = getattr(args, "scenario_spec", None)
+    if recorded is not None:  # `rerun`: the scenario the result recorded, not the file's today
+        recorded.validate(topology)
+        return recorded
     base = load_scenario(args.scenario) if getattr(args, "scenario", None) else Scenario()
     flags = scenario_from_flags(
         slow_chip=getattr(args, "slow_chip", []) or [],

@@ -92,6 +92,11 @@ def rerun(data: Any, *, source: str = "result"):
     sub = build_parser().get_default("commands")[command]
     argv = cli.argv_from_flags(command, flags, cli.flag_specs(sub))
     args = prepare(argv, chip_spec=chip, model_spec=model)
+    if inputs.get("perturbations") is not None:
+        from topologies.scenario import scenario_from_dict
+
+        args.scenario_spec = scenario_from_dict(inputs["perturbations"],
+                                                source=f"{source}: inputs.perturbations")
     if command == "replay":
         args.trace_sha256 = (inputs.get("trace") or {}).get("sha256")
     return _runner(command)(args)
