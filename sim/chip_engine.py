@@ -46,6 +46,8 @@ from sim.engine import (
     _summarize,
     collective_groups,
     cost_collective,
+    cost_pairs,
+    device_group_axes,
     padded_collective_bytes,
 )
 from sim.hardware import ChipSpec
@@ -224,6 +226,7 @@ def simulate_chips(
 
     # -- collectives: groups, healthy costs, per-group costs under degraded links -----------
     groups = collective_groups(trace, topology)
+    dev_groups: dict[int, tuple] = {}
     geoms: dict[tuple[GroupAxis, ...], GroupGeometry] = {}
     op_geom: dict[int, tuple[GroupAxis, ...]] = {}
     op_key: dict[int, tuple] = {}
@@ -232,15 +235,28 @@ def simulate_chips(
     for op in ops0:
         if op.kind != OpKind.COLLECTIVE:
             continue
-        factors: list[GroupAxis] = []
-        for a in op.mesh_axes:
-            factors += list(groups[a])
-        gaxes = _merge(topology, factors)
-        key = (op.collective, gaxes, round(op.bytes))
-        if key not in base_costs:
-            base_costs[key] = cost_collective(chip, topology, op.collective, gaxes, op.bytes,
-                                              algorithm)
-        geo_axes = gaxes[:1] if op.collective == "collective-permute" else gaxes
+        pairs = False
+        if op.group >= 0:
+            # Explicit device groups (HLO import): factors of the torus axes, or chip pairs
+            # (a permute; its chips rendezvous with the others along the axes it uses, and
+            # degraded links do not slow it in this version).
+            gaxes, key = device_group_axes(trace, topology, op, dev_groups)
+            pairs = len(key) == 4
+            if key not in base_costs:
+                base_costs[key] = (
+                    cost_pairs(chip, topology, dev_groups[op.group][1], op.bytes) if pairs
+                    else cost_collective(chip, topology, op.collective, gaxes, op.bytes,
+                                         algorithm))
+        else:
+            factors: list[GroupAxis] = []
+            for a in op.mesh_axes:
+                factors += list(groups[a])
+            gaxes = _merge(topology, factors)
+            key = (op.collective, gaxes, round(op.bytes))
+            if key not in base_costs:
+                base_costs[key] = cost_collective(chip, topology, op.collective, gaxes,
+                                                  op.bytes, algorithm)
+        geo_axes = gaxes[:1] if op.collective == "collective-permute" and not pairs else gaxes
         if geo_axes not in geoms:
             geoms[geo_axes] = GroupGeometry(topology, geo_axes)
         op_geom[op.id] = geo_axes
@@ -248,7 +264,7 @@ def simulate_chips(
         if key not in group_cost:
             names = {g.physical_name for g in geo_axes}
             rel = {lk: f for lk, f in slow.items() if _link_axis(topology, lk) in names}
-            if rel:
+            if rel and not pairs:
                 group_cost[key] = _slow_group_costs(chip, topology, op.collective, geo_axes,
                                                     op.bytes, algorithm, rel, base_costs[key],
                                                     geoms[geo_axes])

@@ -34,9 +34,11 @@ from topologies.groups import (
     NUM_CLASSES,
     GroupAxis,
     axis_factor,
+    factor_device_groups,
+    route_pairs,
 )
 from topologies.mesh import place_mesh
-from topologies.torus import Topology
+from topologies.torus import AXIS_NAMES, Topology
 from workloads.trace import OpKind, Trace, Unit
 
 OP_COLUMNS = [
@@ -219,6 +221,48 @@ def cost_collective(
     )
 
 
+def device_group_axes(trace: Trace, topology: Topology, op, cache: dict[int, tuple]):
+    """(group axes, cost key) of a collective over explicit device groups (HLO import)."""
+    if op.group not in cache:
+        spec = trace.meta["device_groups"][op.group]
+        members = spec.get("groups", spec.get("pairs", []))
+        bad = [c for g in members for c in g if not 0 <= int(c) < topology.num_chips]
+        if bad:
+            raise TpusimError(
+                f"collective {op.name} names chip {bad[0]}, but the {topology.name} pod has "
+                f"chips 0..{topology.num_chips - 1}; replay it on the pod it was compiled for"
+            )
+        if "pairs" in spec:
+            pairs = [(int(a), int(b)) for a, b in spec["pairs"]]
+            cls, _hops = route_pairs(topology, pairs)
+            axes = tuple(axis_factor(topology, AXIS_NAMES[k // 2], topology.shape[k // 2], 1)
+                         for k in range(0, 2 * topology.ndim, 2) if cls[k] or cls[k + 1])
+            cache[op.group] = (axes, pairs)
+        else:
+            gaxes, _exact = factor_device_groups(topology, [list(map(int, g))
+                                                            for g in spec["groups"]])
+            cache[op.group] = (gaxes, None)
+    gaxes, pairs = cache[op.group]
+    if pairs is not None:
+        return gaxes, ("collective-permute", gaxes, round(op.bytes), op.group)
+    return gaxes, (op.collective, gaxes, round(op.bytes))
+
+
+def cost_pairs(chip: ChipSpec, topology: Topology, pairs: list[tuple[int, int]],
+               nbytes: float) -> CollectiveCost:
+    """A collective-permute between explicit chips: every message on its dimension-order
+    route at once; the busiest link carries its messages back to back and the longest route
+    pays the per-hop latency (exact for the contention-free rings XLA's windowed einsums
+    use)."""
+    cls_msgs, hops = route_pairs(topology, pairs)
+    lm = link_model(chip, topology, {})
+    cls = cls_msgs * float(nbytes)
+    lat = hops * lm.ici_latency_s + (lm.dcn_latency_s if cls[DCN_OUT_CLASS] > 0 else 0.0)
+    drain = float(np.max(cls / lm.class_capacity_bytes_per_s, initial=0.0))
+    return CollectiveCost(time_s=lat + drain, latency_s=lat, class_bytes=cls, group_size=2,
+                          algorithm="direct", hbm_bytes=2.0 * float(nbytes))
+
+
 def replay(
     trace: Trace,
     chip: ChipSpec,
@@ -244,6 +288,7 @@ def replay(
 
     # -- cost everything before env.run() ---------------------------------------------------
     costs: dict[tuple, CollectiveCost] = {}
+    dev_groups: dict[int, tuple] = {}  # device group id -> (gaxes, pairs)
     n = len(trace.ops)
     dur = np.zeros(n)
     t_compute = np.zeros(n)
@@ -268,14 +313,24 @@ def replay(
                 bound[op.id] = "hbm"
             dur[op.id] = max(t_c, t_m) + chip.op_overhead_s
         elif op.kind == OpKind.COLLECTIVE:
-            factors: list[GroupAxis] = []
-            for a in op.mesh_axes:
-                factors += list(groups[a])
-            gaxes = _merge(topology, factors)
-            key = (op.collective, gaxes, round(op.bytes))
-            if key not in costs:
-                costs[key] = cost_collective(chip, topology, op.collective, gaxes, op.bytes,
-                                             algorithm)
+            if op.group >= 0:
+                gaxes, key = device_group_axes(trace, topology, op, dev_groups)
+                if key not in costs:
+                    if len(key) == 4:
+                        costs[key] = cost_pairs(chip, topology, dev_groups[op.group][1],
+                                                op.bytes)
+                    else:
+                        costs[key] = cost_collective(chip, topology, op.collective, gaxes,
+                                                     op.bytes, algorithm)
+            else:
+                factors: list[GroupAxis] = []
+                for a in op.mesh_axes:
+                    factors += list(groups[a])
+                gaxes = _merge(topology, factors)
+                key = (op.collective, gaxes, round(op.bytes))
+                if key not in costs:
+                    costs[key] = cost_collective(chip, topology, op.collective, gaxes,
+                                                 op.bytes, algorithm)
             c = costs[key]
             coll_axes[op.id] = gaxes
             coll_algo[op.id] = c.algorithm
@@ -477,7 +532,8 @@ def _summarize(trace, chip, topology, dur, bound, start, end, net, costs, lm, mx
         peak = max(peak, static + pp_act)
     cap = chip.hbm_bytes
     coll_summary = {
-        f"{k[0]} {'/'.join(g.name for g in k[1])} {k[2]}B": {
+        f"{k[0]} {'/'.join(g.name for g in k[1])} {k[2]}B"
+        + (f" pairs#{k[3]}" if len(k) > 3 else ""): {
             "time_s": v.time_s, "group_size": v.group_size, "algorithm": v.algorithm,
         }
         for k, v in costs.items()

@@ -158,11 +158,11 @@ def test_file_layout_matches_the_documented_format():
     doc = json.loads(t.to_json())
     assert list(doc) == ["format", "version", "mesh", "meta", "columns", "ops"]
     assert doc["format"] == TRACE_FORMAT == "tpusim-trace"
-    assert doc["version"] == TRACE_VERSION == 1
+    assert doc["version"] == TRACE_VERSION == 2
     assert doc["mesh"] == {"ici": {"fsdp": 4}, "dcn": {}}
     assert doc["columns"] == [
         "id", "name", "kind", "unit", "flops", "hbm_bytes", "dtype", "collective", "mesh_axes",
-        "bytes", "duration_s", "deps", "layer", "phase", "alloc_bytes", "free_bytes",
+        "bytes", "duration_s", "deps", "layer", "phase", "alloc_bytes", "free_bytes", "group",
     ]
     row = dict(zip(doc["columns"], doc["ops"][1], strict=True))
     assert row["kind"] == "collective" and row["collective"] == "all-gather"
@@ -205,16 +205,16 @@ MALFORMED = {
     ),
     "no-format": (_mutated(lambda d: d.pop("format")), r'missing "format"'),
     "wrong-version": (
-        _mutated(lambda d: d.update(version=2)), r"version 2; this tpusim reads version 1"
+        _mutated(lambda d: d.update(version=3)), r"version 3; this tpusim reads versions 1, 2"
     ),
     "version-as-string": (
-        _mutated(lambda d: d.update(version="1")), r"version '1'; this tpusim reads version 1"
+        _mutated(lambda d: d.update(version="1")), r"version '1'; this tpusim reads versions 1, 2"
     ),
     "row-missing-field": (
-        _mutated(lambda d: d["ops"][1].pop()), r"op row 1 has 15 fields, expected 16"
+        _mutated(lambda d: d["ops"][1].pop()), r"op row 1 has 16 fields, expected 17"
     ),
     "row-extra-field": (
-        _mutated(lambda d: d["ops"][0].append(0)), r"op row 0 has 17 fields, expected 16"
+        _mutated(lambda d: d["ops"][0].append(0)), r"op row 0 has 18 fields, expected 17"
     ),
     "no-ops": (_mutated(lambda d: d.pop("ops")), r"malformed tpusim trace \(KeyError: 'ops'\)"),
     "no-mesh": (_mutated(lambda d: d.pop("mesh")), r"malformed .*'mesh'"),

@@ -352,3 +352,113 @@ class DetourRouter:
 
 def _fmt(c: tuple[int, ...]) -> str:
     return "(" + ",".join(str(v) for v in c) + ")"
+
+
+def _digit_factors(values: list[int]) -> list[tuple[int, int]] | None:
+    """Sorted distinct coordinates along one axis -> (size, stride) digit factors whose digits
+    enumerate exactly these values from an aligned base, or None."""
+    if len(values) == 1:
+        return []
+    vs = set(values)
+    base = values[0]
+    step = values[1] - values[0]
+    run = 1
+    while base + run * step in vs:
+        run += 1
+    if len(values) % run:
+        return None
+    rest = [v for v in values if ((v - base) // step) % run == 0 and (v - base) % step == 0]
+    if len(rest) * run != len(values):
+        return None
+    if (base // step) % run:  # the digit must start at 0 for the block to be a factor
+        return None
+    inner = _digit_factors(rest)
+    if inner is None or any(s <= step * (run - 1) for _, s in inner):
+        return None
+    return [(run, step)] + inner
+
+
+def factor_device_groups(
+    topology: Topology, groups: list[list[int]]
+) -> tuple[tuple[GroupAxis, ...], bool]:
+    """Replica groups given as chip ids -> the group axes (factors of physical axes) whose
+    replica groups they are, and whether that is exact.
+
+    Exact when every group is a digit-aligned block of factors and the groups are exactly the
+    ones `GroupGeometry` cuts the pod into. Otherwise the whole physical axes along which some
+    group varies are returned with `False` (the caller says so in a warning)."""
+    coords = np.asarray([topology.coords(c) for c in range(topology.num_chips)])
+    names = list(AXIS_NAMES[: topology.ndim]) + ([DCN_AXIS] if topology.num_slices > 1 else [])
+    g0 = np.asarray(groups[0])
+    factors: list[GroupAxis] = []
+    exact = True
+    for col, axis in enumerate(names):
+        vals = sorted({int(v) for v in coords[g0, col]})
+        fs = _digit_factors(vals)
+        if fs is None:
+            exact = False
+            break
+        for size, stride in fs:
+            factors.append(axis_factor(topology, axis, size, stride))
+    if exact and int(np.prod([f.size for f in factors] or [1])) != len(groups[0]):
+        exact = False
+    if exact and factors:
+        geo = GroupGeometry(topology, tuple(factors))
+        seen = set()
+        for g in groups:
+            ids = {int(geo.group_of_chip[c]) for c in g}
+            if len(ids) != 1 or len(g) != geo.group_size or ids & seen:
+                exact = False
+                break
+            seen |= ids
+        if exact and len(seen) != geo.num_groups:
+            exact = False
+    if exact:
+        order = {n: i for i, n in enumerate(AXIS_NAMES + (DCN_AXIS,))}
+        return tuple(sorted(factors, key=lambda g: (order[g.physical_name], g.stride))), True
+    spanned = [a for col, a in enumerate(names)
+               if any(len({int(v) for v in coords[np.asarray(g), col]}) > 1 for g in groups)]
+    return tuple(axis_factor(topology, a, topology.axis_size(a), 1) for a in spanned), False
+
+
+def route_pairs(topology: Topology, pairs: list[tuple[int, int]]) -> tuple[np.ndarray, int]:
+    """Dimension-order shortest routes (x, then y, then z; the shorter way round where an axis
+    wraps, ties going +) of point-to-point messages between chips.
+
+    Returns (messages on the busiest link of each link class, most ICI hops of any route)."""
+    count: dict[int, int] = {}
+    dcn_out: dict[int, int] = {}
+    dcn_in: dict[int, int] = {}
+    max_hops = 0
+    ndim = topology.ndim
+    for src, dst in pairs:
+        cs, cd = topology.coords(src), topology.coords(dst)
+        if topology.num_slices > 1 and cs[ndim] != cd[ndim]:
+            dcn_out[src] = dcn_out.get(src, 0) + 1
+            dcn_in[dst] = dcn_in.get(dst, 0) + 1
+        cur = list(cs[:ndim])
+        hops = 0
+        for a in range(ndim):
+            n = topology.shape[a]
+            delta = (cd[a] - cur[a]) % n
+            if topology.wraparound[a]:
+                d = 1 if delta <= n - delta else -1
+                k = delta if d > 0 else n - delta
+            else:
+                d = 1 if cd[a] >= cur[a] else -1
+                k = abs(cd[a] - cur[a])
+            for _ in range(k):
+                chip = int(np.ravel_multi_index(tuple(cur), topology.shape))
+                link = topology.ici_link_id(chip, a, d)
+                count[link] = count.get(link, 0) + 1
+                cur[a] = (cur[a] + d) % n
+                hops += 1
+        max_hops = max(max_hops, hops)
+    cls = np.zeros(NUM_CLASSES)
+    for link, c in count.items():
+        k = link % (2 * ndim)
+        cls[k] = max(cls[k], c)
+    if dcn_out:
+        cls[DCN_OUT_CLASS] = max(dcn_out.values())
+        cls[DCN_IN_CLASS] = max(dcn_in.values())
+    return cls, max_hops

@@ -1,13 +1,16 @@
 """The SPMD op/collective trace: one program that every chip of a mesh runs, and its file format.
 
 An `Op` is either compute (FLOPs on the MXU or VPU plus HBM bytes, per chip), a collective over
-logical mesh axes (V bytes per replica group, the textbook's convention), a host transfer over
+logical mesh axes or over explicit device groups (V bytes per replica group, the textbook's
+convention; `group` indexes `meta["device_groups"]`, each `{"groups": [[chip, ...], ...]}` or
+`{"pairs": [[src, dst], ...]}` in the pod's chip ids, as HLO import writes), a host transfer over
 PCIe, or an idle interval (a pipeline bubble). Ops name their dependencies explicitly; compute ops
 run in program order on the chip's core, collectives and host transfers run asynchronously as
 soon as their dependencies are done. `alloc_bytes`/`free_bytes` describe HBM occupancy.
 
-File format (`.trace`, JSON): {"format": "tpusim-trace", "version": 1, "mesh": {...},
+File format (`.trace`, JSON): {"format": "tpusim-trace", "version": 2, "mesh": {...},
 "meta": {...}, "columns": [...], "ops": [[...], ...]} — one row per op, columns named once.
+Version 2 added the `group` column; version 1 files (no such column) still load.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from topologies.errors import TpusimError
 from topologies.mesh import LogicalMesh
 
 TRACE_FORMAT = "tpusim-trace"
-TRACE_VERSION = 1
+TRACE_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 
 class OpKind(enum.StrEnum):
@@ -57,6 +61,7 @@ class Op:
     phase: str = ""
     alloc_bytes: float = 0.0
     free_bytes: float = 0.0
+    group: int = -1  # collectives: index into meta["device_groups"] (-1: use mesh_axes)
 
 
 OP_COLUMNS = tuple(f.name for f in fields(Op))
@@ -72,6 +77,7 @@ class Trace:
 
     def __post_init__(self) -> None:
         names = {n for n, _ in self.mesh.axes} | {n for n, _ in self.mesh.dcn_axes}
+        n_groups = len(self.meta.get("device_groups", ()))
         for i, op in enumerate(self.ops):
             if op.id != i:
                 raise TpusimError(
@@ -94,7 +100,13 @@ class Trace:
                         f"trace op {i} ({op.name}) has a {kind}: {fname} = {v!r}; sizes must be "
                         f"finite numbers >= 0"
                     )
-            if op.kind == OpKind.COLLECTIVE:
+            if op.kind == OpKind.COLLECTIVE and op.group >= 0:
+                if op.group >= n_groups:
+                    raise TpusimError(
+                        f"trace op {i} ({op.name}) uses device group {op.group}, but meta lists "
+                        f"{n_groups} device group(s)"
+                    )
+            elif op.kind == OpKind.COLLECTIVE:
                 bad = [a for a in op.mesh_axes if a not in names]
                 if bad or not op.mesh_axes:
                     raise TpusimError(
@@ -132,10 +144,10 @@ class Trace:
                 f"{source} is not a tpusim trace (missing \"format\": \"{TRACE_FORMAT}\"); "
                 f"write one with `tpusim compile ... -o FILE`"
             )
-        if doc.get("version") != TRACE_VERSION:
+        if doc.get("version") not in READABLE_VERSIONS:
             raise TpusimError(
                 f"{source} is trace format version {doc.get('version')!r}; this tpusim reads "
-                f"version {TRACE_VERSION}; recompile it"
+                f"versions {', '.join(map(str, READABLE_VERSIONS))}; recompile it"
             )
         try:
             cols = doc["columns"]
@@ -150,6 +162,11 @@ class Trace:
             )
             ops = []
             for r in doc["ops"]:
+                if not set(cols) <= set(OP_COLUMNS) or "id" not in cols:
+                    raise TpusimError(
+                        f"{source} is a malformed tpusim trace (unknown op columns "
+                        f"{sorted(set(cols) - set(OP_COLUMNS))}); recompile it"
+                    )
                 if len(r) != len(cols):
                     raise TpusimError(
                         f"{source}: op row {len(ops)} has {len(r)} fields, expected {len(cols)}"
@@ -162,8 +179,8 @@ class Trace:
                 for fname in ("flops", "hbm_bytes", "bytes", "duration_s", "alloc_bytes",
                               "free_bytes"):
                     d[fname] = float(d[fname])
-                for fname in ("id", "layer"):
-                    d[fname] = int(d[fname])
+                for fname in ("id", "layer", "group"):
+                    d[fname] = int(d.get(fname, -1))
                 ops.append(Op(**d))
             meta = doc.get("meta", {})
             if not isinstance(meta, dict):
@@ -224,6 +241,25 @@ def _check_meta(meta: dict, source: str) -> None:
                 f"{source}: meta field {key!r} = {v!r} is not a valid "
                 f"{'count' if key in _META_INTS else 'number'}; recompile the trace with "
                 f"`tpusim compile`"
+            )
+    dg = meta.get("device_groups")
+    if dg is not None:
+        def ints(xs) -> bool:
+            return isinstance(xs, list) and all(
+                isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in xs)
+
+        ok = isinstance(dg, list) and all(
+            isinstance(g, dict) and len(g) == 1 and (
+                ("groups" in g and isinstance(g["groups"], list) and g["groups"]
+                 and all(ints(m) and m for m in g["groups"]))
+                or ("pairs" in g and isinstance(g["pairs"], list)
+                    and all(ints(p) and len(p) == 2 for p in g["pairs"])))
+            for g in dg)
+        if not ok:
+            raise TpusimError(
+                f"{source}: meta field 'device_groups' must be a list of {{\"groups\": [[chip, "
+                f"...], ...]}} or {{\"pairs\": [[src, dst], ...]}}; re-import the program with "
+                f"`tpusim import-hlo -o`"
             )
     sb = meta.get("static_breakdown")
     if sb is not None and (not isinstance(sb, dict) or not all(

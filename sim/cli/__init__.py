@@ -19,14 +19,14 @@ __all__ = ["build_parser", "main", "parse_bytes", "parse_coords"]
 
 
 def build_parser() -> Parser:
-    from sim.cli import collectives, inference, reruns, studies, training
+    from sim.cli import collectives, hlo, inference, reruns, studies, training
     from sim.cli.common import flag_specs
 
     p = Parser(prog="tpusim", description="Discrete-event simulator of TPU pods.")
     p.add_argument("--quiet", action="store_true",
                    help="no progress bar (it only appears on a terminal, after 1 s)")
     sub = p.add_subparsers(dest="command", parser_class=Parser)
-    for family in (collectives, training, inference, studies, reruns):
+    for family in (collectives, training, inference, studies, reruns, hlo):
         family.register(sub)
     for sp in sub.choices.values():
         sp.set_defaults(flag_specs=flag_specs(sp))

@@ -229,11 +229,23 @@ def run_replay(args: argparse.Namespace):
     path = Path(args.trace)
     if not path.is_file():
         raise TpusimError(f"trace file {str(path)!r} does not exist; write one with tpusim compile")
-    try:
+    hlo = None
+    if _is_hlo(path):
+        # XLA's compiled HLO text: import it for this pod, then replay like any trace.
+        from sim.cli.hlo import load_hlo
+
+        chip, topo = cli.resolve_pod(args)
+        imp = load_hlo(str(path), topo)  # refuses oversized files before reading them
+        trace, hlo = imp.trace, imp.inventory
         raw = path.read_bytes()
-        text = raw.decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TpusimError(f"trace file {str(path)!r} cannot be read: {exc}") from None
+    else:
+        try:
+            raw = path.read_bytes()
+            text = raw.decode("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TpusimError(f"trace file {str(path)!r} cannot be read: {exc}") from None
+        trace = Trace.from_json(text, source=f"trace file {str(path)!r}")
+        chip, topo = cli.resolve_pod(args)
     digest = hashlib.sha256(raw).hexdigest()
     expected = getattr(args, "trace_sha256", None)
     if expected is not None and expected != digest:
@@ -241,8 +253,6 @@ def run_replay(args: argparse.Namespace):
             f"trace file {str(path)!r} has changed since the result was written (SHA-256 "
             f"{digest[:12]}... instead of {str(expected)[:12]}...); rerun needs the same file"
         )
-    trace = Trace.from_json(text, source=f"trace file {str(path)!r}")
-    chip, topo = cli.resolve_pod(args)
     n = trace.meta.get("num_chips")
     if n is not None and n != topo.num_chips:
         raise TpusimError(
@@ -251,9 +261,13 @@ def run_replay(args: argparse.Namespace):
         )
     result = cli.simulate_step(args, trace, chip, topo,
                                overlap=False if args.no_overlap else None)
-    summary = training_summary(trace, result, chip) if trace.meta.get("kind") == "training" \
-        else {"step_time_s": result.step_time_s, "breakdown": result.breakdown,
-              **per_chip_summary(result)}
+    if hlo is not None:
+        summary = {**hlo_summary(hlo, result), **per_chip_summary(result)}
+    elif trace.meta.get("kind") == "training":
+        summary = training_summary(trace, result, chip)
+    else:
+        summary = {"step_time_s": result.step_time_s, "breakdown": result.breakdown,
+                   **per_chip_summary(result)}
     inputs = cli.base_inputs(args, chip, topo)
     inputs["trace"] = {"path": str(path), "sha256": digest, "kind": trace.meta.get("kind"),
                        "model": trace.meta.get("model")}
@@ -273,9 +287,47 @@ def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
         cli.emit_json(run.to_dict())
     elif trace.meta.get("kind") == "training":
         _print_training(summary)
+    elif trace.meta.get("kind") == "hlo":
+        print(f"HLO module {summary['module']} on {summary['topology']} {summary['chip']} "
+              f"({summary['num_chips']} chips)")
+        print(f"  step time        {result.step_time_s:.6f} s")
+        print("  critical path:")
+        for k, v in result.breakdown.items():
+            share = v / result.step_time_s if result.step_time_s else 0.0
+            print(f"    {k:<18} {v:10.6f} s  {share:6.1%}")
     else:
         print(f"step time {result.step_time_s:.6f} s")
     return 0
+
+
+def _is_hlo(path: Path) -> bool:
+    """Whether `path` (or, for `.gz`, its contents) starts like HLO module text."""
+    from workloads.hlo.lower import is_hlo_text
+
+    try:
+        if path.suffix == ".gz":
+            import gzip
+
+            with gzip.open(path, "rb") as f:
+                head = f.read(4096)
+        else:
+            with open(path, "rb") as f:
+                head = f.read(4096)
+    except (OSError, EOFError):
+        return False
+    return is_hlo_text(head.decode("utf-8", errors="replace"))
+
+
+def hlo_summary(inv: dict[str, Any], result) -> dict[str, Any]:
+    """The replay summary of an imported HLO program: step time plus its inventory totals."""
+    return {
+        "module": inv["module"], "chip": result.chip, "topology": result.topology,
+        "num_chips": result.num_chips, "step_time_s": result.step_time_s,
+        "breakdown": result.breakdown, "dot_flops_per_chip": inv["dot_flops_per_chip"],
+        "collective_bytes_per_chip": inv["collective_bytes_per_chip"],
+        "num_collectives": inv["num_collectives"], "num_ops": result.num_ops,
+        "sim_events": result.sim_events, "collectives": result.collective_costs,
+    }
 
 
 def _outputs_args(p: argparse.ArgumentParser) -> None:
@@ -316,7 +368,8 @@ def _trace_command(help_text: str, func):
 
     def register(sub, name: str) -> None:
         p = sub.add_parser(name, help=help_text)
-        p.add_argument("trace", help="a file written by `tpusim compile`")
+        p.add_argument("trace", help="a file written by `tpusim compile` (or `import-hlo -o`), "
+                                     "or XLA's compiled HLO text (PROGRAM.txt, .gz accepted)")
         cli.add_pod_args(p)
         # The model is compiled into the trace: model.* overrides belong to `tpusim compile`.
         cli.add_set_arg(p, ("chip", "topology", "collective"))

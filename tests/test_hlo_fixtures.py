@@ -1,0 +1,119 @@
+"""The committed HLO fixtures (real XLA TPU compiles, benchmarks/make_hlo_fixtures.py): each
+inventory against numbers computed independently here — dot FLOPs from the program's
+dimensions in closed form, collectives against the independent regex-based counter of
+benchmarks/xla_crosscheck.py — and the replay of each one."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from sim.engine import replay
+from sim.hardware import get_chip
+from tests.conftest import make_topology
+from workloads.hlo.lower import import_hlo
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hlo"
+ROOT = Path(__file__).resolve().parents[1]
+POD = {"v5e:4x4": ("v5e", "4x4"), "v5e:2x4": ("v5e", "2x4"), "v5p:4x4x4": ("v5p", "4x4x4")}
+
+
+def _crosscheck():
+    spec = importlib.util.spec_from_file_location("xla_crosscheck",
+                                                  ROOT / "benchmarks" / "xla_crosscheck.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_CACHE: dict[str, tuple] = {}
+
+
+def load(name: str):
+    """(text, config, chip, topology, HloImport) of one fixture, imported once per session."""
+    if name not in _CACHE:
+        text = gzip.open(FIXTURES / f"{name}.hlo.txt.gz", "rt").read()
+        cfg = json.loads(re.search(r"^// tpusim: config=(.*)$", text, re.M).group(1))
+        chip_name, shape = POD[cfg["topology"]]
+        chip = get_chip(chip_name)
+        topo = make_topology(chip, shape)
+        _CACHE[name] = (text, cfg, chip, topo, import_hlo(text, topology=topo, source=name))
+    return _CACHE[name]
+
+
+def params_per_layer(c: dict) -> int:
+    d, hd = c["d_model"], c["head_dim"]
+    return 2 * d * c["num_heads"] * hd + 2 * d * c["num_kv_heads"] * hd + 3 * d * c["d_ff"]
+
+
+def train_dot_flops(c: dict) -> float:
+    """Per chip: every weight matmul forward, rematerialized forward and two backward matmuls
+    (8 x tokens x params), except the last matmul of each layer (w2), whose rematerialized
+    forward is dead code (only its input is needed for the backward); attention scores and
+    P.V (2 s^2 h hd per sequence each) forward, rematerialized and backward (x2); the
+    unembedding forward and backward (6 x tokens x d x vocab); the embedding is a gather."""
+    t = c["batch_per_chip"] * c["seq"]
+    layers = c["num_layers"] * 2 * t * (4 * params_per_layer(c) - c["d_ff"] * c["d_model"])
+    attn = c["num_layers"] * 8 * 2 * c["seq"] ** 2 * c["num_heads"] * c["head_dim"] * \
+        c["batch_per_chip"]
+    return layers + attn + 6 * t * c["d_model"] * c["vocab_size"]
+
+
+TRAIN = ["train_fsdp_v5e16", "train_fsdp_tp_v5e16", "train_fsdp_v5p64", "train_fsdp_tp_v5p64"]
+ALL = TRAIN + ["decode_tp8_v5e8"]
+
+
+@pytest.mark.parametrize("name", TRAIN)
+def test_train_step_dot_flops_match_the_closed_form(name):
+    _text, cfg, _chip, _topo, imp = load(name)
+    assert imp.inventory["dot_flops_per_chip"] == train_dot_flops(cfg)
+
+
+def test_decode_dot_flops_match_the_closed_form():
+    _text, c, _chip, _topo, imp = load("decode_tp8_v5e8")
+    b, tp = c["batch_per_chip"] * c["num_chips"], c["mesh"]["tensor"]
+    params = c["num_layers"] * params_per_layer(c) + c["d_model"] * c["vocab_size"]
+    # Weight matmuls split over tensor; attention's P.V on the MXU against kv_len + 1 keys
+    # (q.K for one query token is a multiply-reduce on the VPU, so it is not a dot).
+    pv = c["num_layers"] * 2 * b * (c["kv_len"] + 1) * c["num_heads"] * c["head_dim"] // tp
+    assert imp.inventory["dot_flops_per_chip"] == 2 * b * params // tp + pv
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_collectives_match_an_independent_count(name):
+    text, _cfg, _chip, _topo, imp = load(name)
+    ref: dict[str, list] = {}
+    for o in _crosscheck().parse_hlo_collectives(text):
+        r = ref.setdefault(o["kind"], [0, 0.0])
+        r[0] += o["count"]
+        r[1] += o["count"] * o["bytes"]
+    got: dict[str, list] = {}
+    for r in imp.inventory["collectives"]:
+        g = got.setdefault(r["kind"], [0, 0.0, r["group_size"]])
+        g[0] += r["executions"]
+        # The cross-check counts an all-to-all's per-chip buffer; V is the whole array of the
+        # group (group size x that).
+        g[1] += r["bytes"] / (r["group_size"] if r["kind"] == "all-to-all" else 1)
+    assert {k: v[:2] for k, v in got.items()} == ref
+    inv = imp.inventory
+    assert inv["num_collectives"] == sum(v[0] for v in ref.values())
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_fixture_replays(name):
+    _text, _cfg, chip, topo, imp = load(name)
+    res = replay(imp.trace, chip, topo)
+    bd = res.breakdown
+    assert res.step_time_s == pytest.approx(sum(bd.values()))
+    # The step cannot beat its MXU work at peak x efficiency, nor its HBM traffic.
+    inv = imp.inventory
+    assert res.step_time_s >= inv["dot_flops_per_chip"] / (
+        chip.mxu_flops_per_s * chip.mxu_efficiency)
+    assert res.step_time_s >= inv["hbm_bytes_per_chip"] / (
+        chip.hbm_bytes_per_s * chip.hbm_efficiency)
+    assert res.num_ops == inv["num_trace_ops"]

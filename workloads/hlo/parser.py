@@ -1,0 +1,597 @@
+"""HLO module text -> `HloModule`: a tokenizer and a recursive-descent parser of XLA's HLO text
+grammar (modules, computations, instructions, shapes with layouts and tuples, attributes).
+
+The parser never evaluates the text: attribute values are kept as their source text and decoded
+by the typed readers below (`replica_groups`, `source_target_pairs`, dimension lists, JSON
+backend configs). It accepts what `compiled.as_text()` and XLA's `--xla_dump_to` write (the
+optimized module and the post-SPMD-partitioning dump). Every malformed input raises a one-line
+`TpusimError` naming the line and what was expected.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import re
+from dataclasses import dataclass, field
+
+from topologies.errors import TpusimError
+
+# Limits against hostile or accidental input (one-line errors, never a hang or a recursion error).
+MAX_TEXT_BYTES = 64 << 20  # the 2 MB 8-layer train step is 30x smaller
+MAX_NESTING = 64  # brace/paren nesting inside one instruction, and computation call depth
+
+# Bytes per element; sub-byte types round up (XLA packs them, but they are rare in programs
+# tpusim replays and never dominate traffic).
+DTYPE_BYTES = {
+    "pred": 1, "s2": 1, "u2": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2,
+    "s32": 4, "u32": 4, "s64": 8, "u64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8,
+    "c64": 8, "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1, "f8e4m3b11fnuz": 1,
+    "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "f8e3m4": 1, "f4e2m1fn": 1, "f8e8m0fnu": 1,
+    "token": 0, "opaque": 0,
+}
+
+_SOURCE_TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
+
+_TOKEN_RE = re.compile(
+    r"""
+    (?P<ws>\s+)
+  | (?P<comment>/\*.*?\*/|//[^\n]*)
+  | (?P<string>"(?:[^"\\\n]|\\.)*")
+  | (?P<sq>'[^'\n]*')
+  | (?P<arrow>->)
+  | (?P<le><=)
+  | (?P<ellipsis>\.\.\.)
+  | (?P<word>-?[%\w$][\w.$+]*(?:-(?!>)[\w.$+]*)*)
+  | (?P<punct>[{}()\[\],=:*<>;/@!?#|^])
+    """,
+    re.VERBOSE | re.DOTALL,
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Shape:
+    """An array shape (`bf16[8,128]{1,0}`) or a tuple of shapes (`(f32[], s32[4])`)."""
+
+    dtype: str = ""
+    dims: tuple[int, ...] = ()
+    layout: str = ""  # minor-to-major and tiling text, e.g. "1,0:T(8,128)(2,1)"
+    elements: tuple[Shape, ...] | None = None  # tuple shapes only
+
+    @property
+    def is_tuple(self) -> bool:
+        return self.elements is not None
+
+    @property
+    def num_elements(self) -> int:
+        if self.elements is not None:
+            return sum(e.num_elements for e in self.elements)
+        n = 1
+        for d in self.dims:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        if self.elements is not None:
+            return sum(e.nbytes for e in self.elements)
+        return self.num_elements * DTYPE_BYTES[self.dtype]
+
+    def leaves(self) -> list[Shape]:
+        if self.elements is None:
+            return [self]
+        out: list[Shape] = []
+        for e in self.elements:
+            out += e.leaves()
+        return out
+
+    def __str__(self) -> str:
+        if self.elements is not None:
+            return "(" + ", ".join(str(e) for e in self.elements) + ")"
+        s = f"{self.dtype}[{','.join(map(str, self.dims))}]"
+        return s + (f"{{{self.layout}}}" if self.layout else "")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Instruction:
+    name: str
+    opcode: str
+    shape: Shape
+    operands: tuple[str, ...]  # instruction names (without %)
+    attrs: dict[str, str]  # attribute name -> value source text
+    literal: str = ""  # constant(...) / parameter(N) contents
+    is_root: bool = False
+    line: int = 0
+
+    def called(self) -> list[str]:
+        """Computations this instruction calls, in attribute order."""
+        out = []
+        for key in ("calls", "to_apply", "body", "condition", "branch_computations",
+                    "true_computation", "false_computation", "async_execution_thread_calls"):
+            v = self.attrs.get(key)
+            if v:
+                out += [n.strip().lstrip("%") for n in v.strip("{}").split(",") if n.strip()]
+        return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Computation:
+    name: str
+    instructions: tuple[Instruction, ...]
+    is_entry: bool = False
+    by_name: dict[str, Instruction] = field(default_factory=dict, compare=False)
+
+    @property
+    def root(self) -> Instruction:
+        for ins in self.instructions:
+            if ins.is_root:
+                return ins
+        return self.instructions[-1]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HloModule:
+    name: str
+    attrs: dict[str, str]
+    computations: dict[str, Computation]
+    entry: str
+    shapes: dict[str, Shape] = field(default_factory=dict, compare=False)  # instruction shapes
+
+    @property
+    def entry_computation(self) -> Computation:
+        return self.computations[self.entry]
+
+    @property
+    def num_partitions(self) -> int:
+        return int(self.attrs.get("num_partitions", "1"))
+
+    @property
+    def replica_count(self) -> int:
+        return int(self.attrs.get("replica_count", "1"))
+
+    @property
+    def num_instructions(self) -> int:
+        return sum(len(c.instructions) for c in self.computations.values())
+
+
+_BLOB_ATTRS = frozenset({"backend_config", "metadata", "frontend_attributes", "sharding",
+                         "output_to_operand_aliasing", "entry_computation_layout",
+                         "source_target_pairs", "replica_groups", "origin"})
+_GROUP_RE = re.compile(r"""(?:[^{}"]|"(?:[^"\\]|\\.)*")+|[{}]""")
+
+
+def _group_end(text: str, pos: int, parser: _Parser) -> int:
+    """End offset of the brace group that opens at `pos` (strings may hold braces)."""
+    depth = 0
+    for m in _GROUP_RE.finditer(text, pos):
+        c = m.group()
+        if c == "{":
+            depth += 1
+            if depth > MAX_NESTING:
+                raise parser._error_at(m.start(), f"braces nest deeper than {MAX_NESTING} "
+                                                  f"levels; this is not a program XLA writes")
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return m.end()
+    raise parser._error_at(pos, "a '{' is never closed (truncated file?)")
+
+
+class _Parser:
+    def __init__(self, text: str, source: str) -> None:
+        self.text = text
+        self.source = source
+        self._newlines: list[int] | None = None
+        toks: list[tuple[str, str, int]] = []
+        pos = 0
+        n = len(text)
+        match = _TOKEN_RE.match
+        append = toks.append
+        while pos < n:
+            m = match(text, pos)
+            if m is None:
+                raise self._error_at(pos, f"unexpected character {text[pos]!r}")
+            kind = m.lastgroup
+            pos = m.end()
+            if kind == "ws" or kind == "comment":
+                continue
+            val = m.group()
+            append((kind, val, m.start()))  # type: ignore[arg-type]
+            # Brace groups that are only ever kept as text (layouts written right after a
+            # shape's `]`, and the long attribute values) become one token: most of a
+            # module's bytes are backend-config JSON, and this keeps tokenizing linear and fast.
+            if pos < n and text[pos] == "{" and (
+                    val == "]" or (val == "=" and len(toks) >= 2 and toks[-2][1] in _BLOB_ATTRS)):
+                end = _group_end(text, pos, self)
+                append(("blob", text[pos:end], pos))
+                pos = end
+        self.toks = toks
+        self.i = 0
+        self.shapes: dict[str, Shape] = {}
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _line(self, pos: int) -> int:
+        if self._newlines is None:
+            self._newlines = [m.start() for m in re.finditer("\n", self.text)]
+        return bisect.bisect_left(self._newlines, pos) + 1
+
+    def _error_at(self, pos: int, what: str) -> TpusimError:
+        return TpusimError(f"{self.source} is not valid HLO text: line {self._line(pos)}: {what}")
+
+    def error(self, what: str) -> TpusimError:
+        if self.i >= len(self.toks):
+            return TpusimError(
+                f"{self.source} is not valid HLO text: it ends early ({what}); the file looks "
+                f"truncated, write it again with compiled.as_text()"
+            )
+        kind, val, pos = self.toks[self.i]
+        return self._error_at(pos, f"{what}, found {val[:40]!r}")
+
+    def peek(self, k: int = 0) -> str:
+        j = self.i + k
+        return self.toks[j][1] if j < len(self.toks) else ""
+
+    def next(self) -> str:
+        if self.i >= len(self.toks):
+            raise self.error("expected more input")
+        v = self.toks[self.i][1]
+        self.i += 1
+        return v
+
+    def expect(self, val: str) -> None:
+        if self.peek() != val:
+            raise self.error(f"expected {val!r}")
+        self.i += 1
+
+    def word(self, what: str) -> str:
+        if self.i >= len(self.toks) or self.toks[self.i][0] != "word":
+            raise self.error(f"expected {what}")
+        return self.next()
+
+    def _item(self) -> None:
+        """Skip one bracketed group (any nesting) or one token."""
+        kind, v, pos = self.toks[self.i]
+        if kind != "punct" or v not in "{([":
+            self.i += 1
+            return
+        depth = 0
+        while True:
+            if self.i >= len(self.toks):
+                raise self.error("unbalanced brackets")
+            kind, v, pos = self.toks[self.i]
+            self.i += 1
+            if kind == "punct" and v in "{([":
+                depth += 1
+                if depth > MAX_NESTING:
+                    raise self._error_at(
+                        pos, f"brackets nest deeper than {MAX_NESTING} levels; this is not a "
+                             f"program XLA writes")
+            elif kind == "punct" and v in "})]":
+                depth -= 1
+                if depth == 0:
+                    return
+
+    def skip_balanced(self) -> str:
+        """Skip one attribute value and return its source text: a bracketed group, a string or
+        a word, joined by `->` / `<=` and followed by `T(...)` where HLO writes those
+        (`dim_labels=b01f_01io->b01f`, `replica_groups=[2,4]<=[4,2]T(1,0)`)."""
+        if self.i >= len(self.toks):
+            raise self.error("expected a value")
+        if self.toks[self.i][1] in ("}", ")", "]", ","):
+            raise self.error("expected a value")
+        start = self.toks[self.i][2]
+        self._item()
+        while self.i < len(self.toks):
+            nxt = self.toks[self.i][1]
+            if nxt in ("->", "<="):
+                self.i += 1
+                if self.i >= len(self.toks):
+                    raise self.error("expected a value after " + nxt)
+                self._item()
+            elif nxt == "T" and self.peek(1) == "(":
+                self.i += 1
+                self._item()
+            elif (nxt == "[" and self.toks[self.i - 1][1] == "mesh") or (
+                    nxt == "{" and self.toks[self.i - 1][1] == "]"):
+                # mesh-axes replica groups: `mesh['axis_0'=16,'axis_1'=1] {'axis_0'}`
+                self._item()
+            else:
+                break
+        last = self.toks[self.i - 1]
+        return self.text[start:last[2] + len(last[1])]
+
+    # -- grammar ----------------------------------------------------------------------------
+    def module(self) -> HloModule:
+        if self.peek() != "HloModule":
+            raise TpusimError(
+                f"{self.source} is not HLO text: it does not start with 'HloModule'; give the "
+                f"text of compiled.as_text() or an --xla_dump_to *.txt file"
+            )
+        self.next()
+        name = self.word("a module name")
+        attrs: dict[str, str] = {}
+        while self.peek() == ",":
+            self.next()
+            key = self.word("a module attribute")
+            self.expect("=")
+            attrs[key] = self.skip_balanced()
+        comps: dict[str, Computation] = {}
+        entry = None
+        while self.i < len(self.toks):
+            if self.peek() in _SOURCE_TABLES:
+                # Source-location tables (`FileNames` / `1 "f.py"` ...): no cost information.
+                self.next()
+                while self.i < len(self.toks) and self.peek().isdigit():
+                    self.next()
+                    self._item()
+                continue
+            comp = self.computation()
+            if comp.name in comps:
+                raise self.error(f"computation {comp.name!r} is defined twice")
+            comps[comp.name] = comp
+            if comp.is_entry:
+                entry = comp.name
+        if not comps:
+            raise TpusimError(f"{self.source} has a module header but no computations; the "
+                              f"file looks truncated")
+        if entry is None:
+            entry = list(comps)[-1]  # XLA prints the entry last when it is not marked
+        for c in comps.values():
+            for ins in c.instructions:
+                for callee in ins.called():
+                    if callee not in comps:
+                        raise TpusimError(
+                            f"{self.source}: line {ins.line}: {ins.name} calls computation "
+                            f"{callee!r}, which the module does not define (truncated file?)")
+        return HloModule(name=name, attrs=attrs, computations=comps, entry=entry,
+                         shapes=self.shapes)
+
+    def computation(self) -> Computation:
+        is_entry = False
+        if self.peek() == "ENTRY":
+            self.next()
+            is_entry = True
+        name = self.word("a computation name ('ENTRY %main ...' or '%name ...')").lstrip("%")
+        # Optional signature `(p: f32[2], ...) -> f32[2]`.
+        if self.peek() == "(":
+            self._item()
+            if self.peek() == "->":
+                self.next()
+                self.shape(layout=False)  # the '{' that follows opens the body
+        if self.peek() == ",":  # e.g. `, execution_thread="main"`
+            while self.peek() == ",":
+                self.next()
+                self.word("an attribute")
+                self.expect("=")
+                self.skip_balanced()
+        self.expect("{")
+        instrs: list[Instruction] = []
+        by_name: dict[str, Instruction] = {}
+        while self.peek() != "}":
+            if self.i >= len(self.toks):
+                raise self.error(f"computation {name!r} is not closed with '}}'")
+            ins = self.instruction()
+            instrs.append(ins)
+            by_name[ins.name] = ins
+        self.next()
+        if not instrs:
+            raise self.error(f"computation {name!r} has no instructions")
+        return Computation(name=name, instructions=tuple(instrs), is_entry=is_entry,
+                           by_name=by_name)
+
+    def shape(self, depth: int = 0, layout: bool = True) -> Shape:
+        if depth > MAX_NESTING:
+            raise self.error(f"tuple shapes nest deeper than {MAX_NESTING} levels")
+        if self.peek() == "(":
+            self.next()
+            elems = []
+            while self.peek() != ")":
+                elems.append(self.shape(depth + 1, layout))
+                if self.peek() == ",":
+                    self.next()
+                elif self.peek() != ")":
+                    raise self.error("expected ',' or ')' in a tuple shape")
+            self.next()
+            return Shape(elements=tuple(elems))
+        dtype = self.word("a shape such as f32[8,128]")
+        if dtype not in DTYPE_BYTES:
+            raise self.error(f"unknown element type {dtype!r} (expected e.g. bf16, f32, s32)")
+        self.expect("[")
+        dims: list[int] = []
+        while self.peek() != "]":
+            tok = self.next()
+            if tok == "<=":  # dynamic dimension: bounded size
+                tok = self.next()
+            elif tok == "?":
+                tok = "0"
+            try:
+                dims.append(int(tok))
+            except ValueError:
+                raise self.error(f"dimension {tok!r} of a {dtype} shape is not an integer") \
+                    from None
+            if self.peek() == ",":
+                self.next()
+        self.next()
+        text = ""
+        if layout and self.peek().startswith("{"):
+            text = self.skip_balanced()[1:-1]
+        return Shape(dtype=dtype, dims=tuple(dims), layout=text)
+
+    def instruction(self) -> Instruction:
+        is_root = False
+        if self.peek() == "ROOT":
+            self.next()
+            is_root = True
+        pos = self.toks[self.i][2] if self.i < len(self.toks) else len(self.text)
+        name = self.word("an instruction ('%name = shape opcode(...)')").lstrip("%")
+        self.expect("=")
+        shape = self.shape()
+        opcode = self.word("an opcode")
+        self.expect("(")
+        operands: list[str] = []
+        literal = ""
+        if opcode in ("constant", "parameter", "iota") or self.peek() == "{":
+            if self.peek() != ")":
+                literal = self.skip_balanced()
+                while self.peek() == ",":  # constant({1, 2})-style lists at depth 0
+                    self.next()
+                    literal += "," + self.skip_balanced()
+        else:
+            while self.peek() != ")":
+                # operand: [shape] %name   (long form prints the operand's shape first)
+                if self.i + 1 < len(self.toks) and self.toks[self.i][0] == "word" and (
+                        self.peek(1) == "[" or self.peek() == "(") and \
+                        self.peek() in DTYPE_BYTES:
+                    self.shape()
+                elif self.peek() == "(":
+                    self.shape()
+                tok = self.word("an operand name")
+                operands.append(tok.lstrip("%"))
+                if self.peek() == ",":
+                    self.next()
+                elif self.peek() != ")":
+                    raise self.error("expected ',' or ')' after an operand")
+        self.expect(")")
+        attrs: dict[str, str] = {}
+        while self.peek() == ",":
+            self.next()
+            key = self.word("an attribute name")
+            self.expect("=")
+            attrs[key] = self.skip_balanced()
+        self.shapes[name] = shape
+        return Instruction(name=name, opcode=opcode, shape=shape, operands=tuple(operands),
+                           attrs=attrs, literal=literal, is_root=is_root, line=self._line(pos))
+
+
+def parse_hlo(text: str, *, source: str = "HLO module") -> HloModule:
+    """Parse HLO module text (see the module docstring)."""
+    if len(text) > MAX_TEXT_BYTES:
+        raise TpusimError(
+            f"{source} is {len(text) / 2**20:.0f} MiB of HLO text; tpusim reads modules of at "
+            f"most {MAX_TEXT_BYTES >> 20} MiB (compile fewer layers or use a scanned model)"
+        )
+    if "\x00" in text[:4096]:
+        raise TpusimError(f"{source} is a binary file, not HLO text; give the text of "
+                          f"compiled.as_text()")
+    return _Parser(text, source).module()
+
+
+# -- typed attribute readers ------------------------------------------------------------------
+_INT_RE = re.compile(r"-?\d+")
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """`{1,0}` / `{}` / `1` -> ints."""
+    return tuple(int(x) for x in _INT_RE.findall(text))
+
+
+def replica_groups(text: str, num_devices: int) -> list[list[int]]:
+    """`{{0,1},{2,3}}`, `{}` (one group of every device) or the iota form `[a,b]<=[n]` /
+    `[a,b]<=[d0,d1]T(1,0)` -> lists of device ids."""
+    t = text.strip()
+    if t.startswith("mesh"):
+        return _mesh_groups(t, num_devices)
+    if t.startswith("["):
+        m = re.fullmatch(r"\[([\d,\s]+)\]\s*<=\s*\[([\d,\s]+)\](?:\s*T\(([\d,\s]+)\))?", t)
+        if not m:
+            raise TpusimError(f"replica_groups={t!r} is not an iota list like [2,4]<=[8] or "
+                              f"[2,4]<=[4,2]T(1,0)")
+        out_dims = int_list(m.group(1))
+        reshape = int_list(m.group(2))
+        perm = int_list(m.group(3)) if m.group(3) else tuple(range(len(reshape)))
+        if sorted(perm) != list(range(len(reshape))):
+            raise TpusimError(f"replica_groups={t!r}: T{perm} is not a permutation")
+        total = 1
+        for d in reshape:
+            total *= d
+        prod_out = 1
+        for d in out_dims:
+            prod_out *= d
+        if total != prod_out or len(out_dims) != 2:
+            raise TpusimError(f"replica_groups={t!r}: the iota list must be [groups,size] with "
+                              f"as many devices as [{','.join(map(str, reshape))}] holds")
+        # ids = iota(total).reshape(reshape).transpose(perm).reshape(out_dims)
+        strides = [1] * len(reshape)
+        for k in range(len(reshape) - 2, -1, -1):
+            strides[k] = strides[k + 1] * reshape[k + 1]
+        tdims = [reshape[p] for p in perm]
+        tstrides = [strides[p] for p in perm]
+        flat: list[int] = [0]
+        for d, s in zip(tdims, tstrides, strict=True):
+            flat = [b + k * s for b in flat for k in range(d)]
+        g, size = out_dims
+        return [flat[i * size:(i + 1) * size] for i in range(g)]
+    inner = t[1:-1].strip() if t.startswith("{") and t.endswith("}") else t
+    if not inner:
+        return [list(range(num_devices))]
+    groups = [list(int_list(g)) for g in re.findall(r"\{([^{}]*)\}", inner)]
+    if not groups:
+        raise TpusimError(f"replica_groups={t[:60]!r} is not a list of groups like {{{{0,1}}}}")
+    return groups
+
+
+def _mesh_groups(t: str, num_devices: int) -> list[list[int]]:
+    """`mesh['a'=4,'b'=4] {'b'}`: devices 0..n-1 laid out row-major on the named mesh; a group
+    is the devices that differ only along the axes in braces."""
+    m = re.fullmatch(r"mesh\[([^\]]*)\]\s*\{([^}]*)\}", t)
+    axes = re.findall(r"'([^']*)'\s*=\s*(\d+)", m.group(1)) if m else []
+    if not m or not axes:
+        raise TpusimError(f"replica_groups={t[:80]!r} is not a mesh-axes list like "
+                          f"mesh['x'=4,'y'=4] {{'y'}}")
+    names = [a for a, _ in axes]
+    sizes = [int(n) for _, n in axes]
+    chosen = re.findall(r"'([^']*)'", m.group(2))
+    if re.search(r"[():]", m.group(2)) or any(c not in names for c in chosen):
+        raise TpusimError(f"replica_groups={t[:80]!r}: tpusim reads whole mesh axes only "
+                          f"(got {m.group(2)!r}; axes are {names})")
+    total = 1
+    for n in sizes:
+        total *= n
+    strides = [1] * len(sizes)
+    for k in range(len(sizes) - 2, -1, -1):
+        strides[k] = strides[k + 1] * sizes[k + 1]
+    inside = [k for k in range(len(sizes)) if names[k] in chosen]
+    outside = [k for k in range(len(sizes)) if names[k] not in chosen]
+
+    def ids(dims: list[int]) -> list[int]:
+        flat = [0]
+        for k in dims:
+            flat = [b + i * strides[k] for b in flat for i in range(sizes[k])]
+        return flat
+
+    return [[b + o for o in ids(inside)] for b in ids(outside)]
+
+
+def source_target_pairs(text: str) -> list[tuple[int, int]]:
+    pairs = []
+    for g in re.findall(r"\{([^{}]*)\}", text):
+        ids = int_list(g)
+        if len(ids) != 2:
+            raise TpusimError(f"source_target_pairs entry {{{g}}} is not a pair")
+        pairs.append((ids[0], ids[1]))
+    return pairs
+
+
+def backend_config(ins: Instruction) -> dict:
+    """The JSON backend config (`backend_config={...}` or a quoted JSON string); {} if absent
+    or not JSON."""
+    raw = ins.attrs.get("backend_config", "")
+    if not raw:
+        return {}
+    try:
+        if raw.startswith('"'):
+            raw = json.loads(raw)
+        v = json.loads(raw)
+    except (ValueError, TypeError):
+        return {}
+    return v if isinstance(v, dict) else {}
+
+
+def dot_dims(ins: Instruction) -> dict[str, tuple[int, ...]]:
+    return {k: int_list(ins.attrs.get(k, "")) for k in (
+        "lhs_batch_dims", "rhs_batch_dims", "lhs_contracting_dims", "rhs_contracting_dims")}
+
+
+def frontend_attributes(ins: Instruction) -> dict[str, str]:
+    raw = ins.attrs.get("frontend_attributes", "")
+    return {k: v for k, v in re.findall(r'([\w.\-]+)="((?:[^"\\]|\\.)*)"', raw)}
