@@ -43,6 +43,7 @@ from topologies.errors import TpusimError  # noqa: E402
 from topologies.mesh import parse_mesh  # noqa: E402
 from topologies.slices import SLICES, resolve_topology  # noqa: E402
 from workloads.models import TransformerSpec, model_from_dict  # noqa: E402
+from workloads.moe import MoeConfig  # noqa: E402
 from workloads.training import Remat, TrainingConfig, compile_training_step  # noqa: E402
 
 REFERENCE_DIR = ROOT / "docs" / "reference"
@@ -82,6 +83,7 @@ class Case:
     step_source: str  # "log" (printed step time) or "derived" (from MFU / TFLOP/s)
     quality: str
     notes: tuple[str, ...] = ()
+    capacity_factor: float | None = None  # MoE dropping path (None: dropless / dense model)
 
     @property
     def low_quality(self) -> bool:
@@ -278,9 +280,8 @@ def load_cases(
         moe = raw.get("other_settings", {}).get("moe", "")
         if "capacity_factor" in moe and cf is None:
             cf = float(moe.split("capacity_factor=")[1].split(",")[0])
-        if cf and cf != 1.0:
-            notes.append(f"MoE capacity factor {cf} (tpusim computes top-k exactly, so "
-                         f"{cf}x expert work is not simulated)")
+        if cf:
+            notes.append(f"MoE capacity factor {cf}, dense one-hot dispatch (simulated)")
         if raw.get("other_settings", {}).get("opt_type", "").startswith("sgd"):
             notes.append("SGD optimizer and bf16 weights (tpusim assumes Adam: memory only)")
         if raw["model"].get("learned_position_embedding_size"):
@@ -299,7 +300,7 @@ def load_cases(
             mesh=mesh[0], dcn=mesh[1], remat=remat_for(rem_text, custom_remat),
             maxtext_remat=rem_text.split(" ")[0], seq_len=int(seq), batch_per_chip=int(pdbs),
             measured_step_s=float(step), measured_tokens_s=float(tok_s), step_source=source,
-            quality=quality, notes=tuple(notes),
+            quality=quality, notes=tuple(notes), capacity_factor=float(cf) if cf else None,
         ))
         if quality != "low":
             counters[chip] += 1
@@ -329,7 +330,8 @@ def _trace(case: Case):
                                 max_pod_shape=base.max_pod_shape, shape=tuple(shape),
                                 num_slices=case.num_slices)
         cfg = TrainingConfig(seq_len=case.seq_len, batch_per_chip=case.batch_per_chip,
-                             remat=case.remat, attention="flash")
+                             remat=case.remat, attention="flash",
+                             moe=MoeConfig(capacity_factor=case.capacity_factor))
         trace = compile_training_step(case.model, parse_mesh(case.mesh, case.dcn or None),
                                       topo.num_chips, cfg)
         _TRACES[key] = (trace, topo)

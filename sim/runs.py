@@ -92,5 +92,7 @@ def describe_config(cfg: Any) -> dict[str, Any]:
     out = {}
     for f in dataclasses.fields(cfg):
         v = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(v):  # a nested setting, e.g. TrainingConfig.moe
+            v = describe_config(v)
         out[f.name] = str(v) if isinstance(v, enum.Enum) else v
     return out

@@ -10,11 +10,12 @@ Two shardings: 1D (Megatron: `tensor` splits heads, d_ff and vocab) and, when th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from topologies.errors import TpusimError
 from topologies.mesh import LogicalMesh
 from workloads.models import TransformerSpec
+from workloads.moe import MoeConfig, dispatch_flops, expert_shares, plan_routing
 from workloads.trace import OpKind, Trace, TraceBuilder, Unit
 
 # Bytes per element of the weight / KV-cache formats we model (tpu.md §1.2 "Lower precision").
@@ -46,6 +47,7 @@ class DecodeConfig:
         matmul_dtype: MXU format of the weight matmuls (int8 runs at the int8 peak).
         prompt_len: prefill only: prompt tokens per sequence.
         prefill_chunk: prefill only: tokens per chunk (None = the whole prompt at once).
+        moe: router skew and capacity factor (workloads/moe.py).
     """
 
     batch: int
@@ -55,6 +57,7 @@ class DecodeConfig:
     matmul_dtype: str = "bf16"
     prompt_len: int | None = None
     prefill_chunk: int | None = None
+    moe: MoeConfig = field(default_factory=MoeConfig)
 
     def __post_init__(self) -> None:
         def _pos_int(v: object) -> bool:
@@ -244,6 +247,7 @@ class _InferenceCompiler:
         self.wb = cfg.weight_bytes_per_param
         self.kvb = cfg.kv_bytes_per_elem
         self.mm_dtype = cfg.matmul_dtype
+        self.routing = None  # the last MoE layer's routing (for the meta)
 
     # -- helpers (same conventions as workloads/training.py) ---------------------------------
     def mm(self, name, flops, w_bytes, io_bytes, deps, layer, phase, weights=True, **kw):
@@ -304,7 +308,7 @@ class _InferenceCompiler:
         res1 = self.vpu("residual_attn", n * D, 3 * n * D * a, self._deps(out, ar1), layer,
                         phase)
         norm2 = self.vpu("norm_mlp", 5 * n * D, 2 * n * D * a, [res1], layer, phase)
-        mlp = self.mlp(layer, norm2, n, phase)
+        mlp = self.mlp(layer, norm2, n, phase, t)
         ar2 = self.coll("tp_allreduce_mlp", "all-reduce", ("tensor",), n * D * a, [mlp], layer,
                         phase)
         return self.vpu("residual_mlp", n * D, 3 * n * D * a, self._deps(mlp, res1, ar2), layer,
@@ -400,38 +404,64 @@ class _InferenceCompiler:
         return self.mm("attention", flops, 0.0, kv_read + kv_write + chunk_kv + qo, deps, layer,
                        phase, weights=False)
 
-    def mlp(self, layer: int, dep: int, n: float, phase: str) -> int:
+    def mlp(self, layer: int, dep: int, n: float, phase: str, t: int) -> int:
         m, lay, a, wb = self.m, self.lay, _ACT_BYTES, self.wb
         D, tp, mats = m.d_model, lay.tp, m.mlp.num_matrices
         if m.is_moe and layer >= m.first_dense_layers:
             E, k, F = m.num_experts, m.experts_per_token, m.expert_d_ff
+            # A routing group is one sequence's `t` new tokens (workloads/moe.py).
+            rt = plan_routing(m, lay.ep, t, self.cfg.moe)
+            self.routing = rt
+            rows = rt.expert_rows_per_token  # rows per local token on the busiest chip
             router = self.mm("router", 2 * n * D * E, D * E * wb, n * D * a + n * E * 4, [dep],
                              layer, phase)
             topk = self.vpu("topk_route", 4 * n * E, n * E * 4, [router], layer, phase)
-            disp = self.coll("ep_dispatch", "all-to-all", ("expert",), n * k * D * a * lay.ep,
-                             [topk], layer, phase)
-            # Only experts that receive a token are read from HBM. With uniform routing of the
-            # group's n*ep tokens (k distinct experts each), a given expert is idle with
-            # probability (1 - k/E)^(n*ep); this gives the book's E/k weight-load factor at
-            # small batch (tpu.md §3 "MoE").
+            pre = topk
             e_loc = E / lay.ep
-            touched = e_loc * (1 - (1 - k / E) ** (n * lay.ep))
+            if rt.dense_dispatch:
+                # MaxText's dropping path: one-hot [tokens, experts, capacity] masks and the
+                # dispatch einsum; every expert computes its whole (padded) capacity, so all
+                # local expert weights are read.
+                mask = n * E * rt.capacity * a
+                masks = self.vpu("moe_masks", 2 * n * E * rt.capacity, 2 * mask, [topk], layer,
+                                 phase)
+                pre = self.mm("moe_dispatch", dispatch_flops(n, E, rt.capacity, D), 0.0,
+                              mask + n * D * a + n * rows * D * a, [masks], layer, phase,
+                              weights=False)
+                touched = e_loc
+            else:
+                # Only experts that receive a token are read from HBM. An expert with share q
+                # of the routing assignments is picked by a token with probability k q, so it
+                # is idle with probability (1 - k q)^(n ep) over the group's n ep tokens; at
+                # uniform routing (q = 1/E) this gives the book's E/k weight-load factor at
+                # small batch (tpu.md §3 "MoE"). The busiest chip holds the hottest block.
+                q = expert_shares(E, k, self.cfg.moe.expert_skew)[: int(e_loc)]
+                if self.cfg.moe.expert_skew == 0:
+                    touched = e_loc * (1 - (1 - k / E) ** (n * lay.ep))
+                else:
+                    touched = sum(1 - (1 - k * qe) ** (n * lay.ep) for qe in q)
+            disp = self.coll("ep_dispatch", "all-to-all", ("expert",),
+                             n * rows * D * a * lay.ep, [pre], layer, phase)
             w_exp = mats * D * F / tp * wb
-            h = self.mm("expert_in", 2 * n * k * D * F * (mats - 1) / tp,
+            h = self.mm("expert_in", 2 * n * rows * D * F * (mats - 1) / tp,
                         touched * w_exp * (mats - 1) / mats,
-                        n * k * D * a + n * k * F * (mats - 1) / tp * a,
-                        self._deps(topk, disp), layer, phase)
-            act = self.vpu("expert_act", 8 * n * k * F / tp, n * k * F * mats / tp * a, [h],
-                           layer, phase)
-            o = self.mm("expert_out", 2 * n * k * F * D / tp, touched * w_exp / mats,
-                        n * k * F / tp * a + n * k * D * a, [act], layer, phase)
-            comb = self.coll("ep_combine", "all-to-all", ("expert",), n * k * D * a * lay.ep,
-                             [o], layer, phase)
+                        n * rows * D * a + n * rows * F * (mats - 1) / tp * a,
+                        self._deps(pre, disp), layer, phase)
+            act = self.vpu("expert_act", 8 * n * rows * F / tp, n * rows * F * mats / tp * a,
+                           [h], layer, phase)
+            o = self.mm("expert_out", 2 * n * rows * F * D / tp, touched * w_exp / mats,
+                        n * rows * F / tp * a + n * rows * D * a, [act], layer, phase)
+            comb = self.coll("ep_combine", "all-to-all", ("expert",),
+                             n * rows * D * a * lay.ep, [o], layer, phase)
             outs = self._deps(o, comb)
             if m.num_shared_experts:
                 sF = m.num_shared_experts * F
                 outs.append(self.mm("shared_expert", 2 * n * D * sF * mats / tp,
                                     mats * D * sF / tp * wb, 2 * n * D * a, [dep], layer, phase))
+            if rt.dense_dispatch:
+                return self.mm("moe_combine", dispatch_flops(n, E, rt.capacity, D), 0.0,
+                               n * E * rt.capacity * a + n * rows * D * a + 2 * n * D * a, outs,
+                               layer, phase, weights=False)
             return self.vpu("expert_combine", 2 * n * k * D, (k + 1) * n * D * a, outs, layer,
                             phase)
         F = m.d_ff
@@ -510,6 +540,8 @@ class _InferenceCompiler:
             "kv_cache_bytes_total": total_kv_tokens * m.kv_cache_bytes_per_token(
                 cfg.kv_bytes_per_elem),
             "overlap": True,
+            **({"moe": self.routing.summary(cfg.moe), "moe_scenario_applied": True}
+               if self.routing is not None else {}),
         }
 
 
@@ -524,6 +556,7 @@ def compile_decode_step(model: TransformerSpec, mesh: LogicalMesh, num_chips: in
         num_chips: chips in the pod (must equal the mesh size).
         cfg: batch, context length and dtypes.
     """
+    cfg.moe.check_model(model)
     lay = _layout(model, mesh, num_chips, cfg.batch)
     plan = memory_plan(model, mesh, num_chips, cfg)
     c = _InferenceCompiler(model, mesh, num_chips, cfg, lay)
@@ -543,6 +576,7 @@ def compile_prefill(model: TransformerSpec, mesh: LogicalMesh, num_chips: int,
     """
     if cfg.prompt_len is None:
         raise TpusimError("prefill needs --prompt-len (prompt tokens per sequence)")
+    cfg.moe.check_model(model)
     lay = _layout(model, mesh, num_chips, cfg.batch)
     plan = memory_plan(model, mesh, num_chips, cfg)
     c = _InferenceCompiler(model, mesh, num_chips, cfg, lay)

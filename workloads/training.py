@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from topologies.errors import TpusimError
 from topologies.mesh import LogicalMesh
 from workloads.models import TransformerSpec
+from workloads.moe import MoeConfig, MoeRouting, dispatch_flops, plan_routing
 from workloads.trace import OpKind, Trace, TraceBuilder, Unit
 
 
@@ -76,6 +77,7 @@ class TrainingConfig:
     tp_activations: str = "sharded"
     tp_comm: str = "blocking"
     pipeline_schedule: str = "1f1b"
+    moe: MoeConfig = field(default_factory=MoeConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.seq_len, int) or self.seq_len < 1:
@@ -209,6 +211,7 @@ def _compiler(
             f"--microbatches {config.microbatches} does not divide the {local_seqs} sequences "
             f"each data shard holds; pick a divisor of {local_seqs}"
         )
+    config.moe.check_model(model)
     d = _Dims(
         n=local_seqs * config.seq_len / sp / config.microbatches,
         ctx=config.seq_len,
@@ -231,6 +234,11 @@ class _Compiler:
         self.gb = dtype_bytes(cfg.grad_dtype, "--grad-dtype")
         self.ob = dtype_bytes(cfg.optimizer_dtype, "--optimizer-dtype")
         self.act = 2.0  # activations in bf16
+        # Router skew and capacity (workloads/moe.py): a routing group is one sequence's local
+        # shard, as MaxText computes expert capacity per sequence.
+        self.routing: MoeRouting | None = (
+            plan_routing(model, d.ep, cfg.seq_len // d.sp, cfg.moe) if model.is_moe else None
+        )
 
     # -- helpers ----------------------------------------------------------------------------
     def mm(self, name, flops, w_bytes, in_bytes, out_bytes, deps, layer, phase):
@@ -393,23 +401,37 @@ class _Compiler:
         mats = m.mlp.num_matrices
         if self.layer_is_moe(layer):
             E, k, F = m.num_experts, m.experts_per_token, m.expert_d_ff
+            rt = self.routing
+            # Rows the (busiest) chip's experts process per local token: k when routing is
+            # uniform and dropless, k x the hottest shard's load factor under skew, E x
+            # capacity / group tokens on the dense dropping path (padded to capacity).
+            rows = rt.expert_rows_per_token
             router = self.mm(f"{tag}router", 2 * n * D * E, D * E * self.wb, n * D * a,
                              n * E * 4, [dep], layer, phase)
             topk = self.vpu(f"{tag}topk_route", 4 * n * E, n * E * 4, [router], layer, phase)
+            pre = topk
+            if rt.dense_dispatch:
+                # MaxText's dropping path: one-hot dispatch and combine masks [tokens, experts,
+                # capacity] (bf16), then the dispatch einsum BSM,BSEC->EBCM on the MXU.
+                mask = n * E * rt.capacity * a
+                masks = self.vpu(f"{tag}moe_masks", 2 * n * E * rt.capacity, 2 * mask, [topk],
+                                 layer, phase)
+                pre = self.mm(f"{tag}moe_dispatch", dispatch_flops(n, E, rt.capacity, D), 0.0,
+                              mask + n * D * a, n * rows * D * a, [masks], layer, phase)
             disp = self.coll(f"{tag}ep_dispatch", "all-to-all", ("expert",),
-                             n * k * D * a * d.ep, [topk], layer, phase)
-            x = [topk] + ([disp] if disp is not None else [])
+                             n * rows * D * a * d.ep, [pre], layer, phase)
+            x = [pre] + ([disp] if disp is not None else [])
             w_bytes = (E / d.ep) * mats * D * F / tp * self.wb
-            h = self.mm(f"{tag}expert_in", 2 * n * k * D * F * (mats - 1) / tp,
-                        w_bytes * (mats - 1) / mats, n * k * D * a,
-                        n * k * F * (mats - 1) / tp * a, x + wdeps, layer, phase)
-            act = self.vpu(f"{tag}expert_act", 8 * n * k * F / tp,
-                           n * k * F * (mats - 1) / tp * a + n * k * F / tp * a, [h, *after],
-                           layer, phase)
-            o = self.mm(f"{tag}expert_out", 2 * n * k * F * D / tp, w_bytes / mats,
-                        n * k * F / tp * a, n * k * D * a, [act] + wdeps, layer, phase)
+            h = self.mm(f"{tag}expert_in", 2 * n * rows * D * F * (mats - 1) / tp,
+                        w_bytes * (mats - 1) / mats, n * rows * D * a,
+                        n * rows * F * (mats - 1) / tp * a, x + wdeps, layer, phase)
+            act = self.vpu(f"{tag}expert_act", 8 * n * rows * F / tp,
+                           n * rows * F * (mats - 1) / tp * a + n * rows * F / tp * a,
+                           [h, *after], layer, phase)
+            o = self.mm(f"{tag}expert_out", 2 * n * rows * F * D / tp, w_bytes / mats,
+                        n * rows * F / tp * a, n * rows * D * a, [act] + wdeps, layer, phase)
             comb = self.coll(f"{tag}ep_combine", "all-to-all", ("expert",),
-                             n * k * D * a * d.ep, [o], layer, phase)
+                             n * rows * D * a * d.ep, [o], layer, phase)
             out_deps = [o] + ([comb] if comb is not None else [])
             if m.num_shared_experts:
                 sF = m.num_shared_experts * F
@@ -417,6 +439,15 @@ class _Compiler:
                              mats * D * sF / tp * self.wb, n * D * a, n * D * a, [dep] + wdeps,
                              layer, phase)
                 out_deps.append(sh)
+            if rt.dense_dispatch:
+                # The combine einsum EBCM,BSEC->BSM weights and sums the experts' outputs.
+                cmb = self.mm(f"{tag}moe_combine", dispatch_flops(n, E, rt.capacity, D), 0.0,
+                              n * E * rt.capacity * a + n * rows * D * a, n * D * a, out_deps,
+                              layer, phase)
+                if not m.num_shared_experts:
+                    return cmb
+                return self.vpu(f"{tag}expert_combine", n * D, 3 * n * D * a, [cmb, sh], layer,
+                                phase)
             return self.vpu(f"{tag}expert_combine", 2 * n * k * D, (k + 1) * n * D * a,
                             out_deps, layer, phase)
         F = m.d_ff
@@ -606,18 +637,29 @@ class _Compiler:
         k_loc = max(K / tp, 1.0)
         mats = m.mlp.num_matrices
         wd = [gather] if gather is not None else []
-        if self.layer_is_moe(layer):
-            F = m.expert_d_ff * m.experts_per_token
+        rt = self.routing
+        moe = self.layer_is_moe(layer)
+        dense_disp = moe and rt.dense_dispatch
+        if moe:
+            F = m.expert_d_ff * rt.expert_rows_per_token
             w_mlp = (m.num_experts / d.ep) * mats * D * m.expert_d_ff / tp * self.wb
         else:
             F = m.d_ff
             w_mlp = mats * D * F / tp * self.wb
         fwd_mlp = 2 * n * D * F * mats / tp
         comb = None
-        if self.layer_is_moe(layer):
+        if dense_disp:
+            # Combine einsum backward: gradients of the expert outputs and of the combine
+            # weights (the router's gradient), two einsums of the forward's size.
+            mask = n * m.num_experts * rt.capacity * a
+            cb = self.mm("moe_combine_bwd", 2 * dispatch_flops(n, m.num_experts, rt.capacity, D),
+                         0.0, mask + n * D * a + n * rt.expert_rows_per_token * D * a,
+                         n * rt.expert_rows_per_token * D * a + mask, deps, layer, "bwd")
+            deps = [cb]
+        if moe:
             # Transpose of the forward's combine all-to-all, before the experts' backward.
             comb = self.coll("ep_combine_bwd", "all-to-all", ("expert",),
-                             n * m.experts_per_token * D * a * d.ep, deps, layer, "bwd")
+                             n * rt.expert_rows_per_token * D * a * d.ep, deps, layer, "bwd")
             if comb is not None:
                 deps = list(deps) + [comb]
         r = self.rows()
@@ -628,10 +670,16 @@ class _Compiler:
         dact = self.vpu("mlp_act_bwd", 16 * n * F / tp, 3 * n * F / tp * a, [dmlp, *after], layer,
                         "bwd")
         ar1 = None
-        if self.layer_is_moe(layer):
+        if moe:
             # Transpose of the forward's dispatch all-to-all, after the experts' backward.
             ar1 = self.coll("ep_dispatch_bwd", "all-to-all", ("expert",),
-                            n * m.experts_per_token * D * a * d.ep, [dact], layer, "bwd")
+                            n * rt.expert_rows_per_token * D * a * d.ep, [dact], layer, "bwd")
+        if dense_disp:
+            # Dispatch einsum backward: the input gradient only (the one-hot mask has none).
+            ar1 = self.mm("moe_dispatch_bwd", dispatch_flops(n, m.num_experts, rt.capacity, D),
+                          0.0, n * m.num_experts * rt.capacity * a
+                          + n * rt.expert_rows_per_token * D * a, n * D * a,
+                          [dact] + ([ar1] if ar1 is not None else []), layer, "bwd")
         if m.parallel_block:
             # Both branches read the same normed input: their input gradients are summed and
             # reduced over `tensor` once, after the attention branch.
@@ -723,6 +771,8 @@ class _Compiler:
             "microbatches": cfg.microbatches,
             "pipeline_stages": d.pp,
             "pipeline_schedule": cfg.pipeline_schedule,
+            **({"moe": self.routing.summary(cfg.moe), "moe_scenario_applied": True}
+               if self.routing is not None else {}),
             "overlap": cfg.overlap,
             "fsdp_gather": cfg.fsdp_gather,
             "fuse_elementwise": cfg.fuse_elementwise,

@@ -247,6 +247,36 @@ def base_inputs(args: argparse.Namespace, chip=None, topology=None) -> dict[str,
     return out
 
 
+# -- MoE router settings -------------------------------------------------------------------
+def add_moe_args(p: argparse.ArgumentParser) -> None:
+    """`--expert-skew/--capacity-factor/--seed` for `compile` (which has no pod to perturb; the
+    simulating commands take them through `add_perturbation_args`)."""
+    g = p.add_argument_group("MoE routing")
+    g.add_argument("--expert-skew", type=_float_arg("--expert-skew"), default=0.0, metavar="S",
+                   help="router imbalance: expert loads follow Zipf(S) (0 = uniform, default; "
+                        "MoE models only)")
+    g.add_argument("--capacity-factor", type=_float_arg("--capacity-factor"), default=None,
+                   metavar="C",
+                   help="MaxText's dropping path: each expert takes at most C x tokens x top_k "
+                        "/ num_experts tokens per sequence, the rest are dropped; dense one-hot "
+                        "dispatch/combine einsums are charged (default: dropless)")
+    g.add_argument("--seed", type=_int_arg("--seed"), default=0,
+                   help="which chip of the expert axis holds the hottest experts in each layer "
+                        "(default 0)")
+
+
+def moe_config(args: argparse.Namespace, scenario=None):
+    """`MoeConfig` from a validated `Scenario` (simulating commands) or from the `add_moe_args`
+    flags (`compile`)."""
+    from workloads.moe import MoeConfig
+
+    if scenario is not None:
+        return MoeConfig(expert_skew=float(scenario.expert_skew),
+                         capacity_factor=scenario.capacity_factor, seed=int(scenario.seed))
+    return MoeConfig(expert_skew=args.expert_skew, capacity_factor=args.capacity_factor,
+                     seed=args.seed)
+
+
 def emit_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
 

@@ -46,7 +46,7 @@ def _outputs_args(p: argparse.ArgumentParser) -> None:
                    help="collective algorithm for gathers/reductions (default auto)")
 
 
-def _config(args: argparse.Namespace, batch: int):
+def _config(args: argparse.Namespace, batch: int, moe):
     from workloads.decode import DecodeConfig
 
     prompt = getattr(args, "prompt_len", None)
@@ -61,6 +61,7 @@ def _config(args: argparse.Namespace, batch: int):
         kv_dtype=args.kv_dtype, matmul_dtype=args.matmul_dtype,
         prompt_len=getattr(args, "prompt_len", None),
         prefill_chunk=getattr(args, "prefill_chunk", None),
+        moe=moe,
     )
 
 
@@ -69,7 +70,8 @@ def _setup(args: argparse.Namespace):
 
     chip, topo = cli.resolve_pod(args)
     model = cli.resolve_model(args)
-    return chip, topo, model, parse_mesh(args.mesh, args.dcn)
+    moe = cli.moe_config(args, cli.scenario_from_args(args, topo))
+    return chip, topo, model, parse_mesh(args.mesh, args.dcn), moe
 
 
 def _inputs(args, chip, topo, model, meshes, cfg) -> dict[str, Any]:
@@ -128,6 +130,7 @@ def decode_summary(trace, result, max_batch: int) -> dict[str, Any]:
         "num_ops": result.num_ops,
         "collectives": result.collective_costs,
         **per_chip_summary(result),
+        **({"moe": meta["moe"]} if "moe" in meta else {}),
     }
 
 
@@ -142,8 +145,8 @@ def run_decode(args: argparse.Namespace):
     from sim.runs import Run
     from workloads.decode import compile_decode_step, max_batch_that_fits
 
-    chip, topo, model, mesh = _setup(args)
-    cfg = _config(args, args.batch)
+    chip, topo, model, mesh, moe = _setup(args)
+    cfg = _config(args, args.batch, moe)
     trace = compile_decode_step(model, mesh, topo.num_chips, cfg)
     result = cli.simulate_step(args, trace, chip, topo)
     max_b = max_batch_that_fits(model, mesh, topo.num_chips, cfg, chip.hbm_bytes)
@@ -185,8 +188,8 @@ def run_prefill(args: argparse.Namespace):
     from sim.runs import Run
     from workloads.decode import compile_prefill
 
-    chip, topo, model, mesh = _setup(args)
-    cfg = _config(args, args.batch)
+    chip, topo, model, mesh, moe = _setup(args)
+    cfg = _config(args, args.batch, moe)
     trace = compile_prefill(model, mesh, topo.num_chips, cfg)
     result = cli.simulate_step(args, trace, chip, topo)
     meta = trace.meta
@@ -203,6 +206,7 @@ def run_prefill(args: argparse.Namespace):
         "hbm_peak_bytes": result.hbm_peak_bytes, "fits_in_hbm": result.fits_in_hbm,
         "breakdown": {k: float(v) for k, v in result.breakdown.items()},
         **per_chip_summary(result),
+        **({"moe": meta["moe"]} if "moe" in meta else {}),
     }
     return Run(command="prefill", summary=s, inputs=_inputs(args, chip, topo, model, [mesh], cfg),
                result=result, trace=trace)
@@ -331,7 +335,7 @@ def run_serve_sweep(args: argparse.Namespace):
     if not mesh_texts:
         raise TpusimError(f"--mesh {args.mesh!r} names no mesh; write e.g. tensor=8")
     args.mesh = mesh_texts[0]
-    chip, topo, model, _mesh = _setup(args)
+    chip, topo, model, _mesh, moe = _setup(args)
     batches = parse_batches(args.batches)
     mesh_texts = list(dict.fromkeys(mesh_texts))  # a repeated entry is swept once
     meshes = [parse_mesh(m, args.dcn) for m in mesh_texts]
@@ -347,7 +351,7 @@ def run_serve_sweep(args: argparse.Namespace):
         for wdt in wdts:
             for kvdt in kvdts:
                 args.weight_dtype, args.kv_dtype = wdt, kvdt
-                cfg = _config(args, batches[0])
+                cfg = _config(args, batches[0], moe)
                 rows += sweep(chip, topo, model, mesh, cfg, batches,
                               getattr(args, "algorithm", "auto"))
                 max_b[f"{mesh.describe()} {wdt}/{kvdt}"] = max_batch_that_fits(
@@ -439,6 +443,7 @@ def _register_sweep(sub, name: str) -> None:
     cli.add_pod_args(p)
     cli.add_set_arg(p, ("chip", "topology", "collective", "model"))
     _add_inference_args(p, batch=False)
+    cli.add_moe_args(p)
     p.add_argument("--batches", default=_DEFAULT_BATCHES,
                    help=f"comma-separated batch sizes (default {_DEFAULT_BATCHES}); --mesh may "
                         f"list several meshes separated by ';' and --weight-dtype/--kv-dtype "

@@ -47,8 +47,9 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
                         "matmul, v5e's XLA default) or blocking (v5p's XLA default)")
 
 
-def _compile(args: argparse.Namespace, num_chips: int):
-    """(trace, model, TrainingConfig) for the training flags."""
+def _compile(args: argparse.Namespace, num_chips: int, moe=None):
+    """(trace, model, TrainingConfig) for the training flags (`moe`: the router settings of a
+    scenario; default: the `compile` flags)."""
     from topologies.mesh import parse_mesh
     from workloads.training import TrainingConfig, compile_training_step, parse_remat
 
@@ -69,6 +70,7 @@ def _compile(args: argparse.Namespace, num_chips: int):
         tp_activations=args.tp_activations,
         tp_comm=args.tp_comm,
         pipeline_schedule=args.pipeline_schedule,
+        moe=moe if moe is not None else cli.moe_config(args),
     )
     return compile_training_step(model, mesh, num_chips, cfg), model, cfg
 
@@ -102,6 +104,8 @@ def training_summary(trace, result, chip) -> dict[str, Any]:
         "collectives": result.collective_costs,
         **per_chip_summary(result),
     }
+    if "moe" in meta:
+        out["moe"] = meta["moe"]
     return out
 
 
@@ -176,7 +180,8 @@ def run_train(args: argparse.Namespace):
     from sim.runs import Run, describe_config, describe_mesh
 
     chip, topo = cli.resolve_pod(args)
-    trace, model, cfg = _compile(args, topo.num_chips)
+    trace, model, cfg = _compile(args, topo.num_chips,
+                                 cli.moe_config(args, cli.scenario_from_args(args, topo)))
     result = cli.simulate_step(args, trace, chip, topo)
     inputs = cli.base_inputs(args, chip, topo)
     inputs["model"] = model.to_dict()
@@ -359,6 +364,7 @@ def _register_compile(sub, name: str) -> None:
     # compile only writes the program: the chip, topology and algorithm apply at replay.
     cli.add_set_arg(p, ("model",))
     _add_training_args(p)
+    cli.add_moe_args(p)
     p.add_argument("-o", "--output", required=True, help="trace file to write (JSON)")
     p.set_defaults(func=cmd_compile)
 

@@ -1,0 +1,203 @@
+"""MoE routing: Zipf router skew, capacity-factor dropping and MaxText's dense one-hot dispatch,
+in training and decode (workloads/moe.py, docs/model.md "MoE routing")."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from sim.cli import main
+from sim.engine import replay
+from sim.hardware import get_chip
+from tests.conftest import make_topology
+from topologies.errors import TpusimError
+from topologies.mesh import parse_mesh
+from workloads.decode import DecodeConfig, compile_decode_step
+from workloads.models import model_from_dict
+from workloads.moe import MoeConfig, expert_capacity, expert_shares, plan_routing, shard_shares
+from workloads.training import TrainingConfig, compile_training_step
+
+# Wide enough that the expert matmuls are MXU-bound on a v5e.
+MOE = {
+    "name": "moe-test", "num_layers": 1, "d_model": 1024, "num_heads": 8, "num_kv_heads": 8,
+    "head_dim": 128, "d_ff": 4096, "mlp": "swiglu", "vocab_size": 1024, "num_experts": 8,
+    "experts_per_token": 2,
+}
+DENSE = {k: v for k, v in MOE.items() if k not in ("num_experts", "experts_per_token")}
+SEQ = 512
+
+
+def _train(moe: MoeConfig, mesh: str = "expert=4", model: dict = MOE):
+    chip = get_chip("v5e")
+    topo = make_topology(chip, "2x2")
+    cfg = TrainingConfig(seq_len=SEQ, batch_per_chip=1, moe=moe)
+    trace = compile_training_step(model_from_dict(model), parse_mesh(mesh), 4, cfg)
+    return trace, replay(trace, chip, topo)
+
+
+def _flops(trace, *names: str) -> float:
+    return sum(o.flops for o in trace.ops if o.name.removeprefix("re-") in names)
+
+
+def test_zipf_shares_follow_the_closed_form_and_never_exceed_one_over_k():
+    h4 = 1 + 1 / 2 + 1 / 3 + 1 / 4
+    assert expert_shares(4, 1, 1.0) == pytest.approx([1 / h4, 0.5 / h4, 1 / 3 / h4, 0.25 / h4])
+    assert expert_shares(8, 2, 0.0) == [0.125] * 8
+    # S = 3, k = 2: expert 1 would take 1/1.2 of the assignments; it is capped at 1/2 and the
+    # rest share 1/2 in Zipf proportions.
+    s = expert_shares(8, 2, 3.0)
+    rest = [(r + 1) ** -3.0 for r in range(1, 8)]
+    assert s[0] == 0.5
+    assert s[1:] == pytest.approx([0.5 * v / sum(rest) for v in rest])
+    assert math.isclose(sum(s), 1.0)
+
+
+@pytest.mark.parametrize("experts,k,ep", [(8, 2, 2), (8, 2, 4), (16, 2, 4), (64, 8, 8),
+                                          (4, 2, 2), (8, 1, 8)])
+def test_the_hottest_shard_load_never_falls_as_skew_grows(experts, k, ep):
+    prev = 0.0
+    for i in range(121):
+        shares = shard_shares(expert_shares(experts, k, i / 20), ep)
+        assert shares[0] == max(shares)
+        assert shares[0] >= prev - 1e-12
+        prev = shares[0]
+    assert prev > 1 / ep  # at S = 6 the skew shows
+
+
+def test_training_step_time_is_non_decreasing_in_skew_and_s0_is_the_unskewed_step():
+    base_trace, base = _train(MoeConfig())
+    s0_trace, s0 = _train(MoeConfig(expert_skew=0.0, seed=7))
+    assert s0.step_time_s == base.step_time_s
+    assert s0_trace.ops == base_trace.ops
+    times = [base.step_time_s] + [_train(MoeConfig(expert_skew=s))[1].step_time_s
+                                  for s in (0.5, 1.0, 2.0, 4.0)]
+    assert all(b >= a for a, b in zip(times, times[1:], strict=False)), times
+    assert times[-1] > 1.3 * times[0]
+
+
+def test_skew_scales_expert_matmuls_and_all_to_alls_by_the_hot_shard_load():
+    base, _ = _train(MoeConfig())
+    skewed, _ = _train(MoeConfig(expert_skew=1.0))
+    load = shard_shares(expert_shares(8, 2, 1.0), 4)[0] * 4
+    assert skewed.meta["moe"]["max_load_factor"] == pytest.approx(load)
+    for name in ("expert_in", "expert_out", "ep_dispatch"):
+        b = next(o for o in base.ops if o.name == name)
+        s = next(o for o in skewed.ops if o.name == name)
+        assert (s.flops or s.bytes) == pytest.approx(load * (b.flops or b.bytes))
+    # The router and the attention do not change.
+    assert _flops(skewed, "router", "qkv_proj") == _flops(base, "router", "qkv_proj")
+
+
+def test_without_an_expert_axis_skew_moves_no_work():
+    # Every chip holds every expert: an uneven router changes which expert works, not how much.
+    _, base = _train(MoeConfig(), mesh="fsdp=4")
+    _, skewed = _train(MoeConfig(expert_skew=2.0), mesh="fsdp=4")
+    assert skewed.step_time_s == pytest.approx(base.step_time_s, rel=1e-12)
+
+
+def test_dense_dispatch_flops_follow_the_closed_form():
+    trace, _ = _train(MoeConfig(capacity_factor=1.25))
+    # One 512-token sequence per chip is one routing group: capacity = ceil(512 x 2 / 8) x 1.25.
+    cap = 160
+    assert expert_capacity(SEQ, 8, 2, 1.25) == cap
+    assert trace.meta["moe"]["expert_capacity"] == cap
+    n, experts, d_model = SEQ, 8, 1024
+    einsum = 2 * n * experts * cap * d_model
+    fwd = [o for o in trace.ops if o.phase == "fwd"]
+    assert next(o for o in fwd if o.name == "moe_dispatch").flops == einsum
+    assert next(o for o in fwd if o.name == "moe_combine").flops == einsum
+    assert next(o for o in trace.ops if o.name == "moe_dispatch_bwd").flops == einsum
+    assert next(o for o in trace.ops if o.name == "moe_combine_bwd").flops == 2 * einsum
+    # Experts compute their padded capacity: E x cap rows per sequence instead of k x tokens.
+    dropless, _ = _train(MoeConfig())
+    assert _flops(trace, "expert_in") == pytest.approx(
+        _flops(dropless, "expert_in") * experts * cap / (2 * SEQ))
+    # The all-to-all moves the padded [experts, capacity, d_model] buffer.
+    a2a = next(o for o in fwd if o.name == "ep_dispatch")
+    assert a2a.bytes == experts * cap * d_model * 2 * 4
+
+
+def test_capacity_drops_cut_the_hot_chips_expert_work():
+    skewed, t_skew = _train(MoeConfig(expert_skew=2.0))
+    capped, t_cap = _train(MoeConfig(expert_skew=2.0, capacity_factor=1.0))
+    assert _flops(capped, "expert_in", "expert_out") < _flops(skewed, "expert_in", "expert_out")
+    moe = capped.meta["moe"]
+    shares = expert_shares(8, 2, 2.0)
+    cap = expert_capacity(SEQ, 8, 2, 1.0)
+    dropped = sum(max(SEQ * 2 * s - cap, 0) for s in shares) / (SEQ * 2)
+    assert moe["dropped_fraction"] == pytest.approx(dropped) and dropped > 0.2
+    assert t_cap.step_time_s < t_skew.step_time_s
+    # With no skew and C = 1, nothing is dropped (expected loads sit exactly at capacity).
+    assert plan_routing(model_from_dict(MOE), 4, SEQ, MoeConfig(capacity_factor=1.0)
+                        ).dropped_fraction == 0.0
+
+
+def test_decode_skew_loads_the_hot_chip_and_s0_is_unchanged():
+    chip = get_chip("v5e")
+    topo = make_topology(chip, "2x2")
+    model, mesh = model_from_dict(MOE), parse_mesh("expert=4")
+
+    def step(moe):
+        tr = compile_decode_step(model, mesh, 4, DecodeConfig(batch=64, context_len=256, moe=moe))
+        return tr, replay(tr, chip, topo).step_time_s
+
+    base_tr, base = step(MoeConfig())
+    s0_tr, s0 = step(MoeConfig(expert_skew=0.0, seed=3))
+    assert s0 == base and s0_tr.ops == base_tr.ops
+    _, skew = step(MoeConfig(expert_skew=2.0))
+    assert skew > base
+    cap_tr, _ = step(MoeConfig(capacity_factor=1.0))
+    # Decode routes one token per sequence: capacity max(ceil(k/E) x C, C) = 1 per expert, so
+    # the dense path computes all E experts for every token.
+    assert cap_tr.meta["moe"]["expert_capacity"] == 1
+    rows = next(o for o in cap_tr.ops if o.name == "expert_in").flops
+    rows_dropless = next(o for o in base_tr.ops if o.name == "expert_in").flops
+    assert rows == pytest.approx(rows_dropless * 8 / 2)
+
+
+@pytest.mark.parametrize("kw,needle", [
+    ({"expert_skew": -1.0}, "--expert-skew -1.0 must be a finite number >= 0"),
+    ({"expert_skew": float("nan")}, "--expert-skew nan"),
+    ({"expert_skew": float("inf")}, "--expert-skew inf"),
+    ({"capacity_factor": 0.0}, "--capacity-factor 0.0 must be a finite number > 0"),
+    ({"capacity_factor": float("nan")}, "--capacity-factor nan"),
+])
+def test_bad_router_settings_are_one_line_errors(kw, needle):
+    with pytest.raises(TpusimError, match=needle.replace(".", r"\.").replace("+", r"\+")):
+        MoeConfig(**kw)
+
+
+def test_router_settings_on_a_dense_model_are_refused():
+    with pytest.raises(TpusimError, match="--expert-skew 1.0 needs an MoE model"):
+        _train(MoeConfig(expert_skew=1.0), mesh="fsdp=4", model=DENSE)
+    with pytest.raises(TpusimError, match="--capacity-factor 1.25 needs an MoE model"):
+        compile_decode_step(model_from_dict(DENSE), parse_mesh("tensor=4"), 4,
+                            DecodeConfig(batch=4, context_len=64,
+                                         moe=MoeConfig(capacity_factor=1.25)))
+
+
+def test_cli_expert_skew_on_a_dense_model_exits_2_with_one_line(capsys):
+    rc = main(["train", "--chip", "v5e", "--shape", "2x2", "--model", "llama3-8b",
+               "--seq-len", "128", "--batch-per-chip", "1", "--mesh", "fsdp=4",
+               "--expert-skew", "1.5"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.count("\n") == 1 and "tpusim: error: --expert-skew 1.5 needs an MoE model" in err
+    rc = main(["decode", "--chip", "v5e", "--shape", "2x2", "--model", "mixtral-8x7b",
+               "--batch", "8", "--context-len", "64", "--mesh", "tensor=4",
+               "--expert-skew", "nan"])
+    assert rc == 2 and "--expert-skew nan" in capsys.readouterr().err
+
+
+def test_scenario_yaml_sets_the_router_as_the_flags_do(tmp_path, capsys):
+    args = ["train", "--chip", "v5e", "--shape", "2x2", "--model", "mixtral-8x7b",
+            "--seq-len", "256", "--batch-per-chip", "1", "--mesh", "fsdp=2,expert=2", "--json"]
+    assert main(args + ["--expert-skew", "1.5", "--capacity-factor", "1.25"]) == 0
+    flags = capsys.readouterr().out
+    path = tmp_path / "router.yaml"
+    path.write_text("expert_skew: 1.5\ncapacity_factor: 1.25\n", encoding="utf-8")
+    assert main(args + ["--scenario", str(path)]) == 0
+    yaml_out = capsys.readouterr().out
+    assert yaml_out == flags
+    assert '"dropped_fraction"' in flags
