@@ -104,6 +104,7 @@ class StepResult:
     _link_cap: np.ndarray | None = field(default=None, repr=False)
     _class_timelines: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict,
                                                                         repr=False)
+    _mem_deltas: list[tuple[int, float]] = field(default_factory=list, repr=False)
 
     @property
     def ops(self):
@@ -128,6 +129,25 @@ class StepResult:
         import pandas as pd
 
         return pd.DataFrame(self._memory, columns=MEMORY_COLUMNS)
+
+    def for_class(self, k: int, static_hbm_bytes: float = 0.0) -> StepResult:
+        """This result as seen by chip class `k` (per-chip engine): its op timeline (same program
+        as the class that finished last) and its HBM occupancy; scalars stay the step's."""
+        import dataclasses
+
+        if k not in self._class_timelines or self._class_reps is None:
+            return self
+        start, end = self._class_timelines[k]
+        rep = int(self._class_reps[k])
+        ops = [(rep,) + r[1:8] + (float(start[r[1]]), float(end[r[1]])) + r[10:]
+               for r in self._ops]
+        level = self._memory[0][2] if self._memory else static_hbm_bytes
+        events = sorted((float(end[i]), i, d) for i, d in self._mem_deltas)
+        mem = [(rep, 0.0, level)]
+        for t, _i, d in events:
+            level += d
+            mem.append((rep, t, level))
+        return dataclasses.replace(self, _ops=ops, _memory=mem)
 
     @property
     def chips(self):

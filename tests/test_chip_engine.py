@@ -288,3 +288,55 @@ def test_cli_decode_prefill_and_replay_take_the_perturbation_flags(tiny_yaml, ca
     fast_chip = json.loads(out)
     rc, out, _ = _cli(capsys, "replay", str(trace), *pod, "--json")
     assert fast_chip["step_time_s"] == json.loads(out)["step_time_s"]
+
+
+def test_perfetto_has_a_process_per_chip_class_plus_the_traced_chips(tmp_path):
+    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace as PerfettoTrace
+    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TrackEvent
+
+    from sim.export.perfetto import export_step
+
+    chip, topo, trace = _setup("v5e", "2x2", "fsdp=2,tensor=2")
+    speed = np.ones(4)
+    speed[3] = 0.5
+    r = simulate_chips(trace, chip, topo, config=PerChipConfig(speed=speed))
+    path = export_step(r, tmp_path / "t.pftrace", chips=[1])
+    pf = PerfettoTrace.FromString(path.read_bytes())
+    procs = {p.track_descriptor.uuid: p.track_descriptor.process.process_name for p in pf.packet
+             if p.HasField("track_descriptor") and p.track_descriptor.HasField("process")}
+    names = sorted(procs.values())
+    assert len(names) == r.num_chip_classes == 4  # chip 1 is a class representative already
+    assert all(n.startswith("chip class ") and "1 chip(s)" in n for n in names)
+    # Each class's process carries its own timeline: the slow chip's MXU ends last.
+    parent = {p.track_descriptor.uuid: p.track_descriptor.parent_uuid for p in pf.packet
+              if p.HasField("track_descriptor") and p.track_descriptor.HasField("parent_uuid")}
+    last_begin: dict[str, int] = {}
+    for p in pf.packet:
+        if p.HasField("track_event") and p.track_event.type == TrackEvent.TYPE_SLICE_BEGIN:
+            name = procs[parent[p.track_event.track_uuid]]
+            last_begin[name] = max(last_begin.get(name, 0), p.timestamp)
+    slow = next(n for n in names if "(1, 1)" in n)
+    assert last_begin[slow] == max(last_begin.values())
+    # A healthy step keeps the one-representative trace.
+    h = simulate_chips(trace, chip, topo)
+    pf = PerfettoTrace.FromString(export_step(h, tmp_path / "h.pftrace").read_bytes())
+    procs = [p.track_descriptor.process.process_name for p in pf.packet
+             if p.HasField("track_descriptor") and p.track_descriptor.HasField("process")]
+    assert len(procs) == 1 and "3 identical chips not shown" in procs[0]
+
+
+def test_plots_draw_per_link_utilization_and_the_finish_time_map(tmp_path):
+    from sim.export.plots import plot_step
+
+    chip, topo, trace = _setup("v5e", "4x4", "fsdp=4,tensor=4", wrap="all")
+    r = simulate_chips(trace, chip, topo,
+                       config=PerChipConfig(link_factors={topo.ici_link_id(0, 0, 1): 0.5}))
+    paths = plot_step(r, {"model": "tiny1"}, tmp_path)
+    names = {p.name for p in paths}
+    assert {"links_on_torus.png", "chip_finish_times.png"} <= names
+    util = r._link_bytes / (r._link_cap * r.step_time_s)
+    slow = topo.ici_link_id(0, 0, 1)
+    # The slow link carries its class's bytes at half the bandwidth: twice the utilization of
+    # the same link class on chips of the same class.
+    same = topo.ici_link_id(int(np.flatnonzero(r._chip_class == r._chip_class[0])[1]), 0, 1)
+    assert util[slow] == pytest.approx(2 * util[same])

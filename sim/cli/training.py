@@ -166,7 +166,8 @@ def _write_outputs(args, result, summary) -> None:
     if getattr(args, "perfetto", None):
         from sim.export.perfetto import export_step, parse_chip_list
 
-        chips = parse_chip_list(getattr(args, "trace_chips", None), result.num_chips)
+        spec = getattr(args, "trace_chips", None)
+        chips = parse_chip_list(spec, result.num_chips) if spec else None
         export_step(result, args.perfetto, chips=chips)
     if getattr(args, "plots", None):
         from sim.export.plots import plot_step

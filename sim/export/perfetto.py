@@ -11,6 +11,10 @@ algorithm). Flows join each collective
 slice to the same collective on the next chip of its replica group, when both are exported
 (`.pftrace` only).
 
+Per-chip engine: when chips differ (a slow chip, a slow link, chip variation), each chip class
+(chips whose whole step is identical) is one process named with the chips it stands for, and
+every chip of `chips=` is added with its class's timeline.
+
 Big pods: tpusim replays one representative chip (every chip runs the same SPMD program), so by
 default the trace holds chip 0 only; `chips=` (`--trace-chips 0-15`) shows more, each identical
 in time by symmetry, and the first process's name says how many chips were left out. Slices on one
@@ -160,8 +164,16 @@ def _neighbour(topology, chip: int, gaxes) -> int | None:
 
 
 def export_step(result, path: str | Path, *, chips: list[int] | None = None) -> Path:
-    """Write a replayed step as a Perfetto trace (`.pftrace`) or Chrome JSON (`.json`)."""
+    """Write a replayed step as a Perfetto trace (`.pftrace`) or Chrome JSON (`.json`).
+
+    With several chip classes (per-chip engine), one process per class (its representative,
+    named with the chips it stands for; at most `MAX_CHIP_PROCESSES` classes, the slowest
+    first) plus every chip in `chips`, each with its own class's timeline.
+    """
     topo = result._topology
+    per_class: dict[int, tuple] = {}
+    if result.num_chip_classes > 1 and result._chip_class is not None:
+        return _export_classes(result, path, chips or [])
     chips = chips or [0]
     tracks, counters = _step_tracks(result)
     left_out = result.num_chips - len(chips)
@@ -173,6 +185,41 @@ def export_step(result, path: str | Path, *, chips: list[int] | None = None) -> 
             name += (f" [tpusim: {result.num_chips} chips of {result.topology} {result.chip} "
                      f"replayed as one representative; {left_out} identical chips not shown]")
         procs.append((c, name))
+    return _write_step(result, path, topo, chips, procs, tracks, counters, per_class)
+
+
+def _export_classes(result, path, extra: list[int]) -> Path:
+    import numpy as np
+
+    topo = result._topology
+    label = result._chip_class
+    reps = [int(r) for r in result._class_reps]
+    finish = [row[0] for row in result._class_rows]
+    shown = sorted(range(len(reps)), key=lambda k: (-finish[k], k))[:MAX_CHIP_PROCESSES]
+    procs = []
+    per_class: dict[int, tuple] = {}
+    chips = sorted(set([reps[k] for k in shown]) | set(extra))
+    for c in chips:
+        k = int(label[c])
+        if k not in per_class:
+            per_class[k] = _step_tracks(result.for_class(k))
+        members = np.flatnonzero(label == k)
+        coords = [topo.coords(int(m)) for m in members[:8]]
+        more = f" +{len(members) - 8} more" if len(members) > 8 else ""
+        if c == reps[k]:
+            name = (f"chip class {k}: {len(members)} chip(s) "
+                    f"{' '.join(str(tuple(x)) for x in coords)}{more}")
+        else:
+            name = f"chip {c} {tuple(topo.coords(c))} (class {k})"
+        procs.append((c, name))
+    if len(shown) < len(reps):
+        procs[0] = (procs[0][0], procs[0][1] + f" [tpusim: {len(reps)} chip classes, the "
+                    f"{len(shown)} slowest shown]")
+    tracks = {c: per_class[int(label[c])] for c in chips}
+    return _write_step(result, path, topo, chips, procs, None, None, tracks)
+
+
+def _write_step(result, path, topo, chips, procs, tracks, counters, per_chip) -> Path:
     # Flows: collective op on chip c -> same op on its group neighbour, if exported.
     flows_out: dict[tuple[int, int], list[int]] = {}
     flows_in: dict[tuple[int, int], list[int]] = {}
@@ -189,9 +236,9 @@ def export_step(result, path: str | Path, *, chips: list[int] | None = None) -> 
     path = Path(path)
     per_host = len(chips) > MAX_CHIP_PROCESSES
     if path.suffix.lower() == ".json":
-        text = _chrome_json(procs, tracks, counters, flows_out, flows_in, per_host)
+        text = _chrome_json(procs, tracks, counters, flows_out, flows_in, per_host, per_chip)
         return atomic_write(path, lambda p: p.write_text(text))
-    data = _protobuf(procs, tracks, counters, flows_out, flows_in, per_host)
+    data = _protobuf(procs, tracks, counters, flows_out, flows_in, per_host, per_chip)
     return atomic_write(path, lambda p: p.write_bytes(data))
 
 
@@ -280,9 +327,11 @@ def _ns(t: float) -> int:
     return round(t * _NS)
 
 
-def _chrome_json(procs, tracks, counters, flows_out, flows_in, per_host) -> str:
+def _chrome_json(procs, tracks, counters, flows_out, flows_in, per_host, per_chip=None) -> str:
     events = []
-    for pid, (_chip, pname) in enumerate(procs, start=1):
+    shared = (tracks, counters)
+    for pid, (chip, pname) in enumerate(procs, start=1):
+        tracks, counters = per_chip[chip] if per_chip else shared
         events.append({"ph": "M", "pid": pid, "tid": 0, "name": "process_name",
                        "args": {"name": pname}})
         for tid, (tname, rows) in enumerate(sorted(tracks.items()), start=1):
@@ -302,7 +351,7 @@ def _chrome_json(procs, tracks, counters, flows_out, flows_in, per_host) -> str:
     return json.dumps({"traceEvents": events}, separators=(",", ":"))
 
 
-def _protobuf(procs, tracks, counters, flows_out, flows_in, per_host) -> bytes:
+def _protobuf(procs, tracks, counters, flows_out, flows_in, per_host, per_chip=None) -> bytes:
     from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket, TrackEvent
     from perfetto.trace_builder.proto_builder import TraceProtoBuilder
 
@@ -335,7 +384,9 @@ def _protobuf(procs, tracks, counters, flows_out, flows_in, per_host) -> bytes:
     uuid = 0
     events = []
     host_uuid: dict[int, int] = {}
+    shared = (tracks, counters)
     for pid, (chip, pname) in enumerate(procs, start=1):
+        tracks, counters = per_chip[chip] if per_chip else shared
         if per_host:
             host = chip // 8
             if host not in host_uuid:

@@ -73,7 +73,21 @@ def plot_step(result, summary: dict, out_dir: str | Path) -> list[Path]:
     paths.append(_save(fig, out / "utilization.png"))
     plt.close(fig)
     topo = getattr(result, "_topology", None)
-    if topo is not None and len(lk):
+    if topo is not None and result.num_chip_classes > 1 and result._link_bytes is not None:
+        # Per-chip engine: every link carries what its source chip's class put on it.
+        import numpy as np
+
+        total = result.step_time_s
+        util = np.divide(result._link_bytes, result._link_cap * total,
+                         out=np.zeros(topo.num_links), where=result._link_cap * total > 0)
+        paths.append(draw_torus(topo, util, f"{summary.get('model', '')} step on "
+                                f"{result.topology} {result.chip}: ICI link utilization per link "
+                                f"({result.num_chip_classes} chip classes)",
+                                out / "links_on_torus.png"))
+        paths.append(draw_chip_map(topo, result.chips.finish_s.to_numpy(),
+                                   f"finish time per chip (s); slowest chip "
+                                   f"{result.slowest_chip}", out / "chip_finish_times.png"))
+    elif topo is not None and len(lk):
         # The step's links table is per link class (the busiest link of each class), so every
         # link is drawn at its class's value; per-link detail is in `tpusim collective --plots`.
         import numpy as np
@@ -90,6 +104,39 @@ def plot_step(result, summary: dict, out_dir: str | Path) -> list[Path]:
                                 f"link class (busiest link of each class)",
                                 out / "links_on_torus.png"))
     return paths
+
+
+def draw_chip_map(topo, values, title: str, path: Path, *, max_slices: int = 4,
+                  label: str = "finish time (s)") -> Path:
+    """A per-chip value (slice 0) as a heat map on the x-y grid, one panel per z slice."""
+    plt = _fig()
+    import numpy as np
+
+    shape = topo.shape + (1,) * (3 - topo.ndim)
+    nz = shape[2]
+    zs = list(range(nz)) if nz <= max_slices else [round(i * (nz - 1) / (max_slices - 1))
+                                                   for i in range(max_slices)]
+    vals = np.asarray(values, dtype=float)[: topo.chips_per_slice]
+    coords = topo.all_coords()
+    pad = np.zeros((len(coords), 3), dtype=int)
+    pad[:, : topo.ndim] = coords
+    lo, hi = (float(vals.min()), float(vals.max())) if len(vals) else (0.0, 0.0)
+    fig, axes = plt.subplots(1, len(zs), figsize=(4.2 * len(zs) + 0.8, 4.2), squeeze=False)
+    im = None
+    for ax, z in zip(axes[0], zs, strict=True):
+        grid = np.full((shape[1], shape[0]), np.nan)
+        sel = pad[:, 2] == z
+        grid[pad[sel, 1], pad[sel, 0]] = vals[sel]
+        im = ax.imshow(grid, origin="lower", cmap="magma", vmin=lo, vmax=hi if hi > lo else
+                       lo + 1e-12)
+        ax.set_title(f"z = {z}" if nz > 1 else topo.name)
+        ax.set_xlabel("x")
+        ax.set_ylabel("y")
+    fig.colorbar(im, ax=axes[0].tolist(), label=label)
+    fig.suptitle(title, fontsize=9)
+    path = _save(fig, path)
+    plt.close(fig)
+    return path
 
 
 def _save(fig, path: Path) -> Path:
