@@ -73,6 +73,8 @@ class PerChipConfig:
             collectives, over the same mesh axes.
         program_of_chip: index into `programs` per chip.
         op_scale: {op id: per-chip factor} on the FLOPs and HBM bytes of that compute op.
+        dead_links: link ids that carry nothing: collectives over their axis detour around them
+            (`simulate_collective`'s rerouting, every group at once).
         mode: `auto` (equivalence classes) or `per-chip` (brute force, one actor per chip).
     """
 
@@ -81,6 +83,7 @@ class PerChipConfig:
     programs: tuple[Trace, ...] = ()
     program_of_chip: np.ndarray | None = None
     op_scale: Mapping[int, np.ndarray] = field(default_factory=dict)
+    dead_links: tuple[int, ...] = ()
     mode: str = "auto"
 
 
@@ -135,11 +138,14 @@ def chip_classes(base: list[np.ndarray], geometries: list[np.ndarray]) -> np.nda
         labels = new
 
 
-def _slow_group_costs(chip, topology, kind, gaxes, nbytes, algorithm, slow, base, geo):
+def _slow_group_costs(chip, topology, kind, gaxes, nbytes, algorithm, slow, base, geo,
+                      dead=()):
     """Cost index of every group and the distinct costs, for a collective with degraded links.
 
     Groups whose routes use a degraded link are simulated link by link
-    (`simulate_collective(..., slow_links=...)`); the others keep the healthy cost.
+    (`simulate_collective(..., slow_links=...)`); the others keep the healthy cost. With a dead
+    link on the group's axes every group is simulated at once with the detours (they load
+    other groups' links), and every group gets that collective's time.
     """
     v = padded_collective_bytes(kind, gaxes, nbytes)
     # The compiler picks the algorithm for the healthy pod (it does not know a link is slow):
@@ -149,6 +155,20 @@ def _slow_group_costs(chip, topology, kind, gaxes, nbytes, algorithm, slow, base
         algo = algo[len("auto ("):-1]
     lm = link_model(chip, topology, {})
     drain = float(np.max(base.class_bytes / lm.class_capacity_bytes_per_s, initial=0.0))
+    if dead:
+        from topologies.scenario import DeadLink, Scenario
+
+        sc = Scenario(dead_links=tuple(
+            DeadLink(coords=tuple(int(c) for c in topology.coords(lk // (2 * topology.ndim))),
+                     axisdir=_axisdir(topology, lk))
+            for lk in dead))
+        res = simulate_collective(chip=chip, topology=topology, op=kind, axes=gaxes, nbytes=v,
+                                  algorithm=algo, slow_links=dict(slow), scenario=sc)
+        t = res.time_s
+        cost = CollectiveCost(time_s=t, latency_s=max(t - drain, 0.0),
+                              class_bytes=base.class_bytes, group_size=base.group_size,
+                              algorithm=base.algorithm, hbm_bytes=base.hbm_bytes)
+        return np.ones(geo.num_groups, dtype=np.int64), [base, cost]
     try:
         res = simulate_collective(chip=chip, topology=topology, op=kind, axes=gaxes, nbytes=v,
                                   algorithm=algo, slow_links=dict(slow), mode="full")
@@ -264,10 +284,11 @@ def simulate_chips(
         if key not in group_cost:
             names = {g.physical_name for g in geo_axes}
             rel = {lk: f for lk, f in slow.items() if _link_axis(topology, lk) in names}
-            if rel and not pairs:
+            rel_dead = tuple(lk for lk in cfg.dead_links if _link_axis(topology, lk) in names)
+            if (rel or rel_dead) and not pairs:
                 group_cost[key] = _slow_group_costs(chip, topology, op.collective, geo_axes,
                                                     op.bytes, algorithm, rel, base_costs[key],
-                                                    geoms[geo_axes])
+                                                    geoms[geo_axes], rel_dead)
             else:
                 group_cost[key] = (np.zeros(geoms[geo_axes].num_groups, dtype=np.int64),
                                    [base_costs[key]])
@@ -501,7 +522,7 @@ def simulate_chips(
     for lk, f in slow.items():
         res._link_cap[lk] *= f
     res.critical_path = _critical_path(classes, slowest, topology, slow, op_key, group_cost,
-                                       count)
+                                       count, cfg.dead_links)
     res._class_timelines = {cl.c: (cl.start, cl.end) for cl in classes}
     res._mem_deltas = [(o.id, o.alloc_bytes - o.free_bytes) for o in prog_trace.ops
                        if o.alloc_bytes or o.free_bytes]
@@ -554,6 +575,11 @@ def _check_programs(programs, prog_of, nchips) -> None:
             )
 
 
+def _axisdir(topology: Topology, link: int) -> str:
+    rest = link % (2 * topology.ndim)
+    return AXIS_NAMES[rest // 2] + "+-"[rest % 2]
+
+
 def _link_axis(topology: Topology, link: int) -> str:
     if link >= topology.num_ici_links:
         return DCN_AXIS
@@ -576,7 +602,8 @@ def _per_link_bytes(topology: Topology, label: np.ndarray, classes) -> np.ndarra
     return out
 
 
-def _critical_path(classes, last: int, topology, slow, op_key, group_cost, count) -> list[dict]:
+def _critical_path(classes, last: int, topology, slow, op_key, group_cost, count,
+                   dead=()) -> list[dict]:
     """Walk back from the last op of the last chip: each op's start was set by its latest
     dependency (or the op before it on the core), a collective's start by the last member to
     arrive and its end by the last member to drain. Consecutive ops on one chip class form one
@@ -641,10 +668,12 @@ def _critical_path(classes, last: int, topology, slow, op_key, group_cost, count
                     seg["links"].append(name)
             index, costs = group_cost[op_key[k]]
             if cc is not costs[0]:
+                for lk in sorted(dead):
+                    tag = f"dead {topology.describe_link(lk)} (detour)"
+                    if tag not in seg["links"]:
+                        seg["links"].append(tag)
                 for lk in sorted(slow):
-                    d = topology.describe_link(lk) if hasattr(topology, "describe_link") \
-                        else f"link {lk}"
-                    tag = f"degraded {d}"
+                    tag = f"degraded {topology.describe_link(lk)}"
                     if tag not in seg["links"]:
                         seg["links"].append(tag)
     for seg in segments:

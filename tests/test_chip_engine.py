@@ -340,3 +340,24 @@ def test_plots_draw_per_link_utilization_and_the_finish_time_map(tmp_path):
     # the same link class on chips of the same class.
     same = topo.ici_link_id(int(np.flatnonzero(r._chip_class == r._chip_class[0])[1]), 0, 1)
     assert util[slow] == pytest.approx(2 * util[same])
+
+
+def test_dead_link_in_a_step_detours_and_slows_the_collectives_over_its_axis():
+    chip, topo, trace = _setup("v5e", "4x4", "fsdp=4,tensor=4", wrap="all")
+    dead = (topo.ici_link_id(0, 0, 1),)
+    healthy = simulate_chips(trace, chip, topo)
+    r = simulate_chips(trace, chip, topo, config=PerChipConfig(dead_links=dead))
+    brute = simulate_chips(trace, chip, topo, config=PerChipConfig(dead_links=dead,
+                                                                   mode="per-chip"))
+    assert r.step_time_s > healthy.step_time_s
+    assert r.step_time_s == pytest.approx(brute.step_time_s, rel=1e-9)
+    assert any("dead" in link for seg in r.critical_path for link in seg["links"])
+
+
+def test_cli_train_takes_dead_links(tiny_yaml, capsys):
+    import json
+
+    rc, out, _ = _cli(capsys, *_train(tiny_yaml, "--json", "--dead-link", "0,0:x+"))
+    dead = json.loads(out)
+    rc2, out, _ = _cli(capsys, *_train(tiny_yaml, "--json"))
+    assert rc == rc2 == 0 and dead["step_time_s"] > json.loads(out)["step_time_s"]

@@ -369,12 +369,6 @@ def simulate_step(args: argparse.Namespace, trace, chip, topology, *, overlap=No
     from sim.chip_engine import PerChipConfig, simulate_chips
 
     scenario = scenario_from_args(args, topology)
-    if scenario.dead_links:
-        raise TpusimError(
-            "--dead-link is not supported by step commands in this version (the rerouted "
-            "collectives are not wired into the step engine yet); use --slow-link with a small "
-            "factor, or `tpusim collective --dead-link`"
-        )
     if scenario.expert_skew or scenario.capacity_factor is not None:
         if not trace.meta.get("moe_scenario_applied"):
             raise TpusimError(
@@ -384,6 +378,7 @@ def simulate_step(args: argparse.Namespace, trace, chip, topology, *, overlap=No
     config = PerChipConfig(
         speed=scenario.chip_speed_factors_for(topology) if scenario.perturbs_chips else None,
         link_factors=scenario.slow_link_factors_for(topology),
+        dead_links=scenario.dead_link_ids_for(topology),
         mode=getattr(args, "mode", "auto") or "auto",
     )
     return simulate_chips(trace, chip, topology, config=config, algorithm=args.algorithm,

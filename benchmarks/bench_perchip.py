@@ -1,0 +1,85 @@
+"""Wall time, peak memory, chip classes and events of the per-chip engine on the 8960-chip v5p
+pod (LLaMA-3-70B, seq 8192, 1 sequence per chip, fsdp=2240,tensor=4): unperturbed, one slow chip
+plus one slow link, and chip-to-chip variation (every chip its own class), the last also on
+smaller pods to show how the cost grows with the number of classes.
+
+Run: python benchmarks/bench_perchip.py [--quick] [--timeout S]. Numbers are measurements on the
+machine that ran them; nothing here passes or fails on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+from _measure import run_child
+
+ROOT = Path(__file__).resolve().parents[1]
+POD = ("v5p", "16x20x28", "fsdp=2240,tensor=4")
+CASES = [
+    ("unperturbed", POD, []),
+    ("slow chip + slow link", POD, ["--slow-chip", "3,5,7:0.8", "--slow-link", "0,0,0:x+:0.5"]),
+    ("chip variation 0.02", ("v5p", "4x4x4", "fsdp=16,tensor=4"),
+     ["--chip-variation", "0.02", "--seed", "1"]),
+    ("chip variation 0.02", ("v5p", "8x8x4", "fsdp=64,tensor=4"),
+     ["--chip-variation", "0.02", "--seed", "1"]),
+    ("chip variation 0.02", POD, ["--chip-variation", "0.02", "--seed", "1"]),
+]
+
+
+def run(label: str, pod: tuple[str, str, str], extra: list[str], timeout_s: float) -> dict:
+    chip, shape, mesh = pod
+    cmd = ["timeout", str(int(timeout_s)), sys.executable, "-m", "sim.cli", "--quiet", "train",
+           "--chip", chip, "--shape", shape, "--model", "llama3-70b", "--seq-len", "8192",
+           "--batch-per-chip", "1", "--mesh", mesh, "--json", *extra]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    wall, rss, stdout, err, code = run_child(cmd, cwd=ROOT, env=env)
+    row = {"case": label, "shape": shape, "mesh": mesh, "flags": " ".join(extra),
+           "wall_s": wall, "peak_rss_mib": rss / 2**20}
+    if code == 124:
+        row["status"] = f"timed out after {timeout_s:.0f} s"
+        return row
+    if code != 0:
+        raise SystemExit(f"{label} {shape}: tpusim failed: {err.strip()}")
+    out = json.loads(stdout)
+    row.update(status="ok", num_chips=out["num_chips"], num_chip_classes=out["num_chip_classes"],
+               sim_events=out["sim_events"], events_per_s=out["sim_events"] / wall,
+               step_time_s=out["step_time_s"], slowest_chip=out["slowest_chip"])
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true",
+                    help="only the two full-pod cases that finish (unperturbed, slow chip+link)")
+    ap.add_argument("--timeout", type=float, default=600.0,
+                    help="give up on a case after this many seconds (default 600)")
+    args = ap.parse_args()
+    cases = CASES[:2] if args.quick else CASES
+    rows = [run(*c, timeout_s=args.timeout) for c in cases]
+    print(f"{'case':<24} {'pod':<10} {'classes':>7} {'events':>8} {'events/s':>9} "
+          f"{'wall s':>7} {'RSS MiB':>8} {'step s':>10}")
+    for r in rows:
+        if r["status"] != "ok":
+            print(f"{r['case']:<24} {r['shape']:<10} {r['status']} (RSS {r['peak_rss_mib']:.0f} "
+                  f"MiB)")
+            continue
+        print(f"{r['case']:<24} {r['shape']:<10} {r['num_chip_classes']:>7} "
+              f"{r['sim_events']:>8} {r['events_per_s']:>9.0f} {r['wall_s']:>7.2f} "
+              f"{r['peak_rss_mib']:>8.1f} {r['step_time_s']:>10.6f}")
+    out = ROOT / "benchmarks" / "results" / ("perchip-quick.json" if args.quick else
+                                             "perchip.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "date": time.strftime("%Y-%m-%d"), "platform": platform.platform(),
+        "python": platform.python_version(), "cpus": os.cpu_count(), "rows": rows,
+    }, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
