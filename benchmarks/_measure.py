@@ -27,9 +27,11 @@ cmd = json.loads(sys.argv[1])
 t0 = time.perf_counter()
 done = subprocess.run(cmd, capture_output=True, check=False)
 wall = time.perf_counter() - t0
+ru = resource.getrusage(resource.RUSAGE_CHILDREN)
 sys.stdout.write(json.dumps({
     "wall_s": wall,
-    "ru_maxrss": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
+    "ru_maxrss": ru.ru_maxrss,
+    "cpu_s": ru.ru_utime + ru.ru_stime,
     "code": done.returncode,
     "stdout": done.stdout.decode(errors="replace"),
     "stderr": done.stderr.decode(errors="replace"),
@@ -50,3 +52,16 @@ def run_child(cmd: list[str], *, cwd: Path, env: dict[str, str]
         raise RuntimeError(f"benchmark helper failed: {done.stderr.decode(errors='replace')}")
     r = json.loads(done.stdout)
     return r["wall_s"], _maxrss_bytes(r["ru_maxrss"]), r["stdout"], r["stderr"], r["code"]
+
+
+def run_child_cpu(cmd: list[str], *, cwd: Path, env: dict[str, str]
+                  ) -> tuple[float, float, int, str, str, int]:
+    """`run_child` plus the child's CPU time (user + system seconds): (wall, cpu, peak RSS bytes,
+    stdout, stderr, exit code). On a shared machine the CPU time is the steadier number."""
+    done = subprocess.run([sys.executable, "-S", "-c", _HELPER, json.dumps(cmd)],
+                          capture_output=True, cwd=cwd, env=env, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"benchmark helper failed: {done.stderr.decode(errors='replace')}")
+    r = json.loads(done.stdout)
+    return (r["wall_s"], r["cpu_s"], _maxrss_bytes(r["ru_maxrss"]), r["stdout"], r["stderr"],
+            r["code"])

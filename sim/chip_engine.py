@@ -59,6 +59,9 @@ from topologies.torus import AXIS_NAMES, DCN_AXIS, Topology
 from workloads.trace import OpKind, Trace, Unit
 
 MODES = ("auto", "per-chip")
+# Every class replays the whole program with its own SimPy events and arrays (~0.4 KB per op):
+# refuse runs that would take more than ~2 GB rather than exhaust a shared machine.
+MAX_CLASS_OPS = 5_000_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -307,6 +310,13 @@ def simulate_chips(
                 base_cols.append(index[geoms[ga].group_of_chip].astype(float))
         label = chip_classes(base_cols, [geoms[g].group_of_chip for g in geo_list])
     ncls = int(label.max()) + 1
+    if ncls * n > MAX_CLASS_OPS:
+        raise TpusimError(
+            f"the per-chip engine would replay {ncls} chip classes x {n} ops = {ncls * n:,} "
+            f"class-ops (limit {MAX_CLASS_OPS:,}, about 0.4 KB each in memory); this version "
+            f"simulates every class separately, so perturb fewer chips (e.g. --slow-chip instead "
+            f"of --chip-variation on this pod) or use a smaller pod"
+        )
     rep = np.zeros(ncls, dtype=np.int64)
     _, first = np.unique(label, return_index=True)
     rep[:] = first

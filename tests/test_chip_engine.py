@@ -361,3 +361,14 @@ def test_cli_train_takes_dead_links(tiny_yaml, capsys):
     dead = json.loads(out)
     rc2, out, _ = _cli(capsys, *_train(tiny_yaml, "--json"))
     assert rc == rc2 == 0 and dead["step_time_s"] > json.loads(out)["step_time_s"]
+
+
+def test_too_many_chip_classes_is_a_one_line_refusal(monkeypatch):
+    import sim.chip_engine as ce
+
+    chip, topo, trace = _setup("v5e", "2x2", "fsdp=4")
+    monkeypatch.setattr(ce, "MAX_CLASS_OPS", 3 * len(trace.ops))
+    speed = np.array([1.0, 0.9, 0.8, 0.7])
+    with pytest.raises(TpusimError, match="4 chip classes") as exc:
+        simulate_chips(trace, chip, topo, config=PerChipConfig(speed=speed))
+    assert "\n" not in str(exc.value)
