@@ -59,9 +59,10 @@ from topologies.torus import AXIS_NAMES, DCN_AXIS, Topology
 from workloads.trace import OpKind, Trace, Unit
 
 MODES = ("auto", "per-chip")
-# Every class replays the whole program with its own SimPy events and arrays (~0.4 KB per op):
-# refuse runs that would take more than ~2 GB rather than exhaust a shared machine.
-MAX_CLASS_OPS = 5_000_000
+# Every class replays the whole program with its own SimPy events and arrays (~0.9 KB per op,
+# measured on 64 classes of LLaMA-3-70B): refuse runs beyond ~2 GB rather than exhaust a
+# shared machine.
+MAX_CLASS_OPS = 2_500_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -313,7 +314,7 @@ def simulate_chips(
     if ncls * n > MAX_CLASS_OPS:
         raise TpusimError(
             f"the per-chip engine would replay {ncls} chip classes x {n} ops = {ncls * n:,} "
-            f"class-ops (limit {MAX_CLASS_OPS:,}, about 0.4 KB each in memory); this version "
+            f"class-ops (limit {MAX_CLASS_OPS:,}, about 0.9 KB each in memory); this version "
             f"simulates every class separately, so perturb fewer chips (e.g. --slow-chip instead "
             f"of --chip-variation on this pod) or use a smaller pod"
         )
