@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from sim.collective_sim import simulate_collective
+from sim.collective_sim import collective_link_loads
 from sim.engine import (
     CHIP_COLUMNS,
     CollectiveCost,
@@ -144,13 +144,15 @@ def chip_classes(base: list[np.ndarray], geometries: list[np.ndarray]) -> np.nda
 
 def _slow_group_costs(chip, topology, kind, gaxes, nbytes, algorithm, slow, base, geo,
                       dead=()):
-    """Cost index of every group and the distinct costs, for a collective with degraded links.
+    """Cost index of every group and the distinct costs, for a collective with slow or dead
+    links on its axes.
 
-    Groups whose routes use a degraded link are simulated link by link
-    (`simulate_collective(..., slow_links=...)`); the others keep the healthy cost. With a dead
-    link on the group's axes every group is simulated at once with the detours (they load
-    other groups' links), and every group gets that collective's time.
+    `collective_link_loads` simulates the touched groups link by link (a slow link's group; a
+    dead link's group and the groups that carry its detours); the others keep the healthy cost
+    (a time within float noise, 1e-12 relative, of the healthy one counts as healthy).
     """
+    from topologies.scenario import DeadLink, Scenario, SlowLink
+
     v = padded_collective_bytes(kind, gaxes, nbytes)
     # The compiler picks the algorithm for the healthy pod (it does not know a link is slow):
     # keep `auto`'s choice and cost it with the degraded link.
@@ -159,24 +161,23 @@ def _slow_group_costs(chip, topology, kind, gaxes, nbytes, algorithm, slow, base
         algo = algo[len("auto ("):-1]
     lm = link_model(chip, topology, {})
     drain = float(np.max(base.class_bytes / lm.class_capacity_bytes_per_s, initial=0.0))
-    if dead:
-        from topologies.scenario import DeadLink, Scenario
 
-        sc = Scenario(dead_links=tuple(
-            DeadLink(coords=tuple(int(c) for c in topology.coords(lk // (2 * topology.ndim))),
-                     axisdir=_axisdir(topology, lk))
-            for lk in dead))
-        res = simulate_collective(chip=chip, topology=topology, op=kind, axes=gaxes, nbytes=v,
-                                  algorithm=algo, slow_links=dict(slow), scenario=sc)
-        t = res.time_s
-        cost = CollectiveCost(time_s=t, latency_s=max(t - drain, 0.0),
-                              class_bytes=base.class_bytes, group_size=base.group_size,
-                              algorithm=base.algorithm, hbm_bytes=base.hbm_bytes)
-        return np.ones(geo.num_groups, dtype=np.int64), [base, cost]
+    def coords(lk):
+        return tuple(int(c) for c in topology.coords(lk // (2 * topology.ndim)))
+
+    scenario = Scenario(
+        slow_links=tuple(SlowLink(coords=coords(lk), axisdir=_axisdir(topology, lk), factor=f)
+                         for lk, f in sorted(slow.items())),
+        dead_links=tuple(DeadLink(coords=coords(lk), axisdir=_axisdir(topology, lk))
+                         for lk in dead),
+    )
     try:
-        res = simulate_collective(chip=chip, topology=topology, op=kind, axes=gaxes, nbytes=v,
-                                  algorithm=algo, slow_links=dict(slow), mode="full")
+        loads = collective_link_loads(chip=chip, topology=topology, op=kind, gaxes=gaxes,
+                                      nbytes=v, algorithm=algo, scenario=scenario)
+        times = loads.time_s_per_group
     except TpusimError:
+        if dead:
+            raise
         # Too big to route link by link (e.g. all-pairs on thousands of chips): the affected
         # groups drain their busiest link of each degraded class at the degraded rate.
         f = np.ones(NUM_CLASSES)
@@ -188,18 +189,14 @@ def _slow_group_costs(chip, topology, kind, gaxes, nbytes, algorithm, slow, base
         touched = {int(geo.group_of_chip[link // (2 * topology.ndim)]) for link in slow}
         if not geo.disjoint:
             touched = set(range(geo.num_groups))
-        per_group = {g: t for g in touched}
-    else:
-        per_group: dict[int, float] = {}
-        for row in res._timeline:
-            per_group[row[0]] = max(per_group.get(row[0], 0.0), float(row[7]))
-        if geo.disjoint:  # unsimulated groups are healthy; group 0 only counts if it is touched
-            touched = {int(geo.group_of_chip[link // (2 * topology.ndim)]) for link in slow}
-            per_group = {g: t for g, t in per_group.items() if g in touched}
+        times = np.full(geo.num_groups, base.time_s)
+        times[sorted(touched)] = t
     costs = [base]
     index = np.zeros(geo.num_groups, dtype=np.int64)
-    by_time: dict[float, int] = {base.time_s: 0}
-    for g, t in sorted(per_group.items()):
+    by_time: dict[float, int] = {}
+    for g, t in enumerate(times.tolist()):
+        if abs(t - base.time_s) <= 1e-12 * base.time_s:
+            continue
         if t not in by_time:
             by_time[t] = len(costs)
             costs.append(CollectiveCost(
