@@ -372,3 +372,28 @@ def test_too_many_chip_classes_is_a_one_line_refusal(monkeypatch):
     with pytest.raises(TpusimError, match="4 chip classes") as exc:
         simulate_chips(trace, chip, topo, config=PerChipConfig(speed=speed))
     assert "\n" not in str(exc.value)
+
+
+def test_per_chip_programs_equal_the_same_work_given_as_op_scales():
+    import dataclasses
+
+    from workloads.trace import Trace
+
+    chip, topo, trace = _setup("v5e", "2x2", "fsdp=2,tensor=2")
+    heavy = Trace(mesh=trace.mesh, meta=trace.meta, ops=tuple(
+        dataclasses.replace(o, flops=o.flops * 2.0, hbm_bytes=o.hbm_bytes * 2.0)
+        if o.kind == OpKind.COMPUTE else o for o in trace.ops))
+    which = np.array([0, 0, 1, 0])
+    by_program = simulate_chips(trace, chip, topo, config=PerChipConfig(
+        programs=(trace, heavy), program_of_chip=which))
+    scale = {o.id: np.where(which == 1, 2.0, 1.0) for o in trace.ops if o.kind == OpKind.COMPUTE}
+    by_scale = simulate_chips(trace, chip, topo, config=PerChipConfig(op_scale=scale))
+    assert by_program.step_time_s == by_scale.step_time_s > simulate_chips(
+        trace, chip, topo).step_time_s
+    assert by_program.chips.finish_s.tolist() == by_scale.chips.finish_s.tolist()
+    assert by_program.slowest_chip == by_scale.slowest_chip == by_scale.chips.coords.iloc[2]
+    # Programs must agree on their collectives (they rendezvous by op id).
+    other = _setup("v5e", "2x2", "fsdp=4")[2]
+    with pytest.raises(TpusimError, match="rendezvous by op id"):
+        simulate_chips(trace, chip, topo, config=PerChipConfig(programs=(trace, other),
+                                                               program_of_chip=which))
