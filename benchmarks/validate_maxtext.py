@@ -929,7 +929,11 @@ def main(argv: list[str] | None = None) -> int:
                           f"{shipped[f.generation]['mxu_efficiency']} but the fit gives {f.mxu}")
         if args.write:
             DOC_FILE.parent.mkdir(parents=True, exist_ok=True)
-            DOC_FILE.write_text(render_doc(cases, skips, preds, stats, fits))
+            # Keep the HLO-import section that benchmarks/validate_hlo.py writes at the end.
+            prev = DOC_FILE.read_text() if DOC_FILE.exists() else ""
+            marker = "<!-- hlo-import -->"
+            tail = "\n" + prev[prev.index(marker):] if marker in prev else ""
+            DOC_FILE.write_text(render_doc(cases, skips, preds, stats, fits) + tail)
             print(f"\nwrote {DOC_FILE.relative_to(ROOT)}")
     return 0
 

@@ -64,8 +64,9 @@ def train_dot_flops(c: dict) -> float:
     return layers + attn + 6 * t * c["d_model"] * c["vocab_size"]
 
 
-TRAIN = ["train_fsdp_v5e16", "train_fsdp_tp_v5e16", "train_fsdp_v5p64", "train_fsdp_tp_v5p64"]
-ALL = TRAIN + ["decode_tp8_v5e8"]
+TRAIN = ["train_fsdp_v5e16", "train_fsdp_tp_v5e16", "train_fsdp_v5p64", "train_fsdp_tp_v5p64",
+         "scan_fsdp_v5e16"]
+ALL = TRAIN + ["decode_tp8_v5e8", "windowed_einsum_v5e16"]
 
 
 @pytest.mark.parametrize("name", TRAIN)
@@ -82,6 +83,32 @@ def test_decode_dot_flops_match_the_closed_form():
     # (q.K for one query token is a multiply-reduce on the VPU, so it is not a dot).
     pv = c["num_layers"] * 2 * b * (c["kv_len"] + 1) * c["num_heads"] * c["head_dim"] // tp
     assert imp.inventory["dot_flops_per_chip"] == 2 * b * params // tp + pv
+
+
+def test_scanned_layers_unroll_by_the_loop_trip_count():
+    _text, c, _chip, _topo, imp = load("scan_fsdp_v5e16")
+    # The layer scan is a while loop over the stacked weights; XLA gives no known_trip_count
+    # here, so the induction variable finds it (num_layers), like every windowed-einsum loop.
+    loops = imp.inventory["while_loops"]
+    assert loops and all(lp["from"] == "induction variable" for lp in loops)
+    assert {lp["trip_count"] for lp in loops} == {c["num_layers"]}
+
+
+def test_windowed_einsum_dot_flops_and_ring_permutes():
+    _text, c, _chip, _topo, imp = load("windowed_einsum_v5e16")
+    t = c["batch_per_chip"] * c["seq"]
+    # x @ w forward and the weight gradient x^T @ dy: 2 x 2 t d ff per chip.
+    assert imp.inventory["dot_flops_per_chip"] == 2 * 2 * t * c["d_model"] * c["d_ff"]
+    perm = [r for r in imp.inventory["collectives"] if r["kind"] == "collective-permute"]
+    # The gather of w is a ring of one-hop permutes (make_mesh's snake ring on the 4x4).
+    assert perm and all(r["axes"].startswith("pairs:") for r in perm)
+    gid = {o.group for o in imp.trace.ops if o.collective == "collective-permute"}
+    from topologies.groups import route_pairs
+
+    _t, _c, _chip2, topo, _i = load("windowed_einsum_v5e16")
+    for g in gid:
+        _cls, hops = route_pairs(topo, imp.trace.meta["device_groups"][g]["pairs"])
+        assert hops == 1
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -117,3 +144,21 @@ def test_fixture_replays(name):
     assert res.step_time_s >= inv["hbm_bytes_per_chip"] / (
         chip.hbm_bytes_per_s * chip.hbm_efficiency)
     assert res.num_ops == inv["num_trace_ops"]
+
+
+def test_import_hlo_cli_writes_a_trace_that_replays_like_the_program(tmp_path, capsys):
+    from sim.cli import main
+
+    prog = str(FIXTURES / "decode_tp8_v5e8.hlo.txt.gz")
+    out = tmp_path / "d.trace"
+    pod = ["--chip", "v5e", "--shape", "2x4"]
+    assert main(["import-hlo", prog, *pod, "--json", "-o", str(out)]) == 0
+    inv = json.loads(capsys.readouterr().out)
+    assert inv["num_collectives"] == load("decode_tp8_v5e8")[4].inventory["num_collectives"]
+    assert main(["--quiet", "replay", prog, *pod, "--json"]) == 0
+    direct = json.loads(capsys.readouterr().out)
+    assert main(["--quiet", "replay", str(out), *pod, "--json"]) == 0
+    via_file = json.loads(capsys.readouterr().out)
+    assert direct["step_time_s"] == via_file["step_time_s"] > 0
+    assert direct["dot_flops_per_chip"] == inv["dot_flops_per_chip"]
+    assert direct["inputs"]["trace"]["kind"] == "hlo"
