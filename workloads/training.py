@@ -48,6 +48,8 @@ _FUSED = frozenset({
 # the gather with the layer's own matmuls (v5e's windowed einsum: no prefetch), `blocking`
 # gathers the compute waits for (v5p's default compile of an FSDP x TP program).
 FSDP_GATHER_MODES = ("async", "windowed", "blocking")
+# Pipeline schedules simulated by `sim/pipeline.py` (docs/model.md "Pipeline schedules").
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
 def dtype_bytes(name: str, flag: str) -> float:
@@ -77,6 +79,7 @@ class TrainingConfig:
     tp_activations: str = "sharded"
     tp_comm: str = "blocking"
     pipeline_schedule: str = "1f1b"
+    virtual_stages: int = 1
     moe: MoeConfig = field(default_factory=MoeConfig)
 
     def __post_init__(self) -> None:
@@ -104,9 +107,18 @@ class TrainingConfig:
             raise TpusimError(
                 f"--tp-comm {self.tp_comm!r} must be blocking or collective-matmul"
             )
-        if self.pipeline_schedule not in ("gpipe", "1f1b"):
+        if self.pipeline_schedule not in PIPELINE_SCHEDULES:
             raise TpusimError(
-                f"--pipeline-schedule {self.pipeline_schedule!r} must be gpipe or 1f1b"
+                f"--pipeline-schedule {self.pipeline_schedule!r} must be one of "
+                f"{', '.join(PIPELINE_SCHEDULES)}"
+            )
+        v = self.virtual_stages
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise TpusimError(f"--virtual-stages {v!r} must be an integer >= 1")
+        if v > 1 and self.pipeline_schedule != "interleaved":
+            raise TpusimError(
+                f"--virtual-stages {v} needs --pipeline-schedule interleaved (gpipe and 1f1b "
+                f"hold one chunk of layers per stage); drop it or switch the schedule"
             )
         for flag, v in (("--param-dtype", self.param_dtype), ("--grad-dtype", self.grad_dtype),
                         ("--optimizer-dtype", self.optimizer_dtype)):
@@ -221,7 +233,36 @@ def _compiler(
     return _Compiler(model, mesh, d, config, num_chips, global_seqs)
 
 
+def compile_pipeline_chunk(
+    model: TransformerSpec, mesh: LogicalMesh, num_chips: int, config: TrainingConfig, *,
+    first: bool, last: bool,
+) -> Trace:
+    """One microbatch through one pipeline chunk (num_layers / (pipeline x virtual_stages)
+    layers): its forward, its backward and the stage's optimizer update, without
+    stage-to-stage sends (the schedule simulation adds them). `first` holds the embedding,
+    `last` the output projection and the loss."""
+    import dataclasses
+
+    pp, v = mesh.size("pipeline"), config.virtual_stages
+    if model.num_layers % (pp * v):
+        raise TpusimError(
+            f"num_layers = {model.num_layers} is not divisible by pipeline x virtual stages = "
+            f"{pp} x {v}; pick sizes whose product divides the layer count"
+        )
+    c = _compiler(model, mesh, num_chips, dataclasses.replace(config, microbatches=1))
+    # One microbatch of the real microbatch size, through num_layers / (pp x V) layers.
+    c.d = dataclasses.replace(c.d, n=c.d.n / config.microbatches,
+                              layers=model.num_layers // (pp * v))
+    c.embed_on, c.head_on, c.sends_on = first, last, False
+    return c.build()
+
+
 class _Compiler:
+    # Which parts of the step this program holds (a pipeline chunk holds fewer).
+    embed_on = True
+    head_on = True
+    sends_on = True
+
     def __init__(self, model, mesh, d: _Dims, cfg: TrainingConfig, num_chips, global_seqs):
         self.m = model
         self.mesh = mesh
@@ -492,14 +533,18 @@ class _Compiler:
             # Embedding lookup (stage 0).
             start = [prev_compute] if prev_compute is not None else []
             emb_g = self.coll("fsdp_allgather_embed", "all-gather", ("fsdp",), emb_w, start, -1,
-                              "fwd")
+                              "fwd") if self.embed_on or self.head_on else None
             lk = None
+            if not self.embed_on:
+                # A later pipeline chunk: its input activations arrive from the previous one.
+                lookup_a2a = False
             if lookup_a2a:
                 lk = self.coll("embed_lookup_alltoall", "all-to-all", ("fsdp",),
                                d.fs * n * D * a, start, -1, "fwd")
-            table = lk if lookup_a2a else emb_g
-            x = b.add("embed_lookup", kind=OpKind.COMPUTE, unit=Unit.VPU, flops=0.0,
-                      hbm_bytes=2 * self.rows() * D * a,
+            table = lk if lookup_a2a else (emb_g if self.embed_on else None)
+            x = b.add("embed_lookup" if self.embed_on else "stage_input", kind=OpKind.COMPUTE,
+                      unit=Unit.VPU, flops=0.0,
+                      hbm_bytes=2 * self.rows() * D * a if self.embed_on else 0.0,
                       deps=[prev_compute] + ([table] if table is not None else []),
                       layer=-1, phase="fwd")
             prev = x
@@ -525,30 +570,36 @@ class _Compiler:
                     pending = fsdp_gather(layer + 1, mb, "fwd", after)
                 layer_outputs[(mb, layer)] = out
                 prev = out
-            if d.pp > 1:
+            if d.pp > 1 and self.sends_on:
                 send = self.coll("pipeline_send_fwd", "collective-permute", ("pipeline",),
                                  self.rows() * D * a, [prev], d.layers - 1, "fwd")
                 prev = send if send is not None else prev
-            # Output projection and loss.
-            r = self.rows()
-            final_norm = self.vpu("final_norm", 5 * r * D, 2 * r * D * a, [prev], -1, "fwd")
-            # Sharded activations are gathered over `tensor` before the vocab-split logits.
-            lg_deps, lg_after = self.tp_enter("", "logits", final_norm, -1, "fwd")
-            logits = self.mm("logits", 2 * n * D * V / d.tp, emb_w, n * D * a, n * V / d.tp * 4,
-                             [final_norm] + ([emb_g] if emb_g is not None else []) + lg_deps,
-                             -1, "fwd")
-            loss = self.vpu("softmax_xent", 6 * n * V / d.tp, 2 * n * V / d.tp * 4,
-                            [logits, *lg_after], -1, "loss")
-            lse = self.coll("tp_logsumexp_allreduce", "all-reduce", ("tensor",),
-                            n * 4 * 2, [loss], -1, "loss")
-            dlog = self.vpu("dlogits", 4 * n * V / d.tp, 2 * n * V / d.tp * a,
-                            [loss] + ([lse] if lse is not None else []), -1, "bwd")
-            dx = self.mm("logits_bwd", 4 * n * D * V / d.tp, 2 * emb_w, n * V / d.tp * a,
-                         n * D * a + emb_w, [dlog], -1, "bwd")
-            # The input gradient is summed over the vocab shards (reduce-scattered when the
-            # activations are sharded, all-reduced when they are replicated).
-            dar_deps = self.tp_exit("", "logits_bwd", dx, [dx], -1, "bwd")
-            prev = dar_deps[-1]
+            if not self.head_on:
+                # A pipeline chunk before the last: its output gradient arrives from the next.
+                final_norm = prev = b.add("stage_grad_input", kind=OpKind.COMPUTE,
+                                          unit=Unit.VPU, flops=0.0, hbm_bytes=0.0, deps=[prev],
+                                          layer=-1, phase="bwd")
+            else:
+                # Output projection and loss.
+                r = self.rows()
+                final_norm = self.vpu("final_norm", 5 * r * D, 2 * r * D * a, [prev], -1, "fwd")
+                # Sharded activations are gathered over `tensor` before the vocab-split logits.
+                lg_deps, lg_after = self.tp_enter("", "logits", final_norm, -1, "fwd")
+                logits = self.mm("logits", 2 * n * D * V / d.tp, emb_w, n * D * a, n * V / d.tp * 4,
+                                 [final_norm] + ([emb_g] if emb_g is not None else []) + lg_deps,
+                                 -1, "fwd")
+                loss = self.vpu("softmax_xent", 6 * n * V / d.tp, 2 * n * V / d.tp * 4,
+                                [logits, *lg_after], -1, "loss")
+                lse = self.coll("tp_logsumexp_allreduce", "all-reduce", ("tensor",),
+                                n * 4 * 2, [loss], -1, "loss")
+                dlog = self.vpu("dlogits", 4 * n * V / d.tp, 2 * n * V / d.tp * a,
+                                [loss] + ([lse] if lse is not None else []), -1, "bwd")
+                dx = self.mm("logits_bwd", 4 * n * D * V / d.tp, 2 * emb_w, n * V / d.tp * a,
+                             n * D * a + emb_w, [dlog], -1, "bwd")
+                # The input gradient is summed over the vocab shards (reduce-scattered when the
+                # activations are sharded, all-reduced when they are replicated).
+                dar_deps = self.tp_exit("", "logits_bwd", dx, [dx], -1, "bwd")
+                prev = dar_deps[-1]
             # Backward through the layers in reverse.
             # The last layer's weights are gathered again while the loss is computed.
             pending = fsdp_gather(d.layers - 1, mb, "bwd", [final_norm] if prefetch else [prev])
@@ -596,26 +647,31 @@ class _Compiler:
                 elif rs is not None:
                     last_grad_ops.append(rs)
                 prev = out
-            if d.pp > 1:
+            if d.pp > 1 and self.sends_on:
                 send = self.coll("pipeline_send_bwd", "collective-permute", ("pipeline",),
                                  self.rows() * D * a, [prev], 0, "bwd")
                 prev = send if send is not None else prev
-            emb_bwd = self.vpu("embed_grad", n * D, 3 * n * D * a, [prev], -1, "bwd")
-            if lookup_a2a:
-                ga = self.coll("embed_grad_alltoall", "all-to-all", ("fsdp",), d.fs * n * D * a,
-                               [emb_bwd], -1, "bwd")
-                emb_bwd = self.vpu("embed_grad_scatter_add", n * D, 3 * n * D * a,
-                                   [emb_bwd] + ([ga] if ga is not None else []), -1, "bwd")
-            erc = self.coll("fsdp_grad_reducescatter_embed", "reduce-scatter", ("fsdp",),
-                            emb_w / self.wb * self.gb, [emb_bwd], -1, "bwd")
-            if erc is not None:
-                last_grad_ops.append(erc)
-            if mb == cfg.microbatches - 1:
-                ear = self.coll("dp_grad_allreduce_embed", "all-reduce",
-                                ("data", "sequence", "expert"), emb_all / self.wb * self.gb / d.fs,
-                                [erc if erc is not None else emb_bwd], -1, "bwd")
-                if ear is not None:
-                    last_grad_ops.append(ear)
+            if self.embed_on:
+                emb_bwd = self.vpu("embed_grad", n * D, 3 * n * D * a, [prev], -1, "bwd")
+                if lookup_a2a:
+                    ga = self.coll("embed_grad_alltoall", "all-to-all", ("fsdp",), d.fs * n * D * a,
+                                   [emb_bwd], -1, "bwd")
+                    emb_bwd = self.vpu("embed_grad_scatter_add", n * D, 3 * n * D * a,
+                                       [emb_bwd] + ([ga] if ga is not None else []), -1, "bwd")
+            else:  # a later pipeline chunk sends its input gradient back instead
+                emb_bwd = prev
+            if self.embed_on or self.head_on:
+                erc = self.coll("fsdp_grad_reducescatter_embed", "reduce-scatter", ("fsdp",),
+                                emb_w / self.wb * self.gb, [emb_bwd], -1, "bwd")
+                if erc is not None:
+                    last_grad_ops.append(erc)
+                if mb == cfg.microbatches - 1:
+                    ear = self.coll("dp_grad_allreduce_embed", "all-reduce",
+                                    ("data", "sequence", "expert"),
+                                    emb_all / self.wb * self.gb / d.fs,
+                                    [erc if erc is not None else emb_bwd], -1, "bwd")
+                    if ear is not None:
+                        last_grad_ops.append(ear)
             prev_compute = emb_bwd
         # Adam on the local parameter shard (tpu.md §4: bf16 params + fp32 moments).
         p_local = self.local_params()
@@ -733,7 +789,7 @@ class _Compiler:
         """Saved activations at their peak: every layer of the stage, times the microbatches
         in flight on a pipeline stage."""
         cfg, d = self.cfg, self.d
-        inflight = min(cfg.microbatches, d.pp) if cfg.pipeline_schedule == "1f1b" else \
+        inflight = min(cfg.microbatches, d.pp) if cfg.pipeline_schedule != "gpipe" else \
             cfg.microbatches
         return saved_per_layer * d.layers * (inflight if d.pp > 1 else 1)
 
@@ -771,6 +827,9 @@ class _Compiler:
             "microbatches": cfg.microbatches,
             "pipeline_stages": d.pp,
             "pipeline_schedule": cfg.pipeline_schedule,
+            "virtual_stages": cfg.virtual_stages,
+            # Activations one stage sends the next per microbatch (and gradients back).
+            "pipeline_send_bytes": self.rows() * m.d_model * self.act,
             **({"moe": self.routing.summary(cfg.moe), "moe_scenario_applied": True}
                if self.routing is not None else {}),
             "overlap": cfg.overlap,

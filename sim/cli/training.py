@@ -31,7 +31,11 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--param-dtype", default="bf16")
     p.add_argument("--grad-dtype", default="bf16")
     p.add_argument("--optimizer-dtype", default="fp32")
-    p.add_argument("--pipeline-schedule", default="1f1b", help="gpipe or 1f1b")
+    p.add_argument("--pipeline-schedule", default=None,
+                   help="gpipe, 1f1b (default with a pipeline axis) or interleaved; simulated "
+                        "stage by stage (needs pipeline=P in --mesh or --dcn)")
+    p.add_argument("--virtual-stages", type=int, default=1,
+                   help="layer chunks per stage for --pipeline-schedule interleaved (default 1)")
     p.add_argument("--no-overlap", action="store_true",
                    help="collectives block compute (what-if: no async overlap)")
     p.add_argument("--no-fusion", action="store_true",
@@ -69,7 +73,8 @@ def _compile(args: argparse.Namespace, num_chips: int, moe=None):
         fuse_elementwise=not args.no_fusion,
         tp_activations=args.tp_activations,
         tp_comm=args.tp_comm,
-        pipeline_schedule=args.pipeline_schedule,
+        pipeline_schedule=args.pipeline_schedule or "1f1b",
+        virtual_stages=args.virtual_stages,
         moe=moe if moe is not None else cli.moe_config(args),
     )
     return compile_training_step(model, mesh, num_chips, cfg), model, cfg
@@ -183,7 +188,19 @@ def run_train(args: argparse.Namespace):
     chip, topo = cli.resolve_pod(args)
     trace, model, cfg = _compile(args, topo.num_chips,
                                  cli.moe_config(args, cli.scenario_from_args(args, topo)))
+    pipe = None
+    if args.pipeline_schedule is not None or trace.mesh.size("pipeline") > 1:
+        from sim.pipeline import check_schedule
+
+        check_schedule(cfg.pipeline_schedule, trace.mesh.size("pipeline"), cfg.microbatches,
+                       cfg.virtual_stages)
     result = cli.simulate_step(args, trace, chip, topo)
+    if trace.mesh.size("pipeline") > 1:
+        # The stages as the schedule runs them (sim/pipeline.py), not a bubble formula.
+        from sim.pipeline import apply_pipeline, simulate_pipeline
+
+        pipe = simulate_pipeline(model, trace.mesh, chip, topo, cfg, algorithm=args.algorithm)
+        apply_pipeline(result, pipe)
     inputs = cli.base_inputs(args, chip, topo)
     inputs["model"] = model.to_dict()
     inputs["mesh"] = describe_mesh(trace.mesh, topo)
@@ -191,8 +208,10 @@ def run_train(args: argparse.Namespace):
                           "global_batch": cfg.batch_per_chip * topo.num_chips,
                           "tokens_per_step": trace.meta["tokens_per_step"]}
     inputs["algorithm"] = args.algorithm
-    return Run(command="train", summary=training_summary(trace, result, chip), inputs=inputs,
-               result=result, trace=trace)
+    summary = training_summary(trace, result, chip)
+    if pipe is not None:
+        summary["pipeline"] = pipe.to_dict()
+    return Run(command="train", summary=summary, inputs=inputs, result=result, trace=trace)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
