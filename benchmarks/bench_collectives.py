@@ -11,7 +11,13 @@ For every pod in the ladder it measures three collectives:
   since each chip holds V/N bytes: 2**30 itself is refused on 16x20x28 = 8960 chips, and the
   nearest multiple below it is 1073739520 = 8960 * 119837),
 * all-gather along x of 1 GiB (rounded down the same way if x did not divide it),
-* the same all-reduce with `--slow-link 0,..,0:x+:0.5`, which forces full per-link detail.
+* the same all-reduce with `--slow-link 0,..,0:x+:0.5`, which forces full per-link detail,
+* the same all-reduce with `--dead-link 0,..,0:x+` (routes detour around it; the run also
+  simulates the healthy pod to report the detour's cost),
+* the same all-reduce with `--mode per-chip` (every chip of every group and every link),
+
+plus the brute-force case ASTRA-sim's analytical backend is compared with: v4 16x16x16
+all-reduce over x,y,z of 64 MiB, `--algorithm per-axis-ring --mode per-chip`.
 
 Each case is measured twice:
 
@@ -61,8 +67,9 @@ LADDER: list[tuple[str, str]] = [
     ("v4", "16x16x16"),
     ("v5e", "16x16"),
 ]
-# (chip, shape, op, slow link?) of the two cases the 2 s target is about.
-HEADLINES = {("v5p", "16x20x28", "all-reduce", False), ("v4", "16x16x16", "all-gather", False)}
+# (chip, shape, op, variant) of the cases the 2 s target is about.
+HEADLINES = {("v5p", "16x20x28", "all-reduce", ""), ("v4", "16x16x16", "all-gather", ""),
+             ("v4", "16x16x16", "all-reduce", "per-axis-ring per-chip")}
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,9 @@ class Case:
     axes: str
     nbytes: int
     slow_link: str | None = None
+    dead_link: str | None = None
+    mode: str | None = None
+    algorithm: str | None = None
 
     @property
     def dims(self) -> list[int]:
@@ -86,13 +96,18 @@ class Case:
         return n
 
     @property
+    def variant(self) -> str:
+        parts = [self.algorithm or "", "slow-link" if self.slow_link else "",
+                 "dead-link" if self.dead_link else "", self.mode or ""]
+        return " ".join(p for p in parts if p)
+
+    @property
     def headline(self) -> bool:
-        return (self.chip, self.shape, self.op, self.slow_link is not None) in HEADLINES
+        return (self.chip, self.shape, self.op, self.variant) in HEADLINES
 
     @property
     def collective(self) -> str:
-        text = f"{self.op} {self.axes}"
-        return text + " slow-link" if self.slow_link else text
+        return " ".join(p for p in (self.op, self.axes, self.variant) if p)
 
     def cli_args(self) -> list[str]:
         args = [
@@ -101,6 +116,12 @@ class Case:
         ]
         if self.slow_link:
             args += ["--slow-link", self.slow_link]
+        if self.dead_link:
+            args += ["--dead-link", self.dead_link]
+        if self.mode:
+            args += ["--mode", self.mode]
+        if self.algorithm:
+            args += ["--algorithm", self.algorithm]
         return args
 
 
@@ -123,7 +144,11 @@ def ladder_cases(*, quick: bool) -> list[Case]:
             Case(chip, shape, "all-reduce", all_axes, ar),
             Case(chip, shape, "all-gather", "x", ag),
             Case(chip, shape, "all-reduce", all_axes, ar, f"{zero}:x+:{SLOW_FACTOR}"),
+            Case(chip, shape, "all-reduce", all_axes, ar, dead_link=f"{zero}:x+"),
+            Case(chip, shape, "all-reduce", all_axes, ar, mode="per-chip"),
         ]
+    cases.append(Case("v4", "16x16x16", "all-reduce", "x,y,z", 64 << 20,
+                      algorithm="per-axis-ring", mode="per-chip"))
     if quick:
         cases = [c for c in cases if c.headline]
     return cases
@@ -206,9 +231,13 @@ def _setup(case: Case):
 
 
 def _simulate(simulate_collective, case: Case, chip, topo):
+    from topologies.scenario import scenario_from_flags
+
     return simulate_collective(
         chip=chip, topology=topo, op=case.op, axes=case.axes, nbytes=case.nbytes,
         slow_links=(case.slow_link,) if case.slow_link else (),
+        scenario=scenario_from_flags(dead_link=[case.dead_link] if case.dead_link else []),
+        mode=case.mode or "auto", algorithm=case.algorithm or "auto",
     )
 
 
@@ -253,6 +282,8 @@ def _fmt_sim_time(t: float) -> str:
 
 
 def _fmt_bytes(n: int) -> str:
+    if n == 64 << 20:
+        return "64 MiB"
     return "1 GiB" if n == GIB else f"{n} *"
 
 
@@ -261,7 +292,7 @@ def _mib(n: float | None) -> str:
 
 
 COLUMNS = (
-    f"{'pod':<15} {'chips':>5}  {'collective':<26} {'V (bytes)':>12}  {'mode':<9} "
+    f"{'pod':<15} {'chips':>5}  {'collective':<42} {'V (bytes)':>12}  {'mode':<9} "
     f"{'events':>6} {'sim time':>10}  {'wall s':>7} {'in-proc s':>9} {'events/s':>9} "
     f"{'RSS MiB':>7} {'heap MiB':>8}"
 )
@@ -270,7 +301,7 @@ COLUMNS = (
 def format_row(row: dict) -> str:
     c = row["case"]
     pod = f"{c['chip']} {c['shape']}" + (" !" if row["headline"] else "")
-    head = f"{pod:<15} {c['num_chips']:>5}  {row['collective']:<26} {_fmt_bytes(c['bytes']):>12}"
+    head = f"{pod:<15} {c['num_chips']:>5}  {row['collective']:<42} {_fmt_bytes(c['bytes']):>12}"
     if "error" in row:
         return f"{head}  error: {row['error']}"
     p, i = row["process"], row["in_process"]
@@ -326,7 +357,7 @@ def machine_info() -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="only the two headline cases, once")
+    ap.add_argument("--quick", action="store_true", help="only the headline cases, once")
     ap.add_argument("--repeats", type=int, default=None,
                     help="runs per case, median reported (default 3, or 1 with --quick)")
     ap.add_argument("--out", type=Path, default=None,
@@ -362,7 +393,9 @@ def main(argv: list[str] | None = None) -> int:
             "case": {"chip": case.chip, "shape": case.shape, "num_chips": case.num_chips,
                      "op": case.op, "axes": case.axes, "bytes": case.nbytes,
                      "bytes_rounded_from": GIB if case.nbytes != GIB else None,
-                     "slow_link": case.slow_link, "cli_args": case.cli_args()},
+                     "slow_link": case.slow_link, "dead_link": case.dead_link,
+                     "mode": case.mode, "algorithm": case.algorithm,
+                     "cli_args": case.cli_args()},
             "collective": case.collective,
             "headline": case.headline,
         }

@@ -289,7 +289,9 @@ def simulate_chips(
             if (rel or rel_dead) and not pairs:
                 group_cost[key] = _slow_group_costs(chip, topology, op.collective, geo_axes,
                                                     op.bytes, algorithm, rel, base_costs[key],
-                                                    geoms[geo_axes], rel_dead)
+                                                    geoms[geo_axes],
+                                                    # detours avoid every dead link
+                                                    tuple(cfg.dead_links) if rel_dead else ())
             else:
                 group_cost[key] = (np.zeros(geoms[geo_axes].num_groups, dtype=np.int64),
                                    [base_costs[key]])

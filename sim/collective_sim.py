@@ -74,6 +74,7 @@ class CollectiveResult:
     _link_busy: np.ndarray = field(repr=False)
     _link_cap: np.ndarray = field(repr=False)
     _timeline: list[tuple] = field(repr=False)
+    _touched_groups: tuple[int, ...] | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -214,6 +215,7 @@ def simulate_collective(
     mode: str = "auto",
     chunks: int = 1,
     scenario: Scenario | None = None,
+    dead_links: tuple[int, ...] = (),
 ) -> CollectiveResult:
     """Simulate one collective on `topology` made of `chip`s.
 
@@ -232,6 +234,7 @@ def simulate_collective(
         slow_links: degraded links, as `"x,y[,z]:x+:factor"` strings or {link id: factor}.
         scenario: perturbations (its slow links add to `slow_links`); a collective runs on
             links only, so chip perturbations in it are an error.
+        dead_links: ICI link ids that carry nothing (added to the scenario's dead links).
         mode: `auto` (symmetric where exact), `symmetric` (error if not exact), `full` (a
             representative group plus the perturbed ones, link by link) or `per-chip` (every
             chip of every group and every link, all groups' transfers of a step in one batch).
@@ -240,11 +243,12 @@ def simulate_collective(
     """
     kw = dict(chip=chip, topology=topology, op=op, axes=axes, nbytes=nbytes,
               algorithm=algorithm, shift=shift, src=src, dst=dst, slow_links=slow_links,
-              mode=mode, chunks=chunks, scenario=scenario)
+              mode=mode, chunks=chunks, scenario=scenario, dead_links=tuple(dead_links))
     res = _simulate_collective(**kw)
     if res.detour is not None:
         healthy = scenario_without_dead_links(scenario)
-        base = _simulate_collective(**{**kw, "scenario": healthy, "mode": "auto"})
+        base = _simulate_collective(**{**kw, "scenario": healthy, "mode": "auto",
+                                       "dead_links": ()})
         res.detour["healthy_time_s"] = base.time_s
         res.detour["extra_time_s"] = res.time_s - base.time_s
     return res
@@ -271,13 +275,14 @@ def _simulate_collective(
     mode: str = "auto",
     chunks: int = 1,
     scenario: Scenario | None = None,
+    dead_links: tuple[int, ...] = (),
 ) -> CollectiveResult:
     if isinstance(chunks, bool) or not isinstance(chunks, int) or not 1 <= chunks <= 1024:
         raise TpusimError(f"--chunks {chunks!r} must be an integer from 1 to 1024")
     if algorithm == "auto" and str(op) in AUTO_CANDIDATES:
         return _auto_best(chip=chip, topology=topology, op=op, axes=axes, nbytes=nbytes,
                           shift=shift, src=src, dst=dst, slow_links=slow_links, mode=mode,
-                          chunks=chunks, scenario=scenario)
+                          chunks=chunks, scenario=scenario, dead_links=dead_links)
     try:
         kind = CollectiveKind(op)
     except ValueError:
@@ -287,7 +292,12 @@ def _simulate_collective(
     if mode not in MODES:
         raise TpusimError(f"mode {mode!r} must be one of {', '.join(MODES)}")
     slow = _slow_links(topology, slow_links, scenario)
-    dead = scenario.dead_link_ids_for(topology) if scenario is not None else ()
+    dead = tuple(sorted(
+        {int(d) for d in dead_links}
+        | set(scenario.dead_link_ids_for(topology) if scenario is not None else ())
+    ))
+    if any(not 0 <= d < topology.num_ici_links or not topology.link_mask()[d] for d in dead):
+        raise TpusimError(f"dead link ids {dead} must be ICI links of the {topology.name} pod")
     router = DetourRouter(topology, dead) if dead else None
     lm = link_model(chip, topology, {**slow, **{d: 0.0 for d in dead}})
     env = simpy.Environment()
@@ -344,7 +354,8 @@ def _simulate_collective(
     # never on a route and changes nothing.
     group_axes_names = {g.physical_name for g in gaxes}
     relevant_dead = tuple(d for d in dead if _link_axis(topology, d) in group_axes_names)
-    router = DetourRouter(topology, relevant_dead) if relevant_dead else None
+    # Detours avoid every dead link, whatever its axis (a sideways step may need one).
+    router = DetourRouter(topology, dead) if relevant_dead else None
     symmetric_ok = schedule.translation_invariant and not relevant_slow and not relevant_dead
     if mode == "symmetric" and not symmetric_ok:
         raise TpusimError(
@@ -388,7 +399,7 @@ def _simulate_collective(
                    for lk in (*relevant_slow, *relevant_dead)}
         if relevant_dead:
             touched |= _detour_groups(topology, geo, schedule, gaxes, sorted(touched), lm,
-                                      relevant_dead)
+                                      dead)
         rest = [g for g in range(geo.num_groups) if g not in touched]
         groups = sorted(touched | set(rest[:1]))
     check_full_size(schedule, geo.group_size, len(groups))
@@ -416,6 +427,7 @@ def _simulate_collective(
         link_bytes=link_bytes, link_busy=link_busy, lm=lm, hbm=hbm,
         mode="per-chip" if mode == "per-chip" else "full", steps=steps_total,
         timeline=timeline, router=router,
+        touched=tuple(g for g in groups if g != rep) if rep is not None else tuple(groups),
     )
 
 
@@ -715,7 +727,8 @@ def _replicate_group(topology: Topology, geo: GroupGeometry, groups, rep: int, n
 
 
 def _result(*, kind, algorithm, requested, chip, topology, axes, nbytes, group_size, num_groups,
-            time_s, net, link_bytes, link_busy, lm, hbm, mode, steps, timeline, router=None):
+            time_s, net, link_bytes, link_busy, lm, hbm, mode, steps, timeline, router=None,
+            touched=None):
     cap = lm.capacity_bytes_per_s
     busiest = float(link_bytes.max(initial=0.0))
     per_cap = np.divide(link_bytes, cap, out=np.zeros_like(link_bytes), where=cap > 0)
@@ -737,6 +750,7 @@ def _result(*, kind, algorithm, requested, chip, topology, axes, nbytes, group_s
         mode=mode, num_steps=steps, sim_events=net.num_events, detour=detour, _topology=topology,
         _link_bytes=link_bytes, _link_busy=link_busy, _link_cap=cap,
         _timeline=sorted(timeline, key=lambda r: (r[0], r[3], r[4], r[6])),
+        _touched_groups=touched,
     )
 
 

@@ -193,3 +193,17 @@ def test_engine_gets_per_group_times_and_link_loads_under_a_dead_link():
     assert np.all(fast.time_s_per_group[:2] > healthy)
     assert fast.time_s_per_group[2:] == pytest.approx(np.full(6, healthy), rel=REL)
     assert fast.time_s_per_group.max() == fast.result.time_s
+
+
+def test_a_detour_avoids_dead_links_on_other_axes_too():
+    # x+ and y+ out of (0,0) dead on an 8x8 torus: the x ring's hop (0,0)->(1,0) detours
+    # through y- (the other sideways direction; 3 hops against 7 the other way round), and
+    # nothing crosses the dead y+ link.
+    topo = _topo("8x8", "all")
+    r = _sim(topo, ["0,0:x+", "0,0:y+"], op="all-gather", axes="x", nbytes=8 * 4096,
+             algorithm="ring")
+    links = r.links.set_index("link").bytes
+    assert topo.ici_link_id(0, 0, +1) not in links.index
+    assert topo.ici_link_id(0, 1, +1) not in links.index
+    assert links[topo.ici_link_id(0, 1, -1)] > 0  # (0,0) -> (0,3) y-
+    assert r.detour["longest_detour_hops"] == 3

@@ -162,3 +162,16 @@ def test_scenario_file_and_flags_add_up(capsys, tmp_path):
     both = run("--scenario", str(path), "--slow-link", "0,0:x+:0.5")
     assert from_file == from_flag
     assert both > from_flag  # 0.5 x 0.5 on the same link
+
+
+def test_a_faster_link_is_allowed_and_never_slows_a_collective(capsys):
+    import json
+
+    base = ["collective", "--chip", "v5e", "--shape", "8", "--wraparound", "all", "--op",
+            "all-gather", "--axes", "x", "--bytes", "8MiB", "--algorithm", "ring", "--json"]
+    assert main(base) == 0
+    healthy = json.loads(capsys.readouterr().out)["time_s"]
+    assert main([*base, "--slow-link", "0:x+:2"]) == 0
+    fast = json.loads(capsys.readouterr().out)
+    # A ring step waits for its slowest link: one faster link changes nothing.
+    assert fast["mode"] == "full" and fast["time_s"] == pytest.approx(healthy, rel=1e-12)
