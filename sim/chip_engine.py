@@ -531,6 +531,8 @@ def simulate_chips(
                              lm.capacity_bytes_per_s, lm.capacity_bytes_per_s)
     for lk, f in slow.items():
         res._link_cap[lk] *= f
+    for lk in cfg.dead_links:  # a dead link carries nothing (its detour's bytes stay elsewhere)
+        res._link_bytes[lk] = 0.0
     res.critical_path = _critical_path(classes, slowest, topology, slow, op_key, group_cost,
                                        count, cfg.dead_links)
     res._class_timelines = {cl.c: (cl.start, cl.end) for cl in classes}
