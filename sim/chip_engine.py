@@ -286,7 +286,17 @@ def simulate_chips(
             names = {g.physical_name for g in geo_axes}
             rel = {lk: f for lk, f in slow.items() if _link_axis(topology, lk) in names}
             rel_dead = tuple(lk for lk in cfg.dead_links if _link_axis(topology, lk) in names)
-            if (rel or rel_dead) and not pairs:
+            if pairs and rel_dead:
+                raise TpusimError(
+                    f"collective {op.name} is a collective-permute between chip pairs (HLO "
+                    f"import); dead links are not supported for it in this version; use "
+                    f"--slow-link with a small factor instead"
+                )
+            if pairs and rel:
+                group_cost[key] = (np.zeros(geoms[geo_axes].num_groups, dtype=np.int64),
+                                   [cost_pairs(chip, topology, dev_groups[op.group][1],
+                                               op.bytes, rel)])
+            elif rel or rel_dead:
                 group_cost[key] = _slow_group_costs(chip, topology, op.collective, geo_axes,
                                                     op.bytes, algorithm, rel, base_costs[key],
                                                     geoms[geo_axes],

@@ -36,6 +36,7 @@ from topologies.groups import (
     axis_factor,
     factor_device_groups,
     route_pairs,
+    route_pairs_links,
 )
 from topologies.mesh import place_mesh
 from topologies.torus import AXIS_NAMES, Topology
@@ -269,14 +270,20 @@ def device_group_axes(trace: Trace, topology: Topology, op, cache: dict[int, tup
 
 
 def cost_pairs(chip: ChipSpec, topology: Topology, pairs: list[tuple[int, int]],
-               nbytes: float) -> CollectiveCost:
+               nbytes: float, slow: dict[int, float] | None = None) -> CollectiveCost:
     """A collective-permute between explicit chips: every message on its dimension-order
     route at once; the busiest link carries its messages back to back and the longest route
     pays the per-hop latency (exact for the contention-free rings XLA's windowed einsums
-    use)."""
-    cls_msgs, hops = route_pairs(topology, pairs)
+    use). A slow link (`slow`: link id -> bandwidth factor) carries its messages at its own
+    speed; it is charged to its link class as the equivalent bytes at full speed, so the whole
+    permute (a lock-step ring step) waits for it."""
+    cls_msgs, hops, per_link = route_pairs_links(topology, pairs)
     lm = link_model(chip, topology, {})
     cls = cls_msgs * float(nbytes)
+    for link, f in (slow or {}).items():
+        if link in per_link:
+            k = link % (2 * topology.ndim)
+            cls[k] = max(cls[k], per_link[link] * float(nbytes) / f)
     lat = hops * lm.ici_latency_s + (lm.dcn_latency_s if cls[DCN_OUT_CLASS] > 0 else 0.0)
     drain = float(np.max(cls / lm.class_capacity_bytes_per_s, initial=0.0))
     return CollectiveCost(time_s=lat + drain, latency_s=lat, class_bytes=cls, group_size=2,

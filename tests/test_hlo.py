@@ -396,3 +396,20 @@ def test_malformed_device_groups_in_a_trace_file_are_one_line_errors(v5e, topo):
     doc["meta"]["device_groups"][0] = {"groups": "all"}
     with pytest.raises(TpusimError, match="'device_groups' must be a list"):
         Trace.from_json(json.dumps(doc))
+
+
+def test_pair_permute_cost_is_one_hop_plus_the_busiest_link_and_feels_a_slow_link(v5e, topo):
+    from sim.engine import cost_pairs
+
+    t = topo(v5e, "4x1")  # a line of 4 chips (no wraparound on v5e below 16)
+    ring = [(0, 1), (1, 2), (2, 3)]
+    w = v5e.ici_link_bytes_per_s * v5e.ici_efficiency
+    lat = v5e.ici_hop_latency_s
+    healthy = cost_pairs(v5e, t, ring, 1 << 20)
+    assert healthy.time_s == pytest.approx(lat + (1 << 20) / w)
+    link = t.ici_link_id(1, 0, +1)  # chip 1 -> chip 2
+    slow = cost_pairs(v5e, t, ring, 1 << 20, {link: 0.25})
+    assert slow.time_s == pytest.approx(lat + (1 << 20) / (0.25 * w))
+    # 0 -> 3 crosses three links: three hops of latency, each link carries one message.
+    far = cost_pairs(v5e, t, [(0, 3)], 1 << 20)
+    assert far.time_s == pytest.approx(3 * lat + (1 << 20) / w)

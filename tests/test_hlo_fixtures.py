@@ -162,3 +162,14 @@ def test_import_hlo_cli_writes_a_trace_that_replays_like_the_program(tmp_path, c
     assert direct["step_time_s"] == via_file["step_time_s"] > 0
     assert direct["dot_flops_per_chip"] == inv["dot_flops_per_chip"]
     assert direct["inputs"]["trace"]["kind"] == "hlo"
+
+
+def test_a_slow_link_on_the_windowed_einsum_ring_slows_the_imported_step():
+    from sim.chip_engine import PerChipConfig, simulate_chips
+
+    _text, _cfg, chip, topo, imp = load("windowed_einsum_v5e16")
+    base = replay(imp.trace, chip, topo).step_time_s
+    link = topo.ici_link_id(topo.chip_id((0, 0)), 0, +1)  # on make_mesh's snake ring
+    slow = simulate_chips(imp.trace, chip, topo,
+                          config=PerChipConfig(link_factors={link: 0.25})).step_time_s
+    assert slow > base * 1.2

@@ -426,6 +426,13 @@ def route_pairs(topology: Topology, pairs: list[tuple[int, int]]) -> tuple[np.nd
     wraps, ties going +) of point-to-point messages between chips.
 
     Returns (messages on the busiest link of each link class, most ICI hops of any route)."""
+    cls, hops, _count = route_pairs_links(topology, pairs)
+    return cls, hops
+
+
+def route_pairs_links(topology: Topology, pairs: list[tuple[int, int]]
+                      ) -> tuple[np.ndarray, int, dict[int, int]]:
+    """`route_pairs` plus the number of messages on every ICI link id the routes use."""
     count: dict[int, int] = {}
     dcn_out: dict[int, int] = {}
     dcn_in: dict[int, int] = {}
@@ -461,4 +468,4 @@ def route_pairs(topology: Topology, pairs: list[tuple[int, int]]) -> tuple[np.nd
     if dcn_out:
         cls[DCN_OUT_CLASS] = max(dcn_out.values())
         cls[DCN_IN_CLASS] = max(dcn_in.values())
-    return cls, max_hops
+    return cls, max_hops, count
