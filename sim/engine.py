@@ -182,6 +182,10 @@ def collective_groups(trace: Trace, topology: Topology) -> dict[str, tuple[Group
     return out
 
 
+def ops_name(trace: Trace, i: int) -> str:
+    return trace.ops[i].name
+
+
 def _merge(topology: Topology, factors: list[GroupAxis]) -> tuple[GroupAxis, ...]:
     """Merge contiguous factors of one physical axis (tensor x[4@1] + fsdp x[4@4] = x)."""
     by_axis: dict[str, list[GroupAxis]] = {}
@@ -380,6 +384,13 @@ def replay(
         else:
             dur[op.id] = op.duration_s
             bound[op.id] = "idle"
+
+    # Invariant: every cost is a finite, non-negative time (inputs are validated, so a failure
+    # here is a bug and surfaces as an `internal error`).
+    if not np.all(np.isfinite(dur)) or np.any(dur < 0):
+        bad = int(np.flatnonzero(~np.isfinite(dur) | (dur < 0))[0])
+        raise RuntimeError(f"invariant violated: op {bad} ({ops_name(trace, bad)}) costs "
+                           f"{dur[bad]} s")
 
     # -- replay -----------------------------------------------------------------------------
     env = simpy.Environment()

@@ -14,6 +14,7 @@ from typing import Any
 
 from topologies.errors import TpusimError
 from topologies.registry import Registry
+from topologies.validate import number, short_repr
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,35 +66,29 @@ class ChipSpec:
     op_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.generation_rule not in WRAP_RULES:
+        if not isinstance(self.name, str) or not 0 < len(self.name) <= 64 \
+                or not self.name.isprintable():
             raise TpusimError(
-                f"chip {self.name!r}: generation_rule {self.generation_rule!r} is not a known "
-                f"wraparound rule; use one of: {', '.join(WRAP_RULES)}"
+                f"chip name {short_repr(self.name)} is not a name; give `name:` as text of 1 to "
+                f"64 printable characters (quote numbers)"
+            )
+        if not isinstance(self.generation_rule, str) or self.generation_rule not in WRAP_RULES:
+            raise TpusimError(
+                f"chip {self.name!r}: generation_rule {short_repr(self.generation_rule)} is not a "
+                f"known wraparound rule; use one of: {', '.join(WRAP_RULES)}"
             )
         for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if f.name in _POSITIVE_FIELDS and not (isinstance(v, (int, float)) and v > 0):
-                raise TpusimError(
-                    f"chip {self.name!r}: {f.name} = {v!r} must be a positive number; "
-                    f"give a value > 0"
-                )
-            if f.name.endswith("_efficiency") and not (
-                isinstance(v, (int, float)) and 0 < v <= 1
-            ):
-                raise TpusimError(
-                    f"chip {self.name!r}: {f.name} = {v!r} must be in (0, 1]; it is the "
-                    f"achievable fraction of the peak"
-                )
-        if not isinstance(self.op_overhead_s, (int, float)) or self.op_overhead_s < 0:
-            raise TpusimError(
-                f"chip {self.name!r}: op_overhead_s = {self.op_overhead_s!r} must be >= 0"
-            )
-        if not self.max_pod_shape or any(
-            not isinstance(n, int) or n < 1 for n in self.max_pod_shape
+            if f.name in _FIELD_RANGES:
+                lo, hi, lo_open, integer, why = _FIELD_RANGES[f.name]
+                number(getattr(self, f.name), f"chip {self.name!r}: {f.name}", lo=lo, hi=hi,
+                       lo_open=lo_open, integer=integer, fix=why)
+        shape = self.max_pod_shape
+        if not isinstance(shape, tuple) or not 1 <= len(shape) <= 3 or any(
+            isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 4096 for n in shape
         ):
             raise TpusimError(
-                f"chip {self.name!r}: max_pod_shape = {self.max_pod_shape!r} must be a list of "
-                f"positive integers such as [16, 16]"
+                f"chip {self.name!r}: max_pod_shape = {short_repr(shape)} must be a list of 1 to "
+                f"3 whole numbers in [1, 4096] such as [16, 16]"
             )
 
     @property
@@ -135,6 +130,24 @@ _POSITIVE_FIELDS = {
     "dcn_latency_s",
     "pcie_bytes_per_s",
     "tensorcores_per_chip",
+}
+# Accepted range of every numeric field: (low, high, low excluded, integer, hint). The bounds
+# are validation limits, not hardware numbers: wide enough for any real or what-if chip, narrow
+# enough that no time or byte count overflows or divides by (nearly) zero.
+_RATE = (1.0, 1e21, False, False, "a rate in units per second")
+_FIELD_RANGES: dict[str, tuple] = {
+    "mxu_flops_per_s": _RATE, "mxu_int8_ops_per_s": _RATE, "vpu_flops_per_s": _RATE,
+    "hbm_bytes_per_s": _RATE, "ici_link_bytes_per_s": _RATE, "dcn_bytes_per_s": _RATE,
+    "pcie_bytes_per_s": _RATE,
+    "hbm_bytes": (1.0, 1e18, False, False, "the HBM capacity in bytes"),
+    "ici_hop_latency_s": (1e-12, 1.0, False, False, "seconds per hop"),
+    "dcn_latency_s": (1e-12, 1.0, False, False, "seconds"),
+    "ici_links_per_chip": (1, 64, False, True, "a count of links"),
+    "tensorcores_per_chip": (1, 64, False, True, "a count of cores"),
+    "op_overhead_s": (0.0, 1.0, False, False, "seconds added to every compute op"),
+    **{f"{u}_efficiency": (1e-6, 1.0, False, False,
+                           "the achievable fraction of the peak")
+       for u in ("mxu", "vpu", "hbm", "ici", "dcn")},
 }
 CHIP_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ChipSpec))
 
@@ -317,7 +330,8 @@ def chip_from_dict(data: dict[str, Any], *, source: str = "chip YAML") -> ChipSp
     data = dict(data)
     base_name = data.pop("base", None)
     allowed = set(CHIP_FIELDS)
-    unknown = sorted(set(data) - allowed)
+    unknown = sorted(k[:40] if isinstance(k, str) else short_repr(k, 40) for k in data
+                     if not isinstance(k, str) or k not in allowed)[:5]
     if unknown:
         raise TpusimError(
             f"{source}: unknown key(s) {', '.join(unknown)}; allowed keys are: base, "
@@ -326,34 +340,28 @@ def chip_from_dict(data: dict[str, Any], *, source: str = "chip YAML") -> ChipSp
     if "max_pod_shape" in data:
         shape = data["max_pod_shape"]
         if isinstance(shape, str):
-            try:
-                shape = [int(s) for s in shape.lower().split("x")]
-            except ValueError:
+            parts = shape.lower().split("x")
+            if not all(p.strip().isdigit() and len(p.strip()) <= 6 for p in parts):
                 raise TpusimError(
-                    f"{source}: max_pod_shape {data['max_pod_shape']!r} is not like 16x16"
-                ) from None
+                    f"{source}: max_pod_shape {short_repr(shape)} is not like 16x16"
+                )
+            shape = [int(p) for p in parts]
         if not isinstance(shape, (list, tuple)):
             raise TpusimError(f"{source}: max_pod_shape must be a list like [16, 16]")
         data["max_pod_shape"] = tuple(shape)
     for key, value in data.items():
         if key in ("name", "generation_rule", "max_pod_shape"):
             continue
-        if isinstance(value, str):
-            # PyYAML (YAML 1.1) reads `1.6e12` as a string; accept any number-looking text.
-            try:
-                value = float(value.strip())
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TpusimError(f"{source}: {key} = {value!r} must be a number")
-        if key in ("ici_links_per_chip", "tensorcores_per_chip"):
-            if int(value) != value:
-                raise TpusimError(f"{source}: {key} = {value!r} must be an integer")
-            data[key] = int(value)
-        else:
-            data[key] = float(value)
+        lo, hi, lo_open, integer, why = _FIELD_RANGES[key]
+        data[key] = number(value, f"{source}: {key}", lo=lo, hi=hi, lo_open=lo_open,
+                           integer=integer, fix=why)
     if base_name is not None:
-        base = get_chip(str(base_name))
+        if not isinstance(base_name, str):
+            raise TpusimError(
+                f"{source}: base = {short_repr(base_name)} is not a preset name; use one of: "
+                f"{', '.join(CHIPS.names())}"
+            )
+        base = get_chip(base_name)
         data.setdefault("name", f"{base.name}-custom")
         return dataclasses.replace(base, **data)
     missing = [

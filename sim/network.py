@@ -91,6 +91,9 @@ class FluidNetwork:
 
     def transfer(self, batch: Batch) -> simpy.Event:
         """Start a batch now; the returned event fires when its last byte has arrived."""
+        if not (math.isfinite(batch.latency_s) and batch.latency_s >= 0):
+            # Invariant (inputs are validated): a NaN latency would stall the clock forever.
+            raise RuntimeError(f"invariant violated: a batch latency of {batch.latency_s} s")
         done = self.env.event()
         self.bytes += batch.resource_bytes(self.num_resources)
         if batch.num_transfers == 0 or float(np.max(batch.bytes_per_transfer, initial=0)) <= 0:
@@ -159,6 +162,8 @@ class FluidNetwork:
         self._version += 1
         version = self._version
         now = self.env.now
+        if math.isnan(next_dt):  # rates or bytes were not finite
+            raise RuntimeError("invariant violated: a fluid step of NaN seconds")
         if now + next_dt <= now:
             # The remaining work is below the float resolution of the clock: step by a few ulps
             # so that time always advances (the snap in _on_timer then completes the batch).

@@ -46,13 +46,14 @@ def _api(chip_name: str, shape: str | None = None, *, slice_name: str | None = N
 @pytest.mark.parametrize(
     "text, value",
     [("33554432", 33554432), ("32MiB", 32 << 20), ("1GiB", 1 << 30), ("1.5KiB", 1536),
-     ("10MB", 10_000_000), ("4.5e6", 4_500_000), ("2 kb", 2000), ("7b", 7)],
+     ("10MB", 10_000_000), ("4.5e6", 4_500_000), ("2 kB", 2000), ("7B", 7), ("3 KB", 3000)],
 )
 def test_parse_bytes_understands_units(text, value):
     assert parse_bytes(text) == value
 
 
-@pytest.mark.parametrize("text", ["lots", "1.5", "0.3KiB", "nan", "inf", "MiB"])
+@pytest.mark.parametrize("text", ["lots", "1.5", "0.3KiB", "nan", "inf", "MiB", "1Mb", "1Gib",
+                                  "7b", "2 kb", "1mib", "-4096", "1e300", "1 PB"])
 def test_parse_bytes_refuses_non_sizes(text):
     with pytest.raises(TpusimError, match="--bytes"):
         parse_bytes(text)

@@ -174,7 +174,7 @@ def test_with_overrides_validates_and_rejects_unknown_fields():
     assert chip.ici_efficiency == 0.95 and chip.ici_link_bytes_per_s == 4.5e10
     with pytest.raises(TpusimError, match="not a ChipSpec field"):
         get_chip("v5e").with_overrides(warp_speed=9)
-    with pytest.raises(TpusimError, match=r"\(0, 1\]"):
+    with pytest.raises(TpusimError, match=r"ici_efficiency = 1.5 is out of range"):
         get_chip("v5e").with_overrides(ici_efficiency=1.5)
 
 
@@ -241,18 +241,27 @@ def test_missing_yaml_keys_are_listed(tmp_path):
 @pytest.mark.parametrize(
     "line, match",
     [
-        ("hbm_bytes_per_s: -1", "positive"),
-        ("ici_link_bytes_per_s: 0", "positive"),
-        ("ici_hop_latency_s: -1.0e-06", "positive"),
-        ("ici_efficiency: 1.5", r"\(0, 1\]"),
-        ("mxu_efficiency: 0", r"\(0, 1\]"),
-        ("op_overhead_s: -1", ">= 0"),
-        ("hbm_bytes: lots", "must be a number"),
-        ("hbm_bytes: true", "must be a number"),
-        ("hbm_bytes: .nan", "positive"),
-        ("ici_links_per_chip: 4.5", "integer"),
+        ("hbm_bytes_per_s: -1", r"hbm_bytes_per_s = -1 is out of range; give a finite number "
+                                r"in \[1, 1e\+21\]"),
+        ("ici_link_bytes_per_s: 0", "ici_link_bytes_per_s = 0 is out of range"),
+        ("ici_link_bytes_per_s: 1e-320", "ici_link_bytes_per_s = 1e-320 is out of range"),
+        ("ici_hop_latency_s: -1.0e-06", r"ici_hop_latency_s = -1e-06 is out of range"),
+        ("ici_efficiency: 1.5", r"ici_efficiency = 1.5 is out of range; give a finite number in "
+                                r"\[1e-06, 1\]"),
+        ("mxu_efficiency: 0", "mxu_efficiency = 0 is out of range"),
+        ("op_overhead_s: -1", r"op_overhead_s = -1 is out of range; give a finite number in "
+                              r"\[0, 1\]"),
+        ("op_overhead_s: .nan", "op_overhead_s = nan is not finite"),
+        ("op_overhead_s: .inf", "op_overhead_s = inf is not finite"),
+        ("hbm_bytes: lots", "hbm_bytes = 'lots' is not a number"),
+        ("hbm_bytes: true", "hbm_bytes = True is not a number"),
+        ("hbm_bytes: .nan", "hbm_bytes = nan is not finite"),
+        ("hbm_bytes: 1:30", "hbm_bytes = '1:30' is not a number"),
+        ("hbm_bytes: " + "9" * 5000, "integer of 5000 digits"),
+        ("ici_links_per_chip: 4.5", "ici_links_per_chip = 4.5 is not a whole number"),
         ("generation_rule: spiral", "wraparound rule"),
-        ("max_pod_shape: [16, 0]", "positive integers"),
+        ("max_pod_shape: [16, 0]", r"max_pod_shape = \(16, 0\) must be a list of 1 to 3 whole "
+                                   r"numbers in \[1, 4096\]"),
         ("max_pod_shape: 16", "list"),
         ("max_pod_shape: 16xq", "not like 16x16"),
         ("base: v9", "unknown chip"),

@@ -216,20 +216,33 @@ MALFORMED = {
     "row-extra-field": (
         _mutated(lambda d: d["ops"][0].append(0)), r"op row 0 has 18 fields, expected 17"
     ),
-    "no-ops": (_mutated(lambda d: d.pop("ops")), r"malformed tpusim trace \(KeyError: 'ops'\)"),
-    "no-mesh": (_mutated(lambda d: d.pop("mesh")), r"malformed .*'mesh'"),
-    "no-columns": (_mutated(lambda d: d.pop("columns")), r"malformed .*'columns'"),
+    "no-ops": (_mutated(lambda d: d.pop("ops")), r'"ops" must be a non-empty list of op rows'),
+    "empty-program": (_mutated(lambda d: d.update(ops=[])), r'"ops" must be a non-empty list'),
+    "no-mesh": (_mutated(lambda d: d.pop("mesh")), r'"mesh" must be \{"ici"'),
+    "no-columns": (_mutated(lambda d: d.pop("columns")), r'"columns" must name each of id, '),
     "unknown-kind": (
         _mutated(lambda d: d["ops"][0].__setitem__(_col("kind"), "magic")), r"'magic'"
     ),
     "unknown-column": (
         _mutated(lambda d: (d["columns"].append("colour"),
                             [r.append("red") for r in d["ops"]])),
-        r"malformed .*colour",
+        r'"columns" must name each of',
     ),
     "bad-mesh-size": (
-        _mutated(lambda d: d["mesh"]["ici"].__setitem__("fsdp", "four")), r"malformed"
+        _mutated(lambda d: d["mesh"]["ici"].__setitem__("fsdp", "four")), r'"mesh" must be'
     ),
+    "nan-flops": (_mutated(lambda d: d["ops"][2].__setitem__(_col("flops"), float("nan"))),
+                  r"holds NaN \(numbers must be finite\)"),
+    "huge-int": ('{"format": "tpusim-trace", "version": 1, "x": ' + "9" * 400 + "}",
+                 r"an integer of 400 digits"),
+    "deep-nesting": ('{"format": "tpusim-trace", "version": 1, "x": ' + "[" * 10**5
+                     + "]" * 10**5 + "}", r"nesting deeper than 32 levels"),
+    "dict-name": (_mutated(lambda d: d["ops"][2].__setitem__(_col("name"), {"a": 1})),
+                  r"op row 2 has name = \{'a': 1\}; it must be text"),
+    "unhashable-axes": (_mutated(lambda d: d["ops"][0].__setitem__(_col("mesh_axes"), [["x"]])),
+                        r"op row 0 has mesh_axes = \[\['x'\]\]; it must be a list of axis"),
+    "huge-duration": (_mutated(lambda d: d["ops"][2].__setitem__(_col("duration_s"), 1e300)),
+                      r"duration_s = 1e\+300; it must be a finite number in \[0, 86400\]"),
     "bad-dep": (_mutated(lambda d: d["ops"][1].__setitem__(_col("deps"), [3])),
                 r"depends on 3"),
 }
@@ -290,7 +303,7 @@ def test_cli_replay_of_a_missing_file_exits_2(tmp_path, capsys):
 
 @pytest.mark.parametrize("key, value", [
     ("static_hbm_bytes", "x"), ("pipeline_stages", "two"), ("model_flops_per_chip", None),
-    ("num_chips", "x"), ("tokens_per_step", float("nan")), ("microbatches", 0),
+    ("num_chips", "x"), ("tokens_per_step", -1.0), ("microbatches", 0), ("model", {"a": 1}),
 ])
 def test_malformed_meta_numbers_are_one_line_errors(key, value):
     from topologies.errors import TpusimError as _E

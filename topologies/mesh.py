@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from topologies.errors import TpusimError
 from topologies.torus import AXIS_NAMES, DCN_AXIS, Topology
+from topologies.validate import MAX_CHIPS, short_repr
 
 LOGICAL_AXES = ("data", "fsdp", "pipeline", "expert", "sequence", "tensor")
 
@@ -33,12 +34,13 @@ class LogicalMesh:
     def __post_init__(self) -> None:
         names = [n for n, _ in self.axes] + [n for n, _ in self.dcn_axes]
         for name, size in self.axes + self.dcn_axes:
-            if name not in LOGICAL_AXES:
+            if not isinstance(name, str) or name not in LOGICAL_AXES:
                 raise TpusimError(
-                    f"mesh axis {name!r} is unknown; use {', '.join(LOGICAL_AXES)}"
+                    f"mesh axis {short_repr(name)} is unknown; use {', '.join(LOGICAL_AXES)}"
                 )
-            if not isinstance(size, int) or size < 1:
-                raise TpusimError(f"mesh axis {name}={size!r} must be a positive integer")
+            if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_CHIPS:
+                raise TpusimError(f"mesh axis {name}={short_repr(size)} must be a positive "
+                                  f"integer of at most {MAX_CHIPS:,}")
         ici_names = [n for n, _ in self.axes]
         if len(set(ici_names)) != len(ici_names):
             raise TpusimError(f"mesh {self.describe()} names an axis twice; list each once")
@@ -123,6 +125,15 @@ def parse_axis_map(text: str | None) -> tuple[tuple[str, tuple[tuple[str, int], 
     return tuple(out)
 
 
+def dcn_hint(mesh: LogicalMesh, num_chips: int) -> str:
+    """`; --dcn data=2 spans 2 slices: add --slices 2` when that is the likely fix, else ""."""
+    if mesh.num_slices > 1 and mesh.num_ici_devices == num_chips:
+        dcn = ",".join(f"{n}={v}" for n, v in mesh.dcn_axes)
+        return (f" (--dcn {dcn} spans {mesh.num_slices} slices but the pod is one slice: add "
+                f"--slices {mesh.num_slices})")
+    return ""
+
+
 def parse_mesh(
     text: str | None, dcn_text: str | None = None, axis_map: str | None = None
 ) -> LogicalMesh:
@@ -132,6 +143,8 @@ def parse_mesh(
         if not t:
             return ()
         out = []
+        # Whitespace and empty parts (a trailing comma) are tolerated here: a dropped empty
+        # part cannot change the mesh silently, since the sizes must multiply to the chips.
         for part in t.split(","):
             part = part.strip()
             if not part:
@@ -142,9 +155,12 @@ def parse_mesh(
                 )
             k, v = part.split("=", 1)
             try:
+                if len(v.strip()) > 9:
+                    raise ValueError
                 size = int(v)
             except ValueError:
-                raise TpusimError(f"{flag} {t!r}: size {v!r} of {k} is not an integer") from None
+                raise TpusimError(f"{flag} {short_repr(t)}: size {short_repr(v)} of {k} is not "
+                                  f"an integer (of at most 9 digits)") from None
             if size < 1:
                 raise TpusimError(f"{flag} {t!r}: {k}={size} must be >= 1")
             out.append((k.strip(), size))

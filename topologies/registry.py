@@ -39,10 +39,12 @@ class Registry(Generic[T]):
     def get(self, name: str) -> T:
         try:
             return self._items[name.lower()]
-        except KeyError:
+        except (KeyError, AttributeError, TypeError):
+            from topologies.validate import short_repr
+
             known = ", ".join(self._items)
             raise TpusimError(
-                f"unknown {self.kind} {name!r}: it is not one of the known {self.kind}s; "
+                f"unknown {self.kind} {short_repr(name)}: it is not one of the known {self.kind}s; "
                 f"use one of: {known}"
             ) from None
 

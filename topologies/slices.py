@@ -14,6 +14,7 @@ import numpy as np
 from topologies.errors import TpusimError
 from topologies.registry import Registry
 from topologies.torus import Topology, build_torus, parse_shape, parse_wraparound
+from topologies.validate import MAX_CHIPS, MAX_SLICES
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -142,8 +143,18 @@ def resolve_topology(
         shape_t = parse_shape(shape) if isinstance(shape, str) else tuple(shape)
     if check_fit:
         check_shape_fits(chip_name, max_pod_shape, shape_t)
-    if not isinstance(num_slices, int) or num_slices < 1:
-        raise TpusimError(f"--slices {num_slices!r} must be an integer >= 1")
+    if isinstance(num_slices, bool) or not isinstance(num_slices, int) \
+            or not 1 <= num_slices <= MAX_SLICES:
+        raise TpusimError(
+            f"--slices {num_slices!r} must be a whole number in [1, {MAX_SLICES:,}]"
+        )
+    total = int(np.prod(shape_t, dtype=object)) * num_slices
+    if total > MAX_CHIPS:
+        raise TpusimError(
+            f"--shape {'x'.join(map(str, shape_t))} x --slices {num_slices} is {total:,} chips, "
+            f"over the limit of {MAX_CHIPS:,} chips a pod may have here; a pod this large is "
+            f"too large to simulate, give a smaller shape or fewer slices"
+        )
     wrap = parse_wraparound(wraparound, shape_t)
     if wrap is None:
         wrap = default_wraparound(wrap_rule, shape_t)

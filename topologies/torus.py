@@ -236,14 +236,19 @@ def parse_shape(text: str) -> tuple[int, ...]:
     """`"8x16"` -> (8, 16). One to three positive axes."""
     parts = str(text).lower().replace("×", "x").split("x")
     try:
+        if any(len(p.strip()) > 9 for p in parts):
+            raise ValueError
         shape = tuple(int(p) for p in parts)
     except ValueError:
+        from topologies.validate import short_repr
+
         raise TpusimError(
-            f"shape {text!r} is not like 8x16 or 4x4x4: give 1 to 3 positive integers joined by x"
+            f"shape {short_repr(text)} is not like 8x16 or 4x4x4: give 1 to 3 positive integers "
+            f"joined by x"
         ) from None
     if not 1 <= len(shape) <= 3 or any(n < 1 for n in shape):
         raise TpusimError(
-            f"shape {text!r} must have 1 to 3 axes, each >= 1 (e.g. 8x16 or 4x4x4)"
+            f"shape {str(text)[:40]!r} must have 1 to 3 axes, each >= 1 (e.g. 8x16 or 4x4x4)"
         )
     return shape
 

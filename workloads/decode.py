@@ -13,7 +13,8 @@ import math
 from dataclasses import dataclass, field
 
 from topologies.errors import TpusimError
-from topologies.mesh import LogicalMesh
+from topologies.mesh import LogicalMesh, dcn_hint
+from topologies.validate import MAX_BATCH, MAX_CHUNKS, MAX_TOKENS
 from workloads.models import TransformerSpec
 from workloads.moe import MoeConfig, dispatch_flops, expert_shares, plan_routing
 from workloads.trace import OpKind, Trace, TraceBuilder, Unit
@@ -77,6 +78,20 @@ class DecodeConfig:
             raise TpusimError(f"--prompt-len {self.prompt_len!r} must be an integer >= 1")
         if self.prefill_chunk is not None and not _pos_int(self.prefill_chunk):
             raise TpusimError(f"--prefill-chunk {self.prefill_chunk!r} must be an integer >= 1")
+        for flag, v, hi in (("--batch", self.batch, MAX_BATCH),
+                            ("--context-len", self.context_len, MAX_TOKENS),
+                            ("--prompt-len", self.prompt_len, MAX_TOKENS)):
+            if v is not None and v > hi:
+                raise TpusimError(f"{flag} {v:,} is over the limit of {hi:,}; give a smaller "
+                                  f"value")
+        if self.prompt_len is not None and self.prefill_chunk is not None:
+            n = -(-self.prompt_len // self.prefill_chunk)
+            if n > MAX_CHUNKS:
+                raise TpusimError(
+                    f"--prompt-len {self.prompt_len:,} in --prefill-chunk {self.prefill_chunk:,}"
+                    f"-token chunks is {n:,} chunks, over the limit of {MAX_CHUNKS:,}; give "
+                    f"chunks of at least {-(-self.prompt_len // MAX_CHUNKS):,} tokens"
+                )
 
     @property
     def weight_bytes_per_param(self) -> float:
@@ -109,6 +124,7 @@ def _layout(model: TransformerSpec, mesh: LogicalMesh, num_chips: int, batch: in
         raise TpusimError(
             f"mesh {mesh.describe()} covers {mesh.num_ici_devices * mesh.num_slices} chips but "
             f"the pod has {num_chips}; make the mesh axes multiply to {num_chips}"
+            + dcn_hint(mesh, num_chips)
         )
     other = sorted({n for n, _ in mesh.axes + mesh.dcn_axes} - set(_DECODE_AXES))
     if other:

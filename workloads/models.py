@@ -15,6 +15,7 @@ from typing import Any
 
 from topologies.errors import TpusimError
 from topologies.registry import Registry
+from topologies.validate import MAX_EXPERTS, MAX_LAYERS, MAX_MODEL_DIM, short_repr
 
 
 class MlpKind(enum.StrEnum):
@@ -109,14 +110,20 @@ class TransformerSpec:
     first_dense_layers: int = 0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not self.name.strip():
+        if not isinstance(self.name, str) or not self.name.strip() or len(self.name) > 128 \
+                or not self.name.isprintable():
             raise TpusimError(
-                f"model name {self.name!r} is not a non-empty string; give `name: <text>`"
+                f"model name {short_repr(self.name)} is not a non-empty string of at most 128 "
+                f"printable characters; give `name: <text>` (quote numbers)"
             )
         for field in _SIZE_FIELDS:
             value = getattr(self, field)
             if not _is_int(value) or value < 1:
                 self._fail(field, value, "must be a positive integer", "give a whole number >= 1")
+            limit = MAX_LAYERS if field == "num_layers" else MAX_MODEL_DIM
+            if value > limit:
+                self._fail(field, value, f"is over the limit of {limit:,}",
+                           "a model this large is too large to simulate; give a smaller value")
         if not isinstance(self.mlp, MlpKind):
             try:
                 # Frozen dataclass: coerce the YAML string to the enum in place, once.
@@ -138,7 +145,7 @@ class TransformerSpec:
         self._check_moe()
 
     def _fail(self, field: str, value: object, rule: str, fix: str) -> None:
-        raise TpusimError(f"model {self.name!r}: {field}={value!r} {rule}; {fix}")
+        raise TpusimError(f"model {self.name!r}: {field}={short_repr(value)} {rule}; {fix}")
 
     def _check_moe(self) -> None:
         for field in _MOE_COUNT_FIELDS:
@@ -146,8 +153,14 @@ class TransformerSpec:
             if not _is_int(value) or value < 0:
                 self._fail(field, value, "must be a non-negative integer",
                            "give a whole number >= 0")
-        if self.moe_d_ff is not None and (not _is_int(self.moe_d_ff) or self.moe_d_ff < 1):
-            self._fail("moe_d_ff", self.moe_d_ff, "must be a positive integer or null",
+            limit = MAX_LAYERS if field == "first_dense_layers" else MAX_EXPERTS
+            if value > limit:
+                self._fail(field, value, f"is over the limit of {limit:,}",
+                           "a model this large is too large to simulate; give a smaller value")
+        if self.moe_d_ff is not None and (not _is_int(self.moe_d_ff) or not
+                                          1 <= self.moe_d_ff <= MAX_MODEL_DIM):
+            self._fail("moe_d_ff", self.moe_d_ff,
+                       f"must be a positive integer up to {MAX_MODEL_DIM:,} or null",
                        "give the expert hidden width, or null to use d_ff")
         if self.num_experts == 0:
             # MoE knobs on a dense model are almost always a forgotten num_experts.
@@ -511,7 +524,8 @@ def model_from_dict(
             f"{source}: expected a mapping of TransformerSpec fields, got {type(data).__name__}; "
             f"write `key: value` lines such as `num_layers: 32`"
         )
-    unknown = sorted(str(key) for key in data if key not in _ALLOWED_KEYS)
+    unknown = sorted(key[:40] if isinstance(key, str) else short_repr(key, 40) for key in data
+                     if not isinstance(key, str) or key not in _ALLOWED_KEYS)[:5]
     if unknown:
         raise TpusimError(
             f"{source}: unknown key(s) {', '.join(unknown)}; allowed keys are: "
@@ -522,12 +536,13 @@ def model_from_dict(
     if base_name is not None:
         if not isinstance(base_name, str):
             raise TpusimError(
-                f"{source}: base={base_name!r} is not a model name; give a zoo name such as "
+                f"{source}: base={short_repr(base_name)} is not a model name; give a zoo name "
+                f"such as "
                 f"`base: llama3-8b` (known: {', '.join(MODELS.names())})"
             )
         if base_name not in MODELS:
             raise TpusimError(
-                f"{source}: base {base_name!r} is not a zoo model; use one of: "
+                f"{source}: base {short_repr(base_name)} is not a zoo model; use one of: "
                 f"{', '.join(MODELS.names())}"
             )
         base = MODELS.get(base_name)

@@ -15,6 +15,7 @@ Version 2 added the `group` column; version 1 files (no such column) still load.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import math
@@ -23,7 +24,12 @@ from typing import Any
 
 from topologies.errors import TpusimError
 from topologies.mesh import LogicalMesh
+from topologies.validate import MAX_TRACE_FILE_BYTES, MAX_TRACE_OPS, short_repr
 
+# The collective kinds a trace may name (the values of `sim.collectives.CollectiveKind`; a test
+# keeps the two equal, since workloads never import sim).
+COLLECTIVE_NAMES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all",
+                    "collective-permute", "send")
 TRACE_FORMAT = "tpusim-trace"
 TRACE_VERSION = 2
 READABLE_VERSIONS = (1, 2)
@@ -132,67 +138,64 @@ class Trace:
 
     @staticmethod
     def from_json(text: str, *, source: str = "trace") -> Trace:
+        """Parse and validate a trace file's text (see the module docstring for the format).
+
+        Every field is type- and range-checked (finite numbers, at most `MAX_TRACE_OPS` ops,
+        bounded nesting and integers), so a corrupted or hostile file is one `TpusimError`.
+        """
+        from topologies.yamlio import _Refused, parse_json
+
+        if len(text) > MAX_TRACE_FILE_BYTES:
+            raise TpusimError(f"{source} is {len(text):,} characters, over the limit of "
+                              f"{MAX_TRACE_FILE_BYTES:,}; a trace this large is too large to "
+                              f"simulate")
+        fix = "recompile it with `tpusim compile`"
         try:
-            doc = json.loads(text)
+            doc = parse_json(text)
         except json.JSONDecodeError as exc:
             raise TpusimError(
                 f"{source} is not a tpusim trace: invalid JSON at line {exc.lineno} column "
-                f"{exc.colno} (truncated or corrupted file?); recompile it with `tpusim compile`"
+                f"{exc.colno} (truncated or corrupted file?); {fix}"
             ) from None
+        except _Refused as exc:
+            raise TpusimError(f"{source} is not a valid tpusim trace: it holds {exc}; {fix}") \
+                from None
         if not isinstance(doc, dict) or doc.get("format") != TRACE_FORMAT:
             raise TpusimError(
                 f"{source} is not a tpusim trace (missing \"format\": \"{TRACE_FORMAT}\"); "
                 f"write one with `tpusim compile ... -o FILE`"
             )
-        if doc.get("version") not in READABLE_VERSIONS:
+        version = doc.get("version")
+        if isinstance(version, bool) or version not in READABLE_VERSIONS:
             raise TpusimError(
-                f"{source} is trace format version {doc.get('version')!r}; this tpusim reads "
+                f"{source} is trace format version {short_repr(version)}; this tpusim reads "
                 f"versions {', '.join(map(str, READABLE_VERSIONS))}; recompile it"
             )
-        try:
-            cols = doc["columns"]
-            mesh_d = doc["mesh"]
-            mesh = LogicalMesh(
-                axes=tuple((str(k), int(v)) for k, v in mesh_d["ici"].items()),
-                dcn_axes=tuple((str(k), int(v)) for k, v in mesh_d["dcn"].items()),
-                placement=tuple(
-                    (str(n), tuple((str(a), int(k)) for a, k in fs))
-                    for n, fs in mesh_d.get("placement", {}).items()
-                ),
-            )
-            ops = []
-            for r in doc["ops"]:
-                if not set(cols) <= set(OP_COLUMNS) or "id" not in cols:
-                    raise TpusimError(
-                        f"{source} is a malformed tpusim trace (unknown op columns "
-                        f"{sorted(set(cols) - set(OP_COLUMNS))}); recompile it"
-                    )
-                if len(r) != len(cols):
-                    raise TpusimError(
-                        f"{source}: op row {len(ops)} has {len(r)} fields, expected {len(cols)}"
-                    )
-                d = dict(zip(cols, r, strict=True))
-                d["kind"] = OpKind(d["kind"])
-                d["unit"] = Unit(d["unit"])
-                d["mesh_axes"] = tuple(d["mesh_axes"])
-                d["deps"] = tuple(int(x) for x in d["deps"])
-                for fname in ("flops", "hbm_bytes", "bytes", "duration_s", "alloc_bytes",
-                              "free_bytes"):
-                    d[fname] = float(d[fname])
-                for fname in ("id", "layer", "group"):
-                    d[fname] = int(d.get(fname, -1))
-                ops.append(Op(**d))
-            meta = doc.get("meta", {})
-            if not isinstance(meta, dict):
-                raise TpusimError(f"{source}: \"meta\" must be a JSON object")
-            _check_meta(meta, source)
-        except TpusimError:
-            raise
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        mesh = _mesh_from_doc(doc.get("mesh"), source)
+        cols = doc.get("columns")
+        # Columns come in any order; a column left out takes its default (version 1 files
+        # have no `group`), but `id` and every name must be known and appear once.
+        if not isinstance(cols, list) or not all(isinstance(c, str) for c in cols) \
+                or len(set(cols)) != len(cols) or not set(cols) <= set(OP_COLUMNS) \
+                or "id" not in cols:
+            unknown = sorted(str(c)[:40] for c in cols if c not in OP_COLUMNS) \
+                if isinstance(cols, list) else []
             raise TpusimError(
-                f"{source} is a malformed tpusim trace ({type(exc).__name__}: {exc}); recompile "
-                f"it with `tpusim compile`"
-            ) from None
+                f"{source}: \"columns\" must name op columns from {', '.join(OP_COLUMNS)} once "
+                f"each, including id"
+                + (f" (unknown op columns {unknown[:5]})" if unknown else "") + f"; {fix}"
+            )
+        rows = doc.get("ops")
+        if not isinstance(rows, list) or not rows:
+            raise TpusimError(f"{source}: \"ops\" must be a non-empty list of op rows; {fix}")
+        if len(rows) > MAX_TRACE_OPS:
+            raise TpusimError(f"{source} has {len(rows):,} ops, over the limit of "
+                              f"{MAX_TRACE_OPS:,}; a program this large is too large to simulate")
+        ops = [_op_from_row(i, r, cols, source) for i, r in enumerate(rows)]
+        meta = doc.get("meta", {})
+        if not isinstance(meta, dict):
+            raise TpusimError(f"{source}: \"meta\" must be a JSON object")
+        _check_meta(meta, source)
         stages = meta.get("pipeline_stages")
         if stages is not None and stages != mesh.size("pipeline"):
             raise TpusimError(
@@ -200,6 +203,93 @@ class Trace:
                 f"{mesh.size('pipeline')}; recompile the trace with `tpusim compile`"
             )
         return Trace(mesh=mesh, ops=tuple(ops), meta=dict(meta))
+
+
+def _mesh_from_doc(mesh_d: Any, source: str) -> LogicalMesh:
+    bad = TpusimError(
+        f"{source}: \"mesh\" must be {{\"ici\": {{axis: size}}, \"dcn\": {{axis: size}}}} with "
+        f"whole-number sizes; recompile it with `tpusim compile`"
+    )
+    if not isinstance(mesh_d, dict) or not isinstance(mesh_d.get("ici"), dict) \
+            or not isinstance(mesh_d.get("dcn", {}), dict) \
+            or not isinstance(mesh_d.get("placement", {}), dict):
+        raise bad
+
+    def sizes(d: dict) -> tuple[tuple[str, int], ...]:
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in d.values()):
+            raise bad
+        return tuple(d.items())
+
+    placement = []
+    for n, fs in mesh_d.get("placement", {}).items():
+        if not isinstance(fs, list) or not all(
+                isinstance(f, list) and len(f) == 2 and isinstance(f[0], str)
+                and isinstance(f[1], int) and not isinstance(f[1], bool) for f in fs):
+            raise bad
+        placement.append((n, tuple((a, k) for a, k in fs)))
+    return LogicalMesh(axes=sizes(mesh_d["ici"]), dcn_axes=sizes(mesh_d.get("dcn", {})),
+                       placement=tuple(placement))
+
+
+# A column a file leaves out takes the Op default (as JSON values, checked like given ones).
+_COLUMN_DEFAULTS = {f.name: (list(f.default) if isinstance(f.default, tuple) else f.default)
+                    for f in fields(Op) if f.default is not dataclasses.MISSING}
+# Type and range of every op column in a trace file: (types, low, high).
+_STR_COLS = {"name": 200, "dtype": 16, "collective": 32, "phase": 32}
+_NUM_COLS = ("flops", "hbm_bytes", "bytes", "duration_s", "alloc_bytes", "free_bytes")
+# Per-op sizes above 1e24 (FLOPs or bytes) or durations above a day are not a real program;
+# the bounds keep every simulated time finite and within the Perfetto clock.
+_NUM_MAX = {"duration_s": 86400.0}
+_NUM_MAX_DEFAULT = 1e24
+
+
+def _op_from_row(i: int, r: Any, cols: list[str], source: str) -> Op:
+    def fail(what: str) -> TpusimError:
+        return TpusimError(f"{source}: op row {i} {what}; recompile the trace with "
+                           f"`tpusim compile`")
+
+    if not isinstance(r, list):
+        raise fail(f"must be a list of {len(OP_COLUMNS)} fields")
+    if len(r) != len(OP_COLUMNS):
+        raise fail(f"has {len(r)} fields, expected {len(OP_COLUMNS)}")
+    d = {**_COLUMN_DEFAULTS, **dict(zip(cols, r, strict=True))}
+    for col, limit in _STR_COLS.items():
+        v = d[col]
+        if not isinstance(v, str) or len(v) > limit:
+            raise fail(f"has {col} = {short_repr(v)}; it must be text of at most {limit} "
+                       f"characters")
+    for col, enum_t in (("kind", OpKind), ("unit", Unit)):
+        try:
+            d[col] = enum_t(d[col]) if isinstance(d[col], str) else None
+        except ValueError:
+            d[col] = None
+        if d[col] is None:
+            raise fail(f"has {col} = {short_repr(r[cols.index(col)] if col in cols else None)}; "
+                       f"use one of: "
+                       f"{', '.join(enum_t)}")
+    for col in ("id", "layer", "group"):
+        v = d[col]
+        if isinstance(v, bool) or not isinstance(v, int) or not -1 <= v <= MAX_TRACE_OPS \
+                * 1000:
+            raise fail(f"has {col} = {short_repr(v)}; it must be a whole number")
+    for col in _NUM_COLS:
+        v = d[col]
+        hi = _NUM_MAX.get(col, _NUM_MAX_DEFAULT)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= hi:
+            raise fail(f"has {col} = {short_repr(v)}; it must be a finite number in [0, {hi:g}]")
+        d[col] = float(v)
+    for col, what in (("mesh_axes", str), ("deps", int)):
+        v = d[col]
+        if not isinstance(v, list) or len(v) > 64 and col == "mesh_axes" or not all(
+                isinstance(x, what) and not isinstance(x, bool) for x in v):
+            raise fail(f"has {col} = {short_repr(v)}; it must be a list of "
+                       f"{'axis names' if what is str else 'op ids'}")
+        d[col] = tuple(v)
+    if d["kind"] == OpKind.COLLECTIVE:
+        if d["collective"] not in COLLECTIVE_NAMES:
+            raise fail(f"is a collective of kind {short_repr(d['collective'])}; use one of: "
+                       f"{', '.join(COLLECTIVE_NAMES)}")
+    return Op(**d)
 
 
 # Numeric meta fields the engine and the CLI read; integers where they count things.
@@ -216,6 +306,10 @@ _TRAINING_REQUIRED = ("model", "tokens_per_step", "num_chips", "model_flops_per_
 
 
 def _check_meta(meta: dict, source: str) -> None:
+    for key in ("kind", "model"):
+        if key in meta and (not isinstance(meta[key], str) or len(meta[key]) > 200):
+            raise TpusimError(f"{source}: meta field {key!r} = {short_repr(meta[key])} must be "
+                              f"text; recompile the trace with `tpusim compile`")
     if meta.get("kind") == "training":
         missing = [k for k in _TRAINING_REQUIRED if k not in meta]
         if missing:
@@ -238,7 +332,7 @@ def _check_meta(meta: dict, source: str) -> None:
             ok = float(v).is_integer() and (v >= 1 or key == "batch")
         if not ok:
             raise TpusimError(
-                f"{source}: meta field {key!r} = {v!r} is not a valid "
+                f"{source}: meta field {key!r} = {short_repr(v)} is not a valid "
                 f"{'count' if key in _META_INTS else 'number'}; recompile the trace with "
                 f"`tpusim compile`"
             )

@@ -15,7 +15,8 @@ import math
 from dataclasses import dataclass, field
 
 from topologies.errors import TpusimError
-from topologies.mesh import LogicalMesh
+from topologies.mesh import LogicalMesh, dcn_hint
+from topologies.validate import MAX_BATCH, MAX_CHUNKS, MAX_TOKENS, short_repr
 from workloads.models import TransformerSpec
 from workloads.moe import MoeConfig, MoeRouting, dispatch_flops, plan_routing
 from workloads.trace import OpKind, Trace, TraceBuilder, Unit
@@ -83,17 +84,20 @@ class TrainingConfig:
     moe: MoeConfig = field(default_factory=MoeConfig)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.seq_len, int) or self.seq_len < 1:
-            raise TpusimError(f"--seq-len {self.seq_len!r} must be a positive integer")
+        if not isinstance(self.seq_len, int) or not 1 <= self.seq_len <= MAX_TOKENS:
+            raise TpusimError(f"--seq-len {short_repr(self.seq_len)} must be a whole number in "
+                              f"[1, {MAX_TOKENS:,}]")
         if not (isinstance(self.batch_per_chip, (int, float)) and 0 < self.batch_per_chip
-                and math.isfinite(self.batch_per_chip)):
+                <= MAX_BATCH and math.isfinite(self.batch_per_chip)):
             raise TpusimError(
-                f"--batch-per-chip {self.batch_per_chip!r} must be > 0 (sequences per chip)"
+                f"--batch-per-chip {short_repr(self.batch_per_chip)} must be in (0, "
+                f"{MAX_BATCH:,}] (sequences per chip)"
             )
         if self.attention not in ("dot", "flash"):
             raise TpusimError(f"--attention {self.attention!r} must be dot or flash")
-        if not isinstance(self.microbatches, int) or self.microbatches < 1:
-            raise TpusimError(f"--microbatches {self.microbatches!r} must be an integer >= 1")
+        if not isinstance(self.microbatches, int) or not 1 <= self.microbatches <= MAX_CHUNKS:
+            raise TpusimError(f"--microbatches {short_repr(self.microbatches)} must be a whole "
+                              f"number in [1, {MAX_CHUNKS:,}]")
         if self.fsdp_gather not in FSDP_GATHER_MODES:
             raise TpusimError(
                 f"--fsdp-gather {self.fsdp_gather!r} is not a mode; use one of: "
@@ -184,6 +188,7 @@ def _compiler(
         raise TpusimError(
             f"mesh {mesh.describe()} covers {mesh.num_ici_devices * mesh.num_slices} chips but "
             f"the pod has {num_chips}; make the mesh axes multiply to {num_chips}"
+            + dcn_hint(mesh, num_chips)
         )
     _check_divisible("num_heads", model.num_heads, "tensor", tp,
                      "pick a tensor size that divides the head count")

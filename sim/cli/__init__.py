@@ -1,7 +1,8 @@
 """The `tpusim` command: one module per command family (collectives, training, inference,
 studies, reruns), each registering its subcommands; every simulating command is also a library
 call (`run_<command>(args) -> sim.runs.Run`) that `rerun` and the Python API (`sim.api`) use.
-`main` turns every `TpusimError` into one line on stderr, exit 2.
+`main` turns every `TpusimError` into one line on stderr, exit 2, and anything else (a bug)
+into one `internal error: ...` line that says what to report.
 
 Only the CLI (and the exporters in `sim/export/` it calls for `--out`/`--perfetto`/`--plots`)
 touches the disk; the engine imports neither.
@@ -70,10 +71,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return dispatch(build_parser(), argv)
     except TpusimError as exc:
-        sys.stderr.write(f"tpusim: error: {exc}\n")
+        sys.stderr.write(f"tpusim: error: {one_line(str(exc))}\n")
         return 2
     except KeyboardInterrupt:  # pragma: no cover
         sys.stderr.write("tpusim: interrupted\n")
         return 130
     except BrokenPipeError:  # pragma: no cover
         return 0
+    except RecursionError:
+        # Inputs are bounded in depth, so this is a bug; say so in one line.
+        sys.stderr.write(f"tpusim: error: internal error: recursion too deep; {_REPORT}\n")
+        return 2
+    except MemoryError:
+        sys.stderr.write("tpusim: error: out of memory; simulate a smaller pod, model or trace\n")
+        return 2
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: never a traceback
+        where = _where(exc)
+        sys.stderr.write(
+            f"tpusim: error: internal error: {type(exc).__name__}: "
+            f"{one_line(str(exc))[:300]}{where}; {_REPORT}\n"
+        )
+        return 2
+
+
+_REPORT = ("this is a bug in tpusim, please report it with the command line and input files "
+           "(rerun with TPUSIM_DEBUG=1 for the traceback)")
+
+
+def one_line(text: str) -> str:
+    """Collapse whitespace so an error is always a single line, at most 2000 characters."""
+    t = " ".join(text.split())
+    t = t.removeprefix("tpusim: error: ").removeprefix("tpusim: ")
+    return t if len(t) <= 2000 else t[:1997] + "..."
+
+
+def _where(exc: BaseException) -> str:
+    import os
+    import traceback
+
+    if os.environ.get("TPUSIM_DEBUG"):
+        traceback.print_exception(exc)
+    tb = traceback.extract_tb(exc.__traceback__)
+    if not tb:
+        return ""
+    f = tb[-1]
+    return f" (at {os.path.basename(f.filename)}:{f.lineno})"

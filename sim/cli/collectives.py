@@ -18,6 +18,7 @@ from sim.cli.common import (
     scenario_from_args,
 )
 from topologies.errors import TpusimError
+from topologies.validate import MAX_CHIPS, MAX_CHUNKS, int_flag, split_list
 
 
 def _add_collective_args(p: argparse.ArgumentParser, *, with_algorithm: bool) -> None:
@@ -37,12 +38,13 @@ def _add_collective_args(p: argparse.ArgumentParser, *, with_algorithm: bool) ->
                             "per-axis-ring, halving-doubling, direct")
     p.add_argument("--src", help="send: source chip coordinates, e.g. 0,0")
     p.add_argument("--dst", help="send: destination chip coordinates, e.g. 3,3")
-    p.add_argument("--shift", type=int, default=1, help="collective-permute: shift by k chips")
+    p.add_argument("--shift", type=int_flag("--shift", lo=-MAX_CHIPS, hi=MAX_CHIPS), default=1,
+                   help="collective-permute: shift by k chips")
     add_perturbation_args(p)
     p.add_argument("--mode", default="auto", choices=["auto", "symmetric", "full", "per-chip"],
                    help="auto: one representative chip where exact, else full per-link detail; "
                         "per-chip: every chip and every link of the pod (brute force)")
-    p.add_argument("--chunks", type=int, default=1,
+    p.add_argument("--chunks", type=int_flag("--chunks", hi=MAX_CHUNKS), default=1,
                    help="pipeline the data in this many chunks so phases overlap (default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -55,6 +57,8 @@ def _run_collective(args: argparse.Namespace, algorithm: str, pod=None):
         raise TpusimError("--op send needs --src and --dst, e.g. --src 0,0 --dst 3,3")
     if args.op != "send" and not args.axes:
         raise TpusimError(f"--op {args.op} needs --axes, e.g. --axes y or --axes x,y")
+    if args.axes:
+        split_list(args.axes, "--axes", example="x,y")
     return simulate_collective(
         chip=chip,
         topology=topo,

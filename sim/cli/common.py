@@ -5,51 +5,67 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
+from pathlib import Path
 from typing import Any
 
 from topologies.errors import TpusimError
+from topologies.validate import MAX_BYTES, MAX_SLICES, int_flag, short_repr
 
 
 class Parser(argparse.ArgumentParser):
     """argparse with single-line errors (no usage dump), exit code 2."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise TpusimError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+        # A validating `type=` (FlagError) already names its flag: drop argparse's prefix.
+        m = re.match(r"argument (\S+?)(?:/\S+)?: (.*)$", message, re.S)
+        if m and m.group(2).startswith(m.group(1)):
+            message = m.group(2)
+        message = " ".join(message.split())
+        raise TpusimError(f"{message[:500]} (see `{self.prog} --help`)")
 
 
-def parse_bytes(text: str) -> int:
-    """`33554432`, `32MiB`, `1GiB`, `4.5e6`, `10MB` -> bytes."""
+# Byte suffixes, case-sensitive: `Mb`/`Gib` would be bits, so they are refused, not guessed.
+_BYTE_UNITS = {
+    "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
+    "kB": 10**3, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "B": 1,
+}
+
+
+def parse_bytes(text: str, flag: str = "--bytes") -> int:
+    """`33554432`, `32MiB`, `1GiB`, `4.5e6`, `10MB` -> bytes (at most `MAX_BYTES`)."""
     t = str(text).strip()
-    units = {
-        "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-        "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "b": 1,
-    }
-    low = t.lower()
-    mult = 1
-    for suffix, m in units.items():
-        if low.endswith(suffix):
-            low = low[: -len(suffix)].strip()
-            mult = m
-            break
+    m = re.fullmatch(r"([0-9.eE+-]+)\s*([A-Za-z]*)", t)
+    hint = (f"give bytes such as 33554432, 32MiB or 1GiB (suffixes: "
+            f"{', '.join(_BYTE_UNITS)}; case matters, b/Mb/Gib would be bits)")
+    if not m or (m.group(2) and m.group(2) not in _BYTE_UNITS):
+        raise TpusimError(f"{flag} {short_repr(text)} is not a size; {hint}")
     try:
-        value = float(low) * mult
+        value = float(m.group(1)) * _BYTE_UNITS.get(m.group(2), 1)
     except ValueError:
+        raise TpusimError(f"{flag} {short_repr(text)} is not a size; {hint}") from None
+    if value < 0:
+        raise TpusimError(f"{flag} {short_repr(text)} must be > 0 (a size in bytes)")
+    if value > MAX_BYTES:
         raise TpusimError(
-            f"--bytes {text!r} is not a size; give bytes such as 33554432, 32MiB or 1GiB"
-        ) from None
+            f"{flag} {short_repr(text)} is over the limit of {MAX_BYTES:,} bytes (1 PiB); give a "
+            f"smaller size"
+        )
     if not value.is_integer():
-        raise TpusimError(f"--bytes {text!r} is not a whole number of bytes")
+        raise TpusimError(f"{flag} {short_repr(text)} is not a whole number of bytes")
     return int(value)
 
 
 def parse_coords(text: str, flag: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(c) for c in text.split(","))
-    except ValueError:
+    parts = str(text).split(",")
+    if not 1 <= len(parts) <= 3 or not all(re.fullmatch(r"\s*\d{1,6}\s*", p) for p in parts):
         raise TpusimError(
-            f"{flag} {text!r} is not chip coordinates; give integers like 0,0 or 1,2,3"
-        ) from None
+            f"{flag} {short_repr(text)} is not chip coordinates; give 1 to 3 integers >= 0 like "
+            f"0,0 or 1,2,3"
+        )
+    return tuple(int(c) for c in parts)
 
 
 def fmt_time(t: float) -> str:
@@ -77,7 +93,8 @@ def add_pod_args(p: argparse.ArgumentParser) -> None:
         "--wraparound", default="auto",
         help="auto (the generation's rule, default), none, all, or axes such as x,z",
     )
-    g.add_argument("--slices", type=int, default=1, help="slices joined over DCN (default 1)")
+    g.add_argument("--slices", type=int_flag("--slices", lo=1, hi=MAX_SLICES), default=1,
+                   help=f"slices joined over DCN (default 1, at most {MAX_SLICES})")
     p.add_argument("--quiet", dest="quiet_sub", action="store_true", help="no progress bar")
 
 
@@ -278,7 +295,68 @@ def moe_config(args: argparse.Namespace, scenario=None):
 
 
 def emit_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    """Print one JSON object; a NaN or infinity in it is an internal error (never printed)."""
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, allow_nan=False) + "\n")
+
+
+def show_path(path: str | Path) -> str:
+    """A path as the user should read it: no doubled or trailing slashes."""
+    return os.path.normpath(str(path))
+
+
+# -- outputs: every one validated before the first byte is written ----------------------------
+def check_outputs(args: argparse.Namespace) -> None:
+    """Validate every output path (and their collisions) before simulating, so a bad one
+    writes nothing. `--trace-chips` is checked against the pod by `check_trace_chips`."""
+    from sim.export.output import check_output_dir, check_output_file
+
+    out = getattr(args, "out", None)
+    plots = getattr(args, "plots", None)
+    perfetto = getattr(args, "perfetto", None)
+    if getattr(args, "trace_chips", None) is not None and not perfetto:
+        raise TpusimError("--trace-chips selects chips for --perfetto; add --perfetto FILE")
+    for flag, value in (("--out", out), ("--plots", plots), ("--perfetto", perfetto)):
+        if value is not None and not str(value).strip():
+            raise TpusimError(f"{flag} is empty; give a path, or leave {flag} out")
+    if out is not None:
+        check_output_dir(out, "--out directory")
+    if plots is not None:
+        check_output_dir(plots, "--plots directory")
+    if perfetto is not None:
+        check_output_file(perfetto, "--perfetto file")
+        real = os.path.realpath(perfetto)
+        for flag, d in (("--out", out), ("--plots", plots)):
+            if d is None:
+                continue
+            rd = os.path.realpath(d)
+            if real == rd or rd.startswith(real + os.sep):
+                raise TpusimError(
+                    f"--perfetto {show_path(perfetto)} and {flag} {show_path(d)} are the same "
+                    f"path; give the trace a file name of its own"
+                )
+            if os.path.dirname(real) == rd and os.path.basename(real) in _dir_outputs(args, flag):
+                raise TpusimError(
+                    f"--perfetto {show_path(perfetto)} would be overwritten by the {flag} files; "
+                    f"give the trace another name"
+                )
+
+
+def _dir_outputs(args: argparse.Namespace, flag: str) -> set[str]:
+    """File names a command writes into its --out / --plots directory."""
+    if flag == "--out":
+        names = {"summary.json", "serve_sweep.csv", "serve_sweep_pareto.png"}
+        for t in ("ops", "units", "links", "memory", "timeline", "chips"):
+            names |= {f"{t}.csv", f"{t}.parquet"}
+        return names
+    return {"timeline.png", "breakdown.png", "utilization.png", "links_on_torus.png",
+            "collective_timeline.png"}
+
+
+def check_trace_chips(args: argparse.Namespace, num_chips: int) -> None:
+    """Parse `--trace-chips` against the pod (before anything runs); stores `args.chip_list`."""
+    from sim.export.perfetto import parse_chip_list
+
+    args.chip_list = parse_chip_list(getattr(args, "trace_chips", None), num_chips)
 
 
 # -- perturbations shared by collective, train, decode, prefill and replay ------------------

@@ -10,7 +10,16 @@ from pathlib import Path
 from typing import Any
 
 from sim.cli import common as cli
+from sim.cli.training import print_notes
 from topologies.errors import TpusimError
+from topologies.validate import (
+    MAX_BATCH,
+    MAX_CHUNKS,
+    MAX_SWEEP_RUNS,
+    MAX_TOKENS,
+    int_flag,
+    split_list,
+)
 
 SWEEP_COLUMNS = ("mesh", "weight_dtype", "kv_dtype", "batch", "step_time_s",
                  "tokens_per_s_per_chip", "fits", "hbm_peak_bytes")
@@ -21,8 +30,10 @@ def _add_inference_args(p: argparse.ArgumentParser, *, batch: bool = True,
                         context_required: bool = True) -> None:
     p.add_argument("--model", required=True, help="zoo name (llama3-70b, ...) or a model YAML")
     if batch:
-        p.add_argument("--batch", type=int, required=True, help="sequences decoded together")
-    p.add_argument("--context-len", type=int, required=context_required,
+        p.add_argument("--batch", type=int_flag("--batch", hi=MAX_BATCH), required=True,
+                       help="sequences decoded together")
+    p.add_argument("--context-len", type=int_flag("--context-len", hi=MAX_TOKENS),
+                   required=context_required,
                    help="tokens in each sequence's KV cache (prefill: default --prompt-len)")
     p.add_argument("--mesh", required=True,
                    help="logical mesh over data, tensor, expert and fsdp, e.g. tensor=8 or "
@@ -69,6 +80,8 @@ def _setup(args: argparse.Namespace):
     from topologies.mesh import parse_mesh
 
     chip, topo = cli.resolve_pod(args)
+    if getattr(args, "perfetto", None):
+        cli.check_trace_chips(args, topo.num_chips)
     model = cli.resolve_model(args)
     moe = cli.moe_config(args, cli.scenario_from_args(args, topo))
     return chip, topo, model, parse_mesh(args.mesh, args.dcn), moe
@@ -134,10 +147,10 @@ def decode_summary(trace, result, max_batch: int) -> dict[str, Any]:
     }
 
 
-def _write_outputs(args, result, summary) -> None:
+def _write_outputs(args, result, summary) -> list[str]:
     from sim.cli.training import _write_outputs as write
 
-    write(args, result, summary)
+    return write(args, result, summary)
 
 
 def run_decode(args: argparse.Namespace):
@@ -160,7 +173,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
     check_outputs(args)
     run = run_decode(args)
     s, result = run.summary, run.result
-    _write_outputs(args, result, run.to_dict())
+    notes = _write_outputs(args, result, run.to_dict())
     if args.json:
         cli.emit_json(run.to_dict())
         return 0
@@ -179,6 +192,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
     for k, v in s["breakdown"].items():
         share = v / s["step_time_s"] if s["step_time_s"] else 0.0
         print(f"    {k:<18} {v * 1e3:10.3f} ms  {share:6.1%}")
+    print_notes(args, notes)
     return 0
 
 
@@ -219,7 +233,7 @@ def cmd_prefill(args: argparse.Namespace) -> int:
     run = run_prefill(args)
     s, result = run.summary, run.result
     t = s["time_s"]
-    _write_outputs(args, result, run.to_dict())
+    notes = _write_outputs(args, result, run.to_dict())
     if args.json:
         cli.emit_json(run.to_dict())
         return 0
@@ -229,17 +243,26 @@ def cmd_prefill(args: argparse.Namespace) -> int:
     print(f"  tokens/s/chip    {s['tokens_per_s_per_chip']:.1f}")
     fit = "fits" if s["fits_in_hbm"] else "DOES NOT FIT"
     print(f"  HBM peak         {s['hbm_peak_bytes'] / 1e9:.2f} GB ({fit})")
+    print("  critical path:")
+    for k, v in s["breakdown"].items():
+        share = v / t if t else 0.0
+        print(f"    {k:<18} {v * 1e3:10.3f} ms  {share:6.1%}")
+    print_notes(args, notes)
     return 0
 
 
 def parse_batches(text: str) -> list[int]:
+    items = split_list(text, "--batches", example="1,2,4,8")
+    if len(items) > MAX_SWEEP_RUNS:
+        raise TpusimError(
+            f"--batches lists {len(items):,} batch sizes, over the limit of {MAX_SWEEP_RUNS}; "
+            f"sweep fewer sizes (e.g. powers of two)"
+        )
+    parse = int_flag("--batches item", lo=1, hi=MAX_BATCH)
     try:
-        out = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise TpusimError(f"--batches {text!r} is not a list of integers; write e.g. 1,2,4,8") \
-            from None
-    if not out or any(b < 1 for b in out):
-        raise TpusimError(f"--batches {text!r} must list integers >= 1, e.g. 1,2,4,8")
+        out = [parse(x) for x in items]
+    except argparse.ArgumentTypeError as exc:
+        raise TpusimError(f"{exc}; write e.g. --batches 1,2,4,8") from None
     return sorted(set(out))
 
 
@@ -331,20 +354,20 @@ def run_serve_sweep(args: argparse.Namespace):
     from workloads.decode import max_batch_that_fits
 
     args = argparse.Namespace(**vars(args))  # the loop below sets one mesh / dtype at a time
-    mesh_texts = [m.strip() for m in args.mesh.split(";") if m.strip()]
-    if not mesh_texts:
-        raise TpusimError(f"--mesh {args.mesh!r} names no mesh; write e.g. tensor=8")
+    mesh_texts = split_list(args.mesh, "--mesh", sep=";", example="tensor=8;data=2,tensor=4")
     args.mesh = mesh_texts[0]
     chip, topo, model, _mesh, moe = _setup(args)
     batches = parse_batches(args.batches)
     mesh_texts = list(dict.fromkeys(mesh_texts))  # a repeated entry is swept once
     meshes = [parse_mesh(m, args.dcn) for m in mesh_texts]
-    wdts = list(dict.fromkeys(w.strip() for w in args.weight_dtype.split(",") if w.strip()))
-    kvdts = list(dict.fromkeys(k.strip() for k in args.kv_dtype.split(",") if k.strip()))
-    if not wdts or not kvdts:
+    wdts = list(dict.fromkeys(split_list(args.weight_dtype, "--weight-dtype", example="bf16,int8")))
+    kvdts = list(dict.fromkeys(split_list(args.kv_dtype, "--kv-dtype", example="bf16,int8")))
+    runs = len(meshes) * len(wdts) * len(kvdts) * len(batches)
+    if runs > MAX_SWEEP_RUNS:
         raise TpusimError(
-            f"--weight-dtype {args.weight_dtype!r} / --kv-dtype {args.kv_dtype!r} names no "
-            f"dtype; give e.g. bf16 or bf16,int8"
+            f"this sweep is {runs:,} decode steps ({len(meshes)} mesh(es) x {len(wdts)} weight "
+            f"dtype(s) x {len(kvdts)} KV dtype(s) x {len(batches)} batch sizes), over the limit "
+            f"of {MAX_SWEEP_RUNS}; sweep fewer combinations"
         )
     rows, max_b = [], {}
     for mesh in meshes:
@@ -431,8 +454,10 @@ def _register_prefill(sub, name: str) -> None:
     cli.add_pod_args(p)
     cli.add_set_arg(p, ("chip", "topology", "collective", "model"))
     _add_inference_args(p, context_required=False)
-    p.add_argument("--prompt-len", type=int, required=True, help="prompt tokens per sequence")
-    p.add_argument("--prefill-chunk", type=int, help="tokens per prefill chunk (default: all)")
+    p.add_argument("--prompt-len", type=int_flag("--prompt-len", hi=MAX_TOKENS), required=True,
+                   help="prompt tokens per sequence")
+    p.add_argument("--prefill-chunk", type=int_flag("--prefill-chunk", hi=MAX_TOKENS),
+                   help=f"tokens per prefill chunk (default: all; at most {MAX_CHUNKS} chunks)")
     _outputs_args(p)
     cli.add_step_perturbation_args(p)
     p.set_defaults(func=cmd_prefill)

@@ -11,13 +11,23 @@ from typing import Any
 
 from sim.cli import common as cli
 from topologies.errors import TpusimError
+from topologies.validate import (
+    MAX_BATCH,
+    MAX_CHIPS,
+    MAX_CHUNKS,
+    MAX_TOKENS,
+    float_flag,
+    int_flag,
+)
 
 
 def _add_training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="zoo name (llama3-70b, ...) or a model YAML")
-    p.add_argument("--seq-len", type=int, required=True, help="sequence length in tokens")
-    p.add_argument("--batch-per-chip", type=float, required=True,
-                   help="sequences per chip (global batch = this x chips)")
+    p.add_argument("--seq-len", type=int_flag("--seq-len", hi=MAX_TOKENS), required=True,
+                   help="sequence length in tokens")
+    p.add_argument("--batch-per-chip",
+                   type=float_flag("--batch-per-chip", lo=0.0, hi=MAX_BATCH, lo_open=True),
+                   required=True, help="sequences per chip (global batch = this x chips)")
     p.add_argument("--mesh", required=True,
                    help="logical ICI mesh, e.g. fsdp=16,tensor=4 (data, fsdp, tensor, sequence, "
                         "expert, pipeline)")
@@ -27,7 +37,8 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
                         "(default: automatic, as jax's device meshes)")
     p.add_argument("--remat", default="full", help="none, minimal, full (default) or offload")
     p.add_argument("--attention", default="flash", help="flash (default) or dot")
-    p.add_argument("--microbatches", type=int, default=1, help="gradient accumulation steps")
+    p.add_argument("--microbatches", type=int_flag("--microbatches", hi=MAX_CHUNKS), default=1,
+                   help="gradient accumulation steps")
     p.add_argument("--param-dtype", default="bf16")
     p.add_argument("--grad-dtype", default="bf16")
     p.add_argument("--optimizer-dtype", default="fp32")
@@ -83,6 +94,11 @@ def _compile(args: argparse.Namespace, num_chips: int, moe=None):
 def training_summary(trace, result, chip) -> dict[str, Any]:
     meta = trace.meta
     step = result.step_time_s
+    if not step > 0:
+        raise TpusimError(
+            f"the step takes {step} s: the program does no work (every op has zero size), so "
+            f"MFU and throughput are undefined; give a trace with compute or communication"
+        )
     tokens_per_chip = meta["tokens_per_step"] / meta["num_chips"]
     out = {
         "model": meta["model"],
@@ -145,21 +161,19 @@ def _print_training(s: dict[str, Any]) -> None:
         print(f"    {k:<18} {v:10.4f} s  {share:6.1%}")
 
 
-def check_outputs(args) -> None:
-    """Validate every output path before simulating, so a bad one writes nothing."""
-    from sim.export.output import check_output_dir, check_output_file
+check_outputs = cli.check_outputs  # re-exported: other command families import it here
 
-    if getattr(args, "trace_chips", None) and not getattr(args, "perfetto", None):
-        raise TpusimError("--trace-chips selects chips for --perfetto; add --perfetto FILE")
-    if getattr(args, "out", None):
-        check_output_dir(args.out)
-    if getattr(args, "plots", None):
-        check_output_dir(args.plots)
+
+def _write_outputs(args, result, summary) -> list[str]:
+    """Write --out, --perfetto and --plots (already validated); returns `wrote ...` lines."""
+    notes = []
     if getattr(args, "perfetto", None):
-        check_output_file(args.perfetto)
+        from sim.export.perfetto import check_span
 
-
-def _write_outputs(args, result, summary) -> None:
+        # Everything the trace needs is checked before the first byte of any output.
+        check_span(result.step_time_s)
+        if getattr(args, "chip_list", None) is None:
+            cli.check_trace_chips(args, result.num_chips)
     if getattr(args, "out", None):
         from sim.export.output import write_tables
 
@@ -168,16 +182,30 @@ def _write_outputs(args, result, summary) -> None:
         if result._chip_class is not None:
             tables["chips"] = result.chips
         write_tables(args.out, tables, summary)
+        notes.append(f"wrote tables and summary.json into {cli.show_path(args.out)}/")
     if getattr(args, "perfetto", None):
-        from sim.export.perfetto import export_step, parse_chip_list
+        from sim.export.perfetto import export_step
 
-        spec = getattr(args, "trace_chips", None)
-        chips = parse_chip_list(spec, result.num_chips) if spec else None
+        # Parsed and range-checked before anything was simulated or written (check_trace_chips);
+        # None = the default (chip 0, or one process per chip class).
+        chips = args.chip_list if getattr(args, "trace_chips", None) else None
         export_step(result, args.perfetto, chips=chips)
+        shown = f"{len(chips)} chip(s)" if chips else "the default chips"
+        notes.append(f"wrote Perfetto trace {cli.show_path(args.perfetto)} ({shown}; open it at "
+                     f"ui.perfetto.dev)")
     if getattr(args, "plots", None):
         from sim.export.plots import plot_step
 
         plot_step(result, summary, args.plots)
+        notes.append(f"wrote plots into {cli.show_path(args.plots)}/")
+    return notes
+
+
+def print_notes(args, notes: list[str]) -> None:
+    """The `wrote ...` lines after a text report (never inside --json output)."""
+    if not getattr(args, "json", False):
+        for n in notes:
+            print(n)
 
 
 def run_train(args: argparse.Namespace):
@@ -216,12 +244,15 @@ def run_train(args: argparse.Namespace):
 
 def cmd_train(args: argparse.Namespace) -> int:
     check_outputs(args)
+    if getattr(args, "perfetto", None):
+        cli.check_trace_chips(args, cli.resolve_pod(args)[1].num_chips)  # before simulating
     run = run_train(args)
-    _write_outputs(args, run.result, run.to_dict())
+    notes = _write_outputs(args, run.result, run.to_dict())
     if args.json:
         cli.emit_json(run.to_dict())
     else:
         _print_training(run.summary)
+    print_notes(args, notes)
     return 0
 
 
@@ -249,6 +280,8 @@ def run_replay(args: argparse.Namespace):
     import hashlib
 
     from sim.runs import Run, describe_mesh
+    from topologies.validate import MAX_TRACE_FILE_BYTES
+    from topologies.yamlio import read_text_bounded
     from workloads.trace import Trace
 
     path = Path(args.trace)
@@ -264,11 +297,10 @@ def run_replay(args: argparse.Namespace):
         trace, hlo = imp.trace, imp.inventory
         raw = path.read_bytes()
     else:
-        try:
-            raw = path.read_bytes()
-            text = raw.decode("utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise TpusimError(f"trace file {str(path)!r} cannot be read: {exc}") from None
+        # Checks the size limit before reading a byte (the digest below needs the raw bytes).
+        text = read_text_bounded(path, what="trace", limit=MAX_TRACE_FILE_BYTES,
+                                 hint="write one with `tpusim compile ... -o FILE`")
+        raw = text.encode("utf-8")
         trace = Trace.from_json(text, source=f"trace file {str(path)!r}")
         chip, topo = cli.resolve_pod(args)
     digest = hashlib.sha256(raw).hexdigest()
@@ -278,6 +310,7 @@ def run_replay(args: argparse.Namespace):
             f"trace file {str(path)!r} has changed since the result was written (SHA-256 "
             f"{digest[:12]}... instead of {str(expected)[:12]}...); rerun needs the same file"
         )
+    cli.check_trace_chips(args, topo.num_chips)
     n = trace.meta.get("num_chips")
     if n is not None and n != topo.num_chips:
         raise TpusimError(
@@ -305,7 +338,7 @@ def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
     check_outputs(args)
     run = run_replay(args)
     trace, result, summary = run.trace, run.result, run.summary
-    _write_outputs(args, result, run.to_dict())
+    notes = _write_outputs(args, result, run.to_dict())
     if quiet:
         return 0
     if args.json:
@@ -322,6 +355,7 @@ def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
             print(f"    {k:<18} {v:10.6f} s  {share:6.1%}")
     else:
         print(f"step time {result.step_time_s:.6f} s")
+    print_notes(args, notes)
     return 0
 
 
@@ -360,8 +394,8 @@ def _outputs_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="write op/unit/link/memory tables (CSV+Parquet) + summary.json")
     p.add_argument("--perfetto", help="write a Perfetto trace (.pftrace; .json for Chrome)")
     p.add_argument("--trace-chips",
-                   help="chips to show in the Perfetto trace, e.g. 0-15 (default: chip 0, which "
-                        "stands for every chip by SPMD symmetry)")
+                   help="chips to show in the Perfetto trace, e.g. 0-15 or all (default: chip 0, "
+                        "which stands for every chip by SPMD symmetry)")
     p.add_argument("--plots", help="write PNG plots into this directory")
     p.add_argument("--algorithm", default="auto",
                    help="collective algorithm for gathers/reductions (default auto)")
@@ -380,7 +414,8 @@ def _register_train(sub, name: str) -> None:
 def _register_compile(sub, name: str) -> None:
     p = sub.add_parser(name, help="compile a training step into a trace file")
     cli.add_pod_args(p)
-    p.add_argument("--chips", type=int, help="chip count, instead of --chip/--shape/--slice")
+    p.add_argument("--chips", type=int_flag("--chips", hi=MAX_CHIPS),
+                   help="chip count, instead of --chip/--shape/--slice")
     # compile only writes the program: the chip, topology and algorithm apply at replay.
     cli.add_set_arg(p, ("model",))
     _add_training_args(p)
@@ -412,7 +447,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         raise TpusimError("tpusim export needs --perfetto FILE (.pftrace, or .json for Chrome)")
     args.json = False
     rc = cmd_replay(args, quiet=True)
-    print(f"wrote {args.perfetto}")
+    print(f"wrote {cli.show_path(args.perfetto)}")
     return rc
 
 

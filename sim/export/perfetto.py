@@ -25,40 +25,51 @@ rounded; they are in the `--out` tables).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from sim.export.output import atomic_write
 from topologies.errors import TpusimError
+from topologies.validate import short_repr
 
 _NS = 1e9
 MAX_CHIP_PROCESSES = 64
 
 
 def parse_chip_list(spec: str | None, num_chips: int) -> list[int]:
-    """`"0-15"`, `"0,4,8"`, `"0-3,12"` -> sorted chip ids; None -> [0]."""
-    if spec is None or spec == "":
+    """`"0-15"`, `"0,4,8"`, `"0-3,12"`, `"all"` -> sorted chip ids; None -> [0].
+
+    Every item is range-checked before any set is built, so `0-999999999` costs nothing.
+    """
+    if spec is None:
         return [0]
-    chips: set[int] = set()
-    for part in str(spec).split(","):
+    text = str(spec).strip()
+    if text.lower() == "all":
+        return list(range(num_chips))
+    hint = "write e.g. 0-15, 0,4,8 or all"
+    if not text:
+        raise TpusimError(f"--trace-chips is empty; {hint}")
+    ranges = []
+    for part in text.split(","):
         part = part.strip()
-        try:
-            if "-" in part:
-                a, b = (int(x) for x in part.split("-", 1))
-                if b < a:
-                    raise ValueError
-                chips.update(range(a, b + 1))
-            else:
-                chips.add(int(part))
-        except ValueError:
+        m = re.fullmatch(r"(\d{1,9})(?:\s*-\s*(\d{1,9}))?", part)
+        if not m:
+            raise TpusimError(f"--trace-chips {short_repr(spec)} is not a chip list; {hint}")
+        a = int(m.group(1))
+        b = int(m.group(2)) if m.group(2) is not None else a
+        if b < a:
             raise TpusimError(
-                f"--trace-chips {spec!r} is not a chip list; write e.g. 0-15 or 0,4,8"
-            ) from None
-    bad = [c for c in chips if not 0 <= c < num_chips]
-    if bad:
-        raise TpusimError(
-            f"--trace-chips {spec!r} names chip {min(bad)}, but the pod has chips 0.."
-            f"{num_chips - 1}; pick chips in that range"
-        )
+                f"--trace-chips {short_repr(spec)}: range {a}-{b} runs backwards; write {b}-{a}"
+            )
+        if b >= num_chips:
+            raise TpusimError(
+                f"--trace-chips {short_repr(spec)} names chip {b}, but the pod has chips 0.."
+                f"{num_chips - 1}; pick chips in that range (or all)"
+            )
+        ranges.append((a, b))
+    chips: set[int] = set()
+    for a, b in ranges:
+        chips.update(range(a, b + 1))
     return sorted(chips)
 
 
@@ -163,6 +174,19 @@ def _neighbour(topology, chip: int, gaxes) -> int | None:
     return topology.chip_id(tuple(coords))
 
 
+# Perfetto timestamps are int64 nanoseconds; 1e9 s (31 years) keeps every one far from overflow.
+MAX_TRACE_SPAN_S = 1e9
+
+
+def check_span(seconds: float, what: str = "the step") -> None:
+    """Refuse a timeline that Perfetto's nanosecond clock cannot hold (before writing)."""
+    if not 0 <= seconds <= MAX_TRACE_SPAN_S:
+        raise TpusimError(
+            f"{what} lasts {seconds:.3g} s, over the {MAX_TRACE_SPAN_S:.0e} s a Perfetto trace's "
+            f"nanosecond clock can hold; drop --perfetto or simulate a shorter program"
+        )
+
+
 def export_step(result, path: str | Path, *, chips: list[int] | None = None) -> Path:
     """Write a replayed step as a Perfetto trace (`.pftrace`) or Chrome JSON (`.json`).
 
@@ -170,6 +194,7 @@ def export_step(result, path: str | Path, *, chips: list[int] | None = None) -> 
     named with the chips it stands for; at most `MAX_CHIP_PROCESSES` classes, the slowest
     first) plus every chip in `chips`, each with its own class's timeline.
     """
+    check_span(result.step_time_s)
     topo = result._topology
     per_class: dict[int, tuple] = {}
     if result.num_chip_classes > 1 and result._chip_class is not None:
@@ -249,6 +274,8 @@ def export_collective(res, path: str | Path) -> Path:
 
 def export_collectives(results, path: str | Path) -> Path:
     """Several collectives (e.g. one per algorithm) as one trace, a process each."""
+    for res in results:
+        check_span(res.time_s, "the collective")
     procs, tracks_by_proc = [], []
     for i, res in enumerate(results):
         tracks = _collective_tracks(res)

@@ -1,0 +1,269 @@
+"""Running one fuzz case against `tpusim` and judging the outcome (shared by the fuzz tests and
+`benchmarks/fuzz_cli.py`).
+
+A case is a dict: `argv` (strings; `{tmp}` stands for the case's scratch directory), `files`
+(name -> text, or `{"parts": [[text, times], ...]}` for big inputs, `{"trace": {"set": ...}}`
+for a patched copy of a tiny training trace (see `patched_trace`),
+or `{"fifo": true}` / `{"symlink": target}` for special output targets), and `expect`: `"ok"`
+(must exit 0), `"error"` (must be a one-line error, exit 2) or `"any"` (either). The verdict is a
+list of problems: empty means the run behaved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import os
+import signal
+import stat
+import threading
+from pathlib import Path
+from typing import Any
+
+CORPUS_DIR = Path(__file__).resolve().parent / "fuzz_corpus"
+
+# A tiny model and the base command lines the generated cases start from.
+TINY_MODEL = (
+    "name: tiny\nnum_layers: 2\nd_model: 256\nnum_heads: 4\nnum_kv_heads: 4\nhead_dim: 64\n"
+    "d_ff: 512\nmlp: swiglu\nvocab_size: 1024\n"
+)
+POD = ["--chip", "v5e", "--shape", "2x2"]
+COLLECTIVE = ["collective", "--chip", "v5e", "--shape", "4x4", "--op", "all-gather",
+              "--axes", "x", "--bytes", "1MiB"]
+TRAIN = ["train", *POD, "--model", "{tmp}/tiny.yaml", "--seq-len", "128",
+         "--batch-per-chip", "1", "--mesh", "fsdp=4"]
+DECODE = ["decode", *POD, "--model", "{tmp}/tiny.yaml", "--batch", "4", "--context-len", "128",
+          "--mesh", "tensor=4"]
+PREFILL = ["prefill", *POD, "--model", "{tmp}/tiny.yaml", "--batch", "4", "--prompt-len", "128",
+           "--mesh", "tensor=4"]
+SWEEP = ["serve-sweep", *POD, "--model", "{tmp}/tiny.yaml", "--context-len", "128",
+         "--mesh", "tensor=4", "--batches", "1,4"]
+
+
+def load_corpus() -> list[dict[str, Any]]:
+    """Every saved case, in file then line order (`tests/fuzz_corpus/*.jsonl`)."""
+    cases = []
+    for path in sorted(CORPUS_DIR.glob("*.jsonl")):
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip() and not line.lstrip().startswith("//"):
+                case = json.loads(line)
+                case.setdefault("id", f"{path.stem}:{n}")
+                cases.append(case)
+    return cases
+
+
+def materialize(case: dict[str, Any], tmp: Path) -> list[str]:
+    """Write the case's input files into `tmp` and return its argv with `{tmp}` filled in."""
+    files = {"tiny.yaml": TINY_MODEL, **case.get("files", {})}
+    for name, content in files.items():
+        p = tmp / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, dict) and content.get("fifo"):
+            os.mkfifo(p)
+        elif isinstance(content, dict) and "symlink" in content:
+            os.symlink(str(content["symlink"]).replace("{tmp}", str(tmp)), p)
+        elif isinstance(content, dict) and "trace" in content:
+            p.write_text(patched_trace(content["trace"]), encoding="utf-8")
+        elif isinstance(content, dict):
+            with p.open("w", encoding="utf-8") as f:
+                for text, times in content["parts"]:
+                    for _ in range(int(times)):
+                        f.write(text)
+        else:
+            p.write_text(content, encoding="utf-8")
+    return [a.replace("{tmp}", str(tmp)) for a in case["argv"]]
+
+
+_BASE_TRACE: list[str] = []
+
+
+def base_trace() -> str:
+    """The tiny model's training step for 4 chips (fsdp=4), as `tpusim compile` writes it."""
+    if not _BASE_TRACE:
+        import yaml
+
+        from topologies.mesh import parse_mesh
+        from workloads.models import model_from_dict
+        from workloads.training import TrainingConfig, compile_training_step
+
+        model = model_from_dict(yaml.safe_load(TINY_MODEL))
+        trace = compile_training_step(model, parse_mesh("fsdp=4"), 4,
+                                      TrainingConfig(seq_len=128, batch_per_chip=1))
+        _BASE_TRACE.append(trace.to_json())
+    return _BASE_TRACE[0]
+
+
+def patched_trace(patch: dict[str, Any]) -> str:
+    """The base trace with `patch["set"]` = [[path, raw JSON text], ...] applied (paths like
+    `ops/4/flops` or `meta/num_chips`; the raw text may be NaN, 1e999 or a 400-digit number)."""
+    doc = json.loads(base_trace())
+    cols = doc["columns"]
+    raws = {}
+    for n, (path, raw) in enumerate(patch.get("set", [])):
+        keys = path.split("/")
+        node = doc
+        for k in keys[:-1]:
+            if isinstance(node, list) and k.isdigit() and int(k) < len(node):
+                node = node[int(k)]
+            elif isinstance(node, dict):
+                node = node.setdefault(k, {})
+            else:
+                node = None  # an earlier patch replaced the container: nothing to patch
+                break
+        if not isinstance(node, (dict, list)):
+            continue
+        last = keys[-1]
+        if isinstance(node, list) and len(keys) >= 3 and keys[-3] == "ops":
+            last = cols.index(last) if last in cols else int(last)
+        elif isinstance(node, list):
+            last = int(last)
+        if isinstance(node, list) and not 0 <= last < len(node):
+            continue
+        marker = f"@@RAW{n}@@"
+        raws[marker] = raw
+        node[last] = marker
+    text = json.dumps(doc, separators=(",", ":"))
+    for marker, raw in raws.items():
+        text = text.replace(json.dumps(marker), raw)
+    return text
+
+
+def _snapshot(tmp: Path) -> dict[str, tuple[int, int]]:
+    """(mode, size) of everything under `tmp`, without following symlinks or opening FIFOs."""
+    out = {}
+    for root, dirs, files in os.walk(tmp):
+        for n in dirs + files:
+            p = os.path.join(root, n)
+            st = os.lstat(p)
+            out[os.path.relpath(p, tmp)] = (stat.S_IFMT(st.st_mode), st.st_size)
+    return out
+
+
+def _drain_fifos(tmp: Path, stop: threading.Event) -> list[threading.Thread]:
+    """Open the reading end of every FIFO in `tmp` so a writer never blocks forever."""
+    threads = []
+    for p in tmp.rglob("*"):
+        if stat.S_ISFIFO(os.lstat(p).st_mode):
+            def reader(p=p):
+                fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+                try:
+                    while not stop.is_set():
+                        try:
+                            if not os.read(fd, 1 << 16):
+                                stop.wait(0.01)
+                        except BlockingIOError:
+                            stop.wait(0.01)
+                finally:
+                    os.close(fd)
+
+            t = threading.Thread(target=reader, daemon=True)
+            t.start()
+            threads.append(t)
+    return threads
+
+
+class _Timeout(BaseException):
+    pass
+
+
+def run_in_process(case: dict[str, Any], tmp: Path, *, timeout_s: float = 20.0) -> dict[str, Any]:
+    """Run `sim.cli.main` on the case in this process; returns rc, stdout, stderr, files."""
+    from sim.cli import main
+
+    argv = materialize(case, tmp)
+    before = _snapshot(tmp)
+    out, err = io.StringIO(), io.StringIO()
+    stop = threading.Event()
+    readers = _drain_fifos(tmp, stop)
+    crash = None
+    use_alarm = threading.current_thread() is threading.main_thread() and timeout_s > 0
+
+    def on_alarm(_sig, _frame):
+        raise _Timeout
+
+    old = signal.signal(signal.SIGALRM, on_alarm) if use_alarm else None
+    if use_alarm:
+        signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    cwd = os.getcwd()
+    try:
+        os.chdir(tmp)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc = main(argv + (["--quiet"] if "--quiet" not in argv else []))
+    except _Timeout:
+        rc, crash = None, f"hang: no result within {timeout_s:g} s"
+    except BaseException as exc:  # noqa: BLE001 - anything escaping main is a finding
+        import traceback
+
+        rc, crash = None, "traceback: " + "".join(
+            traceback.format_exception_only(type(exc), exc)).strip()
+    finally:
+        os.chdir(cwd)
+        if use_alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+        stop.set()
+        for t in readers:
+            t.join(1)
+    return {"rc": rc, "stdout": out.getvalue(), "stderr": err.getvalue(), "crash": crash,
+            "before": before, "after": _snapshot(tmp), "argv": argv}
+
+
+def _finite(obj: Any) -> bool:
+    if isinstance(obj, float):
+        return math.isfinite(obj)
+    if isinstance(obj, dict):
+        return all(_finite(v) for v in obj.values())
+    if isinstance(obj, list):
+        return all(_finite(v) for v in obj)
+    return True
+
+
+def judge(case: dict[str, Any], run: dict[str, Any]) -> list[str]:
+    """The problems with one run (empty list: it behaved)."""
+    problems = []
+    if run["crash"]:
+        return [run["crash"]]
+    rc, err, out = run["rc"], run["stderr"], run["stdout"]
+    expect = case.get("expect", "any")
+    if rc not in (0, 2):
+        problems.append(f"exit code {rc}")
+    if rc == 2:
+        lines = err.strip("\n").split("\n")
+        if len(lines) != 1 or not lines[0].startswith("tpusim: error: "):
+            problems.append(f"error is not one `tpusim: error:` line: {err[:300]!r}")
+        elif lines[0].startswith("tpusim: error: tpusim: error"):
+            problems.append(f"doubled prefix: {lines[0][:200]!r}")
+        if "internal error" in err:
+            problems.append(f"internal error: {err[:300]!r}")
+        if len(err) > 2000:
+            problems.append(f"error message of {len(err)} characters")
+        if case.get("match") and case["match"] not in err:
+            problems.append(f"error does not mention {case['match']!r}: {err[:300]!r}")
+        # Validate-first: a refused run creates or changes nothing.
+        changed = sorted(k for k, v in run["after"].items() if run["before"].get(k) != v)
+        if changed:
+            problems.append(f"partial output on error: {changed[:5]}")
+    if rc == 0:
+        if expect == "error":
+            problems.append(f"silent success on invalid input: {out[:200]!r}")
+        if "--json" in run["argv"]:
+            try:
+                doc = json.loads(out, parse_constant=lambda c: float(c))
+            except ValueError:
+                problems.append(f"--json output is not JSON: {out[:200]!r}")
+            else:
+                if not _finite(doc):
+                    problems.append("non-finite number in --json output")
+        for bad in ("nan", "inf"):
+            if any(w.lower() in (bad, f"-{bad}", f"{bad}%") for w in out.split()):
+                problems.append(f"{bad} in the output")
+    if expect == "ok" and rc != 0:
+        problems.append(f"valid input refused: {err[:300]!r}")
+    # Nothing that was not a regular file is ever replaced by one.
+    for k, (mode, _size) in run["before"].items():
+        now = run["after"].get(k)
+        if mode != stat.S_IFREG and (now is None or now[0] != mode):
+            problems.append(f"non-regular path {k} replaced or removed")
+    return problems

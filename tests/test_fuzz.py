@@ -1,0 +1,165 @@
+"""Fuzzing the CLI in-process: the saved corpus of inputs that once broke tpusim
+(`tests/fuzz_corpus/*.jsonl`), hypothesis-generated inputs per surface (flags, chip YAML, model
+YAML, trace files), outputs written into FIFOs and through symlinks, and byte-identical reruns.
+
+Every run must end as "exit 0 with finite outputs" or "one `tpusim: error:` line, exit 2, and
+nothing written", within a time budget; surely invalid inputs must be refused
+(`tests/fuzz_harness.judge`). The long run (>= 2,000 inputs, each in a subprocess with memory
+limits) is `benchmarks/fuzz_cli.py`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import threading
+from pathlib import Path
+
+import fuzz_inputs
+import pytest
+from fuzz_harness import TINY_MODEL, judge, load_corpus, run_in_process
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+CORPUS = load_corpus()
+TIME_BUDGET_S = 30.0
+
+
+@pytest.mark.parametrize("case", CORPUS, ids=[c["id"] for c in CORPUS])
+def test_saved_corpus_case_is_an_answer_or_a_one_line_error(case, tmp_path):
+    run = run_in_process(case, tmp_path, timeout_s=TIME_BUDGET_S)
+    assert judge(case, run) == [], (case["argv"], run["stderr"][:500])
+
+
+def test_corpus_covers_every_class_of_the_issue():
+    ids = {c["id"] for c in CORPUS}
+    for needed in ("trace-chips-billion", "slices-million", "layers-million", "billion-laughs",
+                   "fifty-megabytes", "op-overhead-nan", "perfetto-into-fifo", "sexagesimal",
+                   "out-and-perfetto-same-path", "batches-2000", "prefill-million-chunks"):
+        assert needed in ids
+
+
+_FUZZ = settings(max_examples=12, deadline=None, derandomize=True, database=None,
+                 suppress_health_check=list(HealthCheck))
+
+
+def _check_generated(surface: str, rng, tmp_path_factory) -> None:
+    case = fuzz_inputs.GENERATORS[surface](rng, 0)
+    tmp = tmp_path_factory.mktemp(surface)
+    run = run_in_process(case, tmp, timeout_s=TIME_BUDGET_S)
+    assert judge(case, run) == [], (case, run["stderr"][:500])
+
+
+@_FUZZ
+@given(rng=st.randoms(use_true_random=False))
+def test_generated_flags_give_an_answer_or_a_one_line_error(rng, tmp_path_factory):
+    _check_generated("flags", rng, tmp_path_factory)
+
+
+@_FUZZ
+@given(rng=st.randoms(use_true_random=False))
+def test_generated_chip_yaml_gives_an_answer_or_a_one_line_error(rng, tmp_path_factory):
+    _check_generated("chip_yaml", rng, tmp_path_factory)
+
+
+@_FUZZ
+@given(rng=st.randoms(use_true_random=False))
+def test_generated_model_yaml_gives_an_answer_or_a_one_line_error(rng, tmp_path_factory):
+    _check_generated("model_yaml", rng, tmp_path_factory)
+
+
+@_FUZZ
+@given(rng=st.randoms(use_true_random=False))
+def test_generated_trace_files_give_an_answer_or_a_one_line_error(rng, tmp_path_factory):
+    _check_generated("trace", rng, tmp_path_factory)
+
+
+# -- outputs into special files ---------------------------------------------------------------
+def _train_argv(tmp: Path, *extra: str) -> list[str]:
+    (tmp / "tiny.yaml").write_text(TINY_MODEL)
+    return ["train", "--chip", "v5e", "--shape", "2x2", "--model", str(tmp / "tiny.yaml"),
+            "--seq-len", "128", "--batch-per-chip", "1", "--mesh", "fsdp=4", "--quiet", *extra]
+
+
+def test_perfetto_into_a_fifo_writes_through_it_and_keeps_the_fifo(tmp_path, capsys):
+    from sim.cli import main
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = bytearray()
+
+    def read() -> None:
+        with open(fifo, "rb") as f:
+            got.extend(f.read())
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    rc = main(_train_argv(tmp_path, "--perfetto", str(fifo)))
+    reader.join(10)
+    capsys.readouterr()
+    assert rc == 0
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)  # not replaced by a regular file
+    regular = tmp_path / "regular.pftrace"
+    assert main(_train_argv(tmp_path, "--perfetto", str(regular))) == 0
+    assert bytes(got) == regular.read_bytes()  # the whole trace went through the pipe
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe", "regular.pftrace",
+                                                          "tiny.yaml"]  # no temp files left
+
+
+def test_a_character_device_is_written_in_place_not_replaced(tmp_path, capsys):
+    from sim.export.output import write_bytes
+
+    # /dev/null is the device of the issue; writing to it must leave it a character device.
+    before = os.stat("/dev/null")
+    write_bytes("/dev/null", b"discarded")
+    after = os.lstat("/dev/null")
+    assert stat.S_ISCHR(after.st_mode) and after.st_ino == before.st_ino
+
+
+def test_a_symlinked_output_is_followed_and_the_link_kept(tmp_path, capsys):
+    from sim.cli import main
+
+    target = tmp_path / "real.pftrace"
+    link = tmp_path / "link.pftrace"
+    link.symlink_to(target)
+    assert main(_train_argv(tmp_path, "--perfetto", str(link))) == 0
+    capsys.readouterr()
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert target.is_file() and target.stat().st_size > 0
+
+
+def test_a_regular_output_file_is_replaced_atomically(tmp_path):
+    from sim.export.output import atomic_write
+
+    path = tmp_path / "out.txt"
+    path.write_text("old")
+    with pytest.raises(RuntimeError):
+        atomic_write(path, lambda p: (p.write_text("half"), (_ for _ in ()).throw(
+            RuntimeError("writer failed"))))
+    assert path.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+
+
+# -- determinism ------------------------------------------------------------------------------
+def _digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name != "tiny.yaml"}
+
+
+def test_same_inputs_give_byte_identical_json_tables_perfetto_and_plots(tmp_path, capsys):
+    from sim.cli import main
+
+    outs = []
+    for run in ("a", "b"):
+        d = tmp_path / run
+        d.mkdir()
+        argv = _train_argv(d, "--json", "--out", str(d / "out"), "--perfetto",
+                           str(d / "t.pftrace"), "--plots", str(d / "plots"))
+        assert main(argv) == 0
+        outs.append((capsys.readouterr().out.replace(str(d), "D"), _digest(d)))
+    (json_a, files_a), (json_b, files_b) = outs
+    assert json_a == json_b
+    assert files_a == files_b
+    assert any(k.endswith(".png") for k in files_a) and any(k.endswith(".parquet")
+                                                           for k in files_a)

@@ -1,0 +1,194 @@
+"""Input validation shared by every boundary (CLI flags, chip/model YAML, trace files): finite,
+in-range numbers of the right type, comma lists without empty items, bounded `repr`s for error
+messages, and the size limits that keep a tiny input from asking for an unbounded simulation.
+
+Every check raises `TpusimError` with one line naming what was given, the rule and the fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+from topologies.errors import TpusimError
+
+# -- size limits (each stated in the error that enforces it) ----------------------------------
+# Chosen so that the largest input allowed still simulates in seconds to a few minutes and a few
+# GiB at most, while covering every real system: the largest TPU pod is 8960 chips (v5p),
+# the largest zoo model has 126 layers (LLaMA-3-405B).
+MAX_CHIPS = 1 << 20  # chips in one pod (all slices together)
+MAX_SLICES = 1024  # slices joined over DCN
+MAX_LAYERS = 4096  # decoder layers of a model
+MAX_MODEL_DIM = 1 << 24  # d_model, d_ff, head_dim, vocab_size, heads (16,777,216)
+MAX_EXPERTS = 4096
+MAX_TRACE_OPS = 250_000  # ops in one compiled or loaded program
+MAX_CONFIG_FILE_BYTES = 1 << 20  # chip / model YAML or JSON
+MAX_TRACE_FILE_BYTES = 32 << 20  # a trace file (tpusim compile writes ~110 bytes per op)
+MAX_NESTING = 32  # nesting depth of YAML/JSON inputs (real files use 2-3)
+MAX_INT_DIGITS = 30  # digits of an integer in an input file (counts above 10^30 are typos)
+MAX_SWEEP_RUNS = 512  # decode steps one serve-sweep may simulate
+MAX_BYTES = 1 << 50  # a collective buffer (1 PiB)
+MAX_TOKENS = 1 << 24  # sequence / context / prompt length (16M tokens)
+MAX_BATCH = 1 << 24  # sequences in a batch
+MAX_CHUNKS = 4096  # pipelining chunks of a collective, prefill chunks, microbatches
+MAX_PATH_CHARS = 4096
+MAX_NAME_CHARS = 255  # one path component (the usual file-system limit)
+
+
+def short_repr(value: Any, limit: int = 60) -> str:
+    """`repr(value)` cut to `limit` characters, never expanding a huge or deeply nested value."""
+    out: list[str] = []
+    budget = [limit + 1]
+
+    def emit(s: str) -> bool:
+        out.append(s[: budget[0]])
+        budget[0] -= len(s)
+        return budget[0] > 0
+
+    def walk(v: Any, depth: int) -> bool:
+        if depth > 4:
+            return emit("...")
+        if isinstance(v, dict):
+            if not emit("{"):
+                return False
+            for i, (k, x) in enumerate(v.items()):
+                if (i and not emit(", ")) or not walk(k, depth + 1) or not emit(": ") \
+                        or not walk(x, depth + 1):
+                    return False
+            return emit("}")
+        if isinstance(v, (list, tuple)):
+            o, c = ("[", "]") if isinstance(v, list) else ("(", ")")
+            if not emit(o):
+                return False
+            for i, x in enumerate(v):
+                if (i and not emit(", ")) or not walk(x, depth + 1):
+                    return False
+            return emit(c)
+        if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10**limit:
+            return emit(f"<integer of {len(str(abs(v))) if abs(v) < 10**4000 else 'over 4000'}"
+                        f" digits>")
+        if isinstance(v, str) and len(v) > limit:
+            return emit(repr(v[: limit]))
+        return emit(repr(v))
+
+    walk(value, 0)
+    text = "".join(out)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def number(value: Any, what: str, *, lo: float | None = None, hi: float | None = None,
+           lo_open: bool = False, integer: bool = False, fix: str = "") -> float | int:
+    """`value` as a finite number (an int if `integer`) in [lo, hi] (or (lo, hi] if `lo_open`).
+
+    Accepts ints and floats (and number-looking strings, as PyYAML reads `1.6e12`); refuses
+    bools, NaN, infinities, overflowing values and anything else, naming `what` and the range.
+    """
+    rng = _range_text(lo, hi, lo_open, integer)
+    tail = f"; {fix}" if fix else ""
+    v = value
+    if isinstance(v, str):
+        try:
+            v = float(v.strip()) if not _looks_int(v) else int(v.strip())
+        except (ValueError, OverflowError):
+            pass
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TpusimError(f"{what} = {short_repr(value)} is not a number; give {rng}{tail}")
+    if isinstance(v, int) and hi is not None and v > hi:
+        raise TpusimError(f"{what} = {short_repr(value)} is too large; give {rng}{tail}")
+    try:
+        f = float(v)
+    except OverflowError:
+        raise TpusimError(f"{what} = {short_repr(value)} is too large; give {rng}{tail}") \
+            from None
+    if not math.isfinite(f):
+        raise TpusimError(f"{what} = {short_repr(value)} is not finite; give {rng}{tail}")
+    if integer and not f.is_integer():
+        raise TpusimError(f"{what} = {short_repr(value)} is not a whole number; give {rng}{tail}")
+    if (lo is not None and (f < lo or (lo_open and f <= lo))) or (hi is not None and f > hi):
+        raise TpusimError(f"{what} = {short_repr(value)} is out of range; give {rng}{tail}")
+    if integer:
+        return int(v)
+    return f
+
+
+def _looks_int(s: str) -> bool:
+    t = s.strip().lstrip("+-")
+    return t.isdigit() and len(t) <= MAX_INT_DIGITS
+
+
+def _range_text(lo, hi, lo_open, integer) -> str:
+    kind = "a whole number" if integer else "a finite number"
+    g = lambda x: f"{x:,}" if isinstance(x, int) else f"{x:g}"  # noqa: E731
+    if lo is not None and hi is not None:
+        return f"{kind} in {'(' if lo_open else '['}{g(lo)}, {g(hi)}]"
+    if lo is not None:
+        return f"{kind} {'>' if lo_open else '>='} {g(lo)}"
+    if hi is not None:
+        return f"{kind} <= {g(hi)}"
+    return kind
+
+
+class FlagError(argparse.ArgumentTypeError):
+    """A flag's value is invalid; argparse reports the message as is (`sim.cli.common.Parser`)."""
+
+
+def int_flag(flag: str, *, lo: int = 1, hi: int):
+    """An argparse `type=` for an integer flag in [lo, hi] (the error states the limit)."""
+
+    def parse(text: str) -> int:
+        try:
+            return _parse_int(text)
+        except TpusimError as exc:
+            raise FlagError(str(exc)) from None
+
+    def _parse_int(text: str) -> int:
+        t = str(text).strip()
+        if not _looks_int(t):
+            what = "too large" if t.lstrip("+-").isdigit() else "not a whole number"
+            raise TpusimError(f"{flag} {short_repr(text)} is {what}; give a whole number in "
+                              f"[{lo:,}, {hi:,}]")
+        v = int(t)
+        if not lo <= v <= hi:
+            raise TpusimError(f"{flag} {v} is out of range; give a whole number in "
+                              f"[{lo:,}, {hi:,}]")
+        return v
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def float_flag(flag: str, *, lo: float, hi: float, lo_open: bool = False):
+    """An argparse `type=` for a finite float flag in [lo, hi] (or (lo, hi])."""
+
+    def parse(text: str) -> float:
+        try:
+            return _parse_float(text)
+        except TpusimError as exc:
+            raise FlagError(str(exc)) from None
+
+    def _parse_float(text: str) -> float:
+        rng = _range_text(lo, hi, lo_open, False)
+        t = str(text).strip()
+        try:
+            v = float(t)
+        except ValueError:
+            raise TpusimError(f"{flag} {short_repr(text)} is not a number; give {rng}") from None
+        if not math.isfinite(v):
+            raise TpusimError(f"{flag} {t[:40]} is not finite; give {rng}")
+        if v < lo or (lo_open and v <= lo) or v > hi:
+            raise TpusimError(f"{flag} {t[:40]} is out of range; give {rng}")
+        return v
+
+    parse.__name__ = "number"
+    return parse
+
+
+def split_list(text: str, flag: str, *, sep: str = ",", example: str = "") -> list[str]:
+    """`"a,b"` -> ["a", "b"]; an empty item (`a,,b`, a trailing comma) is an error."""
+    items = [x.strip() for x in str(text).split(sep)]
+    if not text.strip() or any(not x for x in items):
+        ex = f", e.g. {example}" if example else ""
+        raise TpusimError(f"{flag} {short_repr(text)} has an empty item; separate non-empty "
+                          f"items with {sep!r}{ex}")
+    return items
