@@ -48,7 +48,7 @@ def _check_generated(surface: str, rng, tmp_path_factory) -> None:
     case = fuzz_inputs.GENERATORS[surface](rng, 0)
     tmp = tmp_path_factory.mktemp(surface)
     run = run_in_process(case, tmp, timeout_s=TIME_BUDGET_S)
-    assert judge(case, run) == [], (case, run["stderr"][:500])
+    assert judge(case, run) == [], (run["argv"], case["expect"], run["stderr"][:500])
 
 
 @_FUZZ

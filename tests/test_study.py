@@ -90,7 +90,7 @@ def test_study_schema_errors_are_one_line(tiny_model, change, message):
 @pytest.mark.parametrize("grid, message", [
     ({"set.not_a_field": [1]}, "not_a_field"),
     ({"set.hbm_bytes_per_s": [-1]}, "hbm_bytes_per_s"),
-    ({"seq-len": ["abc"]}, "invalid int value"),
+    ({"seq-len": ["abc"]}, "--seq-len 'abc' is not a whole number"),
 ])
 def test_sweep_cli_rejects_a_value_the_command_cannot_take_before_running(
         tmp_path, capsys, tiny_model, grid, message):

@@ -30,6 +30,7 @@ import numpy as np
 
 from topologies.errors import TpusimError
 from topologies.torus import AXIS_NAMES, Topology
+from topologies.validate import short_repr
 
 Coords = tuple[int, ...]
 
@@ -99,32 +100,33 @@ class Scenario:
             _check_factor(s.factor, f"--slow-link {s.to_flag()}")
         sigma = self.chip_variation_sigma
         if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not (
-            math.isfinite(sigma) and sigma >= 0
+            math.isfinite(sigma) and 0 <= sigma <= 1
         ):
             raise TpusimError(
-                f"--chip-variation {sigma!r} must be a finite number >= 0 (the log-standard-"
-                f"deviation of chip speed, e.g. 0.02 for 2%)"
+                f"--chip-variation {short_repr(sigma)} must be a finite number in [0, 1] (the "
+                f"log-standard-deviation of chip speed, e.g. 0.02 for 2%)"
             )
-        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or (
-            self.seed < 0
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or not (
+            0 <= self.seed < 2**63
         ):
-            raise TpusimError(f"--seed {self.seed!r} must be a whole number >= 0")
+            raise TpusimError(f"--seed {short_repr(self.seed)} must be a whole number in "
+                              f"[0, 2^63)")
         s = self.expert_skew
         if isinstance(s, bool) or not isinstance(s, (int, float)) or not (
-            math.isfinite(s) and s >= 0
+            math.isfinite(s) and 0 <= s <= 100
         ):
             raise TpusimError(
-                f"--expert-skew {s!r} must be a finite number >= 0 (the Zipf exponent of expert "
-                f"loads; 0 = a balanced router)"
+                f"--expert-skew {short_repr(s)} must be a finite number in [0, 100] (the Zipf "
+                f"exponent of expert loads; 0 = a balanced router)"
             )
         c = self.capacity_factor
         if c is not None and (
             isinstance(c, bool) or not isinstance(c, (int, float)) or not (
-                math.isfinite(c) and c > 0)
+                math.isfinite(c) and 0 < c <= 1e6)
         ):
             raise TpusimError(
-                f"--capacity-factor {c!r} must be a finite number > 0 (tokens an expert accepts "
-                f"as a multiple of the balanced load, e.g. 1.25)"
+                f"--capacity-factor {short_repr(c)} must be a finite number in (0, 1e6] (tokens "
+                f"an expert accepts as a multiple of the balanced load, e.g. 1.25)"
             )
 
     # -- what it touches ---------------------------------------------------------------------
@@ -155,6 +157,7 @@ class Scenario:
         for s in self.slow_chips:
             chip = _chip_id(topology, s.coords, f"--slow-chip {s.to_flag()}")
             out[chip] = out.get(chip, 1.0) * s.factor
+            _check_factor(out[chip], f"--slow-chip {s.to_flag()} (with the others for this chip)")
         return out
 
     def chip_speed_factors_for(self, topology: Topology) -> np.ndarray:
@@ -175,6 +178,7 @@ class Scenario:
         for s in self.slow_links:
             link = _link_id(topology, s.coords, s.axisdir, f"--slow-link {s.to_flag()}")
             out[link] = out.get(link, 1.0) * s.factor
+            _check_factor(out[link], f"--slow-link {s.to_flag()} (with the others for this link)")
         return out
 
     def dead_link_ids_for(self, topology: Topology) -> tuple[int, ...]:
@@ -245,22 +249,32 @@ def _coord_text(c: Coords) -> str:
     return ",".join(str(v) for v in c)
 
 
+# Range of a slow-chip/slow-link factor (alone, or several given for one chip or link
+# multiplied): a validation limit that keeps every time finite and every rate far from
+# underflow (a factor of 1e-320 used to pass and print Infinity).
+MIN_FACTOR, MAX_FACTOR = 1e-6, 1e6
+
+
 def _check_factor(factor: Any, what: str) -> None:
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (
-        math.isfinite(factor) and factor > 0
+        math.isfinite(factor) and MIN_FACTOR <= factor <= MAX_FACTOR
     ):
         raise TpusimError(
-            f"{what}: factor {factor!r} must be a finite number > 0 (speed relative to nominal; "
-            f"0.5 = half speed, 2 = twice as fast)"
+            f"{what}: factor {short_repr(factor)} must be a finite number > 0, in [{MIN_FACTOR:g}, "
+            f"{MAX_FACTOR:g}] (speed relative to nominal; 0.5 = half speed, 2 = twice as fast; "
+            f"factors given for the same chip or link multiply)"
         )
 
 
 def _parse_coords(text: str, flag: str, spec: str) -> Coords:
     try:
+        if any(len(c.strip()) > 9 for c in text.split(",")):
+            raise ValueError
         coords = tuple(int(c) for c in text.split(","))
     except ValueError:
         raise TpusimError(
-            f"{flag} {spec!r}: chip coordinates {text!r} must be integers like 0,0 or 1,2,3"
+            f"{flag} {short_repr(spec)}: chip coordinates {short_repr(text)} must be integers "
+            f"like 0,0 or 1,2,3"
         ) from None
     return coords
 
@@ -270,7 +284,8 @@ def _parse_factor(text: str, flag: str, spec: str) -> float:
         f = float(text)
     except ValueError:
         raise TpusimError(
-            f"{flag} {spec!r}: factor {text!r} is not a number; give e.g. 0.5 (half speed)"
+            f"{flag} {short_repr(spec)}: factor {short_repr(text)} is not a number; give e.g. "
+            f"0.5 (half speed)"
         ) from None
     _check_factor(f, f"{flag} {spec}")
     return f
@@ -280,7 +295,8 @@ def _parse_axisdir(text: str, flag: str, spec: str) -> str:
     ad = text.strip()
     if len(ad) != 2 or ad[0] not in AXIS_NAMES or ad[1] not in "+-":
         raise TpusimError(
-            f"{flag} {spec!r}: the link {ad!r} must be an axis letter and a direction, such as "
+            f"{flag} {short_repr(spec)}: the link {short_repr(ad)} must be an axis letter and a "
+            f"direction, such as "
             f"x+ or y-"
         )
     return ad
@@ -291,7 +307,8 @@ def parse_slow_chip(spec: str) -> SlowChip:
     parts = str(spec).split(":")
     if len(parts) != 2:
         raise TpusimError(
-            f"--slow-chip {spec!r} is not like 3,5,7:0.8 (chip coordinates : speed factor)"
+            f"--slow-chip {short_repr(spec)} is not like 3,5,7:0.8 (chip coordinates : speed "
+            f"factor)"
         )
     return SlowChip(coords=_parse_coords(parts[0], "--slow-chip", spec),
                     factor=_parse_factor(parts[1], "--slow-chip", spec))
@@ -302,7 +319,8 @@ def parse_slow_link(spec: str) -> SlowLink:
     parts = str(spec).split(":")
     if len(parts) not in (2, 3):
         raise TpusimError(
-            f"--slow-link {spec!r} is not like 0,0:x+:0.5 (chip coordinates : axis and direction "
+            f"--slow-link {short_repr(spec)} is not like 0,0:x+:0.5 (chip coordinates : axis and "
+            f"direction "
             f": bandwidth factor)"
         )
     factor = (_parse_factor(parts[2], "--slow-link", spec) if len(parts) == 3
@@ -316,7 +334,8 @@ def parse_dead_link(spec: str) -> DeadLink:
     parts = str(spec).split(":")
     if len(parts) != 2:
         raise TpusimError(
-            f"--dead-link {spec!r} is not like 0,0:x+ (chip coordinates : axis and direction)"
+            f"--dead-link {short_repr(spec)} is not like 0,0:x+ (chip coordinates : axis and "
+            f"direction)"
         )
     return DeadLink(coords=_parse_coords(parts[0], "--dead-link", spec),
                     axisdir=_parse_axisdir(parts[1], "--dead-link", spec))
