@@ -219,14 +219,14 @@ MALFORMED = {
     "no-ops": (_mutated(lambda d: d.pop("ops")), r'"ops" must be a non-empty list of op rows'),
     "empty-program": (_mutated(lambda d: d.update(ops=[])), r'"ops" must be a non-empty list'),
     "no-mesh": (_mutated(lambda d: d.pop("mesh")), r'"mesh" must be \{"ici"'),
-    "no-columns": (_mutated(lambda d: d.pop("columns")), r'"columns" must name each of id, '),
+    "no-columns": (_mutated(lambda d: d.pop("columns")), r'"columns" must name op columns from id, '),
     "unknown-kind": (
         _mutated(lambda d: d["ops"][0].__setitem__(_col("kind"), "magic")), r"'magic'"
     ),
     "unknown-column": (
         _mutated(lambda d: (d["columns"].append("colour"),
                             [r.append("red") for r in d["ops"]])),
-        r'"columns" must name each of',
+        r"unknown op columns \['colour'\]",
     ),
     "bad-mesh-size": (
         _mutated(lambda d: d["mesh"]["ici"].__setitem__("fsdp", "four")), r'"mesh" must be'

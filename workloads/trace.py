@@ -249,9 +249,9 @@ def _op_from_row(i: int, r: Any, cols: list[str], source: str) -> Op:
                            f"`tpusim compile`")
 
     if not isinstance(r, list):
-        raise fail(f"must be a list of {len(OP_COLUMNS)} fields")
-    if len(r) != len(OP_COLUMNS):
-        raise fail(f"has {len(r)} fields, expected {len(OP_COLUMNS)}")
+        raise fail(f"must be a list of {len(cols)} fields")
+    if len(r) != len(cols):
+        raise fail(f"has {len(r)} fields, expected {len(cols)}")
     d = {**_COLUMN_DEFAULTS, **dict(zip(cols, r, strict=True))}
     for col, limit in _STR_COLS.items():
         v = d[col]
