@@ -219,7 +219,8 @@ MALFORMED = {
     "no-ops": (_mutated(lambda d: d.pop("ops")), r'"ops" must be a non-empty list of op rows'),
     "empty-program": (_mutated(lambda d: d.update(ops=[])), r'"ops" must be a non-empty list'),
     "no-mesh": (_mutated(lambda d: d.pop("mesh")), r'"mesh" must be \{"ici"'),
-    "no-columns": (_mutated(lambda d: d.pop("columns")), r'"columns" must name op columns from id, '),
+    "no-columns": (_mutated(lambda d: d.pop("columns")),
+                   r'"columns" must name op columns from id, '),
     "unknown-kind": (
         _mutated(lambda d: d["ops"][0].__setitem__(_col("kind"), "magic")), r"'magic'"
     ),
