@@ -15,6 +15,13 @@ source-location tables (FileNames/FunctionNames/FileLocations/StackFrames) are d
 `jax.experimental.topologies.make_mesh` lays the mesh out as XLA's TPU runtime would). The
 second comment line records the program's configuration as JSON (`// tpusim: config=...`), which
 the tests and docs/validation.md use to recompute the expected numbers independently.
+
+`spmd_windowed_einsum_v5e16.hlo.txt.gz` is the post-SPMD-partitioning dump of the
+`windowed_einsum_v5e16` program, kept whole (metadata and source tables included): run
+`build("windowed_einsum_v5e16", False)` with
+`XLA_FLAGS="--xla_dump_to=DIR --xla_dump_hlo_pass_re=spmd-partitioning"`, take
+`DIR/*after_tpu-spmd-partitioning.before_tpu-call-inliner.txt` and put the two comment lines of
+`windowed_einsum_v5e16` (same mesh, so the same placement) in front.
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ def train_dot_flops(c: dict) -> float:
 
 TRAIN = ["train_fsdp_v5e16", "train_fsdp_tp_v5e16", "train_fsdp_v5p64", "train_fsdp_tp_v5p64",
          "scan_fsdp_v5e16"]
-ALL = TRAIN + ["decode_tp8_v5e8", "windowed_einsum_v5e16"]
+ALL = TRAIN + ["decode_tp8_v5e8", "windowed_einsum_v5e16", "spmd_windowed_einsum_v5e16"]
 
 
 @pytest.mark.parametrize("name", TRAIN)
@@ -109,6 +109,19 @@ def test_windowed_einsum_dot_flops_and_ring_permutes():
     for g in gid:
         _cls, hops = route_pairs(topo, imp.trace.meta["device_groups"][g]["pairs"])
         assert hops == 1
+
+
+def test_the_post_spmd_partitioning_dump_imports_with_its_plain_dots():
+    # XLA's dump right after SPMD partitioning (metadata and source tables kept): plain dots,
+    # one op per collective, a while loop of 8 steps. Each step's dot contracts both ring
+    # directions' 64-row chunks (2 x 64, the other direction masked), which later passes
+    # remove, so it holds 1.5x the optimized module's matmul FLOPs.
+    _text, c, _chip, _topo, imp = load("spmd_windowed_einsum_v5e16")
+    t, d, ff = c["batch_per_chip"] * c["seq"], c["d_model"], c["d_ff"]
+    assert imp.inventory["while_loops"] == [
+        {"name": "while", "trip_count": 8, "from": "induction variable"}]
+    assert imp.inventory["dot_flops_per_chip"] == 8 * 2 * 2 * t * ff * 128 + 2 * t * d * ff
+    assert imp.inventory["instructions_by_kind"]["dot"] == 3
 
 
 @pytest.mark.parametrize("name", ALL)
