@@ -150,6 +150,12 @@ EXPLAIN = """### Why they differ
 * **Tensor parallelism.** XLA all-reduces the activations over `tensor` (x on v5p, the inner
   factor on v5e), which is tpusim's `--tp-activations replicated`; tpusim's default (MaxText's
   sharded activations) uses all-gathers and reduce-scatters instead.
+* **Fixtures without a counterpart.** `decode_tp8_v5e8`, `windowed_einsum_v5e16` and
+  `spmd_windowed_einsum_v5e16` are not in the tables: `tpusim compile` builds training steps
+  only (decode is costed analytically by `tpusim decode`, not as a trace), and the single-matmul
+  programs have no zoo model. The tests check them against closed forms instead (decode: weight
+  matmuls over tensor plus P.V, with q.K a VPU multiply-reduce; the windowed einsum: forward and
+  weight-gradient matmuls).
 * **Step time.** The imported program's step runs XLA's own schedule: every fusion with its real
   operand and result sizes (so HBM-bound elementwise work that tpusim's compiler folds into its
   matmuls shows up), small ops each costing their own launch, and XLA's async overlap. At these
