@@ -207,3 +207,24 @@ def test_a_detour_avoids_dead_links_on_other_axes_too():
     assert topo.ici_link_id(0, 1, +1) not in links.index
     assert links[topo.ici_link_id(0, 1, -1)] > 0  # (0,0) -> (0,3) y-
     assert r.detour["longest_detour_hops"] == 3
+
+
+def test_outputs_of_a_collective_with_a_dead_link_are_written_without_nan(capsys, tmp_path):
+    import warnings
+
+    import pandas as pd
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no 0/0 on the dead link's capacity
+        rc = main(["collective", "--chip", "v5e", "--shape", "4x4", "--wraparound", "all",
+                   "--op", "all-gather", "--axes", "x", "--bytes", "64KiB", "--algorithm",
+                   "ring", "--dead-link", "0,0:x+", "--out", str(tmp_path / "o"), "--plots",
+                   str(tmp_path / "p")])
+    capsys.readouterr()
+    assert rc == 0
+    links = pd.read_csv(tmp_path / "o" / "links.csv")
+    assert links.utilization.notna().all() and (links.utilization <= 1 + 1e-9).all()
+    assert "(0, 0)" not in set(links[(links.axis == "x") & (links.direction == "+")].src)
+    assert (tmp_path / "p" / "links_on_torus.png").is_file()
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["detour"]["rerouted_transfers"] == 3

@@ -202,8 +202,10 @@ def plot_collective(res, out_dir: str | Path, *, max_slices: int = 4) -> list[Pa
     import numpy as np
 
     out = Path(out_dir)
-    util = res._link_bytes / (res._link_cap * res.time_s) if res.time_s > 0 else \
-        np.zeros_like(res._link_bytes)
+    denom = res._link_cap * res.time_s
+    # A dead link has no capacity (and carries nothing): drawn as idle.
+    util = np.divide(res._link_bytes, denom, out=np.zeros_like(res._link_bytes, dtype=float),
+                     where=denom > 0)
     title = (f"{res.op} over {','.join(res.axes)} ({res.algorithm}) on {res.topology} "
              f"{res.chip}: {res.time_s * 1e6:.1f} us")
     paths = [draw_torus(res._topology, util, title, out / "links_on_torus.png",
