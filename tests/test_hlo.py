@@ -413,3 +413,12 @@ def test_pair_permute_cost_is_one_hop_plus_the_busiest_link_and_feels_a_slow_lin
     # 0 -> 3 crosses three links: three hops of latency, each link carries one message.
     far = cost_pairs(v5e, t, [(0, 3)], 1 << 20)
     assert far.time_s == pytest.approx(3 * lat + (1 << 20) / w)
+
+
+def test_a_stray_character_is_a_one_line_error_with_its_line():
+    with pytest.raises(TpusimError, match=r"line 3: unexpected character '`'"):
+        parse_hlo("HloModule m\n\nENTRY %main () -> f32[] { ` }\n")
+    # Trailing whitespace and comments after the last computation are fine.
+    m = parse_hlo("HloModule m\n\nENTRY %main () -> f32[] {\n  ROOT %c = f32[] constant(1)\n}"
+                  "\n// done\n  \n")
+    assert m.entry == "main"

@@ -35,8 +35,9 @@ _SOURCE_TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 
 _TOKEN_RE = re.compile(
     r"""
-    (?P<ws>\s+)
-  | (?P<comment>/\*.*?\*/|//[^\n]*)
+    \s*  # leading whitespace rides along with the token: one match per token
+    (?:
+    (?P<comment>/\*.*?\*/|//[^\n]*)
   | (?P<string>"(?:[^"\\\n]|\\.)*")
   | (?P<sq>'[^'\n]*')
   | (?P<arrow>->)
@@ -44,6 +45,7 @@ _TOKEN_RE = re.compile(
   | (?P<ellipsis>\.\.\.)
   | (?P<word>-?[%\w$][\w.$+]*(?:-(?!>)[\w.$+]*)*)
   | (?P<punct>[{}()\[\],=:*<>;/@!?#|^])
+    )
     """,
     re.VERBOSE | re.DOTALL,
 )
@@ -190,13 +192,16 @@ class _Parser:
         while pos < n:
             m = match(text, pos)
             if m is None:
-                raise self._error_at(pos, f"unexpected character {text[pos]!r}")
+                rest = text[pos:].lstrip()
+                if not rest:
+                    break
+                raise self._error_at(n - len(rest), f"unexpected character {rest[0]!r}")
             kind = m.lastgroup
             pos = m.end()
-            if kind == "ws" or kind == "comment":
+            if kind == "comment":
                 continue
-            val = m.group()
-            append((kind, val, m.start()))  # type: ignore[arg-type]
+            val = m.group(kind)
+            append((kind, val, m.start(kind)))  # type: ignore[arg-type]
             # Brace groups that are only ever kept as text (layouts written right after a
             # shape's `]`, and the long attribute values) become one token: most of a
             # module's bytes are backend-config JSON, and this keeps tokenizing linear and fast.
