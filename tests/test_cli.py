@@ -323,3 +323,39 @@ def test_custom_chip_yaml_drives_the_simulation(capsys, tmp_path):
 def test_no_command_prints_help_and_returns_2(capsys):
     rc, out, _ = _run(capsys)
     assert rc == 2 and "usage" in out
+
+
+def test_collective_whose_buffers_exceed_hbm_warns_but_answers(capsys):
+    # 64 GiB all-gathered over 4 chips: each holds 16 GiB in + 64 GiB out, over v5e's 16 GB.
+    rc = main(["collective", "--chip", "v5e", "--shape", "4x4", "--op", "all-gather",
+               "--axes", "x", "--bytes", "64GiB", "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and json.loads(out)["time_s"] > 0
+    assert err.startswith("tpusim: warning: the all-gather buffers take 80.00 GiB per chip")
+    rc = main(["collective", "--chip", "v5e", "--shape", "4x4", "--op", "all-gather",
+               "--axes", "x", "--bytes", "64MiB", "--json"])
+    assert rc == 0 and capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--bytes", "1Mb"], "--bytes '1Mb' is not a size"),
+    (["--axes", "x,,y"], "--axes 'x,,y' has an empty item"),
+    (["--slices", "1000000"],
+     "--slices 1000000 is out of range; give a whole number in [1, 1,024]"),
+    (["--chunks", "1000000000"], "--chunks 1000000000 is out of range"),
+    (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+])
+def test_flag_errors_state_the_rule_once_without_a_doubled_prefix(capsys, argv, message):
+    base = {"--bytes": "1MiB", "--axes": "x"}
+    flags = dict(zip(argv[::2], argv[1::2], strict=False))
+    args = ["collective", "--chip", "v5e", "--shape", "4x4", "--op", "all-gather"]
+    for k, v in {**base, **flags}.items():
+        args += [k, v]
+    if argv == ["--frobnicate"]:
+        args.append("--frobnicate")
+    rc = main(args)
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1
+    assert err.startswith("tpusim: error: ") and "tpusim: error: tpusim" not in err
+    assert "error: tpusim collective:" not in err
+    assert message in err

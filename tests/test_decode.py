@@ -442,3 +442,17 @@ def test_serve_sweep_sweeps_meshes_and_dtypes_too(tmp_path, capsys):
         for b in (2, 8):
             assert by[(mesh, "int8", b)] <= by[(mesh, "bf16", b)]
     assert (tmp_path / "serve_sweep.csv").read_text().startswith("mesh,weight_dtype,kv_dtype")
+
+
+def test_a_batch_not_divisible_by_the_shards_is_reported_as_padded(capsys):
+    base = ["decode", "--chip", "v5e", "--shape", "2x2", "--model", "llama3-8b",
+            "--context-len", "128", "--mesh", "data=4", "--quiet"]
+    assert main(base + ["--batch", "6", "--json"]) == 0
+    six = json.loads(capsys.readouterr().out)
+    assert six["batch"] == 6 and six["padded_batch"] == 8
+    assert main(base + ["--batch", "8", "--json"]) == 0
+    eight = json.loads(capsys.readouterr().out)
+    # SPMD runs whole shards: 6 sequences cost what 8 do.
+    assert six["step_time_s"] == eight["step_time_s"] and eight["padded_batch"] == 8
+    assert main(base + ["--batch", "6"]) == 0
+    assert "batch 6 is padded to 8" in capsys.readouterr().out

@@ -92,6 +92,11 @@ def cmd_collective(args: argparse.Namespace) -> int:
     check_outputs(args)
     run = run_collective(args)
     res = run.result
+    if args.perfetto:
+        from sim.export.perfetto import check_span
+
+        check_span(res.time_s, "the collective")  # before the first byte of any output
+    _warn_if_over_hbm(args, res)
     if args.out:
         from sim.export.output import write_tables
 
@@ -169,6 +174,28 @@ def run_compare(args: argparse.Namespace):
                "results": rows}
     return Run(command="compare-collectives", summary=summary,
                inputs=base_inputs(args, *pod), result=results)
+
+
+def buffer_bytes_per_chip(op: str, nbytes: int, group_size: int) -> int:
+    """Input plus output buffer one chip holds for a collective of V = `nbytes`."""
+    shard = nbytes // max(group_size, 1)
+    return {"all-gather": shard + nbytes, "reduce-scatter": nbytes + shard,
+            "all-reduce": 2 * nbytes, "all-to-all": 2 * shard}.get(op, 2 * nbytes)
+
+
+def _warn_if_over_hbm(args: argparse.Namespace, res) -> None:
+    """A collective whose buffers cannot fit in one chip's HBM still simulates (the links do
+    not care), but the program could not run: say so on stderr."""
+    chip, _topo = resolve_pod(args)
+    need = buffer_bytes_per_chip(res.op, res.bytes, res.group_size)
+    if need > chip.hbm_bytes:
+        import sys
+
+        sys.stderr.write(
+            f"tpusim: warning: the {res.op} buffers take {fmt_bytes(need)} per chip (input + "
+            f"output), more than the {fmt_bytes(chip.hbm_bytes)} of HBM of a {chip.name}; the "
+            f"time is for the links only, a real program would not fit\n"
+        )
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -110,6 +110,13 @@ def _run_decode(chip, topo, model, mesh, cfg, algorithm: str = "auto"):
     return trace, replay(trace, chip, topo, algorithm=algorithm)
 
 
+def _padded_batch(trace) -> int:
+    """The batch SPMD actually runs: padded to a multiple of the data x expert shards (every
+    shard holds whole sequences, so the busiest chip sets the step time)."""
+    shards = trace.mesh.size("data") * trace.mesh.size("expert")
+    return -(-int(trace.meta["batch"]) // shards) * shards
+
+
 def decode_summary(trace, result, max_batch: int) -> dict[str, Any]:
     """The `tpusim decode --json` object (per-chip bytes unless suffixed `_total`)."""
     from sim.cli.training import per_chip_summary
@@ -122,6 +129,7 @@ def decode_summary(trace, result, max_batch: int) -> dict[str, Any]:
         "topology": result.topology,
         "num_chips": result.num_chips,
         "batch": meta["batch"],
+        "padded_batch": _padded_batch(trace),
         "context_len": meta["context_len"],
         "weight_dtype": meta["weight_dtype"],
         "kv_dtype": meta["kv_dtype"],
@@ -188,6 +196,10 @@ def cmd_decode(args: argparse.Namespace) -> int:
     print(f"  HBM peak         {s['hbm_peak_bytes'] / 1e9:.2f} GB of "
           f"{s['hbm_capacity_bytes'] / 1e9:.0f} GB ({fit}); largest batch that fits: "
           f"{s['max_batch_that_fits']}")
+    if s["padded_batch"] != s["batch"]:
+        print(f"  note             batch {s['batch']} is padded to {s['padded_batch']}, a multiple "
+              f"of the data x expert shards: the step costs as much as batch "
+              f"{s['padded_batch']}")
     print("  critical path:")
     for k, v in s["breakdown"].items():
         share = v / s["step_time_s"] if s["step_time_s"] else 0.0
