@@ -24,7 +24,7 @@ ODD_TEXT = ["x", "y", "z", "x,y", "x,y,z", "dcn", "x,dcn", "q", "xx", "x y", "é
 # Flags of each command with a "kind" used to pick values: int/float/bytes/list/text/path.
 FLAGS = {
     "collective": {"--bytes": "bytes", "--axes": "axes", "--chunks": "int", "--slices": "int",
-                   "--shift": "int", "--slow-link": "slow", "--algorithm": "text",
+                   "--shift": "shift", "--slow-link": "slow", "--algorithm": "text",
                    "--mode": "text", "--wraparound": "text", "--shape": "shape",
                    "--out": "dir", "--perfetto": "file", "--plots": "dir"},
     "compare-collectives": {"--bytes": "bytes", "--axes": "axes", "--slices": "int",
@@ -47,6 +47,9 @@ BASES = {"collective": COLLECTIVE, "train": TRAIN, "decode": DECODE, "prefill": 
 
 def _value(rng: random.Random, kind: str) -> tuple[str, bool]:
     """(value, surely_invalid) for a flag of `kind`."""
+    if kind == "shift":  # any whole number: negative shifts go the other way round
+        v = rng.choice(BAD_NUMBERS + ["-1", "-3", "5", "0"])
+        return v, v not in ("-1", "-3", "5", "0")
     if kind in ("int", "float", "bytes"):
         if rng.random() < 0.5:
             v = rng.choice(BAD_NUMBERS)
@@ -133,6 +136,8 @@ def _yaml_value(rng: random.Random, kind: str) -> tuple[str, bool]:
             return v, v not in ("1:30", "0x", "1_0_0_0e400")
         if kind == "lat0" and v == "1e-320":
             return v, False  # a tiny op overhead is in range
+        if kind == "bool" and v == "true":
+            return v, False
         return v, True
     good = {
         "rate": ["1.6e12", "4.5e10", "1e9", "16000000000"],

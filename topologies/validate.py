@@ -114,7 +114,8 @@ def number(value: Any, what: str, *, lo: float | None = None, hi: float | None =
 
 def _looks_int(s: str) -> bool:
     t = s.strip().lstrip("+-")
-    return t.isdigit() and len(t) <= MAX_INT_DIGITS
+    # ASCII only: Python's int() also takes full-width and other Unicode digits ("１").
+    return t.isascii() and t.isdigit() and len(t) <= MAX_INT_DIGITS
 
 
 def _range_text(lo, hi, lo_open, integer) -> str:
@@ -171,6 +172,8 @@ def float_flag(flag: str, *, lo: float, hi: float, lo_open: bool = False):
         rng = _range_text(lo, hi, lo_open, False)
         t = str(text).strip()
         try:
+            if not t.isascii():  # float() also takes full-width digits ("１")
+                raise ValueError
             v = float(t)
         except ValueError:
             raise TpusimError(f"{flag} {short_repr(text)} is not a number; give {rng}") from None
