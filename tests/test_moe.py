@@ -206,3 +206,28 @@ def test_scenario_yaml_sets_the_router_as_the_flags_do(tmp_path, capsys):
     b = b.get("summary", b)
     assert a["step_time_s"] == b["step_time_s"]
     assert a["moe"] == b["moe"] and a["moe"]["expert_capacity"] == 80  # ceil(256 x 2 / 8) x 1.25
+
+
+def test_per_chip_engine_loads_the_chips_that_hold_the_hot_experts():
+    from sim.chip_engine import PerChipConfig, simulate_chips
+    from workloads.moe import expert_op_scales
+
+    chip = get_chip("v5e")
+    topo = make_topology(chip, "2x2")
+    trace, rep = _train(MoeConfig(expert_skew=1.5, seed=1))
+    _, uniform = _train(MoeConfig())
+    scales = expert_op_scales(trace, topo)
+    load = trace.meta["moe"]["max_load_factor"]
+    assert scales and all(s.max() == 1.0 for s in scales.values())
+    # Skew moves expert work between chips, it does not add any: per op, the chips' work sums
+    # to the uniform router's.
+    for s in scales.values():
+        assert s.sum() * load == pytest.approx(4.0)
+    res = simulate_chips(trace, chip, topo, config=PerChipConfig(op_scale=scales))
+    assert res.num_chip_classes > 1
+    chips = res.chips
+    assert chips.mxu_busy_s.max() > 1.05 * chips.mxu_busy_s.min()
+    # The synchronous step waits for the hot chip of every layer: no longer than the program
+    # that is hot everywhere, longer than the balanced router's.
+    assert uniform.step_time_s < res.step_time_s <= rep.step_time_s * (1 + 1e-9)
+    assert expert_op_scales(_train(MoeConfig())[0], topo) == {}

@@ -24,6 +24,8 @@ import math
 import random
 from dataclasses import dataclass
 
+import numpy as np
+
 from topologies.errors import TpusimError
 from workloads.models import TransformerSpec
 
@@ -152,6 +154,7 @@ class MoeRouting:
             "dropped_fraction": self.dropped_fraction,
             "expert_rows_per_token": self.expert_rows_per_token,
             "hot_shard_per_layer": list(self.hot_shard_per_layer),
+            "shard_load_factors": list(self.shard_load_factors),
         }
 
 
@@ -182,6 +185,45 @@ def plan_routing(model: TransformerSpec, ep: int, group_tokens: int, cfg: MoeCon
                       hot_shard_per_layer=hot)
 
 
+# The ops whose work is the experts' (forward, its recomputation, and the MLP backward of an
+# MoE layer): they follow the per-chip loads in the per-chip engine.
+_EXPERT_OPS = frozenset({"expert_in", "expert_act", "expert_out", "mlp_bwd", "mlp_act_bwd"})
+
+
+def expert_op_scales(trace, topology) -> dict[int, np.ndarray]:
+    """Per-chip factors (<= 1) on the expert ops of a skewed, dropless MoE step, for the
+    per-chip engine's `op_scale`: the compiled program carries the hottest shard's work; a chip
+    whose position on the expert axis holds shard j in a layer does `load_j / load_0` of it.
+    Empty when every chip does the same (no skew, dense dispatch, or no expert axis)."""
+    from topologies.groups import GroupGeometry, axis_factor
+    from topologies.mesh import place_mesh
+
+    moe = trace.meta.get("moe")
+    if not moe or trace.mesh.size("expert") < 2:
+        return {}
+    factors = [float(f) for f in moe.get("shard_load_factors", [])]
+    hot = [int(h) for h in moe.get("hot_shard_per_layer", [])]
+    if not factors or not hot or max(factors) == min(factors):
+        return {}
+    ep = len(factors)
+    pl = place_mesh(trace.mesh, topology)["expert"]
+    gaxes = tuple(sorted((axis_factor(topology, a, size, stride) for a, size, stride in
+                          pl.factors), key=lambda g: (g.index if g.index >= 0 else 9, g.stride)))
+    pos = GroupGeometry(topology, gaxes).local_of_chip % ep  # each chip's place on the axis
+    first_moe = min((o.layer for o in trace.ops if o.name.removeprefix("re-") == "expert_in"),
+                    default=0)
+    out: dict[int, np.ndarray] = {}
+    for o in trace.ops:
+        if o.name.removeprefix("re-") not in _EXPERT_OPS or o.layer < 0:
+            continue
+        if o.name in ("mlp_bwd", "mlp_act_bwd") and o.layer < first_moe:
+            continue  # a dense layer's MLP
+        h = hot[(o.layer - first_moe) % len(hot)]
+        shard = (pos - h) % ep
+        out[o.id] = np.asarray(factors, dtype=float)[shard] / factors[0]
+    return out
+
+
 def dispatch_flops(tokens: float, num_experts: int, capacity: int, d_model: int) -> float:
     """FLOPs of one dense one-hot einsum against the [tokens, experts, capacity] mask
     (dispatch `BSM,BSEC->EBCM` or combine `EBCM,BSEC->BSM`): 2 x tokens x E x C x d_model."""
@@ -193,6 +235,7 @@ __all__ = [
     "MoeRouting",
     "dispatch_flops",
     "expert_capacity",
+    "expert_op_scales",
     "expert_shares",
     "plan_routing",
     "shard_shares",

@@ -453,7 +453,11 @@ def simulate_step(args: argparse.Namespace, trace, chip, topology, *, overlap=No
                 "--expert-skew/--capacity-factor are not supported by this command in this "
                 "version; drop them"
             )
+    from workloads.moe import expert_op_scales
+
     config = PerChipConfig(
+        # An uneven MoE router loads the chips holding the hot experts (workloads/moe.py).
+        op_scale=expert_op_scales(trace, topology),
         speed=scenario.chip_speed_factors_for(topology) if scenario.perturbs_chips else None,
         link_factors=scenario.slow_link_factors_for(topology),
         dead_links=scenario.dead_link_ids_for(topology),
