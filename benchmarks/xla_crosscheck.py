@@ -56,6 +56,30 @@ CONFIGS = {
                             mode="decode", kv_len=2048),
 }
 
+# A smaller LLaMA-style model with more layers, so that the layers (not the head) decide the peak
+# as in real models: the memory cross-check compiles it with each remat policy and mesh.
+SMALL = dict(d_model=2048, num_heads=16, num_kv_heads=8, head_dim=128, d_ff=8192,
+             vocab_size=32768)
+
+
+def _mem_config(topology, mesh, chip, shape, remat, batch_per_chip, layers=8, flags=()):
+    return dict(topology=topology, mesh=mesh, layers=layers, seq=2048,
+                batch_per_chip=batch_per_chip, tpusim_pod=["--chip", chip, "--shape", shape],
+                mode="train", remat=remat, dims=SMALL, memory_only=True,
+                tpusim_flags=["--remat", remat, "--attention", "dot", *flags])
+
+
+# Peak-HBM configurations (dense training, like-for-like flags: dot attention, the program's
+# remat; the program keeps the residual stream replicated over `tensor`, so tpusim runs with
+# --tp-activations replicated).
+for _r in ("none", "full"):
+    CONFIGS[f"mem_fsdp_v5e16_{_r}"] = _mem_config("v5e:4x4", {"fsdp": 16}, "v5e", "4x4", _r, 2)
+    CONFIGS[f"mem_fsdp_tp_v5p64_{_r}"] = _mem_config(
+        "v5p:4x4x4", {"fsdp": 16, "tensor": 4}, "v5p", "4x4x4", _r, 0.5,
+        flags=("--tp-activations", "replicated"))
+    CONFIGS[f"mem_data_fsdp_v6e16_{_r}"] = _mem_config(
+        "v6e:4x4", {"data": 2, "fsdp": 8}, "v6e", "4x4", _r, 2)
+
 # tpusim option variants tried for each training configuration.
 TPUSIM_VARIANTS = {
     "fsdp_v5e16": [[], ["--fsdp-gather", "windowed"], ["--fsdp-gather", "blocking"],
@@ -81,7 +105,8 @@ def _worker(name: str, dump_dir: str | None) -> None:
     from jax.sharding import PartitionSpec as P
 
     cfg = CONFIGS[name]
-    d, h, kv, hd, ff, vocab = (DIMS[k] for k in ("d_model", "num_heads", "num_kv_heads",
+    dims = cfg.get("dims", DIMS)
+    d, h, kv, hd, ff, vocab = (dims[k] for k in ("d_model", "num_heads", "num_kv_heads",
                                                   "head_dim", "d_ff", "vocab_size"))
     n_layers = cfg["layers"]
     topo = topologies.get_topology_desc(platform="tpu", topology_name=cfg["topology"])
@@ -92,6 +117,10 @@ def _worker(name: str, dump_dir: str | None) -> None:
     n_chips = base.devices.size
     tp = "tensor" if "tensor" in names else None
     fs = "fsdp" if "fsdp" in names else None
+    # The batch is split over data and fsdp (weights only over fsdp).
+    bs = tuple(a for a in ("data", "fsdp") if a in names) or None
+    if bs is not None and len(bs) == 1:
+        bs = bs[0]
     bf = jnp.bfloat16
 
     # MaxText-like logical sharding: embed dim on fsdp, heads / d_ff / vocab on tensor.
@@ -109,7 +138,7 @@ def _worker(name: str, dump_dir: str | None) -> None:
 
     params = {k: sds(top_shape[k], top_spec[k]) for k in top_shape}
     params["layers"] = [{k: sds(wshape[k], wspec[k]) for k in wshape} for _ in range(n_layers)]
-    act_spec = P(fs, None, None)  # batch on fsdp, sequence/embed replicated over tensor
+    act_spec = P(bs, None, None)  # batch on data x fsdp, sequence/embed replicated over tensor
 
     def rms(x, w):
         x32 = x.astype(jnp.float32)
@@ -151,14 +180,17 @@ def _worker(name: str, dump_dir: str | None) -> None:
     if cfg["mode"] == "train":
         batch = int(cfg["batch_per_chip"] * n_chips)
         seq = cfg["seq"]
-        tokens = sds((batch, seq), P(fs, None), jnp.int32)
+        tokens = sds((batch, seq), P(bs, None), jnp.int32)
 
         def loss_fn(p, tok):
             with jax.named_scope("embed"):
                 x = jnp.take(p["embed"], tok, axis=0)
                 x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, act_spec))
             for i, w in enumerate(p["layers"]):
-                x = jax.checkpoint(lambda x, w, i=i: layer(x, w, i))(x, w)
+                if cfg.get("remat", "full") == "full":
+                    x = jax.checkpoint(lambda x, w, i=i: layer(x, w, i))(x, w)
+                else:
+                    x = layer(x, w, i)
             with jax.named_scope("head"):
                 x = rms(x, p["nf"])
                 logits = (x @ p["unembed"]).astype(jnp.float32)
@@ -208,7 +240,11 @@ def _worker(name: str, dump_dir: str | None) -> None:
     mem = compiled.memory_analysis()
     out = {"config": name, "num_chips": n_chips, "ops": ops,
            "temp_bytes": getattr(mem, "temp_size_in_bytes", None),
-           "argument_bytes": getattr(mem, "argument_size_in_bytes", None)}
+           "argument_bytes": getattr(mem, "argument_size_in_bytes", None),
+           "output_bytes": getattr(mem, "output_size_in_bytes", None),
+           "alias_bytes": getattr(mem, "alias_size_in_bytes", None),
+           "peak_bytes": getattr(mem, "peak_memory_in_bytes", None),
+           "mem_repr": repr(mem)}
     print("XLA_JSON " + json.dumps(out))
 
 

@@ -546,8 +546,7 @@ def simulate_chips(
     res.critical_path = _critical_path(classes, slowest, topology, slow, op_key, group_cost,
                                        count, cfg.dead_links)
     res._class_timelines = {cl.c: (cl.start, cl.end) for cl in classes}
-    res._mem_deltas = [(o.id, o.alloc_bytes - o.free_bytes) for o in prog_trace.ops
-                       if o.alloc_bytes or o.free_bytes]
+    res._mem_trace = prog_trace
     return res
 
 

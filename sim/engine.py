@@ -40,6 +40,7 @@ from topologies.groups import (
 )
 from topologies.mesh import place_mesh
 from topologies.torus import AXIS_NAMES, Topology
+from workloads.memory import MEMORY_CATEGORIES
 from workloads.trace import OpKind, Trace, Unit
 
 OP_COLUMNS = [
@@ -48,7 +49,8 @@ OP_COLUMNS = [
 ]
 UNIT_COLUMNS = ["chip", "unit", "busy_s", "utilization"]
 LINK_CLASS_COLUMNS = ["link_class", "bytes_per_link", "busy_s", "utilization"]
-MEMORY_COLUMNS = ["chip", "time_s", "hbm_bytes"]
+# The memory table: HBM occupancy after every change, in total and by category.
+MEMORY_COLUMNS = ["chip", "time_s", "hbm_bytes", *MEMORY_CATEGORIES]
 CHIP_COLUMNS = [
     "chip", "coords", "chip_class", "finish_s", "mxu_busy_s", "vpu_busy_s", "hbm_busy_s",
     "pcie_busy_s", "collective_wait_s",
@@ -74,6 +76,7 @@ class StepResult:
     breakdown: dict[str, float]
     hbm_peak_bytes: float
     hbm_capacity_bytes: float
+    hbm_peak_breakdown: dict[str, float]
     fits_in_hbm: bool
     num_ops: int
     sim_events: int
@@ -105,7 +108,7 @@ class StepResult:
     _link_cap: np.ndarray | None = field(default=None, repr=False)
     _class_timelines: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict,
                                                                         repr=False)
-    _mem_deltas: list[tuple[int, float]] = field(default_factory=list, repr=False)
+    _mem_trace: Trace | None = field(default=None, repr=False)  # HBM events' program
 
     @property
     def ops(self):
@@ -142,12 +145,11 @@ class StepResult:
         rep = int(self._class_reps[k])
         ops = [(rep,) + r[1:8] + (float(start[r[1]]), float(end[r[1]])) + r[10:]
                for r in self._ops]
-        level = self._memory[0][2] if self._memory else static_hbm_bytes
-        events = sorted((float(end[i]), i, d) for i, d in self._mem_deltas)
-        mem = [(rep, 0.0, level)]
-        for t, _i, d in events:
-            level += d
-            mem.append((rep, t, level))
+        if self._mem_trace is None:
+            mem = [(rep, 0.0, static_hbm_bytes, *(0.0 for _ in MEMORY_CATEGORIES))]
+        else:
+            _, _, rows = hbm_occupancy(self._mem_trace, end, 1)
+            mem = [(rep,) + r[1:] for r in rows]
         return dataclasses.replace(self, _ops=ops, _memory=mem)
 
     @property
@@ -171,6 +173,70 @@ class StepResult:
             "hbm_busy_s": rows[:, 3], "pcie_busy_s": rows[:, 4],
             "collective_wait_s": rows[:, 5],
         }, columns=CHIP_COLUMNS)
+
+
+def hbm_occupancy(trace: Trace, end, pp: int) -> tuple[float, dict[str, float], list[tuple]]:
+    """HBM over the step: (peak bytes, its composition by category, the memory table rows).
+
+    The static state (meta `static_composition`, or `static_hbm_bytes` as `other`) is resident
+    from the start; categorised events (meta `memory_events`: [op id, category, bytes]) apply when
+    their op ends, all of one op's events at once. Traces without events (decode) use the ops'
+    `alloc_bytes - free_bytes` as `other` plus the meta `logits_bytes` as a transient at the peak.
+    A pipeline stage's in-flight microbatches' activations (meta `activation_bytes_estimate`)
+    bound the peak from below.
+    """
+    meta = trace.meta
+    static = float(meta.get("static_hbm_bytes", 0.0))
+    level = dict.fromkeys(MEMORY_CATEGORIES, 0.0)
+    comp = meta.get("static_composition")
+    if comp:
+        for k, v in comp.items():
+            level[k] += float(v)
+    else:
+        level["other"] += static
+    raw = meta.get("memory_events")
+    if raw is not None:
+        events = []
+        for ev in raw:
+            op_id, cat, delta = int(ev[0]), str(ev[1]), float(ev[2])
+            if not 0 <= op_id < len(trace.ops) or cat not in level:
+                raise TpusimError(
+                    f"trace memory event {ev!r} names op {op_id} or category {cat!r}, which the "
+                    f"trace lacks (categories: {', '.join(MEMORY_CATEGORIES)}); recompile it"
+                )
+            events.append((float(end[op_id]), op_id, cat, delta))
+    else:
+        events = [(float(end[o.id]), o.id, "other", o.alloc_bytes - o.free_bytes)
+                  for o in trace.ops if o.alloc_bytes or o.free_bytes]
+    events.sort(key=lambda e: (e[0], e[1]))
+
+    def row(t):
+        return (0, t, sum(level.values()), *level.values())
+
+    mem = [row(0.0)]
+    peak_parts = dict(level)
+    peak = sum(level.values())
+    i = 0
+    while i < len(events):
+        t, op_id = events[i][0], events[i][1]
+        while i < len(events) and events[i][0] == t and events[i][1] == op_id:
+            level[events[i][2]] += events[i][3]
+            i += 1
+        mem.append(row(t))
+        total = sum(level.values())
+        if total > peak:
+            peak, peak_parts = total, dict(level)
+    if raw is None and meta.get("logits_bytes"):
+        peak_parts["logits"] += float(meta["logits_bytes"])  # transient during the loss
+        peak += float(meta["logits_bytes"])
+    pp_act = float(meta.get("activation_bytes_estimate", 0.0))
+    if pp > 1 and static + pp_act > peak:
+        peak = static + pp_act
+        peak_parts = dict.fromkeys(MEMORY_CATEGORIES, 0.0)
+        for k, v in (comp or {"other": static}).items():
+            peak_parts[k] += float(v)
+        peak_parts["saved_activations"] += pp_act
+    return peak, {k: v for k, v in peak_parts.items() if v}, mem
 
 
 def collective_groups(trace: Trace, topology: Topology) -> dict[str, tuple[GroupAxis, ...]]:
@@ -550,24 +616,7 @@ def _summarize(trace, chip, topology, dur, bound, start, end, net, costs, lm, mx
         links.append((CLASS_NAMES[c], float(net.bytes[c]), float(net.busy_s[c]),
                       float(net.bytes[c] / (cap * total)) if total else 0.0))
 
-    # HBM occupancy: static state plus alloc/free events at op ends.
-    static = float(trace.meta.get("static_hbm_bytes", 0.0))
-    events = []
-    for o in ops:
-        if o.alloc_bytes or o.free_bytes:
-            events.append((float(end[o.id]), o.id, o.alloc_bytes - o.free_bytes))
-    events.sort()
-    level = static
-    mem = [(0, 0.0, level)]
-    peak = level
-    for tt, _i, delta in events:
-        level += delta
-        mem.append((0, tt, level))
-        peak = max(peak, level)
-    peak += float(trace.meta.get("logits_bytes", 0.0))  # transient during the loss
-    pp_act = float(trace.meta.get("activation_bytes_estimate", 0.0))
-    if pp > 1:
-        peak = max(peak, static + pp_act)
+    peak, peak_parts, mem = hbm_occupancy(trace, end, pp)
     cap = chip.hbm_bytes
     coll_summary = {
         f"{k[0]} {'/'.join(g.name for g in k[1])} {k[2]}B"
@@ -578,6 +627,7 @@ def _summarize(trace, chip, topology, dur, bound, start, end, net, costs, lm, mx
     }
     return StepResult(
         step_time_s=total, breakdown=bd, hbm_peak_bytes=peak, hbm_capacity_bytes=cap,
+        hbm_peak_breakdown=peak_parts,
         fits_in_hbm=peak <= cap, num_ops=len(ops), sim_events=net.num_events + len(ops),
         chip=chip.name, topology=topology.name, num_chips=topology.num_chips,
         collective_costs=coll_summary, _ops=op_rows, _units=units, _links=links, _memory=mem,

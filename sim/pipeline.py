@@ -102,6 +102,7 @@ class PipelineResult:
     stage_busy_s: list[float]
     peak_inflight: list[int]  # microbatch-chunks with forward done and backward not
     stage_hbm_peak_bytes: list[float]
+    stage_hbm_peak_breakdown: list[dict[str, float]]
     timeline: list[tuple[int, str, int, int, float, float]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -167,6 +168,7 @@ def simulate_pipeline(
     tail = [0.0] * p
     act = [0.0] * p  # saved activations of one microbatch through one chunk
     static = [0.0] * p
+    static_parts: list[dict] = [{} for _ in range(p)]
     logits = [0.0] * p
     cache: dict[tuple[bool, bool], tuple] = {}
     send_bytes = 0.0
@@ -182,6 +184,7 @@ def simulate_pipeline(
         if vv == 0:
             tail[s] = tt
             static[s] = float(tr.meta["static_hbm_bytes"])
+            static_parts[s] = dict(tr.meta.get("static_composition") or {"other": static[s]})
         act[s] = float(tr.meta["activation_bytes_estimate"])
         if key[1]:
             logits[s] = float(tr.meta.get("logits_bytes", 0.0))
@@ -246,11 +249,14 @@ def simulate_pipeline(
     crit = max(range(p), key=lambda s: busy[s])
     bubble = span - busy[crit]
     hbm = [static[s] + peak[s] * act[s] + logits[s] for s in range(p)]
+    parts = [{**static_parts[s], "saved_activations": peak[s] * act[s], "logits": logits[s]}
+             for s in range(p)]
     return PipelineResult(
         schedule=sched, stages=p, virtual_stages=v, microbatches=m, step_time_s=step,
         span_s=span, bubble_s=bubble, bubble_fraction=bubble / span if span else 0.0,
         forward_s=fwd, backward_s=bwd, send_s=send, tail_s=tail, stage_finish_s=finish,
         stage_busy_s=busy, peak_inflight=peak, stage_hbm_peak_bytes=hbm, timeline=timeline,
+        stage_hbm_peak_breakdown=[{k: v for k, v in d.items() if v} for d in parts],
     )
 
 
@@ -268,6 +274,8 @@ def apply_pipeline(result, pipe: PipelineResult) -> None:
     result.breakdown = bd
     result.step_time_s = pipe.step_time_s
     result.hbm_peak_bytes = max(pipe.stage_hbm_peak_bytes)
+    fullest = pipe.stage_hbm_peak_bytes.index(result.hbm_peak_bytes)
+    result.hbm_peak_breakdown = dict(pipe.stage_hbm_peak_breakdown[fullest])
     result.fits_in_hbm = result.hbm_peak_bytes <= result.hbm_capacity_bytes
 
 

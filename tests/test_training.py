@@ -21,6 +21,7 @@ from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology
 from topologies.torus import Topology
+from workloads.memory import MEMORY_CATEGORIES
 from workloads.models import TransformerSpec, model_from_dict
 from workloads.trace import OpKind, Trace, Unit
 from workloads.training import Remat, TrainingConfig, compile_training_step
@@ -311,17 +312,18 @@ def test_breakdown_components_sum_to_the_step_time(mesh, shape, kw):
 
 @pytest.mark.parametrize("mesh,shape,shards", [("fsdp=1", "1x1", 1), ("fsdp=4", "2x2", 4),
                                                ("fsdp=2,tensor=2", "2x2", 4)])
-def test_static_bytes_are_params_grads_and_adam_state_of_the_local_shard(mesh, shape, shards):
+def test_static_bytes_are_params_and_adam_state_of_the_local_shard(mesh, shape, shards):
     trace, _ = _step(mesh, shape)
     m = model_from_dict(TINY)
     sharded = m.num_attention_params + m.num_mlp_params + m.num_embedding_params
     local = sharded / shards + m.num_norm_params  # norm scales are tiny and replicated
-    # bf16 params (2) + bf16 grads (2) + two fp32 Adam moments (8) = 12 bytes per parameter
-    # (tpu.md §4: Adam with bf16 params and fp32 moments is 10 bytes/param, plus the grads).
-    assert trace.meta["static_hbm_bytes"] == pytest.approx(12 * local, rel=1e-3)
+    # bf16 params (2) + two fp32 Adam moments (8) = 10 bytes per parameter (tpu.md §4) are the
+    # step's arguments, resident throughout; the bf16 gradients (2) are backward temporaries.
+    assert trace.meta["static_hbm_bytes"] == pytest.approx(10 * local, rel=1e-3)
     parts = trace.meta["static_breakdown"]
-    assert parts["params"] + parts["grads"] + parts["optimizer"] == pytest.approx(
+    assert parts["params"] + parts["optimizer"] == pytest.approx(
         trace.meta["static_hbm_bytes"], rel=1e-12)
+    assert parts["grads"] == pytest.approx(parts["params"], rel=1e-12)
     assert parts["optimizer"] == pytest.approx(4 * parts["params"], rel=1e-12)
 
 
@@ -329,16 +331,21 @@ def test_static_bytes_follow_the_dtype_flags():
     base, _ = _step("fsdp=4", "2x2")
     wide, _ = _step("fsdp=4", "2x2", param_dtype="fp32", grad_dtype="fp32")
     p = base.meta["params_per_chip"]
-    assert wide.meta["static_hbm_bytes"] - base.meta["static_hbm_bytes"] == pytest.approx(4 * p)
+    assert wide.meta["static_hbm_bytes"] - base.meta["static_hbm_bytes"] == pytest.approx(2 * p)
+    assert wide.meta["static_breakdown"]["grads"] == pytest.approx(4 * p)
 
 
 def test_memory_table_starts_at_the_static_bytes_and_peak_covers_it():
     trace, res = _step("fsdp=4", "2x2")
     mem = res.memory
-    assert list(mem.columns) == ["chip", "time_s", "hbm_bytes"]
+    assert list(mem.columns) == ["chip", "time_s", "hbm_bytes", *MEMORY_CATEGORIES]
     assert mem.hbm_bytes.iloc[0] == trace.meta["static_hbm_bytes"]
     assert mem.time_s.is_monotonic_increasing
-    assert res.hbm_peak_bytes >= mem.hbm_bytes.max()
+    # Every row's categories add up to its total, and the peak is the table's maximum.
+    assert mem[list(MEMORY_CATEGORIES)].sum(axis=1).to_numpy() == pytest.approx(
+        mem.hbm_bytes.to_numpy(), rel=1e-12)
+    assert res.hbm_peak_bytes == pytest.approx(mem.hbm_bytes.max(), rel=1e-12)
+    assert sum(res.hbm_peak_breakdown.values()) == pytest.approx(res.hbm_peak_bytes, rel=1e-12)
     assert res.fits_in_hbm and res.hbm_capacity_bytes == get_chip("v5e").hbm_bytes
 
 

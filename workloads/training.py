@@ -5,7 +5,8 @@ activations and residuals, tensor-parallel activation all-reduces, expert all-to
 backward pass (with the remat policy's recomputation), gradient reduce-scatters and data-parallel
 all-reduces; embedding, output projection, loss and the Adam update. Pipeline stages, gradient
 accumulation and host offload of activations are expressed in the same ops. FLOP counts follow
-`tpu.md` §3-§4; activation memory follows its remat rules of thumb (§3 "Remat").
+`tpu.md` §3-§4; HBM occupancy is recorded as categorised allocation events (`meta["memory_events"]`,
+saved activations tensor by tensor from `workloads/memory.py`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,13 @@ from dataclasses import dataclass, field
 from topologies.errors import TpusimError
 from topologies.mesh import LogicalMesh, dcn_hint
 from topologies.validate import MAX_BATCH, MAX_CHUNKS, MAX_TOKENS, short_repr
+from workloads.memory import (
+    LayerShapeSpec,
+    MemoryCategory,
+    loss_tensors,
+    offloaded_tensors,
+    saved_tensors,
+)
 from workloads.models import TransformerSpec
 from workloads.moe import MoeConfig, MoeRouting, dispatch_flops, plan_routing
 from workloads.trace import OpKind, Trace, TraceBuilder, Unit
@@ -29,10 +37,6 @@ class Remat(enum.StrEnum):
     OFFLOAD = "offload"
 
 
-# Saved activation tensors of shape [tokens, d_model] per layer (tpu.md §3 "Remat": about 20
-# with nothing recomputed, about 7 when only big matmul outputs are kept, 1 with block remat).
-# With offload the minimal set goes to host memory over PCIe and none stays in HBM.
-_SAVED_TENSORS = {Remat.NONE: 20.0, Remat.MINIMAL: 7.0, Remat.FULL: 1.0, Remat.OFFLOAD: 0.0}
 _DTYPE_BYTES = {"bf16": 2, "fp32": 4, "f32": 4, "int8": 1, "int4": 0.5, "fp8": 1}
 
 
@@ -170,13 +174,14 @@ def estimate_training_memory(
     model: TransformerSpec, mesh: LogicalMesh, num_chips: int, config: TrainingConfig
 ) -> dict[str, float]:
     """The compiler's HBM estimate per chip without building the trace (what `plan` prunes
-    with): `static_bytes` (params, grads, optimizer state) and `activations_bytes` (saved
-    activations at their peak), the same numbers as the trace's `static_hbm_bytes` and
+    with): `static_bytes` (params and optimizer state; gradients are backward temporaries) and
+    `activations_bytes` (saved activations at their peak, when the forward ends; together a
+    lower bound of the step's peak), the same numbers as the trace's `static_hbm_bytes` and
     `activation_bytes_estimate`. Raises the compiler's errors for a mesh that cannot run."""
     c = _compiler(model, mesh, num_chips, config)
     p_local = c.local_params()
-    return {"static_bytes": p_local * (c.wb + c.gb + 2 * c.ob),
-            "activations_bytes": c.activation_peak(c.saved_per_layer())}
+    return {"static_bytes": p_local * (c.wb + 2 * c.ob),
+            "activations_bytes": c.activation_peak()}
 
 
 def _compiler(
@@ -285,6 +290,18 @@ class _Compiler:
         self.routing: MoeRouting | None = (
             plan_routing(model, d.ep, cfg.seq_len // d.sp, cfg.moe) if model.is_moe else None
         )
+        self.mem_events: list[list] = []  # [op id, MemoryCategory, +alloc / -free bytes]
+
+    def mem(self, op_id, category: MemoryCategory, delta: float) -> None:
+        """HBM changes by `delta` bytes of `category` when op `op_id` ends."""
+        if op_id is None or delta == 0:
+            return
+        op = self.b.ops[op_id]
+        if delta > 0:
+            self.b.ops[op_id] = _with(op, alloc_bytes=op.alloc_bytes + delta)
+        else:
+            self.b.ops[op_id] = _with(op, free_bytes=op.free_bytes - delta)
+        self.mem_events.append([op_id, str(category), float(delta)])
 
     # -- helpers ----------------------------------------------------------------------------
     def mm(self, name, flops, w_bytes, in_bytes, out_bytes, deps, layer, phase):
@@ -513,8 +530,7 @@ class _Compiler:
         overlap = cfg.overlap
         prefetch = overlap and cfg.fsdp_gather == "async"
         windowed = overlap and cfg.fsdp_gather == "windowed"
-        saved_per_layer = self.saved_per_layer()
-        offload_bytes = _SAVED_TENSORS[Remat.MINIMAL] * self.rows() * D * a
+        G = MemoryCategory
         emb_w = V * D / d.tp * self.wb  # one vocabulary matrix (the output projection)
         emb_all = emb_w * (1 if m.tied_embeddings else 2)  # every embedding parameter
         # An untied, FSDP-sharded input table is never gathered: XLA looks rows up where they
@@ -523,6 +539,7 @@ class _Compiler:
         lookup_a2a = (not m.tied_embeddings) and d.fs > 1
         prev_compute = None
         last_grad_ops: list[int] = []
+        grads_allocated = 0.0
         layer_outputs: dict[tuple[int, int], int] = {}
 
         def fsdp_gather(layer, mb, phase, after):
@@ -530,15 +547,17 @@ class _Compiler:
             if d.fs == 1:
                 return None
             moe = self.layer_is_moe(layer)
-            return self.coll(f"fsdp_allgather_{phase}", "all-gather", ("fsdp",),
-                             self.layer_weight_bytes(moe), after, layer, phase,
-                             alloc_bytes=self.layer_weight_bytes(moe) / 1.0)
+            g = self.coll(f"fsdp_allgather_{phase}", "all-gather", ("fsdp",),
+                          self.layer_weight_bytes(moe), after, layer, phase)
+            self.mem(g, G.GATHERED_WEIGHTS, self.layer_weight_bytes(moe))
+            return g
 
         for mb in range(cfg.microbatches):
             # Embedding lookup (stage 0).
             start = [prev_compute] if prev_compute is not None else []
             emb_g = self.coll("fsdp_allgather_embed", "all-gather", ("fsdp",), emb_w, start, -1,
                               "fwd") if self.embed_on or self.head_on else None
+            self.mem(emb_g, G.GATHERED_WEIGHTS, emb_w)
             lk = None
             if not self.embed_on:
                 # A later pipeline chunk: its input activations arrive from the previous one.
@@ -552,6 +571,8 @@ class _Compiler:
                       hbm_bytes=2 * self.rows() * D * a if self.embed_on else 0.0,
                       deps=[prev_compute] + ([table] if table is not None else []),
                       layer=-1, phase="fwd")
+            if emb_g is not None and not self.head_on:  # no logits here to keep it for
+                self.mem(x, G.GATHERED_WEIGHTS, -emb_w)
             prev = x
             pending = fsdp_gather(0, mb, "fwd", [] if prefetch else [prev])
             for layer in range(d.layers):
@@ -561,12 +582,13 @@ class _Compiler:
                 if windowed and g is not None:  # the layer ends when its gather has arrived
                     b.ops[out] = _with(b.ops[out], deps=tuple(sorted({*b.ops[out].deps, g})))
                 # Free the gathered weights once the layer is done; keep saved activations.
-                b.ops[out] = _with(b.ops[out], alloc_bytes=saved_per_layer,
-                                   free_bytes=self.layer_weight_bytes(self.layer_is_moe(layer))
-                                   if g is not None else 0.0)
+                self.mem(out, G.SAVED_ACTIVATIONS, self.saved_bytes(layer))
+                if g is not None:
+                    self.mem(out, G.GATHERED_WEIGHTS,
+                             -self.layer_weight_bytes(self.layer_is_moe(layer)))
                 if cfg.remat == Remat.OFFLOAD:
-                    b.add("offload_activations", kind=OpKind.HOST, bytes=offload_bytes,
-                          deps=[out], layer=layer, phase="fwd")
+                    b.add("offload_activations", kind=OpKind.HOST,
+                          bytes=self.offload_bytes(layer), deps=[out], layer=layer, phase="fwd")
                 if layer + 1 < d.layers:
                     # Prefetch the next layer's weights as this layer starts (XLA's async
                     # all-gather, two layers of weights in flight); without overlap the gather
@@ -601,6 +623,14 @@ class _Compiler:
                                 [loss] + ([lse] if lse is not None else []), -1, "bwd")
                 dx = self.mm("logits_bwd", 4 * n * D * V / d.tp, 2 * emb_w, n * V / d.tp * a,
                              n * D * a + emb_w, [dlog], -1, "bwd")
+                # At the loss XLA holds the logits as the matmul wrote them (bf16), their f32
+                # copy for the softmax cross-entropy and the bf16 logit gradients, plus the
+                # gathered output projection; all die with the logits' backward matmul.
+                lt = loss_tensors(rows=n, local_vocab=V / d.tp, act_bytes=a)
+                for op_id, t in zip((logits, loss, dlog), lt, strict=True):
+                    self.mem(op_id, G.LOGITS, t.num_bytes)
+                self.mem(dx, G.LOGITS, -sum(t.num_bytes for t in lt))
+                self.mem(dx, G.GATHERED_WEIGHTS, -emb_w if emb_g is not None else 0.0)
                 # The input gradient is summed over the vocab shards (reduce-scattered when the
                 # activations are sharded, all-reduced when they are replicated).
                 dar_deps = self.tp_exit("", "logits_bwd", dx, [dx], -1, "bwd")
@@ -608,13 +638,23 @@ class _Compiler:
             # Backward through the layers in reverse.
             # The last layer's weights are gathered again while the loss is computed.
             pending = fsdp_gather(d.layers - 1, mb, "bwd", [final_norm] if prefetch else [prev])
+            fetch_after = [final_norm]
             for layer in reversed(range(d.layers)):
                 g = pending
                 deps = [prev]
                 if cfg.remat == Remat.OFFLOAD:
-                    fetch = b.add("fetch_activations", kind=OpKind.HOST, bytes=offload_bytes,
-                                  deps=[layer_outputs[(mb, layer)]], layer=layer, phase="bwd")
+                    # Fetched one layer ahead: when the backward of the layer above starts.
+                    fetch = b.add("fetch_activations", kind=OpKind.HOST,
+                                  bytes=self.offload_bytes(layer),
+                                  deps=[layer_outputs[(mb, layer)], *fetch_after], layer=layer,
+                                  phase="bwd")
+                    fetch_after = [prev]
                     deps.append(fetch)
+                    self.mem(fetch, G.SAVED_ACTIVATIONS, self.offload_bytes(layer))
+                # What the remat policy recomputes lives from the recomputation until the end
+                # of the layer's backward, next to what it kept.
+                recomputed = self.saved_bytes(layer, Remat.NONE) - self.saved_bytes(layer) - (
+                    self.offload_bytes(layer) if cfg.remat == Remat.OFFLOAD else 0.0)
                 if cfg.remat == Remat.FULL:
                     inp = self.layer_forward(layer, deps, g, phase="bwd", recompute=True)
                     deps = [inp]
@@ -624,12 +664,16 @@ class _Compiler:
                     re = self.vpu("re-elementwise", 20 * rr * D, 8 * rr * D * a, deps, layer,
                                   "bwd")
                     deps = [re]
+                self.mem(deps[0] if cfg.remat != Remat.NONE else None, G.SAVED_ACTIVATIONS,
+                         recomputed)
                 inp = prev
                 out = self.layer_backward(layer, deps, None if windowed else g)
                 if windowed and g is not None:
                     b.ops[out] = _with(b.ops[out], deps=tuple(sorted({*b.ops[out].deps, g})))
-                w_free = self.layer_weight_bytes(self.layer_is_moe(layer)) if g is not None else 0.0
-                b.ops[out] = _with(b.ops[out], free_bytes=saved_per_layer + w_free)
+                self.mem(out, G.SAVED_ACTIVATIONS, -self.saved_bytes(layer, Remat.NONE))
+                if g is not None:
+                    self.mem(out, G.GATHERED_WEIGHTS,
+                             -self.layer_weight_bytes(self.layer_is_moe(layer)))
                 if layer > 0:
                     after = [x for x in (g, inp) if x is not None] if prefetch else [out]
                     pending = fsdp_gather(layer - 1, mb, "bwd", after)
@@ -637,6 +681,9 @@ class _Compiler:
                 grad_bytes = self.layer_weight_bytes(self.layer_is_moe(layer)) / self.wb * self.gb
                 rs = self.coll("fsdp_grad_reducescatter", "reduce-scatter", ("fsdp",),
                                grad_bytes, [out], layer, "bwd")
+                if mb == 0:  # the local gradient shard lives from here until the update
+                    self.mem(rs if rs is not None else out, G.GRADIENTS, grad_bytes / d.fs)
+                    grads_allocated += grad_bytes / d.fs
                 if mb == cfg.microbatches - 1:
                     # Weights are replicated over data and sequence (and, except the experts,
                     # over expert): their gradient shards are summed over those axes too.
@@ -665,6 +712,7 @@ class _Compiler:
                                        [emb_bwd] + ([ga] if ga is not None else []), -1, "bwd")
             else:  # a later pipeline chunk sends its input gradient back instead
                 emb_bwd = prev
+            erc = None
             if self.embed_on or self.head_on:
                 erc = self.coll("fsdp_grad_reducescatter_embed", "reduce-scatter", ("fsdp",),
                                 emb_w / self.wb * self.gb, [emb_bwd], -1, "bwd")
@@ -677,15 +725,20 @@ class _Compiler:
                                     [erc if erc is not None else emb_bwd], -1, "bwd")
                     if ear is not None:
                         last_grad_ops.append(ear)
+            if mb == 0:  # embedding and norm gradients: the rest of the local shard
+                self.mem(erc if erc is not None else emb_bwd, G.GRADIENTS,
+                         max(self.local_params() * self.gb - grads_allocated, 0.0))
             prev_compute = emb_bwd
         # Adam on the local parameter shard (tpu.md §4: bf16 params + fp32 moments).
         p_local = self.local_params()
         upd = self.vpu("adam_update", 12 * p_local,
                        p_local * (2 * self.wb + self.gb + 4 * self.ob), [prev_compute] +
                        last_grad_ops, -1, "optimizer")
-        del upd
-        static = p_local * (self.wb + self.gb + 2 * self.ob)
-        meta = self.meta(p_local, static, saved_per_layer)
+        self.mem(upd, G.GRADIENTS, -max(p_local * self.gb, grads_allocated))
+        # Parameters and optimizer state are the program's (donated) arguments, resident for the
+        # whole step; gradients are temporaries of the backward pass, as in XLA's program.
+        static = p_local * (self.wb + 2 * self.ob)
+        meta = self.meta(p_local, static)
         return Trace(mesh=self.mesh, ops=tuple(b.ops), meta=meta)
 
     def layer_backward(self, layer, deps, gather):
@@ -782,21 +835,41 @@ class _Compiler:
         return self.vpu("norm_attn_bwd", 10 * r * D, 4 * r * D * a, att_exit + [dact], layer,
                         "bwd")
 
-    def saved_per_layer(self) -> float:
-        """HBM bytes of activations one layer keeps for the backward pass (remat policy)."""
-        m, d, a = self.m, self.d, self.act
-        saved = _SAVED_TENSORS[self.cfg.remat] * self.rows() * m.d_model * a
-        if self.cfg.attention == "dot" and self.cfg.remat == Remat.NONE:
-            saved += d.n * d.ctx * m.num_heads / d.tp * a  # the probabilities
-        return saved
+    # -- memory ---------------------------------------------------------------------------
+    def layer_shape(self, layer: int) -> LayerShapeSpec:
+        m, d = self.m, self.d
+        moe = self.layer_is_moe(layer)
+        ff = m.expert_d_ff * m.experts_per_token if moe else m.d_ff
+        return LayerShapeSpec(
+            rows=d.n, residual_rows=self.rows(), context=d.ctx, d_model=m.d_model,
+            q_width=m.num_heads / d.tp * m.head_dim,
+            kv_width=max(m.num_kv_heads / d.tp, 1.0) * m.head_dim,
+            local_heads=m.num_heads / d.tp, ff_width=ff / d.tp,
+            mlp_matrices=m.mlp.num_matrices, parallel_block=m.parallel_block,
+            num_experts=m.num_experts if moe else 0)
 
-    def activation_peak(self, saved_per_layer: float) -> float:
+    def saved(self, layer: int, remat: Remat | None = None):
+        return saved_tensors(self.layer_shape(layer), remat=str(remat or self.cfg.remat),
+                             attention=self.cfg.attention, act_bytes=self.act)
+
+    def saved_bytes(self, layer: int, remat: Remat | None = None) -> float:
+        """HBM one layer's saved activations take between its forward and its backward (with
+        `remat`, those of that policy instead of the run's)."""
+        return sum(t.num_bytes for t in self.saved(layer, remat))
+
+    def offload_bytes(self, layer: int) -> float:
+        """Bytes `--remat offload` moves to host memory per layer (and fetches back)."""
+        return sum(t.num_bytes for t in offloaded_tensors(
+            self.layer_shape(layer), attention=self.cfg.attention, act_bytes=self.act))
+    def activation_peak(self) -> float:
         """Saved activations at their peak: every layer of the stage, times the microbatches
         in flight on a pipeline stage."""
         cfg, d = self.cfg, self.d
         inflight = min(cfg.microbatches, d.pp) if cfg.pipeline_schedule != "gpipe" else \
             cfg.microbatches
-        return saved_per_layer * d.layers * (inflight if d.pp > 1 else 1)
+        saved_stage = sum(self.saved_bytes(layer) for layer in range(d.layers))
+        return saved_stage * (inflight if d.pp > 1 else 1)
+
 
     def local_params(self) -> float:
         m, d = self.m, self.d
@@ -811,12 +884,12 @@ class _Compiler:
         norms = m.num_norm_params / d.pp
         return att + mlp + emb + norms
 
-    def meta(self, p_local: float, static: float, saved_per_layer: float) -> dict:
+    def meta(self, p_local: float, static: float) -> dict:
         m, d, cfg = self.m, self.d, self.cfg
         tokens_global = self.global_seqs * cfg.seq_len
         model_flops = m.training_flops(tokens_global, cfg.seq_len, causal=True)
         mt = m.maxtext_flops_per_device(cfg.batch_per_chip, cfg.seq_len, "matmul_causal")
-        act_peak = self.activation_peak(saved_per_layer)
+        act_peak = self.activation_peak()
         return {
             "kind": "training",
             "model": m.name,
@@ -844,13 +917,22 @@ class _Compiler:
             "tp_comm": cfg.tp_comm,
             "params_per_chip": p_local,
             "static_hbm_bytes": static,
+            "static_composition": {"params": p_local * self.wb,
+                                   "optimizer": p_local * 2 * self.ob},
             "static_breakdown": {
                 "params": p_local * self.wb,
                 "grads": p_local * self.gb,
                 "optimizer": p_local * 2 * self.ob,
             },
             "activation_bytes_estimate": act_peak,
-            "logits_bytes": d.n * m.vocab_size / d.tp * 2,  # bf16 logits (fp32 only per tile)
+            # The tensors the first layer keeps for its backward (per chip, one microbatch).
+            "saved_activations_per_layer": {
+                t.name: t.num_bytes for t in self.saved(0)},
+            "memory_events": self.mem_events,
+            # The loss's temporaries (pipeline stages add them to the last stage's peak).
+            "logits_bytes": sum(t.num_bytes for t in loss_tensors(
+                rows=d.n, local_vocab=m.vocab_size / d.tp, act_bytes=self.act))
+            if self.head_on else 0.0,
         }
 
 

@@ -114,11 +114,13 @@ def training_summary(trace, result, chip) -> dict[str, Any]:
         "hbm_peak_bytes": result.hbm_peak_bytes,
         "hbm_capacity_bytes": result.hbm_capacity_bytes,
         "fits_in_hbm": result.fits_in_hbm,
+        "hbm_peak_breakdown": result.hbm_peak_breakdown,
         "breakdown": result.breakdown,
         "memory": {
             "static_bytes": meta["static_hbm_bytes"],
             **meta["static_breakdown"],
             "activations_estimate_bytes": meta["activation_bytes_estimate"],
+            "saved_activations_per_layer": meta.get("saved_activations_per_layer", {}),
             "overflow_bytes": max(result.hbm_peak_bytes - result.hbm_capacity_bytes, 0.0),
         },
         "num_ops": result.num_ops,
@@ -151,11 +153,9 @@ def _print_training(s: dict[str, Any]) -> None:
     print(f"  HBM peak         {s['hbm_peak_bytes'] / 1e9:.2f} GB of "
           f"{s['hbm_capacity_bytes'] / 1e9:.0f} GB ({fit})")
     if not s["fits_in_hbm"]:
-        m = s["memory"]
-        print(f"    overflow {m['overflow_bytes'] / 1e9:.2f} GB; resident: params "
-              f"{m['params'] / 1e9:.2f} GB, grads {m['grads'] / 1e9:.2f} GB, optimizer "
-              f"{m['optimizer'] / 1e9:.2f} GB, activations ~"
-              f"{m['activations_estimate_bytes'] / 1e9:.2f} GB")
+        print(f"    overflow {s['memory']['overflow_bytes'] / 1e9:.2f} GB")
+    print("  at the peak:     " + ", ".join(
+        f"{k} {v / 1e9:.2f} GB" for k, v in s["hbm_peak_breakdown"].items()))
     print("  critical path:")
     for k, v in s["breakdown"].items():
         share = v / s["step_time_s"] if s["step_time_s"] else 0.0

@@ -1,0 +1,141 @@
+"""HBM occupancy of training steps: saved activations per remat policy, tensor by tensor, the
+loss's temporaries, gradients as backward temporaries, and the peak's composition."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sim.cli import main
+from sim.engine import replay
+from sim.hardware import get_chip
+from topologies.mesh import parse_mesh
+from topologies.slices import resolve_topology
+from workloads.memory import LayerShapeSpec, loss_tensors, offloaded_tensors, saved_tensors
+from workloads.models import model_from_dict
+from workloads.training import Remat, TrainingConfig, compile_training_step
+
+# One SwiGLU layer's per-chip widths: 100 tokens, context 50, d_model 8, 2 local heads of 4
+# (q width 8), one KV head of 4, d_ff 16.
+SHAPE = LayerShapeSpec(rows=100, residual_rows=100, context=50, d_model=8, q_width=8,
+                       kv_width=4, local_heads=2, ff_width=16, mlp_matrices=3,
+                       parallel_block=False)
+
+
+def _bytes(tensors) -> float:
+    return sum(t.num_bytes for t in tensors)
+
+
+def test_full_remat_keeps_only_the_bf16_layer_input():
+    (t,) = saved_tensors(SHAPE, remat="full", attention="dot")
+    assert (t.name, t.num_bytes) == ("layer_input", 2 * 100 * 8)
+
+
+def test_minimal_remat_keeps_the_weight_matmul_outputs():
+    got = saved_tensors(SHAPE, remat="minimal", attention="dot")
+    # layer input 8 + q 8 + k 4 + v 4 + attention out-projection 8 + gate and up 2 x 16 + down 8
+    # = 72 bf16 values per token; no attention probabilities (a dot with batch dims).
+    assert _bytes(got) == 2 * 100 * 72
+    assert [t.name for t in got] == ["layer_input", "q", "k", "v", "attn_out_proj",
+                                     "mlp_hidden", "mlp_out"]
+
+
+@pytest.mark.parametrize("attention", ["dot", "flash"])
+def test_no_remat_keeps_what_the_backward_reads(attention):
+    got = {t.name: t for t in saved_tensors(SHAPE, remat="none", attention=attention)}
+    # bf16 per token: input 8, normed 8, q 8, k 4, v 4, context 8, mid residual 8, normed 8,
+    # gate and up 32, activation output 16 = 104; f32 norm statistics 2 per token.
+    common = 2 * 100 * 104 + 4 * 100 * 2
+    if attention == "dot":
+        # bf16 probabilities: 100 queries x 50 keys x 2 heads.
+        assert got["attn_probs"].num_bytes == 2 * 100 * 50 * 2
+        assert _bytes(got.values()) == common + 2 * 100 * 50 * 2
+    else:
+        # flash keeps an f32 log-sum-exp per query and head instead.
+        assert got["attn_logsumexp"].num_bytes == 4 * 100 * 2
+        assert _bytes(got.values()) == common + 4 * 100 * 2
+
+
+def test_parallel_block_has_no_mid_residual_or_second_norm():
+    par = LayerShapeSpec(**{**{f: getattr(SHAPE, f) for f in SHAPE.__slots__},
+                            "parallel_block": True})
+    names = {t.name for t in saved_tensors(par, remat="none", attention="flash")}
+    assert not names & {"residual_mid", "norm_mlp_out", "norm_mlp_stats"}
+
+
+def test_sharded_activations_divide_only_the_residual_stream_by_tensor():
+    sharded = LayerShapeSpec(**{**{f: getattr(SHAPE, f) for f in SHAPE.__slots__},
+                                "residual_rows": 25})
+    full = {t.name: t.num_bytes for t in saved_tensors(SHAPE, remat="none", attention="dot")}
+    part = {t.name: t.num_bytes for t in saved_tensors(sharded, remat="none", attention="dot")}
+    for name in ("layer_input", "residual_mid", "norm_attn_stats", "norm_mlp_stats"):
+        assert part[name] == full[name] / 4
+    for name in ("norm_attn_out", "q", "attn_probs", "mlp_hidden"):  # the gathered matmul inputs
+        assert part[name] == full[name]
+
+
+def test_offload_sends_the_minimal_set_except_the_layer_input_to_the_host():
+    host = offloaded_tensors(SHAPE, attention="dot")
+    assert _bytes(host) == _bytes(saved_tensors(SHAPE, remat="minimal", attention="dot")) \
+        - 2 * 100 * 8
+
+
+def test_loss_holds_bf16_logits_their_f32_copy_and_bf16_gradients():
+    assert _bytes(loss_tensors(rows=10, local_vocab=32)) == 10 * 32 * (2 + 4 + 2)
+
+
+# -- whole steps -------------------------------------------------------------------------------
+
+HEAVY_HEAD = {"name": "heavy-head", "num_layers": 3, "d_model": 128, "num_heads": 2,
+              "num_kv_heads": 2, "head_dim": 64, "d_ff": 256, "mlp": "swiglu",
+              "vocab_size": 32768}
+
+
+def _run(remat, mesh="fsdp=1", shape="1x1"):
+    chip = get_chip("v5e")
+    topo = resolve_topology(chip_name=chip.name, wrap_rule=chip.generation_rule,
+                            max_pod_shape=chip.max_pod_shape, shape=shape)
+    model = model_from_dict(HEAVY_HEAD)
+    cfg = TrainingConfig(seq_len=128, batch_per_chip=2, remat=remat, attention="dot")
+    trace = compile_training_step(model, parse_mesh(mesh), topo.num_chips, cfg)
+    return trace, replay(trace, chip, topo)
+
+
+def test_a_big_vocabulary_puts_the_peak_at_the_loss_with_every_layer_input_saved():
+    trace, res = _run(Remat.FULL)
+    n, D, V, L = 2 * 128, 128, 32768, 3
+    sb = trace.meta["static_breakdown"]
+    assert res.hbm_peak_breakdown == pytest.approx({
+        "params": sb["params"], "optimizer": sb["optimizer"],
+        "saved_activations": L * 2 * n * D,
+        "logits": n * V * (2 + 4 + 2),
+    }, rel=1e-12)
+    assert res.hbm_peak_bytes == pytest.approx(sum(res.hbm_peak_breakdown.values()), rel=1e-12)
+
+
+def test_gradients_are_temporaries_that_all_exist_at_the_update_and_then_die():
+    trace, res = _run(Remat.FULL)
+    grads = res.memory.gradients
+    assert grads.iloc[0] == 0 and grads.iloc[-1] == pytest.approx(0, abs=1e-6)
+    assert grads.max() == pytest.approx(trace.meta["static_breakdown"]["grads"], rel=1e-12)
+    assert res.memory.hbm_bytes.iloc[-1] == pytest.approx(trace.meta["static_hbm_bytes"])
+
+
+def test_fsdp_holds_the_gathered_output_projection_at_the_loss():
+    _, res = _run(Remat.FULL, mesh="fsdp=4", shape="2x2")
+    # The bf16 [d_model, vocab] output projection gathered over fsdp (tensor = 1).
+    assert res.hbm_peak_breakdown["gathered_weights"] >= 2 * 128 * 32768
+
+
+def test_train_json_reports_the_peak_breakdown(tmp_path, capsys):
+    path = tmp_path / "m.yaml"
+    path.write_text(json.dumps(HEAVY_HEAD))
+    rc = main(["train", "--chip", "v5e", "--shape", "1x1", "--model", str(path), "--seq-len",
+               "128", "--batch-per-chip", "2", "--mesh", "fsdp=1", "--attention", "dot",
+               "--json"])
+    s = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert sum(s["hbm_peak_breakdown"].values()) == pytest.approx(s["hbm_peak_bytes"], rel=1e-12)
+    assert set(s["hbm_peak_breakdown"]) == {"params", "optimizer", "saved_activations", "logits"}
+    assert s["memory"]["saved_activations_per_layer"] == {"layer_input": 2 * 256 * 128}

@@ -1,0 +1,159 @@
+"""HBM occupancy of a training step: the tensors one layer saves for its backward pass, per remat
+policy, with their dtypes and sharding, and the categories the peak is reported in.
+
+The saved set follows the layer's real dataflow (the tensors its backward reads) as XLA keeps
+them in a compiled program (docs/model.md "Memory"; checked against XLA's buffer assignment by
+`benchmarks/xla_crosscheck.py`), instead of the textbook's rule of thumb of 20 (none), 7
+(minimal) or 1 (full) bf16 tensors of [tokens, d_model] per layer (tpu.md §3 "Remat").
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class MemoryCategory(enum.StrEnum):
+    """What an HBM byte at the peak is (the keys of `hbm_peak_breakdown`)."""
+
+    PARAMS = "params"
+    OPTIMIZER = "optimizer"
+    GRADIENTS = "gradients"
+    SAVED_ACTIVATIONS = "saved_activations"
+    GATHERED_WEIGHTS = "gathered_weights"
+    LOGITS = "logits"
+    OTHER = "other"
+
+
+MEMORY_CATEGORIES = tuple(c.value for c in MemoryCategory)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SavedTensor:
+    """One tensor a layer keeps from its forward for its backward (per chip)."""
+
+    name: str
+    num_elements: float
+    dtype_bytes: float
+
+    @property
+    def num_bytes(self) -> float:
+        return self.num_elements * self.dtype_bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerShapeSpec:
+    """Per-chip widths of one layer's activations (one microbatch).
+
+    `rows` are the tokens of the matmuls (a tensor shard sees all of them); `residual_rows` the
+    rows of the residual stream each chip holds (rows / tensor when activations are sharded over
+    `tensor`, rows when replicated). Widths are the local shard: heads, KV heads and d_ff divided
+    by `tensor`.
+    """
+
+    rows: float
+    residual_rows: float
+    context: int
+    d_model: int
+    q_width: float  # local heads x head_dim
+    kv_width: float  # local KV heads x head_dim
+    local_heads: float
+    ff_width: float  # local d_ff (x experts_per_token for MoE layers)
+    mlp_matrices: int
+    parallel_block: bool
+    num_experts: int = 0  # routed experts of an MoE layer (router logits are kept in f32)
+
+
+def saved_tensors(shape: LayerShapeSpec, *, remat: str, attention: str,
+                  act_bytes: float = 2.0) -> tuple[SavedTensor, ...]:
+    """The tensors one layer keeps in HBM between its forward and its backward.
+
+    Args:
+        shape: the layer's per-chip activation widths.
+        remat: `none` (keep what the backward reads), `minimal` (keep the outputs of the weight
+            matmuls, MaxText's `checkpoint_dots_with_no_batch_dims`; norms, attention and
+            activations are recomputed), `full` (keep the layer input only) or `offload` (the
+            layer input stays in HBM, the minimal set goes to host memory).
+        attention: `dot` materialises the score matrix; `flash` keeps only its output and the
+            f32 log-sum-exp per row and head.
+        act_bytes: bytes per activation element (bf16 = 2).
+
+    Every tensor takes the dtype its producer writes: matmul outputs and activations in bf16,
+    norm statistics (one rsqrt per row) and router logits in f32. XLA keeps the attention
+    probabilities of dot attention in the dtype the value matmul reads them (bf16): its buffer
+    assignment shows one [heads, q, k] bf16 buffer per layer, not the f32 softmax.
+    """
+    s, a = shape, act_bytes
+    n, r, D = s.rows, s.residual_rows, s.d_model
+    layer_input = SavedTensor(name="layer_input", num_elements=r * D, dtype_bytes=a)
+    if remat in ("full", "offload"):
+        return (layer_input,)
+    qkv = (
+        SavedTensor(name="q", num_elements=n * s.q_width, dtype_bytes=a),
+        SavedTensor(name="k", num_elements=n * s.kv_width, dtype_bytes=a),
+        SavedTensor(name="v", num_elements=n * s.kv_width, dtype_bytes=a),
+    )
+    hidden = SavedTensor(name="mlp_hidden", num_elements=(s.mlp_matrices - 1) * n * s.ff_width,
+                         dtype_bytes=a)
+    router = (SavedTensor(name="router_logits", num_elements=n * s.num_experts, dtype_bytes=4.0),
+              ) if s.num_experts else ()
+    if remat == "minimal":
+        outs = [SavedTensor(name="attn_out_proj", num_elements=n * D, dtype_bytes=a),
+                SavedTensor(name="mlp_out", num_elements=n * D, dtype_bytes=a)]
+        return (layer_input, *qkv, outs[0], hidden, *router, outs[1])
+    if remat != "none":
+        raise ValueError(f"unknown remat policy {remat!r}")
+    out: list[SavedTensor] = [
+        layer_input,
+        SavedTensor(name="norm_attn_stats", num_elements=r, dtype_bytes=4.0),
+        SavedTensor(name="norm_attn_out", num_elements=n * D, dtype_bytes=a),
+        *qkv,
+    ]
+    if attention == "dot":
+        out.append(SavedTensor(name="attn_probs", num_elements=n * s.context * s.local_heads,
+                               dtype_bytes=a))
+    else:
+        out.append(SavedTensor(name="attn_logsumexp", num_elements=n * s.local_heads,
+                               dtype_bytes=4.0))
+    out.append(SavedTensor(name="attn_context", num_elements=n * s.q_width, dtype_bytes=a))
+    if not s.parallel_block:
+        out += [
+            SavedTensor(name="residual_mid", num_elements=r * D, dtype_bytes=a),
+            SavedTensor(name="norm_mlp_stats", num_elements=r, dtype_bytes=4.0),
+            SavedTensor(name="norm_mlp_out", num_elements=n * D, dtype_bytes=a),
+        ]
+    out += [*router, hidden,
+            SavedTensor(name="mlp_act_out", num_elements=n * s.ff_width, dtype_bytes=a)]
+    return tuple(out)
+
+
+def loss_tensors(*, rows: float, local_vocab: float, act_bytes: float = 2.0,
+                 ) -> tuple[SavedTensor, ...]:
+    """What the loss holds at its peak (per chip): the logits as the output projection writes
+    them (bf16), their f32 copy for the softmax cross-entropy, and the bf16 logit gradients.
+
+    All three are live together in XLA's program when the loss's backward starts (its buffer
+    assignment lists them side by side at the peak; docs/model.md "Memory").
+    """
+    n = rows * local_vocab
+    return (SavedTensor(name="logits", num_elements=n, dtype_bytes=act_bytes),
+            SavedTensor(name="logits_f32", num_elements=n, dtype_bytes=4.0),
+            SavedTensor(name="dlogits", num_elements=n, dtype_bytes=act_bytes))
+
+
+def offloaded_tensors(shape: LayerShapeSpec, *, attention: str,
+                      act_bytes: float = 2.0) -> tuple[SavedTensor, ...]:
+    """What `--remat offload` sends to host memory: the minimal set minus the layer input."""
+    return tuple(t for t in saved_tensors(shape, remat="minimal", attention=attention,
+                                          act_bytes=act_bytes) if t.name != "layer_input")
+
+
+__all__ = [
+    "MEMORY_CATEGORIES",
+    "LayerShapeSpec",
+    "MemoryCategory",
+    "SavedTensor",
+    "loss_tensors",
+    "offloaded_tensors",
+    "saved_tensors",
+]
