@@ -310,6 +310,50 @@ CHIPS.add(
 )
 
 
+# Where each preset's efficiency factors come from (`tpusim presets` shows it). Kinds: `fitted`
+# (to measured runs, with the held-out check), `carried over` (another generation's fit, applied
+# by assumption), `assumed` (the textbook's roofline, 1.0, or no overhead: nothing identifies it).
+EFFICIENCY_FIELDS = ("mxu_efficiency", "vpu_efficiency", "hbm_efficiency", "ici_efficiency",
+                     "dcn_efficiency", "op_overhead_s")
+_ROOFLINE = ("assumed", "1.0, the textbook's roofline (tpu.md); the measured MaxText runs "
+             "(docs/validation.md) cannot identify this factor separately")
+_NO_OVERHEAD = ("assumed", "0: no fixed per-op cost beyond the roofline (tpu.md)")
+_CARRIED = ("carried over", "v5e's fitted MXU fraction: same 128x128 MXUs (tpu.md §1.2); no "
+            "measured runs of this generation were used")
+_FITTED: dict[str, dict[str, tuple[str, str]]] = {
+    "v5e": {"mxu_efficiency": (
+        "fitted", "to the odd-indexed half (12 runs) of the measured v5e MaxText runs "
+        "(docs/validation.md, benchmarks/validate_maxtext.py); held out: the even half refits "
+        "to 0.83 and is predicted with 5.8% median abs step-time error")},
+    "v6e": {"mxu_efficiency": (
+        "fitted", "to the odd-indexed half (10 runs) of the measured v6e MaxText runs "
+        "(docs/validation.md, benchmarks/validate_maxtext.py); held out: the even half refits "
+        "to 0.57 and is predicted with 6.9% median abs step-time error")},
+    "v3": {"mxu_efficiency": _CARRIED},
+    "v4": {"mxu_efficiency": _CARRIED},
+    "v5p": {"mxu_efficiency": _CARRIED},
+}
+
+
+def efficiency_sources(chip: ChipSpec) -> dict[str, dict[str, Any]]:
+    """{field: {"value", "kind", "source"}} for every efficiency factor and the op overhead.
+
+    A preset's factors are `fitted`, `carried over` or `assumed`; a factor that differs from
+    the preset of the same name (a chip file or `--set`) is `given`.
+    """
+    preset = CHIPS.get(chip.name) if chip.name in CHIPS else None
+    out = {}
+    for f in EFFICIENCY_FIELDS:
+        value = getattr(chip, f)
+        if preset is None or getattr(preset, f) != value:
+            kind, source = "given", "set by a chip file or --set, not a preset value"
+        else:
+            default = _NO_OVERHEAD if f == "op_overhead_s" else _ROOFLINE
+            kind, source = _FITTED.get(chip.name, {}).get(f, default)
+        out[f] = {"value": value, "kind": kind, "source": source}
+    return out
+
+
 def get_chip(name: str) -> ChipSpec:
     """A preset by name (`v5e`, `v5p`, ...); `v4p` is accepted for `v4`."""
     if name.lower() == "v4p":

@@ -11,7 +11,15 @@ import pytest
 from sim.cli import main, parse_bytes
 from sim.collective_sim import simulate_collective
 from sim.collectives import CollectiveKind, algorithm_names
-from sim.hardware import CHIPS, get_chip
+from sim.hardware import (
+    CHIP_FIELDS,
+    CHIPS,
+    EFFICIENCY_FIELDS,
+    chip_from_dict,
+    efficiency_sources,
+    get_chip,
+    load_chip,
+)
 from topologies.errors import TpusimError
 from topologies.slices import SLICES, resolve_topology
 
@@ -214,8 +222,12 @@ def test_presets_json_lists_every_chip_and_slice(capsys):
     chips = {c["name"]: c for c in d["chips"]}
     assert list(chips) == CHIPS.names()
     assert chips["v5e"]["ici_link_bytes_per_s"] == 4.5e10
-    assert chips["v5p"]["max_pod_shape"] == "16x20x28"
-    assert chips["v4"]["wraparound_rule"] == "cube"
+    assert chips["v5p"]["max_pod_shape"] == [16, 20, 28]
+    assert chips["v4"]["generation_rule"] == "cube"
+    # Exactly the chip YAML keys, so every entry is a chip file.
+    for name, c in chips.items():
+        assert list(c) == list(CHIP_FIELDS)
+        assert chip_from_dict(c) == get_chip(name)
     slices = {s["name"]: s for s in d["slices"]}
     assert list(slices) == SLICES.names()
     assert slices["v5p-128"] == {"name": "v5p-128", "chip": "v5p", "shape": "4x4x4",
@@ -228,12 +240,48 @@ def test_presets_json_lists_every_chip_and_slice(capsys):
 def test_presets_text_has_a_row_per_chip_and_slice(capsys):
     rc, out, err = _run(capsys, "presets")
     assert rc == 0 and err == ""
-    rows = {ln.split()[0]: ln for ln in out.splitlines() if ln.strip()}
+    rows: dict[str, str] = {}
+    for ln in out.splitlines():
+        if ln.strip():
+            rows.setdefault(ln.split()[0], ln)  # a chip's first line is its row of the table
     for name in CHIPS.names():
         assert name in rows
     assert rows["v5p"].split()[-1] == "16x20x28"
+    assert "v5e mxu_efficiency = 0.8: fitted" in out
+    assert "v5p mxu_efficiency = 0.8: carried over" in out
     assert rows["v5e-256"].split() == ["v5e-256", "v5e", "16x16", "256", "xy"]
     assert "one link, one direction" in out
+
+
+def test_presets_json_of_one_chip_is_a_chip_file_that_loads_back(capsys, tmp_path):
+    rc, out, err = _run(capsys, "presets", "--json", "--chip", "v5p")
+    assert rc == 0 and err == ""
+    path = tmp_path / "my.yaml"
+    path.write_text(out)
+    assert load_chip(str(path)) == get_chip("v5p")
+    # Edit one number: the file still loads, and presets marks that factor as given.
+    data = json.loads(out)
+    data["hbm_efficiency"] = 0.9
+    path.write_text(json.dumps(data))
+    assert load_chip(str(path)).hbm_efficiency == 0.9
+    assert efficiency_sources(load_chip(str(path)))["hbm_efficiency"]["kind"] == "given"
+
+
+def test_every_preset_efficiency_factor_says_where_it_came_from(capsys):
+    sources = _json(capsys, "presets")["efficiency_sources"]
+    assert list(sources) == CHIPS.names()
+    for name, src in sources.items():
+        assert list(src) == list(EFFICIENCY_FIELDS)
+        for field, e in src.items():
+            assert e["value"] == getattr(get_chip(name), field)
+            assert e["kind"] in ("fitted", "carried over", "assumed") and e["source"]
+            # A factor away from the roofline is never merely assumed.
+            if e["kind"] == "assumed":
+                assert e["value"] == (0.0 if field == "op_overhead_s" else 1.0)
+    assert sources["v5e"]["mxu_efficiency"]["kind"] == "fitted"
+    assert sources["v6e"]["mxu_efficiency"]["kind"] == "fitted"
+    assert sources["v5p"]["mxu_efficiency"]["kind"] == "carried over"
+    assert "validation.md" in sources["v5e"]["mxu_efficiency"]["source"]
 
 
 # -- errors ---------------------------------------------------------------------------------

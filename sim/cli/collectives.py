@@ -237,24 +237,23 @@ def _algo_label(r: dict) -> str:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
-    from sim.hardware import CHIPS
+    """Chip presets (every field under its chip YAML key, with where each efficiency factor
+    comes from) and named slices; `--chip X --json` prints one chip file."""
+    from sim.hardware import CHIPS, efficiency_sources, load_chip
     from topologies.slices import SLICES, default_wraparound
 
-    chips = []
-    for name, c in CHIPS.items():
-        chips.append({
-            "name": name,
-            "bf16_flops_per_s": c.mxu_flops_per_s,
-            "int8_ops_per_s": c.mxu_int8_ops_per_s,
-            "vpu_flops_per_s": c.vpu_flops_per_s,
-            "hbm_bytes": c.hbm_bytes,
-            "hbm_bytes_per_s": c.hbm_bytes_per_s,
-            "ici_link_bytes_per_s": c.ici_link_bytes_per_s,
-            "ici_links_per_chip": c.ici_links_per_chip,
-            "dcn_bytes_per_s": c.dcn_bytes_per_s,
-            "max_pod_shape": "x".join(map(str, c.max_pod_shape)),
-            "wraparound_rule": c.generation_rule,
-        })
+    if args.chip:
+        chip = load_chip(args.chip)
+        if args.json:
+            emit_json(chip.to_dict())  # exactly the chip YAML keys: a valid --chip file
+            return 0
+        for key, value in chip.to_dict().items():
+            print(f"{key:<22} {value}")
+        print()
+        _print_sources({chip.name: efficiency_sources(chip)})
+        return 0
+    chips = [c.to_dict() for _name, c in CHIPS.items()]
+    sources = {name: efficiency_sources(c) for name, c in CHIPS.items()}
     slices = []
     for name, s in SLICES.items():
         rule = CHIPS.get(s.chip).generation_rule
@@ -265,23 +264,52 @@ def cmd_presets(args: argparse.Namespace) -> int:
             "wraparound": "".join(a for a, w in zip("xyz", wrap, strict=False) if w) or "none",
         })
     if args.json:
-        emit_json({"chips": chips, "slices": slices})
+        emit_json({"chips": chips, "efficiency_sources": sources, "slices": slices})
         return 0
     print(f"{'chip':<7} {'bf16 TF/s':>9} {'HBM GB':>7} {'HBM TB/s':>9} {'ICI GB/s':>9} "
           f"{'links':>5} {'DCN GB/s':>9}  max pod")
     for c in chips:
         print(
-            f"{c['name']:<7} {c['bf16_flops_per_s'] / 1e12:>9.0f} {c['hbm_bytes'] / 1e9:>7.0f} "
+            f"{c['name']:<7} {c['mxu_flops_per_s'] / 1e12:>9.0f} {c['hbm_bytes'] / 1e9:>7.0f} "
             f"{c['hbm_bytes_per_s'] / 1e12:>9.2f} {c['ici_link_bytes_per_s'] / 1e9:>9.0f} "
             f"{c['ici_links_per_chip']:>5} {c['dcn_bytes_per_s'] / 1e9:>9.2f}  "
-            f"{c['max_pod_shape']}"
+            f"{'x'.join(map(str, c['max_pod_shape']))}"
         )
     print("(ICI GB/s is one link, one direction; bidirectional is twice that)\n")
+    _print_sources(sources)
     print(f"{'slice':<16} {'chip':<5} {'shape':>9} {'chips':>6}  wraparound")
     for s in slices:
         print(f"{s['name']:<16} {s['chip']:<5} {s['shape']:>9} {s['num_chips']:>6}  "
               f"{s['wraparound']}")
     return 0
+
+
+def _print_sources(sources: dict[str, dict[str, dict]]) -> None:
+    """The efficiency table (fraction of each peak achieved), then where each value came from;
+    the assumed defaults are listed once."""
+    print("efficiency factors (achievable fraction of each peak; 1.0 = the textbook roofline)")
+    print(f"{'chip':<12} {'mxu':>5} {'vpu':>5} {'hbm':>5} {'ici':>5} {'dcn':>5} "
+          f"{'op overhead':>12}")
+    for name, src in sources.items():
+        v = {k: e["value"] for k, e in src.items()}
+        print(f"{name:<12} {v['mxu_efficiency']:>5.2f} {v['vpu_efficiency']:>5.2f} "
+              f"{v['hbm_efficiency']:>5.2f} {v['ici_efficiency']:>5.2f} "
+              f"{v['dcn_efficiency']:>5.2f} {v['op_overhead_s'] * 1e6:>9.2f} us")
+    print("where they come from:")
+    assumed = {}
+    for name, src in sources.items():
+        for field, e in src.items():
+            if e["kind"] == "assumed":
+                assumed.setdefault(e["source"], []).append(field)
+                continue
+            print(f"  {name} {field} = {e['value']:g}: {e['kind']}, {e['source']}")
+    for source, fields in assumed.items():
+        from sim.hardware import EFFICIENCY_FIELDS
+
+        names = sorted(set(fields), key=EFFICIENCY_FIELDS.index)
+        print(f"  the rest ({'/'.join(f.removesuffix('_efficiency') for f in names)}): "
+              f"assumed, {source}")
+    print()
 
 
 def register(sub) -> None:
@@ -298,6 +326,10 @@ def register(sub) -> None:
                     help="write every algorithm's steps as one trace, a process per algorithm")
     cc.set_defaults(func=cmd_compare)
 
-    pr = sub.add_parser("presets", help="list chip presets and named slices")
+    pr = sub.add_parser("presets", help="list chip presets (with the source of every efficiency "
+                                         "factor) and named slices")
+    pr.add_argument("--chip", help="one chip: a preset name or a chip YAML file; with --json, "
+                                   "print it as a chip file (tpusim presets --json --chip v5p "
+                                   "> my.yaml)")
     pr.add_argument("--json", action="store_true")
     pr.set_defaults(func=cmd_presets)

@@ -1,0 +1,147 @@
+"""The Python API: one keyword-only function per `tpusim` command, taking the command's flags by
+their Python names (`seq_len=8192` for `--seq-len 8192`) and returning a `sim.runs.Run` whose
+`.to_dict()` is exactly what the command prints with `--json`.
+
+    import sim
+    base = sim.train(slice="v5p-128", model="llama3-70b", seq_len=8192, batch_per_chip=2,
+                     mesh="fsdp=16,tensor=4")
+    fast = sim.train(**{**base.inputs["flags"], "set": {"ici_link_bytes_per_s": "x2"}})
+
+A run's `inputs["flags"]` are valid keywords, so a recorded run is the base of the next
+what-if (spec objects are recorded by name: pass the object again). Names or objects: `chip=`
+takes a preset name, a chip YAML path or a `ChipSpec`; `model=` a zoo
+name, a YAML path or a `TransformerSpec`; `mesh=` a string or a {axis: size} dict. `set=` takes
+the `--set` overrides as a dict. Each call runs the CLI's own code (same parser, defaults and
+one-line errors, raised as `TpusimError`), so the two never disagree. Studies over many points
+are `sim.sweep` (a DataFrame) and `sim.plan`, in `sim/study.py` and `sim/planner.py`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from sim.hardware import ChipSpec
+from sim.runs import Run
+from topologies.errors import TpusimError
+from workloads.models import TransformerSpec
+
+
+def _run(command: str, fn: str, kwargs: dict[str, Any]) -> Run:
+    from sim import progress
+    from sim.cli import build_parser, prepare
+    from sim.cli.common import argv_from_flags, flag_specs
+    from sim.cli.reruns import _runner
+
+    kwargs = {k.replace("-", "_"): v for k, v in kwargs.items()}  # `inputs.flags` spelling too
+    parser = build_parser()
+    specs = flag_specs(parser.get_default("commands")[command])
+    known = {name.replace("-", "_"): name for name, _dest, _kind in specs}
+    if "overrides" in kwargs:  # `sim.plan` spells the overrides this way; accept both
+        if "set" in kwargs:
+            raise TpusimError(f"sim.{fn}() got both set= and overrides=; give one")
+        kwargs["set"] = kwargs.pop("overrides")
+    unknown = sorted(k for k in kwargs if k not in known)
+    if unknown:
+        raise TpusimError(
+            f"sim.{fn}() got unknown keyword(s) {', '.join(unknown)}; it takes: "
+            f"{', '.join(known)}"
+        )
+    chip_spec = model_spec = None
+    flags: dict[str, Any] = {}
+    for key, value in kwargs.items():
+        if key == "chip" and isinstance(value, ChipSpec):
+            chip_spec, value = value, value.name
+        elif key == "model" and isinstance(value, TransformerSpec):
+            model_spec, value = value, value.name
+        elif key == "mesh" and isinstance(value, Mapping):
+            value = ",".join(f"{axis}={size}" for axis, size in value.items())
+        elif key == "set" and value is not None and not isinstance(value, Mapping):
+            raise TpusimError(
+                f"sim.{fn}(set=...) takes a dict such as {{'ici_link_bytes_per_s': 'x2'}}, got "
+                f"{type(value).__name__}"
+            )
+        elif isinstance(value, Path):
+            value = str(value)
+        if value is not None:
+            flags[known[key]] = value
+    argv = argv_from_flags(command, flags, specs)
+    args = prepare(argv, parser=parser, chip_spec=chip_spec, model_spec=model_spec)
+    progress.QUIET = True  # library calls draw no progress bars
+    return _runner(command)(args)
+
+
+def collective(**flags: Any) -> Run:
+    """`tpusim collective`: one collective on a pod.
+
+    Flags: chip/slice/shape/wraparound/slices, op, axes, bytes (an int or text such as
+    "32MiB"), algorithm, src/dst (send), shift (permute), mode, chunks, the perturbations
+    (slow_link=[...], dead_link=[...], scenario=path) and set={...}. `Run.result` is the
+    `CollectiveResult` (`.links` and `.timeline` tables).
+    """
+    return _run("collective", "collective", flags)
+
+
+def compare_collectives(**flags: Any) -> Run:
+    """`tpusim compare-collectives`: one collective under every algorithm (`summary["results"]`
+    has a row per algorithm; `Run.result` the CollectiveResults that applied)."""
+    return _run("compare-collectives", "compare_collectives", flags)
+
+
+def train(**flags: Any) -> Run:
+    """`tpusim train`: one training step.
+
+    Flags: the pod (chip/slice/shape/...), model, seq_len, batch_per_chip, mesh, dcn, axis_map,
+    remat, attention, microbatches, param_dtype/grad_dtype/optimizer_dtype, pipeline_schedule,
+    no_overlap, no_fusion, tp_activations, tp_comm, fsdp_gather, algorithm, the perturbations,
+    set={...}. `Run.result` is the `StepResult` (`.ops`, `.units`, `.links`, `.memory`),
+    `Run.trace` the compiled program.
+    """
+    return _run("train", "train", flags)
+
+
+def replay(**flags: Any) -> Run:
+    """`tpusim replay`: a trace file written by `tpusim compile` (trace=path) on a pod."""
+    return _run("replay", "replay", flags)
+
+
+def decode(**flags: Any) -> Run:
+    """`tpusim decode`: one decode step (model, batch, context_len, mesh, dcn, weight_dtype,
+    kv_dtype, matmul_dtype, the pod, algorithm, perturbations, set={...})."""
+    return _run("decode", "decode", flags)
+
+
+def prefill(**flags: Any) -> Run:
+    """`tpusim prefill`: the prefill of a batch of prompts (prompt_len, prefill_chunk, and the
+    decode flags)."""
+    return _run("prefill", "prefill", flags)
+
+
+def serve_sweep(**flags: Any) -> Run:
+    """`tpusim serve-sweep`: decode latency vs throughput over batches (batches="1,4,16"),
+    meshes ("tensor=8;data=2,tensor=4") and dtypes; `Run.result` is the list of rows."""
+    return _run("serve-sweep", "serve_sweep", flags)
+
+
+def rerun(result: Mapping[str, Any] | str | Path) -> Run:
+    """Run a recorded result again from its `inputs` (a `Run.to_dict()`, a parsed `--json`
+    result, or the path of one); the new `.to_dict()` equals the recorded one."""
+    from sim.cli.reruns import rerun as _rerun
+
+    source = "result"
+    if isinstance(result, (str, Path)):
+        source = f"result file {str(result)!r}"
+        try:
+            result = json.loads(Path(result).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise TpusimError(f"{source} cannot be read as JSON: {exc}") from None
+    from sim import progress
+
+    progress.QUIET = True
+    return _rerun(result, source=source)
+
+
+__all__ = ["Run", "collective", "compare_collectives", "decode", "prefill", "replay", "rerun",
+           "serve_sweep", "train"]

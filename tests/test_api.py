@@ -1,0 +1,111 @@
+"""Tests for the Python API (`import sim`): keyword-only entry points that mirror the CLI, accept
+names or spec objects and overrides as a dict, and return `Run`s whose `.to_dict()` is exactly
+the command's `--json`."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+import yaml
+
+import sim
+from sim.cli import main
+from sim.hardware import get_chip
+from topologies.errors import TpusimError
+from workloads.models import model_from_dict
+
+TINY = {
+    "name": "tiny", "num_layers": 2, "d_model": 256, "num_heads": 4, "num_kv_heads": 2,
+    "head_dim": 64, "d_ff": 1024, "mlp": "swiglu", "vocab_size": 512,
+}
+
+
+def _cli_json_text(capsys, *argv) -> str:
+    rc = main([str(a) for a in argv] + ["--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    return out
+
+
+def _as_cli_text(run) -> str:
+    return json.dumps(run.to_dict(), indent=2) + "\n"
+
+
+@pytest.mark.parametrize("command, argv, kwargs", [
+    ("collective",
+     ["--chip", "v5e", "--shape", "4x4", "--op", "all-gather", "--axes", "x", "--bytes",
+      "4MiB", "--set", "ici_link_bytes_per_s=x2"],
+     dict(chip="v5e", shape="4x4", op="all-gather", axes="x", bytes="4MiB",
+          set={"ici_link_bytes_per_s": "x2"})),
+    ("train",
+     ["--chip", "v5e", "--shape", "2x2", "--model", "llama3-8b", "--seq-len", "256",
+      "--batch-per-chip", "1", "--mesh", "fsdp=2,tensor=2", "--set", "model.num_layers=2"],
+     dict(chip="v5e", shape="2x2", model="llama3-8b", seq_len=256, batch_per_chip=1,
+          mesh="fsdp=2,tensor=2", set={"model.num_layers": 2})),
+    ("decode",
+     ["--chip", "v5e", "--shape", "2x2", "--model", "llama3-8b", "--batch", "8",
+      "--context-len", "1024", "--mesh", "tensor=4", "--kv-dtype", "int8"],
+     dict(chip="v5e", shape="2x2", model="llama3-8b", batch=8, context_len=1024,
+          mesh="tensor=4", kv_dtype="int8")),
+    ("prefill",
+     ["--chip", "v5e", "--shape", "2x2", "--model", "llama3-8b", "--batch", "1",
+      "--prompt-len", "256", "--mesh", "tensor=4"],
+     dict(chip="v5e", shape="2x2", model="llama3-8b", batch=1, prompt_len=256,
+          mesh="tensor=4")),
+], ids=["collective", "train", "decode", "prefill"])
+def test_api_to_dict_is_the_cli_json_byte_for_byte(command, argv, kwargs, capsys):
+    run = getattr(sim, command)(**kwargs)
+    assert run.command == command
+    assert _as_cli_text(run) == _cli_json_text(capsys, command, *argv)
+
+
+def test_api_accepts_spec_objects_and_a_mesh_dict(tmp_path):
+    chip = get_chip("v5e").with_overrides(hbm_bytes_per_s=1.0e12)
+    model = model_from_dict(TINY)
+    by_objects = sim.train(chip=chip, shape="2x2", model=model, seq_len=128,
+                           batch_per_chip=2, mesh={"fsdp": 2, "tensor": 2})
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(TINY))
+    by_names = sim.train(chip="v5e", shape="2x2", model=path, seq_len=128, batch_per_chip=2,
+                         mesh="fsdp=2,tensor=2", set={"hbm_bytes_per_s": "1e12"})
+    assert by_objects.summary == by_names.summary
+    assert by_objects.inputs["chip"] == by_names.inputs["chip"] == chip.to_dict()
+    assert by_objects.inputs["model"] == by_names.inputs["model"]
+    # The recorded flags of a run feed the next what-if directly.
+    flags = by_names.inputs["flags"]
+    slower = sim.train(**{**flags, "set": {**flags["set"], "op_overhead_s": "10us"}})
+    assert slower.inputs["chip"]["hbm_bytes_per_s"] == 1e12
+    assert slower.inputs["chip"]["op_overhead_s"] == pytest.approx(1e-5)
+    assert slower.step_time_s > by_names.step_time_s
+
+
+def test_run_fields_read_as_attributes_and_survive_pickling():
+    run = sim.collective(chip="v5e", shape="4x4", op="all-reduce", axes="x,y", bytes=1 << 20)
+    assert run.time_s == run.summary["time_s"] > 0
+    assert len(run.result.links) > 0
+    with pytest.raises(AttributeError, match="no field or result"):
+        _ = run.nonsense
+    back = pickle.loads(pickle.dumps(run))
+    assert back.to_dict() == run.to_dict()
+
+
+def test_rerun_of_an_api_result_gives_the_same_dict():
+    run = sim.decode(chip="v5e", shape="2x2", model="llama3-8b", batch=4, context_len=512,
+                     mesh="tensor=4", set={"hbm_bytes": "x0.5"})
+    assert sim.rerun(run.to_dict()).to_dict() == run.to_dict()
+
+
+def test_api_errors_name_the_function_and_what_it_takes():
+    with pytest.raises(TpusimError, match=r"sim.train\(\) got unknown keyword\(s\) seqlen;"):
+        sim.train(chip="v5e", shape="2x2", model="llama3-8b", seqlen=128)
+    with pytest.raises(TpusimError, match=r"takes a dict"):
+        sim.collective(chip="v5e", shape="4x4", op="all-gather", axes="x", bytes=1024,
+                       set=["hbm_bytes=x2"])
+    with pytest.raises(TpusimError, match=r"hbm_bandwidth .*hbm_bytes_per_s"):
+        sim.collective(chip="v5e", shape="4x4", op="all-gather", axes="x", bytes=1024,
+                       set={"hbm_bandwidth": "x2"})
+    with pytest.raises(TpusimError, match=r"must be > 0"):
+        sim.decode(chip="v5e", shape="2x2", model="llama3-8b", batch=1, context_len=64,
+                   mesh="tensor=4", set={"hbm_bytes_per_s": 0})
