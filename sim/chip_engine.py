@@ -42,12 +42,10 @@ from sim.engine import (
     CHIP_COLUMNS,
     CollectiveCost,
     StepResult,
-    _merge,
     _summarize,
     collective_groups,
-    cost_collective,
     cost_pairs,
-    device_group_axes,
+    op_collective_cost,
     padded_collective_bytes,
 )
 from sim.hardware import ChipSpec
@@ -256,27 +254,12 @@ def simulate_chips(
     for op in ops0:
         if op.kind != OpKind.COLLECTIVE:
             continue
-        pairs = False
-        if op.group >= 0:
-            # Explicit device groups (HLO import): factors of the torus axes, or chip pairs
-            # (a permute; its chips rendezvous with the others along the axes it uses, and
-            # degraded links do not slow it in this version).
-            gaxes, key = device_group_axes(trace, topology, op, dev_groups)
-            pairs = len(key) == 4
-            if key not in base_costs:
-                base_costs[key] = (
-                    cost_pairs(chip, topology, dev_groups[op.group][1], op.bytes) if pairs
-                    else cost_collective(chip, topology, op.collective, gaxes, op.bytes,
-                                         algorithm))
-        else:
-            factors: list[GroupAxis] = []
-            for a in op.mesh_axes:
-                factors += list(groups[a])
-            gaxes = _merge(topology, factors)
-            key = (op.collective, gaxes, round(op.bytes))
-            if key not in base_costs:
-                base_costs[key] = cost_collective(chip, topology, op.collective, gaxes,
-                                                  op.bytes, algorithm)
+        # Explicit device groups (HLO import) may be chip pairs (a permute; its chips rendezvous
+        # with the others along the axes it uses, and degraded links do not slow it in this
+        # version).
+        gaxes, key = op_collective_cost(chip, topology, trace, op, groups, dev_groups,
+                                        base_costs, algorithm)
+        pairs = len(key) == 4
         geo_axes = gaxes[:1] if op.collective == "collective-permute" and not pairs else gaxes
         if geo_axes not in geoms:
             geoms[geo_axes] = GroupGeometry(topology, geo_axes)

@@ -360,6 +360,32 @@ def cost_pairs(chip: ChipSpec, topology: Topology, pairs: list[tuple[int, int]],
                           algorithm="direct", hbm_bytes=2.0 * float(nbytes))
 
 
+def op_collective_cost(
+    chip: ChipSpec, topology: Topology, trace: Trace, op, groups, dev_groups: dict, costs: dict,
+    algorithm: str,
+) -> tuple[tuple[GroupAxis, ...], tuple]:
+    """A collective op's group axes and cost key, costing it into `costs` on first sight.
+
+    Ops with explicit device groups (HLO import) are keyed by their group (a 4-tuple key means
+    chip pairs, costed link by link); the others by (kind, merged mesh-axis factors, bytes).
+    """
+    if op.group >= 0:
+        gaxes, key = device_group_axes(trace, topology, op, dev_groups)
+        if key not in costs:
+            costs[key] = (
+                cost_pairs(chip, topology, dev_groups[op.group][1], op.bytes) if len(key) == 4
+                else cost_collective(chip, topology, op.collective, gaxes, op.bytes, algorithm))
+        return gaxes, key
+    factors: list[GroupAxis] = []
+    for a in op.mesh_axes:
+        factors += list(groups[a])
+    gaxes = _merge(topology, factors)
+    key = (op.collective, gaxes, round(op.bytes))
+    if key not in costs:
+        costs[key] = cost_collective(chip, topology, op.collective, gaxes, op.bytes, algorithm)
+    return gaxes, key
+
+
 def replay(
     trace: Trace,
     chip: ChipSpec,
@@ -410,24 +436,8 @@ def replay(
                 bound[op.id] = "hbm"
             dur[op.id] = max(t_c, t_m) + chip.op_overhead_s
         elif op.kind == OpKind.COLLECTIVE:
-            if op.group >= 0:
-                gaxes, key = device_group_axes(trace, topology, op, dev_groups)
-                if key not in costs:
-                    if len(key) == 4:
-                        costs[key] = cost_pairs(chip, topology, dev_groups[op.group][1],
-                                                op.bytes)
-                    else:
-                        costs[key] = cost_collective(chip, topology, op.collective, gaxes,
-                                                     op.bytes, algorithm)
-            else:
-                factors: list[GroupAxis] = []
-                for a in op.mesh_axes:
-                    factors += list(groups[a])
-                gaxes = _merge(topology, factors)
-                key = (op.collective, gaxes, round(op.bytes))
-                if key not in costs:
-                    costs[key] = cost_collective(chip, topology, op.collective, gaxes,
-                                                 op.bytes, algorithm)
+            gaxes, key = op_collective_cost(chip, topology, trace, op, groups, dev_groups, costs,
+                                            algorithm)
             c = costs[key]
             coll_axes[op.id] = gaxes
             coll_algo[op.id] = c.algorithm
