@@ -285,9 +285,24 @@ def _resolve(chip_name: str, **kw):
     )
 
 
-def test_unknown_slice_is_an_error_listing_known_slices():
-    with pytest.raises(TpusimError, match="unknown slice 'v5p-999'.*v5p-128"):
+def test_unknown_slice_suggests_the_nearest_names_not_the_whole_list():
+    with pytest.raises(TpusimError, match="unknown slice 'v5p-999'.*v5p-512 .*v5p-1024 ") as e:
         _resolve("v5p", slice_name="v5p-999")
+    assert "v5p-128" not in str(e.value) and len(str(e.value)) < 250
+    with pytest.raises(TpusimError, match="did you mean v5e-256") as e:
+        _resolve("v5e", slice_name="v5e256")
+    assert len(str(e.value)) < 250 and "\n" not in str(e.value)
+
+
+def test_slice_named_by_its_chip_count_explains_the_tensorcore_count():
+    # The whole v5p pod has 8960 chips = 17920 TensorCores; v5p-N counts TensorCores.
+    with pytest.raises(TpusimError) as e:
+        _resolve("v5p", slice_name="v5p-8960")
+    msg = str(e.value)
+    assert "counts TensorCores (2 per chip)" in msg and "v5p-17920" in msg
+    assert "v5p-pod" in msg and "--chip v5p --shape 16x20x28" in msg
+    assert len(msg) < 250 and "\n" not in msg
+    assert _resolve("v5p", slice_name="v5p-17920").num_chips == 8960
 
 
 def test_shape_whose_size_does_not_match_the_slice_is_an_error():

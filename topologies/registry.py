@@ -17,9 +17,12 @@ T = TypeVar("T")
 class Registry(Generic[T]):
     """Maps lower-case names to objects, in registration order."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, unknown: Callable[[str], str] | None = None) -> None:
         self.kind = kind
         self._items: dict[str, T] = {}
+        # What to say about an unknown name (a long registry suggests the nearest names
+        # instead of listing them all); default: the whole list.
+        self._unknown = unknown
 
     def add(self, name: str, item: T) -> T:
         key = name.lower()
@@ -42,6 +45,8 @@ class Registry(Generic[T]):
         except (KeyError, AttributeError, TypeError):
             from topologies.validate import short_repr
 
+            if self._unknown is not None and isinstance(name, str):
+                raise TpusimError(self._unknown(name)) from None
             known = ", ".join(self._items)
             raise TpusimError(
                 f"unknown {self.kind} {short_repr(name)}: it is not one of the known {self.kind}s; "

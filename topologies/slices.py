@@ -30,7 +30,60 @@ class SliceSpec:
         return int(np.prod(self.shape))
 
 
-SLICES: Registry[SliceSpec] = Registry("slice")
+# v4-N and v5p-N count TensorCores (2 per chip); v5e-N, v6e-N and v5litepod-N count chips.
+_CORES_PER_CHIP = {"v4": 2, "v5p": 2, "v5e": 1, "v6e": 1, "v5litepod": 1}
+
+
+def _unknown_slice(name: str) -> str:
+    """One short line for an unknown slice name: why it is unknown (the TensorCore count, when
+    the name counts chips where the registry counts cores) and the nearest names to use."""
+    import difflib
+    import math
+    import re
+
+    from topologies.validate import short_repr
+
+    head = f"unknown slice {short_repr(name)}"
+    m = re.fullmatch(r"\s*([a-z0-9]+)-(\d{1,9})\s*", name.lower())
+    gen = m.group(1) if m else None
+    if gen not in _CORES_PER_CHIP:
+        close = difflib.get_close_matches(name.lower(), SLICES.names(), n=3, cutoff=0.6)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        return (f"{head}: {hint}slice names are GEN-N with GEN one of "
+                f"{', '.join(_CORES_PER_CHIP)} (e.g. v5p-128, v5e-256); `tpusim presets` lists "
+                f"them all, or give --chip GEN --shape AxB[xC]")
+    n = int(m.group(2))
+    cores = _CORES_PER_CHIP[gen]
+    same = [(k, spec) for k, spec in SLICES.items()
+            if k.startswith(f"{gen}-") and k[len(gen) + 1:].isdigit()]
+    if cores > 1:
+        as_chips = f"{gen}-{n * cores}"
+        if as_chips in SLICES:
+            spec = SLICES.get(as_chips)
+            shape = "x".join(map(str, spec.shape))
+            also = [k for k, s2 in SLICES.items() if s2 is not spec and s2.shape == spec.shape
+                    and s2.chip == spec.chip]
+            alias = f" (also {', '.join(also)})" if also else ""
+            return (f"{head}: {gen}-N counts TensorCores ({cores} per chip), so {n} chips is "
+                    f"{as_chips}{alias}, shape {shape}; use --slice {as_chips} or --chip {gen} "
+                    f"--shape {shape}")
+    near = sorted(same, key=lambda kv: (abs(math.log(_count(kv[0])) - math.log(max(n, 1))),
+                                        _count(kv[0])))[:3]
+    near = sorted(near, key=lambda kv: _count(kv[0]))
+    chip = "v5e" if gen == "v5litepod" else gen
+    what = (f"{gen}-N counts TensorCores ({cores} per chip)" if cores > 1
+            else f"{gen}-N counts chips")
+    names = ", ".join(f"{k} ({'x'.join(map(str, sp.shape))})" for k, sp in near)
+    return (f"{head}: {what}; the nearest named slices are {names}; for another shape give "
+            f"--chip {chip} --shape AxB{'xC' if cores > 1 else ''}")
+
+
+def _count(name: str) -> int:
+    """The count in a slice name (`v5p-128` -> 128)."""
+    return int(name.rsplit("-", 1)[1])
+
+
+SLICES: Registry[SliceSpec] = Registry("slice", unknown=_unknown_slice)
 
 # slices.md: v4-N and v5p-N count TensorCores (2 per chip); v5e-N and v6e-N count chips.
 _CUBE_SHAPES = {
