@@ -24,9 +24,13 @@ its own links): the brute-force oracle the tests compare against. With nothing p
 is exactly one class and the arithmetic is `replay`'s, so the result is the same to the last bit.
 
 Interface for per-chip programs and loads (`PerChipConfig`): `programs` + `program_of_chip` give
-chips different programs (pipeline stages), which must agree on which op ids are collectives
-and on their mesh axes (collectives rendezvous by op id); `op_scale` multiplies the FLOPs and
-HBM bytes of chosen compute ops per chip (MoE expert loads).
+chips different programs (pipeline stages); the chips of one replica group must run programs that
+agree on that collective's op id, kind, axes and bytes (collectives rendezvous by op id), while
+chips that never share a group may run unrelated programs. `p2p` adds point-to-point transfers
+between chips (pipeline stage-to-stage sends): a send op runs on its sender's links as soon as its
+dependencies are done, and the matching receive op on the peer chip completes when it has
+arrived. `op_scale` multiplies the FLOPs and HBM bytes of chosen compute ops per chip (MoE
+expert loads).
 """
 
 from __future__ import annotations
@@ -64,6 +68,23 @@ MAX_CLASS_OPS = 2_500_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PointToPoint:
+    """Point-to-point transfers between chips (pipeline stage-to-stage sends).
+
+    Attributes:
+        peer_of_chip: per channel, the chip every chip sends to on that channel (-1: none).
+        sends: per program, {send op id: (channel, tag)}: the op (a collective of kind `send`
+            in the program, its `bytes` the message) goes to the peer on `channel`.
+        recvs: per program, {tag: receive op id}: the op completes when the send with that tag
+            from the chip whose peer this chip is has arrived. Receive ops take no resources.
+    """
+
+    peer_of_chip: tuple[np.ndarray, ...]
+    sends: tuple[Mapping[int, tuple[int, int]], ...]
+    recvs: tuple[Mapping[int, int], ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PerChipConfig:
     """What differs between chips in one step (all optional; the default is the healthy pod).
 
@@ -78,6 +99,7 @@ class PerChipConfig:
         dead_links: link ids that carry nothing: collectives over their axis detour around them
             (`simulate_collective`'s rerouting, every group at once).
         mode: `auto` (equivalence classes) or `per-chip` (brute force, one actor per chip).
+        p2p: point-to-point transfers between the chips' programs (`PointToPoint`).
     """
 
     speed: np.ndarray | None = None
@@ -87,6 +109,7 @@ class PerChipConfig:
     op_scale: Mapping[int, np.ndarray] = field(default_factory=dict)
     dead_links: tuple[int, ...] = ()
     mode: str = "auto"
+    p2p: PointToPoint | None = None
 
 
 def _coords_text(topology: Topology, chip: int) -> str:
@@ -121,12 +144,15 @@ def _group_signatures(group_of_chip: np.ndarray, labels: np.ndarray) -> np.ndarr
     return sig_of_group[group_of_chip]
 
 
-def chip_classes(base: list[np.ndarray], geometries: list[np.ndarray]) -> np.ndarray:
+def chip_classes(base: list[np.ndarray], geometries: list[np.ndarray],
+                 neighbours: list[np.ndarray] = ()) -> np.ndarray:
     """Partition refinement to a fixed point.
 
     Args:
         base: per-chip features that must be equal within a class (speed, program, costs).
         geometries: per replica-group structure, the group index of every chip.
+        neighbours: per point-to-point relation, the chip each chip is paired with (-1: none);
+            chips of one class must have neighbours of one class.
 
     Returns:
         the class of every chip (0 = the class of chip 0, numbered by first chip).
@@ -134,6 +160,7 @@ def chip_classes(base: list[np.ndarray], geometries: list[np.ndarray]) -> np.nda
     labels = _relabel(base)
     while True:
         cols = [labels] + [_group_signatures(g, labels) for g in geometries]
+        cols += [np.where(nb >= 0, labels[np.maximum(nb, 0)], -1) for nb in neighbours]
         new = _relabel(cols)
         if new.max() == labels.max():  # refinement only splits: same count = fixed point
             return new
@@ -234,63 +261,93 @@ def simulate_chips(
     prog_of = (np.zeros(nchips, dtype=np.int64) if cfg.program_of_chip is None
                else np.asarray(cfg.program_of_chip, dtype=np.int64))
     _check_programs(programs, prog_of, nchips)
+    used_programs = sorted(set(prog_of.tolist()))
+    p2p = cfg.p2p
+    p2p_ops: set[tuple[int, int]] = set()  # (program, op id) of sends and receives
+    if p2p is not None:
+        _check_p2p(p2p, programs, nchips)
+        for pi in used_programs:
+            p2p_ops |= {(pi, i) for i in p2p.sends[pi]}
+            p2p_ops |= {(pi, i) for i in p2p.recvs[pi].values()}
     slow = {int(k): float(v) for k, v in cfg.link_factors.items() if float(v) != 1.0}
     for link, f in slow.items():
         if not (np.isfinite(f) and f > 0) or not 0 <= link < topology.num_links:
             raise TpusimError(f"link factor {f!r} of link {link} must be a finite number > 0")
     if overlap is None:
         overlap = bool(trace.meta.get("overlap", True))
-    ops0 = programs[0].ops
-    n = len(ops0)
 
     # -- collectives: groups, healthy costs, per-group costs under degraded links -----------
+    # Keyed by (program, op id): programs of chips that never share a group may differ.
     groups = collective_groups(trace, topology)
+    groups_of_mesh: dict[object, dict] = {trace.mesh: groups}
     dev_groups: dict[int, tuple] = {}
     geoms: dict[tuple[GroupAxis, ...], GroupGeometry] = {}
-    op_geom: dict[int, tuple[GroupAxis, ...]] = {}
-    op_key: dict[int, tuple] = {}
+    op_geom: dict[tuple[int, int], tuple[GroupAxis, ...]] = {}
+    op_key: dict[tuple[int, int], tuple] = {}
     base_costs: dict[tuple, CollectiveCost] = {}
     group_cost: dict[tuple, tuple[np.ndarray, list[CollectiveCost]]] = {}
-    for op in ops0:
-        if op.kind != OpKind.COLLECTIVE:
-            continue
-        # Explicit device groups (HLO import) may be chip pairs (a permute; its chips rendezvous
-        # with the others along the axes it uses, and degraded links do not slow it in this
-        # version).
-        gaxes, key = op_collective_cost(chip, topology, trace, op, groups, dev_groups,
-                                        base_costs, algorithm)
-        pairs = len(key) == 4
-        geo_axes = gaxes[:1] if op.collective == "collective-permute" and not pairs else gaxes
-        if geo_axes not in geoms:
-            geoms[geo_axes] = GroupGeometry(topology, geo_axes)
-        op_geom[op.id] = geo_axes
-        op_key[op.id] = key
-        if key not in group_cost:
-            names = {g.physical_name for g in geo_axes}
-            rel = {lk: f for lk, f in slow.items() if _link_axis(topology, lk) in names}
-            rel_dead = tuple(lk for lk in cfg.dead_links if _link_axis(topology, lk) in names)
-            if pairs and rel_dead:
-                raise TpusimError(
-                    f"collective {op.name} is a collective-permute between chip pairs (HLO "
-                    f"import); dead links are not supported for it in this version; use "
-                    f"--slow-link with a small factor instead"
-                )
-            if pairs and rel:
-                group_cost[key] = (np.zeros(geoms[geo_axes].num_groups, dtype=np.int64),
-                                   [cost_pairs(chip, topology, dev_groups[op.group][1],
-                                               op.bytes, rel)])
-            elif rel or rel_dead:
-                group_cost[key] = _slow_group_costs(chip, topology, op.collective, geo_axes,
-                                                    op.bytes, algorithm, rel, base_costs[key],
-                                                    geoms[geo_axes],
-                                                    # detours avoid every dead link
-                                                    tuple(cfg.dead_links) if rel_dead else ())
-            else:
-                group_cost[key] = (np.zeros(geoms[geo_axes].num_groups, dtype=np.int64),
-                                   [base_costs[key]])
+    for pi in used_programs:
+        prog = programs[pi]
+        if prog.mesh not in groups_of_mesh:
+            groups_of_mesh[prog.mesh] = collective_groups(prog, topology)
+        pgroups = groups_of_mesh[prog.mesh]
+        for op in prog.ops:
+            if op.kind != OpKind.COLLECTIVE or (pi, op.id) in p2p_ops:
+                continue
+            # Explicit device groups (HLO import) may be chip pairs (a permute; its chips
+            # rendezvous with the others along the axes it uses, and degraded links do not slow
+            # it in this version).
+            gaxes, key = op_collective_cost(chip, topology, prog, op, pgroups, dev_groups,
+                                            base_costs, algorithm)
+            pairs = len(key) == 4
+            geo_axes = gaxes[:1] if op.collective == "collective-permute" and not pairs else gaxes
+            if geo_axes not in geoms:
+                geoms[geo_axes] = GroupGeometry(topology, geo_axes)
+            op_geom[(pi, op.id)] = geo_axes
+            op_key[(pi, op.id)] = key
+            if key not in group_cost:
+                names = {g.physical_name for g in geo_axes}
+                rel = {lk: f for lk, f in slow.items() if _link_axis(topology, lk) in names}
+                rel_dead = tuple(lk for lk in cfg.dead_links if _link_axis(topology, lk) in names)
+                if pairs and rel_dead:
+                    raise TpusimError(
+                        f"collective {op.name} is a collective-permute between chip pairs (HLO "
+                        f"import); dead links are not supported for it in this version; use "
+                        f"--slow-link with a small factor instead"
+                    )
+                if pairs and rel:
+                    group_cost[key] = (np.zeros(geoms[geo_axes].num_groups, dtype=np.int64),
+                                       [cost_pairs(chip, topology, dev_groups[op.group][1],
+                                                   op.bytes, rel)])
+                elif rel or rel_dead:
+                    group_cost[key] = _slow_group_costs(chip, topology, op.collective, geo_axes,
+                                                        op.bytes, algorithm, rel,
+                                                        base_costs[key], geoms[geo_axes],
+                                                        # detours avoid every dead link
+                                                        tuple(cfg.dead_links) if rel_dead
+                                                        else ())
+                else:
+                    group_cost[key] = (np.zeros(geoms[geo_axes].num_groups, dtype=np.int64),
+                                       [base_costs[key]])
+    if len(used_programs) > 1:
+        _check_rendezvous(programs, prog_of, op_geom, op_key, geoms)
+
+    # -- point-to-point sends: every chip's message on its own route --------------------------
+    send_cost_of: dict[tuple[int, int], np.ndarray] = {}  # (program, op id) -> per chip index
+    p2p_costs: list[CollectiveCost] = []
+    if p2p is not None:
+        send_cost_of, p2p_costs = _p2p_costs(chip, topology, p2p, programs, prog_of,
+                                             used_programs, slow, tuple(cfg.dead_links))
 
     # -- equivalence classes ---------------------------------------------------------------
     geo_list = list(geoms)
+    neighbours = [np.asarray(nb, dtype=np.int64) for nb in p2p.peer_of_chip] if p2p else []
+    if neighbours:  # the inverse relations too: who sends to each chip
+        for nb in list(neighbours):
+            inv = np.full(nchips, -1, dtype=np.int64)
+            ok = nb >= 0
+            inv[nb[ok]] = np.flatnonzero(ok)
+            neighbours.append(inv)
     if cfg.mode == "per-chip":
         label = np.arange(nchips)
     else:
@@ -301,18 +358,21 @@ def simulate_chips(
             if len(costs) > 1:
                 ga = next(op_geom[i] for i, k in op_key.items() if k == key)
                 base_cols.append(index[geoms[ga].group_of_chip].astype(float))
-        label = chip_classes(base_cols, [geoms[g].group_of_chip for g in geo_list])
+        for sk in sorted(send_cost_of):
+            base_cols.append(send_cost_of[sk].astype(float))
+        label = chip_classes(base_cols, [geoms[g].group_of_chip for g in geo_list], neighbours)
     ncls = int(label.max()) + 1
-    if ncls * n > MAX_CLASS_OPS:
-        raise TpusimError(
-            f"the per-chip engine would replay {ncls} chip classes x {n} ops = {ncls * n:,} "
-            f"class-ops (limit {MAX_CLASS_OPS:,}, about 0.9 KB each in memory); this version "
-            f"simulates every class separately, so perturb fewer chips (e.g. --slow-chip instead "
-            f"of --chip-variation on this pod) or use a smaller pod"
-        )
     rep = np.zeros(ncls, dtype=np.int64)
     _, first = np.unique(label, return_index=True)
     rep[:] = first
+    class_ops = sum(len(programs[int(prog_of[r])].ops) for r in rep.tolist())
+    if class_ops > MAX_CLASS_OPS:
+        raise TpusimError(
+            f"the per-chip engine would replay {ncls} chip classes x {class_ops // ncls} ops = "
+            f"{class_ops:,} class-ops (limit {MAX_CLASS_OPS:,}, about 0.9 KB each in memory); "
+            f"this version simulates every class separately, so perturb fewer chips (e.g. "
+            f"--slow-chip instead of --chip-variation on this pod) or use a smaller pod"
+        )
     count = np.bincount(label, minlength=ncls)
     # Classes present in every group of every geometry (rendezvous partners).
     partners: dict[tuple, list[tuple[int, ...]]] = {}
@@ -334,16 +394,35 @@ def simulate_chips(
     env = simpy.Environment()
     classes = []
     batches: dict[int, Batch] = {}
+
+    def batch_of(cc: CollectiveCost) -> Batch:
+        b = batches.get(id(cc))
+        if b is None:  # one Batch per distinct cost, shared by every class and op
+            used = np.flatnonzero(cc.class_bytes > 0)
+            # A zero-byte hop would still pace the batch at that resource's fair share.
+            hbm = [hbm_idx] if cc.hbm_bytes > 0 or len(used) == 0 else []
+            b = batches[id(cc)] = Batch(
+                res=np.append(used, hbm).astype(np.int64),
+                ptr=np.arange(len(used) + len(hbm) + 1, dtype=np.int64),
+                bytes_per_transfer=np.append(cc.class_bytes[used], [cc.hbm_bytes] * len(hbm)),
+                latency_s=cc.latency_s,
+            )
+        return b
+
     for c in range(ncls):
         r = int(rep[c])
         s = float(speed[r])
-        ops = programs[int(prog_of[r])].ops
+        pi = int(prog_of[r])
+        ops = programs[pi].ops
         scale = {op_id: float(np.asarray(v)[r]) for op_id, v in cfg.op_scale.items()}
-        cl = _ClassState(c=c, rep=r, speed=s, ops=ops, n=n)
+        cl = _ClassState(c=c, rep=r, speed=s, ops=ops, n=len(ops))
+        cl.prog = pi
         cl.hbm_bw = hbm_bw0 * s
         cl.mxu_rate = mxu_rate0 * s
         cl.vpu_rate = vpu_rate0 * s
         int8_rate = int8_rate0 * s
+        sends = p2p.sends[pi] if p2p is not None else {}
+        recv_ids = set(p2p.recvs[pi].values()) if p2p is not None else set()
         for op in ops:
             if op.kind == OpKind.COMPUTE:
                 k = scale.get(op.id, 1.0)
@@ -364,25 +443,24 @@ def simulate_chips(
                     cl.mxu_busy += flops / cl.mxu_rate
                 else:
                     cl.vpu_busy += flops / cl.vpu_rate
+            elif op.id in sends:
+                cc = p2p_costs[int(send_cost_of[(pi, op.id)][r])]
+                cl.send_cost[op.id] = cc
+                cl.dur[op.id] = cc.time_s
+                cl.bound[op.id] = "ici"
+                cl.batch[op.id] = batch_of(cc)
+            elif op.id in recv_ids:
+                cl.bound[op.id] = "idle"
             elif op.kind == OpKind.COLLECTIVE:
-                ga = op_geom[op.id]
+                ga = op_geom[(pi, op.id)]
                 grp = int(geoms[ga].group_of_chip[r])
-                index, costs = group_cost[op_key[op.id]]
+                index, costs = group_cost[op_key[(pi, op.id)]]
                 cc = costs[int(index[grp])]
                 cl.coll_cost[op.id] = cc
                 cl.partners[op.id] = partners[ga][c]
                 cl.dur[op.id] = cc.time_s
                 cl.bound[op.id] = "ici"
-                b = batches.get(id(cc))
-                if b is None:  # one Batch per distinct cost, shared by every class and op
-                    used = np.flatnonzero(cc.class_bytes > 0)
-                    b = batches[id(cc)] = Batch(
-                        res=np.append(used, hbm_idx).astype(np.int64),
-                        ptr=np.arange(len(used) + 2, dtype=np.int64),
-                        bytes_per_transfer=np.append(cc.class_bytes[used], cc.hbm_bytes),
-                        latency_s=cc.latency_s,
-                    )
-                cl.batch[op.id] = b
+                cl.batch[op.id] = batch_of(cc)
             elif op.kind == OpKind.HOST:
                 cl.dur[op.id] = op.bytes / chip.pcie_bytes_per_s
                 cl.bound[op.id] = "pcie"
@@ -393,13 +471,32 @@ def simulate_chips(
         cl.mxu = simpy.Resource(env, capacity=1)
         cl.vpu = simpy.Resource(env, capacity=1)
         cl.pcie = simpy.Resource(env, capacity=1)
-        cl.done = [env.event() for _ in range(n)]
+        cl.done = [env.event() for _ in range(len(ops))]
         classes.append(cl)
     multi = ncls > 1
     if multi:
         for cl in classes:
             cl.arrived = {i: env.event() for i in cl.coll_cost}
             cl.drained = {i: env.event() for i in cl.coll_cost}
+    if p2p is not None:  # each send completes one receive op of its peer's class
+        for cl in classes:
+            for op_id, (ch, tag) in p2p.sends[cl.prog].items():
+                peer = int(p2p.peer_of_chip[ch][cl.rep])
+                q = classes[int(label[peer])] if peer >= 0 else None
+                if q is None or tag not in p2p.recvs[q.prog]:
+                    raise TpusimError(
+                        f"send op {op_id} ({cl.ops[op_id].name}) of program {cl.prog} on chip "
+                        f"{_coords_text(topology, cl.rep)} has no receiver (tag {tag} on "
+                        f"channel {ch}); every send needs a matching receive op on its peer"
+                    )
+                rid = p2p.recvs[q.prog][tag]
+                if rid in q.recv_from:
+                    raise TpusimError(
+                        f"receive op {rid} ({q.ops[rid].name}) of program {q.prog} is the "
+                        f"target of two sends; tags must be unique per sender and receiver"
+                    )
+                cl.send_to[op_id] = (q.c, rid)
+                q.recv_from[rid] = (cl.c, op_id)
 
     # -- replay -----------------------------------------------------------------------------
     ptr1 = np.array([0, 1], dtype=np.int64)
@@ -433,6 +530,19 @@ def simulate_chips(
         cl.end[op.id] = env.now
         cl.done[op.id].succeed()
 
+    def run_send(cl, op):
+        # A point-to-point send: the sender's links and HBM, then the peer's receive completes.
+        yield from wait_deps(cl, op)
+        cl.start[op.id] = env.now
+        yield cl.net.transfer(cl.batch[op.id])
+        cl.end[op.id] = env.now
+        cl.done[op.id].succeed()
+        q, rid = cl.send_to[op.id]
+        q = classes[q]
+        q.start[rid] = cl.start[op.id]  # the message is on its way from the send's start
+        q.end[rid] = env.now
+        q.done[rid].succeed()
+
     def run_async(cl, op, resource):
         yield from wait_deps(cl, op)
         with resource.request() as req:
@@ -444,9 +554,13 @@ def simulate_chips(
 
     def core(cl):
         for op in cl.ops:
-            if op.kind == OpKind.HOST or (op.kind == OpKind.COLLECTIVE and overlap):
+            if op.kind == OpKind.HOST or (op.kind == OpKind.COLLECTIVE and overlap) or \
+                    op.id in cl.recv_from:
                 continue
             yield from wait_deps(cl, op)
+            if op.id in cl.send_to:  # --no-overlap: sends block the core too
+                yield env.process(run_send(cl, op))
+                continue
             if op.kind == OpKind.COLLECTIVE:  # --no-overlap: collectives block the core
                 yield env.process(run_collective(cl, op))
                 continue
@@ -475,7 +589,12 @@ def simulate_chips(
 
     for cl in classes:
         for op in cl.ops:
-            if op.kind == OpKind.COLLECTIVE and overlap:
+            if op.id in cl.recv_from:
+                continue  # completed by the peer's send
+            if op.id in cl.send_to:
+                if overlap:
+                    env.process(run_send(cl, op))
+            elif op.kind == OpKind.COLLECTIVE and overlap:
                 env.process(run_collective(cl, op))
             elif op.kind == OpKind.HOST:
                 env.process(run_async(cl, op, cl.pcie))
@@ -498,9 +617,9 @@ def simulate_chips(
         res._units = [(sc.rep,) + row[1:] for row in res._units]
         res._memory = [(sc.rep,) + row[1:] for row in res._memory]
     if multi:
-        res.sim_events = sum(cl.net.num_events for cl in classes) + n * ncls
+        res.sim_events = sum(cl.net.num_events for cl in classes) + class_ops
     res._topology = topology
-    res._coll_axes = {i: op_key[i][1] for i in op_geom}
+    res._coll_axes = {i: op_key[(p, i)][1] for p, i in op_geom if p == sc.prog}
     res._coll_classes = {i: {CLASS_NAMES[int(j)]: float(cc.class_bytes[j])
                              for j in np.flatnonzero(cc.class_bytes > 0)}
                          for i, cc in sc.coll_cost.items()}
@@ -530,6 +649,8 @@ def simulate_chips(
                                        count, cfg.dead_links)
     res._class_timelines = {cl.c: (cl.start, cl.end) for cl in classes}
     res._mem_trace = prog_trace
+    if len(used_programs) > 1:
+        res._class_programs = {cl.c: (programs[cl.prog], cl.bound) for cl in classes}
     return res
 
 
@@ -555,6 +676,10 @@ class _ClassState:
         self.arrive_t: dict[int, float] = {}
         self.drain_t: dict[int, float] = {}
         self.coll_wait = 0.0
+        self.prog = 0
+        self.send_cost: dict[int, CollectiveCost] = {}
+        self.send_to: dict[int, tuple[int, int]] = {}  # send op -> (peer class, receive op)
+        self.recv_from: dict[int, tuple[int, int]] = {}  # receive op -> (sender class, send op)
         self.mxu_busy = 0.0
         self.vpu_busy = 0.0
 
@@ -566,17 +691,137 @@ def _check_programs(programs, prog_of, nchips) -> None:
             f"program_of_chip must give every one of the {nchips} chips a program index in "
             f"0..{len(programs) - 1}"
         )
-    ref = programs[0].ops
-    for p, t in enumerate(programs[1:], start=1):
-        if len(t.ops) != len(ref) or any(
-            (a.kind == OpKind.COLLECTIVE) != (b.kind == OpKind.COLLECTIVE)
-            or (a.kind == OpKind.COLLECTIVE and a.mesh_axes != b.mesh_axes)
-            for a, b in zip(ref, t.ops, strict=True)
-        ):
+
+
+def _check_rendezvous(programs, prog_of, op_geom, op_key, geoms) -> None:
+    """Chips of one replica group must run programs that agree on the group's collective (op id,
+    kind, axes, bytes): collectives rendezvous by op id."""
+    by_geo: dict[tuple, list[tuple[int, int]]] = {}
+    for (p, i), g in op_geom.items():
+        by_geo.setdefault(g, []).append((p, i))
+    for g, keys in by_geo.items():
+        goc = geoms[g].group_of_chip
+        pairs = np.unique(np.stack([goc, prog_of], axis=1), axis=0)
+        mixed: dict[int, list[int]] = {}
+        for grp, p in pairs.tolist():
+            mixed.setdefault(grp, []).append(p)
+        for progs in {tuple(v) for v in mixed.values() if len(v) > 1}:
+            for p, i in keys:
+                if p not in progs:
+                    continue
+                for q in progs:
+                    if op_key.get((q, i)) != op_key[(p, i)]:
+                        raise TpusimError(
+                            f"program {q} does not match program {p} at op {i} "
+                            f"({programs[p].ops[i].name}), but chips running them share a "
+                            f"replica group: per-chip programs need the same op ids for "
+                            f"collectives, over the same mesh axes (collectives rendezvous by "
+                            f"op id)"
+                        )
+
+
+def _check_p2p(p2p: PointToPoint, programs, nchips: int) -> None:
+    if len(p2p.sends) != len(programs) or len(p2p.recvs) != len(programs):
+        raise TpusimError(
+            f"point-to-point sends and receives must be given for each of the {len(programs)} "
+            f"programs"
+        )
+    for nb in p2p.peer_of_chip:
+        nb = np.asarray(nb)
+        if nb.shape != (nchips,) or nb.min(initial=0) < -1 or nb.max(initial=0) >= nchips:
             raise TpusimError(
-                f"program {p} does not match program 0: per-chip programs need the same op ids "
-                f"for collectives, over the same mesh axes (collectives rendezvous by op id)"
+                f"point-to-point peers must name one chip in 0..{nchips - 1} (or -1) per chip"
             )
+    for p, prog in enumerate(programs):
+        for i, (ch, _tag) in p2p.sends[p].items():
+            op = prog.ops[i] if 0 <= i < len(prog.ops) else None
+            if op is None or op.kind != OpKind.COLLECTIVE or not 0 <= ch < len(p2p.peer_of_chip):
+                raise TpusimError(
+                    f"point-to-point send {i} of program {p} must be a collective op of the "
+                    f"program on one of the {len(p2p.peer_of_chip)} channels"
+                )
+        for i in p2p.recvs[p].values():
+            if not (0 <= i < len(prog.ops) and prog.ops[i].kind == OpKind.COLLECTIVE):
+                raise TpusimError(
+                    f"point-to-point receive {i} of program {p} must be a collective op of the "
+                    f"program"
+                )
+
+
+def p2p_cost(chip: ChipSpec, topology: Topology, src: int, dst: int, nbytes: float,
+             slow: Mapping[int, float], router=None) -> CollectiveCost:
+    """One message from chip `src` to chip `dst`: its dimension-order route (`cost_pairs`;
+    a slow link on it carries the message at its own speed) or, when that route crosses a dead
+    link, the detour ICI rerouting takes (`DetourRouter`), charged to the link classes it uses
+    with its own hop latency."""
+    import dataclasses
+
+    # The message is charged to links only: in the fluid model's rate-fair sharing a small DMA
+    # next to a long HBM-bound op would be stretched to that op's length, which is not how the
+    # DMA engines share HBM (docs/model.md "Pipeline schedules").
+    if router is None:
+        return dataclasses.replace(cost_pairs(chip, topology, [(src, dst)], nbytes, dict(slow)),
+                                   hbm_bytes=0.0)
+    from topologies.groups import route_pairs_links
+
+    _cls, _hops, per_link = route_pairs_links(topology, [(src, dst)])
+    if not any(router.dead_mask[lk] for lk in per_link):
+        return dataclasses.replace(cost_pairs(chip, topology, [(src, dst)], nbytes, dict(slow)),
+                                   hbm_bytes=0.0)
+    from sim.routing import send_batch
+
+    lm = link_model(chip, topology, dict(slow))
+    batch, _paths, _hops = send_batch(topology, lm, tuple(topology.coords(src)),
+                                      tuple(topology.coords(dst)), nbytes, detour=router)
+    per = 2 * topology.ndim
+    cls = np.zeros(NUM_CLASSES)
+    healthy = link_model(chip, topology, {})
+    for lk, b in zip(batch.res.tolist(), np.repeat(batch.bytes_per_transfer,
+                                                   np.diff(batch.ptr)).tolist(), strict=True):
+        k = lk % per if lk < topology.num_ici_links else (
+            NUM_CLASSES - 2 if lk < topology.num_ici_links + topology.num_chips
+            else NUM_CLASSES - 1)
+        # Equivalent bytes at the class's healthy speed (a slow link carries them slower).
+        eq = b * healthy.capacity_bytes_per_s[lk] / lm.capacity_bytes_per_s[lk]
+        cls[k] = max(cls[k], eq)
+    lat = batch.latency_s
+    drain = float(np.max(cls / healthy.class_capacity_bytes_per_s, initial=0.0))
+    return CollectiveCost(time_s=lat + drain, latency_s=lat, class_bytes=cls, group_size=2,
+                          algorithm="direct (detour)", hbm_bytes=0.0)
+
+
+def _p2p_costs(chip, topology, p2p: PointToPoint, programs, prog_of, used_programs, slow,
+               dead) -> tuple[dict[tuple[int, int], np.ndarray], list[CollectiveCost]]:
+    """Every send op's cost on every chip that runs it: (index per chip into the distinct
+    costs, keyed by (program, op id)), the distinct costs. Routes are priced once per distinct
+    (offset, bytes) on a healthy pod, chip by chip when links are slow or dead."""
+    from topologies.groups import DetourRouter
+
+    router = DetourRouter(topology, dead) if dead else None
+    coords = np.asarray([topology.coords(i) for i in range(topology.num_chips)])
+    costs: list[CollectiveCost] = []
+    ids: dict[tuple, int] = {}
+    out: dict[tuple[int, int], np.ndarray] = {}
+    for pi in used_programs:
+        chips = np.flatnonzero(prog_of == pi)
+        for op_id, (ch, _tag) in sorted(p2p.sends[pi].items()):
+            nbytes = float(programs[pi].ops[op_id].bytes)
+            peer = np.asarray(p2p.peer_of_chip[ch], dtype=np.int64)
+            index = np.zeros(topology.num_chips, dtype=np.int64)
+            for src in chips.tolist():
+                dst = int(peer[src])
+                if dst < 0:
+                    continue
+                if slow or dead:
+                    key = (src, dst, nbytes)
+                else:  # a healthy pod: a dimension-order route depends only on the offset
+                    key = (tuple((coords[dst] - coords[src]).tolist()), nbytes)
+                if key not in ids:
+                    ids[key] = len(costs)
+                    costs.append(p2p_cost(chip, topology, src, dst, nbytes, slow, router))
+                index[src] = ids[key]
+            out[(pi, op_id)] = index
+    return out, costs
 
 
 def _axisdir(topology: Topology, link: int) -> str:
@@ -636,6 +881,11 @@ def _critical_path(classes, last: int, topology, slow, op_key, group_cost, count
             steps.append((q, k))
             # Start set by the member that arrived last.
             c = max(st.partners[k], key=lambda p: (classes[p].arrive_t.get(k, 0.0), p == c, -p))
+        elif k in st.recv_from:
+            # A receive ends when its message has arrived: the path continues on the sender.
+            steps.append((c, k))
+            c, k = st.recv_from[k]
+            steps.append((c, k))
         else:
             steps.append((c, k))
         st = classes[c]
@@ -670,7 +920,7 @@ def _critical_path(classes, last: int, topology, slow, op_key, group_cost, count
                 name = CLASS_NAMES[int(j)]
                 if name not in seg["links"]:
                     seg["links"].append(name)
-            index, costs = group_cost[op_key[k]]
+            index, costs = group_cost[op_key[(st.prog, k)]]
             if cc is not costs[0]:
                 for lk in sorted(dead):
                     tag = f"dead {topology.describe_link(lk)} (detour)"

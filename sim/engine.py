@@ -109,6 +109,8 @@ class StepResult:
     _class_timelines: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict,
                                                                         repr=False)
     _mem_trace: Trace | None = field(default=None, repr=False)  # HBM events' program
+    # Per-chip programs (pipeline stages): class -> (its program, its ops' bound units).
+    _class_programs: dict[int, tuple] = field(default_factory=dict, repr=False)
 
     @property
     def ops(self):
@@ -143,12 +145,18 @@ class StepResult:
             return self
         start, end = self._class_timelines[k]
         rep = int(self._class_reps[k])
-        ops = [(rep,) + r[1:8] + (float(start[r[1]]), float(end[r[1]])) + r[10:]
-               for r in self._ops]
-        if self._mem_trace is None:
+        mem_trace = self._mem_trace
+        own = self._class_programs.get(k)
+        if own is not None and own[0] is not self._mem_trace:  # another program (stage)
+            mem_trace = own[0]
+            ops = [(rep,) + r[1:] for r in _op_rows(own[0], own[1], start, end)]
+        else:
+            ops = [(rep,) + r[1:8] + (float(start[r[1]]), float(end[r[1]])) + r[10:]
+                   for r in self._ops]
+        if mem_trace is None:
             mem = [(rep, 0.0, static_hbm_bytes, *(0.0 for _ in MEMORY_CATEGORIES))]
         else:
-            _, _, rows = hbm_occupancy(self._mem_trace, end, 1)
+            _, _, rows = hbm_occupancy(mem_trace, end, 1)
             mem = [(rep,) + r[1:] for r in rows]
         return dataclasses.replace(self, _ops=ops, _memory=mem)
 
@@ -556,6 +564,16 @@ def replay(
     return res
 
 
+def _op_rows(trace, bound, start, end) -> list[tuple]:
+    """The ops table's rows (OP_COLUMNS; chip 0) of one chip's timeline."""
+    return [(
+        0, o.id, o.name, str(o.kind), str(o.unit) if o.kind == OpKind.COMPUTE else bound[o.id],
+        bound[o.id], o.layer, o.phase, float(start[o.id]), float(end[o.id]), float(o.flops),
+        float(o.hbm_bytes if o.kind == OpKind.COMPUTE else o.bytes), o.collective,
+        ",".join(o.mesh_axes),
+    ) for o in trace.ops]
+
+
 def _summarize(trace, chip, topology, dur, bound, start, end, net, costs, lm, mxu_rate,
                vpu_rate, hbm_bw) -> StepResult:
     ops = trace.ops
@@ -598,14 +616,7 @@ def _summarize(trace, chip, topology, dur, bound, start, end, net, costs, lm, mx
         bd["exposed_comm_s"] += step - t
     bd["pipeline_bubble_s"] += bubble
 
-    op_rows = []
-    for o in ops:
-        op_rows.append((
-            0, o.id, o.name, str(o.kind), str(o.unit) if o.kind == OpKind.COMPUTE else bound[o.id],
-            bound[o.id], o.layer, o.phase, float(start[o.id]), float(end[o.id]), float(o.flops),
-            float(o.hbm_bytes if o.kind == OpKind.COMPUTE else o.bytes), o.collective,
-            ",".join(o.mesh_axes),
-        ))
+    op_rows = _op_rows(trace, bound, start, end)
     mxu_busy = sum(o.flops / mxu_rate for o in ops
                    if o.kind == OpKind.COMPUTE and o.unit == Unit.MXU)
     vpu_busy = sum(o.flops / vpu_rate for o in ops

@@ -21,12 +21,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim.engine import _merge, collective_groups, cost_collective, replay
+import numpy as np
+
+from sim.engine import MEMORY_CATEGORIES, _merge, collective_groups, cost_collective, replay
 from sim.hardware import ChipSpec
 from topologies.errors import TpusimError
 from topologies.torus import Topology
 from workloads.models import TransformerSpec
-from workloads.trace import OpKind, Trace
+from workloads.trace import Op, OpKind, Trace
 from workloads.training import TrainingConfig, compile_pipeline_chunk
 
 
@@ -104,6 +106,8 @@ class PipelineResult:
     stage_hbm_peak_bytes: list[float]
     stage_hbm_peak_breakdown: list[dict[str, float]]
     timeline: list[tuple[int, str, int, int, float, float]] = field(default_factory=list)
+    # Most saved activations a stage holds at once (per-chip engine; from its HBM events).
+    stage_saved_activations_peak_bytes: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -115,6 +119,9 @@ class PipelineResult:
             "tail_s": self.tail_s, "stage_finish_s": self.stage_finish_s,
             "stage_busy_s": self.stage_busy_s, "peak_inflight_microbatches": self.peak_inflight,
             "stage_hbm_peak_bytes": self.stage_hbm_peak_bytes,
+            "stage_hbm_peak_breakdown": self.stage_hbm_peak_breakdown,
+            **({"stage_saved_activations_peak_bytes": self.stage_saved_activations_peak_bytes}
+               if self.stage_saved_activations_peak_bytes else {}),
         }
 
 
@@ -260,6 +267,294 @@ def simulate_pipeline(
     )
 
 
+# -- the schedule on the per-chip engine ------------------------------------------------------
+# Channels of the stage-to-stage sends: activations go to the next stage, gradients back.
+FWD_CHANNEL, BWD_CHANNEL = 0, 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StagePrograms:
+    """Each stage's program: its passes in schedule order, with the sends and receives between
+    stages (the per-chip engine's `PointToPoint` ops).
+
+    Attributes:
+        programs: one `Trace` per stage.
+        passes: per stage, (pass, receive op id or -1, first core op id, last core op id).
+        sends: per stage, {send op id: (channel, tag of the receiving pass)}.
+        recvs: per stage, {tag: receive op id}.
+        forward_ops / backward_ops: compute ops of one pass of each chunk (its F and B).
+    """
+
+    programs: tuple[Trace, ...]
+    passes: tuple[tuple[tuple[Pass, int, int, int], ...], ...]
+    sends: tuple[dict[int, tuple[int, int]], ...]
+    recvs: tuple[dict[int, int], ...]
+    peak_inflight: tuple[int, ...]
+
+
+def _tag(kind: str, chunk: int, microbatch: int, chunks: int, m: int) -> int:
+    return ((kind == "B") * chunks + chunk) * m + microbatch
+
+
+def build_stage_programs(model: TransformerSpec, mesh, num_chips: int,
+                         config: TrainingConfig) -> StagePrograms:
+    """Compose every stage's program from one-microbatch chunk programs
+    (`compile_pipeline_chunk`) in the order `stage_order` gives.
+
+    A forward pass is the chunk's forward ops (phase fwd/loss), a backward pass its backward
+    ops (phase bwd), each copied per microbatch. A pass's ops that depend on nothing inside the
+    pass wait for the previous pass's last compute op on the stage (a pass's weight gathers are
+    issued when the stage reaches it); its entry op (`stage_input` / `stage_grad_input`) also
+    waits for its receive. After a pass that feeds another stage comes a send of the
+    microbatch's activations (forward) or input gradients (backward). Data-parallel gradient
+    all-reduces run once per chunk, after its last microbatch's backward; gradients are
+    allocated at microbatch 0's backward; the stage's optimizer update (of its first chunk's
+    program, which counts the whole stage's parameters) comes last, after every gradient
+    reduction. Memory events follow the copies, so saved activations live from a pass's
+    forward to its backward, as the schedule orders them.
+    """
+    import dataclasses
+
+    p, v, m = mesh.size("pipeline"), config.virtual_stages, config.microbatches
+    sched = config.pipeline_schedule
+    check_schedule(sched, p, m, v)
+    chunks = p * v
+    cache: dict[tuple[bool, bool], Trace] = {}
+
+    def chunk_trace(c: int) -> Trace:
+        key = (c == 0, c == chunks - 1)
+        if key not in cache:
+            cache[key] = compile_pipeline_chunk(model, mesh, num_chips, config, first=key[0],
+                                                last=key[1])
+        return cache[key]
+
+    send_bytes = float(chunk_trace(0).meta["pipeline_send_bytes"])
+    programs, passes, sends, recvs, inflight = [], [], [], [], []
+    for s in range(p):
+        ops: list = []
+        events: list[list] = []
+        stage_passes = []
+        stage_sends: dict[int, tuple[int, int]] = {}
+        stage_recvs: dict[int, int] = {}
+        fmap: dict[tuple[int, int], dict[int, int]] = {}
+        grad_colls: list[int] = []
+        gate: int | None = None
+        live = peak = 0
+
+        def add(op, deps, _ops=ops):
+            new = dataclasses.replace(op, id=len(_ops), deps=tuple(sorted(set(deps))))
+            _ops.append(new)
+            return new.id
+
+        def p2p_op(name: str, phase: str, deps=(), _add=add) -> int:
+            return _add(Op(id=0, name=name, kind=OpKind.COLLECTIVE, collective="send",
+                          mesh_axes=("pipeline",), bytes=send_bytes, phase=phase), deps)
+
+        for ps in stage_order(sched, p, s, m, v):
+            c, i, fwd = ps.chunk, ps.microbatch, ps.kind == "F"
+            tr = chunk_trace(c)
+            phases = ("fwd", "loss") if fwd else ("bwd",)
+            ids = [o.id for o in tr.ops if o.phase in phases and not (
+                not fwd and i < m - 1 and o.name.startswith("dp_grad_allreduce"))]
+            has_recv = (fwd and c > 0) or (not fwd and c < chunks - 1)
+            recv = -1
+            if has_recv:
+                recv = p2p_op("pipeline_recv_" + ("fwd" if fwd else "bwd"),
+                              "fwd" if fwd else "bwd")
+                stage_recvs[_tag(ps.kind, c, i, chunks, m)] = recv
+            mapping: dict[int, int] = {}
+            outer = {} if fwd else fmap.pop((c, i))
+            for old in ids:
+                op = tr.ops[old]
+                deps = [mapping[d] if d in mapping else outer[d] for d in op.deps
+                        if d in mapping or d in outer]
+                if not any(d in mapping for d in op.deps) and gate is not None:
+                    deps.append(gate)
+                if recv >= 0 and op.name in ("stage_input", "stage_grad_input"):
+                    deps.append(recv)
+                mapping[old] = add(op, deps)
+                if not fwd and op.kind == OpKind.COLLECTIVE and "grad" in op.name:
+                    grad_colls.append(mapping[old])
+            for op_id, cat, delta in tr.meta.get("memory_events", []):
+                if op_id not in mapping:
+                    continue
+                if cat == "gradients":
+                    if i > 0:
+                        continue
+                    delta = delta / v  # each chunk's program allocates the stage's gradients
+                events.append([mapping[op_id], cat, delta])
+            core = [mapping[o] for o in ids if tr.ops[o].kind == OpKind.COMPUTE]
+            stage_passes.append((ps, recv, min(core), max(core)))
+            gate = max(core)
+            if fwd:
+                fmap[(c, i)] = mapping
+                live += 1
+                peak = max(peak, live)
+            else:
+                live -= 1
+            if fwd and c < chunks - 1:
+                sid = p2p_op("pipeline_send_fwd", "fwd", [gate])
+                stage_sends[sid] = (FWD_CHANNEL, _tag("F", c + 1, i, chunks, m))
+            elif not fwd and c > 0:
+                sid = p2p_op("pipeline_send_bwd", "bwd", [gate])
+                stage_sends[sid] = (BWD_CHANNEL, _tag("B", c - 1, i, chunks, m))
+        first = chunk_trace(s)
+        for op in first.ops:
+            if op.phase == "optimizer":
+                upd = add(op, [gate] + grad_colls)
+                for op_id, cat, delta in first.meta.get("memory_events", []):
+                    if op_id == op.id:
+                        events.append([upd, cat, delta])
+        meta = {k: first.meta[k] for k in ("kind", "model", "overlap", "static_hbm_bytes",
+                                            "static_composition", "num_chips") if k in first.meta}
+        meta.update(memory_events=events, pipeline_stage=s, microbatches=m)
+        programs.append(Trace(mesh=first.mesh, ops=tuple(ops), meta=meta))
+        passes.append(tuple(stage_passes))
+        sends.append(stage_sends)
+        recvs.append(stage_recvs)
+        inflight.append(peak)
+    return StagePrograms(programs=tuple(programs), passes=tuple(passes), sends=tuple(sends),
+                         recvs=tuple(recvs), peak_inflight=tuple(inflight))
+
+
+def stage_of_chips(mesh, topology: Topology) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(stage of every chip, the chip each chip sends activations to (next stage, stage p-1 to
+    stage 0 for interleaved chunks), the chip it sends gradients to (previous stage)): the
+    chip's position along the pipeline axis as the mesh places it on the pod."""
+    from sim.engine import collective_groups
+    from topologies.groups import GroupGeometry
+
+    probe = Trace(mesh=mesh, ops=())
+    gaxes = _merge(topology, list(collective_groups(probe, topology)["pipeline"]))
+    geo = GroupGeometry(topology, gaxes)
+    p = geo.group_size
+    stage = np.asarray(geo.local_of_chip, dtype=np.int64)
+    at = np.empty((geo.num_groups, p), dtype=np.int64)
+    at[geo.group_of_chip, stage] = np.arange(topology.num_chips)
+    nxt = at[geo.group_of_chip, (stage + 1) % p]
+    prv = at[geo.group_of_chip, (stage - 1) % p]
+    return stage, nxt, prv
+
+
+def simulate_pipeline_chips(
+    model: TransformerSpec, mesh, chip: ChipSpec, topology: Topology, config: TrainingConfig,
+    *, base=None, algorithm: str = "auto", overlap: bool | None = None,
+):
+    """Run the schedule on the per-chip engine: every stage's chips run their stage's program
+    (`build_stage_programs`), sends are point-to-point transfers between neighbouring stages'
+    chips on their routes (ICI, or DCN when the pipeline axis spans slices), and in-stage
+    collectives are rendezvous of their groups. `base` (a `PerChipConfig`) carries the
+    perturbations (slow chips and links, dead links, chip variation, `mode`).
+
+    Returns (the slowest chip's `StepResult` with the bubble in its breakdown and the fullest
+    stage's HBM peak, the `PipelineResult` of the schedule as it ran)."""
+    import dataclasses
+
+    from sim.chip_engine import PerChipConfig, PointToPoint, simulate_chips
+    from sim.engine import hbm_occupancy
+
+    base = base or PerChipConfig()
+    if base.op_scale:
+        raise TpusimError(
+            "--expert-skew with a pipeline axis is not supported in this version (the expert "
+            "loads are per op of the whole-step program, not of the stage programs); drop "
+            "--expert-skew or the pipeline axis"
+        )
+    sp = build_stage_programs(model, mesh, topology.num_chips, config)
+    stage, nxt, prv = stage_of_chips(mesh, topology)
+    cfg = dataclasses.replace(
+        base, programs=sp.programs, program_of_chip=stage,
+        p2p=PointToPoint(peer_of_chip=(nxt, prv), sends=sp.sends, recvs=sp.recvs))
+    res = simulate_chips(sp.programs[0], chip, topology, config=cfg, algorithm=algorithm,
+                         overlap=overlap)
+    pipe = _schedule_result(res, sp, stage, config, hbm_occupancy)
+    _apply_schedule(res, pipe, sp, stage)
+    return res, pipe
+
+
+def _stage_class(res, stage: np.ndarray, s: int) -> int:
+    """The class of the chip of stage `s` that finishes last (its first chip among equals)."""
+    label = res._chip_class
+    finish = np.asarray([row[0] for row in res._class_rows])
+    chips = np.flatnonzero(stage == s)
+    return int(label[chips[int(np.argmax(finish[label[chips]]))]])
+
+
+def _pass_spans(sp: StagePrograms, s: int, start, end):
+    """Per pass of stage s: (ready, end) where ready = when its input had arrived and the
+    stage was free (the bubble is the time between the previous pass's end and ready)."""
+    out = []
+    prev = 0.0
+    for _ps, recv, _first, last in sp.passes[s]:
+        arrived = float(end[recv]) if recv >= 0 else 0.0
+        ready = max(prev, arrived)
+        out.append((ready, float(end[last]), max(arrived - prev, 0.0) if recv >= 0 else 0.0))
+        prev = float(end[last])
+    return out
+
+
+def _schedule_result(res, sp: StagePrograms, stage, config, hbm_occupancy) -> PipelineResult:
+    p = len(sp.programs)
+    v, m = config.virtual_stages, config.microbatches
+    fwd = [[0.0] * v for _ in range(p)]
+    bwd = [[0.0] * v for _ in range(p)]
+    busy, finish, tail, last_end, hbm, parts, saved = [], [], [], [], [], [], []
+    send_s = 0.0
+    timeline = []
+    for s in range(p):
+        c = _stage_class(res, stage, s)
+        start, end = res._class_timelines[c]
+        times = _pass_spans(sp, s, start, end)
+        busy.append(sum(e - r for r, e, _w in times))
+        last_end.append(max(e for _r, e, _w in times))
+        finish.append(float(res._class_rows[c][0]))
+        tail.append(finish[-1] - last_end[-1])
+        seen: set[tuple[str, int]] = set()
+        for (ps, _recv, first, last), (r, e, _w) in zip(sp.passes[s], times, strict=True):
+            timeline.append((s, ps.kind, ps.chunk, ps.microbatch, r, e))
+            if (ps.kind, ps.chunk) not in seen:  # the chunk's first pass (microbatch 0)
+                seen.add((ps.kind, ps.chunk))
+                (fwd if ps.kind == "F" else bwd)[s][ps.chunk // p] = float(end[last] -
+                                                                            start[first])
+        if s == 0 and sp.sends[0]:
+            sid = min(sp.sends[0])
+            send_s = float(end[sid] - start[sid])
+        pk, pp_parts, rows = hbm_occupancy(sp.programs[s], end, 1)
+        hbm.append(pk)
+        parts.append(pp_parts)
+        col = 3 + list(MEMORY_CATEGORIES).index("saved_activations")
+        saved.append(max(float(r[col]) for r in rows))
+    span = max(last_end)
+    bubble = span - max(busy)
+    return PipelineResult(
+        schedule=config.pipeline_schedule, stages=p, virtual_stages=v, microbatches=m,
+        step_time_s=res.step_time_s, span_s=span, bubble_s=bubble,
+        bubble_fraction=bubble / span if span else 0.0, forward_s=fwd, backward_s=bwd,
+        send_s=send_s, tail_s=tail, stage_finish_s=finish, stage_busy_s=busy,
+        peak_inflight=list(sp.peak_inflight), stage_hbm_peak_bytes=hbm,
+        stage_hbm_peak_breakdown=parts, timeline=timeline, stage_saved_activations_peak_bytes=saved,
+    )
+
+
+def _apply_schedule(res, pipe: PipelineResult, sp: StagePrograms, stage) -> None:
+    """The slowest chip's breakdown: its waits for a neighbouring stage are the bubble (they
+    were gaps on its core, counted as exposed communication); the HBM peak of the fullest
+    stage."""
+    slow_class = int(np.argmax([row[0] for row in res._class_rows]))
+    s = int(stage[int(res._class_reps[slow_class])])
+    start, end = res._class_timelines[slow_class]
+    waits = sum(w for _r, _e, w in _pass_spans(sp, s, start, end))
+    bd = dict(res.breakdown)
+    moved = min(waits, bd.get("exposed_comm_s", 0.0))
+    bd["exposed_comm_s"] = bd.get("exposed_comm_s", 0.0) - moved
+    bd["pipeline_bubble_s"] = bd.get("pipeline_bubble_s", 0.0) + moved
+    res.breakdown = bd
+    res.hbm_peak_bytes = max(pipe.stage_hbm_peak_bytes)
+    fullest = pipe.stage_hbm_peak_bytes.index(res.hbm_peak_bytes)
+    res.hbm_peak_breakdown = dict(pipe.stage_hbm_peak_breakdown[fullest])
+    res.fits_in_hbm = res.hbm_peak_bytes <= res.hbm_capacity_bytes
+
+
 def apply_pipeline(result, pipe: PipelineResult) -> None:
     """Put the simulated schedule into a step's `StepResult`: step time, the bubble in the
     breakdown (the other parts scaled to the rest of the step), the HBM peak of the fullest
@@ -279,5 +574,6 @@ def apply_pipeline(result, pipe: PipelineResult) -> None:
     result.fits_in_hbm = result.hbm_peak_bytes <= result.hbm_capacity_bytes
 
 
-__all__ = ["Pass", "PipelineResult", "apply_pipeline", "check_schedule", "simulate_pipeline",
+__all__ = ["Pass", "PipelineResult", "StagePrograms", "apply_pipeline", "build_stage_programs",
+           "check_schedule", "simulate_pipeline", "simulate_pipeline_chips", "stage_of_chips",
            "stage_order"]

@@ -1,23 +1,34 @@
-"""Pipeline schedules simulated stage by stage (sim/pipeline.py): GPipe, 1F1B and interleaved
-1F1B against the textbook bubble, the in-flight memory rule, sends over ICI and DCN, errors."""
+"""Pipeline schedules on the per-chip engine (sim/pipeline.py): GPipe, 1F1B and interleaved 1F1B
+against the textbook bubble and the stage-level simulation, the in-flight memory rule, sends
+over ICI and DCN, slow chips, links and brute force, errors."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from sim.chip_engine import PerChipConfig
 from sim.cli import main
 from sim.hardware import get_chip
-from sim.pipeline import check_schedule, simulate_pipeline, stage_order
+from sim.pipeline import (
+    check_schedule,
+    simulate_pipeline,
+    simulate_pipeline_chips,
+    stage_of_chips,
+    stage_order,
+)
 from tests.conftest import make_topology
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
 from workloads.models import model_from_dict
-from workloads.training import TrainingConfig, compile_pipeline_chunk
+from workloads.training import TrainingConfig, compile_pipeline_chunk, parse_remat
 
 # Tiny vocabulary: the embedding and the loss add little to the first and last stage.
 PP = {"name": "pp", "num_layers": 8, "d_model": 1024, "num_heads": 8, "num_kv_heads": 8,
       "head_dim": 128, "d_ff": 4096, "mlp": "swiglu", "vocab_size": 256}
 P = 4
+SMALL = {**PP, "num_layers": 4, "d_model": 512, "num_heads": 4, "num_kv_heads": 4,
+         "d_ff": 1024}  # for the many-chip runs
 
 
 def _fast_links():
@@ -28,13 +39,24 @@ def _fast_links():
                               ici_hop_latency_s=1e-12)
 
 
-def _pipe(schedule: str, m: int, v: int = 1, chip=None, mesh: str = "pipeline=4",
-          shape: str = "4x1", slices: int = 1, dcn: str | None = None):
+def _args(schedule, m, v, chip, mesh, shape, slices, dcn, remat="full", model=PP):
     chip = chip or _fast_links()
     topo = make_topology(chip, shape, slices=slices)
     cfg = TrainingConfig(seq_len=512, batch_per_chip=m, microbatches=m,
-                         pipeline_schedule=schedule, virtual_stages=v)
-    return simulate_pipeline(model_from_dict(PP), parse_mesh(mesh, dcn), chip, topo, cfg)
+                         pipeline_schedule=schedule, virtual_stages=v, remat=parse_remat(remat))
+    return model_from_dict(model), parse_mesh(mesh, dcn), chip, topo, cfg
+
+
+def _run(schedule: str, m: int, v: int = 1, chip=None, mesh: str = "pipeline=4",
+         shape: str = "4x1", slices: int = 1, dcn: str | None = None, base=None, remat="full",
+         model=PP):
+    """(StepResult, PipelineResult) of the schedule on the per-chip engine."""
+    return simulate_pipeline_chips(*_args(schedule, m, v, chip, mesh, shape, slices, dcn, remat,
+                                          model), base=base)
+
+
+def _pipe(*a, **kw):
+    return _run(*a, **kw)[1]
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -61,6 +83,16 @@ def test_1f1b_holds_at_most_p_microbatches_and_gpipe_holds_all():
     gp = _pipe("gpipe", m)
     assert one.peak_inflight == [P - s for s in range(P)]
     assert gp.peak_inflight == [m] * P
+    # The engine's HBM events (not the count above): without remat a stage keeps exactly one
+    # chunk's activations per microbatch in flight, so its most saved activations at once are
+    # P - s microbatches' worth under 1F1B and all m under GPipe.
+    args = _args("1f1b", m, 1, None, "pipeline=4", "4x1", 1, None, remat="none", model=SMALL)
+    per_mb = compile_pipeline_chunk(args[0], args[1], 4, args[4], first=False,
+                                    last=False).meta["activation_bytes_estimate"]
+    one_n = _pipe("1f1b", m, remat="none", model=SMALL).stage_saved_activations_peak_bytes
+    gp_n = _pipe("gpipe", m, remat="none", model=SMALL).stage_saved_activations_peak_bytes
+    assert one_n == pytest.approx([(P - s) * per_mb for s in range(P)], rel=1e-9)
+    assert gp_n == pytest.approx([m * per_mb] * P, rel=1e-9)
     # Memory follows: stage 0 keeps 4 microbatches' activations under 1F1B, 8 under GPipe.
     assert all(a < b for a, b in zip(one.stage_hbm_peak_bytes, gp.stage_hbm_peak_bytes,
                                      strict=True))
@@ -123,3 +155,84 @@ def test_cli_pipeline_errors_and_json(capsys):
     assert main(base + ["--mesh", "pipeline=4", "--microbatches", "4", "--virtual-stages",
                         "2"]) == 2
     assert "needs --pipeline-schedule interleaved" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("schedule,m,v", [("gpipe", 4, 1), ("1f1b", 8, 1)])
+def test_per_chip_engine_equals_the_stage_level_simulation_on_a_healthy_pipeline(schedule, m, v):
+    # Same passes, same sends (one hop each way): the engine's schedule is the stage-level one.
+    args = _args(schedule, m, v, get_chip("v5e"), "pipeline=4", "4x1", 1, None)
+    old = simulate_pipeline(*args)
+    res, new = simulate_pipeline_chips(*args)
+    assert res.num_chip_classes == P
+    assert new.step_time_s == pytest.approx(old.step_time_s, rel=1e-9)
+    assert new.bubble_s == pytest.approx(old.bubble_s, rel=1e-9)
+    assert new.send_s == pytest.approx(old.send_s, rel=1e-9)
+    assert res.step_time_s == new.step_time_s
+
+
+def test_a_slow_stage_stretches_gpipe_by_the_bottleneck_closed_form():
+    # GPipe with stage k running f times slower and no communication: the flow shop's span is
+    # (P - 1 + m f)(t_F + t_B) (every other stage waits on the bottleneck), against
+    # (P - 1 + m)(t_F + t_B) healthy. The first and last stages differ by the embedding and the
+    # loss (a tiny vocabulary keeps that under 2%).
+    m, f = 4, 2.0
+    _res, healthy = _run("gpipe", m)
+    chip_of_stage = {int(s): c for c, s in enumerate(stage_of_chips(
+        parse_mesh("pipeline=4"), make_topology(_fast_links(), "4x1"))[0])}
+    speed = np.ones(4)
+    speed[chip_of_stage[1]] = 1 / f
+    res, slow = _run("gpipe", m, base=PerChipConfig(speed=speed))
+    t = healthy.forward_s[1][0] + healthy.backward_s[1][0]
+    assert healthy.span_s == pytest.approx((P - 1 + m) * t, rel=0.02)
+    assert slow.span_s == pytest.approx((P - 1 + m * f) * t, rel=0.02)
+    assert slow.stage_busy_s[1] == pytest.approx(f * healthy.stage_busy_s[1], rel=1e-3)
+    assert slow.stage_busy_s[2] == pytest.approx(healthy.stage_busy_s[2], rel=1e-9)
+    assert res.num_chip_classes == P
+
+
+@pytest.mark.parametrize("shape,mesh,slices,dcn,schedule,v", [
+    ("4x4", "pipeline=4,fsdp=4", 1, None, "1f1b", 1),
+    ("2x2", "fsdp=4", 2, "pipeline=2", "interleaved", 2),
+])
+def test_brute_force_agrees_with_classes_on_a_pipeline_with_a_slow_chip(shape, mesh, slices, dcn,
+                                                                       schedule, v):
+    chip = get_chip("v5e")
+    topo = make_topology(chip, shape, slices=slices)
+    speed = np.ones(topo.num_chips)
+    speed[3] = 0.7
+    runs = [_run(schedule, 4, v, chip, mesh, shape, slices, dcn, model=SMALL,
+                 base=PerChipConfig(speed=speed, mode=mode)) for mode in ("auto", "per-chip")]
+    (ra, pa), (rb, pb) = runs
+    assert ra.num_chip_classes < rb.num_chip_classes == topo.num_chips
+    assert ra.step_time_s == pytest.approx(rb.step_time_s, rel=1e-9)
+    assert ra.chips.finish_s.to_numpy() == pytest.approx(rb.chips.finish_s.to_numpy(), rel=1e-9)
+    assert pa.stage_finish_s == pytest.approx(pb.stage_finish_s, rel=1e-9)
+    healthy = _run(schedule, 4, v, chip, mesh, shape, slices, dcn, model=SMALL)[0]
+    assert ra.step_time_s > healthy.step_time_s
+
+
+def test_slow_and_dead_links_between_stages_delay_the_sends():
+    chip = get_chip("v5e")
+    topo = make_topology(chip, "4x4")
+    mesh = "pipeline=4,fsdp=4"
+    stage, nxt, _prv = stage_of_chips(parse_mesh(mesh), topo)
+    healthy_res, healthy = _run("1f1b", 4, 1, chip, mesh, "4x4", model=SMALL)
+    # Slow both directions of every link between neighbouring stages by 100x.
+    links = {}
+    for c in range(topo.num_chips):
+        if stage[c] == 3:
+            continue
+        a = int(np.flatnonzero(np.asarray(topo.coords(c)) != np.asarray(topo.coords(nxt[c])))[0])
+        links[topo.ici_link_id(c, a, +1)] = 0.01
+        links[topo.ici_link_id(int(nxt[c]), a, -1)] = 0.01
+    slow_res, slow = _run("1f1b", 4, 1, chip, mesh, "4x4", model=SMALL,
+                          base=PerChipConfig(link_factors=links))
+    assert slow.send_s > 50 * healthy.send_s
+    assert slow_res.step_time_s > healthy_res.step_time_s + 2 * (P - 1) * 50 * healthy.send_s
+    # A dead link between stage 0 and 1 of one pipeline: that pipeline's sends detour.
+    c0 = int(np.flatnonzero(stage == 0)[0])
+    a = int(np.flatnonzero(np.asarray(topo.coords(c0)) != np.asarray(topo.coords(nxt[c0])))[0])
+    dead_res, _dead = _run("1f1b", 4, 1, chip, mesh, "4x4", model=SMALL,
+                           base=PerChipConfig(dead_links=(topo.ici_link_id(c0, a, +1),)))
+    assert dead_res.step_time_s > healthy_res.step_time_s
+    assert dead_res.num_chip_classes > healthy_res.num_chip_classes

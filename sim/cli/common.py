@@ -444,7 +444,17 @@ def add_step_perturbation_args(p: argparse.ArgumentParser) -> None:
 def simulate_step(args: argparse.Namespace, trace, chip, topology, *, overlap=None):
     """Replay `trace` with the perturbations of `args` on the per-chip engine (one chip class,
     and `replay`'s result to the last bit, when nothing is perturbed)."""
-    from sim.chip_engine import PerChipConfig, simulate_chips
+    from sim.chip_engine import simulate_chips
+
+    config = per_chip_config(args, trace, topology)
+    return simulate_chips(trace, chip, topology, config=config, algorithm=args.algorithm,
+                          overlap=overlap)
+
+
+def per_chip_config(args: argparse.Namespace, trace, topology):
+    """The per-chip engine's `PerChipConfig` for the perturbation flags of `args` (and the MoE
+    expert loads of `trace`)."""
+    from sim.chip_engine import PerChipConfig
 
     scenario = scenario_from_args(args, topology)
     if scenario.expert_skew or scenario.capacity_factor is not None:
@@ -455,7 +465,7 @@ def simulate_step(args: argparse.Namespace, trace, chip, topology, *, overlap=No
             )
     from workloads.moe import expert_op_scales
 
-    config = PerChipConfig(
+    return PerChipConfig(
         # An uneven MoE router loads the chips holding the hot experts (workloads/moe.py).
         op_scale=expert_op_scales(trace, topology),
         speed=scenario.chip_speed_factors_for(topology) if scenario.perturbs_chips else None,
@@ -463,5 +473,3 @@ def simulate_step(args: argparse.Namespace, trace, chip, topology, *, overlap=No
         dead_links=scenario.dead_link_ids_for(topology),
         mode=getattr(args, "mode", "auto") or "auto",
     )
-    return simulate_chips(trace, chip, topology, config=config, algorithm=args.algorithm,
-                          overlap=overlap)

@@ -44,8 +44,9 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grad-dtype", default="bf16")
     p.add_argument("--optimizer-dtype", default="fp32")
     p.add_argument("--pipeline-schedule", default=None,
-                   help="gpipe, 1f1b (default with a pipeline axis) or interleaved; simulated "
-                        "stage by stage (needs pipeline=P in --mesh or --dcn)")
+                   help="gpipe, 1f1b (default with a pipeline axis) or interleaved; every "
+                        "stage's chips run its passes on the per-chip engine (needs pipeline=P "
+                        "in --mesh or --dcn)")
     p.add_argument("--virtual-stages", type=int, default=1,
                    help="layer chunks per stage for --pipeline-schedule interleaved (default 1)")
     p.add_argument("--no-overlap", action="store_true",
@@ -223,13 +224,16 @@ def run_train(args: argparse.Namespace):
 
         check_schedule(cfg.pipeline_schedule, trace.mesh.size("pipeline"), cfg.microbatches,
                        cfg.virtual_stages)
-    result = cli.simulate_step(args, trace, chip, topo)
     if trace.mesh.size("pipeline") > 1:
-        # The stages as the schedule runs them (sim/pipeline.py), not a bubble formula.
-        from sim.pipeline import apply_pipeline, simulate_pipeline
+        # Every stage's chips run the schedule's passes on the per-chip engine (sim/pipeline.py),
+        # with the perturbations of the flags; the bubble is what the schedule produces.
+        from sim.pipeline import simulate_pipeline_chips
 
-        pipe = simulate_pipeline(model, trace.mesh, chip, topo, cfg, algorithm=args.algorithm)
-        apply_pipeline(result, pipe)
+        result, pipe = simulate_pipeline_chips(
+            model, trace.mesh, chip, topo, cfg, base=cli.per_chip_config(args, trace, topo),
+            algorithm=args.algorithm)
+    else:
+        result = cli.simulate_step(args, trace, chip, topo)
     inputs = cli.base_inputs(args, chip, topo)
     inputs["model"] = model.to_dict()
     inputs["mesh"] = describe_mesh(trace.mesh, topo)
