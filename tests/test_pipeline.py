@@ -236,3 +236,37 @@ def test_slow_and_dead_links_between_stages_delay_the_sends():
                            base=PerChipConfig(dead_links=(topo.ici_link_id(c0, a, +1),)))
     assert dead_res.step_time_s > healthy_res.step_time_s
     assert dead_res.num_chip_classes > healthy_res.num_chip_classes
+
+
+def test_replay_of_a_compiled_pipeline_trace_runs_the_schedule(tmp_path, capsys):
+    import json
+
+    import yaml
+
+    model = tmp_path / "pp.yaml"
+    model.write_text(yaml.safe_dump(SMALL))
+    pod = ["--chip", "v5e", "--shape", "4x1"]
+    flags = ["--model", str(model), "--seq-len", "512", "--batch-per-chip", "4", "--mesh",
+             "pipeline=4", "--microbatches", "4", "--pipeline-schedule", "gpipe"]
+    slow = ["--slow-chip", "2,0:0.5"]
+
+    def run(argv):
+        assert main(argv) == 0
+        out = json.loads(capsys.readouterr().out)
+        return out.get("summary", out)
+
+    trace = tmp_path / "pp.trace"
+    assert main(["compile", *pod, *flags, "-o", str(trace)]) == 0
+    capsys.readouterr()
+    for extra in ([], slow):
+        trained = run(["train", *pod, *flags, *extra, "--json"])
+        replayed = run(["replay", str(trace), *pod, *extra, "--json"])
+        assert replayed["step_time_s"] == trained["step_time_s"]
+        assert replayed["pipeline"] == trained["pipeline"]
+    assert trained["step_time_s"] > run(["train", *pod, *flags, "--json"])["step_time_s"]
+    # A trace that does not record its model and settings cannot be composed into stages.
+    doc = json.loads(trace.read_text())
+    del doc["meta"]["pipeline_compile"]
+    trace.write_text(json.dumps(doc))
+    assert main(["replay", str(trace), *pod]) == 2
+    assert "recompile it with tpusim compile" in capsys.readouterr().err

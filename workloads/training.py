@@ -166,8 +166,51 @@ def _check_divisible(what: str, value: int, axis: str, size: int, fix: str) -> N
 def compile_training_step(
     model: TransformerSpec, mesh: LogicalMesh, num_chips: int, config: TrainingConfig
 ) -> Trace:
-    """The SPMD program of one training step for `num_chips` chips laid out as `mesh`."""
-    return _compiler(model, mesh, num_chips, config).build()
+    """The SPMD program of one training step for `num_chips` chips laid out as `mesh`.
+
+    With a pipeline axis the meta also records the model and the settings
+    (`pipeline_compile`), so that a replay of the trace file can compose the stage programs
+    the schedule runs (`sim/pipeline.py`)."""
+    trace = _compiler(model, mesh, num_chips, config).build()
+    if mesh.size("pipeline") > 1:
+        trace.meta["pipeline_compile"] = {"model": model.to_dict(),
+                                          "config": training_config_to_dict(config)}
+    return trace
+
+
+def training_config_to_dict(config: TrainingConfig) -> dict:
+    """`config` as plain JSON values (`training_config_from_dict` reads it back)."""
+    import dataclasses
+
+    out = {}
+    for f in dataclasses.fields(config):
+        v = getattr(config, f.name)
+        if f.name == "moe":
+            v = {g.name: getattr(v, g.name) for g in dataclasses.fields(v)}
+        out[f.name] = str(v) if isinstance(v, enum.Enum) else v
+    return out
+
+
+def training_config_from_dict(data: dict, *, source: str = "trace") -> TrainingConfig:
+    """The `TrainingConfig` written by `training_config_to_dict` (validated as on the CLI)."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(TrainingConfig)}
+    if not isinstance(data, dict) or not set(data) <= names or "seq_len" not in data:
+        raise TpusimError(
+            f"{source}: the recorded training settings are not a TrainingConfig; recompile the "
+            f"trace with tpusim compile"
+        )
+    kw = dict(data)
+    try:
+        kw["remat"] = parse_remat(str(kw.get("remat", "full")))
+        kw["moe"] = MoeConfig(**kw.get("moe", {}))
+        return TrainingConfig(**kw)
+    except TypeError as exc:
+        raise TpusimError(
+            f"{source}: the recorded training settings do not load ({exc}); recompile the trace "
+            f"with tpusim compile"
+        ) from None
 
 
 def estimate_training_memory(
@@ -946,7 +989,10 @@ def _with(op, **changes):
 __all__ = [
     "Remat",
     "TrainingConfig",
+    "compile_pipeline_chunk",
     "compile_training_step",
+    "training_config_from_dict",
+    "training_config_to_dict",
     "estimate_training_memory",
     "parse_remat",
     "dtype_bytes",

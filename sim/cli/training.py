@@ -322,8 +322,12 @@ def run_replay(args: argparse.Namespace):
             f"trace {str(path)!r} was compiled for {n} chips but the pod has {topo.num_chips}; "
             f"replay it on a {n}-chip pod or recompile"
         )
-    result = cli.simulate_step(args, trace, chip, topo,
-                               overlap=False if args.no_overlap else None)
+    pipe = None
+    if trace.meta.get("kind") == "training" and trace.mesh.size("pipeline") > 1:
+        result, pipe = _replay_pipeline(args, trace, chip, topo, path)
+    else:
+        result = cli.simulate_step(args, trace, chip, topo,
+                                   overlap=False if args.no_overlap else None)
     if hlo is not None:
         summary = {**hlo_summary(hlo, result), **per_chip_summary(result)}
     elif trace.meta.get("kind") == "training":
@@ -331,12 +335,43 @@ def run_replay(args: argparse.Namespace):
     else:
         summary = {"step_time_s": result.step_time_s, "breakdown": result.breakdown,
                    **per_chip_summary(result)}
+    if pipe is not None:
+        summary["pipeline"] = pipe.to_dict()
     inputs = cli.base_inputs(args, chip, topo)
     inputs["trace"] = {"path": str(path), "sha256": digest, "kind": trace.meta.get("kind"),
                        "model": trace.meta.get("model")}
     inputs["mesh"] = describe_mesh(trace.mesh, topo)
     inputs["algorithm"] = args.algorithm
     return Run(command=args.command, summary=summary, inputs=inputs, result=result, trace=trace)
+
+
+def _replay_pipeline(args, trace, chip, topo, path):
+    """A compiled pipeline step: the stage programs composed again from the model and settings
+    the trace records, run on the per-chip engine as `train` runs them."""
+    from sim.pipeline import check_schedule, simulate_pipeline_chips
+    from workloads.models import model_from_dict
+    from workloads.training import training_config_from_dict
+
+    rec = trace.meta.get("pipeline_compile")
+    if not isinstance(rec, dict) or "model" not in rec or "config" not in rec:
+        raise TpusimError(
+            f"trace {str(path)!r} has a pipeline axis but does not record its model and settings "
+            f"(written by an older tpusim), so its stage programs cannot be composed; recompile "
+            f"it with tpusim compile"
+        )
+    source = f"trace {str(path)!r}"
+    model = model_from_dict(rec["model"], source=source)
+    cfg = training_config_from_dict(rec["config"], source=source)
+    check_schedule(cfg.pipeline_schedule, trace.mesh.size("pipeline"), cfg.microbatches,
+                   cfg.virtual_stages)
+    if args.no_overlap:
+        import dataclasses
+
+        cfg = dataclasses.replace(cfg, overlap=False)
+    return simulate_pipeline_chips(model, trace.mesh, chip, topo, cfg,
+                                   base=cli.per_chip_config(args, trace, topo),
+                                   algorithm=args.algorithm,
+                                   overlap=False if args.no_overlap else None)
 
 
 def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
