@@ -100,6 +100,9 @@ class PerChipConfig:
             (`simulate_collective`'s rerouting, every group at once).
         mode: `auto` (equivalence classes) or `per-chip` (brute force, one actor per chip).
         p2p: point-to-point transfers between the chips' programs (`PointToPoint`).
+        vector: in `auto` mode, True runs the classes as vector classes (`sim.vector_engine`),
+            False as one SimPy actor each; None (default) picks vectors when the classes would
+            replay more than MAX_CLASS_OPS ops. Vectors need one program and no `p2p`.
     """
 
     speed: np.ndarray | None = None
@@ -110,6 +113,7 @@ class PerChipConfig:
     dead_links: tuple[int, ...] = ()
     mode: str = "auto"
     p2p: PointToPoint | None = None
+    vector: bool | None = None
 
 
 def _coords_text(topology: Topology, chip: int) -> str:
@@ -366,12 +370,33 @@ def simulate_chips(
     _, first = np.unique(label, return_index=True)
     rep[:] = first
     class_ops = sum(len(programs[int(prog_of[r])].ops) for r in rep.tolist())
+    lm = link_model(chip, topology, {})
+    vectors_apply = len(used_programs) == 1 and p2p is None
+    use_vectors = cfg.mode != "per-chip" and vectors_apply and (
+        cfg.vector if cfg.vector is not None else class_ops > MAX_CLASS_OPS)
+    if use_vectors:
+        from sim.vector_engine import simulate_vectors
+
+        pi = used_programs[0]
+        res, sc_costs = simulate_vectors(
+            programs=programs, prog_of=prog_of, speed=speed, op_scale=cfg.op_scale, chip=chip,
+            topology=topology, overlap=overlap,
+            op_geom={i: g for (p, i), g in op_geom.items() if p == pi},
+            op_key={i: k for (p, i), k in op_key.items() if p == pi},
+            geoms=geoms, group_cost=group_cost, base_costs=base_costs, lm=lm, label=label,
+            slow=slow, dead_links=tuple(cfg.dead_links))
+        _common_fields(res, topology, {i: op_key[(pi, i)][1] for p, i in op_geom if p == pi},
+                       sc_costs, lm, slow, cfg.dead_links)
+        return res
     if class_ops > MAX_CLASS_OPS:
+        how = ("use --mode auto (vector classes, the same result)" if vectors_apply
+               else "vector classes do not take pipeline stages (several programs) in this "
+                    "version, so perturb fewer chips (e.g. --slow-chip instead of "
+                    "--chip-variation)")
         raise TpusimError(
             f"the per-chip engine would replay {ncls} chip classes x {class_ops // ncls} ops = "
-            f"{class_ops:,} class-ops (limit {MAX_CLASS_OPS:,}, about 0.9 KB each in memory); "
-            f"this version simulates every class separately, so perturb fewer chips (e.g. "
-            f"--slow-chip instead of --chip-variation on this pod) or use a smaller pod"
+            f"{class_ops:,} class-ops (limit {MAX_CLASS_OPS:,}, about 0.9 KB each in memory) "
+            f"with one SimPy actor per class; {how}, or use a smaller pod"
         )
     count = np.bincount(label, minlength=ncls)
     # Classes present in every group of every geometry (rendezvous partners).
@@ -385,7 +410,6 @@ def simulate_chips(
         partners[g] = [tuple(sets[int(goc[rep[c]])]) for c in range(ncls)]
 
     # -- cost every op of every class before env.run() --------------------------------------
-    lm = link_model(chip, topology, {})
     hbm_bw0 = chip.hbm_bytes_per_s * chip.hbm_efficiency
     mxu_rate0 = chip.mxu_flops_per_s * chip.mxu_efficiency
     int8_rate0 = chip.mxu_int8_ops_per_s * chip.mxu_efficiency
@@ -618,14 +642,8 @@ def simulate_chips(
         res._memory = [(sc.rep,) + row[1:] for row in res._memory]
     if multi:
         res.sim_events = sum(cl.net.num_events for cl in classes) + class_ops
-    res._topology = topology
-    res._coll_axes = {i: op_key[(p, i)][1] for p, i in op_geom if p == sc.prog}
-    res._coll_classes = {i: {CLASS_NAMES[int(j)]: float(cc.class_bytes[j])
-                             for j in np.flatnonzero(cc.class_bytes > 0)}
-                         for i, cc in sc.coll_cost.items()}
-    res._coll_algorithm = {i: cc.algorithm for i, cc in sc.coll_cost.items()}
-    res._class_capacity = {CLASS_NAMES[i]: float(lm.class_capacity_bytes_per_s[i])
-                           for i in range(NUM_CLASSES)}
+    _common_fields(res, topology, {i: op_key[(p, i)][1] for p, i in op_geom if p == sc.prog},
+                   sc.coll_cost, lm, slow, ())
     res.num_chip_classes = ncls
     res.slowest_chip = _coords_text(topology, sc.rep)
     res._chip_class = label
@@ -639,10 +657,6 @@ def simulate_chips(
     res._class_counts = count
     # Per link: the bytes the class of its source chip put on that link class.
     res._link_bytes = _per_link_bytes(topology, label, classes)
-    res._link_cap = np.where(np.arange(topology.num_links) < topology.num_ici_links,
-                             lm.capacity_bytes_per_s, lm.capacity_bytes_per_s)
-    for lk, f in slow.items():
-        res._link_cap[lk] *= f
     for lk in cfg.dead_links:  # a dead link carries nothing (its detour's bytes stay elsewhere)
         res._link_bytes[lk] = 0.0
     res.critical_path = _critical_path(classes, slowest, topology, slow, op_key, group_cost,
@@ -652,6 +666,25 @@ def simulate_chips(
     if len(used_programs) > 1:
         res._class_programs = {cl.c: (programs[cl.prog], cl.bound) for cl in classes}
     return res
+
+
+def _common_fields(res, topology, coll_axes, coll_cost, lm, slow, dead) -> None:
+    """Result fields both engines fill alike: collective axes, link classes and capacities."""
+    res._topology = topology
+    res._coll_axes = coll_axes
+    res._coll_classes = {i: {CLASS_NAMES[int(j)]: float(cc.class_bytes[j])
+                             for j in np.flatnonzero(cc.class_bytes > 0)}
+                         for i, cc in coll_cost.items()}
+    res._coll_algorithm = {i: cc.algorithm for i, cc in coll_cost.items()}
+    res._class_capacity = {CLASS_NAMES[i]: float(lm.class_capacity_bytes_per_s[i])
+                           for i in range(NUM_CLASSES)}
+    res._link_cap = np.array(np.broadcast_to(lm.capacity_bytes_per_s, (topology.num_links,)),
+                             dtype=float)
+    for lk, f in slow.items():
+        res._link_cap[lk] *= f
+    if res._link_bytes is not None:
+        for lk in dead:  # a dead link carries nothing (its detour's bytes stay elsewhere)
+            res._link_bytes[lk] = 0.0
 
 
 class _ClassState:
@@ -837,10 +870,14 @@ def _link_axis(topology: Topology, link: int) -> str:
 
 def _per_link_bytes(topology: Topology, label: np.ndarray, classes) -> np.ndarray:
     """Bytes on every link: each chip's outgoing link classes carry what its class put there."""
-    per = 2 * topology.ndim
     cls_bytes = np.stack([cl.net.bytes[:NUM_CLASSES] for cl in classes])  # [classes, 8]
+    return _per_link_bytes_of_chips(topology, cls_bytes[label])
+
+
+def _per_link_bytes_of_chips(topology: Topology, chip_b: np.ndarray) -> np.ndarray:
+    """Bytes on every link from the bytes each chip put on its outgoing link classes."""
+    per = 2 * topology.ndim
     out = np.zeros(topology.num_links)
-    chip_b = cls_bytes[label]  # [chips, 8]
     n_ici = topology.num_ici_links
     out[:n_ici] = chip_b[:, :per].reshape(-1)
     out[:n_ici] *= topology.link_mask()[:n_ici]

@@ -363,15 +363,19 @@ def test_cli_train_takes_dead_links(tiny_yaml, capsys):
     assert rc == rc2 == 0 and dead["step_time_s"] > json.loads(out)["step_time_s"]
 
 
-def test_too_many_chip_classes_is_a_one_line_refusal(monkeypatch):
+def test_beyond_the_class_limit_vector_classes_run_and_brute_force_is_refused(monkeypatch):
     import sim.chip_engine as ce
 
     chip, topo, trace = _setup("v5e", "2x2", "fsdp=4")
-    monkeypatch.setattr(ce, "MAX_CLASS_OPS", 3 * len(trace.ops))
     speed = np.array([1.0, 0.9, 0.8, 0.7])
+    small = simulate_chips(trace, chip, topo, config=PerChipConfig(speed=speed))
+    monkeypatch.setattr(ce, "MAX_CLASS_OPS", 3 * len(trace.ops))
+    big = simulate_chips(trace, chip, topo, config=PerChipConfig(speed=speed))
+    assert big._vector_stats["vectors_peak"] >= 1  # the vector engine ran
+    assert big.step_time_s == pytest.approx(small.step_time_s, rel=1e-9)
     with pytest.raises(TpusimError, match="4 chip classes") as exc:
-        simulate_chips(trace, chip, topo, config=PerChipConfig(speed=speed))
-    assert "\n" not in str(exc.value)
+        simulate_chips(trace, chip, topo, config=PerChipConfig(speed=speed, mode="per-chip"))
+    assert "\n" not in str(exc.value) and "--mode auto" in str(exc.value)
 
 
 def test_per_chip_programs_equal_the_same_work_given_as_op_scales():

@@ -1,0 +1,883 @@
+"""Vector classes: the per-chip engine's path for pods where (nearly) every chip differs, e.g.
+`--chip-variation` on 8960 chips (docs/model.md, "Per-chip engine", "Vector classes").
+
+Chips that run the same program with the same op scales and the same collective costs, and that
+differ only in speed, form a *vector class*: its state is advanced as a whole, with every time an
+array over its chips (numpy), as long as every chip of the vector sees the same sequence of
+events. The model is exactly `sim.chip_engine`'s (each chip: a core replaying compute ops in
+order; its HBM and outgoing link classes as fluid resources shared by compute and collective
+DMA, with `sim.network.FluidNetwork`'s arithmetic; a collective starts when its whole replica
+group has arrived and ends when its last member has drained):
+
+* Lazy splitting. Before each event, every chip of the vector computes its next event (the
+  earliest of its pending core, fluid and collective events) and, for a fluid event, which
+  batches finish. Where these choices differ, the vector splits into vectors that agree, and
+  each part goes on alone. Vectors that reach the same discrete state again (same ops done, same
+  ops in flight, same queues) merge back, so the number of vectors stays near the number of
+  distinct event orders, not the number of chips.
+* Rendezvous by group index arrays: a collective's start is the maximum arrival over its group
+  (`np.maximum.at` over the chips' group indices), its end the maximum drain.
+* Conservative ordering. Each chip has its own clock, so a chip may process its next event only
+  if no collective it waits on can start (or end) before that event: the engine always advances
+  the vector holding the earliest pending event of the whole pod (nothing can happen before it),
+  and a chip's event at time t is processed early only if t is below a lower bound of every
+  unresolved rendezvous it takes part in (the latest arrival so far, and for members still on
+  their way, their clock plus the least time their remaining compute can take). Chips for which
+  this cannot be shown wait (the vector splits; it merges back once they catch up).
+
+So every chip's events are processed in the order the SimPy model processes them, and every
+time is computed with the same formula: the result equals `mode="per-chip"` (one SimPy actor per
+chip) up to float rounding of sums taken in another order (tested to 1e-9 relative).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+import numpy as np
+
+from topologies.errors import TpusimError
+from topologies.groups import NUM_CLASSES
+from workloads.trace import OpKind, Unit
+
+HBM = NUM_CLASSES  # the HBM resource follows the link classes, as in the class engine
+NRES = NUM_CLASSES + 1
+# Core phases.
+C_WAIT, C_LAT, C_FLU, C_TIMEOUT, C_COLL, C_DONE = range(6)
+# Collective phases (an op id absent from `coll` is not started or done).
+K_ARR, K_FLU, K_DRN = range(1, 4)
+# Event labels.
+E_CORE, E_FLUID, E_CADM, E_CEND, E_PCIE = range(5)
+_rng = np.random.default_rng(12345)
+
+
+class _Kind:
+    """What the chips of a vector share: program, op scales and the cost of each collective."""
+
+    def __init__(self, kid, ops, scale, coll_cost, overlap, chip, rates0):
+        self.id = kid
+        self.ops = ops
+        n = len(ops)
+        mxu0, int80, vpu0, hbm0 = rates0
+        self.ovh = float(chip.op_overhead_s)
+        self.flops = np.zeros(n)
+        self.hbm = np.zeros(n)
+        self.rate0 = np.ones(n)
+        self.idle = np.zeros(n)
+        self.core = []
+        for op in ops:
+            if op.kind == OpKind.COMPUTE:
+                k = scale.get(op.id, 1.0)
+                self.flops[op.id] = op.flops * k
+                self.hbm[op.id] = op.hbm_bytes * k
+                self.rate0[op.id] = (int80 if op.dtype == "int8" else mxu0) \
+                    if op.unit == Unit.MXU else vpu0
+                self.core.append(op.id)
+            elif op.kind == OpKind.IDLE:
+                self.idle[op.id] = op.duration_s
+                self.core.append(op.id)
+            elif op.kind == OpKind.COLLECTIVE and not overlap:
+                self.core.append(op.id)
+        self.hbm0 = hbm0
+        self.mxu_flops = float(sum(self.flops[o.id] for o in ops
+                                   if o.kind == OpKind.COMPUTE and o.unit == Unit.MXU))
+        self.vpu_flops = float(sum(self.flops[o.id] for o in ops
+                                   if o.kind == OpKind.COMPUTE and o.unit == Unit.VPU))
+        self.mxu0, self.vpu0 = mxu0, vpu0
+        self.host_dur = np.array([op.bytes / chip.pcie_bytes_per_s if op.kind == OpKind.HOST
+                                  else 0.0 for op in ops])
+        self.core_pos = {o: i for i, o in enumerate(self.core)}
+        # Least time the core needs for its ops (speed 1, without overhead; HBM alone): the
+        # lower bound of a chip's arrival at a collective (sum / speed + overheads).
+        base = np.array([max(self.flops[o] / self.rate0[o], self.hbm[o] / hbm0)
+                         if ops[o].kind == OpKind.COMPUTE else 0.0 for o in self.core])
+        self.csum = np.concatenate([[0.0], np.cumsum(base)])
+        self.cnt = np.concatenate([[0], np.cumsum([ops[o].kind == OpKind.COMPUTE
+                                                   for o in self.core])]).astype(float)
+        self.fix = np.concatenate([[0.0], np.cumsum([self.idle[o] for o in self.core])])
+        self.deps_left = np.array([len(op.deps) for op in ops], dtype=np.int64)
+        self.dependents = [[] for _ in range(n)]
+        for op in ops:
+            for d in op.deps:
+                self.dependents[d].append(op.id)
+        # Last core op among each collective's dependencies (-1: none).
+        self.pdep = {op.id: max((self.core_pos[d] for d in op.deps if d in self.core_pos),
+                                default=-1)
+                     for op in ops if op.kind == OpKind.COLLECTIVE}
+        self.coll = {}
+        for op_id, cc in coll_cost.items():
+            used = np.flatnonzero(cc.class_bytes > 0)
+            # As the class engine's batches: no zero-byte HBM hop (it would still pace).
+            hbm = [HBM] if cc.hbm_bytes > 0 or len(used) == 0 else []
+            res = np.append(used, hbm).astype(np.int64)
+            w = np.append(cc.class_bytes[used], [cc.hbm_bytes] * len(hbm))
+            empty = len(res) == 0 or float(np.max(w, initial=0.0)) <= 0
+            self.coll[op_id] = (res, w, float(cc.latency_s), empty,
+                                np.bincount(res, weights=w, minlength=NRES))
+        self.comp_w = {}
+
+    def lb_arrival(self, j, c0, now, s):
+        """Lower bound of the arrival at collective `j` of chips whose first unstarted core op
+        is `c0` (index into `core`), clock `now`, speed `s`."""
+        p = self.pdep[j] + 1
+        if p <= c0:
+            return now
+        return now + (self.csum[p] - self.csum[c0]) / s + self.ovh * (self.cnt[p] - self.cnt[c0]) \
+            + (self.fix[p] - self.fix[c0])
+
+
+class _Vec:
+    __slots__ = ("kind", "a", "core_i", "core_phase", "coll", "fluid", "left", "dh", "pq",
+                 "pcur", "key", "dead", "id", "skey")
+
+    def copy_state(self, other):
+        self.kind = other.kind
+        self.core_i = other.core_i
+        self.core_phase = other.core_phase
+        self.coll = dict(other.coll)
+        self.fluid = list(other.fluid)
+        self.left = other.left.copy()
+        self.dh = other.dh
+        self.pq = list(other.pq)
+        self.pcur = other.pcur
+
+
+class VectorRun:
+    """One run of the vector engine (see the module docstring)."""
+
+    def __init__(self, *, ops, n, nchips, topology, speed, kinds_of_chip, kinds, coll_geo,
+                 cap_links, overlap):
+        self.ops = ops
+        self.n = n
+        self.N = nchips
+        self.overlap = overlap
+        self.cap = np.asarray(cap_links, dtype=float)  # link classes (HBM per chip)
+        self.speed = speed
+        self.kinds = kinds
+        self.kind_of = kinds_of_chip
+        self.start = np.zeros((nchips, n))
+        self.end = np.zeros((nchips, n))
+        colls = sorted(coll_geo)
+        self.cidx = {j: i for i, j in enumerate(colls)}
+        nc = len(colls)
+        self.arr = np.full((nc, nchips), np.nan)
+        self.drn = np.full((nc, nchips), np.nan)
+        self.goc = {j: coll_geo[j][0] for j in colls}
+        self.gsize = {j: coll_geo[j][1] for j in colls}
+        ng = {j: int(self.goc[j].max(initial=0)) + 1 for j in colls}
+        self.acnt = {j: np.zeros(ng[j], dtype=np.int64) for j in colls}
+        self.amax = {j: np.full(ng[j], -np.inf) for j in colls}
+        self.alb = {j: np.full(ng[j], -np.inf) for j in colls}
+        self.dcnt = {j: np.zeros(ng[j], dtype=np.int64) for j in colls}
+        self.dmax = {j: np.full(ng[j], -np.inf) for j in colls}
+        self.open: set[int] = set()  # collectives with some but not all members arrived
+        self.atot: dict[int, int] = {}
+        self.hash = [int(x) for x in _rng.integers(1, 2**62, size=n)]
+        self.waiters: dict[int, set[int]] = {}
+        self.vecs: dict[int, _Vec] = {}
+        self.by_state: dict[tuple, int] = {}
+        self.heap: list = []
+        self._seq = 0
+        self.final: list[_Vec] = []
+        self.max_vectors = 0
+        self.steps = 0
+
+    # -- vector bookkeeping -----------------------------------------------------------------
+    def _new(self, state_from, a) -> _Vec:
+        v = _Vec()
+        v.copy_state(state_from)
+        v.a = a
+        v.key = math.inf
+        v.dead = False
+        v.skey = None
+        v.id = self._seq
+        self._seq += 1
+        self.vecs[v.id] = v
+        for j in v.coll:
+            self.waiters.setdefault(j, set()).add(v.id)
+        self.max_vectors = max(self.max_vectors, len(self.vecs))
+        return v
+
+    def _kill(self, v: _Vec) -> None:
+        v.dead = True
+        self.vecs.pop(v.id, None)
+        for j in v.coll:
+            self.waiters.get(j, set()).discard(v.id)
+        if v.skey is not None and self.by_state.get(v.skey) == v.id:
+            del self.by_state[v.skey]
+
+    def _split(self, v: _Vec, codes: np.ndarray) -> list[tuple[int, _Vec, object]]:
+        """Sub-vectors of `v` by equal `codes`, with the indices of their chips in `v` (v itself
+        is retired when it splits)."""
+        vals = np.unique(codes)
+        if len(vals) == 1:
+            return [(int(vals[0]), v, slice(None))]
+        self._kill(v)
+        out = []
+        for c in vals.tolist():
+            idx = np.flatnonzero(codes == c)
+            out.append((c, self._new(v, {k: x[idx] for k, x in v.a.items()}), idx))
+        return out
+
+    def _state_key(self, v: _Vec) -> tuple:
+        return (v.kind.id, v.core_i, v.core_phase, tuple(sorted(v.coll.items())),
+                tuple(v.fluid), v.dh, tuple(v.pq), v.pcur)
+
+    def _settle(self, v: _Vec) -> None:
+        """After a step: merge with a vector in the same discrete state, re-key, re-queue."""
+        if v.skey is not None and self.by_state.get(v.skey) == v.id:
+            del self.by_state[v.skey]
+        sk = self._state_key(v)
+        other = self.by_state.get(sk)
+        if other is not None and other != v.id and other in self.vecs:
+            w = self.vecs[other]
+            self._kill(w)
+            self._kill(v)
+            m = self._new(v, {k: np.concatenate([w.a[k], x]) for k, x in v.a.items()})
+            v = m
+        v.skey = sk
+        self.by_state[sk] = v.id
+        self._push(v)
+
+    def _push(self, v: _Vec) -> None:
+        t = self._candidates(v)[0]
+        finite = t[np.isfinite(t)] if t.size else t
+        key = float(finite.min()) if finite.size else math.inf
+        v.key = key
+        if key < math.inf:
+            heapq.heappush(self.heap, (key, v.id, v))
+        elif not v.coll and v.core_phase == C_DONE and not v.pq and v.pcur < 0:
+            self._kill(v)
+            self.final.append(v)
+
+    # -- candidates -------------------------------------------------------------------------
+    def _candidates(self, v: _Vec):
+        """(earliest known event time per chip, labels, time matrix, unresolved items)."""
+        a = v.a
+        k = len(a["now"])
+        labels, rows, unres = [], [], []
+        if v.core_phase in (C_LAT, C_TIMEOUT):
+            labels.append((E_CORE, -1))
+            rows.append(a["core_t"])
+        if v.fluid:
+            labels.append((E_FLUID, -1))
+            rows.append(a["ft"])
+        if v.pcur >= 0:
+            labels.append((E_PCIE, v.pcur))
+            rows.append(a["pcie_t"])
+        chips = a["chips"]
+        for j, ph in v.coll.items():
+            if ph == K_ARR:
+                g = self.goc[j][chips]
+                ok = self.acnt[j][g] == self.gsize[j]
+                t = np.where(ok, self.amax[j][g] + v.kind.coll[j][2], np.inf)
+                labels.append((E_CADM, j))
+                rows.append(t)
+                if not ok.all():
+                    unres.append((j, K_ARR, ~ok, g))
+            elif ph == K_DRN:
+                g = self.goc[j][chips]
+                ok = self.dcnt[j][g] == self.gsize[j]
+                t = np.where(ok, self.dmax[j][g], np.inf)
+                labels.append((E_CEND, j))
+                rows.append(t)
+                if not ok.all():
+                    unres.append((j, K_DRN, ~ok, g))
+        if not rows:
+            return np.full(k, np.inf), labels, None, unres
+        m = np.vstack(rows)
+        return m.min(axis=0), labels, m, unres
+
+    def _lower_bound(self, j, ph, g, T):
+        if ph == K_ARR:
+            return np.maximum(np.maximum(self.amax[j][g], self.alb[j][g]), T)
+        return np.maximum(self.dmax[j][g], T)
+
+    # -- main loop --------------------------------------------------------------------------
+    def run(self, init: list[_Vec]) -> None:
+        for v in init:  # time 0: ops without dependencies start (collectives in op order)
+            t0 = v.a["now"]
+            for op in self.ops:
+                if v.left[op.id] == 0 and op.kind == OpKind.COLLECTIVE and self.overlap:
+                    self._arrive(v, op.id, t0)
+                elif v.left[op.id] == 0 and op.kind == OpKind.HOST:
+                    v.pq.append(op.id)
+            self._pcie_next(v, t0)
+            self._start_core(v, t0)
+        for v in init:
+            self._settle(v)
+        while self.heap:
+            key, _, v = heapq.heappop(self.heap)
+            if v.dead or key != v.key:
+                continue
+            self.steps += 1
+            self._step(v, key)
+        if self.vecs:
+            left = next(iter(self.vecs.values()))
+            raise TpusimError(
+                f"internal error: the vector engine stalled with {len(self.vecs)} vectors "
+                f"waiting (core at op {left.core_i}, collectives {sorted(left.coll)[:3]})"
+            )
+
+    def _step(self, v: _Vec, T: float) -> None:
+        tmin, labels, m, unres = self._candidates(v)
+        safe = np.isfinite(tmin)
+        for j, ph, mask, g in unres:
+            lb = self._lower_bound(j, ph, g, T)
+            safe &= ~mask | (tmin <= lb)
+        if not safe.all():
+            if not safe.any():
+                raise TpusimError("internal error: the vector engine found no safe chip")
+            for c, p, _idx in self._split(v, safe.astype(np.int64)):
+                if c == 0:
+                    self._settle(p)
+                else:
+                    self._step(p, T)
+            return
+        choice = m.argmin(axis=0)
+        for c, p, idx in self._split(v, choice):
+            self._event(p, labels[c], m[c][idx])
+
+    # -- events -----------------------------------------------------------------------------
+    def _event(self, v: _Vec, label, t: np.ndarray) -> None:
+        kind, j = label
+        fluid_event = kind == E_FLUID or (kind == E_CORE and v.core_phase == C_LAT) or (
+            kind == E_CADM and not v.kind.coll[j][3])
+        if fluid_event and v.fluid:
+            # Which batches finish at this event, per chip (split where they differ).
+            rem = self._advanced(v, t, snap=kind == E_FLUID)
+            fin = np.vstack([r <= 1e-12 for r in rem])
+            codes = np.zeros(len(t), dtype=np.int64)
+            for i in range(fin.shape[0]):
+                codes |= fin[i].astype(np.int64) << i
+            parts = self._split(v, codes)
+            if len(parts) > 1:
+                for _c, p, idx in parts:
+                    self._event_uniform(p, label, t[idx])
+                return
+        self._event_uniform(v, label, t)
+
+    def _advanced(self, v, t, snap):
+        a = v.a
+        dt = t - a["fl_last"]
+        out = []
+        tol = 1e-12 * np.maximum(t, 1e-9)
+        for b in v.fluid:
+            r = a[f"r{b}"] - a[f"v{b}"] * np.where(dt > 0, dt, 0.0)
+            if snap:
+                sp = a[f"v{b}"]
+                r = np.where((r <= 1e-9) | ((sp > 0) & (r / np.where(sp > 0, sp, 1.0) <= tol)),
+                             0.0, r)
+            out.append(r)
+        return out
+
+    def _event_uniform(self, v: _Vec, label, t: np.ndarray) -> None:
+        kind, j = label
+        a = v.a
+        a["now"] = t
+        done_now: list[int] = []
+        if kind == E_FLUID:
+            self._advance(v, t, snap=True)
+            done_now = self._resched(v, t)
+        elif kind == E_CORE:
+            op = v.kind.core[v.core_i]
+            if v.core_phase == C_LAT:
+                self._advance(v, t, snap=False)
+                b = op
+                a[f"r{b}"] = np.ones(len(t))
+                a[f"v{b}"] = np.zeros(len(t))
+                tc = v.kind.flops[op] / (v.kind.rate0[op] * a["s"])
+                a[f"m{b}"] = np.where(tc > 0, 1.0 / np.where(tc > 0, tc, 1.0), np.inf)
+                v.fluid.append(b)
+                v.core_phase = C_FLU
+                done_now = self._resched(v, t)
+            else:  # timeout
+                self._core_done(v, op, t)
+        elif kind == E_PCIE:
+            op = v.pcur
+            v.pcur = -1
+            self._op_done(v, op, t)
+            self._pcie_next(v, t)
+        elif kind == E_CADM:
+            res, w, lat, empty, wb = v.kind.coll[j]
+            if v.coll[j] == K_ARR:
+                g = self.goc[j][a["chips"]]
+                st = self.amax[j][g]
+                ci = self.cidx[j]
+                a["wait"] = a["wait"] + (st - self.arr[ci, a["chips"]])
+                self.start[a["chips"], j] = st
+                a["bytes"] = a["bytes"] + wb
+            if empty:
+                self._drained(v, j, t)
+            else:
+                self._advance(v, t, snap=False)
+                a[f"r{j}"] = np.ones(len(t))
+                a[f"v{j}"] = np.zeros(len(t))
+                v.fluid.append(j)
+                v.coll[j] = K_FLU
+                done_now = self._resched(v, t)
+        elif kind == E_CEND:
+            ci = self.cidx[j]
+            a["wait"] = a["wait"] + (t - self.drn[ci, a["chips"]])
+            del v.coll[j]
+            self.waiters.get(j, set()).discard(v.id)
+            if not self.overlap:
+                v.core_phase = C_WAIT
+                self._op_done(v, j, t)
+                self._core_next(v, t)
+            else:
+                self._op_done(v, j, t)
+        for b in done_now:
+            if self.ops[b].kind == OpKind.COLLECTIVE:
+                self._drained(v, b, t)
+            else:
+                self._core_done(v, b, t)
+        self._update_open_bounds(v)
+        self._settle(v)
+
+    # -- fluid (FluidNetwork's arithmetic, per chip) ----------------------------------------
+    def _advance(self, v: _Vec, t, snap: bool) -> None:
+        a = v.a
+        if v.fluid:
+            dt = t - a["fl_last"]
+            pos = dt > 0
+            d = np.where(pos, dt, 0.0)
+            for b in v.fluid:
+                a[f"r{b}"] = a[f"r{b}"] - a[f"v{b}"] * d
+            use = self._load(v) > 0
+            a["busy"] = a["busy"] + np.outer(d, use)
+            if snap:
+                tol = 1e-12 * np.maximum(t, 1e-9)
+                for b in v.fluid:
+                    r, sp = a[f"r{b}"], a[f"v{b}"]
+                    a[f"r{b}"] = np.where(
+                        (r <= 1e-9) | ((sp > 0) & (r / np.where(sp > 0, sp, 1.0) <= tol)), 0.0, r)
+        a["fl_last"] = t
+
+    def _load(self, v: _Vec) -> np.ndarray:
+        load = np.zeros(NRES)
+        for b in v.fluid:
+            load = load + (v.kind.coll[b][4] if self.ops[b].kind == OpKind.COLLECTIVE
+                           else self._comp_load(v, b))
+        return load
+
+    def _comp_load(self, v, b):
+        w = v.kind.comp_w.get(b)
+        if w is None:
+            w = np.zeros(NRES)
+            w[HBM] = v.kind.hbm[b]
+            v.kind.comp_w[b] = w
+        return w
+
+    def _resched(self, v: _Vec, t) -> list[int]:
+        a = v.a
+        a["nev"] = a["nev"] + 1
+        fin = [b for b in v.fluid if bool(np.all(a[f"r{b}"] <= 1e-12))]
+        for b in fin:
+            v.fluid.remove(b)
+            a.pop(f"r{b}")
+            a.pop(f"v{b}")
+            a.pop(f"m{b}", None)
+        if not v.fluid:
+            a["ft"] = np.full(len(t), np.inf)
+            return fin
+        # Load summed in admission order (FluidNetwork's bincount order).
+        res_all, w_all = [], []
+        for b in v.fluid:
+            if self.ops[b].kind == OpKind.COLLECTIVE:
+                res_all.append(v.kind.coll[b][0])
+                w_all.append(v.kind.coll[b][1])
+            else:
+                res_all.append(np.array([HBM]))
+                w_all.append(np.array([v.kind.hbm[b]]))
+        load = np.bincount(np.concatenate(res_all), weights=np.concatenate(w_all),
+                           minlength=NRES)
+        pos = load > 0
+        pace_l = np.divide(self.cap, load[:NUM_CLASSES], out=np.full(NUM_CLASSES, np.inf),
+                           where=pos[:NUM_CLASSES])
+        hbm_cap = v.kind.hbm0 * a["s"]
+        pace_h = hbm_cap / load[HBM] if pos[HBM] else np.full(len(t), np.inf)
+        nxt = np.full(len(t), np.inf)
+        for b, res in zip(v.fluid, res_all, strict=True):
+            links = res[res < HBM]
+            sp_l = float(np.min(pace_l[links])) if len(links) else math.inf
+            sp = np.minimum(sp_l, pace_h) if (res == HBM).any() else np.full(len(t), sp_l)
+            mx = a.get(f"m{b}")
+            if mx is not None:
+                sp = np.minimum(sp, mx)
+            a[f"v{b}"] = sp
+            nxt = np.minimum(nxt, a[f"r{b}"] / sp)
+        if np.isnan(nxt).any():
+            raise RuntimeError("invariant violated: a fluid step of NaN seconds")
+        tiny = t + nxt <= t
+        if tiny.any():
+            nxt = np.where(tiny, 4 * np.spacing(t), nxt)
+        a["ft"] = t + np.maximum(nxt, 0.0)
+        return fin
+
+    # -- ops --------------------------------------------------------------------------------
+    def _core_done(self, v: _Vec, op: int, t) -> None:
+        self._op_done(v, op, t)
+        self._core_next(v, t)
+
+    def _core_next(self, v: _Vec, t) -> None:
+        v.core_i += 1
+        v.core_phase = C_WAIT
+        self._start_core(v, t)
+
+    def _start_core(self, v: _Vec, t) -> None:
+        K = v.kind
+        if v.core_i >= len(K.core):
+            v.core_phase = C_DONE
+            return
+        op = K.core[v.core_i]
+        if v.left[op] > 0:
+            v.core_phase = C_WAIT
+            return
+        a = v.a
+        self.start[a["chips"], op] = t
+        o = self.ops[op]
+        if o.kind == OpKind.COLLECTIVE:  # --no-overlap: the core runs the collective
+            v.core_phase = C_COLL
+            self._arrive(v, op, t)
+        elif o.kind == OpKind.IDLE:
+            v.core_phase = C_TIMEOUT
+            a["core_t"] = t + K.idle[op]
+        elif K.hbm[op] > 0:
+            v.core_phase = C_LAT
+            a["core_t"] = t + K.ovh
+            a["bytes"] = a["bytes"] + self._comp_load(v, op)
+        else:
+            v.core_phase = C_TIMEOUT
+            tc = K.flops[op] / (K.rate0[op] * a["s"])
+            a["core_t"] = t + (np.maximum(tc, 0.0) + K.ovh)
+
+    def _op_done(self, v: _Vec, op: int, t) -> None:
+        a = v.a
+        self.end[a["chips"], op] = t
+        v.dh = (v.dh + self.hash[op]) & ((1 << 63) - 1)
+        K = v.kind
+        for o in K.dependents[op]:
+            v.left[o] -= 1
+            if v.left[o] == 0:
+                kind = self.ops[o].kind
+                if kind == OpKind.COLLECTIVE and self.overlap:
+                    self._arrive(v, o, t)
+                elif kind == OpKind.HOST:
+                    v.pq.append(o)
+                    if v.pcur < 0:
+                        self._pcie_next(v, t)
+                elif v.core_phase == C_WAIT and v.core_i < len(K.core) and K.core[v.core_i] == o:
+                    self._start_core(v, t)
+
+    def _pcie_next(self, v: _Vec, t) -> None:
+        if v.pcur >= 0 or not v.pq:
+            return
+        op = v.pq.pop(0)
+        v.pcur = op
+        self.start[v.a["chips"], op] = t
+        v.a["pcie_t"] = t + v.kind.host_dur[op]
+
+    def _arrive(self, v: _Vec, j: int, t) -> None:
+        a = v.a
+        chips = a["chips"]
+        ci = self.cidx[j]
+        self.arr[ci, chips] = t
+        g = self.goc[j][chips]
+        np.add.at(self.acnt[j], g, 1)
+        np.maximum.at(self.amax[j], g, t)
+        v.coll[j] = K_ARR
+        self.waiters.setdefault(j, set()).add(v.id)
+        self.atot[j] = self.atot.get(j, 0) + len(chips)
+        if self.atot[j] >= self.N:
+            self.open.discard(j)
+        elif j not in self.open:
+            self.open.add(j)
+            self._init_bound(j)
+        full = self.acnt[j][g] == self.gsize[j]
+        if full.any():
+            self._wake(j, v)
+
+    def _drained(self, v: _Vec, j: int, t) -> None:
+        a = v.a
+        chips = a["chips"]
+        self.drn[self.cidx[j], chips] = t
+        g = self.goc[j][chips]
+        np.add.at(self.dcnt[j], g, 1)
+        np.maximum.at(self.dmax[j], g, t)
+        v.coll[j] = K_DRN
+        if (self.dcnt[j][g] == self.gsize[j]).any():
+            self._wake(j, v)
+
+    def _wake(self, j: int, skip: _Vec) -> None:
+        """Re-key the vectors waiting on collective `j` (a group of it resolved)."""
+        for vid in list(self.waiters.get(j, ())):
+            w = self.vecs.get(vid)
+            if w is None or w is skip or w.dead:
+                continue
+            self._push(w)
+
+    # -- lower bounds of arrivals at open rendezvous ----------------------------------------
+    def _init_bound(self, j: int) -> None:
+        """Arrival lower bound of every member not yet arrived at `j`, per group."""
+        ci = self.cidx[j]
+        for w in list(self.vecs.values()):
+            if np.isnan(self.arr[ci, w.a["chips"][0]]):
+                self._bound_into(w, j)
+
+    def _bound_into(self, w: _Vec, j: int) -> None:
+        a = w.a
+        c0 = w.core_i + (0 if w.core_phase == C_WAIT else 1)
+        lb = w.kind.lb_arrival(j, c0, a["now"], a["s"])
+        np.maximum.at(self.alb[j], self.goc[j][a["chips"]], lb)
+
+    def _update_open_bounds(self, v: _Vec) -> None:
+        if not self.open:
+            return
+        chip0 = v.a["chips"][0]
+        for j in self.open:
+            if np.isnan(self.arr[self.cidx[j], chip0]):  # not arrived: bound its arrival
+                self._bound_into(v, j)
+
+
+
+
+class _Net:
+    """The fluid counters `_summarize` reads, for one chip."""
+
+    def __init__(self, nbytes, busy, events):
+        self.bytes = nbytes
+        self.busy_s = busy
+        self.num_events = events
+
+
+def simulate_vectors(*, programs, prog_of, speed, op_scale, chip, topology, overlap,
+                     op_geom, op_key, geoms, group_cost, base_costs, lm, label, slow,
+                     dead_links):
+    """The per-chip engine's result computed with vector classes (see the module docstring);
+    same fields as `sim.chip_engine.simulate_chips`'s class path."""
+    from sim.chip_engine import _coords_text, _per_link_bytes_of_chips, _relabel
+    from sim.engine import _summarize
+
+    nchips = topology.num_chips
+    ops0 = programs[int(prog_of[0])].ops  # one program (chip_engine checks)
+    n = len(ops0)
+    hbm0 = chip.hbm_bytes_per_s * chip.hbm_efficiency
+    rates0 = (chip.mxu_flops_per_s * chip.mxu_efficiency,
+              chip.mxu_int8_ops_per_s * chip.mxu_efficiency,
+              chip.vpu_flops_per_s * chip.vpu_efficiency, hbm0)
+    # Kinds: chips alike in all but speed.
+    cols = [prog_of.astype(float)]
+    for op_id in sorted(op_scale):
+        cols.append(np.asarray(op_scale[op_id], dtype=float))
+    coll_ids = [o.id for o in ops0 if o.kind == OpKind.COLLECTIVE]
+    for key, (index, costs) in group_cost.items():
+        if len(costs) > 1:
+            ga = next(op_geom[i] for i, k in op_key.items() if k == key)
+            cols.append(index[geoms[ga].group_of_chip].astype(float))
+    kind_of = _relabel(cols)
+    kinds = []
+    for kid in range(int(kind_of.max()) + 1):
+        r = int(np.flatnonzero(kind_of == kid)[0])
+        scale = {op_id: float(np.asarray(v)[r]) for op_id, v in op_scale.items()}
+        cc = {}
+        for j in coll_ids:
+            index, costs = group_cost[op_key[j]]
+            cc[j] = costs[int(index[int(geoms[op_geom[j]].group_of_chip[r])])]
+        kinds.append(_Kind(kid, programs[int(prog_of[r])].ops, scale, cc, overlap, chip, rates0))
+    coll_geo = {j: (geoms[op_geom[j]].group_of_chip, geoms[op_geom[j]].group_size)
+                for j in coll_ids}
+    run = VectorRun(ops=ops0, n=n, nchips=nchips, topology=topology, speed=speed,
+                    kinds_of_chip=kind_of, kinds=kinds, coll_geo=coll_geo,
+                    cap_links=lm.class_capacity_bytes_per_s, overlap=overlap)
+    init = []
+    for K in kinds:
+        chips = np.flatnonzero(kind_of == K.id)
+        k = len(chips)
+        proto = _Vec()
+        proto.kind = K
+        proto.core_i = 0
+        proto.core_phase = C_WAIT
+        proto.coll = {}
+        proto.fluid = []
+        proto.left = K.deps_left.copy()
+        proto.dh = 0
+        proto.pq = []
+        proto.pcur = -1
+        init.append(run._new(proto, {
+            "chips": chips, "s": speed[chips].astype(float), "now": np.zeros(k),
+            "core_t": np.zeros(k), "fl_last": np.zeros(k), "ft": np.full(k, np.inf),
+            "pcie_t": np.zeros(k), "busy": np.zeros((k, NRES)), "bytes": np.zeros((k, NRES)),
+            "wait": np.zeros(k), "nev": np.zeros(k, dtype=np.int64),
+        }))
+    run.run(init)
+
+    # -- per-chip results -------------------------------------------------------------------
+    busy = np.zeros((nchips, NRES))
+    nbytes = np.zeros((nchips, NRES))
+    wait = np.zeros(nchips)
+    nev = np.zeros(nchips, dtype=np.int64)
+    for v in run.final:
+        c = v.a["chips"]
+        busy[c] = v.a["busy"]
+        nbytes[c] = v.a["bytes"]
+        wait[c] = v.a["wait"]
+        nev[c] = v.a["nev"]
+    start, end = run.start, run.end
+    finish = end.max(axis=1, initial=0.0)
+    ncls = int(label.max()) + 1
+    _, rep = np.unique(label, return_index=True)
+    count = np.bincount(label, minlength=ncls)
+    slowest = int(rep[int(np.argmax(finish[rep]))])
+    K = kinds[int(kind_of[slowest])]
+    s = float(speed[slowest])
+    mxu_rate, vpu_rate, hbm_bw = rates0[0] * s, rates0[2] * s, hbm0 * s
+    dur = np.zeros(n)
+    bound = [""] * n
+    sc_costs = {}
+    for op in K.ops:
+        if op.kind == OpKind.COMPUTE:
+            rate = K.rate0[op.id] * s
+            t_c = K.flops[op.id] / rate
+            t_m = K.hbm[op.id] / hbm_bw
+            bound[op.id] = ("mxu" if op.unit == Unit.MXU else "vpu") if t_c >= t_m else "hbm"
+            dur[op.id] = max(t_c, t_m) + chip.op_overhead_s
+        elif op.kind == OpKind.COLLECTIVE:
+            index, costs = group_cost[op_key[op.id]]
+            cc = costs[int(index[int(geoms[op_geom[op.id]].group_of_chip[slowest])])]
+            sc_costs[op.id] = cc
+            dur[op.id] = cc.time_s
+            bound[op.id] = "ici"
+        elif op.kind == OpKind.HOST:
+            dur[op.id] = K.host_dur[op.id]
+            bound[op.id] = "pcie"
+        else:
+            dur[op.id] = op.duration_s
+            bound[op.id] = "idle"
+    prog_trace = programs[int(prog_of[slowest])]
+    res = _summarize(prog_trace, chip, topology, dur, bound, start[slowest], end[slowest],
+                     _Net(nbytes[slowest], busy[slowest], int(nev[slowest])), base_costs, lm,
+                     mxu_rate, vpu_rate, hbm_bw)
+    if slowest != 0:
+        res._ops = [(slowest,) + row[1:] for row in res._ops]
+        res._units = [(slowest,) + row[1:] for row in res._units]
+        res._memory = [(slowest,) + row[1:] for row in res._memory]
+    res.sim_events = int(nev[rep].sum()) + n * ncls
+    s_all = np.asarray(speed, dtype=float)
+    kf = np.array([kinds[int(kk)].mxu_flops for kk in kind_of])
+    vf = np.array([kinds[int(kk)].vpu_flops for kk in kind_of])
+    pcie = np.array([float(kinds[int(kk)].host_dur.sum()) for kk in kind_of])
+    rows = np.column_stack([finish, kf / (rates0[0] * s_all), vf / (rates0[2] * s_all),
+                            nbytes[:, HBM] / (hbm0 * s_all), pcie, wait])
+    res._class_rows = [tuple(float(x) for x in rows[r]) for r in rep]
+    res._class_reps = rep
+    res._class_counts = count
+    res._chip_class = label
+    res.num_chip_classes = ncls
+    res.slowest_chip = _coords_text(topology, slowest)
+    res._class_timelines = {c: (start[int(r)], end[int(r)]) for c, r in enumerate(rep)}
+    res._mem_trace = prog_trace
+    res._link_bytes = _per_link_bytes_of_chips(topology, nbytes[:, :NUM_CLASSES])
+    res.critical_path = _critical_path_chips(run, slowest, topology, slow, dead_links, label,
+                                             count, kinds, kind_of, op_key, group_cost)
+    res._vector_stats = {"vectors_peak": run.max_vectors, "vector_steps": run.steps}
+    return res, sc_costs
+
+
+def _critical_path_chips(run, last, topology, slow, dead, label, count, kinds, kind_of, op_key,
+                         group_cost) -> list[dict]:
+    """`sim.chip_engine._critical_path` on chips: each op's start was set by its latest
+    dependency (or the core op before it), a collective's start by the member that arrived last
+    and its end by the member that drained last."""
+    from sim.chip_engine import _coords_text
+
+    start, end = run.start, run.end
+    members: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def group_members(j, c):
+        goc = run.goc[j]
+        if j not in members:
+            order = np.argsort(goc, kind="stable")
+            members[j] = (order, np.searchsorted(goc[order], np.arange(goc.max() + 2)))
+        order, bounds = members[j]
+        g = int(goc[c])
+        return order[bounds[g]:bounds[g + 1]]
+
+    def pick(vals, ps, c):
+        best = vals.max()
+        cands = ps[vals == best]
+        return c if c in cands else int(cands.min())
+
+    c = last
+    ops = kinds[int(kind_of[c])].ops
+    k = int(np.argmax(end[c]))
+    core_prev = {}
+    for K in kinds:
+        prev, mm = -1, {}
+        for op in K.ops:
+            if op.kind in (OpKind.COMPUTE, OpKind.IDLE):
+                if prev >= 0:
+                    mm[op.id] = prev
+                prev = op.id
+        core_prev[K.id] = mm
+    steps: list[tuple[int, int]] = []
+    seen = 0
+    while k >= 0 and seen < 10 * len(ops) + 10:
+        seen += 1
+        op = kinds[int(kind_of[c])].ops[k]
+        if op.kind == OpKind.COLLECTIVE and run.gsize[k] > 1:
+            ps = group_members(k, c)
+            ci = run.cidx[k]
+            steps.append((pick(run.drn[ci, ps], ps, c), k))
+            c = pick(run.arr[ci, ps], ps, c)
+        else:
+            steps.append((c, k))
+        K = kinds[int(kind_of[c])]
+        op = K.ops[k]
+        cands = list(op.deps)
+        if op.kind in (OpKind.COMPUTE, OpKind.IDLE) and k in core_prev[K.id]:
+            cands.append(core_prev[K.id][k])
+        if not cands:
+            break
+        k = max(cands, key=lambda d: (end[c, d], d))
+        if end[c, k] <= 0 and start[c, k] <= 0 and not K.ops[k].deps:
+            steps.append((c, k))
+            break
+    steps.reverse()
+    segments: list[dict] = []
+    for c, k in steps:
+        K = kinds[int(kind_of[c])]
+        op = K.ops[k]
+        if not segments or segments[-1]["_chip"] != c:
+            segments.append({
+                "_chip": c, "chip": _coords_text(topology, c),
+                "chips_in_class": int(count[label[c]]), "first_op": op.name,
+                "last_op": op.name, "num_ops": 0, "start_s": float(start[c, k]),
+                "end_s": float(end[c, k]), "links": [],
+            })
+        seg = segments[-1]
+        seg["last_op"] = op.name
+        seg["num_ops"] += 1
+        seg["end_s"] = float(end[c, k])
+        if op.kind == OpKind.COLLECTIVE:
+            index, costs = group_cost[op_key[k]]
+            cc = costs[int(index[int(run.goc[k][c])])]
+            for jj in np.flatnonzero(cc.class_bytes > 0):
+                from topologies.groups import CLASS_NAMES
+
+                name = CLASS_NAMES[int(jj)]
+                if name not in seg["links"]:
+                    seg["links"].append(name)
+            if cc is not costs[0]:
+                for lk in sorted(dead):
+                    tag = f"dead {topology.describe_link(lk)} (detour)"
+                    if tag not in seg["links"]:
+                        seg["links"].append(tag)
+                for lk in sorted(slow):
+                    tag = f"degraded {topology.describe_link(lk)}"
+                    if tag not in seg["links"]:
+                        seg["links"].append(tag)
+    for seg in segments:
+        seg.pop("_chip")
+    return segments

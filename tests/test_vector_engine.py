@@ -1,0 +1,113 @@
+"""Vector classes (`sim/vector_engine.py`): chips that differ only in speed advanced as one
+numpy vector, split where their event orders differ and merged where they meet again, must give
+the brute-force per-chip oracle's step (one SimPy actor per chip) and the class engine's, under
+chip variation, a slow chip and a slow link together, on every small pod shape."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sim.chip_engine import PerChipConfig, simulate_chips
+from sim.engine import replay
+from sim.hardware import get_chip
+from topologies.mesh import parse_mesh
+from topologies.slices import resolve_topology
+from workloads.models import model_from_dict
+from workloads.training import Remat, TrainingConfig, compile_training_step
+
+TINY = {
+    "name": "tiny1", "num_layers": 2, "d_model": 256, "num_heads": 4, "num_kv_heads": 2,
+    "head_dim": 64, "d_ff": 1024, "mlp": "swiglu", "vocab_size": 512,
+}
+PODS = {  # chip, shape, mesh, wraparound, slices, dcn mesh
+    "2x2": ("v5e", "2x2", "fsdp=2,tensor=2", "auto", 1, None),
+    "4x4 line": ("v5e", "4x4", "fsdp=4,tensor=4", "none", 1, None),
+    "4x4 wrapped": ("v5e", "4x4", "fsdp=4,tensor=4", "all", 1, None),
+    "4x4x4": ("v5p", "4x4x4", "fsdp=16,tensor=4", "auto", 1, None),
+    "2 slices of 2x2": ("v5e", "2x2", "fsdp=4", "auto", 2, "data=2"),
+}
+
+
+def _setup(pod: str, layers: int = 2, **train):
+    chip_name, shape, mesh, wrap, slices, dcn = PODS[pod]
+    chip = get_chip(chip_name)
+    topo = resolve_topology(chip_name=chip.name, wrap_rule=chip.generation_rule,
+                            max_pod_shape=chip.max_pod_shape, shape=shape, wraparound=wrap,
+                            num_slices=slices)
+    model = model_from_dict({**TINY, "num_layers": layers})
+    trace = compile_training_step(model, parse_mesh(mesh, dcn), topo.num_chips,
+                                  TrainingConfig(seq_len=128, batch_per_chip=2, **train))
+    return chip, topo, trace
+
+
+def _perturbed(topo, *, slow_chip: bool, slow_link: bool, sigma: float = 0.05):
+    speed = np.random.default_rng(7).lognormal(0.0, sigma, topo.num_chips)
+    if slow_chip:
+        speed[topo.num_chips // 2 + 1] = 0.7
+    links = {topo.ici_link_id(0, 0, 1): 0.5} if slow_link else {}
+    return speed, links
+
+
+def _run(trace, chip, topo, speed, links, **kw):
+    return simulate_chips(trace, chip, topo, config=PerChipConfig(
+        speed=speed, link_factors=links, **kw))
+
+
+def _assert_same(a, b, rel=1e-9):
+    assert a.step_time_s == pytest.approx(b.step_time_s, rel=rel)
+    np.testing.assert_allclose(a.chips.finish_s, b.chips.finish_s, rtol=rel)
+    np.testing.assert_allclose(a.chips.collective_wait_s, b.chips.collective_wait_s, rtol=rel,
+                               atol=1e-15)
+    np.testing.assert_allclose(a.chips.hbm_busy_s, b.chips.hbm_busy_s, rtol=rel)
+    assert a.slowest_chip == b.slowest_chip
+    assert a.num_chip_classes == b.num_chip_classes
+
+
+# Chip variation alone on the smaller pods; with a slow chip and a slow link on every pod.
+@pytest.mark.parametrize("pod,slow_chip,slow_link", [
+    ("2x2", False, False), ("4x4 line", False, False),
+    *((pod, True, True) for pod in PODS),
+])
+def test_vector_classes_equal_the_brute_force_oracle_and_the_class_engine(pod, slow_chip,
+                                                                          slow_link):
+    chip, topo, trace = _setup(pod, layers=1)
+    speed, links = _perturbed(topo, slow_chip=slow_chip, slow_link=slow_link)
+    vec = _run(trace, chip, topo, speed, links, vector=True)
+    cls = _run(trace, chip, topo, speed, links, vector=False)
+    brute = _run(trace, chip, topo, speed, links, mode="per-chip")
+    assert vec.num_chip_classes == topo.num_chips  # every chip differs
+    _assert_same(vec, brute)
+    _assert_same(vec, cls)
+    # The same events in the same order: the vector engine counts what the class engine does.
+    assert vec.sim_events == cls.sim_events
+    assert vec._vector_stats["vectors_peak"] <= topo.num_chips
+    assert vec.step_time_s > replay(trace, chip, topo).step_time_s * (0.9 if not slow_chip
+                                                                        else 1.0)
+
+
+def test_vector_classes_without_overlap_and_with_host_offload_equal_the_class_engine():
+    chip, topo, trace = _setup("4x4 wrapped", overlap=False, remat=Remat.OFFLOAD)
+    speed, links = _perturbed(topo, slow_chip=True, slow_link=True)
+    vec = _run(trace, chip, topo, speed, links, vector=True)
+    cls = _run(trace, chip, topo, speed, links, vector=False)
+    _assert_same(vec, cls)
+    assert vec.chips.pcie_busy_s.min() > 0
+
+
+def test_vector_classes_stay_few_when_chips_differ_only_slightly():
+    # 64 chips, each its own class: the vectors split only where event orders differ and merge
+    # where they meet again, so far fewer than 64 are ever alive at once.
+    chip, topo, trace = _setup("4x4x4")
+    speed = np.random.default_rng(1).lognormal(0.0, 0.02, topo.num_chips)
+    r = simulate_chips(trace, chip, topo, config=PerChipConfig(speed=speed, vector=True))
+    assert r.num_chip_classes == 64
+    assert r._vector_stats["vectors_peak"] < 32
+
+
+def test_unperturbed_vector_run_equals_replay():
+    chip, topo, trace = _setup("4x4x4")
+    r = simulate_chips(trace, chip, topo, config=PerChipConfig(vector=True))
+    h = replay(trace, chip, topo)
+    assert r.step_time_s == pytest.approx(h.step_time_s, rel=1e-12)
+    assert r.num_chip_classes == 1 and r._vector_stats["vectors_peak"] == 1
