@@ -111,6 +111,7 @@ class StepResult:
     _mem_trace: Trace | None = field(default=None, repr=False)  # HBM events' program
     # Per-chip programs (pipeline stages): class -> (its program, its ops' bound units).
     _class_programs: dict[int, tuple] = field(default_factory=dict, repr=False)
+    _class_titles: dict[int, str] = field(default_factory=dict, repr=False)  # e.g. its stage
 
     @property
     def ops(self):

@@ -469,7 +469,20 @@ def simulate_pipeline_chips(
                          overlap=overlap)
     pipe = _schedule_result(res, sp, stage, config, hbm_occupancy)
     _apply_schedule(res, pipe, sp, stage)
+    # Perfetto names each class's process after its stage (and the chunks it holds).
+    res._class_titles = {
+        int(c): _stage_title(int(stage[int(r)]), len(sp.programs), config.virtual_stages)
+        for c, r in enumerate(res._class_reps)}
     return res, pipe
+
+
+def _stage_title(s: int, p: int, v: int) -> str:
+    chunks = [vv * p + s for vv in range(v)]
+    extra = ["embedding"] if s == 0 else []
+    extra += ["loss"] if s == p - 1 else []
+    held = f"chunk{'s' if v > 1 else ''} {','.join(map(str, chunks))}" if v > 1 else ""
+    what = ", ".join(([held] if held else []) + extra)
+    return f"pipeline stage {s}/{p}" + (f" ({what})" if what else "")
 
 
 def _stage_class(res, stage: np.ndarray, s: int) -> int:
@@ -499,6 +512,7 @@ def _schedule_result(res, sp: StagePrograms, stage, config, hbm_occupancy) -> Pi
     fwd = [[0.0] * v for _ in range(p)]
     bwd = [[0.0] * v for _ in range(p)]
     busy, finish, tail, last_end, hbm, parts, saved = [], [], [], [], [], [], []
+    memory_rows = []
     send_s = 0.0
     timeline = []
     for s in range(p):
@@ -520,10 +534,14 @@ def _schedule_result(res, sp: StagePrograms, stage, config, hbm_occupancy) -> Pi
             sid = min(sp.sends[0])
             send_s = float(end[sid] - start[sid])
         pk, pp_parts, rows = hbm_occupancy(sp.programs[s], end, 1)
+        rep = int(res._class_reps[c])
+        memory_rows += [(rep,) + r[1:] for r in rows]
         hbm.append(pk)
         parts.append(pp_parts)
         col = 3 + list(MEMORY_CATEGORIES).index("saved_activations")
         saved.append(max(float(r[col]) for r in rows))
+    # The memory table: every stage's HBM over the step (its slowest chip's, by chip id).
+    res._memory = memory_rows
     span = max(last_end)
     bubble = span - max(busy)
     return PipelineResult(

@@ -270,3 +270,34 @@ def test_replay_of_a_compiled_pipeline_trace_runs_the_schedule(tmp_path, capsys)
     trace.write_text(json.dumps(doc))
     assert main(["replay", str(trace), *pod]) == 2
     assert "recompile it with tpusim compile" in capsys.readouterr().err
+
+
+def test_perfetto_shows_one_process_per_stage_class_named_with_its_stage_and_chips(tmp_path):
+    import json
+
+    from sim.export.perfetto import export_step
+
+    res, _pipe_ = _run("1f1b", 4, model=SMALL, chip=get_chip("v5e"))
+    path = export_step(res, tmp_path / "pp.json")
+    events = json.loads(path.read_text())["traceEvents"]
+    names = sorted(e["args"]["name"] for e in events
+                   if e.get("ph") == "M" and e.get("name") == "process_name")
+    stage = stage_of_chips(parse_mesh("pipeline=4"), make_topology(get_chip("v5e"), "4x1"))[0]
+    assert len(names) == P
+    for s in range(P):
+        (name,) = [n for n in names if n.startswith(f"pipeline stage {s}/{P}")]
+        chip = int(np.flatnonzero(stage == s)[0])
+        assert f"1 chip(s) ({chip}, 0)" in name
+    assert "(embedding)" in names[0] and "(loss)" in names[-1]
+    assert set(res.memory.chip) == set(range(P))  # every stage's HBM timeline in the table
+    # Each process shows its own stage's program: stage 0 sends activations, the last stage
+    # only receives them.
+    by_pid = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M"
+              and e.get("name") == "process_name"}
+    ops = {}
+    for e in events:
+        if e.get("ph") == "X":
+            ops.setdefault(by_pid[e["pid"]].split(",")[0], set()).add(e["name"])
+    assert "pipeline_send_fwd" in ops[f"pipeline stage 0/{P} (embedding)"]
+    assert "pipeline_send_fwd" not in ops[f"pipeline stage {P - 1}/{P} (loss)"]
+    assert "softmax_xent" in ops[f"pipeline stage {P - 1}/{P} (loss)"]

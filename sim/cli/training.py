@@ -157,6 +157,14 @@ def _print_training(s: dict[str, Any]) -> None:
         print(f"    overflow {s['memory']['overflow_bytes'] / 1e9:.2f} GB")
     print("  at the peak:     " + ", ".join(
         f"{k} {v / 1e9:.2f} GB" for k, v in s["hbm_peak_breakdown"].items()))
+    if "pipeline" in s:
+        pp = s["pipeline"]
+        print("  per stage:       " + ", ".join(
+            f"{i}: {b / 1e9:.2f} GB ({k} in flight)" for i, (b, k) in enumerate(zip(
+                pp["stage_hbm_peak_bytes"], pp["peak_inflight_microbatches"], strict=True))))
+        print(f"  pipeline         {pp['schedule']}, {pp['stages']} stages, "
+              f"{pp['microbatches']} microbatches: bubble {pp['bubble_fraction']:.1%} of the "
+              f"schedule's {pp['span_s']:.4f} s")
     print("  critical path:")
     for k, v in s["breakdown"].items():
         share = v / s["step_time_s"] if s["step_time_s"] else 0.0

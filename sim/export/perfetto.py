@@ -13,7 +13,9 @@ slice to the same collective on the next chip of its replica group, when both ar
 
 Per-chip engine: when chips differ (a slow chip, a slow link, chip variation), each chip class
 (chips whose whole step is identical) is one process named with the chips it stands for, and
-every chip of `chips=` is added with its class's timeline.
+every chip of `chips=` is added with its class's timeline. Pipeline runs have a class per stage
+at least, each with its own program (the stage's passes, sends and receives); its process name
+starts with its stage (`StepResult._class_titles`).
 
 Big pods: tpusim replays one representative chip (every chip runs the same SPMD program), so by
 default the trace holds chip 0 only; `chips=` (`--trace-chips 0-15`) shows more, each identical
@@ -231,11 +233,12 @@ def _export_classes(result, path, extra: list[int]) -> Path:
         members = np.flatnonzero(label == k)
         coords = [topo.coords(int(m)) for m in members[:8]]
         more = f" +{len(members) - 8} more" if len(members) > 8 else ""
+        title = result._class_titles.get(k)
         if c == reps[k]:
-            name = (f"chip class {k}: {len(members)} chip(s) "
+            name = (f"{title + ', ' if title else ''}chip class {k}: {len(members)} chip(s) "
                     f"{' '.join(str(tuple(x)) for x in coords)}{more}")
         else:
-            name = f"chip {c} {tuple(topo.coords(c))} (class {k})"
+            name = f"chip {c} {tuple(topo.coords(c))} (class {k}{', ' + title if title else ''})"
         procs.append((c, name))
     if len(shown) < len(reps):
         procs[0] = (procs[0][0], procs[0][1] + f" [tpusim: {len(reps)} chip classes, the "
@@ -244,14 +247,25 @@ def _export_classes(result, path, extra: list[int]) -> Path:
     return _write_step(result, path, topo, chips, procs, None, None, tracks)
 
 
+def _same_program_chips(result, chips: list[int]) -> list[int]:
+    """The chips that run the reported chip's program (collective flows join op ids of one
+    program; pipeline stages run different programs)."""
+    progs = result._class_programs
+    if not progs or result._chip_class is None:
+        return list(chips)
+    return [c for c in chips
+            if progs.get(int(result._chip_class[c]), (None,))[0] is result._mem_trace]
+
+
 def _write_step(result, path, topo, chips, procs, tracks, counters, per_chip) -> Path:
     # Flows: collective op on chip c -> same op on its group neighbour, if exported.
     flows_out: dict[tuple[int, int], list[int]] = {}
     flows_in: dict[tuple[int, int], list[int]] = {}
     shown = set(chips)
     if topo is not None and len(chips) > 1:
+        same = _same_program_chips(result, chips)
         for op_id, gaxes in sorted(result._coll_axes.items()):
-            for c in chips:
+            for c in same:
                 nb = _neighbour(topo, c, gaxes)
                 if nb is None or nb == c or nb not in shown:
                     continue
