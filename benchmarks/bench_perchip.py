@@ -1,7 +1,9 @@
 """Wall time, peak memory, chip classes and events of the per-chip engine on the 8960-chip v5p
 pod (LLaMA-3-70B, seq 8192, 1 sequence per chip, fsdp=2240,tensor=4): unperturbed, one slow chip
 plus one slow link, and chip-to-chip variation (every chip its own class), the last also on
-smaller pods to show how the cost grows with the number of classes.
+smaller pods to show how the cost grows with the number of classes; and a pipelined step (1F1B,
+4 stages, 4 microbatches: every stage its own program with point-to-point sends, sim/pipeline.py)
+healthy and with a slow chip, on 64 chips and on the full pod.
 
 Run: python benchmarks/bench_perchip.py [--quick] [--timeout S]. Numbers are measurements on the
 machine that ran them; nothing here passes or fails on time.
@@ -27,6 +29,16 @@ CASES = [
     ("chip variation 0.02", ("v5p", "4x4x4", "fsdp=16,tensor=4"),
      ["--chip-variation", "0.02", "--seed", "1"]),
     ("chip variation 0.02", POD, ["--chip-variation", "0.02", "--seed", "1"]),
+]
+# Pipelined: 1F1B over 4 stages (LLaMA-3-70B's 80 layers, 20 per stage), 4 microbatches.
+PIPE = ["--microbatches", "4", "--pipeline-schedule", "1f1b"]
+PIPE_CASES = [
+    ("pipeline 1f1b", ("v5p", "4x4x4", "pipeline=4,fsdp=4,tensor=4"), PIPE),
+    ("pipeline 1f1b slow chip", ("v5p", "4x4x4", "pipeline=4,fsdp=4,tensor=4"),
+     [*PIPE, "--slow-chip", "1,2,3:0.8"]),
+    ("pipeline 1f1b", ("v5p", "16x20x28", "pipeline=4,fsdp=560,tensor=4"), PIPE),
+    ("pipeline 1f1b slow chip", ("v5p", "16x20x28", "pipeline=4,fsdp=560,tensor=4"),
+     [*PIPE, "--slow-chip", "3,5,7:0.8"]),
 ]
 
 
@@ -60,8 +72,9 @@ def main() -> None:
                     help="only the two full-pod cases that finish (unperturbed, slow chip+link)")
     ap.add_argument("--timeout", type=float, default=600.0,
                     help="give up on a case after this many seconds (default 600)")
+    ap.add_argument("--pipeline", action="store_true", help="only the pipelined cases")
     args = ap.parse_args()
-    cases = CASES[:2] if args.quick else CASES
+    cases = PIPE_CASES if args.pipeline else CASES[:2] if args.quick else [*CASES, *PIPE_CASES]
     rows = [run(*c, timeout_s=args.timeout) for c in cases]
     print(f"{'case':<24} {'pod':<10} {'classes':>7} {'events':>8} {'events/s':>9} "
           f"{'wall s':>7} {'CPU s':>7} {'RSS MiB':>8} {'step s':>10}")
@@ -73,8 +86,9 @@ def main() -> None:
         print(f"{r['case']:<24} {r['shape']:<10} {r['num_chip_classes']:>7} "
               f"{r['sim_events']:>8} {r['events_per_s']:>9.0f} {r['wall_s']:>7.2f} "
               f"{r['cpu_s']:>7.2f} {r['peak_rss_mib']:>8.1f} {r['step_time_s']:>10.6f}")
-    out = ROOT / "benchmarks" / "results" / ("perchip-quick.json" if args.quick else
-                                             "perchip.json")
+    out = ROOT / "benchmarks" / "results" / (
+        "perchip-pipeline.json" if args.pipeline else "perchip-quick.json" if args.quick
+        else "perchip.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "date": time.strftime("%Y-%m-%d"), "platform": platform.platform(),
