@@ -56,6 +56,15 @@ CHIP_COLUMNS = [
     "pcie_busy_s", "collective_wait_s",
 ]
 BREAKDOWN_KEYS = ("mxu_compute_s", "vpu_s", "hbm_bound_s", "exposed_comm_s", "pipeline_bubble_s")
+# The breakdown in words, for text reports and plots (the JSON keeps the field names).
+BREAKDOWN_LABELS = {"mxu_compute_s": "MXU compute", "vpu_s": "VPU compute",
+                    "hbm_bound_s": "HBM-bound ops", "exposed_comm_s": "exposed communication",
+                    "pipeline_bubble_s": "pipeline bubble"}
+
+
+def breakdown_label(key: str) -> str:
+    """The words for a breakdown field (`exposed_comm_s` -> "exposed communication")."""
+    return BREAKDOWN_LABELS.get(key, key.removesuffix("_s").replace("_", " "))
 
 
 @dataclass(kw_only=True)

@@ -145,6 +145,8 @@ def per_chip_summary(result) -> dict[str, Any]:
 
 
 def _print_training(s: dict[str, Any]) -> None:
+    from sim.engine import breakdown_label
+
     print(f"{s['model']} training step on {s['topology']} {s['chip']} ({s['num_chips']} chips)")
     print(f"  step time        {s['step_time_s']:.4f} s")
     print(f"  MFU              {s['mfu']:.1%}   (model FLOPs: 6*params*tokens + causal attention)")
@@ -156,7 +158,7 @@ def _print_training(s: dict[str, Any]) -> None:
     if not s["fits_in_hbm"]:
         print(f"    overflow {s['memory']['overflow_bytes'] / 1e9:.2f} GB")
     print("  at the peak:     " + ", ".join(
-        f"{k} {v / 1e9:.2f} GB" for k, v in s["hbm_peak_breakdown"].items()))
+        f"{k.replace('_', ' ')} {v / 1e9:.2f} GB" for k, v in s["hbm_peak_breakdown"].items()))
     if "pipeline" in s:
         pp = s["pipeline"]
         print("  per stage:       " + ", ".join(
@@ -168,7 +170,7 @@ def _print_training(s: dict[str, Any]) -> None:
     print("  critical path:")
     for k, v in s["breakdown"].items():
         share = v / s["step_time_s"] if s["step_time_s"] else 0.0
-        print(f"    {k:<18} {v:10.4f} s  {share:6.1%}")
+        print(f"    {breakdown_label(k):<22} {v:10.4f} s  {share:6.1%}")
 
 
 check_outputs = cli.check_outputs  # re-exported: other command families import it here
@@ -397,10 +399,12 @@ def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
         print(f"HLO module {summary['module']} on {summary['topology']} {summary['chip']} "
               f"({summary['num_chips']} chips)")
         print(f"  step time        {result.step_time_s:.6f} s")
+        from sim.engine import breakdown_label
+
         print("  critical path:")
         for k, v in result.breakdown.items():
             share = v / result.step_time_s if result.step_time_s else 0.0
-            print(f"    {k:<18} {v:10.6f} s  {share:6.1%}")
+            print(f"    {breakdown_label(k):<22} {v:10.6f} s  {share:6.1%}")
     else:
         print(f"step time {result.step_time_s:.6f} s")
     print_notes(args, notes)
@@ -550,9 +554,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
                                       "all_gather_32MiB_x_16x16_v5e": collectives})
     from sim.export.perfetto import export_step
     from sim.export.plots import plot_step
+    from sim.runs import describe_mesh
 
     export_step(result, out / "train_step.pftrace")
-    plot_step(result, summary, out / "plots")
+    plot_step(result, {**summary, "inputs": {"mesh": describe_mesh(mesh, topo)}}, out / "plots")
     from topologies.mesh import place_mesh
 
     where = ", ".join(f"{n} on {'+'.join(a for a, _k, _s in p.factors)}"

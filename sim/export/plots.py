@@ -1,17 +1,60 @@
-"""Matplotlib figures of a simulated step: chip timeline, critical-path breakdown, unit and
-link-class utilization. Written as PNG files (Agg backend, no display needed)."""
+"""Matplotlib figures of simulated runs, written as PNG files (`--plots DIR`, the demo).
+
+* `plot_step` (train, replay/export, decode, prefill, demo): `timeline.png` (chip 0's ops on one
+  lane per unit, coloured by the unit that bounds them, under a lane of forward / backward /
+  optimizer phases), `breakdown.png` (the critical path in words), `utilization.png` (per unit
+  and per link class), `links_on_torus.png` and, on the per-chip engine,
+  `chip_finish_times.png`.
+* `plot_collective` (`tpusim collective`): `links_on_torus.png` and `collective_timeline.png`
+  (the steps of each stream against time, labelled).
+
+The torus plot draws every link (z links as diagonal stubs in a panel per z slice, wraparound
+links as dashed stubs at the border, dead links crossed out, slow links marked) only when links
+of a class differ; when every link of each class is alike it says so and draws the link classes
+once, around one chip. Every figure names the model, the pod and the mesh.
+
+Figures are `matplotlib.figure.Figure` objects on the Agg canvas, without pyplot: no global
+backend switch (a notebook keeps its own), and no figure manager to tear down. They are drawn
+with one collection per colour or line style instead of one artist per op or link (a 70B step
+has thousands of ops, a pod thousands of links), under a fixed font and without the PNG
+`Software` stamp, so identical inputs give byte-identical files. `*_figures` build the figures
+(tests inspect their artists); `plot_*` write them.
+"""
 
 from __future__ import annotations
 
+import functools
+import math
+import textwrap
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+
+from sim.engine import breakdown_label
 from sim.export.output import atomic_write
 
+DPI = 100
+# Bound units (op colours) and the words for them.
 _COLORS = {"mxu": "#4C72B0", "vpu": "#55A868", "hbm": "#C44E52", "ici": "#8172B2",
-           "pcie": "#CCB974", "idle": "#999999"}
+           "dcn": "#64B5CD", "pcie": "#CCB974", "idle": "#999999"}
+UNIT_WORDS = {"mxu": "MXU", "vpu": "VPU", "hbm": "HBM", "ici": "ICI", "dcn": "DCN",
+              "pcie": "PCIe", "idle": "idle"}
+PHASE_WORDS = {"fwd": "forward", "bwd": "backward", "loss": "loss", "optimizer": "optimizer",
+               "": "no phase recorded"}
+_PHASE_COLORS = {"fwd": "#9ECAE1", "bwd": "#FDAE6B", "loss": "#D9D9D9", "optimizer": "#A1D99B"}
+_OTHER_PHASE_COLORS = ("#DADAEB", "#FDD0A2", "#C7E9C0", "#FCBBA1", "#D9D9D9")
+_STEP_COLORS = ("#8172B2", "#4C72B0", "#55A868", "#C44E52", "#CCB974", "#64B5CD", "#8C8C8C")
+# Fixed style: text in the font matplotlib ships (never a system font that differs between
+# machines), so the same inputs give the same bytes.
+_RC = {"font.family": "DejaVu Sans", "font.size": 9, "axes.titlesize": 9,
+       "figure.titlesize": 10, "path.simplify": True}
+_SAVE_META = {"Software": None}
+MAX_PANELS = 32  # z slices (x slices) drawn per link; more are sampled, and the plot says so
 
 
 def _fig():
+    """pyplot on the Agg backend (kept for the study and plan plots, which use pyplot)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -20,205 +63,774 @@ def _fig():
     return plt
 
 
+def _styled(fn):
+    """Run a figure builder under the fixed style (fonts are resolved when artists are made)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        import matplotlib
+
+        with matplotlib.rc_context(_RC):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _wrap(width_in: float, *lines: str, size: float = _RC["figure.titlesize"]) -> str:
+    """Lines of text wrapped to the figure's width (a title that fits)."""
+    chars = max(int(width_in * 72 / (0.6 * size)), 30)
+    return "\n".join(textwrap.fill(s, chars) for s in lines if s)
+
+
+def _figure(width_in: float, body_in: float, title: str, *, left: float = 0.9,
+            right: float = 0.3, bottom: float = 0.55, axes_titles: bool = False,
+            wspace: float | None = None, hspace: float | None = None):
+    """A figure `body_in` inches tall for the axes plus room for the title above and `bottom`
+    inches below (tick labels, legends, notes). Margins are set here, in inches, rather than by
+    a layout engine: constrained layout measures every text artist and took as long as drawing."""
+    from matplotlib.figure import Figure
+
+    top = 0.2 + 0.2 * (title.count("\n") + 1) + (0.25 if axes_titles else 0.0)
+    height = top + body_in + bottom
+    fig = Figure(figsize=(width_in, height), dpi=DPI)
+    fig.suptitle(title, y=1 - 0.1 / height, va="top")
+    fig.subplots_adjust(left=left / width_in, right=1 - right / width_in, top=1 - top / height,
+                        bottom=bottom / height, wspace=wspace, hspace=hspace)
+    return fig
+
+
+def _legend(fig, handles, ncol: int, y_in: float = 0.0, **kw) -> None:
+    """A legend under the axes (never on the lanes), in the figure's bottom margin."""
+    y = y_in / fig.get_figheight()
+    fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, y), ncol=ncol,
+               fontsize=8, frameon=False, **kw)
+
+
+def _legend_height(n: int, ncol: int, titled: bool = False) -> float:
+    return 0.1 + 0.2 * math.ceil(n / max(ncol, 1)) + (0.2 if titled else 0.0)
+
+
+def _footnote(width_in: float, text: str) -> tuple[str, float]:
+    """A note for the bottom of a figure, wrapped; and the inches it takes."""
+    if not text:
+        return "", 0.0
+    t = _wrap(width_in, text, size=8)
+    return t, 0.08 + 0.16 * (t.count("\n") + 1)
+
+
+def save(fig, path: Path) -> Path:
+    return atomic_write(path, lambda p: fig.savefig(p, dpi=DPI, format="png",
+                                                    metadata=_SAVE_META))
+
+
+def _table(rows: list[tuple], columns: list[str], wanted: tuple[str, ...]) -> dict[str, Any]:
+    """Columns `wanted` of a result's rows as numpy arrays (plots need no pandas, whose import
+    alone takes a good part of a second)."""
+    idx = [columns.index(c) for c in wanted]
+    return {c: np.asarray([r[i] for r in rows]) for c, i in zip(wanted, idx, strict=True)}
+
+
+def _time_unit(t: float) -> tuple[float, str]:
+    if t >= 1:
+        return 1.0, "s"
+    if t >= 1e-3:
+        return 1e3, "ms"
+    return 1e6, "us"
+
+
+def _fmt_time(t: float) -> str:
+    scale, unit = _time_unit(t)
+    return f"{t * scale:.4g} {unit}"
+
+
+def _fmt_bytes(b: float) -> str:
+    for unit, m in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= m:
+            return f"{b / m:.3g} {unit}"
+    return f"{b:.0f} B"
+
+
+# -- what every figure names: the model, the pod and the mesh -----------------------------------
+def mesh_words(mesh: dict[str, Any] | None) -> str:
+    """`inputs.mesh` of a run (`{"ici": ..., "dcn": ..., "placement": ...}`) in words:
+    "mesh tensor=4 on x, fsdp=4 on y; DCN data=2"."""
+    if not mesh:
+        return "mesh not recorded"
+    place = mesh.get("placement") or {}
+
+    def where(name: str) -> str:
+        fs = place.get(name)
+        if not fs:
+            return ""
+        return " on " + "+".join(f"{f[0]}" if len(fs) == 1 else f"{f[0]}:{f[1]}" for f in fs)
+
+    ici = ", ".join(f"{n}={v}{where(n)}" for n, v in (mesh.get("ici") or {}).items())
+    dcn = ", ".join(f"{n}={v}" for n, v in (mesh.get("dcn") or {}).items())
+    text = f"mesh {ici or '(none)'}"
+    return text + (f"; DCN {dcn}" if dcn else "")
+
+
+def pod_words(chip: str, topology: str, num_chips: int) -> str:
+    return f"{chip} {topology} ({num_chips} chips)"
+
+
+def step_caption(result, summary: dict[str, Any]) -> str:
+    """"<model> on <chip> <shape> (<n> chips), mesh ..." for a step's figures."""
+    inputs = summary.get("inputs") or {}
+    model = (summary.get("model") or (inputs.get("trace") or {}).get("model")
+             or (f"HLO module {summary['module']}" if summary.get("module") else None)
+             or "model not recorded")
+    return (f"{model} on {pod_words(result.chip, result.topology, result.num_chips)}, "
+            f"{mesh_words(inputs.get('mesh'))}")
+
+
+def collective_caption(res) -> str:
+    """A collective has no model and no mesh: its replica groups stand for the mesh."""
+    over = ",".join(res.axes) if res.axes else "its chips"
+    return (f"one collective (no model) on {pod_words(res.chip, res.topology, res.num_chips)}, "
+            f"{res.num_groups} replica group(s) of {res.group_size} chips over {over}")
+
+
+# -- a training / inference step ---------------------------------------------------------------
 def plot_step(result, summary: dict, out_dir: str | Path) -> list[Path]:
-    """Timeline, breakdown and utilization PNGs of a replayed step; returns the paths."""
-    plt = _fig()
+    """Write the step's PNGs (timeline, breakdown, utilization, links on the torus, and the
+    per-chip finish times on the per-chip engine); returns their paths."""
     out = Path(out_dir)
-    paths = []
-    ops = result.ops
-    # 1. Timeline of the representative chip.
-    fig, ax = plt.subplots(figsize=(12, 3.2))
-    for r in ops.itertuples(index=False):
-        if r.end_s <= r.start_s:
-            continue
-        y = {"compute": 3 if r.unit == "mxu" else 2, "collective": 1}.get(r.kind, 0)
-        ax.broken_barh([(r.start_s, r.end_s - r.start_s)], (y - 0.4, 0.8),
-                       facecolors=_COLORS.get(r.bound, "#333333"), linewidth=0)
-    ax.set_yticks([0, 1, 2, 3], ["PCIe / idle", "collectives (DMA)", "VPU", "MXU"])
-    ax.set_xlabel("time (s)")
-    ax.set_title(f"{summary.get('model', '')} step on {result.topology} {result.chip}: chip 0 "
-                 f"timeline (colour = bound unit)")
-    ax.set_xlim(0, max(result.step_time_s, 1e-12))
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in _COLORS.values()]
-    ax.legend(handles, list(_COLORS), loc="upper right", ncol=6, fontsize=8)
-    fig.tight_layout()
-    paths.append(_save(fig, out / "timeline.png"))
-    plt.close(fig)
-    # 2. Critical-path breakdown.
-    fig, ax = plt.subplots(figsize=(7, 3))
-    bd = result.breakdown
-    names = list(bd)
-    ax.barh(names, [bd[k] for k in names], color=["#4C72B0", "#55A868", "#C44E52", "#8172B2",
-                                                   "#999999"])
-    for i, k in enumerate(names):
-        share = bd[k] / result.step_time_s if result.step_time_s else 0
-        ax.text(bd[k], i, f" {share:.1%}", va="center", fontsize=8)
-    ax.set_xlabel("seconds on the critical path")
-    ax.set_title(f"step time {result.step_time_s:.4g} s: breakdown")
-    fig.tight_layout()
-    paths.append(_save(fig, out / "breakdown.png"))
-    plt.close(fig)
-    # 3. Utilization per unit and per link class.
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3))
-    u = result.units
-    a1.bar(u.unit, u.utilization, color=[_COLORS.get(x, "#333") for x in u.unit])
-    a1.set_ylim(0, 1.05)
-    a1.set_title("unit utilization (busy / step)")
-    lk = result.links
-    if len(lk):
-        a2.bar(lk.link_class, lk.utilization, color="#8172B2")
-    a2.set_ylim(0, 1.05)
-    a2.set_title("ICI/DCN link utilization per link class")
-    fig.tight_layout()
-    paths.append(_save(fig, out / "utilization.png"))
-    plt.close(fig)
+    return [save(fig, out / name) for name, fig in step_figures(result, summary).items()]
+
+
+@_styled
+def step_figures(result, summary: dict) -> dict[str, Any]:
+    """The step's figures by file name."""
+    caption = step_caption(result, summary)
+    figs = {"timeline.png": _timeline(result, caption),
+            "breakdown.png": _breakdown(result, caption),
+            "utilization.png": _utilization(result, caption)}
     topo = getattr(result, "_topology", None)
-    if topo is not None and result.num_chip_classes > 1 and result._link_bytes is not None:
-        # Per-chip engine: every link carries what its source chip's class put on it.
-        import numpy as np
+    from sim.engine import LINK_CLASS_COLUMNS
 
-        total = result.step_time_s
-        util = np.divide(result._link_bytes, result._link_cap * total,
-                         out=np.zeros(topo.num_links), where=result._link_cap * total > 0)
-        paths.append(draw_torus(topo, util, f"{summary.get('model', '')} step on "
-                                f"{result.topology} {result.chip}: ICI link utilization per link "
-                                f"({result.num_chip_classes} chip classes)",
-                                out / "links_on_torus.png"))
-        paths.append(draw_chip_map(topo, result.chips.finish_s.to_numpy(),
-                                   f"finish time per chip (s); slowest chip "
-                                   f"{result.slowest_chip}", out / "chip_finish_times.png"))
-    elif topo is not None and len(lk):
-        # The step's links table is per link class (the busiest link of each class), so every
-        # link is drawn at its class's value; per-link detail is in `tpusim collective --plots`.
-        import numpy as np
-
-        per_class = dict(zip(lk.link_class, lk.utilization, strict=True))
+    lk = _table(result._links, LINK_CLASS_COLUMNS, ("link_class", "utilization"))
+    # The step is simulated per link class (per chip class on the per-chip engine): when every
+    # link of a class is alike, that is why.
+    because = "the step is simulated per link class, so every link of a class is alike"
+    if topo is not None and result._link_bytes is not None:
+        # Per-chip engine: every link carries what its source chip's class put on it, at its own
+        # capacity (a slow or dead link differs from its class).
+        denom = result._link_cap * result.step_time_s
+        util = np.divide(result._link_bytes, denom, out=np.zeros(topo.num_links),
+                         where=denom > 0)
+        k = result.num_chip_classes
+        figs["links_on_torus.png"] = torus_figure(
+            topo, util, capacity=result._link_cap, caption=caption, alike_because=because,
+            what=f"ICI link utilization over the step ({k} chip class{'es' if k > 1 else ''})")
+    if topo is not None and result._chip_class is not None and result.num_chip_classes > 1:
+        finish = np.asarray(result._class_rows, dtype=float)[result._chip_class][:, 0]
+        spread = float(finish.max() - finish.min()) if len(finish) else 0.0
+        figs["chip_finish_times.png"] = chip_map_figure(
+            topo, finish, caption=caption, label="finish time", time_values=True,
+            what="finish time per chip" + (f"; the slowest chip is ({result.slowest_chip})"
+                                           if spread > 1e-9 * result.step_time_s else ""))
+    if topo is not None and result._link_bytes is None and len(result._links):
+        # The representative replay simulates one link per class (the busiest): every link of a
+        # class is drawn at its class's value, once per class.
+        per_class = dict(zip(lk["link_class"].tolist(), lk["utilization"].tolist(), strict=True))
         util = np.zeros(topo.num_links)
         ids = np.arange(topo.num_ici_links)
         cls = ids % (2 * topo.ndim)
         for c in range(2 * topo.ndim):
-            name = "xyz"[c // 2] + "+-"[c % 2]
-            util[ids[cls == c]] = per_class.get(name, 0.0)
-        paths.append(draw_torus(topo, util, f"{summary.get('model', '')} step on "
-                                f"{result.topology} {result.chip}: ICI link utilization per "
-                                f"link class (busiest link of each class)",
-                                out / "links_on_torus.png"))
-    return paths
+            util[ids[cls == c]] = per_class.get("xyz"[c // 2] + "+-"[c % 2], 0.0)
+        if topo.num_slices > 1:
+            n, nc = topo.num_ici_links, topo.num_chips
+            util[n: n + nc] = per_class.get("dcn-out", 0.0)
+            util[n + nc:] = per_class.get("dcn-in", 0.0)
+        figs["links_on_torus.png"] = torus_figure(
+            topo, util, caption=caption, per_class=True, alike_because=because,
+            what="ICI link utilization over the step (busiest link of each class)")
+    return figs
 
 
-def draw_chip_map(topo, values, title: str, path: Path, *, max_slices: int = 4,
-                  label: str = "finish time (s)") -> Path:
-    """A per-chip value (slice 0) as a heat map on the x-y grid, one panel per z slice."""
-    plt = _fig()
-    import numpy as np
-
-    shape = topo.shape + (1,) * (3 - topo.ndim)
-    nz = shape[2]
-    zs = list(range(nz)) if nz <= max_slices else [round(i * (nz - 1) / (max_slices - 1))
-                                                   for i in range(max_slices)]
-    vals = np.asarray(values, dtype=float)[: topo.chips_per_slice]
-    coords = topo.all_coords()
-    pad = np.zeros((len(coords), 3), dtype=int)
-    pad[:, : topo.ndim] = coords
-    lo, hi = (float(vals.min()), float(vals.max())) if len(vals) else (0.0, 0.0)
-    fig, axes = plt.subplots(1, len(zs), figsize=(4.2 * len(zs) + 0.8, 4.2), squeeze=False)
-    im = None
-    for ax, z in zip(axes[0], zs, strict=True):
-        grid = np.full((shape[1], shape[0]), np.nan)
-        sel = pad[:, 2] == z
-        grid[pad[sel, 1], pad[sel, 0]] = vals[sel]
-        im = ax.imshow(grid, origin="lower", cmap="magma", vmin=lo, vmax=hi if hi > lo else
-                       lo + 1e-12)
-        ax.set_title(f"z = {z}" if nz > 1 else topo.name)
-        ax.set_xlabel("x")
-        ax.set_ylabel("y")
-    fig.colorbar(im, ax=axes[0].tolist(), label=label)
-    fig.suptitle(title, fontsize=9)
-    path = _save(fig, path)
-    plt.close(fig)
-    return path
+def _phase_word(p: Any) -> str:
+    return PHASE_WORDS.get(p, str(p))
 
 
-def _save(fig, path: Path) -> Path:
-    return atomic_write(path, lambda p: fig.savefig(p, dpi=110, format="png"))
+def _phase_spans(ops: dict[str, np.ndarray]) -> list[tuple[str, float, float]]:
+    """Consecutive runs of one phase among the chip's compute ops (all ops if it has none), in
+    time order: (phase, start, end)."""
+    live = ops["end_s"] > ops["start_s"]
+    sel = live & (ops["kind"] == "compute")
+    if not sel.any():
+        sel = live
+    idx = np.flatnonzero(sel)
+    idx = idx[np.lexsort((ops["end_s"][idx], ops["start_s"][idx]))]
+    spans: list[list] = []
+    for phase, s, e in zip(ops["phase"][idx].tolist(), ops["start_s"][idx].tolist(),
+                           ops["end_s"][idx].tolist(), strict=True):
+        if spans and spans[-1][0] == phase:
+            spans[-1][2] = max(spans[-1][2], e)
+        else:
+            spans.append([phase, s, e])
+    return [(p, s, e) for p, s, e in spans]
 
 
-def draw_torus(topo, util, title: str, path: Path, *, max_slices: int = 4) -> Path:
-    """Each ICI link of slice 0 as a short segment coloured by its utilization; + and -
-    directions side by side, wraparound links as dotted stubs; one panel per z slice."""
-    plt = _fig()
-    import numpy as np
-    from matplotlib import cm
+def _timeline(result, caption: str):
+    from matplotlib.patches import Patch
+
+    from sim.engine import OP_COLUMNS
+
+    ops = _table(result._ops, OP_COLUMNS,
+                 ("kind", "unit", "bound", "phase", "start_s", "end_s"))
+    step = max(result.step_time_s, 1e-12)
+    scale, unit = _time_unit(step)
+    lanes = ["PCIe / host", "collectives (ICI/DCN)", "VPU", "MXU", "phase"]
+    start = ops["start_s"].astype(float)
+    end = ops["end_s"].astype(float)
+    kind = ops["kind"]
+    live = end > start
+    lane = np.where(kind == "collective", 1, 0)
+    lane = np.where(kind == "compute", np.where(ops["unit"] == "mxu", 3, 2), lane)
+    bound = ops["bound"]
+    present = [b for b in _COLORS if ((bound == b) & live).any()]
+    present += sorted(set(bound[live].tolist()) - set(present))
+    spans = _phase_spans(ops)
+    phases = list(dict.fromkeys(p for p, _s, _e in spans))
+    pcolor = {p: _PHASE_COLORS.get(p, _OTHER_PHASE_COLORS[i % len(_OTHER_PHASE_COLORS)])
+              for i, p in enumerate(phases)}
+    handles = [Patch(color=_COLORS.get(b, "#333333"), label=f"{UNIT_WORDS.get(b, b)}-bound")
+               for b in present]
+    handles += [Patch(color=pcolor[p], label=_phase_word(p)) for p in phases]
+    width, ncol = 12.0, 8
+    title = _wrap(width, f"chip 0 timeline of one step ({_fmt_time(result.step_time_s)}): "
+                         f"ops per unit, coloured by the unit that bounds them; phases on top",
+                  caption)
+    leg = _legend_height(len(handles), ncol)
+    fig = _figure(width, 3.0, title, left=1.75, bottom=0.5 + leg)
+    ax = fig.add_subplot()
+    # One collection per lane and colour: thousands of ops, a few dozen artists.
+    for y in range(4):
+        for b in present:
+            sel = live & (lane == y) & (bound == b)
+            if sel.any():
+                ax.broken_barh(np.column_stack([start[sel] * scale, (end - start)[sel] * scale]),
+                               (y - 0.4, 0.8), facecolors=_COLORS.get(b, "#333333"),
+                               linewidth=0)
+    # Phase lane: forward / backward / optimizer bands, labelled where they are wide enough.
+    for p in phases:
+        ax.broken_barh([(s * scale, (e - s) * scale) for q, s, e in spans if q == p],
+                       (3.6, 0.8), facecolors=pcolor[p], edgecolor="white", linewidth=0.5)
+    for p, s, e in spans:
+        word = _phase_word(p)
+        if (e - s) / step > 0.0085 * len(word):
+            ax.text((s + e) / 2 * scale, 4.0, word, ha="center", va="center", fontsize=8)
+    if 1 < len(spans) <= 16:  # phase boundaries across the lanes
+        ax.vlines([s * scale for _p, s, _e in spans[1:]], -0.5, 3.5, colors="#999999",
+                  linewidth=0.7, linestyles="--")
+    ax.set_yticks(range(len(lanes)), lanes)
+    ax.set_ylim(-0.6, 4.6)
+    ax.set_xlim(0, step * scale)
+    ax.set_xlabel(f"time ({unit})")
+    _legend(fig, handles, ncol)
+    return fig
+
+
+def _breakdown(result, caption: str):
+    bd = result.breakdown
+    keys = list(bd)
+    labels = [breakdown_label(k) for k in keys]
+    vals = [float(bd[k]) for k in keys]
+    step = result.step_time_s
+    width = 8.0
+    title = _wrap(width, f"where the step time ({_fmt_time(step)}) goes: the critical path",
+                  caption)
+    fig = _figure(width, 0.4 + 0.36 * len(keys), title, left=1.8)
+    ax = fig.add_subplot()
+    ys = list(range(len(keys)))[::-1]  # first key on top
+    palette = ["#4C72B0", "#55A868", "#C44E52", "#8172B2", "#999999"]
+    ax.barh(ys, vals, color=[palette[i % len(palette)] for i in range(len(keys))])
+    ax.set_yticks(ys, labels)
+    top = max(vals, default=0.0) or 1.0
+    for y, v in zip(ys, vals, strict=True):
+        share = v / step if step else 0.0
+        ax.text(v + 0.01 * top, y, f"{_fmt_time(v)} ({share:.1%})", va="center", fontsize=8)
+    ax.set_xlim(0, top * 1.35)
+    ax.set_xlabel("time on the critical path (s)")
+    return fig
+
+
+def _utilization(result, caption: str):
+    width = 10.0
+    title = _wrap(width, "utilization over the step", caption)
+    fig = _figure(width, 2.6, title, left=0.75, axes_titles=True, wspace=0.25)
+    a1, a2 = fig.subplots(1, 2)
+    from sim.engine import LINK_CLASS_COLUMNS, UNIT_COLUMNS
+
+    u = _table(result._units, UNIT_COLUMNS, ("unit", "utilization"))
+    units = u["unit"].tolist()
+    a1.bar([UNIT_WORDS.get(x, x) for x in units], u["utilization"],
+           color=[_COLORS.get(x, "#333") for x in units])
+    for i, v in enumerate(u["utilization"].tolist()):
+        a1.text(i, v + 0.02, f"{v:.0%}", ha="center", fontsize=8)
+    a1.set_ylim(0, 1.12)
+    a1.set_ylabel("busy time / step time")
+    a1.set_title("chip 0's units")
+    lk = _table(result._links, LINK_CLASS_COLUMNS, ("link_class", "utilization"))
+    if len(result._links):
+        names = [c.replace("dcn-out", "DCN out").replace("dcn-in", "DCN in")
+                 for c in lk["link_class"].tolist()]
+        a2.bar(names, lk["utilization"], color="#8172B2")
+        for i, v in enumerate(lk["utilization"].tolist()):
+            a2.text(i, v + 0.02, f"{v:.0%}", ha="center", fontsize=8)
+    else:
+        a2.text(0.5, 0.5, "no links (one chip)", ha="center", va="center",
+                transform=a2.transAxes)
+    a2.set_ylim(0, 1.12)
+    a2.set_title("links, per class (the busiest link of each class)")
+    return fig
+
+
+# -- the torus ---------------------------------------------------------------------------------
+def _panels(topo, per_chip_values, max_panels: int) -> tuple[list[tuple[int, int]], str]:
+    """(slice, z) panels to draw: every z of slice 0 and of every slice whose values differ
+    from slice 0's; at most `max_panels` (evenly sampled). Returns the panels and a note on
+    what is not drawn."""
+
+    nz = topo.shape[2] if topo.ndim == 3 else 1
+    per = topo.chips_per_slice
+    slices = [0]
+    alike = []
+    for s in range(1, topo.num_slices):
+        if np.array_equal(per_chip_values[s * per:(s + 1) * per], per_chip_values[:per]):
+            alike.append(s)
+        else:
+            slices.append(s)
+    panels = [(s, z) for s in slices for z in range(nz)]
+    notes = []
+    if alike:
+        notes.append(f"slice(s) {_ranges(alike)} are like slice 0: not drawn")
+    if len(panels) > max_panels:
+        keep = sorted({round(i * (len(panels) - 1) / (max_panels - 1))
+                       for i in range(max_panels)})
+        notes.append(f"{len(panels) - len(keep)} of {len(panels)} z slices not drawn")
+        panels = [panels[i] for i in keep]
+    return panels, "; ".join(notes)
+
+
+def _ranges(xs: list[int]) -> str:
+    out, i = [], 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def _grid(n: int, panel_w: float, panel_h: float) -> tuple[int, int]:
+    """Columns and rows for n panels, about as wide as 14 inches allow."""
+    cols = max(1, min(n, int(14 // panel_w)))
+    return cols, math.ceil(n / cols)
+
+
+def _ticks(ax, n: int, axis: str) -> None:
+    step = max(1, math.ceil(n / 8))
+    ticks = list(range(0, n, step))
+    (ax.set_xticks if axis == "x" else ax.set_yticks)(ticks, [str(t) for t in ticks])
+
+
+def links_alike(topo, util, capacity=None, rel_tol: float = 1e-9) -> bool:
+    """True when every existing ICI link of each class (axis and direction) has the same value
+    and none is dead or slower than its class (then drawing each link shows nothing more)."""
+
+    n = topo.num_ici_links
+    src, _ = topo.link_endpoints()
+    exists = src[:n] >= 0
+    cls = np.arange(n) % (2 * topo.ndim)
+    u = np.asarray(util[:n], dtype=float)
+    for c in range(2 * topo.ndim):
+        sel = exists & (cls == c)
+        if not sel.any():
+            continue
+        v = u[sel]
+        if v.max() - v.min() > rel_tol * max(abs(v.max()), 1e-300):
+            return False
+        if capacity is not None:
+            cap = np.asarray(capacity[:n], dtype=float)[sel]
+            if cap.max() - cap.min() > rel_tol * cap.max():
+                return False
+    return True
+
+
+def plot_torus(topo, util, path: Path, **kw) -> Path:
+    """Write `torus_figure(topo, util, **kw)` to path."""
+    return save(torus_figure(topo, util, **kw), path)
+
+
+@_styled
+def torus_figure(topo, util, *, caption: str, what: str, capacity=None, per_class: bool = False,
+                 alike_because: str | None = None, max_panels: int = MAX_PANELS):
+    """ICI link utilization: per link when links of a class differ (or a link is dead or slow),
+    otherwise once per link class with a note that every link of a class is alike. `util` is
+    per link id (ICI ids, then DCN egress and ingress); `per_class=True` says the values are
+    per class by construction (the representative replay); `alike_because` is the note's
+    reason when links are drawn per class."""
+
+    util = np.asarray(util, dtype=float)
+    if per_class or links_alike(topo, util, capacity):
+        return _torus_per_class(topo, util, caption=caption, what=what,
+                                because=alike_because or "every link of a class is alike")
+    return _torus_per_link(topo, util, caption=caption, what=what, capacity=capacity,
+                           max_panels=max_panels)
+
+
+def _norm_cmap(util_ici):
+    from matplotlib import colormaps
     from matplotlib.colors import Normalize
 
-    shape = topo.shape + (1,) * (3 - topo.ndim)
-    nz = shape[2]
-    zs = list(range(nz)) if nz <= max_slices else [round(i * (nz - 1) / (max_slices - 1))
-                                                   for i in range(max_slices)]
-    src, dst = topo.link_endpoints()
-    norm = Normalize(0, max(float(util[: topo.num_ici_links].max(initial=0)), 1e-12))
-    cmap = cm.viridis
-    fig, axes = plt.subplots(1, len(zs), figsize=(4.2 * len(zs) + 0.8, 4.2), squeeze=False)
+    top = float(np.max(util_ici, initial=0.0)) if len(util_ici) else 0.0
+    return Normalize(0, top if top > 0 else 1.0), colormaps["viridis"]
+
+
+def _dcn_words(topo, util) -> str:
+    if topo.num_slices == 1:
+        return ""
+    n, nc = topo.num_ici_links, topo.num_chips
+    return (f"DCN links (not drawn): busiest egress {util[n:n + nc].max(initial=0):.0%}, "
+            f"ingress {util[n + nc:].max(initial=0):.0%}")
+
+
+def _wrap_words(topo) -> str:
+    names = "xyz"[: topo.ndim]
+    wrapped = [a for a, w, s in zip(names, topo.wraparound, topo.shape, strict=True)
+               if w and s > 1]
+    return f"wraparound on {','.join(wrapped)}" if wrapped else "no wraparound"
+
+
+def _torus_per_class(topo, util, *, caption: str, what: str, because: str):
+    """One chip and its link classes (and DCN ports on a multi-slice pod), each an arrow
+    coloured and labelled with its utilization."""
+    from matplotlib.cm import ScalarMappable
+
+    n, nc = topo.num_ici_links, topo.num_chips
+    src, _ = topo.link_endpoints()
+    exists = src[:n] >= 0
+    cls = np.arange(n) % (2 * topo.ndim)
+    # (name, value, count, wraps-or-note, direction of the arrow, arrow points out of the chip)
+    arrows = []
+    for c in range(2 * topo.ndim):
+        a, d = divmod(c, 2)
+        sel = exists & (cls == c)
+        sign = 1 if d == 0 else -1
+        vx, vy = ((1.0, 0.0), (0.0, 1.0), (0.72, 0.72))[a]
+        wraps = "wraps" if topo.wraparound[a] and topo.shape[a] > 1 else "no wraparound"
+        arrows.append(("xyz"[a] + "+-"[d], float(util[:n][sel].max(initial=0.0)),
+                       int(sel.sum()), f"links, {wraps}", (sign * vx, sign * vy), True))
+    if topo.num_slices > 1:  # DCN: every chip's port out of and into its slice
+        arrows.append(("DCN out", float(util[n:n + nc].max(initial=0.0)), nc,
+                       "ports, to other slices", (0.72, -0.72), True))
+        arrows.append(("DCN in", float(util[n + nc:].max(initial=0.0)), nc,
+                       "ports, from other slices", (-0.72, 0.72), False))
+    norm, cmap = _norm_cmap(np.array([v for _n, v, k, *_ in arrows if k]))
+    width = 7.5
+    note, note_h = _footnote(width, f"{because}: drawn once per class, around one chip "
+                                    f"({topo.name}, {_wrap_words(topo)})")
+    fig = _figure(width, 4.6, _wrap(width, what, caption), left=0.2, right=0.2,
+                  bottom=note_h + 0.1)
+    fig.text(0.5, 0.01, note, ha="center", va="bottom", fontsize=8)
+    ax = fig.add_subplot()
+    ax.scatter([0], [0], s=500, marker="s", color="black", zorder=3)
+    ax.text(0, 0, "chip", color="white", ha="center", va="center", fontsize=7, zorder=4)
+    for name, v, count, words, (vx, vy), out in arrows:
+        x1, y1 = vx * 1.6, vy * 1.6
+        if count == 0:
+            ax.plot([0, x1], [0, y1], color="#CCCCCC", linestyle=":", linewidth=1.5)
+            ax.text(x1 * 1.1, y1 * 1.1, f"{name}: no link", ha="center", va="center",
+                    fontsize=8, color="#888888")
+            continue
+        tail, head = ((vx * 0.25, vy * 0.25), (x1, y1)) if out else \
+            ((x1, y1), (vx * 0.3, vy * 0.3))
+        ax.annotate("", head, tail, arrowprops=dict(
+            arrowstyle="-|>", color=cmap(norm(v)), linewidth=4, mutation_scale=18,
+            linestyle="-" if name[0] in "xyz" else (0, (3, 1.5))))
+        # The label sits beyond the arrow's outer end, on its side of the chip.
+        ha = "center" if vx == 0 else ("left" if vx > 0 else "right")
+        va = "center" if vy == 0 else ("bottom" if vy > 0 else "top")
+        ax.text(x1 + 0.08 * np.sign(vx), y1 + 0.08 * np.sign(vy),
+                f"{name}  {v:.1%}\n{count} {words}", ha=ha, va=va, fontsize=8)
+    ax.set_xlim(-3.2, 3.2)
+    ax.set_ylim(-2.3, 2.3)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="link utilization",
+                 shrink=0.8)
+    return fig
+
+
+def _torus_per_link(topo, util, *, caption: str, what: str, capacity, max_panels: int):
+    """Every ICI link as a segment coloured by its utilization, one panel per (slice, z)."""
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.collections import LineCollection
+    from matplotlib.lines import Line2D
+
     ndim = topo.ndim
-    coords = topo.all_coords()
-    for ax, z in zip(axes[0], zs, strict=True):
-        for link in np.flatnonzero(src[: topo.num_ici_links] >= 0):
-            s_chip, d_chip = int(src[link]), int(dst[link])
-            if s_chip >= topo.chips_per_slice:
-                continue  # draw slice 0 only
-            cs = list(coords[s_chip]) + [0] * (3 - ndim)
-            cd = list(coords[d_chip]) + [0] * (3 - ndim)
-            if cs[2] != z or cd[2] != z:
-                continue  # z links are not drawn in a z slice
-            axis = (link % (2 * ndim)) // 2
-            d = link % 2
-            off = 0.12 if d == 0 else -0.12
-            x0, y0, x1, y1 = cs[0], cs[1], cd[0], cd[1]
-            wrap = abs(x1 - x0) > 1 or abs(y1 - y0) > 1
-            if wrap:  # wraparound link: a short stub out of the grid edge
-                x1 = x0 + (0.45 if (axis == 0 and d == 0) else -0.45 if axis == 0 else 0)
-                y1 = y0 + (0.45 if (axis == 1 and d == 0) else -0.45 if axis == 1 else 0)
-            dx, dy = (0, off) if axis == 0 else (off, 0)
-            ax.plot([x0 + dx, x1 + dx], [y0 + dy, y1 + dy], color=cmap(norm(util[link])),
-                    linewidth=2.2, linestyle=":" if wrap else "-")
-        ax.scatter(coords[:, 0], coords[:, 1] if ndim > 1 else np.zeros(len(coords)), s=6,
-                   color="black")
-        ax.set_title(f"z = {z}" if nz > 1 else topo.name)
-        ax.set_xlabel("x")
-        ax.set_ylabel("y")
+    n = topo.num_ici_links
+    nl = 2 * ndim
+    src, _dst = topo.link_endpoints()
+    exists = src[:n] >= 0
+    shape3 = tuple(topo.shape) + (1,) * (3 - ndim)
+    nx, ny, nz = shape3
+    per = topo.chips_per_slice
+    coords = np.zeros((per, 3), dtype=int)
+    coords[:, :ndim] = topo.all_coords()
+    cap = None if capacity is None else np.asarray(capacity[:n], dtype=float)
+    dead = np.zeros(n, bool) if cap is None else exists & (cap <= 0)
+    slow = np.zeros(n, bool)
+    if cap is not None:
+        cls = np.arange(n) % nl
+        for c in range(nl):
+            sel = exists & (cls == c)
+            if sel.any():
+                slow |= sel & (cap > 0) & (cap < cap[sel].max() * (1 - 1e-9))
+    alive = exists & ~dead
+    norm, cmap = _norm_cmap(util[:n][alive])
+    per_chip = util[:n].reshape(-1, nl)  # rows = chips
+    panels, omitted = _panels(topo, per_chip, max_panels)
+    off, shorten = 0.1, 0.16  # + and - links side by side; ends kept off the chip dots
+    pw = min(max(0.6 * nx + 1.0, 3.4), 7.0)
+    ph = min(max(0.6 * ny + 1.0, 3.4), 7.0) if ndim > 1 else 1.4
+    cols, rows = _grid(len(panels), pw, ph)
+    width = max(cols * pw + 1.6, 8.0)
+    handles = [Line2D([], [], color="#555555", lw=2, label="link (+ above / left of -)")]
+    if any(w and k > 1 for w, k in zip(topo.wraparound, topo.shape, strict=True)):
+        handles.append(Line2D([], [], color="#555555", lw=2, linestyle=(0, (2, 1.2)),
+                              label="wraparound link (dashed stub at the border)"))
+    if ndim == 3:
+        handles.append(Line2D([], [], color="#555555", lw=2,
+                              label="diagonal stub: z link (z+ up-right, z- down-left)"))
+    if dead.any():
+        handles.append(Line2D([], [], color="#D62728", marker="x", linestyle="",
+                              label="dead link (no capacity: idle)"))
+    if slow.any():
+        handles.append(Line2D([], [], color="#FF7F0E", marker="o", linestyle="",
+                              markerfacecolor="none", markeredgewidth=1.5,
+                              label="slow link (less capacity), circled"))
+    ncol = 3 if width >= 10 else 2
+    notes = [f"links of a class differ: every link drawn ({topo.name}, {_wrap_words(topo)})",
+             omitted, _dcn_words(topo, util)]
+    title = _wrap(width, what, caption, "; ".join(x for x in notes if x))
+    fig = _figure(width, rows * ph, title, left=0.6, right=0.3,
+                  bottom=0.45 + _legend_height(len(handles), ncol), axes_titles=True,
+                  wspace=0.3, hspace=0.45)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    lw = min(max(30 / max(nx, ny), 0.8), 2.6)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    for ax, (s, z) in zip(axes.flat, panels, strict=False):
+        local = np.flatnonzero(coords[:, 2] == z)
+        chips = s * per + local
+        ids = (chips[:, None] * nl + np.arange(nl)[None, :]).ravel()
+        ids = ids[exists[ids]]
+        a, d = (ids % nl) // 2, ids % 2
+        p0 = coords[src[ids] - s * per].astype(float)
+        sk = np.where(d == 0, 1.0, -1.0)
+        a_coord = p0[np.arange(len(ids)), a]
+        wrap = (a_coord + sk < 0) | (a_coord + sk >= np.array(shape3)[a])
+        # x links horizontal, y vertical, z a short diagonal stub (z+ up-right, z- down-left);
+        # the + link of a pair runs left of its direction of travel (x+ above x-); a wraparound
+        # link is a stub out of the border.
+        u = np.column_stack([(a != 1).astype(float), (a != 0).astype(float)])
+        o = np.column_stack([np.where(a == 1, -off * sk, 0.0), np.where(a == 0, off * sk, 0.0)])
+        s0 = np.where(a == 2, 0.07, shorten)
+        ln = np.where(a == 2, 0.23, np.where(wrap, 0.42, 1.0 - 2 * shorten))
+        p_start = p0[:, :2] + u * (sk * s0)[:, None] + o
+        seg = np.stack([p_start, p_start + u * (sk * ln)[:, None]], axis=1)
+        colors = cmap(norm(util[ids]))
+        colors[dead[ids]] = (0.75, 0.75, 0.75, 1.0)
+        solid = ~wrap
+        ax.add_collection(LineCollection(seg[solid], colors=colors[solid], linewidths=lw))
+        if wrap.any():
+            ax.add_collection(LineCollection(seg[wrap], colors=colors[wrap], linewidths=lw,
+                                             linestyles=(0, (2, 1.2))))
+        mid = seg.mean(axis=1)
+        if dead[ids].any():
+            m = mid[dead[ids]]
+            ax.scatter(m[:, 0], m[:, 1], marker="x", color="#D62728", s=40, zorder=4,
+                       linewidths=1.5)
+        if slow[ids].any():
+            m = mid[slow[ids]]
+            ax.scatter(m[:, 0], m[:, 1], marker="o", s=160, zorder=4, facecolors="none",
+                       edgecolors="#FF7F0E", linewidths=1.5)
+        ax.scatter(coords[local, 0], coords[local, 1], s=max(4, 60 / max(nx, ny)),
+                   color="black", zorder=3)
+        ax.set_xlim(-0.75, nx - 0.25)
+        ax.set_ylim(-0.75, ny - 0.25)
         ax.set_aspect("equal")
-    fig.colorbar(cm.ScalarMappable(norm=norm, cmap=cmap), ax=axes[0].tolist(),
-                 label="link utilization")
-    fig.suptitle(title, fontsize=9)
-    path = _save(fig, path)
-    plt.close(fig)
-    return path
+        _ticks(ax, nx, "x")
+        ax.set_xlabel("x")
+        if ndim > 1:
+            _ticks(ax, ny, "y")
+            ax.set_ylabel("y")
+        else:
+            ax.set_yticks([])
+        label = f"z = {z}" if ndim == 3 else topo.name
+        if topo.num_slices > 1:
+            label += f", slice {s}"
+        ax.set_title(label)
+    fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=axes.ravel().tolist(),
+                 label="link utilization", shrink=0.9)
+    _legend(fig, handles, ncol)
+    return fig
 
 
-def plot_collective(res, out_dir: str | Path, *, max_slices: int = 4) -> list[Path]:
-    """Link utilization of a collective drawn on the torus (one panel per z slice in 3D), and
-    the per-step timeline of its streams."""
-    plt = _fig()
-    import numpy as np
+@_styled
+def chip_map_figure(topo, values, *, caption: str, what: str, label: str,
+                    time_values: bool = False, max_panels: int = MAX_PANELS):
+    """A per-chip value as a heat map on the x-y grid, one panel per (slice, z); times (s) are
+    shown in s, ms or us."""
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
 
+    ndim = topo.ndim
+    shape3 = tuple(topo.shape) + (1,) * (3 - ndim)
+    nx, ny, _nz = shape3
+    per = topo.chips_per_slice
+    vals = np.asarray(values, dtype=float)
+    coords = np.zeros((per, 3), dtype=int)
+    coords[:, :ndim] = topo.all_coords()
+    panels, omitted = _panels(topo, vals[:, None], max_panels)
+    lo, hi = (float(vals.min()), float(vals.max())) if len(vals) else (0.0, 0.0)
+    scale, unit = _time_unit(hi) if time_values else (1.0, "")
+    if hi - lo <= 1e-9 * max(abs(hi), 1e-300):
+        # Alike to rounding: one colour, and the plot says so (no colour bar of noise).
+        what = f"{what}; every chip alike: {_fmt_time(hi) if time_values else f'{hi:.4g}'}"
+        lo, hi = hi - abs(hi) * 0.01 - 1e-12, hi + abs(hi) * 0.01 + 1e-12
+    vals = vals * scale
+    lo, hi = lo * scale, hi * scale
+    label = f"{label} ({unit})" if unit else label
+    norm = Normalize(lo, hi)
+    pw = min(max(0.45 * nx + 1.0, 3.0), 6.0)
+    ph = min(max(0.45 * ny + 1.0, 3.0), 6.0) if ndim > 1 else 1.4
+    cols, rows = _grid(len(panels), pw, ph)
+    width = max(cols * pw + 1.6, 7.0)
+    fig = _figure(width, rows * ph, _wrap(width, what, caption, omitted), left=0.6, right=0.3,
+                  bottom=0.5, axes_titles=True, wspace=0.3, hspace=0.45)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    for ax, (s, z) in zip(axes.flat, panels, strict=False):
+        grid = np.full((ny, nx), np.nan)
+        sel = np.flatnonzero(coords[:, 2] == z)
+        grid[coords[sel, 1], coords[sel, 0]] = vals[s * per + sel]
+        ax.imshow(grid, origin="lower", cmap="magma", norm=norm)
+        _ticks(ax, nx, "x")
+        ax.set_xlabel("x")
+        if ndim > 1:
+            _ticks(ax, ny, "y")
+            ax.set_ylabel("y")
+        else:
+            ax.set_yticks([])
+        title = f"z = {z}" if ndim == 3 else topo.name
+        ax.set_title(title + (f", slice {s}" if topo.num_slices > 1 else ""))
+    cb = fig.colorbar(ScalarMappable(norm=norm, cmap="magma"), ax=axes.ravel().tolist(),
+                      label=label, shrink=0.9)
+    cb.formatter.set_useOffset(False)
+    return fig
+
+
+# -- a collective ------------------------------------------------------------------------------
+def plot_collective(res, out_dir: str | Path, *, max_panels: int = MAX_PANELS) -> list[Path]:
+    """Write the collective's link utilization on the torus and its steps per stream."""
     out = Path(out_dir)
+    return [save(fig, out / name)
+            for name, fig in collective_figures(res, max_panels=max_panels).items()]
+
+
+@_styled
+def collective_figures(res, *, max_panels: int = MAX_PANELS) -> dict[str, Any]:
+    """The collective's figures by file name."""
     denom = res._link_cap * res.time_s
     # A dead link has no capacity (and carries nothing): drawn as idle.
     util = np.divide(res._link_bytes, denom, out=np.zeros_like(res._link_bytes, dtype=float),
                      where=denom > 0)
-    title = (f"{res.op} over {','.join(res.axes)} ({res.algorithm}) on {res.topology} "
-             f"{res.chip}: {res.time_s * 1e6:.1f} us")
-    paths = [draw_torus(res._topology, util, title, out / "links_on_torus.png",
-                        max_slices=max_slices)]
-    tl = res.timeline
-    fig, ax = plt.subplots(figsize=(10, 2.5 + 0.2 * tl.stream.nunique()))
-    for r in tl.itertuples(index=False):
-        ax.broken_barh([(r.start_s * 1e6, (r.end_s - r.start_s) * 1e6)],
-                       (r.stream - 0.4, 0.8), facecolors="#8172B2", edgecolor="white")
-    ax.set_xlabel("time (us)")
-    ax.set_ylabel("stream")
-    ax.set_title("collective steps per stream")
-    fig.tight_layout()
-    paths.append(_save(fig, out / "collective_timeline.png"))
-    plt.close(fig)
-    return paths
+    caption = collective_caption(res)
+    what = (f"{res.op} of {_fmt_bytes(res.bytes)} over {','.join(res.axes) or '-'} "
+            f"({res.algorithm}): {_fmt_time(res.time_s)}; link utilization")
+    return {"links_on_torus.png": torus_figure(res._topology, util, capacity=res._link_cap,
+                                               caption=caption, what=what,
+                                               max_panels=max_panels),
+            "collective_timeline.png": _collective_timeline(res, caption)}
+
+
+_STEP_WORDS = {"RS": "reduce-scatter", "AG": "all-gather", "A2A": "all-to-all"}
+
+
+def step_words(label: str) -> str:
+    """A collective step's label in words: "part1 RS x" -> "reduce-scatter over x"."""
+    words = label.split()
+    if words and words[0].startswith("part") and len(words) > 1:
+        words = words[1:]  # the stream is the lane
+    if words and words[0] in _STEP_WORDS:
+        rest = words[1:]
+        over = rest and all(a in ("x", "y", "z", "dcn") for a in rest[0].split(","))
+        words = [_STEP_WORDS[words[0]]] + (["over"] if over else []) + rest
+    return " ".join(words)
+
+
+def _collective_timeline(res, caption: str):
+    from matplotlib.patches import Patch
+
+    from sim.collective_sim import TIMELINE_COLUMNS
+
+    tl = _table(res._timeline, TIMELINE_COLUMNS,
+                ("group", "chip", "stream", "step", "label", "start_s", "end_s"))
+    width = 11.0
+    # The group that finishes last sets the time; its first simulated chip stands for it.
+    g, groups = 0, 0
+    mine = np.zeros(len(res._timeline), dtype=bool)
+    if len(res._timeline):
+        g = int(tl["group"][int(np.argmax(tl["end_s"]))])
+        mine = tl["group"] == g
+        mine &= tl["chip"] == tl["chip"][mine].min()
+        groups = len(np.unique(tl["group"]))
+    rows = {c: v[mine].tolist() for c, v in tl.items()}
+    if groups > 1:
+        who = f"replica group {g}, the last of the {groups} simulated to finish"
+    elif res.num_groups > 1:
+        who = f"one replica group, standing for all {res.num_groups} (alike)"
+    else:
+        who = "the one replica group"
+    streams = sorted(set(rows["stream"]))
+    t_end = max(res.time_s, max(rows["end_s"], default=0.0), 1e-12)
+    scale, unit = _time_unit(t_end)
+    kinds = [step_words(lab) for lab in rows["label"]]
+    names = list(dict.fromkeys(kinds))
+    color = {k: _STEP_COLORS[i % len(_STEP_COLORS)] for i, k in enumerate(names)}
+    handles = [Patch(color=color[k], label=k) for k in names]
+    ncol = 4
+    title = _wrap(width, f"{res.op} ({res.algorithm}): steps per stream of {who}; "
+                         f"{_fmt_time(res.time_s)} in all", caption)
+    fig = _figure(width, 0.5 + 0.34 * max(len(streams), 1), title, left=0.9,
+                  bottom=0.5 + _legend_height(len(handles), ncol, titled=True))
+    ax = fig.add_subplot()
+    bars: dict[tuple[int, str], list] = {}
+    for stream, kind, s, e in zip(rows["stream"], kinds, rows["start_s"], rows["end_s"],
+                                  strict=True):
+        bars.setdefault((int(stream), kind), []).append((s * scale, (e - s) * scale))
+    ypos = {st: i for i, st in enumerate(streams)}
+    for (stream, kind), xr in sorted(bars.items()):
+        ax.broken_barh(xr, (ypos[stream] - 0.38, 0.76), facecolors=color[kind],
+                       edgecolor="white", linewidth=0.8)
+    # Each step labelled with its number (and what it does, where the bar is wide enough).
+    for stream, kind, step, s, e in zip(rows["stream"], kinds, rows["step"], rows["start_s"],
+                                        rows["end_s"], strict=True):
+        frac = (e - s) / t_end
+        text = f"{step}: {kind}" if frac > 0.0075 * (len(kind) + 3) else str(step)
+        if frac > 0.0075 * len(text):
+            ax.text((s + e) / 2 * scale, ypos[int(stream)], text, ha="center", va="center",
+                    fontsize=7, color="white")
+    ax.set_yticks(range(len(streams)), [f"stream {s}" for s in streams])
+    ax.set_ylim(max(len(streams), 1) - 0.4, -0.6)  # stream 0 on top
+    ax.set_xlim(0, t_end * scale)
+    ax.set_xlabel(f"time ({unit})")
+    if handles:
+        _legend(fig, handles, ncol, title="what each step does (bars: step number: step)",
+                title_fontsize=8)
+    return fig

@@ -1,0 +1,237 @@
+"""The `--plots` figures (`sim/export/plots.py`), checked through their artists, not pixels:
+every plot kind on 1D, 2D, 3D and multi-slice pods; the torus drawn per link only when links of a
+class differ (every existing link a segment) and otherwise once per class with a note; words, not
+field names; the model, pod and mesh in every title; legends off the lanes; byte-identical
+files for identical inputs; and the text reports' breakdown in words."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import LineCollection, PolyCollection
+from matplotlib.text import Text
+
+import sim
+from sim.engine import BREAKDOWN_KEYS, BREAKDOWN_LABELS
+from sim.export.plots import (
+    collective_figures,
+    links_alike,
+    plot_collective,
+    plot_step,
+    step_figures,
+    step_words,
+)
+
+TINY = {"name": "tiny", "num_layers": 2, "d_model": 256, "num_heads": 4, "num_kv_heads": 4,
+        "head_dim": 64, "d_ff": 1024, "mlp": "relu", "vocab_size": 512}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("model") / "tiny.yaml"
+    path.write_text(yaml.safe_dump(TINY))
+    return str(path)
+
+
+def _texts(fig) -> list[str]:
+    return [t.get_text() for t in fig.findobj(Text) if t.get_text()]
+
+
+def _title(fig) -> str:
+    return fig._suptitle.get_text().replace("\n", " ")
+
+
+def _segments(fig) -> int:
+    return sum(len(c.get_segments()) for c in fig.findobj(LineCollection))
+
+
+def _no_field_names(fig) -> None:
+    for t in _texts(fig):
+        assert not any(k in t for k in BREAKDOWN_KEYS), t
+
+
+# -- collectives: 1D, 2D, 3D, multi-slice; per link vs per class --------------------------------
+@pytest.mark.parametrize(("flags", "pod", "panels"), [
+    # An all-gather on a line of 8 (no wraparound): links of a class carry different amounts.
+    (dict(chip="v5e", shape="8", axes="x", op="all-gather"), "v5e 8 (8 chips)", 1),
+    # A dead link makes links of one class differ on a 2D torus -> per link.
+    (dict(chip="v5e", shape="4x4", wraparound="all", axes="x", dead_link=["1,0:x+"]),
+     "v5e 4x4 (16 chips)", 1),
+    # A slow z link on a 3D torus -> per link, one panel per z slice.
+    (dict(chip="v5p", shape="4x4x4", axes="x,z", slow_link=["1,1,1:z+:0.5"]),
+     "v5p 4x4x4 (64 chips)", 4),
+])
+def test_collective_torus_is_drawn_per_link_when_links_of_a_class_differ(flags, pod, panels):
+    r = sim.collective(**{"op": "all-reduce", "bytes": "1MiB", **flags}).result
+    topo = r._topology
+    figs = collective_figures(r)
+    fig = figs["links_on_torus.png"]
+    title = _title(fig)
+    assert "links of a class differ: every link drawn" in title
+    assert pod in title and "one collective (no model)" in title and "replica group" in title
+    # Every existing ICI link is one segment (z links too, as diagonal stubs in their z slice).
+    assert _segments(fig) == int(topo.link_mask().sum())
+    panel_titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert len(panel_titles) == panels
+    if topo.ndim == 3:
+        assert panel_titles == [f"z = {z}" for z in range(4)]
+    # Integer chip ticks.
+    for ax in fig.axes[:panels]:
+        assert all(t.get_text().isdigit() for t in ax.get_xticklabels())
+    legend = " ".join(_texts(fig))
+    assert ("dead link" in legend) == ("dead_link" in flags)
+    assert ("slow link" in legend) == ("slow_link" in flags)
+    assert ("wraparound link" in legend) == any(topo.wraparound)
+    assert ("z link" in legend) == (topo.ndim == 3)
+
+
+@pytest.mark.parametrize(("flags", "classes"), [
+    (dict(chip="v5e", shape="16x16", axes="x,y"), ["x+", "x-", "y+", "y-"]),
+    (dict(chip="v5p", shape="4x4x4", axes="z"), ["x+", "x-", "y+", "y-", "z+", "z-"]),
+    (dict(chip="v5e", shape="2x2", slices=2, axes="dcn"),
+     ["x+", "x-", "y+", "y-", "DCN out", "DCN in"]),
+])
+def test_collective_torus_with_alike_links_says_so_and_draws_each_class_once(flags, classes):
+    r = sim.collective(op="all-reduce", bytes="1MiB", **flags).result
+    util = r._link_bytes / (r._link_cap * r.time_s)
+    assert links_alike(r._topology, util, r._link_cap)
+    fig = collective_figures(r)["links_on_torus.png"]
+    texts = _texts(fig)
+    assert any("every link of a class is alike: drawn once per class" in t for t in texts)
+    assert _segments(fig) == 0  # no per-link drawing
+    labels = [t.split("  ")[0] for t in texts if "  " in t and "%" in t]
+    assert labels == classes
+    # The class labels carry their utilization: the busiest class is the data's maximum.
+    top = max(float(t.split("  ")[1].split("%")[0]) for t in texts if "  " in t and "%" in t)
+    assert top == pytest.approx(100 * util.max(), abs=0.051)
+
+
+def test_links_alike_rule_on_closed_form_arrays(v5e, topo):
+    t = topo(v5e, "4x4", wrap="all")
+    util = np.zeros(t.num_links)
+    assert links_alike(t, util)
+    util[np.arange(t.num_ici_links) % 4 == 0] = 0.5  # every x+ link alike
+    assert links_alike(t, util)
+    util[t.ici_link_id(5, 0, 1)] = 0.6  # one x+ link differs
+    assert not links_alike(t, util)
+    cap = np.full(t.num_links, 1.0)
+    util[t.ici_link_id(5, 0, 1)] = 0.5
+    cap[t.ici_link_id(3, 1, -1)] = 0.0  # a dead y- link, even if idle like its class
+    assert not links_alike(t, util, cap)
+
+
+def test_collective_timeline_shows_each_step_of_each_stream_with_words():
+    r = sim.collective(chip="v5e", shape="16x16", op="all-reduce", axes="x,y",
+                       bytes="1MiB").result
+    fig = collective_figures(r)["collective_timeline.png"]
+    ax = fig.axes[0]
+    tl = r.timeline
+    bars = sum(len(c.get_paths()) for c in ax.findobj(PolyCollection))
+    assert bars == len(tl) == 8  # two streams of RS, RS, AG, AG
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["stream 0", "stream 1"]
+    texts = _texts(fig)
+    assert "0: reduce-scatter over x" in texts and "3: all-gather over y" in texts
+    assert fig.legends and ax.get_legend() is None
+    assert "v5e 16x16 (256 chips)" in _title(fig)
+    assert step_words("part1 RS x") == "reduce-scatter over x"
+    assert step_words("A2A ring") == "all-to-all ring"
+    assert step_words("permute x+1") == "permute x+1"
+
+
+# -- steps: 2D, 3D, multi-slice; words and captions ---------------------------------------------
+@pytest.mark.parametrize(("flags", "pod", "mesh"), [
+    (dict(chip="v5e", shape="2x2", mesh="fsdp=2,tensor=2"), "v5e 2x2 (4 chips)",
+     "mesh fsdp=2 on y, tensor=2 on x"),
+    (dict(chip="v5p", shape="2x2x2", mesh="fsdp=8"), "v5p 2x2x2 (8 chips)", "mesh fsdp=8 on"),
+    (dict(chip="v5e", shape="2x2", slices=2, dcn="data=2", mesh="fsdp=4"),
+     "v5e 2x(2x2) (8 chips)", "DCN data=2"),
+])
+def test_step_plots_name_model_pod_and_mesh_and_use_words(tiny, flags, pod, mesh):
+    run = sim.train(model=tiny, seq_len=128, batch_per_chip=1, **flags)
+    figs = step_figures(run.result, run.to_dict())
+    assert sorted(figs) == ["breakdown.png", "links_on_torus.png", "timeline.png",
+                            "utilization.png"]
+    for name, fig in figs.items():
+        title = _title(fig)
+        assert "tiny on " in title and pod in title and mesh in title, (name, title)
+        _no_field_names(fig)
+    bd = figs["breakdown.png"].axes[0]
+    assert [t.get_text() for t in bd.get_yticklabels()] == [
+        BREAKDOWN_LABELS[k] for k in run.result.breakdown]
+    # The representative replay is per link class: drawn once per class, and said so.
+    assert any("the step is simulated per link class" in t
+               for t in _texts(figs["links_on_torus.png"]))
+
+
+def test_step_timeline_marks_phases_and_keeps_its_legend_off_the_lanes(tiny):
+    run = sim.train(chip="v5e", shape="2x2", model=tiny, seq_len=128, batch_per_chip=1,
+                    mesh="fsdp=4")
+    fig = step_figures(run.result, run.to_dict())["timeline.png"]
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()][-1] == "phase"
+    legend = fig.legends[0]
+    names = [t.get_text() for t in legend.get_texts()]
+    assert {"forward", "backward", "optimizer", "VPU-bound", "ICI-bound"} <= set(names)
+    assert "forward" in _texts(ax) and "backward" in _texts(ax)
+    # The phase lane's bands cover the ops of each phase: forward ends where backward starts.
+    ops = run.result.ops
+    fwd_end = ops[(ops.phase == "fwd") & (ops.kind == "compute")].end_s.max()
+    assert ops[(ops.phase == "bwd") & (ops.kind == "compute")].start_s.min() >= fwd_end - 1e-12
+    # The legend sits below the axes, not on the lanes.
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    assert ax.get_legend() is None
+    assert legend.get_window_extent(renderer).y1 < ax.get_window_extent(renderer).y0
+
+
+def test_per_chip_step_draws_links_per_link_and_the_finish_time_map(tiny):
+    run = sim.train(chip="v5p", shape="2x2x2", model=tiny, seq_len=128, batch_per_chip=1,
+                    mesh="fsdp=8", slow_chip=["1,1,1:0.5"])
+    figs = step_figures(run.result, run.to_dict())
+    assert "chip_finish_times.png" in figs
+    fm = figs["chip_finish_times.png"]
+    assert "slowest chip is (1,1,1)" in _title(fm) and "v5p 2x2x2 (8 chips)" in _title(fm)
+    assert [ax.get_title() for ax in fm.axes[:2]] == ["z = 0", "z = 1"]
+
+
+# -- files: determinism, speed-independent ------------------------------------------------------
+def _digests(d: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.iterdir())}
+
+
+def test_every_plot_kind_is_byte_identical_for_identical_inputs(tiny, tmp_path):
+    """The step plots (a slow chip and link: the finish map and the per-link torus) and the
+    collective plots (per-link torus with a dead link, timeline), drawn and written twice (the
+    runs' own determinism is tests/test_fuzz.py's)."""
+    step = sim.train(chip="v5e", shape="2x2", model=tiny, seq_len=128, batch_per_chip=1,
+                     mesh="fsdp=4", slow_chip=["1,1:0.5"], slow_link=["0,0:x+:0.5"])
+    coll = sim.collective(chip="v5e", shape="4x4", wraparound="all", op="all-reduce", axes="x",
+                          bytes="1MiB", dead_link=["1,0:x+"])
+    out = []
+    for run_dir in ("a", "b"):
+        d = tmp_path / run_dir
+        plot_step(step.result, step.to_dict(), d / "step")
+        plot_collective(coll.result, d / "coll")
+        out.append((_digests(d / "step"), _digests(d / "coll")))
+    assert out[0] == out[1]
+    assert sorted(out[0][0]) == ["breakdown.png", "chip_finish_times.png", "links_on_torus.png",
+                                 "timeline.png", "utilization.png"]
+    assert sorted(out[0][1]) == ["collective_timeline.png", "links_on_torus.png"]
+
+
+# -- text reports -------------------------------------------------------------------------------
+@pytest.mark.parametrize("command", ["train", "prefill"])
+def test_text_reports_print_the_breakdown_in_words(tiny, capsys, command):
+    from sim.cli import main
+
+    extra = (["--seq-len", "128", "--batch-per-chip", "1"] if command == "train"
+             else ["--batch", "4", "--prompt-len", "128"])
+    assert main([command, "--chip", "v5e", "--shape", "2x2", "--model", tiny, "--mesh",
+                 "fsdp=4" if command == "train" else "tensor=4", *extra]) == 0
+    out = capsys.readouterr().out
+    assert "exposed communication" in out and "MXU compute" in out
+    assert not any(k in out for k in BREAKDOWN_KEYS)
