@@ -1,19 +1,19 @@
-"""Pipeline schedules simulated stage by stage: GPipe, 1F1B and interleaved 1F1B.
+"""Pipeline schedules: GPipe, 1F1B and interleaved 1F1B, simulated on the per-chip engine.
 
-Each stage runs its own ordered list of forward (F) and backward (B) passes of one microbatch
-through one chunk of layers, in the schedule's order; a pass starts when the stage is free and
-its input has arrived from the neighbouring stage (F from the previous chunk, B from the next;
-the last chunk's B from its own F through the loss). The passes' durations are `replay`s of the
-compiled chunk programs (`workloads.training.compile_pipeline_chunk`: the first stage holds the
-embedding, the last the output projection and loss), the stage-to-stage sends are costed as
-collective-permutes over the pipeline axis on the real pod (ICI or DCN, as the mesh places it).
-The bubble is whatever idle time the schedule leaves, not a formula. Per-stage memory follows
-the schedule: the most microbatches whose forward is done and backward is not.
+`simulate_pipeline_chips` (what `train`, `replay` and `export` run): every stage's chips run
+their stage's program (`build_stage_programs`: the one-microbatch chunk programs of
+`workloads.training.compile_pipeline_chunk` copied pass by pass in the schedule's order,
+`stage_order`; the first chunk holds the embedding, the last the output projection and the
+loss), stage-to-stage activation and gradient sends are point-to-point transfers on the routes
+between neighbouring stages' chips (ICI, or DCN when the pipeline axis spans slices), and
+in-stage collectives are rendezvous of their groups. So slow chips and links, dead links, chip
+variation and the brute-force mode apply, and the bubble is whatever idle time the schedule
+leaves, not a formula. Per-stage memory follows the schedule through the copied HBM events.
 
-Stage-level model: every chip of a stage runs the same passes (the pipeline axis is the only
-thing that differs between chips), and a send occupies its link alone (the forward and
-backward sends of a step go opposite ways; two sends in the same direction at once are not
-contended). docs/model.md "Pipeline schedules".
+`simulate_pipeline` is the earlier stage-level model, kept as a reference: each pass timed once
+by `replay` in isolation, each send a collective-permute over the pipeline axis, the schedule
+run stage by stage (every chip of a stage identical). On a healthy pod with one hop between
+stages the two agree to 1e-9; docs/model.md "Pipeline schedules" says where they differ.
 """
 
 from __future__ import annotations
@@ -573,25 +573,6 @@ def _apply_schedule(res, pipe: PipelineResult, sp: StagePrograms, stage) -> None
     res.fits_in_hbm = res.hbm_peak_bytes <= res.hbm_capacity_bytes
 
 
-def apply_pipeline(result, pipe: PipelineResult) -> None:
-    """Put the simulated schedule into a step's `StepResult`: step time, the bubble in the
-    breakdown (the other parts scaled to the rest of the step), the HBM peak of the fullest
-    stage."""
-    bd = dict(result.breakdown)
-    others = {k: v for k, v in bd.items() if k != "pipeline_bubble_s"}
-    total = sum(others.values())
-    rest = max(pipe.step_time_s - pipe.bubble_s, 0.0)
-    for k, v in others.items():
-        bd[k] = v * rest / total if total else 0.0
-    bd["pipeline_bubble_s"] = pipe.bubble_s
-    result.breakdown = bd
-    result.step_time_s = pipe.step_time_s
-    result.hbm_peak_bytes = max(pipe.stage_hbm_peak_bytes)
-    fullest = pipe.stage_hbm_peak_bytes.index(result.hbm_peak_bytes)
-    result.hbm_peak_breakdown = dict(pipe.stage_hbm_peak_breakdown[fullest])
-    result.fits_in_hbm = result.hbm_peak_bytes <= result.hbm_capacity_bytes
-
-
-__all__ = ["Pass", "PipelineResult", "StagePrograms", "apply_pipeline", "build_stage_programs",
+__all__ = ["Pass", "PipelineResult", "StagePrograms", "build_stage_programs",
            "check_schedule", "simulate_pipeline", "simulate_pipeline_chips", "stage_of_chips",
            "stage_order"]
