@@ -298,9 +298,45 @@ def padded_collective_bytes(kind: str, gaxes: tuple[GroupAxis, ...], nbytes: flo
     return int(np.ceil(max(nbytes, 1.0) / group)) * group
 
 
+# Costs of healthy collectives by (chip, torus, kind, group axes, bytes, algorithm): a pure
+# function of those, and the most expensive part of costing a step on a large pod, shared by the
+# steps a worker process simulates one after another (a study's points that vary only what the
+# collectives do not see, `plan`'s candidates that share groups). Bounded; cleared when full.
+COST_CACHE_SIZE = 4096
+_COST_CACHE: dict[tuple, CollectiveCost] = {}
+
+
+def cost_cache_key(chip: ChipSpec, topology: Topology, kind: str, gaxes: tuple[GroupAxis, ...],
+                   nbytes: float, algorithm: str) -> tuple:
+    return (chip, topology.shape, topology.wraparound, topology.num_slices, kind, gaxes,
+            float(nbytes), algorithm)
+
+
+def seed_cost_cache(entries: dict[tuple, CollectiveCost]) -> None:
+    """Add costs computed elsewhere (another worker of the same study) to this process's cache."""
+    if len(_COST_CACHE) + len(entries) > COST_CACHE_SIZE:
+        _COST_CACHE.clear()
+    _COST_CACHE.update(entries)
+
+
 def cost_collective(
     chip: ChipSpec, topology: Topology, kind: str, gaxes: tuple[GroupAxis, ...], nbytes: float,
     algorithm: str = "auto",
+) -> CollectiveCost:
+    """A healthy collective's cost on `topology` (memoised per process; see `_COST_CACHE`)."""
+    key = cost_cache_key(chip, topology, kind, gaxes, nbytes, algorithm)
+    hit = _COST_CACHE.get(key)
+    if hit is None:
+        hit = _cost_collective(chip, topology, kind, gaxes, nbytes, algorithm)
+        if len(_COST_CACHE) >= COST_CACHE_SIZE:
+            _COST_CACHE.clear()
+        _COST_CACHE[key] = hit
+    return hit
+
+
+def _cost_collective(
+    chip: ChipSpec, topology: Topology, kind: str, gaxes: tuple[GroupAxis, ...], nbytes: float,
+    algorithm: str,
 ) -> CollectiveCost:
     group = int(np.prod([g.size for g in gaxes]))
     v = padded_collective_bytes(kind, gaxes, nbytes)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from topologies.errors import TpusimError
+from topologies.validate import MAX_PLAN_COMBINATIONS
 
 PLAN_AXES = ("data", "fsdp", "pipeline", "expert", "sequence", "tensor")
 PLAN_COLUMNS = (
@@ -173,6 +174,14 @@ def enumerate_candidates(model, topology, chip, cfg: PlanConfig) -> tuple[list[C
     if topology.num_slices != 1:
         raise TpusimError("plan searches one slice; drop --slices (multi-slice is not searched)")
     opts = _size_options(model, n, cfg)
+    combos = math.prod(len(v) for v in opts.values()) * len(cfg.remat) * len(cfg.param_dtypes) \
+        * len(cfg.grad_dtypes) * len(cfg.optimizer_dtypes)
+    if combos > MAX_PLAN_COMBINATIONS:
+        raise TpusimError(
+            f"plan would consider {combos:,} combinations of axis sizes and settings, over the "
+            f"limit of {MAX_PLAN_COMBINATIONS:,}; lower --max-data/--max-tensor/--max-pipeline/"
+            f"--max-expert or allow fewer --remat and dtype values"
+        )
     counts = {"generated": 0, "invalid": 0, "pruned_by_memory": 0}
     out: list[Candidate] = []
     capacity = chip.hbm_bytes
@@ -264,32 +273,212 @@ def _bound(row: dict[str, Any]) -> str:
     return f"{_BOUNDS[k]} {share:.0%}"
 
 
-def lower_bound(job: tuple) -> dict[str, Any]:
-    """A step time no placement of this candidate can beat: the engine runs every compute op
-    of the trace one after another on the core, each no faster than its FLOPs at the unit's
-    rate and its HBM bytes at full bandwidth (sim/engine.py), plus the trace's idle slots.
-    Collectives only add to it. Job: (model, ICI mesh axes, chips, TrainingConfig, chip)."""
-    from topologies.mesh import LogicalMesh
-    from workloads.trace import OpKind, Unit
-    from workloads.training import compile_training_step
+def collective_floor_s(chip, topology, kind: str, gaxes, nbytes: float) -> float:
+    """A time no simulated collective of this kind, group and size can beat, in closed form:
+    the bytes one chip must receive (all-gather, all-reduce) or send (reduce-scatter) at the
+    least, (N-1)/N of V ((N-1)/N^2 of V for all-to-all, V for a permute), through at most two
+    links (one per direction) of every physical axis the group spans, and at least one hop of
+    latency. 0 when it cannot say (DCN groups, unknown kinds)."""
+    from sim.engine import padded_collective_bytes
 
-    model, axes, num_chips, tcfg, chip = job
-    try:
-        trace = compile_training_step(model, LogicalMesh(axes=axes), num_chips, tcfg)
-    except TpusimError as exc:
-        return {"error": str(exc)}
+    n = math.prod(g.size for g in gaxes) if gaxes else 1
+    if n <= 1 or nbytes <= 0 or any(g.index < 0 for g in gaxes):
+        return 0.0
+    v = float(padded_collective_bytes(kind, gaxes, nbytes))
+    links = 2 * len({g.index for g in gaxes})
+    if kind in ("all-gather", "reduce-scatter", "all-reduce"):
+        per_chip = v * (n - 1) / n
+    elif kind == "all-to-all":
+        per_chip = v * (n - 1) / n**2
+    elif kind == "collective-permute":
+        per_chip, links = v, 2
+    else:
+        return 0.0
+    bw = chip.ici_link_bytes_per_s * chip.ici_efficiency
+    return max(per_chip / (links * bw), chip.ici_hop_latency_s)
+
+
+def _mesh_groups(axes, topology) -> dict[str, tuple]:
+    """Physical group axes of every logical axis of the ICI mesh `axes`, as the engine places
+    them (`sim.engine.collective_groups`)."""
+    from topologies.groups import axis_factor
+    from topologies.mesh import LogicalMesh, place_mesh
+
+    return {name: tuple(axis_factor(topology, a, size, stride) for a, size, stride in pl.factors)
+            for name, pl in place_mesh(LogicalMesh(axes=tuple(axes)), topology).items()}
+
+
+def uncontended_ends(trace, chip, topology, groups) -> tuple[list[float], list[float]]:
+    """(start, end) of every op when nothing contends: the engine's schedule (compute and idle
+    ops in trace order on the core, each after its dependencies; collectives and host
+    transfers as soon as their dependencies are done) with every op at a duration it cannot
+    beat: compute `overhead + max(flops / rate, bytes / HBM bandwidth)` (sim/engine.py), a
+    collective its `collective_floor_s`, a host transfer bytes / PCIe. Shared links, HBM and
+    PCIe only delay ops, and every start is a max of earlier ends, so each op ends no earlier
+    in the simulation than here."""
+    from sim.engine import _merge
+    from workloads.trace import OpKind, Unit
+
     mxu = chip.mxu_flops_per_s * chip.mxu_efficiency
     int8 = chip.mxu_int8_ops_per_s * chip.mxu_efficiency
     vpu = chip.vpu_flops_per_s * chip.vpu_efficiency
     hbm = chip.hbm_bytes_per_s * chip.hbm_efficiency
-    lb = 0.0
+    overhead = chip.op_overhead_s
+    overlap = bool(trace.meta.get("overlap", True))
+    n = len(trace.ops)
+    start = [0.0] * n
+    end = [0.0] * n
+    floors: dict[tuple, float] = {}
+    core = 0.0
     for op in trace.ops:
+        ready = max((end[d] for d in op.deps), default=0.0)
         if op.kind == OpKind.COMPUTE:
             rate = (int8 if op.dtype == "int8" else mxu) if op.unit == Unit.MXU else vpu
-            lb += max(op.flops / rate, op.hbm_bytes / hbm)
+            t0 = max(core, ready)
+            core = t0 + overhead + max(op.flops / rate, op.hbm_bytes / hbm)
+            start[op.id], end[op.id] = t0, core
         elif op.kind == OpKind.IDLE:
-            lb += op.duration_s
-    return {"lower_bound_s": lb}
+            t0 = max(core, ready)
+            core = t0 + op.duration_s
+            start[op.id], end[op.id] = t0, core
+        elif op.kind == OpKind.COLLECTIVE:
+            key = (op.collective, op.mesh_axes, op.bytes, op.group)
+            if key not in floors:
+                if op.group >= 0:  # explicit device groups (HLO import): no closed form here
+                    floors[key] = 0.0
+                else:
+                    factors: list = []
+                    for a in op.mesh_axes:
+                        factors += list(groups.get(a, ()))
+                    gaxes = _merge(topology, factors) if factors else ()
+                    if op.collective == "collective-permute":
+                        gaxes = gaxes[:1]
+                    floors[key] = collective_floor_s(chip, topology, op.collective, gaxes,
+                                                     op.bytes)
+            t0 = ready if overlap else max(core, ready)
+            start[op.id], end[op.id] = t0, t0 + floors[key]
+            if not overlap:
+                core = end[op.id]
+        else:  # host transfer, on its own DMA queue
+            start[op.id], end[op.id] = ready, ready + op.bytes / chip.pcie_bytes_per_s
+    return start, end
+
+
+def step_lower_bound(model, axes, num_chips: int, tcfg, chip, topology) -> float:
+    """A step time that `tpusim train` with this mesh (in this order, i.e. this placement) and
+    these settings cannot beat. Without pipeline: the end of the uncontended schedule
+    (`uncontended_ends`). With pipeline stages: sim/pipeline.py's schedule (a max-plus
+    recurrence, so never faster with shorter passes) run on floors of its pass times."""
+    from topologies.mesh import LogicalMesh
+    from workloads.training import compile_training_step
+
+    mesh = LogicalMesh(axes=tuple(axes))
+    groups = _mesh_groups(axes, topology)
+    if mesh.size("pipeline") <= 1:
+        trace = compile_training_step(model, mesh, num_chips, tcfg)
+        return max(uncontended_ends(trace, chip, topology, groups)[1], default=0.0)
+    return _pipeline_lower_bound(model, mesh, num_chips, tcfg, chip, topology, groups)
+
+
+def _pipeline_lower_bound(model, mesh, num_chips, tcfg, chip, topology, groups) -> float:
+    """sim/pipeline.py simulates one microbatch's chunk programs (forward = end of the last
+    forward/loss compute op, backward = from there to the end of the last backward compute
+    op) and schedules the passes with stage-to-stage sends. Floors: the forward ends no earlier
+    than uncontended; the backward compute ops all follow the forward ones on the serial core
+    (checked), so the backward lasts at least their summed floors; a send at least its
+    collective floor; the tail at least 0. The schedule is then replayed on the floors."""
+    from sim.engine import _merge
+    from sim.pipeline import check_schedule, stage_order
+    from workloads.trace import OpKind, Unit
+    from workloads.training import compile_pipeline_chunk
+
+    p, v, m = mesh.size("pipeline"), tcfg.virtual_stages, tcfg.microbatches
+    sched = tcfg.pipeline_schedule
+    check_schedule(sched, p, m, v)
+    chunks = p * v
+    mxu = chip.mxu_flops_per_s * chip.mxu_efficiency
+    int8 = chip.mxu_int8_ops_per_s * chip.mxu_efficiency
+    vpu = chip.vpu_flops_per_s * chip.vpu_efficiency
+    hbm = chip.hbm_bytes_per_s * chip.hbm_efficiency
+    passes: dict[tuple[bool, bool], tuple[float, float]] = {}
+    fwd = [[0.0] * v for _ in range(p)]
+    bwd = [[0.0] * v for _ in range(p)]
+    send_bytes = 0.0
+    for c in range(chunks):
+        key = (c == 0, c == chunks - 1)
+        if key not in passes:
+            tr = compile_pipeline_chunk(model, mesh, num_chips, tcfg, first=key[0],
+                                        last=key[1])
+            _s, end = uncontended_ends(tr, chip, topology, groups)
+            comp = [o for o in tr.ops if o.kind == OpKind.COMPUTE]
+            f_ops = [o for o in comp if o.phase in ("fwd", "loss")]
+            b_ops = [o for o in comp if o.phase == "bwd"]
+            f_end = max((end[o.id] for o in f_ops), default=0.0)
+            b_min = 0.0
+            if f_ops and b_ops and max(o.id for o in f_ops) < min(o.id for o in b_ops):
+                for o in b_ops:
+                    rate = (int8 if o.dtype == "int8" else mxu) if o.unit == Unit.MXU else vpu
+                    b_min += chip.op_overhead_s + max(o.flops / rate, o.hbm_bytes / hbm)
+            passes[key] = (f_end, b_min)
+            send_bytes = float(tr.meta.get("pipeline_send_bytes", send_bytes))
+        fwd[c % p][c // p], bwd[c % p][c // p] = passes[key]
+    gaxes = _merge(topology, list(groups.get("pipeline", ())))
+    send = collective_floor_s(chip, topology, "collective-permute", gaxes[:1],
+                              max(send_bytes, 1.0))
+    orders = [stage_order(sched, p, s, m, v) for s in range(p)]
+    done: dict[tuple[str, int, int], float] = {}
+    free = [0.0] * p
+    nxt = [0] * p
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for s in range(p):
+            while nxt[s] < len(orders[s]):
+                ps = orders[s][nxt[s]]
+                c, i = ps.chunk, ps.microbatch
+                if ps.kind == "F":
+                    dep = None if c == 0 else ("F", c - 1, i)
+                    lag = send
+                else:
+                    dep = ("F", c, i) if c == chunks - 1 else ("B", c + 1, i)
+                    lag = 0.0 if c == chunks - 1 else send
+                if dep is not None and dep not in done:
+                    break
+                ready = 0.0 if dep is None else done[dep] + lag
+                t_end = max(free[s], ready) + (fwd if ps.kind == "F" else bwd)[s][c // p]
+                done[(ps.kind, c, i)] = free[s] = t_end
+                nxt[s] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:  # a schedule sim/pipeline.py would refuse: bound nothing
+            return 0.0
+    return max(free)
+
+
+def lower_bounds(job: tuple) -> dict[str, Any]:
+    """`step_lower_bound` of every placement (axis order) of one group of candidates that differ
+    only in placement, for the model, pod and training settings that `tpusim ARGV` resolves
+    (the same parser and compile inputs as the simulation; the placements share one compiled
+    trace). Job: (train argv, [axis orders]) -> {"lower_bounds_s": [...]} or {"error": ...}."""
+    from sim.cli import build_parser, prepare
+    from sim.cli import common as cli
+    from sim.cli.training import _compile
+
+    argv, orders = job
+    if not _PARSER:
+        _PARSER.append(build_parser())
+    try:
+        args = prepare(argv, parser=_PARSER[0])
+        chip, topo = cli.resolve_pod(args)
+        _trace, model, tcfg = _compile(args, topo.num_chips,
+                                       cli.moe_config(args, cli.scenario_from_args(args, topo)))
+        return {"lower_bounds_s": [step_lower_bound(model, o, topo.num_chips, tcfg, chip, topo)
+                                   for o in orders]}
+    except TpusimError as exc:
+        return {"error": str(exc)}
+
+
+_PARSER: list = []  # one `tpusim` parser per worker process
 
 
 class _Pool:
@@ -349,7 +538,6 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
     import pandas as pd
 
     from sim.study import SweepConfig, _bar, _num_workers, run_point
-    from workloads.training import TrainingConfig, parse_remat
 
     t0 = time.perf_counter()
     cands, counts = enumerate_candidates(model, topology, chip, cfg)
@@ -358,43 +546,41 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
     argvs = [["train", *pod_flags, "--model", model_arg, "--seq-len", str(cfg.seq_len),
               "--batch-per-chip", batch_per_chip, *c.train_flags()] for c in cands]
     n = _num_workers(SweepConfig(workers=workers, dask=dask))
-    # One bound per (sizes, settings): placements share the trace.
-    groups: dict[tuple, int] = {}
-    group_of = []
-    jobs = []
-    for c in cands:
+    # One bound job per (sizes, settings): its placements share the compiled trace.
+    groups: dict[tuple, list[int]] = {}
+    for i, c in enumerate(cands):
         key = (tuple(sorted(c.mesh)), c.remat, c.microbatches, c.param_dtype, c.grad_dtype,
                c.optimizer_dtype)
-        if key not in groups:
-            groups[key] = len(jobs)
-            tc = TrainingConfig(seq_len=cfg.seq_len, batch_per_chip=cfg.global_batch / n_chips,
-                                remat=parse_remat(c.remat), microbatches=c.microbatches,
-                                param_dtype=c.param_dtype, grad_dtype=c.grad_dtype,
-                                optimizer_dtype=c.optimizer_dtype)
-            jobs.append((model, c.mesh, n_chips, tc, chip))
-        group_of.append(groups[key])
+        groups.setdefault(key, []).append(i)
+    jobs = [(argvs[members[0]], [cands[i].mesh for i in members])
+            for members in groups.values()]
+    members_of = list(groups.values())
     pool = _Pool(min(n, max(len(jobs), 1)), dask)
     results: dict[int, dict[str, Any]] = {}
-    bounds: list[float] = [math.inf] * len(jobs)
+    lb: list[float] = [0.0] * len(cands)
     bound_violated = False
     skipped: list[int] = []
     bar = _bar(len(jobs) + len(cands), 0, quiet)
     try:
-        futs = {pool.submit(lower_bound, j, f"bound-{k}"): k for k, j in enumerate(jobs)}
+        # Largest groups first: the pool stays busy to the end.
+        order_jobs = sorted(range(len(jobs)), key=lambda k: (-len(members_of[k]), k))
+        futs = {pool.submit(lower_bounds, jobs[k], f"bound-{k}"): k for k in order_jobs}
         while futs:
             for f in pool.wait_any(futs):
                 k = futs.pop(f)
                 b = f.result()
-                bounds[k] = b.get("lower_bound_s", math.inf)
+                # A group the bound cannot handle is simulated like any other (bound 0).
+                for i, v in zip(members_of[k], b.get("lower_bounds_s") or
+                                [0.0] * len(members_of[k]), strict=True):
+                    lb[i] = v
                 if bar:
                     bar.update(1)
-        lb = [bounds[g] for g in group_of]
         order = sorted(range(len(cands)), key=lambda i: (lb[i], i))
         best: list[float] = []  # step times of simulated candidates that fit, sorted
         pos = 0
         inflight: dict[Any, int] = {}
         while pos < len(order) or inflight:
-            while pos < len(order) and len(inflight) < 2 * pool.n:
+            while pos < len(order) and len(inflight) < pool.n:
                 i = order[pos]
                 if (prune_by_bound and not bound_violated and len(best) >= cfg.top
                         and lb[i] >= best[cfg.top - 1]):

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from topologies.errors import TpusimError
+from topologies.validate import MAX_STUDY_POINTS
 
 STUDY_KEYS = ("command", "base", "grid", "zip", "metrics", "plot")
 PLOT_KEYS = ("x", "y", "hue")
@@ -232,6 +233,14 @@ def load_study(source: str | os.PathLike | Mapping[str, Any]) -> StudySpec:
     if len(lengths) > 1:
         desc = ", ".join(f"{k} has {len(v)}" for k, v in zipped.items())
         raise TpusimError(f"study zip lists must have the same length ({desc}); even them out")
+    total = math.prod(len(v) for v in grid.values()) * (lengths.pop() if lengths else 1)
+    if total > MAX_STUDY_POINTS:
+        sizes = " x ".join([str(len(v)) for v in grid.values()]
+                           + ([f"{len(next(iter(zipped.values())))} zip rows"] if zipped else []))
+        raise TpusimError(
+            f"study has {total:,} points ({sizes}), over the limit of {MAX_STUDY_POINTS:,} "
+            f"points one sweep may run; vary fewer values or split it into several studies"
+        )
     metrics = data.get("metrics", [])
     if not isinstance(metrics, list) or not all(isinstance(m, str) and m for m in metrics):
         raise TpusimError(
@@ -491,8 +500,18 @@ def _dask_client(dask: Any, n: int):
 
         return client, close
     try:
+        if dask.startswith("tcp://"):
+            # A plain TCP connect first: a port nobody listens on is refused at once (the Dask
+            # client would retry until its timeout), a silent host times out as the client would.
+            import socket
+            from urllib.parse import urlsplit
+
+            u = urlsplit(dask)
+            if u.hostname and u.port:
+                socket.create_connection((u.hostname, u.port),
+                                         timeout=DASK_CONNECT_TIMEOUT_S).close()
         client = Client(dask, timeout=f"{DASK_CONNECT_TIMEOUT_S}s")
-    except (OSError, TimeoutError) as exc:
+    except Exception as exc:  # refused, timed out, or something that does not speak Dask
         raise TpusimError(
             f"--dask {dask}: no Dask scheduler answered within {DASK_CONNECT_TIMEOUT_S} s "
             f"({type(exc).__name__}); start one (`dask scheduler`) or use --dask local"

@@ -407,3 +407,18 @@ def test_flag_errors_state_the_rule_once_without_a_doubled_prefix(capsys, argv, 
     assert err.startswith("tpusim: error: ") and "tpusim: error: tpusim" not in err
     assert "error: tpusim collective:" not in err
     assert message in err
+
+
+def test_demo_json_is_its_summary_and_carries_its_inputs(capsys, tmp_path):
+    rc, out, err = _run(capsys, "demo", "--out", str(tmp_path / "demo"), "--json")
+    assert rc == 0, err
+    printed = json.loads(out)
+    assert printed == json.loads((tmp_path / "demo" / "summary.json").read_text())
+    inputs = printed["inputs"]
+    assert inputs["command"] == "demo" and inputs["tpusim_version"]
+    assert inputs["chip"] == get_chip("v5e").to_dict()
+    assert inputs["topology"]["shape"] == [4, 4] and inputs["model"]["name"] == "llama3-8b"
+    assert inputs["mesh"]["ici"] == {"fsdp": 4, "tensor": 4}
+    assert inputs["training"]["seq_len"] == 2048 and inputs["training"]["remat"] == "full"
+    assert inputs["collective_comparison"]["topology"]["shape"] == [16, 16]
+    assert printed["training_step"]["num_chips"] == 16

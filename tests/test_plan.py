@@ -12,7 +12,7 @@ import pytest
 
 from sim.cli import main
 from sim.hardware import get_chip
-from sim.planner import PlanConfig, enumerate_candidates, lower_bound, run_plan
+from sim.planner import PlanConfig, enumerate_candidates, lower_bounds, run_plan
 from sim.study import run_point
 from topologies.errors import TpusimError
 from topologies.mesh import LogicalMesh
@@ -54,8 +54,11 @@ def test_memory_estimate_is_the_compilers_and_never_above_the_simulated_peak(tin
         assert est["activations_bytes"] == trace.meta["activation_bytes_estimate"]
         peak = replay(trace, chip, topo).hbm_peak_bytes
         assert est["static_bytes"] + est["activations_bytes"] <= peak
-        bound = lower_bound((model, mesh, 4, cfg, chip))["lower_bound_s"]
-        assert 0 < bound <= replay(trace, chip, topo).step_time_s
+        argv = ["train", "--chip", "v5e", "--shape", "2x2", "--model", tiny_model, "--seq-len",
+                "1024", "--batch-per-chip", "2", "--mesh", ",".join(f"{a}={v}" for a, v in mesh),
+                "--remat", remat, "--microbatches", str(mb)]
+        bound = lower_bounds((argv, [mesh]))["lower_bounds_s"][0]
+        assert 0 < bound <= run_point(argv)["result"]["step_time_s"]
 
 
 def test_plan_beats_or_ties_every_configuration_of_its_space_by_brute_force(tiny_model):
@@ -90,6 +93,14 @@ def test_plan_beats_or_ties_every_configuration_of_its_space_by_brute_force(tiny
     assert any(t[0] == best["step_time_s"] and t[2] == best["remat"] for t in tried)
     times = list(res.top(3)["step_time_s"])
     assert times == sorted(times) and len(times) == 3
+    # Simulating in bound order and stopping early changes nothing in the top K: the same
+    # search simulating every candidate gives the same rows.
+    assert res.counts["skipped_by_bound"] > 0
+    full = run_plan(tiny_model, ["--chip", "v5e", "--shape", "2x2"], model, topo, chip, cfg,
+                    workers=1, quiet=True, prune_by_bound=False)
+    assert full.counts["skipped_by_bound"] == 0
+    cols = ["mesh", "placement", "remat", "microbatches", "step_time_s"]
+    assert full.top(3)[cols].values.tolist() == res.top(3)[cols].values.tolist()
 
 
 def test_memory_pruning_drops_only_what_cannot_fit(tiny_model):
@@ -125,6 +136,11 @@ def test_plan_cli_prints_the_top_k_and_writes_the_frontier(tmp_path, capsys, tin
     (["--microbatches", "1,x"], "--microbatches '1,x' must list integers"),
     (["--global-batch", "0"], "--global-batch 0 must be a positive integer"),
     (["--set", "nonsense=1"], "nonsense"),
+    (["--shape", "16x16", "--max-tensor", "256", "--max-data", "256", "--max-sequence", "256",
+      "--param-dtype", "bf16,fp32,int8", "--grad-dtype", "bf16,fp32", "--optimizer-dtype",
+      "fp32,bf16"], "plan would consider 34,992 combinations of axis sizes and settings, over "
+                    "the limit of 10,000"),
+    (["--dask", "tcp://127.0.0.1:9"], "--dask tcp://127.0.0.1:9: no Dask scheduler answered"),
 ])
 def test_plan_bad_input_is_one_line(capsys, tiny_model, argv, message):
     base = {"--chip": "v5e", "--shape": "2x2", "--model": tiny_model, "--seq-len": "1024",
@@ -156,3 +172,47 @@ def test_python_api_plan_takes_names_or_objects_and_matches_the_cli(capsys, tiny
     cli_best = json.loads(capsys.readouterr().out)["best"]
     assert rc == 0 and cli_best["step_time_s"] == by_name.best["step_time_s"]
     assert cli_best["mesh"] == by_name.best["mesh"]
+
+
+@pytest.mark.parametrize("chip_name, shape", [("v5e", "4x4"), ("v5e", "16x4"), ("v5p", "4x4x4")])
+def test_collective_floor_never_exceeds_the_simulated_collective(chip_name, shape):
+    # The closed form plan bounds candidates with: (N-1)/N of V through two links per axis
+    # spanned, at least one hop; every simulated algorithm (ring, bidirectional, multi-axis,
+    # auto) on wrapped and unwrapped axes and strided factors takes at least that long.
+    from sim.engine import cost_collective
+    from sim.planner import collective_floor_s
+    from topologies.groups import axis_factor
+
+    chip = get_chip(chip_name)
+    topo = resolve_topology(chip_name=chip_name, wrap_rule=chip.generation_rule,
+                            max_pod_shape=chip.max_pod_shape, shape=shape)
+    dims = dict(zip("xyz", topo.shape, strict=False))
+    groups = [(axis_factor(topo, "x", dims["x"], 1),),
+              (axis_factor(topo, "x", 2, 1),),
+              (axis_factor(topo, "x", 2, dims["x"] // 2),),
+              (axis_factor(topo, "x", dims["x"], 1), axis_factor(topo, "y", dims["y"], 1))]
+    checked = 0
+    for gaxes in groups:
+        for kind in ("all-gather", "reduce-scatter", "all-reduce", "all-to-all",
+                     "collective-permute"):
+            for nbytes in (4096, 64 * 2**20):
+                floor = collective_floor_s(chip, topo, kind, gaxes, nbytes)
+                sim_t = cost_collective(chip, topo, kind, gaxes, nbytes).time_s
+                assert 0 < floor <= sim_t * (1 + 1e-12), (kind, gaxes, nbytes, floor, sim_t)
+                checked += 1
+    assert checked == 40
+
+
+def test_compiled_traces_are_reused_across_axis_orders_and_equal_a_fresh_compile(tiny_model):
+    # plan's placements and a sweep's hardware grid share one compile per worker process.
+    from workloads import training
+
+    model = load_model(tiny_model)
+    cfg = TrainingConfig(seq_len=1024, batch_per_chip=2, remat=Remat.FULL)
+    a = LogicalMesh(axes=(("fsdp", 2), ("tensor", 2)))
+    b = LogicalMesh(axes=(("tensor", 2), ("fsdp", 2)))
+    first = compile_training_step(model, a, 4, cfg)
+    again = compile_training_step(model, b, 4, cfg)
+    assert again.mesh == b and again.ops is first.ops  # reused, on the order asked for
+    fresh = training._compiler(model, b, 4, cfg).build()
+    assert fresh.ops == again.ops and fresh.meta == again.meta

@@ -73,6 +73,8 @@ def _no_wall(df: pd.DataFrame) -> pd.DataFrame:
     ({"plot": {"x": "seq-len", "y": "mfu"}}, "plot x 'seq-len' is not a key the study varies"),
     ({"grid": {"no-overlap": ["yes"]}}, "is a switch; give true or false"),
     ({"grid": {"wraparound": [False]}}, "takes a value, not true/false"),
+    ({"grid": {"seq-len": list(range(1, 1001)), "batch-per-chip": list(range(1, 102))}},
+     "study has 202,000 points (1000 x 101 x 2 zip rows), over the limit of 100,000 points"),
 ])
 def test_study_schema_errors_are_one_line(tiny_model, change, message):
     s = _study(tiny_model)

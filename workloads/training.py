@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import enum
 import math
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from topologies.errors import TpusimError
@@ -163,19 +165,47 @@ def _check_divisible(what: str, value: int, axis: str, size: int, fix: str) -> N
         )
 
 
+# Compiled traces by compile input, most recently used last. The program depends on the mesh's
+# axis sizes only (not their order or placement on the torus, which only the engine's
+# collective groups see), so a study's points that differ in ICI bandwidth, in placement or in
+# anything else the compiler does not read (every `plan` placement, every `sweep` point of a
+# hardware grid) compile once per worker process. A few large traces at most (a 405B step is
+# ~10k ops), hence a small LRU.
+TRACE_CACHE_SIZE = 8
+_TRACE_CACHE: OrderedDict[tuple, Trace] = OrderedDict()
+_TRACE_LOCK = threading.Lock()
+
+
 def compile_training_step(
     model: TransformerSpec, mesh: LogicalMesh, num_chips: int, config: TrainingConfig
 ) -> Trace:
-    """The SPMD program of one training step for `num_chips` chips laid out as `mesh`.
+    """The SPMD program of one training step for `num_chips` chips laid out as `mesh` (cached:
+    an equal compile input returns an equal trace, on `mesh` itself).
 
     With a pipeline axis the meta also records the model and the settings
     (`pipeline_compile`), so that a replay of the trace file can compose the stage programs
     the schedule runs (`sim/pipeline.py`)."""
-    trace = _compiler(model, mesh, num_chips, config).build()
-    if mesh.size("pipeline") > 1:
-        trace.meta["pipeline_compile"] = {"model": model.to_dict(),
-                                          "config": training_config_to_dict(config)}
-    return trace
+    key = (model, tuple(sorted(mesh.axes)), tuple(sorted(mesh.dcn_axes)), num_chips, config)
+    with _TRACE_LOCK:
+        hit = _TRACE_CACHE.get(key)
+        if hit is not None:
+            _TRACE_CACHE.move_to_end(key)
+    if hit is None:
+        hit = _compiler(model, mesh, num_chips, config).build()
+        if mesh.size("pipeline") > 1:
+            hit.meta["pipeline_compile"] = {"model": model.to_dict(),
+                                            "config": training_config_to_dict(config)}
+        with _TRACE_LOCK:
+            _TRACE_CACHE[key] = hit
+            while len(_TRACE_CACHE) > TRACE_CACHE_SIZE:
+                _TRACE_CACHE.popitem(last=False)
+    # The ops were validated against these axis names when compiled (the order does not
+    # matter to them), so skip `Trace.__post_init__`, a full pass over the ~10k ops of a large
+    # model. Ops are frozen and shared; meta gets a copy of its own (a caller may annotate it).
+    out = object.__new__(Trace)
+    for name, value in (("mesh", mesh), ("ops", hit.ops), ("meta", dict(hit.meta))):
+        object.__setattr__(out, name, value)
+    return out
 
 
 def training_config_to_dict(config: TrainingConfig) -> dict:

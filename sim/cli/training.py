@@ -506,6 +506,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 def _register_demo(sub, name: str) -> None:
     p = sub.add_parser(name, help="run the demo: a collective comparison and a training step")
     p.add_argument("--out", default="demo-out", help="output directory (default demo-out)")
+    p.add_argument("--json", action="store_true",
+                   help="print summary.json (with its inputs) instead of the text report")
     p.set_defaults(func=cmd_demo)
 
 
@@ -529,10 +531,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
                             max_pod_shape=chip.max_pod_shape, slice_name="v5e-16")
     model = load_model("llama3-8b")
     mesh = parse_mesh("fsdp=4,tensor=4")
-    trace = compile_training_step(
-        model, mesh, topo.num_chips,
-        TrainingConfig(seq_len=2048, batch_per_chip=1, remat=Remat.FULL, attention="flash"),
-    )
+    tcfg = TrainingConfig(seq_len=2048, batch_per_chip=1, remat=Remat.FULL, attention="flash")
+    trace = compile_training_step(model, mesh, topo.num_chips, tcfg)
     result = replay(trace, chip, topo)
     summary = training_summary(trace, result, chip)
     # The algorithms differ only where an axis wraps around: v5e wraps axes of length 16, so
@@ -549,15 +549,32 @@ def cmd_demo(args: argparse.Namespace) -> int:
             collectives.append({"algorithm_requested": algo, "error": str(exc)})
     write_tables(out / "tables", {"ops": result.ops, "units": result.units,
                                   "links": result.links, "memory": result.memory}, summary)
-    write_json(out / "summary.json", {"training_step": summary,
-                                      "mesh": mesh.describe(),
-                                      "all_gather_32MiB_x_16x16_v5e": collectives})
+    from sim.runs import describe_config, describe_mesh, describe_topology
+
+    # What produced the numbers, as every result records it (the demo takes no model or pod
+    # flags: these are its fixed inputs).
+    inputs = cli.base_inputs(args, chip, topo)
+    inputs["model"] = model.to_dict()
+    inputs["mesh"] = describe_mesh(mesh, topo)
+    inputs["training"] = {**describe_config(tcfg),
+                          "global_batch": tcfg.batch_per_chip * topo.num_chips,
+                          "tokens_per_step": trace.meta["tokens_per_step"]}
+    inputs["algorithm"] = "auto"
+    inputs["collective_comparison"] = {
+        "op": "all-gather", "axes": "x", "bytes": 32 << 20,
+        "topology": describe_topology(ring_topo),
+        "algorithms": ["auto", "ring", "bidi-ring", "split-bidi-ring", "line"]}
+    doc = {"training_step": summary, "mesh": mesh.describe(),
+           "all_gather_32MiB_x_16x16_v5e": collectives, "inputs": inputs}
+    write_json(out / "summary.json", doc)
     from sim.export.perfetto import export_step
     from sim.export.plots import plot_step
-    from sim.runs import describe_mesh
 
     export_step(result, out / "train_step.pftrace")
     plot_step(result, {**summary, "inputs": {"mesh": describe_mesh(mesh, topo)}}, out / "plots")
+    if args.json:
+        cli.emit_json(doc)
+        return 0
     from topologies.mesh import place_mesh
 
     where = ", ".join(f"{n} on {'+'.join(a for a, _k, _s in p.factors)}"
