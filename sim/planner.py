@@ -308,151 +308,144 @@ def _mesh_groups(axes, topology) -> dict[str, tuple]:
             for name, pl in place_mesh(LogicalMesh(axes=tuple(axes)), topology).items()}
 
 
+class _Floors:
+    """Per-op durations no simulation can beat (sim/engine.py's costing without contention):
+    compute `overhead + max(flops / rate, bytes / HBM bandwidth)`, collectives their
+    `collective_floor_s` on the mesh's groups, point-to-point sends one message through all of
+    a chip's links with one hop of latency, host transfers bytes / PCIe, idle their length."""
+
+    def __init__(self, chip, topology, groups):
+        self.chip, self.topology, self.groups = chip, topology, groups
+        self.mxu = chip.mxu_flops_per_s * chip.mxu_efficiency
+        self.int8 = chip.mxu_int8_ops_per_s * chip.mxu_efficiency
+        self.vpu = chip.vpu_flops_per_s * chip.vpu_efficiency
+        self.hbm = chip.hbm_bytes_per_s * chip.hbm_efficiency
+        self.memo: dict[tuple, float] = {}
+
+    def compute(self, op) -> float:
+        from workloads.trace import Unit
+
+        rate = (self.int8 if op.dtype == "int8" else self.mxu) if op.unit == Unit.MXU \
+            else self.vpu
+        return self.chip.op_overhead_s + max(op.flops / rate, op.hbm_bytes / self.hbm)
+
+    def send(self, nbytes: float) -> float:
+        if self.topology.num_slices > 1:
+            return 0.0  # may cross DCN: no floor here
+        bw = self.chip.ici_link_bytes_per_s * self.chip.ici_efficiency
+        return max(nbytes / (2 * self.topology.ndim * bw), self.chip.ici_hop_latency_s)
+
+    def collective(self, op) -> float:
+        from sim.engine import _merge
+
+        key = (op.collective, op.mesh_axes, op.bytes, op.group)
+        if key not in self.memo:
+            if op.group >= 0:  # explicit device groups (HLO import): no closed form here
+                self.memo[key] = 0.0
+            else:
+                factors: list = []
+                for a in op.mesh_axes:
+                    factors += list(self.groups.get(a, ()))
+                gaxes = _merge(self.topology, factors) if factors else ()
+                if op.collective == "collective-permute":
+                    gaxes = gaxes[:1]
+                self.memo[key] = collective_floor_s(self.chip, self.topology, op.collective,
+                                                    gaxes, op.bytes)
+        return self.memo[key]
+
+
 def uncontended_ends(trace, chip, topology, groups) -> tuple[list[float], list[float]]:
     """(start, end) of every op when nothing contends: the engine's schedule (compute and idle
     ops in trace order on the core, each after its dependencies; collectives and host
-    transfers as soon as their dependencies are done) with every op at a duration it cannot
-    beat: compute `overhead + max(flops / rate, bytes / HBM bandwidth)` (sim/engine.py), a
-    collective its `collective_floor_s`, a host transfer bytes / PCIe. Shared links, HBM and
-    PCIe only delay ops, and every start is a max of earlier ends, so each op ends no earlier
-    in the simulation than here."""
-    from sim.engine import _merge
-    from workloads.trace import OpKind, Unit
+    transfers as soon as their dependencies are done) at `_Floors` durations. Shared links,
+    HBM and PCIe only delay ops, and every start is a max of earlier ends, so each op ends no
+    earlier in the simulation than here."""
+    floors = _Floors(chip, topology, groups)
+    runs = _Uncontended([trace], floors, {}, {})
+    runs.advance(0)
+    return runs.start[0], runs.end[0]
 
-    mxu = chip.mxu_flops_per_s * chip.mxu_efficiency
-    int8 = chip.mxu_int8_ops_per_s * chip.mxu_efficiency
-    vpu = chip.vpu_flops_per_s * chip.vpu_efficiency
-    hbm = chip.hbm_bytes_per_s * chip.hbm_efficiency
-    overhead = chip.op_overhead_s
-    overlap = bool(trace.meta.get("overlap", True))
-    n = len(trace.ops)
-    start = [0.0] * n
-    end = [0.0] * n
-    floors: dict[tuple, float] = {}
-    core = 0.0
-    for op in trace.ops:
-        ready = max((end[d] for d in op.deps), default=0.0)
-        if op.kind == OpKind.COMPUTE:
-            rate = (int8 if op.dtype == "int8" else mxu) if op.unit == Unit.MXU else vpu
-            t0 = max(core, ready)
-            core = t0 + overhead + max(op.flops / rate, op.hbm_bytes / hbm)
-            start[op.id], end[op.id] = t0, core
-        elif op.kind == OpKind.IDLE:
-            t0 = max(core, ready)
-            core = t0 + op.duration_s
-            start[op.id], end[op.id] = t0, core
-        elif op.kind == OpKind.COLLECTIVE:
-            key = (op.collective, op.mesh_axes, op.bytes, op.group)
-            if key not in floors:
-                if op.group >= 0:  # explicit device groups (HLO import): no closed form here
-                    floors[key] = 0.0
-                else:
-                    factors: list = []
-                    for a in op.mesh_axes:
-                        factors += list(groups.get(a, ()))
-                    gaxes = _merge(topology, factors) if factors else ()
-                    if op.collective == "collective-permute":
-                        gaxes = gaxes[:1]
-                    floors[key] = collective_floor_s(chip, topology, op.collective, gaxes,
-                                                     op.bytes)
-            t0 = ready if overlap else max(core, ready)
-            start[op.id], end[op.id] = t0, t0 + floors[key]
-            if not overlap:
-                core = end[op.id]
-        else:  # host transfer, on its own DMA queue
-            start[op.id], end[op.id] = ready, ready + op.bytes / chip.pcie_bytes_per_s
-    return start, end
+
+class _Uncontended:
+    """The uncontended schedule of several programs whose point-to-point receives complete when
+    the matching send of another program does (pipeline stages): `advance(k)` runs program k's
+    ops in order until a receive waits for a send not yet timed."""
+
+    def __init__(self, programs, floors: _Floors, sends, recvs):
+        self.programs, self.floors = programs, floors
+        self.sends = sends  # program -> {send op id: tag}
+        self.recv_tag = {k: {rid: tag for tag, rid in r.items()} for k, r in recvs.items()}
+        self.sent: dict[int, float] = {}  # tag -> when its send completes
+        self.start = [[0.0] * len(t.ops) for t in programs]
+        self.end = [[0.0] * len(t.ops) for t in programs]
+        self.pos = [0] * len(programs)
+        self.core = [0.0] * len(programs)
+        self.overlap = [bool(t.meta.get("overlap", True)) for t in programs]
+
+    def advance(self, k: int) -> bool:
+        from workloads.trace import OpKind
+
+        ops, start, end, fl = self.programs[k].ops, self.start[k], self.end[k], self.floors
+        sends, recv_tag = self.sends.get(k, {}), self.recv_tag.get(k, {})
+        moved = False
+        while self.pos[k] < len(ops):
+            op = ops[self.pos[k]]
+            ready = max((end[d] for d in op.deps), default=0.0)
+            core = self.core[k]
+            if op.id in recv_tag:  # completed by the peer's send
+                tag = recv_tag[op.id]
+                if tag not in self.sent:
+                    return moved
+                start[op.id], end[op.id] = ready, max(ready, self.sent[tag])
+            elif op.kind == OpKind.COMPUTE or op.kind == OpKind.IDLE:
+                t0 = max(core, ready)
+                dur = fl.compute(op) if op.kind == OpKind.COMPUTE else op.duration_s
+                start[op.id], end[op.id] = t0, t0 + dur
+                self.core[k] = end[op.id]
+            elif op.kind == OpKind.COLLECTIVE:
+                dur = fl.send(op.bytes) if op.id in sends else fl.collective(op)
+                t0 = ready if self.overlap[k] else max(core, ready)
+                start[op.id], end[op.id] = t0, t0 + dur
+                if not self.overlap[k]:
+                    self.core[k] = end[op.id]
+                if op.id in sends:
+                    self.sent[sends[op.id]] = end[op.id]
+            else:  # host transfer, on its own DMA queue
+                dur = op.bytes / fl.chip.pcie_bytes_per_s
+                start[op.id], end[op.id] = ready, ready + dur
+            self.pos[k] += 1
+            moved = True
+        return moved
 
 
 def step_lower_bound(model, axes, num_chips: int, tcfg, chip, topology) -> float:
     """A step time that `tpusim train` with this mesh (in this order, i.e. this placement) and
-    these settings cannot beat. Without pipeline: the end of the uncontended schedule
-    (`uncontended_ends`). With pipeline stages: sim/pipeline.py's schedule (a max-plus
-    recurrence, so never faster with shorter passes) run on floors of its pass times."""
+    these settings cannot beat: the end of the uncontended schedule (`uncontended_ends`); with
+    pipeline stages, of every stage's program as sim/pipeline.py composes it, each receive
+    completing when its send does (so the bound holds the bubble)."""
     from topologies.mesh import LogicalMesh
     from workloads.training import compile_training_step
 
     mesh = LogicalMesh(axes=tuple(axes))
     groups = _mesh_groups(axes, topology)
+    floors = _Floors(chip, topology, groups)
     if mesh.size("pipeline") <= 1:
         trace = compile_training_step(model, mesh, num_chips, tcfg)
-        return max(uncontended_ends(trace, chip, topology, groups)[1], default=0.0)
-    return _pipeline_lower_bound(model, mesh, num_chips, tcfg, chip, topology, groups)
+        runs = _Uncontended([trace], floors, {}, {})
+        runs.advance(0)
+        return max(runs.end[0], default=0.0)
+    from sim.pipeline import build_stage_programs
 
-
-def _pipeline_lower_bound(model, mesh, num_chips, tcfg, chip, topology, groups) -> float:
-    """sim/pipeline.py simulates one microbatch's chunk programs (forward = end of the last
-    forward/loss compute op, backward = from there to the end of the last backward compute
-    op) and schedules the passes with stage-to-stage sends. Floors: the forward ends no earlier
-    than uncontended; the backward compute ops all follow the forward ones on the serial core
-    (checked), so the backward lasts at least their summed floors; a send at least its
-    collective floor; the tail at least 0. The schedule is then replayed on the floors."""
-    from sim.engine import _merge
-    from sim.pipeline import check_schedule, stage_order
-    from workloads.trace import OpKind, Unit
-    from workloads.training import compile_pipeline_chunk
-
-    p, v, m = mesh.size("pipeline"), tcfg.virtual_stages, tcfg.microbatches
-    sched = tcfg.pipeline_schedule
-    check_schedule(sched, p, m, v)
-    chunks = p * v
-    mxu = chip.mxu_flops_per_s * chip.mxu_efficiency
-    int8 = chip.mxu_int8_ops_per_s * chip.mxu_efficiency
-    vpu = chip.vpu_flops_per_s * chip.vpu_efficiency
-    hbm = chip.hbm_bytes_per_s * chip.hbm_efficiency
-    passes: dict[tuple[bool, bool], tuple[float, float]] = {}
-    fwd = [[0.0] * v for _ in range(p)]
-    bwd = [[0.0] * v for _ in range(p)]
-    send_bytes = 0.0
-    for c in range(chunks):
-        key = (c == 0, c == chunks - 1)
-        if key not in passes:
-            tr = compile_pipeline_chunk(model, mesh, num_chips, tcfg, first=key[0],
-                                        last=key[1])
-            _s, end = uncontended_ends(tr, chip, topology, groups)
-            comp = [o for o in tr.ops if o.kind == OpKind.COMPUTE]
-            f_ops = [o for o in comp if o.phase in ("fwd", "loss")]
-            b_ops = [o for o in comp if o.phase == "bwd"]
-            f_end = max((end[o.id] for o in f_ops), default=0.0)
-            b_min = 0.0
-            if f_ops and b_ops and max(o.id for o in f_ops) < min(o.id for o in b_ops):
-                for o in b_ops:
-                    rate = (int8 if o.dtype == "int8" else mxu) if o.unit == Unit.MXU else vpu
-                    b_min += chip.op_overhead_s + max(o.flops / rate, o.hbm_bytes / hbm)
-            passes[key] = (f_end, b_min)
-            send_bytes = float(tr.meta.get("pipeline_send_bytes", send_bytes))
-        fwd[c % p][c // p], bwd[c % p][c // p] = passes[key]
-    gaxes = _merge(topology, list(groups.get("pipeline", ())))
-    send = collective_floor_s(chip, topology, "collective-permute", gaxes[:1],
-                              max(send_bytes, 1.0))
-    orders = [stage_order(sched, p, s, m, v) for s in range(p)]
-    done: dict[tuple[str, int, int], float] = {}
-    free = [0.0] * p
-    nxt = [0] * p
-    remaining = sum(len(o) for o in orders)
-    while remaining:
-        progressed = False
-        for s in range(p):
-            while nxt[s] < len(orders[s]):
-                ps = orders[s][nxt[s]]
-                c, i = ps.chunk, ps.microbatch
-                if ps.kind == "F":
-                    dep = None if c == 0 else ("F", c - 1, i)
-                    lag = send
-                else:
-                    dep = ("F", c, i) if c == chunks - 1 else ("B", c + 1, i)
-                    lag = 0.0 if c == chunks - 1 else send
-                if dep is not None and dep not in done:
-                    break
-                ready = 0.0 if dep is None else done[dep] + lag
-                t_end = max(free[s], ready) + (fwd if ps.kind == "F" else bwd)[s][c // p]
-                done[(ps.kind, c, i)] = free[s] = t_end
-                nxt[s] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:  # a schedule sim/pipeline.py would refuse: bound nothing
-            return 0.0
-    return max(free)
+    sp = build_stage_programs(model, mesh, num_chips, tcfg)
+    p = len(sp.programs)
+    runs = _Uncontended(list(sp.programs), floors,
+                        {k: {sid: tag for sid, (_ch, tag) in sp.sends[k].items()}
+                         for k in range(p)},
+                        {k: dict(sp.recvs[k]) for k in range(p)})
+    while any(runs.pos[k] < len(sp.programs[k].ops) for k in range(p)):
+        if not any([runs.advance(k) for k in range(p)]):
+            return 0.0  # a receive no send completes: bound nothing (the engine refuses it)
+    return max(max(e, default=0.0) for e in runs.end)
 
 
 def lower_bounds(job: tuple) -> dict[str, Any]:

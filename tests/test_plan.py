@@ -216,3 +216,22 @@ def test_compiled_traces_are_reused_across_axis_orders_and_equal_a_fresh_compile
     assert again.mesh == b and again.ops is first.ops  # reused, on the order asked for
     fresh = training._compiler(model, b, 4, cfg).build()
     assert fresh.ops == again.ops and fresh.meta == again.meta
+
+
+@pytest.mark.parametrize("flags", [
+    ["--mesh", "pipeline=2,fsdp=2", "--microbatches", "4", "--pipeline-schedule", "gpipe"],
+    ["--mesh", "fsdp=2,pipeline=2", "--microbatches", "2", "--pipeline-schedule", "1f1b"],
+    ["--mesh", "pipeline=2,tensor=2", "--microbatches", "4", "--pipeline-schedule",
+     "interleaved", "--virtual-stages", "2"],
+    ["--mesh", "sequence=2,tensor=2", "--remat", "minimal", "--no-overlap"],
+])
+def test_lower_bound_never_exceeds_the_simulated_step(tmp_path, flags):
+    model = tmp_path / "four.yaml"
+    model.write_text("base: llama3-8b\nname: four\nnum_layers: 4\n", encoding="utf-8")
+    argv = ["train", "--chip", "v5e", "--shape", "2x2", "--model", str(model), "--seq-len",
+            "1024", "--batch-per-chip", "2", *flags]
+    mesh = tuple((a, int(v)) for a, v in (x.split("=") for x in flags[1].split(",")))
+    bound = lower_bounds((argv, [mesh]))["lower_bounds_s"][0]
+    step = run_point(argv)["result"]["step_time_s"]
+    # Valid (never above the simulation) and not vacuous (the pipeline bound holds the bubble).
+    assert 0.5 * step < bound <= step
