@@ -95,7 +95,9 @@ class PerChipConfig:
             trace given to `simulate_chips` for every chip). They must have the same op ids for
             collectives, over the same mesh axes.
         program_of_chip: index into `programs` per chip.
-        op_scale: {op id: per-chip factor} on the FLOPs and HBM bytes of that compute op.
+        op_scale: {op id: per-chip factor} on the FLOPs and HBM bytes of that compute op, or on
+            the bytes a chip moves in that collective (MoE all-to-alls: each chip its own
+            volume; the collective still ends when its last member has drained).
         dead_links: link ids that carry nothing: collectives over their axis detour around them
             (`simulate_collective`'s rerouting, every group at once).
         mode: `auto` (equivalence classes) or `per-chip` (brute force, one actor per chip).
@@ -418,6 +420,7 @@ def simulate_chips(
     env = simpy.Environment()
     classes = []
     batches: dict[int, Batch] = {}
+    scaled: dict = {}
 
     def batch_of(cc: CollectiveCost) -> Batch:
         b = batches.get(id(cc))
@@ -479,7 +482,7 @@ def simulate_chips(
                 ga = op_geom[(pi, op.id)]
                 grp = int(geoms[ga].group_of_chip[r])
                 index, costs = group_cost[op_key[(pi, op.id)]]
-                cc = costs[int(index[grp])]
+                cc = scaled_cost(costs[int(index[grp])], scale.get(op.id, 1.0), scaled)
                 cl.coll_cost[op.id] = cc
                 cl.partners[op.id] = partners[ga][c]
                 cl.dur[op.id] = cc.time_s
@@ -540,7 +543,7 @@ def simulate_chips(
             evs = [classes[p].arrived[op.id] for p in ps if not classes[p].arrived[op.id].processed]
             if evs:
                 yield env.all_of(evs)
-            cl.coll_wait += env.now - cl.arrive_t[op.id]
+            cl.waits.append((cl.arrive_t[op.id], env.now))
         cl.start[op.id] = env.now
         yield cl.net.transfer(cl.batch[op.id])
         if multi and len(ps) > 1:
@@ -549,7 +552,7 @@ def simulate_chips(
             evs = [classes[p].drained[op.id] for p in ps if not classes[p].drained[op.id].processed]
             if evs:
                 yield env.all_of(evs)
-            cl.coll_wait += env.now - t_own
+            cl.waits.append((t_own, env.now))
             cl.drain_t[op.id] = t_own
         cl.end[op.id] = env.now
         cl.done[op.id].succeed()
@@ -650,7 +653,9 @@ def simulate_chips(
     res._class_rows = [
         (float(finish[cl.c]), cl.mxu_busy, cl.vpu_busy,
          float(cl.net.bytes[hbm_idx]) / cl.hbm_bw,
-         float(sum(cl.dur[o.id] for o in cl.ops if o.kind == OpKind.HOST)), cl.coll_wait)
+         float(sum(cl.dur[o.id] for o in cl.ops if o.kind == OpKind.HOST)),
+         float(wait_wall_time(np.array([[w[0] for w in cl.waits]]),
+                              np.array([[w[1] for w in cl.waits]]))[0]))
         for cl in classes
     ]
     res._class_reps = rep
@@ -666,6 +671,38 @@ def simulate_chips(
     if len(used_programs) > 1:
         res._class_programs = {cl.c: (programs[cl.prog], cl.bound) for cl in classes}
     return res
+
+
+def wait_wall_time(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Per row, the length of the union of the intervals [lo, hi): a chip's wall time waiting
+    in at least one collective (concurrent collectives' waits overlap and count once)."""
+    rows = lo.shape[0]
+    if lo.shape[1] == 0:
+        return np.zeros(rows)
+    order = np.argsort(lo, axis=1, kind="stable")
+    lo_s = np.take_along_axis(lo, order, axis=1)
+    hi_s = np.take_along_axis(hi, order, axis=1)
+    covered = np.maximum.accumulate(hi_s, axis=1)
+    prev = np.concatenate([np.full((rows, 1), -np.inf), covered[:, :-1]], axis=1)
+    return np.maximum(hi_s - np.maximum(lo_s, prev), 0.0).sum(axis=1)
+
+
+def scaled_cost(cc: CollectiveCost, k: float, memo: dict) -> CollectiveCost:
+    """One chip's share of a collective that moves `k` times the compiled bytes (an MoE
+    all-to-all of a chip holding a colder expert shard): its links and HBM carry k x the bytes;
+    the latency stays. The same object for the same (cost, k) within one `memo` (one run), so
+    batches are shared."""
+    if k == 1.0:
+        return cc
+    key = (id(cc), k)
+    out = memo.get(key)
+    if out is None:
+        drain = max(cc.time_s - cc.latency_s, 0.0)
+        out = memo[key] = (cc, CollectiveCost(  # holds cc: its id stays unique for the run
+            time_s=cc.latency_s + drain * k, latency_s=cc.latency_s,
+            class_bytes=cc.class_bytes * k, group_size=cc.group_size, algorithm=cc.algorithm,
+            hbm_bytes=cc.hbm_bytes * k))
+    return out[1]
 
 
 def _common_fields(res, topology, coll_axes, coll_cost, lm, slow, dead) -> None:
@@ -708,7 +745,7 @@ class _ClassState:
         self.drained: dict[int, simpy.Event] = {}
         self.arrive_t: dict[int, float] = {}
         self.drain_t: dict[int, float] = {}
-        self.coll_wait = 0.0
+        self.waits: list[tuple[float, float]] = []  # (from, to) waiting in a rendezvous
         self.prog = 0
         self.send_cost: dict[int, CollectiveCost] = {}
         self.send_to: dict[int, tuple[int, int]] = {}  # send op -> (peer class, receive op)

@@ -55,7 +55,7 @@ _rng = np.random.default_rng(12345)
 class _Kind:
     """What the chips of a vector share: program, op scales and the cost of each collective."""
 
-    def __init__(self, kid, ops, scale, coll_cost, overlap, chip, rates0):
+    def __init__(self, kid, ops, scale, coll_cost, overlap, chip, rates0, cap_links):
         self.id = kid
         self.ops = ops
         n = len(ops)
@@ -116,20 +116,43 @@ class _Kind:
             self.coll[op_id] = (res, w, float(cc.latency_s), empty,
                                 np.bincount(res, weights=w, minlength=NRES))
         self.comp_w = {}
+        # Least time of a collective: its latency plus its busiest link class at full rate.
+        cap = np.asarray(cap_links, dtype=float)
 
-    def lb_arrival(self, j, c0, now, s):
+        def least(j):
+            cc = coll_cost[j]
+            return float(cc.latency_s) + float(np.max(cc.class_bytes / cap, initial=0.0))
+
+        # Collectives between two consecutive core ops (after op i-1, before op i) lengthen
+        # that path; on the core (--no-overlap) a collective takes at least its least time.
+        gap = np.zeros(len(self.core))
+        for i, o in enumerate(self.core):
+            if ops[o].kind == OpKind.COLLECTIVE:
+                gap[i] = least(o)
+                continue
+            for d in ops[o].deps:
+                if ops[d].kind == OpKind.COLLECTIVE and d in coll_cost and overlap and \
+                        self.pdep.get(d, -2) == i - 1:
+                    gap[i] = max(gap[i], least(d))
+        self.gsum = np.concatenate([[0.0], np.cumsum(gap)])
+
+    def lb_arrival(self, j, c0, running, now, s):
         """Lower bound of the arrival at collective `j` of chips whose first unstarted core op
-        is `c0` (index into `core`), clock `now`, speed `s`."""
+        is `c0` (index into `core`; `running`: the op before it has not ended), clock `now`,
+        speed `s`: the core ops up to `j`'s last core dependency at their least time, and the
+        collectives chained between them."""
         p = self.pdep[j] + 1
         if p <= c0:
             return now
+        g0 = c0 if running else c0 + 1
+        gaps = self.gsum[p] - self.gsum[g0] if p > g0 else 0.0
         return now + (self.csum[p] - self.csum[c0]) / s + self.ovh * (self.cnt[p] - self.cnt[c0]) \
-            + (self.fix[p] - self.fix[c0])
+            + (self.fix[p] - self.fix[c0]) + gaps
 
 
 class _Vec:
     __slots__ = ("kind", "a", "core_i", "core_phase", "coll", "fluid", "left", "dh", "pq",
-                 "pcur", "key", "dead", "id", "skey")
+                 "pcur", "key", "dead", "id", "skey", "cand")
 
     def copy_state(self, other):
         self.kind = other.kind
@@ -177,6 +200,7 @@ class VectorRun:
         self.waiters: dict[int, set[int]] = {}
         self.vecs: dict[int, _Vec] = {}
         self.by_state: dict[tuple, int] = {}
+        self._fluid_memo: dict[tuple, tuple] = {}
         self.heap: list = []
         self._seq = 0
         self.final: list[_Vec] = []
@@ -191,6 +215,7 @@ class VectorRun:
         v.key = math.inf
         v.dead = False
         v.skey = None
+        v.cand = None
         v.id = self._seq
         self._seq += 1
         self.vecs[v.id] = v
@@ -241,9 +266,10 @@ class VectorRun:
         self._push(v)
 
     def _push(self, v: _Vec) -> None:
-        t = self._candidates(v)[0]
-        finite = t[np.isfinite(t)] if t.size else t
-        key = float(finite.min()) if finite.size else math.inf
+        # The candidates stay valid until the vector's next event or a rendezvous of one of
+        # its collectives resolves (`_wake` pushes it again).
+        v.cand = cand = self._candidates(v)
+        key = cand[4]
         v.key = key
         if key < math.inf:
             heapq.heappush(self.heap, (key, v.id, v))
@@ -266,10 +292,9 @@ class VectorRun:
         if v.pcur >= 0:
             labels.append((E_PCIE, v.pcur))
             rows.append(a["pcie_t"])
-        chips = a["chips"]
         for j, ph in v.coll.items():
             if ph == K_ARR:
-                g = self.goc[j][chips]
+                g = a[f"g{j}"]
                 ok = self.acnt[j][g] == self.gsize[j]
                 t = np.where(ok, self.amax[j][g] + v.kind.coll[j][2], np.inf)
                 labels.append((E_CADM, j))
@@ -277,7 +302,7 @@ class VectorRun:
                 if not ok.all():
                     unres.append((j, K_ARR, ~ok, g))
             elif ph == K_DRN:
-                g = self.goc[j][chips]
+                g = a[f"g{j}"]
                 ok = self.dcnt[j][g] == self.gsize[j]
                 t = np.where(ok, self.dmax[j][g], np.inf)
                 labels.append((E_CEND, j))
@@ -285,9 +310,13 @@ class VectorRun:
                 if not ok.all():
                     unres.append((j, K_DRN, ~ok, g))
         if not rows:
-            return np.full(k, np.inf), labels, None, unres
-        m = np.vstack(rows)
-        return m.min(axis=0), labels, m, unres
+            return np.full(k, np.inf), labels, None, unres, math.inf
+        m = np.array(rows) if len(rows) > 1 else rows[0][None, :]
+        tmin = m.min(axis=0) if len(rows) > 1 else rows[0]
+        key = float(tmin.min())
+        if key != key:  # pragma: no cover - NaN
+            raise RuntimeError("invariant violated: a NaN event time")
+        return tmin, labels, m, unres, key
 
     def _lower_bound(self, j, ph, g, T):
         if ph == K_ARR:
@@ -321,7 +350,8 @@ class VectorRun:
             )
 
     def _step(self, v: _Vec, T: float) -> None:
-        tmin, labels, m, unres = self._candidates(v)
+        cand, v.cand = v.cand, None
+        tmin, labels, m, unres, _key = cand if cand is not None else self._candidates(v)
         safe = np.isfinite(tmin)
         for j, ph, mask, g in unres:
             lb = self._lower_bound(j, ph, g, T)
@@ -345,45 +375,51 @@ class VectorRun:
         fluid_event = kind == E_FLUID or (kind == E_CORE and v.core_phase == C_LAT) or (
             kind == E_CADM and not v.kind.coll[j][3])
         if fluid_event and v.fluid:
-            # Which batches finish at this event, per chip (split where they differ).
+            # The fluid state at the event, and which batches finish there, per chip (split
+            # where they differ).
             rem = self._advanced(v, t, snap=kind == E_FLUID)
-            fin = np.vstack([r <= 1e-12 for r in rem])
-            codes = np.zeros(len(t), dtype=np.int64)
-            for i in range(fin.shape[0]):
-                codes |= fin[i].astype(np.int64) << i
-            parts = self._split(v, codes)
-            if len(parts) > 1:
-                for _c, p, idx in parts:
-                    self._event_uniform(p, label, t[idx])
-                return
-        self._event_uniform(v, label, t)
+            if len(v.fluid) == 1:
+                fin = rem[0] <= 1e-12
+                codes = fin.astype(np.int64) if not (fin.all() or not fin.any()) else None
+            else:
+                codes = np.zeros(len(t), dtype=np.int64)
+                for i, r in enumerate(rem):
+                    codes |= (r <= 1e-12).astype(np.int64) << i
+            parts = self._split(v, codes) if codes is not None else [(0, v, slice(None))]
+            for _c, p, idx in parts:
+                self._event_uniform(p, label, t[idx], [r[idx] for r in rem])
+            return
+        self._event_uniform(v, label, t, None)
 
     def _advanced(self, v, t, snap):
+        """Remaining fraction of every batch at `t` (FluidNetwork._advance, then the timer's
+        snap of what is left only by rounding)."""
         a = v.a
-        dt = t - a["fl_last"]
+        d = t - a["fl_last"]
+        d = np.where(d > 0, d, 0.0)
         out = []
-        tol = 1e-12 * np.maximum(t, 1e-9)
+        tol = 1e-12 * np.maximum(t, 1e-9) if snap else None
         for b in v.fluid:
-            r = a[f"r{b}"] - a[f"v{b}"] * np.where(dt > 0, dt, 0.0)
+            sp = a[f"v{b}"]
+            r = a[f"r{b}"] - sp * d
             if snap:
-                sp = a[f"v{b}"]
                 r = np.where((r <= 1e-9) | ((sp > 0) & (r / np.where(sp > 0, sp, 1.0) <= tol)),
                              0.0, r)
             out.append(r)
         return out
 
-    def _event_uniform(self, v: _Vec, label, t: np.ndarray) -> None:
+    def _event_uniform(self, v: _Vec, label, t: np.ndarray, rem) -> None:
         kind, j = label
         a = v.a
         a["now"] = t
         done_now: list[int] = []
         if kind == E_FLUID:
-            self._advance(v, t, snap=True)
+            self._advance(v, t, rem)
             done_now = self._resched(v, t)
         elif kind == E_CORE:
             op = v.kind.core[v.core_i]
             if v.core_phase == C_LAT:
-                self._advance(v, t, snap=False)
+                self._advance(v, t, rem)
                 b = op
                 a[f"r{b}"] = np.ones(len(t))
                 a[f"v{b}"] = np.zeros(len(t))
@@ -402,25 +438,21 @@ class VectorRun:
         elif kind == E_CADM:
             res, w, lat, empty, wb = v.kind.coll[j]
             if v.coll[j] == K_ARR:
-                g = self.goc[j][a["chips"]]
-                st = self.amax[j][g]
-                ci = self.cidx[j]
-                a["wait"] = a["wait"] + (st - self.arr[ci, a["chips"]])
+                st = self.amax[j][a[f"g{j}"]]
                 self.start[a["chips"], j] = st
                 a["bytes"] = a["bytes"] + wb
             if empty:
                 self._drained(v, j, t)
             else:
-                self._advance(v, t, snap=False)
+                self._advance(v, t, rem)
                 a[f"r{j}"] = np.ones(len(t))
                 a[f"v{j}"] = np.zeros(len(t))
                 v.fluid.append(j)
                 v.coll[j] = K_FLU
                 done_now = self._resched(v, t)
         elif kind == E_CEND:
-            ci = self.cidx[j]
-            a["wait"] = a["wait"] + (t - self.drn[ci, a["chips"]])
             del v.coll[j]
+            del a[f"g{j}"]
             self.waiters.get(j, set()).discard(v.id)
             if not self.overlap:
                 v.core_phase = C_WAIT
@@ -433,56 +465,28 @@ class VectorRun:
                 self._drained(v, b, t)
             else:
                 self._core_done(v, b, t)
-        self._update_open_bounds(v)
         self._settle(v)
 
     # -- fluid (FluidNetwork's arithmetic, per chip) ----------------------------------------
-    def _advance(self, v: _Vec, t, snap: bool) -> None:
+    def _advance(self, v: _Vec, t, rem) -> None:
+        """FluidNetwork._advance to `t` with the remaining fractions `rem` from `_advanced`."""
         a = v.a
         if v.fluid:
-            dt = t - a["fl_last"]
-            pos = dt > 0
-            d = np.where(pos, dt, 0.0)
-            for b in v.fluid:
-                a[f"r{b}"] = a[f"r{b}"] - a[f"v{b}"] * d
-            use = self._load(v) > 0
-            a["busy"] = a["busy"] + np.outer(d, use)
-            if snap:
-                tol = 1e-12 * np.maximum(t, 1e-9)
-                for b in v.fluid:
-                    r, sp = a[f"r{b}"], a[f"v{b}"]
-                    a[f"r{b}"] = np.where(
-                        (r <= 1e-9) | ((sp > 0) & (r / np.where(sp > 0, sp, 1.0) <= tol)), 0.0, r)
+            d = t - a["fl_last"]
+            d = np.where(d > 0, d, 0.0)
+            for b, r in zip(v.fluid, rem, strict=True):
+                a[f"r{b}"] = r
+            a["busy"] = a["busy"] + np.outer(d, self._fluid_set(v)[1])
         a["fl_last"] = t
 
-    def _load(self, v: _Vec) -> np.ndarray:
-        load = np.zeros(NRES)
-        for b in v.fluid:
-            load = load + (v.kind.coll[b][4] if self.ops[b].kind == OpKind.COLLECTIVE
-                           else self._comp_load(v, b))
-        return load
-
-    def _comp_load(self, v, b):
-        w = v.kind.comp_w.get(b)
-        if w is None:
-            w = np.zeros(NRES)
-            w[HBM] = v.kind.hbm[b]
-            v.kind.comp_w[b] = w
-        return w
-
-    def _resched(self, v: _Vec, t) -> list[int]:
-        a = v.a
-        a["nev"] = a["nev"] + 1
-        fin = [b for b in v.fluid if bool(np.all(a[f"r{b}"] <= 1e-12))]
-        for b in fin:
-            v.fluid.remove(b)
-            a.pop(f"r{b}")
-            a.pop(f"v{b}")
-            a.pop(f"m{b}", None)
-        if not v.fluid:
-            a["ft"] = np.full(len(t), np.inf)
-            return fin
-        # Load summed in admission order (FluidNetwork's bincount order).
+    def _fluid_set(self, v: _Vec):
+        """Memo per (kind, active batches in admission order): the load of every resource
+        (summed in FluidNetwork's bincount order), which resources are in use, and per batch
+        (batch, its link-class pace, whether it uses HBM, its max-speed array name or None)."""
+        key = (v.kind.id, tuple(v.fluid))
+        m = self._fluid_memo.get(key)
+        if m is not None:
+            return m
         res_all, w_all = [], []
         for b in v.fluid:
             if self.ops[b].kind == OpKind.COLLECTIVE:
@@ -496,18 +500,40 @@ class VectorRun:
         pos = load > 0
         pace_l = np.divide(self.cap, load[:NUM_CLASSES], out=np.full(NUM_CLASSES, np.inf),
                            where=pos[:NUM_CLASSES])
-        hbm_cap = v.kind.hbm0 * a["s"]
-        pace_h = hbm_cap / load[HBM] if pos[HBM] else np.full(len(t), np.inf)
-        nxt = np.full(len(t), np.inf)
+        per = []
         for b, res in zip(v.fluid, res_all, strict=True):
             links = res[res < HBM]
             sp_l = float(np.min(pace_l[links])) if len(links) else math.inf
-            sp = np.minimum(sp_l, pace_h) if (res == HBM).any() else np.full(len(t), sp_l)
-            mx = a.get(f"m{b}")
-            if mx is not None:
-                sp = np.minimum(sp, mx)
+            per.append((b, sp_l, bool((res == HBM).any()),
+                        f"m{b}" if self.ops[b].kind != OpKind.COLLECTIVE else None))
+        m = self._fluid_memo[key] = (load, pos, per)
+        return m
+
+    def _resched(self, v: _Vec, t) -> list[int]:
+        a = v.a
+        a["nev"] = a["nev"] + 1
+        fin = [b for b in v.fluid if bool(a[f"r{b}"][0] <= 1e-12)]  # uniform (see _event)
+        for b in fin:
+            v.fluid.remove(b)
+            a.pop(f"r{b}")
+            a.pop(f"v{b}")
+            a.pop(f"m{b}", None)
+        if not v.fluid:
+            a["ft"] = np.full(len(t), np.inf)
+            return fin
+        load, pos, per = self._fluid_set(v)
+        pace_h = v.kind.hbm0 * a["s"] / load[HBM] if pos[HBM] else None
+        nxt = None
+        for b, sp_l, uses_hbm, mname in per:
+            if uses_hbm and pace_h is not None:
+                sp = np.minimum(sp_l, pace_h)
+            else:
+                sp = np.full(len(t), sp_l)
+            if mname is not None:
+                sp = np.minimum(sp, a[mname])
             a[f"v{b}"] = sp
-            nxt = np.minimum(nxt, a[f"r{b}"] / sp)
+            q = a[f"r{b}"] / sp
+            nxt = q if nxt is None else np.minimum(nxt, q)
         if np.isnan(nxt).any():
             raise RuntimeError("invariant violated: a fluid step of NaN seconds")
         tiny = t + nxt <= t
@@ -537,6 +563,8 @@ class VectorRun:
             return
         a = v.a
         self.start[a["chips"], op] = t
+        if self.open:
+            self._update_open_bounds(v)
         o = self.ops[op]
         if o.kind == OpKind.COLLECTIVE:  # --no-overlap: the core runs the collective
             v.core_phase = C_COLL
@@ -547,7 +575,11 @@ class VectorRun:
         elif K.hbm[op] > 0:
             v.core_phase = C_LAT
             a["core_t"] = t + K.ovh
-            a["bytes"] = a["bytes"] + self._comp_load(v, op)
+            w = K.comp_w.get(op)
+            if w is None:
+                w = K.comp_w[op] = np.zeros(NRES)
+                w[HBM] = K.hbm[op]
+            a["bytes"] = a["bytes"] + w
         else:
             v.core_phase = C_TIMEOUT
             tc = K.flops[op] / (K.rate0[op] * a["s"])
@@ -584,7 +616,7 @@ class VectorRun:
         chips = a["chips"]
         ci = self.cidx[j]
         self.arr[ci, chips] = t
-        g = self.goc[j][chips]
+        g = a[f"g{j}"] = self.goc[j][chips]
         np.add.at(self.acnt[j], g, 1)
         np.maximum.at(self.amax[j], g, t)
         v.coll[j] = K_ARR
@@ -597,26 +629,31 @@ class VectorRun:
             self._init_bound(j)
         full = self.acnt[j][g] == self.gsize[j]
         if full.any():
-            self._wake(j, v)
+            self._wake(j, v, K_ARR, g[full])
 
     def _drained(self, v: _Vec, j: int, t) -> None:
         a = v.a
         chips = a["chips"]
         self.drn[self.cidx[j], chips] = t
-        g = self.goc[j][chips]
+        g = a[f"g{j}"]
         np.add.at(self.dcnt[j], g, 1)
         np.maximum.at(self.dmax[j], g, t)
         v.coll[j] = K_DRN
-        if (self.dcnt[j][g] == self.gsize[j]).any():
-            self._wake(j, v)
+        full = self.dcnt[j][g] == self.gsize[j]
+        if full.any():
+            self._wake(j, v, K_DRN, g[full])
 
-    def _wake(self, j: int, skip: _Vec) -> None:
-        """Re-key the vectors waiting on collective `j` (a group of it resolved)."""
+    def _wake(self, j: int, skip: _Vec, phase: int, groups: np.ndarray) -> None:
+        """Re-key the vectors waiting in `phase` of collective `j` on one of `groups` (whose
+        rendezvous just resolved)."""
+        mask = np.zeros(len(self.acnt[j]), dtype=bool)
+        mask[groups] = True
         for vid in list(self.waiters.get(j, ())):
             w = self.vecs.get(vid)
-            if w is None or w is skip or w.dead:
+            if w is None or w is skip or w.dead or w.coll.get(j) != phase:
                 continue
-            self._push(w)
+            if mask[w.a[f"g{j}"]].any():
+                self._push(w)
 
     # -- lower bounds of arrivals at open rendezvous ----------------------------------------
     def _init_bound(self, j: int) -> None:
@@ -626,19 +663,20 @@ class VectorRun:
             if np.isnan(self.arr[ci, w.a["chips"][0]]):
                 self._bound_into(w, j)
 
-    def _bound_into(self, w: _Vec, j: int) -> None:
+    def _bound_into(self, w: _Vec, j: int, at_start: bool = False) -> None:
         a = w.a
-        c0 = w.core_i + (0 if w.core_phase == C_WAIT else 1)
-        lb = w.kind.lb_arrival(j, c0, a["now"], a["s"])
+        running = not at_start and w.core_phase not in (C_WAIT, C_DONE)
+        c0 = w.core_i + (1 if running else 0)
+        lb = w.kind.lb_arrival(j, c0, running, a["now"], a["s"])
         np.maximum.at(self.alb[j], self.goc[j][a["chips"]], lb)
 
     def _update_open_bounds(self, v: _Vec) -> None:
-        if not self.open:
-            return
+        """At the start of a core op: tighten the arrival bounds of the open rendezvous this
+        vector has not reached yet (the op and the rest of the path to each still ahead)."""
         chip0 = v.a["chips"][0]
         for j in self.open:
-            if np.isnan(self.arr[self.cidx[j], chip0]):  # not arrived: bound its arrival
-                self._bound_into(v, j)
+            if np.isnan(self.arr[self.cidx[j], chip0]):
+                self._bound_into(v, j, at_start=True)
 
 
 
@@ -657,7 +695,13 @@ def simulate_vectors(*, programs, prog_of, speed, op_scale, chip, topology, over
                      dead_links):
     """The per-chip engine's result computed with vector classes (see the module docstring);
     same fields as `sim.chip_engine.simulate_chips`'s class path."""
-    from sim.chip_engine import _coords_text, _per_link_bytes_of_chips, _relabel
+    from sim.chip_engine import (
+        _coords_text,
+        _per_link_bytes_of_chips,
+        _relabel,
+        scaled_cost,
+        wait_wall_time,
+    )
     from sim.engine import _summarize
 
     nchips = topology.num_chips
@@ -678,14 +722,17 @@ def simulate_vectors(*, programs, prog_of, speed, op_scale, chip, topology, over
             cols.append(index[geoms[ga].group_of_chip].astype(float))
     kind_of = _relabel(cols)
     kinds = []
+    scaled: dict = {}
     for kid in range(int(kind_of.max()) + 1):
         r = int(np.flatnonzero(kind_of == kid)[0])
         scale = {op_id: float(np.asarray(v)[r]) for op_id, v in op_scale.items()}
         cc = {}
         for j in coll_ids:
             index, costs = group_cost[op_key[j]]
-            cc[j] = costs[int(index[int(geoms[op_geom[j]].group_of_chip[r])])]
-        kinds.append(_Kind(kid, programs[int(prog_of[r])].ops, scale, cc, overlap, chip, rates0))
+            cc[j] = scaled_cost(costs[int(index[int(geoms[op_geom[j]].group_of_chip[r])])],
+                                scale.get(j, 1.0), scaled)
+        kinds.append(_Kind(kid, programs[int(prog_of[r])].ops, scale, cc, overlap, chip, rates0,
+                           lm.class_capacity_bytes_per_s))
     coll_geo = {j: (geoms[op_geom[j]].group_of_chip, geoms[op_geom[j]].group_size)
                 for j in coll_ids}
     run = VectorRun(ops=ops0, n=n, nchips=nchips, topology=topology, speed=speed,
@@ -709,7 +756,7 @@ def simulate_vectors(*, programs, prog_of, speed, op_scale, chip, topology, over
             "chips": chips, "s": speed[chips].astype(float), "now": np.zeros(k),
             "core_t": np.zeros(k), "fl_last": np.zeros(k), "ft": np.full(k, np.inf),
             "pcie_t": np.zeros(k), "busy": np.zeros((k, NRES)), "bytes": np.zeros((k, NRES)),
-            "wait": np.zeros(k), "nev": np.zeros(k, dtype=np.int64),
+            "nev": np.zeros(k, dtype=np.int64),
         }))
     run.run(init)
 
@@ -722,10 +769,18 @@ def simulate_vectors(*, programs, prog_of, speed, op_scale, chip, topology, over
         c = v.a["chips"]
         busy[c] = v.a["busy"]
         nbytes[c] = v.a["bytes"]
-        wait[c] = v.a["wait"]
         nev[c] = v.a["nev"]
     start, end = run.start, run.end
     finish = end.max(axis=1, initial=0.0)
+    # Wall time each chip waits in at least one rendezvous (arrival to start, own drain to
+    # end), over chunks of chips to bound the temporaries.
+    cols = [j for j in coll_ids if run.gsize[j] > 1]
+    ci = [run.cidx[j] for j in cols]
+    for c0 in range(0, nchips, 512):
+        sl = slice(c0, min(c0 + 512, nchips))
+        lo = np.concatenate([run.arr[ci, sl].T, run.drn[ci, sl].T], axis=1)
+        hi = np.concatenate([start[sl][:, cols], end[sl][:, cols]], axis=1)
+        wait[sl] = wait_wall_time(lo, hi)
     ncls = int(label.max()) + 1
     _, rep = np.unique(label, return_index=True)
     count = np.bincount(label, minlength=ncls)
@@ -745,7 +800,9 @@ def simulate_vectors(*, programs, prog_of, speed, op_scale, chip, topology, over
             dur[op.id] = max(t_c, t_m) + chip.op_overhead_s
         elif op.kind == OpKind.COLLECTIVE:
             index, costs = group_cost[op_key[op.id]]
-            cc = costs[int(index[int(geoms[op_geom[op.id]].group_of_chip[slowest])])]
+            cc = scaled_cost(costs[int(index[int(geoms[op_geom[op.id]].group_of_chip[slowest])])],
+                             float(np.asarray(op_scale[op.id])[slowest]) if op.id in op_scale
+                             else 1.0, scaled)
             sc_costs[op.id] = cc
             dur[op.id] = cc.time_s
             bound[op.id] = "ici"

@@ -231,3 +231,66 @@ def test_per_chip_engine_loads_the_chips_that_hold_the_hot_experts():
     # that is hot everywhere, longer than the balanced router's.
     assert uniform.step_time_s < res.step_time_s <= rep.step_time_s * (1 + 1e-9)
     assert expert_op_scales(_train(MoeConfig())[0], topo) == {}
+
+
+def test_skewed_all_to_alls_move_each_chips_own_volume():
+    # The compiled all-to-alls carry the hottest shard's tokens; on the per-chip engine each
+    # chip moves its own shard's share of them (its expert-op factor), so a colder chip's DMA
+    # reads and writes that many fewer HBM bytes: closed form from the healthy collective cost.
+    from sim.chip_engine import PerChipConfig, simulate_chips
+    from sim.engine import collective_groups, cost_collective
+    from workloads.moe import expert_op_scales
+
+    chip = get_chip("v5e")
+    topo = make_topology(chip, "2x2")
+    trace, _ = _train(MoeConfig(expert_skew=1.5, seed=1))
+    scales = expert_op_scales(trace, topo)
+    a2a = [i for i in scales if trace.ops[i].collective == "all-to-all"]
+    assert {trace.ops[i].name.removeprefix("re-") for i in a2a} == {
+        "ep_dispatch", "ep_combine", "ep_combine_bwd", "ep_dispatch_bwd"}
+    full = simulate_chips(trace, chip, topo, config=PerChipConfig(op_scale=scales))
+    hot_volume = simulate_chips(trace, chip, topo, config=PerChipConfig(
+        op_scale={i: s for i, s in scales.items() if i not in a2a}))
+    gaxes = collective_groups(trace, topo)["expert"]
+    hbm_bw = chip.hbm_bytes_per_s * chip.hbm_efficiency
+    saved = sum(cost_collective(chip, topo, "all-to-all", gaxes, trace.ops[i].bytes).hbm_bytes
+                * (1.0 - scales[i]) for i in a2a) / hbm_bw
+    assert saved.max() > 0 and saved.min() == 0.0  # the hot chip of a layer moves it all
+    got = hot_volume.chips.hbm_busy_s.to_numpy() - full.chips.hbm_busy_s.to_numpy()
+    assert got == pytest.approx(saved, rel=1e-9)
+    # Every member still waits for the last one to drain: the step is not shorter than the
+    # slowest member's, and the colder chips wait longer in their collectives.
+    assert full.step_time_s <= hot_volume.step_time_s * (1 + 1e-12)
+    assert full.chips.collective_wait_s.max() > hot_volume.chips.collective_wait_s.max()
+
+
+def test_replay_applies_the_compiled_router_and_refuses_another(tmp_path, capsys):
+    import json
+
+    import yaml
+
+    model = tmp_path / "moe.yaml"
+    model.write_text(yaml.safe_dump(MOE), encoding="utf-8")
+    pod = ["--chip", "v5e", "--shape", "2x2"]
+    moe_trace, dense_trace = tmp_path / "moe.trace", tmp_path / "dense.trace"
+    dense = tmp_path / "dense.yaml"
+    dense.write_text(yaml.safe_dump(DENSE), encoding="utf-8")
+    assert main(["compile", *pod, "--model", str(model), "--seq-len", "128", "--batch-per-chip",
+                 "1", "--mesh", "expert=4", "--expert-skew", "1.5", "-o", str(moe_trace)]) == 0
+    assert main(["compile", *pod, "--model", str(dense), "--seq-len", "128",
+                 "--batch-per-chip", "1", "--mesh", "fsdp=4", "-o", str(dense_trace)]) == 0
+    capsys.readouterr()
+    # The same router as compiled: applied (the replay equals the plain replay of the trace).
+    assert main(["replay", str(moe_trace), *pod, "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(["replay", str(moe_trace), *pod, "--json", "--expert-skew", "1.5"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time_s"] == plain["step_time_s"]
+    # Another router, or any router on a dense trace: one line, exit 2, never ignored.
+    for trace, flags, needle in [
+        (moe_trace, ["--expert-skew", "0.5"], "compiled with --expert-skew 1.5, not"),
+        (moe_trace, ["--capacity-factor", "1.25"], "recompile it with tpusim compile"),
+        (dense_trace, ["--expert-skew", "1.5"], "MoE models only"),
+    ]:
+        rc = main(["replay", str(trace), *pod, "--json", *flags])
+        out, err = capsys.readouterr()
+        assert rc == 2 and out == "" and err.count("\n") == 1 and needle in err, err

@@ -111,3 +111,34 @@ def test_unperturbed_vector_run_equals_replay():
     h = replay(trace, chip, topo)
     assert r.step_time_s == pytest.approx(h.step_time_s, rel=1e-12)
     assert r.num_chip_classes == 1 and r._vector_stats["vectors_peak"] == 1
+
+
+def test_collective_wait_is_wall_time_when_collectives_overlap():
+    # Two all-gathers start together after one matmul; chip 3 runs at half speed, so the other
+    # chips wait F/rate for it, in both collectives at once: that is F/rate of wall time, not
+    # twice it. (The links, not HBM, pace the gathers, so all chips drain together.)
+    from workloads.trace import Op, OpKind, Trace, Unit
+
+    chip = get_chip("v5e")
+    topo = resolve_topology(chip_name=chip.name, wrap_rule=chip.generation_rule,
+                            max_pod_shape=chip.max_pod_shape, shape="2x2", wraparound="auto",
+                            num_slices=1)
+    flops, nbytes = 4e12, 2.0**28
+    ops = (
+        Op(id=0, name="work", unit=Unit.MXU, flops=flops),
+        Op(id=1, name="gather_a", kind=OpKind.COLLECTIVE, collective="all-gather",
+           mesh_axes=("fsdp",), bytes=nbytes, deps=(0,)),
+        Op(id=2, name="gather_b", kind=OpKind.COLLECTIVE, collective="all-gather",
+           mesh_axes=("fsdp",), bytes=nbytes, deps=(0,)),
+        Op(id=3, name="after", unit=Unit.VPU, flops=1e6, deps=(1, 2)),
+    )
+    trace = Trace(mesh=parse_mesh("fsdp=4"), ops=ops, meta={"overlap": True})
+    speed = np.ones(4)
+    speed[3] = 0.5
+    lag = flops / (chip.mxu_flops_per_s * chip.mxu_efficiency)
+    for kw in ({"vector": True}, {"vector": False}, {"mode": "per-chip"}):
+        r = simulate_chips(trace, chip, topo, config=PerChipConfig(speed=speed, **kw))
+        wait = r.chips.collective_wait_s.to_numpy()
+        assert wait[:3] == pytest.approx([lag] * 3, rel=1e-9), kw
+        assert wait[3] == 0.0
+        assert (wait <= r.chips.finish_s.to_numpy()).all()

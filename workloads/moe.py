@@ -188,12 +188,16 @@ def plan_routing(model: TransformerSpec, ep: int, group_tokens: int, cfg: MoeCon
 # The ops whose work is the experts' (forward, its recomputation, and the MLP backward of an
 # MoE layer): they follow the per-chip loads in the per-chip engine.
 _EXPERT_OPS = frozenset({"expert_in", "expert_act", "expert_out", "mlp_bwd", "mlp_act_bwd"})
+# The all-to-alls that carry the tokens to and from the experts: the compiled volume is the
+# hottest shard's; each chip moves its own shard's (its load over the hottest).
+_A2A_OPS = frozenset({"ep_dispatch", "ep_combine", "ep_combine_bwd", "ep_dispatch_bwd"})
 
 
 def expert_op_scales(trace, topology) -> dict[int, np.ndarray]:
-    """Per-chip factors (<= 1) on the expert ops of a skewed, dropless MoE step, for the
-    per-chip engine's `op_scale`: the compiled program carries the hottest shard's work; a chip
-    whose position on the expert axis holds shard j in a layer does `load_j / load_0` of it.
+    """Per-chip factors (<= 1) on the expert ops and the expert all-to-alls of a skewed,
+    dropless MoE step, for the per-chip engine's `op_scale`: the compiled program carries the
+    hottest shard's work and volume; a chip whose position on the expert axis holds shard j in a
+    layer does `load_j / load_0` of the work and moves that share of the bytes.
     Empty when every chip does the same (no skew, dense dispatch, or no expert axis)."""
     from topologies.groups import GroupGeometry, axis_factor
     from topologies.mesh import place_mesh
@@ -214,7 +218,8 @@ def expert_op_scales(trace, topology) -> dict[int, np.ndarray]:
                     default=0)
     out: dict[int, np.ndarray] = {}
     for o in trace.ops:
-        if o.name.removeprefix("re-") not in _EXPERT_OPS or o.layer < 0:
+        name = o.name.removeprefix("re-")
+        if (name not in _EXPERT_OPS and name not in _A2A_OPS) or o.layer < 0:
             continue
         if o.name in ("mlp_bwd", "mlp_act_bwd") and o.layer < first_moe:
             continue  # a dense layer's MLP

@@ -451,6 +451,31 @@ def simulate_step(args: argparse.Namespace, trace, chip, topology, *, overlap=No
                           overlap=overlap)
 
 
+def check_router_matches_trace(scenario, trace) -> None:
+    """`--expert-skew/--capacity-factor` shape the compiled MoE program (its all-to-all volumes
+    and expert matmuls): a step compiled here applies them; a trace compiled earlier (`replay`)
+    carries its own router, so other values are refused rather than silently ignored."""
+    moe = trace.meta.get("moe")
+    if not trace.meta.get("moe_scenario_applied") or not isinstance(moe, dict):
+        raise TpusimError(
+            "--expert-skew/--capacity-factor apply to MoE models only, and this trace has no "
+            "MoE router (a dense model, or written by an older tpusim); drop them"
+        )
+    skew = float(moe.get("expert_skew", 0.0))
+    cap = moe.get("capacity_factor")
+    if skew != float(scenario.expert_skew) or (cap is None) != (scenario.capacity_factor is None) \
+            or (cap is not None and float(cap) != float(scenario.capacity_factor)):
+        raise TpusimError(
+            f"this trace was compiled with --expert-skew {skew:g}"
+            + (f" --capacity-factor {float(cap):g}" if cap is not None else "")
+            + f", not --expert-skew {float(scenario.expert_skew):g}"
+            + (f" --capacity-factor {float(scenario.capacity_factor):g}"
+               if scenario.capacity_factor is not None else "")
+            + "; the router is part of the compiled program, so recompile it with tpusim compile "
+              "and those flags"
+        )
+
+
 def per_chip_config(args: argparse.Namespace, trace, topology):
     """The per-chip engine's `PerChipConfig` for the perturbation flags of `args` (and the MoE
     expert loads of `trace`)."""
@@ -458,11 +483,7 @@ def per_chip_config(args: argparse.Namespace, trace, topology):
 
     scenario = scenario_from_args(args, topology)
     if scenario.expert_skew or scenario.capacity_factor is not None:
-        if not trace.meta.get("moe_scenario_applied"):
-            raise TpusimError(
-                "--expert-skew/--capacity-factor are not supported by this command in this "
-                "version; drop them"
-            )
+        check_router_matches_trace(scenario, trace)
     from workloads.moe import expert_op_scales
 
     return PerChipConfig(
