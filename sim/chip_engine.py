@@ -646,7 +646,7 @@ def simulate_chips(
     if multi:
         res.sim_events = sum(cl.net.num_events for cl in classes) + class_ops
     _common_fields(res, topology, {i: op_key[(p, i)][1] for p, i in op_geom if p == sc.prog},
-                   sc.coll_cost, lm, slow, ())
+                   {**sc.coll_cost, **sc.send_cost}, lm, slow, ())
     res.num_chip_classes = ncls
     res.slowest_chip = _coords_text(topology, sc.rep)
     res._chip_class = label
@@ -668,8 +668,10 @@ def simulate_chips(
                                        count, cfg.dead_links)
     res._class_timelines = {cl.c: (cl.start, cl.end) for cl in classes}
     res._mem_trace = prog_trace
-    if len(used_programs) > 1:
-        res._class_programs = {cl.c: (programs[cl.prog], cl.bound) for cl in classes}
+    if len(used_programs) > 1:  # each class's own program and its collectives' links
+        res._class_programs = {cl.c: (programs[cl.prog], cl.bound,
+                                      *_coll_labels({**cl.coll_cost, **cl.send_cost}))
+                               for cl in classes}
     return res
 
 
@@ -705,14 +707,18 @@ def scaled_cost(cc: CollectiveCost, k: float, memo: dict) -> CollectiveCost:
     return out[1]
 
 
+def _coll_labels(coll_cost) -> tuple[dict, dict]:
+    """({op id: {link class: bytes}}, {op id: algorithm}) of a chip's collectives and sends."""
+    return ({i: {CLASS_NAMES[int(j)]: float(cc.class_bytes[j])
+                 for j in np.flatnonzero(cc.class_bytes > 0)} for i, cc in coll_cost.items()},
+            {i: cc.algorithm for i, cc in coll_cost.items()})
+
+
 def _common_fields(res, topology, coll_axes, coll_cost, lm, slow, dead) -> None:
     """Result fields both engines fill alike: collective axes, link classes and capacities."""
     res._topology = topology
     res._coll_axes = coll_axes
-    res._coll_classes = {i: {CLASS_NAMES[int(j)]: float(cc.class_bytes[j])
-                             for j in np.flatnonzero(cc.class_bytes > 0)}
-                         for i, cc in coll_cost.items()}
-    res._coll_algorithm = {i: cc.algorithm for i, cc in coll_cost.items()}
+    res._coll_classes, res._coll_algorithm = _coll_labels(coll_cost)
     res._class_capacity = {CLASS_NAMES[i]: float(lm.class_capacity_bytes_per_s[i])
                            for i in range(NUM_CLASSES)}
     res._link_cap = np.array(np.broadcast_to(lm.capacity_bytes_per_s, (topology.num_links,)),

@@ -118,7 +118,8 @@ class StepResult:
     _class_timelines: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict,
                                                                         repr=False)
     _mem_trace: Trace | None = field(default=None, repr=False)  # HBM events' program
-    # Per-chip programs (pipeline stages): class -> (its program, its ops' bound units).
+    # Per-chip programs (pipeline stages): class -> (its program, its ops' bound units, its
+    # collectives' link classes and algorithms by op id).
     _class_programs: dict[int, tuple] = field(default_factory=dict, repr=False)
     _class_titles: dict[int, str] = field(default_factory=dict, repr=False)  # e.g. its stage
 
@@ -157,9 +158,11 @@ class StepResult:
         rep = int(self._class_reps[k])
         mem_trace = self._mem_trace
         own = self._class_programs.get(k)
+        labels = {}
         if own is not None and own[0] is not self._mem_trace:  # another program (stage)
             mem_trace = own[0]
             ops = [(rep,) + r[1:] for r in _op_rows(own[0], own[1], start, end)]
+            labels = {"_coll_classes": own[2], "_coll_algorithm": own[3]}
         else:
             ops = [(rep,) + r[1:8] + (float(start[r[1]]), float(end[r[1]])) + r[10:]
                    for r in self._ops]
@@ -168,7 +171,7 @@ class StepResult:
         else:
             _, _, rows = hbm_occupancy(mem_trace, end, 1)
             mem = [(rep,) + r[1:] for r in rows]
-        return dataclasses.replace(self, _ops=ops, _memory=mem)
+        return dataclasses.replace(self, _ops=ops, _memory=mem, **labels)
 
     @property
     def chips(self):

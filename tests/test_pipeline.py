@@ -303,5 +303,12 @@ def test_perfetto_shows_one_process_per_stage_class_named_with_its_stage_and_chi
         if e.get("ph") == "X":
             ops.setdefault(by_pid[e["pid"]].split(",")[0], set()).add(e["name"])
     assert "pipeline_send_fwd" in ops[f"pipeline stage 0/{P} (embedding)"]
+    # ... on the link its route leaves by (the class's own collectives' links, not the slowest
+    # stage's labels for the same op id).
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+               if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    lanes = {threads[(e["pid"], e["tid"])].rsplit(" ", 1)[0] for e in events
+             if e.get("ph") == "X" and e["name"] == "pipeline_send_fwd"}
+    assert "ICI x+ link" in lanes
     assert "pipeline_send_fwd" not in ops[f"pipeline stage {P - 1}/{P} (loss)"]
     assert "softmax_xent" in ops[f"pipeline stage {P - 1}/{P} (loss)"]
