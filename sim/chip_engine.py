@@ -668,6 +668,8 @@ def simulate_chips(
                                        count, cfg.dead_links)
     res._class_timelines = {cl.c: (cl.start, cl.end) for cl in classes}
     res._mem_trace = prog_trace
+    if p2p is not None:
+        res._p2p = (p2p, {cl.c: cl.prog for cl in classes})
     if len(used_programs) > 1:  # each class's own program and its collectives' links
         res._class_programs = {cl.c: (programs[cl.prog], cl.bound,
                                       *_coll_labels({**cl.coll_cost, **cl.send_cost}))

@@ -122,6 +122,7 @@ class StepResult:
     # collectives' link classes and algorithms by op id).
     _class_programs: dict[int, tuple] = field(default_factory=dict, repr=False)
     _class_titles: dict[int, str] = field(default_factory=dict, repr=False)  # e.g. its stage
+    _p2p: tuple | None = field(default=None, repr=False)  # (PointToPoint, program per class)
 
     @property
     def ops(self):

@@ -312,3 +312,24 @@ def test_perfetto_shows_one_process_per_stage_class_named_with_its_stage_and_chi
     assert "ICI x+ link" in lanes
     assert "pipeline_send_fwd" not in ops[f"pipeline stage {P - 1}/{P} (loss)"]
     assert "softmax_xent" in ops[f"pipeline stage {P - 1}/{P} (loss)"]
+
+
+def test_pftrace_joins_each_send_to_the_receive_it_completes(tmp_path):
+    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent
+
+    from sim.export.perfetto import export_step
+
+    m = 4
+    res, _pipe_ = _run("gpipe", m, model=SMALL, chip=get_chip("v5e"))
+    pf = Trace()
+    pf.ParseFromString(export_step(res, tmp_path / "pp.pftrace", chips=[0, 1, 2, 3])
+                       .read_bytes())
+    begins = [p.track_event for p in pf.packet if p.HasField("track_event")
+              and p.track_event.type == TrackEvent.TYPE_SLICE_BEGIN]
+    starts = {f: ev.name for ev in begins for f in ev.flow_ids}
+    ends = {f: ev.name for ev in begins for f in ev.terminating_flow_ids}
+    sends = {f for f, n in starts.items() if n.startswith("pipeline_send")}
+    # GPipe over 4 stages: m forward sends on each of 3 links, m backward sends back.
+    assert len(sends) == 2 * (P - 1) * m
+    assert {ends[f] for f in sends if starts[f] == "pipeline_send_fwd"} == {"pipeline_recv_fwd"}
+    assert {ends[f] for f in sends if starts[f] == "pipeline_send_bwd"} == {"pipeline_recv_bwd"}

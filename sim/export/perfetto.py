@@ -8,8 +8,9 @@ per outgoing ICI link direction (the collectives using that direction), PCIe hos
 pipeline idle time, and counter tracks for HBM occupancy and for each link direction's
 utilization. Slices carry args (op id, name, FLOPs, bytes, bound unit, collective, mesh axes,
 algorithm). Flows join each collective
-slice to the same collective on the next chip of its replica group, when both are exported
-(`.pftrace` only).
+slice to the same collective on the next chip of its replica group, and each pipeline send to
+the receive it completes on the next (or previous) stage, when both are exported (`.pftrace`
+only).
 
 Per-chip engine: when chips differ (a slow chip, a slow link, chip variation), each chip class
 (chips whose whole step is identical) is one process named with the chips it stands for, and
@@ -257,6 +258,31 @@ def _same_program_chips(result, chips: list[int]) -> list[int]:
             if progs.get(int(result._chip_class[c]), (None,))[0] is result._mem_trace]
 
 
+def _send_flows(result, chips: list[int], flows_out, flows_in) -> None:
+    """Point-to-point sends (pipeline stages): a flow from each send on an exported chip to the
+    receive it completes on its peer, when the peer is exported too."""
+    if result._p2p is None or result._chip_class is None:
+        return
+    p2p, prog_of_class = result._p2p
+    label = result._chip_class
+    shown = set(chips)
+    longest = max((len(v[0].ops) for v in result._class_programs.values()),
+                  default=result.num_ops)
+    base = (longest + 1) * result.num_chips  # above every collective flow id
+    for c in chips:
+        prog = prog_of_class[int(label[c])]
+        for send_id, (ch, tag) in sorted(p2p.sends[prog].items()):
+            peer = int(p2p.peer_of_chip[ch][c])
+            if peer not in shown:
+                continue
+            recv_id = p2p.recvs[prog_of_class[int(label[peer])]].get(tag)
+            if recv_id is None:
+                continue
+            fid = base + send_id * result.num_chips + c + 1
+            flows_out.setdefault((c, send_id), []).append(fid)
+            flows_in.setdefault((peer, recv_id), []).append(fid)
+
+
 def _write_step(result, path, topo, chips, procs, tracks, counters, per_chip) -> Path:
     # Flows: collective op on chip c -> same op on its group neighbour, if exported.
     flows_out: dict[tuple[int, int], list[int]] = {}
@@ -272,6 +298,7 @@ def _write_step(result, path, topo, chips, procs, tracks, counters, per_chip) ->
                 fid = op_id * result.num_chips + c + 1
                 flows_out.setdefault((c, op_id), []).append(fid)
                 flows_in.setdefault((nb, op_id), []).append(fid)
+        _send_flows(result, chips, flows_out, flows_in)
     path = Path(path)
     per_host = len(chips) > MAX_CHIP_PROCESSES
     if path.suffix.lower() == ".json":
