@@ -1017,4 +1017,5 @@ def _critical_path(classes, last: int, topology, slow, op_key, group_cost, count
     return segments
 
 
-__all__ = ["CHIP_COLUMNS", "MODES", "PerChipConfig", "chip_classes", "simulate_chips"]
+__all__ = ["CHIP_COLUMNS", "MODES", "PerChipConfig", "PointToPoint", "chip_classes", "p2p_cost",
+           "simulate_chips"]
