@@ -406,7 +406,8 @@ def build_stage_programs(model: TransformerSpec, mesh, num_chips: int,
                     if op_id == op.id:
                         events.append([upd, cat, delta])
         meta = {k: first.meta[k] for k in ("kind", "model", "overlap", "static_hbm_bytes",
-                                            "static_composition", "num_chips") if k in first.meta}
+                                            "static_composition", "num_chips", "moe")
+                if k in first.meta}
         meta.update(memory_events=events, pipeline_stage=s, microbatches=m)
         programs.append(Trace(mesh=first.mesh, ops=tuple(ops), meta=meta))
         passes.append(tuple(stage_passes))
@@ -444,7 +445,9 @@ def simulate_pipeline_chips(
     (`build_stage_programs`), sends are point-to-point transfers between neighbouring stages'
     chips on their routes (ICI, or DCN when the pipeline axis spans slices), and in-stage
     collectives are rendezvous of their groups. `base` (a `PerChipConfig`) carries the
-    perturbations (slow chips and links, dead links, chip variation, `mode`).
+    perturbations (slow chips and links, dead links, chip variation, `mode`); an uneven MoE
+    router's per-chip expert loads are derived here from the stage programs
+    (`workloads.moe.expert_op_scales` per stage), so `base.op_scale` must be empty.
 
     Returns (the slowest chip's `StepResult` with the bubble in its breakdown and the fullest
     stage's HBM peak, the `PipelineResult` of the schedule as it ran)."""
@@ -452,18 +455,26 @@ def simulate_pipeline_chips(
 
     from sim.chip_engine import PerChipConfig, PointToPoint, simulate_chips
     from sim.engine import hbm_occupancy
+    from workloads.moe import expert_op_scales
 
     base = base or PerChipConfig()
     if base.op_scale:
         raise TpusimError(
-            "--expert-skew with a pipeline axis is not supported in this version (the expert "
-            "loads are per op of the whole-step program, not of the stage programs); drop "
-            "--expert-skew or the pipeline axis"
+            "internal error: per-op scales of a pipeline run refer to the stage programs and "
+            "are derived from them; pass a PerChipConfig without op_scale"
         )
     sp = build_stage_programs(model, mesh, topology.num_chips, config)
     stage, nxt, prv = stage_of_chips(mesh, topology)
+    # Expert loads per stage program: op ids differ between stages, so each chip takes the
+    # factors of its own stage's ops (1 where another stage's op shares the id).
+    op_scale: dict[int, np.ndarray] = {}
+    for s, prog in enumerate(sp.programs):
+        mask = stage == s
+        for op_id, factor in expert_op_scales(prog, topology).items():
+            col = op_scale.setdefault(op_id, np.ones(topology.num_chips))
+            col[mask] = np.asarray(factor, dtype=float)[mask]
     cfg = dataclasses.replace(
-        base, programs=sp.programs, program_of_chip=stage,
+        base, programs=sp.programs, program_of_chip=stage, op_scale=op_scale,
         p2p=PointToPoint(peer_of_chip=(nxt, prv), sends=sp.sends, recvs=sp.recvs))
     res = simulate_chips(sp.programs[0], chip, topology, config=cfg, algorithm=algorithm,
                          overlap=overlap)

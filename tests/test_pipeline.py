@@ -333,3 +333,31 @@ def test_pftrace_joins_each_send_to_the_receive_it_completes(tmp_path):
     assert len(sends) == 2 * (P - 1) * m
     assert {ends[f] for f in sends if starts[f] == "pipeline_send_fwd"} == {"pipeline_recv_fwd"}
     assert {ends[f] for f in sends if starts[f] == "pipeline_send_bwd"} == {"pipeline_recv_bwd"}
+
+
+def test_an_uneven_moe_router_loads_each_stages_hot_expert_chips():
+    from workloads.moe import MoeConfig
+
+    moe = {**SMALL, "name": "moe-pp", "num_layers": 2, "num_experts": 8, "experts_per_token": 2}
+    chip = get_chip("v5e")
+    topo = make_topology(chip, "2x2")
+    mesh = parse_mesh("pipeline=2,expert=2")
+
+    def run(skew, mode="auto"):
+        cfg = TrainingConfig(seq_len=512, batch_per_chip=2, microbatches=2,
+                             moe=MoeConfig(expert_skew=skew, seed=1))
+        return simulate_pipeline_chips(model_from_dict(moe), mesh, chip, topo, cfg,
+                                       base=PerChipConfig(mode=mode))[0]
+
+    uniform, skewed, brute = run(0.0), run(2.0), run(2.0, "per-chip")
+    assert uniform.num_chip_classes == 2 < skewed.num_chip_classes
+    # Within each stage the chip holding the hot experts computes more than its partner.
+    stage = stage_of_chips(mesh, topo)[0]
+    busy = skewed.chips.mxu_busy_s.to_numpy()
+    for s in range(2):
+        a, b = busy[stage == s]
+        assert max(a, b) > 1.05 * min(a, b)
+    assert skewed.step_time_s > uniform.step_time_s
+    assert brute.step_time_s == pytest.approx(skewed.step_time_s, rel=1e-9)
+    assert brute.chips.finish_s.to_numpy() == pytest.approx(skewed.chips.finish_s.to_numpy(),
+                                                            rel=1e-9)

@@ -240,7 +240,7 @@ def run_train(args: argparse.Namespace):
         from sim.pipeline import simulate_pipeline_chips
 
         result, pipe = simulate_pipeline_chips(
-            model, trace.mesh, chip, topo, cfg, base=cli.per_chip_config(args, trace, topo),
+            model, trace.mesh, chip, topo, cfg, base=_pipeline_base(args, trace, topo),
             algorithm=args.algorithm)
     else:
         result = cli.simulate_step(args, trace, chip, topo)
@@ -355,6 +355,14 @@ def run_replay(args: argparse.Namespace):
     return Run(command=args.command, summary=summary, inputs=inputs, result=result, trace=trace)
 
 
+def _pipeline_base(args, trace, topo):
+    """The flags' perturbations for a pipeline run (its MoE expert loads come from the stage
+    programs, not from the whole-step trace's op ids)."""
+    import dataclasses
+
+    return dataclasses.replace(cli.per_chip_config(args, trace, topo), op_scale={})
+
+
 def _replay_pipeline(args, trace, chip, topo, path):
     """A compiled pipeline step: the stage programs composed again from the model and settings
     the trace records, run on the per-chip engine as `train` runs them."""
@@ -379,7 +387,7 @@ def _replay_pipeline(args, trace, chip, topo, path):
 
         cfg = dataclasses.replace(cfg, overlap=False)
     return simulate_pipeline_chips(model, trace.mesh, chip, topo, cfg,
-                                   base=cli.per_chip_config(args, trace, topo),
+                                   base=_pipeline_base(args, trace, topo),
                                    algorithm=args.algorithm,
                                    overlap=False if args.no_overlap else None)
 
