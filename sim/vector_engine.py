@@ -152,7 +152,7 @@ class _Kind:
 
 class _Vec:
     __slots__ = ("kind", "a", "core_i", "core_phase", "coll", "fluid", "left", "dh", "pq",
-                 "pcur", "key", "dead", "id", "skey", "cand")
+                 "pcur", "key", "dead", "id", "skey", "cand", "blocked")
 
     def copy_state(self, other):
         self.kind = other.kind
@@ -201,7 +201,8 @@ class VectorRun:
         self.vecs: dict[int, _Vec] = {}
         self.by_state: dict[tuple, int] = {}
         self._fluid_memo: dict[tuple, tuple] = {}
-        self.heap: list = []
+        self.heap: list = []  # (key, vector id) of vectors ready to step
+        self.bheap: list = []  # (key, vector id) of blocked vectors
         self._seq = 0
         self.final: list[_Vec] = []
         self.max_vectors = 0
@@ -216,6 +217,7 @@ class VectorRun:
         v.dead = False
         v.skey = None
         v.cand = None
+        v.blocked = False
         v.id = self._seq
         self._seq += 1
         self.vecs[v.id] = v
@@ -271,8 +273,9 @@ class VectorRun:
         v.cand = cand = self._candidates(v)
         key = cand[4]
         v.key = key
+        v.blocked = False
         if key < math.inf:
-            heapq.heappush(self.heap, (key, v.id, v))
+            heapq.heappush(self.heap, (key, v.id))
         elif not v.coll and v.core_phase == C_DONE and not v.pq and v.pcur < 0:
             self._kill(v)
             self.final.append(v)
@@ -336,18 +339,50 @@ class VectorRun:
             self._start_core(v, t0)
         for v in init:
             self._settle(v)
-        while self.heap:
-            key, _, v = heapq.heappop(self.heap)
-            if v.dead or key != v.key:
+        while True:
+            if not self.heap:
+                # Every vector left waits on a rendezvous its bounds could not place: release
+                # them all (the earliest event of the pod is always safe, so this progresses).
+                for _key, vid in self.bheap:
+                    w = self.vecs.get(vid)
+                    if w is not None and w.blocked:
+                        self._push(w)
+                self.bheap = []
+                if not self.heap:
+                    break
+                continue
+            key, vid = heapq.heappop(self.heap)
+            v = self.vecs.get(vid)
+            if v is None or v.blocked or key != v.key:
                 continue
             self.steps += 1
-            self._step(v, key)
+            self._step(v, min(key, self._blocked_min()))
         if self.vecs:
             left = next(iter(self.vecs.values()))
             raise TpusimError(
                 f"internal error: the vector engine stalled with {len(self.vecs)} vectors "
                 f"waiting (core at op {left.core_i}, collectives {sorted(left.coll)[:3]})"
             )
+
+    def _block(self, v: _Vec) -> None:
+        """`v` waits until a rendezvous of one of its collectives resolves (`_wake`)."""
+        v.cand = cand = self._candidates(v)
+        v.key = cand[4]
+        v.blocked = True
+        if v.key < math.inf:
+            heapq.heappush(self.bheap, (v.key, v.id))
+
+    def _blocked_min(self) -> float:
+        """Earliest pending event of a blocked vector (with the ready vectors' earliest, a
+        lower bound of every event still to come)."""
+        h = self.bheap
+        while h:
+            key, vid = h[0]
+            w = self.vecs.get(vid)
+            if w is not None and w.blocked and w.key == key:
+                return key
+            heapq.heappop(h)
+        return math.inf
 
     def _step(self, v: _Vec, T: float) -> None:
         cand, v.cand = v.cand, None
@@ -357,11 +392,15 @@ class VectorRun:
             lb = self._lower_bound(j, ph, g, T)
             safe &= ~mask | (tmin <= lb)
         if not safe.all():
+            # Chips whose next event may come after a rendezvous they wait on wait for it to
+            # resolve; the others go on.
             if not safe.any():
-                raise TpusimError("internal error: the vector engine found no safe chip")
+                v.cand = cand
+                self._block(v)
+                return
             for c, p, _idx in self._split(v, safe.astype(np.int64)):
                 if c == 0:
-                    self._settle(p)
+                    self._block(p)
                 else:
                     self._step(p, T)
             return
