@@ -68,7 +68,9 @@ class CollectiveResult:
     mode: str
     num_steps: int
     sim_events: int
+    latency_s: float = 0.0
     detour: dict[str, Any] | None = None
+    auto_candidates: list[dict[str, Any]] | None = None
     _topology: Topology = field(repr=False)
     _link_bytes: np.ndarray = field(repr=False)
     _link_busy: np.ndarray = field(repr=False)
@@ -95,8 +97,17 @@ class CollectiveResult:
             "mode": self.mode,
             "num_steps": self.num_steps,
             "sim_events": self.sim_events,
+            "latency_s": self.latency_s,
+            "bandwidth_s": self.bandwidth_s,
             "detour": None if self.detour is None else dict(self.detour),
+            "auto_candidates": (None if self.auto_candidates is None
+                                else [dict(c) for c in self.auto_candidates]),
         }
+
+    @property
+    def bandwidth_s(self) -> float:
+        """The time beyond the latency term: bytes draining, contention included."""
+        return max(self.time_s - self.latency_s, 0.0)
 
     @property
     def links(self):
@@ -331,6 +342,7 @@ def _simulate_collective(
             axes=(), nbytes=nbytes, group_size=2, num_groups=1, time_s=env.now,
             net=net, link_bytes=net.bytes, link_busy=net.busy_s, lm=lm,
             hbm=2.0 * nbytes, mode="full", steps=1, timeline=timeline, router=router,
+            latency_s=batch.latency_s,
         )
 
     if isinstance(axes, str):
@@ -384,6 +396,8 @@ def _simulate_collective(
             group_size=geo.group_size, num_groups=geo.num_groups, time_s=env.now, net=net,
             link_bytes=link_bytes, link_busy=link_busy, lm=lm, hbm=hbm, mode="symmetric",
             steps=steps_total, timeline=timeline,
+            latency_s=latency_path_s(schedule, [[b.latency_s for b in s_] for s_ in batches],
+                                     chunks),
         )
 
     if router is not None:
@@ -428,6 +442,8 @@ def _simulate_collective(
         mode="per-chip" if mode == "per-chip" else "full", steps=steps_total,
         timeline=timeline, router=router,
         touched=tuple(g for g in groups if g != rep) if rep is not None else tuple(groups),
+        latency_s=max(latency_path_s(schedule, lats, chunks) for lats in {
+            tuple(tuple(b.latency_s for b in s_) for s_ in batches_of[g]) for g in groups}),
     )
 
 
@@ -553,35 +569,34 @@ def collective_link_loads(
                                 link_busy_s=res._link_busy, result=res)
 
 
-# `auto` is what a TPU does: the fastest of the algorithms XLA uses for these collectives,
-# which is latency-aware for free (bidirectional rings take X/2 hops, split rings X-1, all-pairs
-# one route; below the latency threshold of tpu.md §2 the fewest hops win).
+# `auto` simulates every algorithm that applies to the op and keeps the fastest: the compiler
+# picks by cost, and the latency term (hops x per-hop latency, per step) decides small
+# collectives while the bandwidth term decides large ones. Candidates are in tie-break order
+# (earlier wins a tie); an algorithm that refuses the group (one-axis algorithm on several axes,
+# ring without wraparound, too large to route link by link) is no candidate.
 AUTO_CANDIDATES = {
-    "all-gather": ("multi-axis", "bidi-ring", "split-bidi-ring", "direct"),
-    "reduce-scatter": ("multi-axis", "bidi-ring", "split-bidi-ring", "direct"),
-    "all-reduce": ("multi-axis", "bidi-ring", "split-bidi-ring", "direct"),
+    "all-gather": ("multi-axis", "bidi-ring", "split-bidi-ring", "hierarchical", "direct",
+                   "line", "per-axis-ring", "ring", "halving-doubling"),
+    "all-to-all": ("direct", "bidi-ring", "ring"),
 }
-_AUTO_DIRECT_MAX_GROUP = 64  # all-pairs routes only pay off on small groups
+AUTO_CANDIDATES["reduce-scatter"] = AUTO_CANDIDATES["all-gather"]
+AUTO_CANDIDATES["all-reduce"] = AUTO_CANDIDATES["all-gather"]
 
 
 def _auto_best(**kw) -> CollectiveResult:
     best: CollectiveResult | None = None
     first_error: TpusimError | None = None
+    seen: list[dict[str, Any]] = []
     for cand in AUTO_CANDIDATES[str(kw["op"])]:
         try:
-            if cand == "direct":
-                axes = kw["axes"]
-                if isinstance(axes, str):
-                    axes = tuple(a.strip() for a in axes.split(",") if a.strip())
-                sizes = [a.size if isinstance(a, GroupAxis) else kw["topology"].axis_size(a)
-                         for a in axes]
-                if int(np.prod(sizes)) > _AUTO_DIRECT_MAX_GROUP:
-                    continue
             r = _simulate_collective(algorithm=cand, **kw)
         except TpusimError as exc:
             if first_error is None:
                 first_error = exc
+            seen.append({"algorithm": cand, "time_s": None, "reason": str(exc)})
             continue
+        seen.append({"algorithm": cand, "time_s": r.time_s, "latency_s": r.latency_s,
+                     "bandwidth_s": r.bandwidth_s})
         if best is None or r.time_s < best.time_s * (1 - 1e-12):
             best = r
     if best is None:
@@ -589,7 +604,41 @@ def _auto_best(**kw) -> CollectiveResult:
         raise first_error
     best.algorithm = f"auto ({best.algorithm})"
     best.algorithm_requested = "auto"
+    best.auto_candidates = seen
     return best
+
+
+def latency_path_s(schedule: Schedule, lat: list[list[float]], chunks: int = 1) -> float:
+    """The latency term: how long the schedule takes if links were infinitely fast.
+
+    `lat[s][k]` is step k of stream s's latency (all its repetitions). Chunks and phase barriers
+    follow `_launch`: chunk c starts step k after its step k-1 and chunk c-1's step k; with
+    `sync_phases` a stream's first step of phase p waits until every stream has finished its
+    steps of phases < p (for that chunk). time - latency is the bandwidth term."""
+    streams = schedule.streams
+    num_phases = 1 + max((st.phase for s_ in streams for st in s_), default=0)
+    prev_chunk = [[0.0] * len(s_) for s_ in streams]
+    end = 0.0
+    for _c in range(chunks):
+        fin = [[0.0] * len(s_) for s_ in streams]
+        last = [0.0] * len(streams)  # finish of the stream's latest step so far
+        pos = [0] * len(streams)
+        for p in range(num_phases if schedule.sync_phases else 1):
+            barrier = max(last) if p > 0 else 0.0
+            for si, s_ in enumerate(streams):
+                first = True
+                while pos[si] < len(s_) and (not schedule.sync_phases or s_[pos[si]].phase == p):
+                    k = pos[si]
+                    start = max(last[si], prev_chunk[si][k])
+                    if first and p > 0:
+                        start = max(start, barrier)
+                    first = False
+                    fin[si][k] = start + lat[si][k]
+                    last[si] = fin[si][k]
+                    pos[si] += 1
+        prev_chunk = fin
+        end = max([end, *last])
+    return end
 
 
 def _is_rs(step) -> bool:
@@ -728,7 +777,7 @@ def _replicate_group(topology: Topology, geo: GroupGeometry, groups, rep: int, n
 
 def _result(*, kind, algorithm, requested, chip, topology, axes, nbytes, group_size, num_groups,
             time_s, net, link_bytes, link_busy, lm, hbm, mode, steps, timeline, router=None,
-            touched=None):
+            touched=None, latency_s=0.0):
     cap = lm.capacity_bytes_per_s
     busiest = float(link_bytes.max(initial=0.0))
     per_cap = np.divide(link_bytes, cap, out=np.zeros_like(link_bytes), where=cap > 0)
@@ -747,7 +796,8 @@ def _result(*, kind, algorithm, requested, chip, topology, axes, nbytes, group_s
         topology=topology.name, axes=axes, bytes=int(nbytes), num_chips=topology.num_chips,
         group_size=group_size, num_groups=num_groups, time_s=float(time_s),
         bytes_on_busiest_link=busiest, max_link_utilization=util, hbm_bytes_per_chip=float(hbm),
-        mode=mode, num_steps=steps, sim_events=net.num_events, detour=detour, _topology=topology,
+        mode=mode, num_steps=steps, sim_events=net.num_events, latency_s=float(latency_s),
+        detour=detour, _topology=topology,
         _link_bytes=link_bytes, _link_busy=link_busy, _link_cap=cap,
         _timeline=sorted(timeline, key=lambda r: (r[0], r[3], r[4], r[6])),
         _touched_groups=touched,

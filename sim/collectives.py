@@ -8,8 +8,8 @@ coordinates (the ends of a line). Identical consecutive steps are folded into on
 
 `routing` turns steps into `network.Batch`es, either on link classes (symmetric mode, exact under
 translation symmetry) or on individual links (full detail). The registry names below are part of
-the CLI interface: ring, bidi-ring, split-bidi-ring, line, multi-axis, per-axis-ring, direct,
-auto.
+the CLI interface: ring, bidi-ring, split-bidi-ring, line, multi-axis, per-axis-ring,
+hierarchical, halving-doubling, direct, auto.
 """
 
 from __future__ import annotations
@@ -531,9 +531,38 @@ def _halving_doubling(kind: CollectiveKind, gaxes, v: float, **_) -> Schedule:
                     streams=(tuple(steps),), reduces=kind in _REDUCING)
 
 
+def _fewest_hops_style(g: GroupAxis) -> str:
+    """The single-axis schedule with the fewest steps: a bidirectional ring (X/2 hops) where
+    the axis wraps, a line (X-1) where it does not; over DCN a ring (one NIC per chip)."""
+    if g.is_dcn:
+        return "ring"
+    return "bidi" if g.wraps else "line"
+
+
+def _hierarchical(kind: CollectiveKind, gaxes, v: float, **_) -> Schedule:
+    """One axis after another, each with its fewest-hop schedule (`_fewest_hops_style`).
+
+    Latency-optimal among the per-axis schedules: a pass over axes of X_i chips takes
+    sum(X_i/2) hops on a wrapped torus, as many as direct's longest route, but each link carries
+    only the shards of its own ring. DCN goes first for all-gather (smallest shards) and last
+    for reduce-scatter, as in multi-axis."""
+    if kind not in _GATHERLIKE:
+        raise _not_for("hierarchical", kind, applicable_algorithms(kind))
+    ici = [i for i in _nontrivial(gaxes) if not gaxes[i].is_dcn]
+    dcn = [i for i in _nontrivial(gaxes) if gaxes[i].is_dcn]
+    order = dcn + ici if kind == CollectiveKind.ALL_GATHER else ici + dcn
+    styles = {i: _fewest_hops_style(gaxes[i]) for i in range(len(gaxes))}
+    steps = _phases(kind, gaxes, order, styles, v, "")
+    return Schedule(
+        kind=kind, algorithm="hierarchical", gaxes=gaxes, streams=(tuple(steps),),
+        reduces=kind in _REDUCING,
+    )
+
+
 def _auto(kind: CollectiveKind, gaxes, v: float, **kw) -> Schedule:
-    """What a TPU does: all axes at once (split bidirectional rings, lines where no wrap,
-    DCN hierarchically); all-to-all, permute and send go direct."""
+    """auto as a bare schedule, without simulating: multi-axis for gathers/reductions, direct
+    otherwise. `simulate_collective` resolves `auto` itself: it simulates every applicable
+    candidate and keeps the fastest (`collective_sim.AUTO_CANDIDATES`)."""
     if kind in _GATHERLIKE:
         s = _multi_axis(kind, gaxes, v)
     else:
@@ -578,7 +607,8 @@ def _direct_or_special(kind: CollectiveKind, gaxes, v: float, **kw) -> Schedule:
 
 ALGORITHMS.add("auto", AlgorithmInfo(
     name="auto", build=_auto,
-    description="what a TPU does: multi-axis for gathers/reductions, direct otherwise"))
+    description="the fastest applicable algorithm, latency and bandwidth both simulated "
+                "(collective_sim); as a bare schedule, multi-axis or direct"))
 ALGORITHMS.add("ring", AlgorithmInfo(
     name="ring", build=_single_axis_algo("ring", "ring", need_wrap=False),
     description="unidirectional ring on one axis: (X-1) hops of V/X"))
@@ -597,6 +627,10 @@ ALGORITHMS.add("multi-axis", AlgorithmInfo(
 ALGORITHMS.add("per-axis-ring", AlgorithmInfo(
     name="per-axis-ring", build=_per_axis_ring,
     description="one unidirectional ring per axis, axes in turn (hierarchical simulators)"))
+ALGORITHMS.add("hierarchical", AlgorithmInfo(
+    name="hierarchical", build=_hierarchical,
+    description="one axis after another, each with its fewest-hop ring (bidirectional X/2 "
+                "hops where it wraps, a line where not)"))
 ALGORITHMS.add("halving-doubling", AlgorithmInfo(
     name="halving-doubling", build=_halving_doubling,
     description="recursive halving/doubling: log2(X) steps to partners 2^i away"))
@@ -607,7 +641,7 @@ ALGORITHMS.add("direct", AlgorithmInfo(
 _APPLICABLE = {
     CollectiveKind.ALL_GATHER: [
         "auto", "ring", "bidi-ring", "split-bidi-ring", "line", "multi-axis", "per-axis-ring",
-        "halving-doubling", "direct",
+        "hierarchical", "halving-doubling", "direct",
     ],
     CollectiveKind.ALL_TO_ALL: ["auto", "direct", "ring", "bidi-ring"],
     CollectiveKind.PERMUTE: ["auto", "direct"],

@@ -201,12 +201,43 @@ def test_compare_collectives_text_has_one_row_per_algorithm(capsys):
     assert rc == 0 and err == ""
     lines = out.splitlines()
     assert lines[0].startswith("all-gather over y on 8x4 v5e")
-    body = lines[2:]
-    assert [ln.split()[0] for ln in body] == algorithm_names(CollectiveKind.ALL_GATHER)
+    names = algorithm_names(CollectiveKind.ALL_GATHER)
+    body = [ln[2:] for ln in lines[2:2 + len(names)]]
+    assert [ln.split()[0] for ln in body] == names
     bidi = next(ln for ln in body if ln.startswith("bidi-ring"))
     assert "n/a" in bidi and "wraparound" in bidi
     auto = next(ln for ln in body if ln.startswith("auto"))
     assert "562.24 us" in auto and "1.00x" in auto
+    # Exactly one row is marked as auto's pick: multi-axis, which on one axis without
+    # wraparound is the line (tied with line and hierarchical; the first candidate wins ties).
+    marked = [ln for ln in lines[2:2 + len(names)] if ln.startswith("* ")]
+    assert [ln.split()[1] for ln in marked] == ["multi-axis"]
+
+
+def test_compare_collectives_shows_why_auto_picks_over_several_axes(capsys):
+    """The issue's case: a 64 KiB all-reduce over x,y on a 16x16 v5e is latency bound. auto
+    once took multi-axis (4 phases x 15 hops = 60 us of latency) though direct is faster; it
+    now takes the fastest candidate, and every row splits its time into the latency term
+    (hops x 1 us along the critical path) and the rest."""
+    d = _json(capsys, "compare-collectives", "--chip", "v5e", "--shape", "16x16", "--op",
+              "all-reduce", "--axes", "x,y", "--bytes", "64KiB")
+    ok = {r["algorithm_requested"]: r for r in d["results"] if r["applicable"]}
+    assert ok["auto"]["time_s"] == min(r["time_s"] for r in ok.values())
+    assert ok["auto"]["time_s"] < ok["direct"]["time_s"] < ok["multi-axis"]["time_s"]
+    assert d["auto_pick"] == ok["auto"]["algorithm"][len("auto ("):-1]
+    assert [n for n, r in ok.items() if r["auto_pick"]] == [d["auto_pick"]]
+    L = 1e-6
+    # multi-axis: RS x, RS y, AG y, AG x, each a split ring of 15 hops; hierarchical: the same
+    # with bidirectional rings of 8 hops; direct: two steps over routes of 8 + 8 hops.
+    assert ok["multi-axis"]["latency_s"] == pytest.approx(60 * L, rel=1e-9)
+    assert ok["hierarchical"]["latency_s"] == pytest.approx(32 * L, rel=1e-9)
+    assert ok["direct"]["latency_s"] == pytest.approx(32 * L, rel=1e-9)
+    for r in ok.values():
+        assert r["latency_s"] + r["bandwidth_s"] == pytest.approx(r["time_s"], rel=1e-12)
+        assert r["bandwidth_s"] > 0
+    cands = {c["algorithm"]: c for c in ok["auto"]["auto_candidates"]}
+    assert cands["direct"]["time_s"] == ok["direct"]["time_s"]
+    assert cands["ring"]["time_s"] is None and "one axis" in cands["ring"]["reason"]
 
 
 def test_compare_collectives_with_no_applicable_algorithm_is_an_error(capsys):

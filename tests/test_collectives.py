@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.collective_sim import simulate_collective
+from sim.collective_sim import AUTO_CANDIDATES, simulate_collective
 from sim.collectives import CollectiveKind, algorithm_names
 from sim.hardware import get_chip
 from topologies.errors import TpusimError
@@ -63,6 +63,8 @@ def single_axis_time(op: str, alg: str, n: int, wraps: bool, v: float, w1: float
             alg = "split-bidi-ring" if wraps else "line"
         if alg == "per-axis-ring":
             alg = "ring"
+        if alg == "hierarchical":
+            alg = "bidi-ring" if wraps else "line"
         shard = v / n
         if alg == "ring":  # without wraparound the closing message walks back n-1 hops
             t = (n - 1) * ((1 if wraps else n - 1) * L + shard / w1)
@@ -145,6 +147,39 @@ def per_axis_ring_time(op: str, axes: Sequence[tuple[int, bool]], v: float, w1: 
     return rs() + ag(list(reversed(axes)))
 
 
+def hierarchical_time(op: str, axes: Sequence[tuple[int, bool]], v: float, w1: float) -> float:
+    """The axes in x, y, z order, each with its fewest-hop ring: bidirectional (every shard both
+    ways, n/2 hops; the reduce-scatter's last hop sends half the antipode's partial each way)
+    where it wraps, a line (n-1 hops) where not."""
+    axes = [(n, w) for n, w in axes if n > 1]
+    total = math.prod(n for n, _ in axes)
+
+    def rs() -> float:
+        t, buf = 0.0, v
+        for n, w in axes:
+            buf /= n
+            if not w:
+                t += (n - 1) * (L + buf / w1)
+            elif n % 2:
+                t += (n // 2) * (L + buf / w1)
+            else:
+                t += (n // 2) * L + (n // 2 - 0.5) * buf / w1
+        return t
+
+    def ag(order) -> float:
+        t, shard = 0.0, v / total
+        for n, w in order:
+            t += (n // 2 if w else n - 1) * (L + shard / w1)
+            shard *= n
+        return t
+
+    if op == "all-gather":
+        return ag(axes)
+    if op == "reduce-scatter":
+        return rs()
+    return rs() + ag(list(reversed(axes)))
+
+
 def direct_wrapped_time(op: str, sizes: Sequence[int], v: float, w1: float) -> float:
     """Every pair at once over its dimension-order route on a fully wrapped torus: the step
     drains at the pace of its busiest link class, after the longest route's latency."""
@@ -158,21 +193,16 @@ def direct_wrapped_time(op: str, sizes: Sequence[int], v: float, w1: float) -> f
     return 2 * t if op == "all-reduce" else t
 
 
-AUTO_CANDIDATES = ("multi-axis", "bidi-ring", "split-bidi-ring", "direct")
-
-
 def oracle(op: str, alg: str, axes: Sequence[tuple[int, bool]], v: float, w1: float):
     """The closed-form time of a collective where one is known, else None."""
     nt = [(n, w) for n, w in axes if n > 1]
     if op == "send" or not nt:
         return None
-    if alg == "auto" and op in GATHERLIKE:
-        # auto = the fastest applicable candidate (direct only on groups of <= 64 chips).
+    if alg == "auto" and op in AUTO_CANDIDATES:
+        # auto = the fastest applicable candidate.
         times = []
-        for cand in AUTO_CANDIDATES:
+        for cand in AUTO_CANDIDATES[op]:
             if expected_error(op, cand, axes) is not None:
-                continue
-            if cand == "direct" and math.prod(n for n, _ in nt) > 64:
                 continue
             t = oracle(op, cand, axes, v, w1)
             if t is None:
@@ -185,6 +215,8 @@ def oracle(op: str, alg: str, axes: Sequence[tuple[int, bool]], v: float, w1: fl
     if op in GATHERLIKE:
         if alg == "per-axis-ring":
             return per_axis_ring_time(op, nt, v, w1)
+        if alg == "hierarchical":
+            return hierarchical_time(op, nt, v, w1)
         if (alg in ("auto", "multi-axis") and len({n for n, _ in nt}) == 1
                 and len({w for _, w in nt}) == 1):
             return multi_axis_equal_time(op, nt[0][0], len(nt), nt[0][1], v, w1)
@@ -979,6 +1011,44 @@ def test_full_v4_pod_all_gather_along_x_is_a_split_bidirectional_ring():
     assert textbook * 15 / 16 <= r.time_s - 15 * L <= textbook
     assert r.group_size == 16 and r.num_groups == 256
 
+
+
+AUTO_GRID_PODS = [  # (chip, shape, --wraparound, axes)
+    ("v5e", "4x4", "all", "x,y"), ("v5e", "4x4", "none", "x,y"), ("v5e", "4x4", "all", "x,dcn"),
+    ("v5p", "4x4x4", "auto", "x,y,z"), ("v5p", "2x4x4", "all", "x,z"),
+]
+
+
+@pytest.mark.parametrize("chip_name, shape, wrap, axes", AUTO_GRID_PODS)
+def test_auto_time_is_the_minimum_over_every_applicable_algorithm(chip_name, shape, wrap, axes):
+    """For every op auto picks from and sizes from 1 KiB (latency bound) to 1 GiB (bandwidth
+    bound), auto's time is the minimum over all algorithms that apply, each simulated on its
+    own; small sizes pick a few-step algorithm, large ones a bandwidth-optimal one."""
+    slices = 2 if "dcn" in axes else 1
+    topology = _topo(chip_name, shape, wrap, slices)
+    picks = {}
+    for op in AUTO_CANDIDATES:
+        names = [a for a in algorithm_names(CollectiveKind(op)) if a != "auto"]
+        assert set(names) == set(AUTO_CANDIDATES[op])  # every algorithm is a candidate
+        for nbytes in (1 << 10, 1 << 20, 1 << 30):
+            times = {}
+            for alg in names:
+                try:
+                    times[alg] = _sim(chip_name, topology, op=op, axes=axes, nbytes=nbytes,
+                                      algorithm=alg).time_s
+                except TpusimError:
+                    continue
+            auto = _sim(chip_name, topology, op=op, axes=axes, nbytes=nbytes)
+            assert auto.time_s == min(times.values()), (op, nbytes, times, auto.algorithm)
+            picked = auto.algorithm[len("auto ("):-1]
+            assert times[picked] == auto.time_s
+            assert auto.latency_s <= auto.time_s
+            picks[op, nbytes] = picked
+    # On wrapped axes, the bandwidth-optimal pick for big all-reduces, a fewer-hop one (X/2
+    # hops per axis, not multi-axis's X-1) for tiny ones. (On lines every algorithm takes X-1.)
+    if "," in axes and "dcn" not in axes and wrap != "none":
+        assert picks["all-reduce", 1 << 30] == "multi-axis"
+        assert picks["all-reduce", 1 << 10] != "multi-axis"
 
 
 @pytest.mark.parametrize("nbytes", [16 * 1024, 1 << 20, 64 << 20])

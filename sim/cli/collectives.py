@@ -35,7 +35,7 @@ def _add_collective_args(p: argparse.ArgumentParser, *, with_algorithm: bool) ->
     if with_algorithm:
         p.add_argument("--algorithm", default="auto",
                        help="auto (default), ring, bidi-ring, split-bidi-ring, line, multi-axis, "
-                            "per-axis-ring, halving-doubling, direct")
+                            "per-axis-ring, hierarchical, halving-doubling, direct")
     p.add_argument("--src", help="send: source chip coordinates, e.g. 0,0")
     p.add_argument("--dst", help="send: destination chip coordinates, e.g. 3,3")
     p.add_argument("--shift", type=int_flag("--shift", lo=-MAX_CHIPS, hi=MAX_CHIPS), default=1,
@@ -168,10 +168,14 @@ def run_compare(args: argparse.Namespace):
             f"no algorithm applies to {args.op} here: {rows[0]['reason']}"
         )
     best = min(r["time_s"] for r in ok)
+    auto = next((r for r in ok if r["algorithm_requested"] == "auto"), None)
+    pick = auto["algorithm"][len("auto ("):-1] if auto and auto["algorithm"].startswith(
+        "auto (") else None
     for r in ok:
         r["vs_best"] = r["time_s"] / best if best > 0 else 1.0
+        r["auto_pick"] = r["algorithm_requested"] == pick
     summary = {"op": args.op, "axes": args.axes, "bytes": parse_bytes(args.nbytes),
-               "results": rows}
+               "auto_pick": pick, "results": rows}
     return Run(command="compare-collectives", summary=summary,
                inputs=base_inputs(args, *pod), result=results)
 
@@ -217,17 +221,23 @@ def cmd_compare(args: argparse.Namespace) -> int:
         f"{args.op} over {args.axes or '-'} on {first['topology']} {first['chip']}, "
         f"V = {first['bytes']:,} B"
     )
-    print(f"{'algorithm':<16} {'time':>12} {'vs best':>8} {'busiest link':>14} {'util':>6} "
-          f"{'steps':>6}  mode")
+    print(f"  {'algorithm':<20} {'time':>10} {'latency':>10} {'bandwidth':>10} {'vs best':>8} "
+          f"{'busiest link':>13} {'util':>5} {'steps':>5}  mode")
     for r in rows:
         if not r["applicable"]:
-            print(f"{r['algorithm']:<16} {'n/a':>12}  {r['reason']}")
+            print(f"  {r['algorithm']:<20} {'n/a':>10}  {r['reason']}")
             continue
+        mark = "*" if r.get("auto_pick") else " "
         print(
-            f"{_algo_label(r):<16} {fmt_time(r['time_s']):>12} {r['vs_best']:>7.2f}x "
-            f"{fmt_bytes(r['bytes_on_busiest_link']):>14} {r['max_link_utilization']:>6.0%} "
-            f"{r['num_steps']:>6}  {r['mode']}"
+            f"{mark} {_algo_label(r):<20} {fmt_time(r['time_s']):>10} "
+            f"{fmt_time(r['latency_s']):>10} {fmt_time(r['bandwidth_s']):>10} "
+            f"{r['vs_best']:>7.2f}x {fmt_bytes(r['bytes_on_busiest_link']):>13} "
+            f"{r['max_link_utilization']:>5.0%} {r['num_steps']:>5}  {r['mode']}"
         )
+    if run.summary["auto_pick"]:
+        print("latency = the time with infinitely fast links (hops x per-hop latency, step after "
+              "step);\nbandwidth = the rest (bytes draining, contention); * = auto's pick, the "
+              "fastest that applies")
     return 0
 
 
