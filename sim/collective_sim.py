@@ -36,6 +36,7 @@ from topologies.groups import (
     GroupAxis,
     GroupGeometry,
     group_axes,
+    route_latency_s,
 )
 from topologies.scenario import Scenario, parse_slow_link
 from topologies.torus import AXIS_NAMES, DCN_AXIS, Topology
@@ -587,7 +588,17 @@ def _auto_best(**kw) -> CollectiveResult:
     best: CollectiveResult | None = None
     first_error: TpusimError | None = None
     seen: list[dict[str, Any]] = []
+    bound = _bound_context(kw)
     for cand in AUTO_CANDIDATES[str(kw["op"])]:
+        if best is not None and bound is not None:
+            # A candidate whose lower bound is no better than the best so far cannot win
+            # (ties go to the earlier candidate): skip its simulation.
+            lb = _candidate_lower_bound(cand, kw, bound)
+            if lb is not None and lb >= best.time_s * (1 - 1e-12):
+                seen.append({"algorithm": cand, "time_s": None, "lower_bound_s": lb,
+                             "reason": "not simulated: its lower bound is no better than "
+                                       "the best candidate's time"})
+                continue
         try:
             r = _simulate_collective(algorithm=cand, **kw)
         except TpusimError as exc:
@@ -606,6 +617,91 @@ def _auto_best(**kw) -> CollectiveResult:
     best.algorithm_requested = "auto"
     best.auto_candidates = seen
     return best
+
+
+def _bound_context(kw) -> tuple | None:
+    """(kind, group axes, ICI links per physical axis, fastest ICI link, num groups) for
+    `_candidate_lower_bound`, or None when no bound is used (chunks overlap steps)."""
+    if kw.get("chunks", 1) != 1:
+        return None
+    try:
+        topology = kw["topology"]
+        kind = CollectiveKind(kw["op"])
+        axes = kw["axes"]
+        if isinstance(axes, str):
+            axes = tuple(a.strip() for a in axes.split(",") if a.strip())
+        if axes and all(isinstance(a, GroupAxis) for a in axes):
+            gaxes = tuple(axes)
+        else:
+            gaxes = group_axes(topology, tuple(axes))
+        geo = GroupGeometry(topology, gaxes)
+        slow = _slow_links(topology, kw.get("slow_links", ()), kw.get("scenario"))
+    except (TpusimError, ValueError):
+        return None
+    chip = kw["chip"]
+    fastest = chip.ici_link_bytes_per_s * chip.ici_efficiency * max([1.0, *slow.values()])
+    per = 2 * topology.ndim
+    mask = topology.link_mask().reshape(-1, per)
+    links = {i: int(mask[:, 2 * i:2 * i + 2].sum()) for i in range(topology.ndim)}
+    return kind, gaxes, links, fastest, geo.num_groups
+
+
+def _candidate_lower_bound(cand: str, kw, ctx) -> float | None:
+    """A time the candidate cannot beat, from its schedule alone (no routing, no simulation).
+
+    Every stream runs its steps one after another, and a step lasts at least its latency plus
+    the time to drain the bytes it puts on the links of each physical axis spread evenly over
+    all of them (at the fastest link's rate): the busiest link carries at least the average.
+    Dead and slow links only make the true time longer."""
+    kind, gaxes, links, fastest, num_groups = ctx
+    try:
+        schedule = build_schedule(kind, gaxes, float(kw["nbytes"]), cand,
+                                  shift=kw.get("shift", 1))
+    except (TpusimError, ValueError, TypeError):
+        return None
+    chip = kw["chip"]
+    best = 0.0
+    for stream in schedule.streams:
+        t = 0.0
+        for st in stream:
+            lat = 0.0
+            axis_bytes: dict[int, float] = {}
+            for m in st.moves:
+                n_src = _num_sources(m, gaxes)
+                if m.bytes <= 0 or n_src == 0 or not any(m.offset):
+                    continue
+                lat = max(lat, route_latency_s(gaxes, m.offset, chip.ici_hop_latency_s,
+                                               chip.dcn_latency_s))
+                for g, o in zip(gaxes, m.offset, strict=True):
+                    if o and not g.is_dcn:
+                        axis_bytes[g.index] = (axis_bytes.get(g.index, 0.0)
+                                               + m.bytes * n_src * abs(o) * g.stride)
+            drain = max((b * num_groups / (links[a] * fastest)
+                         for a, b in axis_bytes.items() if links[a]), default=0.0)
+            t += st.repeat * (lat + drain)
+        best = max(best, t)
+    return best
+
+
+def _num_sources(m, gaxes) -> int:
+    """How many chips of a group perform move `m` (its source range, bit condition and, on
+    axes without wraparound, a destination that stays on the line)."""
+    n = 1
+    for i, (g, o) in enumerate(zip(gaxes, m.offset, strict=True)):
+        lo, hi = 0, g.size - 1
+        if m.src_lo is not None:
+            lo, hi = max(lo, m.src_lo[i]), min(hi, m.src_hi[i])
+        if o and not g.wraps:
+            lo, hi = max(lo, -o), min(hi, g.size - 1 - o)
+        if hi < lo:
+            return 0
+        if m.src_bit is not None and m.src_bit[0] == i:
+            _axis, bit, value = m.src_bit
+            count = sum(1 for x in range(lo, hi + 1) if (x >> bit) & 1 == value)
+        else:
+            count = hi - lo + 1
+        n *= count
+    return n
 
 
 def latency_path_s(schedule: Schedule, lat: list[list[float]], chunks: int = 1) -> float:

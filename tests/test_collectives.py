@@ -18,7 +18,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.collective_sim import AUTO_CANDIDATES, simulate_collective
+from sim.collective_sim import (
+    AUTO_CANDIDATES,
+    _bound_context,
+    _candidate_lower_bound,
+    simulate_collective,
+)
 from sim.collectives import CollectiveKind, algorithm_names
 from sim.hardware import get_chip
 from topologies.errors import TpusimError
@@ -1040,6 +1045,13 @@ def test_auto_time_is_the_minimum_over_every_applicable_algorithm(chip_name, sha
                     continue
             auto = _sim(chip_name, topology, op=op, axes=axes, nbytes=nbytes)
             assert auto.time_s == min(times.values()), (op, nbytes, times, auto.algorithm)
+            # auto skips simulating a candidate whose lower bound cannot beat the best so far:
+            # the bound must hold for every algorithm.
+            kw = {"chip": get_chip(chip_name), "topology": topology, "op": op, "axes": axes,
+                  "nbytes": nbytes}
+            ctx = _bound_context(kw)
+            for alg, t in times.items():
+                assert _candidate_lower_bound(alg, kw, ctx) <= t * (1 + 1e-12), (alg, op)
             picked = auto.algorithm[len("auto ("):-1]
             assert times[picked] == auto.time_s
             assert auto.latency_s <= auto.time_s
