@@ -449,6 +449,126 @@ def test_pftrace_for_several_chips_has_a_process_each_and_flows_between_group_ne
     assert len(starts) <= 4 * n_coll
 
 
+def _train_pod(tiny_yaml: Path, out: Path, shape: str, mesh: str, *extra: str) -> list[str]:
+    return ["train", "--chip", "v5e", "--shape", shape, "--model", str(tiny_yaml),
+            "--seq-len", "128", "--batch-per-chip", "1", "--mesh", mesh, "--quiet",
+            "--perfetto", str(out), *extra]
+
+
+@pytest.mark.parametrize("shape, mesh, chips", [
+    ("4x4", "fsdp=8,tensor=2", "all"),  # a process per chip
+    ("8x16", "fsdp=128", "0-79,100,127"),  # over 64 chips: chips as track groups under hosts
+])
+def test_streamed_multi_chip_trace_decodes_with_every_chip_its_tracks_and_flows(
+        tiny_yaml, tmp_path, capsys, shape, mesh, chips):
+    """The streamed writer encodes a chip class's timeline once and re-stamps track uuids,
+    sequence ids and flow ids per chip: decode the file and check that every chip of
+    --trace-chips has its process (or chip track group), the same tracks and slices as every
+    other, flows that pair up between group neighbours, and that a rerun is byte-identical."""
+    from sim.export.perfetto import MAX_CHIP_PROCESSES, parse_chip_list
+
+    out = tmp_path / "s.pftrace"
+    rc = main(_train_pod(tiny_yaml, out, shape, mesh, "--trace-chips", chips))
+    assert rc == 0, capsys.readouterr().err
+    data = out.read_bytes()
+    pf = _parse_pftrace(out)
+    num_chips = int(shape.split("x")[0]) * int(shape.split("x")[1])
+    want = parse_chip_list(chips, num_chips)
+    tds = {p.track_descriptor.uuid: p.track_descriptor for p in pf.packet
+           if p.HasField("track_descriptor")}
+    chip_tracks = {u: td for u, td in tds.items()
+                   if (td.process.process_name if td.HasField("process") else td.name)
+                   .startswith("chip ")}
+    names = {u: (td.process.process_name if td.HasField("process") else td.name)
+             for u, td in chip_tracks.items()}
+    shown = sorted(int(n.split()[1]) for n in names.values())
+    assert shown == want  # every chip has its process or group, once
+    hosts = [td for td in tds.values() if td.HasField("process")
+             and td.process.process_name.startswith("host ")]
+    if len(want) > MAX_CHIP_PROCESSES:
+        assert {td.parent_uuid for td in chip_tracks.values()} == {h.uuid for h in hosts}
+        assert len(hosts) == len({c // 8 for c in want})
+    else:
+        assert not hosts and all(td.HasField("process") for td in chip_tracks.values())
+        assert len({td.process.pid for td in chip_tracks.values()}) == len(want)
+    # The same child tracks and the same number of slices under every chip.
+    children: dict[int, list[str]] = defaultdict(list)
+    for td in tds.values():
+        if td.HasField("parent_uuid") and td.parent_uuid in chip_tracks:
+            children[td.parent_uuid].append(td.name)
+    assert len({tuple(sorted(v)) for v in children.values()}) == 1
+    parent = {u: td.parent_uuid for u, td in tds.items() if td.HasField("parent_uuid")}
+    begins: dict[int, int] = defaultdict(int)
+    starts: dict[int, list[int]] = defaultdict(list)
+    ends: dict[int, list[int]] = defaultdict(list)
+    seq_first: dict[int, bool] = {}
+    for p in pf.packet:
+        seq = p.trusted_packet_sequence_id
+        if seq not in seq_first:  # every sequence starts by clearing incremental state
+            seq_first[seq] = bool(p.sequence_flags & TracePacket.SEQ_INCREMENTAL_STATE_CLEARED)
+        if p.HasField("track_event") and p.track_event.type == TrackEvent.TYPE_SLICE_BEGIN:
+            proc = parent[p.track_event.track_uuid]
+            begins[proc] += 1
+            for f in p.track_event.flow_ids:
+                starts[f].append(proc)
+            for f in p.track_event.terminating_flow_ids:
+                ends[f].append(proc)
+    assert all(seq_first.values())
+    assert len(set(begins.values())) == 1 and set(begins) == set(chip_tracks)
+    # Flows: every id starts once and ends once, on two different chips.
+    assert starts and set(starts) == set(ends)
+    assert all(len(v) == 1 for v in starts.values()) and all(len(v) == 1 for v in ends.values())
+    assert all(starts[f] != ends[f] for f in starts)
+    # Decoded with the same checks as a one-chip trace: tracks declared before use, slices
+    # nest, counters on counter tracks.
+    packets = list(pf.packet)
+    assert sum(p.HasField("track_event") for p in packets) > len(want) * 10
+    rc = main(_train_pod(tiny_yaml, out, shape, mesh, "--trace-chips", chips))
+    assert rc == 0 and out.read_bytes() == data  # byte-identical rerun
+
+
+def test_streamed_chrome_json_has_a_process_per_chip(tiny_yaml, tmp_path, capsys):
+    out = tmp_path / "s.json"
+    rc = main(_train_pod(tiny_yaml, out, "4x4", "fsdp=16", "--trace-chips", "all"))
+    assert rc == 0, capsys.readouterr().err
+    doc = json.loads(out.read_text())
+    procs = {e["pid"]: e["args"]["name"] for e in doc["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "process_name"}
+    assert sorted(int(n.split()[1]) for n in procs.values()) == list(range(16))
+    per_pid: dict[int, int] = defaultdict(int)
+    for e in doc["traceEvents"]:
+        if e["ph"] == "X":
+            per_pid[e["pid"]] += 1
+    assert set(per_pid) == set(procs) and len(set(per_pid.values())) == 1
+
+
+def test_large_trace_warns_with_its_size_and_over_the_cap_is_refused_before_any_output(
+        tiny_yaml, tmp_path, capsys, monkeypatch):
+    import sim.export.perfetto as pft
+
+    argv = _train_pod(tiny_yaml, tmp_path / "t.pftrace", "4x4", "fsdp=16", "--trace-chips",
+                      "all", "--out", str(tmp_path / "d"))
+    monkeypatch.setattr(pft, "WARN_TRACE_BYTES", 1000)
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    assert rc == 0
+    size = (tmp_path / "t.pftrace").stat().st_size
+    assert err.count("\n") == 1 and err.startswith("tpusim: warning: the Perfetto trace of 16 "
+                                                   "chip(s) will take about ")
+    mb = float(err.split("about ")[1].split(" MB")[0].replace(",", ""))
+    assert mb == pytest.approx(size / 1e6, rel=0.05, abs=0.01)  # the estimate is close
+    (tmp_path / "t.pftrace").unlink()
+    import shutil
+
+    shutil.rmtree(tmp_path / "d")
+    monkeypatch.setattr(pft, "MAX_TRACE_BYTES", 1000)
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    assert rc == 2 and err.count("\n") == 1
+    assert "cap" in err and "narrow --trace-chips" in err
+    assert not (tmp_path / "t.pftrace").exists() and not (tmp_path / "d").exists()
+
+
 def test_trace_chips_outside_the_pod_is_a_one_line_error(tiny_yaml, tmp_path, capsys):
     rc = main(_train(tiny_yaml, tmp_path, "fsdp=2,tensor=2", "--trace-chips", "0-9"))
     err = capsys.readouterr().err

@@ -92,19 +92,19 @@ def cmd_collective(args: argparse.Namespace) -> int:
     check_outputs(args)
     run = run_collective(args)
     res = run.result
+    plan = None
     if args.perfetto:
-        from sim.export.perfetto import check_span
+        from sim.export.perfetto import plan_collective_trace
 
-        check_span(res.time_s, "the collective")  # before the first byte of any output
+        plan = plan_collective_trace([res], args.perfetto)  # before the first byte of output
+        plan.check_size()
     _warn_if_over_hbm(args, res)
     if args.out:
         from sim.export.output import write_tables
 
         write_tables(args.out, {"links": res.links, "timeline": res.timeline}, run.to_dict())
-    if args.perfetto:
-        from sim.export.perfetto import export_collective
-
-        export_collective(res, args.perfetto)
+    if plan is not None:
+        plan.write()
     if args.plots:
         from sim.export.plots import plot_collective
 
@@ -210,9 +210,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     rows, results = run.summary["results"], run.result
     ok = [r for r in rows if r["applicable"]]
     if args.perfetto:
-        from sim.export.perfetto import export_collectives
+        from sim.export.perfetto import plan_collective_trace
 
-        export_collectives(results, args.perfetto)
+        plan = plan_collective_trace(results, args.perfetto)
+        plan.check_size()
+        plan.write()
     if args.json:
         emit_json(run.to_dict())
         return 0

@@ -179,13 +179,20 @@ check_outputs = cli.check_outputs  # re-exported: other command families import 
 def _write_outputs(args, result, summary) -> list[str]:
     """Write --out, --perfetto and --plots (already validated); returns `wrote ...` lines."""
     notes = []
+    plan = None
     if getattr(args, "perfetto", None):
-        from sim.export.perfetto import check_span
+        from sim.export.perfetto import plan_step_trace
 
-        # Everything the trace needs is checked before the first byte of any output.
-        check_span(result.step_time_s)
+        # Everything the trace needs is checked before the first byte of any output: the
+        # chip list, the span, and the size (a warning above WARN_TRACE_BYTES, an error over
+        # MAX_TRACE_BYTES); the timelines are encoded here and streamed out below.
         if getattr(args, "chip_list", None) is None:
             cli.check_trace_chips(args, result.num_chips)
+        # Parsed and range-checked before anything was simulated or written (check_trace_chips);
+        # None = the default (chip 0, or one process per chip class).
+        chips = args.chip_list if getattr(args, "trace_chips", None) else None
+        plan = plan_step_trace(result, args.perfetto, chips=chips)
+        plan.check_size()
     if getattr(args, "out", None):
         from sim.export.output import write_tables
 
@@ -195,13 +202,8 @@ def _write_outputs(args, result, summary) -> list[str]:
             tables["chips"] = result.chips
         write_tables(args.out, tables, summary)
         notes.append(f"wrote tables and summary.json into {cli.show_path(args.out)}/")
-    if getattr(args, "perfetto", None):
-        from sim.export.perfetto import export_step
-
-        # Parsed and range-checked before anything was simulated or written (check_trace_chips);
-        # None = the default (chip 0, or one process per chip class).
-        chips = args.chip_list if getattr(args, "trace_chips", None) else None
-        export_step(result, args.perfetto, chips=chips)
+    if plan is not None:
+        plan.write()
         shown = f"{len(chips)} chip(s)" if chips else "the default chips"
         notes.append(f"wrote Perfetto trace {cli.show_path(args.perfetto)} ({shown}; open it at "
                      f"ui.perfetto.dev)")

@@ -29,13 +29,15 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sim.export.output import atomic_write
+from sim.export.pftrace import PftraceWriter, encode_tracks
 from topologies.errors import TpusimError
 from topologies.validate import short_repr
 
-_NS = 1e9
 MAX_CHIP_PROCESSES = 64
 
 
@@ -104,24 +106,35 @@ class _Chip:
 
 def _step_tracks(result) -> tuple[dict[str, list[tuple]], dict[str, list[tuple[float, float]]]]:
     """The representative chip's tracks and counters (shared by every exported chip)."""
-    ops = result.ops
+    from sim.engine import OP_COLUMNS
+
+    # The raw rows of `result.ops` (no DataFrame: pandas costs seconds to import).
+    col = {c: i for i, c in enumerate(OP_COLUMNS)}
+    i_op, i_name, i_kind, i_unit, i_bound = (col[c] for c in ("op_id", "name", "kind", "unit",
+                                                                "bound"))
+    i_layer, i_phase, i_start, i_end = (col[c] for c in ("layer", "phase", "start_s", "end_s"))
+    i_flops, i_bytes, i_coll, i_axes = (col[c] for c in ("flops", "bytes", "collective",
+                                                          "mesh_axes"))
     tracks: dict[str, list[tuple]] = {}
     coll = []
-    for r in ops.itertuples(index=False):
-        if r.end_s <= r.start_s:
+    for r in result._ops:
+        start, end = float(r[i_start]), float(r[i_end])
+        if end <= start:
             continue
-        args = {"op_id": int(r.op_id), "layer": int(r.layer), "phase": r.phase,
-                "bound": r.bound, "flops": float(r.flops), "bytes": float(r.bytes)}
-        row = (float(r.start_s), float(r.end_s), r.name, args, int(r.op_id))
-        if r.kind == "compute":
-            tracks.setdefault(r.unit.upper(), []).append(row)
-        elif r.kind == "collective":
-            args.update(collective=r.collective, mesh_axes=r.mesh_axes,
-                        algorithm=result._coll_algorithm.get(int(r.op_id), ""))
-            classes = result._coll_classes.get(int(r.op_id), {})
+        op_id = int(r[i_op])
+        args = {"op_id": op_id, "layer": int(r[i_layer]), "phase": r[i_phase],
+                "bound": r[i_bound], "flops": float(r[i_flops]), "bytes": float(r[i_bytes])}
+        row = (start, end, r[i_name], args, op_id)
+        kind = r[i_kind]
+        if kind == "compute":
+            tracks.setdefault(r[i_unit].upper(), []).append(row)
+        elif kind == "collective":
+            args.update(collective=r[i_coll], mesh_axes=r[i_axes],
+                        algorithm=result._coll_algorithm.get(op_id, ""))
+            classes = result._coll_classes.get(op_id, {})
             args["link_classes"] = ",".join(classes)
             coll.append(row)
-        elif r.kind == "host":
+        elif kind == "host":
             tracks.setdefault("PCIe", []).append(row)
         else:
             tracks.setdefault("idle", []).append(row)
@@ -140,10 +153,10 @@ def _step_tracks(result) -> tuple[dict[str, list[tuple]], dict[str, list[tuple[f
         for lane, row in zip(_lanes(rows), rows, strict=True):
             tracks.setdefault(f"ICI {cls} link {lane}", []).append(row)
         counters[f"ICI {cls} utilization"] = _utilization(rows, result._class_capacity[cls])
-    counters["HBM occupancy (bytes)"] = [
-        (float(t), float(b)) for t, b in zip(result.memory.time_s, result.memory.hbm_bytes,
-                                             strict=True)
-    ]
+    from sim.engine import MEMORY_COLUMNS
+
+    i_t, i_b = MEMORY_COLUMNS.index("time_s"), MEMORY_COLUMNS.index("hbm_bytes")
+    counters["HBM occupancy (bytes)"] = [(float(m[i_t]), float(m[i_b])) for m in result._memory]
     return tracks, counters
 
 
@@ -190,79 +203,260 @@ def check_span(seconds: float, what: str = "the step") -> None:
         )
 
 
-def export_step(result, path: str | Path, *, chips: list[int] | None = None) -> Path:
-    """Write a replayed step as a Perfetto trace (`.pftrace`) or Chrome JSON (`.json`).
+# Above this estimate a trace gets a one-line warning; above the cap it is refused before any
+# output is written (the file would be too big for the Perfetto UI, which loads the whole trace
+# into the browser's memory, and slow to write).
+WARN_TRACE_BYTES = 256 << 20
+MAX_TRACE_BYTES = 4 << 30
 
-    With several chip classes (per-chip engine), one process per class (its representative,
-    named with the chips it stands for; at most `MAX_CHIP_PROCESSES` classes, the slowest
-    first) plus every chip in `chips`, each with its own class's timeline.
+
+def _mb(nbytes: float) -> str:
+    return f"{nbytes / 1e6:,.1f} MB" if nbytes < 1e10 else f"{nbytes / 1e9:,.1f} GB"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Proc:
+    """One chip's process (or track group, under its host process when `host` is set)."""
+
+    chip: int
+    name: str
+    key: Any  # which encoded timeline it shows
+    host: int | None = None
+
+
+class TracePlan:
+    """A trace ready to stream: the processes, each timeline encoded once, and the file size.
+
+    Built by `plan_step_trace` / `plan_collective_trace` (which check the span and the size
+    before anything is written); `write()` streams it to the path (atomically, as `--out`
+    does). The encoded timelines are the only large thing held in memory: one per chip class
+    and flow pattern, however many chips show it.
+    """
+
+    def __init__(self, path: Path, procs: list[_Proc], encode, *, flows=None,
+                 what: str = "the trace") -> None:
+        self.path = path
+        self.procs = procs
+        self.json = path.suffix.lower() == ".json"
+        self._flows = flows  # proc -> (flow-out ids, flow-in ids) by op id; .pftrace only
+        self._templates: dict[Any, Any] = {}
+        self._encode = encode
+        for p in procs:
+            if p.key not in self._templates:
+                self._templates[p.key] = encode(p.key, self.json)
+        per_proc = 64 + max((len(p.name) for p in procs), default=0)
+        if self.json:
+            self.estimated_bytes = sum(len(self._templates[p.key]) + per_proc for p in procs)
+        else:
+            self.estimated_bytes = sum(self._templates[p.key].nbytes + per_proc for p in procs)
+        self.what = what
+
+    @property
+    def num_processes(self) -> int:
+        return len(self.procs)
+
+    def check_size(self, *, warn=None) -> None:
+        """Refuse a trace over `MAX_TRACE_BYTES`; warn (one line on stderr, or via `warn`)
+        above `WARN_TRACE_BYTES`."""
+        n = len(self.procs)
+        if self.estimated_bytes > MAX_TRACE_BYTES:
+            raise TpusimError(
+                f"the Perfetto trace of {self.what} would take about "
+                f"{_mb(self.estimated_bytes)}, over the {_mb(MAX_TRACE_BYTES)} cap; narrow "
+                f"--trace-chips (e.g. --trace-chips 0-{max(n // 8, 1) - 1})"
+            )
+        if self.estimated_bytes > WARN_TRACE_BYTES:
+            msg = (f"tpusim: warning: the Perfetto trace of {self.what} will take about "
+                   f"{_mb(self.estimated_bytes)}; narrow --trace-chips for a smaller file\n")
+            if warn is not None:
+                warn(msg)
+            else:
+                import sys
+
+                sys.stderr.write(msg)
+
+    def write(self) -> Path:
+        if self.json:
+            return atomic_write(self.path, self._write_json)
+        return atomic_write(self.path, self._write_pftrace)
+
+    def _write_pftrace(self, target: Path) -> None:
+        with open(target, "wb", buffering=1 << 20) as f:
+            w = PftraceWriter(f)
+            hosts: dict[int, int] = {}
+            for pid, p in enumerate(self.procs, start=1):
+                if p.host is not None:
+                    if p.host not in hosts:
+                        h = p.host
+                        hosts[h] = w.process(pid=h + 1, name=f"host {h} (chips {h * 8}-"
+                                                              f"{h * 8 + 7})")
+                    top = w.group(hosts[p.host], p.name)
+                else:
+                    top = w.process(pid=pid, name=p.name)
+                kw = {}
+                if self._flows is not None:
+                    out_ids, in_ids = self._flows(p)
+                    kw = {"flow_out_ids": out_ids, "flow_in_ids": in_ids}
+                w.emit(self._templates[p.key], top, **kw)
+            self.packets_written = w.packets_written
+
+    def _write_json(self, target: Path) -> None:
+        with open(target, "w", encoding="utf-8", buffering=1 << 20) as f:
+            f.write('{"traceEvents":[')
+            first = True
+            for pid, p in enumerate(self.procs, start=1):
+                head = json.dumps({"ph": "M", "pid": pid, "tid": 0, "name": "process_name",
+                                   "args": {"name": p.name}}, separators=(",", ":"))
+                body = self._templates[p.key]
+                f.write(("" if first else ",") + head)
+                first = False
+                if body:
+                    f.write("," + body.replace(_PID_MARK, f'"pid":{pid},'))
+            f.write("]}")
+
+
+_PID_PLACEHOLDER = 987654321987654321  # replaced by each process's pid in the JSON template
+_PID_MARK = f'"pid":{_PID_PLACEHOLDER},'
+
+
+def _chrome_events(tracks, counters) -> str:
+    """One process's Chrome JSON events (after its process_name), pid left as a placeholder."""
+    pid = _PID_PLACEHOLDER
+    events = []
+    for tid, (tname, rows) in enumerate(sorted(tracks.items()), start=1):
+        events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name",
+                       "args": {"name": tname}})
+        for start, end, name, args, _op in sorted(rows, key=lambda x: (x[0], x[1])):
+            events.append({"ph": "X", "pid": pid, "tid": tid, "name": name,
+                           "ts": start * 1e6, "dur": max(end - start, 0.0) * 1e6,
+                           "args": args})
+    for cname, samples in sorted(counters.items()):
+        for t, v in samples:
+            events.append({"ph": "C", "pid": pid, "tid": 0, "name": cname,
+                           "ts": t * 1e6, "args": {"value": v}})
+    # Flows are written to .pftrace only: JSON flow v2 binds one id per event, and a ring
+    # collective slice is both the end of one flow and the start of the next.
+    return ",".join(json.dumps(e, separators=(",", ":")) for e in events)
+
+
+_COLL_TRACK = "HBM DMA collectives"
+
+
+def plan_step_trace(result, path: str | Path, *, chips: list[int] | None = None) -> TracePlan:
+    """Everything `export_step` writes, encoded and sized but not yet written.
+
+    One process per chip of `chips` (default chip 0); with several chip classes (per-chip
+    engine), one process per class (its representative, named with the chips it stands for; at
+    most `MAX_CHIP_PROCESSES` classes, the slowest first) plus every chip in `chips`, each with
+    its own class's timeline. Over `MAX_CHIP_PROCESSES` chips, chips become track groups under
+    a process per host of 8 chips. Flows join each collective slice to the same collective on
+    the next chip of its replica group, when both are exported (`.pftrace` only).
     """
     check_span(result.step_time_s)
+    path = Path(path)
     topo = result._topology
-    per_class: dict[int, tuple] = {}
     if result.num_chip_classes > 1 and result._chip_class is not None:
-        return _export_classes(result, path, chips or [])
-    chips = chips or [0]
-    tracks, counters = _step_tracks(result)
-    left_out = result.num_chips - len(chips)
+        chips, names, class_of = _class_procs(result, chips or [])
+    else:
+        chips = chips or [0]
+        left_out = result.num_chips - len(chips)
+        names = []
+        for c in chips:
+            coords = topo.coords(c) if topo is not None else (c,)
+            name = f"chip {c} {tuple(coords)}"
+            if c == chips[0]:
+                name += (f" [tpusim: {result.num_chips} chips of {result.topology} "
+                         f"{result.chip} replayed as one representative; {left_out} identical "
+                         f"chips not shown]")
+            names.append(name)
+        class_of = {c: 0 for c in chips}
+    # Flows: collective op on chip c -> the same op on its group neighbour, if exported.
+    # Ops with the same group axes share the neighbour map; a chip's flow pattern (which of
+    # those maps have its out / in end exported) picks its encoded timeline.
+    shown = set(chips)
+    by_axes: dict[tuple, list[int]] = {}
+    if topo is not None and len(chips) > 1:
+        for op_id, gaxes in sorted(result._coll_axes.items()):
+            if gaxes:
+                by_axes.setdefault(tuple(gaxes), []).append(int(op_id))
+    keys = list(by_axes)
+    outs: list[dict[int, int]] = []  # per axes key: chip -> its neighbour (when shown)
+    preds: list[dict[int, int]] = []  # per axes key: chip -> the chip whose flow ends there
+    same = _same_program_chips(result, chips) if keys else []
+    for gaxes in keys:
+        o: dict[int, int] = {}
+        pr: dict[int, int] = {}
+        for c in same:
+            nb = _neighbour(topo, c, gaxes)
+            if nb is not None and nb != c and nb in shown:
+                o[c] = nb
+                pr[nb] = c
+        outs.append(o)
+        preds.append(pr)
+    # Pipeline sends: a flow from each send to the receive it completes on the peer stage.
+    send_out, send_in = _send_flows(result, chips) if len(chips) > 1 else ({}, {})
+    max_op = max([0, *(op for ops in by_axes.values() for op in ops),
+                  *(op for d in (*send_out.values(), *send_in.values()) for op in d)])
+    per_host = len(chips) > MAX_CHIP_PROCESSES
     procs = []
-    for c in chips:
-        coords = topo.coords(c) if topo is not None else (c,)
-        name = f"chip {c} {tuple(coords)}"
-        if c == chips[0]:
-            name += (f" [tpusim: {result.num_chips} chips of {result.topology} {result.chip} "
-                     f"replayed as one representative; {left_out} identical chips not shown]")
-        procs.append((c, name))
-    return _write_step(result, path, topo, chips, procs, tracks, counters, per_class)
+    for c, name in zip(chips, names, strict=True):
+        pattern = (tuple((c in outs[i], c in preds[i]) for i in range(len(keys))),
+                   frozenset(send_out.get(c, ())), frozenset(send_in.get(c, ())))
+        procs.append(_Proc(chip=c, name=name, key=(class_of[c], pattern),
+                           host=c // 8 if per_host else None))
+    track_cache: dict[int, tuple] = {}
+
+    def tracks_of(k: int):
+        if k not in track_cache:
+            track_cache.clear()  # one class's Python rows at a time (templates are kept)
+            track_cache[k] = _step_tracks(result if result.num_chip_classes <= 1
+                                          or result._chip_class is None
+                                          else result.for_class(k))
+        return track_cache[k]
+
+    def encode(key, as_json: bool):
+        k, (coll, s_out, s_in) = key
+        tracks, counters = tracks_of(k)
+        if as_json:
+            return _chrome_events(tracks, counters)
+        fo = frozenset(op for i, g in enumerate(keys) if coll[i][0] for op in by_axes[g]) | s_out
+        fi = frozenset(op for i, g in enumerate(keys) if coll[i][1] for op in by_axes[g]) | s_in
+        return encode_tracks(tracks, counters, flows_out=fo, flows_in=fi,
+                             flow_tracks=(_COLL_TRACK,))
+
+    def flows(p: _Proc):
+        """Flow id lookup tables (by op id) for the flows leaving and ending on chip p."""
+        import numpy as np
+
+        n = result.num_chips
+        out_ids = np.zeros(max_op + 1, dtype=np.int64)
+        in_ids = np.zeros(max_op + 1, dtype=np.int64)
+        for i, g in enumerate(keys):
+            ops = np.asarray(by_axes[g], dtype=np.int64)
+            out_ids[ops] = ops * n + p.chip + 1
+            src = preds[i].get(p.chip)
+            if src is not None:
+                in_ids[ops] = ops * n + src + 1
+        for op, fid in send_out.get(p.chip, {}).items():
+            out_ids[op] = fid
+        for op, fid in send_in.get(p.chip, {}).items():
+            in_ids[op] = fid
+        return out_ids, in_ids
+
+    what = f"{len(chips)} chip(s)" if len(chips) != 1 else "1 chip"
+    return TracePlan(path, procs, encode, flows=flows if (keys or send_out) else None,
+                     what=what)
 
 
-def _export_classes(result, path, extra: list[int]) -> Path:
-    import numpy as np
-
-    topo = result._topology
-    label = result._chip_class
-    reps = [int(r) for r in result._class_reps]
-    finish = [row[0] for row in result._class_rows]
-    shown = sorted(range(len(reps)), key=lambda k: (-finish[k], k))[:MAX_CHIP_PROCESSES]
-    procs = []
-    per_class: dict[int, tuple] = {}
-    chips = sorted(set([reps[k] for k in shown]) | set(extra))
-    for c in chips:
-        k = int(label[c])
-        if k not in per_class:
-            per_class[k] = _step_tracks(result.for_class(k))
-        members = np.flatnonzero(label == k)
-        coords = [topo.coords(int(m)) for m in members[:8]]
-        more = f" +{len(members) - 8} more" if len(members) > 8 else ""
-        title = result._class_titles.get(k)
-        if c == reps[k]:
-            name = (f"{title + ', ' if title else ''}chip class {k}: {len(members)} chip(s) "
-                    f"{' '.join(str(tuple(x)) for x in coords)}{more}")
-        else:
-            name = f"chip {c} {tuple(topo.coords(c))} (class {k}{', ' + title if title else ''})"
-        procs.append((c, name))
-    if len(shown) < len(reps):
-        procs[0] = (procs[0][0], procs[0][1] + f" [tpusim: {len(reps)} chip classes, the "
-                    f"{len(shown)} slowest shown]")
-    tracks = {c: per_class[int(label[c])] for c in chips}
-    return _write_step(result, path, topo, chips, procs, None, None, tracks)
-
-
-def _same_program_chips(result, chips: list[int]) -> list[int]:
-    """The chips that run the reported chip's program (collective flows join op ids of one
-    program; pipeline stages run different programs)."""
-    progs = result._class_programs
-    if not progs or result._chip_class is None:
-        return list(chips)
-    return [c for c in chips
-            if progs.get(int(result._chip_class[c]), (None,))[0] is result._mem_trace]
-
-
-def _send_flows(result, chips: list[int], flows_out, flows_in) -> None:
+def _send_flows(result, chips: list[int]) -> tuple[dict[int, dict[int, int]],
+                                                   dict[int, dict[int, int]]]:
     """Point-to-point sends (pipeline stages): a flow from each send on an exported chip to the
-    receive it completes on its peer, when the peer is exported too."""
+    receive it completes on its peer, when the peer is exported too. Returns {chip: {send op
+    id: flow id}} and {chip: {receive op id: flow id}}."""
+    out: dict[int, dict[int, int]] = {}
+    into: dict[int, dict[int, int]] = {}
     if result._p2p is None or result._chip_class is None:
-        return
+        return out, into
     p2p, prog_of_class = result._p2p
     label = result._chip_class
     shown = set(chips)
@@ -279,97 +473,84 @@ def _send_flows(result, chips: list[int], flows_out, flows_in) -> None:
             if recv_id is None:
                 continue
             fid = base + send_id * result.num_chips + c + 1
-            flows_out.setdefault((c, send_id), []).append(fid)
-            flows_in.setdefault((peer, recv_id), []).append(fid)
+            out.setdefault(c, {})[int(send_id)] = fid
+            into.setdefault(peer, {})[int(recv_id)] = fid
+    return out, into
 
 
-def _write_step(result, path, topo, chips, procs, tracks, counters, per_chip) -> Path:
-    # Flows: collective op on chip c -> same op on its group neighbour, if exported.
-    flows_out: dict[tuple[int, int], list[int]] = {}
-    flows_in: dict[tuple[int, int], list[int]] = {}
-    shown = set(chips)
-    if topo is not None and len(chips) > 1:
-        same = _same_program_chips(result, chips)
-        for op_id, gaxes in sorted(result._coll_axes.items()):
-            for c in same:
-                nb = _neighbour(topo, c, gaxes)
-                if nb is None or nb == c or nb not in shown:
-                    continue
-                fid = op_id * result.num_chips + c + 1
-                flows_out.setdefault((c, op_id), []).append(fid)
-                flows_in.setdefault((nb, op_id), []).append(fid)
-        _send_flows(result, chips, flows_out, flows_in)
-    path = Path(path)
-    per_host = len(chips) > MAX_CHIP_PROCESSES
-    if path.suffix.lower() == ".json":
-        text = _chrome_json(procs, tracks, counters, flows_out, flows_in, per_host, per_chip)
-        return atomic_write(path, lambda p: p.write_text(text))
-    data = _protobuf(procs, tracks, counters, flows_out, flows_in, per_host, per_chip)
-    return atomic_write(path, lambda p: p.write_bytes(data))
+def _class_procs(result, extra: list[int]):
+    import numpy as np
+
+    topo = result._topology
+    label = result._chip_class
+    reps = [int(r) for r in result._class_reps]
+    finish = [row[0] for row in result._class_rows]
+    shown = sorted(range(len(reps)), key=lambda k: (-finish[k], k))[:MAX_CHIP_PROCESSES]
+    chips = sorted(set([reps[k] for k in shown]) | set(extra))
+    names = []
+    for c in chips:
+        k = int(label[c])
+        title = result._class_titles.get(k)
+        if c == reps[k]:
+            members = np.flatnonzero(label == k)
+            coords = [topo.coords(int(m)) for m in members[:8]]
+            more = f" +{len(members) - 8} more" if len(members) > 8 else ""
+            name = (f"{title + ', ' if title else ''}chip class {k}: {len(members)} chip(s) "
+                    f"{' '.join(str(tuple(x)) for x in coords)}{more}")
+        else:
+            name = f"chip {c} {tuple(topo.coords(c))} (class {k}{', ' + title if title else ''})"
+        names.append(name)
+    if len(shown) < len(reps):
+        names[0] += (f" [tpusim: {len(reps)} chip classes, the {len(shown)} slowest "
+                     f"shown]")
+    return chips, names, {c: int(label[c]) for c in chips}
+
+
+def _same_program_chips(result, chips: list[int]) -> list[int]:
+    """The chips that run the reported chip's program (collective flows join op ids of one
+    program; pipeline stages run different programs)."""
+    progs = result._class_programs
+    if not progs or result._chip_class is None:
+        return list(chips)
+    return [c for c in chips
+            if progs.get(int(result._chip_class[c]), (None,))[0] is result._mem_trace]
+
+
+def export_step(result, path: str | Path, *, chips: list[int] | None = None) -> Path:
+    """Write a replayed step as a Perfetto trace (`.pftrace`) or Chrome JSON (`.json`),
+    streamed (see `plan_step_trace` for the layout). Warns above `WARN_TRACE_BYTES`."""
+    plan = plan_step_trace(result, path, chips=chips)
+    plan.check_size()
+    return plan.write()
+
+
+def plan_collective_trace(results, path: str | Path) -> TracePlan:
+    """Several collectives (e.g. one per algorithm) as one trace, a process each."""
+    for res in results:
+        check_span(res.time_s, "the collective")
+    procs = []
+    for i, res in enumerate(results):
+        pname = (f"{res.op} {res.algorithm} on {res.topology} {res.chip} (chip 0 of each "
+                 f"simulated group represents {res.num_chips} chips)")
+        procs.append(_Proc(chip=i, name=pname, key=i))
+
+    def encode(i, as_json: bool):
+        tracks = _collective_tracks(results[i])
+        return _chrome_events(tracks, {}) if as_json else encode_tracks(tracks, {})
+
+    return TracePlan(Path(path), procs, encode, what=f"{len(results)} collective(s)")
 
 
 def export_collective(res, path: str | Path) -> Path:
-    """A collective's steps per stream (chip 0 of each simulated group) as a trace."""
+    """A collective's steps per stream as a trace."""
     return export_collectives([res], path)
 
 
 def export_collectives(results, path: str | Path) -> Path:
     """Several collectives (e.g. one per algorithm) as one trace, a process each."""
-    for res in results:
-        check_span(res.time_s, "the collective")
-    procs, tracks_by_proc = [], []
-    for i, res in enumerate(results):
-        tracks = _collective_tracks(res)
-        pname = (f"{res.op} {res.algorithm} on {res.topology} {res.chip} (chip 0 of each "
-                 f"simulated group represents {res.num_chips} chips)")
-        procs.append((i, pname))
-        tracks_by_proc.append(tracks)
-    path = Path(path)
-    if path.suffix.lower() == ".json":
-        text = _chrome_json_multi(procs, tracks_by_proc)
-        return atomic_write(path, lambda p: p.write_text(text))
-    data = _protobuf_multi(procs, tracks_by_proc)
-    return atomic_write(path, lambda p: p.write_bytes(data))
-
-
-def _chrome_json_multi(procs, tracks_by_proc) -> str:
-    docs = [json.loads(_chrome_json([(0, pname)], tracks, {}, {}, {}, False))["traceEvents"]
-            for (_i, pname), tracks in zip(procs, tracks_by_proc, strict=True)]
-    events = []
-    for pid, evs in enumerate(docs, start=1):
-        for e in evs:
-            e["pid"] = pid
-            events.append(e)
-    return json.dumps({"traceEvents": events}, separators=(",", ":"))
-
-
-def _protobuf_multi(procs, tracks_by_proc) -> bytes:
-    # One builder: the per-process track trees are independent, so merge them by offsetting
-    # the uuids of each process's descriptors.
-    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace as _Trace
-
-    merged = _Trace()
-    offset = 0
-    for pid, ((_i, pname), tracks) in enumerate(zip(procs, tracks_by_proc, strict=True),
-                                                 start=1):
-        part = _Trace.FromString(_protobuf([(0, pname)], tracks, {}, {}, {}, False))
-        top = 0
-        for pk in part.packet:
-            if pk.HasField("track_descriptor"):
-                td = pk.track_descriptor
-                td.uuid += offset
-                top = max(top, td.uuid)
-                if td.HasField("parent_uuid"):
-                    td.parent_uuid += offset
-                if td.HasField("process"):
-                    td.process.pid = pid
-            if pk.HasField("track_event"):
-                pk.track_event.track_uuid += offset
-            if merged.packet:
-                pk.ClearField("sequence_flags")
-            merged.packet.append(pk)
-        offset = top
-    return merged.SerializeToString()
+    plan = plan_collective_trace(results, path)
+    plan.check_size()
+    return plan.write()
 
 
 def _collective_tracks(res) -> dict[str, list[tuple]]:
@@ -389,129 +570,3 @@ def _collective_tracks(res) -> dict[str, list[tuple]]:
         for lane, row in zip(_lanes(rows), rows, strict=True):
             laned.setdefault(name if lane == 0 else f"{name} lane {lane}", []).append(row)
     return laned
-
-
-def _ns(t: float) -> int:
-    return round(t * _NS)
-
-
-def _chrome_json(procs, tracks, counters, flows_out, flows_in, per_host, per_chip=None) -> str:
-    events = []
-    shared = (tracks, counters)
-    for pid, (chip, pname) in enumerate(procs, start=1):
-        tracks, counters = per_chip[chip] if per_chip else shared
-        events.append({"ph": "M", "pid": pid, "tid": 0, "name": "process_name",
-                       "args": {"name": pname}})
-        for tid, (tname, rows) in enumerate(sorted(tracks.items()), start=1):
-            events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name",
-                           "args": {"name": tname}})
-            for start, end, name, args, _op in sorted(rows, key=lambda x: (x[0], x[1])):
-                events.append({"ph": "X", "pid": pid, "tid": tid, "name": name,
-                               "ts": start * 1e6, "dur": max(end - start, 0.0) * 1e6,
-                               "args": args})
-        for cname, samples in sorted(counters.items()):
-            for t, v in samples:
-                events.append({"ph": "C", "pid": pid, "tid": 0, "name": cname,
-                               "ts": t * 1e6, "args": {"value": v}})
-    # Flows are written to .pftrace only: JSON flow v2 binds one id per event, and a ring
-    # collective slice is both the end of one flow and the start of the next.
-    del per_host, flows_out, flows_in
-    return json.dumps({"traceEvents": events}, separators=(",", ":"))
-
-
-def _protobuf(procs, tracks, counters, flows_out, flows_in, per_host, per_chip=None) -> bytes:
-    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket, TrackEvent
-    from perfetto.trace_builder.proto_builder import TraceProtoBuilder
-
-    b = TraceProtoBuilder()
-    first = True
-
-    def packet():
-        nonlocal first
-        p = b.add_packet()
-        p.trusted_packet_sequence_id = 1
-        if first:
-            p.sequence_flags = TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
-            first = False
-        return p
-
-    def descriptor(uuid: int, *, parent: int | None = None, name: str | None = None,
-                   pid: int | None = None, process_name: str | None = None):
-        """Declare a track (a child track, or a process when `pid` is given)."""
-        td = packet().track_descriptor
-        td.uuid = uuid
-        if parent is not None:
-            td.parent_uuid = parent
-        if name is not None:
-            td.name = name
-        if pid is not None:
-            td.process.pid = pid
-            td.process.process_name = process_name
-        return td
-
-    uuid = 0
-    events = []
-    host_uuid: dict[int, int] = {}
-    shared = (tracks, counters)
-    for pid, (chip, pname) in enumerate(procs, start=1):
-        tracks, counters = per_chip[chip] if per_chip else shared
-        if per_host:
-            host = chip // 8
-            if host not in host_uuid:
-                uuid += 1
-                host_uuid[host] = uuid
-                descriptor(uuid, pid=host + 1,
-                           process_name=f"host {host} (chips {host * 8}-{host * 8 + 7})")
-            uuid += 1
-            chip_uuid = uuid
-            descriptor(chip_uuid, parent=host_uuid[host], name=pname)
-        else:
-            uuid += 1
-            chip_uuid = uuid
-            descriptor(chip_uuid, pid=pid, process_name=pname)
-        for tname, rows in sorted(tracks.items()):
-            uuid += 1
-            descriptor(uuid, parent=chip_uuid, name=tname)
-            is_coll = tname.startswith("HBM DMA collectives")
-            for start, end, name, args, op in rows:
-                b_ns, e_ns = _ns(start), _ns(end)
-                if e_ns <= b_ns:
-                    continue  # shorter than 1 ns once rounded: it would not nest (kept in --out)
-                fo = flows_out.get((chip, op), []) if is_coll else []
-                fi = flows_in.get((chip, op), []) if is_coll else []
-                events.append((b_ns, 1, uuid, name, args, fo, fi))
-                events.append((e_ns, 0, uuid, name, None, [], []))
-        for cname, samples in sorted(counters.items()):
-            uuid += 1
-            td = descriptor(uuid, parent=chip_uuid, name=cname)
-            td.counter.unit_name = "bytes" if "bytes" in cname else "fraction"
-            for t, v in samples:
-                events.append((_ns(t), 2, uuid, "", v, [], []))
-    # At equal timestamps: ends first (back-to-back slices must not nest), then begins, then
-    # counters; ties broken by track for determinism.
-    events.sort(key=lambda e: (e[0], e[1], e[2]))
-    for ts, kind, track, name, payload, fo, fi in events:
-        p = packet()
-        p.timestamp = ts
-        ev = p.track_event
-        ev.track_uuid = track
-        if kind == 1:
-            ev.type = TrackEvent.TYPE_SLICE_BEGIN
-            ev.name = name
-            for k, v in payload.items():
-                a = ev.debug_annotations.add()
-                a.name = k
-                if isinstance(v, float):
-                    a.double_value = v
-                elif isinstance(v, int):
-                    a.int_value = v
-                else:
-                    a.string_value = str(v)
-            ev.flow_ids.extend(fo)
-            ev.terminating_flow_ids.extend(fi)
-        elif kind == 0:
-            ev.type = TrackEvent.TYPE_SLICE_END
-        else:
-            ev.type = TrackEvent.TYPE_COUNTER
-            ev.double_counter_value = float(payload)
-    return b.serialize()
