@@ -78,6 +78,12 @@ class CollectiveResult:
     _link_cap: np.ndarray = field(repr=False)
     _timeline: list[tuple] = field(repr=False)
     _touched_groups: tuple[int, ...] | None = field(default=None, repr=False)
+    # For the Perfetto export: the schedule, and in full/per-chip mode the links each step of
+    # each simulated group loaded: {(group, stream, step): (link ids, bytes on each, all
+    # repetitions)}; None when too big to keep (see MAX_STEP_LINK_ENTRIES).
+    _schedule: Schedule | None = field(default=None, repr=False)
+    _step_links: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] | None = field(
+        default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -343,7 +349,7 @@ def _simulate_collective(
             axes=(), nbytes=nbytes, group_size=2, num_groups=1, time_s=env.now,
             net=net, link_bytes=net.bytes, link_busy=net.busy_s, lm=lm,
             hbm=2.0 * nbytes, mode="full", steps=1, timeline=timeline, router=router,
-            latency_s=batch.latency_s,
+            latency_s=batch.latency_s, step_links=_step_links({0: [[batch]]}, topology.num_links),
         )
 
     if isinstance(axes, str):
@@ -399,6 +405,7 @@ def _simulate_collective(
             steps=steps_total, timeline=timeline,
             latency_s=latency_path_s(schedule, [[b.latency_s for b in s_] for s_ in batches],
                                      chunks),
+            schedule=schedule,
         )
 
     if router is not None:
@@ -445,6 +452,7 @@ def _simulate_collective(
         touched=tuple(g for g in groups if g != rep) if rep is not None else tuple(groups),
         latency_s=max(latency_path_s(schedule, lats, chunks) for lats in {
             tuple(tuple(b.latency_s for b in s_) for s_ in batches_of[g]) for g in groups}),
+        schedule=schedule, step_links=_step_links(batches_of, topology.num_links),
     )
 
 
@@ -737,6 +745,32 @@ def latency_path_s(schedule: Schedule, lat: list[list[float]], chunks: int = 1) 
     return end
 
 
+MAX_STEP_LINK_ENTRIES = 2_000_000  # (step, link) pairs kept for the trace's link tracks
+
+
+def _step_links(batches_of, num_links: int):
+    """{(group, stream, step): (link ids, bytes)} of every simulated group's routed steps, or
+    None if that would hold more than MAX_STEP_LINK_ENTRIES entries."""
+    if sum(len(b.res) for streams in batches_of.values() for s_ in streams
+           for b in s_) > 4 * MAX_STEP_LINK_ENTRIES:
+        return None
+    out = {}
+    total = 0
+    for g, streams in batches_of.items():
+        for si, s_ in enumerate(streams):
+            for k, b in enumerate(s_):
+                if b.num_transfers == 0:
+                    out[(g, si, k)] = (np.zeros(0, dtype=np.int64), np.zeros(0))
+                    continue
+                links, inv = np.unique(b.res, return_inverse=True)
+                nbytes = np.bincount(inv, weights=b.hop_weights, minlength=len(links))
+                out[(g, si, k)] = (links, nbytes)
+                total += len(links)
+                if total > MAX_STEP_LINK_ENTRIES:
+                    return None
+    return out
+
+
 def _is_rs(step) -> bool:
     return "RS" in step.label.split()
 
@@ -873,7 +907,7 @@ def _replicate_group(topology: Topology, geo: GroupGeometry, groups, rep: int, n
 
 def _result(*, kind, algorithm, requested, chip, topology, axes, nbytes, group_size, num_groups,
             time_s, net, link_bytes, link_busy, lm, hbm, mode, steps, timeline, router=None,
-            touched=None, latency_s=0.0):
+            touched=None, latency_s=0.0, schedule=None, step_links=None):
     cap = lm.capacity_bytes_per_s
     busiest = float(link_bytes.max(initial=0.0))
     per_cap = np.divide(link_bytes, cap, out=np.zeros_like(link_bytes), where=cap > 0)
@@ -896,7 +930,7 @@ def _result(*, kind, algorithm, requested, chip, topology, axes, nbytes, group_s
         detour=detour, _topology=topology,
         _link_bytes=link_bytes, _link_busy=link_busy, _link_cap=cap,
         _timeline=sorted(timeline, key=lambda r: (r[0], r[3], r[4], r[6])),
-        _touched_groups=touched,
+        _touched_groups=touched, _schedule=schedule, _step_links=step_links,
     )
 
 

@@ -6,6 +6,7 @@ of `tpusim train` (reference/perfetto.md: "it opens" proves nothing, compare the
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -588,10 +589,14 @@ def test_collective_pftrace_has_one_slice_per_timeline_step(tmp_path, chunks):
     pf = _parse_pftrace(export_collective(res, tmp_path / "c.pftrace"))
     begins, ends = {}, []
     open_at: dict[int, int] = {}
+    names = {p.track_descriptor.uuid: p.track_descriptor.name for p in pf.packet
+             if p.HasField("track_descriptor")}
     for p in pf.packet:
         if not p.HasField("track_event"):
             continue
         ev = p.track_event
+        if not re.fullmatch(r"DMA stream \d+( lane \d+)?", names[ev.track_uuid]):
+            continue  # the per-direction and per-link tracks repeat the steps
         if ev.type == TrackEvent.TYPE_SLICE_BEGIN:
             assert ev.track_uuid not in open_at  # slices on a track never overlap
             open_at[ev.track_uuid] = p.timestamp
@@ -618,11 +623,104 @@ def test_compare_collectives_perfetto_has_a_process_per_applicable_algorithm(tmp
     assert len(procs) == len(applicable)
     parent = {p.track_descriptor.uuid: p.track_descriptor.parent_uuid for p in pf.packet
               if p.HasField("track_descriptor") and p.track_descriptor.HasField("parent_uuid")}
+    tnames = {p.track_descriptor.uuid: p.track_descriptor.name for p in pf.packet
+              if p.HasField("track_descriptor")}
     per_proc: dict[int, int] = defaultdict(int)
     for p in pf.packet:
-        if p.HasField("track_event") and p.track_event.type == TrackEvent.TYPE_SLICE_BEGIN:
+        if (p.HasField("track_event") and p.track_event.type == TrackEvent.TYPE_SLICE_BEGIN
+                and re.fullmatch(r"DMA stream \d+", tnames[p.track_event.track_uuid])):
             per_proc[parent[p.track_event.track_uuid]] += 1
     by_name = {procs[u].split(" on ")[0].removeprefix("all-gather "): n
                for u, n in per_proc.items()}
     for r in applicable:
         assert by_name[r["algorithm"]] == r["num_steps"]  # one slice per step (no chunks)
+
+
+def _collective_trace(pf: PerfettoTrace):
+    """{process name: {track name: [(begin_ns, end_ns, name, args)]}} of a collective trace."""
+    tds = {p.track_descriptor.uuid: p.track_descriptor for p in pf.packet
+           if p.HasField("track_descriptor")}
+    out: dict[str, dict[str, list]] = {}
+    open_at: dict[int, tuple] = {}
+    for p in pf.packet:
+        if not p.HasField("track_event"):
+            continue
+        ev = p.track_event
+        if ev.type == TrackEvent.TYPE_SLICE_BEGIN:
+            args = {a.name: (a.int_value if a.HasField("int_value") else
+                             a.double_value if a.HasField("double_value") else a.string_value)
+                    for a in ev.debug_annotations}
+            open_at[ev.track_uuid] = (p.timestamp, ev.name, args)
+        elif ev.type == TrackEvent.TYPE_SLICE_END:
+            t0, name, args = open_at.pop(ev.track_uuid)
+            td = tds[ev.track_uuid]
+            proc = tds[td.parent_uuid].process.process_name
+            out.setdefault(proc, {}).setdefault(td.name, []).append((t0, p.timestamp, name, args))
+    return out
+
+
+def test_symmetric_collective_trace_shows_steps_per_stream_and_direction(tmp_path):
+    """A multi-axis all-reduce on a wrapped 8x8: one process, truthfully named as standing for
+    all 64 chips; per part a `DMA stream` track with the schedule's steps (RS x, RS y, AG y,
+    AG x, 7 folded hops each) and a track per link direction with the bytes a chip puts on it:
+    a split ring sends half of each shard each way (k = 2 parts of V/2)."""
+    from sim.collective_sim import simulate_collective
+    from sim.export.perfetto import export_collective
+
+    chip = get_chip("v5e")
+    topo = resolve_topology(chip_name=chip.name, wrap_rule=chip.generation_rule,
+                            max_pod_shape=chip.max_pod_shape, shape="8x8", wraparound="all")
+    v = 64 << 20
+    res = simulate_collective(chip=chip, topology=topo, op="all-reduce", axes="x,y", nbytes=v,
+                              algorithm="multi-axis")
+    procs = _collective_trace(_parse_pftrace(export_collective(res, tmp_path / "c.pftrace")))
+    (name, tracks), = procs.items()
+    assert "stands for all 64 chips" in name and "symmetric" in name
+    assert [s[2] for s in tracks["DMA stream 0"]] == [
+        "part0 RS x x7", "part0 RS y x7", "part0 AG y x7", "part0 AG x x7"]
+    assert [s[2] for s in tracks["DMA stream 1"]] == [
+        "part1 RS y x7", "part1 RS x x7", "part1 AG x x7", "part1 AG y x7"]
+    assert set(tracks) == {f"DMA stream {s}{d}" for s in (0, 1)
+                           for d in ("", " x+", " x-", " y+", " y-")}
+    part = v / 2
+    # Part 0 reduce-scatters x first (buffer part/8 per hop), then y (part/64), and gathers
+    # back y (shard part/64) then x (part/8); each hop sends half of it each way.
+    x_plus = [s[3]["link_bytes_per_chip"] for s in tracks["DMA stream 0 x+"]]
+    y_plus = [s[3]["link_bytes_per_chip"] for s in tracks["DMA stream 0 y+"]]
+    assert x_plus == pytest.approx([7 * part / 8 / 2] * 2)  # RS x, AG x
+    assert y_plus == pytest.approx([7 * part / 64 / 2] * 2)  # RS y, AG y
+    for s0, s1 in zip(tracks["DMA stream 0"], tracks["DMA stream 0 x+"][:1], strict=False):
+        assert (s0[0], s0[1]) == (s1[0], s1[1])  # the direction slice spans its step
+
+
+def test_full_mode_collective_trace_shows_each_group_and_the_links_that_carried_each_step(
+        tmp_path):
+    """With a slow link, the x rings of a wrapped 4x4 are simulated link by link: the slow
+    link's group and one group standing for the two untouched ones, each its own process
+    named with its chips; each process has a track per link of its ring, and the bytes its
+    slices carry add up to what the simulation put on that link."""
+    from sim.collective_sim import simulate_collective
+    from sim.export.perfetto import export_collective
+
+    chip = get_chip("v5e")
+    topo = resolve_topology(chip_name=chip.name, wrap_rule=chip.generation_rule,
+                            max_pod_shape=chip.max_pod_shape, shape="4x4", wraparound="all")
+    res = simulate_collective(chip=chip, topology=topo, op="all-gather", axes="x",
+                              nbytes=4 << 20, algorithm="split-bidi-ring",
+                              slow_links=("0,1:x+:0.5",))
+    assert res.mode == "full"
+    procs = _collective_trace(_parse_pftrace(export_collective(res, tmp_path / "c.pftrace")))
+    assert len(procs) == 2
+    names = sorted(procs)
+    assert sum("stands for itself" in n for n in names) == 1
+    assert sum("stands for 12 chips: itself and 2 identical group(s)" in n for n in names) == 1
+    for name, tracks in procs.items():
+        group = int(name.split("group ")[1].split(",")[0])
+        links = {t: rows for t, rows in tracks.items() if t.startswith("ICI link ")}
+        assert len(links) == 8  # a 4-chip ring, both directions
+        for t, rows in links.items():
+            lk = next(i for i in range(topo.num_ici_links)
+                      if f"ICI link {topo.describe_link(i)}" == t)
+            assert topo.coords(lk // 4)[1] == group  # the x ring at y = group
+            assert sum(r[3]["bytes"] for r in rows) == pytest.approx(res._link_bytes[lk])
+            assert {r[2] for r in rows} == {"AG x x3"}

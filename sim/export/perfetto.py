@@ -211,7 +211,9 @@ MAX_TRACE_BYTES = 4 << 30
 
 
 def _mb(nbytes: float) -> str:
-    return f"{nbytes / 1e6:,.1f} MB" if nbytes < 1e10 else f"{nbytes / 1e9:,.1f} GB"
+    if nbytes < 1e8:
+        return f"{nbytes / 1e6:,.2f} MB"
+    return f"{nbytes / 1e6:,.0f} MB" if nbytes < 1e10 else f"{nbytes / 1e9:,.1f} GB"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -525,20 +527,134 @@ def export_step(result, path: str | Path, *, chips: list[int] | None = None) -> 
 
 
 def plan_collective_trace(results, path: str | Path) -> TracePlan:
-    """Several collectives (e.g. one per algorithm) as one trace, a process each."""
+    """Several collectives (e.g. one per algorithm) as one trace (see `_collective_processes`
+    for what each shows)."""
     for res in results:
         check_span(res.time_s, "the collective")
     procs = []
+    parts = []
     for i, res in enumerate(results):
-        pname = (f"{res.op} {res.algorithm} on {res.topology} {res.chip} (chip 0 of each "
-                 f"simulated group represents {res.num_chips} chips)")
-        procs.append(_Proc(chip=i, name=pname, key=i))
+        for name, tracks in _collective_processes(res):
+            procs.append(_Proc(chip=len(parts), name=name, key=len(parts)))
+            parts.append((i, tracks))
 
-    def encode(i, as_json: bool):
-        tracks = _collective_tracks(results[i])
+    def encode(key, as_json: bool):
+        tracks = parts[key][1]
         return _chrome_events(tracks, {}) if as_json else encode_tracks(tracks, {})
 
     return TracePlan(Path(path), procs, encode, what=f"{len(results)} collective(s)")
+
+
+MAX_LINK_TRACKS = 512  # link tracks per simulated group (the busiest links when there are more)
+
+
+def _collective_processes(res) -> list[tuple[str, dict[str, list[tuple]]]]:
+    """The processes of one collective: (name, tracks) each.
+
+    Symmetric mode: one process for the representative chip, named as standing for every chip
+    (by translation symmetry every chip does the same moves). Full and per-chip modes: one
+    process per simulated replica group (at most `MAX_CHIP_PROCESSES`), named with its chips
+    and with what it stands for (itself, or also the identical groups no perturbation touches).
+
+    Tracks: `DMA stream S` has one slice per step (the schedule's label, `xR` when R identical
+    hops are folded into it); `DMA stream S x+` (one per link direction the stream uses)
+    repeats the step with the bytes a chip puts on links of that direction; in full and
+    per-chip modes `ICI link (0,0)->(1,0) x+` (one per link the group's routes loaded; the busiest
+    `MAX_LINK_TRACKS` when more) shows each step that carried bytes over that link, and how
+    many. Chunked schedules overlap within a stream: slices are spread over lanes.
+    """
+    from topologies.groups import CLASS_NAMES, GroupGeometry, route_class_hops
+
+    sched = res._schedule
+    topo = res._topology
+    gaxes = sched.gaxes if sched is not None else ()
+    head = f"{res.op} {res.algorithm} on {res.topology} {res.chip}"
+    rows_of: dict[int, list[tuple]] = {}
+    for r in res._timeline:
+        rows_of.setdefault(int(r[0]), []).append(r)
+    geo = GroupGeometry(topo, gaxes) if gaxes and res.mode != "symmetric" else None
+    class_bytes: dict[tuple[int, int], dict[str, float]] = {}
+    if sched is not None:
+        for si, stream in enumerate(sched.streams):
+            for k, st in enumerate(stream):
+                per: dict[str, float] = {}
+                for m in st.moves:
+                    for c in route_class_hops(gaxes, m.offset):
+                        per[CLASS_NAMES[c]] = per.get(CLASS_NAMES[c], 0.0) + m.bytes * st.repeat
+                class_bytes[(si, k)] = per
+    out = []
+    groups = sorted(rows_of)
+    for g in groups[:MAX_CHIP_PROCESSES]:
+        rows = rows_of[g]
+        represented = int(rows[0][2])
+        if res.mode == "symmetric":
+            name = (f"{head}: chip 0 stands for all {res.num_chips} chips (symmetric: every "
+                    f"chip does the same moves; {res.num_groups} group(s) of {res.group_size})")
+        elif geo is None:  # send
+            name = f"{head}: chip {tuple(topo.coords(int(rows[0][1])))}, simulated link by link"
+        else:
+            chips = geo.group_chips(g)
+            shown = " ".join(str(tuple(topo.coords(int(c)))) for c in chips[:4])
+            more = f" +{len(chips) - 4} more" if len(chips) > 4 else ""
+            stands = (f"stands for {represented} chips: itself and "
+                      f"{represented // max(len(chips), 1) - 1} identical group(s) that no "
+                      f"perturbation touches" if represented > len(chips)
+                      else "stands for itself")
+            name = (f"{head}: group {g}, {len(chips)} chips {shown}{more}, simulated link by "
+                    f"link; {stands}")
+        tracks: dict[str, list[tuple]] = {}
+        link_rows: dict[int, list[tuple]] = {}
+        link_total: dict[int, float] = {}
+        for i, (_g, _chip, _rep, si, k, label, t0, t1, per_chip) in enumerate(rows):
+            si, k = int(si), int(k)
+            st = sched.streams[si][k] if sched is not None else None
+            repeat = st.repeat if st is not None else 1
+            sname = (label or f"step {k}") + (f" x{repeat}" if repeat > 1 else "")
+            args = {"step": k, "repeat": repeat, "bytes_per_chip": float(per_chip),
+                    "algorithm": res.algorithm, "chips_represented": represented}
+            tracks.setdefault(f"DMA stream {si}", []).append((float(t0), float(t1), sname, args, i))
+            # Chunks: each row is one chunk's pass through the step.
+            frac = 1.0
+            if st is not None and per_chip:
+                from sim.collectives import step_bytes_per_chip
+
+                whole = step_bytes_per_chip(st) * st.repeat
+                frac = float(per_chip) / whole if whole else 1.0
+            for cls, b in sorted(class_bytes.get((si, k), {}).items()):
+                tracks.setdefault(f"DMA stream {si} {cls}", []).append(
+                    (float(t0), float(t1), sname,
+                     {"step": k, "link_bytes_per_chip": b * frac, "direction": cls}, i))
+            if res._step_links is not None and (g, si, k) in res._step_links:
+                links, nbytes = res._step_links[(g, si, k)]
+                for lk, b in zip(links.tolist(), nbytes.tolist(), strict=True):
+                    link_rows.setdefault(lk, []).append(
+                        (float(t0), float(t1), sname,
+                         {"step": k, "stream": si, "bytes": b * frac}, i))
+                    link_total[lk] = link_total.get(lk, 0.0) + b * frac
+        kept = sorted(link_total, key=lambda lk: (-link_total[lk], lk))[:MAX_LINK_TRACKS]
+        for lk in sorted(kept):
+            tracks[f"ICI link {topo.describe_link(lk)}"] = link_rows[lk]
+        if len(link_total) > len(kept):
+            name += f" (link tracks: the {len(kept)} busiest of {len(link_total)} links)"
+        elif link_total:
+            name += f" (link tracks: the {len(link_total)} links its routes loaded)"
+        out.append((name, _laned(tracks)))
+    if len(groups) > MAX_CHIP_PROCESSES:
+        first, rest = out[0]
+        out[0] = (first + f" [tpusim: {len(groups)} groups simulated, the first "
+                  f"{MAX_CHIP_PROCESSES} shown]", rest)
+    return out
+
+
+def _laned(tracks: dict[str, list[tuple]]) -> dict[str, list[tuple]]:
+    """Overlapping slices of a track (chunks, concurrent streams on one link) spread over
+    `NAME lane N` tracks so that slices on one track never overlap."""
+    laned: dict[str, list[tuple]] = {}
+    for name, rows in tracks.items():
+        rows.sort(key=lambda x: (x[0], x[1], x[4]))
+        for lane, row in zip(_lanes(rows), rows, strict=True):
+            laned.setdefault(name if lane == 0 else f"{name} lane {lane}", []).append(row)
+    return laned
 
 
 def export_collective(res, path: str | Path) -> Path:
@@ -551,22 +667,3 @@ def export_collectives(results, path: str | Path) -> Path:
     plan = plan_collective_trace(results, path)
     plan.check_size()
     return plan.write()
-
-
-def _collective_tracks(res) -> dict[str, list[tuple]]:
-    tl = res.timeline
-    tracks: dict[str, list[tuple]] = {}
-    for i, r in enumerate(tl.itertuples(index=False)):
-        name = f"stream {r.stream}" + (f" group {r.group}" if r.group else "")
-        tracks.setdefault(name, []).append(
-            (float(r.start_s), float(r.end_s), r.label or f"step {r.step}",
-             {"bytes_per_chip": float(r.bytes_per_chip), "algorithm": res.algorithm,
-              "chips_represented": int(r.chips_represented), "step": int(r.step)}, i)
-        )
-    # Chunked schedules can overlap within a stream: spread them over lanes.
-    laned: dict[str, list[tuple]] = {}
-    for name, rows in tracks.items():
-        rows.sort(key=lambda x: (x[0], x[1], x[4]))
-        for lane, row in zip(_lanes(rows), rows, strict=True):
-            laned.setdefault(name if lane == 0 else f"{name} lane {lane}", []).append(row)
-    return laned

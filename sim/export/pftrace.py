@@ -45,14 +45,19 @@ TRACKS_PER_PROCESS = 1 << 16  # uuid stride between processes
 MAX_PROCESSES = ((1 << 42) - _UUID_BASE) // TRACKS_PER_PROCESS
 _SEQ_WIDTH = 4
 _SEQ_BASE = 1 << 21
-_UUID_PAD = bytes(_UUID_WIDTH)
-_SEQ_PAD = bytes(_SEQ_WIDTH)
 
 SEQ_INCREMENTAL_STATE_CLEARED = 1
 _SLICE_BEGIN, _SLICE_END, _COUNTER = 1, 2, 4  # TrackEvent.Type
 
 
+_SMALL = [bytes((v,)) for v in range(128)]
+
+
 def _varint(v: int) -> bytes:
+    if 0 <= v < 128:
+        return _SMALL[v]
+    if 0 < v < 16384:
+        return bytes(((v & 0x7F) | 0x80, v >> 7))
     if v < 0:
         v += 1 << 64  # int64 two's complement: ten bytes
     out = bytearray()
@@ -110,9 +115,13 @@ _K_TS = _key(8, 0)
 _K_FLOW = _key(47, 1)
 _K_TFLOW = _key(48, 1)
 _K_DOUBLE_COUNTER = _key(44, 1)
+_SEQ_FIELD_PAD = _K_SEQ + bytes(_SEQ_WIDTH)
+_UUID_FIELD_PAD = _K_UUID_TE + bytes(_UUID_WIDTH)
 _K_TRACK_EVENT = _key(11, 2)
 _K_PACKET = _key(1, 2)
 _TE_LEN = len(_K_UUID_TE) + _UUID_WIDTH
+_SEQ_FIELD = len(_K_SEQ) + _SEQ_WIDTH
+assert len(_K_SEQ) == 1 and len(_K_UUID_TE) == 1  # raw_event's offsets rely on it
 
 
 def _ns(t: float) -> int:
@@ -204,19 +213,21 @@ class _Builder:
         uuid and `rest` (flow ids at the given offsets of `rest`)."""
         te_len = _TE_LEN + len(rest)
         head_te = _K_TRACK_EVENT + _varint(te_len)
-        body_len = len(ts_field) + len(_K_SEQ) + _SEQ_WIDTH + len(head_te) + te_len
+        n_ts = len(ts_field)
+        body_len = n_ts + _SEQ_FIELD + len(head_te) + te_len
         head = _K_PACKET + _varint(body_len)
-        seq_at = self.size + len(head) + len(ts_field) + len(_K_SEQ)
-        uuid_at = seq_at + _SEQ_WIDTH + len(head_te) + len(_K_UUID_TE)
-        rest_at = uuid_at + _UUID_WIDTH
+        seq_at = self.size + len(head) + n_ts + 1  # after the one-byte sequence-id key
+        uuid_at = seq_at + _SEQ_WIDTH + len(head_te) + 1  # after the one-byte track_uuid key
         self.seq_pos.append(seq_at)
         self.uuid_pos.append(uuid_at)
         self.uuid_local.append(track)
-        for off, op, ends in flows:
-            self.flow_pos.append(rest_at + off)
-            self.flow_op.append(op)
-            self.flow_in.append(ends)
-        self.parts += [head, ts_field, _K_SEQ, _SEQ_PAD, head_te, _K_UUID_TE, _UUID_PAD, rest]
+        if flows:
+            rest_at = uuid_at + _UUID_WIDTH
+            for off, op, ends in flows:
+                self.flow_pos.append(rest_at + off)
+                self.flow_op.append(op)
+                self.flow_in.append(ends)
+        self.parts += (head, ts_field, _SEQ_FIELD_PAD, head_te, _UUID_FIELD_PAD, rest)
         self.size += len(head) + body_len
 
     def _flatten(self, pieces) -> tuple[bytes, list[tuple]]:
@@ -288,24 +299,25 @@ def encode_tracks(
                 continue  # shorter than 1 ns once rounded: it would not nest (kept in --out)
             fo = flowing and op in flows_out
             fi = flowing and op in flows_in
-            events.append((b_ns, 1, local, name, args, op if fo else None, op if fi else None))
-            events.append((e_ns, 0, local, None, None, None, None))
+            events.append((b_ns, 1, local, len(events), name, args, op if fo else None,
+                           op if fi else None))
+            events.append((e_ns, 0, local, len(events), None, None, None, None))
     for cname, samples in sorted(counters.items()):
         local += 1
         b.packet([_K_SEQ, ("seq",), ("msg", 60, [
             _key(1, 0), ("uuid", local), _str(2, cname), _key(5, 0), ("uuid", 0),
             _ld(8, _str(6, _counter_unit(cname)))])])
         for t, v in samples:
-            events.append((_ns(t), 2, local, None, float(v), None, None))
+            events.append((_ns(t), 2, local, len(events), None, float(v), None, None))
     if local >= TRACKS_PER_PROCESS:
         raise TpusimError(
             f"a Perfetto process would have {local:,} tracks, over the {TRACKS_PER_PROCESS:,} "
             f"this exporter supports; export fewer chips or a shorter program"
         )
-    events.sort(key=lambda e: (e[0], e[1], e[2]))
+    events.sort()  # (time, end < begin < counter, track, then order of creation): no ties
     names: dict[str, bytes] = {}
     arg_cache: dict[tuple, bytes] = {}
-    for ts, kind, track, name, payload, fo, fi in events:
+    for ts, kind, track, _n, name, payload, fo, fi in events:
         # Packet = ts, sequence id (fixed width), track_event {track_uuid (fixed width), type,
         # name, annotations, flow ids}: laid out by hand, the hot loop of a big export.
         flows: list[tuple[int, int, bool]] = []  # (offset in `rest`, op id, ends here)
