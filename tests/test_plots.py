@@ -127,7 +127,7 @@ def test_links_alike_rule_on_closed_form_arrays(v5e, topo):
 
 def test_collective_timeline_shows_each_step_of_each_stream_with_words():
     r = sim.collective(chip="v5e", shape="16x16", op="all-reduce", axes="x,y",
-                       bytes="1MiB").result
+                       bytes="1MiB", algorithm="multi-axis").result  # (auto: hierarchical)
     fig = collective_figures(r)["collective_timeline.png"]
     ax = fig.axes[0]
     tl = r.timeline
