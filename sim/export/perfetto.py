@@ -1,5 +1,16 @@
-"""Perfetto export: native protobuf (`.pftrace`, built with the `perfetto` package's trace protos)
-or Chrome Trace Event JSON (`.json`, for older viewers).
+"""Perfetto export: native protobuf (`.pftrace`, encoded by `sim/export/pftrace.py` in the
+`perfetto` package's trace schema) or Chrome Trace Event JSON (`.json`, for older viewers).
+
+Both are streamed with bounded memory. An export is a `TracePlan`: a list of processes, each
+showing one of a few distinct timelines (a chip class's step, a collective's group), every
+timeline encoded once. `plan_step_trace` / `plan_collective_trace` build it (checking the span
+and sizing the file before anything is written: `TracePlan.check_size` warns above
+`WARN_TRACE_BYTES` and refuses over `MAX_TRACE_BYTES`), and `TracePlan.write()` streams it to a
+temporary file renamed over the target (`output.atomic_write`). `export_step` and
+`export_collective(s)` do both. A new kind of process (e.g. one per pipeline stage) is a
+`_Proc` whose `key` names its timeline plus an `encode(key, as_json)` that returns
+`encode_tracks(tracks, counters)` (or `_chrome_events(...)` for JSON) for that key, where
+`tracks` maps a track name to `(start_s, end_s, name, args, op_id)` slices.
 
 Layout of a step: one process per exported chip (or per host, chips as track groups, when more
 than `MAX_CHIP_PROCESSES` chips are exported), each with a track per unit (MXU, VPU), lanes of
