@@ -349,7 +349,7 @@ def _dir_outputs(args: argparse.Namespace, flag: str) -> set[str]:
             names |= {f"{t}.csv", f"{t}.parquet"}
         return names
     return {"timeline.png", "breakdown.png", "utilization.png", "links_on_torus.png",
-            "collective_timeline.png"}
+            "collective_timeline.png", "chip_finish_times.png"}
 
 
 def check_trace_chips(args: argparse.Namespace, num_chips: int) -> None:

@@ -322,11 +322,22 @@ def _write_sweep(out: Path, rows: list[dict[str, Any]], title: str) -> list[Path
 
     paths = [atomic_write(out / "serve_sweep.csv", write_csv)]
     import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from sim.export.plots import save
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    # A bare Figure (no pyplot: a notebook's backend stays as it was) under the plots' fixed
+    # style, written without the software stamp: same rows, same bytes.
+    with matplotlib.rc_context({"font.family": "DejaVu Sans"}):
+        fig = Figure(figsize=(7, 4.5))
+        ax = fig.add_subplot()
+        _draw_sweep(ax, rows, title)
+        fig.tight_layout()
+        paths.append(save(fig, out / "serve_sweep_pareto.png"))
+    return paths
+
+
+def _draw_sweep(ax, rows: list[dict[str, Any]], title: str) -> None:
     configs = list(dict.fromkeys(f"{r['mesh']} {r['weight_dtype']}/{r['kv_dtype']}"
                                  for r in rows))
     palette = ["#4C72B0", "#55A868", "#8172B2", "#CCB974", "#64B5CD", "#8C8C8C"]
@@ -355,11 +366,6 @@ def _write_sweep(out: Path, rows: list[dict[str, Any]], title: str) -> list[Path
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    paths.append(atomic_write(out / "serve_sweep_pareto.png",
-                              lambda p: fig.savefig(p, format="png", dpi=120)))
-    plt.close(fig)
-    return paths
 
 
 def run_serve_sweep(args: argparse.Namespace):

@@ -40,6 +40,7 @@ _COLORS = {"mxu": "#4C72B0", "vpu": "#55A868", "hbm": "#C44E52", "ici": "#8172B2
            "dcn": "#64B5CD", "pcie": "#CCB974", "idle": "#999999"}
 UNIT_WORDS = {"mxu": "MXU", "vpu": "VPU", "hbm": "HBM", "ici": "ICI", "dcn": "DCN",
               "pcie": "PCIe", "idle": "idle"}
+_BOUND_WORDS = {"idle": "idle (waiting)"}
 PHASE_WORDS = {"fwd": "forward", "bwd": "backward", "loss": "loss", "optimizer": "optimizer",
                "": "no phase recorded"}
 _PHASE_COLORS = {"fwd": "#9ECAE1", "bwd": "#FDAE6B", "loss": "#D9D9D9", "optimizer": "#A1D99B"}
@@ -280,7 +281,7 @@ def _timeline(result, caption: str):
                  ("kind", "unit", "bound", "phase", "start_s", "end_s"))
     step = max(result.step_time_s, 1e-12)
     scale, unit = _time_unit(step)
-    lanes = ["PCIe / host", "collectives (ICI/DCN)", "VPU", "MXU", "phase"]
+    lanes = ["PCIe / host / idle", "collectives (ICI/DCN)", "VPU", "MXU", "phase"]
     start = ops["start_s"].astype(float)
     end = ops["end_s"].astype(float)
     kind = ops["kind"]
@@ -294,7 +295,8 @@ def _timeline(result, caption: str):
     phases = list(dict.fromkeys(p for p, _s, _e in spans))
     pcolor = {p: _PHASE_COLORS.get(p, _OTHER_PHASE_COLORS[i % len(_OTHER_PHASE_COLORS)])
               for i, p in enumerate(phases)}
-    handles = [Patch(color=_COLORS.get(b, "#333333"), label=f"{UNIT_WORDS.get(b, b)}-bound")
+    handles = [Patch(color=_COLORS.get(b, "#333333"),
+                     label=_BOUND_WORDS.get(b, f"{UNIT_WORDS.get(b, b)}-bound"))
                for b in present]
     handles += [Patch(color=pcolor[p], label=_phase_word(p)) for p in phases]
     width, ncol = 12.0, 8
@@ -424,10 +426,19 @@ def _ranges(xs: list[int]) -> str:
     return ",".join(out)
 
 
-def _grid(n: int, panel_w: float, panel_h: float) -> tuple[int, int]:
-    """Columns and rows for n panels, about as wide as 14 inches allow."""
-    cols = max(1, min(n, int(14 // panel_w)))
-    return cols, math.ceil(n / cols)
+def _grid(n: int, panel_w: float, panel_h: float, max_w: float = 16.0,
+          max_h: float = 20.0) -> tuple[int, int, float, float]:
+    """Columns, rows and panel size (inches) for n panels: the arrangement that keeps panels
+    largest within a max_w x max_h figure, shrinking them (not below 1.6 inches) when a pod
+    has many z slices."""
+    best = (1, n, 0.0)
+    for cols in range(1, n + 1):
+        rows = math.ceil(n / cols)
+        scale = min(1.0, max_w / (cols * panel_w), max_h / (rows * panel_h))
+        if scale >= best[2] - 1e-9:  # ties: the wider arrangement
+            best = (cols, rows, scale)
+    cols, rows, scale = best
+    return cols, rows, max(panel_w * scale, 1.6), max(panel_h * scale, 1.6)
 
 
 def _ticks(ax, n: int, axis: str) -> None:
@@ -596,7 +607,7 @@ def _torus_per_link(topo, util, *, caption: str, what: str, capacity, max_panels
     off, shorten = 0.1, 0.16  # + and - links side by side; ends kept off the chip dots
     pw = min(max(0.6 * nx + 1.0, 3.4), 7.0)
     ph = min(max(0.6 * ny + 1.0, 3.4), 7.0) if ndim > 1 else 1.4
-    cols, rows = _grid(len(panels), pw, ph)
+    cols, rows, pw, ph = _grid(len(panels), pw, ph)
     width = max(cols * pw + 1.6, 8.0)
     handles = [Line2D([], [], color="#555555", lw=2, label="link (+ above / left of -)")]
     if any(w and k > 1 for w, k in zip(topo.wraparound, topo.shape, strict=True)):
@@ -616,11 +627,12 @@ def _torus_per_link(topo, util, *, caption: str, what: str, capacity, max_panels
     notes = [f"links of a class differ: every link drawn ({topo.name}, {_wrap_words(topo)})",
              omitted, _dcn_words(topo, util)]
     title = _wrap(width, what, caption, "; ".join(x for x in notes if x))
-    fig = _figure(width, rows * ph, title, left=0.6, right=0.3,
+    fig = _figure(width, rows * ph, title, left=0.6, right=0.8,
                   bottom=0.45 + _legend_height(len(handles), ncol), axes_titles=True,
                   wspace=0.3, hspace=0.45)
     axes = fig.subplots(rows, cols, squeeze=False)
-    lw = min(max(30 / max(nx, ny), 0.8), 2.6)
+    px = min(pw / (nx + 0.5), ph / (ny + 0.5) if ndim > 1 else 1.0) * DPI  # pixels per chip
+    lw = min(max(0.09 * px, 0.6), 2.6)
     for ax in axes.flat[len(panels):]:
         ax.axis("off")
     for ax, (s, z) in zip(axes.flat, panels, strict=False):
@@ -658,7 +670,7 @@ def _torus_per_link(topo, util, *, caption: str, what: str, capacity, max_panels
             m = mid[slow[ids]]
             ax.scatter(m[:, 0], m[:, 1], marker="o", s=160, zorder=4, facecolors="none",
                        edgecolors="#FF7F0E", linewidths=1.5)
-        ax.scatter(coords[local, 0], coords[local, 1], s=max(4, 60 / max(nx, ny)),
+        ax.scatter(coords[local, 0], coords[local, 1], s=min(max((0.1 * px) ** 2, 2.0), 30.0),
                    color="black", zorder=3)
         ax.set_xlim(-0.75, nx - 0.25)
         ax.set_ylim(-0.75, ny - 0.25)
@@ -675,7 +687,8 @@ def _torus_per_link(topo, util, *, caption: str, what: str, capacity, max_panels
             label += f", slice {s}"
         ax.set_title(label)
     fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=axes.ravel().tolist(),
-                 label="link utilization", shrink=0.9)
+                 label="link utilization", shrink=min(0.9, 5.0 / (rows * ph)),
+                 fraction=0.3 / width, pad=0.25 / width)
     _legend(fig, handles, ncol)
     return fig
 
@@ -708,9 +721,9 @@ def chip_map_figure(topo, values, *, caption: str, what: str, label: str,
     norm = Normalize(lo, hi)
     pw = min(max(0.45 * nx + 1.0, 3.0), 6.0)
     ph = min(max(0.45 * ny + 1.0, 3.0), 6.0) if ndim > 1 else 1.4
-    cols, rows = _grid(len(panels), pw, ph)
+    cols, rows, pw, ph = _grid(len(panels), pw, ph)
     width = max(cols * pw + 1.6, 7.0)
-    fig = _figure(width, rows * ph, _wrap(width, what, caption, omitted), left=0.6, right=0.3,
+    fig = _figure(width, rows * ph, _wrap(width, what, caption, omitted), left=0.6, right=0.8,
                   bottom=0.5, axes_titles=True, wspace=0.3, hspace=0.45)
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat[len(panels):]:
@@ -730,7 +743,8 @@ def chip_map_figure(topo, values, *, caption: str, what: str, label: str,
         title = f"z = {z}" if ndim == 3 else topo.name
         ax.set_title(title + (f", slice {s}" if topo.num_slices > 1 else ""))
     cb = fig.colorbar(ScalarMappable(norm=norm, cmap="magma"), ax=axes.ravel().tolist(),
-                      label=label, shrink=0.9)
+                      label=label, shrink=min(0.9, 5.0 / (rows * ph)), fraction=0.3 / width,
+                      pad=0.25 / width)
     cb.formatter.set_useOffset(False)
     return fig
 

@@ -1,0 +1,126 @@
+"""Where the time of `--plots` goes: matplotlib's import, building each figure and writing each
+PNG, for training steps, a per-chip step, a collective and the largest torus.
+
+Run: python benchmarks/bench_plots.py [--before REV] [--repeats N]. Each case runs in a fresh
+Python process (so the imports are counted, as in a `tpusim ... --plots` run): the run is
+simulated first (not counted), then the plots are timed in wall and CPU seconds. `--before REV`
+times `sim/export/plots.py` as it was at git revision REV on the same results (for a
+before/after table; the old module drew with pyplot). Numbers are measurements on the machine
+that ran them; nothing here passes or fails on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CASES = {
+    # The demo's step (LLaMA-3-8B, v5e 4x4): ~1,400 ops; the torus drawn per link class.
+    "train 8B v5e 4x4": ("train", dict(chip="v5e", shape="4x4", model="llama3-8b", seq_len=2048,
+                                       batch_per_chip=1, mesh="fsdp=4,tensor=4")),
+    # A 70B step on 512 chips: ~3,500 ops on the timeline.
+    "train 70B v5p 8x8x8": ("train", dict(chip="v5p", shape="8x8x8", model="llama3-70b",
+                                          seq_len=8192, batch_per_chip=1,
+                                          mesh="fsdp=128,tensor=4")),
+    # Per-chip engine with a slow link and chip: the per-link torus (4 z slices) and finish map.
+    "train 8B v5p 4x4x4 slow": ("train", dict(chip="v5p", shape="4x4x4", model="llama3-8b",
+                                              seq_len=2048, batch_per_chip=1,
+                                              mesh="fsdp=16,tensor=4",
+                                              slow_link=["0,0,0:x+:0.5"],
+                                              slow_chip=["1,1,1:0.8"])),
+    # A collective with a dead link: 1,024 links drawn one by one.
+    "collective 16x16 dead link": ("collective", dict(chip="v5e", shape="16x16", op="all-reduce",
+                                                      axes="x", bytes="32MiB",
+                                                      dead_link=["3,3:x+"])),
+    # The largest pod drawn per link: 16x20x28 (28 z panels, 53,760 links), synthetic values.
+    "torus 16x20x28 per link": ("torus", dict(chip="v5p", shape="16x20x28")),
+}
+
+_CHILD = r"""
+import json, sys, time, importlib.util, subprocess
+case, kind, flags, before = json.loads(sys.argv[1])
+import sim
+import numpy as np
+if kind == "train":
+    run = sim.train(**flags)
+elif kind == "collective":
+    run = sim.collective(**flags)
+else:
+    from sim.hardware import get_chip
+    from topologies.slices import resolve_topology
+    chip = get_chip(flags["chip"])
+    topo = resolve_topology(chip_name=chip.name, wrap_rule=chip.generation_rule,
+                            max_pod_shape=chip.max_pod_shape, shape=flags["shape"])
+    util = np.random.default_rng(0).random(topo.num_links)
+if before:
+    src = subprocess.run(["git", "show", f"{before}:sim/export/plots.py"], capture_output=True,
+                         check=True, text=True).stdout
+    spec = importlib.util.spec_from_loader("old_plots", loader=None)
+    plots = importlib.util.module_from_spec(spec)
+    exec(compile(src, "old_plots.py", "exec"), plots.__dict__)
+else:
+    import sim.export.plots as plots
+out = "/tmp/tpusim_bench_plots/" + str(abs(hash(case)))
+w0, c0 = time.perf_counter(), time.process_time()
+import matplotlib
+matplotlib.use("Agg")  # what both versions end up using; timed as the import
+import matplotlib.figure
+t_import = (time.perf_counter() - w0, time.process_time() - c0)
+w1, c1 = time.perf_counter(), time.process_time()
+if kind == "train":
+    paths = plots.plot_step(run.result, run.to_dict(), out)
+elif kind == "collective":
+    paths = plots.plot_collective(run.result, out)
+elif before:
+    from pathlib import Path
+    paths = [plots.draw_torus(topo, util, "synthetic", Path(out) / "t.png")]
+else:
+    from pathlib import Path
+    paths = [plots.plot_torus(topo, util, Path(out) / "t.png", caption="synthetic",
+                              what="synthetic", capacity=np.ones(topo.num_links))]
+t_plots = (time.perf_counter() - w1, time.process_time() - c1)
+print(json.dumps({"import_wall_s": t_import[0], "import_cpu_s": t_import[1],
+                  "plots_wall_s": t_plots[0], "plots_cpu_s": t_plots[1],
+                  "files": len(paths),
+                  "bytes": sum(__import__("os").path.getsize(p) for p in paths)}))
+"""
+
+
+def run(case: str, before: str | None) -> dict:
+    kind, flags = CASES[case]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", _CHILD, json.dumps([case, kind, flags, before])],
+                          capture_output=True, text=True, cwd=ROOT, env=env, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{case}: failed: {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--before", help="also time sim/export/plots.py of this git revision")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--cases", help="comma-separated subset of the case names")
+    args = ap.parse_args()
+    cases = args.cases.split(",") if args.cases else list(CASES)
+    versions = [("now", None)] + ([(args.before, args.before)] if args.before else [])
+    print(f"{'case':<28} {'version':<9} {'import s':>9} {'plots wall s':>13} "
+          f"{'plots CPU s':>12} {'files':>6} {'KiB':>6}")
+    for case in cases:
+        for name, rev in versions:
+            rows = [run(case, rev) for _ in range(args.repeats)]
+            med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+            print(f"{case:<28} {name[:9]:<9} {med['import_wall_s']:9.2f} "
+                  f"{med['plots_wall_s']:13.2f} {med['plots_cpu_s']:12.2f} "
+                  f"{int(med['files']):6d} {med['bytes'] / 1024:6.0f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
