@@ -549,12 +549,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     # the comparison runs on the x axis of a full 16x16 pod (the 4x4 slice has no wraparound).
     ring_topo = resolve_topology(chip_name="v5e", wrap_rule=chip.generation_rule,
                                  max_pod_shape=chip.max_pod_shape, shape="16x16")
-    collectives = []
+    collectives, auto = [], None
     for algo in ("auto", "ring", "bidi-ring", "split-bidi-ring", "line"):
         try:
             c = simulate_collective(chip=chip, topology=ring_topo, op="all-gather", axes="x",
                                     nbytes=32 << 20, algorithm=algo)
             collectives.append(c.to_dict())
+            auto = auto or c
         except TpusimError as exc:
             collectives.append({"algorithm_requested": algo, "error": str(exc)})
     write_tables(out / "tables", {"ops": result.ops, "units": result.units,
@@ -581,7 +582,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from sim.export.plots import plot_step
 
     export_step(result, out / "train_step.pftrace")
-    plot_step(result, {**summary, "inputs": {"mesh": describe_mesh(mesh, topo)}}, out / "plots")
+    plot_step(result, {**summary, "inputs": inputs}, out / "plots")
+    if auto is not None:
+        from sim.export.plots import plot_collective
+
+        plot_collective(auto, out / "plots" / "all_gather_x")
     if args.json:
         cli.emit_json(doc)
         return 0
@@ -600,7 +605,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         else:
             print(f"  {c['algorithm_requested']:<22} n/a: {c['error']}")
     d = cli.show_path(out)
-    print(f"\nwrote {d}/summary.json, {d}/train_step.pftrace, {d}/plots/*.png, {d}/tables/")
+    print(f"\nwrote {d}/summary.json, {d}/train_step.pftrace, {d}/plots/*.png (the step's; "
+          f"the auto all-gather's in {d}/plots/all_gather_x/), {d}/tables/")
     return 0
 
 

@@ -318,10 +318,22 @@ def _timeline(result, caption: str):
     for p in phases:
         ax.broken_barh([(s * scale, (e - s) * scale) for q, s, e in spans if q == p],
                        (3.6, 0.8), facecolors=pcolor[p], edgecolor="white", linewidth=0.5)
+    labelled = set()
     for p, s, e in spans:
         word = _phase_word(p)
         if (e - s) / step > 0.0085 * len(word):
             ax.text((s + e) / 2 * scale, 4.0, word, ha="center", va="center", fontsize=8)
+            labelled.add(p)
+    for p in phases:  # a phase too narrow to hold its name: named beside its widest band
+        if p in labelled:
+            continue
+        _q, s, e = max((x for x in spans if x[0] == p), key=lambda x: x[2] - x[1])
+        if (s + e) / 2 > step / 2:
+            ax.text(s * scale, 4.0, f"{_phase_word(p)} \u2192 ", ha="right", va="center",
+                    fontsize=7)
+        else:
+            ax.text(e * scale, 4.0, f" \u2190 {_phase_word(p)}", ha="left", va="center",
+                    fontsize=7)
     if 1 < len(spans) <= 16:  # phase boundaries across the lanes
         ax.vlines([s * scale for _p, s, _e in spans[1:]], -0.5, 3.5, colors="#999999",
                   linewidth=0.7, linestyles="--")
