@@ -138,6 +138,13 @@ def test_collective_timeline_shows_each_step_of_each_stream_with_words():
     assert "0: reduce-scatter over x" in texts and "3: all-gather over y" in texts
     assert fig.legends and ax.get_legend() is None
     assert "v5e 16x16 (256 chips)" in _title(fig)
+    # With --chunks C each piece gets its own lane: C lanes of the same steps.
+    r = sim.collective(chip="v5e", shape="4x4", op="all-gather", axes="x", bytes="1MiB",
+                       algorithm="ring", chunks=3).result
+    ax = collective_figures(r)["collective_timeline.png"].axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [
+        f"stream 0, chunk {c}" for c in range(3)]
+    assert sum(len(c.get_paths()) for c in ax.findobj(PolyCollection)) == len(r.timeline)
     assert step_words("part1 RS x") == "reduce-scatter over x"
     assert step_words("A2A ring") == "all-to-all ring"
     assert step_words("permute x+1") == "permute x+1"
@@ -221,6 +228,22 @@ def test_every_plot_kind_is_byte_identical_for_identical_inputs(tiny, tmp_path):
     assert sorted(out[0][0]) == ["breakdown.png", "chip_finish_times.png", "links_on_torus.png",
                                  "timeline.png", "utilization.png"]
     assert sorted(out[0][1]) == ["collective_timeline.png", "links_on_torus.png"]
+
+
+def test_serve_sweep_pareto_plot_is_byte_identical_and_names_model_pod_and_mesh(tiny, tmp_path,
+                                                                               capsys):
+    from sim.cli import main
+
+    digests = []
+    for d in ("a", "b"):
+        assert main(["serve-sweep", "--chip", "v5e", "--shape", "2x2", "--model", tiny,
+                     "--context-len", "256", "--mesh", "tensor=4", "--batches", "1,4",
+                     "--out", str(tmp_path / d)]) == 0
+        digests.append(hashlib.sha256((tmp_path / d / "serve_sweep_pareto.png").read_bytes())
+                       .hexdigest())
+    title = capsys.readouterr().out.splitlines()[0]
+    assert digests[0] == digests[1]
+    assert "tiny decode" in title and "v5e" in title and "2x2" in title and "tensor=4" in title
 
 
 # -- text reports -------------------------------------------------------------------------------

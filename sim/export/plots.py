@@ -186,9 +186,9 @@ def step_caption(result, summary: dict[str, Any]) -> str:
 
 def collective_caption(res) -> str:
     """A collective has no model and no mesh: its replica groups stand for the mesh."""
-    over = ",".join(res.axes) if res.axes else "its chips"
+    over = f" over {','.join(res.axes)}" if res.axes else ""
     return (f"one collective (no model) on {pod_words(res.chip, res.topology, res.num_chips)}, "
-            f"{res.num_groups} replica group(s) of {res.group_size} chips over {over}")
+            f"{res.num_groups} replica group(s) of {res.group_size} chips{over}")
 
 
 # -- a training / inference step ---------------------------------------------------------------
@@ -777,8 +777,9 @@ def collective_figures(res, *, max_panels: int = MAX_PANELS) -> dict[str, Any]:
     util = np.divide(res._link_bytes, denom, out=np.zeros_like(res._link_bytes, dtype=float),
                      where=denom > 0)
     caption = collective_caption(res)
-    what = (f"{res.op} of {_fmt_bytes(res.bytes)} over {','.join(res.axes) or '-'} "
-            f"({res.algorithm}): {_fmt_time(res.time_s)}; link utilization")
+    over = f" over {','.join(res.axes)}" if res.axes else ""
+    what = (f"{res.op} of {_fmt_bytes(res.bytes)}{over} ({res.algorithm}): "
+            f"{_fmt_time(res.time_s)}; link utilization")
     return {"links_on_torus.png": torus_figure(res._topology, util, capacity=res._link_cap,
                                                caption=caption, what=what,
                                                max_panels=max_panels),
@@ -817,6 +818,17 @@ def _collective_timeline(res, caption: str):
         mine &= tl["chip"] == tl["chip"][mine].min()
         groups = len(np.unique(tl["group"]))
     rows = {c: v[mine].tolist() for c, v in tl.items()}
+    # With --chunks C every step appears once per chunk (in start order): a lane per
+    # (stream, chunk) shows the pieces flowing through the steps.
+    seen: dict[tuple[int, int], int] = {}
+    order = sorted(range(len(rows["step"])), key=lambda i: (rows["start_s"][i], i))
+    chunk = [0] * len(order)
+    for i in order:
+        key = (rows["stream"][i], rows["step"][i])
+        chunk[i] = seen.get(key, 0)
+        seen[key] = chunk[i] + 1
+    chunked = max(chunk, default=0) > 0
+    rows["stream"] = [(st, c) for st, c in zip(rows["stream"], chunk, strict=True)]
     if groups > 1:
         who = f"replica group {g}, the last of the {groups} simulated to finish"
     elif res.num_groups > 1:
@@ -833,13 +845,13 @@ def _collective_timeline(res, caption: str):
     ncol = 4
     title = _wrap(width, f"{res.op} ({res.algorithm}): steps per stream of {who}; "
                          f"{_fmt_time(res.time_s)} in all", caption)
-    fig = _figure(width, 0.5 + 0.34 * max(len(streams), 1), title, left=0.9,
+    fig = _figure(width, 0.5 + 0.34 * max(len(streams), 1), title, left=1.4 if chunked else 0.9,
                   bottom=0.5 + _legend_height(len(handles), ncol, titled=True))
     ax = fig.add_subplot()
-    bars: dict[tuple[int, str], list] = {}
+    bars: dict[tuple[tuple[int, int], str], list] = {}
     for stream, kind, s, e in zip(rows["stream"], kinds, rows["start_s"], rows["end_s"],
                                   strict=True):
-        bars.setdefault((int(stream), kind), []).append((s * scale, (e - s) * scale))
+        bars.setdefault((stream, kind), []).append((s * scale, (e - s) * scale))
     ypos = {st: i for i, st in enumerate(streams)}
     for (stream, kind), xr in sorted(bars.items()):
         ax.broken_barh(xr, (ypos[stream] - 0.38, 0.76), facecolors=color[kind],
@@ -850,9 +862,10 @@ def _collective_timeline(res, caption: str):
         frac = (e - s) / t_end
         text = f"{step}: {kind}" if frac > 0.0075 * (len(kind) + 3) else str(step)
         if frac > 0.0075 * len(text):
-            ax.text((s + e) / 2 * scale, ypos[int(stream)], text, ha="center", va="center",
+            ax.text((s + e) / 2 * scale, ypos[stream], text, ha="center", va="center",
                     fontsize=7, color="white")
-    ax.set_yticks(range(len(streams)), [f"stream {s}" for s in streams])
+    ax.set_yticks(range(len(streams)), [f"stream {s}" + (f", chunk {c}" if chunked else "")
+                                        for s, c in streams])
     ax.set_ylim(max(len(streams), 1) - 0.4, -0.6)  # stream 0 on top
     ax.set_xlim(0, t_end * scale)
     ax.set_xlabel(f"time ({unit})")
