@@ -152,6 +152,7 @@ def test_collective_timeline_shows_each_step_of_each_stream_with_words():
 
 # -- steps: 2D, 3D, multi-slice; words and captions ---------------------------------------------
 @pytest.mark.parametrize(("flags", "pod", "mesh"), [
+    (dict(chip="v5e", shape="4", mesh="fsdp=4"), "v5e 4 (4 chips)", "mesh fsdp=4 on x"),
     (dict(chip="v5e", shape="2x2", mesh="fsdp=2,tensor=2"), "v5e 2x2 (4 chips)",
      "mesh fsdp=2 on y, tensor=2 on x"),
     (dict(chip="v5p", shape="2x2x2", mesh="fsdp=8"), "v5p 2x2x2 (8 chips)", "mesh fsdp=8 on"),
