@@ -95,7 +95,8 @@ def test_collective_text_reports_time_algorithm_and_pod(capsys):
     assert "33,554,432 B (32.00 MiB)" in lines[0]
     assert any("auto (multi-axis)" in ln for ln in lines)
     time_line = next(ln for ln in lines if ln.strip().startswith("time"))
-    assert time_line.split()[-2:] == ["562.24", "us"]
+    assert time_line.split()[1:3] == ["562.24", "us"]
+    assert "(latency 3.00 us + bandwidth and contention 559.24 us)" in time_line  # 3 hops
     busiest = next(ln for ln in lines if "busiest link" in ln)
     assert "24.00 MiB" in busiest
     assert "full" in next(ln for ln in lines if "simulation" in ln)
@@ -243,6 +244,16 @@ def test_compare_collectives_shows_why_auto_picks_over_several_axes(capsys):
             assert c["time_s"] == ok[name]["time_s"]
         elif "lower_bound_s" in c:
             assert ok["auto"]["time_s"] <= c["lower_bound_s"] <= ok[name]["time_s"]
+
+
+def test_collective_text_names_auto_s_pick_and_splits_latency_from_bandwidth(capsys):
+    rc, out, err = _run(capsys, "collective", "--chip", "v5e", "--shape", "16x16", "--op",
+                        "all-reduce", "--axes", "x,y", "--bytes", "64KiB")
+    assert rc == 0 and err == ""
+    algo = next(ln for ln in out.splitlines() if ln.strip().startswith("algorithm"))
+    assert "auto (hierarchical), the fastest of 4 applicable" in algo
+    time_line = next(ln for ln in out.splitlines() if ln.strip().startswith("time"))
+    assert "33.50 us (latency 32.00 us + bandwidth and contention 1.50 us)" in time_line
 
 
 def test_compare_collectives_with_no_applicable_algorithm_is_an_error(capsys):

@@ -117,8 +117,14 @@ def cmd_collective(args: argparse.Namespace) -> int:
         f"{what} on {res.topology} {res.chip} ({res.num_chips} chips, {res.num_groups} group(s) "
         f"of {res.group_size}), V = {res.bytes:,} B ({fmt_bytes(res.bytes)})"
     )
-    print(f"  algorithm       {res.algorithm}")
-    print(f"  time            {fmt_time(res.time_s)}")
+    algo = res.algorithm
+    if res.auto_candidates:
+        n = sum(1 for c in res.auto_candidates if c.get("time_s") is not None
+                or "lower_bound_s" in c)
+        algo += f", the fastest of {n} applicable (compare-collectives lists them)"
+    print(f"  algorithm       {algo}")
+    print(f"  time            {fmt_time(res.time_s)} (latency {fmt_time(res.latency_s)} + "
+          f"bandwidth and contention {fmt_time(res.bandwidth_s)})")
     print(
         f"  busiest link    {fmt_bytes(res.bytes_on_busiest_link)}, "
         f"{res.max_link_utilization:.0%} of its bandwidth"
