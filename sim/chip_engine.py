@@ -646,7 +646,7 @@ def simulate_chips(
     if multi:
         res.sim_events = sum(cl.net.num_events for cl in classes) + class_ops
     _common_fields(res, topology, {i: op_key[(p, i)][1] for p, i in op_geom if p == sc.prog},
-                   {**sc.coll_cost, **sc.send_cost}, lm, slow, ())
+                   {**sc.coll_cost, **sc.send_cost}, lm, slow, cfg.dead_links)
     res.num_chip_classes = ncls
     res.slowest_chip = _coords_text(topology, sc.rep)
     res._chip_class = label
@@ -727,6 +727,8 @@ def _common_fields(res, topology, coll_axes, coll_cost, lm, slow, dead) -> None:
                              dtype=float)
     for lk, f in slow.items():
         res._link_cap[lk] *= f
+    for lk in dead:  # no capacity, as in the collective simulation (the plots mark it dead)
+        res._link_cap[lk] = 0.0
     if res._link_bytes is not None:
         for lk in dead:  # a dead link carries nothing (its detour's bytes stay elsewhere)
             res._link_bytes[lk] = 0.0

@@ -90,6 +90,22 @@ def test_collective_torus_is_drawn_per_link_when_links_of_a_class_differ(flags, 
     assert ("z link" in legend) == (topo.ndim == 3)
 
 
+def test_multi_slice_torus_draws_the_slices_that_differ_and_names_the_alike_ones():
+    # A dead link in slice 1: both slices drawn, every ICI link of both a segment.
+    r = sim.collective(chip="v5e", shape="4x4", slices=2, op="all-reduce", axes="x",
+                       bytes="1MiB", dead_link=["1,0,1:x+"]).result
+    fig = collective_figures(r)["links_on_torus.png"]
+    assert [ax.get_title() for ax in fig.axes[:2]] == ["2x(4x4), slice 0", "2x(4x4), slice 1"]
+    assert _segments(fig) == int(r._topology.link_mask().sum())
+    # Three slices alike (an all-gather over x and dcn): slice 0 drawn, the others named.
+    r = sim.collective(chip="v5e", shape="4x4", slices=3, op="all-gather", axes="x,dcn",
+                       bytes="3MiB").result
+    fig = collective_figures(r)["links_on_torus.png"]
+    title = _title(fig)
+    assert "slice(s) 1-2 are like slice 0: not drawn" in title and "DCN links" in title
+    assert _segments(fig) == int(r._topology.link_mask().sum()) // 3
+
+
 @pytest.mark.parametrize(("flags", "classes"), [
     (dict(chip="v5e", shape="16x16", axes="x,y"), ["x+", "x-", "y+", "y-"]),
     (dict(chip="v5p", shape="4x4x4", axes="z"), ["x+", "x-", "y+", "y-", "z+", "z-"]),
@@ -204,6 +220,17 @@ def test_per_chip_step_draws_links_per_link_and_the_finish_time_map(tiny):
     fm = figs["chip_finish_times.png"]
     assert "slowest chip is (1,1,1)" in _title(fm) and "v5p 2x2x2 (8 chips)" in _title(fm)
     assert [ax.get_title() for ax in fm.axes[:2]] == ["z = 0", "z = 1"]
+
+
+def test_step_with_a_dead_link_draws_every_link_and_marks_the_dead_one(tiny):
+    run = sim.train(chip="v5e", shape="4x4", wraparound="all", model=tiny, seq_len=128,
+                    batch_per_chip=1, mesh="fsdp=4,tensor=4", dead_link=["1,1:y+"])
+    topo = run.result._topology
+    dead = topo.ici_link_id(topo.chip_id((1, 1)), 1, 1)
+    assert run.result._link_cap[dead] == 0.0 and run.result._link_bytes[dead] == 0.0
+    fig = step_figures(run.result, run.to_dict())["links_on_torus.png"]
+    assert _segments(fig) == int(topo.link_mask().sum())
+    assert "dead link (no capacity: idle)" in [t.get_text() for t in fig.legends[0].get_texts()]
 
 
 # -- files: determinism, speed-independent ------------------------------------------------------
