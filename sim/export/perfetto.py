@@ -649,6 +649,8 @@ def _collective_processes(res) -> list[tuple[str, dict[str, list[tuple]]]]:
             name += f" (link tracks: the {len(kept)} busiest of {len(link_total)} links)"
         elif link_total:
             name += f" (link tracks: the {len(link_total)} links its routes loaded)"
+        elif res.mode != "symmetric" and res._step_links is None:
+            name += " (no link tracks: more (step, link) pairs than the trace keeps)"
         out.append((name, _laned(tracks)))
     if len(groups) > MAX_CHIP_PROCESSES:
         first, rest = out[0]
