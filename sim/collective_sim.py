@@ -36,7 +36,6 @@ from topologies.groups import (
     GroupAxis,
     GroupGeometry,
     group_axes,
-    route_latency_s,
 )
 from topologies.scenario import Scenario, parse_slow_link
 from topologies.torus import AXIS_NAMES, DCN_AXIS, Topology
@@ -668,22 +667,47 @@ def _candidate_lower_bound(cand: str, kw, ctx) -> float | None:
     except (TpusimError, ValueError, TypeError):
         return None
     chip = kw["chip"]
+    k = len(gaxes)
+    size = np.array([g.size for g in gaxes], dtype=np.int64)
+    wraps = np.array([g.wraps for g in gaxes])
+    dcn = np.array([g.is_dcn for g in gaxes])
+    hop_len = np.array([0 if g.is_dcn else g.stride for g in gaxes], dtype=float)
+    hop_lat = np.array([chip.dcn_latency_s if g.is_dcn else chip.ici_hop_latency_s * g.stride
+                        for g in gaxes])
+    axis_index = [g.index for g in gaxes]
     best = 0.0
     for stream in schedule.streams:
         t = 0.0
         for st in stream:
-            lat = 0.0
+            if not st.moves:
+                continue
+            # Every move at once (a step of `direct` has one per destination).
+            off = np.array([m.offset for m in st.moves], dtype=np.int64).reshape(-1, k)
+            nbytes = np.array([m.bytes for m in st.moves], dtype=float)
+            if any(m.src_bit is not None for m in st.moves):
+                n_src = np.array([_num_sources(m, gaxes) for m in st.moves], dtype=float)
+            else:
+                lo = np.zeros_like(off)
+                hi = np.broadcast_to(size - 1, off.shape).copy()
+                for i, m in enumerate(st.moves):
+                    if m.src_lo is not None:
+                        lo[i] = np.maximum(lo[i], m.src_lo)
+                        hi[i] = np.minimum(hi[i], m.src_hi)
+                line = (off != 0) & ~wraps
+                lo = np.where(line, np.maximum(lo, -off), lo)
+                hi = np.where(line, np.minimum(hi, size - 1 - off), hi)
+                n_src = np.prod(np.clip(hi - lo + 1, 0, None), axis=1).astype(float)
+            live = (nbytes > 0) & (n_src > 0) & (off != 0).any(axis=1)
+            if not live.any():
+                continue
+            # route_latency_s: per-hop latency on ICI, the DCN latency once per DCN crossing.
+            steps = np.where(dcn, off[live] != 0, np.abs(off[live]))
+            lat = float((steps * hop_lat).sum(axis=1).max())
+            load = (nbytes * n_src)[live, None] * np.abs(off[live]) * hop_len  # per group axis
             axis_bytes: dict[int, float] = {}
-            for m in st.moves:
-                n_src = _num_sources(m, gaxes)
-                if m.bytes <= 0 or n_src == 0 or not any(m.offset):
-                    continue
-                lat = max(lat, route_latency_s(gaxes, m.offset, chip.ici_hop_latency_s,
-                                               chip.dcn_latency_s))
-                for g, o in zip(gaxes, m.offset, strict=True):
-                    if o and not g.is_dcn:
-                        axis_bytes[g.index] = (axis_bytes.get(g.index, 0.0)
-                                               + m.bytes * n_src * abs(o) * g.stride)
+            for j, a in enumerate(axis_index):
+                if not dcn[j]:
+                    axis_bytes[a] = axis_bytes.get(a, 0.0) + float(load[:, j].sum())
             drain = max((b * num_groups / (links[a] * fastest)
                          for a, b in axis_bytes.items() if links[a]), default=0.0)
             t += st.repeat * (lat + drain)
