@@ -1,6 +1,7 @@
 """Imported XLA programs against tpusim's own compiled steps for the same model and mesh: dot
 FLOPs, collective bytes by kind and physical axis, step time. Writes the HLO section of
-docs/validation.md (`--write`; everything from the `<!-- hlo-import -->` marker on).
+docs/validation.md (`--write`; from the `<!-- hlo-import -->` marker to the `<!-- peak-hbm -->`
+marker, whose section benchmarks/xla_memory.py writes).
 
 Run: .venv/bin/python benchmarks/validate_hlo.py [--write]
 """
@@ -30,6 +31,7 @@ from workloads.training import Remat, TrainingConfig, compile_training_step  # n
 FIXTURES = ROOT / "tests" / "fixtures" / "hlo"
 DOC = ROOT / "docs" / "validation.md"
 MARKER = "<!-- hlo-import -->"
+PEAK_MARKER = "<!-- peak-hbm -->"
 POD = {"v5e:4x4": ("v5e", "4x4"), "v5e:2x4": ("v5e", "2x4"), "v5p:4x4x4": ("v5p", "4x4x4")}
 TRAIN = ["train_fsdp_v5e16", "train_fsdp_tp_v5e16", "train_fsdp_v5p64", "train_fsdp_tp_v5p64",
          "scan_fsdp_v5e16"]
@@ -174,7 +176,9 @@ def main() -> int:
     if args.write:
         old = DOC.read_text()
         head = old[:old.index(MARKER)] if MARKER in old else old.rstrip("\n") + "\n\n"
-        DOC.write_text(head + section)
+        # The peak-HBM section after it belongs to benchmarks/xla_memory.py.
+        tail = old[old.index(PEAK_MARKER):] if PEAK_MARKER in old else ""
+        DOC.write_text(head + section + ("\n" + tail if tail else ""))
         print(f"wrote {DOC}")
     else:
         print(section)

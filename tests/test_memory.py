@@ -12,7 +12,13 @@ from sim.engine import replay
 from sim.hardware import get_chip
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology
-from workloads.memory import LayerShapeSpec, loss_tensors, offloaded_tensors, saved_tensors
+from workloads.memory import (
+    LayerShapeSpec,
+    attention_temporaries,
+    loss_tensors,
+    offloaded_tensors,
+    saved_tensors,
+)
 from workloads.models import model_from_dict
 from workloads.training import Remat, TrainingConfig, compile_training_step
 
@@ -81,8 +87,8 @@ def test_offload_sends_the_minimal_set_except_the_layer_input_to_the_host():
         - 2 * 100 * 8
 
 
-def test_loss_holds_bf16_logits_their_f32_copy_and_bf16_gradients():
-    assert _bytes(loss_tensors(rows=10, local_vocab=32)) == 10 * 32 * (2 + 4 + 2)
+def test_loss_holds_f32_logits_and_bf16_gradients():
+    assert _bytes(loss_tensors(rows=10, local_vocab=32)) == 10 * 32 * (4 + 2)
 
 
 # -- whole steps -------------------------------------------------------------------------------
@@ -109,7 +115,7 @@ def test_a_big_vocabulary_puts_the_peak_at_the_loss_with_every_layer_input_saved
     assert res.hbm_peak_breakdown == pytest.approx({
         "params": sb["params"], "optimizer": sb["optimizer"],
         "saved_activations": L * 2 * n * D,
-        "logits": n * V * (2 + 4 + 2),
+        "logits": n * V * (4 + 2),
     }, rel=1e-12)
     assert res.hbm_peak_bytes == pytest.approx(sum(res.hbm_peak_breakdown.values()), rel=1e-12)
 
@@ -139,3 +145,75 @@ def test_train_json_reports_the_peak_breakdown(tmp_path, capsys):
     assert sum(s["hbm_peak_breakdown"].values()) == pytest.approx(s["hbm_peak_bytes"], rel=1e-12)
     assert set(s["hbm_peak_breakdown"]) == {"params", "optimizer", "saved_activations", "logits"}
     assert s["memory"]["saved_activations_per_layer"] == {"layer_input": 2 * 256 * 128}
+
+
+# -- dot attention's working buffers and when saved tensors appear ------------------------------
+
+LONG_CONTEXT = {"name": "long-ctx", "num_layers": 2, "d_model": 64, "num_heads": 4,
+                "num_kv_heads": 2, "head_dim": 16, "d_ff": 128, "mlp": "swiglu",
+                "vocab_size": 256}
+
+
+def _long(remat, mesh="fsdp=1", shape="1x1", gather="windowed"):
+    chip = get_chip("v5e")
+    topo = resolve_topology(chip_name=chip.name, wrap_rule=chip.generation_rule,
+                            max_pod_shape=chip.max_pod_shape, shape=shape)
+    cfg = TrainingConfig(seq_len=1024, batch_per_chip=2, remat=remat, attention="dot",
+                         fsdp_gather=gather)
+    trace = compile_training_step(model_from_dict(LONG_CONTEXT), parse_mesh(mesh),
+                                  topo.num_chips, cfg)
+    return trace, replay(trace, chip, topo)
+
+
+def test_dot_attention_holds_f32_scores_and_bf16_probabilities():
+    # 2 sequences x 1024 queries x 1024 keys x 3 local heads: 4 + 2 bytes per score.
+    assert attention_temporaries(rows=2048, context=1024, local_heads=3) == \
+        6 * 2048 * 1024 * 3
+
+
+@pytest.mark.parametrize("mesh,shape,tokens,heads", [("fsdp=1", "1x1", 2048, 4),
+                                                     ("fsdp=2,tensor=2", "2x2", 4096, 2)])
+def test_full_remat_peaks_in_the_last_layers_recomputed_attention(mesh, shape, tokens, heads):
+    trace, res = _long(Remat.FULL, mesh, shape)
+    sb = trace.meta["static_breakdown"]
+    D, q, kv = 64, heads * 16, max(2 / (4 // heads), 1) * 16
+    # Both layer inputs (the residual stream: rows / tensor when sharded), plus what the
+    # recomputation has rewritten before the scores: the normed input (all rows, gathered),
+    # its f32 statistics, q, k and v.
+    rows = tokens / (4 // heads)
+    saved = 2 * 2 * rows * D + 2 * tokens * D + 4 * rows + 2 * tokens * (q + 2 * kv)
+    assert res.hbm_peak_breakdown["temporaries"] == 6 * tokens * 1024 * heads
+    assert res.hbm_peak_breakdown["saved_activations"] == pytest.approx(saved, rel=1e-12)
+    assert res.hbm_peak_bytes == pytest.approx(
+        sb["params"] + sb["optimizer"] + saved + 6 * tokens * 1024 * heads, rel=1e-12)
+
+
+def test_saved_tensors_are_allocated_when_their_producer_ends():
+    trace, _ = _long(Remat.NONE)
+    got: dict[str, float] = {}
+    for op_id, cat, delta in trace.meta["memory_events"]:
+        op = trace.ops[op_id]
+        if cat == "saved_activations" and op.layer == 0 and op.phase == "fwd":
+            got[op.name] = got.get(op.name, 0.0) + delta
+    n, D = 2048, 64
+    assert got["qkv_proj"] == 2 * n * (64 + 2 * 32)  # q, k and v in bf16
+    assert got["softmax"] == 2 * n * 1024 * 4  # the bf16 probabilities of 4 heads
+    assert got["mlp_in"] == 2 * n * 2 * 128  # gate and up projections
+    assert got["norm_attn"] == 2 * n * D * 2 + 4 * n  # layer input, normed input, f32 rsqrt
+    assert sum(got.values()) == pytest.approx(
+        sum(t.num_bytes for t in _none_set()), rel=1e-12)
+
+
+def _none_set():
+    shape = LayerShapeSpec(rows=2048, residual_rows=2048, context=1024, d_model=64,
+                           q_width=64, kv_width=32, local_heads=4, ff_width=128,
+                           mlp_matrices=3, parallel_block=False)
+    return saved_tensors(shape, remat="none", attention="dot")
+
+
+def test_windowed_gathers_hold_no_gathered_layer_weights():
+    _, windowed = _long(Remat.FULL, "fsdp=4", "2x2", gather="windowed")
+    _, prefetched = _long(Remat.FULL, "fsdp=4", "2x2", gather="async")
+    # Only the output projection is gathered whole (bf16 [d_model, vocab]) for the logits.
+    assert windowed.memory.gathered_weights.max() == 2 * 64 * 256
+    assert prefetched.memory.gathered_weights.max() > 2 * 64 * 256

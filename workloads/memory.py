@@ -22,6 +22,9 @@ class MemoryCategory(enum.StrEnum):
     SAVED_ACTIVATIONS = "saved_activations"
     GATHERED_WEIGHTS = "gathered_weights"
     LOGITS = "logits"
+    # Working buffers of the op in flight (dot attention's f32 scores and softmax, the backward's
+    # f32 score gradients): born and dead inside one sublayer.
+    TEMPORARIES = "temporaries"
     OTHER = "other"
 
 
@@ -35,6 +38,9 @@ class SavedTensor:
     name: str
     num_elements: float
     dtype_bytes: float
+    # The forward op that writes it (training.py's op name without a `re-` prefix): HBM holds the
+    # tensor from that op's end on.
+    producer: str = ""
 
     @property
     def num_bytes(self) -> float:
@@ -85,60 +91,89 @@ def saved_tensors(shape: LayerShapeSpec, *, remat: str, attention: str,
     """
     s, a = shape, act_bytes
     n, r, D = s.rows, s.residual_rows, s.d_model
-    layer_input = SavedTensor(name="layer_input", num_elements=r * D, dtype_bytes=a)
+    layer_input = SavedTensor(name="layer_input", num_elements=r * D, dtype_bytes=a,
+                               producer="norm_attn")
     if remat in ("full", "offload"):
         return (layer_input,)
     qkv = (
-        SavedTensor(name="q", num_elements=n * s.q_width, dtype_bytes=a),
-        SavedTensor(name="k", num_elements=n * s.kv_width, dtype_bytes=a),
-        SavedTensor(name="v", num_elements=n * s.kv_width, dtype_bytes=a),
+        SavedTensor(name="q", num_elements=n * s.q_width, dtype_bytes=a,
+                    producer="qkv_proj"),
+        SavedTensor(name="k", num_elements=n * s.kv_width, dtype_bytes=a,
+                    producer="qkv_proj"),
+        SavedTensor(name="v", num_elements=n * s.kv_width, dtype_bytes=a,
+                    producer="qkv_proj"),
     )
     hidden = SavedTensor(name="mlp_hidden", num_elements=(s.mlp_matrices - 1) * n * s.ff_width,
-                         dtype_bytes=a)
-    router = (SavedTensor(name="router_logits", num_elements=n * s.num_experts, dtype_bytes=4.0),
+                         dtype_bytes=a, producer="mlp_in")
+    router = (SavedTensor(name="router_logits", num_elements=n * s.num_experts, dtype_bytes=4.0,
+                           producer="router"),
               ) if s.num_experts else ()
     if remat == "minimal":
-        outs = [SavedTensor(name="attn_out_proj", num_elements=n * D, dtype_bytes=a),
-                SavedTensor(name="mlp_out", num_elements=n * D, dtype_bytes=a)]
+        outs = [SavedTensor(name="attn_out_proj", num_elements=n * D, dtype_bytes=a,
+                            producer="out_proj"),
+                SavedTensor(name="mlp_out", num_elements=n * D, dtype_bytes=a,
+                            producer="mlp_out")]
         return (layer_input, *qkv, outs[0], hidden, *router, outs[1])
     if remat != "none":
         raise ValueError(f"unknown remat policy {remat!r}")
     out: list[SavedTensor] = [
         layer_input,
-        SavedTensor(name="norm_attn_stats", num_elements=r, dtype_bytes=4.0),
-        SavedTensor(name="norm_attn_out", num_elements=n * D, dtype_bytes=a),
+        SavedTensor(name="norm_attn_stats", num_elements=r, dtype_bytes=4.0,
+                    producer="norm_attn"),
+        SavedTensor(name="norm_attn_out", num_elements=n * D, dtype_bytes=a,
+                    producer="norm_attn"),
         *qkv,
     ]
     if attention == "dot":
         out.append(SavedTensor(name="attn_probs", num_elements=n * s.context * s.local_heads,
-                               dtype_bytes=a))
+                               dtype_bytes=a, producer="softmax"))
     else:
         out.append(SavedTensor(name="attn_logsumexp", num_elements=n * s.local_heads,
-                               dtype_bytes=4.0))
-    out.append(SavedTensor(name="attn_context", num_elements=n * s.q_width, dtype_bytes=a))
+                               dtype_bytes=4.0, producer="flash_attention"))
+    out.append(SavedTensor(name="attn_context", num_elements=n * s.q_width, dtype_bytes=a,
+                           producer="attn_values" if attention == "dot" else "flash_attention"))
     if not s.parallel_block:
         out += [
-            SavedTensor(name="residual_mid", num_elements=r * D, dtype_bytes=a),
-            SavedTensor(name="norm_mlp_stats", num_elements=r, dtype_bytes=4.0),
-            SavedTensor(name="norm_mlp_out", num_elements=n * D, dtype_bytes=a),
+            SavedTensor(name="residual_mid", num_elements=r * D, dtype_bytes=a,
+                        producer="residual_attn"),
+            SavedTensor(name="norm_mlp_stats", num_elements=r, dtype_bytes=4.0,
+                        producer="norm_mlp"),
+            SavedTensor(name="norm_mlp_out", num_elements=n * D, dtype_bytes=a,
+                        producer="norm_mlp"),
         ]
     out += [*router, hidden,
-            SavedTensor(name="mlp_act_out", num_elements=n * s.ff_width, dtype_bytes=a)]
+            SavedTensor(name="mlp_act_out", num_elements=n * s.ff_width, dtype_bytes=a,
+                        producer="mlp_act")]
     return tuple(out)
+
+
+def attention_temporaries(*, rows: float, context: float, local_heads: float,
+                          act_bytes: float = 2.0) -> float:
+    """Peak working bytes of a dot attention's forward (per chip): the f32 scores
+    [rows, context, heads] (4 x b x s x context x heads / shards; the softmax overwrites them in
+    place) and the bf16 probabilities written from them, live together.
+
+    Source: XLA's live ranges at the peak of the scanned `benchmarks/xla_memory.py` programs
+    (the f32 score buffer is reused by the softmax's subtract-exp fusion, which also writes the
+    bf16 probabilities the value matmul reads).
+    """
+    return (4.0 + act_bytes) * rows * context * local_heads
 
 
 def loss_tensors(*, rows: float, local_vocab: float, act_bytes: float = 2.0,
                  ) -> tuple[SavedTensor, ...]:
-    """What the loss holds at its peak (per chip): the logits as the output projection writes
-    them (bf16), their f32 copy for the softmax cross-entropy, and the bf16 logit gradients.
+    """What the loss holds at its peak (per chip): the logits in f32 (the output projection's
+    matmul fusion writes them in f32 for the softmax cross-entropy) and a bf16 buffer of the
+    same shape (the logit gradients the backward matmul reads), 6 bytes per logit.
 
-    All three are live together in XLA's program when the loss's backward starts (its buffer
-    assignment lists them side by side at the peak; docs/model.md "Memory").
+    Source: XLA's live ranges at the loss of the `benchmarks/xla_memory.py` programs (one
+    multi-output fusion writes an f32 and a bf16 [tokens, vocab] buffer; no separate bf16 copy
+    of the matmul output survives).
     """
     n = rows * local_vocab
-    return (SavedTensor(name="logits", num_elements=n, dtype_bytes=act_bytes),
-            SavedTensor(name="logits_f32", num_elements=n, dtype_bytes=4.0),
-            SavedTensor(name="dlogits", num_elements=n, dtype_bytes=act_bytes))
+    return (SavedTensor(name="logits_f32", num_elements=n, dtype_bytes=4.0, producer="logits"),
+            SavedTensor(name="dlogits", num_elements=n, dtype_bytes=act_bytes,
+                        producer="logits"))
 
 
 def offloaded_tensors(shape: LayerShapeSpec, *, attention: str,
@@ -153,6 +188,7 @@ __all__ = [
     "LayerShapeSpec",
     "MemoryCategory",
     "SavedTensor",
+    "attention_temporaries",
     "loss_tensors",
     "offloaded_tensors",
     "saved_tensors",

@@ -23,6 +23,7 @@ from topologies.validate import MAX_BATCH, MAX_CHUNKS, MAX_TOKENS, short_repr
 from workloads.memory import (
     LayerShapeSpec,
     MemoryCategory,
+    attention_temporaries,
     loss_tensors,
     offloaded_tensors,
     saved_tensors,
@@ -528,8 +529,18 @@ class _Compiler:
         qk = self.mm(f"{tag}attn_scores", 2 * n * ctx * h_loc * hd, 0.0,
                      n * h_loc * hd * a + kv_bytes, scores * 4, deps, layer, phase)
         sm = self.vpu(f"{tag}softmax", 5 * scores, scores * 4 + scores * a, [qk], layer, phase)
-        return self.mm(f"{tag}attn_values", 2 * n * ctx * h_loc * hd, 0.0,
-                       scores * a + kv_bytes, n * h_loc * hd * a, [sm], layer, phase)
+        av = self.mm(f"{tag}attn_values", 2 * n * ctx * h_loc * hd, 0.0,
+                     scores * a + kv_bytes, n * h_loc * hd * a, [sm], layer, phase)
+        # The f32 scores (the softmax runs in place over them) and the bf16 probabilities the
+        # value matmul reads are live together (workloads/memory.py); kept probabilities are
+        # counted as saved from the softmax on.
+        temps = attention_temporaries(rows=n, context=ctx, local_heads=h_loc)
+        saved = tag == "re-" or self.cfg.remat == Remat.NONE  # the probabilities are kept
+        probs = scores * a
+        self.mem(qk, MemoryCategory.TEMPORARIES, temps)
+        self.mem(sm, MemoryCategory.TEMPORARIES, -temps + (0.0 if saved else probs))
+        self.mem(av, MemoryCategory.TEMPORARIES, 0.0 if saved else -probs)
+        return av
 
     def mlp_forward(self, layer, dep, wdeps, phase, tag, after=()):
         m, d, a = self.m, self.d, self.act
@@ -622,7 +633,8 @@ class _Compiler:
             moe = self.layer_is_moe(layer)
             g = self.coll(f"fsdp_allgather_{phase}", "all-gather", ("fsdp",),
                           self.layer_weight_bytes(moe), after, layer, phase)
-            self.mem(g, G.GATHERED_WEIGHTS, self.layer_weight_bytes(moe))
+            if not windowed:  # a collective matmul streams the shards, never the whole layer
+                self.mem(g, G.GATHERED_WEIGHTS, self.layer_weight_bytes(moe))
             return g
 
         for mb in range(cfg.microbatches):
@@ -651,12 +663,14 @@ class _Compiler:
             for layer in range(d.layers):
                 g = pending
                 inp = prev
+                first_op = len(b.ops)
                 out = self.layer_forward(layer, [prev], None if windowed else g)
                 if windowed and g is not None:  # the layer ends when its gather has arrived
                     b.ops[out] = _with(b.ops[out], deps=tuple(sorted({*b.ops[out].deps, g})))
-                # Free the gathered weights once the layer is done; keep saved activations.
-                self.mem(out, G.SAVED_ACTIVATIONS, self.saved_bytes(layer))
-                if g is not None:
+                # Each saved tensor lives from the op that writes it; the gathered weights are
+                # freed once the layer is done.
+                self.mem_saved(self.saved(layer), first_op, out)
+                if g is not None and not windowed:
                     self.mem(out, G.GATHERED_WEIGHTS,
                              -self.layer_weight_bytes(self.layer_is_moe(layer)))
                 if cfg.remat == Remat.OFFLOAD:
@@ -696,12 +710,11 @@ class _Compiler:
                                 [loss] + ([lse] if lse is not None else []), -1, "bwd")
                 dx = self.mm("logits_bwd", 4 * n * D * V / d.tp, 2 * emb_w, n * V / d.tp * a,
                              n * D * a + emb_w, [dlog], -1, "bwd")
-                # At the loss XLA holds the logits as the matmul wrote them (bf16), their f32
-                # copy for the softmax cross-entropy and the bf16 logit gradients, plus the
-                # gathered output projection; all die with the logits' backward matmul.
+                # At the loss XLA holds the logits in f32 and a bf16 buffer for their
+                # gradients (workloads/memory.py), plus the gathered output projection; all die
+                # with the logits' backward matmul.
                 lt = loss_tensors(rows=n, local_vocab=V / d.tp, act_bytes=a)
-                for op_id, t in zip((logits, loss, dlog), lt, strict=True):
-                    self.mem(op_id, G.LOGITS, t.num_bytes)
+                self.mem(logits, G.LOGITS, sum(t.num_bytes for t in lt))
                 self.mem(dx, G.LOGITS, -sum(t.num_bytes for t in lt))
                 self.mem(dx, G.GATHERED_WEIGHTS, -emb_w if emb_g is not None else 0.0)
                 # The input gradient is summed over the vocab shards (reduce-scattered when the
@@ -729,8 +742,14 @@ class _Compiler:
                 recomputed = self.saved_bytes(layer, Remat.NONE) - self.saved_bytes(layer) - (
                     self.offload_bytes(layer) if cfg.remat == Remat.OFFLOAD else 0.0)
                 if cfg.remat == Remat.FULL:
+                    first_op = len(b.ops)
                     inp = self.layer_forward(layer, deps, g, phase="bwd", recompute=True)
                     deps = [inp]
+                    # The recomputed tensors live from the recomputing op on.
+                    kept = {t.name for t in self.saved(layer)}
+                    self.mem_saved([t for t in self.saved(layer, Remat.NONE)
+                                    if t.name not in kept], first_op, inp)
+                    recomputed = 0.0
                 elif cfg.remat in (Remat.MINIMAL, Remat.OFFLOAD):
                     # Recompute the cheap elementwise ops (norms, activations, rotary).
                     rr = self.rows()
@@ -744,7 +763,7 @@ class _Compiler:
                 if windowed and g is not None:
                     b.ops[out] = _with(b.ops[out], deps=tuple(sorted({*b.ops[out].deps, g})))
                 self.mem(out, G.SAVED_ACTIVATIONS, -self.saved_bytes(layer, Remat.NONE))
-                if g is not None:
+                if g is not None and not windowed:
                     self.mem(out, G.GATHERED_WEIGHTS,
                              -self.layer_weight_bytes(self.layer_is_moe(layer)))
                 if layer > 0:
@@ -900,6 +919,10 @@ class _Compiler:
                              2 * n * h_loc * hd * a + 2 * kv_bytes, [dproj, *after2], layer,
                              "bwd")
             datt = self.vpu("softmax_bwd", 6 * scores, 3 * scores * a, [datt_m], layer, "bwd")
+            # The score gradients (bf16, written by the softmax backward fused into the dP
+            # matmul) live until the dQ and dK matmuls have read them.
+            self.mem(dproj, MemoryCategory.TEMPORARIES, scores * a)
+            self.mem(datt, MemoryCategory.TEMPORARIES, -scores * a)
         rope = self.vpu("rotary_bwd", 6 * n * (h_loc + k_loc) * hd,
                         2 * n * (h_loc + k_loc) * hd * a, [datt], layer, "bwd")
         last = [datt_m if self.cfg.attention != "flash" else datt]
@@ -924,6 +947,14 @@ class _Compiler:
     def saved(self, layer: int, remat: Remat | None = None):
         return saved_tensors(self.layer_shape(layer), remat=str(remat or self.cfg.remat),
                              attention=self.cfg.attention, act_bytes=self.act)
+
+    def mem_saved(self, tensors, first_op: int, fallback: int) -> None:
+        """Allocate `tensors` as saved activations, each when its producer (among the ops from
+        `first_op` on; `fallback` if the layer has no such op) ends."""
+        by_name = {o.name.removeprefix("re-"): o.id for o in self.b.ops[first_op:]}
+        for t in tensors:
+            self.mem(by_name.get(t.producer, fallback), MemoryCategory.SAVED_ACTIVATIONS,
+                     t.num_bytes)
 
     def saved_bytes(self, layer: int, remat: Remat | None = None) -> float:
         """HBM one layer's saved activations take between its forward and its backward (with

@@ -1,0 +1,375 @@
+"""Peak HBM of training steps: XLA's compiled programs against tpusim (issue 11, memory).
+
+Two sides:
+
+* **XLA** (`--compile`, needs a `jax[tpu]==0.10.2` python, `--jax-python`): a small LLaMA-style
+  decoder (GQA, SwiGLU, RMSNorm in f32, untied embeddings, plain dot attention with f32
+  scores, bf16 params, f32 Adam moments, layers scanned as MaxText's scan_layers) is compiled
+  deviceless for a real TPU topology with each remat policy (`none`; `full` =
+  `jax.checkpoint` per layer; `minimal` = `jax.checkpoint` with
+  `checkpoint_dots_with_no_batch_dims`, MaxText's minimal policy) and mesh. Per program it
+  records `compiled.memory_analysis()` (peak, temp, argument bytes),
+  `compiled.cost_analysis()` (flops, bytes accessed) and how XLA gathered the weights. Results
+  are cached in `benchmarks/results/xla_memory.json` so the table can be regenerated without
+  jax.
+* **tpusim**: `tpusim train --json` with the same model, mesh, batch, sequence length, remat and
+  `--attention dot` (`hbm_peak_bytes`, `hbm_peak_breakdown`).
+
+Run:
+    .venv/bin/python benchmarks/xla_memory.py --compile --jax-python /work/fid-venv/bin/python
+    .venv/bin/python benchmarks/xla_memory.py [--write]    # table from the cache
+
+`--write` rewrites docs/validation.md from the `<!-- peak-hbm -->` marker on (the sections
+before it belong to validate_maxtext.py and validate_hlo.py). This file is also the XLA worker
+(`--worker NAME`, run under the jax python; it imports no tpusim code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CACHE = REPO / "benchmarks" / "results" / "xla_memory.json"
+DOC = REPO / "docs" / "validation.md"
+MARKER = "<!-- peak-hbm -->"
+
+# A LLaMA-style decoder small enough to compile in tens of seconds: d_model 2048, 16 heads of
+# 128 (8 KV heads), SwiGLU d_ff 8192, vocab 32768, untied embeddings.
+DIMS = dict(d_model=2048, num_heads=16, num_kv_heads=8, head_dim=128, d_ff=8192,
+            vocab_size=32768)
+LAYERS = 4
+
+# Physical topology, tpusim pod flags, per chip generation.
+CHIPS = {
+    "v5e": ("v5e:4x4", ["--chip", "v5e", "--shape", "4x4"]),
+    "v6e": ("v6e:4x4", ["--chip", "v6e", "--shape", "4x4"]),
+    "v5p": ("v5p:2x2x4", ["--chip", "v5p", "--shape", "2x2x4"]),
+}
+MESHES = {
+    "fsdp": {"fsdp": 16},
+    "fsdp_tp": {"fsdp": 4, "tensor": 4},
+    "data_fsdp": {"data": 2, "fsdp": 8},
+}
+
+
+def _configs() -> dict[str, dict]:
+    out = {}
+
+    def add(chip, mesh, remat, seq=2048, batch=2, tp_act="replicated"):
+        name = f"{chip}_{mesh}_{remat}_s{seq}" + ("_tpsharded" if tp_act == "sharded" else "")
+        out[name] = dict(chip=chip, mesh=mesh, remat=remat, seq=seq, batch_per_chip=batch,
+                         tp_activations=tp_act)
+
+    for chip in ("v5e", "v6e", "v5p"):
+        for mesh in MESHES:
+            for remat in ("none", "full"):
+                add(chip, mesh, remat)
+    for mesh in MESHES:
+        add("v5e", mesh, "minimal")
+    for remat in ("none", "full", "minimal"):
+        add("v5e", "fsdp", remat, seq=4096, batch=1)
+        add("v5p", "fsdp_tp", remat, seq=4096, batch=1)
+    for remat in ("none", "full"):
+        add("v5e", "fsdp_tp", remat, tp_act="sharded")
+    return out
+
+
+CONFIGS = _configs()
+
+
+# --------------------------------------------------------------------------------------------
+# XLA worker (runs under the jax python)
+# --------------------------------------------------------------------------------------------
+
+def _worker(name: str, dump: str | None) -> None:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if dump:
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump}"
+                                   " --xla_dump_hlo_as_text").strip()
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.experimental import topologies
+    from jax.sharding import AxisType, Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    cfg = CONFIGS[name]
+    d, h, kv, hd, ff, vocab = (DIMS[k] for k in ("d_model", "num_heads", "num_kv_heads",
+                                                 "head_dim", "d_ff", "vocab_size"))
+    topo = topologies.get_topology_desc(platform="tpu", topology_name=CHIPS[cfg["chip"]][0])
+    axes = MESHES[cfg["mesh"]]
+    names, shape = tuple(axes), tuple(axes.values())
+    # The devices in topology order, reshaped: data outermost, tensor innermost.
+    devices = np.array(topo.devices).reshape(shape)
+    mesh = Mesh(devices, names, axis_types=(AxisType.Auto,) * len(names))
+    n_chips = devices.size
+    tp = "tensor" if "tensor" in names else None
+    fs = "fsdp" if "fsdp" in names else None
+    bs = tuple(a for a in ("data", "fsdp") if a in names)
+    bs = bs[0] if len(bs) == 1 else bs
+    bf = jnp.bfloat16
+    wspec = {"wq": P(fs, tp), "wk": P(fs, tp), "wv": P(fs, tp), "wo": P(tp, fs),
+             "w1": P(fs, tp), "w3": P(fs, tp), "w2": P(tp, fs), "n1": P(None), "n2": P(None)}
+    wshape = {"wq": (d, h * hd), "wk": (d, kv * hd), "wv": (d, kv * hd), "wo": (h * hd, d),
+              "w1": (d, ff), "w3": (d, ff), "w2": (ff, d), "n1": (d,), "n2": (d,)}
+    top_spec = {"embed": P(tp, fs), "unembed": P(fs, tp), "nf": P(None)}
+    top_shape = {"embed": (vocab, d), "unembed": (d, vocab), "nf": (d,)}
+
+    def sds(shp, spec, dt=bf):
+        return jax.ShapeDtypeStruct(shp, dt, sharding=NamedSharding(mesh, spec))
+
+    params = {k: sds(top_shape[k], top_spec[k]) for k in top_shape}
+    # The layers' weights stacked on a leading layer axis and scanned, as MaxText does
+    # (scan_layers): one loop body, saved activations stacked per layer.
+    params["layers"] = {k: sds((LAYERS, *wshape[k]), P(None, *wspec[k])) for k in wshape}
+    # Residual stream between sublayers: replicated over `tensor` (Megatron; tpusim
+    # --tp-activations replicated) or its sequence dim split over `tensor` (sharded).
+    seq_ax = tp if cfg["tp_activations"] == "sharded" else None
+    act_spec = P(bs, seq_ax, None)
+
+    def constrain(x):
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, act_spec))
+
+    def rms(x, w):
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-6)
+        return (y * w.astype(jnp.float32)).astype(bf)
+
+    def attention(q, k, v):
+        b, s, _ = q.shape
+        q = q.reshape(b, s, kv, h // kv, hd)
+        k = k.reshape(b, s, kv, hd)
+        v = v.reshape(b, s, kv, hd)
+        sc = jnp.einsum("bskgd,btkd->bkgst", q, k).astype(jnp.float32) / (hd ** 0.5)
+        sc = jnp.where(jnp.tril(jnp.ones((s, s), bool)), sc, -1e30)
+        p = jax.nn.softmax(sc, axis=-1).astype(bf)
+        return jnp.einsum("bkgst,btkd->bskgd", p, v).reshape(b, s, h * hd)
+
+    def layer(x, w):
+        y = rms(x, w["n1"])
+        a = attention(y @ w["wq"], y @ w["wk"], y @ w["wv"])
+        x = constrain(x + a @ w["wo"])
+        y = rms(x, w["n2"])
+        m = jax.nn.silu(y @ w["w1"]) * (y @ w["w3"])
+        return constrain(x + m @ w["w2"])
+
+    remat = cfg["remat"]
+    if remat == "full":
+        layer_fn = jax.checkpoint(layer)
+    elif remat == "minimal":
+        layer_fn = jax.checkpoint(
+            layer, policy=jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims)
+    else:
+        layer_fn = layer
+    batch = int(round(cfg["batch_per_chip"] * n_chips))
+    tokens = sds((batch, cfg["seq"]), P(bs, None), jnp.int32)
+
+    def loss_fn(p, tok):
+        x = constrain(jnp.take(p["embed"], tok, axis=0))
+        x, _ = jax.lax.scan(lambda x, w: (layer_fn(x, w), None), x, p["layers"])
+        x = rms(x, p["nf"])
+        logits = (x @ p["unembed"]).astype(jnp.float32)
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        tgt = jnp.take_along_axis(logits, tok[..., None], axis=-1)[..., 0]
+        return jnp.mean(lse - tgt)
+
+    def step(p, m1, m2, tok):
+        loss, g = jax.value_and_grad(loss_fn)(p, tok)
+        m1 = jax.tree.map(lambda m, g: 0.9 * m + 0.1 * g.astype(jnp.float32), m1, g)
+        m2 = jax.tree.map(lambda m, g: 0.95 * m + 0.05 * jnp.square(g.astype(jnp.float32)),
+                          m2, g)
+        p = jax.tree.map(lambda w, a, b: (w.astype(jnp.float32) - 1e-4 * a
+                                          * jax.lax.rsqrt(b + 1e-8)).astype(bf), p, m1, m2)
+        return loss, p, m1, m2
+
+    mom = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, jnp.float32,
+                                                      sharding=s.sharding), params)
+    compiled = jax.jit(step, donate_argnums=(0, 1, 2)).lower(params, mom, mom, tokens).compile()
+    mem = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    if isinstance(cost, list):
+        cost = cost[0]
+    out = {"config": name, "num_chips": int(n_chips),
+           "peak_bytes": int(mem.peak_memory_in_bytes),
+           "temp_bytes": int(mem.temp_size_in_bytes),
+           "argument_bytes": int(mem.argument_size_in_bytes),
+           "output_bytes": int(mem.output_size_in_bytes),
+           "alias_bytes": int(mem.alias_size_in_bytes),
+           "flops": float(cost.get("flops", 0.0)),
+           "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
+           **gather_forms(compiled.as_text())}
+    print("XLA_JSON " + json.dumps(out))
+
+
+def gather_forms(hlo: str) -> dict:
+    """How the optimized program gathers weights: windowed-einsum loops (collective matmuls),
+    async and blocking all-gathers (counted once per HLO instruction, not per trip)."""
+    import re
+
+    return {"windowed_ag_loops": len(re.findall(r"body=%[\w.]*windowed_dot_general_body_ag", hlo)),
+            # TPU wraps async collectives in "async collective fusions".
+            "async_all_gathers": len(re.findall(r"\ball-gather-start\(", hlo))
+            + len(re.findall(r"= \S+ fusion\([^\n]*async_collective_fusion", hlo))
+            + len(re.findall(r"\basync-collective-start", hlo)),
+            "all_gathers": len(re.findall(r"\ball-gather\(", hlo))}
+
+
+def fsdp_gather_flag(xla: dict) -> str:
+    """tpusim's --fsdp-gather for the form XLA chose: `windowed` when it turned weight gathers
+    into collective-matmul loops, else `async` (start/done pairs) or `blocking`."""
+    if xla.get("windowed_ag_loops"):
+        return "windowed"
+    return "async" if xla.get("async_all_gathers") else "blocking"
+
+
+# --------------------------------------------------------------------------------------------
+# tpusim side and the table (runs under the project python)
+# --------------------------------------------------------------------------------------------
+
+def tpusim_peak(name: str, xla: dict) -> dict:
+    cfg = CONFIGS[name]
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp, "model.yaml")
+        model.write_text("name: xla-memory\nmlp: swiglu\ntied_embeddings: false\n"
+                         f"num_layers: {LAYERS}\n"
+                         + "".join(f"{k}: {v}\n" for k, v in DIMS.items()))
+        mesh = ",".join(f"{k}={v}" for k, v in MESHES[cfg["mesh"]].items())
+        cmd = [sys.executable, "-m", "sim", "train", *CHIPS[cfg["chip"]][1],
+               "--model", str(model), "--seq-len", str(cfg["seq"]),
+               "--batch-per-chip", str(cfg["batch_per_chip"]), "--mesh", mesh,
+               "--remat", cfg["remat"], "--attention", "dot",
+               "--tp-activations", cfg["tp_activations"],
+               "--fsdp-gather", fsdp_gather_flag(xla), "--json"]
+        r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"tpusim train failed: {' '.join(cmd)}\n{r.stderr}")
+    j = json.loads(r.stdout)
+    return {"peak_bytes": j["hbm_peak_bytes"], "breakdown": j.get("hbm_peak_breakdown", {})}
+
+
+def run_xla(name: str, jax_python: str, dump: str | None) -> dict:
+    cmd = [jax_python, str(Path(__file__).resolve()), "--worker", name]
+    if dump:
+        cmd += ["--dump", str(Path(dump, name))]
+    # Deviceless compiles need no exclusive TPU: let several processes load libtpu.
+    env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    for line in r.stdout.splitlines():
+        if line.startswith("XLA_JSON "):
+            return json.loads(line[len("XLA_JSON "):])
+    raise RuntimeError(f"XLA worker failed for {name}:\n{r.stderr[-3000:]}")
+
+
+def describe(name: str) -> str:
+    c = CONFIGS[name]
+    mesh = " x ".join(f"{k}={v}" for k, v in MESHES[c["mesh"]].items())
+    tp = ", tp-act sharded" if c["tp_activations"] == "sharded" else ""
+    return (f"{CHIPS[c['chip']][0]} {mesh}, seq {c['seq']}, batch/chip {c['batch_per_chip']}, "
+            f"remat {c['remat']}{tp}")
+
+
+def table(cache: dict) -> tuple[str, list[float]]:
+    rows, errs = [], []
+    for name in CONFIGS:
+        x = cache.get(name)
+        if x is None:
+            continue
+        s = tpusim_peak(name, x)
+        err = s["peak_bytes"] / x["peak_bytes"] - 1
+        errs.append(err)
+        top = sorted(s["breakdown"].items(), key=lambda kv: -kv[1])[:3]
+        comp = ", ".join(f"{k} {v / 1e9:.2f}" for k, v in top if v > 0)
+        rows.append(f"| {describe(name)} | {fsdp_gather_flag(x)} | "
+                    f"{x['peak_bytes'] / 1e9:.2f} GB | {s['peak_bytes'] / 1e9:.2f} GB | "
+                    f"{err:+.1%} | {comp} |")
+    head = ["| program | weight gathers | XLA peak | tpusim peak | error | "
+            "tpusim's largest categories (GB) |", "|---|---|---:|---:|---:|---|"]
+    return "\n".join(head + rows), errs
+
+
+def section(cache: dict) -> str:
+    tab, errs = table(cache)
+    abs_e = [abs(e) for e in errs]
+    med = statistics.median(abs_e) if abs_e else float("nan")
+    worst = max(errs, key=abs) if errs else float("nan")
+    m = DIMS
+    return "\n".join([
+        MARKER, "",
+        "## Peak HBM against XLA's compiled programs", "",
+        "_Generated by `benchmarks/xla_memory.py --write` from the cached compiles in "
+        "`benchmarks/results/xla_memory.json`._", "",
+        f"XLA side: a LLaMA-style decoder (d_model {m['d_model']}, {m['num_heads']} heads / "
+        f"{m['num_kv_heads']} KV heads of {m['head_dim']}, SwiGLU d_ff {m['d_ff']}, vocab "
+        f"{m['vocab_size']}, untied embeddings, {LAYERS} layers scanned (`jax.lax.scan` over "
+        "stacked weights, as MaxText), RMSNorm in f32, dot attention "
+        "with f32 scores, bf16 params, f32 Adam moments, donated arguments) compiled deviceless "
+        "by `jax[tpu]==0.10.2`; the peak is `compiled.memory_analysis().peak_memory_in_bytes`. "
+        "tpusim side: `tpusim train --attention dot --remat R --tp-activations T --json` on the "
+        "same model, mesh and batch (`hbm_peak_bytes`; the last column is the largest entries "
+        "of `hbm_peak_breakdown`). Remat `minimal` is `jax.checkpoint` with "
+        "`checkpoint_dots_with_no_batch_dims`. The residual stream is replicated over `tensor` "
+        "unless the row says `tp-act sharded` (its sequence dim split over `tensor`).", "",
+        tab, "",
+        f"{len(errs)} programs: median |error| {med:.1%}, worst {worst:+.1%} (target: within "
+        "10%).", "",
+    ])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--dump", help="XLA dump directory (worker: this program's; driver: one "
+                                   "subdirectory per program)")
+    ap.add_argument("--compile", action="store_true",
+                    help="compile the programs missing from the cache with the jax python")
+    ap.add_argument("--recompile", action="store_true", help="compile every selected program")
+    ap.add_argument("--jax-python", default="/work/fid-venv/bin/python",
+                    help="python with jax[tpu]==0.10.2 (default %(default)s)")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="comma list of programs")
+    ap.add_argument("--write", action="store_true",
+                    help=f"rewrite docs/validation.md from the {MARKER} marker on")
+    args = ap.parse_args()
+    if args.worker:
+        _worker(args.worker, args.dump)
+        return 0
+    names = args.configs.split(",")
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        ap.error(f"unknown program(s) {', '.join(unknown)}; known: {', '.join(CONFIGS)}")
+    cache = json.loads(CACHE.read_text()) if CACHE.exists() else {}
+    if args.compile or args.recompile:
+        for name in names:
+            if name in cache and not args.recompile:
+                continue
+            print(f"compiling {name} ...", flush=True)
+            try:
+                cache[name] = run_xla(name, args.jax_python, args.dump)
+            except RuntimeError as e:
+                print(f"  FAILED: {str(e)[-400:]}", flush=True)
+                continue
+            # Merge with the file as it is now (another driver may have added programs).
+            CACHE.parent.mkdir(parents=True, exist_ok=True)
+            disk = json.loads(CACHE.read_text()) if CACHE.exists() else {}
+            cache = {**disk, **{k: v for k, v in cache.items() if k not in disk}, name: cache[name]}
+            CACHE.write_text(json.dumps(dict(sorted(cache.items())), indent=1) + "\n")
+            print(f"  peak {cache[name]['peak_bytes'] / 1e9:.3f} GB", flush=True)
+    text = section({n: cache[n] for n in names if n in cache})
+    if args.write:
+        old = DOC.read_text()
+        head = old[:old.index(MARKER)] if MARKER in old else old.rstrip("\n") + "\n\n"
+        DOC.write_text(head + text)
+        print(f"wrote {DOC.relative_to(REPO)}")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
