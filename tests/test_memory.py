@@ -48,8 +48,9 @@ def test_minimal_remat_keeps_the_weight_matmul_outputs():
 
 
 @pytest.mark.parametrize("attention", ["dot", "flash"])
-def test_no_remat_keeps_what_the_backward_reads(attention):
-    got = {t.name: t for t in saved_tensors(SHAPE, remat="none", attention=attention)}
+def test_a_fused_backward_reads_the_bf16_set(attention):
+    got = {t.name: t for t in saved_tensors(SHAPE, remat="none", attention=attention,
+                                            stacked=False)}
     # bf16 per token: input 8, normed 8, q 8, k 4, v 4, context 8, mid residual 8, normed 8,
     # gate and up 32, activation output 16 = 104; f32 norm statistics 2 per token.
     common = 2 * 100 * 104 + 4 * 100 * 2
@@ -61,6 +62,23 @@ def test_no_remat_keeps_what_the_backward_reads(attention):
         # flash keeps an f32 log-sum-exp per query and head instead.
         assert got["attn_logsumexp"].num_bytes == 4 * 100 * 2
         assert _bytes(got.values()) == common + 4 * 100 * 2
+
+
+@pytest.mark.parametrize("attention", ["dot", "flash"])
+def test_a_scanned_stack_also_keeps_f32_softmax_norm_rows_and_activation_terms(attention):
+    fused = _bytes(saved_tensors(SHAPE, remat="none", attention=attention, stacked=False))
+    got = {t.name: t.num_bytes for t in saved_tensors(SHAPE, remat="none",
+                                                      attention=attention)}
+    # Per norm: its f32 input and f32 normalised rows (2 x 100 rows x 8 x 4 bytes); SwiGLU:
+    # two derivative terms and the gated product (3 x 100 x 16 bf16); dot attention: the f32
+    # softmax output (100 x 50 x 2 heads x 4 bytes).
+    assert got["norm_attn_f32"] == got["norm_mlp_f32"] == 2 * 100 * 8 * 4
+    assert got["mlp_act_terms"] == 3 * 100 * 16 * 2
+    extra = 2 * (2 * 100 * 8 * 4) + 3 * 100 * 16 * 2
+    if attention == "dot":
+        assert got["attn_probs_f32"] == 4 * 100 * 50 * 2
+        extra += 4 * 100 * 50 * 2
+    assert sum(got.values()) == fused + extra
 
 
 def test_parallel_block_has_no_mid_residual_or_second_norm():
@@ -75,9 +93,10 @@ def test_sharded_activations_divide_only_the_residual_stream_by_tensor():
                                 "residual_rows": 25})
     full = {t.name: t.num_bytes for t in saved_tensors(SHAPE, remat="none", attention="dot")}
     part = {t.name: t.num_bytes for t in saved_tensors(sharded, remat="none", attention="dot")}
-    for name in ("layer_input", "residual_mid", "norm_attn_stats", "norm_mlp_stats"):
+    for name in ("layer_input", "residual_mid", "norm_attn_stats", "norm_mlp_stats",
+                 "norm_attn_f32", "norm_mlp_f32"):
         assert part[name] == full[name] / 4
-    for name in ("norm_attn_out", "q", "attn_probs", "mlp_hidden"):  # the gathered matmul inputs
+    for name in ("norm_attn_out", "q", "attn_probs", "mlp_hidden"):  # gathered matmul inputs
         assert part[name] == full[name]
 
 
@@ -197,9 +216,10 @@ def test_saved_tensors_are_allocated_when_their_producer_ends():
             got[op.name] = got.get(op.name, 0.0) + delta
     n, D = 2048, 64
     assert got["qkv_proj"] == 2 * n * (64 + 2 * 32)  # q, k and v in bf16
-    assert got["softmax"] == 2 * n * 1024 * 4  # the bf16 probabilities of 4 heads
+    assert got["softmax"] == 6 * n * 1024 * 4  # bf16 and f32 probabilities of 4 heads
     assert got["mlp_in"] == 2 * n * 2 * 128  # gate and up projections
-    assert got["norm_attn"] == 2 * n * D * 2 + 4 * n  # layer input, normed input, f32 rsqrt
+    # layer input, normed input, f32 rsqrt, f32 input and normalised rows
+    assert got["norm_attn"] == 2 * n * D * 2 + 4 * n + 2 * 4 * n * D
     assert sum(got.values()) == pytest.approx(
         sum(t.num_bytes for t in _none_set()), rel=1e-12)
 

@@ -71,7 +71,7 @@ class LayerShapeSpec:
 
 
 def saved_tensors(shape: LayerShapeSpec, *, remat: str, attention: str,
-                  act_bytes: float = 2.0) -> tuple[SavedTensor, ...]:
+                  act_bytes: float = 2.0, stacked: bool = True) -> tuple[SavedTensor, ...]:
     """The tensors one layer keeps in HBM between its forward and its backward.
 
     Args:
@@ -83,11 +83,19 @@ def saved_tensors(shape: LayerShapeSpec, *, remat: str, attention: str,
         attention: `dot` materialises the score matrix; `flash` keeps only its output and the
             f32 log-sum-exp per row and head.
         act_bytes: bytes per activation element (bf16 = 2).
+        stacked: under `none`, the residuals a scanned layer stack (MaxText's scan_layers)
+            writes out of its forward loop for the backward loop, which are JAX's autodiff
+            residuals as they are: besides the bf16 tensors, the f32 softmax output of dot
+            attention, each norm's f32 input and f32 normalised rows, and the SwiGLU's
+            derivative terms. `False` is the set a backward fused with its forward reads
+            (a recomputed layer, an unrolled program): XLA recomputes the f32 and elementwise
+            terms inside its fusions instead of keeping them.
 
     Every tensor takes the dtype its producer writes: matmul outputs and activations in bf16,
-    norm statistics (one rsqrt per row) and router logits in f32. XLA keeps the attention
-    probabilities of dot attention in the dtype the value matmul reads them (bf16): its buffer
-    assignment shows one [heads, q, k] bf16 buffer per layer, not the f32 softmax.
+    norm statistics (one rsqrt per row) and router logits in f32. Sources: the live ranges of
+    the `benchmarks/xla_memory.py` programs (scanned: stacked [layers, ...] buffers written by
+    dynamic-update-slice fusions; fused: one bf16 [heads, q, k] buffer per layer, not the f32
+    softmax).
     """
     s, a = shape, act_bytes
     n, r, D = s.rows, s.residual_rows, s.d_model
@@ -124,9 +132,16 @@ def saved_tensors(shape: LayerShapeSpec, *, remat: str, attention: str,
                     producer="norm_attn"),
         *qkv,
     ]
+    if stacked:
+        out.insert(2, SavedTensor(name="norm_attn_f32", num_elements=2 * r * D, dtype_bytes=4.0,
+                                  producer="norm_attn"))
     if attention == "dot":
         out.append(SavedTensor(name="attn_probs", num_elements=n * s.context * s.local_heads,
                                dtype_bytes=a, producer="softmax"))
+        if stacked:
+            out.append(SavedTensor(name="attn_probs_f32",
+                                   num_elements=n * s.context * s.local_heads, dtype_bytes=4.0,
+                                   producer="softmax"))
     else:
         out.append(SavedTensor(name="attn_logsumexp", num_elements=n * s.local_heads,
                                dtype_bytes=4.0, producer="flash_attention"))
@@ -141,9 +156,18 @@ def saved_tensors(shape: LayerShapeSpec, *, remat: str, attention: str,
             SavedTensor(name="norm_mlp_out", num_elements=n * D, dtype_bytes=a,
                         producer="norm_mlp"),
         ]
+        if stacked:
+            out.append(SavedTensor(name="norm_mlp_f32", num_elements=2 * r * D,
+                                   dtype_bytes=4.0, producer="norm_mlp"))
     out += [*router, hidden,
             SavedTensor(name="mlp_act_out", num_elements=n * s.ff_width, dtype_bytes=a,
                         producer="mlp_act")]
+    if stacked:
+        # The activation's two derivative terms (sigmoid and 1 - sigmoid products for SiLU)
+        # and, for a gated MLP, the gated product the down projection reads.
+        extra = 2 + (1 if s.mlp_matrices > 2 else 0)
+        out.append(SavedTensor(name="mlp_act_terms", num_elements=extra * n * s.ff_width,
+                               dtype_bytes=a, producer="mlp_act"))
     return tuple(out)
 
 

@@ -739,7 +739,8 @@ class _Compiler:
                     self.mem(fetch, G.SAVED_ACTIVATIONS, self.offload_bytes(layer))
                 # What the remat policy recomputes lives from the recomputation until the end
                 # of the layer's backward, next to what it kept.
-                recomputed = self.saved_bytes(layer, Remat.NONE) - self.saved_bytes(layer) - (
+                recomputed = sum(t.num_bytes for t in self.recomputed_set(layer)) - \
+                    self.saved_bytes(layer) - (
                     self.offload_bytes(layer) if cfg.remat == Remat.OFFLOAD else 0.0)
                 if cfg.remat == Remat.FULL:
                     first_op = len(b.ops)
@@ -747,7 +748,7 @@ class _Compiler:
                     deps = [inp]
                     # The recomputed tensors live from the recomputing op on.
                     kept = {t.name for t in self.saved(layer)}
-                    self.mem_saved([t for t in self.saved(layer, Remat.NONE)
+                    self.mem_saved([t for t in self.recomputed_set(layer)
                                     if t.name not in kept], first_op, inp)
                     recomputed = 0.0
                 elif cfg.remat in (Remat.MINIMAL, Remat.OFFLOAD):
@@ -762,7 +763,10 @@ class _Compiler:
                 out = self.layer_backward(layer, deps, None if windowed else g)
                 if windowed and g is not None:
                     b.ops[out] = _with(b.ops[out], deps=tuple(sorted({*b.ops[out].deps, g})))
-                self.mem(out, G.SAVED_ACTIVATIONS, -self.saved_bytes(layer, Remat.NONE))
+                # Everything the layer kept or recomputed dies with its backward.
+                self.mem(out, G.SAVED_ACTIVATIONS, -(
+                    self.saved_bytes(layer) if cfg.remat == Remat.NONE else
+                    sum(t.num_bytes for t in self.recomputed_set(layer))))
                 if g is not None and not windowed:
                     self.mem(out, G.GATHERED_WEIGHTS,
                              -self.layer_weight_bytes(self.layer_is_moe(layer)))
@@ -955,6 +959,12 @@ class _Compiler:
         for t in tensors:
             self.mem(by_name.get(t.producer, fallback), MemoryCategory.SAVED_ACTIVATIONS,
                      t.num_bytes)
+
+    def recomputed_set(self, layer: int):
+        """What a layer's backward holds after recomputing its forward (the set a backward
+        fused with its forward reads: no stacked f32 residuals)."""
+        return saved_tensors(self.layer_shape(layer), remat="none",
+                             attention=self.cfg.attention, act_bytes=self.act, stacked=False)
 
     def saved_bytes(self, layer: int, remat: Remat | None = None) -> float:
         """HBM one layer's saved activations take between its forward and its backward (with
