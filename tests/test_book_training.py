@@ -65,10 +65,14 @@ def test_keeping_every_activation_is_the_dataflow_set_near_the_books_20_tensors(
     # layer input, normed input, q, k, v, attention context, mid residual, normed input of the
     # MLP (8) plus the MLP's hidden pre-activation and activation output (2 x 4D): 16 tensors,
     # plus f32 norm statistics (2 per token) and flash's f32 log-sum-exp (64 heads per token).
-    per_token = 2 * 16 * D + 4 * 2 + 4 * 64
+    fused = 2 * 16 * D + 4 * 2 + 4 * 64
+    # A scanned stack also keeps each norm's f32 input and normalised rows (2 norms x 2 x 4D
+    # bytes) and ReLU's one-byte mask over the 4D hidden units.
+    per_token = fused + 2 * 2 * 4 * D + 4 * D
     assert total == pytest.approx(tokens * L * per_token, rel=1e-12)
-    # The book's "about 20 tensors per layer" is a rule of thumb: the dataflow count is 20% lower.
-    assert total == pytest.approx(case["expected"], rel=0.21)
+    # The book's "about 20 tensors per layer" is a rule of thumb between the fused dataflow
+    # set (16 tensors) and the scanned stack's (26).
+    assert tokens * L * fused < case["expected"] < total
     block = compile_training_step(model, parse_mesh("fsdp=64"), 64,
                                   TrainingConfig(seq_len=4096, batch_per_chip=16,
                                                  remat=Remat.FULL))

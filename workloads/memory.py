@@ -68,6 +68,7 @@ class LayerShapeSpec:
     mlp_matrices: int
     parallel_block: bool
     num_experts: int = 0  # routed experts of an MoE layer (router logits are kept in f32)
+    mlp_kind: str = "swiglu"  # the MLP's activation (workloads.models.MlpKind value)
 
 
 def saved_tensors(shape: LayerShapeSpec, *, remat: str, attention: str,
@@ -163,11 +164,18 @@ def saved_tensors(shape: LayerShapeSpec, *, remat: str, attention: str,
             SavedTensor(name="mlp_act_out", num_elements=n * s.ff_width, dtype_bytes=a,
                         producer="mlp_act")]
     if stacked:
-        # The activation's two derivative terms (sigmoid and 1 - sigmoid products for SiLU)
-        # and, for a gated MLP, the gated product the down projection reads.
-        extra = 2 + (1 if s.mlp_matrices > 2 else 0)
-        out.append(SavedTensor(name="mlp_act_terms", num_elements=extra * n * s.ff_width,
-                               dtype_bytes=a, producer="mlp_act"))
+        # The activation's derivative terms: ReLU's one-byte mask, or two bf16 terms for the
+        # smooth activations (SiLU's sigmoid products, GELU's); a gated MLP also keeps the
+        # gated product the down projection reads.
+        if s.mlp_kind == "relu":
+            out.append(SavedTensor(name="mlp_act_mask", num_elements=n * s.ff_width,
+                                   dtype_bytes=1.0, producer="mlp_act"))
+        else:
+            out.append(SavedTensor(name="mlp_act_terms", num_elements=2 * n * s.ff_width,
+                                   dtype_bytes=a, producer="mlp_act"))
+        if s.mlp_matrices > 2:
+            out.append(SavedTensor(name="mlp_gated_product", num_elements=n * s.ff_width,
+                                   dtype_bytes=a, producer="mlp_act"))
     return tuple(out)
 
 

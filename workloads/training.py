@@ -945,7 +945,7 @@ class _Compiler:
             q_width=m.num_heads / d.tp * m.head_dim,
             kv_width=max(m.num_kv_heads / d.tp, 1.0) * m.head_dim,
             local_heads=m.num_heads / d.tp, ff_width=ff / d.tp,
-            mlp_matrices=m.mlp.num_matrices, parallel_block=m.parallel_block,
+            mlp_matrices=m.mlp.num_matrices, mlp_kind=str(m.mlp), parallel_block=m.parallel_block,
             num_experts=m.num_experts if moe else 0)
 
     def saved(self, layer: int, remat: Remat | None = None):
