@@ -30,6 +30,10 @@ CASES = [
      ["--chip-variation", "0.02", "--seed", "1"]),
     ("chip variation 0.02", POD, ["--chip-variation", "0.02", "--seed", "1"]),
 ]
+# The brute-force collective: every chip and every link simulated.
+COLLECTIVE = ["collective", "--chip", "v4", "--shape", "16x16x16", "--op", "all-reduce",
+              "--axes", "x,y,z", "--bytes", "64MiB", "--algorithm", "per-axis-ring",
+              "--mode", "per-chip", "--json"]
 # Pipelined: 1F1B over 4 stages (LLaMA-3-70B's 80 layers, 20 per stage), 4 microbatches.
 PIPE = ["--microbatches", "4", "--pipeline-schedule", "1f1b"]
 PIPE_CASES = [
@@ -44,9 +48,13 @@ PIPE_CASES = [
 
 def run(label: str, pod: tuple[str, str, str], extra: list[str], timeout_s: float) -> dict:
     chip, shape, mesh = pod
-    cmd = ["timeout", str(int(timeout_s)), sys.executable, "-m", "sim.cli", "--quiet", "train",
-           "--chip", chip, "--shape", shape, "--model", "llama3-70b", "--seq-len", "8192",
-           "--batch-per-chip", "1", "--mesh", mesh, "--json", *extra]
+    if extra == COLLECTIVE:
+        cmd = ["timeout", str(int(timeout_s)), sys.executable, "-m", "sim.cli", "--quiet", *extra]
+        extra = ["--mode", "per-chip"]
+    else:
+        cmd = ["timeout", str(int(timeout_s)), sys.executable, "-m", "sim.cli", "--quiet",
+               "train", "--chip", chip, "--shape", shape, "--model", "llama3-70b", "--seq-len",
+               "8192", "--batch-per-chip", "1", "--mesh", mesh, "--json", *extra]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     wall, cpu, rss, stdout, err, code = run_child_cpu(cmd, cwd=ROOT, env=env)
     row = {"case": label, "shape": shape, "mesh": mesh, "flags": " ".join(extra),
@@ -60,9 +68,11 @@ def run(label: str, pod: tuple[str, str, str], extra: list[str], timeout_s: floa
     if code != 0:
         raise SystemExit(f"{label} {shape}: tpusim failed: {err.strip()}")
     out = json.loads(stdout)
-    row.update(status="ok", num_chips=out["num_chips"], num_chip_classes=out["num_chip_classes"],
+    row.update(status="ok", num_chips=out["num_chips"],
+               num_chip_classes=out.get("num_chip_classes", out["num_chips"]),
                sim_events=out["sim_events"], events_per_s=out["sim_events"] / cpu,
-               step_time_s=out["step_time_s"], slowest_chip=out["slowest_chip"])
+               step_time_s=out.get("step_time_s", out.get("time_s")),
+               slowest_chip=out.get("slowest_chip", ""))
     return row
 
 
@@ -74,9 +84,12 @@ def main() -> None:
                     help="give up on a case after this many seconds (default 600)")
     ap.add_argument("--pipeline", action="store_true", help="only the pipelined cases")
     args = ap.parse_args()
-    cases = PIPE_CASES if args.pipeline else CASES[:2] if args.quick else [*CASES, *PIPE_CASES]
+    brute = ("brute-force collective", ("v4", "16x16x16", "-"), COLLECTIVE)
+    cases = PIPE_CASES if args.pipeline else CASES[:2] if args.quick else [
+        *CASES, brute, *PIPE_CASES]
     rows = [run(*c, timeout_s=args.timeout) for c in cases]
-    print(f"{'case':<24} {'pod':<10} {'classes':>7} {'events':>8} {'events/s':>9} "
+    print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    print(f"{'case':<24} {'pod':<10} {'classes':>7} {'events':>9} {'events/s':>9} "
           f"{'wall s':>7} {'CPU s':>7} {'RSS MiB':>8} {'step s':>10}")
     for r in rows:
         if r["status"] != "ok":
@@ -84,7 +97,7 @@ def main() -> None:
                   f"{r['peak_rss_mib']:.0f} MiB)")
             continue
         print(f"{r['case']:<24} {r['shape']:<10} {r['num_chip_classes']:>7} "
-              f"{r['sim_events']:>8} {r['events_per_s']:>9.0f} {r['wall_s']:>7.2f} "
+              f"{r['sim_events']:>9} {r['events_per_s']:>9.0f} {r['wall_s']:>7.2f} "
               f"{r['cpu_s']:>7.2f} {r['peak_rss_mib']:>8.1f} {r['step_time_s']:>10.6f}")
     out = ROOT / "benchmarks" / "results" / (
         "perchip-pipeline.json" if args.pipeline else "perchip-quick.json" if args.quick
@@ -92,6 +105,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "date": time.strftime("%Y-%m-%d"), "platform": platform.platform(),
+        "load_average": os.getloadavg(),
         "python": platform.python_version(), "cpus": os.cpu_count(), "rows": rows,
     }, indent=2) + "\n")
 

@@ -65,6 +65,10 @@ MODES = ("auto", "per-chip")
 # measured on 64 classes of LLaMA-3-70B): refuse runs beyond ~2 GB rather than exhaust a
 # shared machine.
 MAX_CLASS_OPS = 2_500_000
+# From this many classes on (and beyond MAX_CLASS_OPS) `auto` runs vector classes: the same
+# result (tests/test_vector_engine.py), ~9x less CPU at 64 classes of LLaMA-3-70B (2.9 s vs
+# 26 s), while a few classes replay faster as SimPy actors.
+VECTOR_MIN_CLASSES = 32
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,8 +107,9 @@ class PerChipConfig:
         mode: `auto` (equivalence classes) or `per-chip` (brute force, one actor per chip).
         p2p: point-to-point transfers between the chips' programs (`PointToPoint`).
         vector: in `auto` mode, True runs the classes as vector classes (`sim.vector_engine`),
-            False as one SimPy actor each; None (default) picks vectors when the classes would
-            replay more than MAX_CLASS_OPS ops. Vectors need one program and no `p2p`.
+            False as one SimPy actor each; None (default) picks vectors from VECTOR_MIN_CLASSES
+            classes on, or when the classes would replay more than MAX_CLASS_OPS ops. Vectors
+            need one program and no `p2p`.
     """
 
     speed: np.ndarray | None = None
@@ -375,7 +380,8 @@ def simulate_chips(
     lm = link_model(chip, topology, {})
     vectors_apply = len(used_programs) == 1 and p2p is None
     use_vectors = cfg.mode != "per-chip" and vectors_apply and (
-        cfg.vector if cfg.vector is not None else class_ops > MAX_CLASS_OPS)
+        cfg.vector if cfg.vector is not None
+        else class_ops > MAX_CLASS_OPS or ncls >= VECTOR_MIN_CLASSES)
     if use_vectors:
         from sim.vector_engine import simulate_vectors
 

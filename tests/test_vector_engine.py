@@ -142,3 +142,17 @@ def test_collective_wait_is_wall_time_when_collectives_overlap():
         assert wait[:3] == pytest.approx([lag] * 3, rel=1e-9), kw
         assert wait[3] == 0.0
         assert (wait <= r.chips.finish_s.to_numpy()).all()
+
+
+def test_vector_classes_with_a_dead_link_equal_the_class_engine():
+    chip, topo, trace = _setup("4x4 wrapped", layers=1)
+    speed, _ = _perturbed(topo, slow_chip=False, slow_link=False)
+    dead = (topo.ici_link_id(0, 0, 1),)
+    vec = simulate_chips(trace, chip, topo, config=PerChipConfig(speed=speed, dead_links=dead,
+                                                                 vector=True))
+    cls = simulate_chips(trace, chip, topo, config=PerChipConfig(speed=speed, dead_links=dead,
+                                                                 vector=False))
+    _assert_same(vec, cls)
+    assert vec.sim_events == cls.sim_events
+    assert any("dead" in link for seg in vec.critical_path for link in seg["links"]) == \
+        any("dead" in link for seg in cls.critical_path for link in seg["links"])
