@@ -461,8 +461,8 @@ def simulate_chips(
                 k = scale.get(op.id, 1.0)
                 flops = op.flops * k
                 hbm_bytes = op.hbm_bytes * k
-                rate = (int8_rate if op.dtype == "int8" else cl.mxu_rate) if op.unit == Unit.MXU \
-                    else cl.vpu_rate
+                rate = (int8_rate if op.dtype == "int8" else cl.mxu_rate) \
+                    * chip.mxu_fill(op.narrow_dim) if op.unit == Unit.MXU else cl.vpu_rate
                 t_c = flops / rate
                 cl.t_compute[op.id] = t_c
                 cl.hbm_bytes[op.id] = hbm_bytes
@@ -473,7 +473,7 @@ def simulate_chips(
                     cl.bound[op.id] = "hbm"
                 cl.dur[op.id] = max(t_c, t_m) + chip.op_overhead_s
                 if op.unit == Unit.MXU:
-                    cl.mxu_busy += flops / cl.mxu_rate
+                    cl.mxu_busy += flops / (cl.mxu_rate * chip.mxu_fill(op.narrow_dim))
                 else:
                     cl.vpu_busy += flops / cl.vpu_rate
             elif op.id in sends:

@@ -3,7 +3,8 @@ link classes as fluid resources shared by compute and collectives, host transfer
 
 Every op is costed before `env.run()`:
 * compute: `max(flops / (peak * eff), hbm_bytes / (hbm_bw * eff)) + op_overhead_s`, bound by
-  whichever term is larger (MXU, VPU or HBM);
+  whichever term is larger (MXU, VPU or HBM); an MXU op with a narrow operand dimension runs at
+  `ChipSpec.mxu_fill(op.narrow_dim)` of the MXU peak;
 * collective: simulated once per distinct (kind, replica group, bytes) with `simulate_collective`
   on the real topology, then replayed as one fluid batch whose per-link-class loads are the
   busiest link of each class, so that concurrent collectives on the same links share bandwidth;
@@ -483,8 +484,8 @@ def replay(
 
     for op in progress(trace.ops, desc="costing ops"):
         if op.kind == OpKind.COMPUTE:
-            rate = (int8_rate if op.dtype == "int8" else mxu_rate) if op.unit == Unit.MXU \
-                else vpu_rate
+            rate = (int8_rate if op.dtype == "int8" else mxu_rate) \
+                * chip.mxu_fill(op.narrow_dim) if op.unit == Unit.MXU else vpu_rate
             t_c = op.flops / rate
             t_compute[op.id] = t_c
             t_m = op.hbm_bytes / hbm_bw
@@ -667,7 +668,7 @@ def _summarize(trace, chip, topology, dur, bound, start, end, net, costs, lm, mx
     bd["pipeline_bubble_s"] += bubble
 
     op_rows = _op_rows(trace, bound, start, end)
-    mxu_busy = sum(o.flops / mxu_rate for o in ops
+    mxu_busy = sum(o.flops / (mxu_rate * chip.mxu_fill(o.narrow_dim)) for o in ops
                    if o.kind == OpKind.COMPUTE and o.unit == Unit.MXU)
     vpu_busy = sum(o.flops / vpu_rate for o in ops
                    if o.kind == OpKind.COMPUTE and o.unit == Unit.VPU)

@@ -8,6 +8,7 @@ hardware achieves; they default to 1.0 (the textbook's idealisation) unless a fi
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,9 @@ class ChipSpec:
         dcn_latency_s: one-way DCN latency between slices.
         pcie_bytes_per_s: host <-> HBM bandwidth per chip.
         tensorcores_per_chip: TensorCores sharing the chip's HBM (megacore counts as one device).
+        mxu_dim: side of one MXU systolic array (128, or 256 on v6e). A matmul operand dimension
+            narrower than this (attention's head_dim 128 on a 256-wide MXU) leaves part of the
+            array idle: the op runs at dim / (dim rounded up to `mxu_dim`) of the MXU peak.
         mxu_efficiency, vpu_efficiency, hbm_efficiency, ici_efficiency, dcn_efficiency: achievable
             fraction of each peak (1.0 = the textbook's roofline).
         op_overhead_s: fixed cost added to every compute op (launch / pipeline fill).
@@ -58,6 +62,7 @@ class ChipSpec:
     dcn_latency_s: float
     pcie_bytes_per_s: float
     tensorcores_per_chip: int
+    mxu_dim: int = 128
     mxu_efficiency: float = 1.0
     vpu_efficiency: float = 1.0
     hbm_efficiency: float = 1.0
@@ -90,6 +95,15 @@ class ChipSpec:
                 f"chip {self.name!r}: max_pod_shape = {short_repr(shape)} must be a list of 1 to "
                 f"3 whole numbers in [1, 4096] such as [16, 16]"
             )
+
+    def mxu_fill(self, narrow_dim: float) -> float:
+        """Fraction of the MXU a matmul keeps busy when one of its tiled operand dimensions
+        (contraction or output) is `narrow_dim` wide (0: every dimension is wide): the array is
+        `mxu_dim` square and a dimension is padded up to a multiple of it (tpu.md §1.2)."""
+        if narrow_dim <= 0:
+            return 1.0
+        t = self.mxu_dim
+        return narrow_dim / (math.ceil(narrow_dim / t) * t)
 
     @property
     def ici_bidi_bytes_per_s(self) -> float:
@@ -130,6 +144,7 @@ _POSITIVE_FIELDS = {
     "dcn_latency_s",
     "pcie_bytes_per_s",
     "tensorcores_per_chip",
+    "mxu_dim",
 }
 # Accepted range of every numeric field: (low, high, low excluded, integer, hint). The bounds
 # are validation limits, not hardware numbers: wide enough for any real or what-if chip, narrow
@@ -144,6 +159,7 @@ _FIELD_RANGES: dict[str, tuple] = {
     "dcn_latency_s": (1e-18, 1.0, False, False, "seconds"),
     "ici_links_per_chip": (1, 64, False, True, "a count of links"),
     "tensorcores_per_chip": (1, 64, False, True, "a count of cores"),
+    "mxu_dim": (8, 4096, False, True, "the side of one MXU systolic array (128 or 256)"),
     "op_overhead_s": (0.0, 1.0, False, False, "seconds added to every compute op"),
     **{f"{u}_efficiency": (1e-6, 1.0, False, False,
                            "the achievable fraction of the peak")
@@ -281,6 +297,7 @@ CHIPS.add(
         pcie_bytes_per_s=3.2e10,  # tpu.md §1.1 "3.2e10 on v6e"
         # tpu.md §1.2 leaves v6e ambiguous; Google Cloud's v6e page lists one TensorCore per chip.
         tensorcores_per_chip=1,
+        mxu_dim=256,  # tpu.md §1.2 "128x128 systolic array (256x256 on v6e)"
         # Fitted to measured MaxText runs (docs/validation.md, benchmarks/validate_maxtext.py):
         # the achievable MXU fraction of the tpu-recipes v6e training runs (0.61; the other half
         # of the runs gives 0.58). HBM/ICI/DCN/VPU factors stay 1.0: the fit cannot identify them.
@@ -306,6 +323,8 @@ CHIPS.add(
         dcn_latency_s=_DCN_LATENCY_S,
         pcie_bytes_per_s=1.6e10,  # tpu.md §1.1 typical figure
         tensorcores_per_chip=2,  # tpu.md §1.2 "TPU7x: 2 cores joined by a high-bandwidth link"
+        # Assumption: v6e's 256x256 MXUs (tpu.md §1.2 states the size for v6e only).
+        mxu_dim=256,
     ),
 )
 

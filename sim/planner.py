@@ -325,8 +325,8 @@ class _Floors:
     def compute(self, op) -> float:
         from workloads.trace import Unit
 
-        rate = (self.int8 if op.dtype == "int8" else self.mxu) if op.unit == Unit.MXU \
-            else self.vpu
+        rate = (self.int8 if op.dtype == "int8" else self.mxu) \
+            * self.chip.mxu_fill(op.narrow_dim) if op.unit == Unit.MXU else self.vpu
         return self.chip.op_overhead_s + max(op.flops / rate, op.hbm_bytes / self.hbm)
 
     def send(self, nbytes: float) -> float:

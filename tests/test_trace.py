@@ -158,11 +158,12 @@ def test_file_layout_matches_the_documented_format():
     doc = json.loads(t.to_json())
     assert list(doc) == ["format", "version", "mesh", "meta", "columns", "ops"]
     assert doc["format"] == TRACE_FORMAT == "tpusim-trace"
-    assert doc["version"] == TRACE_VERSION == 2
+    assert doc["version"] == TRACE_VERSION == 3
     assert doc["mesh"] == {"ici": {"fsdp": 4}, "dcn": {}}
     assert doc["columns"] == [
         "id", "name", "kind", "unit", "flops", "hbm_bytes", "dtype", "collective", "mesh_axes",
         "bytes", "duration_s", "deps", "layer", "phase", "alloc_bytes", "free_bytes", "group",
+        "narrow_dim",
     ]
     row = dict(zip(doc["columns"], doc["ops"][1], strict=True))
     assert row["kind"] == "collective" and row["collective"] == "all-gather"
@@ -205,16 +206,16 @@ MALFORMED = {
     ),
     "no-format": (_mutated(lambda d: d.pop("format")), r'missing "format"'),
     "wrong-version": (
-        _mutated(lambda d: d.update(version=3)), r"version 3; this tpusim reads versions 1, 2"
+        _mutated(lambda d: d.update(version=4)), r"version 4; this tpusim reads versions 1, 2, 3"
     ),
     "version-as-string": (
-        _mutated(lambda d: d.update(version="1")), r"version '1'; this tpusim reads versions 1, 2"
+        _mutated(lambda d: d.update(version="1")), r"version '1'; this tpusim reads versions 1, 2, 3"
     ),
     "row-missing-field": (
-        _mutated(lambda d: d["ops"][1].pop()), r"op row 1 has 16 fields, expected 17"
+        _mutated(lambda d: d["ops"][1].pop()), r"op row 1 has 17 fields, expected 18"
     ),
     "row-extra-field": (
-        _mutated(lambda d: d["ops"][0].append(0)), r"op row 0 has 18 fields, expected 17"
+        _mutated(lambda d: d["ops"][0].append(0)), r"op row 0 has 19 fields, expected 18"
     ),
     "no-ops": (_mutated(lambda d: d.pop("ops")), r'"ops" must be a non-empty list of op rows'),
     "empty-program": (_mutated(lambda d: d.update(ops=[])), r'"ops" must be a non-empty list'),
@@ -244,6 +245,9 @@ MALFORMED = {
                         r"op row 0 has mesh_axes = \[\['x'\]\]; it must be a list of axis"),
     "huge-duration": (_mutated(lambda d: d["ops"][2].__setitem__(_col("duration_s"), 1e300)),
                       r"duration_s = 1e\+300; it must be a finite number in \[0, 86400\]"),
+    "negative-narrow-dim": (
+        _mutated(lambda d: d["ops"][0].__setitem__(_col("narrow_dim"), -128)),
+        r"op row 0 has narrow_dim = -128; it must be a whole number in \[0, 1000000\]"),
     "bad-dep": (_mutated(lambda d: d["ops"][1].__setitem__(_col("deps"), [3])),
                 r"depends on 3"),
 }

@@ -417,8 +417,9 @@ class _InferenceCompiler:
         kv_write = bk * t * kh * hd * 2 * kvb
         chunk_kv = bk * t * kh * hd * 2 * a if t > 1 else 0.0  # this chunk's own keys/values
         qo = 2 * bk * t * q_heads * hd * a
+        # Both attention matmuls tile head_dim (q.K^T contracts over it, P.V outputs it).
         return self.mm("attention", flops, 0.0, kv_read + kv_write + chunk_kv + qo, deps, layer,
-                       phase, weights=False)
+                       phase, weights=False, narrow_dim=hd)
 
     def mlp(self, layer: int, dep: int, n: float, phase: str, t: int) -> int:
         m, lay, a, wb = self.m, self.lay, _ACT_BYTES, self.wb

@@ -8,9 +8,10 @@ PCIe, or an idle interval (a pipeline bubble). Ops name their dependencies expli
 run in program order on the chip's core, collectives and host transfers run asynchronously as
 soon as their dependencies are done. `alloc_bytes`/`free_bytes` describe HBM occupancy.
 
-File format (`.trace`, JSON): {"format": "tpusim-trace", "version": 2, "mesh": {...},
+File format (`.trace`, JSON): {"format": "tpusim-trace", "version": 3, "mesh": {...},
 "meta": {...}, "columns": [...], "ops": [[...], ...]} — one row per op, columns named once.
-Version 2 added the `group` column; version 1 files (no such column) still load.
+Version 2 added the `group` column, version 3 `narrow_dim`; older files (without those
+columns) still load, with the columns' defaults.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from topologies.validate import MAX_TRACE_FILE_BYTES, MAX_TRACE_OPS, short_repr
 COLLECTIVE_NAMES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all",
                     "collective-permute", "send")
 TRACE_FORMAT = "tpusim-trace"
-TRACE_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+TRACE_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 
 
 class OpKind(enum.StrEnum):
@@ -68,6 +69,10 @@ class Op:
     alloc_bytes: float = 0.0
     free_bytes: float = 0.0
     group: int = -1  # collectives: index into meta["device_groups"] (-1: use mesh_axes)
+    # MXU ops: the width of an operand dimension the MXU tiles (contraction or output) that can
+    # be narrower than one systolic array, e.g. attention's head_dim; 0 = every dimension is
+    # wide. The engine runs the op at `ChipSpec.mxu_fill(narrow_dim)` of the MXU peak.
+    narrow_dim: int = 0
 
 
 OP_COLUMNS = tuple(f.name for f in fields(Op))
@@ -272,6 +277,10 @@ def _op_from_row(i: int, r: Any, cols: list[str], source: str) -> Op:
         if isinstance(v, bool) or not isinstance(v, int) or not -1 <= v <= MAX_TRACE_OPS \
                 * 1000:
             raise fail(f"has {col} = {short_repr(v)}; it must be a whole number")
+    v = d["narrow_dim"]
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 1_000_000:
+        raise fail(f"has narrow_dim = {short_repr(v)}; it must be a whole number in "
+                   f"[0, 1000000] (0: no narrow matmul dimension)")
     for col in _NUM_COLS:
         v = d[col]
         hi = _NUM_MAX.get(col, _NUM_MAX_DEFAULT)

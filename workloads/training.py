@@ -378,10 +378,10 @@ class _Compiler:
         self.mem_events.append([op_id, str(category), float(delta)])
 
     # -- helpers ----------------------------------------------------------------------------
-    def mm(self, name, flops, w_bytes, in_bytes, out_bytes, deps, layer, phase):
+    def mm(self, name, flops, w_bytes, in_bytes, out_bytes, deps, layer, phase, narrow_dim=0):
         return self.b.add(name, kind=OpKind.COMPUTE, unit=Unit.MXU, flops=flops,
                           hbm_bytes=w_bytes + in_bytes + out_bytes, deps=deps, layer=layer,
-                          phase=phase)
+                          phase=phase, narrow_dim=narrow_dim)
 
     def vpu(self, name, flops, nbytes, deps, layer, phase, **kw):
         base = name.removeprefix("re-")
@@ -524,13 +524,18 @@ class _Compiler:
             # keeps the score matrix in VMEM: HBM sees only Q, K, V and the output.
             flops = 4 * n * ctx * h_loc * hd * 0.5
             nbytes = 2 * n * h_loc * hd * a + 2 * kv_bytes
-            return self.mm(f"{tag}flash_attention", flops, 0.0, nbytes, 0.0, deps, layer, phase)
+            return self.mm(f"{tag}flash_attention", flops, 0.0, nbytes, 0.0, deps, layer, phase,
+                           narrow_dim=hd)
         scores = n * ctx * h_loc
+        # Both attention matmuls tile head_dim: q.K^T contracts over it, P.V outputs it, so a
+        # head_dim below the MXU width leaves part of the array idle (ChipSpec.mxu_fill).
         qk = self.mm(f"{tag}attn_scores", 2 * n * ctx * h_loc * hd, 0.0,
-                     n * h_loc * hd * a + kv_bytes, scores * 4, deps, layer, phase)
+                     n * h_loc * hd * a + kv_bytes, scores * 4, deps, layer, phase,
+                     narrow_dim=hd)
         sm = self.vpu(f"{tag}softmax", 5 * scores, scores * 4 + scores * a, [qk], layer, phase)
         av = self.mm(f"{tag}attn_values", 2 * n * ctx * h_loc * hd, 0.0,
-                     scores * a + kv_bytes, n * h_loc * hd * a, [sm], layer, phase)
+                     scores * a + kv_bytes, n * h_loc * hd * a, [sm], layer, phase,
+                     narrow_dim=hd)
         # The f32 scores (the softmax runs in place over them) and the bf16 probabilities the
         # value matmul reads are live together (workloads/memory.py); kept probabilities are
         # counted as saved from the softmax on.
@@ -915,13 +920,13 @@ class _Compiler:
             # Reads Q, O, dO and K, V; writes dQ, dK, dV.
             datt = self.mm("flash_attention_bwd", att_factor * att_fwd_flops, 0.0,
                            4 * n * h_loc * hd * a + 4 * kv_bytes, 0.0, [dproj, *after2], layer,
-                           "bwd")
+                           "bwd", narrow_dim=hd)
         else:
             scores = n * d.ctx * h_loc
             datt_m = self.mm("attn_bwd", att_factor * att_fwd_flops, 0.0,
                              3 * scores * a + 2 * kv_bytes,
                              2 * n * h_loc * hd * a + 2 * kv_bytes, [dproj, *after2], layer,
-                             "bwd")
+                             "bwd", narrow_dim=hd)
             datt = self.vpu("softmax_bwd", 6 * scores, 3 * scores * a, [datt_m], layer, "bwd")
             # The score gradients (bf16, written by the softmax backward fused into the dP
             # matmul) live until the dQ and dK matmuls have read them.
