@@ -664,6 +664,16 @@ class _Compiler:
             if emb_g is not None and not self.head_on:  # no logits here to keep it for
                 self.mem(x, G.GATHERED_WEIGHTS, -emb_w)
             prev = x
+            if self.embed_on and d.tp > 1:
+                # The table's vocabulary is split over `tensor`: each shard looks up the rows it
+                # holds (zeros elsewhere) and the partial embeddings are summed over `tensor`,
+                # all-reduced to the replicated residual or reduce-scattered to the sharded one
+                # (XLA, docs/model.md "Collectives as XLA emits them").
+                red = self.coll("tp_embed_allreduce" if not self.tp_sharded
+                                else "tp_embed_reducescatter",
+                                "reduce-scatter" if self.tp_sharded else "all-reduce",
+                                ("tensor",), n * D * a, [x], -1, "fwd")
+                prev = red if red is not None else x
             pending = fsdp_gather(0, mb, "fwd", [] if prefetch else [prev])
             for layer in range(d.layers):
                 g = pending
@@ -805,6 +815,12 @@ class _Compiler:
                                  self.rows() * D * a, [prev], 0, "bwd")
                 prev = send if send is not None else prev
             if self.embed_on:
+                if self.tp_sharded:
+                    # Every vocabulary shard scatters the gradients of all its tokens' rows:
+                    # the sharded input gradient is gathered over `tensor` first.
+                    eg = self.coll("tp_embed_grad_allgather", "all-gather", ("tensor",),
+                                   n * D * a, [prev], -1, "bwd")
+                    prev = eg if eg is not None else prev
                 emb_bwd = self.vpu("embed_grad", n * D, 3 * n * D * a, [prev], -1, "bwd")
                 if lookup_a2a:
                     ga = self.coll("embed_grad_alltoall", "all-to-all", ("fsdp",), d.fs * n * D * a,
