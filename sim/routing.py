@@ -41,6 +41,13 @@ class LinkModel:
     class_capacity_bytes_per_s: np.ndarray  # symmetric: per link class
     ici_latency_s: float
     dcn_latency_s: float
+    dcn_message_s: float = 0.0  # per DCN message a chip sends in one step, serialized
+
+
+def _dcn_moves(gaxes, moves) -> int:
+    """Moves of one step that cross DCN (each a message the chip's DCN endpoint handles)."""
+    return sum(1 for m in moves if m.bytes > 0
+               and any(o and g.is_dcn for g, o in zip(gaxes, m.offset, strict=True)))
 
 
 def link_model(chip: ChipSpec, topology: Topology, slow_links: dict[int, float]) -> LinkModel:
@@ -57,6 +64,7 @@ def link_model(chip: ChipSpec, topology: Topology, slow_links: dict[int, float])
         class_capacity_bytes_per_s=cls,
         ici_latency_s=chip.ici_hop_latency_s,
         dcn_latency_s=chip.dcn_latency_s,
+        dcn_message_s=chip.dcn_message_overhead_s,
     )
 
 
@@ -74,6 +82,7 @@ def symmetric_batch(step: Step, gaxes: tuple[GroupAxis, ...], lm: LinkModel) -> 
         ptr.append(len(res))
         nbytes.append(m.bytes)
         lat = max(lat, route_latency_s(gaxes, m.offset, lm.ici_latency_s, lm.dcn_latency_s))
+    lat += _dcn_moves(gaxes, step.moves) * lm.dcn_message_s
     return Batch(
         res=np.asarray(res, dtype=np.int64),
         ptr=np.asarray(ptr, dtype=np.int64),
@@ -129,6 +138,7 @@ def full_batch(
         counts.append(np.full(len(src), h, dtype=np.int64))
         nbytes.append(np.full(len(src), m.bytes))
         lat = max(lat, route_latency_s(gaxes, m.offset, lm.ici_latency_s, lm.dcn_latency_s))
+    lat += _dcn_moves(gaxes, step.moves) * lm.dcn_message_s
     if not res_parts:
         z = np.zeros(0, dtype=np.int64)
         return Batch(res=z, ptr=np.zeros(1, dtype=np.int64), bytes_per_transfer=np.zeros(0),

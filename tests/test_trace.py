@@ -209,7 +209,8 @@ MALFORMED = {
         _mutated(lambda d: d.update(version=4)), r"version 4; this tpusim reads versions 1, 2, 3"
     ),
     "version-as-string": (
-        _mutated(lambda d: d.update(version="1")), r"version '1'; this tpusim reads versions 1, 2, 3"
+        _mutated(lambda d: d.update(version="1")),
+        r"version '1'; this tpusim reads versions 1, 2, 3"
     ),
     "row-missing-field": (
         _mutated(lambda d: d["ops"][1].pop()), r"op row 1 has 17 fields, expected 18"

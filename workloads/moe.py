@@ -187,7 +187,8 @@ def plan_routing(model: TransformerSpec, ep: int, group_tokens: int, cfg: MoeCon
 
 # The ops whose work is the experts' (forward, its recomputation, and the MLP backward of an
 # MoE layer): they follow the per-chip loads in the per-chip engine.
-_EXPERT_OPS = frozenset({"expert_in", "expert_act", "expert_out", "mlp_bwd", "mlp_act_bwd"})
+_EXPERT_OPS = frozenset({"expert_in", "expert_act", "expert_out", "mlp_bwd", "mlp_act_bwd",
+                         "mlp_bwd_weights"})
 # The all-to-alls that carry the tokens to and from the experts: the compiled volume is the
 # hottest shard's; each chip moves its own shard's (its load over the hottest).
 _A2A_OPS = frozenset({"ep_dispatch", "ep_combine", "ep_combine_bwd", "ep_dispatch_bwd"})
@@ -221,7 +222,7 @@ def expert_op_scales(trace, topology) -> dict[int, np.ndarray]:
         name = o.name.removeprefix("re-")
         if (name not in _EXPERT_OPS and name not in _A2A_OPS) or o.layer < 0:
             continue
-        if o.name in ("mlp_bwd", "mlp_act_bwd") and o.layer < first_moe:
+        if o.name in ("mlp_bwd", "mlp_act_bwd", "mlp_bwd_weights") and o.layer < first_moe:
             continue  # a dense layer's MLP
         h = hot[(o.layer - first_moe) % len(hot)]
         shard = (pos - h) % ep

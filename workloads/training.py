@@ -86,6 +86,7 @@ class TrainingConfig:
     fuse_elementwise: bool = True
     tp_activations: str = "sharded"
     tp_comm: str = "blocking"
+    dp_allreduce: str = "async"
     pipeline_schedule: str = "1f1b"
     virtual_stages: int = 1
     moe: MoeConfig = field(default_factory=MoeConfig)
@@ -117,6 +118,10 @@ class TrainingConfig:
         if self.tp_comm not in ("blocking", "collective-matmul"):
             raise TpusimError(
                 f"--tp-comm {self.tp_comm!r} must be blocking or collective-matmul"
+            )
+        if self.dp_allreduce not in ("async", "blocking"):
+            raise TpusimError(
+                f"--dp-allreduce {self.dp_allreduce!r} must be async or blocking"
             )
         if self.pipeline_schedule not in PIPELINE_SCHEDULES:
             raise TpusimError(
@@ -740,9 +745,10 @@ class _Compiler:
             # The last layer's weights are gathered again while the loss is computed.
             pending = fsdp_gather(d.layers - 1, mb, "bwd", [final_norm] if prefetch else [prev])
             fetch_after = [final_norm]
+            dp_wait: list[int] = []  # blocking data-parallel reductions the next layer waits for
             for layer in reversed(range(d.layers)):
                 g = pending
-                deps = [prev]
+                deps = [prev] + dp_wait
                 if cfg.remat == Remat.OFFLOAD:
                     # Fetched one layer ahead: when the backward of the layer above starts.
                     fetch = b.add("fetch_activations", kind=OpKind.HOST,
@@ -775,7 +781,7 @@ class _Compiler:
                 self.mem(deps[0] if cfg.remat != Remat.NONE else None, G.SAVED_ACTIVATIONS,
                          recomputed)
                 inp = prev
-                out = self.layer_backward(layer, deps, None if windowed else g)
+                out = self.layer_backward(layer, deps, None if windowed else g, grad=prev)
                 if windowed and g is not None:
                     b.ops[out] = _with(b.ops[out], deps=tuple(sorted({*b.ops[out].deps, g})))
                 # Everything the layer kept or recomputed dies with its backward.
@@ -807,6 +813,12 @@ class _Compiler:
                                        ("data", "sequence"), expert_b / d.fs, after, layer,
                                        "bwd")
                     last_grad_ops += [o for o in (rs, dpar, dpar_e) if o is not None]
+                    if cfg.dp_allreduce == "blocking" and d.dp > 1:
+                        # Without XLA's data-parallel all-reduce overlap the layer's gradient
+                        # reduction (over fsdp, then data) finishes before the next layer's
+                        # backward starts (only with a data axis: the data-parallel overlap
+                        # flags concern the data-parallel reduction).
+                        dp_wait = [o for o in (dpar, dpar_e) if o is not None]
                 elif rs is not None:
                     last_grad_ops.append(rs)
                 prev = out
@@ -821,7 +833,8 @@ class _Compiler:
                     eg = self.coll("tp_embed_grad_allgather", "all-gather", ("tensor",),
                                    n * D * a, [prev], -1, "bwd")
                     prev = eg if eg is not None else prev
-                emb_bwd = self.vpu("embed_grad", n * D, 3 * n * D * a, [prev], -1, "bwd")
+                emb_bwd = self.vpu("embed_grad", n * D, 3 * n * D * a, [prev] + dp_wait, -1,
+                                   "bwd")
                 if lookup_a2a:
                     ga = self.coll("embed_grad_alltoall", "all-to-all", ("fsdp",), d.fs * n * D * a,
                                    [emb_bwd], -1, "bwd")
@@ -858,7 +871,7 @@ class _Compiler:
         meta = self.meta(p_local, static)
         return Trace(mesh=self.mesh, ops=tuple(b.ops), meta=meta)
 
-    def layer_backward(self, layer, deps, gather):
+    def layer_backward(self, layer, deps, gather, grad=None):
         """Backward of one layer: dX and dW matmuls (2x forward), elementwise grads, TP
         all-reduces of the input gradients."""
         m, d, a = self.m, self.d, self.act
@@ -895,8 +908,15 @@ class _Compiler:
                 deps = list(deps) + [comb]
         r = self.rows()
         first = deps[-1]
-        mm_deps, after = self.tp_enter("", "mlp_bwd", first, layer, "bwd")
-        dmlp = self.mm("mlp_bwd", 2 * fwd_mlp, 2 * w_mlp, 3 * n * F * mats / tp * a, n * D * a,
+        # The incoming gradient is gathered over `tensor` as soon as it exists (alongside the
+        # recomputation, which does not need it); an MoE layer's comes out of the combine.
+        mm_deps, after = self.tp_enter("", "mlp_bwd", grad if grad is not None and not moe
+                                       else first, layer, "bwd")
+        # The backward matmuls are split as XLA schedules them: the input gradients (dX) are on
+        # the critical path; the weight gradients (dW) only feed the gradient reduction, so
+        # they run after the input gradient's collective is issued and hide it (a
+        # tensor-parallel reduction, the MoE dispatch all-to-all).
+        dmlp = self.mm("mlp_bwd", fwd_mlp, w_mlp, 1.5 * n * F * mats / tp * a, n * D * a,
                        list(deps) + wd + mm_deps, layer, "bwd")
         dact = self.vpu("mlp_act_bwd", 16 * n * F / tp, 3 * n * F / tp * a, [dmlp, *after], layer,
                         "bwd")
@@ -905,6 +925,8 @@ class _Compiler:
             # Transpose of the forward's dispatch all-to-all, after the experts' backward.
             ar1 = self.coll("ep_dispatch_bwd", "all-to-all", ("expert",),
                             n * rt.expert_rows_per_token * D * a * d.ep, [dact], layer, "bwd")
+        dmlp_w = self.mm("mlp_bwd_weights", fwd_mlp, w_mlp, 1.5 * n * F * mats / tp * a, 0.0,
+                         [dact], layer, "bwd")
         if dense_disp:
             # Dispatch einsum backward: the input gradient only (the one-hot mask has none).
             ar1 = self.mm("moe_dispatch_bwd", dispatch_flops(n, m.num_experts, rt.capacity, D),
@@ -927,8 +949,8 @@ class _Compiler:
             mm_deps2, after2 = mm_deps, after
         else:
             mm_deps2, after2 = self.tp_enter("", "attn_bwd", nrm, layer, "bwd")
-        dproj = self.mm("attn_proj_bwd", 2 * proj_flops, 2 * w_att,
-                        3 * n * (h_loc + 2 * k_loc) * hd * a, n * D * a,
+        dproj = self.mm("attn_proj_bwd", proj_flops, w_att,
+                        1.5 * n * (h_loc + 2 * k_loc) * hd * a, n * D * a,
                         [nrm] + wd + mm_deps2, layer, "bwd")
         kv_bytes = n * d.sp / d.ctx * d.ctx * k_loc * hd * a  # K or V of the local sequences
         datt_m = None
@@ -953,8 +975,10 @@ class _Compiler:
         last = [datt_m if self.cfg.attention != "flash" else datt]
         att_exit = self.tp_exit("", "block_bwd" if m.parallel_block else "attn_bwd", rope,
                                 last + ([dmlp] if m.parallel_block else []), layer, "bwd")
-        return self.vpu("norm_attn_bwd", 10 * r * D, 4 * r * D * a, att_exit + [dact], layer,
-                        "bwd")
+        dproj_w = self.mm("attn_proj_bwd_weights", proj_flops, w_att,
+                          1.5 * n * (h_loc + 2 * k_loc) * hd * a, 0.0, [rope], layer, "bwd")
+        return self.vpu("norm_attn_bwd", 10 * r * D, 4 * r * D * a,
+                        att_exit + [dact, dmlp_w, dproj_w], layer, "bwd")
 
     # -- memory ---------------------------------------------------------------------------
     def layer_shape(self, layer: int) -> LayerShapeSpec:

@@ -307,12 +307,13 @@ def _print_sources(sources: dict[str, dict[str, dict]]) -> None:
     the assumed defaults are listed once."""
     print("efficiency factors (achievable fraction of each peak; 1.0 = the textbook roofline)")
     print(f"{'chip':<12} {'mxu':>5} {'vpu':>5} {'hbm':>5} {'ici':>5} {'dcn':>5} "
-          f"{'op overhead':>12}")
+          f"{'op overhead':>12} {'DCN message':>12}")
     for name, src in sources.items():
         v = {k: e["value"] for k, e in src.items()}
         print(f"{name:<12} {v['mxu_efficiency']:>5.2f} {v['vpu_efficiency']:>5.2f} "
               f"{v['hbm_efficiency']:>5.2f} {v['ici_efficiency']:>5.2f} "
-              f"{v['dcn_efficiency']:>5.2f} {v['op_overhead_s'] * 1e6:>9.2f} us")
+              f"{v['dcn_efficiency']:>5.2f} {v['op_overhead_s'] * 1e6:>9.2f} us "
+              f"{v['dcn_message_overhead_s'] * 1e6:>9.1f} us")
     print("where they come from:")
     assumed = {}
     for name, src in sources.items():

@@ -59,6 +59,10 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp-comm", default="blocking",
                    help="tensor-parallel collectives: blocking (XLA's default) or "
                         "collective-matmul (overlapped with the adjacent matmul)")
+    p.add_argument("--dp-allreduce", default="async",
+                   help="data-parallel gradient all-reduce: async (overlapped with the backward "
+                        "pass, XLA's data-parallel overlap flags, default) or blocking (each "
+                        "layer's reduction ends before the next layer's backward starts)")
     p.add_argument("--fsdp-gather", default="async",
                    help="FSDP weight gathers: async (prefetched, default), windowed (collective "
                         "matmul, v5e's XLA default) or blocking (v5p's XLA default)")
@@ -86,6 +90,7 @@ def _compile(args: argparse.Namespace, num_chips: int, moe=None):
         fuse_elementwise=not args.no_fusion,
         tp_activations=args.tp_activations,
         tp_comm=args.tp_comm,
+        dp_allreduce=args.dp_allreduce,
         pipeline_schedule=args.pipeline_schedule or "1f1b",
         virtual_stages=args.virtual_stages,
         moe=moe if moe is not None else cli.moe_config(args),

@@ -172,7 +172,10 @@ def _step_tracks(result) -> tuple[dict[str, list[tuple]], dict[str, list[tuple[f
 
 
 def _utilization(rows, capacity: float) -> list[tuple[float, float]]:
-    """Piecewise-constant link utilization: each collective's average rate on the link."""
+    """Piecewise-constant link utilization: each collective's average rate on the link.
+
+    Concurrent collectives share a link unevenly over their lifetimes, so the sum of their
+    average rates can exceed the link's capacity where they overlap; it is capped at 1."""
     deltas: dict[float, float] = {}
     for start, end, _name, args, _op in rows:
         rate = args["bytes_per_link"] / (end - start) / capacity
@@ -182,7 +185,7 @@ def _utilization(rows, capacity: float) -> list[tuple[float, float]]:
     out = []
     for t in sorted(deltas):
         level += deltas[t]
-        out.append((t, max(level, 0.0) if abs(level) > 1e-12 else 0.0))
+        out.append((t, min(max(level, 0.0), 1.0) if abs(level) > 1e-12 else 0.0))
     return out
 
 
