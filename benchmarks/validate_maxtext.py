@@ -50,7 +50,8 @@ REFERENCE_DIR = ROOT / "docs" / "reference"
 RUNS_FILE = REFERENCE_DIR / "maxtext_runs.json"
 DOC_FILE = ROOT / "docs" / "validation.md"
 GENERATIONS = ("v5e", "v6e")
-TARGET_MEDIAN = 0.10
+TARGET_MEDIAN = 0.05  # issue 11: median |error| <= 5% and worst <= 15% over all usable runs
+TARGET_WORST = 0.15
 
 # MaxText `mlp_activations` -> tpusim MLP kind (maxtext.md §2; a second "linear" entry is the
 # up projection of a gated MLP).
@@ -84,6 +85,9 @@ class Case:
     quality: str
     notes: tuple[str, ...] = ()
     capacity_factor: float | None = None  # MoE dropping path (None: dropless / dense model)
+    # XLA overlaps the data-parallel gradient all-reduce only with the recipes'
+    # DATA_PARALLEL_OVERLAP flags; without them it blocks the next layer's backward.
+    dp_allreduce: str = "blocking"
 
     @property
     def low_quality(self) -> bool:
@@ -294,6 +298,8 @@ def load_cases(
             notes.append(f"published {meas['tokens_per_sec_per_chip']} tok/s/chip disagrees "
                          f"with its MFU (maxtext.md §5 item 6)")
         rem_text = raw.get("remat") or ""
+        flags = str(raw.get("other_settings", {}).get("xla_flags", ""))
+        dp_allreduce = "async" if "DATA_PARALLEL_OVERLAP" in flags else "blocking"
         cases.append(Case(
             id=cid, index=counters[chip], chip=chip,
             slice_name=raw["hardware"]["slice"], num_slices=slices, model=model,
@@ -301,6 +307,7 @@ def load_cases(
             maxtext_remat=rem_text.split(" ")[0], seq_len=int(seq), batch_per_chip=int(pdbs),
             measured_step_s=float(step), measured_tokens_s=float(tok_s), step_source=source,
             quality=quality, notes=tuple(notes), capacity_factor=float(cf) if cf else None,
+            dp_allreduce=dp_allreduce,
         ))
         if quality != "low":
             counters[chip] += 1
@@ -331,7 +338,8 @@ def _trace(case: Case):
                                 num_slices=case.num_slices)
         cfg = TrainingConfig(seq_len=case.seq_len, batch_per_chip=case.batch_per_chip,
                              remat=case.remat, attention="flash",
-                             moe=MoeConfig(capacity_factor=case.capacity_factor))
+                             moe=MoeConfig(capacity_factor=case.capacity_factor),
+                             dp_allreduce=case.dp_allreduce)
         trace = compile_training_step(case.model, parse_mesh(case.mesh, case.dcn or None),
                                       topo.num_chips, cfg)
         _TRACES[key] = (trace, topo)
@@ -384,6 +392,10 @@ def summary(preds: list[Prediction]) -> dict[str, dict[str, float]]:
 # The knobs' search grids (achievable fractions of a peak, kept within a plausible 0.5-1.0).
 MXU_GRID = tuple(round(0.50 + 0.01 * i, 2) for i in range(51))  # 0.50 .. 1.00
 SCAN_GRID = (1.0, 0.9, 0.8, 0.7)  # hbm / ici values scanned for identifiability
+# dcn_message_overhead_s values (seconds per DCN message) fitted jointly with the MXU factor on
+# v5e, the generation whose runs are data-parallel over 1-32 slices.
+DCN_GRID = (0.0, 0.25e-3, 0.5e-3, 0.75e-3, 1.0e-3)
+DCN_FIT_GENERATIONS = ("v5e",)
 
 
 def objective(cases: list[Case], chip: ChipSpec) -> float:
@@ -428,6 +440,8 @@ class FitResult:
     evaluations: int
     hbm_scan: list[tuple[float, float, float]] = field(default_factory=list)  # (hbm, mxu, obj)
     ici_scan: list[tuple[float, float, float]] = field(default_factory=list)  # (ici, mxu, obj)
+    dcn_message: float = 0.0  # fitted dcn_message_overhead_s (0 where not fitted)
+    dcn_scan: list[tuple[float, float, float]] = field(default_factory=list)  # (dcn, mxu, obj)
     all_median_abs: float = float("nan")  # median over every usable case of the generation
 
 
@@ -448,11 +462,28 @@ def fit_job(job: tuple[str, str, str, bool, str]) -> FitResult:
     roof = get_chip(generation).with_overrides(
         mxu_efficiency=1.0, hbm_efficiency=1.0, ici_efficiency=1.0, vpu_efficiency=1.0,
         dcn_efficiency=1.0, op_overhead_s=0.0)
-    mxu, obj, evals = best_mxu(chosen, roof)
+    dcn_scan = []
+    evals = 0
+    if generation in DCN_FIT_GENERATIONS and custom_remat == Remat.FULL:
+        # The per-message DCN overhead and the MXU factor, jointly: the MXU factor re-optimised
+        # at every grid value, the pair with the lowest objective kept.
+        start = 0.80
+        for value in DCN_GRID:
+            m, o, e = best_mxu(chosen, roof.with_overrides(dcn_message_overhead_s=value),
+                               start=start)
+            evals += e
+            dcn_scan.append((value, m, o))
+            start = m
+        dcn_msg = min(dcn_scan, key=lambda t: t[2])[0]
+    else:
+        dcn_msg = 0.0
+    roof = roof.with_overrides(dcn_message_overhead_s=dcn_msg)
+    mxu, obj, e = best_mxu(chosen, roof)
+    evals += e
     preds = [predict(c, roof.with_overrides(mxu_efficiency=mxu)) for c in chosen]
     res = FitResult(generation=generation, subset=subset, custom_remat=custom_remat,
                     n=len(chosen), mxu=mxu, objective=obj, median_abs=median_abs(preds),
-                    evaluations=evals)
+                    evaluations=evals, dcn_message=dcn_msg, dcn_scan=dcn_scan)
     if scan:
         for knob, out in (("hbm_efficiency", res.hbm_scan), ("ici_efficiency", res.ici_scan)):
             for value in SCAN_GRID:
@@ -543,12 +574,15 @@ def print_fits(fits: list[FitResult], out=sys.stdout) -> None:
             if scan:
                 print(f"      {name}_efficiency scan: " + ", ".join(
                     f"{v:.1f}->mxu {m:.2f} obj {o:.4f}" for v, m, o in scan), file=out)
+        if f.dcn_scan:
+            print(f"      dcn_message_overhead_s fit (-> {f.dcn_message:g}): " + ", ".join(
+                f"{1e3 * v:g} ms->mxu {m:.2f} obj {o:.4f}" for v, m, o in f.dcn_scan), file=out)
 
 
 def shipped_factors() -> dict[str, dict[str, float]]:
     return {g: {k: getattr(get_chip(g), k) for k in (
         "mxu_efficiency", "vpu_efficiency", "hbm_efficiency", "ici_efficiency",
-        "dcn_efficiency", "op_overhead_s")} for g in GENERATIONS}
+        "dcn_efficiency", "op_overhead_s", "dcn_message_overhead_s")} for g in GENERATIONS}
 
 
 def explain(p: Prediction) -> str:
@@ -561,8 +595,8 @@ def explain(p: Prediction) -> str:
                    f"({exposed:.1f} s of {p.step_s:.1f} s; effect 1)")
     elif exposed > 0.05 * p.step_s:
         why.append(f"exposed communication {exposed:.1f} s of {p.step_s:.1f} s")
-    if c.chip == "v5e" and c.num_slices > 1 and p.error < 0:
-        why.append(f"slowdown with {c.num_slices} slices not reproduced (effect 2)")
+    if c.chip == "v5e" and c.num_slices > 1 and p.error < -0.05:
+        why.append(f"slowdown with {c.num_slices} slices under-predicted (effect 2)")
     if c.model.is_moe:
         cf = [n.split(",")[0] for n in c.notes if n.startswith("MoE capacity")]
         why.append((cf[0] + ": " if cf else "") + "MoE capacity padding and dense dispatch "
@@ -619,13 +653,16 @@ def _effects(good: list[Prediction]) -> list[str]:
                   f"{_pct(t405.case.measured_step_s / f405.case.measured_step_s - 1)} slower "
                   f"than the FSDP-only one, predicted {_pct(t405.step_s / f405.step_s - 1)}")
     out.append(
-        "1. **Tensor-parallel activation all-reduces are fully exposed** (exposed "
-        f"communication: {tp_txt or '-'}). Measured, tensor parallelism costs much less: the "
-        "128B v5e runs (fsdp16 x tensor16) reached 56% MFU against 60% for the FSDP-only 64B of "
-        f"the same d_model{cmp405}. The compiler puts every TP all-reduce on the critical path "
-        "with the residual replicated over `tensor` (as in reference/xla.md's compile); MaxText "
-        "shards activations over `tensor` and XLA's async collective fusion overlaps the "
-        "resulting all-gathers / reduce-scatters with the neighbouring matmuls.")
+        "1. **Tensor-parallel collectives are partly exposed** (exposed communication: "
+        f"{tp_txt or '-'}). Measured, tensor parallelism costs less: the 128B v5e runs (fsdp16 "
+        "x tensor16) reached 56% MFU against 60% for the FSDP-only 64B of the same "
+        f"d_model{cmp405}. In tpusim the backward reductions over `tensor` now overlap the "
+        "weight-gradient matmuls (dX and dW are separate ops, as XLA schedules them) and the "
+        "incoming gradient's all-gather overlaps the recomputation, but the forward and "
+        "recomputed all-gathers / reduce-scatters still block the next matmul; XLA's async "
+        "collective fusion (the recipes' `CF_FOR_ALL_GATHER` flags) hides part of those too. "
+        "`--tp-comm collective-matmul` hides all of them and over-corrects (the 128B runs come "
+        "out 4-21% fast with it).")
     rows = []
     for size in ("16b", "32b", "64b", "128b"):
         one = ids.get(f"maxtext-v5e-{size}-1x-v5e-256")
@@ -642,11 +679,16 @@ def _effects(good: list[Prediction]) -> list[str]:
                    f"step by {_pct(slow.step_s / p64.step_s - 1)}.")
     if rows:
         out.append(
-            "2. **Slice-count slowdown on v5e.** From 1 to 32 slices: " + "; ".join(rows)
-            + ". The per-layer DCN gradient all-reduces (a few MB per chip per layer) hide "
-            "behind the backward pass." + dcn_txt + " Whatever slows the real runs with the "
-            "slice count (stragglers, synchronisation across more hosts, DCN congestion) is not "
-            "modelled.")
+            "2. **Slice-count slowdown on v5e (modelled).** From 1 to 32 slices: "
+            + "; ".join(rows) + ". The measured slowdown is about 1 ms per layer per slice, "
+            "nearly the same for the 16B and the 32B (same layer count, twice the gradient "
+            "bytes): a per-message cost, not bandwidth." + dcn_txt + " tpusim reproduces it "
+            "with the data-parallel gradient all-reduce blocking the next layer's backward "
+            "(these 2023 runs predate the recipes' `DATA_PARALLEL_OVERLAP` flags; "
+            "`--dp-allreduce blocking`) and a per-message DCN overhead "
+            "(`dcn_message_overhead_s`, fitted with the MXU factor on the odd half: 2(N-1) "
+            "messages per all-reduce over N slices). The residual per-model offsets are effect "
+            "4.")
     moe = [p for p in good if p.case.model.is_moe]
     if moe:
         out.append(
@@ -654,16 +696,20 @@ def _effects(good: list[Prediction]) -> list[str]:
                 f"{p.case.id.replace('tpu-recipes-v6e-', '').replace('maxtext-custom-', '')} "
                 f"{_pct(p.error)}" for p in moe)
             + ". The Mixtral runs use capacity factor 1.25 with dense one-hot einsum dispatch "
-            "(`sparse_matmul=False`), the 750B runs capacity factor 1.0 / 1.5. tpusim now "
-            "simulates that path (`--capacity-factor`, docs/model.md \"MoE routing\"): experts "
-            "padded to capacity, the dispatch/combine einsums against the [tokens, experts, "
-            "capacity] mask, the padded all-to-alls. Before it, the five runs came out -25%, "
-            "-17%, -8%, +17% and -10%; with it the 750B's measured cf-1.5 / cf-1.0 step ratio "
-            "(1.31) is reproduced (1.34, was 1.00), but every MoE run is now predicted slow, "
-            "most with expert parallelism. Suspects: the one v6e MXU factor (the 750B's "
-            "head_dim 256 fills the 256-wide MXU better than the head_dim-128 runs that set it), "
-            "and the dense einsums, which XLA may run cheaper than a full "
-            "`2 x tokens x E x capacity x d_model` contraction.")
+            "(`sparse_matmul=False`), the 750B runs capacity factor 1.0 / 1.5. tpusim simulates "
+            "that path (`--capacity-factor`, docs/model.md \"MoE routing\"): experts padded to "
+            "capacity, the dispatch/combine einsums against the [tokens, experts, capacity] "
+            "mask, the padded all-to-alls; the 750B's measured cf-1.5 / cf-1.0 step ratio (1.31) "
+            "is reproduced. The runs with expert parallelism remain the slowest predictions: "
+            "their six all-to-alls per layer (dispatch and combine, forward, recomputed and "
+            "backward) sit between dependent matmuls, and only the backward dispatch one "
+            "overlaps work (the experts' weight gradients); the rest is exposed ("
+            + ", ".join(f"{p.case.model_label} {p.case.mesh_label}: "
+                        f"{p.breakdown.get('exposed_comm_s', 0.0):.1f} s of {p.step_s:.1f} s"
+                        for p in moe if "expert" in p.case.mesh and p.case.capacity_factor
+                        and p.case.capacity_factor < 1.5)
+            + "). The recipes' custom remat policy also keeps the attention projections "
+            "(tpusim recomputes them under `full`, 2-6% of these steps).")
     e16 = [p.error for p in good if p.case.model_label == "maxtext-16b"]
     e32 = [p.error for p in good if p.case.model_label == "maxtext-32b"]
     if e16 and e32:
@@ -700,6 +746,7 @@ def render_doc(cases: list[Case], skips: list[Skip], preds: list[Prediction],
     good = [p for p in preds if not p.case.low_quality]
     low = [p for p in preds if p.case.low_quality]
     ok = stats["all"]["median_abs"] <= TARGET_MEDIAN
+    ok_worst = stats["all"]["max_abs"] <= TARGET_WORST
     n_runs = len(json.loads(RUNS_FILE.read_text())) if RUNS_FILE.is_file() else len(cases)
     out: list[str] = []
     w = out.append
@@ -722,19 +769,26 @@ def render_doc(cases: list[Case], skips: list[Skip], preds: list[Prediction],
                      f"{100 * v['max_abs']:.1f}%", _pct(v["mean_signed"])))
     w(_md_table(("cases", "n", "median abs error", "max abs error", "mean signed error"),
                 rows, 1))
-    w(f"\nTarget: median absolute error <= {100 * TARGET_MEDIAN:.0f}% over all usable cases: "
-      f"**{'met' if ok else 'NOT met'}** ({100 * stats['all']['median_abs']:.1f}%).\n")
+    w(f"\nTargets over all usable cases: median absolute error <= {100 * TARGET_MEDIAN:.0f}%: "
+      f"**{'met' if ok else 'NOT met'}** ({100 * stats['all']['median_abs']:.1f}%); worst "
+      f"<= {100 * TARGET_WORST:.0f}%: **{'met' if ok_worst else 'NOT met'}** "
+      f"({100 * stats['all']['max_abs']:.1f}%).\n")
     w("Shipped efficiency factors (`sim/hardware.py`):\n")
     rows = [(g, *(f"{shipped[g][k]:g}" for k in (
         "mxu_efficiency", "hbm_efficiency", "ici_efficiency", "vpu_efficiency",
-        "dcn_efficiency", "op_overhead_s"))) for g in GENERATIONS]
+        "dcn_efficiency", "op_overhead_s", "dcn_message_overhead_s"))) for g in GENERATIONS]
     w(_md_table(("chip", "mxu_efficiency", "hbm_efficiency", "ici_efficiency",
-                 "vpu_efficiency", "dcn_efficiency", "op_overhead_s"), rows, 1))
+                 "vpu_efficiency", "dcn_efficiency", "op_overhead_s", "dcn_message_overhead_s"),
+                rows, 1))
     for g in GENERATIONS:
         f = by_gen.get(g)
         if f and abs(f.mxu - shipped[g]["mxu_efficiency"]) > 1e-9:
             w(f"\n**Warning:** {g} ships mxu_efficiency={shipped[g]['mxu_efficiency']:g} but "
               f"the fit below gives {f.mxu:.2f}.")
+        if f and abs(f.dcn_message - shipped[g]["dcn_message_overhead_s"]) > 1e-12:
+            w(f"\n**Warning:** {g} ships dcn_message_overhead_s="
+              f"{shipped[g]['dcn_message_overhead_s']:g} but the fit below gives "
+              f"{f.dcn_message:g}.")
     w("")
     w("## How each run is rebuilt\n")
     w("* **Model**: from the stored dims with `model_from_dict` (emb_dim -> d_model, "
@@ -753,6 +807,9 @@ def render_doc(cases: list[Case], skips: list[Skip], preds: list[Prediction],
       "default placement is used.")
     w("* **Batch**: per-device batch x seq tokens per chip, global batch = per-device batch x "
       "chips (MaxText shards the batch over data, fsdp and expert).")
+    w("* **Data-parallel all-reduce**: `--dp-allreduce blocking` unless the run's XLA flags "
+      "include MaxText's `DATA_PARALLEL_OVERLAP` (then `async`); it matters only for the runs "
+      "that are data-parallel over DCN (the 2023 v5e multi-slice table).")
     w("* **Remat**: `full` -> `Remat.FULL`, `minimal` -> `Remat.MINIMAL`. The recipes' `custom` "
       "and `qkv_proj_offloaded` policies keep or offload to host only the decoder-layer input "
       "and the q/k/v/out projections and *rematerialise the rest*: the MLP matmuls (60-80% of a "
@@ -817,7 +874,18 @@ def render_doc(cases: list[Case], skips: list[Skip], preds: list[Prediction],
           "rather than absorbing noise, and so do `vpu_efficiency` (VPU-bound time is about 1% of "
           "a step), `dcn_efficiency` (DCN transfers hide behind the backward pass in every run, "
           "see below) and `op_overhead_s` (a few thousand ops per multi-second step). Only "
-          "`mxu_efficiency` changes.\n")
+          "`mxu_efficiency` and, on v5e, `dcn_message_overhead_s` are fitted.\n")
+    dfits = [f for f in (by_gen.get(g) for g in GENERATIONS) if f and f.dcn_scan] + \
+        [f for f in (other.get(g) for g in GENERATIONS) if f and f.dcn_scan]
+    if dfits:
+        w("DCN per-message overhead (`dcn_message_overhead_s`, fitted jointly with the MXU "
+          "factor; the data-parallel gradient all-reduce blocks the next layer's backward in "
+          "these runs, see below):\n")
+        w(_md_table(("chip", "subset", "dcn_message_overhead_s -> best mxu_efficiency, "
+                     "objective"), [(f.generation, f.subset, ", ".join(
+                         f"{1e3 * v:g} ms -> {m:.2f}, {o:.4f}" for v, m, o in f.dcn_scan))
+                        for f in dfits], 9))
+        w("")
     if alt:
         w("Remat mapping check (v6e, where the custom policies are; MXU efficiency refitted on the "
           "odd half for each mapping of `custom`/`qkv_proj_offloaded`):\n")
@@ -843,18 +911,21 @@ def render_doc(cases: list[Case], skips: list[Skip], preds: list[Prediction],
           "model per op: pipeline fill and drain of the systolic array, layout changes and "
           "transposes, and the softmax inside the flash kernel. Large bf16 GEMMs reaching 80-90% "
           "of peak is typical; the other half of the runs gives "
-          f"{other['v5e'].mxu:.2f} (the odd half holds the 2/8/32-slice runs, which are slower "
-          "for reasons tpusim does not model, see below)." if "v5e" in other else "")
+          f"{other['v5e'].mxu:.2f} and a DCN message overhead of "
+          f"{1e3 * other['v5e'].dcn_message:g} ms (the fitted half: "
+          f"{1e3 * by_gen['v5e'].dcn_message:g} ms)." if "v5e" in other else "")
     if "v6e" in by_gen:
         w(f"* **v6e, mxu_efficiency = {shipped['v6e']['mxu_efficiency']:g}.** The tpu-recipes "
           "runs report 38-50% MFU (noncausal matmul formula, remat recompute not counted), i.e. "
           "roughly 0.5-0.65 of the 918 TFLOP/s peak in hardware FLOPs. Trillium's MXUs are "
-          "256x256 (tpu.md §1.2; weights pad to 256), so every contraction of width 128 - the "
-          "attention QK^T and AV of all the Llama/Mistral/Mixtral runs here (head_dim 128), "
-          "15-25% of their FLOPs at seq 8192 - fills at most half the array; the exp/max of the "
-          "flash-attention softmax run on the VPU, which did not grow with the MXU (4.7x v5e's "
-          "MXU peak, 2x its HBM bandwidth), and tpusim charges flash attention as pure MXU work. "
-          "Both land in the one MXU factor, which is why it is well below v5e's. The other half "
+          "256x256 (tpu.md §1.2; weights pad to 256): tpusim runs the attention matmuls of "
+          "head_dim 128 (all the Llama/Mistral/Mixtral/GPT-3 runs here, 5-15% of their FLOPs "
+          "at seq 8192) at half the MXU rate (`ChipSpec.mxu_fill`, docs/model.md), which moved "
+          "the fitted factor from 0.61 to this value and the v6e fit objective from 0.073 to "
+          f"{by_gen['v6e'].objective:.3f}. What remains below v5e's factor: the exp/max of the "
+          "flash-attention softmax "
+          "run on the VPU, which did not grow with the MXU (4.7x v5e's MXU peak, 2x its HBM "
+          "bandwidth), while tpusim charges flash attention as pure MXU work. The other half "
           f"gives {other['v6e'].mxu:.2f}." if "v6e" in other else "")
     w("")
     w("## Every usable run (medium/high quality)\n")
@@ -902,7 +973,22 @@ def render_doc(cases: list[Case], skips: list[Skip], preds: list[Prediction],
       "(~10 s)\n.venv/bin/python benchmarks/validate_maxtext.py --fit     # + the fit "
       "(a few minutes)\n.venv/bin/python benchmarks/validate_maxtext.py --write   # + "
       "regenerate this file\n.venv/bin/python -m pytest tests/test_validation.py\n```")
+    xla = xla_collectives_section()
+    if xla:
+        w("")
+        w(xla)
     return "\n".join(out) + "\n"
+
+
+def xla_collectives_section() -> str:
+    """Collective bytes by kind and axis against XLA's compiled programs, from the cached XLA
+    side (benchmarks/results/xla_collectives.json); empty without that file."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import xla_crosscheck as xc
+
+    if not xc.RESULTS_FILE.is_file():
+        return ""
+    return xc.render_collectives_section(json.loads(xc.RESULTS_FILE.read_text()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -913,6 +999,11 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"fit and regenerate {DOC_FILE.relative_to(ROOT)}")
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1),
                     help="worker processes for the fit (results do not depend on it)")
+    ap.add_argument("--save-fits", type=Path,
+                    help="also write the fit results to this JSON file")
+    ap.add_argument("--reuse-fits", type=Path,
+                    help="take the fit results from this JSON file (written by --save-fits "
+                         "for the same code and reference file) instead of fitting again")
     args = ap.parse_args(argv)
     if not args.runs.is_file():
         print(f"reference file {args.runs} is absent; nothing to validate", file=sys.stderr)
@@ -926,7 +1017,16 @@ def main(argv: list[str] | None = None) -> int:
     for s in skips:
         print(f"  {s.id} ({s.chip}, {s.quality}): {s.reason}")
     if args.fit or args.write:
-        fits = run_fits(args.runs, args.jobs)
+        if args.reuse_fits:
+            fits = [FitResult(**{k: (list(map(tuple, v)) if k.endswith("_scan") else v)
+                                 for k, v in d.items()})
+                    for d in json.loads(args.reuse_fits.read_text())]
+        else:
+            fits = run_fits(args.runs, args.jobs)
+        if args.save_fits:
+            import dataclasses
+
+            args.save_fits.write_text(json.dumps([dataclasses.asdict(f) for f in fits]))
         print_fits(fits)
         shipped = shipped_factors()
         for f in fits:
@@ -934,6 +1034,10 @@ def main(argv: list[str] | None = None) -> int:
                 if abs(shipped[f.generation]["mxu_efficiency"] - f.mxu) > 1e-9:
                     print(f"\nNOTE: {f.generation} ships mxu_efficiency="
                           f"{shipped[f.generation]['mxu_efficiency']} but the fit gives {f.mxu}")
+                if abs(shipped[f.generation]["dcn_message_overhead_s"] - f.dcn_message) > 1e-12:
+                    print(f"\nNOTE: {f.generation} ships dcn_message_overhead_s="
+                          f"{shipped[f.generation]['dcn_message_overhead_s']} but the fit gives "
+                          f"{f.dcn_message}")
         if args.write:
             DOC_FILE.parent.mkdir(parents=True, exist_ok=True)
             # Keep the HLO-import section that benchmarks/validate_hlo.py writes at the end.
