@@ -750,7 +750,11 @@ def test_all_gather_over_dcn_is_a_ring_through_each_chips_nic(slices, alg):
     v = slices * (1 << 20)
     r = _sim("v5e", _topo("v5e", "4x4", "all", slices), op="all-gather", axes="dcn", nbytes=v,
              algorithm=alg)
-    expected = (slices - 1) * (chip.dcn_latency_s + v / slices / chip.dcn_bytes_per_s)
+    # Each ring step: the DCN latency, each message's overhead (the split ring sends half the
+    # shard each way: two messages), the shard through the NIC.
+    msgs = 2 if alg == "split-bidi-ring" else 1
+    expected = (slices - 1) * (chip.dcn_latency_s + msgs * chip.dcn_message_overhead_s
+                               + v / slices / chip.dcn_bytes_per_s)
     assert r.time_s == pytest.approx(expected, rel=REL)
     assert r.group_size == slices and r.num_groups == 16
 
@@ -759,7 +763,7 @@ def test_hierarchical_all_gather_over_x_and_dcn_does_dcn_first():
     chip = get_chip("v5e")
     v = 8 * (1 << 18)
     r = _sim("v5e", _topo("v5e", "4x4", "all", 2), op="all-gather", axes="x,dcn", nbytes=v)
-    dcn = chip.dcn_latency_s + (v / 8) / chip.dcn_bytes_per_s
+    dcn = chip.dcn_latency_s + chip.dcn_message_overhead_s + (v / 8) / chip.dcn_bytes_per_s
     ici = 3 * (L + (v / 4) / 2 / chip.ici_link_bytes_per_s)
     assert r.time_s == pytest.approx(dcn + ici, rel=REL)
     labels = list(r.timeline.label)

@@ -107,7 +107,7 @@ def test_each_dcn_message_costs_its_overhead_once_per_step(algorithm):
     from workloads.trace import Op, OpKind, Trace
 
     slices = 4
-    base = get_chip("v5e")
+    base = get_chip("v5e").with_overrides(dcn_message_overhead_s=0.0)
     topo = resolve_topology(chip_name="v5e", wrap_rule=base.generation_rule,
                             max_pod_shape=base.max_pod_shape, shape=(2, 2), num_slices=slices)
     mesh = parse_mesh("fsdp=4", f"data={slices}")
