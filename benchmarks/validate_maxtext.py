@@ -621,13 +621,16 @@ def _fits_rows(fits: list[FitResult]) -> list[tuple[str, ...]]:
     for f in fits:
         if f.custom_remat != Remat.FULL:
             continue
-        best_h = min(f.hbm_scan, key=lambda t: t[2])
-        best_i = min(f.ici_scan, key=lambda t: t[2])
+        def best(scan):
+            if not scan:
+                return "not scanned"
+            b = min(scan, key=lambda t: t[2])
+            return f"{b[0]:.1f} (mxu {b[1]:.2f}, obj {b[2]:.4f})"
+
         rows.append((
             f.generation, "odd (fit)" if f.subset == "odd" else "even (check)", str(f.n),
             f"{f.mxu:.2f}", f"{f.objective:.4f}", f"{100 * f.median_abs:.1f}%",
-            f"{best_h[0]:.1f} (mxu {best_h[1]:.2f}, obj {best_h[2]:.4f})",
-            f"{best_i[0]:.1f} (mxu {best_i[1]:.2f}, obj {best_i[2]:.4f})",
+            best(f.hbm_scan), best(f.ici_scan),
         ))
     return rows
 
@@ -843,7 +846,7 @@ def render_doc(cases: list[Case], skips: list[Skip], preds: list[Prediction],
     w("")
     for g in GENERATIONS:
         f, e = by_gen.get(g), other.get(g)
-        if not f:
+        if not f or not f.hbm_scan:
             continue
         w(f"* **{g}**: hbm scan objective {', '.join(f'{o:.4f}' for _, _, o in f.hbm_scan)} "
           f"(odd) / {', '.join(f'{o:.4f}' for _, _, o in e.hbm_scan) if e else '-'} (even); ici "
@@ -852,6 +855,12 @@ def render_doc(cases: list[Case], skips: list[Skip], preds: list[Prediction],
           f"{', '.join(f'{v:.1f}' for v in SCAN_GRID)}.")
     w("")
     scan_fits = [f for f in fits if f.custom_remat == Remat.FULL and f.hbm_scan]
+    if not scan_fits:
+        w("The `hbm_efficiency` / `ici_efficiency` identifiability scans and the remat mapping "
+          "check were not re-run for this fit (`--reuse-fits` with a fit of the shipped knobs "
+          "only, on a heavily loaded machine); the previous version of this file found both "
+          "scans flat or worse than 1.0 and the `full` mapping best. The other factors stay at "
+          "the textbook's 1.0.\n")
     if scan_fits:
         h_range = max(max(o for _, _, o in f.hbm_scan) - min(o for _, _, o in f.hbm_scan)
                       for f in scan_fits)
