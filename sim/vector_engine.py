@@ -72,7 +72,7 @@ class _Kind:
                 self.flops[op.id] = op.flops * k
                 self.hbm[op.id] = op.hbm_bytes * k
                 self.rate0[op.id] = (int80 if op.dtype == "int8" else mxu0) \
-                    if op.unit == Unit.MXU else vpu0
+                    * chip.mxu_fill(op.narrow_dim) if op.unit == Unit.MXU else vpu0
                 self.core.append(op.id)
             elif op.kind == OpKind.IDLE:
                 self.idle[op.id] = op.duration_s
@@ -80,7 +80,8 @@ class _Kind:
             elif op.kind == OpKind.COLLECTIVE and not overlap:
                 self.core.append(op.id)
         self.hbm0 = hbm0
-        self.mxu_flops = float(sum(self.flops[o.id] for o in ops
+        # MXU work at the full rate (a narrow op's FLOPs count as the array time they take).
+        self.mxu_flops = float(sum(self.flops[o.id] / chip.mxu_fill(o.narrow_dim) for o in ops
                                    if o.kind == OpKind.COMPUTE and o.unit == Unit.MXU))
         self.vpu_flops = float(sum(self.flops[o.id] for o in ops
                                    if o.kind == OpKind.COMPUTE and o.unit == Unit.VPU))
