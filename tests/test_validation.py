@@ -2,8 +2,10 @@
 
 A fast subset of the full validation: six representative runs (v5e FSDP on one slice, v5e over
 DCN, v5e tensor parallelism, v6e on a small slice with the custom remat policy, v6e full remat
-on a full pod, v6e expert parallelism) must have a median absolute step-time error <= 10% under
-the shipped chip presets. The reference data are copied into docs/reference/.
+on a full pod, v6e expert parallelism) must have a median absolute step-time error <= 5% under
+the shipped chip presets (issue 11's target for all runs), none worse than 20% (the MoE run with
+expert parallelism is the worst, docs/validation.md effect 3). The reference data are copied into
+docs/reference/.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def loaded(vm):
     return vm.load_cases(RUNS_FILE)
 
 
-def test_representative_cases_median_error_within_ten_percent(vm, loaded):
+def test_representative_cases_median_error_within_five_percent(vm, loaded):
     cases, _ = loaded
     by_id = {c.id: c for c in cases}
     missing = [i for i in REPRESENTATIVE if i not in by_id]
@@ -55,9 +57,10 @@ def test_representative_cases_median_error_within_ten_percent(vm, loaded):
     errors = {p.case.id: p.error for p in preds}
     median = statistics.median(abs(e) for e in errors.values())
     detail = ", ".join(f"{k}: {100 * v:+.1f}%" for k, v in errors.items())
-    assert median <= 0.10, f"median |error| {100 * median:.1f}% > 10% ({detail})"
-    # No representative case may be wildly off either (the worst, TP on v5e, is about +21%).
-    assert max(abs(e) for e in errors.values()) <= 0.35, detail
+    assert median <= 0.05, f"median |error| {100 * median:.1f}% > 5% ({detail})"
+    # No representative case may be far off either (the worst, MoE with expert parallelism on
+    # v6e, is about +15%).
+    assert max(abs(e) for e in errors.values()) <= 0.20, detail
 
 
 def test_cases_are_built_from_the_reference_as_documented(vm, loaded):
