@@ -183,9 +183,9 @@ _DCN_LATENCY_S = 10e-6
 # v3, v4, v6e and TPU7x is an assumption: the reference gives no VPU figure for them.
 _MXU_TO_VPU = 30.0
 # Fitted to measured MaxText runs on v5e (docs/validation.md, benchmarks/validate_maxtext.py).
-_V5E_MXU_EFFICIENCY = 0.87
+_V5E_MXU_EFFICIENCY = 0.90
 # Fitted likewise (seconds per DCN message; docs/model.md "Links and collectives").
-_V5E_DCN_MESSAGE_S = 0.5e-3
+_V5E_DCN_MESSAGE_S = 1.5e-3
 
 CHIPS.add(
     "v3",
