@@ -43,12 +43,15 @@ class Remat(enum.StrEnum):
 _DTYPE_BYTES = {"bf16": 2, "fp32": 4, "f32": 4, "int8": 1, "int4": 0.5, "fp8": 1}
 
 
-# Elementwise ops XLA fuses into an adjacent matmul (rotary into the QKV output, activations
-# between the MLP matmuls, residual adds into the following norm); norms, softmax over the
-# score matrix, the loss and the optimizer remain fusions of their own that stream through HBM.
+# Elementwise ops XLA fuses into an adjacent matmul or norm (rotary into the QKV output,
+# residual adds into the following norm): their FLOPs stay on the VPU but they make no HBM trip
+# of their own. Norms, the softmax over a materialised score matrix, the MLP activation, the
+# loss and the optimizer are fusions of their own that stream through HBM: in XLA's scanned
+# programs (benchmarks/xla_memory.py) the SwiGLU product is a loop fusion reading the gate and
+# up projections and writing their product, forward and backward (docs/model.md "Training
+# steps").
 _FUSED = frozenset({
-    "rotary", "block_sum", "residual", "residual_attn", "residual_mlp", "mlp_act", "expert_act",
-    "rotary_bwd", "mlp_act_bwd",
+    "rotary", "block_sum", "residual", "residual_attn", "residual_mlp", "rotary_bwd",
 })
 
 # How XLA issues FSDP weight all-gathers (reference/xla.md): `async` start/done pairs prefetched
@@ -383,7 +386,20 @@ class _Compiler:
         self.mem_events.append([op_id, str(category), float(delta)])
 
     # -- helpers ----------------------------------------------------------------------------
+    # Ring length of the windowed einsum the current layer's weight matmuls run as (1: plain).
+    window = 1
+
     def mm(self, name, flops, w_bytes, in_bytes, out_bytes, deps, layer, phase, narrow_dim=0):
+        n = self.window
+        if n > 1 and w_bytes > 0:
+            # A windowed einsum (collective matmul) computes one weight shard's output slice per
+            # ring step: each of the N steps reads the activation operand whole and writes its
+            # slice in place. A weight gradient's windowed reduce-scatter also adds the partial
+            # sum arriving from the ring into its own, per step reading both and writing the
+            # sum: 3 x |W| x (N - 1) / N (the fusions inside XLA's windowed_dot_general loops).
+            in_bytes *= n
+            if phase == "bwd" and not name.startswith("re-"):
+                in_bytes += 3 * (w_bytes / 2) * (n - 1) / n
         return self.b.add(name, kind=OpKind.COMPUTE, unit=Unit.MXU, flops=flops,
                           hbm_bytes=w_bytes + in_bytes + out_bytes, deps=deps, layer=layer,
                           phase=phase, narrow_dim=narrow_dim)
@@ -483,7 +499,10 @@ class _Compiler:
         tag = "re-" if recompute else ""
         x = deps
         r = self.rows()
-        norm = self.vpu(f"{tag}norm_attn", 5 * r * D, 2 * r * D * a, x, layer, phase)
+        # A norm reads its input twice (statistics, then the normalised rows) and writes once;
+        # the forward of a scanned stack also copies the layer input into the saved stack.
+        norm = self.vpu(f"{tag}norm_attn", 5 * r * D,
+                        (3 + (2 if not recompute else 0)) * r * D * a, x, layer, phase)
         mm_deps, after = self.tp_enter(tag, "attn", norm, layer, phase)
         qkv_w = D * (H + 2 * K) * hd / tp
         qkv = self.mm(f"{tag}qkv_proj", 2 * n * D * (h_loc + 2 * k_loc) * hd, qkv_w * self.wb,
@@ -504,7 +523,7 @@ class _Compiler:
         exit1 = self.tp_exit(tag, "attn", out, [out], layer, phase)
         res1 = self.vpu(f"{tag}residual_attn", r * D, 3 * r * D * a, exit1 + list(x), layer,
                         phase)
-        norm2 = self.vpu(f"{tag}norm_mlp", 5 * r * D, 2 * r * D * a, [res1], layer, phase)
+        norm2 = self.vpu(f"{tag}norm_mlp", 5 * r * D, 3 * r * D * a, [res1], layer, phase)
         mm_deps2, after2 = self.tp_enter(tag, "mlp", norm2, layer, phase)
         mlp_out = self.mlp_forward(layer, norm2, wdeps + mm_deps2, phase, tag, after2)
         exit2 = self.tp_exit(tag, "mlp", mlp_out, [mlp_out], layer, phase)
@@ -684,7 +703,9 @@ class _Compiler:
                 g = pending
                 inp = prev
                 first_op = len(b.ops)
+                self.window = d.fs if windowed and g is not None else 1
                 out = self.layer_forward(layer, [prev], None if windowed else g)
+                self.window = 1
                 if windowed and g is not None:  # the layer ends when its gather has arrived
                     b.ops[out] = _with(b.ops[out], deps=tuple(sorted({*b.ops[out].deps, g})))
                 # Each saved tensor lives from the op that writes it; the gathered weights are
@@ -716,7 +737,7 @@ class _Compiler:
             else:
                 # Output projection and loss.
                 r = self.rows()
-                final_norm = self.vpu("final_norm", 5 * r * D, 2 * r * D * a, [prev], -1, "fwd")
+                final_norm = self.vpu("final_norm", 5 * r * D, 3 * r * D * a, [prev], -1, "fwd")
                 # Sharded activations are gathered over `tensor` before the vocab-split logits.
                 lg_deps, lg_after = self.tp_enter("", "logits", final_norm, -1, "fwd")
                 logits = self.mm("logits", 2 * n * D * V / d.tp, emb_w, n * D * a, n * V / d.tp * 4,
@@ -765,7 +786,9 @@ class _Compiler:
                     self.offload_bytes(layer) if cfg.remat == Remat.OFFLOAD else 0.0)
                 if cfg.remat == Remat.FULL:
                     first_op = len(b.ops)
+                    self.window = d.fs if windowed and g is not None else 1
                     inp = self.layer_forward(layer, deps, g, phase="bwd", recompute=True)
+                    self.window = 1
                     deps = [inp]
                     # The recomputed tensors live from the recomputing op on.
                     kept = {t.name for t in self.saved(layer)}
@@ -781,7 +804,9 @@ class _Compiler:
                 self.mem(deps[0] if cfg.remat != Remat.NONE else None, G.SAVED_ACTIVATIONS,
                          recomputed)
                 inp = prev
+                self.window = d.fs if windowed and g is not None else 1
                 out = self.layer_backward(layer, deps, None if windowed else g, grad=prev)
+                self.window = 1
                 if windowed and g is not None:
                     b.ops[out] = _with(b.ops[out], deps=tuple(sorted({*b.ops[out].deps, g})))
                 # Everything the layer kept or recomputed dies with its backward.
@@ -918,7 +943,9 @@ class _Compiler:
         # tensor-parallel reduction, the MoE dispatch all-to-all).
         dmlp = self.mm("mlp_bwd", fwd_mlp, w_mlp, 1.5 * n * F * mats / tp * a, n * D * a,
                        list(deps) + wd + mm_deps, layer, "bwd")
-        dact = self.vpu("mlp_act_bwd", 16 * n * F / tp, 3 * n * F / tp * a, [dmlp, *after], layer,
+        # Reads the gate/up projections and the product's gradient, writes their gradients.
+        dact = self.vpu("mlp_act_bwd", 16 * n * F / tp, (2 * (mats - 1) + 1) * n * F / tp * a,
+                        [dmlp, *after], layer,
                         "bwd")
         ar1 = None
         if moe:
