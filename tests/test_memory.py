@@ -201,10 +201,12 @@ def test_full_remat_peaks_in_the_last_layers_recomputed_attention(mesh, shape, t
     # its f32 statistics, q, k and v.
     rows = tokens / (4 // heads)
     saved = 2 * 2 * rows * D + 2 * tokens * D + 4 * rows + 2 * tokens * (q + 2 * kv)
-    assert res.hbm_peak_breakdown["temporaries"] == 6 * tokens * 1024 * heads
+    # The f32 scores and bf16 probabilities, next to the layer's three activation gradients.
+    temps = 6 * tokens * 1024 * heads + 2 * (rows + 2 * tokens) * D
+    assert res.hbm_peak_breakdown["temporaries"] == temps
     assert res.hbm_peak_breakdown["saved_activations"] == pytest.approx(saved, rel=1e-12)
     assert res.hbm_peak_bytes == pytest.approx(
-        sb["params"] + sb["optimizer"] + saved + 6 * tokens * 1024 * heads, rel=1e-12)
+        sb["params"] + sb["optimizer"] + saved + temps, rel=1e-12)
 
 
 def test_saved_tensors_are_allocated_when_their_producer_ends():
@@ -237,3 +239,16 @@ def test_windowed_gathers_hold_no_gathered_layer_weights():
     # Only the output projection is gathered whole (bf16 [d_model, vocab]) for the logits.
     assert windowed.memory.gathered_weights.max() == 2 * 64 * 256
     assert prefetched.memory.gathered_weights.max() > 2 * 64 * 256
+
+
+def test_a_layers_backward_holds_three_activation_gradients():
+    # fsdp=2 x tensor=2, sharded activations: 4 sequences x 1024 tokens per chip; the residual
+    # stream's gradient has half of the rows (rows / tensor).
+    trace, _ = _long(Remat.FULL, "fsdp=2,tensor=2", "2x2")
+    n, D = 4096, 64
+    got = [delta for op_id, cat, delta in trace.meta["memory_events"]
+           if cat == "temporaries" and trace.ops[op_id].phase == "bwd"
+           and not trace.ops[op_id].name.endswith(("attn_scores", "softmax", "attn_values",
+                                                   "attn_proj_bwd", "softmax_bwd"))]
+    assert got[0] == 2 * (n / 2 + 2 * n) * D
+    assert sum(got) == 0 and len(got) == 2 * 2  # allocated and freed once per layer

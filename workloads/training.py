@@ -770,6 +770,12 @@ class _Compiler:
             for layer in reversed(range(d.layers)):
                 g = pending
                 deps = [prev] + dp_wait
+                # Activation gradients in flight through a layer's backward: the residual
+                # stream's gradient and a sublayer's input gradient before and after its
+                # reduction over `tensor` (XLA's live ranges: three [tokens, d_model] bf16
+                # gradient buffers in the backward loop body).
+                grad_tmp = (self.rows() + 2 * d.n) * D * a
+                self.mem(prev, G.TEMPORARIES, grad_tmp)
                 if cfg.remat == Remat.OFFLOAD:
                     # Fetched one layer ahead: when the backward of the layer above starts.
                     fetch = b.add("fetch_activations", kind=OpKind.HOST,
@@ -807,6 +813,7 @@ class _Compiler:
                 self.window = d.fs if windowed and g is not None else 1
                 out = self.layer_backward(layer, deps, None if windowed else g, grad=prev)
                 self.window = 1
+                self.mem(out, G.TEMPORARIES, -grad_tmp)
                 if windowed and g is not None:
                     b.ops[out] = _with(b.ops[out], deps=tuple(sorted({*b.ops[out].deps, g})))
                 # Everything the layer kept or recomputed dies with its backward.
