@@ -319,6 +319,18 @@ def section(cache: dict) -> str:
         tab, "",
         f"{len(errs)} programs: median |error| {med:.1%}, worst {worst:+.1%} (target: within "
         "10%).", "",
+        "What the table does not show yet, and why: `CONFIGS` also lists remat `minimal`, "
+        "sequence 4096, v6e fsdp and v5p fsdp programs; each deviceless compile took 10-20 "
+        "minutes on the loaded shared machine, so only the rows above were compiled (run "
+        "`--compile` to add the rest; the cache keeps what exists). Known causes of the "
+        "remaining errors, from XLA's live ranges (`--dump`): in the v5p fsdp x tensor "
+        "`full` program XLA keeps the logit gradients and the final norm's output alive "
+        "through the whole backward loop (the output projection's weight gradient is "
+        "scheduled after it), about 0.3 GB tpusim frees at the logits' backward matmul; in "
+        "the v5e programs the scores of GQA attention sit in a tiled layout that pads the "
+        "head-group dimension (a 16 MB context tensor takes 128 MB), which tpusim does not "
+        "model; `peak_memory_in_bytes` is XLA's heap size, which includes fragmentation "
+        "(up to ~20% over the live bytes in the `none` programs).", "",
     ])
 
 
