@@ -628,10 +628,11 @@ def test_fused_elementwise_ops_carry_no_hbm_bytes_but_keep_their_flops():
     unfused, _ = _step("fsdp=1", "1x1", fuse_elementwise=False)
     by_name = {o.name: o for o in fused.ops}
     raw = {o.name: o for o in unfused.ops}
-    for name in ("rotary", "mlp_act", "residual_attn", "residual_mlp"):
+    for name in ("rotary", "residual_attn", "residual_mlp"):
         assert by_name[name].hbm_bytes == 0 and raw[name].hbm_bytes > 0
         assert by_name[name].flops == raw[name].flops > 0
-    assert by_name["norm_attn"].hbm_bytes == raw["norm_attn"].hbm_bytes > 0  # its own fusion
+    for name in ("norm_attn", "mlp_act"):  # fusions of their own in XLA's programs
+        assert by_name[name].hbm_bytes == raw[name].hbm_bytes > 0
 
 
 # -- tensor-parallel activation layouts -----------------------------------------------------
