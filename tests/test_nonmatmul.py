@@ -49,8 +49,9 @@ def test_dot_attention_writes_f32_scores():
 @pytest.mark.parametrize("name,phase,operand,weights", [
     ("qkv_proj", "fwd", 2 * 128 * 64 * A, None),  # the normed input
     ("mlp_out", "fwd", 2 * 128 * 128 * A, None),  # the gated product
-    # gate/up inputs and their gradients, three d_ff-wide operands per matrix
-    ("mlp_bwd", "bwd", 3 * 2 * 128 * 128 * 3 * A, 3 * 64 * 128 * A),
+    # dX and dW each read 1.5 d_ff-wide operands per matrix; dW also reduce-scatters |W|
+    ("mlp_bwd", "bwd", 1.5 * 2 * 128 * 128 * 3 * A, None),
+    ("mlp_bwd_weights", "bwd", 1.5 * 2 * 128 * 128 * 3 * A, 3 * 64 * 128 * A),
 ])
 def test_a_windowed_einsum_rereads_its_operand_every_ring_step(name, phase, operand, weights):
     # fsdp=4 on 4 chips: each chip holds 2 sequences (256 tokens); the ring has 4 steps.

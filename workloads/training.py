@@ -398,8 +398,8 @@ class _Compiler:
             # sum arriving from the ring into its own, per step reading both and writing the
             # sum: 3 x |W| x (N - 1) / N (the fusions inside XLA's windowed_dot_general loops).
             in_bytes *= n
-            if phase == "bwd" and not name.startswith("re-"):
-                in_bytes += 3 * (w_bytes / 2) * (n - 1) / n
+            if name.endswith("_weights"):  # a weight gradient (dW) matmul
+                in_bytes += 3 * w_bytes * (n - 1) / n
         return self.b.add(name, kind=OpKind.COMPUTE, unit=Unit.MXU, flops=flops,
                           hbm_bytes=w_bytes + in_bytes + out_bytes, deps=deps, layer=layer,
                           phase=phase, narrow_dim=narrow_dim)
