@@ -487,6 +487,22 @@ def plot_torus(topo, util, path: Path, **kw) -> Path:
     return save(torus_figure(topo, util, **kw), path)
 
 
+def draw_torus(topo, util, title: str, path: Path, *, capacity=None,
+               caption: str | None = None) -> Path:
+    """Link utilization (per link id) on the torus, written to `path`; `title` heads the plot,
+    `caption` (default: the pod) goes under it. Pass `capacity` to mark dead and slow links."""
+    return plot_torus(topo, util, Path(path), what=title, capacity=capacity,
+                      caption=caption or f"{topo.name} ({topo.num_chips} chips)")
+
+
+def draw_chip_map(topo, values, title: str, path: Path, *, label: str = "value",
+                  caption: str | None = None) -> Path:
+    """A per-chip value as a heat map (one panel per z slice), written to `path`."""
+    return save(chip_map_figure(topo, values, what=title, label=label,
+                                caption=caption or f"{topo.name} ({topo.num_chips} chips)"),
+                Path(path))
+
+
 @_styled
 def torus_figure(topo, util, *, caption: str, what: str, capacity=None, per_class: bool = False,
                  alike_because: str | None = None, max_panels: int = MAX_PANELS):
