@@ -157,10 +157,13 @@ def test_cli_pipeline_errors_and_json(capsys):
     assert "needs --pipeline-schedule interleaved" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("schedule,m,v", [("gpipe", 4, 1), ("1f1b", 8, 1)])
+@pytest.mark.parametrize("schedule,m,v", [("gpipe", 4, 1), ("1f1b", 8, 1), ("interleaved", 4, 2)])
 def test_per_chip_engine_equals_the_stage_level_simulation_on_a_healthy_pipeline(schedule, m, v):
-    # Same passes, same sends (one hop each way): the engine's schedule is the stage-level one.
-    args = _args(schedule, m, v, get_chip("v5e"), "pipeline=4", "4x1", 1, None)
+    # Same passes, same sends (one hop each way; on a ring, so that the interleaved send from
+    # the last stage back to stage 0 is one hop too): the engine's schedule is the stage-level
+    # one.
+    args = list(_args(schedule, m, v, get_chip("v5e"), "pipeline=4", "4x1", 1, None))
+    args[3] = make_topology(args[2], "4x1", wrap="x")
     old = simulate_pipeline(*args)
     res, new = simulate_pipeline_chips(*args)
     assert res.num_chip_classes == P
