@@ -886,7 +886,8 @@ def _p2p_costs(chip, topology, p2p: PointToPoint, programs, prog_of, used_progra
     router = DetourRouter(topology, dead) if dead else None
     coords = np.asarray([topology.coords(i) for i in range(topology.num_chips)])
     costs: list[CollectiveCost] = []
-    ids: dict[tuple, int] = {}
+    ids: dict[tuple, int] = {}  # distinct costs (chips with equal costs must share an index)
+    pair_ids: dict[tuple, int] = {}
     out: dict[tuple[int, int], np.ndarray] = {}
     for pi in used_programs:
         chips = np.flatnonzero(prog_of == pi)
@@ -898,14 +899,19 @@ def _p2p_costs(chip, topology, p2p: PointToPoint, programs, prog_of, used_progra
                 dst = int(peer[src])
                 if dst < 0:
                     continue
-                if slow or dead:
-                    key = (src, dst, nbytes)
-                else:  # a healthy pod: a dimension-order route depends only on the offset
-                    key = (tuple((coords[dst] - coords[src]).tolist()), nbytes)
-                if key not in ids:
-                    ids[key] = len(costs)
-                    costs.append(p2p_cost(chip, topology, src, dst, nbytes, slow, router))
-                index[src] = ids[key]
+                # On a healthy pod a dimension-order route depends only on the offset; with
+                # slow or dead links every pair is priced on its own route.
+                key = (src, dst, nbytes) if slow or dead else (
+                    tuple((coords[dst] - coords[src]).tolist()), nbytes)
+                if key not in pair_ids:
+                    cc = p2p_cost(chip, topology, src, dst, nbytes, slow, router)
+                    value = (cc.time_s, cc.latency_s, tuple(cc.class_bytes.tolist()),
+                             cc.algorithm)
+                    if value not in ids:
+                        ids[value] = len(costs)
+                        costs.append(cc)
+                    pair_ids[key] = ids[value]
+                index[src] = pair_ids[key]
             out[(pi, op_id)] = index
     return out, costs
 

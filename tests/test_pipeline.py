@@ -364,3 +364,17 @@ def test_an_uneven_moe_router_loads_each_stages_hot_expert_chips():
     assert brute.step_time_s == pytest.approx(skewed.step_time_s, rel=1e-9)
     assert brute.chips.finish_s.to_numpy() == pytest.approx(skewed.chips.finish_s.to_numpy(),
                                                             rel=1e-9)
+
+
+def test_a_slow_link_splits_only_the_chips_whose_sends_or_groups_cross_it():
+    chip = get_chip("v5e")
+    topo = make_topology(chip, "4x4")
+    mesh = "pipeline=4,fsdp=4"
+    stage, nxt, _prv = stage_of_chips(parse_mesh(mesh), topo)
+    c = int(np.flatnonzero(stage == 1)[0])
+    a = int(np.flatnonzero(np.asarray(topo.coords(c)) != np.asarray(topo.coords(nxt[c])))[0])
+    res = _run("1f1b", 4, 1, chip, mesh, "4x4", model=SMALL,
+               base=PerChipConfig(link_factors={topo.ici_link_id(c, a, +1): 0.5}))[0]
+    # The sender, its receiver and their FSDP groups split off; the other 3 pipelines stay
+    # one class per stage.
+    assert P < res.num_chip_classes < topo.num_chips
