@@ -43,6 +43,8 @@ PIPE_CASES = [
     ("pipeline 1f1b", ("v5p", "16x20x28", "pipeline=4,fsdp=560,tensor=4"), PIPE),
     ("pipeline 1f1b slow chip", ("v5p", "16x20x28", "pipeline=4,fsdp=560,tensor=4"),
      [*PIPE, "--slow-chip", "3,5,7:0.8"]),
+    ("pipeline 1f1b slow link", ("v5p", "16x20x28", "pipeline=4,fsdp=560,tensor=4"),
+     [*PIPE, "--slow-link", "0,0,0:x+:0.5"]),
 ]
 
 
