@@ -52,12 +52,16 @@ class Batch:
     @property
     def hop_weights(self) -> np.ndarray:
         """Bytes (all repetitions) of the transfer that owns each entry of `res`."""
+        if len(self.res) == len(self.ptr) - 1:  # one hop per transfer (link classes, HBM)
+            return self.bytes_per_transfer * self.repeat
         return np.repeat(self.bytes_per_transfer * self.repeat, np.diff(self.ptr))
 
     def resource_bytes(self, num_resources: int) -> np.ndarray:
         """Bytes carried per resource by this batch (all repetitions)."""
-        counts = np.diff(self.ptr)
-        w = np.repeat(self.bytes_per_transfer, counts) * self.repeat
+        if len(self.res) == len(self.ptr) - 1:
+            w = self.bytes_per_transfer * self.repeat
+        else:
+            w = np.repeat(self.bytes_per_transfer, np.diff(self.ptr)) * self.repeat
         return np.bincount(self.res, weights=w, minlength=num_resources)
 
 
@@ -121,7 +125,8 @@ class FluidNetwork:
         self._advance()
         bid = self._next_id
         self._next_id += 1
-        self._active[bid] = [batch, 1.0, 0.0, done]
+        # [batch, remaining fraction, speed, done event, bytes per hop (computed once)]
+        self._active[bid] = [batch, 1.0, 0.0, done, batch.hop_weights]
         if not self._coalesce:
             self._reschedule()
         elif not self._flush_pending:
@@ -148,7 +153,7 @@ class FluidNetwork:
         # transfer puts on it, so every transfer on a link drains at the same fraction per
         # second, and a batch finishes when its most loaded link has drained.
         res_all = np.concatenate([e[0].res for e in entries])
-        w_all = np.concatenate([e[0].hop_weights for e in entries])
+        w_all = np.concatenate([e[4] for e in entries])
         load = np.bincount(res_all, weights=w_all, minlength=self.num_resources)
         self._in_use = load > 0
         pace = np.divide(
