@@ -178,9 +178,10 @@ def _check_divisible(what: str, value: int, axis: str, size: int, fix: str) -> N
 # axis sizes only (not their order or placement on the torus, which only the engine's
 # collective groups see), so a study's points that differ in ICI bandwidth, in placement or in
 # anything else the compiler does not read (every `plan` placement, every `sweep` point of a
-# hardware grid) compile once per worker process. A few large traces at most (a 405B step is
-# ~10k ops), hence a small LRU.
-TRACE_CACHE_SIZE = 8
+# hardware grid) compile once per worker process. A 405B step is ~4k ops (~0.5 MB pickled),
+# so 32 traces are a few tens of MB; fewer would thrash on a study cycling through 10 meshes
+# and remat policies per hardware point (points run grid-major).
+TRACE_CACHE_SIZE = 32
 _TRACE_CACHE: OrderedDict[tuple, Trace] = OrderedDict()
 _TRACE_LOCK = threading.Lock()
 
