@@ -3,9 +3,9 @@
 The search space is every factorization of the slice into the logical axes (`data`, `fsdp`,
 `pipeline`, `expert`, `sequence`, `tensor`, within the size caps of `PlanConfig`), every distinct
 placement of those axes on the torus (jax's default order, and each axis moved innermost, as far
-as `place_mesh` lays them out differently), every allowed remat policy and dtype, with the fewest
-allowed microbatches whose memory estimate fits. Candidates the compiler rejects or the torus
-cannot hold are dropped; those whose compiler memory estimate (params, grads, optimizer state and
+as `place_mesh` lays them out differently), every allowed remat policy and dtype, and every
+allowed microbatch count whose memory estimate (a lower bound of the peak) fits. Candidates the
+compiler rejects or the torus cannot hold are dropped; those whose compiler memory estimate (params, grads, optimizer state and
 saved activations, a lower bound of the simulated HBM peak) exceeds HBM are pruned without
 simulation; every other candidate is simulated as `tpusim train` would, on the sweep's workers,
 so the winner is the best of the whole space, not a heuristic's guess.
@@ -204,9 +204,13 @@ def enumerate_candidates(model, topology, chip, cfg: PlanConfig) -> tuple[list[C
             if not placements or not mbs:
                 counts["invalid"] += 1
                 continue
-            # Microbatches only trade time for memory (each one gathers the weights again and
-            # runs smaller matmuls): the fewest allowed whose estimate fits is the candidate.
-            total = None
+            # Microbatches trade time for memory (each one gathers the weights again and runs
+            # smaller matmuls). The estimate is a lower bound on the simulated peak, so the
+            # fewest microbatches whose estimate fits may still run out of memory when
+            # simulated: every allowed count whose estimate fits is a candidate (bound order
+            # simulates the extra ones only when the fewer ones do not make the top K).
+            fitting: list[tuple[int, float]] = []
+            estimated = False
             for mb in mbs:
                 tc = TrainingConfig(seq_len=cfg.seq_len, batch_per_chip=cfg.global_batch / n,
                                     remat=parse_remat(remat), microbatches=mb,
@@ -215,19 +219,21 @@ def enumerate_candidates(model, topology, chip, cfg: PlanConfig) -> tuple[list[C
                     est = estimate_training_memory(model, LogicalMesh(axes=base), n, tc)
                 except TpusimError:
                     continue
+                estimated = True
                 total = est["static_bytes"] + est["activations_bytes"]
                 if total <= capacity:
-                    break
-            if total is None:
+                    fitting.append((mb, total))
+            if not estimated:
                 counts["invalid"] += 1
                 continue
-            if total > capacity:
+            if not fitting:
                 counts["pruned_by_memory"] += 1
                 continue
-            for order, where in placements:
-                out.append(Candidate(mesh=order, remat=remat, microbatches=mb, param_dtype=pd_,
-                                     grad_dtype=gd, optimizer_dtype=od, placement=where,
-                                     hbm_estimate_bytes=total))
+            for mb, total in fitting:
+                for order, where in placements:
+                    out.append(Candidate(mesh=order, remat=remat, microbatches=mb,
+                                         param_dtype=pd_, grad_dtype=gd, optimizer_dtype=od,
+                                         placement=where, hbm_estimate_bytes=total))
     return out, counts
 
 

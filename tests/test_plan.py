@@ -117,6 +117,20 @@ def test_memory_pruning_drops_only_what_cannot_fit(tiny_model):
     assert all(c.hbm_estimate_bytes <= chip.hbm_bytes for c in cands)
 
 
+def test_every_microbatch_count_whose_estimate_fits_is_a_candidate(tiny_model):
+    # The estimate is a lower bound of the simulated peak: a count that fits on paper may not
+    # fit when simulated, so the larger counts must stay in the search, not only the fewest.
+    chip, topo = _pod()
+    model = load_model(tiny_model)
+    cfg = PlanConfig(seq_len=1024, global_batch=16, remat=("full",), microbatches=(1, 2, 4),
+                     axes=("fsdp",), placements=False)
+    cands, _counts = enumerate_candidates(model, topo, chip, cfg)
+    per_mesh: dict = {}
+    for c in cands:
+        per_mesh.setdefault((c.mesh, c.placement), set()).add(c.microbatches)
+    assert per_mesh and all(v == {1, 2, 4} for v in per_mesh.values())
+
+
 def test_plan_cli_prints_the_top_k_and_writes_the_frontier(tmp_path, capsys, tiny_model):
     out = tmp_path / "plan"
     rc = main(["plan", "--chip", "v5e", "--shape", "2x2", "--model", tiny_model,
