@@ -5,9 +5,9 @@ The search space is every factorization of the slice into the logical axes (`dat
 placement of those axes on the torus (jax's default order, and each axis moved innermost, as far
 as `place_mesh` lays them out differently), every allowed remat policy and dtype, and every
 allowed microbatch count whose memory estimate (a lower bound of the peak) fits. Candidates the
-compiler rejects or the torus cannot hold are dropped; those whose compiler memory estimate (params, grads, optimizer state and
-saved activations, a lower bound of the simulated HBM peak) exceeds HBM are pruned without
-simulation; every other candidate is simulated as `tpusim train` would, on the sweep's workers,
+compiler rejects or the torus cannot hold are dropped; those whose compiler memory estimate
+(params, grads, optimizer state and saved activations, a lower bound of the simulated HBM peak)
+exceeds HBM are pruned without simulation; every other candidate is simulated as `tpusim train` would, on the sweep's workers,
 so the winner is the best of the whole space, not a heuristic's guess.
 """
 
