@@ -7,8 +7,9 @@ as `place_mesh` lays them out differently), every allowed remat policy and dtype
 allowed microbatch count whose memory estimate (a lower bound of the peak) fits. Candidates the
 compiler rejects or the torus cannot hold are dropped; those whose compiler memory estimate
 (params, grads, optimizer state and saved activations, a lower bound of the simulated HBM peak)
-exceeds HBM are pruned without simulation; every other candidate is simulated as `tpusim train` would, on the sweep's workers,
-so the winner is the best of the whole space, not a heuristic's guess.
+exceeds HBM are pruned without simulation; every other candidate is simulated as `tpusim train`
+would, on the sweep's workers, so the winner is the best of the whole space, not a heuristic's
+guess.
 """
 
 from __future__ import annotations
