@@ -1011,24 +1011,28 @@ def _critical_path(classes, last: int, topology, slow, op_key, group_cost, count
         seg["num_ops"] += 1
         seg["end_s"] = float(st.end[k])
         if k in st.coll_cost:
-            cc = st.coll_cost[k]
-            for j in np.flatnonzero(cc.class_bytes > 0):
-                name = CLASS_NAMES[int(j)]
-                if name not in seg["links"]:
-                    seg["links"].append(name)
-            index, costs = group_cost[op_key[(st.prog, k)]]
-            if cc is not costs[0]:
-                for lk in sorted(dead):
-                    tag = f"dead {topology.describe_link(lk)} (detour)"
-                    if tag not in seg["links"]:
-                        seg["links"].append(tag)
-                for lk in sorted(slow):
-                    tag = f"degraded {topology.describe_link(lk)}"
-                    if tag not in seg["links"]:
-                        seg["links"].append(tag)
+            _, costs = group_cost[op_key[(st.prog, k)]]
+            add_path_links(seg["links"], st.coll_cost[k], costs[0], topology, dead, slow)
     for seg in segments:
         seg["chips_in_class"] = int(count[seg.pop("_class")])
     return segments
+
+
+def add_path_links(links: list[str], cost, healthy_cost, topology, dead, slow) -> None:
+    """Append (once each) to a critical-path segment's `links` the link classes a collective
+    loaded and, when its group's cost is not the healthy one, the dead links it detoured around
+    and the degraded links it crossed."""
+    for j in np.flatnonzero(cost.class_bytes > 0):
+        name = CLASS_NAMES[int(j)]
+        if name not in links:
+            links.append(name)
+    if cost is healthy_cost:
+        return
+    tags = [f"dead {topology.describe_link(lk)} (detour)" for lk in sorted(dead)]
+    tags += [f"degraded {topology.describe_link(lk)}" for lk in sorted(slow)]
+    for tag in tags:
+        if tag not in links:
+            links.append(tag)
 
 
 __all__ = ["CHIP_COLUMNS", "MODES", "PerChipConfig", "PointToPoint", "chip_classes", "p2p_cost",

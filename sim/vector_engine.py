@@ -887,7 +887,7 @@ def _critical_path_chips(run, last, topology, slow, dead, label, count, kinds, k
     """`sim.chip_engine._critical_path` on chips: each op's start was set by its latest
     dependency (or the core op before it), a collective's start by the member that arrived last
     and its end by the member that drained last."""
-    from sim.chip_engine import _coords_text
+    from sim.chip_engine import _coords_text, add_path_links
 
     start, end = run.start, run.end
     members: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -960,21 +960,7 @@ def _critical_path_chips(run, last, topology, slow, dead, label, count, kinds, k
         if op.kind == OpKind.COLLECTIVE:
             index, costs = group_cost[op_key[k]]
             cc = costs[int(index[int(run.goc[k][c])])]
-            for jj in np.flatnonzero(cc.class_bytes > 0):
-                from topologies.groups import CLASS_NAMES
-
-                name = CLASS_NAMES[int(jj)]
-                if name not in seg["links"]:
-                    seg["links"].append(name)
-            if cc is not costs[0]:
-                for lk in sorted(dead):
-                    tag = f"dead {topology.describe_link(lk)} (detour)"
-                    if tag not in seg["links"]:
-                        seg["links"].append(tag)
-                for lk in sorted(slow):
-                    tag = f"degraded {topology.describe_link(lk)}"
-                    if tag not in seg["links"]:
-                        seg["links"].append(tag)
+            add_path_links(seg["links"], cc, costs[0], topology, dead, slow)
     for seg in segments:
         seg.pop("_chip")
     return segments

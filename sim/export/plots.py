@@ -453,6 +453,20 @@ def _grid(n: int, panel_w: float, panel_h: float, max_w: float = 16.0,
     return cols, rows, max(panel_w * scale, 1.6), max(panel_h * scale, 1.6)
 
 
+def _panel_axes(ax, topo, nx: int, ny: int, ndim: int, z: int, s: int) -> None:
+    """Integer chip ticks, axis names and the panel's title (its z slice, or the pod's name, and
+    its slice on a multi-slice pod) of one torus or chip-map panel."""
+    _ticks(ax, nx, "x")
+    ax.set_xlabel("x")
+    if ndim > 1:
+        _ticks(ax, ny, "y")
+        ax.set_ylabel("y")
+    else:
+        ax.set_yticks([])
+    title = f"z = {z}" if ndim == 3 else topo.name
+    ax.set_title(title + (f", slice {s}" if topo.num_slices > 1 else ""))
+
+
 def _ticks(ax, n: int, axis: str) -> None:
     step = max(1, math.ceil(n / 8))
     ticks = list(range(0, n, step))
@@ -703,17 +717,7 @@ def _torus_per_link(topo, util, *, caption: str, what: str, capacity, max_panels
         ax.set_xlim(-0.75, nx - 0.25)
         ax.set_ylim(-0.75, ny - 0.25)
         ax.set_aspect("equal")
-        _ticks(ax, nx, "x")
-        ax.set_xlabel("x")
-        if ndim > 1:
-            _ticks(ax, ny, "y")
-            ax.set_ylabel("y")
-        else:
-            ax.set_yticks([])
-        label = f"z = {z}" if ndim == 3 else topo.name
-        if topo.num_slices > 1:
-            label += f", slice {s}"
-        ax.set_title(label)
+        _panel_axes(ax, topo, nx, ny, ndim, z, s)
     fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=axes.ravel().tolist(),
                  label="link utilization", shrink=min(0.9, 5.0 / (rows * ph)),
                  fraction=0.3 / width, pad=0.25 / width)
@@ -761,15 +765,7 @@ def chip_map_figure(topo, values, *, caption: str, what: str, label: str,
         sel = np.flatnonzero(coords[:, 2] == z)
         grid[coords[sel, 1], coords[sel, 0]] = vals[s * per + sel]
         ax.imshow(grid, origin="lower", cmap="magma", norm=norm)
-        _ticks(ax, nx, "x")
-        ax.set_xlabel("x")
-        if ndim > 1:
-            _ticks(ax, ny, "y")
-            ax.set_ylabel("y")
-        else:
-            ax.set_yticks([])
-        title = f"z = {z}" if ndim == 3 else topo.name
-        ax.set_title(title + (f", slice {s}" if topo.num_slices > 1 else ""))
+        _panel_axes(ax, topo, nx, ny, ndim, z, s)
     cb = fig.colorbar(ScalarMappable(norm=norm, cmap="magma"), ax=axes.ravel().tolist(),
                       label=label, shrink=min(0.9, 5.0 / (rows * ph)), fraction=0.3 / width,
                       pad=0.25 / width)
