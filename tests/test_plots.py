@@ -286,3 +286,28 @@ def test_text_reports_print_the_breakdown_in_words(tiny, capsys, command):
     out = capsys.readouterr().out
     assert "exposed communication" in out and "MXU compute" in out
     assert not any(k in out for k in BREAKDOWN_KEYS)
+
+
+def test_phase_lane_has_no_gap_where_a_trailing_dcn_all_reduce_runs(tiny):
+    # Two slices: the data-parallel gradient all-reduce over DCN runs after the last backward
+    # compute op and before the optimizer. Its time belongs to the backward band; the bands
+    # tile the step from 0 to its end with no hole.
+    from sim.engine import OP_COLUMNS
+    from sim.export.plots import _phase_spans, _table
+
+    run = sim.train(chip="v5e", shape="2x2", slices=2, model=tiny, seq_len=128,
+                    batch_per_chip=1, mesh="fsdp=4", dcn="data=2")
+    res = run.result
+    ops = _table(res._ops, OP_COLUMNS, ("kind", "unit", "bound", "phase", "start_s", "end_s"))
+    spans = _phase_spans(ops)
+    compute = (ops["kind"] == "compute") & (ops["phase"] == "bwd")
+    last_bwd_compute = ops["end_s"][compute].max()
+    dcn = [e for k, p, e in zip(ops["kind"], ops["phase"], ops["end_s"], strict=True)
+           if k == "collective" and p == "bwd" and e > last_bwd_compute]
+    assert dcn, "the setup must have a collective after the last backward compute op"
+    assert spans[0][1] == 0.0
+    assert spans[-1][2] == pytest.approx(res.step_time_s, abs=1e-12)
+    for (_p, _s, e), (_q, s, _e) in zip(spans, spans[1:], strict=False):
+        assert s == pytest.approx(e, abs=1e-12)
+    bwd = [x for x in spans if x[0] == "bwd"]
+    assert bwd[-1][2] >= max(dcn) - 1e-12

@@ -269,6 +269,18 @@ def _phase_spans(ops: dict[str, np.ndarray]) -> list[tuple[str, float, float]]:
             spans[-1][2] = max(spans[-1][2], e)
         else:
             spans.append([phase, s, e])
+    # Collectives and host transfers belong to their phase too: a trailing gradient all-reduce
+    # (over DCN, say) extends the backward band up to the next phase instead of leaving a gap,
+    # and the first weight gather opens the first band at its start.
+    others = np.flatnonzero(live & ~sel)
+    for k, span in enumerate(spans):
+        nxt = spans[k + 1][1] if k + 1 < len(spans) else math.inf
+        prev = spans[k - 1][2] if k else -math.inf
+        same = others[(ops["phase"][others] == span[0]) & (ops["start_s"][others] < nxt)
+                      & (ops["end_s"][others] > prev)]
+        if same.size:
+            span[1] = max(min(span[1], float(ops["start_s"][same].min())), prev)
+            span[2] = min(max(span[2], float(ops["end_s"][same].max())), nxt)
     return [(p, s, e) for p, s, e in spans]
 
 
