@@ -725,3 +725,42 @@ def test_full_mode_collective_trace_shows_each_group_and_the_links_that_carried_
             assert topo.coords(lk // 4)[1] == group  # the x ring at y = group
             assert sum(r[3]["bytes"] for r in rows) == pytest.approx(res._link_bytes[lk])
             assert {r[2] for r in rows} == {"AG x x3"}
+
+
+def test_json_trace_for_several_chips_pairs_flow_events_between_group_neighbours(tmp_path):
+    # The Chrome JSON export carries the same flows as .pftrace, as flow events: each id has one
+    # `s` (start) and one `f` (finish, bound to the enclosing slice), on the collective lanes of
+    # two different chips, at the start of a slice of the same op (SPMD: the same time).
+    import json
+
+    res = _result(**RESULTS["fsdp-tensor-offload"])
+    path = export_step(res, tmp_path / "m.json", chips=[0, 1, 2, 3])
+    events = json.loads(path.read_text())["traceEvents"]
+    slices: dict[tuple, list] = defaultdict(list)
+    for e in events:
+        if e["ph"] == "X":
+            slices[(e["pid"], e["tid"])].append(e)
+
+    def enclosing(e):
+        hits = [s for s in slices[(e["pid"], e["tid"])]
+                if s["ts"] <= e["ts"] <= s["ts"] + s["dur"]]
+        assert hits, e
+        return hits[0]
+
+    starts = defaultdict(list)
+    ends = defaultdict(list)
+    for e in events:
+        if e["ph"] in ("s", "f"):
+            assert isinstance(e["id"], int) and e["cat"] == "tpusim"
+            (starts if e["ph"] == "s" else ends)[e["id"]].append(e)
+    assert starts and set(starts) == set(ends)
+    for fid, (s,) in starts.items():
+        (f,) = ends[fid]
+        assert f["bp"] == "e" and s["pid"] != f["pid"] and s["ts"] == f["ts"]
+        a, b = enclosing(s), enclosing(f)
+        assert a["args"]["op_id"] == b["args"]["op_id"] and a["name"] == b["name"]
+    # The same flows as the .pftrace export of the same chips.
+    pf = _parse_pftrace(export_step(res, tmp_path / "m.pftrace", chips=[0, 1, 2, 3]))
+    pf_ids = {f for p in pf.packet if p.HasField("track_event")
+              for f in p.track_event.flow_ids}
+    assert set(starts) == pf_ids

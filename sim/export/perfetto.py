@@ -20,8 +20,8 @@ pipeline idle time, and counter tracks for HBM occupancy and for each link direc
 utilization. Slices carry args (op id, name, FLOPs, bytes, bound unit, collective, mesh axes,
 algorithm). Flows join each collective
 slice to the same collective on the next chip of its replica group, and each pipeline send to
-the receive it completes on the next (or previous) stage, when both are exported (`.pftrace`
-only).
+the receive it completes on the next (or previous) stage, when both are exported (in `.json`
+as flow events `s`/`f` bound to the enclosing slices).
 
 Per-chip engine: when chips differ (a slow chip, a slow link, chip variation), each chip class
 (chips whose whole step is identical) is one process named with the chips it stands for, and
@@ -254,7 +254,7 @@ class TracePlan:
         self.path = path
         self.procs = procs
         self.json = path.suffix.lower() == ".json"
-        self._flows = flows  # proc -> (flow-out ids, flow-in ids) by op id; .pftrace only
+        self._flows = flows  # proc -> (flow-out ids, flow-in ids) by op id
         self._templates: dict[Any, Any] = {}
         self._encode = encode
         for p in procs:
@@ -327,7 +327,10 @@ class TracePlan:
                 f.write(("" if first else ",") + head)
                 first = False
                 if body:
-                    f.write("," + body.replace(_PID_MARK, f'"pid":{pid},'))
+                    body = body.replace(_PID_MARK, f'"pid":{pid},')
+                    if self._flows is not None and _FLOW_MARK in body:
+                        body = _fill_flow_ids(body, *self._flows(p))
+                    f.write("," + body)
             f.write("]}")
 
 
@@ -335,24 +338,52 @@ _PID_PLACEHOLDER = 987654321987654321  # replaced by each process's pid in the J
 _PID_MARK = f'"pid":{_PID_PLACEHOLDER},'
 
 
-def _chrome_events(tracks, counters) -> str:
-    """One process's Chrome JSON events (after its process_name), pid left as a placeholder."""
+def _chrome_events(tracks, counters, *, flows_out: frozenset[int] = frozenset(),
+                   flows_in: frozenset[int] = frozenset(),
+                   flow_tracks: tuple[str, ...] = ()) -> str:
+    """One process's Chrome JSON events (after its process_name), pid and flow ids left as
+    placeholders (`TracePlan._write_json` fills them in per process).
+
+    Flows use the Trace Event format's flow events (`ph` `s` / `f`, bound to the enclosing
+    slice): a ring collective's slice ends one flow and starts the next, which JSON's per-event
+    flow ids (flow v2) cannot say. Slices on tracks named with one of `flow_tracks` start a flow
+    when their op id is in `flows_out` and end one when it is in `flows_in`, as in `.pftrace`."""
     pid = _PID_PLACEHOLDER
     events = []
     for tid, (tname, rows) in enumerate(sorted(tracks.items()), start=1):
         events.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name",
                        "args": {"name": tname}})
-        for start, end, name, args, _op in sorted(rows, key=lambda x: (x[0], x[1])):
+        flowing = tname.startswith(flow_tracks) if flow_tracks else False
+        for start, end, name, args, op in sorted(rows, key=lambda x: (x[0], x[1])):
             events.append({"ph": "X", "pid": pid, "tid": tid, "name": name,
                            "ts": start * 1e6, "dur": max(end - start, 0.0) * 1e6,
                            "args": args})
+            if flowing and op in flows_in:
+                events.append({"ph": "f", "bp": "e", "pid": pid, "tid": tid, "name": "flow",
+                               "cat": "tpusim", "id": f"{_FLOW_MARK}i{op}",
+                               "ts": start * 1e6})
+            if flowing and op in flows_out:
+                events.append({"ph": "s", "pid": pid, "tid": tid, "name": "flow",
+                               "cat": "tpusim", "id": f"{_FLOW_MARK}o{op}",
+                               "ts": start * 1e6})
     for cname, samples in sorted(counters.items()):
         for t, v in samples:
             events.append({"ph": "C", "pid": pid, "tid": 0, "name": cname,
                            "ts": t * 1e6, "args": {"value": v}})
-    # Flows are written to .pftrace only: JSON flow v2 binds one id per event, and a ring
-    # collective slice is both the end of one flow and the start of the next.
     return ",".join(json.dumps(e, separators=(",", ":")) for e in events)
+
+
+_FLOW_MARK = "@tpusim-flow:"  # '"id":"@tpusim-flow:o12"' -> the flow id of op 12 leaving
+_FLOW_ID = re.compile(r'"id":"' + re.escape(_FLOW_MARK) + r'([oi])(\d+)"')
+
+
+def _fill_flow_ids(body: str, out_ids, in_ids) -> str:
+    """A JSON template's flow id placeholders replaced by this process's flow ids."""
+    def sub(m: re.Match) -> str:
+        ids = out_ids if m.group(1) == "o" else in_ids
+        return f'"id":{int(ids[int(m.group(2))])}'
+
+    return _FLOW_ID.sub(sub, body)
 
 
 _COLL_TRACK = "HBM DMA collectives"
@@ -366,7 +397,7 @@ def plan_step_trace(result, path: str | Path, *, chips: list[int] | None = None)
     most `MAX_CHIP_PROCESSES` classes, the slowest first) plus every chip in `chips`, each with
     its own class's timeline. Over `MAX_CHIP_PROCESSES` chips, chips become track groups under
     a process per host of 8 chips. Flows join each collective slice to the same collective on
-    the next chip of its replica group, when both are exported (`.pftrace` only).
+    the next chip of its replica group, when both are exported.
     """
     check_span(result.step_time_s)
     path = Path(path)
@@ -433,10 +464,11 @@ def plan_step_trace(result, path: str | Path, *, chips: list[int] | None = None)
     def encode(key, as_json: bool):
         k, (coll, s_out, s_in) = key
         tracks, counters = tracks_of(k)
-        if as_json:
-            return _chrome_events(tracks, counters)
         fo = frozenset(op for i, g in enumerate(keys) if coll[i][0] for op in by_axes[g]) | s_out
         fi = frozenset(op for i, g in enumerate(keys) if coll[i][1] for op in by_axes[g]) | s_in
+        if as_json:
+            return _chrome_events(tracks, counters, flows_out=fo, flows_in=fi,
+                                  flow_tracks=(_COLL_TRACK,))
         return encode_tracks(tracks, counters, flows_out=fo, flows_in=fi,
                              flow_tracks=(_COLL_TRACK,))
 
