@@ -53,7 +53,7 @@ from sim.engine import (
     padded_collective_bytes,
 )
 from sim.hardware import ChipSpec
-from sim.network import Batch, FluidNetwork
+from sim.network import Batch, SmallFluidNetwork
 from sim.routing import link_model
 from topologies.errors import TpusimError
 from topologies.groups import CLASS_NAMES, NUM_CLASSES, GroupAxis, GroupGeometry
@@ -500,7 +500,7 @@ def simulate_chips(
             else:
                 cl.dur[op.id] = op.duration_s
                 cl.bound[op.id] = "idle"
-        cl.net = FluidNetwork(env, np.append(lm.class_capacity_bytes_per_s, cl.hbm_bw))
+        cl.net = SmallFluidNetwork(env, np.append(lm.class_capacity_bytes_per_s, cl.hbm_bw))
         cl.mxu = simpy.Resource(env, capacity=1)
         cl.vpu = simpy.Resource(env, capacity=1)
         cl.pcie = simpy.Resource(env, capacity=1)

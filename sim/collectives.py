@@ -316,6 +316,22 @@ def _phase_loads(steps: list[Step], gaxes, num_phases: int) -> np.ndarray:
     return load
 
 
+def _share_grid(k: int) -> np.ndarray:
+    """The simplex grid `_balanced_shares` searches for k parts (rows sum to 1), built once
+    per k: it depends on k alone, and building it is most of the cost of a 3-axis schedule."""
+    hit = _SHARE_GRIDS.get(k)
+    if hit is None:
+        res = 240 if k == 2 else 120
+        grid = [np.array(p, dtype=float) / res
+                for p in itertools.product(range(res + 1), repeat=k - 1) if sum(p) <= res]
+        hit = _SHARE_GRIDS[k] = np.array([np.append(p, 1.0 - p.sum()) for p in grid])
+        hit.flags.writeable = False
+    return hit
+
+
+_SHARE_GRIDS: dict[int, np.ndarray] = {}
+
+
 def _balanced_shares(c: np.ndarray) -> np.ndarray:
     """Shares w (sum 1) of the parts minimising sum_p max_j w_j c[j, p].
 
@@ -328,12 +344,9 @@ def _balanced_shares(c: np.ndarray) -> np.ndarray:
     equal = np.full(k, 1.0 / k)
     if k == 1:
         return equal
-    res = 240 if k == 2 else 120
-    grid = [np.array(p, dtype=float) / res
-            for p in itertools.product(range(res + 1), repeat=k - 1) if sum(p) <= res]
-    cands = np.array([np.append(p, 1.0 - p.sum()) for p in grid])
+    cands = _share_grid(k)
     cost = (cands[:, :, None] * c[None, :, :]).max(axis=1).sum(axis=1)
-    best = cands[int(np.argmin(cost))]
+    best = cands[int(np.argmin(cost))].copy()
     eq_cost = float((equal[:, None] * c).max(axis=0).sum())
     if eq_cost <= float(cost.min()) * (1 + 1e-9):
         return equal
@@ -659,7 +672,31 @@ def algorithm_names(kind: CollectiveKind) -> list[str]:
     return list(_APPLICABLE[kind])
 
 
+# Schedules by (kind, group axes, V, algorithm, shift): a pure function of those (frozen
+# values, shared safely), built again and again otherwise: `auto` builds every candidate's to
+# bound and simulate it, and a study's points that change only link numbers (or `plan`'s
+# candidates that share groups) cost the same collectives again. Bounded; cleared when full.
+SCHEDULE_CACHE_SIZE = 2048
+_SCHEDULE_CACHE: dict[tuple, Schedule] = {}
+
+
 def build_schedule(
+    kind: CollectiveKind, gaxes: tuple[GroupAxis, ...], v: float, algorithm: str = "auto",
+    *, shift: int = 1,
+) -> Schedule:
+    """The algorithm's schedule for one collective of V bytes on one replica group (memoised
+    per process; an algorithm that refuses the group raises every time)."""
+    key = (kind, type(kind), gaxes, v, type(v), algorithm, shift)  # 1000 == 1000.0: types too
+    hit = _SCHEDULE_CACHE.get(key)
+    if hit is None:
+        hit = _build_schedule(kind, gaxes, v, algorithm, shift=shift)
+        if len(_SCHEDULE_CACHE) >= SCHEDULE_CACHE_SIZE:
+            _SCHEDULE_CACHE.clear()
+        _SCHEDULE_CACHE[key] = hit
+    return hit
+
+
+def _build_schedule(
     kind: CollectiveKind, gaxes: tuple[GroupAxis, ...], v: float, algorithm: str = "auto",
     *, shift: int = 1,
 ) -> Schedule:

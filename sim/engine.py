@@ -25,7 +25,7 @@ import simpy
 
 from sim.collective_sim import simulate_collective
 from sim.hardware import ChipSpec
-from sim.network import Batch, FluidNetwork
+from sim.network import Batch, SmallFluidNetwork
 from sim.routing import link_model
 from topologies.errors import TpusimError
 from topologies.groups import (
@@ -529,7 +529,7 @@ def replay(
 
     # -- replay -----------------------------------------------------------------------------
     env = simpy.Environment()
-    net = FluidNetwork(env, np.append(lm.class_capacity_bytes_per_s, hbm_bw))
+    net = SmallFluidNetwork(env, np.append(lm.class_capacity_bytes_per_s, hbm_bw))
     mxu = simpy.Resource(env, capacity=1)
     vpu = simpy.Resource(env, capacity=1)
     pcie = simpy.Resource(env, capacity=1)

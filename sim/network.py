@@ -187,3 +187,127 @@ class FluidNetwork:
             if e[1] <= 1e-9 or (e[2] > 0 and e[1] / e[2] <= tol_s):
                 e[1] = 0.0
         self._reschedule()
+
+
+class SmallFluidNetwork(FluidNetwork):
+    """`FluidNetwork` for a handful of resources (one chip's link classes and HBM, the step
+    engines), kept in Python floats instead of NumPy arrays.
+
+    A step replays thousands of small batches (one per compute op's HBM traffic), and on arrays
+    of ~10 elements NumPy's per-call overhead is most of the cost. The arithmetic is the parent's
+    operation for operation (the same sums in `np.bincount`'s order, the same divisions and
+    minima), so every time and byte count is the same to the last bit (tested).
+    `bytes` and `busy_s` are read as arrays (fresh copies) once the run is over.
+    """
+
+    def __init__(self, env: simpy.Environment, capacity_bytes_per_s: np.ndarray) -> None:
+        # The parent's state, except its arrays (`bytes`, `busy_s`, `_in_use`).
+        self.env = env
+        self.capacity = np.asarray(capacity_bytes_per_s, dtype=float)
+        self.num_resources = len(self.capacity)
+        self._cap = self.capacity.tolist()
+        self._bytes = [0.0] * self.num_resources
+        self._busy = [0.0] * self.num_resources
+        self._used: list[int] = []  # resources carrying a batch now (ascending)
+        self._active: dict[int, list] = {}
+        self._next_id = 0
+        self._last_t = 0.0
+        self._version = 0
+        self.num_events = 0
+        self._coalesce = False
+        self._flush_pending = False
+
+    @property
+    def bytes(self) -> np.ndarray:  # type: ignore[override]
+        return np.array(self._bytes)
+
+    @property
+    def busy_s(self) -> np.ndarray:  # type: ignore[override]
+        return np.array(self._busy)
+
+    @staticmethod
+    def _hops(batch: Batch) -> tuple[list[int], list[float]]:
+        """(resource of every hop, bytes of every hop, all repetitions) as Python lists."""
+        res = batch.res.tolist()
+        if len(res) == len(batch.ptr) - 1:
+            return res, (batch.bytes_per_transfer * batch.repeat).tolist()
+        return res, batch.hop_weights.tolist()
+
+    def transfer(self, batch: Batch) -> simpy.Event:
+        if not (math.isfinite(batch.latency_s) and batch.latency_s >= 0):
+            raise RuntimeError(f"invariant violated: a batch latency of {batch.latency_s} s")
+        done = self.env.event()
+        res, w = self._hops(batch)
+        # np.bincount's order: the batch's own sum per resource first, then added to the total.
+        own: dict[int, float] = {}
+        for r, x in zip(res, w, strict=True):
+            own[r] = own.get(r, 0.0) + x
+        for r, x in own.items():
+            self._bytes[r] += x
+        if batch.num_transfers == 0 or max(batch.bytes_per_transfer.tolist(), default=0) <= 0:
+            t = self.env.timeout(batch.latency_s)
+            t.callbacks.append(lambda _ev: done.succeed())
+            return done
+        if batch.latency_s > 0:
+            t = self.env.timeout(batch.latency_s)
+            t.callbacks.append(lambda _ev: self._admit_hops(batch, done, res, w))
+        else:
+            self._admit_hops(batch, done, res, w)
+        return done
+
+    def _advance(self) -> None:
+        now = self.env.now
+        dt = now - self._last_t
+        if dt > 0 and self._active:
+            for entry in self._active.values():
+                entry[1] -= entry[2] * dt
+            busy = self._busy
+            for r in self._used:
+                busy[r] += dt
+        self._last_t = now
+
+    def _admit(self, batch: Batch, done: simpy.Event) -> None:
+        res, w = self._hops(batch)
+        self._admit_hops(batch, done, res, w)
+
+    def _admit_hops(self, batch: Batch, done: simpy.Event, res: list[int],
+                    w: list[float]) -> None:
+        self._advance()
+        bid = self._next_id
+        self._next_id += 1
+        # [batch, remaining fraction, speed, done event, (hop resources, hop bytes)]
+        self._active[bid] = [batch, 1.0, 0.0, done, (res, w)]
+        self._reschedule()
+
+    def _reschedule(self) -> None:
+        self.num_events += 1
+        finished = [bid for bid, e in self._active.items() if e[1] <= 1e-12]
+        for bid in finished:
+            self._active.pop(bid)[3].succeed()
+        if not self._active:
+            self._used = []
+            return
+        entries = list(self._active.values())
+        load = [0.0] * self.num_resources
+        for e in entries:
+            res, w = e[4]
+            for r, x in zip(res, w, strict=True):
+                load[r] += x
+        cap = self._cap
+        self._used = [r for r, x in enumerate(load) if x > 0]
+        # pace = capacity / load on loaded resources (a batch only reads those it uses)
+        pace = [cap[r] / x if x > 0 else math.inf for r, x in enumerate(load)]
+        next_dt = math.inf
+        for e in entries:
+            speed = min(min(pace[r] for r in e[4][0]), e[0].max_speed)
+            e[2] = speed
+            next_dt = min(next_dt, e[1] / speed)
+        self._version += 1
+        version = self._version
+        now = self.env.now
+        if math.isnan(next_dt):
+            raise RuntimeError("invariant violated: a fluid step of NaN seconds")
+        if now + next_dt <= now:
+            next_dt = 4 * math.ulp(now)
+        timer = self.env.timeout(max(next_dt, 0.0))
+        timer.callbacks.append(lambda _ev: self._on_timer(version))

@@ -24,7 +24,12 @@ from sim.collective_sim import (
     _candidate_lower_bound,
     simulate_collective,
 )
-from sim.collectives import CollectiveKind, algorithm_names
+from sim.collectives import (
+    CollectiveKind,
+    _build_schedule,
+    algorithm_names,
+    build_schedule,
+)
 from sim.hardware import get_chip
 from topologies.errors import TpusimError
 from topologies.slices import resolve_topology
@@ -1083,3 +1088,22 @@ def test_auto_is_the_fastest_of_its_candidates_and_latency_aware(nbytes):
         assert auto.time_s <= 8 * L + nbytes / 9e10 * 1.01  # T_min * X/2 + V/W_ici
     if nbytes == 64 << 20:
         assert auto.algorithm in ("auto (multi-axis)", "auto (split-bidi-ring)")
+
+
+def test_schedules_are_memoised_and_equal_to_a_fresh_build():
+    """`build_schedule` returns the same frozen schedule for the same input (the study and plan
+    speed-up) and equals one built afresh; an algorithm that refuses the group still raises."""
+    from topologies.groups import group_axes
+
+    topo = _topo("v5p", "4x4x8")
+    gaxes = group_axes(topo, ("x", "y", "z"))
+    kind = CollectiveKind.ALL_REDUCE
+    a = build_schedule(kind, gaxes, 1024.0 * 64, "multi-axis")
+    assert build_schedule(kind, gaxes, 1024.0 * 64, "multi-axis") is a
+    assert a == _build_schedule(kind, gaxes, 1024.0 * 64, "multi-axis")
+    # Unequal axes (4, 4, 8): the rebalanced shares are not equal thirds.
+    assert len({round(st[0].moves[0].bytes, 6) for st in a.streams}) > 1
+    assert build_schedule(kind, gaxes, 64, "multi-axis") is not a  # int V is its own entry
+    for _ in range(2):
+        with pytest.raises(TpusimError):
+            build_schedule(CollectiveKind.ALL_TO_ALL, gaxes, 1024.0, "multi-axis")

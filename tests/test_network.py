@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import simpy
 
-from sim.network import Batch, FluidNetwork
+from sim.network import Batch, FluidNetwork, SmallFluidNetwork
 
 
 def _batch(res, nbytes, latency=0.0, **kw):
@@ -85,3 +85,37 @@ def test_tiny_transfer_late_in_time_completes_instead_of_stalling_the_clock():
     assert done["big"] == pytest.approx(1003.0, rel=1e-9)
     assert 1000.0 <= done["tiny"] <= 1000.0 + 1e-9
     assert done["tiny2"] >= 1000.5
+
+
+def _random_batches(rng, nres, count):
+    """Overlapping batches of one or several hops (repeats, latencies, compute caps, zero-byte
+    ones): (start time, batch)."""
+    out = []
+    for i in range(count):
+        ntr = int(rng.integers(1, 4))
+        hops = rng.integers(1, 3, size=ntr)
+        res = rng.integers(0, nres, size=int(hops.sum()))
+        nbytes = rng.uniform(1e6, 1e9, size=ntr) * (0.0 if i % 11 == 5 else 1.0)
+        out.append((float(rng.uniform(0, 2.0)), Batch(
+            res=res.astype(np.int64), ptr=np.concatenate([[0], np.cumsum(hops)]).astype(np.int64),
+            bytes_per_transfer=nbytes, latency_s=float(rng.choice([0.0, 1e-6, 3e-3])),
+            repeat=int(rng.integers(1, 3)),
+            max_speed=float(rng.choice([np.inf, 50.0, 2.0])))))
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_small_network_equals_the_array_network_to_the_last_bit(seed):
+    """The step engines' Python-float network does the parent's arithmetic in the same order:
+    every completion time, byte count, busy time and event count is identical (==, not approx)."""
+    rng = np.random.default_rng(seed)
+    cap = rng.uniform(1e9, 1e11, size=9)
+    starts = {f"b{i}": sb for i, sb in enumerate(_random_batches(rng, len(cap), 60))}
+    out = []
+    for cls in (FluidNetwork, SmallFluidNetwork):
+        env = simpy.Environment()
+        net = cls(env, cap)
+        done = _run(env, net, starts)
+        out.append((done, net.bytes.tolist(), net.busy_s.tolist(), net.num_events))
+    assert len(out[0][0]) == len(starts)
+    assert out[0] == out[1]
