@@ -73,6 +73,10 @@ def _configs() -> dict[str, dict]:
                 add(chip, mesh, remat)
     for mesh in MESHES:
         add("v5e", mesh, "minimal")
+    for chip in ("v6e", "v5p"):
+        add(chip, "fsdp", "minimal")
+    for chip, mesh in (("v5e", "fsdp"), ("v5p", "fsdp_tp"), ("v6e", "fsdp")):
+        add(chip, mesh, "offload")
     for remat in ("none", "full", "minimal"):
         add("v5e", "fsdp", remat, seq=4096, batch=1)
         add("v5p", "fsdp_tp", remat, seq=4096, batch=1)
@@ -152,20 +156,40 @@ def _worker(name: str, dump: str | None) -> None:
         p = jax.nn.softmax(sc, axis=-1).astype(bf)
         return jnp.einsum("bkgst,btkd->bskgd", p, v).reshape(b, s, h * hd)
 
+    remat = cfg["remat"]
+    # The weight matmuls' outputs are named for `offload` (MaxText's checkpoint_name tags:
+    # query_proj, key_proj, value_proj, out_proj, mlpwi_0/1, mlpwo); the other policies leave
+    # the traced program as it was.
+    if remat == "offload":
+        from jax.ad_checkpoint import checkpoint_name as tag
+    else:
+        def tag(x, _name):
+            return x
+
     def layer(x, w):
         y = rms(x, w["n1"])
-        a = attention(y @ w["wq"], y @ w["wk"], y @ w["wv"])
-        x = constrain(x + a @ w["wo"])
+        a = attention(tag(y @ w["wq"], "query_proj"), tag(y @ w["wk"], "key_proj"),
+                      tag(y @ w["wv"], "value_proj"))
+        x = constrain(x + tag(a @ w["wo"], "out_proj"))
         y = rms(x, w["n2"])
-        m = jax.nn.silu(y @ w["w1"]) * (y @ w["w3"])
-        return constrain(x + m @ w["w2"])
+        m = jax.nn.silu(tag(y @ w["w1"], "mlpwi_0")) * tag(y @ w["w3"], "mlpwi_1")
+        return constrain(x + tag(m @ w["w2"], "mlpwo"))
 
-    remat = cfg["remat"]
     if remat == "full":
         layer_fn = jax.checkpoint(layer)
     elif remat == "minimal":
         layer_fn = jax.checkpoint(
             layer, policy=jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims)
+    elif remat == "offload":
+        # tpusim's `offload`: the layer input stays in HBM (the scan carry a checkpointed body
+        # saves), the minimal set (the weight matmuls' outputs) goes to pinned host memory,
+        # everything else is recomputed: MaxText's `minimal_offloaded` policy.
+        layer_fn = jax.checkpoint(
+            layer, policy=jax.checkpoint_policies.save_and_offload_only_these_names(
+                names_which_can_be_saved=[],
+                names_which_can_be_offloaded=["query_proj", "key_proj", "value_proj",
+                                              "out_proj", "mlpwi_0", "mlpwi_1", "mlpwo"],
+                offload_src="device", offload_dst="pinned_host"))
     else:
         layer_fn = layer
     batch = int(round(cfg["batch_per_chip"] * n_chips))
@@ -202,6 +226,8 @@ def _worker(name: str, dump: str | None) -> None:
            "argument_bytes": int(mem.argument_size_in_bytes),
            "output_bytes": int(mem.output_size_in_bytes),
            "alias_bytes": int(mem.alias_size_in_bytes),
+           # What `offload` keeps in pinned host memory (not part of the HBM peak).
+           "host_temp_bytes": int(getattr(mem, "host_temp_size_in_bytes", 0)),
            "flops": float(cost.get("flops", 0.0)),
            "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
            **gather_forms(compiled.as_text())}

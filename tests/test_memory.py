@@ -38,13 +38,21 @@ def test_full_remat_keeps_only_the_bf16_layer_input():
     assert (t.name, t.num_bytes) == ("layer_input", 2 * 100 * 8)
 
 
-def test_minimal_remat_keeps_the_weight_matmul_outputs():
+def test_minimal_remat_keeps_the_weight_matmul_outputs_the_backward_reads():
     got = saved_tensors(SHAPE, remat="minimal", attention="dot")
-    # layer input 8 + q 8 + k 4 + v 4 + attention out-projection 8 + gate and up 2 x 16 + down 8
-    # = 72 bf16 values per token; no attention probabilities (a dot with batch dims).
-    assert _bytes(got) == 2 * 100 * 72
+    # layer input 8 + q 8 + k 4 + v 4 + attention out-projection 8 + gate and up 2 x 16 = 64
+    # bf16 values per token; no attention probabilities (a dot with batch dims) and no MLP
+    # output projection (only the layer output reads it).
+    assert _bytes(got) == 2 * 100 * 64
     assert [t.name for t in got] == ["layer_input", "q", "k", "v", "attn_out_proj",
-                                     "mlp_hidden", "mlp_out"]
+                                     "mlp_hidden"]
+
+
+def test_a_parallel_blocks_minimal_set_has_no_output_projection():
+    par = LayerShapeSpec(**{**{f: getattr(SHAPE, f) for f in SHAPE.__slots__},
+                            "parallel_block": True})
+    # No mid residual to rebuild: the attention's projection feeds only the layer output.
+    assert _bytes(saved_tensors(par, remat="minimal", attention="dot")) == 2 * 100 * (64 - 8)
 
 
 @pytest.mark.parametrize("attention", ["dot", "flash"])
@@ -192,7 +200,7 @@ def test_dot_attention_holds_f32_scores_and_bf16_probabilities():
 
 @pytest.mark.parametrize("mesh,shape,tokens,heads", [("fsdp=1", "1x1", 2048, 4),
                                                      ("fsdp=2,tensor=2", "2x2", 4096, 2)])
-def test_full_remat_peaks_in_the_last_layers_recomputed_attention(mesh, shape, tokens, heads):
+def test_full_remat_peaks_in_the_first_layers_recomputed_attention(mesh, shape, tokens, heads):
     trace, res = _long(Remat.FULL, mesh, shape)
     sb = trace.meta["static_breakdown"]
     D, q, kv = 64, heads * 16, max(2 / (4 // heads), 1) * 16
@@ -205,32 +213,55 @@ def test_full_remat_peaks_in_the_last_layers_recomputed_attention(mesh, shape, t
     temps = 6 * tokens * 1024 * heads + 2 * (rows + 2 * tokens) * D
     assert res.hbm_peak_breakdown["temporaries"] == temps
     assert res.hbm_peak_breakdown["saved_activations"] == pytest.approx(saved, rel=1e-12)
+    # The stack holds both layer inputs to the end, so the last backward (layer 0's) peaks
+    # highest: next to layer 1's gradient shard.
+    grad1 = sum(delta for i, cat, delta in trace.meta["memory_events"]
+                if cat == "gradients" and trace.ops[i].layer == 1)
+    assert res.hbm_peak_breakdown["gradients"] == grad1 > 0
     assert res.hbm_peak_bytes == pytest.approx(
-        sb["params"] + sb["optimizer"] + saved + temps, rel=1e-12)
+        sb["params"] + sb["optimizer"] + saved + temps + grad1, rel=1e-12)
 
 
-def test_saved_tensors_are_allocated_when_their_producer_ends():
-    trace, _ = _long(Remat.NONE)
-    got: dict[str, float] = {}
-    for op_id, cat, delta in trace.meta["memory_events"]:
-        op = trace.ops[op_id]
-        if cat == "saved_activations" and op.layer == 0 and op.phase == "fwd":
-            got[op.name] = got.get(op.name, 0.0) + delta
-    n, D = 2048, 64
-    assert got["qkv_proj"] == 2 * n * (64 + 2 * 32)  # q, k and v in bf16
-    assert got["softmax"] == 6 * n * 1024 * 4  # bf16 and f32 probabilities of 4 heads
-    assert got["mlp_in"] == 2 * n * 2 * 128  # gate and up projections
-    # layer input, normed input, f32 rsqrt, f32 input and normalised rows
-    assert got["norm_attn"] == 2 * n * D * 2 + 4 * n + 2 * 4 * n * D
-    assert sum(got.values()) == pytest.approx(
-        sum(t.num_bytes for t in _none_set()), rel=1e-12)
+def test_a_scanned_stack_holds_every_layers_saved_set_from_the_first_forward_to_the_last_backward():
+    trace, res = _long(Remat.NONE)
+    ops = trace.ops
+    saved = [(ops[i], delta) for i, cat, delta in trace.meta["memory_events"]
+             if cat == "saved_activations"]
+    stack = 2 * sum(t.num_bytes for t in _none_set())  # two layers
+    # One allocation before the first layer's forward, one free after layer 0's backward.
+    assert [(op.layer, op.phase, delta) for op, delta in saved] == [
+        (-1, "fwd", stack), (0, "bwd", -stack)]
+    # The first layer's attention already sees both layers' stacks.
+    level = res.memory.saved_activations
+    assert level.max() == pytest.approx(stack, rel=1e-12)
+
+
+def test_a_recomputed_layer_frees_only_what_it_recomputed():
+    trace, _ = _long(Remat.MINIMAL)
+    events = [(trace.ops[i], delta) for i, cat, delta in trace.meta["memory_events"]
+              if cat == "saved_activations"]
+    kept = 2 * sum(t.num_bytes for t in _minimal_set())  # both layers' minimal sets
+    # The stack is allocated once before the forward and freed once after the last backward;
+    # in between each layer's backward allocates its recomputation and frees exactly that.
+    assert events[0][1] == kept and events[-1][1] == -kept
+    per_layer: dict[int, float] = {}
+    for op, delta in events[1:-1]:
+        assert op.phase == "bwd"
+        per_layer[op.layer] = per_layer.get(op.layer, 0.0) + delta
+    assert per_layer == {1: 0.0, 0: 0.0}
+
+
+LONG_SHAPE = LayerShapeSpec(rows=2048, residual_rows=2048, context=1024, d_model=64,
+                            q_width=64, kv_width=32, local_heads=4, ff_width=128,
+                            mlp_matrices=3, parallel_block=False)
 
 
 def _none_set():
-    shape = LayerShapeSpec(rows=2048, residual_rows=2048, context=1024, d_model=64,
-                           q_width=64, kv_width=32, local_heads=4, ff_width=128,
-                           mlp_matrices=3, parallel_block=False)
-    return saved_tensors(shape, remat="none", attention="dot")
+    return saved_tensors(LONG_SHAPE, remat="none", attention="dot")
+
+
+def _minimal_set():
+    return saved_tensors(LONG_SHAPE, remat="minimal", attention="dot")
 
 
 def test_windowed_gathers_hold_no_gathered_layer_weights():

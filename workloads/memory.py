@@ -118,11 +118,14 @@ def saved_tensors(shape: LayerShapeSpec, *, remat: str, attention: str,
                            producer="router"),
               ) if s.num_experts else ()
     if remat == "minimal":
-        outs = [SavedTensor(name="attn_out_proj", num_elements=n * D, dtype_bytes=a,
-                            producer="out_proj"),
-                SavedTensor(name="mlp_out", num_elements=n * D, dtype_bytes=a,
-                            producer="mlp_out")]
-        return (layer_input, *qkv, outs[0], hidden, *router, outs[1])
+        # Only the matmul outputs the backward reads are residuals: the MLP's output projection
+        # (and, in a parallel block, the attention's) only feeds the layer output, which no
+        # backward reads; a sequential block's attention projection rebuilds the mid residual
+        # the MLP norm's backward reads.
+        proj = () if s.parallel_block else (
+            SavedTensor(name="attn_out_proj", num_elements=n * D, dtype_bytes=a,
+                        producer="out_proj"),)
+        return (layer_input, *qkv, *proj, hidden, *router)
     if remat != "none":
         raise ValueError(f"unknown remat policy {remat!r}")
     out: list[SavedTensor] = [

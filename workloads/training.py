@@ -700,18 +700,21 @@ class _Compiler:
                                 ("tensor",), n * D * a, [x], -1, "fwd")
                 prev = red if red is not None else x
             pending = fsdp_gather(0, mb, "fwd", [] if prefetch else [prev])
+            # A scanned layer stack writes what each layer saves into [layers, ...] buffers that
+            # XLA allocates whole before the forward loop and frees after the backward loop
+            # (one buffer cannot be freed layer by layer): every layer's saved set is resident
+            # from the first layer's forward to the last layer's backward.
+            stack = sum(self.saved_bytes(layer) for layer in range(d.layers))
+            self.mem(prev, G.SAVED_ACTIVATIONS, stack)
             for layer in range(d.layers):
                 g = pending
                 inp = prev
-                first_op = len(b.ops)
                 self.window = d.fs if windowed and g is not None else 1
                 out = self.layer_forward(layer, [prev], None if windowed else g)
                 self.window = 1
                 if windowed and g is not None:  # the layer ends when its gather has arrived
                     b.ops[out] = _with(b.ops[out], deps=tuple(sorted({*b.ops[out].deps, g})))
-                # Each saved tensor lives from the op that writes it; the gathered weights are
-                # freed once the layer is done.
-                self.mem_saved(self.saved(layer), first_op, out)
+                # The gathered weights are freed once the layer is done.
                 if g is not None and not windowed:
                     self.mem(out, G.GATHERED_WEIGHTS,
                              -self.layer_weight_bytes(self.layer_is_moe(layer)))
@@ -817,10 +820,11 @@ class _Compiler:
                 self.mem(out, G.TEMPORARIES, -grad_tmp)
                 if windowed and g is not None:
                     b.ops[out] = _with(b.ops[out], deps=tuple(sorted({*b.ops[out].deps, g})))
-                # Everything the layer kept or recomputed dies with its backward.
-                self.mem(out, G.SAVED_ACTIVATIONS, -(
-                    self.saved_bytes(layer) if cfg.remat == Remat.NONE else
-                    sum(t.num_bytes for t in self.recomputed_set(layer))))
+                # What the layer recomputed or fetched dies with its backward (what it kept
+                # stays in the stack until the loop ends).
+                self.mem(out, G.SAVED_ACTIVATIONS, 0.0 if cfg.remat == Remat.NONE else
+                         -(sum(t.num_bytes for t in self.recomputed_set(layer))
+                           - self.saved_bytes(layer)))
                 if g is not None and not windowed:
                     self.mem(out, G.GATHERED_WEIGHTS,
                              -self.layer_weight_bytes(self.layer_is_moe(layer)))
@@ -855,6 +859,7 @@ class _Compiler:
                 elif rs is not None:
                     last_grad_ops.append(rs)
                 prev = out
+            self.mem(prev, G.SAVED_ACTIVATIONS, -stack)
             if d.pp > 1 and self.sends_on:
                 send = self.coll("pipeline_send_bwd", "collective-permute", ("pipeline",),
                                  self.rows() * D * a, [prev], 0, "bwd")
