@@ -501,8 +501,6 @@ def simulate_chips(
                 cl.dur[op.id] = op.duration_s
                 cl.bound[op.id] = "idle"
         cl.net = SmallFluidNetwork(env, np.append(lm.class_capacity_bytes_per_s, cl.hbm_bw))
-        cl.mxu = simpy.Resource(env, capacity=1)
-        cl.vpu = simpy.Resource(env, capacity=1)
         cl.pcie = simpy.Resource(env, capacity=1)
         cl.done = [env.event() for _ in range(len(ops))]
         classes.append(cl)
@@ -532,9 +530,6 @@ def simulate_chips(
                 q.recv_from[rid] = (cl.c, op_id)
 
     # -- replay -----------------------------------------------------------------------------
-    ptr1 = np.array([0, 1], dtype=np.int64)
-    hbm_res = np.array([hbm_idx], dtype=np.int64)
-
     def wait_deps(cl, op):
         evs = [cl.done[d] for d in op.deps if not cl.done[d].processed]
         if evs:
@@ -603,20 +598,19 @@ def simulate_chips(
                 cl.end[op.id] = env.now
                 cl.done[op.id].succeed()
                 continue
-            unit = cl.mxu if op.unit == Unit.MXU else cl.vpu
-            with unit.request() as req:
-                yield req
-                cl.start[op.id] = env.now
-                hb = cl.hbm_bytes[op.id]
-                if hb > 0:
-                    t_c = cl.t_compute[op.id]
-                    yield cl.net.transfer(Batch(
-                        res=hbm_res, ptr=ptr1, bytes_per_transfer=np.array([hb]),
-                        latency_s=chip.op_overhead_s,
-                        max_speed=1.0 / t_c if t_c > 0 else float("inf"),
-                    ))
-                else:
-                    yield env.timeout(cl.dur[op.id])
+            # The MXU/VPU: only this core uses them and it runs one op at a time, so a request
+            # is always granted at once. An event that has succeeded stands for the grant (it
+            # is scheduled and resumes the core exactly as a `simpy.Resource` request would;
+            # the release event that follows has no effect on anything, so it is left out).
+            yield env.event().succeed()
+            cl.start[op.id] = env.now
+            hb = cl.hbm_bytes[op.id]
+            if hb > 0:
+                t_c = cl.t_compute[op.id]
+                yield cl.net.transfer_one(hbm_idx, hb, chip.op_overhead_s,
+                                          1.0 / t_c if t_c > 0 else float("inf"))
+            else:
+                yield env.timeout(cl.dur[op.id])
             cl.end[op.id] = env.now
             cl.done[op.id].succeed()
 
@@ -955,6 +949,9 @@ def _critical_path(classes, last: int, topology, slow, op_key, group_cost, count
     segment: the chip (class representative), the ops, and the links their collectives used."""
     cl = classes[last]
     k = int(np.argmax(cl.end))
+    # Times as Python floats (the same values; an array indexed op by op is much slower).
+    start_of = [c.start.tolist() for c in classes]
+    end_of = [c.end.tolist() for c in classes]
     steps: list[tuple[int, int]] = []
     core_prev: dict[int, dict[int, int]] = {}
     for c in classes:
@@ -991,8 +988,9 @@ def _critical_path(classes, last: int, topology, slow, op_key, group_cost, count
             cands.append(core_prev[c][k])
         if not cands:
             break
-        k = max(cands, key=lambda d: (st.end[d], d))
-        if st.end[k] <= 0 and st.start[k] <= 0 and not st.ops[k].deps:
+        end = end_of[c]
+        k = max(cands, key=lambda d: (end[d], d))
+        if end[k] <= 0 and start_of[c][k] <= 0 and not st.ops[k].deps:
             steps.append((c, k))
             break
     steps.reverse()
@@ -1004,12 +1002,12 @@ def _critical_path(classes, last: int, topology, slow, op_key, group_cost, count
             segments.append({
                 "_class": c, "chip": _coords_text(topology, st.rep),
                 "chips_in_class": 0, "first_op": op.name, "last_op": op.name, "num_ops": 0,
-                "start_s": float(st.start[k]), "end_s": float(st.end[k]), "links": [],
+                "start_s": start_of[c][k], "end_s": end_of[c][k], "links": [],
             })
         seg = segments[-1]
         seg["last_op"] = op.name
         seg["num_ops"] += 1
-        seg["end_s"] = float(st.end[k])
+        seg["end_s"] = end_of[c][k]
         if k in st.coll_cost:
             _, costs = group_cost[op_key[(st.prog, k)]]
             add_path_links(seg["links"], st.coll_cost[k], costs[0], topology, dead, slow)

@@ -218,6 +218,7 @@ def hbm_occupancy(trace: Trace, end, pp: int) -> tuple[float, dict[str, float], 
     else:
         level["other"] += static
     raw = meta.get("memory_events")
+    end = _floats(end)
     if raw is not None:
         events = []
         for ev in raw:
@@ -227,9 +228,9 @@ def hbm_occupancy(trace: Trace, end, pp: int) -> tuple[float, dict[str, float], 
                     f"trace memory event {ev!r} names op {op_id} or category {cat!r}, which the "
                     f"trace lacks (categories: {', '.join(MEMORY_CATEGORIES)}); recompile it"
                 )
-            events.append((float(end[op_id]), op_id, cat, delta))
+            events.append((end[op_id], op_id, cat, delta))
     else:
-        events = [(float(end[o.id]), o.id, "other", o.alloc_bytes - o.free_bytes)
+        events = [(end[o.id], o.id, "other", o.alloc_bytes - o.free_bytes)
                   for o in trace.ops if o.alloc_bytes or o.free_bytes]
     events.sort(key=lambda e: (e[0], e[1]))
 
@@ -617,18 +618,27 @@ def replay(
 
 def _op_rows(trace, bound, start, end) -> list[tuple]:
     """The ops table's rows (OP_COLUMNS; chip 0) of one chip's timeline."""
+    start, end = _floats(start), _floats(end)
     return [(
         0, o.id, o.name, str(o.kind), str(o.unit) if o.kind == OpKind.COMPUTE else bound[o.id],
-        bound[o.id], o.layer, o.phase, float(start[o.id]), float(end[o.id]), float(o.flops),
+        bound[o.id], o.layer, o.phase, start[o.id], end[o.id], float(o.flops),
         float(o.hbm_bytes if o.kind == OpKind.COMPUTE else o.bytes), o.collective,
         ",".join(o.mesh_axes),
     ) for o in trace.ops]
+
+
+def _floats(a) -> list[float]:
+    """An array of times as Python floats (the same values; indexing a list element by element
+    is several times faster than an array's)."""
+    return a.tolist() if isinstance(a, np.ndarray) else [float(x) for x in a]
 
 
 def _summarize(trace, chip, topology, dur, bound, start, end, net, costs, lm, mxu_rate,
                vpu_rate, hbm_bw) -> StepResult:
     ops = trace.ops
     step = float(end.max(initial=0.0))
+    end_a = end
+    start, end = _floats(start), _floats(end)
     # Pipeline bubble: the (p-1) idle stage slots of GPipe/1F1B, each as long as one
     # microbatch's forward+backward on a stage (the standard bubble, tpu.md §4 pipeline row).
     pp = int(trace.meta.get("pipeline_stages", 1))
@@ -681,14 +691,15 @@ def _summarize(trace, chip, topology, dur, bound, start, end, net, costs, lm, mx
         (0, "pcie", pcie_busy, pcie_busy / total if total else 0.0),
     ]
     links = []
+    net_bytes, net_busy = net.bytes, net.busy_s
     for c in range(NUM_CLASSES):  # the HBM resource (index NUM_CLASSES) is reported in units
-        if net.bytes[c] <= 0:
+        if net_bytes[c] <= 0:
             continue
         cap = lm.class_capacity_bytes_per_s[c]
-        links.append((CLASS_NAMES[c], float(net.bytes[c]), float(net.busy_s[c]),
-                      float(net.bytes[c] / (cap * total)) if total else 0.0))
+        links.append((CLASS_NAMES[c], float(net_bytes[c]), float(net_busy[c]),
+                      float(net_bytes[c] / (cap * total)) if total else 0.0))
 
-    peak, peak_parts, mem = hbm_occupancy(trace, end, pp)
+    peak, peak_parts, mem = hbm_occupancy(trace, end_a, pp)
     cap = chip.hbm_bytes
     coll_summary = {
         f"{k[0]} {'/'.join(g.name for g in k[1])} {k[2]}B"

@@ -209,6 +209,7 @@ class SmallFluidNetwork(FluidNetwork):
         self._bytes = [0.0] * self.num_resources
         self._busy = [0.0] * self.num_resources
         self._used: list[int] = []  # resources carrying a batch now (ascending)
+        self._hop_cache: dict[int, tuple] = {}
         self._active: dict[int, list] = {}
         self._next_id = 0
         self._last_t = 0.0
@@ -225,18 +226,23 @@ class SmallFluidNetwork(FluidNetwork):
     def busy_s(self) -> np.ndarray:  # type: ignore[override]
         return np.array(self._busy)
 
-    @staticmethod
-    def _hops(batch: Batch) -> tuple[list[int], list[float]]:
-        """(resource of every hop, bytes of every hop, all repetitions) as Python lists."""
+    def _hops(self, batch: Batch) -> tuple[list[int], list[float]]:
+        """(resource of every hop, bytes of every hop, all repetitions) as Python lists; kept
+        per batch object (a collective's batch is shared by all its ops)."""
+        hit = self._hop_cache.get(id(batch))
+        if hit is not None and hit[0] is batch:
+            return hit[1], hit[2]
         res = batch.res.tolist()
         if len(res) == len(batch.ptr) - 1:
-            return res, (batch.bytes_per_transfer * batch.repeat).tolist()
-        return res, batch.hop_weights.tolist()
+            w = (batch.bytes_per_transfer * batch.repeat).tolist()
+        else:
+            w = batch.hop_weights.tolist()
+        self._hop_cache[id(batch)] = (batch, res, w)  # holds the batch: its id stays its own
+        return res, w
 
     def transfer(self, batch: Batch) -> simpy.Event:
         if not (math.isfinite(batch.latency_s) and batch.latency_s >= 0):
             raise RuntimeError(f"invariant violated: a batch latency of {batch.latency_s} s")
-        done = self.env.event()
         res, w = self._hops(batch)
         # np.bincount's order: the batch's own sum per resource first, then added to the total.
         own: dict[int, float] = {}
@@ -245,14 +251,31 @@ class SmallFluidNetwork(FluidNetwork):
         for r, x in own.items():
             self._bytes[r] += x
         if batch.num_transfers == 0 or max(batch.bytes_per_transfer.tolist(), default=0) <= 0:
+            done = self.env.event()
             t = self.env.timeout(batch.latency_s)
             t.callbacks.append(lambda _ev: done.succeed())
             return done
-        if batch.latency_s > 0:
-            t = self.env.timeout(batch.latency_s)
-            t.callbacks.append(lambda _ev: self._admit_hops(batch, done, res, w))
+        return self._start(res, w, batch.latency_s, batch.max_speed)
+
+    def transfer_one(self, resource: int, nbytes: float, latency_s: float,
+                     max_speed: float = math.inf) -> simpy.Event:
+        """`transfer` of a batch of one transfer of `nbytes` > 0 over one resource (a compute
+        op's HBM traffic), without building the `Batch`: the same events and arithmetic."""
+        if not (math.isfinite(latency_s) and latency_s >= 0):
+            raise RuntimeError(f"invariant violated: a batch latency of {latency_s} s")
+        if not nbytes > 0:
+            raise RuntimeError(f"invariant violated: transfer_one of {nbytes} bytes")
+        self._bytes[resource] += nbytes
+        return self._start([resource], [nbytes], latency_s, max_speed)
+
+    def _start(self, res: list[int], w: list[float], latency_s: float,
+               max_speed: float) -> simpy.Event:
+        done = self.env.event()
+        if latency_s > 0:
+            t = self.env.timeout(latency_s)
+            t.callbacks.append(lambda _ev: self._admit_hops(res, w, max_speed, done))
         else:
-            self._admit_hops(batch, done, res, w)
+            self._admit_hops(res, w, max_speed, done)
         return done
 
     def _advance(self) -> None:
@@ -268,38 +291,40 @@ class SmallFluidNetwork(FluidNetwork):
 
     def _admit(self, batch: Batch, done: simpy.Event) -> None:
         res, w = self._hops(batch)
-        self._admit_hops(batch, done, res, w)
+        self._admit_hops(res, w, batch.max_speed, done)
 
-    def _admit_hops(self, batch: Batch, done: simpy.Event, res: list[int],
-                    w: list[float]) -> None:
+    def _admit_hops(self, res: list[int], w: list[float], max_speed: float,
+                    done: simpy.Event) -> None:
         self._advance()
         bid = self._next_id
         self._next_id += 1
-        # [batch, remaining fraction, speed, done event, (hop resources, hop bytes)]
-        self._active[bid] = [batch, 1.0, 0.0, done, (res, w)]
+        # [cap on its speed, remaining fraction, speed, done event, hop resources, hop bytes]
+        self._active[bid] = [max_speed, 1.0, 0.0, done, res, w]
         self._reschedule()
 
     def _reschedule(self) -> None:
         self.num_events += 1
-        finished = [bid for bid, e in self._active.items() if e[1] <= 1e-12]
+        active = self._active
+        finished = [bid for bid, e in active.items() if e[1] <= 1e-12]
         for bid in finished:
-            self._active.pop(bid)[3].succeed()
-        if not self._active:
+            active.pop(bid)[3].succeed()
+        if not active:
             self._used = []
             return
-        entries = list(self._active.values())
-        load = [0.0] * self.num_resources
+        entries = list(active.values())
+        # np.bincount's sums: per resource, 0.0 plus every hop's bytes in entry order.
+        load: dict[int, float] = {}
         for e in entries:
-            res, w = e[4]
-            for r, x in zip(res, w, strict=True):
-                load[r] += x
+            for r, x in zip(e[4], e[5], strict=True):
+                load[r] = load.get(r, 0.0) + x
         cap = self._cap
-        self._used = [r for r, x in enumerate(load) if x > 0]
-        # pace = capacity / load on loaded resources (a batch only reads those it uses)
-        pace = [cap[r] / x if x > 0 else math.inf for r, x in enumerate(load)]
+        self._used = [r for r, x in load.items() if x > 0]
+        # pace = capacity / load, infinite where nothing is loaded (a zero-byte hop)
+        pace = {r: cap[r] / x if x > 0 else math.inf for r, x in load.items()}
         next_dt = math.inf
         for e in entries:
-            speed = min(min(pace[r] for r in e[4][0]), e[0].max_speed)
+            res = e[4]
+            speed = min(pace[res[0]] if len(res) == 1 else min(pace[r] for r in res), e[0])
             e[2] = speed
             next_dt = min(next_dt, e[1] / speed)
         self._version += 1
