@@ -15,6 +15,7 @@ from topologies.slices import resolve_topology
 from workloads.memory import (
     LayerShapeSpec,
     attention_temporaries,
+    deferred_head_gradient_bytes,
     loss_tensors,
     offloaded_tensors,
     saved_tensors,
@@ -283,3 +284,33 @@ def test_a_layers_backward_holds_three_activation_gradients():
                                                    "attn_proj_bwd", "softmax_bwd"))]
     assert got[0] == 2 * (n / 2 + 2 * n) * D
     assert sum(got) == 0 and len(got) == 2 * 2  # allocated and freed once per layer
+
+
+def test_a_deferred_head_gradient_holds_bf16_logits_and_the_final_norm_output():
+    # 100 tokens, d_model 8, 32 local logits: (32 + 8) x 2 bytes per token.
+    kw = dict(rows=100, d_model=8, local_vocab=32)
+    assert deferred_head_gradient_bytes(**kw, tensor=2, fsdp=2, fsdp_gather="blocking") == \
+        100 * (32 + 8) * 2
+    # Only split over tensor, sharded over fsdp and with blocking gathers.
+    assert deferred_head_gradient_bytes(**kw, tensor=1, fsdp=2, fsdp_gather="blocking") == 0
+    assert deferred_head_gradient_bytes(**kw, tensor=2, fsdp=1, fsdp_gather="blocking") == 0
+    for gather in ("async", "windowed"):
+        assert deferred_head_gradient_bytes(**kw, tensor=2, fsdp=2, fsdp_gather=gather) == 0
+
+
+@pytest.mark.parametrize("gather", ["blocking", "async"])
+def test_blocking_fsdp_x_tensor_keeps_the_logits_path_through_the_backward_loop(gather):
+    trace, res = _long(Remat.FULL, "fsdp=2,tensor=2", "2x2", gather=gather)
+    n, D, V = 4096, 64, 256  # tokens per chip (tensor shards see all), d_model, vocab
+    ops = trace.ops
+    logits = [(ops[i], delta) for i, cat, delta in trace.meta["memory_events"]
+              if cat == "logits"]
+    held = n * (V / 2 + D) * 2 if gather == "blocking" else 0.0
+    # f32 logits and bf16 gradients at the loss; `held` of it outlives the logits' backward
+    # matmul until the last layer's backward has ended.
+    assert [(op.name, delta) for op, delta in logits][:2] == [
+        ("logits", n * V / 2 * 6), ("logits_bwd", -n * V / 2 * 6 + held)]
+    assert sum(delta for _, delta in logits) == 0
+    if held:
+        assert logits[-1][0].layer == 0 and logits[-1][0].phase == "bwd"
+    assert res.memory.logits.max() == n * V / 2 * 6

@@ -211,6 +211,29 @@ def loss_tensors(*, rows: float, local_vocab: float, act_bytes: float = 2.0,
                         producer="logits"))
 
 
+def deferred_head_gradient_bytes(*, rows: float, d_model: int, local_vocab: float,
+                                 tensor: int, fsdp: int, fsdp_gather: str,
+                                 act_bytes: float = 2.0) -> float:
+    """Bytes of the logits path that stay live through the whole backward layer loop (per
+    chip): 0, or, when XLA defers the output projection's weight gradient past the loop, the
+    bf16 logits it recomputes the logit gradients from (2 bytes per local logit) and the final
+    norm's output ([tokens, d_model] bf16) that gradient reads.
+
+    XLA defers it when the output projection is split over `tensor` and sharded over `fsdp`
+    and the weight gathers are blocking (v5p's compile of an fsdp x tensor program): the
+    logit gradients are never materialised, each consumer (the input-gradient matmul, every
+    ring step of the weight gradient's windowed reduce-scatter) recomputes them from the bf16
+    logits, and that reduce-scatter is scheduled after the backward loop. Source: the live
+    ranges of `benchmarks/xla_memory.py`'s v5p fsdp=4 x tensor=4 `full` program (the bf16
+    [tokens, vocab / 4] logits and a [tokens, d_model] copy of the final norm's output are
+    live at its peak, inside the backward loop); with async or windowed gathers, or without a
+    tensor axis (the v5e, v6e and v5p fsdp programs) they die at the logits' backward.
+    """
+    if tensor <= 1 or fsdp <= 1 or fsdp_gather != "blocking":
+        return 0.0
+    return rows * (local_vocab + d_model) * act_bytes
+
+
 def offloaded_tensors(shape: LayerShapeSpec, *, attention: str,
                       act_bytes: float = 2.0) -> tuple[SavedTensor, ...]:
     """What `--remat offload` sends to host memory: the minimal set minus the layer input."""
@@ -224,6 +247,7 @@ __all__ = [
     "MemoryCategory",
     "SavedTensor",
     "attention_temporaries",
+    "deferred_head_gradient_bytes",
     "loss_tensors",
     "offloaded_tensors",
     "saved_tensors",

@@ -24,6 +24,7 @@ from workloads.memory import (
     LayerShapeSpec,
     MemoryCategory,
     attention_temporaries,
+    deferred_head_gradient_bytes,
     loss_tensors,
     offloaded_tensors,
     saved_tensors,
@@ -733,6 +734,7 @@ class _Compiler:
                 send = self.coll("pipeline_send_fwd", "collective-permute", ("pipeline",),
                                  self.rows() * D * a, [prev], d.layers - 1, "fwd")
                 prev = send if send is not None else prev
+            held = 0.0  # logits-path bytes live through the backward loop
             if not self.head_on:
                 # A pipeline chunk before the last: its output gradient arrives from the next.
                 final_norm = prev = b.add("stage_grad_input", kind=OpKind.COMPUTE,
@@ -759,8 +761,11 @@ class _Compiler:
                 # gradients (workloads/memory.py), plus the gathered output projection; all die
                 # with the logits' backward matmul.
                 lt = loss_tensors(rows=n, local_vocab=V / d.tp, act_bytes=a)
+                held = deferred_head_gradient_bytes(
+                    rows=n, d_model=D, local_vocab=V / d.tp, act_bytes=a, tensor=d.tp,
+                    fsdp=d.fs, fsdp_gather=cfg.fsdp_gather if overlap else "blocking")
                 self.mem(logits, G.LOGITS, sum(t.num_bytes for t in lt))
-                self.mem(dx, G.LOGITS, -sum(t.num_bytes for t in lt))
+                self.mem(dx, G.LOGITS, -sum(t.num_bytes for t in lt) + held)
                 self.mem(dx, G.GATHERED_WEIGHTS, -emb_w if emb_g is not None else 0.0)
                 # The input gradient is summed over the vocab shards (reduce-scattered when the
                 # activations are sharded, all-reduced when they are replicated).
@@ -860,6 +865,7 @@ class _Compiler:
                     last_grad_ops.append(rs)
                 prev = out
             self.mem(prev, G.SAVED_ACTIVATIONS, -stack)
+            self.mem(prev, G.LOGITS, -held)  # the deferred head weight gradient is done
             if d.pp > 1 and self.sends_on:
                 send = self.coll("pipeline_send_bwd", "collective-permute", ("pipeline",),
                                  self.rows() * D * a, [prev], 0, "bwd")
