@@ -144,6 +144,39 @@ def test_sweep_rows_equal_the_single_command_number_for_number(tmp_path, capsys,
     assert (out / "plot_step_time_s_vs_set_ici_link_bytes_per_s.png").stat().st_size > 0
 
 
+def test_points_run_in_one_worker_equal_each_point_run_with_cold_caches(tiny_model):
+    """A worker keeps compiled traces, collective schedules and costs between points (the sweep
+    speed-up): a point must give the very result it gives alone in a fresh process. Here every
+    point runs after others that share its mesh or its chip numbers, and is compared, whole
+    result including `inputs`, with the same point after every cache was emptied."""
+    from sim import collectives, engine
+    from sim.study import run_point
+    from workloads import training
+
+    def cold():
+        training._TRACE_CACHE.clear()
+        engine._COST_CACHE.clear()
+        collectives._SCHEDULE_CACHE.clear()
+
+    s = _study(tiny_model, zip={"mesh": ["fsdp=4", "fsdp=4", "fsdp=2,tensor=2"],
+                                "remat": ["full", "full", "minimal"],
+                                "set.hbm_bytes_per_s": ["x1", "x1.5", "x1"]}, plot=None)
+    study = load_study(s)
+    argvs = [point_argv(study, p) for p in study.points()]
+    cold()
+    warm = [run_point(a) for a in argvs]
+    assert len(training._TRACE_CACHE) == 2  # one trace per (mesh, remat), reused
+    runs = []
+    for a in argvs:
+        cold()
+        runs.append(run_point(a))
+    assert all("result" in r for r in warm + runs)
+    for w, r in zip(warm, runs, strict=True):
+        assert w["result"] == r["result"]
+    # The chip numbers reach the result: no two points give the same step time.
+    assert len({r["result"]["step_time_s"] for r in runs}) == len(argvs)
+
+
 def test_failed_points_are_rows_with_their_error(tiny_model):
     s = _study(tiny_model, grid={"mesh": ["fsdp=4", "fsdp=3", "fsdp=2,tensor=2"]}, plot=None)
     s.pop("zip")
