@@ -76,6 +76,7 @@ class Case:
     mesh: str
     dcn: str
     remat: Remat
+    axis_map: str = ""  # `--axis-map` of a MaxText custom device order ("" = default placement)
     maxtext_remat: str
     seq_len: int
     batch_per_chip: int
@@ -104,7 +105,8 @@ class Case:
 
     @property
     def mesh_label(self) -> str:
-        return self.mesh + (f" dcn {self.dcn}" if self.dcn else "")
+        return self.mesh + (f" dcn {self.dcn}" if self.dcn else "") + (
+            f" axis-map {self.axis_map}" if self.axis_map else "")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -173,8 +175,8 @@ def _model_for(raw: dict) -> TransformerSpec | str:
         return f"model not expressible: {exc}"
 
 
-def _mesh_for(raw: dict) -> tuple[str, str] | str:
-    """(ICI mesh, DCN mesh) strings for `parse_mesh`, or the reason there is none."""
+def _mesh_for(raw: dict) -> tuple[str, str, str] | str:
+    """(ICI mesh, DCN mesh, axis map) strings for `parse_mesh`, or the reason there is none."""
     par = raw.get("parallelism") or {}
     ici: dict[str, int] = {}
     dcn: dict[str, int] = {}
@@ -207,34 +209,75 @@ def _mesh_for(raw: dict) -> tuple[str, str] | str:
         return f"DCN parallelism {dcn} does not match {slices} slices"
     order = ("data", "fsdp", "expert", "tensor")
     fmt = lambda d: ",".join(f"{a}={d[a]}" for a in order if d.get(a, 1) > 1)  # noqa: E731
-    return fmt(ici) or f"fsdp={chips}", fmt(dcn)
+    axis_map = _custom_mesh_axis_map(par.get("custom_mesh"), ici)
+    if axis_map.startswith("!"):
+        return axis_map[1:]
+    return fmt(ici) or f"fsdp={chips}", fmt(dcn), axis_map
 
 
-def remat_for(text: str, custom: Remat = Remat.FULL) -> Remat:
+# MaxText's custom device orders for a 16x16 slice (`maxtext.utils.max_utils.
+# reshape_mesh_to_rings`): `hybrid_ring_64x4` makes the size-4 mesh axis a 2x2 block of chips
+# (a ring of 4 using both torus axes) and the size-64 axis the 8x8 grid of those blocks;
+# `hybrid_ring_32x8` the size-8 axis a 2x4 block and the size-32 axis the 8x4 grid of blocks.
+_CUSTOM_MESHES = {"hybrid_ring_64x4": (4, "x:2+y:2", 64, "x:8+y:8"),
+                  "hybrid_ring_32x8": (8, "x:4+y:2", 32, "x:4+y:8")}
+
+
+def _custom_mesh_axis_map(name: str | None, ici: dict[str, int]) -> str:
+    """`--axis-map` text reproducing a MaxText custom mesh ("" for none; "!reason" if it does
+    not apply to the run's axes)."""
+    if not name:
+        return ""
+    if name not in _CUSTOM_MESHES:
+        return f"!custom mesh {name!r} has no tpusim placement"
+    ring, ring_map, grid, grid_map = _CUSTOM_MESHES[name]
+    big = {a: v for a, v in ici.items() if v > 1}
+    by_size = {v: a for a, v in big.items()}
+    if sorted(big.values()) != sorted((ring, grid)) or len(by_size) != 2:
+        return f"!custom mesh {name} needs ICI axes of {grid} and {ring}, the run has {ici}"
+    return f"{by_size[ring]}={ring_map},{by_size[grid]}={grid_map}"
+
+
+# The shipped mapping of the recipes' custom policies (each to the tpusim policy that names
+# what it offloads); the fit's remat check replaces it by one policy for all of them.
+NAMED = "named"
+
+
+def remat_for(text: str, custom: Remat | None = None) -> Remat:
     """MaxText remat policy -> tpusim Remat (see docs/validation.md, "Remat mapping").
 
-    `full` and `minimal` map directly. The `custom` / `qkv_proj_offloaded` policies of the
-    tpu-recipes keep (or offload to host) only the decoder-layer input and the attention
-    projections and *rematerialise the rest*, i.e. the MLP matmuls (60-80% of a layer's matmul
-    FLOPs) and the attention core are recomputed in the backward pass. Their compute is therefore
-    that of `Remat.FULL` (within ~10-20% of the recompute), and the host offload runs
-    concurrently with compute; `Remat.FULL` is used for them.
+    `full` and `minimal` map directly. The tpu-recipes' `custom` policies offload the
+    decoder-layer input and the outputs of the named projections to host memory and
+    *rematerialise the rest*: with query/key/value (and out) projections named they are
+    `Remat.QKV_OFFLOAD` (`Remat.QKVO_OFFLOAD`), as is MaxText's `qkv_proj_offloaded`; a custom
+    policy naming only the layer input, or keeping the projections rematerialised, is
+    `Remat.FULL`. `custom` (the fit's remat check) maps every custom / qkv_proj_offloaded
+    policy to that one policy instead.
     """
     t = text.strip().lower()
     if t.startswith("minimal"):
         return Remat.MINIMAL
-    if t.startswith(("custom", "qkv_proj")):
+    if not t.startswith(("custom", "qkv_proj")):
+        return Remat.FULL
+    if custom is not None:
         return custom
-    return Remat.FULL
+    if t.startswith("qkv_proj_offloaded"):
+        return Remat.QKV_OFFLOAD
+    if "projections rematerialized" in t or not any(
+            k in t for k in ("query_proj", "q/k/v", "query/key/value")):
+        return Remat.FULL
+    if any(k in t for k in ("out_proj", "q/k/v/out")):
+        return Remat.QKVO_OFFLOAD
+    return Remat.QKV_OFFLOAD
 
 
 def load_cases(
-    path: Path = RUNS_FILE, *, custom_remat: Remat = Remat.FULL
+    path: Path = RUNS_FILE, *, custom_remat: Remat | None = None
 ) -> tuple[list[Case], list[Skip]]:
     """Every v5e / v6e training run of the reference file, as usable cases or skips.
 
     `custom_remat` is the tpusim policy used for MaxText's custom / qkv_proj_offloaded policies
-    (the fit's remat check tries the alternatives).
+    (None: the named mapping of `remat_for`; the fit's remat check tries the alternatives).
     """
     raws = json.loads(path.read_text())
     cases: list[Case] = []
@@ -303,7 +346,8 @@ def load_cases(
         cases.append(Case(
             id=cid, index=counters[chip], chip=chip,
             slice_name=raw["hardware"]["slice"], num_slices=slices, model=model,
-            mesh=mesh[0], dcn=mesh[1], remat=remat_for(rem_text, custom_remat),
+            mesh=mesh[0], dcn=mesh[1], axis_map=mesh[2],
+            remat=remat_for(rem_text, custom_remat),
             maxtext_remat=rem_text.split(" ")[0], seq_len=int(seq), batch_per_chip=int(pdbs),
             measured_step_s=float(step), measured_tokens_s=float(tok_s), step_source=source,
             quality=quality, notes=tuple(notes), capacity_factor=float(cf) if cf else None,
@@ -340,7 +384,8 @@ def _trace(case: Case):
                              remat=case.remat, attention="flash",
                              moe=MoeConfig(capacity_factor=case.capacity_factor),
                              dp_allreduce=case.dp_allreduce)
-        trace = compile_training_step(case.model, parse_mesh(case.mesh, case.dcn or None),
+        trace = compile_training_step(case.model, parse_mesh(case.mesh, case.dcn or None,
+                                                             case.axis_map or None),
                                       topo.num_chips, cfg)
         _TRACES[key] = (trace, topo)
     return _TRACES[key]
@@ -394,7 +439,7 @@ MXU_GRID = tuple(round(0.50 + 0.01 * i, 2) for i in range(51))  # 0.50 .. 1.00
 SCAN_GRID = (1.0, 0.9, 0.8, 0.7)  # hbm / ici values scanned for identifiability
 # dcn_message_overhead_s values (seconds per DCN message) fitted jointly with the MXU factor on
 # v5e, the generation whose runs are data-parallel over 1-32 slices.
-DCN_GRID = (0.0, 0.5e-3, 0.75e-3, 1.0e-3, 1.5e-3)
+DCN_GRID = (0.0, 0.25e-3, 0.5e-3, 0.75e-3, 1.0e-3, 1.5e-3)
 DCN_FIT_GENERATIONS = ("v5e",)
 
 
@@ -457,14 +502,15 @@ def fit_job(job: tuple[str, str, str, bool, str]) -> FitResult:
     Top-level so that it can run in a worker process; it rebuilds its cases from the file.
     """
     generation, subset, custom_remat, scan, runs = job
-    cases, _ = load_cases(Path(runs), custom_remat=Remat(custom_remat))
+    cases, _ = load_cases(Path(runs), custom_remat=None if custom_remat == NAMED
+                          else Remat(custom_remat))
     chosen = subset_cases(cases, generation, subset)
     roof = get_chip(generation).with_overrides(
         mxu_efficiency=1.0, hbm_efficiency=1.0, ici_efficiency=1.0, vpu_efficiency=1.0,
         dcn_efficiency=1.0, op_overhead_s=0.0)
     dcn_scan = []
     evals = 0
-    if generation in DCN_FIT_GENERATIONS and custom_remat == Remat.FULL:
+    if generation in DCN_FIT_GENERATIONS and custom_remat == NAMED:
         # The per-message DCN overhead and the MXU factor, jointly: the MXU factor re-optimised
         # at every grid value, the pair with the lowest objective kept.
         start = 0.80
@@ -494,7 +540,7 @@ def fit_job(job: tuple[str, str, str, bool, str]) -> FitResult:
                                    strides=(1,))
                 res.evaluations += e
                 out.append((value, m, o))
-    if subset == "odd" and custom_remat != Remat.FULL:
+    if subset == "odd" and custom_remat != NAMED:
         every = [c for c in cases if c.chip == generation and not c.low_quality]
         res.all_median_abs = median_abs(
             [predict(c, roof.with_overrides(mxu_efficiency=mxu)) for c in every])
@@ -506,8 +552,8 @@ def run_fits(runs: Path, jobs: int) -> list[FitResult]:
     todo = []
     for g in GENERATIONS:
         for subset in ("odd", "even"):
-            todo.append((g, subset, str(Remat.FULL), True, str(runs)))
-    for alt in (Remat.OFFLOAD, Remat.MINIMAL):
+            todo.append((g, subset, NAMED, True, str(runs)))
+    for alt in (Remat.FULL, Remat.OFFLOAD, Remat.MINIMAL):
         todo.append(("v6e", "odd", str(alt), False, str(runs)))
     if jobs > 1:
         import multiprocessing as mp
@@ -619,7 +665,7 @@ def _md_table(header: tuple[str, ...], rows: list[tuple[str, ...]], right_from: 
 def _fits_rows(fits: list[FitResult]) -> list[tuple[str, ...]]:
     rows = []
     for f in fits:
-        if f.custom_remat != Remat.FULL:
+        if f.custom_remat != NAMED:
             continue
         def best(scan):
             if not scan:
@@ -747,9 +793,9 @@ def render_doc(cases: list[Case], skips: list[Skip], preds: list[Prediction],
                stats: dict[str, dict[str, float]], fits: list[FitResult]) -> str:
     """docs/validation.md (deterministic: depends only on the data, the code and the presets)."""
     shipped = shipped_factors()
-    by_gen = {f.generation: f for f in fits if f.subset == "odd" and f.custom_remat == Remat.FULL}
-    other = {f.generation: f for f in fits if f.subset == "even" and f.custom_remat == Remat.FULL}
-    alt = [f for f in fits if f.custom_remat != Remat.FULL]
+    by_gen = {f.generation: f for f in fits if f.subset == "odd" and f.custom_remat == NAMED}
+    other = {f.generation: f for f in fits if f.subset == "even" and f.custom_remat == NAMED}
+    alt = [f for f in fits if f.custom_remat != NAMED]
     good = [p for p in preds if not p.case.low_quality]
     low = [p for p in preds if p.case.low_quality]
     ok = stats["all"]["median_abs"] <= TARGET_MEDIAN
@@ -858,7 +904,7 @@ def render_doc(cases: list[Case], skips: list[Skip], preds: list[Prediction],
           f"{', '.join(f'{o:.4f}' for _, _, o in e.ici_scan) if e else '-'} (even), for "
           f"{', '.join(f'{v:.1f}' for v in SCAN_GRID)}.")
     w("")
-    scan_fits = [f for f in fits if f.custom_remat == Remat.FULL and f.hbm_scan]
+    scan_fits = [f for f in fits if f.custom_remat == NAMED and f.hbm_scan]
     if not scan_fits:
         w("The `hbm_efficiency` / `ici_efficiency` identifiability scans and the remat mapping "
           "check were not re-run for this fit (`--reuse-fits` with a fit of the shipped knobs "
@@ -1043,7 +1089,7 @@ def main(argv: list[str] | None = None) -> int:
         print_fits(fits)
         shipped = shipped_factors()
         for f in fits:
-            if f.subset == "odd" and f.custom_remat == Remat.FULL:
+            if f.subset == "odd" and f.custom_remat == NAMED:
                 if abs(shipped[f.generation]["mxu_efficiency"] - f.mxu) > 1e-9:
                     print(f"\nNOTE: {f.generation} ships mxu_efficiency="
                           f"{shipped[f.generation]['mxu_efficiency']} but the fit gives {f.mxu}")

@@ -589,6 +589,20 @@ AUTO_CANDIDATES = {
 }
 AUTO_CANDIDATES["reduce-scatter"] = AUTO_CANDIDATES["all-gather"]
 AUTO_CANDIDATES["all-reduce"] = AUTO_CANDIDATES["all-gather"]
+# Across slices (a group spanning only `dcn`) the collective runs as a ring or direct exchange
+# of 2(N-1) messages per chip over N slices, never by recursive halving/doubling (2 log2 N):
+# the measured MaxText slowdown with slice count grows linearly in N (docs/validation.md,
+# v5e 1-32 slices), and with a per-message DCN cost halving-doubling would make it grow as
+# log N. `--algorithm halving-doubling` still simulates it on request.
+DCN_EXCLUDED = frozenset({"halving-doubling"})
+
+
+def _dcn_only(axes) -> bool:
+    """Whether a collective's axes (names, "a,b" text or `GroupAxis`es) are all `dcn`."""
+    if isinstance(axes, str):
+        axes = tuple(a.strip() for a in axes.split(",") if a.strip())
+    return bool(axes) and all(
+        (a.is_dcn if isinstance(a, GroupAxis) else a == DCN_AXIS) for a in axes)
 
 
 def _auto_best(**kw) -> CollectiveResult:
@@ -596,7 +610,14 @@ def _auto_best(**kw) -> CollectiveResult:
     first_error: TpusimError | None = None
     seen: list[dict[str, Any]] = []
     bound = _bound_context(kw)
+    dcn_only = _dcn_only(kw["axes"])
     for cand in AUTO_CANDIDATES[str(kw["op"])]:
+        if dcn_only and cand in DCN_EXCLUDED:
+            seen.append({"algorithm": cand, "time_s": None,
+                         "reason": "not a candidate across slices: cross-slice "
+                                   "collectives are modelled as 2(N-1) messages per chip "
+                                   "(ring or direct; docs/model.md)"})
+            continue
         if best is not None and bound is not None:
             # A candidate whose lower bound is no better than the best so far cannot win
             # (ties go to the earlier candidate): skip its simulation.

@@ -1107,3 +1107,23 @@ def test_schedules_are_memoised_and_equal_to_a_fresh_build():
     for _ in range(2):
         with pytest.raises(TpusimError):
             build_schedule(CollectiveKind.ALL_TO_ALL, gaxes, 1024.0, "multi-axis")
+
+
+@pytest.mark.parametrize("slices", [4, 8])
+def test_auto_across_slices_exchanges_two_n_minus_one_messages_not_log_n(slices):
+    """Over `dcn` alone, `auto` never takes halving-doubling (docs/model.md "DCN"): with a
+    per-message cost o, a direct all-reduce over N slices pays exactly 2(N-1) o more."""
+    topo = _topo("v5e", "4x4", slices=slices)
+    base = get_chip("v5e").with_overrides(dcn_message_overhead_s=0.0)
+    o = 1e-3
+    kw = dict(topology=topo, op="all-reduce", axes=("dcn",), nbytes=1 << 20)
+    r0 = simulate_collective(chip=base, **kw)
+    r1 = simulate_collective(chip=base.with_overrides(dcn_message_overhead_s=o), **kw)
+    assert r1.algorithm == "auto (direct)"
+    assert r1.time_s - r0.time_s == pytest.approx(2 * (slices - 1) * o, rel=1e-9)
+    hd = [c for c in r1.auto_candidates if c["algorithm"] == "halving-doubling"]
+    assert hd[0]["time_s"] is None and "across slices" in hd[0]["reason"]
+    # Asked for by name, halving-doubling still runs.
+    r = simulate_collective(chip=base.with_overrides(dcn_message_overhead_s=o),
+                            algorithm="halving-doubling", **kw)
+    assert r.algorithm == "halving-doubling"

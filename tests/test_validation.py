@@ -66,9 +66,14 @@ def test_representative_cases_median_error_within_five_percent(vm, loaded):
 def test_cases_are_built_from_the_reference_as_documented(vm, loaded):
     cases, skips = loaded
     by_id = {c.id: c for c in cases}
-    # fsdp_transpose -> fsdp; custom remat -> full (docs/validation.md, "Remat").
+    # fsdp_transpose -> fsdp; the recipes' remat policies by what they offload
+    # (docs/validation.md, "Remat").
     c = by_id["tpu-recipes-v6e-llama2-70b-v6e-256"]
-    assert (c.mesh, c.dcn, c.remat) == ("fsdp=256", "", Remat.FULL)
+    assert (c.mesh, c.dcn, c.remat) == ("fsdp=256", "", Remat.QKV_OFFLOAD)
+    assert by_id["tpu-recipes-v6e-llama3.1-70b-v6e-32"].remat == Remat.QKV_OFFLOAD
+    assert by_id["tpu-recipes-v6e-llama3.1-8b-v6e-8"].remat == Remat.QKVO_OFFLOAD
+    assert by_id["tpu-recipes-v6e-llama3.1-405b-2x-v6e-256"].remat == Remat.FULL  # input only
+    assert by_id["tpu-recipes-v6e-llama2-70b-v6e-256-oct2024"].remat == Remat.FULL
     assert c.model.num_kv_heads == 8 and c.model.mlp == "swiglu" and not c.model.tied_embeddings
     # dcn_fsdp -> --dcn fsdp=N, with tensor parallelism inside the slice.
     c = by_id["tpu-recipes-v6e-llama3.1-405b-2x-v6e-256-fsdp-dcn-feb2025"]
@@ -78,9 +83,12 @@ def test_cases_are_built_from_the_reference_as_documented(vm, loaded):
     assert c.model.parallel_block and c.model.tied_embeddings and c.model.mlp == "relu"
     assert (c.mesh, c.dcn, c.step_source) == ("fsdp=16,tensor=16", "data=4", "derived")
     assert c.measured_step_s == pytest.approx(15.157, abs=1e-3)
-    # MoE with expert parallelism.
+    # MoE with expert parallelism, on MaxText's hybrid_ring_64x4 device order: each group of
+    # the size-4 axis is a 2x2 block of chips, the size-64 axis the 8x8 grid of blocks.
     c = by_id["tpu-recipes-v6e-mixtral-8x22b-v6e-256"]
     assert c.mesh == "fsdp=64,expert=4" and c.model.num_experts == 8
+    assert c.axis_map == "expert=x:2+y:2,fsdp=x:8+y:8"
+    assert by_id["maxtext-custom-moe-750b-final-cf1.5-v6e-256"].axis_map == ""
     # Every skip says why; Gemma-3 (sliding windows) and MFU-only entries are skipped.
     reasons = {s.id: s.reason for s in skips}
     assert all(reasons.values())
@@ -98,3 +106,24 @@ def test_fit_split_alternates_within_each_generation(vm, loaded):
         assert [c.index for c in good] == list(range(len(good)))
         fit = [c for c in good if c.fit_subset]
         assert len(good) // 2 <= len(fit) <= (len(good) + 1) // 2
+
+
+def test_hybrid_ring_places_each_expert_group_on_a_2x2_block(vm, loaded):
+    from topologies.mesh import parse_mesh, place_mesh
+    from topologies.slices import SLICES
+
+    cases, _ = loaded
+    c = {c.id: c for c in cases}["tpu-recipes-v6e-mixtral-8x22b-v6e-256"]
+    _, topo = vm._trace(c)
+    assert tuple(SLICES.get(c.slice_name).shape) == (16, 16)
+    pl = place_mesh(parse_mesh(c.mesh, None, c.axis_map), topo)
+    # Expert: 2 chips of x and 2 of y, both innermost (stride 1); fsdp: the rest, stride 2.
+    assert sorted(pl["expert"].factors) == [("x", 2, 1), ("y", 2, 1)]
+    assert sorted(pl["fsdp"].factors) == [("x", 8, 2), ("y", 8, 2)]
+
+
+def test_custom_mesh_that_does_not_fit_the_axes_is_a_reason_not_a_crash(vm):
+    assert vm._custom_mesh_axis_map("hybrid_ring_64x4", {"fsdp": 256}).startswith("!")
+    assert vm._custom_mesh_axis_map("hybrid_ring_9x9", {"fsdp": 64, "expert": 4}).startswith("!")
+    assert vm._custom_mesh_axis_map("hybrid_ring_32x8", {"fsdp": 32, "tensor": 8}) == \
+        "tensor=x:4+y:2,fsdp=x:4+y:8"

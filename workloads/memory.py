@@ -79,8 +79,9 @@ def saved_tensors(shape: LayerShapeSpec, *, remat: str, attention: str,
         shape: the layer's per-chip activation widths.
         remat: `none` (keep what the backward reads), `minimal` (keep the outputs of the weight
             matmuls, MaxText's `checkpoint_dots_with_no_batch_dims`; norms, attention and
-            activations are recomputed), `full` (keep the layer input only) or `offload` (the
-            layer input stays in HBM, the minimal set goes to host memory).
+            activations are recomputed), `full` (keep the layer input only), `offload` (the
+            layer input stays in HBM, the minimal set goes to host memory) or `qkv-offload` /
+            `qkvo-offload` (nothing stays: the layer input and the projections go to host).
         attention: `dot` materialises the score matrix; `flash` keeps only its output and the
             f32 log-sum-exp per row and head.
         act_bytes: bytes per activation element (bf16 = 2).
@@ -104,6 +105,8 @@ def saved_tensors(shape: LayerShapeSpec, *, remat: str, attention: str,
                                producer="norm_attn")
     if remat in ("full", "offload"):
         return (layer_input,)
+    if remat in ("qkv-offload", "qkvo-offload"):
+        return ()  # the layer input and the projections live in host memory (offloaded_tensors)
     qkv = (
         SavedTensor(name="q", num_elements=n * s.q_width, dtype_bytes=a,
                     producer="qkv_proj"),
@@ -234,11 +237,20 @@ def deferred_head_gradient_bytes(*, rows: float, d_model: int, local_vocab: floa
     return rows * (local_vocab + d_model) * act_bytes
 
 
-def offloaded_tensors(shape: LayerShapeSpec, *, attention: str,
-                      act_bytes: float = 2.0) -> tuple[SavedTensor, ...]:
-    """What `--remat offload` sends to host memory: the minimal set minus the layer input."""
-    return tuple(t for t in saved_tensors(shape, remat="minimal", attention=attention,
-                                          act_bytes=act_bytes) if t.name != "layer_input")
+def offloaded_tensors(shape: LayerShapeSpec, *, attention: str, act_bytes: float = 2.0,
+                      remat: str = "offload") -> tuple[SavedTensor, ...]:
+    """What a remat policy sends to host memory per layer: under `offload` the minimal set minus
+    the layer input; under `qkv-offload` / `qkvo-offload` (the tpu-recipes' MaxText `custom`
+    policies) the decoder-layer input and the q, k, v projections (and the attention output
+    projection)."""
+    minimal = saved_tensors(shape, remat="minimal", attention=attention, act_bytes=act_bytes)
+    if remat == "offload":
+        return tuple(t for t in minimal if t.name != "layer_input")
+    names = {"qkv-offload": ("layer_input", "q", "k", "v"),
+             "qkvo-offload": ("layer_input", "q", "k", "v", "attn_out_proj")}.get(remat)
+    if names is None:
+        return ()
+    return tuple(t for t in minimal if t.name in names)
 
 
 __all__ = [

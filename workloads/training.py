@@ -39,6 +39,27 @@ class Remat(enum.StrEnum):
     MINIMAL = "minimal"
     FULL = "full"
     OFFLOAD = "offload"
+    # The tpu-recipes' MaxText `custom` policies: the decoder-layer input and the outputs of the
+    # q, k, v projections (and, with `qkvo-offload`, of the attention output projection) are
+    # offloaded to host memory and fetched back for the backward pass; everything else is
+    # recomputed, as under `full`, except those projections.
+    QKV_OFFLOAD = "qkv-offload"
+    QKVO_OFFLOAD = "qkvo-offload"
+
+    @property
+    def recomputes_layer(self) -> bool:
+        """The backward recomputes the layer's forward matmuls (all but the kept ones)."""
+        return self in (Remat.FULL, Remat.QKV_OFFLOAD, Remat.QKVO_OFFLOAD)
+
+    @property
+    def kept_projections(self) -> frozenset[str]:
+        """Projections whose outputs come back from host memory instead of being recomputed."""
+        return {Remat.QKV_OFFLOAD: frozenset({"qkv"}),
+                Remat.QKVO_OFFLOAD: frozenset({"qkv", "out"})}.get(self, frozenset())
+
+    @property
+    def offloads(self) -> bool:
+        return self in (Remat.OFFLOAD, Remat.QKV_OFFLOAD, Remat.QKVO_OFFLOAD)
 
 
 _DTYPE_BYTES = {"bf16": 2, "fp32": 4, "f32": 4, "int8": 1, "int4": 0.5, "fp8": 1}
@@ -375,6 +396,10 @@ class _Compiler:
             plan_routing(model, d.ep, cfg.seq_len // d.sp, cfg.moe) if model.is_moe else None
         )
         self.mem_events: list[list] = []  # [op id, MemoryCategory, +alloc / -free bytes]
+        # Live ends of a recomputed layer besides the op layer_forward returns (ops whose
+        # outputs only the backward reads, e.g. the recomputed attention when its output
+        # projection came back from host memory).
+        self.recompute_leaves: list[int] = []
 
     def mem(self, op_id, category: MemoryCategory, delta: float) -> None:
         """HBM changes by `delta` bytes of `category` when op `op_id` ends."""
@@ -499,6 +524,13 @@ class _Compiler:
         h_loc = H / tp
         wdeps = [gather] if gather is not None else []
         tag = "re-" if recompute else ""
+        # Under a recomputing remat policy the backward reads the recomputed activations, not
+        # the layer's output: the layer's last matmul(s) (the MLP's down projection, also the
+        # attention output projection of a parallel block) and what follows them (their
+        # reduction over `tensor`, the residual adds) are dead code XLA removes (docs/model.md
+        # "Remat"; the imported HLO programs of docs/validation.md recompute every matmul but
+        # those). Projections the policy brought back from host memory are not recomputed.
+        kept = self.cfg.remat.kept_projections if recompute else frozenset()
         x = deps
         r = self.rows()
         # A norm reads its input twice (statistics, then the normalised rows) and writes once;
@@ -507,26 +539,45 @@ class _Compiler:
                         (3 + (2 if not recompute else 0)) * r * D * a, x, layer, phase)
         mm_deps, after = self.tp_enter(tag, "attn", norm, layer, phase)
         qkv_w = D * (H + 2 * K) * hd / tp
-        qkv = self.mm(f"{tag}qkv_proj", 2 * n * D * (h_loc + 2 * k_loc) * hd, qkv_w * self.wb,
-                      n * D * a, n * (h_loc + 2 * k_loc) * hd * a, [norm] + wdeps + mm_deps,
-                      layer, phase)
+        if "qkv" in kept:
+            qkv = norm  # q, k, v came back from host memory (a dependency of the layer input)
+        else:
+            qkv = self.mm(f"{tag}qkv_proj", 2 * n * D * (h_loc + 2 * k_loc) * hd,
+                          qkv_w * self.wb, n * D * a, n * (h_loc + 2 * k_loc) * hd * a,
+                          [norm] + wdeps + mm_deps, layer, phase)
         rope = self.vpu(f"{tag}rotary", 6 * n * (h_loc + k_loc) * hd,
                         2 * n * (h_loc + k_loc) * hd * a, [qkv] + after, layer, phase)
         att = self.attention_forward(layer, rope, phase, tag)
-        out = self.mm(f"{tag}out_proj", 2 * n * h_loc * hd * D, H * hd * D / tp * self.wb,
-                      n * h_loc * hd * a, n * D * a, [att] + wdeps, layer, phase)
         if m.parallel_block:
+            if recompute:
+                # Both branches' last matmuls feed only the (dead) layer output.
+                mlp_live = self.mlp_forward(layer, norm, wdeps, phase, tag, after, dead_tail=True)
+                self.recompute_leaves.append(att)
+                return mlp_live
+            out = self.mm(f"{tag}out_proj", 2 * n * h_loc * hd * D, H * hd * D / tp * self.wb,
+                          n * h_loc * hd * a, n * D * a, [att] + wdeps, layer, phase)
             mlp_out = self.mlp_forward(layer, norm, wdeps, phase, tag, after)
             summed = self.vpu(f"{tag}block_sum", n * D, 3 * n * D * a, [out, mlp_out], layer,
                               phase)
             exit_deps = self.tp_exit(tag, "block", summed, [out, mlp_out], layer, phase)
             return self.vpu(f"{tag}residual", r * D, 3 * r * D * a, exit_deps + list(x), layer,
                             phase)
-        exit1 = self.tp_exit(tag, "attn", out, [out], layer, phase)
+        if "out" in kept:
+            # The projection's output came back from host memory: the residual needs only it;
+            # the recomputed attention output is read by the backward (its weight gradient).
+            self.recompute_leaves.append(att)
+            exit1 = []
+        else:
+            out = self.mm(f"{tag}out_proj", 2 * n * h_loc * hd * D, H * hd * D / tp * self.wb,
+                          n * h_loc * hd * a, n * D * a, [att] + wdeps, layer, phase)
+            exit1 = self.tp_exit(tag, "attn", out, [out], layer, phase)
         res1 = self.vpu(f"{tag}residual_attn", r * D, 3 * r * D * a, exit1 + list(x), layer,
                         phase)
         norm2 = self.vpu(f"{tag}norm_mlp", 5 * r * D, 3 * r * D * a, [res1], layer, phase)
         mm_deps2, after2 = self.tp_enter(tag, "mlp", norm2, layer, phase)
+        if recompute:
+            return self.mlp_forward(layer, norm2, wdeps + mm_deps2, phase, tag, after2,
+                                    dead_tail=True)
         mlp_out = self.mlp_forward(layer, norm2, wdeps + mm_deps2, phase, tag, after2)
         exit2 = self.tp_exit(tag, "mlp", mlp_out, [mlp_out], layer, phase)
         return self.vpu(f"{tag}residual_mlp", r * D, 3 * r * D * a, exit2 + [res1], layer,
@@ -573,7 +624,11 @@ class _Compiler:
         self.mem(av, MemoryCategory.TEMPORARIES, 0.0 if saved else -probs)
         return av
 
-    def mlp_forward(self, layer, dep, wdeps, phase, tag, after=()):
+    def mlp_forward(self, layer, dep, wdeps, phase, tag, after=(), dead_tail=False):
+        """The MLP (or MoE) sublayer's forward; returns its output op. `dead_tail`: a
+        recomputation whose output only the backward reads, so the ops after the last live
+        one are left out (a dense MLP's down projection; an MoE layer's weighted combine of
+        the experts' outputs, whose inputs the router's gradient still reads)."""
         m, d, a = self.m, self.d, self.act
         n, D, tp = d.n, m.d_model, d.tp
         mats = m.mlp.num_matrices
@@ -613,10 +668,17 @@ class _Compiler:
             out_deps = [o] + ([comb] if comb is not None else [])
             if m.num_shared_experts:
                 sF = m.num_shared_experts * F
-                sh = self.mm(f"{tag}shared_expert", 2 * n * D * sF * mats / tp,
-                             mats * D * sF / tp * self.wb, n * D * a, n * D * a, [dep] + wdeps,
-                             layer, phase)
+                live = (mats - 1) / mats if dead_tail else 1.0  # its down projection is dead
+                sh = self.mm(f"{tag}shared_expert", 2 * n * D * sF * mats / tp * live,
+                             mats * D * sF / tp * self.wb * live, n * D * a,
+                             n * D * a if not dead_tail else n * sF * (mats - 1) / tp * a,
+                             [dep] + wdeps, layer, phase)
                 out_deps.append(sh)
+            if dead_tail:
+                # The experts' outputs (back at their tokens) are read by the backward of the
+                # combine weights (the router's gradient); the weighted sum itself is dead.
+                self.recompute_leaves.extend(out_deps[:-1])
+                return out_deps[-1]
             if rt.dense_dispatch:
                 # The combine einsum EBCM,BSEC->BSM weights and sums the experts' outputs.
                 cmb = self.mm(f"{tag}moe_combine", dispatch_flops(n, E, rt.capacity, D), 0.0,
@@ -634,6 +696,8 @@ class _Compiler:
                     [dep] + wdeps, layer, phase)
         act = self.vpu(f"{tag}mlp_act", 8 * n * F / tp,
                        n * F * (mats - 1) / tp * a + n * F / tp * a, [h, *after], layer, phase)
+        if dead_tail:
+            return act
         return self.mm(f"{tag}mlp_out", 2 * n * F * D / tp, D * F / tp * self.wb, n * F / tp * a,
                        n * D * a, [act] + wdeps, layer, phase)
 
@@ -719,7 +783,7 @@ class _Compiler:
                 if g is not None and not windowed:
                     self.mem(out, G.GATHERED_WEIGHTS,
                              -self.layer_weight_bytes(self.layer_is_moe(layer)))
-                if cfg.remat == Remat.OFFLOAD:
+                if cfg.remat.offloads:
                     b.add("offload_activations", kind=OpKind.HOST,
                           bytes=self.offload_bytes(layer), deps=[out], layer=layer, phase="fwd")
                 if layer + 1 < d.layers:
@@ -785,7 +849,7 @@ class _Compiler:
                 # gradient buffers in the backward loop body).
                 grad_tmp = (self.rows() + 2 * d.n) * D * a
                 self.mem(prev, G.TEMPORARIES, grad_tmp)
-                if cfg.remat == Remat.OFFLOAD:
+                if cfg.remat.offloads:
                     # Fetched one layer ahead: when the backward of the layer above starts.
                     fetch = b.add("fetch_activations", kind=OpKind.HOST,
                                   bytes=self.offload_bytes(layer),
@@ -799,14 +863,19 @@ class _Compiler:
                 recomputed = sum(t.num_bytes for t in self.recomputed_set(layer)) - \
                     self.saved_bytes(layer) - (
                     self.offload_bytes(layer) if cfg.remat == Remat.OFFLOAD else 0.0)
-                if cfg.remat == Remat.FULL:
+                if cfg.remat.recomputes_layer:
                     first_op = len(b.ops)
                     self.window = d.fs if windowed and g is not None else 1
+                    self.recompute_leaves = []
                     inp = self.layer_forward(layer, deps, g, phase="bwd", recompute=True)
                     self.window = 1
-                    deps = [inp]
-                    # The recomputed tensors live from the recomputing op on.
-                    kept = {t.name for t in self.saved(layer)}
+                    # The backward reads every live end of the recomputation (the last matmul
+                    # of the layer and what follows it are dead code, see layer_forward).
+                    deps = [inp] + self.recompute_leaves
+                    # The recomputed tensors live from the recomputing op on; what came back
+                    # from host memory lives from its fetch.
+                    kept = {t.name for t in self.saved(layer)} | {
+                        t.name for t in self.offloaded(layer) if cfg.remat != Remat.OFFLOAD}
                     self.mem_saved([t for t in self.recomputed_set(layer)
                                     if t.name not in kept], first_op, inp)
                     recomputed = 0.0
@@ -827,9 +896,13 @@ class _Compiler:
                     b.ops[out] = _with(b.ops[out], deps=tuple(sorted({*b.ops[out].deps, g})))
                 # What the layer recomputed or fetched dies with its backward (what it kept
                 # stays in the stack until the loop ends).
+                fetched_extra = sum(
+                    t.num_bytes for t in self.offloaded(layer)
+                    if t.name not in {r.name for r in self.recomputed_set(layer)}
+                ) if cfg.remat.kept_projections else 0.0
                 self.mem(out, G.SAVED_ACTIVATIONS, 0.0 if cfg.remat == Remat.NONE else
                          -(sum(t.num_bytes for t in self.recomputed_set(layer))
-                           - self.saved_bytes(layer)))
+                           - self.saved_bytes(layer) + fetched_extra))
                 if g is not None and not windowed:
                     self.mem(out, G.GATHERED_WEIGHTS,
                              -self.layer_weight_bytes(self.layer_is_moe(layer)))
@@ -1062,10 +1135,15 @@ class _Compiler:
         `remat`, those of that policy instead of the run's)."""
         return sum(t.num_bytes for t in self.saved(layer, remat))
 
+    def offloaded(self, layer: int):
+        """The tensors the remat policy moves to host memory per layer (and fetches back)."""
+        return offloaded_tensors(self.layer_shape(layer), attention=self.cfg.attention,
+                                 act_bytes=self.act, remat=str(self.cfg.remat))
+
     def offload_bytes(self, layer: int) -> float:
-        """Bytes `--remat offload` moves to host memory per layer (and fetches back)."""
-        return sum(t.num_bytes for t in offloaded_tensors(
-            self.layer_shape(layer), attention=self.cfg.attention, act_bytes=self.act))
+        """Bytes the remat policy moves to host memory per layer (and fetches back)."""
+        return sum(t.num_bytes for t in self.offloaded(layer)) if self.cfg.remat.offloads \
+            else 0.0
     def activation_peak(self) -> float:
         """Saved activations at their peak: every layer of the stage, times the microbatches
         in flight on a pipeline stage."""

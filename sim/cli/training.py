@@ -36,7 +36,8 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--axis-map",
                    help="explicit placement, e.g. tensor=x,fsdp=y+z or tensor=x:4,fsdp=x:4+y+z "
                         "(default: automatic, as jax's device meshes)")
-    p.add_argument("--remat", default="full", help="none, minimal, full (default) or offload")
+    p.add_argument("--remat", default="full",
+                   help="none, minimal, full (default), offload, qkv-offload or qkvo-offload")
     p.add_argument("--attention", default="flash", help="flash (default) or dot")
     p.add_argument("--microbatches", type=int_flag("--microbatches", hi=MAX_CHUNKS), default=1,
                    help="gradient accumulation steps")
