@@ -197,6 +197,24 @@ def test_dot_attention_holds_f32_scores_and_bf16_probabilities():
     # 2 sequences x 1024 queries x 1024 keys x 3 local heads: 4 + 2 bytes per score.
     assert attention_temporaries(rows=2048, context=1024, local_heads=3) == \
         6 * 2048 * 1024 * 3
+    # f32 probabilities (the forward of minimal / offload): 4 + 4 bytes.
+    assert attention_temporaries(rows=2048, context=1024, local_heads=3, probs_bytes=4) == \
+        8 * 2048 * 1024 * 3
+
+
+@pytest.mark.parametrize("remat,fwd_bytes", [(Remat.MINIMAL, 8), (Remat.OFFLOAD, 8),
+                                             (Remat.FULL, 6), (Remat.NONE, 6)])
+def test_the_forward_softmax_writes_f32_probabilities_under_minimal_and_offload(remat,
+                                                                               fwd_bytes):
+    trace, _ = _long(remat)
+    scores = 2048 * 1024 * 4  # tokens x context x heads
+    got = {(trace.ops[i].phase, trace.ops[i].name): delta
+           for i, cat, delta in trace.meta["memory_events"]
+           if cat == "temporaries" and trace.ops[i].name.endswith("attn_scores")
+           and trace.ops[i].layer == 0}
+    assert got[("fwd", "attn_scores")] == fwd_bytes * scores
+    if remat == Remat.FULL:  # a recomputation keeps bf16 probabilities for the backward
+        assert got[("bwd", "re-attn_scores")] == 6 * scores
 
 
 @pytest.mark.parametrize("mesh,shape,tokens,heads", [("fsdp=1", "1x1", 2048, 4),

@@ -186,16 +186,20 @@ def saved_tensors(shape: LayerShapeSpec, *, remat: str, attention: str,
 
 
 def attention_temporaries(*, rows: float, context: float, local_heads: float,
-                          act_bytes: float = 2.0) -> float:
+                          probs_bytes: float = 2.0) -> float:
     """Peak working bytes of a dot attention's forward (per chip): the f32 scores
     [rows, context, heads] (4 x b x s x context x heads / shards; the softmax overwrites them in
-    place) and the bf16 probabilities written from them, live together.
+    place) and the probabilities written from them, live together: bf16 (`probs_bytes` 2), or
+    f32 (4) in the forward of `minimal` / `offload`.
 
-    Source: XLA's live ranges at the peak of the scanned `benchmarks/xla_memory.py` programs
-    (the f32 score buffer is reused by the softmax's subtract-exp fusion, which also writes the
-    bf16 probabilities the value matmul reads).
+    Source: XLA's live ranges at the peak of the scanned `benchmarks/xla_memory.py` programs.
+    Under `none` and `full` the f32 score buffer is reused by the softmax's subtract-exp
+    fusion, which also writes the bf16 probabilities the value matmul reads. Under `minimal`
+    (v5e fsdp=16) the score matmul writes f32 scores, a separate subtract-exp fusion writes
+    f32 exponentials and the value matmul normalises and converts them as it reads: 8 bytes
+    per score at the softmax, XLA's peak in that program.
     """
-    return (4.0 + act_bytes) * rows * context * local_heads
+    return (4.0 + probs_bytes) * rows * context * local_heads
 
 
 def loss_tensors(*, rows: float, local_vocab: float, act_bytes: float = 2.0,

@@ -613,12 +613,17 @@ class _Compiler:
         av = self.mm(f"{tag}attn_values", 2 * n * ctx * h_loc * hd, 0.0,
                      scores * a + kv_bytes, n * h_loc * hd * a, [sm], layer, phase,
                      narrow_dim=hd)
-        # The f32 scores (the softmax runs in place over them) and the bf16 probabilities the
-        # value matmul reads are live together (workloads/memory.py); kept probabilities are
-        # counted as saved from the softmax on.
-        temps = attention_temporaries(rows=n, context=ctx, local_heads=h_loc)
+        # The f32 scores (the softmax runs in place over them) and the probabilities the
+        # value matmul reads are live together (workloads/memory.py): bf16, or f32 in the
+        # forward of a policy that saves named/dot residuals (minimal, offload), where XLA
+        # fuses the normalisation into the value matmul; kept probabilities are counted as
+        # saved from the softmax on.
+        f32_probs = tag == "" and self.cfg.remat in (Remat.MINIMAL, Remat.OFFLOAD)
+        probs_bytes = 4.0 if f32_probs else a
+        temps = attention_temporaries(rows=n, context=ctx, local_heads=h_loc,
+                                      probs_bytes=probs_bytes)
         saved = tag == "re-" or self.cfg.remat == Remat.NONE  # the probabilities are kept
-        probs = scores * a
+        probs = scores * probs_bytes
         self.mem(qk, MemoryCategory.TEMPORARIES, temps)
         self.mem(sm, MemoryCategory.TEMPORARIES, -temps + (0.0 if saved else probs))
         self.mem(av, MemoryCategory.TEMPORARIES, 0.0 if saved else -probs)
