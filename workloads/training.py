@@ -733,7 +733,10 @@ class _Compiler:
             moe = self.layer_is_moe(layer)
             g = self.coll(f"fsdp_allgather_{phase}", "all-gather", ("fsdp",),
                           self.layer_weight_bytes(moe), after, layer, phase)
-            if not windowed:  # a collective matmul streams the shards, never the whole layer
+            # A forward collective matmul streams the shards, never the whole layer; the
+            # backward gathers each matrix whole even then (XLA's compiled programs: blocking
+            # all-gathers of every weight in the backward loop, docs/model.md "Memory").
+            if not windowed or phase == "bwd":
                 self.mem(g, G.GATHERED_WEIGHTS, self.layer_weight_bytes(moe))
             return g
 
@@ -908,7 +911,7 @@ class _Compiler:
                 self.mem(out, G.SAVED_ACTIVATIONS, 0.0 if cfg.remat == Remat.NONE else
                          -(sum(t.num_bytes for t in self.recomputed_set(layer))
                            - self.saved_bytes(layer) + fetched_extra))
-                if g is not None and not windowed:
+                if g is not None:
                     self.mem(out, G.GATHERED_WEIGHTS,
                              -self.layer_weight_bytes(self.layer_is_moe(layer)))
                 if layer > 0:
