@@ -7,8 +7,10 @@ Two sides:
   scores, bf16 params, f32 Adam moments, layers scanned as MaxText's scan_layers) is compiled
   deviceless for a real TPU topology with each remat policy (`none`; `full` =
   `jax.checkpoint` per layer; `minimal` = `jax.checkpoint` with
-  `checkpoint_dots_with_no_batch_dims`, MaxText's minimal policy) and mesh. Per program it
-  records `compiled.memory_analysis()` (peak, temp, argument bytes),
+  `checkpoint_dots_with_no_batch_dims`, MaxText's minimal policy; `offload` =
+  `save_and_offload_only_these_names` sending the weight matmuls' outputs to pinned host
+  memory, MaxText's minimal_offloaded) and mesh. Per program it
+  records `compiled.memory_analysis()` (peak, temp, argument and host temp bytes),
   `compiled.cost_analysis()` (flops, bytes accessed) and how XLA gathered the weights. Results
   are cached in `benchmarks/results/xla_memory.json` so the table can be regenerated without
   jax.
@@ -277,7 +279,31 @@ def tpusim_peak(name: str, xla: dict) -> dict:
     if r.returncode != 0:
         raise RuntimeError(f"tpusim train failed: {' '.join(cmd)}\n{r.stderr}")
     j = json.loads(r.stdout)
-    return {"peak_bytes": j["hbm_peak_bytes"], "breakdown": j.get("hbm_peak_breakdown", {})}
+    return {"peak_bytes": j["hbm_peak_bytes"], "breakdown": j.get("hbm_peak_breakdown", {}),
+            "host_bytes": tpusim_host_bytes(name) if cfg["remat"] == "offload" else 0.0}
+
+
+def tpusim_host_bytes(name: str) -> float:
+    """What tpusim's `offload` keeps in host memory by the end of the forward: every layer's
+    offloaded set (the PCIe bytes of its `offload_activations` ops)."""
+    sys.path.insert(0, str(REPO))
+    from topologies.mesh import parse_mesh
+    from workloads.models import model_from_dict
+    from workloads.training import Remat, TrainingConfig, compile_training_step
+
+    cfg = CONFIGS[name]
+    model = model_from_dict(dict(name="xla-memory", mlp="swiglu", tied_embeddings=False,
+                                 num_layers=LAYERS, **DIMS))
+    axes = MESHES[cfg["mesh"]]
+    mesh = parse_mesh(",".join(f"{k}={v}" for k, v in axes.items()))
+    n_chips = 1
+    for v in axes.values():
+        n_chips *= v
+    tc = TrainingConfig(seq_len=cfg["seq"], batch_per_chip=cfg["batch_per_chip"],
+                        remat=Remat(cfg["remat"]), attention="dot",
+                        tp_activations=cfg["tp_activations"])
+    trace = compile_training_step(model, mesh, n_chips, tc)
+    return sum(op.bytes for op in trace.ops if op.name == "offload_activations")
 
 
 def run_xla(name: str, jax_python: str, dump: str | None) -> dict:
@@ -312,11 +338,14 @@ def table(cache: dict) -> tuple[str, list[float]]:
         errs.append(err)
         top = sorted(s["breakdown"].items(), key=lambda kv: -kv[1])[:3]
         comp = ", ".join(f"{k} {v / 1e9:.2f}" for k, v in top if v > 0)
+        host = (f"{x.get('host_temp_bytes', 0) / 1e9:.2f} / {s['host_bytes'] / 1e9:.2f} GB"
+                if CONFIGS[name]["remat"] == "offload" else "")
         rows.append(f"| {describe(name)} | {fsdp_gather_flag(x)} | "
                     f"{x['peak_bytes'] / 1e9:.2f} GB | {s['peak_bytes'] / 1e9:.2f} GB | "
-                    f"{err:+.1%} | {comp} |")
+                    f"{err:+.1%} | {comp} | {host} |")
     head = ["| program | weight gathers | XLA peak | tpusim peak | error | "
-            "tpusim's largest categories (GB) |", "|---|---|---:|---:|---:|---|"]
+            "tpusim's largest categories (GB) | host memory, XLA / tpusim |",
+            "|---|---|---:|---:|---:|---|---:|"]
     return "\n".join(head + rows), errs
 
 
@@ -345,18 +374,29 @@ def section(cache: dict) -> str:
         tab, "",
         f"{len(errs)} programs: median |error| {med:.1%}, worst {worst:+.1%} (target: within "
         "10%).", "",
-        "What the table does not show yet, and why: `CONFIGS` also lists remat `minimal`, "
-        "sequence 4096, v6e fsdp and v5p fsdp programs; each deviceless compile took 10-20 "
-        "minutes on the loaded shared machine, so only the rows above were compiled (run "
-        "`--compile` to add the rest; the cache keeps what exists). Known causes of the "
-        "remaining errors, from XLA's live ranges (`--dump`): in the v5p fsdp x tensor "
-        "`full` program XLA keeps the logit gradients and the final norm's output alive "
-        "through the whole backward loop (the output projection's weight gradient is "
-        "scheduled after it), about 0.3 GB tpusim frees at the logits' backward matmul; in "
-        "the v5e programs the scores of GQA attention sit in a tiled layout that pads the "
-        "head-group dimension (a 16 MB context tensor takes 128 MB), which tpusim does not "
-        "model; `peak_memory_in_bytes` is XLA's heap size, which includes fragmentation "
-        "(up to ~20% over the live bytes in the `none` programs).", "",
+        "Remat `offload` is `jax.checkpoint` with `save_and_offload_only_these_names` "
+        "(MaxText's `minimal_offloaded`: the weight matmuls' outputs, tagged with "
+        "`checkpoint_name` as MaxText tags them, go to `pinned_host`; nothing else is saved, "
+        "so the scan keeps only the layer input in HBM), the same split as tpusim's "
+        "`--remat offload` (docs/model.md \"Memory\"); its last column compares XLA's "
+        "`host_temp_size_in_bytes` with every layer's offloaded set in tpusim.", "",
+        f"Not compiled yet (in `CONFIGS`; `--compile` adds them): "
+        f"{', '.join(n for n in CONFIGS if n not in cache) or 'none'}.", "",
+        "How the rules were read off these programs (`--dump DIR` keeps XLA's buffer "
+        "assignment and live ranges): the saved stacks are allocated before the forward loop "
+        "and die after the backward loop (v5e fsdp `minimal`; the same loop-carried stacks in "
+        "the others); `minimal` keeps no MLP output "
+        "projection and writes f32 probabilities in its forward (v5e fsdp `minimal`); "
+        "windowed programs still gather each weight whole in their backward (v5e, v6e, v5p "
+        "fsdp `full`); the v5p fsdp x tensor program keeps the bf16 logits and the final "
+        "norm's output through the backward loop (its `full` row). Each rule was fitted on "
+        "the rows named and the other rows are its check. Known remaining differences: "
+        "XLA's backward keeps the recomputed attention's bf16 scores next to its "
+        "probabilities through the MLP's backward (v5e and v5p fsdp `full`), and a windowed "
+        "collective matmul's output buffers are allocated at the start of the layer (v5e "
+        "`minimal`); in the v5e programs the context of GQA attention sits in a tiled layout "
+        "that pads the head-group dimension (a 16 MB tensor takes 128 MB), which tpusim "
+        "does not model.", "",
     ])
 
 
