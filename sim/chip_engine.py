@@ -530,10 +530,27 @@ def simulate_chips(
                 q.recv_from[rid] = (cl.c, op_id)
 
     # -- replay -----------------------------------------------------------------------------
+    def all_of(evs):
+        """`env.all_of(evs)` for events not processed yet, without SimPy's `Condition`: an
+        event that succeeds from the callback of the last of them to be processed, the very
+        point where the condition would succeed (so the event order is the same), at a
+        fraction of the cost (a step waits on ~3k of them)."""
+        joined = env.event()
+        left = [len(evs)]
+
+        def check(_ev):
+            left[0] -= 1
+            if not left[0]:
+                joined.succeed()
+
+        for ev in evs:
+            ev.callbacks.append(check)
+        return joined
+
     def wait_deps(cl, op):
         evs = [cl.done[d] for d in op.deps if not cl.done[d].processed]
         if evs:
-            yield env.all_of(evs)
+            yield all_of(evs)
 
     def run_collective(cl, op):
         yield from wait_deps(cl, op)
@@ -543,7 +560,7 @@ def simulate_chips(
             cl.arrived[op.id].succeed()
             evs = [classes[p].arrived[op.id] for p in ps if not classes[p].arrived[op.id].processed]
             if evs:
-                yield env.all_of(evs)
+                yield all_of(evs)
             cl.waits.append((cl.arrive_t[op.id], env.now))
         cl.start[op.id] = env.now
         yield cl.net.transfer(cl.batch[op.id])
@@ -552,7 +569,7 @@ def simulate_chips(
             cl.drained[op.id].succeed()
             evs = [classes[p].drained[op.id] for p in ps if not classes[p].drained[op.id].processed]
             if evs:
-                yield env.all_of(evs)
+                yield all_of(evs)
             cl.waits.append((t_own, env.now))
             cl.drain_t[op.id] = t_own
         cl.end[op.id] = env.now

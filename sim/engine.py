@@ -26,7 +26,7 @@ import simpy
 from sim.collective_sim import simulate_collective
 from sim.hardware import ChipSpec
 from sim.network import Batch, SmallFluidNetwork
-from sim.routing import link_model
+from sim.routing import link_model, link_numbers
 from topologies.errors import TpusimError
 from topologies.groups import (
     CLASS_NAMES,
@@ -304,8 +304,9 @@ def padded_collective_bytes(kind: str, gaxes: tuple[GroupAxis, ...], nbytes: flo
     return int(np.ceil(max(nbytes, 1.0) / group)) * group
 
 
-# Costs of healthy collectives by (chip, torus, kind, group axes, bytes, algorithm): a pure
-# function of those, and the most expensive part of costing a step on a large pod, shared by the
+# Costs of healthy collectives by (the chip's link numbers, torus, kind, group axes, bytes,
+# algorithm): a pure function of those (`routing.LINK_FIELDS`: the chip fields a collective
+# reads), and the most expensive part of costing a step on a large pod, shared by the
 # steps a worker process simulates one after another (a study's points that vary only what the
 # collectives do not see, `plan`'s candidates that share groups). Bounded; cleared when full.
 COST_CACHE_SIZE = 4096
@@ -314,8 +315,8 @@ _COST_CACHE: dict[tuple, CollectiveCost] = {}
 
 def cost_cache_key(chip: ChipSpec, topology: Topology, kind: str, gaxes: tuple[GroupAxis, ...],
                    nbytes: float, algorithm: str) -> tuple:
-    return (chip, topology.shape, topology.wraparound, topology.num_slices, kind, gaxes,
-            float(nbytes), algorithm)
+    return (link_numbers(chip), topology.shape, topology.wraparound, topology.num_slices, kind,
+            gaxes, float(nbytes), algorithm)
 
 
 def seed_cost_cache(entries: dict[tuple, CollectiveCost]) -> None:

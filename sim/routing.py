@@ -50,6 +50,20 @@ def _dcn_moves(gaxes, moves) -> int:
                and any(o and g.is_dcn for g, o in zip(gaxes, m.offset, strict=True)))
 
 
+# The chip fields a collective's simulation reads (`link_model` below and `auto`'s lower bounds
+# in sim/collective_sim.py): chips that agree on these give every collective the same cost, so
+# the engine's cost cache keys on them, not on the whole chip (a study varying HBM or MXU
+# numbers reuses its collectives' costs). tests/test_collectives.py checks that no other field
+# changes a cost.
+LINK_FIELDS = ("ici_link_bytes_per_s", "ici_efficiency", "ici_hop_latency_s", "dcn_bytes_per_s",
+               "dcn_efficiency", "dcn_latency_s", "dcn_message_overhead_s")
+
+
+def link_numbers(chip: ChipSpec) -> tuple[float, ...]:
+    """The chip's `LINK_FIELDS`, in that order."""
+    return tuple(getattr(chip, f) for f in LINK_FIELDS)
+
+
 def link_model(chip: ChipSpec, topology: Topology, slow_links: dict[int, float]) -> LinkModel:
     ici = chip.ici_link_bytes_per_s * chip.ici_efficiency
     dcn = chip.dcn_bytes_per_s * chip.dcn_efficiency

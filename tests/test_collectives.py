@@ -1127,3 +1127,43 @@ def test_auto_across_slices_exchanges_two_n_minus_one_messages_not_log_n(slices)
     r = simulate_collective(chip=base.with_overrides(dcn_message_overhead_s=o),
                             algorithm="halving-doubling", **kw)
     assert r.algorithm == "halving-doubling"
+
+
+def test_a_collective_cost_depends_on_the_chip_only_through_its_link_fields():
+    """The cost cache keys on `routing.LINK_FIELDS`: changing any other chip field leaves every
+    collective's cost as it was (computed afresh, no cache), and each link field is in the key."""
+    import dataclasses
+
+    from sim.engine import _cost_collective, cost_cache_key
+    from sim.routing import LINK_FIELDS
+    from topologies.groups import group_axes
+
+    chip = get_chip("v5p")
+    topo = _topo("v5p", "4x4x4", slices=2)
+    cases = [("all-gather", ("x", "y")), ("all-reduce", ("z", "dcn")),
+             ("all-to-all", ("x",)), ("reduce-scatter", ("x", "y", "z"))]
+    costs = {}
+    for kind, axes in cases:
+        gaxes = group_axes(topo, axes)
+        costs[kind] = (gaxes, _cost_collective(chip, topo, kind, gaxes, 2**24, "auto"))
+    for f in dataclasses.fields(chip):
+        v = getattr(chip, f.name)
+        if f.name in LINK_FIELDS or not isinstance(v, (int, float)) or isinstance(v, bool):
+            continue
+        other = dataclasses.replace(chip, **{f.name: v * 2 if isinstance(v, int) else v * 0.5})
+        for kind, (gaxes, base) in costs.items():
+            assert cost_cache_key(other, topo, kind, gaxes, 2**24, "auto") == \
+                cost_cache_key(chip, topo, kind, gaxes, 2**24, "auto")
+            c = _cost_collective(other, topo, kind, gaxes, 2**24, "auto")
+            assert (c.time_s, c.latency_s, c.algorithm, c.hbm_bytes, c.group_size) == \
+                (base.time_s, base.latency_s, base.algorithm, base.hbm_bytes, base.group_size), \
+                f.name
+            assert np.array_equal(c.class_bytes, base.class_bytes)
+    gaxes = costs["all-reduce"][0]
+    for name in LINK_FIELDS:
+        other = dataclasses.replace(chip, **{name: getattr(chip, name) * 0.5 + 1e-9})
+        assert cost_cache_key(other, topo, "all-reduce", gaxes, 2**24, "auto") != \
+            cost_cache_key(chip, topo, "all-reduce", gaxes, 2**24, "auto")
+        # and it changes the cost (the DCN all-reduce crosses both kinds of links)
+        c = _cost_collective(other, topo, "all-reduce", gaxes, 2**24, "auto")
+        assert c.time_s != costs["all-reduce"][1].time_s, name
