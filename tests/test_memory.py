@@ -345,3 +345,16 @@ def test_blocking_fsdp_x_tensor_keeps_the_logits_path_through_the_backward_loop(
     if held:
         assert logits[-1][0].layer == 0 and logits[-1][0].phase == "bwd"
     assert res.memory.logits.max() == n * V / 2 * 6
+
+
+@pytest.mark.parametrize("gather", ["windowed", "async"])
+def test_windowed_mlp_outputs_are_allocated_at_the_start_of_the_layer(gather):
+    trace, _ = _long(Remat.FULL, "fsdp=4", "2x2", gather=gather)
+    ops = trace.ops
+    got = [(ops[i].name, delta) for i, cat, delta in trace.meta["memory_events"]
+           if cat == "temporaries" and ops[i].phase == "fwd" and ops[i].layer == 0
+           and not ops[i].name.startswith(("attn_", "softmax"))]
+    # 2 sequences x 1024 tokens per chip x d_ff 128, gate and up in bf16: from the layer's
+    # first op (its norm, before the attention) to the activation that reads them.
+    buf = 2 * 2048 * 128 * 2
+    assert got == ([("norm_attn", buf), ("mlp_act", -buf)] if gather == "windowed" else [])
