@@ -636,7 +636,7 @@ def explain(p: Prediction) -> str:
     c = p.case
     why = []
     exposed = p.breakdown.get("exposed_comm_s", 0.0)
-    if "tensor" in c.mesh and exposed > 0.05 * p.step_s:
+    if "tensor" in c.mesh and exposed > 0.05 * p.step_s and p.error > 0:
         why.append(f"tensor-parallel all-reduces exposed on the critical path "
                    f"({exposed:.1f} s of {p.step_s:.1f} s; effect 1)")
     elif exposed > 0.05 * p.step_s:
@@ -645,12 +645,14 @@ def explain(p: Prediction) -> str:
         why.append(f"slowdown with {c.num_slices} slices under-predicted (effect 2)")
     if c.model.is_moe:
         cf = [n.split(",")[0] for n in c.notes if n.startswith("MoE capacity")]
-        why.append((cf[0] + ": " if cf else "") + "MoE capacity padding and dense dispatch "
+        why.append((cf[0] + " (simulated): " if cf else "") + "the measured step implies "
+                   f"{100 * hw_utilization(p):.0f}% MXU utilization, above the dense runs' "
                    "(effect 3)")
     if not why:
         mxu = p.breakdown.get("mxu_compute_s", 0.0)
-        why.append(f"compute-bound ({100 * mxu / p.step_s:.0f}% MXU time): this model's MXU "
-                   f"fraction differs from the per-chip factor (effect 4)")
+        why.append(f"{100 * mxu / p.step_s:.0f}% MXU time: the measured step implies "
+                   f"{100 * hw_utilization(p):.0f}% MXU utilization; this model's MXU fraction "
+                   f"differs from the per-chip factor (effect 4)")
     return "; ".join(why)
 
 
@@ -683,6 +685,22 @@ def _fits_rows(fits: list[FitResult]) -> list[tuple[str, ...]]:
 
 def _by_id(preds: list[Prediction]) -> dict[str, Prediction]:
     return {p.case.id: p for p in preds}
+
+
+def hw_utilization(p: Prediction) -> float:
+    """tpusim's MXU FLOPs of the run's step (recompute included, dead code not) per measured
+    second, as a fraction of the chip's peak: what the measured step implies the MXUs did."""
+    from workloads.trace import OpKind, Unit
+
+    trace, _ = _trace(p.case)
+    flops = sum(o.flops for o in trace.ops if o.kind == OpKind.COMPUTE and o.unit == Unit.MXU)
+    return flops / (p.case.measured_step_s * get_chip(p.case.chip).mxu_flops_per_s)
+
+
+def _util_range(preds: list[Prediction], chip: str, moe: bool | None = None) -> str:
+    u = [hw_utilization(p) for p in preds if p.case.chip == chip
+         and (moe is None or p.case.model.is_moe == moe)]
+    return f"{100 * min(u):.0f}-{100 * max(u):.0f}%" if u else "-"
 
 
 def _effects(good: list[Prediction]) -> list[str]:
@@ -736,16 +754,18 @@ def _effects(good: list[Prediction]) -> list[str]:
             "(these 2023 runs predate the recipes' `DATA_PARALLEL_OVERLAP` flags; "
             "`--dp-allreduce blocking`) and a per-message DCN overhead "
             "(`dcn_message_overhead_s`, fitted with the MXU factor on the odd half: 2(N-1) "
-            "messages per all-reduce over N slices). Caveat: tpusim's `auto` now also weighs "
-            "halving-doubling over DCN and picks it for 16 and 32 slices (2 log2 N messages), "
-            "so the modelled slowdown grows with log N there while the measured one grows "
-            "linearly; the fit compensates with a larger overhead (the best value is at the "
-            "edge of the grid). Restricting the DCN all-reduce to the ring/direct forms the data "
-            "indicate is not done. The residual per-model offsets are effect 4.")
+            "messages per all-reduce over N slices). Across slices `auto` takes only the ring "
+            "and direct forms (2(N-1) messages), never halving-doubling (2 log2 N): the measured "
+            "slowdown grows linearly in N, not as log N (docs/model.md), and with that rule the "
+            "fitted overhead lies inside its grid (table above). The residual per-model offsets "
+            "are effect 4.")
     moe = [p for p in good if p.case.model.is_moe]
     if moe:
+        c10 = ids.get("maxtext-custom-moe-750b-experimental-cf1.0-v6e-256")
+        c15 = ids.get("maxtext-custom-moe-750b-final-cf1.5-v6e-256")
+        ratio = (f" (predicted {c15.step_s / c10.step_s:.2f})" if c10 and c15 else "")
         out.append(
-            "3. **MoE dispatch.** " + ", ".join(
+            "3. **MoE runs are predicted slow.** " + ", ".join(
                 f"{p.case.id.replace('tpu-recipes-v6e-', '').replace('maxtext-custom-', '')} "
                 f"{_pct(p.error)}" for p in moe)
             + ". The Mixtral runs use capacity factor 1.25 with dense one-hot einsum dispatch "
@@ -753,16 +773,26 @@ def _effects(good: list[Prediction]) -> list[str]:
             "that path (`--capacity-factor`, docs/model.md \"MoE routing\"): experts padded to "
             "capacity, the dispatch/combine einsums against the [tokens, experts, capacity] "
             "mask, the padded all-to-alls; the 750B's measured cf-1.5 / cf-1.0 step ratio (1.31) "
-            "is reproduced. The runs with expert parallelism remain the slowest predictions: "
-            "their six all-to-alls per layer (dispatch and combine, forward, recomputed and "
-            "backward) sit between dependent matmuls, and only the backward dispatch one "
-            "overlaps work (the experts' weight gradients); the rest is exposed ("
-            + ", ".join(f"{p.case.model_label} {p.case.mesh_label}: "
+            f"is reproduced{ratio}. Checked against XLA on a deviceless v6e compile of a "
+            "MaxText-style dropping MoE (fsdp=4 x expert=4, scanned layers, full remat): the "
+            "dispatch einsum is an MXU convolution that XLA's own cost model prices at the FLOP "
+            "rate of the layer's weight matmuls; the six all-to-alls per layer (forward dispatch "
+            "and combine; in the backward loop the recomputed dispatch, the transposes of both, "
+            "and the combine weights' gradient) are synchronous `all-to-all` ops, not async "
+            "start/done pairs, so no compute overlaps them, as in tpusim (exposed: "
+            + ", ".join(f"{p.case.model_label} {p.case.mesh}: "
                         f"{p.breakdown.get('exposed_comm_s', 0.0):.1f} s of {p.step_s:.1f} s"
                         for p in moe if "expert" in p.case.mesh and p.case.capacity_factor
                         and p.case.capacity_factor < 1.5)
-            + "). The recipes' custom remat policy also keeps the attention projections "
-            "(tpusim recomputes them under `full`, 2-6% of these steps).")
+            + "; the 8x22B run's on MaxText's 2x2 hybrid-ring blocks). The recomputed experts' "
+            "outputs stay (the router's gradient reads them); only the combine einsum is dead "
+            "code. What remains is a utilization gap: the measured MoE steps imply that the "
+            f"MXUs ran tpusim's MoE matmuls (padding and dispatch included) at "
+            f"{_util_range(moe, 'v6e', moe=True)} of peak, the dense v6e runs at "
+            f"{_util_range(good, 'v6e', moe=False)} with the same d_model and d_ff, before "
+            "any exposed communication. One MXU factor per chip cannot be both, and no modelled "
+            "cost (capacity padding, dispatch einsums, all-to-alls, remat policy) accounts for "
+            "it.")
     e16 = [p.error for p in good if p.case.model_label == "maxtext-16b"]
     e32 = [p.error for p in good if p.case.model_label == "maxtext-32b"]
     if e16 and e32:
@@ -778,14 +808,13 @@ def _effects(good: list[Prediction]) -> list[str]:
     out.append(
         f"5. **Memory (no effect on step times).** {len(big)} usable runs exceed HBM in the "
         "simulator although they ran (" + ", ".join(
-            f"{m}: {p.hbm_peak_gb:.0f} GB" for m, p in seen.items()) + "). Three causes: "
+            f"{m}: {p.hbm_peak_gb:.0f} GB" for m, p in seen.items()) + "). Two causes: "
         "(a) with tensor parallelism the saved layer inputs are not divided over `tensor` "
         "(128B on v5e keeps 64 layers x 32768 tokens x 10240 x 2 B = 43 GB of them per chip, on "
         "a 16 GB chip); (b) non-expert weights (attention, embeddings) are sharded over `fsdp` "
         "only, not over `expert`, so the 750B MoE (fsdp16 x expert16) keeps 2.0B attention "
         "parameters per chip instead of 0.12B, plus Adam moments for a run that used SGD and "
-        "bf16 weights; (c) the custom-remat recipes' peaks count the layer inputs they offload "
-        "to host (remat mapping above).")
+        "bf16 weights.")
     return out
 
 
@@ -856,23 +885,25 @@ def render_doc(cases: list[Case], skips: list[Skip], preds: list[Prediction],
       "ici_expert -> `expert`; dcn_data -> `--dcn data=N`, dcn_fsdp -> `--dcn fsdp=N`; a "
       "multi-slice run without a stated DCN axis is taken as data parallel. The slice name gives "
       "the torus (`topologies.slices.SLICES`: v5e-256/v6e-256 -> 16x16, v6e-8 -> 2x4, ...). "
-      "Custom hybrid-ring device orders (`hybrid_ring_64x4`) are not reproduced: tpusim's "
-      "default placement is used.")
+      "MaxText's custom device orders are reproduced with `--axis-map` "
+      "(`maxtext.utils.max_utils.reshape_mesh_to_rings`): `hybrid_ring_64x4` makes each group "
+      "of the size-4 axis a 2x2 block of chips (`x:2+y:2`) and the size-64 axis the 8x8 grid "
+      "of blocks (`x:8+y:8`); the Mixtral-8x22B run (expert=4) and the tensor=4 405B run use "
+      "it. Otherwise tpusim's default placement (jax's device mesh) is used.")
     w("* **Batch**: per-device batch x seq tokens per chip, global batch = per-device batch x "
       "chips (MaxText shards the batch over data, fsdp and expert).")
     w("* **Data-parallel all-reduce**: `--dp-allreduce blocking` unless the run's XLA flags "
       "include MaxText's `DATA_PARALLEL_OVERLAP` (then `async`); it matters only for the runs "
       "that are data-parallel over DCN (the 2023 v5e multi-slice table).")
     w("* **Remat**: `full` -> `Remat.FULL`, `minimal` -> `Remat.MINIMAL`. The recipes' `custom` "
-      "and `qkv_proj_offloaded` policies keep or offload to host only the decoder-layer input "
-      "and the q/k/v/out projections and *rematerialise the rest*: the MLP matmuls (60-80% of a "
-      "layer's matmul FLOPs) and the attention core are recomputed. Their compute is that of "
-      "`Remat.FULL` (to within the 10-20% of the recompute that the saved projections spare), "
-      "and the offload runs on PCIe concurrently with compute, so they map to `Remat.FULL`. "
-      "This is the mapping the data select (fit check below): `Remat.OFFLOAD` (no matmul "
-      "recompute, 6 x [tokens, d_model] per layer over PCIe) and `Remat.MINIMAL` both fit "
-      "markedly worse. Consequence: the simulated HBM peak of these runs counts layer inputs "
-      "that the recipes actually keep in host memory.")
+      "policies offload the decoder-layer input and the outputs of the projections they name "
+      "to host memory and rematerialise the rest; they map to the tpusim policy naming the "
+      "same projections: query/key/value -> `qkv-offload`, query/key/value/out -> "
+      "`qkvo-offload` (MaxText's `qkv_proj_offloaded` -> `qkv-offload`); a custom policy "
+      "naming only the layer input (the FSDP-only 405B) is `full`. Under every recomputing "
+      "policy the layer's last matmul and what only feeds the layer output are not recomputed "
+      "(XLA's dead-code elimination, docs/model.md \"Remat\"). The fit check below maps every "
+      "custom policy to one of `full`, `offload` and `minimal` instead.")
     w("* **Other settings**: flash attention (causal), tpusim's defaults for dtypes (bf16 "
       "weights gathered and bf16 gradients reduced, fp32 Adam moments), async FSDP gathers, "
       "elementwise ops fused into their matmuls.")
@@ -947,11 +978,12 @@ def render_doc(cases: list[Case], skips: list[Skip], preds: list[Prediction],
         w("")
     if alt:
         w("Remat mapping check (v6e, where the custom policies are; MXU efficiency refitted on the "
-          "odd half for each mapping of `custom`/`qkv_proj_offloaded`):\n")
+          "odd half with every `custom`/`qkv_proj_offloaded` policy mapped to one tpusim "
+          "policy):\n")
         rows = []
         f = by_gen.get("v6e")
         if f:
-            rows.append(("full (shipped)", f"{f.mxu:.2f}", f"{f.objective:.4f}",
+            rows.append(("by name (shipped)", f"{f.mxu:.2f}", f"{f.objective:.4f}",
                          f"{100 * f.median_abs:.1f}%",
                          f"{100 * stats['v6e']['median_abs']:.1f}%"))
         for a in alt:
@@ -961,22 +993,30 @@ def render_doc(cases: list[Case], skips: list[Skip], preds: list[Prediction],
                      "median abs (odd half)", "median abs (all v6e)"), rows, 1))
         w("")
     w("### What the fitted values mean\n")
+    good_preds = good
     if "v5e" in by_gen:
         w(f"* **v5e, mxu_efficiency = {shipped['v5e']['mxu_efficiency']:g}.** The 2023 table "
           "reports 50-67% MFU by MaxText's 6P+attention formula, which does not count the full-"
-          "remat recompute (a fourth pass); in hardware FLOPs that is 0.67-0.85 of the 197 "
-          "TFLOP/s peak. 0.81 is the fraction the MXUs sustain on these large bf16 matmuls "
-          "(d_model 5120-10240, d_ff 32768-65536, head_dim 256), absorbing what tpusim does not "
-          "model per op: pipeline fill and drain of the systolic array, layout changes and "
-          "transposes, and the softmax inside the flash kernel. Large bf16 GEMMs reaching 80-90% "
-          "of peak is typical; the other half of the runs gives "
+          "remat recompute; tpusim's recompute of these parallel-block layers is the attention "
+          "and the MLP's first matmul (the attention output projection and the MLP down "
+          "projection are dead code), and with it the runs' matmuls keep the MXUs busy "
+          f"{_util_range(good_preds, 'v5e')} of the measured step. "
+          f"{shipped['v5e']['mxu_efficiency']:g} is the fraction the MXUs sustain on these "
+          "large bf16 matmuls (d_model 5120-10240, d_ff 32768-65536, head_dim 256) once the "
+          "exposed DCN and tensor-parallel communication is accounted, absorbing what tpusim "
+          "does not model per op: pipeline fill and drain of the systolic array, layout changes "
+          "and transposes, and the softmax inside the flash kernel. The other half of the runs "
+          "gives "
           f"{other['v5e'].mxu:.2f} and a DCN message overhead of "
           f"{1e3 * other['v5e'].dcn_message:g} ms (the fitted half: "
           f"{1e3 * by_gen['v5e'].dcn_message:g} ms)." if "v5e" in other else "")
     if "v6e" in by_gen:
         w(f"* **v6e, mxu_efficiency = {shipped['v6e']['mxu_efficiency']:g}.** The tpu-recipes "
-          "runs report 38-50% MFU (noncausal matmul formula, remat recompute not counted), i.e. "
-          "roughly 0.5-0.65 of the 918 TFLOP/s peak in hardware FLOPs. Trillium's MXUs are "
+          "runs report 38-50% MFU (noncausal matmul formula, remat recompute not counted); in "
+          "tpusim's hardware FLOPs (recompute included, dead code not) the dense runs keep the "
+          f"MXUs busy {_util_range(good_preds, 'v6e', moe=False)} of the measured step and the "
+          f"MoE runs {_util_range(good_preds, 'v6e', moe=True)} (effect 3). Trillium's MXUs "
+          "are "
           "256x256 (tpu.md §1.2; weights pad to 256): tpusim runs the attention matmuls of "
           "head_dim 128 (all the Llama/Mistral/Mixtral/GPT-3 runs here, 5-15% of their FLOPs "
           "at seq 8192) at half the MXU rate (`ChipSpec.mxu_fill`, docs/model.md), which moved "
