@@ -127,3 +127,21 @@ def test_custom_mesh_that_does_not_fit_the_axes_is_a_reason_not_a_crash(vm):
     assert vm._custom_mesh_axis_map("hybrid_ring_9x9", {"fsdp": 64, "expert": 4}).startswith("!")
     assert vm._custom_mesh_axis_map("hybrid_ring_32x8", {"fsdp": 32, "tensor": 8}) == \
         "tensor=x:4+y:2,fsdp=x:4+y:8"
+
+
+def test_moe_schedule_reader_tells_sync_from_async_all_to_alls_and_their_loop():
+    spec = importlib.util.spec_from_file_location(
+        "xla_moe_schedule", SCRIPT.parent / "xla_moe_schedule.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    hlo = "\n".join([
+        '  %all-to-all.1 = bf16[2,640,1024]{2,1,0} all-to-all(%x), metadata={op_name='
+        '"jit(step)/jvp()/while/body/closed_call/bsm,bsec->ebcm/dot_general"}',
+        '  %all-to-all-start.2 = f32[4,8,16]{2,1,0} all-to-all-start(%y), metadata={op_name='
+        '"jit(step)/transpose(jvp())/while/body/closed_call/checkpoint/broadcast_in_dim"}',
+    ])
+    a = mod.read_schedule(hlo)["all_to_all"]
+    assert [(x["loop"], x["form"], x["bytes"], x["einsum"]) for x in a] == [
+        ("forward", "sync", 2 * 640 * 1024 * 2, "bsm,bsec->ebcm"),
+        ("backward", "async", 4 * 8 * 16 * 4, "broadcast_in_dim"),
+    ]
