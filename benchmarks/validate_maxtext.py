@@ -962,7 +962,7 @@ def render_doc(cases: list[Case], skips: list[Skip], preds: list[Prediction],
              if i_better else "")
           + ". Step times alone cannot identify these two factors here (HBM-bound ops are a few "
           "percent of a step; communication is almost entirely hidden except under tensor "
-          "parallelism, where tpusim already over-predicts), so they stay at the textbook's 1.0 "
+          "parallelism, over DCN and for MoE all-to-alls), so they stay at the textbook's 1.0 "
           "rather than absorbing noise, and so do `vpu_efficiency` (VPU-bound time is about 1% of "
           "a step), `dcn_efficiency` (DCN transfers hide behind the backward pass in every run, "
           "see below) and `op_overhead_s` (a few thousand ops per multi-second step). Only "
