@@ -3,9 +3,10 @@ chip-to-chip speed variation shows where (and through which chips and links) it 
 
 Model (docs/model.md, "Per-chip engine"):
 
-* Every chip runs `sim.engine.replay`'s model of one chip (MXU, VPU and PCIe as SimPy resources;
-  its HBM and its outgoing link classes as fluid resources shared by compute and collective DMA),
-  with its own speed factor `s` scaling the MXU, VPU and HBM rates.
+* Every chip runs `sim.engine.replay`'s model of one chip (MXU, VPU and PCIe as SimPy resources,
+  the MXU and VPU as immediate grants since only the core uses them; its HBM and its outgoing
+  link classes as fluid resources shared by compute and collective DMA), with its own speed
+  factor `s` scaling the MXU, VPU and HBM rates.
 * A collective is a rendezvous of its replica group: it starts when every member has reached it
   (its dependencies are done on that chip), each member then moves its bytes on its own links
   and HBM, and the collective ends for all members when the last member's part has drained. So
