@@ -1100,6 +1100,24 @@ def xla_collectives_section() -> str:
     return xc.render_collectives_section(json.loads(xc.RESULTS_FILE.read_text()))
 
 
+def write_collectives_section() -> int:
+    """Replace the XLA collective-bytes section of the doc in place (up to the next section
+    written by another script, or the end)."""
+    head = "## Collective bytes against XLA's compiled programs"
+    doc = DOC_FILE.read_text()
+    if head not in doc:
+        print(f"{DOC_FILE.relative_to(ROOT)} has no '{head}' section; run --write first",
+              file=sys.stderr)
+        return 2
+    start = doc.index(head)
+    end = doc.find("<!-- hlo-import -->", start)
+    end = len(doc) if end < 0 else end
+    DOC_FILE.write_text(doc[:start] + xla_collectives_section().rstrip("\n") + "\n\n\n"
+                        + doc[end:])
+    print(f"wrote the collective-bytes section of {DOC_FILE.relative_to(ROOT)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=Path, default=RUNS_FILE, help="maxtext_runs.json to use")
@@ -1108,6 +1126,9 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"fit and regenerate {DOC_FILE.relative_to(ROOT)}")
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1),
                     help="worker processes for the fit (results do not depend on it)")
+    ap.add_argument("--write-collectives", action="store_true",
+                    help=f"regenerate only the XLA collective-bytes section of "
+                         f"{DOC_FILE.relative_to(ROOT)} (seconds; no MaxText table, no fit)")
     ap.add_argument("--save-fits", type=Path,
                     help="also write the fit results to this JSON file")
     ap.add_argument("--reuse-fits", type=Path,
@@ -1117,6 +1138,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.runs.is_file():
         print(f"reference file {args.runs} is absent; nothing to validate", file=sys.stderr)
         return 2
+    if args.write_collectives:
+        return write_collectives_section()
     cases, skips = load_cases(args.runs)
     preds = predict_all(cases)
     stats = summary(preds)

@@ -106,7 +106,12 @@ def test_equivalence_classes_agree_with_brute_force(pod_name, kind):
                                rtol=1e-9, atol=1e-15)
     assert fast.slowest_chip == brute.slowest_chip
     healthy = replay(trace, chip, topo)
-    if kind != "variation":
+    if kind == "slow-link" and slices > 1:
+        # Two slices: the step ends with the data-parallel all-reduces over DCN, which keep the
+        # DCN links busy from before the slowed ICI link's collectives end; the slow link can
+        # hide behind them, never speed the step up.
+        assert fast.step_time_s >= healthy.step_time_s
+    elif kind != "variation":
         assert fast.step_time_s > healthy.step_time_s
 
 
@@ -287,7 +292,9 @@ def test_cli_decode_prefill_and_replay_take_the_perturbation_flags(tiny_yaml, ca
     rc, out, _ = _cli(capsys, "replay", str(trace), *pod, "--json", "--slow-chip", "1,0:2.0")
     fast_chip = json.loads(out)
     rc, out, _ = _cli(capsys, "replay", str(trace), *pod, "--json")
-    assert fast_chip["step_time_s"] == json.loads(out)["step_time_s"]
+    # A faster chip leaves the step to the others (the class engine sums in another order than
+    # the replay: equal to rounding).
+    assert fast_chip["step_time_s"] == pytest.approx(json.loads(out)["step_time_s"], rel=1e-12)
 
 
 def test_perfetto_has_a_process_per_chip_class_plus_the_traced_chips(tmp_path):

@@ -14,11 +14,11 @@ SMALL = {"name": "small", "num_layers": 2, "d_model": 512, "num_heads": 4, "num_
 SEQ = 256
 
 
-def _trace(mesh: str, chips: int, **cfg):
+def _trace(mesh: str, chips: int, remat: Remat = Remat.FULL, **cfg):
     model = model_from_dict(SMALL)
     return compile_training_step(model, parse_mesh(mesh), chips,
                                  TrainingConfig(seq_len=SEQ, batch_per_chip=1,
-                                                remat=Remat.FULL, **cfg))
+                                                remat=remat, **cfg))
 
 
 def _ops(trace, name):
@@ -120,3 +120,183 @@ def test_each_dcn_message_costs_its_overhead_once_per_step(algorithm):
                          4e6, algorithm).time_s
     # A ring all-reduce: 2 (N - 1) steps of one message; direct: 2 steps of N - 1 messages.
     assert t1 - t0 == pytest.approx(2 * (slices - 1) * o, rel=1e-9)
+
+
+# -- FSDP gathers per weight matrix, their forms, windowed rings (docs/model.md) ------------------
+
+D, H, K, HD, F, VOCAB = 512, 4, 2, 128, 1024, 1024
+MATRIX_BYTES = {"wq": D * H * HD * 2, "wk": D * K * HD * 2, "wv": D * K * HD * 2,
+                "wo": H * HD * D * 2, "w_gate": D * F * 2, "w_up": D * F * 2, "w_down": F * D * 2}
+
+
+def _colls(trace, prefix, layer=1):
+    return {o.name.removeprefix(prefix): o for o in trace.ops
+            if o.name.startswith(prefix) and o.layer == layer and o.kind == "collective"}
+
+
+def test_fsdp_gathers_and_reduce_scatters_one_collective_per_weight_matrix():
+    trace = _trace("fsdp=8", 8)
+    fwd = _colls(trace, "fsdp_allgather_fwd_")
+    assert {k: o.bytes for k, o in fwd.items()} == MATRIX_BYTES
+    assert all(o.mesh_axes == ("fsdp",) for o in fwd.values())
+    rs = _colls(trace, "fsdp_grad_reducescatter_")
+    assert {k: o.bytes for k, o in rs.items()} == MATRIX_BYTES  # bf16 gradients, plain
+    # Each projection waits for its own matrices only.
+    (qkv,) = [o for o in trace.ops if o.name == "qkv_proj" and o.layer == 1]
+    assert {fwd[k].id for k in ("wq", "wk", "wv")} <= set(qkv.deps)
+    assert fwd["w_gate"].id not in qkv.deps
+
+
+def test_a_windowed_ring_sends_n_plus_one_shard_messages():
+    # fsdp = 8: prologue + 8 ring steps of one 1/8 shard each = 9/8 of V, gathers and
+    # gradient reduce-scatters alike (XLA's windowed_dot_general loops).
+    trace = _trace("fsdp=8", 8, fsdp_gather="windowed")
+    for prefix in ("fsdp_allgather_fwd_", "fsdp_allgather_bwd_", "fsdp_grad_reducescatter_"):
+        got = {k: o.bytes for k, o in _colls(trace, prefix).items()}
+        assert got == {k: v * 9 / 8 for k, v in MATRIX_BYTES.items()}
+    (erc,) = _ops(trace, "fsdp_grad_reducescatter_embed")
+    assert erc.bytes == VOCAB * D * 2 * 9 / 8
+    # The windowed matmuls do not wait for their gathers; the layer's end does.
+    fwd = _colls(trace, "fsdp_allgather_fwd_")
+    (qkv,) = [o for o in trace.ops if o.name == "qkv_proj" and o.layer == 1]
+    assert not set(qkv.deps) & {o.id for o in fwd.values()}
+    (res,) = [o for o in trace.ops if o.name == "residual_mlp" and o.layer == 1]
+    assert {o.id for o in fwd.values()} <= set(res.deps)
+
+
+def _forms(trace, phase):
+    """matrix -> form, read off the trace: a windowed gather carries 9/8 of V and no HBM;
+    a blocking one waits for the previous layer's end."""
+    out = {}
+    for k, o in _colls(trace, f"fsdp_allgather_{phase}_").items():
+        base = MATRIX_BYTES[k.removesuffix("_dx")]
+        out[k] = "windowed" if o.bytes == base * 9 / 8 else "plain"
+        assert o.bytes in (base, base * 9 / 8)
+        assert (o.alloc_bytes == 0) == (out[k] == "windowed")
+    return out
+
+
+def test_mixed_forms_window_a_gather_that_feeds_one_matmul():
+    # Forward: every matrix feeds one projection -> windowed. Backward under remat full: the
+    # recomputation and the input gradient both read a matrix (plain gather), except the down
+    # projection, whose recomputation is dead; wq and wk are gathered again for their input
+    # gradients. Gradient reduce-scatters are windowed.
+    trace = _trace("fsdp=8", 8, fsdp_gather="mixed-async")
+    assert set(_forms(trace, "fwd").values()) == {"windowed"}
+    bwd = _forms(trace, "bwd")
+    assert bwd == {"wq": "plain", "wk": "plain", "wv": "plain", "wo": "plain",
+                   "w_gate": "plain", "w_up": "plain", "w_down": "windowed",
+                   "wq_dx": "plain", "wk_dx": "plain"}
+    (px,) = [o for o in trace.ops if o.name == "attn_proj_bwd" and o.layer == 1]
+    regathers = _colls(trace, "fsdp_allgather_bwd_")
+    assert {regathers["wq_dx"].id, regathers["wk_dx"].id} <= set(px.deps)
+    assert all(o.bytes == MATRIX_BYTES[k] * 9 / 8
+               for k, o in _colls(trace, "fsdp_grad_reducescatter_").items())
+    # Without remat only the input gradient reads a matrix in the backward: all windowed.
+    none = _trace("fsdp=8", 8, fsdp_gather="mixed-async", remat=Remat.NONE)
+    assert set(_forms(none, "bwd").values()) == {"windowed"}
+
+
+def test_mixed_blocking_gathers_wait_for_the_previous_layer_and_tensor_rows_are_plain():
+    trace = _trace("fsdp=2,tensor=4", 8, fsdp_gather="mixed-blocking",
+                   tp_activations="replicated")
+    fwd = _colls(trace, "fsdp_allgather_fwd_")
+    # With a tensor axis the row-parallel matmuls (their outputs are reduced over tensor) do
+    # not window: wo and w_down are plain (blocking) gathers, the rest windowed (9/8 -> 3/2
+    # for fsdp = 2: one prologue + 2 steps of half the matrix).
+    for k, o in fwd.items():
+        v = MATRIX_BYTES[k] / 4
+        assert o.bytes == (v if k in ("wo", "w_down") else v * 3 / 2), k
+    (out0,) = [o for o in trace.ops if o.name == "residual_mlp" and o.layer == 0]
+    assert out0.id in fwd["wo"].deps  # blocking: issued when the previous layer ends
+
+
+def test_recomputation_drops_the_dead_down_projection_and_its_reduction():
+    # remat full: the backward never reads a layer's output, so XLA removes the recomputed
+    # down projection (and its all-reduce over tensor): dot FLOPs per layer = forward x 1 +
+    # (forward - down projection) + backward x 2.
+    trace = _trace("fsdp=2,tensor=4", 8, tp_activations="replicated")
+    names = [o.name for o in trace.ops if o.layer == 1]
+    assert "re-mlp_out" not in names and "re-tp_allreduce_mlp" not in names
+    assert "re-out_proj" in names and "re-tp_allreduce_attn" in names
+    n, tp = 4 * SEQ, 4
+    # tensor = 4 > 2 KV heads: each shard keeps one (replicated) KV head.
+    proj = 2 * n * D * (H / tp + 2 * 1) * HD + 2 * n * H * HD * D / tp
+    mlp = 2 * n * D * F * 3 / tp
+    down = 2 * n * F * D / tp
+    score_matmuls = {"attn_scores", "attn_values", "attn_bwd", "flash_attention",
+                     "flash_attention_bwd"}
+    weights = [o for o in trace.ops if o.layer == 1 and o.unit == "mxu"
+               and o.name.removeprefix("re-") not in score_matmuls]
+    assert sum(o.flops for o in weights) == pytest.approx(4 * (proj + mlp) - down)
+
+
+@pytest.mark.parametrize("tp_activations", ["replicated", "sharded"])
+def test_embedding_tokens_loss_and_norm_gradient_collectives(tp_activations):
+    # fsdp=2 x tensor=4, 8 chips: 8 sequences of 256 tokens, n = 1024 tokens per chip.
+    trace = _trace("fsdp=2,tensor=4", 8, tp_activations=tp_activations)
+    n = 4 * SEQ
+    # The lookup's all-to-all: each chip's [n, d_model] bf16 buffer over the fsdp group.
+    (lk,) = _ops(trace, "embed_lookup_alltoall")
+    assert lk.mesh_axes == ("fsdp",) and lk.bytes == 2 * n * D * 2
+    (ga,) = _ops(trace, "embed_grad_alltoall")
+    assert ga.mesh_axes == ("fsdp",) and ga.bytes == lk.bytes
+    # int32 token ids: over fsdp each chip's 1/tensor share, then over tensor all of them.
+    fs = [o for o in trace.ops if o.name == "embed_tokens_allgather_fsdp"]
+    ts = [o for o in trace.ops if o.name == "embed_tokens_allgather_tensor"]
+    assert [o.bytes for o in fs] == [2 * n / 4 * 4] * 2
+    assert [o.bytes for o in ts] == [2 * n * 4] * 2
+    assert {o.id for o in fs + ts if o.phase == "fwd"} <= set(lk.deps)
+    # The loss: bf16 row maxima, then f32 sum-exp and target logit, over tensor; the target
+    # ids permuted over fsdp x tensor.
+    (mx,) = _ops(trace, "tp_logits_max_allreduce")
+    (lse,) = _ops(trace, "tp_logsumexp_allreduce")
+    (tg,) = _ops(trace, "loss_targets_permute")
+    assert (mx.bytes, lse.bytes, tg.bytes) == (n * 2, n * 4 * 2, n * 4)
+    assert tg.collective == "collective-permute" and tg.mesh_axes == ("fsdp", "tensor")
+    # Norm scales (2 per layer + the final norm) are replicated: one all-reduce of their
+    # f32 gradients over fsdp (and tensor when the activations, hence the gradients, are
+    # split over it).
+    (nr,) = _ops(trace, "norm_grad_allreduce")
+    axes = ("fsdp",) if tp_activations == "replicated" else ("fsdp", "tensor")
+    assert nr.mesh_axes == axes and nr.bytes == (2 * 2 + 1) * D * 4
+    (upd,) = _ops(trace, "adam_update")
+    assert nr.id in upd.deps
+
+
+# -- the XLA side of the cross-check (benchmarks/xla_crosscheck.py) ------------------------------
+
+def _crosscheck():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "xla_crosscheck.py"
+    spec = importlib.util.spec_from_file_location("xla_crosscheck", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_mesh_form_replica_groups_vary_over_the_named_axes():
+    xc = _crosscheck()
+    # 4 x 2 ids row-major: a group varies over axis_0 with axis_1 fixed.
+    assert xc.parse_replica_groups("mesh['axis_0'=4,'axis_1'=2] {'axis_0'}", 8) == \
+        [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert xc.parse_replica_groups("mesh['axis_0'=4,'axis_1'=2] {'axis_1'}", 8) == \
+        [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert xc.parse_replica_groups("mesh['axis_0'=4,'axis_1'=2] {'axis_0','axis_1'}", 8) == \
+        [list(range(8))]
+
+
+def test_each_windowed_ring_takes_one_prologue_of_its_message_size():
+    # One layer's backward: a windowed all-gather and a windowed reduce-scatter with equal
+    # messages (2 ring steps each) and their two prologue permutes: N + 1 messages each.
+    xc = _crosscheck()
+    pairs = [[0, 1], [1, 0]]
+    loop = dict(kind="collective-permute", in_loop=True, layer=0, phase="bwd", bytes=10,
+                pair_list=pairs, count=2)
+    ops = [dict(loop, loop="windowed-ag:while.1[x2]"), dict(loop, loop="windowed-rs:while.2[x2]")]
+    ops += [dict(loop, in_loop=False, loop=None, count=1)] * 2
+    xr = {"num_chips": 2, "mesh_axes": ["fsdp"], "mesh_shape": [2], "mesh_device_ids": [0, 1],
+          "ops": ops}
+    assert xc.xla_logical_bytes(xr) == {("all-gather", "fsdp"): 30, ("reduce-scatter", "fsdp"): 30}

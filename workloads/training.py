@@ -80,7 +80,12 @@ _FUSED = frozenset({
 # one layer ahead (MaxText's async-collective flags), `windowed` collective matmuls that overlap
 # the gather with the layer's own matmuls (v5e's windowed einsum: no prefetch), `blocking`
 # gathers the compute waits for (v5p's default compile of an FSDP x TP program).
-FSDP_GATHER_MODES = ("async", "windowed", "blocking")
+# `mixed-async` and `mixed-blocking` pick the form per weight matrix as XLA's TPU compiler does
+# without MaxText's flags (docs/model.md "Collectives as XLA emits them"): a gather whose matrix
+# feeds one matmul of the pass is windowed, the others are plain gathers, async on v5e
+# (`mixed-async`), blocking on v5p and v6e (`mixed-blocking`); gradient reduce-scatters are
+# windowed.
+FSDP_GATHER_MODES = ("async", "windowed", "blocking", "mixed-async", "mixed-blocking")
 # Pipeline schedules simulated by `sim/pipeline.py` (docs/model.md "Pipeline schedules").
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
@@ -372,6 +377,34 @@ def compile_pipeline_chunk(
     return c.build()
 
 
+@dataclass(slots=True)
+class _Gathered:
+    """The FSDP all-gathers of one layer's weights for one pass: matrix -> (op id, form)."""
+
+    ops: dict[str, tuple[int, str]] = field(default_factory=dict)
+    held_bytes: float = 0.0  # HBM the non-windowed gathers hold until the layer ends
+
+    def deps(self, keys) -> list[int]:
+        """The gathers a matmul reading `keys` waits for (a windowed one streams its shards
+        through the matmul itself)."""
+        return sorted({self.ops[k][0] for k in keys if k in self.ops
+                       and self.ops[k][1] != "windowed"})
+
+    def windowed(self, keys) -> bool:
+        return any(self.ops[k][1] == "windowed" for k in keys if k in self.ops)
+
+    def ids(self, form: str | None = None) -> list[int]:
+        return sorted({i for i, f in self.ops.values() if form is None or f == form})
+
+
+# The weight matrices each weight matmul of a layer reads (FSDP gathers one per matrix).
+_ATTN_KEYS = ("wq", "wk", "wv", "wo")
+# Re-gathers XLA issues for the input-gradient matmuls of the query and key projections under
+# remat full (the recomputation's copies are not kept alive across the layer's backward).
+_REGATHER_KEYS = ("wq_dx", "wk_dx")
+_ROW_PARALLEL = frozenset({"wo", "w_down", "expert_down", "shared_down"})
+
+
 class _Compiler:
     # Which parts of the step this program holds (a pipeline chunk holds fewer).
     embed_on = True
@@ -413,11 +446,21 @@ class _Compiler:
         self.mem_events.append([op_id, str(category), float(delta)])
 
     # -- helpers ----------------------------------------------------------------------------
-    # Ring length of the windowed einsum the current layer's weight matmuls run as (1: plain).
-    window = 1
+    # The FSDP gathers of the layer being emitted (None outside the layers or without fsdp).
+    cur: _Gathered | None = None
 
-    def mm(self, name, flops, w_bytes, in_bytes, out_bytes, deps, layer, phase, narrow_dim=0):
-        n = self.window
+    def mm(self, name, flops, w_bytes, in_bytes, out_bytes, deps, layer, phase, narrow_dim=0,
+           keys=()):
+        # Ring length of the windowed einsum the matmul runs as (1: plain): its matrices' gather
+        # is windowed, or (a weight gradient) its reduce-scatter is.
+        n = 1
+        if self.cur is not None and keys:
+            if name.endswith("_weights"):
+                n = self.d.fs if self.rs_windowed else 1
+            elif self.cur.windowed(keys):
+                n = self.d.fs
+        if self.cur is not None and keys and not name.endswith("_weights"):
+            deps = list(deps) + self.cur.deps(keys)
         if n > 1 and w_bytes > 0:
             # A windowed einsum (collective matmul) computes one weight shard's output slice per
             # ring step: each of the N steps reads the activation operand whole and writes its
@@ -511,8 +554,81 @@ class _Compiler:
         routed = m.num_experts * m.mlp.num_matrices * m.d_model * m.expert_d_ff
         return routed / (d.tp * d.ep) * self.wb
 
+    def norm_grad_bytes(self) -> float:
+        """Gradients of the norm scales this pipeline stage holds (replicated parameters), in
+        f32: the norms compute in f32, and XLA's all-reduce of these gradients takes f32
+        operands (converting to the parameter dtype after the reduction)."""
+        return self.m.num_norm_params / self.d.pp * 4
+
     def layer_is_moe(self, layer: int) -> bool:
         return self.m.is_moe and layer >= self.m.first_dense_layers
+
+    def mlp_keys(self, layer: int) -> tuple[str, ...]:
+        """The MLP's weight matrices (routed and shared experts and the router in an MoE
+        layer)."""
+        gated = self.m.mlp.num_matrices == 3
+        if not self.layer_is_moe(layer):
+            return ("w_gate", "w_up", "w_down") if gated else ("w_up", "w_down")
+        keys = ["router"] + (["expert_gate"] if gated else []) + ["expert_up", "expert_down"]
+        if self.m.num_shared_experts:
+            keys += (["shared_gate"] if gated else []) + ["shared_up", "shared_down"]
+        return tuple(keys)
+
+    def layer_matrices(self, layer: int) -> list[tuple[str, float]]:
+        """(matrix, bytes one tensor shard gathers) for each weight matrix of a layer; they sum
+        to `layer_weight_bytes`."""
+        m, d, wb = self.m, self.d, self.wb
+        D, hd = m.d_model, m.head_dim
+        q, kv = D * m.num_heads * hd / d.tp * wb, D * m.num_kv_heads * hd / d.tp * wb
+        out = [("wq", q), ("wk", kv), ("wv", kv), ("wo", q)]
+        if not self.layer_is_moe(layer):
+            return out + [(k, D * m.d_ff / d.tp * wb) for k in self.mlp_keys(layer)]
+        routed = D * m.expert_d_ff * m.num_experts / (d.tp * d.ep) * wb
+        shared = (m.moe_mlp_params_per_layer - m.router_params_per_layer
+                  - m.num_experts * m.mlp.num_matrices * D * m.expert_d_ff)
+        per_shared = shared / m.mlp.num_matrices / d.tp * wb
+        for k in self.mlp_keys(layer):
+            out.append((k, m.router_params_per_layer * wb if k == "router" else
+                        routed if k.startswith("expert") else per_shared))
+        return out
+
+    @property
+    def rs_windowed(self) -> bool:
+        """Gradient reduce-scatters run as windowed rings (collective matmuls)."""
+        return self.cfg.overlap and self.cfg.fsdp_gather in (
+            "windowed", "mixed-async", "mixed-blocking")
+
+    def gather_form(self, layer: int, key: str, phase: str) -> str:
+        """How the FSDP gather of one matrix for one pass is issued: async, windowed or
+        blocking.
+
+        The mixed modes follow XLA's choice (docs/model.md): a windowed einsum needs the
+        gathered matrix to feed exactly one matmul of the pass (forward: its projection;
+        backward under remat full: the recomputation and the input gradient both read it,
+        except the MLP's down projection, whose recomputation is dead; without remat only the
+        input gradient reads it) and, with a tensor axis, not a row-parallel matmul whose
+        output is then reduced over `tensor` (forward); the other matrices are plain gathers."""
+        mode = self.cfg.fsdp_gather
+        if not self.cfg.overlap:
+            return "blocking"
+        if mode in ("async", "windowed", "blocking"):
+            return mode
+        plain = "async" if mode == "mixed-async" else "blocking"
+        if key in _REGATHER_KEYS:
+            return plain
+        if phase == "fwd":
+            single = not (self.d.tp > 1 and key in _ROW_PARALLEL)
+        elif self.cfg.remat.recomputes_layer:
+            # Matrices the recomputation does not read: its dead last matmuls (a dense MLP's
+            # down projection, a shared expert's, a parallel block's attention output) and
+            # the projections whose outputs come back from host memory.
+            kept = self.cfg.remat.kept_projections
+            single = (key in ("w_down", "shared_down")
+                      or (key == "wo" and (self.m.parallel_block or "out" in kept))
+                      or (key in ("wq", "wk", "wv") and "qkv" in kept))
+        else:
+            single = True
+        return "windowed" if single else plain
 
     # -- forward ----------------------------------------------------------------------------
     def layer_forward(self, layer, deps, gather, phase="fwd", recompute=False):
@@ -522,7 +638,8 @@ class _Compiler:
         hd, H, K = m.head_dim, m.num_heads, m.num_kv_heads
         k_loc = max(K / tp, 1.0)
         h_loc = H / tp
-        wdeps = [gather] if gather is not None else []
+        self.cur = gather
+        wdeps: list[int] = []  # the matmuls wait for their own matrices' gathers (`mm` keys)
         tag = "re-" if recompute else ""
         # Under a recomputing remat policy the backward reads the recomputed activations, not
         # the layer's output: the layer's last matmul(s) (the MLP's down projection, also the
@@ -544,7 +661,7 @@ class _Compiler:
         else:
             qkv = self.mm(f"{tag}qkv_proj", 2 * n * D * (h_loc + 2 * k_loc) * hd,
                           qkv_w * self.wb, n * D * a, n * (h_loc + 2 * k_loc) * hd * a,
-                          [norm] + wdeps + mm_deps, layer, phase)
+                          [norm] + wdeps + mm_deps, layer, phase, keys=("wq", "wk", "wv"))
         rope = self.vpu(f"{tag}rotary", 6 * n * (h_loc + k_loc) * hd,
                         2 * n * (h_loc + k_loc) * hd * a, [qkv] + after, layer, phase)
         att = self.attention_forward(layer, rope, phase, tag)
@@ -645,7 +762,7 @@ class _Compiler:
             # capacity / group tokens on the dense dropping path (padded to capacity).
             rows = rt.expert_rows_per_token
             router = self.mm(f"{tag}router", 2 * n * D * E, D * E * self.wb, n * D * a,
-                             n * E * 4, [dep], layer, phase)
+                             n * E * 4, [dep], layer, phase, keys=("router",))
             topk = self.vpu(f"{tag}topk_route", 4 * n * E, n * E * 4, [router], layer, phase)
             pre = topk
             if rt.dense_dispatch:
@@ -662,12 +779,14 @@ class _Compiler:
             w_bytes = (E / d.ep) * mats * D * F / tp * self.wb
             h = self.mm(f"{tag}expert_in", 2 * n * rows * D * F * (mats - 1) / tp,
                         w_bytes * (mats - 1) / mats, n * rows * D * a,
-                        n * rows * F * (mats - 1) / tp * a, x + wdeps, layer, phase)
+                        n * rows * F * (mats - 1) / tp * a, x + wdeps, layer, phase,
+                        keys=("expert_gate", "expert_up"))
             act = self.vpu(f"{tag}expert_act", 8 * n * rows * F / tp,
                            n * rows * F * (mats - 1) / tp * a + n * rows * F / tp * a,
                            [h, *after], layer, phase)
             o = self.mm(f"{tag}expert_out", 2 * n * rows * F * D / tp, w_bytes / mats,
-                        n * rows * F / tp * a, n * rows * D * a, [act] + wdeps, layer, phase)
+                        n * rows * F / tp * a, n * rows * D * a, [act] + wdeps, layer, phase,
+                        keys=("expert_down",))
             comb = self.coll(f"{tag}ep_combine", "all-to-all", ("expert",),
                              n * rows * D * a * d.ep, [o], layer, phase)
             out_deps = [o] + ([comb] if comb is not None else [])
@@ -677,7 +796,9 @@ class _Compiler:
                 sh = self.mm(f"{tag}shared_expert", 2 * n * D * sF * mats / tp * live,
                              mats * D * sF / tp * self.wb * live, n * D * a,
                              n * D * a if not dead_tail else n * sF * (mats - 1) / tp * a,
-                             [dep] + wdeps, layer, phase)
+                             [dep] + wdeps, layer, phase,
+                             keys=("shared_gate", "shared_up") + (() if dead_tail
+                                                                   else ("shared_down",)))
                 out_deps.append(sh)
             if dead_tail:
                 # The experts' outputs (back at their tokens) are read by the backward of the
@@ -698,22 +819,19 @@ class _Compiler:
         F = m.d_ff
         h = self.mm(f"{tag}mlp_in", 2 * n * D * F * (mats - 1) / tp,
                     (mats - 1) * D * F / tp * self.wb, n * D * a, n * F * (mats - 1) / tp * a,
-                    [dep] + wdeps, layer, phase)
+                    [dep] + wdeps, layer, phase, keys=("w_gate", "w_up"))
         act = self.vpu(f"{tag}mlp_act", 8 * n * F / tp,
                        n * F * (mats - 1) / tp * a + n * F / tp * a, [h, *after], layer, phase)
         if dead_tail:
             return act
         return self.mm(f"{tag}mlp_out", 2 * n * F * D / tp, D * F / tp * self.wb, n * F / tp * a,
-                       n * D * a, [act] + wdeps, layer, phase)
+                       n * D * a, [act] + wdeps, layer, phase, keys=("w_down",))
 
     # -- whole step -------------------------------------------------------------------------
     def build(self) -> Trace:
         m, d, cfg, a = self.m, self.d, self.cfg, self.act
         b = self.b
         n, D, V = d.n, m.d_model, m.vocab_size
-        overlap = cfg.overlap
-        prefetch = overlap and cfg.fsdp_gather == "async"
-        windowed = overlap and cfg.fsdp_gather == "windowed"
         G = MemoryCategory
         emb_w = V * D / d.tp * self.wb  # one vocabulary matrix (the output projection)
         emb_all = emb_w * (1 if m.tied_embeddings else 2)  # every embedding parameter
@@ -721,24 +839,80 @@ class _Compiler:
         # live with an all-to-all of the activations, and sends their gradients back the same
         # way (docs/xla_crosscheck.md). Tied tables are gathered anyway for the logits.
         lookup_a2a = (not m.tied_embeddings) and d.fs > 1
+        # The lookup's all-to-all runs over fsdp (the table's d_model shards), each chip
+        # sending its [tokens, d_model / fsdp]-sized pieces (XLA: 16 MiB per chip for 2048
+        # tokens of d_model 4096, with or without a tensor axis).
+        a2a_axes = ("fsdp",)
+        a2a_group = d.fs
+
+        def token_gathers(after, phase):
+            """The int32 token ids the lookup (and its gradient's scatter-add) needs from the
+            whole group: gathered over fsdp (each chip's share of its tensor group's tokens),
+            then over tensor (XLA's two small all-gathers, forward and backward)."""
+            ids = []
+            for axis, nbytes in (("fsdp", d.fs * n / d.tp * 4), ("tensor", d.fs * n * 4)):
+                g = self.coll(f"embed_tokens_allgather_{axis}", "all-gather", (axis,), nbytes,
+                              after, -1, phase)
+                if g is not None:
+                    ids.append(g)
+            return ids
         prev_compute = None
         last_grad_ops: list[int] = []
         grads_allocated = 0.0
         layer_outputs: dict[tuple[int, int], int] = {}
 
-        def fsdp_gather(layer, mb, phase, after):
-            """All-gather of a layer's weights; with overlap it is prefetched one layer ahead."""
+        ring = (d.fs + 1) / d.fs  # a windowed ring's N + 1 messages of one shard each
+
+        def fsdp_gather(layer, mb, phase, after, after_block):
+            """One all-gather per weight matrix of a layer (XLA's granularity), each in its
+            form: async ones are prefetched after `after` (one layer ahead), windowed and
+            blocking ones are issued after `after_block` (the previous layer's end)."""
             if d.fs == 1:
                 return None
-            moe = self.layer_is_moe(layer)
-            g = self.coll(f"fsdp_allgather_{phase}", "all-gather", ("fsdp",),
-                          self.layer_weight_bytes(moe), after, layer, phase)
-            # A forward collective matmul streams the shards, never the whole layer; the
-            # backward gathers each matrix whole even then (XLA's compiled programs: blocking
-            # all-gathers of every weight in the backward loop, docs/model.md "Memory").
-            if not windowed or phase == "bwd":
-                self.mem(g, G.GATHERED_WEIGHTS, self.layer_weight_bytes(moe))
-            return g
+            out = _Gathered()
+            for key, nbytes in self.layer_matrices(layer):
+                form = self.gather_form(layer, key, phase)
+                # A windowed einsum gathers through a ring of N + 1 collective-permutes (a
+                # prologue, then one per step), each one shard: (N + 1) / N of V.
+                g = self.coll(f"fsdp_allgather_{phase}_{key}", "all-gather", ("fsdp",),
+                              nbytes * (ring if form == "windowed" else 1.0),
+                              after if form == "async" else after_block, layer, phase)
+                if g is None:
+                    continue
+                out.ops[key] = (g, form)
+                # A forward collective matmul streams the shards, never the whole matrix; the
+                # backward gathers each matrix whole even then (XLA's compiled programs,
+                # docs/model.md "Memory").
+                if form != "windowed" or phase == "bwd":
+                    self.mem(g, G.GATHERED_WEIGHTS, nbytes)
+                    out.held_bytes += nbytes
+            return out
+
+        def regather(layer, g, after):
+            """XLA's second gathers of the query and key projections for their input
+            gradients under remat full (mixed modes)."""
+            if g is None or cfg.remat != Remat.FULL or not cfg.fsdp_gather.startswith("mixed") \
+                    or not cfg.overlap:
+                return
+            sizes = dict(self.layer_matrices(layer))
+            for key in _REGATHER_KEYS:
+                nbytes = sizes[key.removesuffix("_dx")]
+                r = self.coll(f"fsdp_allgather_bwd_{key}", "all-gather", ("fsdp",), nbytes,
+                              after, layer, "bwd")
+                if r is not None:
+                    g.ops[key] = (r, self.gather_form(layer, key, "bwd"))
+                    self.mem(r, G.GATHERED_WEIGHTS, nbytes)
+                    g.held_bytes += nbytes
+
+        def end_layer(out, g):
+            """The layer ends when its windowed gathers have arrived; its gathered weights die
+            with it."""
+            if g is None:
+                return
+            wid = g.ids("windowed")
+            if wid:
+                b.ops[out] = _with(b.ops[out], deps=tuple(sorted({*b.ops[out].deps, *wid})))
+            self.mem(out, G.GATHERED_WEIGHTS, -g.held_bytes)
 
         for mb in range(cfg.microbatches):
             # Embedding lookup (stage 0).
@@ -751,8 +925,9 @@ class _Compiler:
                 # A later pipeline chunk: its input activations arrive from the previous one.
                 lookup_a2a = False
             if lookup_a2a:
-                lk = self.coll("embed_lookup_alltoall", "all-to-all", ("fsdp",),
-                               d.fs * n * D * a, start, -1, "fwd")
+                tok = token_gathers(start, "fwd")
+                lk = self.coll("embed_lookup_alltoall", "all-to-all", a2a_axes,
+                               a2a_group * n * D * a, start + tok, -1, "fwd")
             table = lk if lookup_a2a else (emb_g if self.embed_on else None)
             x = b.add("embed_lookup" if self.embed_on else "stage_input", kind=OpKind.COMPUTE,
                       unit=Unit.VPU, flops=0.0,
@@ -772,7 +947,7 @@ class _Compiler:
                                 "reduce-scatter" if self.tp_sharded else "all-reduce",
                                 ("tensor",), n * D * a, [x], -1, "fwd")
                 prev = red if red is not None else x
-            pending = fsdp_gather(0, mb, "fwd", [] if prefetch else [prev])
+            pending = fsdp_gather(0, mb, "fwd", [], [prev])
             # A scanned layer stack writes what each layer saves into [layers, ...] buffers that
             # XLA allocates whole before the forward loop and frees after the backward loop
             # (one buffer cannot be freed layer by layer): every layer's saved set is resident
@@ -782,17 +957,13 @@ class _Compiler:
             for layer in range(d.layers):
                 g = pending
                 inp = prev
-                self.window = d.fs if windowed and g is not None else 1
                 first_op = len(b.ops)
-                out = self.layer_forward(layer, [prev], None if windowed else g)
-                self.window = 1
-                if windowed and g is not None:  # the layer ends when its gather has arrived
-                    b.ops[out] = _with(b.ops[out], deps=tuple(sorted({*b.ops[out].deps, g})))
+                out = self.layer_forward(layer, [prev], g)
+                self.cur = None
+                if g is not None and g.windowed(("w_gate", "w_up")):
                     self.mem_windowed_mlp_outputs(layer, first_op)
                 # The gathered weights are freed once the layer is done.
-                if g is not None and not windowed:
-                    self.mem(out, G.GATHERED_WEIGHTS,
-                             -self.layer_weight_bytes(self.layer_is_moe(layer)))
+                end_layer(out, g)
                 if cfg.remat.offloads:
                     b.add("offload_activations", kind=OpKind.HOST,
                           bytes=self.offload_bytes(layer), deps=[out], layer=layer, phase="fwd")
@@ -800,8 +971,8 @@ class _Compiler:
                     # Prefetch the next layer's weights as this layer starts (XLA's async
                     # all-gather, two layers of weights in flight); without overlap the gather
                     # waits for this layer to finish and blocks the next.
-                    after = [x for x in (g, inp) if x is not None] if prefetch else [out]
-                    pending = fsdp_gather(layer + 1, mb, "fwd", after)
+                    after = (g.ids() if g is not None else []) + [inp]
+                    pending = fsdp_gather(layer + 1, mb, "fwd", after, [out])
                 layer_outputs[(mb, layer)] = out
                 prev = out
             if d.pp > 1 and self.sends_on:
@@ -823,8 +994,17 @@ class _Compiler:
                 logits = self.mm("logits", 2 * n * D * V / d.tp, emb_w, n * D * a, n * V / d.tp * 4,
                                  [final_norm] + ([emb_g] if emb_g is not None else []) + lg_deps,
                                  -1, "fwd")
+                # The loss over vocabulary shards: the row maxima (bf16, before the f32 convert)
+                # and then the f32 sum of exponentials and the target logit are all-reduced
+                # over tensor; the target ids reach the shards through one collective-permute
+                # of each chip's n int32 ids over fsdp x tensor (XLA).
+                mx = self.coll("tp_logits_max_allreduce", "all-reduce", ("tensor",), n * a,
+                               [logits], -1, "loss")
+                tg = self.coll("loss_targets_permute", "collective-permute", ("fsdp", "tensor"),
+                               n * 4, start, -1, "loss") if d.fs > 1 and d.tp > 1 else None
                 loss = self.vpu("softmax_xent", 6 * n * V / d.tp, 2 * n * V / d.tp * 4,
-                                [logits, *lg_after], -1, "loss")
+                                [logits, *lg_after] + [x for x in (mx, tg) if x is not None],
+                                -1, "loss")
                 lse = self.coll("tp_logsumexp_allreduce", "all-reduce", ("tensor",),
                                 n * 4 * 2, [loss], -1, "loss")
                 dlog = self.vpu("dlogits", 4 * n * V / d.tp, 2 * n * V / d.tp * a,
@@ -837,7 +1017,8 @@ class _Compiler:
                 lt = loss_tensors(rows=n, local_vocab=V / d.tp, act_bytes=a)
                 held = deferred_head_gradient_bytes(
                     rows=n, d_model=D, local_vocab=V / d.tp, act_bytes=a, tensor=d.tp,
-                    fsdp=d.fs, fsdp_gather=cfg.fsdp_gather if overlap else "blocking")
+                    fsdp=d.fs, fsdp_gather="blocking" if not cfg.overlap or cfg.fsdp_gather in (
+                        "blocking", "mixed-blocking") else cfg.fsdp_gather)
                 self.mem(logits, G.LOGITS, sum(t.num_bytes for t in lt))
                 self.mem(dx, G.LOGITS, -sum(t.num_bytes for t in lt) + held)
                 self.mem(dx, G.GATHERED_WEIGHTS, -emb_w if emb_g is not None else 0.0)
@@ -847,7 +1028,7 @@ class _Compiler:
                 prev = dar_deps[-1]
             # Backward through the layers in reverse.
             # The last layer's weights are gathered again while the loss is computed.
-            pending = fsdp_gather(d.layers - 1, mb, "bwd", [final_norm] if prefetch else [prev])
+            pending = fsdp_gather(d.layers - 1, mb, "bwd", [final_norm], [prev])
             fetch_after = [final_norm]
             dp_wait: list[int] = []  # blocking data-parallel reductions the next layer waits for
             for layer in reversed(range(d.layers)):
@@ -875,10 +1056,10 @@ class _Compiler:
                     self.offload_bytes(layer) if cfg.remat == Remat.OFFLOAD else 0.0)
                 if cfg.remat.recomputes_layer:
                     first_op = len(b.ops)
-                    self.window = d.fs if windowed and g is not None else 1
                     self.recompute_leaves = []
                     inp = self.layer_forward(layer, deps, g, phase="bwd", recompute=True)
-                    self.window = 1
+                    self.cur = None
+                    regather(layer, g, [inp])
                     # The backward reads every live end of the recomputation (the last matmul
                     # of the layer and what follows it are dead code, see layer_forward).
                     deps = [inp] + self.recompute_leaves
@@ -898,12 +1079,10 @@ class _Compiler:
                 self.mem(deps[0] if cfg.remat != Remat.NONE else None, G.SAVED_ACTIVATIONS,
                          recomputed)
                 inp = prev
-                self.window = d.fs if windowed and g is not None else 1
-                out = self.layer_backward(layer, deps, None if windowed else g, grad=prev)
-                self.window = 1
+                out = self.layer_backward(layer, deps, g, grad=prev)
+                self.cur = None
                 self.mem(out, G.TEMPORARIES, -grad_tmp)
-                if windowed and g is not None:
-                    b.ops[out] = _with(b.ops[out], deps=tuple(sorted({*b.ops[out].deps, g})))
+                end_layer(out, g)
                 # What the layer recomputed or fetched dies with its backward (what it kept
                 # stays in the stack until the loop ends).
                 fetched_extra = sum(
@@ -913,23 +1092,25 @@ class _Compiler:
                 self.mem(out, G.SAVED_ACTIVATIONS, 0.0 if cfg.remat == Remat.NONE else
                          -(sum(t.num_bytes for t in self.recomputed_set(layer))
                            - self.saved_bytes(layer) + fetched_extra))
-                if g is not None:
-                    self.mem(out, G.GATHERED_WEIGHTS,
-                             -self.layer_weight_bytes(self.layer_is_moe(layer)))
                 if layer > 0:
-                    after = [x for x in (g, inp) if x is not None] if prefetch else [out]
-                    pending = fsdp_gather(layer - 1, mb, "bwd", after)
-                # Gradient reduce-scatter over fsdp, then all-reduce over data (async).
+                    after = (g.ids() if g is not None else []) + [inp]
+                    pending = fsdp_gather(layer - 1, mb, "bwd", after, [out])
+                # Gradient reduce-scatters over fsdp (one per matrix; a windowed one is a ring
+                # of N + 1 messages), then all-reduce over data (async).
                 grad_bytes = self.layer_weight_bytes(self.layer_is_moe(layer)) / self.wb * self.gb
-                rs = self.coll("fsdp_grad_reducescatter", "reduce-scatter", ("fsdp",),
-                               grad_bytes, [out], layer, "bwd")
+                rs_ops = [self.coll(f"fsdp_grad_reducescatter_{key}", "reduce-scatter",
+                                    ("fsdp",), nbytes / self.wb * self.gb
+                                    * (ring if self.rs_windowed else 1.0), [out], layer, "bwd")
+                          for key, nbytes in self.layer_matrices(layer)] if d.fs > 1 else []
+                rs_ops = [o for o in rs_ops if o is not None]
+                rs = rs_ops[-1] if rs_ops else None
                 if mb == 0:  # the local gradient shard lives from here until the update
                     self.mem(rs if rs is not None else out, G.GRADIENTS, grad_bytes / d.fs)
                     grads_allocated += grad_bytes / d.fs
                 if mb == cfg.microbatches - 1:
                     # Weights are replicated over data and sequence (and, except the experts,
                     # over expert): their gradient shards are summed over those axes too.
-                    after = [rs if rs is not None else out]
+                    after = rs_ops or [out]
                     expert_b = self.layer_expert_weight_bytes(layer) / self.wb * self.gb
                     dpar = self.coll("dp_grad_allreduce", "all-reduce",
                                      ("data", "sequence", "expert"),
@@ -937,15 +1118,15 @@ class _Compiler:
                     dpar_e = self.coll("dp_grad_allreduce_experts", "all-reduce",
                                        ("data", "sequence"), expert_b / d.fs, after, layer,
                                        "bwd")
-                    last_grad_ops += [o for o in (rs, dpar, dpar_e) if o is not None]
+                    last_grad_ops += rs_ops + [o for o in (dpar, dpar_e) if o is not None]
                     if cfg.dp_allreduce == "blocking" and d.dp > 1:
                         # Without XLA's data-parallel all-reduce overlap the layer's gradient
                         # reduction (over fsdp, then data) finishes before the next layer's
                         # backward starts (only with a data axis: the data-parallel overlap
                         # flags concern the data-parallel reduction).
                         dp_wait = [o for o in (dpar, dpar_e) if o is not None]
-                elif rs is not None:
-                    last_grad_ops.append(rs)
+                else:
+                    last_grad_ops += rs_ops
                 prev = out
             self.mem(prev, G.SAVED_ACTIVATIONS, -stack)
             self.mem(prev, G.LOGITS, -held)  # the deferred head weight gradient is done
@@ -963,8 +1144,9 @@ class _Compiler:
                 emb_bwd = self.vpu("embed_grad", n * D, 3 * n * D * a, [prev] + dp_wait, -1,
                                    "bwd")
                 if lookup_a2a:
-                    ga = self.coll("embed_grad_alltoall", "all-to-all", ("fsdp",), d.fs * n * D * a,
-                                   [emb_bwd], -1, "bwd")
+                    tok = token_gathers([prev], "bwd")
+                    ga = self.coll("embed_grad_alltoall", "all-to-all", a2a_axes,
+                                   a2a_group * n * D * a, [emb_bwd] + tok, -1, "bwd")
                     emb_bwd = self.vpu("embed_grad_scatter_add", n * D, 3 * n * D * a,
                                        [emb_bwd] + ([ga] if ga is not None else []), -1, "bwd")
             else:  # a later pipeline chunk sends its input gradient back instead
@@ -972,13 +1154,14 @@ class _Compiler:
             erc = None
             if self.embed_on or self.head_on:
                 erc = self.coll("fsdp_grad_reducescatter_embed", "reduce-scatter", ("fsdp",),
-                                emb_w / self.wb * self.gb, [emb_bwd], -1, "bwd")
+                                emb_w / self.wb * self.gb * (ring if self.rs_windowed else 1.0),
+                                [emb_bwd], -1, "bwd")
                 if erc is not None:
                     last_grad_ops.append(erc)
                 if mb == cfg.microbatches - 1:
                     ear = self.coll("dp_grad_allreduce_embed", "all-reduce",
                                     ("data", "sequence", "expert"),
-                                    emb_all / self.wb * self.gb / d.fs,
+                                    emb_all / self.wb * self.gb / d.fs + self.norm_grad_bytes(),
                                     [erc if erc is not None else emb_bwd], -1, "bwd")
                     if ear is not None:
                         last_grad_ops.append(ear)
@@ -986,6 +1169,15 @@ class _Compiler:
                 self.mem(erc if erc is not None else emb_bwd, G.GRADIENTS,
                          max(self.local_params() * self.gb - grads_allocated, 0.0))
             prev_compute = emb_bwd
+        # The norm scales are replicated: their gradients are summed over fsdp (and tensor, if
+        # the activations are sharded over it; replicated ones give equal gradients on every
+        # tensor shard) in one all-reduce (XLA combines them; f32), and over the
+        # data-parallel axes with the embedding's gradients (`dp_grad_allreduce_embed`).
+        nrm = self.coll("norm_grad_allreduce", "all-reduce",
+                        ("fsdp", "tensor") if self.tp_sharded else ("fsdp",),
+                        self.norm_grad_bytes(), [prev_compute], -1, "bwd")
+        if nrm is not None:
+            last_grad_ops.append(nrm)
         # Adam on the local parameter shard (tpu.md §4: bf16 params + fp32 moments).
         p_local = self.local_params()
         upd = self.vpu("adam_update", 12 * p_local,
@@ -1007,7 +1199,9 @@ class _Compiler:
         h_loc = H / tp
         k_loc = max(K / tp, 1.0)
         mats = m.mlp.num_matrices
-        wd = [gather] if gather is not None else []
+        self.cur = gather
+        wd: list[int] = []  # the matmuls wait for their own matrices' gathers (`mm` keys)
+        mkeys = self.mlp_keys(layer)
         rt = self.routing
         moe = self.layer_is_moe(layer)
         dense_disp = moe and rt.dense_dispatch
@@ -1044,7 +1238,7 @@ class _Compiler:
         # they run after the input gradient's collective is issued and hide it (a
         # tensor-parallel reduction, the MoE dispatch all-to-all).
         dmlp = self.mm("mlp_bwd", fwd_mlp, w_mlp, 1.5 * n * F * mats / tp * a, n * D * a,
-                       list(deps) + wd + mm_deps, layer, "bwd")
+                       list(deps) + wd + mm_deps, layer, "bwd", keys=mkeys)
         # Reads the gate/up projections and the product's gradient, writes their gradients.
         dact = self.vpu("mlp_act_bwd", 16 * n * F / tp, (2 * (mats - 1) + 1) * n * F / tp * a,
                         [dmlp, *after], layer,
@@ -1055,7 +1249,7 @@ class _Compiler:
             ar1 = self.coll("ep_dispatch_bwd", "all-to-all", ("expert",),
                             n * rt.expert_rows_per_token * D * a * d.ep, [dact], layer, "bwd")
         dmlp_w = self.mm("mlp_bwd_weights", fwd_mlp, w_mlp, 1.5 * n * F * mats / tp * a, 0.0,
-                         [dact], layer, "bwd")
+                         [dact], layer, "bwd", keys=mkeys)
         if dense_disp:
             # Dispatch einsum backward: the input gradient only (the one-hot mask has none).
             ar1 = self.mm("moe_dispatch_bwd", dispatch_flops(n, m.num_experts, rt.capacity, D),
@@ -1080,7 +1274,7 @@ class _Compiler:
             mm_deps2, after2 = self.tp_enter("", "attn_bwd", nrm, layer, "bwd")
         dproj = self.mm("attn_proj_bwd", proj_flops, w_att,
                         1.5 * n * (h_loc + 2 * k_loc) * hd * a, n * D * a,
-                        [nrm] + wd + mm_deps2, layer, "bwd")
+                        [nrm] + wd + mm_deps2, layer, "bwd", keys=_ATTN_KEYS + _REGATHER_KEYS)
         kv_bytes = n * d.sp / d.ctx * d.ctx * k_loc * hd * a  # K or V of the local sequences
         datt_m = None
         if self.cfg.attention == "flash":
@@ -1105,7 +1299,8 @@ class _Compiler:
         att_exit = self.tp_exit("", "block_bwd" if m.parallel_block else "attn_bwd", rope,
                                 last + ([dmlp] if m.parallel_block else []), layer, "bwd")
         dproj_w = self.mm("attn_proj_bwd_weights", proj_flops, w_att,
-                          1.5 * n * (h_loc + 2 * k_loc) * hd * a, 0.0, [rope], layer, "bwd")
+                          1.5 * n * (h_loc + 2 * k_loc) * hd * a, 0.0, [rope], layer, "bwd",
+                          keys=_ATTN_KEYS)
         return self.vpu("norm_attn_bwd", 10 * r * D, 4 * r * D * a,
                         att_exit + [dact, dmlp_w, dproj_w], layer, "bwd")
 

@@ -65,8 +65,9 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
                         "pass, XLA's data-parallel overlap flags, default) or blocking (each "
                         "layer's reduction ends before the next layer's backward starts)")
     p.add_argument("--fsdp-gather", default="async",
-                   help="FSDP weight gathers: async (prefetched, default), windowed (collective "
-                        "matmul, v5e's XLA default) or blocking (v5p's XLA default)")
+                   help="FSDP weight gathers (one per weight matrix): async (prefetched, "
+                        "default), windowed (collective matmuls), blocking, or the per-matrix "
+                        "mix XLA picks: mixed-async (v5e) or mixed-blocking (v5p, v6e)")
 
 
 def _compile(args: argparse.Namespace, num_chips: int, moe=None):
