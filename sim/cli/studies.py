@@ -156,10 +156,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if not len(top):
         print("  " + res.explanation)
         return 0
-    print(f"  {'#':>2} {'mesh':<34} {'placement':<34} {'remat':<8} {'mb':>3} {'step':>10} "
+    print(f"  {'#':>2} {'mesh':<34} {'placement':<34} {'remat':<12} {'mb':>3} {'step':>10} "
           f"{'MFU':>6} {'tok/s/chip':>10} {'HBM GB':>7}  bound")
     for r in top.itertuples(index=False):
-        print(f"  {r.rank:>2} {r.mesh:<34} {r.placement:<34} {r.remat:<8} {r.microbatches:>3} "
+        print(f"  {r.rank:>2} {r.mesh:<34} {r.placement:<34} {r.remat:<12} {r.microbatches:>3} "
               f"{cli.fmt_time(r.step_time_s):>10} {r.mfu:>6.1%} {r.tokens_per_s_per_chip:>10.1f} "
               f"{r.hbm_peak_bytes / 1e9:>7.1f}  {r.bound}")
     print(f"  best: {res.explanation}")
