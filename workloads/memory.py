@@ -197,7 +197,8 @@ def attention_temporaries(*, rows: float, context: float, local_heads: float,
     fusion, which also writes the bf16 probabilities the value matmul reads. Under `minimal`
     (v5e fsdp=16) the score matmul writes f32 scores, a separate subtract-exp fusion writes
     f32 exponentials and the value matmul normalises and converts them as it reads: 8 bytes
-    per score at the softmax, XLA's peak in that program.
+    per score at the softmax, XLA's peak in that program (and in v5e's `offload` program).
+    v6e's `minimal` program fuses the score matmul with the exponentials instead (4 bytes).
     """
     return (4.0 + probs_bytes) * rows * context * local_heads
 
