@@ -4,7 +4,9 @@ The collective's schedule is routed before `env.run()`; SimPy then replays its s
 against the fluid link network. One representative chip stands for all when the setup is
 translation-symmetric (every collective axis wraps, no degraded link); otherwise whole replica
 groups are simulated link by link (a representative group, plus every group that contains a
-degraded link).
+degraded link). Interleaved (strided) groups on a healthy pod are simulated on the representatives
+of the pod's translation symmetry, link ids folded onto their orbits (`orbit_periods`, mode
+`orbit`); `--mode full` simulates every group (the oracle).
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ class CollectiveResult:
     _schedule: Schedule | None = field(default=None, repr=False)
     _step_links: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] | None = field(
         default=None, repr=False)
+    # Orbit mode: for every replica group, the simulated group that stands for it.
+    _group_rep: np.ndarray | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -407,6 +411,14 @@ def _simulate_collective(
             schedule=schedule,
         )
 
+    if mode == "auto" and not geo.disjoint and not relevant_slow and not relevant_dead:
+        orbits = orbit_periods(topology, gaxes, schedule)
+        if orbits is not None:
+            return _simulate_orbits(
+                kind=kind, requested=algorithm, chip=chip, topology=topology, geo=geo,
+                schedule=schedule, lm=lm, periods=orbits, nbytes=nbytes, chunks=chunks,
+                steps_total=steps_total)
+
     if router is not None:
         router.context = f" (a {kind} over {','.join(g.name for g in gaxes)} needs it)"
     touched: set[int] = set()
@@ -452,6 +464,138 @@ def _simulate_collective(
         latency_s=max(latency_path_s(schedule, lats, chunks) for lats in {
             tuple(tuple(b.latency_s for b in s_) for s_ in batches_of[g]) for g in groups}),
         schedule=schedule, step_links=_step_links(batches_of, topology.num_links),
+    )
+
+
+def orbit_periods(topology: Topology, gaxes: tuple[GroupAxis, ...],
+                  schedule: Schedule) -> tuple[int, ...] | None:
+    """Per physical dimension (x, y, z, then the slice index with several slices), the period
+    of the translations that leave the whole collective unchanged, or None if there are none.
+
+    Along a dimension the group does not span, every translation only permutes groups (routes
+    never move along it): period 1. Where its factors span a block of `B` < `L` chips (every
+    factor is a segment or a strided piece inside the block), routes stay inside their block
+    and shifting by whole blocks permutes groups: period `B`. Where the outermost factor spans
+    the whole wrapped axis as a ring with stride `s`, and no move of the schedule depends on
+    that factor's coordinate (no source range or bit on it), shifting by `s` moves every chip
+    to the next chip of its own ring, doing the same moves: period `s`. Otherwise `L` (no
+    symmetry). A translation by the periods maps every transfer to a transfer and every link
+    to a link of the same bandwidth (no slow or dead link may be on the group's axes), and
+    acts freely on chips and links, so each link carries what its orbit's representatives
+    carry and every group finishes with its orbit's representative (see `_simulate_orbits`).
+    """
+    ndim = topology.ndim
+    dims = list(topology.shape) + ([topology.num_slices] if topology.num_slices > 1 else [])
+    periods = []
+    for c, n in enumerate(dims):
+        fs = [(i, g) for i, g in enumerate(gaxes) if (ndim if g.is_dcn else g.index) == c]
+        if not fs:
+            periods.append(1)
+            continue
+        i, outer = max(fs, key=lambda f: f[1].stride * f[1].size)
+        span = outer.stride * outer.size
+        if span < n:
+            periods.append(span)
+        elif (outer.wraps and outer.size > 1
+              and all(outer.stride % (g.stride * g.size) == 0 for j, g in fs if j != i)
+              and _moves_ignore_axis(schedule, i, outer.size)):
+            periods.append(outer.stride)
+        else:
+            periods.append(n)
+    if math.prod(periods) >= topology.num_chips:
+        return None
+    return tuple(periods)
+
+
+def _moves_ignore_axis(schedule: Schedule, i: int, size: int) -> bool:
+    """No move of the schedule restricts its sources by their coordinate on group axis i."""
+    for stream in schedule.streams:
+        for st in stream:
+            for m in st.moves:
+                if m.src_bit is not None and m.src_bit[0] == i:
+                    return False
+                if m.src_lo is not None and (m.src_lo[i] > 0 or m.src_hi[i] < size - 1):
+                    return False
+    return True
+
+
+def canonical_chips(topology: Topology, periods: tuple[int, ...]) -> np.ndarray:
+    """Every chip's representative under translations by `periods`: its coordinates modulo
+    the periods (slice index last)."""
+    ndim = topology.ndim
+    coords = topology.all_coords() % np.asarray(periods[:ndim])
+    local = np.ravel_multi_index(tuple(coords.T), topology.shape)
+    if topology.num_slices == 1:
+        return local.astype(np.int64)
+    slices = np.arange(topology.num_slices) % periods[ndim]
+    return np.add.outer(slices * topology.chips_per_slice, local).reshape(-1).astype(np.int64)
+
+
+def canonical_links(topology: Topology, canon_chip: np.ndarray) -> np.ndarray:
+    """Every link id's representative: the same link class out of the source chip's
+    representative (ICI), the representative chip's DCN egress/ingress (DCN)."""
+    per = 2 * topology.ndim
+    parts = [(canon_chip[:, None] * per + np.arange(per)).reshape(-1)]
+    if topology.num_slices > 1:
+        n_ici = topology.num_ici_links
+        parts += [n_ici + canon_chip, n_ici + topology.num_chips + canon_chip]
+    return np.concatenate(parts).astype(np.int64)
+
+
+def _simulate_orbits(*, kind, requested, chip, topology, geo, schedule, lm, periods, nbytes,
+                     chunks, steps_total) -> CollectiveResult:
+    """Full detail on the representatives of the pod's translation symmetry (`orbit_periods`).
+
+    The representative chips are those whose coordinates lie below the periods; their
+    transfers are routed link by link, grouped by replica group, and every link id is replaced
+    by its representative, so each representative link carries the bytes of every transfer in
+    its orbit, exactly what each of its links carries in the whole pod. Each group holding
+    representative chips stands for its orbit of groups. Exact against `--mode full` (the
+    whole pod), at a fraction of its transfers: e.g. `data=2` strided over x of a 16x20x28 pod
+    routes 4 chips' transfers instead of 8960."""
+    gaxes = geo.gaxes
+    env = simpy.Environment()
+    timeline: list[tuple] = []
+    n = topology.num_chips
+    canon_chip = canonical_chips(topology, periods)
+    reps_chips = np.flatnonzero(canon_chip == np.arange(n))
+    check_full_size(schedule, len(reps_chips), 1)
+    owner = geo.group_of_chip[reps_chips]
+    chips = reps_chips[np.lexsort((geo.local_of_chip[reps_chips], owner))]
+    groups = np.unique(owner).tolist()
+    local = np.stack(np.unravel_index(geo.local_of_chip[chips], geo.sizes), axis=1)
+    canon_link = canonical_links(topology, canon_chip)
+    routed: dict[int, list] = {g: [[] for _ in schedule.streams] for g in groups}
+    folded: dict[int, list] = {g: [[] for _ in schedule.streams] for g in groups}
+    for si, stream in enumerate(schedule.streams):
+        for st in stream:
+            b = full_batch(st, gaxes, topology, chips, local, lm)
+            for g, part in _split_by_group(b, geo, groups).items():
+                routed[g][si].append(part)
+                if part.num_transfers:
+                    part = dataclasses.replace(part, res=canon_link[part.res],
+                                               dst=canon_chip[part.dst])
+                folded[g][si].append(part)
+    represented = geo.group_size * geo.num_groups // len(groups)
+    owner_sorted = geo.group_of_chip[chips]
+    first = {g: int(chips[np.searchsorted(owner_sorted, g)]) for g in groups}
+    net = FluidNetwork(env, lm.capacity_bytes_per_s, coalesce=True)
+    for g in groups:
+        _launch(env, net, folded[g], schedule, g, first[g], represented, timeline, chunks)
+    env.run()
+    group_rep = np.zeros(geo.num_groups, dtype=np.int64)
+    group_rep[geo.group_of_chip] = geo.group_of_chip[canon_chip]
+    return _result(
+        kind=kind, algorithm=schedule.algorithm, requested=requested, chip=chip,
+        topology=topology, axes=tuple(g.name for g in gaxes), nbytes=nbytes,
+        group_size=geo.group_size, num_groups=geo.num_groups, time_s=env.now, net=net,
+        link_bytes=net.bytes[canon_link], link_busy=net.busy_s[canon_link], lm=lm,
+        hbm=_full_hbm_bytes(list(folded.values()), schedule, n), mode="orbit",
+        steps=steps_total, timeline=timeline, touched=tuple(groups),
+        latency_s=max(latency_path_s(schedule, lats, chunks) for lats in {
+            tuple(tuple(b.latency_s for b in s_) for s_ in folded[g]) for g in groups}),
+        schedule=schedule, step_links=_step_links(routed, topology.num_links),
+        group_rep=group_rep,
     )
 
 
@@ -569,10 +713,13 @@ def collective_link_loads(
         for row in res._timeline:
             if row[2] > geo.group_size:  # the group that stands for the unsimulated ones
                 rep_time = ends[int(row[0])]
-        if rep_time is not None:
-            times[:] = rep_time
-        for g, t in ends.items():
-            times[g] = t
+        if res._group_rep is not None:  # orbit mode: each group finishes with its orbit's
+            times = np.asarray([ends[int(r)] for r in res._group_rep.tolist()])
+        else:
+            if rep_time is not None:
+                times[:] = rep_time
+            for g, t in ends.items():
+                times[g] = t
     return GroupCollectiveLoads(time_s_per_group=times, link_bytes=res._link_bytes,
                                 link_busy_s=res._link_busy, result=res)
 
@@ -952,7 +1099,7 @@ def _replicate_group(topology: Topology, geo: GroupGeometry, groups, rep: int, n
 
 def _result(*, kind, algorithm, requested, chip, topology, axes, nbytes, group_size, num_groups,
             time_s, net, link_bytes, link_busy, lm, hbm, mode, steps, timeline, router=None,
-            touched=None, latency_s=0.0, schedule=None, step_links=None):
+            touched=None, latency_s=0.0, schedule=None, step_links=None, group_rep=None):
     cap = lm.capacity_bytes_per_s
     busiest = float(link_bytes.max(initial=0.0))
     per_cap = np.divide(link_bytes, cap, out=np.zeros_like(link_bytes), where=cap > 0)
@@ -976,6 +1123,7 @@ def _result(*, kind, algorithm, requested, chip, topology, axes, nbytes, group_s
         _link_bytes=link_bytes, _link_busy=link_busy, _link_cap=cap,
         _timeline=sorted(timeline, key=lambda r: (r[0], r[3], r[4], r[6])),
         _touched_groups=touched, _schedule=schedule, _step_links=step_links,
+        _group_rep=group_rep,
     )
 
 

@@ -598,9 +598,10 @@ def _collective_processes(res) -> list[tuple[str, dict[str, list[tuple]]]]:
     """The processes of one collective: (name, tracks) each.
 
     Symmetric mode: one process for the representative chip, named as standing for every chip
-    (by translation symmetry every chip does the same moves). Full and per-chip modes: one
-    process per simulated replica group (at most `MAX_CHIP_PROCESSES`), named with its chips
-    and with what it stands for (itself, or also the identical groups no perturbation touches).
+    (by translation symmetry every chip does the same moves). Full, orbit and per-chip modes:
+    one process per simulated replica group (at most `MAX_CHIP_PROCESSES`), named with its chips
+    and with what it stands for (itself, the identical groups no perturbation touches, or its
+    orbit under the pod's translations).
 
     Tracks: `DMA stream S` has one slice per step (the schedule's label, `xR` when R identical
     hops are folded into it); `DMA stream S x+` (one per link direction the stream uses)
@@ -642,10 +643,15 @@ def _collective_processes(res) -> list[tuple[str, dict[str, list[tuple]]]]:
             chips = geo.group_chips(g)
             shown = " ".join(str(tuple(topo.coords(int(c)))) for c in chips[:4])
             more = f" +{len(chips) - 4} more" if len(chips) > 4 else ""
-            stands = (f"stands for {represented} chips: itself and "
-                      f"{represented // max(len(chips), 1) - 1} identical group(s) that no "
-                      f"perturbation touches" if represented > len(chips)
-                      else "stands for itself")
+            if res.mode == "orbit":
+                stands = (f"stands for {represented} chips: the groups it maps to under the "
+                          f"pod's translations (orbit mode)")
+            elif represented > len(chips):
+                stands = (f"stands for {represented} chips: itself and "
+                          f"{represented // max(len(chips), 1) - 1} identical group(s) that "
+                          f"no perturbation touches")
+            else:
+                stands = "stands for itself"
             name = (f"{head}: group {g}, {len(chips)} chips {shown}{more}, simulated link by "
                     f"link; {stands}")
         tracks: dict[str, list[tuple]] = {}
