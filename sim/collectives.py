@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -428,14 +429,29 @@ def _shortest_offsets(g: GroupAxis) -> list[tuple[int, float]]:
     return out
 
 
+# The (offset, weight, source range) of every direct move, per group: thousands of moves on a
+# large group, the same for every byte count (a step's collectives differ only in bytes).
+_DIRECT_SKELETONS: dict[tuple[GroupAxis, ...], tuple[tuple, ...]] = {}
+
+
 def _direct_moves(gaxes, per_pair_bytes: float) -> tuple[Move, ...]:
+    skel = _DIRECT_SKELETONS.get(gaxes)
+    if skel is None:
+        skel = _direct_skeleton(gaxes)
+        if len(_DIRECT_SKELETONS) >= 256:
+            _DIRECT_SKELETONS.clear()
+        _DIRECT_SKELETONS[gaxes] = skel
+    return tuple(Move(off, per_pair_bytes * w, lo, hi) for off, w, lo, hi in skel)
+
+
+def _direct_skeleton(gaxes) -> tuple[tuple, ...]:
     per_axis = [_shortest_offsets(g) for g in gaxes]
     moves = []
     for combo in itertools.product(*per_axis):
         off = tuple(o for o, _ in combo)
         if all(o == 0 for o in off):
             continue
-        w = float(np.prod([wt for _, wt in combo]))
+        w = math.prod(wt for _, wt in combo)  # powers of 1/2: exact in any order
         lo = hi = None
         if any(not g.wraps and g.size > 1 and o != 0 for g, o in zip(gaxes, off, strict=True)):
             # Only chips whose destination stays on the line send this move.
@@ -448,7 +464,7 @@ def _direct_moves(gaxes, per_pair_bytes: float) -> tuple[Move, ...]:
                     los.append(max(0, -o))
                     his.append(min(g.size - 1, g.size - 1 - o))
             lo, hi = tuple(los), tuple(his)
-        moves.append(Move(off, per_pair_bytes * w, lo, hi))
+        moves.append((off, w, lo, hi))
     return tuple(moves)
 
 
