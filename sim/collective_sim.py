@@ -411,9 +411,11 @@ def _simulate_collective(
             schedule=schedule,
         )
 
-    if mode == "auto" and not geo.disjoint and not relevant_slow and not relevant_dead:
+    if mode == "auto" and not relevant_slow and not relevant_dead:
+        # Interleaved groups would all be simulated, disjoint ones one of them: the orbits'
+        # representatives instead when they are fewer chips.
         orbits = orbit_periods(topology, gaxes, schedule)
-        if orbits is not None:
+        if orbits is not None and (not geo.disjoint or math.prod(orbits) < geo.group_size):
             return _simulate_orbits(
                 kind=kind, requested=algorithm, chip=chip, topology=topology, geo=geo,
                 schedule=schedule, lm=lm, periods=orbits, nbytes=nbytes, chunks=chunks,

@@ -321,8 +321,11 @@ class _Floors:
     `collective_floor_s` on the mesh's groups, point-to-point sends one message through all of
     a chip's links with one hop of latency, host transfers bytes / PCIe, idle their length."""
 
-    def __init__(self, chip, topology, groups):
+    def __init__(self, chip, topology, groups, exact_algorithm: str | None = None):
         self.chip, self.topology, self.groups = chip, topology, groups
+        # Set: collectives also cost their exact uncontended time (`engine.cost_collective`, as
+        # the engine costs them; a batch alone on its links takes at least that long).
+        self.exact_algorithm = exact_algorithm
         self.mxu = chip.mxu_flops_per_s * chip.mxu_efficiency
         self.int8 = chip.mxu_int8_ops_per_s * chip.mxu_efficiency
         self.vpu = chip.vpu_flops_per_s * chip.vpu_efficiency
@@ -354,10 +357,16 @@ class _Floors:
                 for a in op.mesh_axes:
                     factors += list(self.groups.get(a, ()))
                 gaxes = _merge(self.topology, factors) if factors else ()
-                if op.collective == "collective-permute":
-                    gaxes = gaxes[:1]
-                self.memo[key] = collective_floor_s(self.chip, self.topology, op.collective,
-                                                    gaxes, op.bytes)
+                floor = collective_floor_s(self.chip, self.topology, op.collective,
+                                           gaxes[:1] if op.collective == "collective-permute"
+                                           else gaxes, op.bytes)
+                if self.exact_algorithm is not None and gaxes:
+                    from sim.engine import cost_collective
+
+                    floor = max(floor, cost_collective(self.chip, self.topology, op.collective,
+                                                       gaxes, op.bytes,
+                                                       self.exact_algorithm).time_s)
+                self.memo[key] = floor
         return self.memo[key]
 
 
@@ -425,18 +434,21 @@ class _Uncontended:
         return moved
 
 
-def step_lower_bound(model, axes, num_chips: int, tcfg, chip, topology) -> float:
+def step_lower_bound(model, axes, num_chips: int, tcfg, chip, topology,
+                     exact_algorithm: str | None = None) -> float:
     """A step time that `tpusim train` with this mesh (in this order, i.e. this placement) and
     these settings cannot beat: the end of the uncontended schedule (`uncontended_ends`); with
     pipeline stages, of every stage's program as sim/pipeline.py composes it, each receive
-    completing when its send does (so the bound holds the bubble)."""
+    completing when its send does (so the bound holds the bubble). With `exact_algorithm`
+    (single-program steps only), collectives take their simulated uncontended time."""
     from topologies.mesh import LogicalMesh
     from workloads.training import compile_training_step
 
     mesh = LogicalMesh(axes=tuple(axes))
     groups = _mesh_groups(axes, topology)
-    floors = _Floors(chip, topology, groups)
-    if mesh.size("pipeline") <= 1:
+    pipelined = mesh.size("pipeline") > 1
+    floors = _Floors(chip, topology, groups, None if pipelined else exact_algorithm)
+    if not pipelined:
         trace = compile_training_step(model, mesh, num_chips, tcfg)
         runs = _Uncontended([trace], floors, {}, {})
         runs.advance(0)
@@ -476,6 +488,43 @@ def lower_bounds(job: tuple) -> dict[str, Any]:
                                    for o in orders]}
     except TpusimError as exc:
         return {"error": str(exc)}
+
+
+def refine_and_run(job: tuple) -> dict[str, Any]:
+    """Simulate one candidate as `tpusim train ARGV` does, unless a sharper lower bound proves
+    it cannot enter the top K: the uncontended schedule with every collective at its exact
+    simulated time alone on the pod (`step_lower_bound(exact_algorithm=...)`; the engine then
+    finds its costs in this process's cache). Job: (train argv, axis order, threshold): a bound
+    >= threshold (the K-th best step time when the job was sent; it only decreases) returns
+    {"pruned": True, "lower_bound_s": b}; otherwise `run_point`'s result plus "lower_bound_s".
+    MoE steps (per-chip expert loads scale their collectives) and pipelines keep the plain
+    bound (None)."""
+    from sim.cli import build_parser, prepare
+    from sim.cli import common as cli
+    from sim.cli.training import _compile
+    from sim.study import run_point
+
+    argv, order, threshold = job
+    if not _PARSER:
+        _PARSER.append(build_parser())
+    bound = None
+    try:
+        args = prepare(argv, parser=_PARSER[0])
+        chip, topo = cli.resolve_pod(args)
+        _trace, model, tcfg = _compile(args, topo.num_chips,
+                                       cli.moe_config(args, cli.scenario_from_args(args, topo)))
+        if not model.is_moe and dict(order).get("pipeline", 1) <= 1:
+            # Less a relative 1e-12: sums of the same durations in another order than the
+            # engine's may differ in the last bits, and this bound can be that tight.
+            bound = step_lower_bound(model, order, topo.num_chips, tcfg, chip, topo,
+                                     exact_algorithm=args.algorithm) * (1 - 1e-12)
+    except Exception:  # noqa: BLE001 - the simulation reports the error (run_point never raises)
+        bound = None
+    if bound is not None and bound >= threshold:
+        return {"pruned": True, "lower_bound_s": bound}
+    out = run_point(argv)
+    out["lower_bound_s"] = bound
+    return out
 
 
 _PARSER: list = []  # one `tpusim` parser per worker process
@@ -537,7 +586,7 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
     best simulated step: those left cannot enter the top K, which is therefore exact."""
     import pandas as pd
 
-    from sim.study import SweepConfig, _bar, _num_workers, run_point
+    from sim.study import SweepConfig, _bar, _num_workers
 
     t0 = time.perf_counter()
     cands, counts = enumerate_candidates(model, topology, chip, cfg)
@@ -560,6 +609,8 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
     lb: list[float] = [0.0] * len(cands)
     bound_violated = False
     skipped: list[int] = []
+    pruned: list[int] = []  # sent, then skipped by their sharper bound
+    refined = 0
     bar = _bar(len(jobs) + len(cands), 0, quiet)
     try:
         # Largest groups first: the pool stays busy to the end.
@@ -587,13 +638,25 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
                     skipped = order[pos:]
                     pos = len(order)
                     break
-                inflight[pool.submit(run_point, argvs[i], f"plan-{i}")] = i
+                pruning = prune_by_bound and not bound_violated and len(best) >= cfg.top
+                threshold = best[cfg.top - 1] if pruning else math.inf
+                inflight[pool.submit(refine_and_run, (argvs[i], cands[i].mesh, threshold),
+                                     f"plan-{i}")] = i
                 pos += 1
             if not inflight:
                 break
             for f in pool.wait_any(inflight):
                 i = inflight.pop(f)
                 o = f.result()
+                sharper = o.pop("lower_bound_s", None)
+                if sharper is not None:
+                    refined += 1
+                    lb[i] = max(lb[i], sharper)
+                if o.get("pruned"):
+                    pruned.append(i)
+                    if bar:
+                        bar.update(1)
+                    continue
                 results[i] = o
                 r = o.get("result") or {}
                 if r.get("fits_in_hbm"):
@@ -643,7 +706,9 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
     counts["candidates"] = len(cands)
     counts["bounded"] = len(jobs)
     counts["simulated"] = len(results)
-    counts["skipped_by_bound"] = len(skipped)
+    counts["skipped_by_bound"] = len(skipped) + len(pruned)
+    counts["sharper_bounds"] = refined
+    counts["skipped_by_sharper_bound"] = len(pruned)
     counts["fit"] = len(ok)
     counts["out_of_memory"] = sum(1 for x in rest if x["status"] == "out of memory")
     counts["failed"] = sum(1 for x in rest if x["status"].startswith("error"))

@@ -114,6 +114,7 @@ def test_a_ring_whose_moves_depend_on_the_position_has_no_orbit_along_it():
     ("v5e", "8x8", "none", 1, "x:2@4,y:2@2"),
     ("v5p", "4x4x4", "auto", 1, "x:2@2,z:2@1"),
     ("v5e", "4x4", "all", 2, "x:2@2,y:2@1,dcn:2@1"),
+    ("v5e", "8x4", "all", 1, "x:8@1,y:2@1"),  # disjoint groups: a ring and a line segment
 ])
 def test_orbit_mode_equals_the_whole_pod_link_by_link_for_every_algorithm(chip_name, shape, wrap,
                                                                          slices, spec):
@@ -169,3 +170,24 @@ def test_random_strided_placements_agree_with_every_group_simulated(data):
     b = collective_link_loads(chip=chip, topology=topology, op=op, gaxes=gaxes, nbytes=v,
                               mode="per-chip")
     assert _rel(a.time_s_per_group, b.time_s_per_group) <= REL
+
+
+def test_a_group_too_large_to_route_whole_is_simulated_on_its_orbit_representatives(monkeypatch):
+    """direct all-to-all over x (a ring) + a segment of y: full mode routes one whole group
+    (16 chips x 15 moves), orbit mode 2 chips' moves (x shifts leave it unchanged). With the
+    routing limit between the two, full mode refuses and auto still gives full mode's answer."""
+    import sim.routing as routing
+
+    chip = get_chip("v5e")
+    topology = _topo("v5e", "8x4", "all")
+    gaxes = _factors(topology, "x:8@1,y:2@1")
+    kw = dict(chip=chip, topology=topology, op="all-to-all", axes=gaxes, nbytes=16 * 16 * 4096,
+              algorithm="direct")
+    whole = simulate_collective(**kw, mode="full")
+    monkeypatch.setattr(routing, "MAX_FULL_TRANSFERS", 100)
+    with pytest.raises(TpusimError, match="would route"):
+        simulate_collective(**kw, mode="full")
+    r = simulate_collective(**kw)
+    assert r.mode == "orbit"
+    assert r.time_s == pytest.approx(whole.time_s, rel=REL)
+    assert _rel(r._link_bytes, whole._link_bytes) <= REL

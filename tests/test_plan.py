@@ -12,7 +12,13 @@ import pytest
 
 from sim.cli import main
 from sim.hardware import get_chip
-from sim.planner import PlanConfig, enumerate_candidates, lower_bounds, run_plan
+from sim.planner import (
+    PlanConfig,
+    enumerate_candidates,
+    lower_bounds,
+    refine_and_run,
+    run_plan,
+)
 from sim.study import run_point
 from topologies.errors import TpusimError
 from topologies.mesh import LogicalMesh
@@ -252,3 +258,26 @@ def test_lower_bound_never_exceeds_the_simulated_step(tmp_path, flags):
     step = run_point(argv)["result"]["step_time_s"]
     # Valid (never above the simulation) and not vacuous (the pipeline bound holds the bubble).
     assert 0.5 * step < bound <= step
+
+
+@pytest.mark.parametrize("flags", [
+    ["--mesh", "sequence=2,tensor=2", "--remat", "minimal", "--no-overlap"],
+    ["--mesh", "fsdp=2,tensor=2", "--microbatches", "2"],
+    ["--mesh", "data=2,fsdp=2", "--remat", "none"],
+])
+def test_the_sharper_bound_lies_between_the_plain_bound_and_the_simulated_step(tmp_path, flags):
+    """Collectives at their exact time alone on the pod: never above the simulation (the engine
+    runs them at that time or slower), never below the closed-form bound; a threshold at or
+    under it prunes the candidate without simulating it."""
+    model = tmp_path / "four.yaml"
+    model.write_text("base: llama3-8b\nname: four\nnum_layers: 4\n", encoding="utf-8")
+    argv = ["train", "--chip", "v5e", "--shape", "2x2", "--model", str(model), "--seq-len",
+            "1024", "--batch-per-chip", "2", *flags]
+    mesh = tuple((a, int(v)) for a, v in (x.split("=") for x in flags[1].split(",")))
+    plain = lower_bounds((argv, [mesh]))["lower_bounds_s"][0]
+    o = refine_and_run((argv, mesh, float("inf")))
+    step = o["result"]["step_time_s"]
+    assert o["result"] == run_point(argv)["result"]
+    assert plain <= o["lower_bound_s"] <= step
+    assert refine_and_run((argv, mesh, o["lower_bound_s"])) == {
+        "pruned": True, "lower_bound_s": o["lower_bound_s"]}
