@@ -241,6 +241,17 @@ def test_compiled_traces_are_reused_across_axis_orders_and_equal_a_fresh_compile
     assert fresh.ops == again.ops and fresh.meta == again.meta
 
 
+def _four_layer_train(tmp_path, flags: list[str]) -> tuple[list[str], tuple]:
+    """`train` argv of a 4-layer LLaMA-3-8B on a v5e 2x2 with `flags` (`--mesh` first), and
+    that mesh as (axis, size) pairs."""
+    model = tmp_path / "four.yaml"
+    model.write_text("base: llama3-8b\nname: four\nnum_layers: 4\n", encoding="utf-8")
+    argv = ["train", "--chip", "v5e", "--shape", "2x2", "--model", str(model), "--seq-len",
+            "1024", "--batch-per-chip", "2", *flags]
+    mesh = tuple((a, int(v)) for a, v in (x.split("=") for x in flags[1].split(",")))
+    return argv, mesh
+
+
 @pytest.mark.parametrize("flags", [
     ["--mesh", "pipeline=2,fsdp=2", "--microbatches", "4", "--pipeline-schedule", "gpipe"],
     ["--mesh", "fsdp=2,pipeline=2", "--microbatches", "2", "--pipeline-schedule", "1f1b"],
@@ -249,11 +260,7 @@ def test_compiled_traces_are_reused_across_axis_orders_and_equal_a_fresh_compile
     ["--mesh", "sequence=2,tensor=2", "--remat", "minimal", "--no-overlap"],
 ])
 def test_lower_bound_never_exceeds_the_simulated_step(tmp_path, flags):
-    model = tmp_path / "four.yaml"
-    model.write_text("base: llama3-8b\nname: four\nnum_layers: 4\n", encoding="utf-8")
-    argv = ["train", "--chip", "v5e", "--shape", "2x2", "--model", str(model), "--seq-len",
-            "1024", "--batch-per-chip", "2", *flags]
-    mesh = tuple((a, int(v)) for a, v in (x.split("=") for x in flags[1].split(",")))
+    argv, mesh = _four_layer_train(tmp_path, flags)
     bound = lower_bounds((argv, [mesh]))["lower_bounds_s"][0]
     step = run_point(argv)["result"]["step_time_s"]
     # Valid (never above the simulation) and not vacuous (the pipeline bound holds the bubble).
@@ -269,11 +276,7 @@ def test_the_sharper_bound_lies_between_the_plain_bound_and_the_simulated_step(t
     """Collectives at their exact time alone on the pod: never above the simulation (the engine
     runs them at that time or slower), never below the closed-form bound; a threshold at or
     under it prunes the candidate without simulating it."""
-    model = tmp_path / "four.yaml"
-    model.write_text("base: llama3-8b\nname: four\nnum_layers: 4\n", encoding="utf-8")
-    argv = ["train", "--chip", "v5e", "--shape", "2x2", "--model", str(model), "--seq-len",
-            "1024", "--batch-per-chip", "2", *flags]
-    mesh = tuple((a, int(v)) for a, v in (x.split("=") for x in flags[1].split(",")))
+    argv, mesh = _four_layer_train(tmp_path, flags)
     plain = lower_bounds((argv, [mesh]))["lower_bounds_s"][0]
     o = refine_and_run((argv, mesh, float("inf")))
     step = o["result"]["step_time_s"]
