@@ -77,6 +77,8 @@ def _configs() -> dict[str, dict]:
         add("v5e", mesh, "minimal")
     for chip in ("v6e", "v5p"):
         add(chip, "fsdp", "minimal")
+    # v6e's fused scores (one f32 buffer instead of two) checked on a second v6e mesh.
+    add("v6e", "data_fsdp", "minimal")
     for chip, mesh in (("v5e", "fsdp"), ("v5p", "fsdp_tp"), ("v6e", "fsdp")):
         add(chip, mesh, "offload")
     for remat in ("none", "full", "minimal"):

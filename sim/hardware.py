@@ -48,6 +48,13 @@ class ChipSpec:
         mxu_efficiency, vpu_efficiency, hbm_efficiency, ici_efficiency, dcn_efficiency: achievable
             fraction of each peak (1.0 = the textbook's roofline).
         op_overhead_s: fixed cost added to every compute op (launch / pipeline fill).
+        score_exp_fusion: XLA's TPU compiler for this generation fuses dot attention's score
+            matmul with the softmax's exponentials (one output fusion writes the f32
+            exponentials; the f32 scores are never a buffer of their own). True on v6e, false
+            on v5e and v5p: read off the forward layer of their compiled
+            `benchmarks/xla_memory.py` programs (docs/model.md "Memory"). It changes the
+            memory of dot attention only (workloads.training.TrainingConfig.score_exp_fusion,
+            set from the chip by sim/).
     """
 
     name: str
@@ -73,6 +80,7 @@ class ChipSpec:
     dcn_efficiency: float = 1.0
     op_overhead_s: float = 0.0
     dcn_message_overhead_s: float = 0.0
+    score_exp_fusion: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not 0 < len(self.name) <= 64 \
@@ -91,6 +99,12 @@ class ChipSpec:
                 lo, hi, lo_open, integer, why = _FIELD_RANGES[f.name]
                 number(getattr(self, f.name), f"chip {self.name!r}: {f.name}", lo=lo, hi=hi,
                        lo_open=lo_open, integer=integer, fix=why)
+        for name in CHIP_BOOL_FIELDS:
+            if not isinstance(getattr(self, name), bool):
+                raise TpusimError(
+                    f"chip {self.name!r}: {name} = {short_repr(getattr(self, name))} must be "
+                    f"true or false"
+                )
         shape = self.max_pod_shape
         if not isinstance(shape, tuple) or not 1 <= len(shape) <= 3 or any(
             isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 4096 for n in shape
@@ -135,6 +149,8 @@ class ChipSpec:
 
 
 WRAP_RULES = ("cube", "full-axis")
+# Chip fields that are true or false (what the generation's compiler does), not numbers.
+CHIP_BOOL_FIELDS = ("score_exp_fusion",)
 _POSITIVE_FIELDS = {
     "mxu_flops_per_s",
     "mxu_int8_ops_per_s",
@@ -319,6 +335,10 @@ CHIPS.add(
         # (mxu_dim); the held-out even-indexed half and its refit are in docs/validation.md.
         # HBM/ICI/DCN/VPU factors stay 1.0: the fit cannot identify them.
         mxu_efficiency=0.63,
+        # The forward's score matmul, mask, max, subtract, exp and row sum are one output
+        # fusion in every v6e program of benchmarks/xla_memory.py (none, full, minimal,
+        # offload); v5e's and v5p's write the f32 scores first (docs/model.md "Memory").
+        score_exp_fusion=True,
     ),
 )
 CHIPS.add(
@@ -439,6 +459,10 @@ def chip_from_dict(data: dict[str, Any], *, source: str = "chip YAML") -> ChipSp
         data["max_pod_shape"] = tuple(shape)
     for key, value in data.items():
         if key in ("name", "generation_rule", "max_pod_shape"):
+            continue
+        if key in CHIP_BOOL_FIELDS:
+            if not isinstance(value, bool):
+                raise TpusimError(f"{source}: {key} = {short_repr(value)} must be true or false")
             continue
         lo, hi, lo_open, integer, why = _FIELD_RANGES[key]
         data[key] = number(value, f"{source}: {key}", lo=lo, hi=hi, lo_open=lo_open,

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sim.hardware import CHIP_FIELDS, WRAP_RULES, ChipSpec
+from sim.hardware import CHIP_BOOL_FIELDS, CHIP_FIELDS, WRAP_RULES, ChipSpec
 from topologies.errors import TpusimError
 from workloads.models import MODEL_FIELDS, MlpKind, TransformerSpec
 
@@ -267,7 +267,18 @@ def _check_range(key: str, value: float, *, zero_ok: bool, integer: bool) -> Non
         raise TpusimError(f"--set {key}={_fmt(value)}: must be a whole number")
 
 
+def _bool(key: str, value: Any) -> Override:
+    if isinstance(value, bool):
+        return Override(key=key, given=value, value=value)
+    text = str(value).strip().lower()
+    if text not in ("true", "false"):
+        raise TpusimError(f"--set {key}={value}: write true or false")
+    return Override(key=key, given=value, value=text == "true")
+
+
 def _parse_chip(key: str, value: Any) -> Override:
+    if key in CHIP_BOOL_FIELDS:
+        return _bool(key, value)
     if key in _CHIP_TEXT:
         text = _text(key, value)
         if key == "generation_rule" and text not in WRAP_RULES:
@@ -308,12 +319,7 @@ def _parse_model(key: str, value: Any) -> Override:
             raise TpusimError(f"--set {key}={text}: use one of: {', '.join(MlpKind)}")
         return Override(key=key, given=value, value=MlpKind(text))
     if field in _MODEL_BOOL:
-        if isinstance(value, bool):
-            return Override(key=key, given=value, value=value)
-        text = str(value).strip().lower()
-        if text not in ("true", "false"):
-            raise TpusimError(f"--set {key}={value}: write true or false")
-        return Override(key=key, given=value, value=text == "true")
+        return _bool(key, value)
     if field == "moe_d_ff" and str(value).strip().lower() in ("none", "null"):
         return Override(key=key, given=value, value=None)
     mult = _multiplier(key, value)

@@ -10,6 +10,7 @@ import pytest
 from sim.cli import main
 from sim.engine import replay
 from sim.hardware import get_chip
+from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology
 from workloads.memory import (
@@ -182,12 +183,12 @@ LONG_CONTEXT = {"name": "long-ctx", "num_layers": 2, "d_model": 64, "num_heads":
                 "vocab_size": 256}
 
 
-def _long(remat, mesh="fsdp=1", shape="1x1", gather="windowed"):
+def _long(remat, mesh="fsdp=1", shape="1x1", gather="windowed", fused=False):
     chip = get_chip("v5e")
     topo = resolve_topology(chip_name=chip.name, wrap_rule=chip.generation_rule,
                             max_pod_shape=chip.max_pod_shape, shape=shape)
     cfg = TrainingConfig(seq_len=1024, batch_per_chip=2, remat=remat, attention="dot",
-                         fsdp_gather=gather)
+                         fsdp_gather=gather, score_exp_fusion=fused)
     trace = compile_training_step(model_from_dict(LONG_CONTEXT), parse_mesh(mesh),
                                   topo.num_chips, cfg)
     return trace, replay(trace, chip, topo)
@@ -202,11 +203,24 @@ def test_dot_attention_holds_f32_scores_and_bf16_probabilities():
         8 * 2048 * 1024 * 3
 
 
+def test_a_score_matmul_fused_with_the_exponentials_writes_no_f32_scores():
+    # v6e: the f32 exponentials are the only f32 buffer; the value matmul reads them under
+    # minimal / offload (4 bytes per score), bf16 probabilities are still written from them
+    # under none / full (4 + 2, as unfused).
+    kw = dict(rows=2048, context=1024, local_heads=3, score_exp_fusion=True)
+    assert attention_temporaries(**kw, probs_bytes=4) == 4 * 2048 * 1024 * 3
+    assert attention_temporaries(**kw, probs_bytes=2) == 6 * 2048 * 1024 * 3
+
+
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("remat,fwd_bytes", [(Remat.MINIMAL, 8), (Remat.OFFLOAD, 8),
                                              (Remat.FULL, 6), (Remat.NONE, 6)])
 def test_the_forward_softmax_writes_f32_probabilities_under_minimal_and_offload(remat,
-                                                                               fwd_bytes):
-    trace, _ = _long(remat)
+                                                                               fwd_bytes,
+                                                                               fused):
+    trace, _ = _long(remat, fused=fused)
+    if fused and fwd_bytes == 8:
+        fwd_bytes = 4  # the exponentials the fused score matmul writes are the probabilities
     scores = 2048 * 1024 * 4  # tokens x context x heads
     got = {(trace.ops[i].phase, trace.ops[i].name): delta
            for i, cat, delta in trace.meta["memory_events"]
@@ -361,3 +375,53 @@ def test_windowed_mlp_outputs_are_allocated_at_the_start_of_the_layer(gather):
     # first op (its norm, before the attention) to the activation that reads them.
     buf = 2 * 2048 * 128 * 2
     assert got == ([("norm_attn", buf), ("mlp_act", -buf)] if gather == "windowed" else [])
+
+
+def test_the_chip_sets_whether_the_trace_fuses_scores_with_exponentials(tmp_path):
+    from sim import api
+
+    path = tmp_path / "m.yaml"
+    path.write_text(json.dumps(LONG_CONTEXT))
+    flags = dict(shape="2x2", model=str(path), seq_len=1024, batch_per_chip=2,
+                 mesh="fsdp=4", remat="minimal", attention="dot")
+    scores = 2048 * 1024 * 4  # tokens x context x heads per chip
+
+    def fwd_scores(run):
+        return [d for i, cat, d in run.trace.meta["memory_events"]
+                if cat == "temporaries" and run.trace.ops[i].name == "attn_scores"]
+
+    v5e, v6e = api.train(chip="v5e", **flags), api.train(chip="v6e", **flags)
+    what_if = api.train(chip="v5e", set={"score_exp_fusion": "true"}, **flags)
+    assert (v5e.inputs["training"]["score_exp_fusion"],
+            v6e.inputs["training"]["score_exp_fusion"]) == (False, True)
+    assert fwd_scores(v5e) == [8 * scores] * 2
+    assert fwd_scores(v6e) == fwd_scores(what_if) == [4 * scores] * 2
+
+
+def test_score_exp_fusion_is_true_or_false_in_a_chip_file(tmp_path):
+    from sim.hardware import chip_from_dict
+
+    assert chip_from_dict({"base": "v5e", "score_exp_fusion": True}).score_exp_fusion is True
+    with pytest.raises(TpusimError, match="score_exp_fusion = 'yes' must be true or false"):
+        chip_from_dict({"base": "v5e", "score_exp_fusion": "yes"})
+
+
+def test_offloaded_tensors_stay_on_device_through_the_next_layers_forward():
+    trace, _ = _long(Remat.OFFLOAD)
+    ops = trace.ops
+    fwd: dict[int, list[float]] = {}
+    for i, cat, delta in trace.meta["memory_events"]:
+        if cat == "saved_activations" and ops[i].phase == "fwd":
+            fwd.setdefault(ops[i].layer, []).append(delta)
+    inputs = 2 * 2 * 2048 * 64  # both layers' bf16 inputs, the stack offload keeps in HBM
+    sent = sum(t.num_bytes for t in offloaded_tensors(LONG_SHAPE, attention="dot"))
+    # q, k, v, the attention output projection and the gate/up outputs, each from its matmul;
+    # layer 0's die as layer 1 ends, layer 1's as the loop ends (with its last op).
+    assert fwd[-1] == [inputs]
+    assert sum(d for d in fwd[0] if d > 0) == sum(d for d in fwd[1] if d > 0) == sent
+    assert sum(fwd[0]) == sent and sum(fwd[1]) == -sent
+    # At layer 1's scores: the stack, layer 0's whole set and layer 1's q, k, v.
+    at = [i for i, op in enumerate(ops) if op.name == "attn_scores" and op.layer == 1][0]
+    live = sum(delta for i, cat, delta in trace.meta["memory_events"]
+               if cat == "saved_activations" and i <= at)
+    assert live == inputs + sent + 2 * 2048 * (64 + 2 * 32)

@@ -186,11 +186,14 @@ def saved_tensors(shape: LayerShapeSpec, *, remat: str, attention: str,
 
 
 def attention_temporaries(*, rows: float, context: float, local_heads: float,
-                          probs_bytes: float = 2.0) -> float:
+                          probs_bytes: float = 2.0, score_exp_fusion: bool = False) -> float:
     """Peak working bytes of a dot attention's forward (per chip): the f32 scores
     [rows, context, heads] (4 x b x s x context x heads / shards; the softmax overwrites them in
     place) and the probabilities written from them, live together: bf16 (`probs_bytes` 2), or
-    f32 (4) in the forward of `minimal` / `offload`.
+    f32 (4) in the forward of `minimal` / `offload`. With `score_exp_fusion` (the chip's
+    compiler fuses the score matmul with the exponentials: v6e) the f32 exponentials are the
+    first buffer the forward writes; f32 probabilities are those exponentials (4 bytes per
+    score), bf16 ones are written from them as before (4 + 2).
 
     Source: XLA's live ranges at the peak of the scanned `benchmarks/xla_memory.py` programs.
     Under `none` and `full` the f32 score buffer is reused by the softmax's subtract-exp
@@ -198,8 +201,16 @@ def attention_temporaries(*, rows: float, context: float, local_heads: float,
     (v5e fsdp=16) the score matmul writes f32 scores, a separate subtract-exp fusion writes
     f32 exponentials and the value matmul normalises and converts them as it reads: 8 bytes
     per score at the softmax, XLA's peak in that program (and in v5e's `offload` program).
-    v6e's `minimal` program fuses the score matmul with the exponentials instead (4 bytes).
+    v6e's programs fuse the score matmul, mask, max, subtract, exponential and row sum into
+    one output fusion that writes the f32 exponentials (`fused_computation` returning
+    `(f32[b,k,g,s], f32[b,k,g,s,t])` in its `none`, `full`, `minimal` and `offload`
+    programs); under `minimal` the value matmul reads them (4 bytes per score, the v6e
+    `minimal` peak), under `none` / `full` a divide-convert fusion writes the bf16
+    probabilities from them (4 + 2, as unfused). v5e's and v5p's forward writes the f32
+    scores in the matmul's own fusion and the exponentials in the next.
     """
+    if score_exp_fusion and probs_bytes == 4.0:
+        return 4.0 * rows * context * local_heads
     return (4.0 + probs_bytes) * rows * context * local_heads
 
 

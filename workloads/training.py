@@ -120,6 +120,10 @@ class TrainingConfig:
     pipeline_schedule: str = "1f1b"
     virtual_stages: int = 1
     moe: MoeConfig = field(default_factory=MoeConfig)
+    # The chip's compiler fuses dot attention's score matmul with the softmax's exponentials
+    # (sim/ sets it from ChipSpec.score_exp_fusion: v6e): memory only, see
+    # workloads.memory.attention_temporaries.
+    score_exp_fusion: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.seq_len, int) or not 1 <= self.seq_len <= MAX_TOKENS:
@@ -133,6 +137,9 @@ class TrainingConfig:
             )
         if self.attention not in ("dot", "flash"):
             raise TpusimError(f"--attention {self.attention!r} must be dot or flash")
+        if not isinstance(self.score_exp_fusion, bool):
+            raise TpusimError(f"score_exp_fusion {short_repr(self.score_exp_fusion)} must be "
+                              f"true or false (the chip's score_exp_fusion)")
         if not isinstance(self.microbatches, int) or not 1 <= self.microbatches <= MAX_CHUNKS:
             raise TpusimError(f"--microbatches {short_repr(self.microbatches)} must be a whole "
                               f"number in [1, {MAX_CHUNKS:,}]")
@@ -738,7 +745,8 @@ class _Compiler:
         f32_probs = tag == "" and self.cfg.remat in (Remat.MINIMAL, Remat.OFFLOAD)
         probs_bytes = 4.0 if f32_probs else a
         temps = attention_temporaries(rows=n, context=ctx, local_heads=h_loc,
-                                      probs_bytes=probs_bytes)
+                                      probs_bytes=probs_bytes,
+                                      score_exp_fusion=self.cfg.score_exp_fusion)
         saved = tag == "re-" or self.cfg.remat == Remat.NONE  # the probabilities are kept
         probs = scores * probs_bytes
         self.mem(qk, MemoryCategory.TEMPORARIES, temps)
@@ -954,6 +962,10 @@ class _Compiler:
             # from the first layer's forward to the last layer's backward.
             stack = sum(self.saved_bytes(layer) for layer in range(d.layers))
             self.mem(prev, G.SAVED_ACTIVATIONS, stack)
+            # Under `offload` a layer's offloaded set is written to HBM by its matmuls and
+            # copied to host asynchronously; the device copies live until the copies complete,
+            # through the next layer's forward (workloads/memory.py offload_in_flight).
+            in_flight = 0.0
             for layer in range(d.layers):
                 g = pending
                 inp = prev
@@ -967,6 +979,10 @@ class _Compiler:
                 if cfg.remat.offloads:
                     b.add("offload_activations", kind=OpKind.HOST,
                           bytes=self.offload_bytes(layer), deps=[out], layer=layer, phase="fwd")
+                if cfg.remat == Remat.OFFLOAD:
+                    self.mem_saved(self.offloaded(layer), first_op, out)
+                    self.mem(out, G.SAVED_ACTIVATIONS, -in_flight)
+                    in_flight = self.offload_bytes(layer)
                 if layer + 1 < d.layers:
                     # Prefetch the next layer's weights as this layer starts (XLA's async
                     # all-gather, two layers of weights in flight); without overlap the gather
@@ -979,6 +995,8 @@ class _Compiler:
                 send = self.coll("pipeline_send_fwd", "collective-permute", ("pipeline",),
                                  self.rows() * D * a, [prev], d.layers - 1, "fwd")
                 prev = send if send is not None else prev
+            # The last layer's device copies complete with the loop (before the final norm).
+            self.mem(prev, G.SAVED_ACTIVATIONS, -in_flight)
             held = 0.0  # logits-path bytes live through the backward loop
             if not self.head_on:
                 # A pipeline chunk before the last: its output gradient arrives from the next.

@@ -70,9 +70,11 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
                         "mix XLA picks: mixed-async (v5e) or mixed-blocking (v5p, v6e)")
 
 
-def _compile(args: argparse.Namespace, num_chips: int, moe=None):
+def _compile(args: argparse.Namespace, num_chips: int, moe=None, chip=None):
     """(trace, model, TrainingConfig) for the training flags (`moe`: the router settings of a
-    scenario; default: the `compile` flags)."""
+    scenario; default: the `compile` flags). `chip`: the ChipSpec the step runs on, whose
+    compiler behaviour the trace's memory follows (`score_exp_fusion`); None (`compile
+    --chips N`) compiles as v5e's and v5p's compiler does."""
     from topologies.mesh import parse_mesh
     from workloads.training import TrainingConfig, compile_training_step, parse_remat
 
@@ -96,6 +98,7 @@ def _compile(args: argparse.Namespace, num_chips: int, moe=None):
         pipeline_schedule=args.pipeline_schedule or "1f1b",
         virtual_stages=args.virtual_stages,
         moe=moe if moe is not None else cli.moe_config(args),
+        score_exp_fusion=chip.score_exp_fusion if chip is not None else False,
     )
     return compile_training_step(model, mesh, num_chips, cfg), model, cfg
 
@@ -236,7 +239,8 @@ def run_train(args: argparse.Namespace):
 
     chip, topo = cli.resolve_pod(args)
     trace, model, cfg = _compile(args, topo.num_chips,
-                                 cli.moe_config(args, cli.scenario_from_args(args, topo)))
+                                 cli.moe_config(args, cli.scenario_from_args(args, topo)),
+                                 chip=chip)
     pipe = None
     if args.pipeline_schedule is not None or trace.mesh.size("pipeline") > 1:
         from sim.pipeline import check_schedule
@@ -283,14 +287,15 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_compile(args: argparse.Namespace) -> int:
     from sim.export.output import atomic_write
 
+    chip = None
     if args.chips is not None:
         if args.chips < 1:
             raise TpusimError(f"--chips {args.chips} must be >= 1")
         num_chips = args.chips
     else:
-        _chip, topo = cli.resolve_pod(args)
+        chip, topo = cli.resolve_pod(args)
         num_chips = topo.num_chips
-    trace, _model, _cfg = _compile(args, num_chips)
+    trace, _model, _cfg = _compile(args, num_chips, chip=chip)
     text = trace.to_json()
     atomic_write(args.output, lambda p: p.write_text(text, encoding="utf-8"))
     print(f"wrote {args.output}: {len(trace.ops)} ops for {num_chips} chips "
