@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from topologies.errors import TpusimError
-from topologies.validate import MAX_STUDY_POINTS
+from topologies.validate import MAX_STUDY_POINTS, MAX_WORKERS, short_repr
 
 STUDY_KEYS = ("command", "base", "grid", "zip", "metrics", "plot")
 PLOT_KEYS = ("x", "y", "hue")
@@ -100,7 +100,8 @@ def _flag_actions(command: str) -> dict[str, Any]:
 
 def _norm_key(key: Any, where: str) -> str:
     if not isinstance(key, str) or not key.strip():
-        raise TpusimError(f"study {where} key {key!r} is not a flag name; write e.g. seq-len")
+        raise TpusimError(f"study {where} key {short_repr(key)} is not a flag name; write e.g. "
+                          f"seq-len")
     key = key.strip()
     if key.startswith(SET_PREFIX):
         return key
@@ -111,23 +112,25 @@ def _check_key(key: str, where: str, command: str, actions: dict[str, Any]) -> N
     if key.startswith(SET_PREFIX):
         field = key[len(SET_PREFIX):]
         if not field:
-            raise TpusimError(f"study {where} key {key!r} names no field; write e.g. "
+            raise TpusimError(f"study {where} key {short_repr(key)} names no field; write e.g. "
                               f"set.ici_link_bytes_per_s")
         if "set" not in actions:
             raise TpusimError(
-                f"study {where} key {key!r} needs `tpusim {command} --set`, which this version "
+                f"study {where} key {short_repr(key)} needs `tpusim {command} --set`, which "
+                f"this version "
                 f"of tpusim does not have; vary a flag of the command instead"
             )
         return
     if key in _OUTPUT_FLAGS:
         raise TpusimError(
-            f"study {where} key {key!r} is an output flag; a sweep prints and writes its own "
+            f"study {where} key {short_repr(key)} is an output flag; a sweep prints and writes "
+            f"its own "
             f"results (use --out on `tpusim sweep`)"
         )
     if key not in actions:
         allowed = sorted(k for k in actions if k not in _OUTPUT_FLAGS)
         raise TpusimError(
-            f"study {where} key {key!r} is not a flag of `tpusim {command}`; use one of: "
+            f"study {where} key {short_repr(key)} is not a flag of `tpusim {command}`; use one of: "
             f"{', '.join(allowed)} (or set.FIELD for --set)"
         )
 
@@ -135,7 +138,8 @@ def _check_key(key: str, where: str, command: str, actions: dict[str, Any]) -> N
 def _values(key: str, v: Any, where: str) -> tuple[Any, ...]:
     if not isinstance(v, list):
         raise TpusimError(
-            f"study {where}.{key} must be a list of values, got {v!r}; write [{v!r}] for one"
+            f"study {where}.{key} must be a list of values, got {short_repr(v)}; write "
+            f"[{short_repr(v)}] for one"
         )
     if not v:
         raise TpusimError(f"study {where}.{key} is an empty list; give at least one value")
@@ -149,19 +153,29 @@ def _check_bools(key: str, values: Iterable[Any], where: str, actions: dict[str,
     for v in values:
         if isinstance(v, bool) and not is_switch:
             raise TpusimError(
-                f"study {where}.{key} value {v!r}: --{key} takes a value, not true/false (YAML "
+                f"study {where}.{key} value {short_repr(v)}: --{key} takes a value, not "
+                f"true/false (YAML "
                 f"reads yes/no/on/off as true/false; quote it, e.g. 'no')"
             )
         if is_switch and not isinstance(v, bool):
             raise TpusimError(
-                f"study {where}.{key} value {v!r}: --{key} is a switch; give true or false"
+                f"study {where}.{key} value {short_repr(v)}: --{key} is a switch; give true or "
+                f"false"
             )
 
 
 def _check_value(key: str, x: Any, where: str) -> None:
     if isinstance(x, (dict, list)) or x is None:
         raise TpusimError(
-            f"study {where}.{key} value {x!r} must be a number, a string or true/false"
+            f"study {where}.{key} value {short_repr(x)} must be a number, a string or "
+            f"true/false"
+        )
+    if isinstance(x, float) and not math.isfinite(x):
+        # YAML reads .nan, .inf and 1e400 as floats that no flag accepts (and that JSON
+        # cannot record in study.json).
+        raise TpusimError(
+            f"study {where}.{key} value {x!r} is not a finite number; give a finite value "
+            f"(quote it, e.g. '1e400', only if the flag takes text)"
         )
 
 
@@ -176,12 +190,13 @@ def load_study(source: str | os.PathLike | Mapping[str, Any]) -> StudySpec:
     unknown = [k for k in data if k not in STUDY_KEYS]
     if unknown:
         raise TpusimError(
-            f"study key {unknown[0]!r} is unknown; the keys are {', '.join(STUDY_KEYS)}"
+            f"study key {short_repr(unknown[0])} is unknown; the keys are {', '.join(STUDY_KEYS)}"
         )
     command = data.get("command")
     if command not in STUDY_COMMANDS:
         raise TpusimError(
-            f"study command {command!r} cannot be swept; use one of {', '.join(STUDY_COMMANDS)}"
+            f"study command {short_repr(command)} cannot be swept; use one of "
+            f"{', '.join(STUDY_COMMANDS)}"
         )
     actions = _flag_actions(command)
     seen: dict[str, str] = {}
@@ -193,7 +208,9 @@ def load_study(source: str | os.PathLike | Mapping[str, Any]) -> StudySpec:
                 raise TpusimError(f"study has no {name!r}; add {name}: {{flag: value, ...}}")
             return {}
         if not isinstance(m, dict):
-            raise TpusimError(f"study {name!r} must be a mapping of flag: value, got {m!r}")
+            raise TpusimError(
+                f"study {name!r} must be a mapping of flag: value, got {short_repr(m)}"
+            )
         out = {}
         for k, v in m.items():
             key = _norm_key(k, name)
@@ -202,7 +219,8 @@ def load_study(source: str | os.PathLike | Mapping[str, Any]) -> StudySpec:
             # replace the base value. Grid and zip must not both vary it.
             if key in seen and seen[key] != "base":
                 raise TpusimError(
-                    f"study key {key!r} appears in both {seen[key]} and {name}; give it once"
+                    f"study key {short_repr(key)} appears in both {seen[key]} and {name}; give "
+                    f"it once"
                 )
             seen[key] = name
             out[key] = v
@@ -245,7 +263,7 @@ def load_study(source: str | os.PathLike | Mapping[str, Any]) -> StudySpec:
     if not isinstance(metrics, list) or not all(isinstance(m, str) and m for m in metrics):
         raise TpusimError(
             f"study metrics must be a list of result names such as [step_time_s, mfu], "
-            f"got {metrics!r}"
+            f"got {short_repr(metrics)}"
         )
     varied = set(grid) | set(zipped)
     plots = _plots(data.get("plot"), varied)
@@ -263,11 +281,13 @@ def _plots(p: Any, varied: set[str]) -> tuple[tuple[tuple[str, str], ...], ...]:
     out = []
     for item in items:
         if not isinstance(item, dict):
-            raise TpusimError(f"study plot must be {{x: KEY, y: METRIC, hue: KEY}}, got {item!r}")
+            raise TpusimError(f"study plot must be {{x: KEY, y: METRIC, hue: KEY}}, got "
+                              f"{short_repr(item)}")
         bad = [k for k in item if k not in PLOT_KEYS]
         if bad:
             raise TpusimError(
-                f"study plot key {bad[0]!r} is unknown; the keys are {', '.join(PLOT_KEYS)}"
+                f"study plot key {short_repr(bad[0])} is unknown; the keys are "
+                f"{', '.join(PLOT_KEYS)}"
             )
         if "x" not in item or "y" not in item:
             raise TpusimError("study plot needs x (a varied key) and y (a result name)")
@@ -277,12 +297,13 @@ def _plots(p: Any, varied: set[str]) -> tuple[tuple[tuple[str, str], ...], ...]:
                 continue
             v = item[k]
             if not isinstance(v, str) or not v:
-                raise TpusimError(f"study plot {k} must be a name, got {v!r}")
+                raise TpusimError(f"study plot {k} must be a name, got {short_repr(v)}")
             if k != "y":
                 v = _norm_key(v, "plot")
                 if v not in varied:
                     raise TpusimError(
-                        f"study plot {k} {v!r} is not a key the study varies; use one of: "
+                        f"study plot {k} {short_repr(v)} is not a key the study varies; use one "
+                        f"of: "
                         f"{', '.join(sorted(varied))}"
                     )
             norm[k] = v
@@ -424,12 +445,16 @@ class SweepConfig:
     write_every_s: float = 2.0  # how often finished rows are flushed to disk while running
 
     def __post_init__(self) -> None:
-        if not isinstance(self.workers, int) or self.workers < 0:
-            raise TpusimError(f"--workers {self.workers!r} must be a positive integer")
+        if not isinstance(self.workers, int) or isinstance(self.workers, bool) \
+                or not 0 <= self.workers <= MAX_WORKERS:
+            raise TpusimError(
+                f"--workers {short_repr(self.workers)} must be a whole number in "
+                f"[1, {MAX_WORKERS}] (0 = one per core)"
+            )
         if isinstance(self.dask, str) and self.dask != "local" \
                 and not self.dask.startswith(("tcp://", "tls://", "inproc://")):
             raise TpusimError(
-                f"--dask {self.dask!r} is not a scheduler address; give local or "
+                f"--dask {short_repr(self.dask)} is not a scheduler address; give local or "
                 f"tcp://HOST:PORT"
             )
 
@@ -519,7 +544,8 @@ def _dask_client(dask: Any, n: int):
         client = Client(dask, timeout=f"{DASK_CONNECT_TIMEOUT_S}s")
     except Exception as exc:  # refused, timed out, or something that does not speak Dask
         raise TpusimError(
-            f"--dask {dask}: no Dask scheduler answered within {DASK_CONNECT_TIMEOUT_S} s "
+            f"--dask {short_repr(dask)}: no Dask scheduler answered within "
+            f"{DASK_CONNECT_TIMEOUT_S} s "
             f"({type(exc).__name__}); start one (`dask scheduler`) or use --dask local"
         ) from None
     return client, client.close
@@ -705,8 +731,16 @@ def run_study(study: StudySpec, cfg: SweepConfig,
     else:
         runner = _local_runner(min(n, max(len(jobs), 1)))
         backend = "local"
-    bar = _bar(len(points), skipped, cfg.quiet)
+    # Metrics and plot axes are checked on the first successful row (resumed or new); until
+    # then nothing is written, so a study naming a metric the command lacks leaves no output.
+    needs_check = bool(study.metrics or study.plots)
     checked = False
+    ok_prev = [r for r in rows.values() if _is_missing(r.get(ERROR_COLUMN))]
+    if needs_check and ok_prev:
+        _check_metrics(study, ok_prev[0])
+        checked = True
+    bar = _bar(len(points), skipped, cfg.quiet)
+    bad_metric = False
     interrupted = False
     last_write = -math.inf  # the first finished row is written at once, then every few s
     write_s = 0.0  # how long the last write took
@@ -715,7 +749,11 @@ def run_study(study: StudySpec, cfg: SweepConfig,
             row = _row(study, i, points[i], argvs[i], outcome)
             rows[i] = row
             if not checked and "result" in outcome:
-                _check_metrics(study, row)
+                try:
+                    _check_metrics(study, row)
+                except TpusimError:
+                    bad_metric = True
+                    raise
                 checked = True
             if on_row:
                 on_row(row)
@@ -724,7 +762,8 @@ def run_study(study: StudySpec, cfg: SweepConfig,
             # Every write rewrites every row: on a long study, write less often, so that
             # writing takes at most 1/WRITE_COST_RATIO of the time.
             wait_s = max(cfg.write_every_s, WRITE_COST_RATIO * write_s)
-            if out is not None and time.perf_counter() - last_write >= wait_s:
+            if out is not None and (checked or not needs_check) \
+                    and time.perf_counter() - last_write >= wait_s:
                 t_w = time.perf_counter()
                 _write_results(out, rows.values())
                 last_write = time.perf_counter()
@@ -736,7 +775,7 @@ def run_study(study: StudySpec, cfg: SweepConfig,
         if bar:
             bar.close()
         closer()
-        if out is not None and rows:
+        if out is not None and rows and not bad_metric:
             _write_results(out, rows.values())
     df = rows_frame(rows.values())
     if not checked and skipped and (df[ERROR_COLUMN].isna()).any():
@@ -783,7 +822,8 @@ def _check_metrics(study: StudySpec, row: Mapping[str, Any]) -> None:
                  and k not in (POINT_COLUMN, WALL_COLUMN) and k not in dict(study.base)
                  and k not in study.varied and not k.startswith("inputs.")]
         raise TpusimError(
-            f"study metric {missing[0]!r} is not a result of `tpusim {study.command}`; use one "
+            f"study metric {short_repr(missing[0])} is not a result of `tpusim "
+            f"{study.command}`; use one "
             f"of: {', '.join(names)}"
         )
 

@@ -190,7 +190,7 @@ def run_in_process(case: dict[str, Any], tmp: Path, *, timeout_s: float = 20.0) 
     try:
         os.chdir(tmp)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc = main(argv + (["--quiet"] if "--quiet" not in argv else []))
+            rc = main(_quieted(argv))
     except _Timeout:
         rc, crash = None, f"hang: no result within {timeout_s:g} s"
     except BaseException as exc:  # noqa: BLE001 - anything escaping main is a finding
@@ -208,6 +208,22 @@ def run_in_process(case: dict[str, Any], tmp: Path, *, timeout_s: float = 20.0) 
             t.join(1)
     return {"rc": rc, "stdout": out.getvalue(), "stderr": err.getvalue(), "crash": crash,
             "before": before, "after": _snapshot(tmp), "argv": argv}
+
+
+def _quieted(argv: list[str]) -> list[str]:
+    """`argv` with --quiet where the command takes it (its own flag, else the top-level one:
+    `rerun` and `presets` have none of their own)."""
+    if "--quiet" in argv:
+        return argv
+    if not _OWN_QUIET:
+        from sim.cli import build_parser
+
+        sub = build_parser()._subparsers._group_actions[0].choices
+        _OWN_QUIET.update(c for c, p in sub.items() if "--quiet" in p._option_string_actions)
+    return argv + ["--quiet"] if argv and argv[0] in _OWN_QUIET else ["--quiet", *argv]
+
+
+_OWN_QUIET: set[str] = set()
 
 
 def _finite(obj: Any) -> bool:

@@ -102,24 +102,38 @@ def parse_axis_map(text: str | None) -> tuple[tuple[str, tuple[tuple[str, int], 
             continue
         if "=" not in part:
             raise TpusimError(
-                f"--axis-map {text!r}: {part!r} is not name=axes; write e.g. tensor=x,fsdp=y+z"
+                f"--axis-map {short_repr(text)}: {short_repr(part)} is not name=axes; write "
+                f"e.g. tensor=x,fsdp=y+z"
             )
         name, spec = (p.strip() for p in part.split("=", 1))
+        if not name:
+            raise TpusimError(
+                f"--axis-map {short_repr(text)}: {short_repr(part)} names no mesh axis; write "
+                f"e.g. tensor=x,fsdp=y+z"
+            )
+        if name in (n for n, _ in out):
+            raise TpusimError(
+                f"--axis-map {short_repr(text)} places {short_repr(name)} twice; give each mesh "
+                f"axis once, joining its physical axes with + (e.g. fsdp=x+y)"
+            )
         factors = []
         for f in spec.split("+"):
             f = f.strip()
             axis, _, size = f.partition(":")
             if axis not in AXIS_NAMES:
                 raise TpusimError(
-                    f"--axis-map {text!r}: {f!r} is not a physical axis; use x, y or z "
+                    f"--axis-map {short_repr(text)}: {short_repr(f)} is not a physical axis; "
+                    f"use x, y or z "
                     f"(optionally x:4 for 4 chips of x)"
                 )
             try:
                 k = int(size) if size else 0
             except ValueError:
-                raise TpusimError(f"--axis-map {text!r}: {f!r} has a non-integer size") from None
+                raise TpusimError(f"--axis-map {short_repr(text)}: {short_repr(f)} has a "
+                                  f"non-integer size") from None
             if size and k < 1:
-                raise TpusimError(f"--axis-map {text!r}: {f!r} must take at least 1 chip")
+                raise TpusimError(f"--axis-map {short_repr(text)}: {short_repr(f)} must take "
+                                  f"at least 1 chip")
             factors.append((axis, k))
         out.append((name, tuple(factors)))
     return tuple(out)

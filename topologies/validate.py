@@ -29,6 +29,7 @@ MAX_NESTING = 32  # nesting depth of YAML/JSON inputs (real files use 2-3)
 MAX_INT_DIGITS = 30  # digits of an integer in an input file (counts above 10^30 are typos)
 MAX_SWEEP_RUNS = 512  # decode steps one serve-sweep may simulate
 MAX_STUDY_POINTS = 100_000  # points of one `tpusim sweep` study (1,000 take ~5 min)
+MAX_WORKERS = 256  # worker processes of a sweep or plan (each holds ~150-250 MiB)
 MAX_PLAN_COMBINATIONS = 10_000  # axis sizes x settings one `tpusim plan` may consider
 MAX_BYTES = 1 << 50  # a collective buffer (1 PiB)
 MAX_TOKENS = 1 << 24  # sequence / context / prompt length (16M tokens)

@@ -103,15 +103,23 @@ def rerun(data: Any, *, source: str = "result"):
 
 
 def cmd_rerun(args: argparse.Namespace) -> int:
+    from topologies.validate import MAX_TRACE_FILE_BYTES
+    from topologies.yamlio import _Refused, parse_json, read_text_bounded
+
     path = Path(args.result)
-    if not path.is_file():
-        raise TpusimError(f"result file {str(path)!r} does not exist; give a file written by "
-                          f"--json or the summary.json of an --out directory")
+    hint = "give a file written by --json or the summary.json of an --out directory"
+    if path.is_dir():
+        raise TpusimError(f"result file {str(path)!r} is a directory; give "
+                          f"{str(path / 'summary.json')!r} (what --out writes) or a --json file")
+    if not path.exists():
+        raise TpusimError(f"result file {str(path)!r} does not exist; {hint}")
+    # A result is at most a few MB (the per-collective table of a step); the trace-file limit
+    # bounds what is read, and parse_json bounds nesting and integers.
+    text = read_text_bounded(path, what="result", limit=MAX_TRACE_FILE_BYTES, hint=hint)
     try:
-        text = path.read_text(encoding="utf-8")
-        data = json.loads(text)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TpusimError(f"result file {str(path)!r} cannot be read: {exc}") from None
+        data = parse_json(text)
+    except _Refused as exc:
+        raise TpusimError(f"result file {str(path)!r} holds {exc}; {hint}") from None
     except json.JSONDecodeError as exc:
         raise TpusimError(
             f"result file {str(path)!r} is not JSON ({exc.msg} at line {exc.lineno}); give a "

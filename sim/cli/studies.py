@@ -19,8 +19,11 @@ def _add_backend_args(p: argparse.ArgumentParser) -> None:
 
 
 def _check_workers(args: argparse.Namespace) -> None:
-    if args.workers < 0:
-        raise TpusimError(f"--workers {args.workers} must be >= 1 (0 = one per core)")
+    from topologies.validate import MAX_WORKERS
+
+    if not 0 <= args.workers <= MAX_WORKERS:
+        raise TpusimError(f"--workers {args.workers} must be in [1, {MAX_WORKERS}] (0 = one per "
+                          f"core)")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -58,13 +61,15 @@ def _register_sweep(sub, name: str) -> None:
 
 
 def _list(text: str, flag: str, cast=str) -> tuple:
-    items = [x.strip() for x in str(text).split(",") if x.strip()]
-    if not items:
-        raise TpusimError(f"{flag} {text!r} lists nothing; give comma-separated values")
+    from topologies.validate import short_repr, split_list
+
+    if not str(text).replace(",", "").strip():
+        raise TpusimError(f"{flag} {short_repr(text)} lists nothing; give comma-separated values")
+    items = split_list(text, flag, example="1,2,4" if cast is int else "")
     try:
         return tuple(dict.fromkeys(cast(x) for x in items))
     except ValueError:
-        raise TpusimError(f"{flag} {text!r} must list integers, e.g. 1,2,4") from None
+        raise TpusimError(f"{flag} {short_repr(text)} must list integers, e.g. 1,2,4") from None
 
 
 def plan_config(args: argparse.Namespace):

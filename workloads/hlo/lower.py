@@ -802,8 +802,14 @@ def read_hlo_file(path: str) -> str:
 
     from workloads.hlo.parser import MAX_TEXT_BYTES
 
-    if not os.path.isfile(path):
+    if os.path.isdir(path):
+        raise TpusimError(f"HLO file {path!r} is a directory; give one module's .txt file (an "
+                          f"--xla_dump_to directory holds one per compiled program)")
+    if not os.path.exists(path):
         raise TpusimError(f"HLO file {path!r} does not exist")
+    if not os.path.isfile(path):
+        raise TpusimError(f"HLO file {path!r} is not a regular file (a pipe or device); save the "
+                          f"HLO text to a file first")
     try:
         if path.endswith(".gz"):
             with gzip.open(path, "rb") as f:
