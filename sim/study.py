@@ -544,7 +544,8 @@ def _dask_client(dask: Any, n: int):
         client = Client(dask, timeout=f"{DASK_CONNECT_TIMEOUT_S}s")
     except Exception as exc:  # refused, timed out, or something that does not speak Dask
         raise TpusimError(
-            f"--dask {short_repr(dask)}: no Dask scheduler answered within "
+            f"--dask {dask if len(dask) <= 60 else dask[:57] + '...'}: no Dask scheduler "
+            f"answered within "
             f"{DASK_CONNECT_TIMEOUT_S} s "
             f"({type(exc).__name__}); start one (`dask scheduler`) or use --dask local"
         ) from None
