@@ -48,10 +48,11 @@ class ChipSpec:
         mxu_efficiency, vpu_efficiency, hbm_efficiency, ici_efficiency, dcn_efficiency: achievable
             fraction of each peak (1.0 = the textbook's roofline).
         op_overhead_s: fixed cost added to every compute op (launch / pipeline fill).
-        score_exp_fusion: XLA's TPU compiler for this generation fuses dot attention's score
-            matmul with the softmax's exponentials (one output fusion writes the f32
-            exponentials; the f32 scores are never a buffer of their own). True on v6e, false
-            on v5e and v5p: read off the forward layer of their compiled
+        score_exp_fusion: XLA's TPU compiler for this generation always fuses dot
+            attention's score matmul with the softmax's exponentials (one output fusion writes
+            the f32 exponentials; the f32 scores are never a buffer of their own). True on
+            v6e; false on v5e and v5p, whose compiler fuses them only on some meshes
+            (workloads.memory.score_exp_fused). Read off the forward layer of the compiled
             `benchmarks/xla_memory.py` programs (docs/model.md "Memory"). It changes the
             memory of dot attention only (workloads.training.TrainingConfig.score_exp_fusion,
             set from the chip by sim/).

@@ -183,12 +183,13 @@ LONG_CONTEXT = {"name": "long-ctx", "num_layers": 2, "d_model": 64, "num_heads":
                 "vocab_size": 256}
 
 
-def _long(remat, mesh="fsdp=1", shape="1x1", gather="windowed", fused=False):
+def _long(remat, mesh="fsdp=1", shape="1x1", gather="windowed", fused=False,
+          tp_act="sharded"):
     chip = get_chip("v5e")
     topo = resolve_topology(chip_name=chip.name, wrap_rule=chip.generation_rule,
                             max_pod_shape=chip.max_pod_shape, shape=shape)
     cfg = TrainingConfig(seq_len=1024, batch_per_chip=2, remat=remat, attention="dot",
-                         fsdp_gather=gather, score_exp_fusion=fused)
+                         fsdp_gather=gather, score_exp_fusion=fused, tp_activations=tp_act)
     trace = compile_training_step(model_from_dict(LONG_CONTEXT), parse_mesh(mesh),
                                   topo.num_chips, cfg)
     return trace, replay(trace, chip, topo)
@@ -337,23 +338,30 @@ def test_a_layers_backward_holds_three_activation_gradients():
 def test_a_deferred_head_gradient_holds_bf16_logits_and_the_final_norm_output():
     # 100 tokens, d_model 8, 32 local logits: (32 + 8) x 2 bytes per token.
     kw = dict(rows=100, d_model=8, local_vocab=32)
-    assert deferred_head_gradient_bytes(**kw, tensor=2, fsdp=2, fsdp_gather="blocking") == \
-        100 * (32 + 8) * 2
-    # Only split over tensor, sharded over fsdp and with blocking gathers.
-    assert deferred_head_gradient_bytes(**kw, tensor=1, fsdp=2, fsdp_gather="blocking") == 0
-    assert deferred_head_gradient_bytes(**kw, tensor=2, fsdp=1, fsdp_gather="blocking") == 0
-    for gather in ("async", "windowed"):
-        assert deferred_head_gradient_bytes(**kw, tensor=2, fsdp=2, fsdp_gather=gather) == 0
+    rep = dict(tp_activations="replicated")
+    for remat in ("full", "minimal", "offload"):
+        assert deferred_head_gradient_bytes(**kw, **rep, tensor=2, fsdp=2, remat=remat) == \
+            100 * (32 + 8) * 2
+    # Only split over tensor, sharded over fsdp, with replicated activations and a policy
+    # that recomputes.
+    assert deferred_head_gradient_bytes(**kw, **rep, tensor=1, fsdp=2, remat="full") == 0
+    assert deferred_head_gradient_bytes(**kw, **rep, tensor=2, fsdp=1, remat="full") == 0
+    assert deferred_head_gradient_bytes(**kw, **rep, tensor=2, fsdp=2, remat="none") == 0
+    assert deferred_head_gradient_bytes(**kw, tp_activations="sharded", tensor=2, fsdp=2,
+                                        remat="full") == 0
 
 
 @pytest.mark.parametrize("gather", ["blocking", "async"])
-def test_blocking_fsdp_x_tensor_keeps_the_logits_path_through_the_backward_loop(gather):
-    trace, res = _long(Remat.FULL, "fsdp=2,tensor=2", "2x2", gather=gather)
+@pytest.mark.parametrize("tp_act", ["replicated", "sharded"])
+def test_fsdp_x_tensor_with_replicated_activations_keeps_the_logits_path_through_the_backward(
+        gather, tp_act):
+    trace, res = _long(Remat.FULL, "fsdp=2,tensor=2", "2x2", gather=gather, tp_act=tp_act)
     n, D, V = 4096, 64, 256  # tokens per chip (tensor shards see all), d_model, vocab
     ops = trace.ops
     logits = [(ops[i], delta) for i, cat, delta in trace.meta["memory_events"]
               if cat == "logits"]
-    held = n * (V / 2 + D) * 2 if gather == "blocking" else 0.0
+    # The gather form does not decide it (v5p blocking, v5e async programs both keep it).
+    held = n * (V / 2 + D) * 2 if tp_act == "replicated" else 0.0
     # f32 logits and bf16 gradients at the loss; `held` of it outlives the logits' backward
     # matmul until the last layer's backward has ended.
     assert [(op.name, delta) for op, delta in logits][:2] == [
@@ -396,6 +404,20 @@ def test_the_chip_sets_whether_the_trace_fuses_scores_with_exponentials(tmp_path
             v6e.inputs["training"]["score_exp_fusion"]) == (False, True)
     assert fwd_scores(v5e) == [8 * scores] * 2
     assert fwd_scores(v6e) == fwd_scores(what_if) == [4 * scores] * 2
+
+
+def test_v5e_and_v5p_fuse_scores_with_exponentials_only_on_a_mesh_of_two_sharded_axes():
+    from workloads.memory import score_exp_fused
+
+    assert [score_exp_fused(chip_fuses=False, sharded_axes=k) for k in (0, 1, 2, 3)] == \
+        [False, False, True, True]
+    assert all(score_exp_fused(chip_fuses=True, sharded_axes=k) for k in (0, 1, 2))
+    # fsdp=2 x tensor=2: 4 sequences x 1024 tokens x 1024 keys x 2 local heads per chip; the
+    # forward of minimal holds only the f32 exponentials.
+    trace, _ = _long(Remat.MINIMAL, "fsdp=2,tensor=2", "2x2")
+    got = [d for i, cat, d in trace.meta["memory_events"]
+           if cat == "temporaries" and trace.ops[i].name == "attn_scores"]
+    assert got == [4 * 4096 * 1024 * 2] * 2
 
 
 def test_score_exp_fusion_is_true_or_false_in_a_chip_file(tmp_path):

@@ -214,6 +214,24 @@ def attention_temporaries(*, rows: float, context: float, local_heads: float,
     return (4.0 + probs_bytes) * rows * context * local_heads
 
 
+def score_exp_fused(*, chip_fuses: bool, sharded_axes: int) -> bool:
+    """Whether XLA fuses a dot attention's score matmul with the softmax's exponentials (the
+    f32 scores are then never a buffer of their own; `attention_temporaries`).
+
+    `chip_fuses`: the chip's compiler always does (`ChipSpec.score_exp_fusion`: v6e, every
+    program of `benchmarks/xla_memory.py`). Otherwise (v5e, v5p) it depends on the mesh, as
+    read off their compiled programs: the programs whose mesh has one sharded axis (fsdp=16:
+    v5e `none`, `minimal`, `offload`, v5p `none`, `minimal`) write the f32 scores in the
+    matmul's fusion and the exponentials in the next, and the programs with two (v5e data=2 x
+    fsdp=8 `minimal`, v5e fsdp=4 x tensor=4 `minimal`, v5p fsdp=4 x tensor=4 `none`, `full`,
+    `offload`) fuse them. Which XLA heuristic decides this was not found (in the v5e fsdp=16
+    programs the score matmul shares an async-collective fusion with the output projection's
+    gather; the v5p ones show no such reason); `sharded_axes` is the mesh's number of axes of
+    size > 1, and a mesh of one axis or none (a single chip) is taken as unfused.
+    """
+    return chip_fuses or sharded_axes >= 2
+
+
 def loss_tensors(*, rows: float, local_vocab: float, act_bytes: float = 2.0,
                  ) -> tuple[SavedTensor, ...]:
     """What the loss holds at its peak (per chip): the logits in f32 (the output projection's
@@ -231,24 +249,27 @@ def loss_tensors(*, rows: float, local_vocab: float, act_bytes: float = 2.0,
 
 
 def deferred_head_gradient_bytes(*, rows: float, d_model: int, local_vocab: float,
-                                 tensor: int, fsdp: int, fsdp_gather: str,
+                                 tensor: int, fsdp: int, tp_activations: str, remat: str,
                                  act_bytes: float = 2.0) -> float:
     """Bytes of the logits path that stay live through the whole backward layer loop (per
     chip): 0, or, when XLA defers the output projection's weight gradient past the loop, the
     bf16 logits it recomputes the logit gradients from (2 bytes per local logit) and the final
     norm's output ([tokens, d_model] bf16) that gradient reads.
 
-    XLA defers it when the output projection is split over `tensor` and sharded over `fsdp`
-    and the weight gathers are blocking (v5p's compile of an fsdp x tensor program): the
-    logit gradients are never materialised, each consumer (the input-gradient matmul, every
-    ring step of the weight gradient's windowed reduce-scatter) recomputes them from the bf16
-    logits, and that reduce-scatter is scheduled after the backward loop. Source: the live
-    ranges of `benchmarks/xla_memory.py`'s v5p fsdp=4 x tensor=4 `full` program (the bf16
-    [tokens, vocab / 4] logits and a [tokens, d_model] copy of the final norm's output are
-    live at its peak, inside the backward loop); with async or windowed gathers, or without a
-    tensor axis (the v5e, v6e and v5p fsdp programs) they die at the logits' backward.
+    XLA defers it when the output projection is split over `tensor` and sharded over `fsdp`,
+    the activations are replicated over `tensor` (the logits matmul reads the whole final norm
+    output) and the remat policy recomputes in the backward (not `none`): the logit gradients
+    are never materialised, each consumer (the input-gradient matmul, every ring step of the
+    weight gradient's windowed reduce-scatter) recomputes them from the bf16 logits, and that
+    reduce-scatter is scheduled after the backward loop. Sources: the live ranges of
+    `benchmarks/xla_memory.py`'s v5p fsdp=4 x tensor=4 `full` program (blocking gathers; the
+    bf16 [tokens, vocab / 4] logits and a [tokens, d_model] copy of the final norm's output
+    are live at its peak, inside the backward loop), checked on v5p's `offload` and v5e's
+    `minimal` program of that mesh (async gathers: the gather form does not decide it). They
+    die before the backward loop in v5p's `none` program, at the logits' backward with
+    activations sharded over `tensor` (v5e fsdp x tensor `full`) and without a tensor axis.
     """
-    if tensor <= 1 or fsdp <= 1 or fsdp_gather != "blocking":
+    if tensor <= 1 or fsdp <= 1 or tp_activations != "replicated" or remat == "none":
         return 0.0
     return rows * (local_vocab + d_model) * act_bytes
 
@@ -279,4 +300,5 @@ __all__ = [
     "loss_tensors",
     "offloaded_tensors",
     "saved_tensors",
+    "score_exp_fused",
 ]

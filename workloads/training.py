@@ -28,6 +28,7 @@ from workloads.memory import (
     loss_tensors,
     offloaded_tensors,
     saved_tensors,
+    score_exp_fused,
 )
 from workloads.models import TransformerSpec
 from workloads.moe import MoeConfig, MoeRouting, dispatch_flops, plan_routing
@@ -120,9 +121,9 @@ class TrainingConfig:
     pipeline_schedule: str = "1f1b"
     virtual_stages: int = 1
     moe: MoeConfig = field(default_factory=MoeConfig)
-    # The chip's compiler fuses dot attention's score matmul with the softmax's exponentials
-    # (sim/ sets it from ChipSpec.score_exp_fusion: v6e): memory only, see
-    # workloads.memory.attention_temporaries.
+    # The chip's compiler always fuses dot attention's score matmul with the softmax's
+    # exponentials (sim/ sets it from ChipSpec.score_exp_fusion: v6e); other chips fuse on
+    # some meshes: memory only, see workloads.memory.score_exp_fused.
     score_exp_fusion: bool = False
 
     def __post_init__(self) -> None:
@@ -744,9 +745,11 @@ class _Compiler:
         # saved from the softmax on.
         f32_probs = tag == "" and self.cfg.remat in (Remat.MINIMAL, Remat.OFFLOAD)
         probs_bytes = 4.0 if f32_probs else a
+        fused = score_exp_fused(
+            chip_fuses=self.cfg.score_exp_fusion,
+            sharded_axes=sum(1 for s in (d.dp, d.fs, d.tp, d.ep, d.pp, d.sp) if s > 1))
         temps = attention_temporaries(rows=n, context=ctx, local_heads=h_loc,
-                                      probs_bytes=probs_bytes,
-                                      score_exp_fusion=self.cfg.score_exp_fusion)
+                                      probs_bytes=probs_bytes, score_exp_fusion=fused)
         saved = tag == "re-" or self.cfg.remat == Remat.NONE  # the probabilities are kept
         probs = scores * probs_bytes
         self.mem(qk, MemoryCategory.TEMPORARIES, temps)
@@ -1035,8 +1038,7 @@ class _Compiler:
                 lt = loss_tensors(rows=n, local_vocab=V / d.tp, act_bytes=a)
                 held = deferred_head_gradient_bytes(
                     rows=n, d_model=D, local_vocab=V / d.tp, act_bytes=a, tensor=d.tp,
-                    fsdp=d.fs, fsdp_gather="blocking" if not cfg.overlap or cfg.fsdp_gather in (
-                        "blocking", "mixed-blocking") else cfg.fsdp_gather)
+                    fsdp=d.fs, tp_activations=cfg.tp_activations, remat=str(cfg.remat))
                 self.mem(logits, G.LOGITS, sum(t.num_bytes for t in lt))
                 self.mem(dx, G.LOGITS, -sum(t.num_bytes for t in lt) + held)
                 self.mem(dx, G.GATHERED_WEIGHTS, -emb_w if emb_g is not None else 0.0)
