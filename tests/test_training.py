@@ -782,11 +782,35 @@ def test_with_fsdp_the_data_all_reduce_carries_the_fsdp_shard():
         2 * matmul_params / 2 + 4 * spec.num_norm_params, rel=1e-9)
 
 
-def test_expert_parallel_reduces_shared_weights_over_expert_but_not_the_experts():
+def test_expert_parallel_shards_non_expert_weights_over_fsdp_and_expert():
+    # MaxText's logical-axis rules: `embed` -> (fsdp, expert) for every weight but the routed
+    # experts (`embed_no_exp` -> fsdp; their `exp` dimension takes the expert axis).
     spec = model_from_dict(TINY_MOE)
     trace, _ = _step("expert=2,fsdp=2", "2x2", model=TINY_MOE, remat=Remat.NONE)
-    routed = spec.num_experts * spec.mlp.num_matrices * spec.d_model * spec.expert_d_ff
-    shared = spec.num_params - spec.num_norm_params - spec.num_layers * routed
-    # Non-expert weights: fsdp shard (1/2) reduced over expert; experts are not.
-    assert _reduced_bytes(trace, "expert") == pytest.approx(
-        2 * shared / 2 + 4 * spec.num_norm_params, rel=1e-9)
+    L, D = spec.num_layers, spec.d_model
+    routed = spec.num_experts * spec.mlp.num_matrices * D * spec.expert_d_ff
+    attention = D * (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim \
+        + spec.num_heads * spec.head_dim * D
+    router = D * spec.num_experts
+
+    def layer_collectives(kind, axes):
+        return [o for o in trace.ops if o.kind == OpKind.COLLECTIVE and o.collective == kind
+                and o.layer >= 0 and o.mesh_axes == axes and o.name.startswith("fsdp_")]
+
+    # bf16 gradients, V = the whole matrix, one reduce-scatter per matrix and layer.
+    assert sum(o.bytes for o in layer_collectives("reduce-scatter", ("fsdp", "expert"))) \
+        == pytest.approx(2 * L * (attention + router), rel=1e-12)
+    # Each expert-axis shard reduces its own experts (E / 2 of them) over fsdp.
+    assert sum(o.bytes for o in layer_collectives("reduce-scatter", ("fsdp",))) \
+        == pytest.approx(2 * L * routed / 2, rel=1e-12)
+    # The forward gathers the same matrices over the same groups (bf16 weights).
+    assert sum(o.bytes for o in layer_collectives("all-gather", ("fsdp", "expert"))
+               if o.phase == "fwd") == pytest.approx(2 * L * (attention + router), rel=1e-12)
+    # Nothing is replicated over expert but the norm scales (their f32 gradients).
+    assert _reduced_bytes(trace, "expert") == 0
+    norm = [o for o in trace.ops if o.name == "norm_grad_allreduce"]
+    assert [o.mesh_axes for o in norm] == [("fsdp", "expert")]
+    assert norm[0].bytes == pytest.approx(4 * spec.num_norm_params, rel=1e-12)
+    # Every matmul weight is split four ways; the norm scales are replicated.
+    p_local = (spec.num_params - spec.num_norm_params) / 4 + spec.num_norm_params
+    assert trace.meta["static_hbm_bytes"] == pytest.approx(p_local * (2 + 2 * 4), rel=1e-12)

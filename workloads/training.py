@@ -463,10 +463,11 @@ class _Compiler:
         # is windowed, or (a weight gradient) its reduce-scatter is.
         n = 1
         if self.cur is not None and keys:
+            group = max(self.fsdp_group(k)[1] for k in keys)
             if name.endswith("_weights"):
-                n = self.d.fs if self.rs_windowed else 1
+                n = group if self.rs_windowed else 1
             elif self.cur.windowed(keys):
-                n = self.d.fs
+                n = group
         if self.cur is not None and keys and not name.endswith("_weights"):
             deps = list(deps) + self.cur.deps(keys)
         if n > 1 and w_bytes > 0:
@@ -570,6 +571,21 @@ class _Compiler:
 
     def layer_is_moe(self, layer: int) -> bool:
         return self.m.is_moe and layer >= self.m.first_dense_layers
+
+    # MaxText's logical-axis rules shard a weight's `embed` dimension over fsdp and expert, except
+    # the routed experts' (`embed_no_exp`: their own `exp` dimension takes the expert axis), so
+    # the attention, router, shared-expert, dense-MLP and embedding weights are gathered from,
+    # and their gradients reduce-scattered over, fsdp x expert (docs/model.md "MoE routing").
+    def fsdp_group(self, key: str) -> tuple[tuple[str, ...], int]:
+        """(mesh axes, chips) a weight matrix is FSDP-sharded over."""
+        if key.startswith("expert"):
+            return ("fsdp",), self.d.fs
+        return ("fsdp", "expert"), self.d.fs * self.d.ep
+
+    @property
+    def fsdp_shards(self) -> int:
+        """FSDP shards of the non-expert weights (fsdp x expert)."""
+        return self.d.fs * self.d.ep
 
     def mlp_keys(self, layer: int) -> tuple[str, ...]:
         """The MLP's weight matrices (routed and shared experts and the router in an MoE
@@ -849,20 +865,22 @@ class _Compiler:
         # An untied, FSDP-sharded input table is never gathered: XLA looks rows up where they
         # live with an all-to-all of the activations, and sends their gradients back the same
         # way (docs/xla_crosscheck.md). Tied tables are gathered anyway for the logits.
-        lookup_a2a = (not m.tied_embeddings) and d.fs > 1
-        # The lookup's all-to-all runs over fsdp (the table's d_model shards), each chip
-        # sending its [tokens, d_model / fsdp]-sized pieces (XLA: 16 MiB per chip for 2048
-        # tokens of d_model 4096, with or without a tensor axis).
-        a2a_axes = ("fsdp",)
-        a2a_group = d.fs
+        fse = self.fsdp_shards
+        lookup_a2a = (not m.tied_embeddings) and fse > 1
+        # The lookup's all-to-all runs over the table's d_model shards (fsdp, and expert in an
+        # MoE mesh), each chip sending its [tokens, d_model / shards]-sized pieces (XLA: 16 MiB
+        # per chip for 2048 tokens of d_model 4096, with or without a tensor axis).
+        a2a_axes = ("fsdp", "expert")
+        a2a_group = fse
 
         def token_gathers(after, phase):
             """The int32 token ids the lookup (and its gradient's scatter-add) needs from the
             whole group: gathered over fsdp (each chip's share of its tensor group's tokens),
             then over tensor (XLA's two small all-gathers, forward and backward)."""
             ids = []
-            for axis, nbytes in (("fsdp", d.fs * n / d.tp * 4), ("tensor", d.fs * n * 4)):
-                g = self.coll(f"embed_tokens_allgather_{axis}", "all-gather", (axis,), nbytes,
+            for axis, axes, nbytes in (("fsdp", a2a_axes, fse * n / d.tp * 4),
+                                       ("tensor", ("tensor",), fse * n * 4)):
+                g = self.coll(f"embed_tokens_allgather_{axis}", "all-gather", axes, nbytes,
                               after, -1, phase)
                 if g is not None:
                     ids.append(g)
@@ -872,21 +890,24 @@ class _Compiler:
         grads_allocated = 0.0
         layer_outputs: dict[tuple[int, int], int] = {}
 
-        ring = (d.fs + 1) / d.fs  # a windowed ring's N + 1 messages of one shard each
+        def ring(group: int) -> float:
+            """A windowed ring's N + 1 messages of one shard each, over its V."""
+            return (group + 1) / group
 
         def fsdp_gather(layer, mb, phase, after, after_block):
             """One all-gather per weight matrix of a layer (XLA's granularity), each in its
             form: async ones are prefetched after `after` (one layer ahead), windowed and
             blocking ones are issued after `after_block` (the previous layer's end)."""
-            if d.fs == 1:
+            if fse == 1:
                 return None
             out = _Gathered()
             for key, nbytes in self.layer_matrices(layer):
                 form = self.gather_form(layer, key, phase)
+                axes, group = self.fsdp_group(key)
                 # A windowed einsum gathers through a ring of N + 1 collective-permutes (a
                 # prologue, then one per step), each one shard: (N + 1) / N of V.
-                g = self.coll(f"fsdp_allgather_{phase}_{key}", "all-gather", ("fsdp",),
-                              nbytes * (ring if form == "windowed" else 1.0),
+                g = self.coll(f"fsdp_allgather_{phase}_{key}", "all-gather", axes,
+                              nbytes * (ring(group) if form == "windowed" else 1.0),
                               after if form == "async" else after_block, layer, phase)
                 if g is None:
                     continue
@@ -908,8 +929,8 @@ class _Compiler:
             sizes = dict(self.layer_matrices(layer))
             for key in _REGATHER_KEYS:
                 nbytes = sizes[key.removesuffix("_dx")]
-                r = self.coll(f"fsdp_allgather_bwd_{key}", "all-gather", ("fsdp",), nbytes,
-                              after, layer, "bwd")
+                r = self.coll(f"fsdp_allgather_bwd_{key}", "all-gather",
+                              self.fsdp_group(key)[0], nbytes, after, layer, "bwd")
                 if r is not None:
                     g.ops[key] = (r, self.gather_form(layer, key, "bwd"))
                     self.mem(r, G.GATHERED_WEIGHTS, nbytes)
@@ -928,7 +949,7 @@ class _Compiler:
         for mb in range(cfg.microbatches):
             # Embedding lookup (stage 0).
             start = [prev_compute] if prev_compute is not None else []
-            emb_g = self.coll("fsdp_allgather_embed", "all-gather", ("fsdp",), emb_w, start, -1,
+            emb_g = self.coll("fsdp_allgather_embed", "all-gather", a2a_axes, emb_w, start, -1,
                               "fwd") if self.embed_on or self.head_on else None
             self.mem(emb_g, G.GATHERED_WEIGHTS, emb_w)
             lk = None
@@ -1115,26 +1136,29 @@ class _Compiler:
                 if layer > 0:
                     after = (g.ids() if g is not None else []) + [inp]
                     pending = fsdp_gather(layer - 1, mb, "bwd", after, [out])
-                # Gradient reduce-scatters over fsdp (one per matrix; a windowed one is a ring
-                # of N + 1 messages), then all-reduce over data (async).
+                # Gradient reduce-scatters over each matrix's FSDP group (one per matrix; a
+                # windowed one is a ring of N + 1 messages), then all-reduce over data (async).
                 grad_bytes = self.layer_weight_bytes(self.layer_is_moe(layer)) / self.wb * self.gb
-                rs_ops = [self.coll(f"fsdp_grad_reducescatter_{key}", "reduce-scatter",
-                                    ("fsdp",), nbytes / self.wb * self.gb
-                                    * (ring if self.rs_windowed else 1.0), [out], layer, "bwd")
-                          for key, nbytes in self.layer_matrices(layer)] if d.fs > 1 else []
+                expert_b = self.layer_expert_weight_bytes(layer) / self.wb * self.gb
+                rs_ops = []
+                for key, nbytes in self.layer_matrices(layer) if fse > 1 else []:
+                    axes, group = self.fsdp_group(key)
+                    rs_ops.append(self.coll(f"fsdp_grad_reducescatter_{key}", "reduce-scatter",
+                                            axes, nbytes / self.wb * self.gb
+                                            * (ring(group) if self.rs_windowed else 1.0),
+                                            [out], layer, "bwd"))
                 rs_ops = [o for o in rs_ops if o is not None]
                 rs = rs_ops[-1] if rs_ops else None
+                local_grad = (grad_bytes - expert_b) / fse + expert_b / d.fs
                 if mb == 0:  # the local gradient shard lives from here until the update
-                    self.mem(rs if rs is not None else out, G.GRADIENTS, grad_bytes / d.fs)
-                    grads_allocated += grad_bytes / d.fs
+                    self.mem(rs if rs is not None else out, G.GRADIENTS, local_grad)
+                    grads_allocated += local_grad
                 if mb == cfg.microbatches - 1:
-                    # Weights are replicated over data and sequence (and, except the experts,
-                    # over expert): their gradient shards are summed over those axes too.
+                    # Weights are replicated over data and sequence: their gradient shards are
+                    # summed over those axes too.
                     after = rs_ops or [out]
-                    expert_b = self.layer_expert_weight_bytes(layer) / self.wb * self.gb
-                    dpar = self.coll("dp_grad_allreduce", "all-reduce",
-                                     ("data", "sequence", "expert"),
-                                     (grad_bytes - expert_b) / d.fs, after, layer, "bwd")
+                    dpar = self.coll("dp_grad_allreduce", "all-reduce", ("data", "sequence"),
+                                     (grad_bytes - expert_b) / fse, after, layer, "bwd")
                     dpar_e = self.coll("dp_grad_allreduce_experts", "all-reduce",
                                        ("data", "sequence"), expert_b / d.fs, after, layer,
                                        "bwd")
@@ -1173,15 +1197,15 @@ class _Compiler:
                 emb_bwd = prev
             erc = None
             if self.embed_on or self.head_on:
-                erc = self.coll("fsdp_grad_reducescatter_embed", "reduce-scatter", ("fsdp",),
-                                emb_w / self.wb * self.gb * (ring if self.rs_windowed else 1.0),
+                erc = self.coll("fsdp_grad_reducescatter_embed", "reduce-scatter", a2a_axes,
+                                emb_w / self.wb * self.gb
+                                * (ring(fse) if self.rs_windowed else 1.0),
                                 [emb_bwd], -1, "bwd")
                 if erc is not None:
                     last_grad_ops.append(erc)
                 if mb == cfg.microbatches - 1:
-                    ear = self.coll("dp_grad_allreduce_embed", "all-reduce",
-                                    ("data", "sequence", "expert"),
-                                    emb_all / self.wb * self.gb / d.fs + self.norm_grad_bytes(),
+                    ear = self.coll("dp_grad_allreduce_embed", "all-reduce", ("data", "sequence"),
+                                    emb_all / self.wb * self.gb / fse + self.norm_grad_bytes(),
                                     [erc if erc is not None else emb_bwd], -1, "bwd")
                     if ear is not None:
                         last_grad_ops.append(ear)
@@ -1189,12 +1213,12 @@ class _Compiler:
                 self.mem(erc if erc is not None else emb_bwd, G.GRADIENTS,
                          max(self.local_params() * self.gb - grads_allocated, 0.0))
             prev_compute = emb_bwd
-        # The norm scales are replicated: their gradients are summed over fsdp (and tensor, if
-        # the activations are sharded over it; replicated ones give equal gradients on every
-        # tensor shard) in one all-reduce (XLA combines them; f32), and over the
+        # The norm scales are replicated: their gradients are summed over fsdp and expert (and
+        # tensor, if the activations are sharded over it; replicated ones give equal gradients
+        # on every tensor shard) in one all-reduce (XLA combines them; f32), and over the
         # data-parallel axes with the embedding's gradients (`dp_grad_allreduce_embed`).
         nrm = self.coll("norm_grad_allreduce", "all-reduce",
-                        ("fsdp", "tensor") if self.tp_sharded else ("fsdp",),
+                        ("fsdp", "expert", "tensor") if self.tp_sharded else ("fsdp", "expert"),
                         self.norm_grad_bytes(), [prev_compute], -1, "bwd")
         if nrm is not None:
             last_grad_ops.append(nrm)
@@ -1399,14 +1423,17 @@ class _Compiler:
 
     def local_params(self) -> float:
         m, d = self.m, self.d
-        att = m.num_attention_params / (d.tp * d.fs * d.pp)
+        # Every weight is sharded over fsdp x expert: the routed experts' over expert by expert
+        # and over fsdp on d_model, the others over both on d_model (`fsdp_group`).
+        shards = d.tp * d.fs * d.ep
+        att = m.num_attention_params / (shards * d.pp)
         if m.is_moe:
             dense_l = m.num_dense_layers
-            mlp = dense_l * m.dense_mlp_params_per_layer / (d.tp * d.fs * d.pp)
-            mlp += m.num_moe_layers * (m.moe_mlp_params_per_layer / (d.tp * d.ep * d.fs * d.pp))
+            mlp = dense_l * m.dense_mlp_params_per_layer / (shards * d.pp)
+            mlp += m.num_moe_layers * (m.moe_mlp_params_per_layer / (shards * d.pp))
         else:
-            mlp = m.num_mlp_params / (d.tp * d.fs * d.pp)
-        emb = m.num_embedding_params / (d.tp * d.fs)
+            mlp = m.num_mlp_params / (shards * d.pp)
+        emb = m.num_embedding_params / shards
         norms = m.num_norm_params / d.pp
         return att + mlp + emb + norms
 
