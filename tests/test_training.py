@@ -7,6 +7,7 @@ hardware, errors, trace files, pipeline and MoE.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -199,15 +200,50 @@ def test_moe_recompute_keeps_the_experts_outputs_but_drops_the_weighted_combine(
     full, _ = _step("fsdp=2,expert=2", "2x2", model=TINY_MOE, remat=Remat.FULL,
                     moe=MoeConfig(capacity_factor=1.0))
     re = {o.name for o in full.ops if o.name.startswith("re-")}
-    # The router's gradient reads the experts' outputs back at their tokens; the combine
-    # einsum itself is dead.
-    assert {"re-expert_out", "re-ep_combine", "re-moe_dispatch"} <= re
-    assert not re & {"re-moe_combine", "re-expert_combine", "re-residual_mlp"}
+    # The router's gradient reads the experts' outputs (where they live, sharded over expert:
+    # they are not sent back); the combine einsum itself is dead.
+    assert {"re-expert_out", "re-ep_dispatch", "re-moe_dispatch"} <= re
+    assert not re & {"re-moe_combine", "re-expert_combine", "re-residual_mlp", "re-ep_combine"}
     mxu = lambda o: o.kind == OpKind.COMPUTE and o.unit == Unit.MXU  # noqa: E731
     recomputed = sum(o.flops for o in full.ops if o.name.startswith("re-") and mxu(o))
     layers_fwd = sum(o.flops for o in none.ops if o.phase == "fwd" and o.layer >= 0 and mxu(o)
                      and o.name != "moe_combine")
     assert recomputed == pytest.approx(layers_fwd, rel=1e-9)
+
+
+def test_moe_backward_sends_the_combine_weights_gradient_as_xla_does():
+    # XLA's program (benchmarks/xla_moe_schedule.py): six synchronous all-to-alls per layer
+    # (forward dispatch and combine; backward the recomputed dispatch, the combine's and the
+    # dispatch's transposes, and the f32 combine-weight gradient [tokens, E, cap]) and an
+    # all-gather of the output gradient over expert.
+    from workloads.moe import MoeConfig
+
+    trace, _ = _step("fsdp=2,expert=2", "2x2", model=TINY_MOE, remat=Remat.FULL,
+                     moe=MoeConfig(capacity_factor=1.0))
+    spec = model_from_dict(TINY_MOE)
+    n, D, E, ep = 2 * 128, spec.d_model, spec.num_experts, 2  # tokens per chip, ...
+    cap = math.ceil(128 * spec.experts_per_token / E) * 1.0  # per sequence (MaxText)
+    a2a = [o for o in trace.ops if o.collective == "all-to-all" and o.layer == 0]
+    assert sorted(o.name for o in a2a) == sorted([
+        "ep_dispatch", "ep_combine", "re-ep_dispatch", "ep_combine_bwd", "ep_dispatch_bwd",
+        "ep_combine_weights_grad"])
+    tokens_v = ep * n * (E * cap / 128) * D * 2  # the padded bf16 token buffer, all chips
+    assert {o.name: o.bytes for o in a2a if o.name != "ep_combine_weights_grad"} == \
+        dict.fromkeys(["ep_dispatch", "ep_combine", "re-ep_dispatch", "ep_combine_bwd",
+                       "ep_dispatch_bwd"], pytest.approx(tokens_v, rel=1e-12))
+    dc = next(o for o in a2a if o.name == "ep_combine_weights_grad")
+    assert dc.bytes == pytest.approx(ep * n * E * cap * 4, rel=1e-12)
+    ag = [o for o in trace.ops if o.name == "ep_grad_allgather"]
+    assert len(ag) == spec.num_layers and ag[0].mesh_axes == ("expert",)
+    assert ag[0].bytes == pytest.approx(ep * n * D * 2, rel=1e-12)
+    # Synchronous: the weight gradients wait for the dispatch transpose, the combine-weight
+    # gradient for them, and the layer's input gradient for it.
+    by = {o.id: o for o in trace.ops}
+    dw = next(o for o in trace.ops if o.name == "mlp_bwd_weights" and o.layer == 0)
+    assert "ep_dispatch_bwd" in {by[i].name for i in dw.deps}
+    assert dw.id in dc.deps
+    nrm = next(o for o in trace.ops if o.name == "norm_mlp_bwd" and o.layer == 0)
+    assert dc.id in nrm.deps
 
 
 def test_remat_minimal_recomputes_only_vpu_work():

@@ -814,8 +814,13 @@ class _Compiler:
             o = self.mm(f"{tag}expert_out", 2 * n * rows * F * D / tp, w_bytes / mats,
                         n * rows * F / tp * a, n * rows * D * a, [act] + wdeps, layer, phase,
                         keys=("expert_down",))
-            comb = self.coll(f"{tag}ep_combine", "all-to-all", ("expert",),
-                             n * rows * D * a * d.ep, [o], layer, phase)
+            # A recomputation on the dense dropping path does not send the experts' outputs
+            # back: XLA computes the combine weights' gradient where they live (expert-sharded)
+            # and sends that gradient instead (`layer_backward`; the compiled program of
+            # benchmarks/xla_moe_schedule.py).
+            comb = None if dead_tail and rt.dense_dispatch else \
+                self.coll(f"{tag}ep_combine", "all-to-all", ("expert",),
+                          n * rows * D * a * d.ep, [o], layer, phase)
             out_deps = [o] + ([comb] if comb is not None else [])
             if m.num_shared_experts:
                 sF = m.num_shared_experts * F
@@ -1257,13 +1262,22 @@ class _Compiler:
             w_mlp = mats * D * F / tp * self.wb
         fwd_mlp = 2 * n * D * F * mats / tp
         comb = None
+        dcomb_deps: list[int] = []
         if dense_disp:
             # Combine einsum backward: gradients of the expert outputs and of the combine
-            # weights (the router's gradient), two einsums of the forward's size.
+            # weights (the router's gradient), two einsums of the forward's size. XLA computes
+            # the combine weights' gradient where the experts' outputs live (sharded over
+            # expert): the output gradient is first gathered over `expert` (every chip of an
+            # expert group needs its fsdp group's sequences; async under the recipes'
+            # collective-fusion flags), and the f32 result goes back to the tokens' chips with
+            # an all-to-all at the end of the MoE backward (`ep_combine_weights_grad`).
+            gout = self.coll("ep_grad_allgather", "all-gather", ("expert",), d.ep * n * D * a,
+                             [grad] if grad is not None else list(deps), layer, "bwd")
             mask = n * m.num_experts * rt.capacity * a
             cb = self.mm("moe_combine_bwd", 2 * dispatch_flops(n, m.num_experts, rt.capacity, D),
                          0.0, mask + n * D * a + n * rt.expert_rows_per_token * D * a,
-                         n * rt.expert_rows_per_token * D * a + mask, deps, layer, "bwd")
+                         n * rt.expert_rows_per_token * D * a + mask,
+                         list(deps) + ([gout] if gout is not None else []), layer, "bwd")
             deps = [cb]
         if moe:
             # Transpose of the forward's combine all-to-all, before the experts' backward.
@@ -1289,11 +1303,21 @@ class _Compiler:
                         "bwd")
         ar1 = None
         if moe:
-            # Transpose of the forward's dispatch all-to-all, after the experts' backward.
+            # Transpose of the forward's dispatch all-to-all, after the experts' backward. XLA's
+            # all-to-alls are synchronous (no async form; benchmarks/xla_moe_schedule.py): the
+            # weight gradients wait for it rather than hiding it.
             ar1 = self.coll("ep_dispatch_bwd", "all-to-all", ("expert",),
                             n * rt.expert_rows_per_token * D * a * d.ep, [dact], layer, "bwd")
         dmlp_w = self.mm("mlp_bwd_weights", fwd_mlp, w_mlp, 1.5 * n * F * mats / tp * a, 0.0,
-                         [dact], layer, "bwd", keys=mkeys)
+                         [dact] + ([ar1] if ar1 is not None else []), layer, "bwd",
+                         keys=mkeys)
+        if dense_disp:
+            # The combine weights' f32 gradient [tokens, E, capacity] back to the tokens'
+            # chips (synchronous, after the experts' weight gradients, as XLA schedules it); the
+            # router's backward, and so the layer's input gradient, reads it.
+            dc = self.coll("ep_combine_weights_grad", "all-to-all", ("expert",),
+                           d.ep * n * m.num_experts * rt.capacity * 4, [dmlp_w], layer, "bwd")
+            dcomb_deps = [dc] if dc is not None else []
         if dense_disp:
             # Dispatch einsum backward: the input gradient only (the one-hot mask has none).
             ar1 = self.mm("moe_dispatch_bwd", dispatch_flops(n, m.num_experts, rt.capacity, D),
@@ -1307,7 +1331,8 @@ class _Compiler:
         else:
             mlp_exit = self.tp_exit("", "mlp_bwd", dact, [dmlp], layer, "bwd")
         nrm = self.vpu("norm_mlp_bwd", 10 * r * D, 4 * r * D * a,
-                       mlp_exit + [x for x in (ar1,) if x is not None], layer, "bwd")
+                       mlp_exit + [x for x in (ar1,) if x is not None] + dcomb_deps, layer,
+                       "bwd")
         att_fwd_flops = 4 * n * d.ctx * h_loc * hd * (0.5 if self.cfg.attention == "flash" else 1)
         att_factor = 2.5 if self.cfg.attention == "flash" else 2.0  # flash recomputes scores
         w_att = m.attention_params_per_layer / tp * self.wb
