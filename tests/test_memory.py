@@ -243,6 +243,7 @@ def test_full_remat_peaks_in_the_first_layers_recomputed_attention(mesh, shape, 
     # its f32 statistics, q, k and v.
     rows = tokens / (4 // heads)
     saved = 2 * 2 * rows * D + 2 * tokens * D + 4 * rows + 2 * tokens * (q + 2 * kv)
+    saved += 2 * rows * D  # the backward's copy of layer 0's input out of the stack
     # The f32 scores and bf16 probabilities, next to the layer's three activation gradients.
     temps = 6 * tokens * 1024 * heads + 2 * (rows + 2 * tokens) * D
     assert res.hbm_peak_breakdown["temporaries"] == temps
@@ -280,13 +281,16 @@ def test_a_recomputed_layer_frees_only_what_it_recomputed():
               if cat == "saved_activations"]
     kept = 2 * sum(t.num_bytes for t in _minimal_set())  # both layers' minimal sets
     # The stack is allocated once before the forward and freed once after the last backward;
-    # in between each layer's backward allocates its recomputation and frees exactly that.
+    # in between each layer's backward allocates its recomputation and its copy of the
+    # layer's stack entries and frees exactly that: the copy is allocated as the layer above's
+    # backward (the loss's, for the last layer) ends.
     assert events[0][1] == kept and events[-1][1] == -kept
     per_layer: dict[int, float] = {}
     for op, delta in events[1:-1]:
         assert op.phase == "bwd"
         per_layer[op.layer] = per_layer.get(op.layer, 0.0) + delta
-    assert per_layer == {1: 0.0, 0: 0.0}
+    copy = kept / 2
+    assert per_layer == {-1: copy, 1: 0.0, 0: -copy}
 
 
 LONG_SHAPE = LayerShapeSpec(rows=2048, residual_rows=2048, context=1024, d_model=64,
@@ -447,3 +451,32 @@ def test_offloaded_tensors_stay_on_device_through_the_next_layers_forward():
     live = sum(delta for i, cat, delta in trace.meta["memory_events"]
                if cat == "saved_activations" and i <= at)
     assert live == inputs + sent + 2 * 2048 * (64 + 2 * 32)
+
+
+@pytest.mark.parametrize("remat", [Remat.MINIMAL, Remat.FULL, Remat.OFFLOAD, Remat.NONE])
+def test_a_recomputing_backward_copies_its_layers_stack_entries(remat):
+    trace, _ = _long(remat)
+    ops = trace.ops
+    # The last layer's copy of its stack entries (its whole saved set: the minimal set, or the
+    # layer input under full and offload) appears as the loss's backward ends; `none` reads
+    # its stack in place.
+    copy = 0.0 if remat == Remat.NONE else sum(
+        t.num_bytes for t in saved_tensors(LONG_SHAPE, remat=str(remat), attention="dot"))
+    loss_bwd = [i for i, op in enumerate(ops) if op.name == "logits_bwd"][0]
+    got = sum(d for i, cat, d in trace.meta["memory_events"]
+              if cat == "saved_activations" and i == loss_bwd)
+    assert got == copy
+    assert copy == {"minimal": 2 * 2048 * (64 + 64 + 2 * 32 + 64 + 2 * 128),
+                    "full": 2 * 2048 * 64, "offload": 2 * 2048 * 64, "none": 0}[str(remat)]
+
+
+def test_the_mlps_gathered_matrices_die_with_their_weight_gradient_matmul():
+    trace, _ = _long(Remat.FULL, "fsdp=4", "2x2", gather="async")
+    ops = trace.ops
+    frees = {ops[i].name: -d for i, cat, d in trace.meta["memory_events"]
+             if cat == "gathered_weights" and d < 0 and ops[i].phase == "bwd"
+             and ops[i].layer == 0}
+    # gate, up, down 64 x 128 bf16 at the MLP's weight gradient; q, o 64 x 64 and k, v 64 x 32
+    # with the layer's end.
+    assert frees == {"mlp_bwd_weights": 2 * 3 * 64 * 128,
+                     "norm_attn_bwd": 2 * (2 * 64 * 64 + 2 * 64 * 32)}

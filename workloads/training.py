@@ -391,6 +391,13 @@ class _Gathered:
 
     ops: dict[str, tuple[int, str]] = field(default_factory=dict)
     held_bytes: float = 0.0  # HBM the non-windowed gathers hold until the layer ends
+    held: dict[str, float] = field(default_factory=dict)  # held_bytes by matrix
+
+    def release(self, keys) -> float:
+        """Bytes of the `keys` matrices still held, now released."""
+        out = sum(self.held.pop(k, 0.0) for k in keys)
+        self.held_bytes -= out
+        return out
 
     def deps(self, keys) -> list[int]:
         """The gathers a matmul reading `keys` waits for (a windowed one streams its shards
@@ -441,6 +448,7 @@ class _Compiler:
         # outputs only the backward reads, e.g. the recomputed attention when its output
         # projection came back from host memory).
         self.recompute_leaves: list[int] = []
+        self.mlp_weights_done: int | None = None  # set by layer_backward
 
     def mem(self, op_id, category: MemoryCategory, delta: float) -> None:
         """HBM changes by `delta` bytes of `category` when op `op_id` ends."""
@@ -923,6 +931,7 @@ class _Compiler:
                 if form != "windowed" or phase == "bwd":
                     self.mem(g, G.GATHERED_WEIGHTS, nbytes)
                     out.held_bytes += nbytes
+                    out.held[key] = out.held.get(key, 0.0) + nbytes
             return out
 
         def regather(layer, g, after):
@@ -940,6 +949,7 @@ class _Compiler:
                     g.ops[key] = (r, self.gather_form(layer, key, "bwd"))
                     self.mem(r, G.GATHERED_WEIGHTS, nbytes)
                     g.held_bytes += nbytes
+                    g.held[key] = g.held.get(key, 0.0) + nbytes
 
         def end_layer(out, g):
             """The layer ends when its windowed gathers have arrived; its gathered weights die
@@ -1086,6 +1096,12 @@ class _Compiler:
                 # gradient buffers in the backward loop body).
                 grad_tmp = (self.rows() + 2 * d.n) * D * a
                 self.mem(prev, G.TEMPORARIES, grad_tmp)
+                # A recomputing policy's backward loop body reads the layer's entries of the
+                # stacked saved buffers through copies (dynamic-slice fusions) that live for
+                # the layer's backward (docs/model.md "Memory"); `none` reads them in place.
+                copies = self.saved_bytes(layer) if cfg.remat in (
+                    Remat.MINIMAL, Remat.FULL, Remat.OFFLOAD) else 0.0
+                self.mem(prev, G.SAVED_ACTIVATIONS, copies)
                 if cfg.remat.offloads:
                     # Fetched one layer ahead: when the backward of the layer above starts.
                     fetch = b.add("fetch_activations", kind=OpKind.HOST,
@@ -1127,7 +1143,13 @@ class _Compiler:
                 inp = prev
                 out = self.layer_backward(layer, deps, g, grad=prev)
                 self.cur = None
+                if g is not None:
+                    # The MLP's gathered matrices die with their weight-gradient matmul, before
+                    # the attention's backward (XLA frees a buffer after its last reader).
+                    self.mem(self.mlp_weights_done, G.GATHERED_WEIGHTS,
+                             -g.release(self.mlp_keys(layer)))
                 self.mem(out, G.TEMPORARIES, -grad_tmp)
+                self.mem(out, G.SAVED_ACTIVATIONS, -copies)
                 end_layer(out, g)
                 # What the layer recomputed or fetched dies with its backward (what it kept
                 # stays in the stack until the loop ends).
@@ -1311,6 +1333,7 @@ class _Compiler:
         dmlp_w = self.mm("mlp_bwd_weights", fwd_mlp, w_mlp, 1.5 * n * F * mats / tp * a, 0.0,
                          [dact] + ([ar1] if ar1 is not None else []), layer, "bwd",
                          keys=mkeys)
+        self.mlp_weights_done = dmlp_w  # the MLP matrices' last reader
         if dense_disp:
             # The combine weights' f32 gradient [tokens, E, capacity] back to the tokens'
             # chips (synchronous, after the experts' weight gradients, as XLA schedules it); the
