@@ -118,6 +118,7 @@ class TrainingConfig:
     tp_activations: str = "sharded"
     tp_comm: str = "blocking"
     dp_allreduce: str = "async"
+    ep_alltoall: str = "sync"
     pipeline_schedule: str = "1f1b"
     virtual_stages: int = 1
     moe: MoeConfig = field(default_factory=MoeConfig)
@@ -160,6 +161,11 @@ class TrainingConfig:
         if self.dp_allreduce not in ("async", "blocking"):
             raise TpusimError(
                 f"--dp-allreduce {self.dp_allreduce!r} must be async or blocking"
+            )
+        if self.ep_alltoall not in ("sync", "async"):
+            raise TpusimError(
+                f"--ep-alltoall {short_repr(self.ep_alltoall)} must be sync (XLA's default) or "
+                f"async (libtpu's --xla_tpu_enable_async_all_to_all)"
             )
         if self.pipeline_schedule not in PIPELINE_SCHEDULES:
             raise TpusimError(
@@ -1326,20 +1332,24 @@ class _Compiler:
         ar1 = None
         if moe:
             # Transpose of the forward's dispatch all-to-all, after the experts' backward. XLA's
-            # all-to-alls are synchronous (no async form; benchmarks/xla_moe_schedule.py): the
-            # weight gradients wait for it rather than hiding it.
+            # all-to-alls are synchronous by default (benchmarks/xla_moe_schedule.py): the
+            # weight gradients wait for it rather than hiding it. With libtpu's async
+            # all-to-all (`--ep-alltoall async`) they start/done around independent work.
             ar1 = self.coll("ep_dispatch_bwd", "all-to-all", ("expert",),
                             n * rt.expert_rows_per_token * D * a * d.ep, [dact], layer, "bwd")
+        sync = self.cfg.ep_alltoall == "sync"
         dmlp_w = self.mm("mlp_bwd_weights", fwd_mlp, w_mlp, 1.5 * n * F * mats / tp * a, 0.0,
-                         [dact] + ([ar1] if ar1 is not None else []), layer, "bwd",
+                         [dact] + ([ar1] if ar1 is not None and sync else []), layer, "bwd",
                          keys=mkeys)
         self.mlp_weights_done = dmlp_w  # the MLP matrices' last reader
         if dense_disp:
             # The combine weights' f32 gradient [tokens, E, capacity] back to the tokens'
-            # chips (synchronous, after the experts' weight gradients, as XLA schedules it); the
-            # router's backward, and so the layer's input gradient, reads it.
+            # chips (synchronous: after the experts' weight gradients, as XLA schedules it;
+            # async: as soon as it is computed); the router's backward, and so the layer's
+            # input gradient, reads it.
             dc = self.coll("ep_combine_weights_grad", "all-to-all", ("expert",),
-                           d.ep * n * m.num_experts * rt.capacity * 4, [dmlp_w], layer, "bwd")
+                           d.ep * n * m.num_experts * rt.capacity * 4,
+                           [dmlp_w] if sync else [cb], layer, "bwd")
             dcomb_deps = [dc] if dc is not None else []
         if dense_disp:
             # Dispatch einsum backward: the input gradient only (the one-hot mask has none).

@@ -64,6 +64,10 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
                    help="data-parallel gradient all-reduce: async (overlapped with the backward "
                         "pass, XLA's data-parallel overlap flags, default) or blocking (each "
                         "layer's reduction ends before the next layer's backward starts)")
+    p.add_argument("--ep-alltoall", default="sync",
+                   help="MoE all-to-alls over expert: sync (XLA's default: no compute overlaps "
+                        "them) or async (libtpu's --xla_tpu_enable_async_all_to_all: the "
+                        "backward's overlap independent matmuls)")
     p.add_argument("--fsdp-gather", default="async",
                    help="FSDP weight gathers (one per weight matrix): async (prefetched, "
                         "default), windowed (collective matmuls), blocking, or the per-matrix "
@@ -95,6 +99,7 @@ def _compile(args: argparse.Namespace, num_chips: int, moe=None, chip=None):
         tp_activations=args.tp_activations,
         tp_comm=args.tp_comm,
         dp_allreduce=args.dp_allreduce,
+        ep_alltoall=args.ep_alltoall,
         pipeline_schedule=args.pipeline_schedule or "1f1b",
         virtual_stages=args.virtual_stages,
         moe=moe if moe is not None else cli.moe_config(args),
