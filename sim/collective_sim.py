@@ -85,8 +85,10 @@ class CollectiveResult:
     _schedule: Schedule | None = field(default=None, repr=False)
     _step_links: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] | None = field(
         default=None, repr=False)
-    # Orbit mode: for every replica group, the simulated group that stands for it.
+    # Orbit mode: for every replica group, the simulated group that stands for it, and the
+    # translation periods (`orbit_periods`) that map the simulated links onto the whole pod's.
     _group_rep: np.ndarray | None = field(default=None, repr=False)
+    _orbit_periods: tuple[int, ...] | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -597,7 +599,7 @@ def _simulate_orbits(*, kind, requested, chip, topology, geo, schedule, lm, peri
         latency_s=max(latency_path_s(schedule, lats, chunks) for lats in {
             tuple(tuple(b.latency_s for b in s_) for s_ in folded[g]) for g in groups}),
         schedule=schedule, step_links=_step_links(routed, topology.num_links),
-        group_rep=group_rep,
+        group_rep=group_rep, orbit_periods=tuple(int(p) for p in periods),
     )
 
 
@@ -1101,7 +1103,8 @@ def _replicate_group(topology: Topology, geo: GroupGeometry, groups, rep: int, n
 
 def _result(*, kind, algorithm, requested, chip, topology, axes, nbytes, group_size, num_groups,
             time_s, net, link_bytes, link_busy, lm, hbm, mode, steps, timeline, router=None,
-            touched=None, latency_s=0.0, schedule=None, step_links=None, group_rep=None):
+            touched=None, latency_s=0.0, schedule=None, step_links=None, group_rep=None,
+            orbit_periods=None):
     cap = lm.capacity_bytes_per_s
     busiest = float(link_bytes.max(initial=0.0))
     per_cap = np.divide(link_bytes, cap, out=np.zeros_like(link_bytes), where=cap > 0)
@@ -1125,7 +1128,7 @@ def _result(*, kind, algorithm, requested, chip, topology, axes, nbytes, group_s
         _link_bytes=link_bytes, _link_busy=link_busy, _link_cap=cap,
         _timeline=sorted(timeline, key=lambda r: (r[0], r[3], r[4], r[6])),
         _touched_groups=touched, _schedule=schedule, _step_links=step_links,
-        _group_rep=group_rep,
+        _group_rep=group_rep, _orbit_periods=orbit_periods,
     )
 
 

@@ -191,3 +191,43 @@ def test_a_group_too_large_to_route_whole_is_simulated_on_its_orbit_representati
     assert r.mode == "orbit"
     assert r.time_s == pytest.approx(whole.time_s, rel=REL)
     assert _rel(r._link_bytes, whole._link_bytes) <= REL
+
+
+def _link_slices(res) -> dict[tuple, float]:
+    """{(link track, start ps, end ps, stream, step): bytes} over every process of a
+    collective's Perfetto trace (lanes folded into their link's track)."""
+    from sim.export.perfetto import _collective_processes
+
+    out: dict[tuple, float] = {}
+    for _name, tracks in _collective_processes(res):
+        for track, rows in tracks.items():
+            if track.startswith("ICI link "):
+                for t0, t1, _label, args, _i in rows:
+                    key = (track.split(" lane ")[0], round(t0 * 1e12), round(t1 * 1e12),
+                           args["stream"], args["step"])
+                    out[key] = out.get(key, 0.0) + args["bytes"]
+    return out
+
+
+@pytest.mark.parametrize("shape,wrap,slices,spec,op,alg", [
+    ("8x4", "none", 1, "x:2@2", "all-gather", "line"),
+    ("8x8", "all", 1, "x:4@2,y:2@1", "all-gather", "auto"),
+    ("4x4", "all", 2, "x:2@2,y:2@1,dcn:2@1", "all-reduce", "auto"),
+])
+def test_orbit_mode_perfetto_link_tracks_equal_the_whole_pods_link_by_link(shape, wrap, slices,
+                                                                          spec, op, alg):
+    """Every link any group of the pod loads has its track, with the same slices (times,
+    stream, step) and bytes as `--mode full` summed over the groups: not only the links of the
+    representative chips' routes."""
+    chip = get_chip("v5e")
+    topology = _topo("v5e", shape, wrap, slices)
+    gaxes = _factors(topology, spec)
+    kw = dict(chip=chip, topology=topology, op=op, axes=gaxes, nbytes=3 * 4096 * 64,
+              algorithm=alg)
+    orbit, full = simulate_collective(**kw), simulate_collective(**kw, mode="full")
+    assert orbit.mode == "orbit"
+    got, want = _link_slices(orbit), _link_slices(full)
+    assert set(got) == set(want)
+    assert all(got[k] == pytest.approx(want[k], rel=REL) for k in want)
+    # Every link the pod loads has a track (under the 512-track cap here).
+    assert len({k[0] for k in got}) == int(np.count_nonzero(full._link_bytes))

@@ -683,13 +683,18 @@ def _collective_processes(res) -> list[tuple[str, dict[str, list[tuple]]]]:
                         (float(t0), float(t1), sname,
                          {"step": k, "stream": si, "bytes": b * frac}, i))
                     link_total[lk] = link_total.get(lk, 0.0) + b * frac
+        whose = "its routes"
+        if res.mode == "orbit" and link_total and res._orbit_periods is not None:
+            link_rows, link_total = _orbit_link_rows(res, link_rows)
+            whose = "the groups of its orbit"
         kept = sorted(link_total, key=lambda lk: (-link_total[lk], lk))[:MAX_LINK_TRACKS]
         for lk in sorted(kept):
             tracks[f"ICI link {topo.describe_link(lk)}"] = link_rows[lk]
         if len(link_total) > len(kept):
-            name += f" (link tracks: the {len(kept)} busiest of {len(link_total)} links)"
+            name += (f" (link tracks: the {len(kept)} busiest of the {len(link_total)} links "
+                     f"{whose} loaded)")
         elif link_total:
-            name += f" (link tracks: the {len(link_total)} links its routes loaded)"
+            name += f" (link tracks: the {len(link_total)} links {whose} loaded)"
         elif res.mode != "symmetric" and res._step_links is None:
             name += " (no link tracks: more (step, link) pairs than the trace keeps)"
         out.append((name, _laned(tracks)))
@@ -698,6 +703,45 @@ def _collective_processes(res) -> list[tuple[str, dict[str, list[tuple]]]]:
         out[0] = (first + f" [tpusim: {len(groups)} groups simulated, the first "
                   f"{MAX_CHIP_PROCESSES} shown]", rest)
     return out
+
+
+def _orbit_link_rows(res, link_rows: dict[int, list[tuple]]):
+    """Orbit mode: a simulated group's link rows (on the links its representative chips'
+    routes loaded) expanded to every link of the pod its orbit of groups loads, exactly.
+
+    A translation by the orbit periods maps each transfer to a transfer of another group of
+    the orbit, at the same times with the same bytes (that is what makes orbit mode exact), so
+    link L carries, in each timeline row, the bytes of every routed link in L's orbit in that
+    row: rows of one timeline row are summed. Returns ({link: rows}, {link: total bytes})
+    limited to the links of the best `MAX_LINK_TRACKS` totals (every link of an orbit has the
+    same total, so ranking orbits is ranking links), plus the count of all links loaded."""
+    import numpy as np
+
+    from sim.collective_sim import canonical_chips, canonical_links
+
+    topo = res._topology
+    canon = canonical_links(topo, canonical_chips(topo, res._orbit_periods))
+    merged: dict[int, dict[int, tuple]] = {}  # canonical link -> timeline row -> slice
+    for lk, rows in link_rows.items():
+        by_row = merged.setdefault(int(canon[lk]), {})
+        for t0, t1, sname, args, i in rows:
+            if i in by_row:
+                prev = by_row[i]
+                args = {**prev[3], "bytes": prev[3]["bytes"] + args["bytes"]}
+            by_row[i] = (t0, t1, sname, args, i)
+    orbit_total = {c: sum(r[3]["bytes"] for r in by_row.values()) for c, by_row in merged.items()}
+    cs = np.fromiter(orbit_total, dtype=np.int64, count=len(orbit_total))
+    members = np.flatnonzero(np.isin(canon, cs))
+    totals = np.asarray([orbit_total[int(c)] for c in canon[members]], dtype=float)
+    order = np.lexsort((members, -totals))[:MAX_LINK_TRACKS]
+    rows_of = {int(members[j]): [merged[int(canon[members[j]])][i]
+                                 for i in sorted(merged[int(canon[members[j]])])]
+               for j in order}
+    total_of = {lk: orbit_total[int(canon[lk])] for lk in rows_of}
+    # The links not kept still count in the name's "of N links": give them their totals.
+    for j in np.flatnonzero(~np.isin(np.arange(len(members)), order)):
+        total_of[int(members[j])] = float(totals[j])
+    return rows_of, total_of
 
 
 def _laned(tracks: dict[str, list[tuple]]) -> dict[str, list[tuple]]:
