@@ -12,7 +12,7 @@ import json
 import random
 from typing import Any
 
-from fuzz_harness import COLLECTIVE, DECODE, POD, PREFILL, SWEEP, TINY_MODEL, TRAIN
+from fuzz_harness import COLLECTIVE, DECODE, PLAN, POD, PREFILL, SWEEP, TINY_MODEL, TRAIN
 
 # Values that no numeric flag accepts, and values that are merely odd.
 BAD_NUMBERS = ["nan", "inf", "-inf", "-1", "", " ", "abc", "1e400", "9" * 400, "1,,2", "0x10",
@@ -39,9 +39,19 @@ FLAGS = {
                 "--mesh": "mesh", "--out": "dir"},
     "serve-sweep": {"--batches": "list", "--context-len": "int", "--mesh": "mesh",
                     "--weight-dtype": "list", "--out": "dir"},
+    "plan": {"--global-batch": "int", "--seq-len": "int", "--top": "int", "--workers": "workers",
+             "--max-tensor": "int", "--max-data": "int", "--max-pipeline": "int",
+             "--max-sequence": "int", "--max-expert": "int", "--axes": "plan_list",
+             "--remat": "plan_list", "--microbatches": "plan_list", "--param-dtype": "plan_list",
+             "--optimizer-dtype": "plan_list", "--dask": "dask", "--out": "dir"},
 }
+# Flags added since the first fuzz pass, fuzzed on `train` (harden2).
+FLAGS["train"].update({"--fsdp-gather": "text", "--capacity-factor": "float",
+                       "--expert-skew": "float", "--set": "set", "--dp-allreduce": "text",
+                       "--tp-comm": "text", "--axis-map": "axis_map"})
+FLAGS["collective"].update({"--set": "set", "--mode": "cmode"})
 BASES = {"collective": COLLECTIVE, "train": TRAIN, "decode": DECODE, "prefill": PREFILL,
-         "serve-sweep": SWEEP,
+         "serve-sweep": SWEEP, "plan": PLAN,
          "compare-collectives": ["compare-collectives", *COLLECTIVE[1:]]}
 
 
@@ -90,8 +100,58 @@ def _value(rng: random.Random, kind: str) -> tuple[str, bool]:
         v = rng.choice(["{tmp}/t.pftrace", "{tmp}/t.json", "", "{tmp}/" + "f" * 300,
                         "{tmp}", "{tmp}/fifo", "{tmp}/link", "{tmp}/o"])
         return v, v in ("", "{tmp}/" + "f" * 300, "{tmp}")
+    if kind == "workers":
+        v = rng.choice(["1", "1", "2", "0", "-1", "257", "100000", "nan", "1e9", ""])
+        return v, v not in ("1", "2", "0")
+    if kind == "plan_list":
+        v = rng.choice(["1,2", "full,none", "bf16", "fsdp,data", "", ",", "a,,b", "1,,2",
+                        "x" * 300, "offload,qkv-offload", "0", "-1", "fp8,int8"])
+        return v, v in ("", ",", "a,,b", "1,,2", "x" * 300)
+    if kind == "dask":
+        v = rng.choice(["tcp://127.0.0.1:1", "bogus", "", "x" * 3000, "http://h:1",
+                        "tcp://[::1", "tcp://127.0.0.1:99999"])
+        return v, True
+    if kind == "set":
+        return _set_value(rng)
+    if kind == "axis_map":
+        v = rng.choice(["fsdp=x+y", "fsdp=y+x", "fsdp=x:2+y:2", "fsdp=x", "fsdp=x,fsdp=y", "=x",
+                        "fsdp=x:0", "fsdp=x:" + "9" * 40, "fsdp=q", "fsdp=x++y", "fsdp=z",
+                        "tensor=x", "fsdp=x:" + "9" * 5000, ",", "fsdp=x,,"])
+        return v, v not in ("fsdp=x+y", "fsdp=y+x", "fsdp=x:2+y:2", ",", "fsdp=x,,")
+    if kind == "cmode":
+        v = rng.choice(["auto", "full", "per-chip", "orbit", "", "AUTO"])
+        return v, v not in ("auto", "full", "per-chip")
     return rng.choice(ODD_TEXT + ["auto", "ring", "full", "none", "all", "flash", "bf16",
-                                  "int8", "", "x" * 300]), False
+                                  "int8", "", "x" * 300, "qkv-offload", "qkvo-offload",
+                                  "mixed-async", "mixed-blocking", "windowed", "blocking",
+                                  "async", "collective-matmul"]), False
+
+
+# --set keys (chip, topology, collective and model fields) and values for them.
+SET_KEYS = ["ici_link_bytes_per_s", "hbm_bytes", "hbm_bytes_per_s", "mxu_flops_per_s",
+            "ici_hop_latency_s", "op_overhead_s", "mxu_efficiency", "ici_links_per_chip",
+            "tensorcores_per_chip", "mxu_dim", "name", "max_pod_shape", "generation_rule",
+            "topology.wraparound", "collective.algorithm", "model.num_layers", "model.d_model",
+            "model.num_heads", "model.num_kv_heads", "model.d_ff", "model.mlp",
+            "model.vocab_size", "model.num_experts", "model.experts_per_token",
+            "model.tied_embeddings", "model.head_dim", "model.first_dense_layers", "nonsense",
+            "model.nonsense", ""]
+SET_BAD = ["x0", "x-1", "xnan", "xinf", "x1e400", "-1", "nan", "inf", "1e400", "", "xx2", "2x",
+           "1_000", "x", "0x10", "9" * 400, "x" + "9" * 400]
+SET_ODD = ["x2", "x0.5", "1", "0", "1e9", "16GB", "16GiB", "x1e-30", "x1e30", "true", "ring",
+           "none", "swiglu", "3", "1.5", "x1.0000001", "v5e-x", "4x4"]
+
+
+def _set_value(rng: random.Random) -> tuple[str, bool]:
+    key = rng.choice(SET_KEYS)
+    if rng.random() < 0.4:
+        v = rng.choice(SET_BAD)
+        # A text field takes any text; "" and unknown keys are surely invalid.
+        bad = key in ("", "nonsense", "model.nonsense") or not (
+            key in ("name", "model.name") and v not in ("",))
+        return f"{key}={v}", bad
+    v = rng.choice(SET_ODD)
+    return f"{key}={v}", key in ("", "nonsense", "model.nonsense")
 
 
 def gen_flags(rng: random.Random, i: int) -> dict[str, Any]:
@@ -216,11 +276,183 @@ def gen_trace(rng: random.Random, i: int) -> dict[str, Any]:
             "argv": ["replay", "{tmp}/s.trace", *POD, *extra], "expect": "any"}
 
 
+# -- study files (`tpusim sweep`) ---------------------------------------------------------------
+STUDY_GOOD = {"bytes": ["1MiB", "64KiB", 1048576, "2MiB"], "chunks": [1, 2, 4],
+              "algorithm": ["auto", "ring", "direct"], "wraparound": ["auto", "none"],
+              "set.ici_link_bytes_per_s": ["x2", "x0.5", 4.5e10]}
+STUDY_ODD = [-1, 0, "abc", "", "x" * 300, 1e9, True, False, "1,,2", 10**40]
+STUDY_BAD = [None, [1], {"a": 1}, float("nan"), float("inf"), [], "NOLIST"]
+
+
+def _study_list(rng: random.Random, key: str) -> tuple[Any, bool]:
+    """(values for a grid/zip key, surely invalid)."""
+    r = rng.random()
+    if r < 0.15:
+        v = rng.choice(STUDY_BAD)
+        if v == "NOLIST":
+            return rng.choice(STUDY_GOOD.get(key, ["1MiB"])), True
+        return ([] if v == [] else [v]), True
+    vals = [rng.choice(STUDY_GOOD.get(key, ["1MiB"])) for _ in range(rng.randint(1, 3))]
+    if r < 0.35:
+        vals.append(rng.choice(STUDY_ODD))
+    return vals, False
+
+
+def gen_study(rng: random.Random, i: int) -> dict[str, Any]:
+    """A collective study (4x4 v5e, one to six points) with one to three varied keys, odd or
+    invalid values, metrics and plots, and sometimes --resume over a corrupt results file."""
+    invalid = False
+    base: dict[str, Any] = {"chip": "v5e", "shape": "4x4", "op": "all-gather", "axes": "x"}
+    keys = rng.sample(sorted(STUDY_GOOD), rng.randint(1, 2))
+    grid = {}
+    for k in keys:
+        grid[k], bad = _study_list(rng, k)
+        invalid |= bad
+    doc: dict[str, Any] = {"command": "collective", "base": base, "grid": grid}
+    r = rng.random()
+    if r < 0.15:
+        doc["zip"] = {"chunks": [1, 2], "algorithm": rng.choice([["auto", "ring"], ["auto"]])}
+        invalid |= len(doc["zip"]["algorithm"]) != 2 or "chunks" in grid or "algorithm" in grid
+    elif r < 0.25:
+        doc[rng.choice(["bogus", "Grid", "points"])] = 1
+        invalid = True
+    elif r < 0.3:
+        base[rng.choice(["out", "json", "perfetto", "nonsense"])] = "x"
+        invalid = True
+    if rng.random() < 0.3:
+        doc["metrics"] = rng.choice([["time_s"], ["nope"], "time_s", [], [["x"]], ["latency_s"]])
+        invalid |= doc["metrics"] in (["nope"], "time_s", [["x"]])
+    if rng.random() < 0.3:
+        x = rng.choice([keys[0], "nope"])
+        y = rng.choice(["time_s", "nonsense", "algorithm"])
+        doc["plot"] = rng.choice([{"x": x, "y": y}, [{"x": x, "y": y}], {"x": x}, 7])
+        invalid |= x == "nope" or y == "nonsense" or not isinstance(doc["plot"], (dict, list)) \
+            or "y" not in (doc["plot"] if isinstance(doc["plot"], dict) else doc["plot"][0])
+    text = json.dumps(doc)
+    name = "s.json"
+    if rng.random() < 0.5:
+        import yaml
+
+        try:
+            text, name = yaml.safe_dump(doc), "s.yaml"
+        except yaml.YAMLError:  # pragma: no cover
+            pass
+    files: dict[str, Any] = {name: text}
+    extra = []
+    r = rng.random()
+    if r < 0.1:
+        extra = ["--resume"]
+        files["o/results.parquet"] = rng.choice(["", "PAR1garbage", "x" * 100])
+        invalid = True
+    elif r < 0.15:
+        files["o/results.parquet"] = "junk"
+        invalid = True
+    elif r < 0.25:
+        w, bad = _value(rng, "workers")
+        extra = ["--workers", w]
+        invalid |= bad
+    elif r < 0.3:
+        extra = ["--dask", _value(rng, "dask")[0]]
+        invalid = True
+    argv = ["sweep", "{tmp}/" + name, "--out", "{tmp}/o"]
+    if "--workers" not in extra:
+        argv += ["--workers", "1"]
+    return {"id": f"gen-study-{i}", "argv": argv + extra, "files": files,
+            "expect": "error" if invalid else "any"}
+
+
+# -- result files (`tpusim rerun`) -------------------------------------------------------------
+RESULT_PATHS = ["inputs/command", "inputs/flags/bytes", "inputs/flags/axes", "inputs/flags/op",
+                "inputs/flags/shape", "inputs/flags/chunks", "inputs/flags/slow_link",
+                "inputs/chip/hbm_bytes", "inputs/chip/name", "inputs/chip/ici_link_bytes_per_s",
+                "inputs/chip/max_pod_shape", "inputs/overrides", "inputs/flags", "inputs/chip",
+                "inputs", "inputs/perturbations", "inputs/flags/nonsense", "time_s",
+                "inputs/tpusim_version", "inputs/flags/set"]
+RESULT_RAW = ["NaN", "-1", "1e999", "9" * 400, "null", "true", "\"x\"", "{}", "[]", "[[1]]",
+              "{\"a\": [1]}", "0", "\"train\"", "\"rerun\"", "\"1e400\"", "\"\"",
+              "\"all-gather\"", "\"4x4x4x4\"", "{\"hbm_bytes\": {\"given\": \"x2\"}}"]
+
+
+def gen_result(rng: random.Random, i: int) -> dict[str, Any]:
+    """`tpusim rerun` on a collective's --json result with one to three fields replaced."""
+    sets = [[rng.choice(RESULT_PATHS), rng.choice(RESULT_RAW)] for _ in range(rng.randint(1, 3))]
+    return {"id": f"gen-result-{i}", "files": {"r.json": {"result": {"set": sets}}},
+            "argv": ["rerun", "{tmp}/r.json"] + (["--check"] if rng.random() < 0.3 else []),
+            "expect": "any"}
+
+
+# -- HLO text (`tpusim import-hlo`) ------------------------------------------------------------
+HLO_TOKENS = ["0", "-1", "9" * 40, "1e400", "nan", "[]", "[-1]", "[999999999,999999999]", "}",
+              "{", "(", ")", "%", "=", ",", "ROOT", "f32", "bf16[", "\x00", "é"]
+
+
+def gen_hlo(rng: random.Random, i: int) -> dict[str, Any]:
+    """import-hlo on a real compiled module (tests/fixtures/hlo) with one to four mutations:
+    a line deleted, duplicated or cut, a number or shape replaced, a token inserted."""
+    import re
+
+    from fuzz_harness import base_hlo
+
+    lines = base_hlo().split("\n")
+    for _ in range(rng.randint(1, 4)):
+        n = rng.randrange(len(lines))
+        r = rng.random()
+        if r < 0.2:
+            del lines[n]
+        elif r < 0.3:
+            lines.insert(n, lines[n])
+        elif r < 0.4:
+            lines[n] = lines[n][: rng.randrange(len(lines[n]) + 1)]
+        elif r < 0.75:
+            nums = list(re.finditer(r"\d+", lines[n]))
+            if nums:
+                m = rng.choice(nums)
+                lines[n] = lines[n][: m.start()] + rng.choice(HLO_TOKENS[:8]) + lines[n][m.end():]
+        elif r < 0.9:
+            k = rng.randrange(len(lines[n]) + 1)
+            lines[n] = lines[n][:k] + rng.choice(HLO_TOKENS) + lines[n][k:]
+        else:
+            lines = lines[: n + 1]  # truncated file
+    extra = rng.choice([[], ["--json"], ["-o", "{tmp}/t.trace"], ["--json", "-o", "{tmp}/t.trace"]])
+    return {"id": f"gen-hlo-{i}", "files": {"p.txt": "\n".join(lines)},
+            "argv": ["import-hlo", "{tmp}/p.txt", "--chip", "v5e", "--shape", "4x4", *extra],
+            "expect": "any"}
+
+
+# -- orbit mode: collectives on odd placements ---------------------------------------------------
+def gen_orbit(rng: random.Random, i: int) -> dict[str, Any]:
+    """A collective where groups interleave or lines do not wrap (orbit, full or per-chip mode),
+    with Perfetto and --out outputs."""
+    shape = rng.choice(["8x4", "4x4", "16x8", "4x4x4", "8x2", "2x2x2", "16x4"])
+    ndim = shape.count("x") + 1
+    axes = rng.choice(["x", "y", "x,y", "y,x", "x,y,z", "z", "x,dcn"][: 4 if ndim == 2 else 7])
+    argv = ["collective", "--chip", rng.choice(["v5e", "v5p", "v4"]), "--shape", shape,
+            "--wraparound", rng.choice(["none", "all", "auto", "x", "y"]),
+            "--op", rng.choice(["all-gather", "reduce-scatter", "all-reduce", "all-to-all",
+                                "collective-permute"]),
+            "--axes", axes, "--bytes", rng.choice(["64KiB", "1MiB", "3MiB", "96KiB"]),
+            "--algorithm", rng.choice(["auto", "auto", "ring", "direct", "multi-axis",
+                                       "hierarchical", "line", "halving-doubling"])]
+    if "dcn" in axes:
+        argv += ["--slices", "2"]
+    if rng.random() < 0.3:
+        argv += ["--mode", rng.choice(["full", "per-chip"])]
+    if rng.random() < 0.2:
+        argv += ["--slow-link", rng.choice(["0,0:x+:0.5", "1,0:y-:0.25", "0,0,0:z+:0.5"])]
+    argv += rng.choice([["--perfetto", "{tmp}/c.pftrace"], ["--json"], ["--out", "{tmp}/o"],
+                        ["--perfetto", "{tmp}/c.json", "--json"]])
+    if "--json" not in argv and rng.random() < 0.5:
+        argv.append("--json")
+    return {"id": f"gen-orbit-{i}", "argv": argv, "expect": "any"}
+
+
 GENERATORS = {"flags": gen_flags, "chip_yaml": gen_chip_yaml, "model_yaml": gen_model_yaml,
-              "trace": gen_trace}
+              "trace": gen_trace, "study": gen_study, "result": gen_result, "hlo": gen_hlo,
+              "orbit": gen_orbit}
 
 
 def generate(rng: random.Random, i: int) -> dict[str, Any]:
     """One case from a surface picked at random (flags twice as often as each file kind)."""
-    surface = rng.choice(["flags", "flags", "chip_yaml", "model_yaml", "trace"])
+    surface = rng.choice(["flags", "flags", "chip_yaml", "model_yaml", "trace", "study",
+                          "result", "hlo", "orbit"])
     return GENERATORS[surface](rng, i)

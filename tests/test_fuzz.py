@@ -1,6 +1,7 @@
 """Fuzzing the CLI in-process: the saved corpus of inputs that once broke tpusim
 (`tests/fuzz_corpus/*.jsonl`), hypothesis-generated inputs per surface (flags, chip YAML, model
-YAML, trace files), outputs written into FIFOs and through symlinks, and byte-identical reruns.
+YAML, trace files, study files, edited results, mutated HLO, odd collective placements),
+outputs written into FIFOs and through symlinks, and byte-identical reruns.
 
 Every run must end as "exit 0 with finite outputs" or "one `tpusim: error:` line, exit 2, and
 nothing written", within a time budget; surely invalid inputs must be refused
@@ -73,6 +74,34 @@ def test_generated_model_yaml_gives_an_answer_or_a_one_line_error(rng, tmp_path_
 @given(rng=st.randoms(use_true_random=False))
 def test_generated_trace_files_give_an_answer_or_a_one_line_error(rng, tmp_path_factory):
     _check_generated("trace", rng, tmp_path_factory)
+
+
+_FUZZ_NEW = settings(max_examples=5, deadline=None, derandomize=True, database=None,
+                    suppress_health_check=list(HealthCheck))
+
+
+@_FUZZ_NEW
+@given(rng=st.randoms(use_true_random=False))
+def test_generated_study_files_give_an_answer_or_a_one_line_error(rng, tmp_path_factory):
+    _check_generated("study", rng, tmp_path_factory)
+
+
+@_FUZZ_NEW
+@given(rng=st.randoms(use_true_random=False))
+def test_generated_edited_results_rerun_or_give_a_one_line_error(rng, tmp_path_factory):
+    _check_generated("result", rng, tmp_path_factory)
+
+
+@_FUZZ_NEW
+@given(rng=st.randoms(use_true_random=False))
+def test_generated_hlo_mutations_import_or_give_a_one_line_error(rng, tmp_path_factory):
+    _check_generated("hlo", rng, tmp_path_factory)
+
+
+@_FUZZ_NEW
+@given(rng=st.randoms(use_true_random=False))
+def test_generated_odd_placements_simulate_or_give_a_one_line_error(rng, tmp_path_factory):
+    _check_generated("orbit", rng, tmp_path_factory)
 
 
 # -- outputs into special files ---------------------------------------------------------------

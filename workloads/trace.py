@@ -364,6 +364,19 @@ def _check_meta(meta: dict, source: str) -> None:
                 f"...], ...]}} or {{\"pairs\": [[src, dst], ...]}}; re-import the program with "
                 f"`tpusim import-hlo -o`"
             )
+    ev = meta.get("memory_events")
+    if ev is not None and not (isinstance(ev, list) and all(
+            isinstance(e, list) and len(e) == 3
+            and isinstance(e[0], int) and not isinstance(e[0], bool) and e[0] >= 0
+            and isinstance(e[1], str) and len(e[1]) <= 64
+            and isinstance(e[2], (int, float)) and not isinstance(e[2], bool)
+            and math.isfinite(e[2]) for e in ev)):
+        # The engine reads each event as (op id, category, bytes); anything else used to be an
+        # internal TypeError in sim/engine.py.
+        raise TpusimError(
+            f"{source}: meta field 'memory_events' must be a list of [op id, category, bytes] "
+            f"(got {short_repr(ev)}); recompile the trace with `tpusim compile`"
+        )
     sb = meta.get("static_breakdown")
     if sb is not None and (not isinstance(sb, dict) or not all(
             isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

@@ -228,6 +228,7 @@ def argv_from_flags(command: str, flags: dict[str, Any],
     head, tail = [command], []
     for name, value in flags.items():
         kind = known[name]
+        _check_flag_value(command, name, kind, value)
         if kind == "positional":
             head.append(str(value))
         elif kind == "switch":
@@ -242,6 +243,31 @@ def argv_from_flags(command: str, flags: dict[str, Any],
         elif value is not None:
             tail.append(f"--{name}={value}")
     return head + tail
+
+
+def _check_flag_value(command: str, name: str, kind: str, value: Any) -> None:
+    """A recorded flag's value has the type `record_flags` writes for its kind (a result file
+    edited by hand may hold anything)."""
+    from topologies.validate import short_repr
+
+    scalar = (str, int, float)
+    if kind == "switch":
+        ok = isinstance(value, bool) or value is None
+        want = "true or false"
+    elif kind == "append":
+        ok = value is None or (isinstance(value, list) and all(
+            isinstance(v, scalar) and not isinstance(v, bool) for v in value)) or (
+            isinstance(value, dict) and all(isinstance(v, scalar) and not isinstance(v, bool)
+                                            for v in value.values()))
+        want = "a list of values" + (" (an object KEY: VALUE for set)" if name == "set" else "")
+    else:
+        ok = value is None or (isinstance(value, scalar) and not isinstance(value, bool))
+        want = "one number or text"
+    if not ok:
+        raise TpusimError(
+            f"inputs.flags.{short_repr(name)} of tpusim {command} is {short_repr(value)}; it "
+            f"must be {want} (the result file was edited); restore it or rerun the command"
+        )
 
 
 def base_inputs(args: argparse.Namespace, chip=None, topology=None) -> dict[str, Any]:

@@ -45,6 +45,13 @@ def _base_specs(inputs: dict[str, Any], source: str):
                                            for v in ov.values()):
         raise TpusimError(f"{source}: inputs.overrides must map each key to "
                           f"{{given, base, value}}; the file is not a tpusim result")
+    for key in ("chip", "model", "perturbations", "trace"):
+        if inputs.get(key) is not None and not isinstance(inputs[key], dict):
+            from topologies.validate import short_repr
+
+            raise TpusimError(f"{source}: inputs.{key} is {short_repr(inputs[key])}, not an "
+                              f"object of fields; the file was edited: restore it or rerun the "
+                              f"command")
     chip = model = None
     if inputs.get("chip") is not None:
         data = dict(inputs["chip"])

@@ -74,6 +74,18 @@ def _list(text: str, flag: str, cast=str) -> tuple:
 
 def plan_config(args: argparse.Namespace):
     from sim.planner import PlanConfig
+    from topologies.validate import MAX_BATCH, MAX_CHIPS, MAX_TOKENS, short_repr
+
+    # Upper limits first: a 400-digit --max-data is a typo, and an oversized --global-batch
+    # would otherwise be refused later under the name of the per-chip batch it implies.
+    for flag, v, hi, what in (
+            ("--seq-len", args.seq_len, MAX_TOKENS, "tokens per sequence"),
+            ("--global-batch", args.global_batch, MAX_BATCH, "sequences per step"),
+            *((f"--max-{a}", getattr(args, f"max_{a}"), MAX_CHIPS, "chips, more than any pod")
+              for a in ("tensor", "data", "sequence", "pipeline", "expert"))):
+        if v > hi:
+            raise TpusimError(f"{flag} {short_repr(v)} is over the limit of {hi:,} ({what}); "
+                              f"give a smaller value")
 
     return PlanConfig(
         seq_len=args.seq_len, global_batch=args.global_batch, top=args.top,

@@ -114,7 +114,13 @@ def read_partition_coords(text: str) -> list[tuple[int, ...]] | None:
     m = _PARTITION_COORDS_RE.search(text[:1 << 16])
     if not m:
         return None
-    return [tuple(int(v) for v in c.split(",")) for c in m.group(1).split()]
+    try:
+        return [tuple(int(v) for v in c.split(",")) for c in m.group(1).split()]
+    except ValueError:
+        raise TpusimError(
+            f"the `// tpusim: partition_coords=` comment {m.group(1)[:60]!r} is not a list of "
+            f"chip coordinates such as 0,0 1,0; fix or delete that line"
+        ) from None
 
 
 def import_hlo(text: str, *, topology: Topology, source: str = "HLO module") -> HloImport:
@@ -175,6 +181,18 @@ def conv_flops(lhs: Shape, rhs: Shape, out: Shape, dim_labels: str, window: str)
                     valid += 1
         total *= valid
     return total
+
+
+def _whole(text: Any, ins: Instruction) -> int:
+    """A parameter number or tuple index of `ins` as an int (one-line error if the text was
+    edited into something else)."""
+    t = str(text).strip()
+    if not (t.lstrip("-").isdigit() and t.isascii() and len(t) <= 18):
+        raise TpusimError(
+            f"HLO instruction %{ins.name} ({ins.opcode}) has the index {t[:40]!r}, not a whole "
+            f"number; give unedited compiled.as_text() output"
+        )
+    return int(t)
 
 
 def _flatten(v: Value) -> frozenset[int]:
@@ -326,7 +344,7 @@ class _Lowerer:
         """HBM bytes of one fusion: parameters read once (a parameter used only through
         slices reads the slices), the result written once (an in-place dynamic-update-slice
         root writes only its update)."""
-        params = {p.name: int(p.literal or 0) for p in fused.instructions
+        params = {p.name: _whole(p.literal or 0, p) for p in fused.instructions
                   if p.opcode == "parameter"}
         users: dict[str, list[Instruction]] = {}
         for f in fused.instructions:
@@ -490,9 +508,9 @@ class _Lowerer:
                 v = int_list(i.literal)
                 return ("const", v[0]) if len(v) == 1 else None
             if i.opcode == "get-tuple-element":
-                return ("index", int(i.attrs.get("index", "-1")))
+                return ("index", _whole(i.attrs.get("index", "-1"), i))
             if i.opcode == "parameter" and outer is not None:
-                k = int(i.literal or 0)
+                k = _whole(i.literal or 0, i)
                 return resolve(cond, outer.operands[k], None) if k < len(outer.operands) \
                     else None
             if i.opcode in ("convert", "bitcast", "copy") and i.operands:
@@ -634,13 +652,13 @@ class _Lowerer:
                 if p in env:
                     deps |= _flatten(env[p])
         if op == "parameter":
-            k = int(ins.literal or 0)
+            k = _whole(ins.literal or 0, ins)
             return args[k] if args is not None and k < len(args) else frozenset()
         if op in FREE:
             return frozenset()
         if op == "get-tuple-element":
             v = vals[0]
-            k = int(ins.attrs.get("index", "0"))
+            k = _whole(ins.attrs.get("index", "0"), ins)
             return v[k] if isinstance(v, tuple) and k < len(v) else _flatten(v)
         if op == "tuple":
             return tuple(vals)
