@@ -473,3 +473,28 @@ def test_demo_json_is_its_summary_and_carries_its_inputs(capsys, tmp_path):
     assert inputs["training"]["seq_len"] == 2048 and inputs["training"]["remat"] == "full"
     assert inputs["collective_comparison"]["topology"]["shape"] == [16, 16]
     assert printed["training_step"]["num_chips"] == 16
+
+
+def test_simulating_commands_register_pod_quiet_and_set_in_one_order():
+    """`sim.cli.common.add_command` builds every simulating command the same way: its
+    positional argument, the pod group (--chip, --slice, --shape, --wraparound, --slices),
+    --quiet, then --set (where the command takes what-if overrides), then its own flags."""
+    from sim.cli import build_parser
+
+    pod = ["--chip", "--slice", "--shape", "--wraparound", "--slices", "--quiet"]
+    commands = build_parser().get_default("commands")
+    checked = []
+    for name, sp in commands.items():
+        flags = [a.option_strings[-1] for a in sp._actions if a.option_strings][1:]  # no -h
+        if "--chip" not in flags or name in ("presets", "compile"):
+            continue  # presets has no pod; compile puts --chips between pod and --set
+        assert flags[:len(pod)] == pod, name
+        has_set = "--set" in flags
+        assert has_set == (name not in ("import-hlo",)), name
+        if has_set:
+            assert flags[len(pod)] == "--set", name
+        assert sp.get_default("func") is not None, name
+        checked.append(name)
+    assert sorted(checked) == sorted(["collective", "compare-collectives", "train", "replay",
+                                      "export", "decode", "prefill", "serve-sweep", "plan",
+                                      "import-hlo"])

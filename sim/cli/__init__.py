@@ -1,6 +1,9 @@
 """The `tpusim` command: one module per command family (collectives, training, inference,
-studies, reruns), each registering its subcommands; every simulating command is also a library
-call (`run_<command>(args) -> sim.runs.Run`) that `rerun` and the Python API (`sim.api`) use.
+studies, reruns), each registering its subcommands (simulating commands through
+`common.add_command`: the positional argument, the pod group and --quiet, --set, then the
+command's own flags; `common.add_output_args` for the step commands' outputs); every
+simulating command is also a library call (`run_<command>(args) -> sim.runs.Run`) that `rerun`
+and the Python API (`sim.api`) use.
 `main` turns every `TpusimError` into one line on stderr, exit 2, and anything else (a bug)
 into one `internal error: ...` line that says what to report.
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 
 from sim.cli.common import (
+    add_command,
     add_perturbation_args,
-    add_pod_args,
-    add_set_arg,
     base_inputs,
     emit_json,
     fmt_bytes,
@@ -22,9 +21,6 @@ from topologies.validate import MAX_CHIPS, MAX_CHUNKS, int_flag, split_list
 
 
 def _add_collective_args(p: argparse.ArgumentParser, *, with_algorithm: bool) -> None:
-    add_pod_args(p)
-    # compare-collectives runs every algorithm, so collective.algorithm is not its to take.
-    add_set_arg(p, ("chip", "topology", "collective") if with_algorithm else ("chip", "topology"))
     p.add_argument("--op", required=True,
                    help="all-gather, reduce-scatter, all-reduce, all-to-all, "
                         "collective-permute or send")
@@ -332,18 +328,19 @@ def _print_sources(sources: dict[str, dict[str, dict]]) -> None:
 
 
 def register(sub) -> None:
-    c = sub.add_parser("collective", help="simulate one collective")
+    c = add_command(sub, "collective", "simulate one collective", cmd_collective,
+                    set_scope=("chip", "topology", "collective"))
     _add_collective_args(c, with_algorithm=True)
     c.add_argument("--out", help="write links/timeline tables (CSV+Parquet) and summary.json")
     c.add_argument("--perfetto", help="write a Perfetto trace (.pftrace, or .json for Chrome)")
     c.add_argument("--plots", help="write PNG plots (links on the torus, step timeline) here")
-    c.set_defaults(func=cmd_collective)
 
-    cc = sub.add_parser("compare-collectives", help="one collective under every algorithm")
+    # compare-collectives runs every algorithm, so collective.algorithm is not its to take.
+    cc = add_command(sub, "compare-collectives", "one collective under every algorithm",
+                     cmd_compare, set_scope=("chip", "topology"))
     _add_collective_args(cc, with_algorithm=False)
     cc.add_argument("--perfetto",
                     help="write every algorithm's steps as one trace, a process per algorithm")
-    cc.set_defaults(func=cmd_compare)
 
     pr = sub.add_parser("presets", help="list chip presets (with the source of every efficiency "
                                          "factor) and named slices")

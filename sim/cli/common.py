@@ -98,6 +98,44 @@ def add_pod_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", dest="quiet_sub", action="store_true", help="no progress bar")
 
 
+def add_command(sub, name: str, help_text: str, func, *,
+                set_scope: tuple[str, ...] | None = None,
+                positional: tuple[str, str] | None = None) -> argparse.ArgumentParser:
+    """A simulating command's parser: its `positional` argument (name, help) if any, the pod
+    group and `--quiet`, `--set` over `set_scope` (None: no --set), and `func` to run. The
+    command's own arguments are added to the returned parser after these, so `--help` lists
+    every command's arguments in the same order."""
+    p = sub.add_parser(name, help=help_text)
+    if positional is not None:
+        p.add_argument(positional[0], help=positional[1])
+    add_pod_args(p)
+    if set_scope is not None:
+        add_set_arg(p, set_scope)
+    p.set_defaults(func=func)
+    return p
+
+
+def add_output_args(p: argparse.ArgumentParser, *, trace_chips: bool) -> None:
+    """`--json`, `--out`, `--perfetto` (`--trace-chips` for steps with per-chip timelines),
+    `--plots` and the collective `--algorithm` of the step-simulating commands."""
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--out", help="write op/unit/link/memory tables (CSV+Parquet) + summary.json")
+    p.add_argument("--perfetto", help="write a Perfetto trace (.pftrace; .json for Chrome)")
+    if trace_chips:
+        p.add_argument("--trace-chips",
+                       help="chips to show in the Perfetto trace, e.g. 0-15 or all (default: "
+                            "chip 0, which stands for every chip by SPMD symmetry)")
+    p.add_argument("--plots", help="write PNG plots into this directory")
+    p.add_argument("--algorithm", default="auto",
+                   help="collective algorithm for gathers/reductions (default auto)")
+
+
+def register_commands(sub, commands) -> None:
+    """Register each (name, register(sub, name)) of a command family, in order."""
+    for name, reg in commands:
+        reg(sub, name)
+
+
 def add_set_arg(p: argparse.ArgumentParser, scope: tuple[str, ...]) -> None:
     """`--set KEY=VALUE` (repeatable), accepting the key groups in `scope` (sim/overrides.py)."""
     from sim.overrides import allowed_keys

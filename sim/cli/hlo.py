@@ -65,14 +65,13 @@ def cmd_import_hlo(args: argparse.Namespace) -> int:
 
 
 def _register_import(sub, name: str) -> None:
-    p = sub.add_parser(name, help="read XLA's compiled HLO text: inventory and trace")
-    p.add_argument("program", help="HLO module text (compiled.as_text() or an --xla_dump_to "
-                                   "*.txt file; .gz accepted)")
-    cli.add_pod_args(p)
+    p = cli.add_command(sub, name, "read XLA's compiled HLO text: inventory and trace",
+                        cmd_import_hlo,
+                        positional=("program", "HLO module text (compiled.as_text() or an "
+                                               "--xla_dump_to *.txt file; .gz accepted)"))
     p.add_argument("-o", "--output", help="also write the lowered trace (replay it with "
                                           "tpusim replay)")
     p.add_argument("--json", action="store_true", help="print the inventory as one JSON object")
-    p.set_defaults(func=cmd_import_hlo)
 
 
 def register(sub) -> None:

@@ -48,15 +48,6 @@ def _add_inference_args(p: argparse.ArgumentParser, *, batch: bool = True,
                    help="bf16 (default) or int8 (weight matmuls at the int8 peak)")
 
 
-def _outputs_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--out", help="write op/unit/link/memory tables (CSV+Parquet) + summary.json")
-    p.add_argument("--perfetto", help="write a Perfetto trace (.pftrace; .json for Chrome)")
-    p.add_argument("--plots", help="write PNG plots into this directory")
-    p.add_argument("--algorithm", default="auto",
-                   help="collective algorithm for gathers/reductions (default auto)")
-
-
 def _config(args: argparse.Namespace, batch: int, moe):
     from workloads.decode import DecodeConfig
 
@@ -462,33 +453,28 @@ def cmd_serve_sweep(args: argparse.Namespace) -> int:
 
 
 def _register_decode(sub, name: str) -> None:
-    p = sub.add_parser(name, help="simulate one decode (generate) step with a KV cache")
-    cli.add_pod_args(p)
-    cli.add_set_arg(p, ("chip", "topology", "collective", "model"))
+    p = cli.add_command(sub, name, "simulate one decode (generate) step with a KV cache",
+                        cmd_decode, set_scope=("chip", "topology", "collective", "model"))
     _add_inference_args(p)
-    _outputs_args(p)
+    cli.add_output_args(p, trace_chips=False)
     cli.add_step_perturbation_args(p)
-    p.set_defaults(func=cmd_decode)
 
 
 def _register_prefill(sub, name: str) -> None:
-    p = sub.add_parser(name, help="simulate the prefill of a batch of prompts")
-    cli.add_pod_args(p)
-    cli.add_set_arg(p, ("chip", "topology", "collective", "model"))
+    p = cli.add_command(sub, name, "simulate the prefill of a batch of prompts", cmd_prefill,
+                        set_scope=("chip", "topology", "collective", "model"))
     _add_inference_args(p, context_required=False)
     p.add_argument("--prompt-len", type=int_flag("--prompt-len", hi=MAX_TOKENS), required=True,
                    help="prompt tokens per sequence")
     p.add_argument("--prefill-chunk", type=int_flag("--prefill-chunk", hi=MAX_TOKENS),
                    help=f"tokens per prefill chunk (default: all; at most {MAX_CHUNKS} chunks)")
-    _outputs_args(p)
+    cli.add_output_args(p, trace_chips=False)
     cli.add_step_perturbation_args(p)
-    p.set_defaults(func=cmd_prefill)
 
 
 def _register_sweep(sub, name: str) -> None:
-    p = sub.add_parser(name, help="decode latency vs throughput over batch sizes")
-    cli.add_pod_args(p)
-    cli.add_set_arg(p, ("chip", "topology", "collective", "model"))
+    p = cli.add_command(sub, name, "decode latency vs throughput over batch sizes",
+                        cmd_serve_sweep, set_scope=("chip", "topology", "collective", "model"))
     _add_inference_args(p, batch=False)
     cli.add_moe_args(p)
     p.add_argument("--batches", default=_DEFAULT_BATCHES,
@@ -497,14 +483,12 @@ def _register_sweep(sub, name: str) -> None:
                         f"several dtypes separated by ',' to sweep them too")
     p.add_argument("--out", help="write serve_sweep.csv and serve_sweep_pareto.png here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=cmd_serve_sweep)
 
 
 
 def register(sub) -> None:
-    for name, reg in [
+    cli.register_commands(sub, [
         ("decode", _register_decode),
         ("prefill", _register_prefill),
         ("serve-sweep", _register_sweep),
-    ]:
-        reg(sub, name)
+    ])

@@ -186,10 +186,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _register_plan(sub, name: str) -> None:
-    p = sub.add_parser(name, help="search meshes, placements, remat, microbatches and dtypes "
-                                  "for a training step; print the best")
-    cli.add_pod_args(p)
-    cli.add_set_arg(p, ("chip", "topology", "model"))
+    p = cli.add_command(sub, name, "search meshes, placements, remat, microbatches and dtypes "
+                                   "for a training step; print the best", cmd_plan,
+                        set_scope=("chip", "topology", "model"))
     p.add_argument("--model", required=True, help="zoo name (llama3-70b, ...) or a model YAML")
     p.add_argument("--seq-len", type=int, required=True, help="sequence length in tokens")
     p.add_argument("--global-batch", type=int, required=True, help="sequences per step")
@@ -220,12 +219,10 @@ def _register_plan(sub, name: str) -> None:
     g.add_argument("--grad-dtype", default="bf16", help="allowed gradient dtypes (default bf16)")
     g.add_argument("--optimizer-dtype", default="fp32",
                    help="allowed optimizer-state dtypes (default fp32)")
-    p.set_defaults(func=cmd_plan)
 
 
 def register(sub) -> None:
-    for name, reg in [("sweep", _register_sweep), ("plan", _register_plan)]:
-        reg(sub, name)
+    cli.register_commands(sub, [("sweep", _register_sweep), ("plan", _register_plan)])
 
 
 __all__ = ["register"]

@@ -468,26 +468,12 @@ def hlo_summary(inv: dict[str, Any], result) -> dict[str, Any]:
     }
 
 
-def _outputs_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--out", help="write op/unit/link/memory tables (CSV+Parquet) + summary.json")
-    p.add_argument("--perfetto", help="write a Perfetto trace (.pftrace; .json for Chrome)")
-    p.add_argument("--trace-chips",
-                   help="chips to show in the Perfetto trace, e.g. 0-15 or all (default: chip 0, "
-                        "which stands for every chip by SPMD symmetry)")
-    p.add_argument("--plots", help="write PNG plots into this directory")
-    p.add_argument("--algorithm", default="auto",
-                   help="collective algorithm for gathers/reductions (default auto)")
-
-
 def _register_train(sub, name: str) -> None:
-    p = sub.add_parser(name, help="simulate one training step")
-    cli.add_pod_args(p)
-    cli.add_set_arg(p, ("chip", "topology", "collective", "model"))
+    p = cli.add_command(sub, name, "simulate one training step", cmd_train,
+                        set_scope=("chip", "topology", "collective", "model"))
     _add_training_args(p)
-    _outputs_args(p)
+    cli.add_output_args(p, trace_chips=True)
     cli.add_step_perturbation_args(p)
-    p.set_defaults(func=cmd_train)
 
 
 def _register_compile(sub, name: str) -> None:
@@ -507,16 +493,14 @@ def _trace_command(help_text: str, func):
     """`replay` and `export` take the same arguments: a trace file, a pod and the outputs."""
 
     def register(sub, name: str) -> None:
-        p = sub.add_parser(name, help=help_text)
-        p.add_argument("trace", help="a file written by `tpusim compile` (or `import-hlo -o`), "
-                                     "or XLA's compiled HLO text (PROGRAM.txt, .gz accepted)")
-        cli.add_pod_args(p)
         # The model is compiled into the trace: model.* overrides belong to `tpusim compile`.
-        cli.add_set_arg(p, ("chip", "topology", "collective"))
+        p = cli.add_command(
+            sub, name, help_text, func, set_scope=("chip", "topology", "collective"),
+            positional=("trace", "a file written by `tpusim compile` (or `import-hlo -o`), or "
+                                 "XLA's compiled HLO text (PROGRAM.txt, .gz accepted)"))
         p.add_argument("--no-overlap", action="store_true")
-        _outputs_args(p)
+        cli.add_output_args(p, trace_chips=True)
         cli.add_step_perturbation_args(p)
-        p.set_defaults(func=func)
 
     return register
 
@@ -628,11 +612,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def register(sub) -> None:
-    for name, reg in [
+    cli.register_commands(sub, [
         ("train", _register_train),
         ("compile", _register_compile),
         ("replay", _trace_command("replay a trace file on a pod", cmd_replay)),
         ("export", _trace_command("replay a trace file and export it to Perfetto", cmd_export)),
         ("demo", _register_demo),
-    ]:
-        reg(sub, name)
+    ])
