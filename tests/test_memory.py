@@ -430,6 +430,12 @@ def test_score_exp_fusion_is_true_or_false_in_a_chip_file(tmp_path):
     assert chip_from_dict({"base": "v5e", "score_exp_fusion": True}).score_exp_fusion is True
     with pytest.raises(TpusimError, match="score_exp_fusion = 'yes' must be true or false"):
         chip_from_dict({"base": "v5e", "score_exp_fusion": "yes"})
+    with pytest.raises(TpusimError, match="score_exp_fusion 'yes' must be true or false"):
+        TrainingConfig(seq_len=128, batch_per_chip=1, score_exp_fusion="yes")
+    with pytest.raises(TpusimError, match="--set score_exp_fusion=maybe: write true or false"):
+        from sim.overrides import parse_overrides
+
+        parse_overrides(["score_exp_fusion=maybe"])
 
 
 def test_offloaded_tensors_stay_on_device_through_the_next_layers_forward():
