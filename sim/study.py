@@ -684,13 +684,16 @@ def _is_missing(v: Any) -> bool:
 
 def check_points(study: StudySpec, argvs: list[list[str]]) -> None:
     """Parse every point before running any: a value the command cannot take (`seq-len: abc`,
-    `set.nonsense: 1`, `set.hbm_bytes_per_s: -1`) is a study error, not a row. Errors that need
-    the simulation (a mesh that does not fit the pod, out of memory) become rows."""
+    `bytes: abc`, `mesh: fsdp`, `set.nonsense: 1`, `set.hbm_bytes_per_s: -1`) is a study error,
+    not a row. Errors that need the simulation (a mesh that does not fit the pod, out of
+    memory) become rows."""
     parser = _command_parser(study.command)
     checked: set[tuple[str, ...]] = set()
+    seen_text: set[tuple[str, ...]] = set()
     for i, argv in enumerate(argvs):
         try:
             args = parser.parse_args(argv[1:])
+            _check_texts(study.command, args, seen_text)
             sets = tuple(getattr(args, "set", None) or ())
             if sets and sets not in checked:
                 from sim.overrides import parse_overrides
@@ -699,6 +702,33 @@ def check_points(study: StudySpec, argvs: list[list[str]]) -> None:
                 checked.add(sets)
         except TpusimError as exc:
             raise TpusimError(f"study point {i} ({shlex.join(argv)}): {exc}") from None
+
+
+def _check_texts(command: str, args: Any, seen: set[tuple[str, ...]]) -> None:
+    """The flags a command takes as text and parses when it runs, parsed now: `--bytes abc`,
+    `--axes x,,y`, a `--mesh`/`--dcn`/`--axis-map` that is not name=size, an unknown `--remat`
+    are errors of the study, not failed rows. (Whether a mesh fits the pod needs the pod: that
+    stays a row.) Each distinct combination is parsed once."""
+    key = tuple(str(getattr(args, a, None)) for a in
+                ("nbytes", "axes", "mesh", "dcn", "axis_map", "remat"))
+    if key in seen:
+        return
+    if command == "collective":
+        from sim.cli.common import parse_bytes
+        from topologies.validate import split_list
+
+        parse_bytes(args.nbytes)
+        if args.axes:
+            split_list(args.axes, "--axes", example="x,y")
+    else:
+        from topologies.mesh import parse_mesh
+
+        parse_mesh(args.mesh, args.dcn, getattr(args, "axis_map", None))
+        if command == "train":
+            from workloads.training import parse_remat
+
+            parse_remat(args.remat)
+    seen.add(key)
 
 
 def run_study(study: StudySpec, cfg: SweepConfig,

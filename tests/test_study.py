@@ -93,11 +93,32 @@ def test_study_schema_errors_are_one_line(tiny_model, change, message):
     ({"set.not_a_field": [1]}, "not_a_field"),
     ({"set.hbm_bytes_per_s": [-1]}, "hbm_bytes_per_s"),
     ({"seq-len": ["abc"]}, "--seq-len 'abc' is not a whole number"),
+    ({"axis-map": ["fsdp=x,fsdp=y"]}, "places 'fsdp' twice"),
 ])
 def test_sweep_cli_rejects_a_value_the_command_cannot_take_before_running(
         tmp_path, capsys, tiny_model, grid, message):
     study = tmp_path / "s.yaml"
     study.write_text(json.dumps(_study(tiny_model, grid=grid, plot=None)), encoding="utf-8")
+    rc = main(["sweep", str(study), "--out", str(tmp_path / "out"), "--workers", "1"])
+    _out, err = capsys.readouterr()
+    assert rc == 2
+    assert err.startswith("tpusim: error: study point 0") and message in err
+    assert err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("zipped, message", [
+    ({"mesh": ["fsdp", "fsdp=2,tensor=2"], "remat": ["full", "minimal"]},
+     "'fsdp' is not name=size"),
+    ({"mesh": ["fsdp=4", "fsdp=2,tensor=2"], "remat": ["qkv", "minimal"]},
+     "--remat 'qkv' is not a remat policy"),
+])
+def test_sweep_cli_rejects_a_text_flag_the_command_cannot_parse_before_running(
+        tmp_path, capsys, tiny_model, zipped, message):
+    """Flags the command takes as text and parses when it runs (--mesh, --remat; --bytes and
+    --axes of a collective) are parsed for every point first, like the typed ones."""
+    study = tmp_path / "s.yaml"
+    study.write_text(json.dumps(_study(tiny_model, zip=zipped, plot=None)), encoding="utf-8")
     rc = main(["sweep", str(study), "--out", str(tmp_path / "out"), "--workers", "1"])
     _out, err = capsys.readouterr()
     assert rc == 2
