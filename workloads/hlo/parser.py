@@ -20,6 +20,11 @@ from topologies.errors import TpusimError
 # Limits against hostile or accidental input (one-line errors, never a hang or a recursion error).
 MAX_TEXT_BYTES = 64 << 20  # the 2 MB 8-layer train step is 30x smaller
 MAX_NESTING = 64  # brace/paren nesting inside one instruction, and computation call depth
+# Instructions in one module: real text is ~180 bytes per instruction (a 2-layer training step is
+# ~10,000), so 64 MiB of it is ~370,000; short synthetic lines could pack 1.2 M into 64 MiB and
+# take ~3.5 GB to parse (~1.2 GB at this limit, measured).
+MAX_INSTRUCTIONS = 400_000
+_INSTRUCTION_RE = re.compile(r"(?m)^[ \t]*(?:ROOT[ \t]+)?%?[\w.\-]+[ \t]*=[ \t]")
 
 # Bytes per element; sub-byte types round up (XLA packs them, but they are rare in programs
 # tpusim replays and never dominate traffic).
@@ -478,6 +483,12 @@ def parse_hlo(text: str, *, source: str = "HLO module") -> HloModule:
     if "\x00" in text[:4096]:
         raise TpusimError(f"{source} is a binary file, not HLO text; give the text of "
                           f"compiled.as_text()")
+    count = sum(1 for _ in _INSTRUCTION_RE.finditer(text))
+    if count > MAX_INSTRUCTIONS:
+        raise TpusimError(
+            f"{source} has {count:,} instructions; tpusim imports modules of at most "
+            f"{MAX_INSTRUCTIONS:,} (compile fewer layers or use a scanned model)"
+        )
     return _Parser(text, source).module()
 
 
