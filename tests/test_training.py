@@ -586,6 +586,11 @@ def test_cli_mesh_product_not_chip_count(tiny_yaml, capsys):
     _assert_one_line_error(capsys, _train_args(tiny_yaml, mesh="fsdp=2"), "fsdp=2", "4")
 
 
+def test_cli_ep_alltoall_must_be_sync_or_async(tiny_yaml, capsys):
+    _assert_one_line_error(capsys, _train_args(tiny_yaml, "--ep-alltoall", "overlap"),
+                           "--ep-alltoall 'overlap'", "sync", "async")
+
+
 def test_cli_tensor_must_divide_heads(tmp_path, capsys):
     path = tmp_path / "six.yaml"
     path.write_text(yaml.safe_dump({**TINY, "num_heads": 6, "num_kv_heads": 6}))
