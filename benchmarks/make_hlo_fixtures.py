@@ -29,17 +29,18 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import os
 import re
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _xla  # noqa: E402
+
+REPO = _xla.REPO
 
 # A LLaMA-style decoder (GQA, SwiGLU, RMSNorm, untied embeddings), small enough that each
 # fixture is a few hundred KB of text. Same keys as a tpusim model YAML.
-SMALL = dict(d_model=1024, num_heads=8, num_kv_heads=4, head_dim=128, d_ff=4096,
-             vocab_size=8192)
+SMALL = _xla.TINY
 
 FIXTURES = {
     # name: topology, mesh, program, model overrides, batch per chip, seq
@@ -64,124 +65,29 @@ FIXTURES = {
 
 
 def build(name: str, keep_metadata: bool) -> str:
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    _xla.init_jax()
     import jax
     import jax.numpy as jnp
-    from jax.experimental import topologies
-    from jax.sharding import AxisType, Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
     cfg = FIXTURES[name]
-    d, h, kv, hd, ff, vocab = (SMALL[k] for k in ("d_model", "num_heads", "num_kv_heads",
-                                                   "head_dim", "d_ff", "vocab_size"))
     n_layers = cfg["layers"]
-    topo = topologies.get_topology_desc(platform="tpu", topology_name=cfg["topology"])
-    names = tuple(cfg["mesh"])
-    base = topologies.make_mesh(topo, tuple(cfg["mesh"].values()), names)
-    mesh = Mesh(base.devices, names, axis_types=(AxisType.Auto,) * len(names))
-    n_chips = base.devices.size
-    tp = "tensor" if "tensor" in names else None
-    fs = "fsdp" if "fsdp" in names else None
-    bf = jnp.bfloat16
-
-    def sds(shp, spec, dt=bf):
-        return jax.ShapeDtypeStruct(shp, dt, sharding=NamedSharding(mesh, spec))
-
-    wspec = {"wq": P(fs, tp), "wk": P(fs, tp), "wv": P(fs, tp), "wo": P(tp, fs),
-             "w1": P(fs, tp), "w3": P(fs, tp), "w2": P(tp, fs), "n1": P(None), "n2": P(None)}
-    wshape = {"wq": (d, h * hd), "wk": (d, kv * hd), "wv": (d, kv * hd), "wo": (h * hd, d),
-              "w1": (d, ff), "w3": (d, ff), "w2": (ff, d), "n1": (d,), "n2": (d,)}
-    act_spec = P(fs, None, None)
-
-    def rms(x, w):
-        x32 = x.astype(jnp.float32)
-        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-6)
-        return (y * w.astype(jnp.float32)).astype(bf)
-
-    def attention(q, k, v, causal):
-        b, s, _ = q.shape
-        t = k.shape[1]
-        q = q.reshape(b, s, kv, h // kv, hd)
-        k = k.reshape(b, t, kv, hd)
-        v = v.reshape(b, t, kv, hd)
-        sc = jnp.einsum("bskgd,btkd->bkgst", q, k).astype(jnp.float32) / (hd ** 0.5)
-        if causal:
-            sc = jnp.where(jnp.tril(jnp.ones((s, t), bool)), sc, -1e30)
-        p = jax.nn.softmax(sc, axis=-1).astype(bf)
-        return jnp.einsum("bkgst,btkd->bskgd", p, v).reshape(b, s, h * hd)
-
-    def layer(x, w, cache=None):
-        y = rms(x, w["n1"])
-        q, k, v = y @ w["wq"], y @ w["wk"], y @ w["wv"]
-        if cache is not None:
-            k = jnp.concatenate([cache[0], k], axis=1)
-            v = jnp.concatenate([cache[1], v], axis=1)
-        x = x + attention(q, k, v, causal=cache is None) @ w["wo"]
-        x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, act_spec))
-        y = rms(x, w["n2"])
-        x = x + (jax.nn.silu(y @ w["w1"]) * (y @ w["w3"])) @ w["w2"]
-        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, act_spec))
-
+    mesh, devices = _xla.build_mesh(cfg["topology"], cfg["mesh"])
+    n_chips = devices.size
+    # Every layer under jax.checkpoint (remat full); the batch over fsdp.
+    model = _xla.Decoder(mesh, SMALL)
     program = cfg["program"]
     batch = int(cfg["batch_per_chip"] * n_chips)
     seq = cfg["seq"]
-    top = {"embed": sds((vocab, d), P(tp, fs)), "unembed": sds((d, vocab), P(fs, tp)),
-           "nf": sds((d,), P(None))}
     if program in ("train", "scan"):
-        if program == "scan":
-            stacked = {k: sds((n_layers, *wshape[k]), P(None, *wspec[k])) for k in wshape}
-            params = dict(top, layers=stacked)
-        else:
-            params = dict(top, layers=[{k: sds(wshape[k], wspec[k]) for k in wshape}
-                                       for _ in range(n_layers)])
-        tokens = sds((batch, seq), P(fs, None), jnp.int32)
-
-        def loss_fn(p, tok):
-            x = jnp.take(p["embed"], tok, axis=0)
-            x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, act_spec))
-            if program == "scan":
-                def body(x, w):
-                    return jax.checkpoint(layer)(x, w), None
-                x, _ = jax.lax.scan(body, x, p["layers"])
-            else:
-                for w in p["layers"]:
-                    x = jax.checkpoint(layer)(x, w)
-            logits = (rms(x, p["nf"]) @ p["unembed"]).astype(jnp.float32)
-            lse = jax.nn.logsumexp(logits, axis=-1)
-            tgt = jnp.take_along_axis(logits, tok[..., None], axis=-1)[..., 0]
-            return jnp.mean(lse - tgt)
-
-        def step(p, m1, m2, tok):
-            loss, g = jax.value_and_grad(loss_fn)(p, tok)
-            m1 = jax.tree.map(lambda m, g: 0.9 * m + 0.1 * g.astype(jnp.float32), m1, g)
-            m2 = jax.tree.map(lambda m, g: 0.95 * m + 0.05 * jnp.square(g.astype(jnp.float32)),
-                              m2, g)
-            p = jax.tree.map(lambda w, a, b: (w.astype(jnp.float32) - 1e-4 * a
-                                              * jax.lax.rsqrt(b + 1e-8)).astype(bf), p, m1, m2)
-            return loss, p, m1, m2
-
-        mom = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, jnp.float32,
-                                                          sharding=s.sharding), params)
-        lowered = jax.jit(step, donate_argnums=(0, 1, 2)).lower(params, mom, mom, tokens)
+        params = model.params(n_layers, stacked=program == "scan")
+        tokens = model.sds((batch, seq), P(model.fs, None), jnp.int32)
+        lowered = model.lower_train(params, tokens, remat="full", scan=program == "scan")
     elif program == "decode":
-        t = cfg["kv_len"]
-        params = dict(top, layers=[{k: sds(wshape[k], wspec[k]) for k in wshape}
-                                   for _ in range(n_layers)])
-        tokens = sds((batch, 1), P(None, None), jnp.int32)
-        caches = [(sds((batch, t, kv * hd), P(None, None, tp)),
-                   sds((batch, t, kv * hd), P(None, None, tp))) for _ in range(n_layers)]
-        act_spec = P(None, None, None)
-
-        def decode(p, caches, tok):
-            x = jnp.take(p["embed"], tok, axis=0)
-            for w, c in zip(p["layers"], caches, strict=True):
-                x = layer(x, w, cache=c)
-            return jnp.argmax(rms(x, p["nf"]) @ p["unembed"], axis=-1)
-
-        lowered = jax.jit(decode).lower(params, caches, tokens)
+        lowered = model.lower_decode(n_layers, batch, cfg["kv_len"])
     else:  # one FSDP matmul and its gradient: XLA's windowed einsum on v5e
-        x = sds((batch, seq, d), P(fs, None, None))
-        w = sds((d, ff), P(fs, None))
+        x = model.sds((batch, seq, model.d), P(model.fs, None, None))
+        w = model.sds((model.d, model.ff), P(model.fs, None))
 
         def f(x, w):
             return jnp.sum(jnp.square((x @ w).astype(jnp.float32)))
@@ -189,9 +95,7 @@ def build(name: str, keep_metadata: bool) -> str:
         lowered = jax.jit(jax.grad(f, argnums=1)).lower(x, w)
 
     text = lowered.compile().as_text()
-    coords = " ".join(",".join(str(c) for c in dev.coords[:len(cfg["topology"].split(":")[1]
-                                                                .split("x"))])
-                      for dev in mesh.devices.flat)
+    coords = _xla.partition_coords(devices, cfg["topology"])
     meta = dict(cfg, name=name, num_layers=n_layers, num_chips=n_chips, jax=jax.__version__,
                 **SMALL)
     if not keep_metadata and not cfg.get("bench"):

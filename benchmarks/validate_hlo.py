@@ -18,6 +18,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import _xla  # noqa: E402
 
 from sim.engine import collective_groups, replay  # noqa: E402
 from sim.hardware import get_chip  # noqa: E402
@@ -95,12 +98,8 @@ def run() -> str:
         imp = import_hlo(text, topology=topo, source=name)
         res = replay(imp.trace, chip, topo)
         idot, iby = summarize_trace(imp.trace, topo, True)
-        model = model_from_dict({"base": "llama3-8b", "name": name, "num_layers":
-                                 cfg["num_layers"], "d_model": cfg["d_model"],
-                                 "num_heads": cfg["num_heads"],
-                                 "num_kv_heads": cfg["num_kv_heads"],
-                                 "head_dim": cfg["head_dim"], "d_ff": cfg["d_ff"],
-                                 "vocab_size": cfg["vocab_size"]})
+        model = model_from_dict(_xla.tpusim_model_dict(
+            {k: cfg[k] for k in _xla.DIM_KEYS}, cfg["num_layers"], name, base="llama3-8b"))
         mesh = parse_mesh(",".join(f"{k}={v}" for k, v in cfg["mesh"].items()))
         lines += [f"### {name}: {cfg['topology']}, mesh "
                   f"{', '.join(f'{k}={v}' for k, v in cfg['mesh'].items())}, "

@@ -2,8 +2,9 @@
 
 Two sides:
 
-* **XLA**: a small JAX LLaMA-style decoder (GQA, SwiGLU, RMSNorm, untied embeddings, Adam,
-  `jax.checkpoint` per layer = remat full) is compiled for a real TPU topology on this CPU-only
+* **XLA**: a small JAX LLaMA-style decoder (`_xla.Decoder`: GQA, SwiGLU, RMSNorm, untied
+  embeddings, Adam, `jax.checkpoint` per layer = remat full) is compiled for a real TPU
+  topology on this CPU-only
   machine (`jax[tpu]` + `jax.experimental.topologies`, `JAX_PLATFORMS=cpu`). The optimized HLO
   (`compiled.as_text()`) is parsed and every collective is counted with its while-loop trip count,
   attributed to a layer through `jax.named_scope("layer{i}")` in the op metadata.
@@ -13,7 +14,8 @@ Two sides:
 jax is NOT a project dependency: install it into a separate venv and pass its python:
 
     python3.11 -m venv /tmp/jaxvenv && /tmp/jaxvenv/bin/pip install "jax[tpu]==0.10.2"
-    .venv/bin/python benchmarks/xla_crosscheck.py --jax-python /tmp/jaxvenv/bin/python
+    .venv/bin/python benchmarks/xla_crosscheck.py --jax-python /tmp/jaxvenv/bin/python \
+        --json benchmarks/results/xla_collectives.json    # compile what the cache lacks
 
 Without the jax python the XLA side is skipped with a message (tpusim side still printed).
 This file is also the XLA worker (`--worker CONFIG`, run by the jax python; it imports no
@@ -30,18 +32,19 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
 import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _xla  # noqa: E402
+
+REPO = _xla.REPO
 
 # LLaMA-3-8B widths, fewer layers.
-DIMS = dict(d_model=4096, num_heads=32, num_kv_heads=8, head_dim=128, d_ff=14336,
-            vocab_size=128256)
+DIMS = _xla.LLAMA3_8B
 
 # name -> configuration. batch_per_chip follows tpusim's convention (global = this x chips).
 CONFIGS = {
@@ -70,29 +73,8 @@ CONFIGS = {
                             mode="decode", kv_len=2048),
 }
 
-# A smaller LLaMA-style model with more layers, so that the layers (not the head) decide the peak
-# as in real models: the memory cross-check compiles it with each remat policy and mesh.
-SMALL = dict(d_model=2048, num_heads=16, num_kv_heads=8, head_dim=128, d_ff=8192,
-             vocab_size=32768)
-
-
-def _mem_config(topology, mesh, chip, shape, remat, batch_per_chip, layers=8, flags=()):
-    return dict(topology=topology, mesh=mesh, layers=layers, seq=2048,
-                batch_per_chip=batch_per_chip, tpusim_pod=["--chip", chip, "--shape", shape],
-                mode="train", remat=remat, dims=SMALL, memory_only=True,
-                tpusim_flags=["--remat", remat, "--attention", "dot", *flags])
-
-
-# Peak-HBM configurations (dense training, like-for-like flags: dot attention, the program's
-# remat; the program keeps the residual stream replicated over `tensor`, so tpusim runs with
-# --tp-activations replicated).
-for _r in ("none", "full"):
-    CONFIGS[f"mem_fsdp_v5e16_{_r}"] = _mem_config("v5e:4x4", {"fsdp": 16}, "v5e", "4x4", _r, 2)
-    CONFIGS[f"mem_fsdp_tp_v5p64_{_r}"] = _mem_config(
-        "v5p:4x4x4", {"fsdp": 16, "tensor": 4}, "v5p", "4x4x4", _r, 0.5,
-        flags=("--tp-activations", "replicated"))
-    CONFIGS[f"mem_data_fsdp_v6e16_{_r}"] = _mem_config(
-        "v6e:4x4", {"data": 2, "fsdp": 8}, "v6e", "4x4", _r, 2)
+# The narrower model of `fsdp_v5e16_small` (xla_memory.py's decoder).
+SMALL = _xla.SMALL
 
 # tpusim option variants tried for each training configuration.
 TPUSIM_VARIANTS = {
@@ -111,141 +93,28 @@ KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective
 # --------------------------------------------------------------------------------------------
 
 def _worker(name: str, dump_dir: str | None) -> None:
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    import jax
+    _xla.init_jax()
     import jax.numpy as jnp
-    from jax.experimental import topologies
-    from jax.sharding import AxisType, Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
     cfg = CONFIGS[name]
     dims = cfg.get("dims", DIMS)
     if isinstance(dims, str):
         dims = globals()[dims]
-    d, h, kv, hd, ff, vocab = (dims[k] for k in ("d_model", "num_heads", "num_kv_heads",
-                                                  "head_dim", "d_ff", "vocab_size"))
     n_layers = cfg["layers"]
-    topo = topologies.get_topology_desc(platform="tpu", topology_name=cfg["topology"])
     names = tuple(cfg["mesh"])
     shape = tuple(cfg["mesh"].values())
-    base = topologies.make_mesh(topo, shape, names)
-    mesh = Mesh(base.devices, names, axis_types=(AxisType.Auto,) * len(names))
-    n_chips = base.devices.size
-    tp = "tensor" if "tensor" in names else None
-    fs = "fsdp" if "fsdp" in names else None
-    # The batch is split over data and fsdp (weights only over fsdp).
-    bs = tuple(a for a in ("data", "fsdp") if a in names) or None
-    if bs is not None and len(bs) == 1:
-        bs = bs[0]
-    bf = jnp.bfloat16
-
-    # MaxText-like logical sharding: embed dim on fsdp, heads / d_ff / vocab on tensor.
-    wspec = {
-        "wq": P(fs, tp), "wk": P(fs, tp), "wv": P(fs, tp), "wo": P(tp, fs),
-        "w1": P(fs, tp), "w3": P(fs, tp), "w2": P(tp, fs), "n1": P(None), "n2": P(None),
-    }
-    wshape = {"wq": (d, h * hd), "wk": (d, kv * hd), "wv": (d, kv * hd), "wo": (h * hd, d),
-              "w1": (d, ff), "w3": (d, ff), "w2": (ff, d), "n1": (d,), "n2": (d,)}
-    top_spec = {"embed": P(tp, fs), "unembed": P(fs, tp), "nf": P(None)}
-    top_shape = {"embed": (vocab, d), "unembed": (d, vocab), "nf": (d,)}
-
-    def sds(shp, spec, dt=bf):
-        return jax.ShapeDtypeStruct(shp, dt, sharding=NamedSharding(mesh, spec))
-
-    params = {k: sds(top_shape[k], top_spec[k]) for k in top_shape}
-    params["layers"] = [{k: sds(wshape[k], wspec[k]) for k in wshape} for _ in range(n_layers)]
-    act_spec = P(bs, None, None)  # batch on data x fsdp, sequence/embed replicated over tensor
-
-    def rms(x, w):
-        x32 = x.astype(jnp.float32)
-        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-6)
-        return (y * w.astype(jnp.float32)).astype(bf)
-
-    def attention(q, k, v, causal):
-        b, s, _ = q.shape
-        t = k.shape[1]
-        q = q.reshape(b, s, kv, h // kv, hd)
-        k = k.reshape(b, t, kv, hd)
-        v = v.reshape(b, t, kv, hd)
-        sc = jnp.einsum("bskgd,btkd->bkgst", q, k).astype(jnp.float32) / (hd ** 0.5)
-        if causal:
-            mask = jnp.tril(jnp.ones((s, t), bool))
-            sc = jnp.where(mask, sc, -1e30)
-        p = jax.nn.softmax(sc, axis=-1).astype(bf)
-        o = jnp.einsum("bkgst,btkd->bskgd", p, v)
-        return o.reshape(b, s, h * hd)
-
-    def layer(x, w, i, cache=None):
-        with jax.named_scope(f"layer{i}"):
-            y = rms(x, w["n1"])
-            q = y @ w["wq"]
-            k = y @ w["wk"]
-            v = y @ w["wv"]
-            if cache is not None:
-                k = jnp.concatenate([cache[0], k], axis=1)
-                v = jnp.concatenate([cache[1], v], axis=1)
-            a = attention(q, k, v, causal=cache is None)
-            x = x + a @ w["wo"]
-            x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, act_spec))
-            y = rms(x, w["n2"])
-            m = jax.nn.silu(y @ w["w1"]) * (y @ w["w3"])
-            x = x + m @ w["w2"]
-            x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, act_spec))
-            return x
-
+    mesh, devices = _xla.build_mesh(cfg["topology"], cfg["mesh"])
+    n_chips = devices.size
+    # Named scopes (embed, layer{i}, head, adam) attribute each collective to its layer.
+    model = _xla.Decoder(mesh, dims, scopes=True)
+    batch = int(cfg["batch_per_chip"] * n_chips)
     if cfg["mode"] == "train":
-        batch = int(cfg["batch_per_chip"] * n_chips)
-        seq = cfg["seq"]
-        tokens = sds((batch, seq), P(bs, None), jnp.int32)
-
-        def loss_fn(p, tok):
-            with jax.named_scope("embed"):
-                x = jnp.take(p["embed"], tok, axis=0)
-                x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, act_spec))
-            for i, w in enumerate(p["layers"]):
-                if cfg.get("remat", "full") == "full":
-                    x = jax.checkpoint(lambda x, w, i=i: layer(x, w, i))(x, w)
-                else:
-                    x = layer(x, w, i)
-            with jax.named_scope("head"):
-                x = rms(x, p["nf"])
-                logits = (x @ p["unembed"]).astype(jnp.float32)
-                lse = jax.nn.logsumexp(logits, axis=-1)
-                tgt = jnp.take_along_axis(logits, tok[..., None], axis=-1)[..., 0]
-                return jnp.mean(lse - tgt)
-
-        def step(p, m1, m2, tok):
-            loss, g = jax.value_and_grad(loss_fn)(p, tok)
-            with jax.named_scope("adam"):
-                m1 = jax.tree.map(lambda m, g: 0.9 * m + 0.1 * g.astype(jnp.float32), m1, g)
-                m2 = jax.tree.map(lambda m, g: 0.95 * m + 0.05 * jnp.square(
-                    g.astype(jnp.float32)), m2, g)
-                p = jax.tree.map(lambda w, a, b: (w.astype(jnp.float32) - 1e-4 * a
-                                                  * jax.lax.rsqrt(b + 1e-8)).astype(bf),
-                                 p, m1, m2)
-            return loss, p, m1, m2
-
-        mom = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, jnp.float32,
-                                                          sharding=s.sharding), params)
-        lowered = jax.jit(step, donate_argnums=(0, 1, 2)).lower(params, mom, mom, tokens)
+        tokens = model.sds((batch, cfg["seq"]), P(model.bs, None), jnp.int32)
+        lowered = model.lower_train(model.params(n_layers), tokens,
+                                    remat=cfg.get("remat", "full"))
     else:  # decode: one new token per sequence against a KV cache of kv_len
-        batch = int(cfg["batch_per_chip"] * n_chips)
-        t = cfg["kv_len"]
-        tokens = sds((batch, 1), P(None, None), jnp.int32)
-        cache_spec = P(None, None, tp)
-        caches = [(sds((batch, t, kv * hd), cache_spec), sds((batch, t, kv * hd), cache_spec))
-                  for _ in range(n_layers)]
-        act_spec = P(None, None, None)
-
-        def decode(p, caches, tok):
-            x = jnp.take(p["embed"], tok, axis=0)
-            for i, w in enumerate(p["layers"]):
-                x = layer(x, w, i, cache=caches[i])
-            with jax.named_scope("head"):
-                logits = rms(x, p["nf"]) @ p["unembed"]
-                return jnp.argmax(logits, axis=-1)
-
-        lowered = jax.jit(decode).lower(params, caches, tokens)
+        lowered = model.lower_decode(n_layers, batch, cfg["kv_len"])
 
     compiled = lowered.compile()
     text = compiled.as_text()
@@ -257,14 +126,14 @@ def _worker(name: str, dump_dir: str | None) -> None:
     # The mesh's device order lets the caller map replica groups to mesh axes.
     out = {"config": name, "num_chips": n_chips, "ops": ops,
            "mesh_axes": list(names), "mesh_shape": list(shape),
-           "mesh_device_ids": [int(dv.id) for dv in base.devices.flat],
+           "mesh_device_ids": [int(dv.id) for dv in devices.flat],
            "temp_bytes": getattr(mem, "temp_size_in_bytes", None),
            "argument_bytes": getattr(mem, "argument_size_in_bytes", None),
            "output_bytes": getattr(mem, "output_size_in_bytes", None),
            "alias_bytes": getattr(mem, "alias_size_in_bytes", None),
            "peak_bytes": getattr(mem, "peak_memory_in_bytes", None),
            "mem_repr": repr(mem)}
-    print("XLA_JSON " + json.dumps(out))
+    _xla.emit(out)
 
 
 # --------------------------------------------------------------------------------------------
@@ -509,15 +378,7 @@ def tpusim_collectives(name: str, extra: list[str]) -> list[dict]:
 
 
 def run_xla(name: str, jax_python: str, dump_dir: str | None) -> dict:
-    cmd = [jax_python, str(Path(__file__).resolve()), "--worker", name]
-    if dump_dir:
-        cmd += ["--dump", dump_dir]
-    env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    for line in r.stdout.splitlines():
-        if line.startswith("XLA_JSON "):
-            return json.loads(line[len("XLA_JSON "):])
-    raise RuntimeError(f"XLA worker failed for {name}:\n{r.stderr[-3000:]}")
+    return _xla.run_worker(__file__, name, jax_python, ["--dump", dump_dir] if dump_dir else [])
 
 
 def _layer_label(layer: int) -> str:
@@ -774,8 +635,7 @@ def render_collectives_section(results: dict) -> str:
             lines += ["", f"Median |error| {100 * statistics.median(abs(e) for e in errs):.1f}%, "
                       f"worst {100 * max(abs(e) for e in errs):.1f}% over the {len(errs)} "
                       f"kinds and axes XLA emits.", ""]
-    missing = [n for n, c in CONFIGS.items() if c["mode"] == "train"
-               and not c.get("memory_only") and n not in results]
+    missing = [n for n, c in CONFIGS.items() if c["mode"] == "train" and n not in results]
     if missing:
         lines += ["Compiled but not compared yet: " + ", ".join(missing) + " (the v6e data=4 x "
                   "fsdp=4 program uses `mesh[...], device_ids=(...)` replica groups the parser "
@@ -793,48 +653,53 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--dump", help="write the optimized XLA HLO text here")
-    ap.add_argument("--jax-python", default="/tmp/jaxvenv/bin/python",
+    ap.add_argument("--jax-python", default=_xla.DEFAULT_JAX_PYTHON,
                     help="python of a venv with jax[tpu]==0.10.2 (default %(default)s)")
     ap.add_argument("--configs", default=",".join(CONFIGS),
                     help=f"comma list of {', '.join(CONFIGS)}")
-    ap.add_argument("--json", help="also write all results to this JSON file")
+    ap.add_argument("--json", help="cache the XLA side in this JSON file (programs already in "
+                                   f"it are not compiled again; the doc reads {RESULTS_FILE.name})")
+    ap.add_argument("--recompile", action="store_true",
+                    help="with --json: compile the selected programs even if cached")
     args = ap.parse_args()
     if args.worker:
         _worker(args.worker, args.dump)
         return 0
+    names = args.configs.split(",")
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        ap.error(f"unknown program(s) {', '.join(unknown)}; known: {', '.join(CONFIGS)}")
 
-    have_jax = Path(args.jax_python).exists() and subprocess.run(
-        [args.jax_python, "-c", "import jax, libtpu"], capture_output=True).returncode == 0
+    have_jax = _xla.have_jax(args.jax_python)
     if not have_jax:
-        print(f"SKIP XLA side: {args.jax_python} missing or lacks jax[tpu]. Install with\n"
-              "  python3.11 -m venv /tmp/jaxvenv && /tmp/jaxvenv/bin/pip install "
-              "'jax[tpu]==0.10.2'")
-    results = {}
-    for name in args.configs.split(","):
+        print(f"SKIP XLA side: {args.jax_python} missing or lacks jax[tpu] "
+              "(docs/reference/xla.md says how to install it)")
+
+    def compile_one(name: str) -> dict:
+        return {"tpusim": {}, "xla": run_xla(name, args.jax_python, args.dump)}
+
+    for name in names:
         cfg = CONFIGS[name]
         print(f"\n=== {name}: {cfg['topology']} mesh {cfg['mesh']} layers={cfg['layers']} "
               f"seq={cfg['seq']} batch/chip={cfg['batch_per_chip']} ({cfg['mode']}) ===")
-        res = {"tpusim": {}, "xla": None}
         xla_acc = None
         if have_jax:
-            xr = run_xla(name, args.jax_python, args.dump)
-            res["xla"] = xr
-            xla_acc = summarize(xr["ops"], xla=True)
+            if args.json:
+                res = _xla.compile_into_cache([name], Path(args.json), compile_one,
+                                              recompile=args.recompile)[name]
+            else:
+                res = compile_one(name)
+            xla_acc = summarize(res["xla"]["ops"], xla=True)
             print_table("XLA (optimized HLO; count x loop trip count)", xla_acc)
         for extra in TPUSIM_VARIANTS.get(name, []):
             label = " ".join(extra) or "(defaults)"
-            ops = tpusim_collectives(name, extra)
-            res["tpusim"][label] = ops
-            acc = summarize(ops, xla=False)
+            acc = summarize(tpusim_collectives(name, extra), xla=False)
             print_table(f"tpusim {label}", acc)
             if xla_acc is not None:
                 print(f"\n  side by side, tpusim {label} vs XLA:")
                 print_side_by_side(acc, xla_acc)
         if name not in TPUSIM_VARIANTS:
             print("\n(tpusim: `compile` is training-only; the decode case is XLA-side only here)")
-        results[name] = res
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
     return 0
 
 

@@ -3,9 +3,9 @@
 Two sides:
 
 * **XLA** (`--compile`, needs a `jax[tpu]==0.10.2` python, `--jax-python`): a small LLaMA-style
-  decoder (GQA, SwiGLU, RMSNorm in f32, untied embeddings, plain dot attention with f32
-  scores, bf16 params, f32 Adam moments, layers scanned as MaxText's scan_layers) is compiled
-  deviceless for a real TPU topology with each remat policy (`none`; `full` =
+  decoder (`_xla.Decoder`: GQA, SwiGLU, RMSNorm in f32, untied embeddings, plain dot attention
+  with f32 scores, bf16 params, f32 Adam moments, layers scanned as MaxText's scan_layers) is
+  compiled deviceless for a real TPU topology with each remat policy (`none`; `full` =
   `jax.checkpoint` per layer; `minimal` = `jax.checkpoint` with
   `checkpoint_dots_with_no_batch_dims`, MaxText's minimal policy; `offload` =
   `save_and_offload_only_these_names` sending the weight matmuls' outputs to pinned host
@@ -30,23 +30,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-CACHE = REPO / "benchmarks" / "results" / "xla_memory.json"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _xla  # noqa: E402
+
+REPO = _xla.REPO
+CACHE = _xla.RESULTS / "xla_memory.json"
 DOC = REPO / "docs" / "validation.md"
 MARKER = "<!-- peak-hbm -->"
 
 # A LLaMA-style decoder small enough to compile in tens of seconds: d_model 2048, 16 heads of
 # 128 (8 KV heads), SwiGLU d_ff 8192, vocab 32768, untied embeddings.
-DIMS = dict(d_model=2048, num_heads=16, num_kv_heads=8, head_dim=128, d_ff=8192,
-            vocab_size=32768)
+DIMS = _xla.SMALL
 LAYERS = 4
+# The same decoder as a tpusim model.
+MODEL = _xla.tpusim_model_dict(DIMS, LAYERS, "xla-memory")
 
 # Physical topology, tpusim pod flags, per chip generation.
 CHIPS = {
@@ -97,145 +100,37 @@ CONFIGS = _configs()
 # --------------------------------------------------------------------------------------------
 
 def _worker(name: str, dump: str | None) -> None:
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    if dump:
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" --xla_dump_to={dump}"
-                                   " --xla_dump_hlo_as_text").strip()
-    import jax
+    _xla.init_jax(dump)
     import jax.numpy as jnp
-    import numpy as np
-    from jax.experimental import topologies
-    from jax.sharding import AxisType, Mesh, NamedSharding
     from jax.sharding import PartitionSpec as P
 
     cfg = CONFIGS[name]
-    d, h, kv, hd, ff, vocab = (DIMS[k] for k in ("d_model", "num_heads", "num_kv_heads",
-                                                 "head_dim", "d_ff", "vocab_size"))
-    topo = topologies.get_topology_desc(platform="tpu", topology_name=CHIPS[cfg["chip"]][0])
-    axes = MESHES[cfg["mesh"]]
-    names, shape = tuple(axes), tuple(axes.values())
     # The devices in topology order, reshaped: data outermost, tensor innermost.
-    devices = np.array(topo.devices).reshape(shape)
-    mesh = Mesh(devices, names, axis_types=(AxisType.Auto,) * len(names))
+    mesh, devices = _xla.build_mesh(CHIPS[cfg["chip"]][0], MESHES[cfg["mesh"]],
+                                    placement="topology")
     n_chips = devices.size
-    tp = "tensor" if "tensor" in names else None
-    fs = "fsdp" if "fsdp" in names else None
-    bs = tuple(a for a in ("data", "fsdp") if a in names)
+    tp = "tensor" if "tensor" in mesh.axis_names else None
+    bs = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names)
     bs = bs[0] if len(bs) == 1 else bs
-    bf = jnp.bfloat16
-    wspec = {"wq": P(fs, tp), "wk": P(fs, tp), "wv": P(fs, tp), "wo": P(tp, fs),
-             "w1": P(fs, tp), "w3": P(fs, tp), "w2": P(tp, fs), "n1": P(None), "n2": P(None)}
-    wshape = {"wq": (d, h * hd), "wk": (d, kv * hd), "wv": (d, kv * hd), "wo": (h * hd, d),
-              "w1": (d, ff), "w3": (d, ff), "w2": (ff, d), "n1": (d,), "n2": (d,)}
-    top_spec = {"embed": P(tp, fs), "unembed": P(fs, tp), "nf": P(None)}
-    top_shape = {"embed": (vocab, d), "unembed": (d, vocab), "nf": (d,)}
-
-    def sds(shp, spec, dt=bf):
-        return jax.ShapeDtypeStruct(shp, dt, sharding=NamedSharding(mesh, spec))
-
-    params = {k: sds(top_shape[k], top_spec[k]) for k in top_shape}
-    # The layers' weights stacked on a leading layer axis and scanned, as MaxText does
-    # (scan_layers): one loop body, saved activations stacked per layer.
-    params["layers"] = {k: sds((LAYERS, *wshape[k]), P(None, *wspec[k])) for k in wshape}
     # Residual stream between sublayers: replicated over `tensor` (Megatron; tpusim
     # --tp-activations replicated) or its sequence dim split over `tensor` (sharded).
     seq_ax = tp if cfg["tp_activations"] == "sharded" else None
-    act_spec = P(bs, seq_ax, None)
-
-    def constrain(x):
-        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, act_spec))
-
-    def rms(x, w):
-        x32 = x.astype(jnp.float32)
-        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-6)
-        return (y * w.astype(jnp.float32)).astype(bf)
-
-    def attention(q, k, v):
-        b, s, _ = q.shape
-        q = q.reshape(b, s, kv, h // kv, hd)
-        k = k.reshape(b, s, kv, hd)
-        v = v.reshape(b, s, kv, hd)
-        sc = jnp.einsum("bskgd,btkd->bkgst", q, k).astype(jnp.float32) / (hd ** 0.5)
-        sc = jnp.where(jnp.tril(jnp.ones((s, s), bool)), sc, -1e30)
-        p = jax.nn.softmax(sc, axis=-1).astype(bf)
-        return jnp.einsum("bkgst,btkd->bskgd", p, v).reshape(b, s, h * hd)
-
     remat = cfg["remat"]
-    # The weight matmuls' outputs are named for `offload` (MaxText's checkpoint_name tags:
-    # query_proj, key_proj, value_proj, out_proj, mlpwi_0/1, mlpwo); the other policies leave
-    # the traced program as it was.
+    # The weight matmuls' outputs are named for `offload` (MaxText's checkpoint_name tags); the
+    # other policies leave the traced program as it was.
     if remat == "offload":
         from jax.ad_checkpoint import checkpoint_name as tag
     else:
-        def tag(x, _name):
-            return x
-
-    def layer(x, w):
-        y = rms(x, w["n1"])
-        a = attention(tag(y @ w["wq"], "query_proj"), tag(y @ w["wk"], "key_proj"),
-                      tag(y @ w["wv"], "value_proj"))
-        x = constrain(x + tag(a @ w["wo"], "out_proj"))
-        y = rms(x, w["n2"])
-        m = jax.nn.silu(tag(y @ w["w1"], "mlpwi_0")) * tag(y @ w["w3"], "mlpwi_1")
-        return constrain(x + tag(m @ w["w2"], "mlpwo"))
-
-    if remat == "full":
-        layer_fn = jax.checkpoint(layer)
-    elif remat == "minimal":
-        layer_fn = jax.checkpoint(
-            layer, policy=jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims)
-    elif remat == "offload":
-        # tpusim's `offload`: the layer input stays in HBM (the scan carry a checkpointed body
-        # saves), the minimal set (the weight matmuls' outputs) goes to pinned host memory,
-        # everything else is recomputed: MaxText's `minimal_offloaded` policy.
-        layer_fn = jax.checkpoint(
-            layer, policy=jax.checkpoint_policies.save_and_offload_only_these_names(
-                names_which_can_be_saved=[],
-                names_which_can_be_offloaded=["query_proj", "key_proj", "value_proj",
-                                              "out_proj", "mlpwi_0", "mlpwi_1", "mlpwo"],
-                offload_src="device", offload_dst="pinned_host"))
-    else:
-        layer_fn = layer
+        tag = _xla._identity_tag
+    model = _xla.Decoder(mesh, DIMS, act_spec=P(bs, seq_ax, None), tag=tag)
+    # The layers' weights stacked on a leading layer axis and scanned, as MaxText does
+    # (scan_layers): one loop body, saved activations stacked per layer.
+    params = model.params(LAYERS, stacked=True)
     batch = int(round(cfg["batch_per_chip"] * n_chips))
-    tokens = sds((batch, cfg["seq"]), P(bs, None), jnp.int32)
-
-    def loss_fn(p, tok):
-        x = constrain(jnp.take(p["embed"], tok, axis=0))
-        x, _ = jax.lax.scan(lambda x, w: (layer_fn(x, w), None), x, p["layers"])
-        x = rms(x, p["nf"])
-        logits = (x @ p["unembed"]).astype(jnp.float32)
-        lse = jax.nn.logsumexp(logits, axis=-1)
-        tgt = jnp.take_along_axis(logits, tok[..., None], axis=-1)[..., 0]
-        return jnp.mean(lse - tgt)
-
-    def step(p, m1, m2, tok):
-        loss, g = jax.value_and_grad(loss_fn)(p, tok)
-        m1 = jax.tree.map(lambda m, g: 0.9 * m + 0.1 * g.astype(jnp.float32), m1, g)
-        m2 = jax.tree.map(lambda m, g: 0.95 * m + 0.05 * jnp.square(g.astype(jnp.float32)),
-                          m2, g)
-        p = jax.tree.map(lambda w, a, b: (w.astype(jnp.float32) - 1e-4 * a
-                                          * jax.lax.rsqrt(b + 1e-8)).astype(bf), p, m1, m2)
-        return loss, p, m1, m2
-
-    mom = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, jnp.float32,
-                                                      sharding=s.sharding), params)
-    compiled = jax.jit(step, donate_argnums=(0, 1, 2)).lower(params, mom, mom, tokens).compile()
-    mem = compiled.memory_analysis()
-    cost = compiled.cost_analysis()
-    if isinstance(cost, list):
-        cost = cost[0]
-    out = {"config": name, "num_chips": int(n_chips),
-           "peak_bytes": int(mem.peak_memory_in_bytes),
-           "temp_bytes": int(mem.temp_size_in_bytes),
-           "argument_bytes": int(mem.argument_size_in_bytes),
-           "output_bytes": int(mem.output_size_in_bytes),
-           "alias_bytes": int(mem.alias_size_in_bytes),
-           # What `offload` keeps in pinned host memory (not part of the HBM peak).
-           "host_temp_bytes": int(getattr(mem, "host_temp_size_in_bytes", 0)),
-           "flops": float(cost.get("flops", 0.0)),
-           "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
-           **gather_forms(compiled.as_text())}
-    print("XLA_JSON " + json.dumps(out))
+    tokens = model.sds((batch, cfg["seq"]), P(bs, None), jnp.int32)
+    compiled = model.lower_train(params, tokens, remat=remat, scan=True).compile()
+    _xla.emit({"config": name, "num_chips": int(n_chips), **_xla.memory_stats(compiled),
+               **_xla.cost_stats(compiled), **gather_forms(compiled.as_text())})
 
 
 def gather_forms(hlo: str) -> dict:
@@ -267,9 +162,7 @@ def tpusim_peak(name: str, xla: dict) -> dict:
     cfg = CONFIGS[name]
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp, "model.yaml")
-        model.write_text("name: xla-memory\nmlp: swiglu\ntied_embeddings: false\n"
-                         f"num_layers: {LAYERS}\n"
-                         + "".join(f"{k}: {v}\n" for k, v in DIMS.items()))
+        model.write_text(_xla.tpusim_model_yaml(MODEL))
         mesh = ",".join(f"{k}={v}" for k, v in MESHES[cfg["mesh"]].items())
         cmd = [sys.executable, "-m", "sim", "train", *CHIPS[cfg["chip"]][1],
                "--model", str(model), "--seq-len", str(cfg["seq"]),
@@ -294,8 +187,7 @@ def tpusim_host_bytes(name: str) -> float:
     from workloads.training import Remat, TrainingConfig, compile_training_step
 
     cfg = CONFIGS[name]
-    model = model_from_dict(dict(name="xla-memory", mlp="swiglu", tied_embeddings=False,
-                                 num_layers=LAYERS, **DIMS))
+    model = model_from_dict(MODEL)
     axes = MESHES[cfg["mesh"]]
     mesh = parse_mesh(",".join(f"{k}={v}" for k, v in axes.items()))
     n_chips = 1
@@ -309,16 +201,8 @@ def tpusim_host_bytes(name: str) -> float:
 
 
 def run_xla(name: str, jax_python: str, dump: str | None) -> dict:
-    cmd = [jax_python, str(Path(__file__).resolve()), "--worker", name]
-    if dump:
-        cmd += ["--dump", str(Path(dump, name))]
-    # Deviceless compiles need no exclusive TPU: let several processes load libtpu.
-    env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    for line in r.stdout.splitlines():
-        if line.startswith("XLA_JSON "):
-            return json.loads(line[len("XLA_JSON "):])
-    raise RuntimeError(f"XLA worker failed for {name}:\n{r.stderr[-3000:]}")
+    return _xla.run_worker(__file__, name, jax_python,
+                           ["--dump", str(Path(dump, name))] if dump else [])
 
 
 def describe(name: str) -> str:
@@ -433,7 +317,7 @@ def main() -> int:
     ap.add_argument("--compile", action="store_true",
                     help="compile the programs missing from the cache with the jax python")
     ap.add_argument("--recompile", action="store_true", help="compile every selected program")
-    ap.add_argument("--jax-python", default="/work/fid-venv/bin/python",
+    ap.add_argument("--jax-python", default=_xla.DEFAULT_JAX_PYTHON,
                     help="python with jax[tpu]==0.10.2 (default %(default)s)")
     ap.add_argument("--configs", default=",".join(CONFIGS), help="comma list of programs")
     ap.add_argument("--write", action="store_true",
@@ -446,23 +330,13 @@ def main() -> int:
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
         ap.error(f"unknown program(s) {', '.join(unknown)}; known: {', '.join(CONFIGS)}")
-    cache = json.loads(CACHE.read_text()) if CACHE.exists() else {}
     if args.compile or args.recompile:
-        for name in names:
-            if name in cache and not args.recompile:
-                continue
-            print(f"compiling {name} ...", flush=True)
-            try:
-                cache[name] = run_xla(name, args.jax_python, args.dump)
-            except RuntimeError as e:
-                print(f"  FAILED: {str(e)[-400:]}", flush=True)
-                continue
-            # Merge with the file as it is now (another driver may have added programs).
-            CACHE.parent.mkdir(parents=True, exist_ok=True)
-            disk = json.loads(CACHE.read_text()) if CACHE.exists() else {}
-            cache = {**disk, **{k: v for k, v in cache.items() if k not in disk}, name: cache[name]}
-            CACHE.write_text(json.dumps(dict(sorted(cache.items())), indent=1) + "\n")
-            print(f"  peak {cache[name]['peak_bytes'] / 1e9:.3f} GB", flush=True)
+        cache = _xla.compile_into_cache(
+            names, CACHE, lambda n: run_xla(n, args.jax_python, args.dump),
+            recompile=args.recompile,
+            report=lambda n, r: f"peak {r['peak_bytes'] / 1e9:.3f} GB")
+    else:
+        cache = _xla.load_cache(CACHE)
     text = section({n: cache[n] for n in names if n in cache})
     if args.write:
         old = DOC.read_text()

@@ -1,0 +1,507 @@
+"""The XLA side shared by the scripts that compile JAX programs deviceless for real TPU
+topologies (make_hlo_fixtures.py, xla_crosscheck.py, xla_memory.py, xla_moe_schedule.py) and
+read the results back (validate_hlo.py): the JAX models, the mesh, the deviceless compile and
+the compile-and-cache loop.
+
+jax is not a tpusim dependency. The functions that build and compile programs import jax
+lazily and run under a python with `jax[tpu]==0.10.2` (docs/reference/xla.md; the driver
+scripts call themselves as a worker under `--jax-python`); everything else here runs under the
+project's python too and imports no tpusim code at module level.
+
+The models (one place, so every script compiles the same decoder):
+
+* a LLaMA-style dense decoder (`Decoder`): GQA, SwiGLU, RMSNorm in f32, untied embeddings,
+  plain dot attention with f32 scores (causal in training, against a KV cache in decode), bf16
+  weights, MaxText-like logical sharding (embed dim on `fsdp`, heads / d_ff / vocab on
+  `tensor`, the batch on `data` x `fsdp`); a training step with Adam (f32 moments, donated
+  arguments) and a one-token decode step;
+* a MaxText-style dropping MoE decoder (`moe_train_step`): one-hot dispatch and combine masks
+  with a capacity factor, experts sharded over `expert`, SGD update.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+# A venv with jax[tpu]==0.10.2 (docs/reference/xla.md says how to make one).
+DEFAULT_JAX_PYTHON = "/work/fid-venv/bin/python"
+# The line a worker prints its result on (one JSON object).
+RESULT_PREFIX = "XLA_JSON "
+
+DIM_KEYS = ("d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff", "vocab_size")
+# Model widths, same keys as a tpusim model YAML.
+LLAMA3_8B = dict(d_model=4096, num_heads=32, num_kv_heads=8, head_dim=128, d_ff=14336,
+                 vocab_size=128256)
+# Small enough to compile in tens of seconds and to commit as an HLO fixture.
+TINY = dict(d_model=1024, num_heads=8, num_kv_heads=4, head_dim=128, d_ff=4096,
+            vocab_size=8192)
+# Narrower, with more layers the layers decide the peak: the memory cross-check's model.
+SMALL = dict(d_model=2048, num_heads=16, num_kv_heads=8, head_dim=128, d_ff=8192,
+             vocab_size=32768)
+
+
+# --------------------------------------------------------------------------------------------
+# jax side (runs under the jax python)
+# --------------------------------------------------------------------------------------------
+
+def init_jax(dump: str | None = None, pass_re: str | None = None) -> None:
+    """Deviceless compiles on the CPU host; `dump` makes XLA write its pass dumps there."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    # Deviceless compiles need no exclusive TPU: let several processes load libtpu.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    if dump:
+        flags = f" --xla_dump_to={dump} --xla_dump_hlo_as_text"
+        if pass_re:
+            flags += f" --xla_dump_hlo_pass_re={pass_re}"
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + flags).strip()
+
+
+def build_mesh(topology: str, axes: dict[str, int], placement: str = "make_mesh"):
+    """(mesh, its devices array) for a TPU topology such as "v5e:4x4" and named axis sizes.
+
+    placement "make_mesh": `jax.experimental.topologies.make_mesh` (lays the mesh out as the
+    TPU runtime would: a snake ring on a 4x4 v5e); "topology": the devices in topology order
+    reshaped to the axis sizes (first axis outermost, last innermost). Axes are `Auto` (jax
+    0.10's default Explicit rejects Megatron-style einsums)."""
+    init_jax()
+    import numpy as np
+    from jax.experimental import topologies
+    from jax.sharding import AxisType, Mesh
+
+    topo = topologies.get_topology_desc(platform="tpu", topology_name=topology)
+    names, shape = tuple(axes), tuple(axes.values())
+    if placement == "make_mesh":
+        devices = topologies.make_mesh(topo, shape, names).devices
+    elif placement == "topology":
+        devices = np.array(topo.devices).reshape(shape)
+    else:
+        raise ValueError(f"placement {placement!r}: use 'make_mesh' or 'topology'")
+    return Mesh(devices, names, axis_types=(AxisType.Auto,) * len(names)), devices
+
+
+def partition_coords(devices, topology: str) -> str:
+    """Where each SPMD partition runs: "x,y[,z]" per device in mesh order (fixtures' header)."""
+    ndim = len(topology.split(":")[1].split("x"))
+    return " ".join(",".join(str(c) for c in dev.coords[:ndim]) for dev in devices.flat)
+
+
+def _identity_tag(x, _name):
+    return x
+
+
+class Decoder:
+    """The dense LLaMA-style decoder on a mesh.
+
+    dims: widths (`DIM_KEYS`). act_spec: the residual stream's PartitionSpec (the default is
+    the batch over data x fsdp, sequence and embed replicated). scopes: wrap the pieces in
+    `jax.named_scope` ("embed", "layer{i}", "head", "adam") so the HLO metadata says where each
+    op came from (xla_crosscheck attributes collectives and costs by it). tag: a
+    `checkpoint_name`-like function applied to each weight matmul's output (MaxText's names:
+    query_proj, key_proj, value_proj, out_proj, mlpwi_0, mlpwi_1, mlpwo)."""
+
+    def __init__(self, mesh, dims: dict, *, act_spec=None, scopes: bool = False,
+                 tag: Callable = _identity_tag):
+        import jax.numpy as jnp
+        from jax.sharding import PartitionSpec as P
+
+        self.mesh = mesh
+        self.dims = dims
+        self.d, self.h, self.kv, self.hd, self.ff, self.vocab = (dims[k] for k in DIM_KEYS)
+        names = mesh.axis_names
+        self.tp = "tensor" if "tensor" in names else None
+        self.fs = "fsdp" if "fsdp" in names else None
+        # The batch is split over data and fsdp (weights only over fsdp).
+        bs = tuple(a for a in ("data", "fsdp") if a in names) or None
+        self.bs = bs[0] if bs is not None and len(bs) == 1 else bs
+        self.act_spec = P(self.bs, None, None) if act_spec is None else act_spec
+        self.scopes = scopes
+        self.tag = tag
+        self.bf = jnp.bfloat16
+        fs, tp = self.fs, self.tp
+        d, h, kv, hd, ff, vocab = self.d, self.h, self.kv, self.hd, self.ff, self.vocab
+        self.wspec = {"wq": P(fs, tp), "wk": P(fs, tp), "wv": P(fs, tp), "wo": P(tp, fs),
+                      "w1": P(fs, tp), "w3": P(fs, tp), "w2": P(tp, fs), "n1": P(None),
+                      "n2": P(None)}
+        self.wshape = {"wq": (d, h * hd), "wk": (d, kv * hd), "wv": (d, kv * hd),
+                       "wo": (h * hd, d), "w1": (d, ff), "w3": (d, ff), "w2": (ff, d),
+                       "n1": (d,), "n2": (d,)}
+        self.top_spec = {"embed": P(tp, fs), "unembed": P(fs, tp), "nf": P(None)}
+        self.top_shape = {"embed": (vocab, d), "unembed": (d, vocab), "nf": (d,)}
+
+    # -- inputs ------------------------------------------------------------------------------
+
+    def sds(self, shape, spec, dtype=None):
+        import jax
+        from jax.sharding import NamedSharding
+
+        return jax.ShapeDtypeStruct(shape, self.bf if dtype is None else dtype,
+                                    sharding=NamedSharding(self.mesh, spec))
+
+    def params(self, n_layers: int, stacked: bool = False) -> dict:
+        """bf16 weights: a list of per-layer dicts, or (stacked) one dict of [layers, ...]
+        arrays for `jax.lax.scan`, as MaxText's scan_layers."""
+        from jax.sharding import PartitionSpec as P
+
+        p = {k: self.sds(self.top_shape[k], self.top_spec[k]) for k in self.top_shape}
+        if stacked:
+            p["layers"] = {k: self.sds((n_layers, *self.wshape[k]), P(None, *self.wspec[k]))
+                           for k in self.wshape}
+        else:
+            p["layers"] = [{k: self.sds(self.wshape[k], self.wspec[k]) for k in self.wshape}
+                           for _ in range(n_layers)]
+        return p
+
+    def scope(self, name: str):
+        import jax
+
+        return jax.named_scope(name) if self.scopes else contextlib.nullcontext()
+
+    def constrain(self, x):
+        import jax
+        from jax.sharding import NamedSharding
+
+        return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, self.act_spec))
+
+    # -- the model ---------------------------------------------------------------------------
+
+    def rms(self, x, w):
+        import jax
+        import jax.numpy as jnp
+
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-6)
+        return (y * w.astype(jnp.float32)).astype(self.bf)
+
+    def attention(self, q, k, v, causal: bool):
+        import jax
+        import jax.numpy as jnp
+
+        kv, h, hd = self.kv, self.h, self.hd
+        b, s, _ = q.shape
+        t = k.shape[1]
+        q = q.reshape(b, s, kv, h // kv, hd)
+        k = k.reshape(b, t, kv, hd)
+        v = v.reshape(b, t, kv, hd)
+        sc = jnp.einsum("bskgd,btkd->bkgst", q, k).astype(jnp.float32) / (hd ** 0.5)
+        if causal:
+            sc = jnp.where(jnp.tril(jnp.ones((s, t), bool)), sc, -1e30)
+        p = jax.nn.softmax(sc, axis=-1).astype(self.bf)
+        return jnp.einsum("bkgst,btkd->bskgd", p, v).reshape(b, s, h * hd)
+
+    def layer(self, x, w, i: int = 0, cache=None):
+        import jax
+        import jax.numpy as jnp
+
+        tag = self.tag
+        with self.scope(f"layer{i}"):
+            y = self.rms(x, w["n1"])
+            q = tag(y @ w["wq"], "query_proj")
+            k = tag(y @ w["wk"], "key_proj")
+            v = tag(y @ w["wv"], "value_proj")
+            if cache is not None:
+                k = jnp.concatenate([cache[0], k], axis=1)
+                v = jnp.concatenate([cache[1], v], axis=1)
+            a = self.attention(q, k, v, causal=cache is None)
+            x = self.constrain(x + tag(a @ w["wo"], "out_proj"))
+            y = self.rms(x, w["n2"])
+            m = jax.nn.silu(tag(y @ w["w1"], "mlpwi_0")) * tag(y @ w["w3"], "mlpwi_1")
+            return self.constrain(x + tag(m @ w["w2"], "mlpwo"))
+
+    def loss(self, p, tok, remat: str = "full", scan: bool = False):
+        """Mean next-token cross-entropy, each layer under `remat_layer(remat)`; scan: the
+        layers are stacked and run by `jax.lax.scan` (one loop body, as MaxText)."""
+        import jax
+        import jax.numpy as jnp
+
+        with self.scope("embed"):
+            x = self.constrain(jnp.take(p["embed"], tok, axis=0))
+        if scan:
+            body = remat_layer(lambda x, w: self.layer(x, w), remat)
+            x, _ = jax.lax.scan(lambda x, w: (body(x, w), None), x, p["layers"])
+        else:
+            for i, w in enumerate(p["layers"]):
+                x = remat_layer(lambda x, w, i=i: self.layer(x, w, i), remat)(x, w)
+        with self.scope("head"):
+            x = self.rms(x, p["nf"])
+            logits = (x @ p["unembed"]).astype(jnp.float32)
+            lse = jax.nn.logsumexp(logits, axis=-1)
+            tgt = jnp.take_along_axis(logits, tok[..., None], axis=-1)[..., 0]
+            return jnp.mean(lse - tgt)
+
+    def train_step(self, loss_fn: Callable):
+        """One Adam step of loss_fn(params, tokens): (loss, params, m1, m2)."""
+        import jax
+        import jax.numpy as jnp
+
+        bf = self.bf
+
+        def step(p, m1, m2, tok):
+            loss, g = jax.value_and_grad(loss_fn)(p, tok)
+            with self.scope("adam"):
+                m1 = jax.tree.map(lambda m, g: 0.9 * m + 0.1 * g.astype(jnp.float32), m1, g)
+                m2 = jax.tree.map(lambda m, g: 0.95 * m + 0.05 * jnp.square(
+                    g.astype(jnp.float32)), m2, g)
+                p = jax.tree.map(lambda w, a, b: (w.astype(jnp.float32) - 1e-4 * a
+                                                  * jax.lax.rsqrt(b + 1e-8)).astype(bf),
+                                 p, m1, m2)
+            return loss, p, m1, m2
+
+        return step
+
+    def lower_train(self, params: dict, tokens, remat: str = "full", scan: bool = False):
+        """The lowered Adam step of `loss` with f32 moments shaped and sharded as the params."""
+        import jax
+        import jax.numpy as jnp
+
+        mom = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, jnp.float32,
+                                                          sharding=s.sharding), params)
+        def loss_fn(p, tok):
+            return self.loss(p, tok, remat, scan)
+
+        return jax.jit(self.train_step(loss_fn), donate_argnums=(0, 1, 2)).lower(
+            params, mom, mom, tokens)
+
+    def lower_decode(self, n_layers: int, batch: int, kv_len: int):
+        """One new token per sequence against a per-layer KV cache of kv_len (heads on
+        `tensor`), argmax of the logits; the residual is replicated."""
+        import jax
+        import jax.numpy as jnp
+        from jax.sharding import PartitionSpec as P
+
+        params = self.params(n_layers)
+        tokens = self.sds((batch, 1), P(None, None), jnp.int32)
+        cache_spec = P(None, None, self.tp)
+        caches = [(self.sds((batch, kv_len, self.kv * self.hd), cache_spec),
+                   self.sds((batch, kv_len, self.kv * self.hd), cache_spec))
+                  for _ in range(n_layers)]
+        # The decode step keeps the residual replicated (one token per sequence).
+        self.act_spec = P(None, None, None)
+
+        def decode(p, caches, tok):
+            x = jnp.take(p["embed"], tok, axis=0)
+            for i, w in enumerate(p["layers"]):
+                x = self.layer(x, w, i, cache=caches[i])
+            with self.scope("head"):
+                logits = self.rms(x, p["nf"]) @ p["unembed"]
+                return jnp.argmax(logits, axis=-1)
+
+        return jax.jit(decode).lower(params, caches, tokens)
+
+
+def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: int,
+                    capacity_factor: float, seq: int, num_heads: int, head_dim: int,
+                    num_layers: int, vocab_size: int, scopes: bool = False):
+    """A MaxText-style dropping MoE decoder's SGD training step, lowered (MaxText
+    `RoutedMoE.dense_matmul` with a capacity factor: one-hot dispatch and combine masks [batch,
+    seq, experts, capacity], the einsums `BSM,BSEC->EBCM` and `EBCM,BSEC->BSM`, experts over
+    `expert`, tokens over `fsdp` x `expert`, one sequence per chip), layers scanned under full
+    remat (`nothing_saveable`), plain multi-head dot attention, RMSNorm in f32 (weight not
+    upcast), untied embeddings. scopes: `jax.named_scope` around "embed", "layer0" (the scanned
+    body), "head" and "sgd"."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    D, F, E, K, CF, SEQ = d_model, d_ff, num_experts, top_k, capacity_factor, seq
+    H, HD, L, V = num_heads, head_dim, num_layers, vocab_size
+    n = mesh.devices.size
+    bf = jnp.bfloat16
+    cap = int(max(-(-SEQ * K // E) * CF, CF))  # MaxText generate_masks, per sequence
+
+    def scope(name):
+        return jax.named_scope(name) if scopes else contextlib.nullcontext()
+
+    def ns(spec):
+        return NamedSharding(mesh, spec)
+
+    def sds(shp, spec, dt=bf):
+        return jax.ShapeDtypeStruct(shp, dt, sharding=ns(spec))
+
+    batch = ("fsdp", "expert")
+    lw = {"wq": ((D, H * HD), P("fsdp", None)), "wk": ((D, H * HD), P("fsdp", None)),
+          "wv": ((D, H * HD), P("fsdp", None)), "wo": ((H * HD, D), P(None, "fsdp")),
+          "gate": ((D, E), P("fsdp", None)),
+          "w0": ((E, D, F), P("expert", "fsdp", None)),
+          "w1": ((E, D, F), P("expert", "fsdp", None)),
+          "wout": ((E, F, D), P("expert", None, "fsdp")),
+          "n1": ((D,), P(None)), "n2": ((D,), P(None))}
+    params = {"layers": [{k: sds(s, p) for k, (s, p) in lw.items()} for _ in range(L)],
+              "embed": sds((V, D), P(None, "fsdp")), "unembed": sds((D, V), P("fsdp", None))}
+    act = P(batch, None, None)
+
+    def rms(x, w):
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + 1e-6)
+        return (y * w).astype(bf)
+
+    def moe(x, w):
+        probs = jax.nn.softmax(jnp.einsum("bsm,me->bse", x, w["gate"]).astype(jnp.float32), -1)
+        topw, topi = jax.lax.top_k(probs, K)
+        oh = jax.nn.one_hot(topi, E, dtype=jnp.int32)  # [b, s, k, e]
+        pos = (jnp.cumsum(oh.reshape(oh.shape[0], -1, E), axis=1) - 1).reshape(oh.shape)
+        keep = (pos < cap) & (oh > 0)
+        slot = jnp.where(keep, pos, cap)
+        disp = jnp.sum(jax.nn.one_hot(slot, cap, dtype=bf) * keep[..., None], axis=2)
+        comb = jnp.sum(jax.nn.one_hot(slot, cap, dtype=jnp.float32)
+                       * (keep * topw[..., None])[..., None], axis=2).astype(bf)
+        disp = jax.lax.with_sharding_constraint(disp, ns(P(batch, None, None, None)))
+        xe = jnp.einsum("bsm,bsec->ebcm", x, disp)
+        xe = jax.lax.with_sharding_constraint(xe, ns(P("expert", "fsdp", None, None)))
+        hh = jax.nn.silu(jnp.einsum("ebcm,emh->ebch", xe, w["w0"])) * \
+            jnp.einsum("ebcm,emh->ebch", xe, w["w1"])
+        o = jnp.einsum("ebch,ehm->ebcm", hh, w["wout"])
+        o = jax.lax.with_sharding_constraint(o, ns(P("expert", "fsdp", None, None)))
+        return jax.lax.with_sharding_constraint(jnp.einsum("ebcm,bsec->bsm", o, comb), ns(act))
+
+    def attn(y, w):
+        b, s, _ = y.shape
+        q = (y @ w["wq"]).reshape(b, s, H, HD)
+        k = (y @ w["wk"]).reshape(b, s, H, HD)
+        v = (y @ w["wv"]).reshape(b, s, H, HD)
+        sc = jnp.einsum("bshd,bthd->bhst", q, k).astype(jnp.float32)
+        sc = jnp.where(jnp.tril(jnp.ones((s, s), bool)), sc, -1e30)
+        p = jax.nn.softmax(sc, -1).astype(bf)
+        return jnp.einsum("bhst,bthd->bshd", p, v).reshape(b, s, H * HD) @ w["wo"]
+
+    def layer(x, w):
+        with scope("layer0"):
+            x = jax.lax.with_sharding_constraint(x + attn(rms(x, w["n1"]), w), ns(act))
+            return jax.lax.with_sharding_constraint(x + moe(rms(x, w["n2"]), w), ns(act))
+
+    def loss_fn(p, tok):
+        with scope("embed"):
+            x = jax.lax.with_sharding_constraint(jnp.take(p["embed"], tok, axis=0), ns(act))
+        stacked = jax.tree.map(lambda *a: jnp.stack(a), *p["layers"])
+        body = jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable)
+        x, _ = jax.lax.scan(lambda c, w: (body(c, w), None), x, stacked)
+        with scope("head"):
+            logits = (x @ p["unembed"]).astype(jnp.float32)
+            tgt = jnp.take_along_axis(logits, tok[..., None], -1)[..., 0]
+            return jnp.mean(jax.nn.logsumexp(logits, -1) - tgt)
+
+    def step(p, tok):
+        loss, g = jax.value_and_grad(loss_fn)(p, tok)
+        with scope("sgd"):
+            return loss, jax.tree.map(lambda a, b: (a - 1e-3 * b).astype(bf), p, g)
+
+    tok = sds((n, SEQ), P(batch, None), jnp.int32)
+    return jax.jit(step, donate_argnums=0).lower(params, tok)
+
+
+def remat_layer(layer: Callable, remat: str):
+    """The layer under a MaxText remat policy: "none", "full" (`jax.checkpoint`), "minimal"
+    (`checkpoint_dots_with_no_batch_dims`), "offload" (MaxText's minimal_offloaded: the
+    tagged weight-matmul outputs go to pinned host memory, nothing else is saved)."""
+    import jax
+
+    if remat == "none":
+        return layer
+    if remat == "full":
+        return jax.checkpoint(layer)
+    if remat == "minimal":
+        return jax.checkpoint(
+            layer, policy=jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims)
+    if remat == "offload":
+        return jax.checkpoint(
+            layer, policy=jax.checkpoint_policies.save_and_offload_only_these_names(
+                names_which_can_be_saved=[],
+                names_which_can_be_offloaded=["query_proj", "key_proj", "value_proj",
+                                              "out_proj", "mlpwi_0", "mlpwi_1", "mlpwo"],
+                offload_src="device", offload_dst="pinned_host"))
+    raise ValueError(f"remat {remat!r}: use none, full, minimal or offload")
+
+
+def memory_stats(compiled) -> dict:
+    """`compiled.memory_analysis()` as a dict of ints (bytes per device; host_temp_bytes is
+    what lives in pinned host memory, not part of the HBM peak)."""
+    mem = compiled.memory_analysis()
+    return {"peak_bytes": int(mem.peak_memory_in_bytes),
+            "temp_bytes": int(mem.temp_size_in_bytes),
+            "argument_bytes": int(mem.argument_size_in_bytes),
+            "output_bytes": int(mem.output_size_in_bytes),
+            "alias_bytes": int(mem.alias_size_in_bytes),
+            "host_temp_bytes": int(getattr(mem, "host_temp_size_in_bytes", 0))}
+
+
+def cost_stats(compiled) -> dict:
+    """`compiled.cost_analysis()`'s flops and bytes (a loop body counted once)."""
+    cost = compiled.cost_analysis()
+    if isinstance(cost, list):
+        cost = cost[0]
+    return {"flops": float(cost.get("flops", 0.0)),
+            "bytes_accessed": float(cost.get("bytes accessed", 0.0))}
+
+
+def emit(result: dict) -> None:
+    """A worker's result, on the line `run_worker` reads."""
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# driver side (any python)
+# --------------------------------------------------------------------------------------------
+
+def have_jax(jax_python: str) -> bool:
+    return Path(jax_python).exists() and subprocess.run(
+        [jax_python, "-c", "import jax, libtpu"], capture_output=True).returncode == 0
+
+
+def run_worker(script: str | Path, name: str, jax_python: str,
+               extra: Iterable[str] = ()) -> dict:
+    """Run `script --worker NAME [extra]` under the jax python; its `emit`ted result."""
+    cmd = [jax_python, str(Path(script).resolve()), "--worker", name, *extra]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    for line in r.stdout.splitlines():
+        if line.startswith(RESULT_PREFIX):
+            return json.loads(line[len(RESULT_PREFIX):])
+    raise RuntimeError(f"XLA worker failed for {name}:\n{r.stderr[-3000:]}")
+
+
+def load_cache(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def compile_into_cache(names: Iterable[str], path: Path, compile_one: Callable[[str], dict],
+                       *, recompile: bool = False,
+                       report: Callable[[str, dict], str] | None = None) -> dict:
+    """Compile each program missing from the JSON cache at `path` (every one with
+    `recompile`) and store it there as soon as it is done, merged with the file as it is then
+    (another driver may have added programs meanwhile). A failed compile is reported and
+    skipped. Returns the cache."""
+    cache = load_cache(path)
+    for name in names:
+        if name in cache and not recompile:
+            continue
+        print(f"compiling {name} ...", flush=True)
+        try:
+            result = compile_one(name)
+        except RuntimeError as e:
+            print(f"  FAILED: {str(e)[-400:]}", flush=True)
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        disk = load_cache(path)
+        cache = {**disk, **{k: v for k, v in cache.items() if k not in disk}, name: result}
+        path.write_text(json.dumps(dict(sorted(cache.items())), indent=1) + "\n")
+        if report:
+            print(f"  {report(name, result)}", flush=True)
+    return cache
+
+
+def tpusim_model_dict(dims: dict, num_layers: int, name: str, base: str | None = None) -> dict:
+    """A tpusim model (the dict `workloads.models.model_from_dict` reads) with these widths:
+    from a zoo model (`base`) or from scratch (SwiGLU, untied embeddings, as `Decoder`)."""
+    head = {"base": base} if base else {"mlp": "swiglu", "tied_embeddings": False}
+    return {**head, "name": name, "num_layers": num_layers, **dims}
+
+
+def tpusim_model_yaml(model: dict) -> str:
+    return "".join(f"{k}: {v}\n" for k, v in model.items())
