@@ -301,7 +301,8 @@ def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: i
     """A MaxText-style dropping MoE decoder's SGD training step, lowered (MaxText
     `RoutedMoE.dense_matmul` with a capacity factor: one-hot dispatch and combine masks [batch,
     seq, experts, capacity], the einsums `BSM,BSEC->EBCM` and `EBCM,BSEC->BSM`, experts over
-    `expert`, tokens over `fsdp` x `expert`, one sequence per chip), layers scanned under full
+    `expert`, tokens over `fsdp` x `expert`, one sequence per chip; every other weight's d_model
+    over `fsdp` x `expert`, as MaxText's logical-axis rules shard it), layers scanned under full
     remat (`nothing_saveable`), plain multi-head dot attention, RMSNorm in f32 (weight not
     upcast), untied embeddings. scopes: `jax.named_scope` around "embed", "layer0" (the scanned
     body), "head" and "sgd"."""
@@ -326,15 +327,18 @@ def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: i
         return jax.ShapeDtypeStruct(shp, dt, sharding=ns(spec))
 
     batch = ("fsdp", "expert")
-    lw = {"wq": ((D, H * HD), P("fsdp", None)), "wk": ((D, H * HD), P("fsdp", None)),
-          "wv": ((D, H * HD), P("fsdp", None)), "wo": ((H * HD, D), P(None, "fsdp")),
-          "gate": ((D, E), P("fsdp", None)),
+    # MaxText's logical-axis rules: a weight's `embed` dimension goes to fsdp and expert, except
+    # the routed experts' (`embed_no_exp`: fsdp only; their `exp` dimension takes expert).
+    fe = ("fsdp", "expert")
+    lw = {"wq": ((D, H * HD), P(fe, None)), "wk": ((D, H * HD), P(fe, None)),
+          "wv": ((D, H * HD), P(fe, None)), "wo": ((H * HD, D), P(None, fe)),
+          "gate": ((D, E), P(fe, None)),
           "w0": ((E, D, F), P("expert", "fsdp", None)),
           "w1": ((E, D, F), P("expert", "fsdp", None)),
           "wout": ((E, F, D), P("expert", None, "fsdp")),
           "n1": ((D,), P(None)), "n2": ((D,), P(None))}
     params = {"layers": [{k: sds(s, p) for k, (s, p) in lw.items()} for _ in range(L)],
-              "embed": sds((V, D), P(None, "fsdp")), "unembed": sds((D, V), P("fsdp", None))}
+              "embed": sds((V, D), P(None, fe)), "unembed": sds((D, V), P(fe, None))}
     act = P(batch, None, None)
 
     def rms(x, w):

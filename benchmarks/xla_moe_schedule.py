@@ -4,7 +4,8 @@ Compiles, deviceless for a v6e 4x4 (jax[tpu], see docs/reference/xla.md), a MaxT
 dropping MoE decoder (`_xla.lower_moe_train`: MaxText `RoutedMoE.dense_matmul` with a capacity
 factor: one-hot dispatch and combine masks [batch, seq, experts, capacity], the einsums
 `BSM,BSEC->EBCM` and `EBCM,BSEC->BSM`, experts sharded over `expert`, tokens over `fsdp` x
-`expert`), two scanned layers under full remat, mesh fsdp=4 x expert=4, and reads the scheduled HLO:
+`expert`, the other weights' d_model over `fsdp` x `expert` as MaxText shards them), two scanned
+layers under full remat, mesh fsdp=4 x expert=4, and reads the scheduled HLO:
 
 * every all-to-all: the loop it sits in (forward or backward), the einsum it belongs to, its
   bytes, and whether it is synchronous (`all-to-all`) or async (`all-to-all-start`/`-done`,
@@ -19,8 +20,16 @@ Observed with jax/libtpu 0.10.2 (2026-11-30, 7 min of compile on a loaded 2-core
 all-to-alls, all synchronous; forward: the dispatch and the combine; backward loop: the
 combine's transpose, the recomputed dispatch, the dispatch's transpose and an f32 all-to-all of
 the combine weights' gradient ([seq, experts, capacity] per sequence; XLA computes it where the
-experts' outputs live instead of recomputing the combine all-to-all). The dispatch convolution
-runs at the FLOP rate XLA's cost model gives the layer's weight matmuls.
+experts' outputs live, after an all-gather of the output gradient over `expert`, instead of
+recomputing the combine all-to-all). The dispatch convolution runs at the FLOP rate XLA's cost
+model gives the layer's weight matmuls. With the attention, router and embedding weights sharded
+over fsdp x expert (MaxText's rule; 13 min of compile under load): their gathers span all 16
+chips, the routed experts' the 4-chip fsdp groups, and the embedding lookup's all-to-all (plus
+its gradient's) all 16; the six MoE all-to-alls are unchanged. With
+`LIBTPU_INIT_ARGS=--xla_tpu_enable_async_all_to_all=true` (and MaxText's CF_FOR_ALL_GATHER
+flags) every all-to-all is an async start/done pair: the backward's transposes overlap the
+experts' input-gradient matmuls, the forward's have no independent work between start and done
+(tpusim's `--ep-alltoall async`).
 """
 
 from __future__ import annotations
