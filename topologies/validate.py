@@ -162,6 +162,24 @@ def int_flag(flag: str, *, lo: int = 1, hi: int):
     return parse
 
 
+def whole_flag(flag: str):
+    """An argparse `type=` for a whole number in ASCII digits (`int()` also takes full-width and
+    other Unicode digits, e.g. `１`), at most `MAX_INT_DIGITS` long; its range is checked where
+    it is used."""
+
+    def parse(text: str) -> int:
+        t = str(text).strip()
+        if not _looks_int(t):
+            what = "too large" if t.isascii() and t.lstrip("+-").isdigit() else \
+                "not a whole number"
+            raise FlagError(f"{flag} {short_repr(text)} is {what}; give a whole number in ASCII "
+                            f"digits, e.g. 4")
+        return int(t)
+
+    parse.__name__ = "integer"
+    return parse
+
+
 def float_flag(flag: str, *, lo: float, hi: float, lo_open: bool = False):
     """An argparse `type=` for a finite float flag in [lo, hi] (or (lo, hi])."""
 

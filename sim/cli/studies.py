@@ -8,10 +8,11 @@ import argparse
 
 from sim.cli import common as cli
 from topologies.errors import TpusimError
+from topologies.validate import whole_flag
 
 
 def _add_backend_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workers", type=int, default=0,
+    p.add_argument("--workers", type=whole_flag("--workers"), default=0,
                    help="worker processes (default: one per core; 1 runs in this process)")
     p.add_argument("--dask",
                    help="run on a Dask cluster: local (start a LocalCluster of --workers "
@@ -62,6 +63,10 @@ def _register_sweep(sub, name: str) -> None:
 
 def _list(text: str, flag: str, cast=str) -> tuple:
     from topologies.validate import short_repr, split_list
+
+    if cast is int and not all(x.strip().isascii() for x in str(text).split(",")):
+        raise TpusimError(f"{flag} {short_repr(text)} must list integers in ASCII digits, e.g. "
+                          f"1,2,4")
 
     if not str(text).replace(",", "").strip():
         raise TpusimError(f"{flag} {short_repr(text)} lists nothing; give comma-separated values")
@@ -190,9 +195,12 @@ def _register_plan(sub, name: str) -> None:
                                    "for a training step; print the best", cmd_plan,
                         set_scope=("chip", "topology", "model"))
     p.add_argument("--model", required=True, help="zoo name (llama3-70b, ...) or a model YAML")
-    p.add_argument("--seq-len", type=int, required=True, help="sequence length in tokens")
-    p.add_argument("--global-batch", type=int, required=True, help="sequences per step")
-    p.add_argument("--top", type=int, default=5, help="how many to print (default 5)")
+    p.add_argument("--seq-len", type=whole_flag("--seq-len"), required=True,
+                   help="sequence length in tokens")
+    p.add_argument("--global-batch", type=whole_flag("--global-batch"), required=True,
+                   help="sequences per step")
+    p.add_argument("--top", type=whole_flag("--top"), default=5,
+                   help="how many to print (default 5)")
     _add_backend_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--out", default="plan-out",
@@ -201,13 +209,16 @@ def _register_plan(sub, name: str) -> None:
     g = p.add_argument_group("search space")
     g.add_argument("--axes", default="data,fsdp,pipeline,expert,sequence,tensor",
                    help="mesh axes to use (default all; expert only for MoE models)")
-    g.add_argument("--max-tensor", type=int, default=8, help="largest tensor axis (default 8)")
-    g.add_argument("--max-data", type=int, default=4, help="largest data axis (default 4)")
-    g.add_argument("--max-sequence", type=int, default=2,
+    g.add_argument("--max-tensor", type=whole_flag("--max-tensor"), default=8,
+                   help="largest tensor axis (default 8)")
+    g.add_argument("--max-data", type=whole_flag("--max-data"), default=4,
+                   help="largest data axis (default 4)")
+    g.add_argument("--max-sequence", type=whole_flag("--max-sequence"), default=2,
                    help="largest sequence axis (default 2)")
-    g.add_argument("--max-pipeline", type=int, default=4,
+    g.add_argument("--max-pipeline", type=whole_flag("--max-pipeline"), default=4,
                    help="largest pipeline axis (default 4)")
-    g.add_argument("--max-expert", type=int, default=64, help="largest expert axis (default 64)")
+    g.add_argument("--max-expert", type=whole_flag("--max-expert"), default=64,
+                   help="largest expert axis (default 64)")
     g.add_argument("--default-placement", action="store_true",
                    help="only jax's default axis order (no other placements on the torus)")
     g.add_argument("--remat", default="full,minimal,none",

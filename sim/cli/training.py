@@ -19,6 +19,7 @@ from topologies.validate import (
     MAX_TOKENS,
     float_flag,
     int_flag,
+    whole_flag,
 )
 
 
@@ -48,7 +49,7 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
                    help="gpipe, 1f1b (default with a pipeline axis) or interleaved; every "
                         "stage's chips run its passes on the per-chip engine (needs pipeline=P "
                         "in --mesh or --dcn)")
-    p.add_argument("--virtual-stages", type=int, default=1,
+    p.add_argument("--virtual-stages", type=whole_flag("--virtual-stages"), default=1,
                    help="layer chunks per stage for --pipeline-schedule interleaved (default 1)")
     p.add_argument("--no-overlap", action="store_true",
                    help="collectives block compute (what-if: no async overlap)")
