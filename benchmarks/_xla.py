@@ -101,8 +101,9 @@ class Decoder:
 
     dims: widths (`DIM_KEYS`). act_spec: the residual stream's PartitionSpec (the default is
     the batch over data x fsdp, sequence and embed replicated). scopes: wrap the pieces in
-    `jax.named_scope` ("embed", "layer{i}", "head", "adam") so the HLO metadata says where each
-    op came from (xla_crosscheck attributes collectives and costs by it). tag: a
+    `jax.named_scope` ("embed", "layer{i}", "head", "adam"; "norm" around each RMSNorm and
+    "attention" around the attention core inside them) so the HLO metadata says where each op
+    came from (xla_crosscheck attributes collectives and per-op costs by it). tag: a
     `checkpoint_name`-like function applied to each weight matmul's output (MaxText's names:
     query_proj, key_proj, value_proj, out_proj, mlpwi_0, mlpwi_1, mlpwo)."""
 
@@ -201,16 +202,19 @@ class Decoder:
 
         tag = self.tag
         with self.scope(f"layer{i}"):
-            y = self.rms(x, w["n1"])
+            with self.scope("norm"):
+                y = self.rms(x, w["n1"])
             q = tag(y @ w["wq"], "query_proj")
             k = tag(y @ w["wk"], "key_proj")
             v = tag(y @ w["wv"], "value_proj")
-            if cache is not None:
-                k = jnp.concatenate([cache[0], k], axis=1)
-                v = jnp.concatenate([cache[1], v], axis=1)
-            a = self.attention(q, k, v, causal=cache is None)
+            with self.scope("attention"):
+                if cache is not None:
+                    k = jnp.concatenate([cache[0], k], axis=1)
+                    v = jnp.concatenate([cache[1], v], axis=1)
+                a = self.attention(q, k, v, causal=cache is None)
             x = self.constrain(x + tag(a @ w["wo"], "out_proj"))
-            y = self.rms(x, w["n2"])
+            with self.scope("norm"):
+                y = self.rms(x, w["n2"])
             m = jax.nn.silu(tag(y @ w["w1"], "mlpwi_0")) * tag(y @ w["w3"], "mlpwi_1")
             return self.constrain(x + tag(m @ w["w2"], "mlpwo"))
 
@@ -229,7 +233,8 @@ class Decoder:
             for i, w in enumerate(p["layers"]):
                 x = remat_layer(lambda x, w, i=i: self.layer(x, w, i), remat)(x, w)
         with self.scope("head"):
-            x = self.rms(x, p["nf"])
+            with self.scope("norm"):
+                x = self.rms(x, p["nf"])
             logits = (x @ p["unembed"]).astype(jnp.float32)
             lse = jax.nn.logsumexp(logits, axis=-1)
             tgt = jnp.take_along_axis(logits, tok[..., None], axis=-1)[..., 0]
@@ -289,8 +294,9 @@ class Decoder:
             for i, w in enumerate(p["layers"]):
                 x = self.layer(x, w, i, cache=caches[i])
             with self.scope("head"):
-                logits = self.rms(x, p["nf"]) @ p["unembed"]
-                return jnp.argmax(logits, axis=-1)
+                with self.scope("norm"):
+                    y = self.rms(x, p["nf"])
+                return jnp.argmax(y @ p["unembed"], axis=-1)
 
         return jax.jit(decode).lower(params, caches, tokens)
 
@@ -305,7 +311,8 @@ def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: i
     over `fsdp` x `expert`, as MaxText's logical-axis rules shard it), layers scanned under full
     remat (`nothing_saveable`), plain multi-head dot attention, RMSNorm in f32 (weight not
     upcast), untied embeddings. scopes: `jax.named_scope` around "embed", "layer0" (the scanned
-    body), "head" and "sgd"."""
+    body; "norm", "attention" (the core) and "router" (gating and masks) inside), "head" and
+    "sgd"."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
@@ -347,15 +354,17 @@ def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: i
         return (y * w).astype(bf)
 
     def moe(x, w):
-        probs = jax.nn.softmax(jnp.einsum("bsm,me->bse", x, w["gate"]).astype(jnp.float32), -1)
-        topw, topi = jax.lax.top_k(probs, K)
-        oh = jax.nn.one_hot(topi, E, dtype=jnp.int32)  # [b, s, k, e]
-        pos = (jnp.cumsum(oh.reshape(oh.shape[0], -1, E), axis=1) - 1).reshape(oh.shape)
-        keep = (pos < cap) & (oh > 0)
-        slot = jnp.where(keep, pos, cap)
-        disp = jnp.sum(jax.nn.one_hot(slot, cap, dtype=bf) * keep[..., None], axis=2)
-        comb = jnp.sum(jax.nn.one_hot(slot, cap, dtype=jnp.float32)
-                       * (keep * topw[..., None])[..., None], axis=2).astype(bf)
+        with scope("router"):
+            probs = jax.nn.softmax(jnp.einsum("bsm,me->bse", x, w["gate"]).astype(jnp.float32),
+                                   -1)
+            topw, topi = jax.lax.top_k(probs, K)
+            oh = jax.nn.one_hot(topi, E, dtype=jnp.int32)  # [b, s, k, e]
+            pos = (jnp.cumsum(oh.reshape(oh.shape[0], -1, E), axis=1) - 1).reshape(oh.shape)
+            keep = (pos < cap) & (oh > 0)
+            slot = jnp.where(keep, pos, cap)
+            disp = jnp.sum(jax.nn.one_hot(slot, cap, dtype=bf) * keep[..., None], axis=2)
+            comb = jnp.sum(jax.nn.one_hot(slot, cap, dtype=jnp.float32)
+                           * (keep * topw[..., None])[..., None], axis=2).astype(bf)
         disp = jax.lax.with_sharding_constraint(disp, ns(P(batch, None, None, None)))
         xe = jnp.einsum("bsm,bsec->ebcm", x, disp)
         xe = jax.lax.with_sharding_constraint(xe, ns(P("expert", "fsdp", None, None)))
@@ -370,15 +379,21 @@ def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: i
         q = (y @ w["wq"]).reshape(b, s, H, HD)
         k = (y @ w["wk"]).reshape(b, s, H, HD)
         v = (y @ w["wv"]).reshape(b, s, H, HD)
-        sc = jnp.einsum("bshd,bthd->bhst", q, k).astype(jnp.float32)
-        sc = jnp.where(jnp.tril(jnp.ones((s, s), bool)), sc, -1e30)
-        p = jax.nn.softmax(sc, -1).astype(bf)
-        return jnp.einsum("bhst,bthd->bshd", p, v).reshape(b, s, H * HD) @ w["wo"]
+        with scope("attention"):
+            sc = jnp.einsum("bshd,bthd->bhst", q, k).astype(jnp.float32)
+            sc = jnp.where(jnp.tril(jnp.ones((s, s), bool)), sc, -1e30)
+            p = jax.nn.softmax(sc, -1).astype(bf)
+            o = jnp.einsum("bhst,bthd->bshd", p, v).reshape(b, s, H * HD)
+        return o @ w["wo"]
+
+    def norm(x, w):
+        with scope("norm"):
+            return rms(x, w)
 
     def layer(x, w):
         with scope("layer0"):
-            x = jax.lax.with_sharding_constraint(x + attn(rms(x, w["n1"]), w), ns(act))
-            return jax.lax.with_sharding_constraint(x + moe(rms(x, w["n2"]), w), ns(act))
+            x = jax.lax.with_sharding_constraint(x + attn(norm(x, w["n1"]), w), ns(act))
+            return jax.lax.with_sharding_constraint(x + moe(norm(x, w["n2"]), w), ns(act))
 
     def loss_fn(p, tok):
         with scope("embed"):
@@ -474,8 +489,16 @@ def load_cache(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def write_cache(path: Path, cache: dict, compact: bool = False) -> None:
+    """The cache, programs sorted by name; `compact`: no whitespace (long op lists)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(dict(sorted(cache.items())), separators=(",", ":")) if compact else \
+        json.dumps(dict(sorted(cache.items())), indent=1)
+    path.write_text(text + "\n")
+
+
 def compile_into_cache(names: Iterable[str], path: Path, compile_one: Callable[[str], dict],
-                       *, recompile: bool = False,
+                       *, recompile: bool = False, compact: bool = False,
                        report: Callable[[str, dict], str] | None = None) -> dict:
     """Compile each program missing from the JSON cache at `path` (every one with
     `recompile`) and store it there as soon as it is done, merged with the file as it is then
@@ -491,10 +514,9 @@ def compile_into_cache(names: Iterable[str], path: Path, compile_one: Callable[[
         except RuntimeError as e:
             print(f"  FAILED: {str(e)[-400:]}", flush=True)
             continue
-        path.parent.mkdir(parents=True, exist_ok=True)
         disk = load_cache(path)
         cache = {**disk, **{k: v for k, v in cache.items() if k not in disk}, name: result}
-        path.write_text(json.dumps(dict(sorted(cache.items())), indent=1) + "\n")
+        write_cache(path, cache, compact)
         if report:
             print(f"  {report(name, result)}", flush=True)
     return cache

@@ -1209,7 +1209,8 @@ def xla_collectives_section() -> str:
 
     if not xc.RESULTS_FILE.is_file():
         return ""
-    return xc.render_collectives_section(json.loads(xc.RESULTS_FILE.read_text()))
+    results = json.loads(xc.RESULTS_FILE.read_text())
+    return xc.render_collectives_section(results) + "\n\n" + xc.render_op_costs_section(results)
 
 
 def write_collectives_section() -> int:

@@ -302,8 +302,16 @@ class _Parser:
                 self.i += 1
                 self._item()
             elif (nxt == "[" and self.toks[self.i - 1][1] == "mesh") or (
-                    nxt == "{" and self.toks[self.i - 1][1] == "]"):
+                    nxt == "{" and self.toks[self.i - 1][1] in ("]", ")")):
                 # mesh-axes replica groups: `mesh['axis_0'=16,'axis_1'=1] {'axis_0'}`
+                self._item()
+            elif (nxt == "," and self.peek(1) == "device_ids" and self.peek(2) == "="
+                  and self.toks[self.i - 1][1] == "]" and self.text[start:start + 4] == "mesh"):
+                # ... and their device list: `mesh['axis_0'=4,'axis_1'=4],
+                # device_ids=([4,4]T(1,0)) {'axis_0'}`
+                self.i += 3
+                if self.i >= len(self.toks):
+                    raise self.error("expected the device_ids list")
                 self._item()
             else:
                 break
@@ -384,6 +392,13 @@ class _Parser:
             instrs.append(ins)
             by_name[ins.name] = ins
         self.next()
+        # Attributes after the body: `}, execution_thread="sparsecore"` (v6e's SparseCore
+        # computations, e.g. a scatter-add's reducer).
+        while self.peek() == "," and self.peek(2) == "=":
+            self.next()
+            self.word("an attribute")
+            self.expect("=")
+            self.skip_balanced()
         if not instrs:
             raise self.error(f"computation {name!r} has no instructions")
         return Computation(name=name, instructions=tuple(instrs), is_entry=is_entry,
@@ -548,16 +563,19 @@ def replica_groups(text: str, num_devices: int) -> list[list[int]]:
 
 def _mesh_groups(t: str, num_devices: int) -> list[list[int]]:
     """`mesh['a'=4,'b'=4] {'b'}`: devices 0..n-1 laid out row-major on the named mesh; a group
-    is the devices that differ only along the axes in braces."""
-    m = re.fullmatch(r"mesh\[([^\]]*)\]\s*\{([^}]*)\}", t)
+    is the devices that differ only along the axes in braces. With `device_ids=(...)` after the
+    mesh, mesh position p (row-major) holds device ids[p] instead of p: an explicit list
+    `(3,1,2,0)` or an iota `([4,4]T(1,0))` = iota(n) reshaped to [4,4], transposed by (1,0) and
+    flattened (the `<=` form's order without its output dims)."""
+    m = re.fullmatch(r"mesh\[([^\]]*)\](?:\s*,\s*device_ids=\((.*)\))?\s*\{([^}]*)\}", t)
     axes = re.findall(r"'([^']*)'\s*=\s*(\d+)", m.group(1)) if m else []
     if not m or not axes:
         raise TpusimError(f"replica_groups={t[:80]!r} is not a mesh-axes list like "
                           f"mesh['x'=4,'y'=4] {{'y'}}")
     names = [a for a, _ in axes]
     sizes = [int(n) for _, n in axes]
-    chosen = re.findall(r"'([^']*)'", m.group(2))
-    if re.search(r"[():]", m.group(2)) or any(c not in names for c in chosen):
+    chosen = re.findall(r"'([^']*)'", m.group(3))
+    if re.search(r"[():]", m.group(3)) or any(c not in names for c in chosen):
         raise TpusimError(f"replica_groups={t[:80]!r}: tpusim reads whole mesh axes only "
                           f"(got {m.group(2)!r}; axes are {names})")
     total = 1
@@ -575,7 +593,38 @@ def _mesh_groups(t: str, num_devices: int) -> list[list[int]]:
             flat = [b + i * strides[k] for b in flat for i in range(sizes[k])]
         return flat
 
-    return [[b + o for o in ids(inside)] for b in ids(outside)]
+    groups = [[b + o for o in ids(inside)] for b in ids(outside)]
+    if m.group(2) is None:
+        return groups
+    device = _device_list(m.group(2).strip(), total, t)
+    return [[device[p] for p in g] for g in groups]
+
+
+def _device_list(text: str, total: int, where: str) -> list[int]:
+    """A mesh's `device_ids=(...)` content: explicit ids or an iota `[d0,d1]T(perm)`."""
+    m = re.fullmatch(r"\[([\d,\s]+)\](?:\s*T\(([\d,\s]+)\))?", text)
+    if m:
+        dims = int_list(m.group(1))
+        perm = int_list(m.group(2)) if m.group(2) else tuple(range(len(dims)))
+        n = 1
+        for d in dims:
+            n *= d
+        if sorted(perm) != list(range(len(dims))) or n != total:
+            raise TpusimError(f"replica_groups={where[:80]!r}: device_ids=({text}) is not an "
+                              f"iota of {total} devices with a permutation")
+        strides = [1] * len(dims)
+        for k in range(len(dims) - 2, -1, -1):
+            strides[k] = strides[k + 1] * dims[k + 1]
+        flat: list[int] = [0]
+        for p in perm:
+            flat = [b + i * strides[p] for b in flat for i in range(dims[p])]
+        return flat
+    ids = list(int_list(text))
+    if not re.fullmatch(r"[\d,\s]+", text) or sorted(ids) != sorted(set(ids)) \
+            or len(ids) != total:
+        raise TpusimError(f"replica_groups={where[:80]!r}: device_ids=({text[:40]}) must list "
+                          f"the mesh's {total} devices once each")
+    return ids
 
 
 def source_target_pairs(text: str) -> list[tuple[int, int]]:

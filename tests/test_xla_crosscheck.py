@@ -1,0 +1,211 @@
+"""XLA's per-op cost estimates as benchmarks/xla_crosscheck.py reads them from a compiled HLO
+module (`estimated_cycles` times the loop trip counts, classed by named scope and einsum), and
+the replica-group forms its collective parser reads."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def xc():
+    spec = importlib.util.spec_from_file_location("xla_crosscheck",
+                                                  ROOT / "benchmarks" / "xla_crosscheck.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _cfg(cycles: int) -> str:
+    return f'backend_config={{"flag_configs":[],"estimated_cycles":"{cycles}"}}'
+
+
+ATTN = 'metadata={op_name="jit(step)/jvp(layer0)/attention/bskgd,btkd->bkgst/dot_general"}'
+NORM = 'metadata={op_name="jit(step)/transpose(jvp(layer1))/norm/rsqrt"}'
+ADAM = 'metadata={op_name="jit(step)/adam/convert_element_type"}'
+
+WINDOWED_BODY = ("body=%wide.windowed_dot_general_body_ag.1, "
+                 'backend_config={"known_trip_count":{"n":"3"}}')
+
+# A windowed-einsum loop (trip count 3 from known_trip_count) holding a matmul fusion and an
+# accumulator fusion without op_name, a plain loop (trip count 4 read off its condition: i < 8
+# stepping by 2) holding a norm fusion, and a top-level optimizer fusion and copy (no estimate).
+MODULE = f"""HloModule jit_step
+
+%fused_mm (p0: bf16[8,8], p1: bf16[8,8]) -> bf16[8,8] {{
+  %p0 = bf16[8,8]{{1,0}} parameter(0)
+  %p1 = bf16[8,8]{{1,0}} parameter(1)
+  ROOT %convolution.1 = bf16[8,8]{{1,0}} convolution(%p0, %p1), dim_labels=bf_io->bf, {ATTN}
+}}
+
+%fused_acc (p0: bf16[8,8]) -> bf16[8,8] {{
+  ROOT %p0 = bf16[8,8]{{1,0}} parameter(0)
+}}
+
+%fused_norm (p0: bf16[8,8]) -> bf16[8,8] {{
+  %p0 = bf16[8,8]{{1,0}} parameter(0)
+  ROOT %rsqrt.1 = bf16[8,8]{{1,0}} rsqrt(%p0), {NORM}
+}}
+
+%wide.windowed_dot_general_body_ag.1 (param: (s32[], bf16[8,8])) -> (s32[], bf16[8,8]) {{
+  %param = (s32[], bf16[8,8]{{1,0}}) parameter(0)
+  %i = s32[] get-tuple-element(%param), index=0
+  %x = bf16[8,8]{{1,0}} get-tuple-element(%param), index=1
+  %fusion.2 = bf16[8,8]{{1,0}} fusion(%x, %x), kind=kOutput, calls=%fused_mm, {ATTN}, {_cfg(100)}
+  %fusion.3 = bf16[8,8]{{1,0}} fusion(%fusion.2), kind=kLoop, calls=%fused_acc, {_cfg(10)}
+  ROOT %t = (s32[], bf16[8,8]{{1,0}}) tuple(%i, %fusion.3)
+}}
+
+%cond.1 (param: (s32[], bf16[8,8])) -> pred[] {{
+  %param = (s32[], bf16[8,8]{{1,0}}) parameter(0)
+  %i = s32[] get-tuple-element(%param), index=0
+  %c = s32[] constant(3)
+  ROOT %lt = pred[] compare(%i, %c), direction=LT
+}}
+
+%body.2 (param: (s32[], bf16[8,8])) -> (s32[], bf16[8,8]) {{
+  %param = (s32[], bf16[8,8]{{1,0}}) parameter(0)
+  %i = s32[] get-tuple-element(%param), index=0
+  %two = s32[] constant(2)
+  %next = s32[] add(%i, %two)
+  %x = bf16[8,8]{{1,0}} get-tuple-element(%param), index=1
+  %fusion.4 = bf16[8,8]{{1,0}} fusion(%x), kind=kLoop, calls=%fused_norm, {NORM}, {_cfg(7)}
+  ROOT %t = (s32[], bf16[8,8]{{1,0}}) tuple(%next, %fusion.4)
+}}
+
+%cond.2 (param: (s32[], bf16[8,8])) -> pred[] {{
+  %param = (s32[], bf16[8,8]{{1,0}}) parameter(0)
+  %i = s32[] get-tuple-element(%param), index=0
+  %c = s32[] constant(8)
+  ROOT %lt = pred[] compare(%i, %c), direction=LT
+}}
+
+ENTRY %main (a: bf16[8,8]) -> bf16[8,8] {{
+  %a = bf16[8,8]{{1,0}} parameter(0)
+  %z = s32[] constant(0)
+  %init = (s32[], bf16[8,8]{{1,0}}) tuple(%z, %a)
+  %while.1 = (s32[], bf16[8,8]{{1,0}}) while(%init), condition=%cond.1, {WINDOWED_BODY}
+  %while.2 = (s32[], bf16[8,8]{{1,0}}) while(%while.1), condition=%cond.2, body=%body.2
+  %y = bf16[8,8]{{1,0}} get-tuple-element(%while.2), index=1
+  %fusion.5 = bf16[8,8]{{1,0}} fusion(%y), kind=kLoop, calls=%fused_acc, {ADAM}, {_cfg(5)}
+  ROOT %copy.1 = bf16[8,8]{{1,0}} copy(%fusion.5)
+}}
+"""
+
+
+def test_estimated_cycles_are_multiplied_by_the_trip_counts_of_their_loops(xc):
+    got = {(c["op_name"].split("/", 1)[-1], c["loop"]): (c["cycles"], c["count"])
+           for c in xc.parse_hlo_costs(MODULE)}
+    assert got == {
+        # 100 cycles x 3 trips (known_trip_count); its matmul is the attention einsum
+        ("jvp(layer0)/attention/bskgd,btkd->bkgst/dot_general", "windowed"): (300, 3),
+        ("", "windowed"): (30, 3),  # the accumulator: 10 x 3
+        # 7 cycles x ceil(8 / 2) trips read off the condition and the induction step
+        ("transpose(jvp(layer1))/norm/rsqrt", ""): (28, 4),
+        ("adam/convert_element_type", ""): (5, 1),  # the copy has no estimate
+    }
+
+
+def test_xla_ops_are_classed_by_named_scope_and_the_einsum_of_their_matmul(xc):
+    classes = {}
+    for c in xc.parse_hlo_costs(MODULE):
+        k = xc.xla_op_class(c["op_name"], c["matmul"], c["loop"])
+        classes[k] = classes.get(k, 0) + c["cycles"]
+    assert classes == {"attention matmuls": 300, "windowed-einsum accumulators": 30,
+                       "norms": 28, "optimizer update": 5}
+    assert xc.xla_op_class("jit(step)/jvp(layer3)/dot_general",
+                           "jit(step)/jvp(layer3)/dot_general") == "layer matmuls"
+    assert xc.xla_op_class("jit(step)/transpose(jvp(head))/dot_general", "") == \
+        "embedding, logits and loss"
+    assert xc.xla_op_class("jit(step)/jvp(layer0)/attention/exp", "") == "softmax and mask"
+    assert xc.xla_op_class("jit(step)/jvp(layer0)/jit(silu)/mul", "") == "other elementwise"
+    assert xc.xla_op_class("jit(step)/jvp(layer0)/add", "jit(step)/jvp(layer0)/bsm,bsec->ebcm/"
+                           "dot_general") == "MoE dispatch and combine"
+    assert xc.xla_op_class("", "", "") == "unattributed"
+
+
+def test_tpusim_ops_are_classed_by_name_unit_and_layer(xc):
+    def op(name, unit="vpu", layer=0, kind="compute"):
+        return SimpleNamespace(name=name, unit=unit, layer=layer, kind=kind)
+
+    assert xc.tpusim_op_class(op("re-qkv_proj", "mxu")) == "layer matmuls"
+    assert xc.tpusim_op_class(op("re-attn_scores", "mxu")) == "attention matmuls"
+    assert xc.tpusim_op_class(op("softmax_bwd")) == "softmax and mask"
+    assert xc.tpusim_op_class(op("re-norm_mlp")) == "norms"
+    assert xc.tpusim_op_class(op("mlp_act")) == "other elementwise"
+    assert xc.tpusim_op_class(op("logits", "mxu", layer=-1)) == "embedding, logits and loss"
+    assert xc.tpusim_op_class(op("adam_update", layer=-1)) == "optimizer update"
+    assert xc.tpusim_op_class(op("moe_dispatch_bwd", "mxu")) == "MoE dispatch and combine"
+    assert xc.tpusim_op_class(op("tp_allreduce_mlp", kind="collective")) == "collectives"
+
+
+# -- mesh replica groups with a device list (XLA's data x fsdp programs on v6e) ---------------
+
+def test_mesh_replica_groups_map_mesh_positions_through_an_iota_device_list():
+    from workloads.hlo.parser import replica_groups
+
+    # Mesh [a=2, b=1, c=2]: position p = 2a + c. The device list is iota(4) reshaped to
+    # [2,2] and transposed: [0, 2, 1, 3]. Varying a with c fixed: positions {0,2} -> devices
+    # {0,1}; positions {1,3} -> devices {2,3} (without the list: [[0,2],[1,3]]).
+    assert replica_groups("mesh['a'=2,'b'=1,'c'=2], device_ids=([2,2]T(1,0)) {'a'}", 4) == \
+        [[0, 1], [2, 3]]
+    assert replica_groups("mesh['a'=2,'b'=1,'c'=2] {'a'}", 4) == [[0, 2], [1, 3]]
+    assert replica_groups("mesh['a'=2,'b'=2], device_ids=(3,1,2,0) {'b'}", 4) == \
+        [[3, 1], [2, 0]]
+
+
+@pytest.mark.parametrize("ids", ["0,0,1,2", "0,1,2", "[2,3]T(1,0)", "[2,2]T(0,0)"])
+def test_a_device_list_that_is_not_the_mesh_devices_once_each_is_refused(ids):
+    from topologies.errors import TpusimError
+    from workloads.hlo.parser import replica_groups
+
+    with pytest.raises(TpusimError, match="device_ids"):
+        replica_groups(f"mesh['a'=2,'b'=2], device_ids=({ids}) {{'b'}}", 4)
+
+
+def test_a_module_with_device_list_replica_groups_parses_and_both_readers_agree(xc):
+    from workloads.hlo.parser import parse_hlo, replica_groups
+
+    groups = "mesh['a'=2,'b'=1,'c'=2], device_ids=([2,2]T(1,0)) {'a'}"
+    rest = "dimensions={0}, use_global_device_ids=true"
+    text = f"""HloModule m
+
+ENTRY %main (p: bf16[4]) -> bf16[8] {{
+  %p = bf16[4]{{0}} parameter(0)
+  ROOT %ag = bf16[8]{{0}} all-gather(%p), channel_id=1, replica_groups={groups}, {rest}
+}}
+"""
+    ins = parse_hlo(text).entry_computation.root
+    assert replica_groups(ins.attrs["replica_groups"], 4) == [[0, 1], [2, 3]]
+    (op,) = xc.parse_hlo_collectives(text)
+    assert op["replica_groups"] == groups
+    assert xc.parse_replica_groups(op["replica_groups"], 4) == [[0, 1], [2, 3]]
+
+
+def test_a_computation_with_attributes_after_its_body_parses():
+    # v6e modules put scatter-add reducers on the SparseCore: `}, execution_thread="sparsecore"`.
+    from workloads.hlo.parser import parse_hlo
+
+    text = """HloModule m
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}, execution_thread="sparsecore"
+
+ENTRY %main (p: f32[4]) -> f32[] {
+  %p = f32[4]{0} parameter(0)
+  %z = f32[] constant(0)
+  ROOT %r = f32[] reduce(%p, %z), dimensions={0}, to_apply=%add
+}
+"""
+    m = parse_hlo(text)
+    assert list(m.computations) == ["add", "main"] and m.entry == "main"
+    assert m.computations["add"].root.opcode == "add"
