@@ -382,6 +382,65 @@ def uncontended_ends(trace, chip, topology, groups) -> tuple[list[float], list[f
     return runs.start[0], runs.end[0]
 
 
+def hbm_peak_lower_bound(trace, off_core: Iterable[int] = ()) -> float:
+    """An HBM peak that `sim.engine.hbm_occupancy` cannot come in under, whatever the schedule.
+
+    The engine applies a trace's memory events (meta `memory_events`) at their op's end, in
+    (end, op id) order, and records the level after each op. The core runs its ops (compute and
+    idle; collectives too without overlap) one after another in trace order, and an op ends
+    after its dependencies, which are earlier ops (lower ids). So when core op X's events have
+    been applied, every earlier core op and every ancestor of those has ended and was applied
+    first; anything else applied by then is an op off the core (a collective or a host
+    transfer) that X does not wait for, and it can only have added memory if no op off the
+    core has a net negative delta. Under that condition the level after X is at least static +
+    the deltas of X, the earlier core ops and all their ancestors: the largest of these over X
+    is the bound. 0 when the condition fails or the trace has no events (no bound).
+    `off_core`: ops the core skips although of a core kind (a pipeline stage's receives,
+    completed by the peer's send)."""
+    from workloads.memory import MEMORY_CATEGORIES
+    from workloads.trace import OpKind
+
+    meta = trace.meta
+    raw = meta.get("memory_events")
+    if not raw:
+        return 0.0
+    ops = trace.ops
+    delta = [0.0] * len(ops)
+    for ev in raw:
+        i = int(ev[0])
+        if not 0 <= i < len(ops) or str(ev[1]) not in MEMORY_CATEGORIES:
+            return 0.0  # the simulation reports the bad event
+        delta[i] += float(ev[2])
+    overlap = bool(meta.get("overlap", True))
+    skipped = set(off_core)
+
+    def on_core(o) -> bool:
+        return o.id not in skipped and (o.kind in (OpKind.COMPUTE, OpKind.IDLE) or
+                                        (o.kind == OpKind.COLLECTIVE and not overlap))
+
+    if any(delta[o.id] < 0 for o in ops if not on_core(o)):
+        return 0.0
+    comp = meta.get("static_composition")
+    level = sum(float(v) for v in comp.values()) if comp \
+        else float(meta.get("static_hbm_bytes", 0.0))
+    peak = level
+    ended = [False] * len(ops)
+    for x in ops:
+        if not on_core(x):
+            continue
+        stack = [x.id]
+        while stack:  # X and its ancestors not counted yet
+            i = stack.pop()
+            if ended[i]:
+                continue
+            ended[i] = True
+            level += delta[i]
+            stack.extend(d for d in ops[i].deps if not ended[d])
+        if level > peak:
+            peak = level
+    return peak
+
+
 class _Uncontended:
     """The uncontended schedule of several programs whose point-to-point receives complete when
     the matching send of another program does (pipeline stages): `advance(k)` runs program k's
@@ -467,11 +526,27 @@ def step_lower_bound(model, axes, num_chips: int, tcfg, chip, topology,
     return max(max(e, default=0.0) for e in runs.end)
 
 
+def step_hbm_lower_bound(model, trace, num_chips: int, tcfg) -> float:
+    """`hbm_peak_lower_bound` of a compiled training step as `tpusim train` simulates it: the
+    step's program, or with pipeline stages the largest of the stage programs' (the engine
+    reports the fullest stage), their receives off the core. The same for every placement of
+    the mesh (the ops and memory events do not depend on the axis order)."""
+    if trace.mesh.size("pipeline") <= 1:
+        return hbm_peak_lower_bound(trace)
+    from sim.pipeline import build_stage_programs
+
+    sp = build_stage_programs(model, trace.mesh, num_chips, tcfg)
+    return max(hbm_peak_lower_bound(prog, off_core=sp.recvs[k].values())
+               for k, prog in enumerate(sp.programs))
+
+
 def lower_bounds(job: tuple) -> dict[str, Any]:
     """`step_lower_bound` of every placement (axis order) of one group of candidates that differ
     only in placement, for the model, pod and training settings that `tpusim ARGV` resolves
     (the same parser and compile inputs as the simulation; the placements share one compiled
-    trace). Job: (train argv, [axis orders]) -> {"lower_bounds_s": [...]} or {"error": ...}."""
+    trace). Job: (train argv, [axis orders]) -> {"lower_bounds_s": [...],
+    "hbm_lower_bound_bytes": `hbm_peak_lower_bound` of the step (0 for pipelines),
+    "hbm_capacity_bytes": the chip's HBM} or {"error": ...}."""
     from sim.cli import build_parser, prepare
     from sim.cli import common as cli
     from sim.cli.training import _compile
@@ -482,10 +557,12 @@ def lower_bounds(job: tuple) -> dict[str, Any]:
     try:
         args = prepare(argv, parser=_PARSER[0])
         chip, topo = cli.resolve_pod(args)
-        _trace, model, tcfg = _compile(args, topo.num_chips,
-                                       cli.moe_config(args, cli.scenario_from_args(args, topo)))
+        trace, model, tcfg = _compile(args, topo.num_chips,
+                                      cli.moe_config(args, cli.scenario_from_args(args, topo)))
+        hbm = step_hbm_lower_bound(model, trace, topo.num_chips, tcfg)
         return {"lower_bounds_s": [step_lower_bound(model, o, topo.num_chips, tcfg, chip, topo)
-                                   for o in orders]}
+                                   for o in orders],
+                "hbm_lower_bound_bytes": hbm, "hbm_capacity_bytes": chip.hbm_bytes}
     except TpusimError as exc:
         return {"error": str(exc)}
 
@@ -579,11 +656,14 @@ class _Pool:
 
 def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: PlanConfig, *,
              workers: int = 0, dask: Any = None, quiet: bool = False,
-             prune_by_bound: bool = True) -> PlanResult:
+             prune_by_bound: bool = True, refuse_by_hbm_bound: bool = True) -> PlanResult:
     """Enumerate and prune by memory; bound every candidate from below (one compile per mesh
-    sizes and settings, shared by its placements); simulate in order of the bound (as
-    `tpusim train`, on the sweep's workers) until the next bound is no better than the K-th
-    best simulated step: those left cannot enter the top K, which is therefore exact."""
+    sizes and settings, shared by its placements): its step time, and its HBM peak (a
+    candidate whose peak bound is over HBM is out of memory, as `tpusim train` would find,
+    without simulating it); simulate the others in order of the bound (as `tpusim train`, on
+    the sweep's workers) until the next bound is no better than the K-th best simulated step:
+    those left cannot enter the top K, which is therefore exact. `prune_by_bound=False` and
+    `refuse_by_hbm_bound=False` turn the two shortcuts off (the brute-force oracle)."""
     import pandas as pd
 
     from sim.study import SweepConfig, _bar, _num_workers
@@ -607,6 +687,7 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
     pool = _Pool(min(n, max(len(jobs), 1)), dask)
     results: dict[int, dict[str, Any]] = {}
     lb: list[float] = [0.0] * len(cands)
+    refused: set[int] = set()  # out of memory by their HBM peak bound: never simulated
     bound_violated = False
     skipped: list[int] = []
     pruned: list[int] = []  # sent, then skipped by their sharper bound
@@ -624,9 +705,16 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
                 for i, v in zip(members_of[k], b.get("lower_bounds_s") or
                                 [0.0] * len(members_of[k]), strict=True):
                     lb[i] = v
+                # Less a relative 1e-9: the engine sums the same deltas in another order.
+                if refuse_by_hbm_bound and b.get("hbm_lower_bound_bytes", 0.0) * (1 - 1e-9) \
+                        > b.get("hbm_capacity_bytes", math.inf):
+                    refused.update(members_of[k])
                 if bar:
                     bar.update(1)
-        order = sorted(range(len(cands)), key=lambda i: (lb[i], i))
+        order = sorted((i for i in range(len(cands)) if i not in refused),
+                       key=lambda i: (lb[i], i))
+        if bar:
+            bar.update(len(refused))
         best: list[float] = []  # step times of simulated candidates that fit, sorted
         pos = 0
         inflight: dict[Any, int] = {}
@@ -674,7 +762,9 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
         o = results.get(i)
         r = (o or {}).get("result") or {}
         flat = {**r, **(r.get("breakdown") or {})}
-        if o is None:
+        if i in refused:
+            status = "out of memory"
+        elif o is None:
             status = "skipped: lower bound above the top K"
         elif "result" not in o:
             status = f"error: {o.get('error')}"
@@ -709,6 +799,7 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
     counts["skipped_by_bound"] = len(skipped) + len(pruned)
     counts["sharper_bounds"] = refined
     counts["skipped_by_sharper_bound"] = len(pruned)
+    counts["out_of_memory_by_hbm_bound"] = len(refused)
     counts["fit"] = len(ok)
     counts["out_of_memory"] = sum(1 for x in rest if x["status"] == "out of memory")
     counts["failed"] = sum(1 for x in rest if x["status"].startswith("error"))

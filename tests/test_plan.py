@@ -284,3 +284,79 @@ def test_the_sharper_bound_lies_between_the_plain_bound_and_the_simulated_step(t
     assert plain <= o["lower_bound_s"] <= step
     assert refine_and_run((argv, mesh, o["lower_bound_s"])) == {
         "pruned": True, "lower_bound_s": o["lower_bound_s"]}
+
+
+def _hbm_trace(deltas: list[tuple[str, list[int], float]], overlap: bool = True):
+    """A trace of compute (`c`) and collective (`g`) ops with dependencies and one memory event
+    each (`saved_activations` for compute, `gathered_weights` for collectives), static 100."""
+    from workloads.trace import Op, OpKind, Trace, Unit
+
+    ops, events = [], []
+    for i, (kind, deps, delta) in enumerate(deltas):
+        if kind == "c":
+            ops.append(Op(id=i, name=f"c{i}", kind=OpKind.COMPUTE, unit=Unit.MXU, flops=1e9,
+                          deps=tuple(deps)))
+            events.append([i, "saved_activations", delta])
+        else:
+            ops.append(Op(id=i, name=f"g{i}", kind=OpKind.COLLECTIVE, collective="all-gather",
+                          mesh_axes=("fsdp",), bytes=1e6, deps=tuple(deps)))
+            events.append([i, "gathered_weights", delta])
+    return Trace(mesh=LogicalMesh(axes=(("fsdp", 4),)), ops=tuple(ops),
+                 meta={"static_hbm_bytes": 100.0, "memory_events": events, "overlap": overlap})
+
+
+def test_hbm_peak_bound_counts_earlier_core_ops_and_their_ancestors_only():
+    from sim.planner import hbm_peak_lower_bound
+
+    # c0 +10; g1 +5 (needed by c3 only); c2 +1; c3 -5 (frees g1's weights); c4 +2.
+    # In core order: after c0 110, after c2 111, after c3 (g1 and c3 in) 111, after c4 113.
+    ops = [("c", [], 10.0), ("g", [], 5.0), ("c", [0], 1.0), ("c", [1, 2], -5.0),
+           ("c", [3], 2.0)]
+    assert hbm_peak_lower_bound(_hbm_trace(ops)) == 113.0
+    # Without overlap the collective is on the core: after g1 115, after c2 116 (the peak).
+    assert hbm_peak_lower_bound(_hbm_trace(ops, overlap=False)) == 116.0
+    # An op off the core that frees memory might end early and lower the level: no bound.
+    freeing = [("c", [], 10.0), ("g", [], -5.0), ("c", [0], 1.0)]
+    assert hbm_peak_lower_bound(_hbm_trace(freeing)) == 0.0
+
+
+@pytest.mark.parametrize("flags", [
+    ["--mesh", "fsdp=2,tensor=2", "--remat", "minimal"],
+    ["--mesh", "tensor=4", "--remat", "none", "--microbatches", "4"],
+    ["--mesh", "data=2,tensor=2", "--remat", "full", "--no-overlap"],
+    ["--mesh", "fsdp=2,pipeline=2", "--remat", "full", "--microbatches", "2"],
+    ["--mesh", "pipeline=2,tensor=2", "--remat", "minimal", "--microbatches", "8"],
+])
+def test_hbm_peak_bound_never_exceeds_the_simulated_peak(tiny_model, flags):
+    argv = ["train", "--chip", "v5e", "--shape", "2x2", "--model", tiny_model, "--seq-len",
+            "8192", "--batch-per-chip", "4", *flags]
+    mesh = tuple((a, int(v)) for a, v in (x.split("=") for x in flags[1].split(",")))
+    b = lower_bounds((argv, [mesh]))
+    r = run_point(argv)["result"]
+    assert b["hbm_capacity_bytes"] == r["hbm_capacity_bytes"]
+    # Valid, and not vacuous: within 15% of the simulated peak on these steps.
+    assert 0.85 * r["hbm_peak_bytes"] < b["hbm_lower_bound_bytes"] \
+        <= r["hbm_peak_bytes"] * (1 + 1e-12)
+
+
+def test_candidates_refused_by_the_hbm_bound_are_out_of_memory_in_the_brute_force_plan(
+        tiny_model):
+    chip, topo = _pod()
+    model = load_model(tiny_model)
+    cfg = PlanConfig(seq_len=8192, global_batch=16, top=2, axes=("fsdp", "tensor", "pipeline"),
+                     remat=("minimal",), microbatches=(1, 2, 4), placements=False)
+    flags = ["--chip", "v5e", "--shape", "2x2"]
+    fast = run_plan(tiny_model, flags, model, topo, chip, cfg, workers=1, quiet=True)
+    oracle = run_plan(tiny_model, flags, model, topo, chip, cfg, workers=1, quiet=True,
+                      prune_by_bound=False, refuse_by_hbm_bound=False)
+    assert oracle.counts["out_of_memory_by_hbm_bound"] == 0
+    assert oracle.counts["simulated"] == oracle.counts["candidates"]
+    refused = fast.counts["out_of_memory_by_hbm_bound"]
+    assert 0 < refused < fast.counts["out_of_memory"] + 1
+    key = ["mesh", "remat", "microbatches"]
+    truth = oracle.table.set_index(key)["status"]
+    for row in fast.table.to_dict("records"):
+        if row["status"] == "out of memory":
+            assert truth[tuple(row[k] for k in key)] == "out of memory"
+    cols = ["mesh", "remat", "microbatches", "step_time_s", "hbm_peak_bytes"]
+    assert fast.top(2)[cols].equals(oracle.top(2)[cols])
