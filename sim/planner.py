@@ -14,6 +14,7 @@ guess.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 import time
@@ -326,6 +327,7 @@ class _Floors:
         # Set: collectives also cost their exact uncontended time (`engine.cost_collective`, as
         # the engine costs them; a batch alone on its links takes at least that long).
         self.exact_algorithm = exact_algorithm
+        self.cost_keys: list[tuple] = []  # `engine.cost_collective` cache keys of exact costs
         self.mxu = chip.mxu_flops_per_s * chip.mxu_efficiency
         self.int8 = chip.mxu_int8_ops_per_s * chip.mxu_efficiency
         self.vpu = chip.vpu_flops_per_s * chip.vpu_efficiency
@@ -361,11 +363,14 @@ class _Floors:
                                            gaxes[:1] if op.collective == "collective-permute"
                                            else gaxes, op.bytes)
                 if self.exact_algorithm is not None and gaxes:
-                    from sim.engine import cost_collective
+                    from sim.engine import cost_cache_key, cost_collective
 
                     floor = max(floor, cost_collective(self.chip, self.topology, op.collective,
                                                        gaxes, op.bytes,
                                                        self.exact_algorithm).time_s)
+                    self.cost_keys.append(cost_cache_key(self.chip, self.topology,
+                                                         op.collective, gaxes, op.bytes,
+                                                         self.exact_algorithm))
                 self.memo[key] = floor
         return self.memo[key]
 
@@ -494,12 +499,14 @@ class _Uncontended:
 
 
 def step_lower_bound(model, axes, num_chips: int, tcfg, chip, topology,
-                     exact_algorithm: str | None = None) -> float:
+                     exact_algorithm: str | None = None,
+                     cost_keys: list[tuple] | None = None) -> float:
     """A step time that `tpusim train` with this mesh (in this order, i.e. this placement) and
     these settings cannot beat: the end of the uncontended schedule (`uncontended_ends`); with
     pipeline stages, of every stage's program as sim/pipeline.py composes it, each receive
     completing when its send does (so the bound holds the bubble). With `exact_algorithm`
-    (single-program steps only), collectives take their simulated uncontended time."""
+    (single-program steps only), collectives take their simulated uncontended time (and
+    `cost_keys`, if given, receives the cost-cache keys of those collectives)."""
     from topologies.mesh import LogicalMesh
     from workloads.training import compile_training_step
 
@@ -511,10 +518,10 @@ def step_lower_bound(model, axes, num_chips: int, tcfg, chip, topology,
         trace = compile_training_step(model, mesh, num_chips, tcfg)
         runs = _Uncontended([trace], floors, {}, {})
         runs.advance(0)
+        if cost_keys is not None:
+            cost_keys += floors.cost_keys
         return max(runs.end[0], default=0.0)
-    from sim.pipeline import build_stage_programs
-
-    sp = build_stage_programs(model, mesh, num_chips, tcfg)
+    sp = _stage_programs(model, mesh, num_chips, tcfg)
     p = len(sp.programs)
     runs = _Uncontended(list(sp.programs), floors,
                         {k: {sid: tag for sid, (_ch, tag) in sp.sends[k].items()}
@@ -526,6 +533,26 @@ def step_lower_bound(model, axes, num_chips: int, tcfg, chip, topology,
     return max(max(e, default=0.0) for e in runs.end)
 
 
+_STAGE_PROGRAMS: dict[tuple, Any] = {}  # the last few `build_stage_programs`, per worker
+
+
+def _stage_programs(model, mesh, num_chips: int, tcfg):
+    """`sim.pipeline.build_stage_programs`, reused for every placement of a group: the stage
+    programs' ops, sends, receives and passes depend on the axis sizes, not their order
+    (tested), and the bounds take the collectives' groups from the placement, not from the
+    programs' mesh. A few entries only (a 405B stage program with 8 microbatches is large)."""
+    from sim.pipeline import build_stage_programs
+
+    key = (model, tuple(sorted(mesh.axes)), tuple(sorted(mesh.dcn_axes)), num_chips, tcfg)
+    sp = _STAGE_PROGRAMS.get(key)
+    if sp is None:
+        sp = build_stage_programs(model, mesh, num_chips, tcfg)
+        if len(_STAGE_PROGRAMS) >= 2:
+            _STAGE_PROGRAMS.pop(next(iter(_STAGE_PROGRAMS)))
+        _STAGE_PROGRAMS[key] = sp
+    return sp
+
+
 def step_hbm_lower_bound(model, trace, num_chips: int, tcfg) -> float:
     """`hbm_peak_lower_bound` of a compiled training step as `tpusim train` simulates it: the
     step's program, or with pipeline stages the largest of the stage programs' (the engine
@@ -533,9 +560,7 @@ def step_hbm_lower_bound(model, trace, num_chips: int, tcfg) -> float:
     the mesh (the ops and memory events do not depend on the axis order)."""
     if trace.mesh.size("pipeline") <= 1:
         return hbm_peak_lower_bound(trace)
-    from sim.pipeline import build_stage_programs
-
-    sp = build_stage_programs(model, trace.mesh, num_chips, tcfg)
+    sp = _stage_programs(model, trace.mesh, num_chips, tcfg)
     return max(hbm_peak_lower_bound(prog, off_core=sp.recvs[k].values())
                for k, prog in enumerate(sp.programs))
 
@@ -567,36 +592,63 @@ def lower_bounds(job: tuple) -> dict[str, Any]:
         return {"error": str(exc)}
 
 
-def refine_and_run(job: tuple) -> dict[str, Any]:
-    """Simulate one candidate as `tpusim train ARGV` does, unless a sharper lower bound proves
-    it cannot enter the top K: the uncontended schedule with every collective at its exact
-    simulated time alone on the pod (`step_lower_bound(exact_algorithm=...)`; the engine then
-    finds its costs in this process's cache). Job: (train argv, axis order, threshold): a bound
-    >= threshold (the K-th best step time when the job was sent; it only decreases) returns
-    {"pruned": True, "lower_bound_s": b}; otherwise `run_point`'s result plus "lower_bound_s".
-    MoE steps (per-chip expert loads scale their collectives) and pipelines keep the plain
-    bound (None)."""
+def sharper_bound(job: tuple) -> dict[str, Any]:
+    """The sharper lower bound of one candidate: the uncontended schedule with every collective
+    at its exact simulated time alone on the pod (`step_lower_bound(exact_algorithm=...)`), and
+    those collectives' costs (`sim.engine.cost_collective`'s cache entries, to seed the worker
+    that simulates the candidate). Job: (train argv, axis order) -> {"lower_bound_s": b or None,
+    "costs": {...}}. MoE steps (per-chip expert loads scale their collectives) and pipelines
+    keep the plain bound (None), as does a step the compiler refuses (its simulation reports
+    the error)."""
+    from sim import engine
     from sim.cli import build_parser, prepare
     from sim.cli import common as cli
     from sim.cli.training import _compile
-    from sim.study import run_point
 
-    argv, order, threshold = job
+    argv, order = job
     if not _PARSER:
         _PARSER.append(build_parser())
-    bound = None
+    keys: list[tuple] = []
     try:
         args = prepare(argv, parser=_PARSER[0])
         chip, topo = cli.resolve_pod(args)
         _trace, model, tcfg = _compile(args, topo.num_chips,
                                        cli.moe_config(args, cli.scenario_from_args(args, topo)))
-        if not model.is_moe and dict(order).get("pipeline", 1) <= 1:
-            # Less a relative 1e-12: sums of the same durations in another order than the
-            # engine's may differ in the last bits, and this bound can be that tight.
-            bound = step_lower_bound(model, order, topo.num_chips, tcfg, chip, topo,
-                                     exact_algorithm=args.algorithm) * (1 - 1e-12)
+        if model.is_moe or dict(order).get("pipeline", 1) > 1:
+            return {"lower_bound_s": None, "costs": {}}
+        # Less a relative 1e-12: sums of the same durations in another order than the
+        # engine's may differ in the last bits, and this bound can be that tight.
+        bound = step_lower_bound(model, order, topo.num_chips, tcfg, chip, topo,
+                                 exact_algorithm=args.algorithm, cost_keys=keys) * (1 - 1e-12)
     except Exception:  # noqa: BLE001 - the simulation reports the error (run_point never raises)
-        bound = None
+        return {"lower_bound_s": None, "costs": {}}
+    cache = engine._COST_CACHE
+    return {"lower_bound_s": bound, "costs": {k: cache[k] for k in keys if k in cache}}
+
+
+def simulate(job: tuple) -> dict[str, Any]:
+    """`run_point(argv)` (the candidate as `tpusim train` runs it), after adding collective
+    costs computed by another worker to this process's cache (the same pure function's values,
+    so the result is the same). Job: (train argv, {cost cache key: CollectiveCost})."""
+    from sim.engine import seed_cost_cache
+    from sim.study import run_point
+
+    argv, costs = job
+    if costs:
+        seed_cost_cache(costs)
+    return run_point(argv)
+
+
+def refine_and_run(job: tuple) -> dict[str, Any]:
+    """Simulate one candidate as `tpusim train ARGV` does, unless its sharper lower bound
+    (`sharper_bound`; the engine then finds the collective costs in this process's cache)
+    proves it cannot enter the top K. Job: (train argv, axis order, threshold): a bound >=
+    threshold returns {"pruned": True, "lower_bound_s": b}; otherwise `run_point`'s result
+    plus "lower_bound_s" (None where there is no sharper bound)."""
+    from sim.study import run_point
+
+    argv, order, threshold = job
+    bound = sharper_bound((argv, order))["lower_bound_s"]
     if bound is not None and bound >= threshold:
         return {"pruned": True, "lower_bound_s": bound}
     out = run_point(argv)
@@ -660,9 +712,10 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
     """Enumerate and prune by memory; bound every candidate from below (one compile per mesh
     sizes and settings, shared by its placements): its step time, and its HBM peak (a
     candidate whose peak bound is over HBM is out of memory, as `tpusim train` would find,
-    without simulating it); simulate the others in order of the bound (as `tpusim train`, on
-    the sweep's workers) until the next bound is no better than the K-th best simulated step:
-    those left cannot enter the top K, which is therefore exact. `prune_by_bound=False` and
+    without simulating it); take the others best first (lowest bound), sharpening each
+    candidate's bound before simulating it (as `tpusim train`, on the sweep's workers), until
+    the next bound is no better than the K-th best simulated step: those left cannot enter the
+    top K, which is therefore exact. `prune_by_bound=False` and
     `refuse_by_hbm_bound=False` turn the two shortcuts off (the brute-force oracle)."""
     import pandas as pd
 
@@ -690,7 +743,8 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
     refused: set[int] = set()  # out of memory by their HBM peak bound: never simulated
     bound_violated = False
     skipped: list[int] = []
-    pruned: list[int] = []  # sent, then skipped by their sharper bound
+    pruned: list[int] = []  # skipped by their sharper bound
+    sharp: set[int] = set()  # candidates with a sharper bound
     refined = 0
     bar = _bar(len(jobs) + len(cands), 0, quiet)
     try:
@@ -715,35 +769,50 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
                        key=lambda i: (lb[i], i))
         if bar:
             bar.update(len(refused))
+        # Best first: the candidate with the lowest bound is next. Without its sharper bound
+        # yet, a worker computes that (a fraction of a simulation; the collective costs it
+        # computes go with the candidate to the worker that simulates it) and the candidate
+        # goes back in line with it; with it, it is simulated. Stop when the next bound is no
+        # better than the K-th best simulated step that fits (it only decreases): every
+        # candidate left cannot enter the top K. The sharper bounds are within a few percent
+        # of the step, so the fast candidates are simulated first and most slow ones never.
         best: list[float] = []  # step times of simulated candidates that fit, sorted
-        pos = 0
-        inflight: dict[Any, int] = {}
-        while pos < len(order) or inflight:
-            while pos < len(order) and len(inflight) < pool.n:
-                i = order[pos]
+        heap = [(lb[i], i) for i in order]
+        heapq.heapify(heap)
+        sharpened: set[int] = set()  # sharper bound asked for (it may not exist: None)
+        costs_of: dict[int, dict] = {}
+        inflight: dict[Any, tuple[str, int]] = {}
+
+        def refinable(i: int) -> bool:
+            return (prune_by_bound and i not in sharpened and not model.is_moe
+                    and dict(cands[i].mesh).get("pipeline", 1) <= 1)
+
+        while heap or inflight:
+            while heap and len(inflight) < pool.n:
+                b, i = heap[0]
                 if (prune_by_bound and not bound_violated and len(best) >= cfg.top
-                        and lb[i] >= best[cfg.top - 1]):
-                    skipped = order[pos:]
-                    pos = len(order)
-                    break
-                pruning = prune_by_bound and not bound_violated and len(best) >= cfg.top
-                threshold = best[cfg.top - 1] if pruning else math.inf
-                inflight[pool.submit(refine_and_run, (argvs[i], cands[i].mesh, threshold),
-                                     f"plan-{i}")] = i
-                pos += 1
+                        and b >= best[cfg.top - 1]):
+                    break  # the rest wait: a running job may still lower the K-th best
+                heapq.heappop(heap)
+                if refinable(i):
+                    sharpened.add(i)
+                    inflight[pool.submit(sharper_bound, (argvs[i], cands[i].mesh),
+                                         f"refine-{i}")] = ("refine", i)
+                else:
+                    inflight[pool.submit(simulate, (argvs[i], costs_of.pop(i, {})),
+                                         f"plan-{i}")] = ("simulate", i)
             if not inflight:
                 break
             for f in pool.wait_any(inflight):
-                i = inflight.pop(f)
+                kind, i = inflight.pop(f)
                 o = f.result()
-                sharper = o.pop("lower_bound_s", None)
-                if sharper is not None:
-                    refined += 1
-                    lb[i] = max(lb[i], sharper)
-                if o.get("pruned"):
-                    pruned.append(i)
-                    if bar:
-                        bar.update(1)
+                if kind == "refine":
+                    if o.get("lower_bound_s") is not None:
+                        refined += 1
+                        sharp.add(i)
+                        lb[i] = max(lb[i], o["lower_bound_s"])
+                    costs_of[i] = o.get("costs") or {}
+                    heapq.heappush(heap, (lb[i], i))
                     continue
                 results[i] = o
                 r = o.get("result") or {}
@@ -753,6 +822,10 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
                     bound_violated = True  # the engine changed under the bound: stop pruning
                 if bar:
                     bar.update(1)
+        skipped = sorted(i for _b, i in heap)
+        pruned = [i for i in skipped if i in sharp]
+        if bar:
+            bar.update(len(skipped))
     finally:
         if bar:
             bar.close()
@@ -796,7 +869,7 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
     counts["candidates"] = len(cands)
     counts["bounded"] = len(jobs)
     counts["simulated"] = len(results)
-    counts["skipped_by_bound"] = len(skipped) + len(pruned)
+    counts["skipped_by_bound"] = len(skipped)
     counts["sharper_bounds"] = refined
     counts["skipped_by_sharper_bound"] = len(pruned)
     counts["out_of_memory_by_hbm_bound"] = len(refused)

@@ -360,3 +360,41 @@ def test_candidates_refused_by_the_hbm_bound_are_out_of_memory_in_the_brute_forc
             assert truth[tuple(row[k] for k in key)] == "out of memory"
     cols = ["mesh", "remat", "microbatches", "step_time_s", "hbm_peak_bytes"]
     assert fast.top(2)[cols].equals(oracle.top(2)[cols])
+
+
+def test_a_simulation_seeded_with_the_sharper_bounds_costs_equals_a_cold_train(tmp_path):
+    # The worker that computes a sharper bound hands its collective costs to the worker that
+    # simulates the candidate: the result must be the one `tpusim train` gives from scratch.
+    from sim import engine
+    from sim.planner import sharper_bound, simulate
+
+    argv, mesh = _four_layer_train(tmp_path, ["--mesh", "fsdp=2,tensor=2", "--remat", "full"])
+    engine._COST_CACHE.clear()
+    o = sharper_bound((argv, mesh))
+    assert o["lower_bound_s"] > 0 and o["costs"]
+    assert all(k in engine._COST_CACHE for k in o["costs"])
+    engine._COST_CACHE.clear()
+    seeded = simulate((argv, o["costs"]))["result"]
+    assert set(o["costs"]) <= set(engine._COST_CACHE)
+    engine._COST_CACHE.clear()
+    cold = run_point(argv)["result"]
+    assert seeded == cold
+    assert o["lower_bound_s"] <= cold["step_time_s"]
+
+
+def test_stage_programs_are_reused_across_axis_orders_and_equal_a_fresh_build(tiny_model):
+    # A pipeline group's placements share one build of the stage programs in the bound job.
+    from sim.pipeline import build_stage_programs
+    from sim.planner import _stage_programs
+
+    model = load_model(tiny_model)
+    cfg = TrainingConfig(seq_len=1024, batch_per_chip=2, remat=Remat.FULL, microbatches=4)
+    a = LogicalMesh(axes=(("fsdp", 2), ("pipeline", 2), ("tensor", 2)))
+    b = LogicalMesh(axes=(("pipeline", 2), ("tensor", 2), ("fsdp", 2)))
+    first = _stage_programs(model, a, 8, cfg)
+    assert _stage_programs(model, b, 8, cfg) is first
+    fresh = build_stage_programs(model, b, 8, cfg)
+    assert [p.ops for p in fresh.programs] == [p.ops for p in first.programs]
+    assert [p.meta for p in fresh.programs] == [p.meta for p in first.programs]
+    assert (fresh.sends, fresh.recvs, fresh.passes, fresh.peak_inflight) == \
+        (first.sends, first.recvs, first.passes, first.peak_inflight)
