@@ -37,6 +37,7 @@ expert loads).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -644,7 +645,11 @@ def simulate_chips(
             elif op.kind == OpKind.HOST:
                 env.process(run_async(cl, op, cl.pcie))
         env.process(core(cl))
-    env.run()
+    watch = _HBM_WATCH[-1] if _HBM_WATCH else None
+    if watch is not None and ncls == len(used_programs):
+        _run_watching_hbm(env, classes, programs, watch)
+    else:
+        env.run()
     for cl in classes:
         stuck = [cl.ops[i].name for i, e in enumerate(cl.done) if not e.processed]
         if stuck:  # pragma: no cover - guarded by Trace validation and _check_programs
@@ -693,6 +698,75 @@ def simulate_chips(
                                       *_coll_labels({**cl.coll_cost, **cl.send_cost}))
                                for cl in classes}
     return res
+
+
+class HbmOverCapacity(TpusimError):
+    """Raised inside `simulate_chips` under `stop_when_hbm_exceeds` (caught by the caller)."""
+
+
+@dataclass(kw_only=True)
+class HbmWatch:
+    """`stop_when_hbm_exceeds`'s verdict: whether the step was stopped, and the HBM level
+    (bytes) of the chip class that went over."""
+
+    capacity_bytes: float
+    exceeded: bool = False
+    level_bytes: float = 0.0
+
+
+_HBM_WATCH: list[HbmWatch] = []
+
+
+@contextmanager
+def stop_when_hbm_exceeds(capacity_bytes: float):
+    """Within the block, `simulate_chips` stops a step as soon as a chip's HBM level is over
+    `capacity_bytes` (a relative 1e-9 over, for summation order) and raises `HbmOverCapacity`
+    (the yielded `HbmWatch` says so): the step is out of memory whatever happens later, and
+    `plan` does not need its time. The level is `sim.engine.hbm_occupancy`'s: memory events
+    applied at their op's end, checked when simulated time moves on (every op that ended at
+    that instant applied), which is the level of a row of the step's memory table, so never
+    above its peak. Only where every chip class is the one class of its program (a healthy
+    step, a pipeline's stages), so that each class's peak is a reported peak; otherwise the
+    step runs to the end as usual. Used by one thread at a time (plan's worker processes)."""
+    watch = HbmWatch(capacity_bytes=float(capacity_bytes))
+    _HBM_WATCH.append(watch)
+    try:
+        yield watch
+    finally:
+        _HBM_WATCH.pop()
+
+
+def _run_watching_hbm(env, classes, programs, watch: HbmWatch) -> None:
+    """`env.run()`, stopped (HbmOverCapacity) when a class's HBM level goes over capacity.
+    Appending a callback to an op's done event changes no event's order or time."""
+    levels: list[float] = []
+    for cl in classes:
+        meta = programs[cl.prog].meta
+        comp = meta.get("static_composition")
+        levels.append(sum(float(v) for v in comp.values()) if comp
+                      else float(meta.get("static_hbm_bytes", 0.0)))
+        delta: dict[int, float] = {}
+        for ev in meta.get("memory_events") or ():
+            delta[int(ev[0])] = delta.get(int(ev[0]), 0.0) + float(ev[2])
+        for op_id, d in delta.items():
+            if 0 <= op_id < len(cl.done):
+                def add(_ev, c=cl.c, d=d):
+                    levels[c] += d
+                cl.done[op_id].callbacks.append(add)
+    limit = watch.capacity_bytes * (1 + 1e-9)
+    now = env.now
+    while True:
+        t = env.peek()
+        if t == float("inf"):
+            return
+        if t > now:  # every event at `now` processed: each class's level is a table row
+            if max(levels) > limit:
+                watch.exceeded, watch.level_bytes = True, max(levels)
+                raise HbmOverCapacity(
+                    f"HBM level {max(levels) / 1e9:.1f} GB over the capacity "
+                    f"{watch.capacity_bytes / 1e9:.1f} GB at {now:.6g} s: out of memory")
+            now = t
+        env.step()
 
 
 def wait_wall_time(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:

@@ -629,14 +629,24 @@ def sharper_bound(job: tuple) -> dict[str, Any]:
 def simulate(job: tuple) -> dict[str, Any]:
     """`run_point(argv)` (the candidate as `tpusim train` runs it), after adding collective
     costs computed by another worker to this process's cache (the same pure function's values,
-    so the result is the same). Job: (train argv, {cost cache key: CollectiveCost})."""
+    so the result is the same). Job: (train argv, {cost cache key: CollectiveCost}, HBM
+    capacity or None): with a capacity, a step whose HBM level goes over it is stopped there
+    (`sim.chip_engine.stop_when_hbm_exceeds`: it is out of memory, as `train` would find) and
+    the result is {"out_of_memory": True, "hbm_level_bytes": level}."""
+    from sim.chip_engine import stop_when_hbm_exceeds
     from sim.engine import seed_cost_cache
     from sim.study import run_point
 
-    argv, costs = job
+    argv, costs, capacity = job
     if costs:
         seed_cost_cache(costs)
-    return run_point(argv)
+    if capacity is None:
+        return run_point(argv)
+    with stop_when_hbm_exceeds(capacity) as watch:
+        out = run_point(argv)
+    if watch.exceeded:
+        return {"out_of_memory": True, "hbm_level_bytes": watch.level_bytes}
+    return out
 
 
 def refine_and_run(job: tuple) -> dict[str, Any]:
@@ -708,15 +718,17 @@ class _Pool:
 
 def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: PlanConfig, *,
              workers: int = 0, dask: Any = None, quiet: bool = False,
-             prune_by_bound: bool = True, refuse_by_hbm_bound: bool = True) -> PlanResult:
+             prune_by_bound: bool = True, refuse_by_hbm_bound: bool = True,
+             stop_out_of_memory: bool = True) -> PlanResult:
     """Enumerate and prune by memory; bound every candidate from below (one compile per mesh
     sizes and settings, shared by its placements): its step time, and its HBM peak (a
     candidate whose peak bound is over HBM is out of memory, as `tpusim train` would find,
     without simulating it); take the others best first (lowest bound), sharpening each
     candidate's bound before simulating it (as `tpusim train`, on the sweep's workers), until
     the next bound is no better than the K-th best simulated step: those left cannot enter the
-    top K, which is therefore exact. `prune_by_bound=False` and
-    `refuse_by_hbm_bound=False` turn the two shortcuts off (the brute-force oracle)."""
+    top K, which is therefore exact. A simulation whose HBM goes over capacity stops there (out
+    of memory; its time is not needed). `prune_by_bound=False`, `refuse_by_hbm_bound=False` and
+    `stop_out_of_memory=False` turn the shortcuts off (the brute-force oracle)."""
     import pandas as pd
 
     from sim.study import SweepConfig, _bar, _num_workers
@@ -741,6 +753,8 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
     results: dict[int, dict[str, Any]] = {}
     lb: list[float] = [0.0] * len(cands)
     refused: set[int] = set()  # out of memory by their HBM peak bound: never simulated
+    stopped: set[int] = set()  # out of memory: simulation stopped when HBM went over
+    capacity: dict[int, float] = {}
     bound_violated = False
     skipped: list[int] = []
     pruned: list[int] = []  # skipped by their sharper bound
@@ -759,6 +773,8 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
                 for i, v in zip(members_of[k], b.get("lower_bounds_s") or
                                 [0.0] * len(members_of[k]), strict=True):
                     lb[i] = v
+                    if stop_out_of_memory and "hbm_capacity_bytes" in b:
+                        capacity[i] = b["hbm_capacity_bytes"]
                 # Less a relative 1e-9: the engine sums the same deltas in another order.
                 if refuse_by_hbm_bound and b.get("hbm_lower_bound_bytes", 0.0) * (1 - 1e-9) \
                         > b.get("hbm_capacity_bytes", math.inf):
@@ -799,7 +815,8 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
                     inflight[pool.submit(sharper_bound, (argvs[i], cands[i].mesh),
                                          f"refine-{i}")] = ("refine", i)
                 else:
-                    inflight[pool.submit(simulate, (argvs[i], costs_of.pop(i, {})),
+                    inflight[pool.submit(simulate, (argvs[i], costs_of.pop(i, {}),
+                                                    capacity.get(i)),
                                          f"plan-{i}")] = ("simulate", i)
             if not inflight:
                 break
@@ -813,6 +830,11 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
                         lb[i] = max(lb[i], o["lower_bound_s"])
                     costs_of[i] = o.get("costs") or {}
                     heapq.heappush(heap, (lb[i], i))
+                    continue
+                if o.get("out_of_memory"):
+                    stopped.add(i)
+                    if bar:
+                        bar.update(1)
                     continue
                 results[i] = o
                 r = o.get("result") or {}
@@ -835,7 +857,7 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
         o = results.get(i)
         r = (o or {}).get("result") or {}
         flat = {**r, **(r.get("breakdown") or {})}
-        if i in refused:
+        if i in refused or i in stopped:
             status = "out of memory"
         elif o is None:
             status = "skipped: lower bound above the top K"
@@ -868,11 +890,12 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
     table["rank"] = table["rank"].astype("Int64")
     counts["candidates"] = len(cands)
     counts["bounded"] = len(jobs)
-    counts["simulated"] = len(results)
+    counts["simulated"] = len(results) + len(stopped)
     counts["skipped_by_bound"] = len(skipped)
     counts["sharper_bounds"] = refined
     counts["skipped_by_sharper_bound"] = len(pruned)
     counts["out_of_memory_by_hbm_bound"] = len(refused)
+    counts["out_of_memory_stopped_early"] = len(stopped)
     counts["fit"] = len(ok)
     counts["out_of_memory"] = sum(1 for x in rest if x["status"] == "out of memory")
     counts["failed"] = sum(1 for x in rest if x["status"].startswith("error"))

@@ -348,8 +348,10 @@ def test_candidates_refused_by_the_hbm_bound_are_out_of_memory_in_the_brute_forc
     flags = ["--chip", "v5e", "--shape", "2x2"]
     fast = run_plan(tiny_model, flags, model, topo, chip, cfg, workers=1, quiet=True)
     oracle = run_plan(tiny_model, flags, model, topo, chip, cfg, workers=1, quiet=True,
-                      prune_by_bound=False, refuse_by_hbm_bound=False)
+                      prune_by_bound=False, refuse_by_hbm_bound=False,
+                      stop_out_of_memory=False)
     assert oracle.counts["out_of_memory_by_hbm_bound"] == 0
+    assert oracle.counts["out_of_memory_stopped_early"] == 0
     assert oracle.counts["simulated"] == oracle.counts["candidates"]
     refused = fast.counts["out_of_memory_by_hbm_bound"]
     assert 0 < refused < fast.counts["out_of_memory"] + 1
@@ -374,7 +376,7 @@ def test_a_simulation_seeded_with_the_sharper_bounds_costs_equals_a_cold_train(t
     assert o["lower_bound_s"] > 0 and o["costs"]
     assert all(k in engine._COST_CACHE for k in o["costs"])
     engine._COST_CACHE.clear()
-    seeded = simulate((argv, o["costs"]))["result"]
+    seeded = simulate((argv, o["costs"], None))["result"]
     assert set(o["costs"]) <= set(engine._COST_CACHE)
     engine._COST_CACHE.clear()
     cold = run_point(argv)["result"]
@@ -398,3 +400,28 @@ def test_stage_programs_are_reused_across_axis_orders_and_equal_a_fresh_build(ti
     assert [p.meta for p in fresh.programs] == [p.meta for p in first.programs]
     assert (fresh.sends, fresh.recvs, fresh.passes, fresh.peak_inflight) == \
         (first.sends, first.recvs, first.passes, first.peak_inflight)
+
+
+@pytest.mark.parametrize("flags", [
+    ["--mesh", "fsdp=4", "--remat", "minimal", "--microbatches", "1"],
+    ["--mesh", "fsdp=4", "--remat", "minimal", "--microbatches", "4"],
+    ["--mesh", "fsdp=2,pipeline=2", "--remat", "full", "--microbatches", "2"],
+    ["--mesh", "pipeline=2,tensor=2", "--remat", "full", "--microbatches", "8"],
+])
+def test_a_simulation_stopped_over_hbm_is_out_of_memory_and_one_that_fits_is_unchanged(
+        tiny_model, flags):
+    from sim.planner import simulate
+
+    argv = ["train", "--chip", "v5e", "--shape", "2x2", "--model", tiny_model, "--seq-len",
+            "8192", "--batch-per-chip", "4", *flags]
+    full = run_point(argv)["result"]
+    watched = simulate((argv, {}, full["hbm_capacity_bytes"]))
+    if full["fits_in_hbm"]:
+        assert watched["result"] == full
+    else:
+        assert watched["out_of_memory"] is True
+        assert full["hbm_capacity_bytes"] < watched["hbm_level_bytes"] <= full["hbm_peak_bytes"]
+    # A capacity just under the peak always stops it, at the peak.
+    low = simulate((argv, {}, full["hbm_peak_bytes"] * (1 - 1e-6)))
+    assert low["out_of_memory"] is True
+    assert low["hbm_level_bytes"] == pytest.approx(full["hbm_peak_bytes"], rel=1e-9)
