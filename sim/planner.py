@@ -553,14 +553,16 @@ def _stage_programs(model, mesh, num_chips: int, tcfg):
     return sp
 
 
-def step_hbm_lower_bound(model, trace, num_chips: int, tcfg) -> float:
+def step_hbm_lower_bound(model, trace, num_chips: int, tcfg, mesh=None) -> float:
     """`hbm_peak_lower_bound` of a compiled training step as `tpusim train` simulates it: the
     step's program, or with pipeline stages the largest of the stage programs' (the engine
     reports the fullest stage), their receives off the core. The same for every placement of
-    the mesh (the ops and memory events do not depend on the axis order)."""
-    if trace.mesh.size("pipeline") <= 1:
+    the mesh (the ops and memory events do not depend on the axis order). `mesh`: the
+    step's mesh, for a pipeline given without its trace (None)."""
+    mesh = mesh if mesh is not None else trace.mesh
+    if mesh.size("pipeline") <= 1:
         return hbm_peak_lower_bound(trace)
-    sp = _stage_programs(model, trace.mesh, num_chips, tcfg)
+    sp = _stage_programs(model, mesh, num_chips, tcfg)
     return max(hbm_peak_lower_bound(prog, off_core=sp.recvs[k].values())
                for k, prog in enumerate(sp.programs))
 
@@ -574,7 +576,8 @@ def lower_bounds(job: tuple) -> dict[str, Any]:
     "hbm_capacity_bytes": the chip's HBM} or {"error": ...}."""
     from sim.cli import build_parser, prepare
     from sim.cli import common as cli
-    from sim.cli.training import _compile
+    from sim.cli.training import compile_inputs
+    from workloads.training import compile_training_step
 
     argv, orders = job
     if not _PARSER:
@@ -582,9 +585,16 @@ def lower_bounds(job: tuple) -> dict[str, Any]:
     try:
         args = prepare(argv, parser=_PARSER[0])
         chip, topo = cli.resolve_pod(args)
-        trace, model, tcfg = _compile(args, topo.num_chips,
-                                      cli.moe_config(args, cli.scenario_from_args(args, topo)))
-        hbm = step_hbm_lower_bound(model, trace, topo.num_chips, tcfg)
+        model, mesh, tcfg = compile_inputs(
+            args, cli.moe_config(args, cli.scenario_from_args(args, topo)), chip)
+        # The bounds of a pipeline use its stage programs only, not the whole step's trace
+        # (a quarter of the job's time on 405B); an error that compile would raise is then
+        # reported by the candidate's simulation.
+        if mesh.size("pipeline") > 1:
+            hbm = step_hbm_lower_bound(model, None, topo.num_chips, tcfg, mesh=mesh)
+        else:
+            trace = compile_training_step(model, mesh, topo.num_chips, tcfg)
+            hbm = step_hbm_lower_bound(model, trace, topo.num_chips, tcfg)
         return {"lower_bounds_s": [step_lower_bound(model, o, topo.num_chips, tcfg, chip, topo)
                                    for o in orders],
                 "hbm_lower_bound_bytes": hbm, "hbm_capacity_bytes": chip.hbm_bytes}
@@ -613,7 +623,8 @@ def sharper_bound(job: tuple) -> dict[str, Any]:
         args = prepare(argv, parser=_PARSER[0])
         chip, topo = cli.resolve_pod(args)
         _trace, model, tcfg = _compile(args, topo.num_chips,
-                                       cli.moe_config(args, cli.scenario_from_args(args, topo)))
+                                       cli.moe_config(args, cli.scenario_from_args(args, topo)),
+                                       chip=chip)
         if model.is_moe or dict(order).get("pipeline", 1) > 1:
             return {"lower_bound_s": None, "costs": {}}
         # Less a relative 1e-12: sums of the same durations in another order than the

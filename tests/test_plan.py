@@ -326,6 +326,10 @@ def test_hbm_peak_bound_counts_earlier_core_ops_and_their_ancestors_only():
     ["--mesh", "data=2,tensor=2", "--remat", "full", "--no-overlap"],
     ["--mesh", "fsdp=2,pipeline=2", "--remat", "full", "--microbatches", "2"],
     ["--mesh", "pipeline=2,tensor=2", "--remat", "minimal", "--microbatches", "8"],
+    # v6e fuses the scores with the exponentials: the bound must compile as train does
+    # (compiled as v5e's, this bound is 22.4 GB against a 17.3 GB peak).
+    ["--mesh", "fsdp=4", "--remat", "minimal", "--microbatches", "4", "--attention", "dot",
+     "--chip", "v6e"],
 ])
 def test_hbm_peak_bound_never_exceeds_the_simulated_peak(tiny_model, flags):
     argv = ["train", "--chip", "v5e", "--shape", "2x2", "--model", tiny_model, "--seq-len",

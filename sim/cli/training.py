@@ -80,8 +80,16 @@ def _compile(args: argparse.Namespace, num_chips: int, moe=None, chip=None):
     scenario; default: the `compile` flags). `chip`: the ChipSpec the step runs on, whose
     compiler behaviour the trace's memory follows (`score_exp_fusion`); None (`compile
     --chips N`) compiles as v5e's and v5p's compiler does."""
+    from workloads.training import compile_training_step
+
+    model, mesh, cfg = compile_inputs(args, moe, chip)
+    return compile_training_step(model, mesh, num_chips, cfg), model, cfg
+
+
+def compile_inputs(args: argparse.Namespace, moe=None, chip=None):
+    """(model, LogicalMesh, TrainingConfig) that `_compile` compiles (the same arguments)."""
     from topologies.mesh import parse_mesh
-    from workloads.training import TrainingConfig, compile_training_step, parse_remat
+    from workloads.training import TrainingConfig, parse_remat
 
     model = cli.resolve_model(args)
     mesh = parse_mesh(args.mesh, args.dcn, args.axis_map)
@@ -106,7 +114,7 @@ def _compile(args: argparse.Namespace, num_chips: int, moe=None, chip=None):
         moe=moe if moe is not None else cli.moe_config(args),
         score_exp_fusion=chip.score_exp_fusion if chip is not None else False,
     )
-    return compile_training_step(model, mesh, num_chips, cfg), model, cfg
+    return model, mesh, cfg
 
 
 def training_summary(trace, result, chip) -> dict[str, Any]:
