@@ -413,9 +413,13 @@ def test_the_chip_sets_whether_the_trace_fuses_scores_with_exponentials(tmp_path
 def test_v5e_and_v5p_fuse_scores_with_exponentials_only_on_a_mesh_of_two_sharded_axes():
     from workloads.memory import score_exp_fused
 
-    assert [score_exp_fused(chip_fuses=False, sharded_axes=k) for k in (0, 1, 2, 3)] == \
-        [False, False, True, True]
-    assert all(score_exp_fused(chip_fuses=True, sharded_axes=k) for k in (0, 1, 2))
+    mib = 2**20
+    assert [score_exp_fused(chip_fuses=False, sharded_axes=k, score_bytes=512 * mib)
+            for k in (0, 1, 2, 3)] == [False, False, True, True]
+    # Not with more than 512 MiB of f32 scores per chip (v5p fsdp x tensor at seq 4096).
+    assert not score_exp_fused(chip_fuses=False, sharded_axes=2, score_bytes=1024 * mib)
+    assert all(score_exp_fused(chip_fuses=True, sharded_axes=k, score_bytes=1024 * mib)
+               for k in (0, 1, 2))
     # fsdp=2 x tensor=2: 4 sequences x 1024 tokens x 1024 keys x 2 local heads per chip; the
     # forward of minimal holds only the f32 exponentials.
     trace, _ = _long(Remat.MINIMAL, "fsdp=2,tensor=2", "2x2")

@@ -214,22 +214,24 @@ def attention_temporaries(*, rows: float, context: float, local_heads: float,
     return (4.0 + probs_bytes) * rows * context * local_heads
 
 
-def score_exp_fused(*, chip_fuses: bool, sharded_axes: int) -> bool:
+def score_exp_fused(*, chip_fuses: bool, sharded_axes: int, score_bytes: float) -> bool:
     """Whether XLA fuses a dot attention's score matmul with the softmax's exponentials (the
     f32 scores are then never a buffer of their own; `attention_temporaries`).
 
     `chip_fuses`: the chip's compiler always does (`ChipSpec.score_exp_fusion`: v6e, every
-    program of `benchmarks/xla_memory.py`). Otherwise (v5e, v5p) it depends on the mesh, as
-    read off their compiled programs: the programs whose mesh has one sharded axis (fsdp=16:
-    v5e `none`, `minimal`, `offload`, v5p `none`, `minimal`) write the f32 scores in the
-    matmul's fusion and the exponentials in the next, and the programs with two (v5e data=2 x
-    fsdp=8 `minimal`, v5e fsdp=4 x tensor=4 `minimal`, v5p fsdp=4 x tensor=4 `none`, `full`,
-    `offload`) fuse them. Which XLA heuristic decides this was not found (in the v5e fsdp=16
-    programs the score matmul shares an async-collective fusion with the output projection's
-    gather; the v5p ones show no such reason); `sharded_axes` is the mesh's number of axes of
-    size > 1, and a mesh of one axis or none (a single chip) is taken as unfused.
+    program of `benchmarks/xla_memory.py`, all with at most 512 MiB of f32 scores per chip).
+    Otherwise (v5e, v5p) it depends on the mesh and the size, as read off their compiled
+    programs: the programs whose mesh has one sharded axis (fsdp=16: v5e `none`, `minimal`,
+    `offload`, v5p `none`, `minimal`) write the f32 scores in the matmul's fusion and the
+    exponentials in the next; those with two (v5e data=2 x fsdp=8 and fsdp=4 x tensor=4
+    `minimal`, v5p fsdp=4 x tensor=4 `none`, `full`, `offload`, each with `score_bytes` = 512
+    MiB of f32 scores per chip) fuse them, but not with 1 GiB (v5p fsdp=4 x tensor=4 `full`
+    and `minimal` at seq 4096). Which XLA heuristic decides this was not found (in the v5e
+    fsdp=16 programs the score matmul shares an async-collective fusion with the output
+    projection's gather); `sharded_axes` is the mesh's number of axes of size > 1 (one or none,
+    a single chip, counts as unfused) and the size limit is the largest fused size seen.
     """
-    return chip_fuses or sharded_axes >= 2
+    return chip_fuses or (sharded_axes >= 2 and score_bytes <= 512 * 2**20)
 
 
 def loss_tensors(*, rows: float, local_vocab: float, act_bytes: float = 2.0,

@@ -777,7 +777,8 @@ class _Compiler:
         probs_bytes = 4.0 if f32_probs else a
         fused = score_exp_fused(
             chip_fuses=self.cfg.score_exp_fusion,
-            sharded_axes=sum(1 for s in (d.dp, d.fs, d.tp, d.ep, d.pp, d.sp) if s > 1))
+            sharded_axes=sum(1 for s in (d.dp, d.fs, d.tp, d.ep, d.pp, d.sp) if s > 1),
+            score_bytes=4.0 * scores)
         temps = attention_temporaries(rows=n, context=ctx, local_heads=h_loc,
                                       probs_bytes=probs_bytes, score_exp_fusion=fused)
         saved = tag == "re-" or self.cfg.remat == Remat.NONE  # the probabilities are kept
