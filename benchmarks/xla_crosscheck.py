@@ -153,7 +153,7 @@ def _worker(name: str, dump_dir: str | None) -> None:
            "output_bytes": getattr(mem, "output_size_in_bytes", None),
            "alias_bytes": getattr(mem, "alias_size_in_bytes", None),
            "peak_bytes": getattr(mem, "peak_memory_in_bytes", None),
-           "mem_repr": repr(mem), "op_costs": costs}
+           "op_costs": costs}
     _xla.emit(out)
 
 
@@ -827,12 +827,12 @@ WIDER_SET_NOTES = """What differs in the wider set (read off their HLO; not fixe
   over data,fsdp) for the embedding's scatter-add, and its embedding lookup's all-to-all
   carries half of tpusim's bytes. Its replica groups use the mesh form with a device list
   (`mesh[...], device_ids=([4,4]T(1,0)) {...}`), which `tpusim import-hlo` now reads.
-* **moe_fsdp_ep_v6e16**: the expert all-to-alls match exactly (720 MiB) and so does the
-  expert-weight gather over `expert`. The cached compile predates `lower_moe_train` sharding
-  the non-expert weights over fsdp x expert (MaxText's rule, which tpusim follows): it shards
-  them over `fsdp` only, so tpusim's rows over fsdp,expert are that difference, and XLA
-  reduces those weights' gradients with all-reduces and collective-permutes where tpusim
-  reduce-scatters. The recompile with the current program was not finished this session.
+* **moe_fsdp_ep_v6e16** (non-expert weights over fsdp x expert, MaxText's rule): the expert
+  all-to-alls (720 MiB over `expert`), the expert-weight gather over `expert` and the
+  embedding lookup's all-to-all over fsdp,expert match exactly. XLA gathers more over
+  fsdp,expert and less over `fsdp` alone than tpusim, and reduce-scatters about twice
+  tpusim's bytes over fsdp,expert: which matrices go over which group differs (not analysed
+  yet).
 * **decode_tp8_v5e8**: XLA has one all-reduce over `tensor` more than tpusim per step: the
   embedding lookup's reduction (issue 11 names it); tpusim's all-gather is its top-k sampling,
   where this program takes an argmax (two tiny gathers)."""
@@ -1100,7 +1100,8 @@ def main() -> int:
                 print(f"\n  side by side, tpusim {label} vs XLA:")
                 print_side_by_side(acc, xla_acc)
         if name not in TPUSIM_VARIANTS:
-            print("\n(tpusim: `compile` is training-only; the decode case is XLA-side only here)")
+            print("\n(tpusim side of this program: docs/validation.md, from "
+                  "`validate_maxtext.py --write-collectives`)")
     return 0
 
 
