@@ -57,32 +57,24 @@ DIMS = _xla.LLAMA3_8B
 # name -> configuration. batch_per_chip follows tpusim's convention (global = this x chips).
 CONFIGS = {
     "fsdp_v5e16": dict(topology="v5e:4x4", mesh={"fsdp": 16}, layers=2, seq=2048,
-                       batch_per_chip=1, tpusim_pod=["--chip", "v5e", "--shape", "4x4"],
-                       mode="train"),
+                       batch_per_chip=1, mode="train"),
     "fsdp_tp_v5p64": dict(topology="v5p:4x4x4", mesh={"fsdp": 16, "tensor": 4}, layers=2,
-                          seq=2048, batch_per_chip=0.25,
-                          tpusim_pod=["--chip", "v5p", "--shape", "4x4x4"], mode="train"),
+                          seq=2048, batch_per_chip=0.25, mode="train"),
     # Wider set (issue 11): v6e, data x fsdp, and a narrower model on v5e (the form XLA picks
     # for each weight gather depends on the generation and the matrix size, docs/model.md).
     "fsdp_v6e16": dict(topology="v6e:4x4", mesh={"fsdp": 16}, layers=2, seq=2048,
-                       batch_per_chip=1, tpusim_pod=["--chip", "v6e", "--shape", "4x4"],
-                       mode="train"),
+                       batch_per_chip=1, mode="train"),
     "data_fsdp_v6e16": dict(topology="v6e:4x4", mesh={"data": 4, "fsdp": 4}, layers=2,
-                            seq=2048, batch_per_chip=1,
-                            tpusim_pod=["--chip", "v6e", "--shape", "4x4"], mode="train"),
+                            seq=2048, batch_per_chip=1, mode="train"),
     "fsdp_v5p16": dict(topology="v5p:2x2x4", mesh={"fsdp": 16}, layers=2, seq=2048,
-                       batch_per_chip=1, tpusim_pod=["--chip", "v5p", "--shape", "2x2x4"],
-                       mode="train"),
+                       batch_per_chip=1, mode="train"),
     "fsdp_v5e16_small": dict(topology="v5e:4x4", mesh={"fsdp": 16}, layers=2, seq=2048,
-                             batch_per_chip=1, tpusim_pod=["--chip", "v5e", "--shape", "4x4"],
-                             mode="train", dims="SMALL"),
+                             batch_per_chip=1, mode="train", dims="SMALL"),
     "decode_tp8_v5e8": dict(topology="v5e:2x4", mesh={"tensor": 8}, layers=2, seq=1,
-                            batch_per_chip=1, tpusim_pod=["--chip", "v5e", "--shape", "2x4"],
-                            mode="decode", kv_len=2048),
+                            batch_per_chip=1, mode="decode", kv_len=2048),
     # MoE (issue 11: dense and MoE): xla_moe_schedule.py's MaxText-style dropping MoE.
     "moe_fsdp_ep_v6e16": dict(topology="v6e:4x4", mesh={"fsdp": 4, "expert": 4}, layers=2,
-                              seq=2048, batch_per_chip=1,
-                              tpusim_pod=["--chip", "v6e", "--shape", "4x4"], mode="moe_train",
+                              seq=2048, batch_per_chip=1, mode="moe_train",
                               moe=dict(d_model=1024, d_ff=2048, num_experts=8, top_k=2,
                                        capacity_factor=1.25, num_heads=8, head_dim=128,
                                        vocab_size=4096)),
@@ -437,6 +429,18 @@ def _dims_override(cfg: dict) -> dict:
     return {k: v for k, v in dims.items() if DIMS.get(k) != v}
 
 
+def _chip_and_shape(cfg: dict) -> tuple[str, str]:
+    """The chip name and torus shape of a configuration's `topology` ("v5e:4x4")."""
+    chip_name, shape = cfg["topology"].split(":")
+    return chip_name, shape
+
+
+def _tpusim_pod(cfg: dict) -> list[str]:
+    """tpusim's pod flags for a configuration (derived from its `topology`)."""
+    chip_name, shape = _chip_and_shape(cfg)
+    return ["--chip", chip_name, "--shape", shape]
+
+
 def tpusim_collectives(name: str, extra: list[str]) -> list[dict]:
     cfg = CONFIGS[name]
     with tempfile.TemporaryDirectory() as tmp:
@@ -445,7 +449,7 @@ def tpusim_collectives(name: str, extra: list[str]) -> list[dict]:
                          + "".join(f"{k}: {v}\n" for k, v in _dims_override(cfg).items()))
         trace = Path(tmp, "x.trace")
         mesh = ",".join(f"{k}={v}" for k, v in cfg["mesh"].items())
-        cmd = [sys.executable, "-m", "sim", "compile", "--quiet", *cfg["tpusim_pod"],
+        cmd = [sys.executable, "-m", "sim", "compile", "--quiet", *_tpusim_pod(cfg),
                "--model", str(model), "--seq-len", str(cfg["seq"]),
                "--batch-per-chip", str(cfg["batch_per_chip"]), "--mesh", mesh, *extra,
                "-o", str(trace)]
@@ -481,7 +485,7 @@ def _pod(name: str):
     from sim.hardware import get_chip
     from topologies.slices import resolve_topology
 
-    chip_name, shape = CONFIGS[name]["topology"].split(":")
+    chip_name, shape = _chip_and_shape(CONFIGS[name])
     chip = get_chip(chip_name)
     return chip, resolve_topology(chip_name=chip.name, wrap_rule=chip.generation_rule,
                                   max_pod_shape=chip.max_pod_shape, shape=shape)
