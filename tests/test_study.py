@@ -89,6 +89,18 @@ def test_study_schema_errors_are_one_line(tiny_model, change, message):
     assert "\n" not in str(exc.value)
 
 
+def _assert_study_refused_before_running(tmp_path, capsys, study_dict, message):
+    """`tpusim sweep` on this study exits 2 with one line about point 0 and writes nothing."""
+    study = tmp_path / "s.yaml"
+    study.write_text(json.dumps(study_dict), encoding="utf-8")
+    rc = main(["sweep", str(study), "--out", str(tmp_path / "out"), "--workers", "1"])
+    _out, err = capsys.readouterr()
+    assert rc == 2
+    assert err.startswith("tpusim: error: study point 0") and message in err
+    assert err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("grid, message", [
     ({"set.not_a_field": [1]}, "not_a_field"),
     ({"set.hbm_bytes_per_s": [-1]}, "hbm_bytes_per_s"),
@@ -97,14 +109,8 @@ def test_study_schema_errors_are_one_line(tiny_model, change, message):
 ])
 def test_sweep_cli_rejects_a_value_the_command_cannot_take_before_running(
         tmp_path, capsys, tiny_model, grid, message):
-    study = tmp_path / "s.yaml"
-    study.write_text(json.dumps(_study(tiny_model, grid=grid, plot=None)), encoding="utf-8")
-    rc = main(["sweep", str(study), "--out", str(tmp_path / "out"), "--workers", "1"])
-    _out, err = capsys.readouterr()
-    assert rc == 2
-    assert err.startswith("tpusim: error: study point 0") and message in err
-    assert err.count("\n") == 1
-    assert not (tmp_path / "out").exists()
+    _assert_study_refused_before_running(
+        tmp_path, capsys, _study(tiny_model, grid=grid, plot=None), message)
 
 
 @pytest.mark.parametrize("zipped, message", [
@@ -117,14 +123,8 @@ def test_sweep_cli_rejects_a_text_flag_the_command_cannot_parse_before_running(
         tmp_path, capsys, tiny_model, zipped, message):
     """Flags the command takes as text and parses when it runs (--mesh, --remat; --bytes and
     --axes of a collective) are parsed for every point first, like the typed ones."""
-    study = tmp_path / "s.yaml"
-    study.write_text(json.dumps(_study(tiny_model, zip=zipped, plot=None)), encoding="utf-8")
-    rc = main(["sweep", str(study), "--out", str(tmp_path / "out"), "--workers", "1"])
-    _out, err = capsys.readouterr()
-    assert rc == 2
-    assert err.startswith("tpusim: error: study point 0") and message in err
-    assert err.count("\n") == 1
-    assert not (tmp_path / "out").exists()
+    _assert_study_refused_before_running(
+        tmp_path, capsys, _study(tiny_model, zip=zipped, plot=None), message)
 
 
 def test_points_are_grid_times_zip_with_varied_values_replacing_base(tiny_model):
