@@ -53,6 +53,7 @@ from sim.engine import (
     cost_pairs,
     op_collective_cost,
     padded_collective_bytes,
+    static_hbm_bytes,
 )
 from sim.hardware import ChipSpec
 from sim.network import Batch, SmallFluidNetwork
@@ -742,9 +743,7 @@ def _run_watching_hbm(env, classes, programs, watch: HbmWatch) -> None:
     levels: list[float] = []
     for cl in classes:
         meta = programs[cl.prog].meta
-        comp = meta.get("static_composition")
-        levels.append(sum(float(v) for v in comp.values()) if comp
-                      else float(meta.get("static_hbm_bytes", 0.0)))
+        levels.append(static_hbm_bytes(meta))
         delta: dict[int, float] = {}
         for ev in meta.get("memory_events") or ():
             delta[int(ev[0])] = delta.get(int(ev[0]), 0.0) + float(ev[2])

@@ -17,6 +17,7 @@ representative chip is replayed (exact for uniform links; documented in docs/mod
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -196,6 +197,15 @@ class StepResult:
             "hbm_busy_s": rows[:, 3], "pcie_busy_s": rows[:, 4],
             "collective_wait_s": rows[:, 5],
         }, columns=CHIP_COLUMNS)
+
+
+def static_hbm_bytes(meta: Mapping) -> float:
+    """A trace's static HBM state in bytes, resident from the start of the step: the sum of meta
+    `static_composition`, or `static_hbm_bytes` when the trace has no composition."""
+    comp = meta.get("static_composition")
+    if comp:
+        return sum(float(v) for v in comp.values())
+    return float(meta.get("static_hbm_bytes", 0.0))
 
 
 def hbm_occupancy(trace: Trace, end, pp: int) -> tuple[float, dict[str, float], list[tuple]]:

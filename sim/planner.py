@@ -402,6 +402,7 @@ def hbm_peak_lower_bound(trace, off_core: Iterable[int] = ()) -> float:
     is the bound. 0 when the condition fails or the trace has no events (no bound).
     `off_core`: ops the core skips although of a core kind (a pipeline stage's receives,
     completed by the peer's send)."""
+    from sim.engine import static_hbm_bytes
     from workloads.memory import MEMORY_CATEGORIES
     from workloads.trace import OpKind
 
@@ -425,9 +426,7 @@ def hbm_peak_lower_bound(trace, off_core: Iterable[int] = ()) -> float:
 
     if any(delta[o.id] < 0 for o in ops if not on_core(o)):
         return 0.0
-    comp = meta.get("static_composition")
-    level = sum(float(v) for v in comp.values()) if comp \
-        else float(meta.get("static_hbm_bytes", 0.0))
+    level = static_hbm_bytes(meta)
     peak = level
     ended = [False] * len(ops)
     for x in ops:
