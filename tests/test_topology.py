@@ -239,7 +239,9 @@ def test_parse_wraparound(text, shape, expected):
 
 
 @pytest.mark.parametrize("text, shape", [("q", (4, 4)), ("z", (4, 4)), ("", (4, 4)),
-                                         ("x,w", (4, 4, 4))])
+                                         ("x,w", (4, 4, 4)), ("x,,y", (4, 4, 4)),
+                                         ("x,", (4, 4)), ("xx", (4, 4)), ("x,x", (4, 4)),
+                                         ("x,yz", (4, 4, 4))])
 def test_bad_wraparound_letters_are_refused(text, shape):
     with pytest.raises(TpusimError, match="--wraparound"):
         parse_wraparound(text, shape)

@@ -263,13 +263,18 @@ def parse_wraparound(text: str, shape: tuple[int, ...]) -> tuple[bool, ...] | No
         return (False,) * ndim
     if t == "all":
         return (True,) * ndim
-    letters = [c for c in t.replace(",", "").replace(" ", "")]
+    # Either comma-separated axis letters (`x,z`) or letters written together (`xz`); an empty
+    # item (`x,,z`) or a repeated axis (`x,x`) is a typo, not a different topology.
+    letters = [c.strip() for c in t.split(",")] if "," in t else list(t.replace(" ", ""))
     allowed = AXIS_NAMES[:ndim]
     bad = [c for c in letters if c not in allowed]
-    if bad or not letters:
+    if bad or not letters or len(set(letters)) != len(letters):
+        from topologies.validate import short_repr
+
         raise TpusimError(
-            f"--wraparound {text!r} is not valid for a {ndim}D shape; use auto, none, all, or "
-            f"axis letters from {','.join(allowed)} (e.g. x,z)"
+            f"--wraparound {short_repr(text)} is not valid for a {ndim}D shape: each item must be "
+            f"one axis letter, given once; use auto, none, all, or axis letters from "
+            f"{','.join(allowed)} (e.g. {','.join(allowed[::2])})"
         )
     return tuple(a in letters for a in allowed)
 
