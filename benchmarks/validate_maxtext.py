@@ -145,9 +145,9 @@ class Prediction:
 def _model_for(raw: dict) -> TransformerSpec | str:
     """The case's model as a `TransformerSpec`, or the reason it cannot be expressed."""
     m = raw["model"]
-    if m.get("sliding_window_size") or m.get("attention_pattern"):
-        return ("sliding-window / local-global attention pattern (Gemma-3: 5 of 6 layers attend "
-                "to a 1024-token window); TransformerSpec has full attention only")
+    pattern = m.get("attention_pattern") or {}
+    if pattern and pattern.get("kind") != "sliding_window_mixed":
+        return f"attention pattern {pattern.get('kind')!r} has no tpusim equivalent"
     acts = tuple(m.get("mlp_activations") or ())
     if acts not in _MLP_KINDS:
         return f"MLP activations {list(acts)} have no tpusim MLP kind"
@@ -166,6 +166,15 @@ def _model_for(raw: dict) -> TransformerSpec | str:
     }
     if m["name"].startswith("maxtext-default"):
         spec["name"] = "maxtext-" + m["name"].split("~")[-1].rstrip(")").lower()
+    if m.get("sliding_window_size"):
+        # Local layers attend to a causal sliding window; the last layer of every `period`
+        # is global (MaxText's gemma3 decoder: 5 local per global, the 6th global).
+        spec["attention_window"] = m["sliding_window_size"]
+        spec["global_layer_period"] = pattern.get("period", 0)
+    if m.get("decoder_block") == "gemma3":
+        # MaxText's gemma3 decoder layer: pre- and post-norms around both sublayers, and
+        # RMSNorms of the queries and keys (the record's note).
+        spec["post_norms"] = spec["qk_norm"] = True
     if m.get("num_experts"):
         spec["num_experts"] = m["num_experts"]
         spec["experts_per_token"] = m["num_experts_per_tok"]

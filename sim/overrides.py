@@ -37,10 +37,12 @@ _CHIP_INT = ("ici_links_per_chip", "tensorcores_per_chip", "mxu_dim")
 _CHIP_TEXT = ("name", "generation_rule")
 # Model fields: integers >= 1, integer counts >= 0 (MoE), booleans, text.
 _MODEL_INT_POS = ("num_layers", "d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff",
-                  "vocab_size", "moe_d_ff")
+                  "vocab_size", "moe_d_ff", "attention_window")
 _MODEL_INT_ZERO_OK = ("num_experts", "experts_per_token", "num_shared_experts",
-                      "first_dense_layers")
-_MODEL_BOOL = ("tied_embeddings", "parallel_block")
+                      "first_dense_layers", "global_layer_period")
+_MODEL_BOOL = ("tied_embeddings", "parallel_block", "post_norms", "qk_norm")
+# Model fields whose null means "not set" (d_ff for the experts; full attention everywhere).
+_MODEL_NULLABLE = ("moe_d_ff", "attention_window")
 
 _BYTE_UNITS = {
     "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
@@ -320,7 +322,7 @@ def _parse_model(key: str, value: Any) -> Override:
         return Override(key=key, given=value, value=MlpKind(text))
     if field in _MODEL_BOOL:
         return _bool(key, value)
-    if field == "moe_d_ff" and str(value).strip().lower() in ("none", "null"):
+    if field in _MODEL_NULLABLE and str(value).strip().lower() in ("none", "null"):
         return Override(key=key, given=value, value=None)
     mult = _multiplier(key, value)
     if mult is not None:

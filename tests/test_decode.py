@@ -456,3 +456,39 @@ def test_a_batch_not_divisible_by_the_shards_is_reported_as_padded(capsys):
     assert six["step_time_s"] == eight["step_time_s"] and eight["padded_batch"] == 8
     assert main(base + ["--batch", "6"]) == 0
     assert "batch 6 is padded to 8" in capsys.readouterr().out
+
+
+# -- sliding-window (local / global) attention ----------------------------------------------------
+def _windowed(model: str, window: int, period: int):
+    return dataclasses.replace(load_model(model), attention_window=window,
+                               global_layer_period=period)
+
+
+def test_local_layer_kv_cache_and_reads_hold_at_most_the_window():
+    m = load_model("llama2-13b")  # 40 layers, MHA: 40 KV heads of 128
+    local = _windowed("llama2-13b", 1024, 4)  # 30 local layers, 10 global
+    cfg = DecodeConfig(batch=2, context_len=4096)
+    full_t = compile_decode_step(m, parse_mesh("tensor=8"), 8, cfg)
+    local_t = compile_decode_step(local, parse_mesh("tensor=8"), 8, cfg)
+    per_pos = 2 * 40 * 128 * 2  # K and V, heads x head_dim, bf16
+    assert full_t.meta["kv_cache_bytes_total"] == 2 * 40 * 4096 * per_pos
+    assert local_t.meta["kv_cache_bytes_total"] == 2 * (30 * 1024 + 10 * 4096) * per_pos
+    assert local_t.meta["kv_cache_bytes"] * 8 == local_t.meta["kv_cache_bytes_total"]
+    # A local layer's attention reads its window of the cache, a global one the whole context.
+    att = [o for o in local_t.ops if o.name == "attention"]
+    glob = [o for o in full_t.ops if o.name == "attention"]
+    assert att[3].hbm_bytes == glob[3].hbm_bytes  # layer 3: the pattern's global layer
+    kv_read = lambda ctx: 2 / 8 * ctx * 40 * 128 * 2 * 2  # noqa: E731  (per chip, both seqs)
+    assert glob[0].hbm_bytes - att[0].hbm_bytes == pytest.approx(kv_read(4096) - kv_read(1024))
+    assert att[0].flops == glob[0].flops * 1024 / 4096
+
+
+def test_chunked_prefill_of_a_local_layer_averages_its_window_pairs():
+    local = _windowed("llama2-13b", 3, 0)  # every layer local, window 3
+    cfg = DecodeConfig(batch=1, context_len=8, prompt_len=8, prefill_chunk=4)
+    trace = compile_prefill(local, parse_mesh("tensor=1"), 1, cfg)
+    att = [o for o in trace.ops if o.name == "attention"]
+    per_key = 4 * 40 * 128  # forward FLOPs per (query, key) pair
+    # Positions 1-4 attend to 1, 2, 3, 3 keys; positions 5-8 to 3 each.
+    assert att[0].flops == per_key * (1 + 2 + 3 + 3)
+    assert att[40].flops == per_key * 4 * 3

@@ -20,6 +20,7 @@ from workloads.models import (
     MaxTextFlopEra,
     MlpKind,
     TransformerSpec,
+    causal_window_pairs,
     load_model,
     model_from_dict,
 )
@@ -304,6 +305,71 @@ def test_causal_attention_is_half_of_full_attention() -> None:
     assert spec.attention_flops_per_token(2048) == full // 2
 
 
+# ---- sliding-window (local / global) attention -----------------------------------------------
+
+
+def test_causal_window_pairs_count_min_window_position_keys_per_query() -> None:
+    # seq 8, window 3: the queries at positions 1..8 attend to 1, 2, 3, 3, 3, 3, 3, 3 keys.
+    assert causal_window_pairs(8, 3) == 1 + 2 + 3 + 3 * 5 == 21
+    # A window of the whole sequence (or more) is the causal triangle, diagonal included.
+    assert causal_window_pairs(8, 8) == causal_window_pairs(8, 100) == 8 * 9 // 2
+    assert causal_window_pairs(8, 1) == 8
+
+
+def test_local_global_pattern_makes_the_last_layer_of_each_period_global() -> None:
+    spec = _spec(num_layers=12, attention_window=3, global_layer_period=6)
+    windows = [spec.layer_attention_window(i) for i in range(12)]
+    assert windows == [3, 3, 3, 3, 3, None] * 2
+    assert (spec.num_local_layers, spec.num_global_layers) == (10, 2)
+    # Period 0: every layer local; no window: every layer global.
+    all_local = _spec(num_layers=5, attention_window=3)
+    assert all_local.num_local_layers == 5 and all_local.layer_attention_window(4) == 3
+    assert _spec(num_layers=5).num_global_layers == 5
+    # A layer count that is not a multiple of the period ends on local layers (Gemma 3 4B: 34).
+    assert _spec(num_layers=8, attention_window=3, global_layer_period=6).num_global_layers == 1
+
+
+def test_windowed_attention_flops_count_the_window_pairs_by_hand() -> None:
+    # 2 layers (one local with window 3, one global), seq 8, 4 heads of 16: a (query, key) pair
+    # costs 4 x heads x head_dim FLOPs forward (q.k and p.v, 2 FLOPs per multiply-add each).
+    spec = _spec(num_layers=2, attention_window=3, global_layer_period=2)
+    per_pair = 4 * 4 * 16
+    local_pairs, global_pairs = 21, 8 * 8 / 2  # global: the causal half (tpu.md §3)
+    assert spec.attention_flops_per_token(8) * 8 == per_pair * (local_pairs + global_pairs)
+    assert spec.attended_keys_per_query(8, 0) == 21 / 8
+    assert spec.attended_keys_per_query(8, 1) == 4.0
+    # Non-causal: every query sees min(window, seq) keys in a local layer, seq in a global one.
+    assert spec.attention_flops_per_token(8, causal=False) == per_pair * (3 + 8)
+    # A window as long as the sequence costs what full attention does, never more.
+    assert _spec(attention_window=8, global_layer_period=2).attention_flops_per_token(8) == \
+        _spec().attention_flops_per_token(8)
+    assert _spec(attention_window=7).attended_keys_per_query(8, 0) == 4.0
+
+
+def test_local_layer_kv_cache_holds_at_most_its_window() -> None:
+    spec = _spec(num_layers=6, attention_window=3, global_layer_period=3)  # 4 local, 2 global
+    assert spec.kv_cache_entries(2) == 6 * 2  # shorter than the window: every position
+    assert spec.kv_cache_entries(10) == 4 * 3 + 2 * 10
+    # 2 (K and V) x 2 KV heads x head_dim 16 x 2 bytes per cached position.
+    assert spec.kv_cache_bytes(10) == 2 * 2 * 16 * 2 * (4 * 3 + 2 * 10)
+    full = _spec(num_layers=6)
+    assert full.kv_cache_bytes(10) == 10 * full.kv_cache_bytes_per_token()
+
+
+def test_gemma3_12b_preset_matches_the_paper_and_maxtexts_flop_count() -> None:
+    spec = MODELS.get("gemma3-12b")
+    # Gemma 3 report Table 1: 10,759M non-embedding parameters (the norms are 0.5M of them).
+    non_embedding = spec.num_params - spec.num_embedding_params
+    assert non_embedding == pytest.approx(10_759e6, rel=1e-4)
+    assert spec.norm_params_per_layer == 4 * 3840 + 2 * 256  # pre, post norms; q, k norms
+    assert (spec.num_local_layers, spec.num_global_layers) == (40, 8)
+    # The run record's MaxText FLOPs (both eras), from the preset alone.
+    assert spec.maxtext_flops_per_device(1, 32768, "matmul_causal") / 1e12 == \
+        pytest.approx(2557.189, abs=1e-3)
+    assert spec.maxtext_flops_per_device(1, 32768, "matmul_noncausal") / 1e12 == \
+        pytest.approx(2801.281, abs=1e-3)
+
+
 def test_training_flops_are_three_forward_passes() -> None:
     spec = MODELS.get("llama3-8b")
     tokens, seq = 4 * 8192, 8192
@@ -338,6 +404,8 @@ def _spec_from_run(model: dict) -> TransformerSpec:
         parallel_block=model.get("parallel_attn_mlp_block", False),
         num_experts=model.get("num_experts", 0),
         experts_per_token=model.get("num_experts_per_tok", 0),
+        attention_window=model.get("sliding_window_size"),
+        global_layer_period=(model.get("attention_pattern") or {}).get("period", 0),
     )
 
 
@@ -347,8 +415,7 @@ def test_maxtext_flops_reproduce_every_stored_era_value() -> None:
         accounting = run.get("maxtext_flop_accounting") or {}
         model = run["model"]
         stored = accounting.get("model_tflops_per_device_per_step")
-        # Sliding-window models (Gemma 3) need a field TransformerSpec does not have.
-        if stored is None or "attention_pattern" in model or "sliding_window_size" in model:
+        if stored is None:
             continue
         spec = _spec_from_run(model)
         assert spec.mlp.num_matrices == model["num_mlp_matrices"], run["id"]
@@ -362,7 +429,7 @@ def test_maxtext_flops_reproduce_every_stored_era_value() -> None:
             assert got / 1e12 == pytest.approx(tflops, rel=1e-3), (run["id"], era)
             checked[era] = checked.get(era, 0) + 1
     assert set(checked) == set(MaxTextFlopEra), checked
-    assert sum(checked.values()) >= 80
+    assert sum(checked.values()) >= 86  # the three Gemma-3 runs' two eras included
 
 
 def test_maxtext_matmul_era_counts_tied_output_projection_once() -> None:
@@ -415,6 +482,20 @@ def test_non_positive_flop_arguments_are_refused(call, pattern: str) -> None:
         ({"num_experts": 4, "experts_per_token": 1, "moe_d_ff": 0}, r"moe_d_ff=0 must be"),
         ({"num_experts": 4, "experts_per_token": 1, "first_dense_layers": 2},
          r"first_dense_layers=2 leaves no MoE layer"),
+        ({"attention_window": 0}, r"attention_window=0 must be a whole number of tokens"),
+        ({"attention_window": -4}, r"attention_window=-4 must be a whole number of tokens"),
+        ({"attention_window": 2.5}, r"attention_window=2\.5 must be a whole number"),
+        ({"attention_window": 4, "global_layer_period": -1},
+         r"global_layer_period=-1 must be a whole number"),
+        ({"global_layer_period": 2}, r"global_layer_period=2 is set but attention_window is "
+                                     r"null"),
+        ({"attention_window": 4, "global_layer_period": 1},
+         r"global_layer_period=1 makes every layer global"),
+        ({"attention_window": 4, "global_layer_period": 3},
+         r"global_layer_period=3 does not fit num_layers=2"),
+        ({"post_norms": True, "parallel_block": True}, r"post_norms=True is modelled for "
+                                                       r"sequential blocks only"),
+        ({"qk_norm": 1}, r"qk_norm=1 must be a boolean"),
     ],
 )
 def test_invalid_field_is_refused_naming_field_value_and_fix(

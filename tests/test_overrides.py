@@ -287,3 +287,22 @@ def test_model_from_dict_round_trip_keeps_overridden_models_valid():
     with pytest.raises(TpusimError, match="num_kv_heads"):
         parse_overrides({"model.num_kv_heads": 3}).apply_model(model_from_dict(TINY))
     assert math.isclose(model_from_dict(m.to_dict()).num_params, m.num_params)
+
+
+def test_attention_pattern_fields_are_overridable_and_validated_like_the_model_file():
+    m = MODELS.get("gemma3-12b")
+    out = parse_overrides({"model.attention_window": "4096", "model.global_layer_period": 0,
+                           "model.qk_norm": "false"}).apply_model(m)
+    assert (out.attention_window, out.global_layer_period, out.qk_norm) == (4096, 0, False)
+    assert out.num_local_layers == 48
+    # null turns the window off; the pattern must then go too (the model's own rule).
+    full = parse_overrides({"model.attention_window": "null",
+                            "model.global_layer_period": "0"}).apply_model(m)
+    assert full.attention_window is None and full.num_global_layers == 48
+    with pytest.raises(TpusimError, match="global_layer_period=6 is set but attention_window "
+                                          "is null"):
+        parse_overrides({"model.attention_window": "null"}).apply_model(m)
+    with pytest.raises(TpusimError, match="model.attention_window=0"):
+        parse_overrides({"model.attention_window": "0"})
+    with pytest.raises(TpusimError, match="global_layer_period=64 does not fit num_layers=48"):
+        parse_overrides({"model.global_layer_period": "64"}).apply_model(m)

@@ -876,3 +876,63 @@ def test_expert_parallel_shards_non_expert_weights_over_fsdp_and_expert():
     # Every matmul weight is split four ways; the norm scales are replicated.
     p_local = (spec.num_params - spec.num_norm_params) / 4 + spec.num_norm_params
     assert trace.meta["static_hbm_bytes"] == pytest.approx(p_local * (2 + 2 * 4), rel=1e-12)
+
+
+# -- sliding-window (local / global) attention ----------------------------------------------------
+# TINY with its first layer local (window 32 of the 128-token sequence), the second global.
+TINY_LOCAL = {**TINY, "attention_window": 32, "global_layer_period": 2}
+
+
+def test_flash_attention_of_a_local_layer_counts_its_causal_window_pairs():
+    full, _ = _step("fsdp=1", "1x1", remat=Remat.NONE, attention="flash")
+    local, _ = _step("fsdp=1", "1x1", model=TINY_LOCAL, remat=Remat.NONE, attention="flash")
+    m = model_from_dict(TINY)
+    seqs, seq, w = 2, 128, 32
+    per_pair = 4 * m.num_heads * m.head_dim  # forward FLOPs of one (query, key) pair
+    # Per sequence the global layer does the causal half, 128^2 / 2 pairs; the local one
+    # w (w + 1) / 2 + (seq - w) w = 528 + 3072 = 3600 pairs (a query at position p attends
+    # to min(32, p) keys). Forward 1 + backward 2.5 (the flash backward recomputes the scores).
+    saved_pairs = seq * seq / 2 - (w * (w + 1) // 2 + (seq - w) * w)
+    assert saved_pairs == 8192 - 3600
+    assert _mxu_flops(full) - _mxu_flops(local) == pytest.approx(
+        3.5 * seqs * saved_pairs * per_pair, rel=1e-12)
+    # The summary's model FLOPs count the window too (3 passes: forward + 2x backward).
+    assert full.meta["model_flops_per_chip"] - local.meta["model_flops_per_chip"] == \
+        pytest.approx(3 * seqs * saved_pairs * per_pair, rel=1e-12)
+
+
+def test_dot_attention_of_a_local_layer_computes_and_masks_every_score():
+    # MaxText's dot-product path computes the whole q.K^T and masks it: no saving in the
+    # program's FLOPs or its score buffers, only in the model FLOPs of the summary.
+    full, _ = _step("fsdp=1", "1x1", remat=Remat.NONE, attention="dot")
+    local, _ = _step("fsdp=1", "1x1", model=TINY_LOCAL, remat=Remat.NONE, attention="dot")
+    assert _mxu_flops(full) == _mxu_flops(local)
+    assert full.meta["activation_bytes_estimate"] == local.meta["activation_bytes_estimate"]
+    assert local.meta["model_flops_per_chip"] < full.meta["model_flops_per_chip"]
+
+
+def test_post_norms_and_qk_norm_add_their_norm_ops_forward_and_backward():
+    plain, _ = _step("fsdp=1", "1x1", remat=Remat.FULL, attention="flash")
+    normed, r = _step("fsdp=1", "1x1", model={**TINY, "post_norms": True, "qk_norm": True},
+                      remat=Remat.FULL, attention="flash")
+    names = [o.name for o in normed.ops if o.layer == 0]
+    # Forward: both post-norms; recomputation: the attention's only (the MLP's output is
+    # dead in a recomputed layer); backward: both.
+    for name, count in (("post_norm_attn", 1), ("post_norm_mlp", 1), ("re-post_norm_attn", 1),
+                        ("re-post_norm_mlp", 0), ("post_norm_attn_bwd", 1),
+                        ("post_norm_mlp_bwd", 1), ("qk_norm", 1), ("re-qk_norm", 1),
+                        ("qk_norm_bwd", 1)):
+        assert names.count(name) == count, name
+    assert not {o.name for o in plain.ops} & {"qk_norm", "post_norm_attn"}
+    # A post-norm streams [tokens, d_model] bf16 like a pre-norm (read twice, written once).
+    op = next(o for o in normed.ops if o.name == "post_norm_mlp")
+    assert op.hbm_bytes == 3 * 256 * 256 * 2
+    assert r.step_time_s > _step("fsdp=1", "1x1", remat=Remat.FULL)[1].step_time_s
+
+
+def test_pipeline_chunks_must_hold_whole_periods_of_the_local_global_pattern():
+    model = {**TINY, "num_layers": 4, "attention_window": 32, "global_layer_period": 4}
+    with pytest.raises(TpusimError, match=r"pipeline=2 gives each pipeline chunk 2 layers.*"
+                                          r"global_layer_period=4"):
+        _step("pipeline=2", "1x2", model=model)
+    _step("pipeline=2", "1x2", model={**model, "global_layer_period": 2})

@@ -89,10 +89,14 @@ def test_cases_are_built_from_the_reference_as_documented(vm, loaded):
     assert c.mesh == "fsdp=64,expert=4" and c.model.num_experts == 8
     assert c.axis_map == "expert=x:2+y:2,fsdp=x:8+y:8"
     assert by_id["maxtext-custom-moe-750b-final-cf1.5-v6e-256"].axis_map == ""
-    # Every skip says why; Gemma-3 (sliding windows) and MFU-only entries are skipped.
+    # Gemma 3: 5 local layers (window 1024) per global one, post-norms and QK-norm.
+    c = by_id["tpu-recipes-v6e-gemma3-12b-2x-v6e-256"]
+    assert (c.model.attention_window, c.model.global_layer_period) == (1024, 6)
+    assert c.model.post_norms and c.model.qk_norm and c.model.mlp == "geglu"
+    assert (c.mesh, c.dcn, c.remat) == ("fsdp=256", "data=2", Remat.FULL)
+    # Every skip says why; MFU-only entries are skipped.
     reasons = {s.id: s.reason for s in skips}
     assert all(reasons.values())
-    assert "sliding-window" in reasons["tpu-recipes-v6e-gemma3-12b-1x-v6e-256"]
     assert "batch" in reasons["maxtext-custom-moe-10t-1x-v6e-256"]
     # Low-quality runs are kept but never in the fit subset.
     assert all(not c.fit_subset for c in cases if c.low_quality)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from topologies.errors import TpusimError
 from topologies.mesh import LogicalMesh, dcn_hint
 from topologies.validate import MAX_BATCH, MAX_CHUNKS, MAX_TOKENS
-from workloads.models import TransformerSpec
+from workloads.models import TransformerSpec, causal_window_pairs
 from workloads.moe import MoeConfig, dispatch_flops, expert_shares, plan_routing
 from workloads.trace import OpKind, Trace, TraceBuilder, Unit
 
@@ -212,7 +212,8 @@ def memory_plan(model: TransformerSpec, mesh: LogicalMesh, num_chips: int,
     w_params, norms = _weight_params_per_chip(model, lay)
     weights = w_params * cfg.weight_bytes_per_param + norms * _ACT_BYTES
     ctx = cfg.context_len if cfg.prompt_len is None else max(cfg.context_len, cfg.prompt_len)
-    kv = (2 * model.num_layers * lay.kv_batch * ctx * lay.kv_heads * model.head_dim
+    # A local layer's cache holds at most its window (TransformerSpec.kv_cache_entries).
+    kv = (2 * model.kv_cache_entries(ctx) * lay.kv_batch * lay.kv_heads * model.head_dim
           * cfg.kv_bytes_per_elem)
     rows = lay.local_batch
     if cfg.prompt_len is not None:
@@ -412,8 +413,16 @@ class _InferenceCompiler:
         bk, kh = lay.kv_batch, lay.kv_heads
         q_heads = kh * m.num_heads / m.num_kv_heads  # query heads served by the local cache
         keys = prev_ctx + (t + 1) / 2 if t > 1 else prev_ctx  # causal average within the chunk
+        cached = prev_ctx
+        window = m.layer_attention_window(layer)
+        if window is not None:
+            # A local layer's query at position p (from 1) attends to min(window, p) keys, and
+            # its cache holds (and a step reads) at most the last `window` positions.
+            cached = min(prev_ctx, window)
+            keys = (causal_window_pairs(prev_ctx + t, window)
+                    - causal_window_pairs(prev_ctx, window)) / t if t > 1 else cached
         flops = 4 * bk * t * keys * q_heads * hd
-        kv_read = bk * prev_ctx * kh * hd * 2 * kvb
+        kv_read = bk * cached * kh * hd * 2 * kvb
         kv_write = bk * t * kh * hd * 2 * kvb
         chunk_kv = bk * t * kh * hd * 2 * a if t > 1 else 0.0  # this chunk's own keys/values
         qo = 2 * bk * t * q_heads * hd * a
@@ -531,7 +540,6 @@ class _InferenceCompiler:
 
     def meta(self, kind: str, plan: dict[str, float]) -> dict:
         m, cfg, lay = self.m, self.cfg, self.lay
-        total_kv_tokens = cfg.batch * (cfg.context_len if kind == "decode" else cfg.prompt_len)
         return {
             "kind": kind,
             "model": m.name,
@@ -554,8 +562,8 @@ class _InferenceCompiler:
             "static_hbm_bytes": plan["weights_bytes"] + plan["kv_cache_bytes"],
             # Whole model / whole batch (tpu.md §3: KV = 2·S·L·K·H·bytes per sequence).
             "weights_bytes_total": m.num_params * cfg.weight_bytes_per_param,
-            "kv_cache_bytes_total": total_kv_tokens * m.kv_cache_bytes_per_token(
-                cfg.kv_bytes_per_elem),
+            "kv_cache_bytes_total": cfg.batch * m.kv_cache_bytes(
+                cfg.context_len if kind == "decode" else cfg.prompt_len, cfg.kv_bytes_per_elem),
             "overlap": True,
             **({"moe": self.routing.summary(cfg.moe), "moe_scenario_applied": True}
                if self.routing is not None else {}),
@@ -618,7 +626,7 @@ def decode_roofline_s(model: TransformerSpec, num_chips: int, cfg: DecodeConfig,
                       hbm_bytes_per_s: float, flops_per_s: float) -> float:
     """tpu.md §5 lower bound of a decode step on `num_chips` chips (whole-pod rates):
     `B·KV/W_total + max(2·B·P/C_total, P_bytes/W_total)` with P = active parameters."""
-    kv = cfg.batch * cfg.context_len * model.kv_cache_bytes_per_token(cfg.kv_bytes_per_elem)
+    kv = cfg.batch * model.kv_cache_bytes(cfg.context_len, cfg.kv_bytes_per_elem)
     p = model.num_active_params
     w_tot, c_tot = hbm_bytes_per_s * num_chips, flops_per_s * num_chips
     return kv / w_tot + max(2 * cfg.batch * p / c_tot, p * cfg.weight_bytes_per_param / w_tot)

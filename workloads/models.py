@@ -15,7 +15,7 @@ from typing import Any
 
 from topologies.errors import TpusimError
 from topologies.registry import Registry
-from topologies.validate import MAX_EXPERTS, MAX_LAYERS, MAX_MODEL_DIM, short_repr
+from topologies.validate import MAX_EXPERTS, MAX_LAYERS, MAX_MODEL_DIM, MAX_TOKENS, short_repr
 
 
 class MlpKind(enum.StrEnum):
@@ -55,7 +55,7 @@ _SIZE_FIELDS = (
     "num_layers", "d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff", "vocab_size",
 )
 _MOE_COUNT_FIELDS = ("num_experts", "experts_per_token", "num_shared_experts", "first_dense_layers")
-_BOOL_FIELDS = ("tied_embeddings", "parallel_block")
+_BOOL_FIELDS = ("tied_embeddings", "parallel_block", "post_norms", "qk_norm")
 
 
 def _is_int(value: object) -> bool:
@@ -90,6 +90,17 @@ class TransformerSpec:
             (Mixtral style, where every layer is MoE).
         num_shared_experts: always-on experts per MoE layer (DeepSeek style).
         first_dense_layers: leading layers that use a dense d_ff MLP instead of experts.
+        attention_window: tokens a *local* layer's query attends to: its own position and the
+            `attention_window - 1` before it (a causal sliding window); None means every layer
+            attends to its whole causal context.
+        global_layer_period: the local/global layer pattern when `attention_window` is set:
+            the last layer of every period of this many layers is global, the others local
+            (Gemma 3: 6, five local layers per global one; Gemma 2: 2, alternating, local
+            first); 0 means every layer is local (Mistral 7B's sliding window).
+        post_norms: a norm on each sublayer's output before the residual add, besides the
+            pre-norm on its input (Gemma 2 / 3's post-attention and post-feed-forward norms).
+        qk_norm: a norm over head_dim of every query and key head before the attention
+            (Gemma 3, in place of Gemma 2's logit soft-capping).
     """
 
     name: str
@@ -108,6 +119,10 @@ class TransformerSpec:
     moe_d_ff: int | None = None
     num_shared_experts: int = 0
     first_dense_layers: int = 0
+    attention_window: int | None = None
+    global_layer_period: int = 0
+    post_norms: bool = False
+    qk_norm: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip() or len(self.name) > 128 \
@@ -135,6 +150,9 @@ class TransformerSpec:
             value = getattr(self, field)
             if not isinstance(value, bool):
                 self._fail(field, value, "must be a boolean", "write true or false")
+        if self.post_norms and self.parallel_block:
+            self._fail("post_norms", True, "is modelled for sequential blocks only (Gemma 2 / "
+                       "3), and parallel_block is true", "set one of them to false")
         if self.num_heads % self.num_kv_heads:
             self._fail(
                 "num_kv_heads", self.num_kv_heads,
@@ -143,6 +161,7 @@ class TransformerSpec:
                 "set num_kv_heads to a divisor of num_heads (num_heads itself for MHA)",
             )
         self._check_moe()
+        self._check_attention_pattern()
 
     def _fail(self, field: str, value: object, rule: str, fix: str) -> None:
         raise TpusimError(f"model {self.name!r}: {field}={short_repr(value)} {rule}; {fix}")
@@ -186,6 +205,35 @@ class TransformerSpec:
                 "make it smaller than num_layers, or set num_experts to 0 for a dense model",
             )
 
+    def _check_attention_pattern(self) -> None:
+        w, period = self.attention_window, self.global_layer_period
+        if w is not None and (not _is_int(w) or not 1 <= w <= MAX_TOKENS):
+            self._fail("attention_window", w,
+                       f"must be a whole number of tokens in [1, {MAX_TOKENS:,}] or null",
+                       "give the local layers' sliding-window length, or null for full "
+                       "attention in every layer")
+        if not _is_int(period) or not 0 <= period <= MAX_LAYERS:
+            self._fail("global_layer_period", period,
+                       f"must be a whole number in [0, {MAX_LAYERS:,}]",
+                       "give the period of the local/global pattern (6: five local layers per "
+                       "global one), or 0 for every layer local")
+        if w is None:
+            if period:
+                self._fail("global_layer_period", period,
+                           "is set but attention_window is null (every layer is global)",
+                           "set attention_window to the local layers' window, or set "
+                           "global_layer_period to 0")
+            return
+        if period == 1:
+            self._fail("global_layer_period", period,
+                       f"makes every layer global, so attention_window={w} is unused",
+                       "set it to 0 (every layer local) or >= 2, or remove attention_window")
+        if period > self.num_layers:
+            self._fail("global_layer_period", period,
+                       f"does not fit num_layers={self.num_layers}: the pattern's global layer "
+                       f"(the last of each period) is never reached",
+                       f"make it at most {self.num_layers}, or 0 for every layer local")
+
     # ---- structure ---------------------------------------------------------------------------
 
     @property
@@ -207,6 +255,52 @@ class TransformerSpec:
     def num_dense_layers(self) -> int:
         """Layers whose MLP is a single dense d_ff MLP."""
         return self.num_layers - self.num_moe_layers
+
+    def layer_attention_window(self, layer: int) -> int | None:
+        """The sliding window of layer `layer` (0-based), or None if it attends globally."""
+        if self.attention_window is None:
+            return None
+        period = self.global_layer_period
+        if period and (layer + 1) % period == 0:
+            return None
+        return self.attention_window
+
+    @property
+    def num_local_layers(self) -> int:
+        """Layers that attend to a sliding window of `attention_window` tokens."""
+        if self.attention_window is None:
+            return 0
+        period = self.global_layer_period
+        return self.num_layers - (self.num_layers // period if period else 0)
+
+    @property
+    def num_global_layers(self) -> int:
+        """Layers that attend to their whole causal context."""
+        return self.num_layers - self.num_local_layers
+
+    def attended_keys_per_query(self, seq_len: int, layer: int) -> float:
+        """Keys a query of layer `layer` attends to under a causal mask, averaged over a
+        `seq_len`-token sequence (the work of an attention that skips masked blocks).
+
+        Global layers: seq_len / 2, the causal half of the score matrix (tpu.md §3). Local
+        layers: `causal_window_pairs(seq_len, window) / seq_len` (a query at position p, from
+        1, attends to min(window, p) keys), capped at the global layer's seq_len / 2 so that
+        a window of the whole sequence costs what full attention does (the two conventions
+        differ by the diagonal's half, seq_len / 2 pairs).
+        """
+        _check_positive("seq_len", seq_len)
+        w = self.layer_attention_window(layer)
+        if w is None:
+            return seq_len / 2
+        return min(causal_window_pairs(seq_len, w), seq_len * seq_len / 2) / seq_len
+
+    def kv_cache_entries(self, context_len: int) -> int:
+        """Positions one sequence's KV cache holds, summed over layers: `context_len` per
+        global layer, at most `attention_window` per local one (a sliding window's cache keeps
+        the last `attention_window` keys and values, older ones are never read again)."""
+        _check_positive("context_len", context_len)
+        local = min(context_len, self.attention_window or context_len)
+        return self.num_global_layers * context_len + self.num_local_layers * local
 
     # ---- parameter counts (elements) ---------------------------------------------------------
 
@@ -248,12 +342,16 @@ class TransformerSpec:
 
     @property
     def norm_params_per_layer(self) -> int:
-        """Norm scales per layer: one d_model vector per pre-norm.
+        """Norm scales per layer: one d_model vector per pre-norm and post-norm, one head_dim
+        vector each for the query and key norms.
 
         A parallel block has a single pre-norm shared by attention and MLP (PaLM, MaxText 2023);
-        a sequential block has two. Norm biases, QK-norms and post-norms are not modelled.
+        a sequential block has two, and two more with `post_norms` (Gemma 2 / 3). Norm biases
+        are not modelled.
         """
-        return (1 if self.parallel_block else 2) * self.d_model
+        pre = (1 if self.parallel_block else 2) * self.d_model
+        post = 2 * self.d_model if self.post_norms else 0
+        return pre + post + (2 * self.head_dim if self.qk_norm else 0)
 
     @property
     def num_attention_params(self) -> int:
@@ -307,19 +405,30 @@ class TransformerSpec:
         unembed = self.d_model * self.vocab_size
         return 2 * (self.num_attention_params + self.num_active_mlp_params + unembed)
 
-    def attention_flops_per_token(self, seq_len: int, *, causal: bool = True) -> int:
+    def attention_flops_per_token(self, seq_len: int, *, causal: bool = True) -> float:
         """Forward attention-score FLOPs (QK^T and AV) per token, summed over layers.
 
         Non-causal: 4 * seq_len * num_heads * head_dim per layer (2 matmuls of 2*S*N*H each).
-        A causal mask halves the useful work on average over the sequence (tpu.md §3).
+        A causal mask halves the useful work on average over the sequence (tpu.md §3). A local
+        layer's query attends to `attended_keys_per_query` keys instead of seq_len / 2
+        (causal), or to min(attention_window, seq_len) keys (non-causal).
 
         Args:
             seq_len: tokens per sequence (keys each query attends to, before masking).
             causal: whether the attention mask is causal.
         """
         _check_positive("seq_len", seq_len)
-        full = 4 * seq_len * self.num_heads * self.head_dim * self.num_layers
-        return full // 2 if causal else full
+        per_key = 4 * self.num_heads * self.head_dim
+        full = per_key * seq_len * self.num_global_layers
+        glob = full // 2 if causal else full
+        if not self.num_local_layers:
+            return glob
+        w = self.attention_window
+        if causal:
+            keys = min(causal_window_pairs(seq_len, w), seq_len * seq_len / 2) / seq_len
+        else:
+            keys = min(w, seq_len)
+        return glob + per_key * keys * self.num_local_layers
 
     def forward_flops_per_token(self, seq_len: int, *, causal: bool = True) -> int:
         """Forward FLOPs per token: weight matmuls plus attention scores."""
@@ -342,13 +451,21 @@ class TransformerSpec:
         return 3 * tokens * self.forward_flops_per_token(seq_len, causal=causal)
 
     def kv_cache_bytes_per_token(self, bytes_per_elem: float = 2) -> float:
-        """KV-cache bytes one token occupies: 2 * L * K * H * bytes (tpu.md §3).
+        """KV-cache bytes one token occupies in every layer: 2 * L * K * H * bytes (tpu.md §3;
+        with local layers, a context's cache is `kv_cache_bytes`, which caps them at the window).
 
         Args:
             bytes_per_elem: bytes per cached element (2 for bf16, 1 for int8).
         """
         _check_positive("bytes_per_elem", bytes_per_elem)
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * bytes_per_elem
+
+    def kv_cache_bytes(self, context_len: int, bytes_per_elem: float = 2) -> float:
+        """KV-cache bytes of one sequence of `context_len` tokens: 2 * K * H * bytes per cached
+        position (`kv_cache_entries`: a local layer caches at most its window)."""
+        _check_positive("bytes_per_elem", bytes_per_elem)
+        return (2 * self.num_kv_heads * self.head_dim * bytes_per_elem
+                * self.kv_cache_entries(context_len))
 
     def maxtext_flops_per_device(
         self, per_device_batch: float, seq_len: int, era: MaxTextFlopEra | str
@@ -357,10 +474,14 @@ class TransformerSpec:
 
         Reproduces maxtext.md §1, with T = per_device_batch * seq_len tokens per device:
         * `6P`: 6 * P * T, P = all parameters (`num_params`, tied embedding once).
-        * `6P+attn12` / `6P+attn6`: plus 12 (resp. 6) * N * L * H * S * T.
-        * `matmul_noncausal` / `matmul_causal`: 3 * T * (weight matmuls + attention scores),
-          i.e. 3 * T * `forward_flops_per_token(S, causal=...)`: MoE layers count the router
-          and top-k + shared experts only, the output projection counts once, the lookup is free.
+        * `6P+attn12` / `6P+attn6`: plus 12 (resp. 6) * N * L * H * S * T (these eras predate
+          MaxText's sliding windows: every layer counts the full sequence).
+        * `matmul_noncausal` / `matmul_causal`: 3 * T * (weight matmuls + attention scores):
+          MoE layers count the router and top-k + shared experts only, the output projection
+          counts once, the lookup is free. The attention term is MaxText's, not
+          `attention_flops_per_token`'s: a local layer counts 4 * min(S, W) * N * H per token
+          (PRs #2009/#2030), and `matmul_causal` halves every layer's term, local ones too
+          (maxtext.md §1; a causal window's exact share is about W / (2 S) larger).
 
         Args:
             per_device_batch: sequences per device per step (MaxText `per_device_batch_size`).
@@ -376,14 +497,18 @@ class TransformerSpec:
             ) from None
         _check_positive("per_device_batch", per_device_batch)
         tokens = per_device_batch * seq_len
+        per_key = 4 * self.num_heads * self.head_dim
         if era is MaxTextFlopEra.MATMUL_NONCAUSAL or era is MaxTextFlopEra.MATMUL_CAUSAL:
-            causal = era is MaxTextFlopEra.MATMUL_CAUSAL
-            return 3 * tokens * self.forward_flops_per_token(seq_len, causal=causal)
+            keys = (self.num_global_layers * seq_len
+                    + self.num_local_layers * min(seq_len, self.attention_window or seq_len))
+            attn = per_key * keys / (2 if era is MaxTextFlopEra.MATMUL_CAUSAL else 1)
+            return 3 * tokens * (self.forward_matmul_flops_per_token + attn)
         flops = 6 * self.num_params * tokens
+        full = per_key * seq_len * self.num_layers
         if era is MaxTextFlopEra.SIX_P_ATTN12:
-            flops += 3 * tokens * self.attention_flops_per_token(seq_len, causal=False)
+            flops += 3 * tokens * full
         elif era is MaxTextFlopEra.SIX_P_ATTN6:
-            flops += 3 * tokens * self.attention_flops_per_token(seq_len, causal=True)
+            flops += 3 * tokens * (full // 2)
         return flops
 
     # ---- serialisation -----------------------------------------------------------------------
@@ -393,6 +518,15 @@ class TransformerSpec:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["mlp"] = str(self.mlp)
         return data
+
+
+def causal_window_pairs(seq_len: int, window: int) -> int:
+    """(query, key) pairs of a causal sliding window over `seq_len` tokens: the query at
+    position p (from 1) attends to min(window, p) keys, so the sum is
+    window * (window + 1) / 2 + (seq_len - window) * window for seq_len >= window, and
+    seq_len * (seq_len + 1) / 2 (the whole causal triangle, diagonal included) otherwise."""
+    w = min(window, seq_len)
+    return w * (w + 1) // 2 + (seq_len - w) * w
 
 
 def _check_positive(what: str, value: object) -> None:
@@ -441,7 +575,8 @@ _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, "llama3.1-8b")
 _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, "llama3.1-70b")
 _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, "llama3.1-405b")
 # Mistral 7B: Jiang et al. 2023 (arXiv:2310.06825) Table 1 and mistralai/Mistral-7B-v0.1
-# config.json. Its 4096-token sliding window is not modelled (full attention is assumed).
+# config.json. Full attention, as MaxText's mistral-7b runs it (reference/maxtext_runs.json);
+# the paper's 4096-token window in every layer is `attention_window: 4096` (period 0).
 _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000)
 
 # Mixtral 8x7B: Jiang et al. 2024 (arXiv:2401.04088) Table 1 and mistralai/Mixtral-8x7B-v0.1
@@ -459,14 +594,31 @@ _add(TransformerSpec(name="mixtral-8x22b", num_layers=56, d_model=6144, num_head
 
 # Gemma 2: Gemma Team 2024 (arXiv:2408.00118) Table 1 and google/gemma-2-{9b,27b} config.json
 # (the paper's "feedforward dim" 28672 / 73728 counts gate + up, i.e. 2 x intermediate_size).
-# GeGLU, tied embeddings, vocab 256000. Not modelled: local/global sliding-window alternation,
-# logit soft-capping, and the extra post-norms (4 norms per layer instead of 2).
+# GeGLU, tied embeddings, vocab 256000. §2 of the paper: local sliding-window attention (4096
+# tokens) alternating with global attention in every other layer (local first: config.json
+# `sliding_window` 4096, HF's `is_sliding = not layer_idx % 2`), and RMSNorm on the input and
+# the output of every sub-layer (`post_norms`). Not modelled: logit soft-capping.
 _add(TransformerSpec(name="gemma2-9b", num_layers=42, d_model=3584, num_heads=16,
                      num_kv_heads=8, head_dim=256, d_ff=14336, mlp=MlpKind.GEGLU,
-                     vocab_size=256000, tied_embeddings=True))
+                     vocab_size=256000, tied_embeddings=True, attention_window=4096,
+                     global_layer_period=2, post_norms=True))
 _add(TransformerSpec(name="gemma2-27b", num_layers=46, d_model=4608, num_heads=32,
                      num_kv_heads=16, head_dim=128, d_ff=36864, mlp=MlpKind.GEGLU,
-                     vocab_size=256000, tied_embeddings=True))
+                     vocab_size=256000, tied_embeddings=True, attention_window=4096,
+                     global_layer_period=2, post_norms=True))
+# Gemma 3 12B: Gemma Team 2025, "Gemma 3 Technical Report" (arXiv:2503.19786) §2: 5 local
+# layers per global one (`global_layer_period` 6, the 6th, 12th, ... layer global), local
+# layers span 1024 tokens, GQA with pre- and post-norm RMSNorm, QK-norm in place of Gemma 2's
+# soft-capping, the Gemini 2.0 tokenizer of 262k entries; Table 1: 10,759M non-embedding
+# parameters for the 12B (this spec: 10,758,389,760 plus 0.5M norm scales). Shapes as MaxText
+# runs it (reference/maxtext_runs.json, the v6e gemma3-12b recipes, from MaxText's
+# gemma3-12b.yml): 48 layers, d_model 3840, 16 query heads and 8 KV heads of 256, mlp_dim
+# 15360 with GeLU-gated (`gelu`, `linear`) MLPs, vocab 262144, tied embeddings, sliding
+# window 1024 with a pattern period of 6.
+_add(TransformerSpec(name="gemma3-12b", num_layers=48, d_model=3840, num_heads=16,
+                     num_kv_heads=8, head_dim=256, d_ff=15360, mlp=MlpKind.GEGLU,
+                     vocab_size=262144, tied_embeddings=True, attention_window=1024,
+                     global_layer_period=6, post_norms=True, qk_norm=True))
 
 # GPT-3 175B: Brown et al. 2020 (arXiv:2005.14165) Table 2.1 (96 layers, d_model 12288, 96 heads
 # of 128) and §2.1 (d_ff = 4 d_model, GPT-2 architecture: GELU MLP, tied embeddings, the

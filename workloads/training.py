@@ -208,6 +208,19 @@ class _Dims:
     layers: int  # layers on this pipeline stage
 
 
+def _check_pattern_per_stage(model: TransformerSpec, layers: int, split: str) -> None:
+    # Every pipeline chunk compiles the same program (its layers numbered from 0): a mixed
+    # local/global pattern must repeat whole within a chunk for that program to be each
+    # chunk's.
+    period = model.global_layer_period
+    if model.attention_window is not None and period and layers % period:
+        raise TpusimError(
+            f"{split} gives each pipeline chunk {layers} layers, which does not hold whole "
+            f"periods of the model's local/global pattern (global_layer_period={period}); pick "
+            f"a pipeline size that leaves a multiple of {period} layers per chunk"
+        )
+
+
 def _check_divisible(what: str, value: int, axis: str, size: int, fix: str) -> None:
     if size > 1 and value % size:
         raise TpusimError(
@@ -331,6 +344,7 @@ def _compiler(
                      "pick a sequence size that divides --seq-len")
     _check_divisible("num_layers", model.num_layers, "pipeline", pp,
                      "pick a pipeline size that divides the layer count")
+    _check_pattern_per_stage(model, model.num_layers // pp, f"pipeline={pp}")
     if ep > 1:
         if not model.is_moe:
             raise TpusimError(
@@ -383,6 +397,8 @@ def compile_pipeline_chunk(
             f"num_layers = {model.num_layers} is not divisible by pipeline x virtual stages = "
             f"{pp} x {v}; pick sizes whose product divides the layer count"
         )
+    _check_pattern_per_stage(model, model.num_layers // (pp * v),
+                             f"pipeline={pp} x virtual stages={v}")
     c = _compiler(model, mesh, num_chips, dataclasses.replace(config, microbatches=1))
     # One microbatch of the real microbatch size, through num_layers / (pp x V) layers.
     c.d = dataclasses.replace(c.d, n=c.d.n / config.microbatches,
@@ -700,6 +716,11 @@ class _Compiler:
             qkv = self.mm(f"{tag}qkv_proj", 2 * n * D * (h_loc + 2 * k_loc) * hd,
                           qkv_w * self.wb, n * D * a, n * (h_loc + 2 * k_loc) * hd * a,
                           [norm] + wdeps + mm_deps, layer, phase, keys=("wq", "wk", "wv"))
+        if m.qk_norm:
+            # RMSNorm over head_dim of every query and key head (Gemma 3): a norm fusion of
+            # its own, as the pre-norms are (reads twice, writes once).
+            qkv = self.vpu(f"{tag}qk_norm", 5 * n * (h_loc + k_loc) * hd,
+                           3 * n * (h_loc + k_loc) * hd * a, [qkv], layer, phase)
         rope = self.vpu(f"{tag}rotary", 6 * n * (h_loc + k_loc) * hd,
                         2 * n * (h_loc + k_loc) * hd * a, [qkv] + after, layer, phase)
         att = self.attention_forward(layer, rope, phase, tag)
@@ -726,6 +747,10 @@ class _Compiler:
             out = self.mm(f"{tag}out_proj", 2 * n * h_loc * hd * D, H * hd * D / tp * self.wb,
                           n * h_loc * hd * a, n * D * a, [att] + wdeps, layer, phase)
             exit1 = self.tp_exit(tag, "attn", out, [out], layer, phase)
+        if m.post_norms:
+            # The sublayer's output is normed before the residual add (Gemma 2 / 3).
+            exit1 = [self.vpu(f"{tag}post_norm_attn", 5 * r * D, 3 * r * D * a,
+                              exit1 or list(x), layer, phase)]
         res1 = self.vpu(f"{tag}residual_attn", r * D, 3 * r * D * a, exit1 + list(x), layer,
                         phase)
         norm2 = self.vpu(f"{tag}norm_mlp", 5 * r * D, 3 * r * D * a, [res1], layer, phase)
@@ -735,6 +760,9 @@ class _Compiler:
                                     dead_tail=True)
         mlp_out = self.mlp_forward(layer, norm2, wdeps + mm_deps2, phase, tag, after2)
         exit2 = self.tp_exit(tag, "mlp", mlp_out, [mlp_out], layer, phase)
+        if m.post_norms:
+            exit2 = [self.vpu(f"{tag}post_norm_mlp", 5 * r * D, 3 * r * D * a, exit2, layer,
+                              phase)]
         return self.vpu(f"{tag}residual_mlp", r * D, 3 * r * D * a, exit2 + [res1], layer,
                         phase)
 
@@ -752,12 +780,16 @@ class _Compiler:
         s_loc = n * d.sp / ctx  # local sequences (each attends to its whole context)
         kv_bytes = s_loc * ctx * k_loc * hd * a  # K (or V) of every local sequence
         if self.cfg.attention == "flash":
-            # Flash attention skips fully masked blocks (about half under a causal mask) and
-            # keeps the score matrix in VMEM: HBM sees only Q, K, V and the output.
-            flops = 4 * n * ctx * h_loc * hd * 0.5
+            # Flash attention skips fully masked blocks (about half under a causal mask; all
+            # but the window's in a local layer) and keeps the score matrix in VMEM: HBM sees
+            # only Q, K, V and the output.
+            flops = 4 * n * h_loc * hd * m.attended_keys_per_query(ctx, layer)
             nbytes = 2 * n * h_loc * hd * a + 2 * kv_bytes
             return self.mm(f"{tag}flash_attention", flops, 0.0, nbytes, 0.0, deps, layer, phase,
                            narrow_dim=hd)
+        # Dot attention materialises every score and masks it afterwards (MaxText's
+        # dot-product path: a full q.K^T, then the causal and sliding-window masks), so a
+        # local layer costs what a global one does.
         scores = n * ctx * h_loc
         # Both attention matmuls tile head_dim: q.K^T contracts over it, P.V outputs it, so a
         # head_dim below the MXU width leaves part of the array idle (ChipSpec.mxu_fill).
@@ -1292,6 +1324,13 @@ class _Compiler:
         fwd_mlp = 2 * n * D * F * mats / tp
         comb = None
         dcomb_deps: list[int] = []
+        if m.post_norms and not m.parallel_block:
+            # The gradient enters each sublayer through its post-norm's backward.
+            r = self.rows()
+            post = self.vpu("post_norm_mlp_bwd", 10 * r * D, 4 * r * D * a,
+                            [grad] if grad is not None else list(deps), layer, "bwd")
+            grad = post
+            deps = list(deps) + [post]
         if dense_disp:
             # Combine einsum backward: gradients of the expert outputs and of the combine
             # weights (the router's gradient), two einsums of the forward's size. XLA computes
@@ -1367,13 +1406,18 @@ class _Compiler:
         nrm = self.vpu("norm_mlp_bwd", 10 * r * D, 4 * r * D * a,
                        mlp_exit + [x for x in (ar1,) if x is not None] + dcomb_deps, layer,
                        "bwd")
-        att_fwd_flops = 4 * n * d.ctx * h_loc * hd * (0.5 if self.cfg.attention == "flash" else 1)
+        keys = m.attended_keys_per_query(d.ctx, layer) if self.cfg.attention == "flash" \
+            else d.ctx  # dot attention computes every score (attention_forward)
+        att_fwd_flops = 4 * n * h_loc * hd * keys
         att_factor = 2.5 if self.cfg.attention == "flash" else 2.0  # flash recomputes scores
         w_att = m.attention_params_per_layer / tp * self.wb
         proj_flops = 2 * n * D * (2 * h_loc + 2 * k_loc) * hd
         if m.parallel_block:
             mm_deps2, after2 = mm_deps, after
         else:
+            if m.post_norms:
+                nrm = self.vpu("post_norm_attn_bwd", 10 * r * D, 4 * r * D * a, [nrm], layer,
+                               "bwd")
             mm_deps2, after2 = self.tp_enter("", "attn_bwd", nrm, layer, "bwd")
         dproj = self.mm("attn_proj_bwd", proj_flops, w_att,
                         1.5 * n * (h_loc + 2 * k_loc) * hd * a, n * D * a,
@@ -1398,6 +1442,9 @@ class _Compiler:
             self.mem(datt, MemoryCategory.TEMPORARIES, -scores * a)
         rope = self.vpu("rotary_bwd", 6 * n * (h_loc + k_loc) * hd,
                         2 * n * (h_loc + k_loc) * hd * a, [datt], layer, "bwd")
+        if m.qk_norm:
+            rope = self.vpu("qk_norm_bwd", 10 * n * (h_loc + k_loc) * hd,
+                            4 * n * (h_loc + k_loc) * hd * a, [rope], layer, "bwd")
         last = [datt_m if self.cfg.attention != "flash" else datt]
         att_exit = self.tp_exit("", "block_bwd" if m.parallel_block else "attn_bwd", rope,
                                 last + ([dmlp] if m.parallel_block else []), layer, "bwd")
