@@ -89,6 +89,7 @@ class Case:
     # XLA overlaps the data-parallel gradient all-reduce only with the recipes'
     # DATA_PARALLEL_OVERLAP flags; without them it blocks the next layer's backward.
     dp_allreduce: str = "blocking"
+    vocab_tiling: int = 1  # MaxText's num_vocab_tiling (the Gemma-3 recipes: 16)
 
     @property
     def low_quality(self) -> bool:
@@ -361,6 +362,7 @@ def load_cases(
             measured_step_s=float(step), measured_tokens_s=float(tok_s), step_source=source,
             quality=quality, notes=tuple(notes), capacity_factor=float(cf) if cf else None,
             dp_allreduce=dp_allreduce,
+            vocab_tiling=int(raw.get("other_settings", {}).get("num_vocab_tiling") or 1),
         ))
         if quality != "low":
             counters[chip] += 1
@@ -385,7 +387,7 @@ def trace_config(case: Case) -> TrainingConfig:
     return TrainingConfig(seq_len=case.seq_len, batch_per_chip=case.batch_per_chip,
                           remat=case.remat, attention="flash",
                           moe=MoeConfig(capacity_factor=case.capacity_factor),
-                          dp_allreduce=case.dp_allreduce)
+                          dp_allreduce=case.dp_allreduce, vocab_tiling=case.vocab_tiling)
 
 
 def _trace(case: Case):

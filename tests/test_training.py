@@ -936,3 +936,31 @@ def test_pipeline_chunks_must_hold_whole_periods_of_the_local_global_pattern():
                                           r"global_layer_period=4"):
         _step("pipeline=2", "1x2", model=model)
     _step("pipeline=2", "1x2", model={**model, "global_layer_period": 2})
+
+
+def test_vocab_tiling_recomputes_the_logits_and_holds_one_chunk_of_them():
+    plain, _ = _step("fsdp=4", "2x2", remat=Remat.FULL)
+    tiled, _ = _step("fsdp=4", "2x2", remat=Remat.FULL, vocab_tiling=4)
+    m = model_from_dict(TINY)
+    n = 2 * 128  # tokens per chip
+    # The backward recomputes the logits once: 2 x tokens x d_model x vocab more MXU FLOPs.
+    assert _mxu_flops(tiled) - _mxu_flops(plain) == 2 * n * m.d_model * m.vocab_size
+    # f32 logits + bf16 logit gradients (6 bytes a logit) of one chunk of 64 tokens at a time.
+    assert plain.meta["logits_bytes"] == n * m.vocab_size * 6
+    assert tiled.meta["logits_bytes"] == plain.meta["logits_bytes"] / 4
+    # Each chunk reads the whole gathered output projection.
+    logits = {t: next(o for o in tr.ops if o.name == "logits") for t, tr in ((1, plain),
+                                                                               (4, tiled))}
+    emb_w = m.vocab_size * m.d_model * 2
+    assert logits[4].hbm_bytes - logits[1].hbm_bytes == 3 * emb_w
+    with pytest.raises(TpusimError, match=r"--vocab-tiling 3 does not divide the 256 tokens"):
+        _step("fsdp=4", "2x2", vocab_tiling=3)
+    with pytest.raises(TpusimError, match=r"--vocab-tiling 0 must be a whole number"):
+        TrainingConfig(seq_len=128, batch_per_chip=1, vocab_tiling=0)
+
+
+def test_cli_vocab_tiling_reaches_the_trace(tiny_yaml, capsys):
+    rc, out, _ = _cli(capsys, *_train_args(tiny_yaml, "--vocab-tiling", "2", "--json"))
+    assert rc == 0
+    rc, out1, _ = _cli(capsys, *_train_args(tiny_yaml, "--json"))
+    assert json.loads(out)["step_time_s"] > json.loads(out1)["step_time_s"]

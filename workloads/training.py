@@ -126,6 +126,9 @@ class TrainingConfig:
     # exponentials (sim/ sets it from ChipSpec.score_exp_fusion: v6e); other chips fuse on
     # some meshes: memory only, see workloads.memory.score_exp_fused.
     score_exp_fusion: bool = False
+    # MaxText's `num_vocab_tiling`: the output projection and the loss run over this many
+    # chunks of the tokens, and the backward recomputes each chunk's logits (1: no tiling).
+    vocab_tiling: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.seq_len, int) or not 1 <= self.seq_len <= MAX_TOKENS:
@@ -142,6 +145,10 @@ class TrainingConfig:
         if not isinstance(self.score_exp_fusion, bool):
             raise TpusimError(f"score_exp_fusion {short_repr(self.score_exp_fusion)} must be "
                               f"true or false (the chip's score_exp_fusion)")
+        if isinstance(self.vocab_tiling, bool) or not isinstance(self.vocab_tiling, int) or \
+                not 1 <= self.vocab_tiling <= MAX_CHUNKS:
+            raise TpusimError(f"--vocab-tiling {short_repr(self.vocab_tiling)} must be a whole "
+                              f"number in [1, {MAX_CHUNKS:,}] (1: no tiling)")
         if not isinstance(self.microbatches, int) or not 1 <= self.microbatches <= MAX_CHUNKS:
             raise TpusimError(f"--microbatches {short_repr(self.microbatches)} must be a whole "
                               f"number in [1, {MAX_CHUNKS:,}]")
@@ -372,6 +379,12 @@ def _compiler(
             f"each data shard holds; pick a divisor of {local_seqs}"
         )
     config.moe.check_model(model)
+    loss_rows = local_seqs * config.seq_len / sp / config.microbatches
+    if config.vocab_tiling > 1 and loss_rows % config.vocab_tiling:
+        raise TpusimError(
+            f"--vocab-tiling {config.vocab_tiling} does not divide the {loss_rows:g} tokens each "
+            f"chip's loss processes per microbatch; pick a divisor of {loss_rows:g}"
+        )
     d = _Dims(
         n=local_seqs * config.seq_len / sp / config.microbatches,
         ctx=config.seq_len,
@@ -1087,7 +1100,11 @@ class _Compiler:
                 final_norm = self.vpu("final_norm", 5 * r * D, 3 * r * D * a, [prev], -1, "fwd")
                 # Sharded activations are gathered over `tensor` before the vocab-split logits.
                 lg_deps, lg_after = self.tp_enter("", "logits", final_norm, -1, "fwd")
-                logits = self.mm("logits", 2 * n * D * V / d.tp, emb_w, n * D * a, n * V / d.tp * 4,
+                # Vocab tiling runs the projection chunk by chunk: each chunk reads the whole
+                # (gathered) matrix, and only one chunk's logits exist at a time.
+                tiles = cfg.vocab_tiling
+                logits = self.mm("logits", 2 * n * D * V / d.tp, emb_w * tiles, n * D * a,
+                                 n * V / d.tp * 4,
                                  [final_norm] + ([emb_g] if emb_g is not None else []) + lg_deps,
                                  -1, "fwd")
                 # The loss over vocabulary shards: the row maxima (bf16, before the f32 convert)
@@ -1103,14 +1120,22 @@ class _Compiler:
                                 -1, "loss")
                 lse = self.coll("tp_logsumexp_allreduce", "all-reduce", ("tensor",),
                                 n * 4 * 2, [loss], -1, "loss")
-                dlog = self.vpu("dlogits", 4 * n * V / d.tp, 2 * n * V / d.tp * a,
-                                [loss] + ([lse] if lse is not None else []), -1, "bwd")
-                dx = self.mm("logits_bwd", 4 * n * D * V / d.tp, 2 * emb_w, n * V / d.tp * a,
-                             n * D * a + emb_w, [dlog], -1, "bwd")
+                dlog_deps = [loss] + ([lse] if lse is not None else [])
+                if tiles > 1:
+                    # MaxText's vocab tiling keeps no logits for the backward (a custom VJP):
+                    # the backward recomputes each chunk's logits and its softmax.
+                    rl = self.mm("logits_recompute", 2 * n * D * V / d.tp, emb_w * tiles,
+                                 n * D * a, n * V / d.tp * 4, dlog_deps, -1, "bwd")
+                    dlog_deps = [self.vpu("softmax_xent_recompute", 6 * n * V / d.tp,
+                                          2 * n * V / d.tp * 4, [rl], -1, "bwd")]
+                dlog = self.vpu("dlogits", 4 * n * V / d.tp, 2 * n * V / d.tp * a, dlog_deps,
+                                -1, "bwd")
+                dx = self.mm("logits_bwd", 4 * n * D * V / d.tp, 2 * emb_w * tiles,
+                             n * V / d.tp * a, n * D * a + emb_w, [dlog], -1, "bwd")
                 # At the loss XLA holds the logits in f32 and a bf16 buffer for their
                 # gradients (workloads/memory.py), plus the gathered output projection; all die
-                # with the logits' backward matmul.
-                lt = loss_tensors(rows=n, local_vocab=V / d.tp, act_bytes=a)
+                # with the logits' backward matmul. Vocab tiling holds one chunk's at a time.
+                lt = loss_tensors(rows=n / tiles, local_vocab=V / d.tp, act_bytes=a)
                 held = deferred_head_gradient_bytes(
                     rows=n, d_model=D, local_vocab=V / d.tp, act_bytes=a, tensor=d.tp,
                     fsdp=d.fs, tp_activations=cfg.tp_activations, remat=str(cfg.remat))
@@ -1590,7 +1615,8 @@ class _Compiler:
             "memory_events": self.mem_events,
             # The loss's temporaries (pipeline stages add them to the last stage's peak).
             "logits_bytes": sum(t.num_bytes for t in loss_tensors(
-                rows=d.n, local_vocab=m.vocab_size / d.tp, act_bytes=self.act))
+                rows=d.n / cfg.vocab_tiling, local_vocab=m.vocab_size / d.tp,
+                act_bytes=self.act))
             if self.head_on else 0.0,
         }
 

@@ -69,6 +69,10 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
                    help="MoE all-to-alls over expert: sync (XLA's default: no compute overlaps "
                         "them) or async (libtpu's --xla_tpu_enable_async_all_to_all: the "
                         "backward's overlap independent matmuls)")
+    p.add_argument("--vocab-tiling", type=int_flag("--vocab-tiling", hi=MAX_CHUNKS), default=1,
+                   help="MaxText's num_vocab_tiling: the output projection and loss run in this "
+                        "many chunks of the tokens (one chunk's logits in HBM at a time) and "
+                        "the backward recomputes each chunk's logits (default 1: no tiling)")
     p.add_argument("--fsdp-gather", default="async",
                    help="FSDP weight gathers (one per weight matrix): async (prefetched, "
                         "default), windowed (collective matmuls), blocking, or the per-matrix "
@@ -109,6 +113,7 @@ def compile_inputs(args: argparse.Namespace, moe=None, chip=None):
         tp_comm=args.tp_comm,
         dp_allreduce=args.dp_allreduce,
         ep_alltoall=args.ep_alltoall,
+        vocab_tiling=args.vocab_tiling,
         pipeline_schedule=args.pipeline_schedule or "1f1b",
         virtual_stages=args.virtual_stages,
         moe=moe if moe is not None else cli.moe_config(args),
