@@ -368,8 +368,9 @@ def parse_hlo_costs(text: str) -> list[dict]:
     """XLA's own per-op cost: every instruction whose backend config carries
     `estimated_cycles` (XLA's TPU cost model; collectives and custom calls carry none),
     multiplied by the trip counts of the while loops around it, summed per (op_name, the
-    op_name of the matmul inside its fusion or "", opcode, "windowed" if it sits in a
-    windowed-einsum loop else ""): `cycles` (total), `count` (executions) and `instrs` (HLO
+    op_name of the matmul inside its fusion or "", opcode, the windowed-einsum loop it sits in:
+    "windowed-ag" (an all-gather einsum, `_body_ag`), "windowed-rs" (a reduce-scatter one,
+    `_body_rs`) or ""): `cycles` (total), `count` (executions) and `instrs` (HLO
     instructions)."""
     comps, entry = parse_hlo_module(text)
     if entry is None:
@@ -405,7 +406,9 @@ def parse_hlo_costs(text: str) -> list[dict]:
                 a[1] += mult
                 a[2] += 1
             if ins["opcode"] == "while" and ins["body"]:
-                tag = "windowed" if "windowed_dot_general_body" in ins["body"] else loop
+                tag = loop
+                if "windowed_dot_general_body" in ins["body"]:
+                    tag = "windowed-rs" if "_body_rs" in ins["body"] else "windowed-ag"
                 visit(ins["body"], mult * trip_count(comps, ins), tag, seen + (comp,))
             elif ins["opcode"] in ("call", "conditional", "async-start"):
                 for c in ins["calls"]:
@@ -717,13 +720,20 @@ def tpusim_logical_bytes(name: str) -> dict[tuple[str, str], float]:
 # --------------------------------------------------------------------------------------------
 
 # XLA's estimated cycles -> seconds at the chip's clock. Check: at these clocks XLA's estimate
-# for the step's largest matmul (the logits) is 96-98% of the chip's MXU peak in every program
+# for the step's largest matmul (the logits) is 96-98% of the chip's MXU peak on v5e and v5p
 # (docs/validation.md), i.e. XLA counts cycles of the whole chip (both megacore cores on v5p).
 XLA_CLOCK_HZ = {
     "v5e": 1.5e9,   # docs/reference/tpu.md §1.2 (MXU row: 5e13 FLOP/s per MXU at 1.5 GHz)
     "v5p": 1.75e9,  # docs/reference/tpu.md §1.2 (VPU row: "v5p clock ≈ 1.75 GHz")
-    # Not in the references: 9.2e14 FLOP/s (tpu.md §1.1) / (4 MXUs x 256 x 256 x 2 FLOP), the
-    # v5e MXU count with v6e's 256-wide arrays (tpu.md §1.2); checked as above.
+    # Derived, no reference states it: Google's Trillium announcement (May 2024) gives v6e
+    # 4.7x v5e's peak per chip, reached by "expanding the size of matrix multiply units
+    # (MXUs) and increasing the clock speed". With the cited peaks (918 / 197 TFLOP/s: 4.66x,
+    # docs/reference/maxtext.md §5, tpu.md §1.1) and 256x256 arrays instead of 128x128
+    # (4x the MACs per cycle, tpu.md §1.2) at v5e's MXU count: 1.5 GHz x 4.66 / 4 = 1.75 GHz
+    # (918e12 / (4 x 256 x 256 x 2) = 1.751e9). Twice the arrays at 0.875 GHz would be a lower
+    # clock, which the announcement excludes. Checked on XLA's own estimates
+    # (OP_COSTS_EXPLAIN): identical HBM-bound fusions come out at the same fraction of each
+    # chip's HBM bandwidth on v5e, v5p and v6e at these clocks.
     "v6e": 1.75e9,
 }
 
@@ -737,13 +747,17 @@ _DISPATCH_EINSUMS = ("bsm,bsec->ebcm", "ebcm,bsec->bsm")
 
 def xla_op_class(op_name: str, matmul: str, loop: str = "") -> str:
     """The class of one XLA instruction from its op_name, that of the matmul in its fusion
-    ("" if none) and its loop ("windowed" in a windowed einsum): named scopes of
-    `_xla.Decoder` / `lower_moe_train` (layer{i}, norm, attention, router, embed, head,
-    adam / sgd) and the einsum it computes. A windowed loop's fusions without an op_name
-    select and add the ring's partial results into the accumulator."""
+    ("" if none) and its loop ("windowed-ag" / "windowed-rs" in a windowed einsum): named
+    scopes of `_xla.Decoder` / `lower_moe_train` (layer{i}, norm, attention, router, embed,
+    head, adam / sgd) and the einsum it computes. Every fusion of a windowed reduce-scatter
+    loop but its matmuls works on the ring's accumulators (a select zeroing them, without an
+    op_name, and the add of each step's partial product, named after the dot), whichever
+    matrix it is; in an all-gather loop the named ones copy output slices into place."""
     both = op_name + " " + matmul
+    if not matmul and (loop == "windowed-rs" or (loop.startswith("windowed") and not op_name)):
+        return "windowed-einsum accumulators"
     if not op_name and not matmul:
-        return "windowed-einsum accumulators" if loop == "windowed" else "unattributed"
+        return "unattributed"
     if re.search(r"(^|/)(adam|sgd)(/|$)", op_name):
         return "optimizer update"
     if re.search(r"\b(head|embed)\b", both):
@@ -770,6 +784,8 @@ def tpusim_op_class(op) -> str:
     name = op.name[3:] if op.name.startswith("re-") else op.name
     if name.startswith("adam"):
         return "optimizer update"
+    if name.endswith("_accum"):
+        return "windowed-einsum accumulators"
     if op.layer < 0:
         return "embedding, logits and loss"
     if name.startswith(("attn_scores", "attn_values", "attn_bwd")) or name == "attention":
@@ -1003,34 +1019,66 @@ OP_COSTS_EXPLAIN = """What the tables say:
 * **Matmuls.** tpusim costs a matmul at the fitted MXU efficiency (0.78 of peak on v5e and
   v5p, 0.63 on v6e; fitted on measured MaxText step times, above) or at its HBM bytes if
   those take longer; XLA's model costs the large matmuls near the MXU peak: at the clocks
-  above its estimate for the logits matmul is 97-98% of the peak on v5e and v5p. On v6e it is
-  73% at 1.75 GHz, a clock the references do not give: either XLA's model is less efficient on
-  v6e (as the fitted 0.63 says of measured runs) or the clock differs, so the v6e rows carry
-  that uncertainty in absolute terms (not in their ratios to each other). The fitted efficiency
-  alone makes tpusim's compute-bound matmuls 1/0.78 = 1.28x XLA's estimate on v5e; it is fitted
-  on measured steps, which XLA's static estimate does not see, and is not re-tuned to XLA here.
-  The other differences between the matmul rows (v5p's tensor-split matmuls, v6e, the MoE
-  experts) are not analysed yet.
+  above its estimate for the logits matmul is 97-98% of the peak on v5e and v5p (its fastest
+  fusions: 128,302 FLOP per cycle on v5e, 97.9% of 4 MXUs x 128 x 128 x 2; 256,468 on v5p,
+  97.8% of twice that). The fitted efficiency alone makes tpusim's compute-bound matmuls
+  1/0.78 = 1.28x XLA's estimate on v5e; it is fitted on measured steps, which XLA's static
+  estimate does not see, and is not re-tuned to XLA here. The other differences between the
+  matmul rows (v5p's tensor-split matmuls, v6e, the MoE experts) are not analysed yet.
+* **The v6e clock** (1.75 GHz, `XLA_CLOCK_HZ`) is derived, not read off a reference: 918
+  TFLOP/s (MaxText's peak, tpu.md's 9.2e14) over 4 MXUs of 256 x 256 x 2 FLOP per cycle; the
+  4 MXUs follow from Google's Trillium announcement (4.7x v5e's peak from larger MXUs and a
+  higher clock: 1.5 GHz x 918 / 197 / 4 = 1.75 GHz; 8 arrays would need 0.875 GHz, a lower
+  clock). XLA's estimates agree on its HBM side: the output projection's windowed-ring
+  accumulator fusions have the same shapes in every fsdp=16 program, and at these clocks the
+  select (131 MB moved) runs at 41% of v5e's HBM bandwidth, 36% of v5p's and 41% of v6e's,
+  the add (394 MB) at 61%, 54% and 68%; at 0.875 GHz v6e's would be half of that. On its MXU
+  side they do not: XLA's v6e model gives some matmul fusions 838,861 FLOP per cycle (a
+  [2048, 4096] x [4096, 4096] matmul from VMEM in 81,920 cycles), 1.6x the 524,288 of 4
+  arrays; most large v6e matmuls come out at 450,000-490,000 (86-94%) and the logits at 63%
+  and 89%. So XLA's v6e model does not bound every matmul by the 918 TFLOP/s peak at this
+  clock; the v6e matmul rows carry that uncertainty.
 * **Attention.** tpusim costs dot attention's score and P.V matmuls by their bytes (f32 scores
   written and read back, HBM-bound at these sizes). XLA's estimate for its attention matmul
   fusions is higher than tpusim's on v5e and v5p and about equal or lower on v6e. Which of the
   mask and softmax work XLA fuses into the score matmul differs by generation and mesh
   (docs/model.md, "Memory"), so compare the attention-matmul and softmax rows together.
-* **MoE router.** XLA's estimate for building the one-hot dispatch and combine masks (the
-  `reduce_sum` fusions over [tokens, top-k, experts, capacity] in the router scope, about 3.3 ms
-  in the forward and again in the rematerialized forward) is far above tpusim's `moe_masks`
-  cost, which charges the masks' bytes only.
+* **MoE router.** Nearly all of XLA's router estimate (6.6 of 7.2 ms) is two fusions per layer
+  and pass, forward and rematerialized: the dispatch and combine masks, each a one-hot of
+  the capacity positions over [tokens, top-k, experts, capacity] (2048 x 2 x 8 x 640 = 21 M
+  elements: an s32 compare against an iota, a select of the routing weight, f32 for the
+  combine mask, bf16 for the dispatch mask) summed over top-k into a bf16 [tokens, experts,
+  capacity] mask (21 MB), 1,434,702 cycles (0.82 ms) each. That is 60x the time to write the
+  mask at v6e's HBM rate (13 us) and over 20x the VPU's compare, select and add on every
+  element (1,024 f32 lanes per cycle): about 15 elements per cycle. The inputs hold the
+  expert index in the lane dimension ([tokens, top-k, experts], tile (2, 128)), the output in
+  the sublane dimension (capacity is the lanes): what XLA's model charges is not bytes or
+  ALU work but, presumably, that relayout, which no measurement here can confirm. tpusim's
+  `moe_masks` keeps the bytes (both masks written) and FLOPs cost; the measured MoE runs
+  (above) are already predicted slow, not fast, so nothing in them asks for XLA's 0.82 ms.
 * **Decode.** XLA's estimate for the decode step's weight matmuls (0.05 ms) is below the time
   to read those weights from HBM (2 layers x 218 M parameters / 8 chips in bf16 = 109 MB, 0.13
-  ms at v5e's 8.1e11 B/s), which tpusim charges: XLA's per-op estimate does not bound these
-  M = 8 matmuls by their HBM reads.
+  ms at v5e's 8.2e11 B/s), which tpusim charges. The compiled program streams the weights
+  into VMEM with asynchronous copies (`copy-start`/`copy-done`, one a cross-program prefetch)
+  and slices (`slice-start`/`slice-done`, joined by `ConcatBitcast` custom calls); the matmul
+  fusions read their weights from VMEM (`S(1)` layouts), so their estimates leave the HBM
+  read out, and the copies, like collectives, carry no estimate. The bytes still cross HBM
+  once per step, overlapped with other work, and at M = 8 rows that read is the step's
+  bound: tpusim, which charges it to the matmuls, is right, and the sum of XLA's per-op
+  estimates is not a step time here.
 * **Norms and other elementwise work** cannot be compared row by row: XLA fuses RMSNorm, the
   residual adds and the SwiGLU product into the neighbouring matmul fusions, which these tables
   count as matmuls (a fusion that holds a matmul is that matmul). Compare the totals.
-* **Windowed-einsum accumulators** ({accum} of XLA's compute estimate): in XLA's windowed
-  reduce-scatter loops, fusions without an op_name select and add each ring step's partial
-  result into the accumulator. tpusim does not charge this traffic (issue 11 names it); it is
-  not modelled yet.
+* **Windowed-einsum accumulators** ({accum} of XLA's compute estimate): every fusion of
+  XLA's windowed reduce-scatter loops but the matmuls (a select zeroing the two accumulators,
+  without an op_name, and the add of each ring step's partial product, named after the dot),
+  against tpusim's `*_accum` ops: 4 x |W| bytes of each windowed gradient reduce-scatter
+  through HBM (docs/model.md, "Training steps"). XLA keeps the smaller matrices' accumulators
+  in VMEM (`S(1)`) yet estimates those fusions at about the same cost per byte as the output
+  projection's HBM-resident ones (v5e: 580 and 502 GB/s of bytes moved), so tpusim charges
+  all of them at the HBM rate. The data x fsdp program has no windowed loops (it all-reduces
+  the gradients, above); tpusim's mixed-blocking form still reduce-scatters them through
+  windowed rings there, with their accumulators.
 * **Unattributed**: other instructions without an op_name, mostly layout copies of weights
   and activations between fusions (they carry estimates too); tpusim has no such ops.
 * **Optimizer update**: the MoE program's update is SGD (XLA side) against tpusim's Adam.

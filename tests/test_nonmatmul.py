@@ -1,6 +1,7 @@
 """Non-matmul work costed from bytes and dtypes (docs/model.md "Training steps"): the MLP
 activation and norms as fusions of their own, the scanned stack's copy of each layer input, dot
-attention's f32 scores, and a windowed einsum's per-step operand reads and accumulator adds."""
+attention's f32 scores, a windowed einsum's per-step operand reads and the accumulators of a
+windowed gradient reduce-scatter."""
 
 from __future__ import annotations
 
@@ -46,18 +47,56 @@ def test_dot_attention_writes_f32_scores():
     assert ops[("attn_scores", 0, "fwd")].hbm_bytes == q + kv + 4 * n * ctx * heads
 
 
-@pytest.mark.parametrize("name,phase,operand,weights", [
-    ("qkv_proj", "fwd", 2 * 128 * 64 * A, None),  # the normed input
-    ("mlp_out", "fwd", 2 * 128 * 128 * A, None),  # the gated product
-    # dX and dW each read 1.5 d_ff-wide operands per matrix; dW also reduce-scatters |W|
-    ("mlp_bwd", "bwd", 1.5 * 2 * 128 * 128 * 3 * A, None),
-    ("mlp_bwd_weights", "bwd", 1.5 * 2 * 128 * 128 * 3 * A, 3 * 64 * 128 * A),
+def test_dot_attention_backward_recomputes_f32_scores_and_moves_12_bytes_per_score():
+    ops = _ops()  # remat full: the backward recomputes the scores
+    n, ctx, heads, hd = 2 * 128, 128, 4, 16
+    scores = n * ctx * heads
+    q, kv = n * heads * hd * A, n * 2 * hd * A
+    assert ops[("re-attn_scores", 0, "bwd")].hbm_bytes == q + kv + 4 * scores
+    # dP = dO V^T and the softmax backward read the probabilities, dP and write dS (bf16).
+    dp = ops[("attn_bwd", 0, "bwd")].hbm_bytes - (2 * kv + 2 * q + 2 * kv)
+    assert dp + ops[("softmax_bwd", 0, "bwd")].hbm_bytes == 12 * scores
+
+
+@pytest.mark.parametrize("name,phase,operand", [
+    ("qkv_proj", "fwd", 2 * 128 * 64 * A),  # the normed input
+    ("mlp_out", "fwd", 2 * 128 * 128 * A),  # the gated product
+    # dX and dW each read 1.5 d_ff-wide operands per matrix
+    ("mlp_bwd", "bwd", 1.5 * 2 * 128 * 128 * 3 * A),
+    ("mlp_bwd_weights", "bwd", 1.5 * 2 * 128 * 128 * 3 * A),
 ])
-def test_a_windowed_einsum_rereads_its_operand_every_ring_step(name, phase, operand, weights):
+def test_a_windowed_einsum_rereads_its_operand_every_ring_step(name, phase, operand):
     # fsdp=4 on 4 chips: each chip holds 2 sequences (256 tokens); the ring has 4 steps.
     plain = _ops("fsdp=4", 4)[(name, 0, phase)].hbm_bytes
     windowed = _ops("fsdp=4", 4, gather="windowed")[(name, 0, phase)].hbm_bytes
-    extra = 3 * operand  # N - 1 more reads of the activation operand
-    if weights is not None:  # the gradient's reduce-scatter adds partial sums: 3 |W| (N-1)/N
-        extra += 3 * weights * 3 / 4
-    assert windowed - plain == pytest.approx(extra, rel=1e-12)
+    assert windowed - plain == pytest.approx(3 * operand, rel=1e-12)  # N - 1 more reads
+
+
+@pytest.mark.parametrize("gather", ["windowed", "mixed-async", "mixed-blocking"])
+def test_a_windowed_gradient_reduce_scatter_moves_four_times_its_matrices_through_accumulators(
+        gather):
+    # XLA's windowed_dot_general_body_rs loop: per ring step an add reads the arriving partial
+    # sum and the step's partial product and writes the sum (3 shards), and a select zeroing
+    # the two accumulators reads and writes each once per two steps (1 shard): 4 |W| in the
+    # gradient dtype, a fusion of its own after the dW matmul, which the gradient waits for.
+    D, F, V, Q, KV = 64, 128, 256, 4 * 16, 2 * 16
+    ops = _ops("fsdp=4", 4, gather=gather)
+    by_id = {o.id: o for o in ops.values()}
+    for name, w in (("mlp_bwd_weights", 3 * D * F * A),
+                    ("attn_proj_bwd_weights", (2 * D * Q + 2 * D * KV) * A)):
+        acc = ops[(f"{name}_accum", 0, "bwd")]
+        assert acc.unit == "vpu" and acc.hbm_bytes == 4 * w and acc.flops == w / A
+        assert [by_id[i].name for i in acc.deps] == [name]
+        nrm = ops[("norm_attn_bwd", 0, "bwd")]
+        assert acc.id in nrm.deps
+    head = ops[("logits_bwd_weights_accum", -1, "bwd")]
+    assert head.hbm_bytes == 4 * V * D * A
+    rs = ops[("fsdp_grad_reducescatter_embed", -1, "bwd")]
+    assert head.id in rs.deps
+    # Plain gradient reduce-scatters (async gathers) have no ring accumulators.
+    assert not [k for k in _ops("fsdp=4", 4) if k[0].endswith("_accum")]
+    # fp32 gradients: f32 accumulators, twice the bytes.
+    cfg = TrainingConfig(seq_len=128, batch_per_chip=2, fsdp_gather=gather, grad_dtype="fp32")
+    t32 = compile_training_step(model_from_dict(TINY), parse_mesh("fsdp=4"), 4, cfg)
+    (h32,) = [o for o in t32.ops if o.name == "logits_bwd_weights_accum"]
+    assert h32.hbm_bytes == 8 * V * D * A

@@ -29,13 +29,15 @@ def _cfg(cycles: int) -> str:
 ATTN = 'metadata={op_name="jit(step)/jvp(layer0)/attention/bskgd,btkd->bkgst/dot_general"}'
 NORM = 'metadata={op_name="jit(step)/transpose(jvp(layer1))/norm/rsqrt"}'
 ADAM = 'metadata={op_name="jit(step)/adam/convert_element_type"}'
+HEAD = 'metadata={op_name="jit(step)/transpose(jvp(head))/dot_general"}'
 
-WINDOWED_BODY = ("body=%wide.windowed_dot_general_body_ag.1, "
+WINDOWED_BODY = ("body=%wide.windowed_dot_general_body_rs.1, "
                  'backend_config={"known_trip_count":{"n":"3"}}')
 
-# A windowed-einsum loop (trip count 3 from known_trip_count) holding a matmul fusion and an
-# accumulator fusion without op_name, a plain loop (trip count 4 read off its condition: i < 8
-# stepping by 2) holding a norm fusion, and a top-level optimizer fusion and copy (no estimate).
+# A windowed reduce-scatter loop (trip count 3 from known_trip_count) holding a matmul fusion,
+# an accumulator select without op_name and an accumulator add named after the head's dot, a
+# plain loop (trip count 4 read off its condition: i < 8 stepping by 2) holding a norm fusion,
+# and a top-level optimizer fusion and copy (no estimate).
 MODULE = f"""HloModule jit_step
 
 %fused_mm (p0: bf16[8,8], p1: bf16[8,8]) -> bf16[8,8] {{
@@ -53,13 +55,14 @@ MODULE = f"""HloModule jit_step
   ROOT %rsqrt.1 = bf16[8,8]{{1,0}} rsqrt(%p0), {NORM}
 }}
 
-%wide.windowed_dot_general_body_ag.1 (param: (s32[], bf16[8,8])) -> (s32[], bf16[8,8]) {{
+%wide.windowed_dot_general_body_rs.1 (param: (s32[], bf16[8,8])) -> (s32[], bf16[8,8]) {{
   %param = (s32[], bf16[8,8]{{1,0}}) parameter(0)
   %i = s32[] get-tuple-element(%param), index=0
   %x = bf16[8,8]{{1,0}} get-tuple-element(%param), index=1
   %fusion.2 = bf16[8,8]{{1,0}} fusion(%x, %x), kind=kOutput, calls=%fused_mm, {ATTN}, {_cfg(100)}
   %fusion.3 = bf16[8,8]{{1,0}} fusion(%fusion.2), kind=kLoop, calls=%fused_acc, {_cfg(10)}
-  ROOT %t = (s32[], bf16[8,8]{{1,0}}) tuple(%i, %fusion.3)
+  %fusion.6 = bf16[8,8]{{1,0}} fusion(%fusion.3), kind=kLoop, calls=%fused_acc, {HEAD}, {_cfg(4)}
+  ROOT %t = (s32[], bf16[8,8]{{1,0}}) tuple(%i, %fusion.6)
 }}
 
 %cond.1 (param: (s32[], bf16[8,8])) -> pred[] {{
@@ -104,8 +107,9 @@ def test_estimated_cycles_are_multiplied_by_the_trip_counts_of_their_loops(xc):
            for c in xc.parse_hlo_costs(MODULE)}
     assert got == {
         # 100 cycles x 3 trips (known_trip_count); its matmul is the attention einsum
-        ("jvp(layer0)/attention/bskgd,btkd->bkgst/dot_general", "windowed"): (300, 3),
-        ("", "windowed"): (30, 3),  # the accumulator: 10 x 3
+        ("jvp(layer0)/attention/bskgd,btkd->bkgst/dot_general", "windowed-rs"): (300, 3),
+        ("", "windowed-rs"): (30, 3),  # the accumulator select: 10 x 3
+        ("transpose(jvp(head))/dot_general", "windowed-rs"): (12, 3),  # the add: 4 x 3
         # 7 cycles x ceil(8 / 2) trips read off the condition and the induction step
         ("transpose(jvp(layer1))/norm/rsqrt", ""): (28, 4),
         ("adam/convert_element_type", ""): (5, 1),  # the copy has no estimate
@@ -117,8 +121,13 @@ def test_xla_ops_are_classed_by_named_scope_and_the_einsum_of_their_matmul(xc):
     for c in xc.parse_hlo_costs(MODULE):
         k = xc.xla_op_class(c["op_name"], c["matmul"], c["loop"])
         classes[k] = classes.get(k, 0) + c["cycles"]
-    assert classes == {"attention matmuls": 300, "windowed-einsum accumulators": 30,
+    # Both accumulator fusions of the reduce-scatter loop, the head's named add included.
+    assert classes == {"attention matmuls": 300, "windowed-einsum accumulators": 30 + 12,
                        "norms": 28, "optimizer update": 5}
+    # In an all-gather loop a named copy of an output slice keeps its scope's class.
+    assert xc.xla_op_class("jit(step)/jvp(layer0)/dot_general", "", "windowed-ag") == \
+        "other elementwise"
+    assert xc.xla_op_class("", "", "windowed-ag") == "windowed-einsum accumulators"
     assert xc.xla_op_class("jit(step)/jvp(layer3)/dot_general",
                            "jit(step)/jvp(layer3)/dot_general") == "layer matmuls"
     assert xc.xla_op_class("jit(step)/transpose(jvp(head))/dot_general", "") == \
@@ -143,6 +152,8 @@ def test_tpusim_ops_are_classed_by_name_unit_and_layer(xc):
     assert xc.tpusim_op_class(op("adam_update", layer=-1)) == "optimizer update"
     assert xc.tpusim_op_class(op("moe_dispatch_bwd", "mxu")) == "MoE dispatch and combine"
     assert xc.tpusim_op_class(op("tp_allreduce_mlp", kind="collective")) == "collectives"
+    assert xc.tpusim_op_class(op("logits_bwd_weights_accum", layer=-1)) == \
+        "windowed-einsum accumulators"
 
 
 # -- mesh replica groups with a device list (XLA's data x fsdp programs on v6e) ---------------

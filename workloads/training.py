@@ -484,6 +484,7 @@ class _Compiler:
         # projection came back from host memory).
         self.recompute_leaves: list[int] = []
         self.mlp_weights_done: int | None = None  # set by layer_backward
+        self.last_matmul: int | None = None  # the op the latest mm() emitted for its matmul
 
     def mem(self, op_id, category: MemoryCategory, delta: float) -> None:
         """HBM changes by `delta` bytes of `category` when op `op_id` ends."""
@@ -516,15 +517,32 @@ class _Compiler:
         if n > 1 and w_bytes > 0:
             # A windowed einsum (collective matmul) computes one weight shard's output slice per
             # ring step: each of the N steps reads the activation operand whole and writes its
-            # slice in place. A weight gradient's windowed reduce-scatter also adds the partial
-            # sum arriving from the ring into its own, per step reading both and writing the
-            # sum: 3 x |W| x (N - 1) / N (the fusions inside XLA's windowed_dot_general loops).
+            # slice in place.
             in_bytes *= n
-            if name.endswith("_weights"):  # a weight gradient (dW) matmul
-                in_bytes += 3 * w_bytes * (n - 1) / n
-        return self.b.add(name, kind=OpKind.COMPUTE, unit=Unit.MXU, flops=flops,
-                          hbm_bytes=w_bytes + in_bytes + out_bytes, deps=deps, layer=layer,
-                          phase=phase, narrow_dim=narrow_dim)
+        op = self.b.add(name, kind=OpKind.COMPUTE, unit=Unit.MXU, flops=flops,
+                        hbm_bytes=w_bytes + in_bytes + out_bytes, deps=deps, layer=layer,
+                        phase=phase, narrow_dim=narrow_dim)
+        self.last_matmul = op
+        if n > 1 and w_bytes > 0 and name.endswith("_weights"):
+            # A weight gradient (dW) whose reduce-scatter is a windowed ring: the gradient is
+            # complete once its ring accumulators are.
+            return self.ring_accumulators(name, op, w_bytes, layer, phase)
+        return op
+
+    def ring_accumulators(self, name, dep, w_bytes, layer, phase) -> int:
+        """The accumulator traffic of a weight gradient's windowed reduce-scatter (a collective
+        matmul), as the fusion of its own XLA runs it as, after the dW matmul (`NAME_accum`).
+
+        `w_bytes` is the gathered matrices' size at the parameter dtype; the accumulators hold
+        the gradient's dtype (bf16 in XLA's programs: the add is done in f32 and converted
+        back). In XLA's `windowed_dot_general_body_rs` loop (bidirectional ring, unrolled by
+        2) every ring step's add fusion reads the partial sum arriving from the ring and the
+        step's partial product and writes their sum (3 shards of |W| / N), and a select that
+        zeroes the accumulators on the first step reads and writes each of the two accumulators
+        once per two steps (1 shard per step): 4 x |W| bytes over the N steps, one add per
+        gradient element (docs/model.md "Training steps")."""
+        g = w_bytes / self.wb * self.gb
+        return self.vpu(f"{name}_accum", w_bytes / self.wb, 4.0 * g, [dep], layer, phase)
 
     def vpu(self, name, flops, nbytes, deps, layer, phase, **kw):
         base = name.removeprefix("re-")
@@ -1089,6 +1107,7 @@ class _Compiler:
             # The last layer's device copies complete with the loop (before the final norm).
             self.mem(prev, G.SAVED_ACTIVATIONS, -in_flight)
             held = 0.0  # logits-path bytes live through the backward loop
+            head_accum = None  # the output projection's windowed-ring accumulators
             if not self.head_on:
                 # A pipeline chunk before the last: its output gradient arrives from the next.
                 final_norm = prev = b.add("stage_grad_input", kind=OpKind.COMPUTE,
@@ -1132,6 +1151,11 @@ class _Compiler:
                                 -1, "bwd")
                 dx = self.mm("logits_bwd", 4 * n * D * V / d.tp, 2 * emb_w * tiles,
                              n * V / d.tp * a, n * D * a + emb_w, [dlog], -1, "bwd")
+                if self.rs_windowed and fse > 1:
+                    # The output projection's gradient is reduce-scattered by a windowed ring
+                    # too (XLA's largest one: [d_model / N, vocab] accumulators).
+                    head_accum = self.ring_accumulators("logits_bwd_weights", dx, emb_w, -1,
+                                                        "bwd")
                 # At the loss XLA holds the logits in f32 and a bf16 buffer for their
                 # gradients (workloads/memory.py), plus the gathered output projection; all die
                 # with the logits' backward matmul. Vocab tiling holds one chunk's at a time.
@@ -1291,7 +1315,8 @@ class _Compiler:
                 erc = self.coll("fsdp_grad_reducescatter_embed", "reduce-scatter", a2a_axes,
                                 emb_w / self.wb * self.gb
                                 * (ring(fse) if self.rs_windowed else 1.0),
-                                [emb_bwd], -1, "bwd")
+                                [emb_bwd] + ([head_accum] if head_accum is not None else []),
+                                -1, "bwd")
                 if erc is not None:
                     last_grad_ops.append(erc)
                 if mb == cfg.microbatches - 1:
@@ -1406,7 +1431,7 @@ class _Compiler:
         dmlp_w = self.mm("mlp_bwd_weights", fwd_mlp, w_mlp, 1.5 * n * F * mats / tp * a, 0.0,
                          [dact] + ([ar1] if ar1 is not None and sync else []), layer, "bwd",
                          keys=mkeys)
-        self.mlp_weights_done = dmlp_w  # the MLP matrices' last reader
+        self.mlp_weights_done = self.last_matmul  # the MLP matrices' last reader
         if dense_disp:
             # The combine weights' f32 gradient [tokens, E, capacity] back to the tokens'
             # chips (synchronous: after the experts' weight gradients, as XLA schedules it;
