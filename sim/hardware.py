@@ -56,6 +56,15 @@ class ChipSpec:
             `benchmarks/xla_memory.py` programs (docs/model.md "Memory"). It changes the
             memory of dot attention only (workloads.training.TrainingConfig.score_exp_fusion,
             set from the chip by sim/).
+        score_grad_fusion: in a recomputing backward (remat full, minimal, offload) of dot
+            attention the compiler recomputes the score gradient inside the fusions of the
+            two matmuls that read it (dQ, dK) instead of writing it as a bf16 buffer. True on
+            v5e. Read off the attention backward of the compiled `benchmarks/xla_memory.py`
+            programs (workloads.memory.attention_backward_score_buffers).
+        bwd_probs_buffer: a recomputing backward of dot attention writes the bf16
+            probabilities as a buffer for the value-gradient matmul, and, when the layer's
+            projections are kept (minimal, offload), in the same fusion as the probability
+            gradient, so they are live at the score gradient. True on v5p (same source).
     """
 
     name: str
@@ -82,6 +91,8 @@ class ChipSpec:
     op_overhead_s: float = 0.0
     dcn_message_overhead_s: float = 0.0
     score_exp_fusion: bool = False
+    score_grad_fusion: bool = False
+    bwd_probs_buffer: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not 0 < len(self.name) <= 64 \
@@ -151,7 +162,7 @@ class ChipSpec:
 
 WRAP_RULES = ("cube", "full-axis")
 # Chip fields that are true or false (what the generation's compiler does), not numbers.
-CHIP_BOOL_FIELDS = ("score_exp_fusion",)
+CHIP_BOOL_FIELDS = ("score_exp_fusion", "score_grad_fusion", "bwd_probs_buffer")
 _POSITIVE_FIELDS = {
     "mxu_flops_per_s",
     "mxu_int8_ops_per_s",
@@ -282,6 +293,11 @@ CHIPS.add(
         # Fitted jointly with mxu_efficiency to the same half: the 1-32-slice runs' slowdown
         # with the slice count (docs/validation.md, effect 2; docs/model.md).
         dcn_message_overhead_s=_V5E_DCN_MESSAGE_S,
+        # A recomputing attention backward holds two bf16 score-sized buffers at the score
+        # gradient (the recomputed scores and the probability gradient) in every v5e program
+        # of benchmarks/xla_memory.py; v5p and v6e write the score gradient too (docs/model.md
+        # "Memory").
+        score_grad_fusion=True,
     ),
 )
 CHIPS.add(
@@ -307,6 +323,11 @@ CHIPS.add(
         # because its MXUs are the same 128x128 systolic arrays (tpu.md §1.2); no measured runs
         # of this generation were used. The roofline is `with_overrides(mxu_efficiency=1.0)`.
         mxu_efficiency=_V5E_MXU_EFFICIENCY,
+        # The recomputing attention backward writes the bf16 probabilities; under minimal and
+        # offload in the probability-gradient matmul's fusion, live at the score gradient (4
+        # score-sized buffers in v5p's minimal and offload programs of benchmarks/
+        # xla_memory.py, 3 in its full programs; docs/model.md "Memory").
+        bwd_probs_buffer=True,
     ),
 )
 CHIPS.add(

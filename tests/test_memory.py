@@ -15,6 +15,7 @@ from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology
 from workloads.memory import (
     LayerShapeSpec,
+    attention_backward_score_buffers,
     attention_temporaries,
     deferred_head_gradient_bytes,
     loss_tensors,
@@ -184,12 +185,14 @@ LONG_CONTEXT = {"name": "long-ctx", "num_layers": 2, "d_model": 64, "num_heads":
 
 
 def _long(remat, mesh="fsdp=1", shape="1x1", gather="windowed", fused=False,
-          tp_act="sharded"):
-    chip = get_chip("v5e")
+          tp_act="sharded", chip="v5e"):
+    chip = get_chip(chip)
     topo = resolve_topology(chip_name=chip.name, wrap_rule=chip.generation_rule,
                             max_pod_shape=chip.max_pod_shape, shape=shape)
     cfg = TrainingConfig(seq_len=1024, batch_per_chip=2, remat=remat, attention="dot",
-                         fsdp_gather=gather, score_exp_fusion=fused, tp_activations=tp_act)
+                         fsdp_gather=gather, score_exp_fusion=fused, tp_activations=tp_act,
+                         score_grad_fusion=chip.score_grad_fusion,
+                         bwd_probs_buffer=chip.bwd_probs_buffer)
     trace = compile_training_step(model_from_dict(LONG_CONTEXT), parse_mesh(mesh),
                                   topo.num_chips, cfg)
     return trace, replay(trace, chip, topo)
@@ -259,6 +262,53 @@ def test_full_remat_peaks_in_the_first_layers_recomputed_attention(mesh, shape, 
     assert res.hbm_peak_breakdown.get("gathered_weights", 0) == gathered
     assert res.hbm_peak_bytes == pytest.approx(
         sb["params"] + sb["optimizer"] + saved + temps + grad1 + gathered, rel=1e-12)
+
+
+def test_the_attention_backward_holds_two_to_four_score_sized_buffers_by_chip_and_policy():
+    # none: the probabilities from the stack, their gradient and the score gradient.
+    for flags in ({}, {"score_grad_fusion": True}, {"bwd_probs_buffer": True}):
+        assert attention_backward_score_buffers(remat="none", **flags) == 3
+    for remat in ("full", "minimal", "offload"):
+        # Recomputed scores and the probability gradient (v5e: the score gradient is fused
+        # into the dQ and dK matmuls), plus the score gradient (v6e).
+        assert attention_backward_score_buffers(remat=remat, score_grad_fusion=True) == 2
+        assert attention_backward_score_buffers(remat=remat) == 3
+    # v5p: plus the probabilities when the policy keeps the projections.
+    assert attention_backward_score_buffers(remat="full", bwd_probs_buffer=True) == 3
+    for remat in ("minimal", "offload"):
+        assert attention_backward_score_buffers(remat=remat, bwd_probs_buffer=True) == 4
+
+
+@pytest.mark.parametrize("chip,remat,buffers", [
+    ("v5e", Remat.FULL, 2), ("v6e", Remat.FULL, 3), ("v5p", Remat.FULL, 3),
+    ("v5p", Remat.MINIMAL, 4), ("v5p", Remat.OFFLOAD, 4), ("v5e", Remat.NONE, 3)])
+def test_each_chips_attention_backward_adds_its_score_buffers_at_the_probability_gradient(
+        chip, remat, buffers):
+    trace, _ = _long(remat, chip=chip)
+    scores = 2048 * 1024 * 4  # tokens x context x heads, bf16
+    got = [(trace.ops[i].name, delta) for i, cat, delta in trace.meta["memory_events"]
+           if cat == "temporaries" and trace.ops[i].layer == 0
+           and trace.ops[i].name in ("attn_proj_bwd", "softmax_bwd")]
+    # One buffer (the recomputed or saved probabilities) is counted with the layer's
+    # activations; the others live from the dP matmul to the score gradient's readers.
+    assert got == [("attn_proj_bwd", (buffers - 1) * 2 * scores),
+                   ("softmax_bwd", -(buffers - 1) * 2 * scores)]
+
+
+@pytest.mark.parametrize("remat", [Remat.FULL, Remat.MINIMAL, Remat.OFFLOAD])
+def test_the_mlps_recomputed_tensors_die_with_its_weight_gradient_under_full_and_minimal(remat):
+    trace, _ = _long(remat)
+    rows, D, F = 2048, 64, 128  # tokens, d_model, d_ff (one chip)
+    got = sum(delta for i, cat, delta in trace.meta["memory_events"]
+              if cat == "saved_activations" and trace.ops[i].layer == 0
+              and trace.ops[i].name == "mlp_bwd_weights")
+    # The mid residual, the MLP norm's bf16 output and f32 statistics, the gate/up outputs and
+    # the activation's output; under minimal the gate/up outputs and the attention output
+    # projection are the copies of the stack entries. Under offload they live on.
+    side = 2 * rows * D + 4 * rows + 2 * rows * D + 2 * 2 * rows * F + 2 * rows * F
+    if remat == Remat.MINIMAL:
+        side += 2 * rows * D
+    assert got == (0.0 if remat == Remat.OFFLOAD else -side)
 
 
 def test_a_scanned_stack_holds_every_layers_saved_set_from_the_first_forward_to_the_last_backward():
@@ -343,11 +393,12 @@ def test_a_deferred_head_gradient_holds_bf16_logits_and_the_final_norm_output():
     # 100 tokens, d_model 8, 32 local logits: (32 + 8) x 2 bytes per token.
     kw = dict(rows=100, d_model=8, local_vocab=32)
     rep = dict(tp_activations="replicated")
-    for remat in ("full", "minimal", "offload"):
+    for remat in ("full", "minimal"):
         assert deferred_head_gradient_bytes(**kw, **rep, tensor=2, fsdp=2, remat=remat) == \
             100 * (32 + 8) * 2
     # Only split over tensor, sharded over fsdp, with replicated activations and a policy
-    # that recomputes.
+    # that recomputes without offloading (v5p's `offload` program frees them first).
+    assert deferred_head_gradient_bytes(**kw, **rep, tensor=2, fsdp=2, remat="offload") == 0
     assert deferred_head_gradient_bytes(**kw, **rep, tensor=1, fsdp=2, remat="full") == 0
     assert deferred_head_gradient_bytes(**kw, **rep, tensor=2, fsdp=1, remat="full") == 0
     assert deferred_head_gradient_bytes(**kw, **rep, tensor=2, fsdp=2, remat="none") == 0

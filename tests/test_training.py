@@ -488,7 +488,11 @@ def test_remat_none_peaks_above_minimal_above_full(attention):
     for r in (Remat.NONE, Remat.MINIMAL, Remat.FULL, Remat.OFFLOAD):
         _, res = _step("fsdp=4", "2x2", remat=r, attention=attention, batch_per_chip=8)
         peak[r] = res.hbm_peak_bytes
-    assert peak[Remat.NONE] > peak[Remat.MINIMAL] > peak[Remat.FULL] >= peak[Remat.OFFLOAD]
+    # Offload keeps less than minimal on device but is not bounded by full: its backward keeps
+    # the MLP's tensors through the attention's backward, which full frees before it (XLA's
+    # v5e and v6e fsdp=16 programs peak higher under offload than under full).
+    assert peak[Remat.NONE] > peak[Remat.MINIMAL] > peak[Remat.FULL]
+    assert peak[Remat.MINIMAL] > peak[Remat.OFFLOAD]
 
 
 def test_memory_returns_to_the_static_state_after_the_step():

@@ -214,6 +214,36 @@ def attention_temporaries(*, rows: float, context: float, local_heads: float,
     return (4.0 + probs_bytes) * rows * context * local_heads
 
 
+def attention_backward_score_buffers(*, remat: str, score_grad_fusion: bool = False,
+                                     bwd_probs_buffer: bool = False) -> int:
+    """How many bf16 buffers of the score matrix's size ([rows, context, local heads]) a dot
+    attention's backward holds at its score gradient, the peak of the layer's backward.
+
+    Without recompute (`none`) the probabilities come from the saved stack and XLA writes the
+    probability gradient (the dP matmul's output) and the score gradient: 3 on every chip
+    (v5e, v5p, v6e fsdp=16 and data x fsdp `none`). A recomputing backward (`full`,
+    `minimal`, `offload`) recomputes the scores in bf16 (the q.K^T matmul's output, which
+    the dP matmul's fusion reads to rebuild the exponentials) and writes the probability
+    gradient: 2, plus the score gradient unless the chip fuses it into the dQ and dK matmuls
+    that read it (`score_grad_fusion`, v5e: 2 in every v5e `full`, `minimal` and `offload`
+    program; 3 on v6e in all of them), plus the probabilities when the chip writes them as a
+    buffer of their own (`bwd_probs_buffer`, v5p) in the dP matmul's fusion, which it does
+    when the policy keeps the layer's projections (`minimal`, `offload`: 4 in v5p fsdp=16
+    `minimal`, fsdp=4 x tensor=4 `offload` and `minimal` at seq 4096); under `full` v5p
+    writes them earlier and the value-gradient matmul has read them by then (3 in its fsdp,
+    fsdp x tensor and data x fsdp `full` programs).
+
+    Source: the live ranges of the `benchmarks/xla_memory.py` programs
+    (`benchmarks/xla_live_ranges.py`), at the fusion that writes the bf16 score gradient.
+    """
+    if remat == "none":
+        return 3
+    buffers = 2 + (0 if score_grad_fusion else 1)
+    if bwd_probs_buffer and remat in ("minimal", "offload"):
+        buffers += 1
+    return buffers
+
+
 def score_exp_fused(*, chip_fuses: bool, sharded_axes: int, score_bytes: float) -> bool:
     """Whether XLA fuses a dot attention's score matmul with the softmax's exponentials (the
     f32 scores are then never a buffer of their own; `attention_temporaries`).
@@ -260,18 +290,22 @@ def deferred_head_gradient_bytes(*, rows: float, d_model: int, local_vocab: floa
 
     XLA defers it when the output projection is split over `tensor` and sharded over `fsdp`,
     the activations are replicated over `tensor` (the logits matmul reads the whole final norm
-    output) and the remat policy recomputes in the backward (not `none`): the logit gradients
+    output) and the remat policy recomputes in the backward without offloading (`full`,
+    `minimal`; not `none`, and not `offload`, whose v5p program frees the bf16 logits before
+    the backward layers): the logit gradients
     are never materialised, each consumer (the input-gradient matmul, every ring step of the
     weight gradient's windowed reduce-scatter) recomputes them from the bf16 logits, and that
     reduce-scatter is scheduled after the backward loop. Sources: the live ranges of
     `benchmarks/xla_memory.py`'s v5p fsdp=4 x tensor=4 `full` program (blocking gathers; the
     bf16 [tokens, vocab / 4] logits and a [tokens, d_model] copy of the final norm's output
-    are live at its peak, inside the backward loop), checked on v5p's `offload` and v5e's
-    `minimal` program of that mesh (async gathers: the gather form does not decide it). They
+    are live at its peak, inside the backward loop), checked on v6e's `full`, v5p's `full`
+    and `minimal` at seq 4096 and v5e's `minimal` program of that mesh (async gathers: the
+    gather form does not decide it). They
     die before the backward loop in v5p's `none` program, at the logits' backward with
     activations sharded over `tensor` (v5e fsdp x tensor `full`) and without a tensor axis.
     """
-    if tensor <= 1 or fsdp <= 1 or tp_activations != "replicated" or remat == "none":
+    if tensor <= 1 or fsdp <= 1 or tp_activations != "replicated" \
+            or remat not in ("full", "minimal"):
         return 0.0
     return rows * (local_vocab + d_model) * act_bytes
 
@@ -297,6 +331,7 @@ __all__ = [
     "LayerShapeSpec",
     "MemoryCategory",
     "SavedTensor",
+    "attention_backward_score_buffers",
     "attention_temporaries",
     "deferred_head_gradient_bytes",
     "loss_tensors",

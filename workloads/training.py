@@ -23,6 +23,7 @@ from topologies.validate import MAX_BATCH, MAX_CHUNKS, MAX_TOKENS, short_repr
 from workloads.memory import (
     LayerShapeSpec,
     MemoryCategory,
+    attention_backward_score_buffers,
     attention_temporaries,
     deferred_head_gradient_bytes,
     loss_tensors,
@@ -129,6 +130,11 @@ class TrainingConfig:
     # MaxText's `num_vocab_tiling`: the output projection and the loss run over this many
     # chunks of the tokens, and the backward recomputes each chunk's logits (1: no tiling).
     vocab_tiling: int = 1
+    # What the chip's compiler keeps at a recomputing dot-attention backward's score gradient
+    # (sim/ sets them from ChipSpec.score_grad_fusion: v5e, and ChipSpec.bwd_probs_buffer: v5p):
+    # memory only, see workloads.memory.attention_backward_score_buffers.
+    score_grad_fusion: bool = False
+    bwd_probs_buffer: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.seq_len, int) or not 1 <= self.seq_len <= MAX_TOKENS:
@@ -142,9 +148,10 @@ class TrainingConfig:
             )
         if self.attention not in ("dot", "flash"):
             raise TpusimError(f"--attention {self.attention!r} must be dot or flash")
-        if not isinstance(self.score_exp_fusion, bool):
-            raise TpusimError(f"score_exp_fusion {short_repr(self.score_exp_fusion)} must be "
-                              f"true or false (the chip's score_exp_fusion)")
+        for flag in ("score_exp_fusion", "score_grad_fusion", "bwd_probs_buffer"):
+            if not isinstance(getattr(self, flag), bool):
+                raise TpusimError(f"{flag} {short_repr(getattr(self, flag))} must be "
+                                  f"true or false (the chip's {flag})")
         if isinstance(self.vocab_tiling, bool) or not isinstance(self.vocab_tiling, int) or \
                 not 1 <= self.vocab_tiling <= MAX_CHUNKS:
             raise TpusimError(f"--vocab-tiling {short_repr(self.vocab_tiling)} must be a whole "
@@ -1236,8 +1243,14 @@ class _Compiler:
                     # the attention's backward (XLA frees a buffer after its last reader).
                     self.mem(self.mlp_weights_done, G.GATHERED_WEIGHTS,
                              -g.release(self.mlp_keys(layer)))
+                # Under `full` and `minimal` the MLP's recomputed tensors and its copies of
+                # the stack entries die with the MLP's weight-gradient matmul, before the
+                # attention's backward (docs/model.md "Memory").
+                mlp_copies, mlp_recomputed = self.mlp_side_bytes(layer)
+                self.mem(self.mlp_weights_done, G.SAVED_ACTIVATIONS,
+                         -(mlp_copies + mlp_recomputed))
                 self.mem(out, G.TEMPORARIES, -grad_tmp)
-                self.mem(out, G.SAVED_ACTIVATIONS, -copies)
+                self.mem(out, G.SAVED_ACTIVATIONS, -(copies - mlp_copies))
                 end_layer(out, g)
                 # What the layer recomputed or fetched dies with its backward (what it kept
                 # stays in the stack until the loop ends).
@@ -1247,7 +1260,7 @@ class _Compiler:
                 ) if cfg.remat.kept_projections else 0.0
                 self.mem(out, G.SAVED_ACTIVATIONS, 0.0 if cfg.remat == Remat.NONE else
                          -(sum(t.num_bytes for t in self.recomputed_set(layer))
-                           - self.saved_bytes(layer) + fetched_extra))
+                           - self.saved_bytes(layer) + fetched_extra - mlp_recomputed))
                 if layer > 0:
                     after = (g.ids() if g is not None else []) + [inp]
                     pending = fsdp_gather(layer - 1, mb, "bwd", after, [out])
@@ -1486,10 +1499,15 @@ class _Compiler:
                              2 * n * h_loc * hd * a + 2 * kv_bytes, [dproj, *after2], layer,
                              "bwd", narrow_dim=hd)
             datt = self.vpu("softmax_bwd", 6 * scores, 3 * scores * a, [datt_m], layer, "bwd")
-            # The score gradients (bf16, written by the softmax backward fused into the dP
-            # matmul) live until the dQ and dK matmuls have read them.
-            self.mem(dproj, MemoryCategory.TEMPORARIES, scores * a)
-            self.mem(datt, MemoryCategory.TEMPORARIES, -scores * a)
+            # The bf16 score-sized buffers live at the score gradient, from the probability
+            # gradient's matmul until the dQ and dK matmuls have read the score gradient; one
+            # of them (the probabilities, or the recomputed scores they stand for) is already
+            # counted as saved or recomputed.
+            extra = (attention_backward_score_buffers(
+                remat=str(self.cfg.remat), score_grad_fusion=self.cfg.score_grad_fusion,
+                bwd_probs_buffer=self.cfg.bwd_probs_buffer) - 1) * scores * a
+            self.mem(dproj, MemoryCategory.TEMPORARIES, extra)
+            self.mem(datt, MemoryCategory.TEMPORARIES, -extra)
         rope = self.vpu("rotary_bwd", 6 * n * (h_loc + k_loc) * hd,
                         2 * n * (h_loc + k_loc) * hd * a, [datt], layer, "bwd")
         if m.qk_norm:
@@ -1552,6 +1570,27 @@ class _Compiler:
         fused with its forward reads: no stacked f32 residuals)."""
         return saved_tensors(self.layer_shape(layer), remat="none",
                              attention=self.cfg.attention, act_bytes=self.act, stacked=False)
+
+    def mlp_side_bytes(self, layer: int) -> tuple[float, float]:
+        """(copies of stack entries, recomputed tensors) of a dense layer's backward whose last
+        reader is the MLP's backward (the mid residual, the MLP norm's output and statistics,
+        the MLP's hidden and activation outputs, the attention's output projection the mid
+        residual is rebuilt from): what dies with the MLP's weight-gradient matmul under
+        `full` and `minimal`. Source: XLA's live ranges at the score gradient of the
+        `benchmarks/xla_memory.py` programs (v6e fsdp=16 `full` and `minimal`, the data x
+        fsdp programs): no tensor of the MLP's width is live there. Under `offload` (v5e and
+        v6e fsdp=16) XLA schedules the MLP's weight-gradient matmuls after the attention's
+        backward and they live through it; MoE layers keep theirs too (not measured)."""
+        if self.cfg.remat not in (Remat.FULL, Remat.MINIMAL) or self.layer_is_moe(layer) \
+                or self.m.parallel_block:
+            return 0.0, 0.0
+        side = {"residual_mid", "norm_mlp_stats", "norm_mlp_out", "mlp_hidden", "mlp_act_out",
+                "attn_out_proj"}
+        saved = {t.name: t.num_bytes for t in self.saved(layer)}
+        copies = sum(b for name, b in saved.items() if name in side)
+        recomputed = sum(t.num_bytes for t in self.recomputed_set(layer)
+                         if t.name in side and t.name not in saved)
+        return copies, recomputed
 
     def saved_bytes(self, layer: int, remat: Remat | None = None) -> float:
         """HBM one layer's saved activations take between its forward and its backward (with

@@ -82,8 +82,8 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
 def _compile(args: argparse.Namespace, num_chips: int, moe=None, chip=None):
     """(trace, model, TrainingConfig) for the training flags (`moe`: the router settings of a
     scenario; default: the `compile` flags). `chip`: the ChipSpec the step runs on, whose
-    compiler behaviour the trace's memory follows (`score_exp_fusion`); None (`compile
-    --chips N`) compiles as v5e's and v5p's compiler does."""
+    compiler behaviour the trace's memory follows (`score_exp_fusion`, `score_grad_fusion`,
+    `bwd_probs_buffer`); None (`compile --chips N`) compiles with each of them false."""
     from workloads.training import compile_training_step
 
     model, mesh, cfg = compile_inputs(args, moe, chip)
@@ -118,6 +118,8 @@ def compile_inputs(args: argparse.Namespace, moe=None, chip=None):
         virtual_stages=args.virtual_stages,
         moe=moe if moe is not None else cli.moe_config(args),
         score_exp_fusion=chip.score_exp_fusion if chip is not None else False,
+        score_grad_fusion=chip.score_grad_fusion if chip is not None else False,
+        bwd_probs_buffer=chip.bwd_probs_buffer if chip is not None else False,
     )
     return model, mesh, cfg
 
