@@ -725,15 +725,15 @@ def tpusim_logical_bytes(name: str) -> dict[tuple[str, str], float]:
 XLA_CLOCK_HZ = {
     "v5e": 1.5e9,   # docs/reference/tpu.md §1.2 (MXU row: 5e13 FLOP/s per MXU at 1.5 GHz)
     "v5p": 1.75e9,  # docs/reference/tpu.md §1.2 (VPU row: "v5p clock ≈ 1.75 GHz")
-    # Derived, no reference states it: Google's Trillium announcement (May 2024) gives v6e
-    # 4.7x v5e's peak per chip, reached by "expanding the size of matrix multiply units
-    # (MXUs) and increasing the clock speed". With the cited peaks (918 / 197 TFLOP/s: 4.66x,
-    # docs/reference/maxtext.md §5, tpu.md §1.1) and 256x256 arrays instead of 128x128
-    # (4x the MACs per cycle, tpu.md §1.2) at v5e's MXU count: 1.5 GHz x 4.66 / 4 = 1.75 GHz
-    # (918e12 / (4 x 256 x 256 x 2) = 1.751e9). Twice the arrays at 0.875 GHz would be a lower
-    # clock, which the announcement excludes. Checked on XLA's own estimates
-    # (OP_COSTS_EXPLAIN): identical HBM-bound fusions come out at the same fraction of each
-    # chip's HBM bandwidth on v5e, v5p and v6e at these clocks.
+    # Derived from cited numbers (no reference states it): 918e12 FLOP/s (maxtext.md §5;
+    # tpu.md §1.1: 9.2e14) / (1 TensorCore (sim/hardware.py's v6e: Google Cloud's v6e page)
+    # x 4 MXUs per core (tpu.md §1.2, scalar-core row: "drives the VPU, 4 MXUs") x 256 x 256
+    # (tpu.md §1.2, v6e's arrays) x 2 FLOP) = 1.751e9. Corroborated by Google's Trillium
+    # announcement (May 2024: 4.7x v5e's peak per chip from "expanding the size of matrix
+    # multiply units (MXUs) and increasing the clock speed": 1.5 GHz x 918 / 197 / 4 = 1.75 GHz
+    # with 4x the MACs per array; twice the arrays would mean a lower clock, 0.875 GHz) and by
+    # XLA's own estimates (OP_COSTS_EXPLAIN): identical HBM-bound fusions come out at the same
+    # fraction of each chip's HBM bandwidth on v5e, v5p and v6e at these clocks.
     "v6e": 1.75e9,
 }
 
@@ -809,10 +809,14 @@ def xla_class_seconds(xr: dict, chip: str) -> dict[str, float]:
     return dict(out)
 
 
-def tpusim_class_seconds(name: str) -> tuple[dict[str, float], float]:
-    """Per class, the summed time of tpusim's ops in its replay of the step (compute ops at
-    their roofline cost, collectives as simulated), and the step time."""
-    from sim.engine import replay
+def tpusim_class_seconds(name: str) -> tuple[dict[str, float], float, float]:
+    """Per class, the summed time of tpusim's ops (compute ops at their cost alone on the chip,
+    `sim.engine.compute_op_times` plus the per-op overhead, like XLA's per-op estimates;
+    collectives as simulated in the replay), the replay's step time, and the summed replay
+    durations of the compute ops (longer where their HBM traffic shares the bandwidth with
+    collective DMA)."""
+    from sim.engine import compute_op_times, replay
+    from workloads.trace import OpKind
 
     chip, topo = _pod(name)
     trace = tpusim_trace(name)
@@ -820,9 +824,14 @@ def tpusim_class_seconds(name: str) -> tuple[dict[str, float], float]:
     dur = {int(i): e - s for i, s, e in zip(res.ops["op_id"], res.ops["start_s"], res.ops["end_s"],
                                            strict=True)}
     out: dict[str, float] = collections.defaultdict(float)
+    replayed = 0.0
     for op in trace.ops:
-        out[tpusim_op_class(op)] += dur[op.id]
-    return dict(out), res.step_time_s
+        if op.kind == OpKind.COMPUTE:
+            out[tpusim_op_class(op)] += max(compute_op_times(chip, op)) + chip.op_overhead_s
+            replayed += dur[op.id]
+        else:
+            out[tpusim_op_class(op)] += dur[op.id]
+    return dict(out), res.step_time_s, replayed
 
 
 def logical_table(name: str, xr: dict) -> tuple[list[tuple], list[float]]:
@@ -945,15 +954,16 @@ def render_collectives_section(results: dict) -> str:
     return "\n".join(lines)
 
 
-def op_cost_rows(name: str, xr: dict) -> tuple[list[tuple], float]:
+def op_cost_rows(name: str, xr: dict) -> tuple[list[tuple], float, float]:
     """Rows (class, XLA s or None, tpusim s) of one program in OP_CLASSES order (classes
-    neither side has are left out; XLA has no estimate for collectives) and tpusim's step."""
+    neither side has are left out; XLA has no estimate for collectives), tpusim's step and its
+    compute ops' summed replay durations."""
     chip = CONFIGS[name]["topology"].split(":")[0]
     x = xla_class_seconds(xr, chip)
-    t, step = tpusim_class_seconds(name)
+    t, step, replayed = tpusim_class_seconds(name)
     rows = [(k, None if k == "collectives" else x.get(k, 0.0), t.get(k, 0.0))
             for k in OP_CLASSES if x.get(k) or t.get(k)]
-    return rows, step
+    return rows, step, replayed
 
 
 def render_op_costs_section(results: dict) -> str:
@@ -973,10 +983,11 @@ def render_op_costs_section(results: dict) -> str:
              "(`estimated_cycles` in the backend config; collectives and custom calls carry "
              "none). Summed per op class (instructions in a loop times its trip count) "
              "and converted at the chip's clock (v5e 1.5 GHz, v5p and v6e 1.75 GHz; "
-             "`XLA_CLOCK_HZ`), against the summed durations of tpusim's ops of the same class "
-             "in its replay of the same step (compute at its roofline cost: FLOPs at the fitted "
-             "MXU/VPU rate or bytes at the HBM rate, plus the per-op overhead; collectives as "
-             "simulated, most of them overlapped with compute). An XLA instruction's class comes "
+             "`XLA_CLOCK_HZ`), against the summed costs of tpusim's ops of the same class in "
+             "the same step (a compute op alone on the chip, as XLA estimates it: FLOPs at the "
+             "fitted MXU/VPU rate or bytes at the HBM rate, whichever takes longer, plus the "
+             "per-op overhead; collectives as simulated in the replay, most of them overlapped "
+             "with compute). An XLA instruction's class comes "
              "from the named scope of its op_name (`layer{i}/norm`, `layer{i}/attention`, "
              "`router`, `embed`, `head`, `adam`) and the einsum of the matmul in its fusion; "
              "a fusion that holds a matmul counts as that matmul. tpusim is not tuned to these "
@@ -988,7 +999,7 @@ def render_op_costs_section(results: dict) -> str:
         if not xr or not xr.get("op_costs"):
             continue
         cfg = CONFIGS[name]
-        rows, step = op_cost_rows(name, xr)
+        rows, step, replayed = op_cost_rows(name, xr)
         lines += [f"### {name}: {cfg['topology']}, mesh "
                   + ", ".join(f"{k}={v}" for k, v in cfg["mesh"].items())
                   + f", {cfg['mode'].replace('_', ' ')}", "",
@@ -1002,7 +1013,8 @@ def render_op_costs_section(results: dict) -> str:
                 tt += tv
         lines += [f"| **compute, all classes** | **{ms(xt)}** | **{ms(tt)}** | "
                   f"**{ratio(xt, tt)}** |", "",
-                  f"tpusim's step (replay, collectives overlapped): {step * 1e3:.2f} ms.", ""]
+                  f"tpusim's step (replay, collectives overlapped): {step * 1e3:.2f} ms; its "
+                  f"compute ops take {replayed * 1e3:.2f} ms there.", ""]
         totals.append((name, xt, tt))
         acc = dict((k, xv) for k, xv, _ in rows).get("windowed-einsum accumulators")
         if acc:
@@ -1026,10 +1038,12 @@ OP_COSTS_EXPLAIN = """What the tables say:
   estimate does not see, and is not re-tuned to XLA here. The other differences between the
   matmul rows (v5p's tensor-split matmuls, v6e, the MoE experts) are not analysed yet.
 * **The v6e clock** (1.75 GHz, `XLA_CLOCK_HZ`) is derived, not read off a reference: 918
-  TFLOP/s (MaxText's peak, tpu.md's 9.2e14) over 4 MXUs of 256 x 256 x 2 FLOP per cycle; the
-  4 MXUs follow from Google's Trillium announcement (4.7x v5e's peak from larger MXUs and a
-  higher clock: 1.5 GHz x 918 / 197 / 4 = 1.75 GHz; 8 arrays would need 0.875 GHz, a lower
-  clock). XLA's estimates agree on its HBM side: the output projection's windowed-ring
+  TFLOP/s (MaxText's peak; tpu.md's 9.2e14) over one TensorCore (Google Cloud's v6e page, as
+  `sim/hardware.py` records) of 4 MXUs (tpu.md §1.2: the scalar core "drives the VPU, 4
+  MXUs") of 256 x 256 x 2 FLOP per cycle (tpu.md §1.2) = 1.751 GHz. Google's Trillium
+  announcement agrees (4.7x v5e's peak from larger MXUs and a higher clock: 1.5 GHz x 918 /
+  197 / 4 = 1.75 GHz; twice the arrays would mean 0.875 GHz, a lower clock). XLA's estimates
+  agree on its HBM side: the output projection's windowed-ring
   accumulator fusions have the same shapes in every fsdp=16 program, and at these clocks the
   select (131 MB moved) runs at 41% of v5e's HBM bandwidth, 36% of v5p's and 41% of v6e's,
   the add (394 MB) at 61%, 54% and 68%; at 0.875 GHz v6e's would be half of that. On its MXU
@@ -1066,6 +1080,17 @@ OP_COSTS_EXPLAIN = """What the tables say:
   once per step, overlapped with other work, and at M = 8 rows that read is the step's
   bound: tpusim, which charges it to the matmuls, is right, and the sum of XLA's per-op
   estimates is not a step time here.
+* **tpusim's replay against its costs alone.** The rows charge each compute op its cost alone
+  on the chip, as XLA's estimates do; in tpusim's replay the same ops take longer wherever
+  their HBM traffic runs beside collective DMA ("its compute ops take ... there" under each
+  table: 136.15 against 119.59 ms on fsdp_v5e16, 53.02 against 42.13 ms on data_fsdp_v6e16).
+  The fluid model shares HBM among the active transfers in proportion to their bytes, and a
+  collective held back by its ICI links keeps that share without using it, so a norm running
+  beside a layer's weight gathers gets a small part of HBM (fsdp_v5e16: the norms take 5.98
+  ms in the replay against 0.90 ms alone; with the collectives' HBM traffic left out, an
+  experiment, the step takes 147.7 ms instead of 162.2 ms). Sharing the unused HBM out to the
+  compute ops (max-min) would move every overlapped step and the fitted efficiencies, so it is
+  reported here, not changed.
 * **Norms and other elementwise work** cannot be compared row by row: XLA fuses RMSNorm, the
   residual adds and the SwiGLU product into the neighbouring matmul fusions, which these tables
   count as matmuls (a fusion that holds a matmul is that matmul). Compare the totals.

@@ -457,6 +457,19 @@ def op_collective_cost(
     return gaxes, key
 
 
+def compute_op_times(chip: ChipSpec, op) -> tuple[float, float]:
+    """A compute op's (FLOP time, HBM time) alone on its chip: its FLOPs at its unit's rate
+    (int8 or bf16 MXU times the fill of a narrow dimension, or the VPU) and its bytes at the HBM
+    rate. `replay` costs the op `max` of the two plus the per-op overhead before the run, and
+    then streams its bytes through HBM shared with collective DMA."""
+    if op.unit == Unit.MXU:
+        peak = chip.mxu_int8_ops_per_s if op.dtype == "int8" else chip.mxu_flops_per_s
+        rate = peak * chip.mxu_efficiency * chip.mxu_fill(op.narrow_dim)
+    else:
+        rate = chip.vpu_flops_per_s * chip.vpu_efficiency
+    return op.flops / rate, op.hbm_bytes / (chip.hbm_bytes_per_s * chip.hbm_efficiency)
+
+
 def replay(
     trace: Trace,
     chip: ChipSpec,
@@ -475,7 +488,6 @@ def replay(
     lm = link_model(chip, topology, {})
     hbm_bw = chip.hbm_bytes_per_s * chip.hbm_efficiency
     mxu_rate = chip.mxu_flops_per_s * chip.mxu_efficiency
-    int8_rate = chip.mxu_int8_ops_per_s * chip.mxu_efficiency
     vpu_rate = chip.vpu_flops_per_s * chip.vpu_efficiency
     if overlap is None:
         overlap = bool(trace.meta.get("overlap", True))
@@ -496,11 +508,8 @@ def replay(
 
     for op in progress(trace.ops, desc="costing ops"):
         if op.kind == OpKind.COMPUTE:
-            rate = (int8_rate if op.dtype == "int8" else mxu_rate) \
-                * chip.mxu_fill(op.narrow_dim) if op.unit == Unit.MXU else vpu_rate
-            t_c = op.flops / rate
+            t_c, t_m = compute_op_times(chip, op)
             t_compute[op.id] = t_c
-            t_m = op.hbm_bytes / hbm_bw
             if t_c >= t_m:
                 bound[op.id] = "mxu" if op.unit == Unit.MXU else "vpu"
             else:
