@@ -504,6 +504,98 @@ def xla_dot_flops(name: str, hlo: str) -> float:
     return float(sum(o.flops for o in trace.ops if o.kind == OpKind.COMPUTE and o.unit == "mxu"))
 
 
+def hlo_fusion_stats(text: str) -> dict:
+    """What XLA's cost model assumes per cycle, read off one compiled module (`--analyze`):
+    the fastest matmul fusion (MXU FLOPs of its convolutions and dots, nested fusions
+    included, over its `estimated_cycles`: `mxu_flops_per_cycle`, `mxu_fusion`), and the
+    non-matmul fusions of the windowed reduce-scatter loops (the ring accumulators): their
+    operand and result bytes and estimated cycles summed over the instructions (not weighted
+    by trip counts: `accum_bytes`, `accum_cycles`) and those of the one moving the most bytes
+    (`accum_max`: [bytes, cycles])."""
+    from workloads.hlo.lower import conv_flops
+    from workloads.hlo.parser import dot_dims, parse_hlo
+
+    m = parse_hlo(text, source="XLA module")
+
+    def shape(comp, name):
+        ins = comp.by_name.get(name)
+        return ins.shape if ins is not None else m.shapes[name]
+
+    def flops(cname: str, depth: int = 0) -> float:
+        comp = m.computations.get(cname)
+        if comp is None or depth > 16:
+            return 0.0
+        total = 0.0
+        for ins in comp.instructions:
+            if ins.opcode == "dot":
+                lhs = shape(comp, ins.operands[0])
+                k = 1
+                for dim in dot_dims(ins)["lhs_contracting_dims"]:
+                    k *= lhs.dims[dim]
+                total += 2.0 * ins.shape.num_elements * k
+            elif ins.opcode == "convolution":
+                total += conv_flops(shape(comp, ins.operands[0]), shape(comp, ins.operands[1]),
+                                    ins.shape, ins.attrs.get("dim_labels", ""),
+                                    ins.attrs.get("window", ""))
+            elif ins.opcode == "fusion":
+                total += sum(flops(c, depth + 1) for c in ins.called())
+        return total
+
+    best = (0.0, "")
+    acc_bytes = acc_cycles = 0
+    acc_max = [0, 0]
+    for comp in m.computations.values():
+        rs_loop = "windowed_dot_general_body_rs" in comp.name
+        for ins in comp.instructions:
+            cyc = _CYCLES_RE.search(ins.attrs.get("backend_config", ""))
+            if ins.opcode != "fusion" or not cyc or not int(cyc.group(1)):
+                continue
+            cycles = int(cyc.group(1))
+            f = sum(flops(c) for c in ins.called())
+            if f > 0:
+                best = max(best, (f / cycles, ins.name))
+            elif rs_loop:
+                nbytes = ins.shape.nbytes + sum(shape(comp, o).nbytes for o in ins.operands)
+                acc_bytes += nbytes
+                acc_cycles += cycles
+                if nbytes > acc_max[0]:
+                    acc_max = [nbytes, cycles]
+    return {"mxu_flops_per_cycle": best[0], "mxu_fusion": best[1], "accum_bytes": acc_bytes,
+            "accum_cycles": acc_cycles, "accum_max": acc_max}
+
+
+def analyze(dump_dir: str) -> str:
+    """`--analyze DIR`: per compiled module DIR/NAME.hlo.txt of a known program, XLA's fastest
+    matmul fusion against the chip's MXU peak per cycle at `XLA_CLOCK_HZ`, and the bytes its
+    ring-accumulator fusions move per second at that clock against the chip's HBM bandwidth
+    (the checks behind the clocks, docs/validation.md "Per-op costs")."""
+    sys.path.insert(0, str(REPO))
+    from sim.hardware import get_chip
+
+    lines = []
+    for name in CONFIGS:
+        path = Path(dump_dir, f"{name}.hlo.txt")
+        if not path.is_file():
+            continue
+        chip_name = _chip_and_shape(CONFIGS[name])[0]
+        chip, clock = get_chip(chip_name), XLA_CLOCK_HZ[chip_name]
+        st = hlo_fusion_stats(path.read_text())
+        peak = chip.mxu_flops_per_s / clock
+        line = (f"{name} ({chip_name} at {clock / 1e9:.3g} GHz): fastest matmul fusion "
+                f"{st['mxu_fusion']} {st['mxu_flops_per_cycle']:,.0f} FLOP/cycle = "
+                f"{100 * st['mxu_flops_per_cycle'] / peak:.1f}% of {peak:,.0f}")
+        if st["accum_cycles"]:
+            hbm = chip.hbm_bytes_per_s
+            b, c = st["accum_max"]
+            line += (f"; ring-accumulator fusions {st['accum_bytes'] / 1e6:,.1f} MB in "
+                     f"{st['accum_cycles']:,} cycles = "
+                     f"{100 * st['accum_bytes'] * clock / st['accum_cycles'] / hbm:.0f}% of HBM "
+                     f"(largest: {b / 1e6:,.1f} MB in {c:,} cycles = "
+                     f"{100 * b * clock / c / hbm:.0f}%)")
+        lines.append(line)
+    return "\n".join(lines) or f"no NAME.hlo.txt of a known program in {dump_dir}"
+
+
 def reparse(name: str, xr: dict, hlo: str) -> dict:
     """A cached XLA side with every field read from the HLO text recomputed from `hlo` (the
     module the worker compiled, kept by `--dump`): collectives, op costs, dot FLOPs."""
@@ -1046,7 +1138,8 @@ OP_COSTS_EXPLAIN = """What the tables say:
   agree on its HBM side: the output projection's windowed-ring
   accumulator fusions have the same shapes in every fsdp=16 program, and at these clocks the
   select (131 MB moved) runs at 41% of v5e's HBM bandwidth, 36% of v5p's and 41% of v6e's,
-  the add (394 MB) at 61%, 54% and 68%; at 0.875 GHz v6e's would be half of that. On its MXU
+  the add (394 MB) at 61%, 54% and 68%; at 0.875 GHz v6e's would be half of that
+  (`xla_crosscheck.py --analyze DIR` prints these rates from the `--dump` modules). On its MXU
   side they do not: XLA's v6e model gives some matmul fusions 838,861 FLOP per cycle (a
   [2048, 4096] x [4096, 4096] matmul from VMEM in 81,920 cycles), 1.6x the 524,288 of 4
   arrays; most large v6e matmuls come out at 450,000-490,000 (86-94%) and the logits at 63%
@@ -1127,7 +1220,14 @@ def main() -> int:
     ap.add_argument("--reparse", metavar="DIR",
                     help="with --json: re-read the cached programs' collectives, op costs and "
                          "dot FLOPs from DIR/NAME.hlo.txt (an earlier --dump), no compile")
+    ap.add_argument("--analyze", metavar="DIR",
+                    help="print XLA's per-cycle rates read off DIR/NAME.hlo.txt (an earlier "
+                         "--dump): fastest matmul fusion against the MXU peak, ring-accumulator "
+                         "bytes against HBM, at XLA_CLOCK_HZ; no compile")
     args = ap.parse_args()
+    if args.analyze:
+        print(analyze(args.analyze))
+        return 0
     if args.worker:
         _worker(args.worker, args.dump)
         return 0

@@ -139,6 +139,15 @@ def test_xla_ops_are_classed_by_named_scope_and_the_einsum_of_their_matmul(xc):
     assert xc.xla_op_class("", "", "") == "unattributed"
 
 
+def test_fusion_stats_read_flops_and_accumulator_bytes_per_estimated_cycle(xc):
+    st = xc.hlo_fusion_stats(MODULE)
+    # The matmul fusion: 2 x 8 x 8 x 8 FLOP in 100 cycles.
+    assert st["mxu_flops_per_cycle"] == 2 * 8 * 8 * 8 / 100 and st["mxu_fusion"] == "fusion.2"
+    # The reduce-scatter loop's two other fusions each read and write a bf16[8,8] (256 bytes),
+    # in 10 and 4 cycles; the norm and optimizer fusions outside it do not count.
+    assert (st["accum_bytes"], st["accum_cycles"], st["accum_max"]) == (512, 14, [256, 10])
+
+
 def test_tpusim_ops_are_classed_by_name_unit_and_layer(xc):
     def op(name, unit="vpu", layer=0, kind="compute"):
         return SimpleNamespace(name=name, unit=unit, layer=layer, kind=kind)
