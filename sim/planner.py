@@ -532,6 +532,166 @@ def step_lower_bound(model, axes, num_chips: int, tcfg, chip, topology,
     return max(max(e, default=0.0) for e in runs.end)
 
 
+def _pass_terms(tr, ids: list[int], entry_waits: bool, fwd: bool, floors: _Floors,
+                overlap: bool) -> tuple[float, float, float, float]:
+    """One pass of a stage program (`sim.pipeline.build_stage_programs` copies chunk trace
+    `tr`'s ops `ids` once per microbatch) as max-plus terms of its two inputs: the end G of
+    the previous pass's last compute op on the stage (its gate: the core is busy until then,
+    and every op of the pass that depends on no other op of the pass waits for it) and the end
+    R of the pass's receive (its entry op `stage_input` / `stage_grad_input` waits for it when
+    `entry_waits`). Returns (a, b, ga, gb): in the uncontended schedule (`_Uncontended`, the
+    same per-op durations) the pass's last compute op ends no earlier than max(G + a, R + b)
+    and its gradient collectives (which the stage's optimizer update waits for) no earlier than
+    max(G + ga, R + gb); -inf where a term is absent. Dependencies on ops outside the pass (a
+    backward pass's own forward activations) are left out, which only lowers these ends, as
+    does starting the core at G."""
+    from workloads.trace import OpKind
+
+    neg = -math.inf
+    ends: dict[int, tuple[float, float]] = {}
+    core = (0.0, neg)
+    last = (neg, neg)
+    grad = (neg, neg)
+    ops = tr.ops
+    for old in ids:
+        op = ops[old]
+        ra = rb = neg
+        inside = False
+        for d in op.deps:
+            e = ends.get(d)
+            if e is not None:
+                inside = True
+                if e[0] > ra:
+                    ra = e[0]
+                if e[1] > rb:
+                    rb = e[1]
+        if not inside:
+            ra = max(ra, 0.0)  # the gate
+        if entry_waits and op.name in ("stage_input", "stage_grad_input"):
+            rb = max(rb, 0.0)  # the receive
+        kind = op.kind
+        if kind == OpKind.COMPUTE or kind == OpKind.IDLE:
+            dur = floors.compute(op) if kind == OpKind.COMPUTE else op.duration_s
+            e = (max(core[0], ra) + dur, max(core[1], rb) + dur)
+            core = e
+            if kind == OpKind.COMPUTE:
+                last = e
+        elif kind == OpKind.COLLECTIVE:
+            dur = floors.collective(op)
+            if overlap:
+                e = (ra + dur, rb + dur)
+            else:
+                e = (max(core[0], ra) + dur, max(core[1], rb) + dur)
+                core = e
+            if not fwd and "grad" in op.name:
+                grad = (max(grad[0], e[0]), max(grad[1], e[1]))
+        else:  # host transfer, on its own DMA queue
+            dur = op.bytes / floors.chip.pcie_bytes_per_s
+            e = (ra + dur, rb + dur)
+        ends[old] = e
+    return last[0], last[1], grad[0], grad[1]
+
+
+def pipeline_schedule_bound(model, axes, num_chips: int, tcfg, chip, topology) -> float:
+    """A step time that `tpusim train` with pipeline stages on this mesh (in this order) cannot
+    beat, from the one-microbatch chunk programs alone (no stage programs are built): each
+    pass's `_pass_terms` on this placement's collective floors, composed in every stage's
+    schedule order (`sim.pipeline.stage_order`) as `step_lower_bound` composes the stage
+    programs' ops: a pass's receive ends when the previous stage's send does (its last compute
+    op's end plus one message's floor), and the stage's optimizer update (the first chunk's
+    optimizer ops, one after another on the core) starts after the last pass and every
+    gradient collective. Every term is a max and a sum of ends and durations that the
+    uncontended schedule of the stage programs holds too (less some of its constraints), so
+    this is never above `step_lower_bound` of the same step, and so never above the simulated
+    step; on the 405B plan's pipelines it is within a few microseconds of it, at a fraction of
+    the cost (the stage programs hold M copies of every pass). 0 for a schedule whose receives
+    no send completes."""
+    from sim.pipeline import check_schedule, stage_order
+    from topologies.mesh import LogicalMesh
+    from workloads.trace import OpKind
+    from workloads.training import compile_pipeline_chunk
+
+    mesh = LogicalMesh(axes=tuple(axes))
+    p, v, m = mesh.size("pipeline"), tcfg.virtual_stages, tcfg.microbatches
+    check_schedule(tcfg.pipeline_schedule, p, m, v)
+    chunks = p * v
+    floors = _Floors(chip, topology, _mesh_groups(axes, topology))
+    # The chunk programs depend on the axis sizes, not their order (as the stage programs,
+    # `_stage_programs`): a group's placements share them.
+    key = (model, tuple(sorted(mesh.axes)), tuple(sorted(mesh.dcn_axes)), num_chips, tcfg)
+    traces = _CHUNK_TRACES.get(key)
+    if traces is None:
+        traces = {}
+        if len(_CHUNK_TRACES) >= 2:
+            _CHUNK_TRACES.pop(next(iter(_CHUNK_TRACES)))
+        _CHUNK_TRACES[key] = traces
+
+    def chunk_trace(c: int):
+        k = (c == 0, c == chunks - 1)
+        if k not in traces:
+            traces[k] = compile_pipeline_chunk(model, mesh, num_chips, tcfg, first=k[0],
+                                               last=k[1])
+        return traces[k]
+
+    send = floors.send(float(chunk_trace(0).meta["pipeline_send_bytes"]))
+    terms: dict[tuple, tuple[float, float, float, float]] = {}
+
+    def pass_terms(c: int, fwd: bool, last_mb: bool):
+        key = (c == 0, c == chunks - 1, fwd, last_mb or fwd)
+        if key not in terms:
+            tr = chunk_trace(c)
+            phases = ("fwd", "loss") if fwd else ("bwd",)
+            ids = [o.id for o in tr.ops if o.phase in phases and not (
+                not fwd and not last_mb and o.name.startswith("dp_grad_allreduce"))]
+            entry = (fwd and c > 0) or (not fwd and c < chunks - 1)
+            terms[key] = _pass_terms(tr, ids, entry, fwd, floors,
+                                     bool(tr.meta.get("overlap", True)))
+        return terms[key]
+
+    orders = [stage_order(tcfg.pipeline_schedule, p, s, m, v) for s in range(p)]
+    pos = [0] * p
+    gate = [0.0] * p
+    grad = [-math.inf] * p
+    sent: dict[tuple[str, int, int], float] = {}  # (kind, chunk received, microbatch) -> end
+    ends = [0.0]
+    while any(pos[s] < len(orders[s]) for s in range(p)):
+        moved = False
+        for s in range(p):
+            while pos[s] < len(orders[s]):
+                ps = orders[s][pos[s]]
+                c, i, fwd = ps.chunk, ps.microbatch, ps.kind == "F"
+                has_recv = (fwd and c > 0) or (not fwd and c < chunks - 1)
+                recv = -math.inf
+                if has_recv:
+                    if (ps.kind, c, i) not in sent:
+                        break
+                    recv = sent[(ps.kind, c, i)]
+                a, b, ga, gb = pass_terms(c, fwd, i == m - 1)
+                g0 = gate[s]
+                gate[s] = max(g0 + a, recv + b)
+                grad[s] = max(grad[s], g0 + ga, recv + gb)
+                if fwd and c < chunks - 1:
+                    sent[("F", c + 1, i)] = gate[s] + send
+                    ends.append(sent[("F", c + 1, i)])
+                elif not fwd and c > 0:
+                    sent[("B", c - 1, i)] = gate[s] + send
+                    ends.append(sent[("B", c - 1, i)])
+                pos[s] += 1
+                moved = True
+        if not moved:
+            return 0.0
+    for s in range(p):
+        t = max(gate[s], grad[s])
+        for op in chunk_trace(s).ops:
+            if op.phase == "optimizer" and op.kind == OpKind.COMPUTE:
+                t += floors.compute(op)
+        ends.append(t)
+    return max(ends)
+
+
+_CHUNK_TRACES: dict[tuple, dict] = {}  # the last few groups' chunk programs, per worker
+
+
 _STAGE_PROGRAMS: dict[tuple, Any] = {}  # the last few `build_stage_programs`, per worker
 
 
@@ -573,19 +733,11 @@ def lower_bounds(job: tuple) -> dict[str, Any]:
     trace). Job: (train argv, [axis orders]) -> {"lower_bounds_s": [...],
     "hbm_lower_bound_bytes": `hbm_peak_lower_bound` of the step (0 for pipelines),
     "hbm_capacity_bytes": the chip's HBM} or {"error": ...}."""
-    from sim.cli import build_parser, prepare
-    from sim.cli import common as cli
-    from sim.cli.training import compile_inputs
     from workloads.training import compile_training_step
 
     argv, orders = job
-    if not _PARSER:
-        _PARSER.append(build_parser())
     try:
-        args = prepare(argv, parser=_PARSER[0])
-        chip, topo = cli.resolve_pod(args)
-        model, mesh, tcfg = compile_inputs(
-            args, cli.moe_config(args, cli.scenario_from_args(args, topo)), chip)
+        chip, topo, model, mesh, tcfg = _bound_inputs(argv)
         # The bounds of a pipeline use its stage programs only, not the whole step's trace
         # (a quarter of the job's time on 405B); an error that compile would raise is then
         # reported by the candidate's simulation.
@@ -597,6 +749,37 @@ def lower_bounds(job: tuple) -> dict[str, Any]:
         return {"lower_bounds_s": [step_lower_bound(model, o, topo.num_chips, tcfg, chip, topo)
                                    for o in orders],
                 "hbm_lower_bound_bytes": hbm, "hbm_capacity_bytes": chip.hbm_bytes}
+    except TpusimError as exc:
+        return {"error": str(exc)}
+
+
+def _bound_inputs(argv: list[str]) -> tuple:
+    """(chip, topology, model, mesh, training config) that `tpusim ARGV` compiles (the same
+    parser and compile inputs as the simulation)."""
+    from sim.cli import build_parser, prepare
+    from sim.cli import common as cli
+    from sim.cli.training import compile_inputs
+
+    if not _PARSER:
+        _PARSER.append(build_parser())
+    args = prepare(argv, parser=_PARSER[0])
+    chip, topo = cli.resolve_pod(args)
+    model, mesh, tcfg = compile_inputs(
+        args, cli.moe_config(args, cli.scenario_from_args(args, topo)), chip)
+    return chip, topo, model, mesh, tcfg
+
+
+def pipeline_bounds(job: tuple) -> dict[str, Any]:
+    """`pipeline_schedule_bound` of every placement (axis order) of one group of pipeline
+    candidates that differ only in placement: the cheap first bound of a pipeline group (its
+    one-microbatch chunk programs only). `lower_bounds` (the stage programs' schedule and HBM
+    peak) follows only for a group that reaches the front of the plan's queue. Job: (train
+    argv, [axis orders]) -> {"lower_bounds_s": [...]} or {"error": ...}."""
+    argv, orders = job
+    try:
+        chip, topo, model, _mesh, tcfg = _bound_inputs(argv)
+        return {"lower_bounds_s": [pipeline_schedule_bound(model, o, topo.num_chips, tcfg, chip,
+                                                           topo) for o in orders]}
     except TpusimError as exc:
         return {"error": str(exc)}
 
@@ -759,6 +942,14 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
     jobs = [(argvs[members[0]], [cands[i].mesh for i in members])
             for members in groups.values()]
     members_of = list(groups.values())
+    group_of = {i: k for k, members in enumerate(members_of) for i in members}
+    # A pipeline group's first bound is `pipeline_bounds` (its chunk programs only); the
+    # stage programs' bounds (`lower_bounds`: a few seconds each on 405B, most of them
+    # building M copies of every pass) follow only when one of its candidates reaches the
+    # front of the queue below, i.e. could still enter the top K. The brute-force oracle
+    # bounds every group in full from the start.
+    deferred = {k for k, members in enumerate(members_of)
+                if prune_by_bound and dict(cands[members[0]].mesh).get("pipeline", 1) > 1}
     pool = _Pool(min(n, max(len(jobs), 1)), dask)
     results: dict[int, dict[str, Any]] = {}
     lb: list[float] = [0.0] * len(cands)
@@ -770,25 +961,37 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
     pruned: list[int] = []  # skipped by their sharper bound
     sharp: set[int] = set()  # candidates with a sharper bound
     refined = 0
+    full_pipeline_bounds = 0
     bar = _bar(len(jobs) + len(cands), 0, quiet)
+
+    def take_bounds(k: int, b: dict[str, Any]) -> list[int]:
+        """Group k's bounds into `lb`, `capacity` and `refused`; the members newly refused."""
+        # A group the bound cannot handle is simulated like any other (bound 0).
+        for i, v in zip(members_of[k], b.get("lower_bounds_s") or
+                        [0.0] * len(members_of[k]), strict=True):
+            lb[i] = max(lb[i], v)
+            if stop_out_of_memory and "hbm_capacity_bytes" in b:
+                capacity[i] = b["hbm_capacity_bytes"]
+        # Less a relative 1e-9: the engine sums the same deltas in another order.
+        if refuse_by_hbm_bound and b.get("hbm_lower_bound_bytes", 0.0) * (1 - 1e-9) \
+                > b.get("hbm_capacity_bytes", math.inf):
+            new = [i for i in members_of[k] if i not in refused]
+            refused.update(new)
+            return new
+        return []
+
     try:
         # Largest groups first: the pool stays busy to the end.
         order_jobs = sorted(range(len(jobs)), key=lambda k: (-len(members_of[k]), k))
-        futs = {pool.submit(lower_bounds, jobs[k], f"bound-{k}"): k for k in order_jobs}
+        futs = {pool.submit(pipeline_bounds if k in deferred else lower_bounds, jobs[k],
+                            f"bound-{k}"): k for k in order_jobs}
         while futs:
             for f in pool.wait_any(futs):
                 k = futs.pop(f)
                 b = f.result()
-                # A group the bound cannot handle is simulated like any other (bound 0).
-                for i, v in zip(members_of[k], b.get("lower_bounds_s") or
-                                [0.0] * len(members_of[k]), strict=True):
-                    lb[i] = v
-                    if stop_out_of_memory and "hbm_capacity_bytes" in b:
-                        capacity[i] = b["hbm_capacity_bytes"]
-                # Less a relative 1e-9: the engine sums the same deltas in another order.
-                if refuse_by_hbm_bound and b.get("hbm_lower_bound_bytes", 0.0) * (1 - 1e-9) \
-                        > b.get("hbm_capacity_bytes", math.inf):
-                    refused.update(members_of[k])
+                if k in deferred and "error" in b:
+                    deferred.discard(k)  # the full bound reports nothing more: bound 0
+                take_bounds(k, b)
                 if bar:
                     bar.update(1)
         order = sorted((i for i in range(len(cands)) if i not in refused),
@@ -798,8 +1001,10 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
         # Best first: the candidate with the lowest bound is next. Without its sharper bound
         # yet, a worker computes that (a fraction of a simulation; the collective costs it
         # computes go with the candidate to the worker that simulates it) and the candidate
-        # goes back in line with it; with it, it is simulated. Stop when the next bound is no
-        # better than the K-th best simulated step that fits (it only decreases): every
+        # goes back in line with it; with it, it is simulated. A pipeline candidate whose group
+        # has only its first bound waits for the group's full bound (which may raise every
+        # member's bound or refuse them by HBM) and goes back in line. Stop when the next bound
+        # is no better than the K-th best simulated step that fits (it only decreases): every
         # candidate left cannot enter the top K. The sharper bounds are within a few percent
         # of the step, so the fast candidates are simulated first and most slow ones never.
         best: list[float] = []  # step times of simulated candidates that fit, sorted
@@ -808,6 +1013,7 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
         sharpened: set[int] = set()  # sharper bound asked for (it may not exist: None)
         costs_of: dict[int, dict] = {}
         inflight: dict[Any, tuple[str, int]] = {}
+        waiting: dict[int, list[int]] = {}  # group -> members popped while its full bound runs
 
         def refinable(i: int) -> bool:
             return (prune_by_bound and i not in sharpened and not model.is_moe
@@ -820,7 +1026,21 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
                         and b >= best[cfg.top - 1]):
                     break  # the rest wait: a running job may still lower the K-th best
                 heapq.heappop(heap)
-                if refinable(i):
+                if i in refused:
+                    continue
+                if b < lb[i]:  # its group's full bound raised it since: back in line
+                    heapq.heappush(heap, (lb[i], i))
+                    continue
+                k = group_of[i]
+                if k in deferred:
+                    deferred.discard(k)
+                    waiting[k] = [i]
+                    full_pipeline_bounds += 1
+                    inflight[pool.submit(lower_bounds, jobs[k], f"bound-full-{k}")] = \
+                        ("bound", k)
+                elif k in waiting:
+                    waiting[k].append(i)
+                elif refinable(i):
                     sharpened.add(i)
                     inflight[pool.submit(sharper_bound, (argvs[i], cands[i].mesh),
                                          f"refine-{i}")] = ("refine", i)
@@ -833,6 +1053,14 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
             for f in pool.wait_any(inflight):
                 kind, i = inflight.pop(f)
                 o = f.result()
+                if kind == "bound":
+                    newly = take_bounds(i, o)
+                    if bar:
+                        bar.update(len(newly))
+                    for j in waiting.pop(i):
+                        if j not in refused:
+                            heapq.heappush(heap, (lb[j], j))
+                    continue
                 if kind == "refine":
                     if o.get("lower_bound_s") is not None:
                         refined += 1
@@ -854,7 +1082,8 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
                     bound_violated = True  # the engine changed under the bound: stop pruning
                 if bar:
                     bar.update(1)
-        skipped = sorted(i for _b, i in heap)
+        # Left in line (an entry per time a candidate went back in line: once each here).
+        skipped = sorted({i for _b, i in heap} - refused - set(results) - stopped)
         pruned = [i for i in skipped if i in sharp]
         if bar:
             bar.update(len(skipped))
@@ -900,6 +1129,7 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
     table["rank"] = table["rank"].astype("Int64")
     counts["candidates"] = len(cands)
     counts["bounded"] = len(jobs)
+    counts["pipeline_groups_bounded_in_full"] = full_pipeline_bounds
     counts["simulated"] = len(results) + len(stopped)
     counts["skipped_by_bound"] = len(skipped)
     counts["sharper_bounds"] = refined

@@ -16,6 +16,7 @@ from sim.planner import (
     PlanConfig,
     enumerate_candidates,
     lower_bounds,
+    pipeline_bounds,
     refine_and_run,
     run_plan,
 )
@@ -110,6 +111,31 @@ def test_plan_beats_or_ties_every_configuration_of_its_space_by_brute_force(tiny
                     in by_hand)
     assert len(ranked) >= 10
     assert [t for t, _k in ranked[:3]] == times
+    # No pipeline candidate could enter the top K: none built its stage programs.
+    assert res.table["mesh"].str.contains("pipeline").sum() > 10
+    assert res.counts["pipeline_groups_bounded_in_full"] == 0
+
+
+def test_pipeline_groups_bounded_in_full_only_when_they_reach_the_front(tiny_model):
+    # A top K that needs pipeline candidates: their groups get the stage programs' bounds
+    # (and HBM bound) before they are simulated, and the plan equals the brute-force oracle.
+    chip, topo = _pod()
+    model = load_model(tiny_model)
+    cfg = PlanConfig(seq_len=1024, global_batch=8, top=4, axes=("fsdp", "pipeline"),
+                     remat=("full",), microbatches=(1, 2))
+    flags = ["--chip", "v5e", "--shape", "2x2"]
+    fast = run_plan(tiny_model, flags, model, topo, chip, cfg, workers=1, quiet=True)
+    oracle = run_plan(tiny_model, flags, model, topo, chip, cfg, workers=1, quiet=True,
+                      prune_by_bound=False, refuse_by_hbm_bound=False,
+                      stop_out_of_memory=False)
+    assert oracle.counts["pipeline_groups_bounded_in_full"] == 0  # all from the start
+    assert fast.counts["pipeline_groups_bounded_in_full"] >= 1
+    cols = ["mesh", "placement", "remat", "microbatches", "step_time_s", "hbm_peak_bytes"]
+    assert fast.top(4)["mesh"].str.contains("pipeline").any()
+    assert fast.top(4)[cols].equals(oracle.top(4)[cols])
+    # A simulated pipeline's bound is its stage programs' bound, as in the oracle.
+    pipe = fast.top(4)[fast.top(4)["mesh"].str.contains("pipeline")]
+    assert pipe["lower_bound_s"].equals(oracle.top(4).loc[pipe.index, "lower_bound_s"])
 
 
 def test_memory_pruning_drops_only_what_cannot_fit(tiny_model):
@@ -151,6 +177,27 @@ def test_plan_cli_prints_the_top_k_and_writes_the_frontier(tmp_path, capsys, tin
     assert "\n" not in s["explanation"]
     assert (out / "frontier.png").stat().st_size > 0
     assert (out / "candidates.parquet").is_file() and (out / "summary.json").is_file()
+
+
+def test_plan_exhaustive_simulates_everything_and_gives_the_same_top_k(capsys, tiny_model):
+    def plan(*extra: str) -> dict:
+        rc = main(["plan", "--chip", "v5e", "--shape", "2x2", "--model", tiny_model,
+                   "--seq-len", "1024", "--global-batch", "8", "--top", "3", "--workers", "1",
+                   "--axes", "fsdp,tensor,pipeline", "--remat", "full", "--microbatches", "1",
+                   "--json", "--out", "", *extra])
+        captured = capsys.readouterr()
+        assert rc == 0, captured.err
+        return json.loads(captured.out)
+
+    fast, brute = plan(), plan("--exhaustive")
+    n = brute["searched"]["candidates"]
+    assert brute["searched"]["simulated"] == n == fast["searched"]["candidates"]
+    assert brute["searched"]["skipped_by_bound"] == 0
+    assert fast["searched"]["simulated"] < n
+    # The same rows apart from their lower bounds (the default sharpens the ones it needs).
+    drop = ("lower_bound_s",)
+    assert [{k: v for k, v in r.items() if k not in drop} for r in fast["top"]] == \
+        [{k: v for k, v in r.items() if k not in drop} for r in brute["top"]]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -257,6 +304,7 @@ def _four_layer_train(tmp_path, flags: list[str]) -> tuple[list[str], tuple]:
     ["--mesh", "fsdp=2,pipeline=2", "--microbatches", "2", "--pipeline-schedule", "1f1b"],
     ["--mesh", "pipeline=2,tensor=2", "--microbatches", "4", "--pipeline-schedule",
      "interleaved", "--virtual-stages", "2"],
+    ["--mesh", "tensor=2,pipeline=2", "--microbatches", "4", "--no-overlap"],
     ["--mesh", "sequence=2,tensor=2", "--remat", "minimal", "--no-overlap"],
 ])
 def test_lower_bound_never_exceeds_the_simulated_step(tmp_path, flags):
@@ -265,6 +313,13 @@ def test_lower_bound_never_exceeds_the_simulated_step(tmp_path, flags):
     step = run_point(argv)["result"]["step_time_s"]
     # Valid (never above the simulation) and not vacuous (the pipeline bound holds the bubble).
     assert 0.5 * step < bound <= step
+    if "pipeline" in flags[1]:
+        # The pass-level bound (chunk programs only) is a relaxation of the stage programs'
+        # schedule: never above it, and on these steps within 0.1% of it.
+        cheap = pipeline_bounds((argv, [mesh, mesh[::-1]]))["lower_bounds_s"]
+        full = lower_bounds((argv, [mesh, mesh[::-1]]))["lower_bounds_s"]
+        for c, f in zip(cheap, full, strict=True):
+            assert 0.999 * f <= c <= f * (1 + 1e-12)
 
 
 @pytest.mark.parametrize("flags", [

@@ -145,8 +145,10 @@ def plan_from_args(args: argparse.Namespace, dask=None):
         raise TpusimError(f"--slices {args.slices}: plan searches one slice; drop --slices")
     chip, topo = cli.resolve_pod(args)
     model = cli.overrides(args).apply_model(load_model(args.model))
+    fast = not args.exhaustive
     res = run_plan(args.model, pod_flags(args), model, topo, chip, cfg, workers=args.workers,
-                   dask=dask if dask is not None else args.dask, quiet=bool(args.quiet_sub))
+                   dask=dask if dask is not None else args.dask, quiet=bool(args.quiet_sub),
+                   prune_by_bound=fast, refuse_by_hbm_bound=fast, stop_out_of_memory=fast)
     return res, cfg
 
 
@@ -203,6 +205,10 @@ def _register_plan(sub, name: str) -> None:
                    help="how many to print (default 5)")
     _add_backend_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--exhaustive", action="store_true",
+                   help="simulate every candidate to the end (no pruning by lower bounds, no "
+                        "refusal by the HBM bound, no early stop over HBM): the brute-force "
+                        "check of the default search, which gives the same top K")
     p.add_argument("--out", default="plan-out",
                    help="write candidates.csv/parquet, summary.json and frontier.png here "
                         "(default plan-out; empty to skip)")
