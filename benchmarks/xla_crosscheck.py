@@ -1127,8 +1127,13 @@ OP_COSTS_EXPLAIN = """What the tables say:
   fusions: 128,302 FLOP per cycle on v5e, 97.9% of 4 MXUs x 128 x 128 x 2; 256,468 on v5p,
   97.8% of twice that). The fitted efficiency alone makes tpusim's compute-bound matmuls
   1/0.78 = 1.28x XLA's estimate on v5e; it is fitted on measured steps, which XLA's static
-  estimate does not see, and is not re-tuned to XLA here. The other differences between the
-  matmul rows (v5p's tensor-split matmuls, v6e, the MoE experts) are not analysed yet.
+  estimate does not see, and is not re-tuned to XLA here. XLA's model also charges the
+  per-step accumulation of a windowed all-gather einsum that contracts the gathered dimension
+  (q, k, v, gate, up forward): on v5e those loops' matmul fusions are estimated at 1.39-2.29x
+  their FLOPs at peak, the other windowed loops' at 1.04-1.24x; tpusim, whose windowed forward
+  matmuls pay only their FLOPs here, leaves that VMEM-resident accumulation out
+  (docs/model.md, "Training steps"). The other differences between the matmul rows (v5p's
+  tensor-split matmuls, v6e, the MoE experts) are not analysed yet.
 * **The v6e clock** (1.75 GHz, `XLA_CLOCK_HZ`) is derived, not read off a reference: 918
   TFLOP/s (MaxText's peak; tpu.md's 9.2e14) over one TensorCore (Google Cloud's v6e page, as
   `sim/hardware.py` records) of 4 MXUs (tpu.md §1.2: the scalar core "drives the VPU, 4
