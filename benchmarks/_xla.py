@@ -273,15 +273,23 @@ class Decoder:
         return jax.jit(self.train_step(loss_fn), donate_argnums=(0, 1, 2)).lower(
             params, mom, mom, tokens)
 
-    def lower_decode(self, n_layers: int, batch: int, kv_len: int):
+    def lower_decode(self, n_layers: int, batch: int, kv_len: int, sampling: str = "argmax",
+                     logits_f32: bool = False, top_k: int = 64):
         """One new token per sequence against a per-layer KV cache of kv_len (heads on
-        `tensor`), argmax of the logits; the residual is replicated."""
+        `tensor`); the residual is replicated. sampling "argmax" (greedy) or "top-k" (the
+        `top_k` largest logits, then a categorical draw among them; the key is an argument);
+        logits_f32: the logits are cast to f32 before sampling (MaxText's
+        `cast_logits_to_fp32`), else they stay bf16 (the HLO fixture's program)."""
         import jax
         import jax.numpy as jnp
         from jax.sharding import PartitionSpec as P
 
+        if sampling not in ("argmax", "top-k"):
+            raise ValueError(f"sampling {sampling!r}: use 'argmax' or 'top-k'")
         params = self.params(n_layers)
         tokens = self.sds((batch, 1), P(None, None), jnp.int32)
+        key = jax.ShapeDtypeStruct((2,), jnp.uint32,
+                                   sharding=jax.sharding.NamedSharding(self.mesh, P(None)))
         cache_spec = P(None, None, self.tp)
         caches = [(self.sds((batch, kv_len, self.kv * self.hd), cache_spec),
                    self.sds((batch, kv_len, self.kv * self.hd), cache_spec))
@@ -289,16 +297,25 @@ class Decoder:
         # The decode step keeps the residual replicated (one token per sequence).
         self.act_spec = P(None, None, None)
 
-        def decode(p, caches, tok):
+        def decode(p, caches, tok, key=None):
             x = jnp.take(p["embed"], tok, axis=0)
             for i, w in enumerate(p["layers"]):
                 x = self.layer(x, w, i, cache=caches[i])
             with self.scope("head"):
                 with self.scope("norm"):
                     y = self.rms(x, p["nf"])
-                return jnp.argmax(y @ p["unembed"], axis=-1)
+                logits = y @ p["unembed"]
+                if logits_f32:
+                    logits = logits.astype(jnp.float32)
+                if sampling == "argmax":
+                    return jnp.argmax(logits, axis=-1)
+                vals, idx = jax.lax.top_k(logits, top_k)
+                pick = jax.random.categorical(jax.random.wrap_key_data(key), vals, axis=-1)
+                return jnp.take_along_axis(idx, pick[..., None], axis=-1)[..., 0]
 
-        return jax.jit(decode).lower(params, caches, tokens)
+        if sampling == "argmax":
+            return jax.jit(decode).lower(params, caches, tokens)
+        return jax.jit(decode).lower(params, caches, tokens, key)
 
 
 def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: int,

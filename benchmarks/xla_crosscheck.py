@@ -70,8 +70,14 @@ CONFIGS = {
                        batch_per_chip=1, mode="train"),
     "fsdp_v5e16_small": dict(topology="v5e:4x4", mesh={"fsdp": 16}, layers=2, seq=2048,
                              batch_per_chip=1, mode="train", dims="SMALL"),
+    # Decode with f32 logits (MaxText's cast_logits_to_fp32; tpusim's logits are f32), greedy
+    # (argmax) and top-k sampling: tpusim's `--sampling greedy` and `top-k`.
     "decode_tp8_v5e8": dict(topology="v5e:2x4", mesh={"tensor": 8}, layers=2, seq=1,
-                            batch_per_chip=1, mode="decode", kv_len=2048),
+                            batch_per_chip=1, mode="decode", kv_len=2048, sampling="argmax",
+                            logits_f32=True),
+    "decode_topk_tp8_v5e8": dict(topology="v5e:2x4", mesh={"tensor": 8}, layers=2, seq=1,
+                                 batch_per_chip=1, mode="decode", kv_len=2048,
+                                 sampling="top-k", logits_f32=True),
     # MoE (issue 11: dense and MoE): xla_moe_schedule.py's MaxText-style dropping MoE.
     "moe_fsdp_ep_v6e16": dict(topology="v6e:4x4", mesh={"fsdp": 4, "expert": 4}, layers=2,
                               seq=2048, batch_per_chip=1, mode="moe_train",
@@ -126,7 +132,9 @@ def _worker(name: str, dump_dir: str | None) -> None:
         lowered = _xla.lower_moe_train(mesh, seq=cfg["seq"], num_layers=n_layers, scopes=True,
                                        **cfg["moe"])
     else:  # decode: one new token per sequence against a KV cache of kv_len
-        lowered = model.lower_decode(n_layers, batch, cfg["kv_len"])
+        lowered = model.lower_decode(n_layers, batch, cfg["kv_len"],
+                                     sampling=cfg.get("sampling", "argmax"),
+                                     logits_f32=cfg.get("logits_f32", False))
 
     compiled = lowered.compile()
     text = compiled.as_text()
@@ -254,6 +262,15 @@ def trip_count(comps: dict[str, list[dict]], ins: dict) -> int:
     gtes = {i["name"] for i in bbody if i["opcode"] == "get-tuple-element"
             and i["operands"].strip() in params_
             and re.search(rf"index={k}\b", i["attrs"])}
+    # The induction variable may reach its increment through copies (a loop rotated by the
+    # scheduler: `add(copy(gte), 2)`); without following them a loop unrolled by 2 would count
+    # twice its trips (the MoE program's bidirectional windowed einsums).
+    grew = True
+    while grew:
+        more = {i["name"] for i in bbody if i["opcode"] in ("copy", "bitcast")
+                and i["operands"].strip().lstrip("%") in gtes}
+        grew = not more <= gtes
+        gtes |= more
     cvals = {i["name"]: int(m.group(1)) for i in bbody if i["opcode"] == "constant"
              for m in [re.search(r"^(\d+)", i["operands"])] if m}
     root = next((i for i in bbody if i["root"] and i["opcode"] == "tuple"), None)
@@ -279,6 +296,7 @@ def parse_hlo_collectives(text: str) -> list[dict]:
         return []
 
     types = {ins["name"]: ins["rtype"] for body in comps.values() for ins in body}
+    by_name = {ins["name"]: ins for body in comps.values() for ins in body}
 
     def operand_bytes(ins) -> list[int]:
         sizes = _shape_bytes(ins["operands"])
@@ -291,14 +309,42 @@ def parse_hlo_collectives(text: str) -> list[dict]:
 
     results: list[dict] = []
 
+    def sliced_all_reduces(comp: str) -> set[str]:
+        """All-reduces of a fused computation whose result is only dynamic-sliced by its ROOT:
+        TPU's all-reduce-scatter fusion (`SingleInputAllReduceScatterFusion`, a computation
+        named `all-reduce-scatter*`), one ring reduce-scatter, not an all-reduce."""
+        body = comps.get(comp, [])
+        root = next((i for i in body if i["root"]), None)
+        if root is None or root["opcode"] != "dynamic-slice":
+            return set()
+        src = re.findall(r"%([\w.\-]+)", root["operands"])[:1]
+        return {i["name"] for i in body if i["opcode"] == "all-reduce" and i["name"] in src}
+
+    def padded_scatter_fixup(ins) -> bool:
+        """A collective-permute of a slice of an all-reduce-scatter fusion's result: XLA pads
+        a gradient whose reduce-scatter it splits unevenly (a [4096, 4096] one into 4 x 1040
+        rows in the v6e data x fsdp program) and moves each shard's extra rows to its
+        neighbour afterwards. It is the tail of that reduce-scatter, counted with it."""
+        src = re.findall(r"%([\w.\-]+)", ins["operands"])[:1]
+        sl = by_name.get(src[0]) if src else None
+        if sl is None or sl["opcode"] != "slice":
+            return False
+        fu = by_name.get((re.findall(r"%([\w.\-]+)", sl["operands"]) or [""])[0])
+        return bool(fu and fu["opcode"] == "fusion" and fu["calls"]
+                    and sliced_all_reduces(fu["calls"][0]))
+
     def visit(comp: str, mult: int, ctx_name: str, loop: str | None, seen: tuple,
               fused: bool = False):
         if comp in seen or comp not in comps:
             return
+        scatter = sliced_all_reduces(comp) if fused else set()
         for ins in comps[comp]:
             op = ins["opcode"]
             op_name = ins["op_name"] or ctx_name
             base = _COLL_BASE.get(op)
+            if base == "all-reduce" and ins["name"] in scatter:
+                base = "reduce-scatter"
+            fixup = base == "collective-permute" and padded_scatter_fixup(ins)
             if base is not None:
                 # TPU "async collective fusions" put one collective (one channel_id) into a
                 # start fusion plus continuation fusions: count it once (deduplicated below).
@@ -327,7 +373,8 @@ def parse_hlo_collectives(text: str) -> list[dict]:
                     pair_list=[[int(a), int(b)] for a, b in
                                re.findall(r"\{(\d+),(\d+)\}", "{" + st.group(1) + "}")]
                     if st else [],
-                    opcode=op, channel=int(ch.group(1)) if ch else None))
+                    opcode=op, channel=int(ch.group(1)) if ch and not fixup else None,
+                    **({"fixup": True} if fixup else {})))
             if op == "async-start":
                 # async wrapper around e.g. reduce-scatter: visit the wrapped computation.
                 for c in ins["calls"]:
@@ -734,6 +781,9 @@ def xla_logical_bytes(xr: dict) -> dict[tuple[str, str], float]:
     for kinds in loops.values():
         kinds.sort()  # "all-gather" < "reduce-scatter"
     for o in xr["ops"]:
+        if o.get("fixup"):  # a padded reduce-scatter's row moves (parse_hlo_collectives)
+            out[("reduce-scatter", _axes_spanned(xr, o["pair_list"]))] += o["count"] * o["bytes"]
+            continue
         if o["kind"] == "collective-permute":
             axes = _axes_spanned(xr, o.get("pair_list") or [])
             if o["in_loop"]:
@@ -773,7 +823,11 @@ def tpusim_trace(name: str):
     if cfg["mode"] == "decode":
         model = dataclasses.replace(load_model("llama3-8b"), num_layers=cfg["layers"],
                                     **_dims_override(cfg))
-        dc = DecodeConfig(batch=int(cfg["batch_per_chip"] * chips), context_len=cfg["kv_len"])
+        # The program's new token attends to the kv_len cached tokens and to itself: tpusim's
+        # context (the tokens a decode step attends to) is kv_len + 1.
+        dc = DecodeConfig(batch=int(cfg["batch_per_chip"] * chips),
+                          context_len=cfg["kv_len"] + 1,
+                          sampling="greedy" if cfg.get("sampling") == "argmax" else "top-k")
         return compile_decode_step(model, mesh, chips, dc)
     moe = {}
     if cfg["mode"] == "moe_train":
@@ -940,29 +994,39 @@ def logical_table(name: str, xr: dict) -> tuple[list[tuple], list[float]]:
     return rows, errs
 
 
-WIDER_SET_NOTES = """What differs in the wider set (read off their HLO; not fixed in tpusim yet):
+WIDER_SET_NOTES = """What the wider set showed (read off their HLO; docs/model.md "Collectives as
+XLA emits them" has each rule):
 
-* **data_fsdp_v6e16** (v6e, data=4 x fsdp=4): the data all-reduce of the gradients matches
-  exactly, but XLA uses no windowed einsums here, all-reduces the weight gradients whole over
-  fsdp where tpusim reduce-scatters them, gathers the token gradients over all 16 chips (256 MiB
-  over data,fsdp) for the embedding's scatter-add, and its embedding lookup's all-to-all
-  carries half of tpusim's bytes. Its replica groups use the mesh form with a device list
-  (`mesh[...], device_ids=([4,4]T(1,0)) {...}`), which `tpusim import-hlo` now reads.
+* **data_fsdp_v6e16** (v6e, data=4 x fsdp=4): with the weights replicated over data XLA builds
+  no windowed einsum, so tpusim's mixed modes issue plain gathers and reduce-scatters there.
+  XLA's gradient reduce-scatters are TPU all-reduce-scatter fusions (an all-reduce whose result
+  the fusion only dynamic-slices: one ring reduce-scatter); the parser read them as
+  all-reduces of whole gradients until this session (the 100% miss of before). One gradient
+  ([4096, 4096]) is padded to 4 x 1040 rows and its extra rows moved to the next shard by a
+  collective-permute, counted with its reduce-scatter (padding and permutes: 1.75 MiB, 0.1%,
+  not modelled by tpusim). The lookup's gradient is all-gathered over data x fsdp (256 MiB)
+  instead of all-to-all'ed, and the norm scales' gradients are all-reduced over data x fsdp at
+  once.
 * **moe_fsdp_ep_v6e16** (non-expert weights over fsdp x expert, MaxText's rule): the expert
   all-to-alls (720 MiB over `expert`), the expert-weight gather over `expert` and the
   embedding lookup's all-to-all over fsdp,expert match exactly. XLA gathers more over
   fsdp,expert and less over `fsdp` alone than tpusim, and reduce-scatters about twice
   tpusim's bytes over fsdp,expert: which matrices go over which group differs (not analysed
   yet).
-* **decode_tp8_v5e8**: XLA has one all-reduce over `tensor` more than tpusim per step: the
-  embedding lookup's reduction (issue 11 names it); tpusim's all-gather is its top-k sampling,
-  where this program takes an argmax (two tiny gathers)."""
+* **decode_tp8_v5e8**, **decode_topk_tp8_v5e8** (f32 logits, as MaxText's
+  `cast_logits_to_fp32` and tpusim's decode): the embedding lookup's all-reduce over `tensor`
+  and the sampling collectives of `--sampling greedy` (two tiny all-gathers) and `top-k`
+  (all-to-alls of the logits and their indices into whole rows for XLA's sort and back, the
+  64 best spread from the first shard by collective-permutes, an all-gather and an all-reduce
+  for the draw). The new token also attends to itself: tpusim's context is KV cache + 1."""
 
 
 def _mode_label(cfg: dict) -> str:
     """What a program heading says beyond the dense training step's widths."""
     if cfg["mode"] == "decode":
-        return f", decode step (KV cache {cfg['kv_len']}, argmax of the logits)"
+        pick = {"argmax": "argmax", "top-k": "top-64 draw"}[cfg.get("sampling", "argmax")]
+        dt = "f32" if cfg.get("logits_f32") else "bf16"
+        return f", decode step (KV cache {cfg['kv_len']}, {pick} of the {dt} logits)"
     if cfg["mode"] == "moe_train":
         m = cfg["moe"]
         return (f", MoE train step (d_model {m['d_model']}, {m['num_experts']} experts of d_ff "

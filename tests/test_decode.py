@@ -492,3 +492,44 @@ def test_chunked_prefill_of_a_local_layer_averages_its_window_pairs():
     # Positions 1-4 attend to 1, 2, 3, 3 keys; positions 5-8 to 3 each.
     assert att[0].flops == per_key * (1 + 2 + 3 + 3)
     assert att[40].flops == per_key * 4 * 3
+
+
+# -- the embedding and sampling collectives XLA emits (vocabulary split over tensor) ------------
+
+def _decode_colls(sampling: str, mesh: str = "tensor=8", batch: int = 8):
+    m = dataclasses.replace(load_model("llama3-8b"), num_layers=1)
+    tr = compile_decode_step(m, parse_mesh(mesh), 8,
+                             DecodeConfig(batch=batch, context_len=128, sampling=sampling))
+    return m, {o.name: o for o in tr.ops if o.kind == "collective"}
+
+
+def test_the_decode_embedding_is_summed_over_the_vocabulary_shards():
+    m, c = _decode_colls("greedy")
+    # n = 8 rows of d_model bf16 embeddings, all-reduced over tensor (XLA: 64 KiB).
+    assert c["tp_embed_allreduce"].collective == "all-reduce"
+    assert c["tp_embed_allreduce"].bytes == 8 * m.d_model * 2
+
+
+def test_greedy_sampling_gathers_each_shards_best_value_and_index():
+    _, c = _decode_colls("greedy")
+    (ag,) = [o for k, o in c.items() if k.startswith("tp_sample")]
+    # 8 shards x 8 rows x (f32 value + int32 index): XLA's two 256-byte all-gathers.
+    assert ag.collective == "all-gather" and ag.bytes == 8 * 8 * 8
+
+
+def test_top_k_sampling_moves_rows_for_the_sort_then_spreads_the_candidates():
+    m, c = _decode_colls("top-k")
+    v_loc = -(-m.vocab_size // 8)
+    # Logits and int32 ids to whole rows and back: 2 x 2 all-to-alls of each chip's
+    # [8, v_loc] x 4-byte buffers (V = 8 x that); the 64 best from the first shard to the
+    # 7 others, 8 each, values and ids; the draw's 8 x 8 gathered pairs and one id per row.
+    assert c["tp_sample_sort_alltoall"].bytes == 8 * 8 * v_loc * 8
+    assert c["tp_sample_sorted_alltoall"].bytes == 8 * 8 * v_loc * 8
+    assert c["tp_sample_topk_permute"].bytes == 2 * 7 * 8 * 8 * 4
+    assert c["tp_sample_choice_allgather"].bytes == 8 * 8 * 8
+    assert c["tp_sample_token_allreduce"].bytes == 8 * 4
+
+
+def test_an_unknown_sampling_mode_is_a_one_line_error():
+    with pytest.raises(TpusimError, match="--sampling 'nucleus'.*top-k, greedy"):
+        DecodeConfig(batch=1, context_len=8, sampling="nucleus")

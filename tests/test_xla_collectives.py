@@ -300,3 +300,123 @@ def test_each_windowed_ring_takes_one_prologue_of_its_message_size():
     xr = {"num_chips": 2, "mesh_axes": ["fsdp"], "mesh_shape": [2], "mesh_device_ids": [0, 1],
           "ops": ops}
     assert xc.xla_logical_bytes(xr) == {("all-gather", "fsdp"): 30, ("reduce-scatter", "fsdp"): 30}
+
+
+# -- a data axis (the v6e data=4 x fsdp=4 program) ------------------------------------------------
+
+def test_with_a_data_axis_the_mixed_forms_are_plain_collectives():
+    # Weights replicated over data are sharded over fewer chips than the program has: XLA
+    # builds no windowed einsum, so every gather and gradient reduce-scatter carries V exactly
+    # (fsdp = 4: 1/4 of each matrix per chip), blocking.
+    trace = _trace("data=2,fsdp=4", 8, fsdp_gather="mixed-blocking")
+    for prefix in ("fsdp_allgather_fwd_", "fsdp_allgather_bwd_", "fsdp_grad_reducescatter_"):
+        got = {k: o.bytes for k, o in _colls(trace, prefix).items()}
+        assert got == {k: MATRIX_BYTES[k.removesuffix("_dx")] for k in got}, prefix
+    (erc,) = _ops(trace, "fsdp_grad_reducescatter_embed")
+    assert erc.bytes == VOCAB * D * 2
+    # The windowed form stays where the weights span every chip.
+    windowed = _trace("fsdp=8", 8, fsdp_gather="mixed-blocking")
+    assert _colls(windowed, "fsdp_grad_reducescatter_")["wq"].bytes == MATRIX_BYTES["wq"] * 9 / 8
+
+
+def test_with_a_data_axis_the_lookup_gradient_is_gathered_over_data_and_fsdp():
+    # data=2 x fsdp=4, n = 256 tokens per chip: the lookup's all-to-all over fsdp as without a
+    # data axis; its gradient all-gathers every chip's [n, d_model] bf16 rows over data x fsdp
+    # (XLA: 256 MiB for 16 chips x 2048 tokens x d_model 4096), no gradient all-to-all.
+    trace = _trace("data=2,fsdp=4", 8)
+    n = SEQ
+    (lk,) = _ops(trace, "embed_lookup_alltoall")
+    assert lk.mesh_axes == ("fsdp",) and lk.bytes == 4 * n * D * 2
+    (ga,) = _ops(trace, "embed_grad_allgather")
+    assert ga.collective == "all-gather" and ga.mesh_axes == ("data", "fsdp")
+    assert ga.bytes == 8 * n * D * 2
+    assert not _ops(trace, "embed_grad_alltoall")
+    (sa,) = _ops(trace, "embed_grad_scatter_add")
+    assert ga.id in sa.deps
+
+
+# -- XLA HLO forms the cross-check parser reads ------------------------------------------------
+
+def test_an_all_reduce_scatter_fusion_is_a_reduce_scatter_and_its_fixup_permute_joins_it():
+    # TPU's all-reduce-scatter fusion: an all-reduce whose result the fusion's ROOT only
+    # dynamic-slices (one ring reduce-scatter); a padded one (8 rows into 2 x 5) moves the
+    # extra rows to the next shard by a collective-permute of a slice of its result.
+    xc = _crosscheck()
+    groups = "replica_groups={{0,1},{2,3}}, use_global_device_ids=true, to_apply=%add"
+    meta = 'metadata={op_name="jit(step)/transpose(jvp(layer0))/dot_general"}'
+    pairs = "channel_id=1, source_target_pairs={{0,1},{2,3}}"
+    text = f"""HloModule m, num_partitions=4
+
+%add (a: bf16[], b: bf16[]) -> bf16[] {{
+  %a = bf16[] parameter(0)
+  %b = bf16[] parameter(1)
+  ROOT %s = bf16[] add(%a, %b)
+}}
+
+%all-reduce-scatter (input: bf16[8,4]) -> bf16[5,4] {{
+  %input = bf16[8,4]{{1,0}} parameter(0)
+  %z = bf16[] constant(0)
+  %pad = bf16[10,4]{{1,0}} pad(%input, %z), padding=0_2x0_0
+  %ar = bf16[10,4]{{1,0}} all-reduce(%pad), channel_id=3, {groups}
+  %i = u32[] partition-id()
+  %c = u32[] constant(0)
+  ROOT %ds = bf16[5,4]{{1,0}} dynamic-slice(%ar, %i, %c), dynamic_slice_sizes={{5,4}}
+}}
+
+ENTRY %main (p: bf16[8,4]) -> bf16[3,4] {{
+  %p = bf16[8,4]{{1,0}} parameter(0)
+  %f = bf16[5,4]{{1,0}} fusion(%p), kind=kCustom, calls=%all-reduce-scatter, {meta}
+  %sl = bf16[3,4]{{1,0}} slice(%f), slice={{[2:5], [0:4]}}
+  %cp = (bf16[3,4]{{1,0}}, bf16[3,4]{{1,0}}, u32[], u32[]) collective-permute-start(%sl), {pairs}
+  ROOT %d = bf16[3,4]{{1,0}} collective-permute-done(%cp)
+}}
+"""
+    ops = xc.parse_hlo_collectives(text)
+    assert sorted((o["kind"], o["bytes"], bool(o.get("fixup"))) for o in ops) == [
+        ("collective-permute", 3 * 4 * 2, True), ("reduce-scatter", 10 * 4 * 2, False)]
+    xr = {"num_chips": 4, "mesh_axes": ["data", "fsdp"], "mesh_shape": [2, 2],
+          "mesh_device_ids": [0, 1, 2, 3], "ops": ops}
+    assert xc.xla_logical_bytes(xr) == {("reduce-scatter", "fsdp"): 13 * 4 * 2}
+    # tpusim import-hlo runs the fusion as one reduce-scatter of the padded operand too.
+    from sim.hardware import get_chip
+    from tests.conftest import make_topology
+    from workloads.hlo.lower import import_hlo
+
+    trace = import_hlo(text, topology=make_topology(get_chip("v5e"), "2x2"), source="t").trace
+    assert sorted((o.collective, o.bytes) for o in trace.ops if o.kind == "collective") == [
+        ("collective-permute", 3 * 4 * 2), ("reduce-scatter", 10 * 4 * 2)]
+
+
+def test_a_loop_whose_induction_variable_steps_through_a_copy_counts_its_real_trips():
+    # i < 8, i += 2 read through copy(i) (a rotated loop): 4 trips, not 8.
+    xc = _crosscheck()
+    text = """HloModule m
+
+%body (param: (u32[], bf16[4])) -> (u32[], bf16[4]) {
+  %param = (u32[], bf16[4]{0}) parameter(0)
+  %i = u32[] get-tuple-element(%param), index=0
+  %ci = u32[] copy(%i)
+  %two = u32[] constant(2)
+  %next = u32[] add(%ci, %two)
+  %x = bf16[4]{0} get-tuple-element(%param), index=1
+  %cp = bf16[4]{0} collective-permute(%x), channel_id=1, source_target_pairs={{0,1},{1,0}}
+  ROOT %t = (u32[], bf16[4]{0}) tuple(%next, %cp)
+}
+
+%cond (param: (u32[], bf16[4])) -> pred[] {
+  %param = (u32[], bf16[4]{0}) parameter(0)
+  %i = u32[] get-tuple-element(%param), index=0
+  %c = u32[] constant(8)
+  ROOT %lt = pred[] compare(%i, %c), direction=LT
+}
+
+ENTRY %main (a: bf16[4]) -> bf16[4] {
+  %a = bf16[4]{0} parameter(0)
+  %z = u32[] constant(0)
+  %init = (u32[], bf16[4]{0}) tuple(%z, %a)
+  %w = (u32[], bf16[4]{0}) while(%init), condition=%cond, body=%body
+  ROOT %y = bf16[4]{0} get-tuple-element(%w), index=1
+}
+"""
+    (op,) = xc.parse_hlo_collectives(text)
+    assert op["count"] == 4

@@ -26,7 +26,11 @@ _KV_DTYPES = {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 _MATMUL_DTYPES = ("bf16", "int8")
 _ACT_BYTES = 2.0  # activations in bf16
 _DECODE_AXES = ("data", "fsdp", "tensor", "expert")
-_SAMPLE_TOP_K = 64  # candidates per vocab shard for top-k / top-p sampling
+_SAMPLE_TOP_K = 64  # candidates kept by top-k sampling
+# How the next token is chosen from the logits: "top-k" (a draw among the _SAMPLE_TOP_K
+# largest) or "greedy" (their argmax). Their collectives over a vocabulary split over `tensor`
+# are XLA's (`_InferenceCompiler.sample`).
+SAMPLING_MODES = ("top-k", "greedy")
 
 
 def _dtype_bytes(table: dict[str, float], name: object, flag: str) -> float:
@@ -49,6 +53,7 @@ class DecodeConfig:
         prompt_len: prefill only: prompt tokens per sequence.
         prefill_chunk: prefill only: tokens per chunk (None = the whole prompt at once).
         moe: router skew and capacity factor (workloads/moe.py).
+        sampling: "top-k" (a draw among the 64 largest logits) or "greedy" (their argmax).
     """
 
     batch: int
@@ -59,6 +64,7 @@ class DecodeConfig:
     prompt_len: int | None = None
     prefill_chunk: int | None = None
     moe: MoeConfig = field(default_factory=MoeConfig)
+    sampling: str = "top-k"
 
     def __post_init__(self) -> None:
         def _pos_int(v: object) -> bool:
@@ -74,6 +80,9 @@ class DecodeConfig:
         if self.matmul_dtype not in _MATMUL_DTYPES:
             raise TpusimError(f"--matmul-dtype {self.matmul_dtype!r} is not supported; use one "
                               f"of: {', '.join(_MATMUL_DTYPES)}")
+        if self.sampling not in SAMPLING_MODES:
+            raise TpusimError(f"--sampling {self.sampling!r} is not supported; use one of: "
+                              f"{', '.join(SAMPLING_MODES)}")
         if self.prompt_len is not None and not _pos_int(self.prompt_len):
             raise TpusimError(f"--prompt-len {self.prompt_len!r} must be an integer >= 1")
         if self.prefill_chunk is not None and not _pos_int(self.prefill_chunk):
@@ -500,9 +509,22 @@ class _InferenceCompiler:
     # -- embedding and the output projection -----------------------------------------------
     def embed(self, dep: int | None, n: float, phase: str, alloc: float) -> int:
         # 2D weight-stationary keeps the residual as x[B, D_XYZ]: each chip looks up its slice.
-        D = self.m.d_model / (self.lay.fs * self.lay.tp) if self.lay.fs > 1 else self.m.d_model
-        return self.vpu("embed_lookup", 0.0, n * D * (self.wb + _ACT_BYTES),
+        lay = self.lay
+        D = self.m.d_model / (lay.fs * lay.tp) if lay.fs > 1 else self.m.d_model
+        look = self.vpu("embed_lookup", 0.0, n * D * (self.wb + _ACT_BYTES),
                         [dep] if dep is not None else [], -1, phase, alloc_bytes=alloc)
+        # The table's vocabulary is split over `tensor`: each shard looks up the rows it holds
+        # (zeros elsewhere) and the partial embeddings are summed over `tensor` (XLA's decode
+        # program, tensor=8: one all-reduce of the [batch, d_model] bf16 embeddings). In 2D
+        # weight-stationary each chip holds [V_YZ, D_X]: the partial [n, D_X] rows are summed
+        # and split into the D_XYZ residual slices, a reduce-scatter over `tensor`.
+        if lay.fs > 1:
+            red = self.coll("tp_embed_reducescatter", "reduce-scatter", ("tensor",),
+                            n * self.m.d_model / lay.fs * _ACT_BYTES, [look], -1, phase)
+        else:
+            red = self.coll("tp_embed_allreduce", "all-reduce", ("tensor",),
+                            n * self.m.d_model * _ACT_BYTES, [look], -1, phase)
+        return red if red is not None else look
 
     def head(self, dep: int, phase: str, free: float) -> int:
         """Final norm, logits for the last token of each sequence, and sampling."""
@@ -528,14 +550,47 @@ class _InferenceCompiler:
             logits = self.mm("logits", 2 * n * D * v_loc, v_loc * D * self.wb,
                              n * D * a + n * v_loc * 4, [norm], -1, phase)
             logit_deps = [logits]
-        local = self.vpu("sample_local_topk", 5 * n * v_loc, n * v_loc * 4, logit_deps, -1,
-                         phase)
-        # Each vocab shard proposes its top-k (fp32 value, int32 index) candidates and they are
-        # all-gathered; every chip then samples the same token from the merged candidates.
-        ar = self.coll("tp_sample_topk_allgather", "all-gather", ("tensor",),
-                       n * _SAMPLE_TOP_K * 8 * tp, [local], -1, phase)
-        cands = n * _SAMPLE_TOP_K * tp
-        return self.vpu("sample", 2 * cands, cands * 8, self._deps(local, ar), -1, phase,
+        return self.sample(logit_deps, n, v_loc, phase, free)
+
+    def sample(self, logit_deps: list[int], n: float, v_loc: int, phase: str,
+               free: float) -> int:
+        """The next token of each of the chip's n rows from its [n, v_loc] f32 logits (the
+        vocabulary split over `tensor`), with the collectives XLA's SPMD partitioner emits for
+        it (docs/model.md "Collectives as XLA emits them"; the v5e tensor=8 decode programs of
+        benchmarks/xla_crosscheck.py, n = 8):
+
+        * greedy: each shard's row maxima and their indices (f32, int32) are all-gathered over
+          `tensor` and every chip takes the argmax of the tp candidates;
+        * top-k: XLA sorts along the vocabulary, so it first moves whole rows onto one chip
+          each: the logits and their int32 indices are all-to-all'ed over `tensor` (each chip's
+          [n, v_loc] buffers), sorted, and all-to-all'ed back into the vocabulary split; the
+          k largest then sit on the first shard, which sends each other shard its 1/tp of them
+          (values and indices: collective-permutes); the draw among the k (an argmax of
+          perturbed values) all-gathers each shard's best value and index and all-reduces the
+          chosen token id."""
+        tp, k = self.lay.tp, _SAMPLE_TOP_K
+        if self.cfg.sampling == "greedy":
+            local = self.vpu("sample_local_argmax", 2 * n * v_loc, n * v_loc * 4, logit_deps,
+                             -1, phase)
+            ag = self.coll("tp_sample_argmax_allgather", "all-gather", ("tensor",),
+                           tp * n * 8, [local], -1, phase)
+            return self.vpu("sample", 2 * n * tp, n * tp * 8, self._deps(local, ag), -1,
+                            phase, free_bytes=free)
+        to_rows = self.coll("tp_sample_sort_alltoall", "all-to-all", ("tensor",),
+                            tp * n * v_loc * 8, logit_deps, -1, phase)
+        local = self.vpu("sample_local_topk", 5 * n * v_loc, n * v_loc * 4,
+                         self._deps(*logit_deps, to_rows), -1, phase)
+        back = self.coll("tp_sample_sorted_alltoall", "all-to-all", ("tensor",),
+                         tp * n * v_loc * 8, [local], -1, phase)
+        spread = self.coll("tp_sample_topk_permute", "collective-permute", ("tensor",),
+                           2 * (tp - 1) * n * math.ceil(k / tp) * 4, self._deps(local, back),
+                           -1, phase)
+        deps = self._deps(local, back, spread)
+        ag = self.coll("tp_sample_choice_allgather", "all-gather", ("tensor",), tp * n * 8,
+                       deps, -1, phase)
+        ar = self.coll("tp_sample_token_allreduce", "all-reduce", ("tensor",), n * 4,
+                       self._deps(*deps, ag), -1, phase)
+        return self.vpu("sample", 2 * n * k, n * k * 8, self._deps(*deps, ag, ar), -1, phase,
                         free_bytes=free)
 
     def meta(self, kind: str, plan: dict[str, float]) -> dict:
@@ -633,6 +688,7 @@ def decode_roofline_s(model: TransformerSpec, num_chips: int, cfg: DecodeConfig,
 
 
 __all__ = [
+    "SAMPLING_MODES",
     "DecodeConfig",
     "compile_decode_step",
     "compile_prefill",

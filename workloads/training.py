@@ -86,7 +86,7 @@ _FUSED = frozenset({
 # without MaxText's flags (docs/model.md "Collectives as XLA emits them"): a gather whose matrix
 # feeds one matmul of the pass is windowed, the others are plain gathers, async on v5e
 # (`mixed-async`), blocking on v5p and v6e (`mixed-blocking`); gradient reduce-scatters are
-# windowed.
+# windowed. With weights replicated over data or sequence nothing is windowed.
 FSDP_GATHER_MODES = ("async", "windowed", "blocking", "mixed-async", "mixed-blocking")
 # Pipeline schedules simulated by `sim/pipeline.py` (docs/model.md "Pipeline schedules").
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -685,8 +685,19 @@ class _Compiler:
         return out
 
     @property
+    def weights_replicated(self) -> bool:
+        """The weights are replicated over a mesh axis (data or sequence): a weight operand is
+        then sharded over fewer chips than the program has."""
+        return self.d.dp > 1 or self.d.sp > 1
+
+    @property
     def rs_windowed(self) -> bool:
-        """Gradient reduce-scatters run as windowed rings (collective matmuls)."""
+        """Gradient reduce-scatters run as windowed rings (collective matmuls). In the mixed
+        modes (XLA's own choice) only when the weights are sharded over every chip: XLA's
+        SPMD partitioner builds a windowed einsum only for an operand split over all the
+        program's partitions (the v6e data=4 x fsdp=4 program has none, docs/model.md)."""
+        if self.cfg.fsdp_gather.startswith("mixed") and self.weights_replicated:
+            return False
         return self.cfg.overlap and self.cfg.fsdp_gather in (
             "windowed", "mixed-async", "mixed-blocking")
 
@@ -706,7 +717,7 @@ class _Compiler:
         if mode in ("async", "windowed", "blocking"):
             return mode
         plain = "async" if mode == "mixed-async" else "blocking"
-        if key in _REGATHER_KEYS:
+        if key in _REGATHER_KEYS or self.weights_replicated:
             return plain
         if phase == "fwd":
             single = not (self.d.tp > 1 and key in _ROW_PARALLEL)
@@ -1315,7 +1326,20 @@ class _Compiler:
                     prev = eg if eg is not None else prev
                 emb_bwd = self.vpu("embed_grad", n * D, 3 * n * D * a, [prev] + dp_wait, -1,
                                    "bwd")
-                if lookup_a2a:
+                if lookup_a2a and d.dp > 1:
+                    # With a data axis XLA's SPMD partitioner does not send the gradient rows
+                    # back by all-to-all: it all-gathers every chip's [n, d_model] input
+                    # gradient over data x fsdp (x expert), each chip keeps its fsdp group's rows
+                    # and its d_model slice for the scatter-add, and the table's gradient is
+                    # then summed over data (`dp_grad_allreduce_embed`). v6e data=4 x fsdp=4:
+                    # 256 MiB for n = 2048, d_model 4096 (docs/model.md).
+                    tok = token_gathers([prev], "bwd")
+                    ga = self.coll("embed_grad_allgather", "all-gather",
+                                   ("data",) + a2a_axes, d.dp * a2a_group * n * D * a,
+                                   [emb_bwd] + tok, -1, "bwd")
+                    emb_bwd = self.vpu("embed_grad_scatter_add", n * D, 3 * n * D * a,
+                                       [emb_bwd] + ([ga] if ga is not None else []), -1, "bwd")
+                elif lookup_a2a:
                     tok = token_gathers([prev], "bwd")
                     ga = self.coll("embed_grad_alltoall", "all-to-all", a2a_axes,
                                    a2a_group * n * D * a, [emb_bwd] + tok, -1, "bwd")
@@ -1334,7 +1358,8 @@ class _Compiler:
                     last_grad_ops.append(erc)
                 if mb == cfg.microbatches - 1:
                     ear = self.coll("dp_grad_allreduce_embed", "all-reduce", ("data", "sequence"),
-                                    emb_all / self.wb * self.gb / fse + self.norm_grad_bytes(),
+                                    emb_all / self.wb * self.gb / fse
+                                    + (0.0 if fse > 1 else self.norm_grad_bytes()),
                                     [erc if erc is not None else emb_bwd], -1, "bwd")
                     if ear is not None:
                         last_grad_ops.append(ear)
@@ -1344,10 +1369,13 @@ class _Compiler:
             prev_compute = emb_bwd
         # The norm scales are replicated: their gradients are summed over fsdp and expert (and
         # tensor, if the activations are sharded over it; replicated ones give equal gradients
-        # on every tensor shard) in one all-reduce (XLA combines them; f32), and over the
-        # data-parallel axes with the embedding's gradients (`dp_grad_allreduce_embed`).
+        # on every tensor shard) in one all-reduce (XLA combines them; f32), over the
+        # data-parallel axes too when there is an FSDP axis (the v6e data x fsdp program: one
+        # all-reduce over data x fsdp), else with the embedding's gradients
+        # (`dp_grad_allreduce_embed`).
+        nrm_axes = ("fsdp", "expert", "tensor") if self.tp_sharded else ("fsdp", "expert")
         nrm = self.coll("norm_grad_allreduce", "all-reduce",
-                        ("fsdp", "expert", "tensor") if self.tp_sharded else ("fsdp", "expert"),
+                        ("data", "sequence", *nrm_axes) if fse > 1 else nrm_axes,
                         self.norm_grad_bytes(), [prev_compute], -1, "bwd")
         if nrm is not None:
             last_grad_ops.append(nrm)

@@ -46,6 +46,10 @@ def _add_inference_args(p: argparse.ArgumentParser, *, batch: bool = True,
     p.add_argument("--kv-dtype", default="bf16", help="bf16 (default), fp8, int8 or int4")
     p.add_argument("--matmul-dtype", default="bf16",
                    help="bf16 (default) or int8 (weight matmuls at the int8 peak)")
+    p.add_argument("--sampling", default="top-k",
+                   help="how the next token is chosen: top-k (default; a draw among the 64 "
+                        "largest logits) or greedy (their argmax); each with the collectives "
+                        "XLA emits over a vocabulary split over tensor (docs/inference.md)")
 
 
 def _config(args: argparse.Namespace, batch: int, moe):
@@ -63,7 +67,7 @@ def _config(args: argparse.Namespace, batch: int, moe):
         kv_dtype=args.kv_dtype, matmul_dtype=args.matmul_dtype,
         prompt_len=getattr(args, "prompt_len", None),
         prefill_chunk=getattr(args, "prefill_chunk", None),
-        moe=moe,
+        moe=moe, sampling=args.sampling,
     )
 
 

@@ -412,9 +412,10 @@ class _Lowerer:
         return gid
 
     def collective(self, comp: Computation, ins: Instruction, deps: frozenset[int],
-                   name: str | None = None) -> int | None:
-        """Emit a collective op for `ins`; None if it moves nothing (groups of one chip)."""
-        kind = COLLECTIVES[ins.opcode]
+                   name: str | None = None, kind: str | None = None) -> int | None:
+        """Emit a collective op for `ins` (as `kind` if given); None if it moves nothing
+        (groups of one chip)."""
+        kind = kind or COLLECTIVES[ins.opcode]
         n = self.n_dev
         op_leaves = [self.shape_of(comp, o) for o in ins.operands]
         in_bytes = sum(s.nbytes for s in op_leaves)
@@ -784,7 +785,13 @@ class _Lowerer:
             return out | ({i} if i is not None else set())
         if ch in self.open_channels:
             return out
-        i = self.collective(fused, c, deps, name=ins.name)  # a synchronous collective fusion
+        # A synchronous collective fusion. TPU's all-reduce-scatter fusion
+        # (`SingleInputAllReduceScatterFusion`) all-reduces and only dynamic-slices the result:
+        # it runs as one ring reduce-scatter of the same operand.
+        scatter = (c.opcode == "all-reduce" and root.opcode == "dynamic-slice"
+                   and root.operands[:1] == (c.name,))
+        i = self.collective(fused, c, deps, name=ins.name,
+                            kind="reduce-scatter" if scatter else None)
         return out | ({i} if i is not None else set())
 
 
