@@ -72,3 +72,23 @@ def test_a_version_2_trace_without_narrow_dim_loads_with_no_padding():
     old = Trace.from_json(json.dumps(doc))
     assert all(o.narrow_dim == 0 for o in old.ops)
     assert [o.flops for o in old.ops] == [o.flops for o in trace.ops]
+
+
+def test_compute_op_times_are_the_flops_and_bytes_terms_replay_costs_an_op_alone():
+    # compute_op_times (the per-op costs docs/validation.md compares with XLA's estimates):
+    # FLOPs at the unit's rate, the MXU's with the narrow dimension's fill, and bytes at HBM.
+    from sim.engine import compute_op_times
+
+    trace, res = _step("v6e", 128)
+    chip = get_chip("v6e")
+    ops = res.ops.set_index("op_id")
+    att = [o for o in trace.ops if o.name == "flash_attention"][0]
+    t_c, t_m = compute_op_times(chip, att)
+    assert t_c == att.flops / (chip.mxu_flops_per_s * chip.mxu_efficiency * 0.5)
+    assert t_m == att.hbm_bytes / (chip.hbm_bytes_per_s * chip.hbm_efficiency)
+    # MXU-bound with HBM to spare, the op takes exactly its cost alone in the replay too.
+    dur = float(ops.loc[att.id, "end_s"] - ops.loc[att.id, "start_s"])
+    assert dur == pytest.approx(max(t_c, t_m) + chip.op_overhead_s, rel=1e-9)
+    norm = [o for o in trace.ops if o.unit == "vpu" and o.flops > 0][0]
+    assert compute_op_times(chip, norm)[0] == norm.flops / (
+        chip.vpu_flops_per_s * chip.vpu_efficiency)
