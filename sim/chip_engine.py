@@ -305,14 +305,21 @@ def simulate_chips(
         if prog.mesh not in groups_of_mesh:
             groups_of_mesh[prog.mesh] = collective_groups(prog, topology)
         pgroups = groups_of_mesh[prog.mesh]
+        # A step repeats each (kind, axes, bytes) many times (every layer, every microbatch of
+        # a pipeline stage): its group axes and cost key are found once per program.
+        seen: dict[tuple, tuple] = {}
         for op in prog.ops:
             if op.kind != OpKind.COLLECTIVE or (pi, op.id) in p2p_ops:
                 continue
             # Explicit device groups (HLO import) may be chip pairs (a permute; its chips
             # rendezvous with the others along the axes it uses, and degraded links do not slow
             # it in this version).
-            gaxes, key = op_collective_cost(chip, topology, prog, op, pgroups, dev_groups,
-                                            base_costs, algorithm)
+            sk = (op.collective, op.mesh_axes, op.bytes, op.group)
+            hit = seen.get(sk)
+            if hit is None:
+                hit = seen[sk] = op_collective_cost(chip, topology, prog, op, pgroups,
+                                                    dev_groups, base_costs, algorithm)
+            gaxes, key = hit
             pairs = len(key) == 4
             geo_axes = gaxes[:1] if op.collective == "collective-permute" and not pairs else gaxes
             if geo_axes not in geoms:
@@ -974,10 +981,16 @@ def _p2p_costs(chip, topology, p2p: PointToPoint, programs, prog_of, used_progra
     ids: dict[tuple, int] = {}  # distinct costs (chips with equal costs must share an index)
     pair_ids: dict[tuple, int] = {}
     out: dict[tuple[int, int], np.ndarray] = {}
+    # Every send of a program on one channel with the same bytes has the same index (each
+    # chip's route to its peer): computed once (a stage sends once per microbatch and pass).
+    done: dict[tuple, np.ndarray] = {}
     for pi in used_programs:
         chips = np.flatnonzero(prog_of == pi)
         for op_id, (ch, _tag) in sorted(p2p.sends[pi].items()):
             nbytes = float(programs[pi].ops[op_id].bytes)
+            if (pi, ch, nbytes) in done:
+                out[(pi, op_id)] = done[(pi, ch, nbytes)]
+                continue
             peer = np.asarray(p2p.peer_of_chip[ch], dtype=np.int64)
             index = np.zeros(topology.num_chips, dtype=np.int64)
             for src in chips.tolist():
@@ -997,7 +1010,7 @@ def _p2p_costs(chip, topology, p2p: PointToPoint, programs, prog_of, used_progra
                         costs.append(cc)
                     pair_ids[key] = ids[value]
                 index[src] = pair_ids[key]
-            out[(pi, op_id)] = index
+            out[(pi, op_id)] = done[(pi, ch, nbytes)] = index
     return out, costs
 
 

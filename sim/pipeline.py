@@ -18,6 +18,9 @@ stages the two agree to 1e-9; docs/model.md "Pipeline schedules" says where they
 
 from __future__ import annotations
 
+import dataclasses
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -313,11 +316,20 @@ def build_stage_programs(model: TransformerSpec, mesh, num_chips: int,
     reduction. Memory events follow the copies, so saved activations live from a pass's
     forward to its backward, as the schedule orders them.
     """
-    import dataclasses
-
     p, v, m = mesh.size("pipeline"), config.virtual_stages, config.microbatches
     sched = config.pipeline_schedule
     check_schedule(sched, p, m, v)
+    # The programs depend on the axis sizes, not their order or placement (which only the
+    # engine's collective groups see, from the programs' mesh): a plan's placements and a
+    # sweep's hardware points share one composition, on the mesh each asks for.
+    key = (model, tuple(sorted(mesh.axes)), tuple(sorted(mesh.dcn_axes)), num_chips, config)
+    with _STAGE_LOCK:
+        hit = _STAGE_CACHE.get(key)
+        if hit is not None:
+            _STAGE_CACHE.move_to_end(key)
+    if hit is not None:
+        return dataclasses.replace(hit, programs=tuple(
+            _trusted_trace(mesh, prog.ops, dict(prog.meta)) for prog in hit.programs))
     chunks = p * v
     cache: dict[tuple[bool, bool], Trace] = {}
 
@@ -329,6 +341,14 @@ def build_stage_programs(model: TransformerSpec, mesh, num_chips: int,
         return cache[key]
 
     send_bytes = float(chunk_trace(0).meta["pipeline_send_bytes"])
+    templates: dict[tuple, _PassTemplate] = {}
+
+    def template(c: int, fwd: bool, last_mb: bool) -> _PassTemplate:
+        key = (c == 0, c == chunks - 1, fwd, last_mb or fwd)
+        if key not in templates:
+            templates[key] = _pass_template(chunk_trace(c), fwd, last_mb, v)
+        return templates[key]
+
     programs, passes, sends, recvs, inflight = [], [], [], [], []
     for s in range(p):
         ops: list = []
@@ -336,13 +356,13 @@ def build_stage_programs(model: TransformerSpec, mesh, num_chips: int,
         stage_passes = []
         stage_sends: dict[int, tuple[int, int]] = {}
         stage_recvs: dict[int, int] = {}
-        fmap: dict[tuple[int, int], dict[int, int]] = {}
+        fstart: dict[tuple[int, int], int] = {}  # a forward pass's first op id
         grad_colls: list[int] = []
         gate: int | None = None
         live = peak = 0
 
         def add(op, deps, _ops=ops):
-            new = dataclasses.replace(op, id=len(_ops), deps=tuple(sorted(set(deps))))
+            new = _copy_op(op, len(_ops), tuple(sorted(set(deps))))
             _ops.append(new)
             return new.id
 
@@ -352,42 +372,40 @@ def build_stage_programs(model: TransformerSpec, mesh, num_chips: int,
 
         for ps in stage_order(sched, p, s, m, v):
             c, i, fwd = ps.chunk, ps.microbatch, ps.kind == "F"
-            tr = chunk_trace(c)
-            phases = ("fwd", "loss") if fwd else ("bwd",)
-            ids = [o.id for o in tr.ops if o.phase in phases and not (
-                not fwd and i < m - 1 and o.name.startswith("dp_grad_allreduce"))]
+            t = template(c, fwd, i == m - 1)
             has_recv = (fwd and c > 0) or (not fwd and c < chunks - 1)
             recv = -1
             if has_recv:
                 recv = p2p_op("pipeline_recv_" + ("fwd" if fwd else "bwd"),
                               "fwd" if fwd else "bwd")
                 stage_recvs[_tag(ps.kind, c, i, chunks, m)] = recv
-            mapping: dict[int, int] = {}
-            outer = {} if fwd else fmap.pop((c, i))
-            for old in ids:
-                op = tr.ops[old]
-                deps = [mapping[d] if d in mapping else outer[d] for d in op.deps
-                        if d in mapping or d in outer]
-                if not any(d in mapping for d in op.deps) and gate is not None:
+            start = len(ops)
+            outer = -1 if fwd else fstart.pop((c, i))
+            for fields_, inner, outer_pos, entry in t.ops:
+                deps = [start + k for k in inner]
+                if outer_pos:
+                    deps += [outer + k for k in outer_pos]
+                if not inner and gate is not None:
                     deps.append(gate)
-                if recv >= 0 and op.name in ("stage_input", "stage_grad_input"):
+                if entry and recv >= 0:
                     deps.append(recv)
-                mapping[old] = add(op, deps)
-                if not fwd and op.kind == OpKind.COLLECTIVE and "grad" in op.name:
-                    grad_colls.append(mapping[old])
-            for op_id, cat, delta in tr.meta.get("memory_events", []):
-                if op_id not in mapping:
+                new = object.__new__(Op)
+                for setter, value in fields_:
+                    setter(new, value)
+                _SET_ID(new, len(ops))
+                _SET_DEPS(new, tuple(sorted(set(deps))))
+                ops.append(new)
+            grad_colls += [start + k for k in t.grad_colls]
+            for k, cat, delta, grads in t.events:
+                if grads and i > 0:
                     continue
-                if cat == "gradients":
-                    if i > 0:
-                        continue
-                    delta = delta / v  # each chunk's program allocates the stage's gradients
-                events.append([mapping[op_id], cat, delta])
-            core = [mapping[o] for o in ids if tr.ops[o].kind == OpKind.COMPUTE]
-            stage_passes.append((ps, recv, min(core), max(core)))
-            gate = max(core)
+                events.append([start + k, cat, delta])
+            if not t.core:
+                raise ValueError("min() arg is an empty sequence")  # as min(core) would
+            stage_passes.append((ps, recv, start + t.core[0], start + t.core[-1]))
+            gate = start + t.core[-1]
             if fwd:
-                fmap[(c, i)] = mapping
+                fstart[(c, i)] = start
                 live += 1
                 peak = max(peak, live)
             else:
@@ -409,13 +427,104 @@ def build_stage_programs(model: TransformerSpec, mesh, num_chips: int,
                                             "static_composition", "num_chips", "moe")
                 if k in first.meta}
         meta.update(memory_events=events, pipeline_stage=s, microbatches=m)
-        programs.append(Trace(mesh=first.mesh, ops=tuple(ops), meta=meta))
+        programs.append(_trusted_trace(first.mesh, tuple(ops), meta))
         passes.append(tuple(stage_passes))
         sends.append(stage_sends)
         recvs.append(stage_recvs)
         inflight.append(peak)
-    return StagePrograms(programs=tuple(programs), passes=tuple(passes), sends=tuple(sends),
-                         recvs=tuple(recvs), peak_inflight=tuple(inflight))
+    out = StagePrograms(programs=tuple(programs), passes=tuple(passes), sends=tuple(sends),
+                        recvs=tuple(recvs), peak_inflight=tuple(inflight))
+    with _STAGE_LOCK:
+        _STAGE_CACHE[key] = out
+        while len(_STAGE_CACHE) > STAGE_CACHE_SIZE:
+            _STAGE_CACHE.popitem(last=False)
+    return out
+
+
+# The last few compositions, most recently used last (a 405B stage program with 8
+# microbatches is ~50k ops, tens of MB).
+STAGE_CACHE_SIZE = 2
+_STAGE_CACHE: OrderedDict[tuple, StagePrograms] = OrderedDict()
+_STAGE_LOCK = threading.Lock()
+
+# Composing a 405B stage program copies ~50k ops (8 microbatches x 2 passes x ~3k ops): an op
+# is copied by setting its slots directly (`dataclasses.replace` costs twice as much), and
+# each pass's copy follows a template computed once per chunk program and pass kind.
+_OP_SLOTS = tuple(f.name for f in dataclasses.fields(Op))
+_SET_ID, _SET_DEPS = Op.id.__set__, Op.deps.__set__
+
+
+def _copy_op(op: Op, new_id: int, deps: tuple[int, ...]) -> Op:
+    """`dataclasses.replace(op, id=new_id, deps=deps)`, without its per-call overhead."""
+    new = object.__new__(Op)
+    for name in _OP_SLOTS:
+        object.__setattr__(new, name, getattr(op, name))
+    _SET_ID(new, new_id)
+    _SET_DEPS(new, deps)
+    return new
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _PassTemplate:
+    """One pass of a chunk program as `build_stage_programs` copies it per microbatch, in
+    positions within the pass (the copy's op ids are its first id plus these).
+
+    ops: per op, (its other fields as (slot setter, value) pairs, positions of its
+        dependencies inside the pass, positions in its forward pass of its dependencies
+        there (backward passes), whether it is the pass's entry op that waits for the
+        receive); an op with no dependency inside the pass waits for the previous pass.
+    core: positions of its compute ops. grad_colls: positions of its gradient collectives.
+    events: its memory events as (position, category, bytes, whether a gradient allocation,
+        which only microbatch 0's pass makes; its bytes / virtual stages).
+    """
+
+    ops: tuple
+    core: tuple[int, ...]
+    grad_colls: tuple[int, ...]
+    events: tuple
+
+
+def _pass_template(tr: Trace, fwd: bool, last_mb: bool, v: int) -> _PassTemplate:
+    phases = ("fwd", "loss") if fwd else ("bwd",)
+    ids = [o.id for o in tr.ops if o.phase in phases and not (
+        not fwd and not last_mb and o.name.startswith("dp_grad_allreduce"))]
+    pos = {old: k for k, old in enumerate(ids)}
+    fwd_pos = {} if fwd else {o.id: k for k, o in enumerate(
+        o for o in tr.ops if o.phase in ("fwd", "loss"))}
+    setters = [(Op.__dict__[name].__set__, name) for name in _OP_SLOTS
+               if name not in ("id", "deps")]
+    ops, core, grad = [], [], []
+    for k, old in enumerate(ids):
+        op = tr.ops[old]
+        inner = tuple(pos[d] for d in op.deps if d in pos)
+        outer = tuple(fwd_pos[d] for d in op.deps if d not in pos and d in fwd_pos)
+        entry = op.name in ("stage_input", "stage_grad_input")
+        ops.append((tuple((st, getattr(op, name)) for st, name in setters), inner, outer,
+                    entry))
+        if op.kind == OpKind.COMPUTE:
+            core.append(k)
+        if not fwd and op.kind == OpKind.COLLECTIVE and "grad" in op.name:
+            grad.append(k)
+    events = []
+    for op_id, cat, delta in tr.meta.get("memory_events", []):
+        if op_id not in pos:
+            continue
+        grads = cat == "gradients"
+        events.append((pos[op_id], cat, delta / v if grads else delta, grads))
+    return _PassTemplate(ops=tuple(ops), core=tuple(core), grad_colls=tuple(grad),
+                         events=tuple(events))
+
+
+def _trusted_trace(mesh, ops: tuple, meta: dict) -> Trace:
+    """A `Trace` of ops composed from validated chunk programs, without `Trace.__post_init__`'s
+    pass over every op: ids are 0, 1, 2, ... by construction, every dependency is an op
+    added earlier, sizes are the chunk programs' (and the sends' bytes, from their meta), and
+    collectives use the chunk programs' mesh axes or `pipeline` (tested against the
+    validating constructor)."""
+    out = object.__new__(Trace)
+    for name, value in (("mesh", mesh), ("ops", ops), ("meta", meta)):
+        object.__setattr__(out, name, value)
+    return out
 
 
 def stage_of_chips(mesh, topology: Topology) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -692,24 +692,12 @@ def pipeline_schedule_bound(model, axes, num_chips: int, tcfg, chip, topology) -
 _CHUNK_TRACES: dict[tuple, dict] = {}  # the last few groups' chunk programs, per worker
 
 
-_STAGE_PROGRAMS: dict[tuple, Any] = {}  # the last few `build_stage_programs`, per worker
-
-
 def _stage_programs(model, mesh, num_chips: int, tcfg):
-    """`sim.pipeline.build_stage_programs`, reused for every placement of a group: the stage
-    programs' ops, sends, receives and passes depend on the axis sizes, not their order
-    (tested), and the bounds take the collectives' groups from the placement, not from the
-    programs' mesh. A few entries only (a 405B stage program with 8 microbatches is large)."""
+    """`sim.pipeline.build_stage_programs` (cached per worker: every placement of a group
+    shares one composition; the bounds take the collectives' groups from the placement)."""
     from sim.pipeline import build_stage_programs
 
-    key = (model, tuple(sorted(mesh.axes)), tuple(sorted(mesh.dcn_axes)), num_chips, tcfg)
-    sp = _STAGE_PROGRAMS.get(key)
-    if sp is None:
-        sp = build_stage_programs(model, mesh, num_chips, tcfg)
-        if len(_STAGE_PROGRAMS) >= 2:
-            _STAGE_PROGRAMS.pop(next(iter(_STAGE_PROGRAMS)))
-        _STAGE_PROGRAMS[key] = sp
-    return sp
+    return build_stage_programs(model, mesh, num_chips, tcfg)
 
 
 def step_hbm_lower_bound(model, trace, num_chips: int, tcfg, mesh=None) -> float:

@@ -378,3 +378,105 @@ def test_a_slow_link_splits_only_the_chips_whose_sends_or_groups_cross_it():
     # The sender, its receiver and their FSDP groups split off; the other 3 pipelines stay
     # one class per stage.
     assert P < res.num_chip_classes < topo.num_chips
+
+
+def _reference_stage_programs(model, mesh, num_chips, config):
+    """`build_stage_programs` written the plain way (every op copied with
+    `dataclasses.replace`, every dependency mapped one by one, each program validated by
+    `Trace`): the oracle of the template-based composition."""
+    import dataclasses
+
+    from sim.pipeline import BWD_CHANNEL, FWD_CHANNEL, _tag
+    from workloads.trace import Op, OpKind, Trace
+
+    p, v, m = mesh.size("pipeline"), config.virtual_stages, config.microbatches
+    chunks = p * v
+    cache = {}
+
+    def chunk_trace(c):
+        key = (c == 0, c == chunks - 1)
+        if key not in cache:
+            cache[key] = compile_pipeline_chunk(model, mesh, num_chips, config, first=key[0],
+                                                last=key[1])
+        return cache[key]
+
+    send_bytes = float(chunk_trace(0).meta["pipeline_send_bytes"])
+    out = []
+    for s in range(p):
+        ops, events, stage_passes, sends, recvs, fmap, grad_colls = [], [], [], {}, {}, {}, []
+        gate = None
+
+        def add(op, deps, _ops=ops):
+            _ops.append(dataclasses.replace(op, id=len(_ops), deps=tuple(sorted(set(deps)))))
+            return len(_ops) - 1
+
+        def p2p(name, phase, deps=(), _add=add):
+            return _add(Op(id=0, name=name, kind=OpKind.COLLECTIVE, collective="send",
+                           mesh_axes=("pipeline",), bytes=send_bytes, phase=phase), deps)
+
+        for ps in stage_order(config.pipeline_schedule, p, s, m, v):
+            c, i, fwd = ps.chunk, ps.microbatch, ps.kind == "F"
+            tr = chunk_trace(c)
+            ids = [o.id for o in tr.ops if o.phase in (("fwd", "loss") if fwd else ("bwd",))
+                   and not (not fwd and i < m - 1 and o.name.startswith("dp_grad_allreduce"))]
+            recv = -1
+            if (fwd and c > 0) or (not fwd and c < chunks - 1):
+                recv = p2p("pipeline_recv_" + ("fwd" if fwd else "bwd"), "fwd" if fwd else "bwd")
+                recvs[_tag(ps.kind, c, i, chunks, m)] = recv
+            mapping, outer = {}, ({} if fwd else fmap.pop((c, i)))
+            for old in ids:
+                op = tr.ops[old]
+                deps = [mapping.get(d, outer.get(d)) for d in op.deps
+                        if d in mapping or d in outer]
+                if not any(d in mapping for d in op.deps) and gate is not None:
+                    deps.append(gate)
+                if recv >= 0 and op.name in ("stage_input", "stage_grad_input"):
+                    deps.append(recv)
+                mapping[old] = add(op, deps)
+                if not fwd and op.kind == OpKind.COLLECTIVE and "grad" in op.name:
+                    grad_colls.append(mapping[old])
+            for op_id, cat, delta in tr.meta.get("memory_events", []):
+                if op_id in mapping and not (cat == "gradients" and i > 0):
+                    events.append([mapping[op_id], cat, delta / v if cat == "gradients"
+                                   else delta])
+            core = [mapping[o] for o in ids if tr.ops[o].kind == OpKind.COMPUTE]
+            stage_passes.append((ps, recv, min(core), max(core)))
+            gate = max(core)
+            if fwd:
+                fmap[(c, i)] = mapping
+            if fwd and c < chunks - 1:
+                sends[p2p("pipeline_send_fwd", "fwd", [gate])] = (
+                    FWD_CHANNEL, _tag("F", c + 1, i, chunks, m))
+            elif not fwd and c > 0:
+                sends[p2p("pipeline_send_bwd", "bwd", [gate])] = (
+                    BWD_CHANNEL, _tag("B", c - 1, i, chunks, m))
+        first = chunk_trace(s)
+        for op in first.ops:
+            if op.phase == "optimizer":
+                upd = add(op, [gate] + grad_colls)
+                events += [[upd, cat, d] for op_id, cat, d in first.meta["memory_events"]
+                           if op_id == op.id]
+        out.append((Trace(mesh=first.mesh, ops=tuple(ops), meta={}), events,
+                    tuple(stage_passes), sends, recvs))
+    return out
+
+
+@pytest.mark.parametrize("schedule, m, v, mesh", [
+    ("gpipe", 3, 1, "pipeline=2,fsdp=2"),
+    ("1f1b", 4, 1, "pipeline=4"),
+    ("interleaved", 4, 2, "pipeline=2,tensor=2"),
+])
+def test_stage_programs_equal_the_plain_composition_and_pass_validation(schedule, m, v, mesh):
+    from sim.pipeline import build_stage_programs
+    from workloads.trace import Trace
+
+    model, lmesh, _chip, topo, cfg = _args(schedule, m, v, None, mesh, "4x1", 1, None,
+                                           model=SMALL)
+    sp = build_stage_programs(model, lmesh, topo.num_chips, cfg)
+    ref = _reference_stage_programs(model, lmesh, topo.num_chips, cfg)
+    for prog, passes, snd, rcv, (rtrace, revents, rpasses, rsends, rrecvs) in zip(
+            sp.programs, sp.passes, sp.sends, sp.recvs, ref, strict=True):
+        assert prog.ops == rtrace.ops and prog.meta["memory_events"] == revents
+        assert (passes, snd, rcv) == (rpasses, rsends, rrecvs)
+        # The composed program is one the validating constructor accepts as it is.
+        assert Trace(mesh=prog.mesh, ops=prog.ops, meta=prog.meta).ops == prog.ops

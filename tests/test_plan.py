@@ -444,21 +444,25 @@ def test_a_simulation_seeded_with_the_sharper_bounds_costs_equals_a_cold_train(t
 
 
 def test_stage_programs_are_reused_across_axis_orders_and_equal_a_fresh_build(tiny_model):
-    # A pipeline group's placements share one build of the stage programs in the bound job.
-    from sim.pipeline import build_stage_programs
-    from sim.planner import _stage_programs
+    # A pipeline group's placements share one composition of the stage programs, each on the
+    # mesh (axis order) it asks for.
+    from sim import pipeline
 
     model = load_model(tiny_model)
     cfg = TrainingConfig(seq_len=1024, batch_per_chip=2, remat=Remat.FULL, microbatches=4)
     a = LogicalMesh(axes=(("fsdp", 2), ("pipeline", 2), ("tensor", 2)))
     b = LogicalMesh(axes=(("pipeline", 2), ("tensor", 2), ("fsdp", 2)))
-    first = _stage_programs(model, a, 8, cfg)
-    assert _stage_programs(model, b, 8, cfg) is first
-    fresh = build_stage_programs(model, b, 8, cfg)
-    assert [p.ops for p in fresh.programs] == [p.ops for p in first.programs]
-    assert [p.meta for p in fresh.programs] == [p.meta for p in first.programs]
+    first = pipeline.build_stage_programs(model, a, 8, cfg)
+    again = pipeline.build_stage_programs(model, b, 8, cfg)
+    assert all(x.ops is y.ops for x, y in zip(first.programs, again.programs, strict=True))
+    assert {p.mesh for p in first.programs} == {a} and {p.mesh for p in again.programs} == {b}
+    pipeline._STAGE_CACHE.clear()
+    fresh = pipeline.build_stage_programs(model, b, 8, cfg)
+    assert [p.ops for p in fresh.programs] == [p.ops for p in again.programs]
+    assert [p.meta for p in fresh.programs] == [p.meta for p in again.programs]
+    assert [p.mesh for p in fresh.programs] == [p.mesh for p in again.programs]
     assert (fresh.sends, fresh.recvs, fresh.passes, fresh.peak_inflight) == \
-        (first.sends, first.recvs, first.passes, first.peak_inflight)
+        (again.sends, again.recvs, again.passes, again.peak_inflight)
 
 
 @pytest.mark.parametrize("flags", [
