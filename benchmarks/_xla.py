@@ -320,7 +320,8 @@ class Decoder:
 
 def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: int,
                     capacity_factor: float, seq: int, num_heads: int, head_dim: int,
-                    num_layers: int, vocab_size: int, scopes: bool = False):
+                    num_layers: int, vocab_size: int, scopes: bool = False,
+                    optimizer: str = "sgd"):
     """A MaxText-style dropping MoE decoder's SGD training step, lowered (MaxText
     `RoutedMoE.dense_matmul` with a capacity factor: one-hot dispatch and combine masks [batch,
     seq, experts, capacity], the einsums `BSM,BSEC->EBCM` and `EBCM,BSEC->BSM`, experts over
@@ -329,7 +330,8 @@ def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: i
     remat (`nothing_saveable`), plain multi-head dot attention, RMSNorm in f32 (weight not
     upcast), untied embeddings. scopes: `jax.named_scope` around "embed", "layer0" (the scanned
     body; "norm", "attention" (the core) and "router" (gating and masks) inside), "head" and
-    "sgd"."""
+    "sgd". optimizer: "sgd" (the update in bf16, no state) or "adam" (f32 moments shaped and
+    sharded as the weights, donated, as `Decoder.train_step`: the peak-HBM comparison)."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
@@ -428,7 +430,23 @@ def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: i
         with scope("sgd"):
             return loss, jax.tree.map(lambda a, b: (a - 1e-3 * b).astype(bf), p, g)
 
+    def adam_step(p, m1, m2, tok):
+        loss, g = jax.value_and_grad(loss_fn)(p, tok)
+        with scope("adam"):
+            m1 = jax.tree.map(lambda m, g: 0.9 * m + 0.1 * g.astype(jnp.float32), m1, g)
+            m2 = jax.tree.map(lambda m, g: 0.95 * m + 0.05 * jnp.square(g.astype(jnp.float32)),
+                              m2, g)
+            p = jax.tree.map(lambda w, a, b: (w.astype(jnp.float32) - 1e-4 * a
+                                              * jax.lax.rsqrt(b + 1e-8)).astype(bf), p, m1, m2)
+        return loss, p, m1, m2
+
     tok = sds((n, SEQ), P(batch, None), jnp.int32)
+    if optimizer == "adam":
+        mom = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, jnp.float32,
+                                                          sharding=s.sharding), params)
+        return jax.jit(adam_step, donate_argnums=(0, 1, 2)).lower(params, mom, mom, tok)
+    if optimizer != "sgd":
+        raise ValueError(f"optimizer {optimizer!r}: use sgd or adam")
     return jax.jit(step, donate_argnums=0).lower(params, tok)
 
 

@@ -62,7 +62,8 @@ class ChipSpec:
             v5e. Read off the attention backward of the compiled `benchmarks/xla_memory.py`
             programs (workloads.memory.attention_backward_score_buffers).
         bwd_probs_buffer: a recomputing backward of dot attention writes the bf16
-            probabilities as a buffer for the value-gradient matmul, and, when the layer's
+            probabilities as a buffer for the value-gradient matmul: under full in the
+            recomputation (live from its softmax to that matmul), and, when the layer's
             projections are kept (minimal, offload), in the same fusion as the probability
             gradient, so they are live at the score gradient. True on v5p (same source).
     """

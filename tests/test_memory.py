@@ -218,10 +218,13 @@ def test_a_score_matmul_fused_with_the_exponentials_writes_no_f32_scores():
 
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("remat,fwd_bytes", [(Remat.MINIMAL, 8), (Remat.OFFLOAD, 8),
-                                             (Remat.FULL, 6), (Remat.NONE, 6)])
+                                             (Remat.FULL, 4), (Remat.NONE, 6)])
 def test_the_forward_softmax_writes_f32_probabilities_under_minimal_and_offload(remat,
                                                                                fwd_bytes,
                                                                                fused):
+    # One chip, 32 MiB of f32 scores: under full the forward fuses the score matmul with the
+    # exponentials whatever the chip (fsdp=16 full programs of v5e and v5p) and the value
+    # matmul reads them (nothing saves the probabilities): 4 bytes per score.
     trace, _ = _long(remat, fused=fused)
     if fused and fwd_bytes == 8:
         fwd_bytes = 4  # the exponentials the fused score matmul writes are the probabilities
@@ -231,24 +234,29 @@ def test_the_forward_softmax_writes_f32_probabilities_under_minimal_and_offload(
            if cat == "temporaries" and trace.ops[i].name.endswith("attn_scores")
            and trace.ops[i].layer == 0}
     assert got[("fwd", "attn_scores")] == fwd_bytes * scores
-    if remat == Remat.FULL:  # a recomputation keeps bf16 probabilities for the backward
-        assert got[("bwd", "re-attn_scores")] == 6 * scores
+    if remat == Remat.FULL:  # the recomputation writes bf16 scores, no f32 buffer
+        assert got[("bwd", "re-attn_scores")] == 2 * scores
 
 
 @pytest.mark.parametrize("mesh,shape,tokens,heads", [("fsdp=1", "1x1", 2048, 4),
                                                      ("fsdp=2,tensor=2", "2x2", 4096, 2)])
-def test_full_remat_peaks_in_the_first_layers_recomputed_attention(mesh, shape, tokens, heads):
+def test_full_remat_peaks_at_the_first_layers_score_gradient(mesh, shape, tokens, heads):
+    # v5e (the XLA programs' peak under full: the attention backward's probability gradient).
     trace, res = _long(Remat.FULL, mesh, shape)
     sb = trace.meta["static_breakdown"]
     D, q, kv = 64, heads * 16, max(2 / (4 // heads), 1) * 16
     # Both layer inputs (the residual stream: rows / tensor when sharded), plus what the
-    # recomputation has rewritten before the scores: the normed input (all rows, gathered),
-    # its f32 statistics, q, k and v.
+    # recomputation wrote that the attention's backward still reads: the normed input (all
+    # rows, gathered), its f32 statistics, q, k, v, the bf16 scores and the context (the
+    # MLP's recomputed tensors died with its weight gradient).
     rows = tokens / (4 // heads)
+    scores = tokens * 1024 * heads
     saved = 2 * 2 * rows * D + 2 * tokens * D + 4 * rows + 2 * tokens * (q + 2 * kv)
+    saved += 2 * scores + 2 * tokens * q
     saved += 2 * rows * D  # the backward's copy of layer 0's input out of the stack
-    # The f32 scores and bf16 probabilities, next to the layer's three activation gradients.
-    temps = 6 * tokens * 1024 * heads + 2 * (rows + 2 * tokens) * D
+    # v5e's second score-sized buffer (the probability gradient), next to the layer's three
+    # activation gradients.
+    temps = 2 * scores + 2 * (rows + 2 * tokens) * D
     assert res.hbm_peak_breakdown["temporaries"] == temps
     assert res.hbm_peak_breakdown["saved_activations"] == pytest.approx(saved, rel=1e-12)
     # The stack holds both layer inputs to the end, so the last backward (layer 0's) peaks
@@ -256,12 +264,17 @@ def test_full_remat_peaks_in_the_first_layers_recomputed_attention(mesh, shape, 
     grad1 = sum(delta for i, cat, delta in trace.meta["memory_events"]
                 if cat == "gradients" and trace.ops[i].layer == 1)
     assert res.hbm_peak_breakdown["gradients"] == grad1 > 0
-    # With fsdp, layer 0's bf16 matrices gathered whole for its backward (split over tensor).
+    # With fsdp, layer 0's attention matrices gathered whole for its backward (split over
+    # tensor; the MLP's died with its weight gradient).
     tp = 4 // heads
-    gathered = 0 if mesh == "fsdp=1" else 2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128) / tp
+    gathered = 0 if mesh == "fsdp=1" else 2 * (2 * 64 * 64 + 2 * 64 * 32) / tp
     assert res.hbm_peak_breakdown.get("gathered_weights", 0) == gathered
+    # fsdp x tensor with sharded activations: the bf16 logits (tokens x vocab / tensor) and
+    # the final norm's output (rows / tensor) held for the deferred output-projection gradient.
+    logits = 0 if mesh == "fsdp=1" else 2 * (tokens * 256 / tp + rows * D)
+    assert res.hbm_peak_breakdown.get("logits", 0) == logits
     assert res.hbm_peak_bytes == pytest.approx(
-        sb["params"] + sb["optimizer"] + saved + temps + grad1 + gathered, rel=1e-12)
+        sb["params"] + sb["optimizer"] + saved + temps + grad1 + gathered + logits, rel=1e-12)
 
 
 def test_the_attention_backward_holds_two_to_four_score_sized_buffers_by_chip_and_policy():
@@ -291,8 +304,15 @@ def test_each_chips_attention_backward_adds_its_score_buffers_at_the_probability
            and trace.ops[i].name in ("attn_proj_bwd", "softmax_bwd")]
     # One buffer (the recomputed or saved probabilities) is counted with the layer's
     # activations; the others live from the dP matmul to the score gradient's readers.
-    assert got == [("attn_proj_bwd", (buffers - 1) * 2 * scores),
+    # v5p under full also wrote the probabilities in its recomputation (from the softmax);
+    # they die at the probability-gradient matmul, before the score gradient.
+    probs = 2 * scores if (chip, remat) == ("v5p", Remat.FULL) else 0
+    assert got == [("attn_proj_bwd", (buffers - 1) * 2 * scores - probs),
                    ("softmax_bwd", -(buffers - 1) * 2 * scores)]
+    held = [delta for i, cat, delta in trace.meta["memory_events"]
+            if cat == "temporaries" and trace.ops[i].layer == 0
+            and trace.ops[i].name == "re-softmax"]
+    assert sum(held) == (probs - 2 * scores if remat == Remat.FULL else 0)
 
 
 @pytest.mark.parametrize("remat", [Remat.FULL, Remat.MINIMAL, Remat.OFFLOAD])
@@ -396,27 +416,32 @@ def test_a_deferred_head_gradient_holds_bf16_logits_and_the_final_norm_output():
     for remat in ("full", "minimal"):
         assert deferred_head_gradient_bytes(**kw, **rep, tensor=2, fsdp=2, remat=remat) == \
             100 * (32 + 8) * 2
-    # Only split over tensor, sharded over fsdp, with replicated activations and a policy
-    # that recomputes without offloading (v5p's `offload` program frees them first).
+    # Only split over tensor and sharded over fsdp; with replicated activations a policy that
+    # recomputes without offloading (v5p's `none` and `offload` programs free them first).
     assert deferred_head_gradient_bytes(**kw, **rep, tensor=2, fsdp=2, remat="offload") == 0
     assert deferred_head_gradient_bytes(**kw, **rep, tensor=1, fsdp=2, remat="full") == 0
     assert deferred_head_gradient_bytes(**kw, **rep, tensor=2, fsdp=1, remat="full") == 0
     assert deferred_head_gradient_bytes(**kw, **rep, tensor=2, fsdp=2, remat="none") == 0
-    assert deferred_head_gradient_bytes(**kw, tp_activations="sharded", tensor=2, fsdp=2,
-                                        remat="full") == 0
+    # With activations sharded over tensor under none too (v5e fsdp x tensor none and full);
+    # the final norm's output has the residual stream's rows (50 here).
+    sh = dict(tp_activations="sharded", tensor=2, fsdp=2, residual_rows=50)
+    for remat in ("none", "full", "minimal"):
+        assert deferred_head_gradient_bytes(**kw, **sh, remat=remat) == (100 * 32 + 50 * 8) * 2
+    assert deferred_head_gradient_bytes(**kw, **sh, remat="offload") == 0
 
 
 @pytest.mark.parametrize("gather", ["blocking", "async"])
 @pytest.mark.parametrize("tp_act", ["replicated", "sharded"])
-def test_fsdp_x_tensor_with_replicated_activations_keeps_the_logits_path_through_the_backward(
+def test_fsdp_x_tensor_keeps_the_logits_path_through_the_backward(
         gather, tp_act):
     trace, res = _long(Remat.FULL, "fsdp=2,tensor=2", "2x2", gather=gather, tp_act=tp_act)
     n, D, V = 4096, 64, 256  # tokens per chip (tensor shards see all), d_model, vocab
     ops = trace.ops
     logits = [(ops[i], delta) for i, cat, delta in trace.meta["memory_events"]
               if cat == "logits"]
-    # The gather form does not decide it (v5p blocking, v5e async programs both keep it).
-    held = n * (V / 2 + D) * 2 if tp_act == "replicated" else 0.0
+    # The gather form does not decide it (v5p blocking, v5e async programs both keep it);
+    # with sharded activations the final norm's output has rows / tensor.
+    held = n * (V / 2 + D) * 2 if tp_act == "replicated" else (n * V / 2 + n / 2 * D) * 2
     # f32 logits and bf16 gradients at the loss; `held` of it outlives the logits' backward
     # matmul until the last layer's backward has ended.
     assert [(op.name, delta) for op, delta in logits][:2] == [

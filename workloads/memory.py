@@ -190,7 +190,8 @@ def attention_temporaries(*, rows: float, context: float, local_heads: float,
     """Peak working bytes of a dot attention's forward (per chip): the f32 scores
     [rows, context, heads] (4 x b x s x context x heads / shards; the softmax overwrites them in
     place) and the probabilities written from them, live together: bf16 (`probs_bytes` 2), or
-    f32 (4) in the forward of `minimal` / `offload`. With `score_exp_fusion` (the chip's
+    f32 (4) in the forward of `minimal` / `offload` (and of a fused `full`: the value matmul
+    reads the exponentials). With `score_exp_fusion` (the chip's
     compiler fuses the score matmul with the exponentials: v6e) the f32 exponentials are the
     first buffer the forward writes; f32 probabilities are those exponentials (4 bytes per
     score), bf16 ones are written from them as before (4 + 2).
@@ -244,7 +245,8 @@ def attention_backward_score_buffers(*, remat: str, score_grad_fusion: bool = Fa
     return buffers
 
 
-def score_exp_fused(*, chip_fuses: bool, sharded_axes: int, score_bytes: float) -> bool:
+def score_exp_fused(*, chip_fuses: bool, sharded_axes: int, score_bytes: float,
+                    remat: str = "none") -> bool:
     """Whether XLA fuses a dot attention's score matmul with the softmax's exponentials (the
     f32 scores are then never a buffer of their own; `attention_temporaries`).
 
@@ -260,8 +262,12 @@ def score_exp_fused(*, chip_fuses: bool, sharded_axes: int, score_bytes: float) 
     fsdp=16 programs the score matmul shares an async-collective fusion with the output
     projection's gather); `sharded_axes` is the mesh's number of axes of size > 1 (one or none,
     a single chip, counts as unfused) and the size limit is the largest fused size seen.
+    Under `remat` `full` the forward fuses them on one axis too (one f32 buffer in the v5e
+    and v5p fsdp=16 `full` programs; the forward saves nothing the softmax writes), within
+    the same size limit (v5p fsdp=4 x tensor=4 `full` at seq 4096 writes both).
     """
-    return chip_fuses or (sharded_axes >= 2 and score_bytes <= 512 * 2**20)
+    return chip_fuses or ((sharded_axes >= 2 or remat == "full")
+                          and score_bytes <= 512 * 2**20)
 
 
 def loss_tensors(*, rows: float, local_vocab: float, act_bytes: float = 2.0,
@@ -282,32 +288,39 @@ def loss_tensors(*, rows: float, local_vocab: float, act_bytes: float = 2.0,
 
 def deferred_head_gradient_bytes(*, rows: float, d_model: int, local_vocab: float,
                                  tensor: int, fsdp: int, tp_activations: str, remat: str,
-                                 act_bytes: float = 2.0) -> float:
+                                 act_bytes: float = 2.0,
+                                 residual_rows: float | None = None) -> float:
     """Bytes of the logits path that stay live through the whole backward layer loop (per
     chip): 0, or, when XLA defers the output projection's weight gradient past the loop, the
     bf16 logits it recomputes the logit gradients from (2 bytes per local logit) and the final
-    norm's output ([tokens, d_model] bf16) that gradient reads.
+    norm's output (`residual_rows` x d_model bf16, default `rows`) that gradient reads.
 
-    XLA defers it when the output projection is split over `tensor` and sharded over `fsdp`,
-    the activations are replicated over `tensor` (the logits matmul reads the whole final norm
-    output) and the remat policy recomputes in the backward without offloading (`full`,
-    `minimal`; not `none`, and not `offload`, whose v5p program frees the bf16 logits before
-    the backward layers): the logit gradients
-    are never materialised, each consumer (the input-gradient matmul, every ring step of the
-    weight gradient's windowed reduce-scatter) recomputes them from the bf16 logits, and that
-    reduce-scatter is scheduled after the backward loop. Sources: the live ranges of
-    `benchmarks/xla_memory.py`'s v5p fsdp=4 x tensor=4 `full` program (blocking gathers; the
-    bf16 [tokens, vocab / 4] logits and a [tokens, d_model] copy of the final norm's output
-    are live at its peak, inside the backward loop), checked on v6e's `full`, v5p's `full`
-    and `minimal` at seq 4096 and v5e's `minimal` program of that mesh (async gathers: the
-    gather form does not decide it). They
-    die before the backward loop in v5p's `none` program, at the logits' backward with
-    activations sharded over `tensor` (v5e fsdp x tensor `full`) and without a tensor axis.
+    XLA defers it when the output projection is split over `tensor` and sharded over `fsdp`:
+    the logit gradients are never materialised, each consumer (the input-gradient matmul,
+    every ring step of the weight gradient's windowed reduce-scatter) recomputes them from the
+    bf16 logits, and that reduce-scatter is scheduled after the backward loop. With the
+    activations replicated over `tensor` (the logits matmul reads the whole final norm
+    output) it does so when the remat policy recomputes without offloading (`full`,
+    `minimal`): the v5p fsdp=4 x tensor=4 `full` program (blocking gathers; the bf16 [tokens,
+    vocab / 4] logits and a [tokens, d_model] copy of the final norm's output are live at its
+    peak, inside the backward loop), checked on v6e's `full`, v5p's `full` and `minimal` at
+    seq 4096 and v5e's `minimal` program of that mesh (async gathers: the gather form does not
+    decide it); the logits die before the backward loop in v5p's `none` and `offload`
+    programs of that mesh. With the activations sharded over `tensor` (each chip's logits are
+    its tokens / tensor rows over the whole vocab, as many as tokens x vocab / tensor) it
+    does so under `none` and `full` too (v5e fsdp=4 x tensor=4 `none` and `full`: the bf16
+    [tokens / 4, vocab] logits live from the loss to after the backward loop; `minimal`
+    assumed alike, `offload` not compiled: not deferred). Without a tensor axis they die at
+    the logits' backward.
     """
-    if tensor <= 1 or fsdp <= 1 or tp_activations != "replicated" \
-            or remat not in ("full", "minimal"):
+    if tensor <= 1 or fsdp <= 1:
         return 0.0
-    return rows * (local_vocab + d_model) * act_bytes
+    deferring = ("full", "minimal") if tp_activations == "replicated" else \
+        ("none", "full", "minimal")
+    if remat not in deferring:
+        return 0.0
+    res = rows if residual_rows is None else residual_rows
+    return (rows * local_vocab + res * d_model) * act_bytes
 
 
 def offloaded_tensors(shape: LayerShapeSpec, *, attention: str, act_bytes: float = 2.0,

@@ -491,6 +491,9 @@ class _Compiler:
         # projection came back from host memory).
         self.recompute_leaves: list[int] = []
         self.mlp_weights_done: int | None = None  # set by layer_backward
+        # The bf16 probabilities a recomputation writes for the backward (v5p under full),
+        # held from its softmax to the layer's value-gradient matmul.
+        self.bwd_probs_bytes = 0.0
         self.last_matmul: int | None = None  # the op the latest mm() emitted for its matmul
 
     def mem(self, op_id, category: MemoryCategory, delta: float) -> None:
@@ -852,18 +855,32 @@ class _Compiler:
         # The f32 scores (the softmax runs in place over them) and the probabilities the
         # value matmul reads are live together (workloads/memory.py): bf16, or f32 in the
         # forward of a policy that saves named/dot residuals (minimal, offload), where XLA
-        # fuses the normalisation into the value matmul; kept probabilities are counted as
-        # saved from the softmax on.
-        f32_probs = tag == "" and self.cfg.remat in (Remat.MINIMAL, Remat.OFFLOAD)
-        probs_bytes = 4.0 if f32_probs else a
+        # fuses the normalisation into the value matmul, and in a fused forward under full
+        # (the value matmul reads the exponentials: nothing saves the probabilities); kept
+        # probabilities are counted as saved from the softmax on.
         fused = score_exp_fused(
             chip_fuses=self.cfg.score_exp_fusion,
             sharded_axes=sum(1 for s in (d.dp, d.fs, d.tp, d.ep, d.pp, d.sp) if s > 1),
-            score_bytes=4.0 * scores)
+            score_bytes=4.0 * scores, remat=str(self.cfg.remat))
+        f32_probs = tag == "" and (self.cfg.remat in (Remat.MINIMAL, Remat.OFFLOAD)
+                                   or (self.cfg.remat == Remat.FULL and fused))
+        probs_bytes = 4.0 if f32_probs else a
         temps = attention_temporaries(rows=n, context=ctx, local_heads=h_loc,
                                       probs_bytes=probs_bytes, score_exp_fusion=fused)
+        if tag == "re-":
+            # A recomputing backward writes the scores in bf16 from the q.K^T matmul (the dP
+            # matmul's fusion rebuilds the exponentials from them): no f32 score buffer in the
+            # backward of any program of benchmarks/xla_memory.py. They stand for the kept
+            # probabilities, counted as recomputed from the softmax on.
+            temps = scores * a
         saved = tag == "re-" or self.cfg.remat == Remat.NONE  # the probabilities are kept
         probs = scores * probs_bytes
+        if tag == "re-" and self.cfg.bwd_probs_buffer and self.cfg.remat == Remat.FULL:
+            # v5p's full backward writes the bf16 probabilities next to the recomputed scores,
+            # read by the value-gradient matmul (freed in layer_backward; memory.py
+            # attention_backward_score_buffers).
+            self.bwd_probs_bytes = scores * a
+            self.mem(sm, MemoryCategory.TEMPORARIES, self.bwd_probs_bytes)
         self.mem(qk, MemoryCategory.TEMPORARIES, temps)
         self.mem(sm, MemoryCategory.TEMPORARIES, -temps + (0.0 if saved else probs))
         self.mem(av, MemoryCategory.TEMPORARIES, 0.0 if saved else -probs)
@@ -1180,7 +1197,8 @@ class _Compiler:
                 lt = loss_tensors(rows=n / tiles, local_vocab=V / d.tp, act_bytes=a)
                 held = deferred_head_gradient_bytes(
                     rows=n, d_model=D, local_vocab=V / d.tp, act_bytes=a, tensor=d.tp,
-                    fsdp=d.fs, tp_activations=cfg.tp_activations, remat=str(cfg.remat))
+                    fsdp=d.fs, tp_activations=cfg.tp_activations, remat=str(cfg.remat),
+                    residual_rows=self.rows())
                 self.mem(logits, G.LOGITS, sum(t.num_bytes for t in lt))
                 self.mem(dx, G.LOGITS, -sum(t.num_bytes for t in lt) + held)
                 self.mem(dx, G.GATHERED_WEIGHTS, -emb_w if emb_g is not None else 0.0)
@@ -1534,8 +1552,9 @@ class _Compiler:
             extra = (attention_backward_score_buffers(
                 remat=str(self.cfg.remat), score_grad_fusion=self.cfg.score_grad_fusion,
                 bwd_probs_buffer=self.cfg.bwd_probs_buffer) - 1) * scores * a
-            self.mem(dproj, MemoryCategory.TEMPORARIES, extra)
+            self.mem(dproj, MemoryCategory.TEMPORARIES, extra - self.bwd_probs_bytes)
             self.mem(datt, MemoryCategory.TEMPORARIES, -extra)
+            self.bwd_probs_bytes = 0.0
         rope = self.vpu("rotary_bwd", 6 * n * (h_loc + k_loc) * hd,
                         2 * n * (h_loc + k_loc) * hd * a, [datt], layer, "bwd")
         if m.qk_norm:
