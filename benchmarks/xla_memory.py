@@ -98,7 +98,7 @@ CONFIGS = _configs()
 # compiles them: the MaxText-style dropping MoE training step on fsdp=4 x expert=4 v6e (with
 # Adam here, like the dense rows; the crosscheck's is SGD) and a one-token decode step of a
 # 2-layer LLaMA-3-8B on tensor=8 v5e against a 2048-token KV cache (heads over `tensor`,
-# argmax of the logits).
+# argmax of the bf16 logits: tpusim's `--sampling greedy`).
 OTHER = {
     "moe_v6e_fsdp_expert_full_s2048": dict(
         mode="moe_train", topology="v6e:4x4", pod=["--chip", "v6e", "--shape", "4x4"],
@@ -249,7 +249,7 @@ def tpusim_other_peak(name: str, xla: dict) -> dict:
                 cfg["dims"], cfg["layers"], name)))
             cmd = [sys.executable, "-m", "sim", "decode", *cfg["pod"], "--model", str(model),
                    "--batch", str(cfg["batch"]), "--context-len", str(cfg["kv_len"]),
-                   "--mesh", mesh, "--json"]
+                   "--mesh", mesh, "--sampling", "greedy", "--json"]
         r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"tpusim failed: {' '.join(cmd)}\n{r.stderr}")
