@@ -128,7 +128,10 @@ def test_pipeline_groups_bounded_in_full_only_when_they_reach_the_front(tiny_mod
     oracle = run_plan(tiny_model, flags, model, topo, chip, cfg, workers=1, quiet=True,
                       prune_by_bound=False, refuse_by_hbm_bound=False,
                       stop_out_of_memory=False)
-    assert oracle.counts["pipeline_groups_bounded_in_full"] == 0  # all from the start
+    groups = {(r["mesh"].replace("pipeline=2,", "").replace(",pipeline=2", ""), r["remat"],
+               r["microbatches"]) for r in oracle.table.to_dict("records")
+              if "pipeline" in r["mesh"]}
+    assert oracle.counts["pipeline_groups_bounded_in_full"] == len(groups) == 2
     assert fast.counts["pipeline_groups_bounded_in_full"] >= 1
     cols = ["mesh", "placement", "remat", "microbatches", "step_time_s", "hbm_peak_bytes"]
     assert fast.top(4)["mesh"].str.contains("pipeline").any()
@@ -423,7 +426,8 @@ def test_candidates_refused_by_the_hbm_bound_are_out_of_memory_in_the_brute_forc
     assert fast.top(2)[cols].equals(oracle.top(2)[cols])
 
 
-def test_a_simulation_seeded_with_the_sharper_bounds_costs_equals_a_cold_train(tmp_path):
+def test_a_simulation_seeded_with_the_sharper_bounds_costs_equals_a_cold_train(tmp_path,
+                                                                             monkeypatch):
     # The worker that computes a sharper bound hands its collective costs to the worker that
     # simulates the candidate: the result must be the one `tpusim train` gives from scratch.
     from sim import engine
@@ -441,6 +445,11 @@ def test_a_simulation_seeded_with_the_sharper_bounds_costs_equals_a_cold_train(t
     cold = run_point(argv)["result"]
     assert seeded == cold
     assert o["lower_bound_s"] <= cold["step_time_s"]
+    # Another worker's sharper bound of the same candidate, handed those costs, costs nothing
+    # again and gives the same bound.
+    engine._COST_CACHE.clear()
+    monkeypatch.setattr(engine, "_cost_collective", lambda *a, **k: pytest.fail("recosted"))
+    assert sharper_bound((argv, mesh, o["costs"])) == o
 
 
 def test_stage_programs_are_reused_across_axis_orders_and_equal_a_fresh_build(tiny_model):
