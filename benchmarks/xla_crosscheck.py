@@ -1228,9 +1228,14 @@ OP_COSTS_EXPLAIN = """What the tables say:
   clock; the v6e matmul rows carry that uncertainty.
 * **Attention.** tpusim costs dot attention's score and P.V matmuls by their bytes (f32 scores
   written and read back, HBM-bound at these sizes). XLA's estimate for its attention matmul
-  fusions is higher than tpusim's on v5e and v5p and about equal or lower on v6e. Which of the
-  mask and softmax work XLA fuses into the score matmul differs by generation and mesh
-  (docs/model.md, "Memory"), so compare the attention-matmul and softmax rows together.
+  fusions is 2.4-3.1x tpusim's on v5e and v5p, 1.35x on v6e and 0.9x on the MoE program.
+  Which of the mask and softmax work XLA fuses into the score matmul differs by generation and
+  mesh (docs/model.md, "Memory"), so compare the attention-matmul and softmax rows together:
+  with them, XLA is 1.7x tpusim on v5e, 2.1x on v5p, 1.1x on v6e. These fusions are HBM-bound,
+  and XLA's model moves bytes at about half to two thirds of the HBM peak wherever it can be
+  checked (the ring accumulators above and below, `--analyze`), tpusim at the peak
+  (`hbm_efficiency` 1.0: the MaxText fit cannot identify it), which accounts for most of the
+  v5e and v5p gaps; the bytes per score are docs/model.md's.
 * **MoE router.** Nearly all of XLA's router estimate (6.6 of 7.2 ms) is two fusions per layer
   and pass, forward and rematerialized: the dispatch and combine masks, each a one-hot of
   the capacity positions over [tokens, top-k, experts, capacity] (2048 x 2 x 8 x 640 = 21 M
