@@ -321,17 +321,19 @@ class Decoder:
 def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: int,
                     capacity_factor: float, seq: int, num_heads: int, head_dim: int,
                     num_layers: int, vocab_size: int, scopes: bool = False,
-                    optimizer: str = "sgd"):
+                    optimizer: str = "sgd", final_norm: bool = False):
     """A MaxText-style dropping MoE decoder's SGD training step, lowered (MaxText
     `RoutedMoE.dense_matmul` with a capacity factor: one-hot dispatch and combine masks [batch,
     seq, experts, capacity], the einsums `BSM,BSEC->EBCM` and `EBCM,BSEC->BSM`, experts over
     `expert`, tokens over `fsdp` x `expert`, one sequence per chip; every other weight's d_model
     over `fsdp` x `expert`, as MaxText's logical-axis rules shard it), layers scanned under full
     remat (`nothing_saveable`), plain multi-head dot attention, RMSNorm in f32 (weight not
-    upcast), untied embeddings. scopes: `jax.named_scope` around "embed", "layer0" (the scanned
-    body; "norm", "attention" (the core) and "router" (gating and masks) inside), "head" and
-    "sgd". optimizer: "sgd" (the update in bf16, no state) or "adam" (f32 moments shaped and
-    sharded as the weights, donated, as `Decoder.train_step`: the peak-HBM comparison)."""
+    upcast), untied embeddings; final_norm: an RMSNorm before the output projection, as
+    MaxText's decoder has (and tpusim's models). scopes: `jax.named_scope` around "embed",
+    "layer0" (the scanned body; "norm", "attention" (the core) and "router" (gating and masks)
+    inside), "head" and "sgd". optimizer: "sgd" (the update in bf16, no state) or "adam" (f32
+    moments shaped and sharded as the weights, donated, as `Decoder.train_step`: the peak-HBM
+    comparison)."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
@@ -365,6 +367,8 @@ def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: i
           "n1": ((D,), P(None)), "n2": ((D,), P(None))}
     params = {"layers": [{k: sds(s, p) for k, (s, p) in lw.items()} for _ in range(L)],
               "embed": sds((V, D), P(None, fe)), "unembed": sds((D, V), P(fe, None))}
+    if final_norm:
+        params["nf"] = sds((D,), P(None))
     act = P(batch, None, None)
 
     def rms(x, w):
@@ -421,6 +425,8 @@ def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: i
         body = jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable)
         x, _ = jax.lax.scan(lambda c, w: (body(c, w), None), x, stacked)
         with scope("head"):
+            if final_norm:
+                x = norm(x, p["nf"])
             logits = (x @ p["unembed"]).astype(jnp.float32)
             tgt = jnp.take_along_axis(logits, tok[..., None], -1)[..., 0]
             return jnp.mean(jax.nn.logsumexp(logits, -1) - tgt)

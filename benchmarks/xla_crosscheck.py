@@ -80,7 +80,7 @@ CONFIGS = {
                                  sampling="top-k", logits_f32=True),
     # MoE (issue 11: dense and MoE): xla_moe_schedule.py's MaxText-style dropping MoE.
     "moe_fsdp_ep_v6e16": dict(topology="v6e:4x4", mesh={"fsdp": 4, "expert": 4}, layers=2,
-                              seq=2048, batch_per_chip=1, mode="moe_train",
+                              seq=2048, batch_per_chip=1, mode="moe_train", final_norm=True,
                               moe=dict(d_model=1024, d_ff=2048, num_experts=8, top_k=2,
                                        capacity_factor=1.25, num_heads=8, head_dim=128,
                                        vocab_size=4096)),
@@ -130,6 +130,7 @@ def _worker(name: str, dump_dir: str | None) -> None:
                                     remat=cfg.get("remat", "full"))
     elif cfg["mode"] == "moe_train":
         lowered = _xla.lower_moe_train(mesh, seq=cfg["seq"], num_layers=n_layers, scopes=True,
+                                       final_norm=cfg.get("final_norm", False),
                                        **cfg["moe"])
     else:  # decode: one new token per sequence against a KV cache of kv_len
         lowered = model.lower_decode(n_layers, batch, cfg["kv_len"],
@@ -333,6 +334,31 @@ def parse_hlo_collectives(text: str) -> list[dict]:
         return bool(fu and fu["opcode"] == "fusion" and fu["calls"]
                     and sliced_all_reduces(fu["calls"][0]))
 
+    def ring_role(ins) -> str:
+        """What an unrolled windowed einsum's collective-permute carries (a ring over few chips
+        that XLA writes out step by step instead of a `windowed_dot_general` loop): "rs", a
+        reduce-scatter's partial sums (its source is a zero accumulator, or a fusion adding a
+        received permute to a partial product, reached through copies and tuple elements), or
+        "ag", a gather's weight shards (the weights themselves, or a received shard relayed)."""
+        seen = set()
+        src = (re.findall(r"%([\w.\-]+)", ins["operands"]) or [""])[0]
+        while src in by_name and src not in seen:
+            seen.add(src)
+            prod = by_name[src]
+            op = prod["opcode"]
+            if op == "broadcast":
+                return "rs"
+            if op == "fusion":
+                body = comps.get(prod["calls"][0], []) if prod["calls"] else []
+                refs = re.findall(r"%([\w.\-]+)", prod["operands"])
+                received = any(by_name.get(r, {}).get("opcode") == "collective-permute-done"
+                               for r in refs)
+                return "rs" if received and any(i["opcode"] == "add" for i in body) else "ag"
+            if op not in ("copy", "bitcast", "copy-start", "copy-done", "get-tuple-element"):
+                return "ag"
+            src = (re.findall(r"%([\w.\-]+)", prod["operands"]) or [""])[0]
+        return "ag"
+
     def visit(comp: str, mult: int, ctx_name: str, loop: str | None, seen: tuple,
               fused: bool = False):
         if comp in seen or comp not in comps:
@@ -345,6 +371,10 @@ def parse_hlo_collectives(text: str) -> list[dict]:
             if base == "all-reduce" and ins["name"] in scatter:
                 base = "reduce-scatter"
             fixup = base == "collective-permute" and padded_scatter_fixup(ins)
+            role = ring_role(ins) if (
+                base == "collective-permute" and not fixup
+                and (ins["op_name"] or ctx_name).endswith("dot_general")
+                and not (loop or "").startswith("windowed")) else None
             if base is not None:
                 # TPU "async collective fusions" put one collective (one channel_id) into a
                 # start fusion plus continuation fusions: count it once (deduplicated below).
@@ -374,7 +404,8 @@ def parse_hlo_collectives(text: str) -> list[dict]:
                                re.findall(r"\{(\d+),(\d+)\}", "{" + st.group(1) + "}")]
                     if st else [],
                     opcode=op, channel=int(ch.group(1)) if ch and not fixup else None,
-                    **({"fixup": True} if fixup else {})))
+                    **({"fixup": True} if fixup else {}),
+                    **({"ring": role} if role else {})))
             if op == "async-start":
                 # async wrapper around e.g. reduce-scatter: visit the wrapped computation.
                 for c in ins["calls"]:
@@ -763,8 +794,10 @@ def xla_logical_bytes(xr: dict) -> dict[tuple[str, str], float]:
     Each ring's first step is issued before the loop as one async collective-permute of the
     same message size (N + 1 messages in all); the prologues of a layer and phase are handed
     to its loops of that message size one each (all-gather loops first: a layer's backward
-    holds both kinds with equal messages). Permutes matched to no loop stay
-    collective-permutes.
+    holds both kinds with equal messages); in a scanned program they sit in the scan's loop
+    body. Permutes matched to no loop are the steps of an unrolled ring (a windowed einsum over
+    few chips written out step by step) when `parse_hlo_collectives` gave them a `ring` role
+    (gather or reduce-scatter), else collective-permutes.
     """
     out: dict[tuple[str, str], float] = collections.defaultdict(float)
     n = xr["num_chips"]
@@ -786,13 +819,16 @@ def xla_logical_bytes(xr: dict) -> dict[tuple[str, str], float]:
             continue
         if o["kind"] == "collective-permute":
             axes = _axes_spanned(xr, o.get("pair_list") or [])
-            if o["in_loop"]:
-                tag = o["loop"].split(":")[0]
-                kind = {"windowed-ag": "all-gather", "windowed-rs": "reduce-scatter"}.get(
-                    tag, "collective-permute")
+            tag = o["loop"].split(":")[0] if o["in_loop"] else ""
+            if tag.startswith("windowed"):
+                kind = {"windowed-ag": "all-gather", "windowed-rs": "reduce-scatter"}[tag]
             else:
+                # A prologue is issued before its loop (inside a scanned layer's loop body
+                # when the layers are scanned).
                 pending = loops.get((o["layer"], o["phase"], o["bytes"]))
-                kind = pending.pop(0) if pending else "collective-permute"
+                kind = pending.pop(0) if pending else {
+                    "ag": "all-gather", "rs": "reduce-scatter"}.get(
+                        o.get("ring", ""), "collective-permute")
         else:
             kind = o["kind"]
             groups = parse_replica_groups(o.get("replica_groups", ""), n)
@@ -1007,12 +1043,20 @@ XLA emits them" has each rule):
   not modelled by tpusim). The lookup's gradient is all-gathered over data x fsdp (256 MiB)
   instead of all-to-all'ed, and the norm scales' gradients are all-reduced over data x fsdp at
   once.
-* **moe_fsdp_ep_v6e16** (non-expert weights over fsdp x expert, MaxText's rule): the expert
-  all-to-alls (720 MiB over `expert`), the expert-weight gather over `expert` and the
-  embedding lookup's all-to-all over fsdp,expert match exactly. XLA gathers more over
-  fsdp,expert and less over `fsdp` alone than tpusim, and reduce-scatters about twice
-  tpusim's bytes over fsdp,expert: which matrices go over which group differs (not analysed
-  yet).
+* **moe_fsdp_ep_v6e16**: the program shards as MaxText's logical-axis rules do (every
+  non-expert weight's d_model over fsdp x expert, the experts' over fsdp, their `exp`
+  dimension over expert, tokens over fsdp x expert) and now has the final norm MaxText's
+  decoder (and tpusim's model) has before the output projection. Three readings of the HLO
+  were wrong: the windowed rings' trip counts (the loop counter steps through a copy: every
+  ring was counted twice), their prologues (issued inside the scanned layer's body, so left
+  as collective-permutes), and the expert weights' rings over fsdp = 4, which XLA writes out
+  step by step in the layer's body (read as collective-permutes; now as gather or
+  reduce-scatter steps by what they send). tpusim's side: such a 4-chip ring gathers N - 1
+  shards and the up projection's gradient shares the gate's ring start (13 reduce-scatter
+  messages per layer, as compiled); an MoE layer gathers all four attention matrices again
+  for their input gradients; the router's backward matmuls (its dot FLOPs were 0.012% short).
+  Left: tpusim gathers the token ids over fsdp x expert for the lookup's gradient too, which
+  this program does not (0.125 MiB, +0.2% of the fsdp,expert gathers).
 * **decode_tp8_v5e8**, **decode_topk_tp8_v5e8** (f32 logits, as MaxText's
   `cast_logits_to_fp32` and tpusim's decode): the embedding lookup's all-reduce over `tensor`
   and the sampling collectives of `--sampling greedy` (two tiny all-gathers) and `top-k`

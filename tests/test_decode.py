@@ -533,3 +533,15 @@ def test_top_k_sampling_moves_rows_for_the_sort_then_spreads_the_candidates():
 def test_an_unknown_sampling_mode_is_a_one_line_error():
     with pytest.raises(TpusimError, match="--sampling 'nucleus'.*top-k, greedy"):
         DecodeConfig(batch=1, context_len=8, sampling="nucleus")
+
+
+def test_2d_weight_stationary_reduce_scatters_the_embedding_into_the_residual_slices():
+    # Each chip holds [V / tensor, D / fsdp] of the table: its partial [n, D / fsdp] rows are
+    # summed over tensor and split into the D / (fsdp x tensor) residual slices.
+    m = dataclasses.replace(load_model("llama3-8b"), num_layers=1)
+    tr = compile_decode_step(m, parse_mesh("fsdp=2,tensor=4"), 8,
+                             DecodeConfig(batch=8, context_len=128))
+    (rs,) = [o for o in tr.ops if o.name == "tp_embed_reducescatter"]
+    n = tr.meta["local_batch"]
+    assert rs.collective == "reduce-scatter" and rs.mesh_axes == ("tensor",)
+    assert rs.bytes == n * m.d_model / 2 * 2

@@ -243,7 +243,10 @@ def test_moe_backward_sends_the_combine_weights_gradient_as_xla_does():
     assert "ep_dispatch_bwd" in {by[i].name for i in dw.deps}
     assert dw.id in dc.deps
     nrm = next(o for o in trace.ops if o.name == "norm_mlp_bwd" and o.layer == 0)
-    assert dc.id in nrm.deps
+    # ... through the router's backward (its input and weight gradients: 4 n D E FLOPs).
+    rb = next(o for o in trace.ops if o.name == "router_bwd" and o.layer == 0)
+    assert dc.id in rb.deps and rb.id in nrm.deps
+    assert rb.flops == 4 * n * D * E
 
 
 def test_async_ep_alltoall_lets_the_backward_overlap_the_expert_collectives():

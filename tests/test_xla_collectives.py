@@ -420,3 +420,82 @@ ENTRY %main (a: bf16[4]) -> bf16[4] {
 """
     (op,) = xc.parse_hlo_collectives(text)
     assert op["count"] == 4
+
+
+# -- rings over four chips (the v6e MoE program's expert weights over fsdp=4) -------------------
+
+def test_a_ring_over_four_chips_is_written_out_gathers_send_three_shards():
+    # N = 4: one bidirectional loop trip, so XLA unrolls the windowed einsum: a gather sends
+    # N - 1 = 3 shards (3/4 of V); a gradient reduce-scatter sends 3 partial sums and a zero
+    # accumulator each way (5/4), except the up projection's, whose dot is merged with the
+    # gate's and shares its ring start (3/4).
+    trace = _trace("fsdp=4", 4, fsdp_gather="mixed-blocking")
+    fwd = _colls(trace, "fsdp_allgather_fwd_")
+    assert {k: o.bytes for k, o in fwd.items()} == {k: v * 3 / 4 for k, v in MATRIX_BYTES.items()}
+    rs = _colls(trace, "fsdp_grad_reducescatter_")
+    assert {k: o.bytes for k, o in rs.items()} == {
+        k: v * (3 / 4 if k == "w_up" else 5 / 4) for k, v in MATRIX_BYTES.items()}
+    # Larger rings keep their loop: N + 1 messages (fsdp = 8: 9/8).
+    eight = _trace("fsdp=8", 8, fsdp_gather="mixed-blocking")
+    assert _colls(eight, "fsdp_allgather_fwd_")["wq"].bytes == MATRIX_BYTES["wq"] * 9 / 8
+    assert _colls(eight, "fsdp_grad_reducescatter_")["w_up"].bytes == \
+        MATRIX_BYTES["w_up"] * 9 / 8
+
+
+def test_an_moe_layer_gathers_all_four_attention_matrices_again_for_their_input_gradients():
+    moe = model_from_dict({**SMALL, "num_experts": 4, "experts_per_token": 2})
+    trace = compile_training_step(moe, parse_mesh("fsdp=2,expert=2"), 4,
+                                  TrainingConfig(seq_len=SEQ, batch_per_chip=1,
+                                                 fsdp_gather="mixed-blocking"))
+    regathers = {o.name.removeprefix("fsdp_allgather_bwd_"): o for o in trace.ops
+                 if o.layer == 1 and o.name.endswith("_dx")}
+    assert set(regathers) == {"wq_dx", "wk_dx", "wv_dx", "wo_dx"}
+    # Plain gathers of each matrix over fsdp x expert (V = the whole matrix).
+    assert {k: o.bytes for k, o in regathers.items()} == {
+        f"{k}_dx": MATRIX_BYTES[k] for k in ("wq", "wk", "wv", "wo")}
+    (px,) = [o for o in trace.ops if o.name == "attn_proj_bwd" and o.layer == 1]
+    assert {o.id for o in regathers.values()} <= set(px.deps)
+    # A dense layer re-gathers q and k only.
+    dense = {o.name for o in _trace("fsdp=4", 4, fsdp_gather="mixed-blocking").ops
+             if o.layer == 1 and o.name.endswith("_dx")}
+    assert dense == {"fsdp_allgather_bwd_wq_dx", "fsdp_allgather_bwd_wk_dx"}
+
+
+def test_an_unrolled_rings_permutes_are_read_as_gather_or_reduce_scatter_steps():
+    # Outside a windowed_dot_general loop: a permute of a weight shard (or of a received one,
+    # relayed) is a gather step; one of a zero accumulator, or of a fusion adding a received
+    # permute to a partial product, is a reduce-scatter step.
+    xc = _crosscheck()
+    dot = 'metadata={op_name="jit(step)/transpose(jvp(layer0))/ebcm,emh->ebch/dot_general"}'
+    pairs = "source_target_pairs={{0,1},{1,0}}"
+    tup = "(bf16[4]{0}, bf16[4]{0}, u32[], u32[])"
+    start = f"{tup} collective-permute-start"
+    attrs = f"{pairs}, {dot}"
+    text = f"""HloModule m, num_partitions=2
+
+%acc (a: bf16[4], b: bf16[4]) -> bf16[4] {{
+  %a = bf16[4]{{0}} parameter(0)
+  %b = bf16[4]{{0}} parameter(1)
+  ROOT %s = bf16[4]{{0}} add(%a, %b)
+}}
+
+ENTRY %main (w: bf16[4], g: bf16[4]) -> bf16[4] {{
+  %w = bf16[4]{{0}} parameter(0)
+  %g = bf16[4]{{0}} parameter(1)
+  %ag = {start}(%w), channel_id=1, {attrs}
+  %agd = bf16[4]{{0}} collective-permute-done(%ag)
+  %relay = {start}(%agd), channel_id=2, {attrs}
+  %z = bf16[] constant(0)
+  %zeros = bf16[4]{{0}} broadcast(%z), dimensions={{}}
+  %rs0 = {start}(%zeros), channel_id=3, {attrs}
+  %rs0d = bf16[4]{{0}} collective-permute-done(%rs0)
+  %sum = bf16[4]{{0}} fusion(%rs0d, %g), kind=kLoop, calls=%acc
+  %rs1 = {start}(%sum), channel_id=4, {attrs}
+  ROOT %rs1d = bf16[4]{{0}} collective-permute-done(%rs1)
+}}
+"""
+    roles = {o["channel"]: o["ring"] for o in xc.parse_hlo_collectives(text)}
+    assert roles == {1: "ag", 2: "ag", 3: "rs", 4: "rs"}
+    xr = {"num_chips": 2, "mesh_axes": ["fsdp"], "mesh_shape": [2], "mesh_device_ids": [0, 1],
+          "ops": xc.parse_hlo_collectives(text)}
+    assert xc.xla_logical_bytes(xr) == {("all-gather", "fsdp"): 16, ("reduce-scatter", "fsdp"): 16}

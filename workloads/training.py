@@ -457,8 +457,14 @@ class _Gathered:
 # The weight matrices each weight matmul of a layer reads (FSDP gathers one per matrix).
 _ATTN_KEYS = ("wq", "wk", "wv", "wo")
 # Re-gathers XLA issues for the input-gradient matmuls of the query and key projections under
-# remat full (the recomputation's copies are not kept alive across the layer's backward).
+# remat full (the recomputation's copies are not kept alive across the layer's backward); in an
+# MoE layer, whose backward holds the experts' buffers in between, of all four attention
+# matrices (the compiled MoE step of benchmarks/xla_crosscheck.py).
 _REGATHER_KEYS = ("wq_dx", "wk_dx")
+_MOE_REGATHER_KEYS = ("wq_dx", "wk_dx", "wv_dx", "wo_dx")
+# The up projection's weight gradient is computed by one dot merged with the gate's (XLA's dot
+# merger: they share the layer input); an unrolled ring reduce-scatters both from one start.
+_SHARES_GATE_RING = frozenset({"w_up", "expert_up", "shared_up"})
 _ROW_PARALLEL = frozenset({"wo", "w_down", "expert_down", "shared_down"})
 
 
@@ -643,6 +649,10 @@ class _Compiler:
     def layer_is_moe(self, layer: int) -> bool:
         return self.m.is_moe and layer >= self.m.first_dense_layers
 
+    def regather_keys(self, layer: int) -> tuple[str, ...]:
+        """The attention matrices XLA gathers a second time for their input gradients."""
+        return _MOE_REGATHER_KEYS if self.layer_is_moe(layer) else _REGATHER_KEYS
+
     # MaxText's logical-axis rules shard a weight's `embed` dimension over fsdp and expert, except
     # the routed experts' (`embed_no_exp`: their own `exp` dimension takes the expert axis), so
     # the attention, router, shared-expert, dense-MLP and embedding weights are gathered from,
@@ -720,7 +730,7 @@ class _Compiler:
         if mode in ("async", "windowed", "blocking"):
             return mode
         plain = "async" if mode == "mixed-async" else "blocking"
-        if key in _REGATHER_KEYS or self.weights_replicated:
+        if key.endswith("_dx") or self.weights_replicated:
             return plain
         if phase == "fwd":
             single = not (self.d.tp > 1 and key in _ROW_PARALLEL)
@@ -1008,8 +1018,18 @@ class _Compiler:
         grads_allocated = 0.0
         layer_outputs: dict[tuple[int, int], int] = {}
 
-        def ring(group: int) -> float:
-            """A windowed ring's N + 1 messages of one shard each, over its V."""
+        def ring(group: int, kind: str = "all-gather", key: str = "") -> float:
+            """A windowed ring's messages of one shard each, over its V. XLA runs the ring in
+            both directions, two steps per loop trip: N + 1 messages (a prologue, then N/4
+            trips of 4). Over N = 4 the loop would make one trip and XLA writes the steps out
+            instead (docs/model.md): a gather then sends N - 1 shards, a reduce-scatter N - 1
+            partial sums and a zero accumulator each way (N + 1), except the up projection's,
+            which shares the gate's ring start (N - 1)."""
+            if group != 4:
+                return (group + 1) / group
+            if kind == "all-gather" or (key in _SHARES_GATE_RING
+                                        and self.m.mlp.num_matrices == 3):
+                return (group - 1) / group
             return (group + 1) / group
 
         def fsdp_gather(layer, mb, phase, after, after_block):
@@ -1025,7 +1045,8 @@ class _Compiler:
                 # A windowed einsum gathers through a ring of N + 1 collective-permutes (a
                 # prologue, then one per step), each one shard: (N + 1) / N of V.
                 g = self.coll(f"fsdp_allgather_{phase}_{key}", "all-gather", axes,
-                              nbytes * (ring(group) if form == "windowed" else 1.0),
+                              nbytes * (ring(group, "all-gather", key)
+                                        if form == "windowed" else 1.0),
                               after if form == "async" else after_block, layer, phase)
                 if g is None:
                     continue
@@ -1040,13 +1061,14 @@ class _Compiler:
             return out
 
         def regather(layer, g, after):
-            """XLA's second gathers of the query and key projections for their input
-            gradients under remat full (mixed modes)."""
+            """XLA's second gathers of the query and key projections (all four attention
+            matrices in an MoE layer) for their input gradients under remat full (mixed
+            modes)."""
             if g is None or cfg.remat != Remat.FULL or not cfg.fsdp_gather.startswith("mixed") \
                     or not cfg.overlap:
                 return
             sizes = dict(self.layer_matrices(layer))
-            for key in _REGATHER_KEYS:
+            for key in self.regather_keys(layer):
                 nbytes = sizes[key.removesuffix("_dx")]
                 r = self.coll(f"fsdp_allgather_bwd_{key}", "all-gather",
                               self.fsdp_group(key)[0], nbytes, after, layer, "bwd")
@@ -1302,7 +1324,8 @@ class _Compiler:
                     axes, group = self.fsdp_group(key)
                     rs_ops.append(self.coll(f"fsdp_grad_reducescatter_{key}", "reduce-scatter",
                                             axes, nbytes / self.wb * self.gb
-                                            * (ring(group) if self.rs_windowed else 1.0),
+                                            * (ring(group, "reduce-scatter", key)
+                                               if self.rs_windowed else 1.0),
                                             [out], layer, "bwd"))
                 rs_ops = [o for o in rs_ops if o is not None]
                 rs = rs_ops[-1] if rs_ops else None
@@ -1369,7 +1392,7 @@ class _Compiler:
             if self.embed_on or self.head_on:
                 erc = self.coll("fsdp_grad_reducescatter_embed", "reduce-scatter", a2a_axes,
                                 emb_w / self.wb * self.gb
-                                * (ring(fse) if self.rs_windowed else 1.0),
+                                * (ring(fse, "reduce-scatter") if self.rs_windowed else 1.0),
                                 [emb_bwd] + ([head_accum] if head_accum is not None else []),
                                 -1, "bwd")
                 if erc is not None:
@@ -1500,6 +1523,16 @@ class _Compiler:
                            d.ep * n * m.num_experts * rt.capacity * 4,
                            [dmlp_w] if sync else [cb], layer, "bwd")
             dcomb_deps = [dc] if dc is not None else []
+        if moe:
+            # The router's backward: the combine weights' gradient through the top-k softmax
+            # into the router logits, then the router matmul's input and weight gradients,
+            # twice its forward FLOPs (the compiled MoE step's dot FLOPs: without them tpusim
+            # had 4 n D E per layer fewer).
+            E = m.num_experts
+            rb = self.mm("router_bwd", 4 * n * D * E, D * E * self.wb,
+                         n * D * a + n * E * 4, n * D * a, dcomb_deps or [dact], layer, "bwd",
+                         keys=("router",))
+            dcomb_deps = [rb]
         if dense_disp:
             # Dispatch einsum backward: the input gradient only (the one-hot mask has none).
             ar1 = self.mm("moe_dispatch_bwd", dispatch_flops(n, m.num_experts, rt.capacity, D),
@@ -1530,7 +1563,8 @@ class _Compiler:
             mm_deps2, after2 = self.tp_enter("", "attn_bwd", nrm, layer, "bwd")
         dproj = self.mm("attn_proj_bwd", proj_flops, w_att,
                         1.5 * n * (h_loc + 2 * k_loc) * hd * a, n * D * a,
-                        [nrm] + wd + mm_deps2, layer, "bwd", keys=_ATTN_KEYS + _REGATHER_KEYS)
+                        [nrm] + wd + mm_deps2, layer, "bwd",
+                        keys=_ATTN_KEYS + self.regather_keys(layer))
         kv_bytes = n * d.sp / d.ctx * d.ctx * k_loc * hd * a  # K or V of the local sequences
         datt_m = None
         if self.cfg.attention == "flash":
