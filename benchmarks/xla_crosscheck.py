@@ -336,10 +336,11 @@ def parse_hlo_collectives(text: str) -> list[dict]:
 
     def ring_role(ins) -> str:
         """What an unrolled windowed einsum's collective-permute carries (a ring over few chips
-        that XLA writes out step by step instead of a `windowed_dot_general` loop): "rs", a
-        reduce-scatter's partial sums (its source is a zero accumulator, or a fusion adding a
-        received permute to a partial product, reached through copies and tuple elements), or
-        "ag", a gather's weight shards (the weights themselves, or a received shard relayed)."""
+        that XLA writes out step by step instead of a `windowed_dot_general` loop): "rs0", a
+        reduce-scatter ring's start (a zero accumulator), "rs", its partial sums (a fusion
+        adding a received permute to a partial product, reached through copies and tuple
+        elements), or "ag", a gather's weight shards (the weights themselves, or a received
+        shard relayed)."""
         seen = set()
         src = (re.findall(r"%([\w.\-]+)", ins["operands"]) or [""])[0]
         while src in by_name and src not in seen:
@@ -347,7 +348,7 @@ def parse_hlo_collectives(text: str) -> list[dict]:
             prod = by_name[src]
             op = prod["opcode"]
             if op == "broadcast":
-                return "rs"
+                return "rs0"  # a reduce-scatter ring's start: a zero accumulator
             if op == "fusion":
                 body = comps.get(prod["calls"][0], []) if prod["calls"] else []
                 refs = re.findall(r"%([\w.\-]+)", prod["operands"])
@@ -786,6 +787,64 @@ def _axes_spanned(xr: dict, sets: list[list[int]]) -> str:
     return ",".join(a for a in names if a in spanned) or "-"
 
 
+def _xla_logical_ops(xr: dict):
+    """(logical kind, mesh axes, bytes, collectives) per collective of an XLA program, bytes in
+    tpusim's V convention (`xla_logical_bytes`), collectives as `xla_logical_counts` counts
+    them."""
+    n = xr["num_chips"]
+    sizes = dict(zip(xr["mesh_axes"], xr["mesh_shape"], strict=True))
+    loops: dict[tuple, list[str]] = collections.defaultdict(list)
+    seen_loops = set()
+    for o in xr["ops"]:
+        if o["kind"] == "collective-permute" and o["in_loop"]:
+            tag = o["loop"].split(":")[0]
+            kind = {"windowed-ag": "all-gather", "windowed-rs": "reduce-scatter"}.get(tag)
+            key = (o["layer"], o["phase"], o["bytes"])
+            if kind and (key, o["loop"]) not in seen_loops:
+                seen_loops.add((key, o["loop"]))
+                loops[key].append(kind)
+    for kinds in loops.values():
+        kinds.sort()  # "all-gather" < "reduce-scatter"
+    counted_loops = set()
+    for o in xr["ops"]:
+        if o.get("fixup"):  # a padded reduce-scatter's row moves (parse_hlo_collectives)
+            yield "reduce-scatter", _axes_spanned(xr, o["pair_list"]), o["count"] * o["bytes"], 0
+            continue
+        calls = o["count"]
+        if o["kind"] == "collective-permute":
+            axes = _axes_spanned(xr, o.get("pair_list") or [])
+            tag = o["loop"].split(":")[0] if o["in_loop"] else ""
+            if tag.startswith("windowed"):
+                kind = {"windowed-ag": "all-gather", "windowed-rs": "reduce-scatter"}[tag]
+                # The ring is one collective per run of its loop (count = runs x trips).
+                trips = int(re.search(r"\[x(\d+)\]", o["loop"]).group(1))
+                calls = 0 if o["loop"] in counted_loops else o["count"] // trips
+                counted_loops.add(o["loop"])
+            else:
+                # A prologue is issued before its loop (inside a scanned layer's loop body
+                # when the layers are scanned).
+                pending = loops.get((o["layer"], o["phase"], o["bytes"]))
+                role = o.get("ring", "")
+                if pending:
+                    kind, calls = pending.pop(0), 0
+                elif role == "ag":  # a written-out gather ring: N - 1 messages
+                    group = 1
+                    for a in axes.split(","):
+                        group *= sizes.get(a, 1)
+                    kind, calls = "all-gather", o["count"] / max(group - 1, 1)
+                elif role in ("rs", "rs0"):  # a reduce-scatter ring starts from zeros each way
+                    kind, calls = "reduce-scatter", o["count"] / 2 if role == "rs0" else 0
+                else:
+                    kind = "collective-permute"
+        else:
+            kind = o["kind"]
+            groups = parse_replica_groups(o.get("replica_groups", ""), n)
+            axes = _axes_spanned(xr, groups)
+            if kind == "all-to-all":  # the HLO operand is one chip's buffer; V is the group's
+                o = dict(o, bytes=o["bytes"] * len(groups[0]))
+        yield kind, axes, o["count"] * o["bytes"], calls
+
+
 def xla_logical_bytes(xr: dict) -> dict[tuple[str, str], float]:
     """(logical kind, mesh axes) -> bytes of an XLA program, tpusim's V convention.
 
@@ -800,42 +859,20 @@ def xla_logical_bytes(xr: dict) -> dict[tuple[str, str], float]:
     (gather or reduce-scatter), else collective-permutes.
     """
     out: dict[tuple[str, str], float] = collections.defaultdict(float)
-    n = xr["num_chips"]
-    loops: dict[tuple, list[str]] = collections.defaultdict(list)
-    seen_loops = set()
-    for o in xr["ops"]:
-        if o["kind"] == "collective-permute" and o["in_loop"]:
-            tag = o["loop"].split(":")[0]
-            kind = {"windowed-ag": "all-gather", "windowed-rs": "reduce-scatter"}.get(tag)
-            key = (o["layer"], o["phase"], o["bytes"])
-            if kind and (key, o["loop"]) not in seen_loops:
-                seen_loops.add((key, o["loop"]))
-                loops[key].append(kind)
-    for kinds in loops.values():
-        kinds.sort()  # "all-gather" < "reduce-scatter"
-    for o in xr["ops"]:
-        if o.get("fixup"):  # a padded reduce-scatter's row moves (parse_hlo_collectives)
-            out[("reduce-scatter", _axes_spanned(xr, o["pair_list"]))] += o["count"] * o["bytes"]
-            continue
-        if o["kind"] == "collective-permute":
-            axes = _axes_spanned(xr, o.get("pair_list") or [])
-            tag = o["loop"].split(":")[0] if o["in_loop"] else ""
-            if tag.startswith("windowed"):
-                kind = {"windowed-ag": "all-gather", "windowed-rs": "reduce-scatter"}[tag]
-            else:
-                # A prologue is issued before its loop (inside a scanned layer's loop body
-                # when the layers are scanned).
-                pending = loops.get((o["layer"], o["phase"], o["bytes"]))
-                kind = pending.pop(0) if pending else {
-                    "ag": "all-gather", "rs": "reduce-scatter"}.get(
-                        o.get("ring", ""), "collective-permute")
-        else:
-            kind = o["kind"]
-            groups = parse_replica_groups(o.get("replica_groups", ""), n)
-            axes = _axes_spanned(xr, groups)
-            if kind == "all-to-all":  # the HLO operand is one chip's buffer; V is the group's
-                o = dict(o, bytes=o["bytes"] * len(groups[0]))
-        out[(kind, axes)] += o["count"] * o["bytes"]
+    for kind, axes, nbytes, _calls in _xla_logical_ops(xr):
+        out[(kind, axes)] += nbytes
+    return dict(out)
+
+
+def xla_logical_counts(xr: dict) -> dict[tuple[str, str], float]:
+    """(logical kind, mesh axes) -> collectives per step of an XLA program: each collective
+    instruction once per execution, except a windowed einsum's ring, which is one collective
+    (its loop once per run, its prologue none; a written-out gather ring per N - 1 messages, a
+    written-out reduce-scatter ring per zero start each way), and a padded reduce-scatter's
+    fix-up permute (part of it)."""
+    out: dict[tuple[str, str], float] = collections.defaultdict(float)
+    for kind, axes, _nbytes, calls in _xla_logical_ops(xr):
+        out[(kind, axes)] += calls
     return dict(out)
 
 
@@ -890,11 +927,18 @@ def tpusim_dot_flops(name: str) -> float:
 
 def tpusim_logical_bytes(name: str) -> dict[tuple[str, str], float]:
     """(kind, mesh axes) -> V bytes of tpusim's compiled step for the same program."""
+    return tpusim_logical(name)[0]
+
+
+def tpusim_logical(name: str) -> tuple[dict, dict]:
+    """(kind, mesh axes) -> (V bytes, collectives) of tpusim's compiled step."""
     out: dict[tuple[str, str], float] = collections.defaultdict(float)
+    calls: dict[tuple[str, str], int] = collections.defaultdict(int)
     for o in tpusim_trace(name).ops:
         if o.kind == "collective":
             out[(o.collective, ",".join(o.mesh_axes))] += o.bytes
-    return dict(out)
+            calls[(o.collective, ",".join(o.mesh_axes))] += 1
+    return dict(out), dict(calls)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1017,16 +1061,17 @@ def tpusim_class_seconds(name: str) -> tuple[dict[str, float], float, float]:
 
 
 def logical_table(name: str, xr: dict) -> tuple[list[tuple], list[float]]:
-    """Rows (kind, axes, XLA bytes, tpusim bytes, error or None) and the errors of the rows
-    both programs have."""
-    x, t = xla_logical_bytes(xr), tpusim_logical_bytes(name)
+    """Rows (kind, axes, XLA bytes, tpusim bytes, error or None, XLA collectives, tpusim
+    collectives) and the byte errors of the rows both programs have."""
+    x, xc_ = xla_logical_bytes(xr), xla_logical_counts(xr)
+    t, tc = tpusim_logical(name)
     rows, errs = [], []
     for key in sorted(set(x) | set(t)):
         xb, tb = x.get(key, 0.0), t.get(key, 0.0)
         err = (tb - xb) / xb if xb > 0 else None
         if err is not None:
             errs.append(err)
-        rows.append((*key, xb, tb, err))
+        rows.append((*key, xb, tb, err, xc_.get(key, 0), tc.get(key, 0)))
     return rows, errs
 
 
@@ -1102,7 +1147,13 @@ def render_collectives_section(results: dict) -> str:
              "included, sum to (N + 1) / N of its V, which tpusim's windowed collectives carry "
              "too); axes are the mesh axes a replica group or a permute's chip pairs span. "
              "Error = (tpusim - XLA) / XLA; `-100%` is a collective tpusim does not emit, `new` "
-             "one XLA does not. Target (issue 11): within 3% for every kind and axis.", ""]
+             "one XLA does not. Target (issue 11): within 3% for every kind and axis. n: "
+             "collectives per step (`xla_logical_counts`: XLA's instructions once per "
+             "execution, a windowed ring one collective, its loop counted once per run and its "
+             "prologue not at all, a written-out ring per N - 1 gather messages or per zero "
+             "start each way; tpusim's collective ops). Counts are reported, not targeted: "
+             "XLA merges some collectives (one ring for the gate and up gradients of a "
+             "written-out ring, combined all-reduces of several gradients).", ""]
     all_errs: list[float] = []
     base_errs: list[float] = []
     names: list[str] = []
@@ -1125,10 +1176,13 @@ def render_collectives_section(results: dict) -> str:
                   f"{cfg['batch_per_chip']}"
                   + ("".join(f", {k} {v}" for k, v in widths.items()) if widths else "")
                   + _mode_label(cfg), "",
-                  "| kind | axes | XLA MiB | tpusim MiB | error |", "|---|---|---:|---:|---:|"]
-        for kind, axes, xb, tb, err in rows:
+                  "| kind | axes | XLA MiB | tpusim MiB | error | XLA n | tpusim n |",
+                  "|---|---|---:|---:|---:|---:|---:|"]
+        for kind, axes, xb, tb, err, xn, tn in rows:
             e = "new" if err is None else f"{100 * err:+.1f}%"
-            lines.append(f"| {kind} | {axes} | {mib(xb)} | {mib(tb)} | {e} |")
+            xn_ = f"{xn:g}" if xn == int(xn) else f"{xn:.1f}"
+            lines.append(f"| {kind} | {axes} | {mib(xb)} | {mib(tb)} | {e} | {xn_ or '-'} | "
+                         f"{tn or '-'} |")
         if errs:
             lines += ["", f"Median |error| {100 * statistics.median(abs(e) for e in errs):.1f}%, "
                       f"worst {100 * max(abs(e) for e in errs):.1f}% over the {len(errs)} "

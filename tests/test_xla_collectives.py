@@ -300,6 +300,8 @@ def test_each_windowed_ring_takes_one_prologue_of_its_message_size():
     xr = {"num_chips": 2, "mesh_axes": ["fsdp"], "mesh_shape": [2], "mesh_device_ids": [0, 1],
           "ops": ops}
     assert xc.xla_logical_bytes(xr) == {("all-gather", "fsdp"): 30, ("reduce-scatter", "fsdp"): 30}
+    # One collective each: a loop once per run (2 trips), its prologue not at all.
+    assert xc.xla_logical_counts(xr) == {("all-gather", "fsdp"): 1, ("reduce-scatter", "fsdp"): 1}
 
 
 # -- a data axis (the v6e data=4 x fsdp=4 program) ------------------------------------------------
@@ -495,7 +497,11 @@ ENTRY %main (w: bf16[4], g: bf16[4]) -> bf16[4] {{
 }}
 """
     roles = {o["channel"]: o["ring"] for o in xc.parse_hlo_collectives(text)}
-    assert roles == {1: "ag", 2: "ag", 3: "rs", 4: "rs"}
+    assert roles == {1: "ag", 2: "ag", 3: "rs0", 4: "rs"}
     xr = {"num_chips": 2, "mesh_axes": ["fsdp"], "mesh_shape": [2], "mesh_device_ids": [0, 1],
           "ops": xc.parse_hlo_collectives(text)}
     assert xc.xla_logical_bytes(xr) == {("all-gather", "fsdp"): 16, ("reduce-scatter", "fsdp"): 16}
+    # Collectives: a gather ring per N - 1 = 1 message (2), a reduce-scatter ring per zero
+    # start each way (one start here: half a ring).
+    assert xc.xla_logical_counts(xr) == {("all-gather", "fsdp"): 2,
+                                         ("reduce-scatter", "fsdp"): 0.5}
