@@ -442,6 +442,12 @@ def section(cache: dict) -> str:
         "their recomputed tensors to the end of the layer's backward. The decode row's "
         "`memory_analysis()` peak counts 52 MiB of VMEM values (`S(1)`) live at its peak; "
         "its HBM holds the weights and the KV cache, as in tpusim. "
+        "The v5e fsdp `minimal` row at seq 4096 (1 GiB of f32 scores per chip, batch 1) "
+        "misses: all three v5e seq-4096 programs (`none`, `full`, `minimal`) keep only the "
+        "bf16 scores in their forward (2 bytes per score; tpusim charges `minimal` 8) and "
+        "keep the f32 logits (512 MiB) from the loss to the end of the backward loop; "
+        "modelling the first without a reason for the second puts the `full` and `minimal` "
+        "rows 26-34% low, so neither is modelled. "
         "In the v5e programs the context of GQA attention sits in a "
         "tiled layout that pads the head-group dimension (a 16 MB tensor takes 128 MB), "
         "which tpusim does not model.", "",
