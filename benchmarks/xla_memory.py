@@ -346,7 +346,9 @@ def table(cache: dict) -> tuple[str, list[float]]:
         comp = ", ".join(f"{k} {v / 1e9:.2f}" for k, v in top if v > 0)
         host = (f"{x.get('host_temp_bytes', 0) / 1e9:.2f} / {s['host_bytes'] / 1e9:.2f} GB"
                 if CONFIGS.get(name, {}).get("remat") == "offload" else "")
-        rows.append(f"| {describe(name)} | {fsdp_gather_flag(x)} | "
+        gathers = "n/a (no fsdp)" if "fsdp" not in (CONFIGS.get(name) and MESHES[
+            CONFIGS[name]["mesh"]] or OTHER[name]["mesh"]) else fsdp_gather_flag(x)
+        rows.append(f"| {describe(name)} | {gathers} | "
                     f"{xla_hbm_peak(x) / 1e9:.2f} GB{analysis(x)} | "
                     f"{s['peak_bytes'] / 1e9:.2f} GB | "
                     f"{err:+.1%} | {comp} | {host} |")
@@ -383,7 +385,8 @@ def section(cache: dict) -> str:
         "`checkpoint_dots_with_no_batch_dims`. The residual stream is replicated over `tensor` "
         "unless the row says `tp-act sharded` (its sequence dim split over `tensor`).", "",
         tab, "",
-        f"{len(errs)} programs: median |error| {med:.1%}, worst {worst:+.1%} (target: within "
+        f"{len(errs)} programs: median |error| {med:.1%}, worst {worst:+.1%}, "
+        f"{sum(1 for e in abs_e if e <= 0.10)} within 10% (target: every program within "
         "10%).", "",
         "Remat `offload` is `jax.checkpoint` with `save_and_offload_only_these_names` "
         "(MaxText's `minimal_offloaded`: the weight matmuls' outputs, tagged with "
