@@ -96,7 +96,8 @@ CONFIGS = _configs()
 
 # The other kinds of program (issue 11: MoE and decode), as benchmarks/xla_crosscheck.py
 # compiles them: the MaxText-style dropping MoE training step on fsdp=4 x expert=4 v6e (with
-# Adam here, like the dense rows; the crosscheck's is SGD) and a one-token decode step of a
+# Adam here, like the dense rows, and without the final norm the crosscheck's program has
+# since gained: a [tokens, d_model] buffer) and a one-token decode step of a
 # 2-layer LLaMA-3-8B on tensor=8 v5e against a 2048-token KV cache (heads over `tensor`,
 # argmax of the bf16 logits: tpusim's `--sampling greedy`).
 OTHER = {
