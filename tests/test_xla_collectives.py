@@ -505,3 +505,12 @@ ENTRY %main (w: bf16[4], g: bf16[4]) -> bf16[4] {{
     # start each way (one start here: half a ring).
     assert xc.xla_logical_counts(xr) == {("all-gather", "fsdp"): 2,
                                          ("reduce-scatter", "fsdp"): 0.5}
+
+
+def test_a_data_axis_across_slices_keeps_the_lookup_gradient_all_to_all():
+    model = model_from_dict(SMALL)
+    trace = compile_training_step(model, parse_mesh("fsdp=4", "data=2"), 8,
+                                  TrainingConfig(seq_len=SEQ, batch_per_chip=1))
+    assert not _ops(trace, "embed_grad_allgather")
+    (ga,) = _ops(trace, "embed_grad_alltoall")
+    assert ga.mesh_axes == ("fsdp",)

@@ -1367,13 +1367,14 @@ class _Compiler:
                     prev = eg if eg is not None else prev
                 emb_bwd = self.vpu("embed_grad", n * D, 3 * n * D * a, [prev] + dp_wait, -1,
                                    "bwd")
-                if lookup_a2a and d.dp > 1:
+                if lookup_a2a and d.dp > 1 and self.mesh.dcn_size("data") == 1:
                     # With a data axis XLA's SPMD partitioner does not send the gradient rows
                     # back by all-to-all: it all-gathers every chip's [n, d_model] input
                     # gradient over data x fsdp (x expert), each chip keeps its fsdp group's rows
                     # and its d_model slice for the scatter-add, and the table's gradient is
                     # then summed over data (`dp_grad_allreduce_embed`). v6e data=4 x fsdp=4:
-                    # 256 MiB for n = 2048, d_model 4096 (docs/model.md).
+                    # 256 MiB for n = 2048, d_model 4096 (docs/model.md). Not across slices:
+                    # the measured 4-slice MoE run would have gathered 137 GB per chip.
                     tok = token_gathers([prev], "bwd")
                     ga = self.coll("embed_grad_allgather", "all-gather",
                                    ("data",) + a2a_axes, d.dp * a2a_group * n * D * a,
@@ -1523,22 +1524,23 @@ class _Compiler:
                            d.ep * n * m.num_experts * rt.capacity * 4,
                            [dmlp_w] if sync else [cb], layer, "bwd")
             dcomb_deps = [dc] if dc is not None else []
-        if moe:
-            # The router's backward: the combine weights' gradient through the top-k softmax
-            # into the router logits, then the router matmul's input and weight gradients,
-            # twice its forward FLOPs (the compiled MoE step's dot FLOPs: without them tpusim
-            # had 4 n D E per layer fewer).
-            E = m.num_experts
-            rb = self.mm("router_bwd", 4 * n * D * E, D * E * self.wb,
-                         n * D * a + n * E * 4, n * D * a, dcomb_deps or [dact], layer, "bwd",
-                         keys=("router",))
-            dcomb_deps = [rb]
         if dense_disp:
             # Dispatch einsum backward: the input gradient only (the one-hot mask has none).
             ar1 = self.mm("moe_dispatch_bwd", dispatch_flops(n, m.num_experts, rt.capacity, D),
                           0.0, n * m.num_experts * rt.capacity * a
                           + n * rt.expert_rows_per_token * D * a, n * D * a,
                           [dact] + ([ar1] if ar1 is not None else []), layer, "bwd")
+        if moe:
+            # The router's backward: the combine weights' gradient through the top-k softmax
+            # into the router logits, then the router matmul's input and weight gradients,
+            # twice its forward FLOPs (the compiled MoE step's dot FLOPs: without them tpusim
+            # had 4 n D E per layer fewer). Issued after the dispatch's backward, which does
+            # not wait for the combine weights' gradient (a chip runs its ops in order).
+            E = m.num_experts
+            rb = self.mm("router_bwd", 4 * n * D * E, D * E * self.wb,
+                         n * D * a + n * E * 4, n * D * a, dcomb_deps or [dact], layer, "bwd",
+                         keys=("router",))
+            dcomb_deps = [rb]
         if m.parallel_block:
             # Both branches read the same normed input: their input gradients are summed and
             # reduced over `tensor` once, after the attention branch.
