@@ -1085,9 +1085,10 @@ XLA emits them" has each rule):
   all-reduces of whole gradients until this session (the 100% miss of before). One gradient
   ([4096, 4096]) is padded to 4 x 1040 rows and its extra rows moved to the next shard by a
   collective-permute, counted with its reduce-scatter (padding and permutes: 1.75 MiB, 0.1%,
-  not modelled by tpusim). The lookup's gradient is all-gathered over data x fsdp (256 MiB)
-  instead of all-to-all'ed, and the norm scales' gradients are all-reduced over data x fsdp at
-  once.
+  not modelled by tpusim). The lookup's gradient is all-gathered over data x fsdp (256 MiB of
+  rows, smaller than the 1002 MiB table; with a smaller table XLA all-reduces the table
+  instead) rather than all-to-all'ed, and the norm scales' gradients are all-reduced over
+  data x fsdp at once.
 * **moe_fsdp_ep_v6e16**: the program shards as MaxText's logical-axis rules do (every
   non-expert weight's d_model over fsdp x expert, the experts' over fsdp, their `exp`
   dimension over expert, tokens over fsdp x expert) and now has the final norm MaxText's

@@ -848,8 +848,14 @@ def test_with_fsdp_the_data_all_reduce_carries_the_fsdp_shard():
     trace, _ = _step("data=2,fsdp=2", "2x2")
     matmul_params = spec.num_params - spec.num_norm_params
     # The replicated norm scales' f32 gradients: one all-reduce over data x fsdp (XLA's v6e
-    # data x fsdp program), none of them in the embedding's data all-reduce.
-    assert _reduced_bytes(trace, "data") == pytest.approx(2 * matmul_params / 2, rel=1e-9)
+    # data x fsdp program), none of them in the embedding's data all-reduce. The input table
+    # (smaller here than all chips' gradient rows) is all-reduced whole over data x fsdp
+    # instead of its fsdp shard over data.
+    table = spec.vocab_size * spec.d_model * 2
+    (tr,) = [o for o in trace.ops if o.name == "embed_grad_table_allreduce"]
+    assert tr.bytes == table and tr.mesh_axes == ("data", "fsdp")
+    assert _reduced_bytes(trace, "data") == pytest.approx(
+        (2 * matmul_params - table) / 2, rel=1e-9)
     (norm,) = [o for o in trace.ops if o.name == "norm_grad_allreduce"]
     assert norm.mesh_axes == ("data", "fsdp")
     assert norm.bytes == 4 * spec.num_norm_params

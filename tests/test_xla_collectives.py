@@ -321,20 +321,40 @@ def test_with_a_data_axis_the_mixed_forms_are_plain_collectives():
     assert _colls(windowed, "fsdp_grad_reducescatter_")["wq"].bytes == MATRIX_BYTES["wq"] * 9 / 8
 
 
-def test_with_a_data_axis_the_lookup_gradient_is_gathered_over_data_and_fsdp():
+def test_with_a_data_axis_the_lookup_gradient_replicates_the_rows_when_they_are_smaller():
     # data=2 x fsdp=4, n = 256 tokens per chip: the lookup's all-to-all over fsdp as without a
-    # data axis; its gradient all-gathers every chip's [n, d_model] bf16 rows over data x fsdp
-    # (XLA: 256 MiB for 16 chips x 2048 tokens x d_model 4096), no gradient all-to-all.
-    trace = _trace("data=2,fsdp=4", 8)
+    # data axis. Its gradient: all 8 chips' [n, d_model] bf16 rows (2 MiB) are smaller than
+    # the table (vocab 8192: 8 MiB), so XLA all-gathers the rows over data x fsdp (the v6e
+    # data=4 x fsdp=4 program: 256 MiB of rows against a 1002 MiB table).
+    trace = compile_training_step(model_from_dict({**SMALL, "vocab_size": 8192}),
+                                  parse_mesh("data=2,fsdp=4"), 8,
+                                  TrainingConfig(seq_len=SEQ, batch_per_chip=1))
     n = SEQ
     (lk,) = _ops(trace, "embed_lookup_alltoall")
     assert lk.mesh_axes == ("fsdp",) and lk.bytes == 4 * n * D * 2
     (ga,) = _ops(trace, "embed_grad_allgather")
     assert ga.collective == "all-gather" and ga.mesh_axes == ("data", "fsdp")
     assert ga.bytes == 8 * n * D * 2
-    assert not _ops(trace, "embed_grad_alltoall")
+    assert not _ops(trace, "embed_grad_alltoall") and not _ops(trace, "embed_grad_table_allreduce")
     (sa,) = _ops(trace, "embed_grad_scatter_add")
     assert ga.id in sa.deps
+    # The data all-reduce then sums both vocabulary matrices' fsdp shards.
+    (ear,) = _ops(trace, "dp_grad_allreduce_embed")
+    assert ear.bytes == 2 * 8192 * D * 2 / 4
+
+
+def test_with_a_data_axis_the_lookup_gradient_replicates_the_table_when_it_is_smaller():
+    # Vocab 1024: the 1 MiB table is smaller than the 2 MiB of rows, so each chip scatter-adds
+    # its own rows into a whole zero table, all-reduced over data x fsdp (the data=2 x fsdp=8
+    # memory programs: a 128 MiB table against 256 MiB of rows); only the output projection's
+    # shard is left for the data all-reduce.
+    trace = _trace("data=2,fsdp=4", 8)
+    (tr,) = _ops(trace, "embed_grad_table_allreduce")
+    assert tr.collective == "all-reduce" and tr.mesh_axes == ("data", "fsdp")
+    assert tr.bytes == VOCAB * D * 2
+    assert not _ops(trace, "embed_grad_allgather") and not _ops(trace, "embed_grad_alltoall")
+    (ear,) = _ops(trace, "dp_grad_allreduce_embed")
+    assert ear.bytes == VOCAB * D * 2 / 4
 
 
 # -- XLA HLO forms the cross-check parser reads ------------------------------------------------
@@ -505,12 +525,3 @@ ENTRY %main (w: bf16[4], g: bf16[4]) -> bf16[4] {{
     # start each way (one start here: half a ring).
     assert xc.xla_logical_counts(xr) == {("all-gather", "fsdp"): 2,
                                          ("reduce-scatter", "fsdp"): 0.5}
-
-
-def test_a_data_axis_across_slices_keeps_the_lookup_gradient_all_to_all():
-    model = model_from_dict(SMALL)
-    trace = compile_training_step(model, parse_mesh("fsdp=4", "data=2"), 8,
-                                  TrainingConfig(seq_len=SEQ, batch_per_chip=1))
-    assert not _ops(trace, "embed_grad_allgather")
-    (ga,) = _ops(trace, "embed_grad_alltoall")
-    assert ga.mesh_axes == ("fsdp",)

@@ -1088,6 +1088,7 @@ class _Compiler:
                 b.ops[out] = _with(b.ops[out], deps=tuple(sorted({*b.ops[out].deps, *wid})))
             self.mem(out, G.GATHERED_WEIGHTS, -g.held_bytes)
 
+        table_reduced = False  # the input table's gradient all-reduced whole (data axis)
         for mb in range(cfg.microbatches):
             # Embedding lookup (stage 0).
             start = [prev_compute] if prev_compute is not None else []
@@ -1367,20 +1368,34 @@ class _Compiler:
                     prev = eg if eg is not None else prev
                 emb_bwd = self.vpu("embed_grad", n * D, 3 * n * D * a, [prev] + dp_wait, -1,
                                    "bwd")
-                if lookup_a2a and d.dp > 1 and self.mesh.dcn_size("data") == 1:
+                rows_v = d.dp * a2a_group * n * D * a  # every chip's gradient rows
+                table_v = emb_w / self.wb * self.gb  # the chip's whole table gradient
+                if lookup_a2a and d.dp > 1 and rows_v < table_v:
                     # With a data axis XLA's SPMD partitioner does not send the gradient rows
-                    # back by all-to-all: it all-gathers every chip's [n, d_model] input
-                    # gradient over data x fsdp (x expert), each chip keeps its fsdp group's rows
-                    # and its d_model slice for the scatter-add, and the table's gradient is
-                    # then summed over data (`dp_grad_allreduce_embed`). v6e data=4 x fsdp=4:
-                    # 256 MiB for n = 2048, d_model 4096 (docs/model.md). Not across slices:
-                    # the measured 4-slice MoE run would have gathered 137 GB per chip.
+                    # back by all-to-all: it replicates the smaller of the scatter-add's
+                    # updates and its table. Here the rows: every chip's [n, d_model] input
+                    # gradient is all-gathered over data x fsdp (x expert), each chip keeps its
+                    # fsdp group's rows and its d_model slice for the scatter-add, and the
+                    # table's gradient is then summed over data (`dp_grad_allreduce_embed`).
+                    # v6e data=4 x fsdp=4: 256 MiB of rows for n = 2048, d_model 4096
+                    # against a 1002 MiB table (docs/model.md).
                     tok = token_gathers([prev], "bwd")
                     ga = self.coll("embed_grad_allgather", "all-gather",
-                                   ("data",) + a2a_axes, d.dp * a2a_group * n * D * a,
-                                   [emb_bwd] + tok, -1, "bwd")
+                                   ("data",) + a2a_axes, rows_v, [emb_bwd] + tok, -1, "bwd")
                     emb_bwd = self.vpu("embed_grad_scatter_add", n * D, 3 * n * D * a,
                                        [emb_bwd] + ([ga] if ga is not None else []), -1, "bwd")
+                elif lookup_a2a and d.dp > 1:
+                    # ... and here the table: each chip scatter-adds its own rows into a zero
+                    # table of the whole width and the table is all-reduced over data x fsdp
+                    # (x expert), already summed over data (the v5e, v5p and v6e data=2 x
+                    # fsdp=8 programs of benchmarks/xla_memory.py: a 128 MiB [32768, 2048]
+                    # table against 256 MiB of rows).
+                    emb_bwd = self.vpu("embed_grad_scatter_add", n * D,
+                                       3 * n * D * a + 2 * table_v, [emb_bwd], -1, "bwd")
+                    tr = self.coll("embed_grad_table_allreduce", "all-reduce",
+                                   ("data",) + a2a_axes, table_v, [emb_bwd], -1, "bwd")
+                    table_reduced = True
+                    emb_bwd = tr if tr is not None else emb_bwd
                 elif lookup_a2a:
                     tok = token_gathers([prev], "bwd")
                     ga = self.coll("embed_grad_alltoall", "all-to-all", a2a_axes,
@@ -1400,7 +1415,8 @@ class _Compiler:
                     last_grad_ops.append(erc)
                 if mb == cfg.microbatches - 1:
                     ear = self.coll("dp_grad_allreduce_embed", "all-reduce", ("data", "sequence"),
-                                    emb_all / self.wb * self.gb / fse
+                                    (emb_all - (emb_w if table_reduced else 0.0))
+                                    / self.wb * self.gb / fse
                                     + (0.0 if fse > 1 else self.norm_grad_bytes()),
                                     [erc if erc is not None else emb_bwd], -1, "bwd")
                     if ear is not None:
