@@ -149,3 +149,16 @@ def test_moe_schedule_reader_tells_sync_from_async_all_to_alls_and_their_loop():
         ("forward", "sync", 2 * 640 * 1024 * 2, "bsm,bsec->ebcm"),
         ("backward", "async", 4 * 8 * 16 * 4, "broadcast_in_dim"),
     ]
+
+
+def test_gemma3_runs_rebuild_with_their_vocab_tiling_and_maxtexts_flop_count(vm, loaded):
+    cases, _ = loaded
+    c = {c.id: c for c in cases}["tpu-recipes-v6e-gemma3-12b-1x-v6e-256"]
+    assert c.vocab_tiling == 16
+    trace, _ = vm._trace(c)
+    # The log line's TFLOPs per device and step (MaxText's windowed causal count) come out of
+    # the rebuilt model and batch.
+    assert trace.meta["maxtext_flops_per_chip"] / 1e12 == pytest.approx(2557.19, abs=0.01)
+    # 16 chunks of 2048 tokens: one chunk's f32 logits and bf16 gradients, 6 bytes a logit.
+    assert trace.meta["logits_bytes"] == 2048 * 262144 * 6
+    assert vm.predict(c).fits_in_hbm
