@@ -545,3 +545,16 @@ def test_2d_weight_stationary_reduce_scatters_the_embedding_into_the_residual_sl
     n = tr.meta["local_batch"]
     assert rs.collective == "reduce-scatter" and rs.mesh_axes == ("tensor",)
     assert rs.bytes == n * m.d_model / 2 * 2
+
+
+@pytest.mark.parametrize("mesh,chips", [("tensor=4", 4), ("fsdp=2,tensor=2", 4)])
+def test_post_norms_and_qk_norm_add_their_norm_ops_to_each_decode_layer(mesh, chips):
+    m = load_model("gemma3-12b")
+    plain = dataclasses.replace(m, post_norms=False, qk_norm=False)
+    cfg = DecodeConfig(batch=8, context_len=2048)
+    got = compile_decode_step(m, parse_mesh(mesh), chips, cfg)
+    ref = compile_decode_step(plain, parse_mesh(mesh), chips, cfg)
+    extra = [o.name for o in got.ops if o.layer == 0 and o.name not in
+             {r.name for r in ref.ops if r.layer == 0}]
+    assert sorted(extra) == ["post_norm_attn", "post_norm_mlp", "qk_norm"]
+    assert len(got.ops) - len(ref.ops) == 3 * m.num_layers

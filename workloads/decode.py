@@ -313,6 +313,7 @@ class _InferenceCompiler:
         qkv = self.mm("qkv_proj", 2 * n * D * (h_loc + 2 * kp) * hd,
                       D * (h_loc + 2 * kp) * hd * wb, n * D * a + n * (h_loc + 2 * kp) * hd * a,
                       [norm], layer, phase)
+        qkv = self.qk_norm(layer, qkv, n * (h_loc + kp) * hd, phase)
         rope = self.vpu("rotary", 6 * n * (h_loc + kp) * hd, 2 * n * (h_loc + kp) * hd * a,
                         [qkv], layer, phase)
         att_in = [rope]
@@ -331,14 +332,32 @@ class _InferenceCompiler:
                       n * h_loc * hd * a + n * D * a, [att], layer, phase)
         ar1 = self.coll("tp_allreduce_attn", "all-reduce", ("tensor",), n * D * a, [out], layer,
                         phase)
-        res1 = self.vpu("residual_attn", n * D, 3 * n * D * a, self._deps(out, ar1), layer,
-                        phase)
+        post = self.post_norm("post_norm_attn", layer, self._deps(out, ar1), n * D, phase)
+        res1 = self.vpu("residual_attn", n * D, 3 * n * D * a, post, layer, phase)
         norm2 = self.vpu("norm_mlp", 5 * n * D, 2 * n * D * a, [res1], layer, phase)
         mlp = self.mlp(layer, norm2, n, phase, t)
         ar2 = self.coll("tp_allreduce_mlp", "all-reduce", ("tensor",), n * D * a, [mlp], layer,
                         phase)
-        return self.vpu("residual_mlp", n * D, 3 * n * D * a, self._deps(mlp, res1, ar2), layer,
-                        phase)
+        deps = self._deps(mlp, res1, ar2)
+        if m.post_norms:
+            deps = self.post_norm("post_norm_mlp", layer, self._deps(mlp, ar2), n * D, phase)
+            deps.append(res1)
+        return self.vpu("residual_mlp", n * D, 3 * n * D * a, deps, layer, phase)
+
+    def qk_norm(self, layer: int, qkv: int, elems: float, phase: str) -> int:
+        """Gemma 3's RMSNorm of the query and key heads (`elems` of them per chip), or `qkv`
+        itself for a model without it."""
+        if not self.m.qk_norm:
+            return qkv
+        return self.vpu("qk_norm", 5 * elems, 2 * elems * _ACT_BYTES, [qkv], layer, phase)
+
+    def post_norm(self, name: str, layer: int, deps: list[int], elems: float,
+                  phase: str) -> list[int]:
+        """A sublayer output's norm before the residual add (Gemma 2 / 3's post-norms), costed
+        like the pre-norms; `deps` unchanged for a model without them."""
+        if not self.m.post_norms:
+            return deps
+        return [self.vpu(name, 5 * elems, 2 * elems * _ACT_BYTES, deps, layer, phase)]
 
     def layer_2d(self, layer: int, dep: int, t: int, prev_ctx: int, phase: str) -> int:
         """One layer with 2D weight-stationary sharding (tpu.md §5), X = fsdp, YZ = tensor.
@@ -374,8 +393,11 @@ class _InferenceCompiler:
                       n * dx * a + n * qkv_w * a, d(norm, ag1), layer, phase)
         rs_qkv = self.coll("ws_reducescatter_qkv", "reduce-scatter", ("fsdp",), n * qkv_w * a,
                            [qkv], layer, phase)
+        rope_deps = d(qkv, rs_qkv)
+        if m.qk_norm:
+            rope_deps = [self.qk_norm(layer, rope_deps[-1], n_att * (h_loc + kp) * hd, phase)]
         rope = self.vpu("rotary", 6 * n_att * (h_loc + kp) * hd, 2 * n_att * (h_loc + kp) * hd * a,
-                        d(qkv, rs_qkv), layer, phase)
+                        rope_deps, layer, phase)
         att_in = [rope]
         if lay.kv_split > 1:
             q2a = self.coll("kv_batch_alltoall_q", "all-to-all", ("tensor",),
@@ -392,7 +414,8 @@ class _InferenceCompiler:
                       n * h_loc * hd * a + n * dx * a, d(att, ag_o), layer, phase)
         rs1 = self.coll("ws_reducescatter_x_attn", "reduce-scatter", ("tensor",), n * dx * a,
                         [out], layer, phase)
-        res1 = self.vpu("residual_attn", n * dres, 3 * n * dres * a, d(out, rs1), layer, phase)
+        post = self.post_norm("post_norm_attn", layer, d(out, rs1), n * dres, phase)
+        res1 = self.vpu("residual_attn", n * dres, 3 * n * dres * a, post, layer, phase)
         # -- MLP block ----------------------------------------------------------------------
         F, mats = m.d_ff, m.mlp.num_matrices
         f_loc = F / tp
@@ -412,8 +435,10 @@ class _InferenceCompiler:
                     d(act, ag_h), layer, phase)
         rs2 = self.coll("ws_reducescatter_x_mlp", "reduce-scatter", ("tensor",), n * dx * a,
                         [o], layer, phase)
-        return self.vpu("residual_mlp", n * dres, 3 * n * dres * a, d(o, res1, rs2), layer,
-                        phase)
+        deps = d(o, res1, rs2)
+        if m.post_norms:
+            deps = self.post_norm("post_norm_mlp", layer, d(o, rs2), n * dres, phase) + [res1]
+        return self.vpu("residual_mlp", n * dres, 3 * n * dres * a, deps, layer, phase)
 
     def attention(self, layer: int, deps: list[int], t: int, prev_ctx: int, phase: str) -> int:
         """Scores and values over the KV cache: HBM-bound in decode (intensity ~1, tpu.md §5)."""
