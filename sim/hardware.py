@@ -412,10 +412,15 @@ _FITTED: dict[str, dict[str, tuple[str, str]]] = {
         "MaxText runs, whose 1-32 slices are data parallel over DCN (docs/validation.md, "
         "effect 2); held out: the even half")},
     "v6e": {"mxu_efficiency": (
-        "fitted", "to the odd-indexed half (10 runs) of the measured v6e MaxText runs, with "
+        "fitted", "to the odd-indexed half (12 runs) of the measured v6e MaxText runs, with "
         "head_dim-128 attention at half rate on the 256-wide MXU (docs/validation.md, "
         "benchmarks/validate_maxtext.py); held out: the even half, its refit and its errors are "
-        "in docs/validation.md")},
+        "in docs/validation.md"),
+        "dcn_message_overhead_s": (
+        "assumed", "0, not fitted: v6e's only data-parallel slice-count pair (the Gemma-3 runs "
+        "over 2 and 4 slices, one in each half) would want about 4 ms per message, 8x v5e's, "
+        "and on absolute errors the fit would also absorb their common offset "
+        "(docs/validation.md, effect 6)")},
     "v3": {"mxu_efficiency": _CARRIED},
     "v4": {"mxu_efficiency": _CARRIED},
     "v5p": {"mxu_efficiency": _CARRIED},
