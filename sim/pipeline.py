@@ -186,8 +186,7 @@ def simulate_pipeline(
         s, vv = c % p, c // p
         key = (c == 0, c == chunks - 1)
         if key not in cache:
-            tr = compile_pipeline_chunk(model, mesh, topology.num_chips, config, first=key[0],
-                                        last=key[1])
+            tr = chunk_program(model, mesh, topology.num_chips, config, c)
             cache[key] = (tr, _pass_times(tr, chip, topology, algorithm))
         tr, (tf, tb, tt) = cache[key]
         fwd[s][vv], bwd[s][vv] = tf, tb
@@ -322,7 +321,7 @@ def build_stage_programs(model: TransformerSpec, mesh, num_chips: int,
     # The programs depend on the axis sizes, not their order or placement (which only the
     # engine's collective groups see, from the programs' mesh): a plan's placements and a
     # sweep's hardware points share one composition, on the mesh each asks for.
-    key = (model, tuple(sorted(mesh.axes)), tuple(sorted(mesh.dcn_axes)), num_chips, config)
+    key = _sizes_key(model, mesh, num_chips, config)
     with _STAGE_LOCK:
         hit = _STAGE_CACHE.get(key)
         if hit is not None:
@@ -331,14 +330,9 @@ def build_stage_programs(model: TransformerSpec, mesh, num_chips: int,
         return dataclasses.replace(hit, programs=tuple(
             _trusted_trace(mesh, prog.ops, dict(prog.meta)) for prog in hit.programs))
     chunks = p * v
-    cache: dict[tuple[bool, bool], Trace] = {}
 
     def chunk_trace(c: int) -> Trace:
-        key = (c == 0, c == chunks - 1)
-        if key not in cache:
-            cache[key] = compile_pipeline_chunk(model, mesh, num_chips, config, first=key[0],
-                                                last=key[1])
-        return cache[key]
+        return chunk_program(model, mesh, num_chips, config, c)
 
     send_bytes = float(chunk_trace(0).meta["pipeline_send_bytes"])
     templates: dict[tuple, _PassTemplate] = {}
@@ -446,6 +440,43 @@ def build_stage_programs(model: TransformerSpec, mesh, num_chips: int,
 STAGE_CACHE_SIZE = 2
 _STAGE_CACHE: OrderedDict[tuple, StagePrograms] = OrderedDict()
 _STAGE_LOCK = threading.Lock()
+# The last STAGE_CACHE_SIZE meshes' chunk programs, by (first, last) chunk.
+_CHUNK_CACHE: OrderedDict[tuple, dict[tuple[bool, bool], Trace]] = OrderedDict()
+
+
+def _sizes_key(model: TransformerSpec, mesh, num_chips: int, config: TrainingConfig) -> tuple:
+    """What a pipeline's chunk and stage programs depend on: the axis sizes, not their order."""
+    return (model, tuple(sorted(mesh.axes)), tuple(sorted(mesh.dcn_axes)), num_chips, config)
+
+
+def chunk_program(model: TransformerSpec, mesh, num_chips: int, config: TrainingConfig,
+                  chunk: int) -> Trace:
+    """Chunk `chunk`'s one-microbatch program (`compile_pipeline_chunk`). Chunks differ only in
+    holding the embedding (the first) or the loss (the last), so a mesh has at most four; the
+    last STAGE_CACHE_SIZE meshes' are kept per process (their ops and meta do not depend on the
+    axis order; a program compiled on another order comes back on `mesh`), shared by
+    `simulate_pipeline`, the stage programs' composition and the plan's pass-level bound
+    (`sim.planner.pipeline_schedule_bound`)."""
+    chunks = mesh.size("pipeline") * config.virtual_stages
+    which = (chunk == 0, chunk == chunks - 1)
+    key = _sizes_key(model, mesh, num_chips, config)
+    with _STAGE_LOCK:
+        programs = _CHUNK_CACHE.get(key)
+        if programs is None:
+            programs = _CHUNK_CACHE[key] = {}
+            while len(_CHUNK_CACHE) > STAGE_CACHE_SIZE:
+                _CHUNK_CACHE.popitem(last=False)
+        else:
+            _CHUNK_CACHE.move_to_end(key)
+        hit = programs.get(which)
+    if hit is None:
+        hit = compile_pipeline_chunk(model, mesh, num_chips, config, first=which[0],
+                                     last=which[1])
+        with _STAGE_LOCK:
+            hit = programs.setdefault(which, hit)
+    # On the caller's mesh: the engine takes the collective groups from the program's mesh.
+    return hit if hit.mesh == mesh else _trusted_trace(mesh, hit.ops, dict(hit.meta))
+
 
 # Composing a 405B stage program copies ~50k ops (8 microbatches x 2 passes x ~3k ops): an op
 # is copied by setting its slots directly (`dataclasses.replace` costs twice as much), and

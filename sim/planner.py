@@ -606,32 +606,20 @@ def pipeline_schedule_bound(model, axes, num_chips: int, tcfg, chip, topology) -
     step; on the 405B plan's pipelines it is within a few microseconds of it, at a fraction of
     the cost (the stage programs hold M copies of every pass). 0 for a schedule whose receives
     no send completes."""
-    from sim.pipeline import check_schedule, stage_order
+    from sim.pipeline import check_schedule, chunk_program, stage_order
     from topologies.mesh import LogicalMesh
     from workloads.trace import OpKind
-    from workloads.training import compile_pipeline_chunk
 
     mesh = LogicalMesh(axes=tuple(axes))
     p, v, m = mesh.size("pipeline"), tcfg.virtual_stages, tcfg.microbatches
     check_schedule(tcfg.pipeline_schedule, p, m, v)
     chunks = p * v
     floors = _Floors(chip, topology, _mesh_groups(axes, topology))
-    # The chunk programs depend on the axis sizes, not their order (as the stage programs,
-    # `_stage_programs`): a group's placements share them.
-    key = (model, tuple(sorted(mesh.axes)), tuple(sorted(mesh.dcn_axes)), num_chips, tcfg)
-    traces = _CHUNK_TRACES.get(key)
-    if traces is None:
-        traces = {}
-        if len(_CHUNK_TRACES) >= 2:
-            _CHUNK_TRACES.pop(next(iter(_CHUNK_TRACES)))
-        _CHUNK_TRACES[key] = traces
 
+    # The chunk programs depend on the axis sizes, not their order: a group's placements, and
+    # its stage programs if it reaches the front, share them (`chunk_program`'s cache).
     def chunk_trace(c: int):
-        k = (c == 0, c == chunks - 1)
-        if k not in traces:
-            traces[k] = compile_pipeline_chunk(model, mesh, num_chips, tcfg, first=k[0],
-                                               last=k[1])
-        return traces[k]
+        return chunk_program(model, mesh, num_chips, tcfg, c)
 
     send = floors.send(float(chunk_trace(0).meta["pipeline_send_bytes"]))
     terms: dict[tuple, tuple[float, float, float, float]] = {}
@@ -687,9 +675,6 @@ def pipeline_schedule_bound(model, axes, num_chips: int, tcfg, chip, topology) -
                 t += floors.compute(op)
         ends.append(t)
     return max(ends)
-
-
-_CHUNK_TRACES: dict[tuple, dict] = {}  # the last few groups' chunk programs, per worker
 
 
 def _stage_programs(model, mesh, num_chips: int, tcfg):
