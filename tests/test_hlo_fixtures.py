@@ -6,7 +6,6 @@ benchmarks/xla_crosscheck.py — and the replay of each one."""
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -15,20 +14,15 @@ import pytest
 
 from sim.engine import replay
 from sim.hardware import get_chip
-from tests.conftest import make_topology
+from tests.conftest import load_benchmark, make_topology
 from workloads.hlo.lower import import_hlo
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hlo"
-ROOT = Path(__file__).resolve().parents[1]
 POD = {"v5e:4x4": ("v5e", "4x4"), "v5e:2x4": ("v5e", "2x4"), "v5p:4x4x4": ("v5p", "4x4x4")}
 
 
 def _crosscheck():
-    spec = importlib.util.spec_from_file_location("xla_crosscheck",
-                                                  ROOT / "benchmarks" / "xla_crosscheck.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("xla_crosscheck")
 
 
 _CACHE: dict[str, tuple] = {}

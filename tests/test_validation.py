@@ -10,18 +10,14 @@ docs/reference/.
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.conftest import REFERENCE_DIR, load_benchmark
 from workloads.training import Remat
 
-REFERENCE_DIR = Path(__file__).resolve().parents[1] / "docs" / "reference"
 RUNS_FILE = REFERENCE_DIR / "maxtext_runs.json"
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "validate_maxtext.py"
 
 REPRESENTATIVE = (
     "maxtext-v5e-16b-1x-v5e-256",  # v5e, 2023 default decoder, FSDP 256, one slice
@@ -36,11 +32,7 @@ REPRESENTATIVE = (
 @pytest.fixture(scope="module")
 def vm():
     """The validation script as a module (it lives in benchmarks/, not in a package)."""
-    spec = importlib.util.spec_from_file_location("validate_maxtext", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("validate_maxtext", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("validate_maxtext")
 
 
 @pytest.fixture(scope="module")
@@ -134,10 +126,7 @@ def test_custom_mesh_that_does_not_fit_the_axes_is_a_reason_not_a_crash(vm):
 
 
 def test_moe_schedule_reader_tells_sync_from_async_all_to_alls_and_their_loop():
-    spec = importlib.util.spec_from_file_location(
-        "xla_moe_schedule", SCRIPT.parent / "xla_moe_schedule.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_benchmark("xla_moe_schedule")
     hlo = "\n".join([
         '  %all-to-all.1 = bf16[2,640,1024]{2,1,0} all-to-all(%x), metadata={op_name='
         '"jit(step)/jvp()/while/body/closed_call/bsm,bsec->ebcm/dot_general"}',

@@ -267,14 +267,9 @@ def test_embedding_tokens_loss_and_norm_gradient_collectives(tp_activations):
 # -- the XLA side of the cross-check (benchmarks/xla_crosscheck.py) ------------------------------
 
 def _crosscheck():
-    import importlib.util
-    from pathlib import Path
+    from tests.conftest import load_benchmark
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "xla_crosscheck.py"
-    spec = importlib.util.spec_from_file_location("xla_crosscheck", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("xla_crosscheck")
 
 
 def test_mesh_form_replica_groups_vary_over_the_named_axes():

@@ -4,22 +4,16 @@ the replica-group forms its collective parser reads."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def xc():
-    spec = importlib.util.spec_from_file_location("xla_crosscheck",
-                                                  ROOT / "benchmarks" / "xla_crosscheck.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("xla_crosscheck")
 
 
 def _cfg(cycles: int) -> str:
