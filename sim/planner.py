@@ -328,18 +328,15 @@ class _Floors:
         # the engine costs them; a batch alone on its links takes at least that long).
         self.exact_algorithm = exact_algorithm
         self.cost_keys: list[tuple] = []  # `engine.cost_collective` cache keys of exact costs
-        self.mxu = chip.mxu_flops_per_s * chip.mxu_efficiency
-        self.int8 = chip.mxu_int8_ops_per_s * chip.mxu_efficiency
-        self.vpu = chip.vpu_flops_per_s * chip.vpu_efficiency
-        self.hbm = chip.hbm_bytes_per_s * chip.hbm_efficiency
         self.memo: dict[tuple, float] = {}
+        # A compute op alone on the chip, costed as `replay` costs it; HBM shared with
+        # collectives can only stretch it.
+        from sim.engine import compute_op_times
+
+        self.op_times = compute_op_times
 
     def compute(self, op) -> float:
-        from workloads.trace import Unit
-
-        rate = (self.int8 if op.dtype == "int8" else self.mxu) \
-            * self.chip.mxu_fill(op.narrow_dim) if op.unit == Unit.MXU else self.vpu
-        return self.chip.op_overhead_s + max(op.flops / rate, op.hbm_bytes / self.hbm)
+        return self.chip.op_overhead_s + max(self.op_times(self.chip, op))
 
     def send(self, nbytes: float) -> float:
         if self.topology.num_slices > 1:
