@@ -90,6 +90,7 @@ class Case:
     # DATA_PARALLEL_OVERLAP flags; without them it blocks the next layer's backward.
     dp_allreduce: str = "blocking"
     vocab_tiling: int = 1  # MaxText's num_vocab_tiling (the Gemma-3 recipes: 16)
+    optimizer: str = "adam"  # MaxText's opt_type: adamw (every run but the 750B MoE) or sgd
 
     @property
     def low_quality(self) -> bool:
@@ -339,8 +340,9 @@ def load_cases(
             cf = float(moe.split("capacity_factor=")[1].split(",")[0])
         if cf:
             notes.append(f"MoE capacity factor {cf}, dense one-hot dispatch (simulated)")
-        if raw.get("other_settings", {}).get("opt_type", "").startswith("sgd"):
-            notes.append("SGD optimizer and bf16 weights (tpusim assumes Adam: memory only)")
+        sgd = raw.get("other_settings", {}).get("opt_type", "").startswith("sgd")
+        if sgd:
+            notes.append("SGD optimizer (simulated: no optimizer state) and bf16 weights")
         if raw["model"].get("learned_position_embedding_size"):
             notes.append("learned position embedding and biases not modelled")
         if source == "derived":
@@ -363,6 +365,7 @@ def load_cases(
             quality=quality, notes=tuple(notes), capacity_factor=float(cf) if cf else None,
             dp_allreduce=dp_allreduce,
             vocab_tiling=int(raw.get("other_settings", {}).get("num_vocab_tiling") or 1),
+            optimizer="sgd" if sgd else "adam",
         ))
         if quality != "low":
             counters[chip] += 1
@@ -387,7 +390,8 @@ def trace_config(case: Case) -> TrainingConfig:
     return TrainingConfig(seq_len=case.seq_len, batch_per_chip=case.batch_per_chip,
                           remat=case.remat, attention="flash",
                           moe=MoeConfig(capacity_factor=case.capacity_factor),
-                          dp_allreduce=case.dp_allreduce, vocab_tiling=case.vocab_tiling)
+                          dp_allreduce=case.dp_allreduce, vocab_tiling=case.vocab_tiling,
+                          optimizer=case.optimizer)
 
 
 def _trace(case: Case):
@@ -955,13 +959,15 @@ def _effects(good: list[Prediction]) -> list[str]:
     out.append(
         f"5. **Memory (no effect on step times).** {len(big)} usable runs exceed HBM in the "
         "simulator although they ran (" + ", ".join(
-            f"{m}: {p.hbm_peak_gb:.0f} GB" for m, p in seen.items()) + "). Two causes: "
-        "(a) with tensor parallelism the saved layer inputs are not divided over `tensor` "
-        "(128B on v5e keeps 64 layers x 32768 tokens x 10240 x 2 B = 43 GB of them per chip, on "
-        "a 16 GB chip); (b) tpusim's optimizer is Adam with f32 moments, while the 750B MoE "
-        "ran SGD with bf16 weights: its 2.95B parameters per chip (every weight sharded over "
-        "fsdp16 x expert16, as MaxText's rules shard them) take 29.5 GB of static state in "
-        "tpusim instead of 5.9 GB.")
+            f"{m}: {p.hbm_peak_gb:.0f} GB" for m, p in seen.items()) + "). With tensor "
+        "parallelism the saved layer inputs are not divided over `tensor` (the 405B with "
+        "tensor=4); the FSDP-only runs' peaks are their saved activations and logits at the "
+        "recipes' batch sizes (not investigated further here; the XLA programs' peaks are "
+        "checked in \"Peak HBM against XLA's compiled programs\" below). The 750B MoE ran "
+        "plain SGD with bf16 weights and is simulated so (`--optimizer sgd`: no optimizer "
+        "state): its 2.95B parameters per chip (every weight sharded over fsdp16 x expert16, "
+        "as MaxText's rules shard them) take 5.9 GB of static state, where Adam's fp32 moments "
+        "would add 23.6 GB.")
     out.extend(_gemma_effect(ids))
     return out
 
@@ -1130,7 +1136,8 @@ def render_doc(cases: list[Case], skips: list[Skip], preds: list[Prediction],
       "custom policy to one of `full`, `offload` and `minimal` instead.")
     w("* **Other settings**: flash attention (causal), tpusim's defaults for dtypes (bf16 "
       "weights gathered and bf16 gradients reduced, fp32 Adam moments), async FSDP gathers, "
-      "elementwise ops fused into their matmuls.")
+      "elementwise ops fused into their matmuls. The runs whose `opt_type` is `sgd` (the "
+      "custom 750B MoE) run `--optimizer sgd`: no optimizer state, a 2-FLOP update.")
     w("* **Measured step**: the logged step time; for the 2023 v5e table and the custom-model "
       "doc only MFU/TFLOP/s is published, and the step time is the reference's "
       "`implied_step_time_s` (era FLOP formula / (MFU x peak)).\n")

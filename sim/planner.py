@@ -53,6 +53,7 @@ class PlanConfig:
     param_dtypes: tuple[str, ...] = ("bf16",)
     grad_dtypes: tuple[str, ...] = ("bf16",)
     optimizer_dtypes: tuple[str, ...] = ("fp32",)
+    optimizer: str = "adam"  # the update rule of every candidate (not searched)
     max_tensor: int = 8
     max_data: int = 4
     max_sequence: int = 2
@@ -75,7 +76,9 @@ class PlanConfig:
             )
         if "fsdp" not in self.axes and "data" not in self.axes:
             raise TpusimError("--axes must include fsdp or data (the batch has to be split)")
-        from workloads.training import dtype_bytes, parse_remat
+        from workloads.training import dtype_bytes, parse_optimizer, parse_remat
+
+        parse_optimizer(self.optimizer)
 
         if not self.remat:
             raise TpusimError("--remat lists no policy; give e.g. full,minimal")
@@ -105,6 +108,7 @@ class Candidate:
     param_dtype: str
     grad_dtype: str
     optimizer_dtype: str
+    optimizer: str = "adam"
     placement: str = ""
     hbm_estimate_bytes: float = 0.0
 
@@ -115,7 +119,8 @@ class Candidate:
     def train_flags(self) -> list[str]:
         return ["--mesh", self.mesh_text, "--remat", self.remat,
                 "--microbatches", str(self.microbatches), "--param-dtype", self.param_dtype,
-                "--grad-dtype", self.grad_dtype, "--optimizer-dtype", self.optimizer_dtype]
+                "--grad-dtype", self.grad_dtype, "--optimizer-dtype", self.optimizer_dtype,
+                *(("--optimizer", self.optimizer) if self.optimizer != "adam" else ())]
 
 
 @dataclass(kw_only=True)
@@ -216,7 +221,8 @@ def enumerate_candidates(model, topology, chip, cfg: PlanConfig) -> tuple[list[C
             for mb in mbs:
                 tc = TrainingConfig(seq_len=cfg.seq_len, batch_per_chip=cfg.global_batch / n,
                                     remat=parse_remat(remat), microbatches=mb,
-                                    param_dtype=pd_, grad_dtype=gd, optimizer_dtype=od)
+                                    param_dtype=pd_, grad_dtype=gd, optimizer_dtype=od,
+                                    optimizer=cfg.optimizer)
                 try:
                     est = estimate_training_memory(model, LogicalMesh(axes=base), n, tc)
                 except TpusimError:
@@ -235,6 +241,7 @@ def enumerate_candidates(model, topology, chip, cfg: PlanConfig) -> tuple[list[C
                 for order, where in placements:
                     out.append(Candidate(mesh=order, remat=remat, microbatches=mb,
                                          param_dtype=pd_, grad_dtype=gd, optimizer_dtype=od,
+                                         optimizer=cfg.optimizer,
                                          placement=where, hbm_estimate_bytes=total))
     return out, counts
 

@@ -152,6 +152,23 @@ def test_memory_pruning_drops_only_what_cannot_fit(tiny_model):
     assert all(c.hbm_estimate_bytes <= chip.hbm_bytes for c in cands)
 
 
+def test_plan_optimizer_reaches_every_candidates_estimate_and_train_flags(tiny_model):
+    chip, topo = _pod()
+    model = load_model(tiny_model)
+    cfg = dict(seq_len=1024, global_batch=16, remat=("full",), microbatches=(1,),
+               axes=("fsdp",), placements=False)
+    adam, _ = enumerate_candidates(model, topo, chip, PlanConfig(**cfg))
+    sgd, _ = enumerate_candidates(model, topo, chip, PlanConfig(**cfg, optimizer="sgd"))
+    assert [c.mesh for c in sgd] == [c.mesh for c in adam]
+    for a, s in zip(adam, sgd, strict=True):
+        # No fp32 moments: 8 bytes per local parameter fewer in the memory estimate.
+        assert s.hbm_estimate_bytes < a.hbm_estimate_bytes
+        assert s.train_flags()[-2:] == ["--optimizer", "sgd"]
+        assert "--optimizer" not in a.train_flags()  # the default leaves the command as it was
+    with pytest.raises(TpusimError, match="--optimizer 'sgdd' is not a known optimizer"):
+        PlanConfig(**cfg, optimizer="sgdd")
+
+
 def test_every_microbatch_count_whose_estimate_fits_is_a_candidate(tiny_model):
     # The estimate is a lower bound of the simulated peak: a count that fits on paper may not
     # fit when simulated, so the larger counts must stay in the search, not only the fewest.

@@ -470,6 +470,30 @@ def test_static_bytes_follow_the_dtype_flags():
     assert wide.meta["static_breakdown"]["grads"] == pytest.approx(4 * p)
 
 
+def test_sgd_keeps_no_optimizer_state_and_its_update_moves_weights_and_gradients_only():
+    adam, _ = _step("fsdp=4", "2x2")
+    sgd, res = _step("fsdp=4", "2x2", optimizer="sgd")
+    p = sgd.meta["params_per_chip"]
+    assert sgd.meta["optimizer"] == "sgd" and adam.meta["optimizer"] == "adam"
+    # Adam's two fp32 moments (8 bytes per parameter) are gone; the bf16 params remain.
+    assert adam.meta["static_hbm_bytes"] - sgd.meta["static_hbm_bytes"] == pytest.approx(8 * p)
+    assert sgd.meta["static_breakdown"]["optimizer"] == 0
+    (upd,) = [o for o in sgd.ops if o.phase == "optimizer" and o.kind == OpKind.COMPUTE]
+    (aupd,) = [o for o in adam.ops if o.phase == "optimizer" and o.kind == OpKind.COMPUTE]
+    # w -= lr * g: read w and g, write w (2 + 2 + 2 bytes, 2 FLOPs) per parameter; Adam also
+    # reads and writes both moments (+16 bytes).
+    assert (upd.name, upd.flops, upd.hbm_bytes) == ("sgd_update", pytest.approx(2 * p),
+                                                    pytest.approx(6 * p))
+    assert aupd.hbm_bytes - upd.hbm_bytes == pytest.approx(16 * p)
+    assert res.hbm_peak_bytes < _step("fsdp=4", "2x2")[1].hbm_peak_bytes
+
+
+def test_an_unknown_optimizer_is_refused_with_the_known_ones():
+    with pytest.raises(TpusimError, match="--optimizer 'lion' is not a known optimizer; use one "
+                                          "of: adam, sgd"):
+        TrainingConfig(seq_len=128, batch_per_chip=1, optimizer="lion")
+
+
 def test_memory_table_starts_at_the_static_bytes_and_peak_covers_it():
     trace, res = _step("fsdp=4", "2x2")
     mem = res.memory

@@ -92,6 +92,39 @@ FSDP_GATHER_MODES = ("async", "windowed", "blocking", "mixed-async", "mixed-bloc
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
+class Optimizer(enum.StrEnum):
+    """The update rule, which decides the optimizer state kept per parameter and the update's
+    cost (the state's dtype is `--optimizer-dtype`)."""
+
+    # Two moments per parameter (tpu.md §4: bf16 params + two fp32 moments, 10 bytes per
+    # parameter); MaxText's default (adamw).
+    ADAM = "adam"
+    # Plain SGD, no state: w -= lr * g (optax.sgd without momentum; the custom 750B MoE runs of
+    # docs/reference/maxtext_runs.json used it, maxtext.md).
+    SGD = "sgd"
+
+    @property
+    def state_tensors(self) -> int:
+        """Parameter-sized tensors of optimizer state."""
+        return 2 if self is Optimizer.ADAM else 0
+
+    @property
+    def update_flops_per_param(self) -> int:
+        # Adam: both moments' EMAs, the bias corrections, sqrt, divide, weight decay and the step
+        # (~12 VPU ops per parameter); SGD: one multiply-add.
+        return 12 if self is Optimizer.ADAM else 2
+
+
+def parse_optimizer(text: str) -> Optimizer:
+    try:
+        return Optimizer(text)
+    except ValueError:
+        raise TpusimError(
+            f"--optimizer {short_repr(text)} is not a known optimizer; use one of: "
+            f"{', '.join(o.value for o in Optimizer)}"
+        ) from None
+
+
 def dtype_bytes(name: str, flag: str) -> float:
     try:
         return _DTYPE_BYTES[name.lower()]
@@ -113,6 +146,7 @@ class TrainingConfig:
     param_dtype: str = "bf16"
     grad_dtype: str = "bf16"
     optimizer_dtype: str = "fp32"
+    optimizer: Optimizer = Optimizer.ADAM
     overlap: bool = True
     fsdp_gather: str = "async"
     fuse_elementwise: bool = True
@@ -194,6 +228,8 @@ class TrainingConfig:
                 f"--virtual-stages {v} needs --pipeline-schedule interleaved (gpipe and 1f1b "
                 f"hold one chunk of layers per stage); drop it or switch the schedule"
             )
+        if not isinstance(self.optimizer, Optimizer):
+            parse_optimizer(self.optimizer)
         for flag, v in (("--param-dtype", self.param_dtype), ("--grad-dtype", self.grad_dtype),
                         ("--optimizer-dtype", self.optimizer_dtype)):
             dtype_bytes(v, flag)
@@ -331,7 +367,7 @@ def estimate_training_memory(
     `activation_bytes_estimate`. Raises the compiler's errors for a mesh that cannot run."""
     c = _compiler(model, mesh, num_chips, config)
     p_local = c.local_params()
-    return {"static_bytes": p_local * (c.wb + 2 * c.ob),
+    return {"static_bytes": p_local * (c.wb + c.state_bytes_per_param),
             "activations_bytes": c.activation_peak()}
 
 
@@ -485,6 +521,9 @@ class _Compiler:
         self.wb = dtype_bytes(cfg.param_dtype, "--param-dtype")
         self.gb = dtype_bytes(cfg.grad_dtype, "--grad-dtype")
         self.ob = dtype_bytes(cfg.optimizer_dtype, "--optimizer-dtype")
+        self.opt = Optimizer(cfg.optimizer)
+        # Optimizer state per parameter (the moments, in --optimizer-dtype).
+        self.state_bytes_per_param = self.opt.state_tensors * self.ob
         self.act = 2.0  # activations in bf16
         # Router skew and capacity (workloads/moe.py): a routing group is one sequence's local
         # shard, as MaxText computes expert capacity per sequence.
@@ -1437,15 +1476,16 @@ class _Compiler:
                         self.norm_grad_bytes(), [prev_compute], -1, "bwd")
         if nrm is not None:
             last_grad_ops.append(nrm)
-        # Adam on the local parameter shard (tpu.md §4: bf16 params + fp32 moments).
+        # The update on the local parameter shard: reads the weights, the gradients and the
+        # state, writes the weights and the state (Adam: tpu.md §4, bf16 params + fp32 moments).
         p_local = self.local_params()
-        upd = self.vpu("adam_update", 12 * p_local,
-                       p_local * (2 * self.wb + self.gb + 4 * self.ob), [prev_compute] +
-                       last_grad_ops, -1, "optimizer")
+        upd = self.vpu(f"{self.opt.value}_update", self.opt.update_flops_per_param * p_local,
+                       p_local * (2 * self.wb + self.gb + 2 * self.state_bytes_per_param),
+                       [prev_compute] + last_grad_ops, -1, "optimizer")
         self.mem(upd, G.GRADIENTS, -max(p_local * self.gb, grads_allocated))
         # Parameters and optimizer state are the program's (donated) arguments, resident for the
         # whole step; gradients are temporaries of the backward pass, as in XLA's program.
-        static = p_local * (self.wb + 2 * self.ob)
+        static = p_local * (self.wb + self.state_bytes_per_param)
         meta = self.meta(p_local, static)
         return Trace(mesh=self.mesh, ops=tuple(b.ops), meta=meta)
 
@@ -1759,17 +1799,18 @@ class _Compiler:
                if self.routing is not None else {}),
             "overlap": cfg.overlap,
             "fsdp_gather": cfg.fsdp_gather,
+            "optimizer": str(self.opt),
             "fuse_elementwise": cfg.fuse_elementwise,
             "tp_activations": cfg.tp_activations,
             "tp_comm": cfg.tp_comm,
             "params_per_chip": p_local,
             "static_hbm_bytes": static,
             "static_composition": {"params": p_local * self.wb,
-                                   "optimizer": p_local * 2 * self.ob},
+                                   "optimizer": p_local * self.state_bytes_per_param},
             "static_breakdown": {
                 "params": p_local * self.wb,
                 "grads": p_local * self.gb,
-                "optimizer": p_local * 2 * self.ob,
+                "optimizer": p_local * self.state_bytes_per_param,
             },
             "activation_bytes_estimate": act_peak,
             # The tensors the first layer keeps for its backward (per chip, one microbatch).

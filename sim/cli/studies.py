@@ -99,6 +99,7 @@ def plan_config(args: argparse.Namespace):
         param_dtypes=_list(args.param_dtype, "--param-dtype"),
         grad_dtypes=_list(args.grad_dtype, "--grad-dtype"),
         optimizer_dtypes=_list(args.optimizer_dtype, "--optimizer-dtype"),
+        optimizer=args.optimizer,
         max_tensor=args.max_tensor, max_data=args.max_data, max_sequence=args.max_sequence,
         max_pipeline=args.max_pipeline, max_expert=args.max_expert,
         placements=not args.default_placement,
@@ -236,6 +237,8 @@ def _register_plan(sub, name: str) -> None:
     g.add_argument("--grad-dtype", default="bf16", help="allowed gradient dtypes (default bf16)")
     g.add_argument("--optimizer-dtype", default="fp32",
                    help="allowed optimizer-state dtypes (default fp32)")
+    g.add_argument("--optimizer", default="adam",
+                   help="the update rule of every candidate: adam (default) or sgd")
 
 
 def register(sub) -> None:

@@ -44,7 +44,10 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
                    help="gradient accumulation steps")
     p.add_argument("--param-dtype", default="bf16")
     p.add_argument("--grad-dtype", default="bf16")
-    p.add_argument("--optimizer-dtype", default="fp32")
+    p.add_argument("--optimizer-dtype", default="fp32",
+                   help="dtype of the optimizer state (default fp32)")
+    p.add_argument("--optimizer", default="adam",
+                   help="adam (default: two moments per parameter) or sgd (no state)")
     p.add_argument("--pipeline-schedule", default=None,
                    help="gpipe, 1f1b (default with a pipeline axis) or interleaved; every "
                         "stage's chips run its passes on the per-chip engine (needs pipeline=P "
@@ -93,7 +96,7 @@ def _compile(args: argparse.Namespace, num_chips: int, moe=None, chip=None):
 def compile_inputs(args: argparse.Namespace, moe=None, chip=None):
     """(model, LogicalMesh, TrainingConfig) that `_compile` compiles (the same arguments)."""
     from topologies.mesh import parse_mesh
-    from workloads.training import TrainingConfig, parse_remat
+    from workloads.training import TrainingConfig, parse_optimizer, parse_remat
 
     model = cli.resolve_model(args)
     mesh = parse_mesh(args.mesh, args.dcn, args.axis_map)
@@ -106,6 +109,7 @@ def compile_inputs(args: argparse.Namespace, moe=None, chip=None):
         param_dtype=args.param_dtype,
         grad_dtype=args.grad_dtype,
         optimizer_dtype=args.optimizer_dtype,
+        optimizer=parse_optimizer(args.optimizer),
         overlap=not args.no_overlap,
         fsdp_gather=args.fsdp_gather,
         fuse_elementwise=not args.no_fusion,
