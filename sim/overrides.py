@@ -18,6 +18,7 @@ from typing import Any
 
 from sim.hardware import CHIP_BOOL_FIELDS, CHIP_FIELDS, WRAP_RULES, ChipSpec
 from topologies.errors import TpusimError
+from topologies.validate import MAX_MODEL_DIM, short_repr
 from workloads.models import MODEL_FIELDS, MlpKind, TransformerSpec
 
 # The groups of keys a command can accept (`scope`); each command lists the ones it simulates.
@@ -329,6 +330,11 @@ def _parse_model(key: str, value: Any) -> Override:
         return Override(key=key, given=value, multiplier=mult)
     v = _number(key, field, value)
     _check_range(key, v, zero_ok=field in _MODEL_INT_ZERO_OK, integer=True)
+    if v > MAX_MODEL_DIM:
+        # Refused here, with the text given: past 2^53 the float no longer holds the integer
+        # written (a 40-digit value came back as 10000000000000000303786028427003666890752).
+        raise TpusimError(f"--set {key}={short_repr(value)}: over the limit of "
+                          f"{MAX_MODEL_DIM:,} of every model size; give a smaller value")
     return Override(key=key, given=value, value=int(v))
 
 

@@ -5,7 +5,8 @@ A case is a dict: `argv` (strings; `{tmp}` stands for the case's scratch directo
 (name -> text, or `{"parts": [[text, times], ...]}` for big inputs, `{"trace": {"set": ...}}`
 for a patched copy of a tiny training trace (see `patched_trace`), `{"result": {"set": ...}}`
 for a patched collective result (`base_result`), `{"hlo": {"replace": [[old, new], ...]}}` for
-an edited compiled HLO module (`base_hlo`),
+an edited compiled HLO module (`base_hlo`; `"fixture"` names another module of
+tests/fixtures/hlo than the default windowed einsum),
 or `{"fifo": true}` / `{"symlink": target}` for special output targets), and `expect`: `"ok"`
 (must exit 0), `"error"` (must be a one-line error, exit 2) or `"any"` (either). The verdict is a
 list of problems: empty means the run behaved.
@@ -46,8 +47,11 @@ SWEEP = ["serve-sweep", *POD, "--model", "{tmp}/tiny.yaml", "--context-len", "12
 PLAN = ["plan", *POD, "--model", "{tmp}/tiny.yaml", "--seq-len", "128", "--global-batch", "4",
         "--workers", "1", "--out", "", "--axes", "data,fsdp", "--remat", "full",
         "--microbatches", "1"]
-HLO_FIXTURE = Path(__file__).resolve().parent / "fixtures" / "hlo" / \
-    "spmd_windowed_einsum_v5e16.hlo.txt.gz"
+HLO_DIR = Path(__file__).resolve().parent / "fixtures" / "hlo"
+HLO_FIXTURE_NAME = "spmd_windowed_einsum_v5e16"
+# A module with TPU "all-reduce-scatter" fusions (an all-reduce whose result is dynamic-sliced:
+# run as a reduce-scatter), the surface `gen_hlo_scatter` mutates.
+HLO_SCATTER_FIXTURE = "train_fsdp_tp_v5e16"
 
 
 def load_corpus() -> list[dict[str, Any]]:
@@ -75,7 +79,7 @@ def materialize(case: dict[str, Any], tmp: Path) -> list[str]:
         elif isinstance(content, dict) and "trace" in content:
             p.write_text(patched_trace(content["trace"]), encoding="utf-8")
         elif isinstance(content, dict) and "hlo" in content:
-            text = base_hlo()
+            text = base_hlo(content["hlo"].get("fixture", HLO_FIXTURE_NAME))
             for old, new in content["hlo"]["replace"]:
                 assert old in text, old  # the corpus case still mutates something
                 text = text.replace(old, new, 1)
@@ -127,11 +131,20 @@ def base_result() -> str:
     return _BASE_RESULT[0]
 
 
-def base_hlo() -> str:
-    """The text of a small compiled HLO module (a windowed einsum on a 16-chip v5e)."""
+_HLO_TEXT: dict[str, str] = {}
+
+
+def base_hlo(name: str = HLO_FIXTURE_NAME) -> str:
+    """The text of a compiled HLO module of tests/fixtures/hlo (default: a small windowed
+    einsum on a 16-chip v5e)."""
     import gzip
 
-    return gzip.decompress(HLO_FIXTURE.read_bytes()).decode("utf-8")
+    if name not in _HLO_TEXT:
+        if not name.replace("_", "").isalnum():
+            raise ValueError(f"not a fixture name: {name!r}")
+        _HLO_TEXT[name] = gzip.decompress((HLO_DIR / f"{name}.hlo.txt.gz").read_bytes()).decode(
+            "utf-8")
+    return _HLO_TEXT[name]
 
 
 def patched_trace(patch: dict[str, Any]) -> str:

@@ -422,3 +422,46 @@ def test_a_stray_character_is_a_one_line_error_with_its_line():
     m = parse_hlo("HloModule m\n\nENTRY %main () -> f32[] {\n  ROOT %c = f32[] constant(1)\n}"
                   "\n// done\n  \n")
     assert m.entry == "main"
+
+
+# -- TPU all-reduce-scatter fusions (harden3) ---------------------------------------------------
+def _scatter_module(kept_rows: int, groups: str = "{{0,1},{2,3}}") -> str:
+    """An all-reduce of bf16[10,4] over `groups` whose fusion ROOT dynamic-slices `kept_rows`
+    rows of the result (5 of 10 with groups of 2: one member's share, a reduce-scatter)."""
+    return module(ADD.replace("f32", "bf16") + f"""
+%all-reduce-scatter (input: bf16[10,4]) -> bf16[{kept_rows},4] {{
+  %input = bf16[10,4]{{1,0}} parameter(0)
+  %ar = bf16[10,4]{{1,0}} all-reduce(%input), channel_id=3, replica_groups={groups}, use_global_device_ids=true, to_apply=%add
+  %i = u32[] partition-id()
+  %c = u32[] constant(0)
+  ROOT %ds = bf16[{kept_rows},4]{{1,0}} dynamic-slice(%ar, %i, %c), dynamic_slice_sizes={{{kept_rows},4}}
+}}
+
+ENTRY %main (p: bf16[10,4]) -> bf16[{kept_rows},4] {{
+  %p = bf16[10,4]{{1,0}} parameter(0)
+  ROOT %f = bf16[{kept_rows},4]{{1,0}} fusion(%p), kind=kCustom, calls=%all-reduce-scatter
+}}""")
+
+
+@pytest.mark.parametrize("kept_rows, kind", [(5, "reduce-scatter"), (10, "all-reduce"),
+                                             (2, "all-reduce"), (1, "all-reduce")])
+def test_an_all_reduce_scatter_fusion_is_a_reduce_scatter_only_when_it_keeps_one_share(
+        v5e, topo, kept_rows, kind):
+    # Groups of 2: keeping 5 of the 10 all-reduced rows is one member's share (a ring
+    # reduce-scatter); keeping all of them, or 2 or 1, is an all-reduce whose result is cut,
+    # and a warning says so. Either way the collective moves the whole 10x4 bf16 operand.
+    imp = import_hlo(_scatter_module(kept_rows), topology=topo(v5e, "2x2"), source="t")
+    (op,) = [o for o in imp.trace.ops if o.kind == OpKind.COLLECTIVE]
+    assert (op.collective, op.bytes) == (kind, 10 * 4 * 2)
+    warned = [w for w in imp.warnings if "all-reduce-scatter" in w]
+    assert bool(warned) == (kind == "all-reduce")
+    if warned:
+        assert f"keeps {kept_rows * 4:,} of 40 elements, not 1/2" in warned[0]
+
+
+def test_an_all_reduce_scatter_with_bad_iota_groups_names_the_file_and_the_instruction(v5e,
+                                                                                       topo):
+    with pytest.raises(TpusimError, match=r"^t: ar: replica_groups='\[2,3\]<=\[4\]': .* "
+                                          r"recompile the program or restore the file$"):
+        import_hlo(_scatter_module(5, groups="[2,3]<=[4]"), topology=topo(v5e, "2x2"),
+                   source="t")

@@ -95,6 +95,11 @@ def parse_axis_map(text: str | None) -> tuple[tuple[str, tuple[tuple[str, int], 
     A bare axis letter takes whatever is left of that axis."""
     if not text:
         return ()
+    if not text.replace(",", "").strip():
+        raise TpusimError(
+            f"--axis-map {short_repr(text)} places no axis; write e.g. tensor=x,fsdp=y+z, or "
+            f"leave --axis-map out for the automatic placement"
+        )
     out = []
     for part in text.split(","):
         part = part.strip()
@@ -126,11 +131,14 @@ def parse_axis_map(text: str | None) -> tuple[tuple[str, tuple[tuple[str, int], 
                     f"use x, y or z "
                     f"(optionally x:4 for 4 chips of x)"
                 )
-            try:
-                k = int(size) if size else 0
-            except ValueError:
-                raise TpusimError(f"--axis-map {short_repr(text)}: {short_repr(f)} has a "
-                                  f"non-integer size") from None
+            # ASCII digits only (int() also reads a full-width "１"), at most 9 of them (a
+            # torus axis has at most 4,096 chips).
+            if size and not (size.isascii() and size.isdigit() and len(size) <= 9) \
+                    and not (size.startswith("-") and size[1:].isascii() and size[1:].isdigit()):
+                raise TpusimError(f"--axis-map {short_repr(text)}: {short_repr(f)} has a size "
+                                  f"that is not a whole number of at most 9 ASCII digits; write "
+                                  f"e.g. x:4")
+            k = int(size) if size else 0
             if size and k < 1:
                 raise TpusimError(f"--axis-map {short_repr(text)}: {short_repr(f)} must take "
                                   f"at least 1 chip")
@@ -280,6 +288,14 @@ def _explicit(mesh: LogicalMesh, topology: Topology) -> dict[str, AxisPlacement]
                     f"{'x'.join(map(str, topology.shape))} torus does not have"
                 )
             left = shape[axis] // used[axis]
+            if not k and left == 1 and shape[axis] > 1:
+                # A bare letter takes what is left of the axis; nothing left is a typo
+                # (`fsdp=x+x`), not a factor of one chip.
+                raise TpusimError(
+                    f"--axis-map puts {name} on axis {axis}, but all {shape[axis]} chips of "
+                    f"{axis} are already placed; name each physical axis once per mesh axis "
+                    f"(or split it, e.g. tensor=x:2,fsdp=x:2+y)"
+                )
             take = k or left
             if take > left or left % take:
                 raise TpusimError(

@@ -149,7 +149,11 @@ def int_flag(flag: str, *, lo: int = 1, hi: int):
     def _parse_int(text: str) -> int:
         t = str(text).strip()
         if not _looks_int(t):
-            what = "too large" if t.lstrip("+-").isdigit() else "not a whole number"
+            # `isdigit` is true of full-width and other Unicode digits too (`１`): those are
+            # not "too large", they are not ASCII.
+            digits = t.lstrip("+-").isdigit()
+            what = ("too large" if t.isascii() else "not written in ASCII digits") if digits \
+                else "not a whole number"
             raise TpusimError(f"{flag} {short_repr(text)} is {what}; give a whole number in "
                               f"[{lo:,}, {hi:,}]")
         v = int(t)

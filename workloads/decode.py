@@ -650,6 +650,16 @@ class _InferenceCompiler:
         }
 
 
+def _check_sampling(model: TransformerSpec, cfg: DecodeConfig) -> None:
+    """Top-k sampling needs at least k logits to choose among."""
+    if cfg.sampling == "top-k" and model.vocab_size < _SAMPLE_TOP_K:
+        raise TpusimError(
+            f"--sampling top-k draws among the {_SAMPLE_TOP_K} largest logits, but model "
+            f"{model.name!r} has vocab_size={model.vocab_size}, fewer than {_SAMPLE_TOP_K}; "
+            f"use --sampling greedy, or a vocabulary of at least {_SAMPLE_TOP_K} tokens"
+        )
+
+
 def compile_decode_step(model: TransformerSpec, mesh: LogicalMesh, num_chips: int,
                         cfg: DecodeConfig) -> Trace:
     """The SPMD program of one decode step: every sequence of the batch emits one token.
@@ -662,6 +672,7 @@ def compile_decode_step(model: TransformerSpec, mesh: LogicalMesh, num_chips: in
         cfg: batch, context length and dtypes.
     """
     cfg.moe.check_model(model)
+    _check_sampling(model, cfg)
     lay = _layout(model, mesh, num_chips, cfg.batch)
     plan = memory_plan(model, mesh, num_chips, cfg)
     c = _InferenceCompiler(model, mesh, num_chips, cfg, lay)
@@ -682,6 +693,7 @@ def compile_prefill(model: TransformerSpec, mesh: LogicalMesh, num_chips: int,
     if cfg.prompt_len is None:
         raise TpusimError("prefill needs --prompt-len (prompt tokens per sequence)")
     cfg.moe.check_model(model)
+    _check_sampling(model, cfg)
     lay = _layout(model, mesh, num_chips, cfg.batch)
     plan = memory_plan(model, mesh, num_chips, cfg)
     c = _InferenceCompiler(model, mesh, num_chips, cfg, lay)

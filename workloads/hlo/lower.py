@@ -411,6 +411,15 @@ class _Lowerer:
             self._group_axes[gid] = (label, exact)
         return gid
 
+    def groups_of(self, ins: Instruction) -> list[list[int]]:
+        """The device groups of a collective's `replica_groups` (errors name the file and the
+        instruction)."""
+        try:
+            return replica_groups(ins.attrs.get("replica_groups", "{}"), self.n_dev)
+        except TpusimError as exc:
+            raise TpusimError(f"{self.source}: {ins.name}: {exc}; recompile the program or "
+                              f"restore the file") from None
+
     def collective(self, comp: Computation, ins: Instruction, deps: frozenset[int],
                    name: str | None = None, kind: str | None = None) -> int | None:
         """Emit a collective op for `ins` (as `kind` if given); None if it moves nothing
@@ -434,7 +443,7 @@ class _Lowerer:
             nbytes = float(in_bytes)
             size = 2
         else:
-            groups = replica_groups(ins.attrs.get("replica_groups", "{}"), n)
+            groups = self.groups_of(ins)
             sizes = {len(g) for g in groups}
             flat = [d for g in groups for d in g]
             bad = [d for d in flat if not 0 <= d < n]
@@ -790,6 +799,19 @@ class _Lowerer:
         # it runs as one ring reduce-scatter of the same operand.
         scatter = (c.opcode == "all-reduce" and root.opcode == "dynamic-slice"
                    and root.operands[:1] == (c.name,))
+        if scatter:
+            # It is a reduce-scatter only if the slice keeps one group member's share: 1/N of
+            # the all-reduced elements. Any other slice is an all-reduce whose result is then
+            # cut (costed as the all-reduce it runs).
+            groups = self.groups_of(c)
+            size = len(groups[0]) if groups else 1
+            kept, total = root.shape.num_elements, c.shape.num_elements
+            scatter = not root.shape.is_tuple and not c.shape.is_tuple and kept * size == total
+            if not scatter:
+                self.warnings.append(
+                    f"{ins.name}: its all-reduce-scatter keeps {kept:,} of {total:,} elements, "
+                    f"not 1/{size} (one member's share of the groups of {size}); costed as an "
+                    f"all-reduce")
         i = self.collective(fused, c, deps, name=ins.name,
                             kind="reduce-scatter" if scatter else None)
         return out | ({i} if i is not None else set())
