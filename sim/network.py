@@ -8,9 +8,12 @@ that class, so simulating the representative's transfers against class resources
 
 * A *batch* is one step of a collective: a set of transfers (bytes, path) that start together.
   It first waits its latency (hops x per-hop latency, the pipeline fill of a cut-through
-  transfer), then its bytes drain. Transfers that share a link share its bandwidth in
-  proportion to their bytes (so they drain together); a batch progresses at the pace of its most
-  loaded link and holds its links until it completes.
+  transfer), then its bytes drain. All of a batch's transfers drain at one speed (a fraction
+  of their bytes per second), set by weighted max-min fairness (progressive filling): batches
+  whose bottleneck is the same link split it in proportion to their bytes (so they drain
+  together), and a batch held back elsewhere (by a busier link, or a compute op by its FLOPs,
+  `max_speed`) leaves the bandwidth it cannot use to the others. A batch holds its links until
+  it completes.
 * Rates are recomputed only when a batch starts draining or completes, so the cost is per step,
   not per byte or per packet.
 """
@@ -149,19 +152,9 @@ class FluidNetwork:
         if not self._active:
             return
         entries = list(self._active.values())
-        # Weighted fair sharing: a link's bandwidth is split in proportion to the bytes each
-        # transfer puts on it, so every transfer on a link drains at the same fraction per
-        # second, and a batch finishes when its most loaded link has drained.
-        res_all = np.concatenate([e[0].res for e in entries])
-        w_all = np.concatenate([e[4] for e in entries])
-        load = np.bincount(res_all, weights=w_all, minlength=self.num_resources)
-        self._in_use = load > 0
-        pace = np.divide(
-            self.capacity, load, out=np.full(self.num_resources, np.inf), where=load > 0
-        )  # fraction of every transfer's bytes per second on each link
+        speeds, self._in_use = self._max_min_speeds(entries)
         next_dt = np.inf
-        for e in entries:
-            speed = min(float(np.min(pace[e[0].res])), e[0].max_speed)
+        for e, speed in zip(entries, speeds, strict=True):
             e[2] = speed
             next_dt = min(next_dt, e[1] / speed)
         self._version += 1
@@ -175,6 +168,55 @@ class FluidNetwork:
             next_dt = 4 * math.ulp(now)
         timer = self.env.timeout(max(next_dt, 0.0))
         timer.callbacks.append(lambda _ev: self._on_timer(version))
+
+    def _max_min_speeds(self, entries: list) -> tuple[list[float], np.ndarray]:
+        """Every active batch's speed (fraction of its bytes per second) by weighted max-min
+        fairness, and which resources carry bytes.
+
+        Progressive filling: all unfrozen batches raise one common speed until a resource is
+        full (its capacity left over by frozen batches, over the unfrozen batches' bytes on it)
+        or a batch reaches its `max_speed`; those batches freeze at that speed, and the rest go
+        on with what is left. Transfers that share a bottleneck still drain together (a link's
+        bandwidth is split in proportion to their bytes), but a batch held back elsewhere (a
+        collective paced by its ICI link class, a compute op by its FLOPs) leaves the bandwidth
+        it cannot use to the others. When every batch's bottleneck is one resource, the first
+        round freezes all at capacity / load, as proportional sharing does.
+        `SmallFluidNetwork._max_min_speeds` is this, operation for operation, on Python floats.
+        """
+        counts = [len(e[0].res) for e in entries]
+        res_all = np.concatenate([e[0].res for e in entries])
+        w_all = np.concatenate([e[4] for e in entries])
+        owner = np.repeat(np.arange(len(entries)), counts)
+        cap_max = np.array([e[0].max_speed for e in entries], dtype=float)
+        speed = np.zeros(len(entries))
+        unfrozen = np.ones(len(entries), dtype=bool)
+        cap_left = self.capacity
+        level = 0.0
+        in_use = None
+        while True:
+            hop = unfrozen[owner]
+            load = np.bincount(res_all[hop], weights=w_all[hop], minlength=self.num_resources)
+            if in_use is None:
+                in_use = load > 0
+            fill = np.divide(cap_left, load, out=np.full(self.num_resources, np.inf),
+                             where=load > 0)  # common speed at which each resource is full
+            lam = max(min(float(np.min(fill)), float(np.min(cap_max[unfrozen]))), level)
+            if lam == math.inf:
+                speed[unfrozen] = lam
+                break
+            full = (load > 0) & (fill <= lam)
+            hit = hop & full[res_all] & (w_all > 0)
+            now = unfrozen & ((cap_max <= lam)
+                              | (np.bincount(owner[hit], minlength=len(entries)) > 0))
+            speed[now] = lam
+            unfrozen &= ~now
+            if not unfrozen.any():
+                break
+            hop = now[owner]
+            cap_left = cap_left - np.bincount(res_all[hop], weights=w_all[hop],
+                                              minlength=self.num_resources) * lam
+            level = lam  # float rounding must not let a later round fall below this one
+        return speed.tolist(), in_use
 
     def _on_timer(self, version: int) -> None:
         if version != self._version:
@@ -312,21 +354,10 @@ class SmallFluidNetwork(FluidNetwork):
             self._used = []
             return
         entries = list(active.values())
-        # np.bincount's sums: per resource, 0.0 plus every hop's bytes in entry order.
-        load: dict[int, float] = {}
-        for e in entries:
-            for r, x in zip(e[4], e[5], strict=True):
-                load[r] = load.get(r, 0.0) + x
-        cap = self._cap
-        self._used = [r for r, x in load.items() if x > 0]
-        # pace = capacity / load, infinite where nothing is loaded (a zero-byte hop)
-        pace = {r: cap[r] / x if x > 0 else math.inf for r, x in load.items()}
+        self._max_min_speeds(entries)
         next_dt = math.inf
         for e in entries:
-            res = e[4]
-            speed = min(pace[res[0]] if len(res) == 1 else min(pace[r] for r in res), e[0])
-            e[2] = speed
-            next_dt = min(next_dt, e[1] / speed)
+            next_dt = min(next_dt, e[1] / e[2])
         self._version += 1
         version = self._version
         now = self.env.now
@@ -336,3 +367,47 @@ class SmallFluidNetwork(FluidNetwork):
             next_dt = 4 * math.ulp(now)
         timer = self.env.timeout(max(next_dt, 0.0))
         timer.callbacks.append(lambda _ev: self._on_timer(version))
+
+    def _max_min_speeds(self, entries: list) -> None:  # type: ignore[override]
+        """`FluidNetwork._max_min_speeds` on Python floats: the same sums (np.bincount's: per
+        resource, 0.0 plus every hop's bytes in entry order), divisions and minima, so the same
+        speeds to the last bit. Sets each entry's speed and `_used`."""
+        cap = self._cap
+        cap_left: dict[int, float] = {}  # capacity left by frozen batches (absent: all of it)
+        level = 0.0
+        unfrozen = entries
+        first = True
+        while True:
+            load: dict[int, float] = {}
+            for e in unfrozen:
+                for r, x in zip(e[4], e[5], strict=True):
+                    load[r] = load.get(r, 0.0) + x
+            if first:
+                self._used = [r for r, x in load.items() if x > 0]
+                first = False
+            fill = {r: cap_left.get(r, cap[r]) / x for r, x in load.items() if x > 0}
+            lam = max(min(min(fill.values(), default=math.inf), min(e[0] for e in unfrozen)),
+                      level)
+            if lam == math.inf:
+                for e in unfrozen:
+                    e[2] = lam
+                return
+            full = {r for r, f in fill.items() if f <= lam}
+            now, rest = [], []
+            for e in unfrozen:
+                if e[0] <= lam or any(r in full and x > 0 for r, x in zip(e[4], e[5],
+                                                                            strict=True)):
+                    e[2] = lam
+                    now.append(e)
+                else:
+                    rest.append(e)
+            if not rest:
+                return
+            took: dict[int, float] = {}
+            for e in now:
+                for r, x in zip(e[4], e[5], strict=True):
+                    took[r] = took.get(r, 0.0) + x
+            for r, x in took.items():
+                cap_left[r] = cap_left.get(r, cap[r]) - x * lam
+            level = lam
+            unfrozen = rest

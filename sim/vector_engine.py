@@ -521,8 +521,9 @@ class VectorRun:
 
     def _fluid_set(self, v: _Vec):
         """Memo per (kind, active batches in admission order): the load of every resource
-        (summed in FluidNetwork's bincount order), which resources are in use, and per batch
-        (batch, its link-class pace, whether it uses HBM, its max-speed array name or None)."""
+        (summed in FluidNetwork's bincount order), which resources are in use, the loaded
+        resources' indices, every batch's bytes on each of those ([batch, resource]), and per
+        batch its max-speed array name (compute ops) or None (collectives)."""
         key = (v.kind.id, tuple(v.fluid))
         m = self._fluid_memo.get(key)
         if m is not None:
@@ -538,15 +539,11 @@ class VectorRun:
         load = np.bincount(np.concatenate(res_all), weights=np.concatenate(w_all),
                            minlength=NRES)
         pos = load > 0
-        pace_l = np.divide(self.cap, load[:NUM_CLASSES], out=np.full(NUM_CLASSES, np.inf),
-                           where=pos[:NUM_CLASSES])
-        per = []
-        for b, res in zip(v.fluid, res_all, strict=True):
-            links = res[res < HBM]
-            sp_l = float(np.min(pace_l[links])) if len(links) else math.inf
-            per.append((b, sp_l, bool((res == HBM).any()),
-                        f"m{b}" if self.ops[b].kind != OpKind.COLLECTIVE else None))
-        m = self._fluid_memo[key] = (load, pos, per)
+        used = np.flatnonzero(pos)
+        w = np.stack([np.bincount(r, weights=x, minlength=NRES)[used]
+                      for r, x in zip(res_all, w_all, strict=True)])
+        names = [f"m{b}" if self.ops[b].kind != OpKind.COLLECTIVE else None for b in v.fluid]
+        m = self._fluid_memo[key] = (load, pos, used, w, names)
         return m
 
     def _resched(self, v: _Vec, t) -> list[int]:
@@ -561,16 +558,10 @@ class VectorRun:
         if not v.fluid:
             a["ft"] = np.full(len(t), np.inf)
             return fin
-        load, pos, per = self._fluid_set(v)
-        pace_h = v.kind.hbm0 * a["s"] / load[HBM] if pos[HBM] else None
+        speed = self._max_min_speeds(v, len(t))
         nxt = None
-        for b, sp_l, uses_hbm, mname in per:
-            if uses_hbm and pace_h is not None:
-                sp = np.minimum(sp_l, pace_h)
-            else:
-                sp = np.full(len(t), sp_l)
-            if mname is not None:
-                sp = np.minimum(sp, a[mname])
+        for i, b in enumerate(v.fluid):
+            sp = speed[i]
             a[f"v{b}"] = sp
             q = a[f"r{b}"] / sp
             nxt = q if nxt is None else np.minimum(nxt, q)
@@ -581,6 +572,44 @@ class VectorRun:
             nxt = np.where(tiny, 4 * np.spacing(t), nxt)
         a["ft"] = t + np.maximum(nxt, 0.0)
         return fin
+
+    def _max_min_speeds(self, v: _Vec, nc: int) -> np.ndarray:
+        """`FluidNetwork._max_min_speeds` (progressive filling) for every chip of the vector at
+        once: [batch, chip] speeds. Chips freeze their batches in their own order (their HBM
+        and their compute ops' caps scale with their speed); every chip gets the same sums,
+        divisions and minima as its own `SmallFluidNetwork` would do."""
+        a = v.a
+        _load, _pos, used, w, names = self._fluid_set(v)
+        nb = len(names)
+        cap_left = np.empty((len(used), nc))
+        for k, r in enumerate(used):
+            cap_left[k] = v.kind.hbm0 * a["s"] if r == HBM else self.cap[r]
+        cap_max = np.stack([a[m] if m is not None else np.full(nc, np.inf) for m in names])
+        speed = np.zeros((nb, nc))
+        unfrozen = np.ones((nb, nc), dtype=bool)
+        level = np.zeros(nc)
+        wpos = w > 0
+        while True:
+            load = np.zeros((len(used), nc))
+            for i in range(nb):  # np.bincount's order: 0.0 plus each batch's bytes in turn
+                load = load + np.where(unfrozen[i], w[i][:, None], 0.0)
+            loaded = load > 0
+            fill = np.divide(cap_left, load, out=np.full(load.shape, np.inf), where=loaded)
+            lam = np.maximum(np.minimum(fill.min(axis=0),
+                                        np.where(unfrozen, cap_max, np.inf).min(axis=0)), level)
+            full = loaded & (fill <= lam)
+            now = unfrozen & ((cap_max <= lam) | (wpos[:, :, None] & full[None]).any(axis=1))
+            speed = np.where(now, lam, speed)
+            unfrozen &= ~now
+            if not unfrozen.any():
+                return speed
+            took = np.zeros((len(used), nc))
+            for i in range(nb):
+                took = took + np.where(now[i], w[i][:, None], 0.0)
+            # A chip whose batches all froze at an infinite speed is done: nothing to take.
+            finite = np.isfinite(lam)
+            cap_left = cap_left - took * np.where(finite, lam, 0.0)
+            level = np.where(finite, lam, level)
 
     # -- ops --------------------------------------------------------------------------------
     def _core_done(self, v: _Vec, op: int, t) -> None:

@@ -156,3 +156,41 @@ def test_vector_classes_with_a_dead_link_equal_the_class_engine():
     assert vec.sim_events == cls.sim_events
     assert any("dead" in link for seg in vec.critical_path for link in seg["links"]) == \
         any("dead" in link for seg in cls.critical_path for link in seg["links"])
+
+
+def test_a_compute_op_beside_a_link_bound_gather_runs_at_its_mxu_time_on_every_engine():
+    # A 1 GiB all-gather over 4 chips is paced by its links (~9 ms) and draws ~22% of HBM; a
+    # matmul of 1 ms of FLOPs beside it streams 0.5 ms worth of HBM bytes (it needs 50%). With
+    # max-min sharing the gather leaves the HBM it cannot use, so the matmul takes exactly its
+    # MXU time, 1 ms / speed, on each chip (chip 3 at 0.6: 60% of the FLOP rate and of HBM).
+    # Shared in proportion to bytes in flight it would take (all HBM bytes) / HBM bandwidth.
+    from workloads.trace import Op, OpKind, Trace, Unit
+
+    chip = get_chip("v5e")
+    topo = resolve_topology(chip_name=chip.name, wrap_rule=chip.generation_rule,
+                            max_pod_shape=chip.max_pod_shape, shape="2x2", wraparound="auto",
+                            num_slices=1)
+    t_c = 1e-3
+    hbm = chip.hbm_bytes_per_s * chip.hbm_efficiency
+    ops = (
+        Op(id=0, name="gather", kind=OpKind.COLLECTIVE, collective="all-gather",
+           mesh_axes=("fsdp",), bytes=2.0**30),
+        Op(id=1, name="matmul", unit=Unit.MXU, flops=t_c * chip.mxu_flops_per_s
+           * chip.mxu_efficiency, hbm_bytes=0.5 * t_c * hbm),
+        Op(id=2, name="after", unit=Unit.VPU, flops=1e6, deps=(0, 1)),
+    )
+    trace = Trace(mesh=parse_mesh("fsdp=4"), ops=ops, meta={"overlap": True})
+    speed = np.ones(4)
+    speed[3] = 0.6
+    h = replay(trace, chip, topo)
+    row = h.ops[h.ops.name == "matmul"].iloc[0]
+    assert row.end_s - row.start_s == pytest.approx(t_c + chip.op_overhead_s, rel=1e-12)
+    for kw in ({"vector": True}, {"vector": False}, {"mode": "per-chip"}):
+        r = simulate_chips(trace, chip, topo, config=PerChipConfig(speed=speed, **kw))
+        cls = r.chips.chip_class.to_numpy()
+        for c in range(4):
+            mm = r.for_class(int(cls[c])).ops.set_index("name").loc["matmul"]
+            assert mm.end_s - mm.start_s == pytest.approx(
+                t_c / speed[c] + chip.op_overhead_s, rel=1e-12), (kw, c)
+        # What proportional sharing would have taken: over twice as long.
+        assert (r.chips.hbm_busy_s.to_numpy() > 2 * t_c / speed).all()
