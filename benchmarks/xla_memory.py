@@ -68,7 +68,10 @@ def _configs() -> dict[str, dict]:
     out = {}
 
     def add(chip, mesh, remat, seq=2048, batch=2, tp_act="replicated"):
-        name = f"{chip}_{mesh}_{remat}_s{seq}" + ("_tpsharded" if tp_act == "sharded" else "")
+        # The batch per chip is named when it is not the sequence length's usual one (2 at
+        # seq 2048, 1 at seq 4096: 4096 tokens per chip).
+        name = (f"{chip}_{mesh}_{remat}_s{seq}" + ("_tpsharded" if tp_act == "sharded" else "")
+                + ("" if seq * batch == 4096 else f"_b{batch}"))
         out[name] = dict(chip=chip, mesh=mesh, remat=remat, seq=seq, batch_per_chip=batch,
                          tp_activations=tp_act)
 
@@ -89,6 +92,15 @@ def _configs() -> dict[str, dict]:
         add("v5p", "fsdp_tp", remat, seq=4096, batch=1)
     for remat in ("none", "full"):
         add("v5e", "fsdp_tp", remat, tp_act="sharded")
+    # What makes v5e keep bf16 scores and the f32 logits at seq 4096 (one sequence per chip,
+    # or the size of the scores): one sequence per chip at seq 2048, two at seq 4096; then the
+    # rule (one sequence per chip) checked on another mesh, `offload`, and the other chips.
+    add("v5e", "fsdp", "minimal", seq=2048, batch=1)
+    add("v5e", "fsdp", "minimal", seq=4096, batch=2)
+    add("v5e", "data_fsdp", "minimal", seq=4096, batch=1)
+    add("v5e", "fsdp", "offload", seq=4096, batch=1)
+    add("v5p", "fsdp", "minimal", seq=2048, batch=1)
+    add("v6e", "fsdp", "minimal", seq=2048, batch=1)
     return out
 
 
@@ -104,6 +116,14 @@ OTHER = {
     "moe_v6e_fsdp_expert_full_s2048": dict(
         mode="moe_train", topology="v6e:4x4", pod=["--chip", "v6e", "--shape", "4x4"],
         mesh={"fsdp": 4, "expert": 4}, seq=2048, batch_per_chip=1, layers=2, remat="full",
+        moe=dict(d_model=1024, d_ff=2048, num_experts=8, top_k=2, capacity_factor=1.25,
+                 num_heads=8, head_dim=128, vocab_size=4096)),
+    # The same step with the final norm (as tpusim's models have it), whose replicated scale
+    # gradient XLA all-reduces together with the loss value (the one-sequence logits rule).
+    "moe_v6e_fsdp_expert_full_s2048_norm": dict(
+        mode="moe_train", topology="v6e:4x4", pod=["--chip", "v6e", "--shape", "4x4"],
+        mesh={"fsdp": 4, "expert": 4}, seq=2048, batch_per_chip=1, layers=2, remat="full",
+        final_norm=True,
         moe=dict(d_model=1024, d_ff=2048, num_experts=8, top_k=2, capacity_factor=1.25,
                  num_heads=8, head_dim=128, vocab_size=4096)),
     "decode_v5e_tp8_kv2048": dict(
@@ -122,7 +142,8 @@ def _other_worker(name: str) -> dict:
     mesh, devices = _xla.build_mesh(cfg["topology"], cfg["mesh"])
     if cfg["mode"] == "moe_train":
         lowered = _xla.lower_moe_train(mesh, seq=cfg["seq"], num_layers=cfg["layers"],
-                                       optimizer="adam", **cfg["moe"])
+                                       optimizer="adam",
+                                       final_norm=cfg.get("final_norm", False), **cfg["moe"])
     else:
         model = _xla.Decoder(mesh, cfg["dims"])
         lowered = model.lower_decode(cfg["layers"], cfg["batch"], cfg["kv_len"])
@@ -317,7 +338,8 @@ def describe(name: str) -> str:
             return (f"{c['topology']} {mesh}, MoE train step ({m['num_experts']} experts of "
                     f"d_ff {m['d_ff']}, top-{m['top_k']}, capacity {m['capacity_factor']}, "
                     f"d_model {m['d_model']}, {c['layers']} layers), seq {c['seq']}, "
-                    f"batch/chip {c['batch_per_chip']}, remat {c['remat']}")
+                    f"batch/chip {c['batch_per_chip']}, remat {c['remat']}"
+                    + (", final norm" if c.get("final_norm") else ", no final norm"))
         return (f"{c['topology']} {mesh}, decode step (LLaMA-3-8B widths, {c['layers']} "
                 f"layers), batch {c['batch']}, KV cache {c['kv_len']}")
     c = CONFIGS[name]
@@ -409,7 +431,17 @@ def section(cache: dict) -> str:
         "v5e and v5p on a mesh of two axes fuse the score matmul with the exponentials (one "
         "f32 buffer: the data x fsdp and fsdp x tensor `minimal` rows) as long as the "
         "f32 scores take at most 512 MiB per chip: the v5p fsdp x tensor programs at seq "
-        "4096 (1 GiB) do not. Windowed programs still "
+        "4096 (1 GiB) do not. With one sequence per chip (batch/chip 1 at seq 4096, and the "
+        "`b1` rows) every chip keeps the score matmul's bf16 output and exponentiates it in "
+        "the value matmul's fusion: the forward holds only bf16 scores (v5e fsdp `minimal` "
+        "at seq 2048 and 4096 against the same programs with two sequences, whose f32 "
+        "scores take up to 2 GiB: the size does not decide it; checked on every other "
+        "one-sequence row), and the logits matmul writes bf16 logits whose f32 copy only the "
+        "loss value's target-logit gather reads; v5e schedules that gather, with the loss "
+        "sum whose all-reduce XLA combines with the final norm's gradient, after the "
+        "backward loop, so the f32 logits live through it (every one-sequence v5e row; v5p "
+        "and v6e `b1`, and the MoE step with and without its final norm, gather at the "
+        "loss). Windowed programs still "
         "gather each weight whole in their backward (v5e, v6e, v5p fsdp `full`), and the "
         "MLP's matrices die with its weight-gradient matmul. The fsdp x tensor programs "
         "with activations replicated over `tensor` keep the bf16 logits and the final "
@@ -430,7 +462,10 @@ def section(cache: dict) -> str:
         "probabilities), 3 under `none` (v5p fsdp x tensor `minimal` at seq 4096, whose "
         "peak this is, and v6e fsdp `offload`; checked on every other program's live "
         "ranges), and under `full` and `minimal` the MLP's recomputed tensors are dead by "
-        "then (v6e `full` and `minimal`, the data x fsdp programs). A recomputation "
+        "then (v6e `full` and `minimal`, the data x fsdp programs), except in v5e's "
+        "windowed programs, whose MLP weight-gradient rings come after the attention's "
+        "backward (its gate, up and gated product live at the score gradient of all six "
+        "windowed v5e `full` and `minimal` rows). A recomputation "
         "writes its scores in bf16 (no backward holds an f32 score buffer; v5p adds the "
         "probabilities until the value-gradient matmul), a `full` forward fuses the score "
         "matmul with the exponentials on every mesh within 512 MiB and its value matmul "
@@ -441,17 +476,13 @@ def section(cache: dict) -> str:
         "score gradient, where XLA also keeps the logit gradients (256 MiB: its output "
         "projection's weight gradient is scheduled after the backward loop, in no other "
         "program); tpusim has everything else there to 60 MiB. v5p's windowed fsdp=16 "
-        "programs keep 128-192 MiB of the MLP's tensors at the score gradient. The MoE row "
-        "is the dropping MoE of `xla_crosscheck.py` with Adam: tpusim's MoE layers keep "
-        "their recomputed tensors to the end of the layer's backward. The decode row's "
+        "programs keep 32-192 MiB of the MLP's tensors at the score gradient, and so does "
+        "v6e's `b1` row (96 MiB). The MoE rows are the dropping MoE of `xla_crosscheck.py` "
+        "with Adam, with and without the final norm tpusim's models have: tpusim's MoE "
+        "layers keep their recomputed tensors to the end of the layer's backward. The "
+        "decode row's "
         "`memory_analysis()` peak counts 52 MiB of VMEM values (`S(1)`) live at its peak; "
         "its HBM holds the weights and the KV cache, as in tpusim. "
-        "The v5e fsdp `minimal` row at seq 4096 (1 GiB of f32 scores per chip, batch 1) "
-        "misses: all three v5e seq-4096 programs (`none`, `full`, `minimal`) keep only the "
-        "bf16 scores in their forward (2 bytes per score; tpusim charges `minimal` 8) and "
-        "keep the f32 logits (512 MiB) from the loss to the end of the backward loop; "
-        "modelling the first without a reason for the second puts the `full` and `minimal` "
-        "rows 26-34% low, so neither is modelled. "
         "In the v5e programs the context of GQA attention sits in a "
         "tiled layout that pads the head-group dimension (a 16 MB tensor takes 128 MB), "
         "which tpusim does not model.", "",

@@ -66,6 +66,18 @@ class ChipSpec:
             recomputation (live from its softmax to that matmul), and, when the layer's
             projections are kept (minimal, offload), in the same fusion as the probability
             gradient, so they are live at the score gradient. True on v5p (same source).
+        loss_after_backward: with one sequence per chip the compiler schedules the loss
+            value (the gather of each token's target logit, which reads the f32 logits, and
+            the sum whose all-reduce XLA combines with the final norm's gradient) after the
+            backward layer loop, so the f32 logits live through it. True on v5e. Read off the
+            v5e, v5p and v6e programs of `benchmarks/xla_memory.py` with one sequence per chip
+            (workloads.memory.loss_value_logits_bytes).
+        mlp_grad_after_attention: with windowed weight gathers (collective-matmul loops) the
+            compiler schedules a layer's MLP weight-gradient rings after the attention's
+            backward under full and minimal, so the MLP's recomputed tensors live through it
+            (as they do under offload on every chip). True on v5e. Read off the score gradient
+            of the windowed v5e, v5p and v6e programs of `benchmarks/xla_memory.py`
+            (workloads.training's mlp_side_bytes).
     """
 
     name: str
@@ -94,6 +106,8 @@ class ChipSpec:
     score_exp_fusion: bool = False
     score_grad_fusion: bool = False
     bwd_probs_buffer: bool = False
+    loss_after_backward: bool = False
+    mlp_grad_after_attention: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not 0 < len(self.name) <= 64 \
@@ -163,7 +177,8 @@ class ChipSpec:
 
 WRAP_RULES = ("cube", "full-axis")
 # Chip fields that are true or false (what the generation's compiler does), not numbers.
-CHIP_BOOL_FIELDS = ("score_exp_fusion", "score_grad_fusion", "bwd_probs_buffer")
+CHIP_BOOL_FIELDS = ("score_exp_fusion", "score_grad_fusion", "bwd_probs_buffer",
+                    "loss_after_backward", "mlp_grad_after_attention")
 _POSITIVE_FIELDS = {
     "mxu_flops_per_s",
     "mxu_int8_ops_per_s",
@@ -299,6 +314,16 @@ CHIPS.add(
         # of benchmarks/xla_memory.py; v5p and v6e write the score gradient too (docs/model.md
         # "Memory").
         score_grad_fusion=True,
+        # With one sequence per chip the f32 logits live from the loss to the end of the
+        # backward loop in every such v5e program of benchmarks/xla_memory.py (fsdp=16 none,
+        # full, minimal, offload; data=2 x fsdp=8 minimal); the v5p and v6e ones free them at
+        # the loss (docs/model.md "Memory").
+        loss_after_backward=True,
+        # With windowed gathers the MLP's recomputed tensors (its gate, up and gated product)
+        # are live at the attention backward's score gradient in every full and minimal v5e
+        # program of benchmarks/xla_memory.py; v6e's seq-2048 two-sequence ones free them
+        # first (docs/model.md "Memory").
+        mlp_grad_after_attention=True,
     ),
 )
 CHIPS.add(

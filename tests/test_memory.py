@@ -19,7 +19,9 @@ from workloads.memory import (
     attention_temporaries,
     deferred_head_gradient_bytes,
     loss_tensors,
+    loss_value_logits_bytes,
     offloaded_tensors,
+    one_sequence_per_chip,
     saved_tensors,
 )
 from workloads.models import model_from_dict
@@ -185,14 +187,17 @@ LONG_CONTEXT = {"name": "long-ctx", "num_layers": 2, "d_model": 64, "num_heads":
 
 
 def _long(remat, mesh="fsdp=1", shape="1x1", gather="windowed", fused=False,
-          tp_act="sharded", chip="v5e"):
+          tp_act="sharded", chip="v5e", batch=2, loss_after_backward=False,
+          mlp_grad_after_attention=False):
     chip = get_chip(chip)
     topo = resolve_topology(chip_name=chip.name, wrap_rule=chip.generation_rule,
                             max_pod_shape=chip.max_pod_shape, shape=shape)
-    cfg = TrainingConfig(seq_len=1024, batch_per_chip=2, remat=remat, attention="dot",
+    cfg = TrainingConfig(seq_len=1024, batch_per_chip=batch, remat=remat, attention="dot",
                          fsdp_gather=gather, score_exp_fusion=fused, tp_activations=tp_act,
                          score_grad_fusion=chip.score_grad_fusion,
-                         bwd_probs_buffer=chip.bwd_probs_buffer)
+                         bwd_probs_buffer=chip.bwd_probs_buffer,
+                         loss_after_backward=loss_after_backward,
+                         mlp_grad_after_attention=mlp_grad_after_attention)
     trace = compile_training_step(model_from_dict(LONG_CONTEXT), parse_mesh(mesh),
                                   topo.num_chips, cfg)
     return trace, replay(trace, chip, topo)
@@ -566,3 +571,101 @@ def test_the_mlps_gathered_matrices_die_with_their_weight_gradient_matmul():
     # with the layer's end.
     assert frees == {"mlp_bwd_weights": 2 * 3 * 64 * 128,
                      "norm_attn_bwd": 2 * (2 * 64 * 64 + 2 * 64 * 32)}
+
+
+# -- one sequence per chip ---------------------------------------------------------------------
+
+def test_one_sequence_per_chip_keeps_bf16_scores_and_on_v5e_the_f32_logits():
+    assert [one_sequence_per_chip(sequences_per_chip=s) for s in (1, 2, 0.5, 4)] == \
+        [True, False, False, False]
+    # 1024 queries x 1024 keys x 3 local heads: the bf16 scores only, whatever the policy's
+    # probabilities or the chip's fusion.
+    for probs_bytes in (2.0, 4.0):
+        for fused in (False, True):
+            assert attention_temporaries(rows=1024, context=1024, local_heads=3,
+                                         probs_bytes=probs_bytes, score_exp_fusion=fused,
+                                         bf16_scores=True) == \
+                (2 if probs_bytes == 2 else 4) * 1024 * 1024 * 3
+    # 100 tokens x 32 local logits in f32, only when the chip defers the loss value, the chip
+    # holds one sequence and the vocabulary is not tiled.
+    kw = dict(rows=100, local_vocab=32)
+    assert loss_value_logits_bytes(**kw, sequences_per_chip=1, chip_defers=True) == \
+        4 * 100 * 32
+    assert loss_value_logits_bytes(**kw, sequences_per_chip=2, chip_defers=True) == 0
+    assert loss_value_logits_bytes(**kw, sequences_per_chip=1, chip_defers=False) == 0
+    assert loss_value_logits_bytes(**kw, sequences_per_chip=1, chip_defers=True,
+                                   vocab_tiling=2) == 0
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("remat", [Remat.NONE, Remat.FULL, Remat.MINIMAL, Remat.OFFLOAD])
+def test_a_forward_with_one_sequence_per_chip_holds_only_the_bf16_scores(remat, fused):
+    # One chip, one sequence of 1024 tokens, 4 heads: 2 bytes per score at the score matmul
+    # (the value matmul reads them), against 4 to 8 with two sequences.
+    trace, _ = _long(remat, fused=fused, batch=1)
+    scores = 1024 * 1024 * 4
+    got = [(trace.ops[i].name, delta) for i, cat, delta in trace.meta["memory_events"]
+           if cat == "temporaries" and trace.ops[i].phase == "fwd" and trace.ops[i].layer == 0
+           and trace.ops[i].name in ("attn_scores", "softmax", "attn_values")]
+    if remat == Remat.NONE:  # the probabilities are saved from the softmax on
+        assert got == [("attn_scores", 2 * scores), ("softmax", -2 * scores)]
+    else:
+        assert got == [("attn_scores", 2 * scores), ("attn_values", -2 * scores)]
+
+
+@pytest.mark.parametrize("batch,defers,held", [(1, True, True), (1, False, False),
+                                               (2, True, False)])
+def test_v5e_keeps_the_f32_logits_of_one_sequence_per_chip_to_the_end_of_the_backward(
+        batch, defers, held):
+    trace, res = _long(Remat.FULL, batch=batch, loss_after_backward=defers)
+    n, V = 1024 * batch, 256
+    ops = trace.ops
+    logits = [(ops[i], delta) for i, cat, delta in trace.meta["memory_events"]
+              if cat == "logits"]
+    kept = 4 * n * V if held else 0
+    # 6 bytes per logit at the loss; the f32 4 of them outlive the logits' backward matmul
+    # until the last layer's backward (layer 0) has ended.
+    assert [(op.name, delta) for op, delta in logits][:2] == [
+        ("logits", 6 * n * V), ("logits_bwd", -6 * n * V + kept)]
+    assert sum(delta for _, delta in logits) == 0
+    if held:
+        assert logits[-1][0].layer == 0 and logits[-1][0].phase == "bwd"
+        assert logits[-1][1] == -kept
+        # The first layer's backward (layer 1) sees them.
+        assert res.memory.logits.iloc[-1] == 0 and res.memory.logits.max() == 6 * n * V
+
+
+@pytest.mark.parametrize("gather,dies", [("windowed", False), ("async", True)])
+@pytest.mark.parametrize("remat", [Remat.FULL, Remat.MINIMAL])
+def test_v5e_keeps_a_windowed_mlps_recomputed_tensors_through_the_attention_backward(
+        remat, gather, dies):
+    trace, _ = _long(remat, "fsdp=4", "2x2", gather=gather, mlp_grad_after_attention=True)
+    rows, D, F = 2048, 64, 128  # tokens per chip, d_model, d_ff (fsdp: whole widths)
+    got = sum(delta for i, cat, delta in trace.meta["memory_events"]
+              if cat == "saved_activations" and trace.ops[i].layer == 0
+              and trace.ops[i].name == "mlp_bwd_weights")
+    side = 2 * rows * D + 4 * rows + 2 * rows * D + 2 * 2 * rows * F + 2 * rows * F
+    if remat == Remat.MINIMAL:
+        side += 2 * rows * D
+    assert got == (-side if dies else 0.0)
+
+
+def test_the_chip_sets_the_one_sequence_logits_and_the_windowed_mlp_rules(tmp_path):
+    from sim import api
+
+    assert [(get_chip(c).loss_after_backward, get_chip(c).mlp_grad_after_attention)
+            for c in ("v5e", "v5p", "v6e")] == [(True, True), (False, False), (False, False)]
+    path = tmp_path / "m.yaml"
+    path.write_text(json.dumps(LONG_CONTEXT))
+    flags = dict(shape="2x2", model=str(path), seq_len=1024, batch_per_chip=1,
+                 mesh="fsdp=4", remat="full", attention="dot")
+    v5e, v6e = api.train(chip="v5e", **flags), api.train(chip="v6e", **flags)
+    what_if = api.train(chip="v5e", set={"loss_after_backward": "false"}, **flags)
+    for run, kept in ((v5e, True), (v6e, False), (what_if, False)):
+        training = run.inputs["training"]
+        assert training["loss_after_backward"] is kept
+        assert training["mlp_grad_after_attention"] is (run is not v6e)
+        # 1024 tokens x 256 logits in f32 held by the logits' backward matmul, or none.
+        got = [d for i, cat, d in run.trace.meta["memory_events"]
+               if cat == "logits" and run.trace.ops[i].name == "logits_bwd"]
+        assert got == [-6 * 1024 * 256 + (4 * 1024 * 256 if kept else 0)]

@@ -185,8 +185,61 @@ def saved_tensors(shape: LayerShapeSpec, *, remat: str, attention: str,
     return tuple(out)
 
 
+def one_sequence_per_chip(*, sequences_per_chip: float) -> bool:
+    """Whether XLA keeps the bf16 outputs of the score and logits matmuls as they are (instead
+    of fusing their f32 conversion into the matmuls), which it does when each chip's
+    activations hold one sequence (`sequences_per_chip`: the matmul rows over the context, the
+    activations' local batch dimension).
+
+    With a batch dimension of 1 the score matmul writes bf16 scores and the value matmul's
+    fusion converts and exponentiates them as it reads them (`attention_temporaries` with
+    `bf16_scores`: 2 bytes per score in the forward), and the logits matmul writes bf16 logits
+    whose f32 copy, written by a separate fusion, feeds only the target-logit gather of the
+    loss value, which XLA schedules after the backward loop (`loss_value_logits_bytes`). With
+    two or more sequences the matmul fusions write f32 scores and f32 logits (plus bf16 ones)
+    and the gather follows at once.
+
+    Source: the v5e fsdp=16 `minimal` programs of `benchmarks/xla_memory.py`, one sequence
+    (seq 2048 and 4096: bf16 [heads, seq, seq] scores only, the f32 [1, seq, vocab] logits
+    live from the loss to after the backward loop) against two (seq 2048 and 4096: f32 scores
+    and exponentials, f32 logits dead at the loss): the size of the scores does not decide
+    it (two sequences at seq 4096 write 2 GiB of f32 scores). Checked on v5e's `none` and
+    `full` programs at seq 4096 (one sequence).
+    """
+    return sequences_per_chip == 1
+
+
+def loss_value_logits_bytes(*, rows: float, local_vocab: float, sequences_per_chip: float,
+                            chip_defers: bool, vocab_tiling: int = 1) -> float:
+    """Bytes of f32 logits (4 per local logit) that stay live from the loss to the end of the
+    backward layer loop (per chip): 4 x rows x local vocab when the chip's compiler defers the
+    loss value (`chip_defers`, `ChipSpec.loss_after_backward`) and each chip holds one
+    sequence (`one_sequence_per_chip`); 0 otherwise, and under vocab tiling (MaxText's custom
+    VJP keeps no logits).
+
+    With one sequence the f32 copy of the logits is a buffer of its own whose only reader is
+    the gather of each token's target logit, and the sum of the loss value that reads the
+    gather is a fusion of its own (with two or more sequences it shares a multi-output fusion
+    with the logit gradients' row terms, so it runs at the loss). XLA combines that sum's
+    all-reduce with the all-reduce of the final norm's scale gradient, computed after the
+    backward loop; v5e's compiler schedules the sum and the gather next to it, keeping the f32
+    logits through the loop, v5p's and v6e's run the gather at the loss.
+
+    Source: the programs of `benchmarks/xla_memory.py` with one sequence per chip: v5e fsdp=16
+    `minimal` at seq 2048 (256 MiB kept) and `none`, `full`, `minimal`, `offload` at seq 4096
+    and data=2 x fsdp=8 `minimal` at seq 4096 (512 MiB kept); v5p and v6e fsdp=16 `minimal`
+    at seq 2048 (freed at the loss); two sequences per chip free them at the loss on every
+    chip.
+    """
+    if vocab_tiling > 1 or not chip_defers \
+            or not one_sequence_per_chip(sequences_per_chip=sequences_per_chip):
+        return 0.0
+    return 4.0 * rows * local_vocab
+
+
 def attention_temporaries(*, rows: float, context: float, local_heads: float,
-                          probs_bytes: float = 2.0, score_exp_fusion: bool = False) -> float:
+                          probs_bytes: float = 2.0, score_exp_fusion: bool = False,
+                          bf16_scores: bool = False) -> float:
     """Peak working bytes of a dot attention's forward (per chip): the f32 scores
     [rows, context, heads] (4 x b x s x context x heads / shards; the softmax overwrites them in
     place) and the probabilities written from them, live together: bf16 (`probs_bytes` 2), or
@@ -209,7 +262,15 @@ def attention_temporaries(*, rows: float, context: float, local_heads: float,
     `minimal` peak), under `none` / `full` a divide-convert fusion writes the bf16
     probabilities from them (4 + 2, as unfused). v5e's and v5p's forward writes the f32
     scores in the matmul's own fusion and the exponentials in the next.
+
+    With `bf16_scores` (one sequence per chip, `one_sequence_per_chip`) the score matmul
+    writes its output as it is, in the activations' dtype (`probs_bytes`: 2 for bf16), the
+    only score-sized buffer of the forward whatever the policy: the value matmul's fusion
+    converts and exponentiates the scores as it reads them (the v5e fsdp=16 programs with one
+    sequence per chip).
     """
+    if bf16_scores:
+        return probs_bytes * rows * context * local_heads
     if score_exp_fusion and probs_bytes == 4.0:
         return 4.0 * rows * context * local_heads
     return (4.0 + probs_bytes) * rows * context * local_heads
@@ -348,7 +409,9 @@ __all__ = [
     "attention_temporaries",
     "deferred_head_gradient_bytes",
     "loss_tensors",
+    "loss_value_logits_bytes",
     "offloaded_tensors",
+    "one_sequence_per_chip",
     "saved_tensors",
     "score_exp_fused",
 ]

@@ -27,7 +27,9 @@ from workloads.memory import (
     attention_temporaries,
     deferred_head_gradient_bytes,
     loss_tensors,
+    loss_value_logits_bytes,
     offloaded_tensors,
+    one_sequence_per_chip,
     saved_tensors,
     score_exp_fused,
 )
@@ -169,6 +171,14 @@ class TrainingConfig:
     # memory only, see workloads.memory.attention_backward_score_buffers.
     score_grad_fusion: bool = False
     bwd_probs_buffer: bool = False
+    # With one sequence per chip the chip's compiler schedules the loss value after the
+    # backward loop, keeping the f32 logits (sim/ sets it from ChipSpec.loss_after_backward:
+    # v5e): memory only, see workloads.memory.loss_value_logits_bytes.
+    loss_after_backward: bool = False
+    # With windowed weight gathers the chip's compiler runs a layer's MLP weight-gradient
+    # rings after the attention's backward (sim/ sets it from
+    # ChipSpec.mlp_grad_after_attention: v5e): memory only, see mlp_side_bytes.
+    mlp_grad_after_attention: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.seq_len, int) or not 1 <= self.seq_len <= MAX_TOKENS:
@@ -182,7 +192,8 @@ class TrainingConfig:
             )
         if self.attention not in ("dot", "flash"):
             raise TpusimError(f"--attention {self.attention!r} must be dot or flash")
-        for flag in ("score_exp_fusion", "score_grad_fusion", "bwd_probs_buffer"):
+        for flag in ("score_exp_fusion", "score_grad_fusion", "bwd_probs_buffer",
+                     "loss_after_backward", "mlp_grad_after_attention"):
             if not isinstance(getattr(self, flag), bool):
                 raise TpusimError(f"{flag} {short_repr(getattr(self, flag))} must be "
                                   f"true or false (the chip's {flag})")
@@ -911,11 +922,17 @@ class _Compiler:
             chip_fuses=self.cfg.score_exp_fusion,
             sharded_axes=sum(1 for s in (d.dp, d.fs, d.tp, d.ep, d.pp, d.sp) if s > 1),
             score_bytes=4.0 * scores, remat=str(self.cfg.remat))
-        f32_probs = tag == "" and (self.cfg.remat in (Remat.MINIMAL, Remat.OFFLOAD)
-                                   or (self.cfg.remat == Remat.FULL and fused))
+        # With one sequence per chip XLA keeps the score matmul's bf16 output and the value
+        # matmul's fusion exponentiates it as it reads it: the only score-sized buffer of the
+        # forward (workloads/memory.py one_sequence_per_chip).
+        bf16_scores = one_sequence_per_chip(sequences_per_chip=s_loc)
+        f32_probs = tag == "" and not bf16_scores and (
+            self.cfg.remat in (Remat.MINIMAL, Remat.OFFLOAD)
+            or (self.cfg.remat == Remat.FULL and fused))
         probs_bytes = 4.0 if f32_probs else a
         temps = attention_temporaries(rows=n, context=ctx, local_heads=h_loc,
-                                      probs_bytes=probs_bytes, score_exp_fusion=fused)
+                                      probs_bytes=probs_bytes, score_exp_fusion=fused,
+                                      bf16_scores=bf16_scores)
         if tag == "re-":
             # A recomputing backward writes the scores in bf16 from the q.K^T matmul (the dP
             # matmul's fusion rebuilds the exponentials from them): no f32 score buffer in the
@@ -923,6 +940,8 @@ class _Compiler:
             # probabilities, counted as recomputed from the softmax on.
             temps = scores * a
         saved = tag == "re-" or self.cfg.remat == Remat.NONE  # the probabilities are kept
+        # Unsaved probabilities live from the softmax to the value matmul; bf16 scores stand
+        # for them (the value matmul reads the scores).
         probs = scores * probs_bytes
         if tag == "re-" and self.cfg.bwd_probs_buffer and self.cfg.remat == Remat.FULL:
             # v5p's full backward writes the bf16 probabilities next to the recomputed scores,
@@ -1261,6 +1280,12 @@ class _Compiler:
                     rows=n, d_model=D, local_vocab=V / d.tp, act_bytes=a, tensor=d.tp,
                     fsdp=d.fs, tp_activations=cfg.tp_activations, remat=str(cfg.remat),
                     residual_rows=self.rows())
+                # With one sequence per chip v5e's compiler keeps the f32 logits for the
+                # loss value's target-logit gather, scheduled after the backward loop.
+                held += loss_value_logits_bytes(rows=n, local_vocab=V / d.tp,
+                                                sequences_per_chip=n * d.sp / d.ctx,
+                                                vocab_tiling=tiles,
+                                                chip_defers=cfg.loss_after_backward)
                 self.mem(logits, G.LOGITS, sum(t.num_bytes for t in lt))
                 self.mem(dx, G.LOGITS, -sum(t.num_bytes for t in lt) + held)
                 self.mem(dx, G.GATHERED_WEIGHTS, -emb_w if emb_g is not None else 0.0)
@@ -1719,9 +1744,14 @@ class _Compiler:
         `benchmarks/xla_memory.py` programs (v6e fsdp=16 `full` and `minimal`, the data x
         fsdp programs): no tensor of the MLP's width is live there. Under `offload` (v5e and
         v6e fsdp=16) XLA schedules the MLP's weight-gradient matmuls after the attention's
-        backward and they live through it; MoE layers keep theirs too (not measured)."""
+        backward and they live through it, and so does v5e's compiler under `full` and
+        `minimal` with windowed gathers (`mlp_grad_after_attention`: the gate, up and gated
+        product, 3 x tokens x d_ff bf16, at the score gradient of all six windowed v5e `full`
+        and `minimal` programs, one or two sequences per chip); MoE layers keep theirs too
+        (not measured)."""
         if self.cfg.remat not in (Remat.FULL, Remat.MINIMAL) or self.layer_is_moe(layer) \
-                or self.m.parallel_block:
+                or self.m.parallel_block \
+                or (self.cfg.mlp_grad_after_attention and self.rs_windowed):
             return 0.0, 0.0
         side = {"residual_mid", "norm_mlp_stats", "norm_mlp_out", "mlp_hidden", "mlp_act_out",
                 "attn_out_proj"}

@@ -86,7 +86,8 @@ def _compile(args: argparse.Namespace, num_chips: int, moe=None, chip=None):
     """(trace, model, TrainingConfig) for the training flags (`moe`: the router settings of a
     scenario; default: the `compile` flags). `chip`: the ChipSpec the step runs on, whose
     compiler behaviour the trace's memory follows (`score_exp_fusion`, `score_grad_fusion`,
-    `bwd_probs_buffer`); None (`compile --chips N`) compiles with each of them false."""
+    `bwd_probs_buffer`, `loss_after_backward`, `mlp_grad_after_attention`); None (`compile
+    --chips N`) compiles with each of them false."""
     from workloads.training import compile_training_step
 
     model, mesh, cfg = compile_inputs(args, moe, chip)
@@ -124,6 +125,8 @@ def compile_inputs(args: argparse.Namespace, moe=None, chip=None):
         score_exp_fusion=chip.score_exp_fusion if chip is not None else False,
         score_grad_fusion=chip.score_grad_fusion if chip is not None else False,
         bwd_probs_buffer=chip.bwd_probs_buffer if chip is not None else False,
+        loss_after_backward=chip.loss_after_backward if chip is not None else False,
+        mlp_grad_after_attention=chip.mlp_grad_after_attention if chip is not None else False,
     )
     return model, mesh, cfg
 
