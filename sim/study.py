@@ -637,40 +637,120 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _load_previous(out: Path, argvs: list[list[str]]) -> dict[int, dict[str, Any]]:
-    """--resume: rows of results.parquet, by point index (they must be points of this study)."""
+# A results row is a few KB (a train row with its per-kind collective summaries ~10 KB); a
+# resumed file may hold at most this much per point of the study, uncompressed, so a small file
+# that would expand into gigabytes (3 M copies of one row compress to 33 KB) is refused from its
+# metadata before it is read.
+MAX_RESULT_ROW_BYTES = 1 << 20
+
+
+def _load_previous(out: Path, study: StudySpec, points: list[dict[str, Any]],
+                   argvs: list[list[str]]) -> dict[int, dict[str, Any]]:
+    """--resume: rows of results.parquet, by point index. They must be rows this study wrote:
+    at most one per point, each with the point's own values, an error that is text or empty,
+    plain finite values, and the study's metrics in every row that succeeded."""
     import pandas as pd
+    import pyarrow.parquet as pq
 
     path = out / "results.parquet"
-    if not path.is_file():
+    name = short_repr(str(path))
+    fix = "delete it or use another --out"
+    if not path.exists():
         return {}
+    if not path.is_file():
+        raise TpusimError(f"--resume: {name} is not a regular file (a directory, pipe or "
+                          f"device), so it holds no results to resume; {fix}")
+    try:
+        meta = pq.ParquetFile(path).metadata
+        n_rows = meta.num_rows
+        n_bytes = sum(meta.row_group(g).total_byte_size for g in range(meta.num_row_groups))
+    except Exception as exc:
+        raise TpusimError(f"--resume: {name} cannot be read ({type(exc).__name__}); {fix}") \
+            from None
+    if n_rows > len(argvs):
+        raise TpusimError(f"--resume: {name} holds {n_rows:,} rows but this study has "
+                          f"{len(argvs):,} points (one row each); it is not this study's "
+                          f"results: {fix}")
+    if n_bytes > MAX_RESULT_ROW_BYTES * len(argvs):
+        raise TpusimError(f"--resume: {name} holds {n_bytes / 2**20:,.0f} MiB of data (the "
+                          f"limit is {MAX_RESULT_ROW_BYTES >> 20} MiB per point of the study); it "
+                          f"is not this study's results: {fix}")
     try:
         df = pd.read_parquet(path)
     except Exception as exc:
-        raise TpusimError(
-            f"--resume: {str(path)!r} cannot be read ({type(exc).__name__}); delete it or use "
-            f"another --out"
-        ) from None
+        raise TpusimError(f"--resume: {name} cannot be read ({type(exc).__name__}); {fix}") \
+            from None
     if COMMAND_LINE_COLUMN not in df.columns:
-        raise TpusimError(
-            f"--resume: {str(path)!r} is not a tpusim sweep result; use another --out"
-        )
+        raise TpusimError(f"--resume: {name} is not a tpusim sweep result (no "
+                          f"{COMMAND_LINE_COLUMN} column); use another --out")
     index = {shlex.join(["tpusim", *a]): i for i, a in enumerate(argvs)}
     stray = [c for c in df[COMMAND_LINE_COLUMN] if c not in index]
     if stray:
         raise TpusimError(
-            f"--resume: {str(path)!r} holds {len(stray)} row(s) that are not points of this "
-            f"study (e.g. {stray[0]}); use another --out for a different study"
+            f"--resume: {name} holds {len(stray)} row(s) that are not points of this study "
+            f"(e.g. {short_repr(stray[0])}); use another --out for a different study"
         )
-    prev = {}
+    wanted = list(dict.fromkeys([*study.metrics, *(dict(p)["y"] for p in study.plots)]))
+    absent = [m for m in wanted if m not in df.columns]
+    if absent and len(df):
+        raise TpusimError(
+            f"--resume: {name} has no column {short_repr(absent[0])} (a metric of the study); "
+            f"if `tpusim {study.command}` returns it, the file was written by another study or "
+            f"edited: {fix}")
+    prev: dict[int, dict[str, Any]] = {}
     for rec in df.to_dict("records"):
-        rec = {k: (None if _is_missing(v) else v) for k, v in rec.items()}
+        rec = {k: (None if _is_missing(v) else _plain(v)) for k, v in rec.items()}
         i = index[rec[COMMAND_LINE_COLUMN]]
+        if i in prev:
+            raise TpusimError(f"--resume: {name} holds point {i} twice; {fix}")
+        _check_resumed_row(study, points[i], rec, wanted, f"--resume: {name} point {i}", fix)
         rec[POINT_COLUMN] = i
         # Keep empty cells too (e.g. inputs.flags.slice = None): dropping them would reorder
         # the columns of a resumed study against an uninterrupted one.
         prev[i] = rec
     return prev
+
+
+def _plain(v: Any) -> Any:
+    """A numpy scalar as the Python number it holds (other values as they are)."""
+    item = getattr(v, "item", None)
+    if item is not None and getattr(v, "shape", None) == ():
+        return item()
+    return v
+
+
+def _check_resumed_row(study: StudySpec, point: Mapping[str, Any], rec: Mapping[str, Any],
+                       wanted: list[str], where: str, fix: str) -> None:
+    """One resumed row against what this study writes for point `i` (`_row`)."""
+    why = "the file was edited or written by another study"
+    for k, v in rec.items():
+        if v is not None and not isinstance(v, (str, bool, int, float)):
+            raise TpusimError(f"{where}: {short_repr(k)} is {short_repr(v)}, not a plain value "
+                              f"(tpusim writes text, numbers and true/false); {why}: {fix}")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise TpusimError(f"{where}: {short_repr(k)} is {v} (numbers must be finite); "
+                              f"{why}: {fix}")
+    err = rec.get(ERROR_COLUMN)
+    if err is not None and not isinstance(err, str):
+        raise TpusimError(f"{where}: {ERROR_COLUMN} is {short_repr(err)}, not the text of an "
+                          f"error; {why}: {fix}")
+    expected = dict(point)
+    for k, v in study.base:
+        expected.setdefault(k, json.dumps(v) if isinstance(v, list) else v)
+    for k, v in expected.items():
+        if k not in rec:
+            raise TpusimError(f"{where} has no column {short_repr(k)}; {why}: {fix}")
+        got = rec[k]
+        same = got == v if isinstance(got, (int, float)) and isinstance(v, (int, float)) \
+            and not isinstance(got, bool) and not isinstance(v, bool) else str(got) == str(v)
+        if not same:
+            raise TpusimError(f"{where}: {short_repr(k)} is {short_repr(got)} but the point "
+                              f"has {short_repr(v)}; {why}: {fix}")
+    if err is None:
+        for m in wanted:
+            if rec.get(m) is None:
+                raise TpusimError(f"{where} succeeded but has no {short_repr(m)} (a metric of "
+                                  f"the study); {why}: {fix}")
 
 
 def _is_missing(v: Any) -> bool:
@@ -709,6 +789,7 @@ def _check_texts(command: str, args: Any, seen: set[tuple[str, ...]]) -> None:
     `--axes x,,y`, a `--mesh`/`--dcn`/`--axis-map` that is not name=size, an unknown `--remat`
     are errors of the study, not failed rows. (Whether a mesh fits the pod needs the pod: that
     stays a row.) Each distinct combination is parsed once."""
+    _check_values(command, args, seen)
     key = tuple(str(getattr(args, a, None)) for a in
                 ("nbytes", "axes", "mesh", "dcn", "axis_map", "remat"))
     if key in seen:
@@ -731,6 +812,43 @@ def _check_texts(command: str, args: Any, seen: set[tuple[str, ...]]) -> None:
     seen.add(key)
 
 
+def _check_values(command: str, args: Any, seen: set[tuple[str, ...]]) -> None:
+    """The flag values a command validates only when it runs and that no other flag can make
+    valid: the perturbation scalars (`capacity-factor: -1`), `wraparound` against the point's
+    `--shape` (`z` on a 2D shape, `x,,y`), and the run settings of train, decode and prefill
+    (`sampling: beam`, `ep-alltoall: bogus`, a `vocab-tiling` out of range): errors of the
+    study, not failed rows. Errors that depend on the model or the pod (a vocab tiling that
+    does not divide the tokens, a mesh that does not fit) stay rows. Each distinct set of
+    flags is checked once."""
+    key = ("values", *(f"{k}={v}" for k, v in sorted(vars(args).items()) if k != "func"))
+    if key in seen:
+        return
+    from topologies.scenario import scenario_from_flags
+
+    if hasattr(args, "capacity_factor"):
+        scenario_from_flags(
+            slow_chip=[], slow_link=[], dead_link=[],
+            chip_variation=args.chip_variation if args.chip_variation is not None else 0.0,
+            seed=args.seed if args.seed is not None else 0,
+            expert_skew=args.expert_skew if args.expert_skew is not None else 0.0,
+            capacity_factor=args.capacity_factor)
+    if getattr(args, "shape", None) and getattr(args, "wraparound", None):
+        from topologies.torus import parse_shape, parse_wraparound
+
+        parse_wraparound(args.wraparound, parse_shape(args.shape))
+    if command == "train":
+        from sim.cli.training import training_config
+        from workloads.moe import MoeConfig
+
+        training_config(args, moe=MoeConfig())
+    elif command in ("decode", "prefill"):
+        from sim.cli.inference import _config
+        from workloads.moe import MoeConfig
+
+        _config(args, args.batch, MoeConfig())
+    seen.add(key)
+
+
 def run_study(study: StudySpec, cfg: SweepConfig,
               on_row: Callable[[dict[str, Any]], None] | None = None):
     """Run every point of `study` (skipping finished ones with `cfg.resume`) and return the
@@ -748,7 +866,8 @@ def run_study(study: StudySpec, cfg: SweepConfig,
                 f"{str(out)!r} already holds results.parquet; pass --resume to finish that "
                 f"study, or give another --out"
             )
-    rows: dict[int, dict[str, Any]] = _load_previous(out, argvs) if out and cfg.resume else {}
+    rows: dict[int, dict[str, Any]] = _load_previous(out, study, points, argvs) \
+        if out and cfg.resume else {}
     skipped = len(rows)
     jobs = [(i, a) for i, a in enumerate(argvs) if i not in rows]
     n = _num_workers(cfg)

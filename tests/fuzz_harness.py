@@ -4,7 +4,9 @@
 A case is a dict: `argv` (strings; `{tmp}` stands for the case's scratch directory), `files`
 (name -> text, or `{"parts": [[text, times], ...]}` for big inputs, `{"trace": {"set": ...}}`
 for a patched copy of a tiny training trace (see `patched_trace`), `{"result": {"set": ...}}`
-for a patched collective result (`base_result`), `{"hlo": {"replace": [[old, new], ...]}}` for
+for a patched collective result (`base_result`), `{"results": {"edit": [...]}}` for an edited
+`results.parquet` of the tiny study `STUDY` (`edited_results`: resumed by `sweep --resume`),
+`{"hlo": {"replace": [[old, new], ...]}}` for
 an edited compiled HLO module (`base_hlo`; `"fixture"` names another module of
 tests/fixtures/hlo than the default windowed einsum),
 or `{"fifo": true}` / `{"symlink": target}` for special output targets), and `expect`: `"ok"`
@@ -84,6 +86,8 @@ def materialize(case: dict[str, Any], tmp: Path) -> list[str]:
                 assert old in text, old  # the corpus case still mutates something
                 text = text.replace(old, new, 1)
             p.write_text(text, encoding="utf-8")
+        elif isinstance(content, dict) and "results" in content:
+            p.write_bytes(edited_results(content["results"].get("edit", [])))
         elif isinstance(content, dict) and "result" in content:
             p.write_text(_patched(base_result(), content["result"]), encoding="utf-8")
         elif isinstance(content, dict):
@@ -132,6 +136,54 @@ def base_result() -> str:
 
 
 _HLO_TEXT: dict[str, str] = {}
+
+
+# A three-point collective study (`sweep {tmp}/s.yaml --out {tmp}/o --resume`).
+STUDY = ("command: collective\nbase: {chip: v5e, shape: 4x4, op: all-gather, axes: x}\n"
+         "grid: {bytes: [64KiB, 1MiB, 2MiB]}\nmetrics: [time_s]\nplot: {x: bytes, y: time_s}\n")
+_BASE_RESULTS: list[Any] = []
+
+
+def edited_results(edits: list[list[Any]]) -> bytes:
+    """The `results.parquet` that `STUDY` writes, with `edits` applied in order:
+    `["set", column, row or null (every row), JSON value]`, `["drop", column]`,
+    `["repeat", times]` (the rows `times` times over), `["keep", n]` (the first n rows),
+    `["narrow", [columns]]` (only those columns: a cheap frame to repeat a million times)."""
+    import tempfile
+
+    import numpy as np
+    import pandas as pd
+
+    if not _BASE_RESULTS:
+        from sim.study import SweepConfig, load_study, run_study
+
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / "s.yaml").write_text(STUDY, encoding="utf-8")
+            run_study(load_study(str(Path(d) / "s.yaml")),
+                      SweepConfig(workers=1, out_dir=str(Path(d) / "o"), quiet=True))
+            _BASE_RESULTS.append(pd.read_parquet(Path(d) / "o" / "results.parquet"))
+    df = _BASE_RESULTS[0].copy()
+    for edit in edits:
+        op = edit[0]
+        if op == "set":
+            _, col, row, value = edit
+            col = str(col)
+            if row is None:
+                df[col] = [value] * len(df) if isinstance(value, (list, dict)) else value
+            elif 0 <= int(row) < len(df):
+                df[col] = df[col].astype(object) if col in df.columns else None
+                df.at[int(row), col] = value
+        elif op == "drop" and edit[1] in df.columns:
+            df = df.drop(columns=[edit[1]])
+        elif op == "repeat":
+            df = df.iloc[np.tile(np.arange(len(df)), int(edit[1]))].reset_index(drop=True)
+        elif op == "narrow":
+            df = df[[c for c in edit[1] if c in df.columns]]
+        elif op == "keep":
+            df = df.iloc[: int(edit[1])]
+    buf = io.BytesIO()
+    df.to_parquet(buf, index=False)
+    return buf.getvalue()
 
 
 def base_hlo(name: str = HLO_FIXTURE_NAME) -> str:

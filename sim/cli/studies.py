@@ -43,7 +43,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         import pandas as pd
 
         with pd.option_context("display.max_rows", 40, "display.width", 160):
-            print(df[[*study.varied, *metrics, ERROR_COLUMN]].to_string(index=False))
+            # A failed point has no metrics: "-", not NaN (an output holds finite numbers).
+            print(df[[*study.varied, *metrics, ERROR_COLUMN]].to_string(index=False,
+                                                                          na_rep="-"))
     return 0
 
 

@@ -97,11 +97,17 @@ def _compile(args: argparse.Namespace, num_chips: int, moe=None, chip=None):
 def compile_inputs(args: argparse.Namespace, moe=None, chip=None):
     """(model, LogicalMesh, TrainingConfig) that `_compile` compiles (the same arguments)."""
     from topologies.mesh import parse_mesh
-    from workloads.training import TrainingConfig, parse_optimizer, parse_remat
 
     model = cli.resolve_model(args)
     mesh = parse_mesh(args.mesh, args.dcn, args.axis_map)
-    cfg = TrainingConfig(
+    return model, mesh, training_config(args, moe, chip)
+
+
+def training_config(args: argparse.Namespace, moe=None, chip=None):
+    """The TrainingConfig of the training flags (validated: every enum, range and dtype)."""
+    from workloads.training import TrainingConfig, parse_optimizer, parse_remat
+
+    return TrainingConfig(
         seq_len=args.seq_len,
         batch_per_chip=args.batch_per_chip,
         remat=parse_remat(args.remat),
@@ -128,7 +134,6 @@ def compile_inputs(args: argparse.Namespace, moe=None, chip=None):
         loss_after_backward=chip.loss_after_backward if chip is not None else False,
         mlp_grad_after_attention=chip.mlp_grad_after_attention if chip is not None else False,
     )
-    return model, mesh, cfg
 
 
 def training_summary(trace, result, chip) -> dict[str, Any]:
