@@ -595,6 +595,9 @@ def test_one_sequence_per_chip_keeps_bf16_scores_and_on_v5e_the_f32_logits():
     assert loss_value_logits_bytes(**kw, sequences_per_chip=1, chip_defers=False) == 0
     assert loss_value_logits_bytes(**kw, sequences_per_chip=1, chip_defers=True,
                                    vocab_tiling=2) == 0
+    # A vocabulary split over tensor all-reduces the target logits at the loss.
+    assert loss_value_logits_bytes(**kw, sequences_per_chip=1, chip_defers=True,
+                                   tensor=2) == 0
 
 
 @pytest.mark.parametrize("fused", [False, True])

@@ -210,12 +210,12 @@ def one_sequence_per_chip(*, sequences_per_chip: float) -> bool:
 
 
 def loss_value_logits_bytes(*, rows: float, local_vocab: float, sequences_per_chip: float,
-                            chip_defers: bool, vocab_tiling: int = 1) -> float:
+                            chip_defers: bool, tensor: int = 1, vocab_tiling: int = 1) -> float:
     """Bytes of f32 logits (4 per local logit) that stay live from the loss to the end of the
     backward layer loop (per chip): 4 x rows x local vocab when the chip's compiler defers the
-    loss value (`chip_defers`, `ChipSpec.loss_after_backward`) and each chip holds one
-    sequence (`one_sequence_per_chip`); 0 otherwise, and under vocab tiling (MaxText's custom
-    VJP keeps no logits).
+    loss value (`chip_defers`, `ChipSpec.loss_after_backward`), each chip holds one sequence
+    (`one_sequence_per_chip`) and the vocabulary is whole on the chip (`tensor` 1); 0
+    otherwise, and under vocab tiling (MaxText's custom VJP keeps no logits).
 
     With one sequence the f32 copy of the logits is a buffer of its own whose only reader is
     the gather of each token's target logit, and the sum of the loss value that reads the
@@ -223,7 +223,11 @@ def loss_value_logits_bytes(*, rows: float, local_vocab: float, sequences_per_ch
     with the logit gradients' row terms, so it runs at the loss). XLA combines that sum's
     all-reduce with the all-reduce of the final norm's scale gradient, computed after the
     backward loop; v5e's compiler schedules the sum and the gather next to it, keeping the f32
-    logits through the loop, v5p's and v6e's run the gather at the loss.
+    logits through the loop, v5p's and v6e's run the gather at the loss. With the vocabulary
+    split over `tensor` each shard's target logits are all-reduced over `tensor` together with
+    the log-sum-exp terms the logit gradients need, so the gather runs at the loss on every
+    chip (v5e fsdp=4 x tensor=4 `minimal` with one sequence per chip, compiled after this
+    rule was written without that condition).
 
     Source: the programs of `benchmarks/xla_memory.py` with one sequence per chip: v5e fsdp=16
     `minimal` at seq 2048 (256 MiB kept) and `none`, `full`, `minimal`, `offload` at seq 4096
@@ -231,7 +235,7 @@ def loss_value_logits_bytes(*, rows: float, local_vocab: float, sequences_per_ch
     at seq 2048 (freed at the loss); two sequences per chip free them at the loss on every
     chip.
     """
-    if vocab_tiling > 1 or not chip_defers \
+    if vocab_tiling > 1 or not chip_defers or tensor > 1 \
             or not one_sequence_per_chip(sequences_per_chip=sequences_per_chip):
         return 0.0
     return 4.0 * rows * local_vocab

@@ -1284,7 +1284,7 @@ class _Compiler:
                 # loss value's target-logit gather, scheduled after the backward loop.
                 held += loss_value_logits_bytes(rows=n, local_vocab=V / d.tp,
                                                 sequences_per_chip=n * d.sp / d.ctx,
-                                                vocab_tiling=tiles,
+                                                vocab_tiling=tiles, tensor=d.tp,
                                                 chip_defers=cfg.loss_after_backward)
                 self.mem(logits, G.LOGITS, sum(t.num_bytes for t in lt))
                 self.mem(dx, G.LOGITS, -sum(t.num_bytes for t in lt) + held)
