@@ -1746,9 +1746,9 @@ class _Compiler:
         v6e fsdp=16) XLA schedules the MLP's weight-gradient matmuls after the attention's
         backward and they live through it, and so does v5e's compiler under `full` and
         `minimal` with windowed gathers (`mlp_grad_after_attention`: the gate, up and gated
-        product, 3 x tokens x d_ff bf16, at the score gradient of all six windowed v5e `full`
-        and `minimal` programs, one or two sequences per chip); MoE layers keep theirs too
-        (not measured)."""
+        product, 3 x tokens x d_ff bf16, at the score gradient of the seven windowed v5e
+        `full` and `minimal` programs, one or two sequences per chip; read off six, the
+        seventh compiled after); MoE layers keep theirs too (not measured)."""
         if self.cfg.remat not in (Remat.FULL, Remat.MINIMAL) or self.layer_is_moe(layer) \
                 or self.m.parallel_block \
                 or (self.cfg.mlp_grad_after_attention and self.rs_windowed):
