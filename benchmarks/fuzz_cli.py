@@ -138,6 +138,20 @@ def main() -> int:
           f"seed {args.seed}) in {wall:.0f} s: {ok} exit 0, {err} exit 2")
     print(f"slowest case {max(r['wall_s'] for r in results):.1f} s, largest peak RSS "
           f"{max(r['rss_bytes'] for r in results) / 2**20:.0f} MiB")
+    # Per surface: the generator of a case is its id's middle part (gen-<surface>-<n>); saved
+    # cases count under "corpus".
+    surfaces: dict[str, list[int]] = {}
+    for case, r in zip(cases, results, strict=True):
+        cid = case["id"]
+        name = cid.split("-", 1)[1].rsplit("-", 1)[0] if cid.startswith("gen-") else "corpus"
+        tally = surfaces.setdefault(name, [0, 0, 0, 0])
+        tally[0] += 1
+        tally[1] += r["rc"] == 0
+        tally[2] += r["rc"] == 2
+        tally[3] += bool(r["problems"])
+    print("  surface             cases  exit 0  exit 2  problems")
+    for name, (n, ok0, err2, bad) in sorted(surfaces.items()):
+        print(f"  {name:<18} {n:>6} {ok0:>7} {err2:>7} {bad:>9}")
     labels = ["tracebacks", "hangs", "runs over 2 GiB", "killed (memory cap)",
               "silent successes on invalid input", "replaced non-regular output paths",
               "partial output on error", "internal errors", "other"]

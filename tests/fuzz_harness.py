@@ -178,11 +178,19 @@ def edited_results(edits: list[list[Any]]) -> bytes:
         elif op == "repeat":
             df = df.iloc[np.tile(np.arange(len(df)), int(edit[1]))].reset_index(drop=True)
         elif op == "narrow":
-            df = df[[c for c in edit[1] if c in df.columns]]
+            df = df[list(dict.fromkeys(c for c in edit[1] if c in df.columns))]
         elif op == "keep":
             df = df.iloc[: int(edit[1])]
     buf = io.BytesIO()
-    df.to_parquet(buf, index=False)
+    try:
+        df.to_parquet(buf, index=False)
+    except (ValueError, TypeError):  # pyarrow's ArrowInvalid / ArrowTypeError among them
+        # A column of mixed types has no parquet type: store its cells as text (empty stays).
+        for c in df.columns:
+            if df[c].dtype == object:
+                df[c] = [None if v is None else str(v) for v in df[c]]
+        buf = io.BytesIO()
+        df.to_parquet(buf, index=False)
     return buf.getvalue()
 
 

@@ -50,6 +50,13 @@ FLAGS["train"].update({"--fsdp-gather": "text", "--capacity-factor": "float",
                        "--expert-skew": "float", "--set": "set", "--dp-allreduce": "text",
                        "--tp-comm": "text", "--axis-map": "axis_map"})
 FLAGS["collective"].update({"--set": "set", "--mode": "cmode"})
+# The newest surfaces (harden3): vocab tiling, sampling, all-to-all overlap, wraparound on the
+# step commands, MoE capacity on decode, plan --exhaustive.
+FLAGS["train"].update({"--vocab-tiling": "int", "--ep-alltoall": "ep", "--wraparound": "wrap"})
+FLAGS["decode"].update({"--sampling": "sampling", "--wraparound": "wrap",
+                        "--capacity-factor": "float"})
+FLAGS["prefill"].update({"--sampling": "sampling"})
+FLAGS["plan"].update({"--exhaustive": "switch", "--wraparound": "wrap"})
 BASES = {"collective": COLLECTIVE, "train": TRAIN, "decode": DECODE, "prefill": PREFILL,
          "serve-sweep": SWEEP, "plan": PLAN,
          "compare-collectives": ["compare-collectives", *COLLECTIVE[1:]]}
@@ -113,6 +120,19 @@ def _value(rng: random.Random, kind: str) -> tuple[str, bool]:
         return v, True
     if kind == "set":
         return _set_value(rng)
+    if kind == "switch":
+        return "", False
+    if kind in ("sampling", "ep", "wrap"):
+        good, bad = {
+            "sampling": (["top-k", "greedy"], ["", "beam", "TOP-K", "topk", "x" * 300, "1",
+                                               "top-k,greedy"]),
+            "ep": (["sync", "async"], ["", "bogus", "SYNC", "blocking", "sync,async"]),
+            # The base pods are 2x2: two axes.
+            "wrap": (["auto", "none", "all", "x", "y", "xy", "x,y", "X"],
+                     ["z", "x,,y", "", ",", "x,x", "q", "auto,x", "x," * 3000]),
+        }[kind]
+        v = rng.choice(good + bad)
+        return v, v in bad
     if kind == "axis_map":
         v = rng.choice(["fsdp=x+y", "fsdp=y+x", "fsdp=x:2+y:2", "fsdp=x", "fsdp=x,fsdp=y", "=x",
                         "fsdp=x:0", "fsdp=x:" + "9" * 40, "fsdp=q", "fsdp=x++y", "fsdp=z",
@@ -161,7 +181,9 @@ def gen_flags(rng: random.Random, i: int) -> dict[str, Any]:
     for _ in range(rng.randint(1, 3)):
         flag = rng.choice(sorted(FLAGS[cmd]))
         value, bad = _value(rng, FLAGS[cmd][flag])
-        if flag in argv and flag != "--slow-link":
+        if FLAGS[cmd][flag] == "switch":
+            argv.append(flag)  # a flag without a value (given twice is the same)
+        elif flag in argv and flag != "--slow-link":
             argv[argv.index(flag) + 1] = value
             bad_flags[flag] = bad  # the last value given is the one that counts
         else:
@@ -446,13 +468,178 @@ def gen_orbit(rng: random.Random, i: int) -> dict[str, Any]:
     return {"id": f"gen-orbit-{i}", "argv": argv, "expect": "any"}
 
 
+# -- sliding-window / Gemma model keys -----------------------------------------------------------
+WINDOW_GOOD = ["1", "16", "64", "127", "128", "129", "4096", "16777216", "null"]
+WINDOW_BAD = [".nan", ".inf", "-1", "0", "1.5", "'16'", "true", "[16]", "{a: 1}", "16777217",
+              "9" * 40, "!!python/object/apply:os.system ['true']", "*nope", "1e-320"]
+PERIOD_ODD = ["0", "0", "2", "2", "3", "6", "1", "5000"]  # valid or not depending on the rest
+PERIOD_BAD = ["-1", ".nan", "1.5", "'2'", "true", "[2]", "4097"]
+NORM_BAD = ["1", "0", "yes", "'true'", "null", "[true]", ".nan"]
+SET_WINDOW = ["16", "x2", "x0.5", "null", "none", "0", "-1", "nan", "1.5", "", "abc",
+              "9" * 40, "x1e300", "16777217"]
+
+
+def gen_gemma(rng: random.Random, i: int) -> dict[str, Any]:
+    """A model with sliding-window attention, a local/global pattern, post-norms and QK-norm
+    (odd or invalid values), run by train, decode or prefill, with `--set model.*` on the
+    same keys, odd sequence lengths, --vocab-tiling and --sampling."""
+    invalid = False
+    lines = [ln for ln in TINY_MODEL.splitlines() if not ln.startswith("num_layers")]
+    lines.append(f"num_layers: {rng.choice([2, 4, 6])}")
+    def pick(good: list[str], bad: list[str]) -> str:
+        nonlocal invalid
+        v = rng.choice(bad) if rng.random() < 0.2 else rng.choice(good)
+        invalid |= v in bad
+        return v
+
+    if rng.random() < 0.8:
+        lines.append(f"attention_window: {pick(WINDOW_GOOD, WINDOW_BAD)}")
+    if rng.random() < 0.6:
+        lines.append(f"global_layer_period: {pick(PERIOD_ODD, PERIOD_BAD)}")
+    for key in ("post_norms", "qk_norm"):
+        if rng.random() < 0.4:
+            lines.append(f"{key}: {pick(['true', 'false'], NORM_BAD)}")
+    if rng.random() < 0.1:
+        lines.append("parallel_block: true")  # with post_norms: refused; alone: fine
+    cmd = rng.choice(["train", "train", "decode", "prefill"])
+    base = {"train": TRAIN, "decode": DECODE, "prefill": PREFILL}[cmd]
+    argv = [a.replace("tiny.yaml", "g.yaml") for a in base]
+    length = {"train": "--seq-len", "decode": "--context-len", "prefill": "--prompt-len"}[cmd]
+    argv[argv.index(length) + 1] = rng.choice(["128", "1", "7", "4096", "100"])
+    set_bad: dict[str, bool] = {}
+    for _ in range(rng.choice([0, 0, 1, 2])):
+        key = rng.choice(["attention_window", "global_layer_period", "post_norms", "qk_norm"])
+        v = rng.choice(SET_WINDOW if key == "attention_window" else
+                       ["0", "2", "1", "x2", "-1", "nan", "true", "false", "", "yes"])
+        # A later --set of the same key replaces the earlier one.
+        set_bad[key] = v in ("-1", "nan", "", "abc", "9" * 40, "1.5", "16777217", "yes") or (
+            key in ("post_norms", "qk_norm") and v not in ("true", "false")) or (
+            key == "attention_window" and v == "0")
+        argv += ["--set", f"model.{key}={v}"]
+    invalid |= any(set_bad.values())
+    if cmd == "train" and rng.random() < 0.3:
+        argv += ["--vocab-tiling", rng.choice(["1", "2", "3", "128", "4096"])]
+    if cmd != "train" and rng.random() < 0.3:
+        argv += ["--sampling", rng.choice(["top-k", "greedy"])]
+    if cmd == "prefill" and rng.random() < 0.3:
+        argv += ["--prefill-chunk", rng.choice(["1", "7", "16", "1000"])]
+    return {"id": f"gen-gemma-{i}", "files": {"g.yaml": "\n".join(lines) + "\n"},
+            "argv": argv + ["--json"], "expect": "error" if invalid else "any"}
+
+
+# -- TPU all-reduce-scatter fusions (`import-hlo`) ------------------------------------------------
+SCATTER_HEAD = "%all-reduce-scatter (input: bf16[8192,256]) -> bf16[2048,256] {"
+# The fusion's all-reduce (its groups are written out on the same line) and its ROOT slice.
+SCATTER_GROUPS = "replica_groups={{0,1,2,3},{4,5,6,7},{8,9,10,11},{12,13,14,15}}"
+SCATTER_AR = ("%all-reduce.49 = bf16[8192,256]{1,0:T(8,128)(2,1)} all-reduce(%input), "
+              "channel_id=162, " + SCATTER_GROUPS)
+SCATTER_ROOT = ("ROOT %dynamic-slice.557 = bf16[2048,256]{1,0:T(8,128)(2,1)S(1)} "
+                "dynamic-slice(%all-reduce.49, %multiply.310, %constant.2139), "
+                "dynamic_slice_sizes={2048,256}")
+
+
+def _groups(text: str) -> list[str]:
+    return [SCATTER_AR, SCATTER_AR.replace(SCATTER_GROUPS, text)]
+
+
+SCATTER_EDITS = [
+    _groups("replica_groups={}"),
+    _groups("replica_groups={" + ",".join(f"{{{d}}}" for d in range(16)) + "}"),
+    _groups("replica_groups={{0,1,2},{3,4,5,6,7},{8,9,10,11},{12,13,14,15}}"),
+    _groups("replica_groups={{0,1,2,3},{0,5,6,7},{8,9,10,11},{12,13,14,15}}"),
+    _groups("replica_groups={{0,1,2,99}}"),
+    _groups("replica_groups={{0,1,2," + "9" * 40 + "}}"),
+    _groups("replica_groups={{0,1,2,3}}"),
+    _groups("replica_groups=[4,4]<=[16]"),
+    _groups("replica_groups=[4,4]<=[4,4]T(1,0)"),
+    _groups("replica_groups=[4,5]<=[16]"),
+    _groups("replica_groups=[999999999,999999999]<=[16]"),
+    _groups("replica_groups={{" + ",".join(map(str, range(16))) + "}}"),
+    [SCATTER_AR, SCATTER_AR.replace(", " + SCATTER_GROUPS, "")],
+    [SCATTER_AR, SCATTER_AR.replace("bf16[8192,256]", "bf16[0,256]")],
+    [SCATTER_AR, SCATTER_AR.replace("bf16[8192,256]", "bf16[" + "9" * 40 + ",256]")],
+    [SCATTER_AR, SCATTER_AR.replace("all-reduce(%input)", "all-gather(%input)")],
+    [SCATTER_AR, SCATTER_AR.replace("all-reduce(%input)", "all-reduce()")],
+    [SCATTER_AR, SCATTER_AR.replace("all-reduce(%input)", "all-reduce(%all-reduce.49)")],
+    [SCATTER_AR, SCATTER_AR.replace("bf16[8192,256]{1,0:T(8,128)(2,1)}", "bf16[]")],
+    [SCATTER_AR, SCATTER_AR.replace("channel_id=162", "channel_id=" + "9" * 40)],
+    [SCATTER_ROOT, SCATTER_ROOT.replace("[2048,256]", "[8192,256]").replace("{2048,256}",
+                                                                             "{8192,256}")],
+    [SCATTER_ROOT, SCATTER_ROOT.replace("[2048,256]", "[4096,256]")],
+    [SCATTER_ROOT, SCATTER_ROOT.replace("[2048,256]", "[0,256]")],
+    [SCATTER_ROOT, SCATTER_ROOT.replace("[2048,256]", "[999999999999,999999999]")],
+    [SCATTER_ROOT, SCATTER_ROOT.replace("%all-reduce.49,", "%input,")],
+    [SCATTER_ROOT, SCATTER_ROOT.replace("%all-reduce.49,", "%nope.1,")],
+    [SCATTER_ROOT, SCATTER_ROOT.replace("dynamic_slice_sizes={2048,256}",
+                                        "dynamic_slice_sizes={1,1}")],
+    [SCATTER_ROOT, SCATTER_ROOT.replace("bf16[2048,256]", "(bf16[2048,256], f32[])")],
+    [SCATTER_HEAD, SCATTER_HEAD[:-2]],
+]
+
+
+def gen_hlo_scatter(rng: random.Random, i: int) -> dict[str, Any]:
+    """import-hlo (or replay) of a compiled fsdp x tensor step whose all-reduce-scatter fusion
+    has one to three edits: its groups (empty, singletons, unequal, repeated, out of range,
+    iota forms), the slice it keeps (all, half, none, huge, of another value, a tuple) and the
+    all-reduce itself."""
+    from fuzz_harness import HLO_SCATTER_FIXTURE
+
+    edits = rng.sample(SCATTER_EDITS, rng.randint(1, 3))
+    # At most one edit of each line (the all-reduce, the slice, the header).
+    kept, seen = [], set()
+    for old, new in edits:
+        if old not in seen:
+            kept.append([old, new])
+            seen.add(old)
+    cmd = rng.choice(["import-hlo", "import-hlo", "replay"])
+    extra = rng.choice([[], ["--json"], ["-o", "{tmp}/t.trace"]]) if cmd == "import-hlo" \
+        else ["--json"]
+    return {"id": f"gen-hlo-scatter-{i}",
+            "files": {"p.txt": {"hlo": {"fixture": HLO_SCATTER_FIXTURE, "replace": kept}}},
+            "argv": [cmd, "{tmp}/p.txt", "--chip", "v5e", "--shape", "4x4", *extra],
+            "expect": "any"}
+
+
+# -- results.parquet of an interrupted study (`sweep --resume`) -----------------------------------
+RESUME_VALUES = [None, 0, -1, 1, 1.5, float("inf"), float("-inf"), float("nan"), "", "x",
+                 "x" * 5000, True, [1.0], {"a": 1}, 10**18, "64KiB", "4MiB", "boom"]
+RESUME_COLUMNS = ["time_s", "error", "bytes", "command_line", "point", "chip", "shape",
+                  "latency_s", "inputs.flags.bytes", "wall_time_s", "zzz", "result.bytes"]
+
+
+def gen_resume(rng: random.Random, i: int) -> dict[str, Any]:
+    """`sweep --resume` over an edited results.parquet of a three-point study: cells set to odd
+    or invalid values, columns dropped, rows cut or repeated (up to 30,000 rows)."""
+    from fuzz_harness import STUDY
+
+    edits: list[list[Any]] = []
+    for _ in range(rng.randint(0, 3)):
+        r = rng.random()
+        if r < 0.6:
+            edits.append(["set", rng.choice(RESUME_COLUMNS), rng.choice([None, 0, 1, 2, 5]),
+                          rng.choice(RESUME_VALUES)])
+        elif r < 0.75:
+            edits.append(["drop", rng.choice(RESUME_COLUMNS)])
+        elif r < 0.85:
+            edits.append(["keep", rng.randint(0, 3)])
+        elif r < 0.95:
+            edits.append(["repeat", rng.choice([2, 3, 10000])])
+        else:
+            edits.append(["narrow", ["command_line", *rng.sample(RESUME_COLUMNS, 2)]])
+    return {"id": f"gen-resume-{i}",
+            "files": {"s.yaml": STUDY, "o/results.parquet": {"results": {"edit": edits}}},
+            "argv": ["sweep", "{tmp}/s.yaml", "--out", "{tmp}/o", "--resume", "--workers", "1"],
+            "expect": "any"}
+
+
 GENERATORS = {"flags": gen_flags, "chip_yaml": gen_chip_yaml, "model_yaml": gen_model_yaml,
               "trace": gen_trace, "study": gen_study, "result": gen_result, "hlo": gen_hlo,
-              "orbit": gen_orbit}
+              "orbit": gen_orbit, "gemma": gen_gemma, "hlo_scatter": gen_hlo_scatter,
+              "resume": gen_resume}
 
 
 def generate(rng: random.Random, i: int) -> dict[str, Any]:
     """One case from a surface picked at random (flags twice as often as each file kind)."""
     surface = rng.choice(["flags", "flags", "chip_yaml", "model_yaml", "trace", "study",
-                          "result", "hlo", "orbit"])
+                          "result", "hlo", "orbit", "gemma", "hlo_scatter", "resume"])
     return GENERATORS[surface](rng, i)

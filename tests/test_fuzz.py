@@ -1,6 +1,7 @@
 """Fuzzing the CLI in-process: the saved corpus of inputs that once broke tpusim
 (`tests/fuzz_corpus/*.jsonl`), hypothesis-generated inputs per surface (flags, chip YAML, model
-YAML, trace files, study files, edited results, mutated HLO, odd collective placements),
+YAML, trace files, study files, edited results, mutated HLO, odd collective placements, and
+since harden3 sliding-window models, TPU all-reduce-scatter fusions and resumed results files),
 outputs written into FIFOs and through symlinks, and byte-identical reruns.
 
 Every run must end as "exit 0 with finite outputs" or "one `tpusim: error:` line, exit 2, and
@@ -102,6 +103,29 @@ def test_generated_hlo_mutations_import_or_give_a_one_line_error(rng, tmp_path_f
 @given(rng=st.randoms(use_true_random=False))
 def test_generated_odd_placements_simulate_or_give_a_one_line_error(rng, tmp_path_factory):
     _check_generated("orbit", rng, tmp_path_factory)
+
+
+@_FUZZ_NEW
+@given(rng=st.randoms(use_true_random=False))
+def test_generated_sliding_window_models_give_an_answer_or_a_one_line_error(rng,
+                                                                            tmp_path_factory):
+    _check_generated("gemma", rng, tmp_path_factory)
+
+
+@_FUZZ_NEW
+@given(rng=st.randoms(use_true_random=False))
+def test_generated_resumed_results_files_resume_or_give_a_one_line_error(rng, tmp_path_factory):
+    _check_generated("resume", rng, tmp_path_factory)
+
+
+# A compiled step of 8,105 instructions takes ~0.5 s to import: three examples here, the rest in
+# benchmarks/fuzz_cli.py.
+@settings(max_examples=3, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(rng=st.randoms(use_true_random=False))
+def test_generated_all_reduce_scatter_fusions_import_or_give_a_one_line_error(rng,
+                                                                            tmp_path_factory):
+    _check_generated("hlo_scatter", rng, tmp_path_factory)
 
 
 # -- outputs into special files ---------------------------------------------------------------

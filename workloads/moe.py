@@ -176,6 +176,13 @@ def plan_routing(model: TransformerSpec, ep: int, group_tokens: int, cfg: MoeCon
                           expert_rows_per_token=k * factors[0], dropped_fraction=0.0,
                           hot_shard_per_layer=hot)
     cap = expert_capacity(group_tokens, e, k, cfg.capacity_factor)
+    if cap < 1:
+        balanced = math.ceil(group_tokens * k / e)
+        raise TpusimError(
+            f"--capacity-factor {cfg.capacity_factor:g} leaves each expert a capacity of 0 "
+            f"tokens of a routing group of {group_tokens:g} (int(max({balanced} x C, C))): "
+            f"every token would be dropped; give at least {1 / balanced:.3g}"
+        )
     assigned = group_tokens * k
     dropped = sum(max(assigned * s - cap, 0.0) for s in shares) / assigned
     # Dense dispatch pads every expert to its capacity: the work no longer follows the loads.

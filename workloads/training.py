@@ -433,6 +433,14 @@ def _compiler(
             f"each data shard holds; pick a divisor of {local_seqs}"
         )
     config.moe.check_model(model)
+    if config.ep_alltoall == "async" and ep == 1:
+        # Only the all-to-alls over an expert axis overlap: without one the flag changes
+        # nothing, like --capacity-factor on a dense model.
+        why = f"{model.name} is dense" if not model.is_moe else "the mesh has no expert axis"
+        raise TpusimError(
+            f"--ep-alltoall async overlaps the MoE all-to-alls over the expert axis, and this "
+            f"run has none ({why}); drop --ep-alltoall"
+            + ("" if not model.is_moe else " or add expert=N to the mesh"))
     loss_rows = local_seqs * config.seq_len / sp / config.microbatches
     if config.vocab_tiling > 1 and loss_rows % config.vocab_tiling:
         raise TpusimError(
