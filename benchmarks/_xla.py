@@ -108,7 +108,7 @@ class Decoder:
     query_proj, key_proj, value_proj, out_proj, mlpwi_0, mlpwi_1, mlpwo)."""
 
     def __init__(self, mesh, dims: dict, *, act_spec=None, scopes: bool = False,
-                 tag: Callable = _identity_tag):
+                 tag: Callable = _identity_tag, param_dtype: str = "bfloat16"):
         import jax.numpy as jnp
         from jax.sharding import PartitionSpec as P
 
@@ -125,6 +125,12 @@ class Decoder:
         self.scopes = scopes
         self.tag = tag
         self.bf = jnp.bfloat16
+        # The stored weights' dtype: "float32" is flax's param_dtype=float32 with
+        # dtype=bfloat16 (MaxText's default): f32 master weights, each cast to bf16 right
+        # before its matmul / lookup, the Adam update in f32 written back in f32.
+        if param_dtype not in ("bfloat16", "float32"):
+            raise ValueError(f"param_dtype {param_dtype!r}: use 'bfloat16' or 'float32'")
+        self.pdt = jnp.dtype(param_dtype)
         fs, tp = self.fs, self.tp
         d, h, kv, hd, ff, vocab = self.d, self.h, self.kv, self.hd, self.ff, self.vocab
         self.wspec = {"wq": P(fs, tp), "wk": P(fs, tp), "wv": P(fs, tp), "wo": P(tp, fs),
@@ -146,17 +152,19 @@ class Decoder:
                                     sharding=NamedSharding(self.mesh, spec))
 
     def params(self, n_layers: int, stacked: bool = False) -> dict:
-        """bf16 weights: a list of per-layer dicts, or (stacked) one dict of [layers, ...]
-        arrays for `jax.lax.scan`, as MaxText's scan_layers."""
+        """The weights (bf16, or f32 with `param_dtype="float32"`): a list of per-layer dicts,
+        or (stacked) one dict of [layers, ...] arrays for `jax.lax.scan`, as MaxText's
+        scan_layers."""
         from jax.sharding import PartitionSpec as P
 
-        p = {k: self.sds(self.top_shape[k], self.top_spec[k]) for k in self.top_shape}
+        dt = self.pdt
+        p = {k: self.sds(self.top_shape[k], self.top_spec[k], dt) for k in self.top_shape}
         if stacked:
-            p["layers"] = {k: self.sds((n_layers, *self.wshape[k]), P(None, *self.wspec[k]))
-                           for k in self.wshape}
+            p["layers"] = {k: self.sds((n_layers, *self.wshape[k]), P(None, *self.wspec[k]),
+                                       dt) for k in self.wshape}
         else:
-            p["layers"] = [{k: self.sds(self.wshape[k], self.wspec[k]) for k in self.wshape}
-                           for _ in range(n_layers)]
+            p["layers"] = [{k: self.sds(self.wshape[k], self.wspec[k], dt)
+                            for k in self.wshape} for _ in range(n_layers)]
         return p
 
     def scope(self, name: str):
@@ -201,6 +209,8 @@ class Decoder:
         import jax.numpy as jnp
 
         tag = self.tag
+        # f32 master weights are cast to bf16 where they are used (flax's dtype=bfloat16).
+        w = {k: (v if k in ("n1", "n2") else v.astype(self.bf)) for k, v in w.items()}
         with self.scope(f"layer{i}"):
             with self.scope("norm"):
                 y = self.rms(x, w["n1"])
@@ -225,7 +235,7 @@ class Decoder:
         import jax.numpy as jnp
 
         with self.scope("embed"):
-            x = self.constrain(jnp.take(p["embed"], tok, axis=0))
+            x = self.constrain(jnp.take(p["embed"].astype(self.bf), tok, axis=0))
         if scan:
             body = remat_layer(lambda x, w: self.layer(x, w), remat)
             x, _ = jax.lax.scan(lambda x, w: (body(x, w), None), x, p["layers"])
@@ -235,7 +245,7 @@ class Decoder:
         with self.scope("head"):
             with self.scope("norm"):
                 x = self.rms(x, p["nf"])
-            logits = (x @ p["unembed"]).astype(jnp.float32)
+            logits = (x @ p["unembed"].astype(self.bf)).astype(jnp.float32)
             lse = jax.nn.logsumexp(logits, axis=-1)
             tgt = jnp.take_along_axis(logits, tok[..., None], axis=-1)[..., 0]
             return jnp.mean(lse - tgt)
@@ -245,7 +255,7 @@ class Decoder:
         import jax
         import jax.numpy as jnp
 
-        bf = self.bf
+        pdt = self.pdt
 
         def step(p, m1, m2, tok):
             loss, g = jax.value_and_grad(loss_fn)(p, tok)
@@ -254,7 +264,7 @@ class Decoder:
                 m2 = jax.tree.map(lambda m, g: 0.95 * m + 0.05 * jnp.square(
                     g.astype(jnp.float32)), m2, g)
                 p = jax.tree.map(lambda w, a, b: (w.astype(jnp.float32) - 1e-4 * a
-                                                  * jax.lax.rsqrt(b + 1e-8)).astype(bf),
+                                                  * jax.lax.rsqrt(b + 1e-8)).astype(pdt),
                                  p, m1, m2)
             return loss, p, m1, m2
 

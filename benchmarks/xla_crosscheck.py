@@ -66,6 +66,12 @@ CONFIGS = {
                        batch_per_chip=1, mode="train"),
     "data_fsdp_v6e16": dict(topology="v6e:4x4", mesh={"data": 4, "fsdp": 4}, layers=2,
                             seq=2048, batch_per_chip=1, mode="train"),
+    # f32 master weights cast to bf16 in each layer (flax param_dtype=float32, dtype=bfloat16:
+    # what nearly every MaxText run measured trained with), f32 Adam update written back f32.
+    "fsdp_v6e16_f32": dict(topology="v6e:4x4", mesh={"fsdp": 16}, layers=2, seq=2048,
+                           batch_per_chip=1, mode="train", param_dtype="float32"),
+    "fsdp_v5e16_f32": dict(topology="v5e:4x4", mesh={"fsdp": 16}, layers=2, seq=2048,
+                           batch_per_chip=1, mode="train", param_dtype="float32"),
     "fsdp_v5p16": dict(topology="v5p:2x2x4", mesh={"fsdp": 16}, layers=2, seq=2048,
                        batch_per_chip=1, mode="train"),
     "fsdp_v5e16_small": dict(topology="v5e:4x4", mesh={"fsdp": 16}, layers=2, seq=2048,
@@ -122,7 +128,8 @@ def _worker(name: str, dump_dir: str | None) -> None:
     mesh, devices = _xla.build_mesh(cfg["topology"], cfg["mesh"])
     n_chips = devices.size
     # Named scopes (embed, layer{i}, head, adam) attribute each collective to its layer.
-    model = _xla.Decoder(mesh, dims, scopes=True)
+    model = _xla.Decoder(mesh, dims, scopes=True,
+                         param_dtype=cfg.get("param_dtype", "bfloat16"))
     batch = int(cfg["batch_per_chip"] * n_chips)
     if cfg["mode"] == "train":
         tokens = model.sds((batch, cfg["seq"]), P(model.bs, None), jnp.int32)
@@ -747,6 +754,10 @@ LIKE_FOR_LIKE = {
     "fsdp_v5e16": {"fsdp_gather": "mixed-async"},
     "fsdp_v5e16_small": {"fsdp_gather": "mixed-async"},
     "fsdp_v6e16": {"fsdp_gather": "mixed-blocking"},
+    "fsdp_v5e16_f32": {"fsdp_gather": "mixed-async", "param_dtype": "fp32",
+                       "gather_dtype": "bf16"},
+    "fsdp_v6e16_f32": {"fsdp_gather": "mixed-blocking", "param_dtype": "fp32",
+                       "gather_dtype": "bf16"},
     "data_fsdp_v6e16": {"fsdp_gather": "mixed-blocking"},
     "fsdp_v5p16": {"fsdp_gather": "mixed-blocking"},
     "fsdp_tp_v5p64": {"tp_activations": "replicated", "fsdp_gather": "mixed-blocking"},
@@ -1123,6 +1134,9 @@ def _mode_label(cfg: dict) -> str:
         return (f", MoE train step (d_model {m['d_model']}, {m['num_experts']} experts of d_ff "
                 f"{m['d_ff']}, top-{m['top_k']}, capacity factor {m['capacity_factor']}, "
                 f"{m['num_heads']} heads, vocab {m['vocab_size']}, SGD)")
+    if cfg.get("param_dtype") == "float32":
+        return (", f32 weights cast to bf16 in each layer (tpusim `--param-dtype fp32 "
+                "--gather-dtype bf16`)")
     return ""
 
 

@@ -67,13 +67,14 @@ MESHES = {
 def _configs() -> dict[str, dict]:
     out = {}
 
-    def add(chip, mesh, remat, seq=2048, batch=2, tp_act="replicated"):
+    def add(chip, mesh, remat, seq=2048, batch=2, tp_act="replicated", f32_params=False):
         # The batch per chip is named when it is not the sequence length's usual one (2 at
         # seq 2048, 1 at seq 4096: 4096 tokens per chip).
         name = (f"{chip}_{mesh}_{remat}_s{seq}" + ("_tpsharded" if tp_act == "sharded" else "")
-                + ("" if seq * batch == 4096 else f"_b{batch}"))
+                + ("" if seq * batch == 4096 else f"_b{batch}")
+                + ("_f32params" if f32_params else ""))
         out[name] = dict(chip=chip, mesh=mesh, remat=remat, seq=seq, batch_per_chip=batch,
-                         tp_activations=tp_act)
+                         tp_activations=tp_act, f32_params=f32_params)
 
     for chip in ("v5e", "v6e", "v5p"):
         for mesh in MESHES:
@@ -106,6 +107,10 @@ def _configs() -> dict[str, dict]:
     for chip in ("v5e", "v5p", "v6e"):
         add(chip, "fsdp", "full", seq=2048, batch=1)
     add("v5e", "fsdp_tp", "minimal", seq=4096, batch=0.25)
+    # f32 master weights cast to bf16 in each layer (MaxText's weight_dtype=float32,
+    # dtype=bfloat16; tpusim --param-dtype fp32 --gather-dtype bf16).
+    for chip in ("v5e", "v6e"):
+        add(chip, "fsdp", "full", f32_params=True)
     return out
 
 
@@ -192,7 +197,8 @@ def _dense_worker(name: str) -> dict:
         from jax.ad_checkpoint import checkpoint_name as tag
     else:
         tag = _xla._identity_tag
-    model = _xla.Decoder(mesh, DIMS, act_spec=P(bs, seq_ax, None), tag=tag)
+    model = _xla.Decoder(mesh, DIMS, act_spec=P(bs, seq_ax, None), tag=tag,
+                         param_dtype="float32" if cfg.get("f32_params") else "bfloat16")
     # The layers' weights stacked on a leading layer axis and scanned, as MaxText does
     # (scan_layers): one loop body, saved activations stacked per layer.
     params = model.params(LAYERS, stacked=True)
@@ -298,6 +304,8 @@ def tpusim_peak(name: str, xla: dict) -> dict:
                "--batch-per-chip", str(cfg["batch_per_chip"]), "--mesh", mesh,
                "--remat", cfg["remat"], "--attention", "dot",
                "--tp-activations", cfg["tp_activations"],
+               *(["--param-dtype", "fp32", "--gather-dtype", "bf16"]
+                 if cfg.get("f32_params") else []),
                "--fsdp-gather", fsdp_gather_flag(xla), "--json"]
         r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if r.returncode != 0:
@@ -350,8 +358,9 @@ def describe(name: str) -> str:
     c = CONFIGS[name]
     mesh = " x ".join(f"{k}={v}" for k, v in MESHES[c["mesh"]].items())
     tp = ", tp-act sharded" if c["tp_activations"] == "sharded" else ""
+    f32 = ", f32 params cast to bf16" if c.get("f32_params") else ""
     return (f"{CHIPS[c['chip']][0]} {mesh}, seq {c['seq']}, batch/chip {c['batch_per_chip']}, "
-            f"remat {c['remat']}{tp}")
+            f"remat {c['remat']}{tp}{f32}")
 
 
 def analysis(x: dict) -> str:

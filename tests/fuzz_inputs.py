@@ -48,7 +48,7 @@ FLAGS = {
 # Flags added since the first fuzz pass, fuzzed on `train` (harden2).
 FLAGS["train"].update({"--fsdp-gather": "text", "--capacity-factor": "float",
                        "--expert-skew": "float", "--set": "set", "--dp-allreduce": "text",
-                       "--tp-comm": "text", "--axis-map": "axis_map"})
+                       "--tp-comm": "text", "--axis-map": "axis_map", "--gather-dtype": "text"})
 FLAGS["collective"].update({"--set": "set", "--mode": "cmode"})
 # The newest surfaces (harden3): vocab tiling, sampling, all-to-all overlap, wraparound on the
 # step commands, MoE capacity on decode, plan --exhaustive.

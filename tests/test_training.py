@@ -470,6 +470,56 @@ def test_static_bytes_follow_the_dtype_flags():
     assert wide.meta["static_breakdown"]["grads"] == pytest.approx(4 * p)
 
 
+def test_f32_params_gathered_in_bf16_move_bf16_bytes_and_keep_f32_master_weights():
+    # flax's param_dtype=float32 with dtype=bfloat16 (MaxText's default): XLA casts each f32
+    # shard to bf16 once and gathers, multiplies and reduce-scatters in bf16 (the v5e and v6e
+    # fsdp=16 compiles: every collective's bytes equal the bf16-param program's, the peak is
+    # higher by exactly the 2 extra bytes of each stored parameter).
+    base, base_res = _step("fsdp=4", "2x2")
+    f32, f32_res = _step("fsdp=4", "2x2", param_dtype="fp32", gather_dtype="bf16")
+    p = f32.meta["params_per_chip"]
+
+    def colls(t):
+        return [(o.name, o.bytes) for o in t.ops if o.kind == OpKind.COLLECTIVE]
+
+    def matmuls(t):
+        return [(o.name, o.flops, o.hbm_bytes) for o in t.ops if o.unit == Unit.MXU]
+
+    assert colls(f32) == colls(base) and colls(base)
+    assert matmuls(f32) == matmuls(base)
+    assert f32.meta["static_hbm_bytes"] - base.meta["static_hbm_bytes"] == pytest.approx(2 * p)
+    assert f32_res.hbm_peak_bytes - base_res.hbm_peak_bytes == pytest.approx(2 * p)
+    # One cast of the local shard per step: read 4 bytes, write 2 per parameter.
+    (cast,) = [o for o in f32.ops if o.name == "weight_cast"]
+    assert (cast.unit, cast.flops, cast.hbm_bytes) == (Unit.VPU, pytest.approx(p),
+                                                       pytest.approx(6 * p))
+    assert not [o for o in base.ops if o.name == "weight_cast"]
+    # Adam reads and writes the f32 weights: 2 x 2 bytes per parameter more than bf16's.
+    (upd,) = [o for o in f32.ops if o.name == "adam_update"]
+    (bupd,) = [o for o in base.ops if o.name == "adam_update"]
+    assert upd.hbm_bytes - bupd.hbm_bytes == pytest.approx(4 * p)
+
+
+def test_gather_dtype_defaults_to_the_param_dtype():
+    same, _ = _step("fsdp=4", "2x2", param_dtype="fp32")
+    explicit, _ = _step("fsdp=4", "2x2", param_dtype="fp32", gather_dtype="fp32")
+    base, _ = _step("fsdp=4", "2x2")
+    assert same.ops == explicit.ops
+    assert not [o for o in same.ops if o.name == "weight_cast"]
+    gathers = [o for o in base.ops if o.name.startswith("fsdp_allgather")]
+    assert gathers
+    wide = {o.name: o.bytes for o in same.ops if o.kind == OpKind.COLLECTIVE}
+    for g in gathers:  # f32 weights gathered in f32: twice the bytes
+        assert wide[g.name] == pytest.approx(2 * g.bytes)
+
+
+def test_an_unknown_gather_dtype_is_refused_naming_the_flag():
+    with pytest.raises(TpusimError, match=r"--gather-dtype 'fp9' is not a known dtype"):
+        TrainingConfig(seq_len=128, batch_per_chip=1, gather_dtype="fp9")
+    with pytest.raises(TpusimError, match=r"--gather-dtype 2 must be a dtype name"):
+        TrainingConfig(seq_len=128, batch_per_chip=1, gather_dtype=2)
+
+
 def test_sgd_keeps_no_optimizer_state_and_its_update_moves_weights_and_gradients_only():
     adam, _ = _step("fsdp=4", "2x2")
     sgd, res = _step("fsdp=4", "2x2", optimizer="sgd")

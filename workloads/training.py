@@ -147,6 +147,11 @@ class TrainingConfig:
     microbatches: int = 1
     param_dtype: str = "bf16"
     grad_dtype: str = "bf16"
+    # The dtype the layers use their weights in: each weight shard is cast to it before its
+    # FSDP gather, so gathers, gathered copies and the matmuls' weight reads are in it, while
+    # the stored params and their update stay in `param_dtype` (flax's dtype=bfloat16 with
+    # param_dtype=float32, MaxText's default). None: the param dtype (no cast).
+    gather_dtype: str | None = None
     optimizer_dtype: str = "fp32"
     optimizer: Optimizer = Optimizer.ADAM
     overlap: bool = True
@@ -244,6 +249,16 @@ class TrainingConfig:
         for flag, v in (("--param-dtype", self.param_dtype), ("--grad-dtype", self.grad_dtype),
                         ("--optimizer-dtype", self.optimizer_dtype)):
             dtype_bytes(v, flag)
+        if self.gather_dtype is not None:
+            if not isinstance(self.gather_dtype, str):
+                raise TpusimError(f"--gather-dtype {short_repr(self.gather_dtype)} must be a "
+                                  f"dtype name; use one of: {', '.join(_DTYPE_BYTES)}")
+            dtype_bytes(self.gather_dtype, "--gather-dtype")
+
+    @property
+    def weight_gather_dtype(self) -> str:
+        """The dtype weights are gathered and multiplied in (`gather_dtype`, else the params')."""
+        return self.param_dtype if self.gather_dtype is None else self.gather_dtype
 
 
 def parse_remat(text: str) -> Remat:
@@ -537,7 +552,10 @@ class _Compiler:
         self.num_chips = num_chips
         self.global_seqs = global_seqs
         self.b = TraceBuilder()
+        # Stored params (and their update) in --param-dtype; what the layers gather and read
+        # in --gather-dtype (the cast of each shard before its gather, `weight_cast`).
         self.wb = dtype_bytes(cfg.param_dtype, "--param-dtype")
+        self.wc = dtype_bytes(cfg.weight_gather_dtype, "--gather-dtype")
         self.gb = dtype_bytes(cfg.grad_dtype, "--grad-dtype")
         self.ob = dtype_bytes(cfg.optimizer_dtype, "--optimizer-dtype")
         self.opt = Optimizer(cfg.optimizer)
@@ -607,7 +625,7 @@ class _Compiler:
         """The accumulator traffic of a weight gradient's windowed reduce-scatter (a collective
         matmul), as the fusion of its own XLA runs it as, after the dW matmul (`NAME_accum`).
 
-        `w_bytes` is the gathered matrices' size at the parameter dtype; the accumulators hold
+        `w_bytes` is the gathered matrices' size at the gather dtype; the accumulators hold
         the gradient's dtype (bf16 in XLA's programs: the add is done in f32 and converted
         back). In XLA's `windowed_dot_general_body_rs` loop (bidirectional ring, unrolled by
         2) every ring step's add fusion reads the partial sum arriving from the ring and the
@@ -615,8 +633,8 @@ class _Compiler:
         zeroes the accumulators on the first step reads and writes each of the two accumulators
         once per two steps (1 shard per step): 4 x |W| bytes over the N steps, one add per
         gradient element (docs/model.md "Training steps")."""
-        g = w_bytes / self.wb * self.gb
-        return self.vpu(f"{name}_accum", w_bytes / self.wb, 4.0 * g, [dep], layer, phase)
+        g = w_bytes / self.wc * self.gb
+        return self.vpu(f"{name}_accum", w_bytes / self.wc, 4.0 * g, [dep], layer, phase)
 
     def vpu(self, name, flops, nbytes, deps, layer, phase, **kw):
         base = name.removeprefix("re-")
@@ -688,7 +706,7 @@ class _Compiler:
             mlp = routed / (d.tp * d.ep) + shared / d.tp + m.router_params_per_layer
         else:
             mlp = m.dense_mlp_params_per_layer / d.tp
-        return (att + mlp) * self.wb
+        return (att + mlp) * self.wc
 
     def layer_expert_weight_bytes(self, layer: int) -> float:
         """The routed experts' share of `layer_weight_bytes` (sharded over `expert`)."""
@@ -696,7 +714,7 @@ class _Compiler:
             return 0.0
         m, d = self.m, self.d
         routed = m.num_experts * m.mlp.num_matrices * m.d_model * m.expert_d_ff
-        return routed / (d.tp * d.ep) * self.wb
+        return routed / (d.tp * d.ep) * self.wc
 
     def norm_grad_bytes(self) -> float:
         """Gradients of the norm scales this pipeline stage holds (replicated parameters), in
@@ -740,7 +758,7 @@ class _Compiler:
     def layer_matrices(self, layer: int) -> list[tuple[str, float]]:
         """(matrix, bytes one tensor shard gathers) for each weight matrix of a layer; they sum
         to `layer_weight_bytes`."""
-        m, d, wb = self.m, self.d, self.wb
+        m, d, wb = self.m, self.d, self.wc
         D, hd = m.d_model, m.head_dim
         q, kv = D * m.num_heads * hd / d.tp * wb, D * m.num_kv_heads * hd / d.tp * wb
         out = [("wq", q), ("wk", kv), ("wv", kv), ("wo", q)]
@@ -834,7 +852,7 @@ class _Compiler:
             qkv = norm  # q, k, v came back from host memory (a dependency of the layer input)
         else:
             qkv = self.mm(f"{tag}qkv_proj", 2 * n * D * (h_loc + 2 * k_loc) * hd,
-                          qkv_w * self.wb, n * D * a, n * (h_loc + 2 * k_loc) * hd * a,
+                          qkv_w * self.wc, n * D * a, n * (h_loc + 2 * k_loc) * hd * a,
                           [norm] + wdeps + mm_deps, layer, phase, keys=("wq", "wk", "wv"))
         if m.qk_norm:
             # RMSNorm over head_dim of every query and key head (Gemma 3): a norm fusion of
@@ -850,7 +868,7 @@ class _Compiler:
                 mlp_live = self.mlp_forward(layer, norm, wdeps, phase, tag, after, dead_tail=True)
                 self.recompute_leaves.append(att)
                 return mlp_live
-            out = self.mm(f"{tag}out_proj", 2 * n * h_loc * hd * D, H * hd * D / tp * self.wb,
+            out = self.mm(f"{tag}out_proj", 2 * n * h_loc * hd * D, H * hd * D / tp * self.wc,
                           n * h_loc * hd * a, n * D * a, [att] + wdeps, layer, phase)
             mlp_out = self.mlp_forward(layer, norm, wdeps, phase, tag, after)
             summed = self.vpu(f"{tag}block_sum", n * D, 3 * n * D * a, [out, mlp_out], layer,
@@ -864,7 +882,7 @@ class _Compiler:
             self.recompute_leaves.append(att)
             exit1 = []
         else:
-            out = self.mm(f"{tag}out_proj", 2 * n * h_loc * hd * D, H * hd * D / tp * self.wb,
+            out = self.mm(f"{tag}out_proj", 2 * n * h_loc * hd * D, H * hd * D / tp * self.wc,
                           n * h_loc * hd * a, n * D * a, [att] + wdeps, layer, phase)
             exit1 = self.tp_exit(tag, "attn", out, [out], layer, phase)
         if m.post_norms:
@@ -977,7 +995,7 @@ class _Compiler:
             # uniform and dropless, k x the hottest shard's load factor under skew, E x
             # capacity / group tokens on the dense dropping path (padded to capacity).
             rows = rt.expert_rows_per_token
-            router = self.mm(f"{tag}router", 2 * n * D * E, D * E * self.wb, n * D * a,
+            router = self.mm(f"{tag}router", 2 * n * D * E, D * E * self.wc, n * D * a,
                              n * E * 4, [dep], layer, phase, keys=("router",))
             topk = self.vpu(f"{tag}topk_route", 4 * n * E, n * E * 4, [router], layer, phase)
             pre = topk
@@ -992,7 +1010,7 @@ class _Compiler:
             disp = self.coll(f"{tag}ep_dispatch", "all-to-all", ("expert",),
                              n * rows * D * a * d.ep, [pre], layer, phase)
             x = [pre] + ([disp] if disp is not None else [])
-            w_bytes = (E / d.ep) * mats * D * F / tp * self.wb
+            w_bytes = (E / d.ep) * mats * D * F / tp * self.wc
             h = self.mm(f"{tag}expert_in", 2 * n * rows * D * F * (mats - 1) / tp,
                         w_bytes * (mats - 1) / mats, n * rows * D * a,
                         n * rows * F * (mats - 1) / tp * a, x + wdeps, layer, phase,
@@ -1015,7 +1033,7 @@ class _Compiler:
                 sF = m.num_shared_experts * F
                 live = (mats - 1) / mats if dead_tail else 1.0  # its down projection is dead
                 sh = self.mm(f"{tag}shared_expert", 2 * n * D * sF * mats / tp * live,
-                             mats * D * sF / tp * self.wb * live, n * D * a,
+                             mats * D * sF / tp * self.wc * live, n * D * a,
                              n * D * a if not dead_tail else n * sF * (mats - 1) / tp * a,
                              [dep] + wdeps, layer, phase,
                              keys=("shared_gate", "shared_up") + (() if dead_tail
@@ -1039,13 +1057,13 @@ class _Compiler:
                             out_deps, layer, phase)
         F = m.d_ff
         h = self.mm(f"{tag}mlp_in", 2 * n * D * F * (mats - 1) / tp,
-                    (mats - 1) * D * F / tp * self.wb, n * D * a, n * F * (mats - 1) / tp * a,
+                    (mats - 1) * D * F / tp * self.wc, n * D * a, n * F * (mats - 1) / tp * a,
                     [dep] + wdeps, layer, phase, keys=("w_gate", "w_up"))
         act = self.vpu(f"{tag}mlp_act", 8 * n * F / tp,
                        n * F * (mats - 1) / tp * a + n * F / tp * a, [h, *after], layer, phase)
         if dead_tail:
             return act
-        return self.mm(f"{tag}mlp_out", 2 * n * F * D / tp, D * F / tp * self.wb, n * F / tp * a,
+        return self.mm(f"{tag}mlp_out", 2 * n * F * D / tp, D * F / tp * self.wc, n * F / tp * a,
                        n * D * a, [act] + wdeps, layer, phase, keys=("w_down",))
 
     # -- whole step -------------------------------------------------------------------------
@@ -1054,7 +1072,7 @@ class _Compiler:
         b = self.b
         n, D, V = d.n, m.d_model, m.vocab_size
         G = MemoryCategory
-        emb_w = V * D / d.tp * self.wb  # one vocabulary matrix (the output projection)
+        emb_w = V * D / d.tp * self.wc  # one vocabulary matrix (the output projection)
         emb_all = emb_w * (1 if m.tied_embeddings else 2)  # every embedding parameter
         # An untied, FSDP-sharded input table is never gathered: XLA looks rows up where they
         # live with an all-to-all of the activations, and sends their gradients back the same
@@ -1155,9 +1173,18 @@ class _Compiler:
             self.mem(out, G.GATHERED_WEIGHTS, -g.held_bytes)
 
         table_reduced = False  # the input table's gradient all-reduced whole (data axis)
+        # Weights stored in another dtype than they are gathered in (--gather-dtype): XLA casts
+        # each local shard once per step (one convert fusion per matrix, reused by the forward
+        # gather and the backward's re-gathers: the v5e fsdp=16 compile of f32 params cast to
+        # bf16 in each layer, docs/model.md "Training steps"), before anything is gathered.
+        cast = None
+        if self.wc != self.wb:
+            p_cast = self.local_params()
+            cast = self.vpu("weight_cast", p_cast, p_cast * (self.wb + self.wc), [], -1, "fwd")
         for mb in range(cfg.microbatches):
             # Embedding lookup (stage 0).
-            start = [prev_compute] if prev_compute is not None else []
+            start = [prev_compute] if prev_compute is not None else \
+                ([cast] if cast is not None else [])
             emb_g = self.coll("fsdp_allgather_embed", "all-gather", a2a_axes, emb_w, start, -1,
                               "fwd") if self.embed_on or self.head_on else None
             self.mem(emb_g, G.GATHERED_WEIGHTS, emb_w)
@@ -1390,13 +1417,13 @@ class _Compiler:
                     pending = fsdp_gather(layer - 1, mb, "bwd", after, [out])
                 # Gradient reduce-scatters over each matrix's FSDP group (one per matrix; a
                 # windowed one is a ring of N + 1 messages), then all-reduce over data (async).
-                grad_bytes = self.layer_weight_bytes(self.layer_is_moe(layer)) / self.wb * self.gb
-                expert_b = self.layer_expert_weight_bytes(layer) / self.wb * self.gb
+                grad_bytes = self.layer_weight_bytes(self.layer_is_moe(layer)) / self.wc * self.gb
+                expert_b = self.layer_expert_weight_bytes(layer) / self.wc * self.gb
                 rs_ops = []
                 for key, nbytes in self.layer_matrices(layer) if fse > 1 else []:
                     axes, group = self.fsdp_group(key)
                     rs_ops.append(self.coll(f"fsdp_grad_reducescatter_{key}", "reduce-scatter",
-                                            axes, nbytes / self.wb * self.gb
+                                            axes, nbytes / self.wc * self.gb
                                             * (ring(group, "reduce-scatter", key)
                                                if self.rs_windowed else 1.0),
                                             [out], layer, "bwd"))
@@ -1441,7 +1468,7 @@ class _Compiler:
                 emb_bwd = self.vpu("embed_grad", n * D, 3 * n * D * a, [prev] + dp_wait, -1,
                                    "bwd")
                 rows_v = d.dp * a2a_group * n * D * a  # every chip's gradient rows
-                table_v = emb_w / self.wb * self.gb  # the chip's whole table gradient
+                table_v = emb_w / self.wc * self.gb  # the chip's whole table gradient
                 if lookup_a2a and d.dp > 1 and rows_v < table_v:
                     # With a data axis XLA's SPMD partitioner does not send the gradient rows
                     # back by all-to-all: it replicates the smaller of the scatter-add's
@@ -1479,7 +1506,7 @@ class _Compiler:
             erc = None
             if self.embed_on or self.head_on:
                 erc = self.coll("fsdp_grad_reducescatter_embed", "reduce-scatter", a2a_axes,
-                                emb_w / self.wb * self.gb
+                                emb_w / self.wc * self.gb
                                 * (ring(fse, "reduce-scatter") if self.rs_windowed else 1.0),
                                 [emb_bwd] + ([head_accum] if head_accum is not None else []),
                                 -1, "bwd")
@@ -1488,7 +1515,7 @@ class _Compiler:
                 if mb == cfg.microbatches - 1:
                     ear = self.coll("dp_grad_allreduce_embed", "all-reduce", ("data", "sequence"),
                                     (emb_all - (emb_w if table_reduced else 0.0))
-                                    / self.wb * self.gb / fse
+                                    / self.wc * self.gb / fse
                                     + (0.0 if fse > 1 else self.norm_grad_bytes()),
                                     [erc if erc is not None else emb_bwd], -1, "bwd")
                     if ear is not None:
@@ -1539,10 +1566,10 @@ class _Compiler:
         dense_disp = moe and rt.dense_dispatch
         if moe:
             F = m.expert_d_ff * rt.expert_rows_per_token
-            w_mlp = (m.num_experts / d.ep) * mats * D * m.expert_d_ff / tp * self.wb
+            w_mlp = (m.num_experts / d.ep) * mats * D * m.expert_d_ff / tp * self.wc
         else:
             F = m.d_ff
-            w_mlp = mats * D * F / tp * self.wb
+            w_mlp = mats * D * F / tp * self.wc
         fwd_mlp = 2 * n * D * F * mats / tp
         comb = None
         dcomb_deps: list[int] = []
@@ -1626,7 +1653,7 @@ class _Compiler:
             # had 4 n D E per layer fewer). Issued after the dispatch's backward, which does
             # not wait for the combine weights' gradient (a chip runs its ops in order).
             E = m.num_experts
-            rb = self.mm("router_bwd", 4 * n * D * E, D * E * self.wb,
+            rb = self.mm("router_bwd", 4 * n * D * E, D * E * self.wc,
                          n * D * a + n * E * 4, n * D * a, dcomb_deps or [dact], layer, "bwd",
                          keys=("router",))
             dcomb_deps = [rb]
@@ -1643,7 +1670,7 @@ class _Compiler:
             else d.ctx  # dot attention computes every score (attention_forward)
         att_fwd_flops = 4 * n * h_loc * hd * keys
         att_factor = 2.5 if self.cfg.attention == "flash" else 2.0  # flash recomputes scores
-        w_att = m.attention_params_per_layer / tp * self.wb
+        w_att = m.attention_params_per_layer / tp * self.wc
         proj_flops = 2 * n * D * (2 * h_loc + 2 * k_loc) * hd
         if m.parallel_block:
             mm_deps2, after2 = mm_deps, after

@@ -42,8 +42,15 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--attention", default="flash", help="flash (default) or dot")
     p.add_argument("--microbatches", type=int_flag("--microbatches", hi=MAX_CHUNKS), default=1,
                    help="gradient accumulation steps")
-    p.add_argument("--param-dtype", default="bf16")
-    p.add_argument("--grad-dtype", default="bf16")
+    p.add_argument("--param-dtype", default="bf16",
+                   help="dtype of the stored weights and their update (default bf16)")
+    p.add_argument("--grad-dtype", default="bf16",
+                   help="dtype the weight gradients are reduced and kept in (default bf16)")
+    p.add_argument("--gather-dtype", default=None,
+                   help="dtype each weight shard is cast to before its FSDP gather, the "
+                        "dtype the matmuls read weights in (default: --param-dtype, no cast); "
+                        "--param-dtype fp32 --gather-dtype bf16 is MaxText's default "
+                        "(weight_dtype=float32, dtype=bfloat16)")
     p.add_argument("--optimizer-dtype", default="fp32",
                    help="dtype of the optimizer state (default fp32)")
     p.add_argument("--optimizer", default="adam",
@@ -115,6 +122,7 @@ def training_config(args: argparse.Namespace, moe=None, chip=None):
         microbatches=args.microbatches,
         param_dtype=args.param_dtype,
         grad_dtype=args.grad_dtype,
+        gather_dtype=args.gather_dtype,
         optimizer_dtype=args.optimizer_dtype,
         optimizer=parse_optimizer(args.optimizer),
         overlap=not args.no_overlap,
