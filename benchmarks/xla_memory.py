@@ -503,6 +503,11 @@ def section(cache: dict) -> str:
         "decode row's "
         "`memory_analysis()` peak counts 52 MiB of VMEM values (`S(1)`) live at its peak; "
         "its HBM holds the weights and the KV cache, as in tpusim. "
+        "The `*_f32params` rows (f32 weights cast to bf16 in each layer, tpusim "
+        "`--param-dtype fp32 --gather-dtype bf16`) keep the f32 weights and a stacked f32 "
+        "gradient (as tpusim does); v6e's also keeps the bf16 logits (256 MiB) through the "
+        "backward loop and one more score-sized buffer at its peak, which its bf16-weight "
+        "program does not and tpusim does not model (docs/model.md \"Training steps\"). "
         "In the v5e programs the context of GQA attention sits in a "
         "tiled layout that pads the head-group dimension (a 16 MB tensor takes 128 MB), "
         "which tpusim does not model.", "",

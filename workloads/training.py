@@ -557,6 +557,11 @@ class _Compiler:
         self.wb = dtype_bytes(cfg.param_dtype, "--param-dtype")
         self.wc = dtype_bytes(cfg.weight_gather_dtype, "--gather-dtype")
         self.gb = dtype_bytes(cfg.grad_dtype, "--grad-dtype")
+        # The local gradient shards are held in the params' dtype when the weights are cast for
+        # their gathers: the scanned backward writes each layer's reduce-scattered gradient into
+        # a stacked gradient of the params' dtype (f32 in the v5e and v6e fsdp=16 scanned
+        # compiles with f32 weights; benchmarks/xla_memory.py `*_f32params`).
+        self.gh = self.wb if self.wc != self.wb else self.gb
         self.ob = dtype_bytes(cfg.optimizer_dtype, "--optimizer-dtype")
         self.opt = Optimizer(cfg.optimizer)
         # Optimizer state per parameter (the moments, in --optimizer-dtype).
@@ -1429,7 +1434,8 @@ class _Compiler:
                                             [out], layer, "bwd"))
                 rs_ops = [o for o in rs_ops if o is not None]
                 rs = rs_ops[-1] if rs_ops else None
-                local_grad = (grad_bytes - expert_b) / fse + expert_b / d.fs
+                local_grad = ((grad_bytes - expert_b) / fse + expert_b / d.fs) \
+                    / self.gb * self.gh
                 if mb == 0:  # the local gradient shard lives from here until the update
                     self.mem(rs if rs is not None else out, G.GRADIENTS, local_grad)
                     grads_allocated += local_grad
@@ -1522,7 +1528,7 @@ class _Compiler:
                         last_grad_ops.append(ear)
             if mb == 0:  # embedding and norm gradients: the rest of the local shard
                 self.mem(erc if erc is not None else emb_bwd, G.GRADIENTS,
-                         max(self.local_params() * self.gb - grads_allocated, 0.0))
+                         max(self.local_params() * self.gh - grads_allocated, 0.0))
             prev_compute = emb_bwd
         # The norm scales are replicated: their gradients are summed over fsdp and expert (and
         # tensor, if the activations are sharded over it; replicated ones give equal gradients
@@ -1542,7 +1548,7 @@ class _Compiler:
         upd = self.vpu(f"{self.opt.value}_update", self.opt.update_flops_per_param * p_local,
                        p_local * (2 * self.wb + self.gb + 2 * self.state_bytes_per_param),
                        [prev_compute] + last_grad_ops, -1, "optimizer")
-        self.mem(upd, G.GRADIENTS, -max(p_local * self.gb, grads_allocated))
+        self.mem(upd, G.GRADIENTS, -max(p_local * self.gh, grads_allocated))
         # Parameters and optimizer state are the program's (donated) arguments, resident for the
         # whole step; gradients are temporaries of the backward pass, as in XLA's program.
         static = p_local * (self.wb + self.state_bytes_per_param)
@@ -1874,7 +1880,7 @@ class _Compiler:
                                    "optimizer": p_local * self.state_bytes_per_param},
             "static_breakdown": {
                 "params": p_local * self.wb,
-                "grads": p_local * self.gb,
+                "grads": p_local * self.gh,
                 "optimizer": p_local * self.state_bytes_per_param,
             },
             "activation_bytes_estimate": act_peak,
