@@ -87,12 +87,13 @@ def run_case(case: dict, timeout_s: float) -> dict:
 
 
 def classify(problem: str) -> str:
-    for key, label in (("traceback", "tracebacks"), ("hang", "hangs"),
+    # "internal error" first: its message ends by pointing at the traceback.
+    for key, label in (("internal error", "internal errors"), ("traceback", "tracebacks"),
+                       ("hang", "hangs"),
                        ("peak RSS", "runs over 2 GiB"), ("died", "killed (memory cap)"),
                        ("silent success", "silent successes on invalid input"),
                        ("non-regular", "replaced non-regular output paths"),
-                       ("partial output", "partial output on error"),
-                       ("internal error", "internal errors")):
+                       ("partial output", "partial output on error")):
         if key in problem:
             return label
     return "other"

@@ -684,7 +684,7 @@ def _load_previous(out: Path, study: StudySpec, points: list[dict[str, Any]],
         raise TpusimError(f"--resume: {name} is not a tpusim sweep result (no "
                           f"{COMMAND_LINE_COLUMN} column); use another --out")
     index = {shlex.join(["tpusim", *a]): i for i, a in enumerate(argvs)}
-    stray = [c for c in df[COMMAND_LINE_COLUMN] if c not in index]
+    stray = [c for c in df[COMMAND_LINE_COLUMN] if not isinstance(c, str) or c not in index]
     if stray:
         raise TpusimError(
             f"--resume: {name} holds {len(stray)} row(s) that are not points of this study "
@@ -727,9 +727,11 @@ def _check_resumed_row(study: StudySpec, point: Mapping[str, Any], rec: Mapping[
         if v is not None and not isinstance(v, (str, bool, int, float)):
             raise TpusimError(f"{where}: {short_repr(k)} is {short_repr(v)}, not a plain value "
                               f"(tpusim writes text, numbers and true/false); {why}: {fix}")
-        if isinstance(v, float) and not math.isfinite(v):
-            raise TpusimError(f"{where}: {short_repr(k)} is {v} (numbers must be finite); "
-                              f"{why}: {fix}")
+        # Text that reads as a non-finite number ("nan", "inf") would print as one.
+        if isinstance(v, float) and not math.isfinite(v) or isinstance(v, str) and \
+                v.strip().lower().lstrip("+-") in ("nan", "inf", "infinity"):
+            raise TpusimError(f"{where}: {short_repr(k)} is {short_repr(v)} (numbers must be "
+                              f"finite); {why}: {fix}")
     err = rec.get(ERROR_COLUMN)
     if err is not None and not isinstance(err, str):
         raise TpusimError(f"{where}: {ERROR_COLUMN} is {short_repr(err)}, not the text of an "
