@@ -1311,13 +1311,13 @@ def render_op_costs_section(results: dict) -> str:
 
 OP_COSTS_EXPLAIN = """What the tables say:
 
-* **Matmuls.** tpusim costs a matmul at the fitted MXU efficiency (0.78 of peak on v5e and
-  v5p, 0.63 on v6e; fitted on measured MaxText step times, above) or at its HBM bytes if
+* **Matmuls.** tpusim costs a matmul at the fitted MXU efficiency (0.77 of peak on v5e and
+  v5p, 0.62 on v6e; fitted on measured MaxText step times, above) or at its HBM bytes if
   those take longer; XLA's model costs the large matmuls near the MXU peak: at the clocks
   above its estimate for the logits matmul is 97-98% of the peak on v5e and v5p (its fastest
   fusions: 128,302 FLOP per cycle on v5e, 97.9% of 4 MXUs x 128 x 128 x 2; 256,468 on v5p,
   97.8% of twice that). The fitted efficiency alone makes tpusim's compute-bound matmuls
-  1/0.78 = 1.28x XLA's estimate on v5e; it is fitted on measured steps, which XLA's static
+  1/0.77 = 1.30x XLA's estimate on v5e; it is fitted on measured steps, which XLA's static
   estimate does not see, and is not re-tuned to XLA here. XLA's model also charges the
   per-step accumulation of a windowed all-gather einsum that contracts the gathered dimension
   (q, k, v, gate, up forward): on v5e those loops' matmul fusions are estimated at 1.39-2.29x
@@ -1378,13 +1378,14 @@ OP_COSTS_EXPLAIN = """What the tables say:
   on the chip, as XLA's estimates do; in tpusim's replay the same ops take longer wherever
   their HBM traffic runs beside collective DMA ("its compute ops take ... there" under each
   table; the most, {stretch}).
-  The fluid model shares HBM among the active transfers in proportion to their bytes, and a
-  collective held back by its ICI links keeps that share without using it, so a norm running
-  beside a layer's weight gathers gets a small part of HBM (fsdp_v5e16: the norms take 5.98
-  ms in the replay against 0.90 ms alone; with the collectives' HBM traffic left out, an
-  experiment, the step takes 147.7 ms instead of 162.2 ms). Sharing the unused HBM out to the
-  compute ops (max-min) would move every overlapped step and the fitted efficiencies, so it is
-  reported here, not changed.
+  The fluid model shares HBM max-min (docs/model.md): a collective held back by its ICI links
+  draws only the HBM its links let it use and the compute ops beside it get the rest, so what
+  stretches them is the collective DMA's own HBM traffic (fsdp_v5e16: the norms take 1.12 ms
+  in the replay against 0.90 ms alone, all compute ops 125.6 ms against 120.5 ms, the step
+  153.6 ms; with the collectives' HBM traffic left out, an experiment, 148.6 ms). Until
+  2026-11-30 HBM was shared in proportion to the bytes in flight, and a collective kept a
+  share it could not use: there the norms took 5.98 ms, the compute ops 136.2 ms and the step
+  162.2 ms (at the MXU factor then, 0.78).
 * **Norms and other elementwise work** cannot be compared row by row: XLA fuses RMSNorm, the
   residual adds and the SwiGLU product into the neighbouring matmul fusions, which these tables
   count as matmuls (a fusion that holds a matmul is that matmul). Compare the totals.
