@@ -91,6 +91,9 @@ class Case:
     dp_allreduce: str = "blocking"
     vocab_tiling: int = 1  # MaxText's num_vocab_tiling (the Gemma-3 recipes: 16)
     optimizer: str = "adam"  # MaxText's opt_type: adamw (every run but the 750B MoE) or sgd
+    # MaxText's weight_dtype (`params_dtype_for`): f32 master weights, cast to bf16 (its
+    # dtype) before they are gathered, on nearly every run; bf16 on a few.
+    param_dtype: str = "fp32"
 
     @property
     def low_quality(self) -> bool:
@@ -365,13 +368,28 @@ def load_cases(
             quality=quality, notes=tuple(notes), capacity_factor=float(cf) if cf else None,
             dp_allreduce=dp_allreduce,
             vocab_tiling=int(raw.get("other_settings", {}).get("num_vocab_tiling") or 1),
-            optimizer="sgd" if sgd else "adam",
+            optimizer="sgd" if sgd else "adam", param_dtype=params_dtype_for(raw),
         ))
         if quality != "low":
             counters[chip] += 1
     # Low-quality cases get no fit/held-out index of their own (index -1 is never "fit").
     cases = [c if not c.low_quality else _replace(c, index=-1) for c in cases]
     return cases, skips
+
+
+def params_dtype_for(raw: dict) -> str:
+    """tpusim's --param-dtype for a run's stored weights: its `dtype.params` (MaxText's
+    weight_dtype as the reference read it), else `other_settings.weight_dtype`, else the
+    `weight_dtype=` default it lists in `defaults_used`, else base.yml's default, float32."""
+    text = (raw.get("dtype") or {}).get("params") \
+        or (raw.get("other_settings") or {}).get("weight_dtype") \
+        or next((d.split("=", 1)[1] for d in raw.get("defaults_used") or []
+                 if d.startswith("weight_dtype=")), "float32")
+    if text.startswith("float32"):
+        return "fp32"
+    if text.startswith("bfloat16"):
+        return "bf16"
+    raise ValueError(f"{raw['id']}: params dtype {text!r} is neither float32 nor bfloat16")
 
 
 def _replace(case: Case, **changes) -> Case:
@@ -391,7 +409,8 @@ def trace_config(case: Case) -> TrainingConfig:
                           remat=case.remat, attention="flash",
                           moe=MoeConfig(capacity_factor=case.capacity_factor),
                           dp_allreduce=case.dp_allreduce, vocab_tiling=case.vocab_tiling,
-                          optimizer=case.optimizer)
+                          optimizer=case.optimizer, param_dtype=case.param_dtype,
+                          gather_dtype="bf16")
 
 
 def _trace(case: Case):
@@ -1134,8 +1153,22 @@ def render_doc(cases: list[Case], skips: list[Skip], preds: list[Prediction],
       "policy the layer's last matmul and what only feeds the layer output are not recomputed "
       "(XLA's dead-code elimination, docs/model.md \"Remat\"). The fit check below maps every "
       "custom policy to one of `full`, `offload` and `minimal` instead.")
-    w("* **Other settings**: flash attention (causal), tpusim's defaults for dtypes (bf16 "
-      "weights gathered and bf16 gradients reduced, fp32 Adam moments), async FSDP gathers, "
+    n_f32 = sum(c.param_dtype == "fp32" for c in cases)
+    bf16_ids = ", ".join(c.id for c in cases if c.param_dtype == "bf16") or "none"
+    w("* **Dtypes**: each run's stored weights in its params dtype (`dtype.params` of the "
+      "reference, else `other_settings.weight_dtype`, else the `weight_dtype=` default listed "
+      f"in `defaults_used`): f32 on {n_f32} of the {len(cases)} rebuilt runs "
+      "(`--param-dtype fp32`), bf16 on " + bf16_ids + ". Every run computes in bf16 "
+      "(MaxText's `dtype=bfloat16`), so the weights are gathered, multiplied and their "
+      "gradients reduced in bf16 (`--gather-dtype bf16`, `--grad-dtype bf16`), as XLA "
+      "compiles f32 weights cast to bf16 in each layer (docs/model.md \"Training steps\"); "
+      "the f32 weights cost HBM (2 bytes per parameter, and their gradients 2 more), the "
+      "Adam update's extra bytes and one cast per step. fp32 Adam moments. Rebuilding the "
+      "runs so (2026-12-01; they were all bf16 before) left the fitted factors where they "
+      "were (v5e 0.77, v6e 0.62; fit objective, odd / even half: v5e 0.0315 / 0.0323 -> "
+      "0.0315 / 0.0322, v6e 0.0734 / 0.0750 -> 0.0734 / 0.0752): the bytes that decide the "
+      "steps, gathers and matmuls, stay bf16.")
+    w("* **Other settings**: flash attention (causal), async FSDP gathers, "
       "elementwise ops fused into their matmuls. The runs whose `opt_type` is `sgd` (the "
       "custom 750B MoE) run `--optimizer sgd`: no optimizer state, a 2-FLOP update.")
     w("* **Measured step**: the logged step time; for the 2023 v5e table and the custom-model "

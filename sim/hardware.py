@@ -230,7 +230,8 @@ _MXU_TO_VPU = 30.0
 # the 12 odd-indexed usable v5e runs of docs/reference/maxtext_runs.json (the 2023 v5e-256
 # table, 1-32 slices), mean |log error| on a 0.01 grid; checked on the 12 even-indexed ones
 # (0.77 too). Refitted when the fluid engine moved to max-min sharing (2026-11-30; 0.78
-# before: compute ops beside collectives no longer lose HBM the collectives cannot use).
+# before: compute ops beside collectives no longer lose HBM the collectives cannot use), and
+# unchanged when the runs were rebuilt with their f32 weights (2026-12-01).
 _V5E_MXU_EFFICIENCY = 0.77
 # Fitted jointly with it on the same runs (seconds per DCN message, cross-slice collectives as
 # 2(N-1) messages; docs/model.md "Links and collectives"); checked on the even-indexed ones.
@@ -379,12 +380,13 @@ CHIPS.add(
         tensorcores_per_chip=1,
         mxu_dim=256,  # tpu.md §1.2 "128x128 systolic array (256x256 on v6e)"
         # Fitted to measured MaxText runs (docs/validation.md, benchmarks/validate_maxtext.py):
-        # the achievable MXU fraction of the tpu-recipes v6e training runs (the 10 odd-indexed
+        # the achievable MXU fraction of the tpu-recipes v6e training runs (the 12 odd-indexed
         # usable v6e runs of docs/reference/maxtext_runs.json, mean |log error| on a 0.01
         # grid), with attention's head_dim-128 matmuls at half rate on the 256-wide MXU
         # (mxu_dim); the held-out even-indexed half and its refit are in docs/validation.md.
         # HBM/ICI/DCN/VPU factors stay 1.0: the fit cannot identify them. Refitted with the
-        # fluid engine's max-min sharing (2026-11-30; 0.63 before; the even half gives 0.61).
+        # fluid engine's max-min sharing (2026-11-30; 0.63 before; the even half gives 0.61);
+        # unchanged when the runs were rebuilt with their f32 weights (2026-12-01).
         mxu_efficiency=0.62,
         # The forward's score matmul, mask, max, subtract, exp and row sum are one output
         # fusion in every v6e program of benchmarks/xla_memory.py (none, full, minimal,

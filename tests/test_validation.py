@@ -95,6 +95,24 @@ def test_cases_are_built_from_the_reference_as_documented(vm, loaded):
     assert {c.chip for c in cases} == {"v5e", "v6e"}
 
 
+def test_each_run_keeps_its_params_dtype_and_computes_in_bf16(vm, loaded):
+    cases, _ = loaded
+    by_id = {c.id: c for c in cases}
+    # `dtype.params`: flax's / base.yml's float32 default on the 2023 v5e table and most recipes;
+    # bf16 where the recipe sets it; the 750B's `other_settings.weight_dtype`.
+    assert by_id["maxtext-v5e-64b-8x-v5e-256"].param_dtype == "fp32"
+    assert by_id["tpu-recipes-v6e-llama3.1-8b-v6e-8"].param_dtype == "fp32"
+    assert by_id["tpu-recipes-v6e-llama3.1-70b-v6e-32"].param_dtype == "bf16"
+    assert by_id["tpu-recipes-v6e-mixtral-8x22b-v6e-256"].param_dtype == "bf16"
+    assert by_id["maxtext-custom-moe-750b-final-cf1.5-v6e-256"].param_dtype == "bf16"
+    assert sum(c.param_dtype == "fp32" for c in cases) == len(cases) - 5
+    cfg = vm.trace_config(by_id["tpu-recipes-v6e-llama3.1-8b-v6e-8"])
+    assert (cfg.param_dtype, cfg.weight_gather_dtype, cfg.grad_dtype) == ("fp32", "bf16", "bf16")
+    # Only the `defaults_used` entry left: its weight_dtype= default; none at all: float32.
+    assert vm.params_dtype_for({"id": "x", "defaults_used": ["weight_dtype=bfloat16"]}) == "bf16"
+    assert vm.params_dtype_for({"id": "x"}) == "fp32"
+
+
 def test_fit_split_alternates_within_each_generation(vm, loaded):
     cases, _ = loaded
     for gen in ("v5e", "v6e"):
