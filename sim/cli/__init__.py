@@ -46,7 +46,19 @@ def prepare(argv: Sequence[str] | None, *, parser: Parser | None = None, chip_sp
     from sim.cli.common import record_flags, resolve_overrides
 
     parser = parser or build_parser()
-    args = parser.parse_args(None if argv is None else list(argv))
+    args, extra = parser.parse_known_args(None if argv is None else list(argv))
+    if extra:
+        # argparse would name only `tpusim`; the command that does not take them is the fix.
+        from topologies.validate import short_repr
+
+        cmd = next((c for c, p in (getattr(args, "commands", None) or {}).items()
+                    if getattr(args, "func", None) is not None
+                    and p.get_default("func") is args.func), None)
+        what = short_repr(" ".join(extra))[1:-1]
+        if cmd is None:
+            parser.error(f"unrecognized arguments: {what}")
+        raise TpusimError(f"unrecognized arguments: {what}: the {cmd} command does not take "
+                          f"them (see `tpusim {cmd} --help` for its flags)")
     args.parser = parser
     args.chip_spec = chip_spec
     args.model_spec = model_spec
