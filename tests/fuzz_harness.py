@@ -4,7 +4,8 @@
 A case is a dict: `argv` (strings; `{tmp}` stands for the case's scratch directory), `files`
 (name -> text, or `{"parts": [[text, times], ...]}` for big inputs, `{"trace": {"set": ...}}`
 for a patched copy of a tiny training trace (see `patched_trace`), `{"result": {"set": ...}}`
-for a patched collective result (`base_result`), `{"results": {"edit": [...]}}` for an edited
+for a patched collective result (`base_result`; `"base": "train" | "decode"` for a step
+on a sliding-window model), `{"results": {"edit": [...]}}` for an edited
 `results.parquet` of the tiny study `STUDY` (`edited_results`: resumed by `sweep --resume`),
 `{"hlo": {"replace": [[old, new], ...]}}` for
 an edited compiled HLO module (`base_hlo`; `"fixture"` names another module of
@@ -89,7 +90,8 @@ def materialize(case: dict[str, Any], tmp: Path) -> list[str]:
         elif isinstance(content, dict) and "results" in content:
             p.write_bytes(edited_results(content["results"].get("edit", [])))
         elif isinstance(content, dict) and "result" in content:
-            p.write_text(_patched(base_result(), content["result"]), encoding="utf-8")
+            p.write_text(_patched(base_result(content["result"].get("base", "collective")),
+                                  content["result"]), encoding="utf-8")
         elif isinstance(content, dict):
             with p.open("w", encoding="utf-8") as f:
                 for text, times in content["parts"]:
@@ -119,20 +121,36 @@ def base_trace() -> str:
     return _BASE_TRACE[0]
 
 
-_BASE_RESULT: list[str] = []
+_BASE_RESULT: dict[str, str] = {}
+# A sliding-window model with every harden3 key (`base_result("train" | "decode")`).
+WINDOW_MODEL = TINY_MODEL.replace("num_layers: 2", "num_layers: 4") + (
+    "attention_window: 16\nglobal_layer_period: 2\npost_norms: true\nqk_norm: true\n")
 
 
-def base_result() -> str:
-    """A 4x4 all-gather's `--json` result, as `tpusim rerun` reads it."""
-    if not _BASE_RESULT:
+def base_result(kind: str = "collective") -> str:
+    """A `--json` result, as `tpusim rerun` reads it: a 4x4 all-gather's (default), or a
+    training step (`--vocab-tiling 2`) or decode step (`--sampling greedy`) of the 2x2 pod on
+    `WINDOW_MODEL`."""
+    if kind not in _BASE_RESULT:
+        import tempfile
+
         from sim.cli import main
 
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            main(COLLECTIVE + ["--json", "--quiet", "--slow-link", "0,0:x+:0.5", "--set",
-                               "hbm_bytes=x2"])
-        _BASE_RESULT.append(out.getvalue())
-    return _BASE_RESULT[0]
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / "w.yaml").write_text(WINDOW_MODEL, encoding="utf-8")
+            argv = {
+                "collective": COLLECTIVE + ["--slow-link", "0,0:x+:0.5", "--set",
+                                            "hbm_bytes=x2"],
+                "train": [a.replace("{tmp}/tiny.yaml", f"{d}/w.yaml") for a in TRAIN]
+                + ["--vocab-tiling", "2"],
+                "decode": [a.replace("{tmp}/tiny.yaml", f"{d}/w.yaml") for a in DECODE]
+                + ["--sampling", "greedy"],
+            }[kind]
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                assert main(argv + ["--json", "--quiet"]) == 0, argv
+        _BASE_RESULT[kind] = out.getvalue()
+    return _BASE_RESULT[kind]
 
 
 _HLO_TEXT: dict[str, str] = {}

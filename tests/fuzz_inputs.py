@@ -395,10 +395,29 @@ RESULT_RAW = ["NaN", "-1", "1e999", "9" * 400, "null", "true", "\"x\"", "{}", "[
               "\"all-gather\"", "\"4x4x4x4\"", "{\"hbm_bytes\": {\"given\": \"x2\"}}"]
 
 
+# The fields of a step's result on a sliding-window model (harden3).
+STEP_RESULT_PATHS = ["inputs/model/attention_window", "inputs/model/global_layer_period",
+                     "inputs/model/post_norms", "inputs/model/qk_norm",
+                     "inputs/model/num_layers", "inputs/flags/vocab-tiling",
+                     "inputs/flags/sampling", "inputs/flags/ep-alltoall",
+                     "inputs/flags/capacity-factor", "inputs/flags/axis-map",
+                     "inputs/flags/wraparound", "inputs/perturbations/capacity_factor",
+                     "inputs/flags/mesh", "inputs/training/vocab_tiling",
+                     "inputs/decode/sampling", "inputs/mesh/placement"]
+STEP_RESULT_RAW = ["0", "1", "2", "3", "16", "4096", "\"greedy\"", "\"top-k\"",
+                   "\"async\"", "\"fsdp=x+y\"", "\"fsdp=x+x\"", "\"z\"", "\"x\"",
+                   "1.25", "1e-300"]
+
+
 def gen_result(rng: random.Random, i: int) -> dict[str, Any]:
-    """`tpusim rerun` on a collective's --json result with one to three fields replaced."""
-    sets = [[rng.choice(RESULT_PATHS), rng.choice(RESULT_RAW)] for _ in range(rng.randint(1, 3))]
-    return {"id": f"gen-result-{i}", "files": {"r.json": {"result": {"set": sets}}},
+    """`tpusim rerun` on a collective's --json result with one to three fields replaced, or
+    (since harden3) a train or decode step's on a sliding-window model."""
+    base = rng.choice(["collective", "collective", "train", "decode"])
+    paths = RESULT_PATHS if base == "collective" else RESULT_PATHS[12:] + STEP_RESULT_PATHS
+    raws = RESULT_RAW + ([] if base == "collective" else STEP_RESULT_RAW)
+    sets = [[rng.choice(paths), rng.choice(raws)] for _ in range(rng.randint(1, 3))]
+    return {"id": f"gen-result-{i}", "files": {"r.json": {"result": {"base": base,
+                                                                      "set": sets}}},
             "argv": ["rerun", "{tmp}/r.json"] + (["--check"] if rng.random() < 0.3 else []),
             "expect": "any"}
 
