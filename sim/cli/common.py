@@ -91,7 +91,8 @@ def add_pod_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--shape", help="explicit ICI shape, e.g. 8x16 or 4x4x4 (x, y, z order)")
     g.add_argument(
         "--wraparound", default="auto",
-        help="auto (the generation's rule, default), none, all, or axes such as x,z",
+        help="auto (the generation's rule, default), none, all, or axes of the shape such "
+             "as x,z or xz (each once)",
     )
     g.add_argument("--slices", type=int_flag("--slices", lo=1, hi=MAX_SLICES), default=1,
                    help=f"slices joined over DCN (default 1, at most {MAX_SLICES})")
@@ -340,7 +341,8 @@ def add_moe_args(p: argparse.ArgumentParser) -> None:
                    metavar="C",
                    help="MaxText's dropping path: each expert takes at most C x tokens x top_k "
                         "/ num_experts tokens per sequence, the rest are dropped; dense one-hot "
-                        "dispatch/combine einsums are charged (default: dropless)")
+                        "dispatch/combine einsums are charged; C in (0, 1e6], at least one "
+                        "token per expert (default: dropless)")
     g.add_argument("--seed", type=_int_arg("--seed"), default=0,
                    help="which chip of the expert axis holds the hottest experts in each layer "
                         "(default 0)")
@@ -445,7 +447,8 @@ def add_perturbation_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--expert-skew", type=_float_arg("--expert-skew"), default=None,
                    metavar="S", help="MoE router imbalance: expert loads drawn Zipf(S)")
     g.add_argument("--capacity-factor", type=_float_arg("--capacity-factor"), default=None,
-                   metavar="C", help="MoE expert capacity (tokens above it are dropped)")
+                   metavar="C", help="MoE expert capacity (tokens above it are dropped); C in "
+                                     "(0, 1e6], at least one token per expert")
 
 
 def _float_arg(flag: str):

@@ -48,8 +48,9 @@ def _add_inference_args(p: argparse.ArgumentParser, *, batch: bool = True,
                    help="bf16 (default) or int8 (weight matmuls at the int8 peak)")
     p.add_argument("--sampling", default="top-k",
                    help="how the next token is chosen: top-k (default; a draw among the 64 "
-                        "largest logits) or greedy (their argmax); each with the collectives "
-                        "XLA emits over a vocabulary split over tensor (docs/inference.md)")
+                        "largest logits: a vocabulary of at least 64) or greedy (their argmax); "
+                        "each with the collectives XLA emits over a vocabulary split over "
+                        "tensor (docs/inference.md)")
 
 
 def _config(args: argparse.Namespace, batch: int, moe):

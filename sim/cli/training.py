@@ -35,8 +35,10 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
                         "expert, pipeline)")
     p.add_argument("--dcn", help="logical axes across slices, e.g. data=2")
     p.add_argument("--axis-map",
-                   help="explicit placement, e.g. tensor=x,fsdp=y+z or tensor=x:4,fsdp=x:4+y+z "
-                        "(default: automatic, as jax's device meshes)")
+                   help="explicit placement, e.g. tensor=x,fsdp=y+z or tensor=x:4,fsdp=x:4+y+z: "
+                        "every mesh axis of size > 1 once; a bare letter takes what is left of "
+                        "that axis, x:K takes K chips (default: automatic, as jax's device "
+                        "meshes)")
     p.add_argument("--remat", default="full",
                    help="none, minimal, full (default), offload, qkv-offload or qkvo-offload")
     p.add_argument("--attention", default="flash", help="flash (default) or dot")
@@ -78,11 +80,14 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ep-alltoall", default="sync",
                    help="MoE all-to-alls over expert: sync (XLA's default: no compute overlaps "
                         "them) or async (libtpu's --xla_tpu_enable_async_all_to_all: the "
-                        "backward's overlap independent matmuls)")
+                        "backward's overlap independent matmuls; needs an MoE model and an "
+                        "expert axis)")
     p.add_argument("--vocab-tiling", type=int_flag("--vocab-tiling", hi=MAX_CHUNKS), default=1,
                    help="MaxText's num_vocab_tiling: the output projection and loss run in this "
                         "many chunks of the tokens (one chunk's logits in HBM at a time) and "
-                        "the backward recomputes each chunk's logits (default 1: no tiling)")
+                        "the backward recomputes each chunk's logits (default 1: no tiling; "
+                        "at most 4,096, dividing the tokens each chip's loss processes per "
+                        "microbatch)")
     p.add_argument("--fsdp-gather", default="async",
                    help="FSDP weight gathers (one per weight matrix): async (prefetched, "
                         "default), windowed (collective matmuls), blocking, or the per-matrix "
