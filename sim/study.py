@@ -721,7 +721,7 @@ def _plain(v: Any) -> Any:
 
 def _check_resumed_row(study: StudySpec, point: Mapping[str, Any], rec: Mapping[str, Any],
                        wanted: list[str], where: str, fix: str) -> None:
-    """One resumed row against what this study writes for point `i` (`_row`)."""
+    """One resumed row against what this study writes for its point (`_row`)."""
     why = "the file was edited or written by another study"
     for k, v in rec.items():
         if v is not None and not isinstance(v, (str, bool, int, float)):
