@@ -480,3 +480,28 @@ def test_stage_programs_equal_the_plain_composition_and_pass_validation(schedule
         assert (passes, snd, rcv) == (rpasses, rsends, rrecvs)
         # The composed program is one the validating constructor accepts as it is.
         assert Trace(mesh=prog.mesh, ops=prog.ops, meta=prog.meta).ops == prog.ops
+
+
+@pytest.mark.parametrize("schedule, m, v", [("gpipe", 3, 1), ("interleaved", 4, 2)])
+def test_a_stage_casts_its_weights_once_per_step_whatever_its_passes(schedule, m, v):
+    # --param-dtype fp32 --gather-dtype bf16: a whole step casts the local shard once (one
+    # weight_cast op of p flops, 6 bytes per parameter); a pipeline stage's program, made of
+    # m x v copies of its chunks' passes, still casts once (it was once per pass).
+    import dataclasses
+
+    from sim.pipeline import build_stage_programs
+
+    model, lmesh, _chip, topo, cfg = _args(schedule, m, v, None, "pipeline=2,fsdp=2", "4x1", 1,
+                                           None, model=SMALL)
+    cfg = dataclasses.replace(cfg, param_dtype="fp32", gather_dtype="bf16")
+    sp = build_stage_programs(model, lmesh, topo.num_chips, cfg)
+    for prog in sp.programs:
+        (upd,) = [o for o in prog.ops if o.name == "adam_update"]
+        (cast,) = [o for o in prog.ops if o.name == "weight_cast"]
+        p = upd.flops / 12  # Adam's 12 VPU ops per parameter of the stage's shard
+        assert (cast.flops, cast.hbm_bytes) == (pytest.approx(p), pytest.approx(6 * p))
+    # Each chunk's forward pass holds no cast (it is copied per microbatch).
+    for c in range(2 * v):
+        chunk = compile_pipeline_chunk(model, lmesh, topo.num_chips, cfg, first=c == 0,
+                                       last=c == 2 * v - 1)
+        assert [o.phase for o in chunk.ops if o.name == "weight_cast"] == ["optimizer"]

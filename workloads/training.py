@@ -494,6 +494,7 @@ def compile_pipeline_chunk(
     c.d = dataclasses.replace(c.d, n=c.d.n / config.microbatches,
                               layers=model.num_layers // (pp * v))
     c.embed_on, c.head_on, c.sends_on = first, last, False
+    c.cast_per_pass = False
     return c.build()
 
 
@@ -543,6 +544,10 @@ class _Compiler:
     embed_on = True
     head_on = True
     sends_on = True
+    # The weight cast (--gather-dtype) runs before the first forward of a whole step. A
+    # pipeline chunk's forward is copied per microbatch and chunk (sim/pipeline.py), while a
+    # stage casts its weights once per step: there it is an op of the stage's update instead.
+    cast_per_pass = True
 
     def __init__(self, model, mesh, d: _Dims, cfg: TrainingConfig, num_chips, global_seqs):
         self.m = model
@@ -1183,8 +1188,8 @@ class _Compiler:
         # gather and the backward's re-gathers: the v5e fsdp=16 compile of f32 params cast to
         # bf16 in each layer, docs/model.md "Training steps"), before anything is gathered.
         cast = None
-        if self.wc != self.wb:
-            p_cast = self.local_params()
+        p_cast = self.local_params()
+        if self.wc != self.wb and self.cast_per_pass:
             cast = self.vpu("weight_cast", p_cast, p_cast * (self.wb + self.wc), [], -1, "fwd")
         for mb in range(cfg.microbatches):
             # Embedding lookup (stage 0).
@@ -1549,6 +1554,12 @@ class _Compiler:
                        p_local * (2 * self.wb + self.gb + 2 * self.state_bytes_per_param),
                        [prev_compute] + last_grad_ops, -1, "optimizer")
         self.mem(upd, G.GRADIENTS, -max(p_local * self.gh, grads_allocated))
+        if self.wc != self.wb and not self.cast_per_pass:
+            # A pipeline chunk's cast, once per stage: after the update, the same cost per step
+            # as before the first forward (the stage composition, the pass-level schedule and
+            # the plan's bound each take the stage's optimizer-phase ops once).
+            self.vpu("weight_cast", p_cast, p_cast * (self.wb + self.wc), [upd], -1,
+                     "optimizer")
         # Parameters and optimizer state are the program's (donated) arguments, resident for the
         # whole step; gradients are temporaries of the backward pass, as in XLA's program.
         static = p_local * (self.wb + self.state_bytes_per_param)
