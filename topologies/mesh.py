@@ -293,8 +293,9 @@ def _explicit(mesh: LogicalMesh, topology: Topology) -> dict[str, AxisPlacement]
                 # (`fsdp=x+x`), not a factor of one chip.
                 raise TpusimError(
                     f"--axis-map puts {name} on axis {axis}, but all {shape[axis]} chips of "
-                    f"{axis} are already placed; name each physical axis once per mesh axis "
-                    f"(or split it, e.g. tensor=x:2,fsdp=x:2+y)"
+                    f"{axis} are already placed (a bare letter takes what is left of its "
+                    f"axis); drop it there, or split the axis with sizes, e.g. "
+                    f"tensor=x:2,fsdp=x:2+y"
                 )
             take = k or left
             if take > left or left % take:
