@@ -294,3 +294,19 @@ def test_replay_applies_the_compiled_router_and_refuses_another(tmp_path, capsys
         rc = main(["replay", str(trace), *pod, "--json", *flags])
         out, err = capsys.readouterr()
         assert rc == 2 and out == "" and err.count("\n") == 1 and needle in err, err
+
+
+@pytest.mark.parametrize("group_tokens, balanced", [(128, 64), (6, 3), (14, 7), (20, 10)])
+def test_a_zero_capacity_refusal_suggests_a_factor_that_works(group_tokens, balanced):
+    # E = 4 experts, k = 2: ceil(g k / E) = g / 2 balanced tokens per expert, so C works from
+    # 1 / balanced on. The 3-digit value is rounded up: 1/64 rounded to nearest (0.0156) still
+    # leaves int(64 x 0.0156) = 0 tokens.
+    e, k = 4, 2
+    with pytest.raises(TpusimError, match="give at least") as info:
+        plan_routing(model_from_dict({**MOE, "num_experts": e, "experts_per_token": k}), 4,
+                     group_tokens,
+                     MoeConfig(capacity_factor=0.5 / balanced))
+    given = float(str(info.value).rsplit(" ", 1)[1])
+    assert expert_capacity(group_tokens, e, k, given) == 1
+    below = given - 10.0 ** (math.floor(math.log10(given)) - 2)  # one step of the last digit
+    assert expert_capacity(group_tokens, e, k, below) == 0

@@ -115,6 +115,18 @@ def expert_capacity(group_tokens: int, num_experts: int, top_k: int,
                    capacity_factor))
 
 
+def smallest_capacity_factor(group_tokens: int, num_experts: int, top_k: int) -> str:
+    """The smallest capacity factor of 3 significant digits, as text, that leaves an expert at
+    least one token of a routing group (`expert_capacity` >= 1). Rounded up, not to nearest:
+    1/64 to 3 digits is 0.0156, whose capacity int(64 x 0.0156) is 0."""
+    c = 1 / math.ceil(group_tokens * top_k / num_experts)
+    step = 10.0 ** (math.floor(math.log10(c)) - 2)
+    k = math.ceil(c / step - 1e-9)
+    while expert_capacity(group_tokens, num_experts, top_k, float(f"{k * step:.3g}")) < 1:
+        k += 1
+    return f"{k * step:.3g}"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MoeRouting:
     """Per-layer routing quantities one chip of an expert-parallel group sees.
@@ -181,7 +193,8 @@ def plan_routing(model: TransformerSpec, ep: int, group_tokens: int, cfg: MoeCon
         raise TpusimError(
             f"--capacity-factor {cfg.capacity_factor:g} leaves each expert a capacity of 0 "
             f"tokens of a routing group of {group_tokens:g} (int(max({balanced} x C, C))): "
-            f"every token would be dropped; give at least {1 / balanced:.3g}"
+            f"every token would be dropped; give at least "
+            f"{smallest_capacity_factor(group_tokens, e, k)}"
         )
     assigned = group_tokens * k
     dropped = sum(max(assigned * s - cap, 0.0) for s in shares) / assigned
