@@ -111,6 +111,12 @@ def _configs() -> dict[str, dict]:
     # dtype=bfloat16; tpusim --param-dtype fp32 --gather-dtype bf16).
     for chip in ("v5e", "v6e"):
         add(chip, "fsdp", "full", f32_params=True)
+    # Checks of v6e keeping the logit gradients through the backward loop (read off the f32
+    # `full` row), compiled before the rule was coded (tpusim's peaks without it written
+    # down first, 2.090 and 0.995 GB): f32 weights under another remat, and `offload` with
+    # one sequence per chip.
+    add("v6e", "fsdp", "minimal", f32_params=True)
+    add("v6e", "fsdp", "offload", seq=2048, batch=1)
     return out
 
 
@@ -492,10 +498,22 @@ def section(cache: dict) -> str:
         "reads them (4 bytes per score), and with activations sharded over `tensor` the bf16 "
         "logits stay through the backward loop under `none` and `full` too (v5e fsdp x "
         "tensor). "
-        "Known remaining differences: the v6e fsdp `offload` row peaks at the last layer's "
-        "score gradient, where XLA also keeps the logit gradients (256 MiB: its output "
-        "projection's weight gradient is scheduled after the backward loop, in no other "
-        "program); tpusim has everything else there to 60 MiB. v5p's windowed fsdp=16 "
+        "The `*_f32params` rows (f32 weights cast to bf16 in each layer, tpusim "
+        "`--param-dtype fp32 --gather-dtype bf16`) keep the f32 weights and a stacked f32 "
+        "gradient (as tpusim does). Without a tensor axis the output projection's "
+        "weight-gradient ring reads the bf16 logit gradients: v6e runs it after the backward "
+        "loop, keeping them (256 MiB with two sequences per chip) through it, when the "
+        "weights are cast (v6e fsdp `full` f32params, whose peak, at the last layer's score "
+        "gradient, this is; held out on `minimal` f32params, compiled to check that "
+        "reading before the rule was coded), and "
+        "before the loop with bf16 weights (v6e fsdp `none`, `full`, `minimal`); v5e runs it "
+        "before the loop with f32 weights too. "
+        "Known remaining differences: v6e also runs that ring after the backward loop under "
+        "`offload` (both rows, whose peaks are at the last layer's score gradient) and in "
+        "the one-sequence `minimal` row, which is not modelled: with the logit gradients "
+        "tpusim's `offload` peaks would be +5.3% (two sequences) and +13.7% (one: at the "
+        "last layer's backward tpusim also holds a whole layer's gathered weights, 120 MiB, "
+        "where XLA holds its rings' 30 MiB). v5p's windowed fsdp=16 "
         "programs keep 32-192 MiB of the MLP's tensors at the score gradient, and so does "
         "v6e's `b1` row (96 MiB). The MoE rows are the dropping MoE of `xla_crosscheck.py` "
         "with Adam, with and without the final norm tpusim's models have: tpusim's MoE "
@@ -503,11 +521,6 @@ def section(cache: dict) -> str:
         "decode row's "
         "`memory_analysis()` peak counts 52 MiB of VMEM values (`S(1)`) live at its peak; "
         "its HBM holds the weights and the KV cache, as in tpusim. "
-        "The `*_f32params` rows (f32 weights cast to bf16 in each layer, tpusim "
-        "`--param-dtype fp32 --gather-dtype bf16`) keep the f32 weights and a stacked f32 "
-        "gradient (as tpusim does); v6e's also keeps the bf16 logits (256 MiB) through the "
-        "backward loop and one more score-sized buffer at its peak, which its bf16-weight "
-        "program does not and tpusim does not model (docs/model.md \"Training steps\"). "
         "In the v5e programs the context of GQA attention sits in a "
         "tiled layout that pads the head-group dimension (a 16 MB tensor takes 128 MB), "
         "which tpusim does not model.", "",

@@ -78,6 +78,12 @@ class ChipSpec:
             (as they do under offload on every chip). True on v5e. Read off the score gradient
             of the windowed v5e, v5p and v6e programs of `benchmarks/xla_memory.py`
             (workloads.training's mlp_side_bytes).
+        head_grad_after_backward: with windowed weight gathers over fsdp (no tensor axis)
+            the compiler schedules the output projection's weight-gradient ring after the
+            backward layer loop when the weights are cast before their gathers (f32 params
+            gathered in bf16), so the bf16 logit gradients and the final norm's output live
+            through the loop. True on v6e. Read off the windowed fsdp=16 v5e and v6e programs
+            of `benchmarks/xla_memory.py` (workloads.memory.windowed_head_gradient_bytes).
     """
 
     name: str
@@ -108,6 +114,7 @@ class ChipSpec:
     bwd_probs_buffer: bool = False
     loss_after_backward: bool = False
     mlp_grad_after_attention: bool = False
+    head_grad_after_backward: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not 0 < len(self.name) <= 64 \
@@ -178,7 +185,8 @@ class ChipSpec:
 WRAP_RULES = ("cube", "full-axis")
 # Chip fields that are true or false (what the generation's compiler does), not numbers.
 CHIP_BOOL_FIELDS = ("score_exp_fusion", "score_grad_fusion", "bwd_probs_buffer",
-                    "loss_after_backward", "mlp_grad_after_attention")
+                    "loss_after_backward", "mlp_grad_after_attention",
+                    "head_grad_after_backward")
 _POSITIVE_FIELDS = {
     "mxu_flops_per_s",
     "mxu_int8_ops_per_s",
@@ -392,6 +400,12 @@ CHIPS.add(
         # fusion in every v6e program of benchmarks/xla_memory.py (none, full, minimal,
         # offload); v5e's and v5p's write the f32 scores first (docs/model.md "Memory").
         score_exp_fusion=True,
+        # The output projection's weight-gradient ring runs after the backward loop, keeping
+        # the bf16 logit gradients, in the windowed fsdp=16 v6e programs of
+        # benchmarks/xla_memory.py with f32 weights cast to bf16 (full, minimal); v5e's with
+        # f32 weights and v6e's with bf16 weights (none, full, minimal) run it before the loop
+        # (docs/model.md "Memory").
+        head_grad_after_backward=True,
     ),
 )
 CHIPS.add(

@@ -23,6 +23,7 @@ from workloads.memory import (
     offloaded_tensors,
     one_sequence_per_chip,
     saved_tensors,
+    windowed_head_gradient_bytes,
 )
 from workloads.models import model_from_dict
 from workloads.training import Remat, TrainingConfig, compile_training_step
@@ -455,6 +456,47 @@ def test_fsdp_x_tensor_keeps_the_logits_path_through_the_backward(
     if held:
         assert logits[-1][0].layer == 0 and logits[-1][0].phase == "bwd"
     assert res.memory.logits.max() == n * V / 2 * 6
+
+
+def test_a_cast_weights_windowed_head_gradient_holds_the_logit_gradients_and_norm_output():
+    # 100 tokens, d_model 8, 32 local logits: (32 + 8) x 2 bytes per token.
+    kw = dict(rows=100, d_model=8, local_vocab=32, tensor=1, fsdp=4)
+    on = dict(windowed=True, cast_weights=True, chip_defers=True)
+    assert windowed_head_gradient_bytes(**kw, **on) == 100 * (32 + 8) * 2
+    assert windowed_head_gradient_bytes(**kw, **on, residual_rows=50) == (100 * 32 + 50 * 8) * 2
+    # Each condition is needed: the chip's rule (v6e), a windowed ring, weights cast before
+    # their gathers (bf16 weights: the ring runs before the loop), fsdp without tensor (with
+    # tensor deferred_head_gradient_bytes decides), no vocab tiling.
+    for off in ("windowed", "cast_weights", "chip_defers"):
+        assert windowed_head_gradient_bytes(**kw, **{**on, off: False}) == 0
+    assert windowed_head_gradient_bytes(**{**kw, "tensor": 2}, **on) == 0
+    assert windowed_head_gradient_bytes(**{**kw, "fsdp": 1}, **on) == 0
+    assert windowed_head_gradient_bytes(**kw, **on, vocab_tiling=4) == 0
+
+
+@pytest.mark.parametrize("chip,params,kept", [("v6e", "fp32", True), ("v6e", "bf16", False),
+                                              ("v5e", "fp32", False)])
+def test_v6e_keeps_the_logit_gradients_through_the_backward_with_cast_weights(
+        tmp_path, chip, params, kept):
+    from sim import api
+
+    path = tmp_path / "m.yaml"
+    path.write_text(json.dumps(LONG_CONTEXT))
+    run = api.train(chip=chip, shape="2x2", model=str(path), seq_len=1024, batch_per_chip=2,
+                    mesh="fsdp=4", remat="full", attention="dot", fsdp_gather="windowed",
+                    param_dtype=params, gather_dtype="bf16")
+    assert run.inputs["training"]["head_grad_after_backward"] is (chip == "v6e")
+    n, D, V = 2048, 64, 256  # tokens per chip, d_model, vocab (whole: no tensor axis)
+    ops = run.trace.ops
+    logits = [(ops[i], d) for i, cat, d in run.trace.meta["memory_events"] if cat == "logits"]
+    held = n * (V + D) * 2 if kept else 0.0  # bf16 logit gradients + final norm output
+    # f32 logits and bf16 gradients at the loss; `held` of them until the last layer's
+    # backward has ended.
+    assert [(op.name, d) for op, d in logits][:2] == [("logits", n * V * 6),
+                                                       ("logits_bwd", -n * V * 6 + held)]
+    assert sum(d for _, d in logits) == 0
+    if kept:
+        assert logits[-1][0].layer == 0 and logits[-1][0].phase == "bwd"
 
 
 @pytest.mark.parametrize("gather", ["windowed", "async"])

@@ -388,6 +388,43 @@ def deferred_head_gradient_bytes(*, rows: float, d_model: int, local_vocab: floa
     return (rows * local_vocab + res * d_model) * act_bytes
 
 
+def windowed_head_gradient_bytes(*, rows: float, d_model: int, local_vocab: float,
+                                 tensor: int, fsdp: int, windowed: bool, cast_weights: bool,
+                                 chip_defers: bool, act_bytes: float = 2.0,
+                                 vocab_tiling: int = 1,
+                                 residual_rows: float | None = None) -> float:
+    """Bytes of the logits path that stay live through the whole backward layer loop when the
+    output projection's weight gradient is a windowed reduce-scatter ring over `fsdp` (per
+    chip): 0, or, when the chip's compiler schedules that ring after the loop
+    (`chip_defers`, `ChipSpec.head_grad_after_backward`) because the weights are cast before
+    their gathers (`cast_weights`: f32 params gathered in bf16), the bf16 logit gradients the
+    ring reads (2 bytes per local logit) and the final norm's output (`residual_rows` x
+    d_model bf16, default `rows`).
+
+    Without a tensor axis the logit gradients are a bf16 buffer written at the loss; the
+    input-gradient matmul reads it at once and the weight gradient's ring reads it with the
+    final norm's output. The ring's last step (a collective-permute) is overlapped with the
+    optimizer update after the backward loop; with bf16 weights v6e's compiler runs the ring
+    itself before the loop, with f32 weights cast to bf16 (whose f32 update follows the
+    loop) after it. Not with vocab tiling (MaxText's custom VJP keeps no logit gradients),
+    nor with a tensor axis (`deferred_head_gradient_bytes`).
+
+    Source: the windowed fsdp=16 programs of `benchmarks/xla_memory.py`: v6e `full` with f32
+    params (the bf16 [tokens, vocab] logit gradients, 256 MiB, live from the loss to after
+    the backward loop; -18.5% without this) against v6e `none`, `full` and `minimal` with bf16
+    params (dead before the loop); held out on v6e `minimal` with f32 params (compiled after
+    the rule: kept; -12.1% without it). v5e's `full` with f32 params frees them before the
+    loop. Not modelled: v6e's `offload` programs (two and one sequences per chip) keep them
+    too, and so does its one-sequence `minimal` program with bf16 params (its `full` twin
+    does not).
+    """
+    if not (chip_defers and windowed and cast_weights) or tensor > 1 or fsdp <= 1 \
+            or vocab_tiling > 1:
+        return 0.0
+    res = rows if residual_rows is None else residual_rows
+    return (rows * local_vocab + res * d_model) * act_bytes
+
+
 def offloaded_tensors(shape: LayerShapeSpec, *, attention: str, act_bytes: float = 2.0,
                       remat: str = "offload") -> tuple[SavedTensor, ...]:
     """What a remat policy sends to host memory per layer: under `offload` the minimal set minus
@@ -412,6 +449,7 @@ __all__ = [
     "attention_backward_score_buffers",
     "attention_temporaries",
     "deferred_head_gradient_bytes",
+    "windowed_head_gradient_bytes",
     "loss_tensors",
     "loss_value_logits_bytes",
     "offloaded_tensors",

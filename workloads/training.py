@@ -32,6 +32,7 @@ from workloads.memory import (
     one_sequence_per_chip,
     saved_tensors,
     score_exp_fused,
+    windowed_head_gradient_bytes,
 )
 from workloads.models import TransformerSpec
 from workloads.moe import MoeConfig, MoeRouting, dispatch_flops, plan_routing
@@ -184,6 +185,11 @@ class TrainingConfig:
     # rings after the attention's backward (sim/ sets it from
     # ChipSpec.mlp_grad_after_attention: v5e): memory only, see mlp_side_bytes.
     mlp_grad_after_attention: bool = False
+    # With windowed weight gathers and weights cast before them the chip's compiler runs the
+    # output projection's weight-gradient ring after the backward loop, keeping the logit
+    # gradients (sim/ sets it from ChipSpec.head_grad_after_backward: v6e): memory only, see
+    # workloads.memory.windowed_head_gradient_bytes.
+    head_grad_after_backward: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.seq_len, int) or not 1 <= self.seq_len <= MAX_TOKENS:
@@ -198,7 +204,8 @@ class TrainingConfig:
         if self.attention not in ("dot", "flash"):
             raise TpusimError(f"--attention {self.attention!r} must be dot or flash")
         for flag in ("score_exp_fusion", "score_grad_fusion", "bwd_probs_buffer",
-                     "loss_after_backward", "mlp_grad_after_attention"):
+                     "loss_after_backward", "mlp_grad_after_attention",
+                     "head_grad_after_backward"):
             if not isinstance(getattr(self, flag), bool):
                 raise TpusimError(f"{flag} {short_repr(getattr(self, flag))} must be "
                                   f"true or false (the chip's {flag})")
@@ -1325,6 +1332,11 @@ class _Compiler:
                     rows=n, d_model=D, local_vocab=V / d.tp, act_bytes=a, tensor=d.tp,
                     fsdp=d.fs, tp_activations=cfg.tp_activations, remat=str(cfg.remat),
                     residual_rows=self.rows())
+                held += windowed_head_gradient_bytes(
+                    rows=n, d_model=D, local_vocab=V / d.tp, act_bytes=a, tensor=d.tp,
+                    fsdp=fse, windowed=self.rs_windowed, cast_weights=self.wb != self.wc,
+                    chip_defers=cfg.head_grad_after_backward,
+                    vocab_tiling=tiles, residual_rows=self.rows())
                 # With one sequence per chip v5e's compiler keeps the f32 logits for the
                 # loss value's target-logit gather, scheduled after the backward loop.
                 held += loss_value_logits_bytes(rows=n, local_vocab=V / d.tp,

@@ -98,8 +98,8 @@ def _compile(args: argparse.Namespace, num_chips: int, moe=None, chip=None):
     """(trace, model, TrainingConfig) for the training flags (`moe`: the router settings of a
     scenario; default: the `compile` flags). `chip`: the ChipSpec the step runs on, whose
     compiler behaviour the trace's memory follows (`score_exp_fusion`, `score_grad_fusion`,
-    `bwd_probs_buffer`, `loss_after_backward`, `mlp_grad_after_attention`); None (`compile
-    --chips N`) compiles with each of them false."""
+    `bwd_probs_buffer`, `loss_after_backward`, `mlp_grad_after_attention`,
+    `head_grad_after_backward`); None (`compile --chips N`) compiles with each of them false."""
     from workloads.training import compile_training_step
 
     model, mesh, cfg = compile_inputs(args, moe, chip)
@@ -146,6 +146,7 @@ def training_config(args: argparse.Namespace, moe=None, chip=None):
         bwd_probs_buffer=chip.bwd_probs_buffer if chip is not None else False,
         loss_after_backward=chip.loss_after_backward if chip is not None else False,
         mlp_grad_after_attention=chip.mlp_grad_after_attention if chip is not None else False,
+        head_grad_after_backward=chip.head_grad_after_backward if chip is not None else False,
     )
 
 
