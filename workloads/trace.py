@@ -377,6 +377,21 @@ def _check_meta(meta: dict, source: str) -> None:
             f"{source}: meta field 'memory_events' must be a list of [op id, category, bytes] "
             f"(got {short_repr(ev)}); recompile the trace with `tpusim compile`"
         )
+    sc = meta.get("static_composition")
+    if sc is not None:
+        from workloads.memory import MEMORY_CATEGORIES
+
+        # The engine adds each part to its category's level (an int or an unknown category
+        # here was an internal AttributeError / KeyError in sim/engine.py).
+        if not isinstance(sc, dict) or not all(
+                k in MEMORY_CATEGORIES and isinstance(x, (int, float))
+                and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+                for k, x in sc.items()):
+            raise TpusimError(
+                f"{source}: meta field 'static_composition' must map memory categories "
+                f"({', '.join(MEMORY_CATEGORIES)}) to finite byte counts >= 0 (got "
+                f"{short_repr(sc)}); recompile the trace with `tpusim compile`"
+            )
     sb = meta.get("static_breakdown")
     if sb is not None and (not isinstance(sb, dict) or not all(
             isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
