@@ -54,6 +54,9 @@ class PlanConfig:
     grad_dtypes: tuple[str, ...] = ("bf16",)
     optimizer_dtypes: tuple[str, ...] = ("fp32",)
     optimizer: str = "adam"  # the update rule of every candidate (not searched)
+    # The dtype every candidate's weights are gathered and multiplied in (not searched); None:
+    # each candidate's param dtype (no cast).
+    gather_dtype: str | None = None
     max_tensor: int = 8
     max_data: int = 4
     max_sequence: int = 2
@@ -79,6 +82,11 @@ class PlanConfig:
         from workloads.training import dtype_bytes, parse_optimizer, parse_remat
 
         parse_optimizer(self.optimizer)
+        if self.gather_dtype is not None:
+            if not isinstance(self.gather_dtype, str):
+                raise TpusimError(f"--gather-dtype {self.gather_dtype!r} must be a dtype name, "
+                                  f"e.g. bf16")
+            dtype_bytes(self.gather_dtype, "--gather-dtype")
 
         if not self.remat:
             raise TpusimError("--remat lists no policy; give e.g. full,minimal")
@@ -109,6 +117,7 @@ class Candidate:
     grad_dtype: str
     optimizer_dtype: str
     optimizer: str = "adam"
+    gather_dtype: str | None = None
     placement: str = ""
     hbm_estimate_bytes: float = 0.0
 
@@ -120,7 +129,9 @@ class Candidate:
         return ["--mesh", self.mesh_text, "--remat", self.remat,
                 "--microbatches", str(self.microbatches), "--param-dtype", self.param_dtype,
                 "--grad-dtype", self.grad_dtype, "--optimizer-dtype", self.optimizer_dtype,
-                *(("--optimizer", self.optimizer) if self.optimizer != "adam" else ())]
+                *(("--optimizer", self.optimizer) if self.optimizer != "adam" else ()),
+                *(("--gather-dtype", self.gather_dtype) if self.gather_dtype is not None
+                  else ())]
 
 
 @dataclass(kw_only=True)
@@ -222,7 +233,7 @@ def enumerate_candidates(model, topology, chip, cfg: PlanConfig) -> tuple[list[C
                 tc = TrainingConfig(seq_len=cfg.seq_len, batch_per_chip=cfg.global_batch / n,
                                     remat=parse_remat(remat), microbatches=mb,
                                     param_dtype=pd_, grad_dtype=gd, optimizer_dtype=od,
-                                    optimizer=cfg.optimizer)
+                                    optimizer=cfg.optimizer, gather_dtype=cfg.gather_dtype)
                 try:
                     est = estimate_training_memory(model, LogicalMesh(axes=base), n, tc)
                 except TpusimError:
@@ -242,6 +253,7 @@ def enumerate_candidates(model, topology, chip, cfg: PlanConfig) -> tuple[list[C
                     out.append(Candidate(mesh=order, remat=remat, microbatches=mb,
                                          param_dtype=pd_, grad_dtype=gd, optimizer_dtype=od,
                                          optimizer=cfg.optimizer,
+                                         gather_dtype=cfg.gather_dtype,
                                          placement=where, hbm_estimate_bytes=total))
     return out, counts
 

@@ -101,7 +101,7 @@ def plan_config(args: argparse.Namespace):
         param_dtypes=_list(args.param_dtype, "--param-dtype"),
         grad_dtypes=_list(args.grad_dtype, "--grad-dtype"),
         optimizer_dtypes=_list(args.optimizer_dtype, "--optimizer-dtype"),
-        optimizer=args.optimizer,
+        optimizer=args.optimizer, gather_dtype=args.gather_dtype,
         max_tensor=args.max_tensor, max_data=args.max_data, max_sequence=args.max_sequence,
         max_pipeline=args.max_pipeline, max_expert=args.max_expert,
         placements=not args.default_placement,
@@ -241,6 +241,10 @@ def _register_plan(sub, name: str) -> None:
                    help="allowed optimizer-state dtypes (default fp32)")
     g.add_argument("--optimizer", default="adam",
                    help="the update rule of every candidate: adam (default) or sgd")
+    g.add_argument("--gather-dtype", default=None,
+                   help="the dtype every candidate's weights are gathered and multiplied in "
+                        "(default: its --param-dtype, no cast); --param-dtype fp32 "
+                        "--gather-dtype bf16 is MaxText's default, as on train")
 
 
 def register(sub) -> None:
