@@ -83,9 +83,6 @@ class PlanConfig:
 
         parse_optimizer(self.optimizer)
         if self.gather_dtype is not None:
-            if not isinstance(self.gather_dtype, str):
-                raise TpusimError(f"--gather-dtype {self.gather_dtype!r} must be a dtype name, "
-                                  f"e.g. bf16")
             dtype_bytes(self.gather_dtype, "--gather-dtype")
 
         if not self.remat:

@@ -527,6 +527,14 @@ def test_an_unknown_gather_dtype_is_refused_naming_the_flag():
         TrainingConfig(seq_len=128, batch_per_chip=1, gather_dtype=2)
 
 
+@pytest.mark.parametrize("field", ["param_dtype", "grad_dtype", "optimizer_dtype"])
+def test_a_dtype_that_is_not_text_is_refused_naming_the_flag(field):
+    # Python callers can pass anything (an int was an AttributeError from str.lower).
+    flag = "--" + field.replace("_", "-")
+    with pytest.raises(TpusimError, match=f"{flag} 2 must be a dtype name; use one of: "):
+        TrainingConfig(seq_len=128, batch_per_chip=1, **{field: 2})
+
+
 def test_sgd_keeps_no_optimizer_state_and_its_update_moves_weights_and_gradients_only():
     adam, _ = _step("fsdp=4", "2x2")
     sgd, res = _step("fsdp=4", "2x2", optimizer="sgd")

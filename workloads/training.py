@@ -129,11 +129,16 @@ def parse_optimizer(text: str) -> Optimizer:
 
 
 def dtype_bytes(name: str, flag: str) -> float:
+    """Bytes per element of the dtype `name` (any case), or the one-line error of `flag`."""
+    if not isinstance(name, str):
+        raise TpusimError(f"{flag} {short_repr(name)} must be a dtype name; use one of: "
+                          f"{', '.join(_DTYPE_BYTES)}")
     try:
         return _DTYPE_BYTES[name.lower()]
     except KeyError:
         raise TpusimError(
-            f"{flag} {name!r} is not a known dtype; use one of: {', '.join(_DTYPE_BYTES)}"
+            f"{flag} {short_repr(name)} is not a known dtype; use one of: "
+            f"{', '.join(_DTYPE_BYTES)}"
         ) from None
 
 
@@ -257,9 +262,6 @@ class TrainingConfig:
                         ("--optimizer-dtype", self.optimizer_dtype)):
             dtype_bytes(v, flag)
         if self.gather_dtype is not None:
-            if not isinstance(self.gather_dtype, str):
-                raise TpusimError(f"--gather-dtype {short_repr(self.gather_dtype)} must be a "
-                                  f"dtype name; use one of: {', '.join(_DTYPE_BYTES)}")
             dtype_bytes(self.gather_dtype, "--gather-dtype")
 
     @property
