@@ -79,7 +79,12 @@ class PlanConfig:
             )
         if "fsdp" not in self.axes and "data" not in self.axes:
             raise TpusimError("--axes must include fsdp or data (the batch has to be split)")
-        from workloads.training import dtype_bytes, parse_optimizer, parse_remat
+        from workloads.training import (
+            check_stateless_optimizer,
+            dtype_bytes,
+            parse_optimizer,
+            parse_remat,
+        )
 
         parse_optimizer(self.optimizer)
         if self.gather_dtype is not None:
@@ -101,6 +106,7 @@ class PlanConfig:
                 raise TpusimError(f"{flag} lists no dtype; give e.g. bf16")
             for v in vals:
                 dtype_bytes(v, flag)
+        check_stateless_optimizer(self.optimizer, self.optimizer_dtypes)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

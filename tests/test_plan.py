@@ -167,6 +167,9 @@ def test_plan_optimizer_reaches_every_candidates_estimate_and_train_flags(tiny_m
         assert "--optimizer" not in a.train_flags()  # the default leaves the command as it was
     with pytest.raises(TpusimError, match="--optimizer 'sgdd' is not a known optimizer"):
         PlanConfig(**cfg, optimizer="sgdd")
+    # SGD has no state: a list of state dtypes would only repeat every candidate.
+    with pytest.raises(TpusimError, match="--optimizer-dtype 'fp32,bf16' with --optimizer sgd"):
+        PlanConfig(**cfg, optimizer="sgd", optimizer_dtypes=("fp32", "bf16"))
 
 
 def test_plan_gather_dtype_reaches_every_candidates_step(capsys, tiny_model):

@@ -535,6 +535,19 @@ def test_a_dtype_that_is_not_text_is_refused_naming_the_flag(field):
         TrainingConfig(seq_len=128, batch_per_chip=1, **{field: 2})
 
 
+def test_an_optimizer_dtype_with_sgd_is_refused_as_changing_nothing(tiny_yaml, capsys):
+    with pytest.raises(TpusimError, match=r"--optimizer-dtype 'bf16' with --optimizer sgd: it "
+                                          r"keeps no optimizer state"):
+        TrainingConfig(seq_len=128, batch_per_chip=1, optimizer="sgd", optimizer_dtype="bf16")
+    # The default (fp32, however spelled) is no choice: accepted, as Adam's bf16 moments.
+    for kw in ({"optimizer": "sgd", "optimizer_dtype": "F32"},
+               {"optimizer": "adam", "optimizer_dtype": "bf16"}):
+        TrainingConfig(seq_len=128, batch_per_chip=1, **kw)
+    _assert_one_line_error(capsys, [*_train_args(tiny_yaml, mesh="fsdp=4"), "--optimizer", "sgd",
+                                    "--optimizer-dtype", "bf16"],
+                           "drop --optimizer-dtype or use --optimizer adam")
+
+
 def test_sgd_keeps_no_optimizer_state_and_its_update_moves_weights_and_gradients_only():
     adam, _ = _step("fsdp=4", "2x2")
     sgd, res = _step("fsdp=4", "2x2", optimizer="sgd")

@@ -128,6 +128,18 @@ def parse_optimizer(text: str) -> Optimizer:
         ) from None
 
 
+def check_stateless_optimizer(optimizer: str, optimizer_dtypes: tuple[str, ...]) -> None:
+    """An optimizer with no state (SGD) takes no --optimizer-dtype but the default: another
+    one would change nothing (and repeat every candidate of a plan)."""
+    if Optimizer(optimizer).state_tensors or all(
+            dtype_bytes(d, "--optimizer-dtype") == _DTYPE_BYTES["fp32"] for d in optimizer_dtypes):
+        return
+    raise TpusimError(
+        f"--optimizer-dtype {short_repr(','.join(optimizer_dtypes))} with --optimizer "
+        f"{Optimizer(optimizer).value}: it keeps no optimizer state, so the state's dtype changes "
+        f"nothing; drop --optimizer-dtype or use --optimizer adam")
+
+
 def dtype_bytes(name: str, flag: str) -> float:
     """Bytes per element of the dtype `name` (any case), or the one-line error of `flag`."""
     if not isinstance(name, str):
@@ -263,6 +275,7 @@ class TrainingConfig:
             dtype_bytes(v, flag)
         if self.gather_dtype is not None:
             dtype_bytes(self.gather_dtype, "--gather-dtype")
+        check_stateless_optimizer(self.optimizer, (self.optimizer_dtype,))
 
     @property
     def weight_gather_dtype(self) -> str:
