@@ -48,19 +48,21 @@ class MoeConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        # The ranges of topologies.scenario.Scenario, which the simulating commands check:
+        # `compile` reaches here directly (--capacity-factor 1e300 was an infinite op size).
         s = self.expert_skew
         if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) \
-                or s < 0:
+                or not 0 <= s <= 100:
             raise TpusimError(
-                f"--expert-skew {s!r} must be a finite number >= 0 (the Zipf exponent of the "
-                f"expert loads; 0 is uniform routing)"
+                f"--expert-skew {s!r} must be a finite number in [0, 100] (the Zipf exponent of "
+                f"the expert loads; 0 is uniform routing)"
             )
         c = self.capacity_factor
         if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float))
-                              or not math.isfinite(c) or c <= 0):
+                              or not math.isfinite(c) or not 0 < c <= 1e6):
             raise TpusimError(
-                f"--capacity-factor {c!r} must be a finite number > 0 (MaxText uses 1.0-2.0); "
-                f"omit it for dropless routing"
+                f"--capacity-factor {c!r} must be a finite number in (0, 1e6] (MaxText uses "
+                f"1.0-2.0); omit it for dropless routing"
             )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise TpusimError(f"--seed {self.seed!r} must be an integer")
