@@ -32,7 +32,7 @@ from topologies.errors import TpusimError
 from topologies.torus import Topology
 from workloads.models import TransformerSpec
 from workloads.trace import Op, OpKind, Trace
-from workloads.training import TrainingConfig, compile_pipeline_chunk
+from workloads.training import WEIGHT_CAST, TrainingConfig, compile_pipeline_chunk
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -150,16 +150,18 @@ def check_schedule(schedule: str, stages: int, microbatches: int, virtual: int) 
 
 
 def _pass_times(trace: Trace, chip: ChipSpec, topology: Topology, algorithm: str
-                ) -> tuple[float, float, float]:
-    """(forward, backward, tail) seconds of a one-microbatch chunk program."""
+                ) -> tuple[float, float, float, float]:
+    """(forward, backward, tail, weight cast) seconds of a one-microbatch chunk program. The
+    cast (--gather-dtype) runs last in the chunk, alone; a stage runs it before its passes."""
     res = replay(trace, chip, topology, algorithm=algorithm)
     ops = trace.ops
     comp = [o for o in ops if o.kind == OpKind.COMPUTE]
     end = {row[1]: row[9] for row in res._ops}
+    cast = sum(row[9] - row[8] for row in res._ops if row[2] == WEIGHT_CAST)
     f_end = max(end[o.id] for o in comp if o.phase in ("fwd", "loss"))
     b_end = max(end[o.id] for o in comp if o.phase == "bwd")
     step = float(max(end.values()))
-    return f_end, b_end - f_end, step - b_end
+    return f_end, b_end - f_end, step - b_end - cast, cast
 
 
 def simulate_pipeline(
@@ -176,6 +178,7 @@ def simulate_pipeline(
     fwd = [[0.0] * v for _ in range(p)]
     bwd = [[0.0] * v for _ in range(p)]
     tail = [0.0] * p
+    cast = [0.0] * p  # the stage's weight cast, before its first pass
     act = [0.0] * p  # saved activations of one microbatch through one chunk
     static = [0.0] * p
     static_parts: list[dict] = [{} for _ in range(p)]
@@ -188,10 +191,10 @@ def simulate_pipeline(
         if key not in cache:
             tr = chunk_program(model, mesh, topology.num_chips, config, c)
             cache[key] = (tr, _pass_times(tr, chip, topology, algorithm))
-        tr, (tf, tb, tt) = cache[key]
+        tr, (tf, tb, tt, tc) = cache[key]
         fwd[s][vv], bwd[s][vv] = tf, tb
         if vv == 0:
-            tail[s] = tt
+            tail[s], cast[s] = tt, tc
             static[s] = float(tr.meta["static_hbm_bytes"])
             static_parts[s] = dict(tr.meta.get("static_composition") or {"other": static[s]})
         act[s] = float(tr.meta["activation_bytes_estimate"])
@@ -207,9 +210,9 @@ def simulate_pipeline(
     orders = [stage_order(sched, p, s, m, v) for s in range(p)]
     done_f: dict[tuple[int, int], float] = {}
     done_b: dict[tuple[int, int], float] = {}
-    free = [0.0] * p
+    free = list(cast)
     nxt = [0] * p
-    busy = [0.0] * p
+    busy = list(cast)
     inflight = [0] * p
     peak = [0] * p
     timeline = []
@@ -364,6 +367,11 @@ def build_stage_programs(model: TransformerSpec, mesh, num_chips: int,
             return _add(Op(id=0, name=name, kind=OpKind.COLLECTIVE, collective="send",
                           mesh_axes=("pipeline",), bytes=send_bytes, phase=phase), deps)
 
+        for op in chunk_trace(s).ops:
+            if op.name == WEIGHT_CAST:
+                # The stage's weights cast once, before its first pass (a whole step's program
+                # casts before its first forward; the chunk holds it after its update).
+                gate = add(dataclasses.replace(op, phase="fwd"), [])
         for ps in stage_order(sched, p, s, m, v):
             c, i, fwd = ps.chunk, ps.microbatch, ps.kind == "F"
             t = template(c, fwd, i == m - 1)
@@ -412,7 +420,7 @@ def build_stage_programs(model: TransformerSpec, mesh, num_chips: int,
                 stage_sends[sid] = (BWD_CHANNEL, _tag("B", c - 1, i, chunks, m))
         first = chunk_trace(s)
         for op in first.ops:
-            if op.phase == "optimizer":
+            if op.phase == "optimizer" and op.name != WEIGHT_CAST:
                 upd = add(op, [gate] + grad_colls)
                 for op_id, cat, delta in first.meta.get("memory_events", []):
                     if op_id == op.id:

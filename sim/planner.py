@@ -628,6 +628,7 @@ def pipeline_schedule_bound(model, axes, num_chips: int, tcfg, chip, topology) -
     from sim.pipeline import check_schedule, chunk_program, stage_order
     from topologies.mesh import LogicalMesh
     from workloads.trace import OpKind
+    from workloads.training import WEIGHT_CAST
 
     mesh = LogicalMesh(axes=tuple(axes))
     p, v, m = mesh.size("pipeline"), tcfg.virtual_stages, tcfg.microbatches
@@ -657,7 +658,9 @@ def pipeline_schedule_bound(model, axes, num_chips: int, tcfg, chip, topology) -
 
     orders = [stage_order(tcfg.pipeline_schedule, p, s, m, v) for s in range(p)]
     pos = [0] * p
-    gate = [0.0] * p
+    # A stage's weight cast (--gather-dtype) runs before its first pass (sim/pipeline.py).
+    gate = [sum(floors.compute(op) for op in chunk_trace(s).ops if op.name == WEIGHT_CAST)
+            for s in range(p)]
     grad = [-math.inf] * p
     sent: dict[tuple[str, int, int], float] = {}  # (kind, chunk received, microbatch) -> end
     ends = [0.0]
@@ -690,7 +693,7 @@ def pipeline_schedule_bound(model, axes, num_chips: int, tcfg, chip, topology) -
     for s in range(p):
         t = max(gate[s], grad[s])
         for op in chunk_trace(s).ops:
-            if op.phase == "optimizer" and op.kind == OpKind.COMPUTE:
+            if op.phase == "optimizer" and op.kind == OpKind.COMPUTE and op.name != WEIGHT_CAST:
                 t += floors.compute(op)
         ends.append(t)
     return max(ends)

@@ -485,11 +485,13 @@ def test_stage_programs_equal_the_plain_composition_and_pass_validation(schedule
 @pytest.mark.parametrize("schedule, m, v", [("gpipe", 3, 1), ("interleaved", 4, 2)])
 def test_a_stage_casts_its_weights_once_per_step_whatever_its_passes(schedule, m, v):
     # --param-dtype fp32 --gather-dtype bf16: a whole step casts the local shard once (one
-    # weight_cast op of p flops, 6 bytes per parameter); a pipeline stage's program, made of
-    # m x v copies of its chunks' passes, still casts once (it was once per pass).
+    # weight_cast op of p flops, 6 bytes per parameter) before its first forward; a pipeline
+    # stage's program, made of m x v copies of its chunks' passes, still casts once (it was
+    # once per pass), first, and the pass-level schedule starts each stage after its cast.
     import dataclasses
 
     from sim.pipeline import build_stage_programs
+    from workloads.trace import OpKind
 
     model, lmesh, _chip, topo, cfg = _args(schedule, m, v, None, "pipeline=2,fsdp=2", "4x1", 1,
                                            None, model=SMALL)
@@ -500,6 +502,13 @@ def test_a_stage_casts_its_weights_once_per_step_whatever_its_passes(schedule, m
         (cast,) = [o for o in prog.ops if o.name == "weight_cast"]
         p = upd.flops / 12  # Adam's 12 VPU ops per parameter of the stage's shard
         assert (cast.flops, cast.hbm_bytes) == (pytest.approx(p), pytest.approx(6 * p))
+        assert (cast.id, cast.deps, cast.phase) == (0, (), "fwd")
+        assert all(o.deps for o in prog.ops[1:] if o.kind == OpKind.COMPUTE)
+    first = {}
+    for c in (cfg, dataclasses.replace(cfg, param_dtype="bf16", gather_dtype=None)):
+        pipe = simulate_pipeline(model, lmesh, _chip, topo, c)
+        first[c.param_dtype] = min(t[4] for t in pipe.timeline if t[0] == 0)
+    assert first["bf16"] == 0.0 < first["fp32"]
     # Each chunk's forward pass holds no cast (it is copied per microbatch).
     for c in range(2 * v):
         chunk = compile_pipeline_chunk(model, lmesh, topo.num_chips, cfg, first=c == 0,

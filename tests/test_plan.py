@@ -350,6 +350,9 @@ def _four_layer_train(tmp_path, flags: list[str]) -> tuple[list[str], tuple]:
 @pytest.mark.parametrize("flags", [
     ["--mesh", "pipeline=2,fsdp=2", "--microbatches", "4", "--pipeline-schedule", "gpipe"],
     ["--mesh", "fsdp=2,pipeline=2", "--microbatches", "2", "--pipeline-schedule", "1f1b"],
+    # f32 weights gathered in bf16: each stage casts its shard once, before its first pass.
+    ["--mesh", "pipeline=2,fsdp=2", "--microbatches", "2", "--param-dtype", "fp32",
+     "--gather-dtype", "bf16"],
     ["--mesh", "pipeline=2,tensor=2", "--microbatches", "4", "--pipeline-schedule",
      "interleaved", "--virtual-stages", "2"],
     ["--mesh", "tensor=2,pipeline=2", "--microbatches", "4", "--no-overlap"],

@@ -93,6 +93,8 @@ _FUSED = frozenset({
 FSDP_GATHER_MODES = ("async", "windowed", "blocking", "mixed-async", "mixed-blocking")
 # Pipeline schedules simulated by `sim/pipeline.py` (docs/model.md "Pipeline schedules").
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved")
+# The op that casts the local weight shard to --gather-dtype, once per step.
+WEIGHT_CAST = "weight_cast"
 
 
 class Optimizer(enum.StrEnum):
@@ -568,7 +570,7 @@ class _Compiler:
     sends_on = True
     # The weight cast (--gather-dtype) runs before the first forward of a whole step. A
     # pipeline chunk's forward is copied per microbatch and chunk (sim/pipeline.py), while a
-    # stage casts its weights once per step: there it is an op of the stage's update instead.
+    # stage casts its weights once per step: the chunk holds it after its update instead.
     cast_per_pass = True
 
     def __init__(self, model, mesh, d: _Dims, cfg: TrainingConfig, num_chips, global_seqs):
@@ -1212,7 +1214,7 @@ class _Compiler:
         cast = None
         p_cast = self.local_params()
         if self.wc != self.wb and self.cast_per_pass:
-            cast = self.vpu("weight_cast", p_cast, p_cast * (self.wb + self.wc), [], -1, "fwd")
+            cast = self.vpu(WEIGHT_CAST, p_cast, p_cast * (self.wb + self.wc), [], -1, "fwd")
         for mb in range(cfg.microbatches):
             # Embedding lookup (stage 0).
             start = [prev_compute] if prev_compute is not None else \
@@ -1582,10 +1584,10 @@ class _Compiler:
                        [prev_compute] + last_grad_ops, -1, "optimizer")
         self.mem(upd, G.GRADIENTS, -max(p_local * self.gh, grads_allocated))
         if self.wc != self.wb and not self.cast_per_pass:
-            # A pipeline chunk's cast, once per stage: after the update, the same cost per step
-            # as before the first forward (the stage composition, the pass-level schedule and
-            # the plan's bound each take the stage's optimizer-phase ops once).
-            self.vpu("weight_cast", p_cast, p_cast * (self.wb + self.wc), [upd], -1,
+            # A pipeline chunk's cast, last and alone (so its passes hold none): the stage
+            # composition, the pass-level schedule and the plan's bound run it once, before
+            # the stage's first pass (sim/pipeline.py).
+            self.vpu(WEIGHT_CAST, p_cast, p_cast * (self.wb + self.wc), [upd], -1,
                      "optimizer")
         # Parameters and optimizer state are the program's (donated) arguments, resident for the
         # whole step; gradients are temporaries of the backward pass, as in XLA's program.
