@@ -321,20 +321,27 @@ def test_each_chips_attention_backward_adds_its_score_buffers_at_the_probability
     assert sum(held) == (probs - 2 * scores if remat == Remat.FULL else 0)
 
 
-@pytest.mark.parametrize("remat", [Remat.FULL, Remat.MINIMAL, Remat.OFFLOAD])
-def test_the_mlps_recomputed_tensors_die_with_its_weight_gradient_under_full_and_minimal(remat):
-    trace, _ = _long(remat)
-    rows, D, F = 2048, 64, 128  # tokens, d_model, d_ff (one chip)
+def _mlp_side_freed_at_its_weight_gradient(trace, remat) -> tuple[float, float]:
+    """(bytes layer 0's MLP weight-gradient matmul frees, the MLP's recomputed tensors) of a
+    `_long` step: 2048 tokens per chip, d_model 64, d_ff 128 (whole on the chip). The mid
+    residual, the MLP norm's bf16 output and f32 statistics, the gate/up outputs and the
+    activation's output; under minimal the gate/up outputs and the attention output projection
+    are the copies of the stack entries."""
+    rows, D, F = 2048, 64, 128
     got = sum(delta for i, cat, delta in trace.meta["memory_events"]
               if cat == "saved_activations" and trace.ops[i].layer == 0
               and trace.ops[i].name == "mlp_bwd_weights")
-    # The mid residual, the MLP norm's bf16 output and f32 statistics, the gate/up outputs and
-    # the activation's output; under minimal the gate/up outputs and the attention output
-    # projection are the copies of the stack entries. Under offload they live on.
     side = 2 * rows * D + 4 * rows + 2 * rows * D + 2 * 2 * rows * F + 2 * rows * F
     if remat == Remat.MINIMAL:
         side += 2 * rows * D
-    assert got == (0.0 if remat == Remat.OFFLOAD else -side)
+    return got, side
+
+
+@pytest.mark.parametrize("remat", [Remat.FULL, Remat.MINIMAL, Remat.OFFLOAD])
+def test_the_mlps_recomputed_tensors_die_with_its_weight_gradient_under_full_and_minimal(remat):
+    trace, _ = _long(remat)
+    got, side = _mlp_side_freed_at_its_weight_gradient(trace, remat)
+    assert got == (0.0 if remat == Remat.OFFLOAD else -side)  # under offload they live on
 
 
 def test_a_scanned_stack_holds_every_layers_saved_set_from_the_first_forward_to_the_last_backward():
@@ -685,13 +692,7 @@ def test_v5e_keeps_the_f32_logits_of_one_sequence_per_chip_to_the_end_of_the_bac
 def test_v5e_keeps_a_windowed_mlps_recomputed_tensors_through_the_attention_backward(
         remat, gather, dies):
     trace, _ = _long(remat, "fsdp=4", "2x2", gather=gather, mlp_grad_after_attention=True)
-    rows, D, F = 2048, 64, 128  # tokens per chip, d_model, d_ff (fsdp: whole widths)
-    got = sum(delta for i, cat, delta in trace.meta["memory_events"]
-              if cat == "saved_activations" and trace.ops[i].layer == 0
-              and trace.ops[i].name == "mlp_bwd_weights")
-    side = 2 * rows * D + 4 * rows + 2 * rows * D + 2 * 2 * rows * F + 2 * rows * F
-    if remat == Remat.MINIMAL:
-        side += 2 * rows * D
+    got, side = _mlp_side_freed_at_its_weight_gradient(trace, remat)  # fsdp: whole widths
     assert got == (-side if dies else 0.0)
 
 
