@@ -89,6 +89,21 @@ def test_study_schema_errors_are_one_line(tiny_model, change, message):
     assert "\n" not in str(exc.value)
 
 
+def test_sweep_table_prints_a_dash_for_what_a_point_lacks(tmp_path, capsys, tiny_model):
+    # fsdp=8 does not fit the 2x2 pod: that point fails (no metrics); the other ran (no error).
+    study = tmp_path / "s.yaml"
+    study.write_text(json.dumps(_study(tiny_model, grid={"mesh": ["fsdp=4", "fsdp=8"]},
+                                       zip={}, plot=[], metrics=["step_time_s"])),
+                     encoding="utf-8")
+    rc = main(["sweep", str(study), "--out", str(tmp_path / "out"), "--workers", "1"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[1:]}
+    assert rows["fsdp=4"][1] == "-" and float(rows["fsdp=4"][0]) > 0
+    assert rows["fsdp=8"][0] == "-" and rows["fsdp=8"][1] != "-"
+    assert "NaN" not in out and "<NA>" not in out
+
+
 def _assert_study_refused_before_running(tmp_path, capsys, study_dict, message):
     """`tpusim sweep` on this study exits 2 with one line about point 0 and writes nothing."""
     study = tmp_path / "s.yaml"

@@ -43,9 +43,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         import pandas as pd
 
         with pd.option_context("display.max_rows", 40, "display.width", 160):
-            # A failed point has no metrics: "-", not NaN (an output holds finite numbers).
-            print(df[[*study.varied, *metrics, ERROR_COLUMN]].to_string(index=False,
-                                                                          na_rep="-"))
+            # A failed point has no metrics and a point that ran no error: "-", not NaN or
+            # <NA> (na_rep does not reach a text column's NA).
+            shown = df[[*study.varied, *metrics, ERROR_COLUMN]].copy()
+            shown[ERROR_COLUMN] = shown[ERROR_COLUMN].astype(object).where(
+                shown[ERROR_COLUMN].notna(), "-")
+            print(shown.to_string(index=False, na_rep="-"))
     return 0
 
 
