@@ -810,7 +810,8 @@ def test_replay_on_a_pod_with_another_chip_count_is_an_error(tiny_yaml, tmp_path
 def test_compile_refuses_chips_together_with_a_pod(tiny_yaml, tmp_path, capsys):
     # --chip would be ignored (the program compiled without the chip's memory rules).
     path = tmp_path / "f.trace"
-    for pod in (["--chip", "v5e"], ["--shape", "2x2"], ["--slice", "v5e-4"]):
+    for pod in (["--chip", "v5e"], ["--shape", "2x2"], ["--slice", "v5e-4"], ["--slices", "2"],
+                ["--wraparound", "none"]):
         _assert_one_line_error(capsys, ["compile", "--chips", "4", *pod, "--model", tiny_yaml,
                                         "--seq-len", "128", "--batch-per-chip", "2", "--mesh",
                                         "fsdp=4", "-o", str(path)],

@@ -338,16 +338,17 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.chips is not None:
         if args.chips < 1:
             raise TpusimError(f"--chips {args.chips} must be >= 1")
-        given = [f"{flag} {v}" for flag, v in (("--chip", args.chip),
-                                               ("--slice", args.slice_name),
-                                               ("--shape", args.shape)) if v is not None]
+        given = [f"{flag} {v}" for flag, v, default in (
+            ("--chip", args.chip, None), ("--slice", args.slice_name, None),
+            ("--shape", args.shape, None), ("--slices", args.slices, 1),
+            ("--wraparound", args.wraparound, "auto")) if v != default]
         if given:
             # The pod's chip decides the program's memory (its compiler rules, e.g. v5e's
             # loss_after_backward); --chips compiles with none of them, so it would drop it.
             raise TpusimError(
                 f"--chips {args.chips} and {given[0]}: give one; --chips compiles for that many "
                 f"chips of no particular generation (its compiler's memory rules off), "
-                f"--chip/--slice/--shape for that pod")
+                f"--chip/--slice/--shape (with --slices, --wraparound) for that pod")
         num_chips = args.chips
     else:
         chip, topo = cli.resolve_pod(args)
