@@ -501,6 +501,11 @@ def test_f32_params_gathered_in_bf16_move_bf16_bytes_and_keep_f32_master_weights
     assert (cast.unit, cast.flops, cast.hbm_bytes) == (Unit.VPU, pytest.approx(p),
                                                        pytest.approx(6 * p))
     assert not [o for o in base.ops if o.name == "weight_cast"]
+    # Nothing is gathered before its shard is cast: the embedding's and the first layer's
+    # prefetched gathers wait for the cast.
+    first = [o for o in f32.ops if o.kind == OpKind.COLLECTIVE and o.phase == "fwd"
+             and o.name.startswith("fsdp_allgather") and o.layer <= 0]
+    assert len(first) > 1 and all(cast.id in o.deps for o in first)
     # Adam reads and writes the f32 weights: 2 x 2 bytes per parameter more than bf16's.
     (upd,) = [o for o in f32.ops if o.name == "adam_update"]
     (bupd,) = [o for o in base.ops if o.name == "adam_update"]

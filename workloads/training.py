@@ -1249,7 +1249,8 @@ class _Compiler:
                                 "reduce-scatter" if self.tp_sharded else "all-reduce",
                                 ("tensor",), n * D * a, [x], -1, "fwd")
                 prev = red if red is not None else x
-            pending = fsdp_gather(0, mb, "fwd", [], [prev])
+            # The first layer's prefetched gathers wait for the cast of the shards they send.
+            pending = fsdp_gather(0, mb, "fwd", [cast] if cast is not None else [], [prev])
             # A scanned layer stack writes what each layer saves into [layers, ...] buffers that
             # XLA allocates whole before the forward loop and frees after the backward loop
             # (one buffer cannot be freed layer by layer): every layer's saved set is resident
