@@ -28,7 +28,8 @@ from topologies.validate import MAX_PLAN_COMBINATIONS
 PLAN_AXES = ("data", "fsdp", "pipeline", "expert", "sequence", "tensor")
 PLAN_COLUMNS = (
     "rank", "mesh", "placement", "remat", "microbatches", "param_dtype", "grad_dtype",
-    "optimizer_dtype", "step_time_s", "mfu", "tokens_per_s_per_chip", "hbm_peak_bytes",
+    "optimizer_dtype", "optimizer", "gather_dtype", "step_time_s", "mfu",
+    "tokens_per_s_per_chip", "hbm_peak_bytes",
     "hbm_estimate_bytes", "lower_bound_s", "bound", "status",
 )
 _BOUNDS = {  # breakdown component -> what bounds a step whose critical path it dominates
@@ -1116,6 +1117,9 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
             "mesh": c.mesh_text, "placement": c.placement, "remat": c.remat,
             "microbatches": c.microbatches, "param_dtype": c.param_dtype,
             "grad_dtype": c.grad_dtype, "optimizer_dtype": c.optimizer_dtype,
+            # The update rule and the dtype weights are gathered and multiplied in (the params'
+            # own unless --gather-dtype casts them): what the row's train command ran.
+            "optimizer": c.optimizer, "gather_dtype": c.gather_dtype or c.param_dtype,
             "step_time_s": r.get("step_time_s", math.nan), "mfu": r.get("mfu", math.nan),
             "tokens_per_s_per_chip": r.get("tokens_per_s_per_chip", math.nan),
             "hbm_peak_bytes": r.get("hbm_peak_bytes", math.nan),

@@ -188,6 +188,9 @@ def test_plan_gather_dtype_reaches_every_candidates_step(capsys, tiny_model):
 
     cast, whole = best("--gather-dtype", "bf16"), best()
     assert cast["mesh"] == whole["mesh"] == "fsdp=4"
+    # Each row says what its train command ran: the dtype weights are gathered in and the rule.
+    assert (cast["gather_dtype"], whole["gather_dtype"]) == ("bf16", "fp32")
+    assert cast["optimizer"] == whole["optimizer"] == "adam"
     rc = main(["train", *pod, "--batch-per-chip", "2", "--mesh", "fsdp=4", "--remat", "full",
                "--param-dtype", "fp32", "--gather-dtype", "bf16", "--json"])
     train = json.loads(capsys.readouterr().out)
