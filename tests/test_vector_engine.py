@@ -192,5 +192,6 @@ def test_a_compute_op_beside_a_link_bound_gather_runs_at_its_mxu_time_on_every_e
             mm = r.for_class(int(cls[c])).ops.set_index("name").loc["matmul"]
             assert mm.end_s - mm.start_s == pytest.approx(
                 t_c / speed[c] + chip.op_overhead_s, rel=1e-12), (kw, c)
-        # What proportional sharing would have taken: over twice as long.
+        # HBM stays busy (the gather's traffic) for over twice the matmul's time: sharing it in
+        # proportion to bytes in flight would have held the matmul back that long.
         assert (r.chips.hbm_busy_s.to_numpy() > 2 * t_c / speed).all()
