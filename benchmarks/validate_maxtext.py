@@ -38,7 +38,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
 from sim.engine import replay  # noqa: E402
-from sim.hardware import CHIP_BOOL_FIELDS, ChipSpec, get_chip  # noqa: E402
+from sim.hardware import ChipSpec, get_chip  # noqa: E402
 from topologies.errors import TpusimError  # noqa: E402
 from topologies.mesh import parse_mesh  # noqa: E402
 from topologies.slices import SLICES, resolve_topology  # noqa: E402
@@ -405,10 +405,9 @@ _TRACES: dict[str, tuple] = {}
 
 def trace_config(case: Case) -> TrainingConfig:
     """The run settings a case is rebuilt with (see the module docstring), with the compiler
-    rules of its generation's preset (`CHIP_BOOL_FIELDS`: what XLA keeps in memory), as
-    `tpusim train --chip` compiles them."""
-    chip = get_chip(case.chip)
-    return TrainingConfig(**{f: getattr(chip, f) for f in CHIP_BOOL_FIELDS},
+    rules of its generation's preset (`ChipSpec.compiler_rules`: what XLA keeps in memory),
+    as `tpusim train --chip` compiles them."""
+    return TrainingConfig(**get_chip(case.chip).compiler_rules(),
                           seq_len=case.seq_len, batch_per_chip=case.batch_per_chip,
                           remat=case.remat, attention="flash",
                           moe=MoeConfig(capacity_factor=case.capacity_factor),

@@ -148,6 +148,12 @@ class ChipSpec:
                 f"3 whole numbers in [1, 4096] such as [16, 16]"
             )
 
+    def compiler_rules(self) -> dict[str, bool]:
+        """What this generation's compiler keeps in memory (`CHIP_BOOL_FIELDS`), as the
+        `TrainingConfig` fields of the same names: the settings a step compiled for this chip
+        takes."""
+        return {name: getattr(self, name) for name in CHIP_BOOL_FIELDS}
+
     def mxu_fill(self, narrow_dim: float) -> float:
         """Fraction of the MXU a matmul keeps busy when one of its tiled operand dimensions
         (contraction or output) is `narrow_dim` wide (0: every dimension is wide): the array is

@@ -329,3 +329,17 @@ def test_vpu_is_about_30x_below_the_mxu_on_v5p():
     assert chip.vpu_flops_per_s == pytest.approx(2 * 8 * 128 * 4 * 1.75e9)
     assert 20 < chip.mxu_flops_per_s / chip.vpu_flops_per_s < 40
     assert math.isfinite(chip.vpu_flops_per_s)
+
+
+@pytest.mark.parametrize("name", sorted(CHIPS.names()))
+def test_compiler_rules_are_training_config_fields_that_default_to_false(name):
+    # `train --chip` compiles with the chip's rules; `compile --chips N` (no chip) with the
+    # config's defaults: every rule must be a TrainingConfig field whose default is "off".
+    from workloads.training import TrainingConfig
+
+    chip = get_chip(name)
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainingConfig)}
+    rules = chip.compiler_rules()
+    assert rules and all(defaults[k] is False for k in rules)
+    cfg = TrainingConfig(seq_len=8, batch_per_chip=1, **rules)
+    assert {k: getattr(cfg, k) for k in rules} == {k: getattr(chip, k) for k in rules}

@@ -141,12 +141,8 @@ def training_config(args: argparse.Namespace, moe=None, chip=None):
         pipeline_schedule=args.pipeline_schedule or "1f1b",
         virtual_stages=args.virtual_stages,
         moe=moe if moe is not None else cli.moe_config(args),
-        score_exp_fusion=chip.score_exp_fusion if chip is not None else False,
-        score_grad_fusion=chip.score_grad_fusion if chip is not None else False,
-        bwd_probs_buffer=chip.bwd_probs_buffer if chip is not None else False,
-        loss_after_backward=chip.loss_after_backward if chip is not None else False,
-        mlp_grad_after_attention=chip.mlp_grad_after_attention if chip is not None else False,
-        head_grad_after_backward=chip.head_grad_after_backward if chip is not None else False,
+        # TrainingConfig's defaults for these are false, as `compile --chips N` wants them.
+        **(chip.compiler_rules() if chip is not None else {}),
     )
 
 
