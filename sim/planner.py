@@ -32,6 +32,10 @@ PLAN_COLUMNS = (
     "tokens_per_s_per_chip", "hbm_peak_bytes",
     "hbm_estimate_bytes", "lower_bound_s", "bound", "status",
 )
+# How many candidates `plan --exhaustive` simulates before it asks for --max-simulations: each
+# is a whole `tpusim train` run (seconds of CPU on a full pod: 453 of them for the 405B plan
+# are most of an hour on 2 cores), where the default search simulates ~20.
+EXHAUSTIVE_MAX_SIMULATIONS = 100
 _BOUNDS = {  # breakdown component -> what bounds a step whose critical path it dominates
     "mxu_compute_s": "compute (MXU)",
     "vpu_s": "vector units (VPU)",
@@ -914,7 +918,8 @@ class _Pool:
 def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: PlanConfig, *,
              workers: int = 0, dask: Any = None, quiet: bool = False,
              prune_by_bound: bool = True, refuse_by_hbm_bound: bool = True,
-             stop_out_of_memory: bool = True) -> PlanResult:
+             stop_out_of_memory: bool = True,
+             max_simulations: int | None = None) -> PlanResult:
     """Enumerate and prune by memory; bound every candidate from below (one compile per mesh
     sizes and settings, shared by its placements): its step time, and its HBM peak (a
     candidate whose peak bound is over HBM is out of memory, as `tpusim train` would find,
@@ -923,13 +928,23 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
     the next bound is no better than the K-th best simulated step: those left cannot enter the
     top K, which is therefore exact. A simulation whose HBM goes over capacity stops there (out
     of memory; its time is not needed). `prune_by_bound=False`, `refuse_by_hbm_bound=False` and
-    `stop_out_of_memory=False` turn the shortcuts off (the brute-force oracle)."""
+    `stop_out_of_memory=False` turn the shortcuts off (the brute-force oracle).
+    `max_simulations`: with `prune_by_bound=False` (every candidate simulated), refuse a space
+    of more candidates than that before anything runs (`plan --exhaustive`'s guard)."""
     import pandas as pd
 
     from sim.study import SweepConfig, _bar, _num_workers
 
     t0 = time.perf_counter()
     cands, counts = enumerate_candidates(model, topology, chip, cfg)
+    if not prune_by_bound and max_simulations is not None and len(cands) > max_simulations:
+        raise TpusimError(
+            f"plan --exhaustive would simulate {len(cands):,} candidates to the end, over the "
+            f"limit of {max_simulations:,} (each is a whole `tpusim train` run); give "
+            f"--max-simulations {len(cands)} to run them all, narrow the space (--axes, --max-*, "
+            f"--remat, --microbatches, --default-placement), or drop --exhaustive (the default "
+            f"search gives the same top K)"
+        )
     n_chips = topology.num_chips
     batch_per_chip = repr(cfg.global_batch / n_chips)
     argvs = [["train", *pod_flags, "--model", model_arg, "--seq-len", str(cfg.seq_len),
@@ -965,7 +980,9 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
     sharp: set[int] = set()  # candidates with a sharper bound
     refined = 0
     full_pipeline_bounds = len(piped - deferred)  # pipeline groups bounded in full at once
-    bar = _bar(len(jobs) + len(cands), 0, quiet)
+    # One tick per bound job and per candidate (simulated, refused or skipped).
+    bar = _bar(len(jobs) + len(cands), 0, quiet,
+               desc="plan --exhaustive" if not prune_by_bound else "plan", unit="job")
 
     def take_bounds(k: int, b: dict[str, Any]) -> list[int]:
         """Group k's bounds into `lb`, `capacity` and `refused`; the members newly refused."""
@@ -1310,6 +1327,7 @@ __all__ = [
     "PlanResult",
     "enumerate_candidates",
     "explain",
+    "EXHAUSTIVE_MAX_SIMULATIONS",
     "plot_frontier",
     "run_plan",
 ]

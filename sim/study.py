@@ -955,14 +955,14 @@ def run_study(study: StudySpec, cfg: SweepConfig,
     return df
 
 
-def _bar(total: int, initial: int, quiet: bool):
+def _bar(total: int, initial: int, quiet: bool, desc: str = "sweep", unit: str = "pt"):
     from sim import progress
 
     if quiet or progress.QUIET or not sys.stderr.isatty():
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, desc="sweep", unit="pt", file=sys.stderr)
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr)
 
 
 def _check_metrics(study: StudySpec, row: Mapping[str, Any]) -> None:

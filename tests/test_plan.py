@@ -251,8 +251,44 @@ def test_plan_exhaustive_simulates_everything_and_gives_the_same_top_k(capsys, t
         [{k: v for k, v in r.items() if k not in drop} for r in brute["top"]]
 
 
+def test_plan_exhaustive_refuses_more_candidates_than_max_simulations_before_running(
+        capsys, tiny_model, monkeypatch):
+    import sim.planner as planner
+
+    def plan(*extra: str) -> tuple[int, str, str]:
+        rc = main(["plan", "--chip", "v5e", "--shape", "2x2", "--model", tiny_model,
+                   "--seq-len", "1024", "--global-batch", "8", "--top", "2", "--workers", "1",
+                   "--axes", "fsdp,tensor", "--remat", "full,none", "--microbatches", "1",
+                   "--json", "--out", "", *extra])
+        captured = capsys.readouterr()
+        return rc, captured.out, captured.err
+
+    rc, out, _err = plan()
+    n = json.loads(out)["searched"]["candidates"]
+    assert rc == 0 and n > 2
+    # One over the limit: refused, with the count, the limit and the flag, before any bound
+    # or simulation runs.
+    monkeypatch.setattr(planner, "_Pool", lambda *a: pytest.fail("ran something"))
+    rc, out, err = plan("--exhaustive", "--max-simulations", str(n - 1))
+    assert rc == 2 and out == "" and err.count("\n") == 1
+    assert (f"plan --exhaustive would simulate {n} candidates to the end, over the limit of "
+            f"{n - 1}") in err and f"--max-simulations {n} to run them all" in err
+    # The default limit applies without the flag.
+    monkeypatch.setattr(planner, "EXHAUSTIVE_MAX_SIMULATIONS", n - 1)
+    rc, _out, err = plan("--exhaustive")
+    assert rc == 2 and f"over the limit of {n - 1}" in err
+    monkeypatch.undo()
+    # At the limit it runs every candidate.
+    rc, out, err = plan("--exhaustive", "--max-simulations", str(n))
+    assert rc == 0, err
+    assert json.loads(out)["searched"]["simulated"] == n
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--axes", "fsdp,bogus"], "--axes: 'bogus' is not a mesh axis"),
+    (["--max-simulations", "5"], "--max-simulations 5 limits --exhaustive only"),
+    (["--exhaustive", "--max-simulations", "0"], "--max-simulations 0 must be a positive "
+                                                 "integer"),
     (["--remat", "sometimes"], "--remat 'sometimes' is not a remat policy"),
     (["--microbatches", "1,x"], "--microbatches '1,x' must list integers"),
     (["--global-batch", "0"], "--global-batch 0 must be a positive integer"),
@@ -266,9 +302,11 @@ def test_plan_exhaustive_simulates_everything_and_gives_the_same_top_k(capsys, t
 def test_plan_bad_input_is_one_line(capsys, tiny_model, argv, message):
     base = {"--chip": "v5e", "--shape": "2x2", "--model": tiny_model, "--seq-len": "1024",
             "--global-batch": "8"}
+    switches = [a for a in argv if a == "--exhaustive"]
+    argv = [a for a in argv if a != "--exhaustive"]
     for k, v in zip(argv[::2], argv[1::2], strict=True):
         base[k] = v
-    rc = main(["plan", *itertools.chain.from_iterable(base.items()), "--out", ""])
+    rc = main(["plan", *itertools.chain.from_iterable(base.items()), *switches, "--out", ""])
     err = capsys.readouterr().err
     assert rc == 2 and message in err and err.count("\n") == 1
 

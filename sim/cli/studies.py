@@ -142,10 +142,21 @@ def plan_summary(res, top: int) -> dict:
 
 def plan_from_args(args: argparse.Namespace, dask=None):
     """(PlanResult, PlanConfig) for parsed `tpusim plan` arguments (the CLI and `sim.plan`)."""
-    from sim.planner import run_plan
+    from sim.planner import EXHAUSTIVE_MAX_SIMULATIONS, run_plan
     from workloads.models import load_model
 
     _check_workers(args)
+    limit = args.max_simulations
+    if limit is not None and not args.exhaustive:
+        raise TpusimError(
+            f"--max-simulations {limit} limits --exhaustive only (the default search simulates "
+            f"just the candidates its bounds cannot rule out); add --exhaustive or drop "
+            f"--max-simulations"
+        )
+    if limit is not None and limit < 1:
+        raise TpusimError(f"--max-simulations {limit} must be a positive integer (the most "
+                          f"candidates --exhaustive may simulate), e.g. 500")
+    limit = EXHAUSTIVE_MAX_SIMULATIONS if limit is None else limit
     cfg = plan_config(args)
     if args.slices != 1:
         raise TpusimError(f"--slices {args.slices}: plan searches one slice; drop --slices")
@@ -154,7 +165,8 @@ def plan_from_args(args: argparse.Namespace, dask=None):
     fast = not args.exhaustive
     res = run_plan(args.model, pod_flags(args), model, topo, chip, cfg, workers=args.workers,
                    dask=dask if dask is not None else args.dask, quiet=bool(args.quiet_sub),
-                   prune_by_bound=fast, refuse_by_hbm_bound=fast, stop_out_of_memory=fast)
+                   prune_by_bound=fast, refuse_by_hbm_bound=fast, stop_out_of_memory=fast,
+                   max_simulations=None if fast else limit)
     return res, cfg
 
 
@@ -199,6 +211,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _register_plan(sub, name: str) -> None:
+    from sim.planner import EXHAUSTIVE_MAX_SIMULATIONS
+
     p = cli.add_command(sub, name, "search meshes, placements, remat, microbatches and dtypes "
                                    "for a training step; print the best", cmd_plan,
                         set_scope=("chip", "topology", "model"))
@@ -214,7 +228,11 @@ def _register_plan(sub, name: str) -> None:
     p.add_argument("--exhaustive", action="store_true",
                    help="simulate every candidate to the end (no pruning by lower bounds, no "
                         "refusal by the HBM bound, no early stop over HBM): the brute-force "
-                        "check of the default search, which gives the same top K")
+                        "check of the default search, which gives the same top K; refused "
+                        "before anything runs if that is more than --max-simulations)")
+    p.add_argument("--max-simulations", type=whole_flag("--max-simulations"), default=None,
+                   help=f"the most candidates --exhaustive may simulate (default "
+                        f"{EXHAUSTIVE_MAX_SIMULATIONS}; with --exhaustive only)")
     p.add_argument("--out", default="plan-out",
                    help="write candidates.csv/parquet, summary.json and frontier.png here "
                         "(default plan-out; empty to skip)")
