@@ -36,6 +36,7 @@ expert loads).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -300,6 +301,10 @@ def simulate_chips(
     op_key: dict[tuple[int, int], tuple] = {}
     base_costs: dict[tuple, CollectiveCost] = {}
     group_cost: dict[tuple, tuple[np.ndarray, list[CollectiveCost]]] = {}
+    # Under `stop_when_hbm_exceeds(prefix=...)` only the prefix's ops run: the others are
+    # neither costed nor given actors (see `stop_when_hbm_exceeds`).
+    watch = _HBM_WATCH[-1] if _HBM_WATCH else None
+    prefix_ops = watch.prefix_ops if watch is not None else None
     for pi in used_programs:
         prog = programs[pi]
         if prog.mesh not in groups_of_mesh:
@@ -310,6 +315,8 @@ def simulate_chips(
         seen: dict[tuple, tuple] = {}
         for op in prog.ops:
             if op.kind != OpKind.COLLECTIVE or (pi, op.id) in p2p_ops:
+                continue
+            if prefix_ops is not None and op.id not in prefix_ops[pi]:
                 continue
             # Explicit device groups (HLO import) may be chip pairs (a permute; its chips
             # rendezvous with the others along the axes it uses, and degraded links do not slow
@@ -392,6 +399,9 @@ def simulate_chips(
     use_vectors = cfg.mode != "per-chip" and vectors_apply and (
         cfg.vector if cfg.vector is not None
         else class_ops > MAX_CLASS_OPS or ncls >= VECTOR_MIN_CLASSES)
+    if use_vectors and prefix_ops is not None:
+        watch.prefix_ended = True  # no prefix runs on vector classes
+        raise HbmPrefixEnded("the HBM watch's prefix does not apply to vector classes")
     if use_vectors:
         from sim.vector_engine import simulate_vectors
 
@@ -495,6 +505,8 @@ def simulate_chips(
             elif op.id in recv_ids:
                 cl.bound[op.id] = "idle"
             elif op.kind == OpKind.COLLECTIVE:
+                if (pi, op.id) not in op_geom:
+                    continue  # outside the prefix: never runs
                 ga = op_geom[(pi, op.id)]
                 grp = int(geoms[ga].group_of_chip[r])
                 index, costs = group_cost[op_key[(pi, op.id)]]
@@ -641,6 +653,16 @@ def simulate_chips(
             cl.end[op.id] = env.now
             cl.done[op.id].succeed()
 
+    watching = watch is not None and ncls == len(used_programs)
+    if watch is not None and watch.prefix_ops is not None:
+        if not watching:  # the watch does not apply: no verdict from a prefix
+            watch.prefix_ended = True
+            raise HbmPrefixEnded("the HBM watch does not apply to this step")
+        # Only the prefix's ops get actors: `stop_when_hbm_exceeds(prefix=...)` guarantees
+        # that no other op starts before the horizon (nor is a receive completed before it).
+        for cl in classes:
+            keep = watch.prefix_ops[cl.prog]
+            cl.ops = tuple(op for op in cl.ops if op.id in keep)
     for cl in classes:
         for op in cl.ops:
             if op.id in cl.recv_from:
@@ -653,8 +675,7 @@ def simulate_chips(
             elif op.kind == OpKind.HOST:
                 env.process(run_async(cl, op, cl.pcie))
         env.process(core(cl))
-    watch = _HBM_WATCH[-1] if _HBM_WATCH else None
-    if watch is not None and ncls == len(used_programs):
+    if watching:
         _run_watching_hbm(env, classes, programs, watch)
     else:
         env.run()
@@ -712,21 +733,32 @@ class HbmOverCapacity(TpusimError):
     """Raised inside `simulate_chips` under `stop_when_hbm_exceeds` (caught by the caller)."""
 
 
+class HbmPrefixEnded(TpusimError):
+    """Raised inside `simulate_chips` under `stop_when_hbm_exceeds(prefix=...)` when the prefix
+    reached its horizon (or the watch does not apply) without going over: no verdict, the step
+    has to run in full (caught by the caller)."""
+
+
 @dataclass(kw_only=True)
 class HbmWatch:
-    """`stop_when_hbm_exceeds`'s verdict: whether the step was stopped, and the HBM level
-    (bytes) of the chip class that went over."""
+    """`stop_when_hbm_exceeds`'s verdict: whether the step was stopped, the HBM level (bytes) of
+    the chip class that went over and when (s); with a prefix, whether it ended undecided."""
 
     capacity_bytes: float
+    prefix_ops: tuple[frozenset[int], ...] | None = None
+    horizon_s: float = math.inf
     exceeded: bool = False
     level_bytes: float = 0.0
+    time_s: float = math.nan
+    prefix_ended: bool = False
 
 
 _HBM_WATCH: list[HbmWatch] = []
 
 
 @contextmanager
-def stop_when_hbm_exceeds(capacity_bytes: float):
+def stop_when_hbm_exceeds(capacity_bytes: float,
+                          prefix: tuple[tuple[frozenset[int], ...], float] | None = None):
     """Within the block, `simulate_chips` stops a step as soon as a chip's HBM level is over
     `capacity_bytes` (a relative 1e-9 over, for summation order) and raises `HbmOverCapacity`
     (the yielded `HbmWatch` says so): the step is out of memory whatever happens later, and
@@ -735,8 +767,22 @@ def stop_when_hbm_exceeds(capacity_bytes: float):
     that instant applied), which is the level of a row of the step's memory table, so never
     above its peak. Only where every chip class is the one class of its program (a healthy
     step, a pipeline's stages), so that each class's peak is a reported peak; otherwise the
-    step runs to the end as usual. Used by one thread at a time (plan's worker processes)."""
+    step runs to the end as usual. Used by one thread at a time (plan's worker processes).
+
+    `prefix=(op ids per program, horizon s)`: the caller guarantees that no other op starts
+    (or, a receive, completes) before the horizon (`sim.planner.hbm_prefix`, from the
+    uncontended schedule, a lower bound of every op's start). Only those ops are given actors
+    (a 405B pipeline stage program holds ~26k ops; those that can start within the first
+    seconds are a tenth of them), so up to the horizon the run is the full step's, event for
+    event: the same ops are active at the same times, the others still wait for their
+    dependencies. A level over capacity before
+    the horizon is therefore the full run's verdict (the same instant and level); reaching the
+    horizon (or the prefix's end, or a step the watch does not apply to) raises
+    `HbmPrefixEnded` with `prefix_ended` set: the step has to run in full."""
     watch = HbmWatch(capacity_bytes=float(capacity_bytes))
+    if prefix is not None:
+        watch.prefix_ops = tuple(frozenset(ids) for ids in prefix[0])
+        watch.horizon_s = float(prefix[1])
     _HBM_WATCH.append(watch)
     try:
         yield watch
@@ -760,17 +806,22 @@ def _run_watching_hbm(env, classes, programs, watch: HbmWatch) -> None:
                     levels[c] += d
                 cl.done[op_id].callbacks.append(add)
     limit = watch.capacity_bytes * (1 + 1e-9)
+    prefix = watch.prefix_ops is not None
     now = env.now
     while True:
         t = env.peek()
-        if t == float("inf"):
+        if t == float("inf") and not prefix:
             return
         if t > now:  # every event at `now` processed: each class's level is a table row
+            # (with a prefix, the full step's next event is at the horizon or later)
             if max(levels) > limit:
-                watch.exceeded, watch.level_bytes = True, max(levels)
+                watch.exceeded, watch.level_bytes, watch.time_s = True, max(levels), now
                 raise HbmOverCapacity(
                     f"HBM level {max(levels) / 1e9:.1f} GB over the capacity "
                     f"{watch.capacity_bytes / 1e9:.1f} GB at {now:.6g} s: out of memory")
+            if prefix and t >= watch.horizon_s:
+                watch.prefix_ended = True
+                raise HbmPrefixEnded(f"the prefix reached its horizon {watch.horizon_s:.6g} s")
             now = t
         env.step()
 

@@ -825,13 +825,107 @@ def sharper_bound(job: tuple) -> dict[str, Any]:
     return {"lower_bound_s": bound, "costs": {k: cache[k] for k in keys if k in cache}}
 
 
+# The horizon of a pipeline's prefix run is this many times the time its uncontended schedule
+# first goes over HBM: the simulated step runs a few percent slower than that schedule, so the
+# 405B plan's stopped pipelines go over well within it (at 1.28x their schedule's time).
+PREFIX_HORIZON_FACTOR = 2.0
+
+
+def hbm_prefix(argv: list[str],
+               capacity: float) -> tuple[tuple[frozenset[int], ...], float] | None:
+    """For a pipeline step that may go over `capacity` early: (per stage program, the ids of
+    the ops that may start before the horizon; the horizon in s), for
+    `stop_when_hbm_exceeds(prefix=...)`; None where no prefix is worth running.
+
+    The uncontended schedule (`_Uncontended`, the stage programs as `step_lower_bound` runs
+    them) starts every op no later than the simulation does, so an op whose schedule start is
+    at or past the horizon H starts at H or later in the simulation too. Each program's set is
+    its ops that start before H in that schedule, and the receives of their sends (a receive
+    completes with its send); every dependency of such an op ends before it starts, so before
+    H too: the set holds everything its ops wait for. H is `PREFIX_HORIZON_FACTOR` times the
+    first time the HBM level of that schedule (memory events applied at its op ends) goes over
+    capacity; None if it never does (the step probably fits: it runs in full at once), for MoE
+    models (per-chip expert loads) and for steps with perturbations (a chip faster than the
+    chip spec would break the schedule's bound)."""
+    from sim.cli import build_parser, prepare
+    from sim.cli import common as cli
+    from sim.engine import static_hbm_bytes
+
+    if not _PARSER:
+        _PARSER.append(build_parser())
+    try:
+        args = prepare(argv, parser=_PARSER[0])
+        chip, topo, model, mesh, tcfg = _bound_inputs(argv)
+        if mesh.size("pipeline") <= 1 or model.is_moe \
+                or not cli.scenario_from_args(args, topo).is_healthy:
+            return None
+        sp = _stage_programs(model, mesh, topo.num_chips, tcfg)
+    except TpusimError:
+        return None  # the simulation reports it
+    p = len(sp.programs)
+    floors = _Floors(chip, topo, _mesh_groups(mesh.axes, topo))
+    runs = _Uncontended(list(sp.programs), floors,
+                        {k: {sid: tag for sid, (_ch, tag) in sp.sends[k].items()}
+                         for k in range(p)},
+                        {k: dict(sp.recvs[k]) for k in range(p)})
+    while any(runs.pos[k] < len(sp.programs[k].ops) for k in range(p)):
+        if not any([runs.advance(k) for k in range(p)]):
+            return None
+    over = math.inf
+    for k, prog in enumerate(sp.programs):
+        level = static_hbm_bytes(prog.meta)
+        for t, _i, d in sorted((runs.end[k][int(ev[0])], int(ev[0]), float(ev[2]))
+                               for ev in prog.meta.get("memory_events") or ()):
+            level += d
+            if level > capacity:
+                over = min(over, t)
+                break
+    if not math.isfinite(over):
+        return None
+    horizon = PREFIX_HORIZON_FACTOR * over
+    # A receive completes with its send: in the prefix when the send is.
+    recv_ids = [set(sp.recvs[k].values()) for k in range(p)]
+    keep = [{i for i, t in enumerate(runs.start[k]) if t < horizon and i not in recv_ids[k]}
+            for k in range(p)]
+    recv_of = {tag: (k, rid) for k in range(p) for tag, rid in sp.recvs[k].items()}
+    for k in range(p):
+        for sid, (_ch, tag) in sp.sends[k].items():
+            if sid in keep[k] and tag in recv_of:
+                j, rid = recv_of[tag]
+                keep[j].add(rid)
+    return tuple(frozenset(x) for x in keep), horizon
+
+
+def _pipeline_run(argv: list[str]) -> None:
+    """The engine run of `tpusim ARGV`'s pipeline step as `sim.cli.training.run_train` makes
+    it (the same stage programs, perturbations and algorithm), without compiling the whole
+    step's trace, which only its summary needs (dense models: `_pipeline_base` takes no expert
+    loads from it)."""
+    from sim.cli import build_parser, prepare
+    from sim.cli.training import _pipeline_base
+    from sim.pipeline import check_schedule, simulate_pipeline_chips
+
+    if not _PARSER:
+        _PARSER.append(build_parser())
+    args = prepare(argv, parser=_PARSER[0])
+    chip, topo, model, mesh, tcfg = _bound_inputs(argv)
+    check_schedule(tcfg.pipeline_schedule, mesh.size("pipeline"), tcfg.microbatches,
+                   tcfg.virtual_stages)
+    sp = _stage_programs(model, mesh, topo.num_chips, tcfg)
+    simulate_pipeline_chips(model, mesh, chip, topo, tcfg,
+                            base=_pipeline_base(args, sp.programs[0], topo),
+                            algorithm=args.algorithm)
+
+
 def simulate(job: tuple) -> dict[str, Any]:
     """`run_point(argv)` (the candidate as `tpusim train` runs it), after adding collective
     costs computed by another worker to this process's cache (the same pure function's values,
     so the result is the same). Job: (train argv, {cost cache key: CollectiveCost}, HBM
     capacity or None): with a capacity, a step whose HBM level goes over it is stopped there
     (`sim.chip_engine.stop_when_hbm_exceeds`: it is out of memory, as `train` would find) and
-    the result is {"out_of_memory": True, "hbm_level_bytes": level}."""
+    the result is {"out_of_memory": True, "hbm_level_bytes": level}. A pipeline step that may
+    go over early (`hbm_prefix`) first runs only the ops that can start before the prefix's
+    horizon: going over before it is the full run's verdict; otherwise the step runs in full."""
     from sim.chip_engine import stop_when_hbm_exceeds
     from sim.engine import seed_cost_cache
     from sim.study import run_point
@@ -841,6 +935,16 @@ def simulate(job: tuple) -> dict[str, Any]:
         seed_cost_cache(costs)
     if capacity is None:
         return run_point(argv)
+    prefix = hbm_prefix(argv, capacity)
+    if prefix is not None:
+        with stop_when_hbm_exceeds(capacity, prefix=prefix) as watch:
+            try:
+                _pipeline_run(argv)
+            except TpusimError:
+                pass  # over capacity, or no verdict (the full run below reports any error)
+        if watch.exceeded:
+            return {"out_of_memory": True, "hbm_level_bytes": watch.level_bytes,
+                    "prefix": True}
     with stop_when_hbm_exceeds(capacity) as watch:
         out = run_point(argv)
     if watch.exceeded:
@@ -979,6 +1083,7 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
     pruned: list[int] = []  # skipped by their sharper bound
     sharp: set[int] = set()  # candidates with a sharper bound
     refined = 0
+    prefix_stopped = 0  # of `stopped`: pipelines stopped within their prefix run
     full_pipeline_bounds = len(piped - deferred)  # pipeline groups bounded in full at once
     # One tick per bound job and per candidate (simulated, refused or skipped).
     bar = _bar(len(jobs) + len(cands), 0, quiet,
@@ -1097,6 +1202,7 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
                     continue
                 if o.get("out_of_memory"):
                     stopped.add(i)
+                    prefix_stopped += bool(o.get("prefix"))
                     if bar:
                         bar.update(1)
                     continue
@@ -1165,6 +1271,7 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
     counts["skipped_by_sharper_bound"] = len(pruned)
     counts["out_of_memory_by_hbm_bound"] = len(refused)
     counts["out_of_memory_stopped_early"] = len(stopped)
+    counts["out_of_memory_stopped_in_prefix"] = prefix_stopped
     counts["fit"] = len(ok)
     counts["out_of_memory"] = sum(1 for x in rest if x["status"] == "out of memory")
     counts["failed"] = sum(1 for x in rest if x["status"].startswith("error"))

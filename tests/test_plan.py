@@ -586,3 +586,45 @@ def test_a_simulation_stopped_over_hbm_is_out_of_memory_and_one_that_fits_is_unc
     low = simulate((argv, {}, full["hbm_peak_bytes"] * (1 - 1e-6)))
     assert low["out_of_memory"] is True
     assert low["hbm_level_bytes"] == pytest.approx(full["hbm_peak_bytes"], rel=1e-9)
+
+
+@pytest.mark.parametrize("flags", [
+    ["--mesh", "pipeline=2,tensor=2", "--remat", "full", "--microbatches", "8"],
+    ["--mesh", "fsdp=2,pipeline=2", "--remat", "minimal", "--microbatches", "4"],
+])
+def test_a_pipeline_over_hbm_within_its_prefix_gets_the_full_runs_verdict(
+        tiny_model, flags, monkeypatch):
+    # `simulate` first runs only the ops that can start before the prefix's horizon: its
+    # verdict must be the full watched run's (same level), and without one it runs in full.
+    import sim.planner as planner
+    from sim.chip_engine import stop_when_hbm_exceeds
+
+    argv = ["train", "--chip", "v5e", "--shape", "2x2", "--model", tiny_model, "--seq-len",
+            "8192", "--batch-per-chip", "4", *flags]
+    peak = run_point(argv)["result"]["hbm_peak_bytes"]
+
+    def full_watched(cap: float) -> dict:
+        with stop_when_hbm_exceeds(cap) as watch:
+            run_point(argv)
+        assert watch.exceeded
+        return {"out_of_memory": True, "hbm_level_bytes": watch.level_bytes}
+
+    for frac in (0.2, 0.5, 0.999):
+        cap = frac * peak
+        keep, horizon = planner.hbm_prefix(argv, cap)
+        # Closed under dependencies: an op in the prefix waits only for ops in it.
+        chip, topo, model, mesh, tcfg = planner._bound_inputs(argv)
+        sp = planner._stage_programs(model, mesh, topo.num_chips, tcfg)
+        for k, prog in enumerate(sp.programs):
+            assert 0 < len(keep[k]) < len(prog.ops) or frac == 0.2
+            assert all(d in keep[k] for i in keep[k] for d in prog.ops[i].deps)
+        got = planner.simulate((argv, {}, cap))
+        assert got.pop("prefix") is True
+        assert got == full_watched(cap)
+    # A horizon before the step goes over decides nothing: the step runs in full.
+    monkeypatch.setattr(planner, "PREFIX_HORIZON_FACTOR", 0.25)
+    got = planner.simulate((argv, {}, 0.999 * peak))
+    assert "prefix" not in got and got == full_watched(0.999 * peak)
+    # A step that fits is never stopped and gives `train`'s result.
+    fits = planner.simulate((argv, {}, 1.01 * peak))
+    assert fits["result"] == run_point(argv)["result"]
