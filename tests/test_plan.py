@@ -165,7 +165,7 @@ def test_plan_optimizer_reaches_every_candidates_estimate_and_train_flags(tiny_m
         assert s.hbm_estimate_bytes < a.hbm_estimate_bytes
         assert s.train_flags()[-2:] == ["--optimizer", "sgd"]
         assert "--optimizer" not in a.train_flags()  # the default leaves the command as it was
-    with pytest.raises(TpusimError, match="--optimizer 'sgdd' is not a known optimizer"):
+    with pytest.raises(TpusimError, match="--optimizer 'sgdd' is not an optimizer"):
         PlanConfig(**cfg, optimizer="sgdd")
     # SGD has no state: a list of state dtypes would only repeat every candidate.
     with pytest.raises(TpusimError, match="--optimizer-dtype 'fp32,bf16' with --optimizer sgd"):

@@ -25,7 +25,7 @@ from topologies.torus import Topology
 from workloads.memory import MEMORY_CATEGORIES
 from workloads.models import TransformerSpec, model_from_dict
 from workloads.trace import OpKind, Trace, Unit
-from workloads.training import Remat, TrainingConfig, compile_training_step
+from workloads.training import Optimizer, Remat, TrainingConfig, compile_training_step
 
 # L=2, D=256, N=4 query heads, K=2 KV heads of H=64, F=1024 SwiGLU, V=512, untied.
 TINY = {
@@ -572,9 +572,25 @@ def test_sgd_keeps_no_optimizer_state_and_its_update_moves_weights_and_gradients
 
 
 def test_an_unknown_optimizer_is_refused_with_the_known_ones():
-    with pytest.raises(TpusimError, match="--optimizer 'lion' is not a known optimizer; use one "
+    with pytest.raises(TpusimError, match="--optimizer 'lion' is not an optimizer; use one "
                                           "of: adam, sgd"):
         TrainingConfig(seq_len=128, batch_per_chip=1, optimizer="lion")
+
+
+def test_remat_and_optimizer_parsers_share_one_wording_and_cut_long_values():
+    from workloads.training import parse_optimizer, parse_remat
+
+    for parse, flag, what, known in ((parse_remat, "--remat", "a remat policy", Remat),
+                                     (parse_optimizer, "--optimizer", "an optimizer",
+                                      Optimizer)):
+        assert [parse(k.value) for k in known] == list(known)
+        for bad in ("bogus", "x" * 5000, 7, None):
+            with pytest.raises(TpusimError) as exc:
+                parse(bad)
+            msg = str(exc.value)
+            assert msg.startswith(f"{flag} ") and f" is not {what}; use one of: " in msg
+            assert msg.endswith(", ".join(k.value for k in known))
+            assert "\n" not in msg and len(msg) < 300
 
 
 def test_memory_table_starts_at_the_static_bytes_and_peak_covers_it():

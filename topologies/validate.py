@@ -8,10 +8,13 @@ Every check raises `TpusimError` with one line naming what was given, the rule a
 from __future__ import annotations
 
 import argparse
+import enum
 import math
-from typing import Any
+from typing import Any, TypeVar
 
 from topologies.errors import TpusimError
+
+E = TypeVar("E", bound=enum.Enum)
 
 # -- size limits (each stated in the error that enforces it) ----------------------------------
 # Chosen so that the largest input allowed still simulates in seconds to a few minutes and a few
@@ -210,6 +213,18 @@ def float_flag(flag: str, *, lo: float, hi: float, lo_open: bool = False):
 
     parse.__name__ = "number"
     return parse
+
+
+def parse_choice(choices: type[E], text: Any, flag: str, what: str) -> E:
+    """`choices(text)` for a string enum (`Remat`, `Optimizer`), or a one-line error in one
+    wording for all of them: `FLAG 'text' is not WHAT; use one of: a, b, c`."""
+    try:
+        return choices(text)
+    except ValueError:
+        raise TpusimError(
+            f"{flag} {short_repr(text)} is not {what}; use one of: "
+            f"{', '.join(str(c.value) for c in choices)}"
+        ) from None
 
 
 def split_list(text: str, flag: str, *, sep: str = ",", example: str = "") -> list[str]:

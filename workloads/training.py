@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from topologies.errors import TpusimError
 from topologies.mesh import LogicalMesh, dcn_hint
-from topologies.validate import MAX_BATCH, MAX_CHUNKS, MAX_TOKENS, short_repr
+from topologies.validate import MAX_BATCH, MAX_CHUNKS, MAX_TOKENS, parse_choice, short_repr
 from workloads.memory import (
     LayerShapeSpec,
     MemoryCategory,
@@ -121,13 +121,7 @@ class Optimizer(enum.StrEnum):
 
 
 def parse_optimizer(text: str) -> Optimizer:
-    try:
-        return Optimizer(text)
-    except ValueError:
-        raise TpusimError(
-            f"--optimizer {short_repr(text)} is not a known optimizer; use one of: "
-            f"{', '.join(o.value for o in Optimizer)}"
-        ) from None
+    return parse_choice(Optimizer, text, "--optimizer", "an optimizer")
 
 
 def check_stateless_optimizer(optimizer: str, optimizer_dtypes: tuple[str, ...]) -> None:
@@ -286,13 +280,7 @@ class TrainingConfig:
 
 
 def parse_remat(text: str) -> Remat:
-    try:
-        return Remat(text)
-    except ValueError:
-        raise TpusimError(
-            f"--remat {text!r} is not a remat policy; use one of: "
-            f"{', '.join(r.value for r in Remat)}"
-        ) from None
+    return parse_choice(Remat, text, "--remat", "a remat policy")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
