@@ -587,9 +587,18 @@ def _row(study: StudySpec, index: int, point: Mapping[str, Any], argv: list[str]
     return row
 
 
+# `df.attrs` key of a results frame: {column: [kind, full]}, the kind of its values ("num",
+# "bool", "text", or "none" when every cell is empty) and whether every succeeded row has one.
+# pandas keeps attrs in results.parquet (and through a read/edit/write), so `--resume` checks
+# each resumed row against the columns as tpusim wrote them.
+COLUMNS_ATTR = "tpusim_columns"
+_KINDS = {"num": "numbers", "bool": "true/false", "text": "text", "none": "nothing"}
+
+
 def rows_frame(rows: Iterable[Mapping[str, Any]]):
     """Rows (any order) -> DataFrame sorted by point, columns in first-seen order, the wall
-    time and error last; input columns mixing numbers and text become text."""
+    time and error last; input columns mixing numbers and text become text. `attrs` records
+    every column's kind (`COLUMNS_ATTR`)."""
     import pandas as pd
 
     rows = sorted(rows, key=lambda r: r[POINT_COLUMN])
@@ -600,10 +609,11 @@ def rows_frame(rows: Iterable[Mapping[str, Any]]):
                 cols.setdefault(k)
     order = [*cols, WALL_COLUMN, ERROR_COLUMN]
     df = pd.DataFrame.from_records(rows, columns=order)
+    column_kinds: dict[str, str] = {}
     for c in df.columns:
         vals = [v for v in df[c] if v is not None and not (isinstance(v, float) and math.isnan(v))]
-        kinds = {("bool" if isinstance(v, bool) else "num" if isinstance(v, (int, float))
-                  else "text") for v in vals}
+        kinds = {_kind(v) for v in vals}
+        column_kinds[c] = "text" if len(kinds) > 1 else next(iter(kinds), "none")
         if len(kinds) > 1:
             df[c] = [None if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
                      for v in df[c]]
@@ -612,7 +622,15 @@ def rows_frame(rows: Iterable[Mapping[str, Any]]):
         elif kinds == {"bool"}:
             df[c] = df[c].astype("boolean")
     df[ERROR_COLUMN] = df[ERROR_COLUMN].astype("string")
-    return df.reset_index(drop=True)
+    df = df.reset_index(drop=True)
+    ok = df[ERROR_COLUMN].isna()
+    df.attrs[COLUMNS_ATTR] = {c: [k, bool(ok.any() and df.loc[ok, c].notna().all())]
+                              for c, k in column_kinds.items()}
+    return df
+
+
+def _kind(v: Any) -> str:
+    return "bool" if isinstance(v, bool) else "num" if isinstance(v, (int, float)) else "text"
 
 
 def _write_results(out: Path, rows: Iterable[Mapping[str, Any]]):
@@ -697,6 +715,14 @@ def _load_previous(out: Path, study: StudySpec, points: list[dict[str, Any]],
             f"--resume: {name} has no column {short_repr(absent[0])} (a metric of the study); "
             f"if `tpusim {study.command}` returns it, the file was written by another study or "
             f"edited: {fix}")
+    columns = _written_columns(df, name, fix)
+    if columns is not None and len(df):
+        added = [c for c in df.columns if c not in columns]
+        dropped = [c for c in columns if c not in df.columns]
+        if added or dropped:
+            what = (f"a column tpusim did not write ({short_repr(added[0])})" if added else
+                    f"no column {short_repr(dropped[0])}, which tpusim wrote")
+            raise TpusimError(f"--resume: {name} has {what}; the file was edited: {fix}")
     prev: dict[int, dict[str, Any]] = {}
     for rec in df.to_dict("records"):
         rec = {k: (None if _is_missing(v) else _plain(v)) for k, v in rec.items()}
@@ -708,6 +734,10 @@ def _load_previous(out: Path, study: StudySpec, points: list[dict[str, Any]],
         # Keep empty cells too (e.g. inputs.flags.slice = None): dropping them would reorder
         # the columns of a resumed study against an uninterrupted one.
         prev[i] = rec
+    # Then every row against the kinds of the columns as tpusim wrote them (where the file
+    # records them): a column of numbers that now holds text, true/false or nothing.
+    for i, rec in prev.items():
+        _check_kinds(rec, columns or {}, f"--resume: {name} point {i}", fix)
     return prev
 
 
@@ -717,6 +747,37 @@ def _plain(v: Any) -> Any:
     if item is not None and getattr(v, "shape", None) == ():
         return item()
     return v
+
+
+def _written_columns(df, name: str, fix: str) -> dict[str, tuple[str, bool]] | None:
+    """The kind of every column as tpusim wrote the file (`COLUMNS_ATTR`); None for a file
+    without that record (written before tpusim kept one)."""
+    rec = df.attrs.get(COLUMNS_ATTR)
+    if rec is None:
+        return None
+    if not isinstance(rec, dict) or not all(
+            isinstance(k, str) and isinstance(v, list) and len(v) == 2 and v[0] in _KINDS
+            and isinstance(v[1], bool) for k, v in rec.items()):
+        raise TpusimError(f"--resume: {name} has a malformed record of its columns "
+                          f"({COLUMNS_ATTR}); the file was edited: {fix}")
+    return {k: (v[0], v[1]) for k, v in rec.items()}
+
+
+def _check_kinds(rec: Mapping[str, Any], columns: Mapping[str, tuple[str, bool]], where: str,
+                 fix: str) -> None:
+    """A resumed row against the kinds of its columns as tpusim wrote them: a column of
+    numbers holds numbers (not text or true/false, and not nothing where every succeeded row
+    had one), and so on for text and true/false."""
+    failed = rec.get(ERROR_COLUMN) is not None
+    for k, (kind, full) in columns.items():
+        v = rec.get(k)
+        if v is None:
+            if full and not failed:
+                raise TpusimError(f"{where} succeeded but has no {short_repr(k)} (tpusim wrote "
+                                  f"one in every succeeded row); the file was edited: {fix}")
+        elif _kind(v) != kind:
+            raise TpusimError(f"{where}: {short_repr(k)} is {short_repr(v)}, but tpusim wrote "
+                              f"{_KINDS[kind]} in that column; the file was edited: {fix}")
 
 
 def _check_resumed_row(study: StudySpec, point: Mapping[str, Any], rec: Mapping[str, Any],

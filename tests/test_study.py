@@ -243,6 +243,51 @@ def test_resume_runs_only_the_missing_points_and_gives_the_same_rows(tmp_path, t
         run_study(other, SweepConfig(workers=1, out_dir=str(out), resume=True, quiet=True))
 
 
+def test_resume_refuses_result_columns_whose_kind_changed_without_declared_metrics(tmp_path):
+    # No `metrics:`: the result columns are checked against the kinds tpusim recorded when it
+    # wrote the file (text, NaN or true/false in a column of numbers, a column dropped or
+    # added), each a one-line error before anything runs.
+    study = load_study({"command": "collective",
+                        "base": {"chip": "v5e", "shape": "4x4", "op": "all-gather", "axes": "x"},
+                        "grid": {"bytes": ["64KiB", "1MiB", "2MiB"]}})
+    out = tmp_path / "out"
+    full = run_study(study, SweepConfig(workers=1, out_dir=str(out), quiet=True))
+    assert full.attrs["tpusim_columns"]["time_s"] == ["num", True]
+    assert full.attrs["tpusim_columns"]["algorithm"] == ["text", True]
+    assert full.attrs["tpusim_columns"][ERROR_COLUMN] == ["none", False]
+
+    def nan_in_row_1(df):
+        df = df.copy()
+        df.loc[1, "time_s"] = float("nan")
+        return df
+
+    edits = [
+        (lambda df: df.assign(time_s=df["time_s"].astype(str)),
+         "point 0: 'time_s' is '4.09"),
+        (nan_in_row_1, "point 1 succeeded but has no 'time_s' (tpusim wrote one in every "
+                       "succeeded row)"),
+        (lambda df: df.assign(time_s=[True] * len(df)), "point 0: 'time_s' is True, but tpusim "
+                                                        "wrote numbers in that column"),
+        (lambda df: df.assign(algorithm=[1.5] * len(df)), "point 0: 'algorithm' is 1.5, but "
+                                                          "tpusim wrote text in that column"),
+        (lambda df: df.drop(columns=["latency_s"]), "has no column 'latency_s', which tpusim "
+                                                    "wrote"),
+        (lambda df: df.assign(zzz=1.0), "has a column tpusim did not write ('zzz')"),
+    ]
+    for edit, message in edits:
+        edit(full).to_parquet(out / "results.parquet", index=False)
+        with pytest.raises(TpusimError, match="the file was edited") as exc:
+            run_study(study, SweepConfig(workers=1, out_dir=str(out), resume=True, quiet=True))
+        assert message in str(exc.value) and "\n" not in str(exc.value)
+    # The file as tpusim wrote it resumes (nothing left to run).
+    full.iloc[[0, 2]].to_parquet(out / "results.parquet", index=False)
+    ran = []
+    again = run_study(study, SweepConfig(workers=1, out_dir=str(out), resume=True, quiet=True),
+                      on_row=lambda r: ran.append(r["point"]))
+    assert ran == [1]
+    pd.testing.assert_frame_equal(_no_wall(again), _no_wall(full))
+
+
 def test_ctrl_c_keeps_every_finished_row(tmp_path, tiny_model):
     s = _study(tiny_model, grid={"seq-len": list(range(256, 256 + 6 * 4, 4))}, plot=None)
     study = tmp_path / "s.json"
