@@ -92,8 +92,37 @@ CONFIGS = {
                                        vocab_size=4096)),
 }
 
+# Programs compiled only to read which form XLA gives each weight gather and gradient reduction
+# (`--forms DIR`, docs/model.md "Collectives as XLA emits them"); not in the collective-bytes
+# table. Windowed einsums at large N (issue 11): up to which ring length XLA still builds them.
+FORM_PROBES = {
+    "fsdp_v6e64": dict(topology="v6e:8x8", mesh={"fsdp": 64}, layers=2, seq=2048,
+                       batch_per_chip=1, mode="train"),
+    "fsdp_v6e32": dict(topology="v6e:4x8", mesh={"fsdp": 32}, layers=2, seq=2048,
+                       batch_per_chip=1, mode="train"),
+    "fsdp_v5e64": dict(topology="v5e:8x8", mesh={"fsdp": 64}, layers=2, seq=2048,
+                       batch_per_chip=1, mode="train"),
+    # 4 sequences per chip: operands too large for VMEM (a ring step's operands are streamed
+    # from HBM).
+    "fsdp_v6e16_b4": dict(topology="v6e:4x4", mesh={"fsdp": 16}, layers=2, seq=2048,
+                          batch_per_chip=4, mode="train"),
+    # Which bound stops the windowing: the ring's length (32 windows, 64 not) or the shard's
+    # rows (d_model / N >= 128)? A narrower model over 32 chips (64 rows a shard) and a wider
+    # one over 64 (LLaMA-3-70B widths: 128 rows) tell them apart.
+    "fsdp_v6e32_small": dict(topology="v6e:4x8", mesh={"fsdp": 32}, layers=2, seq=2048,
+                             batch_per_chip=1, mode="train", dims="SMALL"),
+    "fsdp_v6e64_wide": dict(topology="v6e:8x8", mesh={"fsdp": 64}, layers=2, seq=2048,
+                            batch_per_chip=1, mode="train", dims="WIDE"),
+    "fsdp_v6e256": dict(topology="v6e:16x16", mesh={"fsdp": 256}, layers=2, seq=2048,
+                        batch_per_chip=1, mode="train"),
+}
+ALL_PROGRAMS = {**CONFIGS, **FORM_PROBES}
+
 # The narrower model of `fsdp_v5e16_small` (xla_memory.py's decoder).
 SMALL = _xla.SMALL
+# LLaMA-3-70B widths (fsdp_v6e64_wide).
+WIDE = dict(d_model=8192, num_heads=64, num_kv_heads=8, head_dim=128, d_ff=28672,
+            vocab_size=128256)
 
 # tpusim option variants tried for each training configuration.
 TPUSIM_VARIANTS = {
@@ -116,7 +145,7 @@ def _worker(name: str, dump_dir: str | None) -> None:
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
 
-    cfg = CONFIGS[name]
+    cfg = ALL_PROGRAMS[name]
     dims = cfg.get("dims", DIMS)
     if isinstance(dims, str):
         dims = globals()[dims]
@@ -680,6 +709,65 @@ def analyze(dump_dir: str) -> str:
                      f"{100 * b * clock / c / hbm:.0f}%)")
         lines.append(line)
     return "\n".join(lines) or f"no NAME.hlo.txt of a known program in {dump_dir}"
+
+
+def gather_forms(text: str) -> dict:
+    """How a compiled training step issues its weight gathers and gradient reductions: the
+    windowed-einsum loops (`windowed_dot_general_body_ag` / `_rs` computations), and per layer
+    (layer 1, away from the embedding and the head) the plain collectives by kind, with how
+    many of the all-gathers are async; plus, over the windowed loops, how many of their
+    loop-carried bf16 buffers of 16 MiB or more XLA placed in VMEM (`S(1)`) and how many in HBM.
+    """
+    comps, _entry = parse_hlo_module(text)
+    loops = {"ag": 0, "rs": 0}
+    big_vmem = big_hbm = 0
+    for cname, body in comps.items():
+        m = re.search(r"windowed_dot_general_body_(ag|rs)", cname)
+        if not m:
+            continue
+        loops[m.group(1)] += 1
+        param = next((i for i in body if i["opcode"] == "parameter"), None)
+        if param is None:
+            continue
+        for dt, dims, layout in re.findall(r"(bf16|f32)\[([0-9,]*)\]\{([^}]*)\}",
+                                           param["rtype"]):
+            size = _DT_BYTES[dt]
+            for x in dims.split(","):
+                size *= int(x) if x else 1
+            if size >= 16 * 2**20:
+                big_vmem += "S(1)" in layout
+                big_hbm += "S(1)" not in layout
+    per_layer: dict[str, int] = collections.Counter()
+    for op in parse_hlo_collectives(text):
+        if op["layer"] != 1 or op["in_loop"]:
+            continue
+        kind = op["kind"]
+        per_layer[kind] += op["count"]
+        if kind == "all-gather" and op["async_"]:
+            per_layer["async all-gather"] += op["count"]
+    return {"windowed_ag": loops["ag"], "windowed_rs": loops["rs"],
+            "layer1": dict(sorted(per_layer.items())), "big_loop_buffers_vmem": big_vmem,
+            "big_loop_buffers_hbm": big_hbm}
+
+
+def forms(dump_dir: str) -> str:
+    """`--forms DIR`: `gather_forms` of each known program compiled into DIR/NAME.hlo.txt."""
+    lines = []
+    for name, cfg in ALL_PROGRAMS.items():
+        path = Path(dump_dir, f"{name}.hlo.txt")
+        if not path.is_file() or cfg["mode"] != "train":
+            continue
+        dims = cfg.get("dims", DIMS)
+        dims = globals()[dims] if isinstance(dims, str) else dims
+        n = cfg["mesh"].get("fsdp", 1)
+        f = gather_forms(path.read_text())
+        lines.append(f"{name} ({cfg['topology']}, mesh {cfg['mesh']}, d_model {dims['d_model']}"
+                     f" = {dims['d_model'] // n} rows per fsdp shard, "
+                     f"{cfg['batch_per_chip'] * cfg['seq']:g} tokens per chip): windowed loops "
+                     f"{f['windowed_ag']} gathers + {f['windowed_rs']} reduce-scatters; layer 1 "
+                     f"outside them: {f['layer1'] or 'nothing'}; loop buffers >= 16 MiB in "
+                     f"VMEM {f['big_loop_buffers_vmem']}, in HBM {f['big_loop_buffers_hbm']}")
+    return "\n".join(lines) or f"no NAME.hlo.txt of a known training program in {dump_dir}"
 
 
 def reparse(name: str, xr: dict, hlo: str) -> dict:
@@ -1321,10 +1409,12 @@ OP_COSTS_EXPLAIN = """What the tables say:
   estimate does not see, and is not re-tuned to XLA here. XLA's model also charges the
   per-step accumulation of a windowed all-gather einsum that contracts the gathered dimension
   (q, k, v, gate, up forward): on v5e those loops' matmul fusions are estimated at 1.39-2.29x
-  their FLOPs at peak, the other windowed loops' at 1.04-1.24x; tpusim, whose windowed forward
-  matmuls pay only their FLOPs here, leaves that VMEM-resident accumulation out
-  (docs/model.md, "Training steps"). The other differences between the matmul rows (v5p's
-  tensor-split matmuls, v6e, the MoE experts) are not analysed yet.
+  their FLOPs at peak, the other windowed loops' at 1.04-1.24x. tpusim charges that partial
+  sum one output's worth of HBM traffic per ring step, and the output-gathered and
+  reduce-scatter rings' whole operands one read per two steps (docs/model.md, "A windowed
+  einsum"), all in HBM, where XLA keeps some of these buffers in VMEM at these sizes. The
+  other differences between the matmul rows (v5p's tensor-split matmuls, v6e, the MoE
+  experts) are not analysed yet.
 * **The v6e clock** (1.75 GHz, `XLA_CLOCK_HZ`) is derived, not read off a reference: 918
   TFLOP/s (MaxText's peak; tpu.md's 9.2e14) over one TensorCore (Google Cloud's v6e page, as
   `sim/hardware.py` records) of 4 MXUs (tpu.md §1.2: the scalar core "drives the VPU, 4
@@ -1424,7 +1514,15 @@ def main() -> int:
                     help="print XLA's per-cycle rates read off DIR/NAME.hlo.txt (an earlier "
                          "--dump): fastest matmul fusion against the MXU peak, ring-accumulator "
                          "bytes against HBM, at XLA_CLOCK_HZ; no compile")
+    ap.add_argument("--forms", metavar="DIR",
+                    help="print the form XLA gave each training program's weight gathers and "
+                         "gradient reductions, read off DIR/NAME.hlo.txt (an earlier --dump; "
+                         f"the probes {', '.join(FORM_PROBES)} compile with --configs NAME "
+                         "--dump DIR); no compile")
     args = ap.parse_args()
+    if args.forms:
+        print(forms(args.forms))
+        return 0
     if args.analyze:
         print(analyze(args.analyze))
         return 0
@@ -1432,9 +1530,14 @@ def main() -> int:
         _worker(args.worker, args.dump)
         return 0
     names = args.configs.split(",")
-    unknown = [n for n in names if n not in CONFIGS]
+    unknown = [n for n in names if n not in ALL_PROGRAMS]
     if unknown:
-        ap.error(f"unknown program(s) {', '.join(unknown)}; known: {', '.join(CONFIGS)}")
+        ap.error(f"unknown program(s) {', '.join(unknown)}; known: {', '.join(ALL_PROGRAMS)}")
+    probes = [n for n in names if n in FORM_PROBES]
+    if probes and (args.json or args.reparse):
+        ap.error(f"{', '.join(probes)}: form probes are not cached (they are not in the "
+                 "collective-bytes table); compile them with --dump DIR and read them with "
+                 "--forms DIR")
 
     if args.reparse:
         if not args.json:
@@ -1457,7 +1560,7 @@ def main() -> int:
         return {"tpusim": {}, "xla": run_xla(name, args.jax_python, args.dump)}
 
     for name in names:
-        cfg = CONFIGS[name]
+        cfg = ALL_PROGRAMS[name]
         print(f"\n=== {name}: {cfg['topology']} mesh {cfg['mesh']} layers={cfg['layers']} "
               f"seq={cfg['seq']} batch/chip={cfg['batch_per_chip']} ({cfg['mode']}) ===")
         xla_acc = None

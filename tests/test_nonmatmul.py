@@ -1,7 +1,7 @@
 """Non-matmul work costed from bytes and dtypes (docs/model.md "Training steps"): the MLP
 activation and norms as fusions of their own, the scanned stack's copy of each layer input, dot
-attention's f32 scores, a windowed einsum's per-step operand reads and the accumulators of a
-windowed gradient reduce-scatter."""
+attention's f32 scores, a windowed einsum's per-step operand reads and partial sums, and the
+accumulators of a windowed gradient reduce-scatter."""
 
 from __future__ import annotations
 
@@ -58,18 +58,68 @@ def test_dot_attention_backward_recomputes_f32_scores_and_moves_12_bytes_per_sco
     assert dp + ops[("softmax_bwd", 0, "bwd")].hbm_bytes == 12 * scores
 
 
-@pytest.mark.parametrize("name,phase,operand", [
-    ("qkv_proj", "fwd", 2 * 128 * 64 * A),  # the normed input
-    ("mlp_out", "fwd", 2 * 128 * 128 * A),  # the gated product
-    # dX and dW each read 1.5 d_ff-wide operands per matrix
-    ("mlp_bwd", "bwd", 1.5 * 2 * 128 * 128 * 3 * A),
-    ("mlp_bwd_weights", "bwd", 1.5 * 2 * 128 * 128 * 3 * A),
-])
-def test_a_windowed_einsum_rereads_its_operand_every_ring_step(name, phase, operand):
-    # fsdp=4 on 4 chips: each chip holds 2 sequences (256 tokens); the ring has 4 steps.
-    plain = _ops("fsdp=4", 4)[(name, 0, phase)].hbm_bytes
-    windowed = _ops("fsdp=4", 4, gather="windowed")[(name, 0, phase)].hbm_bytes
-    assert windowed - plain == pytest.approx(3 * operand, rel=1e-12)  # N - 1 more reads
+N_TOK, D, F, HD = 2 * 128, 64, 128, 16  # tokens per chip (2 sequences of 128), TINY's widths
+Q, KV = 4 * HD, 2 * HD  # query and key/value widths (4 heads, 2 KV heads)
+
+
+@pytest.mark.parametrize("chips", [4, 256])
+def test_a_contracted_windowed_einsum_reads_its_input_once_and_moves_its_output_every_step(
+        chips):
+    # q, k, v and gate, up contract the FSDP-sharded d_model: each pair of ring steps reads
+    # its two slices of the normed input (once in all) and the partial sum moves one output's
+    # worth of HBM traffic per step (XLA's loop in HBM: a pair's product written, read back
+    # with the partial sum, their sum written): W + input + N x output.
+    win = _ops(f"fsdp={chips}", chips, gather="windowed")
+    qkv_out = N_TOK * (Q + 2 * KV) * A
+    assert win[("qkv_proj", 0, "fwd")].hbm_bytes == \
+        D * (Q + 2 * KV) * A + N_TOK * D * A + chips * qkv_out
+    assert win[("mlp_in", 0, "fwd")].hbm_bytes == \
+        2 * D * F * A + N_TOK * D * A + chips * 2 * N_TOK * F * A
+    # Plain (prefetched) gathers: the matmul reads and writes each once.
+    plain = _ops(f"fsdp={chips}", chips)
+    assert plain[("qkv_proj", 0, "fwd")].hbm_bytes == \
+        D * (Q + 2 * KV) * A + N_TOK * D * A + qkv_out
+
+
+@pytest.mark.parametrize("chips", [4, 256])
+def test_an_output_gathered_windowed_einsum_reads_its_input_whole_for_every_pair_of_steps(
+        chips):
+    # o and down gather the output's d_model: each matmul of the bidirectional ring computes
+    # the two shards that arrived from either side from the whole input (N / 2 reads) and
+    # writes their slices in place (the output once).
+    win = _ops(f"fsdp={chips}", chips, gather="windowed")
+    assert win[("mlp_out", 0, "fwd")].hbm_bytes == \
+        F * D * A + chips // 2 * N_TOK * F * A + N_TOK * D * A
+    assert win[("out_proj", 0, "fwd")].hbm_bytes == \
+        Q * D * A + chips // 2 * N_TOK * Q * A + N_TOK * D * A
+
+
+@pytest.mark.parametrize("chips", [4, 256])
+def test_windowed_backward_matmuls_read_the_unsharded_operands_for_every_pair_of_steps(chips):
+    # Input gradients: gate, up (q, k, v) read their outputs' gradients whole per pair of steps;
+    # down (o) contracts d_model and moves its output per step. Weight gradients (a windowed
+    # reduce-scatter): every [tokens, d_ff] ([tokens, heads]) operand whole per pair of steps.
+    plain, win = _ops(f"fsdp={chips}", chips), _ops(f"fsdp={chips}", chips, gather="windowed")
+    pairs, steps = chips // 2 - 1, chips - 1  # extra reads and output moves over plain
+    extra = {"mlp_bwd": pairs * 2 * N_TOK * F * A + steps * N_TOK * F * A,
+             "mlp_bwd_weights": pairs * 3 * N_TOK * F * A,
+             "attn_proj_bwd": pairs * N_TOK * (Q + 2 * KV) * A + steps * N_TOK * Q * A,
+             "attn_proj_bwd_weights": pairs * N_TOK * (2 * Q + 2 * KV) * A}
+    for name, more in extra.items():
+        key = (name, 0, "bwd")
+        assert win[key].hbm_bytes - plain[key].hbm_bytes == pytest.approx(more, rel=1e-12)
+
+
+def test_a_merged_backward_matmul_counts_only_its_windowed_matrices():
+    # mixed-blocking under remat full: in the backward only the down projection's gather is
+    # windowed (its recomputation is dead), so the merged MLP input-gradient matmul moves the
+    # down projection's summed output per step and reads gate's and up's gradients once; the
+    # attention's gathers are plain; every gradient reduce-scatter is a windowed ring.
+    plain, mixed = _ops("fsdp=4", 4), _ops("fsdp=4", 4, gather="mixed-blocking")
+    diff = {k[0]: mixed[k].hbm_bytes - plain[k].hbm_bytes for k in plain if k[1] == 0}
+    assert diff["mlp_bwd"] == 3 * N_TOK * F * A
+    assert diff["attn_proj_bwd"] == 0
+    assert diff["mlp_bwd_weights"] == 1 * 3 * N_TOK * F * A
 
 
 @pytest.mark.parametrize("gather", ["windowed", "mixed-async", "mixed-blocking"])

@@ -316,6 +316,43 @@ def test_with_a_data_axis_the_mixed_forms_are_plain_collectives():
     assert _colls(windowed, "fsdp_grad_reducescatter_")["wq"].bytes == MATRIX_BYTES["wq"] * 9 / 8
 
 
+@pytest.mark.parametrize("mode,prefetched", [("mixed-async", True), ("mixed-blocking", False)])
+def test_over_more_than_32_chips_the_mixed_forms_gather_plainly_and_all_reduce_gradients(
+        mode, prefetched):
+    # XLA windows rings of 16 and 32 chips and none of 64 or 256 (FORM_PROBES of
+    # benchmarks/xla_crosscheck.py): over fsdp = 64 every gather is plain (V exactly; async on
+    # v5e, blocking on v6e) and every gradient is all-reduced whole (V), none reduce-scattered.
+    big = _trace("fsdp=64", 64, fsdp_gather=mode)
+    for phase in ("fwd", "bwd"):
+        got = _colls(big, f"fsdp_allgather_{phase}_")
+        assert {k: o.bytes for k, o in got.items()} == \
+            {k: MATRIX_BYTES[k.removesuffix("_dx")] for k in got}
+        assert set(got) >= set(MATRIX_BYTES)
+    ar = _colls(big, "fsdp_grad_allreduce_")
+    assert {k: (o.collective, o.bytes) for k, o in ar.items()} == \
+        {k: ("all-reduce", v) for k, v in MATRIX_BYTES.items()}
+    assert not [o for o in big.ops if o.collective == "reduce-scatter"]
+    (erc,) = _ops(big, "fsdp_grad_allreduce_embed")
+    assert erc.collective == "all-reduce" and erc.bytes == VOCAB * D * 2
+    # Blocking gathers wait for the previous layer; async ones are prefetched (issued before
+    # the layer before ends).
+    (gq,) = [o for o in big.ops if o.name == "fsdp_allgather_fwd_wq" and o.layer == 1]
+    (end0,) = [o for o in big.ops if o.name == "residual_mlp" and o.layer == 0]
+    assert (end0.id in gq.deps) != prefetched
+    # At 32 chips the forward still windows (a ring of N + 1 shard messages) and the
+    # gradients are windowed reduce-scatters.
+    ring = _trace("fsdp=32", 32, fsdp_gather=mode)
+    fwd = _colls(ring, "fsdp_allgather_fwd_")
+    assert {k: o.bytes for k, o in fwd.items()} == \
+        {k: v * 33 / 32 for k, v in MATRIX_BYTES.items()}
+    rs = _colls(ring, "fsdp_grad_reducescatter_")
+    assert {k: o.collective for k, o in rs.items()} == dict.fromkeys(MATRIX_BYTES,
+                                                                    "reduce-scatter")
+    # The forced `windowed` mode windows at any ring length.
+    forced = _colls(_trace("fsdp=64", 64, fsdp_gather="windowed"), "fsdp_allgather_fwd_")
+    assert forced["wq"].bytes == MATRIX_BYTES["wq"] * 65 / 64
+
+
 def test_with_a_data_axis_the_lookup_gradient_replicates_the_rows_when_they_are_smaller():
     # data=2 x fsdp=4, n = 256 tokens per chip: the lookup's all-to-all over fsdp as without a
     # data axis. Its gradient: all 8 chips' [n, d_model] bf16 rows (2 MiB) are smaller than

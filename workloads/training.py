@@ -91,6 +91,13 @@ _FUSED = frozenset({
 # (`mixed-async`), blocking on v5p and v6e (`mixed-blocking`); gradient reduce-scatters are
 # windowed. With weights replicated over data or sequence nothing is windowed.
 FSDP_GATHER_MODES = ("async", "windowed", "blocking", "mixed-async", "mixed-blocking")
+# The longest ring XLA builds a windowed einsum over: deviceless compiles of the 2-layer
+# LLaMA-3-8B-wide step (benchmarks/xla_crosscheck.py FORM_PROBES, `--forms`) window every
+# matrix they windowed at fsdp=16 over 32 chips too (v6e 4x8, also with d_model 2048: 64 rows a
+# shard), and nothing over 64 (v6e and v5e 8x8, also with d_model 8192: 128 rows a shard) or
+# 256 (v6e 16x16): the ring's length decides, not the shard's size. The mixed modes issue
+# plain gathers and gradient all-reduces above it (`grad_kind`).
+XLA_MAX_WINDOWED_RING = 32
 # Pipeline schedules simulated by `sim/pipeline.py` (docs/model.md "Pipeline schedules").
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved")
 # The op that casts the local weight shard to --gather-dtype, once per step.
@@ -616,23 +623,51 @@ class _Compiler:
     cur: _Gathered | None = None
 
     def mm(self, name, flops, w_bytes, in_bytes, out_bytes, deps, layer, phase, narrow_dim=0,
-           keys=()):
+           keys=(), whole_bytes=0.0, acc_bytes=0.0):
+        """A weight matmul (or, without `w_bytes`, an activation matmul) on the MXU.
+
+        Run as a windowed einsum of N ring steps (its matrices' gather or its gradient's
+        reduce-scatter is windowed; docs/model.md "A windowed einsum"): `whole_bytes` is the
+        part of `in_bytes` read whole by every pair of steps (activation operands without the
+        FSDP-sharded dimension), `acc_bytes` the outputs summed over the steps (where the
+        sharded dimension is contracted); the rest of the operands is read a 1/N slice a step,
+        once in all, and the output is written once. Either may be a dict matrix -> bytes
+        (a merged matmul whose matrices' gathers differ in form: only the windowed ones
+        count)."""
         # Ring length of the windowed einsum the matmul runs as (1: plain): its matrices' gather
         # is windowed, or (a weight gradient) its reduce-scatter is.
         n = 1
+        windowed: set[str] = set()
         if self.cur is not None and keys:
             group = max(self.fsdp_group(k)[1] for k in keys)
             if name.endswith("_weights"):
-                n = group if self.rs_windowed else 1
-            elif self.cur.windowed(keys):
-                n = group
+                windowed = set(keys) if self.rs_windowed else set()
+            else:
+                windowed = {k for k in keys if k in self.cur.ops
+                            and self.cur.ops[k][1] == "windowed"}
+            n = group if windowed else 1
+
+        def part(x) -> float:
+            if isinstance(x, dict):
+                return sum(v for k, v in x.items() if k in windowed)
+            return x
         if self.cur is not None and keys and not name.endswith("_weights"):
             deps = list(deps) + self.cur.deps(keys)
         if n > 1 and w_bytes > 0:
-            # A windowed einsum (collective matmul) computes one weight shard's output slice per
-            # ring step: each of the N steps reads the activation operand whole and writes its
-            # slice in place.
-            in_bytes *= n
+            # A windowed einsum (collective matmul) runs as N ring steps, one weight shard
+            # each; XLA's ring is bidirectional and each matmul fusion takes the two shards
+            # that arrived from either side (the HLO of benchmarks/xla_crosscheck.py's
+            # fsdp_v6e16_b4, whose loop buffers are in HBM). Where the sharded dimension is
+            # contracted (forward q, k, v, gate, up; the input gradients of o and down) a pair
+            # reads the activation's two slices along it (once in all) and its product joins
+            # the partial sum: per loop trip of 4 steps one fusion writes the first pair's
+            # product and the next reads it and the partial sum and writes their sum with the
+            # second pair's, one output's worth of traffic per step, N in all. Where the
+            # sharded dimension is the output's (forward o and down; the input gradients of q,
+            # k, v, gate, up) or the weight gradient's, every pair reads the operand without
+            # it whole (N / 2 reads) and writes its slices in place.
+            in_bytes += max(n / 2 - 1, 0) * part(whole_bytes)
+            out_bytes += (n - 1) * part(acc_bytes)
         op = self.b.add(name, kind=OpKind.COMPUTE, unit=Unit.MXU, flops=flops,
                         hbm_bytes=w_bytes + in_bytes + out_bytes, deps=deps, layer=layer,
                         phase=phase, narrow_dim=narrow_dim)
@@ -807,10 +842,24 @@ class _Compiler:
         modes (XLA's own choice) only when the weights are sharded over every chip: XLA's
         SPMD partitioner builds a windowed einsum only for an operand split over all the
         program's partitions (the v6e data=4 x fsdp=4 program has none, docs/model.md)."""
-        if self.cfg.fsdp_gather.startswith("mixed") and self.weights_replicated:
+        if self.cfg.fsdp_gather.startswith("mixed") and (
+                self.weights_replicated or self.fsdp_shards > XLA_MAX_WINDOWED_RING):
             return False
         return self.cfg.overlap and self.cfg.fsdp_gather in (
             "windowed", "mixed-async", "mixed-blocking")
+
+    @property
+    def grad_kind(self) -> str:
+        """The collective that reduces each weight gradient over its FSDP group: a
+        reduce-scatter, or, in the mixed modes over more chips than XLA windows
+        (`XLA_MAX_WINDOWED_RING`), an all-reduce of the whole gradient, as XLA compiles it there
+        (the fsdp=64 and fsdp=256 programs of benchmarks/xla_crosscheck.py `--forms` reduce
+        every gradient that way, several per all-reduce, and the update slices its shard out):
+        twice a reduce-scatter's ring traffic."""
+        if self.cfg.fsdp_gather.startswith("mixed") and self.cfg.overlap \
+                and self.fsdp_shards > XLA_MAX_WINDOWED_RING:
+            return "all-reduce"
+        return "reduce-scatter"
 
     def gather_form(self, layer: int, key: str, phase: str) -> str:
         """How the FSDP gather of one matrix for one pass is issued: async, windowed or
@@ -828,7 +877,8 @@ class _Compiler:
         if mode in ("async", "windowed", "blocking"):
             return mode
         plain = "async" if mode == "mixed-async" else "blocking"
-        if key.endswith("_dx") or self.weights_replicated:
+        if key.endswith("_dx") or self.weights_replicated \
+                or self.fsdp_group(key)[1] > XLA_MAX_WINDOWED_RING:
             return plain
         if phase == "fwd":
             single = not (self.d.tp > 1 and key in _ROW_PARALLEL)
@@ -875,7 +925,8 @@ class _Compiler:
         else:
             qkv = self.mm(f"{tag}qkv_proj", 2 * n * D * (h_loc + 2 * k_loc) * hd,
                           qkv_w * self.wc, n * D * a, n * (h_loc + 2 * k_loc) * hd * a,
-                          [norm] + wdeps + mm_deps, layer, phase, keys=("wq", "wk", "wv"))
+                          [norm] + wdeps + mm_deps, layer, phase, keys=("wq", "wk", "wv"),
+                          acc_bytes=n * (h_loc + 2 * k_loc) * hd * a)
         if m.qk_norm:
             # RMSNorm over head_dim of every query and key head (Gemma 3): a norm fusion of
             # its own, as the pre-norms are (reads twice, writes once).
@@ -891,7 +942,8 @@ class _Compiler:
                 self.recompute_leaves.append(att)
                 return mlp_live
             out = self.mm(f"{tag}out_proj", 2 * n * h_loc * hd * D, H * hd * D / tp * self.wc,
-                          n * h_loc * hd * a, n * D * a, [att] + wdeps, layer, phase)
+                          n * h_loc * hd * a, n * D * a, [att] + wdeps, layer, phase,
+                          keys=("wo",), whole_bytes=n * h_loc * hd * a)
             mlp_out = self.mlp_forward(layer, norm, wdeps, phase, tag, after)
             summed = self.vpu(f"{tag}block_sum", n * D, 3 * n * D * a, [out, mlp_out], layer,
                               phase)
@@ -905,7 +957,8 @@ class _Compiler:
             exit1 = []
         else:
             out = self.mm(f"{tag}out_proj", 2 * n * h_loc * hd * D, H * hd * D / tp * self.wc,
-                          n * h_loc * hd * a, n * D * a, [att] + wdeps, layer, phase)
+                          n * h_loc * hd * a, n * D * a, [att] + wdeps, layer, phase,
+                          keys=("wo",), whole_bytes=n * h_loc * hd * a)
             exit1 = self.tp_exit(tag, "attn", out, [out], layer, phase)
         if m.post_norms:
             # The sublayer's output is normed before the residual add (Gemma 2 / 3).
@@ -1018,7 +1071,8 @@ class _Compiler:
             # capacity / group tokens on the dense dropping path (padded to capacity).
             rows = rt.expert_rows_per_token
             router = self.mm(f"{tag}router", 2 * n * D * E, D * E * self.wc, n * D * a,
-                             n * E * 4, [dep], layer, phase, keys=("router",))
+                             n * E * 4, [dep], layer, phase, keys=("router",),
+                             acc_bytes=n * E * 4)
             topk = self.vpu(f"{tag}topk_route", 4 * n * E, n * E * 4, [router], layer, phase)
             pre = topk
             if rt.dense_dispatch:
@@ -1036,13 +1090,14 @@ class _Compiler:
             h = self.mm(f"{tag}expert_in", 2 * n * rows * D * F * (mats - 1) / tp,
                         w_bytes * (mats - 1) / mats, n * rows * D * a,
                         n * rows * F * (mats - 1) / tp * a, x + wdeps, layer, phase,
-                        keys=("expert_gate", "expert_up"))
+                        keys=("expert_gate", "expert_up"),
+                        acc_bytes=n * rows * F * (mats - 1) / tp * a)
             act = self.vpu(f"{tag}expert_act", 8 * n * rows * F / tp,
                            n * rows * F * (mats - 1) / tp * a + n * rows * F / tp * a,
                            [h, *after], layer, phase)
             o = self.mm(f"{tag}expert_out", 2 * n * rows * F * D / tp, w_bytes / mats,
                         n * rows * F / tp * a, n * rows * D * a, [act] + wdeps, layer, phase,
-                        keys=("expert_down",))
+                        keys=("expert_down",), whole_bytes=n * rows * F / tp * a)
             # A recomputation on the dense dropping path does not send the experts' outputs
             # back: XLA computes the combine weights' gradient where they live (expert-sharded)
             # and sends that gradient instead (`layer_backward`; the compiled program of
@@ -1059,7 +1114,9 @@ class _Compiler:
                              n * D * a if not dead_tail else n * sF * (mats - 1) / tp * a,
                              [dep] + wdeps, layer, phase,
                              keys=("shared_gate", "shared_up") + (() if dead_tail
-                                                                   else ("shared_down",)))
+                                                                   else ("shared_down",)),
+                             acc_bytes=n * sF * (mats - 1) / tp * a,
+                             whole_bytes=0.0 if dead_tail else n * sF / tp * a)
                 out_deps.append(sh)
             if dead_tail:
                 # The experts' outputs (back at their tokens) are read by the backward of the
@@ -1080,13 +1137,15 @@ class _Compiler:
         F = m.d_ff
         h = self.mm(f"{tag}mlp_in", 2 * n * D * F * (mats - 1) / tp,
                     (mats - 1) * D * F / tp * self.wc, n * D * a, n * F * (mats - 1) / tp * a,
-                    [dep] + wdeps, layer, phase, keys=("w_gate", "w_up"))
+                    [dep] + wdeps, layer, phase, keys=("w_gate", "w_up"),
+                    acc_bytes=n * F * (mats - 1) / tp * a)
         act = self.vpu(f"{tag}mlp_act", 8 * n * F / tp,
                        n * F * (mats - 1) / tp * a + n * F / tp * a, [h, *after], layer, phase)
         if dead_tail:
             return act
         return self.mm(f"{tag}mlp_out", 2 * n * F * D / tp, D * F / tp * self.wc, n * F / tp * a,
-                       n * D * a, [act] + wdeps, layer, phase, keys=("w_down",))
+                       n * D * a, [act] + wdeps, layer, phase, keys=("w_down",),
+                       whole_bytes=n * F / tp * a)
 
     # -- whole step -------------------------------------------------------------------------
     def build(self) -> Trace:
@@ -1450,8 +1509,8 @@ class _Compiler:
                 rs_ops = []
                 for key, nbytes in self.layer_matrices(layer) if fse > 1 else []:
                     axes, group = self.fsdp_group(key)
-                    rs_ops.append(self.coll(f"fsdp_grad_reducescatter_{key}", "reduce-scatter",
-                                            axes, nbytes / self.wc * self.gb
+                    rs_ops.append(self.coll(f"fsdp_grad_{self.grad_kind.replace('-', '')}_{key}",
+                                            self.grad_kind, axes, nbytes / self.wc * self.gb
                                             * (ring(group, "reduce-scatter", key)
                                                if self.rs_windowed else 1.0),
                                             [out], layer, "bwd"))
@@ -1534,7 +1593,8 @@ class _Compiler:
                 emb_bwd = prev
             erc = None
             if self.embed_on or self.head_on:
-                erc = self.coll("fsdp_grad_reducescatter_embed", "reduce-scatter", a2a_axes,
+                erc = self.coll(f"fsdp_grad_{self.grad_kind.replace('-', '')}_embed",
+                                self.grad_kind, a2a_axes,
                                 emb_w / self.wc * self.gb
                                 * (ring(fse, "reduce-scatter") if self.rs_windowed else 1.0),
                                 [emb_bwd] + ([head_accum] if head_accum is not None else []),
@@ -1647,8 +1707,14 @@ class _Compiler:
         # the critical path; the weight gradients (dW) only feed the gradient reduction, so
         # they run after the input gradient's collective is issued and hide it (a
         # tensor-parallel reduction, the MoE dispatch all-to-all).
+        # Windowed, the gate and up projections' input gradients read the gradients of their
+        # outputs whole on every ring step; the down projection's contracts the sharded d_model
+        # and sums its [tokens, d_ff] output over the steps.
         dmlp = self.mm("mlp_bwd", fwd_mlp, w_mlp, 1.5 * n * F * mats / tp * a, n * D * a,
-                       list(deps) + wd + mm_deps, layer, "bwd", keys=mkeys)
+                       list(deps) + wd + mm_deps, layer, "bwd", keys=mkeys,
+                       whole_bytes={k: n * F / tp * a for k in mkeys
+                                    if k.endswith(("_gate", "_up"))},
+                       acc_bytes={k: n * F / tp * a for k in mkeys if k.endswith("_down")})
         # Reads the gate/up projections and the product's gradient, writes their gradients.
         dact = self.vpu("mlp_act_bwd", 16 * n * F / tp, (2 * (mats - 1) + 1) * n * F / tp * a,
                         [dmlp, *after], layer,
@@ -1662,9 +1728,13 @@ class _Compiler:
             ar1 = self.coll("ep_dispatch_bwd", "all-to-all", ("expert",),
                             n * rt.expert_rows_per_token * D * a * d.ep, [dact], layer, "bwd")
         sync = self.cfg.ep_alltoall == "sync"
+        # A windowed reduce-scatter's ring steps each compute one d_model shard of the gradient:
+        # they read the [tokens, d_ff] operands whole (the gate and up outputs' gradients, the
+        # down projection's input) and the d_model ones a slice at a time.
         dmlp_w = self.mm("mlp_bwd_weights", fwd_mlp, w_mlp, 1.5 * n * F * mats / tp * a, 0.0,
                          [dact] + ([ar1] if ar1 is not None and sync else []), layer, "bwd",
-                         keys=mkeys)
+                         keys=mkeys, whole_bytes={k: n * F / tp * a for k in mkeys
+                                                  if k != "router"})
         self.mlp_weights_done = self.last_matmul  # the MLP matrices' last reader
         if dense_disp:
             # The combine weights' f32 gradient [tokens, E, capacity] back to the tokens'
@@ -1690,7 +1760,7 @@ class _Compiler:
             E = m.num_experts
             rb = self.mm("router_bwd", 4 * n * D * E, D * E * self.wc,
                          n * D * a + n * E * 4, n * D * a, dcomb_deps or [dact], layer, "bwd",
-                         keys=("router",))
+                         keys=("router",), whole_bytes=n * E * 4)
             dcomb_deps = [rb]
         if m.parallel_block:
             # Both branches read the same normed input: their input gradients are summed and
@@ -1714,10 +1784,16 @@ class _Compiler:
                 nrm = self.vpu("post_norm_attn_bwd", 10 * r * D, 4 * r * D * a, [nrm], layer,
                                "bwd")
             mm_deps2, after2 = self.tp_enter("", "attn_bwd", nrm, layer, "bwd")
+        # Windowed: the q, k, v input gradients read the projections' output gradients whole
+        # on every ring step; the output projection's contracts the sharded d_model and sums
+        # its output (the attention output's gradient) over the steps.
         dproj = self.mm("attn_proj_bwd", proj_flops, w_att,
                         1.5 * n * (h_loc + 2 * k_loc) * hd * a, n * D * a,
                         [nrm] + wd + mm_deps2, layer, "bwd",
-                        keys=_ATTN_KEYS + self.regather_keys(layer))
+                        keys=_ATTN_KEYS + self.regather_keys(layer),
+                        whole_bytes={"wq": n * h_loc * hd * a, "wk": n * k_loc * hd * a,
+                                     "wv": n * k_loc * hd * a},
+                        acc_bytes={"wo": n * h_loc * hd * a})
         kv_bytes = n * d.sp / d.ctx * d.ctx * k_loc * hd * a  # K or V of the local sequences
         datt_m = None
         if self.cfg.attention == "flash":
@@ -1750,9 +1826,11 @@ class _Compiler:
         last = [datt_m if self.cfg.attention != "flash" else datt]
         att_exit = self.tp_exit("", "block_bwd" if m.parallel_block else "attn_bwd", rope,
                                 last + ([dmlp] if m.parallel_block else []), layer, "bwd")
+        # Windowed: the q, k, v output gradients and the attention output (o's input) are read
+        # whole on every ring step; the layer input and o's output gradient a slice at a time.
         dproj_w = self.mm("attn_proj_bwd_weights", proj_flops, w_att,
                           1.5 * n * (h_loc + 2 * k_loc) * hd * a, 0.0, [rope], layer, "bwd",
-                          keys=_ATTN_KEYS)
+                          keys=_ATTN_KEYS, whole_bytes=n * (2 * h_loc + 2 * k_loc) * hd * a)
         return self.vpu("norm_attn_bwd", 10 * r * D, 4 * r * D * a,
                         att_exit + [dact, dmlp_w, dproj_w], layer, "bwd")
 
