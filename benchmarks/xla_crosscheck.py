@@ -763,8 +763,9 @@ def forms(dump_dir: str) -> str:
         f = gather_forms(path.read_text())
         lines.append(f"{name} ({cfg['topology']}, mesh {cfg['mesh']}, d_model {dims['d_model']}"
                      f" = {dims['d_model'] // n} rows per fsdp shard, "
-                     f"{cfg['batch_per_chip'] * cfg['seq']:g} tokens per chip): windowed loops "
-                     f"{f['windowed_ag']} gathers + {f['windowed_rs']} reduce-scatters; layer 1 "
+                     f"{cfg['batch_per_chip'] * cfg['seq']:g} tokens per chip): windowed "
+                     f"loops in the step {f['windowed_ag']} gathers + {f['windowed_rs']} "
+                     f"reduce-scatters; layer 1 "
                      f"outside them: {f['layer1'] or 'nothing'}; loop buffers >= 16 MiB in "
                      f"VMEM {f['big_loop_buffers_vmem']}, in HBM {f['big_loop_buffers_hbm']}")
     return "\n".join(lines) or f"no NAME.hlo.txt of a known training program in {dump_dir}"
@@ -1579,7 +1580,9 @@ def main() -> int:
             if xla_acc is not None:
                 print(f"\n  side by side, tpusim {label} vs XLA:")
                 print_side_by_side(acc, xla_acc)
-        if name not in TPUSIM_VARIANTS:
+        if name in FORM_PROBES:
+            print("\n(a form probe: `--forms DIR` reads the module --dump wrote)")
+        elif name not in TPUSIM_VARIANTS:
             print("\n(tpusim side of this program: docs/validation.md, from "
                   "`validate_maxtext.py --write-collectives`)")
     return 0

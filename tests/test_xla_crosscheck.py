@@ -223,3 +223,38 @@ ENTRY %main (p: f32[4]) -> f32[] {
     m = parse_hlo(text)
     assert list(m.computations) == ["add", "main"] and m.entry == "main"
     assert m.computations["add"].root.opcode == "add"
+
+
+
+L1 = 'metadata={op_name="jit(step)/jvp(layer1)/dot_general"}'
+_A, _B, _C = "bf16[4096,4096]", "bf16[4096,2048]", "bf16[64,4096]"
+_VMEM, _HBM = "{1,0:T(8,128)(2,1)S(1)}", "{1,0:T(8,128)(2,1)}"
+_LOOP = f"({_A}, {_B}, {_C}, u32[])"
+_GROUPS = "replica_groups={{0,1}}"
+# A windowed reduce-scatter loop carrying a 32 MiB buffer in VMEM (S(1)), a 16 MiB one in HBM
+# and a small one; layer 1 gathers one matrix blocking and one async and all-reduces another.
+FORMS_MODULE = "\n".join([
+    "HloModule jit_step", "",
+    f"%wide.windowed_dot_general_body_rs.3 (wide.param: {_LOOP}) -> {_LOOP} {{",
+    f"  %wide.param = ({_A}{_VMEM}, {_B}{_HBM}, {_C}{_VMEM}, u32[]{{:T(128)}}) parameter(0)",
+    f"  ROOT %t = {_LOOP} tuple(%wide.param)",
+    "}", "",
+    f"ENTRY %main (p0: {_C}, p1: {_A}) -> {_A} {{",
+    f"  %p0 = {_C}{{1,0}} parameter(0)",
+    f"  %p1 = {_A}{{1,0}} parameter(1)",
+    f"  %all-gather.1 = {_A}{{1,0}} all-gather(%p0), channel_id=1, {_GROUPS}, "
+    f"dimensions={{0}}, {L1}",
+    f"  %all-gather-start.2 = ({_C}{{1,0}}, {_A}{{1,0}}) all-gather-start(%p0), channel_id=2, "
+    f"{_GROUPS}, dimensions={{0}}, {L1}",
+    f"  %all-gather-done.2 = {_A}{{1,0}} all-gather-done(%all-gather-start.2), {L1}",
+    f"  ROOT %all-reduce.3 = {_A}{{1,0}} all-reduce(%p1), channel_id=3, {_GROUPS}, "
+    f"to_apply=%add, {L1}",
+    "}", ""])
+
+
+def test_gather_forms_count_windowed_loops_plain_collectives_and_where_loop_buffers_sit(xc):
+    # What `xla_crosscheck.py --forms` prints per program (docs/model.md, the ring-length rule).
+    assert xc.gather_forms(FORMS_MODULE) == {
+        "windowed_ag": 0, "windowed_rs": 1,
+        "layer1": {"all-gather": 2, "all-reduce": 1, "async all-gather": 1},
+        "big_loop_buffers_vmem": 1, "big_loop_buffers_hbm": 1}
