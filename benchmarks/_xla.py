@@ -331,7 +331,8 @@ class Decoder:
 def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: int,
                     capacity_factor: float, seq: int, num_heads: int, head_dim: int,
                     num_layers: int, vocab_size: int, scopes: bool = False,
-                    optimizer: str = "sgd", final_norm: bool = False):
+                    optimizer: str = "sgd", final_norm: bool = False,
+                    router: str = "f32"):
     """A MaxText-style dropping MoE decoder's SGD training step, lowered (MaxText
     `RoutedMoE.dense_matmul` with a capacity factor: one-hot dispatch and combine masks [batch,
     seq, experts, capacity], the einsums `BSM,BSEC->EBCM` and `EBCM,BSEC->BSM`, experts over
@@ -339,7 +340,12 @@ def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: i
     over `fsdp` x `expert`, as MaxText's logical-axis rules shard it), layers scanned under full
     remat (`nothing_saveable`), plain multi-head dot attention, RMSNorm in f32 (weight not
     upcast), untied embeddings; final_norm: an RMSNorm before the output projection, as
-    MaxText's decoder has (and tpusim's models). scopes: `jax.named_scope` around "embed",
+    MaxText's decoder has (and tpusim's models). router: "f32" (softmax over the experts in
+    f32, top-k of the probabilities, combine weights built in f32 and cast to bf16) or
+    "maxtext" (MaxText's `get_topk` / `reshape_and_update_weights` / `generate_masks`: top-k of
+    the bf16 logits, softmax over the k in f32 cast to bf16, the [batch, seq, experts] weights
+    in bf16 times an int32 one-hot of the capacity slot: a bf16 combine mask, and the dispatch
+    mask its `astype(bool)`). scopes: `jax.named_scope` around "embed",
     "layer0" (the scanned body; "norm", "attention" (the core) and "router" (gating and masks)
     inside), "head" and "sgd". optimizer: "sgd" (the update in bf16, no state) or "adam" (f32
     moments shaped and sharded as the weights, donated, as `Decoder.train_step`: the peak-HBM
@@ -386,18 +392,41 @@ def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: i
         y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + 1e-6)
         return (y * w).astype(bf)
 
+    def maxtext_masks(logits):
+        # MaxText RoutedMoE.get_topk (softmax over the k in f32, cast to the bf16 activation
+        # dtype), reshape_and_update_weights and generate_masks, line for line.
+        b, s, _ = logits.shape
+        topw, topi = jax.lax.top_k(logits, K)
+        topw = jax.nn.softmax(topw.astype(jnp.float32), axis=-1).astype(bf)
+        weights = jnp.zeros((b, s, E), dtype=bf).at[
+            jnp.arange(b)[:, None, None], jnp.arange(s)[:, None], topi].set(topw)
+        expert_mask = jax.nn.one_hot(topi, num_classes=E, dtype=jnp.int32)
+        fused = expert_mask.reshape(b, s * K, E)
+        count_fused = jnp.cumsum(fused, axis=1)
+        count = count_fused.reshape(b, s, K, E)
+        trunc = expert_mask * jnp.less_equal(count, cap)
+        combined = jnp.sum(trunc, axis=2)
+        weights = weights * combined
+        position = jnp.sum((fused * count_fused).reshape(b, s, K, E), axis=2) * combined
+        in_cap = jax.nn.one_hot(position, num_classes=cap + 1, dtype=jnp.int32)
+        comb = (weights[..., None] * in_cap)[..., 1:]
+        return comb.astype(bool), comb
+
     def moe(x, w):
         with scope("router"):
-            probs = jax.nn.softmax(jnp.einsum("bsm,me->bse", x, w["gate"]).astype(jnp.float32),
-                                   -1)
-            topw, topi = jax.lax.top_k(probs, K)
-            oh = jax.nn.one_hot(topi, E, dtype=jnp.int32)  # [b, s, k, e]
-            pos = (jnp.cumsum(oh.reshape(oh.shape[0], -1, E), axis=1) - 1).reshape(oh.shape)
-            keep = (pos < cap) & (oh > 0)
-            slot = jnp.where(keep, pos, cap)
-            disp = jnp.sum(jax.nn.one_hot(slot, cap, dtype=bf) * keep[..., None], axis=2)
-            comb = jnp.sum(jax.nn.one_hot(slot, cap, dtype=jnp.float32)
-                           * (keep * topw[..., None])[..., None], axis=2).astype(bf)
+            if router == "maxtext":
+                disp, comb = maxtext_masks(jnp.einsum("bsm,me->bse", x, w["gate"]))
+            else:
+                probs = jax.nn.softmax(
+                    jnp.einsum("bsm,me->bse", x, w["gate"]).astype(jnp.float32), -1)
+                topw, topi = jax.lax.top_k(probs, K)
+                oh = jax.nn.one_hot(topi, E, dtype=jnp.int32)  # [b, s, k, e]
+                pos = (jnp.cumsum(oh.reshape(oh.shape[0], -1, E), axis=1) - 1).reshape(oh.shape)
+                keep = (pos < cap) & (oh > 0)
+                slot = jnp.where(keep, pos, cap)
+                disp = jnp.sum(jax.nn.one_hot(slot, cap, dtype=bf) * keep[..., None], axis=2)
+                comb = jnp.sum(jax.nn.one_hot(slot, cap, dtype=jnp.float32)
+                               * (keep * topw[..., None])[..., None], axis=2).astype(bf)
         disp = jax.lax.with_sharding_constraint(disp, ns(P(batch, None, None, None)))
         xe = jnp.einsum("bsm,bsec->ebcm", x, disp)
         xe = jax.lax.with_sharding_constraint(xe, ns(P("expert", "fsdp", None, None)))

@@ -89,7 +89,7 @@ CONFIGS = {
                               seq=2048, batch_per_chip=1, mode="moe_train", final_norm=True,
                               moe=dict(d_model=1024, d_ff=2048, num_experts=8, top_k=2,
                                        capacity_factor=1.25, num_heads=8, head_dim=128,
-                                       vocab_size=4096)),
+                                       vocab_size=4096, router="maxtext")),
 }
 
 # Programs compiled only to read which form XLA gives each weight gather and gradient reduction
@@ -1442,19 +1442,20 @@ OP_COSTS_EXPLAIN = """What the tables say:
   checked (the ring accumulators above and below, `--analyze`), tpusim at the peak
   (`hbm_efficiency` 1.0: the MaxText fit cannot identify it), which accounts for most of the
   v5e and v5p gaps; the bytes per score are docs/model.md's.
-* **MoE router.** Nearly all of XLA's router estimate (6.6 of 7.2 ms) is two fusions per layer
-  and pass, forward and rematerialized: the dispatch and combine masks, each a one-hot of
-  the capacity positions over [tokens, top-k, experts, capacity] (2048 x 2 x 8 x 640 = 21 M
-  elements: an s32 compare against an iota, a select of the routing weight, f32 for the
-  combine mask, bf16 for the dispatch mask) summed over top-k into a bf16 [tokens, experts,
-  capacity] mask (21 MB), 1,434,702 cycles (0.82 ms) each. That is 60x the time to write the
-  mask at v6e's HBM rate (13 us) and over 20x the VPU's compare, select and add on every
-  element (1,024 f32 lanes per cycle): about 15 elements per cycle. The inputs hold the
-  expert index in the lane dimension ([tokens, top-k, experts], tile (2, 128)), the output in
-  the sublane dimension (capacity is the lanes): what XLA's model charges is not bytes or
-  ALU work but, presumably, that relayout, which no measurement here can confirm. tpusim's
-  `moe_masks` keeps the bytes (both masks written) and FLOPs cost; the measured MoE runs
-  (above) are already predicted slow, not fast, so nothing in them asks for XLA's 0.82 ms.
+* **MoE router.** The program builds its masks as MaxText's `generate_masks` does (`_xla.
+  lower_moe_train(router="maxtext")`: the bf16 top-k weights times an int32 one-hot of the
+  capacity slot, a bf16 combine mask). Most of XLA's router estimate (1.23 of 1.82 ms) is two
+  copies per layer in the backward: relayouts of the combine mask's gradient
+  ([tokens, experts, capacity + 1] bf16, 2048 x 8 x 641, 21 MB) on either side of its
+  all-to-all, 537,972 cycles (0.31 ms) each, about 12x the time to read and write it at v6e's
+  HBM rate. The program's first version built the combine mask in f32 and cast it: XLA's
+  router estimate was 7.13 ms, nearly all of it (6.6 ms) two one-hot fusions per layer and
+  pass over [tokens, top-k, experts, capacity] (21 M elements), 0.82 ms each, 60x the time to
+  write the mask (the inputs hold the expert index in the lane dimension, the output in the
+  sublanes: presumably a relayout), and the gradient went through the all-to-all in f32.
+  tpusim's `moe_masks` keeps the bytes (both masks written) and FLOPs cost, and no relayout;
+  the measured MoE runs (above) are predicted slow, not fast, so nothing in them asks for
+  XLA's relayouts.
 * **Decode.** XLA's estimate for the decode step's weight matmuls (0.05 ms) is below the time
   to read those weights from HBM (2 layers x 218 M parameters / 8 chips in bf16 = 109 MB, 0.13
   ms at v5e's 8.2e11 B/s), which tpusim charges. The compiled program streams the weights

@@ -15,6 +15,15 @@ layers under full remat, mesh fsdp=4 x expert=4, and reads the scheduled HLO:
 
     /work/fid-venv/bin/python benchmarks/xla_moe_schedule.py            # compile (minutes)
     .venv/bin/python benchmarks/xla_moe_schedule.py --hlo moe.hlo.txt    # read a saved dump
+    /work/fid-venv/bin/python benchmarks/xla_moe_schedule.py --size 750b # the 750B's sizes
+
+`--router maxtext` (the default) builds the masks as MaxText's `generate_masks` does (a bf16
+combine mask); `--router f32` as this script first did (f32 one-hot times the weights, cast).
+`--size 750b`: the custom 750B MoE's per-chip sizes (docs/reference/maxtext_runs.json: d_model
+8192, 16 experts of d_ff 32768, top-2, capacity factor 1.5, seq 8192, one sequence per chip) on
+a v6e 16x16 with fsdp=16 x expert=16 (jax's device mesh: the expert axis is one 16-chip ring,
+x = 0..15), with 8 attention heads of 256 (the 750B's 128 heads' dot-attention scores would
+not fit the chip; the attention is not what this reads).
 
 Observed with jax/libtpu 0.10.2 (2026-11-30, 7 min of compile on a loaded 2-core machine): six
 all-to-alls, all synchronous; forward: the dispatch and the combine; backward loop: the
@@ -30,6 +39,14 @@ its gradient's) all 16; the six MoE all-to-alls are unchanged. With
 flags) every all-to-all is an async start/done pair: the backward's transposes overlap the
 experts' input-gradient matmuls, the forward's have no independent work between start and done
 (tpusim's `--ep-alltoall async`).
+
+With MaxText's router (2026-12-01, same jax/libtpu; 2 min of compile, 4 min at the 750B's
+sizes): the same six synchronous all-to-alls, but the combine weights' gradient is bf16 and
+sent before the mask's first capacity slot is cut off: [seq, experts, capacity + 1] (20.03 MiB
+here, against 40 MiB in f32; 384.25 MiB at the 750B's sizes, where the five token all-to-alls
+move 384 MiB each and the output gradient's gather over `expert` 2 GiB). XLA's estimated
+cycles per FLOP of the dispatch convolution at the 750B's sizes: 1.25x those of the query
+projection, the combine's 0.93x (no cheaper than a weight matmul).
 """
 
 from __future__ import annotations
@@ -42,16 +59,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _xla  # noqa: E402
 
-D, F, E, K, CF, SEQ, H, HD, L, V = 1024, 2048, 8, 2, 1.25, 2048, 8, 128, 2, 4096
-FS, EP = 4, 4
+# name -> (topology, fsdp, expert, d_model, d_ff, experts, top-k, capacity factor, seq, heads,
+# head_dim, layers, vocab)
+SIZES = {
+    "small": ("v6e:4x4", 4, 4, 1024, 2048, 8, 2, 1.25, 2048, 8, 128, 2, 4096),
+    "750b": ("v6e:16x16", 16, 16, 8192, 32768, 16, 2, 1.5, 8192, 8, 256, 2, 32000),
+}
 
 
-def compile_program() -> str:
+def compile_program(router: str = "maxtext", size: str = "small") -> str:
     _xla.init_jax()
-    mesh, _ = _xla.build_mesh("v6e:4x4", {"fsdp": FS, "expert": EP})
-    lowered = _xla.lower_moe_train(mesh, d_model=D, d_ff=F, num_experts=E, top_k=K,
-                                   capacity_factor=CF, seq=SEQ, num_heads=H, head_dim=HD,
-                                   num_layers=L, vocab_size=V)
+    topo, fs, ep, d, f, e, k, cf, seq, h, hd, layers, v = SIZES[size]
+    mesh, _ = _xla.build_mesh(topo, {"fsdp": fs, "expert": ep})
+    lowered = _xla.lower_moe_train(mesh, d_model=d, d_ff=f, num_experts=e, top_k=k,
+                                   capacity_factor=cf, seq=seq, num_heads=h, head_dim=hd,
+                                   num_layers=layers, vocab_size=v, router=router)
     return lowered.compile().as_text()
 
 
@@ -97,8 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hlo", type=Path, help="read this scheduled-HLO dump instead of compiling")
     ap.add_argument("--dump", type=Path, help="write the compiled HLO text here")
+    ap.add_argument("--router", choices=("maxtext", "f32"), default="maxtext",
+                    help="how the combine weights are built (`_xla.lower_moe_train`)")
+    ap.add_argument("--size", choices=tuple(SIZES), default="small",
+                    help="the program's sizes (see the module docstring)")
     args = ap.parse_args(argv)
-    text = args.hlo.read_text() if args.hlo else compile_program()
+    text = args.hlo.read_text() if args.hlo else compile_program(args.router, args.size)
     if args.dump:
         args.dump.write_text(text)
     s = read_schedule(text)

@@ -214,8 +214,10 @@ def test_moe_recompute_keeps_the_experts_outputs_but_drops_the_weighted_combine(
 def test_moe_backward_sends_the_combine_weights_gradient_as_xla_does():
     # XLA's program (benchmarks/xla_moe_schedule.py): six synchronous all-to-alls per layer
     # (forward dispatch and combine; backward the recomputed dispatch, the combine's and the
-    # dispatch's transposes, and the f32 combine-weight gradient [tokens, E, cap]) and an
-    # all-gather of the output gradient over expert.
+    # dispatch's transposes, and the combine-weight gradient) and an all-gather of the output
+    # gradient over expert. MaxText's combine mask is bf16 (the bf16 top-k weights times an
+    # int32 one-hot over cap + 1 slots, the first cut off), and XLA sends its gradient before
+    # the cut: bf16 [tokens, E, cap + 1], as large as the token buffer, not twice it in f32.
     from workloads.moe import MoeConfig
 
     trace, _ = _step("fsdp=2,expert=2", "2x2", model=TINY_MOE, remat=Remat.FULL,
@@ -232,7 +234,7 @@ def test_moe_backward_sends_the_combine_weights_gradient_as_xla_does():
         dict.fromkeys(["ep_dispatch", "ep_combine", "re-ep_dispatch", "ep_combine_bwd",
                        "ep_dispatch_bwd"], pytest.approx(tokens_v, rel=1e-12))
     dc = next(o for o in a2a if o.name == "ep_combine_weights_grad")
-    assert dc.bytes == pytest.approx(ep * n * E * cap * 4, rel=1e-12)
+    assert dc.bytes == pytest.approx(ep * n * E * (cap + 1) * 2, rel=1e-12)
     ag = [o for o in trace.ops if o.name == "ep_grad_allgather"]
     assert len(ag) == spec.num_layers and ag[0].mesh_axes == ("expert",)
     assert ag[0].bytes == pytest.approx(ep * n * D * 2, rel=1e-12)

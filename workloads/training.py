@@ -1681,8 +1681,8 @@ class _Compiler:
             # the combine weights' gradient where the experts' outputs live (sharded over
             # expert): the output gradient is first gathered over `expert` (every chip of an
             # expert group needs its fsdp group's sequences; async under the recipes'
-            # collective-fusion flags), and the f32 result goes back to the tokens' chips with
-            # an all-to-all at the end of the MoE backward (`ep_combine_weights_grad`).
+            # collective-fusion flags), and the result goes back to the tokens' chips with an
+            # all-to-all at the end of the MoE backward (`ep_combine_weights_grad`).
             gout = self.coll("ep_grad_allgather", "all-gather", ("expert",), d.ep * n * D * a,
                              [grad] if grad is not None else list(deps), layer, "bwd")
             mask = n * m.num_experts * rt.capacity * a
@@ -1737,12 +1737,16 @@ class _Compiler:
                                                   if k != "router"})
         self.mlp_weights_done = self.last_matmul  # the MLP matrices' last reader
         if dense_disp:
-            # The combine weights' f32 gradient [tokens, E, capacity] back to the tokens'
-            # chips (synchronous: after the experts' weight gradients, as XLA schedules it;
-            # async: as soon as it is computed); the router's backward, and so the layer's
-            # input gradient, reads it.
+            # The combine weights' gradient back to the tokens' chips (synchronous: after the
+            # experts' weight gradients, as XLA schedules it; async: as soon as it is
+            # computed); the router's backward, and so the layer's input gradient, reads it.
+            # MaxText builds the combine mask in the activation dtype (`generate_masks`: the
+            # bf16 top-k weights times an int32 one-hot of the capacity slot, cut from cap + 1
+            # slots to cap), so its gradient is bf16 and XLA sends it before the cut:
+            # [tokens, E, cap + 1] (benchmarks/xla_moe_schedule.py, MaxText's router, at the
+            # 750B's per-chip sizes and at the cross-check's).
             dc = self.coll("ep_combine_weights_grad", "all-to-all", ("expert",),
-                           d.ep * n * m.num_experts * rt.capacity * 4,
+                           d.ep * n * m.num_experts * (rt.capacity + 1) * a,
                            [dmlp_w] if sync else [cb], layer, "bwd")
             dcomb_deps = [dc] if dc is not None else []
         if dense_disp:
