@@ -133,7 +133,7 @@ OTHER = {
         mode="moe_train", topology="v6e:4x4", pod=["--chip", "v6e", "--shape", "4x4"],
         mesh={"fsdp": 4, "expert": 4}, seq=2048, batch_per_chip=1, layers=2, remat="full",
         moe=dict(d_model=1024, d_ff=2048, num_experts=8, top_k=2, capacity_factor=1.25,
-                 num_heads=8, head_dim=128, vocab_size=4096)),
+                 num_heads=8, head_dim=128, vocab_size=4096, router="maxtext")),
     # The same step with the final norm (as tpusim's models have it), whose replicated scale
     # gradient XLA all-reduces together with the loss value (the one-sequence logits rule).
     "moe_v6e_fsdp_expert_full_s2048_norm": dict(
@@ -141,7 +141,7 @@ OTHER = {
         mesh={"fsdp": 4, "expert": 4}, seq=2048, batch_per_chip=1, layers=2, remat="full",
         final_norm=True,
         moe=dict(d_model=1024, d_ff=2048, num_experts=8, top_k=2, capacity_factor=1.25,
-                 num_heads=8, head_dim=128, vocab_size=4096)),
+                 num_heads=8, head_dim=128, vocab_size=4096, router="maxtext")),
     "decode_v5e_tp8_kv2048": dict(
         mode="decode", topology="v5e:2x4", pod=["--chip", "v5e", "--shape", "2x4"],
         mesh={"tensor": 8}, batch=8, kv_len=2048, layers=2, dims=_xla.LLAMA3_8B),
