@@ -723,6 +723,17 @@ def test_cli_ep_alltoall_must_be_sync_or_async(tiny_yaml, capsys):
                            "--ep-alltoall 'overlap'", "sync", "async")
 
 
+def test_cli_fsdp_grad_must_be_reduce_scatter_or_all_reduce(tiny_yaml, capsys):
+    _assert_one_line_error(capsys, _train_args(tiny_yaml, "--fsdp-grad", "ring"),
+                           "--fsdp-grad 'ring'", "reduce-scatter", "all-reduce")
+
+
+def test_cli_fsdp_grad_all_reduce_refuses_collective_matmuls(tiny_yaml, capsys):
+    _assert_one_line_error(capsys, _train_args(tiny_yaml, "--fsdp-grad", "all-reduce",
+                                               "--fsdp-gather", "windowed"),
+                           "--fsdp-gather windowed", "async or blocking")
+
+
 def test_cli_tensor_must_divide_heads(tmp_path, capsys):
     path = tmp_path / "six.yaml"
     path.write_text(yaml.safe_dump({**TINY, "num_heads": 6, "num_kv_heads": 6}))

@@ -99,6 +99,52 @@ def test_blocking_data_parallel_all_reduce_holds_the_next_layer():
         assert bool(nxt) == (mode == "blocking")
 
 
+def test_fsdp_grad_all_reduce_sums_each_whole_gradient_before_the_next_layer():
+    # XLA's v6e program with async collective fusion and no collective matmuls all-reduces
+    # every weight gradient whole by a synchronous collective (docs/model.md). Same V as the
+    # reduce-scatter (tpusim's convention: the full unreduced operand), e.g. w_gate's
+    # [d_model, d_ff] bf16 = 512 x 1024 x 2 bytes; the next layer's backward waits for it.
+    rs = _trace("fsdp=4", 4)
+    ar = _trace("fsdp=4", 4, fsdp_grad="all-reduce")
+    pre = "fsdp_grad_"
+    for trace, kind in ((rs, "reduce-scatter"), (ar, "all-reduce")):
+        grads = [o for o in trace.ops if o.name.startswith(pre)]
+        assert grads and {o.collective for o in grads} == {kind}
+        assert {o.mesh_axes for o in grads} == {("fsdp",)}
+    assert [o.bytes for o in rs.ops if o.name.startswith(pre)] == \
+        [o.bytes for o in ar.ops if o.name.startswith(pre)]
+    (gate,) = [o for o in ar.ops if o.name == "fsdp_grad_allreduce_w_gate" and o.layer == 1]
+    assert gate.bytes == 512 * 1024 * 2
+    for trace, waits in ((rs, False), (ar, True)):
+        top = {o.id for o in trace.ops if o.name.startswith(pre) and o.layer == 1}
+        nxt = [o for o in trace.ops if o.layer == 0 and o.kind != "collective"
+               and top <= set(o.deps)]
+        assert bool(nxt) == waits
+
+
+def test_fsdp_grad_all_reduce_exposes_the_top_layers_reduction():
+    # Replayed on v6e 2x2: with reduce-scatter the top layer's gradient reduction hides behind
+    # the next layer's backward; all-reduced synchronously it delays that backward by at least
+    # its own collective time (each all-reduce alone, concurrent on the same links: their
+    # drain times add up, minus the overlap of their hop latencies).
+    from sim.engine import collective_groups, cost_collective, replay
+    from sim.hardware import get_chip
+    from topologies.slices import resolve_topology
+
+    chip = get_chip("v6e")
+    topo = resolve_topology(chip_name="v6e", wrap_rule=chip.generation_rule,
+                            max_pod_shape=chip.max_pod_shape, shape=(2, 2))
+    rs = _trace("fsdp=4", 4, remat=Remat.NONE)
+    ar = _trace("fsdp=4", 4, remat=Remat.NONE, fsdp_grad="all-reduce")
+    g = collective_groups(ar, topo)["fsdp"]
+    costs = [cost_collective(chip, topo, "all-reduce", g, o.bytes, "auto")
+             for o in ar.ops if o.name.startswith("fsdp_grad_") and o.layer == 1]
+    drain = sum(c.time_s - c.latency_s for c in costs)
+    r_rs, r_ar = replay(rs, chip, topo), replay(ar, chip, topo)
+    assert r_ar.breakdown["exposed_comm_s"] - r_rs.breakdown["exposed_comm_s"] >= drain * 0.999
+    assert r_ar.step_time_s > r_rs.step_time_s + drain * 0.999
+
+
 @pytest.mark.parametrize("algorithm", ["ring", "direct"])
 def test_each_dcn_message_costs_its_overhead_once_per_step(algorithm):
     from sim.engine import collective_groups, cost_collective

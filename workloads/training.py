@@ -98,6 +98,8 @@ FSDP_GATHER_MODES = ("async", "windowed", "blocking", "mixed-async", "mixed-bloc
 # 256 (v6e 16x16): the ring's length decides, not the shard's size. The mixed modes issue
 # plain gathers and gradient all-reduces above it (`grad_kind`).
 XLA_MAX_WINDOWED_RING = 32
+# How weight gradients are summed over fsdp (`TrainingConfig.fsdp_grad`).
+FSDP_GRAD_MODES = ("reduce-scatter", "all-reduce")
 # Pipeline schedules simulated by `sim/pipeline.py` (docs/model.md "Pipeline schedules").
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved")
 # The op that casts the local weight shard to --gather-dtype, once per step.
@@ -181,6 +183,11 @@ class TrainingConfig:
     tp_activations: str = "sharded"
     tp_comm: str = "blocking"
     dp_allreduce: str = "async"
+    # How each weight gradient is summed over fsdp: "reduce-scatter" (async, hidden behind
+    # the backward; tpusim's default) or "all-reduce": the whole gradient all-reduced by a
+    # synchronous collective that blocks the core, each chip keeping its shard (XLA's v6e
+    # program with async collective fusion and no collective matmuls, docs/model.md).
+    fsdp_grad: str = "reduce-scatter"
     ep_alltoall: str = "sync"
     pipeline_schedule: str = "1f1b"
     virtual_stages: int = 1
@@ -252,6 +259,18 @@ class TrainingConfig:
         if self.dp_allreduce not in ("async", "blocking"):
             raise TpusimError(
                 f"--dp-allreduce {self.dp_allreduce!r} must be async or blocking"
+            )
+        if self.fsdp_grad not in FSDP_GRAD_MODES:
+            raise TpusimError(
+                f"--fsdp-grad {short_repr(self.fsdp_grad)} must be reduce-scatter (async, "
+                f"default) or all-reduce (synchronous, XLA's v6e program without collective "
+                f"matmuls)"
+            )
+        if self.fsdp_grad == "all-reduce" and self.fsdp_gather not in ("async", "blocking"):
+            raise TpusimError(
+                f"--fsdp-grad all-reduce with --fsdp-gather {self.fsdp_gather}: a collective "
+                f"matmul reduce-scatters the gradient in its ring; use --fsdp-gather async or "
+                f"blocking with it"
             )
         if self.ep_alltoall not in ("sync", "async"):
             raise TpusimError(
@@ -855,7 +874,10 @@ class _Compiler:
         (`XLA_MAX_WINDOWED_RING`), an all-reduce of the whole gradient, as XLA compiles it there
         (the fsdp=64 and fsdp=256 programs of benchmarks/xla_crosscheck.py `--forms` reduce
         every gradient that way, several per all-reduce, and the update slices its shard out):
-        twice a reduce-scatter's ring traffic."""
+        twice a reduce-scatter's ring traffic. `--fsdp-grad all-reduce` asks for the
+        all-reduce in any mode it allows (synchronous there, `TrainingConfig.fsdp_grad`)."""
+        if self.cfg.fsdp_grad == "all-reduce":
+            return "all-reduce"
         if self.cfg.fsdp_gather.startswith("mixed") and self.cfg.overlap \
                 and self.fsdp_shards > XLA_MAX_WINDOWED_RING:
             return "all-reduce"
@@ -1423,6 +1445,7 @@ class _Compiler:
             for layer in reversed(range(d.layers)):
                 g = pending
                 deps = [prev] + dp_wait
+                dp_wait = []  # this layer sets its own
                 # Activation gradients in flight through a layer's backward: the residual
                 # stream's gradient and a sublayer's input gradient before and after its
                 # reduction over `tensor` (XLA's live ranges: three [tokens, d_model] bf16
@@ -1539,6 +1562,10 @@ class _Compiler:
                         dp_wait = [o for o in (dpar, dpar_e) if o is not None]
                 else:
                     last_grad_ops += rs_ops
+                if cfg.fsdp_grad == "all-reduce":
+                    # XLA's synchronous all-reduces: the core runs them right after the
+                    # layer's weight-gradient matmuls, before the next layer's backward.
+                    dp_wait = dp_wait + rs_ops
                 prev = out
             self.mem(prev, G.SAVED_ACTIVATIONS, -stack)
             self.mem(prev, G.LOGITS, -held)  # the deferred head weight gradient is done
@@ -1981,6 +2008,7 @@ class _Compiler:
                if self.routing is not None else {}),
             "overlap": cfg.overlap,
             "fsdp_gather": cfg.fsdp_gather,
+            "fsdp_grad": cfg.fsdp_grad,
             "optimizer": str(self.opt),
             "fuse_elementwise": cfg.fuse_elementwise,
             "tp_activations": cfg.tp_activations,

@@ -77,6 +77,13 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
                    help="data-parallel gradient all-reduce: async (overlapped with the backward "
                         "pass, XLA's data-parallel overlap flags, default) or blocking (each "
                         "layer's reduction ends before the next layer's backward starts)")
+    p.add_argument("--fsdp-grad", default="reduce-scatter",
+                   help="weight gradients over fsdp: reduce-scatter (async, hidden behind the "
+                        "backward pass, default) or all-reduce (the whole gradient all-reduced "
+                        "by a synchronous collective before the next layer's backward, each "
+                        "chip keeping its shard: XLA's v6e program with async collective "
+                        "fusion and no collective matmuls; needs --fsdp-gather async or "
+                        "blocking)")
     p.add_argument("--ep-alltoall", default="sync",
                    help="MoE all-to-alls over expert: sync (XLA's default: no compute overlaps "
                         "them) or async (libtpu's --xla_tpu_enable_async_all_to_all: the "
@@ -136,6 +143,7 @@ def training_config(args: argparse.Namespace, moe=None, chip=None):
         tp_activations=args.tp_activations,
         tp_comm=args.tp_comm,
         dp_allreduce=args.dp_allreduce,
+        fsdp_grad=args.fsdp_grad,
         ep_alltoall=args.ep_alltoall,
         vocab_tiling=args.vocab_tiling,
         pipeline_schedule=args.pipeline_schedule or "1f1b",
