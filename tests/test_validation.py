@@ -158,6 +158,20 @@ def test_moe_schedule_reader_tells_sync_from_async_all_to_alls_and_their_loop():
     ]
 
 
+def test_moe_schedule_750b_sizes_are_the_measured_750b_runs_per_chip(vm, loaded):
+    # xla_moe_schedule.py --size 750b compiles the 750B MoE's layer as it runs per chip: its
+    # widths, routing, one 8192-token sequence per chip and fsdp=16 x expert=16 on a 16x16.
+    mod = load_benchmark("xla_moe_schedule")
+    topo, fs, ep, d, f, e, k, cf, seq, _h, hd, _layers, v = mod.SIZES["750b"]
+    cases, _ = loaded
+    c = {c.id: c for c in cases}["maxtext-custom-moe-750b-final-cf1.5-v6e-256"]
+    m = c.model
+    assert (d, f, e, k, hd, v) == (m.d_model, m.expert_d_ff, m.num_experts,
+                                   m.experts_per_token, m.head_dim, m.vocab_size)
+    assert (cf, seq, c.batch_per_chip) == (c.capacity_factor, c.seq_len, 1)
+    assert c.mesh == f"fsdp={fs},expert={ep}" and topo == "v6e:16x16"
+
+
 def test_gemma3_runs_rebuild_with_their_vocab_tiling_and_maxtexts_flop_count(vm, loaded):
     cases, _ = loaded
     c = {c.id: c for c in cases}["tpu-recipes-v6e-gemma3-12b-1x-v6e-256"]
