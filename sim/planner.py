@@ -880,8 +880,8 @@ def hbm_prefix(argv: list[str],
             if level > capacity:
                 over = min(over, t)
                 break
-    if not math.isfinite(over):
-        return None
+    if not math.isfinite(over) or over <= 0:
+        return None  # (at 0 the prefix would be empty: ops of zero length end at 0 too)
     horizon = PREFIX_HORIZON_FACTOR * over
     # A receive completes with its send: in the prefix when the send is.
     recv_ids = [set(sp.recvs[k].values()) for k in range(p)]
