@@ -624,8 +624,8 @@ def rows_frame(rows: Iterable[Mapping[str, Any]]):
     df[ERROR_COLUMN] = df[ERROR_COLUMN].astype("string")
     df = df.reset_index(drop=True)
     ok = df[ERROR_COLUMN].isna()
-    df.attrs[COLUMNS_ATTR] = {c: [k, bool(ok.any() and df.loc[ok, c].notna().all())]
-                              for c, k in column_kinds.items()}
+    full = df.loc[ok].notna().all() if ok.any() else pd.Series(False, index=df.columns)
+    df.attrs[COLUMNS_ATTR] = {c: [k, bool(full[c])] for c, k in column_kinds.items()}
     return df
 
 
