@@ -771,14 +771,14 @@ def stop_when_hbm_exceeds(capacity_bytes: float,
 
     `prefix=(op ids per program, horizon s)`: the caller guarantees that no other op starts
     (or, a receive, completes) before the horizon (`sim.planner.hbm_prefix`, from the
-    uncontended schedule, a lower bound of every op's start). Only those ops are given actors
-    (a 405B pipeline stage program holds ~26k ops; those that can start within the first
-    seconds are a tenth of them), so up to the horizon the run is the full step's, event for
-    event: the same ops are active at the same times, the others still wait for their
-    dependencies. A level over capacity before
-    the horizon is therefore the full run's verdict (the same instant and level); reaching the
-    horizon (or the prefix's end, or a step the watch does not apply to) raises
-    `HbmPrefixEnded` with `prefix_ended` set: the step has to run in full."""
+    uncontended schedule, a lower bound of every op's start). Only those ops are costed and
+    given actors (a 405B pipeline stage program holds ~26k ops; those that can start within
+    its first 5 s are 6-11% of them), so up to the horizon the run is the full step's, event
+    for event: the same ops are active at the same times, the others still wait for their
+    dependencies. A level over capacity before the horizon is therefore the full run's verdict
+    (the same instant and level); reaching the horizon (or the prefix's end, or a step the
+    watch does not apply to) raises `HbmPrefixEnded` with `prefix_ended` set: the step has to
+    run in full."""
     watch = HbmWatch(capacity_bytes=float(capacity_bytes))
     if prefix is not None:
         watch.prefix_ops = tuple(frozenset(ids) for ids in prefix[0])
