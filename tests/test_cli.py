@@ -498,3 +498,22 @@ def test_simulating_commands_register_pod_quiet_and_set_in_one_order():
     assert sorted(checked) == sorted(["collective", "compare-collectives", "train", "replay",
                                       "export", "decode", "prefill", "serve-sweep", "plan",
                                       "import-hlo"])
+
+
+@pytest.mark.parametrize("shape,mesh,noted", [("8x8", "fsdp=64", True), ("4x8", "fsdp=32", False),
+                                              ("8x8", "fsdp=32,data=2", False)])
+def test_train_notes_a_windowed_ring_longer_than_xla_ever_windows(capsys, shape, mesh, noted):
+    argv = ("train", "--chip", "v6e", "--shape", shape, "--model", "llama3-8b", "--set",
+            "model.num_layers=1", "--seq-len", "512", "--batch-per-chip", "1", "--mesh", mesh,
+            "--fsdp-gather", "windowed", "--quiet")
+    rc, out, err = _run(capsys, *argv)
+    assert rc == 0, err
+    note = [line for line in out.splitlines() if line.startswith("note: --fsdp-gather windowed")]
+    assert note == (["note: --fsdp-gather windowed over 64 chips: XLA builds no windowed "
+                     "einsum over more than 32 (docs/model.md \"Collectives as XLA emits them\"); "
+                     "--fsdp-gather mixed-async (v5e) or mixed-blocking (v5p, v6e) models what it "
+                     "compiles"] if noted else [])
+    # Never inside --json output; never for the mixed modes, which follow XLA's rule.
+    _json(capsys, *argv)
+    rc, out, _ = _run(capsys, *argv[:-2], "mixed-blocking", "--quiet")
+    assert rc == 0 and "note: --fsdp-gather" not in out

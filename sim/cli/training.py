@@ -276,6 +276,21 @@ def _write_outputs(args, result, summary) -> list[str]:
     return notes
 
 
+def _windowed_ring_note(args, trace) -> list[str]:
+    """`--fsdp-gather windowed` over a longer ring than XLA ever windows: say so (the step is
+    a what-if; the mixed modes model what XLA compiles there, docs/model.md)."""
+    from workloads.training import XLA_MAX_WINDOWED_RING
+
+    ring = trace.mesh.size("fsdp") * trace.mesh.size("expert")
+    if getattr(args, "fsdp_gather", None) != "windowed" or getattr(args, "no_overlap", False) \
+            or ring <= XLA_MAX_WINDOWED_RING:
+        return []
+    return [f"note: --fsdp-gather windowed over {ring} chips: XLA builds no windowed einsum "
+            f"over more than {XLA_MAX_WINDOWED_RING} (docs/model.md \"Collectives as XLA "
+            "emits them\"); --fsdp-gather mixed-async (v5e) or mixed-blocking (v5p, v6e) "
+            "models what it compiles"]
+
+
 def print_notes(args, notes: list[str]) -> None:
     """The `wrote ...` lines after a text report (never inside --json output)."""
     if not getattr(args, "json", False):
@@ -327,6 +342,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         cli.check_trace_chips(args, cli.resolve_pod(args)[1].num_chips)  # before simulating
     run = run_train(args)
     notes = _write_outputs(args, run.result, run.to_dict())
+    notes += _windowed_ring_note(args, run.trace)
     if args.json:
         cli.emit_json(run.to_dict())
     else:
