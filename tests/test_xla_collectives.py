@@ -380,6 +380,9 @@ def test_over_more_than_32_chips_the_mixed_forms_gather_plainly_and_all_reduce_g
     assert not [o for o in big.ops if o.collective == "reduce-scatter"]
     (erc,) = _ops(big, "fsdp_grad_allreduce_embed")
     assert erc.collective == "all-reduce" and erc.bytes == VOCAB * D * 2
+    # Synchronous, as compiled: layer 0's backward waits for layer 1's all-reduces.
+    waits = set().union(*(o.deps for o in big.ops if o.layer == 0 and o.phase == "bwd"))
+    assert {o.id for o in ar.values()} <= waits
     # Blocking gathers wait for the previous layer; async ones are prefetched (issued before
     # the layer before ends).
     (gq,) = [o for o in big.ops if o.name == "fsdp_allgather_fwd_wq" and o.layer == 1]

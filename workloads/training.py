@@ -873,9 +873,10 @@ class _Compiler:
         reduce-scatter, or, in the mixed modes over more chips than XLA windows
         (`XLA_MAX_WINDOWED_RING`), an all-reduce of the whole gradient, as XLA compiles it there
         (the fsdp=64 and fsdp=256 programs of benchmarks/xla_crosscheck.py `--forms` reduce
-        every gradient that way, several per all-reduce, and the update slices its shard out):
-        twice a reduce-scatter's ring traffic. `--fsdp-grad all-reduce` asks for the
-        all-reduce in any mode it allows (synchronous there, `TrainingConfig.fsdp_grad`)."""
+        every gradient that way, several per synchronous all-reduce, and the update slices its
+        shard out): twice a reduce-scatter's ring traffic, and the next layer's backward waits
+        for it. `--fsdp-grad all-reduce` asks for the synchronous all-reduce in any mode it
+        allows (`TrainingConfig.fsdp_grad`)."""
         if self.cfg.fsdp_grad == "all-reduce":
             return "all-reduce"
         if self.cfg.fsdp_gather.startswith("mixed") and self.cfg.overlap \
@@ -1562,9 +1563,12 @@ class _Compiler:
                         dp_wait = [o for o in (dpar, dpar_e) if o is not None]
                 else:
                     last_grad_ops += rs_ops
-                if cfg.fsdp_grad == "all-reduce":
+                if self.grad_kind == "all-reduce":
                     # XLA's synchronous all-reduces: the core runs them right after the
-                    # layer's weight-gradient matmuls, before the next layer's backward.
+                    # layer's weight-gradient matmuls, before the next layer's backward (with
+                    # --fsdp-grad all-reduce, and in the mixed modes over more than
+                    # XLA_MAX_WINDOWED_RING chips: the v6e and v5e fsdp=64 and v6e fsdp=256
+                    # FORM_PROBES have top-level synchronous all-reduces, no -start).
                     dp_wait = dp_wait + rs_ops
                 prev = out
             self.mem(prev, G.SAVED_ACTIVATIONS, -stack)
