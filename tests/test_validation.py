@@ -113,6 +113,15 @@ def test_each_run_keeps_its_params_dtype_and_computes_in_bf16(vm, loaded):
     assert vm.params_dtype_for({"id": "x"}) == "fp32"
 
 
+def test_runs_reduce_gradients_async_and_the_what_if_all_reduces_them(vm, loaded):
+    # The shipped rebuild reduce-scatters every FSDP gradient asynchronously; effect 7's what-if
+    # rebuilds a run with XLA's synchronous whole-gradient all-reduces (--fsdp-grad all-reduce).
+    cases, _ = loaded
+    case = next(c for c in cases if c.id == "tpu-recipes-v6e-llama2-70b-v6e-256")
+    assert {vm.trace_config(c).fsdp_grad for c in cases} == {"reduce-scatter"}
+    assert vm.trace_config(vm._replace(case, fsdp_grad="all-reduce")).fsdp_grad == "all-reduce"
+
+
 def test_fit_split_alternates_within_each_generation(vm, loaded):
     cases, _ = loaded
     for gen in ("v5e", "v6e"):
