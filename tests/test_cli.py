@@ -517,3 +517,29 @@ def test_train_notes_a_windowed_ring_longer_than_xla_ever_windows(capsys, shape,
     _json(capsys, *argv)
     rc, out, _ = _run(capsys, *argv[:-2], "mixed-blocking", "--quiet")
     assert rc == 0 and "note: --fsdp-gather" not in out
+
+
+def test_every_help_text_closes_the_parentheses_and_backquotes_it_opens():
+    """Help texts are wrapped prose: an unbalanced `(`/`)` or backquote is a leftover of an edit
+    (`plan --exhaustive`'s help once ended in a stray `)`). Intervals such as `(0, 1e6]` are
+    notation, not parentheses."""
+    import argparse
+    import re
+
+    from sim.cli import build_parser
+
+    interval = re.compile(r"[(\[][-+\d.e]+, *[-+\d.e]+[)\]]")
+    checked, bad = 0, []
+    for name, sp in build_parser().get_default("commands").items():
+        for action in sp._actions:
+            text = action.help
+            if not text or text == argparse.SUPPRESS:
+                continue
+            checked += 1
+            depth, low = 0, 0
+            for ch in interval.sub("", text):
+                depth += {"(": 1, ")": -1}.get(ch, 0)
+                low = min(low, depth)
+            if depth or low or text.count("`") % 2:
+                bad.append((name, action.option_strings, text))
+    assert checked > 200 and bad == []

@@ -229,7 +229,7 @@ def _register_plan(sub, name: str) -> None:
                    help="simulate every candidate to the end (no pruning by lower bounds, no "
                         "refusal by the HBM bound, no early stop over HBM): the brute-force "
                         "check of the default search, which gives the same top K; refused "
-                        "before anything runs if that is more than --max-simulations)")
+                        "before anything runs if that is more than --max-simulations")
     p.add_argument("--max-simulations", type=whole_flag("--max-simulations"), default=None,
                    help=f"the most candidates --exhaustive may simulate (default "
                         f"{EXHAUSTIVE_MAX_SIMULATIONS}; with --exhaustive only)")
