@@ -756,7 +756,8 @@ def _written_columns(df, name: str, fix: str) -> dict[str, tuple[str, bool]] | N
     if rec is None:
         return None
     if not isinstance(rec, dict) or not all(
-            isinstance(k, str) and isinstance(v, list) and len(v) == 2 and v[0] in _KINDS
+            isinstance(k, str) and isinstance(v, list) and len(v) == 2
+            and isinstance(v[0], str) and v[0] in _KINDS
             and isinstance(v[1], bool) for k, v in rec.items()):
         raise TpusimError(f"--resume: {name} has a malformed record of its columns "
                           f"({COLUMNS_ATTR}); the file was edited: {fix}")

@@ -256,6 +256,11 @@ def test_resume_refuses_result_columns_whose_kind_changed_without_declared_metri
     assert full.attrs["tpusim_columns"]["algorithm"] == ["text", True]
     assert full.attrs["tpusim_columns"][ERROR_COLUMN] == ["none", False]
 
+    def with_record(df, **columns):
+        df = df.copy()
+        df.attrs = {"tpusim_columns": {**full.attrs["tpusim_columns"], **columns}}
+        return df
+
     def nan_in_row_1(df):
         df = df.copy()
         df.loc[1, "time_s"] = float("nan")
@@ -273,6 +278,10 @@ def test_resume_refuses_result_columns_whose_kind_changed_without_declared_metri
         (lambda df: df.drop(columns=["latency_s"]), "has no column 'latency_s', which tpusim "
                                                     "wrote"),
         (lambda df: df.assign(zzz=1.0), "has a column tpusim did not write ('zzz')"),
+        # The record itself edited: a kind that is not a name (unhashable), an unknown kind.
+        (lambda df: with_record(df, time_s=[["num"], True]), "malformed record of its columns"),
+        (lambda df: with_record(df, time_s=["float", True]), "malformed record of its columns"),
+        (lambda df: with_record(df, time_s=["num", 1]), "malformed record of its columns"),
     ]
     for edit, message in edits:
         edit(full).to_parquet(out / "results.parquet", index=False)
