@@ -482,18 +482,56 @@ def summary(preds: list[Prediction]) -> dict[str, dict[str, float]]:
 # The knobs' search grids (achievable fractions of a peak, kept within a plausible 0.5-1.0).
 MXU_GRID = tuple(round(0.50 + 0.01 * i, 2) for i in range(51))  # 0.50 .. 1.00
 SCAN_GRID = (1.0, 0.9, 0.8, 0.7)  # hbm / ici values scanned for identifiability
-# dcn_message_overhead_s values (seconds per DCN message) fitted jointly with the MXU factor on
-# v5e, the generation whose runs are data-parallel over 1-32 slices.
-DCN_GRID = (0.0, 0.25e-3, 0.5e-3, 0.75e-3, 1.0e-3, 1.5e-3)
-DCN_FIT_GENERATIONS = ("v5e",)
-# What-if values of v6e's per-message DCN overhead shown against the Gemma-3 slice-count pair
-# (effect 6; not a fit).
-GEMMA_DCN_WHATIF_MS = (1.0, 2.0, 4.0)
+# dcn_message_overhead_s values (seconds per DCN message) fitted per generation, and how:
+# "step": jointly with the MXU factor on the step times (v5e: four model families, each over
+# 1-32 data-parallel slices, so their per-family offsets average out); "slowdown": on each
+# multi-slice run's step relative to the same run on one slice (v6e: one such family, the
+# Gemma-3 runs, whose common offset at one slice a step-time fit would make the overhead
+# absorb; the ratio leaves it out, and the overhead moves only the multi-slice steps). The v6e
+# grid reaches past the step-time objective's minimum so that the table shows where that fit
+# would land.
+DCN_GRIDS = {
+    "v5e": (0.0, 0.25e-3, 0.5e-3, 0.75e-3, 1.0e-3, 1.5e-3),
+    "v6e": tuple(ms * 1e-3 for ms in (0, 0.5, 1, 1.5, 2, 2.5, 3, 3.5, 4, 5, 6, 8, 10, 12)),
+}
+DCN_FIT_OBJECTIVES = {"v5e": "step", "v6e": "slowdown"}
 
 
 def objective(cases: list[Case], chip: ChipSpec) -> float:
     """Mean |log(predicted / measured)| of the step time over `cases` (robust, symmetric)."""
     return round(statistics.fmean(abs(predict(c, chip).log_error) for c in cases), 9)
+
+
+def single_slice_twin(case: Case, cases: list[Case]) -> Case | None:
+    """The usable run that is `case` on one slice (same chip, slice, model, ICI mesh, batch,
+    remat and settings; only the slice count and the DCN axes differ), if one was measured."""
+    if case.num_slices == 1:
+        return None
+    same = ("chip", "slice_name", "model", "mesh", "axis_map", "remat", "seq_len",
+            "batch_per_chip", "capacity_factor", "vocab_tiling", "optimizer", "param_dtype")
+    for c in cases:
+        if (c.num_slices == 1 and not c.low_quality
+                and all(getattr(c, k) == getattr(case, k) for k in same)):
+            return c
+    return None
+
+
+def slowdown_pairs(chosen: list[Case], cases: list[Case]) -> list[tuple[Case, Case]]:
+    """(multi-slice run, its one-slice twin) for the runs of `chosen` that have a twin."""
+    pairs = [(c, single_slice_twin(c, cases)) for c in chosen if c.num_slices > 1]
+    return [(c, t) for c, t in pairs if t is not None]
+
+
+def slowdown_error(run: Case, twin: Case, chip: ChipSpec) -> float:
+    """log(predicted slowdown / measured slowdown), the slowdown being the multi-slice run's step
+    over its one-slice twin's: what the slice count adds, without the pair's common offset."""
+    return math.log(predict(run, chip).step_s / predict(twin, chip).step_s
+                    / (run.measured_step_s / twin.measured_step_s))
+
+
+def slowdown_objective(pairs: list[tuple[Case, Case]], chip: ChipSpec) -> float:
+    """Mean |slowdown_error| over (multi-slice run, one-slice twin) pairs."""
+    return round(statistics.fmean(abs(slowdown_error(c, t, chip)) for c, t in pairs), 9)
 
 
 def best_mxu(
@@ -533,8 +571,15 @@ class FitResult:
     evaluations: int
     hbm_scan: list[tuple[float, float, float]] = field(default_factory=list)  # (hbm, mxu, obj)
     ici_scan: list[tuple[float, float, float]] = field(default_factory=list)  # (ici, mxu, obj)
-    dcn_message: float = 0.0  # fitted dcn_message_overhead_s (0 where not fitted)
-    dcn_scan: list[tuple[float, float, float]] = field(default_factory=list)  # (dcn, mxu, obj)
+    dcn_message: float = 0.0  # fitted dcn_message_overhead_s (the shipped one where not fitted)
+    dcn_objective: str = ""  # how it was fitted (DCN_FIT_OBJECTIVES; "" = not fitted)
+    # (dcn, mxu, objective): "step" fits re-optimise the MXU factor at every value; "slowdown"
+    # fits hold it at its fit without the overhead and give the slowdown objective.
+    dcn_scan: list[tuple[float, float, float]] = field(default_factory=list)
+    # "slowdown" fits: the step-time objective at every value too (same MXU factor), the fit
+    # the slowdown replaces.
+    dcn_step_scan: list[tuple[float, float]] = field(default_factory=list)
+    dcn_pairs: tuple[str, ...] = ()  # "slowdown" fits: the multi-slice runs fitted / checked
     all_median_abs: float = float("nan")  # median over every usable case of the generation
 
 
@@ -556,28 +601,53 @@ def fit_job(job: tuple[str, str, str, bool, str]) -> FitResult:
     roof = get_chip(generation).with_overrides(
         mxu_efficiency=1.0, hbm_efficiency=1.0, ici_efficiency=1.0, vpu_efficiency=1.0,
         dcn_efficiency=1.0, op_overhead_s=0.0)
-    dcn_scan = []
+    dcn_scan, step_scan = [], []
+    pairs: list[tuple[Case, Case]] = []
     evals = 0
-    if generation in DCN_FIT_GENERATIONS and custom_remat == NAMED:
+    how = DCN_FIT_OBJECTIVES.get(generation, "") if custom_remat == NAMED else ""
+    final_start = 0.80
+    if how == "step":
         # The per-message DCN overhead and the MXU factor, jointly: the MXU factor re-optimised
         # at every grid value, the pair with the lowest objective kept.
         start = 0.80
-        for value in DCN_GRID:
+        for value in DCN_GRIDS[generation]:
             m, o, e = best_mxu(chosen, roof.with_overrides(dcn_message_overhead_s=value),
                                start=start)
             evals += e
             dcn_scan.append((value, m, o))
             start = m
         dcn_msg = min(dcn_scan, key=lambda t: t[2])[0]
+    elif how == "slowdown":
+        # The overhead on the slice-count slowdowns, at the MXU factor fitted without it (a
+        # step ratio hardly depends on it); then the MXU factor refitted with the overhead.
+        pairs = slowdown_pairs(chosen, cases)
+        if not pairs:
+            raise ValueError(f"{generation} {subset}: no multi-slice run with a one-slice twin "
+                             "to fit dcn_message_overhead_s on")
+        m0, _, e = best_mxu(chosen, roof.with_overrides(dcn_message_overhead_s=0.0))
+        evals += e
+        final_start = m0
+        # A one-slice run sends nothing over DCN: its step does not depend on the overhead.
+        one = roof.with_overrides(mxu_efficiency=m0)
+        fixed = sum(abs(predict(c, one).log_error) for c in chosen if c.num_slices == 1)
+        for value in DCN_GRIDS[generation]:
+            chip = one.with_overrides(dcn_message_overhead_s=value)
+            dcn_scan.append((value, m0, slowdown_objective(pairs, chip)))
+            moving = sum(abs(predict(c, chip).log_error) for c in chosen if c.num_slices > 1)
+            step_scan.append((value, round((fixed + moving) / len(chosen), 9)))
+        dcn_msg = min(dcn_scan, key=lambda t: t[2])[0]
     else:
-        dcn_msg = 0.0
+        # Not fitted here: the generation's shipped overhead (0 where none is fitted).
+        dcn_msg = get_chip(generation).dcn_message_overhead_s
     roof = roof.with_overrides(dcn_message_overhead_s=dcn_msg)
-    mxu, obj, e = best_mxu(chosen, roof)
+    mxu, obj, e = best_mxu(chosen, roof, start=final_start)
     evals += e
     preds = [predict(c, roof.with_overrides(mxu_efficiency=mxu)) for c in chosen]
     res = FitResult(generation=generation, subset=subset, custom_remat=custom_remat,
                     n=len(chosen), mxu=mxu, objective=obj, median_abs=median_abs(preds),
-                    evaluations=evals, dcn_message=dcn_msg, dcn_scan=dcn_scan)
+                    evaluations=evals, dcn_message=dcn_msg, dcn_objective=how,
+                    dcn_scan=dcn_scan, dcn_step_scan=step_scan,
+                    dcn_pairs=tuple(c.id for c, _ in pairs))
     if scan:
         for knob, out in (("hbm_efficiency", res.hbm_scan), ("ici_efficiency", res.ici_scan)):
             for value in SCAN_GRID:
@@ -668,7 +738,13 @@ def print_fits(fits: list[FitResult], out=sys.stdout) -> None:
             if scan:
                 print(f"      {name}_efficiency scan: " + ", ".join(
                     f"{v:.1f}->mxu {m:.2f} obj {o:.4f}" for v, m, o in scan), file=out)
-        if f.dcn_scan:
+        if f.dcn_scan and f.dcn_objective == "slowdown":
+            steps = dict(f.dcn_step_scan)
+            print(f"      dcn_message_overhead_s fit on the slowdowns of {', '.join(f.dcn_pairs)}"
+                  f" (mxu {f.dcn_scan[0][1]:.2f}; -> {f.dcn_message:g}): " + ", ".join(
+                      f"{1e3 * v:g} ms->slowdown obj {o:.4f} step obj {steps[v]:.4f}"
+                      for v, _, o in f.dcn_scan), file=out)
+        elif f.dcn_scan:
             print(f"      dcn_message_overhead_s fit (-> {f.dcn_message:g}): " + ", ".join(
                 f"{1e3 * v:g} ms->mxu {m:.2f} obj {o:.4f}" for v, m, o in f.dcn_scan), file=out)
 
@@ -847,7 +923,8 @@ def _per_sequence(p: Prediction) -> tuple[float, float]:
     return p.case.measured_step_s / p.case.batch_per_chip, p.step_s / p.case.batch_per_chip
 
 
-def _effects(good: list[Prediction]) -> list[str]:
+def _effects(good: list[Prediction], fits: list[FitResult] = (),
+             low: list[Prediction] = ()) -> list[str]:
     """The numbered list of unmodelled effects, with numbers computed from the predictions."""
     ids = _by_id(good)
     out = []
@@ -1066,7 +1143,7 @@ def _effects(good: list[Prediction]) -> list[str]:
         "state): its 2.95B parameters per chip (every weight sharded over fsdp16 x expert16, "
         "as MaxText's rules shard them) take 5.9 GB of static state, where Adam's fp32 moments "
         "would add 23.6 GB.")
-    out.extend(_gemma_effect(ids))
+    out.extend(_gemma_effect(ids, fits, _by_id(list(low))))
     out.extend(_dense_v6e_effect(good))
     return out
 
@@ -1157,7 +1234,8 @@ def _variant(p: Prediction, tag: str, **changes) -> Prediction:
     return predict(_replace(p.case, id=f"{p.case.id}#{tag}", **changes))
 
 
-def _gemma_effect(ids: dict[str, Prediction]) -> list[str]:
+def _gemma_effect(ids: dict[str, Prediction], fits: list[FitResult] = (),
+                  low: dict[str, Prediction] | None = None) -> list[str]:
     """Effect 6: the Gemma-3 runs (sliding-window attention), with what-ifs computed here."""
     import dataclasses
 
@@ -1172,23 +1250,17 @@ def _gemma_effect(ids: dict[str, Prediction]) -> list[str]:
     blocks = _variant(one, "window-1536", model=dataclasses.replace(m, attention_window=1536))
     meas = [p.case.measured_step_s / one.case.measured_step_s - 1 for p in runs[1:]]
     pred = [p.step_s / one.step_s - 1 for p in runs[1:]]
-    whatif, objs = [], []
-    odd = [p.case for p in ids.values() if p.case.chip == "v6e" and p.case.fit_subset]
-    for ms in (0.0, *GEMMA_DCN_WHATIF_MS):
-        chip = get_chip("v6e").with_overrides(dcn_message_overhead_s=ms * 1e-3)
-        objs.append(f"{objective(odd, chip):.4f} at {ms:g} ms")
-        if ms:
-            steps = [predict(p.case, chip).step_s for p in runs]
-            slow = [x / steps[0] - 1 for x in steps[1:]]
-            gap = sum(abs(a - b) for a, b in zip(slow, meas, strict=True))
-            whatif.append((gap, ms, f"{ms:g} ms: " + " and ".join(_pct(x) for x in slow)))
+    v6e = get_chip("v6e")
+    shipped_ms = 1e3 * v6e.dcn_message_overhead_s
+    bare = v6e.with_overrides(dcn_message_overhead_s=0.0)
+    pred0 = [predict(p.case, bare).step_s / predict(one.case, bare).step_s - 1
+             for p in runs[1:]]
     per_layer = [(p.case.measured_step_s - one.case.measured_step_s) / m.num_layers
                  / (p.case.num_slices - 1) for p in runs[1:]]
-    closest = min(whatif)[1]
     v5e_ms = 1e3 * get_chip("v5e").dcn_message_overhead_s
     shard = (m.attention_params_per_layer + m.dense_mlp_params_per_layer) / 256 * 2 / 1e6
-    dcn = get_chip("v6e").dcn_bytes_per_s
-    return [
+    dcn = v6e.dcn_bytes_per_s
+    text = (
         "6. **Gemma-3 12B (sliding-window attention, v6e, fsdp=256, seq 32768).** 1 / 2 / 4 "
         "slices: " + " / ".join(_pct(p.error) for p in runs) + f". {m.num_local_layers} of the "
         f"{m.num_layers} layers attend to a {m.attention_window}-token window (a local query "
@@ -1203,25 +1275,81 @@ def _gemma_effect(ids: dict[str, Prediction]) -> list[str]:
         "splash kernel computes a partly masked block whole; the recipe's block sizes are not "
         "recorded, and blocks of 512 tokens would compute up to 1536 keys per local query (3 "
         "blocks): counted as a 1536-token window, the 1-slice step changes by "
-        f"{_pct(blocks.step_s / one.step_s - 1)}. The measured slowdown with slices, "
+        f"{_pct(blocks.step_s / one.step_s - 1)}. **The slowdown with slices (modelled).** "
+        "Measured "
         + " and ".join(f"{_pct(x)} ({n} slices)" for x, n in zip(meas, (2, 4), strict=True))
-        + ", is predicted as " + " and ".join(_pct(x) for x in pred) + ": the gradient "
-        "all-reduce over the slices blocks each layer's backward (no `DATA_PARALLEL_OVERLAP` "
-        f"flags), but a layer's gradient shard is {shard:.2f} MB in bf16 ({2 * shard:.1f} MB in "
-        f"f32), {1e3 * shard * 1e6 / dcn:.2f}-{2e3 * shard * 1e6 / dcn:.2f} ms on v6e's "
-        f"{dcn / 1e9:g} GB/s of DCN per chip. The measured growth is "
-        + " and ".join(f"{1e3 * x:.1f}" for x in per_layer) + " ms per layer per added slice, "
-        "about linear in the slice count like v5e's (effect 2), where it is about 1 ms. What "
-        "v6e's "
-        "`dcn_message_overhead_s` (shipped 0, not fitted) would give, predicted 2- and "
-        "4-slice slowdowns: " + "; ".join(t for _, _, t in whatif) + f". {closest:g} ms per "
-        f"message ({closest / v5e_ms:.0f}x v5e's fitted {v5e_ms:g} ms) comes closest to both; "
-        "no mechanism for it is known. It is not fitted: these two runs "
-        "are v6e's only slice-count pair, one in each half, and on the absolute step errors "
-        "the odd half's objective (shipped MXU factor) keeps falling as the overhead grows ("
-        + ", ".join(objs) + "; the other odd runs are not data-parallel over DCN), because "
-        "the overhead would also absorb the Gemma runs' common under-prediction (the 1-slice "
-        "run is " + _pct(one.error) + " with no DCN) and overshoot the held-out 4-slice run."]
+        + ", predicted " + " and ".join(_pct(x) for x in pred) + ": the gradient all-reduce "
+        "over the slices blocks each layer's backward (no `DATA_PARALLEL_OVERLAP` flags) and "
+        "each of its 2(N-1) DCN messages costs v6e's `dcn_message_overhead_s`, "
+        f"{shipped_ms:g} ms. Without that overhead the slowdowns would be "
+        + " and ".join(_pct(x) for x in pred0) + f": a layer's gradient shard is {shard:.2f} MB "
+        f"in bf16 ({2 * shard:.1f} MB in f32), {1e3 * shard * 1e6 / dcn:.2f}-"
+        f"{2e3 * shard * 1e6 / dcn:.2f} ms on v6e's {dcn / 1e9:g} GB/s of DCN per chip. The "
+        "measured growth is " + " and ".join(f"{1e3 * x:.1f}" for x in per_layer)
+        + " ms per layer per added slice, about linear in the slice count like v5e's (effect "
+        "2), where it is about 1 ms.")
+    odd = next((f for f in fits if f.generation == "v6e" and f.subset == "odd"
+                and f.dcn_objective == "slowdown"), None)
+    even = next((f for f in fits if f.generation == "v6e" and f.subset == "even"
+                 and f.dcn_objective == "slowdown"), None)
+    if odd and odd.dcn_step_scan:
+        step_best, step_obj = min(odd.dcn_step_scan, key=lambda t: t[1])
+        at = v6e.with_overrides(dcn_message_overhead_s=step_best)
+        held = [p for p in runs[1:] if not p.case.fit_subset]
+        fitted = " and ".join(f"{ids[i].case.num_slices}-slice" for i in odd.dcn_pairs
+                              if i in ids)
+        which = ("the odd half's only multi-slice run with a 1-slice twin"
+                 if len(odd.dcn_pairs) == 1 else
+                 f"the odd half's {len(odd.dcn_pairs)} multi-slice runs with a 1-slice twin")
+        text += (
+            f" The overhead is fitted on the slowdown (the {fitted} step over the 1-slice "
+            f"step, {which}), not jointly with the "
+            "MXU factor on step times as v5e's: with one family the runs' common offset (the "
+            f"1-slice run is {_pct(one.error)} with no DCN) would be absorbed by the overhead. "
+            f"On step times the odd half's objective falls from {odd.dcn_step_scan[0][1]:.4f} "
+            f"at 0 ms to {step_obj:.4f} at {1e3 * step_best:g} ms (table above), where the "
+            "held-out " + " and ".join(
+                f"{p.case.num_slices}-slice run would be {_pct(predict(p.case, at).error)}"
+                for p in held) + ".")
+        if even:
+            text += (f" The even half's own slowdown fit gives {1e3 * even.dcn_message:g} ms "
+                     f"(the shipped value: {shipped_ms:g} ms).")
+    text += (
+        f" Why v6e's overhead per message is {shipped_ms / v5e_ms:.0f}x v5e's fitted "
+        f"{v5e_ms:g} ms is not known. What a deviceless 2-slice v6e compile of such a step "
+        "sends over DCN (`benchmarks/xla_dcn_schedule.py`: Gemma-3 12B widths, 4 scanned "
+        "layers, fsdp=16 per slice, jax/libtpu 0.10.2): per layer eight cross-slice "
+        "all-reduces of the bf16 gradient shards, one per weight matrix and one for the norm "
+        "scales, where tpusim sends the same bytes as one; without the overlap flags each "
+        "waits in its own layer's backward iteration (with them it is carried into the next "
+        "layer's), as `--dp-allreduce blocking` has it. Paid one after another, eight "
+        f"messages where tpusim counts one would make the fitted {shipped_ms:g} ms about "
+        f"{shipped_ms / 8:.2f} ms per all-reduce message; whether the 2023 v5e programs "
+        "combined theirs cannot be checked. Sharding the MLP weights on d_ff, as the 2- and "
+        "4-slice recipes' `fsdp_transpose` does, changes none of the cross-slice bytes. "
+        "Within a slice that program has no windowed-einsum loop: synchronous weight gathers "
+        "and all-reduces of whole bf16 weight gradients instead of reduce-scatters (not "
+        "modelled: a cost that does not grow with the slice count).")
+    dcn_runs = [p for p in ids.values() if p.case.chip == "v6e" and p.case.num_slices > 1
+                and p.case.model.attention_window is None]
+    low_runs = [p for p in (low or {}).values() if p.case.chip == "v6e"
+                and p.case.num_slices > 1]
+    if dcn_runs or low_runs:
+        text += " The other multi-slice v6e runs, with the overhead and without it: " + "; ".join(
+            f"{p.case.model_label} {p.case.mesh_label}"
+            + (" (low quality)" if p.case.low_quality else "")
+            + f" {_pct(p.error)} ({_pct(predict(p.case, bare).error)})"
+            for p in dcn_runs + low_runs) + "."
+        for p in low_runs:
+            twin = single_slice_twin(p.case, [q.case for q in ids.values()])
+            if twin is not None:
+                tp = ids[twin.id]
+                text += (f" The {p.case.num_slices}-slice {p.case.model_label} slows down by "
+                         f"{_pct(p.case.measured_step_s / twin.measured_step_s - 1)} against "
+                         f"its 1-slice run, predicted {_pct(p.step_s / tp.step_s - 1)} "
+                         f"({_pct(predict(p.case, bare).step_s / tp.step_s - 1)} without the "
+                         "overhead; its DCN axis is not stated).")
+    return [text]
 
 
 def render_doc(cases: list[Case], skips: list[Skip], preds: list[Prediction],
@@ -1390,17 +1518,33 @@ def render_doc(cases: list[Case], skips: list[Skip], preds: list[Prediction],
           "rather than absorbing noise, and so do `vpu_efficiency` (VPU-bound time is about 1% of "
           "a step), `dcn_efficiency` (DCN transfers hide behind the backward pass in every run, "
           "see below) and `op_overhead_s` (a few thousand ops per multi-second step). Only "
-          "`mxu_efficiency` and, on v5e, `dcn_message_overhead_s` are fitted.\n")
+          "`mxu_efficiency` and `dcn_message_overhead_s` (v5e, v6e) are fitted.\n")
     dfits = [f for f in (by_gen.get(g) for g in GENERATIONS) if f and f.dcn_scan] + \
         [f for f in (other.get(g) for g in GENERATIONS) if f and f.dcn_scan]
     if dfits:
-        w("DCN per-message overhead (`dcn_message_overhead_s`, fitted jointly with the MXU "
-          "factor; the data-parallel gradient all-reduce blocks the next layer's backward in "
-          "these runs, see below):\n")
-        w(_md_table(("chip", "subset", "dcn_message_overhead_s -> best mxu_efficiency, "
-                     "objective"), [(f.generation, f.subset, ", ".join(
-                         f"{1e3 * v:g} ms -> {m:.2f}, {o:.4f}" for v, m, o in f.dcn_scan))
-                        for f in dfits], 9))
+        w("DCN per-message overhead (`dcn_message_overhead_s`; the data-parallel gradient "
+          "all-reduce blocks the next layer's backward in these runs, see below). "
+          + ", ".join(f"{g}: {DCN_FIT_OBJECTIVES[g]}" for g in GENERATIONS
+                      if g in DCN_FIT_OBJECTIVES)
+          + ". A `step` fit is joint with the MXU factor on the step times (the best MXU factor "
+          "and the objective at each value); a `slowdown` fit uses the multi-slice runs that "
+          "have a 1-slice twin (the same run on one slice), mean |log(predicted / measured "
+          "slowdown)|, the slowdown being the run's step over its twin's, at the MXU factor "
+          "fitted without the overhead (shown once), beside the step-time objective at the "
+          "same MXU factor, the fit it replaces (effect 6 says why):\n")
+        rows = []
+        for f in dfits:
+            if f.dcn_objective == "slowdown":
+                steps = dict(f.dcn_step_scan)
+                rows.append((f.generation, f.subset, "slowdown / step objective at mxu "
+                             f"{f.dcn_scan[0][1]:.2f}: " + ", ".join(
+                                 f"{1e3 * v:g} ms -> {o:.4f} / {steps[v]:.4f}"
+                                 for v, _, o in f.dcn_scan)))
+            else:
+                rows.append((f.generation, f.subset, "best mxu_efficiency, objective: "
+                             + ", ".join(f"{1e3 * v:g} ms -> {m:.2f}, {o:.4f}"
+                                         for v, m, o in f.dcn_scan)))
+        w(_md_table(("chip", "subset", "dcn_message_overhead_s -> fit"), rows, 9))
         w("")
     if alt:
         w("Remat mapping check (v6e, where the custom policies are; MXU efficiency refitted on the "
@@ -1460,6 +1604,17 @@ def render_doc(cases: list[Case], skips: list[Skip], preds: list[Prediction],
           "run on the VPU, which did not grow with the MXU (4.7x v5e's MXU peak, 2x its HBM "
           "bandwidth), while tpusim charges flash attention as pure MXU work. The other half "
           f"gives {other['v6e'].mxu:.2f}." if "v6e" in other else "")
+        if "v6e" in other and by_gen["v6e"].dcn_objective:
+            ratio = (shipped["v6e"]["dcn_message_overhead_s"]
+                     / shipped["v5e"]["dcn_message_overhead_s"])
+            w(f"* **v6e, dcn_message_overhead_s = "
+              f"{1e3 * shipped['v6e']['dcn_message_overhead_s']:g} ms.** Fitted to the "
+              "slowdown of the Gemma-3 12B run over 2 slices against its 1-slice run (the "
+              "other half's 4-slice run gives "
+              f"{1e3 * other['v6e'].dcn_message:g} ms): a fixed cost per DCN message of the "
+              "blocking cross-slice gradient all-reduce, "
+              f"{ratio:.0f}x v5e's (effect 6, which also lists how it moves the other "
+              "multi-slice v6e runs).")
     w("")
     w("## Every usable run (medium/high quality)\n")
     hdr = ("id", "chip", "model", "mesh", "remat (MaxText -> tpusim)", "set", "measured step s",
@@ -1495,7 +1650,7 @@ def render_doc(cases: list[Case], skips: list[Skip], preds: list[Prediction],
     w(_md_table(("id", "error", "likely cause"), rows, 99))
     w("")
     w("Effects tpusim does not capture, visible in these data:\n")
-    for line in _effects(good):
+    for line in _effects(good, fits, low):
         w(line)
     w("")
     w("## Skipped runs\n")

@@ -402,6 +402,12 @@ CHIPS.add(
         # fluid engine's max-min sharing (2026-11-30; 0.63 before; the even half gives 0.61);
         # unchanged when the runs were rebuilt with their f32 weights (2026-12-01).
         mxu_efficiency=0.62,
+        # Fitted to the slice-count slowdown of the odd half's data-parallel multi-slice run
+        # (Gemma-3 12B over 2 v6e-256 slices against its 1-slice run; seconds per DCN message,
+        # cross-slice collectives as 2(N-1) messages, docs/model.md "Links and collectives"),
+        # on a 0.5 ms grid, with mxu_efficiency held at its fit; checked on the even half's
+        # 4-slice run, whose own fit gives 3 ms (docs/validation.md, effect 6).
+        dcn_message_overhead_s=3.5e-3,
         # The forward's score matmul, mask, max, subtract, exp and row sum are one output
         # fusion in every v6e program of benchmarks/xla_memory.py (none, full, minimal,
         # offload); v5e's and v5p's write the f32 scores first (docs/model.md "Memory").
@@ -467,10 +473,11 @@ _FITTED: dict[str, dict[str, tuple[str, str]]] = {
         "benchmarks/validate_maxtext.py); held out: the even half, its refit and its errors are "
         "in docs/validation.md"),
         "dcn_message_overhead_s": (
-        "assumed", "0, not fitted: v6e's only data-parallel slice-count pair (the Gemma-3 runs "
-        "over 2 and 4 slices, one in each half) would want about 4 ms per message, 8x v5e's, "
-        "and on absolute errors the fit would also absorb their common offset "
-        "(docs/validation.md, effect 6)")},
+        "fitted", "to the slice-count slowdown (step over the same run's 1-slice step) of the "
+        "odd-indexed half's data-parallel multi-slice v6e run, the Gemma-3 12B over 2 slices, "
+        "with mxu_efficiency held at its fit: on step times it would also absorb the Gemma "
+        "runs' common offset (docs/validation.md, effect 6); held out: the 4-slice run, whose "
+        "own fit gives 3 ms")},
     "v3": {"mxu_efficiency": _CARRIED},
     "v4": {"mxu_efficiency": _CARRIED},
     "v5p": {"mxu_efficiency": _CARRIED},

@@ -10,6 +10,7 @@ docs/reference/.
 
 from __future__ import annotations
 
+import math
 import statistics
 
 import pytest
@@ -192,3 +193,71 @@ def test_gemma3_runs_rebuild_with_their_vocab_tiling_and_maxtexts_flop_count(vm,
     # 16 chunks of 2048 tokens: one chunk's f32 logits and bf16 gradients, 6 bytes a logit.
     assert trace.meta["logits_bytes"] == 2048 * 262144 * 6
     assert vm.predict(c).fits_in_hbm
+
+
+def test_each_multi_slice_run_is_paired_with_the_same_run_on_one_slice(vm, loaded):
+    cases, _ = loaded
+    by_id = {c.id: c for c in cases}
+
+    def twin(i):
+        t = vm.single_slice_twin(by_id[i], cases)
+        return t.id if t is not None else None
+
+    gemma = "tpu-recipes-v6e-gemma3-12b-{}x-v6e-256"
+    assert twin(gemma.format(2)) == twin(gemma.format(4)) == gemma.format(1)
+    assert twin(gemma.format(1)) is None  # a one-slice run is nobody's slowdown
+    assert twin("maxtext-v5e-128b-32x-v5e-256") == "maxtext-v5e-128b-1x-v5e-256"
+    # The 4-slice 750B MoE is the capacity-factor-1.5 run on 4 slices, not the cf-1.0 one.
+    assert (twin("maxtext-custom-moe-750b-final-cf1.5-4x-v6e-256")
+            == "maxtext-custom-moe-750b-final-cf1.5-v6e-256")
+    # No 405B run was measured on one slice: its DCN-fsdp runs have no slowdown to fit.
+    assert twin("tpu-recipes-v6e-llama3.1-405b-2x-v6e-256") is None
+    odd = vm.subset_cases(cases, "v6e", "odd")
+    assert [c.id for c, _ in vm.slowdown_pairs(odd, cases)] == [gemma.format(2)]
+
+
+def test_slowdown_error_is_the_log_of_predicted_over_measured_step_ratio(vm, loaded,
+                                                                         monkeypatch):
+    cases, _ = loaded
+    by_id = {c.id: c for c in cases}
+    run = by_id["tpu-recipes-v6e-gemma3-12b-2x-v6e-256"]
+    base = by_id["tpu-recipes-v6e-gemma3-12b-1x-v6e-256"]
+    steps = {run.id: 7.0, base.id: 6.5}
+    monkeypatch.setattr(vm, "predict", lambda c, chip=None: vm.Prediction(
+        case=c, step_s=steps[c.id], fits_in_hbm=True, hbm_peak_gb=0.0))
+    expected = math.log((7.0 / 6.5) / (7.793 / 7.318))  # the logged steps (maxtext.md)
+    assert vm.slowdown_error(run, base, None) == pytest.approx(expected, rel=1e-12)
+    assert vm.slowdown_objective([(run, base)] * 2, None) == pytest.approx(abs(expected),
+                                                                          abs=1e-9)
+
+
+def test_dcn_schedule_reader_tells_carried_from_blocking_cross_slice_all_reduces():
+    mod = load_benchmark("xla_dcn_schedule")
+    attrs = ('is_host_transfer=true, frontend_attributes={_xla_megascale_reduce_operation="SUM",'
+             '_xla_megascale_transfer_type="ALL_REDUCE"}')
+    hlo = "\n".join([
+        "%body (p: (s32[], bf16[8,128])) -> (s32[], bf16[8,128]) {",
+        "  %p = (s32[], bf16[8,128]{1,0}) parameter(0)",
+        "  %g = bf16[8,128]{1,0} get-tuple-element(%p), index=1",
+        "  %c = bf16[8,128]{1,0} copy(%g)",
+        "  %t = token[] after-all()",
+        f"  %send.1 = (bf16[8,128]{{1,0}}, u32[], token[]) send(%c, %t), {attrs}",
+        "  %f = bf16[4,256]{1,0} fusion(%g), kind=kOutput, calls=%fc",
+        "  %ar = bf16[4,256]{1,0} all-reduce(%f), replica_groups={{0,1}}, to_apply=%add",
+        "  %b = bf16[4,256]{1,0} bitcast(%ar)",
+        f"  %send.2 = (bf16[4,256]{{1,0}}, u32[], token[]) send(%b, %t), {attrs}",
+        "  %ag = bf16[16,128]{1,0} all-gather-start(%g), dimensions={0}",
+        "}",
+        "ENTRY %main (a: f32[2,64]) -> f32[2,64] {",
+        "  %a = f32[2,64]{1,0} parameter(0)",
+        "  %t = token[] after-all()",
+        f"  %send.3 = (f32[2,64]{{1,0}}, u32[], token[]) send(%a, %t), {attrs}",
+        "}",
+    ])
+    s = mod.read_dcn(hlo)
+    assert [(d["name"], d["waits"], d["bytes"]) for d in s["dcn_all_reduces"]] == [
+        ("send.1", "next", 8 * 128 * 2),  # the previous iteration's gradient, carried
+        ("send.2", "same", 4 * 256 * 2),  # this iteration's, reduced within the slice first
+        ("send.3", "entry", 2 * 64 * 4),
+    ]
+    assert s["ici"] == {("all-reduce", "sync"): 1, ("all-gather", "async"): 1}
