@@ -544,7 +544,15 @@ def step_lower_bound(model, axes, num_chips: int, tcfg, chip, topology,
         if cost_keys is not None:
             cost_keys += floors.cost_keys
         return max(runs.end[0], default=0.0)
-    sp = _stage_programs(model, mesh, num_chips, tcfg)
+    runs = _stage_schedule(_stage_programs(model, mesh, num_chips, tcfg), floors)
+    if runs is None:
+        return 0.0  # a receive no send completes: bound nothing (the engine refuses it)
+    return max(max(e, default=0.0) for e in runs.end)
+
+
+def _stage_schedule(sp, floors: _Floors) -> _Uncontended | None:
+    """The uncontended schedule of a pipeline's stage programs (`_stage_programs`), each
+    receive completing when its send does; None if some receive is never sent."""
     p = len(sp.programs)
     runs = _Uncontended(list(sp.programs), floors,
                         {k: {sid: tag for sid, (_ch, tag) in sp.sends[k].items()}
@@ -552,8 +560,8 @@ def step_lower_bound(model, axes, num_chips: int, tcfg, chip, topology,
                         {k: dict(sp.recvs[k]) for k in range(p)})
     while any(runs.pos[k] < len(sp.programs[k].ops) for k in range(p)):
         if not any([runs.advance(k) for k in range(p)]):
-            return 0.0  # a receive no send completes: bound nothing (the engine refuses it)
-    return max(max(e, default=0.0) for e in runs.end)
+            return None
+    return runs
 
 
 def _pass_terms(tr, ids: list[int], entry_waits: bool, fwd: bool, floors: _Floors,
@@ -863,14 +871,9 @@ def hbm_prefix(argv: list[str],
     except TpusimError:
         return None  # the simulation reports it
     p = len(sp.programs)
-    floors = _Floors(chip, topo, _mesh_groups(mesh.axes, topo))
-    runs = _Uncontended(list(sp.programs), floors,
-                        {k: {sid: tag for sid, (_ch, tag) in sp.sends[k].items()}
-                         for k in range(p)},
-                        {k: dict(sp.recvs[k]) for k in range(p)})
-    while any(runs.pos[k] < len(sp.programs[k].ops) for k in range(p)):
-        if not any([runs.advance(k) for k in range(p)]):
-            return None
+    runs = _stage_schedule(sp, _Floors(chip, topo, _mesh_groups(mesh.axes, topo)))
+    if runs is None:
+        return None
     over = math.inf
     for k, prog in enumerate(sp.programs):
         level = static_hbm_bytes(prog.meta)
