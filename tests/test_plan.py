@@ -621,6 +621,15 @@ def test_a_pipeline_over_hbm_within_its_prefix_gets_the_full_runs_verdict(
         got = planner.simulate((argv, {}, cap))
         assert got.pop("prefix") is True
         assert got == full_watched(cap)
+        # The same instant too, not only the same level.
+        with stop_when_hbm_exceeds(cap) as full:
+            run_point(argv)
+        with stop_when_hbm_exceeds(cap, prefix=(keep, horizon)) as pre:
+            with pytest.raises(TpusimError, match="out of memory"):
+                planner._pipeline_run(argv)
+        assert pre.exceeded and not pre.prefix_ended
+        assert (pre.time_s, pre.level_bytes) == (full.time_s, full.level_bytes) \
+            and pre.time_s < horizon
     # A horizon before the step goes over decides nothing: the step runs in full.
     monkeypatch.setattr(planner, "PREFIX_HORIZON_FACTOR", 0.25)
     got = planner.simulate((argv, {}, 0.999 * peak))
