@@ -98,7 +98,9 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fsdp-gather", default="async",
                    help="FSDP weight gathers (one per weight matrix): async (prefetched, "
                         "default), windowed (collective matmuls), blocking, or the per-matrix "
-                        "mix XLA picks: mixed-async (v5e) or mixed-blocking (v5p, v6e)")
+                        "mix XLA picks: mixed-async (v5e) or mixed-blocking (v5p, v6e), "
+                        "which over more than 32 FSDP chips window nothing (plain gathers, "
+                        "gradients all-reduced, as XLA compiles there)")
 
 
 def _compile(args: argparse.Namespace, num_chips: int, moe=None, chip=None):
