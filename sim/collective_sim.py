@@ -41,6 +41,7 @@ from topologies.groups import (
 )
 from topologies.scenario import Scenario, parse_slow_link
 from topologies.torus import AXIS_NAMES, DCN_AXIS, Topology
+from topologies.validate import short_repr
 
 LINK_COLUMNS = ["link", "src", "dst", "axis", "direction", "bytes", "busy_s", "utilization"]
 TIMELINE_COLUMNS = [
@@ -310,7 +311,8 @@ def _simulate_collective(
         kind = CollectiveKind(op)
     except ValueError:
         raise TpusimError(
-            f"unknown --op {op!r}; use one of: {', '.join(k.value for k in CollectiveKind)}"
+            f"unknown --op {short_repr(op)}; use one of: "
+            f"{', '.join(k.value for k in CollectiveKind)}"
         ) from None
     if mode not in MODES:
         raise TpusimError(f"mode {mode!r} must be one of {', '.join(MODES)}")

@@ -543,3 +543,25 @@ def test_every_help_text_closes_the_parentheses_and_backquotes_it_opens():
             if depth or low or text.count("`") % 2:
                 bad.append((name, action.option_strings, text))
     assert checked > 200 and bad == []
+
+
+_TRAIN = ("train", "--chip", "v5e", "--shape", "2x2", "--model", "llama3-8b", "--set",
+          "model.num_layers=1", "--seq-len", "128", "--batch-per-chip", "1", "--mesh", "fsdp=4")
+_DECODE = ("decode", "--chip", "v5e", "--shape", "2x2", "--model", "llama3-8b", "--set",
+           "model.num_layers=1", "--batch", "4", "--context-len", "128", "--mesh", "tensor=4")
+_COLLECTIVE = ("collective", "--chip", "v5e", "--shape", "4x4", "--axes", "x", "--bytes", "1MiB")
+
+
+@pytest.mark.parametrize("base, flag", [
+    *((_TRAIN, f) for f in ("--attention", "--fsdp-gather", "--tp-activations", "--tp-comm",
+                            "--dp-allreduce", "--fsdp-grad", "--pipeline-schedule", "--remat",
+                            "--optimizer")),
+    *((_DECODE, f) for f in ("--sampling", "--weight-dtype", "--kv-dtype")),
+    (_COLLECTIVE, "--op"),
+])
+def test_a_long_bad_choice_is_named_cut_short_in_a_one_line_error(capsys, base, flag):
+    # A 5,000-character value is quoted cut (short_repr), not whole: the line names the flag
+    # and the choices, well under the CLI's 2,000-character cap.
+    rc, out, err = _run(capsys, *base, flag, "x" * 5000)
+    assert rc == 2 and out == "" and err.count("\n") == 1, err[:300]
+    assert flag in err and "xxxx" in err and len(err) < 400, err[:300]

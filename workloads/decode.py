@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from topologies.errors import TpusimError
 from topologies.mesh import LogicalMesh, dcn_hint
-from topologies.validate import MAX_BATCH, MAX_CHUNKS, MAX_TOKENS
+from topologies.validate import MAX_BATCH, MAX_CHUNKS, MAX_TOKENS, short_repr
 from workloads.models import TransformerSpec, causal_window_pairs
 from workloads.moe import MoeConfig, dispatch_flops, expert_shares, plan_routing
 from workloads.trace import OpKind, Trace, TraceBuilder, Unit
@@ -35,7 +35,7 @@ SAMPLING_MODES = ("top-k", "greedy")
 
 def _dtype_bytes(table: dict[str, float], name: object, flag: str) -> float:
     if not isinstance(name, str) or name.lower() not in table:
-        raise TpusimError(f"{flag} {name!r} is not a supported dtype; use one of: "
+        raise TpusimError(f"{flag} {short_repr(name)} is not a supported dtype; use one of: "
                           f"{', '.join(table)}")
     return table[name.lower()]
 
@@ -78,11 +78,11 @@ class DecodeConfig:
         _dtype_bytes(_WEIGHT_DTYPES, self.weight_dtype, "--weight-dtype")
         _dtype_bytes(_KV_DTYPES, self.kv_dtype, "--kv-dtype")
         if self.matmul_dtype not in _MATMUL_DTYPES:
-            raise TpusimError(f"--matmul-dtype {self.matmul_dtype!r} is not supported; use one "
-                              f"of: {', '.join(_MATMUL_DTYPES)}")
+            raise TpusimError(f"--matmul-dtype {short_repr(self.matmul_dtype)} is not "
+                              f"supported; use one of: {', '.join(_MATMUL_DTYPES)}")
         if self.sampling not in SAMPLING_MODES:
-            raise TpusimError(f"--sampling {self.sampling!r} is not supported; use one of: "
-                              f"{', '.join(SAMPLING_MODES)}")
+            raise TpusimError(f"--sampling {short_repr(self.sampling)} is not supported; use "
+                              f"one of: {', '.join(SAMPLING_MODES)}")
         if self.prompt_len is not None and not _pos_int(self.prompt_len):
             raise TpusimError(f"--prompt-len {self.prompt_len!r} must be an integer >= 1")
         if self.prefill_chunk is not None and not _pos_int(self.prefill_chunk):

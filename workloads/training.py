@@ -229,7 +229,7 @@ class TrainingConfig:
                 f"{MAX_BATCH:,}] (sequences per chip)"
             )
         if self.attention not in ("dot", "flash"):
-            raise TpusimError(f"--attention {self.attention!r} must be dot or flash")
+            raise TpusimError(f"--attention {short_repr(self.attention)} must be dot or flash")
         for flag in ("score_exp_fusion", "score_grad_fusion", "bwd_probs_buffer",
                      "loss_after_backward", "mlp_grad_after_attention",
                      "head_grad_after_backward"):
@@ -245,20 +245,20 @@ class TrainingConfig:
                               f"number in [1, {MAX_CHUNKS:,}]")
         if self.fsdp_gather not in FSDP_GATHER_MODES:
             raise TpusimError(
-                f"--fsdp-gather {self.fsdp_gather!r} is not a mode; use one of: "
+                f"--fsdp-gather {short_repr(self.fsdp_gather)} is not a mode; use one of: "
                 f"{', '.join(FSDP_GATHER_MODES)}"
             )
         if self.tp_activations not in ("sharded", "replicated"):
             raise TpusimError(
-                f"--tp-activations {self.tp_activations!r} must be sharded or replicated"
+                f"--tp-activations {short_repr(self.tp_activations)} must be sharded or replicated"
             )
         if self.tp_comm not in ("blocking", "collective-matmul"):
             raise TpusimError(
-                f"--tp-comm {self.tp_comm!r} must be blocking or collective-matmul"
+                f"--tp-comm {short_repr(self.tp_comm)} must be blocking or collective-matmul"
             )
         if self.dp_allreduce not in ("async", "blocking"):
             raise TpusimError(
-                f"--dp-allreduce {self.dp_allreduce!r} must be async or blocking"
+                f"--dp-allreduce {short_repr(self.dp_allreduce)} must be async or blocking"
             )
         if self.fsdp_grad not in FSDP_GRAD_MODES:
             raise TpusimError(
@@ -279,12 +279,12 @@ class TrainingConfig:
             )
         if self.pipeline_schedule not in PIPELINE_SCHEDULES:
             raise TpusimError(
-                f"--pipeline-schedule {self.pipeline_schedule!r} must be one of "
+                f"--pipeline-schedule {short_repr(self.pipeline_schedule)} must be one of "
                 f"{', '.join(PIPELINE_SCHEDULES)}"
             )
         v = self.virtual_stages
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise TpusimError(f"--virtual-stages {v!r} must be an integer >= 1")
+            raise TpusimError(f"--virtual-stages {short_repr(v)} must be an integer >= 1")
         if v > 1 and self.pipeline_schedule != "interleaved":
             raise TpusimError(
                 f"--virtual-stages {v} needs --pipeline-schedule interleaved (gpipe and 1f1b "

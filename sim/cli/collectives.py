@@ -17,7 +17,7 @@ from sim.cli.common import (
     scenario_from_args,
 )
 from topologies.errors import TpusimError
-from topologies.validate import MAX_CHIPS, MAX_CHUNKS, int_flag, split_list
+from topologies.validate import MAX_CHIPS, MAX_CHUNKS, int_flag, short_repr, split_list
 
 
 def _add_collective_args(p: argparse.ArgumentParser, *, with_algorithm: bool) -> None:
@@ -149,7 +149,8 @@ def run_compare(args: argparse.Namespace):
         kind = CollectiveKind(args.op)
     except ValueError:
         raise TpusimError(
-            f"unknown --op {args.op!r}; use one of: {', '.join(k.value for k in CollectiveKind)}"
+            f"unknown --op {short_repr(args.op)}; use one of: "
+            f"{', '.join(k.value for k in CollectiveKind)}"
         ) from None
     pod = resolve_pod(args)
     rows = []
