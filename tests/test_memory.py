@@ -479,6 +479,12 @@ def test_a_cast_weights_windowed_head_gradient_holds_the_logit_gradients_and_nor
     assert windowed_head_gradient_bytes(**{**kw, "tensor": 2}, **on) == 0
     assert windowed_head_gradient_bytes(**{**kw, "fsdp": 1}, **on) == 0
     assert windowed_head_gradient_bytes(**kw, **on, vocab_tiling=4) == 0
+    # With bf16 weights an offloading remat policy defers the ring too (v6e's `offload`
+    # programs), still only on the chip whose compiler does so.
+    bf16 = {**on, "cast_weights": False}
+    assert windowed_head_gradient_bytes(**kw, **bf16, offload=True) == 100 * (32 + 8) * 2
+    assert windowed_head_gradient_bytes(**kw, **{**bf16, "chip_defers": False},
+                                        offload=True) == 0
 
 
 @pytest.mark.parametrize("chip,params,kept", [("v6e", "fp32", True), ("v6e", "bf16", False),
@@ -582,8 +588,9 @@ def test_offloaded_tensors_stay_on_device_through_the_next_layers_forward():
     inputs = 2 * 2 * 2048 * 64  # both layers' bf16 inputs, the stack offload keeps in HBM
     sent = sum(t.num_bytes for t in offloaded_tensors(LONG_SHAPE, attention="dot"))
     # q, k, v, the attention output projection and the gate/up outputs, each from its matmul;
-    # layer 0's die as layer 1 ends, layer 1's as the loop ends (with its last op).
-    assert fwd[-1] == [inputs]
+    # layer 0's die as layer 1 ends, layer 1's as the loop ends (with its last op). After the
+    # final norm the top layer's set is back (the backward's first fetch, program order).
+    assert fwd[-1] == [inputs, sent]
     assert sum(d for d in fwd[0] if d > 0) == sum(d for d in fwd[1] if d > 0) == sent
     assert sum(fwd[0]) == sent and sum(fwd[1]) == -sent
     # At layer 1's scores: the stack, layer 0's whole set and layer 1's q, k, v.
@@ -591,6 +598,38 @@ def test_offloaded_tensors_stay_on_device_through_the_next_layers_forward():
     live = sum(delta for i, cat, delta in trace.meta["memory_events"]
                if cat == "saved_activations" and i <= at)
     assert live == inputs + sent + 2 * 2048 * (64 + 2 * 32)
+
+
+def test_fetched_activations_are_allocated_in_program_order_not_when_the_pcie_copy_lands():
+    import dataclasses
+
+    trace, res = _long(Remat.OFFLOAD)
+    ops = trace.ops
+    sent = sum(t.num_bytes for t in offloaded_tensors(LONG_SHAPE, attention="dot"))
+    fetched = [(ops[i], d) for i, cat, d in trace.meta["memory_events"]
+               if cat == "saved_activations" and d == sent
+               and not (ops[i].phase == "fwd" and ops[i].layer >= 0)]
+    # One set per layer, none on a PCIe op: the top layer's (1) as the final norm ends (XLA
+    # copies it back into the buffers its forward's copy to host released), layer 0's as the
+    # backward of the layer above ends, on the op that frees that layer's own fetched set.
+    assert [(op.name, op.layer) for op, _ in fetched] == [("final_norm", -1),
+                                                          (fetched[1][0].name, 1)]
+    end_of_1 = fetched[1][0].id
+    assert any(i == end_of_1 and cat == "saved_activations" and d < 0
+               for i, cat, d in trace.meta["memory_events"])
+    assert all(op.kind.value != "host" for op, _ in fetched)
+    # So the peak does not depend on when the PCIe transfers land: 1000x slower or faster
+    # host links move the step time, not the peak.
+    chip = get_chip("v5e")
+    topo = resolve_topology(chip_name=chip.name, wrap_rule=chip.generation_rule,
+                            max_pod_shape=chip.max_pod_shape, shape="1x1")
+    peaks, steps = set(), set()
+    for scale in (0.01, 1.0, 100.0):
+        r = replay(trace, dataclasses.replace(chip, pcie_bytes_per_s=chip.pcie_bytes_per_s
+                                              * scale), topo)
+        peaks.add(r.hbm_peak_bytes)
+        steps.add(r.step_time_s)
+    assert peaks == {res.hbm_peak_bytes} and len(steps) == 3
 
 
 @pytest.mark.parametrize("remat", [Remat.MINIMAL, Remat.FULL, Remat.OFFLOAD, Remat.NONE])

@@ -390,14 +390,17 @@ def deferred_head_gradient_bytes(*, rows: float, d_model: int, local_vocab: floa
 
 def windowed_head_gradient_bytes(*, rows: float, d_model: int, local_vocab: float,
                                  tensor: int, fsdp: int, windowed: bool, cast_weights: bool,
-                                 chip_defers: bool, act_bytes: float = 2.0,
+                                 chip_defers: bool, offload: bool = False,
+                                 act_bytes: float = 2.0,
                                  vocab_tiling: int = 1,
                                  residual_rows: float | None = None) -> float:
     """Bytes of the logits path that stay live through the whole backward layer loop when the
     output projection's weight gradient is a windowed reduce-scatter ring over `fsdp` (per
     chip): 0, or, when the chip's compiler schedules that ring after the loop
     (`chip_defers`, `ChipSpec.head_grad_after_backward`) because the weights are cast before
-    their gathers (`cast_weights`: f32 params gathered in bf16), the bf16 logit gradients the
+    their gathers (`cast_weights`: f32 params gathered in bf16) or the layers offload their
+    activations to host memory (`offload`: a remat policy that offloads), the bf16 logit
+    gradients the
     ring reads (2 bytes per local logit) and the final norm's output (`residual_rows` x
     d_model bf16, default `rows`).
 
@@ -414,12 +417,14 @@ def windowed_head_gradient_bytes(*, rows: float, d_model: int, local_vocab: floa
     the backward loop; -18.5% without this) against v6e `none`, `full` and `minimal` with bf16
     params (dead before the loop); held out on v6e `minimal` with f32 params (compiled after
     the rule: kept; -12.1% without it). v5e's `full` with f32 params frees them before the
-    loop. Not modelled: v6e's `offload` programs (two and one sequences per chip) keep them
-    too, and so does its one-sequence `minimal` program with bf16 params (its `full` twin
-    does not).
+    loop. v6e's `offload` programs with bf16 params (two and one sequences per chip) keep them
+    too (256 and 128 MiB, from the loss to after the backward loop), modelled together with
+    the program-order fetch of the offloaded activations (docs/model.md "Memory"). Not
+    modelled: v6e's one-sequence `minimal` program with bf16 params keeps them as well (its
+    `full` twin does not).
     """
-    if not (chip_defers and windowed and cast_weights) or tensor > 1 or fsdp <= 1 \
-            or vocab_tiling > 1:
+    if not (chip_defers and windowed and (cast_weights or offload)) or tensor > 1 \
+            or fsdp <= 1 or vocab_tiling > 1:
         return 0.0
     res = rows if residual_rows is None else residual_rows
     return (rows * local_vocab + res * d_model) * act_bytes

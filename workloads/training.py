@@ -1423,7 +1423,7 @@ class _Compiler:
                 held += windowed_head_gradient_bytes(
                     rows=n, d_model=D, local_vocab=V / d.tp, act_bytes=a, tensor=d.tp,
                     fsdp=fse, windowed=self.rs_windowed, cast_weights=self.wb != self.wc,
-                    chip_defers=cfg.head_grad_after_backward,
+                    offload=cfg.remat.offloads, chip_defers=cfg.head_grad_after_backward,
                     vocab_tiling=tiles, residual_rows=self.rows())
                 # With one sequence per chip v5e's compiler keeps the f32 logits for the
                 # loss value's target-logit gather, scheduled after the backward loop.
@@ -1442,6 +1442,14 @@ class _Compiler:
             # The last layer's weights are gathered again while the loss is computed.
             pending = fsdp_gather(d.layers - 1, mb, "bwd", [final_norm], [prev])
             fetch_after = [final_norm]
+            # Under an offloading policy the backward loop carries one HBM buffer per offloaded
+            # tensor: a layer's fetch writes into the buffers the layer above read, and its
+            # copies complete as the loop body (the backward of the layer above) ends. So the
+            # fetched set is allocated in program order, at the end of the layer above's
+            # backward (the top layer's after the final norm: XLA copies it back into the
+            # buffers its forward copy to host has just released), whenever the PCIe transfer
+            # lands (docs/model.md "Memory").
+            fetch_alloc_at = final_norm
             dp_wait: list[int] = []  # blocking data-parallel reductions the next layer waits for
             for layer in reversed(range(d.layers)):
                 g = pending
@@ -1467,7 +1475,7 @@ class _Compiler:
                                   phase="bwd")
                     fetch_after = [prev]
                     deps.append(fetch)
-                    self.mem(fetch, G.SAVED_ACTIVATIONS, self.offload_bytes(layer))
+                    self.mem(fetch_alloc_at, G.SAVED_ACTIVATIONS, self.offload_bytes(layer))
                 # What the remat policy recomputes lives from the recomputation until the end
                 # of the layer's backward, next to what it kept.
                 recomputed = sum(t.num_bytes for t in self.recomputed_set(layer)) - \
@@ -1514,6 +1522,7 @@ class _Compiler:
                 self.mem(out, G.TEMPORARIES, -grad_tmp)
                 self.mem(out, G.SAVED_ACTIVATIONS, -(copies - mlp_copies))
                 end_layer(out, g)
+                fetch_alloc_at = out
                 # What the layer recomputed or fetched dies with its backward (what it kept
                 # stays in the stack until the loop ends).
                 fetched_extra = sum(
