@@ -252,7 +252,7 @@ def test_plan_exhaustive_simulates_everything_and_gives_the_same_top_k(capsys, t
 
 
 def test_plan_exhaustive_refuses_more_candidates_than_max_simulations_before_running(
-        capsys, tiny_model, monkeypatch):
+        capsys, tiny_model, monkeypatch, tmp_path):
     import sim.planner as planner
 
     def plan(*extra: str) -> tuple[int, str, str]:
@@ -273,6 +273,10 @@ def test_plan_exhaustive_refuses_more_candidates_than_max_simulations_before_run
     assert rc == 2 and out == "" and err.count("\n") == 1
     assert (f"plan --exhaustive would simulate {n} candidates to the end, over the limit of "
             f"{n - 1}") in err and f"--max-simulations {n} to run them all" in err
+    # Nothing written: not even the output directory.
+    rc, out, err = plan("--exhaustive", "--max-simulations", str(n - 1),
+                        "--out", str(tmp_path / "plan-out"))
+    assert rc == 2 and out == "" and not (tmp_path / "plan-out").exists()
     # The default limit applies without the flag.
     monkeypatch.setattr(planner, "EXHAUSTIVE_MAX_SIMULATIONS", n - 1)
     rc, _out, err = plan("--exhaustive")
