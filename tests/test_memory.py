@@ -606,6 +606,8 @@ def test_fetched_activations_are_allocated_in_program_order_not_when_the_pcie_co
     trace, res = _long(Remat.OFFLOAD)
     ops = trace.ops
     sent = sum(t.num_bytes for t in offloaded_tensors(LONG_SHAPE, attention="dot"))
+    # 2048 tokens x (q 64 + k 32 + v 32 + output projection 64 + gate/up 2 x 128) in bf16.
+    assert sent == 2 * 2048 * (64 + 2 * 32 + 64 + 2 * 128)
     fetched = [(ops[i], d) for i, cat, d in trace.meta["memory_events"]
                if cat == "saved_activations" and d == sent
                and not (ops[i].phase == "fwd" and ops[i].layer >= 0)]
