@@ -734,6 +734,13 @@ def test_cli_fsdp_grad_all_reduce_refuses_collective_matmuls(tiny_yaml, capsys):
                            "--fsdp-gather windowed", "async or blocking")
 
 
+def test_cli_fsdp_grad_all_reduce_with_a_mixed_mode_says_the_mode_chooses(tiny_yaml, capsys):
+    _assert_one_line_error(capsys, _train_args(tiny_yaml, "--fsdp-grad", "all-reduce",
+                                               "--fsdp-gather", "mixed-async"),
+                           "--fsdp-gather mixed-async", "choose each gradient's collective",
+                           "drop --fsdp-grad")
+
+
 def test_cli_tensor_must_divide_heads(tmp_path, capsys):
     path = tmp_path / "six.yaml"
     path.write_text(yaml.safe_dump({**TINY, "num_heads": 6, "num_kv_heads": 6}))

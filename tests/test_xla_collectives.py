@@ -564,6 +564,27 @@ def test_an_moe_layer_gathers_all_four_attention_matrices_again_for_their_input_
     assert dense == {"fsdp_allgather_bwd_wq_dx", "fsdp_allgather_bwd_wk_dx"}
 
 
+def test_the_mixed_modes_pick_each_gradients_collective_by_its_own_ring():
+    # fsdp=16 x expert=4 on 64 chips: the attention and router matrices are split over all 64
+    # (more than XLA windows: a synchronous all-reduce of the whole gradient), the routed
+    # experts over fsdp=16 only (a windowed reduce-scatter ring of 17 messages), as XLA
+    # compiles the 750B MoE's fsdp=16 x expert=16 step (benchmarks/xla_moe_schedule.py).
+    moe = model_from_dict({**SMALL, "num_experts": 4, "experts_per_token": 2})
+    trace = compile_training_step(moe, parse_mesh("fsdp=16,expert=4"), 64,
+                                  TrainingConfig(seq_len=SEQ, batch_per_chip=1,
+                                                 fsdp_gather="mixed-blocking"))
+    grads = {o.name: o for o in trace.ops if o.layer == 1 and o.name.startswith("fsdp_grad_")}
+    assert {grads[f"fsdp_grad_allreduce_{k}"].collective for k in ("wq", "wo", "router")} \
+        == {"all-reduce"}
+    (up,) = [o for o in grads.values() if o.name.endswith("_expert_up")]
+    assert up.name == "fsdp_grad_reducescatter_expert_up" and up.collective == "reduce-scatter"
+    expert_up = 4 * 512 * 1024 * 2 / 4  # the chip's expert (4 experts over expert=4), bf16
+    assert up.bytes == pytest.approx(expert_up * 17 / 16)
+    # Only the synchronous all-reduces hold layer 0's backward back.
+    waits = set().union(*(o.deps for o in trace.ops if o.layer == 0 and o.phase == "bwd"))
+    assert grads["fsdp_grad_allreduce_wq"].id in waits and up.id not in waits
+
+
 def test_an_unrolled_rings_permutes_are_read_as_gather_or_reduce_scatter_steps():
     # Outside a windowed_dot_general loop: a permute of a weight shard (or of a received one,
     # relayed) is a gather step; one of a zero accumulator, or of a fusion adding a received

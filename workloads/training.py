@@ -266,11 +266,18 @@ class TrainingConfig:
                 f"default) or all-reduce (synchronous, XLA's v6e program without collective "
                 f"matmuls)"
             )
-        if self.fsdp_grad == "all-reduce" and self.fsdp_gather not in ("async", "blocking"):
+        if self.fsdp_grad == "all-reduce" and self.fsdp_gather == "windowed":
             raise TpusimError(
-                f"--fsdp-grad all-reduce with --fsdp-gather {self.fsdp_gather}: a collective "
-                f"matmul reduce-scatters the gradient in its ring; use --fsdp-gather async or "
-                f"blocking with it"
+                "--fsdp-grad all-reduce with --fsdp-gather windowed: a collective matmul "
+                "reduce-scatters the gradient in its ring; use --fsdp-gather async or blocking "
+                "with it"
+            )
+        if self.fsdp_grad == "all-reduce" and self.fsdp_gather.startswith("mixed"):
+            raise TpusimError(
+                f"--fsdp-grad all-reduce with --fsdp-gather {self.fsdp_gather}: the mixed modes "
+                f"choose each gradient's collective as XLA does (windowed reduce-scatter rings "
+                f"up to {XLA_MAX_WINDOWED_RING} chips, synchronous all-reduces above); drop "
+                f"--fsdp-grad, or use --fsdp-gather async or blocking with it"
             )
         if self.ep_alltoall not in ("sync", "async"):
             raise TpusimError(
@@ -658,13 +665,14 @@ class _Compiler:
         n = 1
         windowed: set[str] = set()
         if self.cur is not None and keys:
-            group = max(self.fsdp_group(k)[1] for k in keys)
             if name.endswith("_weights"):
-                windowed = set(keys) if self.rs_windowed else set()
+                windowed = {k for k in keys if self.rs_windowed_for(self.fsdp_group(k)[1])}
             else:
                 windowed = {k for k in keys if k in self.cur.ops
                             and self.cur.ops[k][1] == "windowed"}
-            n = group if windowed else 1
+            # The ring runs over the windowed matrices' group (a merged matmul may hold
+            # matrices of the non-expert group that are not windowed).
+            n = max(self.fsdp_group(k)[1] for k in windowed) if windowed else 1
 
         def part(x) -> float:
             if isinstance(x, dict):
@@ -855,34 +863,46 @@ class _Compiler:
         then sharded over fewer chips than the program has."""
         return self.d.dp > 1 or self.d.sp > 1
 
-    @property
-    def rs_windowed(self) -> bool:
-        """Gradient reduce-scatters run as windowed rings (collective matmuls). In the mixed
-        modes (XLA's own choice) only when the weights are sharded over every chip: XLA's
-        SPMD partitioner builds a windowed einsum only for an operand split over all the
-        program's partitions (the v6e data=4 x fsdp=4 program has none, docs/model.md)."""
+    def rs_windowed_for(self, group: int) -> bool:
+        """Gradient reduce-scatters over an FSDP group of `group` chips run as windowed rings
+        (collective matmuls). In the mixed modes (XLA's own choice) only when the weights are
+        sharded over every chip: XLA's SPMD partitioner builds a windowed einsum only for an
+        operand split over all the program's partitions (the v6e data=4 x fsdp=4 program has
+        none, docs/model.md), and over at most `XLA_MAX_WINDOWED_RING` chips."""
         if self.cfg.fsdp_gather.startswith("mixed") and (
-                self.weights_replicated or self.fsdp_shards > XLA_MAX_WINDOWED_RING):
+                self.weights_replicated or group > XLA_MAX_WINDOWED_RING):
             return False
         return self.cfg.overlap and self.cfg.fsdp_gather in (
             "windowed", "mixed-async", "mixed-blocking")
 
     @property
-    def grad_kind(self) -> str:
-        """The collective that reduces each weight gradient over its FSDP group: a
+    def rs_windowed(self) -> bool:
+        """`rs_windowed_for` the non-expert weights' group (fsdp x expert)."""
+        return self.rs_windowed_for(self.fsdp_shards)
+
+    def grad_kind_for(self, group: int) -> str:
+        """The collective that reduces a weight gradient over its FSDP group of `group` chips: a
         reduce-scatter, or, in the mixed modes over more chips than XLA windows
         (`XLA_MAX_WINDOWED_RING`), an all-reduce of the whole gradient, as XLA compiles it there
         (the fsdp=64 and fsdp=256 programs of benchmarks/xla_crosscheck.py `--forms` reduce
         every gradient that way, several per synchronous all-reduce, and the update slices its
         shard out): twice a reduce-scatter's ring traffic, and the next layer's backward waits
-        for it. `--fsdp-grad all-reduce` asks for the synchronous all-reduce in any mode it
-        allows (`TrainingConfig.fsdp_grad`)."""
+        for it. Each matrix by its own group: in a deviceless v6e compile of the 750B MoE
+        (fsdp=16 x expert=16, `benchmarks/xla_moe_schedule.py --size 750b`) XLA all-reduces the
+        gradients of the weights split 256 ways (attention, router) and reduces the routed
+        experts' (split over fsdp=16) in rings. `--fsdp-grad all-reduce` asks for the
+        synchronous all-reduce in any mode it allows (`TrainingConfig.fsdp_grad`)."""
         if self.cfg.fsdp_grad == "all-reduce":
             return "all-reduce"
         if self.cfg.fsdp_gather.startswith("mixed") and self.cfg.overlap \
-                and self.fsdp_shards > XLA_MAX_WINDOWED_RING:
+                and group > XLA_MAX_WINDOWED_RING:
             return "all-reduce"
         return "reduce-scatter"
+
+    @property
+    def grad_kind(self) -> str:
+        """`grad_kind_for` the non-expert weights' group (fsdp x expert)."""
+        return self.grad_kind_for(self.fsdp_shards)
 
     def gather_form(self, layer: int, key: str, phase: str) -> str:
         """How the FSDP gather of one matrix for one pass is issued: async, windowed or
@@ -1540,14 +1560,19 @@ class _Compiler:
                 grad_bytes = self.layer_weight_bytes(self.layer_is_moe(layer)) / self.wc * self.gb
                 expert_b = self.layer_expert_weight_bytes(layer) / self.wc * self.gb
                 rs_ops = []
+                sync_ops = []  # the synchronous all-reduces among them
                 for key, nbytes in self.layer_matrices(layer) if fse > 1 else []:
                     axes, group = self.fsdp_group(key)
-                    rs_ops.append(self.coll(f"fsdp_grad_{self.grad_kind.replace('-', '')}_{key}",
-                                            self.grad_kind, axes, nbytes / self.wc * self.gb
-                                            * (ring(group, "reduce-scatter", key)
-                                               if self.rs_windowed else 1.0),
-                                            [out], layer, "bwd"))
-                rs_ops = [o for o in rs_ops if o is not None]
+                    kind = self.grad_kind_for(group)
+                    op = self.coll(f"fsdp_grad_{kind.replace('-', '')}_{key}", kind, axes,
+                                   nbytes / self.wc * self.gb
+                                   * (ring(group, "reduce-scatter", key)
+                                      if self.rs_windowed_for(group) else 1.0),
+                                   [out], layer, "bwd")
+                    if op is not None:
+                        rs_ops.append(op)
+                        if kind == "all-reduce":
+                            sync_ops.append(op)
                 rs = rs_ops[-1] if rs_ops else None
                 local_grad = ((grad_bytes - expert_b) / fse + expert_b / d.fs) \
                     / self.gb * self.gh
@@ -1572,13 +1597,12 @@ class _Compiler:
                         dp_wait = [o for o in (dpar, dpar_e) if o is not None]
                 else:
                     last_grad_ops += rs_ops
-                if self.grad_kind == "all-reduce":
-                    # XLA's synchronous all-reduces: the core runs them right after the
-                    # layer's weight-gradient matmuls, before the next layer's backward (with
-                    # --fsdp-grad all-reduce, and in the mixed modes over more than
-                    # XLA_MAX_WINDOWED_RING chips: the v6e and v5e fsdp=64 and v6e fsdp=256
-                    # FORM_PROBES have top-level synchronous all-reduces, no -start).
-                    dp_wait = dp_wait + rs_ops
+                # XLA's synchronous all-reduces: the core runs them right after the layer's
+                # weight-gradient matmuls, before the next layer's backward (with --fsdp-grad
+                # all-reduce, and in the mixed modes over more than XLA_MAX_WINDOWED_RING
+                # chips: the v6e and v5e fsdp=64 and v6e fsdp=256 FORM_PROBES have top-level
+                # synchronous all-reduces, no -start).
+                dp_wait = dp_wait + sync_ops
                 prev = out
             self.mem(prev, G.SAVED_ACTIVATIONS, -stack)
             self.mem(prev, G.LOGITS, -held)  # the deferred head weight gradient is done
