@@ -21,19 +21,19 @@ sequence of 2048 per chip, mesh data=2 (the slices) x fsdp=16, and reads the sch
 (they name no such flags); `--transpose` shards the MLP weights on their d_ff dimension
 (MaxText's logical rules put `mlp` on `fsdp_transpose`, which those recipes use).
 
-Observed with jax/libtpu 0.10.2 (2026-12-01, 3-5 min of compile each on a loaded 2-core
-machine): per layer eight cross-slice all-reduces of the chip's bf16 gradient shard, one per
-weight matrix (7.37 MB each for the three MLP matrices, 1.97 MB for the query and output
-projections, 0.98 MB for key and value) and one for the two norm scales together (f32), never
-combined; the embedding and head gradients once after the loop. With the default flags every
-matrix's is carried into the next loop iteration; with `--no-overlap` every one waits in its
-own iteration (the MLP ones issued mid-backward, the attention ones at its end): the blocking
-reduction tpusim's `--dp-allreduce blocking` models, there with one all-reduce per layer (the
-loop's peeled iteration sends its layer's from the entry computation). Within a slice the
-multi-slice program has no windowed-einsum loop: synchronous all-gathers of the weights and
+Observed with jax/libtpu 0.10.2 (2026-12-01, 6 min wall, 120-130 CPU-s, 2.5-2.7 GB peak RSS each
+on a loaded 2-core machine): per layer eight cross-slice all-reduces of the chip's bf16 gradient
+shard, one per weight matrix (7.37 MB each for the three MLP matrices, 1.97 MB for the query and
+output projections, 0.98 MB for key and value) and one for the two norm scales together (f32),
+never combined; the embedding and head gradients once after the loop. With the default flags
+every matrix's is carried into the next loop iteration; with `--no-overlap` every one waits in
+its own iteration (the MLP ones issued mid-backward, the attention ones at its end): the
+blocking reduction tpusim's `--dp-allreduce blocking` models, there with one all-reduce per
+layer (the loop's peeled iteration sends its layer's from the entry computation). Within a slice
+the multi-slice program has no windowed-einsum loop: synchronous all-gathers of the weights and
 synchronous all-reduces of the whole bf16 weight gradients (no reduce-scatter), where the
-one-slice program of the same decoder runs collective-permute rings; `--transpose` changes
-none of the cross-slice bytes.
+one-slice program of the same decoder runs collective-permute rings; `--transpose` changes none
+of the cross-slice bytes.
 """
 
 from __future__ import annotations
