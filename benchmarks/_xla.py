@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -50,6 +51,22 @@ SMALL = dict(d_model=2048, num_heads=16, num_kv_heads=8, head_dim=128, d_ff=8192
 # --------------------------------------------------------------------------------------------
 # jax side (runs under the jax python)
 # --------------------------------------------------------------------------------------------
+
+# Bytes per element of the HLO dtypes the schedule readers meet.
+HLO_DTYPE_BYTES = {"bf16": 2, "f32": 4, "s32": 4, "f16": 2, "pred": 1, "s8": 1, "u32": 4}
+
+
+def hlo_shape_bytes(shape: str, *, tuple_first: bool = False) -> int:
+    """Bytes of an HLO array shape such as `bf16[8,4096]{1,0}` (0 for a shape it cannot read).
+    `tuple_first`: for a tuple shape `(bf16[...], ...)`, the first element's bytes (else 0)."""
+    m = re.match(r"\(?(\w+)\[([0-9,]*)\]" if tuple_first else r"(\w+)\[([0-9,]*)\]", shape)
+    if not m:
+        return 0
+    n = 1
+    for d in filter(None, m.group(2).split(",")):
+        n *= int(d)
+    return n * HLO_DTYPE_BYTES.get(m.group(1), 0)
+
 
 def init_jax(dump: str | None = None, pass_re: str | None = None) -> None:
     """Deviceless compiles on the CPU host; `dump` makes XLA write its pass dumps there."""

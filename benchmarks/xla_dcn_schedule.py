@@ -77,7 +77,6 @@ def compile_program(transpose: bool = False) -> str:
 
 _COMP = re.compile(r"^(?:ENTRY )?%(\S+) ")
 _INSTR = re.compile(r"^\s*(?:ROOT )?%(\S+) = (.+?) ([a-z][a-z0-9\-]*)\((.*)$")
-_DT = {"bf16": 2, "f32": 4, "s32": 4, "f16": 2, "pred": 1, "s8": 1, "u32": 4}
 ICI_KINDS = ("all-gather", "all-reduce", "reduce-scatter", "collective-permute", "all-to-all")
 # Ops a gradient passes through unchanged on its way to a send (layout and dtype moves, the
 # within-slice reduction before the cross-slice one).
@@ -85,13 +84,7 @@ _PASS = ("bitcast", "copy", "copy-start", "copy-done", "convert", "reshape", "al
 
 
 def _bytes(shape: str) -> int:
-    m = re.match(r"\(?(\w+)\[([0-9,]*)\]", shape)
-    if not m:
-        return 0
-    n = 1
-    for d in filter(None, m.group(2).split(",")):
-        n *= int(d)
-    return n * _DT.get(m.group(1), 0)
+    return _xla.hlo_shape_bytes(shape, tuple_first=True)
 
 
 def read_dcn(text: str) -> dict:

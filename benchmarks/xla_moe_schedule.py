@@ -78,17 +78,10 @@ def compile_program(router: str = "maxtext", size: str = "small") -> str:
 
 
 _INSTR = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\S+) ([a-z][a-z0-9\-]*)\(")
-_DT = {"bf16": 2, "f32": 4, "s32": 4, "f16": 2, "pred": 1, "s8": 1, "u32": 4}
 
 
 def _bytes(shape: str) -> int:
-    m = re.match(r"(\w+)\[([0-9,]*)\]", shape)
-    if not m:
-        return 0
-    n = 1
-    for d in filter(None, m.group(2).split(",")):
-        n *= int(d)
-    return n * _DT.get(m.group(1), 0)
+    return _xla.hlo_shape_bytes(shape)
 
 
 def read_schedule(text: str) -> dict:
