@@ -16,6 +16,7 @@ layers under full remat, mesh fsdp=4 x expert=4, and reads the scheduled HLO:
     /work/fid-venv/bin/python benchmarks/xla_moe_schedule.py            # compile (minutes)
     .venv/bin/python benchmarks/xla_moe_schedule.py --hlo moe.hlo.txt    # read a saved dump
     /work/fid-venv/bin/python benchmarks/xla_moe_schedule.py --size 750b # the 750B's sizes
+    /work/fid-venv/bin/python benchmarks/xla_moe_schedule.py --size mixtral-fsdp256 --dump F
 
 `--router maxtext` (the default) builds the masks as MaxText's `generate_masks` does (a bf16
 combine mask); `--router f32` as this script first did (f32 one-hot times the weights, cast).
@@ -47,6 +48,17 @@ here, against 40 MiB in f32; 384.25 MiB at the 750B's sizes, where the five toke
 move 384 MiB each and the output gradient's gather over `expert` 2 GiB). XLA's estimated
 cycles per FLOP of the dispatch convolution at the 750B's sizes: 1.25x those of the query
 projection, the combine's 0.93x (no cheaper than a weight matmul).
+
+`--size mixtral-fsdp256`: Mixtral-8x7B widths (d_model 4096, 8 experts of d_ff 14336, top-2,
+capacity factor 1.25, seq 4096, 32 heads of 128) on a v6e 16x16 with fsdp=256 and no expert
+axis, as the tpu-recipes Mixtral-8x7B runs shard it: every weight, the routed experts included,
+is split 256 ways. Observed (2026-12-01, jax/libtpu 0.10.2, no recipe flags; 45 s wall, 86 CPU-s,
+2.1 GB on the idle machine): every weight gradient is reduced by a synchronous all-reduce of
+the whole gradient (per layer bf16[8, 4096, 14336] for the experts' gate and up, bf16[8, 14336,
+4096] for their down projection, the attention projections likewise; no reduce-scatter), as
+in the dense fsdp=256 programs and as tpusim's mixed modes do over more than 32 chips
+(`grad_kind_for`). Read it with `grep` on the `--dump`: the script's own report lists the
+all-to-alls, here only the embedding lookup's two (no expert axis: no token all-to-alls).
 """
 
 from __future__ import annotations
@@ -64,6 +76,7 @@ import _xla  # noqa: E402
 SIZES = {
     "small": ("v6e:4x4", 4, 4, 1024, 2048, 8, 2, 1.25, 2048, 8, 128, 2, 4096),
     "750b": ("v6e:16x16", 16, 16, 8192, 32768, 16, 2, 1.5, 8192, 8, 256, 2, 32000),
+    "mixtral-fsdp256": ("v6e:16x16", 256, 1, 4096, 14336, 8, 2, 1.25, 4096, 32, 128, 2, 32000),
 }
 
 
