@@ -761,16 +761,22 @@ def lower_bounds(job: tuple) -> dict[str, Any]:
         return {"error": str(exc)}
 
 
-def _bound_inputs(argv: list[str]) -> tuple:
-    """(chip, topology, model, mesh, training config) that `tpusim ARGV` compiles (the same
-    parser and compile inputs as the simulation)."""
+def _prepared(argv: list[str]):
+    """`tpusim ARGV`'s parsed arguments, with this worker process's one parser."""
     from sim.cli import build_parser, prepare
-    from sim.cli import common as cli
-    from sim.cli.training import compile_inputs
 
     if not _PARSER:
         _PARSER.append(build_parser())
-    args = prepare(argv, parser=_PARSER[0])
+    return prepare(argv, parser=_PARSER[0])
+
+
+def _bound_inputs(argv: list[str], args=None) -> tuple:
+    """(chip, topology, model, mesh, training config) that `tpusim ARGV` compiles (the same
+    parser and compile inputs as the simulation); `args`: ARGV already parsed (`_prepared`)."""
+    from sim.cli import common as cli
+    from sim.cli.training import compile_inputs
+
+    args = _prepared(argv) if args is None else args
     chip, topo = cli.resolve_pod(args)
     model, mesh, tcfg = compile_inputs(
         args, cli.moe_config(args, cli.scenario_from_args(args, topo)), chip)
@@ -805,18 +811,15 @@ def sharper_bound(job: tuple) -> dict[str, Any]:
     collectives) and pipelines keep the plain bound (None), as does a step the compiler
     refuses (its simulation reports the error)."""
     from sim import engine
-    from sim.cli import build_parser, prepare
     from sim.cli import common as cli
     from sim.cli.training import _compile
 
     argv, order, *known = job
     if known and known[0]:
         engine.seed_cost_cache(known[0])
-    if not _PARSER:
-        _PARSER.append(build_parser())
     keys: list[tuple] = []
     try:
-        args = prepare(argv, parser=_PARSER[0])
+        args = _prepared(argv)
         chip, topo = cli.resolve_pod(args)
         _trace, model, tcfg = _compile(args, topo.num_chips,
                                        cli.moe_config(args, cli.scenario_from_args(args, topo)),
@@ -855,15 +858,12 @@ def hbm_prefix(argv: list[str],
     capacity; None if it never does (the step probably fits: it runs in full at once), for MoE
     models (per-chip expert loads) and for steps with perturbations (a chip faster than the
     chip spec would break the schedule's bound)."""
-    from sim.cli import build_parser, prepare
     from sim.cli import common as cli
     from sim.engine import static_hbm_bytes
 
-    if not _PARSER:
-        _PARSER.append(build_parser())
     try:
-        args = prepare(argv, parser=_PARSER[0])
-        chip, topo, model, mesh, tcfg = _bound_inputs(argv)
+        args = _prepared(argv)
+        chip, topo, model, mesh, tcfg = _bound_inputs(argv, args)
         if mesh.size("pipeline") <= 1 or model.is_moe \
                 or not cli.scenario_from_args(args, topo).is_healthy:
             return None
@@ -904,14 +904,11 @@ def _pipeline_run(argv: list[str]) -> None:
     it (the same stage programs, perturbations and algorithm), without compiling the whole
     step's trace, which only its summary needs (dense models: `_pipeline_base` takes no expert
     loads from it)."""
-    from sim.cli import build_parser, prepare
     from sim.cli.training import _pipeline_base
     from sim.pipeline import check_schedule, simulate_pipeline_chips
 
-    if not _PARSER:
-        _PARSER.append(build_parser())
-    args = prepare(argv, parser=_PARSER[0])
-    chip, topo, model, mesh, tcfg = _bound_inputs(argv)
+    args = _prepared(argv)
+    chip, topo, model, mesh, tcfg = _bound_inputs(argv, args)
     check_schedule(tcfg.pipeline_schedule, mesh.size("pipeline"), tcfg.microbatches,
                    tcfg.virtual_stages)
     sp = _stage_programs(model, mesh, topo.num_chips, tcfg)
