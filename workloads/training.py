@@ -563,8 +563,12 @@ class _Gathered:
         return sorted({self.ops[k][0] for k in keys if k in self.ops
                        and self.ops[k][1] != "windowed"})
 
+    def windowed_keys(self, keys) -> set[str]:
+        """The `keys` matrices this pass gathers by a windowed einsum."""
+        return {k for k in keys if k in self.ops and self.ops[k][1] == "windowed"}
+
     def windowed(self, keys) -> bool:
-        return any(self.ops[k][1] == "windowed" for k in keys if k in self.ops)
+        return bool(self.windowed_keys(keys))
 
     def ids(self, form: str | None = None) -> list[int]:
         return sorted({i for i, f in self.ops.values() if form is None or f == form})
@@ -668,8 +672,7 @@ class _Compiler:
             if name.endswith("_weights"):
                 windowed = {k for k in keys if self.rs_windowed_for(self.fsdp_group(k)[1])}
             else:
-                windowed = {k for k in keys if k in self.cur.ops
-                            and self.cur.ops[k][1] == "windowed"}
+                windowed = self.cur.windowed_keys(keys)
             # The ring runs over the windowed matrices' group (a merged matmul may hold
             # matrices of the non-expert group that are not windowed).
             n = max(self.fsdp_group(k)[1] for k in windowed) if windowed else 1
