@@ -723,9 +723,22 @@ def test_cli_ep_alltoall_must_be_sync_or_async(tiny_yaml, capsys):
                            "--ep-alltoall 'overlap'", "sync", "async")
 
 
-def test_cli_fsdp_grad_must_be_reduce_scatter_or_all_reduce(tiny_yaml, capsys):
+def test_cli_fsdp_grad_must_be_reduce_scatter_all_reduce_or_auto(tiny_yaml, capsys):
     _assert_one_line_error(capsys, _train_args(tiny_yaml, "--fsdp-grad", "ring"),
-                           "--fsdp-grad 'ring'", "reduce-scatter", "all-reduce")
+                           "--fsdp-grad 'ring'", "reduce-scatter", "all-reduce", "auto")
+
+
+def test_cli_fsdp_grad_auto_refuses_windowed_gathers(tiny_yaml, capsys):
+    _assert_one_line_error(capsys, _train_args(tiny_yaml, "--fsdp-grad", "auto",
+                                               "--fsdp-gather", "windowed"),
+                           "--fsdp-grad auto with --fsdp-gather windowed", "mixed-async")
+
+
+def test_cli_fsdp_grad_auto_runs_with_a_mixed_mode(tiny_yaml, capsys):
+    rc, out, err = _cli(capsys, *_train_args(tiny_yaml, "--fsdp-grad", "auto",
+                                             "--fsdp-gather", "mixed-blocking", "--json"))
+    assert rc == 0, err
+    assert json.loads(out)["inputs"]["flags"]["fsdp-grad"] == "auto"
 
 
 def test_cli_fsdp_grad_all_reduce_refuses_collective_matmuls(tiny_yaml, capsys):

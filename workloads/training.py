@@ -98,8 +98,10 @@ FSDP_GATHER_MODES = ("async", "windowed", "blocking", "mixed-async", "mixed-bloc
 # 256 (v6e 16x16): the ring's length decides, not the shard's size. The mixed modes issue
 # plain gathers and gradient all-reduces above it (`grad_kind`).
 XLA_MAX_WINDOWED_RING = 32
-# How weight gradients are summed over fsdp (`TrainingConfig.fsdp_grad`).
-FSDP_GRAD_MODES = ("reduce-scatter", "all-reduce")
+# How weight gradients are summed over fsdp (`TrainingConfig.fsdp_grad`): `auto` is XLA's
+# choice per matrix, a reduce-scatter over a group of up to `XLA_MAX_WINDOWED_RING` chips and a
+# synchronous all-reduce of the whole gradient above (`grad_kind_for`).
+FSDP_GRAD_MODES = ("reduce-scatter", "all-reduce", "auto")
 # Pipeline schedules simulated by `sim/pipeline.py` (docs/model.md "Pipeline schedules").
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved")
 # The op that casts the local weight shard to --gather-dtype, once per step.
@@ -184,9 +186,11 @@ class TrainingConfig:
     tp_comm: str = "blocking"
     dp_allreduce: str = "async"
     # How each weight gradient is summed over fsdp: "reduce-scatter" (async, hidden behind
-    # the backward; tpusim's default) or "all-reduce": the whole gradient all-reduced by a
+    # the backward; tpusim's default), "all-reduce": the whole gradient all-reduced by a
     # synchronous collective that blocks the core, each chip keeping its shard (XLA's v6e
-    # program with async collective fusion and no collective matmuls, docs/model.md).
+    # program with async collective fusion and no collective matmuls, docs/model.md), or
+    # "auto": per matrix, as XLA chooses by the length of the matrix's FSDP ring
+    # (`grad_kind_for`).
     fsdp_grad: str = "reduce-scatter"
     ep_alltoall: str = "sync"
     pipeline_schedule: str = "1f1b"
@@ -263,14 +267,23 @@ class TrainingConfig:
         if self.fsdp_grad not in FSDP_GRAD_MODES:
             raise TpusimError(
                 f"--fsdp-grad {short_repr(self.fsdp_grad)} must be reduce-scatter (async, "
-                f"default) or all-reduce (synchronous, XLA's v6e program without collective "
-                f"matmuls)"
+                f"default), all-reduce (synchronous, XLA's v6e program without collective "
+                f"matmuls) or auto (XLA's choice per matrix: reduce-scatter over up to "
+                f"{XLA_MAX_WINDOWED_RING} chips, all-reduce above)"
             )
         if self.fsdp_grad == "all-reduce" and self.fsdp_gather == "windowed":
             raise TpusimError(
                 "--fsdp-grad all-reduce with --fsdp-gather windowed: a collective matmul "
                 "reduce-scatters the gradient in its ring; use --fsdp-gather async or blocking "
                 "with it"
+            )
+        if self.fsdp_grad == "auto" and self.fsdp_gather == "windowed":
+            raise TpusimError(
+                f"--fsdp-grad auto with --fsdp-gather windowed: windowed runs every gradient's "
+                f"reduce-scatter as a collective-matmul ring at any ring length, where auto "
+                f"all-reduces over more than {XLA_MAX_WINDOWED_RING} chips; use --fsdp-gather "
+                f"mixed-async or mixed-blocking (XLA's choice of both), async or blocking "
+                f"with it"
             )
         if self.fsdp_grad == "all-reduce" and self.fsdp_gather.startswith("mixed"):
             raise TpusimError(
@@ -894,10 +907,12 @@ class _Compiler:
         (fsdp=16 x expert=16, `benchmarks/xla_moe_schedule.py --size 750b`) XLA all-reduces the
         gradients of the weights split 256 ways (attention, router) and reduces the routed
         experts' (split over fsdp=16) in rings. `--fsdp-grad all-reduce` asks for the
-        synchronous all-reduce in any mode it allows (`TrainingConfig.fsdp_grad`)."""
+        synchronous all-reduce in any mode it allows, `--fsdp-grad auto` for this per-matrix
+        choice with any gather mode it allows (`TrainingConfig.fsdp_grad`)."""
         if self.cfg.fsdp_grad == "all-reduce":
             return "all-reduce"
-        if self.cfg.fsdp_gather.startswith("mixed") and self.cfg.overlap \
+        if (self.cfg.fsdp_grad == "auto" or (self.cfg.fsdp_gather.startswith("mixed")
+                                             and self.cfg.overlap)) \
                 and group > XLA_MAX_WINDOWED_RING:
             return "all-reduce"
         return "reduce-scatter"

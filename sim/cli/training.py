@@ -79,11 +79,13 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
                         "layer's reduction ends before the next layer's backward starts)")
     p.add_argument("--fsdp-grad", default="reduce-scatter",
                    help="weight gradients over fsdp: reduce-scatter (async, hidden behind the "
-                        "backward pass, default) or all-reduce (the whole gradient all-reduced "
+                        "backward pass, default), all-reduce (the whole gradient all-reduced "
                         "by a synchronous collective before the next layer's backward, each "
                         "chip keeping its shard: XLA's v6e program with async collective "
                         "fusion and no collective matmuls; needs --fsdp-gather async or "
-                        "blocking)")
+                        "blocking) or auto (XLA's choice per matrix by its FSDP group: "
+                        "reduce-scatter over up to 32 chips, all-reduce above; any "
+                        "--fsdp-gather but windowed, and what the mixed modes do anyway)")
     p.add_argument("--ep-alltoall", default="sync",
                    help="MoE all-to-alls over expert: sync (XLA's default: no compute overlaps "
                         "them) or async (libtpu's --xla_tpu_enable_async_all_to_all: the "
