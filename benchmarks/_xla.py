@@ -85,7 +85,8 @@ def build_mesh(topology: str, axes: dict[str, int], placement: str = "make_mesh"
 
     placement "make_mesh": `jax.experimental.topologies.make_mesh` (lays the mesh out as the
     TPU runtime would: a snake ring on a 4x4 v5e); "topology": the devices in topology order
-    reshaped to the axis sizes (first axis outermost, last innermost). Axes are `Auto` (jax
+    reshaped to the axis sizes (first axis outermost, last innermost); "hybrid_ring_64x4":
+    MaxText's custom mesh of that name (axes of 64 and 4 on a 16x16). Axes are `Auto` (jax
     0.10's default Explicit rejects Megatron-style einsums)."""
     init_jax()
     import numpy as np
@@ -98,9 +99,33 @@ def build_mesh(topology: str, axes: dict[str, int], placement: str = "make_mesh"
         devices = topologies.make_mesh(topo, shape, names).devices
     elif placement == "topology":
         devices = np.array(topo.devices).reshape(shape)
+    elif placement == "hybrid_ring_64x4":
+        devices = _hybrid_ring_64x4(topo.devices, shape)
     else:
-        raise ValueError(f"placement {placement!r}: use 'make_mesh' or 'topology'")
+        raise ValueError(f"placement {placement!r}: use 'make_mesh', 'topology' or "
+                         "'hybrid_ring_64x4'")
     return Mesh(devices, names, axis_types=(AxisType.Auto,) * len(names)), devices
+
+
+# The 2x2 block's chips in ring order (dx, dy): each a torus neighbour of the next.
+_BLOCK_RING = ((0, 0), (1, 0), (1, 1), (0, 1))
+
+
+def _hybrid_ring_64x4(devices, shape: tuple[int, ...]):
+    """MaxText's `hybrid_ring_64x4` device order on a 16x16 slice (`max_utils.
+    reshape_mesh_to_rings`): mesh index (i, j) of shape (64, 4) is block i of the 8x8 grid of
+    2x2 blocks (x-major) and chip j of that block's 4-ring."""
+    import numpy as np
+
+    if tuple(shape) != (64, 4):
+        raise ValueError(f"hybrid_ring_64x4 needs mesh axes of 64 and 4, got {shape}")
+    at = {tuple(d.coords[:2]): d for d in devices}
+    out = np.empty(shape, dtype=object)
+    for i in range(64):
+        bx, by = divmod(i, 8)
+        for j, (dx, dy) in enumerate(_BLOCK_RING):
+            out[i, j] = at[(2 * bx + dx, 2 * by + dy)]
+    return out
 
 
 def partition_coords(devices, topology: str) -> str:

@@ -17,6 +17,7 @@ layers under full remat, mesh fsdp=4 x expert=4, and reads the scheduled HLO:
     .venv/bin/python benchmarks/xla_moe_schedule.py --hlo moe.hlo.txt    # read a saved dump
     /work/fid-venv/bin/python benchmarks/xla_moe_schedule.py --size 750b # the 750B's sizes
     /work/fid-venv/bin/python benchmarks/xla_moe_schedule.py --size mixtral-fsdp256 --dump F
+    /work/fid-venv/bin/python benchmarks/xla_moe_schedule.py --size mixtral-8x22b
 
 `--router maxtext` (the default) builds the masks as MaxText's `generate_masks` does (a bf16
 combine mask); `--router f32` as this script first did (f32 one-hot times the weights, cast).
@@ -59,6 +60,30 @@ the whole gradient (per layer bf16[8, 4096, 14336] for the experts' gate and up,
 in the dense fsdp=256 programs and as tpusim's mixed modes do over more than 32 chips
 (`grad_kind_for`). Read it with `grep` on the `--dump`: the script's own report lists the
 all-to-alls, here only the embedding lookup's two (no expert axis: no token all-to-alls).
+
+`--size mixtral-8x22b`: Mixtral-8x22B widths (d_model 6144, 8 experts of d_ff 16384, top-2,
+capacity factor 1.25, seq 4096, 48 heads of 128, vocab 32768) on a v6e 16x16 with fsdp=64 x
+expert=4 placed as the recipe's `hybrid_ring_64x4` custom mesh (`_xla.build_mesh`: each expert
+group a 2x2 block of chips in ring order, the fsdp axis the 8x8 grid of blocks), no recipe
+flags (the 8x22B recipe lists none). Observed (2026-12-01, jax/libtpu 0.10.2; 174 s wall,
+103 CPU-s, 2.0 GB peak RSS under load): the same six synchronous MoE all-to-alls (120 MiB per
+chip and sequence; the combine weights' gradient bf16 [seq, experts, capacity + 1], 80.06 MiB);
+no asynchronous collective and no windowed-einsum loop at all; every weight gathered by a
+synchronous all-gather before its matmul (the attention projections over all 256 chips, the
+routed experts over their 64-chip fsdp group), again in the backward, and every weight gradient
+reduced by a synchronous all-reduce of the whole gradient (the experts' bf16[2, 6144, 16384]
+in an all-reduce-scatter fusion over the fsdp group, the shard kept), as the fsdp=256 programs
+and tpusim's `grad_kind_for` over more than 32 chips. XLA's estimated cycles per FLOP of the
+expert matmuls are 1.17-1.29x those of the query projection (e.g. 5.93 M cycles for the
+2.06 TFLOP gate matmul, 0.69-0.76 M for the 0.31 TFLOP projection); at the 750B's sizes
+1.13x (35.0 M cycles for the 13.2 TFLOP recomputed gate, 0.65 M for a 0.27 TFLOP projection).
+The 750B compile read the same way: its forward runs the experts as windowed einsums (async
+collective-permutes over the 16-chip fsdp ring, XLA's cost estimate 4.5x the cycles per FLOP of
+the same matmul unwindowed: each step accumulates into the whole [16 x 1536, 32768] output),
+its backward gathers the expert weights by three synchronous 512 MiB all-gathers and reduces
+their gradients in windowed loops; everything else synchronous. Neither program has anything
+cheaper than tpusim's step; the collective table the script prints counts each collective once
+per layer-loop iteration (a windowed loop's permutes once per body, not per trip).
 """
 
 from __future__ import annotations
@@ -77,35 +102,66 @@ SIZES = {
     "small": ("v6e:4x4", 4, 4, 1024, 2048, 8, 2, 1.25, 2048, 8, 128, 2, 4096),
     "750b": ("v6e:16x16", 16, 16, 8192, 32768, 16, 2, 1.5, 8192, 8, 256, 2, 32000),
     "mixtral-fsdp256": ("v6e:16x16", 256, 1, 4096, 14336, 8, 2, 1.25, 4096, 32, 128, 2, 32000),
+    "mixtral-8x22b": ("v6e:16x16", 64, 4, 6144, 16384, 8, 2, 1.25, 4096, 48, 128, 2, 32768),
 }
+# MaxText's custom device order of a size (default: jax's device mesh, `_xla.build_mesh`).
+PLACEMENT = {"mixtral-8x22b": "hybrid_ring_64x4"}
 
 
 def compile_program(router: str = "maxtext", size: str = "small") -> str:
     _xla.init_jax()
     topo, fs, ep, d, f, e, k, cf, seq, h, hd, layers, v = SIZES[size]
-    mesh, _ = _xla.build_mesh(topo, {"fsdp": fs, "expert": ep})
+    mesh, _ = _xla.build_mesh(topo, {"fsdp": fs, "expert": ep},
+                              placement=PLACEMENT.get(size, "make_mesh"))
     lowered = _xla.lower_moe_train(mesh, d_model=d, d_ff=f, num_experts=e, top_k=k,
                                    capacity_factor=cf, seq=seq, num_heads=h, head_dim=hd,
                                    num_layers=layers, vocab_size=v, router=router)
     return lowered.compile().as_text()
 
 
-_INSTR = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\S+) ([a-z][a-z0-9\-]*)\(")
+# An instruction: name, shape (a tuple shape has spaces in it), opcode.
+_INSTR = re.compile(r"^\s*(?:ROOT )?%(\S+) = (.*?) ([a-z][a-z0-9\-]*)\(")
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%(\S+) \(")
 
 
 def _bytes(shape: str) -> int:
     return _xla.hlo_shape_bytes(shape)
 
 
+_COLLECTIVES = ("all-to-all", "all-gather", "all-reduce", "reduce-scatter", "collective-permute")
+
+
+def _loop(where: str) -> str:
+    """The scanned layer loop an op's metadata puts it in: backward (the transposed scan, its
+    recomputation included), forward, or outside both (embedding, head, update)."""
+    if "transpose(jvp" in where:
+        return "backward"
+    return "forward" if "jvp()/while" in where else "outside"
+
+
 def read_schedule(text: str) -> dict:
-    """The all-to-alls of the scheduled HLO, each with its loop and form, and XLA's cycles per
-    FLOP of the dispatch convolution against the weight matmuls (`dot_general` fusions)."""
-    a2a, cycles = [], {}
+    """The collectives of the scheduled HLO, each with its loop and form, and XLA's cycles per
+    FLOP of the dispatch convolution against the weight matmuls (`dot_general` fusions).
+
+    `all_to_all`: every all-to-all (its einsum, bytes, loop, sync or async). `collectives`: every
+    collective op (the `-done` halves of async pairs not counted again): kind, form ("sync": one
+    op, compute waits for it; "async": a `-start`/`-done` pair with compute scheduled between),
+    loop and bytes. An all-reduce XLA wraps in a fusion with the slice it keeps (`calls=
+    %all-reduce-scatter...`: the whole gradient reduced, the shard kept) counts as a synchronous
+    all-reduce of the fusion's operand; the windowed einsums' `collective-permute`s are listed as
+    they are (one per step of the loop body, not multiplied by its trip count)."""
+    a2a, coll, cycles = [], [], {}
+    shapes: dict[str, str] = {}
+    inside = ""
     for line in text.splitlines():
+        c = _COMPUTATION.match(line)
+        if c:
+            inside = c.group(1)
         m = _INSTR.match(line)
         if not m:
             continue
         name, shape, op = m.groups()
+        shapes[name] = shape
         meta = re.search(r'op_name="([^"]*)"', line)
         where = meta.group(1) if meta else ""
         if op.startswith("all-to-all"):
@@ -115,10 +171,28 @@ def read_schedule(text: str) -> dict:
                         "einsum": next((c for c in reversed(where.split("/")) if "->" in c),
                                        where.split("/")[-1]),
                         "bytes": _bytes(shape)})
+        kind = next((k for k in _COLLECTIVES if op.startswith(k)), None)
+        # The all-reduce inside an all-reduce-scatter fusion is counted at the fusion.
+        if kind and not op.endswith("-done") and not inside.startswith("all-reduce-scatter"):
+            coll.append({"kind": kind, "form": "async" if op.endswith("-start") else "sync",
+                         "loop": _loop(where), "bytes": _xla.hlo_shape_bytes(shape,
+                                                                            tuple_first=True)})
+        elif op == "fusion" and "calls=%all-reduce-scatter" in line:
+            arg = re.search(r"fusion\(%([^,)]+)", line)
+            coll.append({"kind": "all-reduce", "form": "sync", "loop": _loop(where),
+                         "bytes": _bytes(shapes.get(arg.group(1), "")) if arg else 0})
         cyc = re.search(r'estimated_cycles":"?(\d+)', line)
         if op == "fusion" and cyc and "jvp()/while/body" in where and "transpose" not in where:
             cycles[name] = (where.split("closed_call/")[-1], int(cyc.group(1)), shape)
-    return {"all_to_all": a2a, "forward_fusions": cycles}
+    return {"all_to_all": a2a, "collectives": coll, "forward_fusions": cycles}
+
+
+def collective_summary(coll: list[dict]) -> list[tuple[str, str, str, int, float]]:
+    """(loop, kind, form, count, MiB) per group of `read_schedule`'s collectives, sorted."""
+    groups: dict[tuple[str, str, str], list[int]] = {}
+    for c in coll:
+        groups.setdefault((c["loop"], c["kind"], c["form"]), []).append(c["bytes"])
+    return [(*k, len(v), sum(v) / 2**20) for k, v in sorted(groups.items())]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(s['all_to_all'])} all-to-alls:")
     for a in s["all_to_all"]:
         print(f"  {a['loop']:<8} {a['form']:<5} {a['bytes'] / 2**20:8.2f} MiB  {a['einsum']}")
+    print("collectives per loop iteration (loop, kind, form, count, MiB):")
+    for loop, kind, form, n, mib in collective_summary(s["collectives"]):
+        print(f"  {loop:<8} {kind:<18} {form:<5} {n:>3} {mib:10.2f} MiB")
     print("forward fusions with XLA's estimated cycles (matmuls and the dispatch):")
     for name, (what, cyc, shape) in s["forward_fusions"].items():
         if "dot_general" in what:

@@ -182,6 +182,75 @@ def test_moe_schedule_750b_sizes_are_the_measured_750b_runs_per_chip(vm, loaded)
     assert c.mesh == f"fsdp={fs},expert={ep}" and topo == "v6e:16x16"
 
 
+def test_moe_schedule_8x22b_sizes_and_placement_are_the_measured_8x22b_runs(vm, loaded):
+    # --size mixtral-8x22b: the 8x22B's widths and routing on a 16x16 with fsdp=64 x expert=4,
+    # its chips placed as MaxText's hybrid_ring_64x4 places them (the run's custom mesh).
+    mod = load_benchmark("xla_moe_schedule")
+    topo, fs, ep, d, f, e, k, cf, seq, h, hd, _layers, v = mod.SIZES["mixtral-8x22b"]
+    cases, _ = loaded
+    c = {c.id: c for c in cases}["tpu-recipes-v6e-mixtral-8x22b-v6e-256"]
+    m = c.model
+    assert (d, f, e, k, h, hd, v) == (m.d_model, m.expert_d_ff, m.num_experts,
+                                      m.experts_per_token, m.num_heads, m.head_dim, m.vocab_size)
+    assert (cf, seq) == (c.capacity_factor, c.seq_len)
+    assert c.mesh == f"fsdp={fs},expert={ep}" and topo == "v6e:16x16"
+    assert mod.PLACEMENT["mixtral-8x22b"] == "hybrid_ring_64x4"
+    assert c.axis_map == "expert=x:2+y:2,fsdp=x:8+y:8"
+
+
+def test_hybrid_ring_64x4_compile_placement_puts_each_expert_ring_on_a_2x2_block():
+    import types
+
+    xla = load_benchmark("_xla")
+    chips = [types.SimpleNamespace(coords=(x, y, 0)) for y in range(16) for x in range(16)]
+    grid = xla._hybrid_ring_64x4(chips, (64, 4))
+    assert len({id(d) for d in grid.flat}) == 256
+    for i in range(64):
+        ring = [d.coords[:2] for d in grid[i]]
+        bx, by = ring[0][0] // 2, ring[0][1] // 2
+        assert {(x // 2, y // 2) for x, y in ring} == {(bx, by)}  # one 2x2 block
+        # A ring of neighbours: each chip one hop from the next, the last from the first.
+        for (x0, y0), (x1, y1) in zip(ring, ring[1:] + ring[:1], strict=True):
+            assert abs(x0 - x1) + abs(y0 - y1) == 1
+    # The 64-way axis is the 8x8 grid of blocks: the same chip of each block, stride 2.
+    assert sorted(d.coords[:2] for d in grid[:, 0]) == \
+        sorted((2 * bx, 2 * by) for bx in range(8) for by in range(8))
+    with pytest.raises(ValueError, match="64 and 4"):
+        xla._hybrid_ring_64x4(chips, (16, 16))
+
+
+def test_moe_schedule_reader_lists_every_collective_once_with_its_form_and_loop():
+    mod = load_benchmark("xla_moe_schedule")
+    fwd = 'metadata={op_name="jit(step)/jvp()/while/body/closed_call/dot_general"}'
+    bwd = 'metadata={op_name="jit(step)/transpose(jvp())/while/body/closed_call/dot_general"}'
+    hlo = "\n".join([
+        "%all-reduce-scatter.clone (input.8: bf16[2,64,128]) -> bf16[2,1,128] {",
+        "  %all-reduce.33 = bf16[2,64,128]{2,1,0} all-reduce(%input.8), channel_id=43",
+        "}",
+        "ENTRY %main (p: bf16[8]) -> bf16[8] {",
+        f"  %all-gather.1 = bf16[64,128]{{1,0}} all-gather(%w), dimensions={{0}}, {fwd}",
+        "  %collective-permute-start.1 = (bf16[1,512]{1,0:T(8,128)(2,1)}, bf16[1,512]{1,0}, "
+        f"u32[]{{:S(2)}}) collective-permute-start(%a), {fwd}",
+        f"  %collective-permute-done.1 = bf16[1,512]{{1,0}} collective-permute-done(%b), {fwd}",
+        f"  %g = bf16[2,64,128]{{2,1,0}} fusion(%x), kind=kLoop, calls=%f, {bwd}",
+        f"  %fusion.604 = bf16[2,1,128]{{2,1,0}} fusion(%g), kind=kCustom, "
+        f"calls=%all-reduce-scatter.clone, {bwd}",
+        f"  %all-reduce-start.2 = f32[16]{{0}} all-reduce-start(%y), {bwd}",
+        f"  %all-reduce-done.2 = f32[16]{{0}} all-reduce-done(%all-reduce-start.2), {bwd}",
+        "  %all-reduce.9 = f32[]{:T(128)} all-reduce(%loss)",
+        "}",
+    ])
+    got = [(c["loop"], c["kind"], c["form"], c["bytes"])
+           for c in mod.read_schedule(hlo)["collectives"]]
+    assert got == [("forward", "all-gather", "sync", 64 * 128 * 2),
+                   ("forward", "collective-permute", "async", 512 * 2),
+                   ("backward", "all-reduce", "sync", 2 * 64 * 128 * 2),  # the whole gradient
+                   ("backward", "all-reduce", "async", 16 * 4),
+                   ("outside", "all-reduce", "sync", 4)]
+    assert mod.collective_summary(mod.read_schedule(hlo)["collectives"])[0] == \
+        ("backward", "all-reduce", "async", 1, 64 / 2**20)
+
+
 def test_gemma3_runs_rebuild_with_their_vocab_tiling_and_maxtexts_flop_count(vm, loaded):
     cases, _ = loaded
     c = {c.id: c for c in cases}["tpu-recipes-v6e-gemma3-12b-1x-v6e-256"]
