@@ -18,7 +18,7 @@ from typing import Any
 
 from sim.hardware import CHIP_BOOL_FIELDS, CHIP_FIELDS, WRAP_RULES, ChipSpec
 from topologies.errors import TpusimError
-from topologies.validate import MAX_MODEL_DIM, short_repr
+from topologies.validate import MAX_MODEL_DIM, ascii_float, ascii_int, short_repr
 from workloads.models import MODEL_FIELDS, MlpKind, TransformerSpec
 
 # The groups of keys a command can accept (`scope`); each command lists the ones it simulates.
@@ -51,8 +51,9 @@ _BYTE_UNITS = {
 }
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 _SI = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
+# ASCII digits only (re.ASCII): Python's float() would also read a full-width "１".
 _NUMBER = re.compile(r"^\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?|[+-]?nan|[+-]?inf)\s*(.*?)\s*$",
-                     re.IGNORECASE)
+                     re.IGNORECASE | re.ASCII)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -197,7 +198,7 @@ def _multiplier(key: str, value: Any) -> float | None:
         return None
     body = value.strip()[1:]
     try:
-        m = float(body)
+        m = ascii_float(body)
     except ValueError:
         raise TpusimError(
             f"--set {key}={value}: {body!r} is not a number; write a multiplier such as x2 or x0.5"
@@ -293,7 +294,7 @@ def _parse_chip(key: str, value: Any) -> Override:
     if key == "max_pod_shape":
         text = _text(key, str(value))
         try:
-            shape = tuple(int(s) for s in text.lower().split("x"))
+            shape = tuple(ascii_int(s, max_digits=9) for s in text.lower().split("x"))
         except ValueError:
             shape = ()
         if not shape or any(n < 1 for n in shape):

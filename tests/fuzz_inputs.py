@@ -438,6 +438,8 @@ def gen_hlo(rng: random.Random, i: int) -> dict[str, Any]:
 
     lines = base_hlo().split("\n")
     for _ in range(rng.randint(1, 4)):
+        if not lines:  # an earlier cut or deletion left nothing (an empty file)
+            break
         n = rng.randrange(len(lines))
         r = rng.random()
         if r < 0.2:

@@ -5,6 +5,7 @@ agreement with the Python API, and one-line errors (exit code 2, no traceback).
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -565,3 +566,94 @@ def test_a_long_bad_choice_is_named_cut_short_in_a_one_line_error(capsys, base, 
     rc, out, err = _run(capsys, *base, flag, "x" * 5000)
     assert rc == 2 and out == "" and err.count("\n") == 1, err[:300]
     assert flag in err and "xxxx" in err and len(err) < 400, err[:300]
+
+
+# -- numbers as written (fuzz8) ------------------------------------------------------------
+_TINY_TRAIN = ("train", "--chip", "v5e", "--shape", "2x2", "--model", "llama3-8b", "--set",
+               "model.num_layers=1", "--seq-len", "128", "--batch-per-chip", "1")
+
+
+@pytest.mark.parametrize("argv, named", [
+    ((*_TRAIN, "--seed", "-inf"), "--seed '-inf'"),
+    ((*_TRAIN, "--chip-variation", "-inf"), "--chip-variation '-inf' is not finite"),
+    ((*_TRAIN, "--seq-len", "-1e5"), "--seq-len '-1e5' is not a whole number"),
+    ((*_COLLECTIVE, "--op", "collective-permute", "--shift", "-nan"),
+     "--shift '-nan' is not a whole number"),
+])
+def test_a_dashed_number_after_a_flag_is_its_value_and_the_error_names_it(capsys, argv, named):
+    # argparse reads -inf, -nan and -1e5 as unknown flags ("argument --seed: expected one
+    # argument": neither the value nor the fix); they are the flag's value, and its own check
+    # quotes them.
+    rc, out, err = _run(capsys, *argv)
+    assert rc == 2 and out == "" and err.count("\n") == 1, err
+    assert named in err and "expected one argument" not in err, err
+
+
+@pytest.mark.parametrize("argv, named", [
+    ((*_TRAIN, "--seed", "１"), "--seed '１' is not a whole number in ASCII digits"),
+    ((*_TRAIN, "--seed", "1_0"), "--seed '1_0' is not a whole number in ASCII digits"),
+    ((*_TRAIN, "--chip-variation", "0_1"), "--chip-variation '0_1' is not a number"),
+    ((*_TRAIN, "--slow-chip", "０,0:0.5"), "chip coordinates '０,0' must be integers"),
+    ((*_TRAIN, "--slow-link", "0,0:x+:0_5"), "factor '0_5' is not a number"),
+    ((*_TRAIN, "--set", "hbm_bytes=x１"), "'１' is not a number"),
+    ((*_TRAIN, "--set", "model.d_ff=１０２４"), "--set model.d_ff=１０２４: not a number"),
+    ((*_TINY_TRAIN, "--mesh", "fsdp=４"), "size '４' of fsdp is not an integer"),
+    (("train", "--chip", "v5e", "--shape", "２x2", *_TRAIN[5:]), "shape '２x2' is not like"),
+    (("train", "--chip", "v5e", "--shape", "2_2", *_TRAIN[5:]), "shape '2_2' is not like"),
+    ((*_TRAIN, "--perfetto", "/dev/null", "--trace-chips", "０-1"), "--trace-chips '０-1'"),
+    ((*_COLLECTIVE, "--op", "send", "--src", "０,0", "--dst", "1,0"), "--src '０,0'"),
+])
+def test_numbers_in_flags_are_read_in_ascii_digits_only(capsys, argv, named):
+    # Python's int() and float() read a full-width "１" and underscores ("0_5" is 5.0, "2_2"
+    # is 22): each of these was once taken as that number; now each is a one-line error.
+    rc, out, err = _run(capsys, *argv)
+    assert rc == 2 and out == "" and err.count("\n") == 1, err
+    assert named in err, err
+
+
+def test_ascii_number_readers_take_plain_numbers_and_nothing_else():
+    from topologies.validate import ascii_float, ascii_int
+
+    assert ascii_int(" +42 ") == 42 and ascii_int("-7") == -7 and ascii_int("0" * 30) == 0
+    assert ascii_float("1e3") == 1000.0 and ascii_float(".5") == 0.5 and ascii_float("-2.") == -2
+    assert math.isinf(ascii_float("-inf")) and math.isnan(ascii_float("NaN"))
+    for bad in ("１", "1_0", "", "1e", "0x10", "1" * 31, "٣", "1 0"):
+        with pytest.raises(ValueError):
+            ascii_int(bad)
+    for bad in ("１.5", "0_5", "", "e5", "1e5e5", "1,5", "infinit", "0x1p3"):
+        with pytest.raises(ValueError):
+            ascii_float(bad)
+
+
+def test_compile_checks_the_seed_range_as_the_simulating_commands_do(capsys, tmp_path):
+    argv = ("compile", "--chips", "4", "--model", "mixtral-8x7b", "--set", "model.num_layers=1",
+            "--seq-len", "128", "--batch-per-chip", "1", "--mesh", "expert=4", "-o",
+            str(tmp_path / "t.trace"), "--expert-skew", "1")
+    for seed in ("-1", str(2**63), "9" * 40):
+        rc, out, err = _run(capsys, *argv, "--seed", seed)
+        assert rc == 2 and err.count("\n") == 1, err
+        assert "give a whole number in [0, 2^63)" in err, err
+    assert not (tmp_path / "t.trace").exists()
+    rc, out, err = _run(capsys, *argv, "--seed", str(2**63 - 1))
+    assert rc == 0, err
+
+
+def test_a_non_finite_perturbation_flag_is_quoted_as_given(capsys):
+    # float("1e400") is inf: the error names the 1e400 that was typed, and the range.
+    for flag, rng in (("--chip-variation", "[0, 1]"), ("--expert-skew", "[0, 100]"),
+                      ("--capacity-factor", "(0, 1e6]")):
+        rc, out, err = _run(capsys, *_TRAIN, flag, "1e400")
+        assert rc == 2 and err.count("\n") == 1, err
+        assert f"{flag} '1e400' is not finite; give a finite number in {rng}" in err, err
+
+
+def test_a_batch_per_chip_under_one_sequence_per_pod_is_refused_naming_the_flag(capsys):
+    # 1e-320 x 4 chips rounds to 0 sequences, which once surfaced as "tokens=0 must be a
+    # positive number" (no flag named).
+    base = [a for a in _TINY_TRAIN if a not in ("--batch-per-chip", "1")]
+    for b in ("1e-320", "1e-10", "0.1"):
+        rc, out, err = _run(capsys, *base, "--batch-per-chip", b, "--mesh", "tensor=4")
+        assert rc == 2 and err.count("\n") == 1, err
+        assert err.startswith(f"tpusim: error: --batch-per-chip {float(b):g} x 4 chips"), err
+    rc, out, err = _run(capsys, *base, "--batch-per-chip", "0.25", "--mesh", "tensor=4")
+    assert rc == 0, err

@@ -190,7 +190,7 @@ def test_cli_expert_skew_on_a_dense_model_exits_2_with_one_line(capsys):
     rc = main(["decode", "--chip", "v5e", "--shape", "2x2", "--model", "mixtral-8x7b",
                "--batch", "8", "--context-len", "64", "--mesh", "tensor=4",
                "--expert-skew", "nan"])
-    assert rc == 2 and "--expert-skew nan" in capsys.readouterr().err
+    assert rc == 2 and "--expert-skew 'nan' is not finite" in capsys.readouterr().err
 
 
 def test_scenario_yaml_sets_the_router_as_the_flags_do(tmp_path, capsys):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from topologies.errors import TpusimError
 from topologies.torus import AXIS_NAMES, DCN_AXIS, Topology
-from topologies.validate import MAX_CHIPS, short_repr
+from topologies.validate import MAX_CHIPS, ascii_int, short_repr
 
 LOGICAL_AXES = ("data", "fsdp", "pipeline", "expert", "sequence", "tensor")
 
@@ -177,12 +177,10 @@ def parse_mesh(
                 )
             k, v = part.split("=", 1)
             try:
-                if len(v.strip()) > 9:
-                    raise ValueError
-                size = int(v)
+                size = ascii_int(v, max_digits=9)
             except ValueError:
                 raise TpusimError(f"{flag} {short_repr(t)}: size {short_repr(v)} of {k} is not "
-                                  f"an integer (of at most 9 digits)") from None
+                                  f"an integer (of at most 9 ASCII digits)") from None
             if size < 1:
                 raise TpusimError(f"{flag} {t!r}: {k}={size} must be >= 1")
             out.append((k.strip(), size))

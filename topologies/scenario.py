@@ -30,7 +30,7 @@ import numpy as np
 
 from topologies.errors import TpusimError
 from topologies.torus import AXIS_NAMES, Topology
-from topologies.validate import short_repr
+from topologies.validate import ascii_float, ascii_int, short_repr
 
 Coords = tuple[int, ...]
 
@@ -268,9 +268,7 @@ def _check_factor(factor: Any, what: str) -> None:
 
 def _parse_coords(text: str, flag: str, spec: str) -> Coords:
     try:
-        if any(len(c.strip()) > 9 for c in text.split(",")):
-            raise ValueError
-        coords = tuple(int(c) for c in text.split(","))
+        coords = tuple(ascii_int(c, max_digits=9) for c in text.split(","))
     except ValueError:
         raise TpusimError(
             f"{flag} {short_repr(spec)}: chip coordinates {short_repr(text)} must be integers "
@@ -281,7 +279,7 @@ def _parse_coords(text: str, flag: str, spec: str) -> Coords:
 
 def _parse_factor(text: str, flag: str, spec: str) -> float:
     try:
-        f = float(text)
+        f = ascii_float(text)
     except ValueError:
         raise TpusimError(
             f"{flag} {short_repr(spec)}: factor {short_repr(text)} is not a number; give e.g. "

@@ -44,7 +44,7 @@ def _unknown_slice(name: str) -> str:
     from topologies.validate import short_repr
 
     head = f"unknown slice {short_repr(name)}"
-    m = re.fullmatch(r"\s*([a-z0-9]+)-(\d{1,9})\s*", name.lower())
+    m = re.fullmatch(r"\s*([a-z0-9]+)-([0-9]{1,9})\s*", name.lower())
     gen = m.group(1) if m else None
     if gen not in _CORES_PER_CHIP:
         close = difflib.get_close_matches(name.lower(), SLICES.names(), n=3, cutoff=0.6)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from topologies.errors import TpusimError
+from topologies.validate import ascii_int, short_repr
 
 AXIS_NAMES = ("x", "y", "z")
 DCN_AXIS = "dcn"
@@ -236,15 +237,11 @@ def parse_shape(text: str) -> tuple[int, ...]:
     """`"8x16"` -> (8, 16). One to three positive axes."""
     parts = str(text).lower().replace("×", "x").split("x")
     try:
-        if any(len(p.strip()) > 9 for p in parts):
-            raise ValueError
-        shape = tuple(int(p) for p in parts)
+        shape = tuple(ascii_int(p, max_digits=9) for p in parts)
     except ValueError:
-        from topologies.validate import short_repr
-
         raise TpusimError(
-            f"shape {short_repr(text)} is not like 8x16 or 4x4x4: give 1 to 3 positive integers "
-            f"joined by x"
+            f"shape {short_repr(text)} is not like 8x16 or 4x4x4: give 1 to 3 positive integers in "
+            f"ASCII digits joined by x"
         ) from None
     if not 1 <= len(shape) <= 3 or any(n < 1 for n in shape):
         raise TpusimError(

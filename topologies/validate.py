@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import enum
 import math
+import re
 from typing import Any, TypeVar
 
 from topologies.errors import TpusimError
@@ -83,6 +84,32 @@ def short_repr(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+# Numbers in flags and input files are read in ASCII only. Python's int() and float() also
+# read full-width and other Unicode digits ("１") and underscores ("0_5" is 5.0, "2_2" is 22):
+# a paste or a typo, never what a flag means, so they are refused instead of guessed.
+_INT_TEXT = re.compile(r"[+-]?[0-9]+")
+_FLOAT_TEXT = re.compile(
+    r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?(?:inf|infinity|nan)", re.I)
+
+
+def ascii_int(text: Any, max_digits: int = MAX_INT_DIGITS) -> int:
+    """`int(text)` for a whole number in ASCII digits (an optional sign, surrounding spaces),
+    at most `max_digits` digits; ValueError otherwise (the caller words the error)."""
+    t = str(text).strip()
+    if not _INT_TEXT.fullmatch(t) or len(t.lstrip("+-")) > max_digits:
+        raise ValueError(f"not a whole number in ASCII digits: {short_repr(text)}")
+    return int(t)
+
+
+def ascii_float(text: Any) -> float:
+    """`float(text)` for a number in ASCII (digits, one point, an exponent; inf and nan are
+    read too, for the caller's finiteness check to name); ValueError otherwise."""
+    t = str(text).strip()
+    if not _FLOAT_TEXT.fullmatch(t):
+        raise ValueError(f"not a number in ASCII: {short_repr(text)}")
+    return float(t)
+
+
 def number(value: Any, what: str, *, lo: float | None = None, hi: float | None = None,
            lo_open: bool = False, integer: bool = False, fix: str = "") -> float | int:
     """`value` as a finite number (an int if `integer`) in [lo, hi] (or (lo, hi] if `lo_open`).
@@ -95,7 +122,7 @@ def number(value: Any, what: str, *, lo: float | None = None, hi: float | None =
     v = value
     if isinstance(v, str):
         try:
-            v = float(v.strip()) if not _looks_int(v) else int(v.strip())
+            v = ascii_float(v) if not _looks_int(v) else int(v.strip())
         except (ValueError, OverflowError):
             pass
     if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -200,9 +227,7 @@ def float_flag(flag: str, *, lo: float, hi: float, lo_open: bool = False):
         rng = _range_text(lo, hi, lo_open, False)
         t = str(text).strip()
         try:
-            if not t.isascii():  # float() also takes full-width digits ("１")
-                raise ValueError
-            v = float(t)
+            v = ascii_float(t)  # float() also takes "１" and "0_5"
         except ValueError:
             raise TpusimError(f"{flag} {short_repr(text)} is not a number; give {rng}") from None
         if not math.isfinite(v):

@@ -493,6 +493,11 @@ def _compiler(
             f"of sequences; change the batch"
         )
     global_seqs = int(round(global_seqs))
+    if global_seqs < 1:  # a tiny positive value (1e-320) is within the tolerance of 0
+        raise TpusimError(
+            f"--batch-per-chip {config.batch_per_chip:g} x {num_chips} chips is under one "
+            f"sequence; give at least 1/{num_chips} = {1 / num_chips:g} (one sequence per pod)"
+        )
     batch_shards = dp * fs * ep
     if global_seqs % batch_shards:
         raise TpusimError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -12,11 +13,44 @@ from pathlib import Path
 from typing import Any
 
 from topologies.errors import TpusimError
-from topologies.validate import MAX_BYTES, MAX_SLICES, int_flag, short_repr
+from topologies.validate import (
+    MAX_BYTES,
+    MAX_SLICES,
+    FlagError,
+    ascii_float,
+    ascii_int,
+    int_flag,
+    short_repr,
+)
+
+# A value that starts with "-" but that argparse does not take for a negative number (it knows
+# only -1 and -1.5): -inf, -nan, -1e5, -.5.
+_DASHED_NUMBER = re.compile(r"-(?:[0-9.].*|inf|infinity|nan)", re.I | re.S)
 
 
 class Parser(argparse.ArgumentParser):
     """argparse with single-line errors (no usage dump), exit code 2."""
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        # `--seed -inf` would end in argparse's "argument --seed: expected one argument",
+        # which names neither the value nor the fix: a flag that takes one value is given the
+        # dashed number that follows it (as `--seed=-inf`), so its own check names the value.
+        if args is not None:
+            args, out = list(args), []
+            i = 0
+            while i < len(args):
+                a = args[i]
+                act = self._option_string_actions.get(a) if isinstance(a, str) else None
+                if act is not None and act.nargs is None and i + 1 < len(args) \
+                        and isinstance(args[i + 1], str) and _DASHED_NUMBER.fullmatch(args[i + 1]) \
+                        and args[i + 1] not in self._option_string_actions:
+                    out.append(f"{a}={args[i + 1]}")
+                    i += 2
+                    continue
+                out.append(a)
+                i += 1
+            args = out
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         # A validating `type=` (FlagError) already names its flag: drop argparse's prefix.
@@ -60,7 +94,7 @@ def parse_bytes(text: str, flag: str = "--bytes") -> int:
 
 def parse_coords(text: str, flag: str) -> tuple[int, ...]:
     parts = str(text).split(",")
-    if not 1 <= len(parts) <= 3 or not all(re.fullmatch(r"\s*\d{1,6}\s*", p) for p in parts):
+    if not 1 <= len(parts) <= 3 or not all(re.fullmatch(r"\s*[0-9]{1,6}\s*", p) for p in parts):
         raise TpusimError(
             f"{flag} {short_repr(text)} is not chip coordinates; give 1 to 3 integers >= 0 like "
             f"0,0 or 1,2,3"
@@ -343,7 +377,7 @@ def add_moe_args(p: argparse.ArgumentParser) -> None:
                         "/ num_experts tokens per sequence, the rest are dropped; dense one-hot "
                         "dispatch/combine einsums are charged; C in (0, 1e6], at least one "
                         "token per expert (default: dropless)")
-    g.add_argument("--seed", type=_int_arg("--seed"), default=0,
+    g.add_argument("--seed", type=_seed_arg, default=0,
                    help="which chip of the expert axis holds the hottest experts in each layer "
                         "(default 0)")
 
@@ -442,7 +476,7 @@ def add_perturbation_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--chip-variation", type=_float_arg("--chip-variation"), default=None,
                    metavar="SIGMA",
                    help="every chip's speed drawn from a lognormal, median 1, log-sd SIGMA")
-    g.add_argument("--seed", type=_int_arg("--seed"), default=None,
+    g.add_argument("--seed", type=_seed_arg, default=None,
                    help="seed of the --chip-variation draw (default 0)")
     g.add_argument("--expert-skew", type=_float_arg("--expert-skew"), default=None,
                    metavar="S", help="MoE router imbalance: expert loads drawn Zipf(S)")
@@ -451,26 +485,43 @@ def add_perturbation_args(p: argparse.ArgumentParser) -> None:
                                      "(0, 1e6], at least one token per expert")
 
 
+# The ranges `Scenario` and `MoeConfig` check (and say in their errors).
+_FLOAT_RANGES = {"--chip-variation": "a finite number in [0, 1]",
+                 "--expert-skew": "a finite number in [0, 100]",
+                 "--capacity-factor": "a finite number in (0, 1e6]"}
+
+
 def _float_arg(flag: str):
+    """A number flag whose range the `Scenario` / `MoeConfig` checks (with the same key in a
+    --scenario file): read in ASCII and finite here, so that the error quotes what was given
+    (`1e400`, not the `inf` it reads as)."""
+    rng = _FLOAT_RANGES[flag]
+
     def conv(text: str) -> float:
         try:
-            return float(text)
+            v = ascii_float(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} {text!r} is not a number") from None
+            raise FlagError(f"{flag} {short_repr(text)} is not a number; give {rng}") from None
+        if not math.isfinite(v):
+            raise FlagError(f"{flag} {short_repr(text)} is not finite; give {rng}")
+        return v
 
     return conv
 
 
-def _int_arg(flag: str):
-    def conv(text: str) -> int:
-        try:
-            return int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{flag} {text!r} must be a whole number >= 0"
-            ) from None
+# Numpy's generators take seeds below 2^63 (as `Scenario` checks for a --scenario file).
+SEED_RANGE = "a whole number in [0, 2^63)"
 
-    return conv
+
+def _seed_arg(text: str) -> int:
+    try:
+        v = ascii_int(text)
+    except ValueError:
+        raise FlagError(f"--seed {short_repr(text)} is not a whole number in ASCII digits; "
+                        f"give {SEED_RANGE}") from None
+    if not 0 <= v < 2**63:
+        raise FlagError(f"--seed {short_repr(v)} is out of range; give {SEED_RANGE}")
+    return v
 
 
 def scenario_from_args(args: argparse.Namespace, topology):

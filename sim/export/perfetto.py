@@ -68,7 +68,7 @@ def parse_chip_list(spec: str | None, num_chips: int) -> list[int]:
     ranges = []
     for part in text.split(","):
         part = part.strip()
-        m = re.fullmatch(r"(\d{1,9})(?:\s*-\s*(\d{1,9}))?", part)
+        m = re.fullmatch(r"([0-9]{1,9})(?:\s*-\s*([0-9]{1,9}))?", part)
         if not m:
             raise TpusimError(f"--trace-chips {short_repr(spec)} is not a chip list; {hint}")
         a = int(m.group(1))
