@@ -48,39 +48,50 @@ MARKER = "<!-- peak-hbm -->"
 # 128 (8 KV heads), SwiGLU d_ff 8192, vocab 32768, untied embeddings.
 DIMS = _xla.SMALL
 LAYERS = 4
-# The same decoder as a tpusim model.
-MODEL = _xla.tpusim_model_dict(DIMS, LAYERS, "xla-memory")
 
-# Physical topology, tpusim pod flags, per chip generation.
+
+def tpusim_model(layers: int = LAYERS) -> dict:
+    """The same decoder as a tpusim model."""
+    return _xla.tpusim_model_dict(DIMS, layers, "xla-memory")
+
+
+# Physical topology, tpusim pod flags, per chip generation (and the large pods whose FSDP
+# groups are longer than XLA's windowed rings).
 CHIPS = {
     "v5e": ("v5e:4x4", ["--chip", "v5e", "--shape", "4x4"]),
     "v6e": ("v6e:4x4", ["--chip", "v6e", "--shape", "4x4"]),
     "v5p": ("v5p:2x2x4", ["--chip", "v5p", "--shape", "2x2x4"]),
+    "v5p64": ("v5p:4x4x4", ["--chip", "v5p", "--shape", "4x4x4"]),
+    "v6e256": ("v6e:16x16", ["--chip", "v6e", "--shape", "16x16"]),
 }
 MESHES = {
     "fsdp": {"fsdp": 16},
     "fsdp_tp": {"fsdp": 4, "tensor": 4},
     "data_fsdp": {"data": 2, "fsdp": 8},
+    "fsdp64": {"fsdp": 64},
+    "fsdp256": {"fsdp": 256},
 }
 
 
 def _configs() -> dict[str, dict]:
     out = {}
 
-    def add(chip, mesh, remat, seq=2048, batch=2, tp_act="replicated", f32_params=False):
+    def add(chip, mesh, remat, seq=2048, batch=2, tp_act="replicated", f32_params=False,
+            layers=LAYERS):
         # The batch per chip is named when it is not the sequence length's usual one (2 at
-        # seq 2048, 1 at seq 4096: 4096 tokens per chip).
+        # seq 2048, 1 at seq 4096: 4096 tokens per chip), the layers when not `LAYERS`.
         name = (f"{chip}_{mesh}_{remat}_s{seq}" + ("_tpsharded" if tp_act == "sharded" else "")
                 + ("" if seq * batch == 4096 else f"_b{batch}")
-                + ("_f32params" if f32_params else ""))
+                + ("_f32params" if f32_params else "")
+                + ("" if layers == LAYERS else f"_l{layers}"))
         out[name] = dict(chip=chip, mesh=mesh, remat=remat, seq=seq, batch_per_chip=batch,
-                         tp_activations=tp_act, f32_params=f32_params)
+                         tp_activations=tp_act, f32_params=f32_params, layers=layers)
 
     for chip in ("v5e", "v6e", "v5p"):
-        for mesh in MESHES:
+        for mesh in ("fsdp", "fsdp_tp", "data_fsdp"):
             for remat in ("none", "full"):
                 add(chip, mesh, remat)
-    for mesh in MESHES:
+    for mesh in ("fsdp", "fsdp_tp", "data_fsdp"):
         add("v5e", mesh, "minimal")
     for chip in ("v6e", "v5p"):
         add(chip, "fsdp", "minimal")
@@ -117,6 +128,12 @@ def _configs() -> dict[str, dict]:
     # one sequence per chip.
     add("v6e", "fsdp", "minimal", f32_params=True)
     add("v6e", "fsdp", "offload", seq=2048, batch=1)
+    # FSDP groups longer than XLA's windowed rings (`XLA_MAX_WINDOWED_RING`, 32 chips): every
+    # weight gathered plain and every weight gradient all-reduced whole (2 layers, to compile
+    # in minutes on 64 and 256 chips).
+    for chip, mesh in (("v5p64", "fsdp64"), ("v6e256", "fsdp256")):
+        for remat in ("none", "full"):
+            add(chip, mesh, remat, layers=2)
     return out
 
 
@@ -207,7 +224,7 @@ def _dense_worker(name: str) -> dict:
                          param_dtype="float32" if cfg.get("f32_params") else "bfloat16")
     # The layers' weights stacked on a leading layer axis and scanned, as MaxText does
     # (scan_layers): one loop body, saved activations stacked per layer.
-    params = model.params(LAYERS, stacked=True)
+    params = model.params(cfg.get("layers", LAYERS), stacked=True)
     batch = int(round(cfg["batch_per_chip"] * n_chips))
     tokens = model.sds((batch, cfg["seq"]), P(bs, None), jnp.int32)
     compiled = model.lower_train(params, tokens, remat=remat, scan=True).compile()
@@ -241,10 +258,16 @@ def backfill_from_dumps(cache: dict, dirs: list[str]) -> list[str]:
 
 def gather_forms(hlo: str) -> dict:
     """How the optimized program gathers weights: windowed-einsum loops (collective matmuls),
-    async and blocking all-gathers (counted once per HLO instruction, not per trip)."""
+    async and blocking all-gathers (counted once per HLO instruction, not per trip); and how
+    it reduces gradients: reduce-scatters (plain, TPU all-reduce-scatter fusions, windowed
+    loops) and synchronous all-reduces (no start/done pair)."""
     import re
 
     return {"windowed_ag_loops": len(re.findall(r"body=%[\w.]*windowed_dot_general_body_ag", hlo)),
+            "reduce_scatters": len(re.findall(r"\breduce-scatter\(", hlo))
+            + len(re.findall(r"calls=%all-reduce-scatter", hlo))
+            + len(re.findall(r"body=%[\w.]*windowed_dot_general_body_rs", hlo)),
+            "sync_all_reduces": len(re.findall(r"\ball-reduce\(", hlo)),
             # TPU wraps async collectives in "async collective fusions".
             "async_all_gathers": len(re.findall(r"\ball-gather-start\(", hlo))
             + len(re.findall(r"= \S+ fusion\([^\n]*async_collective_fusion", hlo))
@@ -258,6 +281,24 @@ def fsdp_gather_flag(xla: dict) -> str:
     if xla.get("windowed_ag_loops"):
         return "windowed"
     return "async" if xla.get("async_all_gathers") else "blocking"
+
+
+def fsdp_grad_flag(name: str, xla: dict) -> str:
+    """tpusim's --fsdp-grad for a dense program: `all-reduce` when its FSDP group is longer
+    than XLA's windowed rings (`XLA_MAX_WINDOWED_RING`), where XLA reduces every weight
+    gradient by a synchronous all-reduce of the whole gradient, else `reduce-scatter`. A
+    compile that read otherwise (a reduce-scatter in such a program) is an error: the rule
+    would not hold."""
+    sys.path.insert(0, str(REPO))
+    from workloads.training import XLA_MAX_WINDOWED_RING
+
+    if MESHES[CONFIGS[name]["mesh"]].get("fsdp", 1) <= XLA_MAX_WINDOWED_RING:
+        return "reduce-scatter"
+    if xla.get("reduce_scatters", 0):
+        raise RuntimeError(f"{name}: XLA reduce-scatters {xla['reduce_scatters']} gradients "
+                           f"over more than {XLA_MAX_WINDOWED_RING} chips; the all-reduce rule "
+                           f"does not hold there")
+    return "all-reduce"
 
 
 # --------------------------------------------------------------------------------------------
@@ -303,7 +344,7 @@ def tpusim_peak(name: str, xla: dict) -> dict:
     cfg = CONFIGS[name]
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp, "model.yaml")
-        model.write_text(_xla.tpusim_model_yaml(MODEL))
+        model.write_text(_xla.tpusim_model_yaml(tpusim_model(cfg.get("layers", LAYERS))))
         mesh = ",".join(f"{k}={v}" for k, v in MESHES[cfg["mesh"]].items())
         cmd = [sys.executable, "-m", "sim", "train", *CHIPS[cfg["chip"]][1],
                "--model", str(model), "--seq-len", str(cfg["seq"]),
@@ -312,7 +353,8 @@ def tpusim_peak(name: str, xla: dict) -> dict:
                "--tp-activations", cfg["tp_activations"],
                *(["--param-dtype", "fp32", "--gather-dtype", "bf16"]
                  if cfg.get("f32_params") else []),
-               "--fsdp-gather", fsdp_gather_flag(xla), "--json"]
+               "--fsdp-gather", fsdp_gather_flag(xla),
+               "--fsdp-grad", fsdp_grad_flag(name, xla), "--json"]
         r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"tpusim train failed: {' '.join(cmd)}\n{r.stderr}")
@@ -330,7 +372,7 @@ def tpusim_host_bytes(name: str) -> float:
     from workloads.training import Remat, TrainingConfig, compile_training_step
 
     cfg = CONFIGS[name]
-    model = model_from_dict(MODEL)
+    model = model_from_dict(tpusim_model(cfg.get("layers", LAYERS)))
     axes = MESHES[cfg["mesh"]]
     mesh = parse_mesh(",".join(f"{k}={v}" for k, v in axes.items()))
     n_chips = 1
@@ -365,8 +407,9 @@ def describe(name: str) -> str:
     mesh = " x ".join(f"{k}={v}" for k, v in MESHES[c["mesh"]].items())
     tp = ", tp-act sharded" if c["tp_activations"] == "sharded" else ""
     f32 = ", f32 params cast to bf16" if c.get("f32_params") else ""
+    layers = "" if c.get("layers", LAYERS) == LAYERS else f", {c['layers']} layers"
     return (f"{CHIPS[c['chip']][0]} {mesh}, seq {c['seq']}, batch/chip {c['batch_per_chip']}, "
-            f"remat {c['remat']}{tp}{f32}")
+            f"remat {c['remat']}{tp}{f32}{layers}")
 
 
 def analysis(x: dict) -> str:
@@ -391,6 +434,8 @@ def table(cache: dict) -> tuple[str, list[float]]:
                 if CONFIGS.get(name, {}).get("remat") == "offload" else "")
         gathers = "n/a (no fsdp)" if "fsdp" not in (CONFIGS.get(name) and MESHES[
             CONFIGS[name]["mesh"]] or OTHER[name]["mesh"]) else fsdp_gather_flag(x)
+        if name in CONFIGS and fsdp_grad_flag(name, x) == "all-reduce":
+            gathers += ", gradients all-reduced whole"
         rows.append(f"| {describe(name)} | {gathers} | "
                     f"{xla_hbm_peak(x) / 1e9:.2f} GB{analysis(x)} | "
                     f"{s['peak_bytes'] / 1e9:.2f} GB | "
@@ -414,8 +459,8 @@ def section(cache: dict) -> str:
         "`benchmarks/results/xla_memory.json`._", "",
         f"XLA side: a LLaMA-style decoder (d_model {m['d_model']}, {m['num_heads']} heads / "
         f"{m['num_kv_heads']} KV heads of {m['head_dim']}, SwiGLU d_ff {m['d_ff']}, vocab "
-        f"{m['vocab_size']}, untied embeddings, {LAYERS} layers scanned (`jax.lax.scan` over "
-        "stacked weights, as MaxText), RMSNorm in f32, dot attention "
+        f"{m['vocab_size']}, untied embeddings, {LAYERS} layers (2 where the row says so) scanned "
+        "(`jax.lax.scan` over stacked weights, as MaxText), RMSNorm in f32, dot attention "
         "with f32 scores, bf16 params, f32 Adam moments, donated arguments) compiled deviceless "
         "by `jax[tpu]==0.10.2`; the peak is the HBM peak of XLA's buffer assignment "
         "(`hbm_peak_bytes`: `benchmarks/xla_live_ranges.py`'s occupancy of the compile's "
@@ -539,6 +584,29 @@ def section(cache: dict) -> str:
         "In the v5e programs the context of GQA attention sits in a "
         "tiled layout that pads the head-group dimension (a 16 MB tensor takes 128 MB), "
         "which tpusim does not model.", "",
+        "The fsdp=64 (v5p 4x4x4) and fsdp=256 (v6e 16x16) rows, 2 layers each, are programs "
+        "whose FSDP group is longer than XLA's windowed rings (docs/model.md \"Collectives as "
+        "XLA emits them\"): no windowed loop and no reduce-scatter (`reduce_scatters` 0 in the "
+        "cache); XLA reduces every weight gradient by a synchronous all-reduce of the whole "
+        "gradient, several gradients per tuple all-reduce, and tpusim runs them with "
+        "`--fsdp-grad all-reduce`. They were compiled on 2026-12-01 after tpusim's peaks for "
+        "them were written down (4.025, 1.108, 3.995 and 1.009 GB with blocking gathers and "
+        "whole-gradient all-reduces, before tpusim held any whole gradient: +4.7%, -1.7%, "
+        "+4.8%, -4.6%). At a `full` program's score gradient (the v6e peak; the v5p one "
+        "holds 1.093 GB there and peaks 3% higher, at the MLP's first weight-gradient matmul) "
+        "both hold the MLP's three whole bf16 gradients and the output and value projections' "
+        "(108 MiB), written by the backward's dot fusions and freed by the tuple all-reduces "
+        "after the score gradient or at the layer's end; tpusim now holds each from its "
+        "weight-gradient matmul to its all-reduce (`whole_gradients`; docs/model.md "
+        "\"Memory\"), which took the two `full` rows to +2.4% and +6.1%. The `none` programs "
+        "peak at the loss, before any gradient exists (unchanged). The v5p program gathers "
+        "every weight by all-reducing zero-padded shards (it has no all-gather), the v6e one "
+        "its attention matrices; the padded copies die with the gather's all-reduce except "
+        "q's and k's, which both programs keep (12 MiB) for their re-gather in the backward, "
+        "where tpusim holds the 24 MiB of the layer's gathered attention matrices. What is "
+        "left of the v6e `full` row's +6.1%: at the score gradient tpusim still holds the "
+        "attention's normed input, v, the attention context and the mid residual (56 MiB), "
+        "which XLA has freed by then, and one activation gradient more (16 MiB).", "",
     ])
 
 

@@ -326,8 +326,8 @@ DOCUMENTED_COLUMNS = {
     "units": ["chip", "unit", "busy_s", "utilization"],
     "links": ["link_class", "bytes_per_link", "busy_s", "utilization"],
     "memory": ["chip", "time_s", "hbm_bytes", "params", "optimizer", "gradients",
-               "saved_activations", "gathered_weights", "logits", "temporaries",
-               "other"],
+               "whole_gradients", "saved_activations", "gathered_weights", "logits",
+               "temporaries", "other"],
 }
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

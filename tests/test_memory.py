@@ -189,7 +189,7 @@ LONG_CONTEXT = {"name": "long-ctx", "num_layers": 2, "d_model": 64, "num_heads":
 
 def _long(remat, mesh="fsdp=1", shape="1x1", gather="windowed", fused=False,
           tp_act="sharded", chip="v5e", batch=2, loss_after_backward=False,
-          mlp_grad_after_attention=False):
+          mlp_grad_after_attention=False, fsdp_grad="reduce-scatter"):
     chip = get_chip(chip)
     topo = resolve_topology(chip_name=chip.name, wrap_rule=chip.generation_rule,
                             max_pod_shape=chip.max_pod_shape, shape=shape)
@@ -198,7 +198,8 @@ def _long(remat, mesh="fsdp=1", shape="1x1", gather="windowed", fused=False,
                          score_grad_fusion=chip.score_grad_fusion,
                          bwd_probs_buffer=chip.bwd_probs_buffer,
                          loss_after_backward=loss_after_backward,
-                         mlp_grad_after_attention=mlp_grad_after_attention)
+                         mlp_grad_after_attention=mlp_grad_after_attention,
+                         fsdp_grad=fsdp_grad)
     trace = compile_training_step(model_from_dict(LONG_CONTEXT), parse_mesh(mesh),
                                   topo.num_chips, cfg)
     return trace, replay(trace, chip, topo)
@@ -661,6 +662,84 @@ def test_the_mlps_gathered_matrices_die_with_their_weight_gradient_matmul():
     # with the layer's end.
     assert frees == {"mlp_bwd_weights": 2 * 3 * 64 * 128,
                      "norm_attn_bwd": 2 * (2 * 64 * 64 + 2 * 64 * 32)}
+
+
+# -- whole gradients under synchronous all-reduces ----------------------------------------------
+
+# LONG_CONTEXT's weight matrices in bf16: q and o 64 x 64, k and v 64 x 32, gate, up and down
+# 64 x 128 (one layer: 2 x (2 x 4096 + 2 x 2048 + 3 x 8192) = 73,728 bytes).
+_WHOLE = {"wq": 2 * 64 * 64, "wo": 2 * 64 * 64, "wk": 2 * 64 * 32, "wv": 2 * 64 * 32,
+          "w_gate": 2 * 64 * 128, "w_up": 2 * 64 * 128, "w_down": 2 * 64 * 128}
+
+
+def test_a_gradient_all_reduced_whole_lives_from_its_weight_gradient_matmul_to_its_all_reduce():
+    # fsdp=64: longer than XLA's windowed rings, so the mixed mode all-reduces every gradient
+    # whole (the v5p fsdp=64 and v6e fsdp=256 programs of benchmarks/xla_memory.py).
+    trace, _ = _long(Remat.FULL, "fsdp=64", "8x8", gather="mixed-blocking")
+    ops = trace.ops
+    allocs: dict[str, float] = {}
+    frees: dict[str, tuple[str, float]] = {}
+    for i, cat, delta in trace.meta["memory_events"]:
+        if cat != "whole_gradients" or ops[i].layer != 0:
+            continue
+        if delta > 0:
+            allocs[ops[i].name] = allocs.get(ops[i].name, 0.0) + delta
+        else:
+            frees[ops[i].name] = (ops[i].collective, -delta)
+    # The MLP's three at its weight-gradient matmul; o and v before the score gradient (their
+    # weight gradients need none); q and k after it.
+    assert allocs == {"mlp_bwd_weights": 3 * 2 * 64 * 128,
+                      "attn_proj_bwd": _WHOLE["wo"] + _WHOLE["wv"],
+                      "attn_proj_bwd_weights": _WHOLE["wq"] + _WHOLE["wk"]}
+    # Each dies when its own all-reduce (of V = the whole gradient) has read it.
+    assert frees == {f"fsdp_grad_allreduce_{k}": ("all-reduce", v) for k, v in _WHOLE.items()}
+    assert all(ops[i].bytes == _WHOLE[ops[i].name.removeprefix("fsdp_grad_allreduce_")]
+               for i, cat, d in trace.meta["memory_events"]
+               if cat == "whole_gradients" and d < 0)
+
+
+@pytest.mark.parametrize("gather,grad", [("blocking", "all-reduce"),
+                                         ("mixed-blocking", "reduce-scatter")])
+def test_the_peak_grows_by_the_whole_gradients_live_at_the_score_gradient(gather, grad):
+    # Under full remat the step peaks at layer 0's score gradient: the MLP's three whole
+    # gradients and the o and v projections' are live there (XLA's v5p fsdp=64 and v6e
+    # fsdp=256 `full` programs hold exactly those: 96 + 8 + 4 MiB at d_model 2048, d_ff
+    # 8192), q's and k's not yet.
+    _, rs = _long(Remat.FULL, "fsdp=64", "8x8", gather="blocking")
+    _, ar = _long(Remat.FULL, "fsdp=64", "8x8", gather=gather, fsdp_grad=grad)
+    whole = sum(_WHOLE[k] for k in ("w_gate", "w_up", "w_down", "wo", "wv"))
+    assert "whole_gradients" not in rs.hbm_peak_breakdown
+    assert ar.hbm_peak_breakdown["whole_gradients"] == whole
+    # The mixed mode also gathers q and k again for their input gradients (as XLA does).
+    regathered = _WHOLE["wq"] + _WHOLE["wk"] if gather.startswith("mixed") else 0
+    assert ar.hbm_peak_bytes - rs.hbm_peak_bytes == pytest.approx(whole + regathered,
+                                                                  rel=1e-12)
+    assert {k: v for k, v in ar.hbm_peak_breakdown.items()
+            if k not in ("whole_gradients", "gathered_weights")} == \
+        {k: v for k, v in rs.hbm_peak_breakdown.items() if k != "gathered_weights"}
+    # Reduce-scattered gradients are never whole (a windowed ring over 16 chips, or a plain
+    # reduce-scatter).
+    for trace, _ in (_long(Remat.FULL, "fsdp=16", "4x4", gather="mixed-blocking"),
+                     _long(Remat.FULL, "fsdp=64", "8x8", gather="blocking")):
+        assert not any(c == "whole_gradients" for _, c, _ in trace.meta["memory_events"])
+
+
+def test_an_moe_layer_holds_whole_only_the_gradients_split_over_more_than_a_ring():
+    # fsdp=16 x expert=4: attention and router split 64 ways (all-reduced whole), the routed
+    # experts over fsdp=16 (reduced in windowed rings), as in the 750B MoE compile.
+    moe = model_from_dict({**LONG_CONTEXT, "num_experts": 4, "experts_per_token": 2})
+    trace = compile_training_step(moe, parse_mesh("fsdp=16,expert=4"), 64,
+                                  TrainingConfig(seq_len=256, batch_per_chip=1,
+                                                 fsdp_gather="mixed-blocking"))
+    ops = trace.ops
+    held = {ops[i].name: d for i, cat, d in trace.meta["memory_events"]
+            if cat == "whole_gradients" and d < 0 and ops[i].layer == 0}
+    router = 2 * 64 * 4  # d_model x experts, bf16
+    assert held == {**{f"fsdp_grad_allreduce_{k}": -_WHOLE[k] for k in ("wq", "wk", "wv", "wo")},
+                    "fsdp_grad_allreduce_router": -router}
+    (alloc,) = [ops[i].name for i, cat, d in trace.meta["memory_events"]
+                if cat == "whole_gradients" and d == router and ops[i].layer == 0]
+    assert alloc == "router_bwd"
 
 
 # -- one sequence per chip ---------------------------------------------------------------------

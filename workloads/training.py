@@ -650,6 +650,12 @@ class _Compiler:
         # projection came back from host memory).
         self.recompute_leaves: list[int] = []
         self.mlp_weights_done: int | None = None  # set by layer_backward
+        # The attention's weight-gradient matmuls (set by layer_backward): the op before the
+        # score gradient that writes the output and value projections' gradients (XLA computes
+        # them first: they need no score gradient), and the one that writes the q and k ones.
+        self.attn_early_grads_done: int | None = None
+        self.attn_weights_done: int | None = None
+        self.router_grad_done: int | None = None  # an MoE layer's router backward
         # The bf16 probabilities a recomputation writes for the backward (v5p under full),
         # held from its softmax to the layer's value-gradient matmul.
         self.bwd_probs_bytes = 0.0
@@ -1584,6 +1590,14 @@ class _Compiler:
                 expert_b = self.layer_expert_weight_bytes(layer) / self.wc * self.gb
                 rs_ops = []
                 sync_ops = []  # the synchronous all-reduces among them
+                # A gradient XLA all-reduces whole is written whole by its weight-gradient
+                # matmul and lives until the all-reduce has read it (the update slices the
+                # chip's shard out): the MLP's from the MLP's weight-gradient matmul, the
+                # output and value projections' from before the attention's score gradient,
+                # the query and key projections' from after it (docs/model.md "Memory").
+                whole_from = {"wo": self.attn_early_grads_done, "wv": self.attn_early_grads_done,
+                              "wq": self.attn_weights_done, "wk": self.attn_weights_done,
+                              "router": self.router_grad_done}
                 for key, nbytes in self.layer_matrices(layer) if fse > 1 else []:
                     axes, group = self.fsdp_group(key)
                     kind = self.grad_kind_for(group)
@@ -1596,6 +1610,10 @@ class _Compiler:
                         rs_ops.append(op)
                         if kind == "all-reduce":
                             sync_ops.append(op)
+                            whole = nbytes / self.wc * self.gb
+                            self.mem(whole_from.get(key, self.mlp_weights_done),
+                                     G.WHOLE_GRADIENTS, whole)
+                            self.mem(op, G.WHOLE_GRADIENTS, -whole)
                 rs = rs_ops[-1] if rs_ops else None
                 local_grad = ((grad_bytes - expert_b) / fse + expert_b / d.fs) \
                     / self.gb * self.gh
@@ -1853,6 +1871,7 @@ class _Compiler:
                          n * D * a + n * E * 4, n * D * a, dcomb_deps or [dact], layer, "bwd",
                          keys=("router",), whole_bytes=n * E * 4)
             dcomb_deps = [rb]
+            self.router_grad_done = rb
         if m.parallel_block:
             # Both branches read the same normed input: their input gradients are summed and
             # reduced over `tensor` once, after the attention branch.
@@ -1885,6 +1904,7 @@ class _Compiler:
                         whole_bytes={"wq": n * h_loc * hd * a, "wk": n * k_loc * hd * a,
                                      "wv": n * k_loc * hd * a},
                         acc_bytes={"wo": n * h_loc * hd * a})
+        self.attn_early_grads_done = dproj
         kv_bytes = n * d.sp / d.ctx * d.ctx * k_loc * hd * a  # K or V of the local sequences
         datt_m = None
         if self.cfg.attention == "flash":
@@ -1922,6 +1942,7 @@ class _Compiler:
         dproj_w = self.mm("attn_proj_bwd_weights", proj_flops, w_att,
                           1.5 * n * (h_loc + 2 * k_loc) * hd * a, 0.0, [rope], layer, "bwd",
                           keys=_ATTN_KEYS, whole_bytes=n * (2 * h_loc + 2 * k_loc) * hd * a)
+        self.attn_weights_done = dproj_w
         return self.vpu("norm_attn_bwd", 10 * r * D, 4 * r * D * a,
                         att_exit + [dact, dmlp_w, dproj_w], layer, "bwd")
 
