@@ -698,7 +698,7 @@ def test_a_gradient_all_reduced_whole_lives_from_its_weight_gradient_matmul_to_i
                if cat == "whole_gradients" and d < 0)
 
 
-@pytest.mark.parametrize("gather,grad", [("blocking", "all-reduce"),
+@pytest.mark.parametrize("gather,grad", [("blocking", "all-reduce"), ("blocking", "auto"),
                                          ("mixed-blocking", "reduce-scatter")])
 def test_the_peak_grows_by_the_whole_gradients_live_at_the_score_gradient(gather, grad):
     # Under full remat the step peaks at layer 0's score gradient: the MLP's three whole
