@@ -10,6 +10,7 @@ on a sliding-window model), `{"results": {"edit": [...]}}` for an edited
 `{"hlo": {"replace": [[old, new], ...]}}` for
 an edited compiled HLO module (`base_hlo`; `"fixture"` names another module of
 tests/fixtures/hlo than the default windowed einsum),
+`{"latin1": text}` for a file of arbitrary bytes (one per character, fuzz8),
 or `{"fifo": true}` / `{"symlink": target}` for special output targets), and `expect`: `"ok"`
 (must exit 0), `"error"` (must be a one-line error, exit 2) or `"any"` (either). The verdict is a
 list of problems: empty means the run behaved.
@@ -79,6 +80,8 @@ def materialize(case: dict[str, Any], tmp: Path) -> list[str]:
             os.mkfifo(p)
         elif isinstance(content, dict) and "symlink" in content:
             os.symlink(str(content["symlink"]).replace("{tmp}", str(tmp)), p)
+        elif isinstance(content, dict) and "latin1" in content:  # bytes, one per character
+            p.write_bytes(content["latin1"].encode("latin-1"))
         elif isinstance(content, dict) and "trace" in content:
             p.write_text(patched_trace(content["trace"]), encoding="utf-8")
         elif isinstance(content, dict) and "hlo" in content:
@@ -166,7 +169,12 @@ def edited_results(edits: list[list[Any]]) -> bytes:
     """The `results.parquet` that `STUDY` writes, with `edits` applied in order:
     `["set", column, row or null (every row), JSON value]`, `["drop", column]`,
     `["repeat", times]` (the rows `times` times over), `["keep", n]` (the first n rows),
-    `["narrow", [columns]]` (only those columns: a cheap frame to repeat a million times)."""
+    `["narrow", [columns]]` (only those columns: a cheap frame to repeat a million times);
+    since fuzz8 the record of the columns' kinds tpusim keeps in the file (`sim.study.COLUMNS_ATTR`)
+    hand-edited, `["record", JSON value]` (the whole record) or `["record", column, JSON
+    value]` (one column's entry; a None value deletes it), and the file's bytes
+    `["truncate", fraction]` (cut to that share of its length) or `["flip", fraction, byte]`
+    (the byte at that share of its length replaced)."""
     import tempfile
 
     import numpy as np
@@ -180,9 +188,26 @@ def edited_results(edits: list[list[Any]]) -> bytes:
             run_study(load_study(str(Path(d) / "s.yaml")),
                       SweepConfig(workers=1, out_dir=str(Path(d) / "o"), quiet=True))
             _BASE_RESULTS.append(pd.read_parquet(Path(d) / "o" / "results.parquet"))
+    import copy
+
+    from sim.study import COLUMNS_ATTR
+
     df = _BASE_RESULTS[0].copy()
+    df.attrs = copy.deepcopy(_BASE_RESULTS[0].attrs)
+    raw: list[list[Any]] = []  # byte edits, applied to the written file
     for edit in edits:
         op = edit[0]
+        if op == "record" and len(edit) == 2:
+            df.attrs[COLUMNS_ATTR] = edit[1]
+        elif op == "record":
+            rec = df.attrs.get(COLUMNS_ATTR)
+            if isinstance(rec, dict):
+                if edit[2] is None:
+                    rec.pop(str(edit[1]), None)
+                else:
+                    rec[str(edit[1])] = edit[2]
+        elif op in ("truncate", "flip"):
+            raw.append(edit)
         if op == "set":
             _, col, row, value = edit
             col = str(col)
@@ -209,7 +234,14 @@ def edited_results(edits: list[list[Any]]) -> bytes:
                 df[c] = [None if v is None else str(v) for v in df[c]]
         buf = io.BytesIO()
         df.to_parquet(buf, index=False)
-    return buf.getvalue()
+    data = bytearray(buf.getvalue())
+    for edit in raw:
+        at = min(max(int(float(edit[1]) * len(data)), 0), len(data))
+        if edit[0] == "truncate":
+            del data[at:]
+        elif at < len(data):
+            data[at] = int(edit[2]) & 0xFF
+    return bytes(data)
 
 
 def base_hlo(name: str = HLO_FIXTURE_NAME) -> str:

@@ -361,6 +361,15 @@ def gen_study(rng: random.Random, i: int) -> dict[str, Any]:
             text, name = yaml.safe_dump(doc), "s.yaml"
         except yaml.YAMLError:  # pragma: no cover
             pass
+        if rng.random() < 0.15:  # fuzz8: anchors and aliases, up to a billion-laughs bomb
+            text = rng.choice([
+                "x: &x [1MiB, 2MiB]\nbase_bytes: *x\n",
+                "".join(f"l{k}: &l{k} [{', '.join([f'*l{k - 1}'] * 9) if k else 'lol'}]\n"
+                        for k in range(10)),
+                "grid: &g {bytes: [1MiB]}\nzip: *g\n",
+                "base: &b\n  chip: v5e\nother: {<<: *b}\n",
+            ]) + text
+            invalid = True
     files: dict[str, Any] = {name: text}
     extra = []
     r = rng.random()
@@ -630,9 +639,17 @@ RESUME_COLUMNS = ["time_s", "error", "bytes", "command_line", "point", "chip", "
                   "latency_s", "inputs.flags.bytes", "wall_time_s", "zzz", "result.bytes"]
 
 
+# Entries of the record of a column's kind (`sim.study.COLUMNS_ATTR`): valid ones for another
+# kind, and malformed ones (None deletes the column's entry).
+RECORD_ENTRIES = [None, ["num", True], ["text", True], ["bool", False], ["none", False],
+                  ["num"], ["num", 1], ["float", True], [1, True], "num", {"num": True},
+                  ["num", True, 0], [["num"], True]]
+
+
 def gen_resume(rng: random.Random, i: int) -> dict[str, Any]:
     """`sweep --resume` over an edited results.parquet of a three-point study: cells set to odd
-    or invalid values, columns dropped, rows cut or repeated (up to 30,000 rows)."""
+    or invalid values, columns dropped, rows cut or repeated (up to 30,000 rows); since fuzz8
+    the record of its columns' kinds hand-edited, and the file cut short or a byte changed."""
     from fuzz_harness import STUDY
 
     edits: list[list[Any]] = []
@@ -649,20 +666,260 @@ def gen_resume(rng: random.Random, i: int) -> dict[str, Any]:
             edits.append(["repeat", rng.choice([2, 3, 10000])])
         else:
             edits.append(["narrow", ["command_line", *rng.sample(RESUME_COLUMNS, 2)]])
+    # fuzz8: the record of the columns' kinds hand-edited, and the file's bytes cut or changed.
+    r = rng.random()
+    if r < 0.2:
+        edits.append(["record", rng.choice(RESUME_COLUMNS), rng.choice(RECORD_ENTRIES)])
+    elif r < 0.3:
+        edits.append(["record", rng.choice([None, 1, "x", [], {}, ["num", True], {"a": 1}])])
+    elif r < 0.4:
+        edits.append(["truncate", rng.choice([0.0, 0.001, 0.3, 0.5, 0.9, 0.999])])
+    elif r < 0.5:
+        edits.append(["flip", rng.random(), rng.randrange(256)])
     return {"id": f"gen-resume-{i}",
             "files": {"s.yaml": STUDY, "o/results.parquet": {"results": {"edit": edits}}},
             "argv": ["sweep", "{tmp}/s.yaml", "--out", "{tmp}/o", "--resume", "--workers", "1"],
             "expect": "any"}
 
 
+# -- the eighth session's surfaces (fuzz8) --------------------------------------------------------
+# Choice flags with their valid values and values that are surely invalid.
+CHOICES = {
+    "--optimizer": (["adam", "sgd"], ["", "ADAM", "adamw", "adam,sgd", "x" * 5000, "sgd "]),
+    "--remat": (["none", "minimal", "full", "offload", "qkv-offload", "qkvo-offload"],
+                ["", "FULL", "qkv_offload", "full,none", "offload-qkv", "x" * 5000]),
+    "--fsdp-grad": (["reduce-scatter", "all-reduce", "auto"],
+                    ["", "allreduce", "rs", "AUTO", "auto,all-reduce", "x" * 300]),
+    "--fsdp-gather": (["async", "blocking", "windowed", "mixed-async", "mixed-blocking"],
+                      ["", "mixed", "mixed-", "MIXED-ASYNC", "mixed-async,windowed", "x" * 300]),
+    "--param-dtype": (["bf16", "fp32", "f32", "int8", "fp8", "BF16"], ["", "float", "bf17"]),
+    "--grad-dtype": (["bf16", "fp32"], ["", "float", "fp64"]),
+    "--optimizer-dtype": (["bf16", "fp32"], ["", "fp64", "x" * 300]),
+    "--gather-dtype": (["bf16", "fp32", "fp8"], ["", "half", "bf16,fp32"]),
+    "--pipeline-schedule": (["gpipe", "1f1b", "interleaved"], ["", "1F1B", "zb", "x" * 300]),
+    "--tp-activations": (["sharded", "replicated"], ["", "SHARDED", "both"]),
+    "--tp-comm": (["blocking", "collective-matmul"], ["", "async", "x" * 300]),
+    "--dp-allreduce": (["async", "blocking"], ["", "sync"]),
+    "--mode": (["auto", "per-chip"], ["", "full", "orbit", "AUTO"]),
+    "--chip-variation": (["0", "0.01", "0.5", "1", "1e-9"],
+                         ["nan", "inf", "-inf", "1e400", "-1", "2", "１", "0_1", "", "abc"]),
+    "--seed": (["0", "1", "42", str(2**63 - 1)],
+               ["-1", str(2**63), "-inf", "１", "1_0", "1.5", "", "9" * 40]),
+    "--slow-chip": (["0,0:0.5", "1,1:2", "0,1:1e-6"],
+                    ["0,0:0", "0,0:nan", "9,9:0.5", "０,0:0.5", "0,0:0_5", "0,0", "0,0:-1"]),
+    "--slow-link": (["0,0:x+:0.5", "1,0:y-"], ["0,0:q+", "0,0:x+:0_5", "0,0:x+:inf", "0,0"]),
+    "--dead-link": (["0,0:x+", "1,1:y-"], ["0,0:q+", "0,0", "9,9:x+", "0,0:x+:0.5"]),
+    "--virtual-stages": (["1", "2"], ["0", "-1", "nan", "１", "9" * 40, "1.5"]),
+}
+# The train flags added in the last two sessions and the older ones no generator fuzzed.
+TRAIN8 = ["--optimizer", "--remat", "--fsdp-grad", "--fsdp-gather", "--param-dtype",
+          "--grad-dtype", "--optimizer-dtype", "--gather-dtype", "--pipeline-schedule",
+          "--tp-activations", "--tp-comm", "--dp-allreduce", "--mode", "--chip-variation",
+          "--seed", "--slow-chip", "--slow-link", "--dead-link", "--virtual-stages"]
+TRAIN8_MESHES = ["fsdp=4", "fsdp=4", "data=2,fsdp=2", "tensor=2,fsdp=2", "pipeline=2,fsdp=2",
+                 "pipeline=2,data=2"]
+PLAN8 = {"--optimizer": "choice", "--grad-dtype": "plan_list", "--gather-dtype": "choice",
+         "--param-dtype": "plan_list", "--remat": "plan_list", "--default-placement": "switch",
+         "--exhaustive": "switch", "--max-simulations": "maxsim"}
+
+
+def gen_train8(rng: random.Random, i: int) -> dict[str, Any]:
+    """`train` with one to four of the flags added in the last two sessions (`--fsdp-grad`
+    with its `auto`, the `mixed-*` gathers, `--optimizer`, every `--remat` form, the dtypes) and
+    the older ones no generator fuzzed (pipeline schedules, perturbations, `--mode`), on a mesh
+    with FSDP, data, tensor or pipeline axes; valid values may still be refused together."""
+    argv = list(TRAIN)
+    argv[argv.index("--mesh") + 1] = rng.choice(TRAIN8_MESHES)
+    bad: dict[str, bool] = {}
+    for flag in rng.sample(TRAIN8, rng.randint(1, 4)):
+        good, wrong = CHOICES[flag]
+        v = rng.choice(wrong) if rng.random() < 0.3 else rng.choice(good)
+        argv += [flag, v]  # a dashed value (-inf, -1) is the flag's value too
+        bad[flag] = v in wrong
+    for sw in ("--no-overlap", "--no-fusion"):
+        if rng.random() < 0.15:
+            argv.append(sw)
+    if rng.random() < 0.5:
+        argv.append("--json")
+    return {"id": f"gen-train8-{i}", "argv": argv,
+            "expect": "error" if any(bad.values()) else "any"}
+
+
+def gen_plan8(rng: random.Random, i: int) -> dict[str, Any]:
+    """`plan` on the tiny model with its newer flags: `--optimizer`, `--grad-dtype`,
+    `--gather-dtype`, `--default-placement`, and `--exhaustive` with `--max-simulations` (which
+    is refused without it, and refuses a search larger than it before anything runs)."""
+    argv = list(PLAN)
+    bad = False
+    for flag in rng.sample(sorted(PLAN8), rng.randint(1, 3)):
+        kind = PLAN8[flag]
+        if kind == "switch":
+            argv.append(flag)
+            continue
+        if kind == "choice":
+            good, wrong = CHOICES[flag]
+            v = rng.choice(wrong) if rng.random() < 0.3 else rng.choice(good)
+            bad |= v in wrong
+        elif kind == "maxsim":
+            v = rng.choice(["1", "2", "4", "100", "0", "-1", "nan", "１", "9" * 40, "1e3"])
+            bad |= v in ("0", "-1", "nan", "１", "9" * 40, "1e3")
+        else:
+            v, b = _value(rng, "plan_list")
+            bad |= b
+        if flag in argv:
+            argv[argv.index(flag) + 1] = v
+        else:
+            argv += [flag, v]
+    if "--max-simulations" in argv and "--exhaustive" not in argv:
+        bad = True  # it limits --exhaustive only
+    return {"id": f"gen-plan8-{i}", "argv": argv + ["--json"],
+            "expect": "error" if bad else "any"}
+
+
+# Values that no numeric flag of any command takes.
+NUMERIC_BAD = ["nan", "NaN", "inf", "-inf", "Infinity", "-nan", "1e400", "-1e400", "9" * 400,
+               "-" + "9" * 400, "１", "1_0", "", " ", "0x10", "abc", "1e", "--"]
+
+
+def _numeric_flags() -> dict[str, list[str]]:
+    """{command: its number flags}, read off the parser (by their `type=`'s name)."""
+    if not _NUMERIC:
+        from sim.cli import build_parser
+
+        sub = build_parser()._subparsers._group_actions[0].choices
+        for cmd in NUMERIC_BASES:
+            flags = [a.option_strings[-1] for a in sub[cmd]._actions if a.option_strings
+                     and (getattr(a.type, "__name__", "") in ("integer", "number", "conv")
+                          or a.option_strings[-1] in ("--bytes", "--workers"))]
+            _NUMERIC[cmd] = sorted(flags)
+    return _NUMERIC
+
+
+_NUMERIC: dict[str, list[str]] = {}
+NUMERIC_BASES = {
+    "collective": COLLECTIVE, "compare-collectives": ["compare-collectives", *COLLECTIVE[1:]],
+    "train": TRAIN, "decode": DECODE, "prefill": PREFILL, "serve-sweep": SWEEP, "plan": PLAN,
+    "compile": ["compile", "--chips", "4", "--model", "{tmp}/tiny.yaml", "--seq-len", "128",
+                "--batch-per-chip", "1", "--mesh", "fsdp=4", "-o", "{tmp}/t.trace"],
+    "replay": ["replay", "{tmp}/s.trace", *POD],
+    "import-hlo": ["import-hlo", "{tmp}/p.txt", "--chip", "v5e", "--shape", "4x4"],
+}
+
+
+def gen_numeric(rng: random.Random, i: int) -> dict[str, Any]:
+    """A number flag of any command (found on the parser: every integer, number and float
+    flag, `--bytes`, `--workers`) given NaN, an infinity, 1e400, 400 digits, a full-width or
+    underscored digit, or no number at all: always refused, in one line."""
+    cmd = rng.choice(sorted(NUMERIC_BASES))
+    flag = rng.choice(_numeric_flags()[cmd])
+    v = rng.choice(NUMERIC_BAD)
+    argv = list(NUMERIC_BASES[cmd])
+    if flag in argv:
+        argv[argv.index(flag) + 1] = v
+    else:
+        argv += [flag, v]
+    files = {"s.trace": {"trace": {"set": []}}, "p.txt": {"hlo": {"replace": []}}}
+    return {"id": f"gen-numeric-{i}", "argv": argv, "files": files, "expect": "error"}
+
+
+SCENARIO_VALUES = {
+    "slow_chip": (["['0,0:0.5']", "[{chip: '1,1', factor: 0.5}]", "[]"],
+                  ["['0,0:nan']", "['９,0:0.5']", "'0,0:0.5'", "[1]", "[{chip: '0,0'}]",
+                   "[{chip: '0,0', factor: .inf}]", "['0,0:0_5']"]),
+    "slow_link": (["['0,0:x+:0.5']", "[{chip: '0,0', link: y-, factor: 0.25}]"],
+                  ["['0,0:q+']", "[{chip: '0,0', link: x+, factor: 0}]", "{a: 1}"]),
+    "dead_link": (["['0,0:x+']", "[]"], ["['0,0']", "[[1, 2]]", "'x'"]),
+    "chip_variation": (["0", "0.02", "1"], [".nan", ".inf", "-1", "2", "'0.1'", "true",
+                                           "[0.1]", "1.0e400"]),
+    "seed": (["0", "7", str(2**63 - 1)], ["-1", str(2**63), "1.5", "'3'", "true", "9" * 40]),
+    "expert_skew": (["0"], [".nan", "-1", "101", "'1'"]),
+    "capacity_factor": (["null"], ["0", "-1", ".inf", "1.0e7"]),
+}
+
+
+def gen_scenario(rng: random.Random, i: int) -> dict[str, Any]:
+    """`--scenario FILE` (train on the tiny dense model, or replay): one to three keys with
+    valid or invalid values, unknown keys, anchors and aliases, tags, a non-mapping document,
+    and flags that add to the file or override it."""
+    lines, bad = [], False
+    for key in rng.sample(sorted(SCENARIO_VALUES), rng.randint(1, 3)):
+        good, wrong = SCENARIO_VALUES[key]
+        v = rng.choice(wrong) if rng.random() < 0.35 else rng.choice(good)
+        bad |= v in wrong
+        if key in ("expert_skew", "capacity_factor") and v not in ("0", "null"):
+            bad = True  # on a dense model any router setting is refused
+        lines.append(f"{key}: {v}")
+    r = rng.random()
+    if r < 0.08:
+        lines.append("slow_chips: []")
+        bad = True
+    elif r < 0.14:
+        lines = ["x: &x ['0,0:0.5']", "slow_chip: *x"]
+        bad = True
+    elif r < 0.18:
+        lines = ["!!python/object/apply:os.system ['true']"]
+        bad = True
+    elif r < 0.22:
+        lines = [rng.choice(["- 1", "7", "'text'", "[" * 40 + "1" + "]" * 40])]
+        bad = True
+    argv = list(TRAIN) if rng.random() < 0.7 else ["replay", "{tmp}/s.trace", *POD]
+    argv += ["--scenario", "{tmp}/sc.yaml"]
+    if rng.random() < 0.3:
+        good, wrong = CHOICES["--seed"]
+        v = rng.choice(good + wrong)
+        argv += [f"--seed={v}"]
+        bad |= v in wrong
+    files = {"sc.yaml": "\n".join(lines) + "\n", "s.trace": {"trace": {"set": []}}}
+    return {"id": f"gen-scenario-{i}", "argv": argv + ["--json"], "files": files,
+            "expect": "error" if bad else "any"}
+
+
+def gen_hlo_hostile(rng: random.Random, i: int) -> dict[str, Any]:
+    """import-hlo on a hostile file: the real module cut at a random byte, bytes flipped to
+    NUL or non-UTF-8, a 200,000-deep nest of brackets, a 10 MB line, a billion-element shape,
+    200,000 empty computations, or a binary file."""
+    from fuzz_harness import base_hlo
+
+    text = base_hlo()
+    r = rng.random()
+    files: dict[str, Any]
+    if r < 0.35:
+        files = {"p.txt": text[: rng.randrange(len(text))]}
+    elif r < 0.5:
+        data = bytearray(text.encode("utf-8"))
+        for _ in range(rng.randint(1, 20)):
+            data[rng.randrange(len(data))] = rng.choice(b"\x00\xff\xc3{}()\n")
+        files = {"p.txt": {"latin1": data.decode("latin-1")}}
+    elif r < 0.6:
+        depth = rng.choice([1000, 200_000])
+        files = {"p.txt": {"parts": [["HloModule m\nENTRY %e () -> f32[] {\n  ROOT %r = ", 1],
+                                     ["(", depth], [")", depth], ["\n}\n", 1]]}}
+    elif r < 0.7:
+        files = {"p.txt": {"parts": [["HloModule m\nENTRY %e () -> f32[] {\n  %x = f32[] ", 1],
+                                     ["a", 10_000_000], ["\n}\n", 1]]}}
+    elif r < 0.8:
+        dims = rng.choice(["1000000000,1000000000", "9" * 40, "-5", "0,0,0,0,0,0,0,0,0,0"])
+        files = {"p.txt": text.replace("f32[", f"f32[{dims},", 1)}
+    elif r < 0.9:
+        files = {"p.txt": {"parts": [["HloModule m\n", 1], ["%c () -> () {\n}\n", 200_000]]}}
+    else:
+        files = {"p.txt": {"latin1": "\x00\x01\x02\xff" * 4096}}
+    extra = rng.choice([[], ["--json"], ["-o", "{tmp}/t.trace"]])
+    return {"id": f"gen-hlo-hostile-{i}", "files": files,
+            "argv": ["import-hlo", "{tmp}/p.txt", "--chip", "v5e", "--shape", "4x4", *extra],
+            "expect": "any"}
+
+
 GENERATORS = {"flags": gen_flags, "chip_yaml": gen_chip_yaml, "model_yaml": gen_model_yaml,
               "trace": gen_trace, "study": gen_study, "result": gen_result, "hlo": gen_hlo,
               "orbit": gen_orbit, "gemma": gen_gemma, "hlo_scatter": gen_hlo_scatter,
-              "resume": gen_resume}
+              "resume": gen_resume, "train8": gen_train8, "plan8": gen_plan8,
+              "numeric": gen_numeric, "scenario": gen_scenario, "hlo_hostile": gen_hlo_hostile}
 
 
 def generate(rng: random.Random, i: int) -> dict[str, Any]:
     """One case from a surface picked at random (flags twice as often as each file kind)."""
     surface = rng.choice(["flags", "flags", "chip_yaml", "model_yaml", "trace", "study",
-                          "result", "hlo", "orbit", "gemma", "hlo_scatter", "resume"])
+                          "result", "hlo", "orbit", "gemma", "hlo_scatter", "resume",
+                          "train8", "train8", "plan8", "numeric", "scenario", "hlo_hostile"])
     return GENERATORS[surface](rng, i)

@@ -558,3 +558,19 @@ def test_post_norms_and_qk_norm_add_their_norm_ops_to_each_decode_layer(mesh, ch
              {r.name for r in ref.ops if r.layer == 0}]
     assert sorted(extra) == ["post_norm_attn", "post_norm_mlp", "qk_norm"]
     assert len(got.ops) - len(ref.ops) == 3 * m.num_layers
+
+
+def test_matmul_dtype_takes_any_case_as_the_storage_dtypes_do(capsys):
+    # --weight-dtype BF16 and --kv-dtype INT8 ran while --matmul-dtype INT8 was refused.
+    from sim.cli import main
+
+    base = ["decode", "--chip", "v5e", "--shape", "2x2", "--model", "llama3-8b", "--set",
+            "model.num_layers=1", "--batch", "2048", "--context-len", "128", "--mesh",
+            "tensor=4", "--weight-dtype", "INT8", "--json", "--quiet"]  # compute-bound
+    times = []
+    for dtype in ("int8", "INT8", "Int8"):
+        assert main([*base, "--matmul-dtype", dtype]) == 0
+        times.append(json.loads(capsys.readouterr().out)["step_time_s"])
+    assert main([*base, "--matmul-dtype", "bf16"]) == 0
+    bf16 = json.loads(capsys.readouterr().out)["step_time_s"]
+    assert times[0] == times[1] == times[2] < bf16  # int8 at the int8 peak, whatever the case

@@ -118,6 +118,40 @@ def test_generated_resumed_results_files_resume_or_give_a_one_line_error(rng, tm
     _check_generated("resume", rng, tmp_path_factory)
 
 
+# fuzz8: the flags of the last two sessions, every number flag of every command, --scenario
+# files and hostile HLO files.
+@_FUZZ_NEW
+@given(rng=st.randoms(use_true_random=False))
+def test_generated_newer_train_flags_give_an_answer_or_a_one_line_error(rng, tmp_path_factory):
+    _check_generated("train8", rng, tmp_path_factory)
+
+
+@settings(max_examples=3, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(rng=st.randoms(use_true_random=False))
+def test_generated_newer_plan_flags_give_an_answer_or_a_one_line_error(rng, tmp_path_factory):
+    _check_generated("plan8", rng, tmp_path_factory)
+
+
+@_FUZZ
+@given(rng=st.randoms(use_true_random=False))
+def test_generated_non_numbers_in_any_number_flag_are_a_one_line_error(rng, tmp_path_factory):
+    _check_generated("numeric", rng, tmp_path_factory)
+
+
+@_FUZZ_NEW
+@given(rng=st.randoms(use_true_random=False))
+def test_generated_scenario_files_give_an_answer_or_a_one_line_error(rng, tmp_path_factory):
+    _check_generated("scenario", rng, tmp_path_factory)
+
+
+@settings(max_examples=3, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(rng=st.randoms(use_true_random=False))
+def test_generated_hostile_hlo_files_give_an_answer_or_a_one_line_error(rng, tmp_path_factory):
+    _check_generated("hlo_hostile", rng, tmp_path_factory)
+
+
 # A compiled step of 8,105 instructions takes ~0.5 s to import: three examples here, the rest in
 # benchmarks/fuzz_cli.py.
 @settings(max_examples=3, deadline=None, derandomize=True, database=None,

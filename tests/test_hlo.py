@@ -371,6 +371,33 @@ def test_huge_and_deeply_nested_modules_are_refused_quickly(v5e, topo):
         import_hlo(text, topology=topo(v5e, "1x1"))
 
 
+def test_hlo_text_with_far_more_tokens_than_instructions_is_refused_before_it_is_all_read():
+    # 8 MiB of commas once tokenized to 8 M tokens (920 MB, 5 CPU-s) before the first error
+    # (64 MiB: ~7 GB); a module may have 64 tokens per instruction of at least 1,000.
+    from workloads.hlo.parser import MAX_TOKENS_PER_INSTRUCTION, _Parser
+
+    with pytest.raises(TpusimError, match=r"line 2: over 64,000 tokens by here, more than 64 "
+                                          r"per instruction"):
+        parse_hlo("HloModule m\n" + "," * (1 << 20))
+    # 2,000 instructions allow 128,000 tokens: 100,000 stray ones are still tokenized (the
+    # parser then names the first), 200,000 are not.
+    ins = "ENTRY %e () -> f32[] {\n" + "  %a = f32[] constant(0)\n" * 2000
+    with pytest.raises(TpusimError, match="expected"):
+        parse_hlo("HloModule m\n" + ins + "," * 100_000)
+    with pytest.raises(TpusimError, match="over 128,000 tokens"):
+        parse_hlo("HloModule m\n" + ins + "," * 200_000)
+    # Compiled modules stay under half the bound: the one with the most tokens per
+    # instruction of tests/fixtures/hlo (28.8) and a decode step (23.7; the others 21-25).
+    import gzip
+    from pathlib import Path
+
+    for name in ("spmd_windowed_einsum_v5e16", "decode_tp8_v5e8"):
+        path = Path(__file__).parent / "fixtures" / "hlo" / f"{name}.hlo.txt.gz"
+        text = gzip.decompress(path.read_bytes()).decode()
+        count = parse_hlo(text).num_instructions
+        assert len(_Parser(text, name).toks) < MAX_TOKENS_PER_INSTRUCTION / 2 * count
+
+
 def test_cli_errors_are_one_line_exit_2(tmp_path, capsys):
     notes = tmp_path / "notes.txt"
     notes.write_text("hello\n")

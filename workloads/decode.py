@@ -77,7 +77,9 @@ class DecodeConfig:
                               f"(tokens in the KV cache)")
         _dtype_bytes(_WEIGHT_DTYPES, self.weight_dtype, "--weight-dtype")
         _dtype_bytes(_KV_DTYPES, self.kv_dtype, "--kv-dtype")
-        if self.matmul_dtype not in _MATMUL_DTYPES:
+        # Any case, as the storage dtypes (`_dtype_bytes`) and the training dtypes take them.
+        if not isinstance(self.matmul_dtype, str) or self.matmul_dtype.lower() not in \
+                _MATMUL_DTYPES:
             raise TpusimError(f"--matmul-dtype {short_repr(self.matmul_dtype)} is not "
                               f"supported; use one of: {', '.join(_MATMUL_DTYPES)}")
         if self.sampling not in SAMPLING_MODES:
@@ -272,7 +274,7 @@ class _InferenceCompiler:
         self.b = TraceBuilder()
         self.wb = cfg.weight_bytes_per_param
         self.kvb = cfg.kv_bytes_per_elem
-        self.mm_dtype = cfg.matmul_dtype
+        self.mm_dtype = cfg.matmul_dtype.lower()
         self.routing = None  # the last MoE layer's routing (for the meta)
 
     # -- helpers (same conventions as workloads/training.py) ---------------------------------

@@ -24,6 +24,12 @@ MAX_NESTING = 64  # brace/paren nesting inside one instruction, and computation 
 # ~10,000), so 64 MiB of it is ~370,000; short synthetic lines could pack 1.2 M into 64 MiB and
 # take ~3.5 GB to parse (~1.2 GB at this limit, measured).
 MAX_INSTRUCTIONS = 400_000
+# Tokens per instruction: 21-29 in the eight compiled modules of tests/fixtures/hlo (a token is
+# ~150 bytes in memory). Without a bound, 8 MiB of commas tokenized to 8 M tokens (920 MB, 5
+# CPU-s) before the first error, and 64 MiB would have taken ~7 GB. A module may have 64 per
+# instruction (of at least 1,000), and never more than real text of MAX_INSTRUCTIONS has.
+MAX_TOKENS_PER_INSTRUCTION = 64
+MAX_TOKENS = 30 * MAX_INSTRUCTIONS
 _INSTRUCTION_RE = re.compile(r"(?m)^[ \t]*(?:ROOT[ \t]+)?%?[\w.\-]+[ \t]*=[ \t]")
 
 # Bytes per element; sub-byte types round up (XLA packs them, but they are rare in programs
@@ -185,7 +191,7 @@ def _group_end(text: str, pos: int, parser: _Parser) -> int:
 
 
 class _Parser:
-    def __init__(self, text: str, source: str) -> None:
+    def __init__(self, text: str, source: str, max_tokens: int = MAX_TOKENS) -> None:
         self.text = text
         self.source = source
         self._newlines: list[int] | None = None
@@ -195,6 +201,11 @@ class _Parser:
         match = _TOKEN_RE.match
         append = toks.append
         while pos < n:
+            if len(toks) > max_tokens:
+                raise self._error_at(pos, f"over {max_tokens:,} tokens by here, more than "
+                                          f"{MAX_TOKENS_PER_INSTRUCTION} per instruction (a "
+                                          f"compiled module has 21-29); this is not a program "
+                                          f"XLA writes")
             m = match(text, pos)
             if m is None:
                 rest = text[pos:].lstrip()
@@ -504,7 +515,8 @@ def parse_hlo(text: str, *, source: str = "HLO module") -> HloModule:
             f"{source} has {count:,} instructions; tpusim imports modules of at most "
             f"{MAX_INSTRUCTIONS:,} (compile fewer layers or use a scanned model)"
         )
-    return _Parser(text, source).module()
+    budget = min(MAX_TOKENS, MAX_TOKENS_PER_INSTRUCTION * max(count, 1000))
+    return _Parser(text, source, budget).module()
 
 
 # -- typed attribute readers ------------------------------------------------------------------
