@@ -63,6 +63,7 @@ CHIPS = {
     "v5p": ("v5p:2x2x4", ["--chip", "v5p", "--shape", "2x2x4"]),
     "v5p64": ("v5p:4x4x4", ["--chip", "v5p", "--shape", "4x4x4"]),
     "v6e256": ("v6e:16x16", ["--chip", "v6e", "--shape", "16x16"]),
+    "v5e64": ("v5e:8x8", ["--chip", "v5e", "--shape", "8x8"]),
 }
 MESHES = {
     "fsdp": {"fsdp": 16},
@@ -134,6 +135,12 @@ def _configs() -> dict[str, dict]:
     for chip, mesh in (("v5p64", "fsdp64"), ("v6e256", "fsdp256")):
         for remat in ("none", "full"):
             add(chip, mesh, remat, layers=2)
+    # Held out (compiled after the whole-gradient rule was coded, tpusim's peaks written down
+    # first): `minimal` on both, and v5e 8x8 at fsdp=64 (async gathers).
+    for chip, mesh in (("v5p64", "fsdp64"), ("v6e256", "fsdp256")):
+        add(chip, mesh, "minimal", layers=2)
+    for remat in ("full", "minimal"):
+        add("v5e64", "fsdp64", remat, layers=2)
     return out
 
 
@@ -606,7 +613,25 @@ def section(cache: dict) -> str:
         "where tpusim holds the 24 MiB of the layer's gathered attention matrices. What is "
         "left of the v6e `full` row's +6.1%: at the score gradient tpusim still holds the "
         "attention's normed input, v, the attention context and the mid residual (56 MiB), "
-        "which XLA has freed by then, and one activation gradient more (16 MiB).", "",
+        "which XLA has freed by then, and one activation gradient more (16 MiB). "
+        "Compiled after that rule was coded, with tpusim's peaks written down first, as "
+        "held-out checks: `minimal` on v5p fsdp=64 and v6e fsdp=256 (1.777 and 1.475 GB "
+        "predicted: +3.3% and +3.8%; the v6e program holds the same 108 MiB of whole "
+        "gradients at its score-gradient peak) and v5e 8x8 fsdp=64 (async gathers, k and v "
+        "by all-reduce), `full` (1.140 GB: +0.0%) and `minimal` (1.903 GB: +28.5%). The v5e "
+        "`minimal` miss was the forward's f32 scores: this program, like every fsdp=64 one "
+        "(v5p `none`, `minimal`, `full`, v5e `full`), writes only the f32 exponentials, "
+        "fused with the score matmul, where the windowed fsdp=16 programs write both; tpusim "
+        "now fuses a one-axis forward whose FSDP gathers are plain (docs/model.md "
+        "\"Memory\"; +28.5% -> +1.8%, fitted on it; v5p `minimal` moved +3.3% -> +3.2%, its "
+        "peak to the backward). The v5e `full` row matches for a reason of its own: XLA "
+        "peaks at layer 0's score gradient (1.14 GB), where it holds what tpusim does not "
+        "(0.89 GB there; tpusim's own peak is at the loss): the MLP's recomputed gate, up and "
+        "gated product (192 MiB: v5e runs part of the MLP's weight gradients after the "
+        "attention's backward, `mlp_grad_after_attention`, which tpusim applies to windowed "
+        "programs only) and the output projection's whole gradient, which v5e all-reduces "
+        "right after the logits' backward and keeps, reduced and whole, to the update "
+        "(128 MiB; the v5p and v6e programs slice it at once).", "",
     ])
 
 

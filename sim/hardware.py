@@ -51,9 +51,9 @@ class ChipSpec:
         score_exp_fusion: XLA's TPU compiler for this generation always fuses dot
             attention's score matmul with the softmax's exponentials (one output fusion writes
             the f32 exponentials; the f32 scores are never a buffer of their own). True on
-            v6e; false on v5e and v5p, whose compiler fuses them only on some meshes
-            (workloads.memory.score_exp_fused). Read off the forward layer of the compiled
-            `benchmarks/xla_memory.py` programs (docs/model.md "Memory"). It changes the
+            v6e; false on v5e and v5p, whose compiler fuses them only on some meshes and
+            gather forms (workloads.memory.score_exp_fused). Read off the forward layer of the
+            compiled `benchmarks/xla_memory.py` programs (docs/model.md "Memory"). It changes the
             memory of dot attention only (workloads.training.TrainingConfig.score_exp_fusion,
             set from the chip by sim/).
         score_grad_fusion: in a recomputing backward (remat full, minimal, offload) of dot

@@ -531,8 +531,9 @@ def test_the_chip_sets_whether_the_trace_fuses_scores_with_exponentials(tmp_path
 
     path = tmp_path / "m.yaml"
     path.write_text(json.dumps(LONG_CONTEXT))
+    # Windowed gathers: with plain ones v5e fuses on one fsdp axis too.
     flags = dict(shape="2x2", model=str(path), seq_len=1024, batch_per_chip=2,
-                 mesh="fsdp=4", remat="minimal", attention="dot")
+                 mesh="fsdp=4", remat="minimal", attention="dot", fsdp_gather="windowed")
     scores = 2048 * 1024 * 4  # tokens x context x heads per chip
 
     def fwd_scores(run):
@@ -563,6 +564,28 @@ def test_v5e_and_v5p_fuse_scores_with_exponentials_only_on_a_mesh_of_two_sharded
     got = [d for i, cat, d in trace.meta["memory_events"]
            if cat == "temporaries" and trace.ops[i].name == "attn_scores"]
     assert got == [4 * 4096 * 1024 * 2] * 2
+
+
+def test_one_fsdp_axis_fuses_scores_with_exponentials_when_no_gather_is_windowed():
+    from workloads.memory import score_exp_fused
+
+    # One sharded axis: fused when the forward's weight gathers are plain (XLA's fsdp=64
+    # programs on v5e and v5p), not when they are windowed einsums (its fsdp=16 programs).
+    assert score_exp_fused(chip_fuses=False, sharded_axes=1, score_bytes=512 * 2**20,
+                           remat="minimal", plain_fsdp=True)
+    assert not score_exp_fused(chip_fuses=False, sharded_axes=1, score_bytes=512 * 2**20,
+                               remat="minimal")
+    # 2 sequences x 1024 queries x 1024 keys x 4 heads per chip, v5e, minimal: the forward
+    # writes only the f32 exponentials (4 bytes a score) when XLA's mixed mode gathers plainly
+    # (over 64 chips), the f32 scores and exponentials (8) when it windows (over 16).
+    scores = 2048 * 1024 * 4
+    for mesh, shape, per_score in (("fsdp=64", "8x8", 4), ("fsdp=16", "4x4", 8),
+                                   ("fsdp=1", "1x1", 8)):
+        trace, _ = _long(Remat.MINIMAL, mesh, shape, gather="mixed-async")
+        (got,) = [d for i, cat, d in trace.meta["memory_events"]
+                  if cat == "temporaries" and trace.ops[i].name == "attn_scores"
+                  and trace.ops[i].layer == 0]
+        assert got == per_score * scores
 
 
 def test_score_exp_fusion_is_true_or_false_in_a_chip_file(tmp_path):

@@ -315,7 +315,7 @@ def attention_backward_score_buffers(*, remat: str, score_grad_fusion: bool = Fa
 
 
 def score_exp_fused(*, chip_fuses: bool, sharded_axes: int, score_bytes: float,
-                    remat: str = "none") -> bool:
+                    remat: str = "none", plain_fsdp: bool = False) -> bool:
     """Whether XLA fuses a dot attention's score matmul with the softmax's exponentials (the
     f32 scores are then never a buffer of their own; `attention_temporaries`).
 
@@ -333,9 +333,13 @@ def score_exp_fused(*, chip_fuses: bool, sharded_axes: int, score_bytes: float,
     a single chip, counts as unfused) and the size limit is the largest fused size seen.
     Under `remat` `full` the forward fuses them on one axis too (one f32 buffer in the v5e
     and v5p fsdp=16 `full` programs; the forward saves nothing the softmax writes), within
-    the same size limit (v5p fsdp=4 x tensor=4 `full` at seq 4096 writes both).
+    the same size limit (v5p fsdp=4 x tensor=4 `full` at seq 4096 writes both). So does a
+    forward whose FSDP weight gathers are plain, no windowed-einsum loop (`plain_fsdp`): every
+    one-axis program that wrote both buffers windows its forward gathers (fsdp=16), while the
+    fsdp=64 ones, which XLA gathers plainly (more chips than it windows), fuse under every
+    policy (v5e 8x8 `minimal`, read off it, and `full`; v5p 4x4x4 `none` and `minimal`).
     """
-    return chip_fuses or ((sharded_axes >= 2 or remat == "full")
+    return chip_fuses or ((sharded_axes >= 2 or remat == "full" or plain_fsdp)
                           and score_bytes <= 512 * 2**20)
 
 

@@ -1094,7 +1094,9 @@ class _Compiler:
         fused = score_exp_fused(
             chip_fuses=self.cfg.score_exp_fusion,
             sharded_axes=sum(1 for s in (d.dp, d.fs, d.tp, d.ep, d.pp, d.sp) if s > 1),
-            score_bytes=4.0 * scores, remat=str(self.cfg.remat))
+            score_bytes=4.0 * scores, remat=str(self.cfg.remat),
+            plain_fsdp=bool(self.cur is not None and self.cur.ops
+                            and not self.cur.windowed(self.cur.ops)))
         # With one sequence per chip XLA keeps the score matmul's bf16 output and the value
         # matmul's fusion exponentiates it as it reads it: the only score-sized buffer of the
         # forward (workloads/memory.py one_sequence_per_chip).
