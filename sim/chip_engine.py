@@ -53,6 +53,7 @@ from sim.engine import (
     collective_groups,
     cost_pairs,
     op_collective_cost,
+    op_group_axes,
     padded_collective_bytes,
     static_hbm_bytes,
 )
@@ -301,8 +302,13 @@ def simulate_chips(
     op_key: dict[tuple[int, int], tuple] = {}
     base_costs: dict[tuple, CollectiveCost] = {}
     group_cost: dict[tuple, tuple[np.ndarray, list[CollectiveCost]]] = {}
-    # Under `stop_when_hbm_exceeds(prefix=...)` only the prefix's ops run: the others are
-    # neither costed nor given actors (see `stop_when_hbm_exceeds`).
+    key_geom: dict[tuple, tuple[GroupAxis, ...]] = {}
+    # Under `stop_when_hbm_exceeds(prefix=...)` only the prefix's ops run. A collective outside
+    # the prefix is not costed and gets no actor, but its geometry and, where degraded links
+    # touch it, its per-group costs are found as the full run finds them: they shape the chip
+    # classes, which are therefore the full run's, so the watch applies to the prefix exactly
+    # when it applies to the full run (a late collective on a slow link splits a program's
+    # chips into several classes: the full run is not watched, and neither is its prefix).
     watch = _HBM_WATCH[-1] if _HBM_WATCH else None
     prefix_ops = watch.prefix_ops if watch is not None else None
     for pi in used_programs:
@@ -316,47 +322,53 @@ def simulate_chips(
         for op in prog.ops:
             if op.kind != OpKind.COLLECTIVE or (pi, op.id) in p2p_ops:
                 continue
-            if prefix_ops is not None and op.id not in prefix_ops[pi]:
-                continue
+            outside = prefix_ops is not None and op.id not in prefix_ops[pi]
             # Explicit device groups (HLO import) may be chip pairs (a permute; its chips
             # rendezvous with the others along the axes it uses, and degraded links do not slow
             # it in this version).
             sk = (op.collective, op.mesh_axes, op.bytes, op.group)
             hit = seen.get(sk)
             if hit is None:
-                hit = seen[sk] = op_collective_cost(chip, topology, prog, op, pgroups,
-                                                    dev_groups, base_costs, algorithm)
+                hit = seen[sk] = op_group_axes(topology, prog, op, pgroups, dev_groups)
             gaxes, key = hit
             pairs = len(key) == 4
             geo_axes = gaxes[:1] if op.collective == "collective-permute" and not pairs else gaxes
             if geo_axes not in geoms:
                 geoms[geo_axes] = GroupGeometry(topology, geo_axes)
-            op_geom[(pi, op.id)] = geo_axes
-            op_key[(pi, op.id)] = key
-            if key not in group_cost:
-                names = {g.physical_name for g in geo_axes}
-                rel = {lk: f for lk, f in slow.items() if _link_axis(topology, lk) in names}
-                rel_dead = tuple(lk for lk in cfg.dead_links if _link_axis(topology, lk) in names)
-                if pairs and rel_dead:
-                    raise TpusimError(
-                        f"collective {op.name} is a collective-permute between chip pairs (HLO "
-                        f"import); dead links are not supported for it in this version; use "
-                        f"--slow-link with a small factor instead"
-                    )
-                if pairs and rel:
-                    group_cost[key] = (np.zeros(geoms[geo_axes].num_groups, dtype=np.int64),
-                                       [cost_pairs(chip, topology, dev_groups[op.group][1],
-                                                   op.bytes, rel)])
-                elif rel or rel_dead:
-                    group_cost[key] = _slow_group_costs(chip, topology, op.collective, geo_axes,
-                                                        op.bytes, algorithm, rel,
-                                                        base_costs[key], geoms[geo_axes],
-                                                        # detours avoid every dead link
-                                                        tuple(cfg.dead_links) if rel_dead
-                                                        else ())
-                else:
-                    group_cost[key] = (np.zeros(geoms[geo_axes].num_groups, dtype=np.int64),
-                                       [base_costs[key]])
+            key_geom[key] = geo_axes
+            if not outside:
+                op_geom[(pi, op.id)] = geo_axes
+                op_key[(pi, op.id)] = key
+            if key in group_cost:
+                continue
+            names = {g.physical_name for g in geo_axes}
+            rel = {lk: f for lk, f in slow.items() if _link_axis(topology, lk) in names}
+            rel_dead = tuple(lk for lk in cfg.dead_links if _link_axis(topology, lk) in names)
+            if outside and not (rel or rel_dead):
+                continue  # one cost for every group: no column of the classes
+            if key not in base_costs:
+                op_collective_cost(chip, topology, prog, op, pgroups, dev_groups, base_costs,
+                                   algorithm)
+            if pairs and rel_dead:
+                raise TpusimError(
+                    f"collective {op.name} is a collective-permute between chip pairs (HLO "
+                    f"import); dead links are not supported for it in this version; use "
+                    f"--slow-link with a small factor instead"
+                )
+            if pairs and rel:
+                group_cost[key] = (np.zeros(geoms[geo_axes].num_groups, dtype=np.int64),
+                                   [cost_pairs(chip, topology, dev_groups[op.group][1],
+                                               op.bytes, rel)])
+            elif rel or rel_dead:
+                group_cost[key] = _slow_group_costs(chip, topology, op.collective, geo_axes,
+                                                    op.bytes, algorithm, rel,
+                                                    base_costs[key], geoms[geo_axes],
+                                                    # detours avoid every dead link
+                                                    tuple(cfg.dead_links) if rel_dead
+                                                    else ())
+            else:
+                group_cost[key] = (np.zeros(geoms[geo_axes].num_groups, dtype=np.int64),
+                                   [base_costs[key]])
     if len(used_programs) > 1:
         _check_rendezvous(programs, prog_of, op_geom, op_key, geoms)
 
@@ -384,8 +396,7 @@ def simulate_chips(
             base_cols.append(np.asarray(cfg.op_scale[op_id], dtype=float))
         for key, (index, costs) in group_cost.items():
             if len(costs) > 1:
-                ga = next(op_geom[i] for i, k in op_key.items() if k == key)
-                base_cols.append(index[geoms[ga].group_of_chip].astype(float))
+                base_cols.append(index[geoms[key_geom[key]].group_of_chip].astype(float))
         for sk in sorted(send_cost_of):
             base_cols.append(send_cost_of[sk].astype(float))
         label = chip_classes(base_cols, [geoms[g].group_of_chip for g in geo_list], neighbours)
@@ -773,12 +784,14 @@ def stop_when_hbm_exceeds(capacity_bytes: float,
     (or, a receive, completes) before the horizon (`sim.planner.hbm_prefix`, from the
     uncontended schedule, a lower bound of every op's start). Only those ops are costed and
     given actors (a 405B pipeline stage program holds ~26k ops; those that can start within
-    its first 5 s are 6-11% of them), so up to the horizon the run is the full step's, event
-    for event: the same ops are active at the same times, the others still wait for their
-    dependencies. A level over capacity before the horizon is therefore the full run's verdict
-    (the same instant and level); reaching the horizon (or the prefix's end, or a step the
-    watch does not apply to) raises `HbmPrefixEnded` with `prefix_ended` set: the step has to
-    run in full."""
+    its first 5 s are 6-11% of them); the chip classes are the full run's (the collectives
+    outside the prefix are placed, and on degraded links costed per group, for them), so the
+    watch applies to the prefix exactly when it applies to the full step, and up to the
+    horizon the run is the full step's, event for event: the same ops are active at the same
+    times, the others still wait for their dependencies. A level over capacity before the
+    horizon is therefore the full run's verdict (the same instant and level); reaching the
+    horizon (or the prefix's end, or a step the watch does not apply to) raises
+    `HbmPrefixEnded` with `prefix_ended` set: the step has to run in full."""
     watch = HbmWatch(capacity_bytes=float(capacity_bytes))
     if prefix is not None:
         watch.prefix_ops = tuple(frozenset(ids) for ids in prefix[0])

@@ -440,21 +440,24 @@ def op_collective_cost(
     Ops with explicit device groups (HLO import) are keyed by their group (a 4-tuple key means
     chip pairs, costed link by link); the others by (kind, merged mesh-axis factors, bytes).
     """
+    gaxes, key = op_group_axes(topology, trace, op, groups, dev_groups)
+    if key not in costs:
+        costs[key] = (
+            cost_pairs(chip, topology, dev_groups[op.group][1], op.bytes) if len(key) == 4
+            else cost_collective(chip, topology, op.collective, gaxes, op.bytes, algorithm))
+    return gaxes, key
+
+
+def op_group_axes(topology: Topology, trace: Trace, op, groups,
+                  dev_groups: dict) -> tuple[tuple[GroupAxis, ...], tuple]:
+    """A collective op's group axes and cost key (`op_collective_cost` without the cost)."""
     if op.group >= 0:
-        gaxes, key = device_group_axes(trace, topology, op, dev_groups)
-        if key not in costs:
-            costs[key] = (
-                cost_pairs(chip, topology, dev_groups[op.group][1], op.bytes) if len(key) == 4
-                else cost_collective(chip, topology, op.collective, gaxes, op.bytes, algorithm))
-        return gaxes, key
+        return device_group_axes(trace, topology, op, dev_groups)
     factors: list[GroupAxis] = []
     for a in op.mesh_axes:
         factors += list(groups[a])
     gaxes = _merge(topology, factors)
-    key = (op.collective, gaxes, round(op.bytes))
-    if key not in costs:
-        costs[key] = cost_collective(chip, topology, op.collective, gaxes, op.bytes, algorithm)
-    return gaxes, key
+    return gaxes, (op.collective, gaxes, round(op.bytes))
 
 
 def compute_op_times(chip: ChipSpec, op) -> tuple[float, float]:

@@ -641,3 +641,37 @@ def test_a_pipeline_over_hbm_within_its_prefix_gets_the_full_runs_verdict(
     # A step that fits is never stopped and gives `train`'s result.
     fits = planner.simulate((argv, {}, 1.01 * peak))
     assert fits["result"] == run_point(argv)["result"]
+
+
+def test_a_prefix_run_has_the_full_runs_chip_classes_so_the_watch_applies_to_both_or_neither(
+        tiny_model):
+    # A prefix costs only the collectives that can start before its horizon; a slow link on
+    # the data axis slows only the late data-parallel gradient all-reduces, splitting stage 0's
+    # chips into two classes. The full run is then not watched (its classes are not one per
+    # program) and reports its whole peak; its prefix once had the coarser classes of its own
+    # collectives, was watched, and stopped at a lower level (14.2 GB against the 15.5 GB
+    # peak). Its classes are now the full run's: no verdict, the step runs in full.
+    import sim.planner as planner
+    from sim.chip_engine import stop_when_hbm_exceeds
+
+    argv = ["train", "--chip", "v5e", "--shape", "2x4", "--model", tiny_model, "--seq-len",
+            "8192", "--batch-per-chip", "4", "--mesh", "pipeline=2,data=2,fsdp=2", "--axis-map",
+            "pipeline=x,data=y:2,fsdp=y:2", "--remat", "full", "--microbatches", "8"]
+    healthy = run_point(argv)["result"]
+    cap = 0.9 * healthy["hbm_peak_bytes"]
+    # Slower links only delay ops: the healthy step's prefix is a valid prefix of both.
+    keep, horizon = planner.hbm_prefix(argv, cap)
+    for link, classes in (("0,0:y+:0.5", 4), ("0,1:y+:0.5", 2)):  # data links; no group's
+        slow = [*argv, "--slow-link", link]
+        with stop_when_hbm_exceeds(cap) as full:
+            out = run_point(slow)
+        with stop_when_hbm_exceeds(cap, prefix=(keep, horizon)) as pre:
+            with pytest.raises(TpusimError):
+                planner._pipeline_run(slow)
+        if classes > 2:
+            assert out["result"]["num_chip_classes"] == classes and not full.exceeded
+            assert out["result"]["hbm_peak_bytes"] == healthy["hbm_peak_bytes"] > cap
+            assert pre.prefix_ended and not pre.exceeded
+        else:  # a link no collective uses: one class per stage, both watched, one verdict
+            assert full.exceeded and pre.exceeded and not pre.prefix_ended
+            assert (pre.time_s, pre.level_bytes) == (full.time_s, full.level_bytes)
