@@ -46,6 +46,10 @@ TINY = dict(d_model=1024, num_heads=8, num_kv_heads=4, head_dim=128, d_ff=4096,
 # Narrower, with more layers the layers decide the peak: the memory cross-check's model.
 SMALL = dict(d_model=2048, num_heads=16, num_kv_heads=8, head_dim=128, d_ff=8192,
              vocab_size=32768)
+# LLaMA-3-70B widths (Meta's model card: d_model 8192, 64 heads, 8 KV heads, d_ff 28672,
+# vocab 128256).
+WIDE = dict(d_model=8192, num_heads=64, num_kv_heads=8, head_dim=128, d_ff=28672,
+            vocab_size=128256)
 
 
 # --------------------------------------------------------------------------------------------

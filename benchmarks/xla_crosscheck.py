@@ -121,8 +121,7 @@ ALL_PROGRAMS = {**CONFIGS, **FORM_PROBES}
 # The narrower model of `fsdp_v5e16_small` (xla_memory.py's decoder).
 SMALL = _xla.SMALL
 # LLaMA-3-70B widths (fsdp_v6e64_wide).
-WIDE = dict(d_model=8192, num_heads=64, num_kv_heads=8, head_dim=128, d_ff=28672,
-            vocab_size=128256)
+WIDE = _xla.WIDE
 
 # tpusim option variants tried for each training configuration.
 TPUSIM_VARIANTS = {

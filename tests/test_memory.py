@@ -747,6 +747,21 @@ def test_the_peak_grows_by_the_whole_gradients_live_at_the_score_gradient(gather
         assert not any(c == "whole_gradients" for _, c, _ in trace.meta["memory_events"])
 
 
+@pytest.mark.parametrize("mesh,shape,gather,at", [
+    ("fsdp=64", "8x8", "mixed-async", "residual_mlp"),  # plain gathers: before the logits
+    ("fsdp=16", "4x4", "mixed-async", "fsdp_allgather_embed"),  # windowed: from the gather
+    ("fsdp=4", "2x2", "async", "residual_mlp")])
+def test_the_gathered_output_projection_is_held_from_the_forwards_end_unless_windowed(
+        mesh, shape, gather, at):
+    trace, _ = _long(Remat.FULL, mesh, shape, gather=gather)
+    ops = trace.ops
+    head = 2 * 64 * 256  # the bf16 [d_model, vocab] output projection, gathered whole
+    (got,) = [(ops[i].name, ops[i].layer) for i, cat, d in trace.meta["memory_events"]
+              if cat == "gathered_weights" and d == head]
+    # The last layer's output (layer 1 of 2), or the gather at the step's start.
+    assert got == (at, 1 if at == "residual_mlp" else -1)
+
+
 def test_an_moe_layer_holds_whole_only_the_gradients_split_over_more_than_a_ring():
     # fsdp=16 x expert=4: attention and router split 64 ways (all-reduced whole), the routed
     # experts over fsdp=16 (reduced in windowed rings), as in the 750B MoE compile.
