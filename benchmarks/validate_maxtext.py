@@ -925,6 +925,24 @@ def async_step(p: Prediction) -> float:
     return float(replay(t, get_chip(p.case.chip), topo).step_time_s)
 
 
+def _non_mxu_share(p: Prediction | None) -> float:
+    """The share of a prediction's step in HBM- and VPU-bound ops (0 for none)."""
+    if p is None:
+        return 0.0
+    return (p.breakdown.get("hbm_bound_s", 0.0) + p.breakdown.get("vpu_s", 0.0)) / p.step_s
+
+
+def capacity_line(lo: Prediction, hi: Prediction, steps: tuple[float, float] | None = None
+                  ) -> tuple[float, float]:
+    """(seconds at capacity factor 0, seconds per unit of capacity factor): the straight line
+    through two runs that differ only in the capacity factor (the 750B's cf 1.0 and cf 1.5),
+    of their measured steps (`steps` None) or of the given steps at the two factors."""
+    cf0, cf1 = lo.case.capacity_factor, hi.case.capacity_factor
+    y0, y1 = steps or (lo.case.measured_step_s, hi.case.measured_step_s)
+    slope = (y1 - y0) / (cf1 - cf0)
+    return y0 - slope * cf0, slope
+
+
 def _per_sequence(p: Prediction) -> tuple[float, float]:
     """Measured and predicted seconds per sequence of a case."""
     return p.case.measured_step_s / p.case.batch_per_chip, p.step_s / p.case.batch_per_chip
@@ -1086,6 +1104,38 @@ def _effects(good: list[Prediction], fits: list[FitResult] = (),
             f"{max(eff_dense):.2f} with {100 * min(att_dense):.0f}% to "
             f"{100 * max(att_dense):.0f}% of it in attention, the MoE runs "
             f"{100 * min(att_moe):.0f}% to {100 * max(att_moe):.0f}%).")
+        out.append(
+            "    * *What XLA compiles at the runs' own sizes (2026-12-01, jax/libtpu 0.10.2).* "
+            "`xla_moe_schedule.py --size mixtral-8x22b` (the 8x22B's widths, fsdp=64 x "
+            "expert=4 placed as its `hybrid_ring_64x4`, no flags, as its recipe lists none) and "
+            "the `--size 750b` program, read with the script's table of collectives: every "
+            "collective in both is synchronous but the permutes of the 750B's windowed "
+            "einsums (its forward expert matmuls, over the 16-chip fsdp ring); the weights are "
+            "gathered before their matmuls and again in the backward (the 750B's experts by "
+            "three synchronous 512 MiB all-gathers per layer, where tpusim overlaps its "
+            "gathers), and the 8x22B reduces every weight gradient by a synchronous all-reduce "
+            "of the whole gradient (the experts' over their 64-chip fsdp group), as "
+            "`--fsdp-grad auto` does over more than 32 chips. XLA's cost model gives the "
+            "expert matmuls 1.13x (750B) and 1.17-1.29x (8x22B) the cycles per FLOP of the "
+            "query projection, and the 750B's windowed forward experts 4.5x (each step adds a "
+            "512-wide slice of the contraction into the whole output). What is not a "
+            "matmul (masks, the activation, norms, softmax) is about 6% of the 750B-size "
+            "layer's estimated cycles (windowed loops counted at their 8 trips), against "
+            f"{100 * _non_mxu_share(c15):.1f}% of tpusim's cf-1.5 step in HBM- and VPU-bound "
+            "ops: tpusim charges nothing that XLA fuses away. Nothing in either "
+            "program is cheaper than in tpusim's step: priced as XLA compiles and estimates "
+            "them, the MoE steps would be slower still. *SparseCore.* libtpu 0.10.2 has flags "
+            "that offload collectives and gathers to v6e's SparseCores; compiled with them "
+            "(the small program; the 8x22B's and the 750B's sizes): "
+            "`--xla_tpu_enable_sparse_core_collective_offload_dense_all_to_all` (with or "
+            "without `--xla_tpu_enable_sparse_core_async_all_to_all`) fails in the SparseCore "
+            "all-to-all emitter (a `RET_CHECK` on `num_blocks_per_replica % kGroupSize`) for "
+            "these all-to-alls, so they cannot be offloaded there as compiled; "
+            "`--xla_tpu_enable_offloading_gather_to_sparsecore` moves only the routing's "
+            "index gathers (u32[4096]) to the SparseCore, and "
+            "`--xla_tpu_offload_convolution_to_sparsecore` leaves the program unchanged (the "
+            "dispatch and combine einsums stay TensorCore convolutions). Without flags nothing "
+            "runs on the SparseCores. No recipe of these runs lists any of these flags.")
         pair_moe = (ids.get("tpu-recipes-v6e-mixtral-8x7b-v6e-256-oct2024"),
                     ids.get("tpu-recipes-v6e-mixtral-8x7b-v6e-256"))
         pair_dense = (ids.get("tpu-recipes-v6e-llama2-70b-v6e-256-oct2024"),
@@ -1114,6 +1164,38 @@ def _effects(good: list[Prediction], fits: list[FitResult] = (),
                         + (f" cf {p.case.capacity_factor:g}" if p.case.capacity_factor else "")
                         + f" {p.case.maxtext_remat}: {_pct(no_e / m - 1)} / {_pct(no_c / m - 1)}"
                         f" / {_pct(no_b / m - 1)}")
+        if c10 and c15:
+            m0, mk = capacity_line(c10, c15)
+            p0, pk = capacity_line(c10, c15, (c10.step_s, c15.step_s))
+            free = _MOE_EINSUM_OPS + _MOE_COLLECTIVE_OPS
+            f0, fk = capacity_line(c10, c15, (without_moe_costs(c10, free),
+                                              without_moe_costs(c15, free)))
+            a0, ak = capacity_line(c10, c15, tuple(
+                _variant(p, "fsdp-grad-auto", fsdp_grad="auto").step_s for p in (c10, c15)))
+            out.append(
+                "    * *What grows with the capacity.* The two 750B runs differ only in the "
+                "capacity factor (1.0 and 1.5; the cf-1.0 run's other settings are the "
+                "reference's assumption, its doc says \"without updating sharding "
+                "strategies\"). Read as a straight line in it, the measured "
+                f"step is {m0:.2f} s at capacity 0 plus {mk:.2f} s per unit of capacity "
+                f"factor, the predicted one {p0:.2f} s plus {pk:.2f} s: tpusim prices the work "
+                "that grows with the capacity (the expert matmuls over the padded slots, the "
+                "masks, the dispatch/combine einsums and the all-to-alls) "
+                f"{_pct(pk / mk - 1)} over the measurement and the rest (attention, router, "
+                f"the weights' collectives) {_pct(p0 / m0 - 1)}, as it prices the dense v6e "
+                "runs at as few tokens per chip (effect 7). Rebuilt with `--fsdp-grad auto` "
+                "(the gradient collectives XLA compiles for the 750B: attention and router "
+                f"gradients all-reduced whole over 256 chips) the line is {a0:.2f} s plus "
+                f"{ak:.2f} s: the part that does not grow with the capacity then comes out "
+                f"{_pct(a0 / m0 - 1)} from the measurement, and the whole excess lies in what "
+                f"grows with it ({_pct(ak / mk - 1)}). With the masks, dispatch/combine "
+                "einsums and collectives over `expert` all made free the line is "
+                f"{f0:.2f} s plus {fk:.2f} s per unit: the expert matmuls and their activation "
+                "alone, at the shipped MXU factor, cost more per unit of capacity than the "
+                "measured step grows; the measured slope implies that the MXUs ran them at no "
+                "less than "
+                f"{get_chip('v6e').mxu_efficiency * fk / mk:.2f} of peak even if everything "
+                "else that grows with the capacity were free.")
         out.append(
             "    * *What the MoE-only costs weigh.* The predicted error with the masks and "
             "dispatch/combine einsums made free / the collectives over `expert` made free / "

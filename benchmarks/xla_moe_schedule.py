@@ -84,6 +84,20 @@ its backward gathers the expert weights by three synchronous 512 MiB all-gathers
 their gradients in windowed loops; everything else synchronous. Neither program has anything
 cheaper than tpusim's step; the collective table the script prints counts each collective once
 per layer-loop iteration (a windowed loop's permutes once per body, not per trip).
+
+SparseCore flags (2026-12-01, libtpu 0.10.2, given in `LIBTPU_INIT_ARGS`; the small program
+unless said):
+* `--xla_tpu_enable_sparse_core_collective_offload_dense_all_to_all=true`, alone or with
+  `--xla_tpu_enable_sparse_core_async_all_to_all=true`, fails to compile here and at the
+  8x22B's and the 750B's sizes: `RET_CHECK failure (platforms/xla/sparse_core/
+  dense_all_to_all_emitter_base.cc:164) num_blocks_per_replica % kGroupSize == 0 (1 vs. 0)`.
+  These all-to-alls cannot be offloaded to the SparseCores as compiled.
+* `--xla_tpu_enable_sparse_core_async_all_to_all=true` alone and
+  `--xla_tpu_offload_convolution_to_sparsecore=true` give a byte-identical program.
+* `--xla_tpu_enable_offloading_gather_to_sparsecore=true` with
+  `--xla_tpu_offload_gather_to_sparsecore=true` runs only the routing's index gathers
+  (u32[4096]) on the SparseCore (`call-start`, `async_execution_thread="sparsecore"`).
+130-220 s wall, 64-70 CPU-s, 1.8-2.0 GB each (loaded machine).
 """
 
 from __future__ import annotations

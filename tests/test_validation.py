@@ -251,6 +251,21 @@ def test_moe_schedule_reader_lists_every_collective_once_with_its_form_and_loop(
         ("backward", "all-reduce", "async", 1, 64 / 2**20)
 
 
+def test_capacity_line_passes_through_both_750b_runs(vm, loaded):
+    # Effect 3's straight line in the capacity factor through the 750B's cf-1.0 and cf-1.5
+    # runs: it reproduces both measured steps, and steps proportional to the factor give a line
+    # through the origin.
+    cases, _ = loaded
+    by = {c.id: c for c in cases}
+    lo, hi = (vm.Prediction(case=by[f"maxtext-custom-moe-750b-{n}-v6e-256"], step_s=1.0,
+                            fits_in_hbm=True, hbm_peak_gb=0.0, breakdown={})
+              for n in ("experimental-cf1.0", "final-cf1.5"))
+    at0, per = vm.capacity_line(lo, hi)
+    assert at0 + per * 1.0 == pytest.approx(lo.case.measured_step_s)
+    assert at0 + per * 1.5 == pytest.approx(hi.case.measured_step_s)
+    assert vm.capacity_line(lo, hi, (10.0, 15.0)) == pytest.approx((0.0, 10.0))
+
+
 def test_gemma3_runs_rebuild_with_their_vocab_tiling_and_maxtexts_flop_count(vm, loaded):
     cases, _ = loaded
     c = {c.id: c for c in cases}["tpu-recipes-v6e-gemma3-12b-1x-v6e-256"]
