@@ -642,18 +642,22 @@ def section(cache: dict) -> str:
         "right after the logits' backward and keeps, reduced and whole, to the update "
         "(128 MiB; the v5p and v6e programs slice it at once). The last row, v6e fsdp=256 "
         "`full` at LLaMA-3-70B widths (1.71 GB of whole gradients a layer), was compiled "
-        "after both rules with tpusim's peak written down first (6.24 GB: +11.2%). At its "
-        "score gradient XLA holds the MLP's three whole gradients and the o and v "
-        "projections' (1.56 GB), as tpusim does, but its peak is at the loss, with the 2 GB "
-        "output projection gathered right before the logits; tpusim held that gathered "
-        "matrix from the step's start, through the forward. Every program whose forward "
-        "gathers are plain gathers it right before the logits (the windowed ones differ by "
-        "chip and policy), so tpusim now holds it from the forward's end there "
-        "(docs/model.md \"Memory\", gathered weights; +11.2% -> +4.4%; the `none` rows on "
-        "data x fsdp, fsdp x tensor, fsdp=64 and fsdp=256, and v5e fsdp=16 `none`, whose "
-        "program gathers plainly too, came 0.2-3.3 points lower). This program also keeps "
-        "the bf16 logit gradients (1 GB) from the loss to after the backward loop, which "
-        "tpusim does not (its peak is at the loss either way).", "",
+        "after both rules with tpusim's peak written down first (6.24 GB: +11.2%). XLA's "
+        "peak is at the loss, with the 2 GB output projection gathered right before the "
+        "logits; tpusim held that gathered matrix from the step's start, through the "
+        "forward. Every program whose forward gathers are plain gathers it right before the "
+        "logits (the windowed ones differ by chip and policy), so tpusim now holds it from "
+        "the forward's end there (docs/model.md \"Memory\", gathered weights; +11.2% -> "
+        "+4.4%; the `none` rows on data x fsdp, fsdp x tensor, fsdp=64 and fsdp=256, and "
+        "v5e fsdp=16 `none`, whose program gathers plainly too, came 0.2-3.3 points lower). "
+        "That +4.4% was itself luck: at the score gradient tpusim held 1.49 GB of whole "
+        "gradients that XLA does not (it all-reduces each 128 or 448 MiB gradient alone, "
+        "right after its matmul, and combines only small ones), in place of the 1 GB of bf16 "
+        "logit gradients this program keeps from the loss to after the backward loop (not "
+        "modelled). tpusim now holds a whole gradient only below 64 MiB, the bracket these "
+        "compiles give (docs/model.md \"Memory\", whole gradients; +4.4% -> -1.4%, its peak "
+        "at the loss as XLA's; the 2048-wide rows, whose gradients are 4-32 MiB, unchanged).",
+        "",
     ])
 
 

@@ -721,6 +721,29 @@ def test_a_gradient_all_reduced_whole_lives_from_its_weight_gradient_matmul_to_i
                if cat == "whole_gradients" and d < 0)
 
 
+def test_a_gradient_of_64_mib_or_more_is_all_reduced_alone_and_not_held():
+    # d_model 2048, d_ff 16384: each MLP matrix's bf16 gradient is 64 MiB, all-reduced alone
+    # right after its matmul (XLA's 128 and 448 MiB ones at LLaMA-3-70B widths), while q, o
+    # (8 MiB) and k, v (4 MiB) wait for the layer's combined all-reduce (its 32 MiB ones at
+    # d_model 2048, d_ff 8192).
+    wide = model_from_dict({**LONG_CONTEXT, "d_model": 2048, "num_heads": 16,
+                            "num_kv_heads": 8, "head_dim": 128, "d_ff": 16384,
+                            "vocab_size": 4096})
+    trace = compile_training_step(wide, parse_mesh("fsdp=64"), 64,
+                                  TrainingConfig(seq_len=128, batch_per_chip=1,
+                                                 fsdp_gather="mixed-blocking"))
+    ops = trace.ops
+    held = {}
+    for i, cat, d in trace.meta["memory_events"]:
+        if cat == "whole_gradients" and d > 0 and ops[i].layer == 0:
+            held[ops[i].name] = held.get(ops[i].name, 0) + d
+    assert held == {"attn_proj_bwd": 2 * (2048 * 2048 + 2048 * 1024),
+                    "attn_proj_bwd_weights": 2 * (2048 * 2048 + 2048 * 1024)}
+    # ... though every matrix's gradient is still all-reduced whole.
+    assert {o.name for o in ops if o.layer == 0 and o.name.startswith("fsdp_grad_")} == {
+        f"fsdp_grad_allreduce_{k}" for k in _WHOLE}
+
+
 @pytest.mark.parametrize("gather,grad", [("blocking", "all-reduce"), ("blocking", "auto"),
                                          ("mixed-blocking", "reduce-scatter")])
 def test_the_peak_grows_by_the_whole_gradients_live_at_the_score_gradient(gather, grad):

@@ -98,6 +98,13 @@ FSDP_GATHER_MODES = ("async", "windowed", "blocking", "mixed-async", "mixed-bloc
 # 256 (v6e 16x16): the ring's length decides, not the shard's size. The mixed modes issue
 # plain gathers and gradient all-reduces above it (`grad_kind`).
 XLA_MAX_WINDOWED_RING = 32
+# A weight gradient XLA all-reduces whole is all-reduced on its own, right after the matmul
+# that writes it, from this size on; smaller ones are combined into tuple all-reduces that wait
+# for the layer's other gradients. Bracketed by deviceless compiles (benchmarks/xla_memory.py,
+# v6e fsdp=256): 32 MiB matrices combined (d_model 2048 x d_ff 8192: a layer's 120 MiB in one
+# all-reduce), 128 MiB ones alone (d_model 8192: q and o; the 448 MiB MLP matrices too), as
+# XLA's all-reduce combiner caps a combined all-reduce's size; 64 MiB is the bracket's middle.
+XLA_ALLREDUCE_ALONE_BYTES = 64 * 2**20
 # How weight gradients are summed over fsdp (`TrainingConfig.fsdp_grad`): `auto` is XLA's
 # choice per matrix, a reduce-scatter over a group of up to `XLA_MAX_WINDOWED_RING` chips and a
 # synchronous all-reduce of the whole gradient above (`grad_kind_for`).
@@ -1615,7 +1622,9 @@ class _Compiler:
                 # matmul and lives until the all-reduce has read it (the update slices the
                 # chip's shard out): the MLP's from the MLP's weight-gradient matmul, the
                 # output and value projections' from before the attention's score gradient,
-                # the query and key projections' from after it (docs/model.md "Memory").
+                # the query and key projections' from after it, to the layer's combined
+                # all-reduce; one of XLA_ALLREDUCE_ALONE_BYTES or more is all-reduced alone
+                # right after its matmul, and is not held (docs/model.md "Memory").
                 whole_from = {"wo": self.attn_early_grads_done, "wv": self.attn_early_grads_done,
                               "wq": self.attn_weights_done, "wk": self.attn_weights_done,
                               "router": self.router_grad_done}
@@ -1632,9 +1641,10 @@ class _Compiler:
                         if kind == "all-reduce":
                             sync_ops.append(op)
                             whole = nbytes / self.wc * self.gb
-                            self.mem(whole_from.get(key, self.mlp_weights_done),
-                                     G.WHOLE_GRADIENTS, whole)
-                            self.mem(op, G.WHOLE_GRADIENTS, -whole)
+                            if whole < XLA_ALLREDUCE_ALONE_BYTES:
+                                self.mem(whole_from.get(key, self.mlp_weights_done),
+                                         G.WHOLE_GRADIENTS, whole)
+                                self.mem(op, G.WHOLE_GRADIENTS, -whole)
                 rs = rs_ops[-1] if rs_ops else None
                 local_grad = ((grad_bytes - expert_b) / fse + expert_b / d.fs) \
                     / self.gb * self.gh
