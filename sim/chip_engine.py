@@ -487,7 +487,10 @@ def simulate_chips(
         int8_rate = int8_rate0 * s
         sends = p2p.sends[pi] if p2p is not None else {}
         recv_ids = set(p2p.recvs[pi].values()) if p2p is not None else set()
-        for op in ops:
+        # Under a prefix only its ops run: the others are not costed (nor given done events
+        # of their own below).
+        keep = None if prefix_ops is None else prefix_ops[pi]
+        for op in (ops if keep is None else [ops[i] for i in sorted(keep)]):
             if op.kind == OpKind.COMPUTE:
                 k = scale.get(op.id, 1.0)
                 flops = op.flops * k
@@ -535,7 +538,11 @@ def simulate_chips(
                 cl.bound[op.id] = "idle"
         cl.net = SmallFluidNetwork(env, np.append(lm.class_capacity_bytes_per_s, cl.hbm_bw))
         cl.pcie = simpy.Resource(env, capacity=1)
-        cl.done = [env.event() for _ in range(len(ops))]
+        if keep is None:
+            cl.done = [env.event() for _ in range(len(ops))]
+        else:  # an op outside the prefix never ends: one event, never triggered, for all
+            never = env.event()
+            cl.done = [env.event() if i in keep else never for i in range(len(ops))]
         classes.append(cl)
     multi = ncls > 1
     if multi:
@@ -762,6 +769,7 @@ class HbmWatch:
     level_bytes: float = 0.0
     time_s: float = math.nan
     prefix_ended: bool = False
+    reached_horizon: bool = False  # the prefix ended at its horizon (a longer one may decide)
 
 
 _HBM_WATCH: list[HbmWatch] = []
@@ -833,7 +841,7 @@ def _run_watching_hbm(env, classes, programs, watch: HbmWatch) -> None:
                     f"HBM level {max(levels) / 1e9:.1f} GB over the capacity "
                     f"{watch.capacity_bytes / 1e9:.1f} GB at {now:.6g} s: out of memory")
             if prefix and t >= watch.horizon_s:
-                watch.prefix_ended = True
+                watch.prefix_ended = watch.reached_horizon = True
                 raise HbmPrefixEnded(f"the prefix reached its horizon {watch.horizon_s:.6g} s")
             now = t
         env.step()

@@ -836,46 +836,68 @@ def sharper_bound(job: tuple) -> dict[str, Any]:
     return {"lower_bound_s": bound, "costs": {k: cache[k] for k in keys if k in cache}}
 
 
-# The horizon of a pipeline's prefix run is this many times the time its uncontended schedule
-# first goes over HBM: the simulated step runs a few percent slower than that schedule, so the
-# 405B plan's stopped pipelines go over well within it (at 1.28x their schedule's time).
+# The horizon of a prefix run is this many times the time its uncontended schedule first goes
+# over HBM: the simulated step runs a few percent slower than that schedule, so the 405B plan's
+# stopped pipelines go over well within it (at 1.28x their schedule's time). One program runs
+# its collectives concurrently, on shared links, far slower than alone: the 405B plan's two
+# one-program steps that go over do so at 28x (45 ms against 1.6 ms), so a prefix that reaches
+# its horizon undecided is run again with a horizon PREFIX_HORIZON_GROWTH times longer, until
+# it decides or would be the whole step (which then runs in full). The prefixes grow about as
+# their horizons do, so the undecided ones cost a fraction 1/(growth - 1) of the last one.
 PREFIX_HORIZON_FACTOR = 2.0
+PREFIX_HORIZON_GROWTH = 8.0
 
 
-def hbm_prefix(argv: list[str],
-               capacity: float) -> tuple[tuple[frozenset[int], ...], float] | None:
-    """For a pipeline step that may go over `capacity` early: (per stage program, the ids of
-    the ops that may start before the horizon; the horizon in s), for
-    `stop_when_hbm_exceeds(prefix=...)`; None where no prefix is worth running.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _PrefixSchedule:
+    """A step's programs in their uncontended schedule, and when its HBM level first goes over
+    the capacity there (`over_s`): what `prefix_ops` cuts prefixes from."""
 
-    The uncontended schedule (`_Uncontended`, the stage programs as `step_lower_bound` runs
-    them) starts every op no later than the simulation does, so an op whose schedule start is
-    at or past the horizon H starts at H or later in the simulation too. Each program's set is
-    its ops that start before H in that schedule, and the receives of their sends (a receive
-    completes with its send); every dependency of such an op ends before it starts, so before
-    H too: the set holds everything its ops wait for. H is `PREFIX_HORIZON_FACTOR` times the
-    first time the HBM level of that schedule (memory events applied at its op ends) goes over
-    capacity; None if it never does (the step probably fits: it runs in full at once), for MoE
-    models (per-chip expert loads) and for steps with perturbations (a chip faster than the
-    chip spec would break the schedule's bound)."""
+    programs: list
+    runs: _Uncontended
+    sends: list  # per program {send op id: (peer chip, tag)}
+    recvs: list  # per program {tag: receive op id}
+    over_s: float
+
+
+def prefix_schedule(argv: list[str], capacity: float) -> _PrefixSchedule | None:
+    """The uncontended schedule of `tpusim ARGV`'s step (a pipeline's stage programs, or the
+    one program `train` compiles) and the first time its HBM level (memory events applied at
+    its op ends) goes over `capacity`; None where no prefix applies: the level never goes over
+    (the step probably fits: it runs in full at once), MoE models (per-chip expert loads) and
+    steps with perturbations (a chip faster than the chip spec would break the schedule's
+    bound).
+
+    The uncontended schedule (`_Uncontended`, the programs as `step_lower_bound` runs them)
+    starts every op no later than the simulation does, so an op whose schedule start is at or
+    past a horizon H starts at H or later in the simulation too (`prefix_ops`)."""
     from sim.cli import common as cli
-    from sim.engine import static_hbm_bytes
+    from sim.engine import collective_groups, static_hbm_bytes
+    from workloads.training import compile_training_step
 
     try:
         args = _prepared(argv)
         chip, topo, model, mesh, tcfg = _bound_inputs(argv, args)
-        if mesh.size("pipeline") <= 1 or model.is_moe \
-                or not cli.scenario_from_args(args, topo).is_healthy:
+        if model.is_moe or not cli.scenario_from_args(args, topo).is_healthy:
             return None
-        sp = _stage_programs(model, mesh, topo.num_chips, tcfg)
+        if mesh.size("pipeline") > 1:
+            sp = _stage_programs(model, mesh, topo.num_chips, tcfg)
+            programs, sends, recvs = list(sp.programs), list(sp.sends), list(sp.recvs)
+            runs = _stage_schedule(sp, _Floors(chip, topo, _mesh_groups(mesh.axes, topo)))
+        else:
+            # The program `train` replays (the worker's compile cache then serves the run),
+            # its collectives on the engine's own groups.
+            trace = compile_training_step(model, mesh, topo.num_chips, tcfg)
+            programs, sends, recvs = [trace], [{}], [{}]
+            runs = _Uncontended(programs, _Floors(chip, topo, collective_groups(trace, topo)),
+                                {}, {})
+            runs.advance(0)
     except TpusimError:
         return None  # the simulation reports it
-    p = len(sp.programs)
-    runs = _stage_schedule(sp, _Floors(chip, topo, _mesh_groups(mesh.axes, topo)))
     if runs is None:
         return None
     over = math.inf
-    for k, prog in enumerate(sp.programs):
+    for k, prog in enumerate(programs):
         level = static_hbm_bytes(prog.meta)
         for t, _i, d in sorted((runs.end[k][int(ev[0])], int(ev[0]), float(ev[2]))
                                for ev in prog.meta.get("memory_events") or ()):
@@ -885,18 +907,41 @@ def hbm_prefix(argv: list[str],
                 break
     if not math.isfinite(over) or over <= 0:
         return None  # (at 0 the prefix would be empty: ops of zero length end at 0 too)
-    horizon = PREFIX_HORIZON_FACTOR * over
+    return _PrefixSchedule(programs=programs, runs=runs, sends=sends, recvs=recvs, over_s=over)
+
+
+def prefix_ops(sched: _PrefixSchedule,
+               horizon: float) -> tuple[tuple[frozenset[int], ...], float] | None:
+    """(per program, the ids of the ops that may start before `horizon`; the horizon in s),
+    for `stop_when_hbm_exceeds(prefix=...)`; None if that is every op (the whole step).
+
+    Each program's set is its ops that start before H in the uncontended schedule, and the
+    receives of their sends (a receive completes with its send); every dependency of such an
+    op ends before it starts, so before H too: the set holds everything its ops wait for."""
+    runs, programs, sends, recvs = sched.runs, sched.programs, sched.sends, sched.recvs
+    p = len(programs)
     # A receive completes with its send: in the prefix when the send is.
-    recv_ids = [set(sp.recvs[k].values()) for k in range(p)]
+    recv_ids = [set(recvs[k].values()) for k in range(p)]
     keep = [{i for i, t in enumerate(runs.start[k]) if t < horizon and i not in recv_ids[k]}
             for k in range(p)]
-    recv_of = {tag: (k, rid) for k in range(p) for tag, rid in sp.recvs[k].items()}
+    recv_of = {tag: (k, rid) for k in range(p) for tag, rid in recvs[k].items()}
     for k in range(p):
-        for sid, (_ch, tag) in sp.sends[k].items():
+        for sid, (_ch, tag) in sends[k].items():
             if sid in keep[k] and tag in recv_of:
                 j, rid = recv_of[tag]
                 keep[j].add(rid)
+    if all(len(keep[k]) == len(programs[k].ops) for k in range(p)):
+        return None  # the whole step: its full watched run decides at the same cost
     return tuple(frozenset(x) for x in keep), horizon
+
+
+def hbm_prefix(argv: list[str],
+               capacity: float) -> tuple[tuple[frozenset[int], ...], float] | None:
+    """The first prefix `simulate` runs for a step that may go over `capacity` early:
+    `prefix_ops` at H = `PREFIX_HORIZON_FACTOR` times the first time the uncontended
+    schedule's HBM level goes over (`prefix_schedule`); None where no prefix applies."""
+    sched = prefix_schedule(argv, capacity)
+    return None if sched is None else prefix_ops(sched, PREFIX_HORIZON_FACTOR * sched.over_s)
 
 
 def _pipeline_run(argv: list[str]) -> None:
@@ -923,9 +968,11 @@ def simulate(job: tuple) -> dict[str, Any]:
     so the result is the same). Job: (train argv, {cost cache key: CollectiveCost}, HBM
     capacity or None): with a capacity, a step whose HBM level goes over it is stopped there
     (`sim.chip_engine.stop_when_hbm_exceeds`: it is out of memory, as `train` would find) and
-    the result is {"out_of_memory": True, "hbm_level_bytes": level}. A pipeline step that may
-    go over early (`hbm_prefix`) first runs only the ops that can start before the prefix's
-    horizon: going over before it is the full run's verdict; otherwise the step runs in full."""
+    the result is {"out_of_memory": True, "hbm_level_bytes": level}. A step (a pipeline or
+    one program) that may go over early (`prefix_schedule`) first runs only the ops that can
+    start before a horizon: going over before it is the full run's verdict; reaching it
+    undecided, the prefix grows (`PREFIX_HORIZON_GROWTH`) until it decides or would be the
+    whole step, which then runs in full."""
     from sim.chip_engine import stop_when_hbm_exceeds
     from sim.engine import seed_cost_cache
     from sim.study import run_point
@@ -935,16 +982,23 @@ def simulate(job: tuple) -> dict[str, Any]:
         seed_cost_cache(costs)
     if capacity is None:
         return run_point(argv)
-    prefix = hbm_prefix(argv, capacity)
-    if prefix is not None:
+    sched = prefix_schedule(argv, capacity)
+    horizon = PREFIX_HORIZON_FACTOR * sched.over_s if sched is not None else 0.0
+    while sched is not None and (prefix := prefix_ops(sched, horizon)) is not None:
         with stop_when_hbm_exceeds(capacity, prefix=prefix) as watch:
             try:
-                _pipeline_run(argv)
+                if len(prefix[0]) > 1:  # a pipeline's stage programs
+                    _pipeline_run(argv)
+                else:
+                    run_point(argv)  # returns the error (over capacity, or no verdict)
             except TpusimError:
                 pass  # over capacity, or no verdict (the full run below reports any error)
         if watch.exceeded:
             return {"out_of_memory": True, "hbm_level_bytes": watch.level_bytes,
                     "prefix": True}
+        if not watch.reached_horizon:
+            break  # the watch does not apply, or another error: the full run reports it
+        horizon *= PREFIX_HORIZON_GROWTH
     with stop_when_hbm_exceeds(capacity) as watch:
         out = run_point(argv)
     if watch.exceeded:

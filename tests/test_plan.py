@@ -634,13 +634,64 @@ def test_a_pipeline_over_hbm_within_its_prefix_gets_the_full_runs_verdict(
         assert pre.exceeded and not pre.prefix_ended
         assert (pre.time_s, pre.level_bytes) == (full.time_s, full.level_bytes) \
             and pre.time_s < horizon
-    # A horizon before the step goes over decides nothing: the step runs in full.
+    # A horizon before the step goes over decides nothing at first: the prefix grows
+    # (PREFIX_HORIZON_GROWTH) until it decides, with the full run's verdict ...
     monkeypatch.setattr(planner, "PREFIX_HORIZON_FACTOR", 0.25)
+    got = planner.simulate((argv, {}, 0.999 * peak))
+    assert got.pop("prefix") is True and got == full_watched(0.999 * peak)
+    # ... and a prefix that would be the whole step is not run: the step runs in full.
+    monkeypatch.setattr(planner, "PREFIX_HORIZON_GROWTH", 1e9)
     got = planner.simulate((argv, {}, 0.999 * peak))
     assert "prefix" not in got and got == full_watched(0.999 * peak)
     # A step that fits is never stopped and gives `train`'s result.
     fits = planner.simulate((argv, {}, 1.01 * peak))
     assert fits["result"] == run_point(argv)["result"]
+
+
+@pytest.mark.parametrize("flags", [
+    ["--mesh", "fsdp=2,tensor=2", "--remat", "none"],
+    ["--mesh", "tensor=2,data=2", "--remat", "none", "--microbatches", "2"],
+])
+def test_a_one_program_step_over_hbm_in_a_prefix_gets_the_full_runs_verdict(tiny_model, flags):
+    # Without stages the step is one program: its prefix runs only the ops that can start
+    # before the horizon, and grows until it decides. The oracle is the brute-force full run
+    # (watched: its verdict and instant; unwatched: its peak bounds the level).
+    import sim.planner as planner
+    from sim.chip_engine import stop_when_hbm_exceeds
+
+    argv = ["train", "--chip", "v5e", "--shape", "2x2", "--model", tiny_model, "--seq-len",
+            "8192", "--batch-per-chip", "4", *flags]
+    full_run = run_point(argv)["result"]
+    peak = full_run["hbm_peak_bytes"]
+    prefixed = 0
+    for frac in (0.5, 0.999):
+        cap = frac * peak
+        with stop_when_hbm_exceeds(cap) as full:
+            run_point(argv)
+        assert full.exceeded and cap < full.level_bytes <= peak
+        got = planner.simulate((argv, {}, cap))
+        first = planner.hbm_prefix(argv, cap)
+        if first is None:  # 2x the first crossing covers the whole step: no prefix
+            assert got == {"out_of_memory": True, "hbm_level_bytes": full.level_bytes}
+            continue
+        prefixed += 1
+        assert got == {"out_of_memory": True, "hbm_level_bytes": full.level_bytes,
+                       "prefix": True}
+        # The instant too, at the horizon that decides (the first, or a grown one).
+        keep, horizon = first
+        sched = planner.prefix_schedule(argv, cap)
+        while True:
+            assert len(keep) == 1 and len(keep[0]) < len(sched.programs[0].ops)
+            with stop_when_hbm_exceeds(cap, prefix=(keep, horizon)) as pre:
+                run_point(argv)
+            if not pre.reached_horizon:
+                break
+            horizon *= planner.PREFIX_HORIZON_GROWTH
+            keep = planner.prefix_ops(sched, horizon)[0]
+        assert pre.exceeded and (pre.time_s, pre.level_bytes) == (full.time_s, full.level_bytes)
+    assert prefixed
+    # A step that fits is never stopped and gives `train`'s result.
+    assert planner.simulate((argv, {}, 1.01 * peak))["result"] == full_run
 
 
 def test_a_prefix_run_has_the_full_runs_chip_classes_so_the_watch_applies_to_both_or_neither(
