@@ -298,28 +298,46 @@ def test_resume_refuses_result_columns_whose_kind_changed_without_declared_metri
 
 
 def test_ctrl_c_keeps_every_finished_row(tmp_path, tiny_model):
-    s = _study(tiny_model, grid={"seq-len": list(range(256, 256 + 6 * 4, 4))}, plot=None)
-    study = tmp_path / "s.json"
-    study.write_text(json.dumps(s), encoding="utf-8")
-    out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sim", "sweep", str(study), "--out", str(out), "--workers", "1",
-         "--quiet"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": str(ROOT)})
-    # Generous deadlines: under a loaded machine (a parallel suite beside other jobs) the child's
-    # start-up and first point can take tens of seconds; the assertions below do not depend on it.
-    deadline = time.monotonic() + 180
-    while not (out / "results.parquet").exists() and time.monotonic() < deadline \
-            and proc.poll() is None:
-        time.sleep(0.05)
-    assert proc.poll() is None, f"the sweep ended before it was interrupted: {proc.returncode}"
-    seen = len(pd.read_parquet(out / "results.parquet"))
-    proc.send_signal(signal.SIGINT)
-    _stdout, stderr = proc.communicate(timeout=180)
+    # The interrupt must land mid-study. On a loaded machine the child can finish its last
+    # point between the parent seeing its first rows and the signal arriving (it once did):
+    # such a run shows nothing about an interruption, so the study is run again with twice
+    # the points, up to four times; every check below is made on a run that was interrupted
+    # with points still to go.
+    for attempt in range(4):
+        n = 12 << attempt  # points: seq-len values x the two zipped meshes
+        s = _study(tiny_model, grid={"seq-len": list(range(256, 256 + n // 2 * 4, 4))},
+                   plot=None)
+        study = tmp_path / f"s{attempt}.json"
+        study.write_text(json.dumps(s), encoding="utf-8")
+        out = tmp_path / f"out{attempt}"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sim", "sweep", str(study), "--out", str(out), "--workers",
+             "1", "--quiet"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": str(ROOT)})
+        # Generous deadlines: under a loaded machine (a parallel suite beside other jobs) the
+        # child's start-up and first point can take tens of seconds; the assertions below do
+        # not depend on it.
+        deadline = time.monotonic() + 180
+        while not (out / "results.parquet").exists() and time.monotonic() < deadline \
+                and proc.poll() is None:
+            time.sleep(0.05)
+        if proc.poll() is not None:
+            _stdout, stderr = proc.communicate()
+            assert proc.returncode == 0, stderr  # finished before any rows were written
+            continue
+        seen = len(pd.read_parquet(out / "results.parquet"))
+        proc.send_signal(signal.SIGINT)
+        _stdout, stderr = proc.communicate(timeout=180)
+        if proc.returncode == 0 or (proc.returncode == 130 and
+                                    len(pd.read_parquet(out / "results.parquet")) == n):
+            continue  # the signal came after the last point
+        break
+    else:
+        pytest.fail("no run of the study was interrupted with points to go in four tries")
     assert proc.returncode == 130, (seen, stderr)
     assert "interrupted" in stderr.decode()
     df = pd.read_parquet(out / "results.parquet")
-    assert seen <= len(df) < 12
+    assert seen <= len(df) < n
     assert list(df["point"]) == list(range(len(df)))
     assert df[ERROR_COLUMN].isna().all() and (df["step_time_s"] > 0).all()
     assert sorted(p.name for p in out.iterdir()) == ["results.csv", "results.parquet"]
@@ -329,7 +347,7 @@ def test_ctrl_c_keeps_every_finished_row(tmp_path, tiny_model):
          "--quiet", "--resume"], cwd=ROOT, capture_output=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)}).returncode
     assert rc == 0
-    assert list(pd.read_parquet(out / "results.parquet")["point"]) == list(range(12))
+    assert list(pd.read_parquet(out / "results.parquet")["point"]) == list(range(n))
 
 
 def test_dask_local_cluster_gives_the_same_rows_as_the_local_pool(tiny_model):
