@@ -21,7 +21,8 @@ class MemoryCategory(enum.StrEnum):
     GRADIENTS = "gradients"
     # Unsharded weight gradients that XLA reduces by a synchronous all-reduce of the whole
     # gradient (FSDP groups over `XLA_MAX_WINDOWED_RING` chips, `--fsdp-grad all-reduce`):
-    # from the weight-gradient matmul that writes one to the all-reduce that reads it.
+    # from the weight-gradient matmul that writes one to the all-reduce that reads it; only
+    # those under `XLA_ALLREDUCE_ALONE_BYTES`, which wait for a combined all-reduce.
     WHOLE_GRADIENTS = "whole_gradients"
     SAVED_ACTIVATIONS = "saved_activations"
     GATHERED_WEIGHTS = "gathered_weights"

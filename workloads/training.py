@@ -103,7 +103,9 @@ XLA_MAX_WINDOWED_RING = 32
 # for the layer's other gradients. Bracketed by deviceless compiles (benchmarks/xla_memory.py,
 # v6e fsdp=256): 32 MiB matrices combined (d_model 2048 x d_ff 8192: a layer's 120 MiB in one
 # all-reduce), 128 MiB ones alone (d_model 8192: q and o; the 448 MiB MLP matrices too), as
-# XLA's all-reduce combiner caps a combined all-reduce's size; 64 MiB is the bracket's middle.
+# XLA's all-reduce combiner caps a combined all-reduce's size (none seen over 120 MiB: at
+# LLaMA-3-8B widths a 112 MiB gradient goes with one 8 MiB one); 64 MiB is the bracket's
+# middle.
 XLA_ALLREDUCE_ALONE_BYTES = 64 * 2**20
 # How weight gradients are summed over fsdp (`TrainingConfig.fsdp_grad`): `auto` is XLA's
 # choice per matrix, a reduce-scatter over a group of up to `XLA_MAX_WINDOWED_RING` chips and a
