@@ -60,6 +60,14 @@ the whole gradient (per layer bf16[8, 4096, 14336] for the experts' gate and up,
 in the dense fsdp=256 programs and as tpusim's mixed modes do over more than 32 chips
 (`grad_kind_for`). Read it with `grep` on the `--dump`: the script's own report lists the
 all-to-alls, here only the embedding lookup's two (no expert axis: no token all-to-alls).
+Compiled again (2026-12-01) with the Mar 2025 8x7B recipe's `CF_FOR_ALL_GATHER` and
+`DATA_PARALLEL_OVERLAP` flags (docs/model.md lists them; its `MOE_VMEM_LIMIT`, a scoped-VMEM
+limit whose value the reference does not record, left out): the experts' weight gathers (three
+bf16[8, 4096, 14336], 896 MiB each, forward and backward) become async collective fusions, as
+tpusim's async gathers are, the attention projections' forward gathers stay synchronous, and
+the seven weight-gradient all-reduces stay synchronous and whole (2,970 MiB per layer), as
+`--fsdp-grad auto` has them; 128 s wall, 123 CPU-s, 2.2 GB (loaded machine). The script's table
+counts such a chained all-gather once, as async.
 
 `--size mixtral-8x22b`: Mixtral-8x22B widths (d_model 6144, 8 experts of d_ff 16384, top-2,
 capacity factor 1.25, seq 4096, 48 heads of 128, vocab 32768) on a v6e 16x16 with fsdp=64 x
@@ -83,7 +91,12 @@ the same matmul unwindowed: each step accumulates into the whole [16 x 1536, 327
 its backward gathers the expert weights by three synchronous 512 MiB all-gathers and reduces
 their gradients in windowed loops; everything else synchronous. Neither program has anything
 cheaper than tpusim's step; the collective table the script prints counts each collective once
-per layer-loop iteration (a windowed loop's permutes once per body, not per trip).
+per layer-loop iteration (a windowed loop's permutes once per body, not per trip). The 8x22B
+compiled again with `CF_FOR_ALL_GATHER` (a what-if: its recipe lists no flags; 318 s wall,
+159 CPU-s, 2.1 GB under load): all but one weight gather per pass become async collective
+fusions (forward 5 of 7, backward 11 of 12; a 384 MiB expert gather and a 72 MiB projection
+gather stay synchronous in the forward), as tpusim's async gathers; the all-to-alls and the
+whole-gradient all-reduces stay synchronous.
 
 SparseCore flags (2026-12-01, libtpu 0.10.2, given in `LIBTPU_INIT_ARGS`; the small program
 unless said):
@@ -159,14 +172,15 @@ def read_schedule(text: str) -> dict:
 
     `all_to_all`: every all-to-all (its einsum, bytes, loop, sync or async). `collectives`: every
     collective op (the `-done` halves of async pairs not counted again): kind, form ("sync": one
-    op, compute waits for it; "async": a `-start`/`-done` pair with compute scheduled between),
+    op, compute waits for it; "async": a `-start`/`-done` pair with compute scheduled between,
+    or an async collective fusion's collective, carried by the compute fusions before its use),
     loop and bytes. An all-reduce XLA wraps in a fusion with the slice it keeps (`calls=
     %all-reduce-scatter...`: the whole gradient reduced, the shard kept) counts as a synchronous
     all-reduce of the fusion's operand; the windowed einsums' `collective-permute`s are listed as
     they are (one per step of the loop body, not multiplied by its trip count)."""
     a2a, coll, cycles = [], [], {}
     shapes: dict[str, str] = {}
-    inside = ""
+    inside, chained = "", set()
     for line in text.splitlines():
         c = _COMPUTATION.match(line)
         if c:
@@ -186,11 +200,22 @@ def read_schedule(text: str) -> dict:
                                        where.split("/")[-1]),
                         "bytes": _bytes(shape)})
         kind = next((k for k in _COLLECTIVES if op.startswith(k)), None)
-        # The all-reduce inside an all-reduce-scatter fusion is counted at the fusion.
+        # The all-reduce inside an all-reduce-scatter fusion is counted at the fusion. A
+        # collective of an async collective fusion (the recipes' CF_FOR_ALL_GATHER flags: a
+        # `chain_id`, carried through the compute fusions ahead of its use, one copy in each)
+        # is async and counted once per channel.
+        chain = re.search(r'chain_id="\d+"', line)
+        channel = re.search(r"channel_id=(\d+)", line)
+        if chain and channel:
+            if channel.group(1) in chained:
+                kind = None
+            chained.add(channel.group(1))
         if kind and not op.endswith("-done") and not inside.startswith("all-reduce-scatter"):
-            coll.append({"kind": kind, "form": "async" if op.endswith("-start") else "sync",
-                         "loop": _loop(where), "bytes": _xla.hlo_shape_bytes(shape,
-                                                                            tuple_first=True)})
+            coll.append({"kind": kind,
+                         "form": "async" if op.endswith("-start") or chain else "sync",
+                         # an async start's tuple leads with its operand (or the operand
+                         # tuple): its first array
+                         "loop": _loop(where), "bytes": _bytes(shape.lstrip("("))})
         elif op == "fusion" and "calls=%all-reduce-scatter" in line:
             arg = re.search(r"fusion\(%([^,)]+)", line)
             coll.append({"kind": "all-reduce", "form": "sync", "loop": _loop(where),

@@ -239,6 +239,15 @@ def test_moe_schedule_reader_lists_every_collective_once_with_its_form_and_loop(
         f"  %all-reduce-done.2 = f32[16]{{0}} all-reduce-done(%all-reduce-start.2), {bwd}",
         "  %all-reduce.9 = f32[]{:T(128)} all-reduce(%loss)",
         "}",
+        # An async collective fusion: the same chained all-gather in each fusion carrying it.
+        "%fused_computation.738 (param_0.2492: bf16[64,4096]) -> bf16[64,4096] {",
+        f"  %all-gather.208 = bf16[1024,4096]{{1,0}} all-gather(%p), channel_id=127, "
+        f'frontend_attributes={{chain_id="10"}}, {bwd}',
+        "}",
+        "%async_collective_fusion.1121 (param_0.2495: bf16[64,4096]) -> bf16[64,4096] {",
+        f"  %all-gather.210 = bf16[1024,4096]{{1,0}} all-gather(%p), channel_id=127, "
+        f'frontend_attributes={{chain_id="10"}}, {bwd}',
+        "}",
     ])
     got = [(c["loop"], c["kind"], c["form"], c["bytes"])
            for c in mod.read_schedule(hlo)["collectives"]]
@@ -246,8 +255,9 @@ def test_moe_schedule_reader_lists_every_collective_once_with_its_form_and_loop(
                    ("forward", "collective-permute", "async", 512 * 2),
                    ("backward", "all-reduce", "sync", 2 * 64 * 128 * 2),  # the whole gradient
                    ("backward", "all-reduce", "async", 16 * 4),
-                   ("outside", "all-reduce", "sync", 4)]
-    assert mod.collective_summary(mod.read_schedule(hlo)["collectives"])[0] == \
+                   ("outside", "all-reduce", "sync", 4),
+                   ("backward", "all-gather", "async", 1024 * 4096 * 2)]
+    assert mod.collective_summary(mod.read_schedule(hlo)["collectives"])[1] == \
         ("backward", "all-reduce", "async", 1, 64 / 2**20)
 
 
