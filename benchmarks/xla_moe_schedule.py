@@ -192,7 +192,8 @@ def read_schedule(text: str) -> dict:
         shapes[name] = shape
         meta = re.search(r'op_name="([^"]*)"', line)
         where = meta.group(1) if meta else ""
-        if op.startswith("all-to-all"):
+        # An async pair is listed once, at its done (whose shape is the result).
+        if op.startswith("all-to-all") and not op.endswith("-start"):
             a2a.append({"name": name, "form": "async" if op.endswith(("-start", "-done"))
                         else "sync", "op": op,
                         "loop": "backward" if "transpose(jvp" in where else "forward",

@@ -158,7 +158,11 @@ def test_moe_schedule_reader_tells_sync_from_async_all_to_alls_and_their_loop():
     hlo = "\n".join([
         '  %all-to-all.1 = bf16[2,640,1024]{2,1,0} all-to-all(%x), metadata={op_name='
         '"jit(step)/jvp()/while/body/closed_call/bsm,bsec->ebcm/dot_general"}',
-        '  %all-to-all-start.2 = f32[4,8,16]{2,1,0} all-to-all-start(%y), metadata={op_name='
+        '  %all-to-all-start.2 = ((f32[4,8,16]{2,1,0}), f32[4,8,16]{2,1,0}, u32[]{:S(2)}) '
+        'all-to-all-start(%y), metadata={op_name='
+        '"jit(step)/transpose(jvp())/while/body/closed_call/checkpoint/broadcast_in_dim"}',
+        '  %all-to-all-done.2 = f32[4,8,16]{2,1,0} all-to-all-done(%all-to-all-start.2), '
+        'metadata={op_name='
         '"jit(step)/transpose(jvp())/while/body/closed_call/checkpoint/broadcast_in_dim"}',
     ])
     a = mod.read_schedule(hlo)["all_to_all"]
