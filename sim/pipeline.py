@@ -30,6 +30,7 @@ from sim.engine import MEMORY_CATEGORIES, _merge, collective_groups, cost_collec
 from sim.hardware import ChipSpec
 from topologies.errors import TpusimError
 from topologies.torus import Topology
+from topologies.validate import MAX_TRACE_OPS
 from workloads.models import TransformerSpec
 from workloads.trace import Op, OpKind, Trace
 from workloads.training import WEIGHT_CAST, TrainingConfig, compile_pipeline_chunk
@@ -358,7 +359,11 @@ def build_stage_programs(model: TransformerSpec, mesh, num_chips: int,
         gate: int | None = None
         live = peak = 0
 
-        def add(op, deps, _ops=ops):
+        def add(op, deps, _ops=ops, _s=s):
+            if len(_ops) >= MAX_TRACE_OPS:  # the compiler refuses most such counts first
+                raise TpusimError(
+                    f"pipeline stage {_s}'s program composes to more than {MAX_TRACE_OPS:,} ops, "
+                    f"the most tpusim simulates in one program; use fewer --microbatches")
             new = _copy_op(op, len(_ops), tuple(sorted(set(deps))))
             _ops.append(new)
             return new.id

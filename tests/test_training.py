@@ -1155,3 +1155,64 @@ def test_cli_vocab_tiling_reaches_the_trace(tiny_yaml, capsys):
     assert tiled["num_ops"] == plain["num_ops"] + 2
     assert tiled["breakdown"]["hbm_bound_s"] > plain["breakdown"]["hbm_bound_s"]
     assert tiled["step_time_s"] >= plain["step_time_s"]
+
+
+# -- the size of a program (fuzz8) ----------------------------------------------------------
+def test_every_microbatch_adds_at_least_min_ops_per_layer_to_the_program():
+    # The oracle of MIN_OPS_PER_LAYER, the bound the compiler refuses huge steps by before
+    # building them: the ops one more microbatch adds, per layer, over meshes, remat policies
+    # and attention forms (21.75 to 71.75 when measured).
+    import itertools
+
+    from workloads.training import MIN_OPS_PER_LAYER, parse_remat
+
+    model = model_from_dict({**TINY, "num_layers": 4})
+    least = math.inf
+    for mesh, remat, attn in itertools.product(
+            ["data=4", "fsdp=4", "tensor=4", "fsdp=2,tensor=2"],
+            ["none", "minimal", "full", "offload"], ["flash", "dot"]):
+        n = [len(compile_training_step(model, parse_mesh(mesh), 4, TrainingConfig(
+            seq_len=128, batch_per_chip=4, microbatches=mb, remat=parse_remat(remat),
+            attention=attn)).ops) for mb in (2, 4)]
+        least = min(least, (n[1] - n[0]) / 2 / model.num_layers)
+    assert least >= 2 * MIN_OPS_PER_LAYER
+
+
+def test_a_step_too_large_for_one_program_is_refused_before_it_is_built():
+    # LLaMA-3-405B at --microbatches 4096 would have compiled ~26 M ops (64 built 404,098 in
+    # 17 CPU-s): microbatches x layers x MIN_OPS_PER_LAYER over MAX_TRACE_OPS is refused at
+    # once, naming the largest microbatch count that could fit.
+    from topologies.validate import MAX_TRACE_OPS
+    from workloads.training import MIN_OPS_PER_LAYER
+
+    model = model_from_dict({**TINY, "num_layers": 64})
+    cfg = TrainingConfig(seq_len=128, batch_per_chip=1024, microbatches=1024)
+    assert 1024 * 64 * MIN_OPS_PER_LAYER > MAX_TRACE_OPS
+    with pytest.raises(TpusimError, match=r"^--microbatches 1024 x 64 layers compiles to at "
+                                          r"least 524,288 ops .* use at most 488 microbatches"):
+        compile_training_step(model, parse_mesh("tensor=4"), 4, cfg)
+    # Per pipeline stage: its layers only.
+    with pytest.raises(TpusimError, match=r"x 32 layers per pipeline stage compiles to at least "
+                                          r"262,144 ops"):
+        compile_training_step(model, parse_mesh("pipeline=2,tensor=2"), 4, cfg)
+
+
+def test_a_program_builder_stops_at_its_op_limit_with_the_fix(monkeypatch):
+    # The hard limit behind the estimate: the builder refuses its op past the limit, and the
+    # training compiler's refusal names the microbatches and layers that built it.
+    import functools
+
+    import workloads.training as training
+    from workloads.trace import TraceBuilder
+
+    b = TraceBuilder(max_ops=3, fix="give fewer")
+    for _ in range(3):
+        b.add("x", kind=OpKind.IDLE, duration_s=0.0)
+    with pytest.raises(TpusimError, match=r"more than 3 ops, the most tpusim simulates in one "
+                                          r"program; give fewer$"):
+        b.add("x", kind=OpKind.IDLE, duration_s=0.0)
+    monkeypatch.setattr(training, "TraceBuilder", functools.partial(TraceBuilder, max_ops=50))
+    with pytest.raises(TpusimError, match=r"more than 50 ops.* --microbatches 2 x 2 layers build "
+                                          r"it: use fewer microbatches or layers"):
+        compile_training_step(model_from_dict(TINY), parse_mesh("fsdp=4"), 4,
+                              TrainingConfig(seq_len=128, batch_per_chip=2, microbatches=2))

@@ -271,7 +271,7 @@ class _InferenceCompiler:
     def __init__(self, model: TransformerSpec, mesh: LogicalMesh, num_chips: int,
                  cfg: DecodeConfig, lay: _Layout):
         self.m, self.mesh, self.num_chips, self.cfg, self.lay = model, mesh, num_chips, cfg, lay
-        self.b = TraceBuilder()
+        self.b = TraceBuilder(fix="use a model with fewer layers or a larger --prefill-chunk")
         self.wb = cfg.weight_bytes_per_param
         self.kvb = cfg.kv_bytes_per_elem
         self.mm_dtype = cfg.matmul_dtype.lower()

@@ -402,12 +402,20 @@ def _check_meta(meta: dict, source: str) -> None:
 
 
 class TraceBuilder:
-    """Appends ops with automatic ids; `add` returns the new op's id."""
+    """Appends ops with automatic ids; `add` returns the new op's id. Past `max_ops` ops (the
+    most a program may hold, `MAX_TRACE_OPS`) it raises the one-line error that ends with
+    `fix`, so no input builds an unbounded program before it is refused."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_ops: int = MAX_TRACE_OPS,
+                 fix: str = "compile a smaller program") -> None:
         self.ops: list[Op] = []
+        self.max_ops = max_ops
+        self.fix = fix
 
     def add(self, name: str, **kw: Any) -> int:
+        if len(self.ops) >= self.max_ops:
+            raise TpusimError(f"the program compiles to more than {self.max_ops:,} ops, the most "
+                              f"tpusim simulates in one program; {self.fix}")
         deps = tuple(sorted({d for d in kw.pop("deps", ()) if d is not None and d >= 0}))
         op = Op(id=len(self.ops), name=name, deps=deps, **kw)
         self.ops.append(op)

@@ -19,7 +19,14 @@ from dataclasses import dataclass, field
 
 from topologies.errors import TpusimError
 from topologies.mesh import LogicalMesh, dcn_hint
-from topologies.validate import MAX_BATCH, MAX_CHUNKS, MAX_TOKENS, parse_choice, short_repr
+from topologies.validate import (
+    MAX_BATCH,
+    MAX_CHUNKS,
+    MAX_TOKENS,
+    MAX_TRACE_OPS,
+    parse_choice,
+    short_repr,
+)
 from workloads.memory import (
     LayerShapeSpec,
     MemoryCategory,
@@ -68,6 +75,10 @@ class Remat(enum.StrEnum):
 
 
 _DTYPE_BYTES = {"bf16": 2, "fp32": 4, "f32": 4, "int8": 1, "int4": 0.5, "fp8": 1}
+# Ops a microbatch adds per layer at the least: 21.75 to 71.75 over a 4-layer model's meshes
+# (data, fsdp, tensor, fsdp x tensor), remat policies and attention forms (tests/test_training.py
+# checks the bound on them); 8 leaves room for forms not measured.
+MIN_OPS_PER_LAYER = 8
 
 
 # Elementwise ops XLA fuses into an adjacent matmul or norm (rotary into the QKV output,
@@ -519,6 +530,20 @@ def _compiler(
             f"--microbatches {config.microbatches} does not divide the {local_seqs} sequences "
             f"each data shard holds; pick a divisor of {local_seqs}"
         )
+    # Each microbatch repeats its layers' forward and backward ops in the program (a pipeline
+    # stage's program: the stage's layers): at least MIN_OPS_PER_LAYER each, so a count no
+    # program of MAX_TRACE_OPS holds is refused before anything is built (LLaMA-3-405B at
+    # --microbatches 64 built 404,098 ops in 17 CPU-s, and 4,096 would not have finished).
+    layers = model.num_layers // pp
+    least = config.microbatches * layers * MIN_OPS_PER_LAYER
+    if least > MAX_TRACE_OPS:
+        where = " per pipeline stage" if pp > 1 else ""
+        raise TpusimError(
+            f"--microbatches {config.microbatches} x {layers} layers{where} compiles to at least "
+            f"{least:,} ops ({MIN_OPS_PER_LAYER} per layer and microbatch), over the "
+            f"{MAX_TRACE_OPS:,} tpusim simulates in one program; use at most "
+            f"{max(MAX_TRACE_OPS // (layers * MIN_OPS_PER_LAYER), 1):,} microbatches"
+        )
     config.moe.check_model(model)
     if config.ep_alltoall == "async" and ep == 1:
         # Only the all-to-alls over an expert axis overlap: without one the flag changes
@@ -632,7 +657,8 @@ class _Compiler:
         self.cfg = cfg
         self.num_chips = num_chips
         self.global_seqs = global_seqs
-        self.b = TraceBuilder()
+        self.b = TraceBuilder(fix=f"--microbatches {cfg.microbatches} x {model.num_layers} "
+                                  f"layers build it: use fewer microbatches or layers")
         # Stored params (and their update) in --param-dtype; what the layers gather and read
         # in --gather-dtype (the cast of each shard before its gather, `weight_cast`).
         self.wb = dtype_bytes(cfg.param_dtype, "--param-dtype")

@@ -214,7 +214,7 @@ class _Lowerer:
         self.m = module
         self.topo = topology
         self.source = source
-        self.b = TraceBuilder()
+        self.b = TraceBuilder(max_ops=MAX_OPS)  # checked with its own message below
         self.is_coll: list[bool] = []
         self.warnings: list[str] = []
         self.unknown: Counter = Counter()
