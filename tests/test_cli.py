@@ -579,6 +579,9 @@ _TINY_TRAIN = ("train", "--chip", "v5e", "--shape", "2x2", "--model", "llama3-8b
     ((*_TRAIN, "--seq-len", "-1e5"), "--seq-len '-1e5' is not a whole number"),
     ((*_COLLECTIVE, "--op", "collective-permute", "--shift", "-nan"),
      "--shift '-nan' is not a whole number"),
+    # A flag abbreviated as argparse allows (a unique prefix) takes its dashed number too.
+    ((*_TRAIN, "--see", "-inf"), "--seed '-inf'"),
+    ((*_TRAIN, "--seq", "-1e5"), "--seq-len '-1e5' is not a whole number"),
 ])
 def test_a_dashed_number_after_a_flag_is_its_value_and_the_error_names_it(capsys, argv, named):
     # argparse reads -inf, -nan and -1e5 as unknown flags ("argument --seed: expected one

@@ -40,7 +40,7 @@ class Parser(argparse.ArgumentParser):
             i = 0
             while i < len(args):
                 a = args[i]
-                act = self._option_string_actions.get(a) if isinstance(a, str) else None
+                act = self._flag_action(a) if isinstance(a, str) else None
                 if act is not None and act.nargs is None and i + 1 < len(args) \
                         and isinstance(args[i + 1], str) and _DASHED_NUMBER.fullmatch(args[i + 1]) \
                         and args[i + 1] not in self._option_string_actions:
@@ -51,6 +51,15 @@ class Parser(argparse.ArgumentParser):
                 i += 1
             args = out
         return super().parse_known_args(args, namespace)
+
+    def _flag_action(self, text: str):
+        """The action of the flag `text` names: exactly, or by a unique prefix (argparse's
+        abbreviations: `--see` is `--seed`); None otherwise (ambiguous, `--x=v`, not a flag)."""
+        act = self._option_string_actions.get(text)
+        if act is None and self.allow_abbrev and text.startswith("--") and "=" not in text:
+            hits = {id(t[0]): t[0] for t in self._get_option_tuples(text)}
+            act = next(iter(hits.values())) if len(hits) == 1 else None
+        return act
 
     def error(self, message: str) -> None:  # type: ignore[override]
         # A validating `type=` (FlagError) already names its flag: drop argparse's prefix.
