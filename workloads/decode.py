@@ -271,7 +271,13 @@ class _InferenceCompiler:
     def __init__(self, model: TransformerSpec, mesh: LogicalMesh, num_chips: int,
                  cfg: DecodeConfig, lay: _Layout):
         self.m, self.mesh, self.num_chips, self.cfg, self.lay = model, mesh, num_chips, cfg, lay
-        self.b = TraceBuilder(fix="use a model with fewer layers or a larger --prefill-chunk")
+        chunks = (-(-cfg.prompt_len // cfg.prefill_chunk)
+                  if cfg.prompt_len is not None and cfg.prefill_chunk else 1)
+        self.b = TraceBuilder(fix=(
+            f"--prompt-len {cfg.prompt_len:,} in {chunks:,} chunks of --prefill-chunk "
+            f"{cfg.prefill_chunk:,} x {model.num_layers} layers build it: use a larger "
+            f"--prefill-chunk" if chunks > 1 else
+            f"{model.num_layers} layers build it: use a model with fewer layers"))
         self.wb = cfg.weight_bytes_per_param
         self.kvb = cfg.kv_bytes_per_elem
         self.mm_dtype = cfg.matmul_dtype.lower()
