@@ -913,6 +913,38 @@ def without_moe_costs(p: Prediction, prefixes: tuple[str, ...]) -> float:
     return float(replay(stripped, get_chip(p.case.chip), topo).step_time_s)
 
 
+# The routed experts' matmuls in an MoE trace: forward, recomputed and backward.
+_EXPERT_MATMULS = ("expert_", "mlp_bwd")
+
+
+def implied_expert_efficiency(p: Prediction, fsdp_grad: str | None = None) -> float:
+    """The MXU efficiency the routed experts' matmuls alone would need for the case's step to
+    come out as measured, everything else costed as shipped (their FLOPs rescaled, bisected to
+    0.001 of the factor); `fsdp_grad` rebuilds the case with that gradient rule first."""
+    import dataclasses
+
+    from workloads.trace import OpKind, Trace, Unit
+
+    case = p.case if fsdp_grad is None else _replace(
+        p.case, id=f"{p.case.id}#fsdp-grad-{fsdp_grad}", fsdp_grad=fsdp_grad)
+    trace, topo = _trace(case)
+    chip = get_chip(case.chip)
+    expert = [o.kind == OpKind.COMPUTE and o.unit == Unit.MXU
+              and o.name.removeprefix("re-").startswith(_EXPERT_MATMULS) for o in trace.ops]
+
+    def step(scale: float) -> float:
+        ops = tuple(dataclasses.replace(o, flops=o.flops * scale) if e else o
+                    for o, e in zip(trace.ops, expert, strict=True))
+        return float(replay(Trace(mesh=trace.mesh, ops=ops, meta=trace.meta), chip,
+                            topo).step_time_s)
+
+    lo, hi = 0.25, 2.0  # FLOP scales: the efficiency chip.mxu_efficiency / scale
+    while hi - lo > 1e-3:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if step(mid) > case.measured_step_s else (mid, hi)
+    return chip.mxu_efficiency / ((lo + hi) / 2)
+
+
 def async_step(p: Prediction) -> float:
     """The case's predicted step with asynchronous MoE all-to-alls (`--ep-alltoall async`)."""
     import dataclasses
@@ -1202,6 +1234,19 @@ def _effects(good: list[Prediction], fits: list[FitResult] = (),
                 "less than "
                 f"{get_chip('v6e').mxu_efficiency * fk / mk:.2f} of peak even if everything "
                 "else that grows with the capacity were free.")
+        eff = [(p, implied_expert_efficiency(p), implied_expert_efficiency(p, "auto"))
+               for p in moe]
+        out.append(
+            "    * *Could the experts' matmuls alone run faster?* The MXU efficiency the routed "
+            "experts' matmuls (forward, recomputed and backward) would need, everything else "
+            "as shipped, for each run's step to come out as measured: " + ", ".join(
+                f"{p.case.id.replace('tpu-recipes-v6e-', '').replace('maxtext-custom-', '')} "
+                f"{e:.2f}" for p, e, _ in eff)
+            + f" ({min(a for *_, a in eff):.2f}-{max(a for *_, a in eff):.2f} with "
+            "`--fsdp-grad auto`, the gradient collectives XLA compiles): no one value fits "
+            "them all, and under XLA's gradient rule the highest would be "
+            f"{max(a for *_, a in eff):.2f} of peak. A faster expert matmul could be part of "
+            "the cause, not all of it.")
         out.append(
             "    * *What the MoE-only costs weigh.* The predicted error with the masks and "
             "dispatch/combine einsums made free / the collectives over `expert` made free / "

@@ -280,6 +280,32 @@ def test_capacity_line_passes_through_both_750b_runs(vm, loaded):
     assert vm.capacity_line(lo, hi, (10.0, 15.0)) == pytest.approx((0.0, 10.0))
 
 
+def test_implied_expert_efficiency_is_the_shipped_factor_when_the_step_is_predicted(vm, loaded):
+    # A run measured at exactly its predicted step needs the experts at the shipped factor;
+    # measured at the step with the experts' FLOPs doubled, at half of it.
+    import dataclasses
+
+    cases, _ = loaded
+    c = {c.id: c for c in cases}["tpu-recipes-v6e-mixtral-8x7b-v6e-256"]
+    eff = vm.get_chip("v6e").mxu_efficiency
+    p = vm.predict(c)
+    exact = dataclasses.replace(p, case=vm._replace(c, measured_step_s=p.step_s))
+    assert vm.implied_expert_efficiency(exact) == pytest.approx(eff, rel=2e-3)
+    from sim.engine import replay
+    from workloads.trace import OpKind, Trace, Unit
+
+    trace, topo = vm._trace(c)
+    doubled = Trace(mesh=trace.mesh, meta=trace.meta, ops=tuple(
+        dataclasses.replace(o, flops=2 * o.flops) if o.kind == OpKind.COMPUTE
+        and o.unit == Unit.MXU and o.name.removeprefix("re-").startswith(("expert_", "mlp_bwd"))
+        else o
+        for o in trace.ops))
+    slow = float(replay(doubled, vm.get_chip("v6e"), topo).step_time_s)
+    assert slow > p.step_s * 1.3  # the experts are most of the step
+    half = dataclasses.replace(p, case=vm._replace(c, measured_step_s=slow))
+    assert vm.implied_expert_efficiency(half) == pytest.approx(eff / 2, rel=2e-3)
+
+
 def test_gemma3_runs_rebuild_with_their_vocab_tiling_and_maxtexts_flop_count(vm, loaded):
     cases, _ = loaded
     c = {c.id: c for c in cases}["tpu-recipes-v6e-gemma3-12b-1x-v6e-256"]
