@@ -282,11 +282,13 @@ def test_capacity_line_passes_through_both_750b_runs(vm, loaded):
 
 def test_implied_expert_efficiency_is_the_shipped_factor_when_the_step_is_predicted(vm, loaded):
     # A run measured at exactly its predicted step needs the experts at the shipped factor;
-    # measured at the step with the experts' FLOPs doubled, at half of it.
+    # measured at the step with the experts' FLOPs doubled, at half of it. Two of the run's 32
+    # layers: the bisection replays the step a dozen times per reading (8 s with all 32).
     import dataclasses
 
     cases, _ = loaded
     c = {c.id: c for c in cases}["tpu-recipes-v6e-mixtral-8x7b-v6e-256"]
+    c = vm._replace(c, id=f"{c.id}#2-layers", model=dataclasses.replace(c.model, num_layers=2))
     eff = vm.get_chip("v6e").mxu_efficiency
     p = vm.predict(c)
     exact = dataclasses.replace(p, case=vm._replace(c, measured_step_s=p.step_s))
