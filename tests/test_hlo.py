@@ -492,3 +492,50 @@ def test_an_all_reduce_scatter_with_bad_iota_groups_names_the_file_and_the_instr
                                           r"recompile the program or restore the file$"):
         import_hlo(_scatter_module(5, groups="[2,3]<=[4]"), topology=topo(v5e, "2x2"),
                    source="t")
+
+
+_LOOP = """HloModule loop, num_partitions=16
+
+%body (p: (s32[], f32[1024])) -> (s32[], f32[1024]) {
+  %p = (s32[], f32[1024]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[1024] get-tuple-element(%p), index=1
+  %y = f32[1024] multiply(%x, %x)
+  %one = s32[] constant(1)
+  %j = s32[] add(%i, %one)
+  ROOT %t = (s32[], f32[1024]) tuple(%j, %y)
+}
+
+%cond (q: (s32[], f32[1024])) -> pred[] {
+  %q = (s32[], f32[1024]) parameter(0)
+  %k = s32[] get-tuple-element(%q), index=0
+  %n = s32[] constant(TRIP)
+  ROOT %lt = pred[] compare(%k, %n), direction=LT
+}
+
+ENTRY %main (a: f32[1024]) -> f32[1024] {
+  %a = f32[1024] parameter(0)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[1024]) tuple(%zero, %a)
+  %w = (s32[], f32[1024]) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"TRIP"}}
+  ROOT %r = f32[1024] get-tuple-element(%w), index=1
+}
+"""
+
+
+def test_an_hlo_program_unrolls_to_at_most_the_ops_a_trace_file_may_hold(v5e, topo,
+                                                                         monkeypatch):
+    # A 16-instruction loop of trip count 1.9 M once unrolled (limit 2,000,000) for ~35 CPU-s
+    # into a program that would take ~3 GB to replay, and `import-hlo -o` wrote traces of more
+    # ops than `replay` loads. The limit is now the trace file's; here scaled down to 1,000.
+    import workloads.hlo.lower as lower
+    from topologies.validate import MAX_TRACE_OPS
+
+    assert lower.MAX_OPS == MAX_TRACE_OPS
+    monkeypatch.setattr(lower, "MAX_OPS", 1000)
+    pod = topo(v5e, "4x4")
+    assert len(import_hlo(_LOOP.replace("TRIP", "1000"), topology=pod).trace.ops) == 1000
+    with pytest.raises(TpusimError, match=r"unrolls to more than 1,000 trace ops \(while loops x "
+                                          r"trip counts\), the most tpusim simulates in one "
+                                          r"program"):
+        import_hlo(_LOOP.replace("TRIP", "1001"), topology=pod)

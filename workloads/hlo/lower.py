@@ -34,6 +34,7 @@ from topologies.errors import TpusimError
 from topologies.groups import factor_device_groups, route_pairs
 from topologies.mesh import LogicalMesh
 from topologies.torus import AXIS_NAMES, Topology
+from topologies.validate import MAX_TRACE_OPS
 from workloads.hlo.parser import (
     Computation,
     HloModule,
@@ -48,7 +49,11 @@ from workloads.hlo.parser import (
 )
 from workloads.trace import OpKind, Trace, TraceBuilder, Unit
 
-MAX_OPS = 2_000_000  # unrolled trace ops (a 2 MB 8-layer train step unrolls to ~20k)
+# Unrolled trace ops: the most a program may hold, as for a trace file (a 2 MB 8-layer train
+# step unrolls to ~20k). It was 2,000,000: a 16-instruction loop of trip count 1.9 M unrolled
+# in ~35 CPU-s to a program that would take ~3 GB to replay, and `import-hlo -o` wrote traces
+# over the limit that `replay` then refused.
+MAX_OPS = MAX_TRACE_OPS
 MAX_CALL_DEPTH = 64
 
 COLLECTIVES = {
@@ -271,7 +276,8 @@ class _Lowerer:
         if len(self.b.ops) >= MAX_OPS:
             raise TpusimError(
                 f"{self.source} unrolls to more than {MAX_OPS:,} trace ops (while loops x trip "
-                f"counts); simulate fewer layers or steps")
+                f"counts), the most tpusim simulates in one program; simulate fewer layers or "
+                f"steps")
         coll = kw.get("kind") == OpKind.COLLECTIVE
         # Compute ops run in program order on the core, so waiting for the latest one implies
         # the earlier ones: keep only it, plus every collective.
