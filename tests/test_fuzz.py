@@ -252,3 +252,27 @@ def test_same_inputs_give_byte_identical_json_tables_perfetto_and_plots(tmp_path
     assert files_a == files_b
     assert any(k.endswith(".png") for k in files_a) and any(k.endswith(".parquet")
                                                            for k in files_a)
+
+
+@pytest.mark.parametrize("value", ["nan", "-inf", "1e400", "9" * 400, "１"])
+def test_every_number_flag_of_every_command_refuses_a_non_number_naming_the_flag(value,
+                                                                                tmp_path):
+    # The number flags are read off the parser (fuzz_inputs._numeric_flags: every integer,
+    # number and float flag, --bytes, --workers), so a flag added later is checked too.
+    flags = fuzz_inputs._numeric_flags()
+    assert sum(len(f) for f in flags.values()) >= 50
+    for cmd, names in flags.items():
+        for flag in names:
+            argv = list(fuzz_inputs.NUMERIC_BASES[cmd])
+            if flag in argv:
+                argv[argv.index(flag) + 1] = value
+            else:
+                argv += [flag, value]
+            case = {"argv": argv, "expect": "error",
+                    "files": {"s.trace": {"trace": {"set": []}},
+                              "p.txt": {"hlo": {"replace": []}}}}
+            d = tmp_path / f"{cmd}{flag}"
+            d.mkdir()
+            run = run_in_process(case, d, timeout_s=TIME_BUDGET_S)
+            assert judge(case, run) == [], (argv, run["stderr"][:300])
+            assert flag in run["stderr"], (argv, run["stderr"][:300])

@@ -515,6 +515,7 @@ def _float_arg(flag: str):
             raise FlagError(f"{flag} {short_repr(text)} is not finite; give {rng}")
         return v
 
+    conv.__name__ = "number"  # as `float_flag`'s (the fuzz generators find number flags by it)
     return conv
 
 
@@ -531,6 +532,9 @@ def _seed_arg(text: str) -> int:
     if not 0 <= v < 2**63:
         raise FlagError(f"--seed {short_repr(v)} is out of range; give {SEED_RANGE}")
     return v
+
+
+_seed_arg.__name__ = "integer"  # as `int_flag`'s
 
 
 def scenario_from_args(args: argparse.Namespace, topology):
