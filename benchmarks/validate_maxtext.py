@@ -94,9 +94,12 @@ class Case:
     # MaxText's weight_dtype (`params_dtype_for`): f32 master weights, cast to bf16 (its
     # dtype) before they are gathered, on nearly every run; bf16 on a few.
     param_dtype: str = "fp32"
-    # FSDP weight gradients: async reduce-scatters (the shipped rebuild) or, as a what-if
-    # (effect 7), XLA's synchronous whole-gradient all-reduces (`--fsdp-grad all-reduce`).
+    # FSDP weight gradients (`FSDP_GRAD`): XLA's choice per matrix on the current-compiler
+    # (v6e) runs (`--fsdp-grad auto`), async reduce-scatters on the 2023 v5e runs; the other
+    # forms as what-ifs (effect 7).
     fsdp_grad: str = "reduce-scatter"
+    # How the data-parallel gradient reduction crosses slices (`DP_GRAD_SPLIT`).
+    dp_grad_split: str = "per-matrix"
 
     @property
     def low_quality(self) -> bool:
@@ -288,6 +291,20 @@ def remat_for(text: str, custom: Remat | None = None) -> Remat:
     return Remat.QKV_OFFLOAD
 
 
+# How each generation's runs reduce their FSDP weight gradients. v6e (tpu-recipes runs of
+# 2024-2025, the compiler era of jax/libtpu 0.10.2): XLA's choice per matrix (`--fsdp-grad
+# auto`), as every deviceless compile of such a program shows (docs/model.md). v5e (the 2023
+# table): async reduce-scatters; the same rule on these runs worsens both halves' fits (effect
+# 7), and no 2023 program can be compiled to see what that compiler did.
+FSDP_GRAD = {"v5e": "reduce-scatter", "v6e": "auto"}
+# How each generation's runs send their data-parallel gradient reduction across slices. v6e:
+# one all-reduce per weight matrix and one for the norm scales, as jax/libtpu 0.10.2 compiles
+# a 2-slice step (`benchmarks/xla_dcn_schedule.py`). v5e (2023): one all-reduce a layer, an
+# assumption (effect 2 gives the reasons and the per-matrix alternative's numbers); today's
+# compiler splits it on v5e too.
+DP_GRAD_SPLIT = {"v5e": "per-layer", "v6e": "per-matrix"}
+
+
 def load_cases(
     path: Path = RUNS_FILE, *, custom_remat: Remat | None = None
 ) -> tuple[list[Case], list[Skip]]:
@@ -369,7 +386,8 @@ def load_cases(
             maxtext_remat=rem_text.split(" ")[0], seq_len=int(seq), batch_per_chip=int(pdbs),
             measured_step_s=float(step), measured_tokens_s=float(tok_s), step_source=source,
             quality=quality, notes=tuple(notes), capacity_factor=float(cf) if cf else None,
-            dp_allreduce=dp_allreduce,
+            dp_allreduce=dp_allreduce, fsdp_grad=FSDP_GRAD[chip],
+            dp_grad_split=DP_GRAD_SPLIT[chip],
             vocab_tiling=int(raw.get("other_settings", {}).get("num_vocab_tiling") or 1),
             optimizer="sgd" if sgd else "adam", param_dtype=params_dtype_for(raw),
         ))
@@ -416,7 +434,8 @@ def trace_config(case: Case) -> TrainingConfig:
                           moe=MoeConfig(capacity_factor=case.capacity_factor),
                           dp_allreduce=case.dp_allreduce, vocab_tiling=case.vocab_tiling,
                           optimizer=case.optimizer, param_dtype=case.param_dtype,
-                          gather_dtype="bf16", fsdp_grad=case.fsdp_grad)
+                          gather_dtype="bf16", fsdp_grad=case.fsdp_grad,
+                          dp_grad_split=case.dp_grad_split)
 
 
 def _trace(case: Case):
@@ -490,9 +509,12 @@ SCAN_GRID = (1.0, 0.9, 0.8, 0.7)  # hbm / ici values scanned for identifiability
 # absorb; the ratio leaves it out, and the overhead moves only the multi-slice steps). The v6e
 # grid reaches past the step-time objective's minimum so that the table shows where that fit
 # would land.
+# Seconds per message of each generation's cross-slice all-reduces (`DP_GRAD_SPLIT`): v5e's one
+# a layer, v6e's one per weight matrix and one for the norm scales (8 a layer).
 DCN_GRIDS = {
     "v5e": (0.0, 0.25e-3, 0.5e-3, 0.75e-3, 1.0e-3, 1.5e-3),
-    "v6e": tuple(ms * 1e-3 for ms in (0, 0.5, 1, 1.5, 2, 2.5, 3, 3.5, 4, 5, 6, 8, 10, 12)),
+    "v6e": tuple(ms * 1e-3 for ms in (0, 0.1, 0.2, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.8,
+                                      1.0, 1.25, 1.5)),
 }
 DCN_FIT_OBJECTIVES = {"v5e": "step", "v6e": "slowdown"}
 
@@ -771,7 +793,10 @@ def explain(p: Prediction) -> str:
         why.append(f"tensor-parallel all-reduces exposed on the critical path "
                    f"({exposed:.1f} s of {p.step_s:.1f} s; effect 1)")
     elif exposed > 0.05 * p.step_s:
-        why.append(f"exposed communication {exposed:.1f} s of {p.step_s:.1f} s")
+        synced = any(o.name.startswith("fsdp_grad_allreduce_") for o in _trace(c)[0].ops)
+        why.append(f"exposed communication {exposed:.1f} s of {p.step_s:.1f} s"
+                   + (", the synchronous gradient all-reduces among it (effect 7)"
+                      if synced else ""))
     if c.num_slices > 1 and "data" in c.dcn and p.error < -0.05:
         why.append(f"slowdown with {c.num_slices} slices under-predicted (effect "
                    f"{6 if c.model.attention_window is not None else 2})")
@@ -1046,7 +1071,7 @@ def _effects(good: list[Prediction], fits: list[FitResult] = (),
             "and direct forms (2(N-1) messages), never halving-doubling (2 log2 N): the measured "
             "slowdown grows linearly in N, not as log N (docs/model.md), and with that rule the "
             "fitted overhead lies inside its grid (table above). The residual per-model offsets "
-            "are effect 4.")
+            "are effect 4." + _dcn_split_note(fits))
     moe = [p for p in good if p.case.model.is_moe]
     if moe:
         c10 = ids.get("maxtext-custom-moe-750b-experimental-cf1.0-v6e-256")
@@ -1209,7 +1234,8 @@ def _effects(good: list[Prediction], fits: list[FitResult] = (),
             f0, fk = capacity_line(c10, c15, (without_moe_costs(c10, free),
                                               without_moe_costs(c15, free)))
             a0, ak = capacity_line(c10, c15, tuple(
-                _variant(p, "fsdp-grad-auto", fsdp_grad="auto").step_s for p in (c10, c15)))
+                _variant(p, "fsdp-grad-rs", fsdp_grad="reduce-scatter").step_s
+                for p in (c10, c15)))
             out.append(
                 "    * *What grows with the capacity.* The two 750B runs differ only in the "
                 "capacity factor (1.0 and 1.5; the cf-1.0 run's other settings are the "
@@ -1220,13 +1246,13 @@ def _effects(good: list[Prediction], fits: list[FitResult] = (),
                 "that grows with the capacity (the expert matmuls over the padded slots, the "
                 "masks, the dispatch/combine einsums and the all-to-alls) "
                 f"{_pct(pk / mk - 1)} over the measurement and the rest (attention, router, "
-                f"the weights' collectives) {_pct(p0 / m0 - 1)}, as it prices the dense v6e "
-                "runs at as few tokens per chip (effect 7). Rebuilt with `--fsdp-grad auto` "
-                "(the gradient collectives XLA compiles for the 750B: attention and router "
-                f"gradients all-reduced whole over 256 chips) the line is {a0:.2f} s plus "
-                f"{ak:.2f} s: the part that does not grow with the capacity then comes out "
-                f"{_pct(a0 / m0 - 1)} from the measurement, and the whole excess lies in what "
-                f"grows with it ({_pct(ak / mk - 1)}). With the masks, dispatch/combine "
+                f"the weights' collectives) {_pct(p0 / m0 - 1)}. The runs are rebuilt with the "
+                "gradient collectives XLA compiles for the 750B (`--fsdp-grad auto`: attention "
+                "and router gradients all-reduced whole over 256 chips, effect 7); with the "
+                "async reduce-scatters they were rebuilt with before, the line would be "
+                f"{a0:.2f} s plus {ak:.2f} s ({_pct(a0 / m0 - 1)} on what does not grow "
+                f"with the capacity, {_pct(ak / mk - 1)} on what does). With the masks, "
+                "dispatch/combine "
                 "einsums and collectives over `expert` all made free the line is "
                 f"{f0:.2f} s plus {fk:.2f} s per unit: the expert matmuls and their activation "
                 "alone, at the shipped MXU factor, cost more per unit of capacity than the "
@@ -1299,106 +1325,154 @@ def _effects(good: list[Prediction], fits: list[FitResult] = (),
     return out
 
 
+def _refit(cases: list[Case], gen: str, **changes) -> tuple[float, float, float, dict]:
+    """The cases of generation `gen` rebuilt with `changes`, the MXU factor refitted on their odd
+    half (every other factor shipped): (mxu, odd objective, even objective, {id: error})."""
+    chip = get_chip(gen)
+    mine = [_replace(c, id=f"{c.id}#{'-'.join(map(str, changes.values()))}", **changes)
+            for c in cases if c.chip == gen]
+    m, obj_odd, _ = best_mxu([c for c in mine if c.fit_subset], chip, start=chip.mxu_efficiency)
+    at = chip.with_overrides(mxu_efficiency=m)
+    obj_even = objective([c for c in mine if not c.fit_subset], at)
+    return m, obj_odd, obj_even, {c.id.split("#")[0]: predict(c, at).error for c in mine}
+
+
+# v6e's overhead as fitted when its cross-slice gradient reduction was one all-reduce a layer
+# (`--dp-grad-split per-layer`; docs/validation.md before 2026-12-01), ms per message.
+PER_LAYER_V6E_MS = 3.5
+
+
+def _dcn_split_note(fits: list[FitResult]) -> str:
+    """Effect 2's closing: why the v5e runs send one cross-slice all-reduce a layer, and whether
+    the two generations' per-message overheads come together."""
+    odd = {f.generation: f for f in fits if f.subset == "odd" and f.custom_remat == NAMED}
+    v5, v6 = get_chip("v5e"), get_chip("v6e")
+    slow5 = (f" ({1e3 * min(odd['v5e'].dcn_slowdown_scan, key=lambda t: t[1])[0]:g} ms by "
+             "v6e's slowdown method)" if "v5e" in odd and odd["v5e"].dcn_slowdown_scan else "")
+    return (
+        " The reduction crosses the slices as one all-reduce a layer here (`--dp-grad-split "
+        "per-layer`, `DP_GRAD_SPLIT`), although today's XLA (jax/libtpu 0.10.2) sends one per "
+        "weight matrix and one for the norm scales on v5e as on v6e "
+        "(`benchmarks/xla_dcn_schedule.py --chip v5e`: 8 a layer, each waiting in its own "
+        "backward iteration without the overlap flags). The 2023 programs cannot be compiled; "
+        "that their compiler combined a layer's cross-slice reduction is an assumption, taken "
+        "for three reasons. (a) Rebuilt per matrix (7 all-reduces a layer on these parallel "
+        "blocks, one after another; 2026-12-01) the joint fit moves to 0.1 ms per message and "
+        "MXU 0.78 and the held-out half gets worse (objective 0.0323 -> 0.0352; odd half "
+        "0.0315 -> 0.0309), and the 32-slice slowdowns are over-predicted further (16B "
+        "+17.9%, 32B +17.0%, 64B +34.6%, 128B +22.6%, against the measured ones above). (b) "
+        "The same 2023 runs reduce their FSDP gradients as today's XLA does not (effect 7): "
+        "their compiler is not today's. (c) With it the two generations' fitted costs per "
+        f"DCN message come together: v5e {1e3 * v5.dcn_message_overhead_s:g} ms{slow5}, v6e "
+        f"{1e3 * v6.dcn_message_overhead_s:g} ms per message of its per-matrix all-reduces "
+        f"(effect 6; {PER_LAYER_V6E_MS:g} ms when v6e's were counted as one a layer, 7x "
+        "v5e's), where with both per matrix they stay 5.5x apart (0.1 against 0.55 ms). So "
+        "`dcn_message_overhead_s` reads as one per-message cost of the DCN endpoint on both "
+        "generations, and the compiler's split is the run's setting (`--dp-grad-split`, "
+        "per-matrix by default, as today's XLA compiles it).")
+
+
 def _dense_v6e_effect(good: list[Prediction]) -> list[str]:
-    """Effect 7: the dense v6e runs' error against their tokens per chip, and the what-if of
-    XLA's synchronous gradient all-reduces (`--fsdp-grad all-reduce`), refitted here."""
+    """Effect 7: the gradient rule of the current-compiler (v6e) runs, XLA's choice per matrix
+    (`--fsdp-grad auto`), against the async reduce-scatters it replaced, both refitted here;
+    the dense v6e runs' error against their tokens per chip; the same rule on v5e."""
     v6 = [p for p in good if p.case.chip == "v6e"]
     dense = sorted((p for p in v6 if not p.case.model.is_moe),
                    key=lambda p: (p.case.seq_len * p.case.batch_per_chip, p.case.id))
     if not dense:
         return []
+
     def short(p: Prediction) -> str:
         return p.case.id.replace("tpu-recipes-v6e-", "").replace("maxtext-custom-", "")
 
-    listed = ", ".join(
-        f"{short(p)} {p.case.seq_len * p.case.batch_per_chip:,} {_pct(p.error)}"
-        for p in dense)
-    ar = {p.case.id: _variant(p, "fsdp-grad", fsdp_grad="all-reduce") for p in v6}
-    odd = [ar[p.case.id].case for p in v6 if p.case.fit_subset]
-    even = [ar[p.case.id].case for p in v6 if not p.case.fit_subset]
     chip = get_chip("v6e")
-    m, obj_odd, _ = best_mxu(odd, chip, start=chip.mxu_efficiency)
-    refit = chip.with_overrides(mxu_efficiency=m)
-    obj_even = objective(even, refit)
+    cases = [p.case for p in good]
     base_odd = objective([p.case for p in v6 if p.case.fit_subset], chip)
     base_even = objective([p.case for p in v6 if not p.case.fit_subset], chip)
-    errs = {p.case.id: predict(ar[p.case.id].case, refit).error for p in v6}
-    over = [p for p in v6 if abs(errs[p.case.id]) > 0.15]
-    over_now = [p for p in v6 if abs(p.error) > 0.15]
-    dense_errs = [errs[p.case.id] for p in dense]
-    moe_txt = ", ".join(f"{short(p)} {_pct(p.error)} -> {_pct(errs[p.case.id])}"
+    m_rs, rs_odd, rs_even, rs_err = _refit(cases, "v6e", fsdp_grad="reduce-scatter")
+    m_ar, ar_odd, ar_even, ar_err = _refit(cases, "v6e", fsdp_grad="all-reduce")
+    over = [p for p in v6 if abs(p.error) > 0.15]
+    over_rs = [p for p in v6 if abs(rs_err[p.case.id]) > 0.15]
+    all_reduced = [p for p in v6 if any(
+        o.name.startswith("fsdp_grad_allreduce_") for o in _trace(p.case)[0].ops)]
+    listed = ", ".join(
+        f"{short(p)} {p.case.seq_len * p.case.batch_per_chip:,} {_pct(rs_err[p.case.id])} -> "
+        f"{_pct(p.error)}" for p in dense)
+    moe_txt = ", ".join(f"{short(p)} {_pct(rs_err[p.case.id])} -> {_pct(p.error)}"
                         for p in v6 if p.case.model.is_moe)
-    shipped = ", ".join(f"{short(p)} {_pct(ar[p.case.id].error)}" for p in dense)
+    dense_errs = [p.error for p in dense]
     # v5e: the 2023 runs set the same async collective fusion flags (LIBTPU_INIT_ARGS), and
-    # XLA's fsdp=64 probes all-reduce there too (docs/model.md); refit its MXU factor alike
-    # (the DCN message overhead kept at its fitted value).
+    # XLA's fsdp=64 probes all-reduce there too (docs/model.md); the rule refitted alike (the
+    # DCN message overhead kept at its fitted value).
     v5 = [p for p in good if p.case.chip == "v5e"]
     v5_txt = ""
     if v5:
         chip5 = get_chip("v5e")
-        ar5 = {p.case.id: _variant(p, "fsdp-grad", fsdp_grad="all-reduce").case for p in v5}
-        odd5 = [ar5[p.case.id] for p in v5 if p.case.fit_subset]
-        even5 = [ar5[p.case.id] for p in v5 if not p.case.fit_subset]
-        m5, o5, _ = best_mxu(odd5, chip5, start=chip5.mxu_efficiency)
-        e5 = objective(even5, chip5.with_overrides(mxu_efficiency=m5))
         b5o = objective([p.case for p in v5 if p.case.fit_subset], chip5)
         b5e = objective([p.case for p in v5 if not p.case.fit_subset], chip5)
-        worst5 = max(abs(predict(c, chip5.with_overrides(mxu_efficiency=m5)).error)
-                     for c in ar5.values())
-        v5_txt = (f" On v5e (the 2023 runs carry the same async collective fusion flags in "
-                  f"their LIBTPU_INIT_ARGS) the same rebuild refits to {m5:.2f} with the "
-                  f"odd half's objective {b5o:.4f} -> {o5:.4f} and the held-out half's "
-                  f"{b5e:.4f} -> {e5:.4f} (DCN message overhead kept), worst "
-                  f"{100 * worst5:.1f}%.")
+        m5, o5, e5, err5 = _refit(cases, "v5e", fsdp_grad="auto")
+        v5_txt = (
+            "\n    * *v5e keeps its reduce-scatters.* The 2023 runs carry the same async "
+            "collective fusion flags in their LIBTPU_INIT_ARGS, and today's XLA all-reduces "
+            "at fsdp=64 on v5e too, but rebuilt with `--fsdp-grad auto` (every run but the "
+            f"128B, whose FSDP group is 16, all-reduced) the v5e MXU factor refits to {m5:.2f} "
+            f"and both halves get worse: odd {b5o:.4f} -> {o5:.4f}, held out {b5e:.4f} -> "
+            f"{e5:.4f} (worst {100 * max(map(abs, err5.values())):.1f}%, now "
+            f"{100 * max(abs(p.error) for p in v5):.1f}%). Those runs were compiled by the "
+            "2023 XLA, whose programs cannot be compiled again; their step times are what says "
+            "that it reduced the gradients in the background, and tpusim keeps that for them "
+            "(`FSDP_GRAD`).")
     text = (
-        "7. **Dense v6e runs at few tokens per chip are predicted fast.** The error of the "
-        "dense v6e runs against each chip's tokens per step (model, tokens, error): "
+        "7. **The weight-gradient collectives of the current-compiler runs (modelled).** Every "
+        "deviceless compile with jax/libtpu 0.10.2 reduces a weight gradient over an FSDP group "
+        "of more than 32 chips by a synchronous all-reduce of the whole gradient (no "
+        "reduce-scatter, no start/done pair, so in program order between the compute "
+        "fusions; the update reads its shard from the result: twice a reduce-scatter's bytes, "
+        "hidden behind nothing), each matrix by its own group: 2 LLaMA-2-70B layers at "
+        "fsdp=256 with the llama2-70b recipe's flags, with and without "
+        "`DATA_PARALLEL_OVERLAP`; the 750B MoE (attention and router split 256 ways "
+        "all-reduced, routed experts split 16 ways reduced in rings; "
+        "`benchmarks/xla_moe_schedule.py --size 750b`); Mixtral-8x7B widths at fsdp=256 "
+        "(`--size mixtral-fsdp256`: every weight gradient, the 256-way-split experts' too); "
+        "the Mixtral-8x22B's own sizes (`--size mixtral-8x22b`, fsdp=64 x expert=4); the "
+        "fsdp=64 probes on v5e and v6e (docs/model.md). The v6e runs (tpu-recipes, "
+        "2024-2025) are rebuilt so (`--fsdp-grad auto`, `FSDP_GRAD`): "
+        f"{len(all_reduced)} of the {len(v6)} usable ones all-reduce some gradients. Against "
+        "the async reduce-scatters they were rebuilt with before (MXU factor refitted on the "
+        f"odd half: {m_rs:.2f}), the fit objective goes odd {rs_odd:.4f} -> {base_odd:.4f}, "
+        f"held out {rs_even:.4f} -> {base_even:.4f} (shipped factor {chip.mxu_efficiency:.2f}), "
+        f"and {len(over)} v6e runs are over 15% ({', '.join(short(p) for p in over) or 'none'}"
+        f"; {len(over_rs)} with reduce-scatters). The dense v6e runs against each chip's "
+        f"tokens per step (model, tokens, error with reduce-scatters -> with the rule): "
         f"{listed}. FSDP moves the same weight bytes per layer whatever the tokens, so fewer "
-        "tokens mean more FSDP traffic per FLOP; in tpusim every one of these runs hides it "
-        "(exposed communication under 0.1 s but for the tensor-parallel 405B and the "
-        "Gemma-3 slices). What was "
-        "checked (2026-12-01):\n"
-        "    * *HBM traffic of the collectives.* tpusim charges a collective's DMA to HBM (a "
-        "chip reads what it sends and writes what it receives, a reduce-scatter step also "
-        "reads its partial sum: about 2 V per all-gather and 3 V per reduce-scatter), shared "
-        "max-min with the compute ops. At the full HBM rate that traffic is 1.3-10% of these "
-        "steps (gpt3-175b 10.2%, 405B 7.2%, llama2-70b 7.2% / 3.5%); the matmuls, at "
-        "thousands of FLOPs per byte, are nowhere near their HBM bound, so it takes nothing "
-        "from them. Charged to the core in full on top of the step (a bound on any hidden "
-        "HBM or core cost per collective byte; screened with the MXU time rescaled, not "
-        "replayed, on 2026-12-01 before v6e's DCN message overhead was fitted), the v6e "
-        "fit improves on its odd half (objective -0.0085) less on the even one (-0.0028), "
-        "and the v5e fit degrades on both halves (+0.0073 / +0.0052).\n"
-        "    * *The TensorCore driving the async collective fusions.* With the recipes' "
-        "`CF_FOR_ALL_GATHER` flags each all-gather is fused into the matmul fusions just "
-        "before its use (docs/model.md); XLA's cost model gives those fusions no extra "
-        "cycles (a v6e 4x4 fsdp=16 compile of 2 LLaMA-3-8B layers: 27.09 ms of matmul "
-        "fusions with the flags, 27.18 ms without).\n"
-        "    * *ICI bandwidth.* A layer's weight gather at the textbook's two-axis rate takes "
-        "about a quarter of the layer's forward matmuls at 6,144 tokens per chip (gpt3-175b) "
-        "and less at more tokens; the ICI links are 19% busy over gpt3-175b's predicted "
-        "step. Gathers slower than the link peak by the 5% measured on v5e (tpu.md) change "
-        "nothing; to cross, they would have to run at a fifth of it, and lowering "
-        "`ici_efficiency` worsens the fit (the scan above).\n"
-        "    * *What XLA compiles for these runs.* Deviceless v6e:16x16 compiles of 2 "
-        "LLaMA-2-70B layers at fsdp=256 with the llama2-70b recipe's flags, with and without "
-        "`DATA_PARALLEL_OVERLAP` (docs/model.md), reduce every weight gradient by a "
-        "synchronous all-reduce of the whole bf16 gradient (no reduce-scatter, no start/done "
-        "pair, so in program order between the compute fusions) and the update reads its "
-        "shard from the result: twice a reduce-scatter's bytes, hidden behind nothing. "
-        "Rebuilt that way (`--fsdp-grad all-reduce`, every v6e run) under the shipped "
-        f"factor the dense runs come out {shipped}; refitted on the odd half the MXU factor "
-        f"is {m:.2f} (objective {base_odd:.4f} -> {obj_odd:.4f}), and the held-out half "
-        f"checks it at {base_even:.4f} -> {obj_even:.4f} (at the shipped factor -> "
-        "refitted). The dense runs then lie within "
-        f"{_pct(min(dense_errs))} to {_pct(max(dense_errs))} (the Gemma-3 slices at the low "
-        f"end), but the MoE runs move further out ({moe_txt}), and {len(over)} v6e runs "
-        f"would be over 15% ({', '.join(short(p) for p in over) or 'none'}; "
-        f"{len(over_now)} now).{v5_txt} It is not adopted: the held-out half "
-        f"{'worsens' if obj_even > base_even else 'hardly improves'}, it pushes an MoE run "
-        "out, the v5e fit worsens, and which gradient "
-        "collectives XLA compiles for the MoE recipes (and for the recipes with "
-        "`LAYOUT_FOR_ALL_REDUCE_SCATTER`) was not compiled.")
+        "tokens mean more FSDP traffic per FLOP: with the reduce-scatters hidden the runs at "
+        "few tokens per chip were predicted fast, and the synchronous all-reduces are what "
+        f"they were missing; the dense runs now lie within {_pct(min(dense_errs))} to "
+        f"{_pct(max(dense_errs))}. **The MoE consequence:** the MoE runs move further out "
+        f"({moe_txt}); the rule is what XLA compiles for them too (the MoE compiles "
+        "above), so what makes the measured MoE steps faster lies elsewhere (effect 3; one "
+        "candidate not compiled: the recipes' `SPARSECORE_OFFLOAD_ALL_REDUCE` flags would run "
+        "the all-reduces on v6e's SparseCores beside the TensorCore, and most MoE recipes do "
+        "not list them). Every gradient all-reduced whole (`--fsdp-grad all-reduce`, also "
+        f"over 16 and 32 chips, which no compile shows) refits to {m_ar:.2f}: odd "
+        f"{ar_odd:.4f}, held out {ar_even:.4f}, {abs(base_odd - ar_odd):.4f} and "
+        f"{abs(base_even - ar_even):.4f} from `auto`'s: the data cannot tell the two apart, "
+        "and the compiles decide for `auto`."
+        + v5_txt + "\n"
+        "    * *Checked before the rule was adopted, and not the cause of the fast dense runs* "
+        "(2026-12-01, with the reduce-scatters). *HBM traffic of the collectives:* tpusim "
+        "charges a collective's DMA to HBM (a chip reads what it sends and writes what it "
+        "receives, a reduce-scatter step also reads its partial sum: about 2 V per "
+        "all-gather and 3 V per reduce-scatter), shared max-min with the compute ops; at the "
+        "full HBM rate that traffic is 1.3-10% of these steps and the matmuls, at thousands "
+        "of FLOPs per byte, are nowhere near their HBM bound. *The TensorCore driving the "
+        "async collective fusions:* XLA's cost model gives the matmul fusions that carry the "
+        "recipes' fused all-gathers no extra cycles (a v6e 4x4 fsdp=16 compile of 2 "
+        "LLaMA-3-8B layers: 27.09 ms of matmul fusions with the `CF_FOR_ALL_GATHER` flags, "
+        "27.18 ms without). *ICI bandwidth:* a layer's weight gather at the textbook's "
+        "two-axis rate takes about a quarter of the layer's forward matmuls at 6,144 tokens "
+        "per chip (gpt3-175b) and less at more tokens; lowering `ici_efficiency` worsens the "
+        "fit (the scan above).")
     return text.split("\n")
 
 
@@ -1431,6 +1505,8 @@ def _gemma_effect(ids: dict[str, Prediction], fits: list[FitResult] = (),
     per_layer = [(p.case.measured_step_s - one.case.measured_step_s) / m.num_layers
                  / (p.case.num_slices - 1) for p in runs[1:]]
     v5e_ms = 1e3 * get_chip("v5e").dcn_message_overhead_s
+    msgs = sum(1 for o in _trace(runs[1].case)[0].ops
+               if o.layer == 1 and o.name.startswith("dp_grad_allreduce"))
     shard = (m.attention_params_per_layer + m.dense_mlp_params_per_layer) / 256 * 2 / 1e6
     dcn = v6e.dcn_bytes_per_s
     text = (
@@ -1451,9 +1527,11 @@ def _gemma_effect(ids: dict[str, Prediction], fits: list[FitResult] = (),
         f"{_pct(blocks.step_s / one.step_s - 1)}. **The slowdown with slices (modelled).** "
         "Measured "
         + " and ".join(f"{_pct(x)} ({n} slices)" for x, n in zip(meas, (2, 4), strict=True))
-        + ", predicted " + " and ".join(_pct(x) for x in pred) + ": the gradient all-reduce "
-        "over the slices blocks each layer's backward (no `DATA_PARALLEL_OVERLAP` flags) and "
-        "each of its 2(N-1) DCN messages costs v6e's `dcn_message_overhead_s`, "
+        + ", predicted " + " and ".join(_pct(x) for x in pred) + ": the gradient all-reduces "
+        "over the slices block each layer's backward (no `DATA_PARALLEL_OVERLAP` flags), "
+        f"{msgs} of them a layer, one per weight matrix and one for the norm scales, as XLA "
+        "compiles them (`--dp-grad-split per-matrix`; below), one after another, and each "
+        "of their 2(N-1) DCN messages costs v6e's `dcn_message_overhead_s`, "
         f"{shipped_ms:g} ms. Without that overhead the slowdowns would be "
         + " and ".join(_pct(x) for x in pred0) + f": a layer's gradient shard is {shard:.2f} MB "
         f"in bf16 ({2 * shard:.1f} MB in f32), {1e3 * shard * 1e6 / dcn:.2f}-"
@@ -1488,21 +1566,23 @@ def _gemma_effect(ids: dict[str, Prediction], fits: list[FitResult] = (),
             text += (f" The even half's own slowdown fit gives {1e3 * even.dcn_message:g} ms "
                      f"(the shipped value: {shipped_ms:g} ms).")
     text += (
-        f" Why v6e's overhead per message is {shipped_ms / v5e_ms:.0f}x v5e's fitted "
-        f"{v5e_ms:g} ms is not known. What a deviceless 2-slice v6e compile of such a step "
-        "sends over DCN (`benchmarks/xla_dcn_schedule.py`: Gemma-3 12B widths, 4 scanned "
-        "layers, fsdp=16 per slice, jax/libtpu 0.10.2): per layer eight cross-slice "
-        "all-reduces of the bf16 gradient shards, one per weight matrix and one for the norm "
-        "scales, where tpusim sends the same bytes as one; without the overlap flags each "
-        "waits in its own layer's backward iteration (with them it is carried into the next "
-        "layer's), as `--dp-allreduce blocking` has it. Paid one after another, eight "
-        f"messages where tpusim counts one would make the fitted {shipped_ms:g} ms about "
-        f"{shipped_ms / 8:.2f} ms per all-reduce message; whether the 2023 v5e programs "
-        "combined theirs cannot be checked. Sharding the MLP weights on d_ff, as the 2- and "
-        "4-slice recipes' `fsdp_transpose` does, changes none of the cross-slice bytes. "
-        "Within a slice that program has no windowed-einsum loop: synchronous weight gathers "
-        "and all-reduces of whole bf16 weight gradients instead of reduce-scatters (not "
-        "modelled: a cost that does not grow with the slice count).")
+        " What a deviceless 2-slice compile of such a step sends over DCN "
+        "(`benchmarks/xla_dcn_schedule.py`: Gemma-3 12B widths, 4 scanned layers, fsdp=16 per "
+        "slice, jax/libtpu 0.10.2, on v6e and on v5e alike): per layer eight cross-slice "
+        "all-reduces, one per weight matrix of its bf16 gradient shard and one for the two "
+        "norm scales in f32, never combined; without the overlap flags each waits in its own "
+        "layer's backward iteration (with them it is carried into the next layer's), as "
+        "`--dp-allreduce blocking` has it. tpusim sends them so (it sent the same bytes as "
+        "one all-reduce a layer before 2026-12-01, `--dp-grad-split per-layer`), each waiting "
+        "for the one before at the chip's DCN endpoint; the fitted overhead is per message of "
+        f"that form, {shipped_ms:g} ms on v6e against v5e's {v5e_ms:g} ms "
+        f"({shipped_ms / v5e_ms:.1f}x; effect 2 compares the two). Sharding the MLP weights "
+        "on d_ff, as the 2- and 4-slice recipes' `fsdp_transpose` does, changes none of the "
+        "cross-slice bytes. Within a slice that program has no windowed-einsum loop: "
+        "synchronous weight gathers and all-reduces of whole bf16 weight gradients (at "
+        "fsdp=16, where a one-slice program of the same decoder runs collective-permute "
+        "rings; tpusim's `auto` rule reduce-scatters there; "
+        "the Gemma runs' fsdp=256 is all-reduced either way, effect 7).")
     dcn_runs = [p for p in ids.values() if p.case.chip == "v6e" and p.case.num_slices > 1
                 and p.case.model.attention_window is None]
     low_runs = [p for p in (low or {}).values() if p.case.chip == "v6e"
@@ -1605,7 +1685,15 @@ def render_doc(cases: list[Case], skips: list[Skip], preds: list[Prediction],
     w("* **Data-parallel all-reduce**: `--dp-allreduce blocking` unless the run's XLA flags "
       "include MaxText's `DATA_PARALLEL_OVERLAP` (then `async`); it matters only for the runs "
       "that are data-parallel over DCN (the 2023 v5e multi-slice table, the 2- and 4-slice "
-      "Gemma-3 runs).")
+      "Gemma-3 runs). Across slices it is sent as XLA compiles it, one all-reduce per weight "
+      "matrix and one for each layer's norm scales, one after another (`--dp-grad-split "
+      "per-matrix`, the default; effects 2 and 6).")
+    w("* **Weight-gradient collectives**: " + ", ".join(
+        f"{g} `--fsdp-grad {FSDP_GRAD[g]}`" for g in GENERATIONS) + ". The v6e runs "
+      "(tpu-recipes, 2024-2025) get XLA's choice per matrix as today's compiler makes it: a "
+      "reduce-scatter over an FSDP group of up to 32 chips, a synchronous all-reduce of the "
+      "whole gradient above; the 2023 v5e runs keep async reduce-scatters (effect 7 gives "
+      "the evidence for both).")
     w("* **Remat**: `full` -> `Remat.FULL`, `minimal` -> `Remat.MINIMAL`. The recipes' `custom` "
       "policies offload the decoder-layer input and the outputs of the projections they name "
       "to host memory and rematerialise the rest; they map to the tpusim policy naming the "
@@ -1798,9 +1886,10 @@ def render_doc(cases: list[Case], skips: list[Skip], preds: list[Prediction],
               "slowdown of the Gemma-3 12B run over 2 slices against its 1-slice run (the "
               "other half's 4-slice run gives "
               f"{1e3 * other['v6e'].dcn_message:g} ms): a fixed cost per DCN message of the "
-              "blocking cross-slice gradient all-reduce, "
-              f"{ratio:.0f}x v5e's (effect 6, which also lists how it moves the other "
-              "multi-slice v6e runs).")
+              "blocking cross-slice gradient all-reduces (8 a layer, one per weight matrix "
+              f"and one for the norm scales), {ratio:.1f}x v5e's (effect 6, which also lists "
+              "how it moves the other multi-slice v6e runs; effect 2 compares the two "
+              "generations).")
     w("")
     w("## Every usable run (medium/high quality)\n")
     hdr = ("id", "chip", "model", "mesh", "remat (MaxText -> tpusim)", "set", "measured step s",

@@ -1385,9 +1385,13 @@ def render_op_costs_section(results: dict) -> str:
         elif ta:
             accum_only_tpusim.append(name)
     if totals:
+        from sim.hardware import get_chip
+
+        v5e_mxu = get_chip("v5e").mxu_efficiency
         worst = max(stretch)
         lines += ["Compute totals, tpusim / XLA: " + ", ".join(
             f"{n} {t / x:.2f}" for n, x, t in totals) + ".", "", OP_COSTS_EXPLAIN.format(
+                v5e_mxu=v5e_mxu, v6e_mxu=get_chip("v6e").mxu_efficiency, v5e_inv=1 / v5e_mxu,
                 accum=", ".join(accum) or "none of these programs",
                 stretch=f"{worst[1]}: {worst[2] * 1e3:.2f} ms against {worst[3] * 1e3:.2f} ms",
                 accum_only_tpusim=(
@@ -1399,14 +1403,14 @@ def render_op_costs_section(results: dict) -> str:
 
 OP_COSTS_EXPLAIN = """What the tables say:
 
-* **Matmuls.** tpusim costs a matmul at the fitted MXU efficiency (0.77 of peak on v5e and
-  v5p, 0.62 on v6e; fitted on measured MaxText step times, above) or at its HBM bytes if
+* **Matmuls.** tpusim costs a matmul at the fitted MXU efficiency ({v5e_mxu:g} of peak on v5e
+  and v5p, {v6e_mxu:g} on v6e; fitted on measured MaxText step times, above) or at its HBM bytes if
   those take longer; XLA's model costs the large matmuls near the MXU peak: at the clocks
   above its estimate for the logits matmul is 97-98% of the peak on v5e and v5p (its fastest
   fusions: 128,302 FLOP per cycle on v5e, 97.9% of 4 MXUs x 128 x 128 x 2; 256,468 on v5p,
   97.8% of twice that). The fitted efficiency alone makes tpusim's compute-bound matmuls
-  1/0.77 = 1.30x XLA's estimate on v5e; it is fitted on measured steps, which XLA's static
-  estimate does not see, and is not re-tuned to XLA here. XLA's model also charges the
+  1/{v5e_mxu:g} = {v5e_inv:.2f}x XLA's estimate on v5e; it is fitted on measured steps, which
+  XLA's static estimate does not see, and is not re-tuned to XLA here. XLA's model also charges the
   per-step accumulation of a windowed all-gather einsum that contracts the gathered dimension
   (q, k, v, gate, up forward): on v5e those loops' matmul fusions are estimated at 1.39-2.29x
   their FLOPs at peak, the other windowed loops' at 1.04-1.24x. tpusim charges that partial

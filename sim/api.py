@@ -96,7 +96,8 @@ def train(**flags: Any) -> Run:
     Flags: the pod (chip/slice/shape/...), model, seq_len, batch_per_chip, mesh, dcn, axis_map,
     remat, attention, microbatches, param_dtype/grad_dtype/gather_dtype/optimizer_dtype,
     optimizer, pipeline_schedule, no_overlap, no_fusion, tp_activations, tp_comm, dp_allreduce,
-    fsdp_grad, ep_alltoall, vocab_tiling, fsdp_gather, algorithm, the perturbations, set={...}.
+    fsdp_grad, dp_grad_split, ep_alltoall, vocab_tiling, fsdp_gather, algorithm, the
+    perturbations, set={...}.
     `Run.result` is the `StepResult` (`.ops`, `.units`, `.links`, `.memory`), `Run.trace` the
     compiled program.
     """

@@ -249,6 +249,10 @@ _MXU_TO_VPU = 30.0
 _V5E_MXU_EFFICIENCY = 0.77
 # Fitted jointly with it on the same runs (seconds per DCN message, cross-slice collectives as
 # 2(N-1) messages; docs/model.md "Links and collectives"); checked on the even-indexed ones.
+# Those 2023 runs are rebuilt with one cross-slice all-reduce a layer (an assumption,
+# docs/validation.md effect 2); counted per message it is close to v6e's fit per message of
+# its per-matrix all-reduces (0.55 ms), so it is read as the DCN endpoint's cost per message,
+# whatever the split.
 _V5E_DCN_MESSAGE_S = 0.5e-3
 
 CHIPS.add(
@@ -399,15 +403,20 @@ CHIPS.add(
         # grid), with attention's head_dim-128 matmuls at half rate on the 256-wide MXU
         # (mxu_dim); the held-out even-indexed half and its refit are in docs/validation.md.
         # HBM/ICI/DCN/VPU factors stay 1.0: the fit cannot identify them. Refitted with the
-        # fluid engine's max-min sharing (2026-11-30; 0.63 before; the even half gives 0.61);
-        # unchanged when the runs were rebuilt with their f32 weights (2026-12-01).
-        mxu_efficiency=0.62,
+        # fluid engine's max-min sharing (2026-11-30; 0.63 before), unchanged when the runs
+        # were rebuilt with their f32 weights (2026-12-01), and refitted when the runs were
+        # rebuilt with XLA's per-matrix gradient collectives (`--fsdp-grad auto`: synchronous
+        # whole-gradient all-reduces over FSDP groups of more than 32 chips) and per-matrix
+        # cross-slice all-reduces (2026-12-01; 0.62 before; the even half gives 0.64).
+        mxu_efficiency=0.65,
         # Fitted to the slice-count slowdown of the odd half's data-parallel multi-slice run
         # (Gemma-3 12B over 2 v6e-256 slices against its 1-slice run; seconds per DCN message,
-        # cross-slice collectives as 2(N-1) messages, docs/model.md "Links and collectives"),
-        # on a 0.5 ms grid, with mxu_efficiency held at its fit; checked on the even half's
-        # 4-slice run, whose own fit gives 3 ms (docs/validation.md, effect 6).
-        dcn_message_overhead_s=3.5e-3,
+        # cross-slice collectives as 2(N-1) messages, the data-parallel gradient reduction as
+        # one all-reduce per weight matrix and one for the norm scales, 8 a layer here:
+        # docs/model.md "Links and collectives"), on a 0.05 ms grid, with mxu_efficiency held
+        # at its fit; checked on the even half's 4-slice run, whose own fit gives 0.4 ms
+        # (docs/validation.md, effect 6). 3.5 ms when it was one all-reduce a layer.
+        dcn_message_overhead_s=0.55e-3,
         # The forward's score matmul, mask, max, subtract, exp and row sum are one output
         # fusion in every v6e program of benchmarks/xla_memory.py (none, full, minimal,
         # offload); v5e's and v5p's write the f32 scores first (docs/model.md "Memory").
@@ -465,19 +474,22 @@ _FITTED: dict[str, dict[str, tuple[str, str]]] = {
         "out: the even half, its refit and its errors are in docs/validation.md"),
         "dcn_message_overhead_s": (
         "fitted", "jointly with mxu_efficiency to the odd-indexed half of the measured v5e "
-        "MaxText runs, whose 1-32 slices are data parallel over DCN (docs/validation.md, "
-        "effect 2); held out: the even half")},
+        "MaxText runs, whose 1-32 slices are data parallel over DCN, rebuilt with one "
+        "cross-slice all-reduce a layer (docs/validation.md, effect 2); held out: the even "
+        "half")},
     "v6e": {"mxu_efficiency": (
         "fitted", "to the odd-indexed half (12 runs) of the measured v6e MaxText runs, with "
-        "head_dim-128 attention at half rate on the 256-wide MXU (docs/validation.md, "
+        "head_dim-128 attention at half rate on the 256-wide MXU and XLA's per-matrix gradient "
+        "collectives (--fsdp-grad auto; docs/validation.md, effect 7, "
         "benchmarks/validate_maxtext.py); held out: the even half, its refit and its errors are "
         "in docs/validation.md"),
         "dcn_message_overhead_s": (
         "fitted", "to the slice-count slowdown (step over the same run's 1-slice step) of the "
         "odd-indexed half's data-parallel multi-slice v6e run, the Gemma-3 12B over 2 slices, "
-        "with mxu_efficiency held at its fit: on step times it would also absorb the Gemma "
-        "runs' common offset (docs/validation.md, effect 6); held out: the 4-slice run, whose "
-        "own fit gives 3 ms")},
+        "per message of the per-matrix cross-slice all-reduces (8 a layer), with "
+        "mxu_efficiency held at its fit: on step times it would also absorb the Gemma runs' "
+        "common offset (docs/validation.md, effect 6); held out: the 4-slice run, whose own "
+        "fit gives 0.4 ms")},
     "v3": {"mxu_efficiency": _CARRIED},
     "v4": {"mxu_efficiency": _CARRIED},
     "v5p": {"mxu_efficiency": _CARRIED},

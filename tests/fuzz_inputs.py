@@ -58,7 +58,7 @@ FLAGS["decode"].update({"--sampling": "sampling", "--wraparound": "wrap",
 FLAGS["prefill"].update({"--sampling": "sampling"})
 FLAGS["plan"].update({"--exhaustive": "switch", "--wraparound": "wrap"})
 FLAGS["plan"].update({"--max-simulations": "int"})
-FLAGS["train"].update({"--fsdp-grad": "text"})
+FLAGS["train"].update({"--fsdp-grad": "text", "--dp-grad-split": "text"})
 BASES = {"collective": COLLECTIVE, "train": TRAIN, "decode": DECODE, "prefill": PREFILL,
          "serve-sweep": SWEEP, "plan": PLAN,
          "compare-collectives": ["compare-collectives", *COLLECTIVE[1:]]}

@@ -555,7 +555,8 @@ _COLLECTIVE = ("collective", "--chip", "v5e", "--shape", "4x4", "--axes", "x", "
 
 @pytest.mark.parametrize("base, flag", [
     *((_TRAIN, f) for f in ("--attention", "--fsdp-gather", "--tp-activations", "--tp-comm",
-                            "--dp-allreduce", "--fsdp-grad", "--pipeline-schedule", "--remat",
+                            "--dp-allreduce", "--fsdp-grad", "--dp-grad-split",
+                            "--pipeline-schedule", "--remat",
                             "--optimizer")),
     *((_DECODE, f) for f in ("--sampling", "--weight-dtype", "--kv-dtype")),
     (_COLLECTIVE, "--op"),

@@ -114,12 +114,17 @@ def test_each_run_keeps_its_params_dtype_and_computes_in_bf16(vm, loaded):
     assert vm.params_dtype_for({"id": "x"}) == "fp32"
 
 
-def test_runs_reduce_gradients_async_and_the_what_if_all_reduces_them(vm, loaded):
-    # The shipped rebuild reduce-scatters every FSDP gradient asynchronously; effect 7's what-if
-    # rebuilds a run with XLA's synchronous whole-gradient all-reduces (--fsdp-grad all-reduce).
+def test_v6e_runs_reduce_gradients_as_xla_chooses_and_v5e_runs_reduce_scatter(vm, loaded):
+    # The current-compiler (v6e) runs are rebuilt with XLA's choice per matrix (--fsdp-grad
+    # auto), the 2023 v5e runs with async reduce-scatters (effect 7); the what-ifs rebuild a
+    # run with every gradient all-reduced (--fsdp-grad all-reduce).
     cases, _ = loaded
     case = next(c for c in cases if c.id == "tpu-recipes-v6e-llama2-70b-v6e-256")
-    assert {vm.trace_config(c).fsdp_grad for c in cases} == {"reduce-scatter"}
+    for gen, rule in (("v5e", "reduce-scatter"), ("v6e", "auto")):
+        assert {vm.trace_config(c).fsdp_grad for c in cases if c.chip == gen} == {rule}
+    # Across slices: per weight matrix on v6e (today's XLA), one a layer on the 2023 v5e runs.
+    for gen, split in (("v5e", "per-layer"), ("v6e", "per-matrix")):
+        assert {vm.trace_config(c).dp_grad_split for c in cases if c.chip == gen} == {split}
     assert vm.trace_config(vm._replace(case, fsdp_grad="all-reduce")).fsdp_grad == "all-reduce"
 
 

@@ -86,17 +86,76 @@ def test_backward_matmuls_split_into_input_and_weight_gradients():
     assert {dw.id, pw.id} <= set(end.deps)
 
 
-def test_blocking_data_parallel_all_reduce_holds_the_next_layer():
+@pytest.mark.parametrize(("split", "last"), [("per-layer", "dp_grad_allreduce"),
+                                             ("per-matrix", "dp_grad_allreduce_norms")])
+def test_blocking_data_parallel_all_reduce_holds_the_next_layer(split, last):
     chips = 8
     model = model_from_dict(SMALL)
     for mode in ("async", "blocking"):
         trace = compile_training_step(model, parse_mesh("fsdp=4", "data=2"), chips,
                                       TrainingConfig(seq_len=SEQ, batch_per_chip=1,
-                                                     remat=Remat.FULL, dp_allreduce=mode))
-        (ar,) = [o for o in trace.ops if o.name == "dp_grad_allreduce" and o.layer == 1]
+                                                     remat=Remat.FULL, dp_allreduce=mode,
+                                                     dp_grad_split=split))
+        (ar,) = [o for o in trace.ops if o.name == last and o.layer == 1]
         nxt = [o for o in trace.ops if o.layer == 0 and ar.id in o.deps
                and o.kind != "collective"]
         assert bool(nxt) == (mode == "blocking")
+
+
+def _dp_trace(dcn: str | None, split: str, mesh: str = "fsdp=4", **cfg):
+    return compile_training_step(model_from_dict(SMALL), parse_mesh(mesh, dcn), 8,
+                                 TrainingConfig(seq_len=SEQ, batch_per_chip=1,
+                                                dp_allreduce="blocking", dp_grad_split=split,
+                                                **cfg))
+
+
+def test_across_slices_each_weight_matrix_and_the_norm_scales_get_their_own_all_reduce():
+    # fsdp=4 x 2 slices (XLA's 2-slice program, benchmarks/xla_dcn_schedule.py): per layer one
+    # cross-slice all-reduce per matrix of its bf16 gradient shard (V / 4) and one of the two
+    # norm scales (f32, 2 D x 4 bytes), each after its own fsdp reduction and the one before
+    # it; the same bytes as the per-layer form's one all-reduce. The final norm's scale goes
+    # over the slices after the fsdp reduction of all of them.
+    per_matrix = _dp_trace("data=2", "per-matrix")
+    dps = [o for o in per_matrix.ops if o.layer == 1 and o.name.startswith("dp_grad_")]
+    assert [o.name.removeprefix("dp_grad_allreduce_") for o in dps] == [*MATRIX_BYTES, "norms"]
+    assert {o.mesh_axes for o in dps} == {("data",)} and {o.collective for o in dps} == {
+        "all-reduce"}
+    assert [o.bytes for o in dps] == [v / 4 for v in MATRIX_BYTES.values()] + [2 * D * 4]
+    rs = _colls(per_matrix, "fsdp_grad_reducescatter_")
+    assert all(rs[k].id in op.deps for k, op in zip(MATRIX_BYTES, dps, strict=False))
+    assert all(prev.id in op.deps for prev, op in zip(dps, dps[1:], strict=False))
+    (one,) = [o for o in _dp_trace("data=2", "per-layer").ops
+              if o.layer == 1 and o.name.startswith("dp_grad_")]
+    assert one.bytes == sum(MATRIX_BYTES.values()) / 4
+    (nrm,) = _ops(per_matrix, "norm_grad_allreduce")
+    assert nrm.mesh_axes == ("fsdp",) and nrm.bytes == (2 * 2 + 1) * D * 4
+    (rest,) = [o for o in per_matrix.ops if o.name == "dp_grad_allreduce_norms"
+               and o.layer == -1]
+    assert rest.bytes == D * 4 and rest.mesh_axes == ("data",) and nrm.id in rest.deps
+    (old,) = _ops(_dp_trace("data=2", "per-layer"), "norm_grad_allreduce")
+    assert old.mesh_axes == ("data", "fsdp") and old.bytes == nrm.bytes
+    # Within a slice (data over ICI) the reduction stays one all-reduce per layer.
+    ici = _dp_trace(None, "per-matrix", mesh="data=2,fsdp=4")
+    assert [o.name for o in ici.ops if o.layer == 1 and o.name.startswith("dp_grad_")] == [
+        "dp_grad_allreduce"]
+
+
+def test_per_matrix_cross_slice_all_reduces_pay_the_dcn_message_overhead_one_after_another():
+    # Replayed on 2 v5e 2x2 slices with a large per-message overhead o: per layer 8 all-reduces
+    # of 2 (N - 1) = 2 messages each, one after another and blocking, where the per-layer form
+    # sends one: 7 more per layer, 2 x 7 x 2 o over the two layers (the transfers themselves
+    # are 0.1 ms or less).
+    from sim.engine import replay
+    from sim.hardware import get_chip
+    from topologies.slices import resolve_topology
+
+    o = 20e-3
+    chip = get_chip("v5e").with_overrides(dcn_message_overhead_s=o)
+    topo = resolve_topology(chip_name="v5e", wrap_rule=chip.generation_rule,
+                            max_pod_shape=chip.max_pod_shape, shape=(2, 2), num_slices=2)
+    steps = {split: replay(_dp_trace("data=2", split), chip, topo).step_time_s
+             for split in ("per-layer", "per-matrix")}
+    assert steps["per-matrix"] - steps["per-layer"] == pytest.approx(2 * 7 * 2 * o, rel=0.02)
 
 
 def test_fsdp_grad_all_reduce_sums_each_whole_gradient_before_the_next_layer():

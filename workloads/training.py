@@ -122,6 +122,8 @@ XLA_ALLREDUCE_ALONE_BYTES = 64 * 2**20
 # choice per matrix, a reduce-scatter over a group of up to `XLA_MAX_WINDOWED_RING` chips and a
 # synchronous all-reduce of the whole gradient above (`grad_kind_for`).
 FSDP_GRAD_MODES = ("reduce-scatter", "all-reduce", "auto")
+# How the data-parallel gradient all-reduce crosses slices (`TrainingConfig.dp_grad_split`).
+DP_GRAD_SPLITS = ("per-matrix", "per-layer")
 # Pipeline schedules simulated by `sim/pipeline.py` (docs/model.md "Pipeline schedules").
 PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved")
 # The op that casts the local weight shard to --gather-dtype, once per step.
@@ -212,6 +214,11 @@ class TrainingConfig:
     # "auto": per matrix, as XLA chooses by the length of the matrix's FSDP ring
     # (`grad_kind_for`).
     fsdp_grad: str = "reduce-scatter"
+    # How the data-parallel gradient all-reduce crosses slices (a data or sequence axis over
+    # DCN): "per-matrix", one all-reduce per weight matrix and one for each layer's norm
+    # scales, one after another, as XLA compiles it (benchmarks/xla_dcn_schedule.py), or
+    # "per-layer", one all-reduce of the layer's gradient shards (tpusim before 2026-12-01).
+    dp_grad_split: str = "per-matrix"
     ep_alltoall: str = "sync"
     pipeline_schedule: str = "1f1b"
     virtual_stages: int = 1
@@ -283,6 +290,12 @@ class TrainingConfig:
         if self.dp_allreduce not in ("async", "blocking"):
             raise TpusimError(
                 f"--dp-allreduce {short_repr(self.dp_allreduce)} must be async or blocking"
+            )
+        if self.dp_grad_split not in DP_GRAD_SPLITS:
+            raise TpusimError(
+                f"--dp-grad-split {short_repr(self.dp_grad_split)} must be per-matrix (one "
+                f"cross-slice all-reduce per weight matrix and one for the norm scales, as XLA "
+                f"compiles it, default) or per-layer (one per layer)"
             )
         if self.fsdp_grad not in FSDP_GRAD_MODES:
             raise TpusimError(
@@ -862,6 +875,19 @@ class _Compiler:
         routed = m.num_experts * m.mlp.num_matrices * m.d_model * m.expert_d_ff
         return routed / (d.tp * d.ep) * self.wc
 
+    @property
+    def dp_split_per_matrix(self) -> bool:
+        """The data-parallel gradient all-reduce goes as one all-reduce per weight matrix and
+        one for each layer's norm scales (`TrainingConfig.dp_grad_split`): across slices only
+        (a data or sequence axis over DCN), where XLA compiles it so; within a slice it stays
+        one per layer."""
+        return self.cfg.dp_grad_split == "per-matrix" and (
+            self.mesh.dcn_size("data") > 1 or self.mesh.dcn_size("sequence") > 1)
+
+    def layer_norm_grad_bytes(self) -> float:
+        """Gradients of one layer's norm scales, f32 (`norm_grad_bytes`)."""
+        return self.m.norm_params_per_layer * 4
+
     def norm_grad_bytes(self) -> float:
         """Gradients of the norm scales this pipeline stage holds (replicated parameters), in
         f32: the norms compute in f32, and XLA's all-reduce of these gradients takes f32
@@ -1298,6 +1324,9 @@ class _Compiler:
         prev_compute = None
         last_grad_ops: list[int] = []
         grads_allocated = 0.0
+        # Norm-scale gradient bytes already summed over the data-parallel axes per layer
+        # (`dp_split_per_matrix`); the rest goes with the final norm reduction.
+        layer_norms_reduced = 0.0
         layer_outputs: dict[tuple[int, int], int] = {}
 
         def ring(group: int, kind: str = "all-gather", key: str = "") -> float:
@@ -1645,6 +1674,7 @@ class _Compiler:
                 grad_bytes = self.layer_weight_bytes(self.layer_is_moe(layer)) / self.wc * self.gb
                 expert_b = self.layer_expert_weight_bytes(layer) / self.wc * self.gb
                 rs_ops = []
+                rs_of: dict[str, int] = {}  # matrix -> its reduction over fsdp
                 sync_ops = []  # the synchronous all-reduces among them
                 # A gradient XLA all-reduces whole is written whole by its weight-gradient
                 # matmul and lives until the all-reduce has read it (the update slices the
@@ -1666,6 +1696,7 @@ class _Compiler:
                                    [out], layer, "bwd")
                     if op is not None:
                         rs_ops.append(op)
+                        rs_of[key] = op
                         if kind == "all-reduce":
                             sync_ops.append(op)
                             whole = nbytes / self.wc * self.gb
@@ -1683,18 +1714,41 @@ class _Compiler:
                     # Weights are replicated over data and sequence: their gradient shards are
                     # summed over those axes too.
                     after = rs_ops or [out]
-                    dpar = self.coll("dp_grad_allreduce", "all-reduce", ("data", "sequence"),
-                                     (grad_bytes - expert_b) / fse, after, layer, "bwd")
-                    dpar_e = self.coll("dp_grad_allreduce_experts", "all-reduce",
-                                       ("data", "sequence"), expert_b / d.fs, after, layer,
-                                       "bwd")
-                    last_grad_ops += rs_ops + [o for o in (dpar, dpar_e) if o is not None]
+                    if self.dp_split_per_matrix:
+                        # Across slices XLA sends one all-reduce per weight matrix (its gradient
+                        # shard, after that matrix's reduction over fsdp) and one for the
+                        # layer's norm scales (f32), never combined; the chip's DCN endpoint
+                        # handles their messages one after another, so each waits for the one
+                        # before (benchmarks/xla_dcn_schedule.py, docs/model.md).
+                        dps = []
+                        for key, nbytes in self.layer_matrices(layer):
+                            dep = [rs_of[key]] if key in rs_of else [out]
+                            op = self.coll(f"dp_grad_allreduce_{key}", "all-reduce",
+                                           ("data", "sequence"),
+                                           nbytes / self.wc * self.gb / self.fsdp_group(key)[1],
+                                           dep + dps[-1:], layer, "bwd")
+                            if op is not None:
+                                dps.append(op)
+                        op = self.coll("dp_grad_allreduce_norms", "all-reduce",
+                                       ("data", "sequence"), self.layer_norm_grad_bytes(),
+                                       [out] + dps[-1:], layer, "bwd")
+                        if op is not None:
+                            dps.append(op)
+                            layer_norms_reduced += self.layer_norm_grad_bytes()
+                    else:
+                        dps = [o for o in (
+                            self.coll("dp_grad_allreduce", "all-reduce", ("data", "sequence"),
+                                      (grad_bytes - expert_b) / fse, after, layer, "bwd"),
+                            self.coll("dp_grad_allreduce_experts", "all-reduce",
+                                      ("data", "sequence"), expert_b / d.fs, after, layer,
+                                      "bwd")) if o is not None]
+                    last_grad_ops += rs_ops + dps
                     if cfg.dp_allreduce == "blocking" and d.dp > 1:
                         # Without XLA's data-parallel all-reduce overlap the layer's gradient
                         # reduction (over fsdp, then data) finishes before the next layer's
                         # backward starts (only with a data axis: the data-parallel overlap
                         # flags concern the data-parallel reduction).
-                        dp_wait = [o for o in (dpar, dpar_e) if o is not None]
+                        dp_wait = dps
                 else:
                     last_grad_ops += rs_ops
                 # XLA's synchronous all-reduces: the core runs them right after the layer's
@@ -1769,7 +1823,8 @@ class _Compiler:
                     ear = self.coll("dp_grad_allreduce_embed", "all-reduce", ("data", "sequence"),
                                     (emb_all - (emb_w if table_reduced else 0.0))
                                     / self.wc * self.gb / fse
-                                    + (0.0 if fse > 1 else self.norm_grad_bytes()),
+                                    + (0.0 if fse > 1 or self.dp_split_per_matrix
+                                       else self.norm_grad_bytes()),
                                     [erc if erc is not None else emb_bwd], -1, "bwd")
                     if ear is not None:
                         last_grad_ops.append(ear)
@@ -1784,11 +1839,22 @@ class _Compiler:
         # all-reduce over data x fsdp), else with the embedding's gradients
         # (`dp_grad_allreduce_embed`).
         nrm_axes = ("fsdp", "expert", "tensor") if self.tp_sharded else ("fsdp", "expert")
-        nrm = self.coll("norm_grad_allreduce", "all-reduce",
-                        ("data", "sequence", *nrm_axes) if fse > 1 else nrm_axes,
-                        self.norm_grad_bytes(), [prev_compute], -1, "bwd")
-        if nrm is not None:
-            last_grad_ops.append(nrm)
+        if self.dp_split_per_matrix:
+            # Across slices the layers' norm scales went over the data-parallel axes with their
+            # layer (`dp_grad_allreduce_norms`); the rest (the final norm's) goes here, after
+            # the reduction over fsdp and expert of them all.
+            nrm = self.coll("norm_grad_allreduce", "all-reduce", nrm_axes,
+                            self.norm_grad_bytes(), [prev_compute], -1, "bwd")
+            rest = self.coll("dp_grad_allreduce_norms", "all-reduce", ("data", "sequence"),
+                             self.norm_grad_bytes() - layer_norms_reduced,
+                             [nrm if nrm is not None else prev_compute], -1, "bwd")
+            last_grad_ops += [o for o in (nrm, rest) if o is not None]
+        else:
+            nrm = self.coll("norm_grad_allreduce", "all-reduce",
+                            ("data", "sequence", *nrm_axes) if fse > 1 else nrm_axes,
+                            self.norm_grad_bytes(), [prev_compute], -1, "bwd")
+            if nrm is not None:
+                last_grad_ops.append(nrm)
         # The update on the local parameter shard: reads the weights, the gradients and the
         # state, writes the weights and the state (Adam: tpu.md §4, bf16 params + fp32 moments).
         p_local = self.local_params()
@@ -2149,6 +2215,7 @@ class _Compiler:
             "overlap": cfg.overlap,
             "fsdp_gather": cfg.fsdp_gather,
             "fsdp_grad": cfg.fsdp_grad,
+            "dp_grad_split": cfg.dp_grad_split,
             "optimizer": str(self.opt),
             "fuse_elementwise": cfg.fuse_elementwise,
             "tp_activations": cfg.tp_activations,

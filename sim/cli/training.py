@@ -77,6 +77,13 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
                    help="data-parallel gradient all-reduce: async (overlapped with the backward "
                         "pass, XLA's data-parallel overlap flags, default) or blocking (each "
                         "layer's reduction ends before the next layer's backward starts)")
+    p.add_argument("--dp-grad-split", default="per-matrix",
+                   help="the data-parallel gradient all-reduce across slices (a data or "
+                        "sequence axis over DCN): per-matrix (one all-reduce per weight matrix "
+                        "and one for each layer's norm scales, one after another, as XLA "
+                        "compiles it; default) or per-layer (one all-reduce of the layer's "
+                        "gradient shards, tpusim's form before 2026-12-01); each pays the "
+                        "chip's dcn_message_overhead_s per message")
     p.add_argument("--fsdp-grad", default="reduce-scatter",
                    help="weight gradients over fsdp: reduce-scatter (async, hidden behind the "
                         "backward pass, default), all-reduce (the whole gradient all-reduced "
@@ -148,6 +155,7 @@ def training_config(args: argparse.Namespace, moe=None, chip=None):
         tp_comm=args.tp_comm,
         dp_allreduce=args.dp_allreduce,
         fsdp_grad=args.fsdp_grad,
+        dp_grad_split=args.dp_grad_split,
         ep_alltoall=args.ep_alltoall,
         vocab_tiling=args.vocab_tiling,
         pipeline_schedule=args.pipeline_schedule or "1f1b",
