@@ -728,6 +728,11 @@ def test_cli_fsdp_grad_must_be_reduce_scatter_all_reduce_or_auto(tiny_yaml, caps
                            "--fsdp-grad 'ring'", "reduce-scatter", "all-reduce", "auto")
 
 
+def test_cli_dp_grad_split_must_be_per_matrix_or_per_layer(tiny_yaml, capsys):
+    _assert_one_line_error(capsys, _train_args(tiny_yaml, "--dp-grad-split", "per-step"),
+                           "--dp-grad-split 'per-step'", "per-matrix", "per-layer")
+
+
 def test_cli_fsdp_grad_auto_refuses_windowed_gathers(tiny_yaml, capsys):
     _assert_one_line_error(capsys, _train_args(tiny_yaml, "--fsdp-grad", "auto",
                                                "--fsdp-gather", "windowed"),
