@@ -539,3 +539,16 @@ def test_an_hlo_program_unrolls_to_at_most_the_ops_a_trace_file_may_hold(v5e, to
                                           r"trip counts\), the most tpusim simulates in one "
                                           r"program"):
         import_hlo(_LOOP.replace("TRIP", "1001"), topology=pod)
+
+
+def test_a_source_table_cut_after_an_entry_number_is_a_truncated_file_not_a_crash():
+    # Found by the hostile-HLO generator (fuzz8, seed 80804): a module cut right after a
+    # `FileNames` entry's number ended in an IndexError (an internal error).
+    text = module(ADD + """ENTRY %main (p: f32[4,8]) -> f32[4,8] {
+  ROOT %p = f32[4,8] parameter(0)
+}
+""") + '\nFileNames\n1 "<string>"\n2'
+    with pytest.raises(TpusimError, match=r"it ends early \(expected a source-table entry\); the "
+                                          r"file looks truncated"):
+        parse_hlo(text)
+    parse_hlo(text + ' "f.py"\n')  # the entry whole: fine

@@ -271,6 +271,8 @@ class _Parser:
 
     def _item(self) -> None:
         """Skip one bracketed group (any nesting) or one token."""
+        if self.i >= len(self.toks):  # a source table cut after its number (truncated file)
+            raise self.error("expected a source-table entry")
         kind, v, pos = self.toks[self.i]
         if kind != "punct" or v not in "{([":
             self.i += 1
