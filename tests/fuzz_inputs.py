@@ -710,12 +710,15 @@ CHOICES = {
     "--slow-link": (["0,0:x+:0.5", "1,0:y-"], ["0,0:q+", "0,0:x+:0_5", "0,0:x+:inf", "0,0"]),
     "--dead-link": (["0,0:x+", "1,1:y-"], ["0,0:q+", "0,0", "9,9:x+", "0,0:x+:0.5"]),
     "--virtual-stages": (["1", "2"], ["0", "-1", "nan", "１", "9" * 40, "1.5"]),
+    "--dp-grad-split": (["per-matrix", "per-layer"],
+                        ["", "per_matrix", "PER-LAYER", "matrix", "per-matrix,per-layer"]),
 }
 # The train flags added in the last two sessions and the older ones no generator fuzzed.
 TRAIN8 = ["--optimizer", "--remat", "--fsdp-grad", "--fsdp-gather", "--param-dtype",
           "--grad-dtype", "--optimizer-dtype", "--gather-dtype", "--pipeline-schedule",
           "--tp-activations", "--tp-comm", "--dp-allreduce", "--mode", "--chip-variation",
-          "--seed", "--slow-chip", "--slow-link", "--dead-link", "--virtual-stages"]
+          "--seed", "--slow-chip", "--slow-link", "--dead-link", "--virtual-stages",
+          "--dp-grad-split"]
 TRAIN8_MESHES = ["fsdp=4", "fsdp=4", "data=2,fsdp=2", "tensor=2,fsdp=2", "pipeline=2,fsdp=2",
                  "pipeline=2,data=2"]
 PLAN8 = {"--optimizer": "choice", "--grad-dtype": "plan_list", "--gather-dtype": "choice",
@@ -727,9 +730,12 @@ def gen_train8(rng: random.Random, i: int) -> dict[str, Any]:
     """`train` with one to four of the flags added in the last two sessions (`--fsdp-grad`
     with its `auto`, the `mixed-*` gathers, `--optimizer`, every `--remat` form, the dtypes) and
     the older ones no generator fuzzed (pipeline schedules, perturbations, `--mode`), on a mesh
-    with FSDP, data, tensor or pipeline axes; valid values may still be refused together."""
+    with FSDP, data, tensor or pipeline axes, sometimes over two slices (`--dp-grad-split`);
+    valid values may still be refused together."""
     argv = list(TRAIN)
     argv[argv.index("--mesh") + 1] = rng.choice(TRAIN8_MESHES)
+    if rng.random() < 0.25:  # two slices: data over DCN (what --dp-grad-split splits)
+        argv += ["--slices", "2", "--dcn", "data=2"]
     bad: dict[str, bool] = {}
     for flag in rng.sample(TRAIN8, rng.randint(1, 4)):
         good, wrong = CHOICES[flag]
