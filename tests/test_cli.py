@@ -520,6 +520,34 @@ def test_train_notes_a_windowed_ring_longer_than_xla_ever_windows(capsys, shape,
     assert rc == 0 and "note: --fsdp-gather" not in out
 
 
+@pytest.mark.parametrize("shape,mesh,flags,ring", [
+    ("8x8", "fsdp=64", (), 64),  # the default reduce-scatters over 64 chips
+    ("4x8", "fsdp=32", (), 0),
+    ("8x8", "fsdp=32,data=2", (), 0),
+    ("8x8", "fsdp=64", ("--fsdp-grad", "auto"), 0),  # all-reduced whole, as XLA does
+    ("8x8", "fsdp=64", ("--fsdp-gather", "mixed-blocking"), 0),
+    ("8x8", "fsdp=64", ("--fsdp-gather", "mixed-blocking", "--no-overlap"), 64),
+])
+def test_train_notes_gradients_reduce_scattered_over_more_chips_than_xla_does(capsys, shape,
+                                                                                mesh, flags,
+                                                                                ring):
+    # v6e's preset MXU factor was fitted with --fsdp-grad auto: a default run over FSDP groups
+    # of more than 32 chips reduce-scatters what XLA all-reduces whole, and says so.
+    argv = ("train", "--chip", "v6e", "--shape", shape, "--model", "llama3-8b", "--set",
+            "model.num_layers=1", "--seq-len", "512", "--batch-per-chip", "1", "--mesh", mesh,
+            *flags, "--quiet")
+    rc, out, err = _run(capsys, *argv)
+    assert rc == 0, err
+    note = [line for line in out.splitlines() if line.startswith("note: weight gradients")]
+    assert note == ([f"note: weight gradients reduce-scattered over {ring} chips: XLA "
+                     "(jax/libtpu 0.10.2) all-reduces a gradient whole over more than 32 "
+                     "(docs/model.md \"Collectives as XLA emits them\"); --fsdp-grad auto "
+                     "models what it compiles (v6e's preset MXU factor was fitted with it)"]
+                    if ring else [])
+    # Never inside --json output.
+    _json(capsys, *argv)
+
+
 def test_every_help_text_closes_the_parentheses_and_backquotes_it_opens():
     """Help texts are wrapped prose: an unbalanced `(`/`)` or backquote is a leftover of an edit
     (`plan --exhaustive`'s help once ended in a stray `)`). Intervals such as `(0, 1e6]` are

@@ -6,6 +6,7 @@ They register themselves into `sim.cli` so the parser is built in one place.
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any
 
@@ -303,6 +304,23 @@ def _windowed_ring_note(args, trace) -> list[str]:
             "models what it compiles"]
 
 
+def _grad_ring_note(trace) -> list[str]:
+    """Weight gradients reduce-scattered over a longer FSDP group than XLA ever reduce-scatters
+    one (the default `--fsdp-grad reduce-scatter` there): say so, since XLA all-reduces them
+    whole and synchronously, and v6e's preset MXU factor was fitted with that rule."""
+    from workloads.training import XLA_MAX_WINDOWED_RING
+
+    ring = max((math.prod(trace.mesh.size(a) for a in op.mesh_axes) for op in trace.ops
+                if op.collective == "reduce-scatter" and op.name.startswith("fsdp_grad_")),
+               default=0)
+    if ring <= XLA_MAX_WINDOWED_RING:
+        return []
+    return [f"note: weight gradients reduce-scattered over {ring} chips: XLA (jax/libtpu "
+            f"0.10.2) all-reduces a gradient whole over more than {XLA_MAX_WINDOWED_RING} "
+            "(docs/model.md \"Collectives as XLA emits them\"); --fsdp-grad auto models what "
+            "it compiles (v6e's preset MXU factor was fitted with it)"]
+
+
 def print_notes(args, notes: list[str]) -> None:
     """The `wrote ...` lines after a text report (never inside --json output)."""
     if not getattr(args, "json", False):
@@ -354,7 +372,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         cli.check_trace_chips(args, cli.resolve_pod(args)[1].num_chips)  # before simulating
     run = run_train(args)
     notes = _write_outputs(args, run.result, run.to_dict())
-    notes += _windowed_ring_note(args, run.trace)
+    notes += _windowed_ring_note(args, run.trace) + _grad_ring_note(run.trace)
     if args.json:
         cli.emit_json(run.to_dict())
     else:
