@@ -634,6 +634,9 @@ def test_a_dashed_number_after_a_flag_is_its_value_and_the_error_names_it(capsys
     (("train", "--chip", "v5e", "--shape", "2_2", *_TRAIN[5:]), "shape '2_2' is not like"),
     ((*_TRAIN, "--perfetto", "/dev/null", "--trace-chips", "０-1"), "--trace-chips '０-1'"),
     ((*_COLLECTIVE, "--op", "send", "--src", "０,0", "--dst", "1,0"), "--src '０,0'"),
+    # Two signs are no number either: the flag's own check names it and the range (argparse's
+    # "invalid integer value" named neither).
+    ((*_TRAIN, "--seq-len=+-5"), "--seq-len '+-5' is not a whole number; give a whole number in"),
 ])
 def test_numbers_in_flags_are_read_in_ascii_digits_only(capsys, argv, named):
     # Python's int() and float() read a full-width "１" and underscores ("0_5" is 5.0, "2_2"
@@ -649,7 +652,7 @@ def test_ascii_number_readers_take_plain_numbers_and_nothing_else():
     assert ascii_int(" +42 ") == 42 and ascii_int("-7") == -7 and ascii_int("0" * 30) == 0
     assert ascii_float("1e3") == 1000.0 and ascii_float(".5") == 0.5 and ascii_float("-2.") == -2
     assert math.isinf(ascii_float("-inf")) and math.isnan(ascii_float("NaN"))
-    for bad in ("１", "1_0", "", "1e", "0x10", "1" * 31, "٣", "1 0"):
+    for bad in ("１", "1_0", "", "1e", "0x10", "1" * 31, "٣", "1 0", "+-5", "--5"):
         with pytest.raises(ValueError):
             ascii_int(bad)
     for bad in ("１.5", "0_5", "", "e5", "1e5e5", "1,5", "infinit", "0x1p3"):

@@ -96,7 +96,7 @@ def ascii_int(text: Any, max_digits: int = MAX_INT_DIGITS) -> int:
     """`int(text)` for a whole number in ASCII digits (an optional sign, surrounding spaces),
     at most `max_digits` digits; ValueError otherwise (the caller words the error)."""
     t = str(text).strip()
-    if not _INT_TEXT.fullmatch(t) or len(t.lstrip("+-")) > max_digits:
+    if not _looks_int(t, max_digits):
         raise ValueError(f"not a whole number in ASCII digits: {short_repr(text)}")
     return int(t)
 
@@ -145,10 +145,11 @@ def number(value: Any, what: str, *, lo: float | None = None, hi: float | None =
     return f
 
 
-def _looks_int(s: str) -> bool:
-    t = s.strip().lstrip("+-")
-    # ASCII only: Python's int() also takes full-width and other Unicode digits ("１").
-    return t.isascii() and t.isdigit() and len(t) <= MAX_INT_DIGITS
+def _looks_int(s: str, max_digits: int = MAX_INT_DIGITS) -> bool:
+    """A whole number in ASCII digits with at most one sign (`_INT_TEXT`), at most `max_digits`
+    long: Python's int() also takes full-width and other Unicode digits ("１")."""
+    t = s.strip()
+    return bool(_INT_TEXT.fullmatch(t)) and len(t.lstrip("+-")) <= max_digits
 
 
 def _range_text(lo, hi, lo_open, integer) -> str:
@@ -181,7 +182,7 @@ def int_flag(flag: str, *, lo: int = 1, hi: int):
         if not _looks_int(t):
             # `isdigit` is true of full-width and other Unicode digits too (`１`): those are
             # not "too large", they are not ASCII.
-            digits = t.lstrip("+-").isdigit()
+            digits = re.fullmatch(r"[+-]?\d+", t) is not None  # Unicode digits too
             what = ("too large" if t.isascii() else "not written in ASCII digits") if digits \
                 else "not a whole number"
             raise TpusimError(f"{flag} {short_repr(text)} is {what}; give a whole number in "
@@ -204,8 +205,7 @@ def whole_flag(flag: str):
     def parse(text: str) -> int:
         t = str(text).strip()
         if not _looks_int(t):
-            what = "too large" if t.isascii() and t.lstrip("+-").isdigit() else \
-                "not a whole number"
+            what = "too large" if _INT_TEXT.fullmatch(t) else "not a whole number"
             raise FlagError(f"{flag} {short_repr(text)} is {what}; give a whole number in ASCII "
                             f"digits, e.g. 4")
         return int(t)
