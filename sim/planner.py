@@ -1137,7 +1137,7 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
     pruned: list[int] = []  # skipped by their sharper bound
     sharp: set[int] = set()  # candidates with a sharper bound
     refined = 0
-    prefix_stopped = 0  # of `stopped`: pipelines stopped within their prefix run
+    prefix_stopped = 0  # of `stopped`: steps stopped within a prefix run
     full_pipeline_bounds = len(piped - deferred)  # pipeline groups bounded in full at once
     # One tick per bound job and per candidate (simulated, refused or skipped).
     bar = _bar(len(jobs) + len(cands), 0, quiet,
