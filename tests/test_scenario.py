@@ -18,6 +18,7 @@ from topologies.scenario import (
     scenario_from_flags,
 )
 from topologies.torus import build_torus
+from workloads.moe import MoeConfig
 
 POD_3D = build_torus((4, 4, 4), (True, True, True))
 POD_2D_LINE = build_torus((4, 2), (False, False))
@@ -175,3 +176,21 @@ def test_a_faster_link_is_allowed_and_never_slows_a_collective(capsys):
     fast = json.loads(capsys.readouterr().out)
     # A ring step waits for its slowest link: one faster link changes nothing.
     assert fast["mode"] == "full" and fast["time_s"] == pytest.approx(healthy, rel=1e-12)
+
+
+def test_number_ranges_hold_their_bounds_and_state_them_one_way():
+    # One range per setting, shared by the scenario, the MoE router and the CLI's messages.
+    from sim.cli.common import _FLOAT_RANGES
+    from topologies.scenario import CAPACITY_FACTOR_RANGE, CHIP_VARIATION_RANGE, EXPERT_SKEW_RANGE
+
+    assert CAPACITY_FACTOR_RANGE.text == "a finite number in (0, 1e6]"
+    assert [CAPACITY_FACTOR_RANGE.holds(v) for v in (0, 1e-9, 1e6, 1e6 + 1)] == \
+        [False, True, True, False]
+    assert [CHIP_VARIATION_RANGE.holds(v) for v in (0, 1, 1.0000001, -1e-12)] == \
+        [True, True, False, False]
+    for bad in (float("nan"), float("inf"), True, "1", None):
+        assert not EXPERT_SKEW_RANGE.holds(bad)
+    assert _FLOAT_RANGES["--expert-skew"] == EXPERT_SKEW_RANGE.text == \
+        "a finite number in [0, 100]"
+    with pytest.raises(TpusimError, match=r"in \(0, 1e6\]"):
+        MoeConfig(capacity_factor=0.0)

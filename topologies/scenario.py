@@ -43,6 +43,38 @@ DEFAULT_SLOW_LINK_FACTOR = 0.5
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class NumberRange:
+    """The finite range a number setting must lie in, and how its errors state it."""
+
+    low: float
+    high: float
+    low_open: bool = False  # (low, high] rather than [low, high]
+
+    @property
+    def text(self) -> str:
+        def num(x: float) -> str:  # 1e6, not %g's 1e+06
+            return f"{x:g}".replace("e+0", "e").replace("e+", "e")
+
+        opening = "(" if self.low_open else "["
+        return f"a finite number in {opening}{num(self.low)}, {num(self.high)}]"
+
+    def holds(self, value: object) -> bool:
+        """True for an int or float (not a bool) that is finite and inside the range."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value):
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        return above and value <= self.high
+
+
+# The number settings a scenario shares with the CLI flags (`sim/cli/common.py`) and the MoE
+# router (`workloads/moe.py`): one range each, stated the same way everywhere.
+CHIP_VARIATION_RANGE = NumberRange(low=0, high=1)
+EXPERT_SKEW_RANGE = NumberRange(low=0, high=100)
+CAPACITY_FACTOR_RANGE = NumberRange(low=0, high=1e6, low_open=True)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SlowChip:
     coords: Coords
     factor: float
@@ -99,11 +131,9 @@ class Scenario:
         for s in self.slow_links:
             _check_factor(s.factor, f"--slow-link {s.to_flag()}")
         sigma = self.chip_variation_sigma
-        if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not (
-            math.isfinite(sigma) and 0 <= sigma <= 1
-        ):
+        if not CHIP_VARIATION_RANGE.holds(sigma):
             raise TpusimError(
-                f"--chip-variation {short_repr(sigma)} must be a finite number in [0, 1] (the "
+                f"--chip-variation {short_repr(sigma)} must be {CHIP_VARIATION_RANGE.text} (the "
                 f"log-standard-deviation of chip speed, e.g. 0.02 for 2%)"
             )
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or not (
@@ -112,20 +142,15 @@ class Scenario:
             raise TpusimError(f"--seed {short_repr(self.seed)} must be a whole number in "
                               f"[0, 2^63)")
         s = self.expert_skew
-        if isinstance(s, bool) or not isinstance(s, (int, float)) or not (
-            math.isfinite(s) and 0 <= s <= 100
-        ):
+        if not EXPERT_SKEW_RANGE.holds(s):
             raise TpusimError(
-                f"--expert-skew {short_repr(s)} must be a finite number in [0, 100] (the Zipf "
+                f"--expert-skew {short_repr(s)} must be {EXPERT_SKEW_RANGE.text} (the Zipf "
                 f"exponent of expert loads; 0 = a balanced router)"
             )
         c = self.capacity_factor
-        if c is not None and (
-            isinstance(c, bool) or not isinstance(c, (int, float)) or not (
-                math.isfinite(c) and 0 < c <= 1e6)
-        ):
+        if c is not None and not CAPACITY_FACTOR_RANGE.holds(c):
             raise TpusimError(
-                f"--capacity-factor {short_repr(c)} must be a finite number in (0, 1e6] (tokens "
+                f"--capacity-factor {short_repr(c)} must be {CAPACITY_FACTOR_RANGE.text} (tokens "
                 f"an expert accepts as a multiple of the balanced load, e.g. 1.25)"
             )
 
@@ -489,7 +514,8 @@ def _link_id(topology: Topology, coords: Coords, axisdir: str, what: str) -> int
 
 
 __all__ = [
-    "DeadLink", "SCENARIO_KEYS", "Scenario", "SlowChip", "SlowLink", "load_scenario",
+    "CAPACITY_FACTOR_RANGE", "CHIP_VARIATION_RANGE", "DeadLink", "EXPERT_SKEW_RANGE",
+    "NumberRange", "SCENARIO_KEYS", "Scenario", "SlowChip", "SlowLink", "load_scenario",
     "parse_dead_link", "parse_slow_chip", "parse_slow_link", "scenario_from_dict",
     "scenario_from_flags",
 ]

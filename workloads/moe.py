@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from topologies.errors import TpusimError
+from topologies.scenario import CAPACITY_FACTOR_RANGE, EXPERT_SKEW_RANGE
 from workloads.models import TransformerSpec
 
 
@@ -51,17 +52,15 @@ class MoeConfig:
         # The ranges of topologies.scenario.Scenario, which the simulating commands check:
         # `compile` reaches here directly (--capacity-factor 1e300 was an infinite op size).
         s = self.expert_skew
-        if isinstance(s, bool) or not isinstance(s, (int, float)) or not math.isfinite(s) \
-                or not 0 <= s <= 100:
+        if not EXPERT_SKEW_RANGE.holds(s):
             raise TpusimError(
-                f"--expert-skew {s!r} must be a finite number in [0, 100] (the Zipf exponent of "
+                f"--expert-skew {s!r} must be {EXPERT_SKEW_RANGE.text} (the Zipf exponent of "
                 f"the expert loads; 0 is uniform routing)"
             )
         c = self.capacity_factor
-        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float))
-                              or not math.isfinite(c) or not 0 < c <= 1e6):
+        if c is not None and not CAPACITY_FACTOR_RANGE.holds(c):
             raise TpusimError(
-                f"--capacity-factor {c!r} must be a finite number in (0, 1e6] (MaxText uses "
+                f"--capacity-factor {c!r} must be {CAPACITY_FACTOR_RANGE.text} (MaxText uses "
                 f"1.0-2.0); omit it for dropless routing"
             )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from topologies.errors import TpusimError
+from topologies.scenario import CAPACITY_FACTOR_RANGE, CHIP_VARIATION_RANGE, EXPERT_SKEW_RANGE
 from topologies.validate import (
     MAX_BYTES,
     MAX_SLICES,
@@ -495,9 +496,9 @@ def add_perturbation_args(p: argparse.ArgumentParser) -> None:
 
 
 # The ranges `Scenario` and `MoeConfig` check (and say in their errors).
-_FLOAT_RANGES = {"--chip-variation": "a finite number in [0, 1]",
-                 "--expert-skew": "a finite number in [0, 100]",
-                 "--capacity-factor": "a finite number in (0, 1e6]"}
+_FLOAT_RANGES = {"--chip-variation": CHIP_VARIATION_RANGE.text,
+                 "--expert-skew": EXPERT_SKEW_RANGE.text,
+                 "--capacity-factor": CAPACITY_FACTOR_RANGE.text}
 
 
 def _float_arg(flag: str):
