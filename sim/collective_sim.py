@@ -184,6 +184,16 @@ def link_table(topology: Topology, link_bytes, link_busy, link_cap, time_s: floa
 MODES = ("auto", "symmetric", "full", "per-chip")
 
 
+def check_links_only(scenario: Scenario) -> None:
+    """Refuse the perturbations a collective cannot take: it runs on links, not chips."""
+    if scenario.perturbs_chips or scenario.expert_skew or scenario.capacity_factor:
+        raise TpusimError(
+            "a collective is simulated on links only: --slow-chip, --chip-variation, "
+            "--expert-skew and --capacity-factor do not apply to it; use them with train, "
+            "decode, prefill or replay"
+        )
+
+
 def _slow_links(
     topology: Topology, slow_links: tuple[str, ...] | dict[int, float], scenario: Scenario | None
 ) -> dict[int, float]:
@@ -194,12 +204,7 @@ def _slow_links(
         extra = Scenario(slow_links=tuple(parse_slow_link(s) for s in slow_links))
         slow = extra.slow_link_factors_for(topology)
     if scenario is not None:
-        if scenario.perturbs_chips or scenario.expert_skew or scenario.capacity_factor:
-            raise TpusimError(
-                "a collective is simulated on links only: --slow-chip, --chip-variation, "
-                "--expert-skew and --capacity-factor do not apply to it; use them with train, "
-                "decode, prefill or replay"
-            )
+        check_links_only(scenario)
         for link, f in scenario.slow_link_factors_for(topology).items():
             slow[link] = slow.get(link, 1.0) * f
     return slow

@@ -266,6 +266,21 @@ def test_compare_collectives_with_no_applicable_algorithm_is_an_error(capsys):
     assert err.startswith("tpusim: error: no algorithm applies")
 
 
+@pytest.mark.parametrize("extra, message", [
+    (("--op", "all-gather", "--axes", "x", "--chip-variation", "0.1"),
+     "a collective is simulated on links only: --slow-chip, --chip-variation"),
+    (("--op", "send", "--dst", "1,1"), "--op send needs --src and --dst"),
+    (("--op", "all-gather"), "--op all-gather needs --axes"),
+])
+def test_compare_collectives_names_an_input_wrong_for_every_algorithm_as_it_is(
+        capsys, extra, message):
+    # Not "no algorithm applies ...": the input, not the algorithms, is what to fix.
+    rc, out, err = _run(capsys, "compare-collectives", "--chip", "v5e", "--shape", "4x4",
+                        "--bytes", "1MiB", *extra)
+    assert rc == 2 and out == ""
+    assert err.startswith(f"tpusim: error: {message}"), err
+
+
 # -- presets --------------------------------------------------------------------------------
 def test_presets_json_lists_every_chip_and_slice(capsys):
     d = _json(capsys, "presets")

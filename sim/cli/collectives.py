@@ -45,16 +45,27 @@ def _add_collective_args(p: argparse.ArgumentParser, *, with_algorithm: bool) ->
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def _run_collective(args: argparse.Namespace, algorithm: str, pod=None):
-    from sim.collective_sim import simulate_collective
+def _check_common_inputs(args: argparse.Namespace, topo) -> None:
+    """The inputs wrong for every algorithm alike, so that compare-collectives names them
+    as they are instead of as 'no algorithm applies'."""
+    from sim.collective_sim import check_links_only
 
-    chip, topo = pod or resolve_pod(args)
     if args.op == "send" and (args.src is None or args.dst is None):
         raise TpusimError("--op send needs --src and --dst, e.g. --src 0,0 --dst 3,3")
     if args.op != "send" and not args.axes:
         raise TpusimError(f"--op {args.op} needs --axes, e.g. --axes y or --axes x,y")
     if args.axes:
         split_list(args.axes, "--axes", example="x,y")
+    scenario = scenario_from_args(args, topo)
+    if scenario is not None:
+        check_links_only(scenario)
+
+
+def _run_collective(args: argparse.Namespace, algorithm: str, pod=None):
+    from sim.collective_sim import simulate_collective
+
+    chip, topo = pod or resolve_pod(args)
+    _check_common_inputs(args, topo)
     return simulate_collective(
         chip=chip,
         topology=topo,
@@ -153,6 +164,7 @@ def run_compare(args: argparse.Namespace):
             f"{', '.join(k.value for k in CollectiveKind)}"
         ) from None
     pod = resolve_pod(args)
+    _check_common_inputs(args, pod[1])
     rows = []
     results = []
     for name in progress(algorithm_names(kind), desc="algorithms"):
