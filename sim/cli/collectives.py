@@ -36,10 +36,13 @@ def _add_collective_args(p: argparse.ArgumentParser, *, with_algorithm: bool) ->
     p.add_argument("--dst", help="send: destination chip coordinates, e.g. 3,3")
     p.add_argument("--shift", type=int_flag("--shift", lo=-MAX_CHIPS, hi=MAX_CHIPS), default=1,
                    help="collective-permute: shift by k chips")
-    add_perturbation_args(p)
+    add_perturbation_args(p, description=(
+        "a collective runs on links only: it takes --slow-link, --dead-link and a scenario's "
+        "link entries, and refuses the chip and MoE ones"))
     p.add_argument("--mode", default="auto", choices=["auto", "symmetric", "full", "per-chip"],
-                   help="auto: one representative chip where exact, else full per-link detail; "
-                        "per-chip: every chip and every link of the pod (brute force)")
+                   help="auto (default): one representative chip where exact, else full "
+                        "per-link detail; symmetric or full force one; per-chip: every chip "
+                        "and every link of the pod (brute force)")
     p.add_argument("--chunks", type=int_flag("--chunks", hi=MAX_CHUNKS), default=1,
                    help="pipeline the data in this many chunks so phases overlap (default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -360,5 +363,7 @@ def register(sub) -> None:
     pr.add_argument("--chip", help="one chip: a preset name or a chip YAML file; with --json, "
                                    "print it as a chip file (tpusim presets --json --chip v5p "
                                    "> my.yaml)")
-    pr.add_argument("--json", action="store_true")
+    pr.add_argument("--json", action="store_true",
+                    help="print chips (under the chip YAML keys), the source of every "
+                         "efficiency factor and the slices as one JSON object")
     pr.set_defaults(func=cmd_presets)

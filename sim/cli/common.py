@@ -470,9 +470,10 @@ def check_trace_chips(args: argparse.Namespace, num_chips: int) -> None:
 
 
 # -- perturbations shared by collective, train, decode, prefill and replay ------------------
-def add_perturbation_args(p: argparse.ArgumentParser) -> None:
+def add_perturbation_args(p: argparse.ArgumentParser, *, description: str | None = None) -> None:
     """The scenario flags (see `topologies/scenario.py`); list flags are repeatable."""
-    g = p.add_argument_group("perturbations (repeatable; also in a --scenario YAML)")
+    g = p.add_argument_group("perturbations (repeatable; also in a --scenario YAML)",
+                             description)
     g.add_argument("--scenario", help="scenario YAML file (keys slow_chip, slow_link, dead_link, "
                                       "chip_variation, seed, expert_skew, capacity_factor)")
     g.add_argument("--slow-chip", action="append", default=[], metavar="X,Y[,Z]:FACTOR",
@@ -487,12 +488,15 @@ def add_perturbation_args(p: argparse.ArgumentParser) -> None:
                    metavar="SIGMA",
                    help="every chip's speed drawn from a lognormal, median 1, log-sd SIGMA")
     g.add_argument("--seed", type=_seed_arg, default=None,
-                   help="seed of the --chip-variation draw (default 0)")
+                   help="seed of the --chip-variation draw and of which chips hold the MoE "
+                        "router's hottest experts (default 0)")
     g.add_argument("--expert-skew", type=_float_arg("--expert-skew"), default=None,
-                   metavar="S", help="MoE router imbalance: expert loads drawn Zipf(S)")
+                   metavar="S", help="MoE router imbalance: expert loads drawn Zipf(S) "
+                                     "(default 0: uniform)")
     g.add_argument("--capacity-factor", type=_float_arg("--capacity-factor"), default=None,
                    metavar="C", help="MoE expert capacity (tokens above it are dropped); C in "
-                                     "(0, 1e6], at least one token per expert")
+                                     "(0, 1e6], at least one token per expert (default: "
+                                     "dropless)")
 
 
 # The ranges `Scenario` and `MoeConfig` check (and say in their errors).
@@ -569,7 +573,8 @@ def add_step_perturbation_args(p: argparse.ArgumentParser) -> None:
     """The perturbation flags plus the step engine's `--mode` (train, replay, decode, prefill)."""
     add_perturbation_args(p)
     p.add_argument("--mode", default="auto", choices=["auto", "per-chip"],
-                   help="auto: chips whose whole step is identical are simulated once (exact); "
+                   help="auto (default): chips whose whole step is identical are simulated "
+                        "once (exact); "
                         "per-chip: one actor per chip, every chip's links its own (the oracle)")
 
 

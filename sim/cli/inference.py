@@ -31,10 +31,13 @@ def _add_inference_args(p: argparse.ArgumentParser, *, batch: bool = True,
     p.add_argument("--model", required=True, help="zoo name (llama3-70b, ...) or a model YAML")
     if batch:
         p.add_argument("--batch", type=int_flag("--batch", hi=MAX_BATCH), required=True,
-                       help="sequences decoded together")
+                       help="sequences decoded together" if context_required
+                       else "prompts prefilled together")
     p.add_argument("--context-len", type=int_flag("--context-len", hi=MAX_TOKENS),
                    required=context_required,
-                   help="tokens in each sequence's KV cache (prefill: default --prompt-len)")
+                   help="tokens in each sequence's KV cache" if context_required
+                   else "tokens in each sequence's KV cache after the prefill (default: "
+                        "--prompt-len; more reserves room for the tokens decoded next)")
     p.add_argument("--mesh", required=True,
                    help="logical mesh over data, tensor, expert and fsdp, e.g. tensor=8 or "
                         "data=2,tensor=4. fsdp=X,tensor=YZ selects 2D weight-stationary "

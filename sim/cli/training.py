@@ -44,7 +44,7 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
                    help="none, minimal, full (default), offload, qkv-offload or qkvo-offload")
     p.add_argument("--attention", default="flash", help="flash (default) or dot")
     p.add_argument("--microbatches", type=int_flag("--microbatches", hi=MAX_CHUNKS), default=1,
-                   help="gradient accumulation steps")
+                   help="gradient accumulation steps (default 1)")
     p.add_argument("--param-dtype", default="bf16",
                    help="dtype of the stored weights and their update (default bf16)")
     p.add_argument("--grad-dtype", default="bf16",
@@ -601,7 +601,8 @@ def _trace_command(help_text: str, func):
             sub, name, help_text, func, set_scope=("chip", "topology", "collective"),
             positional=("trace", "a file written by `tpusim compile` (or `import-hlo -o`), or "
                                  "XLA's compiled HLO text (PROGRAM.txt, .gz accepted)"))
-        p.add_argument("--no-overlap", action="store_true")
+        p.add_argument("--no-overlap", action="store_true",
+                       help="collectives block compute (what-if: no async overlap)")
         cli.add_output_args(p, trace_chips=True)
         cli.add_step_perturbation_args(p)
 
