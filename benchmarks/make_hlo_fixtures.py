@@ -6,6 +6,16 @@ jax is not a tpusim dependency (optional extra `[hlo]`): run this with a throwaw
     python3.11 -m venv /work/hlo-venv && /work/hlo-venv/bin/pip install "jax[tpu]==0.10.2"
     /work/hlo-venv/bin/python benchmarks/make_hlo_fixtures.py [--only NAME] [--out DIR]
 
+The same program on a bigger slice (what XLA compiles there, for `tpusim replay`):
+
+    /work/hlo-venv/bin/python benchmarks/make_hlo_fixtures.py --only train_fsdp_tp_v5p64 \
+        --topology v5p:8x8x8 --mesh fsdp=64,tensor=8 --out big/
+    tpusim replay big/train_fsdp_tp_v5p64.v5p-8x8x8.hlo.txt.gz --slice v5p-1024
+
+(`--topology` is jax's TPU topology name, GEN:AxBxC; `--mesh` the program's mesh axes, each a
+product of whole physical axes, as `jax.experimental.topologies.make_mesh` requires. The file
+is named after the program and the topology. A program of your own: copy `build`'s pattern.)
+
 Each fixture is gzipped (`NAME.hlo.txt.gz`; tpusim reads `.gz` directly) and holds
 `compiled.as_text()` (the scheduled, TPU-optimized module) with two edits that
 carry no cost information, to keep the fixtures small: `metadata={...}` attributes and the
@@ -64,13 +74,23 @@ FIXTURES = {
 }
 
 
-def build(name: str, keep_metadata: bool) -> str:
+def build(name: str, keep_metadata: bool, *, topology: str | None = None,
+          mesh_axes: dict[str, int] | None = None) -> str:
+    """The HLO text of fixture `name`'s program, compiled for its own topology and mesh or for
+    `topology` and `mesh_axes` (the same program on another slice)."""
     _xla.init_jax()
     import jax
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
 
-    cfg = FIXTURES[name]
+    cfg = dict(FIXTURES[name])
+    if topology:
+        cfg["topology"] = topology
+    if mesh_axes:
+        if set(mesh_axes) != set(cfg["mesh"]):
+            raise SystemExit(f"--mesh {mesh_axes}: {name}'s program shards over the axes "
+                             f"{sorted(cfg['mesh'])}; give a size to each of them")
+        cfg["mesh"] = mesh_axes
     n_layers = cfg["layers"]
     mesh, devices = _xla.build_mesh(cfg["topology"], cfg["mesh"])
     n_chips = devices.size
@@ -130,17 +150,28 @@ def main() -> int:
     ap.add_argument("--out", default=str(REPO / "tests" / "fixtures" / "hlo"))
     ap.add_argument("--bench-out", default="/tmp", help="where the benchmark module goes")
     ap.add_argument("--keep-metadata", action="store_true")
+    ap.add_argument("--topology", help="compile for this TPU topology instead, e.g. v5p:8x8x8 "
+                                       "(the file is named NAME.v5p-8x8x8.hlo.txt.gz)")
+    ap.add_argument("--mesh", help="with --topology: the program's mesh axes there, e.g. "
+                                   "fsdp=64,tensor=8 (default: the fixture's)")
     args = ap.parse_args()
     names = args.only.split(",") if args.only else list(FIXTURES)
+    mesh_axes = None
+    if args.mesh:
+        if not args.topology:
+            raise SystemExit("--mesh goes with --topology (the fixtures keep their own mesh)")
+        mesh_axes = {k.strip(): int(v) for k, v in
+                     (item.split("=") for item in args.mesh.split(","))}
     for name in names:
-        text = build(name, args.keep_metadata)
+        text = build(name, args.keep_metadata, topology=args.topology, mesh_axes=mesh_axes)
         out = Path(args.bench_out if FIXTURES[name].get("bench") else args.out)
         out.mkdir(parents=True, exist_ok=True)
+        stem = f"{name}.{args.topology.replace(':', '-')}" if args.topology else name
         if FIXTURES[name].get("bench"):
-            path = out / f"{name}.hlo.txt"
+            path = out / f"{stem}.hlo.txt"
             path.write_text(text)
         else:
-            path = out / f"{name}.hlo.txt.gz"
+            path = out / f"{stem}.hlo.txt.gz"
             # mtime=0: the same program gives byte-identical fixtures.
             path.write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
         print(f"wrote {path} ({len(text) / 1024:.0f} KiB of text)", flush=True)
