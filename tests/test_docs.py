@@ -22,10 +22,8 @@ REPO = Path(__file__).resolve().parent.parent
 # benchmark scripts', not tpusim's.
 DOCS = [REPO / "README.md", *sorted(p for p in (REPO / "docs").glob("*.md")
                                     if p.name != "validation.md")]
-# Flags the README names that belong to other programs: XLA's and libtpu's (written with
-# underscores, `--xla_dump_to`) are matched whole below and never look like tpusim's; these
-# are the benchmark scripts' and pytest's.
-NOT_TPUSIM = {"--write", "--nbmake"}
+# A flag: XLA's and libtpu's, written with underscores (`--xla_dump_to`), are matched whole
+# and never look like tpusim's.
 _FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*(?![\w])")
 
 
@@ -121,10 +119,22 @@ def _cli_flags() -> dict[str, set[str]]:
     return flags
 
 
+def _without_other_programs(text: str) -> str:
+    """`text` without the command lines and code spans of other programs (the benchmark
+    scripts', pytest's), whose flags are theirs."""
+    def block(m: re.Match) -> str:
+        lines = m.group(0).replace("\\\n", " ").splitlines()
+        return "\n".join(ln for ln in lines
+                         if not re.match(r"\s*(?:\S*python\S*|make|pytest)\s", ln))
+
+    text = re.sub(r"^```[a-z]*\n.*?^```", block, text, flags=re.S | re.M)
+    return re.sub(r"`\S*(?:python|pytest)\S* [^`]*`", "", text)
+
+
 def test_every_flag_the_readme_names_is_a_flag_of_some_command():
     cli = _cli_flags()
-    text = (REPO / "README.md").read_text()
-    named = set(_FLAG.findall(text)) - NOT_TPUSIM
+    text = _without_other_programs((REPO / "README.md").read_text())
+    named = set(_FLAG.findall(text))
     assert not named - set(cli), f"README names flags no command has: {sorted(named - set(cli))}"
 
 
