@@ -1459,8 +1459,9 @@ def _dense_v6e_effect(good: list[Prediction]) -> list[str]:
         f"{abs(base_even - ar_even):.4f} from `auto`'s: the data cannot tell the two apart, "
         "and the compiles decide for `auto`."
         + v5_txt + "\n"
-        "    * *Checked before the rule was adopted, and not the cause of the fast dense runs* "
-        "(2026-12-01, with the reduce-scatters). *HBM traffic of the collectives:* tpusim "
+        "    * *Ruled out before the rule explained the dense runs' fast predictions* (checked "
+        "by hand on the runs rebuilt with reduce-scatters; this script does not recompute "
+        "these numbers). *HBM traffic of the collectives:* tpusim "
         "charges a collective's DMA to HBM (a chip reads what it sends and writes what it "
         "receives, a reduce-scatter step also reads its partial sum: about 2 V per "
         "all-gather and 3 V per reduce-scatter), shared max-min with the compute ops; at the "
@@ -1472,7 +1473,7 @@ def _dense_v6e_effect(good: list[Prediction]) -> list[str]:
         "27.18 ms without). *ICI bandwidth:* a layer's weight gather at the textbook's "
         "two-axis rate takes about a quarter of the layer's forward matmuls at 6,144 tokens "
         "per chip (gpt3-175b) and less at more tokens; lowering `ici_efficiency` worsens the "
-        "fit (the scan above).")
+        "fit (the scan under \"Fitting the efficiency factors\").")
     return text.split("\n")
 
 
