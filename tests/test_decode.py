@@ -593,3 +593,16 @@ def test_a_prefill_too_large_for_one_program_names_its_chunks_and_layers(monkeyp
     with pytest.raises(TpusimError, match=r"more than 200 ops.*--prompt-len 256 in 16 chunks "
                                           r"of --prefill-chunk 16 x 2 layers build it"):
         decode.compile_prefill(model, parse_mesh("tensor=4"), 4, cfg)
+
+
+def test_serve_sweep_names_its_files_without_a_doubled_slash(tmp_path, capsys):
+    # `--out DIR/` as a shell completes it: the report names DIR/serve_sweep.csv, not DIR//.
+    from sim.cli import main as _main
+
+    out = tmp_path / "sweep"
+    rc = _main(["serve-sweep", "--chip", "v5e", "--shape", "2x2", "--model", "llama3-8b",
+                "--context-len", "1024", "--mesh", "tensor=4", "--batches", "1",
+                "--out", f"{out}/"])
+    text = capsys.readouterr().out
+    assert rc == 0 and (out / "serve_sweep.csv").exists()
+    assert f"wrote {out}/serve_sweep.csv, serve_sweep_pareto.png and summary.json" in text

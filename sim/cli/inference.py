@@ -456,7 +456,8 @@ def cmd_serve_sweep(args: argparse.Namespace) -> int:
     for label, b in max_b.items():
         print(f"largest batch that fits{' (' + label + ')' if several else ''}: {b}")
     if args.out:
-        print(f"wrote {args.out}/serve_sweep.csv, serve_sweep_pareto.png and summary.json")
+        print(f"wrote {cli.show_path(args.out)}/serve_sweep.csv, serve_sweep_pareto.png and "
+              "summary.json")
     return 0
 
 

@@ -37,8 +37,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     df = run_study(study, cfg)
     failed = int(df[ERROR_COLUMN].notna().sum())
     metrics = [m for m in study.metrics if m in df.columns]
-    print(f"{len(df)} points ({failed} failed) -> {args.out}/results.parquet, results.csv, "
-          f"study.json" + (", plots" if study.plots else ""))
+    print(f"{len(df)} points ({failed} failed) -> {cli.show_path(args.out)}/results.parquet, "
+          "results.csv, study.json" + (", plots" if study.plots else ""))
     if metrics:
         import pandas as pd
 
@@ -206,7 +206,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
               f"{r.hbm_peak_bytes / 1e9:>7.1f}  {r.bound}")
     print(f"  best: {res.explanation}")
     if args.out:
-        print(f"  wrote {args.out}/candidates.csv, candidates.parquet, summary.json, frontier.png")
+        print(f"  wrote {cli.show_path(args.out)}/candidates.csv, candidates.parquet, "
+              "summary.json, frontier.png")
     return 0
 
 
