@@ -1360,7 +1360,9 @@ def explain(ranked: list[dict[str, Any]]) -> str:
                 f"{r['microbatches']} microbatches" if r["microbatches"] != w["microbatches"]
                 else ""]
         what = ", ".join(x for x in what if x) or "the same layout with other dtypes"
-        text += f"; {gain:.1%} faster than the runner-up ({what})"
+        # Equal layouts placed differently often tie: "0.0% faster" would read as a margin.
+        text += (f"; {gain:.1%} faster than the runner-up ({what})" if f"{gain:.1%}" != "0.0%"
+                 else f"; as fast as the runner-up to within 0.05% ({what})")
     return text
 
 

@@ -15,6 +15,7 @@ from sim.hardware import get_chip
 from sim.planner import (
     PlanConfig,
     enumerate_candidates,
+    explain,
     lower_bounds,
     pipeline_bounds,
     refine_and_run,
@@ -726,3 +727,14 @@ def test_a_prefix_run_has_the_full_runs_chip_classes_so_the_watch_applies_to_bot
         else:  # a link no collective uses: one class per stage, both watched, one verdict
             assert full.exceeded and pre.exceeded and not pre.prefix_ended
             assert (pre.time_s, pre.level_bytes) == (full.time_s, full.level_bytes)
+
+
+def test_explanation_says_a_tie_with_the_runner_up_is_a_tie():
+    def row(mesh, placement, t):
+        return {"mesh": mesh, "placement": placement, "remat": "full", "microbatches": 1,
+                "step_time_s": t, "bound": "compute (MXU) 99%"}
+
+    tie = explain([row("fsdp=64", "fsdp=x+y+z", 10.0), row("fsdp=64", "fsdp=z+y+x", 10.004)])
+    assert tie.endswith("; as fast as the runner-up to within 0.05% (placement fsdp=z+y+x)")
+    win = explain([row("fsdp=64", "fsdp=x+y+z", 10.0), row("fsdp=16,tensor=4", "t", 10.5)])
+    assert win.endswith("; 5.0% faster than the runner-up (fsdp=16,tensor=4)")
