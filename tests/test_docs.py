@@ -149,3 +149,19 @@ def test_every_flag_of_every_command_has_help_and_is_documented():
             assert action.help, f"tpusim {name} {opts} has no --help text"
             assert documented & set(action.option_strings), (
                 f"tpusim {name} {opts} is in no README.md or docs/*.md")
+
+
+def test_every_flag_with_a_default_value_states_it_in_its_help():
+    # A flag that is not given still runs with a value; the user reads it in --help. Switches,
+    # repeatable flags and flags whose absence means "none" (None, "") have nothing to state.
+    missing = set()
+    for name, sp in _commands().items():
+        for action in sp._actions:
+            if (not action.option_strings or action.required or not action.default
+                    or isinstance(action, (argparse._StoreTrueAction, argparse._AppendAction,
+                                           argparse._HelpAction))):
+                continue
+            if "default" not in (action.help or ""):
+                missing.add(f"tpusim {name} {'/'.join(action.option_strings)} "
+                            f"(default {action.default!r})")
+    assert not missing, "\n".join(sorted(missing))

@@ -35,7 +35,7 @@ def _add_collective_args(p: argparse.ArgumentParser, *, with_algorithm: bool) ->
     p.add_argument("--src", help="send: source chip coordinates, e.g. 0,0")
     p.add_argument("--dst", help="send: destination chip coordinates, e.g. 3,3")
     p.add_argument("--shift", type=int_flag("--shift", lo=-MAX_CHIPS, hi=MAX_CHIPS), default=1,
-                   help="collective-permute: shift by k chips")
+                   help="collective-permute: shift by k chips (default 1)")
     add_perturbation_args(p, description=(
         "a collective runs on links only: it takes --slow-link, --dead-link and a scenario's "
         "link entries, and refuses the chip and MoE ones"))

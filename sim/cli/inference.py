@@ -490,7 +490,8 @@ def _register_sweep(sub, name: str) -> None:
                    help=f"comma-separated batch sizes (default {_DEFAULT_BATCHES}); --mesh may "
                         f"list several meshes separated by ';' and --weight-dtype/--kv-dtype "
                         f"several dtypes separated by ',' to sweep them too")
-    p.add_argument("--out", help="write serve_sweep.csv and serve_sweep_pareto.png here")
+    p.add_argument("--out", help="write serve_sweep.csv, serve_sweep_pareto.png and "
+                                  "summary.json here")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
