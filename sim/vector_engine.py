@@ -52,6 +52,38 @@ E_CORE, E_FLUID, E_CADM, E_CEND, E_PCIE = range(5)
 _rng = np.random.default_rng(12345)
 
 
+# Collective candidate rows (`VectorRun._coll_row`): "keep" them until they change; "check"
+# also compares every kept row with a fresh one; "recompute" them all at every event (the
+# engine before rows were kept). The last two are for tests.
+_ROWS = "keep"
+
+
+def _sliced_row(row, idx):
+    """A kept candidate row (`VectorRun._coll_row`) restricted to the chips `idx`."""
+    t, bad = row
+    if bad is None:
+        return t[idx], None
+    b = bad[idx]
+    if not b.any():
+        return t[idx], None
+    if t is None or b.all():
+        return None, b
+    return t[idx], b
+
+
+def _check_row(kept, fresh, j) -> None:
+    def full(row):
+        t, bad = row
+        n = len(t) if t is not None else len(bad)
+        return (np.full(n, np.inf) if t is None else t,
+                np.zeros(n, dtype=bool) if bad is None else bad)
+
+    (t0, b0), (t1, b1) = full(kept), full(fresh)
+    if not (np.array_equal(t0, t1) and np.array_equal(b0, b1)):
+        raise RuntimeError(f"invariant violated: the kept candidate row of collective {j} is "
+                           "stale")
+
+
 class _Kind:
     """What the chips of a vector share: program, op scales and the cost of each collective."""
 
@@ -153,7 +185,7 @@ class _Kind:
 
 class _Vec:
     __slots__ = ("kind", "a", "core_i", "core_phase", "coll", "fluid", "left", "dh", "pq",
-                 "pcur", "key", "dead", "id", "skey", "cand", "blocked")
+                 "pcur", "key", "dead", "id", "skey", "cand", "blocked", "crow")
 
     def copy_state(self, other):
         self.kind = other.kind
@@ -219,6 +251,7 @@ class VectorRun:
         v.skey = None
         v.cand = None
         v.blocked = False
+        v.crow = {}
         v.id = self._seq
         self._seq += 1
         self.vecs[v.id] = v
@@ -245,7 +278,10 @@ class VectorRun:
         out = []
         for c in vals.tolist():
             idx = np.flatnonzero(codes == c)
-            out.append((c, self._new(v, {k: x[idx] for k, x in v.a.items()}), idx))
+            p = self._new(v, {k: x[idx] for k, x in v.a.items()})
+            # A collective's row is elementwise in the chips: the part's rows are the parent's.
+            p.crow = {j: _sliced_row(row, idx) for j, row in v.crow.items()}
+            out.append((c, p, idx))
         return out
 
     def _state_key(self, v: _Vec) -> tuple:
@@ -296,23 +332,23 @@ class VectorRun:
         if v.pcur >= 0:
             labels.append((E_PCIE, v.pcur))
             rows.append(a["pcie_t"])
+        crow = v.crow
         for j, ph in v.coll.items():
-            if ph == K_ARR:
-                g = a[f"g{j}"]
-                ok = self.acnt[j][g] == self.gsize[j]
-                t = np.where(ok, self.amax[j][g] + v.kind.coll[j][2], np.inf)
-                labels.append((E_CADM, j))
+            if ph != K_ARR and ph != K_DRN:
+                continue
+            row = crow.get(j)
+            if row is None:
+                row = self._coll_row(v, j, ph)
+                if _ROWS != "recompute":
+                    crow[j] = row
+            elif _ROWS == "check":
+                _check_row(row, self._coll_row(v, j, ph), j)
+            t, bad = row
+            if t is not None:
+                labels.append((E_CADM if ph == K_ARR else E_CEND, j))
                 rows.append(t)
-                if not ok.all():
-                    unres.append((j, K_ARR, ~ok, g))
-            elif ph == K_DRN:
-                g = a[f"g{j}"]
-                ok = self.dcnt[j][g] == self.gsize[j]
-                t = np.where(ok, self.dmax[j][g], np.inf)
-                labels.append((E_CEND, j))
-                rows.append(t)
-                if not ok.all():
-                    unres.append((j, K_DRN, ~ok, g))
+            if bad is not None:
+                unres.append((j, ph, bad, a[f"g{j}"]))
         if not rows:
             return np.full(k, np.inf), labels, None, unres, math.inf
         m = np.array(rows) if len(rows) > 1 else rows[0][None, :]
@@ -321,6 +357,28 @@ class VectorRun:
         if key != key:  # pragma: no cover - NaN
             raise RuntimeError("invariant violated: a NaN event time")
         return tmin, labels, m, unres, key
+
+    def _coll_row(self, v: _Vec, j: int, ph: int):
+        """Collective `j`'s candidate row for `v` in phase `ph`: (each chip's start (K_ARR) or
+        end (K_DRN) time, inf where its group's rendezvous is unresolved; None if unresolved
+        for every chip), and the unresolved chips' mask (None if none). A resolved group's time
+        is final (all its members are in), so the row changes only when one of the vector's
+        groups resolves (`_wake` drops it) or the vector's phase at `j` changes: it is kept in
+        `v.crow` until then instead of being recomputed at every event."""
+        g = v.a[f"g{j}"]
+        if ph == K_ARR:
+            ok = self.acnt[j][g] == self.gsize[j]
+            if ok.all():
+                return self.amax[j][g] + v.kind.coll[j][2], None
+            if not ok.any():
+                return None, ~ok
+            return np.where(ok, self.amax[j][g] + v.kind.coll[j][2], np.inf), ~ok
+        ok = self.dcnt[j][g] == self.gsize[j]
+        if ok.all():
+            return self.dmax[j][g], None
+        if not ok.any():
+            return None, ~ok
+        return np.where(ok, self.dmax[j][g], np.inf), ~ok
 
     def _lower_bound(self, j, ph, g, T):
         if ph == K_ARR:
@@ -489,10 +547,12 @@ class VectorRun:
                 a[f"v{j}"] = np.zeros(len(t))
                 v.fluid.append(j)
                 v.coll[j] = K_FLU
+                v.crow.pop(j, None)
                 done_now = self._resched(v, t)
         elif kind == E_CEND:
             del v.coll[j]
             del a[f"g{j}"]
+            v.crow.pop(j, None)
             self.waiters.get(j, set()).discard(v.id)
             if not self.overlap:
                 v.core_phase = C_WAIT
@@ -689,6 +749,7 @@ class VectorRun:
         np.add.at(self.acnt[j], g, 1)
         np.maximum.at(self.amax[j], g, t)
         v.coll[j] = K_ARR
+        v.crow.pop(j, None)
         self.waiters.setdefault(j, set()).add(v.id)
         self.atot[j] = self.atot.get(j, 0) + len(chips)
         if self.atot[j] >= self.N:
@@ -708,6 +769,7 @@ class VectorRun:
         np.add.at(self.dcnt[j], g, 1)
         np.maximum.at(self.dmax[j], g, t)
         v.coll[j] = K_DRN
+        v.crow.pop(j, None)
         full = self.dcnt[j][g] == self.gsize[j]
         if full.any():
             self._wake(j, v, K_DRN, g[full])
@@ -722,6 +784,7 @@ class VectorRun:
             if w is None or w is skip or w.dead or w.coll.get(j) != phase:
                 continue
             if mask[w.a[f"g{j}"]].any():
+                w.crow.pop(j, None)
                 self._push(w)
 
     # -- lower bounds of arrivals at open rendezvous ----------------------------------------

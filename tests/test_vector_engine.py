@@ -195,3 +195,39 @@ def test_a_compute_op_beside_a_link_bound_gather_runs_at_its_mxu_time_on_every_e
         # HBM stays busy (the gather's traffic) for over twice the matmul's time: sharing it in
         # proportion to bytes in flight would have held the matmul back that long.
         assert (r.chips.hbm_busy_s.to_numpy() > 2 * t_c / speed).all()
+
+
+def test_kept_collective_candidate_rows_equal_recomputed_ones_and_give_the_same_step(
+        monkeypatch):
+    # Each vector keeps its candidate row of every collective in flight (its start or end time
+    # per chip) until a rendezvous of it resolves or the vector's phase there changes, instead
+    # of recomputing every row at every event. On 64 chips, each its own speed, with one
+    # gather and one reduction per weight matrix in flight: every kept row, whenever it is
+    # used, equals a fresh one ("check" raises otherwise), and the step is bit for bit the one
+    # that recomputes them all, with far fewer rows computed.
+    import sim.vector_engine as ve
+
+    chip, topo, trace = _setup("4x4x4")
+    speed = np.random.default_rng(3).lognormal(0.0, 0.02, topo.num_chips)
+    built = {"n": 0}
+    fresh_row = ve.VectorRun._coll_row
+
+    def counted(self, v, j, ph):
+        built["n"] += 1
+        return fresh_row(self, v, j, ph)
+
+    monkeypatch.setattr(ve.VectorRun, "_coll_row", counted)
+    runs = {}
+    for mode in ("recompute", "check", "keep"):
+        monkeypatch.setattr(ve, "_ROWS", mode)
+        built["n"] = 0
+        r = simulate_chips(trace, chip, topo, config=PerChipConfig(speed=speed, vector=True))
+        runs[mode] = (r, built["n"])
+    (ref, n_ref), (chk, _), (kept, n_kept) = runs["recompute"], runs["check"], runs["keep"]
+    for r in (chk, kept):
+        assert r.step_time_s == ref.step_time_s
+        np.testing.assert_array_equal(r.chips.finish_s, ref.chips.finish_s)
+        np.testing.assert_array_equal(r.chips.collective_wait_s, ref.chips.collective_wait_s)
+        assert r.sim_events == ref.sim_events
+        assert r._vector_stats == ref._vector_stats
+    assert n_kept < n_ref / 2
