@@ -165,3 +165,16 @@ def test_every_flag_with_a_default_value_states_it_in_its_help():
                 missing.add(f"tpusim {name} {'/'.join(action.option_strings)} "
                             f"(default {action.default!r})")
     assert not missing, "\n".join(sorted(missing))
+
+
+def test_readme_names_every_zoo_model_and_no_other():
+    from workloads.models import MODELS
+
+    text = (REPO / "README.md").read_text()
+    bullet = text[text.index("* a zoo name:"):text.index("* or a YAML file")]
+    named = set()
+    for span in re.findall(r"`([a-z0-9.]+-[a-z0-9./]+)`", bullet):
+        head, _, rest = span.partition("-")
+        # `llama2-7b/13b/70b` is llama2-7b, llama2-13b and llama2-70b.
+        named |= {f"{head}-{size}" for size in rest.split("/")}
+    assert named == set(MODELS.names())
