@@ -378,7 +378,8 @@ def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: i
                     capacity_factor: float, seq: int, num_heads: int, head_dim: int,
                     num_layers: int, vocab_size: int, scopes: bool = False,
                     optimizer: str = "sgd", final_norm: bool = False,
-                    router: str = "f32"):
+                    router: str = "f32", num_kv_heads: int | None = None,
+                    batch_per_chip: int = 1, attention_block: int = 0):
     """A MaxText-style dropping MoE decoder's SGD training step, lowered (MaxText
     `RoutedMoE.dense_matmul` with a capacity factor: one-hot dispatch and combine masks [batch,
     seq, experts, capacity], the einsums `BSM,BSEC->EBCM` and `EBCM,BSEC->BSM`, experts over
@@ -395,7 +396,14 @@ def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: i
     "layer0" (the scanned body; "norm", "attention" (the core) and "router" (gating and masks)
     inside), "head" and "sgd". optimizer: "sgd" (the update in bf16, no state) or "adam" (f32
     moments shaped and sharded as the weights, donated, as `Decoder.train_step`: the peak-HBM
-    comparison)."""
+    comparison). num_kv_heads: grouped-query attention with that many key/value heads (default:
+    num_heads, plain multi-head). batch_per_chip: sequences per chip (capacity is per sequence,
+    as MaxText's). num_experts=0: the same decoder with a dense SwiGLU MLP of d_ff in place of
+    the MoE (weights [d_model, d_ff] / [d_ff, d_model], d_model over fsdp x expert; no router):
+    the dense half of a matched pair (`xla_moe_pair.py`). attention_block: causal attention
+    in blocks of that many queries, each against the keys up to its last query and under its
+    own `jax.checkpoint` (as a flash kernel skips the masked blocks and keeps no scores): what
+    lets the runs' batches of long sequences fit a chip (0: one [seq, seq] score matrix)."""
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
@@ -403,9 +411,12 @@ def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: i
 
     D, F, E, K, CF, SEQ = d_model, d_ff, num_experts, top_k, capacity_factor, seq
     H, HD, L, V = num_heads, head_dim, num_layers, vocab_size
+    KV = H if num_kv_heads is None else num_kv_heads
     n = mesh.devices.size
     bf = jnp.bfloat16
-    cap = int(max(-(-SEQ * K // E) * CF, CF))  # MaxText generate_masks, per sequence
+    dense = E == 0
+    # MaxText generate_masks, per sequence
+    cap = 0 if dense else int(max(-(-SEQ * K // E) * CF, CF))
 
     def scope(name):
         return jax.named_scope(name) if scopes else contextlib.nullcontext()
@@ -420,13 +431,17 @@ def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: i
     # MaxText's logical-axis rules: a weight's `embed` dimension goes to fsdp and expert, except
     # the routed experts' (`embed_no_exp`: fsdp only; their `exp` dimension takes expert).
     fe = ("fsdp", "expert")
-    lw = {"wq": ((D, H * HD), P(fe, None)), "wk": ((D, H * HD), P(fe, None)),
-          "wv": ((D, H * HD), P(fe, None)), "wo": ((H * HD, D), P(None, fe)),
-          "gate": ((D, E), P(fe, None)),
-          "w0": ((E, D, F), P("expert", "fsdp", None)),
-          "w1": ((E, D, F), P("expert", "fsdp", None)),
-          "wout": ((E, F, D), P("expert", None, "fsdp")),
+    lw = {"wq": ((D, H * HD), P(fe, None)), "wk": ((D, KV * HD), P(fe, None)),
+          "wv": ((D, KV * HD), P(fe, None)), "wo": ((H * HD, D), P(None, fe)),
           "n1": ((D,), P(None)), "n2": ((D,), P(None))}
+    if dense:
+        lw.update({"w0": ((D, F), P(fe, None)), "w1": ((D, F), P(fe, None)),
+                   "wout": ((F, D), P(None, fe))})
+    else:
+        lw.update({"gate": ((D, E), P(fe, None)),
+                   "w0": ((E, D, F), P("expert", "fsdp", None)),
+                   "w1": ((E, D, F), P("expert", "fsdp", None)),
+                   "wout": ((E, F, D), P("expert", None, "fsdp"))})
     params = {"layers": [{k: sds(s, p) for k, (s, p) in lw.items()} for _ in range(L)],
               "embed": sds((V, D), P(None, fe)), "unembed": sds((D, V), P(fe, None))}
     if final_norm:
@@ -459,6 +474,8 @@ def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: i
         return comb.astype(bool), comb
 
     def moe(x, w):
+        if dense:
+            return (jax.nn.silu(x @ w["w0"]) * (x @ w["w1"])) @ w["wout"]
         with scope("router"):
             if router == "maxtext":
                 disp, comb = maxtext_masks(jnp.einsum("bsm,me->bse", x, w["gate"]))
@@ -482,16 +499,43 @@ def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: i
         o = jax.lax.with_sharding_constraint(o, ns(P("expert", "fsdp", None, None)))
         return jax.lax.with_sharding_constraint(jnp.einsum("ebcm,bsec->bsm", o, comb), ns(act))
 
+    def attend(q, k, v, q0):
+        # Causal GQA attention of the queries starting at position q0 against the keys before
+        # and among them.
+        b, s, t = q.shape[0], q.shape[1], k.shape[1]
+        q = q.reshape(b, s, KV, H // KV, HD)
+        sc = jnp.einsum("bskgd,btkd->bkgst", q, k).astype(jnp.float32)
+        mask = (q0 + jnp.arange(s))[:, None] >= jnp.arange(t)[None, :]
+        sc = jnp.where(mask, sc, -1e30)
+        p = jax.nn.softmax(sc, -1).astype(bf)
+        return jnp.einsum("bkgst,btkd->bskgd", p, v).reshape(b, s, H * HD)
+
+    def blocked_attention(q, k, v, blk):
+        outs = []
+        for q0 in range(0, q.shape[1], blk):
+            f = jax.checkpoint(lambda q, k, v, q0=q0: attend(q, k, v, q0))
+            outs.append(f(q[:, q0:q0 + blk], k[:, :q0 + blk], v[:, :q0 + blk]))
+        return jnp.concatenate(outs, axis=1)
+
     def attn(y, w):
         b, s, _ = y.shape
         q = (y @ w["wq"]).reshape(b, s, H, HD)
-        k = (y @ w["wk"]).reshape(b, s, H, HD)
-        v = (y @ w["wv"]).reshape(b, s, H, HD)
+        k = (y @ w["wk"]).reshape(b, s, KV, HD)
+        v = (y @ w["wv"]).reshape(b, s, KV, HD)
         with scope("attention"):
-            sc = jnp.einsum("bshd,bthd->bhst", q, k).astype(jnp.float32)
-            sc = jnp.where(jnp.tril(jnp.ones((s, s), bool)), sc, -1e30)
-            p = jax.nn.softmax(sc, -1).astype(bf)
-            o = jnp.einsum("bhst,bthd->bshd", p, v).reshape(b, s, H * HD)
+            if attention_block:
+                o = blocked_attention(q, k, v, attention_block)
+            elif KV == H:
+                sc = jnp.einsum("bshd,bthd->bhst", q, k).astype(jnp.float32)
+                sc = jnp.where(jnp.tril(jnp.ones((s, s), bool)), sc, -1e30)
+                p = jax.nn.softmax(sc, -1).astype(bf)
+                o = jnp.einsum("bhst,bthd->bshd", p, v).reshape(b, s, H * HD)
+            else:  # grouped-query, as `Decoder.attention`
+                q = q.reshape(b, s, KV, H // KV, HD)
+                sc = jnp.einsum("bskgd,btkd->bkgst", q, k).astype(jnp.float32)
+                sc = jnp.where(jnp.tril(jnp.ones((s, s), bool)), sc, -1e30)
+                p = jax.nn.softmax(sc, -1).astype(bf)
+                o = jnp.einsum("bkgst,btkd->bskgd", p, v).reshape(b, s, H * HD)
         return o @ w["wo"]
 
     def norm(x, w):
@@ -531,7 +575,7 @@ def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: i
                                               * jax.lax.rsqrt(b + 1e-8)).astype(bf), p, m1, m2)
         return loss, p, m1, m2
 
-    tok = sds((n, SEQ), P(batch, None), jnp.int32)
+    tok = sds((n * batch_per_chip, SEQ), P(batch, None), jnp.int32)
     if optimizer == "adam":
         mom = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, jnp.float32,
                                                           sharding=s.sharding), params)

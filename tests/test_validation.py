@@ -392,3 +392,27 @@ def test_dcn_schedule_reader_tells_carried_from_blocking_cross_slice_all_reduces
         ("send.3", "entry", 2 * 64 * 4),
     ]
     assert s["ici"] == {("all-reduce", "sync"): 1, ("all-gather", "async"): 1}
+
+
+def test_moe_pair_programs_are_the_matched_runs_widths_layers_batches_and_mesh(vm, loaded):
+    # xla_moe_pair.py compiles the dense / MoE matched pair (effect 3) at each run's widths,
+    # routing and sequences per chip, on the runs' v6e 16x16 with fsdp=256.
+    mod = load_benchmark("xla_moe_pair")
+    cases, _ = loaded
+    by_id = {c.id: c for c in cases}
+    assert mod.TOPOLOGY == "v6e:16x16" and mod.MESH == {"fsdp": 256, "expert": 1}
+    for p in mod.PAIR.values():
+        c = by_id[p["run"]]
+        m = c.model
+        assert (p["d_model"], p["num_heads"], p["num_kv_heads"], p["head_dim"],
+                p["vocab_size"]) == (m.d_model, m.num_heads, m.num_kv_heads, m.head_dim,
+                                     m.vocab_size)
+        assert p["num_experts"] == m.num_experts
+        if m.num_experts:
+            assert (p["d_ff"], p["top_k"], p["capacity_factor"]) == (
+                m.expert_d_ff, m.experts_per_token, c.capacity_factor)
+        else:
+            assert p["d_ff"] == m.d_ff and c.capacity_factor is None
+        assert (p["run_layers"], p["run_batch"], mod.SEQ) == (m.num_layers, c.batch_per_chip,
+                                                               c.seq_len)
+        assert c.mesh == "fsdp=256" and c.maxtext_remat == "full"
