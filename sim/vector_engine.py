@@ -60,26 +60,27 @@ _ROWS = "keep"
 
 def _sliced_row(row, idx):
     """A kept candidate row (`VectorRun._coll_row`) restricted to the chips `idx`."""
-    t, bad = row
+    t, bad, at = row
     if bad is None:
-        return t[idx], None
+        return t[idx], None, None
     b = bad[idx]
     if not b.any():
-        return t[idx], None
+        return t[idx], None, None
     if t is None or b.all():
-        return None, b
-    return t[idx], b
+        return None, b, at[idx]
+    return t[idx], b, at[idx]
 
 
 def _check_row(kept, fresh, j) -> None:
     def full(row):
-        t, bad = row
+        t, bad, at = row
         n = len(t) if t is not None else len(bad)
         return (np.full(n, np.inf) if t is None else t,
-                np.zeros(n, dtype=bool) if bad is None else bad)
+                np.zeros(n, dtype=bool) if bad is None else bad,
+                np.full(n, -1) if at is None else np.where(bad, at, -1))
 
-    (t0, b0), (t1, b1) = full(kept), full(fresh)
-    if not (np.array_equal(t0, t1) and np.array_equal(b0, b1)):
+    (t0, b0, g0), (t1, b1, g1) = full(kept), full(fresh)
+    if not (np.array_equal(t0, t1) and np.array_equal(b0, b1) and np.array_equal(g0, g1)):
         raise RuntimeError(f"invariant violated: the kept candidate row of collective {j} is "
                            "stale")
 
@@ -223,10 +224,21 @@ class VectorRun:
         self.gsize = {j: coll_geo[j][1] for j in colls}
         ng = {j: int(self.goc[j].max(initial=0)) + 1 for j in colls}
         self.acnt = {j: np.zeros(ng[j], dtype=np.int64) for j in colls}
-        self.amax = {j: np.full(ng[j], -np.inf) for j in colls}
-        self.alb = {j: np.full(ng[j], -np.inf) for j in colls}
         self.dcnt = {j: np.zeros(ng[j], dtype=np.int64) for j in colls}
-        self.dmax = {j: np.full(ng[j], -np.inf) for j in colls}
+        # Each group's latest arrival (amax) and latest drain (dmax), and the arrival lower
+        # bound of its members still on their way (alb), as views into two flat arrays: `lo`
+        # holds every collective's amax, then every dmax; `lb` the alb, then -inf beside the
+        # dmax. A chip waiting on group index i of `lo` cannot see the rendezvous resolve
+        # before max(lo[i], lb[i]) (`_step` takes it for all its unresolved groups at once).
+        off = np.concatenate([[0], np.cumsum([ng[j] for j in colls], dtype=np.int64)])
+        tot = int(off[-1])
+        self.goff = {j: int(off[i]) for i, j in enumerate(colls)}
+        self.doff = tot
+        self.lo = np.full(2 * tot, -np.inf)
+        self.lb = np.full(2 * tot, -np.inf)
+        self.amax = {j: self.lo[o:o + ng[j]] for j, o in self.goff.items()}
+        self.dmax = {j: self.lo[tot + o:tot + o + ng[j]] for j, o in self.goff.items()}
+        self.alb = {j: self.lb[o:o + ng[j]] for j, o in self.goff.items()}
         self.open: set[int] = set()  # collectives with some but not all members arrived
         self.atot: dict[int, int] = {}
         self.hash = [int(x) for x in _rng.integers(1, 2**62, size=n)]
@@ -343,12 +355,12 @@ class VectorRun:
                     crow[j] = row
             elif _ROWS == "check":
                 _check_row(row, self._coll_row(v, j, ph), j)
-            t, bad = row
+            t, bad, at = row
             if t is not None:
                 labels.append((E_CADM if ph == K_ARR else E_CEND, j))
                 rows.append(t)
             if bad is not None:
-                unres.append((j, ph, bad, a[f"g{j}"]))
+                unres.append((bad, at))
         if not rows:
             return np.full(k, np.inf), labels, None, unres, math.inf
         m = np.array(rows) if len(rows) > 1 else rows[0][None, :]
@@ -361,7 +373,8 @@ class VectorRun:
     def _coll_row(self, v: _Vec, j: int, ph: int):
         """Collective `j`'s candidate row for `v` in phase `ph`: (each chip's start (K_ARR) or
         end (K_DRN) time, inf where its group's rendezvous is unresolved; None if unresolved
-        for every chip), and the unresolved chips' mask (None if none). A resolved group's time
+        for every chip), the unresolved chips' mask and each chip's group index in `self.lo`
+        (both None if none is unresolved). A resolved group's time
         is final (all its members are in), so the row changes only when one of the vector's
         groups resolves (`_wake` drops it) or the vector's phase at `j` changes: it is kept in
         `v.crow` until then instead of being recomputed at every event."""
@@ -369,21 +382,18 @@ class VectorRun:
         if ph == K_ARR:
             ok = self.acnt[j][g] == self.gsize[j]
             if ok.all():
-                return self.amax[j][g] + v.kind.coll[j][2], None
+                return self.amax[j][g] + v.kind.coll[j][2], None, None
+            at = g + self.goff[j]
             if not ok.any():
-                return None, ~ok
-            return np.where(ok, self.amax[j][g] + v.kind.coll[j][2], np.inf), ~ok
+                return None, ~ok, at
+            return np.where(ok, self.amax[j][g] + v.kind.coll[j][2], np.inf), ~ok, at
         ok = self.dcnt[j][g] == self.gsize[j]
         if ok.all():
-            return self.dmax[j][g], None
+            return self.dmax[j][g], None, None
+        at = g + (self.doff + self.goff[j])
         if not ok.any():
-            return None, ~ok
-        return np.where(ok, self.dmax[j][g], np.inf), ~ok
-
-    def _lower_bound(self, j, ph, g, T):
-        if ph == K_ARR:
-            return np.maximum(np.maximum(self.amax[j][g], self.alb[j][g]), T)
-        return np.maximum(self.dmax[j][g], T)
+            return None, ~ok, at
+        return np.where(ok, self.dmax[j][g], np.inf), ~ok, at
 
     # -- main loop --------------------------------------------------------------------------
     def run(self, init: list[_Vec]) -> None:
@@ -447,9 +457,17 @@ class VectorRun:
         cand, v.cand = v.cand, None
         tmin, labels, m, unres, _key = cand if cand is not None else self._candidates(v)
         safe = np.isfinite(tmin)
-        for j, ph, mask, g in unres:
-            lb = self._lower_bound(j, ph, g, T)
-            safe &= ~mask | (tmin <= lb)
+        if len(unres) == 1:
+            bad, at = unres[0]
+            safe &= ~bad | (tmin <= np.maximum(np.maximum(self.lo[at], self.lb[at]), T))
+        elif unres:
+            # A chip's event is safe if it comes no later than the lower bound of every
+            # rendezvous it waits on: the latest arrival (drain) so far, the arrival bound of
+            # the members on their way, and T.
+            bad = np.array([u[0] for u in unres])
+            at = np.array([u[1] for u in unres])
+            lb = np.maximum(np.maximum(self.lo[at], self.lb[at]), T)
+            safe &= (~bad | (tmin <= lb)).all(axis=0)
         if not safe.all():
             # Chips whose next event may come after a rendezvous they wait on wait for it to
             # resolve; the others go on.
@@ -476,35 +494,32 @@ class VectorRun:
             # The fluid state at the event, and which batches finish there, per chip (split
             # where they differ).
             rem = self._advanced(v, t, snap=kind == E_FLUID)
-            if len(v.fluid) == 1:
-                fin = rem[0] <= 1e-12
-                codes = fin.astype(np.int64) if not (fin.all() or not fin.any()) else None
-            else:
-                codes = np.zeros(len(t), dtype=np.int64)
-                for i, r in enumerate(rem):
-                    codes |= (r <= 1e-12).astype(np.int64) << i
+            fin = rem <= 1e-12
+            if fin.all() or not fin.any():
+                codes = None
+            elif len(v.fluid) == 1:
+                codes = fin[:, 0].astype(np.int64)
+            else:  # bit i: batch i finishes
+                codes = (fin.astype(np.int64) << np.arange(len(v.fluid))).sum(axis=1)
             parts = self._split(v, codes) if codes is not None else [(0, v, slice(None))]
             for _c, p, idx in parts:
-                self._event_uniform(p, label, t[idx], [r[idx] for r in rem])
+                self._event_uniform(p, label, t[idx], rem[idx])
             return
         self._event_uniform(v, label, t, None)
 
     def _advanced(self, v, t, snap):
-        """Remaining fraction of every batch at `t` (FluidNetwork._advance, then the timer's
-        snap of what is left only by rounding)."""
+        """Remaining fraction of every batch at `t`, [chip, batch] (FluidNetwork._advance,
+        then the timer's snap of what is left only by rounding)."""
         a = v.a
         d = t - a["fl_last"]
         d = np.where(d > 0, d, 0.0)
-        out = []
-        tol = 1e-12 * np.maximum(t, 1e-9) if snap else None
-        for b in v.fluid:
-            sp = a[f"v{b}"]
-            r = a[f"r{b}"] - sp * d
-            if snap:
-                r = np.where((r <= 1e-9) | ((sp > 0) & (r / np.where(sp > 0, sp, 1.0) <= tol)),
-                             0.0, r)
-            out.append(r)
-        return out
+        sp = a["V"]
+        r = a["R"] - sp * d[:, None]
+        if snap:
+            tol = (1e-12 * np.maximum(t, 1e-9))[:, None]
+            r = np.where((r <= 1e-9) | ((sp > 0) & (r / np.where(sp > 0, sp, 1.0) <= tol)),
+                         0.0, r)
+        return r
 
     def _event_uniform(self, v: _Vec, label, t: np.ndarray, rem) -> None:
         kind, j = label
@@ -518,12 +533,8 @@ class VectorRun:
             op = v.kind.core[v.core_i]
             if v.core_phase == C_LAT:
                 self._advance(v, t, rem)
-                b = op
-                a[f"r{b}"] = np.ones(len(t))
-                a[f"v{b}"] = np.zeros(len(t))
                 tc = v.kind.flops[op] / (v.kind.rate0[op] * a["s"])
-                a[f"m{b}"] = np.where(tc > 0, 1.0 / np.where(tc > 0, tc, 1.0), np.inf)
-                v.fluid.append(b)
+                self._admit(v, op, np.where(tc > 0, 1.0 / np.where(tc > 0, tc, 1.0), np.inf))
                 v.core_phase = C_FLU
                 done_now = self._resched(v, t)
             else:  # timeout
@@ -543,9 +554,7 @@ class VectorRun:
                 self._drained(v, j, t)
             else:
                 self._advance(v, t, rem)
-                a[f"r{j}"] = np.ones(len(t))
-                a[f"v{j}"] = np.zeros(len(t))
-                v.fluid.append(j)
+                self._admit(v, j, np.full(len(t), np.inf))
                 v.coll[j] = K_FLU
                 v.crow.pop(j, None)
                 done_now = self._resched(v, t)
@@ -568,22 +577,33 @@ class VectorRun:
         self._settle(v)
 
     # -- fluid (FluidNetwork's arithmetic, per chip) ----------------------------------------
+    # A vector's batches in flight are columns, in admission order (`v.fluid`), of three
+    # [chip, batch] arrays: R the fraction left, V the speed (fractions per second), M the
+    # speed cap (a compute op's 1 / its compute time; inf for a collective).
+    def _admit(self, v: _Vec, b: int, cap: np.ndarray) -> None:
+        """Batch `b` enters the fluid network (whole, not moving yet, capped at `cap`)."""
+        a = v.a
+        k = len(cap)
+        a["R"] = np.concatenate([a["R"], np.ones((k, 1))], axis=1)
+        a["V"] = np.concatenate([a["V"], np.zeros((k, 1))], axis=1)
+        a["M"] = np.concatenate([a["M"], cap[:, None]], axis=1)
+        v.fluid.append(b)
+
     def _advance(self, v: _Vec, t, rem) -> None:
         """FluidNetwork._advance to `t` with the remaining fractions `rem` from `_advanced`."""
         a = v.a
         if v.fluid:
             d = t - a["fl_last"]
             d = np.where(d > 0, d, 0.0)
-            for b, r in zip(v.fluid, rem, strict=True):
-                a[f"r{b}"] = r
+            a["R"] = rem
             a["busy"] = a["busy"] + np.outer(d, self._fluid_set(v)[1])
         a["fl_last"] = t
 
     def _fluid_set(self, v: _Vec):
         """Memo per (kind, active batches in admission order): the load of every resource
         (summed in FluidNetwork's bincount order), which resources are in use, the loaded
-        resources' indices, every batch's bytes on each of those ([batch, resource]), and per
-        batch its max-speed array name (compute ops) or None (collectives)."""
+        resources' indices, every batch's bytes on each of those ([batch, resource]), and the
+        same arranged for `_max_min_speeds`."""
         key = (v.kind.id, tuple(v.fluid))
         m = self._fluid_memo.get(key)
         if m is not None:
@@ -602,29 +622,31 @@ class VectorRun:
         used = np.flatnonzero(pos)
         w = np.stack([np.bincount(r, weights=x, minlength=NRES)[used]
                       for r, x in zip(res_all, w_all, strict=True)])
-        names = [f"m{b}" if self.ops[b].kind != OpKind.COLLECTIVE else None for b in v.fluid]
-        m = self._fluid_memo[key] = (load, pos, used, w, names)
+        caps = np.array([self.cap[r] if r != HBM else 0.0 for r in used])[:, None]
+        m = self._fluid_memo[key] = (load, pos, used, w,
+                                     # for _max_min_speeds: the loads as a column, the bytes
+                                     # as [batch, resource, 1], the link capacities as a
+                                     # column and whether HBM (the last) is in use
+                                     load[used][:, None], w[:, :, None], (w > 0)[:, :, None],
+                                     caps, bool(len(used)) and int(used[-1]) == HBM)
         return m
 
     def _resched(self, v: _Vec, t) -> list[int]:
         a = v.a
         a["nev"] = a["nev"] + 1
-        fin = [b for b in v.fluid if bool(a[f"r{b}"][0] <= 1e-12)]  # uniform (see _event)
-        for b in fin:
-            v.fluid.remove(b)
-            a.pop(f"r{b}")
-            a.pop(f"v{b}")
-            a.pop(f"m{b}", None)
+        done = a["R"][0] <= 1e-12  # uniform over the chips (see _event)
+        fin = []
+        if done.any():
+            fin = [b for b, x in zip(v.fluid, done.tolist(), strict=True) if x]
+            v.fluid = [b for b, x in zip(v.fluid, done.tolist(), strict=True) if not x]
+            keep = ~done
+            a["R"], a["V"], a["M"] = a["R"][:, keep], a["V"][:, keep], a["M"][:, keep]
         if not v.fluid:
             a["ft"] = np.full(len(t), np.inf)
             return fin
-        speed = self._max_min_speeds(v, len(t))
-        nxt = None
-        for i, b in enumerate(v.fluid):
-            sp = speed[i]
-            a[f"v{b}"] = sp
-            q = a[f"r{b}"] / sp
-            nxt = q if nxt is None else np.minimum(nxt, q)
+        speed = self._max_min_speeds(v, len(t)).T
+        a["V"] = speed
+        nxt = (a["R"] / speed).min(axis=1)
         if np.isnan(nxt).any():
             raise RuntimeError("invariant violated: a fluid step of NaN seconds")
         tiny = t + nxt <= t
@@ -639,37 +661,36 @@ class VectorRun:
         and their compute ops' caps scale with their speed); every chip gets the same sums,
         divisions and minima as its own `SmallFluidNetwork` would do."""
         a = v.a
-        _load, _pos, used, w, names = self._fluid_set(v)
-        nb = len(names)
+        _l, _p, used, _w, load, w3, wpos3, caps, hbm = self._fluid_set(v)
+        nb = len(v.fluid)
         cap_left = np.empty((len(used), nc))
-        for k, r in enumerate(used):
-            cap_left[k] = v.kind.hbm0 * a["s"] if r == HBM else self.cap[r]
-        cap_max = np.stack([a[m] if m is not None else np.full(nc, np.inf) for m in names])
+        cap_left[:] = caps
+        if hbm:  # `used` is sorted; HBM is the last resource
+            cap_left[-1] = v.kind.hbm0 * a["s"]
+        cap_max = a["M"].T
         speed = np.zeros((nb, nc))
         unfrozen = np.ones((nb, nc), dtype=bool)
         level = np.zeros(nc)
-        wpos = w > 0
+        # Every batch unfrozen: each resource's load is the set's (np.bincount's sum, a column).
         while True:
-            load = np.zeros((len(used), nc))
-            for i in range(nb):  # np.bincount's order: 0.0 plus each batch's bytes in turn
-                load = load + np.where(unfrozen[i], w[i][:, None], 0.0)
             loaded = load > 0
-            fill = np.divide(cap_left, load, out=np.full(load.shape, np.inf), where=loaded)
+            fill = np.divide(cap_left, load, out=np.full(cap_left.shape, np.inf), where=loaded)
             lam = np.maximum(np.minimum(fill.min(axis=0),
                                         np.where(unfrozen, cap_max, np.inf).min(axis=0)), level)
             full = loaded & (fill <= lam)
-            now = unfrozen & ((cap_max <= lam) | (wpos[:, :, None] & full[None]).any(axis=1))
+            now = unfrozen & ((cap_max <= lam) | (wpos3 & full[None]).any(axis=1))
             speed = np.where(now, lam, speed)
             unfrozen &= ~now
             if not unfrozen.any():
                 return speed
-            took = np.zeros((len(used), nc))
-            for i in range(nb):
-                took = took + np.where(now[i], w[i][:, None], 0.0)
+            # Sums over the batches in np.bincount's order (0.0 plus each batch's bytes in
+            # turn): add.accumulate adds them one after the other, so the bits are the same.
+            took = np.add.accumulate(np.where(now[:, None, :], w3, 0.0), axis=0)[-1]
             # A chip whose batches all froze at an infinite speed is done: nothing to take.
             finite = np.isfinite(lam)
             cap_left = cap_left - took * np.where(finite, lam, 0.0)
             level = np.where(finite, lam, level)
+            load = np.add.accumulate(np.where(unfrozen[:, None, :], w3, 0.0), axis=0)[-1]
 
     # -- ops --------------------------------------------------------------------------------
     def _core_done(self, v: _Vec, op: int, t) -> None:
@@ -888,6 +909,7 @@ def simulate_vectors(*, programs, prog_of, speed, op_scale, chip, topology, over
             "chips": chips, "s": speed[chips].astype(float), "now": np.zeros(k),
             "core_t": np.zeros(k), "fl_last": np.zeros(k), "ft": np.full(k, np.inf),
             "pcie_t": np.zeros(k), "busy": np.zeros((k, NRES)), "bytes": np.zeros((k, NRES)),
+            "R": np.zeros((k, 0)), "V": np.zeros((k, 0)), "M": np.zeros((k, 0)),
             "nev": np.zeros(k, dtype=np.int64),
         }))
     run.run(init)
