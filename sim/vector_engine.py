@@ -71,6 +71,23 @@ def _sliced_row(row, idx):
     return t[idx], b, at[idx]
 
 
+def _merged_row(r0, r1, k0, k1):
+    """Two kept candidate rows of the same collective (of `k0` and `k1` chips) side by side,
+    for two vectors merged into one."""
+    (t0, b0, g0), (t1, b1, g1) = r0, r1
+    if b0 is None and b1 is None:
+        return np.concatenate([t0, t1]), None, None
+    bad = np.concatenate([np.zeros(k0, dtype=bool) if b0 is None else b0,
+                          np.zeros(k1, dtype=bool) if b1 is None else b1])
+    at = np.concatenate([np.zeros(k0, dtype=np.int64) if g0 is None else g0,  # never read
+                         np.zeros(k1, dtype=np.int64) if g1 is None else g1])
+    if t0 is None and t1 is None:
+        return None, bad, at
+    t = np.concatenate([np.full(k0, np.inf) if t0 is None else t0,
+                        np.full(k1, np.inf) if t1 is None else t1])
+    return t, bad, at
+
+
 def _check_row(kept, fresh, j) -> None:
     def full(row):
         t, bad, at = row
@@ -311,6 +328,9 @@ class VectorRun:
             self._kill(w)
             self._kill(v)
             m = self._new(v, {k: np.concatenate([w.a[k], x]) for k, x in v.a.items()})
+            kw, kv = len(w.a["now"]), len(v.a["now"])
+            m.crow = {j: _merged_row(w.crow[j], row, kw, kv) for j, row in v.crow.items()
+                      if j in w.crow}
             v = m
         v.skey = sk
         self.by_state[sk] = v.id
@@ -668,6 +688,10 @@ class VectorRun:
         if hbm:  # `used` is sorted; HBM is the last resource
             cap_left[-1] = v.kind.hbm0 * a["s"]
         cap_max = a["M"].T
+        if nb == 1:
+            # One batch: it loads every resource in use, so it freezes in the first round, at
+            # the least of its fill levels and its cap (the loop below, once).
+            return np.maximum(np.minimum((cap_left / load).min(axis=0), cap_max[0]), 0.0)[None]
         speed = np.zeros((nb, nc))
         unfrozen = np.ones((nb, nc), dtype=bool)
         level = np.zeros(nc)
