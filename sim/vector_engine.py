@@ -300,9 +300,10 @@ class VectorRun:
     def _split(self, v: _Vec, codes: np.ndarray) -> list[tuple[int, _Vec, object]]:
         """Sub-vectors of `v` by equal `codes`, with the indices of their chips in `v` (v itself
         is retired when it splits)."""
+        c0 = codes[0]
+        if (codes == c0).all():
+            return [(int(c0), v, slice(None))]
         vals = np.unique(codes)
-        if len(vals) == 1:
-            return [(int(vals[0]), v, slice(None))]
         self._kill(v)
         out = []
         for c in vals.tolist():
@@ -455,7 +456,9 @@ class VectorRun:
 
     def _block(self, v: _Vec) -> None:
         """`v` waits until a rendezvous of one of its collectives resolves (`_wake`)."""
-        v.cand = cand = self._candidates(v)
+        cand = v.cand
+        if cand is None:
+            v.cand = cand = self._candidates(v)
         v.key = cand[4]
         v.blocked = True
         if v.key < math.inf:
