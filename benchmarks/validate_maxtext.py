@@ -1215,7 +1215,15 @@ def _effects(good: list[Prediction], fits: list[FitResult] = (),
                 "but attention come to "
                 f"{meas(d, 'xla'):.3f}x (LLaMA) and {meas(m, 'xla'):.3f}x (Mixtral) of the "
                 "measured steps less what tpusim predicts besides (tpusim: "
-                f"{meas(d, 'tpusim'):.3f}x and {meas(m, 'tpusim'):.3f}x). XLA's static model "
+                f"{meas(d, 'tpusim'):.3f}x and {meas(m, 'tpusim'):.3f}x)"
+                + "".join(
+                    f"; with the recipes' scoped-VMEM limit (`{flag}`) XLA's estimates of "
+                    "the two fall alike (layer compute but attention x"
+                    + " and x".join(f"{rows[n]['layer but attention']:.3f}"
+                                    for n in ("llama2-70b", "mixtral-8x7b")) + "), so the "
+                    "comparison holds whether or not the runs set it"
+                    for flag, rows in moe_pair_variants() if len(rows) == 2)
+                + ". XLA's static model "
                 "gives the Mixtral's expert matmuls and dispatch no better cycles per FLOP "
                 "than the LLaMA's weight matmuls, so it puts the MoE further above its "
                 "measurement than tpusim does (with its estimates in tpusim's place, scaled "
@@ -1987,6 +1995,15 @@ def moe_pair() -> dict:
         return {}
     out = mp.pair_rows(json.loads(mp.CACHE.read_text()))
     return out if set(out) == set(mp.PAIR) else {}
+
+
+def moe_pair_variants() -> list[tuple[str, dict]]:
+    """(libtpu flags, `xla_moe_pair.variant_rows` per model) of the cached flag variants."""
+    mp = _moe_pair_module()
+    if not mp.CACHE.is_file():
+        return []
+    rows = mp.variant_rows(json.loads(mp.CACHE.read_text()))
+    return [(mp.VARIANTS[v], r) for v, r in rows.items()]
 
 
 def moe_pair_section() -> str:

@@ -134,3 +134,23 @@ def test_xla_and_tpusim_ops_fall_in_the_same_classes(pair):
     assert t(op("re-moe_dispatch"), moe=True) == "dispatch and combine"
     assert t(op("moe_masks", unit="vpu"), moe=True) == "router and masks"
     assert t(op("lm_head", layer=-1), moe=True) is None
+
+
+def test_a_flag_variant_is_read_as_its_cycles_over_the_programs_without_it(pair):
+    def costs(expert, attn, norm):
+        return {"costs": [
+            {"op_name": "jit(step)/jvp()/layer0/ebcm,emh->ebch/dot_general",
+             "matmul": "jit(step)/jvp()/layer0/ebcm,emh->ebch/dot_general",
+             "cycles": expert, "flops": 1.0},
+            {"op_name": "jit(step)/jvp()/layer0/attention/exp", "matmul": "",
+             "cycles": attn, "flops": 0.0},
+            {"op_name": "jit(step)/jvp()/layer0/norm/rsqrt", "matmul": "",
+             "cycles": norm, "flops": 0.0}]}
+
+    v = next(iter(pair.VARIANTS))
+    cache = {"mixtral-8x7b": costs(300, 50, 100), f"mixtral-8x7b+{v}": costs(150, 100, 100)}
+    rows = pair.variant_rows(cache)[v]
+    assert list(rows) == ["mixtral-8x7b"]  # the LLaMA has no pair in this cache
+    assert rows["mixtral-8x7b"] == {"expert matmuls": 0.5, "attention": 2.0,
+                                    "norms and elementwise": 1.0,
+                                    "layer but attention": 250 / 400}
