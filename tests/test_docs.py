@@ -25,27 +25,46 @@ DOCS = [REPO / "README.md", *sorted(p for p in (REPO / "docs").glob("*.md")
 # A flag: XLA's and libtpu's, written with underscores (`--xla_dump_to`), are matched whole
 # and never look like tpusim's.
 _FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*(?![\w])")
+# A fenced code block: indented too (inside a list item), with any info string (`console`,
+# `sh-session`); its lines may carry a shell prompt (`$ tpusim ...`).
+_FENCE = re.compile(r"^[ \t]*```[^\n]*\n(.*?)^[ \t]*```", flags=re.S | re.M)
+_PROMPT = re.compile(r"^\$\s+")
 
 
 def _commands() -> dict[str, argparse.ArgumentParser]:
     return build_parser().get_default("commands")
 
 
+def _command_lines_in(text: str) -> tuple[list[str], list[str]]:
+    """Every `tpusim ...` line in the code blocks of `text` (continuation backslashes joined,
+    a shell prompt dropped), and every inline `tpusim ...` code span."""
+    blocks = []
+    for block in _FENCE.findall(text):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = _PROMPT.sub("", line.strip())
+            if line.startswith("tpusim "):
+                blocks.append(line)
+    return blocks, [" ".join(span.split()) for span in re.findall(r"`(tpusim [^`]+)`", text)]
+
+
 def _doc_command_lines() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """(where, text) of every `tpusim ...` line in the docs' code blocks (continuation
-    backslashes joined), and of every inline `tpusim ...` code span."""
+    """(where, text) of every `tpusim ...` command line and inline span of the docs."""
     blocks, spans = [], []
     for path in DOCS:
-        text = path.read_text()
         name = path.relative_to(REPO).as_posix()
-        for block in re.findall(r"^```[a-z]*\n(.*?)^```", text, flags=re.S | re.M):
-            for line in block.replace("\\\n", " ").splitlines():
-                line = line.strip()
-                if line.startswith("tpusim "):
-                    blocks.append((name, line))
-        spans += [(name, " ".join(span.split()))
-                  for span in re.findall(r"`(tpusim [^`]+)`", text)]
+        b, s = _command_lines_in(path.read_text())
+        blocks += [(name, line) for line in b]
+        spans += [(name, span) for span in s]
     return blocks, spans
+
+
+def test_commands_are_read_from_indented_console_and_prompted_blocks_too():
+    text = ("Run\n\n```bash\ntpusim train --a 1 \\\n  --b 2\n```\n\n* in a list:\n\n"
+            "  ```console\n  $ tpusim decode --c 3\n  tpusim: error: ...\n  ```\n\n"
+            "```sh-session\n$ tpusim plan --d 4\n```\nthen `tpusim collective --e 5`.\n")
+    blocks, spans = _command_lines_in(text)
+    assert blocks == ["tpusim train --a 1    --b 2", "tpusim decode --c 3", "tpusim plan --d 4"]
+    assert spans == ["tpusim collective --e 5"]
 
 
 def _placeholder(line: str) -> bool:
@@ -125,9 +144,9 @@ def _without_other_programs(text: str) -> str:
     def block(m: re.Match) -> str:
         lines = m.group(0).replace("\\\n", " ").splitlines()
         return "\n".join(ln for ln in lines
-                         if not re.match(r"\s*(?:\S*python\S*|make|pytest)\s", ln))
+                         if not re.match(r"\s*(?:\$\s+)?(?:\S*python\S*|make|pytest)\s", ln))
 
-    text = re.sub(r"^```[a-z]*\n.*?^```", block, text, flags=re.S | re.M)
+    text = _FENCE.sub(block, text)
     return re.sub(r"`\S*(?:python|pytest)\S* [^`]*`", "", text)
 
 
