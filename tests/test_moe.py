@@ -165,10 +165,14 @@ def test_decode_skew_loads_the_hot_chip_and_s0_is_unchanged():
     ({"capacity_factor": 0.0}, "--capacity-factor 0.0 must be a finite number in (0, 1e6]"),
     ({"capacity_factor": 1e6 + 1}, "--capacity-factor 1000001.0 must be a finite number"),
     ({"capacity_factor": float("nan")}, "--capacity-factor nan"),
+    # Past float's range: refused (not an OverflowError), the value cut short in the message.
+    ({"expert_skew": 10**400}, "--expert-skew <integer of 401 digits> must be"),
+    ({"capacity_factor": -10**400}, "--capacity-factor <integer of 401 digits> must"),
 ])
 def test_bad_router_settings_are_one_line_errors(kw, needle):
-    with pytest.raises(TpusimError, match=re.escape(needle)):
+    with pytest.raises(TpusimError, match=re.escape(needle)) as e:
         MoeConfig(**kw)
+    assert "\n" not in str(e.value) and len(str(e.value)) < 200
 
 
 def test_router_settings_on_a_dense_model_are_refused():

@@ -109,6 +109,8 @@ BAD = {
     "nan sigma": (dict(chip_variation=math.nan), "--chip-variation"),
     "negative seed": (dict(seed=-1), "--seed"),
     "inf skew": (dict(expert_skew=math.inf), "--expert-skew"),
+    "skew past float's range": (dict(expert_skew=10**400), "--expert-skew"),
+    "capacity past float's range": (dict(capacity_factor=10**400), "--capacity-factor"),
     "zero capacity": (dict(capacity_factor=0.0), "--capacity-factor"),
 }
 
@@ -188,7 +190,7 @@ def test_number_ranges_hold_their_bounds_and_state_them_one_way():
         [False, True, True, False]
     assert [CHIP_VARIATION_RANGE.holds(v) for v in (0, 1, 1.0000001, -1e-12)] == \
         [True, True, False, False]
-    for bad in (float("nan"), float("inf"), True, "1", None):
+    for bad in (float("nan"), float("inf"), True, "1", None, 10**400, -10**400):
         assert not EXPERT_SKEW_RANGE.holds(bad)
     assert _FLOAT_RANGES["--expert-skew"] == EXPERT_SKEW_RANGE.text == \
         "a finite number in [0, 100]"

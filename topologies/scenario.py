@@ -60,8 +60,12 @@ class NumberRange:
 
     def holds(self, value: object) -> bool:
         """True for an int or float (not a bool) that is finite and inside the range."""
-        if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        try:
+            if not math.isfinite(value):
+                return False
+        except OverflowError:  # an int past float's range (10**400): outside every range
             return False
         above = value > self.low if self.low_open else value >= self.low
         return above and value <= self.high

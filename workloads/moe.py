@@ -28,6 +28,7 @@ import numpy as np
 
 from topologies.errors import TpusimError
 from topologies.scenario import CAPACITY_FACTOR_RANGE, EXPERT_SKEW_RANGE
+from topologies.validate import short_repr
 from workloads.models import TransformerSpec
 
 
@@ -54,17 +55,17 @@ class MoeConfig:
         s = self.expert_skew
         if not EXPERT_SKEW_RANGE.holds(s):
             raise TpusimError(
-                f"--expert-skew {s!r} must be {EXPERT_SKEW_RANGE.text} (the Zipf exponent of "
-                f"the expert loads; 0 is uniform routing)"
+                f"--expert-skew {short_repr(s)} must be {EXPERT_SKEW_RANGE.text} (the Zipf "
+                f"exponent of the expert loads; 0 is uniform routing)"
             )
         c = self.capacity_factor
         if c is not None and not CAPACITY_FACTOR_RANGE.holds(c):
             raise TpusimError(
-                f"--capacity-factor {c!r} must be {CAPACITY_FACTOR_RANGE.text} (MaxText uses "
-                f"1.0-2.0); omit it for dropless routing"
+                f"--capacity-factor {short_repr(c)} must be {CAPACITY_FACTOR_RANGE.text} "
+                f"(MaxText uses 1.0-2.0); omit it for dropless routing"
             )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise TpusimError(f"--seed {self.seed!r} must be an integer")
+            raise TpusimError(f"--seed {short_repr(self.seed)} must be an integer")
 
     @property
     def is_default(self) -> bool:
