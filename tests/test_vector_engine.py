@@ -231,3 +231,34 @@ def test_kept_collective_candidate_rows_equal_recomputed_ones_and_give_the_same_
         assert r.sim_events == ref.sim_events
         assert r._vector_stats == ref._vector_stats
     assert n_kept < n_ref / 2
+
+
+def test_vector_classes_under_a_skewed_moe_router_and_a_dead_link_equal_the_class_engine(
+        monkeypatch):
+    # A skewed router gives each expert shard its own expert-op and all-to-all volume
+    # (`op_scale`), so the vectors carry several kinds of chip; with chip variation and a dead
+    # link on top, every kept candidate row still equals a fresh one ("check" raises
+    # otherwise), the step is the recomputing engine's bit for bit, and the class engine's.
+    import sim.vector_engine as ve
+    from workloads.moe import MoeConfig, expert_op_scales
+
+    chip, topo, _ = _setup("4x4 wrapped")
+    moe = model_from_dict({**TINY, "num_layers": 1, "num_experts": 8, "experts_per_token": 2})
+    trace = compile_training_step(moe, parse_mesh("expert=4,fsdp=4"), topo.num_chips,
+                                  TrainingConfig(seq_len=128, batch_per_chip=2,
+                                                 moe=MoeConfig(expert_skew=1.5)))
+    scale = expert_op_scales(trace, topo)
+    assert scale and all(np.ptp(x) > 0.5 for x in scale.values())  # the shards differ
+    speed, _ = _perturbed(topo, slow_chip=False, slow_link=False)
+    cfg = dict(speed=speed, op_scale=scale, dead_links=(topo.ici_link_id(1, 1, 0),))
+    runs = {}
+    for mode in ("recompute", "check"):
+        monkeypatch.setattr(ve, "_ROWS", mode)
+        runs[mode] = simulate_chips(trace, chip, topo, config=PerChipConfig(vector=True, **cfg))
+    ref, chk = runs["recompute"], runs["check"]
+    assert chk.step_time_s == ref.step_time_s and chk.sim_events == ref.sim_events
+    np.testing.assert_array_equal(chk.chips.finish_s, ref.chips.finish_s)
+    np.testing.assert_array_equal(chk.chips.collective_wait_s, ref.chips.collective_wait_s)
+    cls = simulate_chips(trace, chip, topo, config=PerChipConfig(vector=False, **cfg))
+    _assert_same(chk, cls)
+    assert chk.sim_events == cls.sim_events
