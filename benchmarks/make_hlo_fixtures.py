@@ -87,12 +87,17 @@ def build(name: str, keep_metadata: bool, *, topology: str | None = None,
     if topology:
         cfg["topology"] = topology
     if mesh_axes:
-        if set(mesh_axes) != set(cfg["mesh"]):
-            raise SystemExit(f"--mesh {mesh_axes}: {name}'s program shards over the axes "
-                             f"{sorted(cfg['mesh'])}; give a size to each of them")
+        _check_mesh_axes(name, mesh_axes)
         cfg["mesh"] = mesh_axes
     n_layers = cfg["layers"]
-    mesh, devices = _xla.build_mesh(cfg["topology"], cfg["mesh"])
+    try:
+        mesh, devices = _xla.build_mesh(cfg["topology"], cfg["mesh"])
+    except Exception as exc:  # jax's ValueError / JaxRuntimeError, as one line
+        mesh_text = ",".join(f"{k}={v}" for k, v in cfg["mesh"].items())
+        raise SystemExit(f"{name} on {cfg['topology']} with mesh {mesh_text}: "
+                         f"{' '.join(str(exc).split())[:300]} (give --mesh axes whose "
+                         f"product is the topology's device count, each a product of whole "
+                         f"physical axes)") from None
     n_chips = devices.size
     # Every layer under jax.checkpoint (remat full); the batch over fsdp.
     model = _xla.Decoder(mesh, SMALL)
@@ -144,7 +149,20 @@ def strip_metadata(text: str) -> str:
 _META_RE = re.compile(r', metadata=\{(?:[^{}"]|"(?:[^"\\]|\\.)*")*\}')
 
 
-def main() -> int:
+# jax's TPU topology names as the fixtures use them: GEN:AxB[xC].
+_TOPOLOGY_RE = re.compile(r"[a-z0-9]+:[1-9][0-9]*(?:x[1-9][0-9]*)*")
+
+
+def _check_mesh_axes(name: str, mesh_axes: dict[str, int]) -> None:
+    if set(mesh_axes) != set(FIXTURES[name]["mesh"]):
+        given = ",".join(f"{k}={v}" for k, v in mesh_axes.items())
+        raise SystemExit(f"--mesh {given}: {name}'s program shards over the axes "
+                         f"{','.join(FIXTURES[name]['mesh'])}; give a size to each of them")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, checked before anything compiles (each mistake a one-line exit):
+    `names` the fixtures to build, `mesh_axes` the --mesh sizes (None: each fixture's own)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", help="comma list of fixture names")
     ap.add_argument("--out", default=str(REPO / "tests" / "fixtures" / "hlo"))
@@ -154,14 +172,35 @@ def main() -> int:
                                        "(the file is named NAME.v5p-8x8x8.hlo.txt.gz)")
     ap.add_argument("--mesh", help="with --topology: the program's mesh axes there, e.g. "
                                    "fsdp=64,tensor=8 (default: the fixture's)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     names = args.only.split(",") if args.only else list(FIXTURES)
+    unknown = [n for n in names if n not in FIXTURES]
+    if unknown:
+        raise SystemExit(f"--only {args.only}: no fixture named {', '.join(unknown)}; the "
+                         f"fixtures are {', '.join(FIXTURES)}")
+    if args.topology is not None and not _TOPOLOGY_RE.fullmatch(args.topology):
+        raise SystemExit(f"--topology {args.topology}: not a TPU topology name like v5p:8x8x8 "
+                         f"(GEN:AxBxC)")
     mesh_axes = None
     if args.mesh:
         if not args.topology:
             raise SystemExit("--mesh goes with --topology (the fixtures keep their own mesh)")
-        mesh_axes = {k.strip(): int(v) for k, v in
-                     (item.split("=") for item in args.mesh.split(","))}
+        mesh_axes = {}
+        for item in args.mesh.split(","):
+            axis, eq, size = (x.strip() for x in item.partition("="))
+            if not (eq and axis and size.isdigit() and int(size) >= 1) or axis in mesh_axes:
+                raise SystemExit(f"--mesh {args.mesh}: {item.strip()!r} is not AXIS=SIZE with "
+                                 f"a whole SIZE >= 1, each axis once (e.g. fsdp=64,tensor=8)")
+            mesh_axes[axis] = int(size)
+        for name in names:
+            _check_mesh_axes(name, mesh_axes)
+    args.names, args.mesh_axes = names, mesh_axes
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    names, mesh_axes = args.names, args.mesh_axes
     for name in names:
         text = build(name, args.keep_metadata, topology=args.topology, mesh_axes=mesh_axes)
         out = Path(args.bench_out if FIXTURES[name].get("bench") else args.out)

@@ -180,3 +180,31 @@ def test_a_slow_link_on_the_windowed_einsum_ring_slows_the_imported_step():
     slow = simulate_chips(imp.trace, chip, topo,
                           config=PerChipConfig(link_factors={link: 0.25})).step_time_s
     assert slow > base * 1.2
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--only", "nosuch"], "--only nosuch: no fixture named nosuch; the fixtures are "),
+    (["--topology", "v5p8x8x8"], "--topology v5p8x8x8: not a TPU topology name"),
+    (["--mesh", "fsdp=16"], "--mesh goes with --topology"),
+    (["--topology", "v5e:8x8", "--mesh", "fsdp"], "'fsdp' is not AXIS=SIZE"),
+    (["--topology", "v5e:8x8", "--mesh", "fsdp=x"], "'fsdp=x' is not AXIS=SIZE"),
+    (["--topology", "v5e:8x8", "--mesh", "fsdp=0"], "'fsdp=0' is not AXIS=SIZE"),
+    (["--topology", "v5e:8x8", "--mesh", "fsdp=8,fsdp=8"], "each axis once"),
+    (["--only", "train_fsdp_v5e16,train_fsdp_tp_v5e16", "--topology", "v5e:8x8", "--mesh",
+      "fsdp=64"], "--mesh fsdp=64: train_fsdp_tp_v5e16's program shards over the axes "
+                  "fsdp,tensor"),
+])
+def test_make_hlo_fixtures_refuses_bad_flags_in_one_line_before_compiling(argv, message):
+    # Checked before jax is imported: a typo costs no compile and prints no traceback.
+    with pytest.raises(SystemExit) as e:
+        load_benchmark("make_hlo_fixtures").parse_args(argv)
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_make_hlo_fixtures_reads_a_mesh_for_another_topology():
+    args = load_benchmark("make_hlo_fixtures").parse_args(
+        ["--only", "train_fsdp_tp_v5p64", "--topology", "v5p:8x8x8", "--mesh",
+         "fsdp=64, tensor=8"])
+    assert args.names == ["train_fsdp_tp_v5p64"]
+    assert args.mesh_axes == {"fsdp": 64, "tensor": 8}
