@@ -210,7 +210,9 @@ def _slow_links(
     return slow
 
 
-def _check_bytes(nbytes: Any, kind: CollectiveKind, group_size: int) -> int:
+def check_bytes(nbytes: Any, kind: CollectiveKind, group_size: int) -> int:
+    """`nbytes` as a whole number of bytes > 0 that splits evenly over `group_size` chips
+    (send and permute move it whole)."""
     if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)):
         if isinstance(nbytes, float) and nbytes.is_integer():
             nbytes = int(nbytes)
@@ -343,7 +345,7 @@ def _simulate_collective(
                 f"algorithm {algorithm!r} does not implement send; for send use one of: "
                 f"{applicable_algorithms(kind)}"
             )
-        nbytes = _check_bytes(nbytes, kind, 1)
+        nbytes = check_bytes(nbytes, kind, 1)
         batch, npaths, _hops = send_batch(topology, lm, tuple(src), tuple(dst), nbytes,
                                           detour=router)
         net = FluidNetwork(env, lm.capacity_bytes_per_s)
@@ -371,7 +373,7 @@ def _simulate_collective(
     else:
         gaxes = group_axes(topology, tuple(axes))
     geo = GroupGeometry(topology, gaxes)
-    nbytes = _check_bytes(nbytes, kind, geo.group_size)
+    nbytes = check_bytes(nbytes, kind, geo.group_size)
     schedule = build_schedule(kind, gaxes, float(nbytes), algorithm, shift=shift)
 
     # Which mode: symmetric is exact when the schedule is translation-invariant and no link
@@ -1139,5 +1141,5 @@ def _result(*, kind, algorithm, requested, chip, topology, axes, nbytes, group_s
     )
 
 
-__all__ = ["CLASS_NAMES", "CollectiveResult", "GroupCollectiveLoads", "collective_link_loads",
-           "simulate_collective"]
+__all__ = ["CLASS_NAMES", "CollectiveResult", "GroupCollectiveLoads", "check_bytes",
+           "check_links_only", "collective_link_loads", "simulate_collective"]

@@ -271,6 +271,12 @@ def test_compare_collectives_with_no_applicable_algorithm_is_an_error(capsys):
      "a collective is simulated on links only: --slow-chip, --chip-variation"),
     (("--op", "send", "--dst", "1,1"), "--op send needs --src and --dst"),
     (("--op", "all-gather"), "--op all-gather needs --axes"),
+    (("--op", "all-gather", "--axes", "q"), "axis 'q' is not in the 4x4 topology"),
+    (("--op", "all-reduce", "--axes", "x,x"), "axis 'x' is given twice in --axes"),
+    (("--op", "all-reduce", "--axes", "dcn"), "axis 'dcn' needs several slices"),
+    (("--op", "send", "--src", "0,0", "--dst", "9,9"), "chip coordinates (9, 9) are outside"),
+    (("--op", "reduce-scatter", "--axes", "x", "--bytes", "1026"),
+     "--bytes 1026 is not divisible by the group size 4"),
 ])
 def test_compare_collectives_names_an_input_wrong_for_every_algorithm_as_it_is(
         capsys, extra, message):

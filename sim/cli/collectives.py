@@ -51,7 +51,9 @@ def _add_collective_args(p: argparse.ArgumentParser, *, with_algorithm: bool) ->
 def _check_common_inputs(args: argparse.Namespace, topo) -> None:
     """The inputs wrong for every algorithm alike, so that compare-collectives names them
     as they are instead of as 'no algorithm applies'."""
-    from sim.collective_sim import check_links_only
+    from sim.collective_sim import check_bytes, check_links_only
+    from sim.collectives import CollectiveKind
+    from topologies.groups import GroupGeometry, group_axes
 
     if args.op == "send" and (args.src is None or args.dst is None):
         raise TpusimError("--op send needs --src and --dst, e.g. --src 0,0 --dst 3,3")
@@ -59,6 +61,18 @@ def _check_common_inputs(args: argparse.Namespace, topo) -> None:
         raise TpusimError(f"--op {args.op} needs --axes, e.g. --axes y or --axes x,y")
     if args.axes:
         split_list(args.axes, "--axes", example="x,y")
+    try:
+        kind = CollectiveKind(args.op)
+    except ValueError:
+        kind = None  # the simulation names an unknown --op
+    if kind == CollectiveKind.SEND:
+        for flag, text in (("--src", args.src), ("--dst", args.dst)):
+            topo.chip_id(tuple(parse_coords(text, flag)))  # on the pod
+        check_bytes(parse_bytes(args.nbytes), kind, 1)
+    elif kind is not None:
+        # Axes the pod has, each once; bytes that split evenly over the groups they make.
+        gaxes = group_axes(topo, tuple(a.strip() for a in args.axes.split(",") if a.strip()))
+        check_bytes(parse_bytes(args.nbytes), kind, GroupGeometry(topo, gaxes).group_size)
     scenario = scenario_from_args(args, topo)
     if scenario is not None:
         check_links_only(scenario)
