@@ -96,7 +96,13 @@ compiled again with `CF_FOR_ALL_GATHER` (a what-if: its recipe lists no flags; 3
 159 CPU-s, 2.1 GB under load): all but one weight gather per pass become async collective
 fusions (forward 5 of 7, backward 11 of 12; a 384 MiB expert gather and a 72 MiB projection
 gather stay synchronous in the forward), as tpusim's async gathers; the all-to-alls and the
-whole-gradient all-reduces stay synchronous.
+whole-gradient all-reduces stay synchronous. The 750B compiled with the same flags (a what-if
+too: its runs record none; moe9, 2026-12-01, 146 s wall, 139 CPU-s, 2.2 GB peak RSS at load
+~5): per backward iteration 11 of the 12 weight gathers async collective fusions (3,808 MiB,
+the three 512 MiB expert gathers among them; a 32 MiB one synchronous), the forward's windowed
+expert einsums as before (async permutes), the eight all-to-alls (the six MoE ones and the
+embedding's two) and the four whole-gradient all-reduces of the backward (532 MiB) synchronous:
+as tpusim models the step, nothing cheaper.
 
 SparseCore flags (2026-12-01, libtpu 0.10.2, given in `LIBTPU_INIT_ARGS`; the small program
 unless said):
