@@ -28,6 +28,9 @@ CASES = [
     ("slow chip + slow link", POD, ["--slow-chip", "3,5,7:0.8", "--slow-link", "0,0,0:x+:0.5"]),
     ("chip variation 0.02", ("v5p", "4x4x4", "fsdp=16,tensor=4"),
      ["--chip-variation", "0.02", "--seed", "1"]),
+    # 512 chips: 1/6 of the full pod's CPU, the quick check for the vector engine's speed.
+    ("chip variation 0.02", ("v5p", "8x8x8", "fsdp=128,tensor=4"),
+     ["--chip-variation", "0.02", "--seed", "1"]),
     ("chip variation 0.02", POD, ["--chip-variation", "0.02", "--seed", "1"]),
 ]
 # The brute-force collective: every chip and every link simulated.
