@@ -186,6 +186,15 @@ def test_number_ranges_hold_their_bounds_and_state_them_one_way():
     from topologies.scenario import CAPACITY_FACTOR_RANGE, CHIP_VARIATION_RANGE, EXPERT_SKEW_RANGE
 
     assert CAPACITY_FACTOR_RANGE.text == "a finite number in (0, 1e6]"
+    # --help states the same range (the train/decode MoE group and the perturbation group).
+    from sim.cli import build_parser
+
+    commands = build_parser().get_default("commands")
+    for name in ("compile", "train", "collective", "decode"):
+        helps = {a.help for a in commands[name]._actions if "--capacity-factor" in
+                 a.option_strings}
+        assert helps and all("C in (0, 1e6], at least one token per expert" in h
+                             for h in helps), name
     assert [CAPACITY_FACTOR_RANGE.holds(v) for v in (0, 1e-9, 1e6, 1e6 + 1)] == \
         [False, True, True, False]
     assert [CHIP_VARIATION_RANGE.holds(v) for v in (0, 1, 1.0000001, -1e-12)] == \

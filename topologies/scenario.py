@@ -51,12 +51,17 @@ class NumberRange:
     low_open: bool = False  # (low, high] rather than [low, high]
 
     @property
-    def text(self) -> str:
+    def interval(self) -> str:
+        """The range as `(0, 1e6]` or `[0, 100]` (what --help shows)."""
         def num(x: float) -> str:  # 1e6, not %g's 1e+06
             return f"{x:g}".replace("e+0", "e").replace("e+", "e")
 
         opening = "(" if self.low_open else "["
-        return f"a finite number in {opening}{num(self.low)}, {num(self.high)}]"
+        return f"{opening}{num(self.low)}, {num(self.high)}]"
+
+    @property
+    def text(self) -> str:
+        return f"a finite number in {self.interval}"
 
     def holds(self, value: object) -> bool:
         """True for an int or float (not a bool) that is finite and inside the range."""

@@ -385,8 +385,9 @@ def add_moe_args(p: argparse.ArgumentParser) -> None:
                    metavar="C",
                    help="MaxText's dropping path: each expert takes at most C x tokens x top_k "
                         "/ num_experts tokens per sequence, the rest are dropped; dense one-hot "
-                        "dispatch/combine einsums are charged; C in (0, 1e6], at least one "
-                        "token per expert (default: dropless)")
+                        f"dispatch/combine einsums are charged; C in "
+                        f"{CAPACITY_FACTOR_RANGE.interval}, at least one token per expert "
+                        f"(default: dropless)")
     g.add_argument("--seed", type=_seed_arg, default=0,
                    help="which chip of the expert axis holds the hottest experts in each layer "
                         "(default 0)")
@@ -494,9 +495,9 @@ def add_perturbation_args(p: argparse.ArgumentParser, *, description: str | None
                    metavar="S", help="MoE router imbalance: expert loads drawn Zipf(S) "
                                      "(default 0: uniform)")
     g.add_argument("--capacity-factor", type=_float_arg("--capacity-factor"), default=None,
-                   metavar="C", help="MoE expert capacity (tokens above it are dropped); C in "
-                                     "(0, 1e6], at least one token per expert (default: "
-                                     "dropless)")
+                   metavar="C", help=f"MoE expert capacity (tokens above it are dropped); C "
+                                     f"in {CAPACITY_FACTOR_RANGE.interval}, at least one token "
+                                     f"per expert (default: dropless)")
 
 
 # The ranges `Scenario` and `MoeConfig` check (and say in their errors).
