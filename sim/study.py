@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from topologies.errors import TpusimError
-from topologies.validate import MAX_STUDY_POINTS, MAX_WORKERS, short_repr
+from topologies.validate import MAX_STUDY_POINTS, MAX_WORKERS, range_text, short_repr
 
 STUDY_KEYS = ("command", "base", "grid", "zip", "metrics", "plot")
 PLOT_KEYS = ("x", "y", "hue")
@@ -448,8 +448,8 @@ class SweepConfig:
         if not isinstance(self.workers, int) or isinstance(self.workers, bool) \
                 or not 0 <= self.workers <= MAX_WORKERS:
             raise TpusimError(
-                f"--workers {short_repr(self.workers)} must be a whole number in "
-                f"[1, {MAX_WORKERS}] (0 = one per core)"
+                f"--workers {short_repr(self.workers)} must be "
+                f"{range_text(0, MAX_WORKERS, integer=True)} (0 = one per core)"
             )
         if isinstance(self.dask, str) and self.dask != "local" \
                 and not self.dask.startswith(("tcp://", "tls://", "inproc://")):

@@ -205,3 +205,48 @@ def test_number_ranges_hold_their_bounds_and_state_them_one_way():
         "a finite number in [0, 100]"
     with pytest.raises(TpusimError, match=r"in \(0, 1e6\]"):
         MoeConfig(capacity_factor=0.0)
+
+
+def test_every_number_range_is_stated_by_one_formatter_with_plain_exponents():
+    # One function (topologies.validate.range_text) prints every range: ints with thousands
+    # separators, floats as %g with the exponent as a plain integer (1e6, not %g's 1e+06).
+    from topologies.scenario import (
+        CAPACITY_FACTOR_RANGE,
+        CHIP_VARIATION_RANGE,
+        EXPERT_SKEW_RANGE,
+        parse_slow_link,
+    )
+    from topologies.validate import FlagError, bound_text, float_flag, number, range_text
+
+    bounds = (0, 1, 1_024, 16_777_216, 0.5, 1e6, 1e21, 1e24, 1e-6, 1.5e-18, 86400.0, -2.5e10)
+    assert [bound_text(x) for x in bounds] == [
+        "0", "1", "1,024", "16,777,216", "0.5", "1e6", "1e21", "1e24", "1e-6", "1.5e-18",
+        "86400", "-2.5e10"]
+    assert range_text(0, 1e6, lo_open=True) == "a finite number in (0, 1e6]"
+    assert range_text(1, 4096, integer=True) == "a whole number in [1, 4,096]"
+    assert range_text(1e-18) == "a finite number >= 1e-18"
+    # NumberRange states its range as number() does, and accepts exactly what number() accepts
+    # (the acceptance rule is unchanged; only the wording is shared).
+    for r in (CAPACITY_FACTOR_RANGE, CHIP_VARIATION_RANGE, EXPERT_SKEW_RANGE):
+        with pytest.raises(TpusimError) as exc:
+            number(-5, "x", lo=r.low, hi=r.high, lo_open=r.low_open)
+        assert str(exc.value).endswith(f"give {r.text}")
+        for v in (r.low, r.high, r.high * (1 + 1e-9), r.low - 1e-9, r.low + 1e-300,
+                  (r.low + r.high) / 2):
+            try:
+                number(v, "x", lo=r.low, hi=r.high, lo_open=r.low_open)
+                ok = True
+            except TpusimError:
+                ok = False
+            assert ok == r.holds(v), (r, v)
+    # The messages that used to print %g's exponents: a chip's efficiency, a flag, a slow-link
+    # factor, a trace field.
+    msgs = []
+    for call in (lambda: number(2, "ici_efficiency", lo=1e-6, hi=1),
+                 lambda: float_flag("--x", lo=1e-18, hi=1e21)("0"),
+                 lambda: parse_slow_link("0,0:x+:2000000")):
+        with pytest.raises((TpusimError, FlagError)) as exc:
+            call()
+        msgs.append(str(exc.value))
+    assert "[1e-6, 1]" in msgs[0] and "[1e-18, 1e21]" in msgs[1] and "[1e-6, 1e6]" in msgs[2]
+    assert not any("e+" in m or "e-0" in m for m in msgs), msgs

@@ -248,7 +248,7 @@ MALFORMED = {
                       r"duration_s = 1e\+300; it must be a finite number in \[0, 86400\]"),
     "negative-narrow-dim": (
         _mutated(lambda d: d["ops"][0].__setitem__(_col("narrow_dim"), -128)),
-        r"op row 0 has narrow_dim = -128; it must be a whole number in \[0, 1000000\]"),
+        r"op row 0 has narrow_dim = -128; it must be a whole number in \[0, 1,000,000\]"),
     "bad-dep": (_mutated(lambda d: d["ops"][1].__setitem__(_col("deps"), [3])),
                 r"depends on 3"),
 }

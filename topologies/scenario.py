@@ -30,7 +30,7 @@ import numpy as np
 
 from topologies.errors import TpusimError
 from topologies.torus import AXIS_NAMES, Topology
-from topologies.validate import ascii_float, ascii_int, short_repr
+from topologies.validate import ascii_float, ascii_int, interval_text, range_text, short_repr
 
 Coords = tuple[int, ...]
 
@@ -53,15 +53,11 @@ class NumberRange:
     @property
     def interval(self) -> str:
         """The range as `(0, 1e6]` or `[0, 100]` (what --help shows)."""
-        def num(x: float) -> str:  # 1e6, not %g's 1e+06
-            return f"{x:g}".replace("e+0", "e").replace("e+", "e")
-
-        opening = "(" if self.low_open else "["
-        return f"{opening}{num(self.low)}, {num(self.high)}]"
+        return interval_text(self.low, self.high, self.low_open)
 
     @property
     def text(self) -> str:
-        return f"a finite number in {self.interval}"
+        return range_text(self.low, self.high, lo_open=self.low_open)
 
     def holds(self, value: object) -> bool:
         """True for an int or float (not a bool) that is finite and inside the range."""
@@ -294,8 +290,9 @@ def _check_factor(factor: Any, what: str) -> None:
         math.isfinite(factor) and MIN_FACTOR <= factor <= MAX_FACTOR
     ):
         raise TpusimError(
-            f"{what}: factor {short_repr(factor)} must be a finite number > 0, in [{MIN_FACTOR:g}, "
-            f"{MAX_FACTOR:g}] (speed relative to nominal; 0.5 = half speed, 2 = twice as fast; "
+            f"{what}: factor {short_repr(factor)} must be a finite number > 0, in "
+            f"{interval_text(MIN_FACTOR, MAX_FACTOR)} (speed relative to nominal; 0.5 = half "
+            f"speed, 2 = twice as fast; "
             f"factors given for the same chip or link multiply)"
         )
 

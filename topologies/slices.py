@@ -14,7 +14,7 @@ import numpy as np
 from topologies.errors import TpusimError
 from topologies.registry import Registry
 from topologies.torus import Topology, build_torus, parse_shape, parse_wraparound
-from topologies.validate import MAX_CHIPS, MAX_SLICES
+from topologies.validate import MAX_CHIPS, MAX_SLICES, range_text
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -199,7 +199,7 @@ def resolve_topology(
     if isinstance(num_slices, bool) or not isinstance(num_slices, int) \
             or not 1 <= num_slices <= MAX_SLICES:
         raise TpusimError(
-            f"--slices {num_slices!r} must be a whole number in [1, {MAX_SLICES:,}]"
+            f"--slices {num_slices!r} must be {range_text(1, MAX_SLICES, integer=True)}"
         )
     total = int(np.prod(shape_t, dtype=object)) * num_slices
     if total > MAX_CHIPS:

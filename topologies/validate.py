@@ -117,7 +117,7 @@ def number(value: Any, what: str, *, lo: float | None = None, hi: float | None =
     Accepts ints and floats (and number-looking strings, as PyYAML reads `1.6e12`); refuses
     bools, NaN, infinities, overflowing values and anything else, naming `what` and the range.
     """
-    rng = _range_text(lo, hi, lo_open, integer)
+    rng = range_text(lo, hi, lo_open=lo_open, integer=integer)
     tail = f"; {fix}" if fix else ""
     v = value
     if isinstance(v, str):
@@ -152,15 +152,33 @@ def _looks_int(s: str, max_digits: int = MAX_INT_DIGITS) -> bool:
     return bool(_INT_TEXT.fullmatch(t)) and len(t.lstrip("+-")) <= max_digits
 
 
-def _range_text(lo, hi, lo_open, integer) -> str:
+def bound_text(x: float) -> str:
+    """A range bound as every message prints it: an int with thousands separators (16,777,216),
+    a float by `%g` without the exponent's sign and padding (1e6, 1e21, 1e-6, 0.5), not %g's
+    1e+06."""
+    if isinstance(x, int) and not isinstance(x, bool):
+        return f"{x:,}"
+    mantissa, e, exponent = f"{x:g}".partition("e")
+    return f"{mantissa}e{int(exponent)}" if e else mantissa
+
+
+def interval_text(lo: float, hi: float, lo_open: bool = False) -> str:
+    """`[lo, hi]` or `(lo, hi]` with `bound_text`'s bounds: `(0, 1e6]`, `[1, 1,024]`."""
+    return f"{'(' if lo_open else '['}{bound_text(lo)}, {bound_text(hi)}]"
+
+
+def range_text(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
+               integer: bool = False) -> str:
+    """What an error asks for, `a finite number in (0, 1e6]` / `a whole number >= 1`: the one
+    formatter of every number range in every message (`number`, the flag types,
+    `topologies.scenario.NumberRange`, trace fields, perturbation factors)."""
     kind = "a whole number" if integer else "a finite number"
-    g = lambda x: f"{x:,}" if isinstance(x, int) else f"{x:g}"  # noqa: E731
     if lo is not None and hi is not None:
-        return f"{kind} in {'(' if lo_open else '['}{g(lo)}, {g(hi)}]"
+        return f"{kind} in {interval_text(lo, hi, lo_open)}"
     if lo is not None:
-        return f"{kind} {'>' if lo_open else '>='} {g(lo)}"
+        return f"{kind} {'>' if lo_open else '>='} {bound_text(lo)}"
     if hi is not None:
-        return f"{kind} <= {g(hi)}"
+        return f"{kind} <= {bound_text(hi)}"
     return kind
 
 
@@ -185,12 +203,12 @@ def int_flag(flag: str, *, lo: int = 1, hi: int):
             digits = re.fullmatch(r"[+-]?\d+", t) is not None  # Unicode digits too
             what = ("too large" if t.isascii() else "not written in ASCII digits") if digits \
                 else "not a whole number"
-            raise TpusimError(f"{flag} {short_repr(text)} is {what}; give a whole number in "
-                              f"[{lo:,}, {hi:,}]")
+            raise TpusimError(f"{flag} {short_repr(text)} is {what}; give "
+                              f"{range_text(lo, hi, integer=True)}")
         v = int(t)
         if not lo <= v <= hi:
-            raise TpusimError(f"{flag} {v} is out of range; give a whole number in "
-                              f"[{lo:,}, {hi:,}]")
+            raise TpusimError(f"{flag} {v} is out of range; give "
+                              f"{range_text(lo, hi, integer=True)}")
         return v
 
     parse.__name__ = "integer"
@@ -224,7 +242,7 @@ def float_flag(flag: str, *, lo: float, hi: float, lo_open: bool = False):
             raise FlagError(str(exc)) from None
 
     def _parse_float(text: str) -> float:
-        rng = _range_text(lo, hi, lo_open, False)
+        rng = range_text(lo, hi, lo_open=lo_open)
         t = str(text).strip()
         try:
             v = ascii_float(t)  # float() also takes "１" and "0_5"

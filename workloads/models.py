@@ -15,7 +15,15 @@ from typing import Any
 
 from topologies.errors import TpusimError
 from topologies.registry import Registry
-from topologies.validate import MAX_EXPERTS, MAX_LAYERS, MAX_MODEL_DIM, MAX_TOKENS, short_repr
+from topologies.validate import (
+    MAX_EXPERTS,
+    MAX_LAYERS,
+    MAX_MODEL_DIM,
+    MAX_TOKENS,
+    interval_text,
+    range_text,
+    short_repr,
+)
 
 
 class MlpKind(enum.StrEnum):
@@ -209,12 +217,13 @@ class TransformerSpec:
         w, period = self.attention_window, self.global_layer_period
         if w is not None and (not _is_int(w) or not 1 <= w <= MAX_TOKENS):
             self._fail("attention_window", w,
-                       f"must be a whole number of tokens in [1, {MAX_TOKENS:,}] or null",
+                       f"must be a whole number of tokens in {interval_text(1, MAX_TOKENS)} "
+                       "or null",
                        "give the local layers' sliding-window length, or null for full "
                        "attention in every layer")
         if not _is_int(period) or not 0 <= period <= MAX_LAYERS:
             self._fail("global_layer_period", period,
-                       f"must be a whole number in [0, {MAX_LAYERS:,}]",
+                       f"must be {range_text(0, MAX_LAYERS, integer=True)}",
                        "give the period of the local/global pattern (6: five local layers per "
                        "global one), or 0 for every layer local")
         if w is None:

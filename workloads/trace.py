@@ -25,7 +25,7 @@ from typing import Any
 
 from topologies.errors import TpusimError
 from topologies.mesh import LogicalMesh
-from topologies.validate import MAX_TRACE_FILE_BYTES, MAX_TRACE_OPS, short_repr
+from topologies.validate import MAX_TRACE_FILE_BYTES, MAX_TRACE_OPS, range_text, short_repr
 
 # The collective kinds a trace may name (the values of `sim.collectives.CollectiveKind`; a test
 # keeps the two equal, since workloads never import sim).
@@ -279,13 +279,13 @@ def _op_from_row(i: int, r: Any, cols: list[str], source: str) -> Op:
             raise fail(f"has {col} = {short_repr(v)}; it must be a whole number")
     v = d["narrow_dim"]
     if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 1_000_000:
-        raise fail(f"has narrow_dim = {short_repr(v)}; it must be a whole number in "
-                   f"[0, 1000000] (0: no narrow matmul dimension)")
+        raise fail(f"has narrow_dim = {short_repr(v)}; it must be "
+                   f"{range_text(0, 1_000_000, integer=True)} (0: no narrow matmul dimension)")
     for col in _NUM_COLS:
         v = d[col]
         hi = _NUM_MAX.get(col, _NUM_MAX_DEFAULT)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= hi:
-            raise fail(f"has {col} = {short_repr(v)}; it must be a finite number in [0, {hi:g}]")
+            raise fail(f"has {col} = {short_repr(v)}; it must be {range_text(0, hi)}")
         d[col] = float(v)
     for col, what in (("mesh_axes", str), ("deps", int)):
         v = d[col]

@@ -24,7 +24,9 @@ from topologies.validate import (
     MAX_CHUNKS,
     MAX_TOKENS,
     MAX_TRACE_OPS,
+    interval_text,
     parse_choice,
+    range_text,
     short_repr,
 )
 from workloads.memory import (
@@ -251,13 +253,13 @@ class TrainingConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.seq_len, int) or not 1 <= self.seq_len <= MAX_TOKENS:
-            raise TpusimError(f"--seq-len {short_repr(self.seq_len)} must be a whole number in "
-                              f"[1, {MAX_TOKENS:,}]")
+            raise TpusimError(f"--seq-len {short_repr(self.seq_len)} must be "
+                              f"{range_text(1, MAX_TOKENS, integer=True)}")
         if not (isinstance(self.batch_per_chip, (int, float)) and 0 < self.batch_per_chip
                 <= MAX_BATCH and math.isfinite(self.batch_per_chip)):
             raise TpusimError(
-                f"--batch-per-chip {short_repr(self.batch_per_chip)} must be in (0, "
-                f"{MAX_BATCH:,}] (sequences per chip)"
+                f"--batch-per-chip {short_repr(self.batch_per_chip)} must be in "
+                f"{interval_text(0, MAX_BATCH, lo_open=True)} (sequences per chip)"
             )
         if self.attention not in ("dot", "flash"):
             raise TpusimError(f"--attention {short_repr(self.attention)} must be dot or flash")
@@ -269,11 +271,11 @@ class TrainingConfig:
                                   f"true or false (the chip's {flag})")
         if isinstance(self.vocab_tiling, bool) or not isinstance(self.vocab_tiling, int) or \
                 not 1 <= self.vocab_tiling <= MAX_CHUNKS:
-            raise TpusimError(f"--vocab-tiling {short_repr(self.vocab_tiling)} must be a whole "
-                              f"number in [1, {MAX_CHUNKS:,}] (1: no tiling)")
+            raise TpusimError(f"--vocab-tiling {short_repr(self.vocab_tiling)} must be "
+                              f"{range_text(1, MAX_CHUNKS, integer=True)} (1: no tiling)")
         if not isinstance(self.microbatches, int) or not 1 <= self.microbatches <= MAX_CHUNKS:
-            raise TpusimError(f"--microbatches {short_repr(self.microbatches)} must be a whole "
-                              f"number in [1, {MAX_CHUNKS:,}]")
+            raise TpusimError(f"--microbatches {short_repr(self.microbatches)} must be "
+                              f"{range_text(1, MAX_CHUNKS, integer=True)}")
         if self.fsdp_gather not in FSDP_GATHER_MODES:
             raise TpusimError(
                 f"--fsdp-gather {short_repr(self.fsdp_gather)} is not a mode; use one of: "

@@ -20,11 +20,11 @@ def _add_backend_args(p: argparse.ArgumentParser) -> None:
 
 
 def _check_workers(args: argparse.Namespace) -> None:
-    from topologies.validate import MAX_WORKERS
+    from topologies.validate import MAX_WORKERS, range_text
 
     if not 0 <= args.workers <= MAX_WORKERS:
-        raise TpusimError(f"--workers {args.workers} must be in [1, {MAX_WORKERS}] (0 = one per "
-                          f"core)")
+        raise TpusimError(f"--workers {args.workers} must be "
+                          f"{range_text(0, MAX_WORKERS, integer=True)} (0 = one per core)")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
