@@ -1202,6 +1202,78 @@ def test_a_step_too_large_for_one_program_is_refused_before_it_is_built():
         compile_training_step(model, parse_mesh("pipeline=2,tensor=2"), 4, cfg)
 
 
+def _first_microbatch_counts(monkeypatch, model, mesh, cfg):
+    """(ops before the first microbatch, ops it added, ops of the whole program) of an uncached
+    build, as the compiler's size check sees them."""
+    import workloads.training as training
+
+    seen = []
+    check = training._Compiler.check_program_size
+    monkeypatch.setattr(training._Compiler, "check_program_size",
+                        lambda self, start, per: (seen.append((start, per)),
+                                                  check(self, start, per))[1])
+    total = len(training._compiler(model_from_dict(model), parse_mesh(mesh), 4, cfg).build().ops)
+    monkeypatch.undo()
+    (start, per), = seen
+    return start, per, total
+
+
+@pytest.mark.parametrize("model, mesh, cfg", [
+    (TINY, "fsdp=4", {}),
+    (TINY, "data=4", {"dp_grad_split": "per-layer", "overlap": False}),
+    (TINY, "fsdp=2,tensor=2", {"remat": Remat.NONE, "attention": "dot"}),
+    (TINY, "fsdp=4", {"fsdp_gather": "windowed", "remat": Remat.OFFLOAD,
+                      "gather_dtype": "bf16", "param_dtype": "fp32"}),
+    (TINY, "pipeline=2,data=2", {}),
+    (TINY_MOE, "expert=2,fsdp=2", {"vocab_tiling": 2}),
+    (TINY_LOCAL, "tensor=4", {"remat": Remat.MINIMAL}),
+])
+def test_the_first_microbatch_bounds_the_program_from_below_within_one_microbatch(
+        monkeypatch, model, mesh, cfg):
+    # The oracle of the size check: every later microbatch adds at least the first one's ops
+    # (the middle ones exactly as many, the last its gradient reductions more), so
+    # start + microbatches x first is a lower bound of the program, short of it by less than
+    # one microbatch.
+    for mb in (2, 4):
+        start, per, total = _first_microbatch_counts(monkeypatch, model, mesh, TrainingConfig(
+            seq_len=128, batch_per_chip=4, microbatches=mb, **cfg))
+        assert 0 <= total - (start + mb * per) < per, (mb, start, per, total)
+
+
+def test_a_step_over_the_op_limit_is_refused_once_its_first_microbatch_is_built(monkeypatch):
+    # A step inside MIN_OPS_PER_LAYER's estimate but over the limit used to build up to the
+    # limit before the builder refused it (LLaMA-3-405B at --microbatches 248: 250,000 ops,
+    # 3.8 CPU-s): now the first microbatch's count refuses it, naming a count that fits.
+    import functools
+
+    import workloads.training as training
+    from workloads.trace import TraceBuilder
+
+    cfg = {"seq_len": 128, "batch_per_chip": 8}
+    start, per, _ = _first_microbatch_counts(monkeypatch, TINY, "fsdp=4", TrainingConfig(
+        microbatches=2, **cfg))
+    limit = start + 5 * per  # room for five microbatches' ops, so the builder never trips
+    built = []
+
+    class Counting(TraceBuilder):
+        def add(self, name, **kw):
+            built.append(name)
+            return super().add(name, **kw)
+
+    monkeypatch.setattr(training, "TraceBuilder", functools.partial(Counting, max_ops=limit))
+    with pytest.raises(TpusimError, match=(
+            rf"^--microbatches 8 x 2 layers compiles to at least {start + 8 * per:,} ops "
+            rf"\({per:,} per microbatch, counted on the first\), over the {limit:,} tpusim "
+            rf"simulates in one program; use at most 4 microbatches$")):
+        training._compiler(model_from_dict(TINY), parse_mesh("fsdp=4"), 4,
+                           TrainingConfig(microbatches=8, **cfg)).build()
+    assert len(built) == start + per  # one microbatch built, not the limit's ops
+    # The count it names fits under the same limit.
+    fits = training._compiler(model_from_dict(TINY), parse_mesh("fsdp=4"), 4,
+                              TrainingConfig(microbatches=4, **cfg)).build()
+    assert len(fits.ops) <= limit
+
+
 def test_a_program_builder_stops_at_its_op_limit_with_the_fix(monkeypatch):
     # The hard limit behind the estimate: the builder refuses its op past the limit, and the
     # training compiler's refusal names the microbatches and layers that built it.

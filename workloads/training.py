@@ -1038,6 +1038,27 @@ class _Compiler:
         return "windowed" if single else plain
 
     # -- forward ----------------------------------------------------------------------------
+    def check_program_size(self, start: int, per_mb: int) -> None:
+        """Refuse the step once its first microbatch is built (`per_mb` ops, from op `start`)
+        if every microbatch cannot fit one program. Each later microbatch adds at least as many
+        ops as the first (tests/test_training.py checks it: the middle ones add exactly as
+        many, the last one its gradient reductions more), so `start + microbatches x per_mb` is
+        a lower bound of the program: a step over the limit costs one microbatch's build, not
+        the limit's (LLaMA-3-405B at --microbatches 248, inside MIN_OPS_PER_LAYER's estimate,
+        built 250,000 ops in 3.8 CPU-s before the builder refused it)."""
+        mbs, limit = self.cfg.microbatches, self.b.max_ops
+        least = start + mbs * per_mb
+        if least <= limit:
+            return
+        # The last microbatch adds its gradient reductions (under one microbatch's ops):
+        # one microbatch less than would fit leaves room for them.
+        fit = max((limit - start) // per_mb - 1, 1)
+        where = " per pipeline stage" if self.d.pp > 1 else ""
+        raise TpusimError(
+            f"--microbatches {mbs} x {self.d.layers} layers{where} compiles to at least "
+            f"{least:,} ops ({per_mb:,} per microbatch, counted on the first), over the "
+            f"{limit:,} tpusim simulates in one program; use at most {fit:,} microbatches")
+
     def layer_forward(self, layer, deps, gather, phase="fwd", recompute=False):
         """Ops of one layer's forward; returns the id of its output."""
         m, d, a = self.m, self.d, self.act
@@ -1410,7 +1431,10 @@ class _Compiler:
         p_cast = self.local_params()
         if self.wc != self.wb and self.cast_per_pass:
             cast = self.vpu(WEIGHT_CAST, p_cast, p_cast * (self.wb + self.wc), [], -1, "fwd")
+        first_mb_start = len(b.ops)
         for mb in range(cfg.microbatches):
+            if mb == 1:
+                self.check_program_size(first_mb_start, len(b.ops) - first_mb_start)
             # Embedding lookup (stage 0).
             start = [prev_compute] if prev_compute is not None else \
                 ([cast] if cast is not None else [])
