@@ -113,8 +113,9 @@ class PerChipConfig:
         p2p: point-to-point transfers between the chips' programs (`PointToPoint`).
         vector: in `auto` mode, True runs the classes as vector classes (`sim.vector_engine`),
             False as one SimPy actor each; None (default) picks vectors from VECTOR_MIN_CLASSES
-            classes on, or when the classes would replay more than MAX_CLASS_OPS ops. Vectors
-            need one program and no `p2p`.
+            classes per program on, or when the classes would replay more than MAX_CLASS_OPS
+            ops. Vectors take several programs (pipeline stages) and `p2p` sends when every
+            replica group lies within one program and sends go to chips of another program.
     """
 
     speed: np.ndarray | None = None
@@ -406,32 +407,31 @@ def simulate_chips(
     rep[:] = first
     class_ops = sum(len(programs[int(prog_of[r])].ops) for r in rep.tolist())
     lm = link_model(chip, topology, {})
-    vectors_apply = len(used_programs) == 1 and p2p is None
+    vectors_apply = _vectors_apply(p2p, prog_of, used_programs, op_geom, geoms)
+    # Vectors pay where many classes share a program: from VECTOR_MIN_CLASSES per program.
     use_vectors = cfg.mode != "per-chip" and vectors_apply and (
         cfg.vector if cfg.vector is not None
-        else class_ops > MAX_CLASS_OPS or ncls >= VECTOR_MIN_CLASSES)
+        else class_ops > MAX_CLASS_OPS or ncls >= VECTOR_MIN_CLASSES * len(used_programs))
     if use_vectors and prefix_ops is not None:
         watch.prefix_ended = True  # no prefix runs on vector classes
         raise HbmPrefixEnded("the HBM watch's prefix does not apply to vector classes")
     if use_vectors:
         from sim.vector_engine import simulate_vectors
 
-        pi = used_programs[0]
-        res, sc_costs = simulate_vectors(
+        res, sc_costs, pi = simulate_vectors(
             programs=programs, prog_of=prog_of, speed=speed, op_scale=cfg.op_scale, chip=chip,
-            topology=topology, overlap=overlap,
-            op_geom={i: g for (p, i), g in op_geom.items() if p == pi},
-            op_key={i: k for (p, i), k in op_key.items() if p == pi},
+            topology=topology, overlap=overlap, op_geom=op_geom, op_key=op_key,
             geoms=geoms, group_cost=group_cost, base_costs=base_costs, lm=lm, label=label,
-            slow=slow, dead_links=tuple(cfg.dead_links))
-        _common_fields(res, topology, {i: op_key[(pi, i)][1] for p, i in op_geom if p == pi},
+            slow=slow, dead_links=tuple(cfg.dead_links), p2p=p2p, send_cost_of=send_cost_of,
+            p2p_costs=p2p_costs)
+        _common_fields(res, topology, {i: op_key[(p, i)][1] for p, i in op_geom if p == pi},
                        sc_costs, lm, slow, cfg.dead_links)
         return res
     if class_ops > MAX_CLASS_OPS:
         how = ("use --mode auto (vector classes, the same result)" if vectors_apply
-               else "vector classes do not take pipeline stages (several programs) in this "
-                    "version, so perturb fewer chips (e.g. --slow-chip instead of "
-                    "--chip-variation)")
+               else "vector classes do not take replica groups shared by several programs, "
+                    "nor sends between chips of one program, in this version, so perturb "
+                    "fewer chips (e.g. --slow-chip instead of --chip-variation)")
         raise TpusimError(
             f"the per-chip engine would replay {ncls} chip classes x {class_ops // ncls} ops = "
             f"{class_ops:,} class-ops (limit {MAX_CLASS_OPS:,}, about 0.9 KB each in memory) "
@@ -932,6 +932,27 @@ class _ClassState:
         self.recv_from: dict[int, tuple[int, int]] = {}  # receive op -> (sender class, send op)
         self.mxu_busy = 0.0
         self.vpu_busy = 0.0
+
+
+def _vectors_apply(p2p, prog_of, used_programs, op_geom, geoms) -> bool:
+    """Whether vector classes can run the step: one program without sends, or several (a
+    pipeline's stages) whose replica groups each lie within one program and whose sends go to
+    chips of another program (`sim.vector_engine` keys rendezvous by program and op id)."""
+    if len(used_programs) == 1 and p2p is None:
+        return True
+    for ga in set(op_geom.values()):
+        goc = geoms[ga].group_of_chip
+        pairs = np.unique(np.stack([goc, prog_of], axis=1), axis=0)
+        if len(pairs) != len(np.unique(goc)):
+            return False
+    if p2p is not None:
+        for pi in used_programs:
+            chips = np.flatnonzero(prog_of == pi)
+            for ch in sorted({ch for ch, _tag in p2p.sends[pi].values()}):
+                peer = np.asarray(p2p.peer_of_chip[ch], dtype=np.int64)[chips]
+                if (prog_of[peer[peer >= 0]] == pi).any():
+                    return False
+    return True
 
 
 def _check_programs(programs, prog_of, nchips) -> None:

@@ -52,10 +52,12 @@ HBM = NUM_CLASSES  # the HBM resource follows the link classes, as in the class 
 NRES = NUM_CLASSES + 1
 # Core phases.
 C_WAIT, C_LAT, C_FLU, C_TIMEOUT, C_COLL, C_DONE = range(6)
-# Collective phases (an op id absent from `coll` is not started or done).
-K_ARR, K_FLU, K_DRN = range(1, 4)
+# Collective phases (an op id absent from `coll` is not started or done); K_RCV: a receive op
+# waiting for its send to end.
+K_ARR, K_FLU, K_DRN, K_RCV = range(1, 5)
 # Event labels.
-E_CORE, E_FLUID, E_CADM, E_CEND, E_PCIE = range(5)
+E_CORE, E_FLUID, E_CADM, E_CEND, E_PCIE, E_RCV = range(6)
+_LABEL = {K_ARR: E_CADM, K_DRN: E_CEND, K_RCV: E_RCV}
 _rng = np.random.default_rng(12345)
 
 
@@ -110,12 +112,27 @@ def _check_row(kept, fresh, j) -> None:
 
 
 class _Kind:
-    """What the chips of a vector share: program, op scales and the cost of each collective."""
+    """What the chips of a vector share: program, op scales and the cost of each collective
+    (point-to-point sends included), and for each receive op the send that completes it.
 
-    def __init__(self, kid, ops, scale, coll_cost, overlap, chip, rates0, cap_links):
+    `prog` is the program's index, `base` the offset of its op ids in the run's collective
+    keys (collective op j of this kind is rendezvous key base + j); `recv` maps each receive
+    op to the key of the send that completes it (a send is a rendezvous of its sender alone,
+    its group the sender's rank in its program)."""
+
+    def __init__(self, kid, ops, scale, coll_cost, overlap, chip, rates0, cap_links, prog=0,
+                 base=0, recv=None):
         self.id = kid
         self.ops = ops
         n = len(ops)
+        self.prog = prog
+        self.base = base
+        self.recv = dict(recv or {})
+        # The rendezvous key of each op: its own (base + id), a receive's its send's.
+        self.gk = [base + i for i in range(n)]
+        for rid, key in self.recv.items():
+            self.gk[rid] = key
+        self.rid_of = {key: rid for rid, key in self.recv.items()}
         mxu0, int80, vpu0, hbm0 = rates0
         self.ovh = float(chip.op_overhead_s)
         self.flops = np.zeros(n)
@@ -134,7 +151,9 @@ class _Kind:
             elif op.kind == OpKind.IDLE:
                 self.idle[op.id] = op.duration_s
                 self.core.append(op.id)
-            elif op.kind == OpKind.COLLECTIVE and not overlap:
+            elif op.kind == OpKind.COLLECTIVE and not overlap and op.id not in self.recv:
+                # (a receive takes no resources and is completed by its send, as in the
+                # class engine)
                 self.core.append(op.id)
         self.hbm0 = hbm0
         # MXU work at the full rate (a narrow op's FLOPs count as the array time they take).
@@ -227,25 +246,37 @@ class _Vec:
 class VectorRun:
     """One run of the vector engine (see the module docstring)."""
 
-    def __init__(self, *, ops, n, nchips, topology, speed, kinds_of_chip, kinds, coll_geo,
-                 cap_links, overlap):
-        self.ops = ops
-        self.n = n
+    def __init__(self, *, progs, nchips, speed, kinds_of_chip, kinds, coll_geo, cap_links,
+                 overlap):
+        """`progs`: per program index, (its chips, its number of ops), or None where no chip
+        runs it; `coll_geo`: per rendezvous key, (program, each of the program's chips' group
+        index (by rank: the chip's position in the program's chips), group size)."""
         self.N = nchips
         self.overlap = overlap
         self.cap = np.asarray(cap_links, dtype=float)  # link classes (HBM per chip)
         self.speed = speed
         self.kinds = kinds
         self.kind_of = kinds_of_chip
-        self.start = np.zeros((nchips, n))
-        self.end = np.zeros((nchips, n))
+        self.progs = progs
+        # Per program, [rank, op] timelines and [collective, rank] arrival and drain times:
+        # a pipeline's stages hold their own ops and collectives, on their own chips.
+        self.start = [None if pr is None else np.zeros((len(pr[0]), pr[1])) for pr in progs]
+        self.end = [None if pr is None else np.zeros((len(pr[0]), pr[1])) for pr in progs]
         colls = sorted(coll_geo)
-        self.cidx = {j: i for i, j in enumerate(colls)}
-        nc = len(colls)
-        self.arr = np.full((nc, nchips), np.nan)
-        self.drn = np.full((nc, nchips), np.nan)
-        self.goc = {j: coll_geo[j][0] for j in colls}
-        self.gsize = {j: coll_geo[j][1] for j in colls}
+        self.cprog = {j: coll_geo[j][0] for j in colls}
+        rows: dict[int, int] = {}
+        self.cidx = {}
+        for j in colls:
+            p = self.cprog[j]
+            self.cidx[j] = rows[p] = rows.get(p, -1) + 1
+        self.arr = [None if pr is None else np.full((rows.get(p, -1) + 1, len(pr[0])), np.nan)
+                    for p, pr in enumerate(progs)]
+        self.drn = [None if pr is None else np.full((rows.get(p, -1) + 1, len(pr[0])), np.nan)
+                    for p, pr in enumerate(progs)]
+        self.goc = {j: coll_geo[j][1] for j in colls}
+        self.gsize = {j: coll_geo[j][2] for j in colls}
+        # Members of each key: every chip of its program.
+        self.expect = {j: len(progs[self.cprog[j]][0]) for j in colls}
         ng = {j: int(self.goc[j].max(initial=0)) + 1 for j in colls}
         self.acnt = {j: np.zeros(ng[j], dtype=np.int64) for j in colls}
         self.dcnt = {j: np.zeros(ng[j], dtype=np.int64) for j in colls}
@@ -263,8 +294,11 @@ class VectorRun:
         self.amax = {j: self.lo[o:o + ng[j]] for j, o in self.goff.items()}
         self.dmax = {j: self.lo[tot + o:tot + o + ng[j]] for j, o in self.goff.items()}
         self.alb = {j: self.lb[o:o + ng[j]] for j, o in self.goff.items()}
-        self.open: set[int] = set()  # collectives with some but not all members arrived
+        # Per program, the collectives with some but not all members arrived (and its sends
+        # not all arrived: their receivers wait on them from the start).
+        self.open: list[set[int]] = [set() for _ in progs]
         self.atot: dict[int, int] = {}
+        n = max(pr[1] for pr in progs if pr is not None)
         self.hash = [int(x) for x in _rng.integers(1, 2**62, size=n)]
         self.waiters: dict[int, set[int]] = {}
         self.vecs: dict[int, _Vec] = {}
@@ -291,16 +325,18 @@ class VectorRun:
         v.id = self._seq
         self._seq += 1
         self.vecs[v.id] = v
+        gk = v.kind.gk
         for j in v.coll:
-            self.waiters.setdefault(j, set()).add(v.id)
+            self.waiters.setdefault(gk[j], set()).add(v.id)
         self.max_vectors = max(self.max_vectors, len(self.vecs))
         return v
 
     def _kill(self, v: _Vec) -> None:
         v.dead = True
         self.vecs.pop(v.id, None)
+        gk = v.kind.gk
         for j in v.coll:
-            self.waiters.get(j, set()).discard(v.id)
+            self.waiters.get(gk[j], set()).discard(v.id)
         if v.skey is not None and self.by_state.get(v.skey) == v.id:
             del self.by_state[v.skey]
 
@@ -374,7 +410,7 @@ class VectorRun:
             rows.append(a["pcie_t"])
         crow = v.crow
         for j, ph in v.coll.items():
-            if ph != K_ARR and ph != K_DRN:
+            if ph == K_FLU:
                 continue
             row = crow.get(j)
             if row is None:
@@ -385,7 +421,7 @@ class VectorRun:
                 _check_row(row, self._coll_row(v, j, ph), j)
             t, bad, at = row
             if t is not None:
-                labels.append((E_CADM if ph == K_ARR else E_CEND, j))
+                labels.append((_LABEL[ph], j))
                 rows.append(t)
             if bad is not None:
                 unres.append((bad, at))
@@ -407,33 +443,45 @@ class VectorRun:
         groups resolves (`_wake` drops it) or the vector's phase at `j` changes: it is kept in
         `v.crow` until then instead of being recomputed at every event."""
         g = v.a[f"g{j}"]
+        k = v.kind.gk[j]
         if ph == K_ARR:
-            ok = self.acnt[j][g] == self.gsize[j]
+            ok = self.acnt[k][g] == self.gsize[k]
             if ok.all():
-                return self.amax[j][g] + v.kind.coll[j][2], None, None
-            at = g + self.goff[j]
+                return self.amax[k][g] + v.kind.coll[j][2], None, None
+            at = g + self.goff[k]
             if not ok.any():
                 return None, ~ok, at
-            return np.where(ok, self.amax[j][g] + v.kind.coll[j][2], np.inf), ~ok, at
-        ok = self.dcnt[j][g] == self.gsize[j]
+            return np.where(ok, self.amax[k][g] + v.kind.coll[j][2], np.inf), ~ok, at
+        ok = self.dcnt[k][g] == self.gsize[k]
         if ok.all():
-            return self.dmax[j][g], None, None
-        at = g + (self.doff + self.goff[j])
+            return self.dmax[k][g], None, None
+        # A receive completes when its send ends: not before the sender reaches the send (its
+        # arrival there, or its arrival bound while on its way).
+        at = g + (self.goff[k] if ph == K_RCV else self.doff + self.goff[k])
         if not ok.any():
             return None, ~ok, at
-        return np.where(ok, self.dmax[j][g], np.inf), ~ok, at
+        return np.where(ok, self.dmax[k][g], np.inf), ~ok, at
 
     # -- main loop --------------------------------------------------------------------------
-    def run(self, init: list[_Vec]) -> None:
+    def run(self, init: list[_Vec], sends=()) -> None:
+        """Run to the end from the vectors `init` (time 0); `sends`: the rendezvous keys of
+        the point-to-point sends, open from the start (their receivers wait on them)."""
         for v in init:  # time 0: ops without dependencies start (collectives in op order)
             t0 = v.a["now"]
-            for op in self.ops:
-                if v.left[op.id] == 0 and op.kind == OpKind.COLLECTIVE and self.overlap:
+            recv = v.kind.recv
+            for op in v.kind.ops:
+                if v.left[op.id] == 0 and op.kind == OpKind.COLLECTIVE and self.overlap and \
+                        op.id not in recv:
                     self._arrive(v, op.id, t0)
                 elif v.left[op.id] == 0 and op.kind == OpKind.HOST:
                     v.pq.append(op.id)
             self._pcie_next(v, t0)
             self._start_core(v, t0)
+        for k in sends:
+            p = self.cprog[k]
+            if self.atot.get(k, 0) < self.expect[k] and k not in self.open[p]:
+                self.open[p].add(k)
+                self._init_bound(k)
         for v in init:
             self._settle(v)
         while True:
@@ -577,8 +625,8 @@ class VectorRun:
         elif kind == E_CADM:
             res, w, lat, empty, wb = v.kind.coll[j]
             if v.coll[j] == K_ARR:
-                st = self.amax[j][a[f"g{j}"]]
-                self.start[a["chips"], j] = st
+                st = self.amax[v.kind.gk[j]][a[f"g{j}"]]
+                self.start[v.kind.prog][a["pr"], j] = st
                 a["bytes"] = a["bytes"] + wb
             if empty:
                 self._drained(v, j, t)
@@ -588,19 +636,30 @@ class VectorRun:
                 v.coll[j] = K_FLU
                 v.crow.pop(j, None)
                 done_now = self._resched(v, t)
+        elif kind == E_RCV:
+            # The send has ended: the receive completes (it started with the send, as in the
+            # class engine).
+            k = v.kind.gk[j]
+            self.start[v.kind.prog][a["pr"], j] = self.amax[k][a[f"g{j}"]]
+            del v.coll[j]
+            del a[f"g{j}"]
+            v.crow.pop(j, None)
+            self.waiters.get(k, set()).discard(v.id)
+            self._op_done(v, j, t)
         elif kind == E_CEND:
             del v.coll[j]
             del a[f"g{j}"]
             v.crow.pop(j, None)
-            self.waiters.get(j, set()).discard(v.id)
+            self.waiters.get(v.kind.gk[j], set()).discard(v.id)
             if not self.overlap:
                 v.core_phase = C_WAIT
                 self._op_done(v, j, t)
                 self._core_next(v, t)
             else:
                 self._op_done(v, j, t)
+        ops = v.kind.ops
         for b in done_now:
-            if self.ops[b].kind == OpKind.COLLECTIVE:
+            if ops[b].kind == OpKind.COLLECTIVE:
                 self._drained(v, b, t)
             else:
                 self._core_done(v, b, t)
@@ -639,8 +698,9 @@ class VectorRun:
         if m is not None:
             return m
         res_all, w_all = [], []
+        ops = v.kind.ops
         for b in v.fluid:
-            if self.ops[b].kind == OpKind.COLLECTIVE:
+            if ops[b].kind == OpKind.COLLECTIVE:
                 res_all.append(v.kind.coll[b][0])
                 w_all.append(v.kind.coll[b][1])
             else:
@@ -746,10 +806,10 @@ class VectorRun:
             v.core_phase = C_WAIT
             return
         a = v.a
-        self.start[a["chips"], op] = t
-        if self.open:
+        self.start[K.prog][a["pr"], op] = t
+        if self.open[K.prog]:
             self._update_open_bounds(v)
-        o = self.ops[op]
+        o = K.ops[op]
         if o.kind == OpKind.COLLECTIVE:  # --no-overlap: the core runs the collective
             v.core_phase = C_COLL
             self._arrive(v, op, t)
@@ -771,13 +831,14 @@ class VectorRun:
 
     def _op_done(self, v: _Vec, op: int, t) -> None:
         a = v.a
-        self.end[a["chips"], op] = t
-        v.dh = (v.dh + self.hash[op]) & ((1 << 63) - 1)
         K = v.kind
+        self.end[K.prog][a["pr"], op] = t
+        v.dh = (v.dh + self.hash[op]) & ((1 << 63) - 1)
+        ops = K.ops
         for o in K.dependents[op]:
             v.left[o] -= 1
             if v.left[o] == 0:
-                kind = self.ops[o].kind
+                kind = ops[o].kind
                 if kind == OpKind.COLLECTIVE and self.overlap:
                     self._arrive(v, o, t)
                 elif kind == OpKind.HOST:
@@ -792,80 +853,94 @@ class VectorRun:
             return
         op = v.pq.pop(0)
         v.pcur = op
-        self.start[v.a["chips"], op] = t
+        self.start[v.kind.prog][v.a["pr"], op] = t
         v.a["pcie_t"] = t + v.kind.host_dur[op]
 
     def _arrive(self, v: _Vec, j: int, t) -> None:
         a = v.a
-        chips = a["chips"]
-        ci = self.cidx[j]
-        self.arr[ci, chips] = t
-        g = a[f"g{j}"] = self.goc[j][chips]
-        np.add.at(self.acnt[j], g, 1)
-        np.maximum.at(self.amax[j], g, t)
+        pr = a["pr"]
+        k = v.kind.gk[j]
+        p = v.kind.prog
+        self.arr[p][self.cidx[k], pr] = t
+        g = a[f"g{j}"] = self.goc[k][pr]
+        np.add.at(self.acnt[k], g, 1)
+        np.maximum.at(self.amax[k], g, t)
         v.coll[j] = K_ARR
         v.crow.pop(j, None)
-        self.waiters.setdefault(j, set()).add(v.id)
-        self.atot[j] = self.atot.get(j, 0) + len(chips)
-        if self.atot[j] >= self.N:
-            self.open.discard(j)
-        elif j not in self.open:
-            self.open.add(j)
-            self._init_bound(j)
-        full = self.acnt[j][g] == self.gsize[j]
+        self.waiters.setdefault(k, set()).add(v.id)
+        self.atot[k] = self.atot.get(k, 0) + len(pr)
+        if self.atot[k] >= self.expect[k]:
+            self.open[p].discard(k)
+        elif k not in self.open[p]:
+            self.open[p].add(k)
+            self._init_bound(k)
+        full = self.acnt[k][g] == self.gsize[k]
         if full.any():
-            self._wake(j, v, K_ARR, g[full])
+            self._wake(k, v, K_ARR, g[full])
 
     def _drained(self, v: _Vec, j: int, t) -> None:
         a = v.a
-        chips = a["chips"]
-        self.drn[self.cidx[j], chips] = t
+        k = v.kind.gk[j]
+        self.drn[v.kind.prog][self.cidx[k], a["pr"]] = t
         g = a[f"g{j}"]
-        np.add.at(self.dcnt[j], g, 1)
-        np.maximum.at(self.dmax[j], g, t)
+        np.add.at(self.dcnt[k], g, 1)
+        np.maximum.at(self.dmax[k], g, t)
         v.coll[j] = K_DRN
         v.crow.pop(j, None)
-        full = self.dcnt[j][g] == self.gsize[j]
+        full = self.dcnt[k][g] == self.gsize[k]
         if full.any():
-            self._wake(j, v, K_DRN, g[full])
+            self._wake(k, v, K_DRN, g[full])
 
-    def _wake(self, j: int, skip: _Vec, phase: int, groups: np.ndarray) -> None:
-        """Re-key the vectors waiting in `phase` of collective `j` on one of `groups` (whose
-        rendezvous just resolved)."""
-        mask = np.zeros(len(self.acnt[j]), dtype=bool)
+    def _wake(self, k: int, skip: _Vec, phase: int, groups: np.ndarray) -> None:
+        """Re-key the vectors waiting in `phase` of rendezvous `k` on one of `groups` (whose
+        rendezvous just resolved); a send's end (K_DRN) also wakes its receivers."""
+        mask = np.zeros(len(self.acnt[k]), dtype=bool)
         mask[groups] = True
-        for vid in list(self.waiters.get(j, ())):
+        p = self.cprog[k]
+        for vid in list(self.waiters.get(k, ())):
             w = self.vecs.get(vid)
-            if w is None or w is skip or w.dead or w.coll.get(j) != phase:
+            if w is None or w is skip or w.dead:
                 continue
+            K = w.kind
+            if K.prog == p:
+                j = k - K.base
+                if w.coll.get(j) != phase:
+                    continue
+            else:  # a receiver (another program)
+                j = K.rid_of.get(k, -1)
+                if phase != K_DRN or w.coll.get(j) != K_RCV:
+                    continue
             if mask[w.a[f"g{j}"]].any():
                 w.crow.pop(j, None)
                 self._push(w)
 
     # -- lower bounds of arrivals at open rendezvous ----------------------------------------
-    def _init_bound(self, j: int) -> None:
-        """Arrival lower bound of every member not yet arrived at `j`, per group."""
-        ci = self.cidx[j]
+    def _init_bound(self, k: int) -> None:
+        """Arrival lower bound of every member not yet arrived at `k`, per group."""
+        ci = self.cidx[k]
+        p = self.cprog[k]
+        arr = self.arr[p]
         for w in list(self.vecs.values()):
-            if np.isnan(self.arr[ci, w.a["chips"][0]]):
-                self._bound_into(w, j)
+            if w.kind.prog == p and np.isnan(arr[ci, w.a["pr"][0]]):
+                self._bound_into(w, k - w.kind.base)
 
     def _bound_into(self, w: _Vec, j: int, at_start: bool = False) -> None:
         a = w.a
         running = not at_start and w.core_phase not in (C_WAIT, C_DONE)
         c0 = w.core_i + (1 if running else 0)
         lb = w.kind.lb_arrival(j, c0, running, a["now"], a["s"])
-        np.maximum.at(self.alb[j], self.goc[j][a["chips"]], lb)
+        k = w.kind.gk[j]
+        np.maximum.at(self.alb[k], self.goc[k][a["pr"]], lb)
 
     def _update_open_bounds(self, v: _Vec) -> None:
         """At the start of a core op: tighten the arrival bounds of the open rendezvous this
         vector has not reached yet (the op and the rest of the path to each still ahead)."""
-        chip0 = v.a["chips"][0]
-        for j in self.open:
-            if np.isnan(self.arr[self.cidx[j], chip0]):
-                self._bound_into(v, j, at_start=True)
-
-
+        K = v.kind
+        pr0 = v.a["pr"][0]
+        arr = self.arr[K.prog]
+        for k in self.open[K.prog]:
+            if np.isnan(arr[self.cidx[k], pr0]):
+                self._bound_into(v, k - K.base, at_start=True)
 
 
 class _Net:
@@ -877,12 +952,62 @@ class _Net:
         self.num_events = events
 
 
+def _p2p_pairs(p2p, programs, prog_of, used, chips_of, rank, base, topology):
+    """Each receive op of each chip: the rendezvous key of the send that completes it and the
+    chip that sends it ({(program, receive op): per chip key / sender, -1 where none}), with
+    the class engine's errors for a send without a receiver or a receive with two sends."""
+    from sim.chip_engine import _coords_text
+
+    nchips = len(prog_of)
+    recv_key: dict[tuple[int, int], np.ndarray] = {}
+    recv_from: dict[tuple[int, int], np.ndarray] = {}
+    for p in used:
+        chips = chips_of[p]
+        for j, (ch, tag) in sorted(p2p.sends[p].items()):
+            peer = np.asarray(p2p.peer_of_chip[ch], dtype=np.int64)[chips]
+            q_of = np.where(peer >= 0, prog_of[np.maximum(peer, 0)], -1)
+            for q in np.unique(q_of).tolist():
+                sel = np.flatnonzero(q_of == q)
+                rid = p2p.recvs[q].get(tag) if q >= 0 else None
+                if rid is None:
+                    raise TpusimError(
+                        f"send op {j} ({programs[p].ops[j].name}) of program {p} on chip "
+                        f"{_coords_text(topology, int(chips[sel[0]]))} has no receiver (tag "
+                        f"{tag} on channel {ch}); every send needs a matching receive op on "
+                        f"its peer"
+                    )
+                key = recv_key.setdefault((q, rid), np.full(nchips, -1, dtype=np.int64))
+                frm = recv_from.setdefault((q, rid), np.full(nchips, -1, dtype=np.int64))
+                r = peer[sel]
+                if (key[r] >= 0).any() or len(np.unique(r)) < len(r):
+                    raise TpusimError(
+                        f"receive op {rid} ({programs[q].ops[rid].name}) of program {q} is the "
+                        f"target of two sends; tags must be unique per sender and receiver"
+                    )
+                key[r] = base[p] + j
+                frm[r] = chips[sel]
+    for q in used:
+        for rid in sorted(p2p.recvs[q].values()):
+            key = recv_key.get((q, rid))
+            if key is None or (key[chips_of[q]] < 0).any():
+                # pragma: no cover - the class engine leaves such an op never run, too
+                raise TpusimError(
+                    f"internal error: receive op {rid} ({programs[q].ops[rid].name}) of program "
+                    f"{q} has no send on some chip; every receive needs a send from its peer")
+    return recv_key, recv_from
+
+
 def simulate_vectors(*, programs, prog_of, speed, op_scale, chip, topology, overlap,
                      op_geom, op_key, geoms, group_cost, base_costs, lm, label, slow,
-                     dead_links):
+                     dead_links, p2p=None, send_cost_of=None, p2p_costs=()):
     """The per-chip engine's result computed with vector classes (see the module docstring);
-    same fields as `sim.chip_engine.simulate_chips`'s class path."""
+    same fields as `sim.chip_engine.simulate_chips`'s class path. `op_geom` and `op_key` are
+    keyed by (program, op id); `p2p`, `send_cost_of` and `p2p_costs` are the class engine's
+    point-to-point sends and their costs (`sim.chip_engine._p2p_costs`).
+
+    Returns (the result, the slowest chip's collective and send costs by op id, its program)."""
     from sim.chip_engine import (
+        _coll_labels,
         _coords_text,
         _per_link_bytes_of_chips,
         _relabel,
@@ -892,39 +1017,92 @@ def simulate_vectors(*, programs, prog_of, speed, op_scale, chip, topology, over
     from sim.engine import _summarize
 
     nchips = topology.num_chips
-    ops0 = programs[int(prog_of[0])].ops  # one program (chip_engine checks)
-    n = len(ops0)
+    prog_of = np.asarray(prog_of, dtype=np.int64)
+    used = sorted(set(prog_of.tolist()))
+    rank = np.zeros(nchips, dtype=np.int64)  # a chip's position among its program's chips
+    progs: list = [None] * len(programs)
+    chips_of: dict[int, np.ndarray] = {}
+    base: dict[int, int] = {}
+    off = 0
+    for p in used:
+        chips_of[p] = ch = np.flatnonzero(prog_of == p)
+        rank[ch] = np.arange(len(ch))
+        progs[p] = (ch, len(programs[p].ops))
+        base[p] = off
+        off += len(programs[p].ops)
+    sends = {p: (p2p.sends[p] if p2p is not None else {}) for p in used}
+    send_cost_of = send_cost_of or {}
+    recv_key, recv_from = (_p2p_pairs(p2p, programs, prog_of, used, chips_of, rank, base,
+                                      topology) if p2p is not None else ({}, {}))
     hbm0 = chip.hbm_bytes_per_s * chip.hbm_efficiency
     rates0 = (chip.mxu_flops_per_s * chip.mxu_efficiency,
               chip.mxu_int8_ops_per_s * chip.mxu_efficiency,
               chip.vpu_flops_per_s * chip.vpu_efficiency, hbm0)
-    # Kinds: chips alike in all but speed.
+    # Kinds: chips alike in all but speed (program, op scales, collective and send costs, and
+    # which send completes each receive).
     cols = [prog_of.astype(float)]
     for op_id in sorted(op_scale):
         cols.append(np.asarray(op_scale[op_id], dtype=float))
-    coll_ids = [o.id for o in ops0 if o.kind == OpKind.COLLECTIVE]
     for key, (index, costs) in group_cost.items():
         if len(costs) > 1:
             ga = next(op_geom[i] for i, k in op_key.items() if k == key)
             cols.append(index[geoms[ga].group_of_chip].astype(float))
+    seen_cols: set[int] = set()
+    for sk in sorted(send_cost_of):
+        col = send_cost_of[sk]
+        if id(col) not in seen_cols and col.max(initial=0) > 0:
+            seen_cols.add(id(col))
+            cols.append(col.astype(float))
+    for rk in sorted(recv_key):
+        col = recv_key[rk][chips_of[rk[0]]]
+        if col.min(initial=0) != col.max(initial=0):
+            cols.append(recv_key[rk].astype(float))
     kind_of = _relabel(cols)
     kinds = []
     scaled: dict = {}
     for kid in range(int(kind_of.max()) + 1):
         r = int(np.flatnonzero(kind_of == kid)[0])
+        p = int(prog_of[r])
+        ops = programs[p].ops
         scale = {op_id: float(np.asarray(v)[r]) for op_id, v in op_scale.items()}
         cc = {}
-        for j in coll_ids:
-            index, costs = group_cost[op_key[j]]
-            cc[j] = scaled_cost(costs[int(index[int(geoms[op_geom[j]].group_of_chip[r])])],
-                                scale.get(j, 1.0), scaled)
-        kinds.append(_Kind(kid, programs[int(prog_of[r])].ops, scale, cc, overlap, chip, rates0,
-                           lm.class_capacity_bytes_per_s))
-    coll_geo = {j: (geoms[op_geom[j]].group_of_chip, geoms[op_geom[j]].group_size)
-                for j in coll_ids}
-    run = VectorRun(ops=ops0, n=n, nchips=nchips, topology=topology, speed=speed,
-                    kinds_of_chip=kind_of, kinds=kinds, coll_geo=coll_geo,
-                    cap_links=lm.class_capacity_bytes_per_s, overlap=overlap)
+        for op in ops:
+            if op.kind != OpKind.COLLECTIVE:
+                continue
+            j = op.id
+            if (p, j) in op_key:
+                index, costs = group_cost[op_key[(p, j)]]
+                cc[j] = scaled_cost(costs[int(index[int(geoms[op_geom[(p, j)]].group_of_chip[r])])],
+                                    scale.get(j, 1.0), scaled)
+            elif j in sends[p]:
+                cc[j] = p2p_costs[int(send_cost_of[(p, j)][r])]
+        recv = {rid: int(recv_key[(p, rid)][r]) for rid in sorted(p2p.recvs[p].values())} \
+            if p2p is not None else {}
+        K = _Kind(kid, ops, scale, cc, overlap, chip, rates0, lm.class_capacity_bytes_per_s,
+                  prog=p, base=base[p], recv=recv)
+        K.cc = cc
+        kinds.append(K)
+    # Rendezvous keys: every collective and send of every program (a send: its sender alone).
+    coll_geo = {}
+    sub: dict[tuple, np.ndarray] = {}
+    for p in used:
+        ch = chips_of[p]
+        for op in programs[p].ops:
+            if op.kind != OpKind.COLLECTIVE:
+                continue
+            if (p, op.id) in op_geom:
+                ga = op_geom[(p, op.id)]
+                goc = sub.get((p, ga))
+                if goc is None:
+                    goc = sub[(p, ga)] = geoms[ga].group_of_chip[ch]
+                coll_geo[base[p] + op.id] = (p, goc, geoms[ga].group_size)
+            elif op.id in sends[p]:
+                goc = sub.get((p, None))
+                if goc is None:
+                    goc = sub[(p, None)] = np.arange(len(ch))
+                coll_geo[base[p] + op.id] = (p, goc, 1)
+    run = VectorRun(progs=progs, nchips=nchips, speed=speed, kinds_of_chip=kind_of, kinds=kinds,
+                    coll_geo=coll_geo, cap_links=lm.class_capacity_bytes_per_s, overlap=overlap)
     init = []
     for K in kinds:
         chips = np.flatnonzero(kind_of == K.id)
@@ -933,20 +1111,23 @@ def simulate_vectors(*, programs, prog_of, speed, op_scale, chip, topology, over
         proto.kind = K
         proto.core_i = 0
         proto.core_phase = C_WAIT
-        proto.coll = {}
+        proto.coll = {rid: K_RCV for rid in K.recv}  # receives wait from the start
         proto.fluid = []
         proto.left = K.deps_left.copy()
         proto.dh = 0
         proto.pq = []
         proto.pcur = -1
-        init.append(run._new(proto, {
-            "chips": chips, "s": speed[chips].astype(float), "now": np.zeros(k),
-            "core_t": np.zeros(k), "fl_last": np.zeros(k), "ft": np.full(k, np.inf),
-            "pcie_t": np.zeros(k), "busy": np.zeros((k, NRES)), "bytes": np.zeros((k, NRES)),
-            "R": np.zeros((k, 0)), "V": np.zeros((k, 0)), "M": np.zeros((k, 0)),
-            "nev": np.zeros(k, dtype=np.int64),
-        }))
-    run.run(init)
+        a = {
+            "chips": chips, "pr": rank[chips], "s": speed[chips].astype(float),
+            "now": np.zeros(k), "core_t": np.zeros(k), "fl_last": np.zeros(k),
+            "ft": np.full(k, np.inf), "pcie_t": np.zeros(k), "busy": np.zeros((k, NRES)),
+            "bytes": np.zeros((k, NRES)), "R": np.zeros((k, 0)), "V": np.zeros((k, 0)),
+            "M": np.zeros((k, 0)), "nev": np.zeros(k, dtype=np.int64),
+        }
+        for rid in K.recv:  # the group of a receive: its sender's rank
+            a[f"g{rid}"] = rank[recv_from[(K.prog, rid)][chips]]
+        init.append(run._new(proto, a))
+    run.run(init, sends=[base[p] + j for p in used for j in sorted(sends[p])])
 
     # -- per-chip results -------------------------------------------------------------------
     busy = np.zeros((nchips, NRES))
@@ -958,61 +1139,46 @@ def simulate_vectors(*, programs, prog_of, speed, op_scale, chip, topology, over
         busy[c] = v.a["busy"]
         nbytes[c] = v.a["bytes"]
         nev[c] = v.a["nev"]
-    start, end = run.start, run.end
-    finish = end.max(axis=1, initial=0.0)
-    # Wall time each chip waits in at least one rendezvous (arrival to start, own drain to
-    # end), over chunks of chips to bound the temporaries.
-    cols = [j for j in coll_ids if run.gsize[j] > 1]
-    ci = [run.cidx[j] for j in cols]
-    for c0 in range(0, nchips, 512):
-        sl = slice(c0, min(c0 + 512, nchips))
-        lo = np.concatenate([run.arr[ci, sl].T, run.drn[ci, sl].T], axis=1)
-        hi = np.concatenate([start[sl][:, cols], end[sl][:, cols]], axis=1)
-        wait[sl] = wait_wall_time(lo, hi)
+    finish = np.zeros(nchips)
+    for p in used:
+        ch = chips_of[p]
+        start, end = run.start[p], run.end[p]
+        finish[ch] = end.max(axis=1, initial=0.0)
+        # Wall time each chip waits in at least one rendezvous (arrival to start, own drain
+        # to end), over chunks of chips to bound the temporaries.
+        cols = [op.id for op in programs[p].ops
+                if (p, op.id) in op_geom and run.gsize[base[p] + op.id] > 1]
+        ci = [run.cidx[base[p] + j] for j in cols]
+        for c0 in range(0, len(ch), 512):
+            sl = slice(c0, min(c0 + 512, len(ch)))
+            lo = np.concatenate([run.arr[p][ci, sl].T, run.drn[p][ci, sl].T], axis=1)
+            hi = np.concatenate([start[sl][:, cols], end[sl][:, cols]], axis=1)
+            wait[ch[sl]] = wait_wall_time(lo, hi)
     ncls = int(label.max()) + 1
     _, rep = np.unique(label, return_index=True)
     count = np.bincount(label, minlength=ncls)
     slowest = int(rep[int(np.argmax(finish[rep]))])
     K = kinds[int(kind_of[slowest])]
+    p = K.prog
     s = float(speed[slowest])
-    mxu_rate, vpu_rate, hbm_bw = rates0[0] * s, rates0[2] * s, hbm0 * s
-    dur = np.zeros(n)
-    bound = [""] * n
-    sc_costs = {}
-    for op in K.ops:
-        if op.kind == OpKind.COMPUTE:
-            rate = K.rate0[op.id] * s
-            t_c = K.flops[op.id] / rate
-            t_m = K.hbm[op.id] / hbm_bw
-            bound[op.id] = ("mxu" if op.unit == Unit.MXU else "vpu") if t_c >= t_m else "hbm"
-            dur[op.id] = max(t_c, t_m) + chip.op_overhead_s
-        elif op.kind == OpKind.COLLECTIVE:
-            index, costs = group_cost[op_key[op.id]]
-            cc = scaled_cost(costs[int(index[int(geoms[op_geom[op.id]].group_of_chip[slowest])])],
-                             float(np.asarray(op_scale[op.id])[slowest]) if op.id in op_scale
-                             else 1.0, scaled)
-            sc_costs[op.id] = cc
-            dur[op.id] = cc.time_s
-            bound[op.id] = "ici"
-        elif op.kind == OpKind.HOST:
-            dur[op.id] = K.host_dur[op.id]
-            bound[op.id] = "pcie"
-        else:
-            dur[op.id] = op.duration_s
-            bound[op.id] = "idle"
-    prog_trace = programs[int(prog_of[slowest])]
-    res = _summarize(prog_trace, chip, topology, dur, bound, start[slowest], end[slowest],
-                     _Net(nbytes[slowest], busy[slowest], int(nev[slowest])), base_costs, lm,
-                     mxu_rate, vpu_rate, hbm_bw)
+    dur, bound = _dur_bound(K, chip, s, rates0)
+    sc_costs = dict(K.cc)
+    for j, cc in sc_costs.items():
+        dur[j] = cc.time_s
+    prog_trace = programs[p]
+    row_of = int(rank[slowest])
+    res = _summarize(prog_trace, chip, topology, dur, bound, run.start[p][row_of],
+                     run.end[p][row_of], _Net(nbytes[slowest], busy[slowest], int(nev[slowest])),
+                     base_costs, lm, rates0[0] * s, rates0[2] * s, hbm0 * s)
     if slowest != 0:
         res._ops = [(slowest,) + row[1:] for row in res._ops]
         res._units = [(slowest,) + row[1:] for row in res._units]
         res._memory = [(slowest,) + row[1:] for row in res._memory]
-    res.sim_events = int(nev[rep].sum()) + n * ncls
+    res.sim_events = int(nev[rep].sum()) + sum(progs[int(prog_of[r])][1] for r in rep.tolist())
     s_all = np.asarray(speed, dtype=float)
-    kf = np.array([kinds[int(kk)].mxu_flops for kk in kind_of])
-    vf = np.array([kinds[int(kk)].vpu_flops for kk in kind_of])
-    pcie = np.array([float(kinds[int(kk)].host_dur.sum()) for kk in kind_of])
+    kf = np.array([K.mxu_flops for K in kinds])[kind_of]
+    vf = np.array([K.vpu_flops for K in kinds])[kind_of]
+    pcie = np.array([float(K.host_dur.sum()) for K in kinds])[kind_of]
     rows = np.column_stack([finish, kf / (rates0[0] * s_all), vf / (rates0[2] * s_all),
                             nbytes[:, HBM] / (hbm0 * s_all), pcie, wait])
     res._class_rows = [tuple(float(x) for x in rows[r]) for r in rep]
@@ -1021,33 +1187,88 @@ def simulate_vectors(*, programs, prog_of, speed, op_scale, chip, topology, over
     res._chip_class = label
     res.num_chip_classes = ncls
     res.slowest_chip = _coords_text(topology, slowest)
-    res._class_timelines = {c: (start[int(r)], end[int(r)]) for c, r in enumerate(rep)}
+    res._class_timelines = {c: (run.start[int(prog_of[r])][int(rank[r])],
+                                run.end[int(prog_of[r])][int(rank[r])])
+                            for c, r in enumerate(rep.tolist())}
     res._mem_trace = prog_trace
     res._link_bytes = _per_link_bytes_of_chips(topology, nbytes[:, :NUM_CLASSES])
     res.critical_path = _critical_path_chips(run, slowest, topology, slow, dead_links, label,
-                                             count, kinds, kind_of, op_key, group_cost)
+                                             count, kinds, kind_of, op_key, group_cost, rank,
+                                             recv_from)
+    if p2p is not None:
+        res._p2p = (p2p, {c: int(prog_of[r]) for c, r in enumerate(rep.tolist())})
+    if len(used) > 1:
+        # Each class's program, its ops' bound units and its collectives' and sends' links,
+        # shared by the classes of one kind (a compute op's bound is the same at every speed:
+        # both its times scale with 1 / speed).
+        per_kind: dict[int, tuple] = {}
+        progs_of_class = {}
+        for c, r in enumerate(rep.tolist()):
+            kid = int(kind_of[r])
+            if kid not in per_kind:
+                Kc = kinds[kid]
+                per_kind[kid] = (programs[Kc.prog], _dur_bound(Kc, chip, float(speed[r]),
+                                                               rates0)[1],
+                                 *_coll_labels(Kc.cc))
+            progs_of_class[c] = per_kind[kid]
+        res._class_programs = progs_of_class
     res._vector_stats = {"vectors_peak": run.max_vectors, "vector_steps": run.steps}
-    return res, sc_costs
+    return res, sc_costs, p
+
+
+def _dur_bound(K: _Kind, chip, s: float, rates0) -> tuple[np.ndarray, list[str]]:
+    """Each op's duration and bound unit on a chip of kind `K` at speed `s`, as the class
+    engine costs them (a collective's or send's duration is its cost's time, set by the
+    caller; a receive takes no time)."""
+    hbm_bw = rates0[3] * s
+    n = len(K.ops)
+    dur = np.zeros(n)
+    bound = [""] * n
+    for op in K.ops:
+        if op.kind == OpKind.COMPUTE:
+            rate = K.rate0[op.id] * s
+            t_c = K.flops[op.id] / rate
+            t_m = K.hbm[op.id] / hbm_bw
+            bound[op.id] = ("mxu" if op.unit == Unit.MXU else "vpu") if t_c >= t_m else "hbm"
+            dur[op.id] = max(t_c, t_m) + chip.op_overhead_s
+        elif op.kind == OpKind.COLLECTIVE:
+            bound[op.id] = "idle" if op.id in K.recv else "ici"
+            cc = K.cc.get(op.id)
+            if cc is not None:
+                dur[op.id] = cc.time_s
+        elif op.kind == OpKind.HOST:
+            dur[op.id] = K.host_dur[op.id]
+            bound[op.id] = "pcie"
+        else:
+            dur[op.id] = op.duration_s
+            bound[op.id] = "idle"
+    return dur, bound
 
 
 def _critical_path_chips(run, last, topology, slow, dead, label, count, kinds, kind_of, op_key,
-                         group_cost) -> list[dict]:
+                         group_cost, rank, recv_from) -> list[dict]:
     """`sim.chip_engine._critical_path` on chips: each op's start was set by its latest
     dependency (or the core op before it), a collective's start by the member that arrived last
-    and its end by the member that drained last."""
+    and its end by the member that drained last, a receive's end by its send (on the sender)."""
     from sim.chip_engine import _coords_text, add_path_links
 
-    start, end = run.start, run.end
     members: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
-    def group_members(j, c):
-        goc = run.goc[j]
-        if j not in members:
+    def kind(c):
+        return kinds[int(kind_of[c])]
+
+    def times(c):
+        p = kind(c).prog
+        return run.start[p][int(rank[c])], run.end[p][int(rank[c])]
+
+    def group_members(key, c):
+        goc = run.goc[key]
+        if id(goc) not in members:
             order = np.argsort(goc, kind="stable")
-            members[j] = (order, np.searchsorted(goc[order], np.arange(goc.max() + 2)))
-        order, bounds = members[j]
-        g = int(goc[c])
-        return order[bounds[g]:bounds[g + 1]]
+            members[id(goc)] = (order, np.searchsorted(goc[order], np.arange(goc.max() + 2)))
+        order, bounds = members[id(goc)]
+        g = int(goc[rank[c]])
+        return run.progs[run.cprog[key]][0][order[bounds[g]:bounds[g + 1]]]
 
     def pick(vals, ps, c):
         best = vals.max()
@@ -1055,59 +1276,74 @@ def _critical_path_chips(run, last, topology, slow, dead, label, count, kinds, k
         return c if c in cands else int(cands.min())
 
     c = last
-    ops = kinds[int(kind_of[c])].ops
-    k = int(np.argmax(end[c]))
-    core_prev = {}
-    for K in kinds:
-        prev, mm = -1, {}
-        for op in K.ops:
-            if op.kind in (OpKind.COMPUTE, OpKind.IDLE):
-                if prev >= 0:
-                    mm[op.id] = prev
-                prev = op.id
-        core_prev[K.id] = mm
+    ops = kind(c).ops
+    k = int(np.argmax(times(c)[1]))
+    core_prev: dict[int, dict[int, int]] = {}
+
+    def prev_of(K):
+        if K.id not in core_prev:
+            prev, mm = -1, {}
+            for op in K.ops:
+                if op.kind in (OpKind.COMPUTE, OpKind.IDLE):
+                    if prev >= 0:
+                        mm[op.id] = prev
+                    prev = op.id
+            core_prev[K.id] = mm
+        return core_prev[K.id]
+
     steps: list[tuple[int, int]] = []
     seen = 0
     while k >= 0 and seen < 10 * len(ops) + 10:
         seen += 1
-        op = kinds[int(kind_of[c])].ops[k]
-        if op.kind == OpKind.COLLECTIVE and run.gsize[k] > 1:
-            ps = group_members(k, c)
-            ci = run.cidx[k]
-            steps.append((pick(run.drn[ci, ps], ps, c), k))
-            c = pick(run.arr[ci, ps], ps, c)
+        K = kind(c)
+        op = K.ops[k]
+        key = K.gk[k]
+        if op.kind == OpKind.COLLECTIVE and k not in K.recv and run.gsize[key] > 1:
+            ps = group_members(key, c)
+            ci = run.cidx[key]
+            steps.append((pick(run.drn[K.prog][ci, rank[ps]], ps, c), k))
+            c = pick(run.arr[K.prog][ci, rank[ps]], ps, c)
+        elif k in K.recv:
+            # A receive ends when its message has arrived: the path continues on the sender.
+            steps.append((c, k))
+            c = int(recv_from[(K.prog, k)][c])
+            k = key - kind(c).base
+            steps.append((c, k))
         else:
             steps.append((c, k))
-        K = kinds[int(kind_of[c])]
+        K = kind(c)
         op = K.ops[k]
         cands = list(op.deps)
-        if op.kind in (OpKind.COMPUTE, OpKind.IDLE) and k in core_prev[K.id]:
-            cands.append(core_prev[K.id][k])
+        prev = prev_of(K)
+        if op.kind in (OpKind.COMPUTE, OpKind.IDLE) and k in prev:
+            cands.append(prev[k])
         if not cands:
             break
-        k = max(cands, key=lambda d: (end[c, d], d))
-        if end[c, k] <= 0 and start[c, k] <= 0 and not K.ops[k].deps:
+        start, end = times(c)
+        k = max(cands, key=lambda d: (end[d], d))
+        if end[k] <= 0 and start[k] <= 0 and not K.ops[k].deps:
             steps.append((c, k))
             break
     steps.reverse()
     segments: list[dict] = []
     for c, k in steps:
-        K = kinds[int(kind_of[c])]
+        K = kind(c)
         op = K.ops[k]
+        start, end = times(c)
         if not segments or segments[-1]["_chip"] != c:
             segments.append({
                 "_chip": c, "chip": _coords_text(topology, c),
                 "chips_in_class": int(count[label[c]]), "first_op": op.name,
-                "last_op": op.name, "num_ops": 0, "start_s": float(start[c, k]),
-                "end_s": float(end[c, k]), "links": [],
+                "last_op": op.name, "num_ops": 0, "start_s": float(start[k]),
+                "end_s": float(end[k]), "links": [],
             })
         seg = segments[-1]
         seg["last_op"] = op.name
         seg["num_ops"] += 1
-        seg["end_s"] = float(end[c, k])
-        if op.kind == OpKind.COLLECTIVE:
-            index, costs = group_cost[op_key[k]]
-            cc = costs[int(index[int(run.goc[k][c])])]
+        seg["end_s"] = float(end[k])
+        if (K.prog, k) in op_key:
+            index, costs = group_cost[op_key[(K.prog, k)]]
+            cc = costs[int(index[int(run.goc[K.gk[k]][rank[c]])])]
             add_path_links(seg["links"], cc, costs[0], topology, dead, slow)
     for seg in segments:
         seg.pop("_chip")
