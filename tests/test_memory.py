@@ -896,3 +896,141 @@ def test_the_chip_sets_the_one_sequence_logits_and_the_windowed_mlp_rules(tmp_pa
         got = [d for i, cat, d in run.trace.meta["memory_events"]
                if cat == "logits" and run.trace.ops[i].name == "logits_bwd"]
         assert got == [-6 * 1024 * 256 + (4 * 1024 * 256 if kept else 0)]
+
+
+# -- rules pinned on their own (docs/model.md "Memory") -----------------------------------------
+
+def _compile(remat, *, model=LONG_CONTEXT, mesh="fsdp=1", chips=1, **cfg):
+    """A LONG_CONTEXT-style step compiled (not replayed): 2 sequences of 1024 tokens per chip."""
+    config = {"seq_len": 1024, "batch_per_chip": 2, "remat": remat, "attention": "dot", **cfg}
+    return compile_training_step(model_from_dict(model), parse_mesh(mesh), chips,
+                                 TrainingConfig(**config))
+
+
+@pytest.mark.parametrize("remat", [Remat.NONE, Remat.MINIMAL, Remat.FULL])
+def test_flash_attention_holds_no_score_sized_temporaries(remat):
+    # Flash keeps its scores in VMEM: the only working buffers of the step are each layer's
+    # three [tokens, d_model] bf16 activation gradients (2048 tokens, d_model 64, one chip).
+    trace = _compile(remat, attention="flash")
+    ops = trace.ops
+    temps = [(ops[i].name, ops[i].layer, d) for i, cat, d in trace.meta["memory_events"]
+             if cat == "temporaries"]
+    grads = 3 * 2048 * 64 * 2
+    assert sorted(d for _, _, d in temps) == [-grads, -grads, grads, grads]
+    assert all(not name.startswith(("attn_", "softmax", "flash")) for name, _, _ in temps)
+    # Dot attention on the same step adds its score buffers (4 heads x 2048 x 1024 scores).
+    dot = _compile(remat)
+    assert max(d for _, cat, d in dot.meta["memory_events"] if cat == "temporaries") \
+        >= 2 * 2048 * 1024 * 4
+
+
+@pytest.mark.parametrize("mlp,extra", [
+    # ReLU: a one-byte mask of the activation's input (JAX's relu JVP selects on x > 0), no
+    # gated product; GELU: its two bf16 derivative terms, no gated product; SwiGLU: the two
+    # terms and the gated product the down projection reads.
+    ("relu", {"mlp_act_mask": 1 * 100 * 16}),
+    ("gelu", {"mlp_act_terms": 2 * 2 * 100 * 16}),
+    ("swiglu", {"mlp_act_terms": 2 * 2 * 100 * 16, "mlp_gated_product": 2 * 100 * 16}),
+])
+def test_a_scanned_stack_keeps_the_activations_derivative_terms_by_mlp_kind(mlp, extra):
+    matrices = 3 if mlp == "swiglu" else 2
+    shape = LayerShapeSpec(**{**{f: getattr(SHAPE, f) for f in SHAPE.__slots__},
+                              "mlp_kind": mlp, "mlp_matrices": matrices})
+    stacked = {t.name: t.num_bytes for t in saved_tensors(shape, remat="none", attention="dot")}
+    fused = {t.name: t.num_bytes for t in saved_tensors(shape, remat="none", attention="dot",
+                                                        stacked=False)}
+    mlp_terms = {k: v for k, v in stacked.items() if k.startswith("mlp_act_") and k not in fused}
+    mlp_terms.update({k: v for k, v in stacked.items() if k == "mlp_gated_product"})
+    assert mlp_terms == extra
+    # The hidden output: gate and up (2 x 100 x 16 bf16) when gated, the up projection alone
+    # otherwise.
+    assert stacked["mlp_hidden"] == 2 * (matrices - 1) * 100 * 16
+
+
+def test_an_moe_layer_keeps_its_router_logits_in_f32_unless_it_recomputes_the_layer():
+    # 100 tokens x 4 routed experts, f32 (the router matmul writes f32 logits that the top-k
+    # softmax's backward reads): kept by none and minimal (a dot without batch dimensions),
+    # not by full.
+    moe = LayerShapeSpec(**{**{f: getattr(SHAPE, f) for f in SHAPE.__slots__},
+                            "num_experts": 4})
+    for remat in ("none", "minimal"):
+        got = {t.name: t for t in saved_tensors(moe, remat=remat, attention="dot")}
+        assert got["router_logits"].num_bytes == 4 * 100 * 4
+        assert got["router_logits"].producer == "router"
+        dense = saved_tensors(SHAPE, remat=remat, attention="dot")
+        assert _bytes(got.values()) - _bytes(dense) == 4 * 100 * 4
+    assert {t.name for t in saved_tensors(moe, remat="full", attention="dot")} == {"layer_input"}
+
+
+@pytest.mark.parametrize("variant,freed", [("dense", True), ("parallel", False), ("moe", False)])
+def test_only_a_dense_sequential_layer_frees_its_mlp_tensors_at_the_mlp_weight_gradient(
+        variant, freed):
+    # Under full remat a dense sequential layer's MLP-side tensors die with the MLP's
+    # weight-gradient matmul (XLA's v6e programs); MoE layers and parallel blocks keep theirs
+    # to the end of the layer's backward (not compiled; tpusim keeps them).
+    model = {**LONG_CONTEXT, **({"parallel_block": True} if variant == "parallel" else {}),
+             **({"num_experts": 4, "experts_per_token": 2} if variant == "moe" else {})}
+    trace = _compile(Remat.FULL, model=model)
+    ops = trace.ops
+    at_dw = sum(d for i, cat, d in trace.meta["memory_events"]
+                if cat == "saved_activations" and ops[i].layer == 0
+                and ops[i].name == "mlp_bwd_weights")
+    if freed:
+        # mid residual, MLP norm output (bf16) and statistics (f32), gate/up and activation
+        # outputs: 2048 tokens, d_model 64, d_ff 128.
+        assert at_dw == -(2 * 2048 * 64 * 2 + 4 * 2048 + 2 * 2048 * 128 * 3)
+    else:
+        assert at_dw == 0
+
+
+def test_the_embeddings_all_reduced_gradient_holds_no_whole_gradient_buffer():
+    # fsdp=64 (mixed mode: every gradient all-reduced whole, the output projection's too):
+    # only the layers' weight gradients are held whole; the embedding's reduction is one
+    # collective at the end of the step and holds none.
+    trace = _compile(Remat.FULL, mesh="fsdp=64", chips=64, fsdp_gather="mixed-blocking")
+    ops = trace.ops
+    (embed,) = [o for o in ops if o.name == "fsdp_grad_allreduce_embed"]
+    assert embed.collective == "all-reduce" and embed.bytes == 2 * 64 * 256
+    whole = [(ops[i].layer, d) for i, cat, d in trace.meta["memory_events"]
+             if cat == "whole_gradients"]
+    assert whole and all(layer >= 0 for layer, _ in whole)
+    assert sum(d for _, d in whole) == 0
+    assert sum(d for _, d in whole if d > 0) == 2 * sum(_WHOLE.values())  # two layers
+
+
+@pytest.mark.parametrize("microbatches", [1, 2])
+def test_the_local_gradient_shards_are_allocated_once_at_their_reduce_scatters(microbatches):
+    # fsdp=4: each layer's gradient shard (its seven matrices / 4, bf16) appears when the
+    # layer's last reduce-scatter ends, in the first microbatch only; the embedding and norm
+    # gradients (the rest of the local shard) with the embedding's; all die at the update.
+    trace = _compile(Remat.FULL, mesh="fsdp=4", chips=4, microbatches=microbatches)
+    ops = trace.ops
+    allocs = [(ops[i].name, d) for i, cat, d in trace.meta["memory_events"]
+              if cat == "gradients" and d > 0]
+    layer = sum(_WHOLE.values()) / 4
+    assert [name for name, _ in allocs] == ["fsdp_grad_reducescatter_w_down"] * 2 + [
+        "fsdp_grad_reducescatter_embed"]
+    assert [d for _, d in allocs[:2]] == [layer, layer]
+    p = trace.meta["params_per_chip"]
+    assert sum(d for _, d in allocs) == pytest.approx(2 * p, rel=1e-12)
+    frees = [(ops[i].name, d) for i, cat, d in trace.meta["memory_events"]
+             if cat == "gradients" and d < 0]
+    assert frees == [("adam_update", pytest.approx(-2 * p, rel=1e-12))]
+
+
+@pytest.mark.parametrize("gather,layers_held", [("async", 2), ("blocking", 1)])
+def test_prefetched_gathers_hold_two_layers_of_weights_in_the_forward_blocking_ones_one(
+        gather, layers_held):
+    # 4 layers, fsdp=4: an async gather of layer L + 1 is issued as layer L starts and lands
+    # while it runs (its weights and layer L's are live until layer L ends); a blocking one
+    # waits for layer L's end, when layer L's gathered weights die.
+    model = {**LONG_CONTEXT, "num_layers": 4}
+    chip = get_chip("v5e")
+    topo = resolve_topology(chip_name=chip.name, wrap_rule=chip.generation_rule,
+                            max_pod_shape=chip.max_pod_shape, shape="2x2")
+    trace = _compile(Remat.FULL, model=model, mesh="fsdp=4", chips=4, fsdp_gather=gather)
+    res = replay(trace, chip, topo)
+    ops = res.ops
+    (logits_start,) = ops[ops.name == "logits"].start_s
+    fwd = res.memory[res.memory.time_s < logits_start]
+    assert fwd.gathered_weights.max() == layers_held * sum(_WHOLE.values())

@@ -573,6 +573,20 @@ def test_sgd_keeps_no_optimizer_state_and_its_update_moves_weights_and_gradients
     assert res.hbm_peak_bytes < _step("fsdp=4", "2x2")[1].hbm_peak_bytes
 
 
+@pytest.mark.parametrize("params,bytes_per_param", [("bf16", 22), ("fp32", 26)])
+def test_the_adam_update_reads_and_writes_the_shard_its_gradient_and_both_moments(
+        params, bytes_per_param):
+    # Per local parameter: 12 FLOPs; reads w, g, m, v and writes w, m, v: bf16 weights
+    # 2 + 2 + 8 + 2 + 8 = 22 bytes (tpu.md §4's fp32 moments), f32 weights cast to bf16 for
+    # their gathers 26 (the v6e / v5e fsdp=16 f32 programs: XLA's estimate 1.17-1.18x).
+    trace, _ = _step("fsdp=4", "2x2", param_dtype=params, gather_dtype="bf16")
+    p = trace.meta["params_per_chip"]
+    (upd,) = [o for o in trace.ops if o.phase == "optimizer" and o.kind == OpKind.COMPUTE]
+    assert (upd.name, upd.unit) == ("adam_update", Unit.VPU)
+    assert upd.flops == pytest.approx(12 * p, rel=1e-12)
+    assert upd.hbm_bytes == pytest.approx(bytes_per_param * p, rel=1e-12)
+
+
 def test_an_unknown_optimizer_is_refused_with_the_known_ones():
     with pytest.raises(TpusimError, match="--optimizer 'lion' is not an optimizer; use one "
                                           "of: adam, sgd"):
@@ -1066,6 +1080,24 @@ def test_expert_parallel_shards_non_expert_weights_over_fsdp_and_expert():
     # Every matmul weight is split four ways; the norm scales are replicated.
     p_local = (spec.num_params - spec.num_norm_params) / 4 + spec.num_norm_params
     assert trace.meta["static_hbm_bytes"] == pytest.approx(p_local * (2 + 2 * 4), rel=1e-12)
+
+
+def test_within_a_slice_the_data_all_reduce_sends_the_experts_shard_apart():
+    # data=2 x fsdp=2 x expert=2, one slice (per-layer form): per layer one all-reduce over
+    # data of the non-expert weights' bf16 gradient shard (split over fsdp x expert: / 4) and
+    # one of the routed experts' (each expert-axis shard's experts, split over fsdp: / 2).
+    spec = model_from_dict(TINY_MOE)
+    trace, _ = _step("data=2,fsdp=2,expert=2", "2x4", model=TINY_MOE, remat=Remat.NONE)
+    D = spec.d_model
+    routed = spec.num_experts * spec.mlp.num_matrices * D * spec.expert_d_ff
+    attention = D * (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim \
+        + spec.num_heads * spec.head_dim * D
+    router = D * spec.num_experts
+    for layer in range(spec.num_layers):
+        got = {o.name: (o.mesh_axes, o.bytes) for o in trace.ops
+               if o.layer == layer and o.name.startswith("dp_grad_")}
+        assert got == {"dp_grad_allreduce": (("data",), 2 * (attention + router) / 4),
+                       "dp_grad_allreduce_experts": (("data",), 2 * routed / 2 / 2)}
 
 
 # -- sliding-window (local / global) attention ----------------------------------------------------

@@ -750,3 +750,27 @@ ENTRY %main (w: bf16[4], g: bf16[4]) -> bf16[4] {{
     # start each way (one start here: half a ring).
     assert xc.xla_logical_counts(xr) == {("all-gather", "fsdp"): 2,
                                          ("reduce-scatter", "fsdp"): 0.5}
+
+
+@pytest.mark.parametrize(("tp_activations", "name", "kind"), [
+    ("replicated", "tp_allreduce_logits_bwd", "all-reduce"),
+    ("sharded", "tp_reducescatter_logits_bwd", "reduce-scatter"),
+])
+def test_the_logits_input_gradient_is_summed_over_tensor_in_bf16(tp_activations, name, kind):
+    # fsdp=2 x tensor=4: each vocabulary shard's input gradient [n, d_model] (n = 1024 tokens
+    # per tensor group) is summed over tensor in bf16, as the compiled fsdp x tensor programs
+    # keep that path (no f32 logits-path gradient), even with f32 weight gradients.
+    n = 4 * SEQ
+    for grad_dtype in ("bf16", "fp32"):
+        trace = _trace("fsdp=2,tensor=4", 8, tp_activations=tp_activations,
+                       grad_dtype=grad_dtype)
+        (red,) = _ops(trace, name)
+        assert (red.collective, red.mesh_axes, red.bytes) == (kind, ("tensor",), n * D * 2)
+        (dx,) = _ops(trace, "logits_bwd")
+        assert dx.id in red.deps
+        # The last layer's backward starts from the reduced gradient.
+        top = [o for o in trace.ops if o.layer == 1 and o.phase == "bwd" and red.id in o.deps]
+        assert top
+    # Without a tensor axis there is nothing to sum.
+    assert not [o for o in _trace("fsdp=8", 8).ops if "logits_bwd" in o.name
+                and o.kind == "collective"]
