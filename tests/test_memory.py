@@ -1034,3 +1034,40 @@ def test_prefetched_gathers_hold_two_layers_of_weights_in_the_forward_blocking_o
     (logits_start,) = ops[ops.name == "logits"].start_s
     fwd = res.memory[res.memory.time_s < logits_start]
     assert fwd.gathered_weights.max() == layers_held * sum(_WHOLE.values())
+
+
+@pytest.mark.parametrize("remat,names", [
+    (Remat.QKV_OFFLOAD, ("layer_input", "q", "k", "v")),
+    (Remat.QKVO_OFFLOAD, ("layer_input", "q", "k", "v", "attn_out_proj"))])
+def test_the_custom_offload_policies_fetch_their_sets_in_program_order_too(remat, names):
+    # Nothing stays in HBM between a layer's forward and its backward; the fetched set (the
+    # layer input and q, k, v, plus the output projection under qkvo: 2048 tokens, bf16) is
+    # allocated as the final norm ends (top layer) and as the layer above's backward ends,
+    # never on a PCIe op, as under `offload`.
+    trace = _compile(remat)
+    ops = trace.ops
+    widths = {"layer_input": 64, "q": 64, "k": 32, "v": 32, "attn_out_proj": 64}
+    sent = 2 * 2048 * sum(widths[k] for k in names)
+    assert sent == sum(t.num_bytes for t in offloaded_tensors(LONG_SHAPE, attention="dot",
+                                                             remat=str(remat)))
+    # (The recomputation's own allocations, at its `re-` ops, are left out: the MLP's hidden
+    # output happens to be the qkvo set's size here.)
+    fetched = [(ops[i].name, ops[i].layer) for i, cat, d in trace.meta["memory_events"]
+               if cat == "saved_activations" and d == sent
+               and not ops[i].name.startswith("re-")]
+    assert fetched == [("final_norm", -1), ("norm_attn_bwd", 1)]
+    assert all(ops[i].phase != "fwd" or ops[i].layer < 0
+               for i, cat, _ in trace.meta["memory_events"] if cat == "saved_activations")
+    assert sum(d for _, cat, d in trace.meta["memory_events"] if cat == "saved_activations") == 0
+
+
+def test_every_fusing_condition_stops_at_512_mib_of_f32_scores():
+    from workloads.memory import score_exp_fused
+
+    mib = 2**20
+    for kw in ({"sharded_axes": 2}, {"sharded_axes": 1, "remat": "full"},
+               {"sharded_axes": 1, "plain_fsdp": True}):
+        assert score_exp_fused(chip_fuses=False, score_bytes=512 * mib, **kw)
+        assert not score_exp_fused(chip_fuses=False, score_bytes=512 * mib + 1, **kw)
+    # v6e's compiler fuses whatever the size (never compiled above 512 MiB).
+    assert score_exp_fused(chip_fuses=True, sharded_axes=1, score_bytes=4096 * mib)

@@ -774,3 +774,19 @@ def test_the_logits_input_gradient_is_summed_over_tensor_in_bf16(tp_activations,
     # Without a tensor axis there is nothing to sum.
     assert not [o for o in _trace("fsdp=8", 8).ops if "logits_bwd" in o.name
                 and o.kind == "collective"]
+
+
+def test_the_incoming_gradient_is_gathered_over_tensor_alongside_the_recomputation():
+    # fsdp=2 x tensor=4, activations sharded over tensor, remat full: each layer's incoming
+    # gradient ([n, d_model] bf16, n = 1024) is all-gathered over tensor as soon as it exists,
+    # not after the layer's recomputation, which does not need it.
+    trace = _trace("fsdp=2,tensor=4", 8, tp_activations="sharded")
+    by = {o.id: o for o in trace.ops}
+    incoming = {1: "tp_reducescatter_logits_bwd", 0: "norm_attn_bwd"}
+    for layer, src in incoming.items():
+        (ag,) = [o for o in trace.ops if o.name == "tp_allgather_mlp_bwd" and o.layer == layer]
+        assert (ag.collective, ag.mesh_axes, ag.bytes) == ("all-gather", ("tensor",),
+                                                           4 * SEQ * D * 2)
+        assert [(by[i].name, by[i].layer) for i in ag.deps] == [(src, -1 if layer == 1 else 1)]
+        assert any(o.name.startswith("re-") and o.layer == layer and o.id < ag.id
+                   for o in trace.ops)
