@@ -1071,3 +1071,23 @@ def test_every_fusing_condition_stops_at_512_mib_of_f32_scores():
         assert not score_exp_fused(chip_fuses=False, score_bytes=512 * mib + 1, **kw)
     # v6e's compiler fuses whatever the size (never compiled above 512 MiB).
     assert score_exp_fused(chip_fuses=True, sharded_axes=1, score_bytes=4096 * mib)
+
+
+@pytest.mark.parametrize("chip,kept", [("v6e", True), ("v5e", False)])
+def test_v6e_keeps_the_logit_gradients_through_an_offloading_backward_with_bf16_weights(
+        tmp_path, chip, kept):
+    # The offload path of windowed_head_gradient_bytes, wired into the step: v6e's `offload`
+    # programs (bf16 weights) run the output projection's gradient ring after the backward
+    # loop; 2048 tokens x (256 logits + 64 final-norm columns) in bf16 stay until then.
+    from sim import api
+
+    path = tmp_path / "m.yaml"
+    path.write_text(json.dumps(LONG_CONTEXT))
+    run = api.train(chip=chip, shape="2x2", model=str(path), seq_len=1024, batch_per_chip=2,
+                    mesh="fsdp=4", remat="offload", attention="dot", fsdp_gather="windowed")
+    ops = run.trace.ops
+    logits = [(ops[i], d) for i, cat, d in run.trace.meta["memory_events"] if cat == "logits"]
+    held = 2048 * (256 + 64) * 2 if kept else 0.0
+    assert [(op.name, d) for op, d in logits][:2] == [("logits", 2048 * 256 * 6),
+                                                       ("logits_bwd", -2048 * 256 * 6 + held)]
+    assert sum(d for _, d in logits) == 0
