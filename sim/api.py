@@ -18,7 +18,6 @@ are `sim.sweep` (a DataFrame) and `sim.plan`, in `sim/study.py` and `sim/planner
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -57,7 +56,7 @@ def _run(command: str, fn: str, kwargs: dict[str, Any]) -> Run:
         elif key == "model" and isinstance(value, TransformerSpec):
             model_spec, value = value, value.name
         elif key == "mesh" and isinstance(value, Mapping):
-            value = ",".join(f"{axis}={size}" for axis, size in value.items())
+            value = _mesh_text(fn, value)
         elif key == "set" and value is not None and not isinstance(value, Mapping):
             raise TpusimError(
                 f"sim.{fn}(set=...) takes a dict such as {{'ici_link_bytes_per_s': 'x2'}}, got "
@@ -67,10 +66,27 @@ def _run(command: str, fn: str, kwargs: dict[str, Any]) -> Run:
             value = str(value)
         if value is not None:
             flags[known[key]] = value
-    argv = argv_from_flags(command, flags, specs)
+    argv = argv_from_flags(command, flags, specs, caller=f"sim.{fn}")
     args = prepare(argv, parser=parser, chip_spec=chip_spec, model_spec=model_spec)
     progress.QUIET = True  # library calls draw no progress bars
     return _runner(command)(args)
+
+
+def _mesh_text(fn: str, mesh: Mapping) -> str:
+    """`{axis: size}` as the --mesh text; an axis that is not a plain name (`"fsdp=2,tensor"`
+    would smuggle a second axis into the text) or a size that is not a whole number is an
+    error naming the entry."""
+    import re
+
+    from topologies.validate import short_repr
+
+    for axis, size in mesh.items():
+        if not (isinstance(axis, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", axis)) or \
+                isinstance(size, bool) or not isinstance(size, (int, str)):
+            raise TpusimError(
+                f"sim.{fn}(mesh=...) entry {short_repr(axis)}: {short_repr(size)} is not an "
+                f"axis name and a whole size; give e.g. {{'fsdp': 16, 'tensor': 4}}")
+    return ",".join(f"{axis}={size}" for axis, size in mesh.items())
 
 
 def collective(**flags: Any) -> Run:
@@ -130,15 +146,15 @@ def serve_sweep(**flags: Any) -> Run:
 def rerun(result: Mapping[str, Any] | str | Path) -> Run:
     """Run a recorded result again from its `inputs` (a `Run.to_dict()`, a parsed `--json`
     result, or the path of one); the new `.to_dict()` equals the recorded one."""
+    from sim.cli.reruns import read_result
     from sim.cli.reruns import rerun as _rerun
 
     source = "result"
     if isinstance(result, (str, Path)):
+        # The rules of `tpusim rerun`: at most 32 MiB, JSON nested at most 32 deep, integers
+        # of at most 30 digits, no NaN (json.loads alone raised RecursionError or ValueError).
         source = f"result file {str(result)!r}"
-        try:
-            result = json.loads(Path(result).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise TpusimError(f"{source} cannot be read as JSON: {exc}") from None
+        result, _text = read_result(Path(result))
     from sim import progress
 
     progress.QUIET = True

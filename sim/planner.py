@@ -18,7 +18,7 @@ import heapq
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -1420,11 +1420,28 @@ def plan(*, model: Any, seq_len: int, global_batch: int, chip: Any = None,
         space: the search-space flags by their Python names, e.g. `axes=("fsdp", "tensor")`,
             `remat=("full",)`, `microbatches=(1, 2)`, `max_tensor=4`, `default_placement=True`.
     """
+    import os
     import tempfile
 
     from sim.cli import build_parser
     from sim.cli.common import resolve_overrides
     from sim.cli.studies import plan_from_args, plan_summary
+    from sim.export.output import check_output_dir
+    from topologies.validate import short_repr
+
+    if overrides is not None and not isinstance(overrides, Mapping):
+        raise TpusimError(
+            f"sim.plan(overrides={short_repr(overrides)}): give a dict such as "
+            f"{{'ici_link_bytes_per_s': 'x2'}}, not {type(overrides).__name__}")
+    if out is not None:
+        if not isinstance(out, (str, os.PathLike)):
+            raise TpusimError(f"sim.plan(out={short_repr(out)}): give a directory path or None, "
+                              f"not {type(out).__name__}")
+        if out:
+            check_output_dir(out)  # before the search, as `tpusim plan --out` does
+    from sim.study import SweepConfig
+
+    SweepConfig(workers=1, dask=dask)  # the dask argument's check, before the search
 
     with tempfile.TemporaryDirectory(prefix="tpusim-plan-") as tmp:
         argv = ["plan", "--model", _as_file(model, "model", tmp), "--seq-len", str(seq_len),

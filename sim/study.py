@@ -451,6 +451,12 @@ class SweepConfig:
                 f"--workers {short_repr(self.workers)} must be "
                 f"{range_text(0, MAX_WORKERS, integer=True)} (0 = one per core)"
             )
+        if self.dask is not None and not isinstance(self.dask, str) \
+                and not callable(getattr(self.dask, "submit", None)):
+            raise TpusimError(
+                f"dask={short_repr(self.dask)} is not a scheduler: give \"local\", an address "
+                f"tcp://HOST:PORT or a distributed.Client"
+            )
         if isinstance(self.dask, str) and self.dask != "local" \
                 and not self.dask.startswith(("tcp://", "tls://", "inproc://")):
             raise TpusimError(
@@ -1104,6 +1110,16 @@ def sweep(study: str | os.PathLike | Mapping[str, Any], *, workers: int = 1, das
     `workers` local processes (1: in this process) or on `dask` ("local", "tcp://HOST:PORT" or
     a `distributed.Client`); returns the results DataFrame, one row per point, and with `out`
     also writes results.parquet/csv, study.json and the plots there."""
+    if not isinstance(study, (str, os.PathLike, Mapping)):
+        raise TpusimError(
+            f"sim.sweep(study={short_repr(study)}): give a study file's path or a mapping of "
+            f"its keys (command, base, grid, ...), not {type(study).__name__}")
+    if out is not None and not isinstance(out, (str, os.PathLike)):
+        raise TpusimError(f"sim.sweep(out={short_repr(out)}): give a directory path or None, "
+                          f"not {type(out).__name__}")
+    for name, flag in (("resume", resume), ("quiet", quiet)):
+        if not isinstance(flag, bool):
+            raise TpusimError(f"sim.sweep({name}={short_repr(flag)}): give True or False")
     cfg = SweepConfig(workers=workers, dask=dask, out_dir=None if out is None else str(out),
                       resume=resume, quiet=quiet)
     return run_study(load_study(study), cfg)

@@ -109,3 +109,62 @@ def test_api_errors_name_the_function_and_what_it_takes():
     with pytest.raises(TpusimError, match=r"must be > 0"):
         sim.decode(chip="v5e", shape="2x2", model="llama3-8b", batch=1, context_len=64,
                    mesh="tensor=4", set={"hbm_bytes_per_s": 0})
+
+
+def test_an_api_keyword_of_the_wrong_type_is_named_with_the_call_not_a_result_file():
+    # Before, a notebook's sim.train(seed=b'x') was told "inputs.flags.'seed' ... (the result
+    # file was edited)": the message for a hand-edited --json result.
+    base = dict(chip="v5e", shape="2x2", model="llama3-8b", seq_len=128, batch_per_chip=1,
+                mesh="fsdp=4")
+    for key, value, want in [
+            ("seed", b"x", r"sim.train\(seed=b'x'\): seed takes one number or text"),
+            ("seq_len", [128], r"sim.train\(seq_len=\[128\]\): seq_len takes one number"),
+            ("no_overlap", "yes", r"no_overlap takes True or False"),
+            ("slow_link", "0,0:x+:0.5", r"slow_link takes a list of values such as"),
+            ("set", {"model.num_layers": None}, r"set takes a dict of keys to numbers or text"),
+            # A mesh dict's entry must be a name and a whole size: a key holding mesh syntax
+            # used to add an axis of its own.
+            ("mesh", {"fsdp=2,tensor": 2}, r"sim.train\(mesh=...\) entry 'fsdp=2,tensor': 2 is "
+                                           r"not an axis name and a whole size"),
+            ("mesh", {"fsdp": 4.0}, r"entry 'fsdp': 4.0 is not"),
+            ("mesh", {"fsdp": True}, r"entry 'fsdp': True is not")]:
+        with pytest.raises(TpusimError, match=want) as exc:
+            sim.train(**{**base, key: value})
+        assert "result file" not in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_api_rerun_of_a_path_reads_it_with_the_cli_rules(tmp_path):
+    # json.loads alone raised RecursionError (deep nesting) and ValueError (5,000 digits) and
+    # took NaN; a directory or a missing file named no fix.
+    cases = {"deep.json": ("[" * 100_000 + "]" * 100_000, r"nesting deeper than 32 levels"),
+             "digits.json": ('{"inputs": ' + "9" * 5000 + "}", r"an integer of 5000 digits"),
+             "nan.json": ('{"inputs": NaN}', r"holds NaN")}
+    for name, (text, want) in cases.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+        with pytest.raises(TpusimError, match=want):
+            sim.rerun(tmp_path / name)
+    with pytest.raises(TpusimError, match=r"is a directory; give '.*summary.json'"):
+        sim.rerun(tmp_path)
+    with pytest.raises(TpusimError, match=r"does not exist; give a file written by --json"):
+        sim.rerun(str(tmp_path / "missing.json"))
+
+
+def test_api_studies_refuse_arguments_of_the_wrong_type_before_running(tmp_path):
+    study = {"command": "collective", "base": {"chip": "v5e", "shape": "2x2", "op": "all-reduce",
+                                               "axes": "x"}, "grid": {"bytes": ["1MiB"]}}
+    for kwargs, want in [({"study": None}, r"sim.sweep\(study=None\): give a study file's path"),
+                         ({"study": study, "dask": 5}, r"dask=5 is not a scheduler"),
+                         ({"study": study, "out": 5}, r"sim.sweep\(out=5\): give a directory"),
+                         ({"study": study, "resume": "yes"}, r"resume='yes'\): give True or")]:
+        with pytest.raises(TpusimError, match=want):
+            sim.sweep(**kwargs)
+    plan = dict(model="llama3-8b", seq_len=128, global_batch=16, chip="v5e", shape="2x2")
+    blocker = tmp_path / "file"
+    blocker.write_text("x", encoding="utf-8")
+    for kwargs, want in [({"overrides": ["x2"]}, r"sim.plan\(overrides=\['x2'\]\): give a dict"),
+                         ({"dask": 5}, r"dask=5 is not a scheduler"),
+                         ({"out": 5}, r"sim.plan\(out=5\): give a directory"),
+                         # Checked before the search, as `tpusim plan --out` does.
+                         ({"out": str(blocker)}, r"is an existing file, not a directory")]:
+        with pytest.raises(TpusimError, match=want):
+            sim.plan(**plan, **kwargs)

@@ -299,8 +299,11 @@ def record_flags(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def argv_from_flags(command: str, flags: dict[str, Any],
-                    specs: tuple[tuple[str, str, str], ...]) -> list[str]:
-    """The command line that gives these flags (the inverse of `record_flags`)."""
+                    specs: tuple[tuple[str, str, str], ...], *,
+                    caller: str | None = None) -> list[str]:
+    """The command line that gives these flags (the inverse of `record_flags`). `caller`: the
+    Python API function they were given to (`sim.train`), which a wrong type names instead of
+    a recorded result file."""
     known = {name: kind for name, _dest, kind in specs}
     unknown = sorted(set(flags) - set(known))
     if unknown:
@@ -311,7 +314,7 @@ def argv_from_flags(command: str, flags: dict[str, Any],
     head, tail = [command], []
     for name, value in flags.items():
         kind = known[name]
-        _check_flag_value(command, name, kind, value)
+        _check_flag_value(command, name, kind, value, caller)
         if kind == "positional":
             head.append(str(value))
         elif kind == "switch":
@@ -328,9 +331,10 @@ def argv_from_flags(command: str, flags: dict[str, Any],
     return head + tail
 
 
-def _check_flag_value(command: str, name: str, kind: str, value: Any) -> None:
+def _check_flag_value(command: str, name: str, kind: str, value: Any,
+                      caller: str | None = None) -> None:
     """A recorded flag's value has the type `record_flags` writes for its kind (a result file
-    edited by hand may hold anything)."""
+    edited by hand, or a Python API call, may hold anything)."""
     from topologies.validate import short_repr
 
     scalar = (str, int, float)
@@ -346,11 +350,24 @@ def _check_flag_value(command: str, name: str, kind: str, value: Any) -> None:
     else:
         ok = value is None or (isinstance(value, scalar) and not isinstance(value, bool))
         want = "one number or text"
+    if not ok and caller is not None:
+        key = name.replace("-", "_")
+        raise TpusimError(
+            f"{caller}({key}={short_repr(value)}): {key} takes "
+            f"{_API_WANT.get(key if key == 'set' else kind, _API_WANT[''])}"
+        )
     if not ok:
         raise TpusimError(
             f"inputs.flags.{short_repr(name)} of tpusim {command} is {short_repr(value)}; it "
             f"must be {want} (the result file was edited); restore it or rerun the command"
         )
+
+
+# What a flag's keyword takes in a Python API call (`sim.train(seed=...)`), by kind of flag.
+_API_WANT = {"switch": "True or False",
+             "append": "a list of values such as ['0,0:x+:0.5'] (one per flag given)",
+             "set": "a dict of keys to numbers or text such as {'ici_link_bytes_per_s': 'x2'}",
+             "": "one number or text, as its flag takes on the command line (e.g. 8 or 'full')"}
 
 
 def base_inputs(args: argparse.Namespace, chip=None, topology=None) -> dict[str, Any]:

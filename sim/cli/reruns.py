@@ -109,11 +109,12 @@ def rerun(data: Any, *, source: str = "result"):
     return _runner(command)(args)
 
 
-def cmd_rerun(args: argparse.Namespace) -> int:
+def read_result(path: Path) -> tuple[Any, str]:
+    """(the parsed JSON, its text) of a result file, read with the config-file rules (one-line
+    errors naming the file and the fix)."""
     from topologies.validate import MAX_TRACE_FILE_BYTES
     from topologies.yamlio import _Refused, parse_json, read_text_bounded
 
-    path = Path(args.result)
     hint = "give a file written by --json or the summary.json of an --out directory"
     if path.is_dir():
         raise TpusimError(f"result file {str(path)!r} is a directory; give "
@@ -132,6 +133,12 @@ def cmd_rerun(args: argparse.Namespace) -> int:
             f"result file {str(path)!r} is not JSON ({exc.msg} at line {exc.lineno}); give a "
             f"file written by --json or an --out directory's summary.json"
         ) from None
+    return data, text
+
+
+def cmd_rerun(args: argparse.Namespace) -> int:
+    path = Path(args.result)
+    data, text = read_result(path)
     run = rerun(data, source=f"result file {str(path)!r}")
     out = json.dumps(run.to_dict(), indent=2, sort_keys=False) + "\n"
     sys.stdout.write(out)
