@@ -121,13 +121,14 @@ class _Kind:
     its group the sender's rank in its program)."""
 
     def __init__(self, kid, ops, scale, coll_cost, overlap, chip, rates0, cap_links, prog=0,
-                 base=0, recv=None):
+                 base=0, recv=None, sends=()):
         self.id = kid
         self.ops = ops
         n = len(ops)
         self.prog = prog
         self.base = base
         self.recv = dict(recv or {})
+        self.rsend = set(sends)
         # The rendezvous key of each op: its own (base + id), a receive's its send's.
         self.gk = [base + i for i in range(n)]
         for rid, key in self.recv.items():
@@ -212,6 +213,21 @@ class _Kind:
                         self.pdep.get(d, -2) == i - 1:
                     gap[i] = max(gap[i], least(d))
         self.gsum = np.concatenate([[0.0], np.cumsum(gap)])
+        # A send's least time: its end is at least its arrival plus this (a receive's bound).
+        self.least = {j: least(j) for j in coll_cost if j in self.rsend}
+        # A receive whose dependents are all core ops changes nothing on its chip before the
+        # core reaches the first of them: it is waited for ("activated") from then on only,
+        # and completes no earlier than that (`lazy_at`: that core op -> its receives). The
+        # others are waited for from the start (`eager`).
+        self.lazy_at: dict[int, list[int]] = {}
+        self.eager = []
+        for rid in sorted(self.recv):
+            deps = self.dependents[rid]
+            if deps and all(d in self.core_pos for d in deps):
+                first = min(deps, key=lambda d: self.core_pos[d])
+                self.lazy_at.setdefault(first, []).append(rid)
+            else:
+                self.eager.append(rid)
 
     def lb_arrival(self, j, c0, running, now, s):
         """Lower bound of the arrival at collective `j` of chips whose first unstarted core op
@@ -229,11 +245,12 @@ class _Kind:
 
 class _Vec:
     __slots__ = ("kind", "a", "core_i", "core_phase", "coll", "fluid", "left", "dh", "pq",
-                 "pcur", "key", "dead", "id", "skey", "cand", "blocked", "crow")
+                 "pcur", "key", "dead", "id", "skey", "cand", "blocked", "crow", "act")
 
     def copy_state(self, other):
         self.kind = other.kind
         self.core_i = other.core_i
+        self.act = other.act
         self.core_phase = other.core_phase
         self.coll = dict(other.coll)
         self.fluid = list(other.fluid)
@@ -247,7 +264,7 @@ class VectorRun:
     """One run of the vector engine (see the module docstring)."""
 
     def __init__(self, *, progs, nchips, speed, kinds_of_chip, kinds, coll_geo, cap_links,
-                 overlap):
+                 overlap, sends=(), recv_rank=None):
         """`progs`: per program index, (its chips, its number of ops), or None where no chip
         runs it; `coll_geo`: per rendezvous key, (program, each of the program's chips' group
         index (by rank: the chip's position in the program's chips), group size)."""
@@ -289,8 +306,18 @@ class VectorRun:
         tot = int(off[-1])
         self.goff = {j: int(off[i]) for i, j in enumerate(colls)}
         self.doff = tot
-        self.lo = np.full(2 * tot, -np.inf)
-        self.lb = np.full(2 * tot, -np.inf)
+        # After them, per send, the lower bound of its end: its arrival plus its least time
+        # (lo), or its arrival bound plus it while the sender is on its way (lb). A waiting
+        # receive reads it at the sender's rank.
+        self.sends = sorted(sends)
+        eo = np.concatenate([[0], np.cumsum([ng[j] for j in self.sends], dtype=np.int64)])
+        self.eoff = {j: 2 * tot + int(eo[i]) for i, j in enumerate(self.sends)}
+        self.lo = np.full(2 * tot + int(eo[-1]), -np.inf)
+        self.lb = np.full(2 * tot + int(eo[-1]), -np.inf)
+        self.elo = {j: self.lo[o:o + ng[j]] for j, o in self.eoff.items()}
+        self.elb = {j: self.lb[o:o + ng[j]] for j, o in self.eoff.items()}
+        # Per (program, receive op): the rank of each of its chips' sender.
+        self.recv_rank = recv_rank or {}
         self.amax = {j: self.lo[o:o + ng[j]] for j, o in self.goff.items()}
         self.dmax = {j: self.lo[tot + o:tot + o + ng[j]] for j, o in self.goff.items()}
         self.alb = {j: self.lb[o:o + ng[j]] for j, o in self.goff.items()}
@@ -359,7 +386,7 @@ class VectorRun:
 
     def _state_key(self, v: _Vec) -> tuple:
         return (v.kind.id, v.core_i, v.core_phase, tuple(sorted(v.coll.items())),
-                tuple(v.fluid), v.dh, tuple(v.pq), v.pcur)
+                tuple(v.fluid), v.dh, tuple(v.pq), v.pcur, v.act)
 
     def _settle(self, v: _Vec) -> None:
         """After a step: merge with a vector in the same discrete state, re-key, re-queue."""
@@ -453,19 +480,29 @@ class VectorRun:
                 return None, ~ok, at
             return np.where(ok, self.amax[k][g] + v.kind.coll[j][2], np.inf), ~ok, at
         ok = self.dcnt[k][g] == self.gsize[k]
+        if ph == K_RCV:
+            # A receive completes when its send ends, and not before it was activated (the
+            # core reached its first dependent; 0 for one waited for from the start). Not
+            # resolved: its bound is the send's arrival plus its least time (or the sender's
+            # arrival bound plus it).
+            end = np.maximum(self.dmax[k][g], v.a[f"w{j}"])
+            if ok.all():
+                return end, None, None
+            at = g + self.eoff[k]
+            if not ok.any():
+                return None, ~ok, at
+            return np.where(ok, end, np.inf), ~ok, at
         if ok.all():
             return self.dmax[k][g], None, None
-        # A receive completes when its send ends: not before the sender reaches the send (its
-        # arrival there, or its arrival bound while on its way).
-        at = g + (self.goff[k] if ph == K_RCV else self.doff + self.goff[k])
+        at = g + (self.doff + self.goff[k])
         if not ok.any():
             return None, ~ok, at
         return np.where(ok, self.dmax[k][g], np.inf), ~ok, at
 
     # -- main loop --------------------------------------------------------------------------
-    def run(self, init: list[_Vec], sends=()) -> None:
-        """Run to the end from the vectors `init` (time 0); `sends`: the rendezvous keys of
-        the point-to-point sends, open from the start (their receivers wait on them)."""
+    def run(self, init: list[_Vec]) -> None:
+        """Run to the end from the vectors `init` (time 0). The point-to-point sends are open
+        rendezvous from the start: their receivers may wait on them before any has arrived."""
         for v in init:  # time 0: ops without dependencies start (collectives in op order)
             t0 = v.a["now"]
             recv = v.kind.recv
@@ -477,7 +514,7 @@ class VectorRun:
                     v.pq.append(op.id)
             self._pcie_next(v, t0)
             self._start_core(v, t0)
-        for k in sends:
+        for k in self.sends:
             p = self.cprog[k]
             if self.atot.get(k, 0) < self.expect[k] and k not in self.open[p]:
                 self.open[p].add(k)
@@ -640,12 +677,15 @@ class VectorRun:
             # The send has ended: the receive completes (it started with the send, as in the
             # class engine).
             k = v.kind.gk[j]
-            self.start[v.kind.prog][a["pr"], j] = self.amax[k][a[f"g{j}"]]
+            g = a.pop(f"g{j}")
+            del a[f"w{j}"]
             del v.coll[j]
-            del a[f"g{j}"]
             v.crow.pop(j, None)
             self.waiters.get(k, set()).discard(v.id)
             self._op_done(v, j, t)
+            # Its own times are the send's (`t` may be later: when it was activated).
+            self.start[v.kind.prog][a["pr"], j] = self.amax[k][g]
+            self.end[v.kind.prog][a["pr"], j] = self.dmax[k][g]
         elif kind == E_CEND:
             del v.coll[j]
             del a[f"g{j}"]
@@ -802,6 +842,11 @@ class VectorRun:
             v.core_phase = C_DONE
             return
         op = K.core[v.core_i]
+        if v.act < v.core_i:
+            v.act = v.core_i
+            lazy = K.lazy_at.get(op)
+            if lazy:
+                self._activate(v, lazy, t)
         if v.left[op] > 0:
             v.core_phase = C_WAIT
             return
@@ -828,6 +873,19 @@ class VectorRun:
             v.core_phase = C_TIMEOUT
             tc = K.flops[op] / (K.rate0[op] * a["s"])
             a["core_t"] = t + (np.maximum(tc, 0.0) + K.ovh)
+
+    def _activate(self, v: _Vec, rids, t) -> None:
+        """The core reached the first dependent of the receives `rids` at `t`: wait for them
+        from now on (each completes at max(its send's end, t))."""
+        a = v.a
+        K = v.kind
+        for rid in rids:
+            k = K.gk[rid]
+            v.coll[rid] = K_RCV
+            a[f"g{rid}"] = self.recv_rank[(K.prog, rid)][a["pr"]]
+            a[f"w{rid}"] = np.array(np.broadcast_to(t, a["pr"].shape), dtype=float)
+            v.crow.pop(rid, None)
+            self.waiters.setdefault(k, set()).add(v.id)
 
     def _op_done(self, v: _Vec, op: int, t) -> None:
         a = v.a
@@ -874,6 +932,10 @@ class VectorRun:
         elif k not in self.open[p]:
             self.open[p].add(k)
             self._init_bound(k)
+        least = v.kind.least.get(j)
+        if least is not None:  # a send: its end's lower bound (less a rounding margin)
+            e = t + least
+            self.elo[k][g] = e - 1e-12 * e
         full = self.acnt[k][g] == self.gsize[k]
         if full.any():
             self._wake(k, v, K_ARR, g[full])
@@ -930,7 +992,12 @@ class VectorRun:
         c0 = w.core_i + (1 if running else 0)
         lb = w.kind.lb_arrival(j, c0, running, a["now"], a["s"])
         k = w.kind.gk[j]
-        np.maximum.at(self.alb[k], self.goc[k][a["pr"]], lb)
+        least = w.kind.least.get(j)
+        if least is not None:  # a send: a bound of its end, read by its receivers
+            e = lb + least
+            np.maximum.at(self.elb[k], self.goc[k][a["pr"]], e - 1e-12 * e)
+        else:
+            np.maximum.at(self.alb[k], self.goc[k][a["pr"]], lb)
 
     def _update_open_bounds(self, v: _Vec) -> None:
         """At the start of a core op: tighten the arrival bounds of the open rendezvous this
@@ -1079,7 +1146,7 @@ def simulate_vectors(*, programs, prog_of, speed, op_scale, chip, topology, over
         recv = {rid: int(recv_key[(p, rid)][r]) for rid in sorted(p2p.recvs[p].values())} \
             if p2p is not None else {}
         K = _Kind(kid, ops, scale, cc, overlap, chip, rates0, lm.class_capacity_bytes_per_s,
-                  prog=p, base=base[p], recv=recv)
+                  prog=p, base=base[p], recv=recv, sends=sends[p])
         K.cc = cc
         kinds.append(K)
     # Rendezvous keys: every collective and send of every program (a send: its sender alone).
@@ -1101,8 +1168,10 @@ def simulate_vectors(*, programs, prog_of, speed, op_scale, chip, topology, over
                 if goc is None:
                     goc = sub[(p, None)] = np.arange(len(ch))
                 coll_geo[base[p] + op.id] = (p, goc, 1)
+    recv_rank = {(q, rid): rank[frm[chips_of[q]]] for (q, rid), frm in recv_from.items()}
     run = VectorRun(progs=progs, nchips=nchips, speed=speed, kinds_of_chip=kind_of, kinds=kinds,
-                    coll_geo=coll_geo, cap_links=lm.class_capacity_bytes_per_s, overlap=overlap)
+                    coll_geo=coll_geo, cap_links=lm.class_capacity_bytes_per_s, overlap=overlap,
+                    sends=[base[p] + j for p in used for j in sends[p]], recv_rank=recv_rank)
     init = []
     for K in kinds:
         chips = np.flatnonzero(kind_of == K.id)
@@ -1111,7 +1180,8 @@ def simulate_vectors(*, programs, prog_of, speed, op_scale, chip, topology, over
         proto.kind = K
         proto.core_i = 0
         proto.core_phase = C_WAIT
-        proto.coll = {rid: K_RCV for rid in K.recv}  # receives wait from the start
+        proto.act = -1
+        proto.coll = {rid: K_RCV for rid in K.eager}  # waited for from the start
         proto.fluid = []
         proto.left = K.deps_left.copy()
         proto.dh = 0
@@ -1124,10 +1194,11 @@ def simulate_vectors(*, programs, prog_of, speed, op_scale, chip, topology, over
             "bytes": np.zeros((k, NRES)), "R": np.zeros((k, 0)), "V": np.zeros((k, 0)),
             "M": np.zeros((k, 0)), "nev": np.zeros(k, dtype=np.int64),
         }
-        for rid in K.recv:  # the group of a receive: its sender's rank
+        for rid in K.eager:  # the group of a receive: its sender's rank
             a[f"g{rid}"] = rank[recv_from[(K.prog, rid)][chips]]
+            a[f"w{rid}"] = np.zeros(k)
         init.append(run._new(proto, a))
-    run.run(init, sends=[base[p] + j for p in used for j in sorted(sends[p])])
+    run.run(init)
 
     # -- per-chip results -------------------------------------------------------------------
     busy = np.zeros((nchips, NRES))
