@@ -171,3 +171,67 @@ def test_perfetto_trace_of_a_vector_pipeline_equals_the_class_engines(tmp_path):
     b = json.loads(export_step(cls[0], tmp_path / "c.json").read_text())
     assert a == b
     assert any(e.get("name") == "pipeline_recv_fwd" for e in a["traceEvents"])
+
+
+def _two_programs():
+    """Stage 0 computes, sends to its stage-1 peer and gathers; stage 1's receive feeds a
+    gather (a collective, not a core op: the receive is waited for from the step's start)."""
+    from sim.chip_engine import PointToPoint
+    from workloads.trace import Op, OpKind, Trace, Unit
+
+    chip = get_chip("v5e")
+    topo = make_topology(chip, "4x2")
+    mesh = parse_mesh("pipeline=2,fsdp=4")
+    stage, nxt, prv = stage_of_chips(mesh, topo)
+    flops, msg, shard = 2e12, 2.0**26, 2.0**27
+
+    def send(i, name, deps=()):
+        return Op(id=i, name=name, kind=OpKind.COLLECTIVE, collective="send",
+                  mesh_axes=("pipeline",), bytes=msg, deps=deps)
+
+    def gather(i, deps):
+        return Op(id=i, name="gather", kind=OpKind.COLLECTIVE, collective="all-gather",
+                  mesh_axes=("fsdp",), bytes=shard, deps=deps)
+
+    first = (Op(id=0, name="work", unit=Unit.MXU, flops=flops, hbm_bytes=1e9),
+             send(1, "send", (0,)), gather(2, (0,)),
+             Op(id=3, name="after", unit=Unit.VPU, flops=1e9, deps=(2,)))
+    second = (send(0, "recv"), gather(1, (0,)),
+              Op(id=2, name="early", unit=Unit.MXU, flops=flops / 2, hbm_bytes=1e9),
+              Op(id=3, name="use", unit=Unit.MXU, flops=flops, hbm_bytes=1e9, deps=(1, 2)))
+    progs = tuple(Trace(mesh=mesh, ops=ops, meta={"overlap": True}) for ops in (first, second))
+    p2p = PointToPoint(peer_of_chip=(nxt, prv), sends=({1: (0, 7)}, {}), recvs=({}, {7: 0}))
+    return chip, topo, progs, stage, p2p
+
+
+def test_a_receive_feeding_a_collective_equals_the_class_engine_and_brute_force():
+    chip, topo, progs, stage, p2p = _two_programs()
+    speed = np.random.default_rng(4).lognormal(0.0, 0.1, topo.num_chips)
+    runs = [ce.simulate_chips(progs[0], chip, topo, config=PerChipConfig(
+        speed=speed, programs=progs, program_of_chip=stage, p2p=p2p, **kw))
+        for kw in ({"vector": True}, {"vector": False}, {"mode": "per-chip"})]
+    vec, cls, brute = runs
+    for other in (cls, brute):
+        assert vec.step_time_s == other.step_time_s
+        np.testing.assert_array_equal(vec.chips.finish_s, other.chips.finish_s)
+        assert vec.critical_path == other.critical_path
+    # Stage 1's gather waits for the message: it starts after the send has ended.
+    t = vec.for_class(int(vec._chip_class[int(np.flatnonzero(stage == 1)[0])])).ops
+    recv, gath = (t[t.name == n].iloc[0] for n in ("recv", "gather"))
+    assert gath.start_s >= recv.end_s > recv.start_s > 0
+
+
+def test_a_send_without_a_receiver_is_the_class_engines_error_on_vectors():
+    import dataclasses
+
+    from topologies.errors import TpusimError
+
+    chip, topo, progs, stage, p2p = _two_programs()
+    bad = dataclasses.replace(p2p, recvs=({}, {8: 0}))
+    errors = []
+    for vector in (True, False):
+        with pytest.raises(TpusimError, match="has no receiver") as err:
+            ce.simulate_chips(progs[0], chip, topo, config=PerChipConfig(
+                programs=progs, program_of_chip=stage, p2p=bad, vector=vector))
+        errors.append(str(err.value))
+    assert errors[0] == errors[1]
