@@ -216,6 +216,39 @@ def test_a_symlinked_output_is_followed_and_the_link_kept(tmp_path, capsys):
     assert target.is_file() and target.stat().st_size > 0
 
 
+def test_a_loop_of_symlinks_is_refused_not_replaced_by_a_file(tmp_path, capsys):
+    # realpath() of a loop is the link itself: the rename used to replace the link with the
+    # trace (hard10).
+    from sim.cli import main
+
+    a, b = tmp_path / "a.pftrace", tmp_path / "b.pftrace"
+    a.symlink_to(b)
+    b.symlink_to(a)
+    assert main(_train_argv(tmp_path, "--perfetto", str(a))) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a loop of symbolic links; give a file name" in err
+    assert a.is_symlink() and b.is_symlink()
+
+
+def test_a_link_to_a_pipe_is_written_through_the_link(tmp_path):
+    # /dev/stdout -> /proc/self/fd/1 resolves to /proc/PID/fd/pipe:[N] when stdout is a pipe,
+    # a name that does not exist: `--perfetto /dev/stdout | ...` failed with "No such file or
+    # directory". A link to a FIFO or device is written by its own name.
+    from sim.export.output import write_bytes
+
+    r, w = os.pipe()
+    try:
+        link = tmp_path / "stdout"
+        link.symlink_to(f"/proc/self/fd/{w}")
+        write_bytes(link, b"through the link")
+        assert os.read(r, 100) == b"through the link"
+        assert link.is_symlink()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["stdout"]
+    finally:
+        os.close(r)
+        os.close(w)
+
+
 def test_a_regular_output_file_is_replaced_atomically(tmp_path):
     from sim.export.output import atomic_write
 

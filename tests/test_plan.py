@@ -738,3 +738,20 @@ def test_explanation_says_a_tie_with_the_runner_up_is_a_tie():
     assert tie.endswith("; as fast as the runner-up to within 0.05% (placement fsdp=z+y+x)")
     win = explain([row("fsdp=64", "fsdp=x+y+z", 10.0), row("fsdp=16,tensor=4", "t", 10.5)])
     assert win.endswith("; 5.0% faster than the runner-up (fsdp=16,tensor=4)")
+
+
+def test_plan_in_a_directory_it_cannot_write_is_refused_before_the_search(monkeypatch, capsys):
+    # access() says yes to root whatever the permission bits, and on /proc: plan run there
+    # searched first and only then failed to make plan-out/ (hard10). Creating and removing a
+    # probe file tells.
+    import sim.planner as planner
+    from sim.cli import main
+
+    monkeypatch.setattr(planner, "run_plan", lambda *a, **k: pytest.fail("searched"))
+    monkeypatch.chdir("/proc")
+    rc = main(["plan", "--model", "llama3-8b", "--seq-len", "128", "--global-batch", "8",
+               "--chip", "v5e", "--shape", "2x2", "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1
+    assert "output directory 'plan-out' cannot be created: '/proc' is not writable (" in err
+    assert err.endswith("); give a path in a writable directory\n")

@@ -196,6 +196,10 @@ def _col(name: str) -> int:
     return OP_COLUMNS.index(name)
 
 
+def _first_collective(d: dict) -> int:
+    return next(i for i, row in enumerate(d["ops"]) if row[_col("kind")] == "collective")
+
+
 MALFORMED = {
     "not-json": ("this is not json", r"is not a tpusim trace: invalid JSON at line 1"),
     "empty": ("", r"invalid JSON at line 1 column 1"),
@@ -249,6 +253,22 @@ MALFORMED = {
     "negative-narrow-dim": (
         _mutated(lambda d: d["ops"][0].__setitem__(_col("narrow_dim"), -128)),
         r"op row 0 has narrow_dim = -128; it must be a whole number in \[0, 1,000,000\]"),
+    # hard10: an axis named twice was an internal error (overlapping axis factors); a send
+    # without a peer reached `tpusim collective`'s "--op send needs --src and --dst"; a memory
+    # event or static size of 1e308 summed to infinity (an internal error writing --json).
+    "axis-twice": (_mutated(lambda d: d["ops"][_first_collective(d)].__setitem__(
+        _col("mesh_axes"), ["fsdp", "fsdp"])),
+        r"has mesh_axes = \['fsdp', 'fsdp'\]; it must be a list of axis names, each once"),
+    "send-without-peer": (_mutated(lambda d: d["ops"][_first_collective(d)].__setitem__(
+        _col("collective"), "send")), r"is a send without a device group of \[src, dst\] "
+                                      r"pairs, so it has no peer"),
+    "memory-event-1e308": (
+        _mutated(lambda d: d["meta"].__setitem__("memory_events", [[0, "other", 1e308]] * 2)),
+        r"'memory_events' must be a list of \[op id, category, bytes\] with bytes in "
+        r"\[-1e24, 1e24\]"),
+    "static-1e308": (_mutated(lambda d: d["meta"].__setitem__("static_hbm_bytes", 1e308)),
+                     r"'static_hbm_bytes' = 1e\+308 is not a valid number \(give a finite "
+                     r"number in \[0, 1e24\]\)"),
     "bad-dep": (_mutated(lambda d: d["ops"][1].__setitem__(_col("deps"), [3])),
                 r"depends on 3"),
 }

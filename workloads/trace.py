@@ -25,7 +25,13 @@ from typing import Any
 
 from topologies.errors import TpusimError
 from topologies.mesh import LogicalMesh
-from topologies.validate import MAX_TRACE_FILE_BYTES, MAX_TRACE_OPS, range_text, short_repr
+from topologies.validate import (
+    MAX_TRACE_FILE_BYTES,
+    MAX_TRACE_OPS,
+    interval_text,
+    range_text,
+    short_repr,
+)
 
 # The collective kinds a trace may name (the values of `sim.collectives.CollectiveKind`; a test
 # keeps the two equal, since workloads never import sim).
@@ -197,6 +203,15 @@ class Trace:
             raise TpusimError(f"{source} has {len(rows):,} ops, over the limit of "
                               f"{MAX_TRACE_OPS:,}; a program this large is too large to simulate")
         ops = [_op_from_row(i, r, cols, source) for i, r in enumerate(rows)]
+        for op in ops:
+            if op.kind == OpKind.COLLECTIVE and op.collective == "send" and op.group < 0:
+                # A send needs its peer: the [src, dst] pairs of a device group (import-hlo),
+                # or a pipeline schedule's stage programs (composed in memory, never written).
+                # Without one it reached `tpusim collective`'s "--op send needs --src".
+                raise TpusimError(
+                    f"{source}: op {op.id} ({short_repr(op.name)}) is a send without a device "
+                    f"group of [src, dst] pairs, so it has no peer; give it one (meta "
+                    f"device_groups, as import-hlo writes) or recompile the trace")
         meta = doc.get("meta", {})
         if not isinstance(meta, dict):
             raise TpusimError(f"{source}: \"meta\" must be a JSON object")
@@ -290,9 +305,12 @@ def _op_from_row(i: int, r: Any, cols: list[str], source: str) -> Op:
     for col, what in (("mesh_axes", str), ("deps", int)):
         v = d[col]
         if not isinstance(v, list) or len(v) > 64 and col == "mesh_axes" or not all(
-                isinstance(x, what) and not isinstance(x, bool) for x in v):
+                isinstance(x, what) and not isinstance(x, bool) for x in v) or (
+                col == "mesh_axes" and len(set(v)) < len(v)):
+            # An axis named twice ("fsdp", "fsdp") was an internal error when the collective's
+            # groups were built (overlapping axis factors).
             raise fail(f"has {col} = {short_repr(v)}; it must be a list of "
-                       f"{'axis names' if what is str else 'op ids'}")
+                       f"{'axis names, each once' if what is str else 'op ids'}")
         d[col] = tuple(v)
     if d["kind"] == OpKind.COLLECTIVE:
         if d["collective"] not in COLLECTIVE_NAMES:
@@ -336,14 +354,16 @@ def _check_meta(meta: dict, source: str) -> None:
             continue
         v = meta[key]
         ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) \
-            and v >= 0
+            and 0 <= v <= _NUM_MAX_DEFAULT
         if ok and key in _META_INTS:
             ok = float(v).is_integer() and (v >= 1 or key == "batch")
         if not ok:
+            lo = 1 if key in _META_INTS and key != "batch" else 0
             raise TpusimError(
                 f"{source}: meta field {key!r} = {short_repr(v)} is not a valid "
-                f"{'count' if key in _META_INTS else 'number'}; recompile the trace with "
-                f"`tpusim compile`"
+                f"{'count' if key in _META_INTS else 'number'} (give "
+                f"{range_text(lo, _NUM_MAX_DEFAULT, integer=key in _META_INTS)}); recompile "
+                f"the trace with `tpusim compile`"
             )
     dg = meta.get("device_groups")
     if dg is not None:
@@ -370,12 +390,13 @@ def _check_meta(meta: dict, source: str) -> None:
             and isinstance(e[0], int) and not isinstance(e[0], bool) and e[0] >= 0
             and isinstance(e[1], str) and len(e[1]) <= 64
             and isinstance(e[2], (int, float)) and not isinstance(e[2], bool)
-            and math.isfinite(e[2]) for e in ev)):
+            and math.isfinite(e[2]) and abs(e[2]) <= _NUM_MAX_DEFAULT for e in ev)):
         # The engine reads each event as (op id, category, bytes); anything else used to be an
         # internal TypeError in sim/engine.py.
         raise TpusimError(
             f"{source}: meta field 'memory_events' must be a list of [op id, category, bytes] "
-            f"(got {short_repr(ev)}); recompile the trace with `tpusim compile`"
+            f"with bytes in {interval_text(-_NUM_MAX_DEFAULT, _NUM_MAX_DEFAULT)} (got "
+            f"{short_repr(ev)}); recompile the trace with `tpusim compile`"
         )
     sc = meta.get("static_composition")
     if sc is not None:
@@ -385,19 +406,21 @@ def _check_meta(meta: dict, source: str) -> None:
         # here was an internal AttributeError / KeyError in sim/engine.py).
         if not isinstance(sc, dict) or not all(
                 k in MEMORY_CATEGORIES and isinstance(x, (int, float))
-                and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+                and not isinstance(x, bool) and math.isfinite(x) and 0 <= x <= _NUM_MAX_DEFAULT
                 for k, x in sc.items()):
             raise TpusimError(
                 f"{source}: meta field 'static_composition' must map memory categories "
-                f"({', '.join(MEMORY_CATEGORIES)}) to finite byte counts >= 0 (got "
+                f"({', '.join(MEMORY_CATEGORIES)}) to byte counts in "
+                f"{interval_text(0, _NUM_MAX_DEFAULT)} (got "
                 f"{short_repr(sc)}); recompile the trace with `tpusim compile`"
             )
     sb = meta.get("static_breakdown")
     if sb is not None and (not isinstance(sb, dict) or not all(
             isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-            and x >= 0 for x in sb.values())):
+            and 0 <= x <= _NUM_MAX_DEFAULT for x in sb.values())):
         raise TpusimError(
-            f"{source}: meta field 'static_breakdown' must map names to finite numbers >= 0"
+            f"{source}: meta field 'static_breakdown' must map names to numbers in "
+            f"{interval_text(0, _NUM_MAX_DEFAULT)}"
         )
 
 

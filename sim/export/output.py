@@ -6,13 +6,15 @@ anything that is not a regular file.
 * A FIFO or a character/block device (`/dev/null`, `/dev/stdout`, a named pipe) is written
   directly: renaming over it would replace the device node with a regular file.
 * A symlink is followed, as a shell redirection does: the file it points to is written (by the
-  two rules above) and the link itself is left in place. A dangling link creates its target.
+  two rules above) and the link itself is left in place. A dangling link creates its target; a
+  loop of links is refused.
 * Sockets, directories and paths whose directory cannot be created are refused before anything
   is simulated or written (`check_output_file`, `check_output_dir`).
 """
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -49,9 +51,11 @@ def atomic_write(path: str | Path, writer: Callable[[Path], None]) -> Path:
     path = Path(path)
     check_output_file(path)
     target = _target(path)
-    if _is_stream(target):
+    if _is_stream(path) or _is_stream(target):
+        # Opened by the name given: /dev/stdout is a link to /proc/self/fd/1, whose resolved
+        # name (pipe:[N] when stdout is a pipe) cannot be opened, though the link can.
         try:
-            writer(target)
+            writer(path)
         except OSError as exc:
             raise TpusimError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
         return path
@@ -123,12 +127,38 @@ def _check_creatable(p: Path, what: str) -> None:
         raise TpusimError(
             f"{what} {str(p)!r} cannot be created: no write permission in {str(anc)!r}"
         )
+    _probe_writable(anc, p, what)
+
+
+def _probe_writable(d: Path, p: Path, what: str) -> None:
+    """Create and remove a file in `d`: access() passes for root whatever the permission bits,
+    and on /proc or /sys, so `plan` run there searched for minutes before its `plan-out/`
+    could not be made. Nothing is left behind."""
+    where = str(d) if str(d) != "." else os.getcwd()
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".tpusim-probe-", dir=d)
+    except OSError as exc:
+        raise TpusimError(
+            f"{what} {str(p)!r} cannot be created: {where!r} is not writable "
+            f"({exc.strerror or exc}); give a path in a writable directory") from None
+    os.close(fd)
+    os.unlink(tmp)
 
 
 def check_output_file(path: str | Path, what: str = "output file") -> None:
     """Refuse an output file that cannot be written (before anything is simulated or written)."""
     p = Path(path)
     _check_name(p, what)
+    if _is_stream(p):
+        return  # a FIFO or device, also through a link (/dev/stdout): written in place
+    try:
+        os.stat(p)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            # realpath() of a loop is the link itself, which the rename then replaced with a
+            # regular file.
+            raise TpusimError(f"{what} {str(p)!r} is a loop of symbolic links; give a file "
+                              f"name or a link that points to one") from None
     t = _target(p)
     if t.is_dir():
         raise TpusimError(f"{what} {str(p)!r} is a directory; give a file name")
@@ -155,6 +185,7 @@ def check_output_dir(path: str | Path, what: str = "output directory") -> None:
     if p.is_dir():
         if not os.access(p, os.W_OK | os.X_OK):
             raise TpusimError(f"{what} {str(p)!r} is not writable")
+        _probe_writable(p, p, what)
         return
     _check_creatable(p, what)
 
