@@ -3,7 +3,8 @@ pod (LLaMA-3-70B, seq 8192, 1 sequence per chip, fsdp=2240,tensor=4): unperturbe
 plus one slow link, and chip-to-chip variation (every chip its own class), the last also on
 smaller pods to show how the cost grows with the number of classes; and a pipelined step (1F1B,
 4 stages, 4 microbatches: every stage its own program with point-to-point sends, sim/pipeline.py)
-healthy and with a slow chip, on 64 chips and on the full pod.
+healthy and with a slow chip, on 64 chips and on the full pod, and with chip variation on 256,
+1024 and 8960 chips (vector classes).
 
 Run: python benchmarks/bench_perchip.py [--quick] [--timeout S]. Numbers are measurements on the
 machine that ran them; nothing here passes or fails on time.
@@ -48,6 +49,14 @@ PIPE_CASES = [
      [*PIPE, "--slow-chip", "3,5,7:0.8"]),
     ("pipeline 1f1b slow link", ("v5p", "16x20x28", "pipeline=4,fsdp=560,tensor=4"),
      [*PIPE, "--slow-link", "0,0,0:x+:0.5"]),
+    # Every chip its own class: vector classes with one program per stage (256 chips is the
+    # largest of these the class engine can also run: 1.26M class-ops).
+    ("pipeline 1f1b chip var", ("v5p", "4x8x8", "pipeline=4,fsdp=16,tensor=4"),
+     [*PIPE, "--chip-variation", "0.02", "--seed", "1"]),
+    ("pipeline 1f1b chip var", ("v5p", "8x8x16", "pipeline=4,fsdp=64,tensor=4"),
+     [*PIPE, "--chip-variation", "0.02", "--seed", "1"]),
+    ("pipeline 1f1b chip var", ("v5p", "16x20x28", "pipeline=4,fsdp=560,tensor=4"),
+     [*PIPE, "--chip-variation", "0.02", "--seed", "1"]),
 ]
 
 
