@@ -593,6 +593,18 @@ def test_an_unknown_optimizer_is_refused_with_the_known_ones():
         TrainingConfig(seq_len=128, batch_per_chip=1, optimizer="lion")
 
 
+def test_a_remat_policy_given_as_text_is_parsed_or_refused_in_one_line():
+    # The Python API may pass the policy as text: it compiles as the enum does, and a bad one
+    # is refused when the config is made (it was an AttributeError inside the compiler).
+    assert TrainingConfig(seq_len=128, batch_per_chip=1, remat="offload").remat is Remat.OFFLOAD
+    text, _ = _step("fsdp=4", "2x2", remat="minimal")
+    enum, _ = _step("fsdp=4", "2x2", remat=Remat.MINIMAL)
+    assert text.ops == enum.ops
+    for bad in ("bogus", 3, None):
+        with pytest.raises(TpusimError, match=r"^--remat .* is not a remat policy; use one of: "):
+            TrainingConfig(seq_len=128, batch_per_chip=1, remat=bad)
+
+
 def test_remat_and_optimizer_parsers_share_one_wording_and_cut_long_values():
     from workloads.training import parse_optimizer, parse_remat
 

@@ -261,6 +261,10 @@ class TrainingConfig:
                 f"--batch-per-chip {short_repr(self.batch_per_chip)} must be in "
                 f"{interval_text(0, MAX_BATCH, lo_open=True)} (sequences per chip)"
             )
+        if not isinstance(self.remat, Remat):
+            # A policy given as text (the Python API): parsed here, so that a bad one is a
+            # one-line error and not an AttributeError deep in the compiler.
+            object.__setattr__(self, "remat", parse_remat(self.remat))
         if self.attention not in ("dot", "flash"):
             raise TpusimError(f"--attention {short_repr(self.attention)} must be dot or flash")
         for flag in ("score_exp_fusion", "score_grad_fusion", "bwd_probs_buffer",
