@@ -25,6 +25,13 @@ group has arrived and ends when its last member has drained):
   their way, their clock plus the least time their remaining compute can take). Chips for which
   this cannot be shown wait (the vector splits; it merges back once they catch up).
 
+* Several programs (pipeline stages): a vector's chips run one program; rendezvous are keyed
+  by (program, op id), with their arrival and drain arrays over that program's chips. A
+  point-to-point send is a rendezvous of its sender alone (its own route's cost); its end
+  completes the receive op on the peer chip, which waits for it (with the send's arrival, or
+  the sender's arrival bound, plus the send's least time as its lower bound) from the step's
+  start or, when only core ops depend on it, from when the core reaches the first of them.
+
 So every chip's events are processed in the order the SimPy model processes them, and every
 time is computed with the same formula: the result equals `mode="per-chip"` (one SimPy actor per
 chip) up to float rounding of sums taken in another order (tested to 1e-9 relative).
@@ -1019,7 +1026,7 @@ class _Net:
         self.num_events = events
 
 
-def _p2p_pairs(p2p, programs, prog_of, used, chips_of, rank, base, topology):
+def _p2p_pairs(p2p, programs, prog_of, used, chips_of, base, topology):
     """Each receive op of each chip: the rendezvous key of the send that completes it and the
     chip that sends it ({(program, receive op): per chip key / sender, -1 where none}), with
     the class engine's errors for a send without a receiver or a receive with two sends."""
@@ -1099,8 +1106,8 @@ def simulate_vectors(*, programs, prog_of, speed, op_scale, chip, topology, over
         off += len(programs[p].ops)
     sends = {p: (p2p.sends[p] if p2p is not None else {}) for p in used}
     send_cost_of = send_cost_of or {}
-    recv_key, recv_from = (_p2p_pairs(p2p, programs, prog_of, used, chips_of, rank, base,
-                                      topology) if p2p is not None else ({}, {}))
+    recv_key, recv_from = (_p2p_pairs(p2p, programs, prog_of, used, chips_of, base, topology)
+                           if p2p is not None else ({}, {}))
     hbm0 = chip.hbm_bytes_per_s * chip.hbm_efficiency
     rates0 = (chip.mxu_flops_per_s * chip.mxu_efficiency,
               chip.mxu_int8_ops_per_s * chip.mxu_efficiency,

@@ -235,3 +235,22 @@ def test_a_send_without_a_receiver_is_the_class_engines_error_on_vectors():
                 programs=progs, program_of_chip=stage, p2p=bad, vector=vector))
         errors.append(str(err.value))
     assert errors[0] == errors[1]
+
+
+def test_pipeline_vectors_under_an_uneven_moe_router_equal_the_class_engine():
+    # Each stage's expert shards carry their own loads (per-stage op scales, merged by op id
+    # across the stage programs): vector kinds split by them, with chip variation on top.
+    from workloads.moe import MoeConfig
+
+    moe = {**MODEL, "name": "moe-pp", "num_layers": 2, "num_experts": 8,
+           "experts_per_token": 2}
+    chip = get_chip("v5e")
+    topo = make_topology(chip, "4x2")
+    cfg = TrainingConfig(seq_len=512, batch_per_chip=2, microbatches=2,
+                         moe=MoeConfig(expert_skew=2.0, seed=1))
+    speed = _variation(topo, seed=2)
+    vec, cls = (simulate_pipeline_chips(model_from_dict(moe), parse_mesh(
+        "pipeline=2,expert=2,fsdp=2"), chip, topo, cfg, base=PerChipConfig(speed=speed,
+                                                                             vector=vector))
+        for vector in (True, False))
+    _assert_same(vec, cls)
