@@ -74,15 +74,17 @@ def _run(command: str, fn: str, kwargs: dict[str, Any]) -> Run:
 
 def _mesh_text(fn: str, mesh: Mapping) -> str:
     """`{axis: size}` as the --mesh text; an axis that is not a plain name (`"fsdp=2,tensor"`
-    would smuggle a second axis into the text) or a size that is not a whole number is an
-    error naming the entry."""
+    would smuggle a second axis into the text) or a size that is not a whole number (an int, or
+    text of digits alone: `"2,tensor=4"` would, too) is an error naming the entry."""
     import re
 
     from topologies.validate import short_repr
 
     for axis, size in mesh.items():
+        # A size given as text must be digits alone: "2,tensor=4" smuggled an axis, too.
         if not (isinstance(axis, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", axis)) or \
-                isinstance(size, bool) or not isinstance(size, (int, str)):
+                isinstance(size, bool) or not isinstance(size, (int, str)) or \
+                isinstance(size, str) and not re.fullmatch(r"[0-9]+", size.strip()):
             raise TpusimError(
                 f"sim.{fn}(mesh=...) entry {short_repr(axis)}: {short_repr(size)} is not an "
                 f"axis name and a whole size; give e.g. {{'fsdp': 16, 'tensor': 4}}")

@@ -127,7 +127,10 @@ def test_an_api_keyword_of_the_wrong_type_is_named_with_the_call_not_a_result_fi
             ("mesh", {"fsdp=2,tensor": 2}, r"sim.train\(mesh=...\) entry 'fsdp=2,tensor': 2 is "
                                            r"not an axis name and a whole size"),
             ("mesh", {"fsdp": 4.0}, r"entry 'fsdp': 4.0 is not"),
-            ("mesh", {"fsdp": True}, r"entry 'fsdp': True is not")]:
+            ("mesh", {"fsdp": True}, r"entry 'fsdp': True is not"),
+            # ... and so did a size written as text holding more than digits.
+            ("mesh", {"fsdp": "2,tensor=2"}, r"entry 'fsdp': '2,tensor=2' is not an axis name "
+                                             r"and a whole size")]:
         with pytest.raises(TpusimError, match=want) as exc:
             sim.train(**{**base, key: value})
         assert "result file" not in str(exc.value) and "\n" not in str(exc.value)
