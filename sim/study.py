@@ -860,17 +860,25 @@ def _check_texts(command: str, args: Any, seen: set[tuple[str, ...]]) -> None:
     are errors of the study, not failed rows. (Whether a mesh fits the pod needs the pod: that
     stays a row.) Each distinct combination is parsed once."""
     _check_values(command, args, seen)
+    _check_names(command, args, seen)
     key = tuple(str(getattr(args, a, None)) for a in
                 ("nbytes", "axes", "mesh", "dcn", "axis_map", "remat"))
     if key in seen:
         return
     if command == "collective":
         from sim.cli.common import parse_bytes
+        from topologies.torus import AXIS_NAMES, DCN_AXIS
         from topologies.validate import split_list
 
         parse_bytes(args.nbytes)
         if args.axes:
-            split_list(args.axes, "--axes", example="x,y")
+            # A name that is no pod's axis fails at every point (`axes: 5`); whether the pod
+            # has a `z` or a `dcn` axis depends on the point's shape and slices: that stays a row.
+            for axis in split_list(args.axes, "--axes", example="x,y"):
+                if axis not in (*AXIS_NAMES, DCN_AXIS):
+                    raise TpusimError(f"--axes {short_repr(args.axes)}: {short_repr(axis)} is "
+                                      f"not an axis of any pod; use {', '.join(AXIS_NAMES)} or "
+                                      f"{DCN_AXIS}, e.g. x,y")
     else:
         from topologies.mesh import parse_mesh
 
@@ -880,6 +888,51 @@ def _check_texts(command: str, args: Any, seen: set[tuple[str, ...]]) -> None:
 
             parse_remat(args.remat)
     seen.add(key)
+
+
+def _check_names(command: str, args: Any, seen: set[tuple[str, ...]]) -> None:
+    """The names a point gives that no other flag can make valid: a chip (preset or file), a
+    slice, a model (zoo name or file), a collective `--op` and `--algorithm`, a `--shape`'s
+    text. An unknown one used to fail every point it was in, each a row, and the study exit 0
+    ("4 points (4 failed)"). Whether the chip, shape and mesh fit together needs them all: that
+    stays a row. Each distinct value is checked once."""
+    checks = [("chip", getattr(args, "chip", None)),
+              ("slice", getattr(args, "slice_name", None)),
+              ("shape", getattr(args, "shape", None)),
+              ("model", getattr(args, "model", None))]
+    if command == "collective":
+        checks += [("op", args.op), ("algorithm", getattr(args, "algorithm", None))]
+    for what, value in checks:
+        key = ("name", what, str(value))
+        if value is None or key in seen:
+            continue
+        if what == "chip":
+            from sim.hardware import load_chip
+
+            load_chip(value)
+        elif what == "slice":
+            from topologies.slices import SLICES
+
+            SLICES.get(value)
+        elif what == "shape":
+            from topologies.torus import parse_shape
+
+            parse_shape(value)
+        elif what == "model":
+            from workloads.models import load_model
+
+            load_model(value)
+        elif what == "op":
+            from sim.collectives import CollectiveKind
+
+            if value not in {k.value for k in CollectiveKind}:
+                raise TpusimError(f"unknown --op {short_repr(value)}; use one of: "
+                                  f"{', '.join(k.value for k in CollectiveKind)}")
+        else:
+            from sim.collectives import ALGORITHMS
+
+            ALGORITHMS.get(value)
+        seen.add(key)
 
 
 def _check_values(command: str, args: Any, seen: set[tuple[str, ...]]) -> None:

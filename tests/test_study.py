@@ -116,6 +116,37 @@ def _assert_study_refused_before_running(tmp_path, capsys, study_dict, message):
     assert not (tmp_path / "out").exists()
 
 
+_COLLECTIVE_STUDY = {"command": "collective",
+                     "base": {"chip": "v5e", "shape": "2x2", "op": "all-reduce", "axes": "x",
+                              "bytes": "1MiB"},
+                     "grid": {"bytes": ["1MiB", "2MiB"]}}
+
+
+@pytest.mark.parametrize("base, message", [
+    ({"chip": "v9z"}, "unknown chip 'v9z'"),
+    ({"op": "all-reduse"}, "unknown --op 'all-reduse'; use one of: all-gather"),
+    ({"algorithm": "rign"}, "unknown collective algorithm 'rign'"),
+    ({"shape": ""}, "shape '' is not like 8x16"),
+    ({"axes": "5"}, "--axes '5': '5' is not an axis of any pod; use x, y, z or dcn"),
+    ({"slice": "v5p-7", "chip": None, "shape": None}, "v5p-7"),
+])
+def test_a_name_no_point_can_take_is_a_study_error_not_a_row_per_point(tmp_path, capsys, base,
+                                                                       message):
+    # An unknown chip, op, algorithm, slice, shape text or axis name failed every point, each
+    # a row, and the study exited 0 ("4 points (4 failed)") (hard10).
+    study = json.loads(json.dumps(_COLLECTIVE_STUDY))
+    study["base"].update(base)
+    study["base"] = {k: v for k, v in study["base"].items() if v is not None}
+    _assert_study_refused_before_running(tmp_path, capsys, study, message)
+
+
+def test_a_model_name_no_point_can_take_is_a_study_error(tmp_path, capsys, tiny_model):
+    _assert_study_refused_before_running(
+        tmp_path, capsys, _study(tiny_model, grid={"model": ["llama9-1b", tiny_model]},
+                                 plot=None),
+        "unknown model 'llama9-1b'")
+
+
 @pytest.mark.parametrize("grid, message", [
     ({"set.not_a_field": [1]}, "not_a_field"),
     ({"set.hbm_bytes_per_s": [-1]}, "hbm_bytes_per_s"),
