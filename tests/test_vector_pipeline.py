@@ -254,3 +254,41 @@ def test_pipeline_vectors_under_an_uneven_moe_router_equal_the_class_engine():
                                                                              vector=vector))
         for vector in (True, False))
     _assert_same(vec, cls)
+
+
+def test_programs_sharing_a_replica_group_or_sending_within_one_program_run_as_classes():
+    # Vector rendezvous are keyed by (program, op id): a group over chips of two programs, or
+    # a send to a chip of the sender's own program (a ring), runs on the class engine even
+    # when vectors are asked for (the same result as brute force).
+    from sim.chip_engine import PointToPoint
+    from workloads.trace import Op, OpKind, Trace, Unit
+
+    chip = get_chip("v5e")
+    topo = make_topology(chip, "4x2")
+    n = topo.num_chips
+
+    def prog(flops):
+        return Trace(mesh=parse_mesh("fsdp=8"), ops=(
+            Op(id=0, name="work", unit=Unit.MXU, flops=flops),
+            Op(id=1, name="gather", kind=OpKind.COLLECTIVE, collective="all-gather",
+               mesh_axes=("fsdp",), bytes=2.0**26, deps=(0,))), meta={"overlap": True})
+
+    msg = {"kind": OpKind.COLLECTIVE, "collective": "send", "mesh_axes": ("pipeline",),
+           "bytes": 2.0**26}
+    ring = Trace(mesh=parse_mesh("pipeline=2,fsdp=4"), ops=(
+        Op(id=0, name="recv", **msg),
+        Op(id=1, name="work", unit=Unit.MXU, flops=1e12),
+        Op(id=2, name="send", deps=(1,), **msg),
+        Op(id=3, name="use", unit=Unit.VPU, flops=1e9, deps=(0, 1))), meta={"overlap": True})
+    cases = [
+        {"programs": (prog(1e12), prog(2e12)), "program_of_chip": np.arange(n) % 2},
+        {"programs": (ring,), "program_of_chip": np.zeros(n, dtype=np.int64),
+         "p2p": PointToPoint(peer_of_chip=(np.roll(np.arange(n), 1),), sends=({2: (0, 7)},),
+                             recvs=({7: 0},))},
+    ]
+    for case in cases:
+        runs = [ce.simulate_chips(case["programs"][0], chip, topo, config=PerChipConfig(
+            speed=_variation(topo), **case, **kw)) for kw in ({"vector": True},
+                                                               {"mode": "per-chip"})]
+        assert not hasattr(runs[0], "_vector_stats")
+        assert runs[0].step_time_s == runs[1].step_time_s
