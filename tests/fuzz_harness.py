@@ -11,7 +11,9 @@ on a sliding-window model), `{"results": {"edit": [...]}}` for an edited
 an edited compiled HLO module (`base_hlo`; `"fixture"` names another module of
 tests/fixtures/hlo than the default windowed einsum),
 `{"latin1": text}` for a file of arbitrary bytes (one per character, fuzz8),
-or `{"fifo": true}` / `{"symlink": target}` for special output targets), and `expect`: `"ok"`
+or `{"fifo": true}` / `{"symlink": target}` for special output targets), an optional `api`
+(`{"fn": "train", "kwargs": {...}}`: a Python API call instead of `argv`, see `run_api`), and
+`expect`: `"ok"`
 (must exit 0), `"error"` (must be a one-line error, exit 2) or `"any"` (either). The verdict is a
 list of problems: empty means the run behaved.
 """
@@ -25,6 +27,7 @@ import math
 import os
 import signal
 import stat
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -360,7 +363,7 @@ def run_in_process(case: dict[str, Any], tmp: Path, *, timeout_s: float = 20.0) 
     try:
         os.chdir(tmp)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            rc = main(_quieted(argv))
+            rc = run_api(case["api"], tmp) if "api" in case else main(_quieted(argv))
     except _Timeout:
         rc, crash = None, f"hang: no result within {timeout_s:g} s"
     except BaseException as exc:  # noqa: BLE001 - anything escaping main is a finding
@@ -378,6 +381,45 @@ def run_in_process(case: dict[str, Any], tmp: Path, *, timeout_s: float = 20.0) 
             t.join(1)
     return {"rc": rc, "stdout": out.getvalue(), "stderr": err.getvalue(), "crash": crash,
             "before": before, "after": _snapshot(tmp), "argv": argv}
+
+
+def api_value(v: Any, tmp: Path) -> Any:
+    """A JSON-encoded Python value of an `api` case: `{tmp}` filled in, and the forms JSON
+    lacks decoded: {"$bytes": text}, {"$tuple": [...]}, {"$set": [...]}, {"$object": null},
+    {"$complex": [re, im]}, {"$dict": [[key, value], ...]} (keys of any type)."""
+    if isinstance(v, str):
+        return v.replace("{tmp}", str(tmp))
+    if isinstance(v, list):
+        return [api_value(x, tmp) for x in v]
+    if isinstance(v, dict):
+        if len(v) == 1:
+            (k, x), = v.items()
+            decode = {"$bytes": lambda: str(x).encode(), "$tuple": lambda: tuple(x),
+                      "$set": lambda: set(x), "$object": object,
+                      "$complex": lambda: complex(*x),
+                      "$dict": lambda: {a: api_value(b, tmp) for a, b in x}}
+            if k in decode:
+                return decode[k]()
+        return {k: api_value(x, tmp) for k, x in v.items()}
+    return v
+
+
+def run_api(spec: dict[str, Any], tmp: Path) -> int:
+    """Call `sim.<fn>(**kwargs)` as a notebook would: 0 (the result's dict printed as JSON when
+    it has one), or 2 with the TpusimError as the CLI prints it. Anything else escapes, as a
+    finding."""
+    import sim
+    from topologies.errors import TpusimError
+
+    kwargs = api_value(spec["kwargs"], tmp)
+    try:
+        res = getattr(sim, spec["fn"])(**kwargs)
+    except TpusimError as exc:
+        print(f"tpusim: error: {exc}", file=sys.stderr)
+        return 2
+    if hasattr(res, "to_dict"):
+        print(json.dumps(res.to_dict(), allow_nan=False))
+    return 0
 
 
 def _quieted(argv: list[str]) -> list[str]:

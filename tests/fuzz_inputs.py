@@ -278,6 +278,21 @@ TRACE_RAW = ["NaN", "Infinity", "-1", "1e999", "9" * 400, "null", "true", "\"x\"
              "[]", "[[1]]", "{\"a\": [1]}", "1e300", "0", "3", "[0]", "\"all-fold\""]
 
 
+# Edits found by hand in hard10 (OP: the first collective op): an axis named twice (was an
+# internal error), a send without a peer (was `tpusim collective`'s message), meta numbers and
+# memory events of 1e308 (summed to infinity: an internal error writing --json).
+TRACE_HAND = [("ops/OP/mesh_axes", '["fsdp", "fsdp"]'), ("ops/OP/collective", '"send"'),
+              ("meta/memory_events", '[[0, "other", 1e308], [1, "other", 1e308]]'),
+              ("meta/static_hbm_bytes", "1e308"), ("meta/static_breakdown",
+                                                   '{"params": 1e308, "grads": 0, "optimizer": 0}'),
+              ("meta/static_composition", '{"params": 1e308, "optimizer": 1e308}')]
+
+
+def _first_collective(doc: dict[str, Any]) -> int:
+    kind = doc["columns"].index("kind")
+    return next(i for i, row in enumerate(doc["ops"]) if row[kind] == "collective")
+
+
 def gen_trace(rng: random.Random, i: int) -> dict[str, Any]:
     from fuzz_harness import base_trace
 
@@ -293,6 +308,11 @@ def gen_trace(rng: random.Random, i: int) -> dict[str, Any]:
             path = f"meta/{rng.choice(sorted(doc['meta']))}"
         else:
             path = rng.choice(["mesh/ici/fsdp", "version", "format", "columns", "ops", "mesh"])
+        if rng.random() < 0.15:  # hard10: the edits found by hand, each a one-line error
+            path, raw = rng.choice(TRACE_HAND)
+            path = path.replace("OP", str(_first_collective(doc)))
+            sets.append([path, raw])
+            continue
         sets.append([path, rng.choice(TRACE_RAW)])
     extra = rng.choice([[], ["--json"], ["--out", "{tmp}/o"], ["--perfetto", "{tmp}/p.pftrace"],
                         ["--plots", "{tmp}/pl"]])
@@ -306,6 +326,11 @@ STUDY_GOOD = {"bytes": ["1MiB", "64KiB", 1048576, "2MiB"], "chunks": [1, 2, 4],
               "set.ici_link_bytes_per_s": ["x2", "x0.5", 4.5e10]}
 STUDY_ODD = [-1, 0, "abc", "", "x" * 300, 1e9, True, False, "1,,2", 10**40]
 STUDY_BAD = [None, [1], {"a": 1}, float("nan"), float("inf"), [], "NOLIST"]
+
+
+STUDY_BAD_NAMES = [("chip", "v9z"), ("chip", 5), ("chip", ""), ("op", "all-reduse"), ("op", 5),
+                   ("algorithm", "rign"), ("shape", ""), ("axes", "5"), ("axes", "x,w"),
+                   ("slice", "v5p-7")]
 
 
 def _study_list(rng: random.Random, key: str) -> tuple[Any, bool]:
@@ -342,6 +367,10 @@ def gen_study(rng: random.Random, i: int) -> dict[str, Any]:
         invalid = True
     elif r < 0.3:
         base[rng.choice(["out", "json", "perfetto", "nonsense"])] = "x"
+        invalid = True
+    elif r < 0.38:  # hard10: a name no point can take is a study error, not a row per point
+        key, value = rng.choice(STUDY_BAD_NAMES)
+        base[key] = value
         invalid = True
     if rng.random() < 0.3:
         doc["metrics"] = rng.choice([["time_s"], ["nope"], "time_s", [], [["x"]], ["latency_s"]])
@@ -916,16 +945,117 @@ def gen_hlo_hostile(rng: random.Random, i: int) -> dict[str, Any]:
             "expect": "any"}
 
 
+# -- output paths and the Python API (hard10) ---------------------------------------------------
+# (files, output path, surely invalid): where a step's output goes.
+OUTPUT_TARGETS = [
+    ({"a.out": {"symlink": "{tmp}/b.out"}, "b.out": {"symlink": "{tmp}/a.out"}}, "{tmp}/a.out",
+     True),  # a loop of links (was replaced by a regular file)
+    ({"l.out": {"symlink": "{tmp}/sub/real.out"}}, "{tmp}/l.out", False),  # dangling: created
+    ({"pipe": {"fifo": True}, "l.out": {"symlink": "{tmp}/pipe"}}, "{tmp}/l.out", False),
+    ({"d/x": "x"}, "{tmp}/d", None),  # a directory: a file output refuses it, --out takes it
+    ({"f": "old"}, "{tmp}/f", None),  # an existing file: replaced by a file, refused as --out
+    ({"f": "x"}, "{tmp}/f/child", True),  # under a file
+    ({}, "/proc/tpusim-fuzz-out", True),  # a directory no one can write, root included
+    ({}, "/proc/tpusim-fuzz-dir/x", True),
+]
+
+
+def gen_outputs(rng: random.Random, i: int) -> dict[str, Any]:
+    """A step whose --perfetto, --out or --plots (or compile's -o) goes to a symlink loop, a
+    dangling link, a link to a FIFO, a directory, an existing file, a path under a file, or
+    /proc (unwritable even for root)."""
+    files, path, invalid = rng.choice(OUTPUT_TARGETS)
+    flag = rng.choice(["--perfetto", "--out", "--plots", "-o"])
+    if flag == "-o":
+        argv = ["compile", "--chips", "4", "--model", "{tmp}/tiny.yaml", "--seq-len", "128",
+                "--batch-per-chip", "1", "--mesh", "fsdp=4", "-o", path]
+    else:
+        argv = [*TRAIN, flag, path]
+    if invalid is None:  # a directory or an existing file: right for one kind of output only
+        is_dir = path.endswith("/d")
+        invalid = is_dir != (flag in ("--out", "--plots"))
+    return {"id": f"gen-outputs-{i}", "argv": argv, "files": dict(files),
+            "expect": "error" if invalid else "any"}
+
+
+# Python values a notebook might pass by mistake, JSON-encoded for the corpus (`api_value`
+# decodes the {"$...": ...} forms).
+API_ODD = [None, float("nan"), float("inf"), -1, 0, 10**40, 2**63, 1.5, True, [1], {"a": 1}, "",
+           " ", "１", "1e400", [None], [[1]], {"$bytes": "x"}, {"$tuple": [1, 2]},
+           {"$object": None}, {"$set": []}, {"$complex": [1, 2]}]
+API_BASE = {
+    "train": {"chip": "v5e", "shape": "2x2", "model": "{tmp}/tiny.yaml", "seq_len": 128,
+              "batch_per_chip": 1, "mesh": "fsdp=4"},
+    "decode": {"chip": "v5e", "shape": "2x2", "model": "{tmp}/tiny.yaml", "batch": 4,
+               "context_len": 128, "mesh": "tensor=4"},
+    "collective": {"chip": "v5e", "shape": "4x4", "op": "all-gather", "axes": "x",
+                   "bytes": "1MiB"},
+    "sweep": {"study": {"command": "collective",
+                        "base": {"chip": "v5e", "shape": "2x2", "op": "all-reduce", "axes": "x"},
+                        "grid": {"bytes": ["1MiB", "2MiB"]}}},
+    "plan": {"chip": "v5e", "shape": "2x2", "model": "{tmp}/tiny.yaml", "seq_len": 128,
+             "global_batch": 4, "axes": ["data", "fsdp"], "remat": ["full"],
+             "microbatches": [1]},
+    "rerun": {"result": "{tmp}/r.json"},
+}
+API_KEYS = {"train": ["seed", "seq_len", "microbatches", "no_overlap", "slow_link", "set", "mesh",
+                      "remat", "chip_variation", "dcn", "axis_map"],
+            "decode": ["batch", "kv_dtype", "set", "mesh", "seed"],
+            "collective": ["bytes", "axes", "op", "chunks", "slow_link", "set"],
+            "sweep": ["study", "workers", "dask", "out", "resume", "quiet"],
+            "plan": ["overrides", "out", "dask", "top", "workers", "seq_len"],
+            "rerun": ["result"]}
+API_MESHES = [{"fsdp=2,tensor": 2}, {"fsdp": 4.0}, {"fsdp": True}, {1: 4}, {"fsdp": "4"},
+              {"fsdp": "2,tensor=2"}, {"fsdp": -4}, {}]
+API_RESULTS = {"deep": "[" * 100_000 + "]" * 100_000, "nan": '{"inputs": NaN}',
+               "digits": '{"inputs": ' + "9" * 5000 + "}", "list": "[1, 2]", "empty": ""}
+
+
+def gen_api(rng: random.Random, i: int) -> dict[str, Any]:
+    """A Python API call (`sim.train`, `sim.decode`, `sim.collective`, `sim.sweep`, `sim.plan`,
+    `sim.rerun`) with one or two keywords given an odd Python value: None, NaN, huge ints,
+    bytes, tuples, sets, objects, wrong containers; mesh dicts with mesh syntax in a key or a
+    size; rerun of files too deep, with NaN or 5,000 digits. Run in-process by the harness
+    (`fuzz_harness.run_api`); a wrong type must be one TpusimError line naming the call."""
+    fn = rng.choice(sorted(API_BASE))
+    kwargs = json.loads(json.dumps(API_BASE[fn]))
+    files: dict[str, Any] = {}
+    invalid = False
+    if fn == "rerun":
+        kind = rng.choice(sorted(API_RESULTS) + ["dir", "missing"])
+        if kind == "dir":
+            files["r.json/x"] = "x"
+        elif kind != "missing":
+            files["r.json"] = API_RESULTS[kind]
+        invalid = True
+    else:
+        for key in rng.sample(API_KEYS[fn], rng.randint(1, 2)):
+            value = rng.choice(API_MESHES) if key == "mesh" and rng.random() < 0.5 \
+                else rng.choice(API_ODD)
+            if key == "mesh" and isinstance(value, dict) and value and \
+                    not any(k.startswith("$") for k in map(str, value)):
+                value = {"$dict": [[k, v] for k, v in value.items()]}  # int keys survive JSON
+            kwargs[key] = value
+            # Surely wrong: a Python type no flag takes (bytes, tuple, set, object, complex).
+            invalid |= isinstance(value, dict) and any(
+                k in value for k in ("$bytes", "$tuple", "$object", "$set", "$complex")) \
+                and key not in ("set", "overrides")
+    return {"id": f"gen-api-{i}", "argv": ["api", fn], "api": {"fn": fn, "kwargs": kwargs},
+            "files": files, "expect": "error" if invalid else "any"}
+
+
 GENERATORS = {"flags": gen_flags, "chip_yaml": gen_chip_yaml, "model_yaml": gen_model_yaml,
               "trace": gen_trace, "study": gen_study, "result": gen_result, "hlo": gen_hlo,
               "orbit": gen_orbit, "gemma": gen_gemma, "hlo_scatter": gen_hlo_scatter,
               "resume": gen_resume, "train8": gen_train8, "plan8": gen_plan8,
-              "numeric": gen_numeric, "scenario": gen_scenario, "hlo_hostile": gen_hlo_hostile}
+              "numeric": gen_numeric, "scenario": gen_scenario, "hlo_hostile": gen_hlo_hostile,
+              "outputs": gen_outputs, "api": gen_api}
 
 
 def generate(rng: random.Random, i: int) -> dict[str, Any]:
     """One case from a surface picked at random (flags twice as often as each file kind)."""
     surface = rng.choice(["flags", "flags", "chip_yaml", "model_yaml", "trace", "study",
                           "result", "hlo", "orbit", "gemma", "hlo_scatter", "resume",
-                          "train8", "train8", "plan8", "numeric", "scenario", "hlo_hostile"])
+                          "train8", "train8", "plan8", "numeric", "scenario", "hlo_hostile",
+                          "outputs", "api"])
     return GENERATORS[surface](rng, i)

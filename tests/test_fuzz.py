@@ -162,6 +162,22 @@ def test_generated_all_reduce_scatter_fusions_import_or_give_a_one_line_error(rn
     _check_generated("hlo_scatter", rng, tmp_path_factory)
 
 
+# hard10: output paths (symlink loops, links to FIFOs, /proc) and Python API calls with odd
+# values. Three examples each here, the rest in benchmarks/fuzz_cli.py.
+@settings(max_examples=3, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(rng=st.randoms(use_true_random=False))
+def test_generated_output_paths_are_written_or_refused_in_one_line(rng, tmp_path_factory):
+    _check_generated("outputs", rng, tmp_path_factory)
+
+
+@settings(max_examples=3, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(rng=st.randoms(use_true_random=False))
+def test_generated_api_calls_answer_or_raise_one_line_naming_the_call(rng, tmp_path_factory):
+    _check_generated("api", rng, tmp_path_factory)
+
+
 # -- outputs into special files ---------------------------------------------------------------
 def _train_argv(tmp: Path, *extra: str) -> list[str]:
     (tmp / "tiny.yaml").write_text(TINY_MODEL)
