@@ -957,13 +957,14 @@ OUTPUT_TARGETS = [
     ({"f": "x"}, "{tmp}/f/child", True),  # under a file
     ({}, "/proc/tpusim-fuzz-out", True),  # a directory no one can write, root included
     ({}, "/proc/tpusim-fuzz-dir/x", True),
+    ({}, "{tmp}/tiny.yaml", True),  # the --model file the step reads (was overwritten)
 ]
 
 
 def gen_outputs(rng: random.Random, i: int) -> dict[str, Any]:
     """A step whose --perfetto, --out or --plots (or compile's -o) goes to a symlink loop, a
-    dangling link, a link to a FIFO, a directory, an existing file, a path under a file, or
-    /proc (unwritable even for root)."""
+    dangling link, a link to a FIFO, a directory, an existing file, a path under a file,
+    /proc (unwritable even for root) or the model file it reads."""
     files, path, invalid = rng.choice(OUTPUT_TARGETS)
     flag = rng.choice(["--perfetto", "--out", "--plots", "-o"])
     if flag == "-o":

@@ -713,3 +713,32 @@ def test_a_batch_per_chip_under_one_sequence_per_pod_is_refused_naming_the_flag(
         assert err.startswith(f"tpusim: error: --batch-per-chip {float(b):g} x 4 chips"), err
     rc, out, err = _run(capsys, *base, "--batch-per-chip", "0.25", "--mesh", "tensor=4")
     assert rc == 0, err
+
+
+def test_an_output_that_is_an_input_file_is_refused_before_anything_runs(tmp_path, capsys):
+    # `tpusim export t.trace --perfetto t.trace` replaced the trace it had just read with the
+    # Perfetto output, and `compile --model m.yaml -o m.yaml` the model (hard10).
+    model = tmp_path / "m.yaml"
+    model.write_text("base: llama3-8b\nname: tiny\nnum_layers: 2\n", encoding="utf-8")
+    (tmp_path / "same.yaml").hardlink_to(model)  # another name for the same file
+    trace = tmp_path / "t.trace"
+    compile_ = ["compile", "--chips", "4", "--model", str(model), "--seq-len", "128",
+                "--batch-per-chip", "1", "--mesh", "fsdp=4"]
+    assert main([*compile_, "-o", str(trace)]) == 0
+    capsys.readouterr()
+    kept = {p: p.read_bytes() for p in (model, trace)}
+    pod = ["--chip", "v5e", "--shape", "2x2", "--quiet"]
+    train = ["train", *pod, "--model", str(model), "--seq-len", "128", "--batch-per-chip", "1",
+             "--mesh", "fsdp=4"]
+    for argv, what in [
+            (["export", str(trace), *pod, "--perfetto", str(trace)], "the trace file"),
+            (["replay", str(trace), *pod, "--perfetto", f"{tmp_path}/./t.trace"],
+             "the trace file"),
+            ([*compile_, "-o", str(model)], "the --model file"),
+            ([*compile_, "-o", str(tmp_path / "same.yaml")], "the --model file"),
+            ([*train, "--perfetto", str(model)], "the --model file")]:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"would overwrite {what} " in err, err
+        assert "which this command reads; give the output another name" in err
+    assert {p: p.read_bytes() for p in kept} == kept

@@ -448,10 +448,13 @@ def check_outputs(args: argparse.Namespace) -> None:
             raise TpusimError(f"{flag} is empty; give a path, or leave {flag} out")
     if out is not None:
         check_output_dir(out, "--out directory")
+        check_not_inputs(args, "--out", out, directory=True)
     if plots is not None:
         check_output_dir(plots, "--plots directory")
+        check_not_inputs(args, "--plots", plots, directory=True)
     if perfetto is not None:
         check_output_file(perfetto, "--perfetto file")
+        check_not_inputs(args, "--perfetto", perfetto)
         real = os.path.realpath(perfetto)
         for flag, d in (("--out", out), ("--plots", plots)):
             if d is None:
@@ -467,6 +470,37 @@ def check_outputs(args: argparse.Namespace) -> None:
                     f"--perfetto {show_path(perfetto)} would be overwritten by the {flag} files; "
                     f"give the trace another name"
                 )
+
+
+# The input files a command may read, by argument: an output must not be one of them.
+_INPUT_ARGS = (("trace", "the trace file"), ("program", "the HLO program"),
+               ("model", "the --model file"), ("chip", "the --chip file"),
+               ("scenario", "the --scenario file"))
+
+
+def check_not_inputs(args: argparse.Namespace, flag: str, path: Any, *,
+                     directory: bool = False) -> None:
+    """An output that would overwrite a file the command reads is refused before anything runs:
+    `tpusim export t.trace --perfetto t.trace` replaced the trace it had just read (and
+    `compile --model m.yaml -o m.yaml` the model). A directory output is checked for the files
+    it writes (`_dir_outputs`)."""
+    if path is None or not str(path).strip():
+        return
+    real = os.path.realpath(path)
+    for dest, what in _INPUT_ARGS:
+        given = getattr(args, dest, None)
+        if not isinstance(given, str) or not given or not os.path.isfile(given):
+            continue
+        src = os.path.realpath(given)
+        if directory:
+            hit = os.path.dirname(src) == real and os.path.basename(src) in _dir_outputs(args,
+                                                                                         flag)
+        else:
+            hit = src == real or (os.path.exists(path) and os.path.samefile(path, given))
+        if hit:
+            raise TpusimError(
+                f"{flag} {show_path(path)} would overwrite {what} {show_path(given)}, which "
+                f"this command reads; give the output another name")
 
 
 def _dir_outputs(args: argparse.Namespace, flag: str) -> set[str]:

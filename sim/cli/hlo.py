@@ -50,6 +50,7 @@ def cmd_import_hlo(args: argparse.Namespace) -> int:
 
     if args.output:
         check_output_file(args.output)
+        cli.check_not_inputs(args, "-o", args.output)
     chip, topo = cli.resolve_pod(args)
     imp = load_hlo(args.program, topo)
     if args.output:

@@ -382,8 +382,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from sim.export.output import atomic_write
+    from sim.export.output import atomic_write, check_output_file
 
+    # Before compiling (a large step takes seconds): -o that cannot be written, or that is the
+    # --model file it compiles.
+    check_output_file(args.output, "-o file")
+    cli.check_not_inputs(args, "-o", args.output)
     chip = None
     if args.chips is not None:
         if args.chips < 1:
