@@ -1138,6 +1138,18 @@ def _per_link_bytes_of_chips(topology: Topology, chip_b: np.ndarray) -> np.ndarr
     return out
 
 
+def _core_prev(ops) -> dict[int, int]:
+    """{core op id: the core op before it} (compute and idle ops run on the core in program
+    order), what a critical path steps back along on one chip."""
+    prev, m = -1, {}
+    for op in ops:
+        if op.kind in (OpKind.COMPUTE, OpKind.IDLE):
+            if prev >= 0:
+                m[op.id] = prev
+            prev = op.id
+    return m
+
+
 def _critical_path(classes, last: int, topology, slow, op_key, group_cost, count,
                    dead=()) -> list[dict]:
     """Walk back from the last op of the last chip: each op's start was set by its latest
@@ -1150,15 +1162,7 @@ def _critical_path(classes, last: int, topology, slow, op_key, group_cost, count
     start_of = [c.start.tolist() for c in classes]
     end_of = [c.end.tolist() for c in classes]
     steps: list[tuple[int, int]] = []
-    core_prev: dict[int, dict[int, int]] = {}
-    for c in classes:
-        prev, m = -1, {}
-        for op in c.ops:
-            if op.kind in (OpKind.COMPUTE, OpKind.IDLE):
-                if prev >= 0:
-                    m[op.id] = prev
-                prev = op.id
-        core_prev[c.c] = m
+    core_prev = {c.c: _core_prev(c.ops) for c in classes}
     c = cl.c
     seen = 0
     while k >= 0 and seen < 10 * len(cl.ops) + 10:

@@ -1328,7 +1328,7 @@ def _critical_path_chips(run, last, topology, slow, dead, label, count, kinds, k
     """`sim.chip_engine._critical_path` on chips: each op's start was set by its latest
     dependency (or the core op before it), a collective's start by the member that arrived last
     and its end by the member that drained last, a receive's end by its send (on the sender)."""
-    from sim.chip_engine import _coords_text, add_path_links
+    from sim.chip_engine import _coords_text, _core_prev, add_path_links
 
     members: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
@@ -1360,13 +1360,7 @@ def _critical_path_chips(run, last, topology, slow, dead, label, count, kinds, k
 
     def prev_of(K):
         if K.id not in core_prev:
-            prev, mm = -1, {}
-            for op in K.ops:
-                if op.kind in (OpKind.COMPUTE, OpKind.IDLE):
-                    if prev >= 0:
-                        mm[op.id] = prev
-                    prev = op.id
-            core_prev[K.id] = mm
+            core_prev[K.id] = _core_prev(K.ops)
         return core_prev[K.id]
 
     steps: list[tuple[int, int]] = []
