@@ -79,6 +79,10 @@ def test_generated_trace_files_give_an_answer_or_a_one_line_error(rng, tmp_path_
 
 _FUZZ_NEW = settings(max_examples=5, deadline=None, derandomize=True, database=None,
                     suppress_health_check=list(HealthCheck))
+# Generators whose examples are slow (HLO imports) or new: three examples in the suite, the
+# rest in benchmarks/fuzz_cli.py.
+_FUZZ_FEW = settings(max_examples=3, deadline=None, derandomize=True, database=None,
+                     suppress_health_check=list(HealthCheck))
 
 
 @_FUZZ_NEW
@@ -126,8 +130,7 @@ def test_generated_newer_train_flags_give_an_answer_or_a_one_line_error(rng, tmp
     _check_generated("train8", rng, tmp_path_factory)
 
 
-@settings(max_examples=3, deadline=None, derandomize=True, database=None,
-          suppress_health_check=list(HealthCheck))
+@_FUZZ_FEW
 @given(rng=st.randoms(use_true_random=False))
 def test_generated_newer_plan_flags_give_an_answer_or_a_one_line_error(rng, tmp_path_factory):
     _check_generated("plan8", rng, tmp_path_factory)
@@ -145,8 +148,7 @@ def test_generated_scenario_files_give_an_answer_or_a_one_line_error(rng, tmp_pa
     _check_generated("scenario", rng, tmp_path_factory)
 
 
-@settings(max_examples=3, deadline=None, derandomize=True, database=None,
-          suppress_health_check=list(HealthCheck))
+@_FUZZ_FEW
 @given(rng=st.randoms(use_true_random=False))
 def test_generated_hostile_hlo_files_give_an_answer_or_a_one_line_error(rng, tmp_path_factory):
     _check_generated("hlo_hostile", rng, tmp_path_factory)
@@ -154,8 +156,7 @@ def test_generated_hostile_hlo_files_give_an_answer_or_a_one_line_error(rng, tmp
 
 # A compiled step of 8,105 instructions takes ~0.5 s to import: three examples here, the rest in
 # benchmarks/fuzz_cli.py.
-@settings(max_examples=3, deadline=None, derandomize=True, database=None,
-          suppress_health_check=list(HealthCheck))
+@_FUZZ_FEW
 @given(rng=st.randoms(use_true_random=False))
 def test_generated_all_reduce_scatter_fusions_import_or_give_a_one_line_error(rng,
                                                                             tmp_path_factory):
@@ -164,15 +165,13 @@ def test_generated_all_reduce_scatter_fusions_import_or_give_a_one_line_error(rn
 
 # hard10: output paths (symlink loops, links to FIFOs, /proc) and Python API calls with odd
 # values. Three examples each here, the rest in benchmarks/fuzz_cli.py.
-@settings(max_examples=3, deadline=None, derandomize=True, database=None,
-          suppress_health_check=list(HealthCheck))
+@_FUZZ_FEW
 @given(rng=st.randoms(use_true_random=False))
 def test_generated_output_paths_are_written_or_refused_in_one_line(rng, tmp_path_factory):
     _check_generated("outputs", rng, tmp_path_factory)
 
 
-@settings(max_examples=3, deadline=None, derandomize=True, database=None,
-          suppress_health_check=list(HealthCheck))
+@_FUZZ_FEW
 @given(rng=st.randoms(use_true_random=False))
 def test_generated_api_calls_answer_or_raise_one_line_naming_the_call(rng, tmp_path_factory):
     _check_generated("api", rng, tmp_path_factory)
