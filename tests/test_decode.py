@@ -606,3 +606,56 @@ def test_serve_sweep_names_its_files_without_a_doubled_slash(tmp_path, capsys):
     text = capsys.readouterr().out
     assert rc == 0 and (out / "serve_sweep.csv").exists()
     assert f"wrote {out}/serve_sweep.csv, serve_sweep_pareto.png and summary.json" in text
+
+
+@pytest.mark.parametrize("name, mesh", [("llama3-8b", "tensor=4"), ("mixtral-8x7b", "expert=4"),
+                                        ("gemma2-9b", "data=2,tensor=2")])
+def test_every_prefill_chunk_adds_the_ops_of_the_first(name, mesh):
+    # The oracle of the prefill size check: the program is the first chunk's ops times the
+    # chunks plus a fixed head, whatever the chunk length (a shorter last chunk included).
+    from workloads.decode import compile_prefill
+
+    model = dataclasses.replace(load_model(name), num_layers=2)
+    counts = {}
+    for prompt, chunk in [(64, 64), (64, 32), (64, 16), (63, 16), (16, 1)]:
+        cfg = DecodeConfig(batch=4, context_len=prompt, prompt_len=prompt, prefill_chunk=chunk)
+        counts[(prompt, chunk)] = len(compile_prefill(model, parse_mesh(mesh), 4, cfg).ops)
+    per = counts[(64, 32)] - counts[(64, 64)]
+    head = counts[(64, 64)] - per
+    assert per > 0 and head >= 0
+    for (prompt, chunk), n in counts.items():
+        assert n == head + -(-prompt // chunk) * per, (prompt, chunk)
+
+
+def test_a_prefill_over_the_op_limit_is_refused_once_its_first_chunk_is_built(monkeypatch):
+    # LLaMA-3-405B, 65,536 tokens in 256 chunks built 250,000 ops (1.6 CPU-s) before the
+    # builder refused them; now the first chunk's count refuses it, naming a chunk that fits.
+    import functools
+
+    import workloads.decode as decode
+    from workloads.trace import TraceBuilder
+
+    model = dataclasses.replace(load_model("llama3-8b"), num_layers=2)
+
+    def prefill(chunk):
+        return decode.compile_prefill(model, parse_mesh("tensor=4"), 4, DecodeConfig(
+            batch=4, context_len=64, prompt_len=64, prefill_chunk=chunk))
+
+    per = len(prefill(32).ops) - len(prefill(64).ops)
+    built = []
+
+    class Counting(TraceBuilder):
+        def add(self, name, **kw):
+            built.append(name)
+            return super().add(name, **kw)
+
+    limit = 5 * per  # five chunks fit (and the head), sixteen do not
+    monkeypatch.setattr(decode, "TraceBuilder", functools.partial(Counting, max_ops=limit))
+    with pytest.raises(TpusimError, match=(
+            rf"^--prompt-len 64 in 16 chunks of --prefill-chunk 4 x 2 layers compiles to at "
+            rf"least {16 * per:,} ops \({per:,} per chunk, counted on the first\), over the "
+            rf"{limit:,} tpusim simulates in one program; use a --prefill-chunk of at least 16 "
+            rf"tokens \(at most 4 chunks\)$")):
+        prefill(4)
+    assert len(built) == per  # one chunk built, not the limit's ops
+    assert len(prefill(16).ops) <= limit  # the chunk it names fits

@@ -691,6 +691,25 @@ def compile_decode_step(model: TransformerSpec, mesh: LogicalMesh, num_chips: in
     return Trace(mesh=mesh, ops=tuple(c.b.ops), meta=c.meta("decode", plan))
 
 
+def _check_prefill_size(b: TraceBuilder, model: TransformerSpec, cfg: DecodeConfig, start: int,
+                        per_chunk: int) -> None:
+    """Every chunk adds the same ops as the first (tests/test_decode.py checks it), so a prompt
+    whose chunks cannot fit one program is refused once the first is built, not after building
+    the limit's ops (LLaMA-3-405B, 65,536 tokens in 256 chunks: 250,000 ops, 1.6 CPU-s)."""
+    chunks = -(-cfg.prompt_len // cfg.prefill_chunk)
+    least = start + chunks * per_chunk
+    if least <= b.max_ops:
+        return
+    # The head after the last chunk needs room too (a few ops, under one chunk's).
+    fit = max((b.max_ops - start) // per_chunk - 1, 1)
+    raise TpusimError(
+        f"--prompt-len {cfg.prompt_len:,} in {chunks:,} chunks of --prefill-chunk "
+        f"{cfg.prefill_chunk:,} x {model.num_layers} layers compiles to at least {least:,} ops "
+        f"({per_chunk:,} per chunk, counted on the first), over the {b.max_ops:,} tpusim "
+        f"simulates in one program; use a --prefill-chunk of at least "
+        f"{-(-cfg.prompt_len // fit):,} tokens (at most {fit:,} chunks)")
+
+
 def compile_prefill(model: TransformerSpec, mesh: LogicalMesh, num_chips: int,
                     cfg: DecodeConfig) -> Trace:
     """The SPMD program of prefilling `cfg.prompt_len` tokens of every sequence.
@@ -709,7 +728,10 @@ def compile_prefill(model: TransformerSpec, mesh: LogicalMesh, num_chips: int,
     chunk = min(cfg.prefill_chunk or P, P)
     x = None
     start = 0
+    first = len(c.b.ops)
     while start < P:
+        if start == chunk:  # the first chunk is built: refuse now a prompt that cannot fit
+            _check_prefill_size(c.b, model, cfg, first, len(c.b.ops) - first)
         t = min(chunk, P - start)
         x = c.embed(x, lay.local_batch * t, "prefill",
                     plan["activation_bytes"] if start == 0 else 0.0)
