@@ -578,19 +578,20 @@ def test_matmul_dtype_takes_any_case_as_the_storage_dtypes_do(capsys):
 
 def test_a_prefill_too_large_for_one_program_names_its_chunks_and_layers(monkeypatch):
     # A 1,048,576-token prompt in 256-token chunks on LLaMA-3-405B builds 4,096 chunks x 126
-    # layers of ops: the builder stops at its limit naming them (here a limit of 200 ops).
+    # layers of ops: the builder stops at its limit naming them (here a limit of 20 ops, under
+    # one chunk's: over that, the first chunk's count refuses it first, tested below).
     import functools
 
     import workloads.decode as decode
     from workloads.models import model_from_dict
     from workloads.trace import TraceBuilder
 
-    monkeypatch.setattr(decode, "TraceBuilder", functools.partial(TraceBuilder, max_ops=200))
+    monkeypatch.setattr(decode, "TraceBuilder", functools.partial(TraceBuilder, max_ops=20))
     model = model_from_dict({"name": "t", "num_layers": 2, "d_model": 256, "num_heads": 4,
                              "num_kv_heads": 4, "head_dim": 64, "d_ff": 512, "mlp": "swiglu",
                              "vocab_size": 1024})
     cfg = decode.DecodeConfig(batch=4, context_len=256, prompt_len=256, prefill_chunk=16)
-    with pytest.raises(TpusimError, match=r"more than 200 ops.*--prompt-len 256 in 16 chunks "
+    with pytest.raises(TpusimError, match=r"more than 20 ops.*--prompt-len 256 in 16 chunks "
                                           r"of --prefill-chunk 16 x 2 layers build it"):
         decode.compile_prefill(model, parse_mesh("tensor=4"), 4, cfg)
 
