@@ -1316,6 +1316,16 @@ def test_a_step_over_the_op_limit_is_refused_once_its_first_microbatch_is_built(
     fits = training._compiler(model_from_dict(TINY), parse_mesh("fsdp=4"), 4,
                               TrainingConfig(microbatches=4, **cfg)).build()
     assert len(fits.ops) <= limit
+    # Room for one microbatch only: it names that count (not "at most 1 microbatches").
+    monkeypatch.setattr(training, "TraceBuilder", functools.partial(TraceBuilder,
+                                                                    max_ops=start + 2 * per - 1))
+    with pytest.raises(TpusimError, match=r"over the [\d,]+ tpusim simulates in one program; "
+                                          r"use --microbatches 1$"):
+        training._compiler(model_from_dict(TINY), parse_mesh("fsdp=4"), 4,
+                           TrainingConfig(microbatches=2, **cfg)).build()
+    one = training._compiler(model_from_dict(TINY), parse_mesh("fsdp=4"), 4,
+                             TrainingConfig(microbatches=1, **cfg)).build()
+    assert len(one.ops) <= start + 2 * per - 1
 
 
 def test_a_program_builder_stops_at_its_op_limit_with_the_fix(monkeypatch):

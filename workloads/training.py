@@ -1061,7 +1061,8 @@ class _Compiler:
         raise TpusimError(
             f"--microbatches {mbs} x {self.d.layers} layers{where} compiles to at least "
             f"{least:,} ops ({per_mb:,} per microbatch, counted on the first), over the "
-            f"{limit:,} tpusim simulates in one program; use at most {fit:,} microbatches")
+            f"{limit:,} tpusim simulates in one program; "
+            + (f"use at most {fit:,} microbatches" if fit > 1 else "use --microbatches 1"))
 
     def layer_forward(self, layer, deps, gather, phase="fwd", recompute=False):
         """Ops of one layer's forward; returns the id of its output."""
