@@ -14,7 +14,9 @@ The models (one place, so every script compiles the same decoder):
   plain dot attention with f32 scores (causal in training, against a KV cache in decode), bf16
   weights, MaxText-like logical sharding (embed dim on `fsdp`, heads / d_ff / vocab on
   `tensor`, the batch on `data` x `fsdp`); a training step with Adam (f32 moments, donated
-  arguments) and a one-token decode step;
+  arguments) and a one-token decode step; `attention="splash"` puts jax's Pallas
+  splash-attention TPU kernel (MaxText's flash attention) in place of dot attention in
+  training;
 * a MaxText-style dropping MoE decoder (`moe_train_step`): one-hot dispatch and combine masks
   with a capacity factor, experts sharded over `expert`, SGD update.
 """
@@ -151,10 +153,17 @@ class Decoder:
     "attention" around the attention core inside them) so the HLO metadata says where each op
     came from (xla_crosscheck attributes collectives and per-op costs by it). tag: a
     `checkpoint_name`-like function applied to each weight matmul's output (MaxText's names:
-    query_proj, key_proj, value_proj, out_proj, mlpwi_0, mlpwi_1, mlpwo)."""
+    query_proj, key_proj, value_proj, out_proj, mlpwi_0, mlpwi_1, mlpwo). attention: "dot"
+    (f32 scores through HBM) or "splash": jax's Pallas splash-attention TPU kernel, as
+    MaxText calls it (`splash_attention`: causal mask, q scaled by 1/sqrt(head_dim) before
+    it, [batch, heads, seq, head_dim] layout, the kernel vmapped over the local batch inside a
+    `shard_map` whose batch is on data x fsdp and heads on `tensor`; GQA by the kernel's own
+    grouping, unfused dq and dkv backward kernels) with every block size `flash_block`
+    (MaxText's default sa_block_* is 512)."""
 
     def __init__(self, mesh, dims: dict, *, act_spec=None, scopes: bool = False,
-                 tag: Callable = _identity_tag, param_dtype: str = "bfloat16"):
+                 tag: Callable = _identity_tag, param_dtype: str = "bfloat16",
+                 attention: str = "dot", flash_block: int = 512):
         import jax.numpy as jnp
         from jax.sharding import PartitionSpec as P
 
@@ -171,6 +180,10 @@ class Decoder:
         self.scopes = scopes
         self.tag = tag
         self.bf = jnp.bfloat16
+        if attention not in ("dot", "splash"):
+            raise ValueError(f"attention {attention!r}: use 'dot' or 'splash'")
+        self.attention_kind = attention
+        self.flash_block = flash_block
         # The stored weights' dtype: "float32" is flax's param_dtype=float32 with
         # dtype=bfloat16 (MaxText's default): f32 master weights, each cast to bf16 right
         # before its matmul / lookup, the Adam update in f32 written back in f32.
@@ -238,6 +251,10 @@ class Decoder:
         import jax
         import jax.numpy as jnp
 
+        if self.attention_kind == "splash":
+            if not causal:
+                raise ValueError("splash attention is the training step's causal attention")
+            return self.splash_attention(q, k, v)
         kv, h, hd = self.kv, self.h, self.hd
         b, s, _ = q.shape
         t = k.shape[1]
@@ -249,6 +266,40 @@ class Decoder:
             sc = jnp.where(jnp.tril(jnp.ones((s, t), bool)), sc, -1e30)
         p = jax.nn.softmax(sc, axis=-1).astype(self.bf)
         return jnp.einsum("bkgst,btkd->bskgd", p, v).reshape(b, s, h * hd)
+
+    def splash_attention(self, q, k, v):
+        """Causal GQA attention by the Pallas splash kernel (MaxText's `tpu_flash_attention`
+        with its default layouts and the block sizes all `flash_block`)."""
+        import jax
+        from jax.experimental.pallas.ops.tpu.splash_attention import (
+            splash_attention_kernel as sk,
+        )
+        from jax.experimental.pallas.ops.tpu.splash_attention import (
+            splash_attention_mask as sm,
+        )
+        from jax.sharding import PartitionSpec as P
+
+        kv, h, hd = self.kv, self.h, self.hd
+        b, s, _ = q.shape
+        tp = self.mesh.shape["tensor"] if self.tp else 1
+        blk = min(self.flash_block, s)
+        q = (q.reshape(b, s, h, hd) * (hd ** -0.5)).astype(self.bf).transpose(0, 2, 1, 3)
+        k = k.reshape(b, s, kv, hd).transpose(0, 2, 1, 3)
+        v = v.reshape(b, s, kv, hd).transpose(0, 2, 1, 3)
+        sizes = sk.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk,
+                              block_q_dkv=blk, block_kv_dkv=blk, block_kv_dkv_compute=blk,
+                              block_q_dq=blk, block_kv_dq=blk)
+        # One kernel for a chip's heads: the heads are split over `tensor` by the shard_map.
+        mask = sm.MultiHeadMask([sm.CausalMask((s, s)) for _ in range(h // tp)])
+        kernel = sk.make_splash_mha(mask, head_shards=1, q_seq_shards=1, block_sizes=sizes)
+        spec = P(self.bs, self.tp, None, None)
+
+        @jax.shard_map(mesh=self.mesh, in_specs=(spec, spec, spec), out_specs=spec,
+                       check_vma=False)
+        def local(q, k, v):
+            return jax.vmap(kernel)(q, k, v)
+
+        return local(q, k, v).transpose(0, 2, 1, 3).reshape(b, s, h * hd)
 
     def layer(self, x, w, i: int = 0, cache=None):
         import jax

@@ -444,6 +444,24 @@ def test_a_deferred_head_gradient_holds_bf16_logits_and_the_final_norm_output():
     assert deferred_head_gradient_bytes(**kw, **sh, remat="offload") == 0
 
 
+def test_flash_attention_defers_the_logits_path_only_with_async_or_windowed_gathers():
+    # The splash programs on fsdp x tensor: v6e and v5p (blocking gathers) free the bf16
+    # logits before the backward loop, v5e (async) keeps them; dot attention keeps them with
+    # either form.
+    kw = dict(rows=100, d_model=8, local_vocab=32, tensor=2, fsdp=2, remat="full")
+    kept = 100 * (32 + 8) * 2
+    rep = dict(tp_activations="replicated")
+    assert deferred_head_gradient_bytes(**kw, **rep, attention="flash", gather="blocking") == 0
+    for gather in ("async", "windowed"):
+        assert deferred_head_gradient_bytes(**kw, **rep, attention="flash",
+                                            gather=gather) == kept
+    assert deferred_head_gradient_bytes(**kw, **rep, attention="dot", gather="blocking") == kept
+    # Sharded activations: no flash program compiled, deferred as with dot attention.
+    assert deferred_head_gradient_bytes(**kw, tp_activations="sharded", attention="flash",
+                                        gather="blocking", residual_rows=50) == \
+        (100 * 32 + 50 * 8) * 2
+
+
 @pytest.mark.parametrize("gather", ["blocking", "async"])
 @pytest.mark.parametrize("tp_act", ["replicated", "sharded"])
 def test_fsdp_x_tensor_keeps_the_logits_path_through_the_backward(

@@ -1008,6 +1008,15 @@ class _Compiler:
         """`grad_kind_for` the non-expert weights' group (fsdp x expert)."""
         return self.grad_kind_for(self.fsdp_shards)
 
+    @property
+    def plain_gather_form(self) -> str:
+        """How a weight gather that is no windowed einsum is issued: async or blocking (or
+        windowed, when every gather is asked to be)."""
+        if not self.cfg.overlap:
+            return "blocking"
+        return {"mixed-async": "async", "mixed-blocking": "blocking"}.get(
+            self.cfg.fsdp_gather, self.cfg.fsdp_gather)
+
     def gather_form(self, layer: int, key: str, phase: str) -> str:
         """How the FSDP gather of one matrix for one pass is issued: async, windowed or
         blocking.
@@ -1584,7 +1593,8 @@ class _Compiler:
                 held = deferred_head_gradient_bytes(
                     rows=n, d_model=D, local_vocab=V / d.tp, act_bytes=a, tensor=d.tp,
                     fsdp=d.fs, tp_activations=cfg.tp_activations, remat=str(cfg.remat),
-                    residual_rows=self.rows())
+                    residual_rows=self.rows(), attention=cfg.attention,
+                    gather=self.plain_gather_form)
                 held += windowed_head_gradient_bytes(
                     rows=n, d_model=D, local_vocab=V / d.tp, act_bytes=a, tensor=d.tp,
                     fsdp=fse, windowed=self.rs_windowed, cast_weights=self.wb != self.wc,
