@@ -231,6 +231,16 @@ def test_a_symlinked_output_is_followed_and_the_link_kept(tmp_path, capsys):
     assert target.is_file() and target.stat().st_size > 0
 
 
+def test_an_output_file_ending_in_a_slash_is_refused_not_written_without_it(tmp_path, capsys):
+    # Path() drops a trailing slash: `--perfetto out/` wrote a file named `out`.
+    from sim.cli import main
+
+    assert main(_train_argv(tmp_path, "--perfetto", f"{tmp_path}/out/")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "ends with '/', which names a directory" in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_loop_of_symlinks_is_refused_not_replaced_by_a_file(tmp_path, capsys):
     # realpath() of a loop is the link itself: the rename used to replace the link with the
     # trace (hard10).

@@ -149,6 +149,11 @@ def check_output_file(path: str | Path, what: str = "output file") -> None:
     """Refuse an output file that cannot be written (before anything is simulated or written)."""
     p = Path(path)
     _check_name(p, what)
+    text = os.fspath(path)
+    if isinstance(text, str) and text.endswith("/") and not p.is_dir():
+        # Path() drops the slash: `--perfetto out/` wrote a file named `out`.
+        raise TpusimError(f"{what} {short_repr(text)} ends with '/', which names a directory; "
+                          f"give a file name")
     if _is_stream(p):
         return  # a FIFO or device, also through a link (/dev/stdout): written in place
     try:
