@@ -154,8 +154,10 @@ def check_output_file(path: str | Path, what: str = "output file") -> None:
         # Path() drops the slash: `--perfetto out/` wrote a file named `out`.
         raise TpusimError(f"{what} {short_repr(text)} ends with '/', which names a directory; "
                           f"give a file name")
-    if _is_stream(p):
-        return  # a FIFO or device, also through a link (/dev/stdout): written in place
+    if _is_stream(p):  # a FIFO or device, also through a link (/dev/stdout): written in place
+        if not os.access(p, os.W_OK):
+            raise TpusimError(f"{what} {str(p)!r} is not writable")
+        return
     try:
         os.stat(p)
     except OSError as exc:
