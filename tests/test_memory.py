@@ -506,6 +506,23 @@ def test_a_cast_weights_windowed_head_gradient_holds_the_logit_gradients_and_nor
                                         offload=True) == 0
 
 
+def test_flash_attention_with_one_sequence_on_v5e_defers_the_windowed_head_gradient():
+    # The splash programs on v5e fsdp=16 with one sequence per chip keep the bf16 logit
+    # gradients through the backward loop with bf16 weights (their dot twin does not):
+    # `flash_one_sequence` stands for the chip's own v6e rule there.
+    kw = dict(rows=100, d_model=8, local_vocab=32, tensor=1, fsdp=4, cast_weights=False,
+              chip_defers=False)
+    assert windowed_head_gradient_bytes(**kw, windowed=True, flash_one_sequence=True) == \
+        100 * (32 + 8) * 2
+    assert windowed_head_gradient_bytes(**kw, windowed=True) == 0
+    # Still a windowed ring over fsdp alone, without vocab tiling.
+    assert windowed_head_gradient_bytes(**kw, windowed=False, flash_one_sequence=True) == 0
+    assert windowed_head_gradient_bytes(**{**kw, "tensor": 2}, windowed=True,
+                                        flash_one_sequence=True) == 0
+    assert windowed_head_gradient_bytes(**kw, windowed=True, flash_one_sequence=True,
+                                        vocab_tiling=2) == 0
+
+
 @pytest.mark.parametrize("chip,params,kept", [("v6e", "fp32", True), ("v6e", "bf16", False),
                                               ("v5e", "fp32", False)])
 def test_v6e_keeps_the_logit_gradients_through_the_backward_with_cast_weights(

@@ -83,12 +83,14 @@ def test_only_the_flash_forward_declares_a_cost_and_it_counts_every_score(fc):
         assert est["flops"] <= x["cost_analysis"]["flops"] <= 1.01 * est["flops"]
 
 
-def test_flash_attention_peaks_are_within_ten_percent_of_the_compiled_splash_programs():
+# v6e fsdp x tensor `full`: blocking gathers, so the logits are not kept through the backward
+# loop under flash attention (+14.2% when they were); v5e with one sequence per chip keeps the
+# logit gradients through it (-15.1% when it did not).
+@pytest.mark.parametrize("name", ["v6e_fsdp_tp_full_s2048_splash",
+                                  "v5e_fsdp_full_s2048_b1_splash"])
+def test_flash_attention_peaks_are_within_ten_percent_of_the_compiled_splash_programs(name):
     mem = load_benchmark("xla_memory")
     cache = json.loads(mem.CACHE.read_text())
-    # v6e fsdp x tensor `full`: blocking gathers, so the logits are not kept through the
-    # backward loop under flash attention (+14.2% when they were).
-    name = "v6e_fsdp_tp_full_s2048_splash"
     assert mem.CONFIGS[name]["attention"] == "splash"
     err = mem.tpusim_peak(name, cache[name])["peak_bytes"] / mem.xla_hbm_peak(cache[name]) - 1
     assert abs(err) <= 0.10

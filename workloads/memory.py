@@ -417,7 +417,8 @@ def windowed_head_gradient_bytes(*, rows: float, d_model: int, local_vocab: floa
                                  chip_defers: bool, offload: bool = False,
                                  act_bytes: float = 2.0,
                                  vocab_tiling: int = 1,
-                                 residual_rows: float | None = None) -> float:
+                                 residual_rows: float | None = None,
+                                 flash_one_sequence: bool = False) -> float:
     """Bytes of the logits path that stay live through the whole backward layer loop when the
     output projection's weight gradient is a windowed reduce-scatter ring over `fsdp` (per
     chip): 0, or, when the chip's compiler schedules that ring after the loop
@@ -446,9 +447,17 @@ def windowed_head_gradient_bytes(*, rows: float, d_model: int, local_vocab: floa
     the program-order fetch of the offloaded activations (docs/model.md "Memory"). Not
     modelled: v6e's one-sequence `minimal` program with bf16 params keeps them as well (its
     `full` twin does not).
+
+    `flash_one_sequence`: flash attention with one sequence per chip on a chip that keeps the
+    f32 logits for the loss value past the loop (v5e, `loss_after_backward`): v5e's compiler
+    then runs the ring after the loop too, with bf16 weights (the splash-kernel programs of
+    `xla_memory.py`, fsdp=16 `full`: the bf16 [tokens, vocab] logit gradients live from the
+    loss to after the loop at seq 4096, read off it, and at seq 2048, compiled after that
+    reading: -21.0% and -15.1% without this), where its dot-attention twin (seq 4096 `full`)
+    frees them before the loop.
     """
-    if not (chip_defers and windowed and (cast_weights or offload)) or tensor > 1 \
-            or fsdp <= 1 or vocab_tiling > 1:
+    if not (windowed and (flash_one_sequence or (chip_defers and (cast_weights or offload)))) \
+            or tensor > 1 or fsdp <= 1 or vocab_tiling > 1:
         return 0.0
     res = rows if residual_rows is None else residual_rows
     return (rows * local_vocab + res * d_model) * act_bytes

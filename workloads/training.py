@@ -1599,7 +1599,9 @@ class _Compiler:
                     rows=n, d_model=D, local_vocab=V / d.tp, act_bytes=a, tensor=d.tp,
                     fsdp=fse, windowed=self.rs_windowed, cast_weights=self.wb != self.wc,
                     offload=cfg.remat.offloads, chip_defers=cfg.head_grad_after_backward,
-                    vocab_tiling=tiles, residual_rows=self.rows())
+                    vocab_tiling=tiles, residual_rows=self.rows(),
+                    flash_one_sequence=cfg.attention == "flash" and cfg.loss_after_backward
+                    and one_sequence_per_chip(sequences_per_chip=n * d.sp / d.ctx))
                 # With one sequence per chip v5e's compiler keeps the f32 logits for the
                 # loss value's target-logit gather, scheduled after the backward loop.
                 held += loss_value_logits_bytes(rows=n, local_vocab=V / d.tp,
