@@ -9,13 +9,16 @@ Two sides:
   `jax.checkpoint` per layer; `minimal` = `jax.checkpoint` with
   `checkpoint_dots_with_no_batch_dims`, MaxText's minimal policy; `offload` =
   `save_and_offload_only_these_names` sending the weight matmuls' outputs to pinned host
-  memory, MaxText's minimal_offloaded) and mesh. Per program it
+  memory, MaxText's minimal_offloaded) and mesh; the `*_splash` programs put jax's Pallas
+  splash-attention kernel (MaxText's flash attention, blocks of `FLASH_BLOCK`) in place of
+  dot attention. Per program it
   records `compiled.memory_analysis()` (peak, temp, argument and host temp bytes),
   `compiled.cost_analysis()` (flops, bytes accessed) and how XLA gathered the weights. Results
   are cached in `benchmarks/results/xla_memory.json` so the table can be regenerated without
   jax.
 * **tpusim**: `tpusim train --json` with the same model, mesh, batch, sequence length, remat and
-  `--attention dot` (`hbm_peak_bytes`, `hbm_peak_breakdown`).
+  `--attention dot` (`--attention flash` for the splash programs; `hbm_peak_bytes`,
+  `hbm_peak_breakdown`).
 
 Run:
     .venv/bin/python benchmarks/xla_memory.py --compile --jax-python /work/fid-venv/bin/python
