@@ -742,3 +742,26 @@ def test_an_output_that_is_an_input_file_is_refused_before_anything_runs(tmp_pat
         assert err.count("\n") == 1 and f"would overwrite {what} " in err, err
         assert "which this command reads; give the output another name" in err
     assert {p: p.read_bytes() for p in kept} == kept
+
+
+def test_compile_never_writes_a_trace_larger_than_replay_reads(tmp_path, capsys, monkeypatch):
+    # A 239,934-op LLaMA-3-405B step (inside the 250,000-op limit) compiled to 41 MB, over the
+    # 32 MiB a trace file may hold: `compile -o` wrote what `replay` refused (hard10). Here the
+    # limit is lowered under a tiny step's size.
+    import topologies.validate as validate
+
+    out = tmp_path / "t.trace"
+    argv = ["compile", "--chips", "4", "--model", "llama3-8b", "--set", "model.num_layers=2",
+            "--seq-len", "128", "--batch-per-chip", "1", "--mesh", "fsdp=4", "-o", str(out)]
+    assert main(argv) == 0
+    size = out.stat().st_size
+    out.unlink()
+    capsys.readouterr()
+    monkeypatch.setattr(validate, "MAX_TRACE_FILE_BYTES", size - 1)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == (f"tpusim: error: -o: the trace is {size:,} bytes, over the {size - 1:,} a "
+                   f"trace file may hold (replay would refuse it), so nothing was written; use "
+                   f"fewer --microbatches or layers, or simulate the step with `tpusim train` "
+                   f"(no trace file)\n")
+    assert not out.exists()

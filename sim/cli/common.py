@@ -503,6 +503,19 @@ def check_not_inputs(args: argparse.Namespace, flag: str, path: Any, *,
                 f"this command reads; give the output another name")
 
 
+def check_trace_file_size(text: str, flag: str, fix: str) -> None:
+    """A trace about to be written must be one `tpusim replay` reads: a 239,934-op LLaMA-3-405B
+    step (inside the 250,000-op limit) compiled to 41 MB, over the 32 MiB a trace file may
+    hold, so `compile -o` wrote a file that `replay` then refused (hard10)."""
+    from topologies.validate import MAX_TRACE_FILE_BYTES
+
+    size = len(text.encode("utf-8"))
+    if size > MAX_TRACE_FILE_BYTES:
+        raise TpusimError(
+            f"{flag}: the trace is {size:,} bytes, over the {MAX_TRACE_FILE_BYTES:,} a trace file "
+            f"may hold (replay would refuse it), so nothing was written; {fix}")
+
+
 def _dir_outputs(args: argparse.Namespace, flag: str) -> set[str]:
     """File names a command writes into its --out / --plots directory."""
     if flag == "--out":

@@ -55,6 +55,8 @@ def cmd_import_hlo(args: argparse.Namespace) -> int:
     imp = load_hlo(args.program, topo)
     if args.output:
         text = imp.trace.to_json()
+        cli.check_trace_file_size(text, "-o", "replay the HLO program itself (tpusim replay "
+                                              "PROGRAM.txt) instead of a trace file")
         atomic_write(args.output, lambda p: p.write_text(text, encoding="utf-8"))
     if args.json:
         cli.emit_json(dict(imp.inventory, chip=chip.name, topology=topo.name))

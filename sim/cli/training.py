@@ -409,6 +409,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         num_chips = topo.num_chips
     trace, _model, _cfg = _compile(args, num_chips, chip=chip)
     text = trace.to_json()
+    cli.check_trace_file_size(text, "-o", "use fewer --microbatches or layers, or simulate the "
+                                          "step with `tpusim train` (no trace file)")
     atomic_write(args.output, lambda p: p.write_text(text, encoding="utf-8"))
     print(f"wrote {args.output}: {len(trace.ops)} ops for {num_chips} chips "
           f"(mesh {trace.mesh.describe()})")
