@@ -660,3 +660,10 @@ def test_a_prefill_over_the_op_limit_is_refused_once_its_first_chunk_is_built(mo
         prefill(4)
     assert len(built) == per  # one chunk built, not the limit's ops
     assert len(prefill(16).ops) <= limit  # the chunk it names fits
+    # Room for one chunk only: it names the whole prompt (not "at most 1 chunks").
+    monkeypatch.setattr(decode, "TraceBuilder", functools.partial(Counting,
+                                                                  max_ops=2 * per - 1))
+    with pytest.raises(TpusimError, match=r"use a --prefill-chunk of at least 64 tokens \(the "
+                                          r"whole prompt in one chunk\)$"):
+        prefill(4)
+    assert len(prefill(64).ops) <= 2 * per - 1

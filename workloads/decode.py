@@ -707,7 +707,8 @@ def _check_prefill_size(b: TraceBuilder, model: TransformerSpec, cfg: DecodeConf
         f"{cfg.prefill_chunk:,} x {model.num_layers} layers compiles to at least {least:,} ops "
         f"({per_chunk:,} per chunk, counted on the first), over the {b.max_ops:,} tpusim "
         f"simulates in one program; use a --prefill-chunk of at least "
-        f"{-(-cfg.prompt_len // fit):,} tokens (at most {fit:,} chunks)")
+        f"{-(-cfg.prompt_len // fit):,} tokens "
+        + (f"(at most {fit:,} chunks)" if fit > 1 else "(the whole prompt in one chunk)"))
 
 
 def compile_prefill(model: TransformerSpec, mesh: LogicalMesh, num_chips: int,
