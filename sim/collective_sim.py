@@ -19,7 +19,13 @@ from typing import Any
 import numpy as np
 import simpy
 
-from sim.collectives import CollectiveKind, Schedule, build_schedule, step_bytes_per_chip
+from sim.collectives import (
+    CollectiveKind,
+    Schedule,
+    build_schedule,
+    parse_kind,
+    step_bytes_per_chip,
+)
 from sim.hardware import ChipSpec
 from sim.network import FluidNetwork
 from sim.routing import (
@@ -41,7 +47,6 @@ from topologies.groups import (
 )
 from topologies.scenario import Scenario, parse_slow_link
 from topologies.torus import AXIS_NAMES, DCN_AXIS, Topology
-from topologies.validate import short_repr
 
 LINK_COLUMNS = ["link", "src", "dst", "axis", "direction", "bytes", "busy_s", "utilization"]
 TIMELINE_COLUMNS = [
@@ -314,13 +319,7 @@ def _simulate_collective(
         return _auto_best(chip=chip, topology=topology, op=op, axes=axes, nbytes=nbytes,
                           shift=shift, src=src, dst=dst, slow_links=slow_links, mode=mode,
                           chunks=chunks, scenario=scenario, dead_links=dead_links)
-    try:
-        kind = CollectiveKind(op)
-    except ValueError:
-        raise TpusimError(
-            f"unknown --op {short_repr(op)}; use one of: "
-            f"{', '.join(k.value for k in CollectiveKind)}"
-        ) from None
+    kind = parse_kind(op)
     if mode not in MODES:
         raise TpusimError(f"mode {mode!r} must be one of {', '.join(MODES)}")
     slow = _slow_links(topology, slow_links, scenario)

@@ -26,6 +26,7 @@ import numpy as np
 from topologies.errors import TpusimError
 from topologies.groups import GroupAxis
 from topologies.registry import Registry
+from topologies.validate import short_repr
 
 
 class CollectiveKind(enum.StrEnum):
@@ -35,6 +36,15 @@ class CollectiveKind(enum.StrEnum):
     ALL_TO_ALL = "all-to-all"
     PERMUTE = "collective-permute"
     SEND = "send"
+
+
+def parse_kind(op: object) -> CollectiveKind:
+    """`--op`'s text as a CollectiveKind, or a one-line error naming the kinds."""
+    try:
+        return CollectiveKind(op)
+    except ValueError:
+        raise TpusimError(f"unknown --op {short_repr(op)}; use one of: "
+                          f"{', '.join(k.value for k in CollectiveKind)}") from None
 
 
 @dataclass(frozen=True, slots=True)

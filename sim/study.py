@@ -923,11 +923,9 @@ def _check_names(command: str, args: Any, seen: set[tuple[str, ...]]) -> None:
 
             load_model(value)
         elif what == "op":
-            from sim.collectives import CollectiveKind
+            from sim.collectives import parse_kind
 
-            if value not in {k.value for k in CollectiveKind}:
-                raise TpusimError(f"unknown --op {short_repr(value)}; use one of: "
-                                  f"{', '.join(k.value for k in CollectiveKind)}")
+            parse_kind(value)
         else:
             from sim.collectives import ALGORITHMS
 

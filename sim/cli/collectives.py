@@ -17,7 +17,7 @@ from sim.cli.common import (
     scenario_from_args,
 )
 from topologies.errors import TpusimError
-from topologies.validate import MAX_CHIPS, MAX_CHUNKS, int_flag, short_repr, split_list
+from topologies.validate import MAX_CHIPS, MAX_CHUNKS, int_flag, split_list
 
 
 def _add_collective_args(p: argparse.ArgumentParser, *, with_algorithm: bool) -> None:
@@ -169,17 +169,11 @@ def cmd_collective(args: argparse.Namespace) -> int:
 def run_compare(args: argparse.Namespace):
     """`tpusim compare-collectives` as a library call: one row per algorithm (n/a rows say why);
     `Run.result` is the list of CollectiveResults that applied."""
-    from sim.collectives import CollectiveKind, algorithm_names
+    from sim.collectives import algorithm_names, parse_kind
     from sim.progress import progress
     from sim.runs import Run
 
-    try:
-        kind = CollectiveKind(args.op)
-    except ValueError:
-        raise TpusimError(
-            f"unknown --op {short_repr(args.op)}; use one of: "
-            f"{', '.join(k.value for k in CollectiveKind)}"
-        ) from None
+    kind = parse_kind(args.op)
     pod = resolve_pod(args)
     _check_common_inputs(args, pod[1])
     rows = []
