@@ -555,17 +555,10 @@ def simulate_chips(
                 peer = int(p2p.peer_of_chip[ch][cl.rep])
                 q = classes[int(label[peer])] if peer >= 0 else None
                 if q is None or tag not in p2p.recvs[q.prog]:
-                    raise TpusimError(
-                        f"send op {op_id} ({cl.ops[op_id].name}) of program {cl.prog} on chip "
-                        f"{_coords_text(topology, cl.rep)} has no receiver (tag {tag} on "
-                        f"channel {ch}); every send needs a matching receive op on its peer"
-                    )
+                    raise no_receiver_error(topology, cl.prog, cl.ops[op_id], cl.rep, tag, ch)
                 rid = p2p.recvs[q.prog][tag]
                 if rid in q.recv_from:
-                    raise TpusimError(
-                        f"receive op {rid} ({q.ops[rid].name}) of program {q.prog} is the "
-                        f"target of two sends; tags must be unique per sender and receiver"
-                    )
+                    raise two_sends_error(q.prog, q.ops[rid])
                 cl.send_to[op_id] = (q.c, rid)
                 q.recv_from[rid] = (cl.c, op_id)
 
@@ -953,6 +946,22 @@ def _vectors_apply(p2p, prog_of, used_programs, op_geom, geoms) -> bool:
                 if (prog_of[peer[peer >= 0]] == pi).any():
                     return False
     return True
+
+
+def no_receiver_error(topology: Topology, prog: int, op, chip: int, tag, channel
+                      ) -> TpusimError:
+    """A send op with no receive op on its peer (the class and the vector engine alike)."""
+    return TpusimError(
+        f"send op {op.id} ({op.name}) of program {prog} on chip "
+        f"{_coords_text(topology, chip)} has no receiver (tag {tag} on channel {channel}); "
+        f"every send needs a matching receive op on its peer")
+
+
+def two_sends_error(prog: int, op) -> TpusimError:
+    """A receive op that two sends complete (the class and the vector engine alike)."""
+    return TpusimError(
+        f"receive op {op.id} ({op.name}) of program {prog} is the target of two sends; tags "
+        f"must be unique per sender and receiver")
 
 
 def _check_programs(programs, prog_of, nchips) -> None:

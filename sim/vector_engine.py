@@ -131,6 +131,7 @@ class _Kind:
                  base=0, recv=None, sends=()):
         self.id = kid
         self.ops = ops
+        self.cc = coll_cost  # {op id: its CollectiveCost}, sends included
         n = len(ops)
         self.prog = prog
         self.base = base
@@ -1030,7 +1031,7 @@ def _p2p_pairs(p2p, programs, prog_of, used, chips_of, base, topology):
     """Each receive op of each chip: the rendezvous key of the send that completes it and the
     chip that sends it ({(program, receive op): per chip key / sender, -1 where none}), with
     the class engine's errors for a send without a receiver or a receive with two sends."""
-    from sim.chip_engine import _coords_text
+    from sim.chip_engine import no_receiver_error, two_sends_error
 
     nchips = len(prog_of)
     recv_key: dict[tuple[int, int], np.ndarray] = {}
@@ -1044,20 +1045,13 @@ def _p2p_pairs(p2p, programs, prog_of, used, chips_of, base, topology):
                 sel = np.flatnonzero(q_of == q)
                 rid = p2p.recvs[q].get(tag) if q >= 0 else None
                 if rid is None:
-                    raise TpusimError(
-                        f"send op {j} ({programs[p].ops[j].name}) of program {p} on chip "
-                        f"{_coords_text(topology, int(chips[sel[0]]))} has no receiver (tag "
-                        f"{tag} on channel {ch}); every send needs a matching receive op on "
-                        f"its peer"
-                    )
+                    raise no_receiver_error(topology, p, programs[p].ops[j], int(chips[sel[0]]),
+                                            tag, ch)
                 key = recv_key.setdefault((q, rid), np.full(nchips, -1, dtype=np.int64))
                 frm = recv_from.setdefault((q, rid), np.full(nchips, -1, dtype=np.int64))
                 r = peer[sel]
                 if (key[r] >= 0).any() or len(np.unique(r)) < len(r):
-                    raise TpusimError(
-                        f"receive op {rid} ({programs[q].ops[rid].name}) of program {q} is the "
-                        f"target of two sends; tags must be unique per sender and receiver"
-                    )
+                    raise two_sends_error(q, programs[q].ops[rid])
                 key[r] = base[p] + j
                 frm[r] = chips[sel]
     for q in used:
@@ -1152,10 +1146,9 @@ def simulate_vectors(*, programs, prog_of, speed, op_scale, chip, topology, over
                 cc[j] = p2p_costs[int(send_cost_of[(p, j)][r])]
         recv = {rid: int(recv_key[(p, rid)][r]) for rid in sorted(p2p.recvs[p].values())} \
             if p2p is not None else {}
-        K = _Kind(kid, ops, scale, cc, overlap, chip, rates0, lm.class_capacity_bytes_per_s,
-                  prog=p, base=base[p], recv=recv, sends=sends[p])
-        K.cc = cc
-        kinds.append(K)
+        kinds.append(_Kind(kid, ops, scale, cc, overlap, chip, rates0,
+                           lm.class_capacity_bytes_per_s, prog=p, base=base[p], recv=recv,
+                           sends=sends[p]))
     # Rendezvous keys: every collective and send of every program (a send: its sender alone).
     coll_geo = {}
     sub: dict[tuple, np.ndarray] = {}
@@ -1241,8 +1234,6 @@ def simulate_vectors(*, programs, prog_of, speed, op_scale, chip, topology, over
     s = float(speed[slowest])
     dur, bound = _dur_bound(K, chip, s, rates0)
     sc_costs = dict(K.cc)
-    for j, cc in sc_costs.items():
-        dur[j] = cc.time_s
     prog_trace = programs[p]
     row_of = int(rank[slowest])
     res = _summarize(prog_trace, chip, topology, dur, bound, run.start[p][row_of],
