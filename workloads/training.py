@@ -1027,12 +1027,9 @@ class _Compiler:
         except the MLP's down projection, whose recomputation is dead; without remat only the
         input gradient reads it) and, with a tensor axis, not a row-parallel matmul whose
         output is then reduced over `tensor` (forward); the other matrices are plain gathers."""
-        mode = self.cfg.fsdp_gather
-        if not self.cfg.overlap:
-            return "blocking"
-        if mode in ("async", "windowed", "blocking"):
-            return mode
-        plain = "async" if mode == "mixed-async" else "blocking"
+        plain = self.plain_gather_form
+        if not self.cfg.overlap or not self.cfg.fsdp_gather.startswith("mixed-"):
+            return plain
         if key.endswith("_dx") or self.weights_replicated \
                 or self.fsdp_group(key)[1] > XLA_MAX_WINDOWED_RING:
             return plain
