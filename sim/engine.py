@@ -106,7 +106,7 @@ class StepResult:
     _coll_classes: dict[int, dict[str, float]] = field(default_factory=dict, repr=False)
     _coll_algorithm: dict[int, str] = field(default_factory=dict, repr=False)
     _class_capacity: dict[str, float] = field(default_factory=dict, repr=False)
-    # Per-chip engine (`sim.chip_engine.simulate_chips`); the representative replay leaves the
+    # Per-chip engine (`sim.executors.simulate_chips`); the representative replay leaves the
     # defaults (one class, every chip like chip 0).
     num_chip_classes: int = 1
     slowest_chip: str = ""

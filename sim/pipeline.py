@@ -606,8 +606,9 @@ def simulate_pipeline_chips(
     stage's HBM peak, the `PipelineResult` of the schedule as it ran)."""
     import dataclasses
 
-    from sim.chip_engine import PerChipConfig, PointToPoint, simulate_chips
     from sim.engine import hbm_occupancy
+    from sim.executors import simulate_chips
+    from sim.perchip import PerChipConfig, PointToPoint
     from workloads.moe import expert_op_scales
 
     base = base or PerChipConfig()

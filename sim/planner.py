@@ -967,14 +967,14 @@ def simulate(job: tuple) -> dict[str, Any]:
     costs computed by another worker to this process's cache (the same pure function's values,
     so the result is the same). Job: (train argv, {cost cache key: CollectiveCost}, HBM
     capacity or None): with a capacity, a step whose HBM level goes over it is stopped there
-    (`sim.chip_engine.stop_when_hbm_exceeds`: it is out of memory, as `train` would find) and
+    (`sim.executors.stop_when_hbm_exceeds`: it is out of memory, as `train` would find) and
     the result is {"out_of_memory": True, "hbm_level_bytes": level}. A step (a pipeline or
     one program) that may go over early (`prefix_schedule`) first runs only the ops that can
     start before a horizon: going over before it is the full run's verdict; reaching it
     undecided, the prefix grows (`PREFIX_HORIZON_GROWTH`) until it decides or would be the
     whole step, which then runs in full."""
-    from sim.chip_engine import stop_when_hbm_exceeds
     from sim.engine import seed_cost_cache
+    from sim.executors import stop_when_hbm_exceeds
     from sim.study import run_point
 
     argv, costs, capacity = job

@@ -51,6 +51,21 @@ import math
 
 import numpy as np
 
+from sim.engine import StepResult, _summarize
+from sim.perchip import (
+    PreparedStep,
+    add_path_links,
+    coll_labels,
+    common_fields,
+    coords_text,
+    core_predecessors,
+    no_receiver_error,
+    per_link_bytes_of_chips,
+    relabel,
+    scaled_cost,
+    two_sends_error,
+    wait_wall_time,
+)
 from topologies.errors import TpusimError
 from topologies.groups import NUM_CLASSES
 from workloads.trace import OpKind, Unit
@@ -1031,8 +1046,6 @@ def _p2p_pairs(p2p, programs, prog_of, used, chips_of, base, topology):
     """Each receive op of each chip: the rendezvous key of the send that completes it and the
     chip that sends it ({(program, receive op): per chip key / sender, -1 where none}), with
     the class engine's errors for a send without a receiver or a receive with two sends."""
-    from sim.chip_engine import no_receiver_error, two_sends_error
-
     nchips = len(prog_of)
     recv_key: dict[tuple[int, int], np.ndarray] = {}
     recv_from: dict[tuple[int, int], np.ndarray] = {}
@@ -1065,25 +1078,16 @@ def _p2p_pairs(p2p, programs, prog_of, used, chips_of, base, topology):
     return recv_key, recv_from
 
 
-def simulate_vectors(*, programs, prog_of, speed, op_scale, chip, topology, overlap,
-                     op_geom, op_key, geoms, group_cost, base_costs, lm, label, slow,
-                     dead_links, p2p=None, send_cost_of=None, p2p_costs=()):
+def run_vectors(prep: PreparedStep) -> StepResult:
     """The per-chip engine's result computed with vector classes (see the module docstring);
-    same fields as `sim.chip_engine.simulate_chips`'s class path. `op_geom` and `op_key` are
-    keyed by (program, op id); `p2p`, `send_cost_of` and `p2p_costs` are the class engine's
-    point-to-point sends and their costs (`sim.chip_engine._p2p_costs`).
-
-    Returns (the result, the slowest chip's collective and send costs by op id, its program)."""
-    from sim.chip_engine import (
-        _coll_labels,
-        _coords_text,
-        _per_link_bytes_of_chips,
-        _relabel,
-        scaled_cost,
-        wait_wall_time,
-    )
-    from sim.engine import _summarize
-
+    the same fields as `sim.chip_engine.run_classes`'s."""
+    cfg = prep.config
+    programs, prog_of, speed, op_scale = prep.programs, prep.prog_of, prep.speed, cfg.op_scale
+    chip, topology, overlap = prep.chip, prep.topology, prep.overlap
+    op_geom, op_key, geoms = prep.op_geom, prep.op_key, prep.geoms
+    group_cost, base_costs, lm, label = prep.group_cost, prep.base_costs, prep.lm, prep.label
+    slow, dead_links, p2p = prep.slow, tuple(cfg.dead_links), cfg.p2p
+    send_cost_of, p2p_costs = prep.send_cost_of, prep.p2p_costs
     nchips = topology.num_chips
     prog_of = np.asarray(prog_of, dtype=np.int64)
     used = sorted(set(prog_of.tolist()))
@@ -1125,7 +1129,7 @@ def simulate_vectors(*, programs, prog_of, speed, op_scale, chip, topology, over
         col = recv_key[rk][chips_of[rk[0]]]
         if col.min(initial=0) != col.max(initial=0):
             cols.append(recv_key[rk].astype(float))
-    kind_of = _relabel(cols)
+    kind_of = relabel(cols)
     kinds = []
     scaled: dict = {}
     for kid in range(int(kind_of.max()) + 1):
@@ -1255,12 +1259,12 @@ def simulate_vectors(*, programs, prog_of, speed, op_scale, chip, topology, over
     res._class_counts = count
     res._chip_class = label
     res.num_chip_classes = ncls
-    res.slowest_chip = _coords_text(topology, slowest)
+    res.slowest_chip = coords_text(topology, slowest)
     res._class_timelines = {c: (run.start[int(prog_of[r])][int(rank[r])],
                                 run.end[int(prog_of[r])][int(rank[r])])
                             for c, r in enumerate(rep.tolist())}
     res._mem_trace = prog_trace
-    res._link_bytes = _per_link_bytes_of_chips(topology, nbytes[:, :NUM_CLASSES])
+    res._link_bytes = per_link_bytes_of_chips(topology, nbytes[:, :NUM_CLASSES])
     res.critical_path = _critical_path_chips(run, slowest, topology, slow, dead_links, label,
                                              count, kinds, kind_of, op_key, group_cost, rank,
                                              recv_from)
@@ -1278,11 +1282,13 @@ def simulate_vectors(*, programs, prog_of, speed, op_scale, chip, topology, over
                 Kc = kinds[kid]
                 per_kind[kid] = (programs[Kc.prog], _dur_bound(Kc, chip, float(speed[r]),
                                                                rates0)[1],
-                                 *_coll_labels(Kc.cc))
+                                 *coll_labels(Kc.cc))
             progs_of_class[c] = per_kind[kid]
         res._class_programs = progs_of_class
     res._vector_stats = {"vectors_peak": run.max_vectors, "vector_steps": run.steps}
-    return res, sc_costs, p
+    common_fields(res, topology, {i: op_key[(q, i)][1] for q, i in op_geom if q == p},
+                  sc_costs, lm, slow, dead_links)
+    return res
 
 
 def _dur_bound(K: _Kind, chip, s: float, rates0) -> tuple[np.ndarray, list[str]]:
@@ -1319,8 +1325,6 @@ def _critical_path_chips(run, last, topology, slow, dead, label, count, kinds, k
     """`sim.chip_engine._critical_path` on chips: each op's start was set by its latest
     dependency (or the core op before it), a collective's start by the member that arrived last
     and its end by the member that drained last, a receive's end by its send (on the sender)."""
-    from sim.chip_engine import _coords_text, _core_prev, add_path_links
-
     members: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def kind(c):
@@ -1351,7 +1355,7 @@ def _critical_path_chips(run, last, topology, slow, dead, label, count, kinds, k
 
     def prev_of(K):
         if K.id not in core_prev:
-            core_prev[K.id] = _core_prev(K.ops)
+            core_prev[K.id] = core_predecessors(K.ops)
         return core_prev[K.id]
 
     steps: list[tuple[int, int]] = []
@@ -1395,7 +1399,7 @@ def _critical_path_chips(run, last, topology, slow, dead, label, count, kinds, k
         start, end = times(c)
         if not segments or segments[-1]["_chip"] != c:
             segments.append({
-                "_chip": c, "chip": _coords_text(topology, c),
+                "_chip": c, "chip": coords_text(topology, c),
                 "chips_in_class": int(count[label[c]]), "first_op": op.name,
                 "last_op": op.name, "num_ops": 0, "start_s": float(start[k]),
                 "end_s": float(end[k]), "links": [],

@@ -9,9 +9,10 @@ import itertools
 import numpy as np
 import pytest
 
-from sim.chip_engine import PerChipConfig, chip_classes, simulate_chips
 from sim.engine import replay
+from sim.executors import simulate_chips
 from sim.hardware import get_chip
+from sim.perchip import PerChipConfig, chip_classes
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology
@@ -378,7 +379,7 @@ def test_cli_train_takes_dead_links(tiny_yaml, capsys):
 
 
 def test_beyond_the_class_limit_vector_classes_run_and_brute_force_is_refused(monkeypatch):
-    import sim.chip_engine as ce
+    import sim.executors as ce
 
     chip, topo, trace = _setup("v5e", "2x2", "fsdp=4")
     speed = np.array([1.0, 0.9, 0.8, 0.7])

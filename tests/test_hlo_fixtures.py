@@ -172,7 +172,8 @@ def test_import_hlo_cli_writes_a_trace_that_replays_like_the_program(tmp_path, c
 
 
 def test_a_slow_link_on_the_windowed_einsum_ring_slows_the_imported_step():
-    from sim.chip_engine import PerChipConfig, simulate_chips
+    from sim.executors import simulate_chips
+    from sim.perchip import PerChipConfig
 
     _text, _cfg, chip, topo, imp = load("windowed_einsum_v5e16")
     base = replay(imp.trace, chip, topo).step_time_s

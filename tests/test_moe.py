@@ -216,7 +216,8 @@ def test_scenario_yaml_sets_the_router_as_the_flags_do(tmp_path, capsys):
 
 
 def test_per_chip_engine_loads_the_chips_that_hold_the_hot_experts():
-    from sim.chip_engine import PerChipConfig, simulate_chips
+    from sim.executors import simulate_chips
+    from sim.perchip import PerChipConfig
     from workloads.moe import expert_op_scales
 
     chip = get_chip("v5e")
@@ -244,8 +245,9 @@ def test_skewed_all_to_alls_move_each_chips_own_volume():
     # The compiled all-to-alls carry the hottest shard's tokens; on the per-chip engine each
     # chip moves its own shard's share of them (its expert-op factor), so a colder chip's DMA
     # reads and writes that many fewer HBM bytes: closed form from the healthy collective cost.
-    from sim.chip_engine import PerChipConfig, simulate_chips
     from sim.engine import collective_groups, cost_collective
+    from sim.executors import simulate_chips
+    from sim.perchip import PerChipConfig
     from workloads.moe import expert_op_scales
 
     chip = get_chip("v5e")

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.chip_engine import PerChipConfig
 from sim.cli import main
 from sim.hardware import get_chip
+from sim.perchip import PerChipConfig
 from sim.pipeline import (
     check_schedule,
     simulate_pipeline,

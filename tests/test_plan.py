@@ -602,7 +602,7 @@ def test_a_pipeline_over_hbm_within_its_prefix_gets_the_full_runs_verdict(
     # `simulate` first runs only the ops that can start before the prefix's horizon: its
     # verdict must be the full watched run's (same level), and without one it runs in full.
     import sim.planner as planner
-    from sim.chip_engine import stop_when_hbm_exceeds
+    from sim.executors import stop_when_hbm_exceeds
 
     argv = ["train", "--chip", "v5e", "--shape", "2x2", "--model", tiny_model, "--seq-len",
             "8192", "--batch-per-chip", "4", *flags]
@@ -658,7 +658,7 @@ def test_a_one_program_step_over_hbm_in_a_prefix_gets_the_full_runs_verdict(tiny
     # before the horizon, and grows until it decides. The oracle is the brute-force full run
     # (watched: its verdict and instant; unwatched: its peak bounds the level).
     import sim.planner as planner
-    from sim.chip_engine import stop_when_hbm_exceeds
+    from sim.executors import stop_when_hbm_exceeds
 
     argv = ["train", "--chip", "v5e", "--shape", "2x2", "--model", tiny_model, "--seq-len",
             "8192", "--batch-per-chip", "4", *flags]
@@ -704,7 +704,7 @@ def test_a_prefix_run_has_the_full_runs_chip_classes_so_the_watch_applies_to_bot
     # collectives, was watched, and stopped at a lower level (14.2 GB against the 15.5 GB
     # peak). Its classes are now the full run's: no verdict, the step runs in full.
     import sim.planner as planner
-    from sim.chip_engine import stop_when_hbm_exceeds
+    from sim.executors import stop_when_hbm_exceeds
 
     argv = ["train", "--chip", "v5e", "--shape", "2x4", "--model", tiny_model, "--seq-len",
             "8192", "--batch-per-chip", "4", "--mesh", "pipeline=2,data=2,fsdp=2", "--axis-map",

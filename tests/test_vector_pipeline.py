@@ -12,9 +12,9 @@ import json
 import numpy as np
 import pytest
 
-import sim.chip_engine as ce
-from sim.chip_engine import PerChipConfig
+import sim.executors as ce
 from sim.hardware import get_chip
+from sim.perchip import PerChipConfig
 from sim.pipeline import simulate_pipeline_chips, stage_of_chips
 from tests.conftest import make_topology
 from topologies.mesh import parse_mesh
@@ -176,7 +176,7 @@ def test_perfetto_trace_of_a_vector_pipeline_equals_the_class_engines(tmp_path):
 def _two_programs():
     """Stage 0 computes, sends to its stage-1 peer and gathers; stage 1's receive feeds a
     gather (a collective, not a core op: the receive is waited for from the step's start)."""
-    from sim.chip_engine import PointToPoint
+    from sim.perchip import PointToPoint
     from workloads.trace import Op, OpKind, Trace, Unit
 
     chip = get_chip("v5e")
@@ -260,7 +260,7 @@ def test_programs_sharing_a_replica_group_or_sending_within_one_program_run_as_c
     # Vector rendezvous are keyed by (program, op id): a group over chips of two programs, or
     # a send to a chip of the sender's own program (a ring), runs on the class engine even
     # when vectors are asked for (the same result as brute force).
-    from sim.chip_engine import PointToPoint
+    from sim.perchip import PointToPoint
     from workloads.trace import Op, OpKind, Trace, Unit
 
     chip = get_chip("v5e")

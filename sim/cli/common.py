@@ -646,7 +646,7 @@ def add_step_perturbation_args(p: argparse.ArgumentParser) -> None:
 def simulate_step(args: argparse.Namespace, trace, chip, topology, *, overlap=None):
     """Replay `trace` with the perturbations of `args` on the per-chip engine (one chip class,
     and `replay`'s result to the last bit, when nothing is perturbed)."""
-    from sim.chip_engine import simulate_chips
+    from sim.executors import simulate_chips
 
     config = per_chip_config(args, trace, topology)
     return simulate_chips(trace, chip, topology, config=config, algorithm=args.algorithm,
@@ -681,7 +681,7 @@ def check_router_matches_trace(scenario, trace) -> None:
 def per_chip_config(args: argparse.Namespace, trace, topology):
     """The per-chip engine's `PerChipConfig` for the perturbation flags of `args` (and the MoE
     expert loads of `trace`)."""
-    from sim.chip_engine import PerChipConfig
+    from sim.perchip import PerChipConfig
 
     scenario = scenario_from_args(args, topology)
     if scenario.expert_skew or scenario.capacity_factor is not None:
