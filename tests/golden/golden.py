@@ -29,7 +29,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 MANIFEST = HERE / "manifest.json"
-HLO = ROOT / "tests" / "fixtures" / "hlo"
+HLO = Path("hlo")  # the fixtures, copied into each case's directory (paths are recorded)
 
 FILES = {
     "scenario.yaml": "slow_chip:\n  - '1,1,1:0.7'\ndead_link:\n  - '0,0,0:y+'\n",
@@ -239,6 +239,7 @@ def run_case(case, keep: Path | None = None) -> dict[str, str]:
         d = Path(tmp)
         for fname, text in FILES.items():
             (d / fname).write_text(text)
+        shutil.copytree(ROOT / "tests" / "fixtures" / "hlo", d / "hlo")
         before = {p.relative_to(d).as_posix() for p in d.rglob("*")}
         for s in setup:
             rc, _o, e = _run(s, d)
