@@ -285,3 +285,10 @@ def test_the_models_guide_names_every_zoo_model_and_no_other():
         # `llama2-7b/13b/70b` is llama2-7b, llama2-13b and llama2-70b.
         named |= {f"{head}-{size}" for size in rest.split("/")}
     assert named == set(MODELS.names())
+
+
+def test_the_readme_is_a_front_page_of_at_most_8_kb():
+    # The reference lives in docs/ (generated where it can be); the README says what tpusim
+    # is, how to start, and where the rest is.
+    size = len((REPO / "README.md").read_bytes())
+    assert size <= 8 * 1024, f"README.md is {size:,} bytes; move reference material into docs/"
