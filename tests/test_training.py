@@ -1304,7 +1304,8 @@ def test_a_step_over_the_op_limit_is_refused_once_its_first_microbatch_is_built(
             built.append(name)
             return super().add(name, **kw)
 
-    monkeypatch.setattr(training, "TraceBuilder", functools.partial(Counting, max_ops=limit))
+    monkeypatch.setattr(training.program, "TraceBuilder",
+                        functools.partial(Counting, max_ops=limit))
     with pytest.raises(TpusimError, match=(
             rf"^--microbatches 8 x 2 layers compiles to at least {start + 8 * per:,} ops "
             rf"\({per:,} per microbatch, counted on the first\), over the {limit:,} tpusim "
@@ -1317,8 +1318,8 @@ def test_a_step_over_the_op_limit_is_refused_once_its_first_microbatch_is_built(
                               TrainingConfig(microbatches=4, **cfg)).build()
     assert len(fits.ops) <= limit
     # Room for one microbatch only: it names that count (not "at most 1 microbatches").
-    monkeypatch.setattr(training, "TraceBuilder", functools.partial(TraceBuilder,
-                                                                    max_ops=start + 2 * per - 1))
+    monkeypatch.setattr(training.program, "TraceBuilder",
+                        functools.partial(TraceBuilder, max_ops=start + 2 * per - 1))
     with pytest.raises(TpusimError, match=r"over the [\d,]+ tpusim simulates in one program; "
                                           r"use --microbatches 1$"):
         training._compiler(model_from_dict(TINY), parse_mesh("fsdp=4"), 4,
@@ -1342,7 +1343,8 @@ def test_a_program_builder_stops_at_its_op_limit_with_the_fix(monkeypatch):
     with pytest.raises(TpusimError, match=r"more than 3 ops, the most tpusim simulates in one "
                                           r"program; give fewer$"):
         b.add("x", kind=OpKind.IDLE, duration_s=0.0)
-    monkeypatch.setattr(training, "TraceBuilder", functools.partial(TraceBuilder, max_ops=50))
+    monkeypatch.setattr(training.program, "TraceBuilder",
+                        functools.partial(TraceBuilder, max_ops=50))
     with pytest.raises(TpusimError, match=r"more than 50 ops.* --microbatches 2 x 2 layers build "
                                           r"it: use fewer microbatches or layers"):
         compile_training_step(model_from_dict(TINY), parse_mesh("fsdp=4"), 4,

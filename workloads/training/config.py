@@ -1,0 +1,295 @@
+"""Run settings of one training step: `TrainingConfig`, validated on construction (each mode
+given as text is parsed into its `StrEnum` of `modes.py`), and its plain-dict form recorded in
+trace files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from dataclasses import dataclass, field
+
+from topologies.errors import TpusimError
+from topologies.validate import (
+    MAX_BATCH,
+    MAX_CHUNKS,
+    MAX_TOKENS,
+    interval_text,
+    range_text,
+    short_repr,
+)
+from workloads.dtypes import Dtype, dtype_bytes
+from workloads.moe import MoeConfig
+from workloads.training.modes import (
+    FSDP_GATHER_MODES,
+    PIPELINE_SCHEDULES,
+    Attention,
+    DpAllreduce,
+    DpGradSplit,
+    EpAlltoall,
+    FsdpGather,
+    FsdpGrad,
+    Optimizer,
+    PipelineSchedule,
+    Remat,
+    TpActivations,
+    TpComm,
+    parse_optimizer,
+    parse_remat,
+)
+from workloads.training.xla_rules import XLA_MAX_WINDOWED_RING
+
+
+def check_stateless_optimizer(optimizer: str, optimizer_dtypes: tuple[str, ...]) -> None:
+    """An optimizer with no state (SGD) takes no --optimizer-dtype but the default: another
+    one would change nothing (and repeat every candidate of a plan)."""
+    if Optimizer(optimizer).state_tensors or all(
+            dtype_bytes(d, "--optimizer-dtype") == Dtype.FP32.nbytes for d in optimizer_dtypes):
+        return
+    raise TpusimError(
+        f"--optimizer-dtype {short_repr(','.join(optimizer_dtypes))} with --optimizer "
+        f"{Optimizer(optimizer).value}: it keeps no optimizer state, so the state's dtype changes "
+        f"nothing; drop --optimizer-dtype or use --optimizer adam")
+
+
+def _mode(choices: type[enum.StrEnum], value: object) -> enum.StrEnum | None:
+    """`value` as a member of the mode `choices` (its exact text, or a member), else None."""
+    try:
+        return choices(value)
+    except (ValueError, TypeError):
+        return None
+
+
+# The chip compiler's memory rules a TrainingConfig carries (sim/ sets them from ChipSpec).
+COMPILER_RULE_FIELDS = ("score_exp_fusion", "score_grad_fusion", "bwd_probs_buffer",
+                        "loss_after_backward", "mlp_grad_after_attention",
+                        "head_grad_after_backward")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingConfig:
+    """Run settings of one training step (see `tpusim train --help`)."""
+
+    seq_len: int
+    batch_per_chip: float
+    remat: Remat = Remat.FULL
+    attention: Attention = Attention.FLASH
+    microbatches: int = 1
+    param_dtype: str = "bf16"
+    grad_dtype: str = "bf16"
+    # The dtype the layers use their weights in: each weight shard is cast to it before its
+    # FSDP gather, so gathers, gathered copies and the matmuls' weight reads are in it, while
+    # the stored params and their update stay in `param_dtype` (flax's dtype=bfloat16 with
+    # param_dtype=float32, MaxText's default). None: the param dtype (no cast).
+    gather_dtype: str | None = None
+    optimizer_dtype: str = "fp32"
+    optimizer: Optimizer = Optimizer.ADAM
+    overlap: bool = True
+    fsdp_gather: FsdpGather = FsdpGather.ASYNC
+    fuse_elementwise: bool = True
+    tp_activations: TpActivations = TpActivations.SHARDED
+    tp_comm: TpComm = TpComm.BLOCKING
+    dp_allreduce: DpAllreduce = DpAllreduce.ASYNC
+    # How each weight gradient is summed over fsdp: "reduce-scatter" (async, hidden behind
+    # the backward; tpusim's default), "all-reduce": the whole gradient all-reduced by a
+    # synchronous collective that blocks the core, each chip keeping its shard (XLA's v6e
+    # program with async collective fusion and no collective matmuls, docs/model.md), or
+    # "auto": per matrix, as XLA chooses by the length of the matrix's FSDP ring
+    # (`xla_rules.grad_kind`).
+    fsdp_grad: FsdpGrad = FsdpGrad.REDUCE_SCATTER
+    # How the data-parallel gradient all-reduce crosses slices (a data or sequence axis over
+    # DCN): "per-matrix", one all-reduce per weight matrix and one for each layer's norm
+    # scales, one after another, as XLA compiles it (benchmarks/xla_dcn_schedule.py), or
+    # "per-layer", one all-reduce of the layer's gradient shards (tpusim's earlier model).
+    dp_grad_split: DpGradSplit = DpGradSplit.PER_MATRIX
+    ep_alltoall: EpAlltoall = EpAlltoall.SYNC
+    pipeline_schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
+    virtual_stages: int = 1
+    moe: MoeConfig = field(default_factory=MoeConfig)
+    # The chip's compiler always fuses dot attention's score matmul with the softmax's
+    # exponentials (sim/ sets it from ChipSpec.score_exp_fusion: v6e); other chips fuse on
+    # some meshes: memory only, see workloads.memory.score_exp_fused.
+    score_exp_fusion: bool = False
+    # MaxText's `num_vocab_tiling`: the output projection and the loss run over this many
+    # chunks of the tokens, and the backward recomputes each chunk's logits (1: no tiling).
+    vocab_tiling: int = 1
+    # What the chip's compiler keeps at a recomputing dot-attention backward's score gradient
+    # (sim/ sets them from ChipSpec.score_grad_fusion: v5e, and ChipSpec.bwd_probs_buffer: v5p):
+    # memory only, see workloads.memory.attention_backward_score_buffers.
+    score_grad_fusion: bool = False
+    bwd_probs_buffer: bool = False
+    # With one sequence per chip the chip's compiler schedules the loss value after the
+    # backward loop, keeping the f32 logits (sim/ sets it from ChipSpec.loss_after_backward:
+    # v5e): memory only, see workloads.memory.loss_value_logits_bytes.
+    loss_after_backward: bool = False
+    # With windowed weight gathers the chip's compiler runs a layer's MLP weight-gradient
+    # rings after the attention's backward (sim/ sets it from
+    # ChipSpec.mlp_grad_after_attention: v5e): memory only, see mlp_side_bytes.
+    mlp_grad_after_attention: bool = False
+    # With windowed weight gathers and weights cast before them the chip's compiler runs the
+    # output projection's weight-gradient ring after the backward loop, keeping the logit
+    # gradients (sim/ sets it from ChipSpec.head_grad_after_backward: v6e): memory only, see
+    # workloads.memory.windowed_head_gradient_bytes.
+    head_grad_after_backward: bool = False
+
+    def __post_init__(self) -> None:
+        # The checks run in this order so that a config with several bad settings names the
+        # same one first as it always has; each mode given as text becomes its enum where it
+        # is checked.
+        self._check_sizes()
+        self._check_modes()
+        self._check_schedule_and_dtypes()
+
+    def _set_mode(self, name: str, choices: type[enum.StrEnum]) -> bool:
+        """Parse the mode `name` into `choices`; False if its value names none."""
+        member = _mode(choices, getattr(self, name))
+        if member is None:
+            return False
+        object.__setattr__(self, name, member)
+        return True
+
+    def _check_sizes(self) -> None:
+        if not isinstance(self.seq_len, int) or not 1 <= self.seq_len <= MAX_TOKENS:
+            raise TpusimError(f"--seq-len {short_repr(self.seq_len)} must be "
+                              f"{range_text(1, MAX_TOKENS, integer=True)}")
+        if not (isinstance(self.batch_per_chip, (int, float)) and 0 < self.batch_per_chip
+                <= MAX_BATCH and math.isfinite(self.batch_per_chip)):
+            raise TpusimError(
+                f"--batch-per-chip {short_repr(self.batch_per_chip)} must be in "
+                f"{interval_text(0, MAX_BATCH, lo_open=True)} (sequences per chip)"
+            )
+        if not isinstance(self.remat, Remat):
+            # A policy given as text (the Python API): parsed here, so that a bad one is a
+            # one-line error and not an AttributeError deep in the compiler.
+            object.__setattr__(self, "remat", parse_remat(self.remat))
+        if not self._set_mode("attention", Attention):
+            raise TpusimError(f"--attention {short_repr(self.attention)} must be dot or flash")
+        for flag in COMPILER_RULE_FIELDS:
+            if not isinstance(getattr(self, flag), bool):
+                raise TpusimError(f"{flag} {short_repr(getattr(self, flag))} must be "
+                                  f"true or false (the chip's {flag})")
+        if isinstance(self.vocab_tiling, bool) or not isinstance(self.vocab_tiling, int) or \
+                not 1 <= self.vocab_tiling <= MAX_CHUNKS:
+            raise TpusimError(f"--vocab-tiling {short_repr(self.vocab_tiling)} must be "
+                              f"{range_text(1, MAX_CHUNKS, integer=True)} (1: no tiling)")
+        if not isinstance(self.microbatches, int) or not 1 <= self.microbatches <= MAX_CHUNKS:
+            raise TpusimError(f"--microbatches {short_repr(self.microbatches)} must be "
+                              f"{range_text(1, MAX_CHUNKS, integer=True)}")
+
+    def _check_modes(self) -> None:
+        if not self._set_mode("fsdp_gather", FsdpGather):
+            raise TpusimError(
+                f"--fsdp-gather {short_repr(self.fsdp_gather)} is not a mode; use one of: "
+                f"{', '.join(FSDP_GATHER_MODES)}"
+            )
+        if not self._set_mode("tp_activations", TpActivations):
+            raise TpusimError(
+                f"--tp-activations {short_repr(self.tp_activations)} must be sharded or replicated"
+            )
+        if not self._set_mode("tp_comm", TpComm):
+            raise TpusimError(
+                f"--tp-comm {short_repr(self.tp_comm)} must be blocking or collective-matmul"
+            )
+        if not self._set_mode("dp_allreduce", DpAllreduce):
+            raise TpusimError(
+                f"--dp-allreduce {short_repr(self.dp_allreduce)} must be async or blocking"
+            )
+        if not self._set_mode("dp_grad_split", DpGradSplit):
+            raise TpusimError(
+                f"--dp-grad-split {short_repr(self.dp_grad_split)} must be per-matrix (one "
+                f"cross-slice all-reduce per weight matrix and one for the norm scales, as XLA "
+                f"compiles it, default) or per-layer (one per layer)"
+            )
+        if not self._set_mode("fsdp_grad", FsdpGrad):
+            raise TpusimError(
+                f"--fsdp-grad {short_repr(self.fsdp_grad)} must be reduce-scatter (async, "
+                f"default), all-reduce (synchronous, XLA's v6e program without collective "
+                f"matmuls) or auto (XLA's choice per matrix: reduce-scatter over up to "
+                f"{XLA_MAX_WINDOWED_RING} chips, all-reduce above)"
+            )
+        if self.fsdp_grad == FsdpGrad.ALL_REDUCE and self.fsdp_gather == FsdpGather.WINDOWED:
+            raise TpusimError(
+                "--fsdp-grad all-reduce with --fsdp-gather windowed: a collective matmul "
+                "reduce-scatters the gradient in its ring; use --fsdp-gather async or blocking "
+                "with it"
+            )
+        if self.fsdp_grad == FsdpGrad.AUTO and self.fsdp_gather == FsdpGather.WINDOWED:
+            raise TpusimError(
+                f"--fsdp-grad auto with --fsdp-gather windowed: windowed runs every gradient's "
+                f"reduce-scatter as a collective-matmul ring at any ring length, where auto "
+                f"all-reduces over more than {XLA_MAX_WINDOWED_RING} chips; use --fsdp-gather "
+                f"mixed-async or mixed-blocking (XLA's choice of both), async or blocking "
+                f"with it"
+            )
+        if self.fsdp_grad == FsdpGrad.ALL_REDUCE and self.fsdp_gather.startswith("mixed"):
+            raise TpusimError(
+                f"--fsdp-grad all-reduce with --fsdp-gather {self.fsdp_gather}: the mixed modes "
+                f"choose each gradient's collective as XLA does (windowed reduce-scatter rings "
+                f"up to {XLA_MAX_WINDOWED_RING} chips, synchronous all-reduces above); drop "
+                f"--fsdp-grad, or use --fsdp-gather async or blocking with it"
+            )
+        if not self._set_mode("ep_alltoall", EpAlltoall):
+            raise TpusimError(
+                f"--ep-alltoall {short_repr(self.ep_alltoall)} must be sync (XLA's default) or "
+                f"async (libtpu's --xla_tpu_enable_async_all_to_all)"
+            )
+
+    def _check_schedule_and_dtypes(self) -> None:
+        if not self._set_mode("pipeline_schedule", PipelineSchedule):
+            raise TpusimError(
+                f"--pipeline-schedule {short_repr(self.pipeline_schedule)} must be one of "
+                f"{', '.join(PIPELINE_SCHEDULES)}"
+            )
+        v = self.virtual_stages
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise TpusimError(f"--virtual-stages {short_repr(v)} must be an integer >= 1")
+        if v > 1 and self.pipeline_schedule != PipelineSchedule.INTERLEAVED:
+            raise TpusimError(
+                f"--virtual-stages {v} needs --pipeline-schedule interleaved (gpipe and 1f1b "
+                f"hold one chunk of layers per stage); drop it or switch the schedule"
+            )
+        if not isinstance(self.optimizer, Optimizer):
+            object.__setattr__(self, "optimizer", parse_optimizer(self.optimizer))
+        for flag, v in (("--param-dtype", self.param_dtype), ("--grad-dtype", self.grad_dtype),
+                        ("--optimizer-dtype", self.optimizer_dtype)):
+            dtype_bytes(v, flag)
+        if self.gather_dtype is not None:
+            dtype_bytes(self.gather_dtype, "--gather-dtype")
+        check_stateless_optimizer(self.optimizer, (self.optimizer_dtype,))
+
+    @property
+    def weight_gather_dtype(self) -> str:
+        """The dtype weights are gathered and multiplied in (`gather_dtype`, else the params')."""
+        return self.param_dtype if self.gather_dtype is None else self.gather_dtype
+
+
+def training_config_to_dict(config: TrainingConfig) -> dict:
+    """`config` as plain JSON values (`training_config_from_dict` reads it back)."""
+    out = {}
+    for f in dataclasses.fields(config):
+        v = getattr(config, f.name)
+        if f.name == "moe":
+            v = {g.name: getattr(v, g.name) for g in dataclasses.fields(v)}
+        out[f.name] = str(v) if isinstance(v, enum.Enum) else v
+    return out
+
+
+def training_config_from_dict(data: dict, *, source: str = "trace") -> TrainingConfig:
+    """The `TrainingConfig` written by `training_config_to_dict` (validated as on the CLI)."""
+    names = {f.name for f in dataclasses.fields(TrainingConfig)}
+    if not isinstance(data, dict) or not set(data) <= names or "seq_len" not in data:
+        raise TpusimError(
+            f"{source}: the recorded training settings are not a TrainingConfig; recompile the "
+            f"trace with tpusim compile"
+        )
+    kw = dict(data)
+    try:
+        kw["remat"] = parse_remat(str(kw.get("remat", "full")))
+        kw["moe"] = MoeConfig(**kw.get("moe", {}))
+        return TrainingConfig(**kw)
+    except TypeError as exc:
+        raise TpusimError(
+            f"{source}: the recorded training settings do not load ({exc}); recompile the trace "
+            f"with tpusim compile"
+        ) from None

@@ -1,0 +1,524 @@
+"""One layer's program, forward and backward: the norms, the QKV, output and MLP (or MoE)
+matmuls, rotary, dot or flash attention, activations and residuals, the tensor-parallel and
+expert collectives around them, and the HBM the attention's temporaries take. The backward
+splits each matmul into its input gradient (on the critical path) and its weight gradient
+(which hides the collectives issued before it), as XLA schedules them; FLOP counts follow
+`tpu.md` §3-§4.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from workloads.memory import (
+    MemoryCategory,
+    attention_backward_score_buffers,
+    attention_temporaries,
+    one_sequence_per_chip,
+    score_exp_fused,
+)
+from workloads.moe import dispatch_flops
+from workloads.training.modes import Remat
+from workloads.training.program import ATTN_KEYS, ProgramBuilder
+
+
+class MlpGrads(NamedTuple):
+    """What the attention's backward reads of the MLP's (`LayerProgram.mlp_backward`)."""
+
+    norm: int  # the MLP norm's backward: the attention sublayer's output gradient
+    dmlp: int  # the MLP's input-gradient matmul
+    dact: int  # the activation's backward
+    dmlp_w: int  # the MLP's weight-gradient matmul
+    mm_deps: list[int]  # the tensor-parallel entry of the MLP's backward (`tp_enter`)
+    after: list[int]
+
+
+class LayerProgram(ProgramBuilder):
+    """The ops of one layer, forward (also as a remat recomputation) and backward."""
+
+    def layer_forward(self, layer, deps, gather, phase="fwd", recompute=False):
+        """Ops of one layer's forward; returns the id of its output."""
+        m, d, a = self.m, self.d, self.act
+        n, D, tp = d.n, m.d_model, d.tp
+        hd, H, K = m.head_dim, m.num_heads, m.num_kv_heads
+        k_loc = max(K / tp, 1.0)
+        h_loc = H / tp
+        self.cur = gather
+        wdeps: list[int] = []  # the matmuls wait for their own matrices' gathers (`mm` keys)
+        tag = "re-" if recompute else ""
+        # Under a recomputing remat policy the backward reads the recomputed activations, not
+        # the layer's output: the layer's last matmul(s) (the MLP's down projection, also the
+        # attention output projection of a parallel block) and what follows them (their
+        # reduction over `tensor`, the residual adds) are dead code XLA removes (docs/model.md
+        # "Remat"; the imported HLO programs of docs/validation.md recompute every matmul but
+        # those). Projections the policy brought back from host memory are not recomputed.
+        kept = self.cfg.remat.kept_projections if recompute else frozenset()
+        x = deps
+        r = self.rows()
+        # A norm reads its input twice (statistics, then the normalised rows) and writes once;
+        # the forward of a scanned stack also copies the layer input into the saved stack.
+        norm = self.vpu(f"{tag}norm_attn", 5 * r * D,
+                        (3 + (2 if not recompute else 0)) * r * D * a, x, layer, phase)
+        mm_deps, after = self.tp_enter(tag, "attn", norm, layer, phase)
+        qkv_w = D * (H + 2 * K) * hd / tp
+        if "qkv" in kept:
+            qkv = norm  # q, k, v came back from host memory (a dependency of the layer input)
+        else:
+            qkv = self.mm(f"{tag}qkv_proj", 2 * n * D * (h_loc + 2 * k_loc) * hd,
+                          qkv_w * self.wc, n * D * a, n * (h_loc + 2 * k_loc) * hd * a,
+                          [norm] + wdeps + mm_deps, layer, phase, keys=("wq", "wk", "wv"),
+                          acc_bytes=n * (h_loc + 2 * k_loc) * hd * a)
+        if m.qk_norm:
+            # RMSNorm over head_dim of every query and key head (Gemma 3): a norm fusion of
+            # its own, as the pre-norms are (reads twice, writes once).
+            qkv = self.vpu(f"{tag}qk_norm", 5 * n * (h_loc + k_loc) * hd,
+                           3 * n * (h_loc + k_loc) * hd * a, [qkv], layer, phase)
+        rope = self.vpu(f"{tag}rotary", 6 * n * (h_loc + k_loc) * hd,
+                        2 * n * (h_loc + k_loc) * hd * a, [qkv] + after, layer, phase)
+        att = self.attention_forward(layer, rope, phase, tag)
+        if m.parallel_block:
+            if recompute:
+                # Both branches' last matmuls feed only the (dead) layer output.
+                mlp_live = self.mlp_forward(layer, norm, wdeps, phase, tag, after, dead_tail=True)
+                self.recompute_leaves.append(att)
+                return mlp_live
+            out = self.mm(f"{tag}out_proj", 2 * n * h_loc * hd * D, H * hd * D / tp * self.wc,
+                          n * h_loc * hd * a, n * D * a, [att] + wdeps, layer, phase,
+                          keys=("wo",), whole_bytes=n * h_loc * hd * a)
+            mlp_out = self.mlp_forward(layer, norm, wdeps, phase, tag, after)
+            summed = self.vpu(f"{tag}block_sum", n * D, 3 * n * D * a, [out, mlp_out], layer,
+                              phase)
+            exit_deps = self.tp_exit(tag, "block", summed, [out, mlp_out], layer, phase)
+            return self.vpu(f"{tag}residual", r * D, 3 * r * D * a, exit_deps + list(x), layer,
+                            phase)
+        if "out" in kept:
+            # The projection's output came back from host memory: the residual needs only it;
+            # the recomputed attention output is read by the backward (its weight gradient).
+            self.recompute_leaves.append(att)
+            exit1 = []
+        else:
+            out = self.mm(f"{tag}out_proj", 2 * n * h_loc * hd * D, H * hd * D / tp * self.wc,
+                          n * h_loc * hd * a, n * D * a, [att] + wdeps, layer, phase,
+                          keys=("wo",), whole_bytes=n * h_loc * hd * a)
+            exit1 = self.tp_exit(tag, "attn", out, [out], layer, phase)
+        if m.post_norms:
+            # The sublayer's output is normed before the residual add (Gemma 2 / 3).
+            exit1 = [self.vpu(f"{tag}post_norm_attn", 5 * r * D, 3 * r * D * a,
+                              exit1 or list(x), layer, phase)]
+        res1 = self.vpu(f"{tag}residual_attn", r * D, 3 * r * D * a, exit1 + list(x), layer,
+                        phase)
+        norm2 = self.vpu(f"{tag}norm_mlp", 5 * r * D, 3 * r * D * a, [res1], layer, phase)
+        mm_deps2, after2 = self.tp_enter(tag, "mlp", norm2, layer, phase)
+        if recompute:
+            return self.mlp_forward(layer, norm2, wdeps + mm_deps2, phase, tag, after2,
+                                    dead_tail=True)
+        mlp_out = self.mlp_forward(layer, norm2, wdeps + mm_deps2, phase, tag, after2)
+        exit2 = self.tp_exit(tag, "mlp", mlp_out, [mlp_out], layer, phase)
+        if m.post_norms:
+            exit2 = [self.vpu(f"{tag}post_norm_mlp", 5 * r * D, 3 * r * D * a, exit2, layer,
+                              phase)]
+        return self.vpu(f"{tag}residual_mlp", r * D, 3 * r * D * a, exit2 + [res1], layer,
+                        phase)
+
+    def attention_forward(self, layer, dep, phase, tag):
+        m, d, a = self.m, self.d, self.act
+        n, tp, hd = d.n, d.tp, m.head_dim
+        h_loc = m.num_heads / tp
+        k_loc = max(m.num_kv_heads / tp, 1.0)
+        ctx = d.ctx
+        deps = [dep]
+        if d.sp > 1:  # sequence parallelism: gather the other shards' keys and values
+            kv = self.coll(f"{tag}sp_kv_allgather", "all-gather", ("sequence",),
+                           2 * ctx * (n / (ctx / d.sp)) * k_loc * hd * a, [dep], layer, phase)
+            deps.append(kv)
+        s_loc = n * d.sp / ctx  # local sequences (each attends to its whole context)
+        kv_bytes = s_loc * ctx * k_loc * hd * a  # K (or V) of every local sequence
+        if self.cfg.attention == "flash":
+            # Flash attention skips fully masked blocks (about half under a causal mask; all
+            # but the window's in a local layer) and keeps the score matrix in VMEM: HBM sees
+            # only Q, K, V and the output.
+            flops = 4 * n * h_loc * hd * m.attended_keys_per_query(ctx, layer)
+            nbytes = 2 * n * h_loc * hd * a + 2 * kv_bytes
+            return self.mm(f"{tag}flash_attention", flops, 0.0, nbytes, 0.0, deps, layer, phase,
+                           narrow_dim=hd)
+        # Dot attention materialises every score and masks it afterwards (MaxText's
+        # dot-product path: a full q.K^T, then the causal and sliding-window masks), so a
+        # local layer costs what a global one does.
+        scores = n * ctx * h_loc
+        # Both attention matmuls tile head_dim: q.K^T contracts over it, P.V outputs it, so a
+        # head_dim below the MXU width leaves part of the array idle (ChipSpec.mxu_fill).
+        qk = self.mm(f"{tag}attn_scores", 2 * n * ctx * h_loc * hd, 0.0,
+                     n * h_loc * hd * a + kv_bytes, scores * 4, deps, layer, phase,
+                     narrow_dim=hd)
+        sm = self.vpu(f"{tag}softmax", 5 * scores, scores * 4 + scores * a, [qk], layer, phase)
+        av = self.mm(f"{tag}attn_values", 2 * n * ctx * h_loc * hd, 0.0,
+                     scores * a + kv_bytes, n * h_loc * hd * a, [sm], layer, phase,
+                     narrow_dim=hd)
+        # The f32 scores (the softmax runs in place over them) and the probabilities the
+        # value matmul reads are live together (workloads/memory.py): bf16, or f32 in the
+        # forward of a policy that saves named/dot residuals (minimal, offload), where XLA
+        # fuses the normalisation into the value matmul, and in a fused forward under full
+        # (the value matmul reads the exponentials: nothing saves the probabilities); kept
+        # probabilities are counted as saved from the softmax on.
+        fused = score_exp_fused(
+            chip_fuses=self.cfg.score_exp_fusion,
+            sharded_axes=sum(1 for s in (d.dp, d.fs, d.tp, d.ep, d.pp, d.sp) if s > 1),
+            score_bytes=4.0 * scores, remat=str(self.cfg.remat),
+            plain_fsdp=bool(self.cur is not None and self.cur.ops
+                            and not self.cur.windowed(self.cur.ops)))
+        # With one sequence per chip XLA keeps the score matmul's bf16 output and the value
+        # matmul's fusion exponentiates it as it reads it: the only score-sized buffer of the
+        # forward (workloads/memory.py one_sequence_per_chip).
+        bf16_scores = one_sequence_per_chip(sequences_per_chip=s_loc)
+        f32_probs = tag == "" and not bf16_scores and (
+            self.cfg.remat in (Remat.MINIMAL, Remat.OFFLOAD)
+            or (self.cfg.remat == Remat.FULL and fused))
+        probs_bytes = 4.0 if f32_probs else a
+        temps = attention_temporaries(rows=n, context=ctx, local_heads=h_loc,
+                                      probs_bytes=probs_bytes, score_exp_fusion=fused,
+                                      bf16_scores=bf16_scores)
+        if tag == "re-":
+            # A recomputing backward writes the scores in bf16 from the q.K^T matmul (the dP
+            # matmul's fusion rebuilds the exponentials from them): no f32 score buffer in the
+            # backward of any program of benchmarks/xla_memory.py. They stand for the kept
+            # probabilities, counted as recomputed from the softmax on.
+            temps = scores * a
+        saved = tag == "re-" or self.cfg.remat == Remat.NONE  # the probabilities are kept
+        # Unsaved probabilities live from the softmax to the value matmul; bf16 scores stand
+        # for them (the value matmul reads the scores).
+        probs = scores * probs_bytes
+        if tag == "re-" and self.cfg.bwd_probs_buffer and self.cfg.remat == Remat.FULL:
+            # v5p's full backward writes the bf16 probabilities next to the recomputed scores,
+            # read by the value-gradient matmul (freed in layer_backward; memory.py
+            # attention_backward_score_buffers).
+            self.bwd_probs_bytes = scores * a
+            self.mem(sm, MemoryCategory.TEMPORARIES, self.bwd_probs_bytes)
+        self.mem(qk, MemoryCategory.TEMPORARIES, temps)
+        self.mem(sm, MemoryCategory.TEMPORARIES, -temps + (0.0 if saved else probs))
+        self.mem(av, MemoryCategory.TEMPORARIES, 0.0 if saved else -probs)
+        return av
+
+    def mlp_forward(self, layer, dep, wdeps, phase, tag, after=(), dead_tail=False):
+        """The MLP (or MoE) sublayer's forward; returns its output op. `dead_tail`: a
+        recomputation whose output only the backward reads, so the ops after the last live
+        one are left out (a dense MLP's down projection; an MoE layer's weighted combine of
+        the experts' outputs, whose inputs the router's gradient still reads)."""
+        m, d, a = self.m, self.d, self.act
+        n, D, tp = d.n, m.d_model, d.tp
+        mats = m.mlp.num_matrices
+        if self.layer_is_moe(layer):
+            E, k, F = m.num_experts, m.experts_per_token, m.expert_d_ff
+            rt = self.routing
+            # Rows the (busiest) chip's experts process per local token: k when routing is
+            # uniform and dropless, k x the hottest shard's load factor under skew, E x
+            # capacity / group tokens on the dense dropping path (padded to capacity).
+            rows = rt.expert_rows_per_token
+            router = self.mm(f"{tag}router", 2 * n * D * E, D * E * self.wc, n * D * a,
+                             n * E * 4, [dep], layer, phase, keys=("router",),
+                             acc_bytes=n * E * 4)
+            topk = self.vpu(f"{tag}topk_route", 4 * n * E, n * E * 4, [router], layer, phase)
+            pre = topk
+            if rt.dense_dispatch:
+                # MaxText's dropping path: one-hot dispatch and combine masks [tokens, experts,
+                # capacity] (bf16), then the dispatch einsum BSM,BSEC->EBCM on the MXU.
+                mask = n * E * rt.capacity * a
+                masks = self.vpu(f"{tag}moe_masks", 2 * n * E * rt.capacity, 2 * mask, [topk],
+                                 layer, phase)
+                pre = self.mm(f"{tag}moe_dispatch", dispatch_flops(n, E, rt.capacity, D), 0.0,
+                              mask + n * D * a, n * rows * D * a, [masks], layer, phase)
+            disp = self.coll(f"{tag}ep_dispatch", "all-to-all", ("expert",),
+                             n * rows * D * a * d.ep, [pre], layer, phase)
+            x = [pre] + ([disp] if disp is not None else [])
+            w_bytes = (E / d.ep) * mats * D * F / tp * self.wc
+            h = self.mm(f"{tag}expert_in", 2 * n * rows * D * F * (mats - 1) / tp,
+                        w_bytes * (mats - 1) / mats, n * rows * D * a,
+                        n * rows * F * (mats - 1) / tp * a, x + wdeps, layer, phase,
+                        keys=("expert_gate", "expert_up"),
+                        acc_bytes=n * rows * F * (mats - 1) / tp * a)
+            act = self.vpu(f"{tag}expert_act", 8 * n * rows * F / tp,
+                           n * rows * F * (mats - 1) / tp * a + n * rows * F / tp * a,
+                           [h, *after], layer, phase)
+            o = self.mm(f"{tag}expert_out", 2 * n * rows * F * D / tp, w_bytes / mats,
+                        n * rows * F / tp * a, n * rows * D * a, [act] + wdeps, layer, phase,
+                        keys=("expert_down",), whole_bytes=n * rows * F / tp * a)
+            # A recomputation on the dense dropping path does not send the experts' outputs
+            # back: XLA computes the combine weights' gradient where they live (expert-sharded)
+            # and sends that gradient instead (`layer_backward`; the compiled program of
+            # benchmarks/xla_moe_schedule.py).
+            comb = None if dead_tail and rt.dense_dispatch else \
+                self.coll(f"{tag}ep_combine", "all-to-all", ("expert",),
+                          n * rows * D * a * d.ep, [o], layer, phase)
+            out_deps = [o] + ([comb] if comb is not None else [])
+            if m.num_shared_experts:
+                sF = m.num_shared_experts * F
+                live = (mats - 1) / mats if dead_tail else 1.0  # its down projection is dead
+                sh = self.mm(f"{tag}shared_expert", 2 * n * D * sF * mats / tp * live,
+                             mats * D * sF / tp * self.wc * live, n * D * a,
+                             n * D * a if not dead_tail else n * sF * (mats - 1) / tp * a,
+                             [dep] + wdeps, layer, phase,
+                             keys=("shared_gate", "shared_up") + (() if dead_tail
+                                                                   else ("shared_down",)),
+                             acc_bytes=n * sF * (mats - 1) / tp * a,
+                             whole_bytes=0.0 if dead_tail else n * sF / tp * a)
+                out_deps.append(sh)
+            if dead_tail:
+                # The experts' outputs (back at their tokens) are read by the backward of the
+                # combine weights (the router's gradient); the weighted sum itself is dead.
+                self.recompute_leaves.extend(out_deps[:-1])
+                return out_deps[-1]
+            if rt.dense_dispatch:
+                # The combine einsum EBCM,BSEC->BSM weights and sums the experts' outputs.
+                cmb = self.mm(f"{tag}moe_combine", dispatch_flops(n, E, rt.capacity, D), 0.0,
+                              n * E * rt.capacity * a + n * rows * D * a, n * D * a, out_deps,
+                              layer, phase)
+                if not m.num_shared_experts:
+                    return cmb
+                return self.vpu(f"{tag}expert_combine", n * D, 3 * n * D * a, [cmb, sh], layer,
+                                phase)
+            return self.vpu(f"{tag}expert_combine", 2 * n * k * D, (k + 1) * n * D * a,
+                            out_deps, layer, phase)
+        F = m.d_ff
+        h = self.mm(f"{tag}mlp_in", 2 * n * D * F * (mats - 1) / tp,
+                    (mats - 1) * D * F / tp * self.wc, n * D * a, n * F * (mats - 1) / tp * a,
+                    [dep] + wdeps, layer, phase, keys=("w_gate", "w_up"),
+                    acc_bytes=n * F * (mats - 1) / tp * a)
+        act = self.vpu(f"{tag}mlp_act", 8 * n * F / tp,
+                       n * F * (mats - 1) / tp * a + n * F / tp * a, [h, *after], layer, phase)
+        if dead_tail:
+            return act
+        return self.mm(f"{tag}mlp_out", 2 * n * F * D / tp, D * F / tp * self.wc, n * F / tp * a,
+                       n * D * a, [act] + wdeps, layer, phase, keys=("w_down",),
+                       whole_bytes=n * F / tp * a)
+
+    def layer_backward(self, layer, deps, gather, grad=None):
+        """Backward of one layer: dX and dW matmuls (2x forward), elementwise grads, TP
+        all-reduces of the input gradients. Returns the op of the layer input's gradient."""
+        self.cur = gather
+        return self.attention_backward(layer, self.mlp_backward(layer, deps, grad))
+
+    def mlp_backward(self, layer, deps, grad) -> MlpGrads:
+        """The MLP (or MoE) sublayer's backward, through the MLP norm's backward."""
+        m, d, a = self.m, self.d, self.act
+        n, D, tp = d.n, m.d_model, d.tp
+        mats = m.mlp.num_matrices
+        wd: list[int] = []  # the matmuls wait for their own matrices' gathers (`mm` keys)
+        mkeys = self.mlp_keys(layer)
+        rt = self.routing
+        moe = self.layer_is_moe(layer)
+        if moe:
+            F = m.expert_d_ff * rt.expert_rows_per_token
+            w_mlp = (m.num_experts / d.ep) * mats * D * m.expert_d_ff / tp * self.wc
+        else:
+            F = m.d_ff
+            w_mlp = mats * D * F / tp * self.wc
+        fwd_mlp = 2 * n * D * F * mats / tp
+        if m.post_norms and not m.parallel_block:
+            # The gradient enters each sublayer through its post-norm's backward.
+            r = self.rows()
+            post = self.vpu("post_norm_mlp_bwd", 10 * r * D, 4 * r * D * a,
+                            [grad] if grad is not None else list(deps), layer, "bwd")
+            grad = post
+            deps = list(deps) + [post]
+        cb = None
+        if moe:
+            deps, cb = self.moe_output_backward(layer, deps, grad)
+        r = self.rows()
+        first = deps[-1]
+        # The incoming gradient is gathered over `tensor` as soon as it exists (alongside the
+        # recomputation, which does not need it); an MoE layer's comes out of the combine.
+        mm_deps, after = self.tp_enter("", "mlp_bwd", grad if grad is not None and not moe
+                                       else first, layer, "bwd")
+        # The backward matmuls are split as XLA schedules them: the input gradients (dX) are on
+        # the critical path; the weight gradients (dW) only feed the gradient reduction, so
+        # they run after the input gradient's collective is issued and hide it (a
+        # tensor-parallel reduction, the MoE dispatch all-to-all).
+        # Windowed, the gate and up projections' input gradients read the gradients of their
+        # outputs whole on every ring step; the down projection's contracts the sharded d_model
+        # and sums its [tokens, d_ff] output over the steps.
+        dmlp = self.mm("mlp_bwd", fwd_mlp, w_mlp, 1.5 * n * F * mats / tp * a, n * D * a,
+                       list(deps) + wd + mm_deps, layer, "bwd", keys=mkeys,
+                       whole_bytes={k: n * F / tp * a for k in mkeys
+                                    if k.endswith(("_gate", "_up"))},
+                       acc_bytes={k: n * F / tp * a for k in mkeys if k.endswith("_down")})
+        # Reads the gate/up projections and the product's gradient, writes their gradients.
+        dact = self.vpu("mlp_act_bwd", 16 * n * F / tp, (2 * (mats - 1) + 1) * n * F / tp * a,
+                        [dmlp, *after], layer,
+                        "bwd")
+        ar1 = None
+        if moe:
+            # Transpose of the forward's dispatch all-to-all, after the experts' backward. XLA's
+            # all-to-alls are synchronous by default (benchmarks/xla_moe_schedule.py): the
+            # weight gradients wait for it rather than hiding it. With libtpu's async
+            # all-to-all (`--ep-alltoall async`) they start/done around independent work.
+            ar1 = self.coll("ep_dispatch_bwd", "all-to-all", ("expert",),
+                            n * rt.expert_rows_per_token * D * a * d.ep, [dact], layer, "bwd")
+        sync = self.cfg.ep_alltoall == "sync"
+        # A windowed reduce-scatter's ring steps each compute one d_model shard of the gradient:
+        # they read the [tokens, d_ff] operands whole (the gate and up outputs' gradients, the
+        # down projection's input) and the d_model ones a slice at a time.
+        dmlp_w = self.mm("mlp_bwd_weights", fwd_mlp, w_mlp, 1.5 * n * F * mats / tp * a, 0.0,
+                         [dact] + ([ar1] if ar1 is not None and sync else []), layer, "bwd",
+                         keys=mkeys, whole_bytes={k: n * F / tp * a for k in mkeys
+                                                  if k != "router"})
+        self.mlp_weights_done = self.last_matmul  # the MLP matrices' last reader
+        dcomb_deps: list[int] = []
+        if moe:
+            ar1, dcomb_deps = self.moe_router_backward(layer, dmlp_w, dact, cb, ar1, sync)
+        if m.parallel_block:
+            # Both branches read the same normed input: their input gradients are summed and
+            # reduced over `tensor` once, after the attention branch.
+            mlp_exit = [dact]
+        else:
+            mlp_exit = self.tp_exit("", "mlp_bwd", dact, [dmlp], layer, "bwd")
+        nrm = self.vpu("norm_mlp_bwd", 10 * r * D, 4 * r * D * a,
+                       mlp_exit + [x for x in (ar1,) if x is not None] + dcomb_deps, layer,
+                       "bwd")
+        return MlpGrads(norm=nrm, dmlp=dmlp, dact=dact, dmlp_w=dmlp_w, mm_deps=mm_deps,
+                        after=after)
+
+    def moe_output_backward(self, layer, deps, grad) -> tuple[list[int], int | None]:
+        """An MoE layer's backward up to its experts': the combine einsum's (dense dispatch)
+        and the combine all-to-all's transpose. Returns (deps of the experts' backward, the
+        combine einsum's backward op or None)."""
+        m, d, a = self.m, self.d, self.act
+        n, D = d.n, m.d_model
+        rt = self.routing
+        cb = None
+        if rt.dense_dispatch:
+            # Combine einsum backward: gradients of the expert outputs and of the combine
+            # weights (the router's gradient), two einsums of the forward's size. XLA computes
+            # the combine weights' gradient where the experts' outputs live (sharded over
+            # expert): the output gradient is first gathered over `expert` (every chip of an
+            # expert group needs its fsdp group's sequences; async under the recipes'
+            # collective-fusion flags), and the result goes back to the tokens' chips with an
+            # all-to-all at the end of the MoE backward (`ep_combine_weights_grad`).
+            gout = self.coll("ep_grad_allgather", "all-gather", ("expert",), d.ep * n * D * a,
+                             [grad] if grad is not None else list(deps), layer, "bwd")
+            mask = n * m.num_experts * rt.capacity * a
+            cb = self.mm("moe_combine_bwd", 2 * dispatch_flops(n, m.num_experts, rt.capacity, D),
+                         0.0, mask + n * D * a + n * rt.expert_rows_per_token * D * a,
+                         n * rt.expert_rows_per_token * D * a + mask,
+                         list(deps) + ([gout] if gout is not None else []), layer, "bwd")
+            deps = [cb]
+        # Transpose of the forward's combine all-to-all, before the experts' backward.
+        comb = self.coll("ep_combine_bwd", "all-to-all", ("expert",),
+                         n * rt.expert_rows_per_token * D * a * d.ep, deps, layer, "bwd")
+        if comb is not None:
+            deps = list(deps) + [comb]
+        return deps, cb
+
+    def moe_router_backward(self, layer, dmlp_w, dact, cb, ar1, sync
+                            ) -> tuple[int | None, list[int]]:
+        """An MoE layer's backward after its experts' weight gradients: the combine weights'
+        gradient sent back (dense dispatch), the dispatch einsum's backward and the router's.
+        Returns (the dispatch's backward op or None, deps of the MLP norm's backward)."""
+        m, d, a = self.m, self.d, self.act
+        n, D = d.n, m.d_model
+        rt = self.routing
+        dcomb_deps: list[int] = []
+        if rt.dense_dispatch:
+            # The combine weights' gradient back to the tokens' chips (synchronous: after the
+            # experts' weight gradients, as XLA schedules it; async: as soon as it is
+            # computed); the router's backward, and so the layer's input gradient, reads it.
+            # MaxText builds the combine mask in the activation dtype (`generate_masks`: the
+            # bf16 top-k weights times an int32 one-hot of the capacity slot, cut from cap + 1
+            # slots to cap), so its gradient is bf16 and XLA sends it before the cut:
+            # [tokens, E, cap + 1] (benchmarks/xla_moe_schedule.py, MaxText's router, at the
+            # 750B's per-chip sizes and at the cross-check's).
+            dc = self.coll("ep_combine_weights_grad", "all-to-all", ("expert",),
+                           d.ep * n * m.num_experts * (rt.capacity + 1) * a,
+                           [dmlp_w] if sync else [cb], layer, "bwd")
+            dcomb_deps = [dc] if dc is not None else []
+            # Dispatch einsum backward: the input gradient only (the one-hot mask has none).
+            ar1 = self.mm("moe_dispatch_bwd", dispatch_flops(n, m.num_experts, rt.capacity, D),
+                          0.0, n * m.num_experts * rt.capacity * a
+                          + n * rt.expert_rows_per_token * D * a, n * D * a,
+                          [dact] + ([ar1] if ar1 is not None else []), layer, "bwd")
+        # The router's backward: the combine weights' gradient through the top-k softmax
+        # into the router logits, then the router matmul's input and weight gradients,
+        # twice its forward FLOPs (the compiled MoE step's dot FLOPs: without them tpusim
+        # had 4 n D E per layer fewer). Issued after the dispatch's backward, which does
+        # not wait for the combine weights' gradient (a chip runs its ops in order).
+        E = m.num_experts
+        rb = self.mm("router_bwd", 4 * n * D * E, D * E * self.wc,
+                     n * D * a + n * E * 4, n * D * a, dcomb_deps or [dact], layer, "bwd",
+                     keys=("router",), whole_bytes=n * E * 4)
+        self.router_grad_done = rb
+        return ar1, [rb]
+
+    def attention_backward(self, layer, mlp: MlpGrads):
+        """The attention sublayer's backward, from the MLP norm's backward to the attention
+        norm's (the layer input's gradient)."""
+        m, d, a = self.m, self.d, self.act
+        n, D, tp = d.n, m.d_model, d.tp
+        hd = m.head_dim
+        h_loc = m.num_heads / tp
+        k_loc = max(m.num_kv_heads / tp, 1.0)
+        wd: list[int] = []  # the matmuls wait for their own matrices' gathers (`mm` keys)
+        r = self.rows()
+        nrm, dmlp, dact, dmlp_w = mlp.norm, mlp.dmlp, mlp.dact, mlp.dmlp_w
+        mm_deps, after = mlp.mm_deps, mlp.after
+        keys = m.attended_keys_per_query(d.ctx, layer) if self.cfg.attention == "flash" \
+            else d.ctx  # dot attention computes every score (attention_forward)
+        att_fwd_flops = 4 * n * h_loc * hd * keys
+        att_factor = 2.5 if self.cfg.attention == "flash" else 2.0  # flash recomputes scores
+        w_att = m.attention_params_per_layer / tp * self.wc
+        proj_flops = 2 * n * D * (2 * h_loc + 2 * k_loc) * hd
+        if m.parallel_block:
+            mm_deps2, after2 = mm_deps, after
+        else:
+            if m.post_norms:
+                nrm = self.vpu("post_norm_attn_bwd", 10 * r * D, 4 * r * D * a, [nrm], layer,
+                               "bwd")
+            mm_deps2, after2 = self.tp_enter("", "attn_bwd", nrm, layer, "bwd")
+        # Windowed: the q, k, v input gradients read the projections' output gradients whole
+        # on every ring step; the output projection's contracts the sharded d_model and sums
+        # its output (the attention output's gradient) over the steps.
+        dproj = self.mm("attn_proj_bwd", proj_flops, w_att,
+                        1.5 * n * (h_loc + 2 * k_loc) * hd * a, n * D * a,
+                        [nrm] + wd + mm_deps2, layer, "bwd",
+                        keys=ATTN_KEYS + self.regather_keys(layer),
+                        whole_bytes={"wq": n * h_loc * hd * a, "wk": n * k_loc * hd * a,
+                                     "wv": n * k_loc * hd * a},
+                        acc_bytes={"wo": n * h_loc * hd * a})
+        self.attn_early_grads_done = dproj
+        kv_bytes = n * d.sp / d.ctx * d.ctx * k_loc * hd * a  # K or V of the local sequences
+        datt_m = None
+        if self.cfg.attention == "flash":
+            # Reads Q, O, dO and K, V; writes dQ, dK, dV.
+            datt = self.mm("flash_attention_bwd", att_factor * att_fwd_flops, 0.0,
+                           4 * n * h_loc * hd * a + 4 * kv_bytes, 0.0, [dproj, *after2], layer,
+                           "bwd", narrow_dim=hd)
+        else:
+            scores = n * d.ctx * h_loc
+            datt_m = self.mm("attn_bwd", att_factor * att_fwd_flops, 0.0,
+                             3 * scores * a + 2 * kv_bytes,
+                             2 * n * h_loc * hd * a + 2 * kv_bytes, [dproj, *after2], layer,
+                             "bwd", narrow_dim=hd)
+            datt = self.vpu("softmax_bwd", 6 * scores, 3 * scores * a, [datt_m], layer, "bwd")
+            # The bf16 score-sized buffers live at the score gradient, from the probability
+            # gradient's matmul until the dQ and dK matmuls have read the score gradient; one
+            # of them (the probabilities, or the recomputed scores they stand for) is already
+            # counted as saved or recomputed.
+            extra = (attention_backward_score_buffers(
+                remat=str(self.cfg.remat), score_grad_fusion=self.cfg.score_grad_fusion,
+                bwd_probs_buffer=self.cfg.bwd_probs_buffer) - 1) * scores * a
+            self.mem(dproj, MemoryCategory.TEMPORARIES, extra - self.bwd_probs_bytes)
+            self.mem(datt, MemoryCategory.TEMPORARIES, -extra)
+            self.bwd_probs_bytes = 0.0
+        rope = self.vpu("rotary_bwd", 6 * n * (h_loc + k_loc) * hd,
+                        2 * n * (h_loc + k_loc) * hd * a, [datt], layer, "bwd")
+        if m.qk_norm:
+            rope = self.vpu("qk_norm_bwd", 10 * n * (h_loc + k_loc) * hd,
+                            4 * n * (h_loc + k_loc) * hd * a, [rope], layer, "bwd")
+        last = [datt_m if self.cfg.attention != "flash" else datt]
+        att_exit = self.tp_exit("", "block_bwd" if m.parallel_block else "attn_bwd", rope,
+                                last + ([dmlp] if m.parallel_block else []), layer, "bwd")
+        # Windowed: the q, k, v output gradients and the attention output (o's input) are read
+        # whole on every ring step; the layer input and o's output gradient a slice at a time.
+        dproj_w = self.mm("attn_proj_bwd_weights", proj_flops, w_att,
+                          1.5 * n * (h_loc + 2 * k_loc) * hd * a, 0.0, [rope], layer, "bwd",
+                          keys=ATTN_KEYS, whole_bytes=n * (2 * h_loc + 2 * k_loc) * hd * a)
+        self.attn_weights_done = dproj_w
+        return self.vpu("norm_attn_bwd", 10 * r * D, 4 * r * D * a,
+                        att_exit + [dact, dmlp_w, dproj_w], layer, "bwd")
