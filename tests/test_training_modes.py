@@ -7,7 +7,6 @@ import pickle
 import pytest
 
 from topologies.errors import TpusimError
-from workloads.dtypes import Dtype, dtype_bytes
 from workloads.training import (
     Attention,
     DpAllreduce,
@@ -61,13 +60,3 @@ def test_a_mode_names_its_choices_in_the_same_words_as_before():
                                           r"interleaved$"):
         TrainingConfig(seq_len=128, batch_per_chip=1, pipeline_schedule=3)
 
-
-def test_the_training_dtypes_take_any_case_and_list_their_names_in_order():
-    assert dtype_bytes("BF16", "--param-dtype") == 2 and dtype_bytes("int4", "--x") == 0.5
-    assert Dtype.FP32.nbytes == Dtype.F32.nbytes == 4
-    with pytest.raises(TpusimError, match=r"^--grad-dtype 'f16' is not a known dtype; use one of: "
-                                          r"bf16, fp32, f32, int8, int4, fp8$"):
-        dtype_bytes("f16", "--grad-dtype")
-    with pytest.raises(TpusimError, match=r"^--grad-dtype 2 must be a dtype name; use one of: "
-                                          r"bf16, fp32, f32, int8, int4, fp8$"):
-        dtype_bytes(2, "--grad-dtype")

@@ -15,15 +15,16 @@ from dataclasses import dataclass, field
 from topologies.errors import TpusimError
 from topologies.mesh import LogicalMesh, dcn_hint
 from topologies.validate import MAX_BATCH, MAX_CHUNKS, MAX_TOKENS, short_repr
+from workloads.dtypes import (
+    KV_CACHE_DTYPES,
+    MATMUL_DTYPES,
+    WEIGHT_STORAGE_DTYPES,
+    storage_bytes,
+)
 from workloads.models import TransformerSpec, causal_window_pairs
 from workloads.moe import MoeConfig, dispatch_flops, expert_shares, plan_routing
 from workloads.trace import OpKind, Trace, TraceBuilder, Unit
 
-# Bytes per element of the weight / KV-cache formats we model (tpu.md §1.2 "Lower precision").
-_WEIGHT_DTYPES = {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
-_KV_DTYPES = {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
-# MXU formats the engine costs: bf16 peak or the int8 peak (`Op.dtype == "int8"`).
-_MATMUL_DTYPES = ("bf16", "int8")
 _ACT_BYTES = 2.0  # activations in bf16
 _DECODE_AXES = ("data", "fsdp", "tensor", "expert")
 _SAMPLE_TOP_K = 64  # candidates kept by top-k sampling
@@ -31,13 +32,6 @@ _SAMPLE_TOP_K = 64  # candidates kept by top-k sampling
 # largest) or "greedy" (their argmax). Their collectives over a vocabulary split over `tensor`
 # are XLA's (`_InferenceCompiler.sample`).
 SAMPLING_MODES = ("top-k", "greedy")
-
-
-def _dtype_bytes(table: dict[str, float], name: object, flag: str) -> float:
-    if not isinstance(name, str) or name.lower() not in table:
-        raise TpusimError(f"{flag} {short_repr(name)} is not a supported dtype; use one of: "
-                          f"{', '.join(table)}")
-    return table[name.lower()]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,13 +69,13 @@ class DecodeConfig:
         if not _pos_int(self.context_len):
             raise TpusimError(f"--context-len {self.context_len!r} must be an integer >= 1 "
                               f"(tokens in the KV cache)")
-        _dtype_bytes(_WEIGHT_DTYPES, self.weight_dtype, "--weight-dtype")
-        _dtype_bytes(_KV_DTYPES, self.kv_dtype, "--kv-dtype")
-        # Any case, as the storage dtypes (`_dtype_bytes`) and the training dtypes take them.
+        storage_bytes(WEIGHT_STORAGE_DTYPES, self.weight_dtype, "--weight-dtype")
+        storage_bytes(KV_CACHE_DTYPES, self.kv_dtype, "--kv-dtype")
+        # Any case, as the storage dtypes (`storage_bytes`) and the training dtypes take them.
         if not isinstance(self.matmul_dtype, str) or self.matmul_dtype.lower() not in \
-                _MATMUL_DTYPES:
+                MATMUL_DTYPES:
             raise TpusimError(f"--matmul-dtype {short_repr(self.matmul_dtype)} is not "
-                              f"supported; use one of: {', '.join(_MATMUL_DTYPES)}")
+                              f"supported; use one of: {', '.join(d.value for d in MATMUL_DTYPES)}")
         if self.sampling not in SAMPLING_MODES:
             raise TpusimError(f"--sampling {short_repr(self.sampling)} is not supported; use "
                               f"one of: {', '.join(SAMPLING_MODES)}")
@@ -106,11 +100,11 @@ class DecodeConfig:
 
     @property
     def weight_bytes_per_param(self) -> float:
-        return _WEIGHT_DTYPES[self.weight_dtype.lower()]
+        return storage_bytes(WEIGHT_STORAGE_DTYPES, self.weight_dtype, "--weight-dtype")
 
     @property
     def kv_bytes_per_elem(self) -> float:
-        return _KV_DTYPES[self.kv_dtype.lower()]
+        return storage_bytes(KV_CACHE_DTYPES, self.kv_dtype, "--kv-dtype")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

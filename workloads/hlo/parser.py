@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 
 from topologies.errors import TpusimError
+from workloads.dtypes import HLO_ELEMENT_BYTES
 
 # Limits against hostile or accidental input (one-line errors, never a hang or a recursion error).
 MAX_TEXT_BYTES = 64 << 20  # the 2 MB 8-layer train step is 30x smaller
@@ -32,15 +33,8 @@ MAX_TOKENS_PER_INSTRUCTION = 64
 MAX_TOKENS = 30 * MAX_INSTRUCTIONS
 _INSTRUCTION_RE = re.compile(r"(?m)^[ \t]*(?:ROOT[ \t]+)?%?[\w.\-]+[ \t]*=[ \t]")
 
-# Bytes per element; sub-byte types round up (XLA packs them, but they are rare in programs
-# tpusim replays and never dominate traffic).
-DTYPE_BYTES = {
-    "pred": 1, "s2": 1, "u2": 1, "s4": 1, "u4": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2,
-    "s32": 4, "u32": 4, "s64": 8, "u64": 8, "f16": 2, "bf16": 2, "f32": 4, "f64": 8,
-    "c64": 8, "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3": 1, "f8e4m3b11fnuz": 1,
-    "f8e4m3fnuz": 1, "f8e5m2fnuz": 1, "f8e3m4": 1, "f4e2m1fn": 1, "f8e8m0fnu": 1,
-    "token": 0, "opaque": 0,
-}
+# Bytes per element of each HLO element type (the project's one dtype table).
+DTYPE_BYTES = HLO_ELEMENT_BYTES
 
 _SOURCE_TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 
