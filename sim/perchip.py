@@ -86,6 +86,8 @@ class PerChipConfig:
             classes per program on, or when the classes would replay more than MAX_CLASS_OPS
             ops. Vectors take several programs (pipeline stages) and `p2p` sends when every
             replica group lies within one program and sends go to chips of another program.
+        vector_rows: how vector classes keep collective candidate rows (`keep`; `check`
+            compares each kept row with a fresh one, `recompute` keeps none: for tests).
     """
 
     speed: np.ndarray | None = None
@@ -97,6 +99,7 @@ class PerChipConfig:
     mode: str = "auto"
     p2p: PointToPoint | None = None
     vector: bool | None = None
+    vector_rows: str = "keep"
 
 
 class HbmOverCapacity(TpusimError):

@@ -80,13 +80,13 @@ K_ARR, K_FLU, K_DRN, K_RCV = range(1, 5)
 # Event labels.
 E_CORE, E_FLUID, E_CADM, E_CEND, E_PCIE, E_RCV = range(6)
 _LABEL = {K_ARR: E_CADM, K_DRN: E_CEND, K_RCV: E_RCV}
-_rng = np.random.default_rng(12345)
-
-
+# Seed of each run's op hashes (a vector's `dh`: the sum of its done ops' hashes, part of the
+# discrete state vectors merge on): every run draws the same hashes, whatever ran before it.
+HASH_SEED = 12345
 # Collective candidate rows (`VectorRun._coll_row`): "keep" them until they change; "check"
 # also compares every kept row with a fresh one; "recompute" them all at every event (the
-# engine before rows were kept). The last two are for tests.
-_ROWS = "keep"
+# engine before rows were kept). The last two are for tests (`PerChipConfig.vector_rows`).
+ROW_MODES = ("keep", "check", "recompute")
 
 
 def _sliced_row(row, idx):
@@ -287,10 +287,14 @@ class VectorRun:
     """One run of the vector engine (see the module docstring)."""
 
     def __init__(self, *, progs, nchips, speed, kinds_of_chip, kinds, coll_geo, cap_links,
-                 overlap, sends=(), recv_rank=None):
+                 overlap, sends=(), recv_rank=None, rows="keep"):
         """`progs`: per program index, (its chips, its number of ops), or None where no chip
         runs it; `coll_geo`: per rendezvous key, (program, each of the program's chips' group
-        index (by rank: the chip's position in the program's chips), group size)."""
+        index (by rank: the chip's position in the program's chips), group size); `rows`: one
+        of ROW_MODES."""
+        if rows not in ROW_MODES:
+            raise TpusimError(f"vector rows {rows!r} must be one of {', '.join(ROW_MODES)}")
+        self.rows = rows
         self.N = nchips
         self.overlap = overlap
         self.cap = np.asarray(cap_links, dtype=float)  # link classes (HBM per chip)
@@ -349,7 +353,8 @@ class VectorRun:
         self.open: list[set[int]] = [set() for _ in progs]
         self.atot: dict[int, int] = {}
         n = max(pr[1] for pr in progs if pr is not None)
-        self.hash = [int(x) for x in _rng.integers(1, 2**62, size=n)]
+        rng = np.random.default_rng(HASH_SEED)
+        self.hash = [int(x) for x in rng.integers(1, 2**62, size=n)]
         self.waiters: dict[int, set[int]] = {}
         self.vecs: dict[int, _Vec] = {}
         self.by_state: dict[tuple, int] = {}
@@ -465,9 +470,9 @@ class VectorRun:
             row = crow.get(j)
             if row is None:
                 row = self._coll_row(v, j, ph)
-                if _ROWS != "recompute":
+                if self.rows != "recompute":
                     crow[j] = row
-            elif _ROWS == "check":
+            elif self.rows == "check":
                 _check_row(row, self._coll_row(v, j, ph), j)
             t, bad, at = row
             if t is not None:
@@ -1175,7 +1180,8 @@ def run_vectors(prep: PreparedStep) -> StepResult:
     recv_rank = {(q, rid): rank[frm[chips_of[q]]] for (q, rid), frm in recv_from.items()}
     run = VectorRun(progs=progs, nchips=nchips, speed=speed, kinds_of_chip=kind_of, kinds=kinds,
                     coll_geo=coll_geo, cap_links=lm.class_capacity_bytes_per_s, overlap=overlap,
-                    sends=[base[p] + j for p in used for j in sends[p]], recv_rank=recv_rank)
+                    sends=[base[p] + j for p in used for j in sends[p]], recv_rank=recv_rank,
+                    rows=cfg.vector_rows)
     init = []
     for K in kinds:
         chips = np.flatnonzero(kind_of == K.id)

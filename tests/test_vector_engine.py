@@ -220,9 +220,9 @@ def test_kept_collective_candidate_rows_equal_recomputed_ones_and_give_the_same_
     monkeypatch.setattr(ve.VectorRun, "_coll_row", counted)
     runs = {}
     for mode in ("recompute", "check", "keep"):
-        monkeypatch.setattr(ve, "_ROWS", mode)
         built["n"] = 0
-        r = simulate_chips(trace, chip, topo, config=PerChipConfig(speed=speed, vector=True))
+        r = simulate_chips(trace, chip, topo, config=PerChipConfig(speed=speed, vector=True,
+                                                                   vector_rows=mode))
         runs[mode] = (r, built["n"])
     (ref, n_ref), (chk, _), (kept, n_kept) = runs["recompute"], runs["check"], runs["keep"]
     for r in (chk, kept):
@@ -234,13 +234,11 @@ def test_kept_collective_candidate_rows_equal_recomputed_ones_and_give_the_same_
     assert n_kept < n_ref / 2
 
 
-def test_vector_classes_under_a_skewed_moe_router_and_a_dead_link_equal_the_class_engine(
-        monkeypatch):
+def test_vector_classes_under_a_skewed_moe_router_and_a_dead_link_equal_the_class_engine():
     # A skewed router gives each expert shard its own expert-op and all-to-all volume
     # (`op_scale`), so the vectors carry several kinds of chip; with chip variation and a dead
     # link on top, every kept candidate row still equals a fresh one ("check" raises
     # otherwise), the step is the recomputing engine's bit for bit, and the class engine's.
-    import sim.vector_engine as ve
     from workloads.moe import MoeConfig, expert_op_scales
 
     chip, topo, _ = _setup("4x4 wrapped")
@@ -254,8 +252,8 @@ def test_vector_classes_under_a_skewed_moe_router_and_a_dead_link_equal_the_clas
     cfg = dict(speed=speed, op_scale=scale, dead_links=(topo.ici_link_id(1, 1, 0),))
     runs = {}
     for mode in ("recompute", "check"):
-        monkeypatch.setattr(ve, "_ROWS", mode)
-        runs[mode] = simulate_chips(trace, chip, topo, config=PerChipConfig(vector=True, **cfg))
+        runs[mode] = simulate_chips(trace, chip, topo,
+                                    config=PerChipConfig(vector=True, vector_rows=mode, **cfg))
     ref, chk = runs["recompute"], runs["check"]
     assert chk.step_time_s == ref.step_time_s and chk.sim_events == ref.sim_events
     np.testing.assert_array_equal(chk.chips.finish_s, ref.chips.finish_s)

@@ -137,16 +137,13 @@ def test_pipeline_vectors_without_overlap_equal_the_class_engine():
     _assert_same(vec, cls)
 
 
-def test_pipeline_vectors_keep_candidate_rows_equal_to_fresh_ones(monkeypatch):
+def test_pipeline_vectors_keep_candidate_rows_equal_to_fresh_ones():
     # A receive's row (its send's end per chip) is kept until the send ends on one of its
     # senders ("check" compares every kept row with a fresh one and raises if stale).
-    import sim.vector_engine as ve
-
     topo = _topology("4x4")
-    base = PerChipConfig(speed=_variation(topo, seed=11), vector=True)
     runs = {}
     for mode in ("recompute", "check"):
-        monkeypatch.setattr(ve, "_ROWS", mode)
+        base = PerChipConfig(speed=_variation(topo, seed=11), vector=True, vector_rows=mode)
         runs[mode] = _pipeline("4x4", base)[0]
     assert runs["check"].step_time_s == runs["recompute"].step_time_s
     np.testing.assert_array_equal(runs["check"].chips.finish_s, runs["recompute"].chips.finish_s)

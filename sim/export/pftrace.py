@@ -30,7 +30,7 @@ back-to-back slices do not nest). Identical calls give identical bytes.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -128,9 +128,6 @@ def _ns(t: float) -> int:
     return round(t * _NS)
 
 
-_UUID_INDEX: dict[int, tuple] = {}  # the last template's uuid positions (see uuid_index)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Template:
     """Encoded packets of one TrackSet, with the positions of the per-copy fields.
@@ -155,6 +152,9 @@ class Template:
     flow_in: np.ndarray
     num_tracks: int
     num_events: int
+    # `uuid_index`'s arrays once computed (the template's own cache: a template is written
+    # once per copy of its track set).
+    _uuid_cache: list = field(default_factory=list, repr=False, compare=False)
 
     @property
     def nbytes(self) -> int:
@@ -163,15 +163,12 @@ class Template:
     def uuid_index(self) -> tuple[np.ndarray, np.ndarray]:
         """Flat byte positions of the uuid varints and the bytes of their local parts (the
         low 16 bits; continuation bits set except on each varint's last byte). Cached."""
-        cached = _UUID_INDEX.get(id(self))
-        if cached is None or cached[0] is not self:
+        if not self._uuid_cache:
             idx = (self.uuid_pos[:, None] + np.arange(_UUID_WIDTH)).ravel()
             low = _fixed_varints(self.uuid_local, _UUID_WIDTH)
             low[:, -1] &= 0x7F
-            cached = (self, idx, low)
-            _UUID_INDEX.clear()
-            _UUID_INDEX[id(self)] = cached
-        return cached[1], cached[2]
+            self._uuid_cache.extend((idx, low))
+        return self._uuid_cache[0], self._uuid_cache[1]
 
 
 class _Builder:
