@@ -646,11 +646,11 @@ def add_step_perturbation_args(p: argparse.ArgumentParser) -> None:
 def simulate_step(args: argparse.Namespace, trace, chip, topology, *, overlap=None):
     """Replay `trace` with the perturbations of `args` on the per-chip engine (one chip class,
     and `replay`'s result to the last bit, when nothing is perturbed)."""
-    from sim.executors import simulate_chips
+    from sim.executors import simulate_step as run_step
 
     config = per_chip_config(args, trace, topology)
-    return simulate_chips(trace, chip, topology, config=config, algorithm=args.algorithm,
-                          overlap=overlap)
+    return run_step(trace, chip, topology, executor=getattr(args, "mode", "auto") or "auto",
+                    config=config, algorithm=args.algorithm, overlap=overlap)
 
 
 def check_router_matches_trace(scenario, trace) -> None:

@@ -102,11 +102,12 @@ def _inputs(args, chip, topo, model, meshes, cfg) -> dict[str, Any]:
 
 
 def _run_decode(chip, topo, model, mesh, cfg, algorithm: str = "auto"):
-    from sim.engine import replay
+    from sim.executors import Executor, simulate_step
     from workloads.decode import compile_decode_step
 
     trace = compile_decode_step(model, mesh, topo.num_chips, cfg)
-    return trace, replay(trace, chip, topo, algorithm=algorithm)
+    return trace, simulate_step(trace, chip, topo, executor=Executor.REPRESENTATIVE,
+                                algorithm=algorithm)
 
 
 def _padded_batch(trace) -> int:

@@ -637,7 +637,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     algorithms on the wrapped x axis of a 16x16 v5e; write a summary, a Perfetto trace, tables and
     plots into --out."""
     from sim.collective_sim import simulate_collective
-    from sim.engine import replay
+    from sim.executors import Executor, simulate_step
     from sim.export.output import check_output_dir, write_json, write_tables
     from sim.hardware import get_chip
     from topologies.mesh import parse_mesh
@@ -654,7 +654,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     mesh = parse_mesh("fsdp=4,tensor=4")
     tcfg = TrainingConfig(seq_len=2048, batch_per_chip=1, remat=Remat.FULL, attention="flash")
     trace = compile_training_step(model, mesh, topo.num_chips, tcfg)
-    result = replay(trace, chip, topo)
+    result = simulate_step(trace, chip, topo, executor=Executor.REPRESENTATIVE)
     summary = training_summary(trace, result, chip)
     # The algorithms differ only where an axis wraps around: v5e wraps axes of length 16, so
     # the comparison runs on the x axis of a full 16x16 pod (the 4x4 slice has no wraparound).
