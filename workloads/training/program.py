@@ -377,6 +377,7 @@ class ProgramBuilder:
         then sharded over fewer chips than the program has."""
         return self.d.dp > 1 or self.d.sp > 1
 
+    # -- XLA's decisions for this program (`xla_rules`) --------------------------------------
     def rs_windowed_for(self, group: int) -> bool:
         """`xla_rules.rs_windowed` over an FSDP group of `group` chips."""
         return xla.rs_windowed(self.cfg, group, weights_replicated=self.weights_replicated)

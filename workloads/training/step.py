@@ -66,6 +66,8 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
     """The ops of one training step (or one pipeline chunk's pass of it)."""
 
     def build(self) -> Trace:
+        """The step's program: every microbatch's forward, loss and backward (the gradient
+        reductions after each layer's), then the norm scales' reduction and the update."""
         m, d, cfg = self.m, self.d, self.cfg
         b = self.b
         st = self.step_state()
