@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import functools
-import importlib.util
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -17,18 +13,6 @@ from topologies.torus import Topology
 
 # The reference material, copied into the repo with its sources (docs/reference/README.md).
 REFERENCE_DIR = Path(__file__).resolve().parents[1] / "docs" / "reference"
-BENCHMARKS_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-@functools.cache
-def load_benchmark(name: str) -> ModuleType:
-    """The script `benchmarks/NAME.py` as a module (benchmarks/ is not a package), executed once
-    per test process and registered under NAME (dataclasses and pickling look it up there)."""
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS_DIR / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, module)
-    spec.loader.exec_module(module)
-    return module
 
 
 def make_topology(

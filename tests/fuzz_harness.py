@@ -1,5 +1,5 @@
 """Running one fuzz case against `tpusim` and judging the outcome (shared by the fuzz tests and
-`benchmarks/fuzz_cli.py`).
+`validation/fuzz_cli.py`).
 
 A case is a dict: `argv` (strings; `{tmp}` stands for the case's scratch directory), `files`
 (name -> text, or `{"parts": [[text, times], ...]}` for big inputs, `{"trace": {"set": ...}}`

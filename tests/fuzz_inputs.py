@@ -1,6 +1,6 @@
 """Generated fuzz cases for the `tpusim` CLI, one generator per input surface (flags, chip YAML,
 model YAML, trace files, output paths), driven by a `random.Random` so that the hypothesis
-tests (`st.randoms()`) and `benchmarks/fuzz_cli.py` (a seeded `Random`) share them.
+tests (`st.randoms()`) and `validation/fuzz_cli.py` (a seeded `Random`) share them.
 
 Each case knows whether its input is surely invalid (`expect: "error"`: it must be refused with
 one line, exit 2) or merely odd (`expect: "any"`: exit 0 with finite outputs, or a clean error).

@@ -7,7 +7,7 @@ outputs written into FIFOs and through symlinks, and byte-identical reruns.
 Every run must end as "exit 0 with finite outputs" or "one `tpusim: error:` line, exit 2, and
 nothing written", within a time budget; surely invalid inputs must be refused
 (`tests/fuzz_harness.judge`). The long run (>= 2,000 inputs, each in a subprocess with memory
-limits) is `benchmarks/fuzz_cli.py`.
+limits) is `validation/fuzz_cli.py`.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def test_generated_trace_files_give_an_answer_or_a_one_line_error(rng, tmp_path_
 _FUZZ_NEW = settings(max_examples=5, deadline=None, derandomize=True, database=None,
                     suppress_health_check=list(HealthCheck))
 # Generators whose examples are slow (HLO imports) or new: three examples in the suite, the
-# rest in benchmarks/fuzz_cli.py.
+# rest in validation/fuzz_cli.py.
 _FUZZ_FEW = settings(max_examples=3, deadline=None, derandomize=True, database=None,
                      suppress_health_check=list(HealthCheck))
 
@@ -155,7 +155,7 @@ def test_generated_hostile_hlo_files_give_an_answer_or_a_one_line_error(rng, tmp
 
 
 # A compiled step of 8,105 instructions takes ~0.5 s to import: three examples here, the rest in
-# benchmarks/fuzz_cli.py.
+# validation/fuzz_cli.py.
 @_FUZZ_FEW
 @given(rng=st.randoms(use_true_random=False))
 def test_generated_all_reduce_scatter_fusions_import_or_give_a_one_line_error(rng,
@@ -164,7 +164,7 @@ def test_generated_all_reduce_scatter_fusions_import_or_give_a_one_line_error(rn
 
 
 # hard10: output paths (symlink loops, links to FIFOs, /proc) and Python API calls with odd
-# values. Three examples each here, the rest in benchmarks/fuzz_cli.py.
+# values. Three examples each here, the rest in validation/fuzz_cli.py.
 @_FUZZ_FEW
 @given(rng=st.randoms(use_true_random=False))
 def test_generated_output_paths_are_written_or_refused_in_one_line(rng, tmp_path_factory):

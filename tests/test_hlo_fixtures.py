@@ -1,7 +1,7 @@
-"""The committed HLO fixtures (real XLA TPU compiles, benchmarks/make_hlo_fixtures.py): each
+"""The committed HLO fixtures (real XLA TPU compiles, validation/make_hlo_fixtures.py): each
 inventory against numbers computed independently here — dot FLOPs from the program's
 dimensions in closed form, collectives against the independent regex-based counter of
-benchmarks/xla_crosscheck.py — and the replay of each one."""
+validation/xla_crosscheck.py — and the replay of each one."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import pytest
 
 from sim.engine import replay
 from sim.hardware import get_chip
-from tests.conftest import load_benchmark, make_topology
+from tests.conftest import make_topology
+from validation import make_hlo_fixtures, xla_crosscheck
 from workloads.hlo.lower import import_hlo
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hlo"
@@ -22,7 +23,7 @@ POD = {"v5e:4x4": ("v5e", "4x4"), "v5e:2x4": ("v5e", "2x4"), "v5p:4x4x4": ("v5p"
 
 
 def _crosscheck():
-    return load_benchmark("xla_crosscheck")
+    return xla_crosscheck
 
 
 _CACHE: dict[str, tuple] = {}
@@ -198,13 +199,13 @@ def test_a_slow_link_on_the_windowed_einsum_ring_slows_the_imported_step():
 def test_make_hlo_fixtures_refuses_bad_flags_in_one_line_before_compiling(argv, message):
     # Checked before jax is imported: a typo costs no compile and prints no traceback.
     with pytest.raises(SystemExit) as e:
-        load_benchmark("make_hlo_fixtures").parse_args(argv)
+        make_hlo_fixtures.parse_args(argv)
     assert message in str(e.value)
     assert "\n" not in str(e.value)
 
 
 def test_make_hlo_fixtures_reads_a_mesh_for_another_topology():
-    args = load_benchmark("make_hlo_fixtures").parse_args(
+    args = make_hlo_fixtures.parse_args(
         ["--only", "train_fsdp_tp_v5p64", "--topology", "v5p:8x8x8", "--mesh",
          "fsdp=64, tensor=8"])
     assert args.names == ["train_fsdp_tp_v5p64"]

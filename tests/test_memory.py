@@ -732,7 +732,7 @@ _WHOLE = {"wq": 2 * 64 * 64, "wo": 2 * 64 * 64, "wk": 2 * 64 * 32, "wv": 2 * 64 
 
 def test_a_gradient_all_reduced_whole_lives_from_its_weight_gradient_matmul_to_its_all_reduce():
     # fsdp=64: longer than XLA's windowed rings, so the mixed mode all-reduces every gradient
-    # whole (the v5p fsdp=64 and v6e fsdp=256 programs of benchmarks/xla_memory.py).
+    # whole (the v5p fsdp=64 and v6e fsdp=256 programs of validation/xla_memory.py).
     trace, _ = _long(Remat.FULL, "fsdp=64", "8x8", gather="mixed-blocking")
     ops = trace.ops
     allocs: dict[str, float] = {}

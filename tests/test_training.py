@@ -212,7 +212,7 @@ def test_moe_recompute_keeps_the_experts_outputs_but_drops_the_weighted_combine(
 
 
 def test_moe_backward_sends_the_combine_weights_gradient_as_xla_does():
-    # XLA's program (benchmarks/xla_moe_schedule.py): six synchronous all-to-alls per layer
+    # XLA's program (validation/xla_moe_schedule.py): six synchronous all-to-alls per layer
     # (forward dispatch and combine; backward the recomputed dispatch, the combine's and the
     # dispatch's transposes, and the combine-weight gradient) and an all-gather of the output
     # gradient over expert. MaxText's combine mask is bf16 (the bf16 top-k weights times an

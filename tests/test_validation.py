@@ -1,4 +1,4 @@
-"""Validation against measured MaxText runs (docs/validation.md, benchmarks/validate_maxtext.py).
+"""Validation against measured MaxText runs (docs/validation.md, validation/maxtext.py).
 
 A fast subset of the full validation: six representative runs (v5e FSDP on one slice, v5e over
 DCN, v5e tensor parallelism, v6e on a small slice with the custom remat policy, v6e full remat
@@ -15,7 +15,15 @@ import statistics
 
 import pytest
 
-from tests.conftest import REFERENCE_DIR, load_benchmark
+from tests.conftest import REFERENCE_DIR
+from validation import (
+    maxtext,
+    xla_compile,
+    xla_dcn_schedule,
+    xla_moe_pair,
+    xla_moe_schedule,
+)
+from validation import maxtext_runs as runs
 from workloads.training import Remat
 
 RUNS_FILE = REFERENCE_DIR / "maxtext_runs.json"
@@ -32,13 +40,13 @@ REPRESENTATIVE = (
 
 @pytest.fixture(scope="module")
 def vm():
-    """The validation script as a module (it lives in benchmarks/, not in a package)."""
-    return load_benchmark("validate_maxtext")
+    """The MaxText validation (validation/maxtext.py)."""
+    return maxtext
 
 
 @pytest.fixture(scope="module")
 def loaded(vm):
-    return vm.load_cases(RUNS_FILE)
+    return runs.load_cases(RUNS_FILE)
 
 
 def test_representative_cases_median_error_within_five_percent(vm, loaded):
@@ -107,11 +115,11 @@ def test_each_run_keeps_its_params_dtype_and_computes_in_bf16(vm, loaded):
     assert by_id["tpu-recipes-v6e-mixtral-8x22b-v6e-256"].param_dtype == "bf16"
     assert by_id["maxtext-custom-moe-750b-final-cf1.5-v6e-256"].param_dtype == "bf16"
     assert sum(c.param_dtype == "fp32" for c in cases) == len(cases) - 5
-    cfg = vm.trace_config(by_id["tpu-recipes-v6e-llama3.1-8b-v6e-8"])
+    cfg = runs.trace_config(by_id["tpu-recipes-v6e-llama3.1-8b-v6e-8"])
     assert (cfg.param_dtype, cfg.weight_gather_dtype, cfg.grad_dtype) == ("fp32", "bf16", "bf16")
     # Only the `defaults_used` entry left: its weight_dtype= default; none at all: float32.
-    assert vm.params_dtype_for({"id": "x", "defaults_used": ["weight_dtype=bfloat16"]}) == "bf16"
-    assert vm.params_dtype_for({"id": "x"}) == "fp32"
+    assert runs.params_dtype_for({"id": "x", "defaults_used": ["weight_dtype=bfloat16"]}) == "bf16"
+    assert runs.params_dtype_for({"id": "x"}) == "fp32"
 
 
 def test_v6e_runs_reduce_gradients_as_xla_chooses_and_v5e_runs_reduce_scatter(vm, loaded):
@@ -121,11 +129,12 @@ def test_v6e_runs_reduce_gradients_as_xla_chooses_and_v5e_runs_reduce_scatter(vm
     cases, _ = loaded
     case = next(c for c in cases if c.id == "tpu-recipes-v6e-llama2-70b-v6e-256")
     for gen, rule in (("v5e", "reduce-scatter"), ("v6e", "auto")):
-        assert {vm.trace_config(c).fsdp_grad for c in cases if c.chip == gen} == {rule}
+        assert {runs.trace_config(c).fsdp_grad for c in cases if c.chip == gen} == {rule}
     # Across slices: per weight matrix on v6e (today's XLA), one a layer on the 2023 v5e runs.
     for gen, split in (("v5e", "per-layer"), ("v6e", "per-matrix")):
-        assert {vm.trace_config(c).dp_grad_split for c in cases if c.chip == gen} == {split}
-    assert vm.trace_config(vm._replace(case, fsdp_grad="all-reduce")).fsdp_grad == "all-reduce"
+        assert {runs.trace_config(c).dp_grad_split for c in cases if c.chip == gen} == {split}
+    what_if = runs.with_changes(case, fsdp_grad="all-reduce")
+    assert runs.trace_config(what_if).fsdp_grad == "all-reduce"
 
 
 def test_fit_split_alternates_within_each_generation(vm, loaded):
@@ -143,7 +152,7 @@ def test_hybrid_ring_places_each_expert_group_on_a_2x2_block(vm, loaded):
 
     cases, _ = loaded
     c = {c.id: c for c in cases}["tpu-recipes-v6e-mixtral-8x22b-v6e-256"]
-    _, topo = vm._trace(c)
+    _, topo = runs.case_trace(c)
     assert tuple(SLICES.get(c.slice_name).shape) == (16, 16)
     pl = place_mesh(parse_mesh(c.mesh, None, c.axis_map), topo)
     # Expert: 2 chips of x and 2 of y, both innermost (stride 1); fsdp: the rest, stride 2.
@@ -152,14 +161,14 @@ def test_hybrid_ring_places_each_expert_group_on_a_2x2_block(vm, loaded):
 
 
 def test_custom_mesh_that_does_not_fit_the_axes_is_a_reason_not_a_crash(vm):
-    assert vm._custom_mesh_axis_map("hybrid_ring_64x4", {"fsdp": 256}).startswith("!")
-    assert vm._custom_mesh_axis_map("hybrid_ring_9x9", {"fsdp": 64, "expert": 4}).startswith("!")
-    assert vm._custom_mesh_axis_map("hybrid_ring_32x8", {"fsdp": 32, "tensor": 8}) == \
+    assert runs.custom_mesh_axis_map("hybrid_ring_64x4", {"fsdp": 256}).startswith("!")
+    assert runs.custom_mesh_axis_map("hybrid_ring_9x9", {"fsdp": 64, "expert": 4}).startswith("!")
+    assert runs.custom_mesh_axis_map("hybrid_ring_32x8", {"fsdp": 32, "tensor": 8}) == \
         "tensor=x:4+y:2,fsdp=x:4+y:8"
 
 
 def test_moe_schedule_reader_tells_sync_from_async_all_to_alls_and_their_loop():
-    mod = load_benchmark("xla_moe_schedule")
+    mod = xla_moe_schedule
     hlo = "\n".join([
         '  %all-to-all.1 = bf16[2,640,1024]{2,1,0} all-to-all(%x), metadata={op_name='
         '"jit(step)/jvp()/while/body/closed_call/bsm,bsec->ebcm/dot_general"}',
@@ -180,7 +189,7 @@ def test_moe_schedule_reader_tells_sync_from_async_all_to_alls_and_their_loop():
 def test_moe_schedule_750b_sizes_are_the_measured_750b_runs_per_chip(vm, loaded):
     # xla_moe_schedule.py --size 750b compiles the 750B MoE's layer as it runs per chip: its
     # widths, routing, one 8192-token sequence per chip and fsdp=16 x expert=16 on a 16x16.
-    mod = load_benchmark("xla_moe_schedule")
+    mod = xla_moe_schedule
     topo, fs, ep, d, f, e, k, cf, seq, _h, hd, _layers, v = mod.SIZES["750b"]
     cases, _ = loaded
     c = {c.id: c for c in cases}["maxtext-custom-moe-750b-final-cf1.5-v6e-256"]
@@ -194,7 +203,7 @@ def test_moe_schedule_750b_sizes_are_the_measured_750b_runs_per_chip(vm, loaded)
 def test_moe_schedule_8x22b_sizes_and_placement_are_the_measured_8x22b_runs(vm, loaded):
     # --size mixtral-8x22b: the 8x22B's widths and routing on a 16x16 with fsdp=64 x expert=4,
     # its chips placed as MaxText's hybrid_ring_64x4 places them (the run's custom mesh).
-    mod = load_benchmark("xla_moe_schedule")
+    mod = xla_moe_schedule
     topo, fs, ep, d, f, e, k, cf, seq, h, hd, _layers, v = mod.SIZES["mixtral-8x22b"]
     cases, _ = loaded
     c = {c.id: c for c in cases}["tpu-recipes-v6e-mixtral-8x22b-v6e-256"]
@@ -210,7 +219,7 @@ def test_moe_schedule_8x22b_sizes_and_placement_are_the_measured_8x22b_runs(vm, 
 def test_hybrid_ring_64x4_compile_placement_puts_each_expert_ring_on_a_2x2_block():
     import types
 
-    xla = load_benchmark("_xla")
+    xla = xla_compile
     chips = [types.SimpleNamespace(coords=(x, y, 0)) for y in range(16) for x in range(16)]
     grid = xla._hybrid_ring_64x4(chips, (64, 4))
     assert len({id(d) for d in grid.flat}) == 256
@@ -229,7 +238,7 @@ def test_hybrid_ring_64x4_compile_placement_puts_each_expert_ring_on_a_2x2_block
 
 
 def test_moe_schedule_reader_lists_every_collective_once_with_its_form_and_loop():
-    mod = load_benchmark("xla_moe_schedule")
+    mod = xla_moe_schedule
     fwd = 'metadata={op_name="jit(step)/jvp()/while/body/closed_call/dot_general"}'
     bwd = 'metadata={op_name="jit(step)/transpose(jvp())/while/body/closed_call/dot_general"}'
     hlo = "\n".join([
@@ -293,15 +302,16 @@ def test_implied_expert_efficiency_is_the_shipped_factor_when_the_step_is_predic
 
     cases, _ = loaded
     c = {c.id: c for c in cases}["tpu-recipes-v6e-mixtral-8x7b-v6e-256"]
-    c = vm._replace(c, id=f"{c.id}#2-layers", model=dataclasses.replace(c.model, num_layers=2))
+    c = runs.with_changes(c, id=f"{c.id}#2-layers",
+                          model=dataclasses.replace(c.model, num_layers=2))
     eff = vm.get_chip("v6e").mxu_efficiency
     p = vm.predict(c)
-    exact = dataclasses.replace(p, case=vm._replace(c, measured_step_s=p.step_s))
+    exact = dataclasses.replace(p, case=runs.with_changes(c, measured_step_s=p.step_s))
     assert vm.implied_expert_efficiency(exact) == pytest.approx(eff, rel=2e-3)
     from sim.engine import replay
     from workloads.trace import OpKind, Trace, Unit
 
-    trace, topo = vm._trace(c)
+    trace, topo = runs.case_trace(c)
     doubled = Trace(mesh=trace.mesh, meta=trace.meta, ops=tuple(
         dataclasses.replace(o, flops=2 * o.flops) if o.kind == OpKind.COMPUTE
         and o.unit == Unit.MXU and o.name.removeprefix("re-").startswith(("expert_", "mlp_bwd"))
@@ -309,7 +319,7 @@ def test_implied_expert_efficiency_is_the_shipped_factor_when_the_step_is_predic
         for o in trace.ops))
     slow = float(replay(doubled, vm.get_chip("v6e"), topo).step_time_s)
     assert slow > p.step_s * 1.3  # the experts are most of the step
-    half = dataclasses.replace(p, case=vm._replace(c, measured_step_s=slow))
+    half = dataclasses.replace(p, case=runs.with_changes(c, measured_step_s=slow))
     assert vm.implied_expert_efficiency(half) == pytest.approx(eff / 2, rel=2e-3)
 
 
@@ -317,7 +327,7 @@ def test_gemma3_runs_rebuild_with_their_vocab_tiling_and_maxtexts_flop_count(vm,
     cases, _ = loaded
     c = {c.id: c for c in cases}["tpu-recipes-v6e-gemma3-12b-1x-v6e-256"]
     assert c.vocab_tiling == 16
-    trace, _ = vm._trace(c)
+    trace, _ = runs.case_trace(c)
     # The log line's TFLOPs per device and step (MaxText's windowed causal count) come out of
     # the rebuilt model and batch.
     assert trace.meta["maxtext_flops_per_chip"] / 1e12 == pytest.approx(2557.19, abs=0.01)
@@ -363,7 +373,7 @@ def test_slowdown_error_is_the_log_of_predicted_over_measured_step_ratio(vm, loa
 
 
 def test_dcn_schedule_reader_tells_carried_from_blocking_cross_slice_all_reduces():
-    mod = load_benchmark("xla_dcn_schedule")
+    mod = xla_dcn_schedule
     attrs = ('is_host_transfer=true, frontend_attributes={_xla_megascale_reduce_operation="SUM",'
              '_xla_megascale_transfer_type="ALL_REDUCE"}')
     hlo = "\n".join([
@@ -397,7 +407,7 @@ def test_dcn_schedule_reader_tells_carried_from_blocking_cross_slice_all_reduces
 def test_moe_pair_programs_are_the_matched_runs_widths_layers_batches_and_mesh(vm, loaded):
     # xla_moe_pair.py compiles the dense / MoE matched pair (effect 3) at each run's widths,
     # routing and sequences per chip, on the runs' v6e 16x16 with fsdp=256.
-    mod = load_benchmark("xla_moe_pair")
+    mod = xla_moe_pair
     cases, _ = loaded
     by_id = {c.id: c for c in cases}
     assert mod.TOPOLOGY == "v6e:16x16" and mod.MESH == {"fsdp": 256, "expert": 1}

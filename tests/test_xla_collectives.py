@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from topologies.mesh import parse_mesh
+from validation import xla_crosscheck
 from workloads.models import model_from_dict
 from workloads.training import Remat, TrainingConfig, compile_training_step
 
@@ -110,7 +111,7 @@ def _dp_trace(dcn: str | None, split: str, mesh: str = "fsdp=4", **cfg):
 
 
 def test_across_slices_each_weight_matrix_and_the_norm_scales_get_their_own_all_reduce():
-    # fsdp=4 x 2 slices (XLA's 2-slice program, benchmarks/xla_dcn_schedule.py): per layer one
+    # fsdp=4 x 2 slices (XLA's 2-slice program, validation/xla_dcn_schedule.py): per layer one
     # cross-slice all-reduce per matrix of its bf16 gradient shard (V / 4) and one of the two
     # norm scales (f32, 2 D x 4 bytes), each after its own fsdp reduction and the one before
     # it; the same bytes as the per-layer form's one all-reduce. The final norm's scale goes
@@ -369,12 +370,10 @@ def test_embedding_tokens_loss_and_norm_gradient_collectives(tp_activations):
     assert nr.id in upd.deps
 
 
-# -- the XLA side of the cross-check (benchmarks/xla_crosscheck.py) ------------------------------
+# -- the XLA side of the cross-check (validation/xla_crosscheck.py) ------------------------------
 
 def _crosscheck():
-    from tests.conftest import load_benchmark
-
-    return load_benchmark("xla_crosscheck")
+    return xla_crosscheck
 
 
 def test_mesh_form_replica_groups_vary_over_the_named_axes():
@@ -425,7 +424,7 @@ def test_with_a_data_axis_the_mixed_forms_are_plain_collectives():
 def test_over_more_than_32_chips_the_mixed_forms_gather_plainly_and_all_reduce_gradients(
         mode, prefetched):
     # XLA windows rings of 16 and 32 chips and none of 64 or 256 (FORM_PROBES of
-    # benchmarks/xla_crosscheck.py): over fsdp = 64 every gather is plain (V exactly; async on
+    # validation/xla_crosscheck.py): over fsdp = 64 every gather is plain (V exactly; async on
     # v5e, blocking on v6e) and every gradient is all-reduced whole (V), none reduce-scattered.
     big = _trace("fsdp=64", 64, fsdp_gather=mode)
     for phase in ("fwd", "bwd"):
@@ -627,7 +626,7 @@ def test_the_mixed_modes_pick_each_gradients_collective_by_its_own_ring():
     # fsdp=16 x expert=4 on 64 chips: the attention and router matrices are split over all 64
     # (more than XLA windows: a synchronous all-reduce of the whole gradient), the routed
     # experts over fsdp=16 only (a windowed reduce-scatter ring of 17 messages), as XLA
-    # compiles the 750B MoE's fsdp=16 x expert=16 step (benchmarks/xla_moe_schedule.py).
+    # compiles the 750B MoE's fsdp=16 x expert=16 step (validation/xla_moe_schedule.py).
     moe = model_from_dict({**SMALL, "num_experts": 4, "experts_per_token": 2})
     trace = compile_training_step(moe, parse_mesh("fsdp=16,expert=4"), 64,
                                   TrainingConfig(seq_len=SEQ, batch_per_chip=1,

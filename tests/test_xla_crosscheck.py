@@ -1,4 +1,4 @@
-"""XLA's per-op cost estimates as benchmarks/xla_crosscheck.py reads them from a compiled HLO
+"""XLA's per-op cost estimates as validation/xla_crosscheck.py reads them from a compiled HLO
 module (`estimated_cycles` times the loop trip counts, classed by named scope and einsum), and
 the replica-group forms its collective parser reads."""
 
@@ -8,12 +8,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import load_benchmark
+from validation import xla_crosscheck
 
 
 @pytest.fixture(scope="module")
 def xc():
-    return load_benchmark("xla_crosscheck")
+    return xla_crosscheck
 
 
 def _cfg(cycles: int) -> str:

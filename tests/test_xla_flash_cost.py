@@ -1,5 +1,5 @@
-"""How benchmarks/xla_flash_cost.py reads what the Pallas flash-attention kernels' custom calls
-say they cost, and what the committed compiles (benchmarks/results/xla_flash_cost.json) and
+"""How validation/xla_flash_cost.py reads what the Pallas flash-attention kernels' custom calls
+say they cost, and what the committed compiles (validation/results/xla_flash_cost.json) and
 the flash-attention peak-HBM rows (xla_memory.json) hold (docs/validation.md, "Flash
 attention"). No compile: the caches are read as committed."""
 
@@ -9,12 +9,12 @@ import json
 
 import pytest
 
-from tests.conftest import BENCHMARKS_DIR, load_benchmark
+from validation import xla_compile, xla_flash_cost, xla_memory
 
 
 @pytest.fixture(scope="module")
 def fc():
-    return load_benchmark("xla_flash_cost")
+    return xla_flash_cost
 
 
 # A forward kernel with a cost estimate and 2.5 MB of scoped VMEM, its attributes running on
@@ -61,7 +61,7 @@ def test_tpusim_side_is_the_causal_half_forward_and_two_and_a_half_times_it_back
 
 
 def test_only_the_flash_forward_declares_a_cost_and_it_counts_every_score(fc):
-    cache = json.loads((BENCHMARKS_DIR / "results" / "xla_flash_cost.json").read_text())
+    cache = json.loads((xla_compile.RESULTS / "xla_flash_cost.json").read_text())
     assert set(cache) == set(fc.PROGRAMS)
     b, s, h, d = fc.BATCH_PER_CHIP, fc.SEQ, fc.HEADS, fc.HEAD_DIM
     for name, x in cache.items():
@@ -89,7 +89,7 @@ def test_only_the_flash_forward_declares_a_cost_and_it_counts_every_score(fc):
 @pytest.mark.parametrize("name", ["v6e_fsdp_tp_full_s2048_splash",
                                   "v5e_fsdp_full_s2048_b1_splash"])
 def test_flash_attention_peaks_are_within_ten_percent_of_the_compiled_splash_programs(name):
-    mem = load_benchmark("xla_memory")
+    mem = xla_memory
     cache = json.loads(mem.CACHE.read_text())
     assert mem.CONFIGS[name]["attention"] == "splash"
     err = mem.tpusim_peak(name, cache[name])["peak_bytes"] / mem.xla_hbm_peak(cache[name]) - 1

@@ -1,4 +1,4 @@
-"""How benchmarks/xla_moe_pair.py reads XLA's cost estimates of the matched dense / MoE pair
+"""How validation/xla_moe_pair.py reads XLA's cost estimates of the matched dense / MoE pair
 (docs/validation.md, effect 3): cycles and matmul FLOPs per instruction with loop trip counts,
 a fusion of several matmuls split among them by FLOPs, and the classes it compares with
 tpusim's ops."""
@@ -9,12 +9,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import load_benchmark
+from validation import xla_moe_pair
 
 
 @pytest.fixture(scope="module")
 def pair():
-    return load_benchmark("xla_moe_pair")
+    return xla_moe_pair
 
 
 def _meta(name: str) -> str:

@@ -1,5 +1,5 @@
 """HBM occupancy over XLA's schedule, read from a compile's dump (how the memory rules of
-docs/model.md "Memory" were read off the `benchmarks/xla_memory.py` programs).
+docs/model.md "Memory" were read off the `validation/xla_memory.py` programs).
 
 `xla_memory.py --compile --dump DIR` keeps, per program, XLA's buffer assignment
 (`*after_optimizations-buffer-assignment.txt`: every value's allocation, offset, size and
@@ -17,9 +17,9 @@ listing in the live-range file counts host buffers too, so under `offload` it po
 wrong place.
 
 Run (no jax needed):
-    python benchmarks/xla_live_ranges.py DUMP/v5e_fsdp_offload_s2048          # the peak
-    python benchmarks/xla_live_ranges.py DUMP/PROGRAM --at 2404 --top 40       # one position
-    python benchmarks/xla_live_ranges.py DUMP/PROGRAM --min-mib 256 --list     # big buffers
+    python -m validation.xla_live_ranges DUMP/v5e_fsdp_offload_s2048          # the peak
+    python -m validation.xla_live_ranges DUMP/PROGRAM --at 2404 --top 40       # one position
+    python -m validation.xla_live_ranges DUMP/PROGRAM --min-mib 256 --list     # big buffers
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ Reads `docs/reference/maxtext_runs.json` (public MaxText / tpu-recipes measureme
 mesh from its parallelism, the slice, the number of slices, the remat policy), predicts the step
 time under the shipped chip presets and compares it with the measured step time:
 
-    .venv/bin/python benchmarks/validate_maxtext.py            # table + median errors
-    .venv/bin/python benchmarks/validate_maxtext.py --fit      # also re-run the factor fit
-    .venv/bin/python benchmarks/validate_maxtext.py --write    # fit + regenerate docs/validation.md
+    .venv/bin/python -m validation.maxtext            # table + median errors
+    .venv/bin/python -m validation.maxtext --fit      # also re-run the factor fit
+    .venv/bin/python -m validation.maxtext --write    # fit + regenerate docs/validation.md
 
 The error is `(predicted - measured) / measured` of the step time (tokens/s per chip is
 `batch x seq / step`, so its error is the reciprocal one). Medians are of the absolute error.
@@ -25,108 +25,39 @@ dates, independent of `--jobs`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
+import multiprocessing
 import os
 import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(ROOT))
+from sim.engine import replay
+from sim.hardware import ChipSpec, get_chip
+from topologies.mesh import parse_mesh
+from validation import xla_crosscheck, xla_moe_pair
+from validation.maxtext_runs import (
+    FSDP_GRAD,
+    GENERATIONS,
+    NAMED,
+    ROOT,
+    RUNS_FILE,
+    Case,
+    Skip,
+    case_trace,
+    load_cases,
+    trace_config,
+    with_changes,
+)
+from workloads.trace import OpKind, Trace, Unit
+from workloads.training import Remat, compile_training_step
 
-from sim.engine import replay  # noqa: E402
-from sim.hardware import ChipSpec, get_chip  # noqa: E402
-from topologies.errors import TpusimError  # noqa: E402
-from topologies.mesh import parse_mesh  # noqa: E402
-from topologies.slices import SLICES, resolve_topology  # noqa: E402
-from workloads.models import TransformerSpec, model_from_dict  # noqa: E402
-from workloads.moe import MoeConfig  # noqa: E402
-from workloads.training import Remat, TrainingConfig, compile_training_step  # noqa: E402
-
-REFERENCE_DIR = ROOT / "docs" / "reference"
-RUNS_FILE = REFERENCE_DIR / "maxtext_runs.json"
 DOC_FILE = ROOT / "docs" / "validation.md"
-GENERATIONS = ("v5e", "v6e")
 TARGET_MEDIAN = 0.05  # issue 11: median |error| <= 5% and worst <= 15% over all usable runs
 TARGET_WORST = 0.15
-
-# MaxText `mlp_activations` -> tpusim MLP kind (maxtext.md §2; a second "linear" entry is the
-# up projection of a gated MLP).
-_MLP_KINDS = {
-    ("relu",): "relu",
-    ("gelu",): "gelu",
-    ("silu", "linear"): "swiglu",
-    ("gelu", "linear"): "geglu",
-}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Case:
-    """One measured MaxText run, expressed in the simulator's terms."""
-
-    id: str
-    index: int  # position among this generation's usable cases (file order); drives the split
-    chip: str
-    slice_name: str
-    num_slices: int
-    model: TransformerSpec
-    mesh: str
-    dcn: str
-    remat: Remat
-    axis_map: str = ""  # `--axis-map` of a MaxText custom device order ("" = default placement)
-    maxtext_remat: str
-    seq_len: int
-    batch_per_chip: int
-    measured_step_s: float
-    measured_tokens_s: float
-    step_source: str  # "log" (printed step time) or "derived" (from MFU / TFLOP/s)
-    quality: str
-    notes: tuple[str, ...] = ()
-    capacity_factor: float | None = None  # MoE dropping path (None: dropless / dense model)
-    # XLA overlaps the data-parallel gradient all-reduce only with the recipes'
-    # DATA_PARALLEL_OVERLAP flags; without them it blocks the next layer's backward.
-    dp_allreduce: str = "blocking"
-    vocab_tiling: int = 1  # MaxText's num_vocab_tiling (the Gemma-3 recipes: 16)
-    optimizer: str = "adam"  # MaxText's opt_type: adamw (every run but the 750B MoE) or sgd
-    # MaxText's weight_dtype (`params_dtype_for`): f32 master weights, cast to bf16 (its
-    # dtype) before they are gathered, on nearly every run; bf16 on a few.
-    param_dtype: str = "fp32"
-    # FSDP weight gradients (`FSDP_GRAD`): XLA's choice per matrix on the current-compiler
-    # (v6e) runs (`--fsdp-grad auto`), async reduce-scatters on the 2023 v5e runs; the other
-    # forms as what-ifs (effect 7).
-    fsdp_grad: str = "reduce-scatter"
-    # How the data-parallel gradient reduction crosses slices (`DP_GRAD_SPLIT`).
-    dp_grad_split: str = "per-matrix"
-
-    @property
-    def low_quality(self) -> bool:
-        return self.quality == "low"
-
-    @property
-    def fit_subset(self) -> bool:
-        """Odd-indexed, non-low cases fit the factors; the even-indexed ones are held out."""
-        return not self.low_quality and self.index % 2 == 1
-
-    @property
-    def model_label(self) -> str:
-        return self.model.name
-
-    @property
-    def mesh_label(self) -> str:
-        return self.mesh + (f" dcn {self.dcn}" if self.dcn else "") + (
-            f" axis-map {self.axis_map}" if self.axis_map else "")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Skip:
-    id: str
-    chip: str
-    quality: str
-    reason: str
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Prediction:
@@ -149,316 +80,10 @@ class Prediction:
     def log_error(self) -> float:
         return math.log(self.step_s / self.case.measured_step_s)
 
-
-# ---- reading the reference -------------------------------------------------------------------
-
-
-def _model_for(raw: dict) -> TransformerSpec | str:
-    """The case's model as a `TransformerSpec`, or the reason it cannot be expressed."""
-    m = raw["model"]
-    pattern = m.get("attention_pattern") or {}
-    if pattern and pattern.get("kind") != "sliding_window_mixed":
-        return f"attention pattern {pattern.get('kind')!r} has no tpusim equivalent"
-    acts = tuple(m.get("mlp_activations") or ())
-    if acts not in _MLP_KINDS:
-        return f"MLP activations {list(acts)} have no tpusim MLP kind"
-    spec = {
-        "name": m["name"].split(" ")[0] if m["name"].startswith("maxtext-default") else m["name"],
-        "num_layers": m["num_layers"],
-        "d_model": m["emb_dim"],
-        "num_heads": m["num_query_heads"],
-        "num_kv_heads": m["num_kv_heads"],
-        "head_dim": m["head_dim"],
-        "d_ff": m["mlp_dim"],
-        "mlp": _MLP_KINDS[acts],
-        "vocab_size": m["vocab_size"],
-        "tied_embeddings": bool(m.get("tied_embeddings", False)),
-        "parallel_block": bool(m.get("parallel_attn_mlp_block", False)),
-    }
-    if m["name"].startswith("maxtext-default"):
-        spec["name"] = "maxtext-" + m["name"].split("~")[-1].rstrip(")").lower()
-    if m.get("sliding_window_size"):
-        # Local layers attend to a causal sliding window; the last layer of every `period`
-        # is global (MaxText's gemma3 decoder: 5 local per global, the 6th global).
-        spec["attention_window"] = m["sliding_window_size"]
-        spec["global_layer_period"] = pattern.get("period", 0)
-    if m.get("decoder_block") == "gemma3":
-        # MaxText's gemma3 decoder layer: pre- and post-norms around both sublayers, and
-        # RMSNorms of the queries and keys (the record's note).
-        spec["post_norms"] = spec["qk_norm"] = True
-    if m.get("num_experts"):
-        spec["num_experts"] = m["num_experts"]
-        spec["experts_per_token"] = m["num_experts_per_tok"]
-    try:
-        return model_from_dict(spec, source=f"case {raw['id']}")
-    except TpusimError as exc:
-        return f"model not expressible: {exc}"
-
-
-def _mesh_for(raw: dict) -> tuple[str, str, str] | str:
-    """(ICI mesh, DCN mesh, axis map) strings for `parse_mesh`, or the reason there is none."""
-    par = raw.get("parallelism") or {}
-    ici: dict[str, int] = {}
-    dcn: dict[str, int] = {}
-    known = {
-        "ici_fsdp_parallelism": (ici, "fsdp"),
-        "ici_fsdp_transpose_parallelism": (ici, "fsdp"),
-        "ici_tensor_parallelism": (ici, "tensor"),
-        "ici_expert_parallelism": (ici, "expert"),
-        "ici_data_parallelism": (ici, "data"),
-        "dcn_data_parallelism": (dcn, "data"),
-        "dcn_fsdp_parallelism": (dcn, "fsdp"),
-    }
-    for key, value in par.items():
-        if key in known:
-            if not isinstance(value, int) or value < 1:
-                return f"parallelism {key}={value!r} is not a size"
-            target, axis = known[key]
-            target[axis] = target.get(axis, 1) * value
-        elif key.endswith("_parallelism") and value not in (1, None):
-            return f"parallelism {key}={value} has no tpusim mesh axis"
-    slices = int(raw.get("slices") or 1)
-    if "dcn" in par and slices > 1 and "dcn_data_parallelism" not in par:
-        dcn["data"] = slices  # "presumably data parallel (not stated)"
-    chips = raw["hardware"].get("chips_per_slice")
-    n_ici = math.prod(ici.values()) if ici else 0
-    if not ici or chips is None or n_ici != chips:
-        return (f"parallelism {par.get('note') or par} does not cover the {chips} chips of the "
-                f"slice")
-    if math.prod(dcn.values() or [1]) != slices:
-        return f"DCN parallelism {dcn} does not match {slices} slices"
-    order = ("data", "fsdp", "expert", "tensor")
-    fmt = lambda d: ",".join(f"{a}={d[a]}" for a in order if d.get(a, 1) > 1)  # noqa: E731
-    axis_map = _custom_mesh_axis_map(par.get("custom_mesh"), ici)
-    if axis_map.startswith("!"):
-        return axis_map[1:]
-    return fmt(ici) or f"fsdp={chips}", fmt(dcn), axis_map
-
-
-# MaxText's custom device orders for a 16x16 slice (`maxtext.utils.max_utils.
-# reshape_mesh_to_rings`): `hybrid_ring_64x4` makes the size-4 mesh axis a 2x2 block of chips
-# (a ring of 4 using both torus axes) and the size-64 axis the 8x8 grid of those blocks;
-# `hybrid_ring_32x8` the size-8 axis a 2x4 block and the size-32 axis the 8x4 grid of blocks.
-_CUSTOM_MESHES = {"hybrid_ring_64x4": (4, "x:2+y:2", 64, "x:8+y:8"),
-                  "hybrid_ring_32x8": (8, "x:4+y:2", 32, "x:4+y:8")}
-
-
-def _custom_mesh_axis_map(name: str | None, ici: dict[str, int]) -> str:
-    """`--axis-map` text reproducing a MaxText custom mesh ("" for none; "!reason" if it does
-    not apply to the run's axes)."""
-    if not name:
-        return ""
-    if name not in _CUSTOM_MESHES:
-        return f"!custom mesh {name!r} has no tpusim placement"
-    ring, ring_map, grid, grid_map = _CUSTOM_MESHES[name]
-    big = {a: v for a, v in ici.items() if v > 1}
-    by_size = {v: a for a, v in big.items()}
-    if sorted(big.values()) != sorted((ring, grid)) or len(by_size) != 2:
-        return f"!custom mesh {name} needs ICI axes of {grid} and {ring}, the run has {ici}"
-    return f"{by_size[ring]}={ring_map},{by_size[grid]}={grid_map}"
-
-
-# The shipped mapping of the recipes' custom policies (each to the tpusim policy that names
-# what it offloads); the fit's remat check replaces it by one policy for all of them.
-NAMED = "named"
-
-
-def remat_for(text: str, custom: Remat | None = None) -> Remat:
-    """MaxText remat policy -> tpusim Remat (see docs/validation.md, "Remat mapping").
-
-    `full` and `minimal` map directly. The tpu-recipes' `custom` policies offload the
-    decoder-layer input and the outputs of the named projections to host memory and
-    *rematerialise the rest*: with query/key/value (and out) projections named they are
-    `Remat.QKV_OFFLOAD` (`Remat.QKVO_OFFLOAD`), as is MaxText's `qkv_proj_offloaded`; a custom
-    policy naming only the layer input, or keeping the projections rematerialised, is
-    `Remat.FULL`. `custom` (the fit's remat check) maps every custom / qkv_proj_offloaded
-    policy to that one policy instead.
-    """
-    t = text.strip().lower()
-    if t.startswith("minimal"):
-        return Remat.MINIMAL
-    if not t.startswith(("custom", "qkv_proj")):
-        return Remat.FULL
-    if custom is not None:
-        return custom
-    if t.startswith("qkv_proj_offloaded"):
-        return Remat.QKV_OFFLOAD
-    if "projections rematerialized" in t or not any(
-            k in t for k in ("query_proj", "q/k/v", "query/key/value")):
-        return Remat.FULL
-    if any(k in t for k in ("out_proj", "q/k/v/out")):
-        return Remat.QKVO_OFFLOAD
-    return Remat.QKV_OFFLOAD
-
-
-# How each generation's runs reduce their FSDP weight gradients. v6e (tpu-recipes runs of
-# 2024-2025, the compiler era of jax/libtpu 0.10.2): XLA's choice per matrix (`--fsdp-grad
-# auto`), as every deviceless compile of such a program shows (docs/model.md). v5e (the 2023
-# table): async reduce-scatters; the same rule on these runs worsens both halves' fits (effect
-# 7), and no 2023 program can be compiled to see what that compiler did.
-FSDP_GRAD = {"v5e": "reduce-scatter", "v6e": "auto"}
-# How each generation's runs send their data-parallel gradient reduction across slices. v6e:
-# one all-reduce per weight matrix and one for the norm scales, as jax/libtpu 0.10.2 compiles
-# a 2-slice step (`benchmarks/xla_dcn_schedule.py`). v5e (2023): one all-reduce a layer, an
-# assumption (effect 2 gives the reasons and the per-matrix alternative's numbers); today's
-# compiler splits it on v5e too.
-DP_GRAD_SPLIT = {"v5e": "per-layer", "v6e": "per-matrix"}
-
-
-def load_cases(
-    path: Path = RUNS_FILE, *, custom_remat: Remat | None = None
-) -> tuple[list[Case], list[Skip]]:
-    """Every v5e / v6e training run of the reference file, as usable cases or skips.
-
-    `custom_remat` is the tpusim policy used for MaxText's custom / qkv_proj_offloaded policies
-    (None: the named mapping of `remat_for`; the fit's remat check tries the alternatives).
-    """
-    raws = json.loads(path.read_text())
-    cases: list[Case] = []
-    skips: list[Skip] = []
-    counters = dict.fromkeys(GENERATIONS, 0)
-    for raw in raws:
-        chip = raw["hardware"]["tpu"]
-        cid = raw["id"]
-        quality = raw.get("quality", "")
-        if chip not in GENERATIONS:
-            skips.append(Skip(id=cid, chip=chip, quality=quality, reason="not v5e/v6e"))
-            continue
-        if raw.get("kind") != "training":
-            skips.append(Skip(id=cid, chip=chip, quality=quality,
-                              reason=f"{raw.get('kind')} run, not a training step"))
-            continue
-        batch = raw.get("batch") or {}
-        pdbs, seq = batch.get("per_device_batch_size"), batch.get("seq_len")
-        if not pdbs or not seq:
-            skips.append(Skip(id=cid, chip=chip, quality=quality,
-                              reason="no per-device batch / sequence length published "
-                                     "(MFU only)"))
-            continue
-        model = _model_for(raw)
-        if isinstance(model, str):
-            skips.append(Skip(id=cid, chip=chip, quality=quality, reason=model))
-            continue
-        mesh = _mesh_for(raw)
-        if isinstance(mesh, str):
-            skips.append(Skip(id=cid, chip=chip, quality=quality, reason=mesh))
-            continue
-        meas = raw.get("measured") or {}
-        acct = raw.get("maxtext_flop_accounting") or {}
-        step = meas.get("step_time_s")
-        source = "log"
-        if not step:
-            step = acct.get("implied_step_time_s")
-            source = "derived"
-        if not step:
-            skips.append(Skip(id=cid, chip=chip, quality=quality,
-                              reason="no step time (logged or derivable)"))
-            continue
-        notes = []
-        slices = int(raw.get("slices") or 1)
-        tok_s = pdbs * seq / step
-        cf = raw["model"].get("capacity_factor")
-        moe = raw.get("other_settings", {}).get("moe", "")
-        if "capacity_factor" in moe and cf is None:
-            cf = float(moe.split("capacity_factor=")[1].split(",")[0])
-        if cf:
-            notes.append(f"MoE capacity factor {cf}, dense one-hot dispatch (simulated)")
-        sgd = raw.get("other_settings", {}).get("opt_type", "").startswith("sgd")
-        if sgd:
-            notes.append("SGD optimizer (simulated: no optimizer state) and bf16 weights")
-        if raw["model"].get("learned_position_embedding_size"):
-            notes.append("learned position embedding and biases not modelled")
-        if source == "derived":
-            notes.append("step time derived from MFU/TFLOP/s with the era's FLOP formula")
-        if "dcn" in (raw.get("parallelism") or {}):
-            notes.append("DCN axis assumed data-parallel (not stated)")
-        if meas.get("tokens_per_sec_per_chip") and source == "derived":
-            notes.append(f"published {meas['tokens_per_sec_per_chip']} tok/s/chip disagrees "
-                         f"with its MFU (maxtext.md §5 item 6)")
-        rem_text = raw.get("remat") or ""
-        flags = str(raw.get("other_settings", {}).get("xla_flags", ""))
-        dp_allreduce = "async" if "DATA_PARALLEL_OVERLAP" in flags else "blocking"
-        cases.append(Case(
-            id=cid, index=counters[chip], chip=chip,
-            slice_name=raw["hardware"]["slice"], num_slices=slices, model=model,
-            mesh=mesh[0], dcn=mesh[1], axis_map=mesh[2],
-            remat=remat_for(rem_text, custom_remat),
-            maxtext_remat=rem_text.split(" ")[0], seq_len=int(seq), batch_per_chip=int(pdbs),
-            measured_step_s=float(step), measured_tokens_s=float(tok_s), step_source=source,
-            quality=quality, notes=tuple(notes), capacity_factor=float(cf) if cf else None,
-            dp_allreduce=dp_allreduce, fsdp_grad=FSDP_GRAD[chip],
-            dp_grad_split=DP_GRAD_SPLIT[chip],
-            vocab_tiling=int(raw.get("other_settings", {}).get("num_vocab_tiling") or 1),
-            optimizer="sgd" if sgd else "adam", param_dtype=params_dtype_for(raw),
-        ))
-        if quality != "low":
-            counters[chip] += 1
-    # Low-quality cases get no fit/held-out index of their own (index -1 is never "fit").
-    cases = [c if not c.low_quality else _replace(c, index=-1) for c in cases]
-    return cases, skips
-
-
-def params_dtype_for(raw: dict) -> str:
-    """tpusim's --param-dtype for a run's stored weights: its `dtype.params` (MaxText's
-    weight_dtype as the reference read it), else `other_settings.weight_dtype`, else the
-    `weight_dtype=` default it lists in `defaults_used`, else base.yml's default, float32."""
-    text = (raw.get("dtype") or {}).get("params") \
-        or (raw.get("other_settings") or {}).get("weight_dtype") \
-        or next((d.split("=", 1)[1] for d in raw.get("defaults_used") or []
-                 if d.startswith("weight_dtype=")), "float32")
-    if text.startswith("float32"):
-        return "fp32"
-    if text.startswith("bfloat16"):
-        return "bf16"
-    raise ValueError(f"{raw['id']}: params dtype {text!r} is neither float32 nor bfloat16")
-
-
-def _replace(case: Case, **changes) -> Case:
-    import dataclasses
-
-    return dataclasses.replace(case, **changes)
-
-
-# ---- predicting -------------------------------------------------------------------------------
-
-_TRACES: dict[str, tuple] = {}
-
-
-def trace_config(case: Case) -> TrainingConfig:
-    """The run settings a case is rebuilt with (see the module docstring), with the compiler
-    rules of its generation's preset (`ChipSpec.compiler_rules`: what XLA keeps in memory),
-    as `tpusim train --chip` compiles them."""
-    return TrainingConfig(**get_chip(case.chip).compiler_rules(),
-                          seq_len=case.seq_len, batch_per_chip=case.batch_per_chip,
-                          remat=case.remat, attention="flash",
-                          moe=MoeConfig(capacity_factor=case.capacity_factor),
-                          dp_allreduce=case.dp_allreduce, vocab_tiling=case.vocab_tiling,
-                          optimizer=case.optimizer, param_dtype=case.param_dtype,
-                          gather_dtype="bf16", fsdp_grad=case.fsdp_grad,
-                          dp_grad_split=case.dp_grad_split)
-
-
-def _trace(case: Case):
-    """Compiled trace and topology of a case (chip-independent, so cached across the fit)."""
-    key = (case.id, str(case.remat))
-    if key not in _TRACES:
-        base = get_chip(case.chip)
-        shape = SLICES.get(case.slice_name).shape
-        topo = resolve_topology(chip_name=base.name, wrap_rule=base.generation_rule,
-                                max_pod_shape=base.max_pod_shape, shape=tuple(shape),
-                                num_slices=case.num_slices)
-        cfg = trace_config(case)
-        trace = compile_training_step(case.model, parse_mesh(case.mesh, case.dcn or None,
-                                                             case.axis_map or None),
-                                      topo.num_chips, cfg)
-        _TRACES[key] = (trace, topo)
-    return _TRACES[key]
-
-
 def predict(case: Case, chip: ChipSpec | None = None) -> Prediction:
     """Replay the case on `chip` (default: the shipped preset of its generation)."""
     chip = chip or get_chip(case.chip)
-    trace, topo = _trace(case)
+    trace, topo = case_trace(case)
     r = replay(trace, chip, topo)
     return Prediction(case=case, step_s=float(r.step_time_s), fits_in_hbm=bool(r.fits_in_hbm),
                       hbm_peak_gb=float(r.hbm_peak_bytes) / 1e9,
@@ -703,9 +328,7 @@ def run_fits(runs: Path, jobs: int) -> list[FitResult]:
     for alt in (Remat.FULL, Remat.OFFLOAD, Remat.MINIMAL):
         todo.append(("v6e", "odd", str(alt), False, str(runs)))
     if jobs > 1:
-        import multiprocessing as mp
-
-        with mp.get_context("spawn").Pool(jobs) as pool:
+        with multiprocessing.get_context("spawn").Pool(jobs) as pool:
             return pool.map(fit_job, todo, chunksize=1)
     return [fit_job(j) for j in todo]
 
@@ -793,7 +416,7 @@ def explain(p: Prediction) -> str:
         why.append(f"tensor-parallel all-reduces exposed on the critical path "
                    f"({exposed:.1f} s of {p.step_s:.1f} s; effect 1)")
     elif exposed > 0.05 * p.step_s:
-        synced = any(o.name.startswith("fsdp_grad_allreduce_") for o in _trace(c)[0].ops)
+        synced = any(o.name.startswith("fsdp_grad_allreduce_") for o in case_trace(c)[0].ops)
         why.append(f"exposed communication {exposed:.1f} s of {p.step_s:.1f} s"
                    + (", the synchronous gradient all-reduces among it (effect 7)"
                       if synced else ""))
@@ -865,9 +488,7 @@ def _by_id(preds: list[Prediction]) -> dict[str, Prediction]:
 def hw_utilization(p: Prediction) -> float:
     """tpusim's MXU FLOPs of the run's step (recompute included, dead code not) per measured
     second, as a fraction of the chip's peak: what the measured step implies the MXUs did."""
-    from workloads.trace import OpKind, Unit
-
-    trace, _ = _trace(p.case)
+    trace, _ = case_trace(p.case)
     flops = sum(o.flops for o in trace.ops if o.kind == OpKind.COMPUTE and o.unit == Unit.MXU)
     return flops / (p.case.measured_step_s * get_chip(p.case.chip).mxu_flops_per_s)
 
@@ -884,18 +505,14 @@ def implied_mxu_efficiency(p: Prediction) -> float:
 def fsdp_bytes_per_s(p: Prediction) -> float:
     """The case's FSDP collective bytes (V of every collective over an fsdp axis) per
     predicted second: how much gathering and reducing runs beside its compute."""
-    from workloads.trace import OpKind
-
-    trace, _ = _trace(p.case)
+    trace, _ = case_trace(p.case)
     v = sum(o.bytes for o in trace.ops if o.kind == OpKind.COLLECTIVE and "fsdp" in o.mesh_axes)
     return v / p.step_s
 
 
 def attention_mxu_share(p: Prediction) -> float:
     """The share of the case's MXU time (at the chip's fill) in its attention-core ops."""
-    from workloads.trace import OpKind, Unit
-
-    trace, _ = _trace(p.case)
+    trace, _ = case_trace(p.case)
     chip = get_chip(p.case.chip)
     att = tot = 0.0
     for o in trace.ops:
@@ -923,11 +540,9 @@ def without_moe_costs(p: Prediction, prefixes: tuple[str, ...]) -> float:
     """The case's predicted step with the ops named `prefix...` (recomputations included) made
     free: compute ops cost nothing and collectives move one byte. A diagnostic bound on how much
     of the error those costs could explain, never a prediction."""
-    import dataclasses
 
-    from workloads.trace import OpKind, Trace
 
-    trace, topo = _trace(p.case)
+    trace, topo = case_trace(p.case)
     ops = []
     for o in trace.ops:
         if o.name.removeprefix("re-").startswith(prefixes):
@@ -946,13 +561,11 @@ def implied_expert_efficiency(p: Prediction, fsdp_grad: str | None = None) -> fl
     """The MXU efficiency the routed experts' matmuls alone would need for the case's step to
     come out as measured, everything else costed as shipped (their FLOPs rescaled, bisected to
     0.001 of the factor); `fsdp_grad` rebuilds the case with that gradient rule first."""
-    import dataclasses
 
-    from workloads.trace import OpKind, Trace, Unit
 
-    case = p.case if fsdp_grad is None else _replace(
+    case = p.case if fsdp_grad is None else with_changes(
         p.case, id=f"{p.case.id}#fsdp-grad-{fsdp_grad}", fsdp_grad=fsdp_grad)
-    trace, topo = _trace(case)
+    trace, topo = case_trace(case)
     chip = get_chip(case.chip)
     expert = [o.kind == OpKind.COMPUTE and o.unit == Unit.MXU
               and o.name.removeprefix("re-").startswith(_EXPERT_MATMULS) for o in trace.ops]
@@ -972,9 +585,7 @@ def implied_expert_efficiency(p: Prediction, fsdp_grad: str | None = None) -> fl
 
 def async_step(p: Prediction) -> float:
     """The case's predicted step with asynchronous MoE all-to-alls (`--ep-alltoall async`)."""
-    import dataclasses
-
-    _, topo = _trace(p.case)
+    _, topo = case_trace(p.case)
     cfg = dataclasses.replace(trace_config(p.case), ep_alltoall="async")
     t = compile_training_step(p.case.model, parse_mesh(p.case.mesh, p.case.dcn or None,
                                                        p.case.axis_map or None),
@@ -1100,7 +711,7 @@ def _effects(good: list[Prediction], fits: list[FitResult] = (),
             "1.5 step would be 1.7x the cf 1.0 one. The reference is read right.")
         out.append(
             "    * *FLOPs against XLA.* A deviceless v6e compile of MaxText's dropping layer "
-            "(`benchmarks/xla_moe_schedule.py`: fsdp=4 x expert=4, two scanned layers, remat "
+            "(`validation/xla_moe_schedule.py`: fsdp=4 x expert=4, two scanned layers, remat "
             "full) has, per layer, exactly tpusim's matmuls: 6 einsums of the dispatch's size "
             "(forward dispatch and combine, the recomputed dispatch, two for the combine's "
             "backward, one for the dispatch's) and 12 expert matmuls (forward, recomputation "
@@ -1365,7 +976,7 @@ def _refit(cases: list[Case], gen: str, **changes) -> tuple[float, float, float,
     """The cases of generation `gen` rebuilt with `changes`, the MXU factor refitted on their odd
     half (every other factor shipped): (mxu, odd objective, even objective, {id: error})."""
     chip = get_chip(gen)
-    mine = [_replace(c, id=f"{c.id}#{'-'.join(map(str, changes.values()))}", **changes)
+    mine = [with_changes(c, id=f"{c.id}#{'-'.join(map(str, changes.values()))}", **changes)
             for c in cases if c.chip == gen]
     m, obj_odd, _ = best_mxu([c for c in mine if c.fit_subset], chip, start=chip.mxu_efficiency)
     at = chip.with_overrides(mxu_efficiency=m)
@@ -1389,7 +1000,7 @@ def _dcn_split_note(fits: list[FitResult]) -> str:
         " The reduction crosses the slices as one all-reduce a layer here (`--dp-grad-split "
         "per-layer`, `DP_GRAD_SPLIT`), although today's XLA (jax/libtpu 0.10.2) sends one per "
         "weight matrix and one for the norm scales on v5e as on v6e "
-        "(`benchmarks/xla_dcn_schedule.py --chip v5e`: 8 a layer, each waiting in its own "
+        "(`python -m validation.xla_dcn_schedule --chip v5e`: 8 a layer, each waiting in its own "
         "backward iteration without the overlap flags). The 2023 programs cannot be compiled; "
         "that their compiler combined a layer's cross-slice reduction is an assumption, taken "
         "for three reasons. (a) Rebuilt per matrix (7 all-reduces a layer on these parallel "
@@ -1430,7 +1041,7 @@ def _dense_v6e_effect(good: list[Prediction]) -> list[str]:
     over = [p for p in v6 if abs(p.error) > 0.15]
     over_rs = [p for p in v6 if abs(rs_err[p.case.id]) > 0.15]
     all_reduced = [p for p in v6 if any(
-        o.name.startswith("fsdp_grad_allreduce_") for o in _trace(p.case)[0].ops)]
+        o.name.startswith("fsdp_grad_allreduce_") for o in case_trace(p.case)[0].ops)]
     listed = ", ".join(
         f"{short(p)} {p.case.seq_len * p.case.batch_per_chip:,} {_pct(rs_err[p.case.id])} -> "
         f"{_pct(p.error)}" for p in dense)
@@ -1468,7 +1079,7 @@ def _dense_v6e_effect(good: list[Prediction]) -> list[str]:
         "fsdp=256 with the llama2-70b recipe's flags, with and without "
         "`DATA_PARALLEL_OVERLAP`; the 750B MoE (attention and router split 256 ways "
         "all-reduced, routed experts split 16 ways reduced in rings; "
-        "`benchmarks/xla_moe_schedule.py --size 750b`); Mixtral-8x7B widths at fsdp=256 "
+        "`python -m validation.xla_moe_schedule --size 750b`); Mixtral-8x7B widths at fsdp=256 "
         "(`--size mixtral-fsdp256`: every weight gradient, the 256-way-split experts' too); "
         "the Mixtral-8x22B's own sizes (`--size mixtral-8x22b`, fsdp=64 x expert=4); the "
         "fsdp=64 probes on v5e and v6e (docs/model.md). The v6e runs (tpu-recipes, "
@@ -1515,14 +1126,12 @@ def _dense_v6e_effect(good: list[Prediction]) -> list[str]:
 
 def _variant(p: Prediction, tag: str, **changes) -> Prediction:
     """The case of `p` rebuilt with `changes` (a what-if, under the shipped preset)."""
-    return predict(_replace(p.case, id=f"{p.case.id}#{tag}", **changes))
+    return predict(with_changes(p.case, id=f"{p.case.id}#{tag}", **changes))
 
 
 def _gemma_effect(ids: dict[str, Prediction], fits: list[FitResult] = (),
                   low: dict[str, Prediction] | None = None) -> list[str]:
     """Effect 6: the Gemma-3 runs (sliding-window attention), with what-ifs computed here."""
-    import dataclasses
-
     runs = [ids.get(f"tpu-recipes-v6e-gemma3-12b-{k}x-v6e-256") for k in (1, 2, 4)]
     if not all(runs):
         return []
@@ -1542,7 +1151,7 @@ def _gemma_effect(ids: dict[str, Prediction], fits: list[FitResult] = (),
     per_layer = [(p.case.measured_step_s - one.case.measured_step_s) / m.num_layers
                  / (p.case.num_slices - 1) for p in runs[1:]]
     v5e_ms = 1e3 * get_chip("v5e").dcn_message_overhead_s
-    msgs = sum(1 for o in _trace(runs[1].case)[0].ops
+    msgs = sum(1 for o in case_trace(runs[1].case)[0].ops
                if o.layer == 1 and o.name.startswith("dp_grad_allreduce"))
     shard = (m.attention_params_per_layer + m.dense_mlp_params_per_layer) / 256 * 2 / 1e6
     dcn = v6e.dcn_bytes_per_s
@@ -1604,7 +1213,7 @@ def _gemma_effect(ids: dict[str, Prediction], fits: list[FitResult] = (),
                      f"(the shipped value: {shipped_ms:g} ms).")
     text += (
         " What a deviceless 2-slice compile of such a step sends over DCN "
-        "(`benchmarks/xla_dcn_schedule.py`: Gemma-3 12B widths, 4 scanned layers, fsdp=16 per "
+        "(`validation/xla_dcn_schedule.py`: Gemma-3 12B widths, 4 scanned layers, fsdp=16 per "
         "slice, jax/libtpu 0.10.2, on v6e and on v5e alike): per layer eight cross-slice "
         "all-reduces, one per weight matrix of its bf16 gradient shard and one for the two "
         "norm scales in f32, never combined; without the overlap flags each waits in its own "
@@ -1657,7 +1266,7 @@ def render_doc(cases: list[Case], skips: list[Skip], preds: list[Prediction],
     out: list[str] = []
     w = out.append
     w("# Validation against measured MaxText training runs (TPU v5e, v6e)\n")
-    w("_Generated by `benchmarks/validate_maxtext.py --write`; edit the script, not this file._\n")
+    w("_Generated by `python -m validation.maxtext --write`; edit the script, not this file._\n")
     w(f"The reference (`docs/reference/maxtext_runs.json`, described in `maxtext.md` beside "
       f"it) holds {n_runs} public MaxText / tpu-recipes measurements. {len(cases)} v5e/v6e "
       f"training runs can be rebuilt in the simulator ({len(good)} graded medium/high, "
@@ -1973,9 +1582,9 @@ def render_doc(cases: list[Case], skips: list[Skip], preds: list[Prediction],
     w(_md_table(("id", "chip", "quality", "reason"),
                 [(s.id, s.chip, s.quality, s.reason) for s in skips], 99))
     w("\n## Reproducing\n")
-    w("```sh\n.venv/bin/python benchmarks/validate_maxtext.py           # table + medians "
-      "(~10 s)\n.venv/bin/python benchmarks/validate_maxtext.py --fit     # + the fit "
-      "(a few minutes)\n.venv/bin/python benchmarks/validate_maxtext.py --write   # + "
+    w("```sh\n.venv/bin/python -m validation.maxtext           # table + medians "
+      "(~10 s)\n.venv/bin/python -m validation.maxtext --fit     # + the fit "
+      "(a few minutes)\n.venv/bin/python -m validation.maxtext --write   # + "
       "regenerate this file\n.venv/bin/python -m pytest tests/test_validation.py\n```")
     xla = xla_collectives_section()
     if xla:
@@ -1984,47 +1593,37 @@ def render_doc(cases: list[Case], skips: list[Skip], preds: list[Prediction],
     return "\n".join(out) + "\n"
 
 
-def _moe_pair_module():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import xla_moe_pair
-
-    return xla_moe_pair
-
-
 def moe_pair() -> dict:
     """`xla_moe_pair.pair_rows` of the cached matched-pair compiles ({} without the cache)."""
-    mp = _moe_pair_module()
-    if not mp.CACHE.is_file():
+    if not xla_moe_pair.CACHE.is_file():
         return {}
-    out = mp.pair_rows(json.loads(mp.CACHE.read_text()))
-    return out if set(out) == set(mp.PAIR) else {}
+    out = xla_moe_pair.pair_rows(json.loads(xla_moe_pair.CACHE.read_text()))
+    return out if set(out) == set(xla_moe_pair.PAIR) else {}
 
 
 def moe_pair_variants() -> list[tuple[str, dict]]:
     """(libtpu flags, `xla_moe_pair.variant_rows` per model) of the cached flag variants."""
-    mp = _moe_pair_module()
-    if not mp.CACHE.is_file():
+    if not xla_moe_pair.CACHE.is_file():
         return []
-    rows = mp.variant_rows(json.loads(mp.CACHE.read_text()))
-    return [(mp.VARIANTS[v], r) for v, r in rows.items()]
+    rows = xla_moe_pair.variant_rows(json.loads(xla_moe_pair.CACHE.read_text()))
+    return [(xla_moe_pair.VARIANTS[v], r) for v, r in rows.items()]
 
 
 def moe_pair_section() -> str:
     """The doc's section on the matched pair ("" without the cache)."""
-    mp = _moe_pair_module()
-    return mp.render_section(json.loads(mp.CACHE.read_text())) if mp.CACHE.is_file() else ""
+    if not xla_moe_pair.CACHE.is_file():
+        return ""
+    return xla_moe_pair.render_section(json.loads(xla_moe_pair.CACHE.read_text()))
 
 
 def xla_collectives_section() -> str:
     """Collective bytes by kind and axis against XLA's compiled programs, from the cached XLA
-    side (benchmarks/results/xla_collectives.json); empty without that file."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import xla_crosscheck as xc
-
-    if not xc.RESULTS_FILE.is_file():
+    side (validation/results/xla_collectives.json); empty without that file."""
+    if not xla_crosscheck.RESULTS_FILE.is_file():
         return ""
-    results = json.loads(xc.RESULTS_FILE.read_text())
-    return xc.render_collectives_section(results) + "\n\n" + xc.render_op_costs_section(results)
+    results = json.loads(xla_crosscheck.RESULTS_FILE.read_text())
+    return (xla_crosscheck.render_collectives_section(results) + "\n\n"
+            + xla_crosscheck.render_op_costs_section(results))
 
 
 def write_collectives_section() -> int:
@@ -2083,7 +1682,6 @@ def main(argv: list[str] | None = None) -> int:
         else:
             fits = run_fits(args.runs, args.jobs)
         if args.save_fits:
-            import dataclasses
 
             args.save_fits.write_text(json.dumps([dataclasses.asdict(f) for f in fits]))
         print_fits(fits)
@@ -2099,7 +1697,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"{f.dcn_message}")
         if args.write:
             DOC_FILE.parent.mkdir(parents=True, exist_ok=True)
-            # Keep the HLO-import section that benchmarks/validate_hlo.py writes at the end.
+            # Keep the HLO-import section that validation/hlo_import.py writes at the end.
             prev = DOC_FILE.read_text() if DOC_FILE.exists() else ""
             marker = "<!-- hlo-import -->"
             tail = "\n" + prev[prev.index(marker):] if marker in prev else ""

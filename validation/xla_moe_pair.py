@@ -4,7 +4,7 @@ Two tpu-recipes runs of the same month (Oct 2024, libtpu 20241028), mesh (fsdp=2
 16x16), remat (`full`) and sequence (4096), one dense and one MoE:
 `tpu-recipes-v6e-llama2-70b-v6e-256-oct2024` (tpusim +0.0%) and
 `tpu-recipes-v6e-mixtral-8x7b-v6e-256-oct2024` (tpusim +15.9%). Each is compiled deviceless
-(jax[tpu] 0.10.2, `_xla.lower_moe_train`: the same decoder code for both, two scanned layers
+(jax[tpu] 0.10.2, `xla_compile.lower_moe_train`: the same decoder code for both, two scanned layers
 under `jax.checkpoint(nothing_saveable)`, GQA dot attention, the Mixtral with MaxText's
 capacity-1.25 one-hot dispatch, the LLaMA with a dense SwiGLU MLP in its place) at the runs'
 own widths and mesh, one sequence per chip, and XLA's per-instruction `estimated_cycles`
@@ -26,13 +26,13 @@ matmuls at the dense matmuls' cycles per FLOP and shares tpusim's error; the com
 forward / recomputed / backward FLOPs per class are tpusim's. The VMEM flag lowers every matmul
 class's estimate by 27-34% in both models alike (docs/validation.md renders the numbers).
 
-    /work/fid-venv/bin/python benchmarks/xla_moe_pair.py --worker mixtral-8x7b --dump DIR
-    .venv/bin/python benchmarks/xla_moe_pair.py            # compile what the cache lacks,
+    /work/fid-venv/bin/python -m validation.xla_moe_pair --worker mixtral-8x7b --dump DIR
+    .venv/bin/python -m validation.xla_moe_pair            # compile what the cache lacks,
                                                            # then print the comparison
-    .venv/bin/python benchmarks/xla_moe_pair.py --no-compile   # the cache only
+    .venv/bin/python -m validation.xla_moe_pair --no-compile   # the cache only
 
-The cache is `benchmarks/results/xla_moe_pair.json` (per program: XLA's `op_costs`, its dot
-FLOPs per class, the compile's wall time); `validate_maxtext.py --write` renders the table
+The cache is `validation/results/xla_moe_pair.json` (per program: XLA's `op_costs`, its dot
+FLOPs per class, the compile's wall time); `python -m validation.maxtext --write` renders the table
 in effect 3 from it.
 """
 
@@ -43,13 +43,19 @@ import collections
 import os
 import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _xla  # noqa: E402
+from sim.engine import compute_op_times, replay
+from sim.hardware import get_chip
+from validation import maxtext_runs, xla_compile
+from validation.xla_crosscheck import _CYCLES_RE, parse_hlo_module, trip_count
+from workloads.hlo.lower import conv_flops
+from workloads.hlo.parser import dot_dims, parse_hlo
+from workloads.trace import OpKind
 
-CACHE = _xla.RESULTS / "xla_moe_pair.json"
+CACHE = xla_compile.RESULTS / "xla_moe_pair.json"
 
 # name -> the run it matches, its widths, and the run's own layers and sequences per chip
 # (docs/reference/maxtext_runs.json). Both compiled on v6e:16x16 with fsdp=256 (expert=1),
@@ -155,11 +161,11 @@ def _worker(program: str, dump: str | None) -> None:
     if variant:  # read when libtpu loads (`build_mesh`)
         os.environ["LIBTPU_INIT_ARGS"] = (os.environ.get("LIBTPU_INIT_ARGS", "") + " "
                                           + VARIANTS[variant]).strip()
-    _xla.init_jax()
+    xla_compile.init_jax()
     p = MODELS[name]
-    mesh, _ = _xla.build_mesh(TOPOLOGY, p.get("mesh", MESH))
+    mesh, _ = xla_compile.build_mesh(TOPOLOGY, p.get("mesh", MESH))
     t0 = time.time()
-    lowered = _xla.lower_moe_train(
+    lowered = xla_compile.lower_moe_train(
         mesh, d_model=p["d_model"], d_ff=p["d_ff"], num_experts=p["num_experts"],
         top_k=p["top_k"], capacity_factor=p["capacity_factor"], seq=p.get("seq", SEQ),
         num_heads=p["num_heads"], head_dim=p["head_dim"], num_kv_heads=p["num_kv_heads"],
@@ -169,8 +175,8 @@ def _worker(program: str, dump: str | None) -> None:
     text = compiled.as_text()
     Path(dump).mkdir(parents=True, exist_ok=True)
     Path(dump, _hlo_file(program)).write_text(text)
-    _xla.emit({"program": program, "compile_s": round(time.time() - t0, 1),
-               **_xla.memory_stats(compiled)})
+    xla_compile.emit({"program": program, "compile_s": round(time.time() - t0, 1),
+                      **xla_compile.memory_stats(compiled)})
 
 
 def _hlo_file(program: str) -> str:
@@ -185,9 +191,6 @@ def matmul_flops(text: str) -> dict[str, list[tuple[str, float]]]:
     """Instruction name -> the matmuls it executes, each as (its op_name, MXU FLOPs per
     execution), for every fusion, convolution and dot of the module that does matmul work
     (nested fusions included); FLOPs as `tpusim import-hlo` counts them (docs/hlo.md)."""
-    from workloads.hlo.lower import conv_flops
-    from workloads.hlo.parser import dot_dims, parse_hlo
-
     m = parse_hlo(text, source="XLA module")
 
     def shape(comp, name):
@@ -230,8 +233,6 @@ def hlo_costs(text: str) -> list[dict]:
     counts applied, summed per (op_name, the op_name of a matmul in it or ""): `xla_class`
     reads the class off the two names. A fusion of several matmuls (XLA fuses a projection
     with an attention einsum) is split among them in proportion to their FLOPs."""
-    from xla_crosscheck import _CYCLES_RE, parse_hlo_module, trip_count
-
     comps, entry = parse_hlo_module(text)
     mm = matmul_flops(text)
     acc: dict[tuple[str, str], list[float]] = {}
@@ -283,30 +284,23 @@ def layer_classes(costs: list[dict]) -> dict[str, dict[str, float]]:
 
 def compile_one(name: str, jax_python: str, dump: str | None) -> dict:
     """The XLA side of one program: the worker's result and `layer_classes` of its module."""
-    import tempfile
-
     with tempfile.TemporaryDirectory() as tmp:
         where = dump or tmp
         t0 = time.time()
-        xr = _xla.run_worker(__file__, name, jax_python, ["--dump", where])
+        xr = xla_compile.run_worker("validation.xla_moe_pair", name, jax_python, ["--dump", where])
         xr["wall_s"] = round(time.time() - t0, 1)
         xr["costs"] = hlo_costs(Path(where, _hlo_file(name)).read_text())
     return xr
 
 
 def tpusim_classes(run_id: str) -> dict:
-    """tpusim's side of a run as validated (`validate_maxtext`: its batch, layers, flash
+    """tpusim's side of a run as validated (`validation.maxtext_runs`: its batch, layers, flash
     attention, flags): per class the summed cost of its layer ops alone on the chip
     (`sim.engine.compute_op_times`, the per-op overhead added) and their MXU FLOPs, the
     replay's step time, and the summed cost of every compute op."""
-    import validate_maxtext as v
-
-    from sim.engine import compute_op_times, replay
-    from workloads.trace import OpKind
-
-    case = next(c for c in v.load_cases()[0] if c.id == run_id)
-    trace, topo = v._trace(case)
-    chip = v.get_chip(case.chip)
+    case = next(c for c in maxtext_runs.load_cases()[0] if c.id == run_id)
+    trace, topo = maxtext_runs.case_trace(case)
+    chip = get_chip(case.chip)
     moe = case.capacity_factor is not None
     acc: dict[str, dict[str, float]] = collections.defaultdict(
         lambda: collections.defaultdict(float))
@@ -470,8 +464,6 @@ def _pct(x: float) -> str:
 
 def render_section(cache: dict) -> str:
     """docs/validation.md's section on the pair ("" without both programs in the cache)."""
-    from sim.hardware import get_chip
-
     out = pair_rows(cache)
     if set(out) != set(PAIR):
         return ""
@@ -486,7 +478,7 @@ def render_section(cache: dict) -> str:
         return o[f"{side}_layers_noattn_s"] / o["measured_layers_noattn_s"]
 
     lines = [
-        "_From `benchmarks/xla_moe_pair.py` (its cache: `benchmarks/results/xla_moe_pair.json`; "
+        "_From `validation/xla_moe_pair.py` (its cache: `validation/results/xla_moe_pair.json`; "
         "effect 3 above)._\n",
         "Two runs of the same month of tpu-recipes (Oct 2024, libtpu 20241028), mesh "
         "(fsdp=256 on a v6e 16x16), remat (`full`) and sequence (4096), one dense and one "
@@ -494,8 +486,9 @@ def render_section(cache: dict) -> str:
         f"{_pct(d['step_s'] / d['measured_s'] - 1)}) and {m['run']} "
         f"({PAIR['mixtral-8x7b']['run_batch']} sequences, capacity factor 1.25, dense one-hot "
         f"dispatch; tpusim {_pct(m['step_s'] / m['measured_s'] - 1)}). Each is compiled "
-        "deviceless (jax/libtpu 0.10.2) by the same decoder code (`_xla.lower_moe_train`: GQA, "
-        "2 scanned layers under `jax.checkpoint(nothing_saveable)`, the Mixtral's routing and "
+        "deviceless (jax/libtpu 0.10.2) by the same decoder code "
+        "(`xla_compile.lower_moe_train`: GQA, 2 scanned layers under "
+        "`jax.checkpoint(nothing_saveable)`, the Mixtral's routing and "
         "masks as MaxText builds them, the LLaMA's MLP a dense SwiGLU in its place) at the "
         "run's own widths, mesh and sequences per chip, the attention causal in blocks of "
         f"{ATTENTION_BLOCK} queries (one [4096, 4096] f32 score matrix per sequence would not "
@@ -584,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worker", choices=PROGRAMS, help=argparse.SUPPRESS)
     ap.add_argument("--dump", help="write each compiled HLO text into this directory")
-    ap.add_argument("--jax-python", default=_xla.DEFAULT_JAX_PYTHON)
+    ap.add_argument("--jax-python", default=xla_compile.DEFAULT_JAX_PYTHON)
     ap.add_argument("--no-compile", action="store_true", help="use the cache only")
     ap.add_argument("--recompile", action="store_true", help="compile every program again")
     ap.add_argument("--reparse", metavar="DIR",
@@ -593,19 +586,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         _worker(args.worker, args.dump)
         return 0
-    sys.path.insert(0, str(_xla.REPO))
     if args.reparse:
-        cache = _xla.load_cache(CACHE)
+        cache = xla_compile.load_cache(CACHE)
         for name in cache:
             cache[name]["costs"] = hlo_costs(Path(args.reparse, _hlo_file(name)).read_text())
-        _xla.write_cache(CACHE, cache, compact=True)
-    elif args.no_compile or not _xla.have_jax(args.jax_python):
+        xla_compile.write_cache(CACHE, cache, compact=True)
+    elif args.no_compile or not xla_compile.have_jax(args.jax_python):
         if not args.no_compile:
             print(f"no jax[tpu] python at {args.jax_python}: using the cache only")
-        cache = _xla.load_cache(CACHE)
+        cache = xla_compile.load_cache(CACHE)
     else:
         # One compile at a time: each takes minutes and gigabytes.
-        cache = _xla.compile_into_cache(
+        cache = xla_compile.compile_into_cache(
             PROGRAMS, CACHE, lambda n: compile_one(n, args.jax_python, args.dump),
             recompile=args.recompile, compact=True)
     out = pair_rows(cache)

@@ -1,8 +1,8 @@
 """What XLA schedules around an MoE layer's all-to-alls (docs/validation.md, effect 3).
 
 Compiles, deviceless for a v6e 4x4 (jax[tpu], see docs/reference/xla.md), a MaxText-style
-dropping MoE decoder (`_xla.lower_moe_train`: MaxText `RoutedMoE.dense_matmul` with a capacity
-factor: one-hot dispatch and combine masks [batch, seq, experts, capacity], the einsums
+dropping MoE decoder (`xla_compile.lower_moe_train`: MaxText `RoutedMoE.dense_matmul` with a
+capacity factor: one-hot dispatch and combine masks [batch, seq, experts, capacity], the einsums
 `BSM,BSEC->EBCM` and `EBCM,BSEC->BSM`, experts sharded over `expert`, tokens over `fsdp` x
 `expert`, the other weights' d_model over `fsdp` x `expert` as MaxText shards them), two scanned
 layers under full remat, mesh fsdp=4 x expert=4, and reads the scheduled HLO:
@@ -13,11 +13,11 @@ layers under full remat, mesh fsdp=4 x expert=4, and reads the scheduled HLO:
 * XLA's own cost estimate (`estimated_cycles`) of the dispatch einsum's convolution against a
   weight matmul of the same layer, per FLOP.
 
-    /work/fid-venv/bin/python benchmarks/xla_moe_schedule.py            # compile (minutes)
-    .venv/bin/python benchmarks/xla_moe_schedule.py --hlo moe.hlo.txt    # read a saved dump
-    /work/fid-venv/bin/python benchmarks/xla_moe_schedule.py --size 750b # the 750B's sizes
-    /work/fid-venv/bin/python benchmarks/xla_moe_schedule.py --size mixtral-fsdp256 --dump F
-    /work/fid-venv/bin/python benchmarks/xla_moe_schedule.py --size mixtral-8x22b
+    /work/fid-venv/bin/python -m validation.xla_moe_schedule            # compile (minutes)
+    .venv/bin/python -m validation.xla_moe_schedule --hlo moe.hlo.txt    # read a saved dump
+    /work/fid-venv/bin/python -m validation.xla_moe_schedule --size 750b # the 750B's sizes
+    /work/fid-venv/bin/python -m validation.xla_moe_schedule --size mixtral-fsdp256 --dump F
+    /work/fid-venv/bin/python -m validation.xla_moe_schedule --size mixtral-8x22b
 
 `--router maxtext` (the default) builds the masks as MaxText's `generate_masks` does (a bf16
 combine mask); `--router f32` as this script first did (f32 one-hot times the weights, cast).
@@ -71,8 +71,8 @@ counts such a chained all-gather once, as async.
 
 `--size mixtral-8x22b`: Mixtral-8x22B widths (d_model 6144, 8 experts of d_ff 16384, top-2,
 capacity factor 1.25, seq 4096, 48 heads of 128, vocab 32768) on a v6e 16x16 with fsdp=64 x
-expert=4 placed as the recipe's `hybrid_ring_64x4` custom mesh (`_xla.build_mesh`: each expert
-group a 2x2 block of chips in ring order, the fsdp axis the 8x8 grid of blocks), no recipe
+expert=4 placed as the recipe's `hybrid_ring_64x4` custom mesh (`xla_compile.build_mesh`: each
+expert group a 2x2 block of chips in ring order, the fsdp axis the 8x8 grid of blocks), no recipe
 flags (the 8x22B recipe lists none). Observed (2026-12-01, jax/libtpu 0.10.2; 174 s wall,
 103 CPU-s, 2.0 GB peak RSS under load): the same six synchronous MoE all-to-alls (120 MiB per
 chip and sequence; the combine weights' gradient bf16 [seq, experts, capacity + 1], 80.06 MiB);
@@ -126,8 +126,7 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _xla  # noqa: E402
+from validation import xla_compile
 
 # name -> (topology, fsdp, expert, d_model, d_ff, experts, top-k, capacity factor, seq, heads,
 # head_dim, layers, vocab)
@@ -137,18 +136,18 @@ SIZES = {
     "mixtral-fsdp256": ("v6e:16x16", 256, 1, 4096, 14336, 8, 2, 1.25, 4096, 32, 128, 2, 32000),
     "mixtral-8x22b": ("v6e:16x16", 64, 4, 6144, 16384, 8, 2, 1.25, 4096, 48, 128, 2, 32768),
 }
-# MaxText's custom device order of a size (default: jax's device mesh, `_xla.build_mesh`).
+# MaxText's custom device order of a size (default: jax's device mesh, `xla_compile.build_mesh`).
 PLACEMENT = {"mixtral-8x22b": "hybrid_ring_64x4"}
 
 
 def compile_program(router: str = "maxtext", size: str = "small") -> str:
-    _xla.init_jax()
+    xla_compile.init_jax()
     topo, fs, ep, d, f, e, k, cf, seq, h, hd, layers, v = SIZES[size]
-    mesh, _ = _xla.build_mesh(topo, {"fsdp": fs, "expert": ep},
-                              placement=PLACEMENT.get(size, "make_mesh"))
-    lowered = _xla.lower_moe_train(mesh, d_model=d, d_ff=f, num_experts=e, top_k=k,
-                                   capacity_factor=cf, seq=seq, num_heads=h, head_dim=hd,
-                                   num_layers=layers, vocab_size=v, router=router)
+    mesh, _ = xla_compile.build_mesh(topo, {"fsdp": fs, "expert": ep},
+                                     placement=PLACEMENT.get(size, "make_mesh"))
+    lowered = xla_compile.lower_moe_train(mesh, d_model=d, d_ff=f, num_experts=e, top_k=k,
+                                          capacity_factor=cf, seq=seq, num_heads=h, head_dim=hd,
+                                          num_layers=layers, vocab_size=v, router=router)
     return lowered.compile().as_text()
 
 
@@ -158,7 +157,7 @@ _COMPUTATION = re.compile(r"^(?:ENTRY )?%(\S+) \(")
 
 
 def _bytes(shape: str) -> int:
-    return _xla.hlo_shape_bytes(shape)
+    return xla_compile.hlo_shape_bytes(shape)
 
 
 _COLLECTIVES = ("all-to-all", "all-gather", "all-reduce", "reduce-scatter", "collective-permute")
@@ -246,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hlo", type=Path, help="read this scheduled-HLO dump instead of compiling")
     ap.add_argument("--dump", type=Path, help="write the compiled HLO text here")
     ap.add_argument("--router", choices=("maxtext", "f32"), default="maxtext",
-                    help="how the combine weights are built (`_xla.lower_moe_train`)")
+                    help="how the combine weights are built (`xla_compile.lower_moe_train`)")
     ap.add_argument("--size", choices=tuple(SIZES), default="small",
                     help="the program's sizes (see the module docstring)")
     args = ap.parse_args(argv)

@@ -1,7 +1,7 @@
 """Fuzz the `tpusim` CLI outside CI: the saved corpus plus N generated inputs, each in its own
 forked subprocess with a time limit and an address-space cap.
 
-    .venv/bin/python benchmarks/fuzz_cli.py --generated 2000 --seed 0 [--jobs 2] [--json FILE]
+    .venv/bin/python -m validation.fuzz_cli --generated 2000 --seed 0 [--jobs 2] [--json FILE]
 
 Every case is judged by `tests/fuzz_harness.judge` (exit 0 with finite outputs, or one
 `tpusim: error:` line with exit 2 and nothing written; invalid inputs must not succeed; paths
@@ -24,8 +24,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from sim.cli import build_parser
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+# The generators and the judge are the test suite's (tests/fuzz_inputs.py imports
+# fuzz_harness by its bare name, as pytest puts tests/ on the path), so this runner reads them
+# from there too.
+sys.path.insert(0, str(ROOT / "tests"))
 
 import fuzz_harness as fh  # noqa: E402
 import fuzz_inputs  # noqa: E402
@@ -108,10 +113,8 @@ def main() -> int:
     ap.add_argument("--json", help="write every result here")
     args = ap.parse_args()
 
-    # Import everything once in the parent so forked children start warm.
-    import sim.cli  # noqa: F401
-    from sim.cli import build_parser
-
+    # Build the parser once in the parent (the imports are at the top) so forked children
+    # start warm.
     build_parser()
     fh.base_trace()
     cases = [] if args.no_corpus else fh.load_corpus()

@@ -1,7 +1,7 @@
 """What crosses DCN in a data-parallel multi-slice FSDP step (docs/validation.md, effect 6).
 
 Compiles, deviceless for two v6e 4x4 slices (jax[tpu], see docs/reference/xla.md;
-`get_topology_desc(..., num_slices=2)` gives MegaScale devices), the dense decoder of `_xla`
+`get_topology_desc(..., num_slices=2)` gives MegaScale devices), the dense decoder of `xla_compile`
 at Gemma-3 12B's widths (d_model 3840, 16 heads of 256, 8 KV heads, d_ff 15360; a 32768
 vocabulary), f32 weights cast to bf16 in each layer, four scanned layers under full remat, one
 sequence of 2048 per chip, mesh data=2 (the slices) x fsdp=16, and reads the scheduled HLO:
@@ -11,9 +11,9 @@ sequence of 2048 per chip, mesh data=2 (the slices) x fsdp=16, and reads the sch
   carried into the next one (`next`: overlapped with the next layer's backward);
 * the collectives within a slice by kind, synchronous or async.
 
-    /work/fid-venv/bin/python benchmarks/xla_dcn_schedule.py                  # compile (minutes)
-    /work/fid-venv/bin/python benchmarks/xla_dcn_schedule.py --no-overlap     # the recipes' flags
-    .venv/bin/python benchmarks/xla_dcn_schedule.py --hlo dcn.hlo.txt          # read a saved dump
+    /work/fid-venv/bin/python -m validation.xla_dcn_schedule                  # compile (minutes)
+    /work/fid-venv/bin/python -m validation.xla_dcn_schedule --no-overlap     # the recipes' flags
+    .venv/bin/python -m validation.xla_dcn_schedule --hlo dcn.hlo.txt          # read a saved dump
 
 `--no-overlap` compiles with MaxText's data-parallel overlap flags turned off
 (`DATA_PARALLEL_OVERLAP`: `--xla_tpu_enable_data_parallel_all_reduce_opt`,
@@ -52,8 +52,7 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _xla  # noqa: E402
+from validation import xla_compile
 
 DIMS = dict(d_model=3840, num_heads=16, num_kv_heads=8, head_dim=256, d_ff=15360,
             vocab_size=32768)
@@ -63,7 +62,7 @@ NO_OVERLAP = ("--xla_tpu_enable_data_parallel_all_reduce_opt=false "
 
 
 def compile_program(transpose: bool = False, chip: str = "v6e") -> str:
-    _xla.init_jax()
+    xla_compile.init_jax()
     import jax.numpy as jnp
     import numpy as np
     from jax.experimental import topologies
@@ -75,7 +74,7 @@ def compile_program(transpose: bool = False, chip: str = "v6e") -> str:
     devices = np.array(sorted(topo.devices, key=lambda d: (d.slice_index, d.id)))
     mesh = Mesh(devices.reshape(SLICES, FSDP), ("data", "fsdp"),
                 axis_types=(AxisType.Auto,) * 2)
-    dec = _xla.Decoder(mesh, DIMS, param_dtype="float32")
+    dec = xla_compile.Decoder(mesh, DIMS, param_dtype="float32")
     if transpose:
         dec.wspec.update(w1=P(None, "fsdp"), w3=P(None, "fsdp"), w2=P("fsdp", None))
     params = dec.params(LAYERS, stacked=True)
@@ -92,7 +91,7 @@ _PASS = ("bitcast", "copy", "copy-start", "copy-done", "convert", "reshape", "al
 
 
 def _bytes(shape: str) -> int:
-    return _xla.hlo_shape_bytes(shape, tuple_first=True)
+    return xla_compile.hlo_shape_bytes(shape, tuple_first=True)
 
 
 def read_dcn(text: str) -> dict:

@@ -4,11 +4,11 @@ optimized HLO text as tpusim test fixtures (`tests/fixtures/hlo/*.hlo.txt`).
 jax is not a tpusim dependency (optional extra `[hlo]`): run this with a throwaway venv:
 
     python3.11 -m venv /work/hlo-venv && /work/hlo-venv/bin/pip install "jax[tpu]==0.10.2"
-    /work/hlo-venv/bin/python benchmarks/make_hlo_fixtures.py [--only NAME] [--out DIR]
+    /work/hlo-venv/bin/python -m validation.make_hlo_fixtures [--only NAME] [--out DIR]
 
 The same program on a bigger slice (what XLA compiles there, for `tpusim replay`):
 
-    /work/hlo-venv/bin/python benchmarks/make_hlo_fixtures.py --only train_fsdp_tp_v5p64 \
+    /work/hlo-venv/bin/python -m validation.make_hlo_fixtures --only train_fsdp_tp_v5p64 \
         --topology v5p:8x8x8 --mesh fsdp=64,tensor=8 --out big/
     tpusim replay big/train_fsdp_tp_v5p64.v5p-8x8x8.hlo.txt.gz --slice v5p-1024
 
@@ -43,14 +43,13 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _xla  # noqa: E402
+from validation import xla_compile
 
-REPO = _xla.REPO
+REPO = xla_compile.REPO
 
 # A LLaMA-style decoder (GQA, SwiGLU, RMSNorm, untied embeddings), small enough that each
 # fixture is a few hundred KB of text. Same keys as a tpusim model YAML.
-SMALL = _xla.TINY
+SMALL = xla_compile.TINY
 
 FIXTURES = {
     # name: topology, mesh, program, model overrides, batch per chip, seq
@@ -78,7 +77,7 @@ def build(name: str, keep_metadata: bool, *, topology: str | None = None,
           mesh_axes: dict[str, int] | None = None) -> str:
     """The HLO text of fixture `name`'s program, compiled for its own topology and mesh or for
     `topology` and `mesh_axes` (the same program on another slice)."""
-    _xla.init_jax()
+    xla_compile.init_jax()
     import jax
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
@@ -91,7 +90,7 @@ def build(name: str, keep_metadata: bool, *, topology: str | None = None,
         cfg["mesh"] = mesh_axes
     n_layers = cfg["layers"]
     try:
-        mesh, devices = _xla.build_mesh(cfg["topology"], cfg["mesh"])
+        mesh, devices = xla_compile.build_mesh(cfg["topology"], cfg["mesh"])
     except Exception as exc:  # jax's ValueError / JaxRuntimeError, as one line
         mesh_text = ",".join(f"{k}={v}" for k, v in cfg["mesh"].items())
         raise SystemExit(f"{name} on {cfg['topology']} with mesh {mesh_text}: "
@@ -100,7 +99,7 @@ def build(name: str, keep_metadata: bool, *, topology: str | None = None,
                          f"physical axes)") from None
     n_chips = devices.size
     # Every layer under jax.checkpoint (remat full); the batch over fsdp.
-    model = _xla.Decoder(mesh, SMALL)
+    model = xla_compile.Decoder(mesh, SMALL)
     program = cfg["program"]
     batch = int(cfg["batch_per_chip"] * n_chips)
     seq = cfg["seq"]
@@ -120,7 +119,7 @@ def build(name: str, keep_metadata: bool, *, topology: str | None = None,
         lowered = jax.jit(jax.grad(f, argnums=1)).lower(x, w)
 
     text = lowered.compile().as_text()
-    coords = _xla.partition_coords(devices, cfg["topology"])
+    coords = xla_compile.partition_coords(devices, cfg["topology"])
     meta = dict(cfg, name=name, num_layers=n_layers, num_chips=n_chips, jax=jax.__version__,
                 **SMALL)
     if not keep_metadata and not cfg.get("bench"):

@@ -3,10 +3,10 @@
 Two sides:
 
 * **XLA** (`--compile`, needs a `jax[tpu]==0.10.2` python, `--jax-python`): a small LLaMA-style
-  decoder (`_xla.Decoder`: GQA, SwiGLU, RMSNorm in f32, untied embeddings, plain dot attention
-  with f32 scores, bf16 params, f32 Adam moments, layers scanned as MaxText's scan_layers) is
-  compiled deviceless for a real TPU topology with each remat policy (`none`; `full` =
-  `jax.checkpoint` per layer; `minimal` = `jax.checkpoint` with
+  decoder (`xla_compile.Decoder`: GQA, SwiGLU, RMSNorm in f32, untied embeddings, plain dot
+  attention with f32 scores, bf16 params, f32 Adam moments, layers scanned as MaxText's
+  scan_layers) is compiled deviceless for a real TPU topology with each remat policy (`none`;
+  `full` = `jax.checkpoint` per layer; `minimal` = `jax.checkpoint` with
   `checkpoint_dots_with_no_batch_dims`, MaxText's minimal policy; `offload` =
   `save_and_offload_only_these_names` sending the weight matmuls' outputs to pinned host
   memory, MaxText's minimal_offloaded) and mesh; the `*_splash` programs put jax's Pallas
@@ -14,42 +14,45 @@ Two sides:
   dot attention. Per program it
   records `compiled.memory_analysis()` (peak, temp, argument and host temp bytes),
   `compiled.cost_analysis()` (flops, bytes accessed) and how XLA gathered the weights. Results
-  are cached in `benchmarks/results/xla_memory.json` so the table can be regenerated without
+  are cached in `validation/results/xla_memory.json` so the table can be regenerated without
   jax.
 * **tpusim**: `tpusim train --json` with the same model, mesh, batch, sequence length, remat and
   `--attention dot` (`--attention flash` for the splash programs; `hbm_peak_bytes`,
   `hbm_peak_breakdown`).
 
 Run:
-    .venv/bin/python benchmarks/xla_memory.py --compile --jax-python /work/fid-venv/bin/python
-    .venv/bin/python benchmarks/xla_memory.py [--write]    # table from the cache
+    .venv/bin/python -m validation.xla_memory --compile --jax-python /work/fid-venv/bin/python
+    .venv/bin/python -m validation.xla_memory [--write]    # table from the cache
 
 `--write` rewrites docs/validation.md from the `<!-- peak-hbm -->` marker on (the sections
-before it belong to validate_maxtext.py and validate_hlo.py). This file is also the XLA worker
-(`--worker NAME`, run under the jax python; it imports no tpusim code).
+before it belong to `validation.maxtext` and `validation.hlo_import`). This module is also the
+XLA worker (`--worker NAME`, run under the jax python: a venv with `pip install '.[hlo]'`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _xla  # noqa: E402
+from topologies.mesh import parse_mesh
+from validation import xla_compile, xla_flash_cost, xla_live_ranges
+from workloads.models import model_from_dict
+from workloads.training import XLA_MAX_WINDOWED_RING, Remat, TrainingConfig, compile_training_step
 
-REPO = _xla.REPO
-CACHE = _xla.RESULTS / "xla_memory.json"
+REPO = xla_compile.REPO
+CACHE = xla_compile.RESULTS / "xla_memory.json"
 DOC = REPO / "docs" / "validation.md"
 MARKER = "<!-- peak-hbm -->"
 
 # A LLaMA-style decoder small enough to compile in tens of seconds: d_model 2048, 16 heads of
 # 128 (8 KV heads), SwiGLU d_ff 8192, vocab 32768, untied embeddings.
-DIMS = _xla.SMALL
+DIMS = xla_compile.SMALL
 LAYERS = 4
 # The splash kernel's block sizes (every one of block_q, block_kv, block_kv_compute and the
 # backward's): MaxText's default sa_block_* (base.yml).
@@ -57,8 +60,8 @@ FLASH_BLOCK = 512
 
 
 def tpusim_model(layers: int = LAYERS, dims: str = "SMALL") -> dict:
-    """The same decoder as a tpusim model (`dims`: the `_xla` widths, SMALL or WIDE)."""
-    return _xla.tpusim_model_dict(getattr(_xla, dims), layers, "xla-memory")
+    """The same decoder as a tpusim model (`dims`: the `xla_compile` widths, SMALL or WIDE)."""
+    return xla_compile.tpusim_model_dict(getattr(xla_compile, dims), layers, "xla-memory")
 
 
 # Physical topology, tpusim pod flags, per chip generation (and the large pods whose FSDP
@@ -176,7 +179,7 @@ def _configs() -> dict[str, dict]:
 
 CONFIGS = _configs()
 
-# The other kinds of program (issue 11: MoE and decode), as benchmarks/xla_crosscheck.py
+# The other kinds of program (issue 11: MoE and decode), as validation/xla_crosscheck.py
 # compiles them: the MaxText-style dropping MoE training step on fsdp=4 x expert=4 v6e (with
 # Adam here, like the dense rows, and without the final norm the crosscheck's program has
 # since gained: a [tokens, d_model] buffer) and a one-token decode step of a
@@ -198,7 +201,7 @@ OTHER = {
                  num_heads=8, head_dim=128, vocab_size=4096, router="maxtext")),
     "decode_v5e_tp8_kv2048": dict(
         mode="decode", topology="v5e:2x4", pod=["--chip", "v5e", "--shape", "2x4"],
-        mesh={"tensor": 8}, batch=8, kv_len=2048, layers=2, dims=_xla.LLAMA3_8B),
+        mesh={"tensor": 8}, batch=8, kv_len=2048, layers=2, dims=xla_compile.LLAMA3_8B),
 }
 ALL = [*CONFIGS, *OTHER]
 
@@ -209,17 +212,17 @@ ALL = [*CONFIGS, *OTHER]
 
 def _other_worker(name: str) -> dict:
     cfg = OTHER[name]
-    mesh, devices = _xla.build_mesh(cfg["topology"], cfg["mesh"])
+    mesh, devices = xla_compile.build_mesh(cfg["topology"], cfg["mesh"])
     if cfg["mode"] == "moe_train":
-        lowered = _xla.lower_moe_train(mesh, seq=cfg["seq"], num_layers=cfg["layers"],
-                                       optimizer="adam",
-                                       final_norm=cfg.get("final_norm", False), **cfg["moe"])
+        lowered = xla_compile.lower_moe_train(mesh, seq=cfg["seq"], num_layers=cfg["layers"],
+                                              optimizer="adam",
+                                              final_norm=cfg.get("final_norm", False), **cfg["moe"])
     else:
-        model = _xla.Decoder(mesh, cfg["dims"])
+        model = xla_compile.Decoder(mesh, cfg["dims"])
         lowered = model.lower_decode(cfg["layers"], cfg["batch"], cfg["kv_len"])
     compiled = lowered.compile()
-    return {"config": name, "num_chips": int(devices.size), **_xla.memory_stats(compiled),
-            **_xla.cost_stats(compiled), **gather_forms(compiled.as_text())}
+    return {"config": name, "num_chips": int(devices.size), **xla_compile.memory_stats(compiled),
+            **xla_compile.cost_stats(compiled), **gather_forms(compiled.as_text())}
 
 
 def _worker(name: str, dump: str | None) -> None:
@@ -228,11 +231,10 @@ def _worker(name: str, dump: str | None) -> None:
     temporary directory when `dump` is None)."""
     with tempfile.TemporaryDirectory() as tmp:
         dump = dump or tmp
-        _xla.init_jax(dump)
+        xla_compile.init_jax(dump)
         result = _other_worker(name) if name in OTHER else _dense_worker(name)
-        import xla_live_ranges
 
-        _xla.emit({**result, "hbm_peak_bytes": int(xla_live_ranges.hbm_peak(Path(dump)))})
+        xla_compile.emit({**result, "hbm_peak_bytes": int(xla_live_ranges.hbm_peak(Path(dump)))})
 
 
 def _dense_worker(name: str) -> dict:
@@ -241,8 +243,8 @@ def _dense_worker(name: str) -> dict:
 
     cfg = CONFIGS[name]
     # The devices in topology order, reshaped: data outermost, tensor innermost.
-    mesh, devices = _xla.build_mesh(CHIPS[cfg["chip"]][0], MESHES[cfg["mesh"]],
-                                    placement="topology")
+    mesh, devices = xla_compile.build_mesh(CHIPS[cfg["chip"]][0], MESHES[cfg["mesh"]],
+                                           placement="topology")
     n_chips = devices.size
     tp = "tensor" if "tensor" in mesh.axis_names else None
     bs = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names)
@@ -256,19 +258,19 @@ def _dense_worker(name: str) -> dict:
     if remat == "offload":
         from jax.ad_checkpoint import checkpoint_name as tag
     else:
-        tag = _xla._identity_tag
-    model = _xla.Decoder(mesh, getattr(_xla, cfg.get("dims", "SMALL")),
-                         act_spec=P(bs, seq_ax, None), tag=tag,
-                         param_dtype="float32" if cfg.get("f32_params") else "bfloat16",
-                         attention=cfg.get("attention", "dot"), flash_block=FLASH_BLOCK)
+        tag = xla_compile._identity_tag
+    model = xla_compile.Decoder(mesh, getattr(xla_compile, cfg.get("dims", "SMALL")),
+                                act_spec=P(bs, seq_ax, None), tag=tag,
+                                param_dtype="float32" if cfg.get("f32_params") else "bfloat16",
+                                attention=cfg.get("attention", "dot"), flash_block=FLASH_BLOCK)
     # The layers' weights stacked on a leading layer axis and scanned, as MaxText does
     # (scan_layers): one loop body, saved activations stacked per layer.
     params = model.params(cfg.get("layers", LAYERS), stacked=True)
     batch = int(round(cfg["batch_per_chip"] * n_chips))
     tokens = model.sds((batch, cfg["seq"]), P(bs, None), jnp.int32)
     compiled = model.lower_train(params, tokens, remat=remat, scan=True).compile()
-    return {"config": name, "num_chips": int(n_chips), **_xla.memory_stats(compiled),
-            **_xla.cost_stats(compiled), **gather_forms(compiled.as_text())}
+    return {"config": name, "num_chips": int(n_chips), **xla_compile.memory_stats(compiled),
+            **xla_compile.cost_stats(compiled), **gather_forms(compiled.as_text())}
 
 
 def xla_hbm_peak(x: dict) -> float:
@@ -281,8 +283,6 @@ def xla_hbm_peak(x: dict) -> float:
 def backfill_from_dumps(cache: dict, dirs: list[str]) -> list[str]:
     """Set `hbm_peak_bytes` of the cached programs that lack it from earlier dumps
     (DIR/PROGRAM, as `--dump DIR` writes them); the names filled."""
-    import xla_live_ranges
-
     done = []
     for name, x in sorted(cache.items()):
         if "hbm_peak_bytes" in x:
@@ -300,8 +300,6 @@ def gather_forms(hlo: str) -> dict:
     async and blocking all-gathers (counted once per HLO instruction, not per trip); and how
     it reduces gradients: reduce-scatters (plain, TPU all-reduce-scatter fusions, windowed
     loops) and synchronous all-reduces (no start/done pair)."""
-    import re
-
     return {"windowed_ag_loops": len(re.findall(r"body=%[\w.]*windowed_dot_general_body_ag", hlo)),
             "reduce_scatters": len(re.findall(r"\breduce-scatter\(", hlo))
             + len(re.findall(r"calls=%all-reduce-scatter", hlo))
@@ -328,9 +326,6 @@ def fsdp_grad_flag(name: str, xla: dict) -> str:
     gradient by a synchronous all-reduce of the whole gradient, else `reduce-scatter`. A
     compile that read otherwise (a reduce-scatter in such a program) is an error: the rule
     would not hold."""
-    sys.path.insert(0, str(REPO))
-    from workloads.training import XLA_MAX_WINDOWED_RING
-
     if MESHES[CONFIGS[name]["mesh"]].get("fsdp", 1) <= XLA_MAX_WINDOWED_RING:
         return "reduce-scatter"
     if xla.get("reduce_scatters", 0):
@@ -352,7 +347,7 @@ def tpusim_other_peak(name: str, xla: dict) -> dict:
         model = Path(tmp, "model.yaml")
         if cfg["mode"] == "moe_train":
             m = cfg["moe"]
-            model.write_text(_xla.tpusim_model_yaml(_xla.tpusim_model_dict(
+            model.write_text(xla_compile.tpusim_model_yaml(xla_compile.tpusim_model_dict(
                 dict(d_model=m["d_model"], num_heads=m["num_heads"],
                      num_kv_heads=m["num_heads"], head_dim=m["head_dim"], d_ff=m["d_ff"],
                      vocab_size=m["vocab_size"], num_experts=m["num_experts"],
@@ -364,7 +359,7 @@ def tpusim_other_peak(name: str, xla: dict) -> dict:
                    "--capacity-factor", str(m["capacity_factor"]),
                    "--fsdp-gather", fsdp_gather_flag(xla), "--json"]
         else:
-            model.write_text(_xla.tpusim_model_yaml(_xla.tpusim_model_dict(
+            model.write_text(xla_compile.tpusim_model_yaml(xla_compile.tpusim_model_dict(
                 cfg["dims"], cfg["layers"], name)))
             cmd = [sys.executable, "-m", "sim", "decode", *cfg["pod"], "--model", str(model),
                    "--batch", str(cfg["batch"]), "--context-len", str(cfg["kv_len"]),
@@ -383,7 +378,7 @@ def tpusim_peak(name: str, xla: dict) -> dict:
     cfg = CONFIGS[name]
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp, "model.yaml")
-        model.write_text(_xla.tpusim_model_yaml(tpusim_model(cfg.get("layers", LAYERS),
+        model.write_text(xla_compile.tpusim_model_yaml(tpusim_model(cfg.get("layers", LAYERS),
                                                         cfg.get("dims", "SMALL"))))
         mesh = ",".join(f"{k}={v}" for k, v in MESHES[cfg["mesh"]].items())
         cmd = [sys.executable, "-m", "sim", "train", *CHIPS[cfg["chip"]][1],
@@ -407,11 +402,6 @@ def tpusim_peak(name: str, xla: dict) -> dict:
 def tpusim_host_bytes(name: str) -> float:
     """What tpusim's `offload` keeps in host memory by the end of the forward: every layer's
     offloaded set (the PCIe bytes of its `offload_activations` ops)."""
-    sys.path.insert(0, str(REPO))
-    from topologies.mesh import parse_mesh
-    from workloads.models import model_from_dict
-    from workloads.training import Remat, TrainingConfig, compile_training_step
-
     cfg = CONFIGS[name]
     model = model_from_dict(tpusim_model(cfg.get("layers", LAYERS), cfg.get("dims", "SMALL")))
     axes = MESHES[cfg["mesh"]]
@@ -427,8 +417,8 @@ def tpusim_host_bytes(name: str) -> float:
 
 
 def run_xla(name: str, jax_python: str, dump: str | None) -> dict:
-    return _xla.run_worker(__file__, name, jax_python,
-                           ["--dump", str(Path(dump, name))] if dump else [])
+    return xla_compile.run_worker("validation.xla_memory", name, jax_python,
+                                  ["--dump", str(Path(dump, name))] if dump else [])
 
 
 def describe(name: str) -> str:
@@ -502,8 +492,8 @@ def section(cache: dict) -> str:
     return "\n".join([
         MARKER, "",
         "## Peak HBM against XLA's compiled programs", "",
-        "_Generated by `benchmarks/xla_memory.py --write` from the cached compiles in "
-        "`benchmarks/results/xla_memory.json`._", "",
+        "_Generated by `python -m validation.xla_memory --write` from the cached compiles in "
+        "`validation/results/xla_memory.json`._", "",
         f"XLA side: a LLaMA-style decoder (d_model {m['d_model']}, {m['num_heads']} heads / "
         f"{m['num_kv_heads']} KV heads of {m['head_dim']}, SwiGLU d_ff {m['d_ff']}, vocab "
         f"{m['vocab_size']}, untied embeddings, {LAYERS} layers (2 where the row says so) scanned "
@@ -512,7 +502,7 @@ def section(cache: dict) -> str:
         "by `jax[tpu]==0.10.2` (the rows marked `splash attention`: jax's Pallas "
         "splash-attention kernel in place of dot attention, below); the peak is the HBM "
         "peak of XLA's buffer assignment "
-        "(`hbm_peak_bytes`: `benchmarks/xla_live_ranges.py`'s occupancy of the compile's "
+        "(`hbm_peak_bytes`: `validation/xla_live_ranges.py`'s occupancy of the compile's "
         "dump, host, VMEM and SMEM values left out), which equals "
         "`compiled.memory_analysis().peak_memory_in_bytes` to 0.01% on every dense training "
         "program; where they differ the row shows both. "
@@ -772,9 +762,8 @@ def flash_paragraph(by_name: dict[str, float]) -> str:
         "(0.877 GB: -15.1%), and showed the same buffer; tpusim now keeps them under "
         "`--attention flash` on a chip that keeps the loss value's logits "
         "(`windowed_head_gradient_bytes`, docs/model.md \"Memory\": -4.5% and -1.2%).")
-    import xla_flash_cost
 
-    cost = _xla.load_cache(xla_flash_cost.CACHE)
+    cost = xla_compile.load_cache(xla_flash_cost.CACHE)
     if cost:
         text += "\n\n" + xla_flash_cost.section(cost)
     return text
@@ -788,7 +777,7 @@ def main() -> int:
     ap.add_argument("--compile", action="store_true",
                     help="compile the programs missing from the cache with the jax python")
     ap.add_argument("--recompile", action="store_true", help="compile every selected program")
-    ap.add_argument("--jax-python", default=_xla.DEFAULT_JAX_PYTHON,
+    ap.add_argument("--jax-python", default=xla_compile.DEFAULT_JAX_PYTHON,
                     help="python with jax[tpu]==0.10.2 (default %(default)s)")
     ap.add_argument("--configs", default=",".join(ALL), help="comma list of programs")
     ap.add_argument("--from-dumps", nargs="+", metavar="DIR",
@@ -805,18 +794,18 @@ def main() -> int:
     if unknown:
         ap.error(f"unknown program(s) {', '.join(unknown)}; known: {', '.join(ALL)}")
     if args.from_dumps:
-        cache = _xla.load_cache(CACHE)
+        cache = xla_compile.load_cache(CACHE)
         done = backfill_from_dumps(cache, args.from_dumps)
-        _xla.write_cache(CACHE, cache)
+        xla_compile.write_cache(CACHE, cache)
         print(f"hbm_peak_bytes set for {len(done)} programs: {', '.join(done) or 'none'}")
         return 0
     if args.compile or args.recompile:
-        cache = _xla.compile_into_cache(
+        cache = xla_compile.compile_into_cache(
             names, CACHE, lambda n: run_xla(n, args.jax_python, args.dump),
             recompile=args.recompile,
             report=lambda n, r: f"peak {r['peak_bytes'] / 1e9:.3f} GB")
     else:
-        cache = _xla.load_cache(CACHE)
+        cache = xla_compile.load_cache(CACHE)
     text = section({n: cache[n] for n in names if n in cache})
     if args.write:
         old = DOC.read_text()

@@ -18,7 +18,7 @@ chip. Per program it records every `tpu_custom_call` of the optimized HLO (the d
 `cost_estimate` the kernel passed to `pallas_call` (flops, transcendentals, bytes accessed),
 an `estimated_cycles` if XLA's cost model gave it one, and the VMEM it reserves; and
 `compiled.cost_analysis()` (flops, transcendentals, bytes). Cached in
-`benchmarks/results/xla_flash_cost.json`.
+`validation/results/xla_flash_cost.json`.
 
 tpusim side: the same attention in `tpusim train --attention flash` (a model of these widths,
 fsdp=16, remat none): layer 0's `flash_attention` and `flash_attention_bwd` ops, their FLOPs,
@@ -29,10 +29,11 @@ XLA gives a custom call no cycle estimate of its own. Nothing here changes tpusi
 (a change would need a refit of the MXU factors; docs/validation.md).
 
 Run:
-    .venv/bin/python benchmarks/xla_flash_cost.py --compile --jax-python /work/fid-venv/bin/python
-    .venv/bin/python benchmarks/xla_flash_cost.py          # the table from the cache
+    .venv/bin/python -m validation.xla_flash_cost --compile --jax-python /work/fid-venv/bin/python
+    .venv/bin/python -m validation.xla_flash_cost          # the table from the cache
 
-This file is also the XLA worker (`--worker NAME`, under the jax python; no tpusim imports).
+This module is also the XLA worker (`--worker NAME`, under the jax python: a venv with
+`pip install '.[hlo]'`).
 """
 
 from __future__ import annotations
@@ -44,11 +45,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _xla  # noqa: E402
+from sim.engine import compute_op_times
+from sim.hardware import get_chip
+from topologies.mesh import parse_mesh
+from validation import xla_compile
+from workloads.models import model_from_dict
+from workloads.training import Remat, TrainingConfig, compile_training_step
 
-REPO = _xla.REPO
-CACHE = _xla.RESULTS / "xla_flash_cost.json"
+REPO = xla_compile.REPO
+CACHE = xla_compile.RESULTS / "xla_flash_cost.json"
 
 HEADS, HEAD_DIM, SEQ, BATCH_PER_CHIP, BLOCK = 16, 128, 2048, 2, 512
 FSDP = 16
@@ -132,13 +137,13 @@ def parse_custom_calls(text: str) -> list[dict]:
 def _worker(name: str) -> None:
     chip, kernel = PROGRAMS[name]
     with tempfile.TemporaryDirectory() as dump:
-        _xla.init_jax(dump)
+        xla_compile.init_jax(dump)
         import jax
         import jax.numpy as jnp
         from jax.sharding import NamedSharding
         from jax.sharding import PartitionSpec as P
 
-        mesh, devices = _xla.build_mesh(CHIPS[chip], {"fsdp": FSDP}, placement="topology")
+        mesh, devices = xla_compile.build_mesh(CHIPS[chip], {"fsdp": FSDP}, placement="topology")
         attn = _attention_fn(mesh, kernel)
 
         def loss(q, k, v):
@@ -154,10 +159,10 @@ def _worker(name: str) -> None:
         if len(files) != 1:
             raise RuntimeError(f"expected one after_codegen dump, found {files}")
         calls = parse_custom_calls(Path(files[0]).read_text())
-    _xla.emit({"program": name, "chip": chip, "kernel": kernel, "num_chips": int(devices.size),
-               "custom_calls": calls,
-               "cost_analysis": {k: float(cost.get(k, 0.0))
-                                 for k in ("flops", "transcendentals", "bytes accessed")}})
+    xla_compile.emit({"program": name, "chip": chip, "kernel": kernel,
+                      "num_chips": int(devices.size), "custom_calls": calls,
+                      "cost_analysis": {k: float(cost.get(k, 0.0))
+                                        for k in ("flops", "transcendentals", "bytes accessed")}})
 
 
 # --------------------------------------------------------------------------------------------
@@ -167,15 +172,8 @@ def _worker(name: str) -> None:
 def tpusim_flash_ops(chip_name: str) -> dict[str, dict]:
     """Layer 0's `flash_attention` and `flash_attention_bwd` in tpusim's step of the same
     attention: flops, HBM bytes and seconds alone on the chip."""
-    sys.path.insert(0, str(REPO))
-    from sim.engine import compute_op_times
-    from sim.hardware import get_chip
-    from topologies.mesh import parse_mesh
-    from workloads.models import model_from_dict
-    from workloads.training import Remat, TrainingConfig, compile_training_step
-
-    dims = dict(_xla.SMALL, num_kv_heads=HEADS)
-    model = model_from_dict(_xla.tpusim_model_dict(dims, 1, "xla-flash-cost"))
+    dims = dict(xla_compile.SMALL, num_kv_heads=HEADS)
+    model = model_from_dict(xla_compile.tpusim_model_dict(dims, 1, "xla-flash-cost"))
     tc = TrainingConfig(seq_len=SEQ, batch_per_chip=BATCH_PER_CHIP, remat=Remat.NONE,
                         attention="flash")
     trace = compile_training_step(model, parse_mesh(f"fsdp={FSDP}"), FSDP, tc)
@@ -192,9 +190,6 @@ def tpusim_flash_ops(chip_name: str) -> dict[str, dict]:
 
 def roofline_s(chip_name: str, flops: float, nbytes: float) -> float:
     """XLA's estimate as time: FLOPs at the bf16 MXU peak or bytes at the HBM bandwidth."""
-    sys.path.insert(0, str(REPO))
-    from sim.hardware import get_chip
-
     chip = get_chip(chip_name)
     return max(flops / chip.mxu_flops_per_s, nbytes / chip.hbm_bytes_per_s)
 
@@ -245,8 +240,8 @@ def section(cache: dict) -> str:
     cyc_txt = (f"None of the {n_calls} custom calls has an `estimated_cycles`" if not cycles
                else f"{cycles} of the {n_calls} custom calls have an `estimated_cycles`")
     return "\n".join([
-        "What the kernels' custom calls say they cost (`benchmarks/xla_flash_cost.py`, "
-        "cached in `benchmarks/results/xla_flash_cost.json`): the attention alone "
+        "What the kernels' custom calls say they cost (`validation/xla_flash_cost.py`, "
+        "cached in `validation/results/xla_flash_cost.json`): the attention alone "
         f"({HEADS} heads of {HEAD_DIM}, seq {SEQ}, {BATCH_PER_CHIP} sequences per chip on "
         f"fsdp={FSDP}, causal, blocks of {BLOCK}, forward and backward by `jax.grad`) with "
         "the splash kernel and with jax's older Pallas `flash_attention` kernel, on each "
@@ -281,19 +276,20 @@ def main() -> int:
     ap.add_argument("--compile", action="store_true",
                     help="compile the programs missing from the cache with the jax python")
     ap.add_argument("--recompile", action="store_true", help="compile every program")
-    ap.add_argument("--jax-python", default=_xla.DEFAULT_JAX_PYTHON,
+    ap.add_argument("--jax-python", default=xla_compile.DEFAULT_JAX_PYTHON,
                     help="python with jax[tpu]==0.10.2 (default %(default)s)")
     args = ap.parse_args()
     if args.worker:
         _worker(args.worker)
         return 0
     if args.compile or args.recompile:
-        cache = _xla.compile_into_cache(
-            PROGRAMS, CACHE, lambda n: _xla.run_worker(__file__, n, args.jax_python),
+        cache = xla_compile.compile_into_cache(
+            PROGRAMS, CACHE,
+            lambda n: xla_compile.run_worker("validation.xla_flash_cost", n, args.jax_python),
             recompile=args.recompile,
             report=lambda n, r: f"{len(r['custom_calls'])} custom calls")
     else:
-        cache = _xla.load_cache(CACHE)
+        cache = xla_compile.load_cache(CACHE)
     print(table(cache))
     return 0
 

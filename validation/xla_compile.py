@@ -1,12 +1,13 @@
-"""The XLA side shared by the scripts that compile JAX programs deviceless for real TPU
-topologies (make_hlo_fixtures.py, xla_crosscheck.py, xla_memory.py, xla_moe_schedule.py) and
-read the results back (validate_hlo.py): the JAX models, the mesh, the deviceless compile and
-the compile-and-cache loop.
+"""The XLA side shared by the modules that compile JAX programs deviceless for real TPU
+topologies (make_hlo_fixtures, xla_crosscheck, xla_memory, xla_moe_schedule) and read the
+results back (hlo_import): the JAX models, the mesh, the deviceless compile and the
+compile-and-cache loop.
 
 jax is not a tpusim dependency. The functions that build and compile programs import jax
 lazily and run under a python with `jax[tpu]==0.10.2` (docs/reference/xla.md; the driver
-scripts call themselves as a worker under `--jax-python`); everything else here runs under the
-project's python too and imports no tpusim code at module level.
+modules run themselves as a worker, `python -m validation.NAME --worker`, under
+`--jax-python`: a venv with `pip install '.[hlo]'`); everything else here runs under the
+project's python too and imports no tpusim code.
 
 The models (one place, so every script compiles the same decoder):
 
@@ -31,8 +32,11 @@ import subprocess
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "benchmarks" / "results"
+# The cached XLA results (committed, so the tables regenerate without jax).
+RESULTS = REPO / "validation" / "results"
 # A venv with jax[tpu]==0.10.2 (docs/reference/xla.md says how to make one).
 DEFAULT_JAX_PYTHON = "/work/fid-venv/bin/python"
 # The line a worker prints its result on (one JSON object).
@@ -95,7 +99,6 @@ def build_mesh(topology: str, axes: dict[str, int], placement: str = "make_mesh"
     MaxText's custom mesh of that name (axes of 64 and 4 on a 16x16). Axes are `Auto` (jax
     0.10's default Explicit rejects Megatron-style einsums)."""
     init_jax()
-    import numpy as np
     from jax.experimental import topologies
     from jax.sharding import AxisType, Mesh
 
@@ -121,8 +124,6 @@ def _hybrid_ring_64x4(devices, shape: tuple[int, ...]):
     """MaxText's `hybrid_ring_64x4` device order on a 16x16 slice (`max_utils.
     reshape_mesh_to_rings`): mesh index (i, j) of shape (64, 4) is block i of the 8x8 grid of
     2x2 blocks (x-major) and chip j of that block's 4-ring."""
-    import numpy as np
-
     if tuple(shape) != (64, 4):
         raise ValueError(f"hybrid_ring_64x4 needs mesh axes of 64 and 4, got {shape}")
     at = {tuple(d.coords[:2]): d for d in devices}
@@ -694,11 +695,13 @@ def have_jax(jax_python: str) -> bool:
         [jax_python, "-c", "import jax, libtpu"], capture_output=True).returncode == 0
 
 
-def run_worker(script: str | Path, name: str, jax_python: str,
+def run_worker(module: str, name: str, jax_python: str,
                extra: Iterable[str] = ()) -> dict:
-    """Run `script --worker NAME [extra]` under the jax python; its `emit`ted result."""
-    cmd = [jax_python, str(Path(script).resolve()), "--worker", name, *extra]
-    env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+    """Run `python -m MODULE --worker NAME [extra]` under the jax python, with this checkout
+    first on its path; its `emit`ted result."""
+    cmd = [jax_python, "-m", module, "--worker", name, *extra]
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1", PYTHONPATH=path)
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     for line in r.stdout.splitlines():
         if line.startswith(RESULT_PREFIX):

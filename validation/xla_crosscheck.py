@@ -2,7 +2,7 @@
 
 Two sides:
 
-* **XLA**: a small JAX LLaMA-style decoder (`_xla.Decoder`: GQA, SwiGLU, RMSNorm, untied
+* **XLA**: a small JAX LLaMA-style decoder (`xla_compile.Decoder`: GQA, SwiGLU, RMSNorm, untied
   embeddings, Adam, `jax.checkpoint` per layer = remat full) is compiled for a real TPU
   topology on this CPU-only
   machine (`jax[tpu]` + `jax.experimental.topologies`, `JAX_PLATFORMS=cpu`). The optimized HLO
@@ -11,15 +11,15 @@ Two sides:
 * **tpusim**: `python -m sim compile` with the same dimensions and mesh; collectives are read
   from the trace JSON.
 
-jax is NOT a project dependency: install it into a separate venv and pass its python:
+jax is NOT a project dependency: install it into a separate venv (with tpusim's own
+dependencies, which the worker imports with this module) and pass its python:
 
-    python3.11 -m venv /tmp/jaxvenv && /tmp/jaxvenv/bin/pip install "jax[tpu]==0.10.2"
-    .venv/bin/python benchmarks/xla_crosscheck.py --jax-python /tmp/jaxvenv/bin/python \
-        --json benchmarks/results/xla_collectives.json    # compile what the cache lacks
+    python3.11 -m venv /tmp/jaxvenv && /tmp/jaxvenv/bin/pip install '.[hlo]'
+    .venv/bin/python -m validation.xla_crosscheck --jax-python /tmp/jaxvenv/bin/python \
+        --json validation/results/xla_collectives.json    # compile what the cache lacks
 
 Without the jax python the XLA side is skipped with a message (tpusim side still printed).
-This file is also the XLA worker (`--worker CONFIG`, run by the jax python; it imports no
-tpusim code).
+This module is also the XLA worker (`--worker CONFIG`, run by the jax python).
 
 Per program the cache (`--json`) also keeps XLA's per-op cost estimates (`op_costs`:
 `estimated_cycles` times loop trip counts, by op_name) and the dot FLOPs per chip that
@@ -39,20 +39,33 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
+import itertools
 import json
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _xla  # noqa: E402
+from sim.engine import compute_op_times, replay
+from sim.hardware import get_chip
+from topologies.mesh import parse_mesh
+from topologies.slices import resolve_topology
+from validation import xla_compile
+from workloads.decode import DecodeConfig, compile_decode_step
+from workloads.hlo.lower import conv_flops, import_hlo
+from workloads.hlo.parser import dot_dims, parse_hlo, replica_groups
+from workloads.models import load_model, model_from_dict
+from workloads.moe import MoeConfig
+from workloads.trace import OpKind
+from workloads.training import Remat, TrainingConfig, compile_training_step
 
-REPO = _xla.REPO
+REPO = xla_compile.REPO
 
 # LLaMA-3-8B widths, fewer layers.
-DIMS = _xla.LLAMA3_8B
+DIMS = xla_compile.LLAMA3_8B
 
 # name -> configuration. batch_per_chip follows tpusim's convention (global = this x chips).
 CONFIGS = {
@@ -119,9 +132,9 @@ FORM_PROBES = {
 ALL_PROGRAMS = {**CONFIGS, **FORM_PROBES}
 
 # The narrower model of `fsdp_v5e16_small` (xla_memory.py's decoder).
-SMALL = _xla.SMALL
+SMALL = xla_compile.SMALL
 # LLaMA-3-70B widths (fsdp_v6e64_wide).
-WIDE = _xla.WIDE
+WIDE = xla_compile.WIDE
 
 # tpusim option variants tried for each training configuration.
 TPUSIM_VARIANTS = {
@@ -140,7 +153,7 @@ KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective
 # --------------------------------------------------------------------------------------------
 
 def _worker(name: str, dump_dir: str | None) -> None:
-    _xla.init_jax()
+    xla_compile.init_jax()
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
 
@@ -153,20 +166,20 @@ def _worker(name: str, dump_dir: str | None) -> None:
     n_layers = cfg["layers"]
     names = tuple(cfg["mesh"])
     shape = tuple(cfg["mesh"].values())
-    mesh, devices = _xla.build_mesh(cfg["topology"], cfg["mesh"])
+    mesh, devices = xla_compile.build_mesh(cfg["topology"], cfg["mesh"])
     n_chips = devices.size
     # Named scopes (embed, layer{i}, head, adam) attribute each collective to its layer.
-    model = _xla.Decoder(mesh, dims, scopes=True,
-                         param_dtype=cfg.get("param_dtype", "bfloat16"))
+    model = xla_compile.Decoder(mesh, dims, scopes=True,
+                                param_dtype=cfg.get("param_dtype", "bfloat16"))
     batch = int(cfg["batch_per_chip"] * n_chips)
     if cfg["mode"] == "train":
         tokens = model.sds((batch, cfg["seq"]), P(model.bs, None), jnp.int32)
         lowered = model.lower_train(model.params(n_layers), tokens,
                                     remat=cfg.get("remat", "full"))
     elif cfg["mode"] == "moe_train":
-        lowered = _xla.lower_moe_train(mesh, seq=cfg["seq"], num_layers=n_layers, scopes=True,
-                                       final_norm=cfg.get("final_norm", False),
-                                       **cfg["moe"])
+        lowered = xla_compile.lower_moe_train(mesh, seq=cfg["seq"], num_layers=n_layers,
+                                              scopes=True, final_norm=cfg.get("final_norm", False),
+                                              **cfg["moe"])
     else:  # decode: one new token per sequence against a KV cache of kv_len
         lowered = model.lower_decode(n_layers, batch, cfg["kv_len"],
                                      sampling=cfg.get("sampling", "argmax"),
@@ -190,7 +203,7 @@ def _worker(name: str, dump_dir: str | None) -> None:
            "alias_bytes": getattr(mem, "alias_size_in_bytes", None),
            "peak_bytes": getattr(mem, "peak_memory_in_bytes", None),
            "op_costs": costs}
-    _xla.emit(out)
+    xla_compile.emit(out)
 
 
 # --------------------------------------------------------------------------------------------
@@ -591,17 +604,14 @@ def run_xla(name: str, jax_python: str, dump_dir: str | None) -> dict:
     tpusim's HLO importer counts in the compiled module (`xla_dot_flops`)."""
     with tempfile.TemporaryDirectory() as tmp:
         where = dump_dir or tmp
-        xr = _xla.run_worker(__file__, name, jax_python, ["--dump", where])
+        xr = xla_compile.run_worker("validation.xla_crosscheck", name, jax_python,
+                                    ["--dump", where])
         xr["dot_flops"] = xla_dot_flops(name, Path(where, f"{name}.hlo.txt").read_text())
     return xr
 
 
 def _pod(name: str):
     """(ChipSpec, Topology) of a configuration's TPU topology."""
-    sys.path.insert(0, str(REPO))
-    from sim.hardware import get_chip
-    from topologies.slices import resolve_topology
-
     chip_name, shape = _chip_and_shape(CONFIGS[name])
     chip = get_chip(chip_name)
     return chip, resolve_topology(chip_name=chip.name, wrap_rule=chip.generation_rule,
@@ -611,9 +621,6 @@ def _pod(name: str):
 def xla_dot_flops(name: str, hlo: str) -> float:
     """MXU FLOPs per chip of a compiled module, as `tpusim import-hlo` counts them (every
     convolution and dot, times its loop trip counts; docs/hlo.md)."""
-    from workloads.hlo.lower import import_hlo
-    from workloads.trace import OpKind
-
     trace = import_hlo(hlo, topology=_pod(name)[1], source=name).trace
     return float(sum(o.flops for o in trace.ops if o.kind == OpKind.COMPUTE and o.unit == "mxu"))
 
@@ -626,9 +633,6 @@ def hlo_fusion_stats(text: str) -> dict:
     operand and result bytes and estimated cycles summed over the instructions (not weighted
     by trip counts: `accum_bytes`, `accum_cycles`) and those of the one moving the most bytes
     (`accum_max`: [bytes, cycles])."""
-    from workloads.hlo.lower import conv_flops
-    from workloads.hlo.parser import dot_dims, parse_hlo
-
     m = parse_hlo(text, source="XLA module")
 
     def shape(comp, name):
@@ -683,9 +687,6 @@ def analyze(dump_dir: str) -> str:
     matmul fusion against the chip's MXU peak per cycle at `XLA_CLOCK_HZ`, and the bytes its
     ring-accumulator fusions move per second at that clock against the chip's HBM bandwidth
     (the checks behind the clocks, docs/validation.md "Per-op costs")."""
-    sys.path.insert(0, str(REPO))
-    from sim.hardware import get_chip
-
     lines = []
     for name in CONFIGS:
         path = Path(dump_dir, f"{name}.hlo.txt")
@@ -835,7 +836,7 @@ def print_side_by_side(sim: dict, xla: dict) -> None:
 # --------------------------------------------------------------------------------------------
 
 # Cached XLA results (`--json` output of the XLA side), so the doc regenerates without jax.
-RESULTS_FILE = REPO / "benchmarks" / "results" / "xla_collectives.json"
+RESULTS_FILE = xla_compile.RESULTS / "xla_collectives.json"
 # The tpusim flags that mirror each XLA program like-for-like: the program keeps the residual
 # stream replicated over `tensor` (Megatron style), which is `--tp-activations replicated`.
 LIKE_FOR_LIKE = {
@@ -855,8 +856,6 @@ LIKE_FOR_LIKE = {
 
 def _device_coords(xr: dict) -> dict[int, tuple[int, ...]]:
     """Device id -> its coordinates on the program's mesh (row-major over the mesh shape)."""
-    import itertools
-
     shape = xr["mesh_shape"]
     coords = itertools.product(*(range(n) for n in shape))
     return {int(d): c for d, c in zip(xr["mesh_device_ids"], coords, strict=True)}
@@ -867,9 +866,6 @@ def parse_replica_groups(text: str, num_devices: int) -> list[list[int]]:
     `{{0,1},{2,3}}`, iota `[G,S]<=[d0,d1]T(1,0)`, mesh `mesh['axis_0'=16,'axis_1'=4]
     {'axis_0'}` with or without `device_ids=(...)`, or empty / `{}`: one group of every
     device)."""
-    sys.path.insert(0, str(REPO))
-    from workloads.hlo.parser import replica_groups
-
     return replica_groups(text.strip() or "{}", num_devices)
 
 
@@ -978,14 +974,7 @@ def xla_logical_counts(xr: dict) -> dict[tuple[str, str], float]:
 def tpusim_trace(name: str):
     """tpusim's compiled step for the same program (the config's model widths, mesh, batch,
     sequence or context length, remat full, dot attention and the like-for-like flags)."""
-    import dataclasses
 
-    sys.path.insert(0, str(REPO))
-    from topologies.mesh import parse_mesh
-    from workloads.decode import DecodeConfig, compile_decode_step
-    from workloads.models import load_model, model_from_dict
-    from workloads.moe import MoeConfig
-    from workloads.training import Remat, TrainingConfig, compile_training_step
 
     cfg = CONFIGS[name]
     mesh = parse_mesh(",".join(f"{k}={v}" for k, v in cfg["mesh"].items()))
@@ -1004,7 +993,7 @@ def tpusim_trace(name: str):
     moe = {}
     if cfg["mode"] == "moe_train":
         m = cfg["moe"]
-        model = model_from_dict(_xla.tpusim_model_dict(
+        model = model_from_dict(xla_compile.tpusim_model_dict(
             dict(d_model=m["d_model"], num_heads=m["num_heads"], num_kv_heads=m["num_heads"],
                  head_dim=m["head_dim"], d_ff=m["d_ff"], vocab_size=m["vocab_size"],
                  num_experts=m["num_experts"], experts_per_token=m["top_k"],
@@ -1073,7 +1062,7 @@ _DISPATCH_EINSUMS = ("bsm,bsec->ebcm", "ebcm,bsec->bsm")
 def xla_op_class(op_name: str, matmul: str, loop: str = "") -> str:
     """The class of one XLA instruction from its op_name, that of the matmul in its fusion
     ("" if none) and its loop ("windowed-ag" / "windowed-rs" in a windowed einsum): named
-    scopes of `_xla.Decoder` / `lower_moe_train` (layer{i}, norm, attention, router, embed,
+    scopes of `xla_compile.Decoder` / `lower_moe_train` (layer{i}, norm, attention, router, embed,
     head, adam / sgd) and the einsum it computes. Every fusion of a windowed reduce-scatter
     loop but its matmuls works on the ring's accumulators (a select zeroing them, without an
     op_name, and the add of each step's partial product, named after the dot), whichever
@@ -1140,9 +1129,6 @@ def tpusim_class_seconds(name: str) -> tuple[dict[str, float], float, float]:
     collectives as simulated in the replay), the replay's step time, and the summed replay
     durations of the compute ops (longer where their HBM traffic shares the bandwidth with
     collective DMA)."""
-    from sim.engine import compute_op_times, replay
-    from workloads.trace import OpKind
-
     chip, topo = _pod(name)
     trace = tpusim_trace(name)
     res = replay(trace, chip, topo)
@@ -1230,18 +1216,17 @@ def _mode_label(cfg: dict) -> str:
 
 def render_collectives_section(results: dict) -> str:
     """The docs/validation.md section: per program, bytes by kind and axis, XLA vs tpusim."""
-    import statistics
-
     def mib(b: float) -> str:
         if not b:
             return "-"
         return f"{b / 2**20:,.1f}" if b >= 2**20 else f"{b / 2**20:.4f}"
 
     lines = ["## Collective bytes against XLA's compiled programs", "",
-             "_Generated by `benchmarks/validate_maxtext.py --write` (or `--write-collectives`) "
+             "_Generated by `python -m validation.maxtext --write` (or `--write-collectives`) "
              "from the cached XLA side "
-             "(`benchmarks/results/xla_collectives.json`, written by `benchmarks/xla_crosscheck.py "
-             "--json`; refresh it with jax[tpu]) and tpusim's compiled step with like-for-like "
+             "(`validation/results/xla_collectives.json`, written by "
+             "`python -m validation.xla_crosscheck --json`; refresh it with jax[tpu]) and "
+             "tpusim's compiled step with like-for-like "
              "flags (remat full, the program's mesh and batch, `--tp-activations replicated` "
              "where the program replicates the residual over `tensor`, and the gather forms "
              "XLA picks by itself: `--fsdp-gather mixed-async` on v5e, "
@@ -1385,7 +1370,6 @@ def render_op_costs_section(results: dict) -> str:
         elif ta:
             accum_only_tpusim.append(name)
     if totals:
-        from sim.hardware import get_chip
 
         v5e_mxu = get_chip("v5e").mxu_efficiency
         worst = max(stretch)
@@ -1445,7 +1429,7 @@ OP_COSTS_EXPLAIN = """What the tables say:
   checked (the ring accumulators above and below, `--analyze`), tpusim at the peak
   (`hbm_efficiency` 1.0: the MaxText fit cannot identify it), which accounts for most of the
   v5e and v5p gaps; the bytes per score are docs/model.md's.
-* **MoE router.** The program builds its masks as MaxText's `generate_masks` does (`_xla.
+* **MoE router.** The program builds its masks as MaxText's `generate_masks` does (`xla_compile.
   lower_moe_train(router="maxtext")`: the bf16 top-k weights times an int32 one-hot of the
   capacity slot, a bf16 combine mask). Most of XLA's router estimate (1.23 of 1.82 ms) is two
   copies per layer in the backward: relayouts of the combine mask's gradient
@@ -1504,7 +1488,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--dump", help="write the optimized XLA HLO text here")
-    ap.add_argument("--jax-python", default=_xla.DEFAULT_JAX_PYTHON,
+    ap.add_argument("--jax-python", default=xla_compile.DEFAULT_JAX_PYTHON,
                     help="python of a venv with jax[tpu]==0.10.2 (default %(default)s)")
     ap.add_argument("--configs", default=",".join(CONFIGS),
                     help=f"comma list of {', '.join(CONFIGS)}")
@@ -1547,16 +1531,16 @@ def main() -> int:
     if args.reparse:
         if not args.json:
             ap.error("--reparse needs --json (the cache to update)")
-        cache = _xla.load_cache(Path(args.json))
+        cache = xla_compile.load_cache(Path(args.json))
         for name in names:
             hlo = Path(args.reparse, f"{name}.hlo.txt")
             if name in cache and hlo.is_file():
                 cache[name]["xla"] = reparse(name, cache[name]["xla"], hlo.read_text())
                 print(f"re-read {name} from {hlo}")
-        _xla.write_cache(Path(args.json), cache, compact=True)
+        xla_compile.write_cache(Path(args.json), cache, compact=True)
         return 0
 
-    have_jax = _xla.have_jax(args.jax_python)
+    have_jax = xla_compile.have_jax(args.jax_python)
     if not have_jax:
         print(f"SKIP XLA side: {args.jax_python} missing or lacks jax[tpu] "
               "(docs/reference/xla.md says how to install it)")
@@ -1571,8 +1555,8 @@ def main() -> int:
         xla_acc = None
         if have_jax:
             if args.json:
-                res = _xla.compile_into_cache([name], Path(args.json), compile_one,
-                                              recompile=args.recompile, compact=True)[name]
+                res = xla_compile.compile_into_cache([name], Path(args.json), compile_one,
+                                                     recompile=args.recompile, compact=True)[name]
             else:
                 res = compile_one(name)
             xla_acc = summarize(res["xla"]["ops"], xla=True)
@@ -1588,7 +1572,7 @@ def main() -> int:
             print("\n(a form probe: `--forms DIR` reads the module --dump wrote)")
         elif name not in TPUSIM_VARIANTS:
             print("\n(tpusim side of this program: docs/validation.md, from "
-                  "`validate_maxtext.py --write-collectives`)")
+                  "`python -m validation.maxtext --write-collectives`)")
     return 0
 
 
