@@ -235,6 +235,13 @@ _GROUPS = "replica_groups={{0,1}}"
 # and a small one; layer 1 gathers one matrix blocking and one async and all-reduces another.
 FORMS_MODULE = "\n".join([
     "HloModule jit_step", "",
+    # The all-reduce's reducer (the module is read by workloads.hlo.parser, which checks that
+    # every called computation is defined).
+    "%add (a: bf16[], b: bf16[]) -> bf16[] {",
+    "  %a = bf16[] parameter(0)",
+    "  %b = bf16[] parameter(1)",
+    "  ROOT %s = bf16[] add(%a, %b)",
+    "}", "",
     f"%wide.windowed_dot_general_body_rs.3 (wide.param: {_LOOP}) -> {_LOOP} {{",
     f"  %wide.param = ({_A}{_VMEM}, {_B}{_HBM}, {_C}{_VMEM}, u32[]{{:T(128)}}) parameter(0)",
     f"  ROOT %t = {_LOOP} tuple(%wide.param)",

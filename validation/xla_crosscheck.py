@@ -56,7 +56,17 @@ from topologies.slices import resolve_topology
 from validation import xla_compile
 from workloads.decode import DecodeConfig, compile_decode_step
 from workloads.hlo.lower import conv_flops, import_hlo
-from workloads.hlo.parser import dot_dims, parse_hlo, replica_groups
+from workloads.hlo.parser import (
+    Computation,
+    HloModule,
+    Instruction,
+    Shape,
+    backend_config,
+    dot_dims,
+    parse_hlo,
+    replica_groups,
+    source_target_pairs,
+)
 from workloads.models import load_model, model_from_dict
 from workloads.moe import MoeConfig
 from workloads.trace import OpKind
@@ -207,15 +217,11 @@ def _worker(name: str, dump_dir: str | None) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# HLO text parsing (pure python; used by the worker)
+# Reading the compiled module (workloads.hlo.parser; used by the worker)
 # --------------------------------------------------------------------------------------------
 
-_DT_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "s32": 4, "u32": 4, "f64": 8, "s8": 1, "u8": 1,
-             "pred": 1, "s64": 8, "u64": 8, "f8e4m3fn": 1, "f8e5m2": 1}
-_SHAPE_RE = re.compile(r"\b(bf16|f16|f32|f64|s32|u32|s8|u8|s64|u64|pred|f8e4m3fn|f8e5m2)"
-                       r"\[([0-9,]*)\]")
-_COMP_RE = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
-_INSTR_RE = re.compile(r"^\s*(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*?)\s([a-z][a-z0-9\-]*)\((.*)$")
+_OP_NAME_RE = re.compile(r'op_name="([^"]*)"')
+_CYCLES_RE = re.compile(r'"estimated_cycles":"?(\d+)')
 _LAYER_RE = re.compile(r"layer(\d+)")
 _COLL_BASE = {
     "all-gather": "all-gather", "all-gather-start": "all-gather",
@@ -226,113 +232,83 @@ _COLL_BASE = {
 }
 
 
-def _shape_bytes(txt: str) -> list[int]:
-    out = []
-    for dt, dims in _SHAPE_RE.findall(txt):
-        n = 1
-        for x in dims.split(","):
-            if x:
-                n *= int(x)
-        out.append(n * _DT_BYTES[dt])
-    return out
+def op_name(ins: Instruction) -> str:
+    """The `op_name` of an instruction's metadata ("" without one)."""
+    m = _OP_NAME_RE.search(ins.attrs.get("metadata", ""))
+    return m.group(1) if m else ""
 
 
-def _split_operands(rest: str) -> str:
-    """The operand list text (up to the matching close paren)."""
-    depth = 1
-    for i, ch in enumerate(rest):
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-            if depth == 0:
-                return rest[:i]
-    return rest
+def estimated_cycles(ins: Instruction) -> int | None:
+    """XLA's cost-model estimate in the instruction's backend config (None without one)."""
+    m = _CYCLES_RE.search(ins.attrs.get("backend_config", ""))
+    return int(m.group(1)) if m else None
 
 
-def parse_hlo_module(text: str) -> tuple[dict[str, list[dict]], str | None]:
-    """Computation name -> its instructions (name, result type, opcode, operands, attrs,
-    op_name, called computations, while body / condition / known trip count, root), and the
-    entry computation's name (None if the text has none)."""
-    comps: dict[str, list[dict]] = {}
-    entry = None
-    cur = None
-    for line in text.splitlines():
-        if cur is None:
-            m = _COMP_RE.match(line)
-            if m and not line[:1].isspace() and not line.startswith("HloModule"):
-                cur = m.group(2)
-                comps[cur] = []
-                if m.group(1):
-                    entry = cur
-            continue
-        if line.strip() == "}":
-            cur = None
-            continue
-        m = _INSTR_RE.match(line)
-        if not m:
-            continue
-        is_root, iname, rtype, opcode, rest = m.groups()
-        operands = _split_operands(rest)
-        attrs = rest[len(operands):]
-        meta = re.search(r'op_name="([^"]*)"', attrs)
-        calls = re.findall(r"(?:calls|body|to_apply|condition|branch_computations)="
-                           r"\{?%?([\w.\-]+)", attrs)
-        body = re.search(r"body=%?([\w.\-]+)", attrs)
-        cond = re.search(r"condition=%?([\w.\-]+)", attrs)
-        trip = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', attrs)
-        comps[cur].append(dict(name=iname, rtype=rtype, opcode=opcode, operands=operands,
-                               attrs=attrs, op_name=meta.group(1) if meta else "",
-                               calls=calls, body=body.group(1) if body else None,
-                               cond=cond.group(1) if cond else None, root=bool(is_root),
-                               trip=int(trip.group(1)) if trip else None))
-    return comps, entry
+def _callee(ins: Instruction, key: str) -> str | None:
+    """The computation an attribute such as `body=%b` or `calls=%f` names."""
+    return ins.attrs.get(key, "").lstrip("%") or None
 
 
-def trip_count(comps: dict[str, list[dict]], ins: dict) -> int:
+def _leaf_bytes(shape: Shape) -> list[int]:
+    """Bytes of each array of a shape (one entry for an array, one per leaf of a tuple)."""
+    return [leaf.nbytes for leaf in shape.leaves()]
+
+
+def _int_literal(ins: Instruction) -> int | None:
+    """The value of an integer constant (None for anything else)."""
+    m = re.match(r"\d+", ins.literal) if ins.opcode == "constant" else None
+    return int(m.group(0)) if m else None
+
+
+def _root(comp: Computation) -> Instruction | None:
+    """The instruction marked ROOT (None if none is)."""
+    return next((i for i in comp.instructions if i.is_root), None)
+
+
+def _instructions(module: HloModule, name: str | None) -> tuple[Instruction, ...]:
+    comp = module.computations.get(name or "")
+    return comp.instructions if comp is not None else ()
+
+
+def trip_count(module: HloModule, ins: Instruction) -> int:
     """A while loop's trip count: XLA's `known_trip_count`, else read off the condition's
     limit and the induction variable's step (1 if neither can be read)."""
-    if ins["trip"]:
-        return ins["trip"]
-    body = comps.get(ins["cond"] or "", [])
-    consts = [int(m.group(1)) for i in body
-              for m in [re.search(r"^(\d+)", i["operands"])]
-              if m and i["opcode"] == "constant"]
-    if not (any("direction=LT" in i["attrs"] for i in body) and len(consts) == 1):
+    known = backend_config(ins).get("known_trip_count")
+    if isinstance(known, dict) and int(known.get("n", 0) or 0):
+        return int(known["n"])
+    body = _instructions(module, _callee(ins, "condition"))
+    consts = [c for i in body if (c := _int_literal(i)) is not None]
+    if not (any(i.attrs.get("direction") == "LT" for i in body) and len(consts) == 1):
         return 1
     limit = consts[0]
     # induction variable: the tuple index the condition compares; its step is the constant
     # added to it in the body (windowed-einsum loops are unrolled by 2, so step is often 2).
-    k = next((m.group(1) for i in body if i["opcode"] == "get-tuple-element"
-              for m in [re.search(r"index=(\d+)", i["attrs"])] if m), None)
+    k = next((i.attrs["index"] for i in body
+              if i.opcode == "get-tuple-element" and "index" in i.attrs), None)
     step = 1
-    bbody = comps.get(ins["body"] or "", [])
-    params_ = {"%" + i["name"] for i in bbody if i["opcode"] == "parameter"}
-    gtes = {i["name"] for i in bbody if i["opcode"] == "get-tuple-element"
-            and i["operands"].strip() in params_
-            and re.search(rf"index={k}\b", i["attrs"])}
+    bbody = _instructions(module, _callee(ins, "body"))
+    params_ = {i.name for i in bbody if i.opcode == "parameter"}
+    gtes = {i.name for i in bbody if i.opcode == "get-tuple-element"
+            and len(i.operands) == 1 and i.operands[0] in params_
+            and i.attrs.get("index") == k}
     # The induction variable may reach its increment through copies (a loop rotated by the
     # scheduler: `add(copy(gte), 2)`); without following them a loop unrolled by 2 would count
     # twice its trips (the MoE program's bidirectional windowed einsums).
     grew = True
     while grew:
-        more = {i["name"] for i in bbody if i["opcode"] in ("copy", "bitcast")
-                and i["operands"].strip().lstrip("%") in gtes}
+        more = {i.name for i in bbody if i.opcode in ("copy", "bitcast")
+                and len(i.operands) == 1 and i.operands[0] in gtes}
         grew = not more <= gtes
         gtes |= more
-    cvals = {i["name"]: int(m.group(1)) for i in bbody if i["opcode"] == "constant"
-             for m in [re.search(r"^(\d+)", i["operands"])] if m}
-    root = next((i for i in bbody if i["root"] and i["opcode"] == "tuple"), None)
+    cvals = {i.name: c for i in bbody if (c := _int_literal(i)) is not None}
+    root = next((i for i in bbody if i.is_root and i.opcode == "tuple"), None)
     nxt = None
-    if root is not None and k is not None:
-        elems = [e.strip() for e in re.sub(r"/\*[^*]*\*/", "", root["operands"]).split(",")]
-        if int(k) < len(elems):
-            nxt = elems[int(k)].lstrip("%")
+    if root is not None and k is not None and int(k) < len(root.operands):
+        nxt = root.operands[int(k)]
     for i in bbody:
-        if i["opcode"] == "add" and (nxt is None or i["name"] == nxt):
-            refs = re.findall(r"%([\w.\-]+)", i["operands"])
-            if any(r in gtes for r in refs):
-                c = [cvals[r] for r in refs if r in cvals]
+        if i.opcode == "add" and (nxt is None or i.name == nxt):
+            if any(r in gtes for r in i.operands):
+                c = [cvals[r] for r in i.operands if r in cvals]
                 if c:
                     step = c[0]
                     break
@@ -340,21 +316,21 @@ def trip_count(comps: dict[str, list[dict]], ins: dict) -> int:
 
 
 def parse_hlo_collectives(text: str) -> list[dict]:
-    comps, entry = parse_hlo_module(text)
-    if entry is None:
-        return []
+    """Every collective of a compiled module as the cross-check counts it: kind, whether
+    async, executions (loop trip counts applied), bytes (V), layer and phase from its
+    `op_name`, the loop it runs in, its replica groups or source-target pairs, its channel."""
+    module = parse_hlo(text, source="XLA module")
+    comps = module.computations
+    shapes = module.shapes
+    by_name = {ins.name: ins for comp in comps.values() for ins in comp.instructions}
 
-    types = {ins["name"]: ins["rtype"] for body in comps.values() for ins in body}
-    by_name = {ins["name"]: ins for body in comps.values() for ins in body}
+    def operand_bytes(ins: Instruction) -> list[int]:
+        """Bytes of each operand (a tuple-shaped operand: its first array)."""
+        return [b for ref in ins.operands for b in _leaf_bytes(shapes[ref])[:1]
+                if ref in shapes]
 
-    def operand_bytes(ins) -> list[int]:
-        sizes = _shape_bytes(ins["operands"])
-        if sizes:
-            return sizes
-        out = []
-        for ref in re.findall(r"%([\w.\-]+)", ins["operands"]):
-            out += _shape_bytes(types.get(ref, ""))[:1]
-        return out
+    def first_operand(ins: Instruction | None) -> str:
+        return ins.operands[0] if ins is not None and ins.operands else ""
 
     results: list[dict] = []
 
@@ -362,27 +338,27 @@ def parse_hlo_collectives(text: str) -> list[dict]:
         """All-reduces of a fused computation whose result is only dynamic-sliced by its ROOT:
         TPU's all-reduce-scatter fusion (`SingleInputAllReduceScatterFusion`, a computation
         named `all-reduce-scatter*`), one ring reduce-scatter, not an all-reduce."""
-        body = comps.get(comp, [])
-        root = next((i for i in body if i["root"]), None)
-        if root is None or root["opcode"] != "dynamic-slice":
+        c = comps.get(comp)
+        root = _root(c) if c is not None else None
+        if root is None or root.opcode != "dynamic-slice":
             return set()
-        src = re.findall(r"%([\w.\-]+)", root["operands"])[:1]
-        return {i["name"] for i in body if i["opcode"] == "all-reduce" and i["name"] in src}
+        src = first_operand(root)
+        return {i.name for i in c.instructions if i.opcode == "all-reduce" and i.name == src}
 
-    def padded_scatter_fixup(ins) -> bool:
+    def padded_scatter_fixup(ins: Instruction) -> bool:
         """A collective-permute of a slice of an all-reduce-scatter fusion's result: XLA pads
         a gradient whose reduce-scatter it splits unevenly (a [4096, 4096] one into 4 x 1040
         rows in the v6e data x fsdp program) and moves each shard's extra rows to its
         neighbour afterwards. It is the tail of that reduce-scatter, counted with it."""
-        src = re.findall(r"%([\w.\-]+)", ins["operands"])[:1]
-        sl = by_name.get(src[0]) if src else None
-        if sl is None or sl["opcode"] != "slice":
+        sl = by_name.get(first_operand(ins))
+        if sl is None or sl.opcode != "slice":
             return False
-        fu = by_name.get((re.findall(r"%([\w.\-]+)", sl["operands"]) or [""])[0])
-        return bool(fu and fu["opcode"] == "fusion" and fu["calls"]
-                    and sliced_all_reduces(fu["calls"][0]))
+        fu = by_name.get(first_operand(sl))
+        called = _callee(fu, "calls") if fu is not None else None
+        return bool(fu is not None and fu.opcode == "fusion" and called
+                    and sliced_all_reduces(called))
 
-    def ring_role(ins) -> str:
+    def ring_role(ins: Instruction) -> str:
         """What an unrolled windowed einsum's collective-permute carries (a ring over few chips
         that XLA writes out step by step instead of a `windowed_dot_general` loop): "rs0", a
         reduce-scatter ring's start (a zero accumulator), "rs", its partial sums (a fusion
@@ -390,22 +366,21 @@ def parse_hlo_collectives(text: str) -> list[dict]:
         elements), or "ag", a gather's weight shards (the weights themselves, or a received
         shard relayed)."""
         seen = set()
-        src = (re.findall(r"%([\w.\-]+)", ins["operands"]) or [""])[0]
+        src = first_operand(ins)
         while src in by_name and src not in seen:
             seen.add(src)
             prod = by_name[src]
-            op = prod["opcode"]
+            op = prod.opcode
             if op == "broadcast":
                 return "rs0"  # a reduce-scatter ring's start: a zero accumulator
             if op == "fusion":
-                body = comps.get(prod["calls"][0], []) if prod["calls"] else []
-                refs = re.findall(r"%([\w.\-]+)", prod["operands"])
-                received = any(by_name.get(r, {}).get("opcode") == "collective-permute-done"
-                               for r in refs)
-                return "rs" if received and any(i["opcode"] == "add" for i in body) else "ag"
+                body = _instructions(module, _callee(prod, "calls"))
+                received = any(getattr(by_name.get(r), "opcode", None)
+                               == "collective-permute-done" for r in prod.operands)
+                return "rs" if received and any(i.opcode == "add" for i in body) else "ag"
             if op not in ("copy", "bitcast", "copy-start", "copy-done", "get-tuple-element"):
                 return "ag"
-            src = (re.findall(r"%([\w.\-]+)", prod["operands"]) or [""])[0]
+            src = first_operand(prod)
         return "ag"
 
     def visit(comp: str, mult: int, ctx_name: str, loop: str | None, seen: tuple,
@@ -413,65 +388,59 @@ def parse_hlo_collectives(text: str) -> list[dict]:
         if comp in seen or comp not in comps:
             return
         scatter = sliced_all_reduces(comp) if fused else set()
-        for ins in comps[comp]:
-            op = ins["opcode"]
-            op_name = ins["op_name"] or ctx_name
+        for ins in comps[comp].instructions:
+            op = ins.opcode
+            name = op_name(ins) or ctx_name
             base = _COLL_BASE.get(op)
-            if base == "all-reduce" and ins["name"] in scatter:
+            if base == "all-reduce" and ins.name in scatter:
                 base = "reduce-scatter"
             fixup = base == "collective-permute" and padded_scatter_fixup(ins)
             role = ring_role(ins) if (
                 base == "collective-permute" and not fixup
-                and (ins["op_name"] or ctx_name).endswith("dot_general")
+                and name.endswith("dot_general")
                 and not (loop or "").startswith("windowed")) else None
             if base is not None:
                 # TPU "async collective fusions" put one collective (one channel_id) into a
                 # start fusion plus continuation fusions: count it once (deduplicated below).
                 async_ = op.endswith("-start") or fused
-                ch = re.search(r"channel_id=(\d+)", ins["attrs"])
+                ch = ins.attrs.get("channel_id")
                 if base == "all-gather":
-                    sizes = _shape_bytes(ins["rtype"])
+                    sizes = _leaf_bytes(ins.shape)
                     nbytes = max(sizes) if sizes else 0
                 elif base == "collective-permute":
-                    sizes = _shape_bytes(ins["rtype"]) if async_ else operand_bytes(ins)
+                    sizes = _leaf_bytes(ins.shape) if async_ else operand_bytes(ins)
                     nbytes = sizes[0] if sizes else 0
                 else:
                     nbytes = sum(operand_bytes(ins))
-                ml = _LAYER_RE.search(op_name)
-                rg = re.search(r"replica_groups=(mesh\[[^\]]*\](?:,\s*device_ids="
-                               r"\((?:[^()]|\([^()]*\))*\))?\s*\{[^}]*\}|\S+?)(?:,\s|$)",
-                               ins["attrs"])
-                st = re.search(r"source_target_pairs=\{([^}]*(?:\},\{[^}]*)*)\}", ins["attrs"])
+                ml = _LAYER_RE.search(name)
+                pairs = source_target_pairs(ins.attrs.get("source_target_pairs", ""))
                 results.append(dict(
                     kind=base, async_=async_, count=mult, bytes=nbytes,
                     layer=int(ml.group(1)) if ml else -1,
-                    phase="bwd" if "transpose" in op_name else "fwd",
-                    in_loop=loop is not None, loop=loop, op_name=op_name[-120:],
-                    replica_groups=rg.group(1) if rg else "",
-                    pairs=len(re.findall(r"\{\d+,\d+\}", "{" + st.group(1) + "}")) if st else 0,
-                    pair_list=[[int(a), int(b)] for a, b in
-                               re.findall(r"\{(\d+),(\d+)\}", "{" + st.group(1) + "}")]
-                    if st else [],
-                    opcode=op, channel=int(ch.group(1)) if ch and not fixup else None,
+                    phase="bwd" if "transpose" in name else "fwd",
+                    in_loop=loop is not None, loop=loop, op_name=name[-120:],
+                    replica_groups=ins.attrs.get("replica_groups", ""),
+                    pairs=len(pairs), pair_list=[[a, b] for a, b in pairs],
+                    opcode=op, channel=int(ch) if ch and not fixup else None,
                     **({"fixup": True} if fixup else {}),
                     **({"ring": role} if role else {})))
             if op == "async-start":
                 # async wrapper around e.g. reduce-scatter: visit the wrapped computation.
-                for c in ins["calls"]:
-                    visit(c, mult, op_name, loop, seen + (comp,))
+                for c in ins.called():
+                    visit(c, mult, name, loop, seen + (comp,))
             elif op == "while":
-                n = trip_count(comps, ins)
-                if ins["body"]:
-                    tag = ("windowed-ag" if "_ag" in ins["body"] else
-                           "windowed-rs" if "_rs" in ins["body"] else "loop")
-                    visit(ins["body"], mult * n, op_name, f"{tag}:{ins['name']}[x{n}]",
-                          seen + (comp,))
+                n = trip_count(module, ins)
+                body = _callee(ins, "body")
+                if body:
+                    tag = ("windowed-ag" if "_ag" in body else
+                           "windowed-rs" if "_rs" in body else "loop")
+                    visit(body, mult * n, name, f"{tag}:{ins.name}[x{n}]", seen + (comp,))
             elif op in ("call", "conditional", "fusion"):
-                for c in ins["calls"]:
-                    visit(c, mult, op_name, loop, seen + (comp,), fused or op == "fusion")
+                for c in ins.called():
+                    visit(c, mult, name, loop, seen + (comp,), fused or op == "fusion")
         return
 
-    visit(entry, 1, "", None, ())
+    visit(module.entry, 1, "", None, ())
     # one logical collective per channel_id; keep the occurrence with the smallest multiplier
     # (an async all-gather started outside a loop whose continuation is sunk into it runs once).
     best: dict = {}
@@ -488,9 +457,6 @@ def parse_hlo_collectives(text: str) -> list[dict]:
     return out
 
 
-_CYCLES_RE = re.compile(r'"estimated_cycles":"?(\d+)')
-
-
 def parse_hlo_costs(text: str) -> list[dict]:
     """XLA's own per-op cost: every instruction whose backend config carries
     `estimated_cycles` (XLA's TPU cost model; collectives and custom calls carry none),
@@ -499,18 +465,17 @@ def parse_hlo_costs(text: str) -> list[dict]:
     "windowed-ag" (an all-gather einsum, `_body_ag`), "windowed-rs" (a reduce-scatter one,
     `_body_rs`) or ""): `cycles` (total), `count` (executions) and `instrs` (HLO
     instructions)."""
-    comps, entry = parse_hlo_module(text)
-    if entry is None:
-        return []
+    module = parse_hlo(text, source="XLA module")
+    comps = module.computations
 
-    def matmul_name(comp: str, seen: tuple = ()) -> str:
+    def matmul_name(comp: str | None, seen: tuple = ()) -> str:
         """The op_name of the first convolution or dot of a fused computation (or of a fusion
         nested in it): which einsum the fusion computes."""
-        for ins in comps.get(comp, []):
-            if ins["opcode"] in ("convolution", "dot"):
-                return ins["op_name"] or "?"
-            if ins["opcode"] == "fusion" and comp not in seen:
-                for c in ins["calls"]:
+        for ins in _instructions(module, comp):
+            if ins.opcode in ("convolution", "dot"):
+                return op_name(ins) or "?"
+            if ins.opcode == "fusion" and comp not in seen:
+                for c in ins.called():
                     found = matmul_name(c, seen + (comp,))
                     if found:
                         return found
@@ -521,27 +486,28 @@ def parse_hlo_costs(text: str) -> list[dict]:
     def visit(comp: str, mult: int, loop: str, seen: tuple) -> None:
         if comp in seen or comp not in comps:
             return
-        for ins in comps[comp]:
-            cyc = _CYCLES_RE.search(ins["attrs"])
-            if cyc:
-                if ins["opcode"] == "fusion":
-                    mm = matmul_name(ins["calls"][0]) if ins["calls"] else ""
+        for ins in comps[comp].instructions:
+            cyc = estimated_cycles(ins)
+            if cyc is not None:
+                if ins.opcode == "fusion":
+                    mm = matmul_name(_callee(ins, "calls"))
                 else:
-                    mm = ins["op_name"] or "?" if ins["opcode"] in ("convolution", "dot") else ""
-                a = acc.setdefault((ins["op_name"], mm, ins["opcode"], loop), [0, 0, 0])
-                a[0] += int(cyc.group(1)) * mult
+                    mm = op_name(ins) or "?" if ins.opcode in ("convolution", "dot") else ""
+                a = acc.setdefault((op_name(ins), mm, ins.opcode, loop), [0, 0, 0])
+                a[0] += cyc * mult
                 a[1] += mult
                 a[2] += 1
-            if ins["opcode"] == "while" and ins["body"]:
+            body = _callee(ins, "body")
+            if ins.opcode == "while" and body:
                 tag = loop
-                if "windowed_dot_general_body" in ins["body"]:
-                    tag = "windowed-rs" if "_body_rs" in ins["body"] else "windowed-ag"
-                visit(ins["body"], mult * trip_count(comps, ins), tag, seen + (comp,))
-            elif ins["opcode"] in ("call", "conditional", "async-start"):
-                for c in ins["calls"]:
+                if "windowed_dot_general_body" in body:
+                    tag = "windowed-rs" if "_body_rs" in body else "windowed-ag"
+                visit(body, mult * trip_count(module, ins), tag, seen + (comp,))
+            elif ins.opcode in ("call", "conditional", "async-start"):
+                for c in ins.called():
                     visit(c, mult, loop, seen + (comp,))
 
-    visit(entry, 1, "", ())
+    visit(module.entry, 1, "", ())
     return [dict(op_name=k[0], matmul=k[1], opcode=k[2], loop=k[3], cycles=v[0], count=v[1],
                  instrs=v[2]) for k, v in sorted(acc.items())]
 
@@ -665,10 +631,9 @@ def hlo_fusion_stats(text: str) -> dict:
     for comp in m.computations.values():
         rs_loop = "windowed_dot_general_body_rs" in comp.name
         for ins in comp.instructions:
-            cyc = _CYCLES_RE.search(ins.attrs.get("backend_config", ""))
-            if ins.opcode != "fusion" or not cyc or not int(cyc.group(1)):
+            cycles = estimated_cycles(ins)
+            if ins.opcode != "fusion" or not cycles:
                 continue
-            cycles = int(cyc.group(1))
             f = sum(flops(c) for c in ins.called())
             if f > 0:
                 best = max(best, (f / cycles, ins.name))
@@ -718,25 +683,21 @@ def gather_forms(text: str) -> dict:
     many of the all-gathers are async; plus, over the windowed loops, how many of their
     loop-carried bf16 buffers of 16 MiB or more XLA placed in VMEM (`S(1)`) and how many in HBM.
     """
-    comps, _entry = parse_hlo_module(text)
+    module = parse_hlo(text, source="XLA module")
     loops = {"ag": 0, "rs": 0}
     big_vmem = big_hbm = 0
-    for cname, body in comps.items():
+    for cname, comp in module.computations.items():
         m = re.search(r"windowed_dot_general_body_(ag|rs)", cname)
         if not m:
             continue
         loops[m.group(1)] += 1
-        param = next((i for i in body if i["opcode"] == "parameter"), None)
+        param = next((i for i in comp.instructions if i.opcode == "parameter"), None)
         if param is None:
             continue
-        for dt, dims, layout in re.findall(r"(bf16|f32)\[([0-9,]*)\]\{([^}]*)\}",
-                                           param["rtype"]):
-            size = _DT_BYTES[dt]
-            for x in dims.split(","):
-                size *= int(x) if x else 1
-            if size >= 16 * 2**20:
-                big_vmem += "S(1)" in layout
-                big_hbm += "S(1)" not in layout
+        for leaf in param.shape.leaves():
+            if leaf.dtype in ("bf16", "f32") and leaf.nbytes >= 16 * 2**20:
+                big_vmem += "S(1)" in leaf.layout
+                big_hbm += "S(1)" not in leaf.layout
     per_layer: dict[str, int] = collections.Counter()
     for op in parse_hlo_collectives(text):
         if op["layer"] != 1 or op["in_loop"]:

@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import re
 import sys
 import tempfile
 import time
@@ -50,9 +49,9 @@ from pathlib import Path
 from sim.engine import compute_op_times, replay
 from sim.hardware import get_chip
 from validation import maxtext_runs, xla_compile
-from validation.xla_crosscheck import _CYCLES_RE, parse_hlo_module, trip_count
+from validation.xla_crosscheck import estimated_cycles, op_name, trip_count
 from workloads.hlo.lower import conv_flops
-from workloads.hlo.parser import dot_dims, parse_hlo
+from workloads.hlo.parser import HloModule, dot_dims, parse_hlo
 from workloads.trace import OpKind
 
 CACHE = xla_compile.RESULTS / "xla_moe_pair.json"
@@ -191,15 +190,14 @@ def matmul_flops(text: str) -> dict[str, list[tuple[str, float]]]:
     """Instruction name -> the matmuls it executes, each as (its op_name, MXU FLOPs per
     execution), for every fusion, convolution and dot of the module that does matmul work
     (nested fusions included); FLOPs as `tpusim import-hlo` counts them (docs/hlo.md)."""
-    m = parse_hlo(text, source="XLA module")
+    return _matmul_flops(parse_hlo(text, source="XLA module"))
+
+
+def _matmul_flops(m: HloModule) -> dict[str, list[tuple[str, float]]]:
 
     def shape(comp, name):
         ins = comp.by_name.get(name)
         return ins.shape if ins is not None else m.shapes[name]
-
-    def op_name(ins) -> str:
-        meta = re.search(r'op_name="([^"]*)"', ins.attrs.get("metadata", ""))
-        return meta.group(1) if meta else "?"
 
     def dots(comp, ins, depth: int = 0) -> list[tuple[str, float]]:
         if ins.opcode == "dot":
@@ -207,9 +205,9 @@ def matmul_flops(text: str) -> dict[str, list[tuple[str, float]]]:
             k = 1
             for dim in dot_dims(ins)["lhs_contracting_dims"]:
                 k *= lhs.dims[dim]
-            return [(op_name(ins), 2.0 * ins.shape.num_elements * k)]
+            return [(op_name(ins) or "?", 2.0 * ins.shape.num_elements * k)]
         if ins.opcode == "convolution":
-            return [(op_name(ins), conv_flops(
+            return [(op_name(ins) or "?", conv_flops(
                 shape(comp, ins.operands[0]), shape(comp, ins.operands[1]), ins.shape,
                 ins.attrs.get("dim_labels", ""), ins.attrs.get("window", "")))]
         if ins.opcode == "fusion" and depth < 16:
@@ -233,31 +231,33 @@ def hlo_costs(text: str) -> list[dict]:
     counts applied, summed per (op_name, the op_name of a matmul in it or ""): `xla_class`
     reads the class off the two names. A fusion of several matmuls (XLA fuses a projection
     with an attention einsum) is split among them in proportion to their FLOPs."""
-    comps, entry = parse_hlo_module(text)
-    mm = matmul_flops(text)
+    module = parse_hlo(text, source="XLA module")
+    comps = module.computations
+    mm = _matmul_flops(module)
     acc: dict[tuple[str, str], list[float]] = {}
 
     def visit(comp: str, mult: int, seen: tuple) -> None:
         if comp in seen or comp not in comps:
             return
-        for ins in comps[comp]:
-            cyc = _CYCLES_RE.search(ins["attrs"])
-            cycles = int(cyc.group(1)) * mult if cyc else 0
-            parts = mm.get(ins["name"], [])
+        for ins in comps[comp].instructions:
+            cyc = estimated_cycles(ins)
+            cycles = cyc * mult if cyc is not None else 0
+            parts = mm.get(ins.name, [])
             total = sum(f for _, f in parts)
             for name, f in parts or [("", 0.0)]:
                 if not (cycles or f):
                     continue
-                a = acc.setdefault((ins["op_name"], name), [0.0, 0.0])
+                a = acc.setdefault((op_name(ins), name), [0.0, 0.0])
                 a[0] += cycles * (f / total if total else 1.0)
                 a[1] += f * mult
-            if ins["opcode"] == "while" and ins["body"]:
-                visit(ins["body"], mult * trip_count(comps, ins), seen + (comp,))
-            elif ins["opcode"] in ("call", "conditional", "async-start"):
-                for c in ins["calls"]:
+            body = ins.attrs.get("body", "").lstrip("%")
+            if ins.opcode == "while" and body:
+                visit(body, mult * trip_count(module, ins), seen + (comp,))
+            elif ins.opcode in ("call", "conditional", "async-start"):
+                for c in ins.called():
                     visit(c, mult, seen + (comp,))
 
-    visit(entry, 1, ())
+    visit(module.entry, 1, ())
     return [{"op_name": k[0], "matmul": k[1], "cycles": round(v[0]), "flops": v[1]}
             for k, v in sorted(acc.items())]
 
