@@ -41,7 +41,14 @@ from __future__ import annotations
 import numpy as np
 import simpy
 
-from sim.engine import CollectiveCost, StepResult, _summarize, static_hbm_bytes
+from sim.engine import (
+    ChipClasses,
+    ClassProgram,
+    CollectiveCost,
+    StepResult,
+    _summarize,
+    static_hbm_bytes,
+)
 from sim.network import Batch, SmallFluidNetwork
 from sim.perchip import (
     HbmOverCapacity,
@@ -50,7 +57,7 @@ from sim.perchip import (
     PreparedStep,
     add_path_links,
     coll_labels,
-    common_fields,
+    common_parts,
     coords_text,
     core_predecessors,
     no_receiver_error,
@@ -343,20 +350,7 @@ def run_classes(prep: PreparedStep, watch: HbmWatch | None = None) -> StepResult
     slowest = int(np.argmax(finish))  # first class among equals: the one holding chip 0 first
     sc = classes[slowest]
     prog_trace = programs[int(prog_of[sc.rep])]
-    res = _summarize(prog_trace, chip, topology, sc.dur, sc.bound, sc.start, sc.end, sc.net,
-                     base_costs, lm, sc.mxu_rate, sc.vpu_rate, sc.hbm_bw)
-    if sc.rep != 0:
-        res._ops = [(sc.rep,) + row[1:] for row in res._ops]
-        res._units = [(sc.rep,) + row[1:] for row in res._units]
-        res._memory = [(sc.rep,) + row[1:] for row in res._memory]
-    if multi:
-        res.sim_events = sum(cl.net.num_events for cl in classes) + class_ops
-    common_fields(res, topology, {i: op_key[(p, i)][1] for p, i in op_geom if p == sc.prog},
-                   {**sc.coll_cost, **sc.send_cost}, lm, slow, cfg.dead_links)
-    res.num_chip_classes = ncls
-    res.slowest_chip = coords_text(topology, sc.rep)
-    res._chip_class = label
-    res._class_rows = [
+    rows = [
         (float(finish[cl.c]), cl.mxu_busy, cl.vpu_busy,
          float(cl.net.bytes[hbm_idx]) / cl.hbm_bw,
          float(sum(cl.dur[o.id] for o in cl.ops if o.kind == OpKind.HOST)),
@@ -364,23 +358,29 @@ def run_classes(prep: PreparedStep, watch: HbmWatch | None = None) -> StepResult
                               np.array([[w[1] for w in cl.waits]]))[0]))
         for cl in classes
     ]
-    res._class_reps = rep
-    res._class_counts = count
-    # Per link: the bytes the class of its source chip put on that link class.
-    res._link_bytes = _per_link_bytes(topology, label, classes)
-    for lk in cfg.dead_links:  # a dead link carries nothing (its detour's bytes stay elsewhere)
-        res._link_bytes[lk] = 0.0
-    res.critical_path = _critical_path(classes, slowest, topology, slow, op_key, group_cost,
-                                       count, cfg.dead_links)
-    res._class_timelines = {cl.c: (cl.start, cl.end) for cl in classes}
-    res._mem_trace = prog_trace
-    if p2p is not None:
-        res._p2p = (p2p, {cl.c: cl.prog for cl in classes})
+    own_programs = {}
     if len(used_programs) > 1:  # each class's own program and its collectives' links
-        res._class_programs = {cl.c: (programs[cl.prog], cl.bound,
-                                      *coll_labels({**cl.coll_cost, **cl.send_cost}))
-                               for cl in classes}
-    return res
+        own_programs = {cl.c: ClassProgram(programs[cl.prog], cl.bound,
+                                           *coll_labels({**cl.coll_cost, **cl.send_cost}))
+                        for cl in classes}
+    chip_classes = ChipClasses(
+        of_chip=label, reps=rep, counts=count, rows=rows,
+        timelines={cl.c: (cl.start, cl.end) for cl in classes}, program=prog_trace,
+        programs=own_programs,
+        p2p=(p2p, {cl.c: cl.prog for cl in classes}) if p2p is not None else None)
+    events = {"sim_events": sum(cl.net.num_events for cl in classes) + class_ops} if multi \
+        else {}
+    # Per link: the bytes the class of its source chip put on that link class.
+    return _summarize(
+        prog_trace, chip, topology, sc.dur, sc.bound, sc.start, sc.end, sc.net, base_costs, lm,
+        sc.mxu_rate, sc.vpu_rate, sc.hbm_bw, reported_chip=sc.rep, **events,
+        **common_parts(topology, {i: op_key[(p, i)][1] for p, i in op_geom if p == sc.prog},
+                       {**sc.coll_cost, **sc.send_cost}, lm, slow, cfg.dead_links,
+                       _per_link_bytes(topology, label, classes)),
+        num_chip_classes=ncls, slowest_chip=coords_text(topology, sc.rep),
+        critical_path=_critical_path(classes, slowest, topology, slow, op_key, group_cost,
+                                     count, cfg.dead_links),
+        classes=chip_classes)
 
 
 def _run_watching_hbm(env, classes, programs, watch: HbmWatch) -> None:

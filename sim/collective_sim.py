@@ -79,22 +79,22 @@ class CollectiveResult:
     latency_s: float = 0.0
     detour: dict[str, Any] | None = None
     auto_candidates: list[dict[str, Any]] | None = None
-    _topology: Topology = field(repr=False)
-    _link_bytes: np.ndarray = field(repr=False)
-    _link_busy: np.ndarray = field(repr=False)
-    _link_cap: np.ndarray = field(repr=False)
-    _timeline: list[tuple] = field(repr=False)
-    _touched_groups: tuple[int, ...] | None = field(default=None, repr=False)
+    pod: Topology = field(repr=False)
+    link_bytes: np.ndarray = field(repr=False)
+    link_busy_s: np.ndarray = field(repr=False)
+    link_capacity: np.ndarray = field(repr=False)
+    timeline_rows: list[tuple] = field(repr=False)
+    touched_groups: tuple[int, ...] | None = field(default=None, repr=False)
     # For the Perfetto export: the schedule, and in full/per-chip mode the links each step of
     # each simulated group loaded: {(group, stream, step): (link ids, bytes on each, all
     # repetitions)}; None when too big to keep (see MAX_STEP_LINK_ENTRIES).
-    _schedule: Schedule | None = field(default=None, repr=False)
-    _step_links: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] | None = field(
+    schedule: Schedule | None = field(default=None, repr=False)
+    step_links: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] | None = field(
         default=None, repr=False)
     # Orbit mode: for every replica group, the simulated group that stands for it, and the
     # translation periods (`orbit_periods`) that map the simulated links onto the whole pod's.
-    _group_rep: np.ndarray | None = field(default=None, repr=False)
-    _orbit_periods: tuple[int, ...] | None = field(default=None, repr=False)
+    group_rep: np.ndarray | None = field(default=None, repr=False)
+    orbit_periods: tuple[int, ...] | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -130,7 +130,7 @@ class CollectiveResult:
     @property
     def links(self):
         """Per-link table (every link that carried bytes): LINK_COLUMNS."""
-        return link_table(self._topology, self._link_bytes, self._link_busy, self._link_cap,
+        return link_table(self.pod, self.link_bytes, self.link_busy_s, self.link_capacity,
                           self.time_s)
 
     @property
@@ -138,7 +138,7 @@ class CollectiveResult:
         """Per-step table for the simulated chips/groups: TIMELINE_COLUMNS."""
         import pandas as pd
 
-        return pd.DataFrame(self._timeline, columns=TIMELINE_COLUMNS)
+        return pd.DataFrame(self.timeline_rows, columns=TIMELINE_COLUMNS)
 
 
 def _coord_strings(topology: Topology, chips: np.ndarray) -> list[str]:
@@ -719,21 +719,21 @@ def collective_link_loads(
     if res.mode != "symmetric":
         ends: dict[int, float] = {}
         rep_time = None
-        for row in res._timeline:
+        for row in res.timeline_rows:
             g, end = int(row[0]), float(row[7])
             ends[g] = max(ends.get(g, 0.0), end)
-        for row in res._timeline:
+        for row in res.timeline_rows:
             if row[2] > geo.group_size:  # the group that stands for the unsimulated ones
                 rep_time = ends[int(row[0])]
-        if res._group_rep is not None:  # orbit mode: each group finishes with its orbit's
-            times = np.asarray([ends[int(r)] for r in res._group_rep.tolist()])
+        if res.group_rep is not None:  # orbit mode: each group finishes with its orbit's
+            times = np.asarray([ends[int(r)] for r in res.group_rep.tolist()])
         else:
             if rep_time is not None:
                 times[:] = rep_time
             for g, t in ends.items():
                 times[g] = t
-    return GroupCollectiveLoads(time_s_per_group=times, link_bytes=res._link_bytes,
-                                link_busy_s=res._link_busy, result=res)
+    return GroupCollectiveLoads(time_s_per_group=times, link_bytes=res.link_bytes,
+                                link_busy_s=res.link_busy_s, result=res)
 
 
 # `auto` simulates every algorithm that applies to the op and keeps the fastest: the compiler
@@ -1132,11 +1132,11 @@ def _result(*, kind, algorithm, requested, chip, topology, axes, nbytes, group_s
         group_size=group_size, num_groups=num_groups, time_s=float(time_s),
         bytes_on_busiest_link=busiest, max_link_utilization=util, hbm_bytes_per_chip=float(hbm),
         mode=mode, num_steps=steps, sim_events=net.num_events, latency_s=float(latency_s),
-        detour=detour, _topology=topology,
-        _link_bytes=link_bytes, _link_busy=link_busy, _link_cap=cap,
-        _timeline=sorted(timeline, key=lambda r: (r[0], r[3], r[4], r[6])),
-        _touched_groups=touched, _schedule=schedule, _step_links=step_links,
-        _group_rep=group_rep, _orbit_periods=orbit_periods,
+        detour=detour, pod=topology,
+        link_bytes=link_bytes, link_busy_s=link_busy, link_capacity=cap,
+        timeline_rows=sorted(timeline, key=lambda r: (r[0], r[3], r[4], r[6])),
+        touched_groups=touched, schedule=schedule, step_links=step_links,
+        group_rep=group_rep, orbit_periods=orbit_periods,
     )
 
 

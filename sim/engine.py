@@ -17,9 +17,10 @@ representative chip is replayed (exact for uniform links; documented in docs/mod
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import simpy
@@ -79,9 +80,63 @@ class CollectiveCost:
     hbm_bytes: float = 0.0  # DMA reads and writes of one chip
 
 
+class ClassProgram(NamedTuple):
+    """A chip class's own program (pipeline stages run different ones): the program, its ops'
+    bound units, and per collective or send op its link classes (bytes per link of that
+    class) and algorithm."""
+
+    trace: Trace
+    bound: list[str]
+    link_classes: dict[int, dict[str, float]]
+    algorithms: dict[int, str]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectiveLabels:
+    """The reported chip's collectives, for the exporters: per collective (or send) op id its
+    physical group axes, the link classes it loads with its bytes per link of that class, and
+    its algorithm; and every link class's capacity (bytes/s per link)."""
+
+    axes: dict[int, tuple[GroupAxis, ...]] = field(default_factory=dict)
+    link_classes: dict[int, dict[str, float]] = field(default_factory=dict)
+    algorithms: dict[int, str] = field(default_factory=dict)
+    class_capacity: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChipClasses:
+    """The per-chip engine's chip classes (`sim.perchip.chip_classes`).
+
+    Attributes:
+        of_chip: every chip's class.
+        reps: each class's representative (its first chip); counts: its number of chips.
+        rows: per class (finish s, MXU, VPU, HBM and PCIe busy s, collective wait s).
+        timelines: per class, its ops' (start, end) arrays.
+        program: the reported (slowest) chip's program, whose HBM events the memory table has.
+        programs: per class its own program where classes run several (pipeline stages).
+        titles: per class a title (its pipeline stage), for the Perfetto processes.
+        p2p: the point-to-point sends (`PointToPoint`) and the program of each class, or None.
+    """
+
+    of_chip: np.ndarray
+    reps: np.ndarray
+    counts: np.ndarray
+    rows: list[tuple]
+    timelines: dict[int, tuple[np.ndarray, np.ndarray]]
+    program: Trace | None = None
+    programs: dict[int, ClassProgram] = field(default_factory=dict)
+    titles: dict[int, str] = field(default_factory=dict)
+    p2p: tuple | None = None
+
+
 @dataclass(kw_only=True)
 class StepResult:
-    """A replayed step: scalars plus pandas tables built on demand."""
+    """A replayed step: scalars plus pandas tables built on demand.
+
+    The parts the exporters read: the tables' rows (`op_rows`, `unit_rows`, `link_class_rows`,
+    `memory_rows`), the pod (`pod`), the collectives' labels (`collectives`), on the per-chip
+    engine the bytes and capacity of every link (`link_bytes`, `link_capacity`, by link id)
+    and the chip classes (`classes`); `vector_stats` when vector classes ran."""
 
     step_time_s: float
     breakdown: dict[str, float]
@@ -95,86 +150,71 @@ class StepResult:
     topology: str
     num_chips: int
     collective_costs: dict[str, Any] = field(default_factory=dict)
-    _ops: list[tuple] = field(default_factory=list, repr=False)
-    _units: list[tuple] = field(default_factory=list, repr=False)
-    _links: list[tuple] = field(default_factory=list, repr=False)
-    _memory: list[tuple] = field(default_factory=list, repr=False)
-    # For exporters: the pod, each collective op's group axes and link classes with its bytes
-    # per link of that class.
-    _topology: Topology | None = field(default=None, repr=False)
-    _coll_axes: dict[int, tuple[GroupAxis, ...]] = field(default_factory=dict, repr=False)
-    _coll_classes: dict[int, dict[str, float]] = field(default_factory=dict, repr=False)
-    _coll_algorithm: dict[int, str] = field(default_factory=dict, repr=False)
-    _class_capacity: dict[str, float] = field(default_factory=dict, repr=False)
+    op_rows: list[tuple] = field(default_factory=list, repr=False)
+    unit_rows: list[tuple] = field(default_factory=list, repr=False)
+    link_class_rows: list[tuple] = field(default_factory=list, repr=False)
+    memory_rows: list[tuple] = field(default_factory=list, repr=False)
+    pod: Topology | None = field(default=None, repr=False)
+    collectives: CollectiveLabels = field(default_factory=CollectiveLabels, repr=False)
     # Per-chip engine (`sim.executors.simulate_chips`); the representative replay leaves the
     # defaults (one class, every chip like chip 0).
     num_chip_classes: int = 1
     slowest_chip: str = ""
     critical_path: list[dict[str, Any]] = field(default_factory=list)
-    _chip_class: np.ndarray | None = field(default=None, repr=False)
-    _class_rows: list[tuple] = field(default_factory=list, repr=False)
-    _class_reps: np.ndarray | None = field(default=None, repr=False)
-    _class_counts: np.ndarray | None = field(default=None, repr=False)
-    _link_bytes: np.ndarray | None = field(default=None, repr=False)  # per link id
-    _link_cap: np.ndarray | None = field(default=None, repr=False)
-    _class_timelines: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict,
-                                                                        repr=False)
-    _mem_trace: Trace | None = field(default=None, repr=False)  # HBM events' program
-    # Per-chip programs (pipeline stages): class -> (its program, its ops' bound units, its
-    # collectives' link classes and algorithms by op id).
-    _class_programs: dict[int, tuple] = field(default_factory=dict, repr=False)
-    _class_titles: dict[int, str] = field(default_factory=dict, repr=False)  # e.g. its stage
-    _p2p: tuple | None = field(default=None, repr=False)  # (PointToPoint, program per class)
+    classes: ChipClasses | None = field(default=None, repr=False)
+    link_bytes: np.ndarray | None = field(default=None, repr=False)  # per link id
+    link_capacity: np.ndarray | None = field(default=None, repr=False)
+    vector_stats: dict[str, int] | None = field(default=None, repr=False)
 
     @property
     def ops(self):
         import pandas as pd
 
-        return pd.DataFrame(self._ops, columns=OP_COLUMNS)
+        return pd.DataFrame(self.op_rows, columns=OP_COLUMNS)
 
     @property
     def units(self):
         import pandas as pd
 
-        return pd.DataFrame(self._units, columns=UNIT_COLUMNS)
+        return pd.DataFrame(self.unit_rows, columns=UNIT_COLUMNS)
 
     @property
     def links(self):
         import pandas as pd
 
-        return pd.DataFrame(self._links, columns=LINK_CLASS_COLUMNS)
+        return pd.DataFrame(self.link_class_rows, columns=LINK_CLASS_COLUMNS)
 
     @property
     def memory(self):
         import pandas as pd
 
-        return pd.DataFrame(self._memory, columns=MEMORY_COLUMNS)
+        return pd.DataFrame(self.memory_rows, columns=MEMORY_COLUMNS)
 
     def for_class(self, k: int, static_hbm_bytes: float = 0.0) -> StepResult:
         """This result as seen by chip class `k` (per-chip engine): its op timeline (same program
         as the class that finished last) and its HBM occupancy; scalars stay the step's."""
-        import dataclasses
-
-        if k not in self._class_timelines or self._class_reps is None:
+        cls = self.classes
+        if cls is None or k not in cls.timelines:
             return self
-        start, end = self._class_timelines[k]
-        rep = int(self._class_reps[k])
-        mem_trace = self._mem_trace
-        own = self._class_programs.get(k)
+        start, end = cls.timelines[k]
+        rep = int(cls.reps[k])
+        mem_trace = cls.program
+        own = cls.programs.get(k)
         labels = {}
-        if own is not None and own[0] is not self._mem_trace:  # another program (stage)
-            mem_trace = own[0]
-            ops = [(rep,) + r[1:] for r in _op_rows(own[0], own[1], start, end)]
-            labels = {"_coll_classes": own[2], "_coll_algorithm": own[3]}
+        if own is not None and own.trace is not cls.program:  # another program (stage)
+            mem_trace = own.trace
+            ops = [(rep,) + r[1:] for r in _op_rows(own.trace, own.bound, start, end)]
+            labels = {"collectives": dataclasses.replace(
+                self.collectives, link_classes=own.link_classes, algorithms=own.algorithms)}
         else:
             ops = [(rep,) + r[1:8] + (float(start[r[1]]), float(end[r[1]])) + r[10:]
-                   for r in self._ops]
+                   for r in self.op_rows]
         if mem_trace is None:
             mem = [(rep, 0.0, static_hbm_bytes, *(0.0 for _ in MEMORY_CATEGORIES))]
         else:
             _, _, rows = hbm_occupancy(mem_trace, end, 1)
             mem = [(rep,) + r[1:] for r in rows]
-        return dataclasses.replace(self, _ops=ops, _memory=mem, **labels)
+        return dataclasses.replace(self, op_rows=ops, memory_rows=mem, **labels)
 
     @property
     def chips(self):
@@ -182,11 +222,11 @@ class StepResult:
         spent waiting for the other members of its collectives. Needs the per-chip engine."""
         import pandas as pd
 
-        if self._chip_class is None or self._topology is None:
+        if self.classes is None or self.pod is None:
             raise TpusimError("the per-chip table needs the per-chip engine (simulate_chips)")
-        topo = self._topology
-        label = self._chip_class
-        rows = np.asarray(self._class_rows, dtype=float)[label]
+        topo = self.pod
+        label = self.classes.of_chip
+        rows = np.asarray(self.classes.rows, dtype=float)[label]
         coords = topo.all_coords()[np.arange(topo.num_chips) % topo.chips_per_slice]
         text = [",".join(map(str, r)) for r in coords.tolist()]
         if topo.num_slices > 1:
@@ -365,7 +405,7 @@ def _cost_collective(
     res = simulate_collective(
         chip=chip, topology=topology, op=kind, axes=gaxes, nbytes=v, algorithm=algo
     )
-    lb = res._link_bytes
+    lb = res.link_bytes
     cls = np.zeros(NUM_CLASSES)
     ndim = topology.ndim
     n_ici = topology.num_ici_links
@@ -628,15 +668,10 @@ def replay(
     if stuck:  # pragma: no cover - guarded by Trace validation
         raise TpusimError(f"internal error: {len(stuck)} ops never ran, e.g. {stuck[:3]}")
 
-    res = _summarize(trace, chip, topology, dur, bound, start, end, net, costs, lm,
-                     mxu_rate, vpu_rate, hbm_bw)
-    res._topology = topology
-    res._coll_axes = coll_axes
-    res._coll_classes = coll_classes
-    res._coll_algorithm = coll_algo
-    res._class_capacity = {CLASS_NAMES[i]: float(lm.class_capacity_bytes_per_s[i])
-                           for i in range(NUM_CLASSES)}
-    return res
+    return _summarize(trace, chip, topology, dur, bound, start, end, net, costs, lm,
+                      mxu_rate, vpu_rate, hbm_bw, pod=topology, collectives=CollectiveLabels(
+                          axes=coll_axes, link_classes=coll_classes, algorithms=coll_algo,
+                          class_capacity=class_capacity(lm)))
 
 
 def _op_rows(trace, bound, start, end) -> list[tuple]:
@@ -656,8 +691,15 @@ def _floats(a) -> list[float]:
     return a.tolist() if isinstance(a, np.ndarray) else [float(x) for x in a]
 
 
+def class_capacity(lm) -> dict[str, float]:
+    """Every link class's capacity (bytes/s per link) of a `LinkModel`."""
+    return {CLASS_NAMES[i]: float(lm.class_capacity_bytes_per_s[i]) for i in range(NUM_CLASSES)}
+
+
 def _summarize(trace, chip, topology, dur, bound, start, end, net, costs, lm, mxu_rate,
-               vpu_rate, hbm_bw) -> StepResult:
+               vpu_rate, hbm_bw, *, reported_chip: int = 0, **parts) -> StepResult:
+    """The step's result from one chip's timeline (`reported_chip`: the chip its table rows
+    name); `parts` are the `StepResult` parts the caller has (pod, collectives, classes...)."""
     ops = trace.ops
     step = float(end.max(initial=0.0))
     end_a = end
@@ -731,10 +773,15 @@ def _summarize(trace, chip, topology, dur, bound, start, end, net, costs, lm, mx
         }
         for k, v in costs.items()
     }
+    if reported_chip:
+        op_rows = [(reported_chip,) + row[1:] for row in op_rows]
+        units = [(reported_chip,) + row[1:] for row in units]
+        mem = [(reported_chip,) + row[1:] for row in mem]
     return StepResult(
         step_time_s=total, breakdown=bd, hbm_peak_bytes=peak, hbm_capacity_bytes=cap,
-        hbm_peak_breakdown=peak_parts,
-        fits_in_hbm=peak <= cap, num_ops=len(ops), sim_events=net.num_events + len(ops),
+        hbm_peak_breakdown=peak_parts, fits_in_hbm=peak <= cap, num_ops=len(ops),
+        sim_events=parts.pop("sim_events", net.num_events + len(ops)),
         chip=chip.name, topology=topology.name, num_chips=topology.num_chips,
-        collective_costs=coll_summary, _ops=op_rows, _units=units, _links=links, _memory=mem,
+        collective_costs=coll_summary, op_rows=op_rows, unit_rows=units, link_class_rows=links,
+        memory_rows=mem, **parts,
     )

@@ -23,6 +23,8 @@ import numpy as np
 from sim.collective_sim import collective_link_loads
 from sim.engine import (
     CollectiveCost,
+    CollectiveLabels,
+    class_capacity,
     collective_groups,
     cost_pairs,
     op_collective_cost,
@@ -491,23 +493,22 @@ def coll_labels(coll_cost) -> tuple[dict, dict]:
             {i: cc.algorithm for i, cc in coll_cost.items()})
 
 
-def common_fields(res, topology, coll_axes, coll_cost, lm, slow, dead) -> None:
-    """Result fields both engines fill alike: collective axes, link classes and capacities."""
-    res._topology = topology
-    res._coll_axes = coll_axes
-    res._coll_classes, res._coll_algorithm = coll_labels(coll_cost)
-    res._class_capacity = {CLASS_NAMES[i]: float(lm.class_capacity_bytes_per_s[i])
-                           for i in range(NUM_CLASSES)}
-    res._link_cap = np.array(np.broadcast_to(lm.capacity_bytes_per_s, (topology.num_links,)),
-                             dtype=float)
+def common_parts(topology, coll_axes, coll_cost, lm, slow, dead, link_bytes) -> dict:
+    """The `StepResult` parts both per-chip executors fill alike: the pod, the reported chip's
+    collectives' labels, and every link's capacity and bytes (`link_bytes`, changed in place: a
+    dead link has no capacity and carries nothing, its detour's bytes stay elsewhere; the plots
+    mark it dead)."""
+    link_classes, algorithms = coll_labels(coll_cost)
+    cap = np.array(np.broadcast_to(lm.capacity_bytes_per_s, (topology.num_links,)), dtype=float)
     for lk, f in slow.items():
-        res._link_cap[lk] *= f
-    for lk in dead:  # no capacity, as in the collective simulation (the plots mark it dead)
-        res._link_cap[lk] = 0.0
-    if res._link_bytes is not None:
-        for lk in dead:  # a dead link carries nothing (its detour's bytes stay elsewhere)
-            res._link_bytes[lk] = 0.0
-
+        cap[lk] *= f
+    for lk in dead:
+        cap[lk] = 0.0
+        link_bytes[lk] = 0.0
+    return {"pod": topology, "link_bytes": link_bytes, "link_capacity": cap,
+            "collectives": CollectiveLabels(axes=coll_axes, link_classes=link_classes,
+                                            algorithms=algorithms,
+                                            class_capacity=class_capacity(lm))}
 
 
 def vectors_apply(p2p, prog_of, used_programs, op_geom, geoms) -> bool:

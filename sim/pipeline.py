@@ -157,8 +157,8 @@ def _pass_times(trace: Trace, chip: ChipSpec, topology: Topology, algorithm: str
     res = replay(trace, chip, topology, algorithm=algorithm)
     ops = trace.ops
     comp = [o for o in ops if o.kind == OpKind.COMPUTE]
-    end = {row[1]: row[9] for row in res._ops}
-    cast = sum(row[9] - row[8] for row in res._ops if row[2] == WEIGHT_CAST)
+    end = {row[1]: row[9] for row in res.op_rows}
+    cast = sum(row[9] - row[8] for row in res.op_rows if row[2] == WEIGHT_CAST)
     f_end = max(end[o.id] for o in comp if o.phase in ("fwd", "loss"))
     b_end = max(end[o.id] for o in comp if o.phase == "bwd")
     step = float(max(end.values()))
@@ -632,12 +632,13 @@ def simulate_pipeline_chips(
         p2p=PointToPoint(peer_of_chip=(nxt, prv), sends=sp.sends, recvs=sp.recvs))
     res = simulate_chips(sp.programs[0], chip, topology, config=cfg, algorithm=algorithm,
                          overlap=overlap)
-    pipe = _schedule_result(res, sp, stage, config, hbm_occupancy)
-    _apply_schedule(res, pipe, sp, stage)
+    pipe, memory_rows = _schedule_result(res, sp, stage, config, hbm_occupancy)
     # Perfetto names each class's process after its stage (and the chunks it holds).
-    res._class_titles = {
-        int(c): _stage_title(int(stage[int(r)]), len(sp.programs), config.virtual_stages)
-        for c, r in enumerate(res._class_reps)}
+    titles = {int(c): _stage_title(int(stage[int(r)]), len(sp.programs), config.virtual_stages)
+              for c, r in enumerate(res.classes.reps)}
+    res = dataclasses.replace(res, memory_rows=memory_rows,
+                              classes=dataclasses.replace(res.classes, titles=titles),
+                              **_scheduled_parts(res, pipe, sp, stage))
     return res, pipe
 
 
@@ -652,8 +653,8 @@ def _stage_title(s: int, p: int, v: int) -> str:
 
 def _stage_class(res, stage: np.ndarray, s: int) -> int:
     """The class of the chip of stage `s` that finishes last (its first chip among equals)."""
-    label = res._chip_class
-    finish = np.asarray([row[0] for row in res._class_rows])
+    label = res.classes.of_chip
+    finish = np.asarray([row[0] for row in res.classes.rows])
     chips = np.flatnonzero(stage == s)
     return int(label[chips[int(np.argmax(finish[label[chips]]))]])
 
@@ -671,7 +672,10 @@ def _pass_spans(sp: StagePrograms, s: int, start, end):
     return out
 
 
-def _schedule_result(res, sp: StagePrograms, stage, config, hbm_occupancy) -> PipelineResult:
+def _schedule_result(res, sp: StagePrograms, stage, config, hbm_occupancy
+                     ) -> tuple[PipelineResult, list[tuple]]:
+    """The schedule as it ran, and the memory table: every stage's HBM over the step (its
+    slowest chip's, by chip id)."""
     p = len(sp.programs)
     v, m = config.virtual_stages, config.microbatches
     fwd = [[0.0] * v for _ in range(p)]
@@ -682,11 +686,11 @@ def _schedule_result(res, sp: StagePrograms, stage, config, hbm_occupancy) -> Pi
     timeline = []
     for s in range(p):
         c = _stage_class(res, stage, s)
-        start, end = res._class_timelines[c]
+        start, end = res.classes.timelines[c]
         times = _pass_spans(sp, s, start, end)
         busy.append(sum(e - r for r, e, _w in times))
         last_end.append(max(e for _r, e, _w in times))
-        finish.append(float(res._class_rows[c][0]))
+        finish.append(float(res.classes.rows[c][0]))
         tail.append(finish[-1] - last_end[-1])
         seen: set[tuple[str, int]] = set()
         for (ps, _recv, first, last), (r, e, _w) in zip(sp.passes[s], times, strict=True):
@@ -699,14 +703,12 @@ def _schedule_result(res, sp: StagePrograms, stage, config, hbm_occupancy) -> Pi
             sid = min(sp.sends[0])
             send_s = float(end[sid] - start[sid])
         pk, pp_parts, rows = hbm_occupancy(sp.programs[s], end, 1)
-        rep = int(res._class_reps[c])
+        rep = int(res.classes.reps[c])
         memory_rows += [(rep,) + r[1:] for r in rows]
         hbm.append(pk)
         parts.append(pp_parts)
         col = 3 + list(MEMORY_CATEGORIES).index("saved_activations")
         saved.append(max(float(r[col]) for r in rows))
-    # The memory table: every stage's HBM over the step (its slowest chip's, by chip id).
-    res._memory = memory_rows
     span = max(last_end)
     bubble = span - max(busy)
     return PipelineResult(
@@ -716,26 +718,27 @@ def _schedule_result(res, sp: StagePrograms, stage, config, hbm_occupancy) -> Pi
         send_s=send_s, tail_s=tail, stage_finish_s=finish, stage_busy_s=busy,
         peak_inflight=list(sp.peak_inflight), stage_hbm_peak_bytes=hbm,
         stage_hbm_peak_breakdown=parts, timeline=timeline, stage_saved_activations_peak_bytes=saved,
-    )
+    ), memory_rows
 
 
-def _apply_schedule(res, pipe: PipelineResult, sp: StagePrograms, stage) -> None:
+def _scheduled_parts(res, pipe: PipelineResult, sp: StagePrograms, stage) -> dict:
     """The slowest chip's breakdown: its waits for a neighbouring stage are the bubble (they
     were gaps on its core, counted as exposed communication); the HBM peak of the fullest
-    stage."""
-    slow_class = int(np.argmax([row[0] for row in res._class_rows]))
-    s = int(stage[int(res._class_reps[slow_class])])
-    start, end = res._class_timelines[slow_class]
+    stage. The `StepResult` fields that change, by name."""
+    rows = res.classes.rows
+    slow_class = int(np.argmax([row[0] for row in rows]))
+    s = int(stage[int(res.classes.reps[slow_class])])
+    start, end = res.classes.timelines[slow_class]
     waits = sum(w for _r, _e, w in _pass_spans(sp, s, start, end))
     bd = dict(res.breakdown)
     moved = min(waits, bd.get("exposed_comm_s", 0.0))
     bd["exposed_comm_s"] = bd.get("exposed_comm_s", 0.0) - moved
     bd["pipeline_bubble_s"] = bd.get("pipeline_bubble_s", 0.0) + moved
-    res.breakdown = bd
-    res.hbm_peak_bytes = max(pipe.stage_hbm_peak_bytes)
-    fullest = pipe.stage_hbm_peak_bytes.index(res.hbm_peak_bytes)
-    res.hbm_peak_breakdown = dict(pipe.stage_hbm_peak_breakdown[fullest])
-    res.fits_in_hbm = res.hbm_peak_bytes <= res.hbm_capacity_bytes
+    peak = max(pipe.stage_hbm_peak_bytes)
+    fullest = pipe.stage_hbm_peak_bytes.index(peak)
+    return {"breakdown": bd, "hbm_peak_bytes": peak,
+            "hbm_peak_breakdown": dict(pipe.stage_hbm_peak_breakdown[fullest]),
+            "fits_in_hbm": peak <= res.hbm_capacity_bytes}
 
 
 __all__ = ["Pass", "PipelineResult", "StagePrograms", "build_stage_programs",

@@ -51,12 +51,12 @@ import math
 
 import numpy as np
 
-from sim.engine import StepResult, _summarize
+from sim.engine import ChipClasses, ClassProgram, StepResult, _summarize
 from sim.perchip import (
     PreparedStep,
     add_path_links,
     coll_labels,
-    common_fields,
+    common_parts,
     coords_text,
     core_predecessors,
     no_receiver_error,
@@ -1246,55 +1246,49 @@ def run_vectors(prep: PreparedStep) -> StepResult:
     sc_costs = dict(K.cc)
     prog_trace = programs[p]
     row_of = int(rank[slowest])
-    res = _summarize(prog_trace, chip, topology, dur, bound, run.start[p][row_of],
-                     run.end[p][row_of], _Net(nbytes[slowest], busy[slowest], int(nev[slowest])),
-                     base_costs, lm, rates0[0] * s, rates0[2] * s, hbm0 * s)
-    if slowest != 0:
-        res._ops = [(slowest,) + row[1:] for row in res._ops]
-        res._units = [(slowest,) + row[1:] for row in res._units]
-        res._memory = [(slowest,) + row[1:] for row in res._memory]
-    res.sim_events = int(nev[rep].sum()) + sum(progs[int(prog_of[r])][1] for r in rep.tolist())
     s_all = np.asarray(speed, dtype=float)
     kf = np.array([K.mxu_flops for K in kinds])[kind_of]
     vf = np.array([K.vpu_flops for K in kinds])[kind_of]
     pcie = np.array([float(K.host_dur.sum()) for K in kinds])[kind_of]
     rows = np.column_stack([finish, kf / (rates0[0] * s_all), vf / (rates0[2] * s_all),
                             nbytes[:, HBM] / (hbm0 * s_all), pcie, wait])
-    res._class_rows = [tuple(float(x) for x in rows[r]) for r in rep]
-    res._class_reps = rep
-    res._class_counts = count
-    res._chip_class = label
-    res.num_chip_classes = ncls
-    res.slowest_chip = coords_text(topology, slowest)
-    res._class_timelines = {c: (run.start[int(prog_of[r])][int(rank[r])],
-                                run.end[int(prog_of[r])][int(rank[r])])
-                            for c, r in enumerate(rep.tolist())}
-    res._mem_trace = prog_trace
-    res._link_bytes = per_link_bytes_of_chips(topology, nbytes[:, :NUM_CLASSES])
-    res.critical_path = _critical_path_chips(run, slowest, topology, slow, dead_links, label,
-                                             count, kinds, kind_of, op_key, group_cost, rank,
-                                             recv_from)
-    if p2p is not None:
-        res._p2p = (p2p, {c: int(prog_of[r]) for c, r in enumerate(rep.tolist())})
+    progs_of_class: dict[int, ClassProgram] = {}
     if len(used) > 1:
         # Each class's program, its ops' bound units and its collectives' and sends' links,
         # shared by the classes of one kind (a compute op's bound is the same at every speed:
         # both its times scale with 1 / speed).
-        per_kind: dict[int, tuple] = {}
-        progs_of_class = {}
+        per_kind: dict[int, ClassProgram] = {}
         for c, r in enumerate(rep.tolist()):
             kid = int(kind_of[r])
             if kid not in per_kind:
                 Kc = kinds[kid]
-                per_kind[kid] = (programs[Kc.prog], _dur_bound(Kc, chip, float(speed[r]),
-                                                               rates0)[1],
-                                 *coll_labels(Kc.cc))
+                per_kind[kid] = ClassProgram(programs[Kc.prog],
+                                             _dur_bound(Kc, chip, float(speed[r]), rates0)[1],
+                                             *coll_labels(Kc.cc))
             progs_of_class[c] = per_kind[kid]
-        res._class_programs = progs_of_class
-    res._vector_stats = {"vectors_peak": run.max_vectors, "vector_steps": run.steps}
-    common_fields(res, topology, {i: op_key[(q, i)][1] for q, i in op_geom if q == p},
-                  sc_costs, lm, slow, dead_links)
-    return res
+    chip_classes = ChipClasses(
+        of_chip=label, reps=rep, counts=count,
+        rows=[tuple(float(x) for x in rows[r]) for r in rep],
+        timelines={c: (run.start[int(prog_of[r])][int(rank[r])],
+                       run.end[int(prog_of[r])][int(rank[r])])
+                   for c, r in enumerate(rep.tolist())},
+        program=prog_trace, programs=progs_of_class,
+        p2p=((p2p, {c: int(prog_of[r]) for c, r in enumerate(rep.tolist())})
+             if p2p is not None else None))
+    return _summarize(
+        prog_trace, chip, topology, dur, bound, run.start[p][row_of], run.end[p][row_of],
+        _Net(nbytes[slowest], busy[slowest], int(nev[slowest])), base_costs, lm,
+        rates0[0] * s, rates0[2] * s, hbm0 * s, reported_chip=slowest,
+        sim_events=int(nev[rep].sum()) + sum(progs[int(prog_of[r])][1] for r in rep.tolist()),
+        **common_parts(topology, {i: op_key[(q, i)][1] for q, i in op_geom if q == p},
+                       sc_costs, lm, slow, dead_links,
+                       per_link_bytes_of_chips(topology, nbytes[:, :NUM_CLASSES])),
+        num_chip_classes=ncls, slowest_chip=coords_text(topology, slowest),
+        critical_path=_critical_path_chips(run, slowest, topology, slow, dead_links, label,
+                                           count, kinds, kind_of, op_key, group_cost, rank,
+                                           recv_from),
+        classes=chip_classes,
+        vector_stats={"vectors_peak": run.max_vectors, "vector_steps": run.steps})
 
 
 def _dur_bound(K: _Kind, chip, s: float, rates0) -> tuple[np.ndarray, list[str]]:

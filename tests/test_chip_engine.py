@@ -163,7 +163,7 @@ def test_a_slow_link_slows_only_the_groups_that_route_over_it():
     assert r.step_time_s > healthy.step_time_s
     assert r.num_chip_classes >= 2
     assert any("degraded" in link for seg in r.critical_path for link in seg["links"])
-    lb = r._link_bytes
+    lb = r.link_bytes
     assert lb.max() > 0 and len(np.unique(lb[lb > 0])) >= 1
 
 
@@ -349,11 +349,11 @@ def test_plots_draw_per_link_utilization_and_the_finish_time_map(tmp_path):
     paths = plot_step(r, {"model": "tiny1"}, tmp_path)
     names = {p.name for p in paths}
     assert {"links_on_torus.png", "chip_finish_times.png"} <= names
-    util = r._link_bytes / (r._link_cap * r.step_time_s)
+    util = r.link_bytes / (r.link_capacity * r.step_time_s)
     slow = topo.ici_link_id(0, 0, 1)
     # The slow link carries its class's bytes at half the bandwidth: twice the utilization of
     # the same link class on chips of the same class.
-    same = topo.ici_link_id(int(np.flatnonzero(r._chip_class == r._chip_class[0])[1]), 0, 1)
+    same = topo.ici_link_id(int(np.flatnonzero(r.classes.of_chip == r.classes.of_chip[0])[1]), 0, 1)
     assert util[slow] == pytest.approx(2 * util[same])
 
 
@@ -386,7 +386,7 @@ def test_beyond_the_class_limit_vector_classes_run_and_brute_force_is_refused(mo
     small = simulate_chips(trace, chip, topo, config=PerChipConfig(speed=speed))
     monkeypatch.setattr(ce, "MAX_CLASS_OPS", 3 * len(trace.ops))
     big = simulate_chips(trace, chip, topo, config=PerChipConfig(speed=speed))
-    assert big._vector_stats["vectors_peak"] >= 1  # the vector engine ran
+    assert big.vector_stats["vectors_peak"] >= 1  # the vector engine ran
     assert big.step_time_s == pytest.approx(small.step_time_s, rel=1e-9)
     with pytest.raises(TpusimError, match="4 chip classes") as exc:
         simulate_chips(trace, chip, topo, config=PerChipConfig(speed=speed, mode="per-chip"))

@@ -117,7 +117,7 @@ def test_with_dead_links_full_mode_agrees_with_per_chip_mode(case):
     brute = _sim(topo, dead, mode="per-chip", **kw)
     assert fast.mode == "full" and brute.mode == "per-chip"
     assert brute.time_s == pytest.approx(fast.time_s, rel=REL)
-    np.testing.assert_allclose(brute._link_bytes, fast._link_bytes, rtol=REL, atol=0)
+    np.testing.assert_allclose(brute.link_bytes, fast.link_bytes, rtol=REL, atol=0)
     assert brute.detour["extra_hops"] == fast.detour["extra_hops"] > 0
     assert fast.time_s > fast.detour["healthy_time_s"]
 

@@ -51,7 +51,7 @@ def test_a_dead_link_in_a_step_agrees_with_brute_force_and_never_helps(pod):
     assert list(fast.chips.finish_s) == pytest.approx(list(brute.chips.finish_s), rel=1e-9)
     assert fast.slowest_chip == brute.slowest_chip
     assert fast.step_time_s >= healthy.step_time_s * (1 - 1e-12)
-    assert fast._link_bytes[dead[0]] == 0
+    assert fast.link_bytes[dead[0]] == 0
 
 
 def _train(*extra):

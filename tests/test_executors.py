@@ -90,5 +90,5 @@ def test_a_vector_run_is_the_same_whatever_ran_before_it():
                                                            vector=True))
     again = simulate_chips(trace, chip, topo, config=cfg)
     assert again.step_time_s == first.step_time_s
-    assert again._vector_stats == first._vector_stats
+    assert again.vector_stats == first.vector_stats
     np.testing.assert_array_equal(again.chips.finish_s, first.chips.finish_s)

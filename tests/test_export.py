@@ -178,7 +178,7 @@ def _check_pftrace(trace: PerfettoTrace, res: StepResult) -> None:
         # Every collective appears once on each link direction it loads.
         want: dict[str, int] = defaultdict(int)
         for op_id in rows.index[rows.kind == "collective"]:
-            for cls in res._coll_classes.get(int(op_id), {}):
+            for cls in res.collectives.link_classes.get(int(op_id), {}):
                 want[cls] += 1
         assert dict(link_uses) == dict(want)
         assert "HBM occupancy (bytes)" in counter_names
@@ -723,7 +723,7 @@ def test_full_mode_collective_trace_shows_each_group_and_the_links_that_carried_
             lk = next(i for i in range(topo.num_ici_links)
                       if f"ICI link {topo.describe_link(i)}" == t)
             assert topo.coords(lk // 4)[1] == group  # the x ring at y = group
-            assert sum(r[3]["bytes"] for r in rows) == pytest.approx(res._link_bytes[lk])
+            assert sum(r[3]["bytes"] for r in rows) == pytest.approx(res.link_bytes[lk])
             assert {r[2] for r in rows} == {"AG x x3"}
 
 

@@ -58,8 +58,8 @@ def _assert_same(chip, topology, op, gaxes, nbytes, algorithm) -> str:
     for field in ("time_s", "latency_s", "hbm_bytes_per_chip", "bytes_on_busiest_link",
                   "max_link_utilization"):
         assert getattr(a, field) == pytest.approx(getattr(b, field), rel=REL, abs=1e-300), field
-    assert _rel(a._link_bytes, b._link_bytes) <= REL
-    assert _rel(a._link_busy, b._link_busy) <= REL
+    assert _rel(a.link_bytes, b.link_bytes) <= REL
+    assert _rel(a.link_busy_s, b.link_busy_s) <= REL
     return a.mode
 
 
@@ -190,7 +190,7 @@ def test_a_group_too_large_to_route_whole_is_simulated_on_its_orbit_representati
     r = simulate_collective(**kw)
     assert r.mode == "orbit"
     assert r.time_s == pytest.approx(whole.time_s, rel=REL)
-    assert _rel(r._link_bytes, whole._link_bytes) <= REL
+    assert _rel(r.link_bytes, whole.link_bytes) <= REL
 
 
 def _link_slices(res) -> dict[tuple, float]:
@@ -230,4 +230,4 @@ def test_orbit_mode_perfetto_link_tracks_equal_the_whole_pods_link_by_link(shape
     assert set(got) == set(want)
     assert all(got[k] == pytest.approx(want[k], rel=REL) for k in want)
     # Every link the pod loads has a track (under the 512-track cap here).
-    assert len({k[0] for k in got}) == int(np.count_nonzero(full._link_bytes))
+    assert len({k[0] for k in got}) == int(np.count_nonzero(full.link_bytes))

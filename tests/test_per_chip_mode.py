@@ -53,7 +53,7 @@ def test_per_chip_mode_agrees_with_the_fast_modes(pod, kind):
             brute = simulate_collective(mode="per-chip", **kw)
             assert brute.mode == "per-chip" and fast.mode in ("symmetric", "full")
             assert brute.time_s == pytest.approx(fast.time_s, rel=REL), (axes, alg)
-            np.testing.assert_allclose(brute._link_bytes, fast._link_bytes, rtol=REL, atol=0)
+            np.testing.assert_allclose(brute.link_bytes, fast.link_bytes, rtol=REL, atol=0)
             assert brute.hbm_bytes_per_chip == pytest.approx(fast.hbm_bytes_per_chip, rel=REL)
             assert brute.max_link_utilization == pytest.approx(fast.max_link_utilization,
                                                                rel=REL)

@@ -68,7 +68,7 @@ def _no_field_names(fig) -> None:
 ])
 def test_collective_torus_is_drawn_per_link_when_links_of_a_class_differ(flags, pod, panels):
     r = sim.collective(**{"op": "all-reduce", "bytes": "1MiB", **flags}).result
-    topo = r._topology
+    topo = r.pod
     figs = collective_figures(r)
     fig = figs["links_on_torus.png"]
     title = _title(fig)
@@ -96,14 +96,14 @@ def test_multi_slice_torus_draws_the_slices_that_differ_and_names_the_alike_ones
                        bytes="1MiB", dead_link=["1,0,1:x+"]).result
     fig = collective_figures(r)["links_on_torus.png"]
     assert [ax.get_title() for ax in fig.axes[:2]] == ["2x(4x4), slice 0", "2x(4x4), slice 1"]
-    assert _segments(fig) == int(r._topology.link_mask().sum())
+    assert _segments(fig) == int(r.pod.link_mask().sum())
     # Three slices alike (an all-gather over x and dcn): slice 0 drawn, the others named.
     r = sim.collective(chip="v5e", shape="4x4", slices=3, op="all-gather", axes="x,dcn",
                        bytes="3MiB").result
     fig = collective_figures(r)["links_on_torus.png"]
     title = _title(fig)
     assert "slice(s) 1-2 are like slice 0: not drawn" in title and "DCN links" in title
-    assert _segments(fig) == int(r._topology.link_mask().sum()) // 3
+    assert _segments(fig) == int(r.pod.link_mask().sum()) // 3
 
 
 @pytest.mark.parametrize(("flags", "classes"), [
@@ -114,8 +114,8 @@ def test_multi_slice_torus_draws_the_slices_that_differ_and_names_the_alike_ones
 ])
 def test_collective_torus_with_alike_links_says_so_and_draws_each_class_once(flags, classes):
     r = sim.collective(op="all-reduce", bytes="1MiB", **flags).result
-    util = r._link_bytes / (r._link_cap * r.time_s)
-    assert links_alike(r._topology, util, r._link_cap)
+    util = r.link_bytes / (r.link_capacity * r.time_s)
+    assert links_alike(r.pod, util, r.link_capacity)
     fig = collective_figures(r)["links_on_torus.png"]
     texts = _texts(fig)
     assert any("every link of a class is alike: drawn once per class" in t for t in texts)
@@ -225,9 +225,9 @@ def test_per_chip_step_draws_links_per_link_and_the_finish_time_map(tiny):
 def test_step_with_a_dead_link_draws_every_link_and_marks_the_dead_one(tiny):
     run = sim.train(chip="v5e", shape="4x4", wraparound="all", model=tiny, seq_len=128,
                     batch_per_chip=1, mesh="fsdp=4,tensor=4", dead_link=["1,1:y+"])
-    topo = run.result._topology
+    topo = run.result.pod
     dead = topo.ici_link_id(topo.chip_id((1, 1)), 1, 1)
-    assert run.result._link_cap[dead] == 0.0 and run.result._link_bytes[dead] == 0.0
+    assert run.result.link_capacity[dead] == 0.0 and run.result.link_bytes[dead] == 0.0
     fig = step_figures(run.result, run.to_dict())["links_on_torus.png"]
     assert _segments(fig) == int(topo.link_mask().sum())
     assert "dead link (no capacity: idle)" in [t.get_text() for t in fig.legends[0].get_texts()]
@@ -298,7 +298,7 @@ def test_phase_lane_has_no_gap_where_a_trailing_dcn_all_reduce_runs(tiny):
     run = sim.train(chip="v5e", shape="2x2", slices=2, model=tiny, seq_len=128,
                     batch_per_chip=1, mesh="fsdp=4", dcn="data=2")
     res = run.result
-    ops = _table(res._ops, OP_COLUMNS, ("kind", "unit", "bound", "phase", "start_s", "end_s"))
+    ops = _table(res.op_rows, OP_COLUMNS, ("kind", "unit", "bound", "phase", "start_s", "end_s"))
     spans = _phase_spans(ops)
     compute = (ops["kind"] == "compute") & (ops["phase"] == "bwd")
     last_bwd_compute = ops["end_s"][compute].max()

@@ -82,7 +82,7 @@ def test_vector_classes_equal_the_brute_force_oracle_and_the_class_engine(pod, s
     _assert_same(vec, cls)
     # The same events in the same order: the vector engine counts what the class engine does.
     assert vec.sim_events == cls.sim_events
-    assert vec._vector_stats["vectors_peak"] <= topo.num_chips
+    assert vec.vector_stats["vectors_peak"] <= topo.num_chips
     assert vec.step_time_s > replay(trace, chip, topo).step_time_s * (0.9 if not slow_chip
                                                                         else 1.0)
 
@@ -103,7 +103,7 @@ def test_vector_classes_stay_few_when_chips_differ_only_slightly():
     speed = np.random.default_rng(1).lognormal(0.0, 0.02, topo.num_chips)
     r = simulate_chips(trace, chip, topo, config=PerChipConfig(speed=speed, vector=True))
     assert r.num_chip_classes == 64
-    assert r._vector_stats["vectors_peak"] < 32
+    assert r.vector_stats["vectors_peak"] < 32
 
 
 def test_unperturbed_vector_run_equals_replay():
@@ -111,7 +111,7 @@ def test_unperturbed_vector_run_equals_replay():
     r = simulate_chips(trace, chip, topo, config=PerChipConfig(vector=True))
     h = replay(trace, chip, topo)
     assert r.step_time_s == pytest.approx(h.step_time_s, rel=1e-12)
-    assert r.num_chip_classes == 1 and r._vector_stats["vectors_peak"] == 1
+    assert r.num_chip_classes == 1 and r.vector_stats["vectors_peak"] == 1
 
 
 def test_collective_wait_is_wall_time_when_collectives_overlap():
@@ -230,7 +230,7 @@ def test_kept_collective_candidate_rows_equal_recomputed_ones_and_give_the_same_
         np.testing.assert_array_equal(r.chips.finish_s, ref.chips.finish_s)
         np.testing.assert_array_equal(r.chips.collective_wait_s, ref.chips.collective_wait_s)
         assert r.sim_events == ref.sim_events
-        assert r._vector_stats == ref._vector_stats
+        assert r.vector_stats == ref.vector_stats
     assert n_kept < n_ref / 2
 
 

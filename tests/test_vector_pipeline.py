@@ -61,7 +61,7 @@ def _between_stages(pod, topo):
 
 def _assert_same(vec, cls):
     (rv, pv), (rc, pc) = vec, cls
-    assert rv._vector_stats["vector_steps"] > 0 and not hasattr(rc, "_vector_stats")
+    assert rv.vector_stats["vector_steps"] > 0 and rc.vector_stats is None
     # Times are computed with the same formulas in the same order: equal to the last bit.
     assert rv.step_time_s == rc.step_time_s
     np.testing.assert_array_equal(rv.chips.finish_s, rc.chips.finish_s)
@@ -74,7 +74,7 @@ def _assert_same(vec, cls):
     # Busy and wait sums may differ in the last bit (added in another order).
     for col in ("mxu_busy_s", "vpu_busy_s", "hbm_busy_s", "collective_wait_s"):
         np.testing.assert_allclose(rv.chips[col], rc.chips[col], rtol=1e-12, atol=1e-18)
-    np.testing.assert_allclose(rv._link_bytes, rc._link_bytes, rtol=1e-12)
+    np.testing.assert_allclose(rv.link_bytes, rc.link_bytes, rtol=1e-12)
     # Every class's own timeline (its stage's program) and HBM table.
     for c in range(rv.num_chip_classes):
         a, b = rv.for_class(c), rc.for_class(c)
@@ -154,9 +154,9 @@ def test_auto_runs_pipelines_on_vectors_from_enough_classes_per_stage(monkeypatc
     speed = _variation(topo)
     # 16 classes over 4 stage programs: vectors from VECTOR_MIN_CLASSES classes per program.
     monkeypatch.setattr(ce, "VECTOR_MIN_CLASSES", 4)
-    assert hasattr(_pipeline("4x4", PerChipConfig(speed=speed))[0], "_vector_stats")
+    assert _pipeline("4x4", PerChipConfig(speed=speed))[0].vector_stats is not None
     monkeypatch.setattr(ce, "VECTOR_MIN_CLASSES", 5)
-    assert not hasattr(_pipeline("4x4", PerChipConfig(speed=speed))[0], "_vector_stats")
+    assert _pipeline("4x4", PerChipConfig(speed=speed))[0].vector_stats is None
 
 
 def test_perfetto_trace_of_a_vector_pipeline_equals_the_class_engines(tmp_path):
@@ -213,7 +213,7 @@ def test_a_receive_feeding_a_collective_equals_the_class_engine_and_brute_force(
         np.testing.assert_array_equal(vec.chips.finish_s, other.chips.finish_s)
         assert vec.critical_path == other.critical_path
     # Stage 1's gather waits for the message: it starts after the send has ended.
-    t = vec.for_class(int(vec._chip_class[int(np.flatnonzero(stage == 1)[0])])).ops
+    t = vec.for_class(int(vec.classes.of_chip[int(np.flatnonzero(stage == 1)[0])])).ops
     recv, gath = (t[t.name == n].iloc[0] for n in ("recv", "gather"))
     assert gath.start_s >= recv.end_s > recv.start_s > 0
 
@@ -287,5 +287,5 @@ def test_programs_sharing_a_replica_group_or_sending_within_one_program_run_as_c
         runs = [ce.simulate_chips(case["programs"][0], chip, topo, config=PerChipConfig(
             speed=_variation(topo), **case, **kw)) for kw in ({"vector": True},
                                                                {"mode": "per-chip"})]
-        assert not hasattr(runs[0], "_vector_stats")
+        assert runs[0].vector_stats is None
         assert runs[0].step_time_s == runs[1].step_time_s

@@ -272,7 +272,7 @@ def _write_outputs(args, result, summary) -> list[str]:
 
         tables = {"ops": result.ops, "units": result.units, "links": result.links,
                   "memory": result.memory}
-        if result._chip_class is not None:
+        if result.classes is not None:
             tables["chips"] = result.chips
         write_tables(args.out, tables, summary)
         notes.append(f"wrote tables and summary.json into {cli.show_path(args.out)}/")

@@ -27,7 +27,7 @@ Per-chip engine: when chips differ (a slow chip, a slow link, chip variation), e
 (chips whose whole step is identical) is one process named with the chips it stands for, and
 every chip of `chips=` is added with its class's timeline. Pipeline runs have a class per stage
 at least, each with its own program (the stage's passes, sends and receives); its process name
-starts with its stage (`StepResult._class_titles`).
+starts with its stage (`StepResult.classes.titles`).
 
 Big pods: tpusim replays one representative chip (every chip runs the same SPMD program), so by
 default the trace holds chip 0 only; `chips=` (`--trace-chips 0-15`) shows more, each identical
@@ -128,7 +128,7 @@ def _step_tracks(result) -> tuple[dict[str, list[tuple]], dict[str, list[tuple[f
                                                           "mesh_axes"))
     tracks: dict[str, list[tuple]] = {}
     coll = []
-    for r in result._ops:
+    for r in result.op_rows:
         start, end = float(r[i_start]), float(r[i_end])
         if end <= start:
             continue
@@ -141,8 +141,8 @@ def _step_tracks(result) -> tuple[dict[str, list[tuple]], dict[str, list[tuple[f
             tracks.setdefault(r[i_unit].upper(), []).append(row)
         elif kind == "collective":
             args.update(collective=r[i_coll], mesh_axes=r[i_axes],
-                        algorithm=result._coll_algorithm.get(op_id, ""))
-            classes = result._coll_classes.get(op_id, {})
+                        algorithm=result.collectives.algorithms.get(op_id, ""))
+            classes = result.collectives.link_classes.get(op_id, {})
             args["link_classes"] = ",".join(classes)
             coll.append(row)
         elif kind == "host":
@@ -155,7 +155,7 @@ def _step_tracks(result) -> tuple[dict[str, list[tuple]], dict[str, list[tuple[f
     # One lane set per link direction: the collectives that load it.
     by_class: dict[str, list[tuple]] = {}
     for row in coll:
-        for cls, nbytes in result._coll_classes.get(row[4], {}).items():
+        for cls, nbytes in result.collectives.link_classes.get(row[4], {}).items():
             a = dict(row[3])
             a["bytes_per_link"] = nbytes
             by_class.setdefault(cls, []).append((row[0], row[1], row[2], a, row[4]))
@@ -163,11 +163,12 @@ def _step_tracks(result) -> tuple[dict[str, list[tuple]], dict[str, list[tuple[f
     for cls, rows in sorted(by_class.items()):
         for lane, row in zip(_lanes(rows), rows, strict=True):
             tracks.setdefault(f"ICI {cls} link {lane}", []).append(row)
-        counters[f"ICI {cls} utilization"] = _utilization(rows, result._class_capacity[cls])
+        counters[f"ICI {cls} utilization"] = _utilization(
+            rows, result.collectives.class_capacity[cls])
     from sim.engine import MEMORY_COLUMNS
 
     i_t, i_b = MEMORY_COLUMNS.index("time_s"), MEMORY_COLUMNS.index("hbm_bytes")
-    counters["HBM occupancy (bytes)"] = [(float(m[i_t]), float(m[i_b])) for m in result._memory]
+    counters["HBM occupancy (bytes)"] = [(float(m[i_t]), float(m[i_b])) for m in result.memory_rows]
     return tracks, counters
 
 
@@ -401,8 +402,8 @@ def plan_step_trace(result, path: str | Path, *, chips: list[int] | None = None)
     """
     check_span(result.step_time_s)
     path = Path(path)
-    topo = result._topology
-    if result.num_chip_classes > 1 and result._chip_class is not None:
+    topo = result.pod
+    if result.num_chip_classes > 1 and result.classes is not None:
         chips, names, class_of = _class_procs(result, chips or [])
     else:
         chips = chips or [0]
@@ -423,7 +424,7 @@ def plan_step_trace(result, path: str | Path, *, chips: list[int] | None = None)
     shown = set(chips)
     by_axes: dict[tuple, list[int]] = {}
     if topo is not None and len(chips) > 1:
-        for op_id, gaxes in sorted(result._coll_axes.items()):
+        for op_id, gaxes in sorted(result.collectives.axes.items()):
             if gaxes:
                 by_axes.setdefault(tuple(gaxes), []).append(int(op_id))
     keys = list(by_axes)
@@ -457,7 +458,7 @@ def plan_step_trace(result, path: str | Path, *, chips: list[int] | None = None)
         if k not in track_cache:
             track_cache.clear()  # one class's Python rows at a time (templates are kept)
             track_cache[k] = _step_tracks(result if result.num_chip_classes <= 1
-                                          or result._chip_class is None
+                                          or result.classes is None
                                           else result.for_class(k))
         return track_cache[k]
 
@@ -503,12 +504,12 @@ def _send_flows(result, chips: list[int]) -> tuple[dict[int, dict[int, int]],
     id: flow id}} and {chip: {receive op id: flow id}}."""
     out: dict[int, dict[int, int]] = {}
     into: dict[int, dict[int, int]] = {}
-    if result._p2p is None or result._chip_class is None:
+    if result.classes is None or result.classes.p2p is None:
         return out, into
-    p2p, prog_of_class = result._p2p
-    label = result._chip_class
+    p2p, prog_of_class = result.classes.p2p
+    label = result.classes.of_chip
     shown = set(chips)
-    longest = max((len(v[0].ops) for v in result._class_programs.values()),
+    longest = max((len(v.trace.ops) for v in result.classes.programs.values()),
                   default=result.num_ops)
     base = (longest + 1) * result.num_chips  # above every collective flow id
     for c in chips:
@@ -529,16 +530,16 @@ def _send_flows(result, chips: list[int]) -> tuple[dict[int, dict[int, int]],
 def _class_procs(result, extra: list[int]):
     import numpy as np
 
-    topo = result._topology
-    label = result._chip_class
-    reps = [int(r) for r in result._class_reps]
-    finish = [row[0] for row in result._class_rows]
+    topo = result.pod
+    label = result.classes.of_chip
+    reps = [int(r) for r in result.classes.reps]
+    finish = [row[0] for row in result.classes.rows]
     shown = sorted(range(len(reps)), key=lambda k: (-finish[k], k))[:MAX_CHIP_PROCESSES]
     chips = sorted(set([reps[k] for k in shown]) | set(extra))
     names = []
     for c in chips:
         k = int(label[c])
-        title = result._class_titles.get(k)
+        title = result.classes.titles.get(k)
         if c == reps[k]:
             members = np.flatnonzero(label == k)
             coords = [topo.coords(int(m)) for m in members[:8]]
@@ -557,11 +558,12 @@ def _class_procs(result, extra: list[int]):
 def _same_program_chips(result, chips: list[int]) -> list[int]:
     """The chips that run the reported chip's program (collective flows join op ids of one
     program; pipeline stages run different programs)."""
-    progs = result._class_programs
-    if not progs or result._chip_class is None:
+    progs = result.classes.programs if result.classes is not None else {}
+    if not progs:
         return list(chips)
     return [c for c in chips
-            if progs.get(int(result._chip_class[c]), (None,))[0] is result._mem_trace]
+            if getattr(progs.get(int(result.classes.of_chip[c])), "trace", None)
+            is result.classes.program]
 
 
 def export_step(result, path: str | Path, *, chips: list[int] | None = None) -> Path:
@@ -612,12 +614,12 @@ def _collective_processes(res) -> list[tuple[str, dict[str, list[tuple]]]]:
     """
     from topologies.groups import CLASS_NAMES, GroupGeometry, route_class_hops
 
-    sched = res._schedule
-    topo = res._topology
+    sched = res.schedule
+    topo = res.pod
     gaxes = sched.gaxes if sched is not None else ()
     head = f"{res.op} {res.algorithm} on {res.topology} {res.chip}"
     rows_of: dict[int, list[tuple]] = {}
-    for r in res._timeline:
+    for r in res.timeline_rows:
         rows_of.setdefault(int(r[0]), []).append(r)
     geo = GroupGeometry(topo, gaxes) if gaxes and res.mode != "symmetric" else None
     class_bytes: dict[tuple[int, int], dict[str, float]] = {}
@@ -676,15 +678,15 @@ def _collective_processes(res) -> list[tuple[str, dict[str, list[tuple]]]]:
                 tracks.setdefault(f"DMA stream {si} {cls}", []).append(
                     (float(t0), float(t1), sname,
                      {"step": k, "link_bytes_per_chip": b * frac, "direction": cls}, i))
-            if res._step_links is not None and (g, si, k) in res._step_links:
-                links, nbytes = res._step_links[(g, si, k)]
+            if res.step_links is not None and (g, si, k) in res.step_links:
+                links, nbytes = res.step_links[(g, si, k)]
                 for lk, b in zip(links.tolist(), nbytes.tolist(), strict=True):
                     link_rows.setdefault(lk, []).append(
                         (float(t0), float(t1), sname,
                          {"step": k, "stream": si, "bytes": b * frac}, i))
                     link_total[lk] = link_total.get(lk, 0.0) + b * frac
         whose = "its routes"
-        if res.mode == "orbit" and link_total and res._orbit_periods is not None:
+        if res.mode == "orbit" and link_total and res.orbit_periods is not None:
             link_rows, link_total = _orbit_link_rows(res, link_rows)
             whose = "the groups of its orbit"
         kept = sorted(link_total, key=lambda lk: (-link_total[lk], lk))[:MAX_LINK_TRACKS]
@@ -695,7 +697,7 @@ def _collective_processes(res) -> list[tuple[str, dict[str, list[tuple]]]]:
                      f"{whose} loaded)")
         elif link_total:
             name += f" (link tracks: the {len(link_total)} links {whose} loaded)"
-        elif res.mode != "symmetric" and res._step_links is None:
+        elif res.mode != "symmetric" and res.step_links is None:
             name += " (no link tracks: more (step, link) pairs than the trace keeps)"
         out.append((name, _laned(tracks)))
     if len(groups) > MAX_CHIP_PROCESSES:
@@ -719,8 +721,8 @@ def _orbit_link_rows(res, link_rows: dict[int, list[tuple]]):
 
     from sim.collective_sim import canonical_chips, canonical_links
 
-    topo = res._topology
-    canon = canonical_links(topo, canonical_chips(topo, res._orbit_periods))
+    topo = res.pod
+    canon = canonical_links(topo, canonical_chips(topo, res.orbit_periods))
     merged: dict[int, dict[int, tuple]] = {}  # canonical link -> timeline row -> slice
     for lk, rows in link_rows.items():
         by_row = merged.setdefault(int(canon[lk]), {})

@@ -206,31 +206,31 @@ def step_figures(result, summary: dict) -> dict[str, Any]:
     figs = {"timeline.png": _timeline(result, caption),
             "breakdown.png": _breakdown(result, caption),
             "utilization.png": _utilization(result, caption)}
-    topo = getattr(result, "_topology", None)
+    topo = getattr(result, "pod", None)
     from sim.engine import LINK_CLASS_COLUMNS
 
-    lk = _table(result._links, LINK_CLASS_COLUMNS, ("link_class", "utilization"))
+    lk = _table(result.link_class_rows, LINK_CLASS_COLUMNS, ("link_class", "utilization"))
     # The step is simulated per link class (per chip class on the per-chip engine): when every
     # link of a class is alike, that is why.
     because = "the step is simulated per link class, so every link of a class is alike"
-    if topo is not None and result._link_bytes is not None:
+    if topo is not None and result.link_bytes is not None:
         # Per-chip engine: every link carries what its source chip's class put on it, at its own
         # capacity (a slow or dead link differs from its class).
-        denom = result._link_cap * result.step_time_s
-        util = np.divide(result._link_bytes, denom, out=np.zeros(topo.num_links),
+        denom = result.link_capacity * result.step_time_s
+        util = np.divide(result.link_bytes, denom, out=np.zeros(topo.num_links),
                          where=denom > 0)
         k = result.num_chip_classes
         figs["links_on_torus.png"] = torus_figure(
-            topo, util, capacity=result._link_cap, caption=caption, alike_because=because,
+            topo, util, capacity=result.link_capacity, caption=caption, alike_because=because,
             what=f"ICI link utilization over the step ({k} chip class{'es' if k > 1 else ''})")
-    if topo is not None and result._chip_class is not None and result.num_chip_classes > 1:
-        finish = np.asarray(result._class_rows, dtype=float)[result._chip_class][:, 0]
+    if topo is not None and result.classes is not None and result.num_chip_classes > 1:
+        finish = np.asarray(result.classes.rows, dtype=float)[result.classes.of_chip][:, 0]
         spread = float(finish.max() - finish.min()) if len(finish) else 0.0
         figs["chip_finish_times.png"] = chip_map_figure(
             topo, finish, caption=caption, label="finish time", time_values=True,
             what="finish time per chip" + (f"; the slowest chip is ({result.slowest_chip})"
                                            if spread > 1e-9 * result.step_time_s else ""))
-    if topo is not None and result._link_bytes is None and len(result._links):
+    if topo is not None and result.link_bytes is None and len(result.link_class_rows):
         # The representative replay simulates one link per class (the busiest): every link of a
         # class is drawn at its class's value, once per class.
         per_class = dict(zip(lk["link_class"].tolist(), lk["utilization"].tolist(), strict=True))
@@ -289,7 +289,7 @@ def _timeline(result, caption: str):
 
     from sim.engine import OP_COLUMNS
 
-    ops = _table(result._ops, OP_COLUMNS,
+    ops = _table(result.op_rows, OP_COLUMNS,
                  ("kind", "unit", "bound", "phase", "start_s", "end_s"))
     step = max(result.step_time_s, 1e-12)
     scale, unit = _time_unit(step)
@@ -388,7 +388,7 @@ def _utilization(result, caption: str):
     a1, a2 = fig.subplots(1, 2)
     from sim.engine import LINK_CLASS_COLUMNS, UNIT_COLUMNS
 
-    u = _table(result._units, UNIT_COLUMNS, ("unit", "utilization"))
+    u = _table(result.unit_rows, UNIT_COLUMNS, ("unit", "utilization"))
     units = u["unit"].tolist()
     a1.bar([UNIT_WORDS.get(x, x) for x in units], u["utilization"],
            color=[_COLORS.get(x, "#333") for x in units])
@@ -397,8 +397,8 @@ def _utilization(result, caption: str):
     a1.set_ylim(0, 1.12)
     a1.set_ylabel("busy time / step time")
     a1.set_title("chip 0's units")
-    lk = _table(result._links, LINK_CLASS_COLUMNS, ("link_class", "utilization"))
-    if len(result._links):
+    lk = _table(result.link_class_rows, LINK_CLASS_COLUMNS, ("link_class", "utilization"))
+    if len(result.link_class_rows):
         names = [c.replace("dcn-out", "DCN out").replace("dcn-in", "DCN in")
                  for c in lk["link_class"].tolist()]
         a2.bar(names, lk["utilization"], color="#8172B2")
@@ -796,15 +796,15 @@ def plot_collective(res, out_dir: str | Path, *, max_panels: int = MAX_PANELS) -
 @_styled
 def collective_figures(res, *, max_panels: int = MAX_PANELS) -> dict[str, Any]:
     """The collective's figures by file name."""
-    denom = res._link_cap * res.time_s
+    denom = res.link_capacity * res.time_s
     # A dead link has no capacity (and carries nothing): drawn as idle.
-    util = np.divide(res._link_bytes, denom, out=np.zeros_like(res._link_bytes, dtype=float),
+    util = np.divide(res.link_bytes, denom, out=np.zeros_like(res.link_bytes, dtype=float),
                      where=denom > 0)
     caption = collective_caption(res)
     over = f" over {','.join(res.axes)}" if res.axes else ""
     what = (f"{res.op} of {_fmt_bytes(res.bytes)}{over} ({res.algorithm}): "
             f"{_fmt_time(res.time_s)}; link utilization")
-    return {"links_on_torus.png": torus_figure(res._topology, util, capacity=res._link_cap,
+    return {"links_on_torus.png": torus_figure(res.pod, util, capacity=res.link_capacity,
                                                caption=caption, what=what,
                                                max_panels=max_panels),
             "collective_timeline.png": _collective_timeline(res, caption)}
@@ -830,13 +830,13 @@ def _collective_timeline(res, caption: str):
 
     from sim.collective_sim import TIMELINE_COLUMNS
 
-    tl = _table(res._timeline, TIMELINE_COLUMNS,
+    tl = _table(res.timeline_rows, TIMELINE_COLUMNS,
                 ("group", "chip", "stream", "step", "label", "start_s", "end_s"))
     width = 11.0
     # The group that finishes last sets the time; its first simulated chip stands for it.
     g, groups = 0, 0
-    mine = np.zeros(len(res._timeline), dtype=bool)
-    if len(res._timeline):
+    mine = np.zeros(len(res.timeline_rows), dtype=bool)
+    if len(res.timeline_rows):
         g = int(tl["group"][int(np.argmax(tl["end_s"]))])
         mine = tl["group"] == g
         mine &= tl["chip"] == tl["chip"][mine].min()
