@@ -18,6 +18,7 @@ import pytest
 from tests.conftest import REFERENCE_DIR
 from validation import (
     maxtext,
+    template,
     xla_compile,
     xla_dcn_schedule,
     xla_moe_pair,
@@ -426,3 +427,21 @@ def test_moe_pair_programs_are_the_matched_runs_widths_layers_batches_and_mesh(v
         assert (p["run_layers"], p["run_batch"], mod.SEQ) == (m.num_layers, c.batch_per_chip,
                                                                c.seq_len)
         assert c.mesh == "fsdp=256" and c.maxtext_remat == "full"
+
+
+def test_the_validation_document_templates_name_exactly_the_values_they_get(tmp_path,
+                                                                          monkeypatch):
+    # docs/validation.md is templates/validation.md filled in: a placeholder without a value,
+    # or a value without a placeholder, is an error rather than a gap in the document.
+    (tmp_path / "t.md").write_text("a {{x}} b {{y}}\n")
+    monkeypatch.setattr(template, "TEMPLATES", tmp_path)
+    assert template.render("t.md", {"x": "1", "y": "{{x}}"}) == "a 1 b {{x}}"
+    with pytest.raises(ValueError, match=r"no value for \['y'\], no placeholder for \[\]"):
+        template.render("t.md", {"x": "1"})
+    with pytest.raises(ValueError, match=r"no placeholder for \['z'\]"):
+        template.render("t.md", {"x": "1", "y": "2", "z": "3"})
+    # The shipped template keeps the computed tables out of its prose.
+    monkeypatch.undo()
+    names = set(template.PLACEHOLDER.findall(
+        (template.TEMPLATES / "validation.md").read_text()))
+    assert {"summary_table", "runs_table", "effects", "fits_table", "xla_collectives"} <= names
