@@ -78,6 +78,7 @@ def build(name: str, keep_metadata: bool, *, topology: str | None = None,
     """The HLO text of fixture `name`'s program, compiled for its own topology and mesh or for
     `topology` and `mesh_axes` (the same program on another slice)."""
     xla_compile.init_jax()
+    # jax is optional: imported only where a program is compiled (the jax[tpu] python).
     import jax
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P

@@ -99,6 +99,7 @@ def build_mesh(topology: str, axes: dict[str, int], placement: str = "make_mesh"
     MaxText's custom mesh of that name (axes of 64 and 4 on a 16x16). Axes are `Auto` (jax
     0.10's default Explicit rejects Megatron-style einsums)."""
     init_jax()
+    # jax is optional: imported only where a program is compiled (the jax[tpu] python).
     from jax.experimental import topologies
     from jax.sharding import AxisType, Mesh
 
@@ -205,6 +206,7 @@ class Decoder:
     # -- inputs ------------------------------------------------------------------------------
 
     def sds(self, shape, spec, dtype=None):
+        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
         import jax
         from jax.sharding import NamedSharding
 
@@ -215,6 +217,7 @@ class Decoder:
         """The weights (bf16, or f32 with `param_dtype="float32"`): a list of per-layer dicts,
         or (stacked) one dict of [layers, ...] arrays for `jax.lax.scan`, as MaxText's
         scan_layers."""
+        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
         from jax.sharding import PartitionSpec as P
 
         dt = self.pdt
@@ -228,11 +231,13 @@ class Decoder:
         return p
 
     def scope(self, name: str):
+        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
         import jax
 
         return jax.named_scope(name) if self.scopes else contextlib.nullcontext()
 
     def constrain(self, x):
+        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
         import jax
         from jax.sharding import NamedSharding
 
@@ -241,6 +246,7 @@ class Decoder:
     # -- the model ---------------------------------------------------------------------------
 
     def rms(self, x, w):
+        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
         import jax
         import jax.numpy as jnp
 
@@ -249,6 +255,7 @@ class Decoder:
         return (y * w.astype(jnp.float32)).astype(self.bf)
 
     def attention(self, q, k, v, causal: bool):
+        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
         import jax
         import jax.numpy as jnp
 
@@ -271,6 +278,7 @@ class Decoder:
     def splash_attention(self, q, k, v):
         """Causal GQA attention by the Pallas splash kernel (MaxText's `tpu_flash_attention`
         with its default layouts and the block sizes all `flash_block`)."""
+        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
         import jax
         from jax.experimental.pallas.ops.tpu.splash_attention import (
             splash_attention_kernel as sk,
@@ -303,6 +311,7 @@ class Decoder:
         return local(q, k, v).transpose(0, 2, 1, 3).reshape(b, s, h * hd)
 
     def layer(self, x, w, i: int = 0, cache=None):
+        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
         import jax
         import jax.numpy as jnp
 
@@ -329,6 +338,7 @@ class Decoder:
     def loss(self, p, tok, remat: str = "full", scan: bool = False):
         """Mean next-token cross-entropy, each layer under `remat_layer(remat)`; scan: the
         layers are stacked and run by `jax.lax.scan` (one loop body, as MaxText)."""
+        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
         import jax
         import jax.numpy as jnp
 
@@ -350,6 +360,7 @@ class Decoder:
 
     def train_step(self, loss_fn: Callable):
         """One Adam step of loss_fn(params, tokens): (loss, params, m1, m2)."""
+        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
         import jax
         import jax.numpy as jnp
 
@@ -370,6 +381,7 @@ class Decoder:
 
     def lower_train(self, params: dict, tokens, remat: str = "full", scan: bool = False):
         """The lowered Adam step of `loss` with f32 moments shaped and sharded as the params."""
+        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
         import jax
         import jax.numpy as jnp
 
@@ -388,6 +400,7 @@ class Decoder:
         `top_k` largest logits, then a categorical draw among them; the key is an argument);
         logits_f32: the logits are cast to f32 before sampling (MaxText's
         `cast_logits_to_fp32`), else they stay bf16 (the HLO fixture's program)."""
+        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
         import jax
         import jax.numpy as jnp
         from jax.sharding import PartitionSpec as P
@@ -456,6 +469,7 @@ def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: i
     in blocks of that many queries, each against the keys up to its last query and under its
     own `jax.checkpoint` (as a flash kernel skips the masked blocks and keeps no scores): what
     lets the runs' batches of long sequences fit a chip (0: one [seq, seq] score matrix)."""
+    # jax is optional: imported only where a program is compiled (the jax[tpu] python).
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding
@@ -641,6 +655,7 @@ def remat_layer(layer: Callable, remat: str):
     """The layer under a MaxText remat policy: "none", "full" (`jax.checkpoint`), "minimal"
     (`checkpoint_dots_with_no_batch_dims`), "offload" (MaxText's minimal_offloaded: the
     tagged weight-matmul outputs go to pinned host memory, nothing else is saved)."""
+    # jax is optional: imported only where a program is compiled (the jax[tpu] python).
     import jax
 
     if remat == "none":

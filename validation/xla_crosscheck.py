@@ -164,6 +164,7 @@ KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective
 
 def _worker(name: str, dump_dir: str | None) -> None:
     xla_compile.init_jax()
+    # jax is optional: imported only where a program is compiled (the jax[tpu] python).
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
 

@@ -63,6 +63,7 @@ NO_OVERLAP = ("--xla_tpu_enable_data_parallel_all_reduce_opt=false "
 
 def compile_program(transpose: bool = False, chip: str = "v6e") -> str:
     xla_compile.init_jax()
+    # jax is optional: imported only where a program is compiled (the jax[tpu] python).
     import jax.numpy as jnp
     import numpy as np
     from jax.experimental import topologies

@@ -67,10 +67,12 @@ PROGRAMS = {f"{chip}_{kernel}": (chip, kernel) for chip in CHIPS for kernel in K
 # --------------------------------------------------------------------------------------------
 
 def _attention_fn(mesh, kernel: str):
+    # jax is optional: imported only where a program is compiled (the jax[tpu] python).
     import jax
     from jax.sharding import PartitionSpec as P
 
     if kernel == "flash":
+        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
         from jax.experimental.pallas.ops.tpu import flash_attention as fa
 
         bs = fa.BlockSizes(block_q=BLOCK, block_k_major=BLOCK, block_k=BLOCK, block_b=1,
@@ -82,6 +84,7 @@ def _attention_fn(mesh, kernel: str):
             return fa.flash_attention(q, k, v, causal=True, sm_scale=HEAD_DIM ** -0.5,
                                       block_sizes=bs)
     else:
+        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
         from jax.experimental.pallas.ops.tpu.splash_attention import (
             splash_attention_kernel as sk,
         )
@@ -138,6 +141,7 @@ def _worker(name: str) -> None:
     chip, kernel = PROGRAMS[name]
     with tempfile.TemporaryDirectory() as dump:
         xla_compile.init_jax(dump)
+        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
         import jax
         import jax.numpy as jnp
         from jax.sharding import NamedSharding

@@ -238,6 +238,7 @@ def _worker(name: str, dump: str | None) -> None:
 
 
 def _dense_worker(name: str) -> dict:
+    # jax is optional: imported only where a program is compiled (the jax[tpu] python).
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
 
@@ -256,6 +257,7 @@ def _dense_worker(name: str) -> dict:
     # The weight matmuls' outputs are named for `offload` (MaxText's checkpoint_name tags); the
     # other policies leave the traced program as it was.
     if remat == "offload":
+        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
         from jax.ad_checkpoint import checkpoint_name as tag
     else:
         tag = xla_compile._identity_tag
