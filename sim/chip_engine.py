@@ -99,10 +99,6 @@ def run_classes(prep: PreparedStep, watch: HbmWatch | None = None) -> StepResult
         partners[g] = [tuple(sets[int(goc[rep[c]])]) for c in range(ncls)]
 
     # -- cost every op of every class before env.run() --------------------------------------
-    hbm_bw0 = chip.hbm_bytes_per_s * chip.hbm_efficiency
-    mxu_rate0 = chip.mxu_flops_per_s * chip.mxu_efficiency
-    int8_rate0 = chip.mxu_int8_ops_per_s * chip.mxu_efficiency
-    vpu_rate0 = chip.vpu_flops_per_s * chip.vpu_efficiency
     hbm_idx = NUM_CLASSES
     env = simpy.Environment()
     classes = []
@@ -131,10 +127,9 @@ def run_classes(prep: PreparedStep, watch: HbmWatch | None = None) -> StepResult
         scale = {op_id: float(np.asarray(v)[r]) for op_id, v in cfg.op_scale.items()}
         cl = _ClassState(c=c, rep=r, speed=s, ops=ops, n=len(ops))
         cl.prog = pi
-        cl.hbm_bw = hbm_bw0 * s
-        cl.mxu_rate = mxu_rate0 * s
-        cl.vpu_rate = vpu_rate0 * s
-        int8_rate = int8_rate0 * s
+        cl.hbm_bw = chip.eff_hbm_bytes_per_s * s
+        cl.mxu_rate = chip.eff_mxu_flops_per_s * s
+        cl.vpu_rate = chip.eff_vpu_flops_per_s * s
         sends = p2p.sends[pi] if p2p is not None else {}
         recv_ids = set(p2p.recvs[pi].values()) if p2p is not None else set()
         # Under a prefix only its ops run: the others are not costed (nor given done events
@@ -145,9 +140,7 @@ def run_classes(prep: PreparedStep, watch: HbmWatch | None = None) -> StepResult
                 k = scale.get(op.id, 1.0)
                 flops = op.flops * k
                 hbm_bytes = op.hbm_bytes * k
-                rate = (int8_rate if op.dtype == "int8" else cl.mxu_rate) \
-                    * chip.mxu_fill(op.narrow_dim) if op.unit == Unit.MXU else cl.vpu_rate
-                t_c = flops / rate
+                t_c = flops / chip.unit_rate(op, s)
                 cl.t_compute[op.id] = t_c
                 cl.hbm_bytes[op.id] = hbm_bytes
                 t_m = hbm_bytes / cl.hbm_bw

@@ -826,7 +826,7 @@ def _bound_context(kw) -> tuple | None:
     except (TpusimError, ValueError):
         return None
     chip = kw["chip"]
-    fastest = chip.ici_link_bytes_per_s * chip.ici_efficiency * max([1.0, *slow.values()])
+    fastest = chip.eff_ici_link_bytes_per_s * max([1.0, *slow.values()])
     per = 2 * topology.ndim
     mask = topology.link_mask().reshape(-1, per)
     links = {i: int(mask[:, 2 * i:2 * i + 2].sum()) for i in range(topology.ndim)}

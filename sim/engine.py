@@ -505,12 +505,7 @@ def compute_op_times(chip: ChipSpec, op) -> tuple[float, float]:
     (int8 or bf16 MXU times the fill of a narrow dimension, or the VPU) and its bytes at the HBM
     rate. `replay` costs the op `max` of the two plus the per-op overhead before the run, and
     then streams its bytes through HBM shared with collective DMA."""
-    if op.unit == Unit.MXU:
-        peak = chip.mxu_int8_ops_per_s if op.dtype == "int8" else chip.mxu_flops_per_s
-        rate = peak * chip.mxu_efficiency * chip.mxu_fill(op.narrow_dim)
-    else:
-        rate = chip.vpu_flops_per_s * chip.vpu_efficiency
-    return op.flops / rate, op.hbm_bytes / (chip.hbm_bytes_per_s * chip.hbm_efficiency)
+    return op.flops / chip.unit_rate(op), op.hbm_bytes / chip.eff_hbm_bytes_per_s
 
 
 def replay(
@@ -529,9 +524,9 @@ def replay(
     """
     groups = collective_groups(trace, topology)
     lm = link_model(chip, topology, {})
-    hbm_bw = chip.hbm_bytes_per_s * chip.hbm_efficiency
-    mxu_rate = chip.mxu_flops_per_s * chip.mxu_efficiency
-    vpu_rate = chip.vpu_flops_per_s * chip.vpu_efficiency
+    hbm_bw = chip.eff_hbm_bytes_per_s
+    mxu_rate = chip.eff_mxu_flops_per_s
+    vpu_rate = chip.eff_vpu_flops_per_s
     if overlap is None:
         overlap = bool(trace.meta.get("overlap", True))
 

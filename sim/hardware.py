@@ -163,6 +163,48 @@ class ChipSpec:
         t = self.mxu_dim
         return narrow_dim / (math.ceil(narrow_dim / t) * t)
 
+    # The rates as achieved (peak x the fitted efficiency): what every engine costs ops and
+    # transfers at. One place for the product, so that every site computes the same bits.
+    @property
+    def eff_mxu_flops_per_s(self) -> float:
+        """bf16 MXU FLOP/s achieved: `mxu_flops_per_s * mxu_efficiency`."""
+        return self.mxu_flops_per_s * self.mxu_efficiency
+
+    @property
+    def eff_mxu_int8_ops_per_s(self) -> float:
+        """int8 MXU op/s achieved: `mxu_int8_ops_per_s * mxu_efficiency`."""
+        return self.mxu_int8_ops_per_s * self.mxu_efficiency
+
+    @property
+    def eff_vpu_flops_per_s(self) -> float:
+        """VPU FLOP/s achieved: `vpu_flops_per_s * vpu_efficiency`."""
+        return self.vpu_flops_per_s * self.vpu_efficiency
+
+    @property
+    def eff_hbm_bytes_per_s(self) -> float:
+        """HBM bytes/s achieved: `hbm_bytes_per_s * hbm_efficiency`."""
+        return self.hbm_bytes_per_s * self.hbm_efficiency
+
+    @property
+    def eff_ici_link_bytes_per_s(self) -> float:
+        """One ICI link direction's bytes/s achieved: `ici_link_bytes_per_s * ici_efficiency`."""
+        return self.ici_link_bytes_per_s * self.ici_efficiency
+
+    @property
+    def eff_dcn_bytes_per_s(self) -> float:
+        """DCN bytes/s per chip achieved: `dcn_bytes_per_s * dcn_efficiency`."""
+        return self.dcn_bytes_per_s * self.dcn_efficiency
+
+    def unit_rate(self, op, speed: float = 1.0) -> float:
+        """The op-cost kernel's rate: a compute op's FLOP/s on this chip at `speed` (a per-chip
+        factor), its unit's achieved rate times `speed` (the MXU's int8 or bf16 rate times the
+        fill of a narrow dimension, `mxu_fill`; else the VPU's)."""
+        # The `eff_*` products written out: this runs once per op per chip class.
+        if op.unit == "mxu":
+            peak = self.mxu_int8_ops_per_s if op.dtype == "int8" else self.mxu_flops_per_s
+            return peak * self.mxu_efficiency * speed * self.mxu_fill(op.narrow_dim)
+        return self.vpu_flops_per_s * self.vpu_efficiency * speed
+
     @property
     def ici_bidi_bytes_per_s(self) -> float:
         """The book's `W_ici`: both directions of one link."""

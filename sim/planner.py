@@ -329,7 +329,7 @@ def collective_floor_s(chip, topology, kind: str, gaxes, nbytes: float) -> float
         per_chip, links = v, 2
     else:
         return 0.0
-    bw = chip.ici_link_bytes_per_s * chip.ici_efficiency
+    bw = chip.eff_ici_link_bytes_per_s
     return max(per_chip / (links * bw), chip.ici_hop_latency_s)
 
 
@@ -368,7 +368,7 @@ class _Floors:
     def send(self, nbytes: float) -> float:
         if self.topology.num_slices > 1:
             return 0.0  # may cross DCN: no floor here
-        bw = self.chip.ici_link_bytes_per_s * self.chip.ici_efficiency
+        bw = self.chip.eff_ici_link_bytes_per_s
         return max(nbytes / (2 * self.topology.ndim * bw), self.chip.ici_hop_latency_s)
 
     def collective(self, op) -> float:

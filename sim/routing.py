@@ -65,8 +65,8 @@ def link_numbers(chip: ChipSpec) -> tuple[float, ...]:
 
 
 def link_model(chip: ChipSpec, topology: Topology, slow_links: dict[int, float]) -> LinkModel:
-    ici = chip.ici_link_bytes_per_s * chip.ici_efficiency
-    dcn = chip.dcn_bytes_per_s * chip.dcn_efficiency
+    ici = chip.eff_ici_link_bytes_per_s
+    dcn = chip.eff_dcn_bytes_per_s
     cap = np.full(topology.num_links, ici)
     cap[topology.num_ici_links :] = dcn
     for link, factor in slow_links.items():

@@ -169,8 +169,7 @@ class _Kind:
                 k = scale.get(op.id, 1.0)
                 self.flops[op.id] = op.flops * k
                 self.hbm[op.id] = op.hbm_bytes * k
-                self.rate0[op.id] = (int80 if op.dtype == "int8" else mxu0) \
-                    * chip.mxu_fill(op.narrow_dim) if op.unit == Unit.MXU else vpu0
+                self.rate0[op.id] = chip.unit_rate(op)
                 self.core.append(op.id)
             elif op.kind == OpKind.IDLE:
                 self.idle[op.id] = op.duration_s
@@ -1111,10 +1110,9 @@ def run_vectors(prep: PreparedStep) -> StepResult:
     send_cost_of = send_cost_of or {}
     recv_key, recv_from = (_p2p_pairs(p2p, programs, prog_of, used, chips_of, base, topology)
                            if p2p is not None else ({}, {}))
-    hbm0 = chip.hbm_bytes_per_s * chip.hbm_efficiency
-    rates0 = (chip.mxu_flops_per_s * chip.mxu_efficiency,
-              chip.mxu_int8_ops_per_s * chip.mxu_efficiency,
-              chip.vpu_flops_per_s * chip.vpu_efficiency, hbm0)
+    hbm0 = chip.eff_hbm_bytes_per_s
+    rates0 = (chip.eff_mxu_flops_per_s, chip.eff_mxu_int8_ops_per_s, chip.eff_vpu_flops_per_s,
+              hbm0)
     # Kinds: chips alike in all but speed (program, op scales, collective and send costs, and
     # which send completes each receive).
     cols = [prog_of.astype(float)]

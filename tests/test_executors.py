@@ -92,3 +92,19 @@ def test_a_vector_run_is_the_same_whatever_ran_before_it():
     assert again.step_time_s == first.step_time_s
     assert again.vector_stats == first.vector_stats
     np.testing.assert_array_equal(again.chips.finish_s, first.chips.finish_s)
+
+
+def test_the_op_cost_kernel_is_the_rate_times_efficiency_of_every_site_bit_for_bit():
+    chip, _topo, trace = _setup()
+    for op in trace.ops:
+        if op.kind != "compute":
+            continue
+        for s in (1.0, 0.7):
+            if op.unit == "mxu":
+                peak = chip.mxu_int8_ops_per_s if op.dtype == "int8" else chip.mxu_flops_per_s
+                want = peak * chip.mxu_efficiency * s * chip.mxu_fill(op.narrow_dim)
+            else:
+                want = chip.vpu_flops_per_s * chip.vpu_efficiency * s
+            assert chip.unit_rate(op, s) == want
+    assert chip.eff_hbm_bytes_per_s == chip.hbm_bytes_per_s * chip.hbm_efficiency
+    assert chip.eff_ici_link_bytes_per_s == chip.ici_link_bytes_per_s * chip.ici_efficiency

@@ -12,12 +12,12 @@ from sim.hardware import get_chip
 from sim.perchip import PerChipConfig
 from sim.pipeline import (
     check_schedule,
-    simulate_pipeline,
     simulate_pipeline_chips,
     stage_of_chips,
     stage_order,
 )
 from tests.conftest import make_topology
+from tests.pipeline_reference import simulate_pipeline
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
 from workloads.models import model_from_dict
