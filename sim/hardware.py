@@ -285,9 +285,8 @@ _MXU_TO_VPU = 30.0
 # Fitted to measured MaxText runs on v5e (docs/validation.md, benchmarks/validate_maxtext.py):
 # the 12 odd-indexed usable v5e runs of docs/reference/maxtext_runs.json (the 2023 v5e-256
 # table, 1-32 slices), mean |log error| on a 0.01 grid; checked on the 12 even-indexed ones
-# (0.77 too). Refitted when the fluid engine moved to max-min sharing (2026-11-30; 0.78
-# before: compute ops beside collectives no longer lose HBM the collectives cannot use), and
-# unchanged when the runs were rebuilt with their f32 weights (2026-12-01).
+# (0.77 too). Fitted with the fluid engine's max-min sharing, so compute ops beside
+# collectives do not lose HBM the collectives cannot use (its history: CHANGELOG.md).
 _V5E_MXU_EFFICIENCY = 0.77
 # Fitted jointly with it on the same runs (seconds per DCN message, cross-slice collectives as
 # 2(N-1) messages; docs/model.md "Links and collectives"); checked on the even-indexed ones.
@@ -445,12 +444,11 @@ CHIPS.add(
         # usable v6e runs of docs/reference/maxtext_runs.json, mean |log error| on a 0.01
         # grid), with attention's head_dim-128 matmuls at half rate on the 256-wide MXU
         # (mxu_dim); the held-out even-indexed half and its refit are in docs/validation.md.
-        # HBM/ICI/DCN/VPU factors stay 1.0: the fit cannot identify them. Refitted with the
-        # fluid engine's max-min sharing (2026-11-30; 0.63 before), unchanged when the runs
-        # were rebuilt with their f32 weights (2026-12-01), and refitted when the runs were
-        # rebuilt with XLA's per-matrix gradient collectives (`--fsdp-grad auto`: synchronous
-        # whole-gradient all-reduces over FSDP groups of more than 32 chips) and per-matrix
-        # cross-slice all-reduces (2026-12-01; 0.62 before; the even half gives 0.64).
+        # HBM/ICI/DCN/VPU factors stay 1.0: the fit cannot identify them. Fitted with the
+        # fluid engine's max-min sharing, the runs' f32 weights, XLA's per-matrix gradient
+        # collectives (`--fsdp-grad auto`: synchronous whole-gradient all-reduces over FSDP
+        # groups of more than 32 chips) and per-matrix cross-slice all-reduces; the even half
+        # gives 0.64 (the factor's history: CHANGELOG.md).
         mxu_efficiency=0.65,
         # Fitted to the slice-count slowdown of the odd half's data-parallel multi-slice run
         # (Gemma-3 12B over 2 v6e-256 slices against its 1-slice run; seconds per DCN message,

@@ -83,7 +83,7 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
                         "sequence axis over DCN): per-matrix (one all-reduce per weight matrix "
                         "and one for each layer's norm scales, one after another, as XLA "
                         "compiles it; default) or per-layer (one all-reduce of the layer's "
-                        "gradient shards, tpusim's form before 2026-12-01); each pays the "
+                        "gradient shards); each pays the "
                         "chip's dcn_message_overhead_s per message")
     p.add_argument("--fsdp-grad", default="reduce-scatter",
                    help="weight gradients over fsdp: reduce-scatter (async, hidden behind the "
