@@ -19,13 +19,14 @@ from workloads.dtypes import (
     KV_CACHE_DTYPES,
     MATMUL_DTYPES,
     WEIGHT_STORAGE_DTYPES,
+    Dtype,
     storage_bytes,
 )
 from workloads.models import TransformerSpec, causal_window_pairs
 from workloads.moe import MoeConfig, dispatch_flops, expert_shares, plan_routing
 from workloads.trace import OpKind, Trace, TraceBuilder, Unit
 
-_ACT_BYTES = 2.0  # activations in bf16
+_ACT_BYTES = float(Dtype.BF16.nbytes)  # activations in bf16
 _DECODE_AXES = ("data", "fsdp", "tensor", "expert")
 _SAMPLE_TOP_K = 64  # candidates kept by top-k sampling
 # How the next token is chosen from the logits: "top-k" (a draw among the _SAMPLE_TOP_K

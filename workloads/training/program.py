@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from topologies.errors import TpusimError
-from workloads.dtypes import dtype_bytes
+from workloads.dtypes import Dtype, dtype_bytes
 from workloads.memory import MemoryCategory
 from workloads.moe import MoeRouting, plan_routing
 from workloads.trace import OpKind, TraceBuilder, Unit
@@ -116,7 +116,7 @@ class ProgramBuilder:
         self.opt = Optimizer(cfg.optimizer)
         # Optimizer state per parameter (the moments, in --optimizer-dtype).
         self.state_bytes_per_param = self.opt.state_tensors * self.ob
-        self.act = 2.0  # activations in bf16
+        self.act = float(Dtype.BF16.nbytes)  # activations in bf16
         # Router skew and capacity (workloads/moe.py): a routing group is one sequence's local
         # shard, as MaxText computes expert capacity per sequence.
         self.routing: MoeRouting | None = (
