@@ -1,49 +1,68 @@
-"""tpusim's engine: chips, the ICI/DCN network, collectives, trace replay, exporters and the CLI.
+"""tpusim: a discrete-event simulator of TPU pods.
 
-The Python API mirrors the CLI (`sim/api.py`): `sim.collective(...)`, `sim.compare_collectives`,
-`sim.train(...)`, `sim.decode(...)`, `sim.prefill(...)`, `sim.serve_sweep(...)`,
-`sim.replay_trace(...)` and `sim.rerun(result)` take the commands' flags as keywords and return
-a `Run` whose `.to_dict()` is the command's `--json`; `sim.sweep` (a study's points -> a
-DataFrame) and `sim.plan` (the best ways to run a training step) run studies. Lower level:
-`simulate_collective` (one collective on a pod), `replay` (an SPMD trace on a pod),
-`get_chip`/`load_chip` (chip presets or YAML).
+The Python API: typed requests (`sim.TrainRequest`, `sim.CollectiveRequest`,
+`sim.DecodeRequest`, `sim.PrefillRequest`, `sim.ReplayRequest`, `sim.ServeSweepRequest`,
+`sim.CompareCollectivesRequest`) run by `sim.run(request)`, or one function per command
+(`sim.train(request)` or `sim.train(seq_len=..., ...)` with the settings as keywords; likewise
+`sim.collective`, `sim.compare_collectives`, `sim.decode`, `sim.prefill`, `sim.serve_sweep`,
+`sim.replay_trace`, and `sim.rerun(result)`), each returning a `Run` whose `.to_dict()` is the
+command's `--json`; `sim.sweep` (a study's points -> a DataFrame) and `sim.plan` (the best ways
+to run a training step) run studies. Lower level: `simulate_collective` (one collective on a
+pod), `replay` (an SPMD trace on a pod), `get_chip`/`load_chip` (chip presets or YAML).
+
+The names load on first use (PEP 562), so that `import sim.cli` and `tpusim --help` do not pay
+for the whole run stack.
 """
 
-from sim.api import (
-    collective,
-    compare_collectives,
-    decode,
-    prefill,
-    rerun,
-    serve_sweep,
-    train,
-)
-from sim.api import replay as replay_trace
-from sim.collective_sim import CollectiveResult, simulate_collective
-from sim.engine import StepResult, replay
-from sim.hardware import CHIPS, ChipSpec, get_chip, load_chip
-from sim.planner import plan
-from sim.runs import Run
-from sim.study import sweep
+from __future__ import annotations
 
-__all__ = [
-    "CHIPS",
-    "ChipSpec",
-    "CollectiveResult",
-    "Run",
-    "StepResult",
-    "collective",
-    "compare_collectives",
-    "decode",
-    "prefill",
-    "replay_trace",
-    "rerun",
-    "serve_sweep",
-    "train",
-    "get_chip",
-    "load_chip",
-    "plan",
-    "replay",
-    "simulate_collective",
-    "sweep",
-]
+import importlib
+from typing import Any
+
+# name -> (module, attribute in it)
+_EXPORTS = {
+    "CHIPS": ("sim.hardware", "CHIPS"),
+    "ChipSpec": ("sim.hardware", "ChipSpec"),
+    "get_chip": ("sim.hardware", "get_chip"),
+    "load_chip": ("sim.hardware", "load_chip"),
+    "CollectiveRequest": ("sim.runs.requests", "CollectiveRequest"),
+    "CompareCollectivesRequest": ("sim.runs.requests", "CompareCollectivesRequest"),
+    "DecodeRequest": ("sim.runs.requests", "DecodeRequest"),
+    "PlanRequest": ("sim.runs.requests", "PlanRequest"),
+    "PrefillRequest": ("sim.runs.requests", "PrefillRequest"),
+    "ReplayRequest": ("sim.runs.requests", "ReplayRequest"),
+    "ServeSweepRequest": ("sim.runs.requests", "ServeSweepRequest"),
+    "TrainRequest": ("sim.runs.requests", "TrainRequest"),
+    "Run": ("sim.runs.result", "Run"),
+    "run": ("sim.runs", "run"),
+    "collective": ("sim.api", "collective"),
+    "compare_collectives": ("sim.api", "compare_collectives"),
+    "decode": ("sim.api", "decode"),
+    "prefill": ("sim.api", "prefill"),
+    "replay_trace": ("sim.api", "replay"),
+    "rerun": ("sim.api", "rerun"),
+    "serve_sweep": ("sim.api", "serve_sweep"),
+    "train": ("sim.api", "train"),
+    "CollectiveResult": ("sim.collective_sim", "CollectiveResult"),
+    "simulate_collective": ("sim.collective_sim", "simulate_collective"),
+    "StepResult": ("sim.engine", "StepResult"),
+    "replay": ("sim.engine", "replay"),
+    "plan": ("sim.planner", "plan"),
+    "sweep": ("sim.study", "sweep"),
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attr = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'sim' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

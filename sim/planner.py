@@ -17,13 +17,29 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from sim.hardware import ChipSpec
+from sim.runs.bind import algorithm_of, moe_config, resolve_model, resolve_pod, scenario_of
+from sim.runs.requests import EXHAUSTIVE_MAX_SIMULATIONS, PlanRequest, TrainRequest
+from sim.runs.train import _pipeline_base, compile_inputs, compile_step
 from topologies.errors import TpusimError
-from topologies.validate import MAX_PLAN_COMBINATIONS
+from topologies.validate import (
+    MAX_BATCH,
+    MAX_CHIPS,
+    MAX_PLAN_COMBINATIONS,
+    MAX_TOKENS,
+    MAX_WORKERS,
+    range_text,
+    short_repr,
+    split_list,
+)
+from workloads.models import TransformerSpec
 
 PLAN_AXES = ("data", "fsdp", "pipeline", "expert", "sequence", "tensor")
 PLAN_COLUMNS = (
@@ -35,7 +51,6 @@ PLAN_COLUMNS = (
 # How many candidates `plan --exhaustive` simulates before it asks for --max-simulations: each
 # is a whole `tpusim train` run (seconds of CPU on a full pod: 453 of them for the 405B plan
 # are most of an hour on 2 cores), where the default search simulates ~20.
-EXHAUSTIVE_MAX_SIMULATIONS = 100
 _BOUNDS = {  # breakdown component -> what bounds a step whose critical path it dominates
     "mxu_compute_s": "compute (MXU)",
     "vpu_s": "vector units (VPU)",
@@ -133,13 +148,12 @@ class Candidate:
     def mesh_text(self) -> str:
         return ",".join(f"{n}={v}" for n, v in self.mesh)
 
-    def train_flags(self) -> list[str]:
-        return ["--mesh", self.mesh_text, "--remat", self.remat,
-                "--microbatches", str(self.microbatches), "--param-dtype", self.param_dtype,
-                "--grad-dtype", self.grad_dtype, "--optimizer-dtype", self.optimizer_dtype,
-                *(("--optimizer", self.optimizer) if self.optimizer != "adam" else ()),
-                *(("--gather-dtype", self.gather_dtype) if self.gather_dtype is not None
-                  else ())]
+    def train_settings(self) -> dict[str, Any]:
+        """The candidate's training settings, as a `TrainRequest` takes them."""
+        return {"mesh": self.mesh_text, "remat": self.remat, "microbatches": self.microbatches,
+                "param_dtype": self.param_dtype, "grad_dtype": self.grad_dtype,
+                "optimizer_dtype": self.optimizer_dtype, "optimizer": self.optimizer,
+                "gather_dtype": self.gather_dtype}
 
 
 @dataclass(kw_only=True)
@@ -738,14 +752,14 @@ def lower_bounds(job: tuple) -> dict[str, Any]:
     """`step_lower_bound` of every placement (axis order) of one group of candidates that differ
     only in placement, for the model, pod and training settings that `tpusim ARGV` resolves
     (the same parser and compile inputs as the simulation; the placements share one compiled
-    trace). Job: (train argv, [axis orders]) -> {"lower_bounds_s": [...],
+    trace). Job: (train request, [axis orders]) -> {"lower_bounds_s": [...],
     "hbm_lower_bound_bytes": `hbm_peak_lower_bound` of the step (0 for pipelines),
     "hbm_capacity_bytes": the chip's HBM} or {"error": ...}."""
     from workloads.training import compile_training_step
 
-    argv, orders = job
+    req, orders = job
     try:
-        chip, topo, model, mesh, tcfg = _bound_inputs(argv)
+        chip, topo, model, mesh, tcfg = _bound_inputs(req)
         # The bounds of a pipeline use its stage programs only, not the whole step's trace
         # (a quarter of the job's time on 405B); an error that compile would raise is then
         # reported by the candidate's simulation.
@@ -761,26 +775,13 @@ def lower_bounds(job: tuple) -> dict[str, Any]:
         return {"error": str(exc)}
 
 
-def _prepared(argv: list[str]):
-    """`tpusim ARGV`'s parsed arguments, with this worker process's one parser."""
-    from sim.cli import build_parser, prepare
-
-    if not _PARSER:
-        _PARSER.append(build_parser())
-    return prepare(argv, parser=_PARSER[0])
-
-
-def _bound_inputs(argv: list[str], args=None) -> tuple:
-    """(chip, topology, model, mesh, training config) that `tpusim ARGV` compiles (the same
-    parser and compile inputs as the simulation); `args`: ARGV already parsed (`_prepared`)."""
-    from sim.cli import common as cli
-    from sim.cli.training import compile_inputs
-
-    args = _prepared(argv) if args is None else args
-    chip, topo = cli.resolve_pod(args)
-    model, mesh, tcfg = compile_inputs(
-        args, cli.moe_config(args, cli.scenario_from_args(args, topo)), chip)
-    return chip, topo, model, mesh, tcfg
+def _bound_inputs(req: TrainRequest) -> tuple:
+    """(chip, topology, model, mesh, training config) that the candidate's request compiles
+    (the same compile inputs as its simulation)."""
+    pod = resolve_pod(req)
+    _base, model, mesh, tcfg = compile_inputs(
+        req, moe_config(req, scenario_of(req, pod.topology)), pod.chip)
+    return pod.chip, pod.topology, model, mesh, tcfg
 
 
 def pipeline_bounds(job: tuple) -> dict[str, Any]:
@@ -788,10 +789,10 @@ def pipeline_bounds(job: tuple) -> dict[str, Any]:
     candidates that differ only in placement: the cheap first bound of a pipeline group (its
     one-microbatch chunk programs only). `lower_bounds` (the stage programs' schedule and HBM
     peak) follows only for a group that reaches the front of the plan's queue. Job: (train
-    argv, [axis orders]) -> {"lower_bounds_s": [...]} or {"error": ...}."""
-    argv, orders = job
+    request, [axis orders]) -> {"lower_bounds_s": [...]} or {"error": ...}."""
+    req, orders = job
     try:
-        chip, topo, model, _mesh, tcfg = _bound_inputs(argv)
+        chip, topo, model, _mesh, tcfg = _bound_inputs(req)
         # Less a relative 1e-12: the same durations summed in another order than the stage
         # programs' schedule (on the 405B plan up to 7e-12 s above it where the two agree).
         return {"lower_bounds_s": [pipeline_schedule_bound(model, o, topo.num_chips, tcfg, chip,
@@ -805,31 +806,28 @@ def sharper_bound(job: tuple) -> dict[str, Any]:
     """The sharper lower bound of one candidate: the uncontended schedule with every collective
     at its exact simulated time alone on the pod (`step_lower_bound(exact_algorithm=...)`), and
     those collectives' costs (`sim.engine.cost_collective`'s cache entries, to seed the worker
-    that simulates the candidate). Job: (train argv, axis order[, {cost cache key:
+    that simulates the candidate). Job: (train request, axis order[, {cost cache key:
     CollectiveCost} computed by other workers, added to this process's cache first]) ->
     {"lower_bound_s": b or None, "costs": {...}}. MoE steps (per-chip expert loads scale their
     collectives) and pipelines keep the plain bound (None), as does a step the compiler
     refuses (its simulation reports the error)."""
     from sim import engine
-    from sim.cli import common as cli
-    from sim.cli.training import _compile
 
-    argv, order, *known = job
+    req, order, *known = job
     if known and known[0]:
         engine.seed_cost_cache(known[0])
     keys: list[tuple] = []
     try:
-        args = _prepared(argv)
-        chip, topo = cli.resolve_pod(args)
-        _trace, model, tcfg = _compile(args, topo.num_chips,
-                                       cli.moe_config(args, cli.scenario_from_args(args, topo)),
-                                       chip=chip)
+        pod = resolve_pod(req)
+        chip, topo = pod.chip, pod.topology
+        _trace, _base, model, tcfg = compile_step(
+            req, topo.num_chips, moe_config(req, scenario_of(req, topo)), chip=chip)
         if model.is_moe or dict(order).get("pipeline", 1) > 1:
             return {"lower_bound_s": None, "costs": {}}
         # Less a relative 1e-12: sums of the same durations in another order than the
         # engine's may differ in the last bits, and this bound can be that tight.
         bound = step_lower_bound(model, order, topo.num_chips, tcfg, chip, topo,
-                                 exact_algorithm=args.algorithm, cost_keys=keys) * (1 - 1e-12)
+                                 exact_algorithm=algorithm_of(req), cost_keys=keys) * (1 - 1e-12)
     except Exception:  # noqa: BLE001 - the simulation reports the error (run_point never raises)
         return {"lower_bound_s": None, "costs": {}}
     cache = engine._COST_CACHE
@@ -860,8 +858,8 @@ class _PrefixSchedule:
     over_s: float
 
 
-def prefix_schedule(argv: list[str], capacity: float) -> _PrefixSchedule | None:
-    """The uncontended schedule of `tpusim ARGV`'s step (a pipeline's stage programs, or the
+def prefix_schedule(req: TrainRequest, capacity: float) -> _PrefixSchedule | None:
+    """The uncontended schedule of the candidate's step (a pipeline's stage programs, or the
     one program `train` compiles) and the first time its HBM level (memory events applied at
     its op ends) goes over `capacity`; None where no prefix applies: the level never goes over
     (the step probably fits: it runs in full at once), MoE models (per-chip expert loads) and
@@ -871,14 +869,12 @@ def prefix_schedule(argv: list[str], capacity: float) -> _PrefixSchedule | None:
     The uncontended schedule (`_Uncontended`, the programs as `step_lower_bound` runs them)
     starts every op no later than the simulation does, so an op whose schedule start is at or
     past a horizon H starts at H or later in the simulation too (`prefix_ops`)."""
-    from sim.cli import common as cli
     from sim.engine import collective_groups, static_hbm_bytes
     from workloads.training import compile_training_step
 
     try:
-        args = _prepared(argv)
-        chip, topo, model, mesh, tcfg = _bound_inputs(argv, args)
-        if model.is_moe or not cli.scenario_from_args(args, topo).is_healthy:
+        chip, topo, model, mesh, tcfg = _bound_inputs(req)
+        if model.is_moe or not scenario_of(req, topo).is_healthy:
             return None
         if mesh.size("pipeline") > 1:
             sp = _stage_programs(model, mesh, topo.num_chips, tcfg)
@@ -935,37 +931,35 @@ def prefix_ops(sched: _PrefixSchedule,
     return tuple(frozenset(x) for x in keep), horizon
 
 
-def hbm_prefix(argv: list[str],
+def hbm_prefix(req: TrainRequest,
                capacity: float) -> tuple[tuple[frozenset[int], ...], float] | None:
     """The first prefix `simulate` runs for a step that may go over `capacity` early:
     `prefix_ops` at H = `PREFIX_HORIZON_FACTOR` times the first time the uncontended
     schedule's HBM level goes over (`prefix_schedule`); None where no prefix applies."""
-    sched = prefix_schedule(argv, capacity)
+    sched = prefix_schedule(req, capacity)
     return None if sched is None else prefix_ops(sched, PREFIX_HORIZON_FACTOR * sched.over_s)
 
 
-def _pipeline_run(argv: list[str]) -> None:
-    """The engine run of `tpusim ARGV`'s pipeline step as `sim.cli.training.run_train` makes
+def _pipeline_run(req: TrainRequest) -> None:
+    """The engine run of the candidate's pipeline step as `sim.runs.train.run_train` makes
     it (the same stage programs, perturbations and algorithm), without compiling the whole
     step's trace, which only its summary needs (dense models: `_pipeline_base` takes no expert
     loads from it)."""
-    from sim.cli.training import _pipeline_base
     from sim.pipeline import check_schedule, simulate_pipeline_chips
 
-    args = _prepared(argv)
-    chip, topo, model, mesh, tcfg = _bound_inputs(argv, args)
+    chip, topo, model, mesh, tcfg = _bound_inputs(req)
     check_schedule(tcfg.pipeline_schedule, mesh.size("pipeline"), tcfg.microbatches,
                    tcfg.virtual_stages)
     sp = _stage_programs(model, mesh, topo.num_chips, tcfg)
     simulate_pipeline_chips(model, mesh, chip, topo, tcfg,
-                            base=_pipeline_base(args, sp.programs[0], topo),
-                            algorithm=args.algorithm)
+                            base=_pipeline_base(req, sp.programs[0], topo),
+                            algorithm=algorithm_of(req))
 
 
 def simulate(job: tuple) -> dict[str, Any]:
-    """`run_point(argv)` (the candidate as `tpusim train` runs it), after adding collective
+    """`run_point(req)` (the candidate as `tpusim train` runs it), after adding collective
     costs computed by another worker to this process's cache (the same pure function's values,
-    so the result is the same). Job: (train argv, {cost cache key: CollectiveCost}, HBM
+    so the result is the same). Job: (train request, {cost cache key: CollectiveCost}, HBM
     capacity or None): with a capacity, a step whose HBM level goes over it is stopped there
     (`sim.executors.stop_when_hbm_exceeds`: it is out of memory, as `train` would find) and
     the result is {"out_of_memory": True, "hbm_level_bytes": level}. A step (a pipeline or
@@ -977,20 +971,20 @@ def simulate(job: tuple) -> dict[str, Any]:
     from sim.executors import stop_when_hbm_exceeds
     from sim.study import run_point
 
-    argv, costs, capacity = job
+    req, costs, capacity = job
     if costs:
         seed_cost_cache(costs)
     if capacity is None:
-        return run_point(argv)
-    sched = prefix_schedule(argv, capacity)
+        return run_point(req)
+    sched = prefix_schedule(req, capacity)
     horizon = PREFIX_HORIZON_FACTOR * sched.over_s if sched is not None else 0.0
     while sched is not None and (prefix := prefix_ops(sched, horizon)) is not None:
         with stop_when_hbm_exceeds(capacity, prefix=prefix) as watch:
             try:
                 if len(prefix[0]) > 1:  # a pipeline's stage programs
-                    _pipeline_run(argv)
+                    _pipeline_run(req)
                 else:
-                    run_point(argv)  # returns the error (over capacity, or no verdict)
+                    run_point(req)  # returns the error (over capacity, or no verdict)
             except TpusimError:
                 pass  # over capacity, or no verdict (the full run below reports any error)
         if watch.exceeded:
@@ -1000,7 +994,7 @@ def simulate(job: tuple) -> dict[str, Any]:
             break  # the watch does not apply, or another error: the full run reports it
         horizon *= PREFIX_HORIZON_GROWTH
     with stop_when_hbm_exceeds(capacity) as watch:
-        out = run_point(argv)
+        out = run_point(req)
     if watch.exceeded:
         return {"out_of_memory": True, "hbm_level_bytes": watch.level_bytes}
     return out
@@ -1009,21 +1003,20 @@ def simulate(job: tuple) -> dict[str, Any]:
 def refine_and_run(job: tuple) -> dict[str, Any]:
     """Simulate one candidate as `tpusim train ARGV` does, unless its sharper lower bound
     (`sharper_bound`; the engine then finds the collective costs in this process's cache)
-    proves it cannot enter the top K. Job: (train argv, axis order, threshold): a bound >=
+    proves it cannot enter the top K. Job: (train request, axis order, threshold): a bound >=
     threshold returns {"pruned": True, "lower_bound_s": b}; otherwise `run_point`'s result
     plus "lower_bound_s" (None where there is no sharper bound)."""
     from sim.study import run_point
 
-    argv, order, threshold = job
-    bound = sharper_bound((argv, order))["lower_bound_s"]
+    req, order, threshold = job
+    bound = sharper_bound((req, order))["lower_bound_s"]
     if bound is not None and bound >= threshold:
         return {"pruned": True, "lower_bound_s": bound}
-    out = run_point(argv)
+    out = run_point(req)
     out["lower_bound_s"] = bound
     return out
 
 
-_PARSER: list = []  # one `tpusim` parser per worker process
 
 
 class _Pool:
@@ -1073,7 +1066,7 @@ class _Pool:
         self.closer()
 
 
-def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: PlanConfig, *,
+def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
              workers: int = 0, dask: Any = None, quiet: bool = False,
              prune_by_bound: bool = True, refuse_by_hbm_bound: bool = True,
              stop_out_of_memory: bool = True,
@@ -1104,9 +1097,11 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
             f"search gives the same top K)"
         )
     n_chips = topology.num_chips
+    # Every candidate is `base` (the pod, model and overrides) with its own settings: a
+    # request, as `tpusim train` would build it.
     batch_per_chip = repr(cfg.global_batch / n_chips)
-    argvs = [["train", *pod_flags, "--model", model_arg, "--seq-len", str(cfg.seq_len),
-              "--batch-per-chip", batch_per_chip, *c.train_flags()] for c in cands]
+    reqs = [base.replace(seq_len=cfg.seq_len, batch_per_chip=batch_per_chip,
+                         **c.train_settings()) for c in cands]
     n = _num_workers(SweepConfig(workers=workers, dask=dask))
     # One bound job per (sizes, settings): its placements share the compiled trace.
     groups: dict[tuple, list[int]] = {}
@@ -1114,7 +1109,7 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
         key = (tuple(sorted(c.mesh)), c.remat, c.microbatches, c.param_dtype, c.grad_dtype,
                c.optimizer_dtype)
         groups.setdefault(key, []).append(i)
-    jobs = [(argvs[members[0]], [cands[i].mesh for i in members])
+    jobs = [(reqs[members[0]], [cands[i].mesh for i in members])
             for members in groups.values()]
     members_of = list(groups.values())
     group_of = {i: k for k, members in enumerate(members_of) for i in members}
@@ -1225,11 +1220,11 @@ def run_plan(model_arg: str, pod_flags: list[str], model, topology, chip, cfg: P
                     waiting[k].append(i)
                 elif refinable(i):
                     sharpened.add(i)
-                    inflight[pool.submit(sharper_bound, (argvs[i], cands[i].mesh,
+                    inflight[pool.submit(sharper_bound, (reqs[i], cands[i].mesh,
                                                          dict(known) if pool.n > 1 else {}),
                                          f"refine-{i}")] = ("refine", i)
                 else:
-                    inflight[pool.submit(simulate, (argvs[i], costs_of.pop(i, {}),
+                    inflight[pool.submit(simulate, (reqs[i], costs_of.pop(i, {}),
                                                     capacity.get(i)),
                                          f"plan-{i}")] = ("simulate", i)
             if not inflight:
@@ -1403,6 +1398,94 @@ def _pareto(points: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
     return front
 
 
+def _list(text: str, flag: str, cast=str) -> tuple:
+    """A comma list of the search space (`full,minimal`), each item once, in order."""
+    if cast is int and not all(x.strip().isascii() for x in str(text).split(",")):
+        raise TpusimError(f"{flag} {short_repr(text)} must list integers in ASCII digits, e.g. "
+                          f"1,2,4")
+    if not str(text).replace(",", "").strip():
+        raise TpusimError(f"{flag} {short_repr(text)} lists nothing; give comma-separated values")
+    items = split_list(text, flag, example="1,2,4" if cast is int else "")
+    try:
+        return tuple(dict.fromkeys(cast(x) for x in items))
+    except ValueError:
+        raise TpusimError(f"{flag} {short_repr(text)} must list integers, e.g. 1,2,4") from None
+
+
+def plan_config(req: PlanRequest) -> PlanConfig:
+    """The search space of a plan request (its upper limits checked first: a 400-digit
+    max_data is a typo, and an oversized global batch would otherwise be refused later under
+    the name of the per-chip batch it implies)."""
+    for flag, v, hi, what in (
+            ("--seq-len", req.seq_len, MAX_TOKENS, "tokens per sequence"),
+            ("--global-batch", req.global_batch, MAX_BATCH, "sequences per step"),
+            *((f"--max-{a}", getattr(req, f"max_{a}"), MAX_CHIPS, "chips, more than any pod")
+              for a in ("tensor", "data", "sequence", "pipeline", "expert"))):
+        if v > hi:
+            raise TpusimError(f"{flag} {short_repr(v)} is over the limit of {hi:,} ({what}); "
+                              f"give a smaller value")
+    return PlanConfig(
+        seq_len=req.seq_len, global_batch=req.global_batch, top=req.top,
+        axes=_list(req.axes, "--axes"), remat=_list(req.remat, "--remat"),
+        microbatches=_list(req.microbatches, "--microbatches", int),
+        param_dtypes=_list(req.param_dtype, "--param-dtype"),
+        grad_dtypes=_list(req.grad_dtype, "--grad-dtype"),
+        optimizer_dtypes=_list(req.optimizer_dtype, "--optimizer-dtype"),
+        optimizer=req.optimizer, gather_dtype=req.gather_dtype,
+        max_tensor=req.max_tensor, max_data=req.max_data, max_sequence=req.max_sequence,
+        max_pipeline=req.max_pipeline, max_expert=req.max_expert,
+        placements=not req.default_placement,
+    )
+
+
+def plan_summary(res: PlanResult, top: int) -> dict:
+    """What `plan --json` prints and `summary.json` holds."""
+    def clean(rec):
+        return {k: (None if isinstance(v, float) and math.isnan(v) else
+                    (None if v is None or str(v) == "<NA>" else v)) for k, v in rec.items()}
+
+    return {
+        "model": res.model, "pod": res.pod,
+        "best": clean(res.best) if res.best else None,
+        "explanation": res.explanation,
+        "top": [clean(r) for r in res.top(top).to_dict("records")],
+        "searched": res.counts,
+        "wall_s": res.wall_s,
+    }
+
+
+def search(req: PlanRequest, *, quiet: bool = True) -> tuple[PlanResult, PlanConfig]:
+    """(PlanResult, PlanConfig) of a plan request: the CLI's `plan` and `sim.plan` both."""
+    if not 0 <= req.workers <= MAX_WORKERS:
+        raise TpusimError(f"--workers {req.workers} must be "
+                          f"{range_text(0, MAX_WORKERS, integer=True)} (0 = one per core)")
+    limit = req.max_simulations
+    if limit is not None and not req.exhaustive:
+        raise TpusimError(
+            f"--max-simulations {limit} limits --exhaustive only (the default search simulates "
+            f"just the candidates its bounds cannot rule out); add --exhaustive or drop "
+            f"--max-simulations"
+        )
+    if limit is not None and limit < 1:
+        raise TpusimError(f"--max-simulations {limit} must be a positive integer (the most "
+                          f"candidates --exhaustive may simulate), e.g. 500")
+    limit = EXHAUSTIVE_MAX_SIMULATIONS if limit is None else limit
+    cfg = plan_config(req)
+    if req.slices != 1:
+        raise TpusimError(f"--slices {req.slices}: plan searches one slice; drop --slices")
+    # Every candidate is this request's pod, model and overrides with its own settings.
+    base = TrainRequest(chip=req.chip, slice=req.slice, shape=req.shape,
+                        wraparound=req.wraparound, overrides=req.overrides, model=req.model,
+                        chip_spec=req.chip_spec, model_spec=req.model_spec)
+    pod = resolve_pod(base)
+    model = resolve_model(base)[1]
+    fast = not req.exhaustive
+    res = run_plan(base, model, pod.topology, pod.chip, cfg, workers=req.workers,
+                   dask=req.dask, quiet=quiet, prune_by_bound=fast, refuse_by_hbm_bound=fast,
+                   stop_out_of_memory=fast, max_simulations=None if fast else limit)
+    return res, cfg
+
+
 def plan(*, model: Any, seq_len: int, global_batch: int, chip: Any = None,
          slice: str | None = None, shape: str | None = None,  # noqa: A002 - the CLI's name
          wraparound: str | None = None, overrides: dict[str, Any] | None = None, top: int = 5,
@@ -1417,17 +1500,11 @@ def plan(*, model: Any, seq_len: int, global_batch: int, chip: Any = None,
         overrides: `{"ici_link_bytes_per_s": "x2", ...}`, as `--set`.
         workers, dask: where candidates run (dask: "local", an address or a `distributed.Client`).
         out: also write candidates.csv/parquet, summary.json and frontier.png there.
-        space: the search-space flags by their Python names, e.g. `axes=("fsdp", "tensor")`,
+        space: the search-space settings by their Python names, e.g. `axes=("fsdp", "tensor")`,
             `remat=("full",)`, `microbatches=(1, 2)`, `max_tensor=4`, `default_placement=True`.
     """
-    import os
-    import tempfile
-
-    from sim.cli import build_parser
-    from sim.cli.common import resolve_overrides
-    from sim.cli.studies import plan_from_args, plan_summary
-    from sim.export.output import check_output_dir
-    from topologies.validate import short_repr
+    from sim.export.output import check_output_dir, write_json, write_tables
+    from sim.study import SweepConfig
 
     if overrides is not None and not isinstance(overrides, Mapping):
         raise TpusimError(
@@ -1439,63 +1516,29 @@ def plan(*, model: Any, seq_len: int, global_batch: int, chip: Any = None,
                               f"not {type(out).__name__}")
         if out:
             check_output_dir(out)  # before the search, as `tpusim plan --out` does
-    from sim.study import SweepConfig
-
     SweepConfig(workers=1, dask=dask)  # the dask argument's check, before the search
-
-    with tempfile.TemporaryDirectory(prefix="tpusim-plan-") as tmp:
-        argv = ["plan", "--model", _as_file(model, "model", tmp), "--seq-len", str(seq_len),
-                "--global-batch", str(global_batch), "--top", str(top),
-                "--workers", str(workers), "--out", ""]
-        for flag, v in (("--chip", chip), ("--slice", slice), ("--shape", shape),
-                        ("--wraparound", wraparound)):
-            if v is not None:
-                argv += [flag, _as_file(v, "chip", tmp) if flag == "--chip" else str(v)]
-        if isinstance(dask, str):
-            argv += ["--dask", dask]
-        for k, v in (overrides or {}).items():
-            argv += ["--set", f"{k}={v}"]
-        for k, v in space.items():
-            flag = "--" + k.replace("_", "-")
-            if isinstance(v, bool):
-                argv += [flag] if v else []
-            else:
-                argv += [flag, ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)]
-        if quiet:
-            argv.append("--quiet")
-        args = build_parser().parse_args(argv)
-        resolve_overrides(args)
-        res, cfg = plan_from_args(args, dask=dask if not isinstance(dask, str) else None)
+    settings: dict[str, Any] = {"model": model, "seq_len": seq_len,
+                                "global_batch": global_batch, "top": top, "workers": workers,
+                                "chip": chip, "slice": slice, "shape": shape,
+                                "wraparound": wraparound, "overrides": dict(overrides or {})}
+    for k, v in space.items():
+        settings[k] = ",".join(map(str, v)) if isinstance(v, (list, tuple)) else v
+    objects = {}
+    if isinstance(model, TransformerSpec):
+        objects["model_spec"], settings["model"] = model, model.name
+    if isinstance(chip, ChipSpec):
+        objects["chip_spec"], settings["chip"] = chip, chip.name
+    req = PlanRequest.from_flags({k: v for k, v in settings.items() if v is not None},
+                                 caller="sim.plan", **objects)
+    if dask is not None:
+        req = req.replace(dask=dask)
+    res, cfg = search(req, quiet=quiet)
     if out:
-        from pathlib import Path
-
-        from sim.export.output import write_json, write_tables
-
         summary = plan_summary(res, cfg.top)
         write_tables(out, {"candidates": res.table}, summary)
         plot_frontier(res, Path(out) / "frontier.png")
         write_json(Path(out) / "summary.json", summary)
     return res
-
-
-def _as_file(obj: Any, kind: str, tmp: str) -> str:
-    """A name or path as given; a `TransformerSpec`/`ChipSpec` written to a YAML file (every
-    candidate runs as a `tpusim train` command, which reads names and files)."""
-    if isinstance(obj, str):
-        return obj
-    import dataclasses
-    import enum
-    from pathlib import Path
-
-    import yaml
-
-    if not dataclasses.is_dataclass(obj):
-        raise TpusimError(f"{kind} {obj!r} must be a name, a YAML path or a spec object")
-    d = {k: (v.value if isinstance(v, enum.Enum) else list(v) if isinstance(v, tuple) else v)
-         for k, v in dataclasses.asdict(obj).items()}
-    path = Path(tmp) / f"{kind}.yaml"
-    path.write_text(yaml.safe_dump(d, sort_keys=False), encoding="utf-8")
-    return str(path)
 
 
 __all__ = [

@@ -7,23 +7,36 @@ reused worker, so a row equals, number for number, what the single command retur
 
 from __future__ import annotations
 
-import contextlib
-import io
 import itertools
 import json
 import math
 import os
 import shlex
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sim import progress
+from sim.collectives import ALGORITHMS, parse_kind
+from sim.hardware import load_chip
+from sim.runs import REQUESTS, Request, run
+from sim.runs.bind import overrides_of
+from sim.runs.convert import parse_bytes
+from sim.runs.inference import decode_config
+from sim.runs.requests import flag_name, setting_kind
+from sim.runs.train import training_config
 from topologies.errors import TpusimError
-from topologies.validate import MAX_STUDY_POINTS, MAX_WORKERS, range_text, short_repr
+from topologies.mesh import parse_mesh
+from topologies.scenario import scenario_from_flags
+from topologies.slices import SLICES
+from topologies.torus import AXIS_NAMES, DCN_AXIS, parse_shape, parse_wraparound
+from topologies.validate import MAX_STUDY_POINTS, MAX_WORKERS, range_text, short_repr, split_list
+from workloads.models import load_model
+from workloads.moe import MoeConfig
+from workloads.training import parse_remat
 
 STUDY_KEYS = ("command", "base", "grid", "zip", "metrics", "plot")
 PLOT_KEYS = ("x", "y", "hue")
@@ -84,18 +97,11 @@ class StudySpec:
 
 
 # -- the schema ------------------------------------------------------------------------------
-def _command_parser(command: str):
-    from sim.cli import build_parser
-
-    parser = build_parser()
-    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
-    return sub.choices[command]
-
-
-def _flag_actions(command: str) -> dict[str, Any]:
-    """Long flag name without dashes -> argparse action, for the command's own flags."""
-    p = _command_parser(command)
-    return {s[2:]: a for s, a in p._option_string_actions.items() if s.startswith("--")}
+def _flag_actions(command: str) -> dict[str, str]:
+    """Flag name without dashes -> its kind (`switch`, `list` or `value`), for the command's own
+    settings (its request's) and `set`."""
+    cls = REQUESTS[command]
+    return {flag_name(n): setting_kind(n) for n in cls.FLAGS}
 
 
 def _norm_key(key: Any, where: str) -> str:
@@ -149,7 +155,7 @@ def _values(key: str, v: Any, where: str) -> tuple[Any, ...]:
 
 
 def _check_bools(key: str, values: Iterable[Any], where: str, actions: dict[str, Any]) -> None:
-    is_switch = type(actions.get(key)).__name__ in ("_StoreTrueAction", "_StoreFalseAction")
+    is_switch = actions.get(key) == "switch"
     for v in values:
         if isinstance(v, bool) and not is_switch:
             raise TpusimError(
@@ -234,7 +240,7 @@ def load_study(source: str | os.PathLike | Mapping[str, Any]) -> StudySpec:
             _check_bools(k, vs if isinstance(vs, (list, tuple)) else [vs], where, actions)
     for k, v in base.items():
         if isinstance(v, list):
-            if getattr(actions.get(k), "__class__", type).__name__ != "_AppendAction":
+            if actions.get(k) != "list":
                 raise TpusimError(
                     f"study base.{k} is a list, but --{k} takes one value; move it to grid "
                     f"to vary it"
@@ -340,62 +346,34 @@ def point_argv(study: StudySpec, point: Mapping[str, Any]) -> list[str]:
     return argv
 
 
-class _ThreadStdout(io.TextIOBase):
-    """sys.stdout that a thread can redirect into its own buffer (Dask runs points in threads,
-    where `contextlib.redirect_stdout` would mix their outputs)."""
-
-    def __init__(self, real):
-        self.real = real
-        self.local = threading.local()
-
-    def write(self, s: str) -> int:
-        buf = getattr(self.local, "buf", None)
-        return (buf or self.real).write(s)
-
-    def flush(self) -> None:
-        buf = getattr(self.local, "buf", None)
-        (buf or self.real).flush()
-
-    def isatty(self) -> bool:
-        return False
-
-
-_LOCK = threading.Lock()
-_PARSERS = threading.local()
+def point_request(study: StudySpec, point: Mapping[str, Any]) -> Request:
+    """The typed request of one point: the base settings, the point's values replacing them,
+    every value as its text (as the command line would give it)."""
+    flags: dict[str, Any] = {}
+    sets: dict[str, str] = {}
+    merged = dict(study.base)
+    merged.update(point)  # varied values replace the base value of the same flag
+    for key, v in merged.items():
+        if key.startswith(SET_PREFIX):
+            sets[key[len(SET_PREFIX):]] = _arg_text(v)
+        elif isinstance(v, bool):
+            flags[key] = v  # a switch (true or false)
+        elif isinstance(v, list):
+            flags[key] = [_arg_text(x) for x in v]
+        else:
+            flags[key] = _arg_text(v)
+    if sets:
+        flags["set"] = sets
+    return REQUESTS[study.command].from_flags(flags, source=f"tpusim {study.command}")
 
 
-@contextlib.contextmanager
-def _capture_stdout():
-    with _LOCK:
-        if not isinstance(sys.stdout, _ThreadStdout):
-            sys.stdout = _ThreadStdout(sys.stdout)
-        proxy = sys.stdout
-    buf = io.StringIO()
-    proxy.local.buf = buf
-    try:
-        yield buf
-    finally:
-        proxy.local.buf = None
-
-
-def run_point(argv: list[str]) -> dict[str, Any]:
-    """Run `tpusim ARGV --json` in this process: {"result": {...}} or {"error": "..."}, plus
-    the wall time. Never raises for a failed point (a bad mesh, out of memory, a bug)."""
-    from sim import progress
-
-    progress.QUIET = True
+def run_point(req: Request) -> dict[str, Any]:
+    """Run one point's request in this process: {"result": {...}} (the command's `--json`
+    object) or {"error": "..."}, plus the wall time. Never raises for a failed point (a bad
+    mesh, out of memory, a bug)."""
     t0 = time.perf_counter()
-    parser = getattr(_PARSERS, "parser", None)
-    if parser is None:
-        from sim.cli import build_parser
-
-        parser = _PARSERS.parser = build_parser()
     try:
-        from sim.cli import dispatch
-
-        with _capture_stdout() as buf:
-            dispatch(parser, [*argv, "--json", "--quiet"])
-        out: dict[str, Any] = {"result": json.loads(buf.getvalue())}
+        out: dict[str, Any] = {"result": run(req).to_dict()}
     except TpusimError as exc:
         out = {"error": str(exc)}
     except Exception as exc:  # a bug in one point must not take the study down
@@ -481,9 +459,6 @@ def _worker_init() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from sim import progress
-
-    progress.QUIET = True
 
 
 def _local_runner(n: int, fn: Callable[[Any], Any] = None):
@@ -832,141 +807,108 @@ def _is_missing(v: Any) -> bool:
         return False
 
 
-def check_points(study: StudySpec, argvs: list[list[str]]) -> None:
-    """Parse every point before running any: a value the command cannot take (`seq-len: abc`,
-    `bytes: abc`, `mesh: fsdp`, `set.nonsense: 1`, `set.hbm_bytes_per_s: -1`) is a study error,
-    not a row. Errors that need the simulation (a mesh that does not fit the pod, out of
-    memory) become rows."""
-    parser = _command_parser(study.command)
-    checked: set[tuple[str, ...]] = set()
+def check_points(study: StudySpec, argvs: list[list[str]]) -> list[Request]:
+    """Every point's request, built before any runs: a value the command cannot take
+    (`seq-len: abc`, `bytes: abc`, `mesh: fsdp`, `set.nonsense: 1`, `set.hbm_bytes_per_s: -1`)
+    is a study error, not a row. Errors that need the simulation (a mesh that does not fit the
+    pod, out of memory) become rows."""
+    checked: set[tuple] = set()
     seen_text: set[tuple[str, ...]] = set()
-    for i, argv in enumerate(argvs):
+    reqs = []
+    for i, (point, argv) in enumerate(zip(study.points(), argvs, strict=True)):
         try:
-            args = parser.parse_args(argv[1:])
-            _check_texts(study.command, args, seen_text)
-            sets = tuple(getattr(args, "set", None) or ())
-            if sets and sets not in checked:
-                from sim.overrides import parse_overrides
-
-                parse_overrides(list(sets), args.set_scope, command=f"tpusim {study.command}")
-                checked.add(sets)
+            req = point_request(study, point)
+            _check_texts(study.command, req, seen_text)
+            if req.overrides and req.overrides not in checked:
+                overrides_of(req)
+                checked.add(req.overrides)
         except TpusimError as exc:
             raise TpusimError(f"study point {i} ({shlex.join(argv)}): {exc}") from None
+        reqs.append(req)
+    return reqs
 
 
-def _check_texts(command: str, args: Any, seen: set[tuple[str, ...]]) -> None:
-    """The flags a command takes as text and parses when it runs, parsed now: `--bytes abc`,
+def _check_texts(command: str, req: Request, seen: set[tuple[str, ...]]) -> None:
+    """The settings a command takes as text and parses when it runs, parsed now: `--bytes abc`,
     `--axes x,,y`, a `--mesh`/`--dcn`/`--axis-map` that is not name=size, an unknown `--remat`
     are errors of the study, not failed rows. (Whether a mesh fits the pod needs the pod: that
     stays a row.) Each distinct combination is parsed once."""
-    _check_values(command, args, seen)
-    _check_names(command, args, seen)
-    key = tuple(str(getattr(args, a, None)) for a in
-                ("nbytes", "axes", "mesh", "dcn", "axis_map", "remat"))
+    _check_values(command, req, seen)
+    _check_names(command, req, seen)
+    key = tuple(str(getattr(req, a, None)) for a in
+                ("bytes", "axes", "mesh", "dcn", "axis_map", "remat"))
     if key in seen:
         return
     if command == "collective":
-        from sim.cli.common import parse_bytes
-        from topologies.torus import AXIS_NAMES, DCN_AXIS
-        from topologies.validate import split_list
-
-        parse_bytes(args.nbytes)
-        if args.axes:
+        parse_bytes(req.bytes)
+        if req.axes:
             # A name that is no pod's axis fails at every point (`axes: 5`); whether the pod
             # has a `z` or a `dcn` axis depends on the point's shape and slices: that stays a row.
-            for axis in split_list(args.axes, "--axes", example="x,y"):
+            for axis in split_list(req.axes, "--axes", example="x,y"):
                 if axis not in (*AXIS_NAMES, DCN_AXIS):
-                    raise TpusimError(f"--axes {short_repr(args.axes)}: {short_repr(axis)} is "
+                    raise TpusimError(f"--axes {short_repr(req.axes)}: {short_repr(axis)} is "
                                       f"not an axis of any pod; use {', '.join(AXIS_NAMES)} or "
                                       f"{DCN_AXIS}, e.g. x,y")
     else:
-        from topologies.mesh import parse_mesh
-
-        parse_mesh(args.mesh, args.dcn, getattr(args, "axis_map", None))
+        parse_mesh(req.mesh, req.dcn, getattr(req, "axis_map", None))
         if command == "train":
-            from workloads.training import parse_remat
-
-            parse_remat(args.remat)
+            parse_remat(req.remat)
     seen.add(key)
 
 
-def _check_names(command: str, args: Any, seen: set[tuple[str, ...]]) -> None:
-    """The names a point gives that no other flag can make valid: a chip (preset or file), a
+def _check_names(command: str, req: Request, seen: set[tuple[str, ...]]) -> None:
+    """The names a point gives that no other setting can make valid: a chip (preset or file), a
     slice, a model (zoo name or file), a collective `--op` and `--algorithm`, a `--shape`'s
     text. An unknown one used to fail every point it was in, each a row, and the study exit 0
     ("4 points (4 failed)"). Whether the chip, shape and mesh fit together needs them all: that
     stays a row. Each distinct value is checked once."""
-    checks = [("chip", getattr(args, "chip", None)),
-              ("slice", getattr(args, "slice_name", None)),
-              ("shape", getattr(args, "shape", None)),
-              ("model", getattr(args, "model", None))]
+    checks = [("chip", req.chip), ("slice", req.slice), ("shape", req.shape),
+              ("model", getattr(req, "model", None))]
     if command == "collective":
-        checks += [("op", args.op), ("algorithm", getattr(args, "algorithm", None))]
+        checks += [("op", req.op), ("algorithm", req.algorithm)]
     for what, value in checks:
         key = ("name", what, str(value))
         if value is None or key in seen:
             continue
         if what == "chip":
-            from sim.hardware import load_chip
-
             load_chip(value)
         elif what == "slice":
-            from topologies.slices import SLICES
-
             SLICES.get(value)
         elif what == "shape":
-            from topologies.torus import parse_shape
-
             parse_shape(value)
         elif what == "model":
-            from workloads.models import load_model
-
             load_model(value)
         elif what == "op":
-            from sim.collectives import parse_kind
-
             parse_kind(value)
         else:
-            from sim.collectives import ALGORITHMS
-
             ALGORITHMS.get(value)
         seen.add(key)
 
 
-def _check_values(command: str, args: Any, seen: set[tuple[str, ...]]) -> None:
-    """The flag values a command validates only when it runs and that no other flag can make
+def _check_values(command: str, req: Request, seen: set[tuple[str, ...]]) -> None:
+    """The values a command validates only when it runs and that no other setting can make
     valid: the perturbation scalars (`capacity-factor: -1`), `wraparound` against the point's
     `--shape` (`z` on a 2D shape, `x,,y`), and the run settings of train, decode and prefill
     (`sampling: beam`, `ep-alltoall: bogus`, a `vocab-tiling` out of range): errors of the
     study, not failed rows. Errors that depend on the model or the pod (a vocab tiling that
     does not divide the tokens, a mesh that does not fit) stay rows. Each distinct set of
-    flags is checked once."""
-    key = ("values", *(f"{k}={v}" for k, v in sorted(vars(args).items()) if k != "func"))
+    settings is checked once."""
+    key = ("values", *(f"{k}={v}" for k, v in sorted(req.flags().items())))
     if key in seen:
         return
-    from topologies.scenario import scenario_from_flags
-
-    if hasattr(args, "capacity_factor"):
+    if hasattr(req, "capacity_factor"):
         scenario_from_flags(
             slow_chip=[], slow_link=[], dead_link=[],
-            chip_variation=args.chip_variation if args.chip_variation is not None else 0.0,
-            seed=args.seed if args.seed is not None else 0,
-            expert_skew=args.expert_skew if args.expert_skew is not None else 0.0,
-            capacity_factor=args.capacity_factor)
-    if getattr(args, "shape", None) and getattr(args, "wraparound", None):
-        from topologies.torus import parse_shape, parse_wraparound
-
-        parse_wraparound(args.wraparound, parse_shape(args.shape))
+            chip_variation=req.chip_variation if req.chip_variation is not None else 0.0,
+            seed=req.seed if req.seed is not None else 0,
+            expert_skew=req.expert_skew if req.expert_skew is not None else 0.0,
+            capacity_factor=req.capacity_factor)
+    if req.shape and req.wraparound:
+        parse_wraparound(req.wraparound, parse_shape(req.shape))
     if command == "train":
-        from sim.cli.training import training_config
-        from workloads.moe import MoeConfig
-
-        training_config(args, moe=MoeConfig())
+        training_config(req, moe=MoeConfig())
     elif command in ("decode", "prefill"):
-        from sim.cli.inference import _config
-        from workloads.moe import MoeConfig
-
-        _config(args, args.batch, MoeConfig())
+        decode_config(req, req.batch, MoeConfig())
     seen.add(key)
 
 
@@ -976,7 +918,7 @@ def run_study(study: StudySpec, cfg: SweepConfig,
     results DataFrame; with `cfg.out_dir`, results/study.json/plots are written there."""
     points = study.points()
     argvs = [point_argv(study, p) for p in points]
-    check_points(study, argvs)
+    reqs = check_points(study, argvs)
     out = Path(cfg.out_dir) if cfg.out_dir else None
     if out is not None:
         from sim.export.output import check_output_dir
@@ -990,7 +932,7 @@ def run_study(study: StudySpec, cfg: SweepConfig,
     rows: dict[int, dict[str, Any]] = _load_previous(out, study, points, argvs) \
         if out and cfg.resume else {}
     skipped = len(rows)
-    jobs = [(i, a) for i, a in enumerate(argvs) if i not in rows]
+    jobs = [(i, r) for i, r in enumerate(reqs) if i not in rows]
     n = _num_workers(cfg)
     started = time.time()
     t0 = time.perf_counter()
@@ -1075,9 +1017,7 @@ def run_study(study: StudySpec, cfg: SweepConfig,
 
 
 def _bar(total: int, initial: int, quiet: bool, desc: str = "sweep", unit: str = "pt"):
-    from sim import progress
-
-    if quiet or progress.QUIET or not sys.stderr.isatty():
+    if quiet or not progress.bars_wanted():
         return None
     from tqdm import tqdm
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli import main
+from sim.cli import main, request_from_argv
 from sim.hardware import get_chip
 from sim.planner import (
     PlanConfig,
@@ -41,6 +41,17 @@ def tiny_model(tmp_path: Path) -> str:
     return str(path)
 
 
+def _req(argv: list[str]):
+    """The typed request of a `tpusim train ...` command line (what the plan's jobs take)."""
+    return request_from_argv(argv)
+
+
+def _base(model: str, pod_flags: list[str]):
+    """The pod and model every candidate of a plan shares (its own settings replace the rest)."""
+    return _req(["train", *pod_flags, "--model", model, "--seq-len", "1", "--batch-per-chip",
+                 "1", "--mesh", "fsdp=1"])
+
+
 def _pod(shape: str = "2x2"):
     chip = get_chip("v5e")
     topo = resolve_topology(chip_name="v5e", wrap_rule=chip.generation_rule,
@@ -65,8 +76,8 @@ def test_memory_estimate_is_the_compilers_and_never_above_the_simulated_peak(tin
         argv = ["train", "--chip", "v5e", "--shape", "2x2", "--model", tiny_model, "--seq-len",
                 "1024", "--batch-per-chip", "2", "--mesh", ",".join(f"{a}={v}" for a, v in mesh),
                 "--remat", remat, "--microbatches", str(mb)]
-        bound = lower_bounds((argv, [mesh]))["lower_bounds_s"][0]
-        assert 0 < bound <= run_point(argv)["result"]["step_time_s"]
+        bound = lower_bounds((_req(argv), [mesh]))["lower_bounds_s"][0]
+        assert 0 < bound <= run_point(_req(argv))["result"]["step_time_s"]
 
 
 def test_plan_beats_or_ties_every_configuration_of_its_space_by_brute_force(tiny_model):
@@ -74,7 +85,7 @@ def test_plan_beats_or_ties_every_configuration_of_its_space_by_brute_force(tiny
     model = load_model(tiny_model)
     cfg = PlanConfig(seq_len=1024, global_batch=8, top=3, axes=("data", "fsdp", "tensor",
                      "pipeline"), remat=("full", "none"), microbatches=(1, 2))
-    res = run_plan(tiny_model, ["--chip", "v5e", "--shape", "2x2"], model, topo, chip, cfg,
+    res = run_plan(_base(tiny_model, ["--chip", "v5e", "--shape", "2x2"]), model, topo, chip, cfg,
                    workers=1, quiet=True)
     assert res.counts["bound_violated"] == 0
     best = res.best
@@ -89,9 +100,9 @@ def test_plan_beats_or_ties_every_configuration_of_its_space_by_brute_force(tiny
         for order, remat, mb in itertools.product(itertools.permutations(axes), cfg.remat,
                                                   cfg.microbatches):
             mesh = ",".join(f"{a}={v}" for a, v in order)
-            o = run_point(["train", "--chip", "v5e", "--shape", "2x2", "--model", tiny_model,
-                           "--seq-len", "1024", "--batch-per-chip", "2", "--mesh", mesh,
-                           "--remat", remat, "--microbatches", str(mb)])
+            o = run_point(_req(["train", "--chip", "v5e", "--shape", "2x2", "--model", tiny_model,
+                                "--seq-len", "1024", "--batch-per-chip", "2", "--mesh", mesh,
+                                "--remat", remat, "--microbatches", str(mb)]))
             r = o.get("result")
             if r and r["fits_in_hbm"]:
                 tried.append((r["step_time_s"], mesh, remat, mb))
@@ -125,8 +136,8 @@ def test_pipeline_groups_bounded_in_full_only_when_they_reach_the_front(tiny_mod
     cfg = PlanConfig(seq_len=1024, global_batch=8, top=4, axes=("fsdp", "pipeline"),
                      remat=("full",), microbatches=(1, 2))
     flags = ["--chip", "v5e", "--shape", "2x2"]
-    fast = run_plan(tiny_model, flags, model, topo, chip, cfg, workers=1, quiet=True)
-    oracle = run_plan(tiny_model, flags, model, topo, chip, cfg, workers=1, quiet=True,
+    fast = run_plan(_base(tiny_model, flags), model, topo, chip, cfg, workers=1, quiet=True)
+    oracle = run_plan(_base(tiny_model, flags), model, topo, chip, cfg, workers=1, quiet=True,
                       prune_by_bound=False, refuse_by_hbm_bound=False,
                       stop_out_of_memory=False)
     groups = {(r["mesh"].replace("pipeline=2,", "").replace(",pipeline=2", ""), r["remat"],
@@ -164,8 +175,8 @@ def test_plan_optimizer_reaches_every_candidates_estimate_and_train_flags(tiny_m
     for a, s in zip(adam, sgd, strict=True):
         # No fp32 moments: 8 bytes per local parameter fewer in the memory estimate.
         assert s.hbm_estimate_bytes < a.hbm_estimate_bytes
-        assert s.train_flags()[-2:] == ["--optimizer", "sgd"]
-        assert "--optimizer" not in a.train_flags()  # the default leaves the command as it was
+        assert s.train_settings()["optimizer"] == "sgd"
+        assert a.train_settings()["optimizer"] == "adam"
     with pytest.raises(TpusimError, match="--optimizer 'sgdd' is not an optimizer"):
         PlanConfig(**cfg, optimizer="sgdd")
     # SGD has no state: a list of state dtypes would only repeat every candidate.
@@ -406,15 +417,15 @@ def _four_layer_train(tmp_path, flags: list[str]) -> tuple[list[str], tuple]:
 ])
 def test_lower_bound_never_exceeds_the_simulated_step(tmp_path, flags):
     argv, mesh = _four_layer_train(tmp_path, flags)
-    bound = lower_bounds((argv, [mesh]))["lower_bounds_s"][0]
-    step = run_point(argv)["result"]["step_time_s"]
+    bound = lower_bounds((_req(argv), [mesh]))["lower_bounds_s"][0]
+    step = run_point(_req(argv))["result"]["step_time_s"]
     # Valid (never above the simulation) and not vacuous (the pipeline bound holds the bubble).
     assert 0.5 * step < bound <= step
     if "pipeline" in flags[1]:
         # The pass-level bound (chunk programs only) is a relaxation of the stage programs'
         # schedule: never above it, and on these steps within 0.1% of it.
-        cheap = pipeline_bounds((argv, [mesh, mesh[::-1]]))["lower_bounds_s"]
-        full = lower_bounds((argv, [mesh, mesh[::-1]]))["lower_bounds_s"]
+        cheap = pipeline_bounds((_req(argv), [mesh, mesh[::-1]]))["lower_bounds_s"]
+        full = lower_bounds((_req(argv), [mesh, mesh[::-1]]))["lower_bounds_s"]
         for c, f in zip(cheap, full, strict=True):
             assert 0.999 * f <= c <= f * (1 + 1e-12)
 
@@ -429,12 +440,12 @@ def test_the_sharper_bound_lies_between_the_plain_bound_and_the_simulated_step(t
     runs them at that time or slower), never below the closed-form bound; a threshold at or
     under it prunes the candidate without simulating it."""
     argv, mesh = _four_layer_train(tmp_path, flags)
-    plain = lower_bounds((argv, [mesh]))["lower_bounds_s"][0]
-    o = refine_and_run((argv, mesh, float("inf")))
+    plain = lower_bounds((_req(argv), [mesh]))["lower_bounds_s"][0]
+    o = refine_and_run((_req(argv), mesh, float("inf")))
     step = o["result"]["step_time_s"]
-    assert o["result"] == run_point(argv)["result"]
+    assert o["result"] == run_point(_req(argv))["result"]
     assert plain <= o["lower_bound_s"] <= step
-    assert refine_and_run((argv, mesh, o["lower_bound_s"])) == {
+    assert refine_and_run((_req(argv), mesh, o["lower_bound_s"])) == {
         "pruned": True, "lower_bound_s": o["lower_bound_s"]}
 
 
@@ -487,8 +498,8 @@ def test_hbm_peak_bound_never_exceeds_the_simulated_peak(tiny_model, flags):
     argv = ["train", "--chip", "v5e", "--shape", "2x2", "--model", tiny_model, "--seq-len",
             "8192", "--batch-per-chip", "4", *flags]
     mesh = tuple((a, int(v)) for a, v in (x.split("=") for x in flags[1].split(",")))
-    b = lower_bounds((argv, [mesh]))
-    r = run_point(argv)["result"]
+    b = lower_bounds((_req(argv), [mesh]))
+    r = run_point(_req(argv))["result"]
     assert b["hbm_capacity_bytes"] == r["hbm_capacity_bytes"]
     # Valid, and not vacuous: within 15% of the simulated peak on these steps.
     assert 0.85 * r["hbm_peak_bytes"] < b["hbm_lower_bound_bytes"] \
@@ -502,8 +513,8 @@ def test_candidates_refused_by_the_hbm_bound_are_out_of_memory_in_the_brute_forc
     cfg = PlanConfig(seq_len=8192, global_batch=16, top=2, axes=("fsdp", "tensor", "pipeline"),
                      remat=("minimal",), microbatches=(1, 2, 4), placements=False)
     flags = ["--chip", "v5e", "--shape", "2x2"]
-    fast = run_plan(tiny_model, flags, model, topo, chip, cfg, workers=1, quiet=True)
-    oracle = run_plan(tiny_model, flags, model, topo, chip, cfg, workers=1, quiet=True,
+    fast = run_plan(_base(tiny_model, flags), model, topo, chip, cfg, workers=1, quiet=True)
+    oracle = run_plan(_base(tiny_model, flags), model, topo, chip, cfg, workers=1, quiet=True,
                       prune_by_bound=False, refuse_by_hbm_bound=False,
                       stop_out_of_memory=False)
     assert oracle.counts["out_of_memory_by_hbm_bound"] == 0
@@ -529,21 +540,21 @@ def test_a_simulation_seeded_with_the_sharper_bounds_costs_equals_a_cold_train(t
 
     argv, mesh = _four_layer_train(tmp_path, ["--mesh", "fsdp=2,tensor=2", "--remat", "full"])
     engine._COST_CACHE.clear()
-    o = sharper_bound((argv, mesh))
+    o = sharper_bound((_req(argv), mesh))
     assert o["lower_bound_s"] > 0 and o["costs"]
     assert all(k in engine._COST_CACHE for k in o["costs"])
     engine._COST_CACHE.clear()
-    seeded = simulate((argv, o["costs"], None))["result"]
+    seeded = simulate((_req(argv), o["costs"], None))["result"]
     assert set(o["costs"]) <= set(engine._COST_CACHE)
     engine._COST_CACHE.clear()
-    cold = run_point(argv)["result"]
+    cold = run_point(_req(argv))["result"]
     assert seeded == cold
     assert o["lower_bound_s"] <= cold["step_time_s"]
     # Another worker's sharper bound of the same candidate, handed those costs, costs nothing
     # again and gives the same bound.
     engine._COST_CACHE.clear()
     monkeypatch.setattr(engine, "_cost_collective", lambda *a, **k: pytest.fail("recosted"))
-    assert sharper_bound((argv, mesh, o["costs"])) == o
+    assert sharper_bound((_req(argv), mesh, o["costs"])) == o
 
 
 def test_stage_programs_are_reused_across_axis_orders_and_equal_a_fresh_build(tiny_model):
@@ -580,15 +591,15 @@ def test_a_simulation_stopped_over_hbm_is_out_of_memory_and_one_that_fits_is_unc
 
     argv = ["train", "--chip", "v5e", "--shape", "2x2", "--model", tiny_model, "--seq-len",
             "8192", "--batch-per-chip", "4", *flags]
-    full = run_point(argv)["result"]
-    watched = simulate((argv, {}, full["hbm_capacity_bytes"]))
+    full = run_point(_req(argv))["result"]
+    watched = simulate((_req(argv), {}, full["hbm_capacity_bytes"]))
     if full["fits_in_hbm"]:
         assert watched["result"] == full
     else:
         assert watched["out_of_memory"] is True
         assert full["hbm_capacity_bytes"] < watched["hbm_level_bytes"] <= full["hbm_peak_bytes"]
     # A capacity just under the peak always stops it, at the peak.
-    low = simulate((argv, {}, full["hbm_peak_bytes"] * (1 - 1e-6)))
+    low = simulate((_req(argv), {}, full["hbm_peak_bytes"] * (1 - 1e-6)))
     assert low["out_of_memory"] is True
     assert low["hbm_level_bytes"] == pytest.approx(full["hbm_peak_bytes"], rel=1e-9)
 
@@ -606,47 +617,47 @@ def test_a_pipeline_over_hbm_within_its_prefix_gets_the_full_runs_verdict(
 
     argv = ["train", "--chip", "v5e", "--shape", "2x2", "--model", tiny_model, "--seq-len",
             "8192", "--batch-per-chip", "4", *flags]
-    peak = run_point(argv)["result"]["hbm_peak_bytes"]
+    peak = run_point(_req(argv))["result"]["hbm_peak_bytes"]
 
     def full_watched(cap: float) -> dict:
         with stop_when_hbm_exceeds(cap) as watch:
-            run_point(argv)
+            run_point(_req(argv))
         assert watch.exceeded
         return {"out_of_memory": True, "hbm_level_bytes": watch.level_bytes}
 
     for frac in (0.2, 0.5, 0.999):
         cap = frac * peak
-        keep, horizon = planner.hbm_prefix(argv, cap)
+        keep, horizon = planner.hbm_prefix(_req(argv), cap)
         # Closed under dependencies: an op in the prefix waits only for ops in it.
-        chip, topo, model, mesh, tcfg = planner._bound_inputs(argv)
+        chip, topo, model, mesh, tcfg = planner._bound_inputs(_req(argv))
         sp = planner._stage_programs(model, mesh, topo.num_chips, tcfg)
         for k, prog in enumerate(sp.programs):
             assert 0 < len(keep[k]) < len(prog.ops) or frac == 0.2
             assert all(d in keep[k] for i in keep[k] for d in prog.ops[i].deps)
-        got = planner.simulate((argv, {}, cap))
+        got = planner.simulate((_req(argv), {}, cap))
         assert got.pop("prefix") is True
         assert got == full_watched(cap)
         # The same instant too, not only the same level.
         with stop_when_hbm_exceeds(cap) as full:
-            run_point(argv)
+            run_point(_req(argv))
         with stop_when_hbm_exceeds(cap, prefix=(keep, horizon)) as pre:
             with pytest.raises(TpusimError, match="out of memory"):
-                planner._pipeline_run(argv)
+                planner._pipeline_run(_req(argv))
         assert pre.exceeded and not pre.prefix_ended
         assert (pre.time_s, pre.level_bytes) == (full.time_s, full.level_bytes) \
             and pre.time_s < horizon
     # A horizon before the step goes over decides nothing at first: the prefix grows
     # (PREFIX_HORIZON_GROWTH) until it decides, with the full run's verdict ...
     monkeypatch.setattr(planner, "PREFIX_HORIZON_FACTOR", 0.25)
-    got = planner.simulate((argv, {}, 0.999 * peak))
+    got = planner.simulate((_req(argv), {}, 0.999 * peak))
     assert got.pop("prefix") is True and got == full_watched(0.999 * peak)
     # ... and a prefix that would be the whole step is not run: the step runs in full.
     monkeypatch.setattr(planner, "PREFIX_HORIZON_GROWTH", 1e9)
-    got = planner.simulate((argv, {}, 0.999 * peak))
+    got = planner.simulate((_req(argv), {}, 0.999 * peak))
     assert "prefix" not in got and got == full_watched(0.999 * peak)
     # A step that fits is never stopped and gives `train`'s result.
-    fits = planner.simulate((argv, {}, 1.01 * peak))
-    assert fits["result"] == run_point(argv)["result"]
+    fits = planner.simulate((_req(argv), {}, 1.01 * peak))
+    assert fits["result"] == run_point(_req(argv))["result"]
 
 
 @pytest.mark.parametrize("flags", [
@@ -662,16 +673,16 @@ def test_a_one_program_step_over_hbm_in_a_prefix_gets_the_full_runs_verdict(tiny
 
     argv = ["train", "--chip", "v5e", "--shape", "2x2", "--model", tiny_model, "--seq-len",
             "8192", "--batch-per-chip", "4", *flags]
-    full_run = run_point(argv)["result"]
+    full_run = run_point(_req(argv))["result"]
     peak = full_run["hbm_peak_bytes"]
     prefixed = 0
     for frac in (0.5, 0.999):
         cap = frac * peak
         with stop_when_hbm_exceeds(cap) as full:
-            run_point(argv)
+            run_point(_req(argv))
         assert full.exceeded and cap < full.level_bytes <= peak
-        got = planner.simulate((argv, {}, cap))
-        first = planner.hbm_prefix(argv, cap)
+        got = planner.simulate((_req(argv), {}, cap))
+        first = planner.hbm_prefix(_req(argv), cap)
         if first is None:  # 2x the first crossing covers the whole step: no prefix
             assert got == {"out_of_memory": True, "hbm_level_bytes": full.level_bytes}
             continue
@@ -680,11 +691,11 @@ def test_a_one_program_step_over_hbm_in_a_prefix_gets_the_full_runs_verdict(tiny
                        "prefix": True}
         # The instant too, at the horizon that decides (the first, or a grown one).
         keep, horizon = first
-        sched = planner.prefix_schedule(argv, cap)
+        sched = planner.prefix_schedule(_req(argv), cap)
         while True:
             assert len(keep) == 1 and len(keep[0]) < len(sched.programs[0].ops)
             with stop_when_hbm_exceeds(cap, prefix=(keep, horizon)) as pre:
-                run_point(argv)
+                run_point(_req(argv))
             if not pre.reached_horizon:
                 break
             horizon *= planner.PREFIX_HORIZON_GROWTH
@@ -692,7 +703,7 @@ def test_a_one_program_step_over_hbm_in_a_prefix_gets_the_full_runs_verdict(tiny
         assert pre.exceeded and (pre.time_s, pre.level_bytes) == (full.time_s, full.level_bytes)
     assert prefixed
     # A step that fits is never stopped and gives `train`'s result.
-    assert planner.simulate((argv, {}, 1.01 * peak))["result"] == full_run
+    assert planner.simulate((_req(argv), {}, 1.01 * peak))["result"] == full_run
 
 
 def test_a_prefix_run_has_the_full_runs_chip_classes_so_the_watch_applies_to_both_or_neither(
@@ -709,17 +720,17 @@ def test_a_prefix_run_has_the_full_runs_chip_classes_so_the_watch_applies_to_bot
     argv = ["train", "--chip", "v5e", "--shape", "2x4", "--model", tiny_model, "--seq-len",
             "8192", "--batch-per-chip", "4", "--mesh", "pipeline=2,data=2,fsdp=2", "--axis-map",
             "pipeline=x,data=y:2,fsdp=y:2", "--remat", "full", "--microbatches", "8"]
-    healthy = run_point(argv)["result"]
+    healthy = run_point(_req(argv))["result"]
     cap = 0.9 * healthy["hbm_peak_bytes"]
     # Slower links only delay ops: the healthy step's prefix is a valid prefix of both.
-    keep, horizon = planner.hbm_prefix(argv, cap)
+    keep, horizon = planner.hbm_prefix(_req(argv), cap)
     for link, classes in (("0,0:y+:0.5", 4), ("0,1:y+:0.5", 2)):  # data links; no group's
         slow = [*argv, "--slow-link", link]
         with stop_when_hbm_exceeds(cap) as full:
-            out = run_point(slow)
+            out = run_point(_req(slow))
         with stop_when_hbm_exceeds(cap, prefix=(keep, horizon)) as pre:
             with pytest.raises(TpusimError):
-                planner._pipeline_run(slow)
+                planner._pipeline_run(_req(slow))
         if classes > 2:
             assert out["result"]["num_chip_classes"] == classes and not full.exceeded
             assert out["result"]["hbm_peak_bytes"] == healthy["hbm_peak_bytes"] > cap

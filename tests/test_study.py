@@ -21,6 +21,7 @@ from sim.study import (
     SweepConfig,
     load_study,
     point_argv,
+    point_request,
     run_study,
 )
 from topologies.errors import TpusimError
@@ -229,7 +230,7 @@ def test_points_run_in_one_worker_equal_each_point_run_with_cold_caches(tiny_mod
                                 "remat": ["full", "full", "minimal"],
                                 "set.hbm_bytes_per_s": ["x1", "x1.5", "x1"]}, plot=None)
     study = load_study(s)
-    argvs = [point_argv(study, p) for p in study.points()]
+    argvs = [point_request(study, p) for p in study.points()]
     cold()
     warm = [run_point(a) for a in argvs]
     assert len(training._TRACE_CACHE) == 2  # one trace per (mesh, remat), reused

@@ -30,7 +30,16 @@ import numpy as np
 
 from topologies.errors import TpusimError
 from topologies.torus import AXIS_NAMES, Topology
-from topologies.validate import ascii_float, ascii_int, interval_text, range_text, short_repr
+from topologies.validate import (
+    CAPACITY_FACTOR_RANGE,
+    CHIP_VARIATION_RANGE,
+    EXPERT_SKEW_RANGE,
+    NumberRange,
+    ascii_float,
+    ascii_int,
+    interval_text,
+    short_repr,
+)
 
 Coords = tuple[int, ...]
 
@@ -42,41 +51,6 @@ SCENARIO_KEYS = (
 DEFAULT_SLOW_LINK_FACTOR = 0.5
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NumberRange:
-    """The finite range a number setting must lie in, and how its errors state it."""
-
-    low: float
-    high: float
-    low_open: bool = False  # (low, high] rather than [low, high]
-
-    @property
-    def interval(self) -> str:
-        """The range as `(0, 1e6]` or `[0, 100]` (what --help shows)."""
-        return interval_text(self.low, self.high, self.low_open)
-
-    @property
-    def text(self) -> str:
-        return range_text(self.low, self.high, lo_open=self.low_open)
-
-    def holds(self, value: object) -> bool:
-        """True for an int or float (not a bool) that is finite and inside the range."""
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return False
-        try:
-            if not math.isfinite(value):
-                return False
-        except OverflowError:  # an int past float's range (10**400): outside every range
-            return False
-        above = value > self.low if self.low_open else value >= self.low
-        return above and value <= self.high
-
-
-# The number settings a scenario shares with the CLI flags (`sim/cli/common.py`) and the MoE
-# router (`workloads/moe.py`): one range each, stated the same way everywhere.
-CHIP_VARIATION_RANGE = NumberRange(low=0, high=1)
-EXPERT_SKEW_RANGE = NumberRange(low=0, high=100)
-CAPACITY_FACTOR_RANGE = NumberRange(low=0, high=1e6, low_open=True)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

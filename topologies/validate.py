@@ -7,10 +7,10 @@ Every check raises `TpusimError` with one line naming what was given, the rule a
 
 from __future__ import annotations
 
-import argparse
 import enum
 import math
 import re
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from topologies.errors import TpusimError
@@ -182,12 +182,49 @@ def range_text(lo: float | None = None, hi: float | None = None, *, lo_open: boo
     return kind
 
 
-class FlagError(argparse.ArgumentTypeError):
-    """A flag's value is invalid; argparse reports the message as is (`sim.cli.common.Parser`)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NumberRange:
+    """The finite range a number setting must lie in, and how its errors state it."""
+
+    low: float
+    high: float
+    low_open: bool = False  # (low, high] rather than [low, high]
+
+    @property
+    def interval(self) -> str:
+        """The range as `(0, 1e6]` or `[0, 100]` (what --help shows)."""
+        return interval_text(self.low, self.high, self.low_open)
+
+    @property
+    def text(self) -> str:
+        return range_text(self.low, self.high, lo_open=self.low_open)
+
+    def holds(self, value: object) -> bool:
+        """True for an int or float (not a bool) that is finite and inside the range."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        try:
+            if not math.isfinite(value):
+                return False
+        except OverflowError:  # an int past float's range (10**400): outside every range
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        return above and value <= self.high
+
+
+# The number settings a scenario file shares with the run settings (`sim/runs/requests.py`)
+# and the MoE router (`workloads/moe.py`): one range each, stated the same way everywhere.
+CHIP_VARIATION_RANGE = NumberRange(low=0, high=1)
+EXPERT_SKEW_RANGE = NumberRange(low=0, high=100)
+CAPACITY_FACTOR_RANGE = NumberRange(low=0, high=1e6, low_open=True)
+
+
+class FlagError(TpusimError):
+    """A setting's value is invalid; the message names it (the CLI's parser reports it as is)."""
 
 
 def int_flag(flag: str, *, lo: int = 1, hi: int):
-    """An argparse `type=` for an integer flag in [lo, hi] (the error states the limit)."""
+    """A converter for an integer setting in [lo, hi] (the error states the limit)."""
 
     def parse(text: str) -> int:
         try:
@@ -216,7 +253,7 @@ def int_flag(flag: str, *, lo: int = 1, hi: int):
 
 
 def whole_flag(flag: str):
-    """An argparse `type=` for a whole number in ASCII digits (`int()` also takes full-width and
+    """A converter for a whole number in ASCII digits (`int()` also takes full-width and
     other Unicode digits, e.g. `１`), at most `MAX_INT_DIGITS` long; its range is checked where
     it is used."""
 
@@ -233,7 +270,7 @@ def whole_flag(flag: str):
 
 
 def float_flag(flag: str, *, lo: float, hi: float, lo_open: bool = False):
-    """An argparse `type=` for a finite float flag in [lo, hi] (or (lo, hi])."""
+    """A converter for a finite float setting in [lo, hi] (or (lo, hi])."""
 
     def parse(text: str) -> float:
         try:

@@ -13,19 +13,21 @@ touches the disk; the engine imports neither.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
 
-from sim.cli.common import Parser, parse_bytes, parse_coords
+from sim import progress
+from sim.cli import collectives, hlo, inference, reruns, studies, training
+from sim.cli.common import Parser, flag_specs, request_of
+from sim.runs.convert import parse_bytes, parse_coords
 from topologies.errors import TpusimError
+from topologies.validate import short_repr
 
-__all__ = ["build_parser", "main", "parse_bytes", "parse_coords"]
+__all__ = ["build_parser", "main", "parse", "parse_bytes", "parse_coords", "request_from_argv"]
 
 
 def build_parser() -> Parser:
-    from sim.cli import collectives, hlo, inference, reruns, studies, training
-    from sim.cli.common import flag_specs
-
     p = Parser(prog="tpusim", description="Discrete-event simulator of TPU pods.")
     p.add_argument("--quiet", action="store_true",
                    help="no progress bar (it only appears on a terminal, after 1 s)")
@@ -38,19 +40,12 @@ def build_parser() -> Parser:
     return p
 
 
-def prepare(argv: Sequence[str] | None, *, parser: Parser | None = None, chip_spec=None,
-            model_spec=None):
-    """Parse a command line into the arguments a command runs on: the flags as given are
-    recorded (`args.flags`, for `inputs`), then `--set` is parsed and applied. `chip_spec` /
-    `model_spec` (from the Python API or `rerun`) replace loading `--chip` / `--model`."""
-    from sim.cli.common import record_flags, resolve_overrides
-
+def parse(argv: Sequence[str] | None, *, parser: Parser | None = None) -> argparse.Namespace:
+    """Parse a command line (one-line errors; arguments no command takes name the command)."""
     parser = parser or build_parser()
     args, extra = parser.parse_known_args(None if argv is None else list(argv))
     if extra:
         # argparse would name only `tpusim`; the command that does not take them is the fix.
-        from topologies.validate import short_repr
-
         cmd = next((c for c, p in (getattr(args, "commands", None) or {}).items()
                     if getattr(args, "func", None) is not None
                     and p.get_default("func") is args.func), None)
@@ -60,26 +55,30 @@ def prepare(argv: Sequence[str] | None, *, parser: Parser | None = None, chip_sp
         raise TpusimError(f"unrecognized arguments: {what}: the {cmd} command does not take "
                           f"them (see `tpusim {cmd} --help` for its flags)")
     args.parser = parser
-    args.chip_spec = chip_spec
-    args.model_spec = model_spec
-    if getattr(args, "func", None):
-        args.flags = record_flags(args)
-        if getattr(args, "set_scope", None) is not None:
-            resolve_overrides(args)
     return args
 
 
-def dispatch(parser: Parser, argv: Sequence[str] | None) -> int:
-    """Parse `argv` and run its command (raising `TpusimError`); `main` and the sweep's
-    workers (which reuse one parser for many points) both run commands through here."""
-    args = prepare(argv, parser=parser)
-    from sim import progress
+def request_from_argv(argv: Sequence[str], *, parser: Parser | None = None):
+    """The typed request of a simulating command line (`["train", "--chip", "v5e", ...]`)."""
+    from sim.runs.requests import REQUESTS, ReplayRequest
 
-    progress.QUIET = bool(args.quiet or getattr(args, "quiet_sub", False))
+    args = parse(argv, parser=parser)
+    cls = ReplayRequest if args.command == "export" else REQUESTS.get(args.command)
+    if cls is None:
+        raise TpusimError(f"tpusim {args.command} is not a simulating command; give one of "
+                          f"{', '.join(REQUESTS)}")
+    extra = {"as_command": args.command} if cls is ReplayRequest else {}
+    return request_of(cls, args, **extra)
+
+
+def dispatch(parser: Parser, argv: Sequence[str] | None) -> int:
+    """Parse `argv` and run its command (raising `TpusimError`)."""
+    args = parse(argv, parser=parser)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    with progress.showing_bars(not (args.quiet or getattr(args, "quiet_sub", False))):
+        return int(args.func(args) or 0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,17 +7,13 @@ import argparse
 from sim.cli.common import (
     add_command,
     add_perturbation_args,
-    base_inputs,
+    check_outputs,
     emit_json,
     fmt_bytes,
     fmt_time,
-    parse_bytes,
-    parse_coords,
-    resolve_pod,
-    scenario_from_args,
+    request_of,
 )
-from topologies.errors import TpusimError
-from topologies.validate import MAX_CHIPS, MAX_CHUNKS, int_flag, split_list
+from sim.runs.requests import CONVERTERS, CollectiveRequest, CompareCollectivesRequest
 
 
 def _add_collective_args(p: argparse.ArgumentParser, *, with_algorithm: bool) -> None:
@@ -34,7 +30,7 @@ def _add_collective_args(p: argparse.ArgumentParser, *, with_algorithm: bool) ->
                             "per-axis-ring, hierarchical, halving-doubling, direct")
     p.add_argument("--src", help="send: source chip coordinates, e.g. 0,0")
     p.add_argument("--dst", help="send: destination chip coordinates, e.g. 3,3")
-    p.add_argument("--shift", type=int_flag("--shift", lo=-MAX_CHIPS, hi=MAX_CHIPS), default=1,
+    p.add_argument("--shift", type=CONVERTERS["shift"], default=1,
                    help="collective-permute: shift by k chips (default 1)")
     add_perturbation_args(p, description=(
         "a collective runs on links only: it takes --slow-link, --dead-link and a scenario's "
@@ -43,78 +39,17 @@ def _add_collective_args(p: argparse.ArgumentParser, *, with_algorithm: bool) ->
                    help="auto (default): one representative chip where exact, else full "
                         "per-link detail; symmetric or full force one; per-chip: every chip "
                         "and every link of the pod (brute force)")
-    p.add_argument("--chunks", type=int_flag("--chunks", hi=MAX_CHUNKS), default=1,
+    p.add_argument("--chunks", type=CONVERTERS["chunks"], default=1,
                    help="pipeline the data in this many chunks so phases overlap (default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def _check_common_inputs(args: argparse.Namespace, topo) -> None:
-    """The inputs wrong for every algorithm alike, so that compare-collectives names them
-    as they are instead of as 'no algorithm applies'."""
-    from sim.collective_sim import check_bytes, check_links_only
-    from sim.collectives import CollectiveKind
-    from topologies.groups import GroupGeometry, group_axes
-
-    if args.op == "send" and (args.src is None or args.dst is None):
-        raise TpusimError("--op send needs --src and --dst, e.g. --src 0,0 --dst 3,3")
-    if args.op != "send" and not args.axes:
-        raise TpusimError(f"--op {args.op} needs --axes, e.g. --axes y or --axes x,y")
-    if args.axes:
-        split_list(args.axes, "--axes", example="x,y")
-    try:
-        kind = CollectiveKind(args.op)
-    except ValueError:
-        kind = None  # the simulation names an unknown --op
-    if kind == CollectiveKind.SEND:
-        for flag, text in (("--src", args.src), ("--dst", args.dst)):
-            topo.chip_id(tuple(parse_coords(text, flag)))  # on the pod
-        check_bytes(parse_bytes(args.nbytes), kind, 1)
-    elif kind is not None:
-        # Axes the pod has, each once; bytes that split evenly over the groups they make.
-        gaxes = group_axes(topo, tuple(a.strip() for a in args.axes.split(",") if a.strip()))
-        check_bytes(parse_bytes(args.nbytes), kind, GroupGeometry(topo, gaxes).group_size)
-    scenario = scenario_from_args(args, topo)
-    if scenario is not None:
-        check_links_only(scenario)
-
-
-def _run_collective(args: argparse.Namespace, algorithm: str, pod=None):
-    from sim.collective_sim import simulate_collective
-
-    chip, topo = pod or resolve_pod(args)
-    _check_common_inputs(args, topo)
-    return simulate_collective(
-        chip=chip,
-        topology=topo,
-        op=args.op,
-        axes=args.axes,
-        nbytes=parse_bytes(args.nbytes),
-        algorithm=algorithm,
-        shift=args.shift,
-        src=parse_coords(args.src, "--src") if args.src else None,
-        dst=parse_coords(args.dst, "--dst") if args.dst else None,
-        scenario=scenario_from_args(args, topo),
-        mode=args.mode,
-        chunks=args.chunks,
-    )
-
-
-def run_collective(args: argparse.Namespace):
-    """`tpusim collective` as a library call: a `Run` whose summary is the CollectiveResult."""
-    from sim.runs import Run
-
-    chip, topo = resolve_pod(args)
-    res = _run_collective(args, args.algorithm, (chip, topo))
-    inputs = base_inputs(args, chip, topo)
-    inputs["algorithm"] = args.algorithm
-    return Run(command="collective", summary=res.to_dict(), inputs=inputs, result=res)
-
-
 def cmd_collective(args: argparse.Namespace) -> int:
-    from sim.cli.training import check_outputs
+    from sim.runs.collective import run_collective  # the run stack, loaded when it runs
 
+    req = request_of(CollectiveRequest, args)
     check_outputs(args)
-    run = run_collective(args)
+    run = run_collective(req)
     res = run.result
     plan = None
     if args.perfetto:
@@ -122,7 +57,7 @@ def cmd_collective(args: argparse.Namespace) -> int:
 
         plan = plan_collective_trace([res], args.perfetto)  # before the first byte of output
         plan.check_size()
-    _warn_if_over_hbm(args, res)
+    _warn_if_over_hbm(req, res)
     if args.out:
         from sim.export.output import write_tables
 
@@ -166,57 +101,13 @@ def cmd_collective(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_compare(args: argparse.Namespace):
-    """`tpusim compare-collectives` as a library call: one row per algorithm (n/a rows say why);
-    `Run.result` is the list of CollectiveResults that applied."""
-    from sim.collectives import algorithm_names, parse_kind
-    from sim.progress import progress
-    from sim.runs import Run
-
-    kind = parse_kind(args.op)
-    pod = resolve_pod(args)
-    _check_common_inputs(args, pod[1])
-    rows = []
-    results = []
-    for name in progress(algorithm_names(kind), desc="algorithms"):
-        try:
-            r = _run_collective(args, name, pod)
-        except TpusimError as exc:
-            rows.append({"algorithm": name, "applicable": False, "reason": str(exc)})
-            continue
-        results.append(r)
-        d = r.to_dict()
-        d["applicable"] = True
-        rows.append(d)
-    ok = [r for r in rows if r["applicable"]]
-    if not ok:
-        raise TpusimError(
-            f"no algorithm applies to {args.op} here: {rows[0]['reason']}"
-        )
-    best = min(r["time_s"] for r in ok)
-    auto = next((r for r in ok if r["algorithm_requested"] == "auto"), None)
-    pick = auto["algorithm"][len("auto ("):-1] if auto and auto["algorithm"].startswith(
-        "auto (") else None
-    for r in ok:
-        r["vs_best"] = r["time_s"] / best if best > 0 else 1.0
-        r["auto_pick"] = r["algorithm_requested"] == pick
-    summary = {"op": args.op, "axes": args.axes, "bytes": parse_bytes(args.nbytes),
-               "auto_pick": pick, "results": rows}
-    return Run(command="compare-collectives", summary=summary,
-               inputs=base_inputs(args, *pod), result=results)
-
-
-def buffer_bytes_per_chip(op: str, nbytes: int, group_size: int) -> int:
-    """Input plus output buffer one chip holds for a collective of V = `nbytes`."""
-    shard = nbytes // max(group_size, 1)
-    return {"all-gather": shard + nbytes, "reduce-scatter": nbytes + shard,
-            "all-reduce": 2 * nbytes, "all-to-all": 2 * shard}.get(op, 2 * nbytes)
-
-
-def _warn_if_over_hbm(args: argparse.Namespace, res) -> None:
+def _warn_if_over_hbm(req, res) -> None:
     """A collective whose buffers cannot fit in one chip's HBM still simulates (the links do
     not care), but the program could not run: say so on stderr."""
-    chip, _topo = resolve_pod(args)
+    from sim.runs.bind import resolve_pod
+    from sim.runs.collective import buffer_bytes_per_chip
+
+    chip = resolve_pod(req).chip
     need = buffer_bytes_per_chip(res.op, res.bytes, res.group_size)
     if need > chip.hbm_bytes:
         import sys
@@ -229,10 +120,11 @@ def _warn_if_over_hbm(args: argparse.Namespace, res) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from sim.cli.training import check_outputs
+    from sim.runs.collective import run_compare  # the run stack, loaded when it runs
 
+    req = request_of(CompareCollectivesRequest, args)
     check_outputs(args)
-    run = run_compare(args)
+    run = run_compare(req)
     rows, results = run.summary["results"], run.result
     ok = [r for r in rows if r["applicable"]]
     if args.perfetto:
@@ -353,7 +245,7 @@ def _print_sources(sources: dict[str, dict[str, dict]]) -> None:
 
 def register(sub) -> None:
     c = add_command(sub, "collective", "simulate one collective", cmd_collective,
-                    set_scope=("chip", "topology", "collective"))
+                    set_scope=CollectiveRequest.SET_SCOPE)
     _add_collective_args(c, with_algorithm=True)
     c.add_argument("--out", help="write links/timeline tables (CSV+Parquet) and summary.json")
     c.add_argument("--perfetto", help="write a Perfetto trace (.pftrace, or .json for Chrome)")
@@ -361,7 +253,7 @@ def register(sub) -> None:
 
     # compare-collectives runs every algorithm, so collective.algorithm is not its to take.
     cc = add_command(sub, "compare-collectives", "one collective under every algorithm",
-                     cmd_compare, set_scope=("chip", "topology"))
+                     cmd_compare, set_scope=CompareCollectivesRequest.SET_SCOPE)
     _add_collective_args(cc, with_algorithm=False)
     cc.add_argument("--perfetto",
                     help="write every algorithm's steps as one trace, a process per algorithm")

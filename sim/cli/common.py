@@ -5,22 +5,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
+from sim.runs.requests import CONVERTERS
 from topologies.errors import TpusimError
-from topologies.scenario import CAPACITY_FACTOR_RANGE, CHIP_VARIATION_RANGE, EXPERT_SKEW_RANGE
 from topologies.validate import (
-    MAX_BYTES,
+    CAPACITY_FACTOR_RANGE,
     MAX_SLICES,
     FlagError,
-    ascii_float,
-    ascii_int,
-    int_flag,
     short_repr,
 )
 
@@ -62,6 +58,18 @@ class Parser(argparse.ArgumentParser):
             act = next(iter(hits.values())) if len(hits) == 1 else None
         return act
 
+    def _get_value(self, action, arg_string):
+        # The settings' converters raise `FlagError` (a `TpusimError`, which argparse would
+        # report as "invalid value"): their message names the flag, so argparse reports it as is.
+        if callable(action.type):
+            try:
+                return action.type(arg_string)
+            except FlagError as exc:
+                raise argparse.ArgumentError(action, str(exc)) from None
+            except (TypeError, ValueError):
+                pass  # argparse's own wording, below
+        return super()._get_value(action, arg_string)
+
     def error(self, message: str) -> None:  # type: ignore[override]
         # A validating `type=` (FlagError) already names its flag: drop argparse's prefix.
         m = re.match(r"argument (\S+?)(?:/\S+)?: (.*)$", message, re.S)
@@ -69,47 +77,6 @@ class Parser(argparse.ArgumentParser):
             message = m.group(2)
         message = " ".join(message.split())
         raise TpusimError(f"{message[:500]} (see `{self.prog} --help`)")
-
-
-# Byte suffixes, case-sensitive: `Mb`/`Gib` would be bits, so they are refused, not guessed.
-_BYTE_UNITS = {
-    "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
-    "kB": 10**3, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "B": 1,
-}
-
-
-def parse_bytes(text: str, flag: str = "--bytes") -> int:
-    """`33554432`, `32MiB`, `1GiB`, `4.5e6`, `10MB` -> bytes (at most `MAX_BYTES`)."""
-    t = str(text).strip()
-    m = re.fullmatch(r"([0-9.eE+-]+)\s*([A-Za-z]*)", t)
-    hint = (f"give bytes such as 33554432, 32MiB or 1GiB (suffixes: "
-            f"{', '.join(_BYTE_UNITS)}; case matters, b/Mb/Gib would be bits)")
-    if not m or (m.group(2) and m.group(2) not in _BYTE_UNITS):
-        raise TpusimError(f"{flag} {short_repr(text)} is not a size; {hint}")
-    try:
-        value = float(m.group(1)) * _BYTE_UNITS.get(m.group(2), 1)
-    except ValueError:
-        raise TpusimError(f"{flag} {short_repr(text)} is not a size; {hint}") from None
-    if value < 0:
-        raise TpusimError(f"{flag} {short_repr(text)} must be > 0 (a size in bytes)")
-    if value > MAX_BYTES:
-        raise TpusimError(
-            f"{flag} {short_repr(text)} is over the limit of {MAX_BYTES:,} bytes (1 PiB); give a "
-            f"smaller size"
-        )
-    if not value.is_integer():
-        raise TpusimError(f"{flag} {short_repr(text)} is not a whole number of bytes")
-    return int(value)
-
-
-def parse_coords(text: str, flag: str) -> tuple[int, ...]:
-    parts = str(text).split(",")
-    if not 1 <= len(parts) <= 3 or not all(re.fullmatch(r"\s*[0-9]{1,6}\s*", p) for p in parts):
-        raise TpusimError(
-            f"{flag} {short_repr(text)} is not chip coordinates; give 1 to 3 integers >= 0 like "
-            f"0,0 or 1,2,3"
-        )
-    return tuple(int(c) for c in parts)
 
 
 def fmt_time(t: float) -> str:
@@ -138,7 +105,7 @@ def add_pod_args(p: argparse.ArgumentParser) -> None:
         help="auto (the generation's rule, default), none, all, or axes of the shape such "
              "as x,z or xz (each once)",
     )
-    g.add_argument("--slices", type=int_flag("--slices", lo=1, hi=MAX_SLICES), default=1,
+    g.add_argument("--slices", type=CONVERTERS["slices"], default=1,
                    help=f"slices joined over DCN (default 1, at most {MAX_SLICES})")
     p.add_argument("--quiet", dest="quiet_sub", action="store_true", help="no progress bar")
 
@@ -196,68 +163,6 @@ def add_set_arg(p: argparse.ArgumentParser, scope: tuple[str, ...]) -> None:
     p.set_defaults(set_scope=scope)
 
 
-def resolve_overrides(args: argparse.Namespace) -> None:
-    """Parse `--set` into `args.overrides`; `topology.wraparound` and `collective.algorithm`
-    replace `--wraparound` and `--algorithm` (an override is applied last)."""
-    from sim.overrides import parse_overrides
-
-    ov = parse_overrides(args.set, args.set_scope, command=f"tpusim {args.command}")
-    args.overrides = ov
-    if ov.wraparound is not None:
-        args.wraparound = ov.wraparound
-    if ov.algorithm is not None:
-        args.algorithm = ov.algorithm
-
-
-def overrides(args: argparse.Namespace):
-    """The command's parsed `--set` overrides (empty when the command takes none)."""
-    from sim.overrides import Overrides
-
-    return getattr(args, "overrides", None) or Overrides()
-
-
-def resolve_pod(args: argparse.Namespace):
-    """(ChipSpec, Topology) from --chip/--slice/--shape/--wraparound/--slices and `--set`.
-
-    A chip object handed over by the Python API or `rerun` (`args.chip_spec`) replaces loading
-    `--chip`; the preset or file's chip, before overrides, is kept as `args.base_chip`.
-    """
-    from sim.hardware import load_chip
-    from topologies.slices import SLICES, resolve_topology
-
-    base = getattr(args, "chip_spec", None)
-    if base is None:
-        chip_arg = args.chip
-        if chip_arg is None:
-            if args.slice_name is None:
-                raise TpusimError("give --chip (e.g. v5e) with --shape, or --slice (e.g. v5p-128)")
-            chip_arg = SLICES.get(args.slice_name).chip
-        base = load_chip(chip_arg)
-    args.base_chip = base
-    chip = overrides(args).apply_chip(base)
-    topo = resolve_topology(
-        chip_name=chip.name,
-        wrap_rule=chip.generation_rule,
-        max_pod_shape=chip.max_pod_shape,
-        slice_name=args.slice_name,
-        shape=args.shape,
-        wraparound=args.wraparound,
-        num_slices=args.slices,
-    )
-    return chip, topo
-
-
-def resolve_model(args: argparse.Namespace):
-    """The model from --model (or `args.model_spec`), with the `model.*` overrides applied."""
-    from workloads.models import load_model
-
-    base = getattr(args, "model_spec", None)
-    if base is None:
-        base = load_model(args.model)
-    args.base_model = base
-    return overrides(args).apply_model(base)
-
-
 # -- flags: what a command was given, recorded under `inputs` and replayed by `rerun` --------
 # Flags that say where output goes; they do not change a result, so results do not record them.
 OUTPUT_FLAGS = frozenset({"json", "out", "perfetto", "plots", "trace-chips", "quiet", "output"})
@@ -279,23 +184,6 @@ def flag_specs(p: argparse.ArgumentParser) -> tuple[tuple[str, str, str], ...]:
         if name not in OUTPUT_FLAGS:
             specs.append((name, a.dest, kind))
     return tuple(specs)
-
-
-def record_flags(args: argparse.Namespace) -> dict[str, Any]:
-    """{flag: value} as given (defaults filled in); `set` as {key: value}, later wins."""
-    out: dict[str, Any] = {}
-    for name, dest, _kind in args.flag_specs:
-        v = getattr(args, dest, None)
-        if name == "set":
-            pairs: dict[str, str] = {}
-            for item in v or ():
-                key, _, value = str(item).partition("=")
-                pairs[key.strip()] = value.strip()
-            v = pairs
-        elif isinstance(v, list):
-            v = list(v)
-        out[name] = v
-    return out
 
 
 def argv_from_flags(command: str, flags: dict[str, Any],
@@ -335,7 +223,6 @@ def _check_flag_value(command: str, name: str, kind: str, value: Any,
                       caller: str | None = None) -> None:
     """A recorded flag's value has the type `record_flags` writes for its kind (a result file
     edited by hand, or a Python API call, may hold anything)."""
-    from topologies.validate import short_repr
 
     scalar = (str, int, float)
     if kind == "switch":
@@ -370,56 +257,24 @@ _API_WANT = {"switch": "True or False",
              "": "one number or text, as its flag takes on the command line (e.g. 8 or 'full')"}
 
 
-def base_inputs(args: argparse.Namespace, chip=None, topology=None) -> dict[str, Any]:
-    """The `inputs` every result carries: command, version, flags, overrides, chip, topology."""
-    from sim.runs import describe_chip, describe_topology, tpusim_version
-
-    out: dict[str, Any] = {
-        "command": args.command,
-        "tpusim_version": tpusim_version(),
-        "flags": args.flags,
-        "overrides": overrides(args).resolved(getattr(args, "base_chip", None),
-                                              getattr(args, "base_model", None)),
-    }
-    if chip is not None:
-        out["chip"] = describe_chip(chip)
-    if topology is not None:
-        out["topology"] = describe_topology(topology)
-        if hasattr(args, "scenario"):  # the command takes perturbations: record the merged set
-            out["perturbations"] = scenario_from_args(args, topology).to_dict()
-    return out
-
-
 # -- MoE router settings -------------------------------------------------------------------
 def add_moe_args(p: argparse.ArgumentParser) -> None:
     """`--expert-skew/--capacity-factor/--seed` for `compile` (which has no pod to perturb; the
     simulating commands take them through `add_perturbation_args`)."""
     g = p.add_argument_group("MoE routing")
-    g.add_argument("--expert-skew", type=_float_arg("--expert-skew"), default=0.0, metavar="S",
+    g.add_argument("--expert-skew", type=CONVERTERS["expert_skew"], default=0.0, metavar="S",
                    help="router imbalance: expert loads follow Zipf(S) (0 = uniform, default; "
                         "MoE models only)")
-    g.add_argument("--capacity-factor", type=_float_arg("--capacity-factor"), default=None,
+    g.add_argument("--capacity-factor", type=CONVERTERS["capacity_factor"], default=None,
                    metavar="C",
                    help="MaxText's dropping path: each expert takes at most C x tokens x top_k "
                         "/ num_experts tokens per sequence, the rest are dropped; dense one-hot "
                         f"dispatch/combine einsums are charged; C in "
                         f"{CAPACITY_FACTOR_RANGE.interval}, at least one token per expert "
                         f"(default: dropless)")
-    g.add_argument("--seed", type=_seed_arg, default=0,
+    g.add_argument("--seed", type=CONVERTERS["seed"], default=0,
                    help="which chip of the expert axis holds the hottest experts in each layer "
                         "(default 0)")
-
-
-def moe_config(args: argparse.Namespace, scenario=None):
-    """`MoeConfig` from a validated `Scenario` (simulating commands) or from the `add_moe_args`
-    flags (`compile`)."""
-    from workloads.moe import MoeConfig
-
-    if scenario is not None:
-        return MoeConfig(expert_skew=float(scenario.expert_skew),
-                         capacity_factor=scenario.capacity_factor, seed=int(scenario.seed))
-    return MoeConfig(expert_skew=args.expert_skew, capacity_factor=args.capacity_factor,
-                     seed=args.seed)
 
 
 def emit_json(obj: Any) -> None:
@@ -549,89 +404,19 @@ def add_perturbation_args(p: argparse.ArgumentParser, *, description: str | None
                         "of its bandwidth (default 0.5; > 1 = faster)")
     g.add_argument("--dead-link", action="append", default=[], metavar="X,Y[,Z]:AXISDIR",
                    help="that directed link carries nothing; routes detour around it")
-    g.add_argument("--chip-variation", type=_float_arg("--chip-variation"), default=None,
+    g.add_argument("--chip-variation", type=CONVERTERS["chip_variation"], default=None,
                    metavar="SIGMA",
                    help="every chip's speed drawn from a lognormal, median 1, log-sd SIGMA")
-    g.add_argument("--seed", type=_seed_arg, default=None,
+    g.add_argument("--seed", type=CONVERTERS["seed"], default=None,
                    help="seed of the --chip-variation draw and of which chips hold the MoE "
                         "router's hottest experts (default 0)")
-    g.add_argument("--expert-skew", type=_float_arg("--expert-skew"), default=None,
+    g.add_argument("--expert-skew", type=CONVERTERS["expert_skew"], default=None,
                    metavar="S", help="MoE router imbalance: expert loads drawn Zipf(S) "
                                      "(default 0: uniform)")
-    g.add_argument("--capacity-factor", type=_float_arg("--capacity-factor"), default=None,
+    g.add_argument("--capacity-factor", type=CONVERTERS["capacity_factor"], default=None,
                    metavar="C", help=f"MoE expert capacity (tokens above it are dropped); C "
                                      f"in {CAPACITY_FACTOR_RANGE.interval}, at least one token "
                                      f"per expert (default: dropless)")
-
-
-# The ranges `Scenario` and `MoeConfig` check (and say in their errors).
-_FLOAT_RANGES = {"--chip-variation": CHIP_VARIATION_RANGE.text,
-                 "--expert-skew": EXPERT_SKEW_RANGE.text,
-                 "--capacity-factor": CAPACITY_FACTOR_RANGE.text}
-
-
-def _float_arg(flag: str):
-    """A number flag whose range the `Scenario` / `MoeConfig` checks (with the same key in a
-    --scenario file): read in ASCII and finite here, so that the error quotes what was given
-    (`1e400`, not the `inf` it reads as)."""
-    rng = _FLOAT_RANGES[flag]
-
-    def conv(text: str) -> float:
-        try:
-            v = ascii_float(text)
-        except ValueError:
-            raise FlagError(f"{flag} {short_repr(text)} is not a number; give {rng}") from None
-        if not math.isfinite(v):
-            raise FlagError(f"{flag} {short_repr(text)} is not finite; give {rng}")
-        return v
-
-    conv.__name__ = "number"  # as `float_flag`'s (the fuzz generators find number flags by it)
-    return conv
-
-
-# Numpy's generators take seeds below 2^63 (as `Scenario` checks for a --scenario file).
-SEED_RANGE = "a whole number in [0, 2^63)"
-
-
-def _seed_arg(text: str) -> int:
-    try:
-        v = ascii_int(text)
-    except ValueError:
-        raise FlagError(f"--seed {short_repr(text)} is not a whole number in ASCII digits; "
-                        f"give {SEED_RANGE}") from None
-    if not 0 <= v < 2**63:
-        raise FlagError(f"--seed {short_repr(v)} is out of range; give {SEED_RANGE}")
-    return v
-
-
-_seed_arg.__name__ = "integer"  # as `int_flag`'s
-
-
-def scenario_from_args(args: argparse.Namespace, topology):
-    """The `Scenario` of `--scenario FILE` plus the perturbation flags, validated against
-    `topology` (one-line error for anything that does not fit). Flags add to the file's lists
-    and override its scalars."""
-    from topologies.scenario import Scenario, load_scenario, scenario_from_flags
-
-    recorded = getattr(args, "scenario_spec", None)
-    if recorded is not None:  # `rerun`: the scenario the result recorded, not the file's today
-        recorded.validate(topology)
-        return recorded
-    base = load_scenario(args.scenario) if getattr(args, "scenario", None) else Scenario()
-    flags = scenario_from_flags(
-        slow_chip=getattr(args, "slow_chip", []) or [],
-        slow_link=getattr(args, "slow_link", []) or [],
-        dead_link=getattr(args, "dead_link", []) or [],
-        chip_variation=(args.chip_variation if getattr(args, "chip_variation", None) is not None
-                        else 0.0),
-        seed=args.seed if getattr(args, "seed", None) is not None else 0,
-        expert_skew=(args.expert_skew if getattr(args, "expert_skew", None) is not None
-                     else 0.0),
-        capacity_factor=getattr(args, "capacity_factor", None),
-    )
-    scenario = base.merged(flags)
-    scenario.validate(topology)
-    return scenario
 
 
 def add_step_perturbation_args(p: argparse.ArgumentParser) -> None:
@@ -643,56 +428,35 @@ def add_step_perturbation_args(p: argparse.ArgumentParser) -> None:
                         "per-chip: one actor per chip, every chip's links its own (the oracle)")
 
 
-def simulate_step(args: argparse.Namespace, trace, chip, topology, *, overlap=None):
-    """Replay `trace` with the perturbations of `args` on the per-chip engine (one chip class,
-    and `replay`'s result to the last bit, when nothing is perturbed)."""
-    from sim.executors import simulate_step as run_step
-
-    config = per_chip_config(args, trace, topology)
-    return run_step(trace, chip, topology, executor=getattr(args, "mode", "auto") or "auto",
-                    config=config, algorithm=args.algorithm, overlap=overlap)
+# -- argv -> request ---------------------------------------------------------------------------
+# The few settings whose argparse dest differs from their request field.
+_DESTS = {"slice": "slice_name", "bytes": "nbytes", "overrides": "set"}
 
 
-def check_router_matches_trace(scenario, trace) -> None:
-    """`--expert-skew/--capacity-factor` shape the compiled MoE program (its all-to-all volumes
-    and expert matmuls): a step compiled here applies them; a trace compiled earlier (`replay`)
-    carries its own router, so other values are refused rather than silently ignored."""
-    moe = trace.meta.get("moe")
-    if not trace.meta.get("moe_scenario_applied") or not isinstance(moe, dict):
-        raise TpusimError(
-            "--expert-skew/--capacity-factor apply to MoE models only, and this trace has no "
-            "MoE router (a dense model, or written by an older tpusim); drop them"
-        )
-    skew = float(moe.get("expert_skew", 0.0))
-    cap = moe.get("capacity_factor")
-    if skew != float(scenario.expert_skew) or (cap is None) != (scenario.capacity_factor is None) \
-            or (cap is not None and float(cap) != float(scenario.capacity_factor)):
-        raise TpusimError(
-            f"this trace was compiled with --expert-skew {skew:g}"
-            + (f" --capacity-factor {float(cap):g}" if cap is not None else "")
-            + f", not --expert-skew {float(scenario.expert_skew):g}"
-            + (f" --capacity-factor {float(scenario.capacity_factor):g}"
-               if scenario.capacity_factor is not None else "")
-            + "; the router is part of the compiled program, so recompile it with tpusim compile "
-              "and those flags"
-        )
+def set_pairs(items) -> dict[str, str]:
+    """`--set` items as {key: value}, later wins; an item that is not KEY=VALUE is an error."""
+    pairs: dict[str, str] = {}
+    for item in items or ():
+        text = str(item)
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise TpusimError(
+                f"--set {text!r} is not KEY=VALUE; write e.g. --set ici_link_bytes_per_s=x2"
+            )
+        pairs[key.strip()] = value.strip()
+    return pairs
 
 
-def per_chip_config(args: argparse.Namespace, trace, topology):
-    """The per-chip engine's `PerChipConfig` for the perturbation flags of `args` (and the MoE
-    expert loads of `trace`)."""
-    from sim.perchip import PerChipConfig
-
-    scenario = scenario_from_args(args, topology)
-    if scenario.expert_skew or scenario.capacity_factor is not None:
-        check_router_matches_trace(scenario, trace)
-    from workloads.moe import expert_op_scales
-
-    return PerChipConfig(
-        # An uneven MoE router loads the chips holding the hot experts (workloads/moe.py).
-        op_scale=expert_op_scales(trace, topology),
-        speed=scenario.chip_speed_factors_for(topology) if scenario.perturbs_chips else None,
-        link_factors=scenario.slow_link_factors_for(topology),
-        dead_links=scenario.dead_link_ids_for(topology),
-        mode=getattr(args, "mode", "auto") or "auto",
-    )
+def request_of(cls, args: argparse.Namespace, **extra):
+    """The typed request of a parsed command line (its `--set` overrides validated now, so a
+    bad one is refused before anything else is checked)."""
+    kw = {}
+    for name in cls.FLAGS:
+        v = getattr(args, _DESTS.get(name, name), None)
+        if name == "overrides":
+            v = set_pairs(v)
+        if v is not None:
+            kw[name] = v
+    req = cls(**kw, **extra)
+    req.parsed_overrides()
+    return req

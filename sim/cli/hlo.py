@@ -4,21 +4,9 @@ the lowered trace. (`tpusim replay PROGRAM.txt` replays HLO text directly; see t
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 from sim.cli import common as cli
-
-
-def load_hlo(path: str, topo):
-    """(HloImport) for an HLO file on `topo`; warnings go to stderr."""
-    from workloads.hlo.lower import import_hlo, read_hlo_file
-
-    text = read_hlo_file(path)
-    imp = import_hlo(text, topology=topo, source=path)
-    for w in imp.warnings:
-        sys.stderr.write(f"tpusim: warning: {w}\n")
-    return imp
 
 
 def _print_inventory(inv: dict[str, Any], topo_name: str, chip: str) -> None:
@@ -46,12 +34,16 @@ def _print_inventory(inv: dict[str, Any], topo_name: str, chip: str) -> None:
 
 
 def cmd_import_hlo(args: argparse.Namespace) -> int:
-    from sim.export.output import atomic_write, check_output_file
+    from sim.export.output import atomic_write, check_output_file  # loaded when it runs
+    from sim.runs.bind import resolve_pod
+    from sim.runs.requests import ImportHloRequest
+    from sim.runs.train import load_hlo
 
     if args.output:
         check_output_file(args.output)
         cli.check_not_inputs(args, "-o", args.output)
-    chip, topo = cli.resolve_pod(args)
+    pod = resolve_pod(cli.request_of(ImportHloRequest, args))
+    chip, topo = pod.chip, pod.topology
     imp = load_hlo(args.program, topo)
     if args.output:
         text = imp.trace.to_json()

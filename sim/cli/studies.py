@@ -7,8 +7,9 @@ from __future__ import annotations
 import argparse
 
 from sim.cli import common as cli
+from sim.runs.requests import EXHAUSTIVE_MAX_SIMULATIONS, PlanRequest
 from topologies.errors import TpusimError
-from topologies.validate import whole_flag
+from topologies.validate import MAX_WORKERS, range_text, whole_flag
 
 
 def _add_backend_args(p: argparse.ArgumentParser) -> None:
@@ -20,8 +21,6 @@ def _add_backend_args(p: argparse.ArgumentParser) -> None:
 
 
 def _check_workers(args: argparse.Namespace) -> None:
-    from topologies.validate import MAX_WORKERS, range_text
-
     if not 0 <= args.workers <= MAX_WORKERS:
         raise TpusimError(f"--workers {args.workers} must be "
                           f"{range_text(0, MAX_WORKERS, integer=True)} (0 = one per core)")
@@ -66,117 +65,14 @@ def _register_sweep(sub, name: str) -> None:
     p.set_defaults(func=cmd_sweep)
 
 
-def _list(text: str, flag: str, cast=str) -> tuple:
-    from topologies.validate import short_repr, split_list
-
-    if cast is int and not all(x.strip().isascii() for x in str(text).split(",")):
-        raise TpusimError(f"{flag} {short_repr(text)} must list integers in ASCII digits, e.g. "
-                          f"1,2,4")
-
-    if not str(text).replace(",", "").strip():
-        raise TpusimError(f"{flag} {short_repr(text)} lists nothing; give comma-separated values")
-    items = split_list(text, flag, example="1,2,4" if cast is int else "")
-    try:
-        return tuple(dict.fromkeys(cast(x) for x in items))
-    except ValueError:
-        raise TpusimError(f"{flag} {short_repr(text)} must list integers, e.g. 1,2,4") from None
-
-
-def plan_config(args: argparse.Namespace):
-    from sim.planner import PlanConfig
-    from topologies.validate import MAX_BATCH, MAX_CHIPS, MAX_TOKENS, short_repr
-
-    # Upper limits first: a 400-digit --max-data is a typo, and an oversized --global-batch
-    # would otherwise be refused later under the name of the per-chip batch it implies.
-    for flag, v, hi, what in (
-            ("--seq-len", args.seq_len, MAX_TOKENS, "tokens per sequence"),
-            ("--global-batch", args.global_batch, MAX_BATCH, "sequences per step"),
-            *((f"--max-{a}", getattr(args, f"max_{a}"), MAX_CHIPS, "chips, more than any pod")
-              for a in ("tensor", "data", "sequence", "pipeline", "expert"))):
-        if v > hi:
-            raise TpusimError(f"{flag} {short_repr(v)} is over the limit of {hi:,} ({what}); "
-                              f"give a smaller value")
-
-    return PlanConfig(
-        seq_len=args.seq_len, global_batch=args.global_batch, top=args.top,
-        axes=_list(args.axes, "--axes"), remat=_list(args.remat, "--remat"),
-        microbatches=_list(args.microbatches, "--microbatches", int),
-        param_dtypes=_list(args.param_dtype, "--param-dtype"),
-        grad_dtypes=_list(args.grad_dtype, "--grad-dtype"),
-        optimizer_dtypes=_list(args.optimizer_dtype, "--optimizer-dtype"),
-        optimizer=args.optimizer, gather_dtype=args.gather_dtype,
-        max_tensor=args.max_tensor, max_data=args.max_data, max_sequence=args.max_sequence,
-        max_pipeline=args.max_pipeline, max_expert=args.max_expert,
-        placements=not args.default_placement,
-    )
-
-
-def pod_flags(args: argparse.Namespace) -> list[str]:
-    """The pod flags as given, for the `tpusim train` command of every candidate."""
-    flags = []
-    for opt, v in (("--chip", args.chip), ("--slice", args.slice_name), ("--shape", args.shape),
-                   ("--wraparound", args.wraparound)):
-        if v is not None:
-            flags += [opt, str(v)]
-    for s in args.set:
-        flags += ["--set", s]
-    return flags
-
-
-def plan_summary(res, top: int) -> dict:
-    import math
-
-    def clean(rec):
-        return {k: (None if isinstance(v, float) and math.isnan(v) else
-                    (None if v is None or str(v) == "<NA>" else v)) for k, v in rec.items()}
-
-    return {
-        "model": res.model, "pod": res.pod,
-        "best": clean(res.best) if res.best else None,
-        "explanation": res.explanation,
-        "top": [clean(r) for r in res.top(top).to_dict("records")],
-        "searched": res.counts,
-        "wall_s": res.wall_s,
-    }
-
-
-def plan_from_args(args: argparse.Namespace, dask=None):
-    """(PlanResult, PlanConfig) for parsed `tpusim plan` arguments (the CLI and `sim.plan`)."""
-    from sim.planner import EXHAUSTIVE_MAX_SIMULATIONS, run_plan
-    from workloads.models import load_model
-
-    _check_workers(args)
-    limit = args.max_simulations
-    if limit is not None and not args.exhaustive:
-        raise TpusimError(
-            f"--max-simulations {limit} limits --exhaustive only (the default search simulates "
-            f"just the candidates its bounds cannot rule out); add --exhaustive or drop "
-            f"--max-simulations"
-        )
-    if limit is not None and limit < 1:
-        raise TpusimError(f"--max-simulations {limit} must be a positive integer (the most "
-                          f"candidates --exhaustive may simulate), e.g. 500")
-    limit = EXHAUSTIVE_MAX_SIMULATIONS if limit is None else limit
-    cfg = plan_config(args)
-    if args.slices != 1:
-        raise TpusimError(f"--slices {args.slices}: plan searches one slice; drop --slices")
-    chip, topo = cli.resolve_pod(args)
-    model = cli.overrides(args).apply_model(load_model(args.model))
-    fast = not args.exhaustive
-    res = run_plan(args.model, pod_flags(args), model, topo, chip, cfg, workers=args.workers,
-                   dask=dask if dask is not None else args.dask, quiet=bool(args.quiet_sub),
-                   prune_by_bound=fast, refuse_by_hbm_bound=fast, stop_out_of_memory=fast,
-                   max_simulations=None if fast else limit)
-    return res, cfg
-
-
 def cmd_plan(args: argparse.Namespace) -> int:
-    from sim.export.output import check_output_dir, write_json
-    from sim.planner import plot_frontier
+    from sim.export.output import check_output_dir, write_json  # loaded when it runs
+    from sim.planner import plan_summary, plot_frontier, search
 
+    req = cli.request_of(PlanRequest, args)
     if args.out:
         check_output_dir(args.out)
-    res, cfg = plan_from_args(args)
+    res, cfg = search(req, quiet=bool(args.quiet_sub))
     summary = plan_summary(res, cfg.top)
     if args.out:
         from pathlib import Path
@@ -212,13 +108,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _register_plan(sub, name: str) -> None:
-    from sim.planner import EXHAUSTIVE_MAX_SIMULATIONS
-
     p = cli.add_command(sub, name, "search meshes, placements, remat, microbatches and dtypes "
                                    "for a training step; print the best", cmd_plan,
-                        set_scope=("chip", "topology", "model"))
+                        set_scope=PlanRequest.SET_SCOPE)
     p.add_argument("--model", required=True, help="zoo name (llama3-70b, ...) or a model YAML")
-    p.add_argument("--seq-len", type=whole_flag("--seq-len"), required=True,
+    p.add_argument("--seq-len", type=PlanRequest.OWN_CONVERTERS["seq_len"], required=True,
                    help="sequence length in tokens")
     p.add_argument("--global-batch", type=whole_flag("--global-batch"), required=True,
                    help="sequences per step")

@@ -12,24 +12,16 @@ from typing import Any
 
 from sim.cli import common as cli
 from sim.cli.common import fmt_time
+from sim.runs.requests import CONVERTERS, CompileRequest, ReplayRequest, TrainRequest
 from topologies.errors import TpusimError
-from topologies.validate import (
-    MAX_BATCH,
-    MAX_CHIPS,
-    MAX_CHUNKS,
-    MAX_TOKENS,
-    float_flag,
-    int_flag,
-    whole_flag,
-)
 
 
 def _add_training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="zoo name (llama3-70b, ...) or a model YAML")
-    p.add_argument("--seq-len", type=int_flag("--seq-len", hi=MAX_TOKENS), required=True,
+    p.add_argument("--seq-len", type=CONVERTERS["seq_len"], required=True,
                    help="sequence length in tokens")
     p.add_argument("--batch-per-chip",
-                   type=float_flag("--batch-per-chip", lo=0.0, hi=MAX_BATCH, lo_open=True),
+                   type=CONVERTERS["batch_per_chip"],
                    required=True, help="sequences per chip (global batch = this x chips)")
     p.add_argument("--mesh", required=True,
                    help="logical ICI mesh, e.g. fsdp=16,tensor=4 (data, fsdp, tensor, sequence, "
@@ -43,7 +35,7 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--remat", default="full",
                    help="none, minimal, full (default), offload, qkv-offload or qkvo-offload")
     p.add_argument("--attention", default="flash", help="flash (default) or dot")
-    p.add_argument("--microbatches", type=int_flag("--microbatches", hi=MAX_CHUNKS), default=1,
+    p.add_argument("--microbatches", type=CONVERTERS["microbatches"], default=1,
                    help="gradient accumulation steps (default 1)")
     p.add_argument("--param-dtype", default="bf16",
                    help="dtype of the stored weights and their update (default bf16)")
@@ -62,7 +54,7 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
                    help="gpipe, 1f1b (default with a pipeline axis) or interleaved; every "
                         "stage's chips run its passes on the per-chip engine (needs pipeline=P "
                         "in --mesh or --dcn)")
-    p.add_argument("--virtual-stages", type=whole_flag("--virtual-stages"), default=1,
+    p.add_argument("--virtual-stages", type=CONVERTERS["virtual_stages"], default=1,
                    help="layer chunks per stage for --pipeline-schedule interleaved (default 1)")
     p.add_argument("--no-overlap", action="store_true",
                    help="collectives block compute (what-if: no async overlap)")
@@ -99,7 +91,7 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
                         "them) or async (libtpu's --xla_tpu_enable_async_all_to_all: the "
                         "backward's overlap independent matmuls; needs an MoE model and an "
                         "expert axis)")
-    p.add_argument("--vocab-tiling", type=int_flag("--vocab-tiling", hi=MAX_CHUNKS), default=1,
+    p.add_argument("--vocab-tiling", type=CONVERTERS["vocab_tiling"], default=1,
                    help="MaxText's num_vocab_tiling: the output projection and loss run in this "
                         "many chunks of the tokens (one chunk's logits in HBM at a time) and "
                         "the backward recomputes each chunk's logits (default 1: no tiling; "
@@ -111,111 +103,6 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
                         "mix XLA picks: mixed-async (v5e) or mixed-blocking (v5p, v6e), "
                         "which over more than 32 FSDP chips window nothing (plain gathers, "
                         "gradients all-reduced, as XLA compiles there)")
-
-
-def _compile(args: argparse.Namespace, num_chips: int, moe=None, chip=None):
-    """(trace, model, TrainingConfig) for the training flags (`moe`: the router settings of a
-    scenario; default: the `compile` flags). `chip`: the ChipSpec the step runs on, whose
-    compiler behaviour the trace's memory follows (`score_exp_fusion`, `score_grad_fusion`,
-    `bwd_probs_buffer`, `loss_after_backward`, `mlp_grad_after_attention`,
-    `head_grad_after_backward`); None (`compile --chips N`) compiles with each of them false."""
-    from workloads.training import compile_training_step
-
-    model, mesh, cfg = compile_inputs(args, moe, chip)
-    return compile_training_step(model, mesh, num_chips, cfg), model, cfg
-
-
-def compile_inputs(args: argparse.Namespace, moe=None, chip=None):
-    """(model, LogicalMesh, TrainingConfig) that `_compile` compiles (the same arguments)."""
-    from topologies.mesh import parse_mesh
-
-    model = cli.resolve_model(args)
-    mesh = parse_mesh(args.mesh, args.dcn, args.axis_map)
-    return model, mesh, training_config(args, moe, chip)
-
-
-def training_config(args: argparse.Namespace, moe=None, chip=None):
-    """The TrainingConfig of the training flags (validated: every enum, range and dtype)."""
-    from workloads.training import TrainingConfig, parse_optimizer, parse_remat
-
-    return TrainingConfig(
-        seq_len=args.seq_len,
-        batch_per_chip=args.batch_per_chip,
-        remat=parse_remat(args.remat),
-        attention=args.attention,
-        microbatches=args.microbatches,
-        param_dtype=args.param_dtype,
-        grad_dtype=args.grad_dtype,
-        gather_dtype=args.gather_dtype,
-        optimizer_dtype=args.optimizer_dtype,
-        optimizer=parse_optimizer(args.optimizer),
-        overlap=not args.no_overlap,
-        fsdp_gather=args.fsdp_gather,
-        fuse_elementwise=not args.no_fusion,
-        tp_activations=args.tp_activations,
-        tp_comm=args.tp_comm,
-        dp_allreduce=args.dp_allreduce,
-        fsdp_grad=args.fsdp_grad,
-        dp_grad_split=args.dp_grad_split,
-        ep_alltoall=args.ep_alltoall,
-        vocab_tiling=args.vocab_tiling,
-        pipeline_schedule=args.pipeline_schedule or "1f1b",
-        virtual_stages=args.virtual_stages,
-        moe=moe if moe is not None else cli.moe_config(args),
-        # TrainingConfig's defaults for these are false, as `compile --chips N` wants them.
-        **(chip.compiler_rules() if chip is not None else {}),
-    )
-
-
-def training_summary(trace, result, chip) -> dict[str, Any]:
-    meta = trace.meta
-    step = result.step_time_s
-    if not step > 0:
-        raise TpusimError(
-            f"the step takes {step} s: the program does no work (every op has zero size), so "
-            f"MFU and throughput are undefined; give a trace with compute or communication"
-        )
-    tokens_per_chip = meta["tokens_per_step"] / meta["num_chips"]
-    out = {
-        "model": meta["model"],
-        "chip": result.chip,
-        "topology": result.topology,
-        "num_chips": result.num_chips,
-        "step_time_s": step,
-        "mfu": meta["model_flops_per_chip"] / (step * chip.mxu_flops_per_s),
-        "tokens_per_s_per_chip": tokens_per_chip / step,
-        "model_flops_per_chip": meta["model_flops_per_chip"],
-        "maxtext_tflops_per_s_per_chip": meta["maxtext_flops_per_chip"] / step / 1e12,
-        "hbm_peak_bytes": result.hbm_peak_bytes,
-        "hbm_capacity_bytes": result.hbm_capacity_bytes,
-        "fits_in_hbm": result.fits_in_hbm,
-        "hbm_peak_breakdown": result.hbm_peak_breakdown,
-        "breakdown": result.breakdown,
-        "memory": {
-            "static_bytes": meta["static_hbm_bytes"],
-            **meta["static_breakdown"],
-            "activations_estimate_bytes": meta["activation_bytes_estimate"],
-            "saved_activations_per_layer": meta.get("saved_activations_per_layer", {}),
-            "overflow_bytes": max(result.hbm_peak_bytes - result.hbm_capacity_bytes, 0.0),
-        },
-        "num_ops": result.num_ops,
-        "sim_events": result.sim_events,
-        "collectives": result.collective_costs,
-        **per_chip_summary(result),
-    }
-    if "moe" in meta:
-        out["moe"] = meta["moe"]
-    return out
-
-
-def per_chip_summary(result) -> dict[str, Any]:
-    """The per-chip engine's fields of `--json`: how many chip classes were simulated, the chip
-    that finished last and the critical path (chips, ops and links that set the step time)."""
-    return {
-        "num_chip_classes": result.num_chip_classes,
-        "slowest_chip": result.slowest_chip,
-        "critical_path": result.critical_path,
-    }
 
 
 def _print_training(s: dict[str, Any]) -> None:
@@ -328,49 +215,15 @@ def print_notes(args, notes: list[str]) -> None:
             print(n)
 
 
-def run_train(args: argparse.Namespace):
-    """`tpusim train` as a library call: a `Run` with the step's summary, inputs, StepResult
-    and trace."""
-    from sim.runs import Run, describe_config, describe_mesh
-
-    chip, topo = cli.resolve_pod(args)
-    trace, model, cfg = _compile(args, topo.num_chips,
-                                 cli.moe_config(args, cli.scenario_from_args(args, topo)),
-                                 chip=chip)
-    pipe = None
-    if args.pipeline_schedule is not None or trace.mesh.size("pipeline") > 1:
-        from sim.pipeline import check_schedule
-
-        check_schedule(cfg.pipeline_schedule, trace.mesh.size("pipeline"), cfg.microbatches,
-                       cfg.virtual_stages)
-    if trace.mesh.size("pipeline") > 1:
-        # Every stage's chips run the schedule's passes on the per-chip engine (sim/pipeline.py),
-        # with the perturbations of the flags; the bubble is what the schedule produces.
-        from sim.pipeline import simulate_pipeline_chips
-
-        result, pipe = simulate_pipeline_chips(
-            model, trace.mesh, chip, topo, cfg, base=_pipeline_base(args, trace, topo),
-            algorithm=args.algorithm)
-    else:
-        result = cli.simulate_step(args, trace, chip, topo)
-    inputs = cli.base_inputs(args, chip, topo)
-    inputs["model"] = model.to_dict()
-    inputs["mesh"] = describe_mesh(trace.mesh, topo)
-    inputs["training"] = {**describe_config(cfg),
-                          "global_batch": cfg.batch_per_chip * topo.num_chips,
-                          "tokens_per_step": trace.meta["tokens_per_step"]}
-    inputs["algorithm"] = args.algorithm
-    summary = training_summary(trace, result, chip)
-    if pipe is not None:
-        summary["pipeline"] = pipe.to_dict()
-    return Run(command="train", summary=summary, inputs=inputs, result=result, trace=trace)
-
-
 def cmd_train(args: argparse.Namespace) -> int:
+    from sim.runs.bind import resolve_pod  # the run stack, loaded when a command runs
+    from sim.runs.train import run_train
+
+    req = cli.request_of(TrainRequest, args)
     check_outputs(args)
     if getattr(args, "perfetto", None):
-        cli.check_trace_chips(args, cli.resolve_pod(args)[1].num_chips)  # before simulating
-    run = run_train(args)
+        cli.check_trace_chips(args, resolve_pod(req).topology.num_chips)  # before simulating
+    run = run_train(req)
     notes = _write_outputs(args, run.result, run.to_dict())
     notes += _windowed_ring_note(args, run.trace) + _grad_ring_note(run.trace)
     if args.json:
@@ -382,32 +235,35 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    from sim.export.output import atomic_write, check_output_file
+    from sim.export.output import atomic_write, check_output_file  # loaded when it runs
+    from sim.runs.bind import resolve_pod
+    from sim.runs.train import compile_step
 
+    req = cli.request_of(CompileRequest, args)
     # Before compiling (a large step takes seconds): -o that cannot be written, or that is the
     # --model file it compiles.
     check_output_file(args.output, "-o file")
     cli.check_not_inputs(args, "-o", args.output)
     chip = None
-    if args.chips is not None:
-        if args.chips < 1:
-            raise TpusimError(f"--chips {args.chips} must be >= 1")
+    if req.chips is not None:
+        if req.chips < 1:
+            raise TpusimError(f"--chips {req.chips} must be >= 1")
         given = [f"{flag} {v}" for flag, v, default in (
-            ("--chip", args.chip, None), ("--slice", args.slice_name, None),
-            ("--shape", args.shape, None), ("--slices", args.slices, 1),
-            ("--wraparound", args.wraparound, "auto")) if v != default]
+            ("--chip", req.chip, None), ("--slice", req.slice, None),
+            ("--shape", req.shape, None), ("--slices", req.slices, 1),
+            ("--wraparound", req.wraparound, "auto")) if v != default]
         if given:
             # The pod's chip decides the program's memory (its compiler rules, e.g. v5e's
             # loss_after_backward); --chips compiles with none of them, so it would drop it.
             raise TpusimError(
-                f"--chips {args.chips} and {given[0]}: give one; --chips compiles for that many "
+                f"--chips {req.chips} and {given[0]}: give one; --chips compiles for that many "
                 f"chips of no particular generation (its compiler's memory rules off), "
                 f"--chip/--slice/--shape (with --slices, --wraparound) for that pod")
-        num_chips = args.chips
+        num_chips = req.chips
     else:
-        chip, topo = cli.resolve_pod(args)
-        num_chips = topo.num_chips
-    trace, _model, _cfg = _compile(args, num_chips, chip=chip)
+        pod = resolve_pod(req)
+        chip, num_chips = pod.chip, pod.topology.num_chips
+    trace = compile_step(req, num_chips, chip=chip)[0]
     text = trace.to_json()
     cli.check_trace_file_size(text, "-o", "use fewer --microbatches or layers, or simulate the "
                                           "step with `tpusim train` (no trace file)")
@@ -417,112 +273,17 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_replay(args: argparse.Namespace):
-    """`tpusim replay` as a library call. The trace file's SHA-256 is recorded in `inputs`; when
-    `args.trace_sha256` is set (by `rerun`), a file that changed since is an error."""
-    import hashlib
-
-    from sim.runs import Run, describe_mesh
-    from topologies.validate import MAX_TRACE_FILE_BYTES
-    from topologies.yamlio import read_text_bounded
-    from workloads.trace import Trace
-
-    path = Path(args.trace)
-    if not path.is_file():
-        raise TpusimError(f"trace file {str(path)!r} does not exist; write one with tpusim compile")
-    hlo = None
-    if _is_hlo(path):
-        # XLA's compiled HLO text: import it for this pod, then replay like any trace.
-        from sim.cli.hlo import load_hlo
-
-        chip, topo = cli.resolve_pod(args)
-        imp = load_hlo(str(path), topo)  # refuses oversized files before reading them
-        trace, hlo = imp.trace, imp.inventory
-        raw = path.read_bytes()
-    else:
-        # Checks the size limit before reading a byte (the digest below needs the raw bytes).
-        text = read_text_bounded(path, what="trace", limit=MAX_TRACE_FILE_BYTES,
-                                 hint="write one with `tpusim compile ... -o FILE`")
-        raw = text.encode("utf-8")
-        trace = Trace.from_json(text, source=f"trace file {str(path)!r}")
-        chip, topo = cli.resolve_pod(args)
-    digest = hashlib.sha256(raw).hexdigest()
-    expected = getattr(args, "trace_sha256", None)
-    if expected is not None and expected != digest:
-        raise TpusimError(
-            f"trace file {str(path)!r} has changed since the result was written (SHA-256 "
-            f"{digest[:12]}... instead of {str(expected)[:12]}...); rerun needs the same file"
-        )
-    cli.check_trace_chips(args, topo.num_chips)
-    n = trace.meta.get("num_chips")
-    if n is not None and n != topo.num_chips:
-        raise TpusimError(
-            f"trace {str(path)!r} was compiled for {n} chips but the pod has {topo.num_chips}; "
-            f"replay it on a {n}-chip pod or recompile"
-        )
-    pipe = None
-    if trace.meta.get("kind") == "training" and trace.mesh.size("pipeline") > 1:
-        result, pipe = _replay_pipeline(args, trace, chip, topo, path)
-    else:
-        result = cli.simulate_step(args, trace, chip, topo,
-                                   overlap=False if args.no_overlap else None)
-    if hlo is not None:
-        summary = {**hlo_summary(hlo, result), **per_chip_summary(result)}
-    elif trace.meta.get("kind") == "training":
-        summary = training_summary(trace, result, chip)
-    else:
-        summary = {"step_time_s": result.step_time_s, "breakdown": result.breakdown,
-                   **per_chip_summary(result)}
-    if pipe is not None:
-        summary["pipeline"] = pipe.to_dict()
-    inputs = cli.base_inputs(args, chip, topo)
-    inputs["trace"] = {"path": str(path), "sha256": digest, "kind": trace.meta.get("kind"),
-                       "model": trace.meta.get("model")}
-    inputs["mesh"] = describe_mesh(trace.mesh, topo)
-    inputs["algorithm"] = args.algorithm
-    return Run(command=args.command, summary=summary, inputs=inputs, result=result, trace=trace)
-
-
-def _pipeline_base(args, trace, topo):
-    """The flags' perturbations for a pipeline run (its MoE expert loads come from the stage
-    programs, not from the whole-step trace's op ids)."""
-    import dataclasses
-
-    return dataclasses.replace(cli.per_chip_config(args, trace, topo), op_scale={})
-
-
-def _replay_pipeline(args, trace, chip, topo, path):
-    """A compiled pipeline step: the stage programs composed again from the model and settings
-    the trace records, run on the per-chip engine as `train` runs them."""
-    from sim.pipeline import check_schedule, simulate_pipeline_chips
-    from workloads.models import model_from_dict
-    from workloads.training import training_config_from_dict
-
-    rec = trace.meta.get("pipeline_compile")
-    if not isinstance(rec, dict) or "model" not in rec or "config" not in rec:
-        raise TpusimError(
-            f"trace {str(path)!r} has a pipeline axis but does not record its model and settings "
-            f"(written by an older tpusim), so its stage programs cannot be composed; recompile "
-            f"it with tpusim compile"
-        )
-    source = f"trace {str(path)!r}"
-    model = model_from_dict(rec["model"], source=source)
-    cfg = training_config_from_dict(rec["config"], source=source)
-    check_schedule(cfg.pipeline_schedule, trace.mesh.size("pipeline"), cfg.microbatches,
-                   cfg.virtual_stages)
-    if args.no_overlap:
-        import dataclasses
-
-        cfg = dataclasses.replace(cfg, overlap=False)
-    return simulate_pipeline_chips(model, trace.mesh, chip, topo, cfg,
-                                   base=_pipeline_base(args, trace, topo),
-                                   algorithm=args.algorithm,
-                                   overlap=False if args.no_overlap else None)
+def replay_request(args: argparse.Namespace) -> ReplayRequest:
+    return cli.request_of(ReplayRequest, args, as_command=args.command)
 
 
 def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
+    from sim.engine import breakdown_label  # the run stack, loaded when a command runs
+    from sim.runs.train import run_replay
+
+    req = replay_request(args)
     check_outputs(args)
-    run = run_replay(args)
+    run = run_replay(req, check_trace_chips=lambda n: cli.check_trace_chips(args, n))
     trace, result, summary = run.trace, run.result, run.summary
     notes = _write_outputs(args, result, run.to_dict())
     if quiet:
@@ -535,8 +296,6 @@ def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
         print(f"HLO module {summary['module']} on {summary['topology']} {summary['chip']} "
               f"({summary['num_chips']} chips)")
         print(f"  step time        {result.step_time_s:.6f} s")
-        from sim.engine import breakdown_label
-
         print("  critical path:")
         for k, v in result.breakdown.items():
             share = v / result.step_time_s if result.step_time_s else 0.0
@@ -547,39 +306,9 @@ def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
     return 0
 
 
-def _is_hlo(path: Path) -> bool:
-    """Whether `path` (or, for `.gz`, its contents) starts like HLO module text."""
-    from workloads.hlo.lower import is_hlo_text
-
-    try:
-        if path.suffix == ".gz":
-            import gzip
-
-            with gzip.open(path, "rb") as f:
-                head = f.read(4096)
-        else:
-            with open(path, "rb") as f:
-                head = f.read(4096)
-    except (OSError, EOFError):
-        return False
-    return is_hlo_text(head.decode("utf-8", errors="replace"))
-
-
-def hlo_summary(inv: dict[str, Any], result) -> dict[str, Any]:
-    """The replay summary of an imported HLO program: step time plus its inventory totals."""
-    return {
-        "module": inv["module"], "chip": result.chip, "topology": result.topology,
-        "num_chips": result.num_chips, "step_time_s": result.step_time_s,
-        "breakdown": result.breakdown, "dot_flops_per_chip": inv["dot_flops_per_chip"],
-        "collective_bytes_per_chip": inv["collective_bytes_per_chip"],
-        "num_collectives": inv["num_collectives"], "num_ops": result.num_ops,
-        "sim_events": result.sim_events, "collectives": result.collective_costs,
-    }
-
-
 def _register_train(sub, name: str) -> None:
     p = cli.add_command(sub, name, "simulate one training step", cmd_train,
-                        set_scope=("chip", "topology", "collective", "model"))
+                        set_scope=TrainRequest.SET_SCOPE)
     _add_training_args(p)
     cli.add_output_args(p, trace_chips=True)
     cli.add_step_perturbation_args(p)
@@ -588,10 +317,10 @@ def _register_train(sub, name: str) -> None:
 def _register_compile(sub, name: str) -> None:
     p = sub.add_parser(name, help="compile a training step into a trace file")
     cli.add_pod_args(p)
-    p.add_argument("--chips", type=int_flag("--chips", hi=MAX_CHIPS),
+    p.add_argument("--chips", type=CONVERTERS["chips"],
                    help="chip count, instead of --chip/--shape/--slice")
     # compile only writes the program: the chip, topology and algorithm apply at replay.
-    cli.add_set_arg(p, ("model",))
+    cli.add_set_arg(p, CompileRequest.SET_SCOPE)
     _add_training_args(p)
     cli.add_moe_args(p)
     p.add_argument("-o", "--output", required=True, help="trace file to write (JSON)")
@@ -604,7 +333,7 @@ def _trace_command(help_text: str, func):
     def register(sub, name: str) -> None:
         # The model is compiled into the trace: model.* overrides belong to `tpusim compile`.
         p = cli.add_command(
-            sub, name, help_text, func, set_scope=("chip", "topology", "collective"),
+            sub, name, help_text, func, set_scope=ReplayRequest.SET_SCOPE,
             positional=("trace", "a file written by `tpusim compile` (or `import-hlo -o`), or "
                                  "XLA's compiled HLO text (PROGRAM.txt, .gz accepted)"))
         p.add_argument("--no-overlap", action="store_true",
@@ -640,6 +369,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from sim.executors import Executor, simulate_step
     from sim.export.output import check_output_dir, write_json, write_tables
     from sim.hardware import get_chip
+    from sim.runs.result import describe_chip, tpusim_version
+    from sim.runs.train import training_summary
     from topologies.mesh import parse_mesh
     from topologies.slices import resolve_topology
     from workloads.models import load_model
@@ -671,11 +402,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
             collectives.append({"algorithm_requested": algo, "error": str(exc)})
     write_tables(out / "tables", {"ops": result.ops, "units": result.units,
                                   "links": result.links, "memory": result.memory}, summary)
-    from sim.runs import describe_config, describe_mesh, describe_topology
+    from sim.runs.result import describe_config, describe_mesh, describe_topology
 
     # What produced the numbers, as every result records it (the demo takes no model or pod
     # flags: these are its fixed inputs).
-    inputs = cli.base_inputs(args, chip, topo)
+    inputs = {"command": "demo", "tpusim_version": tpusim_version(), "flags": {},
+              "overrides": {}, "chip": describe_chip(chip), "topology": describe_topology(topo)}
     inputs["model"] = model.to_dict()
     inputs["mesh"] = describe_mesh(mesh, topo)
     inputs["training"] = {**describe_config(tcfg),

@@ -1,0 +1,73 @@
+"""The run layer: typed requests in, typed results out.
+
+    from sim.runs import TrainRequest, run
+    r = run(TrainRequest(slice="v5p-128", model="llama3-70b", seq_len=8192, batch_per_chip=2,
+                         mesh={"fsdp": 16, "tensor": 4}))
+    r.step_time_s, r.result.ops          # the summary's fields; the engine's tables
+
+`run(request)` picks the runner for the request's type; every front end (the CLI, the Python
+API, sweeps and plans) calls it. `rerun(result)` rebuilds a request from a result's `inputs`
+and runs it again.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from sim.runs.requests import (
+    REQUESTS,
+    CollectiveRequest,
+    CompareCollectivesRequest,
+    DecodeRequest,
+    PrefillRequest,
+    ReplayRequest,
+    Request,
+    ServeSweepRequest,
+    TrainRequest,
+)
+from topologies.validate import short_repr
+
+if TYPE_CHECKING:
+    from sim.runs.result import Run
+
+__all__ = [
+    "REQUESTS", "CollectiveRequest", "CompareCollectivesRequest", "DecodeRequest",
+    "PrefillRequest", "ReplayRequest", "Request", "Run", "ServeSweepRequest", "TrainRequest",
+    "describe_config", "describe_mesh", "describe_topology", "run", "runner",
+]
+# The result side (which needs the topology, and numpy) loads on first use.
+_LAZY = {"Run", "describe_config", "describe_mesh", "describe_topology"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'sim.runs' has no attribute {name!r}")
+    value = getattr(importlib.import_module("sim.runs.result"), name)
+    globals()[name] = value
+    return value
+
+
+def runner(request_type: type[Request]):
+    """The function that runs requests of this type."""
+    # The runners pull in the compilers and executors: loaded when the first run starts, so
+    # that building requests (and `tpusim --help`) stays cheap.
+    from sim.runs import collective, inference, train
+
+    return {
+        CollectiveRequest: collective.run_collective,
+        CompareCollectivesRequest: collective.run_compare,
+        TrainRequest: train.run_train,
+        ReplayRequest: train.run_replay,
+        DecodeRequest: inference.run_decode,
+        PrefillRequest: inference.run_prefill,
+        ServeSweepRequest: inference.run_serve_sweep,
+    }[request_type]
+
+
+def run(request: Request) -> Run:
+    """Simulate `request`; a `Run` (its `.summary`, `.inputs`, `.result`, `.trace`)."""
+    if not isinstance(request, Request):
+        raise TypeError(f"sim.run() takes a request such as TrainRequest(...), got "
+                        f"{short_repr(request)}")
+    return runner(type(request))(request)

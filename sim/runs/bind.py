@@ -1,0 +1,184 @@
+"""A request bound to the pod: its `--set` overrides parsed, the chip and model loaded and
+overridden, the topology built, the scenario validated against that topology, and the `inputs`
+every result records. Pure functions of the request (nothing is stored on it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sim.executors import simulate_step as run_step
+from sim.hardware import ChipSpec, load_chip
+from sim.overrides import Overrides
+from sim.perchip import PerChipConfig
+from sim.runs.requests import Request
+from sim.runs.result import describe_chip, describe_topology, tpusim_version
+from topologies.errors import TpusimError
+from topologies.scenario import Scenario, load_scenario, scenario_from_flags
+from topologies.slices import SLICES, resolve_topology
+from topologies.torus import Topology
+from workloads.models import TransformerSpec, load_model
+from workloads.moe import MoeConfig, expert_op_scales
+
+
+@dataclass(frozen=True)
+class Pod:
+    """The chip (before and after `--set`) and the topology a request runs on."""
+
+    base_chip: ChipSpec
+    chip: ChipSpec
+    topology: Topology
+
+
+def overrides_of(req: Request) -> Overrides:
+    """The request's `--set` overrides, validated for its command (empty if it takes none)."""
+    return req.parsed_overrides()
+
+
+def wraparound_of(req: Request, ov: Overrides) -> str:
+    """`topology.wraparound` overrides the request's `wraparound` (an override applies last)."""
+    return ov.wraparound if ov.wraparound is not None else req.wraparound
+
+
+def algorithm_of(req: Request) -> str:
+    """`collective.algorithm` overrides the request's `algorithm`."""
+    ov = overrides_of(req)
+    return ov.algorithm if ov.algorithm is not None else getattr(req, "algorithm", "auto")
+
+
+def resolve_pod(req: Request) -> Pod:
+    """The chip (the request's `chip_spec`, else its preset or YAML; then `--set`) and the
+    topology of `slice` / `shape` / `wraparound` / `slices`."""
+    ov = overrides_of(req)
+    base = req.chip_spec
+    if base is None:
+        chip_arg = req.chip
+        if chip_arg is None:
+            if req.slice is None:
+                raise TpusimError("give --chip (e.g. v5e) with --shape, or --slice (e.g. v5p-128)")
+            chip_arg = SLICES.get(req.slice).chip
+        base = load_chip(chip_arg)
+    chip = ov.apply_chip(base)
+    topo = resolve_topology(
+        chip_name=chip.name,
+        wrap_rule=chip.generation_rule,
+        max_pod_shape=chip.max_pod_shape,
+        slice_name=req.slice,
+        shape=req.shape,
+        wraparound=wraparound_of(req, ov),
+        num_slices=req.slices,
+    )
+    return Pod(base_chip=base, chip=chip, topology=topo)
+
+
+def resolve_model(req: Request) -> tuple[TransformerSpec, TransformerSpec]:
+    """(the model before `--set`, the model with the `model.*` overrides applied)."""
+    base = req.model_spec if req.model_spec is not None else load_model(req.model)
+    return base, overrides_of(req).apply_model(base)
+
+
+def scenario_of(req: Request, topology: Topology) -> Scenario:
+    """The scenario file plus the perturbation settings, validated against `topology` (one-line
+    error for anything that does not fit). Settings add to the file's lists and override its
+    scalars. A recorded `scenario_spec` (`rerun`) replaces both."""
+    if req.scenario_spec is not None:
+        req.scenario_spec.validate(topology)
+        return req.scenario_spec
+    path = getattr(req, "scenario", None)
+    base = load_scenario(path) if path else Scenario()
+    chip_variation = getattr(req, "chip_variation", None)
+    seed = getattr(req, "seed", None)
+    expert_skew = getattr(req, "expert_skew", None)
+    flags = scenario_from_flags(
+        slow_chip=list(getattr(req, "slow_chip", ())),
+        slow_link=list(getattr(req, "slow_link", ())),
+        dead_link=list(getattr(req, "dead_link", ())),
+        chip_variation=chip_variation if chip_variation is not None else 0.0,
+        seed=seed if seed is not None else 0,
+        expert_skew=expert_skew if expert_skew is not None else 0.0,
+        capacity_factor=getattr(req, "capacity_factor", None),
+    )
+    scenario = base.merged(flags)
+    scenario.validate(topology)
+    return scenario
+
+
+def takes_perturbations(req: Request) -> bool:
+    return hasattr(req, "slow_link")
+
+
+def base_inputs(req: Request, pod: Pod | None = None,
+                base_model: TransformerSpec | None = None) -> dict[str, Any]:
+    """The `inputs` every result carries: command, version, flags, overrides, chip, topology
+    (and the merged perturbations, for commands that take them)."""
+    out: dict[str, Any] = {
+        "command": req.command,
+        "tpusim_version": tpusim_version(),
+        "flags": req.flags(),
+        "overrides": overrides_of(req).resolved(pod.base_chip if pod else None, base_model),
+    }
+    if pod is not None:
+        out["chip"] = describe_chip(pod.chip)
+        out["topology"] = describe_topology(pod.topology)
+        if takes_perturbations(req):
+            out["perturbations"] = scenario_of(req, pod.topology).to_dict()
+    return out
+
+
+def moe_config(req: Request, scenario: Scenario | None = None) -> MoeConfig:
+    """`MoeConfig` from a validated `Scenario`, or from the request's own router settings."""
+    if scenario is not None:
+        return MoeConfig(expert_skew=float(scenario.expert_skew),
+                         capacity_factor=scenario.capacity_factor, seed=int(scenario.seed))
+    return MoeConfig(expert_skew=req.expert_skew, capacity_factor=req.capacity_factor,
+                     seed=req.seed)
+
+
+def check_router_matches_trace(scenario: Scenario, trace) -> None:
+    """The router settings shape the compiled MoE program (its all-to-all volumes and expert
+    matmuls): a step compiled here applies them; a trace compiled earlier (`replay`) carries its
+    own router, so other values are refused rather than silently ignored."""
+    moe = trace.meta.get("moe")
+    if not trace.meta.get("moe_scenario_applied") or not isinstance(moe, dict):
+        raise TpusimError(
+            "--expert-skew/--capacity-factor apply to MoE models only, and this trace has no "
+            "MoE router (a dense model, or written by an older tpusim); drop them"
+        )
+    skew = float(moe.get("expert_skew", 0.0))
+    cap = moe.get("capacity_factor")
+    if skew != float(scenario.expert_skew) or (cap is None) != (scenario.capacity_factor is None) \
+            or (cap is not None and float(cap) != float(scenario.capacity_factor)):
+        raise TpusimError(
+            f"this trace was compiled with --expert-skew {skew:g}"
+            + (f" --capacity-factor {float(cap):g}" if cap is not None else "")
+            + f", not --expert-skew {float(scenario.expert_skew):g}"
+            + (f" --capacity-factor {float(scenario.capacity_factor):g}"
+               if scenario.capacity_factor is not None else "")
+            + "; the router is part of the compiled program, so recompile it with tpusim compile "
+              "and those flags"
+        )
+
+
+def per_chip_config(req: Request, trace, topology: Topology) -> PerChipConfig:
+    """The per-chip engine's `PerChipConfig` for the request's perturbations (and the MoE
+    expert loads of `trace`)."""
+    scenario = scenario_of(req, topology)
+    if scenario.expert_skew or scenario.capacity_factor is not None:
+        check_router_matches_trace(scenario, trace)
+    return PerChipConfig(
+        # An uneven MoE router loads the chips holding the hot experts (workloads/moe.py).
+        op_scale=expert_op_scales(trace, topology),
+        speed=scenario.chip_speed_factors_for(topology) if scenario.perturbs_chips else None,
+        link_factors=scenario.slow_link_factors_for(topology),
+        dead_links=scenario.dead_link_ids_for(topology),
+        mode=getattr(req, "mode", "auto") or "auto",
+    )
+
+
+def simulate_step(req: Request, trace, chip: ChipSpec, topology: Topology, *, overlap=None):
+    """Replay `trace` with the request's perturbations on the per-chip engine (one chip class,
+    and `replay`'s result to the last bit, when nothing is perturbed)."""
+    return run_step(trace, chip, topology, executor=getattr(req, "mode", "auto") or "auto",
+                    config=per_chip_config(req, trace, topology), algorithm=algorithm_of(req),
+                    overlap=overlap)

@@ -1,0 +1,112 @@
+"""Collectives as runs: `run_collective(CollectiveRequest)` simulates one collective;
+`run_compare(CompareCollectivesRequest)` simulates it under every algorithm that applies."""
+
+from __future__ import annotations
+
+from sim.collective_sim import check_bytes, check_links_only, simulate_collective
+from sim.collectives import CollectiveKind, algorithm_names, parse_kind
+from sim.progress import progress
+from sim.runs.bind import Pod, algorithm_of, base_inputs, resolve_pod, scenario_of
+from sim.runs.convert import parse_bytes, parse_coords
+from sim.runs.requests import CollectiveRequest, CompareCollectivesRequest
+from sim.runs.result import Run
+from topologies.errors import TpusimError
+from topologies.groups import GroupGeometry, group_axes
+from topologies.validate import split_list
+
+
+def check_common_inputs(req: CollectiveRequest, topo) -> None:
+    """The inputs wrong for every algorithm alike, so that compare-collectives names them
+    as they are instead of as 'no algorithm applies'."""
+    if req.op == "send" and (req.src is None or req.dst is None):
+        raise TpusimError("--op send needs --src and --dst, e.g. --src 0,0 --dst 3,3")
+    if req.op != "send" and not req.axes:
+        raise TpusimError(f"--op {req.op} needs --axes, e.g. --axes y or --axes x,y")
+    if req.axes:
+        split_list(req.axes, "--axes", example="x,y")
+    try:
+        kind = CollectiveKind(req.op)
+    except ValueError:
+        kind = None  # the simulation names an unknown --op
+    if kind == CollectiveKind.SEND:
+        for flag, text in (("--src", req.src), ("--dst", req.dst)):
+            topo.chip_id(tuple(parse_coords(text, flag)))  # on the pod
+        check_bytes(parse_bytes(req.bytes), kind, 1)
+    elif kind is not None:
+        # Axes the pod has, each once; bytes that split evenly over the groups they make.
+        gaxes = group_axes(topo, tuple(a.strip() for a in req.axes.split(",") if a.strip()))
+        check_bytes(parse_bytes(req.bytes), kind, GroupGeometry(topo, gaxes).group_size)
+    scenario = scenario_of(req, topo)
+    if scenario is not None:
+        check_links_only(scenario)
+
+
+def _simulate(req: CollectiveRequest, algorithm: str, pod: Pod):
+    check_common_inputs(req, pod.topology)
+    return simulate_collective(
+        chip=pod.chip,
+        topology=pod.topology,
+        op=req.op,
+        axes=req.axes,
+        nbytes=parse_bytes(req.bytes),
+        algorithm=algorithm,
+        shift=req.shift,
+        src=parse_coords(req.src, "--src") if req.src else None,
+        dst=parse_coords(req.dst, "--dst") if req.dst else None,
+        scenario=scenario_of(req, pod.topology),
+        mode=req.mode,
+        chunks=req.chunks,
+    )
+
+
+def run_collective(req: CollectiveRequest) -> Run:
+    """One collective: a `Run` whose summary is the CollectiveResult's fields."""
+    pod = resolve_pod(req)
+    algorithm = algorithm_of(req)
+    res = _simulate(req, algorithm, pod)
+    inputs = base_inputs(req, pod)
+    inputs["algorithm"] = algorithm
+    return Run(command="collective", summary=res.to_dict(), inputs=inputs, result=res)
+
+
+def run_compare(req: CompareCollectivesRequest) -> Run:
+    """One row per algorithm (n/a rows say why); `Run.result` is the list of CollectiveResults
+    that applied."""
+    kind = parse_kind(req.op)
+    pod = resolve_pod(req)
+    check_common_inputs(req, pod.topology)
+    rows = []
+    results = []
+    for name in progress(algorithm_names(kind), desc="algorithms"):
+        try:
+            r = _simulate(req, name, pod)
+        except TpusimError as exc:
+            rows.append({"algorithm": name, "applicable": False, "reason": str(exc)})
+            continue
+        results.append(r)
+        d = r.to_dict()
+        d["applicable"] = True
+        rows.append(d)
+    ok = [r for r in rows if r["applicable"]]
+    if not ok:
+        raise TpusimError(
+            f"no algorithm applies to {req.op} here: {rows[0]['reason']}"
+        )
+    best = min(r["time_s"] for r in ok)
+    auto = next((r for r in ok if r["algorithm_requested"] == "auto"), None)
+    pick = auto["algorithm"][len("auto ("):-1] if auto and auto["algorithm"].startswith(
+        "auto (") else None
+    for r in ok:
+        r["vs_best"] = r["time_s"] / best if best > 0 else 1.0
+        r["auto_pick"] = r["algorithm_requested"] == pick
+    summary = {"op": req.op, "axes": req.axes, "bytes": parse_bytes(req.bytes),
+               "auto_pick": pick, "results": rows}
+    return Run(command="compare-collectives", summary=summary,
+               inputs=base_inputs(req, pod), result=results)
+
+
+def buffer_bytes_per_chip(op: str, nbytes: int, group_size: int) -> int:
+    """Input plus output buffer one chip holds for a collective of V = `nbytes`."""
+    shard = nbytes // max(group_size, 1)
+    return {"all-gather": shard + nbytes, "reduce-scatter": nbytes + shard,
+            "all-reduce": 2 * nbytes, "all-to-all": 2 * shard}.get(op, 2 * nbytes)

@@ -1,0 +1,583 @@
+"""Typed, frozen requests: one class per simulating command, what every front end builds.
+
+A request holds a run's settings under their Python names (`seq_len`, `batch_per_chip`,
+`overrides`, ...), already checked and converted (an `int` for `seq_len`, a tuple of texts for
+`slow_link`); `sim.run(request)` simulates it and returns a `sim.runs.Run`. The CLI turns argv
+into a request, the Python API turns keywords into one, a sweep point and a plan candidate are
+requests shipped to workers (they pickle), and `rerun` rebuilds one from a result's `inputs`.
+
+Each field is a setting of the command of the same name with `_` for `-` (`overrides` is the
+command line's `--set`); `flags()` is the record of them under those names, in the command's
+order, which results carry as `inputs.flags`. The pod is named (`chip`, `slice`, `shape`,
+`wraparound`, `slices`) or given as objects (`chip_spec`, `model_spec`, `scenario_spec`: they
+replace loading the named preset or file, and are what `rerun` uses so that a result reruns the
+same after a preset or file changed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from sim.hardware import ChipSpec
+from sim.overrides import Overrides, parse_overrides
+from topologies.errors import TpusimError
+from topologies.validate import (
+    CAPACITY_FACTOR_RANGE,
+    CHIP_VARIATION_RANGE,
+    EXPERT_SKEW_RANGE,
+    MAX_BATCH,
+    MAX_CHIPS,
+    MAX_CHUNKS,
+    MAX_SLICES,
+    MAX_TOKENS,
+    FlagError,
+    ascii_float,
+    ascii_int,
+    float_flag,
+    int_flag,
+    short_repr,
+    whole_flag,
+)
+from workloads.models import TransformerSpec
+
+if TYPE_CHECKING:  # a scenario is only carried here; validating one needs numpy
+    from topologies.scenario import Scenario
+
+# Numpy's generators take seeds below 2^63 (as `Scenario` checks for a scenario file).
+SEED_RANGE = "a whole number in [0, 2^63)"
+
+# The ranges `Scenario` and `MoeConfig` check (and say in their errors).
+_FLOAT_RANGES = {"--chip-variation": CHIP_VARIATION_RANGE.text,
+                 "--expert-skew": EXPERT_SKEW_RANGE.text,
+                 "--capacity-factor": CAPACITY_FACTOR_RANGE.text}
+
+
+def scenario_number(flag: str) -> Callable[[Any], float]:
+    """A number whose range the `Scenario` / `MoeConfig` checks (with the same key in a scenario
+    file): read in ASCII and finite here, so that the error quotes what was given (`1e400`, not
+    the `inf` it reads as)."""
+    rng = _FLOAT_RANGES[flag]
+
+    def conv(text: Any) -> float:
+        try:
+            v = ascii_float(text)
+        except ValueError:
+            raise FlagError(f"{flag} {short_repr(text)} is not a number; give {rng}") from None
+        if not math.isfinite(v):
+            raise FlagError(f"{flag} {short_repr(text)} is not finite; give {rng}")
+        return v
+
+    conv.__name__ = "number"  # as `float_flag`'s (the fuzz generators find number flags by it)
+    return conv
+
+
+def seed(text: Any) -> int:
+    """A seed: a whole number in ASCII digits below 2^63."""
+    try:
+        v = ascii_int(text)
+    except ValueError:
+        raise FlagError(f"--seed {short_repr(text)} is not a whole number in ASCII digits; "
+                        f"give {SEED_RANGE}") from None
+    if not 0 <= v < 2**63:
+        raise FlagError(f"--seed {short_repr(v)} is out of range; give {SEED_RANGE}")
+    return v
+
+
+seed.__name__ = "integer"  # as `int_flag`'s
+
+# Every converted setting: its converter (text or a number in, the typed value out). A setting
+# not listed is text (or a switch or a list), checked where it is used.
+CONVERTERS: dict[str, Callable[[Any], Any]] = {
+    "slices": int_flag("--slices", lo=1, hi=MAX_SLICES),
+    "seq_len": int_flag("--seq-len", hi=MAX_TOKENS),
+    "batch_per_chip": float_flag("--batch-per-chip", lo=0.0, hi=MAX_BATCH, lo_open=True),
+    "microbatches": int_flag("--microbatches", hi=MAX_CHUNKS),
+    "virtual_stages": whole_flag("--virtual-stages"),
+    "vocab_tiling": int_flag("--vocab-tiling", hi=MAX_CHUNKS),
+    "shift": int_flag("--shift", lo=-MAX_CHIPS, hi=MAX_CHIPS),
+    "chunks": int_flag("--chunks", hi=MAX_CHUNKS),
+    "batch": int_flag("--batch", hi=MAX_BATCH),
+    "context_len": int_flag("--context-len", hi=MAX_TOKENS),
+    "prompt_len": int_flag("--prompt-len", hi=MAX_TOKENS),
+    "prefill_chunk": int_flag("--prefill-chunk", hi=MAX_TOKENS),
+    "chip_variation": scenario_number("--chip-variation"),
+    "expert_skew": scenario_number("--expert-skew"),
+    "capacity_factor": scenario_number("--capacity-factor"),
+    "seed": seed,
+    "chips": int_flag("--chips", hi=MAX_CHIPS),
+}
+
+# Settings that are lists (each given once per item) and switches (true or false).
+_LISTS = frozenset({"slow_chip", "slow_link", "dead_link"})
+_SWITCHES = frozenset({"no_overlap", "no_fusion", "exhaustive", "default_placement"})
+# The objects that stand in for a named chip, model or scenario file; never in `flags()`.
+_OBJECTS = ("chip_spec", "model_spec", "scenario_spec", "trace_sha256")
+
+# What a setting takes in a Python call, by kind (for wrong-type errors).
+_WANT = {"switch": "True or False",
+         "list": "a list of values such as ['0,0:x+:0.5'] (one per flag given)",
+         "overrides": "a dict of keys to numbers or text such as {'ici_link_bytes_per_s': 'x2'}",
+         "": "one number or text, as its flag takes on the command line (e.g. 8 or 'full')"}
+
+
+def flag_name(name: str) -> str:
+    """A setting's name on the command line (without dashes)."""
+    return "set" if name == "overrides" else name.replace("_", "-")
+
+
+def setting_name(flag: str) -> str:
+    """A command-line flag's setting name (`set` is `overrides`)."""
+    return "overrides" if flag == "set" else flag.replace("-", "_")
+
+
+def setting_kind(name: str) -> str:
+    """`switch` (true or false), `list` (one value per item) or `value`."""
+    return "switch" if name in _SWITCHES else "list" if name in _LISTS else "value"
+
+
+def mesh_text(caller: str, mesh: Mapping) -> str:
+    """`{axis: size}` as mesh text; an axis that is not a plain name (`"fsdp=2,tensor"` would
+    smuggle a second axis into the text) or a size that is not a whole number (an int, or text
+    of digits alone: `"2,tensor=4"` would, too) is an error naming the entry."""
+    for axis, size in mesh.items():
+        if not (isinstance(axis, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", axis)) or \
+                isinstance(size, bool) or not isinstance(size, (int, str)) or \
+                isinstance(size, str) and not re.fullmatch(r"[0-9]+", size.strip()):
+            raise TpusimError(
+                f"{caller}(mesh=...) entry {short_repr(axis)}: {short_repr(size)} is not an "
+                f"axis name and a whole size; give e.g. {{'fsdp': 16, 'tensor': 4}}")
+    return ",".join(f"{axis}={size}" for axis, size in mesh.items())
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Request:
+    """What every request has: the pod, `--set` overrides, and the objects a caller may hand
+    over instead of names."""
+
+    COMMAND: ClassVar[str] = ""
+    # The settings in the command's own order (its `--help` order): `flags()` records them so.
+    FLAGS: ClassVar[tuple[str, ...]] = ()
+    REQUIRED: ClassVar[tuple[str, ...]] = ()
+    # The `--set` key groups the command takes (sim/overrides.py); None: it takes no --set.
+    SET_SCOPE: ClassVar[tuple[str, ...] | None] = ("chip", "topology", "collective", "model")
+    # Converters of this command's own that replace the shared `CONVERTERS` of the same name.
+    OWN_CONVERTERS: ClassVar[dict[str, Callable[[Any], Any]]] = {}
+
+    chip: str | None = None
+    slice: str | None = None
+    shape: str | None = None
+    wraparound: str = "auto"
+    slices: int = 1
+    overrides: tuple[tuple[str, str], ...] = ()
+    chip_spec: ChipSpec | None = field(default=None, repr=False)
+    model_spec: TransformerSpec | None = field(default=None, repr=False)
+    scenario_spec: Scenario | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 - frozen: normalise once
+        if isinstance(self.chip, ChipSpec):
+            set_("chip_spec", self.chip)
+            set_("chip", self.chip.name)
+        if isinstance(getattr(self, "model", None), TransformerSpec):
+            set_("model_spec", self.model)
+            set_("model", self.model.name)
+        if isinstance(getattr(self, "mesh", None), Mapping):
+            set_("mesh", mesh_text(type(self).__name__, self.mesh))
+        ov = self.overrides
+        if isinstance(ov, Mapping):
+            ov = tuple((str(k).strip(), str(v).strip()) for k, v in ov.items())
+        elif ov is None:
+            ov = ()
+        else:
+            ov = tuple((str(k), str(v)) for k, v in ov)
+        set_("overrides", ov)
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name in _LISTS:
+                set_(f.name, tuple(v or ()))
+            elif isinstance(v, Path):
+                set_(f.name, str(v))
+            elif v is not None and (conv := self.OWN_CONVERTERS.get(f.name)
+                                    or CONVERTERS.get(f.name)) is not None:
+                set_(f.name, conv(str(v).strip() if isinstance(v, str) else str(v)))
+
+    # -- records ------------------------------------------------------------------------------
+    def flags(self) -> dict[str, Any]:
+        """The settings under their command-line names, in the command's order (`set` as
+        {key: value text}, lists as lists): what results record as `inputs.flags`."""
+        out: dict[str, Any] = {}
+        for name in self.FLAGS:
+            v = getattr(self, name)
+            if name == "overrides":
+                v = dict(v)
+            elif name in _LISTS:
+                v = list(v)
+            out[flag_name(name)] = v
+        return out
+
+    @property
+    def command(self) -> str:
+        return self.COMMAND
+
+    def parsed_overrides(self) -> Overrides:
+        """The `--set` overrides validated for this command (empty if it takes none)."""
+        if self.SET_SCOPE is None:
+            return Overrides()
+        return parse_overrides(dict(self.overrides), self.SET_SCOPE,
+                               command=f"tpusim {self.command}")
+
+    @property
+    def overrides_dict(self) -> dict[str, str]:
+        return dict(self.overrides)
+
+    def replace(self, **changes: Any) -> _Request:
+        """A copy with `changes` (checked like the constructor's arguments); `overrides`
+        replaces the overrides as a whole."""
+        return dataclasses.replace(self, **changes)
+
+    # -- building from names --------------------------------------------------------------------
+    @classmethod
+    def from_flags(cls, flags: Mapping[str, Any], *, caller: str | None = None,
+                   source: str | None = None, **objects: Any) -> _Request:
+        """A request from settings keyed by flag name (`seq-len`) or Python name (`seq_len`):
+        the Python API's keywords, a study point, a result's `inputs.flags`. `caller` names the
+        Python function they were given to (its errors name it); `source` the file they were
+        read from."""
+        known = set(cls.FLAGS)
+        kw: dict[str, Any] = {}
+        unknown = []
+        for key, value in flags.items():
+            name = setting_name(str(key)) if str(key) != "overrides" else "overrides"
+            if name not in known:
+                unknown.append(str(key))
+                continue
+            _check_kind(cls.COMMAND, name, value, caller, source)
+            if value is not None:
+                kw[name] = value
+        if unknown:
+            if caller:
+                raise TpusimError(
+                    f"{caller}() got unknown keyword(s) {', '.join(sorted(unknown))}; it takes: "
+                    f"{', '.join(flag_name(n).replace('-', '_') for n in cls.FLAGS)}")
+            raise TpusimError(
+                f"tpusim {cls.COMMAND} has no flag(s) {', '.join(sorted(unknown))}; it takes: "
+                f"{', '.join(flag_name(n) for n in cls.FLAGS)}")
+        missing = [n for n in cls.REQUIRED if kw.get(n) is None and not (
+            n == "model" and objects.get("model_spec") is not None)]
+        if missing:
+            if caller:
+                raise TpusimError(f"{caller}() needs {', '.join(missing)}")
+            raise TpusimError(f"the following arguments are required: "
+                              f"{', '.join('--' + flag_name(n) for n in missing)} (see "
+                              f"`tpusim {cls.COMMAND} --help`)")
+        try:
+            return cls(**kw, **{k: v for k, v in objects.items() if v is not None})
+        except FlagError as exc:
+            if caller:
+                raise
+            raise TpusimError(f"{exc} (see `tpusim {cls.COMMAND} --help`)") from None
+
+
+def _check_kind(command: str, name: str, value: Any, caller: str | None,
+                source: str | None) -> None:
+    """A setting's value has the type its kind takes (a result file edited by hand, or a
+    Python call, may hold anything)."""
+    scalar = (str, int, float)
+    if name in _SWITCHES:
+        ok, kind, want = isinstance(value, bool) or value is None, "switch", "true or false"
+    elif name in _LISTS:
+        ok = value is None or (isinstance(value, (list, tuple)) and all(
+            isinstance(v, scalar) and not isinstance(v, bool) for v in value))
+        kind, want = "list", "a list of values"
+    elif name == "overrides":
+        ok = value is None or isinstance(value, Mapping) and all(
+            isinstance(v, scalar) and not isinstance(v, bool) for v in value.values())
+        kind, want = "overrides", "a list of values (an object KEY: VALUE for set)"
+    else:
+        ok = value is None or (isinstance(value, (*scalar, Path)) and not isinstance(value, bool))
+        kind, want = "", "one number or text"
+    if ok:
+        return
+    if caller is not None:
+        key = "set" if name == "overrides" and caller != "sim.plan" else name
+        raise TpusimError(f"{caller}({key}={short_repr(value)}): {key} takes {_WANT[kind]}")
+    raise TpusimError(
+        f"inputs.flags.{short_repr(flag_name(name))} of tpusim {command} is {short_repr(value)}; "
+        f"it must be {want} (the result file was edited); restore it or rerun the command"
+    )
+
+
+_POD = ("chip", "slice", "shape", "wraparound", "slices")
+_PERTURB = ("scenario", "slow_chip", "slow_link", "dead_link", "chip_variation", "seed",
+            "expert_skew", "capacity_factor")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Perturbed(_Request):
+    """The perturbations: slow chips and links, dead links, chip variation, the MoE router."""
+
+    scenario: str | None = None
+    slow_chip: tuple[str, ...] = ()
+    slow_link: tuple[str, ...] = ()
+    dead_link: tuple[str, ...] = ()
+    chip_variation: float | None = None
+    seed: int | None = None
+    expert_skew: float | None = None
+    capacity_factor: float | None = None
+    mode: str = "auto"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectiveRequest(_Perturbed):
+    """One collective (`tpusim collective`): `op` over the pod's `axes` with `bytes` V."""
+
+    COMMAND: ClassVar[str] = "collective"
+    FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", "op", "axes", "bytes", "algorithm",
+                                        "src", "dst", "shift", *_PERTURB, "mode", "chunks")
+    REQUIRED: ClassVar[tuple[str, ...]] = ("op", "bytes")
+    SET_SCOPE: ClassVar[tuple[str, ...] | None] = ("chip", "topology", "collective")
+
+    op: str | None = None
+    axes: str = ""
+    bytes: str | int | None = None
+    algorithm: str = "auto"
+    src: str | None = None
+    dst: str | None = None
+    shift: int = 1
+    chunks: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompareCollectivesRequest(CollectiveRequest):
+    """One collective under every algorithm (`tpusim compare-collectives`)."""
+
+    COMMAND: ClassVar[str] = "compare-collectives"
+    SET_SCOPE: ClassVar[tuple[str, ...] | None] = ("chip", "topology")
+    FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", "op", "axes", "bytes", "src", "dst",
+                                        "shift", *_PERTURB, "mode", "chunks")
+
+
+_TRAINING = ("model", "seq_len", "batch_per_chip", "mesh", "dcn", "axis_map", "remat",
+             "attention", "microbatches", "param_dtype", "grad_dtype", "gather_dtype",
+             "optimizer_dtype", "optimizer", "pipeline_schedule", "virtual_stages", "no_overlap",
+             "no_fusion", "tp_activations", "tp_comm", "dp_allreduce", "dp_grad_split",
+             "fsdp_grad", "ep_alltoall", "vocab_tiling", "fsdp_gather")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainRequest(_Perturbed):
+    """One training step (`tpusim train`): a model on a mesh of the pod, with its settings."""
+
+    COMMAND: ClassVar[str] = "train"
+    FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", *_TRAINING, "algorithm", *_PERTURB,
+                                        "mode")
+    REQUIRED: ClassVar[tuple[str, ...]] = ("model", "seq_len", "batch_per_chip", "mesh")
+
+    model: str | None = None
+    seq_len: int | None = None
+    batch_per_chip: float | None = None
+    mesh: str | None = None
+    dcn: str | None = None
+    axis_map: str | None = None
+    remat: str = "full"
+    attention: str = "flash"
+    microbatches: int = 1
+    param_dtype: str = "bf16"
+    grad_dtype: str = "bf16"
+    gather_dtype: str | None = None
+    optimizer_dtype: str = "fp32"
+    optimizer: str = "adam"
+    pipeline_schedule: str | None = None
+    virtual_stages: int = 1
+    no_overlap: bool = False
+    no_fusion: bool = False
+    tp_activations: str = "sharded"
+    tp_comm: str = "blocking"
+    dp_allreduce: str = "async"
+    dp_grad_split: str = "per-matrix"
+    fsdp_grad: str = "reduce-scatter"
+    ep_alltoall: str = "sync"
+    vocab_tiling: int = 1
+    fsdp_gather: str = "async"
+    algorithm: str = "auto"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompileRequest(TrainRequest):
+    """A training step compiled into a trace (`tpusim compile`): for the pod's chip, or for
+    `chips` chips of no particular generation (its compiler's memory rules off). Only `model.*`
+    overrides apply: the chip, topology and algorithm are the replay's."""
+
+    COMMAND: ClassVar[str] = "compile"
+    FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "chips", "overrides", *_TRAINING, "expert_skew",
+                                        "capacity_factor", "seed")
+    SET_SCOPE: ClassVar[tuple[str, ...] | None] = ("model",)
+
+    chips: int | None = None
+    expert_skew: float | None = 0.0
+    seed: int | None = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplayRequest(_Perturbed):
+    """A trace file or XLA's compiled HLO text replayed on a pod (`tpusim replay`)."""
+
+    COMMAND: ClassVar[str] = "replay"
+    FLAGS: ClassVar[tuple[str, ...]] = ("trace", *_POD, "overrides", "no_overlap", "algorithm",
+                                        *_PERTURB, "mode")
+    REQUIRED: ClassVar[tuple[str, ...]] = ("trace",)
+    SET_SCOPE: ClassVar[tuple[str, ...] | None] = ("chip", "topology", "collective")
+
+    trace: str | None = None
+    no_overlap: bool = False
+    algorithm: str = "auto"
+    # The trace file's SHA-256 a result recorded: `rerun` refuses a file that changed since.
+    trace_sha256: str | None = field(default=None, repr=False)
+    # `tpusim export` replays through this request too; its results say so.
+    as_command: str = field(default="replay", repr=False)
+
+    @property
+    def command(self) -> str:
+        return self.as_command
+
+
+_INFERENCE = ("model", "batch", "context_len", "mesh", "dcn", "weight_dtype", "kv_dtype",
+              "matmul_dtype", "sampling")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeRequest(_Perturbed):
+    """One decode step with a KV cache (`tpusim decode`)."""
+
+    COMMAND: ClassVar[str] = "decode"
+    FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", *_INFERENCE, "algorithm", *_PERTURB,
+                                        "mode")
+    REQUIRED: ClassVar[tuple[str, ...]] = ("model", "batch", "context_len", "mesh")
+
+    model: str | None = None
+    batch: int | None = None
+    context_len: int | None = None
+    mesh: str | None = None
+    dcn: str | None = None
+    weight_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    matmul_dtype: str = "bf16"
+    sampling: str = "top-k"
+    algorithm: str = "auto"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrefillRequest(DecodeRequest):
+    """The prefill of a batch of prompts (`tpusim prefill`)."""
+
+    COMMAND: ClassVar[str] = "prefill"
+    FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", *_INFERENCE, "prompt_len",
+                                        "prefill_chunk", "algorithm", *_PERTURB, "mode")
+    REQUIRED: ClassVar[tuple[str, ...]] = ("model", "batch", "prompt_len", "mesh")
+
+    prompt_len: int | None = None
+    prefill_chunk: int | None = None
+
+
+_DEFAULT_BATCHES = "1,2,4,8,16,32,64,128,256"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeSweepRequest(_Request):
+    """Decode latency against throughput over batch sizes (`tpusim serve-sweep`); `mesh` may
+    list several meshes separated by `;`, the dtypes several separated by `,`."""
+
+    COMMAND: ClassVar[str] = "serve-sweep"
+    FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", "model", "context_len", "mesh", "dcn",
+                                        "weight_dtype", "kv_dtype", "matmul_dtype", "sampling",
+                                        "expert_skew", "capacity_factor", "seed", "batches")
+    REQUIRED: ClassVar[tuple[str, ...]] = ("model", "context_len", "mesh")
+
+    model: str | None = None
+    context_len: int | None = None
+    mesh: str | None = None
+    dcn: str | None = None
+    weight_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    matmul_dtype: str = "bf16"
+    sampling: str = "top-k"
+    expert_skew: float = 0.0
+    capacity_factor: float | None = None
+    seed: int = 0
+    batches: str = _DEFAULT_BATCHES
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImportHloRequest(_Request):
+    """XLA's compiled HLO text read for a pod (`tpusim import-hlo`): its inventory and trace."""
+
+    COMMAND: ClassVar[str] = "import-hlo"
+    FLAGS: ClassVar[tuple[str, ...]] = ("program", *_POD)
+    REQUIRED: ClassVar[tuple[str, ...]] = ("program",)
+    SET_SCOPE: ClassVar[tuple[str, ...] | None] = None
+
+    program: str | None = None
+
+
+# The most candidates `plan --exhaustive` simulates unless `max_simulations` says more.
+EXHAUSTIVE_MAX_SIMULATIONS = 100
+_WHOLE = ("seq_len", "global_batch", "top", "workers", "max_simulations", "max_tensor",
+          "max_data", "max_sequence", "max_pipeline", "max_expert")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanRequest(_Request):
+    """A search of the ways to run one training step (`tpusim plan`): the pod, the model and
+    the batch, and the search space (comma lists, as the command line gives them). `workers`
+    and `dask` say where candidates run (`dask`: "local", an address or a
+    `distributed.Client`)."""
+
+    COMMAND: ClassVar[str] = "plan"
+    FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", "model", "seq_len", "global_batch",
+                                        "top", "workers", "dask", "exhaustive", "max_simulations",
+                                        "axes", "max_tensor", "max_data", "max_sequence",
+                                        "max_pipeline", "max_expert", "default_placement",
+                                        "remat", "microbatches", "param_dtype", "grad_dtype",
+                                        "optimizer_dtype", "optimizer", "gather_dtype")
+    REQUIRED: ClassVar[tuple[str, ...]] = ("model", "seq_len", "global_batch")
+    SET_SCOPE: ClassVar[tuple[str, ...] | None] = ("chip", "topology", "model")
+    OWN_CONVERTERS: ClassVar[dict[str, Callable[[Any], Any]]] = {
+        **{name: whole_flag("--" + name.replace("_", "-")) for name in _WHOLE},
+        "microbatches": str}  # a comma list of counts here
+
+    model: str | None = None
+    seq_len: int | None = None
+    global_batch: int | None = None
+    top: int = 5
+    workers: int = 0
+    dask: Any = None
+    exhaustive: bool = False
+    max_simulations: int | None = None
+    axes: str = "data,fsdp,pipeline,expert,sequence,tensor"
+    max_tensor: int = 8
+    max_data: int = 4
+    max_sequence: int = 2
+    max_pipeline: int = 4
+    max_expert: int = 64
+    default_placement: bool = False
+    remat: str = "full,minimal,none"
+    microbatches: str = "1,2,4"
+    param_dtype: str = "bf16"
+    grad_dtype: str = "bf16"
+    optimizer_dtype: str = "fp32"
+    optimizer: str = "adam"
+    gather_dtype: str | None = None
+
+
+# Every request class that `sim.run` runs, by its command.
+REQUESTS: dict[str, type[_Request]] = {
+    cls.COMMAND: cls for cls in (CollectiveRequest, CompareCollectivesRequest, TrainRequest,
+                                 ReplayRequest, DecodeRequest, PrefillRequest, ServeSweepRequest)
+}
+Request = _Request

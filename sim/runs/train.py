@@ -1,0 +1,295 @@
+"""Training steps and trace replays as runs: `run_train(TrainRequest)` compiles the step and
+simulates it (the pipeline stages on the per-chip engine when the mesh has a pipeline axis);
+`run_replay(ReplayRequest)` replays a trace file or XLA's compiled HLO text. Both return a
+`Run` whose summary is what `--json` prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import sys
+from pathlib import Path
+from typing import Any
+
+from sim.pipeline import check_schedule, simulate_pipeline_chips
+from sim.runs.bind import (
+    algorithm_of,
+    base_inputs,
+    moe_config,
+    per_chip_config,
+    resolve_model,
+    resolve_pod,
+    scenario_of,
+    simulate_step,
+)
+from sim.runs.requests import ReplayRequest, TrainRequest
+from sim.runs.result import Run, describe_config, describe_mesh
+from topologies.errors import TpusimError
+from topologies.mesh import parse_mesh
+from topologies.validate import MAX_TRACE_FILE_BYTES
+from topologies.yamlio import read_text_bounded
+from workloads.hlo.lower import import_hlo, is_hlo_text, read_hlo_file
+from workloads.models import model_from_dict
+from workloads.trace import Trace
+from workloads.training import (
+    TrainingConfig,
+    compile_training_step,
+    parse_optimizer,
+    parse_remat,
+    training_config_from_dict,
+)
+
+
+def training_config(req, moe=None, chip=None) -> TrainingConfig:
+    """The TrainingConfig of a request's training settings (validated: every enum, range and
+    dtype). `chip`: the ChipSpec the step runs on, whose compiler behaviour the trace's memory
+    follows; None (`compile --chips N`) compiles with each of those rules off."""
+    return TrainingConfig(
+        seq_len=req.seq_len,
+        batch_per_chip=req.batch_per_chip,
+        remat=parse_remat(req.remat),
+        attention=req.attention,
+        microbatches=req.microbatches,
+        param_dtype=req.param_dtype,
+        grad_dtype=req.grad_dtype,
+        gather_dtype=req.gather_dtype,
+        optimizer_dtype=req.optimizer_dtype,
+        optimizer=parse_optimizer(req.optimizer),
+        overlap=not req.no_overlap,
+        fsdp_gather=req.fsdp_gather,
+        fuse_elementwise=not req.no_fusion,
+        tp_activations=req.tp_activations,
+        tp_comm=req.tp_comm,
+        dp_allreduce=req.dp_allreduce,
+        fsdp_grad=req.fsdp_grad,
+        dp_grad_split=req.dp_grad_split,
+        ep_alltoall=req.ep_alltoall,
+        vocab_tiling=req.vocab_tiling,
+        pipeline_schedule=req.pipeline_schedule or "1f1b",
+        virtual_stages=req.virtual_stages,
+        moe=moe if moe is not None else moe_config(req),
+        # TrainingConfig's defaults for these are false, as `compile --chips N` wants them.
+        **(chip.compiler_rules() if chip is not None else {}),
+    )
+
+
+def compile_inputs(req, moe=None, chip=None):
+    """(base model, model, LogicalMesh, TrainingConfig) that `compile_step` compiles."""
+    base_model, model = resolve_model(req)
+    mesh = parse_mesh(req.mesh, req.dcn, req.axis_map)
+    return base_model, model, mesh, training_config(req, moe, chip)
+
+
+def compile_step(req, num_chips: int, moe=None, chip=None):
+    """(trace, base model, model, TrainingConfig) of a request's training settings."""
+    base_model, model, mesh, cfg = compile_inputs(req, moe, chip)
+    return compile_training_step(model, mesh, num_chips, cfg), base_model, model, cfg
+
+
+def training_summary(trace, result, chip) -> dict[str, Any]:
+    """The `train --json` result fields of a simulated step."""
+    meta = trace.meta
+    step = result.step_time_s
+    if not step > 0:
+        raise TpusimError(
+            f"the step takes {step} s: the program does no work (every op has zero size), so "
+            f"MFU and throughput are undefined; give a trace with compute or communication"
+        )
+    tokens_per_chip = meta["tokens_per_step"] / meta["num_chips"]
+    out = {
+        "model": meta["model"],
+        "chip": result.chip,
+        "topology": result.topology,
+        "num_chips": result.num_chips,
+        "step_time_s": step,
+        "mfu": meta["model_flops_per_chip"] / (step * chip.mxu_flops_per_s),
+        "tokens_per_s_per_chip": tokens_per_chip / step,
+        "model_flops_per_chip": meta["model_flops_per_chip"],
+        "maxtext_tflops_per_s_per_chip": meta["maxtext_flops_per_chip"] / step / 1e12,
+        "hbm_peak_bytes": result.hbm_peak_bytes,
+        "hbm_capacity_bytes": result.hbm_capacity_bytes,
+        "fits_in_hbm": result.fits_in_hbm,
+        "hbm_peak_breakdown": result.hbm_peak_breakdown,
+        "breakdown": result.breakdown,
+        "memory": {
+            "static_bytes": meta["static_hbm_bytes"],
+            **meta["static_breakdown"],
+            "activations_estimate_bytes": meta["activation_bytes_estimate"],
+            "saved_activations_per_layer": meta.get("saved_activations_per_layer", {}),
+            "overflow_bytes": max(result.hbm_peak_bytes - result.hbm_capacity_bytes, 0.0),
+        },
+        "num_ops": result.num_ops,
+        "sim_events": result.sim_events,
+        "collectives": result.collective_costs,
+        **per_chip_summary(result),
+    }
+    if "moe" in meta:
+        out["moe"] = meta["moe"]
+    return out
+
+
+def per_chip_summary(result) -> dict[str, Any]:
+    """The per-chip engine's result fields: how many chip classes were simulated, the chip
+    that finished last and the critical path (chips, ops and links that set the step time)."""
+    return {
+        "num_chip_classes": result.num_chip_classes,
+        "slowest_chip": result.slowest_chip,
+        "critical_path": result.critical_path,
+    }
+
+
+def run_train(req: TrainRequest) -> Run:
+    """One training step: a `Run` with the step's summary, inputs, StepResult and trace."""
+    pod = resolve_pod(req)
+    chip, topo = pod.chip, pod.topology
+    trace, base_model, model, cfg = compile_step(
+        req, topo.num_chips, moe_config(req, scenario_of(req, topo)), chip=chip)
+    pipe = None
+    if req.pipeline_schedule is not None or trace.mesh.size("pipeline") > 1:
+        check_schedule(cfg.pipeline_schedule, trace.mesh.size("pipeline"), cfg.microbatches,
+                       cfg.virtual_stages)
+    if trace.mesh.size("pipeline") > 1:
+        # Every stage's chips run the schedule's passes on the per-chip engine (sim/pipeline.py),
+        # with the request's perturbations; the bubble is what the schedule produces.
+        result, pipe = simulate_pipeline_chips(
+            model, trace.mesh, chip, topo, cfg, base=_pipeline_base(req, trace, topo),
+            algorithm=algorithm_of(req))
+    else:
+        result = simulate_step(req, trace, chip, topo)
+    inputs = base_inputs(req, pod, base_model)
+    inputs["model"] = model.to_dict()
+    inputs["mesh"] = describe_mesh(trace.mesh, topo)
+    inputs["training"] = {**describe_config(cfg),
+                          "global_batch": cfg.batch_per_chip * topo.num_chips,
+                          "tokens_per_step": trace.meta["tokens_per_step"]}
+    inputs["algorithm"] = algorithm_of(req)
+    summary = training_summary(trace, result, chip)
+    if pipe is not None:
+        summary["pipeline"] = pipe.to_dict()
+    return Run(command="train", summary=summary, inputs=inputs, result=result, trace=trace)
+
+
+def _pipeline_base(req, trace, topo):
+    """The request's perturbations for a pipeline run (its MoE expert loads come from the stage
+    programs, not from the whole-step trace's op ids)."""
+    return dataclasses.replace(per_chip_config(req, trace, topo), op_scale={})
+
+
+def load_hlo(path: str, topo):
+    """(HloImport) for an HLO file on `topo`; its warnings go to stderr."""
+    imp = import_hlo(read_hlo_file(path), topology=topo, source=path)
+    for w in imp.warnings:
+        sys.stderr.write(f"tpusim: warning: {w}\n")
+    return imp
+
+
+def is_hlo(path: Path) -> bool:
+    """Whether `path` (or, for `.gz`, its contents) starts like HLO module text."""
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as f:
+                head = f.read(4096)
+        else:
+            with open(path, "rb") as f:
+                head = f.read(4096)
+    except (OSError, EOFError):
+        return False
+    return is_hlo_text(head.decode("utf-8", errors="replace"))
+
+
+def hlo_summary(inv: dict[str, Any], result) -> dict[str, Any]:
+    """The replay summary of an imported HLO program: step time plus its inventory totals."""
+    return {
+        "module": inv["module"], "chip": result.chip, "topology": result.topology,
+        "num_chips": result.num_chips, "step_time_s": result.step_time_s,
+        "breakdown": result.breakdown, "dot_flops_per_chip": inv["dot_flops_per_chip"],
+        "collective_bytes_per_chip": inv["collective_bytes_per_chip"],
+        "num_collectives": inv["num_collectives"], "num_ops": result.num_ops,
+        "sim_events": result.sim_events, "collectives": result.collective_costs,
+    }
+
+
+def run_replay(req: ReplayRequest, *, check_trace_chips=None) -> Run:
+    """A trace file (or HLO text) replayed on the pod. The file's SHA-256 is recorded in
+    `inputs`; when the request carries `trace_sha256` (`rerun`), a file that changed since is
+    an error. `check_trace_chips(num_chips)`: the front end's check of its trace-chip list,
+    called once the pod is known and before anything is simulated."""
+    path = Path(req.trace)
+    if not path.is_file():
+        raise TpusimError(f"trace file {str(path)!r} does not exist; write one with tpusim compile")
+    hlo = None
+    if is_hlo(path):
+        # XLA's compiled HLO text: import it for this pod, then replay like any trace.
+        pod = resolve_pod(req)
+        imp = load_hlo(str(path), pod.topology)  # refuses oversized files before reading them
+        trace, hlo = imp.trace, imp.inventory
+        raw = path.read_bytes()
+    else:
+        # Checks the size limit before reading a byte (the digest below needs the raw bytes).
+        text = read_text_bounded(path, what="trace", limit=MAX_TRACE_FILE_BYTES,
+                                 hint="write one with `tpusim compile ... -o FILE`")
+        raw = text.encode("utf-8")
+        trace = Trace.from_json(text, source=f"trace file {str(path)!r}")
+        pod = resolve_pod(req)
+    chip, topo = pod.chip, pod.topology
+    digest = hashlib.sha256(raw).hexdigest()
+    expected = req.trace_sha256
+    if expected is not None and expected != digest:
+        raise TpusimError(
+            f"trace file {str(path)!r} has changed since the result was written (SHA-256 "
+            f"{digest[:12]}... instead of {str(expected)[:12]}...); rerun needs the same file"
+        )
+    if check_trace_chips is not None:
+        check_trace_chips(topo.num_chips)
+    n = trace.meta.get("num_chips")
+    if n is not None and n != topo.num_chips:
+        raise TpusimError(
+            f"trace {str(path)!r} was compiled for {n} chips but the pod has {topo.num_chips}; "
+            f"replay it on a {n}-chip pod or recompile"
+        )
+    pipe = None
+    if trace.meta.get("kind") == "training" and trace.mesh.size("pipeline") > 1:
+        result, pipe = _replay_pipeline(req, trace, chip, topo, path)
+    else:
+        result = simulate_step(req, trace, chip, topo,
+                               overlap=False if req.no_overlap else None)
+    if hlo is not None:
+        summary = {**hlo_summary(hlo, result), **per_chip_summary(result)}
+    elif trace.meta.get("kind") == "training":
+        summary = training_summary(trace, result, chip)
+    else:
+        summary = {"step_time_s": result.step_time_s, "breakdown": result.breakdown,
+                   **per_chip_summary(result)}
+    if pipe is not None:
+        summary["pipeline"] = pipe.to_dict()
+    inputs = base_inputs(req, pod)
+    inputs["trace"] = {"path": str(path), "sha256": digest, "kind": trace.meta.get("kind"),
+                       "model": trace.meta.get("model")}
+    inputs["mesh"] = describe_mesh(trace.mesh, topo)
+    inputs["algorithm"] = algorithm_of(req)
+    return Run(command=req.command, summary=summary, inputs=inputs, result=result, trace=trace)
+
+
+def _replay_pipeline(req, trace, chip, topo, path):
+    """A compiled pipeline step: the stage programs composed again from the model and settings
+    the trace records, run on the per-chip engine as `train` runs them."""
+    rec = trace.meta.get("pipeline_compile")
+    if not isinstance(rec, dict) or "model" not in rec or "config" not in rec:
+        raise TpusimError(
+            f"trace {str(path)!r} has a pipeline axis but does not record its model and settings "
+            f"(written by an older tpusim), so its stage programs cannot be composed; recompile "
+            f"it with tpusim compile"
+        )
+    source = f"trace {str(path)!r}"
+    model = model_from_dict(rec["model"], source=source)
+    cfg = training_config_from_dict(rec["config"], source=source)
+    check_schedule(cfg.pipeline_schedule, trace.mesh.size("pipeline"), cfg.microbatches,
+                   cfg.virtual_stages)
+    if req.no_overlap:
+        cfg = dataclasses.replace(cfg, overlap=False)
+    return simulate_pipeline_chips(model, trace.mesh, chip, topo, cfg,
+                                   base=_pipeline_base(req, trace, topo),
+                                   algorithm=algorithm_of(req),
+                                   overlap=False if req.no_overlap else None)
