@@ -16,6 +16,7 @@ from typing import Any
 from topologies.errors import TpusimError
 from topologies.registry import Registry
 from topologies.validate import number, short_repr
+from workloads.xla_compiler import COMPILER_RULES, XlaCompilerSpec
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,42 +49,11 @@ class ChipSpec:
         mxu_efficiency, vpu_efficiency, hbm_efficiency, ici_efficiency, dcn_efficiency: achievable
             fraction of each peak (1.0 = the textbook's roofline).
         op_overhead_s: fixed cost added to every compute op (launch / pipeline fill).
-        score_exp_fusion: XLA's TPU compiler for this generation always fuses dot
-            attention's score matmul with the softmax's exponentials (one output fusion writes
-            the f32 exponentials; the f32 scores are never a buffer of their own). True on
-            v6e; false on v5e and v5p, whose compiler fuses them only on some meshes and
-            gather forms (workloads.memory.score_exp_fused). Read off the forward layer of the
-            compiled `benchmarks/xla_memory.py` programs (docs/model.md "Memory"). It changes the
-            memory of dot attention only (workloads.training.TrainingConfig.score_exp_fusion,
-            set from the chip by sim/).
-        score_grad_fusion: in a recomputing backward (remat full, minimal, offload) of dot
-            attention the compiler recomputes the score gradient inside the fusions of the
-            two matmuls that read it (dQ, dK) instead of writing it as a bf16 buffer. True on
-            v5e. Read off the attention backward of the compiled `benchmarks/xla_memory.py`
-            programs (workloads.memory.attention_backward_score_buffers).
-        bwd_probs_buffer: a recomputing backward of dot attention writes the bf16
-            probabilities as a buffer for the value-gradient matmul: under full in the
-            recomputation (live from its softmax to that matmul), and, when the layer's
-            projections are kept (minimal, offload), in the same fusion as the probability
-            gradient, so they are live at the score gradient. True on v5p (same source).
-        loss_after_backward: with one sequence per chip the compiler schedules the loss
-            value (the gather of each token's target logit, which reads the f32 logits, and
-            the sum whose all-reduce XLA combines with the final norm's gradient) after the
-            backward layer loop, so the f32 logits live through it. True on v5e. Read off the
-            v5e, v5p and v6e programs of `benchmarks/xla_memory.py` with one sequence per chip
-            (workloads.memory.loss_value_logits_bytes).
-        mlp_grad_after_attention: with windowed weight gathers (collective-matmul loops) the
-            compiler schedules a layer's MLP weight-gradient rings after the attention's
-            backward under full and minimal, so the MLP's recomputed tensors live through it
-            (as they do under offload on every chip). True on v5e. Read off the score gradient
-            of the windowed v5e, v5p and v6e programs of `benchmarks/xla_memory.py`
-            (workloads.training's mlp_side_bytes).
-        head_grad_after_backward: with windowed weight gathers over fsdp (no tensor axis)
-            the compiler schedules the output projection's weight-gradient ring after the
-            backward layer loop when the weights are cast before their gathers (f32 params
-            gathered in bf16), so the bf16 logit gradients and the final norm's output live
-            through the loop. True on v6e. Read off the windowed fsdp=16 v5e and v6e programs
-            of `benchmarks/xla_memory.py` (workloads.memory.windowed_head_gradient_bytes).
+        compiler: what this generation's XLA compiler does to a training step's memory
+            (`workloads.xla_compiler.XlaCompilerSpec`: score_exp_fusion, score_grad_fusion,
+            bwd_probs_buffer, loss_after_backward, mlp_grad_after_attention,
+            head_grad_after_backward), read and written under its rules' own names: chip
+            YAML keys, `--set` keys, `to_dict()` and attributes of the chip.
     """
 
     name: str
@@ -109,12 +79,7 @@ class ChipSpec:
     dcn_efficiency: float = 1.0
     op_overhead_s: float = 0.0
     dcn_message_overhead_s: float = 0.0
-    score_exp_fusion: bool = False
-    score_grad_fusion: bool = False
-    bwd_probs_buffer: bool = False
-    loss_after_backward: bool = False
-    mlp_grad_after_attention: bool = False
-    head_grad_after_backward: bool = False
+    compiler: XlaCompilerSpec = XlaCompilerSpec()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not 0 < len(self.name) <= 64 \
@@ -133,6 +98,9 @@ class ChipSpec:
                 lo, hi, lo_open, integer, why = _FIELD_RANGES[f.name]
                 number(getattr(self, f.name), f"chip {self.name!r}: {f.name}", lo=lo, hi=hi,
                        lo_open=lo_open, integer=integer, fix=why)
+        if not isinstance(self.compiler, XlaCompilerSpec):
+            raise TpusimError(f"chip {self.name!r}: compiler {short_repr(self.compiler)} is not "
+                              f"an XlaCompilerSpec")
         for name in CHIP_BOOL_FIELDS:
             if not isinstance(getattr(self, name), bool):
                 raise TpusimError(
@@ -152,7 +120,15 @@ class ChipSpec:
         """What this generation's compiler keeps in memory (`CHIP_BOOL_FIELDS`), as the
         `TrainingConfig` fields of the same names: the settings a step compiled for this chip
         takes."""
-        return {name: getattr(self, name) for name in CHIP_BOOL_FIELDS}
+        return self.compiler.rules()
+
+    # The compiler's rules read as the chip's attributes, as chip files and `--set` name them.
+    score_exp_fusion = property(lambda self: self.compiler.score_exp_fusion)
+    score_grad_fusion = property(lambda self: self.compiler.score_grad_fusion)
+    bwd_probs_buffer = property(lambda self: self.compiler.bwd_probs_buffer)
+    loss_after_backward = property(lambda self: self.compiler.loss_after_backward)
+    mlp_grad_after_attention = property(lambda self: self.compiler.mlp_grad_after_attention)
+    head_grad_after_backward = property(lambda self: self.compiler.head_grad_after_backward)
 
     def mxu_fill(self, narrow_dim: float) -> float:
         """Fraction of the MXU a matmul keeps busy when one of its tiled operand dimensions
@@ -216,9 +192,10 @@ class ChipSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """The fields under their chip YAML keys (`chip_from_dict` inverts it exactly)."""
-        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name != "compiler"}
         data["max_pod_shape"] = list(self.max_pod_shape)
-        return data
+        return {**data, **self.compiler_rules()}
 
     def with_overrides(self, **changes: Any) -> ChipSpec:
         """A copy with some fields changed (what-if studies), validated like a preset."""
@@ -227,14 +204,16 @@ class ChipSpec:
             raise TpusimError(
                 f"chip override {unknown} is not a ChipSpec field; use: {', '.join(CHIP_FIELDS)}"
             )
-        return dataclasses.replace(self, **changes)
+        rules = {k: v for k, v in changes.items() if k in CHIP_BOOL_FIELDS}
+        silicon = {k: v for k, v in changes.items() if k not in CHIP_BOOL_FIELDS}
+        if rules:
+            silicon["compiler"] = dataclasses.replace(self.compiler, **rules)
+        return dataclasses.replace(self, **silicon)
 
 
 WRAP_RULES = ("cube", "full-axis")
-# Chip fields that are true or false (what the generation's compiler does), not numbers.
-CHIP_BOOL_FIELDS = ("score_exp_fusion", "score_grad_fusion", "bwd_probs_buffer",
-                    "loss_after_backward", "mlp_grad_after_attention",
-                    "head_grad_after_backward")
+# Chip keys that are true or false (what the generation's compiler does), not numbers.
+CHIP_BOOL_FIELDS = COMPILER_RULES
 _POSITIVE_FIELDS = {
     "mxu_flops_per_s",
     "mxu_int8_ops_per_s",
@@ -270,7 +249,9 @@ _FIELD_RANGES: dict[str, tuple] = {
                            "the achievable fraction of the peak")
        for u in ("mxu", "vpu", "hbm", "ici", "dcn")},
 }
-CHIP_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ChipSpec))
+# Every chip key: the silicon's fields, then the compiler's rules.
+CHIP_FIELDS: tuple[str, ...] = tuple(
+    f.name for f in dataclasses.fields(ChipSpec) if f.name != "compiler") + CHIP_BOOL_FIELDS
 
 CHIPS: Registry[ChipSpec] = Registry("chip")
 
@@ -372,21 +353,23 @@ CHIPS.add(
         # Fitted jointly with mxu_efficiency to the same half: the 1-32-slice runs' slowdown
         # with the slice count (docs/validation.md, effect 2; docs/model.md).
         dcn_message_overhead_s=_V5E_DCN_MESSAGE_S,
-        # A recomputing attention backward holds two bf16 score-sized buffers at the score
-        # gradient (the recomputed scores and the probability gradient) in every v5e program
-        # of benchmarks/xla_memory.py; v5p and v6e write the score gradient too (docs/model.md
-        # "Memory").
-        score_grad_fusion=True,
-        # With one sequence per chip the f32 logits live from the loss to the end of the
-        # backward loop in every such v5e program of benchmarks/xla_memory.py (fsdp=16 none,
-        # full, minimal, offload; data=2 x fsdp=8 minimal); the v5p and v6e ones free them at
-        # the loss (docs/model.md "Memory").
-        loss_after_backward=True,
-        # With windowed gathers the MLP's recomputed tensors (its gate, up and gated product)
-        # are live at the attention backward's score gradient in every full and minimal v5e
-        # program of benchmarks/xla_memory.py; v6e's seq-2048 two-sequence ones free them
-        # first (docs/model.md "Memory").
-        mlp_grad_after_attention=True,
+        compiler=XlaCompilerSpec(
+            # A recomputing attention backward holds two bf16 score-sized buffers at the score
+            # gradient (the recomputed scores and the probability gradient) in every v5e program
+            # of benchmarks/xla_memory.py; v5p and v6e write the score gradient too (docs/model.md
+            # "Memory").
+            score_grad_fusion=True,
+            # With one sequence per chip the f32 logits live from the loss to the end of the
+            # backward loop in every such v5e program of benchmarks/xla_memory.py (fsdp=16 none,
+            # full, minimal, offload; data=2 x fsdp=8 minimal); the v5p and v6e ones free them at
+            # the loss (docs/model.md "Memory").
+            loss_after_backward=True,
+            # With windowed gathers the MLP's recomputed tensors (its gate, up and gated product)
+            # are live at the attention backward's score gradient in every full and minimal v5e
+            # program of benchmarks/xla_memory.py; v6e's seq-2048 two-sequence ones free them
+            # first (docs/model.md "Memory").
+            mlp_grad_after_attention=True,
+        ),
     ),
 )
 CHIPS.add(
@@ -412,11 +395,13 @@ CHIPS.add(
         # because its MXUs are the same 128x128 systolic arrays (tpu.md §1.2); no measured runs
         # of this generation were used. The roofline is `with_overrides(mxu_efficiency=1.0)`.
         mxu_efficiency=_V5E_MXU_EFFICIENCY,
-        # The recomputing attention backward writes the bf16 probabilities; under minimal and
-        # offload in the probability-gradient matmul's fusion, live at the score gradient (4
-        # score-sized buffers in v5p's minimal and offload programs of benchmarks/
-        # xla_memory.py, 3 in its full programs; docs/model.md "Memory").
-        bwd_probs_buffer=True,
+        compiler=XlaCompilerSpec(
+            # The recomputing attention backward writes the bf16 probabilities; under minimal and
+            # offload in the probability-gradient matmul's fusion, live at the score gradient (4
+            # score-sized buffers in v5p's minimal and offload programs of benchmarks/
+            # xla_memory.py, 3 in its full programs; docs/model.md "Memory").
+            bwd_probs_buffer=True,
+        ),
     ),
 )
 CHIPS.add(
@@ -458,16 +443,18 @@ CHIPS.add(
         # at its fit; checked on the even half's 4-slice run, whose own fit gives 0.4 ms
         # (docs/validation.md, effect 6). 3.5 ms when it was one all-reduce a layer.
         dcn_message_overhead_s=0.55e-3,
-        # The forward's score matmul, mask, max, subtract, exp and row sum are one output
-        # fusion in every v6e program of benchmarks/xla_memory.py (none, full, minimal,
-        # offload); v5e's and v5p's write the f32 scores first (docs/model.md "Memory").
-        score_exp_fusion=True,
-        # The output projection's weight-gradient ring runs after the backward loop, keeping
-        # the bf16 logit gradients, in the windowed fsdp=16 v6e programs of
-        # benchmarks/xla_memory.py with f32 weights cast to bf16 (full, minimal); v5e's with
-        # f32 weights and v6e's with bf16 weights (none, full, minimal) run it before the loop
-        # (docs/model.md "Memory").
-        head_grad_after_backward=True,
+        compiler=XlaCompilerSpec(
+            # The forward's score matmul, mask, max, subtract, exp and row sum are one output
+            # fusion in every v6e program of benchmarks/xla_memory.py (none, full, minimal,
+            # offload); v5e's and v5p's write the f32 scores first (docs/model.md "Memory").
+            score_exp_fusion=True,
+            # The output projection's weight-gradient ring runs after the backward loop, keeping
+            # the bf16 logit gradients, in the windowed fsdp=16 v6e programs of
+            # benchmarks/xla_memory.py with f32 weights cast to bf16 (full, minimal); v5e's with
+            # f32 weights and v6e's with bf16 weights (none, full, minimal) run it before the loop
+            # (docs/model.md "Memory").
+            head_grad_after_backward=True,
+        ),
     ),
 )
 CHIPS.add(
@@ -613,7 +600,7 @@ def chip_from_dict(data: dict[str, Any], *, source: str = "chip YAML") -> ChipSp
             )
         base = get_chip(base_name)
         data.setdefault("name", f"{base.name}-custom")
-        return dataclasses.replace(base, **data)
+        return base.with_overrides(**data)
     missing = [
         f.name
         for f in dataclasses.fields(ChipSpec)
@@ -624,8 +611,9 @@ def chip_from_dict(data: dict[str, Any], *, source: str = "chip YAML") -> ChipSp
             f"{source}: missing key(s) {', '.join(missing)}; give them, or start from a preset "
             f"with `base: v5e`"
         )
+    rules = {k: data.pop(k) for k in CHIP_BOOL_FIELDS if k in data}
     try:
-        return ChipSpec(**data)
+        return ChipSpec(**data, compiler=XlaCompilerSpec(**rules))
     except TypeError as exc:  # pragma: no cover - guarded by the checks above
         raise TpusimError(f"{source}: {exc}") from None
 

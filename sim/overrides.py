@@ -88,7 +88,7 @@ class Overrides:
         if not self.chip:
             return chip
         changes = {o.key: _resolve(o, getattr(chip, o.key), "") for o in self.chip}
-        return dataclasses.replace(chip, **changes)
+        return chip.with_overrides(**changes)
 
     def apply_model(self, model: TransformerSpec) -> TransformerSpec:
         """`model` with the `model.*` overrides applied (validated like a zoo model)."""

@@ -343,3 +343,24 @@ def test_compiler_rules_are_training_config_fields_that_default_to_false(name):
     assert rules and all(defaults[k] is False for k in rules)
     cfg = TrainingConfig(seq_len=8, batch_per_chip=1, **rules)
     assert {k: getattr(cfg, k) for k in rules} == {k: getattr(chip, k) for k in rules}
+
+
+@pytest.mark.parametrize("name", sorted(CHIPS.names()))
+def test_the_compiler_rules_are_a_spec_of_their_own_read_and_written_as_chip_keys(name):
+    # XLA's behaviour is the chip's `compiler` (an XlaCompilerSpec), apart from the silicon's
+    # fields; chip files, --set and to_dict still name its rules as chip keys, last.
+    from workloads.training import TrainingConfig
+    from workloads.xla_compiler import COMPILER_RULES, XlaCompilerSpec
+
+    chip = get_chip(name)
+    assert isinstance(chip.compiler, XlaCompilerSpec)
+    assert "compiler" not in CHIP_FIELDS and CHIP_FIELDS[-len(COMPILER_RULES):] == COMPILER_RULES
+    assert list(chip.to_dict()) == list(CHIP_FIELDS)
+    assert chip_from_dict(chip.to_dict()) == chip
+    for rule in COMPILER_RULES:
+        flipped = chip.with_overrides(**{rule: not getattr(chip, rule)})
+        assert getattr(flipped.compiler, rule) is (not getattr(chip.compiler, rule))
+        assert chip_from_dict({"base": name, rule: getattr(flipped, rule)}).compiler == \
+            flipped.compiler
+    assert TrainingConfig(seq_len=8, batch_per_chip=1, **chip.compiler_rules()).compiler == \
+        chip.compiler

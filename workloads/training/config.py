@@ -39,6 +39,7 @@ from workloads.training.modes import (
     parse_remat,
 )
 from workloads.training.xla_rules import XLA_MAX_WINDOWED_RING
+from workloads.xla_compiler import COMPILER_RULES, XlaCompilerSpec
 
 
 def check_stateless_optimizer(optimizer: str, optimizer_dtypes: tuple[str, ...]) -> None:
@@ -61,10 +62,9 @@ def _mode(choices: type[enum.StrEnum], value: object) -> enum.StrEnum | None:
         return None
 
 
-# The chip compiler's memory rules a TrainingConfig carries (sim/ sets them from ChipSpec).
-COMPILER_RULE_FIELDS = ("score_exp_fusion", "score_grad_fusion", "bwd_probs_buffer",
-                        "loss_after_backward", "mlp_grad_after_attention",
-                        "head_grad_after_backward")
+# The chip compiler's memory rules a TrainingConfig carries (sim/ sets them from the chip's
+# XlaCompilerSpec).
+COMPILER_RULE_FIELDS = COMPILER_RULES
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -257,6 +257,11 @@ class TrainingConfig:
         if self.gather_dtype is not None:
             dtype_bytes(self.gather_dtype, "--gather-dtype")
         check_stateless_optimizer(self.optimizer, (self.optimizer_dtype,))
+
+    @property
+    def compiler(self) -> XlaCompilerSpec:
+        """The chip compiler's rules this step is compiled with."""
+        return XlaCompilerSpec(**{name: getattr(self, name) for name in COMPILER_RULES})
 
     @property
     def weight_gather_dtype(self) -> str:
