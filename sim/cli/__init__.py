@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from sim import progress
 from sim.cli import collectives, hlo, inference, reruns, studies, training
-from sim.cli.common import Parser, flag_specs, request_of
+from sim.cli.common import Parser, request_of
 from sim.runs.convert import parse_bytes, parse_coords
 from topologies.errors import TpusimError
 from topologies.validate import short_repr
@@ -34,8 +34,6 @@ def build_parser() -> Parser:
     sub = p.add_subparsers(dest="command", parser_class=Parser)
     for family in (collectives, training, inference, studies, reruns, hlo):
         family.register(sub)
-    for sp in sub.choices.values():
-        sp.set_defaults(flag_specs=flag_specs(sp))
     p.set_defaults(commands=sub.choices)
     return p
 

@@ -17,7 +17,6 @@ from topologies.validate import (
     CAPACITY_FACTOR_RANGE,
     MAX_SLICES,
     FlagError,
-    short_repr,
 )
 
 # A value that starts with "-" but that argparse does not take for a negative number (it knows
@@ -184,77 +183,6 @@ def flag_specs(p: argparse.ArgumentParser) -> tuple[tuple[str, str, str], ...]:
         if name not in OUTPUT_FLAGS:
             specs.append((name, a.dest, kind))
     return tuple(specs)
-
-
-def argv_from_flags(command: str, flags: dict[str, Any],
-                    specs: tuple[tuple[str, str, str], ...], *,
-                    caller: str | None = None) -> list[str]:
-    """The command line that gives these flags (the inverse of `record_flags`). `caller`: the
-    Python API function they were given to (`sim.train`), which a wrong type names instead of
-    a recorded result file."""
-    known = {name: kind for name, _dest, kind in specs}
-    unknown = sorted(set(flags) - set(known))
-    if unknown:
-        raise TpusimError(
-            f"tpusim {command} has no flag(s) {', '.join(unknown)}; it takes: "
-            f"{', '.join(known)}"
-        )
-    head, tail = [command], []
-    for name, value in flags.items():
-        kind = known[name]
-        _check_flag_value(command, name, kind, value, caller)
-        if kind == "positional":
-            head.append(str(value))
-        elif kind == "switch":
-            if value:
-                tail.append(f"--{name}")
-        elif kind == "append":
-            items = value.items() if isinstance(value, dict) else None
-            if items is not None:
-                tail += [f"--{name}={k}={v}" for k, v in items]
-            else:
-                tail += [f"--{name}={v}" for v in (value or ())]
-        elif value is not None:
-            tail.append(f"--{name}={value}")
-    return head + tail
-
-
-def _check_flag_value(command: str, name: str, kind: str, value: Any,
-                      caller: str | None = None) -> None:
-    """A recorded flag's value has the type `record_flags` writes for its kind (a result file
-    edited by hand, or a Python API call, may hold anything)."""
-
-    scalar = (str, int, float)
-    if kind == "switch":
-        ok = isinstance(value, bool) or value is None
-        want = "true or false"
-    elif kind == "append":
-        ok = value is None or (isinstance(value, list) and all(
-            isinstance(v, scalar) and not isinstance(v, bool) for v in value)) or (
-            isinstance(value, dict) and all(isinstance(v, scalar) and not isinstance(v, bool)
-                                            for v in value.values()))
-        want = "a list of values" + (" (an object KEY: VALUE for set)" if name == "set" else "")
-    else:
-        ok = value is None or (isinstance(value, scalar) and not isinstance(value, bool))
-        want = "one number or text"
-    if not ok and caller is not None:
-        key = name.replace("-", "_")
-        raise TpusimError(
-            f"{caller}({key}={short_repr(value)}): {key} takes "
-            f"{_API_WANT.get(key if key == 'set' else kind, _API_WANT[''])}"
-        )
-    if not ok:
-        raise TpusimError(
-            f"inputs.flags.{short_repr(name)} of tpusim {command} is {short_repr(value)}; it "
-            f"must be {want} (the result file was edited); restore it or rerun the command"
-        )
-
-
-# What a flag's keyword takes in a Python API call (`sim.train(seed=...)`), by kind of flag.
-_API_WANT = {"switch": "True or False",
-             "append": "a list of values such as ['0,0:x+:0.5'] (one per flag given)",
-             "set": "a dict of keys to numbers or text such as {'ici_link_bytes_per_s': 'x2'}",
-             "": "one number or text, as its flag takes on the command line (e.g. 8 or 'full')"}
 
 
 # -- MoE router settings -------------------------------------------------------------------

@@ -16,7 +16,7 @@ from topologies.validate import (
     MAX_CHUNKS,
 )
 
-_DEFAULT_BATCHES = "1,2,4,8,16,32,64,128,256"
+_DEFAULT_BATCHES = ServeSweepRequest.batches  # the request's default, stated in --help
 
 
 def _add_inference_args(p: argparse.ArgumentParser, *, batch: bool = True,
