@@ -129,6 +129,21 @@ def allowed_keys(scope: Iterable[str]) -> list[str]:
     return keys
 
 
+def set_pairs(items: Iterable[str]) -> dict[str, str]:
+    """`KEY=VALUE` texts (the CLI's repeated `--set`) as {key: value}, later wins; an item that
+    is not KEY=VALUE is an error."""
+    pairs: dict[str, str] = {}
+    for item in items:
+        text = str(item)
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise TpusimError(
+                f"--set {text!r} is not KEY=VALUE; write e.g. --set ici_link_bytes_per_s=x2"
+            )
+        pairs[key.strip()] = value.strip()
+    return pairs
+
+
 def parse_overrides(items: Iterable[str] | Mapping[str, Any] | None,
                     scope: Iterable[str] = SCOPES, *, command: str = "this command") -> Overrides:
     """`["ici_link_bytes_per_s=x2", "model.d_ff=28672"]` (or the same as a dict) -> Overrides.
@@ -151,14 +166,7 @@ def parse_overrides(items: Iterable[str] | Mapping[str, Any] | None,
         for k, v in items.items():
             pairs[str(k).strip()] = v
     else:
-        for item in items:
-            text = str(item)
-            key, sep, value = text.partition("=")
-            if not sep or not key.strip():
-                raise TpusimError(
-                    f"--set {text!r} is not KEY=VALUE; write e.g. --set ici_link_bytes_per_s=x2"
-                )
-            pairs[key.strip()] = value.strip()
+        pairs = set_pairs(items)
     allowed = allowed_keys(scope)
     chip, model = [], []
     wrap = algo = None

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sim.overrides import set_pairs
 from sim.runs.requests import CONVERTERS
 from topologies.errors import TpusimError
 from topologies.validate import (
@@ -361,20 +362,6 @@ def add_step_perturbation_args(p: argparse.ArgumentParser) -> None:
 _DESTS = {"slice": "slice_name", "bytes": "nbytes", "overrides": "set"}
 
 
-def set_pairs(items) -> dict[str, str]:
-    """`--set` items as {key: value}, later wins; an item that is not KEY=VALUE is an error."""
-    pairs: dict[str, str] = {}
-    for item in items or ():
-        text = str(item)
-        key, sep, value = text.partition("=")
-        if not sep or not key.strip():
-            raise TpusimError(
-                f"--set {text!r} is not KEY=VALUE; write e.g. --set ici_link_bytes_per_s=x2"
-            )
-        pairs[key.strip()] = value.strip()
-    return pairs
-
-
 def request_of(cls, args: argparse.Namespace, **extra):
     """The typed request of a parsed command line (its `--set` overrides validated now, so a
     bad one is refused before anything else is checked)."""
@@ -382,7 +369,7 @@ def request_of(cls, args: argparse.Namespace, **extra):
     for name in cls.FLAGS:
         v = getattr(args, _DESTS.get(name, name), None)
         if name == "overrides":
-            v = set_pairs(v)
+            v = set_pairs(v or ())
         if v is not None:
             kw[name] = v
     req = cls(**kw, **extra)
