@@ -28,14 +28,13 @@ from sim.hardware import ChipSpec
 from sim.runs.bind import algorithm_of, moe_config, resolve_model, resolve_pod, scenario_of
 from sim.runs.requests import EXHAUSTIVE_MAX_SIMULATIONS, PlanRequest, TrainRequest
 from sim.runs.train import _pipeline_base, compile_inputs, compile_step
+from sim.study import check_workers
 from topologies.errors import TpusimError
 from topologies.validate import (
     MAX_BATCH,
     MAX_CHIPS,
     MAX_PLAN_COMBINATIONS,
     MAX_TOKENS,
-    MAX_WORKERS,
-    range_text,
     short_repr,
     split_list,
 )
@@ -1456,9 +1455,7 @@ def plan_summary(res: PlanResult, top: int) -> dict:
 
 def search(req: PlanRequest, *, quiet: bool = True) -> tuple[PlanResult, PlanConfig]:
     """(PlanResult, PlanConfig) of a plan request: the CLI's `plan` and `sim.plan` both."""
-    if not 0 <= req.workers <= MAX_WORKERS:
-        raise TpusimError(f"--workers {req.workers} must be "
-                          f"{range_text(0, MAX_WORKERS, integer=True)} (0 = one per core)")
+    check_workers(req.workers)
     limit = req.max_simulations
     if limit is not None and not req.exhaustive:
         raise TpusimError(

@@ -411,6 +411,16 @@ def flatten_result(result: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # -- running a study -------------------------------------------------------------------------
+def check_workers(workers: Any) -> None:
+    """A worker count: a whole number in [0, MAX_WORKERS] (0 = one per core)."""
+    if not isinstance(workers, int) or isinstance(workers, bool) \
+            or not 0 <= workers <= MAX_WORKERS:
+        raise TpusimError(
+            f"--workers {short_repr(workers)} must be "
+            f"{range_text(0, MAX_WORKERS, integer=True)} (0 = one per core)"
+        )
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SweepConfig:
     """How to run a study: worker count, backend, output directory, resume."""
@@ -423,12 +433,7 @@ class SweepConfig:
     write_every_s: float = 2.0  # how often finished rows are flushed to disk while running
 
     def __post_init__(self) -> None:
-        if not isinstance(self.workers, int) or isinstance(self.workers, bool) \
-                or not 0 <= self.workers <= MAX_WORKERS:
-            raise TpusimError(
-                f"--workers {short_repr(self.workers)} must be "
-                f"{range_text(0, MAX_WORKERS, integer=True)} (0 = one per core)"
-            )
+        check_workers(self.workers)
         if self.dask is not None and not isinstance(self.dask, str) \
                 and not callable(getattr(self.dask, "submit", None)):
             raise TpusimError(

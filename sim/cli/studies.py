@@ -8,8 +8,7 @@ import argparse
 
 from sim.cli import common as cli
 from sim.runs.requests import EXHAUSTIVE_MAX_SIMULATIONS, PlanRequest
-from topologies.errors import TpusimError
-from topologies.validate import MAX_WORKERS, range_text, whole_flag
+from topologies.validate import whole_flag
 
 
 def _add_backend_args(p: argparse.ArgumentParser) -> None:
@@ -20,16 +19,10 @@ def _add_backend_args(p: argparse.ArgumentParser) -> None:
                         "processes) or a scheduler address such as tcp://HOST:8786")
 
 
-def _check_workers(args: argparse.Namespace) -> None:
-    if not 0 <= args.workers <= MAX_WORKERS:
-        raise TpusimError(f"--workers {args.workers} must be "
-                          f"{range_text(0, MAX_WORKERS, integer=True)} (0 = one per core)")
-
-
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from sim.study import ERROR_COLUMN, SweepConfig, load_study, run_study
+    from sim.study import ERROR_COLUMN, SweepConfig, check_workers, load_study, run_study
 
-    _check_workers(args)
+    check_workers(args.workers)
     study = load_study(args.study)
     cfg = SweepConfig(workers=args.workers, dask=args.dask, out_dir=args.out,
                       resume=args.resume, quiet=bool(args.quiet_sub))
