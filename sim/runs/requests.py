@@ -253,7 +253,7 @@ class _Request:
         kw: dict[str, Any] = {}
         unknown = []
         for key, value in flags.items():
-            name = setting_name(str(key)) if str(key) != "overrides" else "overrides"
+            name = setting_name(str(key))
             if name not in known:
                 unknown.append(str(key))
                 continue
@@ -452,16 +452,10 @@ _INFERENCE = ("model", "batch", "context_len", "mesh", "dcn", "weight_dtype", "k
 
 
 @dataclass(frozen=True, kw_only=True)
-class DecodeRequest(_Perturbed):
-    """One decode step with a KV cache (`tpusim decode`)."""
-
-    COMMAND: ClassVar[str] = "decode"
-    FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", *_INFERENCE, "algorithm", *_PERTURB,
-                                        "mode")
-    REQUIRED: ClassVar[tuple[str, ...]] = ("model", "batch", "context_len", "mesh")
+class _Decoding(_Request):
+    """What every decode-step command has: the model, its KV cache and its number formats."""
 
     model: str | None = None
-    batch: int | None = None
     context_len: int | None = None
     mesh: str | None = None
     dcn: str | None = None
@@ -469,6 +463,18 @@ class DecodeRequest(_Perturbed):
     kv_dtype: str = "bf16"
     matmul_dtype: str = "bf16"
     sampling: str = "top-k"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecodeRequest(_Perturbed, _Decoding):
+    """One decode step with a KV cache (`tpusim decode`)."""
+
+    COMMAND: ClassVar[str] = "decode"
+    FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", *_INFERENCE, "algorithm", *_PERTURB,
+                                        "mode")
+    REQUIRED: ClassVar[tuple[str, ...]] = ("model", "batch", "context_len", "mesh")
+
+    batch: int | None = None
     algorithm: str = "auto"
 
 
@@ -489,7 +495,7 @@ _DEFAULT_BATCHES = "1,2,4,8,16,32,64,128,256"
 
 
 @dataclass(frozen=True, kw_only=True)
-class ServeSweepRequest(_Request):
+class ServeSweepRequest(_Decoding):
     """Decode latency against throughput over batch sizes (`tpusim serve-sweep`); `mesh` may
     list several meshes separated by `;`, the dtypes several separated by `,`."""
 
@@ -499,14 +505,6 @@ class ServeSweepRequest(_Request):
                                         "expert_skew", "capacity_factor", "seed", "batches")
     REQUIRED: ClassVar[tuple[str, ...]] = ("model", "context_len", "mesh")
 
-    model: str | None = None
-    context_len: int | None = None
-    mesh: str | None = None
-    dcn: str | None = None
-    weight_dtype: str = "bf16"
-    kv_dtype: str = "bf16"
-    matmul_dtype: str = "bf16"
-    sampling: str = "top-k"
     expert_skew: float = 0.0
     capacity_factor: float | None = None
     seed: int = 0
