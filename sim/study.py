@@ -23,7 +23,6 @@ from sim import progress
 from sim.collectives import ALGORITHMS, parse_kind
 from sim.hardware import load_chip
 from sim.runs import REQUESTS, Request, run
-from sim.runs.bind import overrides_of
 from sim.runs.convert import parse_bytes
 from sim.runs.inference import decode_config
 from sim.runs.requests import flag_name, setting_kind
@@ -825,7 +824,7 @@ def check_points(study: StudySpec, argvs: list[list[str]]) -> list[Request]:
             req = point_request(study, point)
             _check_texts(study.command, req, seen_text)
             if req.overrides and req.overrides not in checked:
-                overrides_of(req)
+                req.parsed_overrides()
                 checked.add(req.overrides)
         except TpusimError as exc:
             raise TpusimError(f"study point {i} ({shlex.join(argv)}): {exc}") from None

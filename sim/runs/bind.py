@@ -31,11 +31,6 @@ class Pod:
     topology: Topology
 
 
-def overrides_of(req: Request) -> Overrides:
-    """The request's `--set` overrides, validated for its command (empty if it takes none)."""
-    return req.parsed_overrides()
-
-
 def wraparound_of(req: Request, ov: Overrides) -> str:
     """`topology.wraparound` overrides the request's `wraparound` (an override applies last)."""
     return ov.wraparound if ov.wraparound is not None else req.wraparound
@@ -43,14 +38,14 @@ def wraparound_of(req: Request, ov: Overrides) -> str:
 
 def algorithm_of(req: Request) -> str:
     """`collective.algorithm` overrides the request's `algorithm`."""
-    ov = overrides_of(req)
+    ov = req.parsed_overrides()
     return ov.algorithm if ov.algorithm is not None else getattr(req, "algorithm", "auto")
 
 
 def resolve_pod(req: Request) -> Pod:
     """The chip (the request's `chip_spec`, else its preset or YAML; then `--set`) and the
     topology of `slice` / `shape` / `wraparound` / `slices`."""
-    ov = overrides_of(req)
+    ov = req.parsed_overrides()
     base = req.chip_spec
     if base is None:
         chip_arg = req.chip
@@ -75,7 +70,7 @@ def resolve_pod(req: Request) -> Pod:
 def resolve_model(req: Request) -> tuple[TransformerSpec, TransformerSpec]:
     """(the model before `--set`, the model with the `model.*` overrides applied)."""
     base = req.model_spec if req.model_spec is not None else load_model(req.model)
-    return base, overrides_of(req).apply_model(base)
+    return base, req.parsed_overrides().apply_model(base)
 
 
 def scenario_of(req: Request, topology: Topology) -> Scenario:
@@ -116,7 +111,7 @@ def base_inputs(req: Request, pod: Pod | None = None,
         "command": req.command,
         "tpusim_version": tpusim_version(),
         "flags": req.flags(),
-        "overrides": overrides_of(req).resolved(pod.base_chip if pod else None, base_model),
+        "overrides": req.parsed_overrides().resolved(pod.base_chip if pod else None, base_model),
     }
     if pod is not None:
         out["chip"] = describe_chip(pod.chip)
