@@ -28,7 +28,7 @@ from sim.hardware import ChipSpec
 from sim.runs.bind import algorithm_of, moe_config, resolve_model, resolve_pod, scenario_of
 from sim.runs.requests import EXHAUSTIVE_MAX_SIMULATIONS, PlanRequest, TrainRequest
 from sim.runs.train import _pipeline_base, compile_inputs, compile_step
-from sim.study import check_workers
+from sim.study import STATUS_DOES_NOT_FIT, STATUS_ERROR, STATUS_OK, check_workers
 from topologies.errors import TpusimError
 from topologies.validate import (
     MAX_BATCH,
@@ -45,8 +45,11 @@ PLAN_COLUMNS = (
     "rank", "mesh", "placement", "remat", "microbatches", "param_dtype", "grad_dtype",
     "optimizer_dtype", "optimizer", "gather_dtype", "step_time_s", "mfu",
     "tokens_per_s_per_chip", "hbm_peak_bytes",
-    "hbm_estimate_bytes", "lower_bound_s", "bound", "status",
+    "hbm_estimate_bytes", "lower_bound_s", "bound", "fits_in_hbm", "status", "error",
 )
+# A candidate's `status`, as `tpusim sweep` names them (`sim.study.STATUSES`), plus the ones the
+# search never simulated because a cheaper candidate's bound ruled them out.
+PLAN_STATUS_SKIPPED = "skipped: lower bound above the top K"
 # How many candidates `plan --exhaustive` simulates before it asks for --max-simulations: each
 # is a whole `tpusim train` run (seconds of CPU on a full pod: 453 of them for the 405B plan
 # are most of an hour on 2 cores), where the default search simulates ~20.
@@ -165,6 +168,7 @@ class PlanResult:
     wall_s: float = 0.0
     model: str = ""
     pod: str = ""
+    hbm_capacity_bytes: float = math.nan  # the chip's usable HBM, as the simulations saw it
 
     @property
     def best(self) -> dict[str, Any] | None:
@@ -1276,14 +1280,16 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
         o = results.get(i)
         r = (o or {}).get("result") or {}
         flat = {**r, **(r.get("breakdown") or {})}
+        error = pd.NA
         if i in refused or i in stopped:
-            status = "out of memory"
+            status, fits = STATUS_DOES_NOT_FIT, False
         elif o is None:
-            status = "skipped: lower bound above the top K"
+            status, fits = PLAN_STATUS_SKIPPED, pd.NA
         elif "result" not in o:
-            status = f"error: {o.get('error')}"
+            status, fits, error = STATUS_ERROR, pd.NA, str(o.get("error"))
         else:
-            status = "ok" if r.get("fits_in_hbm") else "out of memory"
+            fits = bool(r.get("fits_in_hbm"))
+            status = STATUS_OK if fits else STATUS_DOES_NOT_FIT
         rows.append({
             "mesh": c.mesh_text, "placement": c.placement, "remat": c.remat,
             "microbatches": c.microbatches, "param_dtype": c.param_dtype,
@@ -1295,7 +1301,8 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
             "tokens_per_s_per_chip": r.get("tokens_per_s_per_chip", math.nan),
             "hbm_peak_bytes": r.get("hbm_peak_bytes", math.nan),
             "hbm_estimate_bytes": c.hbm_estimate_bytes, "lower_bound_s": lb[i],
-            "bound": _bound(flat) if r else "", "status": status,
+            "bound": _bound(flat) if r else "", "fits_in_hbm": fits, "status": status,
+            "error": error,
             "_order": i, "_breakdown": r.get("breakdown"),
             "_capacity": r.get("hbm_capacity_bytes"),
         })
@@ -1310,6 +1317,8 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
     table = pd.DataFrame([{c: x[c] for c in PLAN_COLUMNS} for x in ok + rest],
                          columns=list(PLAN_COLUMNS))
     table["rank"] = table["rank"].astype("Int64")
+    table["fits_in_hbm"] = table["fits_in_hbm"].astype("boolean")
+    table["error"] = table["error"].astype("string")
     counts["candidates"] = len(cands)
     counts["bounded"] = len(jobs)
     counts["pipeline_groups_bounded_in_full"] = full_pipeline_bounds
@@ -1321,10 +1330,12 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
     counts["out_of_memory_stopped_early"] = len(stopped)
     counts["out_of_memory_stopped_in_prefix"] = prefix_stopped
     counts["fit"] = len(ok)
-    counts["out_of_memory"] = sum(1 for x in rest if x["status"] == "out of memory")
-    counts["failed"] = sum(1 for x in rest if x["status"].startswith("error"))
+    counts["out_of_memory"] = sum(1 for x in rest if x["status"] == STATUS_DOES_NOT_FIT)
+    counts["failed"] = sum(1 for x in rest if x["status"] == STATUS_ERROR)
     counts["bound_violated"] = int(bound_violated)
+    caps = [x["_capacity"] for x in rows if x["_capacity"]]
     return PlanResult(table=table, explanation=explain(ok), counts=counts,
+                      hbm_capacity_bytes=caps[0] if caps else math.nan,
                       wall_s=time.perf_counter() - t0, model=model.name,
                       pod=f"{'x'.join(map(str, topology.shape))} {chip.name}")
 
@@ -1362,13 +1373,23 @@ def explain(ranked: list[dict[str, Any]]) -> str:
 
 def plot_frontier(result: PlanResult, path) -> Any:
     """Tokens/s/chip against peak HBM for every simulated candidate that fits, the Pareto
-    frontier (nothing else is both faster and smaller) drawn through them, the winner marked."""
+    frontier (nothing else is both faster and smaller) drawn through them, the winner marked;
+    candidates simulated to the end that do not fit are hollow grey markers, on neither the
+    frontier nor the winner (their numbers describe a run that cannot happen)."""
     from sim.export.output import atomic_write
     from sim.export.plots import _fig
+    from sim.study import UNFIT_LABEL, UNFIT_STYLE
 
     plt = _fig()
-    ok = result.table[result.table["status"] == "ok"]
+    t = result.table
+    ok = t[t["status"] == STATUS_OK]
+    unfit = t[(t["status"] == STATUS_DOES_NOT_FIT) & t["tokens_per_s_per_chip"].notna()]
     fig, ax = plt.subplots(figsize=(7, 4.2))
+    if len(unfit):
+        ax.scatter(unfit["hbm_peak_bytes"] / 1e9, unfit["tokens_per_s_per_chip"], s=14,
+                   label=UNFIT_LABEL, **UNFIT_STYLE)
+    if len(ok) or len(unfit):
+        ax.axvline(_capacity_gb(result), color="#9a9a9a", lw=0.8, ls="--")
     if len(ok):
         gb = ok["hbm_peak_bytes"] / 1e9
         ax.scatter(gb, ok["tokens_per_s_per_chip"], s=14, color="#8da0cb", label="candidates")
@@ -1378,8 +1399,9 @@ def plot_frontier(result: PlanResult, path) -> Any:
         b = ok.iloc[0]
         ax.scatter([b["hbm_peak_bytes"] / 1e9], [b["tokens_per_s_per_chip"]], marker="*",
                    s=160, color="#d62728", zorder=5, label=f"best: {b['mesh']} {b['remat']}")
+    if len(ok) or len(unfit):
         ax.legend(fontsize=7)
-    ax.set_xlabel("peak HBM per chip (GB)")
+    ax.set_xlabel("peak HBM per chip (GB; dashed: the chip's capacity)")
     ax.set_ylabel("tokens/s/chip")
     ax.set_title(f"plan: {result.model} on {result.pod}")
     ax.grid(alpha=0.3)
@@ -1387,6 +1409,10 @@ def plot_frontier(result: PlanResult, path) -> Any:
     out = atomic_write(path, lambda q: fig.savefig(q, dpi=110, format="png"))
     plt.close(fig)
     return out
+
+
+def _capacity_gb(result: PlanResult) -> float:
+    return result.hbm_capacity_bytes / 1e9
 
 
 def _pareto(points: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:

@@ -51,6 +51,36 @@ POINT_COLUMN = "point"
 COMMAND_LINE_COLUMN = "command_line"
 WALL_COLUMN = "wall_time_s"
 ERROR_COLUMN = "error"
+# What became of a point: it ran and fits in HBM (`ok`), it ran but its peak HBM is over the
+# chip's capacity (`does not fit`: its numbers describe a run that cannot happen), or it failed
+# (`error`). Points without an HBM verdict (a collective) are `ok` when they ran.
+STATUS_COLUMN = "status"
+FITS_COLUMN = "fits_in_hbm"
+STATUS_OK, STATUS_DOES_NOT_FIT, STATUS_ERROR = "ok", "does not fit", "error"
+STATUSES = (STATUS_OK, STATUS_DOES_NOT_FIT, STATUS_ERROR)
+
+
+def status_counts_text(df) -> str:
+    """`4 ok, 2 do not fit in HBM, 1 failed` for a results frame (zero counts left out, `ok`
+    always shown)."""
+    counts = df[STATUS_COLUMN].value_counts().to_dict() if len(df) else {}
+    parts = [f"{counts.get(STATUS_OK, 0)} ok"]
+    if counts.get(STATUS_DOES_NOT_FIT):
+        n = counts[STATUS_DOES_NOT_FIT]
+        parts.append(f"{n} {'does' if n == 1 else 'do'} not fit in HBM")
+    parts.append(f"{counts.get(STATUS_ERROR, 0)} failed")
+    return ", ".join(parts)
+
+
+def point_status(row: Mapping[str, Any]) -> str:
+    """`ok`, `does not fit` or `error` for one results row (from its `error` and
+    `fits_in_hbm`)."""
+    if not _is_missing(row.get(ERROR_COLUMN)):
+        return STATUS_ERROR
+    fits = row.get(FITS_COLUMN)
+    if not _is_missing(fits) and not bool(fits):
+        return STATUS_DOES_NOT_FIT
+    return STATUS_OK
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -429,6 +459,9 @@ class SweepConfig:
     out_dir: str | None = None
     resume: bool = False
     quiet: bool = False
+    # Plot the points that do not fit in HBM like the others (default: hollow grey, out of
+    # the lines, so that no line leads the eye to a configuration that cannot run).
+    allow_oom: bool = False
     write_every_s: float = 2.0  # how often finished rows are flushed to disk while running
 
     def __post_init__(self) -> None:
@@ -569,6 +602,7 @@ def _row(study: StudySpec, index: int, point: Mapping[str, Any], argv: list[str]
             row[f"result.{k}" if k in row else k] = v
     row[WALL_COLUMN] = outcome["wall_time_s"]
     row[ERROR_COLUMN] = outcome.get("error")
+    row[STATUS_COLUMN] = point_status(row)
     return row
 
 
@@ -582,17 +616,18 @@ _KINDS = {"num": "numbers", "bool": "true/false", "text": "text", "none": "nothi
 
 def rows_frame(rows: Iterable[Mapping[str, Any]]):
     """Rows (any order) -> DataFrame sorted by point, columns in first-seen order, the wall
-    time and error last; input columns mixing numbers and text become text. `attrs` records
-    every column's kind (`COLUMNS_ATTR`)."""
+    time, error and status last; input columns mixing numbers and text become text. `attrs`
+    records every column's kind (`COLUMNS_ATTR`)."""
     import pandas as pd
 
-    rows = sorted(rows, key=lambda r: r[POINT_COLUMN])
+    rows = sorted(({**r, STATUS_COLUMN: point_status(r)} for r in rows),
+                  key=lambda r: r[POINT_COLUMN])
     cols: dict[str, None] = {}
     for r in rows:
         for k in r:
-            if k not in (WALL_COLUMN, ERROR_COLUMN):
+            if k not in (WALL_COLUMN, ERROR_COLUMN, STATUS_COLUMN):
                 cols.setdefault(k)
-    order = [*cols, WALL_COLUMN, ERROR_COLUMN]
+    order = [*cols, WALL_COLUMN, ERROR_COLUMN, STATUS_COLUMN]
     df = pd.DataFrame.from_records(rows, columns=order)
     column_kinds: dict[str, str] = {}
     for c in df.columns:
@@ -1016,7 +1051,7 @@ def run_study(study: StudySpec, cfg: SweepConfig,
                 "points_per_s": len(jobs) / elapsed if elapsed > 0 else None,
             },
         })
-        plot_study(study, df, out)
+        plot_study(study, df, out, allow_oom=cfg.allow_oom)
     return df
 
 
@@ -1043,42 +1078,61 @@ def _check_metrics(study: StudySpec, row: Mapping[str, Any]) -> None:
         )
 
 
-def plot_study(study: StudySpec, df, out_dir: str | Path) -> list[Path]:
+# How a point that does not fit in HBM is drawn in a study plot: a hollow grey marker, off the
+# lines (a line through it would present a run that cannot happen as a trend to follow).
+UNFIT_STYLE = {"marker": "o", "facecolors": "none", "edgecolors": "#9a9a9a", "linewidths": 1.2}
+UNFIT_LABEL = "does not fit in HBM"
+
+
+def plot_study(study: StudySpec, df, out_dir: str | Path, *, allow_oom: bool = False) \
+        -> list[Path]:
     """One PNG per `plot` entry: y against x, a line per hue value (and per value of every other
-    varied key, so that no line mixes points); failed points are left out."""
+    varied key, so that no line mixes points); failed points are left out, points that do not
+    fit in HBM are hollow grey markers off the lines (`allow_oom`: drawn like the others)."""
     if not study.plots:
         return []
     from sim.export.output import atomic_write
     from sim.export.plots import _fig
 
     plt = _fig()
-    ok = df[df[ERROR_COLUMN].isna()]
+    ran = df[df[ERROR_COLUMN].isna()]
+    if STATUS_COLUMN in ran.columns and not allow_oom:
+        ok = ran[ran[STATUS_COLUMN] == STATUS_OK]
+        unfit = ran[ran[STATUS_COLUMN] == STATUS_DOES_NOT_FIT]
+    else:
+        ok, unfit = ran, ran.iloc[0:0]
     paths = []
     for spec in study.plots:
         p = dict(spec)
         x, y, hue = p["x"], p["y"], p.get("hue")
-        if y not in ok.columns:
+        if y not in ran.columns:
             continue
         others = [k for k in study.varied if k not in (x, hue)]
         fig, ax = plt.subplots(figsize=(7, 4.2))
         xs_all = _ordered_values(study, x)
         numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in xs_all)
         pos = {(v if numeric else str(v)): (v if numeric else k) for k, v in enumerate(xs_all)}
+
+        def at(g, x=x, numeric=numeric, pos=pos):
+            return [pos.get(v if numeric else str(v), math.nan) for v in g[x]]
+
         groups = [hue] if hue else []
         groups += others
         keyed = ok.groupby(groups, sort=False, dropna=False) if groups else [((), ok)]
         for key, g in keyed:
             key = key if isinstance(key, tuple) else (key,)
             label = ", ".join(f"{k}={v}" for k, v in zip(groups, key, strict=True))
-            g = g.assign(_x=[pos.get(v if numeric else str(v), math.nan) for v in g[x]])
+            g = g.assign(_x=at(g))
             g = g.sort_values("_x")
             ax.plot(g["_x"], g[y], marker="o", label=label or None)
+        if len(unfit):
+            ax.scatter(at(unfit), unfit[y], label=UNFIT_LABEL, zorder=3, **UNFIT_STYLE)
         if not numeric:
             ax.set_xticks(range(len(xs_all)), [str(v) for v in xs_all])
         ax.set_xlabel(x)
         ax.set_ylabel(y)
         ax.set_title(f"tpusim {study.command}: {y} vs {x}")
-        if groups:
+        if groups or len(unfit):
             ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
         fig.tight_layout()
@@ -1100,11 +1154,14 @@ def _safe(name: str) -> str:
 
 
 def sweep(study: str | os.PathLike | Mapping[str, Any], *, workers: int = 1, dask: Any = None,
-          out: str | os.PathLike | None = None, resume: bool = False, quiet: bool = True):
+          out: str | os.PathLike | None = None, resume: bool = False, quiet: bool = True,
+          allow_oom: bool = False):
     """`tpusim sweep` from Python: the study (a file or a mapping with the same keys) run on
     `workers` local processes (1: in this process) or on `dask` ("local", "tcp://HOST:PORT" or
     a `distributed.Client`); returns the results DataFrame, one row per point, and with `out`
-    also writes results.parquet/csv, study.json and the plots there."""
+    also writes results.parquet/csv, study.json and the plots there. Every row has a `status`
+    (`ok`, `does not fit`, `error`); `allow_oom` plots the points that do not fit like the
+    others."""
     if not isinstance(study, (str, os.PathLike, Mapping)):
         raise TpusimError(
             f"sim.sweep(study={short_repr(study)}): give a study file's path or a mapping of "
@@ -1112,16 +1169,20 @@ def sweep(study: str | os.PathLike | Mapping[str, Any], *, workers: int = 1, das
     if out is not None and not isinstance(out, (str, os.PathLike)):
         raise TpusimError(f"sim.sweep(out={short_repr(out)}): give a directory path or None, "
                           f"not {type(out).__name__}")
-    for name, flag in (("resume", resume), ("quiet", quiet)):
+    for name, flag in (("resume", resume), ("quiet", quiet), ("allow_oom", allow_oom)):
         if not isinstance(flag, bool):
             raise TpusimError(f"sim.sweep({name}={short_repr(flag)}): give True or False")
     cfg = SweepConfig(workers=workers, dask=dask, out_dir=None if out is None else str(out),
-                      resume=resume, quiet=quiet)
+                      resume=resume, quiet=quiet, allow_oom=allow_oom)
     return run_study(load_study(study), cfg)
 
 
 __all__ = [
     "sweep",
+    "STATUSES",
+    "STATUS_COLUMN",
+    "point_status",
+    "status_counts_text",
     "STUDY_COMMANDS",
     "STUDY_KEYS",
     "StudySpec",

@@ -525,8 +525,8 @@ def test_candidates_refused_by_the_hbm_bound_are_out_of_memory_in_the_brute_forc
     key = ["mesh", "remat", "microbatches"]
     truth = oracle.table.set_index(key)["status"]
     for row in fast.table.to_dict("records"):
-        if row["status"] == "out of memory":
-            assert truth[tuple(row[k] for k in key)] == "out of memory"
+        if row["status"] == "does not fit":
+            assert truth[tuple(row[k] for k in key)] == "does not fit"
     cols = ["mesh", "remat", "microbatches", "step_time_s", "hbm_peak_bytes"]
     assert fast.top(2)[cols].equals(oracle.top(2)[cols])
 
@@ -766,3 +766,35 @@ def test_plan_in_a_directory_it_cannot_write_is_refused_before_the_search(monkey
     assert rc == 2 and err.count("\n") == 1
     assert "output directory 'plan-out' cannot be created: '/proc' is not writable (" in err
     assert err.endswith("); give a path in a writable directory\n")
+
+
+def test_plan_candidates_over_hbm_are_marked_and_never_ranked_or_on_the_frontier(
+        tiny_model, tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from sim.planner import plot_frontier
+
+    chip, topo = _pod()
+    model = load_model(tiny_model)
+    cfg = PlanConfig(seq_len=2048, global_batch=32, top=2, axes=("fsdp", "tensor"),
+                     remat=("full", "none"), microbatches=(1, 4), placements=False)
+    res = run_plan(_base(tiny_model, ["--chip", "v5e", "--shape", "2x2"]), model, topo, chip,
+                   cfg, workers=1, quiet=True, prune_by_bound=False, refuse_by_hbm_bound=False,
+                   stop_out_of_memory=False)
+    t = res.table
+    assert set(t["status"]) <= {"ok", "does not fit", "error"}
+    over = t["hbm_peak_bytes"] > res.hbm_capacity_bytes
+    assert over.any() and (~over).any()
+    assert list(t["fits_in_hbm"]) == list(~over)
+    assert list(t["status"] == "does not fit") == list(over)
+    assert t["rank"].notna().tolist() == list(~over)
+    assert (res.top(10)["hbm_peak_bytes"] <= res.hbm_capacity_bytes).all()
+    figs: list = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: figs.append(fig))
+    plot_frontier(res, tmp_path / "f.png")
+    ax = figs[0].axes[0]
+    cap_gb = res.hbm_capacity_bytes / 1e9
+    frontier = [line for line in ax.lines if line.get_linestyle() == "-"]
+    assert frontier and all(x <= cap_gb for line in frontier for x in line.get_xdata())
+    hollow = [c for c in ax.collections if c.get_label() == "does not fit in HBM"]
+    assert len(hollow) == 1 and len(hollow[0].get_offsets()) == int(over.sum())

@@ -100,8 +100,10 @@ def test_sweep_table_prints_a_dash_for_what_a_point_lacks(tmp_path, capsys, tiny
     out, err = capsys.readouterr()
     assert rc == 0, err
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[1:]}
-    assert rows["fsdp=4"][1] == "-" and float(rows["fsdp=4"][0]) > 0
-    assert rows["fsdp=8"][0] == "-" and rows["fsdp=8"][1] != "-"
+    # Columns: step_time_s, status, error.
+    assert rows["fsdp=4"][1:] == ["ok", "-"] and float(rows["fsdp=4"][0]) > 0
+    assert rows["fsdp=8"][:2] == ["-", "error"] and rows["fsdp=8"][2] != "-"
+    assert out.splitlines()[0].startswith("2 points (1 ok, 1 failed)")
     assert "NaN" not in out and "<NA>" not in out
 
 
@@ -423,3 +425,75 @@ def test_python_api_sweep_returns_the_same_frame_as_the_study_runner(tiny_model)
     pd.testing.assert_frame_equal(_no_wall(df),
                                   _no_wall(run_study(load_study(s), SweepConfig(workers=1,
                                                                                 quiet=True))))
+
+
+# -- points that do not fit in HBM (issue 30) ------------------------------------------------
+def _over_hbm_study(model: str) -> dict:
+    # The 2-layer model on 4 v5e chips with remat none: batch 1 fits in 16 GB, batch 16 does
+    # not (its saved activations alone are 16 x those of batch 1).
+    return _study(model, base={"chip": "v5e", "shape": "2x2", "model": model, "seq-len": 2048,
+                               "mesh": "fsdp=4", "remat": "none"},
+                  grid={"batch-per-chip": [1, 16]}, zip={},
+                  metrics=["step_time_s", "hbm_peak_bytes"],
+                  plot={"x": "batch-per-chip", "y": "step_time_s"})
+
+
+def _captured_figures(monkeypatch) -> list:
+    import matplotlib.pyplot as plt
+
+    figs: list = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: figs.append(fig))
+    return figs
+
+
+def test_a_point_over_hbm_is_marked_in_the_table_the_report_and_the_plot(tmp_path, capsys,
+                                                                         tiny_model,
+                                                                         monkeypatch):
+    figs = _captured_figures(monkeypatch)
+    study = tmp_path / "s.yaml"
+    study.write_text(json.dumps(_over_hbm_study(tiny_model)), encoding="utf-8")
+    rc = main(["sweep", str(study), "--out", str(tmp_path / "out"), "--workers", "1"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    df = pd.read_parquet(tmp_path / "out" / "results.parquet")
+    cap = df["hbm_capacity_bytes"]
+    assert list(df["hbm_peak_bytes"] <= cap) == [True, False]
+    assert list(df["fits_in_hbm"]) == [True, False]
+    assert list(df["status"]) == ["ok", "does not fit"]
+    lines = out.splitlines()
+    assert lines[0].startswith("2 points (1 ok, 1 does not fit in HBM, 0 failed)")
+    assert lines[-1].split()[0] == "16" and "does not fit" in lines[-1]
+    assert "does not fit" not in lines[-2]
+    # The plot: the line goes through the point that fits only; the other is a hollow marker.
+    (fig,) = figs
+    ax = fig.axes[0]
+    assert [list(line.get_xdata()) for line in ax.lines] == [[1]]
+    (unfit,) = ax.collections
+    assert [tuple(o) for o in unfit.get_offsets()] == [(16.0, df["step_time_s"][1])]
+    assert unfit.get_facecolors().size == 0 or unfit.get_facecolors()[0][3] == 0
+    assert unfit.get_label() == "does not fit in HBM"
+
+
+def test_allow_oom_draws_the_point_over_hbm_like_the_others(tmp_path, tiny_model, monkeypatch):
+    figs = _captured_figures(monkeypatch)
+    df = run_study(load_study(_over_hbm_study(tiny_model)),
+                   SweepConfig(workers=1, quiet=True, out_dir=str(tmp_path / "o"),
+                               allow_oom=True))
+    assert list(df["status"]) == ["ok", "does not fit"]  # the table still says so
+    (fig,) = figs
+    ax = fig.axes[0]
+    assert [list(line.get_xdata()) for line in ax.lines] == [[1, 16]]
+    assert not ax.collections
+
+
+def test_python_sweep_rows_carry_the_status_of_each_point(tiny_model):
+    import sim
+
+    s = _over_hbm_study(tiny_model)
+    s["grid"]["mesh"] = ["fsdp=4", "fsdp=8"]  # fsdp=8 does not fit the 4-chip pod: an error
+    df = sim.sweep(s, workers=1)
+    got = {(r["batch-per-chip"], r["mesh"]): r["status"] for r in df.to_dict("records")}
+    assert got == {(1, "fsdp=4"): "ok", (1, "fsdp=8"): "error",
+                   (16, "fsdp=4"): "does not fit", (16, "fsdp=8"): "error"}
+    with pytest.raises(TpusimError, match="allow_oom"):
+        sim.sweep(s, workers=1, allow_oom="yes")

@@ -20,24 +20,33 @@ def _add_backend_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from sim.study import ERROR_COLUMN, SweepConfig, check_workers, load_study, run_study
+    from sim.study import (
+        ERROR_COLUMN,
+        STATUS_COLUMN,
+        SweepConfig,
+        check_workers,
+        load_study,
+        run_study,
+        status_counts_text,
+    )
 
     check_workers(args.workers)
     study = load_study(args.study)
     cfg = SweepConfig(workers=args.workers, dask=args.dask, out_dir=args.out,
-                      resume=args.resume, quiet=bool(args.quiet_sub))
+                      resume=args.resume, quiet=bool(args.quiet_sub),
+                      allow_oom=bool(args.allow_oom))
     df = run_study(study, cfg)
-    failed = int(df[ERROR_COLUMN].notna().sum())
     metrics = [m for m in study.metrics if m in df.columns]
-    print(f"{len(df)} points ({failed} failed) -> {cli.show_path(args.out)}/results.parquet, "
-          "results.csv, study.json" + (", plots" if study.plots else ""))
+    print(f"{len(df)} points ({status_counts_text(df)}) -> {cli.show_path(args.out)}/"
+          "results.parquet, results.csv, study.json" + (", plots" if study.plots else ""))
     if metrics:
         import pandas as pd
 
         with pd.option_context("display.max_rows", 40, "display.width", 160):
             # A failed point has no metrics and a point that ran no error: "-", not NaN or
-            # <NA> (na_rep does not reach a text column's NA).
-            shown = df[[*study.varied, *metrics, ERROR_COLUMN]].copy()
+            # <NA> (na_rep does not reach a text column's NA). The status says which rows
+            # describe a run that cannot happen (over HBM).
+            shown = df[[*study.varied, *metrics, STATUS_COLUMN, ERROR_COLUMN]].copy()
             shown[ERROR_COLUMN] = shown[ERROR_COLUMN].astype(object).where(
                 shown[ERROR_COLUMN].notna(), "-")
             print(shown.to_string(index=False, na_rep="-"))
@@ -55,6 +64,10 @@ def _register_sweep(sub, name: str) -> None:
     p.add_argument("--resume", action="store_true",
                    help="skip the points already in OUT/results.parquet")
     p.add_argument("--quiet", dest="quiet_sub", action="store_true", help="no progress bar")
+    p.add_argument("--allow-oom", action="store_true",
+                   help="draw the points that do not fit in HBM in the plots like the others "
+                        "(default: hollow grey markers, left out of the lines); their status "
+                        "column still says `does not fit`")
     p.set_defaults(func=cmd_sweep)
 
 
