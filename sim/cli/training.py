@@ -292,6 +292,17 @@ def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
         cli.emit_json(run.to_dict())
     elif trace.meta.get("kind") == "training":
         _print_training(summary)
+    elif trace.meta.get("kind") == "chakra":
+        print(f"Chakra trace {summary['source']}: {summary['num_ranks']} rank(s) on "
+              f"{summary['topology']} {summary['chip']} ({summary['num_chips']} chips), compute "
+              f"{summary['chakra_compute']}")
+        print(f"  step time        {result.step_time_s:.6f} s")
+        print("  critical path:")
+        for k, v in result.breakdown.items():
+            share = v / result.step_time_s if result.step_time_s else 0.0
+            print(f"    {breakdown_label(k):<22} {v:10.6f} s  {share:6.1%}")
+        for a in summary["approximations"]:
+            print(f"  approximated: {a}")
     elif trace.meta.get("kind") == "hlo":
         print(f"HLO module {summary['module']} on {summary['topology']} {summary['chip']} "
               f"({summary['num_chips']} chips)")
@@ -334,10 +345,19 @@ def _trace_command(help_text: str, func):
         # The model is compiled into the trace: model.* overrides belong to `tpusim compile`.
         p = cli.add_command(
             sub, name, help_text, func, set_scope=ReplayRequest.SET_SCOPE,
-            positional=("trace", "a file written by `tpusim compile` (or `import-hlo -o`), or "
-                                 "XLA's compiled HLO text (PROGRAM.txt, .gz accepted)"))
+            positional=("trace", "a file written by `tpusim compile` (or `import-hlo -o`), "
+                                 "XLA's compiled HLO text (PROGRAM.txt, .gz accepted), or a "
+                                 "Chakra trace: PREFIX of PREFIX.<rank>.et files, their "
+                                 "directory, or one .et/.et.gz file"))
         p.add_argument("--no-overlap", action="store_true",
                        help="collectives block compute (what-if: no async overlap)")
+        p.add_argument("--chakra-compute", choices=("roofline", "recorded"),
+                       default="roofline",
+                       help="Chakra input: cost compute nodes on the chip model from their "
+                            "FLOPs (num_ops) and bytes (tensor_size), as ASTRA-sim's roofline "
+                            "mode does, falling back to the recorded duration where a node "
+                            "carries neither (roofline, the default: the point is the TPU's "
+                            "time); or replay every node at its recorded duration (recorded)")
         cli.add_output_args(p, trace_chips=True)
         cli.add_step_perturbation_args(p)
 

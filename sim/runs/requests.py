@@ -197,6 +197,10 @@ class _Request:
         else:
             ov = tuple((str(k), str(v)) for k, v in ov)
         set_("overrides", ov)
+        compute = getattr(self, "chakra_compute", None)
+        if compute is not None and compute not in ("roofline", "recorded"):
+            raise TpusimError(f"chakra_compute {short_repr(compute)} is not a way to cost "
+                              f"Chakra compute nodes; use roofline or recorded")
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if f.name in _LISTS:
@@ -212,8 +216,12 @@ class _Request:
         """The settings under their command-line names, in the command's order (`set` as
         {key: value text}, lists as lists): what results record as `inputs.flags`."""
         out: dict[str, Any] = {}
+        quiet = {f.name: f.default for f in dataclasses.fields(self)
+                 if f.name in getattr(self, "RECORDED_WHEN_SET", ())}
         for name in self.FLAGS:
             v = getattr(self, name)
+            if name in quiet and v == quiet[name]:
+                continue
             if name == "overrides":
                 v = dict(v)
             elif name in _LISTS:
@@ -429,14 +437,19 @@ class ReplayRequest(_Perturbed):
     """A trace file or XLA's compiled HLO text replayed on a pod (`tpusim replay`)."""
 
     COMMAND: ClassVar[str] = "replay"
-    FLAGS: ClassVar[tuple[str, ...]] = ("trace", *_POD, "overrides", "no_overlap", "algorithm",
-                                        *_PERTURB, "mode")
+    FLAGS: ClassVar[tuple[str, ...]] = ("trace", *_POD, "overrides", "no_overlap",
+                                        "chakra_compute", "algorithm", *_PERTURB, "mode")
+    # Recorded in inputs.flags only when set: results written before the flag existed, and
+    # replays of other traces, record what they always did (and rerun the same).
+    RECORDED_WHEN_SET: ClassVar[tuple[str, ...]] = ("chakra_compute",)
     REQUIRED: ClassVar[tuple[str, ...]] = ("trace",)
     SET_SCOPE: ClassVar[tuple[str, ...] | None] = ("chip", "topology", "collective")
 
     trace: str | None = None
     no_overlap: bool = False
     algorithm: str = "auto"
+    # Chakra input only: how compute nodes are costed (workloads.chakra.convert.ChakraCompute).
+    chakra_compute: str = "roofline"
     # The trace file's SHA-256 a result recorded: `rerun` refuses a file that changed since.
     trace_sha256: str | None = field(default=None, repr=False)
     # `tpusim export` replays through this request too; its results say so.

@@ -211,16 +211,55 @@ def hlo_summary(inv: dict[str, Any], result) -> dict[str, Any]:
     }
 
 
+def is_chakra(spec: str) -> bool:
+    """Whether `replay`'s input names a Chakra trace: a `.et`/`.et.gz` file, a directory, or a
+    PREFIX whose `PREFIX.<rank>.et` files exist (any other path is a tpusim trace or HLO)."""
+    p = Path(spec)
+    if p.name.endswith((".et", ".et.gz")) or p.is_dir():
+        return True
+    if p.exists():
+        return False
+    return (p.parent / f"{p.name}.0.et").is_file() or (p.parent / f"{p.name}.0.et.gz").is_file()
+
+
+def load_chakra(spec: str, topo, compute: str):
+    """(ChakraImport, the bytes `inputs.trace.sha256` digests: each rank file's SHA-256) of a
+    Chakra set converted for `topo`."""
+    from workloads.chakra.convert import chakra_trace
+    from workloads.chakra.reader import read_set
+
+    cset = read_set(spec)
+    imp = chakra_trace(cset, topo, compute)
+    raw = "".join(f"{r.path}:{r.digest}\n" for r in cset.ranks).encode("utf-8")
+    return imp, raw
+
+
+def chakra_summary(imp, result) -> dict[str, Any]:
+    """The replay summary of a Chakra set: step time plus what the conversion approximated."""
+    return {
+        "source": imp.trace.meta["source"], "chip": result.chip, "topology": result.topology,
+        "num_chips": result.num_chips, "num_ranks": imp.num_ranks,
+        "chakra_compute": imp.trace.meta["chakra_compute"],
+        "step_time_s": result.step_time_s, "breakdown": result.breakdown,
+        "num_ops": result.num_ops, "sim_events": result.sim_events,
+        "collectives": result.collective_costs, "approximations": list(imp.approximations),
+    }
+
+
 def run_replay(req: ReplayRequest, *, check_trace_chips=None) -> Run:
     """A trace file (or HLO text) replayed on the pod. The file's SHA-256 is recorded in
     `inputs`; when the request carries `trace_sha256` (`rerun`), a file that changed since is
     an error. `check_trace_chips(num_chips)`: the front end's check of its trace-chip list,
     called once the pod is known and before anything is simulated."""
     path = Path(req.trace)
-    if not path.is_file():
+    hlo = chakra = None
+    if is_chakra(req.trace):
+        pod = resolve_pod(req)
+        chakra, raw = load_chakra(req.trace, pod.topology, req.chakra_compute)
+        trace = chakra.trace
+    elif not path.is_file():
         raise TpusimError(f"trace file {str(path)!r} does not exist; write one with tpusim compile")
-    hlo = None
-    if is_hlo(path):
+    elif is_hlo(path):
         # XLA's compiled HLO text: import it for this pod, then replay like any trace.
         pod = resolve_pod(req)
         imp = load_hlo(str(path), pod.topology)  # refuses oversized files before reading them
@@ -257,6 +296,8 @@ def run_replay(req: ReplayRequest, *, check_trace_chips=None) -> Run:
                                overlap=False if req.no_overlap else None)
     if hlo is not None:
         summary = {**hlo_summary(hlo, result), **per_chip_summary(result)}
+    elif chakra is not None:
+        summary = {**chakra_summary(chakra, result), **per_chip_summary(result)}
     elif trace.meta.get("kind") == "training":
         summary = training_summary(trace, result, chip)
     else:
@@ -267,6 +308,8 @@ def run_replay(req: ReplayRequest, *, check_trace_chips=None) -> Run:
     inputs = base_inputs(req, pod)
     inputs["trace"] = {"path": str(path), "sha256": digest, "kind": trace.meta.get("kind"),
                        "model": trace.meta.get("model")}
+    if chakra is not None:
+        inputs["trace"]["chakra_compute"] = str(req.chakra_compute)
     inputs["mesh"] = describe_mesh(trace.mesh, topo)
     inputs["algorithm"] = algorithm_of(req)
     return Run(command=req.command, summary=summary, inputs=inputs, result=result, trace=trace)

@@ -1,0 +1,334 @@
+"""A Chakra per-rank set as a tpusim trace (what `tpusim replay` runs).
+
+Rank r is chip r of the pod (its chip id order). One file alone is the program every chip runs
+(its whole-job collectives span the pod); a set of R > 1 files needs a pod of R chips. Each
+rank's nodes, in the order `reader.order_nodes` gives, become ops one for one, so the trace has
+the same dependency graph; when every rank's program is the same (SPMD: same ops, sizes and
+dependencies up to node ids) the set is one `Trace` whose collectives run over the groups the
+ranks name, and every executor, what-if and exporter of a trace replay applies unchanged.
+
+What becomes what (docs/howto/chakra.md has the table and the reasons):
+* COMP_NODE on the device: `--chakra-compute roofline` (default; ASTRA-sim's roofline mode)
+  costs it as an MXU op of `num_ops` FLOPs reading `tensor_size` HBM bytes on the chip model;
+  a node that carries neither, every host op (`is_cpu_op`), and every node under
+  `--chakra-compute recorded`, takes its recorded `duration_micros` (an idle op: the core is
+  busy for that long).
+* COMM_COLL_NODE: a collective on the torus with tpusim's algorithms. `comm_size` is the
+  rank's buffer as ASTRA-sim reads it; tpusim's V is the group's: all-reduce and
+  reduce-scatter V = comm_size, all-gather and all-to-all V = comm_size x group size.
+  BROADCAST is replayed at its recorded duration (as ASTRA-sim does); the kinds ASTRA-sim
+  refuses map to the nearest tpusim collective (REDUCE -> all-reduce, GATHER and SCATTER ->
+  all-gather, REDUCE_SCATTER_BLOCK -> reduce-scatter, BARRIER -> a 1-byte-per-rank
+  all-reduce), each listed in the approximations.
+* COMM_SEND_NODE: a point-to-point transfer of comm_size bytes to comm_dst (a
+  collective-permute over the [src, dst] pairs of all ranks); COMM_RECV_NODE: done when the
+  rank's own send with the same comm_tag is (by SPMD symmetry, its peer's send lands then).
+* MEM_LOAD/MEM_STORE_NODE: a host transfer of tensor_size bytes over PCIe.
+* METADATA_NODE, INVALID_NODE, host-side c10d ops with no comm_type: zero-length ops that keep
+  the dependencies through them.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+
+from topologies.errors import TpusimError
+from topologies.mesh import LogicalMesh
+from topologies.torus import Topology
+from workloads.chakra.reader import ChakraSet, RankProgram, comm_bytes_of
+from workloads.chakra.wire import CommType, Node, NodeType
+from workloads.trace import Op, OpKind, Trace, Unit
+
+
+class ChakraCompute(enum.StrEnum):
+    """How a Chakra compute node is costed at replay."""
+
+    ROOFLINE = "roofline"  # FLOPs (num_ops) and bytes (tensor_size) on the chip model
+    RECORDED = "recorded"  # its duration_micros as written
+
+
+# Chakra's collective kinds as tpusim collectives: (tpusim kind, V = comm_size x group size?).
+_KINDS = {
+    CommType.ALL_REDUCE: ("all-reduce", False),
+    CommType.ALL_GATHER: ("all-gather", True),
+    CommType.REDUCE_SCATTER: ("reduce-scatter", False),
+    CommType.ALL_TO_ALL: ("all-to-all", True),
+    CommType.REDUCE_SCATTER_BLOCK: ("reduce-scatter", False),
+    CommType.REDUCE: ("all-reduce", False),
+    CommType.GATHER: ("all-gather", True),
+    CommType.SCATTER: ("all-gather", False),
+    CommType.BARRIER: ("all-reduce", False),
+}
+_NEAREST = {
+    CommType.REDUCE_SCATTER_BLOCK: "REDUCE_SCATTER_BLOCK replayed as a reduce-scatter",
+    CommType.REDUCE: "REDUCE replayed as an all-reduce of the same buffer (an upper bound: "
+                     "the result lands on every rank, not only the root)",
+    CommType.GATHER: "GATHER replayed as an all-gather (an upper bound: every rank receives)",
+    CommType.SCATTER: "SCATTER replayed as an all-gather of comm_size in all",
+    CommType.BARRIER: "BARRIER replayed as an all-reduce of 1 byte per rank",
+    CommType.BROADCAST: "BROADCAST replayed at its recorded duration (as ASTRA-sim does)",
+}
+NAME_CHARS = 200
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChakraImport:
+    """The trace of a Chakra set and what its conversion approximated."""
+
+    trace: Trace
+    num_ranks: int
+    approximations: tuple[str, ...]
+
+
+def process_groups(rp: RankProgram, num_ranks: int) -> dict[str, tuple[int, ...]]:
+    """{pg_name: member ranks} from a rank's METADATA_NODEs (PyTorch's `process_group:init`:
+    its inputs.values, less 2 characters at each end, is a JSON list of {"pg_name", "ranks"};
+    empty ranks means every rank)."""
+    out: dict[str, tuple[int, ...]] = {}
+    for n in rp.nodes:
+        if n.type != NodeType.METADATA_NODE or n.inputs is None or len(n.inputs.values) < 4:
+            continue
+        try:
+            doc = json.loads(n.inputs.values[2:-2])
+        except (ValueError, RecursionError):
+            continue
+        if not isinstance(doc, list):
+            continue
+        for g in doc:
+            if not isinstance(g, dict) or not isinstance(g.get("pg_name"), str):
+                continue
+            ranks = g.get("ranks") or list(range(num_ranks))
+            if not isinstance(ranks, list) or not all(
+                    isinstance(r, int) and not isinstance(r, bool) and 0 <= r < num_ranks
+                    for r in ranks):
+                raise TpusimError(
+                    f"chakra file {rp.path!r}: node {n.id}: process group "
+                    f"{g['pg_name'][:20]!r} lists ranks outside 0..{num_ranks - 1}; give every "
+                    f"rank's file")
+            out[g["pg_name"]] = tuple(sorted(set(ranks)))
+    return out
+
+
+def _group_of(rp: RankProgram, n: Node, rank: int, groups: dict, num_ranks: int) \
+        -> tuple[int, ...]:
+    pg = n.attr("pg_name", "")
+    pg = pg if isinstance(pg, str) else str(pg)
+    if pg in ("", "0") and pg not in groups:
+        return tuple(range(num_ranks))
+    members = groups.get(pg)
+    if members is None:
+        raise TpusimError(
+            f"chakra file {rp.path!r}: node {n.id} ({n.name[:60]!r}) names process group "
+            f"{pg[:20]!r}, which no METADATA_NODE of the file defines; give the trace with its "
+            f"process_group:init node")
+    if rank not in members:
+        raise TpusimError(
+            f"chakra file {rp.path!r}: node {n.id} ({n.name[:60]!r}) is a collective of process "
+            f"group {pg[:20]!r} ({len(members)} ranks), which does not hold rank {rank}")
+    return members
+
+
+def _op_of(n: Node, k: int, deps: tuple[int, ...], compute: ChakraCompute, notes: dict,
+           group: tuple[int, ...] | None) -> tuple[dict, object]:
+    """(Op fields but the id and group, the part of the rank's collective that differs between
+    ranks: its group, or its send pair) of one node."""
+    t = NodeType(n.type)
+    name = n.name[:NAME_CHARS]
+    dur = n.duration_micros * 1e-6
+    cpu = bool(n.attr("is_cpu_op", False))
+    idle = {"name": name, "kind": OpKind.IDLE, "duration_s": dur, "deps": deps}
+    if t == NodeType.COMP_NODE:
+        flops = n.attr("num_ops")
+        nbytes = n.attr("tensor_size")
+        if cpu:
+            notes["host-side ops (is_cpu_op) replayed at their recorded duration, on the chip's "
+                  "core in dependency order"] += 1
+            return idle, None
+        if compute == ChakraCompute.RECORDED:
+            return idle, None
+        if flops is None and nbytes is None:
+            notes["compute nodes with no num_ops or tensor_size replayed at their recorded "
+                  "duration"] += 1
+            return idle, None
+        return {"name": name, "kind": OpKind.COMPUTE, "unit": Unit.MXU,
+                "flops": float(flops or 0), "hbm_bytes": float(nbytes or 0), "deps": deps}, None
+    if t in (NodeType.MEM_LOAD_NODE, NodeType.MEM_STORE_NODE):
+        notes["memory load/store nodes replayed as host (PCIe) transfers of tensor_size"] += 1
+        return {"name": name, "kind": OpKind.HOST, "bytes": float(n.attr("tensor_size", 0) or 0),
+                "deps": deps}, None
+    if t == NodeType.COMM_COLL_NODE:
+        ct = n.attr("comm_type")
+        if ct is None:  # host-side c10d bookkeeping (checked by the reader)
+            notes["host-side collective calls without comm_type replayed at their recorded "
+                  "duration"] += 1
+            return idle, None
+        ct = CommType(ct)
+        if cpu:
+            notes["collectives marked is_cpu_op run on the torus (ASTRA-sim refuses them)"] += 1
+        if ct in _NEAREST:
+            notes[_NEAREST[ct]] += 1
+        if ct == CommType.BROADCAST:
+            return idle, None
+        assert group is not None
+        if len(group) == 1:
+            notes["collectives over one rank cost nothing"] += 1
+            return {**idle, "duration_s": 0.0}, None
+        kind, times_group = _KINDS[ct]
+        size = float(comm_bytes_of(n))
+        if ct == CommType.BARRIER:
+            size = 1.0
+        v = size * len(group) if times_group or ct == CommType.BARRIER else size
+        return {"name": name, "kind": OpKind.COLLECTIVE, "collective": kind, "bytes": v,
+                "deps": deps}, group
+    if t == NodeType.COMM_SEND_NODE:
+        return {"name": name, "kind": OpKind.COLLECTIVE, "collective": "collective-permute",
+                "bytes": float(comm_bytes_of(n)), "deps": deps}, int(n.attr("comm_dst"))
+    return {**idle, "duration_s": 0.0}, None  # RECV, METADATA, INVALID
+
+
+def _program(rp: RankProgram, rank: int, num_ranks: int, compute: ChakraCompute,
+             notes: dict) -> list[tuple[dict, object]]:
+    groups = process_groups(rp, num_ranks)
+    index = {n.id: k for k, n in enumerate(rp.nodes)}
+    send_of_tag: dict[int, int] = {}
+    out = []
+    late_recvs = 0
+    for k, n in enumerate(rp.nodes):
+        deps = {index[d] for d in n.data_deps + n.ctrl_deps if d in index}
+        # Edges the reader dropped (self edges, control cycles) point at or past k.
+        deps = {d for d in deps if d < k}
+        t = n.type
+        if t == NodeType.COMM_SEND_NODE:
+            send_of_tag.setdefault(int(n.attr("comm_tag", 0) or 0), k)
+        elif t == NodeType.COMM_RECV_NODE:
+            s = send_of_tag.get(int(n.attr("comm_tag", 0) or 0))
+            if s is not None:
+                deps.add(s)
+            else:
+                late_recvs += 1
+        group = None
+        if t == NodeType.COMM_COLL_NODE and n.attr("comm_type") is not None:
+            group = _group_of(rp, n, rank, groups, num_ranks)
+        out.append(_op_of(n, k, tuple(sorted(deps)), compute, notes, group))
+    if late_recvs:
+        notes["receives ordered before their rank's send of the same comm_tag: their "
+              "dependents do not wait for the transfer"] += late_recvs
+    return out
+
+
+def chakra_trace(cset: ChakraSet, topology: Topology,
+                 compute: ChakraCompute | str = ChakraCompute.ROOFLINE) -> ChakraImport:
+    """The SPMD trace of a Chakra set on `topology` (see the module docstring)."""
+    compute = ChakraCompute(compute)
+    n_chips = topology.num_chips
+    r = cset.num_ranks
+    if r > 1 and r != n_chips:
+        raise TpusimError(
+            f"chakra trace {cset.source!r} has {r} ranks but the {topology.name} pod has "
+            f"{n_chips} chips; replay it on a pod of {r} chips (rank r runs on chip r), e.g. "
+            f"--shape with {r} chips")
+    notes: dict[str, int] = _Counter()
+    # Each distinct program is converted once (ranks whose node records are the same bytes
+    # share it); one file alone runs on every chip.
+    programs: dict[str, list] = {}
+    per_rank = []
+    for rank, rp in enumerate(cset.ranks):
+        if rp.digest not in programs:
+            programs[rp.digest] = _program(rp, rank, r if r > 1 else n_chips, compute, notes)
+        per_rank.append(programs[rp.digest])
+    ref = per_rank[0]
+    for rank, prog in enumerate(per_rank):
+        if prog is ref:
+            continue
+        if len(prog) != len(ref):
+            raise _differs(cset, rank, 0, len(prog), len(ref))
+        for k, ((f1, _p1), (f2, _p2)) in enumerate(zip(ref, prog, strict=True)):
+            if f1 != f2:
+                raise _differs(cset, rank, k, len(prog), len(ref))
+        ref_parts = [k for k, (_f, p) in enumerate(ref) if p is not None]
+        if ref_parts != [k for k, (_f, p) in enumerate(prog) if p is not None]:
+            raise _differs(cset, rank, 0, len(prog), len(ref))
+    ops: list[Op] = []
+    device_groups: list[dict] = []
+    group_index: dict[str, int] = {}
+    for k, (fields, part) in enumerate(ref):
+        gid = -1
+        if part is not None:
+            if fields["collective"] == "collective-permute":
+                if r == 1:
+                    raise TpusimError(
+                        f"chakra trace {cset.source!r}: node {cset.ranks[0].nodes[k].id} is a "
+                        f"send, but the trace has one rank, so it has no peer; give every "
+                        f"rank's file")
+                pairs = [[src, int(prog[k][1])] for src, prog in enumerate(per_rank)]
+                for src, dst in pairs:
+                    if not 0 <= dst < n_chips or dst == src:
+                        raise TpusimError(
+                            f"chakra trace {cset.source!r}: rank {src}'s send "
+                            f"{fields['name'][:60]!r} goes to rank {dst}, which is not another "
+                            f"rank of 0..{n_chips - 1}; give every rank's file")
+                spec = {"pairs": pairs}
+            elif r == 1:
+                spec = {"groups": [list(range(n_chips))]}
+            else:
+                spec = {"groups": [list(g) for g in sorted({prog[k][1] for prog in per_rank})]}
+                seen: dict[int, int] = {}
+                for g in spec["groups"]:
+                    for c in g:
+                        if c in seen:
+                            raise TpusimError(
+                                f"chakra trace {cset.source!r}: collective "
+                                f"{fields['name'][:60]!r} (node {k + 1} in dependency order) "
+                                f"runs over groups that overlap at rank {c}; tpusim needs the "
+                                f"groups of one collective to be disjoint")
+                        seen[c] = 1
+            key = json.dumps(spec, sort_keys=True)
+            if key not in group_index:
+                group_index[key] = len(device_groups)
+                device_groups.append(spec)
+            gid = group_index[key]
+        ops.append(Op(id=k, group=gid, **fields))
+    mesh = LogicalMesh(axes=(("data", topology.chips_per_slice),),
+                       dcn_axes=(("data", topology.num_slices),)
+                       if topology.num_slices > 1 else ())
+    approx = tuple(f"{text} ({count})" for text, count in sorted(notes.items()))
+    meta = {"kind": "chakra", "source": cset.source, "num_chips": n_chips,
+            "device_groups": device_groups, "chakra_ranks": r,
+            "chakra_compute": str(compute), "approximations": list(approx)}
+    trace = Trace(mesh=mesh, ops=tuple(ops), meta=meta)
+    return ChakraImport(trace=trace, num_ranks=r, approximations=approx)
+
+
+def replay_notes(cset: ChakraSet, compute: ChakraCompute | str = ChakraCompute.ROOFLINE) \
+        -> tuple[str, ...]:
+    """What replaying `cset` approximates (the conversion's notes, without a pod)."""
+    compute = ChakraCompute(compute)
+    notes: dict[str, int] = _Counter()
+    done: set[str] = set()
+    for rank, rp in enumerate(cset.ranks):
+        if rp.digest not in done:
+            done.add(rp.digest)
+            # One file runs on every chip of the pod, so its whole-job groups are never one rank.
+            _program(rp, rank, max(cset.num_ranks, 2), compute, notes)
+    return tuple(f"{text} ({count})" for text, count in sorted(notes.items()))
+
+
+class _Counter(dict):
+    def __missing__(self, key):
+        return 0
+
+
+def _differs(cset: ChakraSet, rank: int, k: int, n_rank: int, n_ref: int) -> TpusimError:
+    if n_rank != n_ref:
+        what = f"has {n_rank} nodes where rank 0 has {n_ref}"
+    else:
+        a, b = cset.ranks[0].nodes, cset.ranks[rank].nodes
+        what = (f"differs from rank 0 at its node {b[k].id} ({b[k].name[:40]!r}; rank 0's node "
+                f"{a[k].id}, {a[k].name[:40]!r}): a different type, size, duration or "
+                f"dependencies")
+    return TpusimError(
+        f"chakra trace {cset.source!r}: rank {rank} {what}; tpusim replays Chakra sets whose "
+        f"ranks run one program (SPMD, up to node ids and groups): replay one rank's file alone "
+        f"(it runs on every chip) or make the ranks' programs agree")
