@@ -39,7 +39,7 @@ from sim.runs import (
 from sim.runs.requests import mesh_text
 from sim.runs.rerun import read_result, request_from_result
 from topologies.errors import TpusimError
-from topologies.validate import short_repr
+from topologies.validate import api_call, short_repr
 from workloads.models import TransformerSpec
 
 
@@ -78,6 +78,7 @@ def _call(cls: type[Request], fn: str, req: Request | None, kwargs: dict[str, An
     return run(request(cls, fn, kwargs))
 
 
+@api_call("sim.collective")
 def collective(req: CollectiveRequest | None = None, /, **flags: Any) -> Run:
     """`tpusim collective`: one collective on a pod.
 
@@ -89,12 +90,14 @@ def collective(req: CollectiveRequest | None = None, /, **flags: Any) -> Run:
     return _call(CollectiveRequest, "collective", req, flags)
 
 
+@api_call("sim.compare_collectives")
 def compare_collectives(req: CompareCollectivesRequest | None = None, /, **flags: Any) -> Run:
     """`tpusim compare-collectives`: one collective under every algorithm (`summary["results"]`
     has a row per algorithm; `Run.result` the CollectiveResults that applied)."""
     return _call(CompareCollectivesRequest, "compare_collectives", req, flags)
 
 
+@api_call("sim.train")
 def train(req: TrainRequest | None = None, /, **flags: Any) -> Run:
     """`tpusim train`: one training step.
 
@@ -109,29 +112,34 @@ def train(req: TrainRequest | None = None, /, **flags: Any) -> Run:
     return _call(TrainRequest, "train", req, flags)
 
 
+@api_call("sim.replay_trace")
 def replay(req: ReplayRequest | None = None, /, **flags: Any) -> Run:
     """`tpusim replay`: a trace file written by `tpusim compile` (trace=path) on a pod."""
     return _call(ReplayRequest, "replay", req, flags)
 
 
+@api_call("sim.decode")
 def decode(req: DecodeRequest | None = None, /, **flags: Any) -> Run:
     """`tpusim decode`: one decode step (model, batch, context_len, mesh, dcn, weight_dtype,
     kv_dtype, matmul_dtype, the pod, algorithm, perturbations, set={...})."""
     return _call(DecodeRequest, "decode", req, flags)
 
 
+@api_call("sim.prefill")
 def prefill(req: PrefillRequest | None = None, /, **flags: Any) -> Run:
     """`tpusim prefill`: the prefill of a batch of prompts (prompt_len, prefill_chunk, and the
     decode settings)."""
     return _call(PrefillRequest, "prefill", req, flags)
 
 
+@api_call("sim.serve_sweep")
 def serve_sweep(req: ServeSweepRequest | None = None, /, **flags: Any) -> Run:
     """`tpusim serve-sweep`: decode latency vs throughput over batches (batches="1,4,16"),
     meshes ("tensor=8;data=2,tensor=4") and dtypes; `Run.result` is the list of rows."""
     return _call(ServeSweepRequest, "serve_sweep", req, flags)
 
 
+@api_call("sim.rerun")
 def rerun(result: Mapping[str, Any] | str | Path) -> Run:
     """Run a recorded result again from its `inputs` (a `Run.to_dict()`, a parsed `--json`
     result, or the path of one); the new `.to_dict()` equals the recorded one."""

@@ -35,6 +35,7 @@ from topologies.validate import (
     MAX_CHIPS,
     MAX_PLAN_COMBINATIONS,
     MAX_TOKENS,
+    api_call,
     short_repr,
     split_list,
 )
@@ -1509,6 +1510,7 @@ def search(req: PlanRequest, *, quiet: bool = True) -> tuple[PlanResult, PlanCon
     return res, cfg
 
 
+@api_call("sim.plan")
 def plan(*, model: Any, seq_len: int, global_batch: int, chip: Any = None,
          slice: str | None = None, shape: str | None = None,  # noqa: A002 - the CLI's name
          wraparound: str | None = None, overrides: dict[str, Any] | None = None, top: int = 5,

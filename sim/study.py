@@ -32,7 +32,15 @@ from topologies.mesh import parse_mesh
 from topologies.scenario import scenario_from_flags
 from topologies.slices import SLICES
 from topologies.torus import AXIS_NAMES, DCN_AXIS, parse_shape, parse_wraparound
-from topologies.validate import MAX_STUDY_POINTS, MAX_WORKERS, range_text, short_repr, split_list
+from topologies.validate import (
+    MAX_STUDY_PLOTS,
+    MAX_STUDY_POINTS,
+    MAX_WORKERS,
+    api_call,
+    range_text,
+    short_repr,
+    split_list,
+)
 from workloads.models import load_model
 from workloads.moe import MoeConfig
 from workloads.training import parse_remat
@@ -313,6 +321,9 @@ def _plots(p: Any, varied: set[str]) -> tuple[tuple[tuple[str, str], ...], ...]:
     if p is None:
         return ()
     items = p if isinstance(p, list) else [p]
+    if len(items) > MAX_STUDY_PLOTS:
+        raise TpusimError(f"study plot lists {len(items):,} plots, over the limit of "
+                          f"{MAX_STUDY_PLOTS}; keep the ones you will read (or split the study)")
     out = []
     for item in items:
         if not isinstance(item, dict):
@@ -466,6 +477,10 @@ class SweepConfig:
 
     def __post_init__(self) -> None:
         check_workers(self.workers)
+        if self.out_dir is not None and not str(self.out_dir).strip():
+            # An empty --out wrote nothing and printed "-> ./results.parquet": the results lost.
+            raise TpusimError(f"--out {short_repr(self.out_dir)} names no directory; give one "
+                              f"(default sweep-out), e.g. --out runs/ici")
         if self.dask is not None and not isinstance(self.dask, str) \
                 and not callable(getattr(self.dask, "submit", None)):
             raise TpusimError(
@@ -1153,6 +1168,7 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
 
 
+@api_call("sim.sweep")
 def sweep(study: str | os.PathLike | Mapping[str, Any], *, workers: int = 1, dask: Any = None,
           out: str | os.PathLike | None = None, resume: bool = False, quiet: bool = True,
           allow_oom: bool = False):

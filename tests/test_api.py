@@ -171,3 +171,20 @@ def test_api_studies_refuse_arguments_of_the_wrong_type_before_running(tmp_path)
                          ({"out": str(blocker)}, r"is an existing file, not a directory")]:
         with pytest.raises(TpusimError, match=want):
             sim.plan(**plan, **kwargs)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: sim.train(sim.TrainRequest(slice="v5p-8", model="llama3-8b", seq_len=8,
+                                        batch_per_chip=1, mesh="fsdp=4"), "x"),
+     r"sim.train\(\): too many positional arguments"),
+    (lambda: sim.collective(None, "v5e"), r"sim.collective\(\): too many positional"),
+    (lambda: sim.sweep("study.yaml", 2), r"sim.sweep\(\): too many positional arguments"),
+    (lambda: sim.sweep("study.yaml", workerz=2), r"sim.sweep\(\): got an unexpected keyword"),
+    (lambda: sim.plan("llama3-8b"), r"sim.plan\(\): too many positional arguments"),
+    (lambda: sim.rerun(), r"sim.rerun\(\): missing a required argument: 'result'"),
+    (lambda: sim.run(3), r"sim.run\(\) takes a request"),
+])
+def test_a_call_that_does_not_match_the_api_is_a_one_line_tpusim_error(call, match):
+    with pytest.raises(TpusimError, match=match) as exc:
+        call()
+    assert "\n" not in str(exc.value)

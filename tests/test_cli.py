@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -441,11 +442,6 @@ def test_custom_chip_yaml_drives_the_simulation(capsys, tmp_path):
     assert fast["time_s"] - 3e-6 == pytest.approx((base["time_s"] - 3e-6) / 2, rel=1e-9)
 
 
-def test_no_command_prints_help_and_returns_2(capsys):
-    rc, out, _ = _run(capsys)
-    assert rc == 2 and "usage" in out
-
-
 def test_collective_whose_buffers_exceed_hbm_warns_but_answers(capsys):
     # 64 GiB all-gathered over 4 chips: each holds 16 GiB in + 64 GiB out, over v5e's 16 GB.
     rc = main(["collective", "--chip", "v5e", "--shape", "4x4", "--op", "all-gather",
@@ -765,3 +761,22 @@ def test_compile_never_writes_a_trace_larger_than_replay_reads(tmp_path, capsys,
                    f"fewer --microbatches or layers, or simulate the step with `tpusim train` "
                    f"(no trace file)\n")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("argv", [[], ["--quiet"]])
+def test_bare_tpusim_is_one_error_line_on_stderr(capsys, argv):
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == ""
+    assert err == ("tpusim: error: no command given; run `tpusim --help` for the commands, "
+                   "e.g. `tpusim train --help`\n")
+
+
+def test_import_hlo_output_empty_is_an_error(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    hlo = Path(__file__).parent / "fixtures/hlo/windowed_einsum_v5e16.hlo.txt.gz"
+    rc = main(["import-hlo", str(hlo),
+               "--chip", "v5e", "--shape", "4x4", "-o", ""])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "" and err == "tpusim: error: -o '' is empty; give a path\n"
+    assert not list(tmp_path.iterdir())

@@ -764,3 +764,40 @@ def test_json_trace_for_several_chips_pairs_flow_events_between_group_neighbours
     pf_ids = {f for p in pf.packet if p.HasField("track_event")
               for f in p.track_event.flow_ids}
     assert set(starts) == pf_ids
+
+
+def test_writing_to_a_fifo_with_no_reader_says_so_in_one_line_then_writes_when_one_comes(
+        tmp_path, capsys):
+    import os
+    import threading
+    import time
+
+    from sim.export.output import write_bytes
+
+    fifo = tmp_path / "out.pipe"
+    os.mkfifo(fifo)
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (write_bytes(fifo, b"x" * 100_000), done.set()),
+                         daemon=True)
+    t.start()
+    err = ""
+    for _ in range(500):  # the note comes before the writer blocks for a reader
+        err += capsys.readouterr().err
+        if err:
+            break
+        time.sleep(0.01)
+    assert err == (f"tpusim: note: {str(fifo)!r} is a FIFO with no reader yet; waiting for one "
+                   f"to open it (Ctrl-C to stop)\n")
+    with open(fifo, "rb") as f:
+        got = f.read()
+    t.join(10)
+    assert done.is_set() and got == b"x" * 100_000
+    # With a reader already there: no note, and the reader sees the whole output (the probe's
+    # write end is held until the writer is done, so it never sees an early end-of-file).
+    out: list[bytes] = []
+    r = threading.Thread(target=lambda: out.append(open(fifo, "rb").read()), daemon=True)
+    r.start()
+    time.sleep(0.2)
+    write_bytes(fifo, b"y" * 10)
+    r.join(10)
+    assert out == [b"y" * 10] and capsys.readouterr().err == ""

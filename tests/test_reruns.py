@@ -156,6 +156,13 @@ def test_replay_rerun_needs_the_same_trace_file(tiny_yaml, tmp_path, capsys):
     trace.write_text(trace.read_text() + "\n")  # same program, other bytes
     err = _one_line_error(capsys, "rerun", tmp_path / "result.json")
     assert "has changed since the result was written" in err
+    # A result whose trace record is gone (null, or no sha256) cannot check the file: refused,
+    # where it used to replay whatever the path held without a word.
+    d = json.loads(text)
+    for edit in (None, {"path": str(trace)}, {**d["inputs"]["trace"], "sha256": "0" * 10}):
+        d["inputs"]["trace"] = edit
+        err = _one_line_error(capsys, "rerun", _write(tmp_path, d))
+        assert "inputs.trace.sha256 is" in err and "cannot check it replays the same file" in err
 
 
 def test_check_reports_the_fields_that_differ(tiny_yaml, tmp_path, capsys):

@@ -83,7 +83,7 @@ def test_requests_are_frozen_checked_and_travel_to_workers():
         sim.train(req, seq_len=4)
     with pytest.raises(TpusimError, match="takes a TrainRequest"):
         sim.train(sim.DecodeRequest(model="llama3-8b"))
-    with pytest.raises(TypeError, match="takes a request"):
+    with pytest.raises(TpusimError, match="takes a request"):
         sim.run({"command": "train"})
 
 

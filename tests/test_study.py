@@ -497,3 +497,27 @@ def test_python_sweep_rows_carry_the_status_of_each_point(tiny_model):
                    (16, "fsdp=4"): "does not fit", (16, "fsdp=8"): "error"}
     with pytest.raises(TpusimError, match="allow_oom"):
         sim.sweep(s, workers=1, allow_oom="yes")
+
+
+def test_a_study_plot_list_is_bounded(tiny_model):
+    from topologies.validate import MAX_STUDY_PLOTS
+
+    one = {"x": "set.ici_link_bytes_per_s", "y": "step_time_s"}
+    assert len(load_study(_study(tiny_model, plot=[one] * MAX_STUDY_PLOTS)).plots) == 32
+    with pytest.raises(TpusimError, match="study plot lists 1,000 plots, over the limit of 32"):
+        load_study(_study(tiny_model, plot=[one] * 1000))
+
+
+def test_sweep_out_empty_is_an_error_not_lost_results(tmp_path, capsys, tiny_model,
+                                                      monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    study = tmp_path / "s.yaml"
+    study.write_text(json.dumps(_study(tiny_model)), encoding="utf-8")
+    for out in ("", " "):
+        rc = main(["sweep", str(study), "--out", out, "--workers", "1"])
+        o, err = capsys.readouterr()
+        assert rc == 2 and o == "" and err.count("\n") == 1
+        assert "--out" in err and "names no directory" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml", "tiny.yaml"]
+    with pytest.raises(TpusimError, match="names no directory"):
+        SweepConfig(out_dir="")

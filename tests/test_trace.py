@@ -358,3 +358,25 @@ def _training_trace_json() -> str:
     spec = _md({"name": "t", "num_layers": 1, "d_model": 128, "num_heads": 2, "num_kv_heads": 2,
                 "head_dim": 64, "d_ff": 256, "mlp": "relu", "vocab_size": 256})
     return _cts(spec, _pm("fsdp=4"), 4, _tc(seq_len=64, batch_per_chip=1)).to_json()
+
+
+def test_a_column_left_out_of_its_own_version_is_an_error_and_a_later_versions_is_not():
+    # A version-3 file without `flops` replayed with zeros in it; now it is refused. Version 1
+    # and 2 files lack the columns added after them and still load with their defaults.
+    t = _small()
+
+    def without(doc: dict, cols: list[str]) -> dict:
+        keep = [i for i, c in enumerate(doc["columns"]) if c not in cols]
+        doc["columns"] = [doc["columns"][i] for i in keep]
+        doc["ops"] = [[row[i] for i in keep] for row in doc["ops"]]
+        return doc
+
+    for col in ("flops", "hbm_bytes", "deps", "free_bytes", "narrow_dim"):
+        with pytest.raises(TpusimError, match=f"leaves out {col}, which every version-3"):
+            Trace.from_json(json.dumps(without(_doc(), [col])))
+    old = without(_doc(), ["group", "narrow_dim"])
+    old["version"] = 1
+    assert Trace.from_json(json.dumps(old)) == t
+    old["version"] = 2
+    with pytest.raises(TpusimError, match="leaves out group, which every version-2"):
+        Trace.from_json(json.dumps(old))

@@ -33,6 +33,9 @@ MAX_NESTING = 32  # nesting depth of YAML/JSON inputs (real files use 2-3)
 MAX_INT_DIGITS = 30  # digits of an integer in an input file (counts above 10^30 are typos)
 MAX_SWEEP_RUNS = 512  # decode steps one serve-sweep may simulate
 MAX_STUDY_POINTS = 100_000  # points of one `tpusim sweep` study (1,000 take ~5 min)
+# Plots of one study: each is ~0.2 s to draw and write, so 1,000 entries rendered for minutes;
+# 32 is more than a reader looks at (and one plot per metric of a large study).
+MAX_STUDY_PLOTS = 32
 MAX_WORKERS = 256  # worker processes of a sweep or plan (each holds ~150-250 MiB)
 MAX_PLAN_COMBINATIONS = 10_000  # axis sizes x settings one `tpusim plan` may consider
 MAX_BYTES = 1 << 50  # a collective buffer (1 PiB)
@@ -315,3 +318,29 @@ def split_list(text: str, flag: str, *, sep: str = ",", example: str = "") -> li
         raise TpusimError(f"{flag} {short_repr(text)} has an empty item; separate non-empty "
                           f"items with {sep!r}{ex}")
     return items
+
+
+def api_call(name: str):
+    """Decorate a function of the Python API (`sim.train`, `sim.sweep`, ...): a call that does
+    not match its signature (a setting given positionally, a misspelt keyword, a required one
+    left out) raises a one-line `TpusimError` naming the call, as every other bad input does,
+    instead of Python's own `TypeError`. Only the binding is checked here, so a `TypeError`
+    from inside the run is not mistaken for a bad call."""
+    import functools
+    import inspect
+
+    def wrap(fn):
+        sig = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any):
+            try:
+                sig.bind(*args, **kwargs)
+            except TypeError as exc:
+                raise TpusimError(f"{name}(): {exc}; give the settings as keywords "
+                                  f"(see help({name}))") from None
+            return fn(*args, **kwargs)
+
+        return call
+
+    return wrap

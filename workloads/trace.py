@@ -11,7 +11,7 @@ soon as their dependencies are done. `alloc_bytes`/`free_bytes` describe HBM occ
 File format (`.trace`, JSON): {"format": "tpusim-trace", "version": 3, "mesh": {...},
 "meta": {...}, "columns": [...], "ops": [[...], ...]} — one row per op, columns named once.
 Version 2 added the `group` column, version 3 `narrow_dim`; older files (without those
-columns) still load, with the columns' defaults.
+columns) still load, with the columns' defaults; any other column left out is an error.
 """
 
 from __future__ import annotations
@@ -40,6 +40,10 @@ COLLECTIVE_NAMES = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all",
 TRACE_FORMAT = "tpusim-trace"
 TRACE_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
+# The op columns each format version added: a file of an older version lacks them (and they
+# take their defaults); every other column must be there, as a column left out of a file of
+# its own version is a damaged file (it replayed with zeros in it).
+COLUMNS_ADDED_IN = {2: ("group",), 3: ("narrow_dim",)}
 
 
 class OpKind(enum.StrEnum):
@@ -196,6 +200,14 @@ class Trace:
                 f"each, including id"
                 + (f" (unknown op columns {unknown[:5]})" if unknown else "") + f"; {fix}"
             )
+        optional = {c for v, added in COLUMNS_ADDED_IN.items() if v > version for c in added}
+        missing = [c for c in OP_COLUMNS if c not in cols and c not in optional]
+        if missing:
+            raise TpusimError(
+                f"{source}: \"columns\" leaves out {', '.join(missing[:5])}"
+                + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+                + f", which every version-{version} trace has (only columns a later version "
+                f"added may be missing); the file is damaged: {fix}")
         rows = doc.get("ops")
         if not isinstance(rows, list) or not rows:
             raise TpusimError(f"{source}: \"ops\" must be a non-empty list of op rows; {fix}")

@@ -73,8 +73,10 @@ def dispatch(parser: Parser, argv: Sequence[str] | None) -> int:
     """Parse `argv` and run its command (raising `TpusimError`)."""
     args = parse(argv, parser=parser)
     if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
+        # A bare `tpusim` (or `tpusim --quiet`) is a usage error: one line on stderr naming
+        # the fix, not the whole usage on stdout (where a script would read it as output).
+        raise TpusimError("no command given; run `tpusim --help` for the commands, e.g. "
+                          "`tpusim train --help`")
     with progress.showing_bars(not (args.quiet or getattr(args, "quiet_sub", False))):
         return int(args.func(args) or 0)
 

@@ -39,13 +39,14 @@ def cmd_import_hlo(args: argparse.Namespace) -> int:
     from sim.runs.requests import ImportHloRequest
     from sim.runs.train import load_hlo
 
-    if args.output:
-        check_output_file(args.output)
+    if args.output is not None:
+        # `-o ''` is a typo for a path, not "no file": refused, as the trace would be lost.
+        check_output_file(args.output, "-o")
         cli.check_not_inputs(args, "-o", args.output)
     pod = resolve_pod(cli.request_of(ImportHloRequest, args))
     chip, topo = pod.chip, pod.topology
     imp = load_hlo(args.program, topo)
-    if args.output:
+    if args.output is not None:
         text = imp.trace.to_json()
         cli.check_trace_file_size(text, "-o", "replay the HLO program itself (tpusim replay "
                                               "PROGRAM.txt) instead of a trace file")
@@ -54,7 +55,7 @@ def cmd_import_hlo(args: argparse.Namespace) -> int:
         cli.emit_json(dict(imp.inventory, chip=chip.name, topology=topo.name))
     else:
         _print_inventory(imp.inventory, topo.name, chip.name)
-        if args.output:
+        if args.output is not None:
             print(f"wrote {args.output}: {len(imp.trace.ops)} ops")
     return 0
 

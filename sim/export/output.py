@@ -19,6 +19,7 @@ import io
 import json
 import os
 import stat
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -42,6 +43,27 @@ def _is_stream(path: Path) -> bool:
     return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
 
 
+def _hold_fifo(path: Path) -> int | None:
+    """For a FIFO: a write end opened without blocking, held until the output is written (so
+    a reader that is already there does not see end-of-file between this probe and the
+    writer's own open), or None. With no reader yet the open would block with no word, so a
+    one-line note on stderr says what the command waits for."""
+    try:
+        if not stat.S_ISFIFO(os.stat(path).st_mode):
+            return None
+    except OSError:
+        return None
+    try:
+        return os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:  # ENXIO: no process has the FIFO open for reading
+            return None
+    sys.stderr.write(f"tpusim: note: {str(path)!r} is a FIFO with no reader yet; waiting for "
+                     f"one to open it (Ctrl-C to stop)\n")
+    sys.stderr.flush()
+    return None
+
+
 def atomic_write(path: str | Path, writer: Callable[[Path], None]) -> Path:
     """Run `writer(p)` so that `path` ends up holding the output and a failure leaves nothing
     half-written: temp file + rename for regular files, direct writes into FIFOs and devices.
@@ -54,10 +76,14 @@ def atomic_write(path: str | Path, writer: Callable[[Path], None]) -> Path:
     if _is_stream(path) or _is_stream(target):
         # Opened by the name given: /dev/stdout is a link to /proc/self/fd/1, whose resolved
         # name (pipe:[N] when stdout is a pipe) cannot be opened, though the link can.
+        held = _hold_fifo(path)
         try:
             writer(path)
         except OSError as exc:
             raise TpusimError(f"cannot write {str(path)!r}: {exc.strerror or exc}") from None
+        finally:
+            if held is not None:
+                os.close(held)
         return path
     parent = target.parent if str(target.parent) else Path(".")
     try:
@@ -93,6 +119,12 @@ def write_bytes(path: str | Path, data: bytes) -> Path:
             f.write(data)
 
     return atomic_write(path, put)
+
+
+def _check_not_empty(path: str | Path, what: str) -> None:
+    # Path("") is ".": an empty name would write into the current directory, or nothing.
+    if isinstance(path, str) and not path.strip():
+        raise TpusimError(f"{what} {short_repr(path)} is empty; give a path")
 
 
 def _check_name(p: Path, what: str) -> None:
@@ -147,6 +179,7 @@ def _probe_writable(d: Path, p: Path, what: str) -> None:
 
 def check_output_file(path: str | Path, what: str = "output file") -> None:
     """Refuse an output file that cannot be written (before anything is simulated or written)."""
+    _check_not_empty(path, what)
     p = Path(path)
     _check_name(p, what)
     text = os.fspath(path)
@@ -184,6 +217,7 @@ def check_output_file(path: str | Path, what: str = "output file") -> None:
 
 def check_output_dir(path: str | Path, what: str = "output directory") -> None:
     """Refuse an output directory that is a file or cannot be created."""
+    _check_not_empty(path, what)
     p = Path(path)
     _check_name(p, what)
     if p.exists() and not p.is_dir():

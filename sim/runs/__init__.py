@@ -26,6 +26,7 @@ from sim.runs.requests import (
     ServeSweepRequest,
     TrainRequest,
 )
+from topologies.errors import TpusimError
 from topologies.validate import short_repr
 
 if TYPE_CHECKING:
@@ -68,6 +69,6 @@ def runner(request_type: type[Request]):
 def run(request: Request) -> Run:
     """Simulate `request`; a `Run` (its `.summary`, `.inputs`, `.result`, `.trace`)."""
     if not isinstance(request, Request):
-        raise TypeError(f"sim.run() takes a request such as TrainRequest(...), got "
+        raise TpusimError(f"sim.run() takes a request such as TrainRequest(...), got "
                         f"{short_repr(request)}")
     return runner(type(request))(request)

@@ -82,7 +82,17 @@ def request_from_result(data: Any, *, source: str = "result") -> Request:
         objects["scenario_spec"] = scenario_from_dict(
             inputs["perturbations"], source=f"{source}: inputs.perturbations")
     if command == "replay":
-        objects["trace_sha256"] = (inputs.get("trace") or {}).get("sha256")
+        # A replay reruns the file at the recorded path only if it is the file that ran: its
+        # SHA-256 must be recorded (a null or edited-out `trace` used to skip the check and
+        # replay whatever the path holds now).
+        digest = (inputs.get("trace") or {}).get("sha256")
+        if not isinstance(digest, str) or len(digest) != 64 \
+                or any(c not in "0123456789abcdef" for c in digest):
+            raise TpusimError(
+                f"{source}: inputs.trace.sha256 is {short_repr(digest)}, not the SHA-256 of "
+                f"the trace file that ran, so a rerun cannot check it replays the same file; "
+                f"the file was edited: restore it, or run `tpusim replay` on the trace again")
+        objects["trace_sha256"] = digest
     cls = REQUESTS[command]
     return cls.from_flags(flags, source=source, **objects)
 

@@ -55,6 +55,11 @@ from workloads.trace import OpKind, Trace, TraceBuilder, Unit
 # over the limit that `replay` then refused.
 MAX_OPS = MAX_TRACE_OPS
 MAX_CALL_DEPTH = 64
+# Instructions the lowering may visit (each while body once per trip): a loop whose body
+# emits no op never reached MAX_OPS, so `known_trip_count` 10^12 over an empty body looped
+# forever. Real modules visit a few times their unrolled op count (the 8-layer train step:
+# ~60k visits for ~20k ops); a visit is ~5 us, so this bounds the walk to seconds.
+MAX_VISITS = 4 * MAX_OPS
 
 COLLECTIVES = {
     "all-gather": "all-gather", "all-gather-start": "all-gather",
@@ -98,7 +103,9 @@ FREE_CUSTOM_CALLS = {
 }
 SKIPPED = {"send", "recv", "send-done", "recv-done", "infeed", "outfeed"}
 
-_PARTITION_COORDS_RE = re.compile(r"^// tpusim: partition_coords=([0-9, ]+)$", re.M)
+# The whole line after `=`: a comment whose coordinates do not parse (`1,-1`) used to be
+# ignored, replaying the module on the default assignment instead of the one it names.
+_PARTITION_COORDS_RE = re.compile(r"^// tpusim: partition_coords=(.*)$", re.M)
 
 Value = Any  # frozenset[int] (trace ops this value waits for) or a tuple of Values
 
@@ -119,8 +126,13 @@ def read_partition_coords(text: str) -> list[tuple[int, ...]] | None:
     m = _PARTITION_COORDS_RE.search(text[:1 << 16])
     if not m:
         return None
+    text = m.group(1).strip()
+    if not re.fullmatch(r"-?\d{1,9}(?:,-?\d{1,9})*(?: +-?\d{1,9}(?:,-?\d{1,9})*)*", text):
+        raise TpusimError(
+            f"the `// tpusim: partition_coords=` comment {text[:60]!r} is not a list of "
+            f"chip coordinates such as 0,0 1,0; fix or delete that line")
     try:
-        return [tuple(int(v) for v in c.split(",")) for c in m.group(1).split()]
+        return [tuple(int(v) for v in c.split(",")) for c in text.split()]
     except ValueError:
         raise TpusimError(
             f"the `// tpusim: partition_coords=` comment {m.group(1)[:60]!r} is not a list of "
@@ -128,8 +140,40 @@ def read_partition_coords(text: str) -> list[tuple[int, ...]] | None:
         ) from None
 
 
+_ENTRY_RE = re.compile(r"(?m)^ENTRY\b[^\n]*\{[ \t]*$")
+_ENTRY_INS_RE = re.compile(
+    r"(?m)^[ \t]*(?:ROOT[ \t]+)?%?[\w.\-]+[ \t]*=[ \t]*[a-z0-9]+\[([\d,]*)\]\S*[ \t]+"
+    r"([a-z][\w\-]*)\(")
+
+
+def entry_ops_lower_bound(text: str) -> int:
+    """Trace ops the ENTRY computation's text alone is sure to lower to: its array-valued
+    (more than one element) element-wise, data-movement and matmul instructions, each of which
+    runs once and becomes one compute op. Read with two regular expressions before the parse,
+    so a module too large to simulate is refused in well under a second (parsing 300,000
+    instructions takes ~18 CPU-s, and lowering them ran to the op cap before refusing)."""
+    m = _ENTRY_RE.search(text)
+    if not m:
+        return 0
+    end = text.find("\n}", m.end())
+    body = text[m.end():end if end >= 0 else len(text)]
+    emitting = ELEMENTWISE | MOVEMENT | MXU_OPS
+    n = 0
+    for dims, opcode in _ENTRY_INS_RE.findall(body):
+        if opcode in emitting and any(d.strip() not in ("", "0", "1") for d in
+                                      dims.split(",")):
+            n += 1
+    return n
+
+
 def import_hlo(text: str, *, topology: Topology, source: str = "HLO module") -> HloImport:
     """Parse and lower HLO text for `topology` (see the module docstring)."""
+    sure = entry_ops_lower_bound(text)
+    if sure > MAX_OPS:
+        raise TpusimError(
+            f"{source}: its ENTRY computation alone lowers to at least {sure:,} trace ops, over "
+            f"the limit of {MAX_OPS:,} tpusim simulates in one program; simulate fewer layers "
+            f"or steps (or a scanned model)")
     module = parse_hlo(text, source=source)
     return lower_module(module, topology=topology, source=source,
                         partition_coords=read_partition_coords(text))
@@ -314,16 +358,80 @@ class _Lowerer:
         if ins.opcode == "dot":
             dd = dot_dims(ins)
             lhs = self.shape_of(comp, ins.operands[0])
+            self.check_dot(comp, ins, dd, lhs)
             k = 1
             for d in dd["lhs_contracting_dims"]:
-                if d < len(lhs.dims):
-                    k *= lhs.dims[d]
+                k *= lhs.dims[d]
             return 2.0 * out * k
         if len(ins.operands) < 2:
             return 0.0
         return conv_flops(self.shape_of(comp, ins.operands[0]),
                           self.shape_of(comp, ins.operands[1]), ins.shape,
                           ins.attrs.get("dim_labels", ""), ins.attrs.get("window", ""))
+
+    def check_dot(self, comp: Computation, ins: Instruction, dd: dict, lhs: Shape) -> None:
+        """A dot's batch and contracting dimensions as XLA's verifier checks them: each within
+        its operand's rank, as many on either side, of equal sizes (a dimension past the rank
+        used to be skipped, costing the dot as if it contracted nothing)."""
+        if len(ins.operands) < 2:
+            raise TpusimError(f"{self.source}: line {ins.line}: {ins.name} is a dot with "
+                              f"{len(ins.operands)} operand(s); a dot takes two")
+        rhs = self.shape_of(comp, ins.operands[1])
+        for kind in ("batch", "contracting"):
+            ld, rd = dd[f"lhs_{kind}_dims"], dd[f"rhs_{kind}_dims"]
+            for side, dims, shape in (("lhs", ld, lhs), ("rhs", rd, rhs)):
+                bad = [d for d in dims if not 0 <= d < len(shape.dims)]
+                if bad or len(set(dims)) != len(dims):
+                    raise TpusimError(
+                        f"{self.source}: line {ins.line}: {ins.name} has {side}_{kind}_dims "
+                        f"{{{','.join(map(str, dims))}}}, but its {side} {shape} has rank "
+                        f"{len(shape.dims)} (dimensions 0..{len(shape.dims) - 1}, each once); "
+                        f"XLA rejects this module")
+            if len(ld) != len(rd) or any(lhs.dims[a] != rhs.dims[b]
+                                         for a, b in zip(ld, rd, strict=False)):
+                raise TpusimError(
+                    f"{self.source}: line {ins.line}: {ins.name}'s {kind} dimensions do not "
+                    f"match ({lhs} lhs {{{','.join(map(str, ld))}}}, {rhs} rhs "
+                    f"{{{','.join(map(str, rd))}}}); XLA rejects this module")
+
+    def check_gather(self, comp: Computation, ins: Instruction) -> None:
+        """A gather's dimension numbers within the ranks, as XLA's verifier checks them."""
+        if len(ins.operands) < 2:
+            raise TpusimError(f"{self.source}: line {ins.line}: {ins.name} is a gather with "
+                              f"{len(ins.operands)} operand(s); a gather takes two")
+        operand = self.shape_of(comp, ins.operands[0])
+        indices = self.shape_of(comp, ins.operands[1])
+        rank, out_rank = len(operand.dims), len(ins.shape.dims)
+        for attr, limit, what in (("collapsed_slice_dims", rank, "operand"),
+                                  ("start_index_map", rank, "operand"),
+                                  ("operand_batching_dims", rank, "operand"),
+                                  ("offset_dims", out_rank, "output"),
+                                  ("start_indices_batching_dims", len(indices.dims),
+                                   "indices")):
+            if attr not in ins.attrs:
+                continue
+            dims = int_list(ins.attrs[attr])
+            bad = [d for d in dims if not 0 <= d < limit]
+            if bad:
+                raise TpusimError(
+                    f"{self.source}: line {ins.line}: {ins.name} has {attr}="
+                    f"{{{','.join(map(str, dims))}}}, but its {what} has rank {limit} "
+                    f"(dimensions 0..{limit - 1}); XLA rejects this module")
+        if "index_vector_dim" in ins.attrs:
+            ivd = _whole(ins.attrs["index_vector_dim"], ins)
+            if not 0 <= ivd <= len(indices.dims):
+                raise TpusimError(
+                    f"{self.source}: line {ins.line}: {ins.name} has index_vector_dim={ivd}, "
+                    f"but its indices {indices} have rank {len(indices.dims)} (0..."
+                    f"{len(indices.dims)}); XLA rejects this module")
+        if "slice_sizes" in ins.attrs:
+            sizes = int_list(ins.attrs["slice_sizes"])
+            if len(sizes) != rank or any(not 0 <= z <= n for z, n in zip(sizes, operand.dims,
+                                                                          strict=False)):
+                raise TpusimError(
+                    f"{self.source}: line {ins.line}: {ins.name} has slice_sizes="
+                    f"{{{','.join(map(str, sizes))}}} for an operand {operand}: one size per "
+                    f"dimension, each at most the dimension; XLA rejects this module")
 
     def comp_flops(self, comp: Computation) -> tuple[float, float]:
         """(MXU, VPU) FLOPs of a fused computation, nested fusions included."""
@@ -332,6 +440,8 @@ class _Lowerer:
         mxu = vpu = 0.0
         for ins in comp.instructions:
             op = ins.opcode
+            if op == "gather":
+                self.check_gather(comp, ins)
             if op in MXU_OPS:
                 mxu += self.mxu_flops(comp, ins)
             elif op in ELEMENTWISE:
@@ -441,6 +551,16 @@ class _Lowerer:
                     raise TpusimError(
                         f"{self.source}: {ins.name} sends between devices {s} and {t}, but "
                         f"the module has devices 0..{n - 1}")
+            for role, ids in (("source", [p[0] for p in pairs]),
+                              ("target", [p[1] for p in pairs])):
+                twice = sorted({d for d in ids if ids.count(d) > 1}) if len(set(ids)) \
+                    != len(ids) else []
+                if twice:
+                    # XLA's verifier: each device sends at most once and receives at most once.
+                    raise TpusimError(
+                        f"{self.source}: {ins.name} lists device {twice[0]} as a {role} twice "
+                        f"in source_target_pairs; each device is a {role} at most once (XLA "
+                        f"rejects this module)")
             chip_pairs = tuple(sorted((self.chip_of[s], self.chip_of[t]) for s, t in pairs
                                       if s != t))
             if not chip_pairs:
@@ -601,6 +721,7 @@ class _Lowerer:
 
     # -- the walk ---------------------------------------------------------------------------
     def run(self) -> HloImport:
+        self.visits = 0
         self.flops = {"mxu": 0.0, "vpu": 0.0, "hbm": 0.0}
         self.coll_stats: dict[tuple, dict] = {}
         entry = self.m.entry_computation
@@ -639,6 +760,21 @@ class _Lowerer:
         }
         return HloImport(trace=trace, inventory=inv, warnings=self.warnings)
 
+    def _check_loop(self, ins: Instruction, trip: int, ops_per_trip: int,
+                    visits_per_trip: int) -> None:
+        ops = len(self.b.ops) + (trip - 1) * ops_per_trip
+        visits = self.visits + (trip - 1) * visits_per_trip
+        if ops > MAX_OPS:
+            raise TpusimError(
+                f"{self.source} unrolls to more than {MAX_OPS:,} trace ops (while loop "
+                f"{ins.name}: {trip:,} trips of {ops_per_trip:,} ops), the most tpusim simulates "
+                f"in one program; simulate fewer layers or steps")
+        if visits > MAX_VISITS:
+            raise TpusimError(
+                f"{self.source}: lowering visits more than {MAX_VISITS:,} instructions (while "
+                f"loop {ins.name}: {trip:,} trips of {visits_per_trip:,}), more than a program "
+                f"tpusim can simulate holds; simulate fewer layers or steps")
+
     def run_comp(self, comp: Computation, args: list[Value] | None, depth: int) -> Value:
         if depth > MAX_CALL_DEPTH:
             raise TpusimError(
@@ -646,6 +782,12 @@ class _Lowerer:
                 f"levels deep (at {comp.name}); this is not a program XLA writes")
         env: dict[str, Value] = {}
         pending: dict[str, int] = {}
+        self.visits += len(comp.instructions)
+        if self.visits > MAX_VISITS:
+            raise TpusimError(
+                f"{self.source}: lowering visits more than {MAX_VISITS:,} instructions (while "
+                f"loops x trip counts, at {comp.name}), more than a program tpusim can simulate "
+                f"holds; simulate fewer layers or steps")
         for ins in comp.instructions:
             env[ins.name] = self.lower(comp, ins, env, pending, args, depth)
         return env[comp.root.name]
@@ -720,8 +862,21 @@ class _Lowerer:
                 trip = 1
             body = self.m.computations[ins.attrs["body"].lstrip("%")]
             v = vals[0] if vals else frozenset()
-            for _ in range(trip):
-                v = self.run_comp(body, [v], depth + 1)
+            for k in range(trip):
+                before, visits = len(self.b.ops), self.visits
+                nxt = self.run_comp(body, [v], depth + 1)
+                if nxt == v and len(self.b.ops) == before:
+                    # A trip that emits no op and hands the next trip the same value is the
+                    # same trip every time (the walk is a pure function of the value): the
+                    # loop's remaining trips add nothing (an empty body, scalar bookkeeping).
+                    break
+                if k == 0:
+                    # Every trip walks the same instructions and emits the same ops (costs and
+                    # groups do not depend on the values), so the first trip tells whether the
+                    # whole loop fits: refused now, not after 250,000 ops or 10^6 visits.
+                    self._check_loop(ins, trip, len(self.b.ops) - before,
+                                     self.visits - visits)
+                v = nxt
             return v
         if op == "conditional":
             branches = [self.m.computations[c] for c in ins.called()]
@@ -733,6 +888,8 @@ class _Lowerer:
             return self.run_comp(self.m.computations[ins.called()[0]], vals, depth + 1)
         if op == "fusion":
             return self.fusion(comp, ins, deps)
+        if op == "gather":
+            self.check_gather(comp, ins)
         scalar = ins.shape.num_elements <= 1 and all(
             self.shape_of(comp, o).num_elements <= 1 for o in ops)
         if op in MXU_OPS:

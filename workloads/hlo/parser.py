@@ -31,6 +31,11 @@ MAX_INSTRUCTIONS = 400_000
 # instruction (of at least 1,000), and never more than real text of MAX_INSTRUCTIONS has.
 MAX_TOKENS_PER_INSTRUCTION = 64
 MAX_TOKENS = 30 * MAX_INSTRUCTIONS
+# One array of a module: at most 2^40 bytes (1 TiB, ~5x the largest chip's HBM) and dimensions
+# of at most 2^40 elements. Without a bound an all-gather of f32[4096000000000,1024000000]
+# "succeeded" with a 4,400-year step; a program XLA compiled for a chip holds no such array.
+MAX_ARRAY_BYTES = 1 << 40
+MAX_DIM = 1 << 40
 _INSTRUCTION_RE = re.compile(r"(?m)^[ \t]*(?:ROOT[ \t]+)?%?[\w.\-]+[ \t]*=[ \t]")
 
 # Bytes per element of each HLO element type (the project's one dtype table).
@@ -355,6 +360,10 @@ class _Parser:
                 raise self.error(f"computation {comp.name!r} is defined twice")
             comps[comp.name] = comp
             if comp.is_entry:
+                if entry is not None:
+                    # XLA's verifier: a module has one entry computation.
+                    raise self.error(f"computation {comp.name!r} is a second ENTRY (the first "
+                                     f"is {entry!r}); a module has one entry computation")
                 entry = comp.name
         if not comps:
             raise TpusimError(f"{self.source} has a module header but no computations; the "
@@ -396,6 +405,12 @@ class _Parser:
             if self.i >= len(self.toks):
                 raise self.error(f"computation {name!r} is not closed with '}}'")
             ins = self.instruction()
+            if ins.name in by_name:
+                # XLA's parser: operands name instructions, so a name is defined once in a
+                # computation (the second definition silently replaced the first).
+                raise TpusimError(f"{self.source} is not valid HLO text: line {ins.line}: "
+                                  f"instruction %{ins.name} is defined twice in computation "
+                                  f"{name!r}; instruction names are unique")
             instrs.append(ins)
             by_name[ins.name] = ins
         self.next()
@@ -441,13 +456,21 @@ class _Parser:
             except ValueError:
                 raise self.error(f"dimension {tok!r} of a {dtype} shape is not an integer") \
                     from None
+            if dims[-1] < 0 or dims[-1] > MAX_DIM:
+                raise self.error(f"dimension {dims[-1]:,} of a {dtype} shape is out of range "
+                                 f"(0 to 2^40); this is not a shape XLA compiles for a chip")
             if self.peek() == ",":
                 self.next()
         self.next()
         text = ""
         if layout and self.peek().startswith("{"):
             text = self.skip_balanced()[1:-1]
-        return Shape(dtype=dtype, dims=tuple(dims), layout=text)
+        shape = Shape(dtype=dtype, dims=tuple(dims), layout=text)
+        if shape.nbytes > MAX_ARRAY_BYTES:
+            raise self.error(f"shape {shape} holds {shape.nbytes:.3g} bytes, over the limit of "
+                             f"2^40 (1 TiB) for one array; this is not a shape XLA compiles "
+                             f"for a chip")
+        return shape
 
     def instruction(self) -> Instruction:
         is_root = False
@@ -549,6 +572,11 @@ def replica_groups(text: str, num_devices: int) -> list[list[int]]:
         if total != prod_out or len(out_dims) != 2:
             raise TpusimError(f"replica_groups={t!r}: the iota list must be [groups,size] with "
                               f"as many devices as [{','.join(map(str, reshape))}] holds")
+        if total > num_devices:
+            # Checked before the ids are listed: [1,1000000000]<=[1000000000] was expanded
+            # into a list of a billion ids (6 GB and growing) before the count was checked.
+            raise TpusimError(f"replica_groups={t[:80]!r} lists {total:,} devices but the "
+                              f"module has {num_devices:,}")
         # ids = iota(total).reshape(reshape).transpose(perm).reshape(out_dims)
         strides = [1] * len(reshape)
         for k in range(len(reshape) - 2, -1, -1):
@@ -589,6 +617,9 @@ def _mesh_groups(t: str, num_devices: int) -> list[list[int]]:
     total = 1
     for n in sizes:
         total *= n
+    if total > num_devices:
+        raise TpusimError(f"replica_groups={t[:80]!r} lays out {total:,} devices but the module "
+                          f"has {num_devices:,}")
     strides = [1] * len(sizes)
     for k in range(len(sizes) - 2, -1, -1):
         strides[k] = strides[k + 1] * sizes[k + 1]
