@@ -138,6 +138,13 @@ def add_output_args(p: argparse.ArgumentParser, *, trace_chips: bool) -> None:
                        help="chips to show in the Perfetto trace, e.g. 0-15 or all (default: "
                             "chip 0, which stands for every chip by SPMD symmetry)")
     p.add_argument("--plots", help="write PNG plots into this directory")
+    p.add_argument("--chakra", metavar="DIR",
+                   help="write the step as Chakra execution traces (ASTRA-sim's input) into DIR: "
+                        "tpusim.<class>.et, one per chip class, the class's chips in its "
+                        "metadata (default: no export; docs/howto/chakra.md)")
+    p.add_argument("--chakra-every-chip", action="store_true",
+                   help="with --chakra: one file per chip, tpusim.<rank>.et for every rank, as "
+                        "ASTRA-sim reads them (default: one per chip class)")
     p.add_argument("--algorithm", default="auto",
                    help="collective algorithm for gathers/reductions (default auto)")
 
@@ -165,7 +172,8 @@ def add_set_arg(p: argparse.ArgumentParser, scope: tuple[str, ...]) -> None:
 
 # -- flags: what a command was given, recorded under `inputs` and replayed by `rerun` --------
 # Flags that say where output goes; they do not change a result, so results do not record them.
-OUTPUT_FLAGS = frozenset({"json", "out", "perfetto", "plots", "trace-chips", "quiet", "output"})
+OUTPUT_FLAGS = frozenset({"json", "out", "perfetto", "plots", "trace-chips", "quiet", "output",
+                          "chakra", "chakra-every-chip"})
 
 
 def flag_specs(p: argparse.ArgumentParser) -> tuple[tuple[str, str, str], ...]:
@@ -227,9 +235,16 @@ def check_outputs(args: argparse.Namespace) -> None:
     perfetto = getattr(args, "perfetto", None)
     if getattr(args, "trace_chips", None) is not None and not perfetto:
         raise TpusimError("--trace-chips selects chips for --perfetto; add --perfetto FILE")
-    for flag, value in (("--out", out), ("--plots", plots), ("--perfetto", perfetto)):
+    chakra = getattr(args, "chakra", None)
+    if getattr(args, "chakra_every_chip", False) and chakra is None:
+        raise TpusimError("--chakra-every-chip selects the files of --chakra; add --chakra DIR")
+    for flag, value in (("--out", out), ("--plots", plots), ("--perfetto", perfetto),
+                        ("--chakra", chakra)):
         if value is not None and not str(value).strip():
             raise TpusimError(f"{flag} is empty; give a path, or leave {flag} out")
+    if chakra is not None:
+        check_output_dir(chakra, "--chakra directory")
+        check_not_inputs(args, "--chakra", chakra, directory=True)
     if out is not None:
         check_output_dir(out, "--out directory")
         check_not_inputs(args, "--out", out, directory=True)

@@ -58,10 +58,10 @@ def _with_trace_chips(args, run, req):
     return run(req)
 
 
-def _write_outputs(args, result, summary) -> list[str]:
+def _write_outputs(args, result, summary, trace=None) -> list[str]:
     from sim.cli.training import _write_outputs as write
 
-    return write(args, result, summary)
+    return write(args, result, summary, trace)
 
 
 def cmd_decode(args: argparse.Namespace) -> int:
@@ -71,7 +71,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
     check_outputs(args)
     run = _with_trace_chips(args, run_decode, req)
     s, result = run.summary, run.result
-    notes = _write_outputs(args, result, run.to_dict())
+    notes = _write_outputs(args, result, run.to_dict(), run.trace)
     if args.json:
         cli.emit_json(run.to_dict())
         return 0
@@ -108,7 +108,7 @@ def cmd_prefill(args: argparse.Namespace) -> int:
     run = _with_trace_chips(args, run_prefill, req)
     s, result = run.summary, run.result
     t = s["time_s"]
-    notes = _write_outputs(args, result, run.to_dict())
+    notes = _write_outputs(args, result, run.to_dict(), run.trace)
     if args.json:
         cli.emit_json(run.to_dict())
         return 0

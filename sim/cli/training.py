@@ -137,10 +137,16 @@ def _print_training(s: dict[str, Any]) -> None:
 check_outputs = cli.check_outputs  # re-exported: other command families import it here
 
 
-def _write_outputs(args, result, summary) -> list[str]:
-    """Write --out, --perfetto and --plots (already validated); returns `wrote ...` lines."""
+def _write_outputs(args, result, summary, trace=None) -> list[str]:
+    """Write --out, --perfetto, --plots and --chakra (already validated); returns `wrote ...`
+    lines."""
     notes = []
-    plan = None
+    plan = chakra = None
+    if getattr(args, "chakra", None):
+        from sim.export.chakra import plan_chakra
+
+        # Encoded before any output is written: a step that cannot be exported writes nothing.
+        chakra = plan_chakra(trace, result, every_chip=args.chakra_every_chip)
     if getattr(args, "perfetto", None):
         from sim.export.perfetto import plan_step_trace
 
@@ -173,6 +179,10 @@ def _write_outputs(args, result, summary) -> list[str]:
 
         plot_step(result, summary, args.plots)
         notes.append(f"wrote plots into {cli.show_path(args.plots)}/")
+    if chakra is not None:
+        chakra.write(args.chakra)
+        notes.append(f"wrote {len(chakra.files)} Chakra file(s) into {cli.show_path(args.chakra)}/"
+                     f" (replay them with tpusim replay {cli.show_path(args.chakra)})")
     return notes
 
 
@@ -224,7 +234,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if getattr(args, "perfetto", None):
         cli.check_trace_chips(args, resolve_pod(req).topology.num_chips)  # before simulating
     run = run_train(req)
-    notes = _write_outputs(args, run.result, run.to_dict())
+    notes = _write_outputs(args, run.result, run.to_dict(), run.trace)
     notes += _windowed_ring_note(args, run.trace) + _grad_ring_note(run.trace)
     if args.json:
         cli.emit_json(run.to_dict())
@@ -285,7 +295,7 @@ def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
     check_outputs(args)
     run = run_replay(req, check_trace_chips=lambda n: cli.check_trace_chips(args, n))
     trace, result, summary = run.trace, run.result, run.summary
-    notes = _write_outputs(args, result, run.to_dict())
+    notes = _write_outputs(args, result, run.to_dict(), trace)
     if quiet:
         return 0
     if args.json:
@@ -365,11 +375,14 @@ def _trace_command(help_text: str, func):
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    if not args.perfetto:
-        raise TpusimError("tpusim export needs --perfetto FILE (.pftrace, or .json for Chrome)")
+    if not args.perfetto and not args.chakra:
+        raise TpusimError("tpusim export needs --perfetto FILE (.pftrace, or .json for Chrome) "
+                          "or --chakra DIR (Chakra execution traces)")
     args.json = False
     rc = cmd_replay(args, quiet=True)
-    print(f"wrote {cli.show_path(args.perfetto)}")
+    for path in (args.perfetto, args.chakra):
+        if path:
+            print(f"wrote {cli.show_path(path)}")
     return rc
 
 
@@ -478,6 +491,7 @@ def register(sub) -> None:
         ("train", _register_train),
         ("compile", _register_compile),
         ("replay", _trace_command("replay a trace file on a pod", cmd_replay)),
-        ("export", _trace_command("replay a trace file and export it to Perfetto", cmd_export)),
+        ("export", _trace_command("replay a trace file and export it to Perfetto or Chakra",
+                                  cmd_export)),
         ("demo", _register_demo),
     ])

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from topologies.errors import TpusimError
 from topologies.mesh import LogicalMesh
 from topologies.torus import Topology
+from workloads.chakra.convert_fields import OP_FIELDS
 from workloads.chakra.reader import ChakraSet, RankProgram, comm_bytes_of
 from workloads.chakra.wire import CommType, Node, NodeType
 from workloads.trace import Op, OpKind, Trace, Unit
@@ -219,11 +220,17 @@ def _program(rp: RankProgram, rank: int, num_ranks: int, compute: ChakraCompute,
 
 
 def chakra_trace(cset: ChakraSet, topology: Topology,
-                 compute: ChakraCompute | str = ChakraCompute.ROOFLINE) -> ChakraImport:
-    """The SPMD trace of a Chakra set on `topology` (see the module docstring)."""
+                 compute: ChakraCompute | str = ChakraCompute.ROOFLINE, *,
+                 tpusim_ops: bool = True) -> ChakraImport:
+    """The SPMD trace of a Chakra set on `topology` (see the module docstring). A set tpusim
+    exported is replayed from the ops its nodes carry unless `tpusim_ops` is False (then it is
+    read as any other reader reads it: the tests check that the Chakra fields alone say the
+    same)."""
     compute = ChakraCompute(compute)
     n_chips = topology.num_chips
     r = cset.num_ranks
+    if tpusim_ops and all("tpusim_format" in rp.metadata.attrs for rp in cset.ranks):
+        return _tpusim_trace(cset, topology)
     if r > 1 and r != n_chips:
         raise TpusimError(
             f"chakra trace {cset.source!r} has {r} ranks but the {topology.name} pod has "
@@ -301,10 +308,77 @@ def chakra_trace(cset: ChakraSet, topology: Topology,
     return ChakraImport(trace=trace, num_ranks=r, approximations=approx)
 
 
+TPUSIM_NOTE = ("written by tpusim: replayed op for op from each node's tpusim_op (the program "
+               "as exported; --chakra-compute does not apply)")
+
+
+def _tpusim_trace(cset: ChakraSet, topology: Topology) -> ChakraImport:
+    """A set tpusim exported (`--chakra DIR`): the program exactly as it was simulated, from the
+    op each node carries (checked as a trace file is), on a pod of the chips it was written
+    for; per-class files are expanded to the chips their metadata lists."""
+    first = cset.ranks[0]
+    src = f"chakra trace {cset.source!r}"
+    n = first.metadata.attrs["tpusim_num_chips"].value
+    if not isinstance(n, int) or n != topology.num_chips:
+        raise TpusimError(f"{src} was exported from a {n}-chip pod but the {topology.name} pod "
+                          f"has {topology.num_chips} chips; replay it on a pod of {n} chips")
+    classes = [rp.metadata.attrs.get("tpusim_class_chips") for rp in cset.ranks]
+    if all(c is not None for c in classes):
+        chips = sorted(int(c) for a in classes for c in (a.value if a.is_list else ()))
+        if chips != list(range(n)):
+            raise TpusimError(f"{src}: its chip-class files list chips that are not 0..{n - 1} "
+                              f"once each; give every class's file")
+    elif cset.num_ranks != n:
+        raise TpusimError(f"{src} has {cset.num_ranks} rank files for {n} chips; give every "
+                          f"chip's file (or the per-class files)")
+    rows_of: dict[str, list] = {}
+    for rp in cset.ranks:
+        if rp.digest in rows_of:
+            continue
+        rows = []
+        for nd in rp.nodes:
+            text = nd.attr("tpusim_op")
+            if text is None:
+                continue
+            try:
+                fields = json.loads(text)
+            except (ValueError, RecursionError):
+                raise TpusimError(f"chakra file {rp.path!r}: node {nd.id}: tpusim_op is not "
+                                  f"JSON; re-export the step with --chakra") from None
+            if not isinstance(fields, list):
+                raise TpusimError(f"chakra file {rp.path!r}: node {nd.id}: tpusim_op is not a "
+                                  f"list of op fields; re-export the step with --chakra")
+            rows.append([nd.id, *fields, list(nd.data_deps)])
+        rows_of[rp.digest] = rows
+    progs = list(rows_of.values())
+    for rank, rows in enumerate(progs[1:], 1):
+        if rows != progs[0]:
+            raise TpusimError(f"{src}: its files hold different programs (file {rank + 1} of "
+                              f"the distinct ones differs from the first); tpusim replays one "
+                              f"program per exported set")
+    try:
+        mesh = json.loads(first.metadata.attrs["tpusim_mesh"].value)
+        groups = json.loads(first.metadata.attrs["tpusim_device_groups"].value)
+    except (KeyError, ValueError, RecursionError, AttributeError, TypeError):
+        raise TpusimError(f"{src}: its metadata lacks a readable tpusim_mesh or "
+                          f"tpusim_device_groups; re-export the step with --chakra") from None
+    doc = {"format": "tpusim-trace", "version": 3, "mesh": mesh,
+           "meta": {"num_chips": n, "device_groups": groups} if groups else {"num_chips": n},
+           "columns": ["id", *OP_FIELDS, "deps"], "ops": progs[0]}
+    trace = Trace.from_json(json.dumps(doc), source=src)
+    meta = {**trace.meta, "kind": "chakra", "source": cset.source,
+            "chakra_ranks": cset.num_ranks, "chakra_compute": "tpusim_op",
+            "approximations": [TPUSIM_NOTE]}
+    return ChakraImport(trace=Trace(mesh=trace.mesh, ops=trace.ops, meta=meta),
+                        num_ranks=cset.num_ranks, approximations=(TPUSIM_NOTE,))
+
+
 def replay_notes(cset: ChakraSet, compute: ChakraCompute | str = ChakraCompute.ROOFLINE) \
         -> tuple[str, ...]:
     """What replaying `cset` approximates (the conversion's notes, without a pod)."""
     compute = ChakraCompute(compute)
+    if all("tpusim_format" in rp.metadata.attrs for rp in cset.ranks):
+        return (TPUSIM_NOTE,)
     notes: dict[str, int] = _Counter()
     done: set[str] = set()
     for rank, rp in enumerate(cset.ranks):

@@ -1,0 +1,248 @@
+"""A simulated step as Chakra execution traces (`--chakra DIR`): one file per chip class (the
+default: every chip of a class runs the same program, and the class and its chips are in the
+file's metadata) or per chip (`--chakra-every-chip`), `DIR/tpusim.<rank>.et`, which ASTRA-sim's
+reader accepts.
+
+Every op becomes one node with the id of the op, its dependencies as `data_deps`, and as
+`ctrl_deps` the op before it on the chip's core (compute runs in program order there, as
+tpusim scheduled it): compute ops COMP_NODEs with `num_ops` (FLOPs), `tensor_size` (HBM
+bytes) and their simulated `duration_micros`; collectives COMM_COLL_NODEs with their kind,
+`comm_size` in ASTRA-sim's meaning (the rank's buffer: V for all-reduce and reduce-scatter,
+V / group for all-gather and all-to-all) and `pg_name` naming the chip's replica group, defined
+by a `process_group:init` METADATA_NODE as PyTorch's converter writes it; host transfers
+MEM_STORE_NODEs; idle time COMP_NODEs of its duration. What Chakra cannot say is written in its
+nearest form and listed in the metadata (`tpusim_approximations`): a collective-permute is a
+COMM_SEND_NODE to the next chip of its group and a COMM_RECV_NODE from the previous one, XLA's
+async start/done pairs are one node each (the dependencies keep the overlap), and replica
+groups are explicit rank lists. Each node also carries the op itself (`tpusim_op`, ignored by
+other readers), so `tpusim replay DIR` runs exactly the program that was exported.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sim.engine import StepResult, collective_groups, op_group_axes
+from topologies.errors import TpusimError
+from topologies.groups import GroupGeometry
+from workloads.chakra.convert_fields import OP_FIELDS
+from workloads.chakra.wire import (
+    Attr,
+    CommType,
+    GlobalMetadata,
+    IOInfo,
+    Member,
+    Node,
+    NodeType,
+    bool_attr,
+    encode_file,
+    int32_attr,
+    int64_attr,
+    string_attr,
+    uint64_attr,
+)
+from workloads.trace import OpKind, Trace
+
+PREFIX = "tpusim"
+TPUSIM_FORMAT = "tpusim-chakra 1"
+_COMM = {"all-reduce": (CommType.ALL_REDUCE, False), "reduce-scatter": (CommType.REDUCE_SCATTER,
+                                                                         False),
+         "all-gather": (CommType.ALL_GATHER, True), "all-to-all": (CommType.ALL_TO_ALL, True)}
+APPROXIMATIONS = (
+    "collective-permute: a COMM_SEND_NODE to the next rank of its group (by chip id) and a "
+    "COMM_RECV_NODE from the previous one; dependents wait on the send",
+    "XLA's async collective start/done pairs: one node per collective, its dependents as "
+    "tpusim scheduled them",
+    "replica groups: explicit rank lists (pg_name and a process_group:init METADATA_NODE), "
+    "not mesh axes",
+    "durations: whole microseconds in duration_micros (the exact seconds are in tpusim_op)",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ChakraPlan:
+    """The encoded files of an export (validated and built before anything is written)."""
+
+    files: tuple[tuple[str, bytes], ...]
+
+    def write(self, directory: str | Path) -> list[Path]:
+        from sim.export.output import write_bytes
+
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        return [write_bytes(d / name, data) for name, data in self.files]
+
+
+def _durations(result: StepResult, trace: Trace, k: int) -> np.ndarray:
+    """Each op's simulated duration on chip class `k` (the representative chip's)."""
+    cls = result.classes
+    if cls is not None and k in cls.timelines:
+        start, end = cls.timelines[k]
+        return np.asarray(end, dtype=float) - np.asarray(start, dtype=float)
+    dur = np.zeros(len(trace.ops))
+    for row in result.op_rows:
+        if row[0] == (int(cls.reps[k]) if cls is not None else row[0]):
+            dur[row[1]] = row[9] - row[8]
+    return dur
+
+
+def _members(topology, gaxes) -> tuple[np.ndarray, dict[int, list[int]]]:
+    geo = GroupGeometry(topology, gaxes)
+    of = np.asarray(geo.group_of_chip)
+    groups: dict[int, list[int]] = {}
+    for c, g in enumerate(of.tolist()):
+        groups.setdefault(g, []).append(c)
+    return of, groups
+
+
+def plan_chakra(trace: Trace, result: StepResult, *, every_chip: bool = False) -> ChakraPlan:
+    """Encode `trace` as simulated in `result` (see the module docstring)."""
+    topo = result.pod
+    if topo is None:
+        raise TpusimError("internal error: the result has no pod to export to Chakra")
+    cls = result.classes
+    if cls is not None and any(p.trace is not trace for p in cls.programs.values()):
+        raise TpusimError(
+            "--chakra: this step runs several programs (pipeline stages), which tpusim does not "
+            "export to Chakra yet; export a step without a pipeline axis")
+    n = topo.num_chips
+    if cls is None:
+        of_chip, reps = np.zeros(n, dtype=int), np.array([0])
+    else:
+        of_chip, reps = np.asarray(cls.of_chip), np.asarray(cls.reps)
+    ranks = list(range(n)) if every_chip else [int(r) for r in reps]
+    groups = collective_groups(trace, topo)
+    dev: dict = {}
+    # Per collective op: its group size and, per chip, its replica group (a pg id) and members.
+    pg_of: dict[int, tuple[np.ndarray, dict[int, list[int]], int, int]] = {}
+    specs: dict[tuple, int] = {}
+    for op in trace.ops:
+        if op.kind != OpKind.COLLECTIVE:
+            continue
+        gaxes, key = op_group_axes(topo, trace, op, groups, dev)
+        skey = (tuple(gaxes), op.group if len(key) == 4 else -1)
+        if skey not in specs:
+            specs[skey] = len(specs)
+        if len(key) == 4:  # explicit [src, dst] pairs (HLO import)
+            pairs = dev[op.group][1]
+            pg_of[op.id] = (None, {"pairs": pairs}, 2, specs[skey])
+        else:
+            of, members = _members(topo, tuple(gaxes))
+            size = int(np.prod([g.size for g in gaxes])) if gaxes else 1
+            pg_of[op.id] = (of, members, size, specs[skey])
+    mesh_json = json.dumps(trace.mesh.to_dict(), separators=(",", ":"))
+    groups_json = json.dumps(trace.meta.get("device_groups", []), separators=(",", ":"))
+    base_meta = {
+        "tpusim_format": string_attr(TPUSIM_FORMAT),
+        "tpusim_num_chips": int64_attr(n),
+        "tpusim_mesh": string_attr(mesh_json),
+        "tpusim_device_groups": string_attr(groups_json),
+        "tpusim_kind": string_attr(str(trace.meta.get("kind", ""))),
+        "tpusim_approximations": Attr(Member.STRING, APPROXIMATIONS, True),
+    }
+    op_text = [json.dumps([_field(op, f) for f in OP_FIELDS], separators=(",", ":"))
+               for op in trace.ops]
+    core_prev: list[int | None] = []
+    last = None
+    for op in trace.ops:
+        core_prev.append(last if op.kind in (OpKind.COMPUTE, OpKind.IDLE) else None)
+        if op.kind in (OpKind.COMPUTE, OpKind.IDLE):
+            last = op.id
+    files = []
+    durs: dict[int, np.ndarray] = {}
+    for rank in ranks:
+        k = int(of_chip[rank])
+        if k not in durs:
+            durs[k] = _durations(result, trace, k)
+        nodes, pgs = _rank_nodes(trace, rank, durs[k], pg_of, op_text, core_prev, n)
+        meta = dict(base_meta)
+        if not every_chip:
+            chips = np.flatnonzero(of_chip == k).tolist()
+            meta["tpusim_chip_class"] = int64_attr(k)
+            meta["tpusim_class_chips"] = Attr(Member.INT64, tuple(chips), True)
+        meta["tpusim_rank"] = int64_attr(rank)
+        if pgs:
+            init = json.dumps([{"pg_name": name, "ranks": members, "pg_desc": ""}
+                               for name, members in sorted(pgs.items(), key=lambda kv: int(
+                                   kv[0]))], separators=(",", ":"))
+            nodes.append(Node(id=len(trace.ops) * 2 + 1, name="process_group:init",
+                              type=NodeType.METADATA_NODE,
+                              inputs=IOInfo(values=f"[[{init}]]", shapes="[[]]",
+                                            types="['String']")))
+        name = f"{PREFIX}.{rank if every_chip else k}.et"
+        files.append((name, encode_file(GlobalMetadata(version="0.0.4", attrs=meta), nodes)))
+    return ChakraPlan(files=tuple(files))
+
+
+def _field(op, f: str):
+    v = getattr(op, f)
+    return list(v) if isinstance(v, tuple) else (str(v) if hasattr(v, "value") else v)
+
+
+def _rank_nodes(trace, rank, dur, pg_of, op_text, core_prev, n):
+    nodes: list[Node] = []
+    pgs: dict[str, list[int]] = {}
+    extra = len(trace.ops)
+    for op in trace.ops:
+        deps = tuple(op.deps)
+        ctrl = () if core_prev[op.id] is None else (core_prev[op.id],)
+        attrs = {"is_cpu_op": bool_attr(False)}
+        d = float(dur[op.id]) if op.id < len(dur) else 0.0
+        micros = int(round(d * 1e6))
+        if op.kind == OpKind.COMPUTE:
+            attrs["num_ops"] = int64_attr(int(round(op.flops)))
+            attrs["tensor_size"] = uint64_attr(int(round(op.hbm_bytes)))
+            t = NodeType.COMP_NODE
+        elif op.kind == OpKind.IDLE:
+            t = NodeType.COMP_NODE
+        elif op.kind == OpKind.HOST:
+            attrs["tensor_size"] = uint64_attr(int(round(op.bytes)))
+            t = NodeType.MEM_STORE_NODE
+        else:
+            of, members, size, spec = pg_of[op.id]
+            if op.collective in _COMM:
+                ct, per_rank = _COMM[op.collective]
+                attrs["comm_type"] = int64_attr(int(ct))
+                size_b = op.bytes / size if per_rank else op.bytes
+                attrs["comm_size"] = int64_attr(int(round(size_b)))
+                g = int(of[rank])
+                mem = members[g]
+                name = "0" if len(mem) == n else str(1 + spec * n + g)
+                if name != "0":
+                    pgs.setdefault(name, mem)
+                attrs["pg_name"] = string_attr(name)
+                t = NodeType.COMM_COLL_NODE
+            else:  # collective-permute / send: to the next chip of the group, by chip id
+                if of is None:
+                    pairs = members["pairs"]
+                    dst = next((b for a, b in pairs if a == rank), None)
+                    src = next((a for a, b in pairs if b == rank), None)
+                else:
+                    mem = members[int(of[rank])]
+                    i = mem.index(rank)
+                    dst, src = mem[(i + 1) % len(mem)], mem[(i - 1) % len(mem)]
+                    if dst == rank:
+                        dst = src = None
+                if dst is None:
+                    t = NodeType.COMP_NODE  # this chip sends nothing in the permute
+                else:
+                    t = NodeType.COMM_SEND_NODE
+                    attrs.update(comm_src=int32_attr(rank), comm_dst=int32_attr(dst),
+                                 comm_tag=int32_attr(op.id),
+                                 comm_size=int64_attr(int(round(op.bytes))))
+                if src is not None:
+                    nodes.append(Node(
+                        id=extra + op.id, name=f"{op.name[:190]}/recv",
+                        type=NodeType.COMM_RECV_NODE, data_deps=deps,
+                        attrs={"is_cpu_op": bool_attr(False), "comm_src": int32_attr(src),
+                               "comm_dst": int32_attr(rank), "comm_tag": int32_attr(op.id),
+                               "comm_size": int64_attr(int(round(op.bytes))),
+                               "tpusim_skip": bool_attr(True)}))
+        attrs["tpusim_op"] = string_attr(op_text[op.id])
+        nodes.append(Node(id=op.id, name=op.name, type=t, data_deps=deps, ctrl_deps=ctrl,
+                          duration_micros=micros, attrs=attrs))
+    return nodes, pgs
