@@ -171,19 +171,22 @@ def link_table(topology: Topology, link_bytes, link_busy, link_cap, time_s: floa
     )
     b = link_bytes[used]
     util = b / (link_cap[used] * time_s) if time_s > 0 else np.zeros(len(used))
-    return pd.DataFrame(
-        {
-            "link": used,
-            "src": _coord_strings(topology, src_chips),
-            "dst": _coord_strings(topology, dst_chips),
-            "axis": axis,
-            "direction": direction,
-            "bytes": b,
-            "busy_s": link_busy[used],
-            "utilization": util,
-        },
-        columns=LINK_COLUMNS,
-    )
+    cols = {
+        "link": used,
+        "src": _coord_strings(topology, src_chips),
+        "dst": _coord_strings(topology, dst_chips),
+        "axis": axis,
+        "direction": direction,
+        "bytes": b,
+        "busy_s": link_busy[used],
+        "utilization": util,
+    }
+    if not topology.ocs:
+        return pd.DataFrame(cols, columns=LINK_COLUMNS)
+    # A pod of cubes joined by optical switches: which links stay inside a cube and which go
+    # through a switch (DCN links are neither).
+    cols["via"] = np.concatenate([topology.link_via()[ici], np.full(len(dcn), "dcn")])
+    return pd.DataFrame(cols, columns=[*LINK_COLUMNS, "via"])
 
 
 MODES = ("auto", "symmetric", "full", "per-chip")

@@ -35,6 +35,11 @@ class ChipSpec:
         hbm_bytes_per_s: HBM bandwidth.
         ici_link_bytes_per_s: one ICI link, one direction (the book's "one-way"; bidi is 2x).
         ici_hop_latency_s: latency added per ICI hop.
+        ocs_hop_latency_s: latency a hop adds on top of `ici_hop_latency_s` when its link goes
+            through an optical circuit switch (a v4/v5p link leaving a 4x4x4 cube). Assumed 0
+            for the presets: a switch is a set of mirrors, so what it adds is fiber (about 5 ns
+            a metre), well inside tpu.md's "about 1 µs" a hop; `--set ocs_hop_latency_s=...`
+            asks what a slower switch path would cost. Listed by `to_dict()` only when set.
         ici_links_per_chip: ICI links (each full duplex) leaving one chip.
         dcn_bytes_per_s: data-center-network egress per chip (and ingress, full duplex).
         dcn_latency_s: one-way DCN latency between slices.
@@ -79,6 +84,7 @@ class ChipSpec:
     dcn_efficiency: float = 1.0
     op_overhead_s: float = 0.0
     dcn_message_overhead_s: float = 0.0
+    ocs_hop_latency_s: float = 0.0
     compiler: XlaCompilerSpec = XlaCompilerSpec()
 
     def __post_init__(self) -> None:
@@ -195,6 +201,10 @@ class ChipSpec:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                 if f.name != "compiler"}
         data["max_pod_shape"] = list(self.max_pod_shape)
+        # At its default (no extra latency through a switch) the key is left out, so that a
+        # chip, and every result recording one, reads as it did before the field existed.
+        if not data["ocs_hop_latency_s"]:
+            del data["ocs_hop_latency_s"]
         return {**data, **self.compiler_rules()}
 
     def with_overrides(self, **changes: Any) -> ChipSpec:
@@ -245,6 +255,7 @@ _FIELD_RANGES: dict[str, tuple] = {
     "mxu_dim": (8, 4096, False, True, "the side of one MXU systolic array (128 or 256)"),
     "op_overhead_s": (0.0, 1.0, False, False, "seconds added to every compute op"),
     "dcn_message_overhead_s": (0.0, 1.0, False, False, "seconds per DCN message"),
+    "ocs_hop_latency_s": (0.0, 1.0, False, False, "seconds a switched hop adds"),
     **{f"{u}_efficiency": (1e-6, 1.0, False, False,
                            "the achievable fraction of the peak")
        for u in ("mxu", "vpu", "hbm", "ici", "dcn")},

@@ -33,7 +33,7 @@ COLLECTIVE_KEYS = ("collective.algorithm",)
 MODEL_KEYS = tuple(f"model.{f}" for f in MODEL_FIELDS)
 
 # Chip fields whose valid range includes 0 (every other numeric chip field must be > 0).
-_CHIP_ZERO_OK = ("op_overhead_s", "dcn_message_overhead_s")
+_CHIP_ZERO_OK = ("op_overhead_s", "dcn_message_overhead_s", "ocs_hop_latency_s")
 _CHIP_INT = ("ici_links_per_chip", "tensorcores_per_chip", "mxu_dim")
 _CHIP_TEXT = ("name", "generation_rule")
 # Model fields: integers >= 1, integer counts >= 0 (MoE), booleans, text.

@@ -42,6 +42,7 @@ class LinkModel:
     ici_latency_s: float
     dcn_latency_s: float
     dcn_message_s: float = 0.0  # per DCN message a chip sends in one step, serialized
+    ocs_latency_s: float = 0.0  # added per hop through an optical switch (0: no switches)
 
 
 def _dcn_moves(gaxes, moves) -> int:
@@ -56,7 +57,8 @@ def _dcn_moves(gaxes, moves) -> int:
 # numbers reuses its collectives' costs). tests/test_collectives.py checks that no other field
 # changes a cost.
 LINK_FIELDS = ("ici_link_bytes_per_s", "ici_efficiency", "ici_hop_latency_s", "dcn_bytes_per_s",
-               "dcn_efficiency", "dcn_latency_s", "dcn_message_overhead_s")
+               "dcn_efficiency", "dcn_latency_s", "dcn_message_overhead_s",
+               "ocs_hop_latency_s")
 
 
 def link_numbers(chip: ChipSpec) -> tuple[float, ...]:
@@ -79,6 +81,7 @@ def link_model(chip: ChipSpec, topology: Topology, slow_links: dict[int, float])
         ici_latency_s=chip.ici_hop_latency_s,
         dcn_latency_s=chip.dcn_latency_s,
         dcn_message_s=chip.dcn_message_overhead_s,
+        ocs_latency_s=chip.ocs_hop_latency_s if topology.ocs else 0.0,
     )
 
 
@@ -95,7 +98,8 @@ def symmetric_batch(step: Step, gaxes: tuple[GroupAxis, ...], lm: LinkModel) -> 
         res += hops
         ptr.append(len(res))
         nbytes.append(m.bytes)
-        lat = max(lat, route_latency_s(gaxes, m.offset, lm.ici_latency_s, lm.dcn_latency_s))
+        lat = max(lat, route_latency_s(gaxes, m.offset, lm.ici_latency_s, lm.dcn_latency_s,
+                                       lm.ocs_latency_s))
     lat += _dcn_moves(gaxes, step.moves) * lm.dcn_message_s
     return Batch(
         res=np.asarray(res, dtype=np.int64),
@@ -151,7 +155,8 @@ def full_batch(
         res_parts.append(r)
         counts.append(np.full(len(src), h, dtype=np.int64))
         nbytes.append(np.full(len(src), m.bytes))
-        lat = max(lat, route_latency_s(gaxes, m.offset, lm.ici_latency_s, lm.dcn_latency_s))
+        lat = max(lat, route_latency_s(gaxes, m.offset, lm.ici_latency_s, lm.dcn_latency_s,
+                                       lm.ocs_latency_s))
     lat += _dcn_moves(gaxes, step.moves) * lm.dcn_message_s
     if not res_parts:
         z = np.zeros(0, dtype=np.int64)
@@ -180,12 +185,16 @@ def max_route_latency_s(topology: Topology, res, ptr, transfers, lm: LinkModel) 
     """Longest latency among the given transfers' routes: ICI hops x per-hop latency, plus the
     DCN latency once per DCN crossing (an egress and an ingress id)."""
     n_ici = topology.num_ici_links
+    ocs = topology.ocs_link_mask() if lm.ocs_latency_s else None
     worst = 0.0
     for t in np.asarray(transfers).tolist():
         r = res[ptr[t] : ptr[t + 1]]
         ici = int(np.count_nonzero(r < n_ici))
         dcn = (len(r) - ici) // 2
-        worst = max(worst, ici * lm.ici_latency_s + dcn * lm.dcn_latency_s)
+        lat = ici * lm.ici_latency_s + dcn * lm.dcn_latency_s
+        if ocs is not None:  # the switched hops this route takes, counted exactly
+            lat += int(np.count_nonzero(ocs[r[r < n_ici]])) * lm.ocs_latency_s
+        worst = max(worst, lat)
     return worst
 
 
@@ -254,7 +263,8 @@ def send_batch(
             off = tuple(offs[i] for i in order)
             r, _p, _ = route_links(topology, ga, np.array([s_chip]), off)
             paths.setdefault(tuple(int(x) for x in r), 0.0)
-            lat = max(lat, route_latency_s(ga, off, lm.ici_latency_s, lm.dcn_latency_s))
+            lat = max(lat, route_latency_s(ga, off, lm.ici_latency_s, lm.dcn_latency_s,
+                                           lm.ocs_latency_s))
     keys = sorted(paths)
     if detour is not None and detour.dead_links:
         alive = [k for k in keys if not any(detour.dead_mask[h] for h in k)]

@@ -322,8 +322,9 @@ def test_slice_of_another_generation_is_an_error():
     [
         ("v5e", "32x4", "does not fit"),
         ("v5e", "4x4x4", "has 3 axes"),
-        ("v4", "16x20x28", "does not fit"),
-        ("v5p", "16x20x32", "does not fit"),
+        ("v4", "16x20x28", "is 140 cubes .* one v4 pod has 64"),
+        ("v5p", "16x20x32", "is 160 cubes .* one v5p pod has 140"),
+        ("v5p", "2x2x48", "does not fit .* not made of whole 4x4x4 cubes"),
     ],
 )
 def test_shape_that_does_not_fit_the_pod_is_an_error(chip_name, shape, match):

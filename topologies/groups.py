@@ -160,11 +160,17 @@ def route_class_hops(gaxes: tuple[GroupAxis, ...], offset: tuple[int, ...]) -> l
     return res
 
 
-def route_latency_s(gaxes, offset, ici_hop_s: float, dcn_s: float) -> float:
+def route_latency_s(gaxes, offset, ici_hop_s: float, dcn_s: float, ocs_s: float = 0.0) -> float:
+    """Latency of a dimension-order route: every ICI hop's, a DCN crossing's, and, on a pod of
+    cubes joined by optical switches, `ocs_s` for every switched hop the route may take (a run of
+    h hops along an axis leaves at most ceil(h/4) cubes of side 4: the worst chip's count, which
+    sets a synchronous step's latency)."""
     lat = 0.0
     for g, o in zip(gaxes, offset, strict=True):
         if o:
             lat += dcn_s if g.is_dcn else ici_hop_s * abs(o) * g.stride
+            if ocs_s and not g.is_dcn:
+                lat += ocs_s * -(-abs(o) * g.stride // 4)
     return lat
 
 

@@ -143,8 +143,43 @@ def default_wraparound(rule: str, shape: tuple[int, ...]) -> tuple[bool, ...]:
     raise TpusimError(f"unknown wraparound rule {rule!r}; use cube or full-axis")
 
 
-def check_shape_fits(chip_name: str, max_pod_shape: tuple[int, ...], shape: tuple[int, ...]):
-    """Refuse shapes that the chip's largest ICI slice cannot hold (axes may be permuted)."""
+# A v4/v5p pod is built of 4x4x4 cubes of chips (one rack each) joined by optical circuit
+# switches (TPU v4 paper, Jouppi et al. ISCA 2023 §2; docs/reference/twisted.md).
+CUBE_SIDE = 4
+
+
+def is_cube_slice(rule: str, shape: tuple[int, ...]) -> bool:
+    """A slice of whole 4x4x4 cubes on a generation whose cubes are joined by OCS (`cube`)."""
+    return rule == "cube" and len(shape) == 3 and all(n % CUBE_SIDE == 0 for n in shape)
+
+
+def num_cubes(shape: tuple[int, ...]) -> int:
+    """4x4x4 cubes in a 3D shape of whole cubes."""
+    return int(np.prod([n // CUBE_SIDE for n in shape], dtype=object))
+
+
+def check_shape_fits(chip_name: str, max_pod_shape: tuple[int, ...], shape: tuple[int, ...],
+                     wrap_rule: str | None = None):
+    """Refuse shapes that the chip's pod cannot hold.
+
+    On a generation with optical circuit switches (`cube` rule) a slice of whole 4x4x4 cubes
+    may take any free cubes of the pod, wired into its shape by the switches, so it fits when
+    its cube count does (v5p 8x16x48 is 96 of the pod's 140 cubes, though 48 is longer than any
+    side of the 16x20x28 box). A smaller slice sits inside one cube's box, and a generation
+    without switches is a fixed box: both must fit `max_pod_shape` (axes may be permuted).
+    """
+    if wrap_rule is not None and is_cube_slice(wrap_rule, shape) \
+            and len(max_pod_shape) == 3:
+        have = num_cubes(tuple((n // CUBE_SIDE) * CUBE_SIDE for n in max_pod_shape))
+        need = num_cubes(shape)
+        if need <= have:
+            return
+        raise TpusimError(
+            f"shape {'x'.join(map(str, shape))} is {need:,} cubes of 4x4x4 chips but one "
+            f"{chip_name} pod has {have} ({'x'.join(map(str, max_pod_shape))}); a slice of "
+            f"cubes must fit the pod's cube count: use a smaller shape, or --slices N to join "
+            f"slices over DCN"
+        )
     if len(shape) > len(max_pod_shape):
         raise TpusimError(
             f"shape {'x'.join(map(str, shape))} has {len(shape)} axes but {chip_name} pods are "
@@ -153,9 +188,11 @@ def check_shape_fits(chip_name: str, max_pod_shape: tuple[int, ...], shape: tupl
         )
     padded = sorted(shape + (1,) * (len(max_pod_shape) - len(shape)))
     if any(a > b for a, b in zip(padded, sorted(max_pod_shape), strict=True)):
+        why = (" and is not made of whole 4x4x4 cubes (the optical switches join only whole "
+               "cubes)" if wrap_rule == "cube" else "")
         raise TpusimError(
             f"shape {'x'.join(map(str, shape))} does not fit one {chip_name} pod "
-            f"(largest ICI slice {'x'.join(map(str, max_pod_shape))}); use a smaller shape, "
+            f"(largest ICI slice {'x'.join(map(str, max_pod_shape))}){why}; use a smaller shape, "
             f"or --slices N to join slices over DCN"
         )
 
@@ -195,7 +232,7 @@ def resolve_topology(
     else:
         shape_t = parse_shape(shape) if isinstance(shape, str) else tuple(shape)
     if check_fit:
-        check_shape_fits(chip_name, max_pod_shape, shape_t)
+        check_shape_fits(chip_name, max_pod_shape, shape_t, wrap_rule)
     if isinstance(num_slices, bool) or not isinstance(num_slices, int) \
             or not 1 <= num_slices <= MAX_SLICES:
         raise TpusimError(
@@ -211,4 +248,7 @@ def resolve_topology(
     wrap = parse_wraparound(wraparound, shape_t)
     if wrap is None:
         wrap = default_wraparound(wrap_rule, shape_t)
-    return build_torus(shape_t, wrap, num_slices=num_slices)
+    # Cubes joined by optical circuit switches: the links leaving a cube's faces (the
+    # wraparound among them) go through the switches (`Topology.ocs_link_mask`).
+    return build_torus(shape_t, wrap, num_slices=num_slices,
+                       ocs=is_cube_slice(wrap_rule, shape_t))

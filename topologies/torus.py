@@ -13,6 +13,10 @@ the wraparound `-` port), not one merged edge.
 
 DCN links come after the ICI ids: chip c's egress is `num_ici_links + c` and its ingress is
 `num_ici_links + num_chips + c` (each slice's host NICs, modelled per chip as the book does).
+
+A v4/v5p slice of whole 4x4x4 cubes (`ocs=True`) is wired by optical circuit switches: the links
+inside a cube are the rack's own, every link leaving a cube's face (the wraparound among them)
+goes through a switch (TPU v4 paper §2). The two are distinct link kinds (`link_via`).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ class Topology:
     shape: tuple[int, ...]
     wraparound: tuple[bool, ...]
     num_slices: int = 1
+    ocs: bool = False  # built of 4x4x4 cubes joined by optical circuit switches
 
     # -- sizes -------------------------------------------------------------------------------
     @property
@@ -137,6 +142,18 @@ class Topology:
         """(src, dst) chip arrays over ICI link ids; -1 where the link does not exist."""
         return _link_endpoints(self.shape, self.wraparound, self.num_slices)
 
+    def ocs_link_mask(self) -> np.ndarray:
+        """Boolean array over ICI link ids: the links that go through an optical circuit switch
+        (they leave a 4x4x4 cube through its face), all False on a pod without switches."""
+        return _ocs_mask(self.shape, self.wraparound, self.num_slices, self.ocs)
+
+    def link_via(self) -> np.ndarray:
+        """Per ICI link id: `cube` (inside a cube, or any link of a pod without switches) or
+        `ocs` (through a switch); `none` where the link does not exist."""
+        out = np.where(self.ocs_link_mask(), "ocs", "cube").astype(object)
+        out[~self.link_mask()] = "none"
+        return out
+
     def describe_link(self, link: int) -> str:
         """Human name of a link id, e.g. `(0,1)->(1,1) x+` or `dcn-out 3`."""
         if link < self.num_ici_links:
@@ -211,6 +228,28 @@ def _link_mask(shape: tuple[int, ...], wrap: tuple[bool, ...], num_slices: int) 
     return _link_endpoints(shape, wrap, num_slices)[0] >= 0
 
 
+# The side of the cube a v4/v5p pod is built of (topologies/slices.py holds the rule).
+_CUBE_SIDE = 4
+
+
+@functools.lru_cache(maxsize=32)
+def _ocs_mask(shape: tuple[int, ...], wrap: tuple[bool, ...], num_slices: int,
+              ocs: bool) -> np.ndarray:
+    ndim = len(shape)
+    exists = _link_mask(shape, wrap, num_slices)
+    mask = np.zeros(len(exists), dtype=bool)
+    if ocs:
+        coords = np.tile(_all_coords(shape), (num_slices, 1))
+        for a in range(ndim):
+            # A + link leaves the cube from its last layer, a - link from its first.
+            c = coords[:, a] % _CUBE_SIDE
+            mask[2 * a::2 * ndim] = c == _CUBE_SIDE - 1
+            mask[2 * a + 1::2 * ndim] = c == 0
+        mask &= exists
+    mask.setflags(write=False)
+    return mask
+
+
 @functools.lru_cache(maxsize=8)
 def _graph(shape: tuple[int, ...], wrap: tuple[bool, ...], num_slices: int):
     import networkx as nx
@@ -277,12 +316,14 @@ def parse_wraparound(text: str, shape: tuple[int, ...]) -> tuple[bool, ...] | No
 
 
 def build_torus(
-    shape: tuple[int, ...], wraparound: tuple[bool, ...] | bool, *, num_slices: int = 1
+    shape: tuple[int, ...], wraparound: tuple[bool, ...] | bool, *, num_slices: int = 1,
+    ocs: bool = False,
 ) -> Topology:
     """A torus of `shape` with per-axis wraparound (a bool applies to every axis).
 
     Wraparound on a size-1 axis is meaningless and is dropped; on a size-2 axis it adds the
-    second (wraparound) link between the two chips.
+    second (wraparound) link between the two chips. `ocs`: the slice is made of 4x4x4 cubes
+    joined by optical circuit switches (every axis a multiple of 4).
     """
     shape = tuple(int(n) for n in shape)
     if not 1 <= len(shape) <= 3 or any(n < 1 for n in shape):
@@ -296,4 +337,9 @@ def build_torus(
     if num_slices < 1:
         raise TpusimError(f"--slices {num_slices} must be >= 1")
     wrap = tuple(bool(w) and n > 1 for w, n in zip(wraparound, shape, strict=True))
-    return Topology(shape=shape, wraparound=wrap, num_slices=int(num_slices))
+    if ocs and (len(shape) != 3 or any(n % _CUBE_SIDE for n in shape)):
+        raise TpusimError(
+            f"shape {'x'.join(map(str, shape))} is not made of whole 4x4x4 cubes, so optical "
+            f"switches cannot build it; give every axis a multiple of 4"
+        )
+    return Topology(shape=shape, wraparound=wrap, num_slices=int(num_slices), ocs=bool(ocs))
