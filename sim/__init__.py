@@ -2,9 +2,10 @@
 
 The Python API: typed requests (`sim.TrainRequest`, `sim.CollectiveRequest`,
 `sim.DecodeRequest`, `sim.PrefillRequest`, `sim.ReplayRequest`, `sim.ServeSweepRequest`,
-`sim.CompareCollectivesRequest`) run by `sim.run(request)`, or one function per command
+`sim.ServeRequest`, `sim.CompareCollectivesRequest`) run by `sim.run(request)`, or one function per command
 (`sim.train(request)` or `sim.train(seq_len=..., ...)` with the settings as keywords; likewise
 `sim.collective`, `sim.compare_collectives`, `sim.decode`, `sim.prefill`, `sim.serve_sweep`,
+`sim.serve` (requests served over time),
 `sim.replay_trace`, and `sim.rerun(result)`), each returning a `Run` whose `.to_dict()` is the
 command's `--json`; `sim.sweep` (a study's points -> a DataFrame) and `sim.plan` (the best ways
 to run a training step) run studies. Lower level: `simulate_collective` (one collective on a
@@ -31,6 +32,7 @@ _EXPORTS = {
     "PlanRequest": ("sim.runs.requests", "PlanRequest"),
     "PrefillRequest": ("sim.runs.requests", "PrefillRequest"),
     "ReplayRequest": ("sim.runs.requests", "ReplayRequest"),
+    "ServeRequest": ("sim.runs.requests", "ServeRequest"),
     "ServeSweepRequest": ("sim.runs.requests", "ServeSweepRequest"),
     "TrainRequest": ("sim.runs.requests", "TrainRequest"),
     "Run": ("sim.runs.result", "Run"),
@@ -41,6 +43,7 @@ _EXPORTS = {
     "prefill": ("sim.api", "prefill"),
     "replay_trace": ("sim.api", "replay"),
     "rerun": ("sim.api", "rerun"),
+    "serve": ("sim.api", "serve"),
     "serve_sweep": ("sim.api", "serve_sweep"),
     "train": ("sim.api", "train"),
     "CollectiveResult": ("sim.collective_sim", "CollectiveResult"),

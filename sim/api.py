@@ -32,6 +32,7 @@ from sim.runs import (
     ReplayRequest,
     Request,
     Run,
+    ServeRequest,
     ServeSweepRequest,
     TrainRequest,
     run,
@@ -139,6 +140,18 @@ def serve_sweep(req: ServeSweepRequest | None = None, /, **flags: Any) -> Run:
     return _call(ServeSweepRequest, "serve_sweep", req, flags)
 
 
+@api_call("sim.serve")
+def serve(req: ServeRequest | None = None, /, **flags: Any) -> Run:
+    """`tpusim serve`: a stream of requests served over time. The workload (arrival
+    poisson/gamma/trace, rate, cv, trace, requests or duration, prompt_tokens/output_tokens as
+    "fixed:N", "uniform:A,B" or "lognormal:MEAN,SIGMA", seed), the deployment (the pod, mesh,
+    dtypes, replicas, router; or prefill_replicas/decode_replicas with their meshes and
+    slices), the scheduler (scheduler, max_batch, max_tokens_per_iter, prefill_chunk,
+    kv_block_tokens), slo ("ttft=0.5,tpot=0.05"), exact_costs, the perturbations, set={...}.
+    `Run.result` is a `ServeResult` (`.requests_frame()`, `.iterations_frame()`)."""
+    return _call(ServeRequest, "serve", req, flags)
+
+
 @api_call("sim.rerun")
 def rerun(result: Mapping[str, Any] | str | Path) -> Run:
     """Run a recorded result again from its `inputs` (a `Run.to_dict()`, a parsed `--json`
@@ -153,4 +166,4 @@ def rerun(result: Mapping[str, Any] | str | Path) -> Run:
 
 
 __all__ = ["Run", "collective", "compare_collectives", "decode", "prefill", "replay", "request",
-           "rerun", "serve_sweep", "train"]
+           "rerun", "serve", "serve_sweep", "train"]

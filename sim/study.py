@@ -48,7 +48,7 @@ from workloads.training import parse_remat
 STUDY_KEYS = ("command", "base", "grid", "zip", "metrics", "plot")
 PLOT_KEYS = ("x", "y", "hue")
 # Commands whose `--json` prints one result object (the others write tables or several results).
-STUDY_COMMANDS = ("train", "collective", "decode", "prefill")
+STUDY_COMMANDS = ("train", "collective", "decode", "prefill", "serve")
 # Flags a study may not set: the sweep itself decides how each point prints and writes.
 _OUTPUT_FLAGS = ("json", "out", "perfetto", "plots", "trace-chips", "quiet", "help", "set")
 # Result keys that are tables of their own, not scalars of the point.
@@ -963,6 +963,10 @@ def _check_values(command: str, req: Request, seen: set[tuple[str, ...]]) -> Non
         training_config(req, moe=MoeConfig())
     elif command in ("decode", "prefill"):
         decode_config(req, req.batch, MoeConfig())
+    elif command == "serve":
+        from sim.runs.serve import check_settings  # the serving stack, loaded when swept
+
+        check_settings(req)
     seen.add(key)
 
 

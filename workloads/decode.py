@@ -707,12 +707,18 @@ def _check_prefill_size(b: TraceBuilder, model: TransformerSpec, cfg: DecodeConf
 
 
 def compile_prefill(model: TransformerSpec, mesh: LogicalMesh, num_chips: int,
-                    cfg: DecodeConfig) -> Trace:
+                    cfg: DecodeConfig, *, cached_len: int = 0) -> Trace:
     """The SPMD program of prefilling `cfg.prompt_len` tokens of every sequence.
 
     With `prefill_chunk`, the prompt is processed in chunks; each chunk attends causally to
     itself and to the cache written by the earlier chunks, and re-reads the weights.
+    `cached_len` tokens before them are already in the KV cache (the earlier chunks of a
+    prompt prefilled one chunk per serving iteration, sim/serving): every token attends to them
+    too. `cfg.context_len` should then cover `cached_len + prompt_len` (the cache it holds).
     """
+    if isinstance(cached_len, bool) or not isinstance(cached_len, int) or cached_len < 0:
+        raise TpusimError(f"cached_len {cached_len!r} must be a whole number >= 0 (tokens "
+                          f"already in the KV cache)")
     if cfg.prompt_len is None:
         raise TpusimError("prefill needs --prompt-len (prompt tokens per sequence)")
     cfg.moe.check_model(model)
@@ -732,11 +738,13 @@ def compile_prefill(model: TransformerSpec, mesh: LogicalMesh, num_chips: int,
         x = c.embed(x, lay.local_batch * t, "prefill",
                     plan["activation_bytes"] if start == 0 else 0.0)
         for layer in range(model.num_layers):
-            x = c.layer(layer, x, t, start, "prefill")
+            x = c.layer(layer, x, t, cached_len + start, "prefill")
         start += t
     c.head(x, "prefill", plan["activation_bytes"])
     meta = c.meta("prefill", plan)
     meta["num_chunks"] = math.ceil(P / chunk)
+    if cached_len:
+        meta["cached_len"] = cached_len
     return Trace(mesh=mesh, ops=tuple(c.b.ops), meta=meta)
 
 

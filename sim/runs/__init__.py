@@ -23,6 +23,7 @@ from sim.runs.requests import (
     PrefillRequest,
     ReplayRequest,
     Request,
+    ServeRequest,
     ServeSweepRequest,
     TrainRequest,
 )
@@ -34,7 +35,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "REQUESTS", "CollectiveRequest", "CompareCollectivesRequest", "DecodeRequest",
-    "PrefillRequest", "ReplayRequest", "Request", "Run", "ServeSweepRequest", "TrainRequest",
+    "PrefillRequest", "ReplayRequest", "Request", "Run", "ServeRequest", "ServeSweepRequest",
+    "TrainRequest",
     "describe_config", "describe_mesh", "describe_topology", "run", "runner",
 ]
 # The result side (which needs the topology, and numpy) loads on first use.
@@ -53,7 +55,7 @@ def runner(request_type: type[Request]):
     """The function that runs requests of this type."""
     # The runners pull in the compilers and executors: loaded when the first run starts, so
     # that building requests (and `tpusim --help`) stays cheap.
-    from sim.runs import collective, inference, train
+    from sim.runs import collective, inference, serve, train
 
     return {
         CollectiveRequest: collective.run_collective,
@@ -63,6 +65,7 @@ def runner(request_type: type[Request]):
         DecodeRequest: inference.run_decode,
         PrefillRequest: inference.run_prefill,
         ServeSweepRequest: inference.run_serve_sweep,
+        ServeRequest: serve.run_serve,
     }[request_type]
 
 

@@ -115,7 +115,8 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
 
 # Settings that are lists (each given once per item) and switches (true or false).
 _LISTS = frozenset({"slow_chip", "slow_link", "dead_link"})
-_SWITCHES = frozenset({"no_overlap", "no_fusion", "exhaustive", "default_placement"})
+_SWITCHES = frozenset({"no_overlap", "no_fusion", "exhaustive", "default_placement",
+                       "exact_costs"})
 # The objects that stand in for a named chip, model or scenario file; never in `flags()`.
 _OBJECTS = ("chip_spec", "model_spec", "scenario_spec", "trace_sha256")
 
@@ -524,6 +525,82 @@ class ServeSweepRequest(_Decoding):
     batches: str = _DEFAULT_BATCHES
 
 
+def _positive_number(flag: str, fix: str) -> Callable[[Any], float]:
+    """A finite number > 0 in ASCII (the error quotes what was given)."""
+
+    def conv(text: Any) -> float:
+        try:
+            v = ascii_float(text)
+        except ValueError:
+            raise FlagError(f"{flag} {short_repr(text)} is not a number; {fix}") from None
+        if not math.isfinite(v) or v <= 0:
+            raise FlagError(f"{flag} {short_repr(text)} must be a finite number > 0; {fix}")
+        return v
+
+    conv.__name__ = "number"
+    return conv
+
+
+# The most requests a serving run simulates (sim/serving/workload.py says why).
+MAX_SERVE_REQUESTS = 10_000_000
+_SERVE = ("arrival", "rate", "cv", "trace", "requests", "duration", "prompt_tokens",
+          "output_tokens", "replicas", "router", "scheduler", "max_batch", "max_tokens_per_iter",
+          "prefill_chunk", "kv_block_tokens", "prefill_replicas", "decode_replicas",
+          "prefill_mesh", "decode_mesh", "prefill_slice", "decode_slice", "slo", "exact_costs")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeRequest(_Perturbed, _Decoding):
+    """Requests served by replicas over time (`tpusim serve`): the workload (arrivals and
+    lengths), the deployment (replicas of the pod and mesh, or prefill and decode pools) and
+    each replica's scheduler; `seed` seeds the workload's draws as well as the perturbations."""
+
+    COMMAND: ClassVar[str] = "serve"
+    FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", "model", "mesh", "dcn",
+                                        "weight_dtype", "kv_dtype", "matmul_dtype", "sampling",
+                                        *_SERVE, "algorithm", *_PERTURB, "mode")
+    REQUIRED: ClassVar[tuple[str, ...]] = ("model", "mesh")
+    OWN_CONVERTERS: ClassVar[dict[str, Callable[[Any], Any]]] = {
+        "rate": _positive_number("--rate", "give requests per second, e.g. --rate 10"),
+        "cv": _positive_number("--cv", "give the gaps' coefficient of variation, e.g. --cv 2 "
+                                       "(1 is Poisson)"),
+        "duration": _positive_number("--duration", "give seconds of arrivals, e.g. "
+                                                   "--duration 600"),
+        "requests": int_flag("--requests", hi=MAX_SERVE_REQUESTS),
+        "replicas": int_flag("--replicas", hi=MAX_CHIPS),
+        "prefill_replicas": int_flag("--prefill-replicas", lo=0, hi=MAX_CHIPS),
+        "decode_replicas": int_flag("--decode-replicas", lo=0, hi=MAX_CHIPS),
+        "max_batch": int_flag("--max-batch", hi=MAX_BATCH),
+        "max_tokens_per_iter": int_flag("--max-tokens-per-iter", hi=MAX_TOKENS),
+        "kv_block_tokens": int_flag("--kv-block-tokens", hi=MAX_TOKENS),
+    }
+
+    arrival: str = "poisson"
+    rate: float | None = None
+    cv: float | None = None
+    trace: str | None = None
+    requests: int | None = None
+    duration: float | None = None
+    prompt_tokens: str | None = None
+    output_tokens: str | None = None
+    replicas: int = 1
+    router: str = "round-robin"
+    scheduler: str = "continuous"
+    max_batch: int = 256
+    max_tokens_per_iter: int | None = None
+    prefill_chunk: int | None = None
+    prefill_replicas: int | None = None
+    decode_replicas: int | None = None
+    prefill_mesh: str | None = None
+    decode_mesh: str | None = None
+    prefill_slice: str | None = None
+    decode_slice: str | None = None
+    kv_block_tokens: int = 16
+    slo: str | None = None
+    exact_costs: bool = False
+    algorithm: str = "auto"
+
+
 @dataclass(frozen=True, kw_only=True)
 class ImportHloRequest(_Request):
     """XLA's compiled HLO text read for a pod (`tpusim import-hlo`): its inventory and trace."""
@@ -589,6 +666,7 @@ class PlanRequest(_Request):
 # Every request class that `sim.run` runs, by its command.
 REQUESTS: dict[str, type[_Request]] = {
     cls.COMMAND: cls for cls in (CollectiveRequest, CompareCollectivesRequest, TrainRequest,
-                                 ReplayRequest, DecodeRequest, PrefillRequest, ServeSweepRequest)
+                                 ReplayRequest, DecodeRequest, PrefillRequest, ServeSweepRequest,
+                                 ServeRequest)
 }
 Request = _Request

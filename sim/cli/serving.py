@@ -1,0 +1,157 @@
+"""`tpusim serve`: requests served over time by replicas with continuous or static batching,
+chunked prefill, a paged KV cache and a router (sim/serving). Registers into `sim.cli` like
+the other command families."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from sim.cli import common as cli
+from sim.cli.common import check_outputs
+from sim.runs.requests import CONVERTERS, ServeRequest
+
+
+def _fmt(stat: dict, scale: float = 1e3) -> str:
+    if stat["mean"] is None:
+        return "n/a"
+    return "  ".join(f"{k} {stat[k] * scale:9.2f}" for k in ("mean", "p50", "p90", "p99"))
+
+
+def print_report(s: dict) -> None:
+    """The text report of a serving run."""
+    print(f"{s['model']} served by {s['num_replicas']} replica(s), {s['num_chips']} "
+          f"{s['chip']} chips, {s['scheduler']} batching, {s['router']} router")
+    for p in s["pools"]:
+        print(f"  {p['role']:<8} x{p['replicas']:<3} {p['slice']} mesh {p['mesh']}: "
+              f"KV {p['kv_capacity_tokens']:,} tokens ({p['kv_blocks']:,} blocks of "
+              f"{p['kv_block_tokens']}); cost model: "
+              + ("engine per composition" if p["cost_model"]["exact"] else
+                 f"{p['cost_model']['grid_points']} grid points"))
+    print(f"  requests         {s['num_requests']:,} over {s['span_s']:.2f} s "
+          f"({s['num_iterations']:,} iterations, {s['sim_events']:,} events)")
+    print("  latency (ms)")
+    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2e_s", "end to end"),
+                       ("queue_s", "queueing")):
+        print(f"    {label:<14} {_fmt(s[key])}")
+    print(f"  throughput       {s['throughput_requests_per_s']:.3f} requests/s, "
+          f"{s['throughput_tokens_per_s']:.1f} output tokens/s, "
+          f"{s['tokens_per_s_per_chip']:.1f} tokens/s/chip")
+    slo = s["slo"]
+    if slo["ttft_s"] is not None or slo["tpot_s"] is not None:
+        bounds = ", ".join(f"{k[:-2]} <= {v:g} s" for k, v in slo.items() if v is not None)
+        print(f"  goodput          {s['goodput_requests_per_s']:.3f} requests/s "
+              f"({s['slo_attainment']:.1%} meet {bounds})")
+    b = s["batch"]
+    print(f"  batch            mean {b['mean'] or 0:.1f}, p99 {b['p99'] or 0:.0f}, max "
+          f"{b['max']}; queue mean {s['queue_length']['mean']:.2f}, max "
+          f"{s['queue_length']['max']}")
+    print(f"  KV cache         {s['kv_utilization']:.1%} used on average; "
+          f"{s['preemptions']:,} preemption(s)")
+    print(f"  replicas busy    {s['replica_utilization']['mean']:.1%} on average")
+    if s.get("note"):
+        print(f"  note             {s['note']}")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from sim.runs.serve import run_serve  # the run stack, loaded when it runs
+
+    req = cli.request_of(ServeRequest, args)
+    check_outputs(args)
+    run = run_serve(req)
+    if args.out:
+        from sim.export.output import write_tables
+
+        res = run.result
+        write_tables(Path(args.out), {"requests": res.requests_frame(),
+                                      "iterations": res.iterations_frame()}, run.to_dict())
+    if args.json:
+        cli.emit_json(run.to_dict())
+        return 0
+    print_report(run.summary)
+    if args.out:
+        print(f"wrote {cli.show_path(args.out)}/requests.csv/.parquet, iterations.csv/.parquet "
+              f"and summary.json")
+    return 0
+
+
+def _register_serve(sub, name: str) -> None:
+    p = cli.add_command(sub, name, "serve a stream of requests: continuous batching, chunked "
+                                   "prefill, paged KV, latency SLOs", cmd_serve,
+                        set_scope=ServeRequest.SET_SCOPE)
+    p.add_argument("--model", required=True, help="zoo name (llama3-70b, ...) or a model YAML")
+    p.add_argument("--mesh", required=True,
+                   help="each replica's logical mesh over data, tensor, expert and fsdp, e.g. "
+                        "tensor=8 (as decode and prefill take it)")
+    p.add_argument("--dcn", help="logical axes across slices, e.g. data=2")
+    p.add_argument("--weight-dtype", default="bf16", help="bf16 (default), fp8, int8 or int4")
+    p.add_argument("--kv-dtype", default="bf16", help="bf16 (default), fp8, int8 or int4")
+    p.add_argument("--matmul-dtype", default="bf16",
+                   help="bf16 (default) or int8 (weight matmuls at the int8 peak)")
+    p.add_argument("--sampling", default="top-k",
+                   help="how the next token is chosen: top-k (default) or greedy, as decode "
+                        "takes it")
+    g = p.add_argument_group("workload")
+    g.add_argument("--arrival", default="poisson",
+                   help="poisson (default), gamma (gaps with coefficient of variation --cv) or "
+                        "trace (--trace FILE)")
+    g.add_argument("--rate", type=ServeRequest.OWN_CONVERTERS["rate"],
+                   help="requests per second (poisson, gamma)")
+    g.add_argument("--cv", type=ServeRequest.OWN_CONVERTERS["cv"],
+                   help="gamma arrivals: the gaps' coefficient of variation (default 1: as "
+                        "Poisson; above 1 bursty)")
+    g.add_argument("--trace", help="CSV (header) or JSON-lines file with arrival_s, "
+                                   "prompt_tokens, output_tokens (optional prefix_id), sorted "
+                                   "by arrival_s")
+    g.add_argument("--requests", type=ServeRequest.OWN_CONVERTERS["requests"],
+                   help="stop after N requests (or the trace's first N)")
+    g.add_argument("--duration", type=ServeRequest.OWN_CONVERTERS["duration"],
+                   help="stop arrivals after S seconds")
+    g.add_argument("--prompt-tokens", help="prompt lengths: fixed:N, uniform:A,B or "
+                                           "lognormal:MEAN,SIGMA (MEAN in tokens, SIGMA the "
+                                           "log-sd)")
+    g.add_argument("--output-tokens", help="output lengths, as --prompt-tokens")
+    d = p.add_argument_group("deployment and scheduler")
+    d.add_argument("--replicas", type=ServeRequest.OWN_CONVERTERS["replicas"], default=1,
+                   help="replicas of the pod (each --slice/--shape with --mesh) behind the "
+                        "router (default 1)")
+    d.add_argument("--router", default="round-robin",
+                   help="round-robin (default), least-outstanding or least-kv")
+    d.add_argument("--scheduler", default="continuous",
+                   help="continuous (default: requests join at the next iteration) or static "
+                        "(a batch runs to its end)")
+    d.add_argument("--max-batch", type=ServeRequest.OWN_CONVERTERS["max_batch"], default=256,
+                   help="most sequences in an iteration (default 256)")
+    d.add_argument("--max-tokens-per-iter", type=ServeRequest.OWN_CONVERTERS[
+                       "max_tokens_per_iter"],
+                   help="token budget of an iteration: one per decoding sequence plus the "
+                        "prompt tokens prefilled (default: no limit)")
+    d.add_argument("--prefill-chunk", type=CONVERTERS["prefill_chunk"],
+                   help="prefill prompts in chunks of at most this many tokens, sharing "
+                        "iterations with decodes (default: whole prompts)")
+    d.add_argument("--kv-block-tokens", type=ServeRequest.OWN_CONVERTERS["kv_block_tokens"],
+                   default=16, help="tokens per paged KV-cache block (default 16)")
+    d.add_argument("--prefill-replicas", type=ServeRequest.OWN_CONVERTERS["prefill_replicas"],
+                   help="disaggregated: replicas that only prefill (with --decode-replicas)")
+    d.add_argument("--decode-replicas", type=ServeRequest.OWN_CONVERTERS["decode_replicas"],
+                   help="disaggregated: replicas that only decode; KV caches move over DCN")
+    d.add_argument("--prefill-mesh", help="the prefill replicas' mesh (default --mesh)")
+    d.add_argument("--decode-mesh", help="the decode replicas' mesh (default --mesh)")
+    d.add_argument("--prefill-slice", help="the prefill replicas' slice (default the pod's)")
+    d.add_argument("--decode-slice", help="the decode replicas' slice (default the pod's)")
+    o = p.add_argument_group("results")
+    o.add_argument("--slo", help="latency bounds for goodput, e.g. ttft=0.5,tpot=0.05 "
+                                 "(seconds; default none)")
+    o.add_argument("--exact-costs", action="store_true",
+                   help="time every distinct iteration with the step engine (slow; the oracle) "
+                        "instead of the cost model interpolated on its grid")
+    o.add_argument("--json", action="store_true", help="print one JSON object")
+    o.add_argument("--out", help="write requests.csv/.parquet, iterations.csv/.parquet and "
+                                 "summary.json here")
+    p.add_argument("--algorithm", default="auto",
+                   help="collective algorithm for gathers/reductions (default auto)")
+    cli.add_step_perturbation_args(p)
+
+
+def register(sub) -> None:
+    cli.register_commands(sub, [("serve", _register_serve)])

@@ -1,0 +1,304 @@
+"""Serving as a run: a `ServeRequest` checked in full, its replicas bound to their pods and
+costed (`sim.serving.costs`), its workload generated or read, the SimPy loop run
+(`sim.serving.simulate`) and its statistics (`sim.serving.metrics`) returned as a `Run` whose
+`result` is a `ServeResult` (one row per request and per iteration)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from sim.progress import progress
+from sim.runs.bind import (
+    algorithm_of,
+    base_inputs,
+    moe_config,
+    resolve_model,
+    resolve_pod,
+    scenario_of,
+    simulate_step,
+)
+from sim.runs.requests import ServeRequest
+from sim.runs.result import Run, describe_mesh
+from sim.serving.costs import CostBounds, IterationCosts, StepModel, describe_costs
+from sim.serving.metrics import parse_slo, summarize
+from sim.serving.simulate import (
+    ITERATION_COLUMNS,
+    PoolSpec,
+    Role,
+    RouterKind,
+    SchedulerConfig,
+    SchedulerKind,
+    ServingSim,
+)
+from sim.serving.workload import ArrivalKind, WorkloadConfig, generate, parse_lengths
+from topologies.errors import TpusimError
+from topologies.mesh import parse_mesh
+from topologies.validate import short_repr
+from workloads.decode import DecodeConfig
+
+REQUEST_COLUMNS = ("request", "arrival_s", "prompt_tokens", "output_tokens", "replica",
+                   "decode_replica", "scheduled_s", "first_token_s", "kv_transferred_s",
+                   "finish_s", "ttft_s", "tpot_s", "e2e_s", "queue_s", "preemptions")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeResult:
+    """The tables of a serving run: `requests` (column -> array, one row per request, every
+    timestamp) and `iterations` (tuples in `ITERATION_COLUMNS` order)."""
+
+    requests: dict[str, np.ndarray]
+    iterations: list[tuple]
+
+    def requests_frame(self):
+        import pandas as pd
+
+        n = self.requests["arrival_s"].size
+        cols = {"request": np.arange(n, dtype=np.int64)}
+        cols.update({c: self.requests[c] for c in REQUEST_COLUMNS[1:]})
+        return pd.DataFrame(cols)
+
+    def iterations_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame.from_records(self.iterations, columns=list(ITERATION_COLUMNS))
+
+
+def _enum(cls, value: str, flag: str):
+    try:
+        return cls(value)
+    except ValueError:
+        raise TpusimError(f"{flag} {short_repr(value)} does not exist; use one of: "
+                          f"{', '.join(m.value for m in cls)}") from None
+
+
+def workload_config(req: ServeRequest) -> WorkloadConfig:
+    """The workload settings, checked (one-line errors naming the flag, the rule, the fix)."""
+    arrival = _enum(ArrivalKind, req.arrival, "--arrival")
+    if req.requests is not None and req.duration is not None:
+        raise TpusimError("--requests and --duration both say when arrivals stop; give one")
+    if arrival is ArrivalKind.TRACE:
+        if req.trace is None:
+            raise TpusimError("--arrival trace needs --trace FILE (CSV or JSON lines with "
+                              "arrival_s, prompt_tokens, output_tokens)")
+        for flag, v in (("--rate", req.rate), ("--cv", req.cv),
+                        ("--prompt-tokens", req.prompt_tokens),
+                        ("--output-tokens", req.output_tokens)):
+            if v is not None:
+                raise TpusimError(f"{flag} does not apply to --arrival trace (the trace gives "
+                                  f"arrivals and lengths); drop it")
+        return WorkloadConfig(arrival=arrival, trace=req.trace, num_requests=req.requests,
+                              duration_s=req.duration)
+    if req.trace is not None:
+        raise TpusimError("--trace is read with --arrival trace; add it, or drop --trace")
+    if req.rate is None:
+        raise TpusimError(f"--arrival {arrival} needs --rate (requests per second, > 0)")
+    if req.cv is not None and arrival is not ArrivalKind.GAMMA:
+        raise TpusimError("--cv is the gamma arrivals' burstiness; add --arrival gamma or drop "
+                          "--cv")
+    if req.requests is None and req.duration is None:
+        raise TpusimError("give --requests N or --duration S (when arrivals stop)")
+    for flag, v in (("--prompt-tokens", req.prompt_tokens),
+                    ("--output-tokens", req.output_tokens)):
+        if v is None:
+            raise TpusimError(f"{flag} is needed with --arrival {arrival}; give a "
+                              f"distribution, e.g. {flag} lognormal:1000,0.8")
+    return WorkloadConfig(
+        arrival=arrival, rate_per_s=req.rate, cv=req.cv if req.cv is not None else 1.0,
+        num_requests=req.requests, duration_s=req.duration,
+        prompt_tokens=parse_lengths(req.prompt_tokens, "--prompt-tokens"),
+        output_tokens=parse_lengths(req.output_tokens, "--output-tokens"),
+        seed=req.seed if req.seed is not None else 0)
+
+
+def scheduler_config(req: ServeRequest) -> SchedulerConfig:
+    sched = _enum(SchedulerKind, req.scheduler, "--scheduler")
+    if sched is SchedulerKind.STATIC and (req.prefill_chunk is not None
+                                          or req.max_tokens_per_iter is not None):
+        raise TpusimError("--prefill-chunk and --max-tokens-per-iter shape continuous "
+                          "batching's iterations; use --scheduler continuous or drop them")
+    if req.prefill_chunk is not None and req.max_tokens_per_iter is not None and \
+            req.max_tokens_per_iter <= 1:
+        raise TpusimError(f"--max-tokens-per-iter {req.max_tokens_per_iter} leaves no room "
+                          f"for a prefill chunk; give at least 2 (e.g. 2048)")
+    return SchedulerConfig(scheduler=sched, max_batch=req.max_batch,
+                           max_tokens_per_iter=req.max_tokens_per_iter,
+                           prefill_chunk=req.prefill_chunk,
+                           kv_block_tokens=req.kv_block_tokens)
+
+
+def _pool_request(req: ServeRequest, slice_name: str | None, mesh: str | None) -> ServeRequest:
+    if slice_name is None:
+        return req if mesh is None else req.replace(mesh=mesh)
+    return req.replace(slice=slice_name, shape=None, chip=None, chip_spec=None,
+                       mesh=mesh if mesh is not None else req.mesh)
+
+
+def _step_model(req: ServeRequest, moe) -> tuple[Any, Any, StepModel, Any]:
+    pod = resolve_pod(req)
+    base_model, model = resolve_model(req)
+    mesh = parse_mesh(req.mesh, req.dcn)
+    cfg = DecodeConfig(batch=1, context_len=1, weight_dtype=req.weight_dtype,
+                       kv_dtype=req.kv_dtype, matmul_dtype=req.matmul_dtype, moe=moe,
+                       sampling=req.sampling)
+    chip, topo = pod.chip, pod.topology
+    step = StepModel(chip=chip, topology=topo, model=model, mesh=mesh, config=cfg,
+                     simulate=lambda trace: simulate_step(req, trace, chip, topo))
+    # The layout checks (mesh size, divisibility) before anything else runs.
+    step.kv_capacity_tokens(1)
+    return pod, base_model, step, mesh
+
+
+def _pool_key(req: ServeRequest, pod, step: StepModel, bounds: CostBounds) -> str:
+    scen = scenario_of(req, pod.topology)
+    return json.dumps({"chip": pod.chip.to_dict(), "topology": pod.topology.name,
+                       "shape": list(pod.topology.shape), "slices": pod.topology.num_slices,
+                       "wrap": list(pod.topology.wraparound), "model": step.model.to_dict(),
+                       "mesh": step.mesh.describe(), "config": repr(step.config),
+                       "scenario": scen.to_dict(), "algorithm": algorithm_of(req),
+                       "mode": req.mode, "bounds": repr(bounds)}, sort_keys=True, default=str)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def check_settings(req: ServeRequest):
+    """The settings of `req` that need no pod, checked: (workload, scheduler, SLO, router,
+    disaggregated or not). A sweep checks them for every point before the first runs."""
+    wcfg = workload_config(req)
+    scfg = scheduler_config(req)
+    slo = parse_slo(req.slo)
+    router = _enum(RouterKind, req.router, "--router")
+    disagg = req.prefill_replicas is not None or req.decode_replicas is not None
+    if disagg:
+        if not req.prefill_replicas or not req.decode_replicas:
+            raise TpusimError(
+                f"a disaggregated split needs both pools: --prefill-replicas "
+                f"{req.prefill_replicas or 0} and --decode-replicas {req.decode_replicas or 0}; "
+                f"give each at least 1 (or neither, for replicas that do both)")
+        if scfg.scheduler is SchedulerKind.STATIC:
+            raise TpusimError("disaggregated pools batch continuously; drop --scheduler static")
+        if req.replicas != 1:
+            raise TpusimError("--replicas counts replicas that prefill and decode; with "
+                              "--prefill-replicas/--decode-replicas give the pools' sizes only")
+    elif any(v is not None for v in (req.prefill_mesh, req.decode_mesh, req.prefill_slice,
+                                     req.decode_slice)):
+        raise TpusimError("--prefill-mesh/--decode-mesh/--prefill-slice/--decode-slice shape "
+                          "the disaggregated pools; add --prefill-replicas and "
+                          "--decode-replicas")
+    return wcfg, scfg, slo, router, disagg
+
+
+def run_serve(req: ServeRequest) -> Run:
+    """Simulate the serving run of `req`; every setting is checked before the loop runs."""
+    wcfg, scfg, slo, router, disagg = check_settings(req)
+    moe = moe_config(req, scenario_of(req, resolve_pod(req).topology))
+    if disagg:
+        specs = [(Role.PREFILL, req.prefill_replicas,
+                  _pool_request(req, req.prefill_slice, req.prefill_mesh)),
+                 (Role.DECODE, req.decode_replicas,
+                  _pool_request(req, req.decode_slice, req.decode_mesh))]
+    else:
+        specs = [(Role.BOTH, req.replicas, req)]
+    bound = [(role, count, preq, *_step_model(preq, moe)) for role, count, preq in specs]
+    workload = generate(wcfg)
+    longest = int((workload.prompt_tokens + workload.output_tokens).max())
+    max_prompt = int(workload.prompt_tokens.max())
+    pools, pool_info, kv_blocks = [], [], []
+    bs = scfg.kv_block_tokens
+    for role, count, preq, pod, _base, step, mesh in bound:
+        capacity, plan = step.kv_capacity_tokens(scfg.max_batch)
+        blocks = capacity // bs
+        where = f"{role} replica" if disagg else "replica"
+        if blocks * bs < longest:
+            raise TpusimError(
+                f"the longest request ({longest:,} tokens, prompt and output) does not fit a "
+                f"{where}'s KV cache even alone: {pod.topology.name} with mesh "
+                f"{mesh.describe()} holds {blocks * bs:,} tokens after "
+                f"{plan['weights_bytes'] / 1e9:.1f} GB of weights per chip; use shorter "
+                f"lengths, --kv-dtype int8, a smaller "
+                f"--max-batch or a bigger slice")
+        # Bounds rounded up to powers of two, so that sweep points with other draws share a
+        # cost model.
+        if role is Role.DECODE:
+            chunk = 1
+        elif scfg.prefill_chunk is not None:
+            chunk = min(scfg.prefill_chunk, _pow2(longest))
+        else:
+            chunk = _pow2(longest)
+        bounds = CostBounds(max_batch=scfg.max_batch, max_context=_pow2(longest),
+                            max_chunk=chunk)
+        costs = IterationCosts(
+            step, bounds, exact=req.exact_costs, cache_key=_pool_key(preq, pod, step, bounds),
+            progress=lambda pts, _r=role: progress(pts, desc=f"cost model ({_r} replica)"))
+        pools.append(PoolSpec(role=role, replicas=count, kv_blocks=blocks, costs=costs,
+                              num_chips=pod.topology.num_chips))
+        kv_blocks += [blocks] * count
+        pool_info.append({"role": str(role), "replicas": count, "slice": pod.topology.name,
+                          "num_chips": pod.topology.num_chips, "mesh": mesh.describe(),
+                          "kv_blocks": blocks, "kv_block_tokens": bs,
+                          "kv_capacity_tokens": blocks * bs,
+                          "weights_bytes_per_chip": plan["weights_bytes"],
+                          "kv_bytes_per_token": plan["kv_bytes_per_token"],
+                          "cost_model": describe_costs(costs)})
+    if scfg.prefill_chunk is None and scfg.max_tokens_per_iter is not None and \
+            scfg.max_tokens_per_iter < max_prompt:
+        raise TpusimError(
+            f"--max-tokens-per-iter {scfg.max_tokens_per_iter:,} is below the longest prompt "
+            f"({max_prompt:,} tokens), which is prefilled whole without --prefill-chunk; add "
+            f"--prefill-chunk or raise the budget")
+    transfer = None
+    if disagg:
+        transfer = _transfer_model(bound[0], bound[1], req)
+    sim = ServingSim(workload, pools, scfg, router=router, transfer_s=transfer)
+    sim.run()
+    num_chips = sum(p.replicas * p.num_chips for p in pools)
+    summary, arrays = summarize(sim, slo=slo, num_chips=num_chips, kv_blocks=kv_blocks,
+                                max_batch=scfg.max_batch)
+    first = bound[0]
+    _role, _count, _preq, pod0, base0, step0, mesh0 = first
+    summary = {"model": step0.model.name, "chip": pod0.chip.name,
+               "num_replicas": sum(p.replicas for p in pools), "num_chips": num_chips,
+               "scheduler": str(scfg.scheduler), "router": str(router), **summary,
+               "pools": pool_info}
+    if summary["saturated"]:
+        summary["note"] = (
+            f"saturated: {summary['backlog_at_last_arrival']:,} of "
+            f"{summary['num_requests']:,} requests were still in the system when the last "
+            f"arrived; the queue grows without bound at this rate (lower --rate or add "
+            f"replicas)")
+    inputs = base_inputs(req, pod0, base0)
+    inputs["model"] = step0.model.to_dict()
+    inputs["mesh"] = describe_mesh(mesh0, pod0.topology)
+    inputs["algorithm"] = algorithm_of(req)
+    inputs["workload"] = {
+        "arrival": str(wcfg.arrival), "rate_per_s": wcfg.rate_per_s, "cv": wcfg.cv,
+        "trace": wcfg.trace, "num_requests": workload.num_requests,
+        "duration_s": wcfg.duration_s,
+        "prompt_tokens": wcfg.prompt_tokens.describe() if wcfg.prompt_tokens else None,
+        "output_tokens": wcfg.output_tokens.describe() if wcfg.output_tokens else None,
+        "seed": wcfg.seed}
+    return Run(command="serve", summary=summary, inputs=inputs,
+               result=ServeResult(requests=arrays, iterations=sim.iterations))
+
+
+def _transfer_model(prefill, decode, req: ServeRequest):
+    """Seconds to send a request's KV cache (`tokens` cached) from a prefill replica to a
+    decode replica: separate slices, so over DCN, every chip of the smaller replica sending its
+    share in parallel at the chip's DCN rate, after one DCN latency."""
+    _r, _c, _q, pod_p, _b, step_p, _m = prefill
+    _r, _c, _q, pod_d, _b, step_d, _m = decode
+    kvb = step_p.config.kv_bytes_per_elem
+    model = step_p.model
+    chips = min(pod_p.topology.num_chips, pod_d.topology.num_chips)
+    rate = min(pod_p.chip.eff_dcn_bytes_per_s, pod_d.chip.eff_dcn_bytes_per_s) * chips
+    latency = max(pod_p.chip.dcn_latency_s, pod_d.chip.dcn_latency_s)
+
+    def transfer_s(tokens: int) -> float:
+        return latency + model.kv_cache_bytes(tokens, kvb) / rate
+
+    return transfer_s

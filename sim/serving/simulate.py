@@ -1,0 +1,467 @@
+"""The serving loop in SimPy: requests arrive, a router sends each to a replica, and each
+replica's scheduler runs iterations, each timed by the cost model (`costs.py`).
+
+Per replica, one SimPy process runs iteration after iteration while it has work and waits on an
+event when it has none; one process issues the arrivals. Schedulers, as serving engines run them:
+
+* `static`: when the replica is idle it takes up to `max_batch` waiting requests (as many as
+  the KV cache holds at their full length), prefills them all in one iteration, then decodes
+  the whole batch (finished sequences stay in it as padding) until its longest request ends.
+* `continuous`: every iteration first continues the prompts being prefilled, then admits
+  waiting requests (FIFO) while the batch has room (`max_batch` sequences), the iteration's
+  token budget (`max_tokens_per_iter`: one token per decoding sequence plus the prompt tokens
+  prefilled) allows, and the KV cache has free blocks for the prompt. Without `prefill_chunk`
+  a prompt is prefilled whole in one iteration; with it, in chunks of at most that many tokens,
+  sharing iterations with the decodes. A prefill's last chunk yields the first token; each
+  decode step one more.
+
+The KV cache is paged: `kv_block_tokens` tokens a block, the replica's blocks those its HBM
+holds after the weights and working memory (`StepModel.kv_capacity_tokens`). A sequence takes a
+new block when its cache fills the last; when none is free the most recently admitted sequence
+is preempted (vLLM's policy): its blocks are freed and it goes back to the head of the queue,
+to be prefilled again over its prompt and the tokens it has generated (recompute).
+
+Disaggregated serving: prefill replicas run only prefill iterations, then send the request's
+KV cache to a decode replica (the router's choice) in `transfer_s(tokens)`; the decode replica
+admits it when it has blocks and a batch slot, and decodes it from its first token.
+
+No per-token work: a decoding sequence's token count is `g0 + (iteration - joined)`, its finish
+and next-block iterations sit in heaps, and the batch's summed context grows by the batch size
+each iteration; so an iteration costs O(log batch) Python operations plus its admissions.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+import simpy
+
+from sim.serving.workload import Workload
+
+
+class SchedulerKind(StrEnum):
+    STATIC = "static"
+    CONTINUOUS = "continuous"
+
+
+class RouterKind(StrEnum):
+    ROUND_ROBIN = "round-robin"
+    LEAST_OUTSTANDING = "least-outstanding"
+    LEAST_KV = "least-kv"
+
+
+class Role(StrEnum):
+    BOTH = "both"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerConfig:
+    """One replica's batching settings (see `tpusim serve --help`)."""
+
+    scheduler: SchedulerKind = SchedulerKind.CONTINUOUS
+    max_batch: int = 256
+    max_tokens_per_iter: int | None = None
+    prefill_chunk: int | None = None
+    kv_block_tokens: int = 16
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolSpec:
+    """Replicas of one configuration: their role, count, KV blocks each, and iteration costs."""
+
+    role: Role
+    replicas: int
+    kv_blocks: int
+    costs: object  # IterationCosts
+    num_chips: int
+
+
+# Iteration-table columns (one tuple per iteration, in this order).
+ITERATION_COLUMNS = ("replica", "role", "start_s", "duration_s", "decode_batch",
+                     "decode_context_tokens", "prefill_chunks", "prefill_tokens",
+                     "queue_length", "kv_blocks_used")
+
+
+class _Replica:
+    __slots__ = ("idx", "role", "cfg", "costs", "blocks", "free", "waiting", "prefill",
+                 "running", "fin", "blk", "ctx_sum", "it", "wake", "outstanding", "busy_s",
+                 "static_batch", "held")
+
+    def __init__(self, idx: int, role: Role, cfg: SchedulerConfig, costs, blocks: int):
+        self.idx, self.role, self.cfg, self.costs = idx, role, cfg, costs
+        self.blocks = self.free = blocks
+        self.waiting: deque[int] = deque()  # request ids, FIFO (preempted ones at the head)
+        self.prefill: list[list[int]] = []  # [rid, tokens done, tokens to prefill]
+        self.running: dict[int, tuple[int, int]] = {}  # rid -> (joined iteration, g0)
+        self.fin: list[tuple[int, int, int]] = []  # (last iteration, rid, generation)
+        self.blk: list[tuple[int, int, int]] = []  # (iteration needing a block, rid, gen)
+        self.ctx_sum = 0  # cached tokens over the running sequences, as the next step sees
+        self.it = 0
+        self.wake = None
+        self.outstanding = 0
+        self.busy_s = 0.0
+        self.static_batch: list[int] | None = None
+        self.held: dict[int, int] = {}  # rid -> blocks
+
+
+class ServingSim:
+    """One serving run over `workload` (see the module docstring). `run()` fills the
+    per-request arrays and the iteration list."""
+
+    def __init__(self, workload: Workload, pools: list[PoolSpec], cfg: SchedulerConfig, *,
+                 router: RouterKind = RouterKind.ROUND_ROBIN, transfer_s=None):
+        self.w, self.cfg, self.router = workload, cfg, router
+        n = workload.num_requests
+        self.prompt = workload.prompt_tokens.tolist()
+        self.output = workload.output_tokens.tolist()
+        self.arrival = workload.arrival_s.tolist()
+        nan = math.nan
+        self.first_sched = [nan] * n
+        self.first_token = [nan] * n
+        self.finish = [nan] * n
+        self.replica = [-1] * n
+        self.decode_replica = [-1] * n
+        self.transfer_done = [nan] * n
+        self.preempted = [0] * n
+        self.gen = [0] * n  # bumped on preemption: stale heap entries are skipped
+        self.tokens_done = [0] * n  # tokens generated when (re)queued for prefill
+        self.iterations: list[tuple] = []
+        self.queue_events: list[tuple[float, int]] = []  # (time, +1 joined / -1 left queue)
+        self.events = 0
+        self.preemptions = 0
+        self.transfer_s = transfer_s
+        self.front: list[_Replica] = []
+        self.back: list[_Replica] = []
+        k = 0
+        for pool in pools:
+            for _ in range(pool.replicas):
+                rep = _Replica(k, pool.role, cfg, pool.costs, pool.kv_blocks)
+                k += 1
+                (self.back if pool.role is Role.DECODE else self.front).append(rep)
+        self.replicas = self.front + self.back
+        self._rr = [0, 0]
+        self.env = simpy.Environment()
+
+    # -- routing ----------------------------------------------------------------------------
+    def _route(self, reps: list[_Replica], which: int) -> _Replica:
+        if self.router is RouterKind.ROUND_ROBIN:
+            r = reps[self._rr[which] % len(reps)]
+            self._rr[which] += 1
+            return r
+        if self.router is RouterKind.LEAST_OUTSTANDING:
+            return min(reps, key=lambda r: (r.outstanding, r.idx))
+        return min(reps, key=lambda r: ((r.blocks - r.free) / max(r.blocks, 1), r.outstanding,
+                                        r.idx))
+
+    def _poke(self, rep: _Replica) -> None:
+        if rep.wake is not None and not rep.wake.triggered:
+            rep.wake.succeed()
+
+    # -- processes ----------------------------------------------------------------------------
+    def _arrivals(self):
+        env, t_prev = self.env, 0.0
+        for rid, t in enumerate(self.arrival):
+            if t > t_prev:
+                yield env.timeout(t - t_prev)
+                self.events += 1
+                t_prev = t
+            rep = self._route(self.front, 0)
+            self.replica[rid] = rep.idx
+            rep.outstanding += 1
+            rep.waiting.append(rid)
+            self.queue_events.append((env.now, 1))
+            self._poke(rep)
+
+    def _loop(self, rep: _Replica):
+        env = self.env
+        while True:
+            plan = self._plan(rep)
+            if plan is None:
+                rep.wake = env.event()
+                yield rep.wake
+                rep.wake = None
+                self.events += 1
+                continue
+            cost = plan[0]
+            start = env.now
+            yield env.timeout(cost)
+            self.events += 1
+            rep.busy_s += cost
+            self._complete(rep, plan, start)
+
+    # -- one iteration ----------------------------------------------------------------------
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.cfg.kv_block_tokens)
+
+    def _dequeue(self, rep: _Replica, rid: int) -> None:
+        if math.isnan(self.first_sched[rid]):
+            self.first_sched[rid] = self.env.now
+        self.queue_events.append((self.env.now, -1))
+
+    def _plan(self, rep: _Replica):
+        """The next iteration's cost and composition (None: nothing to do)."""
+        if self.cfg.scheduler is SchedulerKind.STATIC and rep.role is not Role.DECODE:
+            return self._plan_static(rep)
+        cfg, costs = self.cfg, rep.costs
+        budget = cfg.max_tokens_per_iter if cfg.max_tokens_per_iter is not None else 1 << 62
+        if rep.role is Role.DECODE:
+            self._admit_decodes(rep)
+        else:
+            self._grow_blocks(rep)
+        batch = len(rep.running)
+        budget -= batch
+        chunks: list[tuple[int, int, int]] = []  # (rid, tokens, cached)
+        if rep.role is not Role.DECODE:
+            chunk_cap = cfg.prefill_chunk if cfg.prefill_chunk is not None else 1 << 62
+            for entry in rep.prefill:
+                rid, done, target = entry
+                t = min(target - done, chunk_cap, budget)
+                if t <= 0 or (cfg.prefill_chunk is None and t < target - done):
+                    break
+                chunks.append((rid, t, done))
+                budget -= t
+            while rep.waiting and budget > 0 and \
+                    batch + len(rep.prefill) < cfg.max_batch:
+                rid = rep.waiting[0]
+                target = self.prompt[rid] + max(self.tokens_done[rid] - 1, 0)
+                need = self._blocks_for(target)
+                if need > rep.free:
+                    break
+                if cfg.prefill_chunk is None:
+                    if target > budget and (chunks or batch):
+                        break  # a whole prompt waits for an iteration with room for it
+                    t = target  # alone, a prompt over the budget still runs (else it never)
+                else:
+                    t = min(target, chunk_cap, budget)
+                rep.waiting.popleft()
+                self._dequeue(rep, rid)
+                rep.free -= need
+                rep.held[rid] = need
+                rep.prefill.append([rid, 0, target])
+                chunks.append((rid, t, 0))
+                budget -= t
+        if not chunks and not batch:
+            return None
+        cost = sum(costs.prefill_s(t, c) for _, t, c in chunks)
+        if batch:
+            cost += costs.decode_s(batch, rep.ctx_sum)
+        return (cost, batch, rep.ctx_sum, chunks)
+
+    def _grow_blocks(self, rep: _Replica) -> None:
+        """Give every running sequence whose cache fills its last block a new one this
+        iteration, preempting the most recently admitted when none is free."""
+        blk, it, gen = rep.blk, rep.it, self.gen
+        while blk and blk[0][0] <= it:
+            _, rid, g = heapq.heappop(blk)
+            if g != gen[rid] or rid not in rep.running:
+                continue
+            while rep.free < 1 and rep.running:
+                victim = next(reversed(rep.running))
+                self._preempt(rep, victim)
+                if victim == rid:
+                    break
+            if rid not in rep.running:
+                continue
+            rep.free -= 1
+            rep.held[rid] += 1
+            heapq.heappush(blk, (it + self.cfg.kv_block_tokens, rid, g))
+
+    def _preempt(self, rep: _Replica, rid: int) -> None:
+        joined, g0 = rep.running.pop(rid)
+        g = g0 + (rep.it - joined)  # tokens generated so far
+        rep.ctx_sum -= self.prompt[rid] + g - 1
+        rep.free += rep.held.pop(rid)
+        self.gen[rid] += 1
+        self.preempted[rid] += 1
+        self.preemptions += 1
+        self.tokens_done[rid] = g
+        rep.waiting.appendleft(rid)
+        self.queue_events.append((self.env.now, 1))
+
+    def _join(self, rep: _Replica, rid: int, g0: int, it: int) -> None:
+        """`rid` decodes from iteration `it` on, having generated `g0` tokens."""
+        p, o = self.prompt[rid], self.output[rid]
+        rep.running[rid] = (it, g0)
+        cached = p + g0 - 1
+        rep.ctx_sum += cached
+        heapq.heappush(rep.fin, (it + o - g0 - 1, rid, self.gen[rid]))
+        bs = self.cfg.kv_block_tokens
+        held = rep.held[rid]
+        # The step at iteration i writes token cached + (i - it) + 1; a new block when that
+        # passes held * bs.
+        heapq.heappush(rep.blk, (it + held * bs - cached, rid, self.gen[rid]))
+
+    def _finish(self, rep: _Replica, rid: int) -> None:
+        self.finish[rid] = self.env.now
+        rep.free += rep.held.pop(rid)
+        rep.outstanding -= 1
+
+    def _complete(self, rep: _Replica, plan, start: float) -> None:
+        cost, batch, ctx_sum, chunks = plan
+        now = self.env.now
+        it = rep.it
+        queue = sum(len(r.waiting) for r in self.replicas)
+        self.iterations.append((rep.idx, rep.role.value, start, cost, batch, ctx_sum,
+                                len(chunks), sum(t for _, t, _c in chunks), queue,
+                                rep.blocks - rep.free))
+        # Decodes: every running sequence made a token; those at their last one finish.
+        if batch:
+            rep.ctx_sum += batch
+            fin, gen = rep.fin, self.gen
+            while fin and fin[0][0] <= it:
+                _, rid, g = heapq.heappop(fin)
+                if g != gen[rid] or rid not in rep.running:
+                    continue
+                joined, g0 = rep.running.pop(rid)
+                rep.ctx_sum -= self.prompt[rid] + g0 + (it + 1 - joined) - 1
+                self._finish(rep, rid)
+        # Prefill chunks: a prompt whose last chunk ran yields its first token.
+        if chunks:
+            done_now = {rid: t for rid, t, _c in chunks}
+            keep = []
+            for entry in rep.prefill:
+                rid = entry[0]
+                if rid in done_now:
+                    entry[1] += done_now[rid]
+                if entry[1] < entry[2]:
+                    keep.append(entry)
+                    continue
+                g0 = max(self.tokens_done[rid], 1)
+                if math.isnan(self.first_token[rid]):
+                    self.first_token[rid] = now
+                if g0 >= self.output[rid]:
+                    self._finish(rep, rid)
+                elif rep.role is Role.PREFILL:
+                    self._send(rep, rid)
+                else:
+                    self._join(rep, rid, g0, it + 1)
+            rep.prefill = keep
+        rep.it = it + 1
+
+    # -- static batching --------------------------------------------------------------------
+    def _plan_static(self, rep: _Replica):
+        costs = rep.costs
+        if rep.static_batch is None:
+            if not rep.waiting:
+                return None
+            members: list[int] = []
+            while rep.waiting and len(members) < self.cfg.max_batch:
+                rid = rep.waiting[0]
+                need = self._blocks_for(self.prompt[rid] + self.output[rid])
+                if need > rep.free and members:
+                    break
+                rep.waiting.popleft()
+                self._dequeue(rep, rid)
+                rep.free -= need
+                rep.held[rid] = need
+                members.append(rid)
+            rep.static_batch = members
+            rep.it = 0
+            chunks = [(rid, self.prompt[rid], 0) for rid in members]
+            cost = sum(costs.prefill_s(t, 0) for _, t, _c in chunks)
+            return (cost, 0, 0, chunks)
+        members = rep.static_batch
+        b = len(members)
+        ctx = sum(self.prompt[r] for r in members) + b * (rep.it - 1)
+        return (costs.decode_s(b, ctx), b, ctx, [])
+
+    def _complete_static(self, rep: _Replica, plan, start: float) -> None:
+        cost, batch, ctx, chunks = plan
+        now = self.env.now
+        members = rep.static_batch
+        queue = sum(len(r.waiting) for r in self.replicas)
+        self.iterations.append((rep.idx, rep.role.value, start, cost, batch, ctx, len(chunks),
+                                sum(t for _, t, _c in chunks), queue, rep.blocks - rep.free))
+        it = rep.it  # 0: the prefill; k >= 1: the k-th decode step (token k + 1)
+        for rid in members:
+            if it == 0:
+                self.first_token[rid] = now
+            if self.output[rid] == it + 1:
+                self.finish[rid] = now
+        rep.it = it + 1
+        if rep.it >= max(self.output[r] for r in members):
+            for rid in members:
+                rep.free += rep.held.pop(rid)
+                rep.outstanding -= 1
+            rep.static_batch = None
+
+    # -- disaggregation ---------------------------------------------------------------------
+    def _send(self, rep: _Replica, rid: int) -> None:
+        """Free the prefill replica's blocks and ship the cache to a decode replica."""
+        rep.free += rep.held.pop(rid)
+        rep.outstanding -= 1
+        dst = self._route(self.back, 1)
+        self.decode_replica[rid] = dst.idx
+        dst.outstanding += 1
+        delay = self.transfer_s(self.prompt[rid]) if self.transfer_s else 0.0
+        ev = self.env.timeout(delay)
+        ev.callbacks.append(lambda _ev, rid=rid, dst=dst: self._deliver(dst, rid))
+
+    def _deliver(self, dst: _Replica, rid: int) -> None:
+        self.events += 1
+        self.transfer_done[rid] = self.env.now
+        dst.waiting.append(rid)
+        self._poke(dst)
+
+    def _admit_decodes(self, rep: _Replica) -> None:
+        self._grow_blocks(rep)
+        while rep.waiting and len(rep.running) < self.cfg.max_batch:
+            rid = rep.waiting[0]
+            g0 = max(self.tokens_done[rid], 1)
+            # A decode replica reserves the whole sequence (prompt and every output token) on
+            # admission, so it never preempts what a prefill replica sent it.
+            need = self._blocks_for(self.prompt[rid] + self.output[rid])
+            if need > rep.free:
+                break
+            rep.waiting.popleft()
+            rep.free -= need
+            rep.held[rid] = need
+            self._join(rep, rid, g0, rep.it)
+
+    # -- run --------------------------------------------------------------------------------
+    def run(self) -> None:
+        env = self.env
+        env.process(self._arrivals())
+        for rep in self.replicas:
+            env.process(self._static_or_loop(rep))
+        env.run()
+
+    def _static_or_loop(self, rep: _Replica):
+        if self.cfg.scheduler is SchedulerKind.STATIC and rep.role is not Role.DECODE:
+            env = self.env
+            while True:
+                plan = self._plan_static(rep)
+                if plan is None:
+                    rep.wake = env.event()
+                    yield rep.wake
+                    rep.wake = None
+                    self.events += 1
+                    continue
+                start = env.now
+                yield env.timeout(plan[0])
+                self.events += 1
+                rep.busy_s += plan[0]
+                self._complete_static(rep, plan, start)
+        else:
+            yield from self._loop(rep)
+
+    def request_arrays(self) -> dict[str, np.ndarray]:
+        return {
+            "arrival_s": self.w.arrival_s,
+            "prompt_tokens": self.w.prompt_tokens,
+            "output_tokens": self.w.output_tokens,
+            "replica": np.asarray(self.replica, dtype=np.int64),
+            "decode_replica": np.asarray(self.decode_replica, dtype=np.int64),
+            "scheduled_s": np.asarray(self.first_sched),
+            "first_token_s": np.asarray(self.first_token),
+            "kv_transferred_s": np.asarray(self.transfer_done),
+            "finish_s": np.asarray(self.finish),
+            "preemptions": np.asarray(self.preempted, dtype=np.int64),
+        }
