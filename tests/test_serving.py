@@ -443,3 +443,11 @@ def test_cli_json_equals_the_api_and_out_writes_the_tables(capsys, tmp_path):
                 "goodput_requests_per_s", "slo_attainment", "preemptions", "kv_utilization",
                 "num_requests", "sim_events"):
         assert key in got
+
+
+def test_a_serve_result_reruns_to_the_same_result():
+    from sim.api import rerun
+
+    r = _serve(rate=50, requests=60, prompt_tokens="uniform:16,64", output_tokens="fixed:8",
+               seed=3)
+    assert json.dumps(rerun(r.to_dict()).to_dict()) == json.dumps(r.to_dict())
