@@ -515,7 +515,7 @@ def test_simulating_commands_register_pod_quiet_and_set_in_one_order():
         assert sp.get_default("func") is not None, name
         checked.append(name)
     assert sorted(checked) == sorted(["collective", "compare-collectives", "train", "replay",
-                                      "export", "decode", "prefill", "serve-sweep", "plan",
+                                      "export", "decode", "prefill", "serve-sweep", "serve", "plan",
                                       "import-hlo"])
 
 
