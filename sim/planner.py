@@ -116,7 +116,10 @@ class PlanConfig:
         if not self.remat:
             raise TpusimError("--remat lists no policy; give e.g. full,minimal")
         for r in self.remat:
-            parse_remat(r)
+            if parse_remat(r) == "custom":
+                raise TpusimError("--remat custom names its tensors with --remat-save and "
+                                  "--remat-offload, which plan does not take; list named "
+                                  "policies (e.g. save_dot_except_mlpwi) or run train")
         if not self.microbatches or any(not isinstance(m, int) or m < 1
                                         for m in self.microbatches):
             raise TpusimError(

@@ -114,6 +114,49 @@ def test_sharded_activations_divide_only_the_residual_stream_by_tensor():
         assert part[name] == full[name]
 
 
+def test_minimal_keeps_the_output_projection_as_the_residual_stream_holds_it():
+    # Sharded over `tensor` (residual rows 25 of 100): the attention's output projection is
+    # kept after its reduce-scatter, [tokens / tensor, d_model], like the layer input;
+    # replicated (Megatron) it is whole.
+    sharded = LayerShapeSpec(**{**{f: getattr(SHAPE, f) for f in SHAPE.__slots__},
+                                "residual_rows": 25})
+    got = {t.name: t.num_bytes for t in saved_tensors(sharded, remat="minimal",
+                                                      attention="dot")}
+    assert got["attn_out_proj"] == got["layer_input"] == 2 * 25 * 8
+    assert {t.name: t.num_bytes for t in saved_tensors(SHAPE, remat="minimal",
+                                                       attention="dot")}["attn_out_proj"] \
+        == 2 * 100 * 8
+
+
+# A GPT-3-shaped layer small enough to compile in a blink: d_model 1024, 16 heads of 64 (MHA),
+# GeLU d_ff 4096, 2 layers.
+TP_MODEL = {"name": "tp-saved", "num_layers": 2, "d_model": 1024, "num_heads": 16,
+            "num_kv_heads": 16, "head_dim": 64, "d_ff": 4096, "mlp": "gelu",
+            "vocab_size": 4096}
+
+
+@pytest.mark.parametrize("mesh,chips", [("fsdp=2,tensor=8", 16), ("fsdp=4,tensor=4", 16),
+                                        ("sequence=2,tensor=8", 16), ("tensor=4", 4)])
+def test_saved_minimal_activations_are_divided_by_every_axis_that_shards_them(mesh, chips):
+    # MaxText's sharding of the saved tensors (activation_embed, heads and mlp on `tensor`,
+    # the batch on data x fsdp, the length on `sequence`): per chip and layer, with T the
+    # tokens of a data shard (batch/chip x chips / (data x fsdp) x seq / sequence):
+    # layer input T/tp x D, q, k, v T x 3 H/tp x hd, attention output projection T/tp x D,
+    # GeLU hidden T x F/tp, all bf16. The activation peak is the layers' sum.
+    axes = dict(kv.split("=") for kv in mesh.split(","))
+    tp, sp = int(axes.get("tensor", 1)), int(axes.get("sequence", 1))
+    fs = int(axes.get("fsdp", 1))
+    seq, batch = 1024, 2
+    T = batch * chips / fs * seq / sp
+    D, H, hd, F = 1024, 16, 64, 4096
+    per_layer = 2 * (T / tp * D + T * 3 * H / tp * hd + T / tp * D + T * F / tp)
+    from workloads.training import estimate_training_memory
+    got = estimate_training_memory(model_from_dict(TP_MODEL), parse_mesh(mesh), chips,
+                                   TrainingConfig(seq_len=seq, batch_per_chip=batch,
+                                                  remat=Remat.MINIMAL, attention="flash"))
+    assert got["activations_bytes"] == pytest.approx(2 * per_layer, rel=1e-12)
+
+
 def test_offload_sends_the_minimal_set_except_the_layer_input_to_the_host():
     host = offloaded_tensors(SHAPE, attention="dot")
     assert _bytes(host) == _bytes(saved_tensors(SHAPE, remat="minimal", attention="dot")) \

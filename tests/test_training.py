@@ -618,7 +618,8 @@ def test_remat_and_optimizer_parsers_share_one_wording_and_cut_long_values():
             msg = str(exc.value)
             assert msg.startswith(f"{flag} ") and f" is not {what}; use one of: " in msg
             assert msg.endswith(", ".join(k.value for k in known))
-            assert "\n" not in msg and len(msg) < 300
+            # One line, the bad value cut short (the list of 16 remat policies is ~270 chars).
+            assert "\n" not in msg and len(msg) < 400
 
 
 def test_memory_table_starts_at_the_static_bytes_and_peak_covers_it():

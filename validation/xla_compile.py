@@ -161,11 +161,13 @@ class Decoder:
     it, [batch, heads, seq, head_dim] layout, the kernel vmapped over the local batch inside a
     `shard_map` whose batch is on data x fsdp and heads on `tensor`; GQA by the kernel's own
     grouping, unfused dq and dkv backward kernels) with every block size `flash_block`
-    (MaxText's default sa_block_* is 512)."""
+    (MaxText's default sa_block_* is 512). weight_dot: the weight matmuls' dot (AQT's int8
+    one in validation/xla_int8.py), None for bf16."""
 
     def __init__(self, mesh, dims: dict, *, act_spec=None, scopes: bool = False,
                  tag: Callable = _identity_tag, param_dtype: str = "bfloat16",
-                 attention: str = "dot", flash_block: int = 512):
+                 attention: str = "dot", flash_block: int = 512,
+                 weight_dot: Callable | None = None):
         import jax.numpy as jnp
         from jax.sharding import PartitionSpec as P
 
@@ -181,6 +183,10 @@ class Decoder:
         self.act_spec = P(self.bs, None, None) if act_spec is None else act_spec
         self.scopes = scopes
         self.tag = tag
+        # weight_dot(x, w, seed): the weight matmuls' dot (None: bf16 `x @ w`), e.g.
+        # validation/xla_int8.aqt_dot; `seed` a traced uint32 (from the step's tokens).
+        self.weight_dot = weight_dot
+        self._seed = None
         self.bf = jnp.bfloat16
         if attention not in ("dot", "splash"):
             raise ValueError(f"attention {attention!r}: use 'dot' or 'splash'")
@@ -321,19 +327,26 @@ class Decoder:
         with self.scope(f"layer{i}"):
             with self.scope("norm"):
                 y = self.rms(x, w["n1"])
-            q = tag(y @ w["wq"], "query_proj")
-            k = tag(y @ w["wk"], "key_proj")
-            v = tag(y @ w["wv"], "value_proj")
+            q = tag(self.wmm(y, w["wq"]), "query_proj")
+            k = tag(self.wmm(y, w["wk"]), "key_proj")
+            v = tag(self.wmm(y, w["wv"]), "value_proj")
             with self.scope("attention"):
                 if cache is not None:
                     k = jnp.concatenate([cache[0], k], axis=1)
                     v = jnp.concatenate([cache[1], v], axis=1)
-                a = self.attention(q, k, v, causal=cache is None)
-            x = self.constrain(x + tag(a @ w["wo"], "out_proj"))
+                a = tag(self.attention(q, k, v, causal=cache is None), "context")
+            x = self.constrain(x + tag(self.wmm(a, w["wo"]), "out_proj"))
             with self.scope("norm"):
                 y = self.rms(x, w["n2"])
-            m = jax.nn.silu(tag(y @ w["w1"], "mlpwi_0")) * tag(y @ w["w3"], "mlpwi_1")
-            return self.constrain(x + tag(m @ w["w2"], "mlpwo"))
+            m = jax.nn.silu(tag(self.wmm(y, w["w1"]), "mlpwi_0")) * \
+                tag(self.wmm(y, w["w3"]), "mlpwi_1")
+            return self.constrain(x + tag(self.wmm(m, w["w2"]), "mlpwo"))
+
+    def wmm(self, x, w):
+        """A weight matmul: bf16 `x @ w`, or `weight_dot`."""
+        if self.weight_dot is None:
+            return x @ w
+        return self.weight_dot(x, w, self._seed)
 
     def loss(self, p, tok, remat: str = "full", scan: bool = False):
         """Mean next-token cross-entropy, each layer under `remat_layer(remat)`; scan: the
@@ -342,6 +355,9 @@ class Decoder:
         import jax
         import jax.numpy as jnp
 
+        if self.weight_dot is not None:
+            # A traced seed for the stochastic rounding (a constant key could be folded).
+            self._seed = tok[0, 0].astype(jnp.uint32)
         with self.scope("embed"):
             x = self.constrain(jnp.take(p["embed"].astype(self.bf), tok, axis=0))
         if scan:
@@ -651,28 +667,54 @@ def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: i
     return jax.jit(step, donate_argnums=0).lower(params, tok)
 
 
+# MaxText's named remat policies (`Decoder.get_remat_policy` in MaxText/layers/decoders.py,
+# docs/reference/maxtext_remat.md): the names each saves on device and offloads to host.
+_QKV = ("query_proj", "key_proj", "value_proj", "qkv_proj")
+MAXTEXT_NAMED = {
+    "save_dot_with_context_except_mlp": (_QKV + ("context", "out_proj"), ()),
+    "save_dot_except_mlpwi": (_QKV + ("out_proj", "mlpwo"), ()),
+    "save_dot_except_mlp": (_QKV + ("out_proj",), ()),
+    "save_qkv_proj": (_QKV, ()),
+    "save_out_proj": (("out_proj",), ()),
+    "qkv_proj_offloaded": ((), ("query_proj", "key_proj", "value_proj")),
+}
+
+
 def remat_layer(layer: Callable, remat: str):
-    """The layer under a MaxText remat policy: "none", "full" (`jax.checkpoint`), "minimal"
+    """The layer under a remat policy: "none", "full" (`jax.checkpoint`), "minimal"
     (`checkpoint_dots_with_no_batch_dims`), "offload" (MaxText's minimal_offloaded: the
-    tagged weight-matmul outputs go to pinned host memory, nothing else is saved)."""
+    tagged weight-matmul outputs go to pinned host memory, nothing else is saved),
+    "minimal_with_context" (minimal and the tagged `context`), or one of MaxText's named
+    policies (`MAXTEXT_NAMED`: save / offload only these names)."""
     # jax is optional: imported only where a program is compiled (the jax[tpu] python).
     import jax
 
+    cp = jax.checkpoint_policies
     if remat == "none":
         return layer
     if remat == "full":
         return jax.checkpoint(layer)
     if remat == "minimal":
-        return jax.checkpoint(
-            layer, policy=jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims)
+        return jax.checkpoint(layer, policy=cp.checkpoint_dots_with_no_batch_dims)
+    if remat == "minimal_with_context":
+        return jax.checkpoint(layer, policy=cp.save_from_both_policies(
+            cp.checkpoint_dots_with_no_batch_dims, cp.save_only_these_names("context")))
     if remat == "offload":
         return jax.checkpoint(
-            layer, policy=jax.checkpoint_policies.save_and_offload_only_these_names(
+            layer, policy=cp.save_and_offload_only_these_names(
                 names_which_can_be_saved=[],
                 names_which_can_be_offloaded=["query_proj", "key_proj", "value_proj",
                                               "out_proj", "mlpwi_0", "mlpwi_1", "mlpwo"],
                 offload_src="device", offload_dst="pinned_host"))
-    raise ValueError(f"remat {remat!r}: use none, full, minimal or offload")
+    if remat in MAXTEXT_NAMED:
+        saved, offloaded = MAXTEXT_NAMED[remat]
+        if not offloaded:
+            return jax.checkpoint(layer, policy=cp.save_only_these_names(*saved))
+        return jax.checkpoint(layer, policy=cp.save_and_offload_only_these_names(
+            names_which_can_be_saved=list(saved), names_which_can_be_offloaded=list(offloaded),
+            offload_src="device", offload_dst="pinned_host"))
+    raise ValueError(f"remat {remat!r}: use none, full, minimal, minimal_with_context, offload "
+                     f"or one of {', '.join(MAXTEXT_NAMED)}")
 
 
 def memory_stats(compiled) -> dict:

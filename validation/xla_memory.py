@@ -80,6 +80,7 @@ MESHES = {
     "data_fsdp": {"data": 2, "fsdp": 8},
     "fsdp64": {"fsdp": 64},
     "fsdp256": {"fsdp": 256},
+    "fsdp_tp8": {"fsdp": 8, "tensor": 8},
 }
 
 
@@ -174,6 +175,13 @@ def _configs() -> dict[str, dict]:
     add("v6e", "fsdp_tp", "minimal", attention="splash")
     # After the v5e one-sequence row at seq 4096 (-21.0%): one sequence per chip at 2048.
     add("v5e", "fsdp", "full", seq=2048, batch=1, attention="splash")
+    # Saved activations under tensor=8 (issue 29): fsdp=8 x tensor=8 on a 4x4x4 v5p, the
+    # residual stream sharded over `tensor` (MaxText), 8 layers so the saved stacks dominate,
+    # under `minimal` and MaxText's named policies (jax.checkpoint with the policy MaxText
+    # uses, xla_compile.MAXTEXT_NAMED); tpusim's peaks written down before the compiles.
+    for remat in ("minimal", "save_dot_except_mlpwi", "save_qkv_proj",
+                  "save_dot_with_context_except_mlp", "full"):
+        add("v5p64", "fsdp_tp8", remat, batch=0.5, tp_act="sharded", layers=8)
     return out
 
 
@@ -256,7 +264,7 @@ def _dense_worker(name: str) -> dict:
     remat = cfg["remat"]
     # The weight matmuls' outputs are named for `offload` (MaxText's checkpoint_name tags); the
     # other policies leave the traced program as it was.
-    if remat == "offload":
+    if remat not in ("none", "full", "minimal"):
         # jax is optional: imported only where a program is compiled (the jax[tpu] python).
         from jax.ad_checkpoint import checkpoint_name as tag
     else:

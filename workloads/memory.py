@@ -129,9 +129,13 @@ def saved_tensors(shape: LayerShapeSpec, *, remat: str, attention: str,
         # Only the matmul outputs the backward reads are residuals: the MLP's output projection
         # (and, in a parallel block, the attention's) only feeds the layer output, which no
         # backward reads; a sequential block's attention projection rebuilds the mid residual
-        # the MLP norm's backward reads.
+        # the MLP norm's backward reads. It is kept as the residual stream holds it: after
+        # the reduction over `tensor`, [tokens / tensor, d_model] when the activations are
+        # sharded over `tensor` (MaxText's activation_embed on `tensor`), whole when they are
+        # replicated (Megatron). Counting the unreduced [tokens, d_model] here made a
+        # tensor=8 GPT-3 175B run look 8x heavier in this tensor than it is (issue 29).
         proj = () if s.parallel_block else (
-            SavedTensor(name="attn_out_proj", num_elements=n * D, dtype_bytes=a,
+            SavedTensor(name="attn_out_proj", num_elements=r * D, dtype_bytes=a,
                         producer="out_proj"),)
         return (layer_input, *qkv, *proj, hidden, *router)
     if remat != "none":
@@ -188,6 +192,37 @@ def saved_tensors(shape: LayerShapeSpec, *, remat: str, attention: str,
             out.append(SavedTensor(name="mlp_gated_product", num_elements=n * s.ff_width,
                                    dtype_bytes=a, producer="mlp_act"))
     return tuple(out)
+
+
+def named_tensors(shape: LayerShapeSpec, names, *, act_bytes: float = 2.0,
+                  attention: str = "flash") -> tuple[SavedTensor, ...]:
+    """The per-layer tensors a named remat policy keeps or offloads (`names`, tpusim's tensor
+    names: workloads/training/remat.py), as `saved_tensors` sizes them: the layer input and
+    the attention's output projection as the residual stream holds them, q, k, v, the
+    attention output (`attn_context`, [tokens, local heads x head_dim]) and the MLP input
+    projections as the weights shard them. A parallel block has no output projection to keep
+    (no mid residual reads it)."""
+    s, a = shape, act_bytes
+    n, r, D = s.rows, s.residual_rows, s.d_model
+    every = [
+        SavedTensor(name="layer_input", num_elements=r * D, dtype_bytes=a, producer="norm_attn"),
+        SavedTensor(name="q", num_elements=n * s.q_width, dtype_bytes=a, producer="qkv_proj"),
+        SavedTensor(name="k", num_elements=n * s.kv_width, dtype_bytes=a, producer="qkv_proj"),
+        SavedTensor(name="v", num_elements=n * s.kv_width, dtype_bytes=a, producer="qkv_proj"),
+        SavedTensor(name="attn_context", num_elements=n * s.q_width, dtype_bytes=a,
+                    producer="attn_values" if attention == "dot" else "flash_attention"),
+    ]
+    if not s.parallel_block:
+        every.append(SavedTensor(name="attn_out_proj", num_elements=r * D, dtype_bytes=a,
+                                 producer="out_proj"))
+    every.append(SavedTensor(name="mlp_hidden",
+                             num_elements=(s.mlp_matrices - 1) * n * s.ff_width,
+                             dtype_bytes=a, producer="mlp_in"))
+    if s.num_experts:
+        every.append(SavedTensor(name="router_logits", num_elements=n * s.num_experts,
+                                 dtype_bytes=4.0, producer="router"))
+    names = set(names)
+    return tuple(t for t in every if t.name in names)
 
 
 def one_sequence_per_chip(*, sequences_per_chip: float) -> bool:
@@ -490,6 +525,7 @@ __all__ = [
     "windowed_head_gradient_bytes",
     "loss_tensors",
     "loss_value_logits_bytes",
+    "named_tensors",
     "offloaded_tensors",
     "one_sequence_per_chip",
     "saved_tensors",

@@ -153,7 +153,8 @@ def _register_plan(sub, name: str) -> None:
     g.add_argument("--default-placement", action="store_true",
                    help="only jax's default axis order (no other placements on the torus)")
     g.add_argument("--remat", default="full,minimal,none",
-                   help="remat policies allowed (default full,minimal,none; offload too)")
+                   help="remat policies allowed (default full,minimal,none; any --remat name of "
+                        "train but custom)")
     g.add_argument("--microbatches", default="1,2,4",
                    help="microbatch counts allowed (times the pipeline size; the fewest that "
                         "fits is used; default 1,2,4)")

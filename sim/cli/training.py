@@ -33,7 +33,20 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
                         "that axis, x:K takes K chips (default: automatic, as jax's device "
                         "meshes)")
     p.add_argument("--remat", default="full",
-                   help="none, minimal, full (default), offload, qkv-offload or qkvo-offload")
+                   help="remat policy (default full): tpusim's none, minimal, full, offload, "
+                        "qkv-offload, qkvo-offload, or MaxText's remat_policy names "
+                        "minimal_with_context, minimal_flash, save_dot_with_context_except_mlp, "
+                        "save_dot_except_mlpwi, save_dot_except_mlp, save_qkv_proj, "
+                        "save_out_proj, qkv_proj_offloaded, minimal_offloaded, custom "
+                        "(docs/model/remat.md)")
+    p.add_argument("--remat-save", default=None,
+                   help="with --remat custom: MaxText tensor names kept on device, e.g. "
+                        "query_proj,key_proj,value_proj,out_proj (decoder_layer_input, "
+                        "query_proj, key_proj, value_proj, qkv_proj, context, out_proj, mlpwi, "
+                        "mlpwi_0, mlpwi_1, mlpwo; default none: only the layer input)")
+    p.add_argument("--remat-offload", default=None,
+                   help="with --remat custom: MaxText tensor names offloaded to host memory "
+                        "(same names; default none)")
     p.add_argument("--attention", default="flash", help="flash (default) or dot")
     p.add_argument("--microbatches", type=CONVERTERS["microbatches"], default=1,
                    help="gradient accumulation steps (default 1)")

@@ -227,6 +227,8 @@ class _Request:
                 v = dict(v)
             elif name in _LISTS:
                 v = list(v)
+            elif name in _RECORDED_WHEN_SET and v is None:
+                continue  # results of runs without it record what they always did
             out[flag_name(name)] = v
         return out
 
@@ -372,8 +374,13 @@ class CompareCollectivesRequest(CollectiveRequest):
                                         "shift", *_PERTURB, "mode", "chunks")
 
 
+# Settings recorded in `inputs.flags` only when given (`--remat custom`'s names): a result
+# without them reruns with the default.
+_RECORDED_WHEN_SET = ("remat_save", "remat_offload")
+
 _TRAINING = ("model", "seq_len", "batch_per_chip", "mesh", "dcn", "axis_map", "remat",
-             "attention", "microbatches", "param_dtype", "grad_dtype", "gather_dtype",
+             "remat_save", "remat_offload", "attention", "microbatches", "param_dtype",
+             "grad_dtype", "gather_dtype",
              "optimizer_dtype", "optimizer", "pipeline_schedule", "virtual_stages", "no_overlap",
              "no_fusion", "tp_activations", "tp_comm", "dp_allreduce", "dp_grad_split",
              "fsdp_grad", "ep_alltoall", "vocab_tiling", "fsdp_gather")
@@ -395,6 +402,8 @@ class TrainRequest(_Perturbed):
     dcn: str | None = None
     axis_map: str | None = None
     remat: str = "full"
+    remat_save: str | None = None
+    remat_offload: str | None = None
     attention: str = "flash"
     microbatches: int = 1
     param_dtype: str = "bf16"

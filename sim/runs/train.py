@@ -50,6 +50,8 @@ def training_config(req, moe=None, chip=None) -> TrainingConfig:
         seq_len=req.seq_len,
         batch_per_chip=req.batch_per_chip,
         remat=parse_remat(req.remat),
+        remat_save=req.remat_save or (),
+        remat_offload=req.remat_offload or (),
         attention=req.attention,
         microbatches=req.microbatches,
         param_dtype=req.param_dtype,

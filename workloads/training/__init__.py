@@ -11,6 +11,8 @@ saved activations tensor by tensor from `workloads/memory.py`).
 The package by concept:
     modes.py       every mode a step takes, as a `StrEnum`
     config.py      `TrainingConfig` (the run settings) and its recorded dict form
+    remat.py       the remat policies (tpusim's and MaxText's names) as `RematPlan`s: what
+                   each keeps in HBM, offloads to host and recomputes per layer
     xla_rules.py   every decision "as XLA compiles it": fusions, gather forms, gradient
                    collectives, ring messages, thresholds, what the chip's compiler defers
     program.py     the program builder: ops, HBM events, sharding of the weights, FSDP gathers

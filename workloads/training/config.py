@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -38,6 +39,7 @@ from workloads.training.modes import (
     parse_optimizer,
     parse_remat,
 )
+from workloads.training.remat import RematPlan, check_custom_names, remat_plan
 from workloads.training.xla_rules import XLA_MAX_WINDOWED_RING
 from workloads.xla_compiler import COMPILER_RULES, XlaCompilerSpec
 
@@ -74,6 +76,10 @@ class TrainingConfig:
     seq_len: int
     batch_per_chip: float
     remat: Remat = Remat.FULL
+    # `--remat custom`'s MaxText tensor names kept on device and offloaded to host
+    # (workloads/training/remat.py; empty for every other policy).
+    remat_save: tuple[str, ...] = field(default=(), metadata={"recorded_when_set": True})
+    remat_offload: tuple[str, ...] = field(default=(), metadata={"recorded_when_set": True})
     attention: Attention = Attention.FLASH
     microbatches: int = 1
     param_dtype: str = "bf16"
@@ -163,6 +169,19 @@ class TrainingConfig:
             # A policy given as text (the Python API): parsed here, so that a bad one is a
             # one-line error and not an AttributeError deep in the compiler.
             object.__setattr__(self, "remat", parse_remat(self.remat))
+        for name in ("remat_save", "remat_offload"):
+            v = getattr(self, name)
+            if isinstance(v, str):
+                v = tuple(x.strip() for x in v.split(",") if x.strip())
+            if not isinstance(v, (tuple, list)) or not all(isinstance(x, str) for x in v):
+                raise TpusimError(f"--{name.replace('_', '-')} {short_repr(v)} must be a list "
+                                  f"of MaxText tensor names")
+            object.__setattr__(self, name, tuple(v))
+        if (self.remat_save or self.remat_offload) and self.remat != Remat.CUSTOM:
+            raise TpusimError(f"--remat-save and --remat-offload name the tensors of --remat "
+                              f"custom, and --remat is {self.remat}; use --remat custom or drop "
+                              f"them")
+        check_custom_names(self.remat_save, self.remat_offload)
         if not self._set_mode("attention", Attention):
             raise TpusimError(f"--attention {short_repr(self.attention)} must be dot or flash")
         for flag in COMPILER_RULE_FIELDS:
@@ -259,6 +278,11 @@ class TrainingConfig:
         check_stateless_optimizer(self.optimizer, (self.optimizer_dtype,))
 
     @property
+    def remat_plan(self) -> RematPlan:
+        """What the remat policy keeps, offloads and recomputes per layer."""
+        return _plan(self.remat, self.remat_save, self.remat_offload)
+
+    @property
     def compiler(self) -> XlaCompilerSpec:
         """The chip compiler's rules this step is compiled with."""
         return XlaCompilerSpec(**{name: getattr(self, name) for name in COMPILER_RULES})
@@ -269,6 +293,11 @@ class TrainingConfig:
         return self.param_dtype if self.gather_dtype is None else self.gather_dtype
 
 
+@functools.lru_cache(maxsize=256)
+def _plan(policy: Remat, save: tuple[str, ...], offload: tuple[str, ...]) -> RematPlan:
+    return remat_plan(policy, save, offload)
+
+
 def training_config_to_dict(config: TrainingConfig) -> dict:
     """`config` as plain JSON values (`training_config_from_dict` reads it back)."""
     out = {}
@@ -276,6 +305,10 @@ def training_config_to_dict(config: TrainingConfig) -> dict:
         v = getattr(config, f.name)
         if f.name == "moe":
             v = {g.name: getattr(v, g.name) for g in dataclasses.fields(v)}
+        if f.metadata.get("recorded_when_set"):
+            if not v:
+                continue  # recorded only for `custom` (older traces have no such key)
+            v = list(v)
         out[f.name] = str(v) if isinstance(v, enum.Enum) else v
     return out
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 from workloads.memory import (
     LayerShapeSpec,
     MemoryCategory,
+    named_tensors,
     offloaded_tensors,
     saved_tensors,
 )
 from workloads.training import xla_rules as xla
 from workloads.training.modes import Remat
 from workloads.training.program import ProgramBuilder
+from workloads.training.remat import remat_plan
 
 
 class HbmModel(ProgramBuilder):
@@ -34,7 +36,11 @@ class HbmModel(ProgramBuilder):
             num_experts=m.num_experts if moe else 0)
 
     def saved(self, layer: int, remat: Remat | None = None):
-        return saved_tensors(self.layer_shape(layer), remat=str(remat or self.cfg.remat),
+        plan = self.cfg.remat_plan if remat is None else remat_plan(remat)
+        if not plan.legacy:
+            return named_tensors(self.layer_shape(layer), plan.device, act_bytes=self.act,
+                                 attention=self.cfg.attention)
+        return saved_tensors(self.layer_shape(layer), remat=plan.rule,
                              attention=self.cfg.attention, act_bytes=self.act)
 
     def mem_saved(self, tensors, first_op: int, fallback: int) -> None:
@@ -83,7 +89,7 @@ class HbmModel(ProgramBuilder):
         product, 3 x tokens x d_ff bf16, at the score gradient of the seven windowed v5e
         `full` and `minimal` programs, one or two sequences per chip; read off six, the
         seventh compiled after); MoE layers keep theirs too (not measured)."""
-        if self.cfg.remat not in (Remat.FULL, Remat.MINIMAL) or self.layer_is_moe(layer) \
+        if self.cfg.remat_plan.rule not in ("full", "minimal") or self.layer_is_moe(layer) \
                 or self.m.parallel_block \
                 or xla.mlp_grads_after_attention(self.cfg, rs_windowed=self.rs_windowed):
             return 0.0, 0.0
@@ -102,12 +108,16 @@ class HbmModel(ProgramBuilder):
 
     def offloaded(self, layer: int):
         """The tensors the remat policy moves to host memory per layer (and fetches back)."""
+        plan = self.cfg.remat_plan
+        if not plan.legacy:
+            return named_tensors(self.layer_shape(layer), plan.host, act_bytes=self.act,
+                                 attention=self.cfg.attention)
         return offloaded_tensors(self.layer_shape(layer), attention=self.cfg.attention,
-                                 act_bytes=self.act, remat=str(self.cfg.remat))
+                                 act_bytes=self.act, remat=plan.rule)
 
     def offload_bytes(self, layer: int) -> float:
         """Bytes the remat policy moves to host memory per layer (and fetches back)."""
-        return sum(t.num_bytes for t in self.offloaded(layer)) if self.cfg.remat.offloads \
+        return sum(t.num_bytes for t in self.offloaded(layer)) if self.cfg.remat_plan.offloads \
             else 0.0
 
     def activation_peak(self) -> float:

@@ -18,7 +18,6 @@ from workloads.memory import (
     score_exp_fused,
 )
 from workloads.moe import dispatch_flops
-from workloads.training.modes import Remat
 from workloads.training.program import ATTN_KEYS, ProgramBuilder
 
 
@@ -52,7 +51,7 @@ class LayerProgram(ProgramBuilder):
         # reduction over `tensor`, the residual adds) are dead code XLA removes (docs/model.md
         # "Remat"; the imported HLO programs of docs/validation.md recompute every matmul but
         # those). Projections the policy brought back from host memory are not recomputed.
-        kept = self.cfg.remat.kept_projections if recompute else frozenset()
+        kept = self.cfg.remat_plan.kept_projections if recompute else frozenset()
         x = deps
         r = self.rows()
         # A norm reads its input twice (statistics, then the normalised rows) and writes once;
@@ -75,7 +74,15 @@ class LayerProgram(ProgramBuilder):
                            3 * n * (h_loc + k_loc) * hd * a, [qkv], layer, phase)
         rope = self.vpu(f"{tag}rotary", 6 * n * (h_loc + k_loc) * hd,
                         2 * n * (h_loc + k_loc) * hd * a, [qkv] + after, layer, phase)
-        att = self.attention_forward(layer, rope, phase, tag)
+        if "context" in kept and self.cfg.attention == "flash":
+            # The attention output was kept: nothing of the attention is rerun (the flash
+            # backward kernel recomputes its scores itself, layer_backward).
+            att = rope
+        else:
+            # A kept attention output spares a dot attention's value matmul only: the
+            # backward still reads the probabilities, rebuilt from q and k.
+            att = self.attention_forward(layer, rope, phase, tag,
+                                         values="context" not in kept)
         if m.parallel_block:
             if recompute:
                 # Both branches' last matmuls feed only the (dead) layer output.
@@ -111,7 +118,7 @@ class LayerProgram(ProgramBuilder):
         mm_deps2, after2 = self.tp_enter(tag, "mlp", norm2, layer, phase)
         if recompute:
             return self.mlp_forward(layer, norm2, wdeps + mm_deps2, phase, tag, after2,
-                                    dead_tail=True)
+                                    dead_tail=True, kept_in="mlp_in" in kept)
         mlp_out = self.mlp_forward(layer, norm2, wdeps + mm_deps2, phase, tag, after2)
         exit2 = self.tp_exit(tag, "mlp", mlp_out, [mlp_out], layer, phase)
         if m.post_norms:
@@ -120,7 +127,7 @@ class LayerProgram(ProgramBuilder):
         return self.vpu(f"{tag}residual_mlp", r * D, 3 * r * D * a, exit2 + [res1], layer,
                         phase)
 
-    def attention_forward(self, layer, dep, phase, tag):
+    def attention_forward(self, layer, dep, phase, tag, values=True):
         m, d, a = self.m, self.d, self.act
         n, tp, hd = d.n, d.tp, m.head_dim
         h_loc = m.num_heads / tp
@@ -151,6 +158,12 @@ class LayerProgram(ProgramBuilder):
                      n * h_loc * hd * a + kv_bytes, scores * 4, deps, layer, phase,
                      narrow_dim=hd)
         sm = self.vpu(f"{tag}softmax", 5 * scores, scores * 4 + scores * a, [qk], layer, phase)
+        if not values:
+            # A recomputation whose attention output was kept (`context`): the backward reads
+            # the recomputed probabilities, not a recomputed output.
+            self.mem(qk, MemoryCategory.TEMPORARIES, scores * a)
+            self.mem(sm, MemoryCategory.TEMPORARIES, -scores * a)
+            return sm
         av = self.mm(f"{tag}attn_values", 2 * n * ctx * h_loc * hd, 0.0,
                      scores * a + kv_bytes, n * h_loc * hd * a, [sm], layer, phase,
                      narrow_dim=hd)
@@ -163,7 +176,7 @@ class LayerProgram(ProgramBuilder):
         fused = score_exp_fused(
             chip_fuses=self.cfg.score_exp_fusion,
             sharded_axes=sum(1 for s in (d.dp, d.fs, d.tp, d.ep, d.pp, d.sp) if s > 1),
-            score_bytes=4.0 * scores, remat=str(self.cfg.remat),
+            score_bytes=4.0 * scores, remat=self.cfg.remat_plan.rule,
             plain_fsdp=bool(self.cur is not None and self.cur.ops
                             and not self.cur.windowed(self.cur.ops)))
         # With one sequence per chip XLA keeps the score matmul's bf16 output and the value
@@ -171,8 +184,8 @@ class LayerProgram(ProgramBuilder):
         # forward (workloads/memory.py one_sequence_per_chip).
         bf16_scores = one_sequence_per_chip(sequences_per_chip=s_loc)
         f32_probs = tag == "" and not bf16_scores and (
-            self.cfg.remat in (Remat.MINIMAL, Remat.OFFLOAD)
-            or (self.cfg.remat == Remat.FULL and fused))
+            self.cfg.remat_plan.rule in ("minimal", "offload")
+            or (self.cfg.remat_plan.rule == "full" and fused))
         probs_bytes = 4.0 if f32_probs else a
         temps = attention_temporaries(rows=n, context=ctx, local_heads=h_loc,
                                       probs_bytes=probs_bytes, score_exp_fusion=fused,
@@ -183,11 +196,11 @@ class LayerProgram(ProgramBuilder):
             # backward of any program of benchmarks/xla_memory.py. They stand for the kept
             # probabilities, counted as recomputed from the softmax on.
             temps = scores * a
-        saved = tag == "re-" or self.cfg.remat == Remat.NONE  # the probabilities are kept
+        saved = tag == "re-" or self.cfg.remat_plan.rule == "none"  # the probabilities kept
         # Unsaved probabilities live from the softmax to the value matmul; bf16 scores stand
         # for them (the value matmul reads the scores).
         probs = scores * probs_bytes
-        if tag == "re-" and self.cfg.bwd_probs_buffer and self.cfg.remat == Remat.FULL:
+        if tag == "re-" and self.cfg.bwd_probs_buffer and self.cfg.remat_plan.rule == "full":
             # v5p's full backward writes the bf16 probabilities next to the recomputed scores,
             # read by the value-gradient matmul (freed in layer_backward; memory.py
             # attention_backward_score_buffers).
@@ -198,7 +211,8 @@ class LayerProgram(ProgramBuilder):
         self.mem(av, MemoryCategory.TEMPORARIES, 0.0 if saved else -probs)
         return av
 
-    def mlp_forward(self, layer, dep, wdeps, phase, tag, after=(), dead_tail=False):
+    def mlp_forward(self, layer, dep, wdeps, phase, tag, after=(), dead_tail=False,
+                    kept_in=False):
         """The MLP (or MoE) sublayer's forward; returns its output op. `dead_tail`: a
         recomputation whose output only the backward reads, so the ops after the last live
         one are left out (a dense MLP's down projection; an MoE layer's weighted combine of
@@ -230,11 +244,14 @@ class LayerProgram(ProgramBuilder):
                              n * rows * D * a * d.ep, [pre], layer, phase)
             x = [pre] + ([disp] if disp is not None else [])
             w_bytes = (E / d.ep) * mats * D * F / tp * self.wc
-            h = self.mm(f"{tag}expert_in", 2 * n * rows * D * F * (mats - 1) / tp,
-                        w_bytes * (mats - 1) / mats, n * rows * D * a,
-                        n * rows * F * (mats - 1) / tp * a, x + wdeps, layer, phase,
-                        keys=("expert_gate", "expert_up"),
-                        acc_bytes=n * rows * F * (mats - 1) / tp * a)
+            # A recomputation whose experts' hidden outputs were kept (`mlpwi`) reruns only
+            # their activation.
+            h = x[-1] if kept_in else self.mm(
+                f"{tag}expert_in", 2 * n * rows * D * F * (mats - 1) / tp,
+                w_bytes * (mats - 1) / mats, n * rows * D * a,
+                n * rows * F * (mats - 1) / tp * a, x + wdeps, layer, phase,
+                keys=("expert_gate", "expert_up"),
+                acc_bytes=n * rows * F * (mats - 1) / tp * a)
             act = self.vpu(f"{tag}expert_act", 8 * n * rows * F / tp,
                            n * rows * F * (mats - 1) / tp * a + n * rows * F / tp * a,
                            [h, *after], layer, phase)
@@ -278,10 +295,13 @@ class LayerProgram(ProgramBuilder):
             return self.vpu(f"{tag}expert_combine", 2 * n * k * D, (k + 1) * n * D * a,
                             out_deps, layer, phase)
         F = m.d_ff
-        h = self.mm(f"{tag}mlp_in", 2 * n * D * F * (mats - 1) / tp,
-                    (mats - 1) * D * F / tp * self.wc, n * D * a, n * F * (mats - 1) / tp * a,
-                    [dep] + wdeps, layer, phase, keys=("w_gate", "w_up"),
-                    acc_bytes=n * F * (mats - 1) / tp * a)
+        # A recomputation whose MLP input projections were kept (`mlpwi`) reruns only the
+        # activation (the MLP norm before it is rerun for the projections' weight gradients).
+        h = dep if kept_in else self.mm(
+            f"{tag}mlp_in", 2 * n * D * F * (mats - 1) / tp,
+            (mats - 1) * D * F / tp * self.wc, n * D * a, n * F * (mats - 1) / tp * a,
+            [dep] + wdeps, layer, phase, keys=("w_gate", "w_up"),
+            acc_bytes=n * F * (mats - 1) / tp * a)
         act = self.vpu(f"{tag}mlp_act", 8 * n * F / tp,
                        n * F * (mats - 1) / tp * a + n * F / tp * a, [h, *after], layer, phase)
         if dead_tail:
@@ -501,7 +521,7 @@ class LayerProgram(ProgramBuilder):
             # of them (the probabilities, or the recomputed scores they stand for) is already
             # counted as saved or recomputed.
             extra = (attention_backward_score_buffers(
-                remat=str(self.cfg.remat), score_grad_fusion=self.cfg.score_grad_fusion,
+                remat=self.cfg.remat_plan.rule, score_grad_fusion=self.cfg.score_grad_fusion,
                 bwd_probs_buffer=self.cfg.bwd_probs_buffer) - 1) * scores * a
             self.mem(dproj, MemoryCategory.TEMPORARIES, extra - self.bwd_probs_bytes)
             self.mem(datt, MemoryCategory.TEMPORARIES, -extra)

@@ -10,6 +10,9 @@ from topologies.validate import parse_choice
 
 
 class Remat(enum.StrEnum):
+    """The remat policy of every layer: tpusim's own names and MaxText's `remat_policy` names
+    (what each keeps, offloads and recomputes: `workloads/training/remat.py`)."""
+
     NONE = "none"
     MINIMAL = "minimal"
     FULL = "full"
@@ -20,21 +23,17 @@ class Remat(enum.StrEnum):
     # recomputed, as under `full`, except those projections.
     QKV_OFFLOAD = "qkv-offload"
     QKVO_OFFLOAD = "qkvo-offload"
-
-    @property
-    def recomputes_layer(self) -> bool:
-        """The backward recomputes the layer's forward matmuls (all but the kept ones)."""
-        return self in (Remat.FULL, Remat.QKV_OFFLOAD, Remat.QKVO_OFFLOAD)
-
-    @property
-    def kept_projections(self) -> frozenset[str]:
-        """Projections whose outputs come back from host memory instead of being recomputed."""
-        return {Remat.QKV_OFFLOAD: frozenset({"qkv"}),
-                Remat.QKVO_OFFLOAD: frozenset({"qkv", "out"})}.get(self, frozenset())
-
-    @property
-    def offloads(self) -> bool:
-        return self in (Remat.OFFLOAD, Remat.QKV_OFFLOAD, Remat.QKVO_OFFLOAD)
+    # MaxText's names (`full` and `minimal` are the same names as tpusim's; docs/model/remat.md).
+    MINIMAL_WITH_CONTEXT = "minimal_with_context"
+    MINIMAL_FLASH = "minimal_flash"
+    SAVE_DOT_WITH_CONTEXT_EXCEPT_MLP = "save_dot_with_context_except_mlp"
+    SAVE_DOT_EXCEPT_MLPWI = "save_dot_except_mlpwi"
+    SAVE_DOT_EXCEPT_MLP = "save_dot_except_mlp"
+    SAVE_QKV_PROJ = "save_qkv_proj"
+    SAVE_OUT_PROJ = "save_out_proj"
+    QKV_PROJ_OFFLOADED = "qkv_proj_offloaded"
+    MINIMAL_OFFLOADED = "minimal_offloaded"
+    CUSTOM = "custom"
 
 
 class Attention(enum.StrEnum):

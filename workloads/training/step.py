@@ -23,7 +23,6 @@ from workloads.training import xla_rules as xla
 from workloads.training.gradients import GradientReductions, StepState
 from workloads.training.hbm import HbmModel
 from workloads.training.layer import LayerProgram
-from workloads.training.modes import Remat
 from workloads.training.program import WEIGHT_CAST, Gathered
 
 G = MemoryCategory
@@ -211,10 +210,10 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
                 self.mem_windowed_mlp_outputs(layer, first_op)
             # The gathered weights are freed once the layer is done.
             self.end_layer(out, g)
-            if cfg.remat.offloads:
+            if cfg.remat_plan.offloads:
                 b.add("offload_activations", kind=OpKind.HOST,
                       bytes=self.offload_bytes(layer), deps=[out], layer=layer, phase="fwd")
-            if cfg.remat == Remat.OFFLOAD:
+            if cfg.remat_plan.rule == "offload":
                 self.mem_saved(self.offloaded(layer), first_op, out)
                 self.mem(out, G.SAVED_ACTIVATIONS, -in_flight)
                 in_flight = self.offload_bytes(layer)
@@ -304,13 +303,13 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
         n, D, V, tiles = d.n, m.d_model, m.vocab_size, cfg.vocab_tiling
         held = deferred_head_gradient_bytes(
             rows=n, d_model=D, local_vocab=V / d.tp, act_bytes=a, tensor=d.tp,
-            fsdp=d.fs, tp_activations=cfg.tp_activations, remat=str(cfg.remat),
+            fsdp=d.fs, tp_activations=cfg.tp_activations, remat=cfg.remat_plan.rule,
             residual_rows=self.rows(), attention=cfg.attention,
             gather=self.plain_gather_form)
         held += windowed_head_gradient_bytes(
             rows=n, d_model=D, local_vocab=V / d.tp, act_bytes=a, tensor=d.tp,
             fsdp=self.fsdp_shards, windowed=self.rs_windowed, cast_weights=self.wb != self.wc,
-            offload=cfg.remat.offloads, chip_defers=cfg.head_grad_after_backward,
+            offload=cfg.remat_plan.offloads, chip_defers=cfg.head_grad_after_backward,
             vocab_tiling=tiles, residual_rows=self.rows(),
             flash_one_sequence=cfg.attention == "flash" and cfg.loss_after_backward
             and one_sequence_per_chip(sequences_per_chip=n * d.sp / d.ctx))
@@ -368,10 +367,11 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
         # A recomputing policy's backward loop body reads the layer's entries of the
         # stacked saved buffers through copies (dynamic-slice fusions) that live for
         # the layer's backward (docs/model.md "Memory"); `none` reads them in place.
-        copies = self.saved_bytes(layer) if cfg.remat in (
-            Remat.MINIMAL, Remat.FULL, Remat.OFFLOAD) else 0.0
+        plan = cfg.remat_plan
+        copies = self.saved_bytes(layer) if plan.rule in ("minimal", "full", "offload") \
+            or not plan.legacy else 0.0
         self.mem(prev, G.SAVED_ACTIVATIONS, copies)
-        if cfg.remat.offloads:
+        if plan.offloads:
             # Fetched one layer ahead: when the backward of the layer above starts.
             fetch = b.add("fetch_activations", kind=OpKind.HOST,
                           bytes=self.offload_bytes(layer),
@@ -381,7 +381,7 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
             deps.append(fetch)
             self.mem(loop.fetch_alloc_at, G.SAVED_ACTIVATIONS, self.offload_bytes(layer))
         deps, recomputed = self.recompute_layer(layer, deps, g)
-        self.mem(deps[0] if cfg.remat != Remat.NONE else None, G.SAVED_ACTIVATIONS,
+        self.mem(deps[0] if plan.rule != "none" else None, G.SAVED_ACTIVATIONS,
                  recomputed)
         out = self.layer_backward(layer, deps, g, grad=prev)
         self.cur = None
@@ -402,14 +402,31 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
         loop.fetch_alloc_at = out
         # What the layer recomputed or fetched dies with its backward (what it kept
         # stays in the stack until the loop ends).
+        if not plan.legacy:
+            self.mem(out, G.SAVED_ACTIVATIONS, -(self.named_backward_bytes(layer)
+                                                 - mlp_recomputed))
+            return out
         fetched_extra = sum(
             t.num_bytes for t in self.offloaded(layer)
             if t.name not in {r.name for r in self.recomputed_set(layer)}
-        ) if cfg.remat.kept_projections else 0.0
-        self.mem(out, G.SAVED_ACTIVATIONS, 0.0 if cfg.remat == Remat.NONE else
+        ) if plan.kept_projections else 0.0
+        self.mem(out, G.SAVED_ACTIVATIONS, 0.0 if plan.rule == "none" else
                  -(sum(t.num_bytes for t in self.recomputed_set(layer))
                    - self.saved_bytes(layer) + fetched_extra - mlp_recomputed))
         return out
+
+    def named_backward_bytes(self, layer: int) -> float:
+        """What a named policy's layer backward allocated besides the copies of its kept
+        entries, freed as the backward ends: the fetched set and what it recomputed (a rerun
+        forward: every tensor of the recomputed set it neither kept nor fetched; the
+        elementwise recompute of a policy that keeps every projection: the recomputed set
+        less the kept one, the fetched part counted at the fetch)."""
+        plan = self.cfg.remat_plan
+        rec = self.recomputed_set(layer)
+        if not plan.recomputes_layer:
+            return sum(t.num_bytes for t in rec) - self.saved_bytes(layer)
+        kept = plan.device | plan.host
+        return self.offload_bytes(layer) + sum(t.num_bytes for t in rec if t.name not in kept)
 
     def recompute_layer(self, layer: int, deps: list[int], g: Gathered | None
                         ) -> tuple[list[int], float]:
@@ -418,10 +435,12 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
         cfg = self.cfg
         # What the remat policy recomputes lives from the recomputation until the end
         # of the layer's backward, next to what it kept.
+        plan = cfg.remat_plan
         recomputed = sum(t.num_bytes for t in self.recomputed_set(layer)) - \
             self.saved_bytes(layer) - (
-            self.offload_bytes(layer) if cfg.remat == Remat.OFFLOAD else 0.0)
-        if cfg.remat.recomputes_layer:
+            self.offload_bytes(layer) if plan.rule == "offload"
+            or (not plan.legacy and plan.offloads) else 0.0)
+        if plan.recomputes_layer:
             first_op = len(self.b.ops)
             self.recompute_leaves = []
             inp = self.layer_forward(layer, deps, g, phase="bwd", recompute=True)
@@ -433,11 +452,11 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
             # The recomputed tensors live from the recomputing op on; what came back
             # from host memory lives from its fetch.
             kept = {t.name for t in self.saved(layer)} | {
-                t.name for t in self.offloaded(layer) if cfg.remat != Remat.OFFLOAD}
+                t.name for t in self.offloaded(layer) if plan.rule != "offload"}
             self.mem_saved([t for t in self.recomputed_set(layer)
                             if t.name not in kept], first_op, inp)
             recomputed = 0.0
-        elif cfg.remat in (Remat.MINIMAL, Remat.OFFLOAD):
+        elif plan.rule != "none":
             # Recompute the cheap elementwise ops (norms, activations, rotary).
             rr = self.rows()
             re = self.vpu("re-elementwise", 20 * rr * self.m.d_model, 8 * rr * self.m.d_model

@@ -142,14 +142,15 @@ def gather_form(cfg: TrainingConfig, key: str, phase: str, *, group: int,
         return plain
     if phase == "fwd":
         single = not (tensor > 1 and key in ROW_PARALLEL)
-    elif cfg.remat.recomputes_layer:
+    elif cfg.remat_plan.recomputes_layer:
         # Matrices the recomputation does not read: its dead last matmuls (a dense MLP's
         # down projection, a shared expert's, a parallel block's attention output) and
         # the projections whose outputs come back from host memory.
-        kept = cfg.remat.kept_projections
+        kept = cfg.remat_plan.kept_projections
         single = (key in ("w_down", "shared_down")
                   or (key == "wo" and (parallel_block or "out" in kept))
-                  or (key in ("wq", "wk", "wv") and "qkv" in kept))
+                  or (key in ("wq", "wk", "wv") and "qkv" in kept)
+                  or (key in ("w_gate", "w_up") and "mlp_in" in kept))
     else:
         single = True
     return "windowed" if single else plain
@@ -159,7 +160,7 @@ def regathers_for_input_gradients(cfg: TrainingConfig) -> bool:
     """XLA gathers the query and key projections (all four attention matrices in an MoE
     layer: `MOE_REGATHER_KEYS`) a second time for their input gradients: under remat full in
     the mixed modes (the recomputation's copies are not kept alive across the backward)."""
-    return cfg.remat == "full" and is_mixed(cfg) and cfg.overlap
+    return cfg.remat_plan.rule == "full" and is_mixed(cfg) and cfg.overlap
 
 
 def dp_split_per_matrix(cfg: TrainingConfig, mesh: LogicalMesh) -> bool:
