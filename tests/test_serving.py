@@ -451,3 +451,31 @@ def test_a_serve_result_reruns_to_the_same_result():
     r = _serve(rate=50, requests=60, prompt_tokens="uniform:16,64", output_tokens="fixed:8",
                seed=3)
     assert json.dumps(rerun(r.to_dict()).to_dict()) == json.dumps(r.to_dict())
+
+
+def test_serving_plots_are_written_and_byte_identical_for_the_same_run(tmp_path):
+    from sim.export.serving_plots import plot_serving, serving_figures
+
+    r = _serve(rate=200, requests=200, prompt_tokens="uniform:16,256",
+               output_tokens="uniform:2,32", replicas=2)
+    figs = serving_figures(r.summary, r.result)
+    assert set(figs) == {"latency_cdf.png", "kv_queue.png"}
+    # The TTFT panel's CDF ends at 1: every request has a first token.
+    line = figs["latency_cdf.png"].axes[0].lines[0]
+    assert line.get_ydata()[-1] == pytest.approx(1.0)
+    a = plot_serving(r.summary, r.result, tmp_path / "a")
+    b = plot_serving(r.summary, r.result, tmp_path / "b")
+    assert [p.read_bytes() for p in a] == [p.read_bytes() for p in b]
+
+
+def test_the_jetstream_comparison_quotes_the_reference_table(reference_dir):
+    from validation.serving_jetstream import ROWS
+
+    text = (reference_dir / "serving.md").read_text()
+    rows = [ln for ln in text.splitlines() if ln.startswith("| 2024-")]
+    assert len(rows) == len(ROWS)
+    for line, row in zip(rows, ROWS, strict=True):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[0] == row[0] and cells[2] == row[1]
+        assert int(cells[4]) == row[4] and int(cells[5]) == row[5]
+        assert float(cells[6].split()[0]) == row[6]

@@ -820,7 +820,10 @@ def main() -> int:
     if args.write:
         old = DOC.read_text()
         head = old[:old.index(MARKER)] if MARKER in old else old.rstrip("\n") + "\n\n"
-        DOC.write_text(head + text)
+        # The serving section after it belongs to validation.serving_jetstream: kept.
+        serving = "<!-- serving -->"
+        tail = "\n" + old[old.index(serving):] if serving in old else ""
+        DOC.write_text(head + text + tail)
         print(f"wrote {DOC.relative_to(REPO)}")
     else:
         print(text)

@@ -65,6 +65,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         res = run.result
         write_tables(Path(args.out), {"requests": res.requests_frame(),
                                       "iterations": res.iterations_frame()}, run.to_dict())
+    if args.plots:
+        from sim.export.serving_plots import plot_serving
+
+        plot_serving(run.summary, run.result, args.plots)
     if args.json:
         cli.emit_json(run.to_dict())
         return 0
@@ -72,6 +76,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.out:
         print(f"wrote {cli.show_path(args.out)}/requests.csv/.parquet, iterations.csv/.parquet "
               f"and summary.json")
+    if args.plots:
+        print(f"wrote {cli.show_path(args.plots)}/latency_cdf.png and kv_queue.png")
     return 0
 
 
@@ -148,6 +154,8 @@ def _register_serve(sub, name: str) -> None:
     o.add_argument("--json", action="store_true", help="print one JSON object")
     o.add_argument("--out", help="write requests.csv/.parquet, iterations.csv/.parquet and "
                                  "summary.json here")
+    o.add_argument("--plots", help="write latency_cdf.png (TTFT, TPOT, end-to-end and queueing "
+                                   "CDFs) and kv_queue.png (KV blocks and queue over time) here")
     p.add_argument("--algorithm", default="auto",
                    help="collective algorithm for gathers/reductions (default auto)")
     cli.add_step_perturbation_args(p)
