@@ -120,6 +120,7 @@ def plan_chakra(trace: Trace, result: StepResult, *, every_chip: bool = False) -
     # Per collective op: its group size and, per chip, its replica group (a pg id) and members.
     pg_of: dict[int, tuple[np.ndarray, dict[int, list[int]], int, int]] = {}
     specs: dict[tuple, int] = {}
+    geo: dict[tuple, tuple] = {}  # per group geometry: a step has a handful, used by many ops
     for op in trace.ops:
         if op.kind != OpKind.COLLECTIVE:
             continue
@@ -131,7 +132,9 @@ def plan_chakra(trace: Trace, result: StepResult, *, every_chip: bool = False) -
             pairs = dev[op.group][1]
             pg_of[op.id] = (None, {"pairs": pairs}, 2, specs[skey])
         else:
-            of, members = _members(topo, tuple(gaxes))
+            if skey not in geo:
+                geo[skey] = _members(topo, tuple(gaxes))
+            of, members = geo[skey]
             size = int(np.prod([g.size for g in gaxes])) if gaxes else 1
             pg_of[op.id] = (of, members, size, specs[skey])
     mesh_json = json.dumps(trace.mesh.to_dict(), separators=(",", ":"))
