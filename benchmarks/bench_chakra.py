@@ -68,7 +68,7 @@ def main() -> None:
         size = sum(p.stat().st_size for p in Path(tmp).iterdir())
         r = measure([*py, "replay", prefix, "--chip", "v5e", "--shape", "8x8", "--json"])
         r.update(ranks=64, nodes_per_rank=nodes, set_bytes=size)
-        rows["import_replay_64x%d" % nodes] = r
+        rows[f"import_replay_64x{nodes}"] = r
         if not args.quick:
             train = [*py, "train", "--chip", "v5p", "--shape", "16x20x28", "--model",
                      "llama3-70b", "--seq-len", "8192", "--batch-per-chip", "1", "--mesh",
