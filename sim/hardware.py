@@ -54,6 +54,21 @@ class ChipSpec:
         mxu_efficiency, vpu_efficiency, hbm_efficiency, ici_efficiency, dcn_efficiency: achievable
             fraction of each peak (1.0 = the textbook's roofline).
         op_overhead_s: fixed cost added to every compute op (launch / pipeline fill).
+        mxu_j_per_flop, mxu_int8_j_per_op, vpu_j_per_flop: dynamic energy per bf16 MXU FLOP,
+            per int8 MXU op and per VPU FLOP (joules), at `clock_scale` 1.
+        hbm_j_per_byte, ici_j_per_byte, dcn_j_per_byte, pcie_j_per_byte: dynamic energy per
+            byte read or written in HBM, sent on an ICI link, sent over DCN, moved over PCIe.
+        idle_power_w: static power of a powered chip doing nothing (watts).
+        host_power_share: the host's energy (CPU, DRAM, NIC) per joule the chip draws.
+        pue: data-centre power usage effectiveness (>= 1): facility energy per IT joule.
+        usd_per_chip_hour: price of one chip for an hour (on-demand list price); None: no
+            public price (cost fields are null).
+        clock_scale: the MXU and VPU clock as a fraction of nominal (DVFS; HBM and links keep
+            their rates): their achieved rates scale by it, their energy per operation by
+            `clock_scale ** clock_energy_exponent`.
+        clock_energy_exponent: how energy per MXU/VPU operation follows the clock (2: voltage
+            scales with frequency and switching energy with voltage squared).
+        Every power coefficient's source: `power_sources(chip)`, docs/model/energy.md.
         compiler: what this generation's XLA compiler does to a training step's memory
             (`workloads.xla_compiler.XlaCompilerSpec`: score_exp_fusion, score_grad_fusion,
             bwd_probs_buffer, loss_after_backward, mlp_grad_after_attention,
@@ -85,6 +100,19 @@ class ChipSpec:
     op_overhead_s: float = 0.0
     dcn_message_overhead_s: float = 0.0
     ocs_hop_latency_s: float = 0.0
+    mxu_j_per_flop: float = 0.0
+    mxu_int8_j_per_op: float = 0.0
+    vpu_j_per_flop: float = 0.0
+    hbm_j_per_byte: float = 0.0
+    ici_j_per_byte: float = 0.0
+    dcn_j_per_byte: float = 0.0
+    pcie_j_per_byte: float = 0.0
+    idle_power_w: float = 0.0
+    host_power_share: float = 0.0
+    pue: float = 1.0
+    usd_per_chip_hour: float | None = None
+    clock_scale: float = 1.0
+    clock_energy_exponent: float = 2.0
     compiler: XlaCompilerSpec = XlaCompilerSpec()
 
     def __post_init__(self) -> None:
@@ -101,6 +129,8 @@ class ChipSpec:
             )
         for f in dataclasses.fields(self):
             if f.name in _FIELD_RANGES:
+                if f.name in NULLABLE_CHIP_FIELDS and getattr(self, f.name) is None:
+                    continue
                 lo, hi, lo_open, integer, why = _FIELD_RANGES[f.name]
                 number(getattr(self, f.name), f"chip {self.name!r}: {f.name}", lo=lo, hi=hi,
                        lo_open=lo_open, integer=integer, fix=why)
@@ -149,18 +179,18 @@ class ChipSpec:
     # transfers at. One place for the product, so that every site computes the same bits.
     @property
     def eff_mxu_flops_per_s(self) -> float:
-        """bf16 MXU FLOP/s achieved: `mxu_flops_per_s * mxu_efficiency`."""
-        return self.mxu_flops_per_s * self.mxu_efficiency
+        """bf16 MXU FLOP/s achieved: `mxu_flops_per_s * mxu_efficiency * clock_scale`."""
+        return self.mxu_flops_per_s * self.mxu_efficiency * self.clock_scale
 
     @property
     def eff_mxu_int8_ops_per_s(self) -> float:
-        """int8 MXU op/s achieved: `mxu_int8_ops_per_s * mxu_efficiency`."""
-        return self.mxu_int8_ops_per_s * self.mxu_efficiency
+        """int8 MXU op/s achieved: `mxu_int8_ops_per_s * mxu_efficiency * clock_scale`."""
+        return self.mxu_int8_ops_per_s * self.mxu_efficiency * self.clock_scale
 
     @property
     def eff_vpu_flops_per_s(self) -> float:
-        """VPU FLOP/s achieved: `vpu_flops_per_s * vpu_efficiency`."""
-        return self.vpu_flops_per_s * self.vpu_efficiency
+        """VPU FLOP/s achieved: `vpu_flops_per_s * vpu_efficiency * clock_scale`."""
+        return self.vpu_flops_per_s * self.vpu_efficiency * self.clock_scale
 
     @property
     def eff_hbm_bytes_per_s(self) -> float:
@@ -181,11 +211,13 @@ class ChipSpec:
         """The op-cost kernel's rate: a compute op's FLOP/s on this chip at `speed` (a per-chip
         factor), its unit's achieved rate times `speed` (the MXU's int8 or bf16 rate times the
         fill of a narrow dimension, `mxu_fill`; else the VPU's)."""
-        # The `eff_*` products written out: this runs once per op per chip class.
+        # The `eff_*` products written out: this runs once per op per chip class. The clock
+        # multiplies in the same place as in `eff_*` (at 1.0 the bits are the same).
         if op.unit == "mxu":
             peak = self.mxu_int8_ops_per_s if op.dtype == "int8" else self.mxu_flops_per_s
-            return peak * self.mxu_efficiency * speed * self.mxu_fill(op.narrow_dim)
-        return self.vpu_flops_per_s * self.vpu_efficiency * speed
+            return peak * self.mxu_efficiency * self.clock_scale * speed \
+                * self.mxu_fill(op.narrow_dim)
+        return self.vpu_flops_per_s * self.vpu_efficiency * self.clock_scale * speed
 
     @property
     def ici_bidi_bytes_per_s(self) -> float:
@@ -259,7 +291,24 @@ _FIELD_RANGES: dict[str, tuple] = {
     **{f"{u}_efficiency": (1e-6, 1.0, False, False,
                            "the achievable fraction of the peak")
        for u in ("mxu", "vpu", "hbm", "ici", "dcn")},
+    # Power and price: every coefficient >= 0 (0 leaves that part out); an upper bound far above
+    # any chip keeps joules finite.
+    **{f: (0.0, 1e-6, False, False, "joules per operation or byte, >= 0 (e.g. 2e-13)")
+       for f in ("mxu_j_per_flop", "mxu_int8_j_per_op", "vpu_j_per_flop", "hbm_j_per_byte",
+                 "ici_j_per_byte", "dcn_j_per_byte", "pcie_j_per_byte")},
+    "idle_power_w": (0.0, 1e5, False, False, "watts a powered idle chip draws, >= 0"),
+    "host_power_share": (0.0, 100.0, False, False,
+                         "the host's joules per chip joule, >= 0 (e.g. 0.43)"),
+    "pue": (1.0, 10.0, False, False,
+            "a PUE is facility energy over IT energy, at least 1 (e.g. 1.09)"),
+    "usd_per_chip_hour": (0.0, 1e6, False, False, "dollars per chip-hour, >= 0 (e.g. 1.2)"),
+    "clock_scale": (1e-3, 4.0, True, False,
+                    "the MXU/VPU clock as a fraction of nominal, > 0 (e.g. 0.8)"),
+    "clock_energy_exponent": (0.0, 4.0, False, False,
+                              "energy per op ~ clock_scale ** this, in [0, 4] (e.g. 2)"),
 }
+# Chip fields whose null means "not known" (a chip with no public list price).
+NULLABLE_CHIP_FIELDS = ("usd_per_chip_hour",)
 # Every chip key: the silicon's fields, then the compiler's rules.
 CHIP_FIELDS: tuple[str, ...] = tuple(
     f.name for f in dataclasses.fields(ChipSpec) if f.name != "compiler") + CHIP_BOOL_FIELDS
@@ -289,10 +338,96 @@ _V5E_MXU_EFFICIENCY = 0.77
 # of this agreement: with both generations per matrix the fits are 0.1 and 0.55 ms).
 _V5E_DCN_MESSAGE_S = 0.5e-3
 
+# Power, from docs/reference/power.md (public figures; see docs/model/energy.md for the model and
+# how far to trust each number). Google publishes measured chip power for v3 and v4 only; every
+# later generation is an estimate derived from a published efficiency ratio.
+MEASURED_POWER_W = {"v3": (123.0, 220.0, 262.0), "v4": (90.0, 170.0, 192.0)}  # min, mean, max
+# Assumed, per byte (no public TPU figure): HBM of the order published for HBM2 stacks (about
+# 3.9 pJ/bit, O'Connor et al., MICRO 2017); ICI and PCIe as SerDes links of about 5 pJ/bit;
+# DCN about 10 pJ/bit (it crosses PCIe, the host's NIC and the network).
+_HBM_J_PER_BYTE = 31.2e-12
+_ICI_J_PER_BYTE = 40e-12
+_PCIE_J_PER_BYTE = 40e-12
+_DCN_J_PER_BYTE = 80e-12
+# Assumed: a VPU FLOP (fp32 vector) costs 3x a bf16 MXU FLOP, as a 32-bit floating multiply
+# costs about 3.4x a 16-bit one (Horowitz, ISSCC 2014: 3.7 pJ against 1.1 pJ at 45 nm).
+_VPU_OVER_MXU_J = 3.0
+# The fleet serving split (power.md, arXiv 2508.15734): 58% active accelerators, 25% host,
+# 10% idle provisioned machines, 8% data-centre overhead. Host energy per accelerator joule is
+# 25/58; the overhead is 8% of the whole, so PUE = 1/(1 - 0.08). The 10% idle capacity belongs
+# to the fleet, not to a job's chips, and is left out.
+_HOST_POWER_SHARE = 25.0 / 58.0
+_PUE = 1.0 / (1.0 - 0.08)
+# On-demand list prices per chip-hour, USD (power.md; prices change, check before relying).
+_USD_PER_CHIP_HOUR = {"v4": 3.22, "v5e": 1.20, "v5p": 4.20, "v6e": 2.70}
+
+
+def _roofline_power_w(mxu_j: float, hbm_j: float, idle_w: float, peak: float,
+                      hbm_bw: float) -> float:
+    """A chip at its roofline: MXU at its bf16 peak while HBM streams at full bandwidth (the
+    operating point the measured maximum is fitted to and the ratios are applied at)."""
+    return idle_w + mxu_j * peak + hbm_j * hbm_bw
+
+
+def _measured_power(name: str, peak: float, int8_peak: float, hbm_bw: float) -> dict:
+    """v3/v4: idle power is the measured minimum; the MXU's energy per FLOP is fitted so the
+    roofline power (`_roofline_power_w`) equals the measured maximum; the measured mean is held
+    out (a heavy training step must land near it: tests/test_energy.py)."""
+    lo, _mean, hi = MEASURED_POWER_W[name]
+    mxu_j = (hi - lo - _HBM_J_PER_BYTE * hbm_bw) / peak
+    return _power(mxu_j, _HBM_J_PER_BYTE, lo, peak, int8_peak, name)
+
+
+def _derived_power(base: dict, base_peak: float, base_hbm_bw: float, ratio: float, peak: float,
+                   int8_peak: float, hbm_bw: float, name: str) -> dict:
+    """A generation without measured power, from a base generation and a published ratio of
+    performance per watt (`ratio`, new over base): at the roofline the new chip does `ratio`
+    times the base's FLOPs per joule, so its roofline power is `peak / (ratio * base FLOP/J)`;
+    that power is split into static, MXU and HBM in the base's proportions (assumed)."""
+    p_base = _roofline_power_w(base["mxu_j_per_flop"], base["hbm_j_per_byte"],
+                               base["idle_power_w"], base_peak, base_hbm_bw)
+    p_new = peak / (ratio * base_peak / p_base)
+    k = p_new / p_base
+    return _power(base["mxu_j_per_flop"] * base_peak * k / peak,
+                  base["hbm_j_per_byte"] * base_hbm_bw * k / hbm_bw,
+                  base["idle_power_w"] * k, peak, int8_peak, name)
+
+
+def _power(mxu_j: float, hbm_j: float, idle_w: float, peak: float, int8_peak: float,
+           name: str) -> dict:
+    return dict(
+        mxu_j_per_flop=mxu_j,
+        # Assumed: the MXU draws the same power at its int8 peak as at its bf16 peak.
+        mxu_int8_j_per_op=mxu_j * peak / int8_peak,
+        vpu_j_per_flop=mxu_j * _VPU_OVER_MXU_J,
+        hbm_j_per_byte=hbm_j, ici_j_per_byte=_ICI_J_PER_BYTE, dcn_j_per_byte=_DCN_J_PER_BYTE,
+        pcie_j_per_byte=_PCIE_J_PER_BYTE, idle_power_w=idle_w,
+        host_power_share=_HOST_POWER_SHARE, pue=_PUE,
+        usd_per_chip_hour=_USD_PER_CHIP_HOUR.get(name))
+
+
+# (bf16 peak, int8 peak, HBM bytes/s) of each preset, as cited in its definition below.
+_PEAKS = {"v3": (1.4e14, 1.4e14, 9.0e11), "v4": (2.75e14, 2.75e14, 1.2e12),
+          "v5e": (1.97e14, 3.94e14, 8.2e11), "v5p": (4.59e14, 9.18e14, 2.8e12),
+          "v6e": (9.20e14, 1.84e15, 1.6e12), "tpu7x": (2.30e15, 4.61e15, 7.4e12)}
+# Which generation each estimate is derived from, with which performance-per-watt ratio
+# (power.md): v6e "over 67% more energy-efficient" than v5e; TPU7x 2x v6e's performance per
+# watt. v5e and v5p have no published ratio or power: v4's FLOPs per joule at the roofline are
+# carried over (ratio 1, assumed). The v4/v3 ratio (2.7x) is not used: both are measured, and
+# the model's v4/v3 ratio is checked against it instead.
+POWER_DERIVATION = {"v5e": ("v4", 1.0), "v5p": ("v4", 1.0), "v6e": ("v5e", 1.67),
+                    "tpu7x": ("v6e", 2.0)}
+PUBLISHED_V4_OVER_V3_PERF_PER_W = 2.7  # power.md (Jouppi et al., ISCA 2023)
+_POWER: dict[str, dict] = {n: _measured_power(n, *_PEAKS[n]) for n in MEASURED_POWER_W}
+for _name, (_base, _ratio) in POWER_DERIVATION.items():
+    _POWER[_name] = _derived_power(_POWER[_base], _PEAKS[_base][0], _PEAKS[_base][2], _ratio,
+                                   *_PEAKS[_name], _name)
+
 CHIPS.add(
     "v3",
     ChipSpec(
         name="v3",
+        **_POWER["v3"],  # power and price: docs/model/energy.md, power_sources()
         generation_rule="full-axis",  # assumption: 2D pod like v5e; the book gives no rule
         max_pod_shape=(32, 32),  # tpu.md §1.1 "32x32 (2D)"
         mxu_flops_per_s=1.4e14,  # tpu.md §1.1 bf16
@@ -317,6 +452,7 @@ CHIPS.add(
     "v4",
     ChipSpec(
         name="v4",
+        **_POWER["v4"],  # power and price: docs/model/energy.md, power_sources()
         generation_rule="cube",  # tpu.md §1.3 v4/v5p: 4x4x4 optical cubes
         max_pod_shape=(16, 16, 16),  # tpu.md §1.1 / §1.3 "16x16x16 for v4"
         mxu_flops_per_s=2.75e14,  # tpu.md §1.1 bf16
@@ -341,6 +477,7 @@ CHIPS.add(
     "v5e",
     ChipSpec(
         name="v5e",
+        **_POWER["v5e"],  # power and price: docs/model/energy.md, power_sources()
         generation_rule="full-axis",  # tpu.md §1.3 "an axis wraps only if its length is 16"
         max_pod_shape=(16, 16),  # tpu.md §1.1 "16x16 = 256 (2D)"
         mxu_flops_per_s=1.97e14,  # tpu.md §1.1 bf16
@@ -387,6 +524,7 @@ CHIPS.add(
     "v5p",
     ChipSpec(
         name="v5p",
+        **_POWER["v5p"],  # power and price: docs/model/energy.md, power_sources()
         generation_rule="cube",  # tpu.md §1.3
         max_pod_shape=(16, 20, 28),  # tpu.md §1.1 "16x20x28 = 8960 (3D)"
         mxu_flops_per_s=4.59e14,  # tpu.md §1.1 bf16
@@ -419,6 +557,7 @@ CHIPS.add(
     "v6e",
     ChipSpec(
         name="v6e",
+        **_POWER["v6e"],  # power and price: docs/model/energy.md, power_sources()
         generation_rule="full-axis",  # tpu.md §1.3 v5e and v6e: one 16x16 torus
         max_pod_shape=(16, 16),  # tpu.md §1.1
         mxu_flops_per_s=9.20e14,  # tpu.md §1.1 bf16 (MaxText uses 918, maxtext.md §5 item 9)
@@ -472,6 +611,7 @@ CHIPS.add(
     "tpu7x",
     ChipSpec(
         name="tpu7x",
+        **_POWER["tpu7x"],  # power and price: docs/model/energy.md, power_sources()
         # Assumption: tpu.md §7 says the book describes no TPU7x torus; we treat it like v5p.
         generation_rule="cube",
         max_pod_shape=(4, 4, 576),  # tpu.md §1.1 "4x4x576 (3D shape)"
@@ -554,6 +694,78 @@ def efficiency_sources(chip: ChipSpec) -> dict[str, dict[str, Any]]:
     return out
 
 
+# The power and price fields and where each preset's value comes from (`tpusim presets`).
+POWER_FIELDS = ("mxu_j_per_flop", "mxu_int8_j_per_op", "vpu_j_per_flop", "hbm_j_per_byte",
+                "ici_j_per_byte", "dcn_j_per_byte", "pcie_j_per_byte", "idle_power_w",
+                "host_power_share", "pue", "usd_per_chip_hour", "clock_scale",
+                "clock_energy_exponent")
+_POWER_ASSUMED = {
+    "hbm_j_per_byte": "31.2 pJ/byte for v3 and v4, of the order published for HBM2 (3.9 pJ/bit, "
+                      "O'Connor et al., MICRO 2017); no public TPU figure",
+    "ici_j_per_byte": "40 pJ/byte (about 5 pJ/bit, a SerDes link); no public TPU figure",
+    "pcie_j_per_byte": "40 pJ/byte (about 5 pJ/bit, a SerDes link); no public TPU figure",
+    "dcn_j_per_byte": "80 pJ/byte (about 10 pJ/bit: PCIe, the host NIC and the network); no "
+                      "public TPU figure",
+    "vpu_j_per_flop": "3x the MXU's energy per FLOP (an fp32 multiply costs about 3.4x a "
+                      "16-bit one, Horowitz ISSCC 2014)",
+    "mxu_int8_j_per_op": "the MXU draws the same power at its int8 peak as at its bf16 peak "
+                         "(mxu_j_per_flop x bf16 peak / int8 peak)",
+    "host_power_share": "25/58 = 0.43 host joules per accelerator joule: the published "
+                        "split of Google's fleet serving energy (58% accelerators, 25% host; "
+                        "arXiv 2508.15734, power.md)",
+    "pue": "1/(1 - 0.08) = 1.087: the same split's 8% data-centre overhead (power.md)",
+    "clock_scale": "1.0, the nominal clock",
+    "clock_energy_exponent": "2: energy per operation ~ voltage squared, voltage ~ frequency "
+                             "in the DVFS range",
+}
+
+
+def power_sources(chip: ChipSpec) -> dict[str, dict[str, Any]]:
+    """{field: {"value", "kind", "source"}} for every power and price field.
+
+    Kinds: `measured` (power.md's measured chip power), `fitted` (to a measured figure, with
+    what it is checked on), `estimate` (derived from a published efficiency ratio or carried
+    over from another generation), `published` (read off a published figure), `assumed` (no
+    public figure; why is said), `list price`;
+    a value that differs from the preset of the same name is `given`.
+    """
+    preset = CHIPS.get(chip.name) if chip.name in CHIPS else None
+    name = chip.name
+    out = {}
+    for f in POWER_FIELDS:
+        value = getattr(chip, f)
+        if preset is None or getattr(preset, f) != value:
+            kind, source = "given", "set by a chip file or --set, not a preset value"
+        elif f == "usd_per_chip_hour":
+            kind, source = (("list price", "Google Cloud on-demand list price per chip-hour "
+                             "(power.md); prices change") if value is not None else
+                            ("assumed", "no reliable public list price (power.md): cost "
+                             "fields are null; set usd_per_chip_hour"))
+        elif name in MEASURED_POWER_W and f == "idle_power_w":
+            kind, source = "measured", f"the measured minimum chip power, {value:g} W (power.md)"
+        elif name in MEASURED_POWER_W and f == "mxu_j_per_flop":
+            lo, mean, hi = MEASURED_POWER_W[name]
+            kind, source = "fitted", (
+                f"so that the chip at its roofline (MXU at its bf16 peak, HBM at full "
+                f"bandwidth) draws the measured maximum, {hi:g} W (power.md); checked on the "
+                f"measured mean, {mean:g} W, which a heavy training step lands near "
+                f"(docs/validation.md)")
+        elif name in POWER_DERIVATION and f in ("mxu_j_per_flop", "hbm_j_per_byte",
+                                                 "idle_power_w"):
+            base, ratio = POWER_DERIVATION[name]
+            why = (f"{ratio:g}x {base}'s performance per watt (power.md)" if ratio != 1.0 else
+                   f"{base}'s FLOPs per joule carried over: no public power figure or ratio")
+            kind, source = "estimate", (
+                f"derived: at the roofline this chip does {why}, split into static, MXU and "
+                f"HBM power in {base}'s proportions (assumed)")
+        elif f in ("host_power_share", "pue"):
+            kind, source = "published", _POWER_ASSUMED[f]
+        else:
+            kind, source = "assumed", _POWER_ASSUMED.get(f, "")
+        out[f] = {"value": value, "kind": kind, "source": source}
+    return out
+
+
 def get_chip(name: str) -> ChipSpec:
     """A preset by name (`v5e`, `v5p`, ...); `v4p` is accepted for `v4`."""
     if name.lower() == "v4p":
@@ -595,6 +807,8 @@ def chip_from_dict(data: dict[str, Any], *, source: str = "chip YAML") -> ChipSp
         data["max_pod_shape"] = tuple(shape)
     for key, value in data.items():
         if key in ("name", "generation_rule", "max_pod_shape"):
+            continue
+        if key in NULLABLE_CHIP_FIELDS and value is None:
             continue
         if key in CHIP_BOOL_FIELDS:
             if not isinstance(value, bool):

@@ -16,7 +16,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sim.hardware import CHIP_BOOL_FIELDS, CHIP_FIELDS, WRAP_RULES, ChipSpec
+from sim.hardware import (
+    CHIP_BOOL_FIELDS,
+    CHIP_FIELDS,
+    NULLABLE_CHIP_FIELDS,
+    WRAP_RULES,
+    ChipSpec,
+)
 from topologies.errors import TpusimError
 from topologies.validate import MAX_MODEL_DIM, ascii_float, ascii_int, short_repr
 from workloads.models import MODEL_FIELDS, MlpKind, TransformerSpec
@@ -33,7 +39,11 @@ COLLECTIVE_KEYS = ("collective.algorithm",)
 MODEL_KEYS = tuple(f"model.{f}" for f in MODEL_FIELDS)
 
 # Chip fields whose valid range includes 0 (every other numeric chip field must be > 0).
-_CHIP_ZERO_OK = ("op_overhead_s", "dcn_message_overhead_s", "ocs_hop_latency_s")
+_CHIP_ZERO_OK = ("op_overhead_s", "dcn_message_overhead_s", "ocs_hop_latency_s",
+                 "mxu_j_per_flop",
+                 "mxu_int8_j_per_op", "vpu_j_per_flop", "hbm_j_per_byte", "ici_j_per_byte",
+                 "dcn_j_per_byte", "pcie_j_per_byte", "idle_power_w", "host_power_share",
+                 "usd_per_chip_hour", "clock_energy_exponent")
 _CHIP_INT = ("ici_links_per_chip", "tensorcores_per_chip", "mxu_dim")
 _CHIP_TEXT = ("name", "generation_rule")
 # Model fields: integers >= 1, integer counts >= 0 (MoE), booleans, text.
@@ -308,6 +318,8 @@ def _parse_chip(key: str, value: Any) -> Override:
         if not shape or any(n < 1 for n in shape):
             raise TpusimError(f"--set max_pod_shape={text}: write a shape such as 16x16x16")
         return Override(key=key, given=value, value=shape)
+    if key in NULLABLE_CHIP_FIELDS and str(value).strip().lower() in ("none", "null"):
+        return Override(key=key, given=value, value=None)
     mult = _multiplier(key, value)
     if mult is not None:
         return Override(key=key, given=value, multiplier=mult)

@@ -45,7 +45,8 @@ PLAN_AXES = ("data", "fsdp", "pipeline", "expert", "sequence", "tensor")
 PLAN_COLUMNS = (
     "rank", "mesh", "placement", "remat", "microbatches", "param_dtype", "grad_dtype",
     "optimizer_dtype", "optimizer", "gather_dtype", "step_time_s", "mfu",
-    "tokens_per_s_per_chip", "hbm_peak_bytes",
+    "tokens_per_s_per_chip", "energy_j", "energy_per_token_j", "cost_per_million_tokens_usd",
+    "hbm_peak_bytes",
     "hbm_estimate_bytes", "lower_bound_s", "bound", "fits_in_hbm", "status", "error",
 )
 # A candidate's `status`, as `tpusim sweep` names them (`sim.study.STATUSES`), plus the ones the
@@ -61,6 +62,46 @@ _BOUNDS = {  # breakdown component -> what bounds a step whose critical path it 
     "exposed_comm_s": "communication",
     "pipeline_bubble_s": "pipeline bubble",
 }
+
+
+# What `plan --objective` ranks by: the step time, the dollars per step (chip-hours: the same
+# order as the time on one pod, listed for the column it reads) or the joules per step (the
+# whole pod's, host and data centre included; `sim/energy.py`).
+OBJECTIVES = ("time", "cost", "energy")
+
+
+def objective_value(result: dict[str, Any], objective: str) -> float:
+    """A simulated candidate's value under `objective` (lower is better)."""
+    if objective == "energy":
+        return float(result["energy"]["step_j"])
+    if objective == "cost":
+        v = result["cost"]["usd_per_step"]
+        return math.nan if v is None else float(v)
+    return float(result["step_time_s"])
+
+
+def objective_per_second(chip, num_chips: int, objective: str) -> float:
+    """The least the objective grows per second of step (what turns a step-time lower bound
+    into a bound on it): 1 for time; the pod's price per second for cost; the pod's static
+    power, host and data centre included, for energy (dynamic energy only adds). 0: no bound."""
+    if objective == "cost":
+        return (chip.usd_per_chip_hour or 0.0) * num_chips / 3600.0
+    if objective == "energy":
+        return chip.idle_power_w * num_chips * (1 + chip.host_power_share) * chip.pue
+    return 1.0
+
+
+def objective_floor(result: dict[str, Any], chip, num_chips: int, objective: str) -> float:
+    """The part of the objective no candidate can avoid, beyond its growth per second: for
+    energy, the model's FLOPs on the MXU at its cheapest energy per operation (remat and the
+    rest only add), host and data centre included; 0 otherwise."""
+    if objective != "energy":
+        return 0.0
+    from sim.energy import clock_energy_factor
+
+    j = min(chip.mxu_j_per_flop, chip.mxu_int8_j_per_op) * clock_energy_factor(chip)
+    return (num_chips * float(result.get("model_flops_per_chip", 0.0)) * j
+            * (1 + chip.host_power_share) * chip.pue)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,6 +127,7 @@ class PlanConfig:
     max_pipeline: int = 4
     max_expert: int = 64
     placements: bool = True  # also try other axis orders on the torus
+    objective: str = "time"  # what the winner is picked by (OBJECTIVES)
 
     def __post_init__(self) -> None:
         for flag, v in (("--seq-len", self.seq_len), ("--global-batch", self.global_batch),
@@ -95,6 +137,9 @@ class PlanConfig:
                         ("--max-expert", self.max_expert)):
             if not isinstance(v, int) or v < 1:
                 raise TpusimError(f"{flag} {v!r} must be a positive integer")
+        if self.objective not in OBJECTIVES:
+            raise TpusimError(f"--objective {short_repr(self.objective)} is not one of "
+                              f"{', '.join(OBJECTIVES)}; give e.g. --objective energy")
         bad = [a for a in self.axes if a not in PLAN_AXES]
         if bad:
             raise TpusimError(
@@ -173,6 +218,7 @@ class PlanResult:
     model: str = ""
     pod: str = ""
     hbm_capacity_bytes: float = math.nan  # the chip's usable HBM, as the simulations saw it
+    objective: str = "time"  # what ranked them (OBJECTIVES)
 
     @property
     def best(self) -> dict[str, Any] | None:
@@ -1094,6 +1140,10 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
     from sim.study import SweepConfig, _bar, _num_workers
 
     t0 = time.perf_counter()
+    if cfg.objective == "cost" and chip.usd_per_chip_hour is None:
+        raise TpusimError(
+            f"plan --objective cost: {chip.name} has no list price; give one with --set "
+            f"usd_per_chip_hour=PRICE (dollars per chip-hour)")
     cands, counts = enumerate_candidates(model, topology, chip, cfg)
     if not prune_by_bound and max_simulations is not None and len(cands) > max_simulations:
         raise TpusimError(
@@ -1188,7 +1238,10 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
         # is no better than the K-th best simulated step that fits (it only decreases): every
         # candidate left cannot enter the top K. The sharper bounds are within a few percent
         # of the step, so the fast candidates are simulated first and most slow ones never.
-        best: list[float] = []  # step times of simulated candidates that fit, sorted
+        best: list[float] = []  # objective values (step-time units) of those that fit, sorted
+        per_s = objective_per_second(chip, n_chips, cfg.objective)
+        if per_s <= 0:
+            prune_by_bound = False  # nothing bounds the objective (a free or idle-less chip)
         heap = [(lb[i], i) for i in order]
         heapq.heapify(heap)
         sharpened: set[int] = set()  # sharper bound asked for (it may not exist: None)
@@ -1264,8 +1317,13 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
                     continue
                 results[i] = o
                 r = o.get("result") or {}
-                if r.get("fits_in_hbm"):
-                    best = sorted([*best, r["step_time_s"]])
+                if r.get("fits_in_hbm") and per_s > 0:
+                    # In step-time units: the objective less its floor, over its least
+                    # growth per second, is at least the step time; a candidate whose
+                    # step-time bound is above the K-th best of these cannot enter the top K.
+                    v = objective_value(r, cfg.objective) - objective_floor(
+                        r, chip, n_chips, cfg.objective)
+                    best = sorted([*best, v / per_s])
                 if r and r["step_time_s"] < lb[i] * (1 - 1e-9):
                     bound_violated = True  # the engine changed under the bound: stop pruning
                 if bar:
@@ -1303,15 +1361,20 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
             "optimizer": c.optimizer, "gather_dtype": c.gather_dtype or c.param_dtype,
             "step_time_s": r.get("step_time_s", math.nan), "mfu": r.get("mfu", math.nan),
             "tokens_per_s_per_chip": r.get("tokens_per_s_per_chip", math.nan),
+            "energy_j": (r.get("energy") or {}).get("step_j", math.nan),
+            "energy_per_token_j": (r.get("energy") or {}).get("j_per_token", math.nan),
+            "cost_per_million_tokens_usd": _nan((r.get("cost") or {}).get(
+                "usd_per_million_tokens")),
             "hbm_peak_bytes": r.get("hbm_peak_bytes", math.nan),
             "hbm_estimate_bytes": c.hbm_estimate_bytes, "lower_bound_s": lb[i],
             "bound": _bound(flat) if r else "", "fits_in_hbm": fits, "status": status,
             "error": error,
             "_order": i, "_breakdown": r.get("breakdown"),
+            "_value": objective_value(r, cfg.objective) if r else math.nan,
             "_capacity": r.get("hbm_capacity_bytes"),
         })
     ok = sorted((x for x in rows if x["status"] == "ok"),
-                key=lambda x: (x["step_time_s"], x["_order"]))
+                key=lambda x: (x["_value"], x["step_time_s"], x["_order"]))
     rest = sorted((x for x in rows if x["status"] != "ok"),
                   key=lambda x: (x["lower_bound_s"], x["_order"]))
     for k, x in enumerate(ok, 1):
@@ -1338,15 +1401,24 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
     counts["failed"] = sum(1 for x in rest if x["status"] == STATUS_ERROR)
     counts["bound_violated"] = int(bound_violated)
     caps = [x["_capacity"] for x in rows if x["_capacity"]]
-    return PlanResult(table=table, explanation=explain(ok), counts=counts,
+    return PlanResult(table=table, explanation=explain(ok, cfg.objective), counts=counts,
+                      objective=cfg.objective,
                       hbm_capacity_bytes=caps[0] if caps else math.nan,
                       wall_s=time.perf_counter() - t0, model=model.name,
                       pod=f"{'x'.join(map(str, topology.shape))} {chip.name}")
 
 
-def explain(ranked: list[dict[str, Any]]) -> str:
+def _nan(v: Any) -> float:
+    return math.nan if v is None else v
+
+
+_GAIN_WORDS = {"time": ("faster", "as fast as"), "cost": ("cheaper", "as cheap as"),
+               "energy": ("less energy", "as little energy as")}
+
+
+def explain(ranked: list[dict[str, Any]], objective: str = "time") -> str:
     """One line on why the winner wins: where its axes sit, what bounds it, its memory
-    headroom, and how much it beats the runner-up by."""
+    headroom, and how much it beats the runner-up by (in the objective's terms)."""
     if not ranked:
         return "no candidate fits in HBM; allow more remat, microbatches or sharding"
     w = ranked[0]
@@ -1361,7 +1433,9 @@ def explain(ranked: list[dict[str, Any]]) -> str:
     text += f"; bound by {w['bound']}, {comm:.0%} of the step exposed communication"
     if len(ranked) > 1:
         r = ranked[1]
-        gain = r["step_time_s"] / w["step_time_s"] - 1
+        key = "_value" if "_value" in w else "step_time_s"
+        gain = r[key] / w[key] - 1 if w[key] else 0.0
+        better, tie = _GAIN_WORDS[objective]
         what = [f"{r['mesh']}" if r["mesh"] != w["mesh"] else "",
                 f"placement {r['placement']}" if r["mesh"] == w["mesh"]
                 and r["placement"] != w["placement"] else "",
@@ -1370,8 +1444,9 @@ def explain(ranked: list[dict[str, Any]]) -> str:
                 else ""]
         what = ", ".join(x for x in what if x) or "the same layout with other dtypes"
         # Equal layouts placed differently often tie: "0.0% faster" would read as a margin.
-        text += (f"; {gain:.1%} faster than the runner-up ({what})" if f"{gain:.1%}" != "0.0%"
-                 else f"; as fast as the runner-up to within 0.05% ({what})")
+        text += (f"; {gain:.1%} {better} than the runner-up ({what})"
+                 if f"{gain:.1%}" != "0.0%"
+                 else f"; {tie} the runner-up to within 0.05% ({what})")
     return text
 
 
@@ -1463,7 +1538,7 @@ def plan_config(req: PlanRequest) -> PlanConfig:
         optimizer=req.optimizer, gather_dtype=req.gather_dtype,
         max_tensor=req.max_tensor, max_data=req.max_data, max_sequence=req.max_sequence,
         max_pipeline=req.max_pipeline, max_expert=req.max_expert,
-        placements=not req.default_placement,
+        placements=not req.default_placement, objective=req.objective,
     )
 
 
@@ -1474,7 +1549,7 @@ def plan_summary(res: PlanResult, top: int) -> dict:
                     (None if v is None or str(v) == "<NA>" else v)) for k, v in rec.items()}
 
     return {
-        "model": res.model, "pod": res.pod,
+        "model": res.model, "pod": res.pod, "objective": res.objective,
         "best": clean(res.best) if res.best else None,
         "explanation": res.explanation,
         "top": [clean(r) for r in res.top(top).to_dict("records")],

@@ -53,6 +53,22 @@ STUDY_COMMANDS = ("train", "collective", "decode", "prefill", "serve")
 _OUTPUT_FLAGS = ("json", "out", "perfetto", "plots", "trace-chips", "quiet", "help", "set")
 # Result keys that are tables of their own, not scalars of the point.
 _NOT_SCALARS = ("collectives",)
+# The energy and cost sections become metrics under names of their own (`energy_j`, ...):
+# {metric: (section, field)}, plus `energy_<unit>_j` per unit of `step_j_by_unit`; the sections
+# themselves are not flattened (their leaf names, `mxu` or `host`, would read as anything).
+ENERGY_METRICS = {
+    "energy_j": ("energy", "step_j"),
+    "energy_per_chip_j": ("energy", "step_j_per_chip"),
+    "energy_per_token_j": ("energy", "j_per_token"),
+    "chip_power_w_mean": ("energy", "chip_power_w_mean"),
+    "chip_power_w_peak": ("energy", "chip_power_w_peak"),
+    "cost_per_step_usd": ("cost", "usd_per_step"),
+    "cost_per_million_tokens_usd": ("cost", "usd_per_million_tokens"),
+    "cost_per_hour_usd": ("cost", "usd_per_hour"),
+    "clock_scale": ("power_cap", "clock_scale"),
+    "power_cap_slowdown": ("power_cap", "slowdown"),
+}
+_SECTIONS = ("energy", "cost", "power_cap")
 SET_PREFIX = "set."
 # Columns every results row has besides the point's inputs and outputs.
 POINT_COLUMN = "point"
@@ -431,7 +447,7 @@ def flatten_result(result: Mapping[str, Any]) -> dict[str, Any]:
     def walk(prefix: tuple[str, ...], obj: Any) -> None:
         if isinstance(obj, Mapping):
             for k, v in obj.items():
-                if not prefix and k in _NOT_SCALARS:
+                if not prefix and (k in _NOT_SCALARS or k in _SECTIONS):
                     continue
                 walk(prefix + (str(k),), v)
         elif isinstance(obj, (list, tuple)):
@@ -447,6 +463,21 @@ def flatten_result(result: Mapping[str, Any]) -> dict[str, Any]:
     for path, v in flat:
         short = len(path) == 1 or (path[0] != "inputs" and leaves[path[-1]] == 1)
         out[path[-1] if short else ".".join(path)] = v
+    out.update(energy_metrics(result))
+    return out
+
+
+def energy_metrics(result: Mapping[str, Any]) -> dict[str, Any]:
+    """The `ENERGY_METRICS` of a result (and `energy_<unit>_j` per unit) that it has."""
+    out: dict[str, Any] = {}
+    for name, (section, key) in ENERGY_METRICS.items():
+        part = result.get(section)
+        if isinstance(part, Mapping) and key in part:
+            out[name] = part[key]
+    energy = result.get("energy")
+    if isinstance(energy, Mapping):
+        for unit, j in (energy.get("step_j_by_unit") or {}).items():
+            out[f"energy_{unit}_j"] = j
     return out
 
 

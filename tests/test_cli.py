@@ -13,6 +13,7 @@ import pytest
 from sim.cli import main, parse_bytes
 from sim.collective_sim import simulate_collective
 from sim.collectives import CollectiveKind, algorithm_names
+from sim.energy import collective_energy, energy_summary
 from sim.hardware import (
     CHIP_FIELDS,
     CHIPS,
@@ -80,7 +81,9 @@ def test_collective_json_has_the_documented_fields_and_matches_the_api(capsys):
         assert f in d, f
     r = _api("v5e", "8x4", op="all-gather", axes="y", nbytes=32 << 20)
     inputs = d.pop("inputs")
-    assert d == json.loads(json.dumps(r.to_dict()))
+    # The result's fields, then its energy and cost (sim/energy.py's, on the same result).
+    energy = energy_summary(collective_energy(r, get_chip("v5e")))
+    assert d == json.loads(json.dumps({**r.to_dict(), **energy}))
     assert inputs["chip"] == get_chip("v5e").to_dict()
     assert d["bytes"] == 33554432
     assert d["num_chips"] == 32 and d["group_size"] == 4 and d["num_groups"] == 8

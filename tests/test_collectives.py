@@ -1150,7 +1150,10 @@ def test_a_collective_cost_depends_on_the_chip_only_through_its_link_fields():
         v = getattr(chip, f.name)
         if f.name in LINK_FIELDS or not isinstance(v, (int, float)) or isinstance(v, bool):
             continue
-        other = dataclasses.replace(chip, **{f.name: v * 2 if isinstance(v, int) else v * 0.5})
+        try:
+            other = dataclasses.replace(chip, **{f.name: v * 2 if isinstance(v, int) else v * 0.5})
+        except TpusimError:  # a field whose range halving leaves (pue >= 1): double it
+            other = dataclasses.replace(chip, **{f.name: v * 2})
         for kind, (gaxes, base) in costs.items():
             assert cost_cache_key(other, topo, kind, gaxes, 2**24, "auto") == \
                 cost_cache_key(chip, topo, kind, gaxes, 2**24, "auto")

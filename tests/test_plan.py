@@ -263,6 +263,38 @@ def test_plan_exhaustive_simulates_everything_and_gives_the_same_top_k(capsys, t
         [{k: v for k, v in r.items() if k not in drop} for r in brute["top"]]
 
 
+@pytest.mark.parametrize("objective", ["energy", "cost"])
+def test_plan_by_energy_or_cost_ranks_by_it_and_matches_the_exhaustive_search(
+        capsys, tiny_model, objective):
+    def plan(*extra: str) -> dict:
+        rc = main(["plan", "--chip", "v5e", "--shape", "2x2", "--model", tiny_model,
+                   "--seq-len", "1024", "--global-batch", "8", "--top", "3", "--workers", "1",
+                   "--axes", "fsdp,tensor", "--remat", "full,none", "--microbatches", "1",
+                   "--objective", objective, "--json", "--out", "", *extra])
+        captured = capsys.readouterr()
+        assert rc == 0, captured.err
+        return json.loads(captured.out)
+
+    fast, brute = plan(), plan("--exhaustive")
+    assert fast["objective"] == objective
+    key = "energy_j" if objective == "energy" else "cost_per_million_tokens_usd"
+    values = [r[key] for r in brute["top"]]
+    assert values == sorted(values)  # ranked by the objective, not the step time
+    ok = [r for r in brute["top"] if r["status"] == "ok"]
+    assert ok[0][key] == min(r[key] for r in ok)
+    drop = ("lower_bound_s",)
+    assert [{k: v for k, v in r.items() if k not in drop} for r in fast["top"]] == \
+        [{k: v for k, v in r.items() if k not in drop} for r in brute["top"]]
+
+
+def test_plan_by_cost_needs_a_price(capsys, tiny_model):
+    rc = main(["plan", "--chip", "v5e", "--shape", "2x2", "--model", tiny_model, "--seq-len",
+               "1024", "--global-batch", "8", "--objective", "cost", "--out", "",
+               "--set", "usd_per_chip_hour=none"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "no list price" in err and err.count("\n") == 1
+
+
 def test_plan_exhaustive_refuses_more_candidates_than_max_simulations_before_running(
         capsys, tiny_model, monkeypatch, tmp_path):
     import sim.planner as planner

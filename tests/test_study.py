@@ -521,3 +521,29 @@ def test_sweep_out_empty_is_an_error_not_lost_results(tmp_path, capsys, tiny_mod
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml", "tiny.yaml"]
     with pytest.raises(TpusimError, match="names no directory"):
         SweepConfig(out_dir="")
+
+
+# -- energy and cost as metrics (issue 26) ---------------------------------------------------
+def test_energy_and_cost_are_sweep_metrics_equal_to_the_single_run(tiny_model):
+    import sim
+
+    s = _study(tiny_model, base={"chip": "v5e", "shape": "2x2", "model": tiny_model,
+                                 "seq-len": 512, "batch-per-chip": 1, "mesh": "fsdp=4"},
+               grid={"set.clock_scale": [1.0, 0.5]}, zip={},
+               metrics=["energy_j", "energy_per_token_j", "cost_per_million_tokens_usd",
+                        "chip_power_w_mean", "energy_mxu_j"], plot=None)
+    df = sim.sweep(s)
+    assert list(df["status"]) == ["ok", "ok"]
+    for row, clock in zip(df.to_dict("records"), (1.0, 0.5), strict=True):
+        run = sim.run(sim.TrainRequest(chip="v5e", shape="2x2", model=tiny_model, seq_len=512,
+                                       batch_per_chip=1, mesh="fsdp=4",
+                                       overrides={"clock_scale": str(clock)}))
+        assert row["energy_j"] == run.energy["step_j"]
+        assert row["energy_per_token_j"] == run.energy["j_per_token"]
+        assert row["cost_per_million_tokens_usd"] == run.cost["usd_per_million_tokens"]
+        assert row["energy_mxu_j"] == run.energy["step_j_by_unit"]["mxu"]
+    # Half the clock: a slower step, a quarter of the MXU joules (energy per FLOP ~ clock^2).
+    slow, fast = df.iloc[1], df.iloc[0]
+    assert slow["step_time_s"] > fast["step_time_s"]
+    assert slow["energy_mxu_j"] == pytest.approx(fast["energy_mxu_j"] / 4)
+    assert "mxu" not in df.columns  # the sections' leaves are not columns of their own

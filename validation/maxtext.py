@@ -38,7 +38,7 @@ from pathlib import Path
 from sim.engine import replay
 from sim.hardware import ChipSpec, get_chip
 from topologies.mesh import parse_mesh
-from validation import template, xla_crosscheck, xla_moe_pair
+from validation import energy, template, xla_crosscheck, xla_moe_pair
 from validation.maxtext_runs import (
     FSDP_GRAD,
     GENERATIONS,
@@ -1297,6 +1297,7 @@ def render_doc(cases: list[Case], skips: list[Skip], preds: list[Prediction],
         "skipped_table": _md_table(("id", "chip", "quality", "reason"),
                                    [(s.id, s.chip, s.quality, s.reason) for s in skips], 99),
         "xla_collectives": f"\n{xla}\n" if xla else "",
+        "energy_calibration": energy.section(),
     })
 
 

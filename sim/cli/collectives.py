@@ -11,6 +11,7 @@ from sim.cli.common import (
     emit_json,
     fmt_bytes,
     fmt_time,
+    print_energy,
     request_of,
 )
 from sim.runs.requests import CONVERTERS, CollectiveRequest, CompareCollectivesRequest
@@ -98,6 +99,7 @@ def cmd_collective(args: argparse.Namespace) -> int:
             f"+{fmt_bytes(d['extra_link_bytes'])} on links, "
             f"+{fmt_time(d['extra_time_s'])} vs healthy ({fmt_time(d['healthy_time_s'])})"
         )
+    print_energy(run.summary, per="collective")
     return 0
 
 
@@ -169,7 +171,7 @@ def _algo_label(r: dict) -> str:
 def cmd_presets(args: argparse.Namespace) -> int:
     """Chip presets (every field under its chip YAML key, with where each efficiency factor
     comes from) and named slices; `--chip X --json` prints one chip file."""
-    from sim.hardware import CHIPS, efficiency_sources, load_chip
+    from sim.hardware import CHIPS, efficiency_sources, load_chip, power_sources
     from topologies.slices import SLICES, default_wraparound
 
     if args.chip:
@@ -181,9 +183,11 @@ def cmd_presets(args: argparse.Namespace) -> int:
             print(f"{key:<22} {value}")
         print()
         _print_sources({chip.name: efficiency_sources(chip)})
+        _print_power({chip.name: power_sources(chip)})
         return 0
     chips = [c.to_dict() for _name, c in CHIPS.items()]
     sources = {name: efficiency_sources(c) for name, c in CHIPS.items()}
+    power = {name: power_sources(c) for name, c in CHIPS.items()}
     slices = []
     for name, s in SLICES.items():
         rule = CHIPS.get(s.chip).generation_rule
@@ -194,7 +198,8 @@ def cmd_presets(args: argparse.Namespace) -> int:
             "wraparound": "".join(a for a, w in zip("xyz", wrap, strict=False) if w) or "none",
         })
     if args.json:
-        emit_json({"chips": chips, "efficiency_sources": sources, "slices": slices})
+        emit_json({"chips": chips, "efficiency_sources": sources, "power_sources": power,
+                   "slices": slices})
         return 0
     print(f"{'chip':<7} {'bf16 TF/s':>9} {'HBM GB':>7} {'HBM TB/s':>9} {'ICI GB/s':>9} "
           f"{'links':>5} {'DCN GB/s':>9}  max pod")
@@ -207,6 +212,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
         )
     print("(ICI GB/s is one link, one direction; bidirectional is twice that)\n")
     _print_sources(sources)
+    _print_power(power)
     print(f"{'slice':<16} {'chip':<5} {'shape':>9} {'chips':>6}  wraparound")
     for s in slices:
         print(f"{s['name']:<16} {s['chip']:<5} {s['shape']:>9} {s['num_chips']:>6}  "
@@ -240,6 +246,39 @@ def _print_sources(sources: dict[str, dict[str, dict]]) -> None:
         names = sorted(set(fields), key=EFFICIENCY_FIELDS.index)
         print(f"  the rest ({'/'.join(f.removesuffix('_efficiency') for f in names)}): "
               f"assumed, {source}")
+    print()
+
+
+def _print_power(sources: dict[str, dict[str, dict]]) -> None:
+    """The power and price table (docs/model/energy.md), then where each value came from; the
+    assumed values shared by every chip are listed once."""
+    print("power and price (energy per operation or byte, static power, host share, PUE, "
+          "price)")
+    print(f"{'chip':<12} {'MXU pJ/F':>8} {'int8 pJ':>7} {'VPU pJ/F':>8} {'HBM pJ/B':>8} "
+          f"{'ICI pJ/B':>8} {'DCN pJ/B':>8} {'PCIe pJ/B':>9} {'idle W':>7} {'host':>5} "
+          f"{'PUE':>5} {'$/chip-h':>8}")
+    for name, src in sources.items():
+        v = {k: e["value"] for k, e in src.items()}
+        price = "-" if v["usd_per_chip_hour"] is None else f"{v['usd_per_chip_hour']:.2f}"
+        print(f"{name:<12} {v['mxu_j_per_flop'] * 1e12:>8.3f} "
+              f"{v['mxu_int8_j_per_op'] * 1e12:>7.3f} {v['vpu_j_per_flop'] * 1e12:>8.3f} "
+              f"{v['hbm_j_per_byte'] * 1e12:>8.1f} {v['ici_j_per_byte'] * 1e12:>8.1f} "
+              f"{v['dcn_j_per_byte'] * 1e12:>8.1f} {v['pcie_j_per_byte'] * 1e12:>9.1f} "
+              f"{v['idle_power_w']:>7.1f} {v['host_power_share']:>5.2f} {v['pue']:>5.3f} "
+              f"{price:>8}")
+    print("where they come from:")
+    shared: dict[str, list[str]] = {}
+    for name, src in sources.items():
+        for field, e in src.items():
+            if e["kind"] in ("assumed", "published") and "list price" not in e["source"]:
+                if field not in shared.setdefault(e["source"], []):
+                    shared[e["source"]].append(field)
+                continue
+            value = "-" if e["value"] is None else f"{e['value']:.4g}"
+            print(f"  {name} {field} = {value}: {e['kind']}, {e['source']}")
+    kinds = {e["source"]: e["kind"] for src in sources.values() for e in src.values()}
+    for source, fields in shared.items():
+        print(f"  {'/'.join(fields)}: {kinds[source]}, {source}")
     print()
 
 

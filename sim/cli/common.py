@@ -363,13 +363,21 @@ def add_perturbation_args(p: argparse.ArgumentParser, *, description: str | None
                                      f"per expert (default: dropless)")
 
 
-def add_step_perturbation_args(p: argparse.ArgumentParser) -> None:
-    """The perturbation flags plus the step engine's `--mode` (train, replay, decode, prefill)."""
+def add_step_perturbation_args(p: argparse.ArgumentParser, *, power_cap: bool = True) -> None:
+    """The perturbation flags plus the step engine's `--mode` (train, replay, decode, prefill,
+    serve) and, unless `power_cap` is false (serve: not yet capped), `--power-cap`."""
     add_perturbation_args(p)
     p.add_argument("--mode", default="auto", choices=["auto", "per-chip"],
                    help="auto (default): chips whose whole step is identical are simulated "
                         "once (exact); "
                         "per-chip: one actor per chip, every chip's links its own (the oracle)")
+    if not power_cap:
+        return
+    p.add_argument("--power-cap", type=CONVERTERS["power_cap"], default=None, metavar="W",
+                   help="per-chip power cap in watts: when the chip's peak power over a 1 ms "
+                        "window exceeds it, the MXU and VPU clock scales down (DVFS) until it "
+                        "fits; the result's power_cap section shows the clock reached and the "
+                        "slowdown (default: no cap)")
 
 
 # -- argv -> request ---------------------------------------------------------------------------
@@ -390,3 +398,41 @@ def request_of(cls, args: argparse.Namespace, **extra):
     req = cls(**kw, **extra)
     req.parsed_overrides()
     return req
+
+
+# -- energy and cost ---------------------------------------------------------------------------
+_UNIT_WORDS = {"mxu": "MXU", "vpu": "VPU", "hbm": "HBM", "ici": "ICI", "dcn": "DCN",
+               "pcie": "PCIe", "static": "static", "host": "host", "overhead": "overhead"}
+
+
+def print_energy(s: dict[str, Any], *, per: str = "step") -> None:
+    """The energy, power and cost lines of a text report (`s`: the result's summary with its
+    `energy` and `cost` sections; `per`: what one run is, "step" or "collective")."""
+    e, c = s.get("energy"), s.get("cost")
+    if e is None:
+        return
+    total = e["step_j"]
+    parts = ", ".join(f"{_UNIT_WORDS[u]} {v / total:.0%}" for u, v in e["step_j_by_unit"].items()
+                      if total > 0 and v / total >= 0.005)
+    print(f"  energy           {total:.4g} J per {per} ({e['step_j_per_chip']:.4g} J per chip): "
+          f"{parts}")
+    print(f"  chip power       {e['chip_power_w_mean']:.1f} W mean, "
+          f"{e['chip_power_w_peak']:.1f} W peak ({e['power_window_s'] * 1e3:.3g} ms window)")
+    for k in e.get("by_chip_class", ())[:8]:
+        print(f"    class {k['chip_class']:<3} chip {k['chip']:<10} x{k['num_chips']:<5} "
+              f"{k['chip_power_w_mean']:.1f} W mean, {k['chip_power_w_peak']:.1f} W peak")
+    cap = s.get("power_cap")
+    if cap is not None:
+        state = (f"clock {cap['clock_scale']:.3f}, {cap['slowdown']:.3f}x the uncapped step "
+                 f"time (peak {cap['uncapped_chip_power_w_peak']:.1f} W uncapped)"
+                 if cap["capped"] else
+                 f"not reached (peak {cap['uncapped_chip_power_w_peak']:.1f} W)")
+        print(f"  power cap        {cap['cap_w']:g} W: {state}")
+    if c is None or c["usd_per_hour"] is None:
+        print("  cost             no list price for this chip (set usd_per_chip_hour)")
+        return
+    tok = (f", ${c['usd_per_million_tokens']:.4g} per million tokens"
+           if c["usd_per_million_tokens"] is not None else "")
+    jpt = f"{e['j_per_token']:.4g} J per token, " if e["j_per_token"] is not None else ""
+    print(f"  cost             {jpt}${c['usd_per_step']:.4g} per {per}{tok} "
+          f"(${c['usd_per_hour']:.2f} per hour at ${c['usd_per_chip_hour']:.2f} per chip-hour)")

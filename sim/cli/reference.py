@@ -233,6 +233,48 @@ def presets_page(data: dict | None = None) -> str:
     lines += ["", "Assumed everywhere else:", ""]
     lines += [f"* {', '.join(f'`{f}`' for f in fields)}: {_text(source)}"
               for source, fields in assumed.items()]
+    power = data.get("power_sources", {})
+    if power:
+        lines += [
+            "",
+            "## Power and price",
+            "",
+            "What a step's energy and cost are computed with ([model/energy.md](model/energy.md)"
+            "): dynamic energy per operation or byte (pJ), static power, the host's joules per "
+            "chip joule, PUE, and the on-demand list price. Only TPU v3 and v4 have measured "
+            "power ([reference/power.md](reference/power.md)); every later generation's figures "
+            "are estimates derived from a published performance-per-watt ratio, and say so.",
+            "",
+            "| chip | MXU pJ/FLOP | int8 pJ/op | VPU pJ/FLOP | HBM pJ/B | ICI pJ/B | DCN pJ/B "
+            "| PCIe pJ/B | idle W | host share | PUE | $/chip-hour |",
+            "|---|" + "---:|" * 11,
+        ]
+        for name, src in power.items():
+            v = {k: e["value"] for k, e in src.items()}
+            price = "-" if v["usd_per_chip_hour"] is None else f"{v['usd_per_chip_hour']:.2f}"
+            lines.append(
+                f"| `{name}` | {v['mxu_j_per_flop'] * 1e12:.3f} "
+                f"| {v['mxu_int8_j_per_op'] * 1e12:.3f} | {v['vpu_j_per_flop'] * 1e12:.3f} "
+                f"| {v['hbm_j_per_byte'] * 1e12:.1f} | {v['ici_j_per_byte'] * 1e12:.1f} "
+                f"| {v['dcn_j_per_byte'] * 1e12:.1f} | {v['pcie_j_per_byte'] * 1e12:.1f} "
+                f"| {v['idle_power_w']:.1f} | {v['host_power_share']:.3f} | {v['pue']:.3f} "
+                f"| {price} |")
+        lines += ["", "Where each value comes from (kinds: `measured`, `fitted`, `estimate`, "
+                      "`published`, `list price`, `assumed`):", ""]
+        shared: dict[str, tuple[str, list[str]]] = {}
+        for name, src in power.items():
+            for field, e in src.items():
+                if e["kind"] in ("assumed", "published") and "list price" not in e["source"]:
+                    entry = shared.setdefault(e["source"], (e["kind"], []))
+                    if field not in entry[1]:
+                        entry[1].append(field)
+                    continue
+                value = "-" if e["value"] is None else f"{e['value']:.4g}"
+                lines.append(f"* `{name}` `{field}` = {value}, {e['kind']}: "
+                             f"{_text(e['source'])}")
+        lines += ["", "The rest (every chip not listed above for that field):", ""]
+        lines += [f"* {', '.join(f'`{f}`' for f in fields)}, {kind}: {_text(source)}"
+                  for source, (kind, fields) in shared.items()]
     flags = [k for k, v in chips[0].items() if isinstance(v, bool)]
     if flags:
         lines += [

@@ -158,7 +158,7 @@ def _register_serve(sub, name: str) -> None:
                                    "CDFs) and kv_queue.png (KV blocks and queue over time) here")
     p.add_argument("--algorithm", default="auto",
                    help="collective algorithm for gathers/reductions (default auto)")
-    cli.add_step_perturbation_args(p)
+    cli.add_step_perturbation_args(p, power_cap=False)
 
 
 def register(sub) -> None:

@@ -100,12 +100,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if not len(top):
         print("  " + res.explanation)
         return 0
+    extra = cfg.objective != "time"  # the column the winner is picked by
     print(f"  {'#':>2} {'mesh':<34} {'placement':<34} {'remat':<12} {'mb':>3} {'step':>10} "
-          f"{'MFU':>6} {'tok/s/chip':>10} {'HBM GB':>7}  bound")
+          f"{'MFU':>6} {'tok/s/chip':>10} {'HBM GB':>7}"
+          + (f" {'J/token':>8} {'$/Mtok':>8}" if extra else "") + "  bound")
     for r in top.itertuples(index=False):
         print(f"  {r.rank:>2} {r.mesh:<34} {r.placement:<34} {r.remat:<12} {r.microbatches:>3} "
               f"{cli.fmt_time(r.step_time_s):>10} {r.mfu:>6.1%} {r.tokens_per_s_per_chip:>10.1f} "
-              f"{r.hbm_peak_bytes / 1e9:>7.1f}  {r.bound}")
+              f"{r.hbm_peak_bytes / 1e9:>7.1f}"
+              + (f" {r.energy_per_token_j:>8.4f} {r.cost_per_million_tokens_usd:>8.4f}"
+                 if extra else "") + f"  {r.bound}")
     print(f"  best: {res.explanation}")
     if args.out:
         print(f"  wrote {cli.show_path(args.out)}/candidates.csv, candidates.parquet, "
@@ -137,6 +141,10 @@ def _register_plan(sub, name: str) -> None:
     p.add_argument("--out", default="plan-out",
                    help="write candidates.csv/parquet, summary.json and frontier.png here "
                         "(default plan-out; empty to skip)")
+    p.add_argument("--objective", default="time", choices=["time", "cost", "energy"],
+                   help="what picks the winner: time (default: the step time), cost (dollars "
+                        "per step at the chip's usd_per_chip_hour) or energy (the pod's joules "
+                        "per step, host and data centre included)")
     g = p.add_argument_group("search space")
     g.add_argument("--axes", default="data,fsdp,pipeline,expert,sequence,tensor",
                    help="mesh axes to use (default all; expert only for MoE models)")

@@ -145,6 +145,7 @@ def _print_training(s: dict[str, Any]) -> None:
     for k, v in s["breakdown"].items():
         share = v / s["step_time_s"] if s["step_time_s"] else 0.0
         print(f"    {breakdown_label(k):<22} {v:10.4f} s  {share:6.1%}")
+    cli.print_energy(s)
 
 
 check_outputs = cli.check_outputs  # re-exported: other command families import it here
@@ -324,6 +325,7 @@ def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
         for k, v in result.breakdown.items():
             share = v / result.step_time_s if result.step_time_s else 0.0
             print(f"    {breakdown_label(k):<22} {v:10.6f} s  {share:6.1%}")
+        cli.print_energy(summary)
         for a in summary["approximations"]:
             print(f"  approximated: {a}")
     elif trace.meta.get("kind") == "hlo":
@@ -334,8 +336,10 @@ def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
         for k, v in result.breakdown.items():
             share = v / result.step_time_s if result.step_time_s else 0.0
             print(f"    {breakdown_label(k):<22} {v:10.6f} s  {share:6.1%}")
+        cli.print_energy(summary)
     else:
         print(f"step time {result.step_time_s:.6f} s")
+        cli.print_energy(summary)
     print_notes(args, notes)
     return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from sim.collective_sim import check_bytes, check_links_only, simulate_collective
 from sim.collectives import CollectiveKind, algorithm_names, parse_kind
+from sim.energy import collective_energy, energy_summary
 from sim.progress import progress
 from sim.runs.bind import Pod, algorithm_of, base_inputs, resolve_pod, scenario_of
 from sim.runs.convert import parse_bytes, parse_coords
@@ -66,7 +67,8 @@ def run_collective(req: CollectiveRequest) -> Run:
     res = _simulate(req, algorithm, pod)
     inputs = base_inputs(req, pod)
     inputs["algorithm"] = algorithm
-    return Run(command="collective", summary=res.to_dict(), inputs=inputs, result=res)
+    summary = {**res.to_dict(), **energy_summary(collective_energy(res, pod.chip))}
+    return Run(command="collective", summary=summary, inputs=inputs, result=res)
 
 
 def run_compare(req: CompareCollectivesRequest) -> Run:

@@ -18,9 +18,10 @@ from sim.runs.bind import (
     scenario_of,
     simulate_step,
 )
+from sim.runs.power import simulate_with_cap
 from sim.runs.requests import DecodeRequest, PrefillRequest, ServeSweepRequest
 from sim.runs.result import Run, describe_config, describe_mesh
-from sim.runs.train import per_chip_summary
+from sim.runs.train import per_chip_summary, step_energy_of, with_energy
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
 from topologies.validate import MAX_BATCH, MAX_SWEEP_RUNS, FlagError, int_flag, split_list
@@ -120,9 +121,13 @@ def run_decode(req: DecodeRequest) -> Run:
     chip, topo = pod.chip, pod.topology
     cfg = decode_config(req, req.batch, moe)
     trace = compile_decode_step(model, mesh, topo.num_chips, cfg)
-    result = simulate_step(req, trace, chip, topo)
+    # Joules per token count the output tokens: one per sequence of the batch per step.
+    result, chip, energy, cap = simulate_with_cap(
+        req.power_cap, chip, lambda c: simulate_step(req, trace, c, topo),
+        step_energy_of(trace, topo, trace.meta["batch"]))
     max_b = max_batch_that_fits(model, mesh, topo.num_chips, cfg, chip.hbm_bytes)
-    return Run(command="decode", summary=decode_summary(trace, result, max_b),
+    summary = with_energy(decode_summary(trace, result, max_b), energy, cap)
+    return Run(command="decode", summary=summary,
                inputs=_inputs(req, pod, base_model, model, [mesh], cfg), result=result,
                trace=trace)
 
@@ -133,10 +138,12 @@ def run_prefill(req: PrefillRequest) -> Run:
     chip, topo = pod.chip, pod.topology
     cfg = decode_config(req, req.batch, moe)
     trace = compile_prefill(model, mesh, topo.num_chips, cfg)
-    result = simulate_step(req, trace, chip, topo)
     meta = trace.meta
+    tokens = meta["batch"] * meta["prompt_len"]  # joules per token count the prompt tokens
+    result, chip, energy, cap = simulate_with_cap(
+        req.power_cap, chip, lambda c: simulate_step(req, trace, c, topo),
+        step_energy_of(trace, topo, tokens))
     t = result.step_time_s
-    tokens = meta["batch"] * meta["prompt_len"]
     s = {
         "model": meta["model"], "chip": result.chip, "topology": result.topology,
         "num_chips": result.num_chips, "batch": meta["batch"],
@@ -150,6 +157,7 @@ def run_prefill(req: PrefillRequest) -> Run:
         **per_chip_summary(result),
         **({"moe": meta["moe"]} if "moe" in meta else {}),
     }
+    with_energy(s, energy, cap)
     return Run(command="prefill", summary=s,
                inputs=_inputs(req, pod, base_model, model, [mesh], cfg), result=result,
                trace=trace)

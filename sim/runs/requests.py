@@ -111,6 +111,7 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "capacity_factor": scenario_number("--capacity-factor"),
     "seed": seed,
     "chips": int_flag("--chips", hi=MAX_CHIPS),
+    "power_cap": float_flag("--power-cap", lo=0.0, hi=1e5, lo_open=True),
 }
 
 # Settings that are lists (each given once per item) and switches (true or false).
@@ -345,6 +346,14 @@ class _Perturbed(_Request):
 
 
 @dataclass(frozen=True, kw_only=True)
+class _Step(_Perturbed):
+    """A simulated step (train, replay, decode, prefill): the perturbations and a power cap in
+    watts per chip (`power_cap`; None: uncapped)."""
+
+    power_cap: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class CollectiveRequest(_Perturbed):
     """One collective (`tpusim collective`): `op` over the pod's `axes` with `bytes` V."""
 
@@ -387,12 +396,12 @@ _TRAINING = ("model", "seq_len", "batch_per_chip", "mesh", "dcn", "axis_map", "r
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainRequest(_Perturbed):
+class TrainRequest(_Step):
     """One training step (`tpusim train`): a model on a mesh of the pod, with its settings."""
 
     COMMAND: ClassVar[str] = "train"
     FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", *_TRAINING, "algorithm", *_PERTURB,
-                                        "mode")
+                                        "mode", "power_cap")
     REQUIRED: ClassVar[tuple[str, ...]] = ("model", "seq_len", "batch_per_chip", "mesh")
 
     model: str | None = None
@@ -443,12 +452,13 @@ class CompileRequest(TrainRequest):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ReplayRequest(_Perturbed):
+class ReplayRequest(_Step):
     """A trace file or XLA's compiled HLO text replayed on a pod (`tpusim replay`)."""
 
     COMMAND: ClassVar[str] = "replay"
     FLAGS: ClassVar[tuple[str, ...]] = ("trace", *_POD, "overrides", "no_overlap",
-                                        "chakra_compute", "algorithm", *_PERTURB, "mode")
+                                        "chakra_compute", "algorithm", *_PERTURB, "mode",
+                                        "power_cap")
     # Recorded in inputs.flags only when set: results written before the flag existed, and
     # replays of other traces, record what they always did (and rerun the same).
     RECORDED_WHEN_SET: ClassVar[tuple[str, ...]] = ("chakra_compute",)
@@ -489,12 +499,12 @@ class _Decoding(_Request):
 
 
 @dataclass(frozen=True, kw_only=True)
-class DecodeRequest(_Perturbed, _Decoding):
+class DecodeRequest(_Step, _Decoding):
     """One decode step with a KV cache (`tpusim decode`)."""
 
     COMMAND: ClassVar[str] = "decode"
     FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", *_INFERENCE, "algorithm", *_PERTURB,
-                                        "mode")
+                                        "mode", "power_cap")
     REQUIRED: ClassVar[tuple[str, ...]] = ("model", "batch", "context_len", "mesh")
 
     batch: int | None = None
@@ -507,7 +517,8 @@ class PrefillRequest(DecodeRequest):
 
     COMMAND: ClassVar[str] = "prefill"
     FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", *_INFERENCE, "prompt_len",
-                                        "prefill_chunk", "algorithm", *_PERTURB, "mode")
+                                        "prefill_chunk", "algorithm", *_PERTURB, "mode",
+                                        "power_cap")
     REQUIRED: ClassVar[tuple[str, ...]] = ("model", "batch", "prompt_len", "mesh")
 
     prompt_len: int | None = None
@@ -638,8 +649,9 @@ class PlanRequest(_Request):
     COMMAND: ClassVar[str] = "plan"
     FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", "model", "seq_len", "global_batch",
                                         "top", "workers", "dask", "exhaustive", "max_simulations",
-                                        "axes", "max_tensor", "max_data", "max_sequence",
-                                        "max_pipeline", "max_expert", "default_placement",
+                                        "objective", "axes", "max_tensor", "max_data",
+                                        "max_sequence", "max_pipeline", "max_expert",
+                                        "default_placement",
                                         "remat", "microbatches", "param_dtype", "grad_dtype",
                                         "optimizer_dtype", "optimizer", "gather_dtype")
     REQUIRED: ClassVar[tuple[str, ...]] = ("model", "seq_len", "global_batch")
@@ -670,6 +682,7 @@ class PlanRequest(_Request):
     optimizer_dtype: str = "fp32"
     optimizer: str = "adam"
     gather_dtype: str | None = None
+    objective: str = "time"
 
 
 # Every request class that `sim.run` runs, by its command.

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sim.energy import energy_summary, step_energy
 from sim.pipeline import check_schedule, simulate_pipeline_chips
 from sim.runs.bind import (
     algorithm_of,
@@ -24,6 +25,7 @@ from sim.runs.bind import (
     scenario_of,
     simulate_step,
 )
+from sim.runs.power import simulate_with_cap
 from sim.runs.requests import ReplayRequest, TrainRequest
 from sim.runs.result import Run, describe_config, describe_mesh
 from topologies.errors import TpusimError
@@ -32,6 +34,7 @@ from topologies.validate import MAX_TRACE_FILE_BYTES
 from topologies.yamlio import read_text_bounded
 from workloads.hlo.lower import import_hlo, is_hlo_text, read_hlo_file
 from workloads.models import model_from_dict
+from workloads.moe import expert_op_scales
 from workloads.trace import Trace
 from workloads.training import (
     TrainingConfig,
@@ -132,6 +135,23 @@ def training_summary(trace, result, chip) -> dict[str, Any]:
     return out
 
 
+def step_energy_of(trace, topo, tokens):
+    """The energy function of a step of `trace` on `topo` (`simulate_with_cap`'s `energy_of`):
+    its MoE expert loads as the engine was given them (none for pipeline stages, whose
+    programs are their own), `tokens` for joules per token."""
+    scales = {} if trace.mesh.size("pipeline") > 1 else expert_op_scales(trace, topo)
+    return lambda result, chip: step_energy(result, trace, chip, tokens=tokens,
+                                            op_scale=scales)
+
+
+def with_energy(summary: dict[str, Any], energy, cap) -> dict[str, Any]:
+    """`summary` with its `energy` and `cost` sections (and `power_cap` under a cap)."""
+    summary.update(energy_summary(energy))
+    if cap is not None:
+        summary["power_cap"] = cap
+    return summary
+
+
 def per_chip_summary(result) -> dict[str, Any]:
     """The per-chip engine's result fields: how many chip classes were simulated, the chip
     that finished last and the critical path (chips, ops and links that set the step time)."""
@@ -148,18 +168,26 @@ def run_train(req: TrainRequest) -> Run:
     chip, topo = pod.chip, pod.topology
     trace, base_model, model, cfg = compile_step(
         req, topo.num_chips, moe_config(req, scenario_of(req, topo)), chip=chip)
-    pipe = None
     if req.pipeline_schedule is not None or trace.mesh.size("pipeline") > 1:
         check_schedule(cfg.pipeline_schedule, trace.mesh.size("pipeline"), cfg.microbatches,
                        cfg.virtual_stages)
-    if trace.mesh.size("pipeline") > 1:
-        # Every stage's chips run the schedule's passes on the per-chip engine (sim/pipeline.py),
-        # with the request's perturbations; the bubble is what the schedule produces.
-        result, pipe = simulate_pipeline_chips(
-            model, trace.mesh, chip, topo, cfg, base=_pipeline_base(req, trace, topo),
-            algorithm=algorithm_of(req))
-    else:
-        result = simulate_step(req, trace, chip, topo)
+    piped = {}
+
+    def simulate(c):
+        if trace.mesh.size("pipeline") > 1:
+            # Every stage's chips run the schedule's passes on the per-chip engine
+            # (sim/pipeline.py), with the request's perturbations; the bubble is what the
+            # schedule produces.
+            r, piped["pipe"] = simulate_pipeline_chips(
+                model, trace.mesh, c, topo, cfg, base=_pipeline_base(req, trace, topo),
+                algorithm=algorithm_of(req))
+            return r
+        return simulate_step(req, trace, c, topo)
+
+    result, chip, energy, cap = simulate_with_cap(
+        req.power_cap, chip, simulate,
+        step_energy_of(trace, topo, trace.meta["tokens_per_step"]))
+    pipe = piped.get("pipe")
     inputs = base_inputs(req, pod, base_model)
     inputs["model"] = model.to_dict()
     inputs["mesh"] = describe_mesh(trace.mesh, topo)
@@ -170,6 +198,7 @@ def run_train(req: TrainRequest) -> Run:
     summary = training_summary(trace, result, chip)
     if pipe is not None:
         summary["pipeline"] = pipe.to_dict()
+    with_energy(summary, energy, cap)
     return Run(command="train", summary=summary, inputs=inputs, result=result, trace=trace)
 
 
@@ -290,12 +319,18 @@ def run_replay(req: ReplayRequest, *, check_trace_chips=None) -> Run:
             f"trace {str(path)!r} was compiled for {n} chips but the pod has {topo.num_chips}; "
             f"replay it on a {n}-chip pod or recompile"
         )
-    pipe = None
-    if trace.meta.get("kind") == "training" and trace.mesh.size("pipeline") > 1:
-        result, pipe = _replay_pipeline(req, trace, chip, topo, path)
-    else:
-        result = simulate_step(req, trace, chip, topo,
-                               overlap=False if req.no_overlap else None)
+    piped = {}
+
+    def simulate(c):
+        if trace.meta.get("kind") == "training" and trace.mesh.size("pipeline") > 1:
+            r, piped["pipe"] = _replay_pipeline(req, trace, c, topo, path)
+            return r
+        return simulate_step(req, trace, c, topo, overlap=False if req.no_overlap else None)
+
+    tokens = trace.meta.get("tokens_per_step") if trace.meta.get("kind") == "training" else None
+    result, chip, energy, cap = simulate_with_cap(req.power_cap, chip, simulate,
+                                                  step_energy_of(trace, topo, tokens))
+    pipe = piped.get("pipe")
     if hlo is not None:
         summary = {**hlo_summary(hlo, result), **per_chip_summary(result)}
     elif chakra is not None:
@@ -307,6 +342,7 @@ def run_replay(req: ReplayRequest, *, check_trace_chips=None) -> Run:
                    **per_chip_summary(result)}
     if pipe is not None:
         summary["pipeline"] = pipe.to_dict()
+    with_energy(summary, energy, cap)
     inputs = base_inputs(req, pod)
     inputs["trace"] = {"path": str(path), "sha256": digest, "kind": trace.meta.get("kind"),
                        "model": trace.meta.get("model")}
