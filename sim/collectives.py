@@ -26,7 +26,7 @@ import numpy as np
 from topologies.errors import TpusimError
 from topologies.groups import GroupAxis
 from topologies.registry import Registry
-from topologies.validate import short_repr
+from topologies.validate import one_of, short_repr
 
 
 class CollectiveKind(enum.StrEnum):
@@ -43,8 +43,8 @@ def parse_kind(op: object) -> CollectiveKind:
     try:
         return CollectiveKind(op)
     except ValueError:
-        raise TpusimError(f"unknown --op {short_repr(op)}; use one of: "
-                          f"{', '.join(k.value for k in CollectiveKind)}") from None
+        raise TpusimError(f"unknown --op {short_repr(op)}; "
+                          f"{one_of(op, [k.value for k in CollectiveKind])}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +113,8 @@ class AlgorithmInfo:
     build: Callable[..., Schedule]
 
 
-ALGORITHMS: Registry[AlgorithmInfo] = Registry("collective algorithm")
+ALGORITHMS: Registry[AlgorithmInfo] = Registry("collective algorithm",
+                                               listing="docs/cli.md lists them")
 
 
 # -- single-axis building blocks ----------------------------------------------------------

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from topologies.errors import TpusimError
+from topologies.quantities import parse_quantity
 from topologies.registry import Registry
-from topologies.validate import number, short_repr
+from topologies.validate import number, one_of, short_repr
 from workloads.xla_compiler import COMPILER_RULES, XlaCompilerSpec
 
 
@@ -244,7 +245,8 @@ class ChipSpec:
         unknown = sorted(set(changes) - set(CHIP_FIELDS))
         if unknown:
             raise TpusimError(
-                f"chip override {unknown} is not a ChipSpec field; use: {', '.join(CHIP_FIELDS)}"
+                f"chip override {', '.join(unknown)[:80]} is not a ChipSpec field; "
+                f"{one_of(unknown[0], CHIP_FIELDS, listing=_CHIP_KEYS_LISTING)}"
             )
         rules = {k: v for k, v in changes.items() if k in CHIP_BOOL_FIELDS}
         silicon = {k: v for k, v in changes.items() if k not in CHIP_BOOL_FIELDS}
@@ -313,7 +315,7 @@ NULLABLE_CHIP_FIELDS = ("usd_per_chip_hour",)
 CHIP_FIELDS: tuple[str, ...] = tuple(
     f.name for f in dataclasses.fields(ChipSpec) if f.name != "compiler") + CHIP_BOOL_FIELDS
 
-CHIPS: Registry[ChipSpec] = Registry("chip")
+CHIPS: Registry[ChipSpec] = Registry("chip", listing="`tpusim presets` lists them")
 
 # Shared numbers, each cited once.
 _HOP_LATENCY_S = 1e-6  # tpu.md §1.1 "Per-hop ICI latency: about 1 µs" (the book's T_min)
@@ -773,6 +775,10 @@ def get_chip(name: str) -> ChipSpec:
     return CHIPS.get(name)
 
 
+# Where every chip key is listed (the unknown-key messages point there).
+_CHIP_KEYS_LISTING = "`tpusim presets --json --chip v5e` prints every key"
+
+
 def chip_from_dict(data: dict[str, Any], *, source: str = "chip YAML") -> ChipSpec:
     """Build a `ChipSpec` from a mapping; `base: <preset>` starts from a preset.
 
@@ -790,8 +796,8 @@ def chip_from_dict(data: dict[str, Any], *, source: str = "chip YAML") -> ChipSp
                      if not isinstance(k, str) or k not in allowed)[:5]
     if unknown:
         raise TpusimError(
-            f"{source}: unknown key(s) {', '.join(unknown)}; allowed keys are: base, "
-            f"{', '.join(CHIP_FIELDS)}"
+            f"{source}: unknown key(s) {', '.join(unknown)}; "
+            f"{one_of(unknown[0], ('base', *CHIP_FIELDS), listing=_CHIP_KEYS_LISTING)}"
         )
     if "max_pod_shape" in data:
         shape = data["max_pod_shape"]
@@ -805,6 +811,14 @@ def chip_from_dict(data: dict[str, Any], *, source: str = "chip YAML") -> ChipSp
         if not isinstance(shape, (list, tuple)):
             raise TpusimError(f"{source}: max_pod_shape must be a list like [16, 16]")
         data["max_pod_shape"] = tuple(shape)
+    base = None
+    if base_name is not None:
+        if not isinstance(base_name, str):
+            raise TpusimError(
+                f"{source}: base = {short_repr(base_name)} is not a preset name; "
+                f"{one_of(base_name, CHIPS.names())}"
+            )
+        base = get_chip(base_name)
     for key, value in data.items():
         if key in ("name", "generation_rule", "max_pod_shape"):
             continue
@@ -815,15 +829,12 @@ def chip_from_dict(data: dict[str, Any], *, source: str = "chip YAML") -> ChipSp
                 raise TpusimError(f"{source}: {key} = {short_repr(value)} must be true or false")
             continue
         lo, hi, lo_open, integer, why = _FIELD_RANGES[key]
+        if isinstance(value, str):
+            # Text as `--set` reads it: `918T`, `180GB/s`, `2us`, or `x2` of the base preset.
+            value = _quantity(source, key, value, base, integer)
         data[key] = number(value, f"{source}: {key}", lo=lo, hi=hi, lo_open=lo_open,
                            integer=integer, fix=why)
-    if base_name is not None:
-        if not isinstance(base_name, str):
-            raise TpusimError(
-                f"{source}: base = {short_repr(base_name)} is not a preset name; use one of: "
-                f"{', '.join(CHIPS.names())}"
-            )
-        base = get_chip(base_name)
+    if base is not None:
         data.setdefault("name", f"{base.name}-custom")
         return base.with_overrides(**data)
     missing = [
@@ -841,6 +852,26 @@ def chip_from_dict(data: dict[str, Any], *, source: str = "chip YAML") -> ChipSp
         return ChipSpec(**data, compiler=XlaCompilerSpec(**rules))
     except TypeError as exc:  # pragma: no cover - guarded by the checks above
         raise TpusimError(f"{source}: {exc}") from None
+
+
+def _quantity(source: str, key: str, text: str, base: ChipSpec | None, integer: bool) -> Any:
+    """A chip file's text value read by the `--set` parser (`topologies.quantities`): a
+    number, a number with a unit, or `xF` of the `base:` preset's value."""
+    what = f"{source}: {key} = {short_repr(text)}"
+    q = parse_quantity(what, key, text, base_word="the base preset")
+    if q.multiplier is None:
+        return q.value
+    base_value = None if base is None else getattr(base, key)
+    if not isinstance(base_value, (int, float)) or isinstance(base_value, bool):
+        raise TpusimError(
+            f"{what}: a multiplier needs a base preset with a numeric {key}"
+            + ("; add `base: v5e` (or another preset) or give an absolute value" if base is None
+               else f" ({base.name}'s is {base_value!r}); give an absolute value"))
+    v = q.resolve(base_value)
+    if integer and not float(v).is_integer():
+        raise TpusimError(f"{what}: {base_value} x {q.multiplier:g} = {v:g} is not a whole "
+                          f"number; {key} counts whole units")
+    return int(v) if integer else float(v)
 
 
 def load_chip(name_or_path: str) -> ChipSpec:

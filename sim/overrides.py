@@ -4,14 +4,14 @@ a chip (`ChipSpec` fields), a model (`model.<TransformerSpec field>`), the topol
 
 A numeric value is a plain number (`1.8e11`), a number with a unit suited to the field
 (`180GB/s`, `32GiB`, `2us`, `459T`), or `xF`, a multiplier of the preset's (or the chip/model
-file's) value: `--set ici_link_bytes_per_s=x2`. Building an `Overrides` never touches the disk.
+file's) value: `--set ici_link_bytes_per_s=x2`, read by `topologies/quantities.py`, the parser
+chip and model YAML files use too. Building an `Overrides` never touches the disk.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +24,8 @@ from sim.hardware import (
     ChipSpec,
 )
 from topologies.errors import TpusimError
-from topologies.validate import MAX_MODEL_DIM, ascii_float, ascii_int, short_repr
+from topologies.quantities import parse_quantity
+from topologies.validate import MAX_MODEL_DIM, ascii_int, one_of, short_repr
 from workloads.models import MODEL_FIELDS, MlpKind, TransformerSpec
 
 # The groups of keys a command can accept (`scope`); each command lists the ones it simulates.
@@ -54,17 +55,6 @@ _MODEL_INT_ZERO_OK = ("num_experts", "experts_per_token", "num_shared_experts",
 _MODEL_BOOL = ("tied_embeddings", "parallel_block", "post_norms", "qk_norm")
 # Model fields whose null means "not set" (d_ff for the experts; full attention everywhere).
 _MODEL_NULLABLE = ("moe_d_ff", "attention_window")
-
-_BYTE_UNITS = {
-    "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-}
-_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
-_SI = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12, "p": 1e15}
-# ASCII digits only (re.ASCII): Python's float() would also read a full-width "１".
-_NUMBER = re.compile(r"^\s*([+-]?(?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?|[+-]?nan|[+-]?inf)\s*(.*?)\s*$",
-                     re.IGNORECASE | re.ASCII)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Override:
@@ -201,78 +191,14 @@ def _unknown_key(key: str, scope: tuple[str, ...], command: str, allowed: list[s
         why = f"does not apply to {command}"
     elif key in MODEL_FIELDS:
         why = f"is not a chip field (model fields are written model.{key})"
-    return f"--set {key} {why}; {command} accepts: {', '.join(allowed)}"
+    listing = f"`{command} --help` lists them" if command.startswith("tpusim ") else ""
+    return f"--set {key} {why}; {one_of(key, allowed, listing=listing)}"
 
 
 def _text(key: str, value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise TpusimError(f"--set {key}={value!r} must be non-empty text")
     return value.strip()
-
-
-def _multiplier(key: str, value: Any) -> float | None:
-    """`x2` / `X0.5` -> 2.0 / 0.5; None if `value` is not a multiplier."""
-    if not isinstance(value, str) or not value.strip().lower().startswith("x"):
-        return None
-    body = value.strip()[1:]
-    try:
-        m = ascii_float(body)
-    except ValueError:
-        raise TpusimError(
-            f"--set {key}={value}: {body!r} is not a number; write a multiplier such as x2 or x0.5"
-        ) from None
-    if not math.isfinite(m) or m <= 0:
-        raise TpusimError(
-            f"--set {key}={value}: the multiplier must be a positive finite number, e.g. x2"
-        )
-    return m
-
-
-def _unit_scale(field: str, unit: str) -> float | None:
-    """How much one `unit` is in `field`'s own unit; None if the unit does not fit the field."""
-    u = unit.strip().lower().replace(" ", "")
-    if u == "":
-        return 1.0
-    if "bytes" in field:
-        if field.endswith("_per_s"):
-            u = u.removesuffix("/s")
-        return _BYTE_UNITS.get(u)
-    if field.endswith("flops_per_s") or field.endswith("ops_per_s"):
-        for tail in ("flop/s", "flops", "op/s", "ops"):
-            if u.endswith(tail):
-                u = u.removesuffix(tail)
-                break
-        return _SI.get(u)
-    if field.endswith("_s"):
-        return _TIME_UNITS.get(u)
-    return None
-
-
-def _number(key: str, field: str, value: Any) -> float:
-    if isinstance(value, bool):
-        raise TpusimError(f"--set {key}={value!r} must be a number")
-    if isinstance(value, (int, float)):
-        return float(value)
-    m = _NUMBER.match(str(value))
-    scale = _unit_scale(field, m.group(2)) if m else None
-    if m is None or scale is None:
-        hint = _unit_hint(field)
-        raise TpusimError(
-            f"--set {key}={value}: not a number{hint}; give a plain number, a number with a unit "
-            f"or a multiplier of the preset such as x2"
-        )
-    return float(m.group(1)) * scale
-
-
-def _unit_hint(field: str) -> str:
-    if "bytes" in field:
-        return " (units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB" + \
-            (", optionally /s)" if field.endswith("_per_s") else ")")
-    if field.endswith("ops_per_s"):
-        return " (units: K, M, G, T, P, optionally FLOP/s)"
-    if field.endswith("_s"):
-        return " (units: s, ms, us, ns)"
-    return ""
 
 
 def _check_range(key: str, value: float, *, zero_ok: bool, integer: bool) -> None:
@@ -305,8 +231,8 @@ def _parse_chip(key: str, value: Any) -> Override:
         text = _text(key, value)
         if key == "generation_rule" and text not in WRAP_RULES:
             raise TpusimError(
-                f"--set generation_rule={text}: not a wraparound rule; use one of: "
-                f"{', '.join(WRAP_RULES)}"
+                f"--set generation_rule={text}: not a wraparound rule; "
+                f"{one_of(text, WRAP_RULES)}"
             )
         return Override(key=key, given=value, value=text)
     if key == "max_pod_shape":
@@ -320,10 +246,10 @@ def _parse_chip(key: str, value: Any) -> Override:
         return Override(key=key, given=value, value=shape)
     if key in NULLABLE_CHIP_FIELDS and str(value).strip().lower() in ("none", "null"):
         return Override(key=key, given=value, value=None)
-    mult = _multiplier(key, value)
-    if mult is not None:
-        return Override(key=key, given=value, multiplier=mult)
-    v = _number(key, key, value)
+    q = parse_quantity(f"--set {key}={value}", key, value)
+    if q.multiplier is not None:
+        return Override(key=key, given=value, multiplier=q.multiplier)
+    v = q.value
     _check_range(key, v, zero_ok=key in _CHIP_ZERO_OK, integer=key in _CHIP_INT)
     if key.endswith("_efficiency") and v > 1:
         raise TpusimError(
@@ -340,16 +266,16 @@ def _parse_model(key: str, value: Any) -> Override:
     if field == "mlp":
         text = _text(key, value)
         if text not in set(MlpKind):
-            raise TpusimError(f"--set {key}={text}: use one of: {', '.join(MlpKind)}")
+            raise TpusimError(f"--set {key}={text}: not an MLP kind; {one_of(text, MlpKind)}")
         return Override(key=key, given=value, value=MlpKind(text))
     if field in _MODEL_BOOL:
         return _bool(key, value)
     if field in _MODEL_NULLABLE and str(value).strip().lower() in ("none", "null"):
         return Override(key=key, given=value, value=None)
-    mult = _multiplier(key, value)
-    if mult is not None:
-        return Override(key=key, given=value, multiplier=mult)
-    v = _number(key, field, value)
+    q = parse_quantity(f"--set {key}={value}", field, value)
+    if q.multiplier is not None:
+        return Override(key=key, given=value, multiplier=q.multiplier)
+    v = q.value
     _check_range(key, v, zero_ok=field in _MODEL_INT_ZERO_OK, integer=True)
     if v > MAX_MODEL_DIM:
         # Refused here, with the text given: past 2^53 the float no longer holds the integer

@@ -37,6 +37,7 @@ from topologies.validate import (
     MAX_STUDY_POINTS,
     MAX_WORKERS,
     api_call,
+    one_of,
     range_text,
     short_repr,
     split_list,
@@ -189,8 +190,9 @@ def _check_key(key: str, where: str, command: str, actions: dict[str, Any]) -> N
     if key not in actions:
         allowed = sorted(k for k in actions if k not in _OUTPUT_FLAGS)
         raise TpusimError(
-            f"study {where} key {short_repr(key)} is not a flag of `tpusim {command}`; use one of: "
-            f"{', '.join(allowed)} (or set.FIELD for --set)"
+            f"study {where} key {short_repr(key)} is not a flag of `tpusim {command}`; "
+            f"{one_of(key, allowed, listing=f'`tpusim {command} --help` lists them')} "
+            f"(or set.FIELD for --set)"
         )
 
 
@@ -249,13 +251,13 @@ def load_study(source: str | os.PathLike | Mapping[str, Any]) -> StudySpec:
     unknown = [k for k in data if k not in STUDY_KEYS]
     if unknown:
         raise TpusimError(
-            f"study key {short_repr(unknown[0])} is unknown; the keys are {', '.join(STUDY_KEYS)}"
+            f"study key {short_repr(unknown[0])} is unknown; {one_of(unknown[0], STUDY_KEYS)}"
         )
     command = data.get("command")
     if command not in STUDY_COMMANDS:
         raise TpusimError(
-            f"study command {short_repr(command)} cannot be swept; use one of "
-            f"{', '.join(STUDY_COMMANDS)}"
+            f"study command {short_repr(command)} cannot be swept; "
+            f"{one_of(command, STUDY_COMMANDS)}"
         )
     actions = _flag_actions(command)
     seen: dict[str, str] = {}

@@ -402,7 +402,11 @@ ERRORS = {
                       "has no x+ link"),
     "bad wraparound": ((*BASE, "--axes", "x", "--bytes", "1024", "--wraparound", "q"),
                        "--wraparound"),
-    "unknown command": (("teleport",), "invalid choice"),
+    "unknown command": (("teleport",), "unknown command 'teleport'"),
+    "misspelt command": (("trian",), "unknown command 'trian'; did you mean train?"),
+    "misspelt choice": (("collective", "--chip", "v5e", "--shape", "4x4", "--op", "all-gather",
+                         "--axes", "x", "--bytes", "1MiB", "--mode", "fulll"),
+                        "unknown --mode 'fulll'; use one of: auto, symmetric, full, per-chip"),
     "bad --slices": ((*BASE, "--axes", "x", "--bytes", "1024", "--slices", "two"),
                      "--slices"),
 }

@@ -306,3 +306,71 @@ def test_attention_pattern_fields_are_overridable_and_validated_like_the_model_f
         parse_overrides({"model.attention_window": "0"})
     with pytest.raises(TpusimError, match="global_layer_period=64 does not fit num_layers=48"):
         parse_overrides({"model.global_layer_period": "64"}).apply_model(m)
+
+
+# -- chip and model YAML read values with the --set parser (issue 30) --------------------------
+@pytest.mark.parametrize("key,text", [
+    ("mxu_flops_per_s", "918T"), ("mxu_flops_per_s", "918 TFLOP/s"),
+    ("ici_link_bytes_per_s", "180GB/s"), ("hbm_bytes", "16GiB"), ("hbm_bytes", "32 GB"),
+    ("ici_hop_latency_s", "2us"), ("op_overhead_s", "500ns"), ("hbm_bytes_per_s", "x2"),
+    ("ici_link_bytes_per_s", "x0.5"), ("ici_links_per_chip", "x1"), ("mxu_efficiency", "0.5"),
+])
+def test_chip_yaml_takes_the_units_and_multipliers_set_takes(tmp_path, key, text):
+    from sim.hardware import load_chip
+
+    path = tmp_path / "c.yaml"
+    path.write_text(f"base: v5e\n{key}: {text}\n", encoding="utf-8")
+    from_file = getattr(load_chip(str(path)), key)
+    from_set = getattr(parse_overrides([f"{key}={text}"]).apply_chip(get_chip("v5e")), key)
+    assert from_file == from_set
+    assert from_file != getattr(get_chip("v5e"), key) or text in ("x1", "0.5")
+
+
+def test_chip_yaml_multiplier_without_a_base_says_to_add_one(tmp_path):
+    from sim.hardware import load_chip
+
+    path = tmp_path / "c.yaml"
+    path.write_text("hbm_bytes_per_s: x2\n", encoding="utf-8")
+    with pytest.raises(TpusimError, match=r"hbm_bytes_per_s = 'x2': a multiplier needs a base "
+                                          r"preset .*add `base: v5e`"):
+        load_chip(str(path))
+
+
+@pytest.mark.parametrize("text,why", [("918Q", "not a number"), ("180GB/q", "not a number"),
+                                      ("x0", "positive finite"), ("xabc", "not a number"),
+                                      ("１８０GB/s", "not a number")])
+def test_chip_yaml_refuses_the_texts_set_refuses_in_one_line(tmp_path, text, why):
+    from sim.hardware import load_chip
+
+    path = tmp_path / "c.yaml"
+    path.write_text(f"base: v5e\nici_link_bytes_per_s: '{text}'\n", encoding="utf-8")
+    with pytest.raises(TpusimError, match=why) as file_err:
+        load_chip(str(path))
+    with pytest.raises(TpusimError, match=why):
+        parse_overrides([f"ici_link_bytes_per_s={text}"])
+    assert "\n" not in str(file_err.value)
+
+
+def test_model_yaml_takes_multipliers_of_its_base_and_numbers_as_text(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text("base: llama3-8b\nnum_layers: x2\nd_ff: '14336'\nvocab_size: '1e3'\n",
+                    encoding="utf-8")
+    from workloads.models import load_model
+
+    m = load_model(str(path))
+    base = MODELS.get("llama3-8b")
+    via_set = parse_overrides(["model.num_layers=x2", "model.vocab_size=1e3"]).apply_model(base)
+    assert (m.num_layers, m.d_ff, m.vocab_size) == (64, 14336, 1000)
+    assert (via_set.num_layers, via_set.vocab_size) == (m.num_layers, m.vocab_size)
+
+
+def test_model_yaml_multiplier_needs_a_base_and_a_whole_result(tmp_path):
+    from workloads.models import load_model
+
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump({**TINY, "d_ff": "x2"}), encoding="utf-8")
+    with pytest.raises(TpusimError, match=r"d_ff = 'x2': a multiplier needs a base model"):
+        load_model(str(path))
+    path.write_text("base: llama3-8b\nnum_layers: x1.1\n", encoding="utf-8")
+    with pytest.raises(TpusimError, match=r"32 x 1.1 = 35.2 is not a whole number"):
+        load_model(str(path))

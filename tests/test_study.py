@@ -127,7 +127,7 @@ _COLLECTIVE_STUDY = {"command": "collective",
 
 @pytest.mark.parametrize("base, message", [
     ({"chip": "v9z"}, "unknown chip 'v9z'"),
-    ({"op": "all-reduse"}, "unknown --op 'all-reduse'; use one of: all-gather"),
+    ({"op": "all-reduse"}, "unknown --op 'all-reduse'; did you mean all-reduce?"),
     ({"algorithm": "rign"}, "unknown collective algorithm 'rign'"),
     ({"shape": ""}, "shape '' is not like 8x16"),
     ({"axes": "5"}, "--axes '5': '5' is not an axis of any pod; use x, y, z or dcn"),

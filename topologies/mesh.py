@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from topologies.errors import TpusimError
 from topologies.torus import AXIS_NAMES, DCN_AXIS, Topology
-from topologies.validate import MAX_CHIPS, ascii_int, short_repr
+from topologies.validate import MAX_CHIPS, ascii_int, one_of, short_repr
 
 LOGICAL_AXES = ("data", "fsdp", "pipeline", "expert", "sequence", "tensor")
 
@@ -36,7 +36,7 @@ class LogicalMesh:
         for name, size in self.axes + self.dcn_axes:
             if not isinstance(name, str) or name not in LOGICAL_AXES:
                 raise TpusimError(
-                    f"mesh axis {short_repr(name)} is unknown; use {', '.join(LOGICAL_AXES)}"
+                    f"mesh axis {short_repr(name)} is unknown; {one_of(name, LOGICAL_AXES)}"
                 )
             if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= MAX_CHIPS:
                 raise TpusimError(f"mesh axis {name}={short_repr(size)} must be a positive "

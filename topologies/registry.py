@@ -1,7 +1,8 @@
 """A small generic name -> object registry, one instance per extension point.
 
 Chips, slices, collective algorithms and models each keep one. Lookups of unknown names raise a
-`TpusimError` that lists the known names; registering a name twice is refused.
+`TpusimError` that suggests the nearest known names (`topologies.validate.one_of`); registering
+a name twice is refused.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ T = TypeVar("T")
 class Registry(Generic[T]):
     """Maps lower-case names to objects, in registration order."""
 
-    def __init__(self, kind: str, unknown: Callable[[str], str] | None = None) -> None:
+    def __init__(self, kind: str, unknown: Callable[[str], str] | None = None, *,
+                 listing: str = "") -> None:
         self.kind = kind
+        self.listing = listing  # where every name is listed, for the unknown-name message
         self._items: dict[str, T] = {}
         # What to say about an unknown name (a long registry suggests the nearest names
         # instead of listing them all); default: the whole list.
@@ -43,14 +46,13 @@ class Registry(Generic[T]):
         try:
             return self._items[name.lower()]
         except (KeyError, AttributeError, TypeError):
-            from topologies.validate import short_repr
+            from topologies.validate import one_of, short_repr
 
             if self._unknown is not None and isinstance(name, str):
                 raise TpusimError(self._unknown(name)) from None
-            known = ", ".join(self._items)
             raise TpusimError(
-                f"unknown {self.kind} {short_repr(name)}: it is not one of the known {self.kind}s; "
-                f"use one of: {known}"
+                f"unknown {self.kind} {short_repr(name)}; "
+                f"{one_of(name, self._items, listing=self.listing)}"
             ) from None
 
     def __contains__(self, name: object) -> bool:

@@ -38,6 +38,7 @@ from topologies.validate import (
     ascii_float,
     ascii_int,
     interval_text,
+    one_of,
     short_repr,
 )
 
@@ -377,8 +378,8 @@ def scenario_from_dict(data: dict[str, Any], *, source: str = "scenario") -> Sce
     unknown = sorted(str(k) for k in data if k not in SCENARIO_KEYS)
     if unknown:
         raise TpusimError(
-            f"{source}: unknown key(s) {', '.join(unknown)}; allowed keys are "
-            f"{', '.join(SCENARIO_KEYS)}"
+            f"{source}: unknown key(s) {', '.join(unknown)[:200]}; "
+            f"{one_of(unknown[0], SCENARIO_KEYS)}"
         )
     lists = {}
     for key, kind in (("slow_chip", "chip"), ("slow_link", "link"), ("dead_link", "dead")):

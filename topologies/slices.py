@@ -47,8 +47,9 @@ def _unknown_slice(name: str) -> str:
     m = re.fullmatch(r"\s*([a-z0-9]+)-([0-9]{1,9})\s*", name.lower())
     gen = m.group(1) if m else None
     if gen not in _CORES_PER_CHIP:
-        close = difflib.get_close_matches(name.lower(), SLICES.names(), n=3, cutoff=0.6)
-        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        close = difflib.get_close_matches(name.lower(), SLICES.names(), n=5, cutoff=0.6)
+        words = ", ".join(close[:-1]) + f" or {close[-1]}" if len(close) > 1 else "".join(close)
+        hint = f"did you mean {words}? " if close else ""
         return (f"{head}: {hint}slice names are GEN-N with GEN one of "
                 f"{', '.join(_CORES_PER_CHIP)} (e.g. v5p-128, v5e-256); `tpusim presets` lists "
                 f"them all, or give --chip GEN --shape AxB[xC]")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -298,6 +299,39 @@ def float_flag(flag: str, *, lo: float, hi: float, lo_open: bool = False):
     return parse
 
 
+def nearest_names(name: Any, choices: Iterable[str], n: int = 5) -> list[str]:
+    """The `n` names of `choices` most like `name` (difflib's similarity, case ignored), best
+    first: those at least 60% alike if any are, else the `n` most alike whatever their score."""
+    import difflib
+
+    names = list(dict.fromkeys(str(c) for c in choices))
+    lower: dict[str, str] = {}
+    for c in names:
+        lower.setdefault(c.lower(), c)
+    text = str(name).lower()[:200]
+    close = difflib.get_close_matches(text, list(lower), n=n, cutoff=0.6) \
+        or difflib.get_close_matches(text, list(lower), n=n, cutoff=0.0)
+    return [lower[c] for c in close]
+
+
+def one_of(name: Any, choices: Iterable[str], *, listing: str = "") -> str:
+    """What to give instead of the unknown `name`, on one short line: every choice when there
+    are at most five ("use one of: a, b, c"), else the five nearest by similarity ("did you mean
+    a, b or c?", "the nearest are ...") and how many there are, with `listing` (where the
+    whole list is: "`tpusim presets` lists them") after the count."""
+    names = list(dict.fromkeys(str(c) for c in choices))
+    if len(names) <= 5:
+        return f"use one of: {', '.join(names)}"
+    import difflib
+
+    near = nearest_names(name, names)
+    alike = difflib.SequenceMatcher(None, str(name).lower()[:200], near[0].lower()).ratio() \
+        >= 0.6 if near else False
+    words = near[0] if len(near) == 1 else f"{', '.join(near[:-1])} or {near[-1]}"
+    head = f"did you mean {words}?" if alike else f"the nearest are {', '.join(near)}"
+    return f"{head} ({len(names)} in all{'; ' + listing if listing else ''})"
+
+
 def parse_choice(choices: type[E], text: Any, flag: str, what: str) -> E:
     """`choices(text)` for a string enum (`Remat`, `Optimizer`), or a one-line error in one
     wording for all of them: `FLAG 'text' is not WHAT; use one of: a, b, c`."""
@@ -305,8 +339,8 @@ def parse_choice(choices: type[E], text: Any, flag: str, what: str) -> E:
         return choices(text)
     except ValueError:
         raise TpusimError(
-            f"{flag} {short_repr(text)} is not {what}; use one of: "
-            f"{', '.join(str(c.value) for c in choices)}"
+            f"{flag} {short_repr(text)} is not {what}; "
+            f"{one_of(text, [str(c.value) for c in choices])}"
         ) from None
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from topologies.errors import TpusimError
 from topologies.mesh import LogicalMesh, dcn_hint
-from topologies.validate import MAX_BATCH, MAX_CHUNKS, MAX_TOKENS, short_repr
+from topologies.validate import MAX_BATCH, MAX_CHUNKS, MAX_TOKENS, one_of, short_repr
 from workloads.dtypes import (
     KV_CACHE_DTYPES,
     MATMUL_DTYPES,
@@ -76,10 +76,10 @@ class DecodeConfig:
         if not isinstance(self.matmul_dtype, str) or self.matmul_dtype.lower() not in \
                 MATMUL_DTYPES:
             raise TpusimError(f"--matmul-dtype {short_repr(self.matmul_dtype)} is not "
-                              f"supported; use one of: {', '.join(d.value for d in MATMUL_DTYPES)}")
+                              f"supported; {one_of(self.matmul_dtype, MATMUL_DTYPES)}")
         if self.sampling not in SAMPLING_MODES:
-            raise TpusimError(f"--sampling {short_repr(self.sampling)} is not supported; use "
-                              f"one of: {', '.join(SAMPLING_MODES)}")
+            raise TpusimError(f"--sampling {short_repr(self.sampling)} is not supported; "
+                              f"{one_of(self.sampling, SAMPLING_MODES)}")
         if self.prompt_len is not None and not _pos_int(self.prompt_len):
             raise TpusimError(f"--prompt-len {self.prompt_len!r} must be an integer >= 1")
         if self.prefill_chunk is not None and not _pos_int(self.prefill_chunk):

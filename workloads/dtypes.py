@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 
 from topologies.errors import TpusimError
-from topologies.validate import short_repr
+from topologies.validate import one_of, short_repr
 
 
 class Dtype(enum.StrEnum):
@@ -52,20 +52,20 @@ HLO_ELEMENT_BYTES = {
 }
 
 
-def _names(allowed: tuple[Dtype, ...]) -> str:
-    return ", ".join(d.value for d in allowed)
+def _names(allowed: tuple[Dtype, ...]) -> list[str]:
+    return [d.value for d in allowed]
 
 
 def dtype_bytes(name: str, flag: str) -> float:
     """Bytes per element of the training dtype `name` (any case), or the one-line error of
     `flag`."""
     if not isinstance(name, str):
-        raise TpusimError(f"{flag} {short_repr(name)} must be a dtype name; use one of: "
-                          f"{_names(TRAINING_DTYPES)}")
+        raise TpusimError(f"{flag} {short_repr(name)} must be a dtype name; "
+                          f"{one_of(name, _names(TRAINING_DTYPES))}")
     if name.lower() not in TRAINING_DTYPES:
         raise TpusimError(
-            f"{flag} {short_repr(name)} is not a known dtype; use one of: "
-            f"{_names(TRAINING_DTYPES)}"
+            f"{flag} {short_repr(name)} is not a known dtype; "
+            f"{one_of(name, _names(TRAINING_DTYPES))}"
         )
     return Dtype(name.lower()).nbytes
 
@@ -74,6 +74,6 @@ def storage_bytes(allowed: tuple[Dtype, ...], name: object, flag: str) -> float:
     """Bytes per element of the storage format `name` (any case) among `allowed` (decode's
     weights or KV cache), as a float, or the one-line error of `flag`."""
     if not isinstance(name, str) or name.lower() not in allowed:
-        raise TpusimError(f"{flag} {short_repr(name)} is not a supported dtype; use one of: "
-                          f"{_names(allowed)}")
+        raise TpusimError(f"{flag} {short_repr(name)} is not a supported dtype; "
+                          f"{one_of(name, _names(allowed))}")
     return float(Dtype(name.lower()).nbytes)

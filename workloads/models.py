@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from topologies.errors import TpusimError
+from topologies.quantities import parse_quantity
 from topologies.registry import Registry
 from topologies.validate import (
     MAX_EXPERTS,
@@ -21,6 +23,7 @@ from topologies.validate import (
     MAX_MODEL_DIM,
     MAX_TOKENS,
     interval_text,
+    one_of,
     range_text,
     short_repr,
 )
@@ -554,7 +557,9 @@ _ALLOWED_KEYS = ("base", *MODEL_FIELDS)
 
 # ---- the zoo ---------------------------------------------------------------------------------
 
-MODELS: Registry[TransformerSpec] = Registry("model")
+# Where every zoo name is listed (the unknown-name messages point there).
+_ZOO_LISTING = "docs/howto/custom.md lists the zoo"
+MODELS: Registry[TransformerSpec] = Registry("model", listing=_ZOO_LISTING)
 
 
 def _add(spec: TransformerSpec, *aliases: str) -> None:
@@ -689,8 +694,8 @@ def model_from_dict(
                      if not isinstance(key, str) or key not in _ALLOWED_KEYS)[:5]
     if unknown:
         raise TpusimError(
-            f"{source}: unknown key(s) {', '.join(unknown)}; allowed keys are: "
-            f"{', '.join(_ALLOWED_KEYS)}"
+            f"{source}: unknown key(s) {', '.join(unknown)}; "
+            f"{one_of(unknown[0], _ALLOWED_KEYS, listing='docs/howto/custom.md lists them')}"
         )
     fields = {key: value for key, value in data.items() if key != "base"}
     base_name = data.get("base")
@@ -698,25 +703,64 @@ def model_from_dict(
         if not isinstance(base_name, str):
             raise TpusimError(
                 f"{source}: base={short_repr(base_name)} is not a model name; give a zoo name "
-                f"such as "
-                f"`base: llama3-8b` (known: {', '.join(MODELS.names())})"
+                f"such as `base: llama3-8b` ({_ZOO_LISTING})"
             )
         if base_name not in MODELS:
             raise TpusimError(
-                f"{source}: base {short_repr(base_name)} is not a zoo model; use one of: "
-                f"{', '.join(MODELS.names())}"
+                f"{source}: base {short_repr(base_name)} is not a zoo model; "
+                f"{one_of(base_name, MODELS.names(), listing=_ZOO_LISTING)}"
             )
         base = MODELS.get(base_name)
-        fields = {**base.to_dict(), "name": default_name or base.name, **fields}
+        fields = {**base.to_dict(), "name": default_name or base.name,
+                  **_quantities(fields, base, source)}
     elif "name" not in fields and default_name is not None:
         fields["name"] = default_name
+    else:
+        fields = _quantities(fields, None, source)
     missing = [key for key in _REQUIRED_FIELDS if key not in fields]
     if missing:
         raise TpusimError(
             f"{source}: missing required key(s) {', '.join(missing)}; add them, or start from a "
-            f"zoo model with `base: <name>` (known: {', '.join(MODELS.names())})"
+            f"zoo model with `base: <name>` ({_ZOO_LISTING})"
         )
     return TransformerSpec(**fields)
+
+
+# The numeric fields (all whole counts), and those whose null means "not set".
+_NUMERIC_FIELDS = (*_SIZE_FIELDS, *_MOE_COUNT_FIELDS, "moe_d_ff", "attention_window",
+                   "global_layer_period")
+_NULLABLE_FIELDS = ("moe_d_ff", "attention_window")
+
+
+def _quantities(fields: dict[str, Any], base: TransformerSpec | None,
+                source: str) -> dict[str, Any]:
+    """`fields` with each numeric field given as text read as `--set model.*` reads it
+    (`topologies.quantities`): a number (`1e3`, `'4096'`), or `xF` of the `base:` model's value
+    (`d_ff: x2`); a whole result becomes an int, anything else is left for the spec's check."""
+    out = dict(fields)
+    for key in _NUMERIC_FIELDS:
+        text = out.get(key)
+        if not isinstance(text, str):
+            continue
+        if key in _NULLABLE_FIELDS and text.strip().lower() in ("none", "null"):
+            out[key] = None
+            continue
+        what = f"{source}: {key} = {short_repr(text)}"
+        q = parse_quantity(what, key, text, base_word="the base model")
+        if q.multiplier is not None:
+            base_value = None if base is None else getattr(base, key)
+            if not _is_int(base_value):
+                raise TpusimError(
+                    f"{what}: a multiplier needs a base model with a numeric {key}"
+                    + ("; add `base: llama3-8b` (or another zoo model) or give a whole number"
+                       if base is None else f" ({base.name}'s is {base_value!r}); give a whole "
+                                            f"number"))
+        v = q.resolve(None if base is None else getattr(base, key))
+        if q.multiplier is not None and not float(v).is_integer():
+            raise TpusimError(f"{what}: {getattr(base, key)} x {q.multiplier:g} = {v:g} is not "
+                              f"a whole number; {key} counts whole units")
+        out[key] = int(v) if math.isfinite(v) and float(v).is_integer() else v
+    return out
 
 
 def load_model(name_or_path: str) -> TransformerSpec:
@@ -733,8 +777,9 @@ def load_model(name_or_path: str) -> TransformerSpec:
     path = Path(name_or_path)
     if path.suffix.lower() not in (".yaml", ".yml", ".json") and not path.exists():
         raise TpusimError(
-            f"unknown model {name_or_path!r}: it is neither a zoo model nor an existing file; "
-            f"use one of: {', '.join(MODELS.names())}, or a path to a .yaml file"
+            f"unknown model {short_repr(name_or_path)}: it is neither a zoo model nor an existing "
+            f"file; {one_of(name_or_path, MODELS.names(), listing=_ZOO_LISTING)}, or give a path "
+            f"to a .yaml file"
         )
     # Imported here: only this loader touches the disk (building specs never does).
     from topologies.yamlio import read_yaml_mapping

@@ -29,6 +29,7 @@ from topologies.validate import (
     MAX_TRACE_FILE_BYTES,
     MAX_TRACE_OPS,
     interval_text,
+    one_of,
     range_text,
     short_repr,
 )
@@ -296,9 +297,8 @@ def _op_from_row(i: int, r: Any, cols: list[str], source: str) -> Op:
         except ValueError:
             d[col] = None
         if d[col] is None:
-            raise fail(f"has {col} = {short_repr(r[cols.index(col)] if col in cols else None)}; "
-                       f"use one of: "
-                       f"{', '.join(enum_t)}")
+            given = r[cols.index(col)] if col in cols else None
+            raise fail(f"has {col} = {short_repr(given)}; {one_of(given, list(enum_t))}")
     for col in ("id", "layer", "group"):
         v = d[col]
         if isinstance(v, bool) or not isinstance(v, int) or not -1 <= v <= MAX_TRACE_OPS \
@@ -326,8 +326,8 @@ def _op_from_row(i: int, r: Any, cols: list[str], source: str) -> Op:
         d[col] = tuple(v)
     if d["kind"] == OpKind.COLLECTIVE:
         if d["collective"] not in COLLECTIVE_NAMES:
-            raise fail(f"is a collective of kind {short_repr(d['collective'])}; use one of: "
-                       f"{', '.join(COLLECTIVE_NAMES)}")
+            raise fail(f"is a collective of kind {short_repr(d['collective'])}; "
+                       f"{one_of(d['collective'], COLLECTIVE_NAMES)}")
     return Op(**d)
 
 

@@ -18,6 +18,8 @@ from topologies.validate import (
     CAPACITY_FACTOR_RANGE,
     MAX_SLICES,
     FlagError,
+    one_of,
+    short_repr,
 )
 
 # A value that starts with "-" but that argparse does not take for a negative number (it knows
@@ -76,6 +78,19 @@ class Parser(argparse.ArgumentParser):
         if m and m.group(2).startswith(m.group(1)):
             message = m.group(2)
         message = " ".join(message.split())
+        # argparse's `choices=` error lists every choice: suggest the nearest ones instead.
+        m = re.match(r"argument (\S+?)(?:/\S+)?: invalid choice: (.*?) \(choose from (.*)\)$",
+                     message, re.S)
+        if m:
+            import ast
+
+            try:
+                value = ast.literal_eval(m.group(2))
+            except (ValueError, SyntaxError):
+                value = m.group(2)
+            choices = re.findall(r"'((?:[^'\\]|\\.)*)'", m.group(3))
+            what = "command" if m.group(1) == "command" else m.group(1)
+            message = f"unknown {what} {short_repr(value)}; {one_of(value, choices)}"
         raise TpusimError(f"{message[:500]} (see `{self.prog} --help`)")
 
 

@@ -41,6 +41,7 @@ from topologies.validate import (
     ascii_int,
     float_flag,
     int_flag,
+    one_of,
     short_repr,
     whole_flag,
 )
@@ -274,12 +275,15 @@ class _Request:
                 kw[name] = value
         if unknown:
             if caller:
-                raise TpusimError(
-                    f"{caller}() got unknown keyword(s) {', '.join(sorted(unknown))}; it takes: "
-                    f"{', '.join(flag_name(n).replace('-', '_') for n in cls.FLAGS)}")
-            raise TpusimError(
-                f"tpusim {cls.COMMAND} has no flag(s) {', '.join(sorted(unknown))}; it takes: "
-                f"{', '.join(flag_name(n) for n in cls.FLAGS)}")
+                near = one_of(sorted(unknown)[0],
+                              [flag_name(n).replace('-', '_') for n in cls.FLAGS],
+                              listing=f"help({caller}) lists them")
+                raise TpusimError(f"{caller}() got unknown keyword(s) "
+                                  f"{', '.join(sorted(unknown))[:200]}; {near}")
+            near = one_of(sorted(unknown)[0], [flag_name(n) for n in cls.FLAGS],
+                          listing=f"`tpusim {cls.COMMAND} --help` lists them")
+            raise TpusimError(f"tpusim {cls.COMMAND} has no flag(s) "
+                              f"{', '.join(sorted(unknown))[:200]}; {near}")
         missing = [n for n in cls.REQUIRED if kw.get(n) is None and not (
             n == "model" and objects.get("model_spec") is not None)]
         if missing:

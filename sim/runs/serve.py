@@ -37,7 +37,7 @@ from sim.serving.simulate import (
 from sim.serving.workload import ArrivalKind, WorkloadConfig, generate, parse_lengths
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
-from topologies.validate import short_repr
+from topologies.validate import one_of, short_repr
 from workloads.decode import DecodeConfig
 
 REQUEST_COLUMNS = ("request", "arrival_s", "prompt_tokens", "output_tokens", "replica",
@@ -71,8 +71,8 @@ def _enum(cls, value: str, flag: str):
     try:
         return cls(value)
     except ValueError:
-        raise TpusimError(f"{flag} {short_repr(value)} does not exist; use one of: "
-                          f"{', '.join(m.value for m in cls)}") from None
+        raise TpusimError(f"{flag} {short_repr(value)} does not exist; "
+                          f"{one_of(value, [m.value for m in cls])}") from None
 
 
 def workload_config(req: ServeRequest) -> WorkloadConfig:

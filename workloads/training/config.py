@@ -17,6 +17,7 @@ from topologies.validate import (
     MAX_CHUNKS,
     MAX_TOKENS,
     interval_text,
+    one_of,
     range_text,
     short_repr,
 )
@@ -199,8 +200,8 @@ class TrainingConfig:
     def _check_modes(self) -> None:
         if not self._set_mode("fsdp_gather", FsdpGather):
             raise TpusimError(
-                f"--fsdp-gather {short_repr(self.fsdp_gather)} is not a mode; use one of: "
-                f"{', '.join(FSDP_GATHER_MODES)}"
+                f"--fsdp-gather {short_repr(self.fsdp_gather)} is not a mode; "
+                f"{one_of(self.fsdp_gather, FSDP_GATHER_MODES)}"
             )
         if not self._set_mode("tp_activations", TpActivations):
             raise TpusimError(
