@@ -167,7 +167,8 @@ def op_energies(trace: Trace, chip: ChipSpec, link_classes: dict[int, dict[str, 
         row = out[op.id]
         if op.kind == OpKind.COMPUTE:
             if op.unit == "mxu":
-                j = chip.mxu_int8_j_per_op if op.dtype == "int8" else chip.mxu_j_per_flop
+                j = chip.mxu_int8_j_per_op if op.dtype in ("int8", "fp8") else \
+                    chip.mxu_j_per_flop
                 row[0] = op.flops * k * j * clock
             else:
                 row[1] = op.flops * k * chip.vpu_j_per_flop * clock

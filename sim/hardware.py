@@ -31,6 +31,9 @@ class ChipSpec:
         max_pod_shape: the largest ICI slice (chips per axis).
         mxu_flops_per_s: dense bf16 peak of all MXUs.
         mxu_int8_ops_per_s: int8 peak of all MXUs.
+        mxu_fp8_ops_per_s: fp8 peak of all MXUs; 0 (every preset: their source, tpu.md §1.1,
+            gives bf16 and int8 rates only) for a chip without fp8 matmuls, which refuses
+            `--matmul-dtype fp8`. Listed by `to_dict()` only when set.
         vpu_flops_per_s: fp32 vector-unit peak.
         hbm_bytes: HBM capacity.
         hbm_bytes_per_s: HBM bandwidth.
@@ -101,6 +104,7 @@ class ChipSpec:
     op_overhead_s: float = 0.0
     dcn_message_overhead_s: float = 0.0
     ocs_hop_latency_s: float = 0.0
+    mxu_fp8_ops_per_s: float = 0.0
     mxu_j_per_flop: float = 0.0
     mxu_int8_j_per_op: float = 0.0
     vpu_j_per_flop: float = 0.0
@@ -215,7 +219,8 @@ class ChipSpec:
         # The `eff_*` products written out: this runs once per op per chip class. The clock
         # multiplies in the same place as in `eff_*` (at 1.0 the bits are the same).
         if op.unit == "mxu":
-            peak = self.mxu_int8_ops_per_s if op.dtype == "int8" else self.mxu_flops_per_s
+            peak = self.mxu_int8_ops_per_s if op.dtype == "int8" else \
+                self.mxu_fp8_ops_per_s if op.dtype == "fp8" else self.mxu_flops_per_s
             return peak * self.mxu_efficiency * self.clock_scale * speed \
                 * self.mxu_fill(op.narrow_dim)
         return self.vpu_flops_per_s * self.vpu_efficiency * self.clock_scale * speed
@@ -236,9 +241,18 @@ class ChipSpec:
         data["max_pod_shape"] = list(self.max_pod_shape)
         # At its default (no extra latency through a switch) the key is left out, so that a
         # chip, and every result recording one, reads as it did before the field existed.
-        if not data["ocs_hop_latency_s"]:
-            del data["ocs_hop_latency_s"]
+        for key in ("ocs_hop_latency_s", "mxu_fp8_ops_per_s"):
+            if not data[key]:
+                del data[key]
         return {**data, **self.compiler_rules()}
+
+    def check_matmul_dtype(self, dtype: str, flag: str = "--matmul-dtype") -> None:
+        """A chip without an MXU rate for `dtype` (fp8 on every preset) refuses it."""
+        if dtype == "fp8" and not self.mxu_fp8_ops_per_s:
+            raise TpusimError(
+                f"{flag} fp8: chip {self.name!r} has no fp8 MXU rate (mxu_fp8_ops_per_s is 0; "
+                f"its source, tpu.md §1.1, gives bf16 and int8 rates only); use {flag} int8, "
+                f"or give the rate with --set mxu_fp8_ops_per_s=... or a chip file")
 
     def with_overrides(self, **changes: Any) -> ChipSpec:
         """A copy with some fields changed (what-if studies), validated like a preset."""
@@ -290,6 +304,8 @@ _FIELD_RANGES: dict[str, tuple] = {
     "op_overhead_s": (0.0, 1.0, False, False, "seconds added to every compute op"),
     "dcn_message_overhead_s": (0.0, 1.0, False, False, "seconds per DCN message"),
     "ocs_hop_latency_s": (0.0, 1.0, False, False, "seconds a switched hop adds"),
+    "mxu_fp8_ops_per_s": (0.0, 1e21, False, False,
+                          "the fp8 MXU rate in ops per second (0: no fp8 matmuls)"),
     **{f"{u}_efficiency": (1e-6, 1.0, False, False,
                            "the achievable fraction of the peak")
        for u in ("mxu", "vpu", "hbm", "ici", "dcn")},

@@ -40,6 +40,9 @@ WEIGHT_STORAGE_DTYPES = (Dtype.BF16, Dtype.FP8, Dtype.INT8, Dtype.INT4)
 KV_CACHE_DTYPES = (Dtype.BF16, Dtype.FP8, Dtype.INT8, Dtype.INT4)
 # MXU formats the engine costs: the bf16 peak or the int8 peak (`Op.dtype == "int8"`).
 MATMUL_DTYPES = (Dtype.BF16, Dtype.INT8)
+# Training's matmul formats (`train --matmul-dtype`): fp8 only on a chip with an fp8 MXU
+# rate (`ChipSpec.mxu_fp8_ops_per_s`; no preset has one, docs/model/int8.md).
+TRAINING_MATMUL_DTYPES = (Dtype.BF16, Dtype.INT8, Dtype.FP8)
 
 # Bytes per element of an HLO program's element types; sub-byte types round up (XLA packs
 # them, but they are rare in programs tpusim replays and never dominate traffic).

@@ -110,6 +110,29 @@ def _add_training_args(p: argparse.ArgumentParser) -> None:
                         "the backward recomputes each chunk's logits (default 1: no tiling; "
                         "at most 4,096, dividing the tokens each chip's loss processes per "
                         "microbatch)")
+    p.add_argument("--matmul-dtype", default="bf16",
+                   help="MXU format of the weight matmuls, forward and backward: bf16 "
+                        "(default), int8 (MaxText's AQT int8 training: operands quantized on "
+                        "the VPU, per-channel scales, stochastic rounding of the gradients; "
+                        "docs/model/int8.md) or fp8 (a chip with an fp8 rate only: no preset "
+                        "has one)")
+    p.add_argument("--quantize-attention", action="store_true",
+                   help="with --matmul-dtype int8: the attention's matmuls too (default: bf16, "
+                        "as MaxText)")
+    p.add_argument("--quantize-logits", action="store_true",
+                   help="with --matmul-dtype int8: the output projection to the logits and its "
+                        "backward too (default: bf16, as MaxText)")
+    p.add_argument("--quant-scales", default="per-channel",
+                   help="with --matmul-dtype int8: per-channel scales (default, AQT's "
+                        "calibration: one per row or column along the contraction) or "
+                        "per-tensor")
+    p.add_argument("--quant-gather", default="int8",
+                   help="with --matmul-dtype int8: FSDP gathers carry int8 weights, each shard "
+                        "quantized before its gather (default: XLA's compile of MaxText's "
+                        "int8), or bf16 (each gathered matrix quantized after it)")
+    p.add_argument("--no-stochastic-rounding", action="store_true",
+                   help="with --matmul-dtype int8: round the gradients to nearest (default: "
+                        "stochastic rounding with random bits, AQT's config_v3)")
     p.add_argument("--fsdp-gather", default="async",
                    help="FSDP weight gathers (one per weight matrix): async (prefetched, "
                         "default), windowed (collective matmuls), blocking, or the per-matrix "

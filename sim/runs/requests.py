@@ -118,7 +118,8 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
 # Settings that are lists (each given once per item) and switches (true or false).
 _LISTS = frozenset({"slow_chip", "slow_link", "dead_link"})
 _SWITCHES = frozenset({"no_overlap", "no_fusion", "exhaustive", "default_placement",
-                       "exact_costs"})
+                       "exact_costs", "quantize_attention", "quantize_logits",
+                       "no_stochastic_rounding"})
 # The objects that stand in for a named chip, model or scenario file; never in `flags()`.
 _OBJECTS = ("chip_spec", "model_spec", "scenario_spec", "trace_sha256")
 
@@ -396,7 +397,13 @@ _TRAINING = ("model", "seq_len", "batch_per_chip", "mesh", "dcn", "axis_map", "r
              "grad_dtype", "gather_dtype",
              "optimizer_dtype", "optimizer", "pipeline_schedule", "virtual_stages", "no_overlap",
              "no_fusion", "tp_activations", "tp_comm", "dp_allreduce", "dp_grad_split",
-             "fsdp_grad", "ep_alltoall", "vocab_tiling", "fsdp_gather")
+             "fsdp_grad", "ep_alltoall", "vocab_tiling", "matmul_dtype",
+             "quantize_attention", "quantize_logits", "quant_scales", "quant_gather",
+             "no_stochastic_rounding", "fsdp_gather")
+# int8 training's settings: recorded in `inputs.flags` only when not their defaults, so bf16
+# results read (and rerun) as before.
+_QUANT_FLAGS = ("matmul_dtype", "quantize_attention", "quantize_logits", "quant_scales",
+                "quant_gather", "no_stochastic_rounding")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -406,6 +413,7 @@ class TrainRequest(_Step):
     COMMAND: ClassVar[str] = "train"
     FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", *_TRAINING, "algorithm", *_PERTURB,
                                         "mode", "power_cap")
+    RECORDED_WHEN_SET: ClassVar[tuple[str, ...]] = _QUANT_FLAGS
     REQUIRED: ClassVar[tuple[str, ...]] = ("model", "seq_len", "batch_per_chip", "mesh")
 
     model: str | None = None
@@ -436,6 +444,12 @@ class TrainRequest(_Step):
     ep_alltoall: str = "sync"
     vocab_tiling: int = 1
     fsdp_gather: str = "async"
+    matmul_dtype: str = "bf16"
+    quantize_attention: bool = False
+    quantize_logits: bool = False
+    quant_scales: str = "per-channel"
+    quant_gather: str = "int8"
+    no_stochastic_rounding: bool = False
     algorithm: str = "auto"
 
 

@@ -92,7 +92,7 @@ def describe_config(cfg: Any) -> dict[str, Any]:
     out = {}
     for f in dataclasses.fields(cfg):
         v = getattr(cfg, f.name)
-        if f.metadata.get("recorded_when_set") and not v:
+        if f.metadata.get("recorded_when_set") and v == f.default:
             continue  # e.g. TrainingConfig.remat_save: only `--remat custom` has it
         if dataclasses.is_dataclass(v):  # a nested setting, e.g. TrainingConfig.moe
             v = describe_config(v)

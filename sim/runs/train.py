@@ -74,6 +74,12 @@ def training_config(req, moe=None, chip=None) -> TrainingConfig:
         vocab_tiling=req.vocab_tiling,
         pipeline_schedule=req.pipeline_schedule or "1f1b",
         virtual_stages=req.virtual_stages,
+        matmul_dtype=req.matmul_dtype,
+        quantize_attention=req.quantize_attention,
+        quantize_logits=req.quantize_logits,
+        quant_scales=req.quant_scales,
+        quant_gather=req.quant_gather,
+        stochastic_rounding=not req.no_stochastic_rounding,
         moe=moe if moe is not None else moe_config(req),
         # TrainingConfig's defaults for these are false, as `compile --chips N` wants them.
         **(chip.compiler_rules() if chip is not None else {}),
@@ -82,6 +88,8 @@ def training_config(req, moe=None, chip=None) -> TrainingConfig:
 
 def compile_inputs(req, moe=None, chip=None):
     """(base model, model, LogicalMesh, TrainingConfig) that `compile_step` compiles."""
+    if chip is not None:
+        chip.check_matmul_dtype(str(req.matmul_dtype).lower())
     base_model, model = resolve_model(req)
     mesh = parse_mesh(req.mesh, req.dcn, req.axis_map)
     return base_model, model, mesh, training_config(req, moe, chip)

@@ -94,6 +94,12 @@ MOVEMENT = {
     "triangular-solve", "batch-norm-training", "batch-norm-inference", "batch-norm-grad", "topk",
 }
 MXU_OPS = {"dot", "convolution"}
+# A dot or convolution whose two operands are both of these element types runs at the MXU's
+# int8 (or fp8) rate (`Op.dtype`; AQT's int8 training compiles its weight matmuls to
+# s8 x s8 -> s32 dots: validation/xla_int8.py); any other pair at the bf16 rate.
+_INT8_TYPES = frozenset({"s8", "u8"})
+_FP8_TYPES = frozenset({"f8e4m3fn", "f8e5m2", "f8e4m3", "f8e4m3b11fnuz", "f8e4m3fnuz",
+                        "f8e5m2fnuz", "f8e3m4"})
 # Custom calls that only annotate or reinterpret buffers.
 FREE_CUSTOM_CALLS = {
     "AllocateBuffer", "AssumeGatherIndicesInBound", "Sharding", "SPMDFullToShardShape",
@@ -274,6 +280,7 @@ class _Lowerer:
         self.loops: list[dict] = []
         self._loop_seen: set[str] = set()
         self._comp_flops: dict[str, tuple[float, float]] = {}
+        self._comp_dtype: dict[str, str] = {}
         self._comp_colls: dict[str, list[Instruction]] = {}
         self.n_dev = _num_devices(module)
         if self.n_dev > topology.num_chips:
@@ -332,12 +339,13 @@ class _Lowerer:
         return i
 
     def compute(self, name: str, deps: frozenset[int], *, mxu: float, vpu: float,
-                nbytes: float) -> Value:
+                nbytes: float, dtype: str = "bf16") -> Value:
         if mxu <= 0 and vpu <= 0 and nbytes <= 0:
             return deps
         unit = Unit.MXU if mxu > 0 else Unit.VPU
         i = self._add(name, deps, kind=OpKind.COMPUTE, unit=unit,
-                      flops=float(mxu if mxu > 0 else vpu), hbm_bytes=float(nbytes))
+                      flops=float(mxu if mxu > 0 else vpu), hbm_bytes=float(nbytes),
+                      **({"dtype": dtype} if mxu > 0 and dtype != "bf16" else {}))
         self.flops["mxu"] += mxu
         self.flops["vpu"] += vpu if mxu <= 0 else 0.0
         self.flops["hbm"] += nbytes
@@ -352,6 +360,34 @@ class _Lowerer:
         if s is None:
             raise TpusimError(f"{self.source}: operand %{name} is not defined (truncated file?)")
         return s
+
+    def mxu_dtype(self, comp: Computation, ins: Instruction) -> str:
+        """The MXU format of a dot or convolution: int8 or fp8 when both operands are, else
+        bf16 (`_INT8_TYPES`)."""
+        types = {self.shape_of(comp, o).dtype for o in ins.operands[:2]}
+        if len(ins.operands) >= 2 and types <= _INT8_TYPES:
+            return "int8"
+        if len(ins.operands) >= 2 and types <= _FP8_TYPES:
+            return "fp8"
+        return "bf16"
+
+    def comp_dtype(self, comp: Computation) -> str:
+        """The MXU format of a fused computation's first dot or convolution (nested fusions
+        included; bf16 without one)."""
+        if comp.name in self._comp_dtype:
+            return self._comp_dtype[comp.name]
+        out = "bf16"
+        for ins in comp.instructions:
+            if ins.opcode in MXU_OPS:
+                out = self.mxu_dtype(comp, ins)
+                break
+            if ins.opcode in ("fusion", "call"):
+                inner = [self.comp_dtype(self.m.computations[c]) for c in ins.called()]
+                if any(d != "bf16" for d in inner):
+                    out = next(d for d in inner if d != "bf16")
+                    break
+        self._comp_dtype[comp.name] = out
+        return out
 
     def mxu_flops(self, comp: Computation, ins: Instruction) -> float:
         out = ins.shape.num_elements
@@ -894,7 +930,8 @@ class _Lowerer:
             self.shape_of(comp, o).num_elements <= 1 for o in ops)
         if op in MXU_OPS:
             return self.compute(ins.name, deps, mxu=self.mxu_flops(comp, ins), vpu=0.0,
-                                nbytes=self.operand_bytes(comp, ins) + ins.shape.nbytes)
+                                nbytes=self.operand_bytes(comp, ins) + ins.shape.nbytes,
+                                dtype=self.mxu_dtype(comp, ins))
         if scalar and (op in ELEMENTWISE or op in MOVEMENT):
             return deps  # scalar bookkeeping (loop counters, offsets): the scalar unit
         if op in ELEMENTWISE:
@@ -929,7 +966,8 @@ class _Lowerer:
         mxu, vpu = self.comp_flops(fused)
         if not colls:
             return self.compute(ins.name, deps, mxu=mxu, vpu=vpu,
-                                nbytes=self.fusion_bytes(comp, ins, fused))
+                                nbytes=self.fusion_bytes(comp, ins, fused),
+                                dtype=self.comp_dtype(fused))
         # TPU async collective fusion: a start fusion (root custom-call AsyncCollectiveStart)
         # launches the collective, continuation fusions (same channel_id) overlap compute with
         # it, the done fusion (AsyncCollectiveDone) waits for it.
@@ -946,7 +984,8 @@ class _Lowerer:
             for f in fused.instructions:
                 if f.opcode in MXU_OPS:
                     nbytes += self.operand_bytes(fused, f) + f.shape.nbytes
-            out = _flatten(self.compute(ins.name, deps, mxu=mxu, vpu=vpu, nbytes=nbytes))
+            out = _flatten(self.compute(ins.name, deps, mxu=mxu, vpu=vpu, nbytes=nbytes,
+                                        dtype=self.comp_dtype(fused)))
         if target == "AsyncCollectiveStart":
             i = self.collective(fused, c, deps, name=ins.name)
             if i is not None:

@@ -21,7 +21,7 @@ from topologies.validate import (
     range_text,
     short_repr,
 )
-from workloads.dtypes import Dtype, dtype_bytes
+from workloads.dtypes import TRAINING_MATMUL_DTYPES, Dtype, dtype_bytes
 from workloads.moe import MoeConfig
 from workloads.training.modes import (
     FSDP_GATHER_MODES,
@@ -34,6 +34,7 @@ from workloads.training.modes import (
     FsdpGrad,
     Optimizer,
     PipelineSchedule,
+    QuantScales,
     Remat,
     TpActivations,
     TpComm,
@@ -139,6 +140,27 @@ class TrainingConfig:
     # gradients (sim/ sets it from ChipSpec.head_grad_after_backward: v6e): memory only, see
     # workloads.memory.windowed_head_gradient_bytes.
     head_grad_after_backward: bool = False
+    # int8 (AQT) training (docs/model/int8.md; `workloads/training/quant.py`): the MXU format
+    # of the weight matmuls, forward and both backward matmuls (bf16, int8; fp8 where the chip
+    # has an fp8 rate), with the quantization of their operands costed on the VPU. Recorded
+    # only when not the default, so bf16 results read as before.
+    matmul_dtype: str = field(default="bf16", metadata={"recorded_when_set": True})
+    # The attention's score and value matmuls (forward and backward) and the output
+    # projection to the logits (with its backward) in `matmul_dtype` too; MaxText's int8 keeps
+    # both bf16 (its AQT config wraps the DenseGeneral layers and the MoE experts only).
+    quantize_attention: bool = field(default=False, metadata={"recorded_when_set": True})
+    quantize_logits: bool = field(default=False, metadata={"recorded_when_set": True})
+    # One scale per row/column of an operand along the contraction (AQT's default) or one
+    # per tensor.
+    quant_scales: QuantScales = field(default=QuantScales.PER_CHANNEL,
+                                      metadata={"recorded_when_set": True})
+    # The format FSDP gathers carry the weights in: int8 (each chip quantizes its shard
+    # before the gather, as XLA compiles MaxText's AQT program: its rings carry int8 shards,
+    # validation/xla_int8.py) or bf16 (the gathered matrix is quantized per pass).
+    quant_gather: str = field(default="int8", metadata={"recorded_when_set": True})
+    # Stochastic rounding of the gradient operand of both backward matmuls (AQT's config_v3:
+    # uniform noise from random bits), or round-to-nearest.
+    stochastic_rounding: bool = field(default=True, metadata={"recorded_when_set": True})
 
     def __post_init__(self) -> None:
         # The checks run in this order so that a config with several bad settings names the
@@ -277,6 +299,36 @@ class TrainingConfig:
         if self.gather_dtype is not None:
             dtype_bytes(self.gather_dtype, "--gather-dtype")
         check_stateless_optimizer(self.optimizer, (self.optimizer_dtype,))
+        self._check_quantization()
+
+    def _check_quantization(self) -> None:
+        v = self.matmul_dtype
+        names = ", ".join(d.value for d in TRAINING_MATMUL_DTYPES)
+        if not isinstance(v, str) or v.lower() not in TRAINING_MATMUL_DTYPES:
+            raise TpusimError(f"--matmul-dtype {short_repr(v)} is not a training matmul "
+                              f"format; use one of: {names}")
+        object.__setattr__(self, "matmul_dtype", v.lower())
+        if not self._set_mode("quant_scales", QuantScales):
+            raise TpusimError(f"--quant-scales {short_repr(self.quant_scales)} must be "
+                              f"per-channel (AQT's default) or per-tensor")
+        if self.quant_gather not in ("int8", "bf16"):
+            raise TpusimError(f"--quant-gather {short_repr(self.quant_gather)} must be int8 "
+                              f"(each shard quantized before its gather, XLA's compile of "
+                              f"MaxText's int8) or bf16 (quantized after it)")
+        for name in ("quantize_attention", "quantize_logits", "stochastic_rounding"):
+            if not isinstance(getattr(self, name), bool):
+                raise TpusimError(f"{name} {short_repr(getattr(self, name))} must be true or "
+                                  f"false")
+        if self.matmul_dtype == "bf16":
+            given = [flag for flag, on in (
+                ("--quantize-attention", self.quantize_attention),
+                ("--quantize-logits", self.quantize_logits),
+                ("--quant-gather bf16", self.quant_gather != "int8"),
+                ("--quant-scales per-tensor", self.quant_scales != QuantScales.PER_CHANNEL),
+                ("--no-stochastic-rounding", not self.stochastic_rounding)) if on]
+            if given:
+                raise TpusimError(f"{given[0]} quantizes matmuls, and --matmul-dtype is bf16; "
+                                  f"add --matmul-dtype int8 or drop {given[0].split()[0]}")
 
     @property
     def remat_plan(self) -> RematPlan:
@@ -287,6 +339,11 @@ class TrainingConfig:
     def compiler(self) -> XlaCompilerSpec:
         """The chip compiler's rules this step is compiled with."""
         return XlaCompilerSpec(**{name: getattr(self, name) for name in COMPILER_RULES})
+
+    @property
+    def quantized(self) -> bool:
+        """The weight matmuls run in int8 or fp8 (`matmul_dtype`)."""
+        return self.matmul_dtype != "bf16"
 
     @property
     def weight_gather_dtype(self) -> str:
@@ -307,9 +364,10 @@ def training_config_to_dict(config: TrainingConfig) -> dict:
         if f.name == "moe":
             v = {g.name: getattr(v, g.name) for g in dataclasses.fields(v)}
         if f.metadata.get("recorded_when_set"):
-            if not v:
-                continue  # recorded only for `custom` (older traces have no such key)
-            v = list(v)
+            if v == f.default:
+                continue  # recorded only when set (older traces have no such key)
+            if isinstance(v, tuple):
+                v = list(v)
         out[f.name] = str(v) if isinstance(v, enum.Enum) else v
     return out
 

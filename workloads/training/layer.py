@@ -18,7 +18,7 @@ from workloads.memory import (
     score_exp_fused,
 )
 from workloads.moe import dispatch_flops
-from workloads.training.program import ATTN_KEYS, ProgramBuilder
+from workloads.training.program import ATTN_KEYS, ProgramBuilder, Q
 
 
 class MlpGrads(NamedTuple):
@@ -66,7 +66,8 @@ class LayerProgram(ProgramBuilder):
             qkv = self.mm(f"{tag}qkv_proj", 2 * n * D * (h_loc + 2 * k_loc) * hd,
                           qkv_w * self.wc, n * D * a, n * (h_loc + 2 * k_loc) * hd * a,
                           [norm] + wdeps + mm_deps, layer, phase, keys=("wq", "wk", "wv"),
-                          acc_bytes=n * (h_loc + 2 * k_loc) * hd * a)
+                          acc_bytes=n * (h_loc + 2 * k_loc) * hd * a,
+                          q=Q(act=n * D, weight=qkv_w, out=n * (h_loc + 2 * k_loc) * hd, k=D))
         if m.qk_norm:
             # RMSNorm over head_dim of every query and key head (Gemma 3): a norm fusion of
             # its own, as the pre-norms are (reads twice, writes once).
@@ -91,7 +92,9 @@ class LayerProgram(ProgramBuilder):
                 return mlp_live
             out = self.mm(f"{tag}out_proj", 2 * n * h_loc * hd * D, H * hd * D / tp * self.wc,
                           n * h_loc * hd * a, n * D * a, [att] + wdeps, layer, phase,
-                          keys=("wo",), whole_bytes=n * h_loc * hd * a)
+                          keys=("wo",), whole_bytes=n * h_loc * hd * a,
+                          q=Q(act=n * h_loc * hd, weight=H * hd * D / tp, out=n * D,
+                              k=h_loc * hd))
             mlp_out = self.mlp_forward(layer, norm, wdeps, phase, tag, after)
             summed = self.vpu(f"{tag}block_sum", n * D, 3 * n * D * a, [out, mlp_out], layer,
                               phase)
@@ -106,7 +109,9 @@ class LayerProgram(ProgramBuilder):
         else:
             out = self.mm(f"{tag}out_proj", 2 * n * h_loc * hd * D, H * hd * D / tp * self.wc,
                           n * h_loc * hd * a, n * D * a, [att] + wdeps, layer, phase,
-                          keys=("wo",), whole_bytes=n * h_loc * hd * a)
+                          keys=("wo",), whole_bytes=n * h_loc * hd * a,
+                          q=Q(act=n * h_loc * hd, weight=H * hd * D / tp, out=n * D,
+                              k=h_loc * hd))
             exit1 = self.tp_exit(tag, "attn", out, [out], layer, phase)
         if m.post_norms:
             # The sublayer's output is normed before the residual add (Gemma 2 / 3).
@@ -147,7 +152,8 @@ class LayerProgram(ProgramBuilder):
             flops = 4 * n * h_loc * hd * m.attended_keys_per_query(ctx, layer)
             nbytes = 2 * n * h_loc * hd * a + 2 * kv_bytes
             return self.mm(f"{tag}flash_attention", flops, 0.0, nbytes, 0.0, deps, layer, phase,
-                           narrow_dim=hd)
+                           narrow_dim=hd, q=Q("attention", act=n * h_loc * hd + 2 * kv_bytes / a,
+                                              out=n * h_loc * hd, k=hd))
         # Dot attention materialises every score and masks it afterwards (MaxText's
         # dot-product path: a full q.K^T, then the causal and sliding-window masks), so a
         # local layer costs what a global one does.
@@ -156,7 +162,8 @@ class LayerProgram(ProgramBuilder):
         # head_dim below the MXU width leaves part of the array idle (ChipSpec.mxu_fill).
         qk = self.mm(f"{tag}attn_scores", 2 * n * ctx * h_loc * hd, 0.0,
                      n * h_loc * hd * a + kv_bytes, scores * 4, deps, layer, phase,
-                     narrow_dim=hd)
+                     narrow_dim=hd, q=Q("attention", act=n * h_loc * hd + kv_bytes / a,
+                                        out=scores, k=hd))
         sm = self.vpu(f"{tag}softmax", 5 * scores, scores * 4 + scores * a, [qk], layer, phase)
         if not values:
             # A recomputation whose attention output was kept (`context`): the backward reads
@@ -166,7 +173,8 @@ class LayerProgram(ProgramBuilder):
             return sm
         av = self.mm(f"{tag}attn_values", 2 * n * ctx * h_loc * hd, 0.0,
                      scores * a + kv_bytes, n * h_loc * hd * a, [sm], layer, phase,
-                     narrow_dim=hd)
+                     narrow_dim=hd, q=Q("attention", act=scores + kv_bytes / a,
+                                        out=n * h_loc * hd, k=ctx))
         # The f32 scores (the softmax runs in place over them) and the probabilities the
         # value matmul reads are live together (workloads/memory.py): bf16, or f32 in the
         # forward of a policy that saves named/dot residuals (minimal, offload), where XLA
@@ -251,13 +259,17 @@ class LayerProgram(ProgramBuilder):
                 w_bytes * (mats - 1) / mats, n * rows * D * a,
                 n * rows * F * (mats - 1) / tp * a, x + wdeps, layer, phase,
                 keys=("expert_gate", "expert_up"),
-                acc_bytes=n * rows * F * (mats - 1) / tp * a)
+                acc_bytes=n * rows * F * (mats - 1) / tp * a,
+                q=Q(act=n * rows * D, weight=w_bytes * (mats - 1) / mats / self.wc,
+                    out=n * rows * F * (mats - 1) / tp, k=D))
             act = self.vpu(f"{tag}expert_act", 8 * n * rows * F / tp,
                            n * rows * F * (mats - 1) / tp * a + n * rows * F / tp * a,
                            [h, *after], layer, phase)
             o = self.mm(f"{tag}expert_out", 2 * n * rows * F * D / tp, w_bytes / mats,
                         n * rows * F / tp * a, n * rows * D * a, [act] + wdeps, layer, phase,
-                        keys=("expert_down",), whole_bytes=n * rows * F / tp * a)
+                        keys=("expert_down",), whole_bytes=n * rows * F / tp * a,
+                        q=Q(act=n * rows * F / tp, weight=w_bytes / mats / self.wc,
+                            out=n * rows * D, k=F / tp))
             # A recomputation on the dense dropping path does not send the experts' outputs
             # back: XLA computes the combine weights' gradient where they live (expert-sharded)
             # and sends that gradient instead (`layer_backward`; the compiled program of
@@ -276,7 +288,11 @@ class LayerProgram(ProgramBuilder):
                              keys=("shared_gate", "shared_up") + (() if dead_tail
                                                                    else ("shared_down",)),
                              acc_bytes=n * sF * (mats - 1) / tp * a,
-                             whole_bytes=0.0 if dead_tail else n * sF / tp * a)
+                             whole_bytes=0.0 if dead_tail else n * sF / tp * a,
+                             q=Q(act=n * D + (0.0 if dead_tail else n * sF / tp),
+                                 weight=mats * D * sF / tp * live,
+                                 out=n * sF * (mats - 1) / tp + (0.0 if dead_tail else n * D),
+                                 k=D))
                 out_deps.append(sh)
             if dead_tail:
                 # The experts' outputs (back at their tokens) are read by the backward of the
@@ -301,14 +317,16 @@ class LayerProgram(ProgramBuilder):
             f"{tag}mlp_in", 2 * n * D * F * (mats - 1) / tp,
             (mats - 1) * D * F / tp * self.wc, n * D * a, n * F * (mats - 1) / tp * a,
             [dep] + wdeps, layer, phase, keys=("w_gate", "w_up"),
-            acc_bytes=n * F * (mats - 1) / tp * a)
+            acc_bytes=n * F * (mats - 1) / tp * a,
+            q=Q(act=n * D, weight=(mats - 1) * D * F / tp, out=n * F * (mats - 1) / tp, k=D))
         act = self.vpu(f"{tag}mlp_act", 8 * n * F / tp,
                        n * F * (mats - 1) / tp * a + n * F / tp * a, [h, *after], layer, phase)
         if dead_tail:
             return act
         return self.mm(f"{tag}mlp_out", 2 * n * F * D / tp, D * F / tp * self.wc, n * F / tp * a,
                        n * D * a, [act] + wdeps, layer, phase, keys=("w_down",),
-                       whole_bytes=n * F / tp * a)
+                       whole_bytes=n * F / tp * a,
+                       q=Q(act=n * F / tp, weight=D * F / tp, out=n * D, k=F / tp))
 
     def layer_backward(self, layer, deps, gather, grad=None):
         """Backward of one layer: dX and dW matmuls (2x forward), elementwise grads, TP
@@ -359,7 +377,9 @@ class LayerProgram(ProgramBuilder):
                        list(deps) + wd + mm_deps, layer, "bwd", keys=mkeys,
                        whole_bytes={k: n * F / tp * a for k in mkeys
                                     if k.endswith(("_gate", "_up"))},
-                       acc_bytes={k: n * F / tp * a for k in mkeys if k.endswith("_down")})
+                       acc_bytes={k: n * F / tp * a for k in mkeys if k.endswith("_down")},
+                       q=Q(sr=n * F * (mats - 1) / tp + n * D, weight=w_mlp / self.wc,
+                           out=n * D + n * F / tp, k=F / tp))
         # Reads the gate/up projections and the product's gradient, writes their gradients.
         dact = self.vpu("mlp_act_bwd", 16 * n * F / tp, (2 * (mats - 1) + 1) * n * F / tp * a,
                         [dmlp, *after], layer,
@@ -379,7 +399,9 @@ class LayerProgram(ProgramBuilder):
         dmlp_w = self.mm("mlp_bwd_weights", fwd_mlp, w_mlp, 1.5 * n * F * mats / tp * a, 0.0,
                          [dact] + ([ar1] if ar1 is not None and sync else []), layer, "bwd",
                          keys=mkeys, whole_bytes={k: n * F / tp * a for k in mkeys
-                                                  if k != "router"})
+                                                  if k != "router"},
+                         q=Q(act=n * D + n * F / tp, sr=n * F * (mats - 1) / tp + n * D,
+                             out=w_mlp / self.wc, k=n))
         self.mlp_weights_done = self.last_matmul  # the MLP matrices' last reader
         dcomb_deps: list[int] = []
         if moe:
@@ -500,7 +522,9 @@ class LayerProgram(ProgramBuilder):
                         keys=ATTN_KEYS + self.regather_keys(layer),
                         whole_bytes={"wq": n * h_loc * hd * a, "wk": n * k_loc * hd * a,
                                      "wv": n * k_loc * hd * a},
-                        acc_bytes={"wo": n * h_loc * hd * a})
+                        acc_bytes={"wo": n * h_loc * hd * a},
+                        q=Q(sr=n * (h_loc + 2 * k_loc) * hd + n * D, weight=w_att / self.wc,
+                            out=n * D + n * h_loc * hd, k=D))
         self.attn_early_grads_done = dproj
         kv_bytes = n * d.sp / d.ctx * d.ctx * k_loc * hd * a  # K or V of the local sequences
         datt_m = None
@@ -508,13 +532,18 @@ class LayerProgram(ProgramBuilder):
             # Reads Q, O, dO and K, V; writes dQ, dK, dV.
             datt = self.mm("flash_attention_bwd", att_factor * att_fwd_flops, 0.0,
                            4 * n * h_loc * hd * a + 4 * kv_bytes, 0.0, [dproj, *after2], layer,
-                           "bwd", narrow_dim=hd)
+                           "bwd", narrow_dim=hd,
+                           q=Q("attention", act=2 * n * h_loc * hd + 2 * kv_bytes / a,
+                               sr=n * h_loc * hd, out=n * h_loc * hd + 2 * kv_bytes / a, k=hd))
         else:
             scores = n * d.ctx * h_loc
             datt_m = self.mm("attn_bwd", att_factor * att_fwd_flops, 0.0,
                              3 * scores * a + 2 * kv_bytes,
                              2 * n * h_loc * hd * a + 2 * kv_bytes, [dproj, *after2], layer,
-                             "bwd", narrow_dim=hd)
+                             "bwd", narrow_dim=hd,
+                             q=Q("attention", act=scores + n * h_loc * hd + 2 * kv_bytes / a,
+                                 sr=n * h_loc * hd + scores,
+                                 out=n * h_loc * hd + 2 * kv_bytes / a + scores, k=hd))
             datt = self.vpu("softmax_bwd", 6 * scores, 3 * scores * a, [datt_m], layer, "bwd")
             # The bf16 score-sized buffers live at the score gradient, from the probability
             # gradient's matmul until the dQ and dK matmuls have read the score gradient; one
@@ -538,7 +567,9 @@ class LayerProgram(ProgramBuilder):
         # whole on every ring step; the layer input and o's output gradient a slice at a time.
         dproj_w = self.mm("attn_proj_bwd_weights", proj_flops, w_att,
                           1.5 * n * (h_loc + 2 * k_loc) * hd * a, 0.0, [rope], layer, "bwd",
-                          keys=ATTN_KEYS, whole_bytes=n * (2 * h_loc + 2 * k_loc) * hd * a)
+                          keys=ATTN_KEYS, whole_bytes=n * (2 * h_loc + 2 * k_loc) * hd * a,
+                          q=Q(act=n * D + n * h_loc * hd, sr=n * (h_loc + 2 * k_loc) * hd + n * D,
+                              out=w_att / self.wc, k=n))
         self.attn_weights_done = dproj_w
         return self.vpu("norm_attn_bwd", 10 * r * D, 4 * r * D * a,
                         att_exit + [dact, dmlp_w, dproj_w], layer, "bwd")

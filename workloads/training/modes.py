@@ -111,6 +111,14 @@ class EpAlltoall(enum.StrEnum):
     ASYNC = "async"
 
 
+class QuantScales(enum.StrEnum):
+    """The scales of an int8 matmul's operands (`--quant-scales`): one per row or column along
+    the contraction (AQT's default calibration, MaxText's int8) or one per tensor."""
+
+    PER_CHANNEL = "per-channel"
+    PER_TENSOR = "per-tensor"
+
+
 class PipelineSchedule(enum.StrEnum):
     """Pipeline schedules simulated by `sim/pipeline.py` (docs/model.md "Pipeline
     schedules")."""

@@ -21,6 +21,7 @@ from workloads.trace import OpKind, TraceBuilder, Unit
 from workloads.training import xla_rules as xla
 from workloads.training.config import TrainingConfig
 from workloads.training.modes import Optimizer
+from workloads.training.quant import dequant_flops, quantize_cost
 
 # The op that casts the local weight shard to --gather-dtype, once per step.
 WEIGHT_CAST = "weight_cast"
@@ -76,6 +77,23 @@ class Gathered:
 
 
 
+@dataclass(frozen=True, slots=True)
+class Q:
+    """What an int8 matmul quantizes (`ProgramBuilder.mm`'s `q`), in elements per chip: its
+    activation operands (round to nearest), its gradient operands (stochastic rounding), the
+    weight elements it quantizes itself (none where each shard was quantized before its
+    gather), the outputs it dequantizes; `k` the contraction length its per-channel scales
+    are taken over. `kind`: weight, attention or logits (`--quantize-attention`,
+    `--quantize-logits`)."""
+
+    kind: str = "weight"
+    act: float = 0.0
+    sr: float = 0.0
+    weight: float = 0.0
+    out: float = 0.0
+    k: float = 1.0
+
+
 def with_changes(op, **changes):
     """`op` with some fields replaced (ops are frozen)."""
     return dataclasses.replace(op, **changes)
@@ -112,6 +130,14 @@ class ProgramBuilder:
         # a stacked gradient of the params' dtype (f32 in the v5e and v6e fsdp=16 scanned
         # compiles with f32 weights; benchmarks/xla_memory.py `*_f32params`).
         self.gh = self.wb if self.wc != self.wb else self.gb
+        # int8 training (workloads/training/quant.py): the MXU format of the quantized matmuls
+        # and the bytes per element of a gathered weight (int8 where each shard is quantized
+        # before its gather, as XLA compiles AQT's FSDP programs).
+        self.qdt = cfg.matmul_dtype
+        self.wq = float(Dtype.INT8.nbytes) if cfg.quantized else self.wc
+        self.int8_gathers = cfg.quantized and cfg.quant_gather == "int8" and \
+            d.fs * d.ep > 1
+        self.wg = self.wq if self.int8_gathers else self.wc
         self.ob = dtype_bytes(cfg.optimizer_dtype, "--optimizer-dtype")
         self.opt = Optimizer(cfg.optimizer)
         # Optimizer state per parameter (the moments, in --optimizer-dtype).
@@ -138,6 +164,7 @@ class ProgramBuilder:
         # held from its softmax to the layer's value-gradient matmul.
         self.bwd_probs_bytes = 0.0
         self.last_matmul: int | None = None  # the op the latest mm() emitted for its matmul
+        self._quant_copy = 0.0  # the int8 copies of the latest quantize_op
 
     def mem(self, op_id, category: MemoryCategory, delta: float) -> None:
         """HBM changes by `delta` bytes of `category` when op `op_id` ends."""
@@ -154,8 +181,35 @@ class ProgramBuilder:
     # The FSDP gathers of the layer being emitted (None outside the layers or without fsdp).
     cur: Gathered | None = None
 
+    def quantizes(self, kind: str) -> bool:
+        """Matmuls of `kind` (weight, attention, logits) run in the quantized format."""
+        cfg = self.cfg
+        return cfg.quantized and (kind == "weight" or (kind == "attention"
+                                                       and cfg.quantize_attention)
+                                  or (kind == "logits" and cfg.quantize_logits))
+
+    def quantize_op(self, name, q: Q, deps, layer, phase) -> int:
+        """The VPU fusion that quantizes an int8 matmul's operands (and the dequantization
+        of its outputs, `quant.dequant_flops`); its int8 copies are temporaries until the
+        matmul has read them."""
+        cfg, a = self.cfg, self.act
+        weight = 0.0 if self.int8_gathers and q.kind == "weight" else q.weight
+        total, flops, nbytes = 0.0, dequant_flops(q.out), 0.0
+        for elems, sr in ((q.act, False), (q.sr, cfg.stochastic_rounding), (weight, False)):
+            scales = elems / max(q.k, 1.0) if cfg.quant_scales == "per-channel" else \
+                (1.0 if elems else 0.0)
+            c = quantize_cost(elems, scales, sr=sr, act_bytes=a if elems is not weight
+                              else self.wc)
+            flops += c.flops
+            nbytes += c.hbm_bytes
+            total += c.copy_bytes
+        op = self.vpu(f"{name}_quant", flops, nbytes, deps, layer, phase)
+        self.mem(op, MemoryCategory.TEMPORARIES, total)
+        self._quant_copy = total
+        return op
+
     def mm(self, name, flops, w_bytes, in_bytes, out_bytes, deps, layer, phase, narrow_dim=0,
-           keys=(), whole_bytes=0.0, acc_bytes=0.0):
+           keys=(), whole_bytes=0.0, acc_bytes=0.0, q: Q | None = None):
         """A weight matmul (or, without `w_bytes`, an activation matmul) on the MXU.
 
         Run as a windowed einsum of N ring steps (its matrices' gather or its gradient's
@@ -185,6 +239,18 @@ class ProgramBuilder:
             return x
         if self.cur is not None and keys and not name.endswith("_weights"):
             deps = list(deps) + self.cur.deps(keys)
+        dtype = "bf16"
+        w_elems = w_bytes / self.wc if self.wc else 0.0
+        if q is not None and self.quantizes(q.kind):
+            # The operands are quantized first, then the matmul reads them as int8 (its
+            # weights at 1 byte, its activation operands at half their bf16 bytes) and writes
+            # its dequantized bf16 outputs.
+            deps = [self.quantize_op(name, q, deps, layer, phase)]
+            dtype = self.qdt
+            w_bytes = w_elems * self.wq
+            in_bytes = in_bytes * self.wq / self.act
+            whole_bytes = {k: v * self.wq / self.act for k, v in whole_bytes.items()} \
+                if isinstance(whole_bytes, dict) else whole_bytes * self.wq / self.act
         if n > 1 and w_bytes > 0:
             # A windowed einsum (collective matmul) runs as N ring steps, one weight shard
             # each; XLA's ring is bidirectional and each matmul fusion takes the two shards
@@ -202,12 +268,15 @@ class ProgramBuilder:
             out_bytes += (n - 1) * part(acc_bytes)
         op = self.b.add(name, kind=OpKind.COMPUTE, unit=Unit.MXU, flops=flops,
                         hbm_bytes=w_bytes + in_bytes + out_bytes, deps=deps, layer=layer,
-                        phase=phase, narrow_dim=narrow_dim)
+                        phase=phase, narrow_dim=narrow_dim,
+                        **({"dtype": dtype} if dtype != "bf16" else {}))
+        if dtype != "bf16":
+            self.mem(op, MemoryCategory.TEMPORARIES, -self._quant_copy)
         self.last_matmul = op
         if n > 1 and w_bytes > 0 and name.endswith("_weights"):
             # A weight gradient (dW) whose reduce-scatter is a windowed ring: the gradient is
             # complete once its ring accumulators are.
-            return self.ring_accumulators(name, op, w_bytes, layer, phase)
+            return self.ring_accumulators(name, op, w_elems * self.wc, layer, phase)
         return op
 
     def ring_accumulators(self, name, dep, w_bytes, layer, phase) -> int:
@@ -428,7 +497,20 @@ class ProgramBuilder:
         if self.fsdp_shards == 1:
             return None
         out = Gathered()
-        for key, nbytes in self.layer_matrices(layer):
+        mats = self.layer_matrices(layer)
+        if self.int8_gathers:
+            # Each chip quantizes its shards of the layer's matrices before they are gathered
+            # (XLA's compile of AQT's FSDP program: the rings carry int8 shards), and the
+            # per-channel scales, taken over a contraction the shards split, are completed
+            # from every shard's abs-max (a small all-gather per matrix).
+            shard = sum(nb / self.wc / self.fsdp_group(k)[1] for k, nb in mats)
+            c = quantize_cost(shard, 0.0, sr=False, act_bytes=self.wc)
+            qop = self.vpu(f"weight_quant_{phase}", c.flops, c.hbm_bytes,
+                           after if any(self.gather_form(layer, k, phase) == "async"
+                                        for k, _ in mats) else after_block, layer, phase)
+            after, after_block = [qop], [qop]
+            mats = [(k, nb / self.wc * self.wq) for k, nb in mats]
+        for key, nbytes in mats:
             form = self.gather_form(layer, key, phase)
             axes, group = self.fsdp_group(key)
             # A windowed einsum gathers through a ring of N + 1 collective-permutes (a
@@ -457,7 +539,7 @@ class ProgramBuilder:
             return
         sizes = dict(self.layer_matrices(layer))
         for key in self.regather_keys(layer):
-            nbytes = sizes[key.removesuffix("_dx")]
+            nbytes = sizes[key.removesuffix("_dx")] / self.wc * self.wg
             r = self.coll(f"fsdp_allgather_bwd_{key}", "all-gather",
                           self.fsdp_group(key)[0], nbytes, after, layer, "bwd")
             if r is not None:

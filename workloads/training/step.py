@@ -23,7 +23,7 @@ from workloads.training import xla_rules as xla
 from workloads.training.gradients import GradientReductions, StepState
 from workloads.training.hbm import HbmModel
 from workloads.training.layer import LayerProgram
-from workloads.training.program import WEIGHT_CAST, Gathered
+from workloads.training.program import WEIGHT_CAST, Gathered, Q
 
 G = MemoryCategory
 # The embedding lookup's all-to-all runs over the table's d_model shards (fsdp, and expert in
@@ -251,7 +251,8 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
         logits = self.mm("logits", 2 * n * D * V / d.tp, emb_w * tiles, n * D * a,
                          n * V / d.tp * 4,
                          [final_norm] + ([emb_g] if emb_g is not None else []) + lg_deps,
-                         -1, "fwd")
+                         -1, "fwd", q=Q("logits", act=n * D, weight=emb_w / self.wc,
+                                        out=n * V / d.tp, k=D))
         # The loss over vocabulary shards: the row maxima (bf16, before the f32 convert)
         # and then the f32 sum of exponentials and the target logit are all-reduced
         # over tensor; the target ids reach the shards through one collective-permute
@@ -270,13 +271,17 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
             # MaxText's vocab tiling keeps no logits for the backward (a custom VJP):
             # the backward recomputes each chunk's logits and its softmax.
             rl = self.mm("logits_recompute", 2 * n * D * V / d.tp, emb_w * tiles,
-                         n * D * a, n * V / d.tp * 4, dlog_deps, -1, "bwd")
+                         n * D * a, n * V / d.tp * 4, dlog_deps, -1, "bwd",
+                         q=Q("logits", act=n * D, weight=emb_w / self.wc, out=n * V / d.tp,
+                             k=D))
             dlog_deps = [self.vpu("softmax_xent_recompute", 6 * n * V / d.tp,
                                   2 * n * V / d.tp * 4, [rl], -1, "bwd")]
         dlog = self.vpu("dlogits", 4 * n * V / d.tp, 2 * n * V / d.tp * a, dlog_deps,
                         -1, "bwd")
         dx = self.mm("logits_bwd", 4 * n * D * V / d.tp, 2 * emb_w * tiles,
-                     n * V / d.tp * a, n * D * a + emb_w, [dlog], -1, "bwd")
+                     n * V / d.tp * a, n * D * a + emb_w, [dlog], -1, "bwd",
+                     q=Q("logits", act=n * D, sr=2 * n * V / d.tp, weight=emb_w / self.wc,
+                         out=n * D + emb_w / self.wc, k=V / d.tp))
         if self.rs_windowed and self.fsdp_shards > 1:
             # The output projection's gradient is reduce-scattered by a windowed ring
             # too (XLA's largest one: [d_model / N, vocab] accumulators).

@@ -1,0 +1,197 @@
+"""int8 (AQT) training: which matmuls run at the int8 rate, the quantization's VPU work and
+bytes in closed form, int8 gathers, the memory of the int8 copies, the step faster than bf16
+where the MXU bounds it, FLOP counts unchanged, and the bad-input errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sim.cli import main
+from sim.hardware import get_chip
+from topologies.errors import TpusimError
+from topologies.mesh import parse_mesh
+from workloads.models import model_from_dict
+from workloads.trace import OpKind, Unit
+from workloads.training import TrainingConfig, compile_training_step
+from workloads.training.quant import (
+    DEQUANT_FLOPS_PER_ELEMENT,
+    QUANT_FLOPS_PER_ELEMENT,
+    QUANT_READS,
+    SCALE_BYTES,
+    SR_BITS_BYTES,
+    SR_FLOPS_PER_ELEMENT,
+    quantize_cost,
+)
+
+# A GeLU layer (two MLP matrices): d_model 256, 8 heads of 32 (4 KV heads), d_ff 1024, 2
+# layers, vocab 512.
+MODEL = {"name": "int8-tiny", "num_layers": 2, "d_model": 256, "num_heads": 8,
+         "num_kv_heads": 4, "head_dim": 32, "d_ff": 1024, "mlp": "gelu", "vocab_size": 512}
+D, H, K, HD, F = 256, 8, 4, 32, 1024
+SEQ, BATCH = 512, 2
+N = SEQ * BATCH  # tokens per chip
+
+
+def _trace(mesh="data=1", chips=1, **kw):
+    cfg = TrainingConfig(seq_len=SEQ, batch_per_chip=BATCH, **kw)
+    return compile_training_step(model_from_dict(MODEL), parse_mesh(mesh), chips, cfg)
+
+
+def _ops(trace, name, layer=0):
+    return [o for o in trace.ops if o.name == name and o.layer == layer]
+
+
+def test_weight_matmuls_run_int8_and_attention_and_logits_stay_bf16_by_default():
+    t = _trace(matmul_dtype="int8")
+    mxu = {o.name: o.dtype for o in t.ops if o.kind == OpKind.COMPUTE and o.unit == Unit.MXU}
+    for name in ("qkv_proj", "out_proj", "mlp_in", "mlp_out", "mlp_bwd", "mlp_bwd_weights",
+                 "attn_proj_bwd", "attn_proj_bwd_weights", "re-qkv_proj", "re-mlp_in"):
+        assert mxu[name] == "int8", name
+    for name in ("flash_attention", "flash_attention_bwd", "logits", "logits_bwd"):
+        assert mxu[name] == "bf16", name
+    both = _trace(matmul_dtype="int8", quantize_attention=True, quantize_logits=True)
+    mxu = {o.name: o.dtype for o in both.ops if o.kind == OpKind.COMPUTE and o.unit == Unit.MXU}
+    for name in ("flash_attention", "flash_attention_bwd", "logits", "logits_bwd"):
+        assert mxu[name] == "int8", name
+
+
+def test_total_flops_by_unit_are_unchanged_by_int8_but_for_the_quantization():
+    bf, q = _trace(), _trace(matmul_dtype="int8")
+    mxu = [sum(o.flops for o in t.ops if o.kind == OpKind.COMPUTE and o.unit == Unit.MXU)
+           for t in (bf, q)]
+    assert mxu[0] == mxu[1]
+    quant = sum(o.flops for o in q.ops if o.name.endswith("_quant"))
+    vpu = [sum(o.flops for o in t.ops if o.kind == OpKind.COMPUTE and o.unit == Unit.VPU)
+           for t in (bf, q)]
+    assert quant > 0 and vpu[1] == pytest.approx(vpu[0] + quant, rel=1e-12)
+    assert bf.meta["model_flops_per_chip"] == q.meta["model_flops_per_chip"]
+
+
+def test_forward_mlp_quantization_in_closed_form():
+    """mlp_in quantizes X[N, D] per row and the local W[D, F] per column; its output N x F is
+    dequantized (one chip: no gather, so the matmul quantizes the weight itself)."""
+    t = _trace(matmul_dtype="int8")
+    (op,) = _ops(t, "mlp_in_quant")
+    x, w, out = N * D, D * F, N * F
+    scales = (x + w) / D
+    assert op.flops == pytest.approx(QUANT_FLOPS_PER_ELEMENT * (x + w)
+                                     + DEQUANT_FLOPS_PER_ELEMENT * out)
+    assert op.hbm_bytes == pytest.approx((x + w) * (QUANT_READS * 2 + 1)
+                                         + 2 * SCALE_BYTES * scales)
+    # The matmul reads its operands as int8 (half the bf16 activation bytes, 1 byte a weight).
+    (mm,) = _ops(t, "mlp_in")
+    (mm_bf,) = _ops(_trace(), "mlp_in")
+    assert mm_bf.hbm_bytes - mm.hbm_bytes == pytest.approx(N * D + D * F)
+
+
+def test_backward_gradients_are_stochastically_rounded_with_random_bits():
+    """mlp_bwd_weights (dW = X^T dY) quantizes X[N, D] and the down projection's input
+    X2[N, F], and with stochastic rounding the gradients dY[N, F] (of mlp_in) and dY2[N, D]:
+    each gradient element costs the noise's FLOPs and its 32 random bits written and read."""
+    on = _ops(_trace(matmul_dtype="int8"), "mlp_bwd_weights_quant")[0]
+    off = _ops(_trace(matmul_dtype="int8", stochastic_rounding=False),
+               "mlp_bwd_weights_quant")[0]
+    grads = N * F + N * D
+    assert on.flops - off.flops == pytest.approx(SR_FLOPS_PER_ELEMENT * grads)
+    assert on.hbm_bytes - off.hbm_bytes == pytest.approx(SR_BITS_BYTES * grads)
+
+
+def test_per_tensor_scales_take_one_scale_per_operand():
+    pc = _ops(_trace(matmul_dtype="int8"), "mlp_in_quant")[0]
+    pt = _ops(_trace(matmul_dtype="int8", quant_scales="per-tensor"), "mlp_in_quant")[0]
+    scales = (N * D + D * F) / D
+    assert pc.hbm_bytes - pt.hbm_bytes == pytest.approx(2 * SCALE_BYTES * (scales - 2))
+    assert quantize_cost(0.0, 0.0, sr=True, act_bytes=2).hbm_bytes == 0.0
+
+
+def test_fsdp_gathers_carry_int8_weights_quantized_before_the_gather():
+    """fsdp=4: each layer pass quantizes the chip's quarter of the layer's weights once, and
+    every gather carries 1 byte a weight; --quant-gather bf16 gathers bf16 and quantizes the
+    gathered matrix in each matmul."""
+    fs = 4
+    layer_w = D * (H + 2 * K) * HD + H * HD * D + 2 * D * F
+    i8 = _trace("fsdp=4", fs, matmul_dtype="int8", fsdp_gather="blocking")
+    bf = _trace("fsdp=4", fs, fsdp_gather="blocking")
+    gath = [sum(o.bytes for o in t.ops if o.collective == "all-gather"
+                and o.name.startswith("fsdp_allgather_fwd_") and o.layer == 0)
+            for t in (i8, bf)]
+    assert gath == [pytest.approx(layer_w), pytest.approx(2 * layer_w)]
+    (wq,) = [o for o in i8.ops if o.name == "weight_quant_fwd" and o.layer == 0]
+    assert wq.flops == pytest.approx(QUANT_FLOPS_PER_ELEMENT * layer_w / fs)
+    assert wq.hbm_bytes == pytest.approx(layer_w / fs * (QUANT_READS * 2 + 1))
+    after = _trace("fsdp=4", fs, matmul_dtype="int8", fsdp_gather="blocking",
+                   quant_gather="bf16")
+    assert not [o for o in after.ops if o.name.startswith("weight_quant_")]
+    assert sum(o.bytes for o in after.ops if o.collective == "all-gather"
+               and o.name.startswith("fsdp_allgather_fwd_") and o.layer == 0) == \
+        pytest.approx(2 * layer_w)
+
+
+def test_int8_copies_are_temporaries_freed_by_their_matmul():
+    t = _trace(matmul_dtype="int8")
+    ev = {(t.ops[i].name, cat): d for i, cat, d in t.meta["memory_events"]
+          if t.ops[i].layer == 0}
+    copy = N * D + D * F  # mlp_in's int8 X and W
+    assert ev[("mlp_in_quant", "temporaries")] == pytest.approx(copy)
+    assert ev[("mlp_in", "temporaries")] == pytest.approx(-copy)
+
+
+def test_int8_is_faster_than_bf16_on_an_mxu_bound_step(capsys):
+    """A wide model on one chip: the step is MXU-bound, and its weight matmuls at the int8
+    peak (twice bf16 on v6e) outweigh the quantization's VPU and HBM work."""
+    flags = ["train", "--model", "llama3-8b", "--set", "model.num_layers=4", "--set",
+             "model.vocab_size=8192", "--chip", "v6e", "--shape", "1x1", "--mesh", "data=1",
+             "--seq-len", "2048", "--batch-per-chip", "4", "--json"]
+    steps = []
+    for extra in ([], ["--matmul-dtype", "int8"]):
+        assert main(flags + extra) == 0
+        doc = json.loads(capsys.readouterr().out)
+        steps.append(doc)
+    bf, i8 = steps
+    assert bf["fits_in_hbm"] and i8["fits_in_hbm"]
+    assert bf["breakdown"]["mxu_compute_s"] > 0.75 * bf["step_time_s"]
+    # The weight matmuls (most of the MXU time) at twice the rate; the quantization is
+    # HBM-bound work the bf16 step does not have.
+    assert i8["breakdown"]["mxu_compute_s"] < 0.6 * bf["breakdown"]["mxu_compute_s"]
+    assert i8["breakdown"]["hbm_bound_s"] > bf["breakdown"]["hbm_bound_s"]
+    assert i8["step_time_s"] < bf["step_time_s"]
+    assert i8["model_flops_per_chip"] == bf["model_flops_per_chip"]
+    assert i8["inputs"]["flags"]["matmul-dtype"] == "int8"
+    assert "matmul-dtype" not in bf["inputs"]["flags"]
+    assert "matmul_dtype" not in bf["inputs"]["training"]
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"matmul_dtype": "int4"}, "--matmul-dtype 'int4' is not a training matmul format"),
+    ({"quant_scales": "per-row", "matmul_dtype": "int8"}, "--quant-scales 'per-row' must be"),
+    ({"quant_gather": "fp32", "matmul_dtype": "int8"}, "--quant-gather 'fp32' must be"),
+    ({"quantize_attention": True}, "--quantize-attention quantizes matmuls, and "
+                                   "--matmul-dtype is bf16"),
+    ({"stochastic_rounding": False}, "--no-stochastic-rounding quantizes matmuls"),
+])
+def test_bad_quantization_settings_are_one_line_errors(kw, match):
+    with pytest.raises(TpusimError, match=match):
+        TrainingConfig(seq_len=SEQ, batch_per_chip=BATCH, **kw)
+
+
+def test_fp8_is_refused_on_a_chip_without_an_fp8_rate(capsys):
+    rc = main(["train", "--model", "llama3-8b", "--set", "model.num_layers=1", "--chip", "v5p",
+               "--shape", "2x2x1", "--mesh", "fsdp=4", "--seq-len", "512",
+               "--batch-per-chip", "1", "--matmul-dtype", "fp8"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1
+    assert "--matmul-dtype fp8: chip 'v5p' has no fp8 MXU rate" in err[0]
+    with pytest.raises(TpusimError, match="no fp8 MXU rate"):
+        get_chip("tpu7x").check_matmul_dtype("fp8")
+    get_chip("tpu7x").with_overrides(mxu_fp8_ops_per_s=4.6e15).check_matmul_dtype("fp8")
+
+
+def test_fp8_runs_at_the_chips_fp8_rate_when_it_has_one():
+    chip = get_chip("v5e").with_overrides(mxu_fp8_ops_per_s=3.94e14 * 2)
+    t = _trace(matmul_dtype="fp8")
+    (op,) = _ops(t, "mlp_in")
+    assert op.dtype == "fp8"
+    assert chip.unit_rate(op) == pytest.approx(2 * 3.94e14 * chip.mxu_efficiency)
+    assert "mxu_fp8_ops_per_s" not in get_chip("v5e").to_dict()
