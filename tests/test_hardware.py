@@ -228,7 +228,7 @@ def test_unknown_yaml_keys_are_listed_with_the_allowed_keys(tmp_path):
         load_chip(str(path))
     msg = str(exc.value)
     assert "flux" in msg and "warp_speed" in msg
-    assert "(44 in all; `tpusim presets --json --chip v5e` prints every key)" in msg
+    assert "(45 in all; `tpusim presets --json --chip v5e` prints every key)" in msg
     path = _write_yaml(tmp_path, "base: v5e\nhbm_byte: 9\n")
     with pytest.raises(TpusimError, match=r"unknown key\(s\) hbm_byte; did you mean hbm_bytes"):
         load_chip(str(path))
