@@ -213,7 +213,13 @@ def test_compare_collectives_text_has_one_row_per_algorithm(capsys):
     body = [ln[2:] for ln in lines[2:2 + len(names)]]
     assert [ln.split()[0] for ln in body] == names
     bidi = next(ln for ln in body if ln.startswith("bidi-ring"))
-    assert "n/a" in bidi and "wraparound" in bidi
+    split = next(ln for ln in body if ln.startswith("split-bidi-ring"))
+    # The reason is a footnote, printed once for the two ring algorithms that share it.
+    assert bidi.split()[1:] == ["n/a", "[1]"] and split.split()[1:] == ["n/a", "[1]"]
+    notes = [ln for ln in lines if ln.startswith("[")]
+    assert notes == ["[1] n/a: needs a ring, but axis y (size 4) has no wraparound; use line "
+                     "or auto, or give --wraparound all (or include y)"]
+    assert out.count("has no wraparound") == 1
     auto = next(ln for ln in body if ln.startswith("auto"))
     assert "562.24 us" in auto and "1.00x" in auto
     # Exactly one row is marked as auto's pick: multi-axis, which on one axis without
@@ -487,6 +493,17 @@ def test_flag_errors_state_the_rule_once_without_a_doubled_prefix(capsys, argv, 
     assert message in err
 
 
+def test_demo_report_states_the_sequence_length_and_batch_it_simulated(capsys, tmp_path):
+    rc, out, err = _run(capsys, "demo", "--out", str(tmp_path / "demo"))
+    assert rc == 0, err
+    head = out.splitlines()[0]
+    assert head == ("llama3-8b, sequence length 2,048, global batch 16 (1 per chip, 32,768 "
+                    "tokens per step), remat full, flash attention")
+    summary = json.loads((tmp_path / "demo" / "summary.json").read_text())
+    assert summary["inputs"]["training"]["seq_len"] == 2048
+    assert summary["inputs"]["training"]["global_batch"] == 16
+
+
 def test_demo_json_is_its_summary_and_carries_its_inputs(capsys, tmp_path):
     rc, out, err = _run(capsys, "demo", "--out", str(tmp_path / "demo"), "--json")
     assert rc == 0, err
@@ -565,11 +582,15 @@ def test_train_notes_gradients_reduce_scattered_over_more_chips_than_xla_does(ca
     rc, out, err = _run(capsys, *argv)
     assert rc == 0, err
     note = [line for line in out.splitlines() if line.startswith("note: weight gradients")]
-    assert note == ([f"note: weight gradients reduce-scattered over {ring} chips: XLA "
-                     "(jax/libtpu 0.10.2) all-reduces a gradient whole over more than 32 "
-                     "(docs/model.md \"Collectives as XLA emits them\"); --fsdp-grad auto "
-                     "models what it compiles (v6e's preset MXU factor was fitted with it)"]
+    assert note == ([f"note: weight gradients reduce-scattered over {ring} chips, the default "
+                     "--fsdp-grad (v5e's fitted 2023 runs reduce-scattered); XLA (jax/libtpu "
+                     "0.10.2) all-reduces them whole over more than 32, as --fsdp-grad auto "
+                     "models (v6e's preset MXU factor was fitted with auto)"]
                     if ring else [])
+    # The report comes first: the note is after it, on one line.
+    if ring:
+        assert out.splitlines()[0].startswith("llama3-8b training step on ")
+        assert out.splitlines()[-1] == note[0]
     # Never inside --json output.
     _json(capsys, *argv)
 
@@ -789,3 +810,20 @@ def test_import_hlo_output_empty_is_an_error(capsys, tmp_path, monkeypatch):
     out, err = capsys.readouterr()
     assert rc == 2 and out == "" and err == "tpusim: error: -o '' is empty; give a path\n"
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("name,says,never", [
+    ("step.hlo.txt.gz", "step.hlo.txt.gz' does not exist; HLO text is what XLA compiles",
+     "tpusim compile"),
+    ("module.hlo.txt", "`tpusim make-hlo-fixture` compiles one", "tpusim compile"),
+    ("step.trace", "step.trace' does not exist; write one with `tpusim compile",
+     "make-hlo-fixture"),
+    ("step.pftrace", "a Perfetto trace is what --perfetto writes", "make-hlo-fixture"),
+])
+def test_replay_of_a_missing_file_hints_at_what_makes_that_kind_of_file(capsys, tmp_path, name,
+                                                                        says, never):
+    rc, out, err = _run(capsys, "replay", str(tmp_path / name), "--chip", "v5e", "--shape", "4x4")
+    assert rc == 2 and out == "" and err.count("\n") == 1
+    assert says in err and never not in err
+    assert err.startswith("tpusim: error: HLO file " if ".hlo" in name else
+                          "tpusim: error: trace file ")

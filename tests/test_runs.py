@@ -95,3 +95,42 @@ def test_progress_bars_are_asked_for_by_a_front_end_and_left_behind_by_none():
             assert not progress.bars_wanted()
         assert progress._BARS.get() is inner is True
     assert progress._BARS.get() is False
+
+
+_TRAIN_KW = dict(chip="v5e", shape="2x2", model="llama3-8b", seq_len=128, batch_per_chip=1,
+                 mesh="fsdp=4")
+
+
+@pytest.mark.parametrize("change,says", [
+    ({"seq_len": [128]}, "TrainRequest(seq_len=[128]): seq_len takes one number or text"),
+    ({"no_overlap": 1}, "TrainRequest(no_overlap=1): no_overlap takes True or False"),
+    ({"slow_link": [None]}, "TrainRequest(slow_link=[None]): slow_link takes a list of values"),
+    ({"overrides": [1, 2]}, "TrainRequest(overrides=[1, 2]): overrides takes a dict"),
+    ({"chip": 5}, "TrainRequest(chip=5): chip takes a chip preset name"),
+    ({"model_spec": "llama3-8b"}, "model_spec takes a TransformerSpec"),
+    ({"bogus": 1}, "TrainRequest() has no field(s) bogus; "),
+    ({"seq_len": 128.5}, "--seq-len '128.5' is not a whole number"),
+])
+def test_a_request_given_a_wrong_typed_field_is_a_one_line_tpusim_error(change, says):
+    from sim.runs.requests import TrainRequest
+
+    with pytest.raises(TpusimError) as err:
+        TrainRequest(**{**_TRAIN_KW, **change})
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_request_given_a_positional_argument_is_a_one_line_tpusim_error():
+    from sim.runs.requests import CollectiveRequest, TrainRequest
+
+    for cls in (TrainRequest, CollectiveRequest):
+        with pytest.raises(TpusimError, match=rf"^{cls.__name__}\(\) takes its settings as "
+                                              r"keywords, got 1 positional argument"):
+            cls("v5e")
+
+
+def test_a_request_takes_none_as_a_settings_default_and_one_text_as_a_one_item_list():
+    from sim.runs.requests import TrainRequest
+
+    r = TrainRequest(**_TRAIN_KW, wraparound=None, slow_link="0,0:x+:0.5")
+    assert r.wraparound == "auto" and r.slow_link == ("0,0:x+:0.5",)
+    assert r == TrainRequest(**_TRAIN_KW, slow_link=["0,0:x+:0.5"])

@@ -145,9 +145,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     )
     print(f"  {'algorithm':<20} {'time':>10} {'latency':>10} {'bandwidth':>10} {'vs best':>8} "
           f"{'busiest link':>13} {'util':>5} {'steps':>5}  mode")
+    # Why an algorithm does not apply, once per distinct reason, as footnotes under the table
+    # (the reasons are long, and several algorithms share one).
+    reasons: dict[str, int] = {}
     for r in rows:
         if not r["applicable"]:
-            print(f"  {r['algorithm']:<20} {'n/a':>10}  {r['reason']}")
+            why = _reason_words(r["algorithm"], r["reason"])
+            mark = reasons.setdefault(why, len(reasons) + 1)
+            print(f"  {r['algorithm']:<20} {'n/a':>10}  [{mark}]")
             continue
         mark = "*" if r.get("auto_pick") else " "
         print(
@@ -160,7 +165,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print("latency = the time with infinitely fast links (hops x per-hop latency, step after "
               "step);\nbandwidth = the rest (bytes draining, contention); * = auto's pick, the "
               "fastest that applies")
+    for why, mark in reasons.items():
+        print(f"[{mark}] n/a: {why}")
     return 0
+
+
+def _reason_words(algorithm: str, reason: str) -> str:
+    """An algorithm's reason for not applying, without its own name in front ("algorithm 'ring'
+    runs on one axis but ..." -> "runs on one axis but ..."), so that algorithms refused for
+    the same reason share one footnote."""
+    for head in (f"algorithm {algorithm!r} ", f"algorithm {algorithm} "):
+        if reason.startswith(head):
+            return reason[len(head):]
+    return reason
 
 
 def _algo_label(r: dict) -> str:

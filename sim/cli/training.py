@@ -249,10 +249,12 @@ def _grad_ring_note(trace) -> list[str]:
                default=0)
     if ring <= XLA_MAX_WINDOWED_RING:
         return []
-    return [f"note: weight gradients reduce-scattered over {ring} chips: XLA (jax/libtpu "
-            f"0.10.2) all-reduces a gradient whole over more than {XLA_MAX_WINDOWED_RING} "
-            "(docs/model.md \"Collectives as XLA emits them\"); --fsdp-grad auto models what "
-            "it compiles (v6e's preset MXU factor was fitted with it)"]
+    # The default stays reduce-scatter, and the note says why in one line: the 2023 v5e runs
+    # (whose programs cannot be compiled again) fit only with it (docs/validation.md effect 7).
+    return [f"note: weight gradients reduce-scattered over {ring} chips, the default "
+            f"--fsdp-grad (v5e's fitted 2023 runs reduce-scattered); XLA (jax/libtpu 0.10.2) "
+            f"all-reduces them whole over more than {XLA_MAX_WINDOWED_RING}, as --fsdp-grad auto "
+            f"models (v6e's preset MXU factor was fitted with auto)"]
 
 
 def print_notes(args, notes: list[str]) -> None:
@@ -510,6 +512,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     where = ", ".join(f"{n} on {'+'.join(a for a, _k, _s in p.factors)}"
                       for n, p in place_mesh(mesh, topo).items())
+    batch = tcfg.batch_per_chip * topo.num_chips
+    print(f"{model.name}, sequence length {tcfg.seq_len:,}, global batch {batch:g} "
+          f"({tcfg.batch_per_chip:g} per chip, {trace.meta['tokens_per_step']:,} tokens per "
+          f"step), remat {tcfg.remat}, {tcfg.attention} attention")
     print(f"mesh {mesh.describe()} on {topo.name} {chip.name} ({where})")
     _print_training(summary)
     print("\nall-gather of 32 MiB over x (16 chips, wraparound) on a 16x16 v5e:")

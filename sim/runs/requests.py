@@ -17,7 +17,9 @@ same after a preset or file changed).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import numbers
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -130,6 +132,24 @@ _WANT = {"switch": "True or False",
          "": "one number or text, as its flag takes on the command line (e.g. 8 or 'full')"}
 
 
+# The objects a request carries instead of a name, by their class's name (a scenario is only
+# imported where it is validated).
+_SPEC_TYPES = {"chip_spec": "ChipSpec", "model_spec": "TransformerSpec",
+               "scenario_spec": "Scenario"}
+
+
+# Settings that name a preset or a file: text (a path for a file), never a number.
+_NAMES = {"chip": "a chip preset name or a chip YAML path (or a ChipSpec)",
+          "model": "a zoo model name or a model YAML path (or a TransformerSpec)",
+          "slice": "a slice name such as 'v5p-128'", "trace": "a trace file path",
+          "scenario": "a scenario YAML path", "trace_sha256": "a SHA-256 in hex"}
+
+
+def _scalar(v: Any) -> bool:
+    """Text or a real number (numpy's included), not a bool."""
+    return isinstance(v, str) or (isinstance(v, numbers.Real) and not isinstance(v, bool))
+
+
 def flag_name(name: str) -> str:
     """A setting's name on the command line (without dashes)."""
     return "set" if name == "overrides" else name.replace("_", "-")
@@ -159,8 +179,31 @@ def mesh_text(caller: str, mesh: Mapping) -> str:
     return ",".join(f"{axis}={size}" for axis, size in mesh.items())
 
 
+class _Checked(type):
+    """The requests' metaclass: a constructor call that does not match the fields (a setting
+    given positionally, a misspelt one) is a one-line `TpusimError` naming the request, as a
+    wrong-typed field is (`_Request._check_types`), never Python's own `TypeError`."""
+
+    def __call__(cls, *args: Any, **kwargs: Any):
+        if args or kwargs.keys() - _field_names(cls):
+            name = cls.__name__
+            if args:
+                raise TpusimError(f"{name}() takes its settings as keywords, got "
+                                  f"{len(args)} positional argument(s) "
+                                  f"{short_repr(args, 60)}; give e.g. {name}(chip='v5e', ...)")
+            bad = sorted(str(k) for k in kwargs.keys() - _field_names(cls))
+            raise TpusimError(f"{name}() has no field(s) {', '.join(bad)[:200]}; "
+                              f"{one_of(bad[0], sorted(_field_names(cls)))}")
+        return super().__call__(**kwargs)
+
+
+@functools.cache
+def _field_names(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls) if f.init)
+
+
 @dataclass(frozen=True, kw_only=True)
-class _Request:
+class _Request(metaclass=_Checked):
     """What every request has: the pod, `--set` overrides, and the objects a caller may hand
     over instead of names."""
 
@@ -199,8 +242,12 @@ class _Request:
         elif ov is None:
             ov = ()
         else:
-            ov = tuple((str(k), str(v)) for k, v in ov)
+            try:
+                ov = tuple((str(k), str(v)) for k, v in ov)
+            except (TypeError, ValueError):
+                raise self._wrong("overrides", ov, _WANT["overrides"]) from None
         set_("overrides", ov)
+        self._check_types()
         compute = getattr(self, "chakra_compute", None)
         if compute is not None and compute not in ("roofline", "recorded"):
             raise TpusimError(f"chakra_compute {short_repr(compute)} is not a way to cost "
@@ -208,12 +255,46 @@ class _Request:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if f.name in _LISTS:
-                set_(f.name, tuple(v or ()))
+                set_(f.name, (v,) if isinstance(v, str) else tuple(v or ()))
             elif isinstance(v, Path):
                 set_(f.name, str(v))
             elif v is not None and (conv := self.OWN_CONVERTERS.get(f.name)
                                     or CONVERTERS.get(f.name)) is not None:
                 set_(f.name, conv(str(v).strip() if isinstance(v, str) else str(v)))
+
+    def _wrong(self, name: str, value: Any, want: str) -> TpusimError:
+        cls = type(self).__name__
+        return TpusimError(f"{cls}({name}={short_repr(value)}): {name} takes {want}")
+
+    def _check_types(self) -> None:
+        """Every field holds a value of a type its setting takes (a Python caller may pass
+        anything): a one-line `TpusimError` naming the field and what it takes, before any
+        converter or `sim.run` meets a value it cannot use. A None given for a setting that
+        has a default is that default."""
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            name = f.name
+            if v is None:
+                if "None" not in str(f.type) and f.default is not dataclasses.MISSING:
+                    object.__setattr__(self, name, f.default)
+                continue
+            if name in _SWITCHES:
+                ok, want = isinstance(v, bool), _WANT["switch"]
+            elif name in _LISTS:
+                ok = isinstance(v, (list, tuple, str)) and (isinstance(v, str) or all(
+                    _scalar(x) for x in v))
+                want = _WANT["list"]
+            elif name == "overrides" or name == "dask":
+                continue  # checked where they are converted / used
+            elif name in _SPEC_TYPES:
+                ok = type(v).__name__ == _SPEC_TYPES[name]
+                want = f"a {_SPEC_TYPES[name]}"
+            elif name in _NAMES:
+                ok, want = isinstance(v, (str, Path)), _NAMES[name]
+            else:
+                ok, want = _scalar(v) or isinstance(v, Path), _WANT[""]
+            if not ok:
+                raise self._wrong(name, v, want)
 
     # -- records ------------------------------------------------------------------------------
     def flags(self) -> dict[str, Any]:

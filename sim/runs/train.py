@@ -285,6 +285,25 @@ def chakra_summary(imp, result) -> dict[str, Any]:
     }
 
 
+def missing_trace_message(path: Path) -> str:
+    """What to say when `replay`'s input does not exist: where a file of that kind comes from
+    (a trace file from `tpusim compile`, HLO text from XLA, a Perfetto trace is an output)."""
+    name = path.name.lower().removesuffix(".gz")
+    what = "trace file"
+    if name.endswith((".hlo.txt", ".hlo", ".txt")):
+        what, hint = "HLO file", (
+            "HLO text is what XLA compiles (`compiled.as_text()`, an --xla_dump_to *.txt file); "
+            "`tpusim make-hlo-fixture` compiles one for a slice and mesh (docs/howto/hlo.md)")
+    elif name.endswith((".pftrace", ".perfetto-trace")):
+        hint = ("a Perfetto trace is what --perfetto writes, not a program; replay a trace file "
+                "(`tpusim compile -o step.trace`), HLO text or a Chakra trace")
+    else:
+        hint = ("write one with `tpusim compile ... -o FILE` (or `tpusim import-hlo PROGRAM "
+                "-o FILE` from HLO text)")
+    kind = "a directory, not a file" if path.is_dir() else "does not exist"
+    return f"{what} {str(path)!r} {kind}; {hint}"
+
+
 def run_replay(req: ReplayRequest, *, check_trace_chips=None) -> Run:
     """A trace file (or HLO text) replayed on the pod. The file's SHA-256 is recorded in
     `inputs`; when the request carries `trace_sha256` (`rerun`), a file that changed since is
@@ -297,7 +316,7 @@ def run_replay(req: ReplayRequest, *, check_trace_chips=None) -> Run:
         chakra, raw = load_chakra(req.trace, pod.topology, req.chakra_compute)
         trace = chakra.trace
     elif not path.is_file():
-        raise TpusimError(f"trace file {str(path)!r} does not exist; write one with tpusim compile")
+        raise TpusimError(missing_trace_message(path))
     elif is_hlo(path):
         # XLA's compiled HLO text: import it for this pod, then replay like any trace.
         pod = resolve_pod(req)
