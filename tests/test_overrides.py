@@ -133,12 +133,18 @@ def test_a_multiplier_pushing_an_efficiency_above_one_is_an_error():
         parse_overrides(["mxu_efficiency=x2"]).apply_chip(get_chip("v5e"))
 
 
-def test_unknown_keys_list_the_allowed_ones():
+def test_unknown_keys_suggest_the_nearest_allowed_ones_of_the_commands_scope():
     with pytest.raises(TpusimError) as exc:
         parse_overrides(["ici_bandwidth=x2"], ("chip", "topology"), command="tpusim collective")
     msg = str(exc.value)
     assert "ici_bandwidth" in msg and "ici_link_bytes_per_s" in msg
-    assert "topology.wraparound" in msg and "model.d_ff" not in msg
+    n = len(allowed_keys(("chip", "topology")))
+    assert f"({n} in all; `tpusim collective --help` lists them)" in msg
+    with pytest.raises(TpusimError, match=r"did you mean topology.wraparound\?"):
+        parse_overrides(["topology.wraparond=x"], ("chip", "topology"))
+    with pytest.raises(TpusimError) as exc:
+        parse_overrides(["model.d_fff=1"], ("chip", "topology"))
+    assert "model.d_ff," not in str(exc.value)  # not suggested: not in this scope
     with pytest.raises(TpusimError, match=r"model fields are written model.d_ff"):
         parse_overrides(["d_ff=28672"])
     with pytest.raises(TpusimError, match=r"does not apply to tpusim replay"):
