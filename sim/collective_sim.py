@@ -44,6 +44,7 @@ from topologies.groups import (
     GroupAxis,
     GroupGeometry,
     group_axes,
+    with_twist,
 )
 from topologies.scenario import Scenario, parse_slow_link
 from topologies.torus import AXIS_NAMES, DCN_AXIS, Topology
@@ -374,9 +375,12 @@ def _simulate_collective(
         gaxes = tuple(axes)  # factors of physical axes, from a logical mesh
     else:
         gaxes = group_axes(topology, tuple(axes))
+    gaxes = with_twist(topology, gaxes)
     geo = GroupGeometry(topology, gaxes)
     nbytes = check_bytes(nbytes, kind, geo.group_size)
     schedule = build_schedule(kind, gaxes, float(nbytes), algorithm, shift=shift)
+    # The axes the schedule runs on (ring algorithms make a twisted ring a line).
+    gaxes = schedule.gaxes
 
     # Which mode: symmetric is exact when the schedule is translation-invariant and no link
     # in the group's axes is degraded.
@@ -519,6 +523,13 @@ def orbit_periods(topology: Topology, gaxes: tuple[GroupAxis, ...],
             periods.append(n)
     if math.prod(periods) >= topology.num_chips:
         return None
+    if topology.twisted:
+        # A shift along a short axis that crosses its twisted wraparound also moves the chip
+        # k along the long axes: a symmetry only if that move is one too.
+        for a in range(ndim):
+            for j, shift in topology.twist_of(a):
+                if periods[a] < dims[a] and shift % periods[j]:
+                    return None
     return tuple(periods)
 
 
@@ -824,6 +835,7 @@ def _bound_context(kw) -> tuple | None:
             gaxes = tuple(axes)
         else:
             gaxes = group_axes(topology, tuple(axes))
+        gaxes = with_twist(topology, gaxes)
         geo = GroupGeometry(topology, gaxes)
         slow = _slow_links(topology, kw.get("slow_links", ()), kw.get("scenario"))
     except (TpusimError, ValueError):
@@ -849,6 +861,7 @@ def _candidate_lower_bound(cand: str, kw, ctx) -> float | None:
                                   shift=kw.get("shift", 1))
     except (TpusimError, ValueError, TypeError):
         return None
+    gaxes = schedule.gaxes  # ring algorithms run a twisted ring as a line
     chip = kw["chip"]
     k = len(gaxes)
     size = np.array([g.size for g in gaxes], dtype=np.int64)

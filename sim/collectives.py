@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from topologies.errors import TpusimError
-from topologies.groups import GroupAxis
+from topologies.groups import GroupAxis, as_lines, lattice_offsets
 from topologies.registry import Registry
 from topologies.validate import one_of, short_repr
 
@@ -274,11 +274,19 @@ def _require_one_axis(name: str, gaxes) -> int:
 
 
 def _require_wrap(name: str, g: GroupAxis) -> None:
+    if g.size > 1 and not g.wraps and g.wrap_leaves:
+        raise TpusimError(_twisted_line_message(name, g, "line or auto"))
     if g.size > 1 and not g.wraps:
         raise TpusimError(
             f"algorithm {name!r} needs a ring, but axis {g.name} (size {g.size}) has no "
             f"wraparound; use line or auto, or give --wraparound all (or include {g.name})"
         )
+
+
+def _twisted_line_message(name: str, g: GroupAxis, use: str) -> str:
+    return (f"algorithm {name!r} needs a ring, but on a twisted torus axis {g.name}'s "
+            f"wraparound link lands half the long side away, outside this group, so {g.name} is "
+            f"a line here; use {use}, or drop --twist")
 
 
 _REDUCING = (CollectiveKind.REDUCE_SCATTER, CollectiveKind.ALL_REDUCE)
@@ -456,6 +464,8 @@ def _direct_moves(gaxes, per_pair_bytes: float) -> tuple[Move, ...]:
 
 
 def _direct_skeleton(gaxes) -> tuple[tuple, ...]:
+    if any(g.twist for g in gaxes):
+        return _twisted_skeleton(gaxes)
     per_axis = [_shortest_offsets(g) for g in gaxes]
     moves = []
     for combo in itertools.product(*per_axis):
@@ -476,6 +486,45 @@ def _direct_skeleton(gaxes) -> tuple[tuple, ...]:
                     his.append(min(g.size - 1, g.size - 1 - o))
             lo, hi = tuple(los), tuple(his)
         moves.append((off, w, lo, hi))
+    return tuple(moves)
+
+
+def _twisted_skeleton(gaxes) -> tuple[tuple, ...]:
+    """`direct`'s moves on a group holding a twisted ring: the twisted rings and the long axes
+    they shift along form one lattice, whose destinations each take all their shortest hop
+    vectors with equal shares (`lattice_offsets`, ties split as on a ring); the group's other
+    axes (lines, plain rings, DCN) combine with them as before."""
+    lat = [i for i, g in enumerate(gaxes)
+           if g.twist or any(j == g.index for h in gaxes for j, _ in h.twist)]
+    rest = [i for i in range(len(gaxes)) if i not in lat]
+    table = lattice_offsets(tuple(gaxes[i] for i in lat))
+    lattice = [(vecs, 1.0 / len(vecs)) for vecs in table.values()]
+    per_rest = [_shortest_offsets(gaxes[i]) for i in rest]
+    moves = []
+    for (vecs, w_lat), combo in itertools.product(lattice, itertools.product(*per_rest)):
+        for vec in vecs:
+            off = [0] * len(gaxes)
+            for i, o in zip(lat, vec, strict=True):
+                off[i] = o
+            w = w_lat
+            for i, (o, wt) in zip(rest, combo, strict=True):
+                off[i] = o
+                w *= wt
+            off_t = tuple(off)
+            if not any(off_t):
+                continue
+            lo = hi = None
+            if any(not gaxes[i].wraps and gaxes[i].size > 1 and off_t[i] for i in rest):
+                los, his = [], []
+                for g, o in zip(gaxes, off_t, strict=True):
+                    if g.wraps or g.size == 1:
+                        los.append(0)
+                        his.append(1 << 30)
+                    else:
+                        los.append(max(0, -o))
+                        his.append(min(g.size - 1, g.size - 1 - o))
+                lo, hi = tuple(los), tuple(his)
+            moves.append((off_t, w, lo, hi))
     return tuple(moves)
 
 
@@ -513,6 +562,8 @@ def _alltoall_relay(name: str, gaxes, v: float, *, bidi: bool) -> Schedule:
     chunk = v / (n * n)
     steps: list[Step] = []
     if n > 1 and not bidi:
+        if not g.wraps and g.wrap_leaves:
+            raise TpusimError(_twisted_line_message(name, g, "direct or auto"))
         if not g.wraps:
             raise TpusimError(
                 f"algorithm {name!r} for all-to-all needs a ring, but axis {g.name} has no "
@@ -604,7 +655,7 @@ def _auto(kind: CollectiveKind, gaxes, v: float, **kw) -> Schedule:
     otherwise. `simulate_collective` resolves `auto` itself: it simulates every applicable
     candidate and keeps the fastest (`collective_sim.AUTO_CANDIDATES`)."""
     if kind in _GATHERLIKE:
-        s = _multi_axis(kind, gaxes, v)
+        s = _multi_axis(kind, as_lines(gaxes), v)
     else:
         s = ALGORITHMS.get("direct").build(kind, gaxes, v, **kw)
     return dataclasses.replace(s, algorithm=f"auto ({s.algorithm})")
@@ -735,4 +786,8 @@ def _build_schedule(
         ai = _require_one_axis("collective-permute", gaxes)
         del ai
         return _permute(kind, gaxes, v, shift=shift)
+    if info.name not in ("direct", "auto"):
+        # Ring algorithms run a twisted ring as a line (`as_lines`, docs/model/pods.md); direct
+        # routes every pair over its shortest hop vectors through the twist.
+        gaxes = as_lines(gaxes)
     return info.build(kind, gaxes, v, shift=shift)

@@ -365,8 +365,8 @@ _COST_CACHE: dict[tuple, CollectiveCost] = {}
 
 def cost_cache_key(chip: ChipSpec, topology: Topology, kind: str, gaxes: tuple[GroupAxis, ...],
                    nbytes: float, algorithm: str) -> tuple:
-    return (link_numbers(chip), topology.shape, topology.wraparound, topology.num_slices, kind,
-            gaxes, float(nbytes), algorithm)
+    return (link_numbers(chip), topology.shape, topology.wraparound, topology.num_slices,
+            topology.twisted, kind, gaxes, float(nbytes), algorithm)
 
 
 def seed_cost_cache(entries: dict[tuple, CollectiveCost]) -> None:

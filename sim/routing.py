@@ -25,6 +25,8 @@ from topologies.groups import (
     route_class_hops,
     route_latency_s,
     route_links,
+    shortest_vectors,
+    slice_axes,
 )
 from topologies.torus import AXIS_NAMES, Topology
 
@@ -226,6 +228,8 @@ def send_batch(
     d_chip = topology.chip_id(dst)
     if s_chip == d_chip:
         raise TpusimError(f"--src {src} and --dst {dst} are the same chip; pick two chips")
+    if topology.twisted:
+        return _twisted_send_batch(topology, lm, s_chip, d_chip, nbytes, detour)
     gaxes_all = [
         GroupAxis(name=a, size=topology.shape[i], wraps=topology.wraparound[i], index=i,
                   phys_size=topology.shape[i])
@@ -291,3 +295,46 @@ def send_batch(
     return batch, len(keys), ici_hops
 
 
+
+
+def _twisted_send_batch(topology: Topology, lm: LinkModel, s_chip: int, d_chip: int,
+                        nbytes: float, detour: DetourRouter | None) -> tuple[Batch, int, int]:
+    """`send_batch` on a twisted torus: the message is split evenly over the distinct paths of
+    its shortest hop vectors (`shortest_vectors`, through the twist), each in every order of
+    its axes; across slices the DCN hop comes last."""
+    ici = slice_axes(topology)
+    per = topology.chips_per_slice
+    local_dst = s_chip // per * per + d_chip % per
+    vecs = shortest_vectors(topology, s_chip, local_dst)
+    dcn = None
+    if d_chip // per != s_chip // per:
+        dcn = GroupAxis(name="dcn", size=topology.num_slices, wraps=True, index=-1)
+    paths: dict[tuple[int, ...], None] = {}
+    lat = 0.0
+    for vec in vecs:
+        used = [i for i, o in enumerate(vec) if o]
+        for perm in itertools.permutations(used):
+            ga = [ici[i] for i in perm]
+            off = [vec[i] for i in perm]
+            if dcn is not None:
+                ga.append(dcn)
+                off.append(d_chip // per - s_chip // per)
+            r, _p, _ = route_links(topology, tuple(ga), np.array([s_chip]), tuple(off))
+            paths.setdefault(tuple(int(x) for x in r), None)
+            lat = max(lat, route_latency_s(tuple(ga), tuple(off), lm.ici_latency_s,
+                                           lm.dcn_latency_s, lm.ocs_latency_s))
+    keys = sorted(paths)
+    if detour is not None and detour.dead_links:
+        alive = [k for k in keys if not any(detour.dead_mask[h] for h in k)]
+        if not alive:
+            r0 = np.asarray(keys[0], dtype=np.int64)
+            p0 = np.array([0, len(r0)], dtype=np.int64)
+            r1, p1, _ = detour.reroute(r0, p0, np.array([float(nbytes)]), 1)
+            alive = [tuple(int(x) for x in r1)]
+            lat = max_route_latency_s(topology, r1, p1, [0], lm)
+        keys = alive
+    res = np.concatenate([np.asarray(k, dtype=np.int64) for k in keys])
+    ptr = np.concatenate([[0], np.cumsum([len(k) for k in keys])]).astype(np.int64)
+    batch = Batch(res=res, ptr=ptr, bytes_per_transfer=np.full(len(keys), nbytes / len(keys)),
+                  latency_s=lat)
+    return batch, len(keys), sum(abs(o) for o in vecs[0])

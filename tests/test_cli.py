@@ -521,11 +521,12 @@ def test_demo_json_is_its_summary_and_carries_its_inputs(capsys, tmp_path):
 
 def test_simulating_commands_register_pod_quiet_and_set_in_one_order():
     """`sim.cli.common.add_command` builds every simulating command the same way: its
-    positional argument, the pod group (--chip, --slice, --shape, --wraparound, --slices),
-    --quiet, then --set (where the command takes what-if overrides), then its own flags."""
+    positional argument, the pod group (--chip, --slice, --shape, --wraparound, --slices,
+    --twist), --quiet, then --set (where the command takes what-if overrides), then its own
+    flags."""
     from sim.cli import build_parser
 
-    pod = ["--chip", "--slice", "--shape", "--wraparound", "--slices", "--quiet"]
+    pod = ["--chip", "--slice", "--shape", "--wraparound", "--slices", "--twist", "--quiet"]
     commands = build_parser().get_default("commands")
     checked = []
     for name, sp in commands.items():
@@ -541,7 +542,7 @@ def test_simulating_commands_register_pod_quiet_and_set_in_one_order():
         checked.append(name)
     assert sorted(checked) == sorted(["collective", "compare-collectives", "train", "replay",
                                       "export", "decode", "prefill", "serve-sweep", "serve", "plan",
-                                      "import-hlo"])
+                                      "import-hlo", "topology"])
 
 
 @pytest.mark.parametrize("shape,mesh,noted", [("8x8", "fsdp=64", True), ("4x8", "fsdp=32", False),

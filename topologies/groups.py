@@ -3,10 +3,19 @@ collective's axes cut the pod into, link classes, and dimension-order routes.
 
 This is pure topology (no simulation): the algorithm schedules in `sim/collectives.py` are built
 on `GroupAxis`, routes here turn them into links, and the engines in `sim/` load those links.
+
+On a twisted torus (`Topology.twisted`) a short axis's wraparound link lands k chips along the
+long axes. A group that holds every long axis whole keeps that link inside it: the short axis
+is a twisted ring (`GroupAxis.twist`), and a move's offset is a vector of hops per axis whose
+walk crosses the twist (`lattice_offsets` lists the shortest ones). A group without the long
+axes does not: its short axis is a line (`GroupAxis.wrap_leaves`), whose wraparound link leads
+out of the group, as on a torus without wraparound.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +46,12 @@ class GroupAxis:
     index: int  # ICI axis index in the topology (-1 for DCN)
     stride: int = 1
     phys_size: int = 0  # chips on the physical axis (0: same as size)
+    # Twisted torus: (physical axis, shift) pairs a wraparound hop of this (short, whole) axis
+    # moves by, the long axes being whole axes of the same group (`with_twist`).
+    twist: tuple[tuple[int, int], ...] = ()
+    # Twisted torus: the axis's wraparound link exists but leads out of the group (a short
+    # axis of a group without the long axes), so the axis is a line here.
+    wrap_leaves: bool = False
 
     @property
     def is_dcn(self) -> bool:
@@ -65,14 +80,88 @@ def axis_factor(topology: Topology, axis: str, size: int, stride: int) -> GroupA
     idx = topology.axis_index(axis)
     whole = size * stride == n
     label = axis if size == n else f"{axis}[{size}@{stride}]"
+    # A twisted short axis closes its ring only through the long axes (`with_twist`): on its
+    # own, or as a factor, it is a line whose wraparound link leaves the group.
+    leaves = bool(topology.twist_of(idx)) and whole and size > 1
     return GroupAxis(
-        name=label, size=size, wraps=topology.wraparound[idx] and whole and size > 1,
-        index=idx, stride=stride, phys_size=n,
+        name=label, size=size, wraps=topology.wraparound[idx] and whole and size > 1
+        and not leaves, index=idx, stride=stride, phys_size=n, wrap_leaves=leaves,
     )
 
 
+def with_twist(topology: Topology, gaxes: tuple[GroupAxis, ...]) -> tuple[GroupAxis, ...]:
+    """The group axes on a twisted torus: a whole short axis in a group that holds every long
+    axis whole is a twisted ring (its wraparound hop moves k along them, inside the group);
+    otherwise it is a line (`wrap_leaves`). Unchanged on a plain torus; idempotent."""
+    if not topology.twisted:
+        return gaxes
+    whole = {g.index for g in gaxes if not g.is_dcn and g.stride == 1 and g.size == g.axis_len}
+    out = []
+    for g in gaxes:
+        tw = () if g.is_dcn else topology.twist_of(g.index)
+        if tw and g.index in whole and g.size > 1 and all(j in whole for j, _ in tw):
+            g = dataclasses.replace(g, wraps=True, twist=tw, wrap_leaves=False)
+        elif tw and g.twist:
+            g = dataclasses.replace(g, wraps=False, twist=(), wrap_leaves=True)
+        out.append(g)
+    return tuple(out)
+
+
+def as_lines(gaxes: tuple[GroupAxis, ...]) -> tuple[GroupAxis, ...]:
+    """The group axes with every twisted ring made a line: what the ring algorithms run on,
+    since a ring along a twisted axis would step into another of its rings at the wraparound
+    (docs/model/pods.md)."""
+    if not any(g.twist for g in gaxes):
+        return gaxes
+    return tuple(dataclasses.replace(g, wraps=False, twist=(), wrap_leaves=True) if g.twist
+                 else g for g in gaxes)
+
+
+def lattice_digits(gaxes: tuple[GroupAxis, ...], vec: np.ndarray) -> np.ndarray:
+    """Hop vectors ([n, k] signed hops per group axis) -> the local digits they lead to from
+    digit 0 (or, for a coordinate difference d - s, the offset of d from s): each axis's
+    wraps taken mod its size, a twisted axis's wraps adding its shift to the long axes."""
+    digit = np.array(vec, dtype=np.int64, copy=True).reshape(-1, len(gaxes))
+    pos = {g.index: i for i, g in enumerate(gaxes) if not g.is_dcn}
+    for i, g in enumerate(gaxes):
+        q = np.floor_divide(digit[:, i], g.size)
+        digit[:, i] -= q * g.size
+        for j, shift in g.twist:
+            digit[:, pos[j]] += q * shift
+    return digit % np.asarray([g.size for g in gaxes], dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=64)
+def lattice_offsets(gaxes: tuple[GroupAxis, ...]) -> dict[tuple[int, ...], tuple[tuple[int, ...],
+                                                                                  ...]]:
+    """Shortest hop vectors of a group whose axes are rings (some twisted): for every
+    destination's local offset (digits, mod each axis's size), the vectors of signed hops per
+    group axis with the fewest hops in all that reach it, in a fixed order.
+
+    A vector `a` walks a_i hops along axis i, in axis order; crossing a twisted axis's
+    wraparound adds its shift to the long axes' digits, so the vector (n_x, 0, 0) reaches the
+    chip k along z. Searched over |a_i| <= n_i (numpy, exact: every shortest path's hop count
+    equals the breadth-first distance, tests/test_twisted.py)."""
+    sizes = [g.size for g in gaxes]
+    grids = np.meshgrid(*[np.arange(-n, n + 1) for n in sizes], indexing="ij")
+    vec = np.stack([gr.reshape(-1) for gr in grids], axis=1).astype(np.int64)
+    key = np.ravel_multi_index(tuple(lattice_digits(gaxes, vec).T), sizes)
+    hops = np.abs(vec).sum(axis=1)
+    order = np.lexsort((*[vec[:, i] for i in reversed(range(len(sizes)))], hops, key))
+    key, hops, vec = key[order], hops[order], vec[order]
+    first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    best = np.repeat(hops[first], np.diff(np.r_[first, len(key)]))
+    keep = hops == best
+    out: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+    for k, v in zip(key[keep].tolist(), vec[keep].tolist(), strict=True):
+        d = tuple(int(x) for x in np.unravel_index(k, sizes))
+        out.setdefault(d, []).append(tuple(v))
+    return {d: tuple(vs) for d, vs in out.items()}
+
+
 def group_axes(topology: Topology, axes: tuple[str, ...]) -> tuple[GroupAxis, ...]:
-    """Validate collective axes against the topology; ICI axes in x, y, z order, DCN last."""
+    """Validate collective axes against the topology; ICI axes in x, y, z order, DCN last
+    (twisted rings where the group holds a twisted torus's long axes: `with_twist`)."""
     if not axes:
         raise TpusimError("a collective needs at least one axis, e.g. --axes x or --axes x,y")
     seen: list[GroupAxis] = []
@@ -90,7 +179,8 @@ def group_axes(topology: Topology, axes: tuple[str, ...]) -> tuple[GroupAxis, ..
             raise TpusimError(f"axis {a!r} is given twice in --axes; list each axis once")
         seen.append(ga)
     order = {n: i for i, n in enumerate(AXIS_NAMES + (DCN_AXIS,))}
-    return tuple(sorted(seen, key=lambda g: (order[g.physical_name], g.stride)))
+    return with_twist(topology, tuple(sorted(seen, key=lambda g: (order[g.physical_name],
+                                                                  g.stride))))
 
 
 class GroupGeometry:
@@ -360,6 +450,54 @@ def _fmt(c: tuple[int, ...]) -> str:
     return "(" + ",".join(str(v) for v in c) + ")"
 
 
+def slice_axes(topology: Topology) -> tuple[GroupAxis, ...]:
+    """The whole slice's ICI axes as one group (twisted rings on a twisted torus)."""
+    return group_axes(topology, AXIS_NAMES[: topology.ndim])
+
+
+def shortest_vectors(topology: Topology, src: int, dst: int) -> tuple[tuple[int, ...], ...]:
+    """The shortest hop vectors (signed hops per ICI axis) from chip `src` to chip `dst` of the
+    same slice, on the real wiring (twisted or not; ties all listed, in a fixed order)."""
+    gaxes = slice_axes(topology)
+    cs = np.asarray(topology.coords(src)[: topology.ndim])
+    cd = np.asarray(topology.coords(dst)[: topology.ndim])
+    if not all(g.wraps for g in gaxes):
+        return (tuple(int(v) for v in cd - cs),)  # lines: the one straight vector
+    d = tuple(int(v) for v in lattice_digits(gaxes, (cd - cs)[None, :])[0])
+    return lattice_offsets(gaxes)[d] if any(d) else ((0,) * topology.ndim,)
+
+
+def _twisted_pairs_links(topology: Topology, pairs) -> tuple[np.ndarray, int, dict[int, int]]:
+    count: dict[int, int] = {}
+    dcn_out: dict[int, int] = {}
+    dcn_in: dict[int, int] = {}
+    max_hops = 0
+    ndim = topology.ndim
+    per = topology.chips_per_slice
+    _src, dst_arr = topology.link_endpoints()
+    for src, dst in pairs:
+        src, dst = int(src), int(dst)
+        if src // per != dst // per:
+            dcn_out[src] = dcn_out.get(src, 0) + 1
+            dcn_in[dst] = dcn_in.get(dst, 0) + 1
+        vec = shortest_vectors(topology, src, dst - (dst // per - src // per) * per)[0]
+        cur = src
+        for a, o in enumerate(vec):
+            for _ in range(abs(o)):
+                link = topology.ici_link_id(cur, a, 1 if o > 0 else -1)
+                count[link] = count.get(link, 0) + 1
+                cur = int(dst_arr[link])
+        max_hops = max(max_hops, sum(abs(o) for o in vec))
+    cls = np.zeros(NUM_CLASSES)
+    for link, c in count.items():
+        k = link % (2 * ndim)
+        cls[k] = max(cls[k], c)
+    if dcn_out:
+        cls[DCN_OUT_CLASS] = max(dcn_out.values())
+        cls[DCN_IN_CLASS] = max(dcn_in.values())
+    return cls, max_hops, count
+
+
 def _digit_factors(values: list[int]) -> list[tuple[int, int]] | None:
     """Sorted distinct coordinates along one axis -> (size, stride) digit factors whose digits
     enumerate exactly these values from an aligned base, or None."""
@@ -438,7 +576,12 @@ def route_pairs(topology: Topology, pairs: list[tuple[int, int]]) -> tuple[np.nd
 
 def route_pairs_links(topology: Topology, pairs: list[tuple[int, int]]
                       ) -> tuple[np.ndarray, int, dict[int, int]]:
-    """`route_pairs` plus the number of messages on every ICI link id the routes use."""
+    """`route_pairs` plus the number of messages on every ICI link id the routes use.
+
+    On a twisted torus each message takes the first of its shortest hop vectors
+    (`lattice_offsets` over the whole slice), walked in x, y, z order over the real links."""
+    if topology.twisted:
+        return _twisted_pairs_links(topology, pairs)
     count: dict[int, int] = {}
     dcn_out: dict[int, int] = {}
     dcn_in: dict[int, int] = {}

@@ -208,10 +208,16 @@ def resolve_topology(
     wraparound: str = "auto",
     num_slices: int = 1,
     check_fit: bool = True,
+    twist: bool = False,
 ) -> Topology:
-    """Turn the CLI's `--slice` / `--shape` / `--wraparound` / `--slices` into a `Topology`."""
+    """Turn the CLI's `--slice` / `--shape` / `--wraparound` / `--slices` / `--twist` into a
+    `Topology`. A slice name ending in `-twisted` (`v4-256-twisted`) is the named slice with
+    `twist`."""
     if slice_name is None and shape is None:
         raise TpusimError("give the pod as --slice NAME (e.g. v5p-128) or --shape AxB[xC]")
+    if slice_name is not None and untwisted_name(slice_name) != str(slice_name):
+        slice_name = untwisted_name(slice_name)
+        twist = True
     if slice_name is not None:
         spec = SLICES.get(slice_name)
         if spec.chip != chip_name.split("-")[0] and spec.chip != chip_name:
@@ -249,7 +255,58 @@ def resolve_topology(
     wrap = parse_wraparound(wraparound, shape_t)
     if wrap is None:
         wrap = default_wraparound(wrap_rule, shape_t)
+    if twist:
+        check_twist(chip_name, wrap_rule, shape_t, wrap)
     # Cubes joined by optical circuit switches: the links leaving a cube's faces (the
     # wraparound among them) go through the switches (`Topology.ocs_link_mask`).
     return build_torus(shape_t, wrap, num_slices=num_slices,
-                       ocs=is_cube_slice(wrap_rule, shape_t))
+                       ocs=is_cube_slice(wrap_rule, shape_t), twisted=bool(twist))
+
+
+# `--slice v4-256-twisted`: the named slice, twisted (Cloud TPU names the topology
+# `4x4x8_twisted`; docs/reference/twisted.md).
+TWISTED_SUFFIX = "-twisted"
+
+
+def untwisted_name(slice_name: str) -> str:
+    """A slice name without its `-twisted` suffix (`v4-256-twisted` -> `v4-256`)."""
+    text = str(slice_name)
+    if text.lower().endswith(TWISTED_SUFFIX) and text.lower() not in SLICES:
+        return text[: -len(TWISTED_SUFFIX)]
+    return text
+
+
+def can_twist(wrap_rule: str, shape: tuple[int, ...]) -> bool:
+    """Whether a slice of this generation and shape may be a twisted torus."""
+    try:
+        check_twist("", wrap_rule, tuple(shape), (True,) * len(shape))
+    except TpusimError:
+        return False
+    return True
+
+
+def check_twist(chip_name: str, wrap_rule: str, shape: tuple[int, ...],
+                wrap: tuple[bool, ...]) -> None:
+    """Refuse a twist the pod cannot build (docs/reference/twisted.md): only v4/v5p slices of
+    whole 4x4x4 cubes, wired by the optical switches (the `cube` rule), twist, and only the
+    shapes k x k x 2k and k x 2k x 2k (each side a multiple of 4), wrapped on every axis."""
+    from topologies.torus import twist_rule_error
+
+    text = "x".join(map(str, shape))
+    if wrap_rule != "cube":
+        raise TpusimError(
+            f"--twist: {chip_name or 'this chip'} has no optical circuit switches to twist the "
+            f"wraparound (only v4 and v5p slices of whole 4x4x4 cubes twist); drop --twist or "
+            f"use --chip v4 or v5p")
+    why = twist_rule_error(shape)
+    if why is not None:
+        raise TpusimError(f"--twist: {why}")
+    if any(n % CUBE_SIDE for n in shape):
+        raise TpusimError(
+            f"--twist: shape {text} is not made of whole 4x4x4 cubes; a twisted slice has every "
+            f"side a multiple of 4 (k x k x 2k or k x 2k x 2k, e.g. 4x4x8, 4x8x8, 8x8x16); drop "
+            f"--twist or give such a shape")
+    if not all(wrap):
+        raise TpusimError(
+            f"--twist: a twisted {text} wraps on every axis (the twist moves its wraparound "
+            f"links); drop --wraparound or --twist")

@@ -1,4 +1,4 @@
-"""`tpusim collective`, `compare-collectives` and `presets`."""
+"""`tpusim collective`, `compare-collectives`, `topology` and `presets`."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from sim.cli.common import (
     request_of,
 )
 from sim.runs.requests import CONVERTERS, CollectiveRequest, CompareCollectivesRequest
+from topologies.errors import TpusimError
 
 
 def _add_collective_args(p: argparse.ArgumentParser, *, with_algorithm: bool) -> None:
@@ -180,6 +181,67 @@ def _reason_words(algorithm: str, reason: str) -> str:
     return reason
 
 
+def cmd_topology(args: argparse.Namespace) -> int:
+    """Diameter, average hops, bisection and all-to-all bound of one slice, and with
+    `--twist` the twisted wiring's beside the plain one's (topologies/metrics.py)."""
+    from sim.hardware import load_chip
+    from sim.overrides import parse_overrides, set_pairs
+    from topologies.metrics import compare_report
+    from topologies.slices import SLICES, resolve_topology, untwisted_name
+
+    ov = parse_overrides(dict(set_pairs(args.set or ())), ("chip",), command="tpusim topology")
+    name = args.chip or (SLICES.get(untwisted_name(args.slice_name)).chip
+                         if args.slice_name else None)
+    if name is None:
+        raise TpusimError("give --chip (e.g. v4) with --shape, or --slice (e.g. v4-256)")
+    chip = ov.apply_chip(load_chip(name))
+    twist = bool(args.twist) or (args.slice_name is not None
+                                 and untwisted_name(args.slice_name) != args.slice_name)
+    kw = dict(chip_name=chip.name, wrap_rule=chip.generation_rule,
+              max_pod_shape=chip.max_pod_shape, shape=args.shape,
+              slice_name=untwisted_name(args.slice_name) if args.slice_name else None,
+              wraparound=args.wraparound, num_slices=args.slices)
+    twisted = resolve_topology(**kw, twist=True) if twist else None
+    plain = resolve_topology(**kw)
+    rep = compare_report(plain, twisted, chip.ici_link_bytes_per_s)
+    rep = {"chip": chip.name, "shape": list(plain.shape), **rep}
+    if args.json:
+        emit_json(rep)
+        return 0
+    p, t = rep["plain"], rep["twisted"]
+    print(f"topology {'x'.join(map(str, plain.shape))} of {chip.name} ({p['num_chips']:,} chips, "
+          f"{p['num_links']:,} directed links of {chip.ici_link_bytes_per_s / 1e9:g} GB/s one "
+          f"way{'; one slice of ' + str(plain.num_slices) if plain.num_slices > 1 else ''})")
+    cols = [("plain", p)] + ([("twisted", t)] if t else [])
+    head = "".join(f"{c:>13}" for c, _ in cols) + ("   twisted/plain" if t else "")
+    print(f"  {'':<24}{head}")
+
+    def row(label, key, fmt):
+        cells = "".join(f"{fmt(m[key]) if m[key] is not None else '-':>13}" for _, m in cols)
+        ratio = rep.get("twisted_over_plain", {}).get(key) if t else None
+        extra = f"{ratio:>15.3f}x" if ratio is not None else ""
+        print(f"  {label:<24}{cells}{extra}")
+
+    row("diameter (hops)", "diameter_hops", str)
+    row("average hops", "average_hops", lambda v: f"{v:.3f}")
+    row("bisection (links)", "bisection_links", str)
+    row("bisection bandwidth", "bisection_bytes_per_s", lambda v: f"{v / 1e12:.3f} TB/s")
+    row("all-to-all per chip", "all_to_all_bytes_per_s_per_chip",
+        lambda v: f"{v / 1e9:.2f} GB/s")
+    cuts = ", ".join(f"{c} {m['bisection_cut']}" for c, m in cols)
+    bounds = " / ".join(str(m["bisection_lower_bound_links"]) for _, m in cols)
+    print(f"  bisection: the fewest links one way across a slab cut ({cuts}); every balanced "
+          f"cut has at least {bounds} (spectral bound)")
+    print("  all-to-all per chip: what each chip sends per second when every pair exchanges "
+          "the same bytes over its shortest paths (the busiest link's bound)")
+    if not t:
+        from topologies.slices import can_twist
+
+        if can_twist(chip.generation_rule, plain.shape):
+            print("  this shape can twist: add --twist to compare the twisted wiring")
+    return 0
+
+
 def _algo_label(r: dict) -> str:
     """`auto (bidi-ring)` for auto rows, else the algorithm asked for."""
     return r["algorithm"] if r["algorithm_requested"] == "auto" else r["algorithm_requested"]
@@ -313,6 +375,11 @@ def register(sub) -> None:
     _add_collective_args(cc, with_algorithm=False)
     cc.add_argument("--perfetto",
                     help="write every algorithm's steps as one trace, a process per algorithm")
+
+    tp = add_command(sub, "topology", "diameter, hops, bisection and all-to-all bound of a "
+                     "slice (with --twist: plain against twisted)", cmd_topology,
+                     set_scope=("chip",))
+    tp.add_argument("--json", action="store_true", help="print one JSON object")
 
     pr = sub.add_parser("presets", help="list chip presets (with the source of every efficiency "
                                          "factor) and named slices")

@@ -122,6 +122,11 @@ def add_pod_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--slices", type=CONVERTERS["slices"], default=1,
                    help=f"slices joined over DCN (default 1, at most {MAX_SLICES})")
+    g.add_argument("--twist", action="store_true",
+                   help="a twisted torus: the short axes' wraparound links land half the long "
+                        "side along it (v4/v5p shapes k x k x 2k and k x 2k x 2k, each side a "
+                        "multiple of 4; also a slice name ending in -twisted, e.g. "
+                        "v4-256-twisted; default: plain)")
     p.add_argument("--quiet", dest="quiet_sub", action="store_true", help="no progress bar")
 
 

@@ -16,7 +16,7 @@ from sim.runs.requests import Request
 from sim.runs.result import describe_chip, describe_topology, tpusim_version
 from topologies.errors import TpusimError
 from topologies.scenario import Scenario, load_scenario, scenario_from_flags
-from topologies.slices import SLICES, resolve_topology
+from topologies.slices import SLICES, resolve_topology, untwisted_name
 from topologies.torus import Topology
 from workloads.models import TransformerSpec, load_model
 from workloads.moe import MoeConfig, expert_op_scales
@@ -52,7 +52,7 @@ def resolve_pod(req: Request) -> Pod:
         if chip_arg is None:
             if req.slice is None:
                 raise TpusimError("give --chip (e.g. v5e) with --shape, or --slice (e.g. v5p-128)")
-            chip_arg = SLICES.get(req.slice).chip
+            chip_arg = SLICES.get(untwisted_name(req.slice)).chip
         base = load_chip(chip_arg)
     chip = ov.apply_chip(base)
     topo = resolve_topology(
@@ -63,6 +63,7 @@ def resolve_pod(req: Request) -> Pod:
         shape=req.shape,
         wraparound=wraparound_of(req, ov),
         num_slices=req.slices,
+        twist=req.twist,
     )
     return Pod(base_chip=base, chip=chip, topology=topo)
 

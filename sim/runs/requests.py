@@ -121,7 +121,7 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
 _LISTS = frozenset({"slow_chip", "slow_link", "dead_link"})
 _SWITCHES = frozenset({"no_overlap", "no_fusion", "exhaustive", "default_placement",
                        "exact_costs", "quantize_attention", "quantize_logits",
-                       "no_stochastic_rounding"})
+                       "no_stochastic_rounding", "twist"})
 # The objects that stand in for a named chip, model or scenario file; never in `flags()`.
 _OBJECTS = ("chip_spec", "model_spec", "scenario_spec", "trace_sha256")
 
@@ -221,6 +221,7 @@ class _Request(metaclass=_Checked):
     shape: str | None = None
     wraparound: str = "auto"
     slices: int = 1
+    twist: bool = False
     overrides: tuple[tuple[str, str], ...] = ()
     chip_spec: ChipSpec | None = field(default=None, repr=False)
     model_spec: TransformerSpec | None = field(default=None, repr=False)
@@ -313,6 +314,8 @@ class _Request(metaclass=_Checked):
                 v = list(v)
             elif name in _RECORDED_WHEN_SET and v is None:
                 continue  # results of runs without it record what they always did
+            elif name in _QUIET_DEFAULTS and v == _QUIET_DEFAULTS[name]:
+                continue  # recorded only when given: other results read as before it existed
             out[flag_name(name)] = v
         return out
 
@@ -411,7 +414,10 @@ def _check_kind(command: str, name: str, value: Any, caller: str | None,
     )
 
 
-_POD = ("chip", "slice", "shape", "wraparound", "slices")
+_POD = ("chip", "slice", "shape", "wraparound", "slices", "twist")
+# Settings recorded in `inputs.flags` only when they differ from these defaults (added after
+# results were first recorded: a result without them reruns with the default).
+_QUIET_DEFAULTS: dict[str, Any] = {"twist": False}
 _PERTURB = ("scenario", "slow_chip", "slow_link", "dead_link", "chip_variation", "seed",
             "expert_skew", "capacity_factor")
 

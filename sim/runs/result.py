@@ -68,13 +68,16 @@ def describe_chip(chip: ChipSpec) -> dict[str, Any]:
 
 
 def describe_topology(topology: Topology) -> dict[str, Any]:
-    return {
+    out = {
         "name": topology.name,
         "shape": list(topology.shape),
         "wraparound": [a for a, w in zip(AXIS_NAMES, topology.wraparound, strict=False) if w],
         "slices": topology.num_slices,
         "num_chips": topology.num_chips,
     }
+    if topology.twisted:  # listed only when twisted: plain results read as before
+        out["twisted"] = True
+    return out
 
 
 def describe_mesh(mesh: LogicalMesh, topology: Topology) -> dict[str, Any]:
