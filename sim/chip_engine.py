@@ -7,8 +7,8 @@ Model (docs/model.md, "Per-chip engine"):
 
 * Every chip runs `sim.engine.replay`'s model of one chip (MXU, VPU and PCIe as SimPy resources,
   the MXU and VPU as immediate grants since only the core uses them; its HBM and its outgoing
-  link classes as fluid resources shared by compute and collective DMA), with its own speed
-  factor `s` scaling the MXU, VPU and HBM rates.
+  link classes as fluid resources shared by collective DMA, while compute streams HBM at its
+  own pace), with its own speed factor `s` scaling the MXU, VPU and HBM rates.
 * A collective is a rendezvous of its replica group: it starts when every member has reached it
   (its dependencies are done on that chip), each member then moves its bytes on its own links
   and HBM, and the collective ends for all members when the last member's part has drained. So
@@ -115,7 +115,7 @@ def run_classes(prep: PreparedStep, watch: HbmWatch | None = None) -> StepResult
                 res=np.append(used, hbm).astype(np.int64),
                 ptr=np.arange(len(used) + len(hbm) + 1, dtype=np.int64),
                 bytes_per_transfer=np.append(cc.class_bytes[used], [cc.hbm_bytes] * len(hbm)),
-                latency_s=cc.latency_s,
+                latency_s=cc.latency_s, max_speed=cc.max_speed,
             )
         return b
 
@@ -299,11 +299,10 @@ def run_classes(prep: PreparedStep, watch: HbmWatch | None = None) -> StepResult
             cl.start[op.id] = env.now
             hb = cl.hbm_bytes[op.id]
             if hb > 0:
-                t_c = cl.t_compute[op.id]
-                yield cl.net.transfer_one(hbm_idx, hb, chip.op_overhead_s,
-                                          1.0 / t_c if t_c > 0 else float("inf"))
-            else:
-                yield env.timeout(cl.dur[op.id])
+                # Its HBM stream runs at the op's own pace, beside the collectives' DMA
+                # (docs/model/training.md, "HBM"); the bytes count in HBM's traffic.
+                cl.net.count_bytes(hbm_idx, hb)
+            yield env.timeout(cl.dur[op.id])
             cl.end[op.id] = env.now
             cl.done[op.id].succeed()
 

@@ -1,5 +1,6 @@
 """Replaying an SPMD `Trace` on a pod: MXU/VPU as SimPy resources, HBM bandwidth and the ICI/DCN
-link classes as fluid resources shared by compute and collectives, host transfers over PCIe.
+link classes as fluid resources shared by collectives (compute streams HBM at its own pace),
+host transfers over PCIe.
 
 Every op is costed before `env.run()`:
 * compute: `max(flops / (peak * eff), hbm_bytes / (hbm_bw * eff)) + op_overhead_s`, bound by
@@ -8,7 +9,9 @@ Every op is costed before `env.run()`:
 * collective: simulated once per distinct (kind, replica group, bytes) with `simulate_collective`
   on the real topology, then replayed as one fluid batch whose per-link-class loads are the
   busiest link of each class, so that concurrent collectives on the same links share bandwidth;
-  its DMA traffic (send and receive buffers) also loads HBM;
+  its DMA traffic (send and receive buffers) also loads HBM, shared with the other collectives'
+  DMA but not with compute (docs/model/training.md, "HBM": a shared port would let a faster
+  link slow the step);
 * host transfer: bytes / PCIe bandwidth (one DMA queue per chip).
 
 SPMD symmetry: every chip runs the same program and the mesh tiles the torus, so one
@@ -78,6 +81,10 @@ class CollectiveCost:
     group_size: int
     algorithm: str
     hbm_bytes: float = 0.0  # DMA reads and writes of one chip
+    # Cap on the fraction of its bytes drained per second: a group whose route crosses a slow
+    # or dead link is paced by that link for its whole drain (it keeps its links and HBM the
+    # while, at the lower rate), rather than waiting and then draining at the healthy rate.
+    max_speed: float = float("inf")
 
 
 class ClassProgram(NamedTuple):
@@ -504,7 +511,7 @@ def compute_op_times(chip: ChipSpec, op) -> tuple[float, float]:
     """A compute op's (FLOP time, HBM time) alone on its chip: its FLOPs at its unit's rate
     (int8 or bf16 MXU times the fill of a narrow dimension, or the VPU) and its bytes at the HBM
     rate. `replay` costs the op `max` of the two plus the per-op overhead before the run, and
-    then streams its bytes through HBM shared with collective DMA."""
+    that is its time in the replay (its HBM stream does not share with collective DMA)."""
     return op.flops / chip.unit_rate(op), op.hbm_bytes / chip.eff_hbm_bytes_per_s
 
 
@@ -565,7 +572,7 @@ def replay(
             bound[op.id] = "ici"
             used = np.flatnonzero(c.class_bytes > 0)
             # DMA reads the send buffer and writes the receive buffer in HBM, so a collective
-            # also draws on the chip's HBM bandwidth (shared with compute in the fluid model).
+            # also draws on the chip's HBM bandwidth (shared with the other collectives' DMA).
             coll_batch[op.id] = Batch(
                 res=np.append(used, hbm_idx).astype(np.int64),
                 ptr=np.arange(len(used) + 2, dtype=np.int64),
@@ -596,8 +603,6 @@ def replay(
     start = np.zeros(n)
     end = np.zeros(n)
     ops = trace.ops
-    ptr1 = np.array([0, 1], dtype=np.int64)
-    hbm_res = np.array([hbm_idx], dtype=np.int64)
 
     def wait_deps(op):
         evs = [done[d] for d in op.deps if not done[d].processed]
@@ -639,16 +644,11 @@ def replay(
                 yield req
                 start[op.id] = env.now
                 if op.hbm_bytes > 0:
-                    # The op streams its bytes through HBM (shared with collective DMA) and
-                    # cannot finish faster than its FLOPs allow.
-                    t_c = t_compute[op.id]
-                    yield net.transfer(Batch(
-                        res=hbm_res, ptr=ptr1, bytes_per_transfer=np.array([op.hbm_bytes]),
-                        latency_s=chip.op_overhead_s,
-                        max_speed=1.0 / t_c if t_c > 0 else float("inf"),
-                    ))
-                else:
-                    yield env.timeout(dur[op.id])
+                    # The op streams its bytes through HBM at its own pace (compute and DMA
+                    # do not contend for HBM: docs/model/training.md, "HBM"); the bytes count
+                    # in HBM's traffic all the same.
+                    net.count_bytes(hbm_idx, op.hbm_bytes)
+                yield env.timeout(dur[op.id])
             end[op.id] = env.now
             done[op.id].succeed()
 

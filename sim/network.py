@@ -299,6 +299,11 @@ class SmallFluidNetwork(FluidNetwork):
             return done
         return self._start(res, w, batch.latency_s, batch.max_speed)
 
+    def count_bytes(self, resource: int, nbytes: float) -> None:
+        """Count `nbytes` through `resource` without loading it: traffic that does not share
+        the fluid resource (a compute op's HBM stream, paced by the op itself)."""
+        self._bytes[resource] += nbytes
+
     def transfer_one(self, resource: int, nbytes: float, latency_s: float,
                      max_speed: float = math.inf) -> simpy.Event:
         """`transfer` of a batch of one transfer of `nbytes` > 0 over one resource (a compute

@@ -446,9 +446,15 @@ def _slow_group_costs(chip, topology, kind, gaxes, nbytes, algorithm, slow, base
             continue
         if t not in by_time:
             by_time[t] = len(costs)
+            # The degraded drain paces the whole batch (`CollectiveCost.max_speed`): a
+            # slow group draws its links and HBM at the rate its slow link allows, so it never
+            # takes more of them than a healthy one would.
+            slow_drain = t - base.latency_s
             costs.append(CollectiveCost(
-                time_s=t, latency_s=max(t - drain, 0.0), class_bytes=base.class_bytes,
-                group_size=base.group_size, algorithm=base.algorithm, hbm_bytes=base.hbm_bytes,
+                time_s=t, latency_s=base.latency_s if slow_drain > drain else max(t - drain, 0.0),
+                class_bytes=base.class_bytes, group_size=base.group_size,
+                algorithm=base.algorithm, hbm_bytes=base.hbm_bytes,
+                max_speed=1.0 / slow_drain if slow_drain > drain else float("inf"),
             ))
         index[g] = by_time[t]
     return index, costs
@@ -482,7 +488,7 @@ def scaled_cost(cc: CollectiveCost, k: float, memo: dict) -> CollectiveCost:
         out = memo[key] = (cc, CollectiveCost(  # holds cc: its id stays unique for the run
             time_s=cc.latency_s + drain * k, latency_s=cc.latency_s,
             class_bytes=cc.class_bytes * k, group_size=cc.group_size, algorithm=cc.algorithm,
-            hbm_bytes=cc.hbm_bytes * k))
+            hbm_bytes=cc.hbm_bytes * k, max_speed=cc.max_speed / k))
     return out[1]
 
 

@@ -423,8 +423,8 @@ class _Floors:
         self.exact_algorithm = exact_algorithm
         self.cost_keys: list[tuple] = []  # `engine.cost_collective` cache keys of exact costs
         self.memo: dict[tuple, float] = {}
-        # A compute op alone on the chip, costed as `replay` costs it; HBM shared with
-        # collectives can only stretch it.
+        # A compute op alone on the chip, costed as `replay` costs it (its HBM stream does not
+        # share with collective DMA, so this is its time in the replay too).
         from sim.engine import compute_op_times
 
         self.op_times = compute_op_times

@@ -5,9 +5,10 @@ Chips that run the same program with the same op scales and the same collective 
 differ only in speed, form a *vector class*: its state is advanced as a whole, with every time an
 array over its chips (numpy), as long as every chip of the vector sees the same sequence of
 events. The model is exactly `sim.chip_engine`'s (each chip: a core replaying compute ops in
-order; its HBM and outgoing link classes as fluid resources shared by compute and collective
-DMA, with `sim.network.FluidNetwork`'s arithmetic; a collective starts when its whole replica
-group has arrived and ends when its last member has drained):
+order; its HBM and outgoing link classes as fluid resources shared by collective DMA, with
+`sim.network.FluidNetwork`'s arithmetic, while compute streams HBM at its own pace; a
+collective starts when its whole replica group has arrived and ends when its last member has
+drained):
 
 * Lazy splitting. Before each event, every chip of the vector computes its next event (the
   earliest of its pending core, fluid and collective events) and, for a fluid event, which
@@ -73,7 +74,7 @@ from workloads.trace import OpKind, Unit
 HBM = NUM_CLASSES  # the HBM resource follows the link classes, as in the class engine
 NRES = NUM_CLASSES + 1
 # Core phases.
-C_WAIT, C_LAT, C_FLU, C_TIMEOUT, C_COLL, C_DONE = range(6)
+C_WAIT, C_TIMEOUT, C_COLL, C_DONE = range(4)
 # Collective phases (an op id absent from `coll` is not started or done); K_RCV: a receive op
 # waiting for its send to end.
 K_ARR, K_FLU, K_DRN, K_RCV = range(1, 5)
@@ -206,6 +207,7 @@ class _Kind:
                                 default=-1)
                      for op in ops if op.kind == OpKind.COLLECTIVE}
         self.coll = {}
+        self.coll_cap = {}  # each collective's speed cap (`CollectiveCost.max_speed`)
         for op_id, cc in coll_cost.items():
             used = np.flatnonzero(cc.class_bytes > 0)
             # As the class engine's batches: no zero-byte HBM hop (it would still pace).
@@ -213,6 +215,7 @@ class _Kind:
             res = np.append(used, hbm).astype(np.int64)
             w = np.append(cc.class_bytes[used], [cc.hbm_bytes] * len(hbm))
             empty = len(res) == 0 or float(np.max(w, initial=0.0)) <= 0
+            self.coll_cap[op_id] = float(cc.max_speed)
             self.coll[op_id] = (res, w, float(cc.latency_s), empty,
                                 np.bincount(res, weights=w, minlength=NRES))
         self.comp_w = {}
@@ -221,7 +224,8 @@ class _Kind:
 
         def least(j):
             cc = coll_cost[j]
-            return float(cc.latency_s) + float(np.max(cc.class_bytes / cap, initial=0.0))
+            return float(cc.latency_s) + max(float(np.max(cc.class_bytes / cap, initial=0.0)),
+                                             1.0 / cc.max_speed)
 
         # Collectives between two consecutive core ops (after op i-1, before op i) lengthen
         # that path; on the core (--no-overlap) a collective takes at least its least time.
@@ -453,7 +457,7 @@ class VectorRun:
         a = v.a
         k = len(a["now"])
         labels, rows, unres = [], [], []
-        if v.core_phase in (C_LAT, C_TIMEOUT):
+        if v.core_phase == C_TIMEOUT:
             labels.append((E_CORE, -1))
             rows.append(a["core_t"])
         if v.fluid:
@@ -630,8 +634,7 @@ class VectorRun:
     # -- events -----------------------------------------------------------------------------
     def _event(self, v: _Vec, label, t: np.ndarray) -> None:
         kind, j = label
-        fluid_event = kind == E_FLUID or (kind == E_CORE and v.core_phase == C_LAT) or (
-            kind == E_CADM and not v.kind.coll[j][3])
+        fluid_event = kind == E_FLUID or (kind == E_CADM and not v.kind.coll[j][3])
         if fluid_event and v.fluid:
             # The fluid state at the event, and which batches finish there, per chip (split
             # where they differ).
@@ -672,15 +675,7 @@ class VectorRun:
             self._advance(v, t, rem)
             done_now = self._resched(v, t)
         elif kind == E_CORE:
-            op = v.kind.core[v.core_i]
-            if v.core_phase == C_LAT:
-                self._advance(v, t, rem)
-                tc = v.kind.flops[op] / (v.kind.rate0[op] * a["s"])
-                self._admit(v, op, np.where(tc > 0, 1.0 / np.where(tc > 0, tc, 1.0), np.inf))
-                v.core_phase = C_FLU
-                done_now = self._resched(v, t)
-            else:  # timeout
-                self._core_done(v, op, t)
+            self._core_done(v, v.kind.core[v.core_i], t)  # its timeout
         elif kind == E_PCIE:
             op = v.pcur
             v.pcur = -1
@@ -696,7 +691,7 @@ class VectorRun:
                 self._drained(v, j, t)
             else:
                 self._advance(v, t, rem)
-                self._admit(v, j, np.full(len(t), np.inf))
+                self._admit(v, j, np.full(len(t), v.kind.coll_cap[j]))
                 v.coll[j] = K_FLU
                 v.crow.pop(j, None)
                 done_now = self._resched(v, t)
@@ -724,18 +719,14 @@ class VectorRun:
                 self._core_next(v, t)
             else:
                 self._op_done(v, j, t)
-        ops = v.kind.ops
-        for b in done_now:
-            if ops[b].kind == OpKind.COLLECTIVE:
-                self._drained(v, b, t)
-            else:
-                self._core_done(v, b, t)
+        for b in done_now:  # only collectives (and sends) are fluid batches
+            self._drained(v, b, t)
         self._settle(v)
 
     # -- fluid (FluidNetwork's arithmetic, per chip) ----------------------------------------
     # A vector's batches in flight are columns, in admission order (`v.fluid`), of three
     # [chip, batch] arrays: R the fraction left, V the speed (fractions per second), M the
-    # speed cap (a compute op's 1 / its compute time; inf for a collective).
+    # speed cap (inf unless the collective is paced elsewhere).
     def _admit(self, v: _Vec, b: int, cap: np.ndarray) -> None:
         """Batch `b` enters the fluid network (whole, not moving yet, capped at `cap`)."""
         a = v.a
@@ -764,15 +755,8 @@ class VectorRun:
         m = self._fluid_memo.get(key)
         if m is not None:
             return m
-        res_all, w_all = [], []
-        ops = v.kind.ops
-        for b in v.fluid:
-            if ops[b].kind == OpKind.COLLECTIVE:
-                res_all.append(v.kind.coll[b][0])
-                w_all.append(v.kind.coll[b][1])
-            else:
-                res_all.append(np.array([HBM]))
-                w_all.append(np.array([v.kind.hbm[b]]))
+        res_all = [v.kind.coll[b][0] for b in v.fluid]
+        w_all = [v.kind.coll[b][1] for b in v.fluid]
         load = np.bincount(np.concatenate(res_all), weights=np.concatenate(w_all),
                            minlength=NRES)
         pos = load > 0
@@ -888,17 +872,19 @@ class VectorRun:
         elif o.kind == OpKind.IDLE:
             v.core_phase = C_TIMEOUT
             a["core_t"] = t + K.idle[op]
-        elif K.hbm[op] > 0:
-            v.core_phase = C_LAT
-            a["core_t"] = t + K.ovh
-            w = K.comp_w.get(op)
-            if w is None:
-                w = K.comp_w[op] = np.zeros(NRES)
-                w[HBM] = K.hbm[op]
-            a["bytes"] = a["bytes"] + w
         else:
+            # A compute op takes max(FLOP time, HBM time) + overhead at the chip's speed: its
+            # HBM stream runs at its own pace, beside the collectives' DMA (as the class
+            # engine; docs/model/training.md, "HBM"), and its bytes count in HBM's traffic.
             v.core_phase = C_TIMEOUT
             tc = K.flops[op] / (K.rate0[op] * a["s"])
+            if K.hbm[op] > 0:
+                tc = np.maximum(tc, K.hbm[op] / (K.hbm0 * a["s"]))
+                w = K.comp_w.get(op)
+                if w is None:
+                    w = K.comp_w[op] = np.zeros(NRES)
+                    w[HBM] = K.hbm[op]
+                a["bytes"] = a["bytes"] + w
             a["core_t"] = t + (np.maximum(tc, 0.0) + K.ovh)
 
     def _activate(self, v: _Vec, rids, t) -> None:

@@ -1416,17 +1416,14 @@ OP_COSTS_EXPLAIN = """What the tables say:
   bound: tpusim, which charges it to the matmuls, is right, and the sum of XLA's per-op
   estimates is not a step time here.
 * **tpusim's replay against its costs alone.** The rows charge each compute op its cost alone
-  on the chip, as XLA's estimates do; in tpusim's replay the same ops take longer wherever
-  their HBM traffic runs beside collective DMA ("its compute ops take ... there" under each
-  table; the most, {stretch}).
-  The fluid model shares HBM max-min (docs/model.md): a collective held back by its ICI links
-  draws only the HBM its links let it use and the compute ops beside it get the rest, so what
-  stretches them is the collective DMA's own HBM traffic (fsdp_v5e16: the norms take 1.12 ms
-  in the replay against 0.90 ms alone, all compute ops 125.6 ms against 120.5 ms, the step
-  153.6 ms; with the collectives' HBM traffic left out, an experiment, 148.6 ms). Until
-  2026-11-30 HBM was shared in proportion to the bytes in flight, and a collective kept a
-  share it could not use: there the norms took 5.98 ms, the compute ops 136.2 ms and the step
-  162.2 ms (at the MXU factor then, 0.78).
+  on the chip, as XLA's estimates do, and so does tpusim's replay: a compute op streams HBM at
+  its own pace beside the collectives' DMA (docs/model/training.md, "HBM"), so its compute ops
+  take their costs alone there too ("its compute ops take ... there" under each table; the
+  largest ratio, {stretch}). Until 2026-12-03 compute and collective DMA shared HBM max-min and
+  the same ops took longer beside the DMA (fsdp_v5e16: all compute ops 125.6 ms against
+  120.5 ms alone, the step 153.6 ms), which let a faster link slow a step; until 2026-11-30
+  they shared it in proportion to the bytes in flight (the compute ops 136.2 ms, the step
+  162.2 ms, at the MXU factor then, 0.78).
 * **Norms and other elementwise work** cannot be compared row by row: XLA fuses RMSNorm, the
   residual adds and the SwiGLU product into the neighbouring matmul fusions, which these tables
   count as matmuls (a fusion that holds a matmul is that matmul). Compare the totals.
