@@ -2,9 +2,9 @@
 it (`simulate_chips`, `simulate_step`).
 
 The executors share one step model (docs/model.md): a chip's core replays its compute ops in
-order (each streaming HBM at its own pace), its HBM and outgoing link classes are fluid resources
-shared by collective DMA, a collective is a rendezvous of its replica group. They differ in how many chips they
-follow:
+order (each streaming HBM at its own pace), its HBM and outgoing link classes are fluid
+resources shared by collective DMA, a collective is a rendezvous of its replica group. They
+differ in how many chips they follow:
 
 * `representative` (`sim.engine.replay`): one chip stands for every chip (SPMD symmetry);
   exact on a healthy pod, no per-chip table.

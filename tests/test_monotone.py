@@ -6,7 +6,8 @@ compute and collective DMA, faster ICI slowed a step (the collectives' DMA drew 
 the HBM-bound ops beside them) and a dead link sped one up (its slowed collective drew less).
 Compute now streams HBM at its own pace and a collective over a slow or dead link is paced by
 that link for its whole drain (docs/model/training.md, "HBM"). The property test draws small
-random steps from `validation.monotone` with the collective algorithm held fixed."""
+random steps from `validation.monotone` with the collective algorithm held fixed; what it leaves
+out is said there."""
 
 from __future__ import annotations
 
@@ -58,14 +59,17 @@ def test_a_dead_link_slows_its_collectives_without_slowing_compute():
 @settings(max_examples=500, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), kind=st.sampled_from(monotone.KINDS))
-def test_a_better_resource_or_a_removed_fault_never_slows_a_random_step(seed, kind):
+def test_a_better_resource_or_a_healed_fault_never_slows_a_random_step(seed, kind):
+    """More ICI, HBM, DCN, MXU or VPU rate, or a dead link, a slow link or a slow chip healed,
+    with the schedule fixed (collective algorithm held): never slower, but for the reversal of
+    collectives sharing a link that `monotone.ANOMALY` bounds (see there); every link the
+    generator picks exists."""
     rng = random.Random(seed)
-    case = monotone.random_case(rng)
-    better, worse, what = monotone.pair(rng, case, kind)
+    better, worse, what = monotone.pair(rng, monotone.random_case(rng), kind)
     if "refused" in what:  # a dead link that cuts a replica group: a clear error, no step
-        assert "dead" in what
+        assert "dead_link" in what and "no live path" in what, what
         return
-    assert better <= worse * (1 + 1e-9), (case, what, better, worse)
+    assert better <= worse * (1 + monotone.ANOMALY), (what, better, worse)
 
 
 @settings(max_examples=40, deadline=None, derandomize=True,

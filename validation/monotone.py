@@ -31,6 +31,16 @@ FASTER = {"ici": "ici_link_bytes_per_s", "hbm": "hbm_bytes_per_s",
           "mxu": "mxu_flops_per_s", "vpu": "vpu_flops_per_s"}
 FAULTS = ("dead_link", "slow_link", "slow_chip")
 KINDS = (*FASTER, "dcn", *FAULTS)
+# HBM no longer lets a faster resource or a fault reorder the step (docs/model/training.md,
+# "HBM"). What is left is sharing between collectives: on a few meshes a change to one
+# collective's pace (a faster DCN, a slow or dead link) shifts how two collectives share a link
+# class or DCN, and another collective on the critical path ends sooner or later (a list-
+# scheduling anomaly, present in any greedy sharing; e.g. v5e 4x4 data=8 x fsdp=2, slow link
+# 3,3:y-:0.5, 0.5% faster; v5e 2x4 data=4 x tensor=2 over 2 slices, DCN x1.25, 1.8% slower:
+# two layers' chains of data all-reduces interleave differently on DCN; the census's worst,
+# `--cases 300 --seed 0`: v5e 4x4 data=8 x tensor=2, dead link 0,2:y+, 3.8% faster). The
+# suite bounds such a reversal by ANOMALY; the census counts every one, however small.
+ANOMALY = 0.05
 
 
 @dataclass(frozen=True)
@@ -74,20 +84,20 @@ def random_case(rng: random.Random) -> Case:
                 model=tuple(model.items()))
 
 
-def _coords(rng: random.Random, shape: str) -> str:
-    return ",".join(str(rng.randrange(int(n))) for n in shape.split("x"))
-
-
 def random_fault(rng: random.Random, case: Case, kind: str) -> dict:
     """The flags of one fault of `kind` somewhere on the case's pod."""
-    dims = len(case.shape.split("x"))
-    where = _coords(rng, case.shape)
-    axisdir = rng.choice("xyz"[:dims]) + rng.choice("+-")
+    sizes = [int(n) for n in case.shape.split("x")]
+    where = [rng.randrange(n) for n in sizes]
+    axis = rng.randrange(len(sizes))
+    # These pods have no wraparound: the link must point into the pod.
+    sign = "+" if where[axis] < sizes[axis] - 1 else "-"
+    axisdir = "xyz"[axis] + sign
+    where = ",".join(map(str, where))
     if kind == "dead_link":
         return {"dead_link": [f"{where}:{axisdir}"]}
     if kind == "slow_link":
         return {"slow_link": [f"{where}:{axisdir}:{rng.choice((0.25, 0.5))}"]}
-    return {"slow_chip": [f"{where}:{rng.choice((0.5, 0.8))}"]}
+    return {"slow_chip": [f"{where}:{rng.choice((0.5, 0.8))}"]}  # any chip of the pod
 
 
 def run(case: Case, overrides: dict | None = None, **extra):
