@@ -50,12 +50,16 @@ _CHIP_INT = ("ici_links_per_chip", "tensorcores_per_chip", "mxu_dim")
 _CHIP_TEXT = ("name", "generation_rule")
 # Model fields: integers >= 1, integer counts >= 0 (MoE), booleans, text.
 _MODEL_INT_POS = ("num_layers", "d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff",
-                  "vocab_size", "moe_d_ff", "attention_window")
+                  "vocab_size", "moe_d_ff", "attention_window", "kv_lora_rank", "q_lora_rank",
+                  "v_head_dim", "moe_layer_period", "attention_chunk_size")
 _MODEL_INT_ZERO_OK = ("num_experts", "experts_per_token", "num_shared_experts",
-                      "first_dense_layers", "global_layer_period")
+                      "first_dense_layers", "global_layer_period", "qk_rope_head_dim",
+                      "num_mtp_modules")
 _MODEL_BOOL = ("tied_embeddings", "parallel_block", "post_norms", "qk_norm")
-# Model fields whose null means "not set" (d_ff for the experts; full attention everywhere).
-_MODEL_NULLABLE = ("moe_d_ff", "attention_window")
+# Model fields whose null means "not set" (d_ff for the experts; full attention everywhere; no
+# MLA, a full-rank query, values as wide as head_dim; no chunked attention).
+_MODEL_NULLABLE = ("moe_d_ff", "attention_window", "kv_lora_rank", "q_lora_rank", "v_head_dim",
+                   "attention_chunk_size")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Override:

@@ -280,7 +280,7 @@ def test_the_models_guide_names_every_zoo_model_and_no_other():
     text = (REPO / "docs" / "howto" / "custom.md").read_text()
     bullet = text[text.index("* a zoo name:"):text.index("* or a YAML file")]
     named = set()
-    for span in re.findall(r"`([a-z0-9.]+-[a-z0-9./]+)`", bullet):
+    for span in re.findall(r"`([a-z0-9.]+-[a-z0-9./-]+)`", bullet):
         head, _, rest = span.partition("-")
         # `llama2-7b/13b/70b` is llama2-7b, llama2-13b and llama2-70b.
         named |= {f"{head}-{size}" for size in rest.split("/")}

@@ -22,13 +22,15 @@ from workloads.dtypes import (
     Dtype,
     storage_bytes,
 )
-from workloads.models import TransformerSpec, causal_window_pairs
+from workloads.models import TransformerSpec, causal_chunk_pairs, causal_window_pairs
 from workloads.moe import MoeConfig, dispatch_flops, expert_shares, plan_routing
 from workloads.trace import OpKind, Trace, TraceBuilder, Unit
 
 _ACT_BYTES = float(Dtype.BF16.nbytes)  # activations in bf16
 _DECODE_AXES = ("data", "fsdp", "tensor", "expert")
 _SAMPLE_TOP_K = 64  # candidates kept by top-k sampling
+# MLA's down projections are whole on every tensor shard (as in training: program.py).
+_MLA_WHOLE = frozenset({"wq_a", "wkv_a"})
 # How the next token is chosen from the logits: "top-k" (a draw among the _SAMPLE_TOP_K
 # largest) or "greedy" (their argmax). Their collectives over a vocabulary split over `tensor`
 # are XLA's (`_InferenceCompiler.sample`).
@@ -157,6 +159,10 @@ def _layout(model: TransformerSpec, mesh: LogicalMesh, num_chips: int, batch: in
                               f"{model.num_experts}; pick a divisor")
     if fs > 1:
         # 2D weight-stationary (tpu.md §5): fsdp=X splits d_model of every weight matrix.
+        if model.is_mla:
+            raise TpusimError(f"mesh axis fsdp={fs} (2D weight-stationary) is modelled for "
+                              f"ordinary attention only, but {model.name} has multi-head latent "
+                              f"attention; drop fsdp")
         if model.is_moe:
             raise TpusimError(f"mesh axis fsdp={fs} (2D weight-stationary) is modelled for dense "
                               f"models only, but {model.name} is MoE; drop fsdp")
@@ -175,6 +181,13 @@ def _layout(model: TransformerSpec, mesh: LogicalMesh, num_chips: int, batch: in
     # weights hold a d_model slice), but attention runs on local/fsdp sequences per chip, after
     # the QKV projection's reduce-scatter over fsdp splits the batch.
     att = local // fs
+    if model.is_mla:
+        # MLA caches one latent per position, shared by every head: each tensor shard holds
+        # the latents of its sequences whole (replicated over tensor) and attends for its
+        # heads (docs/model/moe.md).
+        return _Layout(tp=tp, dp=dp, ep=ep, fs=fs, batch_shards=shards, local_batch=local,
+                       att_batch=att, kv_split=1, kv_batch=att, kv_heads=1.0,
+                       proj_kv_heads=1.0)
     # tpu.md §5 "KV sharding": heads over tensor, then the rest of tensor over batch.
     split = tp // K if tp > K else 1
     return _Layout(tp=tp, dp=dp, ep=ep, fs=fs, batch_shards=shards, local_batch=local,
@@ -187,6 +200,8 @@ def _weight_params_per_chip(model: TransformerSpec, lay: _Layout) -> tuple[float
     m, tp = model, lay.tp
     D, hd, H = m.d_model, m.head_dim, m.num_heads
     att = D * (H / tp + 2 * lay.proj_kv_heads) * hd + H / tp * hd * D
+    if m.is_mla:
+        att = sum(p / (1 if k in _MLA_WHOLE else tp) for k, p in m.mla_matrices())
     mats = m.mlp.num_matrices
     dense = mats * D * m.d_ff / tp
     moe = 0.0
@@ -218,9 +233,13 @@ def memory_plan(model: TransformerSpec, mesh: LogicalMesh, num_chips: int,
     w_params, norms = _weight_params_per_chip(model, lay)
     weights = w_params * cfg.weight_bytes_per_param + norms * _ACT_BYTES
     ctx = cfg.context_len if cfg.prompt_len is None else max(cfg.context_len, cfg.prompt_len)
-    # A local layer's cache holds at most its window (TransformerSpec.kv_cache_entries).
+    # A local layer's cache holds at most its window or chunk (TransformerSpec.kv_cache_entries).
     kv = (2 * model.kv_cache_entries(ctx) * lay.kv_batch * lay.kv_heads * model.head_dim
           * cfg.kv_bytes_per_elem)
+    if model.is_mla:
+        # The latent and the shared rotary key per position (kv_cache_elements_per_position).
+        kv = (model.kv_cache_entries(ctx) * lay.kv_batch * model.kv_cache_elements_per_position
+              * cfg.kv_bytes_per_elem)
     rows = lay.local_batch
     if cfg.prompt_len is not None:
         rows *= cfg.prefill_chunk or cfg.prompt_len
@@ -313,24 +332,29 @@ class _InferenceCompiler:
         h_loc = H / tp
         kp = lay.proj_kv_heads
         norm = self.vpu("norm_attn", 5 * n * D, 2 * n * D * a, [dep], layer, phase)
-        qkv = self.mm("qkv_proj", 2 * n * D * (h_loc + 2 * kp) * hd,
-                      D * (h_loc + 2 * kp) * hd * wb, n * D * a + n * (h_loc + 2 * kp) * hd * a,
-                      [norm], layer, phase)
-        qkv = self.qk_norm(layer, qkv, n * (h_loc + kp) * hd, phase)
-        rope = self.vpu("rotary", 6 * n * (h_loc + kp) * hd, 2 * n * (h_loc + kp) * hd * a,
-                        [qkv], layer, phase)
-        att_in = [rope]
-        if lay.kv_split > 1:
-            # KV cache sharded over batch within the tensor group (tpu.md §5 "KV sharding"):
-            # queries move to the chips holding their sequences' cache, and the outputs back.
-            q2a = self.coll("kv_batch_alltoall_q", "all-to-all", ("tensor",), n * H * hd * a,
-                            [rope], layer, phase)
-            att_in = self._deps(rope, q2a)
-        att = self.attention(layer, att_in, t, prev_ctx, phase)
-        if lay.kv_split > 1:
-            o2a = self.coll("kv_batch_alltoall_out", "all-to-all", ("tensor",), n * H * hd * a,
-                            [att], layer, phase)
-            att = o2a if o2a is not None else att
+        if m.is_mla:
+            att = self.mla_attention(layer, norm, t, prev_ctx, phase)
+            hd = m.value_head_dim  # the output projection reads the value heads
+        else:
+            qkv = self.mm("qkv_proj", 2 * n * D * (h_loc + 2 * kp) * hd,
+                          D * (h_loc + 2 * kp) * hd * wb,
+                          n * D * a + n * (h_loc + 2 * kp) * hd * a, [norm], layer, phase)
+            qkv = self.qk_norm(layer, qkv, n * (h_loc + kp) * hd, phase)
+            rope = self.vpu("rotary", 6 * n * (h_loc + kp) * hd, 2 * n * (h_loc + kp) * hd * a,
+                            [qkv], layer, phase)
+            att_in = [rope]
+            if lay.kv_split > 1:
+                # KV cache sharded over batch within the tensor group (tpu.md §5 "KV
+                # sharding"): queries move to the chips holding their sequences' cache, and
+                # the outputs back.
+                q2a = self.coll("kv_batch_alltoall_q", "all-to-all", ("tensor",),
+                                n * H * hd * a, [rope], layer, phase)
+                att_in = self._deps(rope, q2a)
+            att = self.attention(layer, att_in, t, prev_ctx, phase)
+            if lay.kv_split > 1:
+                o2a = self.coll("kv_batch_alltoall_out", "all-to-all", ("tensor",),
+                                n * H * hd * a, [att], layer, phase)
+                att = o2a if o2a is not None else att
         out = self.mm("out_proj", 2 * n * h_loc * hd * D, h_loc * hd * D * wb,
                       n * h_loc * hd * a + n * D * a, [att], layer, phase)
         ar1 = self.coll("tp_allreduce_attn", "all-reduce", ("tensor",), n * D * a, [out], layer,
@@ -443,21 +467,96 @@ class _InferenceCompiler:
             deps = self.post_norm("post_norm_mlp", layer, d(o, rs2), n * dres, phase) + [res1]
         return self.vpu("residual_mlp", n * dres, 3 * n * dres * a, deps, layer, phase)
 
-    def attention(self, layer: int, deps: list[int], t: int, prev_ctx: int, phase: str) -> int:
-        """Scores and values over the KV cache: HBM-bound in decode (intensity ~1, tpu.md §5)."""
-        m, lay, a, kvb = self.m, self.lay, _ACT_BYTES, self.kvb
-        hd = m.head_dim
-        bk, kh = lay.kv_batch, lay.kv_heads
-        q_heads = kh * m.num_heads / m.num_kv_heads  # query heads served by the local cache
+    def attended(self, layer: int, t: int, prev_ctx: int) -> tuple[float, int]:
+        """(keys each of the `t` new tokens attends to on average, cached positions a step
+        reads) in layer `layer` after `prev_ctx` cached tokens."""
+        m = self.m
         keys = prev_ctx + (t + 1) / 2 if t > 1 else prev_ctx  # causal average within the chunk
         cached = prev_ctx
         window = m.layer_attention_window(layer)
+        chunk = m.layer_attention_chunk(layer)
         if window is not None:
             # A local layer's query at position p (from 1) attends to min(window, p) keys, and
             # its cache holds (and a step reads) at most the last `window` positions.
             cached = min(prev_ctx, window)
             keys = (causal_window_pairs(prev_ctx + t, window)
                     - causal_window_pairs(prev_ctx, window)) / t if t > 1 else cached
+        elif chunk is not None:
+            # A chunked layer's query attends to its own chunk up to itself: a step reads the
+            # cached part of the current chunk (prev_ctx mod chunk positions; the cache holds
+            # at most a chunk, `kv_cache_entries`).
+            cached = prev_ctx % chunk
+            keys = (causal_chunk_pairs(prev_ctx + t, chunk)
+                    - causal_chunk_pairs(prev_ctx, chunk)) / t if t > 1 else cached
+        return keys, cached
+
+    def mla_attention(self, layer: int, norm: int, t: int, prev_ctx: int, phase: str) -> int:
+        """MLA's projections and attention (DeepSeek-V2 §2.1.3; docs/model/moe.md): the query
+        (down, norm, up; or one full-rank projection), the latent and the shared rotary key
+        (written to the cache: kv_lora_rank + qk_rope_head_dim elements a position), then
+
+        * decode (one new token): the absorbed-weight form, as DeepSeek serves it: each head's
+          non-rotary query is multiplied by its key up-projection W_UK (kv_lora x nope), so
+          the scores are taken against the cached latents directly (a multi-query attention
+          of one cache head of kv_lora + rope for the keys and kv_lora for the values), and
+          the latent-space output is multiplied by W_UV (kv_lora x v) per head;
+        * prefill (several tokens): the up-projected form, as in training: the latents of
+          every position the tokens attend to (cached and new) are up-projected to each
+          head's key and value, then an ordinary attention of head_dim / v_head_dim.
+
+        Returns the op whose output the output projection reads."""
+        m, lay, a, wb, kvb = self.m, self.lay, _ACT_BYTES, self.wb, self.kvb
+        D, H, hd, v = m.d_model, m.num_heads, m.head_dim, m.value_head_dim
+        kl, rd, ql = m.kv_lora_rank, m.qk_rope_head_dim, m.q_lora_rank
+        nope = hd - rd
+        tp = lay.tp
+        h_loc = H / tp
+        n = lay.local_batch * t
+        bk = lay.kv_batch
+        if ql is not None:
+            qa = self.mm("q_down", 2 * n * D * ql, D * ql * wb, n * D * a + n * ql * a, [norm],
+                         layer, phase)
+            qn = self.vpu("q_norm", 5 * n * ql, 2 * n * ql * a, [qa], layer, phase)
+            q = self.mm("q_up", 2 * n * ql * h_loc * hd, ql * h_loc * hd * wb,
+                        n * ql * a + n * h_loc * hd * a, [qn], layer, phase)
+        else:
+            q = self.mm("q_proj", 2 * n * D * h_loc * hd, D * h_loc * hd * wb,
+                        n * D * a + n * h_loc * hd * a, [norm], layer, phase)
+        kva = self.mm("kv_down", 2 * n * D * (kl + rd), D * (kl + rd) * wb,
+                      n * D * a + n * (kl + rd) * a, [norm], layer, phase)
+        kvn = self.vpu("kv_norm", 5 * n * kl, 2 * n * kl * a, [kva], layer, phase)
+        rope = self.vpu("rotary", 6 * n * (h_loc + 1) * rd, 2 * n * (h_loc + 1) * rd * a,
+                        [q, kvn], layer, phase)
+        keys, cached = self.attended(layer, t, prev_ctx)
+        latent = kl + rd
+        kv_write = bk * t * latent * kvb
+        if t == 1:
+            # Absorbed: q_nope W_UK per head, MQA over the latents, then W_UV per head.
+            qab = self.mm("mla_absorb_q", 2 * n * h_loc * nope * kl, h_loc * nope * kl * wb,
+                          n * h_loc * (nope + kl) * a, [rope], layer, phase)
+            att = self.mm("attention", 2 * bk * t * keys * h_loc * (latent + kl), 0.0,
+                          bk * cached * latent * kvb + kv_write
+                          + bk * t * h_loc * (latent + kl) * a, [qab], layer, phase,
+                          weights=False, narrow_dim=kl)
+            return self.mm("mla_absorb_out", 2 * n * h_loc * kl * v, h_loc * kl * v * wb,
+                           n * h_loc * (kl + v) * a, [att], layer, phase)
+        # Up-projected: every attended position's latent to each head's key and value.
+        rows = bk * (cached + t)
+        up = self.mm("kv_up", 2 * rows * kl * h_loc * (nope + v), kl * h_loc * (nope + v) * wb,
+                     rows * kl * a + rows * h_loc * (nope + v) * a,
+                     [rope], layer, phase)
+        return self.mm("attention", 2 * bk * t * keys * h_loc * (hd + v), 0.0,
+                       bk * cached * latent * kvb + kv_write + rows * h_loc * (hd + v) * a
+                       + bk * t * h_loc * (hd + v) * a, [up], layer, phase, weights=False,
+                       narrow_dim=hd)
+
+    def attention(self, layer: int, deps: list[int], t: int, prev_ctx: int, phase: str) -> int:
+        """Scores and values over the KV cache: HBM-bound in decode (intensity ~1, tpu.md §5)."""
+        m, lay, a, kvb = self.m, self.lay, _ACT_BYTES, self.kvb
+        hd = m.head_dim
+        bk, kh = lay.kv_batch, lay.kv_heads
+        q_heads = kh * m.num_heads / m.num_kv_heads  # query heads served by the local cache
+        keys, cached = self.attended(layer, t, prev_ctx)
         flops = 4 * bk * t * keys * q_heads * hd
         kv_read = bk * cached * kh * hd * 2 * kvb
         kv_write = bk * t * kh * hd * 2 * kvb
@@ -470,7 +569,7 @@ class _InferenceCompiler:
     def mlp(self, layer: int, dep: int, n: float, phase: str, t: int) -> int:
         m, lay, a, wb = self.m, self.lay, _ACT_BYTES, self.wb
         D, tp, mats = m.d_model, lay.tp, m.mlp.num_matrices
-        if m.is_moe and layer >= m.first_dense_layers:
+        if m.layer_is_moe(layer):
             E, k, F = m.num_experts, m.experts_per_token, m.expert_d_ff
             # A routing group is one sequence's `t` new tokens (workloads/moe.py).
             rt = plan_routing(m, lay.ep, t, self.cfg.moe)

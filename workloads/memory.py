@@ -74,6 +74,22 @@ class LayerShapeSpec:
     parallel_block: bool
     num_experts: int = 0  # routed experts of an MoE layer (router logits are kept in f32)
     mlp_kind: str = "swiglu"  # the MLP's activation (workloads.models.MlpKind value)
+    # MLA (multi-head latent attention): the value heads' width when it is not kv_width's, the
+    # attention output's when it is not q_width's, the low-rank latents a layer writes (query
+    # and key-value latents and the shared rotary key) and the ops that write q and k, v.
+    v_width: float | None = None
+    context_width: float | None = None
+    latent_width: float = 0.0
+    q_producer: str = "qkv_proj"
+    kv_producer: str = "qkv_proj"
+
+    @property
+    def value_width(self) -> float:
+        return self.kv_width if self.v_width is None else self.v_width
+
+    @property
+    def attn_context_width(self) -> float:
+        return self.q_width if self.context_width is None else self.context_width
 
 
 def saved_tensors(shape: LayerShapeSpec, *, remat: str, attention: str,
@@ -114,12 +130,16 @@ def saved_tensors(shape: LayerShapeSpec, *, remat: str, attention: str,
         return ()  # the layer input and the projections live in host memory (offloaded_tensors)
     qkv = (
         SavedTensor(name="q", num_elements=n * s.q_width, dtype_bytes=a,
-                    producer="qkv_proj"),
+                    producer=s.q_producer),
         SavedTensor(name="k", num_elements=n * s.kv_width, dtype_bytes=a,
-                    producer="qkv_proj"),
-        SavedTensor(name="v", num_elements=n * s.kv_width, dtype_bytes=a,
-                    producer="qkv_proj"),
+                    producer=s.kv_producer),
+        SavedTensor(name="v", num_elements=n * s.value_width, dtype_bytes=a,
+                    producer=s.kv_producer),
     )
+    if s.latent_width:
+        # MLA's latents: matmul outputs the up projections' weight gradients read.
+        qkv += (SavedTensor(name="mla_latents", num_elements=n * s.latent_width,
+                            dtype_bytes=a, producer="kv_down"),)
     hidden = SavedTensor(name="mlp_hidden", num_elements=(s.mlp_matrices - 1) * n * s.ff_width,
                          dtype_bytes=a, producer="mlp_in")
     router = (SavedTensor(name="router_logits", num_elements=n * s.num_experts, dtype_bytes=4.0,
@@ -161,7 +181,8 @@ def saved_tensors(shape: LayerShapeSpec, *, remat: str, attention: str,
     else:
         out.append(SavedTensor(name="attn_logsumexp", num_elements=n * s.local_heads,
                                dtype_bytes=4.0, producer="flash_attention"))
-    out.append(SavedTensor(name="attn_context", num_elements=n * s.q_width, dtype_bytes=a,
+    out.append(SavedTensor(name="attn_context", num_elements=n * s.attn_context_width,
+                           dtype_bytes=a,
                            producer="attn_values" if attention == "dot" else "flash_attention"))
     if not s.parallel_block:
         out += [
@@ -206,10 +227,12 @@ def named_tensors(shape: LayerShapeSpec, names, *, act_bytes: float = 2.0,
     n, r, D = s.rows, s.residual_rows, s.d_model
     every = [
         SavedTensor(name="layer_input", num_elements=r * D, dtype_bytes=a, producer="norm_attn"),
-        SavedTensor(name="q", num_elements=n * s.q_width, dtype_bytes=a, producer="qkv_proj"),
-        SavedTensor(name="k", num_elements=n * s.kv_width, dtype_bytes=a, producer="qkv_proj"),
-        SavedTensor(name="v", num_elements=n * s.kv_width, dtype_bytes=a, producer="qkv_proj"),
-        SavedTensor(name="attn_context", num_elements=n * s.q_width, dtype_bytes=a,
+        SavedTensor(name="q", num_elements=n * s.q_width, dtype_bytes=a, producer=s.q_producer),
+        SavedTensor(name="k", num_elements=n * s.kv_width, dtype_bytes=a,
+                    producer=s.kv_producer),
+        SavedTensor(name="v", num_elements=n * s.value_width, dtype_bytes=a,
+                    producer=s.kv_producer),
+        SavedTensor(name="attn_context", num_elements=n * s.attn_context_width, dtype_bytes=a,
                     producer="attn_values" if attention == "dot" else "flash_attention"),
     ]
     if not s.parallel_block:

@@ -112,6 +112,31 @@ class TransformerSpec:
             pre-norm on its input (Gemma 2 / 3's post-attention and post-feed-forward norms).
         qk_norm: a norm over head_dim of every query and key head before the attention
             (Gemma 3, in place of Gemma 2's logit soft-capping).
+        kv_lora_rank: multi-head latent attention (MLA, DeepSeek-V2 / V3): the rank of the
+            compressed key-value latent c_KV = x W_DKV that every head's key and value are
+            up-projected from (and that decode caches); None means ordinary attention. With
+            MLA `head_dim` is the query / key head width, qk_nope_head_dim + qk_rope_head_dim
+            (192 for DeepSeek-V3), and num_kv_heads must equal num_heads.
+        q_lora_rank: MLA's query compression rank (the query is up-projected from a
+            q_lora_rank-wide latent); None means a full-rank d_model x heads query projection
+            (DeepSeek-V2-Lite).
+        qk_rope_head_dim: MLA's decoupled rotary dimensions: each query head carries this many
+            rotary dimensions besides its qk_nope_head_dim = head_dim - qk_rope_head_dim
+            others, and one rotary key of this width, projected from x alongside the latent,
+            is shared by every head (0 without MLA).
+        v_head_dim: MLA's value head width; None means head_dim.
+        moe_layer_period: MoE layers every this many layers after the first_dense_layers
+            (Llama 4 Maverick's interleave_moe_layer_step 2: layers 1, 3, 5, ... are MoE, the
+            others dense); 1 means every layer after first_dense_layers.
+        attention_chunk_size: chunked local attention (Llama 4): a local layer's query attends
+            to the keys of its own chunk of this many tokens, causally (positions
+            [C floor(p / C), p]); the local/global pattern is `global_layer_period`'s (Llama 4:
+            4, three chunked layers per global one). Exclusive with attention_window.
+        num_mtp_modules: multi-token prediction modules (DeepSeek-V3: 1): module k normalises
+            the main model's last hidden state and the embedding of the token k ahead,
+            projects their concatenation (2 d_model -> d_model), runs one more decoder layer of
+            the main layers' kind and predicts through the shared output projection; trained
+            with the main model, not used by decode or prefill.
     """
 
     name: str
@@ -134,6 +159,13 @@ class TransformerSpec:
     global_layer_period: int = 0
     post_norms: bool = False
     qk_norm: bool = False
+    kv_lora_rank: int | None = None
+    q_lora_rank: int | None = None
+    qk_rope_head_dim: int = 0
+    v_head_dim: int | None = None
+    moe_layer_period: int = 1
+    attention_chunk_size: int | None = None
+    num_mtp_modules: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip() or len(self.name) > 128 \
@@ -173,6 +205,8 @@ class TransformerSpec:
             )
         self._check_moe()
         self._check_attention_pattern()
+        self._check_mla()
+        self._check_mtp()
 
     def _fail(self, field: str, value: object, rule: str, fix: str) -> None:
         raise TpusimError(f"model {self.name!r}: {field}={short_repr(value)} {rule}; {fix}")
@@ -192,6 +226,12 @@ class TransformerSpec:
             self._fail("moe_d_ff", self.moe_d_ff,
                        f"must be a positive integer up to {MAX_MODEL_DIM:,} or null",
                        "give the expert hidden width, or null to use d_ff")
+        period = self.moe_layer_period
+        if not _is_int(period) or not 1 <= period <= MAX_LAYERS:
+            self._fail("moe_layer_period", period,
+                       f"must be {range_text(1, MAX_LAYERS, integer=True)}",
+                       "give the spacing of the MoE layers (2: every other layer), or 1 for "
+                       "every layer after first_dense_layers")
         if self.num_experts == 0:
             # MoE knobs on a dense model are almost always a forgotten num_experts.
             for field in ("experts_per_token", "num_shared_experts", "first_dense_layers"):
@@ -199,6 +239,9 @@ class TransformerSpec:
                 if value:
                     self._fail(field, value, "is set but num_experts=0 (a dense model)",
                                f"set num_experts > 0 for an MoE model, or set {field} to 0")
+            if period != 1:
+                self._fail("moe_layer_period", period, "is set but num_experts=0 (a dense model)",
+                           "set num_experts > 0 for an MoE model, or set moe_layer_period to 1")
             if self.moe_d_ff is not None:
                 self._fail("moe_d_ff", self.moe_d_ff, "is set but num_experts=0 (a dense model)",
                            "set num_experts > 0 for an MoE model, or remove moe_d_ff")
@@ -215,38 +258,133 @@ class TransformerSpec:
                 f"leaves no MoE layer out of num_layers={self.num_layers}",
                 "make it smaller than num_layers, or set num_experts to 0 for a dense model",
             )
+        if self.num_moe_layers == 0:
+            self._fail(
+                "moe_layer_period", period,
+                f"leaves no MoE layer among the {self.num_layers - self.first_dense_layers} "
+                f"layers after first_dense_layers={self.first_dense_layers} (the MoE layers are "
+                f"the last of every {period})",
+                f"make it at most {self.num_layers - self.first_dense_layers}",
+            )
 
     def _check_attention_pattern(self) -> None:
         w, period = self.attention_window, self.global_layer_period
+        c = self.attention_chunk_size
         if w is not None and (not _is_int(w) or not 1 <= w <= MAX_TOKENS):
             self._fail("attention_window", w,
                        f"must be a whole number of tokens in {interval_text(1, MAX_TOKENS)} "
                        "or null",
                        "give the local layers' sliding-window length, or null for full "
                        "attention in every layer")
+        if c is not None and (not _is_int(c) or not 1 <= c <= MAX_TOKENS):
+            self._fail("attention_chunk_size", c,
+                       f"must be a whole number of tokens in {interval_text(1, MAX_TOKENS)} "
+                       "or null",
+                       "give the chunked layers' chunk length, or null for no chunked "
+                       "attention")
+        if w is not None and c is not None:
+            self._fail("attention_chunk_size", c,
+                       f"is set together with attention_window={w}; a local layer is either a "
+                       "sliding window or a chunk",
+                       "remove one of them")
         if not _is_int(period) or not 0 <= period <= MAX_LAYERS:
             self._fail("global_layer_period", period,
                        f"must be {range_text(0, MAX_LAYERS, integer=True)}",
                        "give the period of the local/global pattern (6: five local layers per "
                        "global one), or 0 for every layer local")
-        if w is None:
+        local = "attention_window" if c is None else "attention_chunk_size"
+        size = w if c is None else c
+        if size is None:
             if period:
                 self._fail("global_layer_period", period,
                            "is set but attention_window is null (every layer is global)",
-                           "set attention_window to the local layers' window, or set "
-                           "global_layer_period to 0")
+                           "set attention_window to the local layers' window (or "
+                           "attention_chunk_size to their chunk), or set global_layer_period "
+                           "to 0")
             return
         if period == 1:
             self._fail("global_layer_period", period,
-                       f"makes every layer global, so attention_window={w} is unused",
-                       "set it to 0 (every layer local) or >= 2, or remove attention_window")
+                       f"makes every layer global, so {local}={size} is unused",
+                       f"set it to 0 (every layer local) or >= 2, or remove {local}")
         if period > self.num_layers:
             self._fail("global_layer_period", period,
                        f"does not fit num_layers={self.num_layers}: the pattern's global layer "
                        f"(the last of each period) is never reached",
                        f"make it at most {self.num_layers}, or 0 for every layer local")
 
+    def _check_mla(self) -> None:
+        kv, q = self.kv_lora_rank, self.q_lora_rank
+        rope, v = self.qk_rope_head_dim, self.v_head_dim
+        for field, value in (("kv_lora_rank", kv), ("q_lora_rank", q), ("v_head_dim", v)):
+            if value is not None and (not _is_int(value) or not 1 <= value <= MAX_MODEL_DIM):
+                self._fail(field, value, f"must be a positive integer up to {MAX_MODEL_DIM:,} "
+                           "or null", "give the width, or null to leave it out")
+        if not _is_int(rope) or not 0 <= rope <= MAX_MODEL_DIM:
+            self._fail("qk_rope_head_dim", rope,
+                       f"must be {range_text(0, MAX_MODEL_DIM, integer=True)}",
+                       "give the decoupled rotary dimensions of a head (DeepSeek: 64), or 0")
+        if kv is None:
+            # The other MLA knobs without the latent are a forgotten kv_lora_rank.
+            for field, value in (("q_lora_rank", q), ("v_head_dim", v)):
+                if value is not None:
+                    self._fail(field, value, "is set but kv_lora_rank is null (no multi-head "
+                               "latent attention)", f"set kv_lora_rank for MLA, or remove "
+                               f"{field}")
+            if rope:
+                self._fail("qk_rope_head_dim", rope, "is set but kv_lora_rank is null (no "
+                           "multi-head latent attention)",
+                           "set kv_lora_rank for MLA, or set qk_rope_head_dim to 0")
+            return
+        if self.num_kv_heads != self.num_heads:
+            self._fail("num_kv_heads", self.num_kv_heads,
+                       f"differs from num_heads={self.num_heads}, but multi-head latent "
+                       "attention up-projects a key and a value for every query head",
+                       f"set num_kv_heads to {self.num_heads}")
+        if rope >= self.head_dim:
+            self._fail("qk_rope_head_dim", rope,
+                       f"leaves no non-rotary dimension of head_dim={self.head_dim} (with MLA "
+                       "head_dim = qk_nope_head_dim + qk_rope_head_dim)",
+                       "make it smaller than head_dim, or give head_dim as the sum (DeepSeek: "
+                       "128 + 64 = 192)")
+        if self.qk_norm:
+            self._fail("qk_norm", True, "is not modelled with multi-head latent attention "
+                       "(MLA normalises its latents instead)", "set qk_norm to false")
+
+    def _check_mtp(self) -> None:
+        n = self.num_mtp_modules
+        if not _is_int(n) or not 0 <= n <= MAX_LAYERS:
+            self._fail("num_mtp_modules", n, f"must be {range_text(0, MAX_LAYERS, integer=True)}",
+                       "give the number of multi-token prediction modules (DeepSeek-V3: 1), "
+                       "or 0")
+        if n and self.num_layers + n > MAX_LAYERS:
+            self._fail("num_mtp_modules", n, f"with num_layers={self.num_layers} is over the "
+                       f"limit of {MAX_LAYERS:,} layers", "give fewer modules or layers")
+
     # ---- structure ---------------------------------------------------------------------------
+
+    @property
+    def is_mla(self) -> bool:
+        """True for multi-head latent attention (a compressed key-value latent)."""
+        return self.kv_lora_rank is not None
+
+    @property
+    def qk_nope_head_dim(self) -> int:
+        """MLA: the query / key head dimensions without rotary (head_dim - qk_rope_head_dim)."""
+        return self.head_dim - self.qk_rope_head_dim
+
+    @property
+    def value_head_dim(self) -> int:
+        """Width of one value head (and of one head of the attention output)."""
+        return self.head_dim if self.v_head_dim is None else self.v_head_dim
+
+    def layer_is_moe(self, layer: int) -> bool:
+        """Whether layer `layer` (0-based; an MTP module's block is layer num_layers + k) has
+        a mixture-of-experts MLP: after the first_dense_layers, the last of every
+        moe_layer_period layers (Llama 4's `moe_layers`, DeepSeek's `first_k_dense_replace`)."""
+        if not self.is_moe or layer < self.first_dense_layers:
+            return False
+        return (layer - self.first_dense_layers + 1) % self.moe_layer_period == 0
+
 
     @property
     def is_moe(self) -> bool:
@@ -260,27 +398,49 @@ class TransformerSpec:
 
     @property
     def num_moe_layers(self) -> int:
-        """Layers whose MLP is a mixture of experts."""
-        return self.num_layers - self.first_dense_layers if self.is_moe else 0
+        """Layers whose MLP is a mixture of experts (`layer_is_moe`; MTP modules not counted)."""
+        if not self.is_moe:
+            return 0
+        return (self.num_layers - self.first_dense_layers) // self.moe_layer_period
 
     @property
     def num_dense_layers(self) -> int:
         """Layers whose MLP is a single dense d_ff MLP."""
         return self.num_layers - self.num_moe_layers
 
-    def layer_attention_window(self, layer: int) -> int | None:
-        """The sliding window of layer `layer` (0-based), or None if it attends globally."""
-        if self.attention_window is None:
-            return None
+    def _layer_is_local(self, layer: int) -> bool:
+        if self.attention_window is None and self.attention_chunk_size is None:
+            return False
         period = self.global_layer_period
-        if period and (layer + 1) % period == 0:
-            return None
-        return self.attention_window
+        return not (period and (layer + 1) % period == 0)
+
+    def layer_attention_window(self, layer: int) -> int | None:
+        """The sliding window of layer `layer` (0-based), or None if it attends globally (or
+        to a chunk)."""
+        return self.attention_window if self._layer_is_local(layer) else None
+
+    def layer_attention_chunk(self, layer: int) -> int | None:
+        """The attention chunk of layer `layer` (0-based), or None if it is not chunked."""
+        return self.attention_chunk_size if self._layer_is_local(layer) else None
+
+    @property
+    def local_attention_span(self) -> int | None:
+        """The local layers' span: their window or their chunk (None without local layers)."""
+        return self.attention_window if self.attention_chunk_size is None \
+            else self.attention_chunk_size
+
+    def local_pairs(self, seq_len: int) -> int:
+        """(query, key) pairs of one local layer over a `seq_len`-token sequence under its
+        causal mask: `causal_window_pairs` or `causal_chunk_pairs`."""
+        if self.attention_chunk_size is not None:
+            return causal_chunk_pairs(seq_len, self.attention_chunk_size)
+        return causal_window_pairs(seq_len, self.attention_window)
 
     @property
     def num_local_layers(self) -> int:
-        """Layers that attend to a sliding window of `attention_window` tokens."""
-        if self.attention_window is None:
+        """Layers that attend to a sliding window of `attention_window` tokens or to their
+        chunk of `attention_chunk_size`."""
+        if self.local_attention_span is None:
             return 0
         period = self.global_layer_period
         return self.num_layers - (self.num_layers // period if period else 0)
@@ -295,32 +455,52 @@ class TransformerSpec:
         `seq_len`-token sequence (the work of an attention that skips masked blocks).
 
         Global layers: seq_len / 2, the causal half of the score matrix (tpu.md §3). Local
-        layers: `causal_window_pairs(seq_len, window) / seq_len` (a query at position p, from
-        1, attends to min(window, p) keys), capped at the global layer's seq_len / 2 so that
-        a window of the whole sequence costs what full attention does (the two conventions
-        differ by the diagonal's half, seq_len / 2 pairs).
+        layers: `local_pairs(seq_len) / seq_len` (a sliding window's query at position p, from
+        1, attends to min(window, p) keys; a chunked layer's to the keys of its chunk up to
+        itself), capped at the global layer's seq_len / 2 so that a window or chunk of the
+        whole sequence costs what full attention does (the two conventions differ by the
+        diagonal's half, seq_len / 2 pairs).
         """
         _check_positive("seq_len", seq_len)
-        w = self.layer_attention_window(layer)
-        if w is None:
+        if not self._layer_is_local(layer):
             return seq_len / 2
-        return min(causal_window_pairs(seq_len, w), seq_len * seq_len / 2) / seq_len
+        return min(self.local_pairs(seq_len), seq_len * seq_len / 2) / seq_len
 
     def kv_cache_entries(self, context_len: int) -> int:
         """Positions one sequence's KV cache holds, summed over layers: `context_len` per
-        global layer, at most `attention_window` per local one (a sliding window's cache keeps
-        the last `attention_window` keys and values, older ones are never read again)."""
+        global layer, at most `attention_window` per sliding-window layer (a sliding window's
+        cache keeps the last `attention_window` keys and values, older ones are never read
+        again) and at most `attention_chunk_size` per chunked one (the current chunk's keys,
+        which a chunk's last token reads all of)."""
         _check_positive("context_len", context_len)
-        local = min(context_len, self.attention_window or context_len)
+        local = min(context_len, self.local_attention_span or context_len)
         return self.num_global_layers * context_len + self.num_local_layers * local
 
     # ---- parameter counts (elements) ---------------------------------------------------------
 
     @property
     def attention_params_per_layer(self) -> int:
-        """Q, K, V and output projections: D(N+2K)H + NHD, i.e. 2D(N+K)H (tpu.md §3)."""
+        """Q, K, V and output projections: D(N+2K)H + NHD, i.e. 2D(N+K)H (tpu.md §3).
+
+        With MLA (DeepSeek-V2 §2.1, with H = qk_nope + qk_rope head dims, R = qk_rope_head_dim,
+        V = v_head_dim): the query D x q_lora + q_lora x NH (or D x NH without q_lora_rank),
+        the latent and the shared rotary key D x (kv_lora + R), the up-projection of every
+        head's key and value kv_lora x N(H - R + V), and the output NV x D."""
+        if self.is_mla:
+            return sum(size for _, size in self.mla_matrices())
         qkv = self.d_model * (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
         return qkv + self.num_heads * self.head_dim * self.d_model
+
+    def mla_matrices(self) -> list[tuple[str, int]]:
+        """MLA's weight matrices (MaxText's names) and their sizes in parameters: the query
+        (`wq_a`, `wq_b`; `wq` without q_lora_rank), `wkv_a` (d_model -> kv_lora + rope),
+        `wkv_b` (kv_lora -> heads x (nope + v)) and the output projection `wo`."""
+        D, N, hd = self.d_model, self.num_heads, self.head_dim
+        kl, r, v = self.kv_lora_rank, self.qk_rope_head_dim, self.value_head_dim
+        q = ([("wq_a", D * self.q_lora_rank), ("wq_b", self.q_lora_rank * N * hd)]
+             if self.q_lora_rank is not None else [("wq", D * N * hd)])
+        return q + [("wkv_a", D * (kl + r)), ("wkv_b", kl * N * (hd - r + v)),
+                    ("wo", N * v * D)]
 
     @property
     def dense_mlp_params_per_layer(self) -> int:
@@ -363,7 +543,9 @@ class TransformerSpec:
         """
         pre = (1 if self.parallel_block else 2) * self.d_model
         post = 2 * self.d_model if self.post_norms else 0
-        return pre + post + (2 * self.head_dim if self.qk_norm else 0)
+        # MLA normalises its query and key-value latents (DeepSeek-V2's q_a / kv_a norms).
+        latents = (self.kv_lora_rank + (self.q_lora_rank or 0)) if self.is_mla else 0
+        return pre + post + (2 * self.head_dim if self.qk_norm else 0) + latents
 
     @property
     def num_attention_params(self) -> int:
@@ -392,15 +574,44 @@ class TransformerSpec:
         """vocab x d_model, twice if the output projection is a separate matrix."""
         return (1 if self.tied_embeddings else 2) * self.vocab_size * self.d_model
 
+    def mlp_params_of_layer(self, layer: int, *, active: bool = False) -> int:
+        """MLP weights of layer `layer` (`layer_is_moe`): every expert, or (`active`) the ones
+        a token uses."""
+        if not self.layer_is_moe(layer):
+            return self.dense_mlp_params_per_layer
+        return self.active_moe_mlp_params_per_layer if active else self.moe_mlp_params_per_layer
+
+    @property
+    def mtp_layers(self) -> range:
+        """The layer indices of the MTP modules' blocks (after the main layers)."""
+        return range(self.num_layers, self.num_layers + self.num_mtp_modules)
+
+    def mtp_params_of_module(self, layer: int, *, active: bool = False) -> int:
+        """One MTP module (DeepSeek-V3 §2.2): its decoder block (layer `layer`), the
+        projection of the two normalised inputs (2 d_model x d_model: `eh_proj`) and three
+        d_model norms (the hidden state's and the embedding's, `hnorm` / `enorm`, and its
+        output head's); the embedding and the output projection are the main model's."""
+        D = self.d_model
+        return (self.attention_params_per_layer + self.norm_params_per_layer
+                + self.mlp_params_of_layer(layer, active=active) + 2 * D * D + 3 * D)
+
+    @property
+    def num_mtp_params(self) -> int:
+        """Parameters of the MTP modules (0 without them)."""
+        return sum(self.mtp_params_of_module(layer) for layer in self.mtp_layers)
+
     @property
     def num_params(self) -> int:
-        """Total parameters: attention + MLP + norms + embeddings."""
+        """Total parameters: attention + MLP + norms + embeddings, and the MTP modules (which
+        the published totals of DeepSeek-V3 leave out: its 671B are `num_params -
+        num_mtp_params`)."""
         return (self.num_attention_params + self.num_mlp_params + self.num_norm_params
-                + self.num_embedding_params)
+                + self.num_embedding_params + self.num_mtp_params)
 
     @property
     def num_active_params(self) -> int:
-        """Parameters one token uses: like `num_params` but with top-k + shared experts only."""
+        """Parameters one generated token uses: like `num_params` but with top-k + shared
+        experts only and without the MTP modules (decode runs the main model)."""
         return (self.num_attention_params + self.num_active_mlp_params + self.num_norm_params
                 + self.num_embedding_params)
 
@@ -415,7 +626,11 @@ class TransformerSpec:
         projection counts once whether or not it is tied (as MaxText's matmul eras do).
         """
         unembed = self.d_model * self.vocab_size
-        return 2 * (self.num_attention_params + self.num_active_mlp_params + unembed)
+        flops = 2 * (self.num_attention_params + self.num_active_mlp_params + unembed)
+        # Each MTP module: its block, its input projection and the shared output projection.
+        return flops + sum(2 * (self.mtp_params_of_module(layer, active=True) - 3 * self.d_model
+                                - self.norm_params_per_layer + unembed)
+                           for layer in self.mtp_layers)
 
     def attention_flops_per_token(self, seq_len: int, *, causal: bool = True) -> float:
         """Forward attention-score FLOPs (QK^T and AV) per token, summed over layers.
@@ -430,17 +645,20 @@ class TransformerSpec:
             causal: whether the attention mask is causal.
         """
         _check_positive("seq_len", seq_len)
-        per_key = 4 * self.num_heads * self.head_dim
-        full = per_key * seq_len * self.num_global_layers
+        # q.K^T over head_dim, P.V over the value heads (4 N H per key without MLA).
+        per_key = 2 * self.num_heads * (self.head_dim + self.value_head_dim)
+        # The MTP modules' blocks attend like the layers they extend the pattern with.
+        local = self.num_local_layers + sum(self._layer_is_local(x) for x in self.mtp_layers)
+        glob_layers = self.num_layers + self.num_mtp_modules - local
+        full = per_key * seq_len * glob_layers
         glob = full // 2 if causal else full
-        if not self.num_local_layers:
+        if not local:
             return glob
-        w = self.attention_window
         if causal:
-            keys = min(causal_window_pairs(seq_len, w), seq_len * seq_len / 2) / seq_len
+            keys = min(self.local_pairs(seq_len), seq_len * seq_len / 2) / seq_len
         else:
-            keys = min(w, seq_len)
-        return glob + per_key * keys * self.num_local_layers
+            keys = min(self.local_attention_span, seq_len)
+        return glob + per_key * keys * local
 
     def forward_flops_per_token(self, seq_len: int, *, causal: bool = True) -> int:
         """Forward FLOPs per token: weight matmuls plus attention scores."""
@@ -470,13 +688,24 @@ class TransformerSpec:
             bytes_per_elem: bytes per cached element (2 for bf16, 1 for int8).
         """
         _check_positive("bytes_per_elem", bytes_per_elem)
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * bytes_per_elem
+        return self.num_layers * self.kv_cache_elements_per_position * bytes_per_elem
+
+    @property
+    def kv_cache_elements_per_position(self) -> int:
+        """Elements one layer caches per position: a key and a value per KV head (2 K H), or
+        with MLA, in the absorbed form decode runs, the latent and the shared rotary key
+        (kv_lora_rank + qk_rope_head_dim: 576 for DeepSeek-V3, against 2 x 128 x 192 = 49,152
+        for its heads' keys and values)."""
+        if self.is_mla:
+            return self.kv_lora_rank + self.qk_rope_head_dim
+        return 2 * self.num_kv_heads * self.head_dim
 
     def kv_cache_bytes(self, context_len: int, bytes_per_elem: float = 2) -> float:
         """KV-cache bytes of one sequence of `context_len` tokens: 2 * K * H * bytes per cached
-        position (`kv_cache_entries`: a local layer caches at most its window)."""
+        position, (kv_lora_rank + qk_rope_head_dim) * bytes with MLA (`kv_cache_entries`: a
+        local layer caches at most its window or chunk)."""
         _check_positive("bytes_per_elem", bytes_per_elem)
-        return (2 * self.num_kv_heads * self.head_dim * bytes_per_elem
+        return (self.kv_cache_elements_per_position * bytes_per_elem
                 * self.kv_cache_entries(context_len))
 
     def maxtext_flops_per_device(
@@ -509,10 +738,10 @@ class TransformerSpec:
             ) from None
         _check_positive("per_device_batch", per_device_batch)
         tokens = per_device_batch * seq_len
-        per_key = 4 * self.num_heads * self.head_dim
+        per_key = 2 * self.num_heads * (self.head_dim + self.value_head_dim)
         if era is MaxTextFlopEra.MATMUL_NONCAUSAL or era is MaxTextFlopEra.MATMUL_CAUSAL:
             keys = (self.num_global_layers * seq_len
-                    + self.num_local_layers * min(seq_len, self.attention_window or seq_len))
+                    + self.num_local_layers * min(seq_len, self.local_attention_span or seq_len))
             attn = per_key * keys / (2 if era is MaxTextFlopEra.MATMUL_CAUSAL else 1)
             return 3 * tokens * (self.forward_matmul_flops_per_token + attn)
         flops = 6 * self.num_params * tokens
@@ -526,8 +755,11 @@ class TransformerSpec:
     # ---- serialisation -----------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain YAML-ready mapping of the fields (`model_from_dict` inverts it)."""
-        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        """Plain YAML-ready mapping of the fields (`model_from_dict` inverts it). The fields of
+        MLA, interleaved MoE layers, chunked attention and MTP (`OPTIONAL_FIELDS`) are left out
+        at their defaults, so a model without them writes what it did before they existed."""
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name not in OPTIONAL_FIELDS or getattr(self, f.name) != f.default}
         data["mlp"] = str(self.mlp)
         return data
 
@@ -541,6 +773,15 @@ def causal_window_pairs(seq_len: int, window: int) -> int:
     return w * (w + 1) // 2 + (seq_len - w) * w
 
 
+def causal_chunk_pairs(seq_len: int, chunk: int) -> int:
+    """(query, key) pairs of causal chunked attention over `seq_len` tokens: the sequence is
+    cut into chunks of `chunk` tokens and a query attends to the keys of its chunk up to
+    itself, so each whole chunk holds chunk * (chunk + 1) / 2 pairs and the last, partial one
+    r * (r + 1) / 2 (r = seq_len mod chunk)."""
+    whole, r = divmod(seq_len, chunk)
+    return whole * chunk * (chunk + 1) // 2 + r * (r + 1) // 2
+
+
 def _check_positive(what: str, value: object) -> None:
     # numbers.Real also admits numpy scalars; bool is excluded as in `_is_int`.
     if not isinstance(value, numbers.Real) or isinstance(value, bool) or not value > 0:
@@ -548,6 +789,9 @@ def _check_positive(what: str, value: object) -> None:
 
 
 MODEL_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(TransformerSpec))
+# The fields `TransformerSpec.to_dict` writes only when they differ from their defaults.
+OPTIONAL_FIELDS = frozenset({"kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "v_head_dim",
+                             "moe_layer_period", "attention_chunk_size", "num_mtp_modules"})
 _REQUIRED_FIELDS = tuple(
     f.name for f in dataclasses.fields(TransformerSpec)
     if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
@@ -560,12 +804,27 @@ _ALLOWED_KEYS = ("base", *MODEL_FIELDS)
 # Where every zoo name is listed (the unknown-name messages point there).
 _ZOO_LISTING = "docs/howto/custom.md lists the zoo"
 MODELS: Registry[TransformerSpec] = Registry("model", listing=_ZOO_LISTING)
+# Each zoo model's published source (by its own name) and its other names, for
+# docs/presets.md; the comment at each entry says which numbers come from where.
+MODEL_SOURCES: dict[str, str] = {}
+MODEL_ALIASES: dict[str, tuple[str, ...]] = {}
 
 
-def _add(spec: TransformerSpec, *aliases: str) -> None:
+def _add(spec: TransformerSpec, *aliases: str, source: str) -> None:
     MODELS.add(spec.name, spec)
+    MODEL_SOURCES[spec.name] = source
+    MODEL_ALIASES[spec.name] = aliases
     for alias in aliases:
         MODELS.add(alias, dataclasses.replace(spec, name=alias))
+
+
+_LLAMA_SOURCES = {
+    "llama2": "Touvron et al. 2023, arXiv:2307.09288 Table 1; meta-llama/Llama-2-*-hf config.json",
+    "llama3": "Dubey et al. 2024, arXiv:2407.21783 Table 3; meta-llama/Meta-Llama-3-* and "
+              "Llama-3.1-405B config.json",
+    "mistral": "Jiang et al. 2023, arXiv:2310.06825 Table 1; mistralai/Mistral-7B-v0.1 "
+               "config.json",
+}
 
 
 def _llama(name: str, layers: int, d: int, heads: int, kv: int, d_ff: int, vocab: int,
@@ -573,7 +832,8 @@ def _llama(name: str, layers: int, d: int, heads: int, kv: int, d_ff: int, vocab
     # LLaMA / Mistral layout: SwiGLU, head_dim 128, untied embeddings, sequential block.
     _add(TransformerSpec(name=name, num_layers=layers, d_model=d, num_heads=heads,
                          num_kv_heads=kv, head_dim=128, d_ff=d_ff, mlp=MlpKind.SWIGLU,
-                         vocab_size=vocab), *aliases)
+                         vocab_size=vocab), *aliases,
+         source=_LLAMA_SOURCES[name.split("-")[0]])
 
 
 # LLaMA-2: Touvron et al. 2023 (arXiv:2307.09288) Table 1 and the meta-llama/Llama-2-{7b,13b,70b}-hf
@@ -597,14 +857,17 @@ _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000)
 # config.json: Mistral-7B shapes with 8 experts, top-2, in every layer (46.7B total / 12.9B active).
 _add(TransformerSpec(name="mixtral-8x7b", num_layers=32, d_model=4096, num_heads=32,
                      num_kv_heads=8, head_dim=128, d_ff=14336, mlp=MlpKind.SWIGLU,
-                     vocab_size=32000, num_experts=8, experts_per_token=2))
+                     vocab_size=32000, num_experts=8, experts_per_token=2),
+     source="Jiang et al. 2024, arXiv:2401.04088 Table 1; mistralai/Mixtral-8x7B-v0.1 "
+            "config.json")
 # Mixtral 8x22B: mistralai/Mixtral-8x22B-v0.1 config.json (56 layers, 6144 wide, 48 heads, 8 KV
 # heads, 16384 expert FFN, 8 experts top-2); Mistral's announcement gives 141B total / 39B
 # active. Vocab 32768 as in MaxText's mixtral-8x22b.yml (reference/maxtext_runs.json); 32000 vs
 # 32768 moves the total by < 0.01%.
 _add(TransformerSpec(name="mixtral-8x22b", num_layers=56, d_model=6144, num_heads=48,
                      num_kv_heads=8, head_dim=128, d_ff=16384, mlp=MlpKind.SWIGLU,
-                     vocab_size=32768, num_experts=8, experts_per_token=2))
+                     vocab_size=32768, num_experts=8, experts_per_token=2),
+     source="mistralai/Mixtral-8x22B-v0.1 config.json; MaxText mixtral-8x22b.yml (vocab)")
 
 # Gemma 2: Gemma Team 2024 (arXiv:2408.00118) Table 1 and google/gemma-2-{9b,27b} config.json
 # (the paper's "feedforward dim" 28672 / 73728 counts gate + up, i.e. 2 x intermediate_size).
@@ -615,11 +878,13 @@ _add(TransformerSpec(name="mixtral-8x22b", num_layers=56, d_model=6144, num_head
 _add(TransformerSpec(name="gemma2-9b", num_layers=42, d_model=3584, num_heads=16,
                      num_kv_heads=8, head_dim=256, d_ff=14336, mlp=MlpKind.GEGLU,
                      vocab_size=256000, tied_embeddings=True, attention_window=4096,
-                     global_layer_period=2, post_norms=True))
+                     global_layer_period=2, post_norms=True),
+     source="Gemma Team 2024, arXiv:2408.00118 Table 1 and §2; google/gemma-2-9b config.json")
 _add(TransformerSpec(name="gemma2-27b", num_layers=46, d_model=4608, num_heads=32,
                      num_kv_heads=16, head_dim=128, d_ff=36864, mlp=MlpKind.GEGLU,
                      vocab_size=256000, tied_embeddings=True, attention_window=4096,
-                     global_layer_period=2, post_norms=True))
+                     global_layer_period=2, post_norms=True),
+     source="Gemma Team 2024, arXiv:2408.00118 Table 1 and §2; google/gemma-2-27b config.json")
 # Gemma 3 12B: Gemma Team 2025, "Gemma 3 Technical Report" (arXiv:2503.19786) §2: 5 local
 # layers per global one (`global_layer_period` 6, the 6th, 12th, ... layer global), local
 # layers span 1024 tokens, GQA with pre- and post-norm RMSNorm, QK-norm in place of Gemma 2's
@@ -632,14 +897,73 @@ _add(TransformerSpec(name="gemma2-27b", num_layers=46, d_model=4608, num_heads=3
 _add(TransformerSpec(name="gemma3-12b", num_layers=48, d_model=3840, num_heads=16,
                      num_kv_heads=8, head_dim=256, d_ff=15360, mlp=MlpKind.GEGLU,
                      vocab_size=262144, tied_embeddings=True, attention_window=1024,
-                     global_layer_period=6, post_norms=True, qk_norm=True))
+                     global_layer_period=6, post_norms=True, qk_norm=True),
+     source="Gemma Team 2025, arXiv:2503.19786 §2 and Table 1; MaxText gemma3-12b.yml")
 
 # GPT-3 175B: Brown et al. 2020 (arXiv:2005.14165) Table 2.1 (96 layers, d_model 12288, 96 heads
 # of 128) and §2.1 (d_ff = 4 d_model, GPT-2 architecture: GELU MLP, tied embeddings, the
 # 50257-token GPT-2 BPE vocabulary). Biases and learned position embeddings are not counted.
 _add(TransformerSpec(name="gpt3-175b", num_layers=96, d_model=12288, num_heads=96,
                      num_kv_heads=96, head_dim=128, d_ff=49152, mlp=MlpKind.GELU,
-                     vocab_size=50257, tied_embeddings=True))
+                     vocab_size=50257, tied_embeddings=True),
+     source="Brown et al. 2020, arXiv:2005.14165 Table 2.1 and §2.1")
+
+# DeepSeek-V3: the config.json of deepseek-ai/DeepSeek-V3 on Hugging Face (hidden_size 7168,
+# num_hidden_layers 61, num_attention_heads 128 = num_key_value_heads, q_lora_rank 1536,
+# kv_lora_rank 512, qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128,
+# n_routed_experts 256, n_shared_experts 1, num_experts_per_tok 8, moe_intermediate_size
+# 2048, intermediate_size 18432 for the first_k_dense_replace = 3 dense layers, moe_layer_freq
+# 1, vocab_size 129280, tie_word_embeddings false, num_nextn_predict_layers 1) and DeepSeek-AI
+# 2024, "DeepSeek-V3 Technical Report" (arXiv:2412.19437) §2.1-2.2 and §4.2: MLA, SwiGLU
+# experts, one MTP module. The repository's README_WEIGHTS.md gives 671B main-model
+# parameters (36.7B activated) and 11.5B unique MTP parameters. Not modelled: the routers'
+# node-limited group top-k (n_group 8, topk_group 4: a routing restriction, not a cost
+# here), the bias-based load balancing, YaRN.
+_add(TransformerSpec(name="deepseek-v3-671b", num_layers=61, d_model=7168, num_heads=128,
+                     num_kv_heads=128, head_dim=192, d_ff=18432, mlp=MlpKind.SWIGLU,
+                     vocab_size=129280, num_experts=256, experts_per_token=8, moe_d_ff=2048,
+                     num_shared_experts=1, first_dense_layers=3, kv_lora_rank=512,
+                     q_lora_rank=1536, qk_rope_head_dim=64, v_head_dim=128,
+                     num_mtp_modules=1), "deepseek-v3",
+     source="deepseek-ai/DeepSeek-V3 config.json and README_WEIGHTS.md; DeepSeek-AI 2024, "
+            "arXiv:2412.19437 §2")
+# DeepSeek-V2-Lite: the config.json of deepseek-ai/DeepSeek-V2-Lite on Hugging Face
+# (hidden_size 2048, 27 layers, 16 heads, q_lora_rank null, kv_lora_rank 512, qk_nope_head_dim
+# 128, qk_rope_head_dim 64, v_head_dim 128, 64 routed and 2 shared experts, top-6,
+# moe_intermediate_size 1408, intermediate_size 10944, first_k_dense_replace 1, moe_layer_freq
+# 1, vocab_size 102400, untied) and DeepSeek-AI 2024, "DeepSeek-V2" (arXiv:2405.04434)
+# Appendix B: 15.7B parameters, 2.4B activated per token.
+_add(TransformerSpec(name="deepseek-v2-lite-16b", num_layers=27, d_model=2048, num_heads=16,
+                     num_kv_heads=16, head_dim=192, d_ff=10944, mlp=MlpKind.SWIGLU,
+                     vocab_size=102400, num_experts=64, experts_per_token=6, moe_d_ff=1408,
+                     num_shared_experts=2, first_dense_layers=1, kv_lora_rank=512,
+                     qk_rope_head_dim=64, v_head_dim=128), "deepseek-v2-lite",
+     source="deepseek-ai/DeepSeek-V2-Lite config.json; DeepSeek-AI 2024, arXiv:2405.04434 "
+            "Appendix B")
+
+
+def _llama4(name: str, hf: str, experts: int, moe_period: int, *aliases: str) -> None:
+    # Llama 4 text model: the config.json (text_config) of meta-llama/Llama-4-Scout-17B-16E and
+    # meta-llama/Llama-4-Maverick-17B-128E on Hugging Face: hidden_size 5120, 48 layers, 40
+    # query heads and 8 KV heads of head_dim 128, routed experts of intermediate_size 8192
+    # (top-1, num_experts_per_tok 1) with one shared expert of the same width in every MoE
+    # layer (HF Llama4TextMoe), dense layers of intermediate_size_mlp 16384, MoE layers every
+    # interleave_moe_layer_step layers (Scout 1, Maverick 2: layers 1, 3, 5, ...), chunked
+    # attention of attention_chunk_size 8192 in three layers of four with every fourth
+    # layer global (no_rope_layers: the NoPE layers), vocab_size 202048, untied. Meta's
+    # model cards: 17B active parameters of 109B (Scout) and 400B (Maverick) in all, counting
+    # the vision encoder this spec leaves out. Not modelled: the parameter-free L2 norm of
+    # the queries and keys (use_qk_norm), the attention temperature tuning.
+    _add(TransformerSpec(name=name, num_layers=48, d_model=5120, num_heads=40, num_kv_heads=8,
+                         head_dim=128, d_ff=16384, mlp=MlpKind.SWIGLU, vocab_size=202048,
+                         num_experts=experts, experts_per_token=1, moe_d_ff=8192,
+                         num_shared_experts=1, moe_layer_period=moe_period,
+                         attention_chunk_size=8192, global_layer_period=4), *aliases,
+         source=f"meta-llama/{hf} config.json (text_config) and model card")
+
+
+_llama4("llama4-scout-17b-16e", "Llama-4-Scout-17B-16E", 16, 1, "llama4-scout")
+_llama4("llama4-maverick-17b-128e", "Llama-4-Maverick-17B-128E", 128, 2, "llama4-maverick")
 
 
 def _maxtext_default(name: str, layers: int, d: int, heads: int, d_ff: int) -> None:
@@ -647,7 +971,9 @@ def _maxtext_default(name: str, layers: int, d: int, heads: int, d_ff: int) -> N
     # head_dim 256 (so heads x head_dim != d_model in general), tied embeddings, vocab 32768.
     _add(TransformerSpec(name=name, num_layers=layers, d_model=d, num_heads=heads,
                          num_kv_heads=heads, head_dim=256, d_ff=d_ff, mlp=MlpKind.RELU,
-                         vocab_size=32768, tied_embeddings=True, parallel_block=True))
+                         vocab_size=32768, tied_embeddings=True, parallel_block=True),
+         source="MaxText base.yml (Sep 2023) scaled by global_parameter_scale "
+                "(reference/maxtext.md §2)")
 
 
 # Sizes from maxtext.md §2: MaxText base.yml (Sep 2023: base_emb_dim 2560, base_num_heads 8,

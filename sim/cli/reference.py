@@ -1,6 +1,7 @@
 """The generated reference pages: `docs/cli.md` (every command and flag, read off the parser)
 and `docs/presets.md` (every chip preset, where its efficiency factors come from, every named
-slice, read off `tpusim presets --json`).
+slice, read off `tpusim presets --json`; and every zoo model with its source, from
+`workloads.models`).
 
 `python -m sim.cli.reference` rewrites both; `python -m sim.cli.reference --check` rewrites
 nothing and exits 1 naming the pages that differ from what the code would generate (the test
@@ -302,7 +303,60 @@ def presets_page(data: dict | None = None) -> str:
     ]
     lines += [f"| `{s['name']}` | `{s['chip']}` | {s['shape']} | {s['num_chips']} "
               f"| {s['wraparound']} |" for s in slices]
+    lines += ["", *models_section()]
     return "\n".join(lines) + "\n"
+
+
+def _model_cells(m) -> list[str]:
+    """One zoo model's row of the models table."""
+    moe = "-"
+    if m.is_moe:
+        moe = f"{m.num_experts} x {m.expert_d_ff}, top-{m.experts_per_token}"
+        if m.num_shared_experts:
+            moe += f", {m.num_shared_experts} shared"
+        if m.first_dense_layers:
+            moe += f", first {m.first_dense_layers} dense"
+        if m.moe_layer_period > 1:
+            moe += f", every {m.moe_layer_period}"
+    att = f"{m.num_heads} / {m.num_kv_heads} x {m.head_dim}"
+    if m.is_mla:
+        q = f"q {m.q_lora_rank}, " if m.q_lora_rank is not None else ""
+        att = (f"MLA {m.num_heads} x {m.head_dim} (rope {m.qk_rope_head_dim}, v "
+               f"{m.value_head_dim}): {q}kv {m.kv_lora_rank}")
+    span = m.local_attention_span
+    if span is not None:
+        kind = "window" if m.attention_chunk_size is None else "chunk"
+        every = (f", global every {m.global_layer_period}" if m.global_layer_period
+                 else ", every layer")
+        att += f"; {kind} {span}{every}"
+    return [str(m.num_layers), str(m.d_model), att, str(m.d_ff), moe,
+            str(m.num_mtp_modules or "-"), str(m.vocab_size),
+            f"{(m.num_params - m.num_mtp_params) / 1e9:.1f} / {m.num_active_params / 1e9:.1f}"]
+
+
+def models_section() -> list[str]:
+    """The zoo (`workloads.models.MODELS`), one row per model with its other names."""
+    from workloads.models import MODEL_ALIASES, MODEL_SOURCES, MODELS
+
+    lines = [
+        "## Model presets",
+        "",
+        "The models `--model NAME` names ([howto/custom.md](howto/custom.md) for a model "
+        "file; [model/moe.md](model/moe.md) for MLA, shared and interleaved experts, chunked "
+        "attention and MTP). Attention: query / KV heads x head_dim, or MLA's heads (rotary "
+        "and value head dims) and its query and key-value latent ranks; MoE: routed experts x "
+        "expert d_ff and top-k; params: the main model's in billions (MTP modules not "
+        "counted, as the published totals do not), all / per generated token (top-k and "
+        "shared experts).",
+        "",
+        "| model | layers | d_model | attention | d_ff | MoE | MTP | vocab | params B | source |",
+        "|---|---:|---:|---|---:|---|---:|---:|---:|---|",
+    ]
+    for name, source in MODEL_SOURCES.items():
+        aliases = "".join(f" (`{a}`)" for a in MODEL_ALIASES[name])
+        lines.append(f"| `{name}`{aliases} | " + " | ".join(_model_cells(MODELS.get(name)))
+                     + f" | {source} |")
+    return lines
 
 
 # -- the command --------------------------------------------------------------------------------

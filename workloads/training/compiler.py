@@ -30,15 +30,33 @@ class Compiler(StepProgram):
 
 def _check_pattern_per_stage(model: TransformerSpec, layers: int, split: str) -> None:
     # Every pipeline chunk compiles the same program (its layers numbered from 0): a mixed
-    # local/global pattern must repeat whole within a chunk for that program to be each
-    # chunk's.
+    # local/global pattern, and the dense/MoE one, must repeat whole within a chunk for that
+    # program to be each chunk's; the first chunk's dense layers and the MTP modules after the
+    # last one would make the chunks differ.
     period = model.global_layer_period
-    if model.attention_window is not None and period and layers % period:
+    if model.local_attention_span is not None and period and layers % period:
         raise TpusimError(
             f"{split} gives each pipeline chunk {layers} layers, which does not hold whole "
             f"periods of the model's local/global pattern (global_layer_period={period}); pick "
             f"a pipeline size that leaves a multiple of {period} layers per chunk"
         )
+    if layers == model.num_layers:
+        return
+    moe_period = model.moe_layer_period
+    if model.is_moe and moe_period > 1 and layers % moe_period:
+        raise TpusimError(
+            f"{split} gives each pipeline chunk {layers} layers, which does not hold whole "
+            f"periods of the model's dense/MoE pattern (moe_layer_period={moe_period}); pick "
+            f"a pipeline size that leaves a multiple of {moe_period} layers per chunk"
+        )
+    for field in ("first_dense_layers", "num_mtp_modules"):
+        if getattr(model, field):
+            raise TpusimError(
+                f"{split} splits the layers into pipeline chunks, and every chunk runs the "
+                f"same program: {field}={getattr(model, field)} (layers only the first or the "
+                f"last chunk has) is not modelled with a pipeline axis; drop pipeline from the "
+                f"mesh, or set {field} to 0 with --set model.{field}=0"
+            )
 
 
 def _check_divisible(what: str, value: int, axis: str, size: int, fix: str) -> None:
@@ -176,7 +194,8 @@ def _compiler(
         n=local_seqs * config.seq_len / sp / config.microbatches,
         ctx=config.seq_len,
         tp=tp, fs=fs, dp=dp, ep=ep, pp=pp, sp=sp,
-        layers=model.num_layers // pp,
+        # The MTP modules' blocks run as layers after the main ones (`StepProgram`).
+        layers=model.num_layers // pp + (model.num_mtp_modules if pp == 1 else 0),
     )
     return Compiler(model, mesh, d, config, num_chips, global_seqs)
 

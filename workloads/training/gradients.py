@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from workloads.memory import MemoryCategory
 from workloads.training import xla_rules as xla
-from workloads.training.program import ProgramBuilder
+from workloads.training.program import MTP_PROJ, ProgramBuilder
 
 
 @dataclass(slots=True)
@@ -48,7 +48,7 @@ class GradientReductions(ProgramBuilder):
         cfg, d = self.cfg, self.d
         dp_wait: list[int] = []
         fse = self.fsdp_shards
-        grad_bytes = self.layer_weight_bytes(self.layer_is_moe(layer)) / self.wc * self.gb
+        grad_bytes = self.layer_weight_bytes(self.layer_is_moe(layer), layer) / self.wc * self.gb
         expert_b = self.layer_expert_weight_bytes(layer) / self.wc * self.gb
         rs_ops, rs_of, sync_ops = self.fsdp_gradient_reductions(layer, out)
         rs = rs_ops[-1] if rs_ops else None
@@ -95,7 +95,9 @@ class GradientReductions(ProgramBuilder):
         # right after its matmul, and is not held (docs/model.md "Memory").
         whole_from = {"wo": self.attn_early_grads_done, "wv": self.attn_early_grads_done,
                       "wq": self.attn_weights_done, "wk": self.attn_weights_done,
-                      "router": self.router_grad_done}
+                      "router": self.router_grad_done,
+                      **{k: self.attn_weights_done for k in ("wq_a", "wq_b", "wkv_a", "wkv_b",
+                                                             MTP_PROJ)}}
         for key, nbytes in self.layer_matrices(layer) if self.fsdp_shards > 1 else []:
             axes, group = self.fsdp_group(key)
             kind = self.grad_kind_for(group)

@@ -26,14 +26,25 @@ class HbmModel(ProgramBuilder):
     def layer_shape(self, layer: int) -> LayerShapeSpec:
         m, d = self.m, self.d
         moe = self.layer_is_moe(layer)
-        ff = m.expert_d_ff * m.experts_per_token if moe else m.d_ff
+        # An MoE layer's hidden: its top-k routed experts' and its shared experts'.
+        ff = m.expert_d_ff * (m.experts_per_token + m.num_shared_experts) if moe else m.d_ff
+        mla = {}
+        if m.is_mla:
+            # MLA's q and k are head_dim wide per head, its v and the attention output
+            # v_head_dim; its latents are d_model -> q_lora + kv_lora + rope (whole on every
+            # tensor shard: `MLA_WHOLE_OVER_TENSOR`).
+            h_loc = m.num_heads / d.tp
+            mla = dict(v_width=h_loc * m.value_head_dim, context_width=h_loc * m.value_head_dim,
+                       latent_width=m.kv_lora_rank + (m.q_lora_rank or 0) + m.qk_rope_head_dim,
+                       q_producer="q_up" if m.q_lora_rank is not None else "q_proj",
+                       kv_producer="kv_up")
         return LayerShapeSpec(
             rows=d.n, residual_rows=self.rows(), context=d.ctx, d_model=m.d_model,
             q_width=m.num_heads / d.tp * m.head_dim,
             kv_width=max(m.num_kv_heads / d.tp, 1.0) * m.head_dim,
             local_heads=m.num_heads / d.tp, ff_width=ff / d.tp,
             mlp_matrices=m.mlp.num_matrices, mlp_kind=str(m.mlp), parallel_block=m.parallel_block,
-            num_experts=m.num_experts if moe else 0)
+            num_experts=m.num_experts if moe else 0, **mla)
 
     def saved(self, layer: int, remat: Remat | None = None):
         plan = self.cfg.remat_plan if remat is None else remat_plan(remat)

@@ -18,7 +18,7 @@ from workloads.memory import (
     score_exp_fused,
 )
 from workloads.moe import dispatch_flops
-from workloads.training.program import ATTN_KEYS, ProgramBuilder, Q
+from workloads.training.program import MTP_PROJ, ProgramBuilder, Q
 
 
 class MlpGrads(NamedTuple):
@@ -54,27 +54,40 @@ class LayerProgram(ProgramBuilder):
         kept = self.cfg.remat_plan.kept_projections if recompute else frozenset()
         x = deps
         r = self.rows()
+        if self.is_mtp_layer(layer):
+            x = self.mtp_input(layer, x, phase, tag)
         # A norm reads its input twice (statistics, then the normalised rows) and writes once;
         # the forward of a scanned stack also copies the layer input into the saved stack.
         norm = self.vpu(f"{tag}norm_attn", 5 * r * D,
                         (3 + (2 if not recompute else 0)) * r * D * a, x, layer, phase)
         mm_deps, after = self.tp_enter(tag, "attn", norm, layer, phase)
         qkv_w = D * (H + 2 * K) * hd / tp
-        if "qkv" in kept:
-            qkv = norm  # q, k, v came back from host memory (a dependency of the layer input)
+        if m.is_mla:
+            # q, k, v came back from host memory (a dependency of the layer input), or MLA's
+            # low-rank projections write them.
+            qkv_ids = [norm] if "qkv" in kept else \
+                self.mla_projections(layer, norm, wdeps + mm_deps, phase, tag)
+            # Rotary on each query head's qk_rope_head_dim and on the one shared rotary key.
+            rd = m.qk_rope_head_dim
+            rope = self.vpu(f"{tag}rotary", 6 * n * (h_loc + 1) * rd,
+                            2 * n * (h_loc + 1) * rd * a, qkv_ids + after, layer, phase)
         else:
-            qkv = self.mm(f"{tag}qkv_proj", 2 * n * D * (h_loc + 2 * k_loc) * hd,
-                          qkv_w * self.wc, n * D * a, n * (h_loc + 2 * k_loc) * hd * a,
-                          [norm] + wdeps + mm_deps, layer, phase, keys=("wq", "wk", "wv"),
-                          acc_bytes=n * (h_loc + 2 * k_loc) * hd * a,
-                          q=Q(act=n * D, weight=qkv_w, out=n * (h_loc + 2 * k_loc) * hd, k=D))
-        if m.qk_norm:
-            # RMSNorm over head_dim of every query and key head (Gemma 3): a norm fusion of
-            # its own, as the pre-norms are (reads twice, writes once).
-            qkv = self.vpu(f"{tag}qk_norm", 5 * n * (h_loc + k_loc) * hd,
-                           3 * n * (h_loc + k_loc) * hd * a, [qkv], layer, phase)
-        rope = self.vpu(f"{tag}rotary", 6 * n * (h_loc + k_loc) * hd,
-                        2 * n * (h_loc + k_loc) * hd * a, [qkv] + after, layer, phase)
+            if "qkv" in kept:
+                qkv = norm  # q, k, v came back from host memory (a dependency of the input)
+            else:
+                qkv = self.mm(f"{tag}qkv_proj", 2 * n * D * (h_loc + 2 * k_loc) * hd,
+                              qkv_w * self.wc, n * D * a, n * (h_loc + 2 * k_loc) * hd * a,
+                              [norm] + wdeps + mm_deps, layer, phase, keys=("wq", "wk", "wv"),
+                              acc_bytes=n * (h_loc + 2 * k_loc) * hd * a,
+                              q=Q(act=n * D, weight=qkv_w, out=n * (h_loc + 2 * k_loc) * hd,
+                                  k=D))
+            if m.qk_norm:
+                # RMSNorm over head_dim of every query and key head (Gemma 3): a norm fusion of
+                # its own, as the pre-norms are (reads twice, writes once).
+                qkv = self.vpu(f"{tag}qk_norm", 5 * n * (h_loc + k_loc) * hd,
+                               3 * n * (h_loc + k_loc) * hd * a, [qkv], layer, phase)
+            rope = self.vpu(f"{tag}rotary", 6 * n * (h_loc + k_loc) * hd,
+                            2 * n * (h_loc + k_loc) * hd * a, [qkv] + after, layer, phase)
         if "context" in kept and self.cfg.attention == "flash":
             # The attention output was kept: nothing of the attention is rerun (the flash
             # backward kernel recomputes its scores itself, layer_backward).
@@ -90,11 +103,7 @@ class LayerProgram(ProgramBuilder):
                 mlp_live = self.mlp_forward(layer, norm, wdeps, phase, tag, after, dead_tail=True)
                 self.recompute_leaves.append(att)
                 return mlp_live
-            out = self.mm(f"{tag}out_proj", 2 * n * h_loc * hd * D, H * hd * D / tp * self.wc,
-                          n * h_loc * hd * a, n * D * a, [att] + wdeps, layer, phase,
-                          keys=("wo",), whole_bytes=n * h_loc * hd * a,
-                          q=Q(act=n * h_loc * hd, weight=H * hd * D / tp, out=n * D,
-                              k=h_loc * hd))
+            out = self.out_proj(layer, att, wdeps, phase, tag)
             mlp_out = self.mlp_forward(layer, norm, wdeps, phase, tag, after)
             summed = self.vpu(f"{tag}block_sum", n * D, 3 * n * D * a, [out, mlp_out], layer,
                               phase)
@@ -107,11 +116,7 @@ class LayerProgram(ProgramBuilder):
             self.recompute_leaves.append(att)
             exit1 = []
         else:
-            out = self.mm(f"{tag}out_proj", 2 * n * h_loc * hd * D, H * hd * D / tp * self.wc,
-                          n * h_loc * hd * a, n * D * a, [att] + wdeps, layer, phase,
-                          keys=("wo",), whole_bytes=n * h_loc * hd * a,
-                          q=Q(act=n * h_loc * hd, weight=H * hd * D / tp, out=n * D,
-                              k=h_loc * hd))
+            out = self.out_proj(layer, att, wdeps, phase, tag)
             exit1 = self.tp_exit(tag, "attn", out, [out], layer, phase)
         if m.post_norms:
             # The sublayer's output is normed before the residual add (Gemma 2 / 3).
@@ -132,31 +137,129 @@ class LayerProgram(ProgramBuilder):
         return self.vpu(f"{tag}residual_mlp", r * D, 3 * r * D * a, exit2 + [res1], layer,
                         phase)
 
+    def out_proj(self, layer, att, wdeps, phase, tag):
+        """The attention's output projection (heads x value head dim -> d_model)."""
+        m, d, a = self.m, self.d, self.act
+        n, D, tp, hd, H = d.n, m.d_model, d.tp, m.head_dim, m.num_heads
+        h_loc = H / tp
+        if m.is_mla:
+            hd = m.value_head_dim
+        return self.mm(f"{tag}out_proj", 2 * n * h_loc * hd * D, H * hd * D / tp * self.wc,
+                       n * h_loc * hd * a, n * D * a, [att] + wdeps, layer, phase,
+                       keys=("wo",), whole_bytes=n * h_loc * hd * a,
+                       q=Q(act=n * h_loc * hd, weight=H * hd * D / tp, out=n * D,
+                           k=h_loc * hd))
+
+    def mla_projections(self, layer, norm, deps, phase, tag) -> list[int]:
+        """MLA's query, key and value projections (DeepSeek-V2 §2.1, the training form: every
+        head's key and value are up-projected from the latent): the query down projection,
+        its latent's RMSNorm and up projection (or one full-rank query projection without
+        q_lora_rank); the down projection to the key-value latent and the shared rotary key,
+        the latent's RMSNorm and its up projection to every head's key (without rotary) and
+        value. The down projections are whole on every tensor shard (`MLA_WHOLE_OVER_TENSOR`),
+        the rest is split over heads. Returns the ops the rotary waits for (q and kv)."""
+        m, d, a = self.m, self.d, self.act
+        n, D, tp = d.n, m.d_model, d.tp
+        H, hd, v = m.num_heads, m.head_dim, m.value_head_dim
+        h_loc = H / tp
+        kl, rd, ql = m.kv_lora_rank, m.qk_rope_head_dim, m.q_lora_rank
+        wc = self.wc
+        first = [norm] + list(deps)
+        if ql is not None:
+            qa = self.mm(f"{tag}q_down", 2 * n * D * ql, D * ql * wc, n * D * a, n * ql * a,
+                         first, layer, phase, keys=("wq_a",), acc_bytes=n * ql * a,
+                         q=Q(act=n * D, weight=D * ql, out=n * ql, k=D))
+            qn = self.vpu(f"{tag}q_norm", 5 * n * ql, 3 * n * ql * a, [qa], layer, phase)
+            q = self.mm(f"{tag}q_up", 2 * n * ql * h_loc * hd, ql * H * hd / tp * wc,
+                        n * ql * a, n * h_loc * hd * a, [qn], layer, phase, keys=("wq_b",),
+                        whole_bytes=n * ql * a,
+                        q=Q(act=n * ql, weight=ql * H * hd / tp, out=n * h_loc * hd, k=ql))
+        else:
+            q = self.mm(f"{tag}q_proj", 2 * n * D * h_loc * hd, D * H * hd / tp * wc, n * D * a,
+                        n * h_loc * hd * a, first, layer, phase, keys=("wq",),
+                        acc_bytes=n * h_loc * hd * a,
+                        q=Q(act=n * D, weight=D * H * hd / tp, out=n * h_loc * hd, k=D))
+        kva = self.mm(f"{tag}kv_down", 2 * n * D * (kl + rd), D * (kl + rd) * wc, n * D * a,
+                      n * (kl + rd) * a, first, layer, phase, keys=("wkv_a",),
+                      acc_bytes=n * (kl + rd) * a,
+                      q=Q(act=n * D, weight=D * (kl + rd), out=n * (kl + rd), k=D))
+        kvn = self.vpu(f"{tag}kv_norm", 5 * n * kl, 3 * n * kl * a, [kva], layer, phase)
+        up = hd - rd + v  # a head's key without rotary, and its value
+        kv = self.mm(f"{tag}kv_up", 2 * n * kl * h_loc * up, kl * H * up / tp * wc, n * kl * a,
+                     n * h_loc * up * a, [kvn], layer, phase, keys=("wkv_b",),
+                     whole_bytes=n * kl * a,
+                     q=Q(act=n * kl, weight=kl * H * up / tp, out=n * h_loc * up, k=kl))
+        return [q, kv]
+
+    def mtp_input(self, layer, x, phase, tag) -> list[int]:
+        """An MTP module's input (DeepSeek-V3 §2.2): the embedding of the tokens one further
+        ahead (a lookup of the main model's table), RMSNorm of it and of the hidden state,
+        and the projection of their concatenation (2 d_model -> d_model, `mtp_proj`, split
+        over `tensor` on its output and all-gathered back). Returns what the layer's norm
+        waits for."""
+        m, d, a = self.m, self.d, self.act
+        n, D, tp = d.n, m.d_model, d.tp
+        r = self.rows()
+        emb = self.vpu(f"{tag}mtp_embed_lookup", 0.0, 2 * r * D * a, list(x), layer, phase)
+        norms = self.vpu(f"{tag}mtp_norms", 10 * r * D, 6 * r * D * a, [emb] + list(x), layer,
+                         phase)
+        proj = self.mm(f"{tag}{MTP_PROJ}", 2 * n * 2 * D * D / tp, 2 * D * D / tp * self.wc,
+                       2 * n * D * a, n * D / tp * a, [norms], layer, phase, keys=(MTP_PROJ,),
+                       q=Q(act=2 * n * D, weight=2 * D * D / tp, out=n * D / tp, k=2 * D))
+        ag = self.coll(f"{tag}tp_allgather_mtp", "all-gather", ("tensor",), n * D * a, [proj],
+                       layer, phase)
+        return [proj] + ([ag] if ag is not None else [])
+
+    def mtp_backward(self, layer, dep) -> int:
+        """The backward of an MTP module's input (`mtp_input`): the projection's input and
+        weight gradients and the two norms'."""
+        m, d, a = self.m, self.d, self.act
+        n, D, tp = d.n, m.d_model, d.tp
+        r = self.rows()
+        w = 2 * D * D / tp * self.wc
+        ag = self.coll("tp_reducescatter_mtp_bwd", "reduce-scatter", ("tensor",), n * D * a,
+                       [dep], layer, "bwd")
+        dx = self.mm(f"{MTP_PROJ}_bwd", 2 * n * 2 * D * D / tp, w, n * D / tp * a + 2 * n * D * a,
+                     2 * n * D * a, [dep] + ([ag] if ag is not None else []), layer, "bwd",
+                     keys=(MTP_PROJ,),
+                     q=Q(sr=n * D / tp, weight=2 * D * D / tp, out=2 * n * D, k=D / tp))
+        dw = self.mm(f"{MTP_PROJ}_bwd_weights", 2 * n * 2 * D * D / tp, w,
+                     n * D / tp * a + 2 * n * D * a, 0.0, [dx], layer, "bwd", keys=(MTP_PROJ,),
+                     q=Q(act=2 * n * D, sr=n * D / tp, out=2 * D * D / tp, k=n))
+        return self.vpu("mtp_norms_bwd", 20 * r * D, 8 * r * D * a, [dx, dw], layer, "bwd")
+
     def attention_forward(self, layer, dep, phase, tag, values=True):
         m, d, a = self.m, self.d, self.act
         n, tp, hd = d.n, d.tp, m.head_dim
         h_loc = m.num_heads / tp
         k_loc = max(m.num_kv_heads / tp, 1.0)
         ctx = d.ctx
+        hv = m.value_head_dim  # MLA's value heads may be narrower than its query/key heads
         deps = [dep]
         if d.sp > 1:  # sequence parallelism: gather the other shards' keys and values
             kv = self.coll(f"{tag}sp_kv_allgather", "all-gather", ("sequence",),
+                           ctx * (n / (ctx / d.sp)) * k_loc * (hd + hv) * a if m.is_mla else
                            2 * ctx * (n / (ctx / d.sp)) * k_loc * hd * a, [dep], layer, phase)
             deps.append(kv)
         s_loc = n * d.sp / ctx  # local sequences (each attends to its whole context)
         kv_bytes = s_loc * ctx * k_loc * hd * a  # K (or V) of every local sequence
+        v_bytes = s_loc * ctx * k_loc * hv * a if m.is_mla else kv_bytes
         if self.cfg.attention == "flash":
             # Flash attention skips fully masked blocks (about half under a causal mask; all
-            # but the window's in a local layer) and keeps the score matrix in VMEM: HBM sees
-            # only Q, K, V and the output.
-            flops = 4 * n * h_loc * hd * m.attended_keys_per_query(ctx, layer)
-            nbytes = 2 * n * h_loc * hd * a + 2 * kv_bytes
+            # but the window's or the chunk's in a local layer) and keeps the score matrix in
+            # VMEM: HBM sees only Q, K, V and the output.
+            if m.is_mla:
+                flops = 2 * n * h_loc * (hd + hv) * m.attended_keys_per_query(ctx, layer)
+                nbytes = n * h_loc * (hd + hv) * a + kv_bytes + v_bytes
+            else:
+                flops = 4 * n * h_loc * hd * m.attended_keys_per_query(ctx, layer)
+                nbytes = 2 * n * h_loc * hd * a + 2 * kv_bytes
             return self.mm(f"{tag}flash_attention", flops, 0.0, nbytes, 0.0, deps, layer, phase,
                            narrow_dim=hd, q=Q("attention", act=n * h_loc * hd + 2 * kv_bytes / a,
                                               out=n * h_loc * hd, k=hd))
         # Dot attention materialises every score and masks it afterwards (MaxText's
-        # dot-product path: a full q.K^T, then the causal and sliding-window masks), so a
-        # local layer costs what a global one does.
+        # dot-product path: a full q.K^T, then the causal and sliding-window or chunk masks),
+        # so a local layer costs what a global one does.
         scores = n * ctx * h_loc
         # Both attention matmuls tile head_dim: q.K^T contracts over it, P.V outputs it, so a
         # head_dim below the MXU width leaves part of the array idle (ChipSpec.mxu_fill).
@@ -171,10 +274,10 @@ class LayerProgram(ProgramBuilder):
             self.mem(qk, MemoryCategory.TEMPORARIES, scores * a)
             self.mem(sm, MemoryCategory.TEMPORARIES, -scores * a)
             return sm
-        av = self.mm(f"{tag}attn_values", 2 * n * ctx * h_loc * hd, 0.0,
-                     scores * a + kv_bytes, n * h_loc * hd * a, [sm], layer, phase,
-                     narrow_dim=hd, q=Q("attention", act=scores + kv_bytes / a,
-                                        out=n * h_loc * hd, k=ctx))
+        av = self.mm(f"{tag}attn_values", 2 * n * ctx * h_loc * hv, 0.0,
+                     scores * a + v_bytes, n * h_loc * hv * a, [sm], layer, phase,
+                     narrow_dim=hv, q=Q("attention", act=scores + v_bytes / a,
+                                        out=n * h_loc * hv, k=ctx))
         # The f32 scores (the softmax runs in place over them) and the probabilities the
         # value matmul reads are live together (workloads/memory.py): bf16, or f32 in the
         # forward of a policy that saves named/dot residuals (minimal, offload), where XLA
@@ -346,6 +449,10 @@ class LayerProgram(ProgramBuilder):
         if moe:
             F = m.expert_d_ff * rt.expert_rows_per_token
             w_mlp = (m.num_experts / d.ep) * mats * D * m.expert_d_ff / tp * self.wc
+            if m.num_shared_experts:
+                # The shared experts' backward runs with the routed experts' (every token).
+                F += m.num_shared_experts * m.expert_d_ff
+                w_mlp += m.num_shared_experts * mats * D * m.expert_d_ff / tp * self.wc
         else:
             F = m.d_ff
             w_mlp = mats * D * F / tp * self.wc
@@ -506,6 +613,39 @@ class LayerProgram(ProgramBuilder):
         att_factor = 2.5 if self.cfg.attention == "flash" else 2.0  # flash recomputes scores
         w_att = m.attention_params_per_layer / tp * self.wc
         proj_flops = 2 * n * D * (2 * h_loc + 2 * k_loc) * hd
+        # The projections' operands, their windowed-ring parts and the attention's K and V.
+        proj_in = 1.5 * n * (h_loc + 2 * k_loc) * hd * a
+        whole = {"wq": n * h_loc * hd * a, "wk": n * k_loc * hd * a, "wv": n * k_loc * hd * a}
+        acc = {"wo": n * h_loc * hd * a}
+        whole_w = n * (2 * h_loc + 2 * k_loc) * hd * a
+        kv_bytes = n * d.sp / d.ctx * d.ctx * k_loc * hd * a  # K or V of the local sequences
+        kv2 = 2 * kv_bytes
+        # What an int8 backward quantizes (`Q`): the input gradient's and the weight gradient's.
+        q_dproj = Q(sr=n * (h_loc + 2 * k_loc) * hd + n * D, weight=w_att / self.wc,
+                    out=n * D + n * h_loc * hd, k=D)
+        q_dproj_w = Q(act=n * D + n * h_loc * hd, sr=n * (h_loc + 2 * k_loc) * hd + n * D,
+                      out=w_att / self.wc, k=n)
+        if m.is_mla:
+            # MLA (`mla_projections`): every weight is read once per token, so the
+            # projections' FLOPs are twice the parameters a tensor shard holds per row.
+            hv, rd = m.value_head_dim, m.qk_rope_head_dim
+            kl, ql = m.kv_lora_rank, m.q_lora_rank or 0
+            up = hd - rd + hv
+            shard = sum(p for _, p in self.mla_shard_params())
+            att_fwd_flops = 2 * n * h_loc * (hd + hv) * keys
+            w_att = shard * self.wc
+            proj_flops = 2 * n * shard
+            latents = ql + kl + rd
+            proj_in = 1.5 * n * (h_loc * hd + h_loc * up + latents) * a
+            whole = {"wq_b": n * h_loc * hd * a, "wq": n * h_loc * hd * a,
+                     "wkv_b": n * h_loc * up * a, "wq_a": n * ql * a, "wkv_a": n * (kl + rd) * a}
+            acc = {"wo": n * h_loc * hv * a}
+            whole_w = n * (h_loc * hd + h_loc * up + latents + h_loc * hv) * a
+            kv2 = kv_bytes + n * d.sp / d.ctx * d.ctx * k_loc * hv * a
+            outs = h_loc * hd + h_loc * up + latents  # the projections' outputs per row
+            q_dproj = Q(sr=n * outs + n * D, weight=shard, out=n * D + n * h_loc * hv, k=D)
+            q_dproj_w = Q(act=n * D + n * h_loc * hv + n * (ql + kl), sr=n * outs + n * D,
+                          out=shard, k=n)
         if m.parallel_block:
             mm_deps2, after2 = mm_deps, after
         else:
@@ -516,34 +656,35 @@ class LayerProgram(ProgramBuilder):
         # Windowed: the q, k, v input gradients read the projections' output gradients whole
         # on every ring step; the output projection's contracts the sharded d_model and sums
         # its output (the attention output's gradient) over the steps.
-        dproj = self.mm("attn_proj_bwd", proj_flops, w_att,
-                        1.5 * n * (h_loc + 2 * k_loc) * hd * a, n * D * a,
+        dproj = self.mm("attn_proj_bwd", proj_flops, w_att, proj_in, n * D * a,
                         [nrm] + wd + mm_deps2, layer, "bwd",
-                        keys=ATTN_KEYS + self.regather_keys(layer),
-                        whole_bytes={"wq": n * h_loc * hd * a, "wk": n * k_loc * hd * a,
-                                     "wv": n * k_loc * hd * a},
-                        acc_bytes={"wo": n * h_loc * hd * a},
-                        q=Q(sr=n * (h_loc + 2 * k_loc) * hd + n * D, weight=w_att / self.wc,
-                            out=n * D + n * h_loc * hd, k=D))
+                        keys=self.attn_keys() + self.regather_keys(layer),
+                        whole_bytes=whole, acc_bytes=acc, q=q_dproj)
         self.attn_early_grads_done = dproj
-        kv_bytes = n * d.sp / d.ctx * d.ctx * k_loc * hd * a  # K or V of the local sequences
+        # Q and O (MLA: their widths differ), as the attention's backward reads and writes them.
+        qo = n * h_loc * (hd + m.value_head_dim) * a if m.is_mla else 2 * n * h_loc * hd * a
         datt_m = None
         if self.cfg.attention == "flash":
             # Reads Q, O, dO and K, V; writes dQ, dK, dV.
             datt = self.mm("flash_attention_bwd", att_factor * att_fwd_flops, 0.0,
-                           4 * n * h_loc * hd * a + 4 * kv_bytes, 0.0, [dproj, *after2], layer,
+                           2 * qo + 2 * kv2, 0.0, [dproj, *after2], layer,
                            "bwd", narrow_dim=hd,
-                           q=Q("attention", act=2 * n * h_loc * hd + 2 * kv_bytes / a,
-                               sr=n * h_loc * hd, out=n * h_loc * hd + 2 * kv_bytes / a, k=hd))
+                           q=Q("attention", act=qo / a + kv2 / a, sr=n * h_loc * hv,
+                               out=n * h_loc * hd + kv2 / a, k=hd) if m.is_mla else
+                           Q("attention", act=2 * n * h_loc * hd + 2 * kv_bytes / a,
+                             sr=n * h_loc * hd, out=n * h_loc * hd + 2 * kv_bytes / a, k=hd))
         else:
             scores = n * d.ctx * h_loc
             datt_m = self.mm("attn_bwd", att_factor * att_fwd_flops, 0.0,
-                             3 * scores * a + 2 * kv_bytes,
-                             2 * n * h_loc * hd * a + 2 * kv_bytes, [dproj, *after2], layer,
+                             3 * scores * a + kv2,
+                             qo + kv2, [dproj, *after2], layer,
                              "bwd", narrow_dim=hd,
-                             q=Q("attention", act=scores + n * h_loc * hd + 2 * kv_bytes / a,
-                                 sr=n * h_loc * hd + scores,
-                                 out=n * h_loc * hd + 2 * kv_bytes / a + scores, k=hd))
+                             q=Q("attention", act=scores + qo / a + kv2 / a,
+                                 sr=n * h_loc * hv + scores,
+                                 out=n * h_loc * hd + kv2 / a + scores, k=hd) if m.is_mla else
+                             Q("attention", act=scores + n * h_loc * hd + 2 * kv_bytes / a,
+                               sr=n * h_loc * hd + scores,
+                               out=n * h_loc * hd + 2 * kv_bytes / a + scores, k=hd))
             datt = self.vpu("softmax_bwd", 6 * scores, 3 * scores * a, [datt_m], layer, "bwd")
             # The bf16 score-sized buffers live at the score gradient, from the probability
             # gradient's matmul until the dQ and dK matmuls have read the score gradient; one
@@ -555,8 +696,15 @@ class LayerProgram(ProgramBuilder):
             self.mem(dproj, MemoryCategory.TEMPORARIES, extra - self.bwd_probs_bytes)
             self.mem(datt, MemoryCategory.TEMPORARIES, -extra)
             self.bwd_probs_bytes = 0.0
-        rope = self.vpu("rotary_bwd", 6 * n * (h_loc + k_loc) * hd,
-                        2 * n * (h_loc + k_loc) * hd * a, [datt], layer, "bwd")
+        if m.is_mla:
+            rd = m.qk_rope_head_dim
+            rope = self.vpu("rotary_bwd", 6 * n * (h_loc + 1) * rd,
+                            2 * n * (h_loc + 1) * rd * a, [datt], layer, "bwd")
+            lat = m.kv_lora_rank + (m.q_lora_rank or 0)
+            rope = self.vpu("mla_norm_bwd", 10 * n * lat, 4 * n * lat * a, [rope], layer, "bwd")
+        else:
+            rope = self.vpu("rotary_bwd", 6 * n * (h_loc + k_loc) * hd,
+                            2 * n * (h_loc + k_loc) * hd * a, [datt], layer, "bwd")
         if m.qk_norm:
             rope = self.vpu("qk_norm_bwd", 10 * n * (h_loc + k_loc) * hd,
                             4 * n * (h_loc + k_loc) * hd * a, [rope], layer, "bwd")
@@ -566,10 +714,9 @@ class LayerProgram(ProgramBuilder):
         # Windowed: the q, k, v output gradients and the attention output (o's input) are read
         # whole on every ring step; the layer input and o's output gradient a slice at a time.
         dproj_w = self.mm("attn_proj_bwd_weights", proj_flops, w_att,
-                          1.5 * n * (h_loc + 2 * k_loc) * hd * a, 0.0, [rope], layer, "bwd",
-                          keys=ATTN_KEYS, whole_bytes=n * (2 * h_loc + 2 * k_loc) * hd * a,
-                          q=Q(act=n * D + n * h_loc * hd, sr=n * (h_loc + 2 * k_loc) * hd + n * D,
-                              out=w_att / self.wc, k=n))
+                          proj_in, 0.0, [rope], layer, "bwd",
+                          keys=self.attn_keys(), whole_bytes=whole_w, q=q_dproj_w)
         self.attn_weights_done = dproj_w
-        return self.vpu("norm_attn_bwd", 10 * r * D, 4 * r * D * a,
-                        att_exit + [dact, dmlp_w, dproj_w], layer, "bwd")
+        out = self.vpu("norm_attn_bwd", 10 * r * D, 4 * r * D * a,
+                       att_exit + [dact, dmlp_w, dproj_w], layer, "bwd")
+        return self.mtp_backward(layer, out) if self.is_mtp_layer(layer) else out

@@ -28,6 +28,12 @@ WEIGHT_CAST = "weight_cast"
 
 # The weight matrices each weight matmul of a layer reads (FSDP gathers one per matrix).
 ATTN_KEYS = ("wq", "wk", "wv", "wo")
+# MLA's down projections (d_model -> the query and key-value latents) are not split over
+# `tensor`: each tensor shard computes the latents whole (MaxText's MLA shards their low-rank
+# dimensions over fsdp only), and splits the heads' up projections and the output projection.
+MLA_WHOLE_OVER_TENSOR = frozenset({"wq_a", "wkv_a"})
+# An MTP module's projection of its two normalised inputs (2 d_model -> d_model).
+MTP_PROJ = "mtp_proj"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -354,10 +360,32 @@ class ProgramBuilder:
         return [mm_id] + ([c] if c is not None else [])
 
     # -- per-layer shapes -------------------------------------------------------------------
-    def layer_weight_bytes(self, moe: bool) -> float:
-        """bf16 matmul weights one tensor shard gathers for a layer (V of the FSDP gather)."""
+    def attn_keys(self) -> tuple[str, ...]:
+        """The attention's weight matrices (`ATTN_KEYS`, MLA's `TransformerSpec.mla_matrices`)."""
+        if self.m.is_mla:
+            return tuple(k for k, _ in self.m.mla_matrices())
+        return ATTN_KEYS
+
+    def mla_shard_params(self) -> list[tuple[str, float]]:
+        """MLA's matrices and the parameters one tensor shard holds of each
+        (`MLA_WHOLE_OVER_TENSOR`)."""
+        tp = self.d.tp
+        return [(k, p if k in MLA_WHOLE_OVER_TENSOR else p / tp)
+                for k, p in self.m.mla_matrices()]
+
+    def is_mtp_layer(self, layer: int) -> bool:
+        """Layer `layer` is an MTP module's block (`TransformerSpec.mtp_layers`)."""
+        return layer >= self.m.num_layers
+
+    def layer_weight_bytes(self, moe: bool, layer: int | None = None) -> float:
+        """bf16 matmul weights one tensor shard gathers for a layer (V of the FSDP gather);
+        `layer` adds an MTP module's projection."""
         m, d = self.m, self.d
         att = m.attention_params_per_layer / d.tp
+        if m.is_mla:
+            att = sum(p for _, p in self.mla_shard_params())
+        if layer is not None and self.is_mtp_layer(layer):
+            att += 2 * m.d_model * m.d_model / d.tp
         if moe:
             routed = m.num_experts * m.mlp.num_matrices * m.d_model * m.expert_d_ff
             shared = m.moe_mlp_params_per_layer - m.router_params_per_layer - routed
@@ -390,10 +418,15 @@ class ProgramBuilder:
         return self.m.num_norm_params / self.d.pp * 4
 
     def layer_is_moe(self, layer: int) -> bool:
-        return self.m.is_moe and layer >= self.m.first_dense_layers
+        return self.m.layer_is_moe(layer)
 
     def regather_keys(self, layer: int) -> tuple[str, ...]:
-        """The attention matrices XLA gathers a second time for their input gradients."""
+        """The attention matrices XLA gathers a second time for their input gradients (MLA:
+        its query and key matrices, every attention matrix in an MoE layer; not read off a
+        compile)."""
+        if self.m.is_mla:
+            keys = self.attn_keys() if self.layer_is_moe(layer) else self.attn_keys()[:-1]
+            return tuple(f"{k}_dx" for k in keys)
         return xla.MOE_REGATHER_KEYS if self.layer_is_moe(layer) else xla.REGATHER_KEYS
 
     # MaxText's logical-axis rules shard a weight's `embed` dimension over fsdp and expert, except
@@ -429,6 +462,10 @@ class ProgramBuilder:
         D, hd = m.d_model, m.head_dim
         q, kv = D * m.num_heads * hd / d.tp * wb, D * m.num_kv_heads * hd / d.tp * wb
         out = [("wq", q), ("wk", kv), ("wv", kv), ("wo", q)]
+        if m.is_mla:
+            out = [(k, p * wb) for k, p in self.mla_shard_params()]
+        if self.is_mtp_layer(layer):
+            out.append((MTP_PROJ, 2 * D * D / d.tp * wb))
         if not self.layer_is_moe(layer):
             return out + [(k, D * m.d_ff / d.tp * wb) for k in self.mlp_keys(layer)]
         routed = D * m.expert_d_ff * m.num_experts / (d.tp * d.ep) * wb
@@ -588,6 +625,10 @@ class ProgramBuilder:
         # and over fsdp on d_model, the others over both on d_model (`fsdp_group`).
         shards = d.tp * d.fs * d.ep
         att = m.num_attention_params / (shards * d.pp)
+        mla_shard = sum(p for _, p in self.mla_shard_params()) if m.is_mla else 0.0
+        if m.is_mla:
+            # MLA's down projections are whole on every tensor shard.
+            att = m.num_layers * mla_shard / (d.fs * d.ep * d.pp)
         if m.is_moe:
             dense_l = m.num_dense_layers
             mlp = dense_l * m.dense_mlp_params_per_layer / (shards * d.pp)
@@ -596,4 +637,10 @@ class ProgramBuilder:
             mlp = m.num_mlp_params / (shards * d.pp)
         emb = m.num_embedding_params / shards
         norms = m.num_norm_params / d.pp
-        return att + mlp + emb + norms
+        # The MTP modules (never pipelined) are sharded as the layers are, norms replicated.
+        mtp_norms = m.num_mtp_modules * (m.norm_params_per_layer + 3 * m.d_model)
+        mtp = (m.num_mtp_params - mtp_norms) / shards + mtp_norms
+        if m.is_mla:
+            mtp += m.num_mtp_modules * (mla_shard / (d.fs * d.ep)
+                                        - m.attention_params_per_layer / shards)
+        return att + mlp + emb + norms + mtp

@@ -242,6 +242,7 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
             return Head(final_norm=final_norm, prev=prev, held=0.0, head_accum=None)
         head_accum = None
         r = self.rows()
+        self.mtp_heads(prev, emb_g)
         final_norm = self.vpu("final_norm", 5 * r * D, 3 * r * D * a, [prev], -1, "fwd")
         # Sharded activations are gathered over `tensor` before the vocab-split logits.
         lg_deps, lg_after = self.tp_enter("", "logits", final_norm, -1, "fwd")
@@ -300,6 +301,38 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
         dar_deps = self.tp_exit("", "logits_bwd", dx, [dx], -1, "bwd")
         return Head(final_norm=final_norm, prev=dar_deps[-1], held=held,
                     head_accum=head_accum)
+
+    def mtp_heads(self, prev: int, emb_g: int | None) -> None:
+        """Each MTP module's loss (DeepSeek-V3 §2.2: the module's own final norm, then the
+        shared output projection and a cross-entropy over the tokens it predicts), forward
+        and backward, from the top layer's output `prev` (the last MTP module's block: the
+        modules run as layers after the main ones). Emitted before the main loss, while the
+        gathered output projection is held; its logits live from its logits matmul to its
+        backward, as the main loss's do."""
+        m, d, a = self.m, self.d, self.act
+        n, D, V, tp = d.n, m.d_model, m.vocab_size, d.tp
+        emb_w = m.vocab_size * m.d_model / tp * self.wc
+        r = self.rows()
+        lt = sum(t.num_bytes for t in loss_tensors(rows=n, local_vocab=V / tp, act_bytes=a))
+        for _ in range(m.num_mtp_modules):
+            norm = self.vpu("mtp_final_norm", 5 * r * D, 3 * r * D * a, [prev], -1, "fwd")
+            lg_deps, lg_after = self.tp_enter("", "mtp_logits", norm, -1, "fwd")
+            logits = self.mm("mtp_logits", 2 * n * D * V / tp, emb_w, n * D * a, n * V / tp * 4,
+                             [norm] + ([emb_g] if emb_g is not None else []) + lg_deps, -1,
+                             "fwd")
+            mx = self.coll("tp_mtp_logits_max_allreduce", "all-reduce", ("tensor",), n * a,
+                           [logits], -1, "loss")
+            loss = self.vpu("mtp_softmax_xent", 6 * n * V / tp, 2 * n * V / tp * 4,
+                            [logits, *lg_after] + ([mx] if mx is not None else []), -1, "loss")
+            lse = self.coll("tp_mtp_logsumexp_allreduce", "all-reduce", ("tensor",), n * 4 * 2,
+                            [loss], -1, "loss")
+            dlog = self.vpu("mtp_dlogits", 4 * n * V / tp, 2 * n * V / tp * a,
+                            [loss] + ([lse] if lse is not None else []), -1, "bwd")
+            dx = self.mm("mtp_logits_bwd", 4 * n * D * V / tp, 2 * emb_w, n * V / tp * a,
+                         n * D * a + emb_w, [dlog], -1, "bwd")
+            self.mem(logits, G.LOGITS, lt)
+            self.mem(dx, G.LOGITS, -lt)
+            self.tp_exit("", "mtp_logits_bwd", dx, [dx], -1, "bwd")
 
     def head_held_bytes(self) -> float:
         """Logits-path bytes the chip's compiler keeps through the backward loop (the

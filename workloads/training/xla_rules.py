@@ -57,6 +57,9 @@ MOE_REGATHER_KEYS = ("wq_dx", "wk_dx", "wv_dx", "wo_dx")
 # merger: they share the layer input); an unrolled ring reduce-scatters both from one start.
 SHARES_GATE_RING = frozenset({"w_up", "expert_up", "shared_up"})
 
+# The matrices whose outputs are q, k and v (MLA's low-rank projections among them).
+QKV_MATRICES = frozenset({"wq", "wk", "wv", "wq_a", "wq_b", "wkv_a", "wkv_b"})
+
 # Row-parallel matrices: with a tensor axis their forward output is reduced over `tensor`, so
 # XLA does not window their gather (`gather_form`).
 ROW_PARALLEL = frozenset({"wo", "w_down", "expert_down", "shared_down"})
@@ -149,7 +152,7 @@ def gather_form(cfg: TrainingConfig, key: str, phase: str, *, group: int,
         kept = cfg.remat_plan.kept_projections
         single = (key in ("w_down", "shared_down")
                   or (key == "wo" and (parallel_block or "out" in kept))
-                  or (key in ("wq", "wk", "wv") and "qkv" in kept)
+                  or (key in QKV_MATRICES and "qkv" in kept)
                   or (key in ("w_gate", "w_up") and "mlp_in" in kept))
     else:
         single = True
