@@ -194,6 +194,17 @@ class Candidate:
     gather_dtype: str | None = None
     placement: str = ""
     hbm_estimate_bytes: float = 0.0
+    # The slice this candidate runs on, when plan searches slices (`PodVariant`): its shape
+    # and wiring; None / False: the plan's own pod.
+    shape: str | None = None
+    twist: bool = False
+
+    @property
+    def pod_text(self) -> str:
+        """`4x4x8` or `4x4x8 twisted` (empty: the plan's own pod)."""
+        if self.shape is None:
+            return ""
+        return self.shape + (" twisted" if self.twist else "")
 
     @property
     def mesh_text(self) -> str:
@@ -229,6 +240,127 @@ class PlanResult:
         return self.table[self.table["status"] == "ok"].head(k)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PodVariant:
+    """One slice `plan` searches: a shape of the pod's chip count and its wiring. `shape` None:
+    the request's own pod as given (no pod dimension searched)."""
+
+    topology: Any
+    shape: str | None = None
+    twist: bool = False
+
+    def request_changes(self) -> dict[str, Any]:
+        """What a candidate's `TrainRequest` changes of the plan's pod to run on this slice."""
+        if self.shape is None:
+            return {}
+        return {"slice": None, "shape": self.shape, "twist": self.twist}
+
+
+# Wirings `plan --wiring` searches: auto = plain, and twisted where the shape can twist.
+WIRINGS = ("auto", "plain", "twisted")
+
+
+def slice_shapes(chip, num_chips: int) -> list[tuple[int, ...]]:
+    """Every slice shape of `num_chips` chips the chip's pod can build, sides ascending (x <=
+    y <= z: which mesh axis sits on which side is the placements' part of the search): on a
+    generation with optical switches (`cube`), the shapes of whole 4x4x4 cubes whose cube count
+    fits the pod (any arrangement of cubes is a slice), or, below one cube, the shapes that fit
+    inside one; otherwise the shapes that fit the pod's box (`check_shape_fits`)."""
+    from topologies.slices import CUBE_SIDE, check_shape_fits
+
+    ndim = len(chip.max_pod_shape)
+    cube = chip.generation_rule == "cube" and ndim == 3
+    unit = CUBE_SIDE if cube and num_chips % CUBE_SIDE**3 == 0 else 1
+    count = num_chips // unit**ndim
+    out = []
+    for sides in _ascending_factorizations(count, ndim):
+        shape = tuple(unit * s for s in sides)
+        if cube and unit == 1 and max(shape) > CUBE_SIDE:
+            continue  # a sub-cube slice lives inside one cube
+        try:
+            check_shape_fits(chip.name, chip.max_pod_shape, shape, chip.generation_rule)
+        except TpusimError:
+            continue
+        out.append(shape)
+    return out
+
+
+def _ascending_factorizations(n: int, k: int, lo: int = 1) -> list[tuple[int, ...]]:
+    """Tuples of k factors >= lo, ascending, whose product is n."""
+    if k == 1:
+        return [(n,)] if n >= lo else []
+    out = []
+    for d in range(lo, n + 1):
+        if d ** k > n:
+            break
+        if n % d == 0:
+            out += [(d, *rest) for rest in _ascending_factorizations(n // d, k - 1, d)]
+    return out
+
+
+def pod_variants(req: PlanRequest, pod) -> list[PodVariant]:
+    """The slices a plan request searches: the pod's own shape, or with `shapes` every shape
+    of its chip count (`all`) or the listed ones; each plain and, where the shape can twist,
+    twisted (`wiring` auto; `plain` or `twisted` alone; the pod's `--twist` is `twisted`).
+    A single plain or twisted pod as given is the plan's own (no pod column)."""
+    from topologies.slices import can_twist, resolve_topology
+    from topologies.torus import parse_shape
+
+    chip, topo = pod.chip, pod.topology
+    wiring = req.wiring
+    if wiring not in WIRINGS:
+        raise TpusimError(f"--wiring {short_repr(wiring)} is not one of {', '.join(WIRINGS)}; "
+                          f"give e.g. --wiring auto")
+    if req.twist:
+        if wiring == "plain":
+            raise TpusimError("--twist asks for the twisted wiring and --wiring plain for the "
+                              "plain one; drop one of them")
+        wiring = "twisted"
+    if req.shapes is None:
+        shapes, searched = [topo.shape], False
+    elif str(req.shapes).strip().lower() == "all":
+        shapes, searched = slice_shapes(chip, topo.num_chips), True
+        if not shapes:
+            raise TpusimError(
+                f"--shapes all: a {chip.name} pod builds no slice of {topo.num_chips:,} chips "
+                f"(whole 4x4x4 cubes, or a shape inside one cube); give a chip count it can "
+                f"build, e.g. 64 or 128, or drop --shapes")
+    else:
+        shapes = [parse_shape(x) for x in split_list(req.shapes, "--shapes",
+                                                     example="4x4x16,4x8x8")]
+        shapes, searched = list(dict.fromkeys(shapes)), True
+        for sh in shapes:
+            if math.prod(sh) != topo.num_chips:
+                raise TpusimError(
+                    f"--shapes: {'x'.join(map(str, sh))} has {math.prod(sh):,} chips, not the "
+                    f"pod's {topo.num_chips:,}; list shapes of {topo.num_chips:,} chips (or "
+                    f"--shapes all)")
+    kw = dict(chip_name=chip.name, wrap_rule=chip.generation_rule,
+              max_pod_shape=chip.max_pod_shape)
+    out: list[PodVariant] = []
+    for sh in shapes:
+        text = "x".join(map(str, sh))
+        twistable = can_twist(chip.generation_rule, sh)
+        wirings = {"auto": (False, True) if twistable else (False,), "plain": (False,),
+                   "twisted": (True,)}[wiring]
+        if wiring == "twisted" and not twistable:
+            if not searched or len(shapes) == 1:
+                resolve_topology(**kw, shape=text, twist=True)  # the one-line refusal
+            continue
+        for tw in wirings:
+            t = (topo if sh == topo.shape and tw == topo.twisted and req.wraparound == "auto"
+                 else resolve_topology(**kw, shape=text, wraparound=req.wraparound, twist=tw))
+            out.append(PodVariant(topology=t, shape=text, twist=tw))
+    if not out:
+        raise TpusimError(
+            f"--wiring twisted: no shape of {topo.num_chips:,} chips can twist (k x k x 2k or "
+            f"k x 2k x 2k, each side a multiple of 4); drop --wiring/--twist or give a chip "
+            f"count such as 128 (4x4x8)")
+    if not searched and len(out) == 1:
+        return [PodVariant(topology=out[0].topology)]  # the pod as given: no pod column
+    return out
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -256,10 +388,12 @@ def _size_options(model, num_chips: int, cfg: PlanConfig) -> dict[str, list[int]
     }
 
 
-def enumerate_candidates(model, topology, chip, cfg: PlanConfig) -> tuple[list[Candidate],
-                                                                            dict[str, int]]:
+def enumerate_candidates(model, topology, chip, cfg: PlanConfig,
+                         variant: PodVariant | None = None) -> tuple[list[Candidate],
+                                                                     dict[str, int]]:
     """Every valid candidate of the search space whose memory estimate fits in HBM, in a
-    deterministic order; and how many were generated, invalid and pruned by memory."""
+    deterministic order; and how many were generated, invalid and pruned by memory.
+    `variant`: the searched slice the candidates run on (tagged with its shape and wiring)."""
     from topologies.mesh import LogicalMesh
     from workloads.training import TrainingConfig, estimate_training_memory, parse_remat
 
@@ -329,7 +463,9 @@ def enumerate_candidates(model, topology, chip, cfg: PlanConfig) -> tuple[list[C
                                          param_dtype=pd_, grad_dtype=gd, optimizer_dtype=od,
                                          optimizer=cfg.optimizer,
                                          gather_dtype=cfg.gather_dtype,
-                                         placement=where, hbm_estimate_bytes=total))
+                                         placement=where, hbm_estimate_bytes=total,
+                                         shape=variant.shape if variant else None,
+                                         twist=variant.twist if variant else False))
     return out, counts
 
 
@@ -1123,7 +1259,8 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
              workers: int = 0, dask: Any = None, quiet: bool = False,
              prune_by_bound: bool = True, refuse_by_hbm_bound: bool = True,
              stop_out_of_memory: bool = True,
-             max_simulations: int | None = None) -> PlanResult:
+             max_simulations: int | None = None,
+             variants: list[PodVariant] | None = None) -> PlanResult:
     """Enumerate and prune by memory; bound every candidate from below (one compile per mesh
     sizes and settings, shared by its placements): its step time, and its HBM peak (a
     candidate whose peak bound is over HBM is out of memory, as `tpusim train` would find,
@@ -1134,7 +1271,10 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
     of memory; its time is not needed). `prune_by_bound=False`, `refuse_by_hbm_bound=False` and
     `stop_out_of_memory=False` turn the shortcuts off (the brute-force oracle).
     `max_simulations`: with `prune_by_bound=False` (every candidate simulated), refuse a space
-    of more candidates than that before anything runs (`plan --exhaustive`'s guard)."""
+    of more candidates than that before anything runs (`plan --exhaustive`'s guard).
+    `variants`: the slices searched (shapes and wirings of the same chip count, `pod_variants`);
+    every candidate of every slice is one more candidate of the same search, its bounds and
+    pruning unchanged (default: `topology` alone)."""
     import pandas as pd
 
     from sim.study import SweepConfig, _bar, _num_workers
@@ -1144,7 +1284,27 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
         raise TpusimError(
             f"plan --objective cost: {chip.name} has no list price; give one with --set "
             f"usd_per_chip_hour=PRICE (dollars per chip-hour)")
-    cands, counts = enumerate_candidates(model, topology, chip, cfg)
+    variants = variants or [PodVariant(topology=topology)]
+    searched_pods = any(v.shape is not None for v in variants)
+    if len(variants) > 1:
+        opts = _size_options(model, topology.num_chips, cfg)
+        combos = math.prod(len(v) for v in opts.values()) * len(cfg.remat) \
+            * len(cfg.param_dtypes) * len(cfg.grad_dtypes) * len(cfg.optimizer_dtypes) \
+            * len(variants)
+        if combos > MAX_PLAN_COMBINATIONS:
+            raise TpusimError(
+                f"plan would consider {combos:,} combinations of slices, axis sizes and "
+                f"settings ({len(variants)} slices), over the limit of "
+                f"{MAX_PLAN_COMBINATIONS:,}; list fewer --shapes, give --wiring plain, lower "
+                f"the --max-* limits or allow fewer --remat and dtype values")
+    cands, counts = [], {}
+    for v in variants:
+        vc, vn = enumerate_candidates(model, v.topology, chip, cfg, v if searched_pods else None)
+        cands += vc
+        counts = {k: counts.get(k, 0) + n for k, n in vn.items()}
+    if searched_pods:
+        counts["slices"] = len(variants)  # listed only when slices were searched
+    changes = {(v.shape, v.twist): v.request_changes() for v in variants}
     if not prune_by_bound and max_simulations is not None and len(cands) > max_simulations:
         raise TpusimError(
             f"plan --exhaustive would simulate {len(cands):,} candidates to the end, over the "
@@ -1158,13 +1318,13 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
     # request, as `tpusim train` would build it.
     batch_per_chip = repr(cfg.global_batch / n_chips)
     reqs = [base.replace(seq_len=cfg.seq_len, batch_per_chip=batch_per_chip,
-                         **c.train_settings()) for c in cands]
+                         **changes[(c.shape, c.twist)], **c.train_settings()) for c in cands]
     n = _num_workers(SweepConfig(workers=workers, dask=dask))
     # One bound job per (sizes, settings): its placements share the compiled trace.
     groups: dict[tuple, list[int]] = {}
     for i, c in enumerate(cands):
-        key = (tuple(sorted(c.mesh)), c.remat, c.microbatches, c.param_dtype, c.grad_dtype,
-               c.optimizer_dtype)
+        key = (c.shape, c.twist, tuple(sorted(c.mesh)), c.remat, c.microbatches,
+               c.param_dtype, c.grad_dtype, c.optimizer_dtype)
         groups.setdefault(key, []).append(i)
     jobs = [(reqs[members[0]], [cands[i].mesh for i in members])
             for members in groups.values()]
@@ -1353,6 +1513,7 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
             fits = bool(r.get("fits_in_hbm"))
             status = STATUS_OK if fits else STATUS_DOES_NOT_FIT
         rows.append({
+            "shape": c.shape, "twist": c.twist,
             "mesh": c.mesh_text, "placement": c.placement, "remat": c.remat,
             "microbatches": c.microbatches, "param_dtype": c.param_dtype,
             "grad_dtype": c.grad_dtype, "optimizer_dtype": c.optimizer_dtype,
@@ -1381,8 +1542,12 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
         x["rank"] = k
     for x in rest:
         x["rank"] = pd.NA
-    table = pd.DataFrame([{c: x[c] for c in PLAN_COLUMNS} for x in ok + rest],
-                         columns=list(PLAN_COLUMNS))
+    # The slice of each candidate, when slices were searched (`--shapes`, or a shape that
+    # can twist): a `shape` and a `twist` column after the rank; a plan of one pod has none.
+    columns = list(PLAN_COLUMNS)
+    if searched_pods:
+        columns[1:1] = ["shape", "twist"]
+    table = pd.DataFrame([{c: x[c] for c in columns} for x in ok + rest], columns=columns)
     table["rank"] = table["rank"].astype("Int64")
     table["fits_in_hbm"] = table["fits_in_hbm"].astype("boolean")
     table["error"] = table["error"].astype("string")
@@ -1405,7 +1570,19 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
                       objective=cfg.objective,
                       hbm_capacity_bytes=caps[0] if caps else math.nan,
                       wall_s=time.perf_counter() - t0, model=model.name,
-                      pod=f"{'x'.join(map(str, topology.shape))} {chip.name}")
+                      pod=_pod_label(variants, topology, chip))
+
+
+def _pod_label(variants: list[PodVariant], topology, chip) -> str:
+    """`4x4x8 v4`; with slices searched, how many (`4 slices of 256 chips v4`)."""
+    if not any(v.shape is not None for v in variants):
+        name = "x".join(map(str, topology.shape)) + (" twisted" if topology.twisted else "")
+        return f"{name} {chip.name}"
+    shapes = dict.fromkeys(v.shape for v in variants)
+    if len(shapes) == 1:
+        return f"{next(iter(shapes))} plain and twisted {chip.name}"
+    return (f"{len(shapes)} shapes of {topology.num_chips} chips "
+            f"({len(variants)} slices with their wirings) {chip.name}")
 
 
 def _nan(v: Any) -> float:
@@ -1422,7 +1599,8 @@ def explain(ranked: list[dict[str, Any]], objective: str = "time") -> str:
     if not ranked:
         return "no candidate fits in HBM; allow more remat, microbatches or sharding"
     w = ranked[0]
-    text = f"{w['placement']}, remat {w['remat']}"
+    pod = (f"{w['shape']}{' twisted' if w['twist'] else ''}: " if w.get("shape") else "")
+    text = f"{pod}{w['placement']}, remat {w['remat']}"
     if w["microbatches"] > 1:
         text += f", {w['microbatches']} microbatches"
     cap = w.get("_capacity") or 0
@@ -1436,7 +1614,9 @@ def explain(ranked: list[dict[str, Any]], objective: str = "time") -> str:
         key = "_value" if "_value" in w else "step_time_s"
         gain = r[key] / w[key] - 1 if w[key] else 0.0
         better, tie = _GAIN_WORDS[objective]
-        what = [f"{r['mesh']}" if r["mesh"] != w["mesh"] else "",
+        what = [f"{r['shape']}{' twisted' if r['twist'] else ''}"
+                if (r.get("shape"), r.get("twist")) != (w.get("shape"), w.get("twist")) else "",
+                f"{r['mesh']}" if r["mesh"] != w["mesh"] else "",
                 f"placement {r['placement']}" if r["mesh"] == w["mesh"]
                 and r["placement"] != w["placement"] else "",
                 f"remat {r['remat']}" if r["remat"] != w["remat"] else "",
@@ -1577,14 +1757,16 @@ def search(req: PlanRequest, *, quiet: bool = True) -> tuple[PlanResult, PlanCon
         raise TpusimError(f"--slices {req.slices}: plan searches one slice; drop --slices")
     # Every candidate is this request's pod, model and overrides with its own settings.
     base = TrainRequest(chip=req.chip, slice=req.slice, shape=req.shape,
-                        wraparound=req.wraparound, overrides=req.overrides, model=req.model,
-                        chip_spec=req.chip_spec, model_spec=req.model_spec)
+                        wraparound=req.wraparound, twist=req.twist, overrides=req.overrides,
+                        model=req.model, chip_spec=req.chip_spec, model_spec=req.model_spec)
     pod = resolve_pod(base)
     model = resolve_model(base)[1]
+    variants = pod_variants(req, pod)
     fast = not req.exhaustive
     res = run_plan(base, model, pod.topology, pod.chip, cfg, workers=req.workers,
                    dask=req.dask, quiet=quiet, prune_by_bound=fast, refuse_by_hbm_bound=fast,
-                   stop_out_of_memory=fast, max_simulations=None if fast else limit)
+                   stop_out_of_memory=fast, max_simulations=None if fast else limit,
+                   variants=variants)
     return res, cfg
 
 

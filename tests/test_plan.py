@@ -830,3 +830,66 @@ def test_plan_candidates_over_hbm_are_marked_and_never_ranked_or_on_the_frontier
     assert frontier and all(x <= cap_gb for line in frontier for x in line.get_xdata())
     hollow = [c for c in ax.collections if c.get_label() == "does not fit in HBM"]
     assert len(hollow) == 1 and len(hollow[0].get_offsets()) == int(over.sum())
+
+
+# -- slices searched: shapes and twisted wirings (issue 27) -------------------------------------
+def test_slice_shapes_are_every_way_to_build_the_chip_count_from_cubes():
+    from sim.planner import slice_shapes
+
+    # 256 v4 chips are 4 cubes: 1x1x4 or 1x2x2 of them.
+    assert slice_shapes(get_chip("v4"), 256) == [(4, 4, 16), (4, 8, 8)]
+    # 4096 chips, 64 cubes: a <= b <= c with abc = 64 (7 ways), each fitting the pod's 64.
+    assert slice_shapes(get_chip("v4"), 4096) == [
+        (4, 4, 256), (4, 8, 128), (4, 16, 64), (4, 32, 32), (8, 8, 64), (8, 16, 32),
+        (16, 16, 16)]
+    assert slice_shapes(get_chip("v4"), 32) == [(2, 4, 4)]  # below a cube: inside one
+    assert slice_shapes(get_chip("v5e"), 64) == [(4, 16), (8, 8)]  # no switches: the box
+    assert slice_shapes(get_chip("v4"), 96) == []
+
+
+def _plan_json(capsys, *argv: str) -> dict:
+    rc = main(["plan", *argv, "--json", "--out", "", "--workers", "1"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    return json.loads(captured.out)
+
+
+def test_plan_searches_the_twist_where_the_shape_can_twist_and_each_row_is_its_train_run(
+        capsys, tmp_path):
+    model = tmp_path / "one.yaml"
+    model.write_text("base: llama3-8b\nname: one\nnum_layers: 1\n", encoding="utf-8")
+    common = ["--chip", "v4", "--shape", "4x4x8", "--model", str(model), "--seq-len", "256",
+              "--global-batch", "128", "--axes", "fsdp", "--remat", "full", "--microbatches",
+              "1", "--top", "5"]
+    s = _plan_json(capsys, *common)
+    rows = {(r["shape"], r["twist"]): r for r in s["top"]}
+    assert set(rows) == {("4x4x8", False), ("4x4x8", True)}
+    assert s["searched"]["slices"] == 2 and s["pod"] == "4x4x8 plain and twisted v4"
+    for (shape, twist), r in rows.items():
+        rc = main(["train", "--chip", "v4", "--shape", shape, *(["--twist"] if twist else []),
+                   "--model", str(model), "--seq-len", "256", "--batch-per-chip", "1",
+                   "--mesh", r["mesh"], "--remat", "full", "--json", "--quiet"])
+        out = capsys.readouterr().out
+        assert rc == 0 and json.loads(out)["step_time_s"] == r["step_time_s"]
+    # One wiring only: the pod as given, no slice columns.
+    s = _plan_json(capsys, *common, "--wiring", "plain")
+    assert "shape" not in s["top"][0] and "slices" not in s["searched"]
+    s = _plan_json(capsys, *common, "--twist")
+    assert "shape" not in s["top"][0] and s["pod"] == "4x4x8 twisted v4"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--chip", "v4", "--shape", "4x4x8", "--shapes", "4x4x4"],
+     "--shapes: 4x4x4 has 64 chips, not the pod's 128"),
+    (["--chip", "v4", "--shape", "4x4x4", "--wiring", "twisted"], "cannot twist"),
+    (["--chip", "v5e", "--shape", "2x2", "--twist"], "no optical circuit switches"),
+    (["--chip", "v4", "--shape", "4x4x8", "--twist", "--wiring", "plain"], "drop one of them"),
+    (["--chip", "v4", "--shape", "4x4x6", "--shapes", "all"],
+     "builds no slice of 96 chips"),
+    (["--chip", "v4", "--shape", "4x4x8", "--wiring", "sideways"], "--wiring"),
+])
+def test_plan_slice_search_bad_input_is_one_line(capsys, tiny_model, argv, message):
+    rc = main(["plan", *argv, "--model", tiny_model, "--seq-len", "256", "--global-batch", "128",
+               "--out", ""])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and err.count("\n") == 1

@@ -101,11 +101,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print("  " + res.explanation)
         return 0
     extra = cfg.objective != "time"  # the column the winner is picked by
-    print(f"  {'#':>2} {'mesh':<34} {'placement':<34} {'remat':<12} {'mb':>3} {'step':>10} "
+    pods = "shape" in top.columns
+    print(f"  {'#':>2} " + (f"{'slice':<16} " if pods else "")
+          + f"{'mesh':<34} {'placement':<34} {'remat':<12} {'mb':>3} {'step':>10} "
           f"{'MFU':>6} {'tok/s/chip':>10} {'HBM GB':>7}"
           + (f" {'J/token':>8} {'$/Mtok':>8}" if extra else "") + "  bound")
     for r in top.itertuples(index=False):
-        print(f"  {r.rank:>2} {r.mesh:<34} {r.placement:<34} {r.remat:<12} {r.microbatches:>3} "
+        where = f"{r.shape + (' twisted' if r.twist else ''):<16} " if pods else ""
+        print(f"  {r.rank:>2} {where}{r.mesh:<34} {r.placement:<34} {r.remat:<12} "
+              f"{r.microbatches:>3} "
               f"{cli.fmt_time(r.step_time_s):>10} {r.mfu:>6.1%} {r.tokens_per_s_per_chip:>10.1f} "
               f"{r.hbm_peak_bytes / 1e9:>7.1f}"
               + (f" {r.energy_per_token_j:>8.4f} {r.cost_per_million_tokens_usd:>8.4f}"
@@ -176,6 +180,14 @@ def _register_plan(sub, name: str) -> None:
                    help="the dtype every candidate's weights are gathered and multiplied in "
                         "(default: its --param-dtype, no cast); --param-dtype fp32 "
                         "--gather-dtype bf16 is MaxText's default, as on train")
+    g.add_argument("--shapes", default=None, metavar="all|SHAPES",
+                   help="also search the slice's shape: all (every shape of the pod's chip "
+                        "count its generation can build: whole 4x4x4 cubes on v4/v5p) or a "
+                        "comma list such as 4x4x16,4x8x8 (default: the --shape/--slice given)")
+    g.add_argument("--wiring", default="auto", choices=["auto", "plain", "twisted"],
+                   help="which wirings to search: auto (default: plain, and twisted where the "
+                        "shape can twist, v4/v5p k x k x 2k and k x 2k x 2k), plain or twisted "
+                        "(--twist is twisted)")
 
 
 def register(sub) -> None:

@@ -417,7 +417,7 @@ def _check_kind(command: str, name: str, value: Any, caller: str | None,
 _POD = ("chip", "slice", "shape", "wraparound", "slices", "twist")
 # Settings recorded in `inputs.flags` only when they differ from these defaults (added after
 # results were first recorded: a result without them reruns with the default).
-_QUIET_DEFAULTS: dict[str, Any] = {"twist": False}
+_QUIET_DEFAULTS: dict[str, Any] = {"twist": False, "shapes": None, "wiring": "auto"}
 _PERTURB = ("scenario", "slow_chip", "slow_link", "dead_link", "chip_variation", "seed",
             "expert_skew", "capacity_factor")
 
@@ -758,7 +758,8 @@ class PlanRequest(_Request):
                                         "max_sequence", "max_pipeline", "max_expert",
                                         "default_placement",
                                         "remat", "microbatches", "param_dtype", "grad_dtype",
-                                        "optimizer_dtype", "optimizer", "gather_dtype")
+                                        "optimizer_dtype", "optimizer", "gather_dtype",
+                                        "shapes", "wiring")
     REQUIRED: ClassVar[tuple[str, ...]] = ("model", "seq_len", "global_batch")
     SET_SCOPE: ClassVar[tuple[str, ...] | None] = ("chip", "topology", "model")
     OWN_CONVERTERS: ClassVar[dict[str, Callable[[Any], Any]]] = {
@@ -788,6 +789,8 @@ class PlanRequest(_Request):
     optimizer: str = "adam"
     gather_dtype: str | None = None
     objective: str = "time"
+    shapes: str | None = None
+    wiring: str = "auto"
 
 
 # Every request class that `sim.run` runs, by its command.
