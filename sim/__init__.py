@@ -2,14 +2,15 @@
 
 The Python API: typed requests (`sim.TrainRequest`, `sim.CollectiveRequest`,
 `sim.DecodeRequest`, `sim.PrefillRequest`, `sim.ReplayRequest`, `sim.ServeSweepRequest`,
-`sim.ServeRequest`, `sim.CompareCollectivesRequest`) run by `sim.run(request)`, or one function
-per command (`sim.train(request)` or `sim.train(seq_len=..., ...)` with the settings as
-keywords; likewise `sim.collective`, `sim.compare_collectives`, `sim.decode`, `sim.prefill`,
-`sim.serve_sweep`, `sim.serve` (requests served over time), `sim.replay_trace`, and
-`sim.rerun(result)`), each returning a `Run` whose `.to_dict()` is the command's `--json`;
-`sim.sweep` (a study's points -> a DataFrame) and `sim.plan` (the best ways to run a training
-step) run studies. Lower level: `simulate_collective` (one collective on a pod), `replay` (an
-SPMD trace on a pod), `get_chip`/`load_chip` (chip presets or YAML).
+`sim.ServeRequest`, `sim.GoodputRequest`, `sim.CompareCollectivesRequest`) run by
+`sim.run(request)`, or one function per command (`sim.train(request)` or
+`sim.train(seq_len=..., ...)` with the settings as keywords; likewise `sim.collective`,
+`sim.compare_collectives`, `sim.decode`, `sim.prefill`, `sim.serve_sweep`, `sim.serve`
+(requests served over time), `sim.goodput` (a training job under failures),
+`sim.replay_trace`, and `sim.rerun(result)`), each returning a `Run` whose `.to_dict()` is the
+command's `--json`; `sim.sweep` (a study's points -> a DataFrame) and `sim.plan` (the best ways
+to run a training step) run studies. Lower level: `simulate_collective` (one collective on a
+pod), `replay` (an SPMD trace on a pod), `get_chip`/`load_chip` (chip presets or YAML).
 
 The names load on first use (PEP 562), so that `import sim.cli` and `tpusim --help` do not pay
 for the whole run stack.
@@ -29,6 +30,7 @@ _EXPORTS = {
     "CollectiveRequest": ("sim.runs.requests", "CollectiveRequest"),
     "CompareCollectivesRequest": ("sim.runs.requests", "CompareCollectivesRequest"),
     "DecodeRequest": ("sim.runs.requests", "DecodeRequest"),
+    "GoodputRequest": ("sim.runs.requests", "GoodputRequest"),
     "PlanRequest": ("sim.runs.requests", "PlanRequest"),
     "PrefillRequest": ("sim.runs.requests", "PrefillRequest"),
     "ReplayRequest": ("sim.runs.requests", "ReplayRequest"),
@@ -40,6 +42,7 @@ _EXPORTS = {
     "collective": ("sim.api", "collective"),
     "compare_collectives": ("sim.api", "compare_collectives"),
     "decode": ("sim.api", "decode"),
+    "goodput": ("sim.api", "goodput"),
     "prefill": ("sim.api", "prefill"),
     "replay_trace": ("sim.api", "replay"),
     "rerun": ("sim.api", "rerun"),

@@ -28,6 +28,7 @@ from sim.runs import (
     CollectiveRequest,
     CompareCollectivesRequest,
     DecodeRequest,
+    GoodputRequest,
     PrefillRequest,
     ReplayRequest,
     Request,
@@ -152,6 +153,19 @@ def serve(req: ServeRequest | None = None, /, **flags: Any) -> Run:
     return _call(ServeRequest, "serve", req, flags)
 
 
+@api_call("sim.goodput")
+def goodput(req: GoodputRequest | None = None, /, **flags: Any) -> Run:
+    """`tpusim goodput`: a training job's goodput under chip and host failures. The job
+    (step_time, or the `train` settings whose step the step model simulates; steps or hours),
+    the failures (mtbf_hours for the slice, chip_mtbf_hours/host_mtbf_hours or
+    host_availability per part, or failure_trace; repair_hours, chips_per_host), the spares
+    (spare_cubes, no_ocs), checkpoints and restarts (checkpoint_interval: None searches for the
+    best; checkpoint_cost, restart_cost, swap_cost, storage_bytes_per_s), seeds and seed,
+    engine ("event-skip" or "simpy"). `Run.result` is a `GoodputResult` (`.seeds_frame()`,
+    `.intervals_frame()`, `.events_frame()`)."""
+    return _call(GoodputRequest, "goodput", req, flags)
+
+
 @api_call("sim.rerun")
 def rerun(result: Mapping[str, Any] | str | Path) -> Run:
     """Run a recorded result again from its `inputs` (a `Run.to_dict()`, a parsed `--json`
@@ -165,5 +179,5 @@ def rerun(result: Mapping[str, Any] | str | Path) -> Run:
     return run(request_from_result(result, source=source))
 
 
-__all__ = ["Run", "collective", "compare_collectives", "decode", "prefill", "replay", "request",
-           "rerun", "serve", "serve_sweep", "train"]
+__all__ = ["Run", "collective", "compare_collectives", "decode", "goodput", "prefill", "replay",
+           "request", "rerun", "serve", "serve_sweep", "train"]

@@ -49,7 +49,7 @@ from workloads.training import parse_remat
 STUDY_KEYS = ("command", "base", "grid", "zip", "metrics", "plot")
 PLOT_KEYS = ("x", "y", "hue")
 # Commands whose `--json` prints one result object (the others write tables or several results).
-STUDY_COMMANDS = ("train", "collective", "decode", "prefill", "serve")
+STUDY_COMMANDS = ("train", "collective", "decode", "prefill", "serve", "goodput")
 # Flags a study may not set: the sweep itself decides how each point prints and writes.
 _OUTPUT_FLAGS = ("json", "out", "perfetto", "plots", "trace-chips", "quiet", "help", "set")
 # Result keys that are tables of their own, not scalars of the point.
@@ -936,9 +936,9 @@ def _check_texts(command: str, req: Request, seen: set[tuple[str, ...]]) -> None
                     raise TpusimError(f"--axes {short_repr(req.axes)}: {short_repr(axis)} is "
                                       f"not an axis of any pod; use {', '.join(AXIS_NAMES)} or "
                                       f"{DCN_AXIS}, e.g. x,y")
-    else:
+    elif command != "goodput" or req.mesh is not None:  # goodput may give a step time instead
         parse_mesh(req.mesh, req.dcn, getattr(req, "axis_map", None))
-        if command == "train":
+        if command in ("train", "goodput"):
             parse_remat(req.remat)
     seen.add(key)
 
@@ -1000,6 +1000,12 @@ def _check_values(command: str, req: Request, seen: set[tuple[str, ...]]) -> Non
         from sim.runs.serve import check_settings  # the serving stack, loaded when swept
 
         check_settings(req)
+    elif command == "goodput":
+        from sim.runs.goodput import check_settings as check_goodput
+
+        check_goodput(req)
+        if req.model is not None:
+            training_config(req, moe=MoeConfig())
     seen.add(key)
 
 

@@ -542,7 +542,7 @@ def test_simulating_commands_register_pod_quiet_and_set_in_one_order():
         checked.append(name)
     assert sorted(checked) == sorted(["collective", "compare-collectives", "train", "replay",
                                       "export", "decode", "prefill", "serve-sweep", "serve", "plan",
-                                      "import-hlo", "topology"])
+                                      "import-hlo", "topology", "goodput"])
 
 
 @pytest.mark.parametrize("shape,mesh,noted", [("8x8", "fsdp=64", True), ("4x8", "fsdp=32", False),

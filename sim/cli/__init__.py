@@ -18,7 +18,17 @@ import sys
 from collections.abc import Sequence
 
 from sim import progress
-from sim.cli import chakra, collectives, hlo, inference, reruns, serving, studies, training
+from sim.cli import (
+    chakra,
+    collectives,
+    goodput,
+    hlo,
+    inference,
+    reruns,
+    serving,
+    studies,
+    training,
+)
 from sim.cli.common import Parser, request_of
 from sim.runs.convert import parse_bytes, parse_coords
 from topologies.errors import TpusimError
@@ -32,7 +42,8 @@ def build_parser() -> Parser:
     p.add_argument("--quiet", action="store_true",
                    help="no progress bar (it only appears on a terminal, after 1 s)")
     sub = p.add_subparsers(dest="command", parser_class=Parser)
-    for family in (collectives, training, inference, serving, studies, reruns, hlo, chakra):
+    for family in (collectives, training, inference, serving, goodput, studies, reruns, hlo,
+                   chakra):
         family.register(sub)
     p.set_defaults(commands=sub.choices)
     return p

@@ -294,7 +294,7 @@ def check_outputs(args: argparse.Namespace) -> None:
 # The input files a command may read, by argument: an output must not be one of them.
 _INPUT_ARGS = (("trace", "the trace file"), ("program", "the HLO program"),
                ("model", "the --model file"), ("chip", "the --chip file"),
-               ("scenario", "the --scenario file"))
+               ("scenario", "the --scenario file"), ("failure_trace", "the --failure-trace file"))
 
 
 def check_not_inputs(args: argparse.Namespace, flag: str, path: Any, *,
@@ -339,11 +339,13 @@ def _dir_outputs(args: argparse.Namespace, flag: str) -> set[str]:
     """File names a command writes into its --out / --plots directory."""
     if flag == "--out":
         names = {"summary.json", "serve_sweep.csv", "serve_sweep_pareto.png"}
-        for t in ("ops", "units", "links", "memory", "timeline", "chips"):
+        for t in ("ops", "units", "links", "memory", "timeline", "chips", "seeds", "intervals",
+                  "events"):
             names |= {f"{t}.csv", f"{t}.parquet"}
         return names
     return {"timeline.png", "breakdown.png", "utilization.png", "links_on_torus.png",
-            "collective_timeline.png", "chip_finish_times.png"}
+            "collective_timeline.png", "chip_finish_times.png", "goodput_timeline.png",
+            "goodput_vs_interval.png"}
 
 
 def check_trace_chips(args: argparse.Namespace, num_chips: int) -> None:

@@ -16,14 +16,17 @@ from sim.runs.requests import CONVERTERS, CompileRequest, ReplayRequest, TrainRe
 from topologies.errors import TpusimError
 
 
-def _add_training_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="zoo name (llama3-70b, ...) or a model YAML")
-    p.add_argument("--seq-len", type=CONVERTERS["seq_len"], required=True,
+def _add_training_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    """The step model's flags (`train`, `compile`; `goodput` without `required`: its step time
+    may be given instead)."""
+    p.add_argument("--model", required=required,
+                   help="zoo name (llama3-70b, ...) or a model YAML")
+    p.add_argument("--seq-len", type=CONVERTERS["seq_len"], required=required,
                    help="sequence length in tokens")
     p.add_argument("--batch-per-chip",
                    type=CONVERTERS["batch_per_chip"],
-                   required=True, help="sequences per chip (global batch = this x chips)")
-    p.add_argument("--mesh", required=True,
+                   required=required, help="sequences per chip (global batch = this x chips)")
+    p.add_argument("--mesh", required=required,
                    help="logical ICI mesh, e.g. fsdp=16,tensor=4 (data, fsdp, tensor, sequence, "
                         "expert, pipeline)")
     p.add_argument("--dcn", help="logical axes across slices, e.g. data=2")

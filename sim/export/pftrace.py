@@ -264,7 +264,9 @@ class _Builder:
 
 
 def _counter_unit(name: str) -> str:
-    return "bytes" if "bytes" in name else "fraction"
+    if "bytes" in name:
+        return "bytes"
+    return "count" if name.endswith(("cubes free", "steps committed")) else "fraction"
 
 
 def encode_tracks(

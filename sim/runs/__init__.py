@@ -20,6 +20,7 @@ from sim.runs.requests import (
     CollectiveRequest,
     CompareCollectivesRequest,
     DecodeRequest,
+    GoodputRequest,
     PrefillRequest,
     ReplayRequest,
     Request,
@@ -35,8 +36,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "REQUESTS", "CollectiveRequest", "CompareCollectivesRequest", "DecodeRequest",
-    "PrefillRequest", "ReplayRequest", "Request", "Run", "ServeRequest", "ServeSweepRequest",
-    "TrainRequest",
+    "GoodputRequest", "PrefillRequest", "ReplayRequest", "Request", "Run", "ServeRequest",
+    "ServeSweepRequest", "TrainRequest",
     "describe_config", "describe_mesh", "describe_topology", "run", "runner",
 ]
 # The result side (which needs the topology, and numpy) loads on first use.
@@ -55,7 +56,7 @@ def runner(request_type: type[Request]):
     """The function that runs requests of this type."""
     # The runners pull in the compilers and executors: loaded when the first run starts, so
     # that building requests (and `tpusim --help`) stays cheap.
-    from sim.runs import collective, inference, serve, train
+    from sim.runs import collective, goodput, inference, serve, train
 
     return {
         CollectiveRequest: collective.run_collective,
@@ -66,6 +67,7 @@ def runner(request_type: type[Request]):
         PrefillRequest: inference.run_prefill,
         ServeSweepRequest: inference.run_serve_sweep,
         ServeRequest: serve.run_serve,
+        GoodputRequest: goodput.run_goodput,
     }[request_type]
 
 

@@ -20,7 +20,7 @@ from topologies.yamlio import _Refused, parse_json, read_text_bounded
 from workloads.models import model_from_dict
 
 RERUNNABLE = ("collective", "compare-collectives", "train", "replay", "decode", "prefill",
-              "serve-sweep", "serve")
+              "serve-sweep", "serve", "goodput")
 
 
 def _base_specs(inputs: dict[str, Any], source: str):
