@@ -39,6 +39,7 @@ def print_report(s: dict) -> None:
     spares = (f"{s['spare_cubes']} spare cube(s) swapped in by the optical switches"
               if s["swaps_cubes"] else
               "no spare cubes: a failure waits for its repair" if s["ocs"] else
+              "--no-ocs, a static pod: a failure waits for its repair" if s["num_cubes"] else
               "no optical switches (a static pod): a failure waits for its repair")
     print(f"  recovery         {spares}")
     mtbf = s.get("slice_mtbf_hours")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.export.plots import _figure, _styled, save
+from sim.export.plots import _figure, _styled, _wrap, save
 
 PLOT_FILES = ("goodput_timeline.png", "goodput_vs_interval.png")
 # Lanes of the timeline: (label, colour, the event kinds and details drawn in it).
@@ -50,7 +50,7 @@ def _title(s: dict) -> str:
 def goodput_figures(summary: dict, result) -> dict[str, object]:
     """{file name: Figure} of a `goodput` run (`result` its `GoodputResult`)."""
     events = result.events()
-    title = _title(summary)
+    title = _wrap(9.0, _title(summary))
     end_h = result.outcome.outcomes[0].wall_s / 3600
     swaps = summary["swaps_cubes"]
     rows = 3 if swaps else 2
@@ -124,7 +124,7 @@ def goodput_figures(summary: dict, result) -> dict[str, object]:
     axes[-1].set_xlabel("wall-clock hours")
     axes[-1].set_xlim(0, max(end_h, 1e-9))
     out = {"goodput_timeline.png": fig}
-    fig2 = _figure(7.0, 3.4, title, axes_titles=True)
+    fig2 = _figure(7.0, 3.4, _wrap(7.0, _title(summary)), axes_titles=True)
     ax = fig2.subplots(1, 1)
     pts = [(r["checkpoint_interval_s"], r["goodput"]) for r in summary["interval_search"]
            if r["goodput"] is not None]
