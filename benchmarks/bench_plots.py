@@ -93,6 +93,106 @@ print(json.dumps({"import_wall_s": t_import[0], "import_cpu_s": t_import[1],
 """
 
 
+# Each plot alone, at 256 and at 8,960 chips (`--per-plot`): the per-chip maps of a straggler,
+# the torus of a step simulated per link class (drawn per link where a mesh axis takes a factor
+# of a physical axis), and a collective's plots with a dead link (its per-link timeline).
+SIZES = {
+    "step 256 v5e 16x16": ("train", dict(chip="v5e", shape="16x16", model="llama3-8b",
+                                         seq_len=2048, batch_per_chip=1,
+                                         mesh="fsdp=64,tensor=4")),
+    "step 256 slow chip": ("train", dict(chip="v5e", shape="16x16", model="llama3-8b",
+                                         seq_len=2048, batch_per_chip=1,
+                                         mesh="fsdp=64,tensor=4", slow_chip=["5,9:0.7"])),
+    "step 8960 v5p pod": ("train", dict(slice="v5p-pod", model="llama3-70b", seq_len=8192,
+                                        batch_per_chip=1, mesh="fsdp=2240,tensor=4",
+                                        fsdp_grad="auto")),
+    "step 8960 slow chip": ("train", dict(slice="v5p-pod", model="llama3-70b", seq_len=8192,
+                                          batch_per_chip=1, mesh="fsdp=2240,tensor=4",
+                                          fsdp_grad="auto", slow_chip=["3,5,7:0.8"])),
+    "collective 256 dead link": ("collective", dict(chip="v5e", shape="16x16",
+                                                    op="all-reduce", axes="x",
+                                                    bytes="32MiB", dead_link=["3,3:x+"])),
+    "collective 8960 dead link": ("collective", dict(slice="v5p-pod", op="all-gather",
+                                                     axes="x", bytes="32MiB",
+                                                     dead_link=["3,3,3:x+"])),
+}
+
+_PER_PLOT = r"""
+import json, resource, sys, time
+case, kind, flags = json.loads(sys.argv[1])
+import sim
+run = sim.train(**flags) if kind == "train" else sim.collective(**flags)
+rss_sim = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+import sim.export.plots as plots
+timed = []  # (name, wall, cpu) per figure built
+
+def timing(name, fn):
+    def wrap(*a, **k):
+        w, c = time.perf_counter(), time.process_time()
+        out = fn(*a, **k)
+        timed.append([name(a, k) if callable(name) else name, time.perf_counter() - w,
+                      time.process_time() - c])
+        return out
+    return wrap
+
+for attr, name in (("_timeline", "timeline.png"), ("_breakdown", "breakdown.png"),
+                   ("_utilization", "utilization.png"), ("torus_figure", "links_on_torus.png"),
+                   ("_collective_timeline", "collective_timeline.png"),
+                   ("collective_links_figure", "collective_links.png"),
+                   ("step_link_shares", "links_on_torus.png")):
+    setattr(plots, attr, timing(name, getattr(plots, attr)))
+plots.chip_map_figure = timing(lambda a, k: "chip map: " + k["label"], plots.chip_map_figure)
+w0, c0 = time.perf_counter(), time.process_time()
+import matplotlib.figure  # noqa: the import, counted apart
+imp = (time.perf_counter() - w0, time.process_time() - c0)
+figs = (plots.step_figures(run.result, run.to_dict()) if kind == "train"
+        else plots.collective_figures(run.result))
+saves = {}
+out = "/tmp/tpusim_bench_plots/" + str(abs(hash(case)))
+from pathlib import Path
+for name, fig in figs.items():
+    w, c = time.perf_counter(), time.process_time()
+    plots.save(fig, Path(out) / name)
+    saves[name] = (time.perf_counter() - w, time.process_time() - c)
+print(json.dumps({"import": imp, "built": timed, "saved": saves, "rss_sim_mib": rss_sim,
+                  "rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "chips": run.result.num_chips if kind == "train" else run.result.num_chips}))
+"""
+
+
+def per_plot(case: str) -> dict:
+    kind, flags = SIZES[case]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run([sys.executable, "-c", _PER_PLOT, json.dumps([case, kind, flags])],
+                          capture_output=True, text=True, cwd=ROOT, env=env, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{case}: failed: {done.stderr.strip().splitlines()[-3:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main_per_plot(cases: list[str]) -> None:
+    """Each plot's build and write time (wall and CPU seconds) at 256 and 8,960 chips, and the
+    process's peak RSS after the run and after the plots."""
+    print(f"{'case':<26} {'plot':<44} {'wall s':>7} {'CPU s':>7}")
+    for case in cases:
+        r = per_plot(case)
+        built = {}
+        for name, w, c in r["built"]:
+            # A figure built inside another (the torus inside the step's) counts once, its own.
+            b = built.setdefault(name, [0.0, 0.0])
+            b[0] += w
+            b[1] += c
+        chip_maps = iter(n for n in ("chip_compute.png", "chip_collective_wait.png",
+                                     "chip_slowdown.png"))
+        for name, (w, c) in built.items():
+            file = next(chip_maps) if name.startswith("chip map") else name
+            sw, sc = r["saved"].get(file, (0.0, 0.0))
+            print(f"{case:<26} {file + ' (build + write)':<44} {w + sw:7.2f} {c + sc:7.2f}",
+                  flush=True)
+        print(f"{case:<26} {'peak RSS: after the run / after the plots':<44} "
+              f"{r['rss_sim_mib']:7.0f} {r['rss_mib']:7.0f} MiB", flush=True)
+
+
 def run(case: str, before: str | None) -> dict:
     kind, flags = CASES[case]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -108,7 +208,12 @@ def main() -> None:
     ap.add_argument("--before", help="also time sim/export/plots.py of this git revision")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cases", help="comma-separated subset of the case names")
+    ap.add_argument("--per-plot", action="store_true",
+                    help="time each plot alone at 256 and 8,960 chips (the SIZES cases)")
     args = ap.parse_args()
+    if args.per_plot:
+        main_per_plot(args.cases.split(",") if args.cases else list(SIZES))
+        return
     cases = args.cases.split(",") if args.cases else list(CASES)
     versions = [("now", None)] + ([(args.before, args.before)] if args.before else [])
     print(f"{'case':<28} {'version':<9} {'import s':>9} {'plots wall s':>13} "

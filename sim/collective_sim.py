@@ -96,6 +96,9 @@ class CollectiveResult:
     # translation periods (`orbit_periods`) that map the simulated links onto the whole pod's.
     group_rep: np.ndarray | None = field(default=None, repr=False)
     orbit_periods: tuple[int, ...] | None = field(default=None, repr=False)
+    # With dead links: the bytes each link carries on the detours around them (link id ->
+    # bytes, the rerouted transfers' replacement paths), for the per-link timeline plot.
+    detour_links: dict[int, float] | None = field(default=None, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -1153,6 +1156,7 @@ def _result(*, kind, algorithm, requested, chip, topology, axes, nbytes, group_s
         timeline_rows=sorted(timeline, key=lambda r: (r[0], r[3], r[4], r[6])),
         touched_groups=touched, schedule=schedule, step_links=step_links,
         group_rep=group_rep, orbit_periods=orbit_periods,
+        detour_links=None if router is None else dict(router.detour_link_bytes),
     )
 
 

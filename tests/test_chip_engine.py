@@ -340,7 +340,7 @@ def test_perfetto_has_a_process_per_chip_class_plus_the_traced_chips(tmp_path):
     assert len(procs) == 1 and "3 identical chips not shown" in procs[0]
 
 
-def test_plots_draw_per_link_utilization_and_the_finish_time_map(tmp_path):
+def test_plots_draw_per_link_utilization_and_the_per_chip_maps(tmp_path):
     from sim.export.plots import plot_step
 
     chip, topo, trace = _setup("v5e", "4x4", "fsdp=4,tensor=4", wrap="all")
@@ -348,7 +348,7 @@ def test_plots_draw_per_link_utilization_and_the_finish_time_map(tmp_path):
                        config=PerChipConfig(link_factors={topo.ici_link_id(0, 0, 1): 0.5}))
     paths = plot_step(r, {"model": "tiny1"}, tmp_path)
     names = {p.name for p in paths}
-    assert {"links_on_torus.png", "chip_finish_times.png"} <= names
+    assert {"links_on_torus.png", "chip_slowdown.png"} <= names
     util = r.link_bytes / (r.link_capacity * r.step_time_s)
     slow = topo.ici_link_id(0, 0, 1)
     # The slow link carries its class's bytes at half the bandwidth: twice the utilization of

@@ -187,9 +187,13 @@ def test_step_plots_name_model_pod_and_mesh_and_use_words(tiny, flags, pod, mesh
     bd = figs["breakdown.png"].axes[0]
     assert [t.get_text() for t in bd.get_yticklabels()] == [
         BREAKDOWN_LABELS[k] for k in run.result.breakdown]
-    # The representative replay is per link class: drawn once per class, and said so.
-    assert any("the step is simulated per link class" in t
-               for t in _texts(figs["links_on_torus.png"]))
+    # The step is simulated per link class: on a line of 4 (no wraparound) the links of a
+    # class still differ (drawn per link); on axes of 2 they are alike, drawn once, said so.
+    torus = figs["links_on_torus.png"]
+    if flags["shape"] == "4":
+        assert "links of a class differ: every link drawn" in _title(torus)
+    else:
+        assert any("the step is simulated per link class" in t for t in _texts(torus))
 
 
 def test_step_timeline_marks_phases_and_keeps_its_legend_off_the_lanes(tiny):
@@ -212,14 +216,133 @@ def test_step_timeline_marks_phases_and_keeps_its_legend_off_the_lanes(tiny):
     assert legend.get_window_extent(renderer).y1 < ax.get_window_extent(renderer).y0
 
 
-def test_per_chip_step_draws_links_per_link_and_the_finish_time_map(tiny):
+def _plotted(fig, topo, chip: int) -> tuple[float, list[float]]:
+    """The value drawn for `chip` in a chip map and every value drawn, read back from the
+    panels' images (one per z slice, in z order)."""
+    images = [ax.images[0] for ax in fig.axes if ax.images]
+    x, y, *z = topo.coords(chip)
+    grid = np.asarray(images[z[0] if z else 0].get_array(), dtype=float)
+    every = [float(v) for im in images for v in np.asarray(im.get_array(), dtype=float).ravel()
+             if np.isfinite(v)]
+    return float(grid[y, x]), every
+
+
+def test_per_chip_maps_give_the_straggler_the_extreme_colour(tiny):
+    """The slow chip has the most compute and the largest slowdown against the median, and
+    waits least in collectives (the others wait for it): the map's extreme value and colour;
+    finish times, which the last all-reduce makes equal, are not what is mapped."""
     run = sim.train(chip="v5p", shape="2x2x2", model=tiny, seq_len=128, batch_per_chip=1,
-                    mesh="fsdp=8", slow_chip=["1,1,1:0.5"])
+                    mesh="fsdp=8", slow_chip=["1,0,1:0.5"])
+    topo = run.result.pod
+    slow = topo.chip_id((1, 0, 1))
     figs = step_figures(run.result, run.to_dict())
-    assert "chip_finish_times.png" in figs
-    fm = figs["chip_finish_times.png"]
-    assert "slowest chip is (1,1,1)" in _title(fm) and "v5p 2x2x2 (8 chips)" in _title(fm)
-    assert [ax.get_title() for ax in fm.axes[:2]] == ["z = 0", "z = 1"]
+    assert "chip_finish_times.png" not in figs
+    for name, extreme in (("chip_compute.png", max), ("chip_slowdown.png", max),
+                          ("chip_collective_wait.png", min)):
+        fig = figs[name]
+        mine, every = _plotted(fig, topo, slow)
+        assert mine == extreme(every) and mine != (min if extreme is max else max)(every), name
+        # The extreme value takes the colour map's end.
+        image = next(ax.images[0] for ax in fig.axes if ax.images)
+        lo, hi = image.norm.vmin, image.norm.vmax
+        assert mine == pytest.approx(hi if extreme is max else lo)
+        assert "slowest chip is (1,0,1)" in _title(fig) and "v5p 2x2x2 (8 chips)" in _title(fig)
+        assert [ax.get_title() for ax in fig.axes[:2]] == ["z = 0", "z = 1"]
+    # The slowdown of a chip at half speed, against the median: the map says how much.
+    mine, every = _plotted(figs["chip_slowdown.png"], topo, slow)
+    assert mine > 1.0 and sorted(every)[len(every) // 2] == pytest.approx(0.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("shape", ["2x2", "16x16", "4x4x4", "16x20x28"])
+def test_chip_map_labels_fit_the_figure_at_every_pod_size(shape):
+    """The colour bar's label and ticks, the panels' titles and tick labels lie inside the
+    figure on pods of 4 to 8,960 chips (the colour bar label was clipped)."""
+    from sim.export.plots import chip_map_figure
+    from sim.hardware import get_chip
+    from topologies.slices import resolve_topology
+
+    chip = get_chip("v5p" if shape.count("x") == 2 else "v5e")
+    topo = resolve_topology(chip_name=chip.name, wrap_rule=chip.generation_rule,
+                            max_pod_shape=chip.max_pod_shape, shape=shape)
+    vals = np.linspace(0.1, 0.2, topo.num_chips)
+    fig = chip_map_figure(topo, vals, caption="synthetic", what="compute time per chip",
+                          label="compute (MXU + VPU busy)", time_values=True)
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()  # labels are placed when drawn
+    renderer = canvas.get_renderer()
+    box = fig.bbox
+    cbar = fig.axes[-1]
+    texts = [cbar.yaxis.label, *cbar.get_yticklabels()]
+    for ax in fig.axes[:-1]:
+        if ax.images:
+            texts += [ax.title, ax.xaxis.label, ax.yaxis.label, *ax.get_xticklabels(),
+                      *ax.get_yticklabels()]
+    assert cbar.yaxis.label.get_text() == "compute (MXU + VPU busy) (ms)"
+    for t in texts:
+        if t.get_text() and t.get_visible():
+            e = t.get_window_extent(renderer)
+            assert box.x0 <= e.x0 and e.x1 <= box.x1 and box.y0 <= e.y0 and e.y1 <= box.y1, \
+                (shape, t.get_text())
+            assert t.get_fontsize() >= 7
+
+
+def test_step_on_a_pod_without_wraparound_draws_every_link(tiny):
+    """A 4x4 v5e slice has no wraparound: the links of a class carry different loads (a
+    line's end links less, tensor=4's x lines end at the border), so every link is drawn, each
+    at its share of its collectives' bytes, never as "every link of a class is alike"."""
+    run = sim.train(chip="v5e", shape="4x4", model=tiny, seq_len=128, batch_per_chip=1,
+                    mesh="fsdp=4,tensor=4")
+    topo = run.result.pod
+    assert not any(topo.wraparound)
+    fig = step_figures(run.result, run.to_dict())["links_on_torus.png"]
+    assert "links of a class differ: every link drawn" in _title(fig)
+    assert "alike" not in " ".join(_texts(fig))
+    assert _segments(fig) == int(topo.link_mask().sum())
+    # The drawn values differ within a class (x+ links).
+    colours = {tuple(np.round(c, 4)) for coll in fig.findobj(LineCollection)
+               for c in coll.get_colors()}
+    assert len(colours) > 2
+
+
+def test_step_on_whole_wrapped_axes_draws_each_link_class_once_and_says_why(tiny):
+    run = sim.train(chip="v5e", shape="16x16", model=tiny, seq_len=128, batch_per_chip=1,
+                    mesh="fsdp=256")
+    fig = step_figures(run.result, run.to_dict())["links_on_torus.png"]
+    assert "every link of a class is alike" in " ".join(_texts(fig))
+
+
+def test_collective_links_timeline_draws_the_detour_around_a_dead_link():
+    """Per step and per link: the links a dead link's transfers are rerouted over carry bars
+    and are labelled as the detour; the dead link has a lane of its own with no bar."""
+
+    r = sim.collective(chip="v5e", shape="4x4", wraparound="all", op="all-gather", axes="x",
+                       bytes="1MiB", dead_link=["1,0:x+"]).result
+    assert r.detour_links  # the router recorded its replacement paths
+    fig = collective_figures(r)["collective_links.png"]
+    assert fig is not None
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    lanes_with_bars = set()
+    for coll in ax.findobj(PolyCollection):
+        for path in coll.get_paths():
+            lanes_with_bars.add(round(float(path.vertices[:, 1].mean())))
+    detour = [i for i, lab in enumerate(labels) if lab.endswith(" detour")]
+    dead = [i for i, lab in enumerate(labels) if lab.endswith("(dead)")]
+    assert detour and set(detour) <= lanes_with_bars
+    assert labels[dead[0]] == "(1,0) x+ (dead)" and dead[0] not in lanes_with_bars
+    # Every detour lane is a link the router sent rerouted bytes over.
+    topo = r.pod
+    names = {i: labels[i].removesuffix(" detour") for i in detour}
+    routed = {f"({','.join(map(str, topo.coords(k // 4)))}) {'xy'[(k % 4) // 2]}{'+-'[k % 2]}"
+              for k in r.detour_links}
+    assert set(names.values()) <= routed
+    assert "carry the detours around 1 dead link" in _title(fig)
+
+
+def test_a_healthy_symmetric_collective_writes_no_per_link_timeline():
+    r = sim.collective(chip="v5e", shape="16x16", op="all-gather", axes="x",
+                       bytes="1MiB").result
+    assert r.mode == "symmetric" and "collective_links.png" not in collective_figures(r)
 
 
 def test_step_with_a_dead_link_draws_every_link_and_marks_the_dead_one(tiny):
@@ -253,9 +376,11 @@ def test_every_plot_kind_is_byte_identical_for_identical_inputs(tiny, tmp_path):
         plot_collective(coll.result, d / "coll")
         out.append((_digests(d / "step"), _digests(d / "coll")))
     assert out[0] == out[1]
-    assert sorted(out[0][0]) == ["breakdown.png", "chip_finish_times.png", "links_on_torus.png",
-                                 "timeline.png", "utilization.png"]
-    assert sorted(out[0][1]) == ["collective_timeline.png", "links_on_torus.png"]
+    assert sorted(out[0][0]) == ["breakdown.png", "chip_collective_wait.png", "chip_compute.png",
+                                 "chip_slowdown.png", "links_on_torus.png", "timeline.png",
+                                 "utilization.png"]
+    assert sorted(out[0][1]) == ["collective_links.png", "collective_timeline.png",
+                                 "links_on_torus.png"]
 
 
 def test_serve_sweep_pareto_plot_is_byte_identical_and_names_model_pod_and_mesh(tiny, tmp_path,

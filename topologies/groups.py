@@ -342,6 +342,8 @@ class DetourRouter:
         self.extra_hops = 0
         self.extra_link_bytes = 0.0
         self.max_route_hops = 0
+        # Bytes each link carries on the detours (the replacement paths), for the plots.
+        self.detour_link_bytes: dict[int, float] = {}
         self.context = ""  # appended to the disconnection error (which collective needs it)
 
     def _dist_to(self, end: int) -> np.ndarray:
@@ -418,8 +420,12 @@ class DetourRouter:
                 if any(self.dead_mask[h] for h in run):
                     start = int(src_arr[run[0]])
                     end = int(self._dst[run[-1]])
-                    out += self.path(start, end, [h % per for h in run],
-                                     what or self.context)
+                    detour = self.path(start, end, [h % per for h in run],
+                                       what or self.context)
+                    moved = float(bytes_per_transfer[t]) * repeat
+                    for h in detour:
+                        self.detour_link_bytes[h] = self.detour_link_bytes.get(h, 0.0) + moved
+                    out += detour
                 else:
                     out += run
                 i = j

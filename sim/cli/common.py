@@ -344,7 +344,8 @@ def _dir_outputs(args: argparse.Namespace, flag: str) -> set[str]:
             names |= {f"{t}.csv", f"{t}.parquet"}
         return names
     return {"timeline.png", "breakdown.png", "utilization.png", "links_on_torus.png",
-            "collective_timeline.png", "chip_finish_times.png", "goodput_timeline.png",
+            "collective_timeline.png", "collective_links.png", "chip_compute.png",
+            "chip_collective_wait.png", "chip_slowdown.png", "goodput_timeline.png",
             "goodput_vs_interval.png"}
 
 

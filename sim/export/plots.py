@@ -3,15 +3,24 @@
 * `plot_step` (train, replay/export, decode, prefill, demo): `timeline.png` (chip 0's ops on one
   lane per unit, coloured by the unit that bounds them, under a lane of forward / backward /
   optimizer phases), `breakdown.png` (the critical path in words), `utilization.png` (per unit
-  and per link class), `links_on_torus.png` and, on the per-chip engine,
-  `chip_finish_times.png`.
-* `plot_collective` (`tpusim collective`): `links_on_torus.png` and `collective_timeline.png`
-  (the steps of each stream against time, labelled).
+  and per link class), `links_on_torus.png` and, on the per-chip engine with more than one chip
+  class, the maps of what differs between chips: `chip_compute.png` (MXU and VPU busy),
+  `chip_collective_wait.png` (time waiting in collectives for the others) and
+  `chip_slowdown.png` (each chip's own time against the median chip's), where a straggler has
+  the extreme colour (finish times do not show it: the step's last collective makes them
+  equal).
+* `plot_collective` (`tpusim collective`): `links_on_torus.png`, `collective_timeline.png`
+  (the steps of each stream against time, labelled) and, in full and per-chip mode,
+  `collective_links.png` (the steps per link of the last group to finish: a dead link's
+  detour shows as the lanes of the links its transfers are rerouted over).
 
 The torus plot draws every link (z links as diagonal stubs in a panel per z slice, wraparound
 links as dashed stubs at the border, dead links crossed out, slow links marked) only when links
 of a class differ; when every link of each class is alike it says so and draws the link classes
-once, around one chip. Every figure names the model, the pod and the mesh.
+once, around one chip. A step simulated per link class spreads each class over its links by
+their share of the step's collectives' bytes (`step_link_shares`): alike on whole wrapped
+axes, different on a line or a factor of an axis. Every figure names the model, the pod and the
+mesh; colour bars sit in a right margin of their own, so their labels are never clipped.
 
 Figures are `matplotlib.figure.Figure` objects on the Agg canvas, without pyplot: no global
 backend switch (a notebook keeps its own), and no figure manager to tear down. They are drawn
@@ -33,6 +42,7 @@ import numpy as np
 
 from sim.engine import breakdown_label
 from sim.export.output import atomic_write
+from topologies.errors import TpusimError
 
 DPI = 100
 # Bound units (op colours) and the words for them.
@@ -207,9 +217,6 @@ def step_figures(result, summary: dict) -> dict[str, Any]:
             "breakdown.png": _breakdown(result, caption),
             "utilization.png": _utilization(result, caption)}
     topo = getattr(result, "pod", None)
-    from sim.engine import LINK_CLASS_COLUMNS
-
-    lk = _table(result.link_class_rows, LINK_CLASS_COLUMNS, ("link_class", "utilization"))
     # The step is simulated per link class (per chip class on the per-chip engine): when every
     # link of a class is alike, that is why.
     because = "the step is simulated per link class, so every link of a class is alike"
@@ -220,33 +227,118 @@ def step_figures(result, summary: dict) -> dict[str, Any]:
         util = np.divide(result.link_bytes, denom, out=np.zeros(topo.num_links),
                          where=denom > 0)
         k = result.num_chip_classes
+        what = f"ICI link utilization over the step ({k} chip class{'es' if k > 1 else ''})"
+        if k < result.num_chips:
+            # A class's chips are alike, so each link carries its class's busiest link's
+            # bytes: scaled by the link's share of its collectives' bytes (a line's end links
+            # carry less; `step_link_shares`).
+            share, exact = step_link_shares(result)
+            util[: topo.num_ici_links] *= share
+            what += ("; each link: its chip class's link times its share of its collectives' "
+                     "bytes" + ("" if exact else _SPREAD_NOTE))
         figs["links_on_torus.png"] = torus_figure(
             topo, util, capacity=result.link_capacity, caption=caption, alike_because=because,
-            what=f"ICI link utilization over the step ({k} chip class{'es' if k > 1 else ''})")
+            what=what)
     if topo is not None and result.classes is not None and result.num_chip_classes > 1:
-        finish = np.asarray(result.classes.rows, dtype=float)[result.classes.of_chip][:, 0]
-        spread = float(finish.max() - finish.min()) if len(finish) else 0.0
-        figs["chip_finish_times.png"] = chip_map_figure(
-            topo, finish, caption=caption, label="finish time", time_values=True,
-            what="finish time per chip" + (f"; the slowest chip is ({result.slowest_chip})"
-                                           if spread > 1e-9 * result.step_time_s else ""))
+        figs.update(chip_maps(result, caption))
     if topo is not None and result.link_bytes is None and len(result.link_class_rows):
-        # The representative replay simulates one link per class (the busiest): every link of a
-        # class is drawn at its class's value, once per class.
-        per_class = dict(zip(lk["link_class"].tolist(), lk["utilization"].tolist(), strict=True))
+        # The representative replay simulates one link per class (the busiest); each link is
+        # drawn at its share of that (`step_link_utilization`): alike on a whole wrapped axis,
+        # not on a line or a factor of an axis.
+        from sim.engine import LINK_CLASS_COLUMNS
+
+        lk = _table(result.link_class_rows, LINK_CLASS_COLUMNS, ("link_class", "utilization"))
+        class_util = dict(zip(lk["link_class"].tolist(), lk["utilization"].tolist(),
+                              strict=True))
+        n, nl = topo.num_ici_links, 2 * topo.ndim
+        share, exact = step_link_shares(result)
         util = np.zeros(topo.num_links)
-        ids = np.arange(topo.num_ici_links)
-        cls = ids % (2 * topo.ndim)
-        for c in range(2 * topo.ndim):
-            util[ids[cls == c]] = per_class.get("xyz"[c // 2] + "+-"[c % 2], 0.0)
+        cls = np.arange(n) % nl
+        for c in range(nl):
+            util[:n][cls == c] = class_util.get("xyz"[c // 2] + "+-"[c % 2], 0.0)
+        util[:n] *= share
         if topo.num_slices > 1:
-            n, nc = topo.num_ici_links, topo.num_chips
-            util[n: n + nc] = per_class.get("dcn-out", 0.0)
-            util[n + nc:] = per_class.get("dcn-in", 0.0)
+            nc = topo.num_chips
+            util[n: n + nc] = class_util.get("dcn-out", 0.0)
+            util[n + nc:] = class_util.get("dcn-in", 0.0)
+        what = ("ICI link utilization over the step (each link: its class's busiest-link "
+                "utilization times its share of its collectives' bytes)")
         figs["links_on_torus.png"] = torus_figure(
-            topo, util, caption=caption, per_class=True, alike_because=because,
-            what="ICI link utilization over the step (busiest link of each class)")
+            topo, util, caption=caption, alike_because=because,
+            what=what + ("" if exact else _SPREAD_NOTE))
     return figs
+
+
+_SPREAD_NOTE = "; collectives the per-link routing cannot place are spread evenly over a class"
+
+
+def step_link_shares(result) -> tuple[np.ndarray, bool]:
+    """Per ICI link id, its share of the busiest link of its class (axis and direction) in a
+    step simulated per link class (the representative replay, the class engine).
+
+    Such a step carries the busiest link of each class; a link of a class carries its
+    collectives' share of that: each distinct collective of the step (kind, group axes,
+    algorithm) is routed once link by link (`simulate_collective`, at a nominal size: link
+    bytes scale with V and do not depend on the chip's speeds, so any preset serves), and a
+    link's share is the bytes-weighted mean, over the collectives loading its class, of its
+    bytes over the class's busiest link's. On a whole wrapped axis every link of a class is
+    alike (share 1); on a line, or a factor of an axis, the links differ. Returns the shares
+    and whether every collective could be routed (one that cannot, such as a permute over
+    several axes, is spread evenly over its class: share 1)."""
+    from sim.collective_sim import simulate_collective
+    from sim.engine import OP_COLUMNS
+    from sim.hardware import get_chip
+
+    topo = result.pod
+    n, nl = topo.num_ici_links, 2 * topo.ndim
+    names = ["xyz"[c // 2] + "+-"[c % 2] for c in range(nl)]
+    src, _ = topo.link_endpoints()
+    exists = src[:n] >= 0
+    cls = np.arange(n) % nl
+    labels = result.collectives
+    kind_col, id_col = OP_COLUMNS.index("collective"), OP_COLUMNS.index("op_id")
+    kinds = {r[id_col]: r[kind_col] for r in result.op_rows if r[kind_col]}
+    # (kind, group axes, algorithm) -> its bytes per link of each class, summed over its ops.
+    groups: dict[tuple, dict[str, float]] = {}
+    for op, per_class in labels.link_classes.items():
+        key = (kinds.get(op), labels.axes.get(op), labels.algorithms.get(op, "auto"))
+        acc = groups.setdefault(key, {})
+        for c, b in per_class.items():
+            acc[c] = acc.get(c, 0.0) + float(b)
+    weight = np.zeros(n)  # sum over collectives of class bytes x share, per link
+    total = dict.fromkeys(names, 0.0)  # sum of class bytes, per class
+    chip, exact = get_chip("v5e"), True
+    for (kind, gaxes, algo), per_class in sorted(groups.items(), key=repr):
+        share = None
+        if kind and gaxes and not any(g.is_dcn for g in gaxes):
+            size = int(np.prod([g.size for g in gaxes]))
+            algo = str(algo).removeprefix("auto (").rstrip(")")
+            try:
+                lb = simulate_collective(chip=chip, topology=topo, op=kind, axes=gaxes,
+                                         nbytes=size * size * 1024,
+                                         algorithm=algo).link_bytes[:n]
+                share = np.zeros(n)
+                for c in range(nl):
+                    sel = exists & (cls == c)
+                    top = lb[sel].max(initial=0.0)
+                    if top > 0:
+                        share[sel] = lb[sel] / top
+            except TpusimError:
+                share = None
+        if share is None:
+            exact = False
+            share = exists.astype(float)  # spread evenly over the class
+        for c, b in per_class.items():
+            if c in total:
+                sel = cls == names.index(c)
+                weight[sel] += b * share[sel]
+                total[c] += b
+    share = np.ones(n)
+    for c in range(nl):
+        sel = exists & (cls == c)
+        if total[names[c]] > 0:
+            share[sel] = weight[sel] / total[names[c]]
+    return share, exact
 
 
 def _phase_word(p: Any) -> str:
@@ -465,12 +557,19 @@ def _grid(n: int, panel_w: float, panel_h: float, max_w: float = 16.0,
     return cols, rows, max(panel_w * scale, 1.6), max(panel_h * scale, 1.6)
 
 
-def _panel_axes(ax, topo, nx: int, ny: int, ndim: int, z: int, s: int) -> None:
+def _panel_axes(ax, topo, nx: int, ny: int, ndim: int, z: int, s: int, *,
+                left: bool = True, bottom: bool = True) -> None:
     """Integer chip ticks, axis names and the panel's title (its z slice, or the pod's name, and
-    its slice on a multi-slice pod) of one torus or chip-map panel."""
-    _ticks(ax, nx, "x")
-    ax.set_xlabel("x")
-    if ndim > 1:
+    its slice on a multi-slice pod) of one torus or chip-map panel. On a grid of panels only
+    the left column has y ticks and the bottom panel of each column x ticks (`left`,
+    `bottom`: the panels are alike, so those name every row and column; ticks and their text
+    are most of a panel's cost on a pod of 28 z slices)."""
+    if bottom:
+        _ticks(ax, nx, "x")
+        ax.set_xlabel("x")
+    else:
+        ax.set_xticks([])
+    if ndim > 1 and left:
         _ticks(ax, ny, "y")
         ax.set_ylabel("y")
     else:
@@ -629,10 +728,33 @@ def _torus_per_class(topo, util, *, caption: str, what: str, because: str):
     return fig
 
 
+_BIG_LINKS = 8192  # links above which the torus is drawn in `_LEVELS` colours
+_LEVELS = 64
+
+
+def _draw_segments(ax, seg, colors, lw: float, style, big: bool) -> None:
+    """Line segments in their colours: a LineCollection of a path per segment, or on a large
+    pod of one path per colour, its segments separated by NaNs (a path per link is most of the
+    drawing time at 50,000 links)."""
+    from matplotlib.collections import LineCollection
+
+    if not len(seg):
+        return
+    if big:
+        keys, inv = np.unique(np.round(colors, 6), axis=0, return_inverse=True)
+        inv = inv.ravel()
+        paths = []
+        for k in range(len(keys)):
+            s = seg[inv == k]
+            gap = np.full((len(s), 1, 2), np.nan)
+            paths.append(np.concatenate([s, gap], axis=1).reshape(-1, 2)[:-1])
+        seg, colors = paths, keys
+    ax.add_collection(LineCollection(seg, colors=colors, linewidths=lw, linestyles=style))
+
+
 def _torus_per_link(topo, util, *, caption: str, what: str, capacity, max_panels: int):
     """Every ICI link as a segment coloured by its utilization, one panel per (slice, z)."""
     from matplotlib.cm import ScalarMappable
-    from matplotlib.collections import LineCollection
     from matplotlib.lines import Line2D
 
     ndim = topo.ndim
@@ -656,6 +778,11 @@ def _torus_per_link(topo, util, *, caption: str, what: str, capacity, max_panels
                 slow |= sel & (cap > 0) & (cap < cap[sel].max() * (1 - 1e-9))
     alive = exists & ~dead
     norm, cmap = _norm_cmap(util[:n][alive])
+    # A large pod's links are drawn in `_LEVELS` colours, one path per colour (a path per link
+    # is most of the time at 50,000 links); its colour bar has the same levels.
+    big = int(exists.sum()) > _BIG_LINKS
+    if big:
+        cmap = cmap.resampled(_LEVELS)
     per_chip = util[:n].reshape(-1, nl)  # rows = chips
     panels, omitted = _panels(topo, per_chip, max_panels)
     off, shorten = 0.1, 0.16  # + and - links side by side; ends kept off the chip dots
@@ -689,7 +816,7 @@ def _torus_per_link(topo, util, *, caption: str, what: str, capacity, max_panels
     lw = min(max(0.09 * px, 0.6), 2.6)
     for ax in axes.flat[len(panels):]:
         ax.axis("off")
-    for ax, (s, z) in zip(axes.flat, panels, strict=False):
+    for i, (ax, (s, z)) in enumerate(zip(axes.flat, panels, strict=False)):
         local = np.flatnonzero(coords[:, 2] == z)
         chips = s * per + local
         ids = (chips[:, None] * nl + np.arange(nl)[None, :]).ravel()
@@ -708,13 +835,15 @@ def _torus_per_link(topo, util, *, caption: str, what: str, capacity, max_panels
         ln = np.where(a == 2, 0.23, np.where(wrap, 0.42, 1.0 - 2 * shorten))
         p_start = p0[:, :2] + u * (sk * s0)[:, None] + o
         seg = np.stack([p_start, p_start + u * (sk * ln)[:, None]], axis=1)
-        colors = cmap(norm(util[ids]))
+        level = np.clip(norm(util[ids]), 0.0, 1.0)
+        if big:
+            level = np.round(level * (_LEVELS - 1)) / (_LEVELS - 1)
+        colors = cmap(level)
         colors[dead[ids]] = (0.75, 0.75, 0.75, 1.0)
         solid = ~wrap
-        ax.add_collection(LineCollection(seg[solid], colors=colors[solid], linewidths=lw))
+        _draw_segments(ax, seg[solid], colors[solid], lw, "-", big)
         if wrap.any():
-            ax.add_collection(LineCollection(seg[wrap], colors=colors[wrap], linewidths=lw,
-                                             linestyles=(0, (2, 1.2))))
+            _draw_segments(ax, seg[wrap], colors[wrap], lw, (0, (2, 1.2)), big)
         mid = seg.mean(axis=1)
         if dead[ids].any():
             m = mid[dead[ids]]
@@ -729,7 +858,8 @@ def _torus_per_link(topo, util, *, caption: str, what: str, capacity, max_panels
         ax.set_xlim(-0.75, nx - 0.25)
         ax.set_ylim(-0.75, ny - 0.25)
         ax.set_aspect("equal")
-        _panel_axes(ax, topo, nx, ny, ndim, z, s)
+        _panel_axes(ax, topo, nx, ny, ndim, z, s, left=i % cols == 0,
+                    bottom=i + cols >= len(panels))
     fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=axes.ravel().tolist(),
                  label="link utilization", shrink=min(0.9, 5.0 / (rows * ph)),
                  fraction=0.3 / width, pad=0.25 / width)
@@ -737,11 +867,63 @@ def _torus_per_link(topo, util, *, caption: str, what: str, capacity, max_panels
     return fig
 
 
+CHIP_MAPS = ("chip_compute.png", "chip_collective_wait.png", "chip_slowdown.png")
+
+
+def chip_map_values(result) -> dict[str, np.ndarray]:
+    """Per chip (per-chip engine): `compute_s` (MXU and VPU busy), `wait_s` (time waiting in
+    collectives for the other members), `own_s` (the finish time less that wait: the chip's
+    own work, its collectives' transfers included) and `slowdown` (own time against the median
+    chip's, as a fraction: 0.25 is 25% slower)."""
+    rows = np.asarray(result.classes.rows, dtype=float)[result.classes.of_chip]
+    own = rows[:, 0] - rows[:, 5]
+    med = float(np.median(own)) if len(own) else 0.0
+    slowdown = own / med - 1.0 if med > 0 else np.zeros_like(own)
+    return {"compute_s": rows[:, 1] + rows[:, 2], "wait_s": rows[:, 5], "own_s": own,
+            "slowdown": slowdown}
+
+
+def chip_maps(result, caption: str) -> dict[str, Any]:
+    """The per-chip engine's maps of what differs between chips: compute time, time waiting in
+    collectives, and slowdown against the median chip. Finish times hide a straggler (the
+    step's last collective makes every chip finish together); these do not: the slow chip has
+    the most compute and the largest slowdown, and waits least (the others wait for it)."""
+    v = chip_map_values(result)
+    topo = result.pod
+    worst = int(np.argmax(v["slowdown"]))
+    where = _chip_words(topo, worst)
+    slow = float(v["slowdown"][worst])
+    tail = f"; the slowest chip is {where}, {slow:+.1%} against the median" if slow > 1e-9 \
+        else ""
+    return {
+        "chip_compute.png": chip_map_figure(
+            topo, v["compute_s"], caption=caption, label="compute (MXU + VPU busy)",
+            time_values=True, what="compute time per chip" + tail),
+        "chip_collective_wait.png": chip_map_figure(
+            topo, v["wait_s"], caption=caption, label="waiting in collectives",
+            time_values=True, cmap="magma_r",
+            what="time each chip waits in collectives for the others (a straggler waits "
+                 "least: the others wait for it)" + tail),
+        "chip_slowdown.png": chip_map_figure(
+            topo, v["slowdown"], caption=caption, label="slowdown against the median chip",
+            percent=True, what="each chip's own time (finish less waiting) against the median "
+                               "chip's" + tail),
+    }
+
+
+def _chip_words(topo, chip: int) -> str:
+    per = topo.chips_per_slice
+    coords = ",".join(map(str, topo.all_coords()[chip % per].tolist()))
+    return f"({coords})" + (f" of slice {chip // per}" if topo.num_slices > 1 else "")
+
+
 @_styled
 def chip_map_figure(topo, values, *, caption: str, what: str, label: str,
-                    time_values: bool = False, max_panels: int = MAX_PANELS):
+                    time_values: bool = False, percent: bool = False, cmap: str = "magma",
+                    max_panels: int = MAX_PANELS):
     """A per-chip value as a heat map on the x-y grid, one panel per (slice, z); times (s) are
-    shown in s, ms or us."""
+    shown in s, ms or us, fractions as percentages (`percent`). The colour bar sits in a right
+    margin of its own, so its label is never clipped at any pod size."""
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
 
@@ -754,11 +936,15 @@ def chip_map_figure(topo, values, *, caption: str, what: str, label: str,
     coords[:, :ndim] = topo.all_coords()
     panels, omitted = _panels(topo, vals[:, None], max_panels)
     lo, hi = (float(vals.min()), float(vals.max())) if len(vals) else (0.0, 0.0)
-    scale, unit = _time_unit(hi) if time_values else (1.0, "")
-    if hi - lo <= 1e-9 * max(abs(hi), 1e-300):
+    scale, unit = _time_unit(max(abs(lo), abs(hi))) if time_values else (1.0, "")
+    if percent:
+        scale, unit = 100.0, "%"
+    if hi - lo <= 1e-9 * max(abs(hi), abs(lo), 1e-300):
         # Alike to rounding: one colour, and the plot says so (no colour bar of noise).
-        what = f"{what}; every chip alike: {_fmt_time(hi) if time_values else f'{hi:.4g}'}"
-        lo, hi = hi - abs(hi) * 0.01 - 1e-12, hi + abs(hi) * 0.01 + 1e-12
+        shown = _fmt_time(hi) if time_values else f"{hi * 100:+.3g}%" if percent else f"{hi:.4g}"
+        what = f"{what}; every chip alike: {shown}"
+        pad = abs(hi) * 0.01 + 1e-12
+        lo, hi = hi - pad, hi + pad
     vals = vals * scale
     lo, hi = lo * scale, hi * scale
     label = f"{label} ({unit})" if unit else label
@@ -766,22 +952,32 @@ def chip_map_figure(topo, values, *, caption: str, what: str, label: str,
     pw = min(max(0.45 * nx + 1.0, 3.0), 6.0)
     ph = min(max(0.45 * ny + 1.0, 3.0), 6.0) if ndim > 1 else 1.4
     cols, rows, pw, ph = _grid(len(panels), pw, ph)
-    width = max(cols * pw + 1.6, 7.0)
-    fig = _figure(width, rows * ph, _wrap(width, what, caption, omitted), left=0.6, right=0.8,
+    right = 1.5  # inches for the colour bar, its tick labels and its label
+    width = max(cols * pw + 0.6 + right, 7.0)
+    fig = _figure(width, rows * ph, _wrap(width, what, caption, omitted), left=0.6, right=right,
                   bottom=0.5, axes_titles=True, wspace=0.3, hspace=0.45)
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.axis("off")
-    for ax, (s, z) in zip(axes.flat, panels, strict=False):
+    for i, (ax, (s, z)) in enumerate(zip(axes.flat, panels, strict=False)):
         grid = np.full((ny, nx), np.nan)
         sel = np.flatnonzero(coords[:, 2] == z)
         grid[coords[sel, 1], coords[sel, 0]] = vals[s * per + sel]
-        ax.imshow(grid, origin="lower", cmap="magma", norm=norm)
-        _panel_axes(ax, topo, nx, ny, ndim, z, s)
-    cb = fig.colorbar(ScalarMappable(norm=norm, cmap="magma"), ax=axes.ravel().tolist(),
-                      label=label, shrink=min(0.9, 5.0 / (rows * ph)), fraction=0.3 / width,
-                      pad=0.25 / width)
+        ax.imshow(grid, origin="lower", cmap=cmap, norm=norm)
+        _panel_axes(ax, topo, nx, ny, ndim, z, s, left=i % cols == 0,
+                    bottom=i + cols >= len(panels))
+    # The colour bar in the right margin (inches from the figure's right edge), as tall as the
+    # panels (at most 5 inches), centred on them.
+    W, H = fig.get_figwidth(), fig.get_figheight()
+    sp = fig.subplotpars
+    body = (sp.top - sp.bottom) * H
+    bar_h = min(body, 5.0)
+    y0 = sp.bottom * H + (body - bar_h) / 2
+    cax = fig.add_axes([1 - (right - 0.25) / W, y0 / H, 0.16 / W, bar_h / H])
+    cb = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), cax=cax)
+    cb.set_label(label, fontsize=8)
     cb.formatter.set_useOffset(False)
+    cb.ax.tick_params(labelsize=8)
     return fig
 
 
@@ -804,10 +1000,154 @@ def collective_figures(res, *, max_panels: int = MAX_PANELS) -> dict[str, Any]:
     over = f" over {','.join(res.axes)}" if res.axes else ""
     what = (f"{res.op} of {_fmt_bytes(res.bytes)}{over} ({res.algorithm}): "
             f"{_fmt_time(res.time_s)}; link utilization")
-    return {"links_on_torus.png": torus_figure(res.pod, util, capacity=res.link_capacity,
+    figs = {"links_on_torus.png": torus_figure(res.pod, util, capacity=res.link_capacity,
                                                caption=caption, what=what,
                                                max_panels=max_panels),
             "collective_timeline.png": _collective_timeline(res, caption)}
+    if res.step_links:
+        figs["collective_links.png"] = collective_links_figure(res, caption)
+    return figs
+
+
+MAX_LINK_LANES = 48  # links drawn in the per-link timeline (the busiest; the rest are counted)
+
+
+def _last_group(res) -> int:
+    """The replica group that finishes last (its steps set the collective's time)."""
+    from sim.collective_sim import TIMELINE_COLUMNS
+
+    if not res.timeline_rows:
+        return 0
+    g, end = TIMELINE_COLUMNS.index("group"), TIMELINE_COLUMNS.index("end_s")
+    return int(max(res.timeline_rows, key=lambda r: (r[end], -r[g]))[g])
+
+
+@_styled
+def collective_links_figure(res, caption: str):
+    """The collective's steps per link: one lane per link the last replica group to finish
+    loads (its busiest `MAX_LINK_LANES`), a bar per step on each link it loads, from the step's
+    start to its end, coloured by the link's utilization in that step (its bytes over its
+    capacity times the step's duration). Links off the collective's axes carry detours around
+    a dead link: their lanes are marked, and a dead link of the group has a lane of its own,
+    crossed out. Needs the per-step links of full or per-chip mode (`res.step_links`)."""
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+
+    from sim.collective_sim import TIMELINE_COLUMNS
+
+    topo = res.pod
+    n, nl = topo.num_ici_links, 2 * topo.ndim
+    g = _last_group(res)
+    col = {c: TIMELINE_COLUMNS.index(c) for c in ("group", "stream", "step", "start_s",
+                                                   "end_s")}
+    spans: dict[tuple[int, int], list[float]] = {}
+    for r in res.timeline_rows:
+        if int(r[col["group"]]) == g:
+            key = (int(r[col["stream"]]), int(r[col["step"]]))
+            sp = spans.setdefault(key, [math.inf, 0.0])
+            sp[0], sp[1] = min(sp[0], r[col["start_s"]]), max(sp[1], r[col["end_s"]])
+    steps = {(st, sp): v for (gg, st, sp), v in res.step_links.items() if gg == g}
+    per_link: dict[int, float] = {}
+    for ids, b in steps.values():
+        for link, nb in zip(np.asarray(ids).tolist(), np.asarray(b, dtype=float).tolist(),
+                            strict=True):
+            per_link[link] = per_link.get(link, 0.0) + nb
+    axes_used = {a for a in "".join(res.axes) if a in "xyz"}
+    cap = np.asarray(res.link_capacity, dtype=float)
+    dead = sorted(i for i in range(n) if cap[i] <= 0 and topo.link_endpoints()[0][i] >= 0
+                  and _touches(topo, i, per_link))
+    links = sorted(per_link, key=lambda k: -per_link[k])
+    hidden = max(len(links) - MAX_LINK_LANES, 0)
+    links = sorted(links[:MAX_LINK_LANES]) + dead
+    src, dst = topo.link_endpoints()
+    per = topo.chips_per_slice
+    coord = topo.all_coords()
+
+    def axis_of(link: int) -> str:
+        return "dcn" if link >= n else "xyz"[(link % nl) // 2]
+
+    def name(link: int) -> str:
+        if link >= n:
+            return topo.describe_link(link)
+        a = ",".join(map(str, coord[int(src[link]) % per].tolist()))
+        return f"({a}) {axis_of(link)}{'+-'[link % 2]}"
+
+    # Detour links: those the rerouted transfers' replacement paths use (recorded by the
+    # router), or without that record, links off the collective's axes.
+    rerouted = res.detour_links
+    detour = [k for k in links if k < n and k not in dead and (
+        k in rerouted if rerouted is not None else axis_of(k) not in axes_used)]
+    t_end = max([res.time_s] + [sp[1] for sp in spans.values()] + [1e-12])
+    scale, unit = _time_unit(t_end)
+    lanes = {k: i for i, k in enumerate(links)}
+    util = []
+    bars = []
+    for (st, sp), (ids, b) in sorted(steps.items()):
+        s0, s1 = spans.get((st, sp), (0.0, 0.0))
+        dur = max(s1 - s0, 1e-15)
+        for link, nb in zip(np.asarray(ids).tolist(), np.asarray(b, dtype=float).tolist(),
+                            strict=True):
+            if link in lanes and cap[link] > 0:
+                bars.append((lanes[link], s0 * scale, (s1 - s0) * scale))
+                util.append(min(nb / (cap[link] * dur), 1.0))
+    norm = Normalize(0.0, max(max(util, default=0.0), 1e-12))
+    from matplotlib import colormaps
+
+    cmap = colormaps["viridis"]
+    width = 11.0
+    notes = [f"{hidden} less loaded link(s) not drawn" if hidden else "",
+             f"{len(detour)} link(s) carry the detours around {len(dead)} dead link(s) "
+             f"(lanes marked 'detour', in red)" if detour or dead else ""]
+    title = _wrap(width, f"{res.op} ({res.algorithm}): the links of replica group {g} per step "
+                         f"(a bar per step on each link it loads); {_fmt_time(res.time_s)} in "
+                         f"all", caption, "; ".join(x for x in notes if x))
+    right = 1.4
+    fig = _figure(width, 0.5 + 0.2 * max(len(links), 1), title, left=1.9, right=right,
+                  bottom=0.55)
+    ax = fig.add_subplot()
+    from matplotlib.collections import PolyCollection
+
+    if bars:
+        lane = np.array([b[0] for b in bars], dtype=float)
+        x0 = np.array([b[1] for b in bars])
+        w = np.array([b[2] for b in bars])
+        verts = np.stack([np.column_stack([x0, lane - 0.38]), np.column_stack([x0, lane + 0.38]),
+                          np.column_stack([x0 + w, lane + 0.38]),
+                          np.column_stack([x0 + w, lane - 0.38])], axis=1)
+        ax.add_collection(PolyCollection(verts, facecolors=cmap(norm(np.array(util))),
+                                         edgecolors="white", linewidths=0.5))
+    for k in dead:
+        ax.plot([0, t_end * scale], [lanes[k], lanes[k]], color="#D62728", linestyle=":",
+                linewidth=1.0)
+        ax.scatter([t_end * scale / 2], [lanes[k]], marker="x", color="#D62728", s=40,
+                   zorder=4)
+    labels = [name(k) + (" (dead)" if k in dead else " detour" if k in detour else "")
+              for k in links]
+    ax.set_yticks(range(len(links)), labels, fontsize=7 if len(links) > 24 else 8)
+    for t, k in zip(ax.get_yticklabels(), links, strict=True):
+        if k in dead or k in detour:
+            t.set_color("#D62728")
+    ax.set_ylim(max(len(links), 1) - 0.4, -0.6)
+    ax.set_xlim(0, t_end * scale)
+    ax.set_xlabel(f"time ({unit})")
+    W, H = fig.get_figwidth(), fig.get_figheight()
+    sp = fig.subplotpars
+    body = (sp.top - sp.bottom) * H
+    bar_h = min(body, 4.0)
+    cax = fig.add_axes([1 - (right - 0.25) / W, (sp.bottom * H + (body - bar_h) / 2) / H,
+                        0.16 / W, bar_h / H])
+    cb = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), cax=cax)
+    cb.set_label("link utilization in the step", fontsize=8)
+    cb.ax.tick_params(labelsize=8)
+    return fig
+
+
+def _touches(topo, link: int, used: dict[int, float]) -> bool:
+    """A dead link next to the group's links (its source chip sends on another link the
+    group uses): the one its detours go around."""
+    nl = 2 * topo.ndim
+    chip = link // nl
+    return any(chip * nl <= k < (chip + 1) * nl for k in used)
 
 
 _STEP_WORDS = {"RS": "reduce-scatter", "AG": "all-gather", "A2A": "all-to-all"}
