@@ -195,3 +195,48 @@ def test_fp8_runs_at_the_chips_fp8_rate_when_it_has_one():
     assert op.dtype == "fp8"
     assert chip.unit_rate(op) == pytest.approx(2 * 3.94e14 * chip.mxu_efficiency)
     assert "mxu_fp8_ops_per_s" not in get_chip("v5e").to_dict()
+
+
+def test_int8_against_the_saved_xla_compiles(tmp_path, capsys):
+    """validation/results/xla_int8.json (AQT's int8 compiles, no jax needed): dot FLOPs per
+    chip by type exact, HBM peak within 10%."""
+    from validation import xla_compile, xla_int8
+
+    cache = xla_compile.load_cache(xla_int8.CACHE)
+    model = tmp_path / "model.yaml"
+    model.write_text(xla_compile.tpusim_model_yaml(
+        xla_compile.tpusim_model_dict(xla_compile.SMALL, xla_int8.LAYERS, "xla-int8")))
+    names = [k.split("/")[0] for k in cache if k.endswith("/int8")]
+    assert "v5e_fsdp_full" in names
+    for name in names:
+        x = cache[f"{name}/int8"]
+        assert main(["train", "--model", str(model), "--json",
+                     *xla_int8.tpusim_flags(name, "int8")]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert abs(doc["hbm_peak_bytes"] / x["hbm_peak_bytes"] - 1) < 0.10, name
+        cfg = xla_int8.CONFIGS[name]
+        mesh = ",".join(f"{k}={v}" for k, v in xla_int8.MESHES[cfg["mesh"]].items())
+        t = compile_training_step(
+            model_from_dict(xla_compile.tpusim_model_dict(xla_compile.SMALL, xla_int8.LAYERS,
+                                                          "xla-int8")),
+            parse_mesh(mesh), x["num_chips"],
+            TrainingConfig(seq_len=xla_int8.SEQ, batch_per_chip=xla_int8.BATCH_PER_CHIP,
+                           remat=cfg["remat"], attention="dot", tp_activations="replicated",
+                           fsdp_gather="mixed-async" if cfg["chip"] == "v5e"
+                           else "mixed-blocking", matmul_dtype="int8"))
+        flops: dict[str, float] = {}
+        for o in t.ops:
+            if o.kind == OpKind.COMPUTE and o.unit == Unit.MXU:
+                flops[o.dtype] = flops.get(o.dtype, 0.0) + o.flops
+        assert flops == pytest.approx(x["dot_flops"], rel=1e-9), name
+
+
+def test_gpt3_175b_int8_on_a_6144_chip_v5p_slice_runs_and_fits(capsys):
+    """The issue's run: 175B GPT, int8, save_dot_except_mlpwi, v5p 8x16x48 (96 cubes); about
+    1.6 CPU-s (representative replay)."""
+    assert main(["train", "--model", "gpt3-175b", "--chip", "v5p", "--shape", "8x16x48",
+                 "--mesh", "fsdp=768,tensor=8", "--seq-len", "2048", "--batch-per-chip", "1",
+                 "--matmul-dtype", "int8", "--remat", "save_dot_except_mlpwi", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["num_chips"] == 6144 and doc["fits_in_hbm"]
+    assert doc["inputs"]["training"]["matmul_dtype"] == "int8"

@@ -19,6 +19,7 @@ from workloads.memory import (
 )
 from workloads.moe import dispatch_flops
 from workloads.training.program import MTP_PROJ, ProgramBuilder, Q
+from workloads.training.quant import RANDOM_BITS_BYTES
 
 
 class MlpGrads(NamedTuple):
@@ -431,6 +432,20 @@ class LayerProgram(ProgramBuilder):
                        whole_bytes=n * F / tp * a,
                        q=Q(act=n * F / tp, weight=D * F / tp, out=n * D, k=F / tp))
 
+    def sr_bits_held(self, layer, F, mats) -> dict[str, float]:
+        """Bytes of stochastic rounding's random bits a layer's backward holds from its start
+        (`quant.SR_HELD_RULE`): the weight gradients' output-gradient noise of the MLP and of
+        the attention, and the q, k, v input gradients' (none without stochastic rounding)."""
+        if not self.cfg.stochastic_rounding:
+            return {}
+        m, d = self.m, self.d
+        n, D, tp, hd = d.n, m.d_model, d.tp, m.head_dim
+        h_loc, k_loc = m.num_heads / tp, max(m.num_kv_heads / tp, 1.0)
+        bits = RANDOM_BITS_BYTES
+        return {"mlp_weights": bits * (n * F * (mats - 1) / tp + n * D),
+                "attn_weights": bits * (n * (h_loc + 2 * k_loc) * hd + n * D),
+                "qkv_inputs": bits * n * (h_loc + 2 * k_loc) * hd}
+
     def layer_backward(self, layer, deps, gather, grad=None):
         """Backward of one layer: dX and dW matmuls (2x forward), elementwise grads, TP
         all-reduces of the input gradients. Returns the op of the layer input's gradient."""
@@ -487,6 +502,14 @@ class LayerProgram(ProgramBuilder):
                        acc_bytes={k: n * F / tp * a for k in mkeys if k.endswith("_down")},
                        q=Q(sr=n * F * (mats - 1) / tp + n * D, weight=w_mlp / self.wc,
                            out=n * D + n * F / tp, k=F / tp))
+        # int8 with stochastic rounding: the random bits of the layer's weight-gradient
+        # quantizations (every matrix's output gradient) and of the q, k, v input gradients'
+        # are generated as the layer's backward starts and live until their quantizations
+        # (`quant.sr_bits_held`).
+        held = self.sr_bits_held(layer, F, mats) if self.quantizes("weight") else {}
+        if held:
+            self.mem(self.last_quant, MemoryCategory.TEMPORARIES, sum(held.values()))
+        self._sr_held = held
         # Reads the gate/up projections and the product's gradient, writes their gradients.
         dact = self.vpu("mlp_act_bwd", 16 * n * F / tp, (2 * (mats - 1) + 1) * n * F / tp * a,
                         [dmlp, *after], layer,
@@ -510,6 +533,8 @@ class LayerProgram(ProgramBuilder):
                          q=Q(act=n * D + n * F / tp, sr=n * F * (mats - 1) / tp + n * D,
                              out=w_mlp / self.wc, k=n))
         self.mlp_weights_done = self.last_matmul  # the MLP matrices' last reader
+        self.mem(self.last_matmul, MemoryCategory.TEMPORARIES,
+                 -self._sr_held.get("mlp_weights", 0.0))
         dcomb_deps: list[int] = []
         if moe:
             ar1, dcomb_deps = self.moe_router_backward(layer, dmlp_w, dact, cb, ar1, sync)
@@ -661,6 +686,7 @@ class LayerProgram(ProgramBuilder):
                         keys=self.attn_keys() + self.regather_keys(layer),
                         whole_bytes=whole, acc_bytes=acc, q=q_dproj)
         self.attn_early_grads_done = dproj
+        self.mem(dproj, MemoryCategory.TEMPORARIES, -self._sr_held.get("qkv_inputs", 0.0))
         # Q and O (MLA: their widths differ), as the attention's backward reads and writes them.
         qo = n * h_loc * (hd + m.value_head_dim) * a if m.is_mla else 2 * n * h_loc * hd * a
         datt_m = None
@@ -717,6 +743,8 @@ class LayerProgram(ProgramBuilder):
                           proj_in, 0.0, [rope], layer, "bwd",
                           keys=self.attn_keys(), whole_bytes=whole_w, q=q_dproj_w)
         self.attn_weights_done = dproj_w
+        self.mem(self.last_matmul, MemoryCategory.TEMPORARIES,
+                 -self._sr_held.get("attn_weights", 0.0))
         out = self.vpu("norm_attn_bwd", 10 * r * D, 4 * r * D * a,
                        att_exit + [dact, dmlp_w, dproj_w], layer, "bwd")
         return self.mtp_backward(layer, out) if self.is_mtp_layer(layer) else out

@@ -171,6 +171,8 @@ class ProgramBuilder:
         self.bwd_probs_bytes = 0.0
         self.last_matmul: int | None = None  # the op the latest mm() emitted for its matmul
         self._quant_copy = 0.0  # the int8 copies of the latest quantize_op
+        self.last_quant: int | None = None  # the latest quantize_op
+        self._sr_held: dict[str, float] = {}  # a layer backward's random bits (layer.py)
 
     def mem(self, op_id, category: MemoryCategory, delta: float) -> None:
         """HBM changes by `delta` bytes of `category` when op `op_id` ends."""
@@ -212,6 +214,7 @@ class ProgramBuilder:
         op = self.vpu(f"{name}_quant", flops, nbytes, deps, layer, phase)
         self.mem(op, MemoryCategory.TEMPORARIES, total)
         self._quant_copy = total
+        self.last_quant = op
         return op
 
     def mm(self, name, flops, w_bytes, in_bytes, out_bytes, deps, layer, phase, narrow_dim=0,

@@ -46,6 +46,17 @@ QUANT_READS = 2
 # The random bits of one stochastically rounded element: 32 bits written by the generator and
 # read by the quantizing fusion.
 SR_BITS_BYTES = 2 * 4
+# Random bits per stochastically rounded element (u32, `rng-bit-generator`).
+RANDOM_BITS_BYTES = 4
+# Memory (read off validation/xla_int8.py's v5e fsdp=16 `full` int8 compile, docs/validation.md;
+# checked on the v5p fsdp x tensor compiles made after it was written down): XLA generates the
+# random bits of a layer's backward early, as the layer's backward starts, and keeps them to
+# their quantizing fusions, so at the attention's score gradient every weight gradient's
+# output-gradient noise of the layer (gate, up, down, q, k, v, o) and the q, k, v input
+# gradients' noise are live (448 MiB of the 468 MiB by which that program's peak exceeds its
+# bf16 twin's). `LayerProgram.sr_bits_held` holds them from the MLP's input-gradient
+# quantization to the matmuls that consume them.
+SR_HELD_RULE = "random bits from the layer backward's start to their quantization"
 # A scale is f32 (written by the quantization, read by the dequantizing output fusion).
 SCALE_BYTES = 4
 

@@ -1,0 +1,330 @@
+"""int8 training against XLA: AQT's int8 matmuls (MaxText's `quantization=int8`) compiled
+deviceless for TPU topologies, read back and compared with tpusim's `--matmul-dtype int8`.
+
+XLA side: the LLaMA-style decoder of `validation/xla_compile.py` (SMALL widths, 4 layers
+scanned as MaxText's scan_layers, dot attention with f32 scores, bf16 params, f32 Adam
+moments, donated arguments) with every weight matmul (q, k, v, out, the gated MLP's three)
+run by AQT's dot_general (`aqtp==0.9.0`, `aqt.jax.v2`) configured as MaxText's
+`_get_int8_quant_config` (`MaxText/layers/quantizations.py`; docs/reference/int8.md): AQT's
+`config_v3` with 8 bits forward, for the input gradient (`dlhs`) and for the weight gradient
+(`drhs`; MaxText sets it whenever `quantization_local_shard_count` is not 0, and its default
+-1 becomes the slice count), int32 accumulators, stochastic rounding of the gradient operand
+(`jax.uniform` noise) drawn with jax's `unsafe_rbg` PRNG (MaxText's `jax_default_prng_impl`),
+per-channel scales (AQT's default calibration: the abs-max over the contraction axis). The
+embedding, the attention einsums and the logits stay bf16, as MaxText's layers leave them.
+Each program is compiled twice, with the AQT dot and with the plain bf16 `x @ w`, so that the
+quantization's own bytes are the difference of two programs alike in all else.
+
+What is read off each compile (`--dump`: the module and its buffer assignment): dot FLOPs per
+chip by operand type (s8 x s8, bf16; every dot and convolution times its loop trips, as
+`tpusim import-hlo` counts them), the HBM peak of XLA's buffer assignment
+(`xla_live_ranges.hbm_peak`), the non-matmul instructions' HBM bytes (fusions and
+instructions without a dot, their operands and result, times loop trips: tpusim's HLO
+importer's count) and the all-gathered bytes. tpusim side: `tpusim train` on the same model,
+mesh and batch with `--matmul-dtype int8` or bf16 (`--attention dot --tp-activations
+replicated`, the remat policy and the gather forms as the program has them).
+
+Run (the XLA side needs a python with jax[tpu]==0.10.2 and aqtp; docs/xla_crosscheck.md):
+    python -m validation.xla_int8                         # the table from the cache
+    python -m validation.xla_int8 --compile --jax-python /work/jaxvenv/bin/python
+    python -m validation.xla_int8 --write                 # rewrite its docs/validation.md section
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from validation import xla_compile
+
+REPO = xla_compile.REPO
+CACHE = xla_compile.RESULTS / "xla_int8.json"
+DOC = REPO / "docs" / "validation.md"
+MARKER = "<!-- int8 -->"
+END = "<!-- /int8 -->"
+LAYERS = 4
+
+# Physical topology and tpusim pod flags.
+CHIPS = {
+    "v5e": ("v5e:4x4", ["--chip", "v5e", "--shape", "4x4"]),
+    "v5p": ("v5p:2x2x4", ["--chip", "v5p", "--shape", "2x2x4"]),
+}
+MESHES = {"fsdp": {"fsdp": 16}, "fsdp_tp": {"fsdp": 4, "tensor": 4}}
+
+# name -> settings. `held_out`: compiled after the rules of docs/model/int8.md were written
+# down from the others (the date and the predictions are in docs/validation.md).
+CONFIGS = {
+    "v5e_fsdp_full": dict(chip="v5e", mesh="fsdp", remat="full"),
+    "v5e_fsdp_save_dot_except_mlpwi": dict(chip="v5e", mesh="fsdp",
+                                           remat="save_dot_except_mlpwi"),
+    "v5p_fsdp_tp_full": dict(chip="v5p", mesh="fsdp_tp", remat="full", held_out=True),
+    "v5p_fsdp_tp_save_dot_except_mlpwi": dict(chip="v5p", mesh="fsdp_tp",
+                                              remat="save_dot_except_mlpwi", held_out=True),
+}
+SEQ, BATCH_PER_CHIP = 2048, 2
+# The program's two forms: AQT int8 weight matmuls, and the same program in bf16.
+FORMS = ("int8", "bf16")
+
+
+# --------------------------------------------------------------------------------------------
+# jax side (runs under the jax python, with aqtp)
+# --------------------------------------------------------------------------------------------
+
+def aqt_dot(slices: int = 1):
+    """MaxText's int8 AQT dot_general (`_get_int8_quant_config`), as a weight matmul
+    `dot(x, w, seed)` of `x[..., d]` and `w[d, f]`; `seed` a traced uint32 from which each
+    call draws its own key (MaxText's flax module makes one per call from the `aqt` rng)."""
+    # jax and aqtp are optional: imported only where a program is compiled.
+    import jax
+    import jax.numpy as jnp
+    from aqt.jax.v2 import config as aqt_config
+
+    cfg = aqt_config.config_v3(
+        fwd_bits=8, dlhs_bits=8, drhs_bits=8, rng_type="jax.uniform", dlhs_local_aqt=None,
+        drhs_local_aqt=aqt_config.LocalAqt(contraction_axis_shard_count=slices),
+        fwd_accumulator_dtype=jnp.int32, dlhs_accumulator_dtype=jnp.int32,
+        drhs_accumulator_dtype=jnp.int32)
+    calls = [0]
+
+    def dot(x, w, seed):
+        calls[0] += 1
+        key = jax.random.fold_in(jax.random.key(seed), calls[0])
+        dg = aqt_config.set_context(cfg, key, train_step=None)
+        dims = (((x.ndim - 1,), (0,)), ((), ()))
+        return dg(x, w, dims).astype(x.dtype)
+
+    return dot
+
+
+def _worker(name: str, form: str, dump: str | None) -> None:
+    from validation import xla_live_ranges
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dump = dump or tmp
+        # MaxText's libtpu flag (train.py): each chip draws the random bits of its own shard
+        # (without it the partitioner generates every stochastic-rounding noise tensor whole,
+        # at the global batch, on every chip).
+        flag = "--xla_tpu_spmd_rng_bit_generator_unsafe=true"
+        os.environ["LIBTPU_INIT_ARGS"] = f"{os.environ.get('LIBTPU_INIT_ARGS', '')} {flag}"
+        xla_compile.init_jax(dump)
+        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
+        import jax
+        import jax.numpy as jnp
+        from jax.sharding import PartitionSpec as P
+
+        # MaxText's PRNG (train.py: jax_default_prng_impl = unsafe_rbg).
+        jax.config.update("jax_default_prng_impl", "unsafe_rbg")
+        cfg = CONFIGS[name]
+        mesh, devices = xla_compile.build_mesh(CHIPS[cfg["chip"]][0], MESHES[cfg["mesh"]],
+                                               placement="topology")
+        n_chips = devices.size
+        bs = "fsdp"
+        remat = cfg["remat"]
+        if remat not in ("none", "full", "minimal"):
+            from jax.ad_checkpoint import checkpoint_name as tag
+        else:
+            tag = xla_compile._identity_tag
+        model = xla_compile.Decoder(mesh, xla_compile.SMALL, act_spec=P(bs, None, None),
+                                    tag=tag, weight_dot=aqt_dot() if form == "int8" else None)
+        params = model.params(LAYERS, stacked=True)
+        tokens = model.sds((int(BATCH_PER_CHIP * n_chips), SEQ), P(bs, None), jnp.int32)
+        compiled = model.lower_train(params, tokens, remat=remat, scan=True).compile()
+        text = compiled.as_text()
+        out = {"config": name, "form": form, "num_chips": int(n_chips),
+               **xla_compile.memory_stats(compiled),
+               "hbm_peak_bytes": int(xla_live_ranges.hbm_peak(Path(dump)))}
+        Path(dump, "module.hlo.txt.gz").write_bytes(gzip.compress(text.encode()))
+        xla_compile.emit(out)
+
+
+# --------------------------------------------------------------------------------------------
+# driver side (the project's python)
+# --------------------------------------------------------------------------------------------
+
+def read_module(name: str, text: str) -> dict:
+    """What tpusim's HLO importer counts in a compiled module: MXU FLOPs per chip by the dots'
+    operand type, non-matmul HBM bytes, all-gathered bytes (each times its loop trips)."""
+    from topologies.slices import resolve_topology
+    from workloads.hlo.lower import import_hlo
+    from workloads.trace import OpKind
+
+    chip, shape = CHIPS[CONFIGS[name]["chip"]][0].split(":")
+    from sim.hardware import get_chip
+
+    c = get_chip(chip)
+    topo = resolve_topology(chip_name=c.name, wrap_rule=c.generation_rule,
+                            max_pod_shape=c.max_pod_shape, shape=shape)
+    trace = import_hlo(text, topology=topo, source=name).trace
+    flops: dict[str, float] = {}
+    vpu_bytes = gathered = 0.0
+    for o in trace.ops:
+        if o.kind == OpKind.COMPUTE and o.unit == "mxu":
+            flops[o.dtype] = flops.get(o.dtype, 0.0) + o.flops
+        elif o.kind == OpKind.COMPUTE:
+            vpu_bytes += o.hbm_bytes
+        elif o.collective == "all-gather":
+            gathered += o.bytes
+    return {"dot_flops": flops, "vpu_bytes": vpu_bytes, "allgather_bytes": gathered}
+
+
+def run_xla(name: str, form: str, jax_python: str, dump: str | None) -> dict:
+    """Compile one program under the jax python (aqtp on its path) and read its module."""
+    with tempfile.TemporaryDirectory() as tmp:
+        where = Path(dump, f"{name}_{form}") if dump else Path(tmp)
+        where.mkdir(parents=True, exist_ok=True)
+        extra = ["--form", form, "--dump", str(where)]
+        result = xla_compile.run_worker("validation.xla_int8", name, jax_python, extra)
+        text = gzip.decompress(Path(where, "module.hlo.txt.gz").read_bytes()).decode()
+        return {**result, **read_module(name, text)}
+
+
+def tpusim_flags(name: str, form: str) -> list[str]:
+    cfg = CONFIGS[name]
+    mesh = ",".join(f"{k}={v}" for k, v in MESHES[cfg["mesh"]].items())
+    gather = "mixed-async" if cfg["chip"] == "v5e" else "mixed-blocking"
+    return [*CHIPS[cfg["chip"]][1], "--mesh", mesh, "--seq-len", str(SEQ),
+            "--batch-per-chip", str(BATCH_PER_CHIP), "--remat", cfg["remat"],
+            "--attention", "dot", "--tp-activations", "replicated", "--fsdp-gather", gather,
+            *(["--matmul-dtype", "int8"] if form == "int8" else [])]
+
+
+def tpusim_side(name: str, form: str) -> dict:
+    """tpusim's step of the same program: HBM peak, MXU FLOPs by dtype, VPU bytes, gathers."""
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp, "model.yaml")
+        model.write_text(xla_compile.tpusim_model_yaml(
+            xla_compile.tpusim_model_dict(xla_compile.SMALL, LAYERS, "xla-int8")))
+        trace_file = Path(tmp, "step.json")
+        cmd = [sys.executable, "-m", "sim", "compile", "--model", str(model), "-o",
+               str(trace_file), *tpusim_flags(name, form)]
+        subprocess.run(cmd, check=True, capture_output=True, cwd=REPO)
+        trace = json.loads(trace_file.read_text())
+        run = subprocess.run([sys.executable, "-m", "sim", "train", "--model", str(model),
+                              "--json", *tpusim_flags(name, form)], check=True,
+                             capture_output=True, text=True, cwd=REPO)
+    doc = json.loads(run.stdout)
+    from workloads.trace import Trace
+
+    t = Trace.from_json(json.dumps(trace), source=name)
+    flops: dict[str, float] = {}
+    vpu_bytes = gathered = 0.0
+    for o in t.ops:
+        if o.kind == "compute" and o.unit == "mxu":
+            flops[o.dtype] = flops.get(o.dtype, 0.0) + o.flops
+        elif o.kind == "compute":
+            vpu_bytes += o.hbm_bytes
+        elif o.collective == "all-gather":
+            gathered += o.bytes
+    return {"hbm_peak_bytes": doc["hbm_peak_bytes"], "dot_flops": flops,
+            "vpu_bytes": vpu_bytes, "allgather_bytes": gathered,
+            "hbm_peak_breakdown": doc["hbm_peak_breakdown"]}
+
+
+def rows(cache: dict) -> list[dict]:
+    """Per program (both forms cached): XLA's and tpusim's numbers side by side."""
+    out = []
+    for name, cfg in CONFIGS.items():
+        if f"{name}/int8" not in cache or f"{name}/bf16" not in cache:
+            continue
+        x8, xb = cache[f"{name}/int8"], cache[f"{name}/bf16"]
+        t8, tb = tpusim_side(name, "int8"), tpusim_side(name, "bf16")
+        out.append({"name": name, "cfg": cfg, "xla": x8, "xla_bf16": xb, "tpusim": t8,
+                    "tpusim_bf16": tb})
+    return out
+
+
+def describe(name: str) -> str:
+    cfg = CONFIGS[name]
+    mesh = " x ".join(f"{k}={v}" for k, v in MESHES[cfg["mesh"]].items())
+    return f"{CHIPS[cfg['chip']][0]} {mesh}, remat {cfg['remat']}"
+
+
+def section(cache: dict) -> str:
+    """The docs/validation.md section (between MARKER and END)."""
+    lines = [MARKER, "## int8 training against XLA (AQT)", "",
+             "_Generated by `python -m validation.xla_int8 --write` from the cached compiles in "
+             "`validation/results/xla_int8.json`._", "",
+             "XLA side: the decoder of the peak-HBM table above (SMALL widths, 4 layers "
+             "scanned, dot attention, seq 2048, 2 sequences per chip, bf16 params, Adam) with "
+             "every weight matmul run by AQT's int8 dot_general as MaxText's "
+             "`quantization=int8` configures it (`aqtp==0.9.0`, `config_v3`: int8 forward, "
+             "input and weight gradients, per-channel scales, stochastic rounding of the "
+             "gradients with jax's `unsafe_rbg` bits and MaxText's libtpu flag "
+             "`--xla_tpu_spmd_rng_bit_generator_unsafe=true`), each compiled again in bf16. "
+             "tpusim side: `tpusim train --matmul-dtype int8 --attention dot "
+             "--tp-activations replicated` with the program's remat policy and gather forms "
+             "(`mixed-async` on v5e, `mixed-blocking` on v5p). Dot FLOPs per chip by operand "
+             "type as tpusim's HLO importer counts them (every dot and convolution times its "
+             "loop trips; s8 x s8 dots are int8); the HBM peak of XLA's buffer assignment; "
+             "the non-matmul ops' HBM bytes (fusions and instructions without a dot, their "
+             "operands and results, times loop trips), whose int8 - bf16 difference is the "
+             "quantization's traffic.", "",
+             "| program | compiled | XLA int8 / bf16 dot TFLOP | tpusim int8 / bf16 | "
+             "XLA peak | tpusim peak | error | XLA bf16 peak | non-matmul GB, XLA int8 - bf16 "
+             "| tpusim int8 - bf16 |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows(cache):
+        x, t = r["xla"], r["tpusim"]
+        xd, td = x["dot_flops"], t["dot_flops"]
+        err = t["hbm_peak_bytes"] / x["hbm_peak_bytes"] - 1
+        when = "after the rules (held out)" if r["cfg"].get("held_out") else "rules read off"
+        lines.append(
+            f"| {describe(r['name'])} | {when} | {xd.get('int8', 0) / 1e12:.4f} / "
+            f"{xd.get('bf16', 0) / 1e12:.4f} | {td.get('int8', 0) / 1e12:.4f} / "
+            f"{td.get('bf16', 0) / 1e12:.4f} | {x['hbm_peak_bytes'] / 1e9:.3f} GB | "
+            f"{t['hbm_peak_bytes'] / 1e9:.3f} GB | {err:+.1%} | "
+            f"{r['xla_bf16']['hbm_peak_bytes'] / 1e9:.3f} GB | "
+            f"{(x['vpu_bytes'] - r['xla_bf16']['vpu_bytes']) / 1e9:+.2f} | "
+            f"{(t['vpu_bytes'] - r['tpusim_bf16']['vpu_bytes']) / 1e9:+.2f} |")
+    lines += ["", (Path(__file__).parent / "templates" / "int8.md").read_text().strip(), "",
+              END]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--form", default="int8", help=argparse.SUPPRESS)
+    ap.add_argument("--dump", help="XLA dump directory (one subdirectory per program)")
+    ap.add_argument("--compile", action="store_true",
+                    help="compile the programs missing from the cache with the jax python")
+    ap.add_argument("--jax-python", default="/work/jaxvenv/bin/python",
+                    help="python with jax[tpu]==0.10.2 and aqtp (default %(default)s)")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="comma list of programs")
+    ap.add_argument("--write", action="store_true",
+                    help="rewrite the int8 section of docs/validation.md")
+    args = ap.parse_args()
+    if args.worker:
+        _worker(args.worker, args.form, args.dump)
+        return 0
+    names = args.configs.split(",")
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        ap.error(f"unknown program(s) {', '.join(unknown)}; known: {', '.join(CONFIGS)}")
+    if args.compile:
+        keys = [f"{n}/{f}" for n in names for f in FORMS]
+        xla_compile.compile_into_cache(
+            keys, CACHE, lambda k: run_xla(*k.split("/"), args.jax_python, args.dump),
+            report=lambda k, r: f"peak {r['hbm_peak_bytes'] / 1e9:.3f} GB, dots "
+                                f"{ {d: round(v / 1e12, 4) for d, v in r['dot_flops'].items()} }")
+    cache = xla_compile.load_cache(CACHE)
+    text = section({k: v for k, v in cache.items() if k.split("/")[0] in names})
+    if args.write:
+        old = DOC.read_text()
+        if MARKER in old:
+            old = old[:old.index(MARKER)] + old[old.index(END) + len(END) + 1:]
+        DOC.write_text(old.rstrip("\n") + "\n\n" + text)
+        print(f"wrote {DOC.relative_to(REPO)}")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
