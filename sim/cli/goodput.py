@@ -34,7 +34,7 @@ def print_report(s: dict) -> None:
     where = (f"{s['num_chips']:,} {s['chip']} chips ({s['topology']}), {s['num_hosts']:,} "
              f"hosts of {s['chips_per_host']}")
     if s["num_cubes"]:
-        where += f", {s['num_cubes']} cubes"
+        where += f", {s['num_cubes']} cube{'s' if s['num_cubes'] != 1 else ''}"
     print(f"goodput of a training job on {where}")
     spares = (f"{s['spare_cubes']} spare cube(s) swapped in by the optical switches"
               if s["swaps_cubes"] else
@@ -198,6 +198,10 @@ def _register_goodput(sub, name: str) -> None:
     o.add_argument("--perfetto", help="write seed 0's job as a Perfetto trace (.pftrace; .json "
                                       "for Chrome)")
     cli.add_step_perturbation_args(p)
+    for action in p._actions:  # goodput's --seed seeds the failures too
+        if action.dest == "seed":
+            action.help = ("seed of the failure draws (history i is seeded by (seed, i)), and "
+                           "of the step model's --chip-variation and MoE router (default 0)")
 
 
 def register(sub) -> None:

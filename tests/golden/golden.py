@@ -174,11 +174,21 @@ CASES: list[tuple[str, list[str], list[list[str]]]] = [
      [["collective", *V5E, "--op", "all-reduce", "--axes", "x,y", "--bytes", "8MiB",
        "--dead-link", "0,0:y+", "--json", ">r.json"]]),
     ("demo", ["demo", "--out", "d", "--json"], []),
+    ("goodput", ["goodput", "--chip", "v4", "--shape", "4x4x8", "--step-time", "30",
+                 "--steps", "5000", "--host-mtbf-hours", "300", "--chip-mtbf-hours", "20000",
+                 "--repair-hours", "2", "--checkpoint-cost", "20", "--restart-cost", "120",
+                 "--spare-cubes", "1", "--seeds", "3", "--json", "--out", "g", "--perfetto",
+                 "g.pftrace"], []),
+    ("goodput_train", ["goodput", "--chip", "v4", "--shape", "4x4x4", *TINY, "--mesh",
+                       "fsdp=64", "--hours", "200", "--mtbf-hours", "20", "--repair-hours",
+                       "4", "--no-ocs", "--seeds", "2"], []),
     ("err_mesh", ["train", *V5E, *TINY, "--mesh", "fsdp=3"], []),
     ("err_flag", ["collective", *V5E, "--op", "all-reduce", "--axes", "x", "--bytes",
                   "1MiB", "--bogus"], []),
     ("err_set", ["train", *V5E, *TINY, "--mesh", "fsdp=16", "--set", "nope=3"], []),
     ("err_slice", ["train", "--slice", "v5p-8960", *TINY, "--mesh", "fsdp=16"], []),
+    ("err_goodput", ["goodput", "--chip", "v4", "--shape", "4x4x8", "--step-time", "10",
+                     "--steps", "100", "--mtbf-hours", "0", "--repair-hours", "1"], []),
 ]
 
 _WALL = ("wall_time_s", "wall_s", "elapsed_s", "cpu_s", "started_utc", "points_per_s")
