@@ -336,10 +336,14 @@ def test_the_step_time_comes_from_the_step_model_run_as_a_library(monkeypatch):
     step = run(TrainRequest(**TRAIN)).summary["step_time_s"]
     assert r.step_time_s == step
     assert r.summary["train"]["model"] == "llama3-8b"
-    # Checkpoint costs from the model's bytes: parameters and two fp32 moments (10 bytes a
-    # parameter at bf16 weights) over the slice's DCN egress.
-    want = r.trace.meta["params_per_chip"] and r.summary["checkpoint_bytes"]
-    assert want > 0
+    # Checkpoint costs from the model's bytes: bf16 parameters and two fp32 Adam moments, 10
+    # bytes a parameter, over the slice's DCN egress (6.25e9 B/s a chip on v4).
+    from workloads.models import model_from_dict
+
+    params = model_from_dict(r.inputs["model"]).num_params
+    assert r.checkpoint_bytes == pytest.approx(10 * params)
+    assert r.storage_bytes_per_s == pytest.approx(128 * 6.25e9 * r.inputs["chip"]
+                                                  ["dcn_efficiency"])
     assert r.checkpoint_cost_s == pytest.approx(r.checkpoint_bytes / r.storage_bytes_per_s)
     assert r.restart_cost_s == r.checkpoint_cost_s
 
@@ -532,6 +536,24 @@ def test_a_trace_is_one_history_and_replaces_the_mtbf(tmp_path, capsys):
     assert r["failures"] == 1 and r["seeds"] == 1 and r["goodput_ci95"]["low"] is None
 
 
+def test_runs_too_big_to_simulate_are_refused_before_they_run(capsys):
+    base = ["goodput", *STEP, "--step-time", "10", "--repair-hours", "1", "--checkpoint-cost",
+            "30", "--restart-cost", "60"]
+    # A century of wall clock failing every 6 minutes: 8.8 M failures for one history.
+    rc = main([*base, "--hours", "876000", "--mtbf-hours", "0.1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "one history may hold" in err
+    # 1,000 seeds of 87,600 failures.
+    rc = main([*base, "--hours", "87600", "--mtbf-hours", "1", "--seeds", "1000"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "over the 10,000,000 one run simulates" in err and "--seeds" in err
+    # The oracle takes far fewer events than the event-skip engine.
+    rc = main([*base, "--hours", "8760", "--mtbf-hours", "1", "--engine", "simpy",
+               "--checkpoint-interval", "10"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--engine simpy would simulate" in err and err.count("\n") == 1
+
+
 def test_a_job_that_cannot_finish_is_refused_not_run_forever(capsys):
     # 768 hosts failing every ~15 min with 4 h repairs on a static pod: the slice is never
     # whole again.
@@ -540,3 +562,43 @@ def test_a_job_that_cannot_finish_is_refused_not_run_forever(capsys):
                "--checkpoint-cost", "30", "--restart-cost", "300"])
     err = capsys.readouterr().err
     assert rc == 2 and "does not finish" in err and err.count("\n") == 1
+
+
+# -- fuzzing ---------------------------------------------------------------------------------------
+_FUZZ_FLAGS = {"--step-time": "float", "--steps": "int", "--hours": "float",
+               "--mtbf-hours": "float", "--host-availability": "float",
+               "--chip-mtbf-hours": "float", "--repair-hours": "float",
+               "--checkpoint-interval": "float", "--checkpoint-cost": "float",
+               "--restart-cost": "float", "--swap-cost": "float", "--spare-cubes": "int",
+               "--seeds": "int", "--storage-bytes-per-s": "float", "--out": "dir",
+               "--perfetto": "file", "--plots": "dir"}
+_FUZZ_BASE = ["goodput", *STEP, "--step-time", "10", "--steps", "1000", "--mtbf-hours", "5",
+              "--repair-hours", "1", "--checkpoint-cost", "30", "--restart-cost", "60",
+              "--seeds", "2"]
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_odd_and_bad_goodput_flags_give_an_answer_or_a_one_line_error(seed, tmp_path):
+    """The fuzz harness's values (tests/fuzz_inputs.py) on goodput's flags: exit 0 with finite
+    outputs, or one `tpusim: error:` line that writes nothing, within the time budget."""
+    import random
+
+    import fuzz_inputs
+    from fuzz_harness import judge, run_in_process
+
+    rng = random.Random(seed)
+    argv, bad = list(_FUZZ_BASE), {}
+    for _ in range(rng.randint(1, 3)):
+        flag = rng.choice(sorted(_FUZZ_FLAGS))
+        value, surely = fuzz_inputs._value(rng, _FUZZ_FLAGS[flag])
+        if flag in argv:
+            argv[argv.index(flag) + 1] = value
+            bad[flag] = surely
+        else:
+            argv += [flag, value]
+            bad[flag] = bad.get(flag, False) or surely
+    case = {"id": f"goodput-{seed}", "argv": [*argv, "--json"],
+            "files": {"fifo": {"fifo": True}},
+            "expect": "error" if any(bad.values()) else "any"}
+    run = run_in_process(case, tmp_path, timeout_s=30.0)
+    assert judge(case, run) == [], (case["argv"], run["stderr"][:500])

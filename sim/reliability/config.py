@@ -30,6 +30,10 @@ class Engine(StrEnum):
 # seconds of simulation. A job that needs more (an MTBF far shorter than the job) is refused.
 MAX_FAILURES = 2_000_000
 MAX_SEEDS = 1000
+# The most steps a job holds (as --steps takes them).
+MAX_STEPS = 10**12
+# The shortest mean time between failures a slice may have: one second.
+MIN_MTBF_S = 1.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,6 +55,10 @@ class JobConfig:
             raise TpusimError(f"step time {self.step_time_s!r} s must be a finite number > 0")
         if (self.steps is None) == (self.horizon_s is None):
             raise TpusimError("a job has either a number of steps or a wall-clock window")
+        if self.horizon_s is not None and not self.horizon_s / self.step_time_s <= MAX_STEPS:
+            raise TpusimError(
+                f"a {self.horizon_s / 3600:g}-hour window of {self.step_time_s:g}-second steps "
+                f"is over {MAX_STEPS:.0e} steps; give a longer step or a shorter window")
         for name in ("checkpoint_cost_s", "restart_cost_s", "swap_cost_s"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
@@ -66,7 +74,8 @@ class JobConfig:
         """The longest checkpoint interval in steps: the whole job."""
         if self.steps is not None:
             return self.steps
-        return max(int(self.horizon_s // self.step_time_s), 1)
+        n = self.horizon_s / self.step_time_s
+        return max(int(n), 1) if math.isfinite(n) else MAX_STEPS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -120,9 +129,10 @@ class FailureConfig:
     def __post_init__(self) -> None:
         if (self.rate_per_s is None) == (self.trace is None):
             raise TpusimError("failures come from a rate or from a trace file, not both")
-        if self.rate_per_s is not None and not (math.isfinite(self.rate_per_s)
-                                                and self.rate_per_s > 0):
-            raise TpusimError(f"failure rate {self.rate_per_s!r} per s must be > 0")
+        if self.rate_per_s is not None and not (0 < self.rate_per_s <= 1 / MIN_MTBF_S):
+            mtbf = 1 / self.rate_per_s if self.rate_per_s else math.inf
+            raise TpusimError(f"the slice would fail every {mtbf:.3g} s on average; the MTBFs "
+                              f"must make it at least {MIN_MTBF_S:g} s (give longer MTBFs)")
         if not (math.isfinite(self.repair_s) and self.repair_s >= 0):
             raise TpusimError(f"repair time {self.repair_s!r} s must be a finite number >= 0")
 
@@ -153,6 +163,9 @@ class GoodputConfig:
             raise TpusimError("a failure trace is one history; it takes one seed")
 
     def interval_steps(self, interval_s: float) -> int:
-        """A checkpoint interval in whole steps (at least one)."""
-        return max(1, min(int(round(interval_s / self.job.step_time_s)),
-                          self.job.max_interval_steps))
+        """A checkpoint interval in whole steps (at least one, at most the job)."""
+        k_max = self.job.max_interval_steps
+        n = interval_s / self.job.step_time_s
+        if not n < k_max:
+            return k_max
+        return max(1, int(round(n)))

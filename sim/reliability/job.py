@@ -214,8 +214,9 @@ def timeline(history: History, down_events: list[tuple], job: JobConfig, k: int,
     end_t = outcome.wall_s
     j, before_j = _end_window(history, job, k)
     events: list[tuple] = [e for e in down_events if e[0] < end_t]
-    coarse = float(n[:j].sum()) > MAX_TIMELINE_SEGMENTS
     horizon = job.steps is None
+    last_segs = 0 if horizon else -(-(job.steps - before_j) // k)
+    coarse = float(n[:j + (1 if horizon else 0)].sum()) + last_segs > MAX_TIMELINE_SEGMENTS
     step = 0
     for i in range(j + 1):
         ws = float(history.start[i])

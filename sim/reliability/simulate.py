@@ -30,6 +30,7 @@ from sim.reliability.job import (
     daly_s,
     evaluate,
     search,
+    timeline,
     young_daly_s,
 )
 from sim.reliability.stats import mean_ci
@@ -43,6 +44,12 @@ SEARCH_WALL_FACTOR = 1.5
 PACE_CHECK_FAILURES = 20_000
 # A history too short for the job grows by this factor of wall time at a time.
 GROWTH = 1.25
+# At most this many failures over all seeds of a run (about 10-30 s of CPU), and this many
+# SimPy events (failures and checkpoints) for the oracle, which takes ~100 us an event.
+MAX_TOTAL_FAILURES = 10_000_000
+MAX_SIMPY_EVENTS = 2_000_000
+# Seed 0's timeline (the exports) is drawn for at most this many failures.
+MAX_TIMELINE_FAILURES = 200_000
 
 
 @dataclass(slots=True)
@@ -81,17 +88,46 @@ class _Seed:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GoodputOutcome:
-    """What a run found: the summary fields, every seed's outcome at the interval used, the
-    search (interval in steps -> mean goodput, None where the job had not finished), and seed
-    0's history with its downtime events (`job.timeline` adds the checkpoints for the
-    exports; the SimPy engine logs `events` itself)."""
+    """What a run found: the summary fields, every seed's outcome at the interval used
+    (`interval_steps`), the search (interval in steps -> mean goodput, None where the job had
+    not finished), seed 0's history, and (SimPy engine) seed 0's events as it logged them;
+    `timeline()` gives seed 0's events for the exports either way."""
 
+    cfg: GoodputConfig
+    interval_steps: int
     summary: dict[str, Any]
     outcomes: list[Outcome]
     search: dict[int, float | None]
     history: History
-    down_events: list[tuple]
     events: list[tuple]
+
+    def timeline(self) -> list[tuple]:
+        """Seed 0's job as `(start_s, end_s, kind, detail)` events, sorted by time: the
+        SimPy engine's log, or seed 0's history drawn again with its downtime logged and the
+        checkpoints added in closed form (the same draws: the same history)."""
+        if self.events:
+            return self.events
+        first = self.outcomes[0]
+        if first.failures > MAX_TIMELINE_FAILURES:
+            raise TpusimError(
+                f"seed 0 saw {first.failures:,} failures; the timeline (--plots, --perfetto, "
+                f"--out events) draws at most {MAX_TIMELINE_FAILURES:,}: simulate a shorter job "
+                f"or a longer MTBF for the exports")
+        cfg = self.cfg
+        b = HistoryBuilder(failure_stream(cfg.failures, cfg.inventory, seed=cfg.seed, index=0),
+                           cfg.job, cfg.inventory, cfg.failures, log=True)
+        k = self.interval_steps
+        if cfg.job.steps is None:
+            hist = b.run()
+            out = evaluate(hist, cfg.job, k)
+        else:
+            hist = b.extend(max(self.history.size, 1))
+            out = evaluate(hist, cfg.job, k)
+            while out is None:
+                hist = b.extend(2 * hist.size)
+                out = evaluate(hist, cfg.job, k)
+        events, _coarse = timeline(hist, b.events or [], cfg.job, k, out)
+        return events
 
 
 def _too_many(cfg: GoodputConfig, k: int | None, exc: TooManyFailures) -> TpusimError:
@@ -105,12 +141,30 @@ def _too_many(cfg: GoodputConfig, k: int | None, exc: TooManyFailures) -> Tpusim
         f"MTBF, a shorter job, or cheaper restarts (or leave --checkpoint-interval out)")
 
 
+def _budget(cfg: GoodputConfig, per_seed: float) -> None:
+    total = per_seed * cfg.seeds
+    if total > MAX_TOTAL_FAILURES:
+        raise TpusimError(
+            f"{cfg.seeds} seeds of about {per_seed:,.0f} failures each is {total:,.0f} "
+            f"failures, over the {MAX_TOTAL_FAILURES:,} one run simulates; give fewer --seeds, "
+            f"a shorter job or a longer MTBF")
+
+
 def simulate_goodput(cfg: GoodputConfig, *, log: bool = True) -> GoodputOutcome:
     """Run `cfg`: the summary (see docs/results.md, goodput) and the outcomes behind it
-    (`log`: seed 0's events kept for a timeline)."""
+    (`log`: the SimPy engine keeps seed 0's events)."""
     job, inv, fail = cfg.job, cfg.inventory, cfg.failures
+    if job.horizon_s is not None and fail.rate_per_s is not None:
+        expected = fail.rate_per_s * job.horizon_s
+        if expected > MAX_FAILURES:
+            raise TpusimError(
+                f"{job.horizon_s / 3600:g} hours at one failure every "
+                f"{1 / fail.rate_per_s:,.4g} s is about {expected:,.0f} failures, over the "
+                f"{MAX_FAILURES:,} one history may hold; give a shorter --hours or a longer "
+                f"MTBF")
+        _budget(cfg, expected)
     seeds = [_Seed(HistoryBuilder(failure_stream(fail, inv, seed=cfg.seed, index=i), job, inv,
-                                  fail, log=(i == 0 and log)))
+                                  fail))
              for i in range(cfg.seeds)]
     k_max = job.max_interval_steps
     mtbf = fail.mtbf_s
@@ -123,8 +177,10 @@ def simulate_goodput(cfg: GoodputConfig, *, log: bool = True) -> GoodputOutcome:
         if job.steps is None:
             for sd in seeds:
                 sd.builder.run()
-        for sd in seeds:
-            sd.outcome(cfg, ref_k, bounded=False)
+        for i, sd in enumerate(seeds):
+            out = sd.outcome(cfg, ref_k, bounded=False)
+            if i == 0 and job.steps is not None:
+                _budget(cfg, out.failures)
     except TooManyFailures as exc:
         raise _too_many(cfg, ref_k, exc) from None
 
@@ -145,6 +201,13 @@ def simulate_goodput(cfg: GoodputConfig, *, log: bool = True) -> GoodputOutcome:
     if cfg.engine is Engine.SIMPY:
         from sim.reliability.reference import simulate as simulate_simpy
 
+        events_n = sum(o.failures + o.checkpoints for o in outcomes)
+        if events_n > MAX_SIMPY_EVENTS:
+            raise TpusimError(
+                f"--engine simpy would simulate {events_n:,} failures and checkpoints, over "
+                f"the {MAX_SIMPY_EVENTS:,} the oracle takes (about 100 us each); use the "
+                f"default engine (the same numbers) or fewer --seeds")
+
         sim_outs = []
         for i in range(cfg.seeds):
             stream = failure_stream(fail, inv, seed=cfg.seed, index=i)
@@ -154,8 +217,8 @@ def simulate_goodput(cfg: GoodputConfig, *, log: bool = True) -> GoodputOutcome:
                 events = ev
         outcomes = sim_outs
     summary = _summary(cfg, k, best_k, curve, outcomes, yd, mtbf)
-    return GoodputOutcome(summary=summary, outcomes=outcomes, search=curve, history=hist0,
-                          down_events=seeds[0].builder.events or [], events=events)
+    return GoodputOutcome(cfg=cfg, interval_steps=k, summary=summary, outcomes=outcomes,
+                          search=curve, history=hist0, events=events)
 
 
 def _ci(values: list[float], hi_bound: float = math.inf) -> dict[str, float | None]:

@@ -13,14 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sim.reliability.config import (
-    MAX_FAILURES,
     Engine,
     FailureConfig,
     GoodputConfig,
     JobConfig,
     SliceInventory,
 )
-from sim.reliability.job import LOST_CAUSES, timeline
+from sim.reliability.job import LOST_CAUSES
 from sim.reliability.simulate import GoodputOutcome, simulate_goodput
 from sim.runs.bind import Pod, base_inputs, resolve_model, resolve_pod
 from sim.runs.requests import GoodputRequest, TrainRequest
@@ -218,14 +217,9 @@ class GoodputResult:
     _events: list = field(default_factory=list, repr=False)
 
     def events(self) -> list[tuple]:
+        """Seed 0's timeline (built on first use: the exports ask for it)."""
         if not self._events:
-            o = self.outcome
-            if o.events:
-                self._events.extend(o.events)
-            else:
-                ev, _coarse = timeline(o.history, o.down_events, self.job, self.interval_steps,
-                                       o.outcomes[0])
-                self._events.extend(ev)
+            self._events.extend(self.outcome.timeline())
         return self._events
 
     def seeds_frame(self):
@@ -306,12 +300,6 @@ def run_goodput(req: GoodputRequest) -> Run:
                     swap_cost_s=req.swap_cost, **costs)
     if req.checkpoint_interval is not None and req.checkpoint_interval > job.length_s:
         raise TpusimError(_interval_error(req, job.length_s))
-    if horizon is not None and fail.rate_per_s is not None \
-            and fail.rate_per_s * horizon > MAX_FAILURES:
-        raise TpusimError(
-            f"{req.hours:g} hours at one failure every {1 / fail.rate_per_s:,.4g} s is about "
-            f"{fail.rate_per_s * horizon:,.0f} failures, over the {MAX_FAILURES:,} one history "
-            f"may hold; give a shorter --hours or a longer MTBF")
     seeds = req.seeds or (1 if req.failure_trace is not None else DEFAULT_SEEDS)
     cfg = GoodputConfig(job=job, inventory=inv, failures=fail,
                         checkpoint_interval_s=req.checkpoint_interval, seeds=seeds,
