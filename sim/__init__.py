@@ -38,6 +38,7 @@ _EXPORTS = {
     "ServeSweepRequest": ("sim.runs.requests", "ServeSweepRequest"),
     "TrainRequest": ("sim.runs.requests", "TrainRequest"),
     "Run": ("sim.runs.result", "Run"),
+    "ProgressUpdate": ("topologies.progress", "ProgressUpdate"),
     "run": ("sim.runs", "run"),
     "collective": ("sim.api", "collective"),
     "compare_collectives": ("sim.api", "compare_collectives"),

@@ -14,6 +14,8 @@ zoo name, a YAML path or a `TransformerSpec`; `mesh=` a string or a {axis: size}
 `set=` (or `overrides=`) the `--set` overrides as a dict. A run's `inputs["flags"]` are valid
 keywords, so a recorded run is the base of the next what-if. Keywords become the same typed
 request the CLI builds from argv, and `sim.run(request)` runs it: the two never disagree.
+`progress=callback` (any function, with a request or keywords) receives a
+`sim.ProgressUpdate` as the long parts of a run advance; nothing prints.
 Studies over many points are `sim.sweep` (a DataFrame) and `sim.plan`.
 """
 
@@ -69,6 +71,8 @@ def request(cls: type[Request], fn: str, kwargs: dict[str, Any]) -> Request:
 
 
 def _call(cls: type[Request], fn: str, req: Request | None, kwargs: dict[str, Any]) -> Run:
+    # `progress=` is the run's, not a setting: a callback taking each ProgressUpdate.
+    progress = kwargs.pop("progress", None)
     if req is not None:
         if kwargs:
             raise TpusimError(f"sim.{fn}() takes a request or keywords, not both; use "
@@ -76,8 +80,8 @@ def _call(cls: type[Request], fn: str, req: Request | None, kwargs: dict[str, An
         if not isinstance(req, cls):
             raise TpusimError(f"sim.{fn}() takes a {cls.__name__}, got {short_repr(req)}; "
                               f"run any request with sim.run(request)")
-        return run(req)
-    return run(request(cls, fn, kwargs))
+        return run(req, progress=progress)
+    return run(request(cls, fn, kwargs), progress=progress)
 
 
 @api_call("sim.collective")

@@ -47,6 +47,7 @@ from sim.engine import (
     CollectiveCost,
     StepResult,
     _summarize,
+    run_env,
     static_hbm_bytes,
 )
 from sim.network import Batch, SmallFluidNetwork
@@ -68,6 +69,7 @@ from sim.perchip import (
 )
 from topologies.errors import TpusimError
 from topologies.groups import NUM_CLASSES
+from topologies.progress import task
 from topologies.torus import Topology
 from workloads.trace import OpKind, Unit
 
@@ -274,7 +276,8 @@ def run_classes(prep: PreparedStep, watch: HbmWatch | None = None) -> StepResult
         cl.done[op.id].succeed()
 
     def core(cl):
-        for op in cl.ops:
+        for pos, op in enumerate(cl.ops):
+            cl.pos = pos  # how far its core is, for the progress report
             if op.kind == OpKind.HOST or (op.kind == OpKind.COLLECTIVE and overlap) or \
                     op.id in cl.recv_from:
                 continue
@@ -331,7 +334,11 @@ def run_classes(prep: PreparedStep, watch: HbmWatch | None = None) -> StepResult
     if watching:
         _run_watching_hbm(env, classes, programs, watch)
     else:
-        env.run()
+        total = sum(len(cl.ops) for cl in classes)
+        with task("chip classes" if ncls > 1 else "step", total=total, unit="op",
+                  detail=f"{ncls:,} classes of {topology.num_chips:,} chips" if ncls > 1
+                  else f"{topology.num_chips:,} chips alike") as t:
+            run_env(env, t, lambda: sum(cl.pos for cl in classes))
     for cl in classes:
         stuck = [cl.ops[i].name for i, e in enumerate(cl.done) if not e.processed]
         if stuck:  # pragma: no cover - guarded by Trace validation and _check_programs
@@ -440,6 +447,7 @@ class _ClassState:
         self.recv_from: dict[int, tuple[int, int]] = {}  # receive op -> (sender class, send op)
         self.mxu_busy = 0.0
         self.vpu_busy = 0.0
+        self.pos = 0  # the op its core is at
 
 
 

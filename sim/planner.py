@@ -30,6 +30,7 @@ from sim.runs.requests import EXHAUSTIVE_MAX_SIMULATIONS, PlanRequest, TrainRequ
 from sim.runs.train import _pipeline_base, compile_inputs, compile_step
 from sim.study import STATUS_DOES_NOT_FIT, STATUS_ERROR, STATUS_OK, check_workers
 from topologies.errors import TpusimError
+from topologies.progress import NO_TASK, ProgressCallback, reporting, task
 from topologies.validate import (
     MAX_BATCH,
     MAX_CHIPS,
@@ -1236,7 +1237,8 @@ class _Pool:
         from concurrent.futures import Future
 
         f: Future = Future()
-        f.set_result(fn(arg))
+        with reporting(None):  # the candidate's own runs: the plan's bar stands for them
+            f.set_result(fn(arg))
         return f
 
     def wait_any(self, futs):
@@ -1277,7 +1279,7 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
     pruning unchanged (default: `topology` alone)."""
     import pandas as pd
 
-    from sim.study import SweepConfig, _bar, _num_workers
+    from sim.study import SweepConfig, _num_workers
 
     t0 = time.perf_counter()
     if cfg.objective == "cost" and chip.usd_per_chip_hour is None:
@@ -1351,9 +1353,21 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
     refined = 0
     prefix_stopped = 0  # of `stopped`: steps stopped within a prefix run
     full_pipeline_bounds = len(piped - deferred)  # pipeline groups bounded in full at once
-    # One tick per bound job and per candidate (simulated, refused or skipped).
-    bar = _bar(len(jobs) + len(cands), 0, quiet,
-               desc="plan --exhaustive" if not prune_by_bound else "plan", unit="job")
+    # One tick per bound job and per candidate (simulated, refused or skipped); the detail
+    # line: groups bounded, candidates simulated and left, the best step so far.
+    bar = NO_TASK if quiet else task("plan --exhaustive" if not prune_by_bound else "plan",
+                                     total=len(jobs) + len(cands), unit="job")
+    bounded_jobs = 0
+    best_step = math.inf
+
+    def tick(n: int = 1) -> None:
+        if not bar.active:
+            return
+        decided = len(refused) + len(results) + len(stopped) + len(skipped)
+        best = f", best {best_step:.4g} s" if best_step < math.inf else ""
+        bar.update(bar.done + n, detail=f"bounded {bounded_jobs}/{len(jobs)}, simulated "
+                                        f"{len(results) + len(stopped)}, left "
+                                        f"{len(cands) - decided}{best}")
 
     def take_bounds(k: int, b: dict[str, Any]) -> list[int]:
         """Group k's bounds into `lb`, `capacity` and `refused`; the members newly refused."""
@@ -1383,12 +1397,11 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
                 if k in deferred and "error" in b:
                     deferred.discard(k)  # the full bound reports nothing more: bound 0
                 take_bounds(k, b)
-                if bar:
-                    bar.update(1)
+                bounded_jobs += 1
+                tick()
         order = sorted((i for i in range(len(cands)) if i not in refused),
                        key=lambda i: (lb[i], i))
-        if bar:
-            bar.update(len(refused))
+        tick(len(refused))
         # Best first: the candidate with the lowest bound is next. Without its sharper bound
         # yet, a worker computes that (a fraction of a simulation; the collective costs it
         # computes go with the candidate to the worker that simulates it) and the candidate
@@ -1454,8 +1467,7 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
                 o = f.result()
                 if kind == "bound":
                     newly = take_bounds(i, o)
-                    if bar:
-                        bar.update(len(newly))
+                    tick(len(newly))
                     for j in waiting.pop(i):
                         if j not in refused:
                             heapq.heappush(heap, (lb[j], j))
@@ -1472,8 +1484,7 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
                 if o.get("out_of_memory"):
                     stopped.add(i)
                     prefix_stopped += bool(o.get("prefix"))
-                    if bar:
-                        bar.update(1)
+                    tick()
                     continue
                 results[i] = o
                 r = o.get("result") or {}
@@ -1486,16 +1497,15 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
                     best = sorted([*best, v / per_s])
                 if r and r["step_time_s"] < lb[i] * (1 - 1e-9):
                     bound_violated = True  # the engine changed under the bound: stop pruning
-                if bar:
-                    bar.update(1)
+                if r.get("fits_in_hbm"):
+                    best_step = min(best_step, float(r["step_time_s"]))
+                tick()
         # Left in line (an entry per time a candidate went back in line: once each here).
         skipped = sorted({i for _b, i in heap} - refused - set(results) - stopped)
         pruned = [i for i in skipped if i in sharp]
-        if bar:
-            bar.update(len(skipped))
+        tick(len(skipped))
     finally:
-        if bar:
-            bar.close()
+        bar.close()
         pool.close()
     rows = []
     for i, c in enumerate(cands):
@@ -1738,7 +1748,7 @@ def plan_summary(res: PlanResult, top: int) -> dict:
     }
 
 
-def search(req: PlanRequest, *, quiet: bool = True) -> tuple[PlanResult, PlanConfig]:
+def search(req: PlanRequest, *, quiet: bool = False) -> tuple[PlanResult, PlanConfig]:
     """(PlanResult, PlanConfig) of a plan request: the CLI's `plan` and `sim.plan` both."""
     check_workers(req.workers)
     limit = req.max_simulations
@@ -1774,8 +1784,8 @@ def search(req: PlanRequest, *, quiet: bool = True) -> tuple[PlanResult, PlanCon
 def plan(*, model: Any, seq_len: int, global_batch: int, chip: Any = None,
          slice: str | None = None, shape: str | None = None,  # noqa: A002 - the CLI's name
          wraparound: str | None = None, overrides: dict[str, Any] | None = None, top: int = 5,
-         workers: int = 1, dask: Any = None, out: str | None = None, quiet: bool = True,
-         **space: Any) -> PlanResult:
+         workers: int = 1, dask: Any = None, out: str | None = None, quiet: bool = False,
+         progress: ProgressCallback | None = None, **space: Any) -> PlanResult:
     """`tpusim plan` from Python: the same search, the same result (`PlanResult`: `.table`
     ranked, `.best`, `.top(k)`, `.explanation`, `.counts`).
 
@@ -1785,6 +1795,9 @@ def plan(*, model: Any, seq_len: int, global_batch: int, chip: Any = None,
         overrides: `{"ici_link_bytes_per_s": "x2", ...}`, as `--set`.
         workers, dask: where candidates run (dask: "local", an address or a `distributed.Client`).
         out: also write candidates.csv/parquet, summary.json and frontier.png there.
+        progress: called with a `ProgressUpdate` as groups are bounded and candidates decided
+            (task `plan`: the groups bounded, candidates simulated and left, the best step so
+            far); `quiet` reports nothing even to an enclosing `reporting` block's callback.
         space: the search-space settings by their Python names, e.g. `axes=("fsdp", "tensor")`,
             `remat=("full",)`, `microbatches=(1, 2)`, `max_tensor=4`, `default_placement=True`.
     """
@@ -1817,7 +1830,11 @@ def plan(*, model: Any, seq_len: int, global_batch: int, chip: Any = None,
                                  caller="sim.plan", **objects)
     if dask is not None:
         req = req.replace(dask=dask)
-    res, cfg = search(req, quiet=quiet)
+    if progress is None:
+        res, cfg = search(req, quiet=quiet)
+    else:
+        with reporting(progress):
+            res, cfg = search(req, quiet=quiet)
     if out:
         summary = plan_summary(res, cfg.top)
         write_tables(out, {"candidates": res.table}, summary)

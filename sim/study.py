@@ -12,14 +12,12 @@ import json
 import math
 import os
 import shlex
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sim import progress
 from sim.collectives import ALGORITHMS, parse_kind
 from sim.hardware import load_chip
 from sim.runs import REQUESTS, Request, run
@@ -29,6 +27,7 @@ from sim.runs.requests import flag_name, setting_kind
 from sim.runs.train import training_config
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
+from topologies.progress import NO_TASK, ProgressCallback, reporting, stop_reporting, task
 from topologies.scenario import scenario_from_flags
 from topologies.slices import SLICES
 from topologies.torus import AXIS_NAMES, DCN_AXIS, parse_shape, parse_wraparound
@@ -502,6 +501,7 @@ class SweepConfig:
     dask: Any = None  # None, "local", "tcp://HOST:PORT" or a distributed.Client
     out_dir: str | None = None
     resume: bool = False
+    # Report no progress, even where a callback is set (`topologies.progress.reporting`).
     quiet: bool = False
     # Plot the points that do not fit in HBM like the others (default: hollow grey, out of
     # the lines, so that no line leads the eye to a configuration that cannot run).
@@ -544,6 +544,9 @@ def _worker_init() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A forked worker inherits the parent's progress callback: the progress is the parent's
+    # (one tick per point), so the worker's own runs report to nobody.
+    stop_reporting()
 
 
 def _local_runner(n: int, fn: Callable[[Any], Any] = None):
@@ -554,7 +557,9 @@ def _local_runner(n: int, fn: Callable[[Any], Any] = None):
     def run(jobs: list[tuple[int, Any]]):
         if n == 1:
             for i, argv in jobs:
-                yield i, fn(argv)
+                with reporting(None):  # the point's own runs: the study's bar stands for them
+                    out = fn(argv)
+                yield i, out
             return
         from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
@@ -1049,7 +1054,9 @@ def run_study(study: StudySpec, cfg: SweepConfig,
     if needs_check and ok_prev:
         _check_metrics(study, ok_prev[0])
         checked = True
-    bar = _bar(len(points), skipped, cfg.quiet)
+    bar = task("sweep", total=len(points), unit="point", done=skipped) if not cfg.quiet \
+        else NO_TASK
+    failed = unfit = 0
     bad_metric = False
     interrupted = False
     last_write = -math.inf  # the first finished row is written at once, then every few s
@@ -1067,8 +1074,12 @@ def run_study(study: StudySpec, cfg: SweepConfig,
                 checked = True
             if on_row:
                 on_row(row)
-            if bar:
-                bar.update(1)
+            if row.get(STATUS_COLUMN) == STATUS_ERROR:
+                failed += 1
+            elif row.get(STATUS_COLUMN) == STATUS_DOES_NOT_FIT:
+                unfit += 1
+            bar.update(len(rows), detail=_sweep_detail(failed, unfit),
+                       force=len(rows) == len(points))
             # Every write rewrites every row: on a long study, write less often, so that
             # writing takes at most 1/WRITE_COST_RATIO of the time.
             wait_s = max(cfg.write_every_s, WRITE_COST_RATIO * write_s)
@@ -1082,8 +1093,7 @@ def run_study(study: StudySpec, cfg: SweepConfig,
         interrupted = True
         raise
     finally:
-        if bar:
-            bar.close()
+        bar.close()
         closer()
         if out is not None and rows and not bad_metric:
             _write_results(out, rows.values())
@@ -1113,12 +1123,12 @@ def run_study(study: StudySpec, cfg: SweepConfig,
     return df
 
 
-def _bar(total: int, initial: int, quiet: bool, desc: str = "sweep", unit: str = "pt"):
-    if quiet or not progress.bars_wanted():
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=initial, desc=desc, unit=unit, file=sys.stderr)
+def _sweep_detail(failed: int, unfit: int) -> str:
+    """The sweep bar's line: the points that failed or do not fit so far."""
+    parts = [f"{failed} failed"] if failed else []
+    if unfit:
+        parts.append(f"{unfit} do not fit in HBM")
+    return ", ".join(parts)
 
 
 def _check_metrics(study: StudySpec, row: Mapping[str, Any]) -> None:
@@ -1213,14 +1223,16 @@ def _safe(name: str) -> str:
 
 @api_call("sim.sweep")
 def sweep(study: str | os.PathLike | Mapping[str, Any], *, workers: int = 1, dask: Any = None,
-          out: str | os.PathLike | None = None, resume: bool = False, quiet: bool = True,
-          allow_oom: bool = False):
+          out: str | os.PathLike | None = None, resume: bool = False, quiet: bool = False,
+          allow_oom: bool = False, progress: ProgressCallback | None = None):
     """`tpusim sweep` from Python: the study (a file or a mapping with the same keys) run on
     `workers` local processes (1: in this process) or on `dask` ("local", "tcp://HOST:PORT" or
     a `distributed.Client`); returns the results DataFrame, one row per point, and with `out`
     also writes results.parquet/csv, study.json and the plots there. Every row has a `status`
     (`ok`, `does not fit`, `error`); `allow_oom` plots the points that do not fit like the
-    others."""
+    others. `progress`: called with a `ProgressUpdate` per finished point (task `sweep`: points
+    done of all, the failed and unfit so far); `quiet` reports nothing even to an enclosing
+    `reporting` block's callback."""
     if not isinstance(study, (str, os.PathLike, Mapping)):
         raise TpusimError(
             f"sim.sweep(study={short_repr(study)}): give a study file's path or a mapping of "
@@ -1233,7 +1245,10 @@ def sweep(study: str | os.PathLike | Mapping[str, Any], *, workers: int = 1, das
             raise TpusimError(f"sim.sweep({name}={short_repr(flag)}): give True or False")
     cfg = SweepConfig(workers=workers, dask=dask, out_dir=None if out is None else str(out),
                       resume=resume, quiet=quiet, allow_oom=allow_oom)
-    return run_study(load_study(study), cfg)
+    if progress is None:
+        return run_study(load_study(study), cfg)
+    with reporting(progress):
+        return run_study(load_study(study), cfg)
 
 
 __all__ = [

@@ -69,6 +69,7 @@ from sim.perchip import (
 )
 from topologies.errors import TpusimError
 from topologies.groups import NUM_CLASSES
+from topologies.progress import task
 from workloads.trace import OpKind, Unit
 
 HBM = NUM_CLASSES  # the HBM resource follows the link classes, as in the class engine
@@ -84,6 +85,9 @@ _LABEL = {K_ARR: E_CADM, K_DRN: E_CEND, K_RCV: E_RCV}
 # Seed of each run's op hashes (a vector's `dh`: the sum of its done ops' hashes, part of the
 # discrete state vectors merge on): every run draws the same hashes, whatever ran before it.
 HASH_SEED = 12345
+# A run that reports its progress asks whether an update is due every this many vector steps
+# (tens of microseconds of numpy work each): the check costs well under 0.1% of the run.
+PROGRESS_EVERY_STEPS = 256
 # Collective candidate rows (`VectorRun._coll_row`): "keep" them until they change; "check"
 # also compares every kept row with a fresh one; "recompute" them all at every event (the
 # engine before rows were kept). The last two are for tests (`PerChipConfig.vector_rows`).
@@ -552,6 +556,22 @@ class VectorRun:
                 self._init_bound(k)
         for v in init:
             self._settle(v)
+        ncore = max(len(K.core) for K in self.kinds)
+        with task("vector classes", total=ncore, unit="op", detail=f"{self.N:,} chips") as t:
+            self._loop(t, ncore)
+            if not self.vecs:
+                t.update(ncore)
+        if self.vecs:
+            left = next(iter(self.vecs.values()))
+            raise TpusimError(
+                f"internal error: the vector engine stalled with {len(self.vecs)} vectors "
+                f"waiting (core at op {left.core_i}, collectives {sorted(left.coll)[:3]})"
+            )
+
+    def _loop(self, t, ncore: int) -> None:
+        """Step the ready vector with the earliest event until none is left (`t`: the progress
+        task, asked every PROGRESS_EVERY_STEPS steps: the slowest vector's core position)."""
+        check = PROGRESS_EVERY_STEPS if t.active else math.inf
         while True:
             if not self.heap:
                 # Every vector left waits on a rendezvous its bounds could not place: release
@@ -569,13 +589,14 @@ class VectorRun:
             if v is None or v.blocked or key != v.key:
                 continue
             self.steps += 1
+            if self.steps >= check:
+                check = self.steps + PROGRESS_EVERY_STEPS
+                if t.due():
+                    slowest = min((w.core_i / len(w.kind.core) for w in self.vecs.values()
+                                   if w.kind.core), default=1.0)
+                    t.update(int(slowest * ncore),
+                             detail=f"{self.N:,} chips in {len(self.vecs):,} vectors")
             self._step(v, min(key, self._blocked_min()))
-        if self.vecs:
-            left = next(iter(self.vecs.values()))
-            raise TpusimError(
-                f"internal error: the vector engine stalled with {len(self.vecs)} vectors "
-                f"waiting (core at op {left.core_i}, collectives {sorted(left.coll)[:3]})"
-            )
 
     def _block(self, v: _Vec) -> None:
         """`v` waits until a rendezvous of one of its collectives resolves (`_wake`)."""

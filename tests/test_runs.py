@@ -10,7 +10,6 @@ import pickle
 import pytest
 
 import sim
-from sim import progress
 from sim.cli import build_parser, main, request_from_argv
 from sim.cli.common import flag_specs
 from sim.runs import REQUESTS, TrainRequest
@@ -85,16 +84,6 @@ def test_requests_are_frozen_checked_and_travel_to_workers():
         sim.train(sim.DecodeRequest(model="llama3-8b"))
     with pytest.raises(TpusimError, match="takes a request"):
         sim.run({"command": "train"})
-
-
-def test_progress_bars_are_asked_for_by_a_front_end_and_left_behind_by_none():
-    assert not progress.bars_wanted()  # library calls draw none
-    with progress.showing_bars():
-        inner = progress._BARS.get()
-        with progress.showing_bars(False):
-            assert not progress.bars_wanted()
-        assert progress._BARS.get() is inner is True
-    assert progress._BARS.get() is False
 
 
 _TRAIN_KW = dict(chip="v5e", shape="2x2", model="llama3-8b", seq_len=128, batch_per_chip=1,

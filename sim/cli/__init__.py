@@ -17,7 +17,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from sim import progress
 from sim.cli import (
     chakra,
     collectives,
@@ -30,8 +29,10 @@ from sim.cli import (
     training,
 )
 from sim.cli.common import Parser, request_of
+from sim.cli.progress import terminal_progress
 from sim.runs.convert import parse_bytes, parse_coords
 from topologies.errors import TpusimError
+from topologies.progress import reporting
 from topologies.validate import short_repr
 
 __all__ = ["build_parser", "main", "parse", "parse_bytes", "parse_coords", "request_from_argv"]
@@ -40,7 +41,7 @@ __all__ = ["build_parser", "main", "parse", "parse_bytes", "parse_coords", "requ
 def build_parser() -> Parser:
     p = Parser(prog="tpusim", description="Discrete-event simulator of TPU pods.")
     p.add_argument("--quiet", action="store_true",
-                   help="no progress bar (it only appears on a terminal, after 1 s)")
+                   help="no progress bars (they only appear on a terminal, on stderr, after 1 s)")
     sub = p.add_subparsers(dest="command", parser_class=Parser)
     for family in (collectives, training, inference, serving, goodput, studies, reruns, hlo,
                    chakra):
@@ -88,8 +89,15 @@ def dispatch(parser: Parser, argv: Sequence[str] | None) -> int:
         # the fix, not the whole usage on stdout (where a script would read it as output).
         raise TpusimError("no command given; run `tpusim --help` for the commands, e.g. "
                           "`tpusim train --help`")
-    with progress.showing_bars(not (args.quiet or getattr(args, "quiet_sub", False))):
-        return int(args.func(args) or 0)
+    # Progress bars on stderr, on a terminal only and not with --quiet: the runs report to
+    # this callback for the extent of the command (sim/cli/progress.py).
+    bars = terminal_progress(bool(args.quiet or getattr(args, "quiet_sub", False)))
+    try:
+        with reporting(bars):
+            return int(args.func(args) or 0)
+    finally:
+        if bars is not None:
+            bars.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

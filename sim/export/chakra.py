@@ -29,6 +29,7 @@ import numpy as np
 from sim.engine import StepResult, collective_groups, op_group_axes
 from topologies.errors import TpusimError
 from topologies.groups import GroupGeometry
+from topologies.progress import tracked
 from workloads.chakra.convert_fields import OP_FIELDS
 from workloads.chakra.wire import (
     Attr,
@@ -157,7 +158,7 @@ def plan_chakra(trace: Trace, result: StepResult, *, every_chip: bool = False) -
             last = op.id
     files = []
     durs: dict[int, np.ndarray] = {}
-    for rank in ranks:
+    for rank in tracked(ranks, "Chakra export", unit="rank file" if every_chip else "class file"):
         k = int(of_chip[rank])
         if k not in durs:
             durs[k] = _durations(result, trace, k)

@@ -47,6 +47,7 @@ from typing import Any
 from sim.export.output import atomic_write
 from sim.export.pftrace import PftraceWriter, encode_tracks
 from topologies.errors import TpusimError
+from topologies.progress import tracked
 from topologies.validate import short_repr
 
 MAX_CHIP_PROCESSES = 64
@@ -301,7 +302,8 @@ class TracePlan:
         with open(target, "wb", buffering=1 << 20) as f:
             w = PftraceWriter(f)
             hosts: dict[int, int] = {}
-            for pid, p in enumerate(self.procs, start=1):
+            for pid, p in enumerate(tracked(self.procs, "Perfetto export", unit="chip"),
+                                    start=1):
                 if p.host is not None:
                     if p.host not in hosts:
                         h = p.host
@@ -321,7 +323,8 @@ class TracePlan:
         with open(target, "w", encoding="utf-8", buffering=1 << 20) as f:
             f.write('{"traceEvents":[')
             first = True
-            for pid, p in enumerate(self.procs, start=1):
+            for pid, p in enumerate(tracked(self.procs, "Perfetto export", unit="chip"),
+                                    start=1):
                 head = json.dumps({"ph": "M", "pid": pid, "tid": 0, "name": "process_name",
                                    "args": {"name": p.name}}, separators=(",", ":"))
                 body = self._templates[p.key]

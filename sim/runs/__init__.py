@@ -7,7 +7,9 @@
 
 `run(request)` picks the runner for the request's type; every front end (the CLI, the Python
 API, sweeps and plans) calls it. `rerun(result)` rebuilds a request from a result's `inputs`
-and runs it again.
+and runs it again. `run(request, progress=callback)` reports the progress of a long run
+(per-chip and vector steps, HLO import, serving) to `callback`, one `ProgressUpdate` at a time
+(`topologies/progress.py`); nothing in the library prints.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from sim.runs.requests import (
     TrainRequest,
 )
 from topologies.errors import TpusimError
+from topologies.progress import ProgressCallback, ProgressUpdate, reporting
 from topologies.validate import short_repr
 
 if TYPE_CHECKING:
@@ -36,8 +39,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "REQUESTS", "CollectiveRequest", "CompareCollectivesRequest", "DecodeRequest",
-    "GoodputRequest", "PrefillRequest", "ReplayRequest", "Request", "Run", "ServeRequest",
-    "ServeSweepRequest", "TrainRequest",
+    "GoodputRequest", "PrefillRequest", "ProgressCallback", "ProgressUpdate", "ReplayRequest",
+    "Request", "Run", "ServeRequest", "ServeSweepRequest", "TrainRequest",
     "describe_config", "describe_mesh", "describe_topology", "run", "runner",
 ]
 # The result side (which needs the topology, and numpy) loads on first use.
@@ -71,9 +74,14 @@ def runner(request_type: type[Request]):
     }[request_type]
 
 
-def run(request: Request) -> Run:
-    """Simulate `request`; a `Run` (its `.summary`, `.inputs`, `.result`, `.trace`)."""
+def run(request: Request, *, progress: ProgressCallback | None = None) -> Run:
+    """Simulate `request`; a `Run` (its `.summary`, `.inputs`, `.result`, `.trace`).
+    `progress`: called with a `ProgressUpdate` as long parts of the run advance (None: the
+    enclosing `topologies.progress.reporting` block's callback, if any)."""
     if not isinstance(request, Request):
         raise TpusimError(f"sim.run() takes a request such as TrainRequest(...), got "
                         f"{short_repr(request)}")
-    return runner(type(request))(request)
+    if progress is None:
+        return runner(type(request))(request)
+    with reporting(progress):
+        return runner(type(request))(request)

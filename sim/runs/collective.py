@@ -6,13 +6,13 @@ from __future__ import annotations
 from sim.collective_sim import check_bytes, check_links_only, simulate_collective
 from sim.collectives import CollectiveKind, algorithm_names, parse_kind
 from sim.energy import collective_energy, energy_summary
-from sim.progress import progress
 from sim.runs.bind import Pod, algorithm_of, base_inputs, resolve_pod, scenario_of
 from sim.runs.convert import parse_bytes, parse_coords
 from sim.runs.requests import CollectiveRequest, CompareCollectivesRequest
 from sim.runs.result import Run
 from topologies.errors import TpusimError
 from topologies.groups import GroupGeometry, group_axes
+from topologies.progress import tracked
 from topologies.validate import split_list
 
 
@@ -79,7 +79,7 @@ def run_compare(req: CompareCollectivesRequest) -> Run:
     check_common_inputs(req, pod.topology)
     rows = []
     results = []
-    for name in progress(algorithm_names(kind), desc="algorithms"):
+    for name in tracked(algorithm_names(kind), "compare-collectives", unit="algorithm"):
         try:
             r = _simulate(req, name, pod)
         except TpusimError as exc:

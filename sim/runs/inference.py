@@ -8,7 +8,6 @@ from typing import Any
 
 from sim.executors import Executor
 from sim.executors import simulate_step as run_step
-from sim.progress import progress
 from sim.runs.bind import (
     algorithm_of,
     base_inputs,
@@ -24,6 +23,7 @@ from sim.runs.result import Run, describe_config, describe_mesh
 from sim.runs.train import per_chip_summary, step_energy_of, with_energy
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
+from topologies.progress import tracked
 from topologies.validate import MAX_BATCH, MAX_SWEEP_RUNS, FlagError, int_flag, split_list
 from workloads.decode import DecodeConfig, compile_decode_step, compile_prefill, max_batch_that_fits
 
@@ -189,7 +189,7 @@ def sweep_rows(chip, topo, model, mesh, cfg, batches: list[int],
                algorithm: str = "auto") -> list[dict[str, Any]]:
     """One replayed decode step per batch size: the latency-throughput table's rows."""
     rows = []
-    for b in progress(batches, desc=f"batches ({mesh.describe()})"):
+    for b in tracked(batches, f"serve-sweep ({mesh.describe()})", unit="batch"):
         _trace, r = _decode_once(chip, topo, model, mesh, dataclasses.replace(cfg, batch=b),
                                  algorithm)
         rows.append({"mesh": mesh.describe(), "weight_dtype": cfg.weight_dtype,

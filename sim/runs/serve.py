@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 
-from sim.progress import progress
 from sim.runs.bind import (
     algorithm_of,
     base_inputs,
@@ -37,6 +36,7 @@ from sim.serving.simulate import (
 from sim.serving.workload import ArrivalKind, WorkloadConfig, generate, parse_lengths
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
+from topologies.progress import tracked
 from topologies.validate import one_of, short_repr
 from workloads.decode import DecodeConfig
 
@@ -234,7 +234,8 @@ def run_serve(req: ServeRequest) -> Run:
                             max_chunk=chunk)
         costs = IterationCosts(
             step, bounds, exact=req.exact_costs, cache_key=_pool_key(preq, pod, step, bounds),
-            progress=lambda pts, _r=role: progress(pts, desc=f"cost model ({_r} replica)"))
+            progress=lambda pts, _r=role: tracked(pts, f"serve: cost model ({_r} replicas)",
+                                                 unit="point"))
         pools.append(PoolSpec(role=role, replicas=count, kv_blocks=blocks, costs=costs,
                               num_chips=pod.topology.num_chips))
         kv_blocks += [blocks] * count

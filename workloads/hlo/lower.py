@@ -33,6 +33,7 @@ from typing import Any
 from topologies.errors import TpusimError
 from topologies.groups import factor_device_groups, route_pairs
 from topologies.mesh import LogicalMesh
+from topologies.progress import NO_TASK, task
 from topologies.torus import AXIS_NAMES, Topology
 from topologies.validate import MAX_TRACE_OPS
 from workloads.hlo.parser import (
@@ -270,6 +271,7 @@ class _Lowerer:
         self.topo = topology
         self.source = source
         self.b = TraceBuilder(max_ops=MAX_OPS)  # checked with its own message below
+        self.task = NO_TASK  # the progress of `run()`
         self.is_coll: list[bool] = []
         self.warnings: list[str] = []
         self.unknown: Counter = Counter()
@@ -761,7 +763,10 @@ class _Lowerer:
         self.flops = {"mxu": 0.0, "vpu": 0.0, "hbm": 0.0}
         self.coll_stats: dict[tuple, dict] = {}
         entry = self.m.entry_computation
-        self.run_comp(entry, None, 0)
+        # Progress: instructions visited (each while body once per trip), no total known.
+        with task("HLO lower", unit="instruction") as self.task:
+            self.run_comp(entry, None, 0)
+            self.task.update(self.visits, detail=f"{len(self.b.ops):,} trace ops")
         if self.unknown:
             self.warnings.append(
                 "unknown opcodes costed from their shapes (HBM bytes, no FLOPs): " + ", ".join(
@@ -819,6 +824,8 @@ class _Lowerer:
         env: dict[str, Value] = {}
         pending: dict[str, int] = {}
         self.visits += len(comp.instructions)
+        if self.task.active and self.task.due():
+            self.task.update(self.visits, detail=f"{len(self.b.ops):,} trace ops")
         if self.visits > MAX_VISITS:
             raise TpusimError(
                 f"{self.source}: lowering visits more than {MAX_VISITS:,} instructions (while "

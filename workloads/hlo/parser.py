@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import re
 from dataclasses import dataclass, field
 
 from topologies.errors import TpusimError
+from topologies.progress import NO_TASK, task
 from workloads.dtypes import HLO_ELEMENT_BYTES
 
 # Limits against hostile or accidental input (one-line errors, never a hang or a recursion error).
@@ -195,11 +197,25 @@ class _Parser:
         self.source = source
         self._newlines: list[int] | None = None
         toks: list[tuple[str, str, int]] = []
+        with task("HLO tokenize", total=len(text), unit="byte") as t:
+            self._tokenize(text, toks, max_tokens, t)
+        self.toks = toks
+        self.i = 0
+        self.shapes: dict[str, Shape] = {}
+        self.task = NO_TASK  # the progress of `module()` (parse_hlo's)
+        self.parsed = 0  # instructions of the computations parsed so far
+
+    def _tokenize(self, text: str, toks: list, max_tokens: int, t) -> None:
         pos = 0
         n = len(text)
         match = _TOKEN_RE.match
         append = toks.append
+        check = 1 << 14 if t.active else math.inf
         while pos < n:
+            if len(toks) >= check:
+                check = len(toks) + (1 << 14)
+                if t.due():
+                    t.update(pos)
             if len(toks) > max_tokens:
                 raise self._error_at(pos, f"over {max_tokens:,} tokens by here, more than "
                                           f"{MAX_TOKENS_PER_INSTRUCTION} per instruction (a "
@@ -225,9 +241,6 @@ class _Parser:
                 end = _group_end(text, pos, self)
                 append(("blob", text[pos:end], pos))
                 pos = end
-        self.toks = toks
-        self.i = 0
-        self.shapes: dict[str, Shape] = {}
 
     # -- helpers ----------------------------------------------------------------------------
     def _line(self, pos: int) -> int:
@@ -413,6 +426,8 @@ class _Parser:
                                   f"{name!r}; instruction names are unique")
             instrs.append(ins)
             by_name[ins.name] = ins
+            if self.task.active and len(instrs) % 1024 == 0 and self.task.due():
+                self.task.update(self.parsed + len(instrs))
         self.next()
         # Attributes after the body: `}, execution_thread="sparsecore"` (v6e's SparseCore
         # computations, e.g. a scatter-add's reducer).
@@ -423,6 +438,8 @@ class _Parser:
             self.skip_balanced()
         if not instrs:
             raise self.error(f"computation {name!r} has no instructions")
+        self.parsed += len(instrs)
+        self.task.update(self.parsed)
         return Computation(name=name, instructions=tuple(instrs), is_entry=is_entry,
                            by_name=by_name)
 
@@ -535,7 +552,9 @@ def parse_hlo(text: str, *, source: str = "HLO module") -> HloModule:
             f"{MAX_INSTRUCTIONS:,} (compile fewer layers or use a scanned model)"
         )
     budget = min(MAX_TOKENS, MAX_TOKENS_PER_INSTRUCTION * max(count, 1000))
-    return _Parser(text, source, budget).module()
+    parser = _Parser(text, source, budget)
+    with task("HLO parse", total=count, unit="instruction") as parser.task:
+        return parser.module()
 
 
 # -- typed attribute readers ------------------------------------------------------------------
