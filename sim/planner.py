@@ -938,13 +938,141 @@ def step_hbm_lower_bound(model, trace, num_chips: int, tcfg, mesh=None) -> float
                for k, prog in enumerate(sp.programs))
 
 
+def core_floor_s(trace, floors: _Floors) -> float:
+    """The time a chip's core is busy with `trace`'s compute and idle ops at their floors
+    (`_Floors.compute`, the durations alone): the core runs them one at a time, so no step
+    of this program is shorter."""
+    from workloads.trace import OpKind
+
+    t = 0.0
+    for op in trace.ops:
+        if op.kind == OpKind.COMPUTE:
+            t += floors.compute(op)
+        elif op.kind == OpKind.IDLE:
+            t += op.duration_s
+    return t
+
+
+def stage_core_floors_s(model, mesh, num_chips: int, tcfg, floors: _Floors) -> list[float]:
+    """`core_floor_s` of every pipeline stage's program as `sim.pipeline.build_stage_programs`
+    composes it, from the one-microbatch chunk programs alone: the stage's weight cast, each
+    pass of its schedule (a chunk's forward or backward ops, copied per microbatch) and its
+    first chunk's optimizer update."""
+    from sim.pipeline import chunk_program, stage_order
+    from workloads.trace import OpKind
+    from workloads.training import WEIGHT_CAST
+
+    p, v, m = mesh.size("pipeline"), tcfg.virtual_stages, tcfg.microbatches
+    sums: dict[int, dict[str, float]] = {}
+
+    def phase_sums(c: int) -> dict[str, float]:
+        if c not in sums:
+            d = {"F": 0.0, "B": 0.0, "cast": 0.0, "opt": 0.0}
+            for op in chunk_program(model, mesh, num_chips, tcfg, c).ops:
+                if op.kind == OpKind.COMPUTE:
+                    t = floors.compute(op)
+                elif op.kind == OpKind.IDLE:
+                    t = op.duration_s
+                else:
+                    continue
+                if op.name == WEIGHT_CAST:
+                    d["cast"] += t
+                elif op.phase in ("fwd", "loss"):
+                    d["F"] += t
+                elif op.phase == "bwd":
+                    d["B"] += t
+                elif op.phase == "optimizer":
+                    d["opt"] += t
+            sums[c] = d
+        return sums[c]
+
+    out = []
+    for s in range(p):
+        first = phase_sums(s)
+        t = first["cast"] + first["opt"]
+        for ps in stage_order(tcfg.pipeline_schedule, p, s, m, v):
+            t += phase_sums(ps.chunk)["F" if ps.kind == "F" else "B"]
+        out.append(t)
+    return out
+
+
+# A group's compute floor is extrapolated from models of 2 and 3 layers per pipeline chunk,
+# for models of at least this many layers per chunk (fewer: the group is bounded in full).
+FLOOR_MIN_LAYERS_PER_CHUNK = 4
+
+
+def floor_applies(model, mesh_sizes: Mapping[str, int], tcfg_virtual_stages: int = 1) -> bool:
+    """Whether `compute_floor` holds for a model: dense, every layer alike (no experts, no
+    local/global or chunked attention pattern, no MTP modules), with enough layers per
+    pipeline chunk."""
+    p = mesh_sizes.get("pipeline", 1)
+    v = tcfg_virtual_stages if p > 1 else 1
+    alike = not model.is_moe and not model.num_mtp_modules and all(
+        model.layer_attention_window(layer) is None and model.layer_attention_chunk(layer) is None
+        for layer in range(model.num_layers))
+    return (alike and model.num_layers % (p * v) == 0
+            and model.num_layers // (p * v) >= FLOOR_MIN_LAYERS_PER_CHUNK)
+
+
+def compute_floor(model, mesh, num_chips: int, tcfg, chip, topology) -> float:
+    """A step time no simulation of this step (any placement of its mesh) can beat, without
+    compiling the step: the busiest core's compute and idle ops at their floors (`core_floor_s`;
+    with pipeline stages the busiest stage's, `stage_core_floors_s`), for a model whose layers
+    are all alike (`floor_applies`), from the same step of the model with 2 and 3 layers per
+    chunk, extended linearly to its layer count.
+
+    Why that is exact (or below): every layer's ops are the same whatever the layer count (the
+    compiler's layer loop makes one layer's ops at a time from the layer's own sizes), and the
+    ops outside the layers (embedding, head, loss, the optimizer update over all parameters)
+    have flops and bytes affine in it; each op's floor `overhead + max(flops / rate, bytes /
+    bandwidth)` is then convex in the layer count, and so is their sum, which therefore lies
+    on or above the line through its values at 2 and 3 layers per chunk at every count past 3.
+    Tested equal to the compiled step's `core_floor_s` (to 1e-9) on dense zoo models, remat
+    policies, microbatches, tensor and sequence axes and pipelines; `run_plan` checks it again
+    on every group it bounds in full."""
+    import dataclasses as _dc
+
+    from workloads.training import compile_training_step
+
+    floors = _Floors(chip, topology, {})
+    p = mesh.size("pipeline")
+    v = tcfg.virtual_stages if p > 1 else 1
+    per_chunk = model.num_layers // (p * v)
+
+    def floor_at(k: int) -> list[float]:
+        small = _dc.replace(model, num_layers=k * p * v)
+        if p > 1:
+            return stage_core_floors_s(small, mesh, num_chips, tcfg, floors)
+        return [core_floor_s(compile_training_step(small, mesh, num_chips, tcfg), floors)]
+
+    f2, f3 = floor_at(2), floor_at(3)
+    return max(a + (per_chunk - 2) * (b - a) for a, b in zip(f2, f3, strict=True))
+
+
+def floor_bounds(job: tuple) -> dict[str, Any]:
+    """`compute_floor` of one group of candidates that differ only in placement: the cheapest
+    first bound of a group (two compiles of a model of 2 and 3 layers per chunk, where a full
+    bound compiles every layer); its `pipeline_bounds` or `lower_bounds` follow only when one
+    of its candidates reaches the front of the plan's queue. Job: (train request, [axis
+    orders]) -> {"lower_bounds_s": [...], "floor_s": the floor} or {"error": ...}."""
+    req, orders = job
+    try:
+        chip, topo, model, mesh, tcfg = _bound_inputs(req)
+        floor = compute_floor(model, mesh, topo.num_chips, tcfg, chip, topo)
+        # Less a relative 1e-9: the same floors summed in another order than the engine's.
+        return {"lower_bounds_s": [floor * (1 - 1e-9)] * len(orders), "floor_s": floor}
+    except TpusimError as exc:
+        return {"error": str(exc)}
+
+
 def lower_bounds(job: tuple) -> dict[str, Any]:
     """`step_lower_bound` of every placement (axis order) of one group of candidates that differ
     only in placement, for the model, pod and training settings that `tpusim ARGV` resolves
     (the same parser and compile inputs as the simulation; the placements share one compiled
     trace). Job: (train request, [axis orders]) -> {"lower_bounds_s": [...],
     "hbm_lower_bound_bytes": `hbm_peak_lower_bound` of the step (0 for pipelines),
-    "hbm_capacity_bytes": the chip's HBM} or {"error": ...}."""
+    "hbm_capacity_bytes": the chip's HBM, "core_floor_s": the busiest core's `core_floor_s`
+    (what `compute_floor` stands for, checked by `run_plan`)} or {"error": ...}."""
     from workloads.training import compile_training_step
 
     req, orders = job
@@ -953,14 +1081,19 @@ def lower_bounds(job: tuple) -> dict[str, Any]:
         # The bounds of a pipeline use its stage programs only, not the whole step's trace
         # (a quarter of the job's time on 405B); an error that compile would raise is then
         # reported by the candidate's simulation.
+        floors = _Floors(chip, topo, {})
         if mesh.size("pipeline") > 1:
             hbm = step_hbm_lower_bound(model, None, topo.num_chips, tcfg, mesh=mesh)
+            core = max(core_floor_s(prog, floors) for prog in
+                       _stage_programs(model, mesh, topo.num_chips, tcfg).programs)
         else:
             trace = compile_training_step(model, mesh, topo.num_chips, tcfg)
             hbm = step_hbm_lower_bound(model, trace, topo.num_chips, tcfg)
+            core = core_floor_s(trace, floors)
         return {"lower_bounds_s": [step_lower_bound(model, o, topo.num_chips, tcfg, chip, topo)
                                    for o in orders],
-                "hbm_lower_bound_bytes": hbm, "hbm_capacity_bytes": chip.hbm_bytes}
+                "hbm_lower_bound_bytes": hbm, "hbm_capacity_bytes": chip.hbm_bytes,
+                "core_floor_s": core}
     except TpusimError as exc:
         return {"error": str(exc)}
 
@@ -1339,7 +1472,23 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
     # bounds every group in full from the start.
     piped = {k for k, members in enumerate(members_of)
              if dict(cands[members[0]].mesh).get("pipeline", 1) > 1}
-    deferred = set(piped) if prune_by_bound else set()
+    # Cheaper still, and first where it applies (dense models whose layers are all alike):
+    # the group's compute floor (`floor_bounds`, from models of 2 and 3 layers per chunk,
+    # without compiling the step); its pipeline or full bound follows only when one of its
+    # candidates reaches the front. On LLaMA-3-70B on a v5p-128 the floors of every full-remat
+    # group (26.7 s or more) are above the best steps (22.2-23.0 s): those groups are never
+    # compiled. `level`: the bound a group has so far, while it is not its full bound.
+    level: dict[int, str] = {}
+    if prune_by_bound:
+        for k, members in enumerate(members_of):
+            sizes = dict(cands[members[0]].mesh)
+            if floor_applies(model, sizes):  # (plan's candidates have one virtual stage)
+                level[k] = "floor"
+            elif k in piped:
+                level[k] = "pipeline"
+    floor_of: dict[int, float] = {}  # group -> its compute floor, checked by its full bound
+    floor_violated = False
+    first_bound = {"floor": floor_bounds, "pipeline": pipeline_bounds}
     pool = _Pool(min(n, max(len(jobs), 1)), dask)
     results: dict[int, dict[str, Any]] = {}
     lb: list[float] = [0.0] * len(cands)
@@ -1352,7 +1501,8 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
     sharp: set[int] = set()  # candidates with a sharper bound
     refined = 0
     prefix_stopped = 0  # of `stopped`: steps stopped within a prefix run
-    full_pipeline_bounds = len(piped - deferred)  # pipeline groups bounded in full at once
+    full_pipeline_bounds = len(piped - set(level))  # pipeline groups bounded in full at once
+    full_bounds = len(jobs) - len(level)  # groups bounded in full (so far)
     # One tick per bound job and per candidate (simulated, refused or skipped); the detail
     # line: groups bounded, candidates simulated and left, the best step so far.
     bar = NO_TASK if quiet else task("plan --exhaustive" if not prune_by_bound else "plan",
@@ -1371,6 +1521,15 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
 
     def take_bounds(k: int, b: dict[str, Any]) -> list[int]:
         """Group k's bounds into `lb`, `capacity` and `refused`; the members newly refused."""
+        nonlocal floor_violated, bound_violated
+        if "floor_s" in b:
+            floor_of[k] = b["floor_s"]
+        if "core_floor_s" in b and k in floor_of \
+                and floor_of[k] * (1 - 1e-9) > b["core_floor_s"]:
+            # The compiled step's core is less busy than its floor said: the floor does not
+            # hold for this model, so no floor may rule a candidate out (every group gets its
+            # full bound before the search stops).
+            floor_violated = bound_violated = True
         # A group the bound cannot handle is simulated like any other (bound 0).
         for i, v in zip(members_of[k], b.get("lower_bounds_s") or
                         [0.0] * len(members_of[k]), strict=True):
@@ -1388,14 +1547,14 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
     try:
         # Largest groups first: the pool stays busy to the end.
         order_jobs = sorted(range(len(jobs)), key=lambda k: (-len(members_of[k]), k))
-        futs = {pool.submit(pipeline_bounds if k in deferred else lower_bounds, jobs[k],
+        futs = {pool.submit(first_bound[level[k]] if k in level else lower_bounds, jobs[k],
                             f"bound-{k}"): k for k in order_jobs}
         while futs:
             for f in pool.wait_any(futs):
                 k = futs.pop(f)
                 b = f.result()
-                if k in deferred and "error" in b:
-                    deferred.discard(k)  # the full bound reports nothing more: bound 0
+                if level.get(k) == "pipeline" and "error" in b:
+                    del level[k]  # the full bound reports nothing more: bound 0
                 take_bounds(k, b)
                 bounded_jobs += 1
                 tick()
@@ -1443,14 +1602,22 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
                     heapq.heappush(heap, (lb[i], i))
                     continue
                 k = group_of[i]
-                if k in deferred:
-                    deferred.discard(k)
-                    waiting[k] = [i]
-                    full_pipeline_bounds += 1
-                    inflight[pool.submit(lower_bounds, jobs[k], f"bound-full-{k}")] = \
-                        ("bound", k)
-                elif k in waiting:
+                if k in waiting:
                     waiting[k].append(i)
+                elif k in level:
+                    # Its next bound: a pipeline's pass-level bound after its floor, else the
+                    # full one.
+                    nxt = "pipeline" if level[k] == "floor" and k in piped else "full"
+                    waiting[k] = [i]
+                    if nxt == "pipeline":
+                        level[k] = nxt
+                        fn = pipeline_bounds
+                    else:
+                        del level[k]
+                        full_bounds += 1
+                        full_pipeline_bounds += k in piped
+                        fn = lower_bounds
+                    inflight[pool.submit(fn, jobs[k], f"bound-{nxt}-{k}")] = ("bound", k)
                 elif refinable(i):
                     sharpened.add(i)
                     inflight[pool.submit(sharper_bound, (reqs[i], cands[i].mesh,
@@ -1466,6 +1633,8 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
                 kind, i = inflight.pop(f)
                 o = f.result()
                 if kind == "bound":
+                    if level.get(i) == "pipeline" and "error" in o:
+                        del level[i]  # bound 0 and nothing more to learn: simulate them
                     newly = take_bounds(i, o)
                     tick(len(newly))
                     for j in waiting.pop(i):
@@ -1563,6 +1732,8 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
     table["error"] = table["error"].astype("string")
     counts["candidates"] = len(cands)
     counts["bounded"] = len(jobs)
+    counts["bounded_by_compute_floor"] = sum(1 for k in range(len(jobs)) if k in floor_of)
+    counts["bounded_in_full"] = full_bounds
     counts["pipeline_groups_bounded_in_full"] = full_pipeline_bounds
     counts["simulated"] = len(results) + len(stopped)
     counts["skipped_by_bound"] = len(skipped)
@@ -1575,6 +1746,7 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
     counts["out_of_memory"] = sum(1 for x in rest if x["status"] == STATUS_DOES_NOT_FIT)
     counts["failed"] = sum(1 for x in rest if x["status"] == STATUS_ERROR)
     counts["bound_violated"] = int(bound_violated)
+    counts["compute_floor_violated"] = int(floor_violated)
     caps = [x["_capacity"] for x in rows if x["_capacity"]]
     return PlanResult(table=table, explanation=explain(ok, cfg.objective), counts=counts,
                       objective=cfg.objective,

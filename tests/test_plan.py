@@ -893,3 +893,96 @@ def test_plan_slice_search_bad_input_is_one_line(capsys, tiny_model, argv, messa
                "--out", ""])
     err = capsys.readouterr().err
     assert rc == 2 and message in err and err.count("\n") == 1
+
+
+# -- the compute floor: a group's first bound without compiling its step ----------------------
+_SMALL = ("name: small\nnum_layers: 8\nd_model: 512\nnum_heads: 8\nnum_kv_heads: 4\n"
+          "head_dim: 64\nd_ff: 1536\nvocab_size: 8192\n")
+
+
+@pytest.mark.parametrize("model_extra", [
+    "mlp: swiglu\n",
+    "mlp: gelu\ntied_embeddings: true\nparallel_block: true\n",
+    "mlp: geglu\npost_norms: true\nqk_norm: true\n",
+])
+@pytest.mark.parametrize("flags", [
+    ["--mesh", "fsdp=4", "--remat", "full", "--microbatches", "1"],
+    ["--mesh", "fsdp=2,tensor=2", "--remat", "minimal", "--microbatches", "2"],
+    ["--mesh", "tensor=2,sequence=2", "--remat", "none", "--microbatches", "1"],
+    ["--mesh", "data=2,fsdp=2", "--remat", "offload", "--microbatches", "2",
+     "--param-dtype", "fp32", "--gather-dtype", "bf16"],
+    ["--mesh", "fsdp=4", "--remat", "full", "--microbatches", "2", "--optimizer", "sgd"],
+    ["--mesh", "pipeline=2,fsdp=2", "--remat", "full", "--microbatches", "4"],
+    ["--mesh", "fsdp=2,pipeline=2", "--remat", "minimal", "--microbatches", "2",
+     "--pipeline-schedule", "gpipe"],
+])
+def test_compute_floor_is_the_compiled_steps_busiest_core(tmp_path, model_extra, flags):
+    # Extrapolated from the same step with 2 and 3 layers per chunk, it equals the busiest
+    # core's compute floor of the compiled step (every layer alike: exact up to the order of
+    # the sums), so it never exceeds a simulated step, which runs those ops one at a time.
+    from sim.planner import (
+        _bound_inputs,
+        _Floors,
+        _stage_programs,
+        compute_floor,
+        core_floor_s,
+        floor_applies,
+    )
+    from workloads.training import compile_training_step
+
+    path = tmp_path / "small.yaml"
+    path.write_text(_SMALL + model_extra, encoding="utf-8")
+    req = _req(["train", "--chip", "v5e", "--shape", "2x2", "--model", str(path), "--seq-len",
+                "1024", "--batch-per-chip", "2", *flags])
+    chip, topo, model, mesh, tcfg = _bound_inputs(req)
+    assert floor_applies(model, dict(mesh.axes))
+    floor = compute_floor(model, mesh, 4, tcfg, chip, topo)
+    floors = _Floors(chip, topo, {})
+    if mesh.size("pipeline") > 1:
+        compiled = max(core_floor_s(p, floors)
+                       for p in _stage_programs(model, mesh, 4, tcfg).programs)
+    else:
+        compiled = core_floor_s(compile_training_step(model, mesh, 4, tcfg), floors)
+    assert floor == pytest.approx(compiled, rel=1e-9)
+    assert 0 < floor <= run_point(req)["result"]["step_time_s"] * (1 + 1e-9)
+
+
+def test_the_compute_floor_applies_only_where_every_layer_is_alike(tmp_path):
+    from sim.planner import floor_applies
+
+    dense = load_model("llama3-8b")
+    assert floor_applies(dense, {"fsdp": 4}) and floor_applies(dense, {"pipeline": 4})
+    assert not floor_applies(load_model("mixtral-8x7b"), {"fsdp": 4})  # experts
+    assert not floor_applies(load_model("gemma3-12b"), {"fsdp": 4})  # local/global layers
+    four = tmp_path / "four.yaml"
+    four.write_text("base: llama3-8b\nname: four\nnum_layers: 4\n", encoding="utf-8")
+    assert floor_applies(load_model(str(four)), {"fsdp": 4})
+    assert not floor_applies(load_model(str(four)), {"pipeline": 2})  # 2 layers a chunk
+
+
+def test_groups_ruled_out_by_their_floor_leave_the_top_k_of_the_brute_force_plan(tmp_path):
+    # An 8-layer model: every group gets its compute floor first, and only those whose floor
+    # could still enter the top K are bounded in full; the top K equals simulating everything.
+    path = tmp_path / "small.yaml"
+    path.write_text(_SMALL + "mlp: swiglu\n", encoding="utf-8")
+    chip, topo = _pod()
+    model = load_model(str(path))
+    cfg = PlanConfig(seq_len=1024, global_batch=8, top=3, axes=("fsdp", "tensor", "pipeline"),
+                     remat=("full", "minimal"), microbatches=(1, 2), placements=False,
+                     max_pipeline=2)
+    flags = ["--chip", "v5e", "--shape", "2x2"]
+    fast = run_plan(_base(str(path), flags), model, topo, chip, cfg, workers=1, quiet=True)
+    oracle = run_plan(_base(str(path), flags), model, topo, chip, cfg, workers=1, quiet=True,
+                      prune_by_bound=False, refuse_by_hbm_bound=False,
+                      stop_out_of_memory=False)
+    assert fast.counts["bounded_by_compute_floor"] == fast.counts["bounded"]
+    assert fast.counts["bounded_in_full"] < fast.counts["bounded"]
+    assert fast.counts["compute_floor_violated"] == 0 and fast.counts["bound_violated"] == 0
+    assert oracle.counts["bounded_by_compute_floor"] == 0
+    cols = ["mesh", "remat", "microbatches", "step_time_s", "hbm_peak_bytes"]
+    assert fast.top(3)[cols].equals(oracle.top(3)[cols])
+    # Every candidate's recorded bound is below its brute-force step.
+    truth = oracle.table.set_index(["mesh", "remat", "microbatches"])["step_time_s"]
+    for row in fast.table.to_dict("records"):
+        t = truth[(row["mesh"], row["remat"], row["microbatches"])]
+        assert not row["lower_bound_s"] > t * (1 + 1e-9)
