@@ -5,9 +5,12 @@
   five meshes with two remat policies (the zip), on `--workers` local processes (or `--dask
   local`). The issue's target: 1,000 points in <= 5 min with --workers 2.
 * plan: LLaMA-3-405B on the full 8960-chip v5p pod (16x20x28), seq 8192, one sequence per
-  chip, default search space, --workers 2. The issue's target: <= 2 min.
+  chip, default search space, --workers 2. The issue's target: <= 2 min. `--plans` names the
+  plans to run (comma list of PLANS' keys): `405b` (this one, the default), and the three of
+  docs/howto/studies.md: `70b-v5p128`, `70b-v5e256`, `405b-ici2`.
 
-Run: python benchmarks/bench_sweep.py [--points 1000] [--workers 2] [--skip-plan] [--out F].
+Run: python benchmarks/bench_sweep.py [--points 1000] [--workers 2] [--skip-plan] [--out F];
+     python benchmarks/bench_sweep.py --skip-sweep --plans 70b-v5p128,70b-v5e256,405b-ici2.
 Numbers are measurements on the machine that ran them (shared machines are noisy; the load
 average is recorded); nothing here passes or fails on time.
 """
@@ -87,18 +90,32 @@ def bench_sweep(points: int, workers: int, dask: str | None) -> dict:
     }
 
 
-def bench_plan(workers: int) -> dict:
+# The plans measured: name -> the `tpusim plan` flags (docs/howto/studies.md's examples, and
+# the issue's 405B plan); every one with --workers, --json and --out "".
+PLANS = {
+    "405b": ["--chip", "v5p", "--shape", "16x20x28", "--model", "llama3-405b", "--seq-len",
+             "8192", "--global-batch", "8960"],
+    "70b-v5p128": ["--slice", "v5p-128", "--model", "llama3-70b", "--seq-len", "8192",
+                   "--global-batch", "128"],
+    "70b-v5e256": ["--chip", "v5e", "--shape", "16x16", "--model", "llama3-70b", "--seq-len",
+                   "8192", "--global-batch", "256", "--top", "10"],
+    "405b-ici2": ["--chip", "v5p", "--shape", "16x20x28", "--model", "llama3-405b",
+                  "--seq-len", "8192", "--global-batch", "8960", "--set",
+                  "ici_link_bytes_per_s=x2", "--remat", "full,minimal", "--max-tensor", "16"],
+}
+
+
+def bench_plan(workers: int, name: str = "405b") -> dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    cmd = [*tpusim(), "plan", "--chip", "v5p", "--shape", "16x20x28", "--model", "llama3-405b",
-           "--seq-len", "8192", "--global-batch", "8960", "--workers", str(workers), "--json",
-           "--out", ""]
+    cmd = [*tpusim(), "plan", *PLANS[name], "--workers", str(workers), "--json", "--out", ""]
     load = os.getloadavg()[0]
     wall, cpu, rss, out, err, code = measure(cmd, env)
     if code != 0:
         raise SystemExit(f"plan failed: {err.strip()}")
     s = json.loads(out)
     return {
-        "case": "plan llama3-405b 16x20x28", "workers": workers, "wall_s": wall, "cpu_s": cpu,
+        "case": f"plan {name}", "command": " ".join(["tpusim", *cmd[len(tpusim()):]]),
+        "workers": workers, "wall_s": wall, "cpu_s": cpu,
         "searched": s["searched"], "best": {k: s["best"][k] for k in
                                             ("mesh", "placement", "remat", "microbatches",
                                              "step_time_s", "mfu")},
@@ -114,6 +131,8 @@ def main() -> None:
     ap.add_argument("--dask", help="also run the sweep on --dask local (or an address)")
     ap.add_argument("--skip-plan", action="store_true")
     ap.add_argument("--skip-sweep", action="store_true")
+    ap.add_argument("--plans", default="405b",
+                    help=f"plans to run, comma-separated, of {', '.join(PLANS)} (default 405b)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sweep.json"))
     args = ap.parse_args()
     rows = []
@@ -124,8 +143,11 @@ def main() -> None:
             rows.append(bench_sweep(args.points, args.workers, args.dask))
             print(json.dumps(rows[-1]), flush=True)
     if not args.skip_plan:
-        rows.append(bench_plan(args.workers))
-        print(json.dumps(rows[-1]), flush=True)
+        for name in args.plans.split(","):
+            if name not in PLANS:
+                raise SystemExit(f"--plans {name!r}: give some of {', '.join(PLANS)}")
+            rows.append(bench_plan(args.workers, name))
+            print(json.dumps(rows[-1]), flush=True)
     result = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
                           "platform": platform.platform()},
               "measured_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

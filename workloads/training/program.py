@@ -17,7 +17,7 @@ from topologies.errors import TpusimError
 from workloads.dtypes import Dtype, dtype_bytes
 from workloads.memory import MemoryCategory
 from workloads.moe import MoeRouting, plan_routing
-from workloads.trace import OpKind, TraceBuilder, Unit
+from workloads.trace import Op, OpKind, TraceBuilder, Unit, replace_op
 from workloads.training import xla_rules as xla
 from workloads.training.config import TrainingConfig
 from workloads.training.modes import Optimizer
@@ -102,6 +102,8 @@ class Q:
 
 def with_changes(op, **changes):
     """`op` with some fields replaced (ops are frozen)."""
+    if type(op) is Op:
+        return replace_op(op, **changes)
     return dataclasses.replace(op, **changes)
 
 
