@@ -38,12 +38,12 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import json
 import re
 import sys
 from pathlib import Path
 
 from validation import xla_compile
+from workloads.hlo import jaxgen
 
 REPO = xla_compile.REPO
 
@@ -76,77 +76,26 @@ FIXTURES = {
 def build(name: str, keep_metadata: bool, *, topology: str | None = None,
           mesh_axes: dict[str, int] | None = None) -> str:
     """The HLO text of fixture `name`'s program, compiled for its own topology and mesh or for
-    `topology` and `mesh_axes` (the same program on another slice)."""
-    xla_compile.init_jax()
-    # jax is optional: imported only where a program is compiled (the jax[tpu] python).
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import PartitionSpec as P
-
+    `topology` and `mesh_axes` (the same program on another slice), by
+    `workloads.hlo.jaxgen.compile_program` (what `tpusim make-hlo-fixture` runs)."""
     cfg = dict(FIXTURES[name])
     if topology:
         cfg["topology"] = topology
     if mesh_axes:
         _check_mesh_axes(name, mesh_axes)
         cfg["mesh"] = mesh_axes
-    n_layers = cfg["layers"]
+    program = jaxgen.HloProgramConfig(
+        topology=cfg["topology"], mesh=cfg["mesh"], dims=SMALL, num_layers=cfg["layers"],
+        program=cfg["program"], seq_len=cfg["seq"], batch_per_chip=cfg["batch_per_chip"],
+        kv_len=cfg.get("kv_len", 1024), keep_metadata=keep_metadata or bool(cfg.get("bench")),
+        name=name, extra={"bench": True} if cfg.get("bench") else {})
     try:
-        mesh, devices = xla_compile.build_mesh(cfg["topology"], cfg["mesh"])
-    except Exception as exc:  # jax's ValueError / JaxRuntimeError, as one line
-        mesh_text = ",".join(f"{k}={v}" for k, v in cfg["mesh"].items())
-        raise SystemExit(f"{name} on {cfg['topology']} with mesh {mesh_text}: "
-                         f"{' '.join(str(exc).split())[:300]} (give --mesh axes whose "
-                         f"product is the topology's device count, each a product of whole "
-                         f"physical axes)") from None
-    n_chips = devices.size
-    # Every layer under jax.checkpoint (remat full); the batch over fsdp.
-    model = xla_compile.Decoder(mesh, SMALL)
-    program = cfg["program"]
-    batch = int(cfg["batch_per_chip"] * n_chips)
-    seq = cfg["seq"]
-    if program in ("train", "scan"):
-        params = model.params(n_layers, stacked=program == "scan")
-        tokens = model.sds((batch, seq), P(model.fs, None), jnp.int32)
-        lowered = model.lower_train(params, tokens, remat="full", scan=program == "scan")
-    elif program == "decode":
-        lowered = model.lower_decode(n_layers, batch, cfg["kv_len"])
-    else:  # one FSDP matmul and its gradient: XLA's windowed einsum on v5e
-        x = model.sds((batch, seq, model.d), P(model.fs, None, None))
-        w = model.sds((model.d, model.ff), P(model.fs, None))
-
-        def f(x, w):
-            return jnp.sum(jnp.square((x @ w).astype(jnp.float32)))
-
-        lowered = jax.jit(jax.grad(f, argnums=1)).lower(x, w)
-
-    text = lowered.compile().as_text()
-    coords = xla_compile.partition_coords(devices, cfg["topology"])
-    meta = dict(cfg, name=name, num_layers=n_layers, num_chips=n_chips, jax=jax.__version__,
-                **SMALL)
-    if not keep_metadata and not cfg.get("bench"):
-        text = strip_metadata(text)
-    return (f"// tpusim: partition_coords={coords}\n"
-            f"// tpusim: config={json.dumps(meta, sort_keys=True)}\n{text}")
+        return jaxgen.compile_program(program)
+    except ValueError as exc:  # a mesh or topology jax refuses, as one line
+        raise SystemExit(f"{name} on {exc}") from None
 
 
-def strip_metadata(text: str) -> str:
-    out = []
-    skipping = False
-    for line in text.splitlines():
-        if line in ("FileNames", "FunctionNames", "FileLocations", "StackFrames"):
-            skipping = True
-            continue
-        if skipping:
-            if line.startswith("%") or line.startswith("ENTRY"):
-                skipping = False
-            else:
-                continue
-        out.append(_META_RE.sub("", line))
-    return "\n".join(out) + "\n"
-
-
-# `, metadata={op_name="..." source_file="..." ...}`: strings may hold braces, so match them.
-_META_RE = re.compile(r', metadata=\{(?:[^{}"]|"(?:[^"\\]|\\.)*")*\}')
+strip_metadata = jaxgen.strip_metadata
 
 
 # jax's TPU topology names as the fixtures use them: GEN:AxB[xC].

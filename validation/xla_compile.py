@@ -7,17 +7,18 @@ jax is not a tpusim dependency. The functions that build and compile programs im
 lazily and run under a python with `jax[tpu]==0.10.2` (docs/reference/xla.md; the driver
 modules run themselves as a worker, `python -m validation.NAME --worker`, under
 `--jax-python`: a venv with `pip install '.[hlo]'`); everything else here runs under the
-project's python too and imports no tpusim code.
+project's python too and imports no tpusim code but that module (which imports none).
 
 The models (one place, so every script compiles the same decoder):
 
-* a LLaMA-style dense decoder (`Decoder`): GQA, SwiGLU, RMSNorm in f32, untied embeddings,
-  plain dot attention with f32 scores (causal in training, against a KV cache in decode), bf16
-  weights, MaxText-like logical sharding (embed dim on `fsdp`, heads / d_ff / vocab on
-  `tensor`, the batch on `data` x `fsdp`); a training step with Adam (f32 moments, donated
-  arguments) and a one-token decode step; `attention="splash"` puts jax's Pallas
-  splash-attention TPU kernel (MaxText's flash attention) in place of dot attention in
-  training;
+* a LLaMA-style dense decoder (`Decoder`, with the mesh, the deviceless compile and the remat
+  policies in `workloads/hlo/jaxgen.py`, which `tpusim make-hlo-fixture` runs too; re-exported
+  here): GQA, SwiGLU, RMSNorm in f32, untied embeddings, plain dot attention with f32 scores
+  (causal in training, against a KV cache in decode), bf16 weights, MaxText-like logical
+  sharding (embed dim on `fsdp`, heads / d_ff / vocab on `tensor`, the batch on `data` x
+  `fsdp`); a training step with Adam (f32 moments, donated arguments) and a one-token decode
+  step; `attention="splash"` puts jax's Pallas splash-attention TPU kernel (MaxText's flash
+  attention) in place of dot attention in training;
 * a MaxText-style dropping MoE decoder (`moe_train_step`): one-hot dispatch and combine masks
   with a capacity factor, experts sharded over `expert`, SGD update.
 """
@@ -32,8 +33,6 @@ import subprocess
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parent.parent
 # The cached XLA results (committed, so the tables regenerate without jax).
 RESULTS = REPO / "validation" / "results"
@@ -42,7 +41,6 @@ DEFAULT_JAX_PYTHON = "/work/fid-venv/bin/python"
 # The line a worker prints its result on (one JSON object).
 RESULT_PREFIX = "XLA_JSON "
 
-DIM_KEYS = ("d_model", "num_heads", "num_kv_heads", "head_dim", "d_ff", "vocab_size")
 # Model widths, same keys as a tpusim model YAML.
 LLAMA3_8B = dict(d_model=4096, num_heads=32, num_kv_heads=8, head_dim=128, d_ff=14336,
                  vocab_size=128256)
@@ -78,381 +76,18 @@ def hlo_shape_bytes(shape: str, *, tuple_first: bool = False) -> int:
     return n * HLO_DTYPE_BYTES.get(m.group(1), 0)
 
 
-def init_jax(dump: str | None = None, pass_re: str | None = None) -> None:
-    """Deviceless compiles on the CPU host; `dump` makes XLA write its pass dumps there."""
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    # Deviceless compiles need no exclusive TPU: let several processes load libtpu.
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    if dump:
-        flags = f" --xla_dump_to={dump} --xla_dump_hlo_as_text"
-        if pass_re:
-            flags += f" --xla_dump_hlo_pass_re={pass_re}"
-        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + flags).strip()
+# The deviceless compile, the mesh and the dense decoder live in workloads/hlo/jaxgen.py (the
+# `tpusim make-hlo-fixture` command compiles them too); re-exported here for the drivers.
+from workloads.hlo import jaxgen as _jaxgen  # noqa: E402
 
-
-def build_mesh(topology: str, axes: dict[str, int], placement: str = "make_mesh"):
-    """(mesh, its devices array) for a TPU topology such as "v5e:4x4" and named axis sizes.
-
-    placement "make_mesh": `jax.experimental.topologies.make_mesh` (lays the mesh out as the
-    TPU runtime would: a snake ring on a 4x4 v5e); "topology": the devices in topology order
-    reshaped to the axis sizes (first axis outermost, last innermost); "hybrid_ring_64x4":
-    MaxText's custom mesh of that name (axes of 64 and 4 on a 16x16). Axes are `Auto` (jax
-    0.10's default Explicit rejects Megatron-style einsums)."""
-    init_jax()
-    # jax is optional: imported only where a program is compiled (the jax[tpu] python).
-    from jax.experimental import topologies
-    from jax.sharding import AxisType, Mesh
-
-    topo = topologies.get_topology_desc(platform="tpu", topology_name=topology)
-    names, shape = tuple(axes), tuple(axes.values())
-    if placement == "make_mesh":
-        devices = topologies.make_mesh(topo, shape, names).devices
-    elif placement == "topology":
-        devices = np.array(topo.devices).reshape(shape)
-    elif placement == "hybrid_ring_64x4":
-        devices = _hybrid_ring_64x4(topo.devices, shape)
-    else:
-        raise ValueError(f"placement {placement!r}: use 'make_mesh', 'topology' or "
-                         "'hybrid_ring_64x4'")
-    return Mesh(devices, names, axis_types=(AxisType.Auto,) * len(names)), devices
-
-
-# The 2x2 block's chips in ring order (dx, dy): each a torus neighbour of the next.
-_BLOCK_RING = ((0, 0), (1, 0), (1, 1), (0, 1))
-
-
-def _hybrid_ring_64x4(devices, shape: tuple[int, ...]):
-    """MaxText's `hybrid_ring_64x4` device order on a 16x16 slice (`max_utils.
-    reshape_mesh_to_rings`): mesh index (i, j) of shape (64, 4) is block i of the 8x8 grid of
-    2x2 blocks (x-major) and chip j of that block's 4-ring."""
-    if tuple(shape) != (64, 4):
-        raise ValueError(f"hybrid_ring_64x4 needs mesh axes of 64 and 4, got {shape}")
-    at = {tuple(d.coords[:2]): d for d in devices}
-    out = np.empty(shape, dtype=object)
-    for i in range(64):
-        bx, by = divmod(i, 8)
-        for j, (dx, dy) in enumerate(_BLOCK_RING):
-            out[i, j] = at[(2 * bx + dx, 2 * by + dy)]
-    return out
-
-
-def partition_coords(devices, topology: str) -> str:
-    """Where each SPMD partition runs: "x,y[,z]" per device in mesh order (fixtures' header)."""
-    ndim = len(topology.split(":")[1].split("x"))
-    return " ".join(",".join(str(c) for c in dev.coords[:ndim]) for dev in devices.flat)
-
-
-def _identity_tag(x, _name):
-    return x
-
-
-class Decoder:
-    """The dense LLaMA-style decoder on a mesh.
-
-    dims: widths (`DIM_KEYS`). act_spec: the residual stream's PartitionSpec (the default is
-    the batch over data x fsdp, sequence and embed replicated). scopes: wrap the pieces in
-    `jax.named_scope` ("embed", "layer{i}", "head", "adam"; "norm" around each RMSNorm and
-    "attention" around the attention core inside them) so the HLO metadata says where each op
-    came from (xla_crosscheck attributes collectives and per-op costs by it). tag: a
-    `checkpoint_name`-like function applied to each weight matmul's output (MaxText's names:
-    query_proj, key_proj, value_proj, out_proj, mlpwi_0, mlpwi_1, mlpwo). attention: "dot"
-    (f32 scores through HBM) or "splash": jax's Pallas splash-attention TPU kernel, as
-    MaxText calls it (`splash_attention`: causal mask, q scaled by 1/sqrt(head_dim) before
-    it, [batch, heads, seq, head_dim] layout, the kernel vmapped over the local batch inside a
-    `shard_map` whose batch is on data x fsdp and heads on `tensor`; GQA by the kernel's own
-    grouping, unfused dq and dkv backward kernels) with every block size `flash_block`
-    (MaxText's default sa_block_* is 512). weight_dot: the weight matmuls' dot (AQT's int8
-    one in validation/xla_int8.py), None for bf16."""
-
-    def __init__(self, mesh, dims: dict, *, act_spec=None, scopes: bool = False,
-                 tag: Callable = _identity_tag, param_dtype: str = "bfloat16",
-                 attention: str = "dot", flash_block: int = 512,
-                 weight_dot: Callable | None = None):
-        import jax.numpy as jnp
-        from jax.sharding import PartitionSpec as P
-
-        self.mesh = mesh
-        self.dims = dims
-        self.d, self.h, self.kv, self.hd, self.ff, self.vocab = (dims[k] for k in DIM_KEYS)
-        names = mesh.axis_names
-        self.tp = "tensor" if "tensor" in names else None
-        self.fs = "fsdp" if "fsdp" in names else None
-        # The batch is split over data and fsdp (weights only over fsdp).
-        bs = tuple(a for a in ("data", "fsdp") if a in names) or None
-        self.bs = bs[0] if bs is not None and len(bs) == 1 else bs
-        self.act_spec = P(self.bs, None, None) if act_spec is None else act_spec
-        self.scopes = scopes
-        self.tag = tag
-        # weight_dot(x, w, seed): the weight matmuls' dot (None: bf16 `x @ w`), e.g.
-        # validation/xla_int8.aqt_dot; `seed` a traced uint32 (from the step's tokens).
-        self.weight_dot = weight_dot
-        self._seed = None
-        self.bf = jnp.bfloat16
-        if attention not in ("dot", "splash"):
-            raise ValueError(f"attention {attention!r}: use 'dot' or 'splash'")
-        self.attention_kind = attention
-        self.flash_block = flash_block
-        # The stored weights' dtype: "float32" is flax's param_dtype=float32 with
-        # dtype=bfloat16 (MaxText's default): f32 master weights, each cast to bf16 right
-        # before its matmul / lookup, the Adam update in f32 written back in f32.
-        if param_dtype not in ("bfloat16", "float32"):
-            raise ValueError(f"param_dtype {param_dtype!r}: use 'bfloat16' or 'float32'")
-        self.pdt = jnp.dtype(param_dtype)
-        fs, tp = self.fs, self.tp
-        d, h, kv, hd, ff, vocab = self.d, self.h, self.kv, self.hd, self.ff, self.vocab
-        self.wspec = {"wq": P(fs, tp), "wk": P(fs, tp), "wv": P(fs, tp), "wo": P(tp, fs),
-                      "w1": P(fs, tp), "w3": P(fs, tp), "w2": P(tp, fs), "n1": P(None),
-                      "n2": P(None)}
-        self.wshape = {"wq": (d, h * hd), "wk": (d, kv * hd), "wv": (d, kv * hd),
-                       "wo": (h * hd, d), "w1": (d, ff), "w3": (d, ff), "w2": (ff, d),
-                       "n1": (d,), "n2": (d,)}
-        self.top_spec = {"embed": P(tp, fs), "unembed": P(fs, tp), "nf": P(None)}
-        self.top_shape = {"embed": (vocab, d), "unembed": (d, vocab), "nf": (d,)}
-
-    # -- inputs ------------------------------------------------------------------------------
-
-    def sds(self, shape, spec, dtype=None):
-        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
-        import jax
-        from jax.sharding import NamedSharding
-
-        return jax.ShapeDtypeStruct(shape, self.bf if dtype is None else dtype,
-                                    sharding=NamedSharding(self.mesh, spec))
-
-    def params(self, n_layers: int, stacked: bool = False) -> dict:
-        """The weights (bf16, or f32 with `param_dtype="float32"`): a list of per-layer dicts,
-        or (stacked) one dict of [layers, ...] arrays for `jax.lax.scan`, as MaxText's
-        scan_layers."""
-        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
-        from jax.sharding import PartitionSpec as P
-
-        dt = self.pdt
-        p = {k: self.sds(self.top_shape[k], self.top_spec[k], dt) for k in self.top_shape}
-        if stacked:
-            p["layers"] = {k: self.sds((n_layers, *self.wshape[k]), P(None, *self.wspec[k]),
-                                       dt) for k in self.wshape}
-        else:
-            p["layers"] = [{k: self.sds(self.wshape[k], self.wspec[k], dt)
-                            for k in self.wshape} for _ in range(n_layers)]
-        return p
-
-    def scope(self, name: str):
-        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
-        import jax
-
-        return jax.named_scope(name) if self.scopes else contextlib.nullcontext()
-
-    def constrain(self, x):
-        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
-        import jax
-        from jax.sharding import NamedSharding
-
-        return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, self.act_spec))
-
-    # -- the model ---------------------------------------------------------------------------
-
-    def rms(self, x, w):
-        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
-        import jax
-        import jax.numpy as jnp
-
-        x32 = x.astype(jnp.float32)
-        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-6)
-        return (y * w.astype(jnp.float32)).astype(self.bf)
-
-    def attention(self, q, k, v, causal: bool):
-        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
-        import jax
-        import jax.numpy as jnp
-
-        if self.attention_kind == "splash":
-            if not causal:
-                raise ValueError("splash attention is the training step's causal attention")
-            return self.splash_attention(q, k, v)
-        kv, h, hd = self.kv, self.h, self.hd
-        b, s, _ = q.shape
-        t = k.shape[1]
-        q = q.reshape(b, s, kv, h // kv, hd)
-        k = k.reshape(b, t, kv, hd)
-        v = v.reshape(b, t, kv, hd)
-        sc = jnp.einsum("bskgd,btkd->bkgst", q, k).astype(jnp.float32) / (hd ** 0.5)
-        if causal:
-            sc = jnp.where(jnp.tril(jnp.ones((s, t), bool)), sc, -1e30)
-        p = jax.nn.softmax(sc, axis=-1).astype(self.bf)
-        return jnp.einsum("bkgst,btkd->bskgd", p, v).reshape(b, s, h * hd)
-
-    def splash_attention(self, q, k, v):
-        """Causal GQA attention by the Pallas splash kernel (MaxText's `tpu_flash_attention`
-        with its default layouts and the block sizes all `flash_block`)."""
-        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
-        import jax
-        from jax.experimental.pallas.ops.tpu.splash_attention import (
-            splash_attention_kernel as sk,
-        )
-        from jax.experimental.pallas.ops.tpu.splash_attention import (
-            splash_attention_mask as sm,
-        )
-        from jax.sharding import PartitionSpec as P
-
-        kv, h, hd = self.kv, self.h, self.hd
-        b, s, _ = q.shape
-        tp = self.mesh.shape["tensor"] if self.tp else 1
-        blk = min(self.flash_block, s)
-        q = (q.reshape(b, s, h, hd) * (hd ** -0.5)).astype(self.bf).transpose(0, 2, 1, 3)
-        k = k.reshape(b, s, kv, hd).transpose(0, 2, 1, 3)
-        v = v.reshape(b, s, kv, hd).transpose(0, 2, 1, 3)
-        sizes = sk.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk,
-                              block_q_dkv=blk, block_kv_dkv=blk, block_kv_dkv_compute=blk,
-                              block_q_dq=blk, block_kv_dq=blk)
-        # One kernel for a chip's heads: the heads are split over `tensor` by the shard_map.
-        mask = sm.MultiHeadMask([sm.CausalMask((s, s)) for _ in range(h // tp)])
-        kernel = sk.make_splash_mha(mask, head_shards=1, q_seq_shards=1, block_sizes=sizes)
-        spec = P(self.bs, self.tp, None, None)
-
-        @jax.shard_map(mesh=self.mesh, in_specs=(spec, spec, spec), out_specs=spec,
-                       check_vma=False)
-        def local(q, k, v):
-            return jax.vmap(kernel)(q, k, v)
-
-        return local(q, k, v).transpose(0, 2, 1, 3).reshape(b, s, h * hd)
-
-    def layer(self, x, w, i: int = 0, cache=None):
-        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
-        import jax
-        import jax.numpy as jnp
-
-        tag = self.tag
-        # f32 master weights are cast to bf16 where they are used (flax's dtype=bfloat16).
-        w = {k: (v if k in ("n1", "n2") else v.astype(self.bf)) for k, v in w.items()}
-        with self.scope(f"layer{i}"):
-            with self.scope("norm"):
-                y = self.rms(x, w["n1"])
-            q = tag(self.wmm(y, w["wq"]), "query_proj")
-            k = tag(self.wmm(y, w["wk"]), "key_proj")
-            v = tag(self.wmm(y, w["wv"]), "value_proj")
-            with self.scope("attention"):
-                if cache is not None:
-                    k = jnp.concatenate([cache[0], k], axis=1)
-                    v = jnp.concatenate([cache[1], v], axis=1)
-                a = tag(self.attention(q, k, v, causal=cache is None), "context")
-            x = self.constrain(x + tag(self.wmm(a, w["wo"]), "out_proj"))
-            with self.scope("norm"):
-                y = self.rms(x, w["n2"])
-            m = jax.nn.silu(tag(self.wmm(y, w["w1"]), "mlpwi_0")) * \
-                tag(self.wmm(y, w["w3"]), "mlpwi_1")
-            return self.constrain(x + tag(self.wmm(m, w["w2"]), "mlpwo"))
-
-    def wmm(self, x, w):
-        """A weight matmul: bf16 `x @ w`, or `weight_dot`."""
-        if self.weight_dot is None:
-            return x @ w
-        return self.weight_dot(x, w, self._seed)
-
-    def loss(self, p, tok, remat: str = "full", scan: bool = False):
-        """Mean next-token cross-entropy, each layer under `remat_layer(remat)`; scan: the
-        layers are stacked and run by `jax.lax.scan` (one loop body, as MaxText)."""
-        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
-        import jax
-        import jax.numpy as jnp
-
-        if self.weight_dot is not None:
-            # A traced seed for the stochastic rounding (a constant key could be folded).
-            self._seed = tok[0, 0].astype(jnp.uint32)
-        with self.scope("embed"):
-            x = self.constrain(jnp.take(p["embed"].astype(self.bf), tok, axis=0))
-        if scan:
-            body = remat_layer(lambda x, w: self.layer(x, w), remat)
-            x, _ = jax.lax.scan(lambda x, w: (body(x, w), None), x, p["layers"])
-        else:
-            for i, w in enumerate(p["layers"]):
-                x = remat_layer(lambda x, w, i=i: self.layer(x, w, i), remat)(x, w)
-        with self.scope("head"):
-            with self.scope("norm"):
-                x = self.rms(x, p["nf"])
-            logits = (x @ p["unembed"].astype(self.bf)).astype(jnp.float32)
-            lse = jax.nn.logsumexp(logits, axis=-1)
-            tgt = jnp.take_along_axis(logits, tok[..., None], axis=-1)[..., 0]
-            return jnp.mean(lse - tgt)
-
-    def train_step(self, loss_fn: Callable):
-        """One Adam step of loss_fn(params, tokens): (loss, params, m1, m2)."""
-        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
-        import jax
-        import jax.numpy as jnp
-
-        pdt = self.pdt
-
-        def step(p, m1, m2, tok):
-            loss, g = jax.value_and_grad(loss_fn)(p, tok)
-            with self.scope("adam"):
-                m1 = jax.tree.map(lambda m, g: 0.9 * m + 0.1 * g.astype(jnp.float32), m1, g)
-                m2 = jax.tree.map(lambda m, g: 0.95 * m + 0.05 * jnp.square(
-                    g.astype(jnp.float32)), m2, g)
-                p = jax.tree.map(lambda w, a, b: (w.astype(jnp.float32) - 1e-4 * a
-                                                  * jax.lax.rsqrt(b + 1e-8)).astype(pdt),
-                                 p, m1, m2)
-            return loss, p, m1, m2
-
-        return step
-
-    def lower_train(self, params: dict, tokens, remat: str = "full", scan: bool = False):
-        """The lowered Adam step of `loss` with f32 moments shaped and sharded as the params."""
-        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
-        import jax
-        import jax.numpy as jnp
-
-        mom = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, jnp.float32,
-                                                          sharding=s.sharding), params)
-        def loss_fn(p, tok):
-            return self.loss(p, tok, remat, scan)
-
-        return jax.jit(self.train_step(loss_fn), donate_argnums=(0, 1, 2)).lower(
-            params, mom, mom, tokens)
-
-    def lower_decode(self, n_layers: int, batch: int, kv_len: int, sampling: str = "argmax",
-                     logits_f32: bool = False, top_k: int = 64):
-        """One new token per sequence against a per-layer KV cache of kv_len (heads on
-        `tensor`); the residual is replicated. sampling "argmax" (greedy) or "top-k" (the
-        `top_k` largest logits, then a categorical draw among them; the key is an argument);
-        logits_f32: the logits are cast to f32 before sampling (MaxText's
-        `cast_logits_to_fp32`), else they stay bf16 (the HLO fixture's program)."""
-        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
-        import jax
-        import jax.numpy as jnp
-        from jax.sharding import PartitionSpec as P
-
-        if sampling not in ("argmax", "top-k"):
-            raise ValueError(f"sampling {sampling!r}: use 'argmax' or 'top-k'")
-        params = self.params(n_layers)
-        tokens = self.sds((batch, 1), P(None, None), jnp.int32)
-        key = jax.ShapeDtypeStruct((2,), jnp.uint32,
-                                   sharding=jax.sharding.NamedSharding(self.mesh, P(None)))
-        cache_spec = P(None, None, self.tp)
-        caches = [(self.sds((batch, kv_len, self.kv * self.hd), cache_spec),
-                   self.sds((batch, kv_len, self.kv * self.hd), cache_spec))
-                  for _ in range(n_layers)]
-        # The decode step keeps the residual replicated (one token per sequence).
-        self.act_spec = P(None, None, None)
-
-        def decode(p, caches, tok, key=None):
-            x = jnp.take(p["embed"], tok, axis=0)
-            for i, w in enumerate(p["layers"]):
-                x = self.layer(x, w, i, cache=caches[i])
-            with self.scope("head"):
-                with self.scope("norm"):
-                    y = self.rms(x, p["nf"])
-                logits = y @ p["unembed"]
-                if logits_f32:
-                    logits = logits.astype(jnp.float32)
-                if sampling == "argmax":
-                    return jnp.argmax(logits, axis=-1)
-                vals, idx = jax.lax.top_k(logits, top_k)
-                pick = jax.random.categorical(jax.random.wrap_key_data(key), vals, axis=-1)
-                return jnp.take_along_axis(idx, pick[..., None], axis=-1)[..., 0]
-
-        if sampling == "argmax":
-            return jax.jit(decode).lower(params, caches, tokens)
-        return jax.jit(decode).lower(params, caches, tokens, key)
+DIM_KEYS = _jaxgen.DIM_KEYS
+MAXTEXT_NAMED = _jaxgen.MAXTEXT_NAMED
+Decoder = _jaxgen.Decoder
+_identity_tag = _jaxgen._identity_tag
+build_mesh = _jaxgen.build_mesh
+init_jax = _jaxgen.init_jax
+partition_coords = _jaxgen.partition_coords
+remat_layer = _jaxgen.remat_layer
 
 
 def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: int,
@@ -669,54 +304,6 @@ def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: i
 
 # MaxText's named remat policies (`Decoder.get_remat_policy` in MaxText/layers/decoders.py,
 # docs/reference/maxtext_remat.md): the names each saves on device and offloads to host.
-_QKV = ("query_proj", "key_proj", "value_proj", "qkv_proj")
-MAXTEXT_NAMED = {
-    "save_dot_with_context_except_mlp": (_QKV + ("context", "out_proj"), ()),
-    "save_dot_except_mlpwi": (_QKV + ("out_proj", "mlpwo"), ()),
-    "save_dot_except_mlp": (_QKV + ("out_proj",), ()),
-    "save_qkv_proj": (_QKV, ()),
-    "save_out_proj": (("out_proj",), ()),
-    "qkv_proj_offloaded": ((), ("query_proj", "key_proj", "value_proj")),
-}
-
-
-def remat_layer(layer: Callable, remat: str):
-    """The layer under a remat policy: "none", "full" (`jax.checkpoint`), "minimal"
-    (`checkpoint_dots_with_no_batch_dims`), "offload" (MaxText's minimal_offloaded: the
-    tagged weight-matmul outputs go to pinned host memory, nothing else is saved),
-    "minimal_with_context" (minimal and the tagged `context`), or one of MaxText's named
-    policies (`MAXTEXT_NAMED`: save / offload only these names)."""
-    # jax is optional: imported only where a program is compiled (the jax[tpu] python).
-    import jax
-
-    cp = jax.checkpoint_policies
-    if remat == "none":
-        return layer
-    if remat == "full":
-        return jax.checkpoint(layer)
-    if remat == "minimal":
-        return jax.checkpoint(layer, policy=cp.checkpoint_dots_with_no_batch_dims)
-    if remat == "minimal_with_context":
-        return jax.checkpoint(layer, policy=cp.save_from_both_policies(
-            cp.checkpoint_dots_with_no_batch_dims, cp.save_only_these_names("context")))
-    if remat == "offload":
-        return jax.checkpoint(
-            layer, policy=cp.save_and_offload_only_these_names(
-                names_which_can_be_saved=[],
-                names_which_can_be_offloaded=["query_proj", "key_proj", "value_proj",
-                                              "out_proj", "mlpwi_0", "mlpwi_1", "mlpwo"],
-                offload_src="device", offload_dst="pinned_host"))
-    if remat in MAXTEXT_NAMED:
-        saved, offloaded = MAXTEXT_NAMED[remat]
-        if not offloaded:
-            return jax.checkpoint(layer, policy=cp.save_only_these_names(*saved))
-        return jax.checkpoint(layer, policy=cp.save_and_offload_only_these_names(
-            names_which_can_be_saved=list(saved), names_which_can_be_offloaded=list(offloaded),
-            offload_src="device", offload_dst="pinned_host"))
-    raise ValueError(f"remat {remat!r}: use none, full, minimal, minimal_with_context, offload "
-                     f"or one of {', '.join(MAXTEXT_NAMED)}")
-
-
 def memory_stats(compiled) -> dict:
     """`compiled.memory_analysis()` as a dict of ints (bytes per device; host_temp_bytes is
     what lives in pinned host memory, not part of the HBM peak)."""
