@@ -77,7 +77,8 @@ def test_a_slice_names_jaxs_topology_and_the_config_round_trips_to_the_script(ca
     cfg = program_config(generation="v5p", shape=(4, 4, 4), mesh="fsdp=16,tensor=4",
                          model=MODELS.get("llama3-8b"), num_layers=2)
     assert cfg.topology == "v5p:4x4x4" and cfg.dims["d_model"] == 4096 and cfg.num_layers == 2
-    assert jaxgen.HloProgramConfig(**json.loads(jaxgen.config_json(cfg))) == cfg
+    job = json.loads(jaxgen.job_json(cfg, "/tmp/out.hlo.txt"))
+    assert jaxgen.HloProgramConfig(**job["config"]) == cfg and job["out"] == "/tmp/out.hlo.txt"
     err = _error(capsys, tmp_path, "make-hlo-fixture", "--slice", "v5p-128", "--chip", "v5p",
                  "--mesh", "fsdp=64", "--model", "llama3-8b")
     assert "--slice names the chip and the shape" in err

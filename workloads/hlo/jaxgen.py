@@ -570,32 +570,25 @@ def strip_metadata(text: str) -> str:
 _META_RE = re.compile(r', metadata=\{(?:[^{}"]|"(?:[^"\\]|\\.)*")*\}')
 
 
-def main(argv: list[str] | None = None) -> int:
+def main() -> int:
     """Script mode, for a python that has jax and not tpusim (`tpusim make-hlo-fixture
-    --jax-python`): `jaxgen.py CONFIG_JSON OUT_FILE` compiles the program and writes the text
-    to OUT_FILE (gzipped if it ends in .gz, deterministically); a refusal is one line on stderr
-    and exit status 2."""
-    import gzip
-
-    args = sys.argv[1:] if argv is None else argv
-    cfg = HloProgramConfig(**json.loads(args[0]))
+    --jax-python`): reads `{"config": {...}, "out": PATH}` (`job_json`) on stdin, compiles the
+    program and writes its text to PATH; a refusal is one line on stderr and exit status 2."""
+    job = json.loads(sys.stdin.read())
+    cfg = HloProgramConfig(**job["config"])
     try:
         text = compile_program(cfg)
     except ValueError as exc:
         print(f"jax: {exc}", file=sys.stderr)
         return 2
-    data = text.encode()
-    if args[1].endswith(".gz"):
-        data = gzip.compress(data, compresslevel=9, mtime=0)
-    with open(args[1], "wb") as f:
-        f.write(data)
-    print(json.dumps({"bytes": len(text)}))
+    with open(job["out"], "w", encoding="utf-8") as f:
+        f.write(text)
     return 0
 
 
-def config_json(cfg: HloProgramConfig) -> str:
-    """`cfg` as the JSON `main` reads."""
-    return json.dumps(asdict(cfg), sort_keys=True)
+def job_json(cfg: HloProgramConfig, out: str) -> str:
+    """What `main` reads: the program's settings and the file to write."""
+    return json.dumps({"config": asdict(cfg), "out": out}, sort_keys=True)
 
 
 if __name__ == "__main__":

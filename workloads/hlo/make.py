@@ -141,7 +141,7 @@ def compile_hlo(cfg: jaxgen.HloProgramConfig, *, jax_python: str | None = None) 
         out = Path(tmp) / "program.hlo.txt"
         env = dict(os.environ, JAX_PLATFORMS="cpu")
         env.pop("PYTHONPATH", None)  # the script needs nothing of tpusim
-        done = subprocess.run([str(py), jaxgen.__file__, jaxgen.config_json(cfg), str(out)],
+        done = subprocess.run([str(py), jaxgen.__file__], input=jaxgen.job_json(cfg, str(out)),
                               capture_output=True, text=True, env=env, check=False)
         if done.returncode == 0 and out.is_file():
             return out.read_text(encoding="utf-8")
