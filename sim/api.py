@@ -80,6 +80,11 @@ def _call(cls: type[Request], fn: str, req: Request | None, kwargs: dict[str, An
         if not isinstance(req, cls):
             raise TpusimError(f"sim.{fn}() takes a {cls.__name__}, got {short_repr(req)}; "
                               f"run any request with sim.run(request)")
+        if isinstance(req, GoodputRequest) and cls is not GoodputRequest:
+            # A GoodputRequest holds train's settings (it is a TrainRequest's subclass), but it
+            # runs a whole job, not one step.
+            raise TpusimError(f"sim.{fn}() takes a {cls.__name__}, got a GoodputRequest (tpusim "
+                              f"goodput); run it with sim.goodput(request) or sim.run(request)")
         return run(req, progress=progress)
     return run(request(cls, fn, kwargs), progress=progress)
 

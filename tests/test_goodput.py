@@ -35,6 +35,7 @@ from sim.reliability.reference import simulate as simulate_simpy
 from sim.reliability.simulate import simulate_goodput
 from sim.reliability.stats import mean_ci, t975
 from sim.runs import GoodputRequest, TrainRequest, run
+from topologies.errors import TpusimError
 
 STATIC = SliceInventory(num_chips=128, num_hosts=32, chips_per_host=4)
 CUBES = SliceInventory(num_chips=128, num_hosts=32, chips_per_host=4, num_cubes=2, ocs=True,
@@ -602,3 +603,11 @@ def test_odd_and_bad_goodput_flags_give_an_answer_or_a_one_line_error(seed, tmp_
             "expect": "error" if any(bad.values()) else "any"}
     run = run_in_process(case, tmp_path, timeout_s=30.0)
     assert judge(case, run) == [], (case["argv"], run["stderr"][:500])
+
+
+def test_a_goodput_request_is_not_a_training_step():
+    req = GoodputRequest(chip="v4", shape="4x4x8", step_time=10, steps=100, mtbf_hours=5,
+                         repair_hours=1, checkpoint_cost=1, restart_cost=1, seeds=2)
+    with pytest.raises(TpusimError, match="got a GoodputRequest"):
+        sim.train(req)
+    assert sim.goodput(req).to_dict() == run(req).to_dict()
