@@ -327,9 +327,9 @@ def test_the_step_time_comes_from_the_step_model_run_as_a_library(monkeypatch):
     calls = []
     real = runs.run
 
-    def spy(req):
+    def spy(req, **kw):
         calls.append(type(req).__name__)
-        return real(req)
+        return real(req, **kw)
 
     monkeypatch.setattr(runs, "run", spy)
     r = sim.goodput(**TRAIN, steps=1000, mtbf_hours=5, repair_hours=2, seeds=2)
