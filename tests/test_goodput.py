@@ -611,3 +611,13 @@ def test_a_goodput_request_is_not_a_training_step():
     with pytest.raises(TpusimError, match="got a GoodputRequest"):
         sim.train(req)
     assert sim.goodput(req).to_dict() == run(req).to_dict()
+
+
+def test_a_goodput_run_reports_its_progress():
+    seen = []
+    sim.goodput(chip="v4", shape="4x4x8", step_time=10, steps=2000, mtbf_hours=2,
+                repair_hours=1, checkpoint_cost=5, restart_cost=30, seeds=3,
+                progress=seen.append)
+    mine = [u for u in seen if u.task == "goodput"]
+    assert mine[0].total == 3 and mine[-1].finished and mine[-1].done == 3
+    assert all(u.unit == "history" for u in mine)

@@ -35,6 +35,7 @@ from sim.reliability.job import (
 )
 from sim.reliability.stats import mean_ci
 from topologies.errors import TpusimError
+from topologies.progress import task
 
 # A search candidate is followed up to this multiple of the shortest wall time any interval
 # has reached on the same history.
@@ -153,7 +154,7 @@ def _budget(cfg: GoodputConfig, per_seed: float) -> None:
 def simulate_goodput(cfg: GoodputConfig, *, log: bool = True) -> GoodputOutcome:
     """Run `cfg`: the summary (see docs/results.md, goodput) and the outcomes behind it
     (`log`: the SimPy engine keeps seed 0's events)."""
-    job, inv, fail = cfg.job, cfg.inventory, cfg.failures
+    job, fail = cfg.job, cfg.failures
     if job.horizon_s is not None and fail.rate_per_s is not None:
         expected = fail.rate_per_s * job.horizon_s
         if expected > MAX_FAILURES:
@@ -163,6 +164,19 @@ def simulate_goodput(cfg: GoodputConfig, *, log: bool = True) -> GoodputOutcome:
                 f"{MAX_FAILURES:,} one history may hold; give a shorter --hours or a longer "
                 f"MTBF")
         _budget(cfg, expected)
+    with task("goodput", total=cfg.seeds, unit="history") as progress:
+        k, best_k, curve, outcomes, hist0, events = _run(cfg, progress, log)
+    mtbf = fail.mtbf_s
+    yd = young_daly_s(job.checkpoint_cost_s, mtbf) if mtbf else None
+    summary = _summary(cfg, k, best_k, curve, outcomes, yd, mtbf)
+    return GoodputOutcome(cfg=cfg, interval_steps=k, summary=summary, outcomes=outcomes,
+                          search=curve, history=hist0, events=events)
+
+
+def _run(cfg: GoodputConfig, progress, log: bool):
+    """The histories, the search and the outcomes at the interval used (see
+    `simulate_goodput`); `progress` counts the histories, then the SimPy runs."""
+    job, inv, fail = cfg.job, cfg.inventory, cfg.failures
     seeds = [_Seed(HistoryBuilder(failure_stream(fail, inv, seed=cfg.seed, index=i), job, inv,
                                   fail))
              for i in range(cfg.seeds)]
@@ -181,6 +195,7 @@ def simulate_goodput(cfg: GoodputConfig, *, log: bool = True) -> GoodputOutcome:
             out = sd.outcome(cfg, ref_k, bounded=False)
             if i == 0 and job.steps is not None:
                 _budget(cfg, out.failures)
+            progress.advance()
     except TooManyFailures as exc:
         raise _too_many(cfg, ref_k, exc) from None
 
@@ -193,6 +208,7 @@ def simulate_goodput(cfg: GoodputConfig, *, log: bool = True) -> GoodputOutcome:
             return None
         return float(np.mean([o.goodput for o in outs]))
 
+    progress.update(detail="searching the checkpoint interval", force=True)
     best_k, curve = search(mean_goodput, k_max, hints=tuple(k for k in (ref_k, yd_k) if k))
     k = given_k if given_k is not None else best_k
     outcomes = [sd.outcome(cfg, k, bounded=False) for sd in seeds]
@@ -209,16 +225,16 @@ def simulate_goodput(cfg: GoodputConfig, *, log: bool = True) -> GoodputOutcome:
                 f"default engine (the same numbers) or fewer --seeds")
 
         sim_outs = []
+        progress.update(0, detail="SimPy engine", force=True)
         for i in range(cfg.seeds):
             stream = failure_stream(fail, inv, seed=cfg.seed, index=i)
             out, ev = simulate_simpy(stream, job, inv, fail, k, log=(i == 0 and log))
             sim_outs.append(out)
+            progress.advance()
             if i == 0:
                 events = ev
         outcomes = sim_outs
-    summary = _summary(cfg, k, best_k, curve, outcomes, yd, mtbf)
-    return GoodputOutcome(cfg=cfg, interval_steps=k, summary=summary, outcomes=outcomes,
-                          search=curve, history=hist0, events=events)
+    return k, best_k, curve, outcomes, hist0, events
 
 
 def _ci(values: list[float], hi_bound: float = math.inf) -> dict[str, float | None]:
