@@ -19,7 +19,6 @@ from tests.conftest import REFERENCE_DIR
 from validation import (
     maxtext,
     template,
-    xla_compile,
     xla_dcn_schedule,
     xla_moe_pair,
     xla_moe_schedule,
@@ -220,7 +219,8 @@ def test_moe_schedule_8x22b_sizes_and_placement_are_the_measured_8x22b_runs(vm, 
 def test_hybrid_ring_64x4_compile_placement_puts_each_expert_ring_on_a_2x2_block():
     import types
 
-    xla = xla_compile
+    from workloads.hlo import jaxgen as xla  # the placement's home since make-hlo-fixture
+
     chips = [types.SimpleNamespace(coords=(x, y, 0)) for y in range(16) for x in range(16)]
     grid = xla._hybrid_ring_64x4(chips, (64, 4))
     assert len({id(d) for d in grid.flat}) == 256
