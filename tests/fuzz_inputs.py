@@ -1054,9 +1054,397 @@ GENERATORS = {"flags": gen_flags, "chip_yaml": gen_chip_yaml, "model_yaml": gen_
 
 
 def generate(rng: random.Random, i: int) -> dict[str, Any]:
-    """One case from a surface picked at random (flags twice as often as each file kind)."""
-    surface = rng.choice(["flags", "flags", "chip_yaml", "model_yaml", "trace", "study",
-                          "result", "hlo", "orbit", "gemma", "hlo_scatter", "resume",
-                          "train8", "train8", "plan8", "numeric", "scenario", "hlo_hostile",
-                          "outputs", "api"])
+    """One case from a surface picked at random (`SURFACES`: flags twice as often as each file
+    kind)."""
+    surface = rng.choice(SURFACES)
     return GENERATORS[surface](rng, i)
+
+
+# Each generator's share of `generate`'s draws (flags and train8 twice; issue 30's four new
+# surfaces twice, as the least fuzzed).
+SURFACES = ["flags", "flags", "chip_yaml", "model_yaml", "trace", "study", "result", "hlo",
+            "orbit", "gemma", "hlo_scatter", "resume", "train8", "train8", "plan8", "numeric",
+            "scenario", "hlo_hostile", "outputs", "api", "hlo_module", "hlo_module",
+            "step_study", "step_study", "chakra", "chakra", "serve_trace", "serve_trace"]
+
+
+# -- issue 30: generated HLO modules, step studies, Chakra sets, serving traces ------------------
+HLO_DTYPES = ["bf16", "f32", "s32", "f16", "s8", "u32", "pred", "f8e4m3fn", "c64", "token"]
+HLO_DIMS = [1, 2, 4, 16, 128, 256, 1024, 3, 7, 0, 1 << 20, 1 << 31, 10 ** 12]
+HLO_GROUPS = ["{{0,1,2,3},{4,5,6,7},{8,9,10,11},{12,13,14,15}}", "[4,4]<=[16]",
+              "[4,4]<=[4,4]T(1,0)", "{}", "[2,8]<=[16]", "{{0,1},{2,3}}", "{{0,0,1,2}}",
+              "{{0,1,2,99}}", "[16,1]<=[16]", "[1,1000000000]<=[1000000000]", "{{0}}",
+              "{{" + ",".join(map(str, range(16))) + "}}", "[3,5]<=[15]", "{{-1,2}}"]
+HLO_TRIPS = ["4", "1", "0", "16", "1000000000", "-1", "\"x\"", "4.5", "99999999999999999999"]
+
+
+def _hlo_shape(rng: random.Random, bad: bool) -> tuple[str, list[int]]:
+    dtype = rng.choice(HLO_DTYPES[:5] if not bad else HLO_DTYPES)
+    rank = rng.randint(0, 3)
+    dims = [rng.choice(HLO_DIMS[:7] if not bad else HLO_DIMS) for _ in range(rank)]
+    return f"{dtype}[{','.join(map(str, dims))}]", dims
+
+
+def gen_hlo_module(rng: random.Random, i: int) -> dict[str, Any]:
+    """An HLO module written from scratch (not an edit of a compiled one): a few parameters,
+    elementwise ops, dots (contracting dims in or past the rank), reductions, fusions calling
+    generated computations, every collective with explicit, iota and empty replica groups (in
+    and out of range), permute pairs, while loops with known trip counts from 0 to a billion,
+    conditionals, custom calls, async start/done pairs and unknown opcodes; sometimes for
+    another device count, with an undefined operand, a name twice, no ROOT or no ENTRY.
+    `import-hlo` or `replay` on a v5e 4x4 (16 chips)."""
+    bad = rng.random() < 0.35  # odd dtypes and dims
+    parts = 16 if rng.random() < 0.85 else rng.choice([1, 4, 8, 15, 17, 0, 10 ** 9])
+    invalid = parts != 16
+    head = [f"HloModule gen{i}, num_partitions={parts}", "",
+            "%add (a: f32[], b: f32[]) -> f32[] {", "  %a = f32[] parameter(0)",
+            "  %b = f32[] parameter(1)", "  ROOT %s = f32[] add(%a, %b)", "}", ""]
+    comps: list[str] = []
+    lines: list[str] = []
+    values: list[tuple[str, str]] = []  # (name, shape)
+    n_params = rng.randint(1, 3)
+    sig = []
+    for p in range(n_params):
+        shape, _ = _hlo_shape(rng, bad)
+        lines.append(f"  %p{p} = {shape} parameter({p})")
+        values.append((f"%p{p}", shape))
+        sig.append(f"p{p}: {shape}")
+    channel = 1
+    for k in range(rng.randint(1, 8)):
+        name = f"%v{k}"
+        src, shape = rng.choice(values)
+        r = rng.random()
+        if r < 0.2:
+            op = rng.choice(["add", "multiply", "maximum", "subtract"])
+            other = rng.choice(values)[0]
+            lines.append(f"  {name} = {shape} {op}({src}, {other})")
+        elif r < 0.3:
+            op = rng.choice(["exponential", "negate", "convert", "copy", "tanh", "frobnicate"])
+            lines.append(f"  {name} = {shape} {op}({src})")
+        elif r < 0.42:
+            m, kk, n = (rng.choice(HLO_DIMS[:7]) for _ in range(3))
+            cd = rng.choice(["1", "1", "0", "5", "1,1"])
+            lines.append(f"  {name}.a = bf16[{m},{kk}] broadcast({src}), dimensions={{}}")
+            lines.append(f"  {name}.b = bf16[{kk},{n}] broadcast({src}), dimensions={{}}")
+            lines.append(f"  {name} = bf16[{m},{n}] dot({name}.a, {name}.b), "
+                         f"lhs_contracting_dims={{{cd}}}, rhs_contracting_dims={{0}}")
+            shape = f"bf16[{m},{n}]"
+            invalid |= cd == "5"  # past the rank
+        elif r < 0.62:
+            kind = rng.choice(["all-gather", "all-reduce", "reduce-scatter", "all-to-all",
+                               "collective-permute", "all-reduce-start"])
+            groups = rng.choice(HLO_GROUPS)
+            attrs = f"channel_id={channel}"
+            channel += 1
+            if kind == "collective-permute":
+                pairs = rng.choice(["{{0,1},{1,2},{2,3},{3,0}}", "{{0,1},{0,2}}", "{}",
+                                    "{{0,99}}", "{{5,5}}"])
+                attrs += f", source_target_pairs={pairs}"
+                invalid |= pairs in ("{{0,1},{0,2}}", "{{0,99}}")
+            else:
+                attrs += f", replica_groups={groups}"
+                if kind in ("all-gather", "reduce-scatter", "all-to-all"):
+                    attrs += f", dimensions={{{rng.choice(['0', '0', '1', '7'])}}}"
+                if kind in ("all-reduce", "reduce-scatter", "all-reduce-start"):
+                    attrs += ", to_apply=%add"
+                invalid |= groups in ("{{0,0,1,2}}", "{{0,1,2,99}}", "{{-1,2}}",
+                                      "[1,1000000000]<=[1000000000]")
+            lines.append(f"  {name} = {shape} {kind}({src}), {attrs}")
+            if kind == "all-reduce-start" and rng.random() < 0.8:
+                values.append((name, shape))
+                name = f"%v{k}d"
+                lines.append(f"  {name} = {shape} all-reduce-done(%v{k})")
+        elif r < 0.72:
+            fc = f"%fused.{k}"
+            comps += [f"{fc} (q: {shape}) -> {shape} {{", f"  %q = {shape} parameter(0)",
+                      f"  ROOT %e = {shape} exponential(%q)", "}", ""]
+            lines.append(f"  {name} = {shape} fusion({src}), kind=kLoop, calls={fc}")
+        elif r < 0.84:
+            trip = rng.choice(HLO_TRIPS)
+            cond, body = f"%cond.{k}", f"%body.{k}"
+            t = f"(s32[], {shape})"
+            comps += [f"{cond} (t: {t}) -> pred[] {{", f"  %t = {t} parameter(0)",
+                      "  %i = s32[] get-tuple-element(%t), index=0", "  %n = s32[] constant(4)",
+                      "  ROOT %lt = pred[] compare(%i, %n), direction=LT", "}", "",
+                      f"{body} (t: {t}) -> {t} {{", f"  %t = {t} parameter(0)",
+                      "  %i = s32[] get-tuple-element(%t), index=0",
+                      f"  %x = {shape} get-tuple-element(%t), index=1",
+                      "  %one = s32[] constant(1)", "  %j = s32[] add(%i, %one)",
+                      f"  %y = {shape} " + rng.choice(["exponential(%x)", "copy(%x)"]),
+                      f"  ROOT %o = {t} tuple(%j, %y)", "}", ""]
+            lines.append(f"  {name}.z = s32[] constant(0)")
+            lines.append(f"  {name}.i = {t} tuple({name}.z, {src})")
+            lines.append(f"  {name}.w = {t} while({name}.i), condition={cond}, body={body}, "
+                         f"backend_config={{\"known_trip_count\":{{\"n\":\"{trip}\"}}}}")
+            lines.append(f"  {name} = {shape} get-tuple-element({name}.w), index=1")
+        elif r < 0.92:
+            target = rng.choice(["Sharding", "tpu_custom_call", "x"])
+            lines.append(f"  {name} = {shape} custom-call({src}), "
+                         f"custom_call_target=\"{target}\"")
+        else:
+            lines.append(f"  {name} = {shape} reduce({src}, %p0), dimensions={{0}}, "
+                         f"to_apply=%add")
+        values.append((name, shape))
+    root_name, root_shape = values[-1]
+    lines.append(f"  ROOT %root = {root_shape} copy({root_name})")
+    entry = [f"ENTRY %main ({', '.join(sig)}) -> {root_shape} {{", *lines, "}"]
+    r = rng.random()
+    if r < 0.06:
+        entry.insert(2, "  %ghost = f32[4] add(%nope, %nope)")  # an undefined operand
+        invalid = True
+    elif r < 0.1:
+        entry.insert(2, entry[1])  # a name twice
+        invalid = True
+    elif r < 0.13:
+        entry = [ln.replace("ROOT ", "") for ln in entry]
+    elif r < 0.16:
+        entry[0] = entry[0].replace("ENTRY ", "")  # XLA's parser then takes the last one
+    text = "\n".join(head + comps + entry) + "\n"
+    if rng.random() < 0.2:  # XLA's placement comment line, sometimes wrong
+        coords = rng.choice([" ".join(f"{c % 4},{c // 4}" for c in range(16)), "0,0 0,0",
+                             " ".join(f"{c},0" for c in range(16)), ""])
+        text = f"// tpusim: partition_coords={coords}\n" + text
+        invalid |= coords != " ".join(f"{c % 4},{c // 4}" for c in range(16))
+    cmd = rng.choice(["import-hlo", "import-hlo", "replay"])
+    extra = rng.choice([[], ["--json"], ["-o", "{tmp}/t.trace"]]) if cmd == "import-hlo" \
+        else rng.choice([["--json"], ["--perfetto", "{tmp}/p.pftrace"], ["--json"]])
+    return {"id": f"gen-hlo-module-{i}", "files": {"m.hlo.txt": text},
+            "argv": [cmd, "{tmp}/m.hlo.txt", "--chip", "v5e", "--shape", "4x4", *extra],
+            "expect": "error" if invalid else "any"}
+
+
+# Step studies: train and decode points on the tiny model (2x2 v5e), values odd or invalid.
+STEP_STUDY = {
+    "train": ({"chip": "v5e", "shape": "2x2", "model": "tiny.yaml", "seq-len": 128,
+               "batch-per-chip": 1, "mesh": "fsdp=4"},
+              {"mesh": (["fsdp=4", "data=2,fsdp=2", "tensor=4", "fsdp=2,tensor=2"],
+                        ["fsdp=3", "fsdp=x", "bogus=4", "", "fsdp=4,fsdp=1"]),
+               "remat": (["full", "none", "minimal", "offload"], ["ful", "", "x" * 300]),
+               "seq-len": ([64, 128, 256, "128"], [0, -1, "abc", 10 ** 12, 1.5]),
+               "batch-per-chip": ([1, 2, 0.5], [0, -1, "x"]),
+               "microbatches": ([1, 2], [0, -2]),
+               "set.model.num_layers": ([1, 2, 4, "x2"], [0, -1, "x0"]),
+               "set.hbm_bytes": (["16GiB", 1e3, "x0.001"], [-1, "lots"]),
+               "attention": (["dot", "flash"], ["flsh"]),
+               "slow-chip": (["0,0:0.5", "1,1:0.8"], ["9,9:0.5", "0,0:0"])}),
+    "decode": ({"chip": "v5e", "shape": "2x2", "model": "tiny.yaml", "batch": 4,
+                "context-len": 128, "mesh": "tensor=4"},
+               {"batch": ([1, 4, 64], [0, -1, "x"]),
+                "context-len": ([16, 128, 4096], [0, "abc"]),
+                "kv-dtype": (["bf16", "int8", "fp8"], ["int3", ""]),
+                "mesh": (["tensor=4", "tensor=2,data=2"], ["tensor=3"]),
+                "sampling": (["greedy", "top-k"], ["beam"])}),
+}
+
+
+# Wrong values that only the pod or the model makes wrong: a failed row, not a study error.
+POD_DEPENDENT = ("fsdp=3", "tensor=3", "9,9:0.5", 10 ** 12)
+
+
+def gen_step_study(rng: random.Random, i: int) -> dict[str, Any]:
+    """A `tpusim sweep` of train or decode points (one to six) on the tiny model: grids and
+    zips of meshes, remat, lengths, batches, `set.` keys and perturbations with valid, odd and
+    invalid values; metrics of train and decode results (some unknown); plots with a hue, over
+    a key not varied, or of a text metric; `--allow-oom`, `--resume` and `--workers`."""
+    cmd = rng.choice(["train", "train", "decode"])
+    base_tmpl, keys = STEP_STUDY[cmd]
+    base = dict(base_tmpl)
+    invalid = False
+    grid: dict[str, Any] = {}
+    for key in rng.sample(sorted(keys), rng.randint(1, 2)):
+        good, wrong = keys[key]
+        vals = [rng.choice(good) for _ in range(rng.randint(1, 3))]
+        if rng.random() < 0.25:
+            vals.append(rng.choice(wrong))
+            # A value the command can never take is refused before anything runs; what depends
+            # on the pod (a mesh that does not fit, a slow chip off the pod) is a failed row.
+            invalid |= vals[-1] not in POD_DEPENDENT
+        grid[key] = list(dict.fromkeys(map(json.dumps, vals)))
+        grid[key] = [json.loads(v) for v in grid[key]]
+    doc: dict[str, Any] = {"command": cmd, "base": base, "grid": grid}
+    metrics = {"train": ["step_time_s", "mfu", "hbm_peak_bytes", "exposed_comm_s"],
+               "decode": ["step_time_s", "tokens_per_s", "hbm_peak_bytes"]}[cmd]
+    if rng.random() < 0.4:
+        doc["metrics"] = rng.sample(metrics, rng.randint(1, 2)) + (
+            ["no_such_metric"] if rng.random() < 0.15 else [])
+        invalid |= "no_such_metric" in doc["metrics"]
+    if rng.random() < 0.4:
+        x = next(iter(grid))
+        y = rng.choice(metrics + ["fits_in_hbm", "status"])
+        plot: dict[str, Any] = {"x": x, "y": y}
+        if len(grid) > 1 and rng.random() < 0.5:
+            plot["hue"] = list(grid)[1]
+        if rng.random() < 0.1:
+            plot["x"] = "not-varied"
+            invalid = True
+        doc["plot"] = plot
+    text = json.dumps(doc)  # the model path is relative: the run starts in {tmp}
+    files: dict[str, Any] = {"s.json": text}
+    argv = ["sweep", "{tmp}/s.json", "--out", "{tmp}/o", "--workers", "1"]
+    r = rng.random()
+    if r < 0.2:
+        argv.append("--allow-oom")
+    elif r < 0.3:
+        argv.append("--resume")
+        files["o/results.parquet"] = rng.choice(["", "PAR1", "x" * 64])
+        invalid = True
+    return {"id": f"gen-step-study-{i}", "argv": argv, "files": files,
+            "expect": "error" if invalid else "any"}
+
+
+def _chakra_bytes(rng: random.Random, ranks: int, corrupt: bool) -> list[bytes]:
+    from workloads.chakra.wire import (
+        CommType,
+        GlobalMetadata,
+        coll_node,
+        comp_node,
+        encode_file,
+        p2p_node,
+    )
+
+    out = []
+    n = rng.randint(1, 6)
+    kinds = [rng.choice(["comp", "coll", "coll", "send"]) for _ in range(n)]
+    sizes = [rng.choice([0, 1, 4096, 1 << 20, 3, (1 << 40), -1 if corrupt else 8])
+             for _ in range(n)]
+    comm = [rng.choice(list(CommType)) for _ in range(n)]
+    for r in range(ranks):
+        nodes = []
+        for k in range(n):
+            deps = []
+            if k and rng.random() < 0.6:
+                deps = [rng.choice([k - 1, 0, k + 1 if corrupt else 0, 99 if corrupt else 0])]
+            try:
+                if kinds[k] == "comp":
+                    nodes.append(comp_node(k, f"op{k}", duration_micros=rng.choice([0, 5, 10 ** 6]),
+                                           num_ops=rng.choice([None, 1000, 10 ** 12]),
+                                           tensor_size=rng.choice([None, 4096]),
+                                           data_deps=deps))
+                elif kinds[k] == "coll":
+                    nodes.append(coll_node(k, f"c{k}", comm[k], sizes[k], data_deps=deps))
+                else:
+                    peer = (r + 1) % ranks if rng.random() < 0.9 else ranks + 3
+                    nodes.append(p2p_node(k, f"p{k}", send=r % 2 == 0, src=r, dst=peer,
+                                          tag=k, comm_size=max(sizes[k], 0), data_deps=deps))
+            except (ValueError, OverflowError, TypeError):
+                nodes.append(comp_node(k, f"op{k}"))
+        try:
+            data = encode_file(GlobalMetadata(version=rng.choice(["0.0.4", "", "9.9"])), nodes)
+        except (ValueError, OverflowError, TypeError):
+            data = b"\x00"
+        if corrupt and rng.random() < 0.5:
+            data = bytearray(data)
+            at = rng.randrange(len(data)) if data else 0
+            if rng.random() < 0.5:
+                del data[at:]
+            elif data:
+                data[at] = rng.randrange(256)
+            data = bytes(data)
+        out.append(data)
+    return out
+
+
+def gen_chakra(rng: random.Random, i: int) -> dict[str, Any]:
+    """A Chakra execution-trace set built with tpusim's own writer: one to six nodes per rank
+    (compute with and without durations and FLOP counts, every collective type, sends and
+    receives, sizes from 0 to 1 TiB), dependencies back, forward, missing or on itself, a rank
+    count that fits the 2x2 pod or not, odd versions, files cut short or with a byte changed,
+    gzipped or not, given as PREFIX, directory or one file. `import-chakra` or `replay`."""
+    import gzip
+
+    corrupt = rng.random() < 0.35
+    ranks = rng.choice([4, 4, 4, 1, 2, 3, 8])
+    blobs = _chakra_bytes(rng, ranks, corrupt)
+    gz = rng.random() < 0.25
+    files = {}
+    for r, data in enumerate(blobs):
+        name = f"c/et.{r}.et" + (".gz" if gz else "")
+        files[name] = {"latin1": (gzip.compress(data, mtime=0) if gz else data).decode("latin-1")}
+    target = rng.choice(["{tmp}/c/et", "{tmp}/c", "{tmp}/c/et.0.et" + (".gz" if gz else "")])
+    if rng.random() < 0.5:
+        argv = ["import-chakra", target] + rng.choice([[], ["--json"]])
+    else:
+        argv = ["replay", target, "--chip", "v5e", "--shape", "2x2",
+                "--chakra-compute", rng.choice(["roofline", "recorded"])] + rng.choice(
+            [[], ["--json"], ["--perfetto", "{tmp}/p.pftrace"]])
+    return {"id": f"gen-chakra-{i}", "files": files, "argv": argv, "expect": "any"}
+
+
+TRACE_CELLS = ["0", "0.5", "1e-3", "-1", "nan", "inf", "", "abc", "1e400", "9" * 40, "1.5",
+               "10", "16", "1000000", "0x10", "１", "null"]
+
+
+def gen_serve_trace(rng: random.Random, i: int) -> dict[str, Any]:
+    """`tpusim serve --arrival trace --trace FILE` on the tiny model (2x2 v5e, tensor=4) with
+    a generated CSV or JSON-lines trace: zero to a few hundred requests, arrivals out of order or
+    negative, lengths 0, huge, fractional, text, NaN; missing or extra columns, a prefix id,
+    blank lines, a BOM, quoted fields, and sometimes `--requests`, `--duration` or `--json`."""
+    rows = []
+    n = rng.choice([0, 1, 3, 8, 40, 300])
+    t = 0.0
+    invalid = n == 0
+    for _ in range(n):
+        t += rng.choice([0.0, 0.001, 0.01, 0.1])
+        arrival, prompt, output = f"{t:.4f}", str(rng.choice([8, 32, 64, 128])), \
+            str(rng.choice([1, 4, 16]))
+        if rng.random() < 0.1:
+            cell = rng.choice(TRACE_CELLS)
+            col = rng.randrange(3)
+            arrival, prompt, output = [cell if c == col else v
+                                       for c, v in enumerate((arrival, prompt, output))]
+        rows.append((arrival, prompt, output))
+    kind = rng.choice(["csv", "csv", "jsonl"])
+    prefix = rng.random() < 0.2
+    if kind == "csv":
+        cols = ["arrival_s", "prompt_tokens", "output_tokens"] + (["prefix_id"] if prefix else [])
+        r = rng.random()
+        if r < 0.1:
+            cols = cols[:2]
+            invalid = True
+        elif r < 0.15:
+            cols = cols + ["extra"]
+        lines = [",".join(cols)]
+        for k, row in enumerate(rows):
+            vals = list(row) + ([str(k % 3)] if prefix else [])
+            if "extra" in cols:
+                vals.append("x")
+            lines.append(",".join(vals[: len(cols)]))
+        text = "\n".join(lines) + "\n"
+        if rng.random() < 0.1:
+            text = "\ufeff" + text
+        if rng.random() < 0.1:
+            text = text.replace("\n", "\n\n")
+        name = "t.csv"
+    else:
+        lines = []
+        for k, (a, p, o) in enumerate(rows):
+            obj = {"arrival_s": a, "prompt_tokens": p, "output_tokens": o}
+            raw = json.dumps(obj)
+            for key in ("arrival_s", "prompt_tokens", "output_tokens"):
+                v = obj[key]
+                if v.replace(".", "", 1).replace("e-", "", 1).isdigit():
+                    raw = raw.replace(f'"{key}": "{v}"', f'"{key}": {v}')
+            if prefix:
+                raw = raw[:-1] + f', "prefix_id": {k % 3}}}'
+            lines.append(raw)
+        if rng.random() < 0.1:
+            lines.append(rng.choice(["[1, 2]", "{", "null", "\"x\""]))
+            invalid = True
+        text = "\n".join(lines) + ("\n" if lines else "")
+        name = "t.jsonl"
+    argv = ["serve", "--chip", "v5e", "--shape", "2x2", "--model", "{tmp}/tiny.yaml", "--mesh",
+            "tensor=4", "--arrival", "trace", "--trace", "{tmp}/" + name]
+    if rng.random() < 0.3:
+        argv += ["--requests", rng.choice(["1", "2", "100", "0", "-1"])]
+        invalid |= argv[-1] in ("0", "-1")
+    if rng.random() < 0.2:
+        argv += ["--duration", rng.choice(["0.01", "1", "0", "nan"])]
+        invalid |= argv[-1] in ("0", "nan")
+    if rng.random() < 0.5:
+        argv.append("--json")
+    return {"id": f"gen-serve-trace-{i}", "files": {name: text}, "argv": argv,
+            "expect": "error" if invalid else "any"}
+
+
+GENERATORS.update({"hlo_module": gen_hlo_module, "step_study": gen_step_study,
+                   "chakra": gen_chakra, "serve_trace": gen_serve_trace})

@@ -177,6 +177,37 @@ def test_generated_api_calls_answer_or_raise_one_line_naming_the_call(rng, tmp_p
     _check_generated("api", rng, tmp_path_factory)
 
 
+# Issue 30's surfaces: HLO modules written from scratch, train and decode studies, Chakra sets
+# built with tpusim's writer, serving traces (validation/fuzz_cli.py runs thousands).
+@_FUZZ_FEW
+@given(rng=st.randoms(use_true_random=False))
+def test_generated_hlo_modules_import_or_give_a_one_line_error(rng, tmp_path_factory):
+    _check_generated("hlo_module", rng, tmp_path_factory)
+
+
+@_FUZZ_FEW
+@given(rng=st.randoms(use_true_random=False))
+def test_generated_step_studies_sweep_or_give_a_one_line_error(rng, tmp_path_factory):
+    _check_generated("step_study", rng, tmp_path_factory)
+
+
+@_FUZZ_FEW
+@given(rng=st.randoms(use_true_random=False))
+def test_generated_chakra_sets_import_and_replay_or_give_a_one_line_error(rng,
+                                                                         tmp_path_factory):
+    _check_generated("chakra", rng, tmp_path_factory)
+
+
+@_FUZZ_FEW
+@given(rng=st.randoms(use_true_random=False))
+def test_generated_serving_traces_serve_or_give_a_one_line_error(rng, tmp_path_factory):
+    _check_generated("serve_trace", rng, tmp_path_factory)
+
+
+def test_every_generator_is_drawn_by_the_long_run():
+    assert set(fuzz_inputs.SURFACES) == set(fuzz_inputs.GENERATORS)
+
+
 # -- outputs into special files ---------------------------------------------------------------
 def _train_argv(tmp: Path, *extra: str) -> list[str]:
     (tmp / "tiny.yaml").write_text(TINY_MODEL)

@@ -1,7 +1,7 @@
 """Fuzz the `tpusim` CLI outside CI: the saved corpus plus N generated inputs, each in its own
 forked subprocess with a time limit and an address-space cap.
 
-    .venv/bin/python -m validation.fuzz_cli --generated 2000 --seed 0 [--jobs 2] [--json FILE]
+    .venv/bin/python -m validation.fuzz_cli --generated 2000 --seed 0 [--surfaces a,b] [--json FILE]
 
 Every case is judged by `tests/fuzz_harness.judge` (exit 0 with finite outputs, or one
 `tpusim: error:` line with exit 2 and nothing written; invalid inputs must not succeed; paths
@@ -87,7 +87,8 @@ def run_case(case: dict, timeout_s: float) -> dict:
         res = {"rc": None, "problems": [f"died: status {status} (memory cap?)"], "stderr": ""}
     if rss > RSS_LIMIT_BYTES:
         res["problems"].append(f"peak RSS {rss / 2**30:.2f} GiB > 2 GiB")
-    res.update(id=case["id"], wall_s=wall, rss_bytes=rss)
+    res.update(id=case["id"], wall_s=wall, rss_bytes=rss,
+               cpu_s=rusage.ru_utime + rusage.ru_stime)
     return res
 
 
@@ -111,7 +112,14 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=30.0, help="seconds per case")
     ap.add_argument("--no-corpus", action="store_true")
     ap.add_argument("--json", help="write every result here")
+    ap.add_argument("--surfaces", help="comma list of generators to draw from, evenly (default: "
+                                       "every one, as tests/fuzz_inputs.SURFACES weights them)")
     args = ap.parse_args()
+    surfaces = args.surfaces.split(",") if args.surfaces else None
+    unknown = sorted(set(surfaces or ()) - set(fuzz_inputs.GENERATORS))
+    if unknown:
+        ap.error(f"--surfaces: no generator {', '.join(unknown)}; the generators are "
+                 f"{', '.join(sorted(fuzz_inputs.GENERATORS))}")
 
     # Build the parser once in the parent (the imports are at the top) so forked children
     # start warm.
@@ -119,7 +127,11 @@ def main() -> int:
     fh.base_trace()
     cases = [] if args.no_corpus else fh.load_corpus()
     rng = random.Random(args.seed)
-    cases += [fuzz_inputs.generate(rng, i) for i in range(args.generated)]
+    if surfaces:
+        cases += [fuzz_inputs.GENERATORS[rng.choice(surfaces)](rng, i)
+                  for i in range(args.generated)]
+    else:
+        cases += [fuzz_inputs.generate(rng, i) for i in range(args.generated)]
     t0 = time.perf_counter()
     results = []
     counts: dict[str, int] = {}
@@ -140,8 +152,10 @@ def main() -> int:
     err = sum(r["rc"] == 2 for r in results)
     print(f"{len(cases)} cases ({len(cases) - args.generated} corpus, {args.generated} generated, "
           f"seed {args.seed}) in {wall:.0f} s: {ok} exit 0, {err} exit 2")
-    print(f"slowest case {max(r['wall_s'] for r in results):.1f} s, largest peak RSS "
-          f"{max(r['rss_bytes'] for r in results) / 2**20:.0f} MiB")
+    print(f"slowest case {max(r['wall_s'] for r in results):.1f} s wall, "
+          f"{max(r['cpu_s'] for r in results):.1f} CPU-s; largest peak RSS "
+          f"{max(r['rss_bytes'] for r in results) / 2**20:.0f} MiB; cases' CPU "
+          f"{sum(r['cpu_s'] for r in results):.0f} s in all")
     # Per surface: the generator of a case is its id's middle part (gen-<surface>-<n>); saved
     # cases count under "corpus".
     surfaces: dict[str, list[int]] = {}
