@@ -150,6 +150,11 @@ def simulate_step(trace: Trace, chip: ChipSpec, topology: Topology, *,
     """Time one step on the executor `choose_executor` picks for `executor`: the
     representative replay, or the per-chip engine (`simulate_chips`) with `config`'s
     perturbations (`executor="per-chip"` forces the brute-force mode)."""
+    if not trace.ops:
+        # A program of no ops times nothing (trace files and HLO imports refuse it earlier,
+        # with their own words); never a division by an empty step.
+        raise TpusimError("the program has no ops: nothing runs on the chips, so there is no "
+                          "step to time; give a program that computes or communicates")
     executor = choose_executor(executor)
     if executor == Executor.REPRESENTATIVE:
         if config is not None or hbm_watch is not None:

@@ -37,6 +37,7 @@ from topologies.validate import (
     MAX_PLAN_COMBINATIONS,
     MAX_TOKENS,
     api_call,
+    one_of,
     short_repr,
     split_list,
 )
@@ -144,7 +145,7 @@ class PlanConfig:
         bad = [a for a in self.axes if a not in PLAN_AXES]
         if bad:
             raise TpusimError(
-                f"--axes: {bad[0]!r} is not a mesh axis; use some of {', '.join(PLAN_AXES)}"
+                f"--axes: {short_repr(bad[0])} is not a mesh axis; {one_of(bad[0], PLAN_AXES)}"
             )
         if "fsdp" not in self.axes and "data" not in self.axes:
             raise TpusimError("--axes must include fsdp or data (the batch has to be split)")

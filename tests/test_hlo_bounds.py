@@ -162,3 +162,52 @@ def test_partition_coordinates_outside_the_pod_are_refused(v5e, topo):
                           ("0,0 1,0 0,1 1,1,0", "outside the 2x2"),
                           ("0,0 1,0 0,1 1,1 0,0", "lists 5 chips")):
         _refused(f"// tpusim: partition_coords={coords}\n" + body, topo(v5e, "2x2"), match)
+
+
+# -- found by the generated HLO modules (issue 30's fuzz pass) ----------------------------------
+_NO_OPS = """HloModule scalars, num_partitions=16
+
+%cond (t: (s32[], f16[])) -> pred[] {
+  %t = (s32[], f16[]) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %n = s32[] constant(4)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%body (t: (s32[], f16[])) -> (s32[], f16[]) {
+  %t = (s32[], f16[]) parameter(0)
+  %i = s32[] get-tuple-element(%t), index=0
+  %x = f16[] get-tuple-element(%t), index=1
+  %one = s32[] constant(1)
+  %j = s32[] add(%i, %one)
+  %y = f16[] copy(%x)
+  ROOT %o = (s32[], f16[]) tuple(%j, %y)
+}
+
+ENTRY %main (p0: f16[]) -> f16[] {
+  %p0 = f16[] parameter(0)
+  %z = s32[] constant(0)
+  %init = (s32[], f16[]) tuple(%z, %p0)
+  %w = (s32[], f16[]) while(%init), condition=%cond, body=%body
+  ROOT %r = f16[] get-tuple-element(%w), index=1
+}
+"""
+
+
+def test_a_module_of_scalar_ops_only_is_refused_by_replay_and_import_o_in_one_line(tmp_path,
+                                                                                  capsys):
+    """Scalar bookkeeping lowers to no trace ops: replay was an internal error (the per-chip
+    engine's argmax of an empty step) and `import-hlo -o` wrote a trace replay refuses."""
+    from sim.cli import main
+
+    path = tmp_path / "scalars.hlo.txt"
+    path.write_text(_NO_OPS, encoding="utf-8")
+    pod = ["--chip", "v5e", "--shape", "4x4"]
+    assert main(["import-hlo", str(path), *pod]) == 0  # the inventory: 0 trace ops
+    assert "-> 0 trace ops" in capsys.readouterr().out
+    for argv in (["replay", str(path), *pod, "--json"],
+                 ["import-hlo", str(path), *pod, "-o", str(tmp_path / "t.trace")]):
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1 and "lowers to no ops" in err
+    assert not (tmp_path / "t.trace").exists()

@@ -41,7 +41,7 @@ def cmd_import_hlo(args: argparse.Namespace) -> int:
     from sim.export.output import atomic_write, check_output_file  # loaded when it runs
     from sim.runs.bind import resolve_pod
     from sim.runs.requests import ImportHloRequest
-    from sim.runs.train import load_hlo
+    from sim.runs.train import check_hlo_has_ops, load_hlo
 
     if args.output is not None:
         # `-o ''` is a typo for a path, not "no file": refused, as the trace would be lost.
@@ -51,6 +51,8 @@ def cmd_import_hlo(args: argparse.Namespace) -> int:
     chip, topo = pod.chip, pod.topology
     imp = load_hlo(args.program, topo)
     if args.output is not None:
+        check_hlo_has_ops(imp, args.program, "write as a trace (replay refuses a trace without "
+                                             "ops)")
         text = imp.trace.to_json()
         cli.check_trace_file_size(text, "-o", "replay the HLO program itself (tpusim replay "
                                               "PROGRAM.txt) instead of a trace file")

@@ -224,6 +224,17 @@ def load_hlo(path: str, topo):
     return imp
 
 
+def check_hlo_has_ops(imp, path: str, what: str) -> None:
+    """An HLO module that lowers to no ops (parameters, constants, tuples and scalar
+    bookkeeping only: nothing runs on the chips) has nothing to `what` (replay, or write as a
+    trace, which `replay` would refuse): one line, as for a trace file without ops."""
+    if not imp.trace.ops:
+        raise TpusimError(
+            f"HLO module {imp.inventory['module']} ({path}) lowers to no ops: only parameters, "
+            f"constants, tuples and scalar ops, so nothing runs on the chips and there is "
+            f"nothing to {what}; give a program that computes or communicates")
+
+
 def is_hlo(path: Path) -> bool:
     """Whether `path` (or, for `.gz`, its contents) starts like HLO module text."""
     try:
@@ -322,6 +333,7 @@ def run_replay(req: ReplayRequest, *, check_trace_chips=None) -> Run:
         pod = resolve_pod(req)
         imp = load_hlo(str(path), pod.topology)  # refuses oversized files before reading them
         trace, hlo = imp.trace, imp.inventory
+        check_hlo_has_ops(imp, str(path), "replay")
         raw = path.read_bytes()
     else:
         # Checks the size limit before reading a byte (the digest below needs the raw bytes).
