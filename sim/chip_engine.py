@@ -143,7 +143,6 @@ def run_classes(prep: PreparedStep, watch: HbmWatch | None = None) -> StepResult
                 flops = op.flops * k
                 hbm_bytes = op.hbm_bytes * k
                 t_c = flops / chip.unit_rate(op, s)
-                cl.t_compute[op.id] = t_c
                 cl.hbm_bytes[op.id] = hbm_bytes
                 t_m = hbm_bytes / cl.hbm_bw
                 if t_c >= t_m:
@@ -428,7 +427,6 @@ class _ClassState:
         self.speed = speed
         self.ops = ops
         self.dur = np.zeros(n)
-        self.t_compute = np.zeros(n)
         self.hbm_bytes = np.zeros(n)
         self.bound = [""] * n
         self.start = np.zeros(n)

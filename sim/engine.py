@@ -565,7 +565,6 @@ def replay(
     dev_groups: dict[int, tuple] = {}  # device group id -> (gaxes, pairs)
     n = len(trace.ops)
     dur = np.zeros(n)
-    t_compute = np.zeros(n)
     bound = [""] * n
     coll_batch: dict[int, Batch] = {}
     coll_axes: dict[int, tuple[GroupAxis, ...]] = {}
@@ -575,7 +574,6 @@ def replay(
     for op in trace.ops:
         if op.kind == OpKind.COMPUTE:
             t_c, t_m = compute_op_times(chip, op)
-            t_compute[op.id] = t_c
             if t_c >= t_m:
                 bound[op.id] = "mxu" if op.unit == Unit.MXU else "vpu"
             else:

@@ -11,9 +11,9 @@ that class, so simulating the representative's transfers against class resources
   transfer), then its bytes drain. All of a batch's transfers drain at one speed (a fraction
   of their bytes per second), set by weighted max-min fairness (progressive filling): batches
   whose bottleneck is the same link split it in proportion to their bytes (so they drain
-  together), and a batch held back elsewhere (by a busier link, or a compute op by its FLOPs,
-  `max_speed`) leaves the bandwidth it cannot use to the others. A batch holds its links until
-  it completes.
+  together), and a batch held back elsewhere (by a busier link, or by its own cap, `max_speed`:
+  a collective paced by a slow link on its route) leaves the bandwidth it cannot use to the
+  others. A batch holds its links until it completes.
 * Rates are recomputed only when a batch starts draining or completes, so the cost is per step,
   not per byte or per packet.
 """
@@ -178,9 +178,9 @@ class FluidNetwork:
         or a batch reaches its `max_speed`; those batches freeze at that speed, and the rest go
         on with what is left. Transfers that share a bottleneck still drain together (a link's
         bandwidth is split in proportion to their bytes), but a batch held back elsewhere (a
-        collective paced by its ICI link class, a compute op by its FLOPs) leaves the bandwidth
-        it cannot use to the others. When every batch's bottleneck is one resource, the first
-        round freezes all at capacity / load, as proportional sharing does.
+        collective paced by its ICI link class, or by a slow link through `max_speed`) leaves
+        the bandwidth it cannot use to the others. When every batch's bottleneck is one
+        resource, the first round freezes all at capacity / load, as proportional sharing does.
         `SmallFluidNetwork._max_min_speeds` is this, operation for operation, on Python floats.
         """
         counts = [len(e[0].res) for e in entries]
@@ -235,7 +235,7 @@ class SmallFluidNetwork(FluidNetwork):
     """`FluidNetwork` for a handful of resources (one chip's link classes and HBM, the step
     engines), kept in Python floats instead of NumPy arrays.
 
-    A step replays thousands of small batches (one per compute op's HBM traffic), and on arrays
+    A step replays thousands of small batches (one per collective op), and on arrays
     of ~10 elements NumPy's per-call overhead is most of the cost. The arithmetic is the parent's
     operation for operation (the same sums in `np.bincount`'s order, the same divisions and
     minima), so every time and byte count is the same to the last bit (tested).
@@ -303,17 +303,6 @@ class SmallFluidNetwork(FluidNetwork):
         """Count `nbytes` through `resource` without loading it: traffic that does not share
         the fluid resource (a compute op's HBM stream, paced by the op itself)."""
         self._bytes[resource] += nbytes
-
-    def transfer_one(self, resource: int, nbytes: float, latency_s: float,
-                     max_speed: float = math.inf) -> simpy.Event:
-        """`transfer` of a batch of one transfer of `nbytes` > 0 over one resource (a compute
-        op's HBM traffic), without building the `Batch`: the same events and arithmetic."""
-        if not (math.isfinite(latency_s) and latency_s >= 0):
-            raise RuntimeError(f"invariant violated: a batch latency of {latency_s} s")
-        if not nbytes > 0:
-            raise RuntimeError(f"invariant violated: transfer_one of {nbytes} bytes")
-        self._bytes[resource] += nbytes
-        return self._start([resource], [nbytes], latency_s, max_speed)
 
     def _start(self, res: list[int], w: list[float], latency_s: float,
                max_speed: float) -> simpy.Event:

@@ -450,11 +450,12 @@ def _slow_group_costs(chip, topology, kind, gaxes, nbytes, algorithm, slow, base
             # slow group draws its links and HBM at the rate its slow link allows, so it never
             # takes more of them than a healthy one would.
             slow_drain = t - base.latency_s
+            paced = slow_drain > drain
             costs.append(CollectiveCost(
-                time_s=t, latency_s=base.latency_s if slow_drain > drain else max(t - drain, 0.0),
+                time_s=t, latency_s=base.latency_s if paced else max(t - drain, 0.0),
                 class_bytes=base.class_bytes, group_size=base.group_size,
                 algorithm=base.algorithm, hbm_bytes=base.hbm_bytes,
-                max_speed=1.0 / slow_drain if slow_drain > drain else float("inf"),
+                max_speed=1.0 / slow_drain if paced else float("inf"),
             ))
         index[g] = by_time[t]
     return index, costs
