@@ -300,7 +300,7 @@ def simulate_collective(
 def scenario_without_dead_links(scenario: Scenario | None) -> Scenario | None:
     if scenario is None:
         return None
-    return dataclasses.replace(scenario, dead_links=())
+    return dataclasses.replace(scenario, dead_links=(), failed_chips=())
 
 
 def _simulate_collective(

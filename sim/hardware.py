@@ -19,6 +19,9 @@ from topologies.registry import Registry
 from topologies.validate import number, one_of, short_repr
 from workloads.xla_compiler import COMPILER_RULES, XlaCompilerSpec
 
+# Assumed (no public figure): seconds to swap a spare cube in for a failed one (ChipSpec).
+OCS_RECONFIGURATION_S = 10.0
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChipSpec:
@@ -44,6 +47,12 @@ class ChipSpec:
             for the presets: a switch is a set of mirrors, so what it adds is fiber (about 5 ns
             a metre), well inside tpu.md's "about 1 µs" a hop; `--set ocs_hop_latency_s=...`
             asks what a slower switch path would cost. Listed by `to_dict()` only when set.
+        ocs_reconfiguration_s: one-time time to swap a spare 4x4x4 cube in for one holding a
+            failed chip (`--failed-chip` with `--spare-cubes`, docs/model/pods.md): the optical
+            switches re-aim their mirrors and the new links come up. Assumed 10 s (no public
+            figure; MEMS mirrors themselves settle in milliseconds, most of it is bringing the
+            links up and remapping the slice); the job's restart from its checkpoint is not
+            part of it. Listed by `to_dict()` only when it differs from 10 s.
         ici_links_per_chip: ICI links (each full duplex) leaving one chip.
         dcn_bytes_per_s: data-center-network egress per chip (and ingress, full duplex).
         dcn_latency_s: one-way DCN latency between slices.
@@ -104,6 +113,7 @@ class ChipSpec:
     op_overhead_s: float = 0.0
     dcn_message_overhead_s: float = 0.0
     ocs_hop_latency_s: float = 0.0
+    ocs_reconfiguration_s: float = OCS_RECONFIGURATION_S
     mxu_fp8_ops_per_s: float = 0.0
     mxu_j_per_flop: float = 0.0
     mxu_int8_j_per_op: float = 0.0
@@ -244,6 +254,8 @@ class ChipSpec:
         for key in ("ocs_hop_latency_s", "mxu_fp8_ops_per_s"):
             if not data[key]:
                 del data[key]
+        if data["ocs_reconfiguration_s"] == OCS_RECONFIGURATION_S:
+            del data["ocs_reconfiguration_s"]
         return {**data, **self.compiler_rules()}
 
     def check_matmul_dtype(self, dtype: str, flag: str = "--matmul-dtype") -> None:
@@ -304,6 +316,7 @@ _FIELD_RANGES: dict[str, tuple] = {
     "op_overhead_s": (0.0, 1.0, False, False, "seconds added to every compute op"),
     "dcn_message_overhead_s": (0.0, 1.0, False, False, "seconds per DCN message"),
     "ocs_hop_latency_s": (0.0, 1.0, False, False, "seconds a switched hop adds"),
+    "ocs_reconfiguration_s": (0.0, 1e6, False, False, "seconds to swap a spare cube in"),
     "mxu_fp8_ops_per_s": (0.0, 1e21, False, False,
                           "the fp8 MXU rate in ops per second (0: no fp8 matmuls)"),
     **{f"{u}_efficiency": (1e-6, 1.0, False, False,

@@ -41,6 +41,7 @@ MODEL_KEYS = tuple(f"model.{f}" for f in MODEL_FIELDS)
 
 # Chip fields whose valid range includes 0 (every other numeric chip field must be > 0).
 _CHIP_ZERO_OK = ("op_overhead_s", "dcn_message_overhead_s", "ocs_hop_latency_s",
+                 "ocs_reconfiguration_s",
                  "mxu_fp8_ops_per_s",
                  "mxu_j_per_flop",
                  "mxu_int8_j_per_op", "vpu_j_per_flop", "hbm_j_per_byte", "ici_j_per_byte",

@@ -306,10 +306,12 @@ def test_presets_json_lists_every_chip_and_slice(capsys):
     assert chips["v5p"]["max_pod_shape"] == [16, 20, 28]
     assert chips["v4"]["generation_rule"] == "cube"
     # Exactly the chip YAML keys, so every entry is a chip file (ocs_hop_latency_s and
-    # mxu_fp8_ops_per_s are listed only when set: no preset sets them).
+    # mxu_fp8_ops_per_s are listed only when set, ocs_reconfiguration_s only off its default:
+    # no preset sets them).
     for name, c in chips.items():
         assert list(c) == [f for f in CHIP_FIELDS
-                           if f not in ("ocs_hop_latency_s", "mxu_fp8_ops_per_s")]
+                           if f not in ("ocs_hop_latency_s", "mxu_fp8_ops_per_s",
+                                        "ocs_reconfiguration_s")]
         assert chip_from_dict(c) == get_chip(name)
     slices = {s["name"]: s for s in d["slices"]}
     assert list(slices) == SLICES.names()

@@ -228,7 +228,7 @@ def test_unknown_yaml_keys_are_listed_with_the_allowed_keys(tmp_path):
         load_chip(str(path))
     msg = str(exc.value)
     assert "flux" in msg and "warp_speed" in msg
-    assert "(45 in all; `tpusim presets --json --chip v5e` prints every key)" in msg
+    assert "(46 in all; `tpusim presets --json --chip v5e` prints every key)" in msg
     path = _write_yaml(tmp_path, "base: v5e\nhbm_byte: 9\n")
     with pytest.raises(TpusimError, match=r"unknown key\(s\) hbm_byte; did you mean hbm_bytes"):
         load_chip(str(path))
@@ -364,7 +364,8 @@ def test_the_compiler_rules_are_a_spec_of_their_own_read_and_written_as_chip_key
     assert "compiler" not in CHIP_FIELDS and CHIP_FIELDS[-len(COMPILER_RULES):] == COMPILER_RULES
     # ocs_hop_latency_s is listed only when set (a switched hop's extra latency, 0 by default).
     assert list(chip.to_dict()) == [f for f in CHIP_FIELDS
-                                    if f not in ("ocs_hop_latency_s", "mxu_fp8_ops_per_s")]
+                                    if f not in ("ocs_hop_latency_s", "mxu_fp8_ops_per_s",
+                                                 "ocs_reconfiguration_s")]
     assert chip_from_dict(chip.to_dict()) == chip
     for rule in COMPILER_RULES:
         flipped = chip.with_overrides(**{rule: not getattr(chip, rule)})

@@ -73,6 +73,7 @@ def test_yaml_round_trip_gives_the_same_scenario(tmp_path):
     s = scenario_from_flags(
         slow_chip=["3,1,2:0.8"], slow_link=["0,0,0:x+:0.1"], dead_link=["1,1,1:z+"],
         chip_variation=0.02, seed=7, expert_skew=1.2, capacity_factor=1.25,
+        failed_chip=["1,2,3"], spare_cubes=2, no_ocs=True, twist=True,
     )
     path = tmp_path / "s.yaml"
     path.write_text(s.to_yaml())

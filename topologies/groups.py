@@ -367,6 +367,14 @@ class DetourRouter:
         dist = self._dist_to(end)
         if dist[start] < 0:
             t = self.topology
+            per = 2 * t.ndim
+            _src, dst = t.link_endpoints()
+            for chip in (start, end):  # a chip all of whose links are dead (a failed chip)
+                if not self._live[chip * per:(chip + 1) * per].any() \
+                        and not self._live[dst == chip].any():
+                    raise TpusimError(
+                        f"chip {_fmt(t.coords(chip))} has no live link{what}, and a transfer "
+                        f"starts or ends there: no route reaches it; remove a --dead-link")
             dead = ", ".join(t.describe_link(d) for d in self.dead_links)
             raise TpusimError(
                 f"dead links {dead} disconnect chip {_fmt(t.coords(start))} from "

@@ -14,7 +14,14 @@ Flag syntax (each repeatable; the same strings are accepted as list entries in Y
   directions: give `X,Y:x+` and the neighbour's `x-`);
 * `--chip-variation SIGMA --seed N`: every chip's speed is drawn independently from a lognormal
   with median 1 and log-standard-deviation SIGMA;
-* `--expert-skew S`, `--capacity-factor C`: MoE router imbalance and token capacity.
+* `--expert-skew S`, `--capacity-factor C`: MoE router imbalance and token capacity;
+* `--failed-chip X,Y[,Z]` with `--spare-cubes N` and `--no-ocs`: a chip that has failed. On a
+  v4/v5p slice of whole 4x4x4 cubes (optical switches, `Topology.ocs`) with a spare cube left,
+  the switches swap the cube holding it for a spare: the slice is whole again (`Failures`
+  lists the swap; its one-time cost is `ChipSpec.ocs_reconfiguration_s`). Without a spare, with
+  `--no-ocs` (a static pod) or on a pod without switches, the chip's links in and out are dead
+  and routes detour around it (`dead_link_ids_for`); a transfer to or from the chip itself has
+  no route, and the run is refused.
 
 FACTOR > 1 is allowed everywhere (a faster chip or link). On a multi-slice pod a coordinate may
 carry the slice index last (`X,Y,Z,S`); without it it names slice 0.
@@ -47,8 +54,10 @@ Coords = tuple[int, ...]
 # YAML keys of a scenario file (the flag names with `_` for `-`).
 SCENARIO_KEYS = (
     "slow_chip", "slow_link", "dead_link", "chip_variation", "seed", "expert_skew",
-    "capacity_factor",
+    "capacity_factor", "failed_chip", "spare_cubes", "no_ocs", "twist",
 )
+# The most spare cubes a run may name (a v5p pod has 140 cubes in all).
+MAX_SPARE_CUBES = 10_000
 DEFAULT_SLOW_LINK_FACTOR = 0.5
 
 
@@ -83,6 +92,41 @@ class DeadLink:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Failures:
+    """What the failed chips of a scenario do to one pod (`Scenario.failures_for`).
+
+    Attributes:
+        failed_chips: chip ids that failed, in the order given (each once).
+        swapped_cubes: the cubes swapped for spares, as (slice, cube x, cube y, cube z) in
+            cube units, in the order their first failed chip was given.
+        routed_chips: failed chips no spare replaces: their links are dead.
+        dead_links: every ICI link id into or out of a routed chip, sorted.
+        spare_cubes: spares available; `spares_left` after the swaps.
+        why_not_swapped: why the routed chips were not swapped ("" if every cube was).
+    """
+
+    failed_chips: tuple[int, ...] = ()
+    swapped_cubes: tuple[tuple[int, ...], ...] = ()
+    routed_chips: tuple[int, ...] = ()
+    dead_links: tuple[int, ...] = ()
+    spare_cubes: int = 0
+    why_not_swapped: str = ""
+
+    @property
+    def spares_left(self) -> int:
+        return self.spare_cubes - len(self.swapped_cubes)
+
+    @property
+    def action(self) -> str:
+        """`cube swap`, `route around`, `cube swap and route around`, or `none`."""
+        if not self.failed_chips:
+            return "none"
+        if self.swapped_cubes and self.routed_chips:
+            return "cube swap and route around"
+        return "cube swap" if self.swapped_cubes else "route around"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Scenario:
     """The perturbations of one run. The default (empty) scenario is the healthy pod.
 
@@ -95,6 +139,12 @@ class Scenario:
         expert_skew: Zipf exponent of the MoE router's expert loads (0 = balanced).
         capacity_factor: MoE expert capacity as a multiple of the balanced load (None = no
             dropping).
+        failed_chips: coordinates of chips that failed (`failures_for`).
+        spare_cubes: spare 4x4x4 cubes the optical switches may swap in for failed ones.
+        no_ocs: the pod's switches do not swap cubes (a static pod): failed chips are routed
+            around whatever the spares.
+        twist: the slice is a twisted torus (a scenario file's `twist: true`, read when the pod
+            is built; `--twist` on the command line).
     """
 
     slow_chips: tuple[SlowChip, ...] = ()
@@ -104,6 +154,10 @@ class Scenario:
     seed: int = 0
     expert_skew: float = 0.0
     capacity_factor: float | None = None
+    failed_chips: tuple[Coords, ...] = ()
+    spare_cubes: int = 0
+    no_ocs: bool = False
+    twist: bool = False
 
     def __post_init__(self) -> None:
         for s in self.slow_chips:
@@ -127,6 +181,12 @@ class Scenario:
                 f"--expert-skew {short_repr(s)} must be {EXPERT_SKEW_RANGE.text} (the Zipf "
                 f"exponent of expert loads; 0 = a balanced router)"
             )
+        n = self.spare_cubes
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) \
+                or not 0 <= n <= MAX_SPARE_CUBES:
+            raise TpusimError(f"--spare-cubes {short_repr(n)} must be a whole number from 0 to "
+                              f"{MAX_SPARE_CUBES:,} (spare 4x4x4 cubes the switches may swap "
+                              f"in)")
         c = self.capacity_factor
         if c is not None and not CAPACITY_FACTOR_RANGE.holds(c):
             raise TpusimError(
@@ -140,7 +200,7 @@ class Scenario:
         """True when nothing differs from the uniform pod (the fast path applies)."""
         return not (self.slow_chips or self.slow_links or self.dead_links
                     or self.chip_variation_sigma > 0 or self.expert_skew > 0
-                    or self.capacity_factor is not None)
+                    or self.capacity_factor is not None or self.failed_chips)
 
     @property
     def perturbs_links(self) -> bool:
@@ -155,6 +215,49 @@ class Scenario:
         """Raise a one-line `TpusimError` for anything that does not fit `topology`."""
         self.chip_speed_factors_for(topology)
         self.link_factors_for(topology)
+        if self.twist and not topology.twisted:
+            raise TpusimError(
+                f"the scenario says twist: true but the {topology.name} pod is plain; build it "
+                f"with --twist (or drop twist from the scenario)")
+
+    def failures_for(self, topology: Topology) -> Failures:
+        """What the failed chips do on `topology`: which cubes are swapped for spares (a pod of
+        cubes joined by optical switches, `Topology.ocs`, not `no_ocs`: one spare per cube
+        holding a failed chip, in the order given, while spares last) and which chips are
+        routed around (their links dead). A chip outside the pod is an error."""
+        chips: list[int] = []
+        for c in self.failed_chips:
+            chip = _chip_id(topology, c, f"--failed-chip {_coord_text(c)}")
+            if chip not in chips:
+                chips.append(chip)
+        if not chips:
+            return Failures(spare_cubes=int(self.spare_cubes))
+        if not topology.ocs:
+            why = (f"the {topology.name} pod has no optical switches to swap a cube in (a "
+                   f"v4/v5p slice of whole 4x4x4 cubes has)")
+        elif self.no_ocs:
+            why = "--no-ocs: the switches do not swap cubes"
+        else:
+            why = ""
+        swapped: list[tuple[int, ...]] = []
+        routed: list[int] = []
+        for chip in chips:
+            cube = _cube_of(topology, chip)
+            if cube in swapped:
+                continue
+            if not why and len(swapped) < self.spare_cubes:
+                swapped.append(cube)
+            else:
+                routed.append(chip)
+        if routed and not why:
+            why = ("--spare-cubes 0" if not self.spare_cubes else
+                   f"--spare-cubes {self.spare_cubes}: no spare left for "
+                   f"{'the cube' if len(routed) == 1 else 'every cube'} of "
+                   f"{', '.join(_fmt_chip(topology, c) for c in routed)}")
+        routed = [c for c in routed if _cube_of(topology, c) not in swapped]
+        return Failures(failed_chips=tuple(chips), swapped_cubes=tuple(swapped),
+                        routed_chips=tuple(routed), dead_links=_links_of(topology, routed),
+                        spare_cubes=int(self.spare_cubes), why_not_swapped=why if routed else "")
 
     def slow_chip_factors_for(self, topology: Topology) -> dict[int, float]:
         """{chip id: speed factor} of the `slow_chips` (repeats multiply)."""
@@ -187,11 +290,12 @@ class Scenario:
         return out
 
     def dead_link_ids_for(self, topology: Topology) -> tuple[int, ...]:
-        """Sorted ICI link ids of the dead links."""
+        """Sorted ICI link ids of the dead links: the `--dead-link`s, and every link into or
+        out of a failed chip no spare cube replaces (`failures_for`)."""
         return tuple(sorted({
             _link_id(topology, d.coords, d.axisdir, f"--dead-link {d.to_flag()}")
             for d in self.dead_links
-        }))
+        } | set(self.failures_for(topology).dead_links)))
 
     def link_factors_for(self, topology: Topology) -> np.ndarray:
         """Bandwidth factor of every link id (`topology.num_links` long): the slow-link factors,
@@ -200,8 +304,9 @@ class Scenario:
         slow = self.slow_link_factors_for(topology)
         for link, x in slow.items():
             f[link] = x
+        failed = set(self.failures_for(topology).dead_links)
         for link in self.dead_link_ids_for(topology):
-            if link in slow:
+            if link in slow and link not in failed:  # a failed chip's links are dead anyway
                 raise TpusimError(
                     f"link {topology.describe_link(link)} is given both as --slow-link and "
                     f"--dead-link; a dead link carries nothing, so drop one of them"
@@ -227,6 +332,14 @@ class Scenario:
             d["expert_skew"] = float(self.expert_skew)
         if self.capacity_factor is not None:
             d["capacity_factor"] = float(self.capacity_factor)
+        if self.failed_chips:
+            d["failed_chip"] = [_coord_text(c) for c in self.failed_chips]
+        if self.spare_cubes:
+            d["spare_cubes"] = int(self.spare_cubes)
+        if self.no_ocs:
+            d["no_ocs"] = True
+        if self.twist:
+            d["twist"] = True
         return d
 
     def to_yaml(self) -> str:
@@ -246,6 +359,10 @@ class Scenario:
             expert_skew=other.expert_skew or self.expert_skew,
             capacity_factor=(other.capacity_factor if other.capacity_factor is not None
                              else self.capacity_factor),
+            failed_chips=self.failed_chips + other.failed_chips,
+            spare_cubes=other.spare_cubes or self.spare_cubes,
+            no_ocs=self.no_ocs or other.no_ocs,
+            twist=self.twist or other.twist,
         )
 
 
@@ -345,6 +462,16 @@ def parse_dead_link(spec: str) -> DeadLink:
                     axisdir=_parse_axisdir(parts[1], "--dead-link", spec))
 
 
+def parse_failed_chip(spec: str) -> Coords:
+    """`"1,2,3"` -> (1, 2, 3): a failed chip's coordinates (slice index last if several)."""
+    text = str(spec).strip()
+    if ":" in text or not text:
+        raise TpusimError(
+            f"--failed-chip {short_repr(spec)} is not like 1,2,3 (the chip's coordinates, "
+            f"x,y[,z][,slice])")
+    return _parse_coords(text, "--failed-chip", spec)
+
+
 def scenario_from_flags(
     *,
     slow_chip: tuple[str, ...] | list[str] = (),
@@ -354,6 +481,10 @@ def scenario_from_flags(
     seed: int = 0,
     expert_skew: float = 0.0,
     capacity_factor: float | None = None,
+    failed_chip: tuple[str, ...] | list[str] = (),
+    spare_cubes: int = 0,
+    no_ocs: bool = False,
+    twist: bool = False,
 ) -> Scenario:
     """A `Scenario` from the flag strings (not yet checked against a pod)."""
     return Scenario(
@@ -364,6 +495,10 @@ def scenario_from_flags(
         seed=seed,
         expert_skew=expert_skew,
         capacity_factor=capacity_factor,
+        failed_chips=tuple(parse_failed_chip(s) for s in failed_chip),
+        spare_cubes=spare_cubes,
+        no_ocs=bool(no_ocs),
+        twist=bool(twist),
     )
 
 
@@ -382,7 +517,8 @@ def scenario_from_dict(data: dict[str, Any], *, source: str = "scenario") -> Sce
             f"{one_of(unknown[0], SCENARIO_KEYS)}"
         )
     lists = {}
-    for key, kind in (("slow_chip", "chip"), ("slow_link", "link"), ("dead_link", "dead")):
+    for key, kind in (("slow_chip", "chip"), ("slow_link", "link"), ("dead_link", "dead"),
+                      ("failed_chip", "failed")):
         value = data.get(key) or []
         if not isinstance(value, list):
             raise TpusimError(
@@ -403,15 +539,31 @@ def scenario_from_dict(data: dict[str, Any], *, source: str = "scenario") -> Sce
         seed = 0
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TpusimError(f"{source}: seed {seed!r} must be a whole number >= 0")
-    return scenario_from_flags(**lists, seed=seed, **scalars)
+    spares = data.get("spare_cubes", 0)
+    if spares is None:
+        spares = 0
+    if isinstance(spares, bool) or not isinstance(spares, int):
+        raise TpusimError(f"{source}: spare_cubes {short_repr(spares)} must be a whole number "
+                          f">= 0")
+    switches = {}
+    for key in ("no_ocs", "twist"):
+        v = data.get(key, False)
+        if v is None:
+            v = False
+        if not isinstance(v, bool):
+            raise TpusimError(f"{source}: {key} {short_repr(v)} must be true or false")
+        switches[key] = v
+    return scenario_from_flags(**lists, seed=seed, **scalars, spare_cubes=spares, **switches)
 
 
 def _entry_text(v: Any, key: str, kind: str, source: str) -> str:
     if isinstance(v, str):
         return v
+    if kind == "failed" and isinstance(v, list):  # [x, y, z]
+        v = {"chip": v}
     if isinstance(v, dict):
         allowed = {"chip": ("chip", "factor"), "link": ("chip", "link", "factor"),
-                   "dead": ("chip", "link")}[kind]
+                   "dead": ("chip", "link"), "failed": ("chip",)}[kind]
         bad = sorted(str(k) for k in v if k not in allowed)
         missing = [k for k in allowed if k not in v and not (k == "factor" and kind == "link")]
         if bad or missing:
@@ -427,7 +579,7 @@ def _entry_text(v: Any, key: str, kind: str, source: str) -> str:
                 f"{source}: {key} chip {chip!r} must be a list of integers like [0, 0, 0]"
             )
         text = _coord_text(tuple(chip))
-        if kind != "chip":
+        if kind not in ("chip", "failed"):
             text += f":{v['link']}"
         if "factor" in v:
             f = v["factor"]
@@ -474,6 +626,29 @@ def _chip_id(topology: Topology, coords: Coords, what: str) -> int:
     return topology.chip_id(coords)
 
 
+def _cube_of(topology: Topology, chip: int) -> tuple[int, ...]:
+    """(slice, cube coordinates) of a chip: the 4x4x4 cube holding it on a pod of cubes."""
+    c = topology.coords(chip)
+    sl = c[topology.ndim] if topology.num_slices > 1 else 0
+    return (sl, *(v // _CUBE for v in c[: topology.ndim]))
+
+
+_CUBE = 4  # the side of a v4/v5p cube (topologies/slices.py CUBE_SIDE)
+
+
+def _fmt_chip(topology: Topology, chip: int) -> str:
+    return _coord_text(topology.coords(chip))
+
+
+def _links_of(topology: Topology, chips: list[int]) -> tuple[int, ...]:
+    """Every existing ICI link id into or out of the given chips, sorted."""
+    if not chips:
+        return ()
+    src, dst = topology.link_endpoints()
+    hit = np.isin(src, chips) | np.isin(dst, chips)
+    return tuple(int(x) for x in np.flatnonzero(hit & (src >= 0)))
+
+
 def _link_id(topology: Topology, coords: Coords, axisdir: str, what: str) -> int:
     chip = _chip_id(topology, coords, what)
     axis = axisdir[0]
@@ -495,8 +670,9 @@ def _link_id(topology: Topology, coords: Coords, axisdir: str, what: str) -> int
 
 
 __all__ = [
-    "CAPACITY_FACTOR_RANGE", "CHIP_VARIATION_RANGE", "DeadLink", "EXPERT_SKEW_RANGE",
+    "CAPACITY_FACTOR_RANGE", "CHIP_VARIATION_RANGE", "DeadLink", "EXPERT_SKEW_RANGE", "Failures",
     "NumberRange", "SCENARIO_KEYS", "Scenario", "SlowChip", "SlowLink", "load_scenario",
-    "parse_dead_link", "parse_slow_chip", "parse_slow_link", "scenario_from_dict",
+    "parse_dead_link", "parse_failed_chip", "parse_slow_chip", "parse_slow_link",
+    "scenario_from_dict",
     "scenario_from_flags",
 ]

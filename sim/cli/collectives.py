@@ -12,6 +12,7 @@ from sim.cli.common import (
     fmt_bytes,
     fmt_time,
     print_energy,
+    print_failures,
     request_of,
 )
 from sim.runs.requests import CONVERTERS, CollectiveRequest, CompareCollectivesRequest
@@ -100,6 +101,7 @@ def cmd_collective(args: argparse.Namespace) -> int:
             f"+{fmt_bytes(d['extra_link_bytes'])} on links, "
             f"+{fmt_time(d['extra_time_s'])} vs healthy ({fmt_time(d['healthy_time_s'])})"
         )
+    print_failures(run.summary)
     print_energy(run.summary, per="collective")
     return 0
 

@@ -362,7 +362,8 @@ def add_perturbation_args(p: argparse.ArgumentParser, *, description: str | None
     g = p.add_argument_group("perturbations (repeatable; also in a --scenario YAML)",
                              description)
     g.add_argument("--scenario", help="scenario YAML file (keys slow_chip, slow_link, dead_link, "
-                                      "chip_variation, seed, expert_skew, capacity_factor)")
+                                      "chip_variation, seed, expert_skew, capacity_factor, "
+                                      "failed_chip, spare_cubes, no_ocs, twist)")
     g.add_argument("--slow-chip", action="append", default=[], metavar="X,Y[,Z]:FACTOR",
                    help="that chip's MXU, VPU and HBM run at FACTOR (> 1 = faster)")
     g.add_argument("--slow-link", action="append", default=[],
@@ -384,6 +385,18 @@ def add_perturbation_args(p: argparse.ArgumentParser, *, description: str | None
                    metavar="C", help=f"MoE expert capacity (tokens above it are dropped); C "
                                      f"in {CAPACITY_FACTOR_RANGE.interval}, at least one token "
                                      f"per expert (default: dropless)")
+    g.add_argument("--failed-chip", action="append", default=[], metavar="X,Y[,Z]",
+                   help="that chip has failed: on a v4/v5p slice of whole cubes with a spare "
+                        "(--spare-cubes) its cube is swapped for one (full speed, plus the "
+                        "one-time ocs_reconfiguration_s); otherwise its links are dead and "
+                        "routes detour around it, refused where the chip itself is needed")
+    g.add_argument("--spare-cubes", type=CONVERTERS["spare_cubes"], default=None, metavar="N",
+                   help="spare 4x4x4 cubes the optical switches may swap in for cubes holding "
+                        "a failed chip (default 0; at most the pod's cubes the slice leaves "
+                        "free)")
+    g.add_argument("--no-ocs", action="store_true",
+                   help="a static pod: the switches do not swap cubes, so failed chips are "
+                        "routed around whatever the spares (default: they swap)")
 
 
 def add_step_perturbation_args(p: argparse.ArgumentParser, *, power_cap: bool = True) -> None:
@@ -426,6 +439,23 @@ def request_of(cls, args: argparse.Namespace, **extra):
 # -- energy and cost ---------------------------------------------------------------------------
 _UNIT_WORDS = {"mxu": "MXU", "vpu": "VPU", "hbm": "HBM", "ici": "ICI", "dcn": "DCN",
                "pcie": "PCIe", "static": "static", "host": "host", "overhead": "overhead"}
+
+
+def print_failures(s: dict[str, Any]) -> None:
+    """The failed-chips line of a text report (the result's `failures` section, if any)."""
+    f = s.get("failures")
+    if not f or not f["failed_chips"]:
+        return
+    parts = []
+    if f["swapped_cubes"]:
+        parts.append(f"cube {'; '.join(f['swapped_cubes'])} swapped for a spare "
+                     f"({f['spare_cubes_left']} of {f['spare_cubes']} left), "
+                     f"{fmt_time(f['reconfiguration_s'])} once to reconfigure the switches, "
+                     f"the slice whole again")
+    if f["routed_around"]:
+        parts.append(f"{', '.join(f['routed_around'])} routed around ({f['dead_links']} dead "
+                     f"links; {f['why_not_swapped']})")
+    print(f"  failed chips     {', '.join(f['failed_chips'])}: {'; '.join(parts)}")
 
 
 def print_energy(s: dict[str, Any], *, per: str = "step") -> None:

@@ -171,6 +171,7 @@ def _print_training(s: dict[str, Any]) -> None:
     for k, v in s["breakdown"].items():
         share = v / s["step_time_s"] if s["step_time_s"] else 0.0
         print(f"    {breakdown_label(k):<22} {v:10.4f} s  {share:6.1%}")
+    cli.print_failures(s)
     cli.print_energy(s)
 
 
@@ -353,6 +354,7 @@ def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
         for k, v in result.breakdown.items():
             share = v / result.step_time_s if result.step_time_s else 0.0
             print(f"    {breakdown_label(k):<22} {v:10.6f} s  {share:6.1%}")
+        cli.print_failures(summary)
         cli.print_energy(summary)
         for a in summary["approximations"]:
             print(f"  approximated: {a}")
@@ -364,9 +366,11 @@ def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
         for k, v in result.breakdown.items():
             share = v / result.step_time_s if result.step_time_s else 0.0
             print(f"    {breakdown_label(k):<22} {v:10.6f} s  {share:6.1%}")
+        cli.print_failures(summary)
         cli.print_energy(summary)
     else:
         print(f"step time {result.step_time_s:.6f} s")
+        cli.print_failures(summary)
         cli.print_energy(summary)
     print_notes(args, notes)
     return 0

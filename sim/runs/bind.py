@@ -5,6 +5,7 @@ every result records. Pure functions of the request (nothing is stored on it).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,7 +64,7 @@ def resolve_pod(req: Request) -> Pod:
         shape=req.shape,
         wraparound=wraparound_of(req, ov),
         num_slices=req.slices,
-        twist=req.twist,
+        twist=req.twist or scenario_twists(req),
     )
     return Pod(base_chip=base, chip=chip, topology=topo)
 
@@ -72,6 +73,15 @@ def resolve_model(req: Request) -> tuple[TransformerSpec, TransformerSpec]:
     """(the model before `--set`, the model with the `model.*` overrides applied)."""
     base = req.model_spec if req.model_spec is not None else load_model(req.model)
     return base, req.parsed_overrides().apply_model(base)
+
+
+def scenario_twists(req: Request) -> bool:
+    """Whether the request's scenario (its file, or a recorded `scenario_spec`) says
+    `twist: true`: the pod is then built twisted, as with `--twist`."""
+    if req.scenario_spec is not None:
+        return bool(req.scenario_spec.twist)
+    path = getattr(req, "scenario", None)
+    return bool(path) and load_scenario(path).twist
 
 
 def scenario_of(req: Request, topology: Topology) -> Scenario:
@@ -94,6 +104,9 @@ def scenario_of(req: Request, topology: Topology) -> Scenario:
         seed=seed if seed is not None else 0,
         expert_skew=expert_skew if expert_skew is not None else 0.0,
         capacity_factor=getattr(req, "capacity_factor", None),
+        failed_chip=list(getattr(req, "failed_chip", ())),
+        spare_cubes=getattr(req, "spare_cubes", None) or 0,
+        no_ocs=bool(getattr(req, "no_ocs", False)),
     )
     scenario = base.merged(flags)
     scenario.validate(topology)
@@ -178,3 +191,90 @@ def simulate_step(req: Request, trace, chip: ChipSpec, topology: Topology, *, ov
     return run_step(trace, chip, topology, executor=getattr(req, "mode", "auto") or "auto",
                     config=per_chip_config(req, trace, topology), algorithm=algorithm_of(req),
                     overlap=overlap)
+
+
+# -- failed chips and spare cubes --------------------------------------------------------------
+def _cube_text(cube: tuple[int, ...], multi: bool) -> str:
+    return ",".join(map(str, cube[1:] + ((cube[0],) if multi else ())))
+
+
+def failure_report(req: Request, pod: Pod) -> dict[str, Any] | None:
+    """The result's `failures` section (None when the request names no failed chip, spare or
+    --no-ocs): which cubes were swapped for spares and what that costs once
+    (`ChipSpec.ocs_reconfiguration_s`), which chips are routed around and why. Refuses spares
+    a pod cannot hold: none without optical switches (a generation without them, or a slice
+    smaller than a cube), and no more than the cubes the slice leaves free in the pod."""
+    scenario = scenario_of(req, pod.topology)
+    if not (scenario.failed_chips or scenario.spare_cubes or scenario.no_ocs):
+        return None
+    topo, chip = pod.topology, pod.chip
+    n = scenario.spare_cubes
+    if n and not topo.ocs and not scenario.no_ocs:
+        raise TpusimError(
+            f"--spare-cubes {n}: the {topo.name} {chip.name} pod has no optical switches to swap "
+            f"a cube in (only v4/v5p slices of whole 4x4x4 cubes have); drop --spare-cubes, or "
+            f"give --no-ocs to say the pod is static")
+    if n and topo.ocs:
+        from topologies.slices import CUBE_SIDE, num_cubes
+
+        have = num_cubes(tuple((m // CUBE_SIDE) * CUBE_SIDE for m in chip.max_pod_shape))
+        used = num_cubes(topo.shape) * topo.num_slices
+        if n > have - used:
+            raise TpusimError(
+                f"--spare-cubes {n}: the {chip.name} pod has {have} cubes and this slice takes "
+                f"{used}, so at most {max(have - used, 0)} are free to be spares; give "
+                f"--spare-cubes {max(have - used, 0)} or fewer, or a smaller slice")
+    f = scenario.failures_for(topo)
+    multi = topo.num_slices > 1
+    text = lambda c: ",".join(map(str, topo.coords(c)))  # noqa: E731
+    return {
+        "failed_chips": [text(c) for c in f.failed_chips],
+        "action": f.action,
+        "swapped_cubes": [_cube_text(c, multi) for c in f.swapped_cubes],
+        "spare_cubes": int(n),
+        "spare_cubes_left": f.spares_left,
+        "reconfiguration_s": chip.ocs_reconfiguration_s if f.swapped_cubes else 0.0,
+        "routed_around": [text(c) for c in f.routed_chips],
+        "dead_links": len(f.dead_links),
+        "why_not_swapped": f.why_not_swapped,
+    }
+
+
+_WHAT = {"train": "step", "replay": "step", "export": "step", "decode": "decode step",
+         "prefill": "prefill", "compare-collectives": "collective", "serve": "replica's step"}
+
+
+def reports_failures(run_fn):
+    """A runner that handles `--failed-chip`: its result gains the `failures` section
+    (`failure_report`), and a failed chip routed around that a transfer needs (its own sends
+    or receives: no route reaches a chip whose links are all dead) is refused in one line
+    naming the chip and the fix."""
+
+    @functools.wraps(run_fn)
+    def run(req, *args, **kw):
+        if not takes_perturbations(req) or not (
+                getattr(req, "failed_chip", ()) or getattr(req, "spare_cubes", None)
+                or getattr(req, "no_ocs", False) or getattr(req, "scenario", None)
+                or req.scenario_spec is not None):
+            return run_fn(req, *args, **kw)
+        report = failure_report(req, resolve_pod(req))
+        if report is None:
+            return run_fn(req, *args, **kw)
+        try:
+            out = run_fn(req, *args, **kw)
+        except TpusimError as exc:
+            if report["routed_around"] and "has no live link" in str(exc):
+                detail = str(exc).split(" has no live link", 1)[1].split(", and a", 1)[0]
+                detail = detail.strip(" ()") or "its own sends and receives"
+                raise TpusimError(
+                    f"--failed-chip {', '.join(report['routed_around'])}: no spare cube "
+                    f"replaces it ({report['why_not_swapped']}), so its links are dead, and "
+                    f"the {_WHAT.get(req.command, req.command)} needs the chip itself "
+                    f"({detail}): no route reaches "
+                    f"it; give --spare-cubes N on a v4/v5p slice of whole cubes (its cube is "
+                    f"swapped), or leave the chip out of the slice") from None
+            raise
+        out.summary["failures"] = report
+        return out
+
+    return run

@@ -6,7 +6,14 @@ from __future__ import annotations
 from sim.collective_sim import check_bytes, check_links_only, simulate_collective
 from sim.collectives import CollectiveKind, algorithm_names, parse_kind
 from sim.energy import collective_energy, energy_summary
-from sim.runs.bind import Pod, algorithm_of, base_inputs, resolve_pod, scenario_of
+from sim.runs.bind import (
+    Pod,
+    algorithm_of,
+    base_inputs,
+    reports_failures,
+    resolve_pod,
+    scenario_of,
+)
 from sim.runs.convert import parse_bytes, parse_coords
 from sim.runs.requests import CollectiveRequest, CompareCollectivesRequest
 from sim.runs.result import Run
@@ -60,6 +67,7 @@ def _simulate(req: CollectiveRequest, algorithm: str, pod: Pod):
     )
 
 
+@reports_failures
 def run_collective(req: CollectiveRequest) -> Run:
     """One collective: a `Run` whose summary is the CollectiveResult's fields."""
     pod = resolve_pod(req)
@@ -71,6 +79,7 @@ def run_collective(req: CollectiveRequest) -> Run:
     return Run(command="collective", summary=summary, inputs=inputs, result=res)
 
 
+@reports_failures
 def run_compare(req: CompareCollectivesRequest) -> Run:
     """One row per algorithm (n/a rows say why); `Run.result` is the list of CollectiveResults
     that applied."""

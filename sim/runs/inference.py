@@ -12,6 +12,7 @@ from sim.runs.bind import (
     algorithm_of,
     base_inputs,
     moe_config,
+    reports_failures,
     resolve_model,
     resolve_pod,
     scenario_of,
@@ -115,6 +116,7 @@ def decode_summary(trace, result, max_batch: int) -> dict[str, Any]:
     }
 
 
+@reports_failures
 def run_decode(req: DecodeRequest) -> Run:
     """One decode step: a `Run` with the summary, inputs, StepResult and trace."""
     pod, base_model, model, mesh, moe = _setup(req)
@@ -132,6 +134,7 @@ def run_decode(req: DecodeRequest) -> Run:
                trace=trace)
 
 
+@reports_failures
 def run_prefill(req: PrefillRequest) -> Run:
     """The prefill of a batch of prompts: a `Run` with the summary, inputs, StepResult, trace."""
     pod, base_model, model, mesh, moe = _setup(req)

@@ -115,10 +115,11 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "seed": seed,
     "chips": int_flag("--chips", hi=MAX_CHIPS),
     "power_cap": float_flag("--power-cap", lo=0.0, hi=1e5, lo_open=True),
+    "spare_cubes": int_flag("--spare-cubes", lo=0, hi=10_000),
 }
 
 # Settings that are lists (each given once per item) and switches (true or false).
-_LISTS = frozenset({"slow_chip", "slow_link", "dead_link"})
+_LISTS = frozenset({"slow_chip", "slow_link", "dead_link", "failed_chip"})
 _SWITCHES = frozenset({"no_overlap", "no_fusion", "exhaustive", "default_placement",
                        "exact_costs", "quantize_attention", "quantize_logits",
                        "no_stochastic_rounding", "twist", "no_ocs"})
@@ -308,14 +309,14 @@ class _Request(metaclass=_Checked):
             v = getattr(self, name)
             if name in quiet and v == quiet[name]:
                 continue
+            if name in _QUIET_DEFAULTS and v == _QUIET_DEFAULTS[name]:
+                continue  # recorded only when given: other results read as before it existed
             if name == "overrides":
                 v = dict(v)
             elif name in _LISTS:
                 v = list(v)
             elif name in _RECORDED_WHEN_SET and v is None:
                 continue  # results of runs without it record what they always did
-            elif name in _QUIET_DEFAULTS and v == _QUIET_DEFAULTS[name]:
-                continue  # recorded only when given: other results read as before it existed
             out[flag_name(name)] = v
         return out
 
@@ -417,9 +418,10 @@ def _check_kind(command: str, name: str, value: Any, caller: str | None,
 _POD = ("chip", "slice", "shape", "wraparound", "slices", "twist")
 # Settings recorded in `inputs.flags` only when they differ from these defaults (added after
 # results were first recorded: a result without them reruns with the default).
-_QUIET_DEFAULTS: dict[str, Any] = {"twist": False, "shapes": None, "wiring": "auto"}
+_QUIET_DEFAULTS: dict[str, Any] = {"twist": False, "shapes": None, "wiring": "auto",
+                                   "failed_chip": (), "spare_cubes": None, "no_ocs": False}
 _PERTURB = ("scenario", "slow_chip", "slow_link", "dead_link", "chip_variation", "seed",
-            "expert_skew", "capacity_factor")
+            "expert_skew", "capacity_factor", "failed_chip", "spare_cubes", "no_ocs")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -434,6 +436,9 @@ class _Perturbed(_Request):
     seed: int | None = None
     expert_skew: float | None = None
     capacity_factor: float | None = None
+    failed_chip: tuple[str, ...] = ()
+    spare_cubes: int | None = None
+    no_ocs: bool = False
     mode: str = "auto"
 
 

@@ -15,6 +15,7 @@ from sim.runs.bind import (
     algorithm_of,
     base_inputs,
     moe_config,
+    reports_failures,
     resolve_model,
     resolve_pod,
     scenario_of,
@@ -193,6 +194,7 @@ def check_settings(req: ServeRequest):
     return wcfg, scfg, slo, router, disagg
 
 
+@reports_failures
 def run_serve(req: ServeRequest) -> Run:
     """Simulate the serving run of `req`; every setting is checked before the loop runs."""
     wcfg, scfg, slo, router, disagg = check_settings(req)

@@ -20,6 +20,7 @@ from sim.runs.bind import (
     base_inputs,
     moe_config,
     per_chip_config,
+    reports_failures,
     resolve_model,
     resolve_pod,
     scenario_of,
@@ -170,6 +171,7 @@ def per_chip_summary(result) -> dict[str, Any]:
     }
 
 
+@reports_failures
 def run_train(req: TrainRequest) -> Run:
     """One training step: a `Run` with the step's summary, inputs, StepResult and trace."""
     pod = resolve_pod(req)
@@ -315,6 +317,7 @@ def missing_trace_message(path: Path) -> str:
     return f"{what} {str(path)!r} {kind}; {hint}"
 
 
+@reports_failures
 def run_replay(req: ReplayRequest, *, check_trace_chips=None) -> Run:
     """A trace file (or HLO text) replayed on the pod. The file's SHA-256 is recorded in
     `inputs`; when the request carries `trace_sha256` (`rerun`), a file that changed since is
