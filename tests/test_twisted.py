@@ -286,3 +286,30 @@ def test_results_record_the_twist_only_when_given(capsys):
     assert "twist" not in plain["flags"] and "twisted" not in plain["topology"]
     assert tw["flags"]["twist"] is True and tw["topology"]["twisted"] is True
     assert tw["topology"]["name"] == "4x4x8-twisted"
+
+
+def test_a_study_varies_the_twist_like_any_switch(tmp_path, capsys):
+    study = tmp_path / "study.yaml"
+    study.write_text("command: collective\n"
+                     "base: {chip: v4, shape: 4x4x8, op: all-to-all, axes: 'x,y,z', "
+                     "bytes: 64MiB}\n"
+                     "grid:\n  twist: [false, true]\nmetrics: [time_s]\n")
+    rc, out, err = _run(capsys, "sweep", str(study), "--workers", "1", "--out",
+                        str(tmp_path / "s"))
+    assert rc == 0, err
+    import pandas as pd
+
+    df = pd.read_csv(tmp_path / "s" / "results.csv")
+    t = dict(zip(df["twist"], df["time_s"], strict=True))
+    assert t[False] / t[True] > 1.5
+
+
+def test_the_torus_plot_of_a_twisted_slice_says_where_its_wraparound_lands(tmp_path, capsys):
+    rc, _out, err = _run(capsys, "collective", "--chip", "v4", "--shape", "4x4x8", "--twist",
+                         "--op", "all-gather", "--axes", "x", "--bytes", "1MiB", "--plots",
+                         str(tmp_path))
+    assert rc == 0, err
+    from sim.export.plots import _wrap_words
+
+    t = build_torus((4, 4, 8), True, twisted=True)
+    assert _wrap_words(t) == "twisted: the x,y wraparound lands 4 along z"

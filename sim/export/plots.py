@@ -665,6 +665,11 @@ def _wrap_words(topo) -> str:
     names = "xyz"[: topo.ndim]
     wrapped = [a for a, w, s in zip(names, topo.wraparound, topo.shape, strict=True)
                if w and s > 1]
+    if topo.twisted:  # the stubs are drawn at the border; say where the short axes land
+        short = [a for i, a in enumerate(names) if topo.twist_of(i)]
+        longs = [names[j] for j, _ in topo.twist_of(names.index(short[0]))]
+        return (f"twisted: the {','.join(short)} wraparound lands {min(topo.shape)} along "
+                f"{','.join(longs)}")
     return f"wraparound on {','.join(wrapped)}" if wrapped else "no wraparound"
 
 
