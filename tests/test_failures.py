@@ -131,10 +131,14 @@ def test_failure_bad_input_is_one_line(capsys, extra, message):
     assert rc == 2 and out == "" and err.count("\n") == 1 and message in err
 
 
-def test_spares_on_a_pod_without_switches_are_refused(capsys):
-    rc, _out, err = _run(capsys, "collective", "--chip", "v5e", "--shape", "4x4", "--op",
-                         "all-gather", "--axes", "x", "--bytes", "1MiB", "--spare-cubes", "1")
+def test_spares_for_a_failed_chip_on_a_pod_without_switches_are_refused(capsys):
+    argv = ["collective", "--chip", "v5e", "--shape", "4x4", "--op", "send", "--src", "0,0",
+            "--dst", "2,0", "--bytes", "1MiB", "--spare-cubes", "1"]
+    rc, _out, err = _run(capsys, *argv, "--failed-chip", "3,3")
     assert rc == 2 and "no optical switches to swap a cube in" in err
+    # Without a failed chip spares change nothing (goodput's spares reach its step model so).
+    rc, out, err = _run(capsys, *argv)
+    assert rc == 0 and "failed chips" not in out
 
 
 def test_a_scenario_file_carries_failed_chips_spares_and_the_twist(tmp_path, capsys):

@@ -390,12 +390,14 @@ def add_perturbation_args(p: argparse.ArgumentParser, *, description: str | None
                         "(--spare-cubes) its cube is swapped for one (full speed, plus the "
                         "one-time ocs_reconfiguration_s); otherwise its links are dead and "
                         "routes detour around it, refused where the chip itself is needed")
+    if "--spare-cubes" in p._option_string_actions:
+        return  # goodput: its own spares and switches, for its failures
     g.add_argument("--spare-cubes", type=CONVERTERS["spare_cubes"], default=None, metavar="N",
                    help="spare 4x4x4 cubes the optical switches may swap in for cubes holding "
-                        "a failed chip (default 0; at most the pod's cubes the slice leaves "
+                        "a --failed-chip (default 0; at most the pod's cubes the slice leaves "
                         "free)")
     g.add_argument("--no-ocs", action="store_true",
-                   help="a static pod: the switches do not swap cubes, so failed chips are "
+                   help="a static pod: the switches do not swap cubes, so a --failed-chip is "
                         "routed around whatever the spares (default: they swap)")
 
 

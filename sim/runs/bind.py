@@ -96,6 +96,7 @@ def scenario_of(req: Request, topology: Topology) -> Scenario:
     chip_variation = getattr(req, "chip_variation", None)
     seed = getattr(req, "seed", None)
     expert_skew = getattr(req, "expert_skew", None)
+    failed = bool(getattr(req, "failed_chip", ()) or base.failed_chips)
     flags = scenario_from_flags(
         slow_chip=list(getattr(req, "slow_chip", ())),
         slow_link=list(getattr(req, "slow_link", ())),
@@ -105,8 +106,10 @@ def scenario_of(req: Request, topology: Topology) -> Scenario:
         expert_skew=expert_skew if expert_skew is not None else 0.0,
         capacity_factor=getattr(req, "capacity_factor", None),
         failed_chip=list(getattr(req, "failed_chip", ())),
-        spare_cubes=getattr(req, "spare_cubes", None) or 0,
-        no_ocs=bool(getattr(req, "no_ocs", False)),
+        # Spares and the switches matter to failed chips only (goodput's own spares, for its
+        # failures over time, reach its step model without one: they change nothing there).
+        spare_cubes=(getattr(req, "spare_cubes", None) or 0) if failed else 0,
+        no_ocs=bool(getattr(req, "no_ocs", False)) and failed,
     )
     scenario = base.merged(flags)
     scenario.validate(topology)
@@ -205,8 +208,8 @@ def failure_report(req: Request, pod: Pod) -> dict[str, Any] | None:
     a pod cannot hold: none without optical switches (a generation without them, or a slice
     smaller than a cube), and no more than the cubes the slice leaves free in the pod."""
     scenario = scenario_of(req, pod.topology)
-    if not (scenario.failed_chips or scenario.spare_cubes or scenario.no_ocs):
-        return None
+    if not scenario.failed_chips:
+        return None  # spares and --no-ocs alone change nothing
     topo, chip = pod.topology, pod.chip
     n = scenario.spare_cubes
     if n and not topo.ocs and not scenario.no_ocs:
@@ -253,8 +256,7 @@ def reports_failures(run_fn):
     @functools.wraps(run_fn)
     def run(req, *args, **kw):
         if not takes_perturbations(req) or not (
-                getattr(req, "failed_chip", ()) or getattr(req, "spare_cubes", None)
-                or getattr(req, "no_ocs", False) or getattr(req, "scenario", None)
+                getattr(req, "failed_chip", ()) or getattr(req, "scenario", None)
                 or req.scenario_spec is not None):
             return run_fn(req, *args, **kw)
         report = failure_report(req, resolve_pod(req))

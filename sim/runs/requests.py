@@ -421,7 +421,10 @@ _POD = ("chip", "slice", "shape", "wraparound", "slices", "twist")
 _QUIET_DEFAULTS: dict[str, Any] = {"twist": False, "shapes": None, "wiring": "auto",
                                    "failed_chip": (), "spare_cubes": None, "no_ocs": False}
 _PERTURB = ("scenario", "slow_chip", "slow_link", "dead_link", "chip_variation", "seed",
-            "expert_skew", "capacity_factor", "failed_chip", "spare_cubes", "no_ocs")
+            "expert_skew", "capacity_factor", "failed_chip")
+# The spare cubes that replace failed chips and whether the switches swap them: after the
+# perturbations on every command but `goodput`, which has its own (its failures' spares).
+_SPARES = ("spare_cubes", "no_ocs")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -456,7 +459,8 @@ class CollectiveRequest(_Perturbed):
 
     COMMAND: ClassVar[str] = "collective"
     FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", "op", "axes", "bytes", "algorithm",
-                                        "src", "dst", "shift", *_PERTURB, "mode", "chunks")
+                                        "src", "dst", "shift", *_PERTURB, *_SPARES, "mode",
+                                        "chunks")
     REQUIRED: ClassVar[tuple[str, ...]] = ("op", "bytes")
     SET_SCOPE: ClassVar[tuple[str, ...] | None] = ("chip", "topology", "collective")
 
@@ -477,7 +481,7 @@ class CompareCollectivesRequest(CollectiveRequest):
     COMMAND: ClassVar[str] = "compare-collectives"
     SET_SCOPE: ClassVar[tuple[str, ...] | None] = ("chip", "topology")
     FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", "op", "axes", "bytes", "src", "dst",
-                                        "shift", *_PERTURB, "mode", "chunks")
+                                        "shift", *_PERTURB, *_SPARES, "mode", "chunks")
 
 
 # Settings recorded in `inputs.flags` only when given (`--remat custom`'s names): a result
@@ -504,7 +508,7 @@ class TrainRequest(_Step):
 
     COMMAND: ClassVar[str] = "train"
     FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", *_TRAINING, "algorithm", *_PERTURB,
-                                        "mode", "power_cap")
+                                        *_SPARES, "mode", "power_cap")
     RECORDED_WHEN_SET: ClassVar[tuple[str, ...]] = _QUANT_FLAGS
     REQUIRED: ClassVar[tuple[str, ...]] = ("model", "seq_len", "batch_per_chip", "mesh")
 
@@ -567,8 +571,8 @@ class ReplayRequest(_Step):
 
     COMMAND: ClassVar[str] = "replay"
     FLAGS: ClassVar[tuple[str, ...]] = ("trace", *_POD, "overrides", "no_overlap",
-                                        "chakra_compute", "algorithm", *_PERTURB, "mode",
-                                        "power_cap")
+                                        "chakra_compute", "algorithm", *_PERTURB, *_SPARES,
+                                        "mode", "power_cap")
     # Recorded in inputs.flags only when set: results written before the flag existed, and
     # replays of other traces, record what they always did (and rerun the same).
     RECORDED_WHEN_SET: ClassVar[tuple[str, ...]] = ("chakra_compute",)
@@ -614,7 +618,7 @@ class DecodeRequest(_Step, _Decoding):
 
     COMMAND: ClassVar[str] = "decode"
     FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", *_INFERENCE, "algorithm", *_PERTURB,
-                                        "mode", "power_cap")
+                                        *_SPARES, "mode", "power_cap")
     REQUIRED: ClassVar[tuple[str, ...]] = ("model", "batch", "context_len", "mesh")
 
     batch: int | None = None
@@ -627,8 +631,8 @@ class PrefillRequest(DecodeRequest):
 
     COMMAND: ClassVar[str] = "prefill"
     FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", *_INFERENCE, "prompt_len",
-                                        "prefill_chunk", "algorithm", *_PERTURB, "mode",
-                                        "power_cap")
+                                        "prefill_chunk", "algorithm", *_PERTURB, *_SPARES,
+                                        "mode", "power_cap")
     REQUIRED: ClassVar[tuple[str, ...]] = ("model", "batch", "prompt_len", "mesh")
 
     prompt_len: int | None = None
@@ -688,7 +692,7 @@ class ServeRequest(_Perturbed, _Decoding):
     COMMAND: ClassVar[str] = "serve"
     FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", "model", "mesh", "dcn",
                                         "weight_dtype", "kv_dtype", "matmul_dtype", "sampling",
-                                        *_SERVE, "algorithm", *_PERTURB, "mode")
+                                        *_SERVE, "algorithm", *_PERTURB, *_SPARES, "mode")
     REQUIRED: ClassVar[tuple[str, ...]] = ("model", "mesh")
     OWN_CONVERTERS: ClassVar[dict[str, Callable[[Any], Any]]] = {
         "rate": _positive_number("--rate", "give requests per second, e.g. --rate 10"),
