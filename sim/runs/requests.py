@@ -222,7 +222,7 @@ class _Request(metaclass=_Checked):
     shape: str | None = None
     wraparound: str = "auto"
     slices: int = 1
-    twist: bool = False
+    twist: bool = field(default=False, metadata={"quiet": True})
     overrides: tuple[tuple[str, str], ...] = ()
     chip_spec: ChipSpec | None = field(default=None, repr=False)
     model_spec: TransformerSpec | None = field(default=None, repr=False)
@@ -303,14 +303,14 @@ class _Request(metaclass=_Checked):
         """The settings under their command-line names, in the command's order (`set` as
         {key: value text}, lists as lists): what results record as `inputs.flags`."""
         out: dict[str, Any] = {}
+        # Settings added after results were first recorded (their field's `quiet` metadata):
+        # recorded only off their default, so that results without them read as before.
         quiet = {f.name: f.default for f in dataclasses.fields(self)
-                 if f.name in getattr(self, "RECORDED_WHEN_SET", ())}
+                 if f.name in getattr(self, "RECORDED_WHEN_SET", ()) or f.metadata.get("quiet")}
         for name in self.FLAGS:
             v = getattr(self, name)
             if name in quiet and v == quiet[name]:
                 continue
-            if name in _QUIET_DEFAULTS and v == _QUIET_DEFAULTS[name]:
-                continue  # recorded only when given: other results read as before it existed
             if name == "overrides":
                 v = dict(v)
             elif name in _LISTS:
@@ -416,10 +416,6 @@ def _check_kind(command: str, name: str, value: Any, caller: str | None,
 
 
 _POD = ("chip", "slice", "shape", "wraparound", "slices", "twist")
-# Settings recorded in `inputs.flags` only when they differ from these defaults (added after
-# results were first recorded: a result without them reruns with the default).
-_QUIET_DEFAULTS: dict[str, Any] = {"twist": False, "shapes": None, "wiring": "auto",
-                                   "failed_chip": (), "spare_cubes": None, "no_ocs": False}
 _PERTURB = ("scenario", "slow_chip", "slow_link", "dead_link", "chip_variation", "seed",
             "expert_skew", "capacity_factor", "failed_chip")
 # The spare cubes that replace failed chips and whether the switches swap them: after the
@@ -439,9 +435,9 @@ class _Perturbed(_Request):
     seed: int | None = None
     expert_skew: float | None = None
     capacity_factor: float | None = None
-    failed_chip: tuple[str, ...] = ()
-    spare_cubes: int | None = None
-    no_ocs: bool = False
+    failed_chip: tuple[str, ...] = field(default=(), metadata={"quiet": True})
+    spare_cubes: int | None = field(default=None, metadata={"quiet": True})
+    no_ocs: bool = field(default=False, metadata={"quiet": True})
     mode: str = "auto"
 
 
@@ -907,8 +903,8 @@ class PlanRequest(_Request):
     optimizer: str = "adam"
     gather_dtype: str | None = None
     objective: str = "time"
-    shapes: str | None = None
-    wiring: str = "auto"
+    shapes: str | None = field(default=None, metadata={"quiet": True})
+    wiring: str = field(default="auto", metadata={"quiet": True})
 
 
 # Every request class that `sim.run` runs, by its command.
