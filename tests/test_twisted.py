@@ -244,8 +244,8 @@ def _run(capsys, *argv):
 
 
 def test_topology_command_prints_plain_against_twisted(capsys):
-    rc, out, _ = _run(capsys, "topology", "--chip", "v4", "--shape", "4x4x8", "--twist")
-    assert rc == 0
+    rc, out, _ = _run(capsys, "topology", "--shape", "4x4x8", "--twist")  # a v4 by default
+    assert rc == 0 and out.startswith("topology 4x4x8 of v4")
     assert "twisted/plain" in out and "2.000x" in out and "1.745x" in out
     rc, out, _ = _run(capsys, "topology", "--slice", "v4-256-twisted", "--json")
     d = json.loads(out)
@@ -269,6 +269,7 @@ def test_the_v4_pods_bisection_is_googles_24_tb_s_within_5_percent(capsys):
     (["--chip", "v4", "--shape", "4x4x8", "--twist", "--wraparound", "x,y"],
      "wraps on every axis"),
     (["--slice", "v5e-16-twisted"], "no optical circuit switches"),
+    (["--twist"], "give the slice as --shape"),
 ])
 def test_a_twist_the_pod_cannot_build_is_a_one_line_error(capsys, argv, match):
     rc, out, err = _run(capsys, "topology", *argv)

@@ -192,10 +192,13 @@ def cmd_topology(args: argparse.Namespace) -> int:
     from topologies.slices import SLICES, resolve_topology, untwisted_name
 
     ov = parse_overrides(dict(set_pairs(args.set or ())), ("chip",), command="tpusim topology")
+    # A report on the wiring: without --chip or --slice, a v4's (the chip the twist was
+    # published for), so that `tpusim topology --shape 4x4x8 --twist` runs as written.
     name = args.chip or (SLICES.get(untwisted_name(args.slice_name)).chip
-                         if args.slice_name else None)
-    if name is None:
-        raise TpusimError("give --chip (e.g. v4) with --shape, or --slice (e.g. v4-256)")
+                         if args.slice_name else "v4")
+    if args.slice_name is None and args.shape is None:
+        raise TpusimError("give the slice as --shape AxBxC (e.g. 4x4x8) or --slice NAME (e.g. "
+                          "v4-256); see `tpusim topology --help`")
     chip = ov.apply_chip(load_chip(name))
     twist = bool(args.twist) or (args.slice_name is not None
                                  and untwisted_name(args.slice_name) != args.slice_name)
@@ -379,8 +382,8 @@ def register(sub) -> None:
                     help="write every algorithm's steps as one trace, a process per algorithm")
 
     tp = add_command(sub, "topology", "diameter, hops, bisection and all-to-all bound of a "
-                     "slice (with --twist: plain against twisted)", cmd_topology,
-                     set_scope=("chip",))
+                     "slice (with --twist: plain against twisted; chip v4 unless --chip or "
+                     "--slice says)", cmd_topology, set_scope=("chip",))
     tp.add_argument("--json", action="store_true", help="print one JSON object")
 
     pr = sub.add_parser("presets", help="list chip presets (with the source of every efficiency "
