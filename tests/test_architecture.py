@@ -147,28 +147,43 @@ def test_the_library_never_imports_the_cli():
 
 
 # Rooms of a size one can read: a product module of at most MAX_MODULE_LINES lines, a function
-# of at most MAX_FUNCTION_LINES unless the comment line right above its `def` (or its
+# of at most MAX_FUNCTION_LINES unless the comment block right above its `def` (or its
 # decorators) starts with `# Long:` and says why (a hot loop kept in one frame for speed, say).
 MAX_MODULE_LINES = 800
 MAX_FUNCTION_LINES = 120
 # Still to split (the architecture issue's move is under way): each entry goes when its room
 # is split; the test fails on an entry that is no longer needed, so the lists only shrink.
 PENDING_MODULES = {
-    "sim/collective_sim.py", "sim/engine.py", "sim/export/plots.py", "sim/hardware.py",
-    "sim/planner.py", "sim/runs/requests.py", "sim/study.py", "sim/vector_engine.py",
-    "validation/maxtext.py", "validation/xla_crosscheck.py", "validation/xla_memory.py",
-    "workloads/decode.py", "workloads/hlo/lower.py", "workloads/models.py",
+    "sim/collective_sim.py",
+    "sim/engine.py",
+    "sim/export/plots.py",
+    "sim/hardware.py",
+    "sim/planner.py",
+    "sim/runs/requests.py",
+    "sim/study.py",
+    "sim/vector_engine.py",
+    "validation/maxtext.py",
+    "validation/xla_crosscheck.py",
+    "validation/xla_memory.py",
+    "workloads/decode.py",
+    "workloads/hlo/lower.py",
+    "workloads/models.py",
 }
 PENDING_FUNCTIONS = {
-    "sim/chip_engine.py:run_classes", "sim/cli/reference.py:presets_page",
-    "sim/cli/training.py:_add_training_args", "sim/collective_sim.py:_simulate_collective",
-    "sim/engine.py:replay", "sim/perchip.py:prepare_step", "sim/pipeline.py:build_stage_programs",
-    "sim/planner.py:run_plan", "sim/reliability/history.py:_advance",
-    "sim/vector_engine.py:run_vectors", "validation/maxtext.py:_effects",
+    "sim/chip_engine.py:run_classes",
+    "sim/collective_sim.py:_simulate_collective",
+    "sim/engine.py:replay",
+    "sim/perchip.py:prepare_step",
+    "sim/pipeline.py:build_stage_programs",
+    "sim/planner.py:run_plan",
+    "sim/vector_engine.py:run_vectors",
+    "validation/maxtext.py:_effects",
     "validation/xla_compile.py:lower_moe_train",
     "validation/xla_crosscheck.py:parse_hlo_collectives",
-    "validation/xla_memory.py:section", "workloads/hlo/lower.py:lower",
-    "workloads/memory.py:saved_tensors", "workloads/training/layer.py:attention_backward",
+    "validation/xla_memory.py:section",
+    "workloads/hlo/lower.py:lower",
+    "workloads/memory.py:saved_tensors",
+    "workloads/training/layer.py:attention_backward",
 }
 
 
@@ -181,7 +196,10 @@ def _long_functions(path: Path) -> list[tuple[str, int]]:
             continue
         length = node.end_lineno - node.lineno + 1
         first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-        above = lines[first - 2].strip() if first >= 2 else ""
+        top = first - 1  # the comment block right above: its first line must say `# Long:`
+        while top >= 1 and lines[top - 1].strip().startswith("#"):
+            top -= 1
+        above = lines[top].strip() if top < first - 1 else ""
         if length > MAX_FUNCTION_LINES and not above.startswith("# Long:"):
             out.append((node.name, length))
     return out
@@ -192,7 +210,7 @@ def test_the_long_function_finder_honours_a_why_comment(tmp_path):
     plain = tmp_path / "plain.py"
     plain.write_text(f"def f():\n{body}\n")
     said = tmp_path / "said.py"
-    said.write_text(f"# Long: one frame for speed\n@staticmethod\ndef f():\n{body}\n")
+    said.write_text(f"# Long: one frame\n# for speed\n@staticmethod\ndef f():\n{body}\n")
     assert _long_functions(plain) == [("f", MAX_FUNCTION_LINES + 1)]
     assert _long_functions(said) == []
 

@@ -168,7 +168,13 @@ def _shape(shape) -> str:
 def presets_page(data: dict | None = None) -> str:
     """docs/presets.md from the `presets --json` data."""
     data = data or presets_data()
-    chips, sources, slices = data["chips"], data["efficiency_sources"], data["slices"]
+    lines = [*_peaks_section(data["chips"]), *_efficiency_section(data["efficiency_sources"]),
+             *_power_section(data.get("power_sources", {})), *_compiler_section(data["chips"]),
+             *_slices_section(data["slices"]), "", *models_section()]
+    return "\n".join(lines) + "\n"
+
+
+def _peaks_section(chips: list[dict]) -> list[str]:
     lines = [
         _HEADER.format(cmd=REGENERATE, what="`tpusim presets --json`").rstrip(),
         "",
@@ -200,8 +206,12 @@ def presets_page(data: dict | None = None) -> str:
             f"| {_num(c['dcn_bytes_per_s'], 1e9, 2)} | {_num(c['pcie_bytes_per_s'], 1e9, 0)} "
             f"| {c['tensorcores_per_chip']} | {c['mxu_dim']} | {_shape(c['max_pod_shape'])} "
             f"| `{c['generation_rule']}` |")
+    return lines
+
+
+def _efficiency_section(sources: dict) -> list[str]:
     eff = list(next(iter(sources.values())))
-    lines += [
+    lines = [
         "",
         "## Efficiency factors and where they come from",
         "",
@@ -234,7 +244,11 @@ def presets_page(data: dict | None = None) -> str:
     lines += ["", "Assumed everywhere else:", ""]
     lines += [f"* {', '.join(f'`{f}`' for f in fields)}: {_text(source)}"
               for source, fields in assumed.items()]
-    power = data.get("power_sources", {})
+    return lines
+
+
+def _power_section(power: dict) -> list[str]:
+    lines: list[str] = []
     if power:
         lines += [
             "",
@@ -276,6 +290,11 @@ def presets_page(data: dict | None = None) -> str:
         lines += ["", "The rest (every chip not listed above for that field):", ""]
         lines += [f"* {', '.join(f'`{f}`' for f in fields)}, {kind}: {_text(source)}"
                   for source, (kind, fields) in shared.items()]
+    return lines
+
+
+def _compiler_section(chips: list[dict]) -> list[str]:
+    lines: list[str] = []
     flags = [k for k, v in chips[0].items() if isinstance(v, bool)]
     if flags:
         lines += [
@@ -291,7 +310,11 @@ def presets_page(data: dict | None = None) -> str:
         for c in chips:
             lines.append(f"| `{c['name']}` | " + " | ".join(
                 "yes" if c[k] else "-" for k in flags) + " |")
-    lines += [
+    return lines
+
+
+def _slices_section(slices: list[dict]) -> list[str]:
+    lines = [
         "",
         "## Named slices",
         "",
@@ -303,8 +326,7 @@ def presets_page(data: dict | None = None) -> str:
     ]
     lines += [f"| `{s['name']}` | `{s['chip']}` | {s['shape']} | {s['num_chips']} "
               f"| {s['wraparound']} |" for s in slices]
-    lines += ["", *models_section()]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _model_cells(m) -> list[str]:

@@ -18,7 +18,16 @@ from topologies.errors import TpusimError
 
 def _add_training_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     """The step model's flags (`train`, `compile`; `goodput` without `required`: its step time
-    may be given instead)."""
+    may be given instead), in their `--help` order."""
+    _add_shape_args(p, required)
+    _add_remat_args(p)
+    _add_precision_args(p)
+    _add_schedule_args(p)
+    _add_quant_args(p)
+
+
+def _add_shape_args(p: argparse.ArgumentParser, required: bool) -> None:
+    """The model, the tokens and the mesh it runs on."""
     p.add_argument("--model", required=required,
                    help="zoo name (llama3-70b, ...) or a model YAML")
     p.add_argument("--seq-len", type=CONVERTERS["seq_len"], required=required,
@@ -35,6 +44,10 @@ def _add_training_args(p: argparse.ArgumentParser, *, required: bool = True) -> 
                         "every mesh axis of size > 1 once; a bare letter takes what is left of "
                         "that axis, x:K takes K chips (default: automatic, as jax's device "
                         "meshes)")
+
+
+def _add_remat_args(p: argparse.ArgumentParser) -> None:
+    """What the backward pass keeps, recomputes or offloads; the attention kernel."""
     p.add_argument("--remat", default="full",
                    help="remat policy (default full): tpusim's none, minimal, full, offload, "
                         "qkv-offload, qkvo-offload, or MaxText's remat_policy names "
@@ -51,6 +64,10 @@ def _add_training_args(p: argparse.ArgumentParser, *, required: bool = True) -> 
                    help="with --remat custom: MaxText tensor names offloaded to host memory "
                         "(same names; default none)")
     p.add_argument("--attention", default="flash", help="flash (default) or dot")
+
+
+def _add_precision_args(p: argparse.ArgumentParser) -> None:
+    """Gradient accumulation, the dtypes of weights, gradients and optimizer state."""
     p.add_argument("--microbatches", type=CONVERTERS["microbatches"], default=1,
                    help="gradient accumulation steps (default 1)")
     p.add_argument("--param-dtype", default="bf16",
@@ -66,6 +83,10 @@ def _add_training_args(p: argparse.ArgumentParser, *, required: bool = True) -> 
                    help="dtype of the optimizer state (default fp32)")
     p.add_argument("--optimizer", default="adam",
                    help="adam (default: two moments per parameter) or sgd (no state)")
+
+
+def _add_schedule_args(p: argparse.ArgumentParser) -> None:
+    """How the step's collectives and passes are scheduled (XLA's choices and what-ifs)."""
     p.add_argument("--pipeline-schedule", default=None,
                    help="gpipe, 1f1b (default with a pipeline axis) or interleaved; every "
                         "stage's chips run its passes on the per-chip engine (needs pipeline=P "
@@ -113,6 +134,10 @@ def _add_training_args(p: argparse.ArgumentParser, *, required: bool = True) -> 
                         "the backward recomputes each chunk's logits (default 1: no tiling; "
                         "at most 4,096, dividing the tokens each chip's loss processes per "
                         "microbatch)")
+
+
+def _add_quant_args(p: argparse.ArgumentParser) -> None:
+    """The MXU format of the weight matmuls (int8 training) and the FSDP gathers."""
     p.add_argument("--matmul-dtype", default="bf16",
                    help="MXU format of the weight matmuls, forward and backward: bf16 "
                         "(default), int8 (MaxText's AQT int8 training: operands quantized on "

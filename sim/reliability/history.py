@@ -159,6 +159,8 @@ class HistoryBuilder:
         if spent - s > 0 or (completed and self.restart_s == 0):
             self.events.append((t + s, t + spent, "restart", {"completed": completed}))
 
+    # Long: the per-failure event loop, in one frame with its state in locals (a month-long job
+    # has thousands of failures; split into calls, each window would pay for them).
     def _advance(self, target: int | None, until_s: float) -> None:
         """The event loop (one pass per window: training until the next failure, then the
         downtime until the job runs again), until `target` windows or the end. Written with
