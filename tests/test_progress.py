@@ -208,6 +208,13 @@ def _commands(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
         "train": (["train", *_POD, "--model", tiny, "--seq-len", "1024", "--batch-per-chip",
                    "1", "--mesh", "fsdp=4", "--chip-variation", "0.02", "--json"],
                   "chip classes"),
+        # A pipelined step runs every stage's chips on the per-chip engine.
+        "pipeline": (["train", *_POD, "--model", tiny, "--seq-len", "1024", "--batch-per-chip",
+                      "1", "--mesh", "pipeline=2,fsdp=2", "--pipeline-schedule", "1f1b",
+                      "--microbatches", "2", "--json"], "chip classes"),
+        "perfetto": (["train", *_POD, "--model", tiny, "--seq-len", "1024", "--batch-per-chip",
+                      "1", "--mesh", "fsdp=4", "--perfetto", str(tmp_path / "step.pftrace"),
+                      "--trace-chips", "all", "--json"], "Perfetto export"),
         "import-hlo": (["import-hlo", str(FIXTURES / "windowed_einsum_v5e16.hlo.txt.gz"),
                         "--chip", "v5e", "--shape", "4x4", "--json"], "HLO parse"),
         "serve": (["serve", *_POD, "--model", tiny, "--mesh", "tensor=4", "--rate", "50",
@@ -216,7 +223,8 @@ def _commands(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
     }
 
 
-@pytest.mark.parametrize("command", ["plan", "sweep", "train", "import-hlo", "serve"])
+@pytest.mark.parametrize("command", ["plan", "sweep", "train", "pipeline", "perfetto",
+                                     "import-hlo", "serve"])
 def test_progress_appears_on_a_terminal_on_stderr_never_in_stdout(tmp_path, command):
     args, name = _commands(tmp_path)[command]
     rc, out, err = _tpusim(args, tty=True)
