@@ -55,7 +55,7 @@ _EXPORTS = {
     "StepResult": ("sim.engine", "StepResult"),
     "replay": ("sim.engine", "replay"),
     "plan": ("sim.planner", "plan"),
-    "sweep": ("sim.study", "sweep"),
+    "sweep": ("sim.studies.sweep", "sweep"),
 }
 
 __all__ = sorted(_EXPORTS)

@@ -28,7 +28,10 @@ from sim.hardware import ChipSpec
 from sim.runs.bind import algorithm_of, moe_config, resolve_model, resolve_pod, scenario_of
 from sim.runs.requests import EXHAUSTIVE_MAX_SIMULATIONS, PlanRequest, TrainRequest
 from sim.runs.train import _pipeline_base, compile_inputs, compile_step
-from sim.study import STATUS_DOES_NOT_FIT, STATUS_ERROR, STATUS_OK, check_workers
+from sim.studies.backends import JobPool, check_dask, check_workers, num_workers
+from sim.studies.plots import UNFIT_LABEL, UNFIT_STYLE
+from sim.studies.points import run_point
+from sim.studies.results import STATUS_DOES_NOT_FIT, STATUS_ERROR, STATUS_OK
 from topologies.errors import TpusimError
 from topologies.progress import NO_TASK, ProgressCallback, reporting, task
 from topologies.validate import (
@@ -51,8 +54,8 @@ PLAN_COLUMNS = (
     "hbm_peak_bytes",
     "hbm_estimate_bytes", "lower_bound_s", "bound", "fits_in_hbm", "status", "error",
 )
-# A candidate's `status`, as `tpusim sweep` names them (`sim.study.STATUSES`), plus the ones the
-# search never simulated because a cheaper candidate's bound ruled them out.
+# A candidate's `status`, as `tpusim sweep` names them (`sim.studies.results.STATUSES`), plus
+# the ones the search never simulated because a cheaper candidate's bound ruled them out.
 PLAN_STATUS_SKIPPED = "skipped: lower bound above the top K"
 # How many candidates `plan --exhaustive` simulates before it asks for --max-simulations: each
 # is a whole `tpusim train` run (seconds of CPU on a full pod: 453 of them for the 405B plan
@@ -1293,8 +1296,6 @@ def simulate(job: tuple) -> dict[str, Any]:
     whole step, which then runs in full."""
     from sim.engine import seed_cost_cache
     from sim.executors import stop_when_hbm_exceeds
-    from sim.study import run_point
-
     req, costs, capacity = job
     if costs:
         seed_cost_cache(costs)
@@ -1330,8 +1331,6 @@ def refine_and_run(job: tuple) -> dict[str, Any]:
     proves it cannot enter the top K. Job: (train request, axis order, threshold): a bound >=
     threshold returns {"pruned": True, "lower_bound_s": b}; otherwise `run_point`'s result
     plus "lower_bound_s" (None where there is no sharper bound)."""
-    from sim.study import run_point
-
     req, order, threshold = job
     bound = sharper_bound((req, order))["lower_bound_s"]
     if bound is not None and bound >= threshold:
@@ -1339,56 +1338,6 @@ def refine_and_run(job: tuple) -> dict[str, Any]:
     out = run_point(req)
     out["lower_bound_s"] = bound
     return out
-
-
-
-
-class _Pool:
-    """Submit jobs one at a time and wait for any to finish, on the sweep's backends: this
-    process (1 worker), a local process pool, or a Dask client."""
-
-    def __init__(self, n: int, dask: Any):
-        from sim.study import _dask_client
-
-        self.n = n
-        self.closer = lambda: None
-        self.ex = self.client = None
-        if dask is not None:
-            self.client, self.closer = _dask_client(dask, n)
-            self.tag = time.time_ns()
-        elif n > 1:
-            from concurrent.futures import ProcessPoolExecutor
-
-            from sim.study import _worker_init
-
-            self.ex = ProcessPoolExecutor(max_workers=n, initializer=_worker_init)
-
-    def submit(self, fn, arg, key: str):
-        if self.client is not None:
-            return self.client.submit(fn, arg, pure=False, key=f"tpusim-{key}-{self.tag}")
-        if self.ex is not None:
-            return self.ex.submit(fn, arg)
-        from concurrent.futures import Future
-
-        f: Future = Future()
-        with reporting(None):  # the candidate's own runs: the plan's bar stands for them
-            f.set_result(fn(arg))
-        return f
-
-    def wait_any(self, futs):
-        if self.client is not None:
-            from distributed import wait
-
-            res = wait(list(futs), return_when="FIRST_COMPLETED")
-            return res.done
-        from concurrent.futures import FIRST_COMPLETED, wait
-
-        return wait(list(futs), return_when=FIRST_COMPLETED).done
-
-    def close(self) -> None:
-        if self.ex is not None:
-            self.ex.shutdown(wait=True, cancel_futures=True)
-        self.closer()
 
 
 def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
@@ -1412,8 +1361,6 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
     every candidate of every slice is one more candidate of the same search, its bounds and
     pruning unchanged (default: `topology` alone)."""
     import pandas as pd
-
-    from sim.study import SweepConfig, _num_workers
 
     t0 = time.perf_counter()
     if cfg.objective == "cost" and chip.usd_per_chip_hour is None:
@@ -1455,7 +1402,9 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
     batch_per_chip = repr(cfg.global_batch / n_chips)
     reqs = [base.replace(seq_len=cfg.seq_len, batch_per_chip=batch_per_chip,
                          **changes[(c.shape, c.twist)], **c.train_settings()) for c in cands]
-    n = _num_workers(SweepConfig(workers=workers, dask=dask))
+    check_workers(workers)
+    check_dask(dask)
+    n = num_workers(workers)
     # One bound job per (sizes, settings): its placements share the compiled trace.
     groups: dict[tuple, list[int]] = {}
     for i, c in enumerate(cands):
@@ -1490,7 +1439,7 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
     floor_of: dict[int, float] = {}  # group -> its compute floor, checked by its full bound
     floor_violated = False
     first_bound = {"floor": floor_bounds, "pipeline": pipeline_bounds}
-    pool = _Pool(min(n, max(len(jobs), 1)), dask)
+    pool = JobPool(min(n, max(len(jobs), 1)), dask)
     results: dict[int, dict[str, Any]] = {}
     lb: list[float] = [0.0] * len(cands)
     refused: set[int] = set()  # out of memory by their HBM peak bound: never simulated
@@ -1820,7 +1769,6 @@ def plot_frontier(result: PlanResult, path) -> Any:
     frontier nor the winner (their numbers describe a run that cannot happen)."""
     from sim.export.output import atomic_write
     from sim.export.plots import _fig
-    from sim.study import UNFIT_LABEL, UNFIT_STYLE
 
     plt = _fig()
     t = result.table
@@ -1975,7 +1923,6 @@ def plan(*, model: Any, seq_len: int, global_batch: int, chip: Any = None,
             `remat=("full",)`, `microbatches=(1, 2)`, `max_tensor=4`, `default_placement=True`.
     """
     from sim.export.output import check_output_dir, write_json, write_tables
-    from sim.study import SweepConfig
 
     if overrides is not None and not isinstance(overrides, Mapping):
         raise TpusimError(
@@ -1987,7 +1934,7 @@ def plan(*, model: Any, seq_len: int, global_batch: int, chip: Any = None,
                               f"not {type(out).__name__}")
         if out:
             check_output_dir(out)  # before the search, as `tpusim plan --out` does
-    SweepConfig(workers=1, dask=dask)  # the dask argument's check, before the search
+    check_dask(dask)  # the dask argument's check, before the search
     settings: dict[str, Any] = {"model": model, "seq_len": seq_len,
                                 "global_batch": global_batch, "top": top, "workers": workers,
                                 "chip": chip, "slice": slice, "shape": shape,

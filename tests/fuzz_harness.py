@@ -173,18 +173,19 @@ def edited_results(edits: list[list[Any]]) -> bytes:
     `["set", column, row or null (every row), JSON value]`, `["drop", column]`,
     `["repeat", times]` (the rows `times` times over), `["keep", n]` (the first n rows),
     `["narrow", [columns]]` (only those columns: a cheap frame to repeat a million times);
-    since fuzz8 the record of the columns' kinds tpusim keeps in the file (`sim.study.COLUMNS_ATTR`)
-    hand-edited, `["record", JSON value]` (the whole record) or `["record", column, JSON
-    value]` (one column's entry; a None value deletes it), and the file's bytes
-    `["truncate", fraction]` (cut to that share of its length) or `["flip", fraction, byte]`
-    (the byte at that share of its length replaced)."""
+    since fuzz8 the record of the columns' kinds tpusim keeps in the file
+    (`sim.studies.results.COLUMNS_ATTR`) hand-edited, `["record", JSON value]` (the whole
+    record) or `["record", column, JSON value]` (one column's entry; a None value deletes
+    it), and the file's bytes `["truncate", fraction]` (cut to that share of its length) or
+    `["flip", fraction, byte]` (the byte at that share of its length replaced)."""
     import tempfile
 
     import numpy as np
     import pandas as pd
 
     if not _BASE_RESULTS:
-        from sim.study import SweepConfig, load_study, run_study
+        from sim.studies.spec import load_study
+        from sim.studies.sweep import SweepConfig, run_study
 
         with tempfile.TemporaryDirectory() as d:
             (Path(d) / "s.yaml").write_text(STUDY, encoding="utf-8")
@@ -193,7 +194,7 @@ def edited_results(edits: list[list[Any]]) -> bytes:
             _BASE_RESULTS.append(pd.read_parquet(Path(d) / "o" / "results.parquet"))
     import copy
 
-    from sim.study import COLUMNS_ATTR
+    from sim.studies.results import COLUMNS_ATTR
 
     df = _BASE_RESULTS[0].copy()
     df.attrs = copy.deepcopy(_BASE_RESULTS[0].attrs)

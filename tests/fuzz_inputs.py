@@ -668,8 +668,8 @@ RESUME_COLUMNS = ["time_s", "error", "bytes", "command_line", "point", "chip", "
                   "latency_s", "inputs.flags.bytes", "wall_time_s", "zzz", "result.bytes"]
 
 
-# Entries of the record of a column's kind (`sim.study.COLUMNS_ATTR`): valid ones for another
-# kind, and malformed ones (None deletes the column's entry).
+# Entries of the record of a column's kind (`sim.studies.results.COLUMNS_ATTR`): valid ones for
+# another kind, and malformed ones (None deletes the column's entry).
 RECORD_ENTRIES = [None, ["num", True], ["text", True], ["bool", False], ["none", False],
                   ["num"], ["num", 1], ["float", True], [1, True], "num", {"num": True},
                   ["num", True, 0], [["num"], True]]

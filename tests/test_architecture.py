@@ -160,7 +160,6 @@ PENDING_MODULES = {
     "sim/hardware.py",
     "sim/planner.py",
     "sim/runs/requests.py",
-    "sim/study.py",
     "sim/vector_engine.py",
     "validation/maxtext.py",
     "validation/xla_crosscheck.py",

@@ -21,7 +21,7 @@ from sim.planner import (
     refine_and_run,
     run_plan,
 )
-from sim.study import run_point
+from sim.studies.points import run_point
 from topologies.errors import TpusimError
 from topologies.mesh import LogicalMesh
 from topologies.slices import resolve_topology
@@ -312,7 +312,7 @@ def test_plan_exhaustive_refuses_more_candidates_than_max_simulations_before_run
     assert rc == 0 and n > 2
     # One over the limit: refused, with the count, the limit and the flag, before any bound
     # or simulation runs.
-    monkeypatch.setattr(planner, "_Pool", lambda *a: pytest.fail("ran something"))
+    monkeypatch.setattr(planner, "JobPool", lambda *a: pytest.fail("ran something"))
     rc, out, err = plan("--exhaustive", "--max-simulations", str(n - 1))
     assert rc == 2 and out == "" and err.count("\n") == 1
     assert (f"plan --exhaustive would simulate {n} candidates to the end, over the limit of "

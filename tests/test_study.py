@@ -1,5 +1,6 @@
-"""Tests for sim/study.py and `tpusim sweep`: the study schema and its one-line errors, rows that
-equal the single command's result, failed points as rows, resume, Ctrl-C, local vs Dask."""
+"""Tests for the studies in sim/studies/ and `tpusim sweep`: the study schema and its one-line
+errors, rows that equal the single command's result, failed points as rows, resume, Ctrl-C,
+local vs Dask."""
 
 from __future__ import annotations
 
@@ -15,15 +16,10 @@ import pandas as pd
 import pytest
 
 from sim.cli import main
-from sim.study import (
-    ERROR_COLUMN,
-    WALL_COLUMN,
-    SweepConfig,
-    load_study,
-    point_argv,
-    point_request,
-    run_study,
-)
+from sim.studies.points import point_argv, point_request
+from sim.studies.results import ERROR_COLUMN, WALL_COLUMN
+from sim.studies.spec import load_study
+from sim.studies.sweep import SweepConfig, run_study
 from topologies.errors import TpusimError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -220,7 +216,7 @@ def test_points_run_in_one_worker_equal_each_point_run_with_cold_caches(tiny_mod
     point runs after others that share its mesh or its chip numbers, and is compared, whole
     result including `inputs`, with the same point after every cache was emptied."""
     from sim import collectives, engine
-    from sim.study import run_point
+    from sim.studies.points import run_point
     from workloads import training
 
     def cold():

@@ -20,15 +20,11 @@ def _add_backend_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from sim.study import (
-        ERROR_COLUMN,
-        STATUS_COLUMN,
-        SweepConfig,
-        check_workers,
-        load_study,
-        run_study,
-        status_counts_text,
-    )
+    # The studies stack (the run layer, pandas) loads when a sweep runs, not for `--help`.
+    from sim.studies.backends import check_workers
+    from sim.studies.results import ERROR_COLUMN, STATUS_COLUMN, status_counts_text
+    from sim.studies.spec import load_study
+    from sim.studies.sweep import SweepConfig, run_study
 
     check_workers(args.workers)
     study = load_study(args.study)
