@@ -59,6 +59,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     req = cli.request_of(ServeRequest, args)
     check_outputs(args)
     run = run_serve(req)
+    trace = None
+    if args.perfetto:
+        from sim.export.serving_trace import plan_serving_trace
+
+        trace = plan_serving_trace(run.summary, run.result, args.perfetto)  # sized first
+        trace.check_size()
     if args.out:
         from sim.export.output import write_tables
 
@@ -69,6 +75,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from sim.export.serving_plots import plot_serving
 
         plot_serving(run.summary, run.result, args.plots)
+    if trace is not None:
+        trace.write()
     if args.json:
         cli.emit_json(run.to_dict())
         return 0
@@ -78,6 +86,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
               f"and summary.json")
     if args.plots:
         print(f"wrote {cli.show_path(args.plots)}/latency_cdf.png and kv_queue.png")
+    if args.perfetto:
+        print(f"wrote {cli.show_path(args.perfetto)}")
     return 0
 
 
@@ -156,6 +166,11 @@ def _register_serve(sub, name: str) -> None:
                                  "summary.json here")
     o.add_argument("--plots", help="write latency_cdf.png (TTFT, TPOT, end-to-end and queueing "
                                    "CDFs) and kv_queue.png (KV blocks and queue over time) here")
+    o.add_argument("--perfetto",
+                   help="write a Perfetto trace (.pftrace; .json for Chrome): a process per "
+                        "replica with its iterations, its requests' phases joined by flows "
+                        "(queued, prefill, KV transfer, decode) and counters of KV blocks and "
+                        "queue length")
     p.add_argument("--algorithm", default="auto",
                    help="collective algorithm for gathers/reductions (default auto)")
     cli.add_step_perturbation_args(p, power_cap=False)

@@ -266,7 +266,8 @@ class _Builder:
 def _counter_unit(name: str) -> str:
     if "bytes" in name:
         return "bytes"
-    return "count" if name.endswith(("cubes free", "steps committed")) else "fraction"
+    return "count" if name.endswith(("cubes free", "steps committed", "blocks used",
+                                     "queue length")) else "fraction"
 
 
 def encode_tracks(

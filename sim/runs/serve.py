@@ -6,7 +6,7 @@ costed (`sim.serving.costs`), its workload generated or read, the SimPy loop run
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -49,10 +49,12 @@ REQUEST_COLUMNS = ("request", "arrival_s", "prompt_tokens", "output_tokens", "re
 @dataclass(frozen=True, kw_only=True)
 class ServeResult:
     """The tables of a serving run: `requests` (column -> array, one row per request, every
-    timestamp) and `iterations` (tuples in `ITERATION_COLUMNS` order)."""
+    timestamp), `iterations` (tuples in `ITERATION_COLUMNS` order) and `queue_events` (time,
+    +1 joined or -1 left a replica's queue, replica), in time order."""
 
     requests: dict[str, np.ndarray]
     iterations: list[tuple]
+    queue_events: list[tuple] = field(default_factory=list)
 
     def requests_frame(self):
         import pandas as pd
@@ -286,7 +288,8 @@ def run_serve(req: ServeRequest) -> Run:
         "output_tokens": wcfg.output_tokens.describe() if wcfg.output_tokens else None,
         "seed": wcfg.seed}
     return Run(command="serve", summary=summary, inputs=inputs,
-               result=ServeResult(requests=arrays, iterations=sim.iterations))
+               result=ServeResult(requests=arrays, iterations=sim.iterations,
+                                 queue_events=sim.queue_events))
 
 
 def _transfer_model(prefill, decode, req: ServeRequest):

@@ -81,8 +81,9 @@ def latencies(req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             "queue_s": req["scheduled_s"] - req["arrival_s"]}
 
 
-def queue_stats(events: list[tuple[float, int]], end_s: float) -> dict[str, float]:
-    """Time-averaged and largest number of requests waiting, over [0, end_s]."""
+def queue_stats(events: list[tuple], end_s: float) -> dict[str, float]:
+    """Time-averaged and largest number of requests waiting, over [0, end_s] (`events`:
+    (time, +1 or -1, ...) in time order)."""
     if not events or end_s <= 0:
         return {"mean": 0.0, "max": 0}
     t = np.fromiter((e[0] for e in events), dtype=np.float64, count=len(events))

@@ -135,7 +135,8 @@ class ServingSim:
         self.gen = [0] * n  # bumped on preemption: stale heap entries are skipped
         self.tokens_done = [0] * n  # tokens generated when (re)queued for prefill
         self.iterations: list[tuple] = []
-        self.queue_events: list[tuple[float, int]] = []  # (time, +1 joined / -1 left queue)
+        # (time, +1 joined / -1 left a replica's queue, replica)
+        self.queue_events: list[tuple[float, int, int]] = []
         self.events = 0
         self.preemptions = 0
         self.transfer_s = transfer_s
@@ -178,7 +179,7 @@ class ServingSim:
             self.replica[rid] = rep.idx
             rep.outstanding += 1
             rep.waiting.append(rid)
-            self.queue_events.append((env.now, 1))
+            self.queue_events.append((env.now, 1, rep.idx))
             self._poke(rep)
 
     def _loop(self, rep: _Replica):
@@ -205,7 +206,7 @@ class ServingSim:
     def _dequeue(self, rep: _Replica, rid: int) -> None:
         if math.isnan(self.first_sched[rid]):
             self.first_sched[rid] = self.env.now
-        self.queue_events.append((self.env.now, -1))
+        self.queue_events.append((self.env.now, -1, rep.idx))
 
     def _plan(self, rep: _Replica):
         """The next iteration's cost and composition (None: nothing to do)."""
@@ -285,7 +286,7 @@ class ServingSim:
         self.preemptions += 1
         self.tokens_done[rid] = g
         rep.waiting.appendleft(rid)
-        self.queue_events.append((self.env.now, 1))
+        self.queue_events.append((self.env.now, 1, rep.idx))
 
     def _join(self, rep: _Replica, rid: int, g0: int, it: int) -> None:
         """`rid` decodes from iteration `it` on, having generated `g0` tokens."""

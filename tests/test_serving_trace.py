@@ -1,0 +1,123 @@
+"""`tpusim serve --perfetto`: a process per replica with its iterations, its requests' phases
+joined by flows across replicas, and KV-block and queue counters (sim/export/serving_trace.py);
+every expected value is read off the run's own request and iteration tables."""
+
+from __future__ import annotations
+
+import json
+
+from sim.export.serving_trace import export_serving
+from sim.runs import ServeRequest, run
+from workloads.models import MlpKind, TransformerSpec
+
+TINY = TransformerSpec(name="serve-tiny", num_layers=2, d_model=1024, num_heads=8,
+                       num_kv_heads=8, head_dim=128, d_ff=4096, mlp=MlpKind.SWIGLU,
+                       vocab_size=8192)
+POD = {"model": TINY, "chip": "v5e", "shape": "2x2", "mesh": "tensor=4"}
+
+
+def _trace_file(tmp_path, rows):
+    p = tmp_path / "t.csv"
+    p.write_text("arrival_s,prompt_tokens,output_tokens\n"
+                 + "".join(f"{a},{b},{c}\n" for a, b, c in rows))
+    return str(p)
+
+
+def _read(path):
+    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace
+
+    t = Trace.FromString(path.read_bytes())
+    names, parent, procs = {}, {}, {}
+    for p in t.packet:
+        if p.HasField("track_descriptor"):
+            d = p.track_descriptor
+            names[d.uuid] = d.name
+            parent[d.uuid] = d.parent_uuid
+            if d.HasField("process"):
+                procs[d.uuid] = d.process.process_name
+    slices, counters = [], {}
+    for p in t.packet:
+        if p.HasField("track_event") and p.track_event.type == 1:
+            e = p.track_event
+            args = {a.name: (a.int_value if a.HasField("int_value") else a.string_value)
+                    for a in e.debug_annotations}
+            slices.append({"t": p.timestamp, "track": names[e.track_uuid],
+                           "proc": procs[parent[e.track_uuid]], "name": e.name, "args": args,
+                           "out": list(e.flow_ids), "in": list(e.terminating_flow_ids)})
+        elif p.HasField("track_event") and p.track_event.type == 4:
+            e = p.track_event
+            key = (procs[parent[e.track_uuid]], names[e.track_uuid])
+            counters.setdefault(key, []).append((p.timestamp, e.double_counter_value))
+    return procs, slices, counters
+
+
+def test_disaggregated_trace_has_a_process_per_replica_and_each_request_flows_across(tmp_path):
+    rows = [(0.0, 16, 3), (0.001, 300, 4), (0.002, 64, 5)]
+    r = run(ServeRequest(**POD, arrival="trace", trace=_trace_file(tmp_path, rows),
+                         prefill_replicas=1, decode_replicas=1, exact_costs=True))
+    path = export_serving(r.summary, r.result, tmp_path / "s.pftrace")
+    procs, slices, counters = _read(path)
+    assert sorted(procs.values())[0].startswith("decode replica 1")
+    assert sorted(procs.values())[1].startswith("prefill replica 0")
+    its = [s for s in slices if s["track"] == "iterations"]
+    assert len(its) == len(r.result.iterations)
+    req = r.result.requests_frame()
+    for rid in range(3):
+        mine = sorted((s for s in slices if s["args"].get("request") == rid),
+                      key=lambda s: s["t"])
+        want = ["prefill", "KV transfer", "decode"] if req.queue_s[rid] == 0 else \
+            ["queued", "prefill", "KV transfer", "decode"]
+        assert [s["name"] for s in mine] == want
+        # The phases start at the request's own timestamps.
+        starts = {"queued": req.arrival_s[rid], "prefill": req.scheduled_s[rid],
+                  "KV transfer": req.first_token_s[rid], "decode": req.kv_transferred_s[rid]}
+        assert [s["t"] for s in mine] == [round(starts[s["name"]] * 1e9) for s in mine]
+        assert mine[-1]["proc"].startswith("decode") and mine[0]["proc"].startswith("prefill")
+        # One chain of flows: each phase ends the flow the one before started.
+        for a, b in zip(mine, mine[1:], strict=False):
+            assert len(a["out"]) == 1 and b["in"] == a["out"]
+        assert mine[0]["in"] == [] and mine[-1]["out"] == []
+    # KV blocks counter: every iteration's blocks in use at its start.
+    kv = counters[(sorted(procs.values())[1], "KV blocks used")]
+    want = [(round(row[2] * 1e9), float(row[9])) for row in r.result.iterations
+            if row[0] == 0]
+    assert kv == want
+    # Queue length: back to 0 once every request is scheduled, never negative.
+    q = [v for _t, v in counters[(sorted(procs.values())[1], "queue length")]]
+    assert q[-1] == 0.0 and min(q) == 0.0 and max(q) >= 1.0
+
+
+def test_iteration_slices_carry_their_batch_composition_and_the_trace_is_deterministic(
+        tmp_path):
+    kw = dict(**POD, rate=200.0, requests=40, prompt_tokens="uniform:16,200",
+              output_tokens="uniform:2,12", seed=3, replicas=2, prefill_chunk=64)
+    r = run(ServeRequest(**kw))
+    a = export_serving(r.summary, r.result, tmp_path / "a.pftrace")
+    _procs, slices, _c = _read(a)
+    its = [s for s in slices if s["track"] == "iterations"]
+    rows = sorted(r.result.iterations, key=lambda x: (x[0], x[2]))
+    got = sorted((s["proc"], s["t"], s["args"]["decode_batch"], s["args"]["prefill_tokens"])
+                  for s in its)
+    assert [(g[2], g[3]) for g in got] == [(x[4], x[7]) for x in sorted(
+        rows, key=lambda x: (f"replica {x[0]}", round(x[2] * 1e9)))]
+    r2 = run(ServeRequest(**kw))
+    b = export_serving(r2.summary, r2.result, tmp_path / "b.pftrace")
+    assert a.read_bytes() == b.read_bytes()
+    # Chrome JSON: the same slices, and flows as s/f pairs with matching ids.
+    j = json.loads(export_serving(r.summary, r.result, tmp_path / "c.json").read_text())
+    ev = j["traceEvents"]
+    assert sum(e["ph"] == "X" for e in ev) == len(slices)
+    starts = {e["id"] for e in ev if e["ph"] == "s"}
+    ends = {e["id"] for e in ev if e["ph"] == "f"}
+    assert starts == ends and len(starts) > 0
+
+
+def test_cli_writes_the_serving_trace(tmp_path, capsys):
+    from sim.cli import main
+
+    out = tmp_path / "t.pftrace"
+    code = main(["serve", "--chip", "v5e", "--shape", "2x2", "--model", "llama3-8b", "--mesh",
+                 "tensor=4", "--rate", "5", "--requests", "3", "--prompt-tokens", "fixed:32",
+                 "--output-tokens", "fixed:2", "--perfetto", str(out)])
+    assert code == 0 and out.stat().st_size > 0
+    assert "wrote" in capsys.readouterr().out.splitlines()[-1]
