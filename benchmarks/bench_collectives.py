@@ -219,7 +219,7 @@ def measure_baseline(repeats: int) -> dict:
 
 # -- in process ---------------------------------------------------------------------------------
 def _setup(case: Case):
-    from sim.hardware import get_chip
+    from sim.chips import get_chip
     from topologies.slices import resolve_topology
 
     chip = get_chip(case.chip)

@@ -23,10 +23,10 @@ from typing import Any
 
 # name -> (module, attribute in it)
 _EXPORTS = {
-    "CHIPS": ("sim.hardware", "CHIPS"),
+    "CHIPS": ("sim.chips", "CHIPS"),
     "ChipSpec": ("sim.hardware", "ChipSpec"),
-    "get_chip": ("sim.hardware", "get_chip"),
-    "load_chip": ("sim.hardware", "load_chip"),
+    "get_chip": ("sim.chips", "get_chip"),
+    "load_chip": ("sim.chips", "load_chip"),
     "CollectiveRequest": ("sim.runs.requests", "CollectiveRequest"),
     "CompareCollectivesRequest": ("sim.runs.requests", "CompareCollectivesRequest"),
     "DecodeRequest": ("sim.runs.requests", "DecodeRequest"),

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sim.hardware import ChipSpec, get_chip
+from sim.chips import get_chip
+from sim.hardware import ChipSpec
 from topologies.slices import resolve_topology
 from topologies.torus import Topology
 

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 import sim
+from sim.chips import get_chip
 from sim.cli import main
-from sim.hardware import get_chip
 from topologies.errors import TpusimError
 from workloads.models import model_from_dict
 

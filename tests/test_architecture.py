@@ -157,7 +157,6 @@ PENDING_MODULES = {
     "sim/collective_sim.py",
     "sim/engine.py",
     "sim/export/plots.py",
-    "sim/hardware.py",
     "sim/planner.py",
     "sim/runs/requests.py",
     "sim/vector_engine.py",

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from sim.chips import get_chip
 from sim.engine import replay
-from sim.hardware import get_chip
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology
 from workloads.models import load_model, model_from_dict

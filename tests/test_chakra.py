@@ -11,9 +11,9 @@ import json
 
 import pytest
 
+from sim.chips import get_chip
 from sim.cli import main
 from sim.collective_sim import simulate_collective
-from sim.hardware import get_chip
 from topologies.errors import TpusimError
 from workloads.chakra import reader
 from workloads.chakra.reader import inventory, order_nodes, read_set

@@ -9,9 +9,9 @@ import itertools
 import numpy as np
 import pytest
 
+from sim.chips import get_chip
 from sim.engine import replay
 from sim.executors import simulate_chips
-from sim.hardware import get_chip
 from sim.perchip import PerChipConfig, chip_classes
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh

@@ -10,12 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli import main, parse_bytes
-from sim.collective_sim import simulate_collective
-from sim.collectives import CollectiveKind, algorithm_names
-from sim.energy import collective_energy, energy_summary
-from sim.hardware import (
-    CHIP_FIELDS,
+from sim.chips import (
     CHIPS,
     EFFICIENCY_FIELDS,
     chip_from_dict,
@@ -23,6 +18,11 @@ from sim.hardware import (
     get_chip,
     load_chip,
 )
+from sim.cli import main, parse_bytes
+from sim.collective_sim import simulate_collective
+from sim.collectives import CollectiveKind, algorithm_names
+from sim.energy import collective_energy, energy_summary
+from sim.hardware import CHIP_FIELDS
 from topologies.errors import TpusimError
 from topologies.slices import SLICES, resolve_topology
 

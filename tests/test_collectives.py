@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from sim.chips import get_chip
 from sim.collective_sim import (
     AUTO_CANDIDATES,
     _bound_context,
@@ -30,7 +31,6 @@ from sim.collectives import (
     algorithm_names,
     build_schedule,
 )
-from sim.hardware import get_chip
 from topologies.errors import TpusimError
 from topologies.slices import resolve_topology
 

@@ -10,9 +10,9 @@ import json
 import numpy as np
 import pytest
 
+from sim.chips import get_chip
 from sim.cli import main
 from sim.collective_sim import collective_link_loads, simulate_collective
-from sim.hardware import get_chip
 from topologies.errors import TpusimError
 from topologies.groups import DetourRouter
 from topologies.scenario import scenario_from_flags

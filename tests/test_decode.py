@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from sim.chips import get_chip
 from sim.cli import main
 from sim.engine import replay
-from sim.hardware import get_chip
 from tests.conftest import make_topology
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
@@ -112,7 +112,7 @@ def test_prefill_8k_matches_book_at_40pct_mfu():
     case = _cases()["applied-inference-prefill-8k"]
     m = load_model("llama3-70b")
     # The book's estimate is against the full peak; the preset may carry a measured MXU
-    # efficiency (sim/hardware.py), which is not what this case checks.
+    # efficiency (sim/chips.py), which is not what this case checks.
     chip = get_chip("v5e").with_overrides(mxu_efficiency=1.0)
     topo = make_topology(chip, "4x4")
     cfg = DecodeConfig(batch=1, context_len=8192, prompt_len=8192)

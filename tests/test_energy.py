@@ -1,6 +1,6 @@
 """The energy, power and cost model (sim/energy.py), the power coefficients of the presets
-(sim/hardware.py) and the power cap (sim/runs/power.py), against closed forms, brute force and
-the published figures of docs/reference/power.md."""
+(sim/chip_power.py, sim/chips.py) and the power cap (sim/runs/power.py), against closed forms,
+brute force and the published figures of docs/reference/power.md."""
 
 from __future__ import annotations
 
@@ -14,6 +14,13 @@ import numpy as np
 import pytest
 
 import sim
+from sim.chip_power import (
+    MEASURED_POWER_W,
+    POWER_DERIVATION,
+    POWER_FIELDS,
+    PUBLISHED_V4_OVER_V3_PERF_PER_W,
+)
+from sim.chips import CHIPS, chip_from_dict, get_chip, power_sources
 from sim.energy import (
     CHIP_UNITS,
     MIN_SPREAD_S,
@@ -23,16 +30,6 @@ from sim.energy import (
     step_energy,
 )
 from sim.executors import simulate_step
-from sim.hardware import (
-    CHIPS,
-    MEASURED_POWER_W,
-    POWER_DERIVATION,
-    POWER_FIELDS,
-    PUBLISHED_V4_OVER_V3_PERF_PER_W,
-    chip_from_dict,
-    get_chip,
-    power_sources,
-)
 from sim.overrides import parse_overrides
 from tests.conftest import make_topology
 from topologies.errors import TpusimError

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import sim.executors as ex
+from sim.chips import get_chip
 from sim.engine import replay
 from sim.executors import Executor, choose_executor, simulate_chips, simulate_step
-from sim.hardware import get_chip
 from sim.perchip import PerChipConfig, prepare_step
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh

@@ -16,10 +16,10 @@ import yaml
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace as PerfettoTrace
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket, TrackEvent
 
+from sim.chips import get_chip
 from sim.cli import main
 from sim.engine import StepResult, replay
 from sim.export.perfetto import export_step
-from sim.hardware import get_chip
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology
 from workloads.models import model_from_dict

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
+from sim.chips import get_chip
 from sim.cli import main
-from sim.hardware import get_chip
 from tests.conftest import make_topology
 from topologies.errors import TpusimError
 from topologies.scenario import Scenario, parse_failed_chip, scenario_from_dict

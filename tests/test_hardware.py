@@ -1,5 +1,6 @@
-"""Tests for sim/hardware.py: every chip preset against the textbook table (reference/tpu.md §1),
-and custom chips from YAML (with and without `base:`), including every way a file can be wrong.
+"""Tests for sim/hardware.py and sim/chips.py: every chip preset against the textbook table
+(reference/tpu.md §1), and custom chips from YAML (with and without `base:`), including every
+way a file can be wrong.
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ import math
 
 import pytest
 
-from sim.hardware import CHIP_FIELDS, CHIPS, ChipSpec, chip_from_dict, get_chip, load_chip
+from sim.chips import CHIPS, chip_from_dict, get_chip, load_chip
+from sim.hardware import CHIP_FIELDS, ChipSpec
 from topologies.errors import TpusimError
 
 # tpu.md §1.1 (chip table) and "Other interconnect and host numbers". None = the book gives no

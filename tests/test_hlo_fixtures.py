@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from sim.chips import get_chip
 from sim.engine import replay
-from sim.hardware import get_chip
 from tests.conftest import make_topology
 from validation import make_hlo_fixtures, xla_crosscheck
 from workloads.hlo.lower import import_hlo

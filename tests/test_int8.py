@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from sim.chips import get_chip
 from sim.cli import main
-from sim.hardware import get_chip
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
 from workloads.models import model_from_dict

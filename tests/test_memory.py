@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from sim.chips import get_chip
 from sim.cli import main
 from sim.engine import replay
-from sim.hardware import get_chip
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology
@@ -667,7 +667,7 @@ def test_one_fsdp_axis_fuses_scores_with_exponentials_when_no_gather_is_windowed
 
 
 def test_score_exp_fusion_is_true_or_false_in_a_chip_file(tmp_path):
-    from sim.hardware import chip_from_dict
+    from sim.chips import chip_from_dict
 
     assert chip_from_dict({"base": "v5e", "score_exp_fusion": True}).score_exp_fusion is True
     with pytest.raises(TpusimError, match="score_exp_fusion = 'yes' must be true or false"):

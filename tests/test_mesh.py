@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from sim.hardware import get_chip
+from sim.chips import get_chip
 from topologies.errors import TpusimError
 from topologies.mesh import LOGICAL_AXES, LogicalMesh, parse_mesh, place_mesh
 from topologies.slices import resolve_topology

@@ -8,9 +8,9 @@ import re
 
 import pytest
 
+from sim.chips import get_chip
 from sim.cli import main
 from sim.engine import replay
-from sim.hardware import get_chip
 from tests.conftest import make_topology
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sim.chips import get_chip
 from sim.cli import main
-from sim.hardware import get_chip
 from sim.overrides import parse_overrides
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
+from sim.chips import get_chip
 from sim.collective_sim import simulate_collective
-from sim.hardware import get_chip
 from tests.conftest import make_topology
 from topologies.errors import TpusimError
 

@@ -9,13 +9,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sim.chips import get_chip
 from sim.collective_sim import (
     collective_link_loads,
     orbit_periods,
     simulate_collective,
 )
 from sim.collectives import build_schedule
-from sim.hardware import get_chip
 from topologies.errors import TpusimError
 from topologies.groups import axis_factor
 from topologies.slices import resolve_topology

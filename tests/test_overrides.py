@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sim.chips import get_chip
 from sim.cli import main
-from sim.hardware import CHIP_FIELDS, get_chip
+from sim.hardware import CHIP_FIELDS
 from sim.overrides import allowed_keys, parse_overrides
 from topologies.errors import TpusimError
 from workloads.models import MODELS, model_from_dict
@@ -322,7 +323,7 @@ def test_attention_pattern_fields_are_overridable_and_validated_like_the_model_f
     ("ici_link_bytes_per_s", "x0.5"), ("ici_links_per_chip", "x1"), ("mxu_efficiency", "0.5"),
 ])
 def test_chip_yaml_takes_the_units_and_multipliers_set_takes(tmp_path, key, text):
-    from sim.hardware import load_chip
+    from sim.chips import load_chip
 
     path = tmp_path / "c.yaml"
     path.write_text(f"base: v5e\n{key}: {text}\n", encoding="utf-8")
@@ -333,7 +334,7 @@ def test_chip_yaml_takes_the_units_and_multipliers_set_takes(tmp_path, key, text
 
 
 def test_chip_yaml_multiplier_without_a_base_says_to_add_one(tmp_path):
-    from sim.hardware import load_chip
+    from sim.chips import load_chip
 
     path = tmp_path / "c.yaml"
     path.write_text("hbm_bytes_per_s: x2\n", encoding="utf-8")
@@ -346,7 +347,7 @@ def test_chip_yaml_multiplier_without_a_base_says_to_add_one(tmp_path):
                                       ("x0", "positive finite"), ("xabc", "not a number"),
                                       ("１８０GB/s", "not a number")])
 def test_chip_yaml_refuses_the_texts_set_refuses_in_one_line(tmp_path, text, why):
-    from sim.hardware import load_chip
+    from sim.chips import load_chip
 
     path = tmp_path / "c.yaml"
     path.write_text(f"base: v5e\nici_link_bytes_per_s: '{text}'\n", encoding="utf-8")

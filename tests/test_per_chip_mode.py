@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from sim.chips import get_chip
 from sim.collective_sim import simulate_collective
 from sim.collectives import CollectiveKind, algorithm_names
-from sim.hardware import get_chip
 from topologies.errors import TpusimError
 from topologies.slices import resolve_topology
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from sim.chips import get_chip
 from sim.cli import main
-from sim.hardware import get_chip
 from sim.perchip import PerChipConfig
 from sim.pipeline import (
     check_schedule,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from sim.chips import get_chip
 from sim.cli import main, request_from_argv
-from sim.hardware import get_chip
 from sim.planner import (
     PlanConfig,
     enumerate_candidates,

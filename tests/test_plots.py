@@ -257,8 +257,8 @@ def test_per_chip_maps_give_the_straggler_the_extreme_colour(tiny):
 def test_chip_map_labels_fit_the_figure_at_every_pod_size(shape):
     """The colour bar's label and ticks, the panels' titles and tick labels lie inside the
     figure on pods of 4 to 8,960 chips (the colour bar label was clipped)."""
+    from sim.chips import get_chip
     from sim.export.plots import chip_map_figure
-    from sim.hardware import get_chip
     from topologies.slices import resolve_topology
 
     chip = get_chip("v5p" if shape.count("x") == 2 else "v5e")

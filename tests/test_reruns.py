@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sim.chips import get_chip
 from sim.cli import main
-from sim.hardware import get_chip
 from topologies.mesh import parse_mesh, place_mesh
 from topologies.slices import resolve_topology
 

@@ -12,7 +12,7 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from sim.hardware import get_chip
+from sim.chips import get_chip
 from sim.routing import link_model, send_batch
 from topologies.errors import TpusimError
 from topologies.slices import SLICES, default_wraparound, resolve_topology

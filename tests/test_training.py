@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sim.chips import get_chip
 from sim.cli import main
 from sim.engine import BREAKDOWN_KEYS, StepResult, replay
-from sim.hardware import ChipSpec, get_chip
+from sim.hardware import ChipSpec
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology

@@ -11,9 +11,9 @@ import networkx as nx
 import numpy as np
 import pytest
 
+from sim.chips import get_chip
 from sim.cli import main as cli_main
 from sim.collective_sim import simulate_collective
-from sim.hardware import get_chip
 from topologies.errors import TpusimError
 from topologies.groups import lattice_offsets, route_pairs_links, slice_axes
 from topologies.metrics import (

@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from sim.chips import get_chip
 from sim.engine import replay
 from sim.executors import simulate_chips
-from sim.hardware import get_chip
 from sim.perchip import PerChipConfig
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import sim.executors as ce
-from sim.hardware import get_chip
+from sim.chips import get_chip
 from sim.perchip import PerChipConfig
 from sim.pipeline import simulate_pipeline_chips, stage_of_chips
 from tests.conftest import make_topology

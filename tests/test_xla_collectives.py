@@ -70,8 +70,8 @@ def test_backward_matmuls_split_into_input_and_weight_gradients():
     nrm = [o for o in trace.ops if o.name == "norm_mlp_bwd" and o.layer == 1][0]
     assert ar.id in nrm.deps and dw.id < nrm.id
     # Replayed, the all-reduce is in flight while the dW matmul runs.
+    from sim.chips import get_chip
     from sim.engine import replay
-    from sim.hardware import get_chip
     from topologies.slices import resolve_topology
 
     chip = get_chip("v5e")
@@ -146,8 +146,8 @@ def test_per_matrix_cross_slice_all_reduces_pay_the_dcn_message_overhead_one_aft
     # of 2 (N - 1) = 2 messages each, one after another and blocking, where the per-layer form
     # sends one: 7 more per layer, 2 x 7 x 2 o over the two layers (the transfers themselves
     # are 0.1 ms or less).
+    from sim.chips import get_chip
     from sim.engine import replay
-    from sim.hardware import get_chip
     from topologies.slices import resolve_topology
 
     o = 20e-3
@@ -187,8 +187,8 @@ def test_fsdp_grad_all_reduce_exposes_the_top_layers_reduction():
     # the next layer's backward; all-reduced synchronously it delays that backward by at least
     # its own collective time (each all-reduce alone, concurrent on the same links: their
     # drain times add up, minus the overlap of their hop latencies).
+    from sim.chips import get_chip
     from sim.engine import collective_groups, cost_collective, replay
-    from sim.hardware import get_chip
     from topologies.slices import resolve_topology
 
     chip = get_chip("v6e")
@@ -207,8 +207,8 @@ def test_fsdp_grad_all_reduce_exposes_the_top_layers_reduction():
 
 @pytest.mark.parametrize("algorithm", ["ring", "direct"])
 def test_each_dcn_message_costs_its_overhead_once_per_step(algorithm):
+    from sim.chips import get_chip
     from sim.engine import collective_groups, cost_collective
-    from sim.hardware import get_chip
     from topologies.slices import resolve_topology
     from workloads.trace import Op, OpKind, Trace
 
@@ -539,7 +539,7 @@ ENTRY %main (p: bf16[8,4]) -> bf16[3,4] {{
           "mesh_device_ids": [0, 1, 2, 3], "ops": ops}
     assert xc.xla_logical_bytes(xr) == {("reduce-scatter", "fsdp"): 13 * 4 * 2}
     # tpusim import-hlo runs the fusion as one reduce-scatter of the padded operand too.
-    from sim.hardware import get_chip
+    from sim.chips import get_chip
     from tests.conftest import make_topology
     from workloads.hlo.lower import import_hlo
 
@@ -690,8 +690,8 @@ def test_an_all_reduced_gradient_moves_twice_a_reduce_scatters_bytes():
     # Same V on a 16-chip wrapped ring (v5e x = 0..15), ring algorithm: a reduce-scatter puts
     # (N-1)/N V on the busiest link, an all-reduce 2(N-1)/N V (the reduce-scatter and then an
     # all-gather of the sums).
+    from sim.chips import get_chip
     from sim.collective_sim import simulate_collective
-    from sim.hardware import get_chip
     from topologies.slices import resolve_topology
 
     chip = get_chip("v5e")

@@ -31,9 +31,9 @@ def _heavy(chip: str):
 def _roofline_flop_per_j(name: str) -> float:
     """FLOPs per chip joule of one matmul at the roofline (MXU at peak, HBM at full bandwidth,
     efficiencies 1): the workload the ratios are applied at."""
+    from sim.chips import get_chip
     from sim.energy import CHIP_UNITS, step_energy
     from sim.executors import simulate_step
-    from sim.hardware import get_chip
     from topologies.mesh import parse_mesh
     from topologies.slices import resolve_topology
     from workloads.trace import Op, OpKind, Trace, Unit
@@ -53,11 +53,7 @@ def _roofline_flop_per_j(name: str) -> float:
 
 def section() -> str:
     """The "Energy" section of docs/validation.md (markdown, no trailing newline)."""
-    from sim.hardware import (
-        MEASURED_POWER_W,
-        POWER_DERIVATION,
-        PUBLISHED_V4_OVER_V3_PERF_PER_W,
-    )
+    from sim.chip_power import MEASURED_POWER_W, POWER_DERIVATION, PUBLISHED_V4_OVER_V3_PERF_PER_W
 
     runs = {chip: _heavy(chip) for chip in SHAPES}
     lines = [

@@ -16,8 +16,8 @@ import re
 import sys
 from pathlib import Path
 
+from sim.chips import get_chip
 from sim.engine import collective_groups, replay
-from sim.hardware import get_chip
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology
 from validation import xla_compile

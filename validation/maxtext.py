@@ -35,8 +35,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sim.chips import get_chip
 from sim.engine import replay
-from sim.hardware import ChipSpec, get_chip
+from sim.hardware import ChipSpec
 from topologies.mesh import parse_mesh
 from validation import energy, template, xla_crosscheck, xla_moe_pair
 from validation.maxtext_runs import (

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.hardware import get_chip
+from sim.chips import get_chip
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
 from topologies.slices import SLICES, resolve_topology

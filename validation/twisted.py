@@ -23,7 +23,7 @@ PER_PAIR = (4 << 10, 64 << 10, 1 << 20, 8 << 20)  # bytes each chip sends each o
 
 
 def _pods():
-    from sim.hardware import get_chip
+    from sim.chips import get_chip
     from topologies.slices import resolve_topology
 
     chip = get_chip("v4")

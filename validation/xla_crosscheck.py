@@ -49,8 +49,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from sim.chips import get_chip
 from sim.engine import compute_op_times, replay
-from sim.hardware import get_chip
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology
 from validation import xla_compile

@@ -45,8 +45,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from sim.chips import get_chip
 from sim.engine import compute_op_times
-from sim.hardware import get_chip
 from topologies.mesh import parse_mesh
 from validation import xla_compile
 from workloads.models import model_from_dict

@@ -155,7 +155,7 @@ def read_module(name: str, text: str) -> dict:
     from workloads.trace import OpKind
 
     chip, shape = CHIPS[CONFIGS[name]["chip"]][0].split(":")
-    from sim.hardware import get_chip
+    from sim.chips import get_chip
 
     c = get_chip(chip)
     topo = resolve_topology(chip_name=c.name, wrap_rule=c.generation_rule,

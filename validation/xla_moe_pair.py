@@ -46,8 +46,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from sim.chips import get_chip
 from sim.engine import compute_op_times, replay
-from sim.hardware import get_chip
 from validation import maxtext_runs, xla_compile
 from validation.xla_crosscheck import estimated_cycles, op_name, trip_count
 from workloads.hlo.lower import conv_flops

@@ -186,7 +186,7 @@ def _reason_words(algorithm: str, reason: str) -> str:
 def cmd_topology(args: argparse.Namespace) -> int:
     """Diameter, average hops, bisection and all-to-all bound of one slice, and with
     `--twist` the twisted wiring's beside the plain one's (topologies/metrics.py)."""
-    from sim.hardware import load_chip
+    from sim.chips import load_chip
     from sim.overrides import parse_overrides, set_pairs
     from topologies.metrics import compare_report
     from topologies.slices import SLICES, resolve_topology, untwisted_name
@@ -255,7 +255,7 @@ def _algo_label(r: dict) -> str:
 def cmd_presets(args: argparse.Namespace) -> int:
     """Chip presets (every field under its chip YAML key, with where each efficiency factor
     comes from) and named slices; `--chip X --json` prints one chip file."""
-    from sim.hardware import CHIPS, efficiency_sources, load_chip, power_sources
+    from sim.chips import CHIPS, efficiency_sources, load_chip, power_sources
     from topologies.slices import SLICES, default_wraparound
 
     if args.chip:
@@ -325,7 +325,7 @@ def _print_sources(sources: dict[str, dict[str, dict]]) -> None:
                 continue
             print(f"  {name} {field} = {e['value']:g}: {e['kind']}, {e['source']}")
     for source, fields in assumed.items():
-        from sim.hardware import EFFICIENCY_FIELDS
+        from sim.chips import EFFICIENCY_FIELDS
 
         names = sorted(set(fields), key=EFFICIENCY_FIELDS.index)
         print(f"  the rest ({'/'.join(f.removesuffix('_efficiency') for f in names)}): "

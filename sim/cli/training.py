@@ -472,10 +472,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Simulate a LLaMA-3-8B step on a v5e-16 (mesh fsdp=4, tensor=4) and compare all-gather
     algorithms on the wrapped x axis of a 16x16 v5e; write a summary, a Perfetto trace, tables and
     plots into --out."""
+    from sim.chips import get_chip
     from sim.collective_sim import simulate_collective
     from sim.executors import Executor, simulate_step
     from sim.export.output import check_output_dir, write_json, write_tables
-    from sim.hardware import get_chip
     from sim.runs.result import describe_chip, tpusim_version
     from sim.runs.train import training_summary
     from topologies.mesh import parse_mesh

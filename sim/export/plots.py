@@ -285,9 +285,9 @@ def step_link_shares(result) -> tuple[np.ndarray, bool]:
     alike (share 1); on a line, or a factor of an axis, the links differ. Returns the shares
     and whether every collective could be routed (one that cannot, such as a permute over
     several axes, is spread evenly over its class: share 1)."""
+    from sim.chips import get_chip
     from sim.collective_sim import simulate_collective
     from sim.engine import OP_COLUMNS
-    from sim.hardware import get_chip
 
     topo = result.pod
     n, nl = topo.num_ici_links, 2 * topo.ndim

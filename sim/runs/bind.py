@@ -9,8 +9,9 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+from sim.chips import load_chip
 from sim.executors import simulate_step as run_step
-from sim.hardware import ChipSpec, load_chip
+from sim.hardware import ChipSpec
 from sim.overrides import Overrides
 from sim.perchip import PerChipConfig
 from sim.runs.requests import Request

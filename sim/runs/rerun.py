@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sim.hardware import chip_from_dict
+from sim.chips import chip_from_dict
 from sim.runs import REQUESTS, Request, Run, run
 from topologies.errors import TpusimError
 from topologies.scenario import scenario_from_dict
