@@ -117,8 +117,8 @@ def base_trace() -> str:
         import yaml
 
         from topologies.mesh import parse_mesh
-        from workloads.models import model_from_dict
         from workloads.training import TrainingConfig, compile_training_step
+        from workloads.zoo import model_from_dict
 
         model = model_from_dict(yaml.safe_load(TINY_MODEL))
         trace = compile_training_step(model, parse_mesh("fsdp=4"), 4,

@@ -14,7 +14,7 @@ import sim
 from sim.chips import get_chip
 from sim.cli import main
 from topologies.errors import TpusimError
-from workloads.models import model_from_dict
+from workloads.zoo import model_from_dict
 
 TINY = {
     "name": "tiny", "num_layers": 2, "d_model": 256, "num_heads": 4, "num_kv_heads": 2,

@@ -165,7 +165,6 @@ PENDING_MODULES = {
     "validation/xla_memory.py",
     "workloads/decode.py",
     "workloads/hlo/lower.py",
-    "workloads/models.py",
 }
 PENDING_FUNCTIONS = {
     "sim/chip_engine.py:run_classes",

@@ -11,9 +11,9 @@ from sim.chips import get_chip
 from sim.engine import replay
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology
-from workloads.models import load_model, model_from_dict
 from workloads.trace import Op, OpKind, Trace, Unit
 from workloads.training import Remat, TrainingConfig, compile_training_step
+from workloads.zoo import load_model, model_from_dict
 
 
 def _case(reference_dir, case_id: str) -> dict:

@@ -16,9 +16,9 @@ from sim.perchip import PerChipConfig, chip_classes
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology
-from workloads.models import model_from_dict
 from workloads.trace import OpKind
 from workloads.training import TrainingConfig, compile_training_step
+from workloads.zoo import model_from_dict
 
 # One layer keeps the brute-force oracle (one actor per chip) fast on 64 chips.
 TINY = {

@@ -14,8 +14,8 @@ from sim.executors import simulate_chips
 from sim.perchip import PerChipConfig
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology
-from workloads.models import model_from_dict
 from workloads.training import TrainingConfig, compile_training_step
+from workloads.zoo import model_from_dict
 
 TINY = {
     "name": "tiny1", "num_layers": 1, "d_model": 256, "num_heads": 4, "num_kv_heads": 2,

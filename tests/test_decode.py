@@ -24,7 +24,8 @@ from workloads.decode import (
     decode_roofline_s,
     max_batch_that_fits,
 )
-from workloads.models import MlpKind, TransformerSpec, load_model
+from workloads.models import MlpKind, TransformerSpec
+from workloads.zoo import load_model
 
 REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "reference"
 
@@ -583,8 +584,8 @@ def test_a_prefill_too_large_for_one_program_names_its_chunks_and_layers(monkeyp
     import functools
 
     import workloads.decode as decode
-    from workloads.models import model_from_dict
     from workloads.trace import TraceBuilder
+    from workloads.zoo import model_from_dict
 
     monkeypatch.setattr(decode, "TraceBuilder", functools.partial(TraceBuilder, max_ops=20))
     model = model_from_dict({"name": "t", "num_layers": 2, "d_model": 256, "num_heads": 4,

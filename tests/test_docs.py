@@ -275,7 +275,7 @@ def test_every_flag_with_a_default_value_states_it_in_its_help():
 
 
 def test_the_models_guide_names_every_zoo_model_and_no_other():
-    from workloads.models import MODELS
+    from workloads.zoo import MODELS
 
     text = (REPO / "docs" / "howto" / "custom.md").read_text()
     bullet = text[text.index("* a zoo name:"):text.index("* or a YAML file")]

@@ -22,9 +22,9 @@ from sim.engine import StepResult, replay
 from sim.export.perfetto import export_step
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology
-from workloads.models import model_from_dict
 from workloads.trace import Op, Trace, Unit
 from workloads.training import Remat, TrainingConfig, compile_training_step
+from workloads.zoo import model_from_dict
 
 TINY = {
     "name": "tiny", "num_layers": 2, "d_model": 256, "num_heads": 4, "num_kv_heads": 4,

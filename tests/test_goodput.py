@@ -339,7 +339,7 @@ def test_the_step_time_comes_from_the_step_model_run_as_a_library(monkeypatch):
     assert r.summary["train"]["model"] == "llama3-8b"
     # Checkpoint costs from the model's bytes: bf16 parameters and two fp32 Adam moments, 10
     # bytes a parameter, over the slice's DCN egress (6.25e9 B/s a chip on v4).
-    from workloads.models import model_from_dict
+    from workloads.zoo import model_from_dict
 
     params = model_from_dict(r.inputs["model"]).num_params
     assert r.checkpoint_bytes == pytest.approx(10 * params)

@@ -12,7 +12,6 @@ from sim.chips import get_chip
 from sim.cli import main
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
-from workloads.models import model_from_dict
 from workloads.trace import OpKind, Unit
 from workloads.training import TrainingConfig, compile_training_step
 from workloads.training.quant import (
@@ -24,6 +23,7 @@ from workloads.training.quant import (
     SR_FLOPS_PER_ELEMENT,
     quantize_cost,
 )
+from workloads.zoo import model_from_dict
 
 # A GeLU layer (two MLP matrices): d_model 256, 8 heads of 32 (4 KV heads), d_ff 1024, 2
 # layers, vocab 512.

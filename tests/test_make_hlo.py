@@ -14,7 +14,7 @@ import pytest
 from sim.cli import main
 from workloads.hlo import jaxgen
 from workloads.hlo.make import have_jax, program_config
-from workloads.models import MODELS
+from workloads.zoo import MODELS
 
 BASE = ["make-hlo-fixture", "--chip", "v5e", "--shape", "2x2", "--mesh", "fsdp=4", "--model",
         "llama3-8b", "--layers", "1", "--seq-len", "256"]

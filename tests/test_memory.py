@@ -25,8 +25,8 @@ from workloads.memory import (
     saved_tensors,
     windowed_head_gradient_bytes,
 )
-from workloads.models import model_from_dict
 from workloads.training import Remat, TrainingConfig, compile_training_step
+from workloads.zoo import model_from_dict
 
 # One SwiGLU layer's per-chip widths: 100 tokens, context 50, d_model 8, 2 local heads of 4
 # (q width 8), one KV head of 4, d_ff 16.

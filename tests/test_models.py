@@ -1,6 +1,6 @@
-"""Tests for workloads/models.py: parameter and FLOP arithmetic against the textbook's worked
-numbers (reference/book_cases.json) and MaxText's FLOP eras (reference/maxtext_runs.json), the
-model zoo, and the YAML boundary.
+"""Tests for workloads/models.py, model_checks.py and zoo.py: parameter and FLOP arithmetic
+against the textbook's worked numbers (reference/book_cases.json) and MaxText's FLOP eras
+(reference/maxtext_runs.json), the model zoo, and the YAML boundary.
 """
 
 from __future__ import annotations
@@ -16,15 +16,13 @@ import yaml
 from topologies.errors import TpusimError
 from workloads.models import (
     MODEL_FIELDS,
-    MODELS,
     OPTIONAL_FIELDS,
     MaxTextFlopEra,
     MlpKind,
     TransformerSpec,
     causal_window_pairs,
-    load_model,
-    model_from_dict,
 )
+from workloads.zoo import MODELS, load_model, model_from_dict
 
 REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "reference"
 

@@ -15,9 +15,9 @@ from tests.conftest import make_topology
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
 from workloads.decode import DecodeConfig, compile_decode_step
-from workloads.models import model_from_dict
 from workloads.moe import MoeConfig, expert_capacity, expert_shares, plan_routing, shard_shares
 from workloads.training import TrainingConfig, compile_training_step
+from workloads.zoo import model_from_dict
 
 # Wide enough that the expert matmuls are MXU-bound on a v5e.
 MOE = {

@@ -19,15 +19,10 @@ from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology
 from workloads.decode import DecodeConfig, compile_decode_step, compile_prefill, memory_plan
-from workloads.models import (
-    MODELS,
-    TransformerSpec,
-    causal_chunk_pairs,
-    load_model,
-    model_from_dict,
-)
+from workloads.models import TransformerSpec, causal_chunk_pairs
 from workloads.trace import OpKind, Unit
 from workloads.training import Remat, TrainingConfig, compile_training_step
+from workloads.zoo import MODELS, load_model, model_from_dict
 
 # A tiny MLA model: L=2, D=256, N=4 heads of 96 (64 without rotary + 32 rotary), values of
 # 64, query latent 128, key-value latent 64, SwiGLU d_ff 512, vocab 512.

@@ -11,9 +11,9 @@ from sim.chips import get_chip
 from sim.engine import replay
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology
-from workloads.models import model_from_dict
 from workloads.trace import Trace
 from workloads.training import Remat, TrainingConfig, compile_training_step
+from workloads.zoo import model_from_dict
 
 
 @pytest.mark.parametrize(("chip", "dim", "fill"), [

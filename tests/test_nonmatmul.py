@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from topologies.mesh import parse_mesh
-from workloads.models import model_from_dict
 from workloads.training import Remat, TrainingConfig, compile_training_step
+from workloads.zoo import model_from_dict
 
 TINY = {"name": "tiny", "num_layers": 2, "d_model": 64, "num_heads": 4, "num_kv_heads": 2,
         "head_dim": 16, "d_ff": 128, "mlp": "swiglu", "vocab_size": 256}

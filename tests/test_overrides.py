@@ -16,7 +16,7 @@ from sim.cli import main
 from sim.hardware import CHIP_FIELDS
 from sim.overrides import allowed_keys, parse_overrides
 from topologies.errors import TpusimError
-from workloads.models import MODELS, model_from_dict
+from workloads.zoo import MODELS, model_from_dict
 
 TINY = {
     "name": "tiny", "num_layers": 2, "d_model": 256, "num_heads": 4, "num_kv_heads": 2,
@@ -362,7 +362,7 @@ def test_model_yaml_takes_multipliers_of_its_base_and_numbers_as_text(tmp_path):
     path = tmp_path / "m.yaml"
     path.write_text("base: llama3-8b\nnum_layers: x2\nd_ff: '14336'\nvocab_size: '1e3'\n",
                     encoding="utf-8")
-    from workloads.models import load_model
+    from workloads.zoo import load_model
 
     m = load_model(str(path))
     base = MODELS.get("llama3-8b")
@@ -372,7 +372,7 @@ def test_model_yaml_takes_multipliers_of_its_base_and_numbers_as_text(tmp_path):
 
 
 def test_model_yaml_multiplier_needs_a_base_and_a_whole_result(tmp_path):
-    from workloads.models import load_model
+    from workloads.zoo import load_model
 
     path = tmp_path / "m.yaml"
     path.write_text(yaml.safe_dump({**TINY, "d_ff": "x2"}), encoding="utf-8")

@@ -20,8 +20,8 @@ from tests.conftest import make_topology
 from tests.pipeline_reference import simulate_pipeline
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
-from workloads.models import model_from_dict
 from workloads.training import TrainingConfig, compile_pipeline_chunk, parse_remat
+from workloads.zoo import model_from_dict
 
 # Tiny vocabulary: the embedding and the loss add little to the first and last stage.
 PP = {"name": "pp", "num_layers": 8, "d_model": 1024, "num_heads": 8, "num_kv_heads": 8,

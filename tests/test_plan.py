@@ -25,13 +25,13 @@ from sim.studies.points import run_point
 from topologies.errors import TpusimError
 from topologies.mesh import LogicalMesh
 from topologies.slices import resolve_topology
-from workloads.models import load_model
 from workloads.training import (
     Remat,
     TrainingConfig,
     compile_training_step,
     estimate_training_memory,
 )
+from workloads.zoo import load_model
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import pytest
 from sim.cli import main
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
-from workloads.models import model_from_dict
 from workloads.trace import Unit
 from workloads.training import (
     Remat,
@@ -19,6 +18,7 @@ from workloads.training import (
     estimate_training_memory,
 )
 from workloads.training.remat import MAXTEXT_POLICIES, remat_plan
+from workloads.zoo import model_from_dict
 
 # A GeLU layer (two MLP matrices) small enough to compile in a blink: d_model 256, 8 heads of
 # 32 (4 KV heads), d_ff 1024, 2 layers, vocab 512.

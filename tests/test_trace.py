@@ -14,9 +14,9 @@ import pytest
 from sim.cli import main
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
-from workloads.models import model_from_dict
 from workloads.trace import OP_COLUMNS, TRACE_FORMAT, TRACE_VERSION, Op, OpKind, Trace, Unit
 from workloads.training import Remat, TrainingConfig, compile_training_step
+from workloads.zoo import model_from_dict
 
 TINY = {
     "name": "tiny", "num_layers": 2, "d_model": 128, "num_heads": 4, "num_kv_heads": 2,
@@ -351,9 +351,9 @@ def test_training_trace_without_its_summary_fields_is_refused():
 
 def _training_trace_json() -> str:
     from topologies.mesh import parse_mesh as _pm
-    from workloads.models import model_from_dict as _md
     from workloads.training import TrainingConfig as _tc
     from workloads.training import compile_training_step as _cts
+    from workloads.zoo import model_from_dict as _md
 
     spec = _md({"name": "t", "num_layers": 1, "d_model": 128, "num_heads": 2, "num_kv_heads": 2,
                 "head_dim": 64, "d_ff": 256, "mlp": "relu", "vocab_size": 256})

@@ -25,9 +25,10 @@ from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology
 from topologies.torus import Topology
 from workloads.memory import MEMORY_CATEGORIES
-from workloads.models import TransformerSpec, model_from_dict
+from workloads.models import TransformerSpec
 from workloads.trace import OpKind, Trace, Unit
 from workloads.training import Optimizer, Remat, TrainingConfig, compile_training_step
+from workloads.zoo import model_from_dict
 
 # L=2, D=256, N=4 query heads, K=2 KV heads of H=64, F=1024 SwiGLU, V=512, untied.
 TINY = {

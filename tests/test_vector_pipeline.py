@@ -18,8 +18,8 @@ from sim.perchip import PerChipConfig
 from sim.pipeline import simulate_pipeline_chips, stage_of_chips
 from tests.conftest import make_topology
 from topologies.mesh import parse_mesh
-from workloads.models import model_from_dict
 from workloads.training import TrainingConfig, parse_remat
+from workloads.zoo import model_from_dict
 
 # Two layers per stage at most, a tiny vocabulary: a few thousand ops per stage program.
 MODEL = {"name": "pp", "num_layers": 4, "d_model": 512, "num_heads": 4, "num_kv_heads": 4,

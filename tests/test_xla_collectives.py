@@ -7,8 +7,8 @@ import pytest
 
 from topologies.mesh import parse_mesh
 from validation import xla_crosscheck
-from workloads.models import model_from_dict
 from workloads.training import Remat, TrainingConfig, compile_training_step
+from workloads.zoo import model_from_dict
 
 SMALL = {"name": "small", "num_layers": 2, "d_model": 512, "num_heads": 4, "num_kv_heads": 2,
          "head_dim": 128, "d_ff": 1024, "vocab_size": 1024, "mlp": "swiglu"}

@@ -22,9 +22,9 @@ from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology
 from validation import xla_compile
 from workloads.hlo.lower import collective_axes_label, import_hlo
-from workloads.models import model_from_dict
 from workloads.trace import OpKind
 from workloads.training import Remat, TrainingConfig, compile_training_step
+from workloads.zoo import model_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "hlo"

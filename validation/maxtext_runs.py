@@ -18,9 +18,10 @@ from sim.chips import get_chip
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
 from topologies.slices import SLICES, resolve_topology
-from workloads.models import TransformerSpec, model_from_dict
+from workloads.models import TransformerSpec
 from workloads.moe import MoeConfig
 from workloads.training import Remat, TrainingConfig, compile_training_step
+from workloads.zoo import model_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_DIR = ROOT / "docs" / "reference"

@@ -391,7 +391,7 @@ def compile_into_cache(names: Iterable[str], path: Path, compile_one: Callable[[
 
 
 def tpusim_model_dict(dims: dict, num_layers: int, name: str, base: str | None = None) -> dict:
-    """A tpusim model (the dict `workloads.models.model_from_dict` reads) with these widths:
+    """A tpusim model (the dict `workloads.zoo.model_from_dict` reads) with these widths:
     from a zoo model (`base`) or from scratch (SwiGLU, untied embeddings, as `Decoder`)."""
     head = {"base": base} if base else {"mlp": "swiglu", "tied_embeddings": False}
     return {**head, "name": name, "num_layers": num_layers, **dims}

@@ -67,10 +67,10 @@ from workloads.hlo.parser import (
     replica_groups,
     source_target_pairs,
 )
-from workloads.models import load_model, model_from_dict
 from workloads.moe import MoeConfig
 from workloads.trace import OpKind
 from workloads.training import Remat, TrainingConfig, compile_training_step
+from workloads.zoo import load_model, model_from_dict
 
 REPO = xla_compile.REPO
 

@@ -49,8 +49,8 @@ from sim.chips import get_chip
 from sim.engine import compute_op_times
 from topologies.mesh import parse_mesh
 from validation import xla_compile
-from workloads.models import model_from_dict
 from workloads.training import Remat, TrainingConfig, compile_training_step
+from workloads.zoo import model_from_dict
 
 REPO = xla_compile.REPO
 CACHE = xla_compile.RESULTS / "xla_flash_cost.json"

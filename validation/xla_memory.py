@@ -42,8 +42,8 @@ from pathlib import Path
 
 from topologies.mesh import parse_mesh
 from validation import xla_compile, xla_flash_cost, xla_live_ranges
-from workloads.models import model_from_dict
 from workloads.training import XLA_MAX_WINDOWED_RING, Remat, TrainingConfig, compile_training_step
+from workloads.zoo import model_from_dict
 
 REPO = xla_compile.REPO
 CACHE = xla_compile.RESULTS / "xla_memory.json"

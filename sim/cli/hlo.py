@@ -80,7 +80,7 @@ def cmd_make_hlo_fixture(args: argparse.Namespace) -> int:
     from sim.export.output import atomic_write, check_output_file  # loaded when it runs
     from topologies.slices import SLICES, resolve_topology, untwisted_name
     from workloads.hlo.make import compile_hlo, program_config
-    from workloads.models import load_model
+    from workloads.zoo import load_model
 
     check_output_file(args.output, "-o")
     if args.slice_name is not None:

@@ -357,8 +357,8 @@ def _model_cells(m) -> list[str]:
 
 
 def models_section() -> list[str]:
-    """The zoo (`workloads.models.MODELS`), one row per model with its other names."""
-    from workloads.models import MODEL_ALIASES, MODEL_SOURCES, MODELS
+    """The zoo (`workloads.zoo.MODELS`), one row per model with its other names."""
+    from workloads.zoo import MODEL_ALIASES, MODEL_SOURCES, MODELS
 
     lines = [
         "## Model presets",

@@ -480,8 +480,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from sim.runs.train import training_summary
     from topologies.mesh import parse_mesh
     from topologies.slices import resolve_topology
-    from workloads.models import load_model
     from workloads.training import Remat, TrainingConfig, compile_training_step
+    from workloads.zoo import load_model
 
     check_output_dir(args.out, "--out directory")
     out = Path(args.out)

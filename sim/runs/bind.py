@@ -20,8 +20,9 @@ from topologies.errors import TpusimError
 from topologies.scenario import Scenario, load_scenario, scenario_from_flags
 from topologies.slices import SLICES, resolve_topology, untwisted_name
 from topologies.torus import Topology
-from workloads.models import TransformerSpec, load_model
+from workloads.models import TransformerSpec
 from workloads.moe import MoeConfig, expert_op_scales
+from workloads.zoo import load_model
 
 
 @dataclass(frozen=True)

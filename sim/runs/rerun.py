@@ -17,7 +17,7 @@ from topologies.errors import TpusimError
 from topologies.scenario import scenario_from_dict
 from topologies.validate import MAX_TRACE_FILE_BYTES, short_repr
 from topologies.yamlio import _Refused, parse_json, read_text_bounded
-from workloads.models import model_from_dict
+from workloads.zoo import model_from_dict
 
 RERUNNABLE = ("collective", "compare-collectives", "train", "replay", "decode", "prefill",
               "serve-sweep", "serve", "goodput")

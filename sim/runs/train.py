@@ -34,7 +34,6 @@ from topologies.mesh import parse_mesh
 from topologies.validate import MAX_TRACE_FILE_BYTES
 from topologies.yamlio import read_text_bounded
 from workloads.hlo.lower import import_hlo, is_hlo_text, read_hlo_file
-from workloads.models import model_from_dict
 from workloads.moe import expert_op_scales
 from workloads.trace import Trace
 from workloads.training import (
@@ -44,6 +43,7 @@ from workloads.training import (
     parse_remat,
     training_config_from_dict,
 )
+from workloads.zoo import model_from_dict
 
 
 def training_config(req, moe=None, chip=None) -> TrainingConfig:

@@ -28,9 +28,9 @@ from topologies.scenario import scenario_from_flags
 from topologies.slices import SLICES
 from topologies.torus import AXIS_NAMES, DCN_AXIS, parse_shape, parse_wraparound
 from topologies.validate import short_repr, split_list
-from workloads.models import load_model
 from workloads.moe import MoeConfig
 from workloads.training import parse_remat
+from workloads.zoo import load_model
 
 # Result keys that are tables of their own, not scalars of the point.
 _NOT_SCALARS = ("collectives",)
