@@ -163,7 +163,6 @@ PENDING_MODULES = {
     "validation/maxtext.py",
     "validation/xla_crosscheck.py",
     "validation/xla_memory.py",
-    "workloads/decode.py",
     "workloads/hlo/lower.py",
 }
 PENDING_FUNCTIONS = {

@@ -1,4 +1,4 @@
-"""Tests for workloads/decode.py and the `decode` / `prefill` / `serve-sweep` commands: the
+"""Tests for workloads/inference/ and the `decode` / `prefill` / `serve-sweep` commands: the
 textbook's inference cases (reference/book_cases.json), KV-cache arithmetic, dtypes, the memory
 plan, latency-bound TP all-reduces and one-line CLI errors.
 """
@@ -17,7 +17,7 @@ from sim.engine import replay
 from tests.conftest import make_topology
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
-from workloads.decode import (
+from workloads.inference import (
     DecodeConfig,
     compile_decode_step,
     compile_prefill,
@@ -583,11 +583,12 @@ def test_a_prefill_too_large_for_one_program_names_its_chunks_and_layers(monkeyp
     # one chunk's: over that, the first chunk's count refuses it first, tested below).
     import functools
 
-    import workloads.decode as decode
+    import workloads.inference as decode
+    import workloads.inference.program as program
     from workloads.trace import TraceBuilder
     from workloads.zoo import model_from_dict
 
-    monkeypatch.setattr(decode, "TraceBuilder", functools.partial(TraceBuilder, max_ops=20))
+    monkeypatch.setattr(program, "TraceBuilder", functools.partial(TraceBuilder, max_ops=20))
     model = model_from_dict({"name": "t", "num_layers": 2, "d_model": 256, "num_heads": 4,
                              "num_kv_heads": 4, "head_dim": 64, "d_ff": 512, "mlp": "swiglu",
                              "vocab_size": 1024})
@@ -615,7 +616,7 @@ def test_serve_sweep_names_its_files_without_a_doubled_slash(tmp_path, capsys):
 def test_every_prefill_chunk_adds_the_ops_of_the_first(name, mesh):
     # The oracle of the prefill size check: the program is the first chunk's ops times the
     # chunks plus a fixed head, whatever the chunk length (a shorter last chunk included).
-    from workloads.decode import compile_prefill
+    from workloads.inference import compile_prefill
 
     model = dataclasses.replace(load_model(name), num_layers=2)
     counts = {}
@@ -634,7 +635,8 @@ def test_a_prefill_over_the_op_limit_is_refused_once_its_first_chunk_is_built(mo
     # builder refused them; now the first chunk's count refuses it, naming a chunk that fits.
     import functools
 
-    import workloads.decode as decode
+    import workloads.inference as decode
+    import workloads.inference.program as program
     from workloads.trace import TraceBuilder
 
     model = dataclasses.replace(load_model("llama3-8b"), num_layers=2)
@@ -652,7 +654,7 @@ def test_a_prefill_over_the_op_limit_is_refused_once_its_first_chunk_is_built(mo
             return super().add(name, **kw)
 
     limit = 5 * per  # five chunks fit (and the head), sixteen do not
-    monkeypatch.setattr(decode, "TraceBuilder", functools.partial(Counting, max_ops=limit))
+    monkeypatch.setattr(program, "TraceBuilder", functools.partial(Counting, max_ops=limit))
     with pytest.raises(TpusimError, match=(
             rf"^--prompt-len 64 in 16 chunks of --prefill-chunk 4 x 2 layers compiles to at "
             rf"least {16 * per:,} ops \({per:,} per chunk, counted on the first\), over the "
@@ -662,8 +664,8 @@ def test_a_prefill_over_the_op_limit_is_refused_once_its_first_chunk_is_built(mo
     assert len(built) == per  # one chunk built, not the limit's ops
     assert len(prefill(16).ops) <= limit  # the chunk it names fits
     # Room for one chunk only: it names the whole prompt (not "at most 1 chunks").
-    monkeypatch.setattr(decode, "TraceBuilder", functools.partial(Counting,
-                                                                  max_ops=2 * per - 1))
+    monkeypatch.setattr(program, "TraceBuilder", functools.partial(Counting,
+                                                                   max_ops=2 * per - 1))
     with pytest.raises(TpusimError, match=r"use a --prefill-chunk of at least 64 tokens \(the "
                                           r"whole prompt in one chunk\)$"):
         prefill(4)

@@ -4,9 +4,9 @@ bytes per element, and the HLO element types the parser reads."""
 import pytest
 
 from topologies.errors import TpusimError
-from workloads.decode import DecodeConfig
 from workloads.dtypes import HLO_ELEMENT_BYTES, Dtype, dtype_bytes
 from workloads.hlo import parser
+from workloads.inference import DecodeConfig
 
 
 def test_the_training_dtypes_take_any_case_and_list_their_names_in_order():

@@ -14,7 +14,7 @@ from sim.engine import replay
 from tests.conftest import make_topology
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
-from workloads.decode import DecodeConfig, compile_decode_step
+from workloads.inference import DecodeConfig, compile_decode_step
 from workloads.moe import MoeConfig, expert_capacity, expert_shares, plan_routing, shard_shares
 from workloads.training import TrainingConfig, compile_training_step
 from workloads.zoo import model_from_dict

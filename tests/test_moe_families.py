@@ -18,7 +18,7 @@ from sim.overrides import parse_overrides
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology
-from workloads.decode import DecodeConfig, compile_decode_step, compile_prefill, memory_plan
+from workloads.inference import DecodeConfig, compile_decode_step, compile_prefill, memory_plan
 from workloads.models import TransformerSpec, causal_chunk_pairs
 from workloads.trace import OpKind, Unit
 from workloads.training import Remat, TrainingConfig, compile_training_step

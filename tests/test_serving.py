@@ -24,7 +24,7 @@ from sim.serving.workload import (
 )
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
-from workloads.decode import DecodeConfig
+from workloads.inference import DecodeConfig
 from workloads.models import MlpKind, TransformerSpec
 
 # Two layers on a 2x2 v5e: each engine run takes a few ms, so the oracles stay cheap.
@@ -182,7 +182,7 @@ def test_cost_model_is_within_one_percent_of_the_engine_on_random_compositions()
 
 
 def test_a_prefill_after_cached_tokens_costs_more_than_the_same_tokens_from_scratch():
-    from workloads.decode import compile_prefill
+    from workloads.inference import compile_prefill
 
     cfg = DecodeConfig(batch=1, context_len=600, prompt_len=100)
     mesh = parse_mesh("tensor=4", None)

@@ -54,7 +54,6 @@ from sim.engine import compute_op_times, replay
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology
 from validation import xla_compile
-from workloads.decode import DecodeConfig, compile_decode_step
 from workloads.hlo.lower import conv_flops, import_hlo
 from workloads.hlo.parser import (
     Computation,
@@ -67,6 +66,7 @@ from workloads.hlo.parser import (
     replica_groups,
     source_target_pairs,
 )
+from workloads.inference import DecodeConfig, compile_decode_step
 from workloads.moe import MoeConfig
 from workloads.trace import OpKind
 from workloads.training import Remat, TrainingConfig, compile_training_step

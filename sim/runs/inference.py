@@ -26,7 +26,12 @@ from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
 from topologies.progress import tracked
 from topologies.validate import MAX_BATCH, MAX_SWEEP_RUNS, FlagError, int_flag, split_list
-from workloads.decode import DecodeConfig, compile_decode_step, compile_prefill, max_batch_that_fits
+from workloads.inference import (
+    DecodeConfig,
+    compile_decode_step,
+    compile_prefill,
+    max_batch_that_fits,
+)
 
 SWEEP_COLUMNS = ("mesh", "weight_dtype", "kv_dtype", "batch", "step_time_s",
                  "tokens_per_s_per_chip", "fits", "hbm_peak_bytes")

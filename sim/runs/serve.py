@@ -39,7 +39,7 @@ from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
 from topologies.progress import tracked
 from topologies.validate import one_of, short_repr
-from workloads.decode import DecodeConfig
+from workloads.inference import DecodeConfig
 
 REQUEST_COLUMNS = ("request", "arrival_s", "prompt_tokens", "output_tokens", "replica",
                    "decode_replica", "scheduled_s", "first_token_s", "kv_transferred_s",

@@ -10,8 +10,8 @@ full attention; a sliding-window layer, whose cache stops growing at its window,
 the mean too). The batch is padded to a multiple of the data x expert (x fsdp) shards, as the
 decode program pads it.
 
-`StepModel` runs the engine (`workloads/decode.py` compiled, replayed by `sim.executors` with the
-replica's perturbations): the oracle, memoised per distinct composition. `IterationCosts` is
+`StepModel` runs the engine (`workloads/inference/` compiled, replayed by `sim.executors` with
+the replica's perturbations): the oracle, memoised per distinct composition. `IterationCosts` is
 built from it once per replica configuration: exact at the points of a grid over batch x
 context (decode) and chunk tokens x cached tokens (prefill), bilinear between them; a test holds
 it within 1% of the engine on random compositions. With `exact=True` it asks the engine for
@@ -27,7 +27,7 @@ from collections import OrderedDict
 from typing import Any
 
 from topologies.errors import TpusimError
-from workloads.decode import DecodeConfig, compile_decode_step, compile_prefill, memory_plan
+from workloads.inference import DecodeConfig, compile_decode_step, compile_prefill, memory_plan
 
 # Grid ratios: the decode time is close to linear in the context (the KV reads) and in the
 # batch once past the weight-bound regime, so a geometric grid with these steps keeps

@@ -1,289 +1,25 @@
-"""Compile inference steps into SPMD `Trace`s: one decode (generate) step of a batch of sequences
-with a KV cache, and the prefill of their prompts (optionally chunked); plus the HBM plan that
-gives the largest batch that fits. Formulas follow `reference/tpu.md` §3 and §5.
-
-Two shardings: 1D (Megatron: `tensor` splits heads, d_ff and vocab) and, when the mesh has an
-`fsdp` axis, 2D weight-stationary (tpu.md §5): `fsdp=X` splits the weights' d_model dimension,
-`tensor=YZ` their heads/d_ff/vocab dimension, and the activations move instead of the weights.
-"""
+"""The inference program builder (`InferenceCompiler`): one layer's ops for new tokens
+attending to a KV cache (1D Megatron or 2D weight-stationary, MLA, local attention, MoE), the
+embedding, the output head and the sampling of the next token, with XLA's collectives.
+Formulas follow `reference/tpu.md` §3 and §5; the entry points are `steps.py`."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
-from topologies.errors import TpusimError
-from topologies.mesh import LogicalMesh, dcn_hint
-from topologies.validate import MAX_BATCH, MAX_CHUNKS, MAX_TOKENS, one_of, short_repr
-from workloads.dtypes import (
-    KV_CACHE_DTYPES,
-    MATMUL_DTYPES,
-    WEIGHT_STORAGE_DTYPES,
-    Dtype,
-    storage_bytes,
-)
+from topologies.mesh import LogicalMesh
+from workloads.inference.config import SAMPLE_TOP_K, DecodeConfig
+from workloads.inference.layout import ACT_BYTES, Layout
 from workloads.models import TransformerSpec, causal_chunk_pairs, causal_window_pairs
-from workloads.moe import MoeConfig, dispatch_flops, expert_shares, plan_routing
-from workloads.trace import OpKind, Trace, TraceBuilder, Unit
-
-_ACT_BYTES = float(Dtype.BF16.nbytes)  # activations in bf16
-_DECODE_AXES = ("data", "fsdp", "tensor", "expert")
-_SAMPLE_TOP_K = 64  # candidates kept by top-k sampling
-# MLA's down projections are whole on every tensor shard (as in training: program.py).
-_MLA_WHOLE = frozenset({"wq_a", "wkv_a"})
-# How the next token is chosen from the logits: "top-k" (a draw among the _SAMPLE_TOP_K
-# largest) or "greedy" (their argmax). Their collectives over a vocabulary split over `tensor`
-# are XLA's (`_InferenceCompiler.sample`).
-SAMPLING_MODES = ("top-k", "greedy")
+from workloads.moe import dispatch_flops, expert_shares, plan_routing
+from workloads.trace import OpKind, TraceBuilder, Unit
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DecodeConfig:
-    """Run settings of one decode step or one prefill (see `tpusim decode --help`).
+class InferenceCompiler:
+    """The ops of one inference program, added layer by layer (`steps.py` drives it)."""
 
-    Attributes:
-        batch: sequences decoded together (global, over all chips).
-        context_len: tokens in each sequence's KV cache that a decode step attends to.
-        weight_dtype: storage format of the weights (bytes only, unless matmul_dtype is int8).
-        kv_dtype: storage format of the KV cache.
-        matmul_dtype: MXU format of the weight matmuls (int8 runs at the int8 peak).
-        prompt_len: prefill only: prompt tokens per sequence.
-        prefill_chunk: prefill only: tokens per chunk (None = the whole prompt at once).
-        moe: router skew and capacity factor (workloads/moe.py).
-        sampling: "top-k" (a draw among the 64 largest logits) or "greedy" (their argmax).
-    """
-
-    batch: int
-    context_len: int
-    weight_dtype: str = "bf16"
-    kv_dtype: str = "bf16"
-    matmul_dtype: str = "bf16"
-    prompt_len: int | None = None
-    prefill_chunk: int | None = None
-    moe: MoeConfig = field(default_factory=MoeConfig)
-    sampling: str = "top-k"
-
-    def __post_init__(self) -> None:
-        def _pos_int(v: object) -> bool:
-            return isinstance(v, int) and not isinstance(v, bool) and v >= 1
-
-        if not _pos_int(self.batch):
-            raise TpusimError(f"--batch {self.batch!r} must be an integer >= 1 (sequences)")
-        if not _pos_int(self.context_len):
-            raise TpusimError(f"--context-len {self.context_len!r} must be an integer >= 1 "
-                              f"(tokens in the KV cache)")
-        storage_bytes(WEIGHT_STORAGE_DTYPES, self.weight_dtype, "--weight-dtype")
-        storage_bytes(KV_CACHE_DTYPES, self.kv_dtype, "--kv-dtype")
-        # Any case, as the storage dtypes (`storage_bytes`) and the training dtypes take them.
-        if not isinstance(self.matmul_dtype, str) or self.matmul_dtype.lower() not in \
-                MATMUL_DTYPES:
-            raise TpusimError(f"--matmul-dtype {short_repr(self.matmul_dtype)} is not "
-                              f"supported; {one_of(self.matmul_dtype, MATMUL_DTYPES)}")
-        if self.sampling not in SAMPLING_MODES:
-            raise TpusimError(f"--sampling {short_repr(self.sampling)} is not supported; "
-                              f"{one_of(self.sampling, SAMPLING_MODES)}")
-        if self.prompt_len is not None and not _pos_int(self.prompt_len):
-            raise TpusimError(f"--prompt-len {self.prompt_len!r} must be an integer >= 1")
-        if self.prefill_chunk is not None and not _pos_int(self.prefill_chunk):
-            raise TpusimError(f"--prefill-chunk {self.prefill_chunk!r} must be an integer >= 1")
-        for flag, v, hi in (("--batch", self.batch, MAX_BATCH),
-                            ("--context-len", self.context_len, MAX_TOKENS),
-                            ("--prompt-len", self.prompt_len, MAX_TOKENS)):
-            if v is not None and v > hi:
-                raise TpusimError(f"{flag} {v:,} is over the limit of {hi:,}; give a smaller "
-                                  f"value")
-        if self.prompt_len is not None and self.prefill_chunk is not None:
-            n = -(-self.prompt_len // self.prefill_chunk)
-            if n > MAX_CHUNKS:
-                raise TpusimError(
-                    f"--prompt-len {self.prompt_len:,} in --prefill-chunk {self.prefill_chunk:,}"
-                    f"-token chunks is {n:,} chunks, over the limit of {MAX_CHUNKS:,}; give "
-                    f"chunks of at least {-(-self.prompt_len // MAX_CHUNKS):,} tokens"
-                )
-
-    @property
-    def weight_bytes_per_param(self) -> float:
-        return storage_bytes(WEIGHT_STORAGE_DTYPES, self.weight_dtype, "--weight-dtype")
-
-    @property
-    def kv_bytes_per_elem(self) -> float:
-        return storage_bytes(KV_CACHE_DTYPES, self.kv_dtype, "--kv-dtype")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Layout:
-    """How the model and the batch are split over the mesh (per-chip quantities)."""
-
-    tp: int
-    dp: int
-    ep: int
-    fs: int  # fsdp = X of 2D weight-stationary (1: 1D sharding)
-    batch_shards: int  # data x expert
-    local_batch: int  # sequences per chip for the projections (padded to the shards)
-    att_batch: int  # sequences per chip for attention (local_batch / fsdp)
-    kv_split: int  # extra batch split of the KV cache when tensor > num_kv_heads
-    kv_batch: int  # sequences whose KV cache one chip holds
-    kv_heads: float  # KV heads in one chip's cache
-    proj_kv_heads: float  # KV heads one chip projects (K/tp, at least 1: replicated)
-
-
-def _layout(model: TransformerSpec, mesh: LogicalMesh, num_chips: int, batch: int) -> _Layout:
-    if mesh.num_ici_devices * mesh.num_slices != num_chips:
-        raise TpusimError(
-            f"mesh {mesh.describe()} covers {mesh.num_ici_devices * mesh.num_slices} chips but "
-            f"the pod has {num_chips}; make the mesh axes multiply to {num_chips}"
-            + dcn_hint(mesh, num_chips)
-        )
-    other = sorted({n for n, _ in mesh.axes + mesh.dcn_axes} - set(_DECODE_AXES))
-    if other:
-        raise TpusimError(f"mesh axis {other[0]} is not modelled for inference; use "
-                          f"{', '.join(_DECODE_AXES)}")
-    tp, dp, ep = mesh.size("tensor"), mesh.size("data"), mesh.size("expert")
-    fs = mesh.size("fsdp")
-    if model.num_heads % tp:
-        raise TpusimError(f"mesh axis tensor={tp} does not divide num_heads = {model.num_heads}; "
-                          f"pick a tensor size that divides the head count")
-    if model.d_ff % tp:
-        raise TpusimError(f"mesh axis tensor={tp} does not divide d_ff = {model.d_ff}; pick a "
-                          f"tensor size that divides d_ff")
-    K = model.num_kv_heads
-    if K % tp and tp % K:
-        raise TpusimError(f"mesh axis tensor={tp} neither divides nor is a multiple of "
-                          f"num_kv_heads = {K}; pick a tensor size compatible with the KV heads")
-    if ep > 1:
-        if not model.is_moe:
-            raise TpusimError(f"mesh axis expert={ep} needs an MoE model, but {model.name} is "
-                              f"dense; drop expert")
-        if model.num_experts % ep:
-            raise TpusimError(f"mesh axis expert={ep} does not divide num_experts = "
-                              f"{model.num_experts}; pick a divisor")
-    if fs > 1:
-        # 2D weight-stationary (tpu.md §5): fsdp=X splits d_model of every weight matrix.
-        if model.is_mla:
-            raise TpusimError(f"mesh axis fsdp={fs} (2D weight-stationary) is modelled for "
-                              f"ordinary attention only, but {model.name} has multi-head latent "
-                              f"attention; drop fsdp")
-        if model.is_moe:
-            raise TpusimError(f"mesh axis fsdp={fs} (2D weight-stationary) is modelled for dense "
-                              f"models only, but {model.name} is MoE; drop fsdp")
-        if model.d_model % fs:
-            raise TpusimError(f"mesh axis fsdp={fs} does not divide d_model = {model.d_model}; "
-                              f"pick an fsdp size that divides d_model")
-        if batch % (dp * fs):
-            raise TpusimError(f"batch {batch} cannot be split over data x fsdp = {dp * fs} (2D "
-                              f"weight-stationary reduce-scatters the batch over fsdp for "
-                              f"attention); use a batch that is a multiple of {dp * fs} or a "
-                              f"smaller fsdp")
-    shards = dp * ep
-    # SPMD pads the batch to a multiple of the shards: the busiest chip sets the step time.
-    local = math.ceil(batch / shards)
-    # 2D weight-stationary: every chip of an fsdp x tensor group multiplies all `local` rows (its
-    # weights hold a d_model slice), but attention runs on local/fsdp sequences per chip, after
-    # the QKV projection's reduce-scatter over fsdp splits the batch.
-    att = local // fs
-    if model.is_mla:
-        # MLA caches one latent per position, shared by every head: each tensor shard holds
-        # the latents of its sequences whole (replicated over tensor) and attends for its
-        # heads (docs/model/moe.md).
-        return _Layout(tp=tp, dp=dp, ep=ep, fs=fs, batch_shards=shards, local_batch=local,
-                       att_batch=att, kv_split=1, kv_batch=att, kv_heads=1.0,
-                       proj_kv_heads=1.0)
-    # tpu.md §5 "KV sharding": heads over tensor, then the rest of tensor over batch.
-    split = tp // K if tp > K else 1
-    return _Layout(tp=tp, dp=dp, ep=ep, fs=fs, batch_shards=shards, local_batch=local,
-                   att_batch=att, kv_split=split, kv_batch=math.ceil(att / split),
-                   kv_heads=K / tp if tp <= K else 1.0, proj_kv_heads=max(K / tp, 1.0))
-
-
-def _weight_params_per_chip(model: TransformerSpec, lay: _Layout) -> tuple[float, float]:
-    """(matmul weights, bf16 norm scales) per chip, in parameters."""
-    m, tp = model, lay.tp
-    D, hd, H = m.d_model, m.head_dim, m.num_heads
-    att = D * (H / tp + 2 * lay.proj_kv_heads) * hd + H / tp * hd * D
-    if m.is_mla:
-        att = sum(p / (1 if k in _MLA_WHOLE else tp) for k, p in m.mla_matrices())
-    mats = m.mlp.num_matrices
-    dense = mats * D * m.d_ff / tp
-    moe = 0.0
-    if m.is_moe:
-        moe = ((m.num_experts / lay.ep + m.num_shared_experts) * mats * D * m.expert_d_ff / tp
-               + D * m.num_experts)
-    emb = m.num_embedding_params / tp
-    weights = m.num_layers * att + m.num_dense_layers * dense + m.num_moe_layers * moe + emb
-    # 2D weight-stationary: fsdp splits d_model of every matrix (embeddings as [V_YZ, D_X]);
-    # norm scales stay replicated.
-    return weights / lay.fs, float(m.num_norm_params)
-
-
-def _activation_bytes(model: TransformerSpec, lay: _Layout, tokens: float,
-                      logit_rows: float) -> float:
-    """Working set of one layer's activations for `tokens` rows per chip (bf16), plus the fp32
-    logits of `logit_rows` rows (the last token of each local sequence)."""
-    m, a, tp = model, _ACT_BYTES, lay.tp
-    F = m.expert_d_ff * m.experts_per_token if m.is_moe else m.d_ff
-    widest = max(4 * m.d_model / lay.fs, 2 * m.mlp.num_matrices * F / tp,
-                 (m.num_heads + 2 * m.num_kv_heads) * m.head_dim / tp * 2)
-    return tokens * widest * a + logit_rows * math.ceil(m.vocab_size / tp) * 4
-
-
-def memory_plan(model: TransformerSpec, mesh: LogicalMesh, num_chips: int,
-                cfg: DecodeConfig) -> dict[str, float]:
-    """Per-chip HBM of a decode step: weights, KV cache and activations (bytes)."""
-    lay = _layout(model, mesh, num_chips, cfg.batch)
-    w_params, norms = _weight_params_per_chip(model, lay)
-    weights = w_params * cfg.weight_bytes_per_param + norms * _ACT_BYTES
-    ctx = cfg.context_len if cfg.prompt_len is None else max(cfg.context_len, cfg.prompt_len)
-    # A local layer's cache holds at most its window or chunk (TransformerSpec.kv_cache_entries).
-    kv = (2 * model.kv_cache_entries(ctx) * lay.kv_batch * lay.kv_heads * model.head_dim
-          * cfg.kv_bytes_per_elem)
-    if model.is_mla:
-        # The latent and the shared rotary key per position (kv_cache_elements_per_position).
-        kv = (model.kv_cache_entries(ctx) * lay.kv_batch * model.kv_cache_elements_per_position
-              * cfg.kv_bytes_per_elem)
-    rows = lay.local_batch
-    if cfg.prompt_len is not None:
-        rows *= cfg.prefill_chunk or cfg.prompt_len
-    act = _activation_bytes(model, lay, rows, lay.local_batch)
-    return {"weights_bytes": weights, "kv_cache_bytes": kv, "activation_bytes": act,
-            "total_bytes": weights + kv + act}
-
-
-def max_batch_that_fits(model: TransformerSpec, mesh: LogicalMesh, num_chips: int,
-                        cfg: DecodeConfig, hbm_bytes: float, limit: int = 1 << 24) -> int:
-    """Largest global batch whose weights + KV cache + activations fit in `hbm_bytes` per chip.
-
-    Returns 0 if not even one sequence fits. The plan is monotone in the batch, so this is a
-    binary search over `memory_plan` (no replay). With fsdp (2D weight-stationary) the batch
-    must be a multiple of data x fsdp, so the search runs over those multiples.
-    """
-    import dataclasses
-
-    fs = mesh.size("fsdp")
-    step = mesh.size("data") * fs if fs > 1 else 1
-
-    def fits(k: int) -> bool:
-        plan = memory_plan(model, mesh, num_chips, dataclasses.replace(cfg, batch=k * step))
-        return plan["total_bytes"] <= hbm_bytes
-
-    if not fits(1):
-        return 0
-    lo, hi = 1, 2
-    while hi <= limit and fits(hi):
-        lo, hi = hi, hi * 2
-    if hi > limit:
-        return lo * step
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo * step
-
-
-class _InferenceCompiler:
     def __init__(self, model: TransformerSpec, mesh: LogicalMesh, num_chips: int,
-                 cfg: DecodeConfig, lay: _Layout):
+                 cfg: DecodeConfig, lay: Layout):
         self.m, self.mesh, self.num_chips, self.cfg, self.lay = model, mesh, num_chips, cfg, lay
         chunks = (-(-cfg.prompt_len // cfg.prefill_chunk)
                   if cfg.prompt_len is not None and cfg.prefill_chunk else 1)
@@ -297,7 +33,7 @@ class _InferenceCompiler:
         self.mm_dtype = cfg.matmul_dtype.lower()
         self.routing = None  # the last MoE layer's routing (for the meta)
 
-    # -- helpers (same conventions as workloads/training.py) ---------------------------------
+    # -- helpers (same conventions as workloads/training/program.py) -------------------------
     def mm(self, name, flops, w_bytes, io_bytes, deps, layer, phase, weights=True, **kw):
         return self.b.add(name, kind=OpKind.COMPUTE, unit=Unit.MXU, flops=flops,
                           hbm_bytes=w_bytes + io_bytes,
@@ -325,7 +61,7 @@ class _InferenceCompiler:
         cached tokens plus (causally) themselves."""
         if self.lay.fs > 1:
             return self.layer_2d(layer, dep, t, prev_ctx, phase)
-        m, lay, a, wb = self.m, self.lay, _ACT_BYTES, self.wb
+        m, lay, a, wb = self.m, self.lay, ACT_BYTES, self.wb
         D, hd, H = m.d_model, m.head_dim, m.num_heads
         tp = lay.tp
         n = lay.local_batch * t  # token rows per chip
@@ -376,7 +112,7 @@ class _InferenceCompiler:
         itself for a model without it."""
         if not self.m.qk_norm:
             return qkv
-        return self.vpu("qk_norm", 5 * elems, 2 * elems * _ACT_BYTES, [qkv], layer, phase)
+        return self.vpu("qk_norm", 5 * elems, 2 * elems * ACT_BYTES, [qkv], layer, phase)
 
     def post_norm(self, name: str, layer: int, deps: list[int], elems: float,
                   phase: str) -> list[int]:
@@ -384,7 +120,7 @@ class _InferenceCompiler:
         like the pre-norms; `deps` unchanged for a model without them."""
         if not self.m.post_norms:
             return deps
-        return [self.vpu(name, 5 * elems, 2 * elems * _ACT_BYTES, deps, layer, phase)]
+        return [self.vpu(name, 5 * elems, 2 * elems * ACT_BYTES, deps, layer, phase)]
 
     def layer_2d(self, layer: int, dep: int, t: int, prev_ctx: int, phase: str) -> int:
         """One layer with 2D weight-stationary sharding (tpu.md §5), X = fsdp, YZ = tensor.
@@ -402,7 +138,7 @@ class _InferenceCompiler:
         reduce-scatter over X splits the batch, so each chip attends for B/X sequences of its
         tensor heads and holds only their KV cache.
         """
-        m, lay, a, wb = self.m, self.lay, _ACT_BYTES, self.wb
+        m, lay, a, wb = self.m, self.lay, ACT_BYTES, self.wb
         D, hd, H = m.d_model, m.head_dim, m.num_heads
         tp, fs = lay.tp, lay.fs
         n = lay.local_batch * t  # token rows every chip of the group multiplies
@@ -505,7 +241,7 @@ class _InferenceCompiler:
           head's key and value, then an ordinary attention of head_dim / v_head_dim.
 
         Returns the op whose output the output projection reads."""
-        m, lay, a, wb, kvb = self.m, self.lay, _ACT_BYTES, self.wb, self.kvb
+        m, lay, a, wb, kvb = self.m, self.lay, ACT_BYTES, self.wb, self.kvb
         D, H, hd, v = m.d_model, m.num_heads, m.head_dim, m.value_head_dim
         kl, rd, ql = m.kv_lora_rank, m.qk_rope_head_dim, m.q_lora_rank
         nope = hd - rd
@@ -552,7 +288,7 @@ class _InferenceCompiler:
 
     def attention(self, layer: int, deps: list[int], t: int, prev_ctx: int, phase: str) -> int:
         """Scores and values over the KV cache: HBM-bound in decode (intensity ~1, tpu.md §5)."""
-        m, lay, a, kvb = self.m, self.lay, _ACT_BYTES, self.kvb
+        m, lay, a, kvb = self.m, self.lay, ACT_BYTES, self.kvb
         hd = m.head_dim
         bk, kh = lay.kv_batch, lay.kv_heads
         q_heads = kh * m.num_heads / m.num_kv_heads  # query heads served by the local cache
@@ -567,7 +303,7 @@ class _InferenceCompiler:
                        phase, weights=False, narrow_dim=hd)
 
     def mlp(self, layer: int, dep: int, n: float, phase: str, t: int) -> int:
-        m, lay, a, wb = self.m, self.lay, _ACT_BYTES, self.wb
+        m, lay, a, wb = self.m, self.lay, ACT_BYTES, self.wb
         D, tp, mats = m.d_model, lay.tp, m.mlp.num_matrices
         if m.layer_is_moe(layer):
             E, k, F = m.num_experts, m.experts_per_token, m.expert_d_ff
@@ -638,7 +374,7 @@ class _InferenceCompiler:
         # 2D weight-stationary keeps the residual as x[B, D_XYZ]: each chip looks up its slice.
         lay = self.lay
         D = self.m.d_model / (lay.fs * lay.tp) if lay.fs > 1 else self.m.d_model
-        look = self.vpu("embed_lookup", 0.0, n * D * (self.wb + _ACT_BYTES),
+        look = self.vpu("embed_lookup", 0.0, n * D * (self.wb + ACT_BYTES),
                         [dep] if dep is not None else [], -1, phase, alloc_bytes=alloc)
         # The table's vocabulary is split over `tensor`: each shard looks up the rows it holds
         # (zeros elsewhere) and the partial embeddings are summed over `tensor` (XLA's decode
@@ -647,15 +383,15 @@ class _InferenceCompiler:
         # and split into the D_XYZ residual slices, a reduce-scatter over `tensor`.
         if lay.fs > 1:
             red = self.coll("tp_embed_reducescatter", "reduce-scatter", ("tensor",),
-                            n * self.m.d_model / lay.fs * _ACT_BYTES, [look], -1, phase)
+                            n * self.m.d_model / lay.fs * ACT_BYTES, [look], -1, phase)
         else:
             red = self.coll("tp_embed_allreduce", "all-reduce", ("tensor",),
-                            n * self.m.d_model * _ACT_BYTES, [look], -1, phase)
+                            n * self.m.d_model * ACT_BYTES, [look], -1, phase)
         return red if red is not None else look
 
     def head(self, dep: int, phase: str, free: float) -> int:
         """Final norm, logits for the last token of each sequence, and sampling."""
-        m, lay, a = self.m, self.lay, _ACT_BYTES
+        m, lay, a = self.m, self.lay, ACT_BYTES
         n, D, tp = lay.local_batch, m.d_model, lay.tp
         v_loc = math.ceil(m.vocab_size / tp)
         if lay.fs > 1:
@@ -695,7 +431,7 @@ class _InferenceCompiler:
           (values and indices: collective-permutes); the draw among the k (an argmax of
           perturbed values) all-gathers each shard's best value and index and all-reduces the
           chosen token id."""
-        tp, k = self.lay.tp, _SAMPLE_TOP_K
+        tp, k = self.lay.tp, SAMPLE_TOP_K
         if self.cfg.sampling == "greedy":
             local = self.vpu("sample_local_argmax", 2 * n * v_loc, n * v_loc * 4, logit_deps,
                              -1, phase)
@@ -751,118 +487,3 @@ class _InferenceCompiler:
                if self.routing is not None else {}),
         }
 
-
-def _check_sampling(model: TransformerSpec, cfg: DecodeConfig) -> None:
-    """Top-k sampling needs at least k logits to choose among."""
-    if cfg.sampling == "top-k" and model.vocab_size < _SAMPLE_TOP_K:
-        raise TpusimError(
-            f"--sampling top-k draws among the {_SAMPLE_TOP_K} largest logits, but model "
-            f"{model.name!r} has vocab_size={model.vocab_size}, fewer than {_SAMPLE_TOP_K}; "
-            f"use --sampling greedy, or a vocabulary of at least {_SAMPLE_TOP_K} tokens"
-        )
-
-
-def compile_decode_step(model: TransformerSpec, mesh: LogicalMesh, num_chips: int,
-                        cfg: DecodeConfig) -> Trace:
-    """The SPMD program of one decode step: every sequence of the batch emits one token.
-
-    Args:
-        model: the Transformer.
-        mesh: logical mesh over `data`, `tensor` (heads, d_ff, vocab, KV heads), `expert`, and
-            `fsdp` (2D weight-stationary: splits the weights' d_model; see `layer_2d`).
-        num_chips: chips in the pod (must equal the mesh size).
-        cfg: batch, context length and dtypes.
-    """
-    cfg.moe.check_model(model)
-    _check_sampling(model, cfg)
-    lay = _layout(model, mesh, num_chips, cfg.batch)
-    plan = memory_plan(model, mesh, num_chips, cfg)
-    c = _InferenceCompiler(model, mesh, num_chips, cfg, lay)
-    x = c.embed(None, lay.local_batch, "decode", plan["activation_bytes"])
-    for layer in range(model.num_layers):
-        x = c.layer(layer, x, 1, cfg.context_len, "decode")
-    c.head(x, "decode", plan["activation_bytes"])
-    return Trace(mesh=mesh, ops=tuple(c.b.ops), meta=c.meta("decode", plan))
-
-
-def _check_prefill_size(b: TraceBuilder, model: TransformerSpec, cfg: DecodeConfig, start: int,
-                        per_chunk: int) -> None:
-    """Every chunk adds the same ops as the first (tests/test_decode.py checks it), so a prompt
-    whose chunks cannot fit one program is refused once the first is built, not after building
-    the limit's ops (LLaMA-3-405B, 65,536 tokens in 256 chunks: 250,000 ops, 1.6 CPU-s)."""
-    chunks = -(-cfg.prompt_len // cfg.prefill_chunk)
-    least = start + chunks * per_chunk
-    if least <= b.max_ops:
-        return
-    # The head after the last chunk needs room too (a few ops, under one chunk's).
-    fit = max((b.max_ops - start) // per_chunk - 1, 1)
-    raise TpusimError(
-        f"--prompt-len {cfg.prompt_len:,} in {chunks:,} chunks of --prefill-chunk "
-        f"{cfg.prefill_chunk:,} x {model.num_layers} layers compiles to at least {least:,} ops "
-        f"({per_chunk:,} per chunk, counted on the first), over the {b.max_ops:,} tpusim "
-        f"simulates in one program; use a --prefill-chunk of at least "
-        f"{-(-cfg.prompt_len // fit):,} tokens "
-        + (f"(at most {fit:,} chunks)" if fit > 1 else "(the whole prompt in one chunk)"))
-
-
-def compile_prefill(model: TransformerSpec, mesh: LogicalMesh, num_chips: int,
-                    cfg: DecodeConfig, *, cached_len: int = 0) -> Trace:
-    """The SPMD program of prefilling `cfg.prompt_len` tokens of every sequence.
-
-    With `prefill_chunk`, the prompt is processed in chunks; each chunk attends causally to
-    itself and to the cache written by the earlier chunks, and re-reads the weights.
-    `cached_len` tokens before them are already in the KV cache (the earlier chunks of a
-    prompt prefilled one chunk per serving iteration, sim/serving): every token attends to them
-    too. `cfg.context_len` should then cover `cached_len + prompt_len` (the cache it holds).
-    """
-    if isinstance(cached_len, bool) or not isinstance(cached_len, int) or cached_len < 0:
-        raise TpusimError(f"cached_len {cached_len!r} must be a whole number >= 0 (tokens "
-                          f"already in the KV cache)")
-    if cfg.prompt_len is None:
-        raise TpusimError("prefill needs --prompt-len (prompt tokens per sequence)")
-    cfg.moe.check_model(model)
-    _check_sampling(model, cfg)
-    lay = _layout(model, mesh, num_chips, cfg.batch)
-    plan = memory_plan(model, mesh, num_chips, cfg)
-    c = _InferenceCompiler(model, mesh, num_chips, cfg, lay)
-    P = cfg.prompt_len
-    chunk = min(cfg.prefill_chunk or P, P)
-    x = None
-    start = 0
-    first = len(c.b.ops)
-    while start < P:
-        if start == chunk:  # the first chunk is built: refuse now a prompt that cannot fit
-            _check_prefill_size(c.b, model, cfg, first, len(c.b.ops) - first)
-        t = min(chunk, P - start)
-        x = c.embed(x, lay.local_batch * t, "prefill",
-                    plan["activation_bytes"] if start == 0 else 0.0)
-        for layer in range(model.num_layers):
-            x = c.layer(layer, x, t, cached_len + start, "prefill")
-        start += t
-    c.head(x, "prefill", plan["activation_bytes"])
-    meta = c.meta("prefill", plan)
-    meta["num_chunks"] = math.ceil(P / chunk)
-    if cached_len:
-        meta["cached_len"] = cached_len
-    return Trace(mesh=mesh, ops=tuple(c.b.ops), meta=meta)
-
-
-def decode_roofline_s(model: TransformerSpec, num_chips: int, cfg: DecodeConfig,
-                      hbm_bytes_per_s: float, flops_per_s: float) -> float:
-    """tpu.md §5 lower bound of a decode step on `num_chips` chips (whole-pod rates):
-    `B·KV/W_total + max(2·B·P/C_total, P_bytes/W_total)` with P = active parameters."""
-    kv = cfg.batch * model.kv_cache_bytes(cfg.context_len, cfg.kv_bytes_per_elem)
-    p = model.num_active_params
-    w_tot, c_tot = hbm_bytes_per_s * num_chips, flops_per_s * num_chips
-    return kv / w_tot + max(2 * cfg.batch * p / c_tot, p * cfg.weight_bytes_per_param / w_tot)
-
-
-__all__ = [
-    "SAMPLING_MODES",
-    "DecodeConfig",
-    "compile_decode_step",
-    "compile_prefill",
-    "decode_roofline_s",
-    "max_batch_that_fits",
-    "memory_plan",
-]
