@@ -53,7 +53,7 @@ if kind == "train":
 elif kind == "collective":
     run = sim.collective(**flags)
 else:
-    from sim.hardware import get_chip
+    from sim.chips import get_chip
     from topologies.slices import resolve_topology
     chip = get_chip(flags["chip"])
     topo = resolve_topology(chip_name=chip.name, wrap_rule=chip.generation_rule,
