@@ -163,7 +163,6 @@ PENDING_MODULES = {
     "validation/maxtext.py",
     "validation/xla_crosscheck.py",
     "validation/xla_memory.py",
-    "workloads/hlo/lower.py",
 }
 PENDING_FUNCTIONS = {
     "sim/chip_engine.py:run_classes",
@@ -177,7 +176,6 @@ PENDING_FUNCTIONS = {
     "validation/xla_compile.py:lower_moe_train",
     "validation/xla_crosscheck.py:parse_hlo_collectives",
     "validation/xla_memory.py:section",
-    "workloads/hlo/lower.py:lower",
     "workloads/memory.py:saved_tensors",
     "workloads/training/layer.py:attention_backward",
 }

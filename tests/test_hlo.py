@@ -9,7 +9,9 @@ import pytest
 from sim.cli import main
 from sim.engine import replay
 from topologies.errors import TpusimError
-from workloads.hlo.lower import conv_flops, import_hlo, is_hlo_text
+from workloads.hlo.costs import conv_flops
+from workloads.hlo.files import is_hlo_text
+from workloads.hlo.lower import import_hlo
 from workloads.hlo.parser import Shape, parse_hlo, replica_groups, source_target_pairs
 from workloads.trace import OpKind, Trace
 

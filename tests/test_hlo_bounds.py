@@ -9,7 +9,8 @@ import time
 import pytest
 
 from topologies.errors import TpusimError
-from workloads.hlo.lower import entry_ops_lower_bound, import_hlo
+from workloads.hlo.files import entry_ops_lower_bound
+from workloads.hlo.lower import import_hlo
 
 ADD = """%add (a: f32[], b: f32[]) -> f32[] {
   %a = f32[] parameter(0)

@@ -54,7 +54,8 @@ from sim.engine import compute_op_times, replay
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology
 from validation import xla_compile
-from workloads.hlo.lower import conv_flops, import_hlo
+from workloads.hlo.costs import conv_flops
+from workloads.hlo.lower import import_hlo
 from workloads.hlo.parser import (
     Computation,
     HloModule,

@@ -50,7 +50,7 @@ from sim.chips import get_chip
 from sim.engine import compute_op_times, replay
 from validation import maxtext_runs, xla_compile
 from validation.xla_crosscheck import estimated_cycles, op_name, trip_count
-from workloads.hlo.lower import conv_flops
+from workloads.hlo.costs import conv_flops
 from workloads.hlo.parser import HloModule, dot_dims, parse_hlo
 from workloads.trace import OpKind
 

@@ -33,7 +33,8 @@ from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
 from topologies.validate import MAX_TRACE_FILE_BYTES
 from topologies.yamlio import read_text_bounded
-from workloads.hlo.lower import import_hlo, is_hlo_text, read_hlo_file
+from workloads.hlo.files import is_hlo_text, read_hlo_file
+from workloads.hlo.lower import import_hlo
 from workloads.moe import expert_op_scales
 from workloads.trace import Trace
 from workloads.training import (

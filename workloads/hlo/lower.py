@@ -23,9 +23,7 @@ Only topology is needed (to check that replica groups fit the pod and to map par
 chips); `sim/` is never imported.
 """
 
-from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,13 +34,24 @@ from topologies.mesh import LogicalMesh
 from topologies.progress import NO_TASK, task
 from topologies.torus import AXIS_NAMES, Topology
 from topologies.validate import MAX_TRACE_OPS
+from workloads.hlo.costs import MAX_CALL_DEPTH, ModuleCosts, whole
+from workloads.hlo.files import entry_ops_lower_bound, read_partition_coords
+from workloads.hlo.opcodes import (
+    ALIASES,
+    COLLECTIVES,
+    DONES,
+    ELEMENTWISE,
+    FREE,
+    FREE_CUSTOM_CALLS,
+    MOVEMENT,
+    MXU_OPS,
+    SKIPPED,
+)
 from workloads.hlo.parser import (
     Computation,
     HloModule,
     Instruction,
-    Shape,
     backend_config,
-    dot_dims,
     int_list,
     parse_hlo,
     replica_groups,
@@ -55,64 +64,11 @@ from workloads.trace import OpKind, Trace, TraceBuilder, Unit
 # in ~35 CPU-s to a program that would take ~3 GB to replay, and `import-hlo -o` wrote traces
 # over the limit that `replay` then refused.
 MAX_OPS = MAX_TRACE_OPS
-MAX_CALL_DEPTH = 64
 # Instructions the lowering may visit (each while body once per trip): a loop whose body
 # emits no op never reached MAX_OPS, so `known_trip_count` 10^12 over an empty body looped
 # forever. Real modules visit a few times their unrolled op count (the 8-layer train step:
 # ~60k visits for ~20k ops); a visit is ~5 us, so this bounds the walk to seconds.
 MAX_VISITS = 4 * MAX_OPS
-
-COLLECTIVES = {
-    "all-gather": "all-gather", "all-gather-start": "all-gather",
-    "all-reduce": "all-reduce", "all-reduce-start": "all-reduce",
-    "reduce-scatter": "reduce-scatter", "all-to-all": "all-to-all",
-    "ragged-all-to-all": "all-to-all",
-    "collective-permute": "collective-permute",
-    "collective-permute-start": "collective-permute",
-    "collective-broadcast": "all-gather",
-}
-DONES = {"all-gather-done", "all-reduce-done", "collective-permute-done", "async-done"}
-# Values flow through these unchanged and they cost nothing (see module docstring).
-ALIASES = {
-    "bitcast", "copy-start", "copy-done", "slice-start", "slice-done", "opt-barrier",
-    "add-dependency", "domain", "get-dimension-size", "set-dimension-size", "async-update",
-    "optimization-barrier", "reshape-mover",
-}
-FREE = {"constant", "iota", "partition-id", "replica-id", "after-all", "rng-get-and-update-state"}
-ELEMENTWISE = {
-    "add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "remainder", "atan2",
-    "and", "or", "xor", "not", "negate", "abs", "sign", "floor", "ceil", "round-nearest-even",
-    "round-nearest-afz", "exponential", "exponential-minus-one", "log", "log-plus-one",
-    "logistic", "tanh", "tan", "sine", "cosine", "sqrt", "rsqrt", "cbrt", "erf", "is-finite",
-    "compare", "select", "clamp", "convert", "bitcast-convert", "reduce-precision",
-    "shift-left", "shift-right-logical", "shift-right-arithmetic", "popcnt",
-    "count-leading-zeros", "clz", "real", "imag", "complex", "stochastic-convert", "map",
-}
-MOVEMENT = {
-    "broadcast", "reshape", "transpose", "slice", "dynamic-slice", "dynamic-update-slice",
-    "concatenate", "pad", "copy", "gather", "scatter", "reverse", "sort", "reduce",
-    "reduce-window", "select-and-scatter", "rng", "rng-bit-generator", "fft", "cholesky",
-    "triangular-solve", "batch-norm-training", "batch-norm-inference", "batch-norm-grad", "topk",
-}
-MXU_OPS = {"dot", "convolution"}
-# A dot or convolution whose two operands are both of these element types runs at the MXU's
-# int8 (or fp8) rate (`Op.dtype`; AQT's int8 training compiles its weight matmuls to
-# s8 x s8 -> s32 dots: validation/xla_int8.py); any other pair at the bf16 rate.
-_INT8_TYPES = frozenset({"s8", "u8"})
-_FP8_TYPES = frozenset({"f8e4m3fn", "f8e5m2", "f8e4m3", "f8e4m3b11fnuz", "f8e4m3fnuz",
-                        "f8e5m2fnuz", "f8e3m4"})
-# Custom calls that only annotate or reinterpret buffers.
-FREE_CUSTOM_CALLS = {
-    "AllocateBuffer", "AssumeGatherIndicesInBound", "Sharding", "SPMDFullToShardShape",
-    "SPMDShardToFullShape", "ConcatBitcast", "GatherScatterIndicesBitpacked",
-    "AsyncCollectiveStart", "AsyncCollectiveDone", "MoveToHost", "MoveToDevice",
-    "annotate_device_placement", "LayoutConstraint",
-}
-SKIPPED = {"send", "recv", "send-done", "recv-done", "infeed", "outfeed"}
-
-# The whole line after `=`: a comment whose coordinates do not parse (`1,-1`) used to be
-# ignored, replaying the module on the default assignment instead of the one it names.
-_PARTITION_COORDS_RE = re.compile(r"^// tpusim: partition_coords=(.*)$", re.M)
 
 Value = Any  # frozenset[int] (trace ops this value waits for) or a tuple of Values
 
@@ -126,51 +82,6 @@ class HloImport:
     inventory: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
 
-
-def read_partition_coords(text: str) -> list[tuple[int, ...]] | None:
-    """The `// tpusim: partition_coords=...` comment that benchmarks/make_hlo_fixtures.py
-    writes (XLA's device assignment, which `compiled.as_text()` does not print)."""
-    m = _PARTITION_COORDS_RE.search(text[:1 << 16])
-    if not m:
-        return None
-    text = m.group(1).strip()
-    if not re.fullmatch(r"-?\d{1,9}(?:,-?\d{1,9})*(?: +-?\d{1,9}(?:,-?\d{1,9})*)*", text):
-        raise TpusimError(
-            f"the `// tpusim: partition_coords=` comment {text[:60]!r} is not a list of "
-            f"chip coordinates such as 0,0 1,0; fix or delete that line")
-    try:
-        return [tuple(int(v) for v in c.split(",")) for c in text.split()]
-    except ValueError:
-        raise TpusimError(
-            f"the `// tpusim: partition_coords=` comment {m.group(1)[:60]!r} is not a list of "
-            f"chip coordinates such as 0,0 1,0; fix or delete that line"
-        ) from None
-
-
-_ENTRY_RE = re.compile(r"(?m)^ENTRY\b[^\n]*\{[ \t]*$")
-_ENTRY_INS_RE = re.compile(
-    r"(?m)^[ \t]*(?:ROOT[ \t]+)?%?[\w.\-]+[ \t]*=[ \t]*[a-z0-9]+\[([\d,]*)\]\S*[ \t]+"
-    r"([a-z][\w\-]*)\(")
-
-
-def entry_ops_lower_bound(text: str) -> int:
-    """Trace ops the ENTRY computation's text alone is sure to lower to: its array-valued
-    (more than one element) element-wise, data-movement and matmul instructions, each of which
-    runs once and becomes one compute op. Read with two regular expressions before the parse,
-    so a module too large to simulate is refused in well under a second (parsing 300,000
-    instructions takes ~18 CPU-s, and lowering them ran to the op cap before refusing)."""
-    m = _ENTRY_RE.search(text)
-    if not m:
-        return 0
-    end = text.find("\n}", m.end())
-    body = text[m.end():end if end >= 0 else len(text)]
-    emitting = ELEMENTWISE | MOVEMENT | MXU_OPS
-    n = 0
-    for dims, opcode in _ENTRY_INS_RE.findall(body):
-        if opcode in emitting and any(d.strip() not in ("", "0", "1") for d in
-                                      dims.split(",")):
-            n += 1
-    return n
 
 
 def import_hlo(text: str, *, topology: Topology, source: str = "HLO module") -> HloImport:
@@ -191,64 +102,6 @@ def lower_module(module: HloModule, *, topology: Topology, source: str = "HLO mo
     return _Lowerer(module, topology, source, partition_coords).run()
 
 
-def _window(text: str, n: int) -> dict[str, list]:
-    """`{size=4x2 stride=3x1 pad=0_0x1_1 lhs_dilate=4x1}` -> per-spatial-dim lists."""
-    out: dict[str, list] = {"size": [1] * n, "stride": [1] * n, "pad": [(0, 0)] * n,
-                            "lhs_dilate": [1] * n, "rhs_dilate": [1] * n}
-    for key, val in re.findall(r"(\w+)=([\w\-]+)", text):
-        parts = val.split("x")
-        if len(parts) != n:
-            continue
-        if key == "pad":
-            out["pad"] = [tuple(int(v) for v in p.split("_")) for p in parts]
-        elif key in out:
-            out[key] = [int(v) for v in parts]
-    return out
-
-
-def conv_flops(lhs: Shape, rhs: Shape, out: Shape, dim_labels: str, window: str) -> float:
-    """2 x batch x output features x input features per group x, per spatial dimension, the
-    (output, kernel) position pairs that land on a real input element (not padding, not a hole
-    of lhs dilation). XLA's TPU backend writes matmuls and attention einsums as convolutions,
-    some with dilated windows that select one tap per output: counting window taps instead
-    would overstate them several times."""
-    m = re.fullmatch(r"([^_]+)_([^-]+)->(.+)", dim_labels.strip())
-    if not m or lhs.is_tuple or rhs.is_tuple or out.is_tuple:
-        return 2.0 * out.num_elements * (rhs.num_elements / max(rhs.dims[-1], 1)
-                                         if rhs.dims else 1)
-    ll, rl, ol = m.groups()
-    if len(ll) != len(lhs.dims) or len(rl) != len(rhs.dims) or len(ol) != len(out.dims):
-        return 2.0 * out.num_elements
-    spatial = sorted(c for c in rl if c.isdigit())
-    w = _window(window.strip("{}"), len(spatial))
-    total = 2.0 * out.dims[ol.index("b")] * out.dims[ol.index("f")] * rhs.dims[rl.index("i")]
-    for k, c in enumerate(spatial):
-        n_in = lhs.dims[ll.index(c)]
-        n_k = rhs.dims[rl.index(c)]
-        n_out = out.dims[ol.index(c)]
-        stride, (pad_lo, _pad_hi) = w["stride"][k], w["pad"][k]
-        ld, rd = w["lhs_dilate"][k], w["rhs_dilate"][k]
-        span = (n_in - 1) * ld + 1
-        valid = 0
-        for o in range(n_out):
-            for t in range(n_k):
-                p = o * stride + t * rd - pad_lo
-                if 0 <= p < span and p % ld == 0:
-                    valid += 1
-        total *= valid
-    return total
-
-
-def _whole(text: Any, ins: Instruction) -> int:
-    """A parameter number or tuple index of `ins` as an int (one-line error if the text was
-    edited into something else)."""
-    t = str(text).strip()
-    if not (t.lstrip("-").isdigit() and t.isascii() and len(t) <= 18):
-        raise TpusimError(
-            f"HLO instruction %{ins.name} ({ins.opcode}) has the index {t[:40]!r}, not a whole "
-            f"number; give unedited compiled.as_text() output"
-        )
-    return int(t)
 
 
 def _flatten(v: Value) -> frozenset[int]:
@@ -264,12 +117,14 @@ def _num_devices(module: HloModule) -> int:
     return module.num_partitions * module.replica_count
 
 
-class _Lowerer:
+class _Lowerer(ModuleCosts):
+    """The walk of one module: each instruction, in program order, becomes trace ops (its
+    costs are `ModuleCosts`'), loops unrolled, calls inlined."""
+
     def __init__(self, module: HloModule, topology: Topology, source: str,
                  partition_coords: list[tuple[int, ...]] | None) -> None:
-        self.m = module
+        super().__init__(module, source)
         self.topo = topology
-        self.source = source
         self.b = TraceBuilder(max_ops=MAX_OPS)  # checked with its own message below
         self.task = NO_TASK  # the progress of `run()`
         self.is_coll: list[bool] = []
@@ -281,9 +136,6 @@ class _Lowerer:
         self.open_channels: dict[str, int] = {}
         self.loops: list[dict] = []
         self._loop_seen: set[str] = set()
-        self._comp_flops: dict[str, tuple[float, float]] = {}
-        self._comp_dtype: dict[str, str] = {}
-        self._comp_colls: dict[str, list[Instruction]] = {}
         self.n_dev = _num_devices(module)
         if self.n_dev > topology.num_chips:
             raise TpusimError(
@@ -354,195 +206,6 @@ class _Lowerer:
         return frozenset({i})
 
     # -- shapes and costs -------------------------------------------------------------------
-    def shape_of(self, comp: Computation, name: str) -> Shape:
-        ins = comp.by_name.get(name)
-        if ins is not None:
-            return ins.shape
-        s = self.m.shapes.get(name)
-        if s is None:
-            raise TpusimError(f"{self.source}: operand %{name} is not defined (truncated file?)")
-        return s
-
-    def mxu_dtype(self, comp: Computation, ins: Instruction) -> str:
-        """The MXU format of a dot or convolution: int8 or fp8 when both operands are, else
-        bf16 (`_INT8_TYPES`)."""
-        types = {self.shape_of(comp, o).dtype for o in ins.operands[:2]}
-        if len(ins.operands) >= 2 and types <= _INT8_TYPES:
-            return "int8"
-        if len(ins.operands) >= 2 and types <= _FP8_TYPES:
-            return "fp8"
-        return "bf16"
-
-    def comp_dtype(self, comp: Computation) -> str:
-        """The MXU format of a fused computation's first dot or convolution (nested fusions
-        included; bf16 without one)."""
-        if comp.name in self._comp_dtype:
-            return self._comp_dtype[comp.name]
-        out = "bf16"
-        for ins in comp.instructions:
-            if ins.opcode in MXU_OPS:
-                out = self.mxu_dtype(comp, ins)
-                break
-            if ins.opcode in ("fusion", "call"):
-                inner = [self.comp_dtype(self.m.computations[c]) for c in ins.called()]
-                if any(d != "bf16" for d in inner):
-                    out = next(d for d in inner if d != "bf16")
-                    break
-        self._comp_dtype[comp.name] = out
-        return out
-
-    def mxu_flops(self, comp: Computation, ins: Instruction) -> float:
-        out = ins.shape.num_elements
-        if ins.opcode == "dot":
-            dd = dot_dims(ins)
-            lhs = self.shape_of(comp, ins.operands[0])
-            self.check_dot(comp, ins, dd, lhs)
-            k = 1
-            for d in dd["lhs_contracting_dims"]:
-                k *= lhs.dims[d]
-            return 2.0 * out * k
-        if len(ins.operands) < 2:
-            return 0.0
-        return conv_flops(self.shape_of(comp, ins.operands[0]),
-                          self.shape_of(comp, ins.operands[1]), ins.shape,
-                          ins.attrs.get("dim_labels", ""), ins.attrs.get("window", ""))
-
-    def check_dot(self, comp: Computation, ins: Instruction, dd: dict, lhs: Shape) -> None:
-        """A dot's batch and contracting dimensions as XLA's verifier checks them: each within
-        its operand's rank, as many on either side, of equal sizes (a dimension past the rank
-        used to be skipped, costing the dot as if it contracted nothing)."""
-        if len(ins.operands) < 2:
-            raise TpusimError(f"{self.source}: line {ins.line}: {ins.name} is a dot with "
-                              f"{len(ins.operands)} operand(s); a dot takes two")
-        rhs = self.shape_of(comp, ins.operands[1])
-        for kind in ("batch", "contracting"):
-            ld, rd = dd[f"lhs_{kind}_dims"], dd[f"rhs_{kind}_dims"]
-            for side, dims, shape in (("lhs", ld, lhs), ("rhs", rd, rhs)):
-                bad = [d for d in dims if not 0 <= d < len(shape.dims)]
-                if bad or len(set(dims)) != len(dims):
-                    raise TpusimError(
-                        f"{self.source}: line {ins.line}: {ins.name} has {side}_{kind}_dims "
-                        f"{{{','.join(map(str, dims))}}}, but its {side} {shape} has rank "
-                        f"{len(shape.dims)} (dimensions 0..{len(shape.dims) - 1}, each once); "
-                        f"XLA rejects this module")
-            if len(ld) != len(rd) or any(lhs.dims[a] != rhs.dims[b]
-                                         for a, b in zip(ld, rd, strict=False)):
-                raise TpusimError(
-                    f"{self.source}: line {ins.line}: {ins.name}'s {kind} dimensions do not "
-                    f"match ({lhs} lhs {{{','.join(map(str, ld))}}}, {rhs} rhs "
-                    f"{{{','.join(map(str, rd))}}}); XLA rejects this module")
-
-    def check_gather(self, comp: Computation, ins: Instruction) -> None:
-        """A gather's dimension numbers within the ranks, as XLA's verifier checks them."""
-        if len(ins.operands) < 2:
-            raise TpusimError(f"{self.source}: line {ins.line}: {ins.name} is a gather with "
-                              f"{len(ins.operands)} operand(s); a gather takes two")
-        operand = self.shape_of(comp, ins.operands[0])
-        indices = self.shape_of(comp, ins.operands[1])
-        rank, out_rank = len(operand.dims), len(ins.shape.dims)
-        for attr, limit, what in (("collapsed_slice_dims", rank, "operand"),
-                                  ("start_index_map", rank, "operand"),
-                                  ("operand_batching_dims", rank, "operand"),
-                                  ("offset_dims", out_rank, "output"),
-                                  ("start_indices_batching_dims", len(indices.dims),
-                                   "indices")):
-            if attr not in ins.attrs:
-                continue
-            dims = int_list(ins.attrs[attr])
-            bad = [d for d in dims if not 0 <= d < limit]
-            if bad:
-                raise TpusimError(
-                    f"{self.source}: line {ins.line}: {ins.name} has {attr}="
-                    f"{{{','.join(map(str, dims))}}}, but its {what} has rank {limit} "
-                    f"(dimensions 0..{limit - 1}); XLA rejects this module")
-        if "index_vector_dim" in ins.attrs:
-            ivd = _whole(ins.attrs["index_vector_dim"], ins)
-            if not 0 <= ivd <= len(indices.dims):
-                raise TpusimError(
-                    f"{self.source}: line {ins.line}: {ins.name} has index_vector_dim={ivd}, "
-                    f"but its indices {indices} have rank {len(indices.dims)} (0..."
-                    f"{len(indices.dims)}); XLA rejects this module")
-        if "slice_sizes" in ins.attrs:
-            sizes = int_list(ins.attrs["slice_sizes"])
-            if len(sizes) != rank or any(not 0 <= z <= n for z, n in zip(sizes, operand.dims,
-                                                                          strict=False)):
-                raise TpusimError(
-                    f"{self.source}: line {ins.line}: {ins.name} has slice_sizes="
-                    f"{{{','.join(map(str, sizes))}}} for an operand {operand}: one size per "
-                    f"dimension, each at most the dimension; XLA rejects this module")
-
-    def comp_flops(self, comp: Computation) -> tuple[float, float]:
-        """(MXU, VPU) FLOPs of a fused computation, nested fusions included."""
-        if comp.name in self._comp_flops:
-            return self._comp_flops[comp.name]
-        mxu = vpu = 0.0
-        for ins in comp.instructions:
-            op = ins.opcode
-            if op == "gather":
-                self.check_gather(comp, ins)
-            if op in MXU_OPS:
-                mxu += self.mxu_flops(comp, ins)
-            elif op in ELEMENTWISE:
-                vpu += ins.shape.num_elements
-            elif op == "reduce" and ins.operands:
-                vpu += self.shape_of(comp, ins.operands[0]).num_elements
-            elif op in ("fusion", "call"):
-                for c in ins.called():
-                    a, v = self.comp_flops(self.m.computations[c])
-                    mxu += a
-                    vpu += v
-        self._comp_flops[comp.name] = (mxu, vpu)
-        return mxu, vpu
-
-    def fusion_bytes(self, comp: Computation, ins: Instruction, fused: Computation) -> float:
-        """HBM bytes of one fusion: parameters read once (a parameter used only through
-        slices reads the slices), the result written once (an in-place dynamic-update-slice
-        root writes only its update)."""
-        params = {p.name: _whole(p.literal or 0, p) for p in fused.instructions
-                  if p.opcode == "parameter"}
-        users: dict[str, list[Instruction]] = {}
-        for f in fused.instructions:
-            for o in f.operands:
-                users.setdefault(o, []).append(f)
-        root = fused.root
-        dus_roots = [root] if root.opcode == "dynamic-update-slice" else [
-            fused.by_name[o] for o in root.operands
-            if o in fused.by_name and fused.by_name[o].opcode == "dynamic-update-slice"
-        ] if root.opcode == "tuple" else []
-        in_place = {r.operands[0] for r in dus_roots}
-        total = 0.0
-        for pname, idx in params.items():
-            if idx >= len(ins.operands):
-                continue
-            full = self.shape_of(comp, ins.operands[idx]).nbytes
-            us = users.get(pname, [])
-            if pname in in_place:
-                continue
-            if us and all(u.opcode in ("dynamic-slice", "slice", "gather") and
-                          u.operands[0] == pname for u in us):
-                total += min(full, sum(u.shape.nbytes for u in us))
-            else:
-                total += full
-        out = ins.shape.nbytes
-        if dus_roots:
-            upd = sum(self.shape_of(fused, r.operands[1]).nbytes for r in dus_roots)
-            out = out - sum(r.shape.nbytes for r in dus_roots) + upd
-        return total + max(out, 0)
-
-    def operand_bytes(self, comp: Computation, ins: Instruction) -> float:
-        return float(sum(self.shape_of(comp, o).nbytes for o in ins.operands))
-
-    def collectives_in(self, comp: Computation) -> list[Instruction]:
-        if comp.name not in self._comp_colls:
-            found = []
-            for ins in comp.instructions:
-                if ins.opcode in COLLECTIVES:
-                    found.append(ins)
-                elif ins.opcode in ("fusion", "call"):
-                    for c in ins.called():
-                        found += self.collectives_in(self.m.computations[c])
-            self._comp_colls[comp.name] = found
-        return self._comp_colls[comp.name]
 
     # -- collectives ------------------------------------------------------------------------
     def _group_id(self, spec: tuple) -> int:
@@ -682,9 +345,9 @@ class _Lowerer:
                 v = int_list(i.literal)
                 return ("const", v[0]) if len(v) == 1 else None
             if i.opcode == "get-tuple-element":
-                return ("index", _whole(i.attrs.get("index", "-1"), i))
+                return ("index", whole(i.attrs.get("index", "-1"), i))
             if i.opcode == "parameter" and outer is not None:
-                k = _whole(i.literal or 0, i)
+                k = whole(i.literal or 0, i)
                 return resolve(cond, outer.operands[k], None) if k < len(outer.operands) \
                     else None
             if i.opcode in ("convert", "bitcast", "copy") and i.operands:
@@ -736,26 +399,6 @@ class _Lowerer:
             n = -(-span // mag) if step > 0 else 0
         return max(int(n), 0), "induction variable"
 
-    def static_cost(self, comp: Computation, depth: int = 0) -> float:
-        """Rough size of a computation (FLOPs + bytes, loops once) to pick a conditional's
-        branch."""
-        if depth > MAX_CALL_DEPTH:
-            return 0.0
-        total = 0.0
-        for ins in comp.instructions:
-            if ins.opcode in ("fusion",):
-                a, v = self.comp_flops(self.m.computations[ins.called()[0]])
-                total += a + v + ins.shape.nbytes
-            elif ins.opcode in MXU_OPS:
-                total += self.mxu_flops(comp, ins) + ins.shape.nbytes
-            elif ins.opcode in ("call", "while", "conditional"):
-                total += sum(self.static_cost(self.m.computations[c], depth + 1)
-                             for c in ins.called())
-            elif ins.opcode in COLLECTIVES:
-                total += ins.shape.nbytes
-            else:
-                total += ins.shape.nbytes
-        return total
 
     # -- the walk ---------------------------------------------------------------------------
     def run(self) -> HloImport:
@@ -837,6 +480,7 @@ class _Lowerer:
 
     def lower(self, comp: Computation, ins: Instruction, env: dict[str, Value],
               pending: dict[str, int], args: list[Value] | None, depth: int) -> Value:
+        """The value of one instruction (the trace ops it waits for), emitting its ops."""
         op = ins.opcode
         ops = ins.operands
         try:
@@ -853,13 +497,13 @@ class _Lowerer:
                 if p in env:
                     deps |= _flatten(env[p])
         if op == "parameter":
-            k = _whole(ins.literal or 0, ins)
+            k = whole(ins.literal or 0, ins)
             return args[k] if args is not None and k < len(args) else frozenset()
         if op in FREE:
             return frozenset()
         if op == "get-tuple-element":
             v = vals[0]
-            k = _whole(ins.attrs.get("index", "0"), ins)
+            k = whole(ins.attrs.get("index", "0"), ins)
             return v[k] if isinstance(v, tuple) and k < len(v) else _flatten(v)
         if op == "tuple":
             return tuple(vals)
@@ -879,48 +523,9 @@ class _Lowerer:
             i = pending.get(ops[0]) if ops else None
             return deps | ({i} if i is not None else set())
         if op == "async-start":
-            called = [self.m.computations[c] for c in ins.called()]
-            colls = [c for comp_ in called for c in self.collectives_in(comp_)]
-            if colls:
-                inner = called[0]
-                i = self.collective(inner, colls[0], deps, name=ins.name)
-                if i is not None:
-                    pending[ins.name] = i
-                return deps
-            out = deps
-            for c in called:
-                out = _flatten(self.run_comp(c, vals, depth + 1))
-            return out
+            return self.async_start(ins, vals, deps, pending, depth)
         if op == "while":
-            trip, how = self.trip_count(comp, ins)
-            if ins.name not in self._loop_seen:
-                self._loop_seen.add(ins.name)
-                self.loops.append({"name": ins.name, "trip_count": trip, "from": how})
-                if how == "unknown":
-                    self.warnings.append(
-                        f"while loop {ins.name}: trip count unknown (no known_trip_count and "
-                        f"no induction variable against a constant); ran once")
-                    trip = 1
-            elif how == "unknown":
-                trip = 1
-            body = self.m.computations[ins.attrs["body"].lstrip("%")]
-            v = vals[0] if vals else frozenset()
-            for k in range(trip):
-                before, visits = len(self.b.ops), self.visits
-                nxt = self.run_comp(body, [v], depth + 1)
-                if nxt == v and len(self.b.ops) == before:
-                    # A trip that emits no op and hands the next trip the same value is the
-                    # same trip every time (the walk is a pure function of the value): the
-                    # loop's remaining trips add nothing (an empty body, scalar bookkeeping).
-                    break
-                if k == 0:
-                    # Every trip walks the same instructions and emits the same ops (costs and
-                    # groups do not depend on the values), so the first trip tells whether the
-                    # whole loop fits: refused now, not after 250,000 ops or 10^6 visits.
-                    self._check_loop(ins, trip, len(self.b.ops) - before,
-                                     self.visits - visits)
-                v = nxt
-            return v
+            return self.while_loop(comp, ins, vals, depth)
         if op == "conditional":
             branches = [self.m.computations[c] for c in ins.called()]
             costs = [self.static_cost(b) for b in branches]
@@ -931,6 +536,63 @@ class _Lowerer:
             return self.run_comp(self.m.computations[ins.called()[0]], vals, depth + 1)
         if op == "fusion":
             return self.fusion(comp, ins, deps)
+        return self.compute_instruction(comp, ins, deps)
+
+    def async_start(self, ins: Instruction, vals: list[Value], deps: frozenset[int],
+                    pending: dict[str, int], depth: int) -> Value:
+        """An `async-start` wrapper: the collective it wraps starts (its done waits for it);
+        any other wrapped computation runs inline."""
+        called = [self.m.computations[c] for c in ins.called()]
+        colls = [c for comp_ in called for c in self.collectives_in(comp_)]
+        if colls:
+            inner = called[0]
+            i = self.collective(inner, colls[0], deps, name=ins.name)
+            if i is not None:
+                pending[ins.name] = i
+            return deps
+        out = deps
+        for c in called:
+            out = _flatten(self.run_comp(c, vals, depth + 1))
+        return out
+
+    def while_loop(self, comp: Computation, ins: Instruction, vals: list[Value],
+                   depth: int) -> Value:
+        """A `while` unrolled by its trip count (once when it is unknown, with a warning)."""
+        trip, how = self.trip_count(comp, ins)
+        if ins.name not in self._loop_seen:
+            self._loop_seen.add(ins.name)
+            self.loops.append({"name": ins.name, "trip_count": trip, "from": how})
+            if how == "unknown":
+                self.warnings.append(
+                    f"while loop {ins.name}: trip count unknown (no known_trip_count and "
+                    f"no induction variable against a constant); ran once")
+                trip = 1
+        elif how == "unknown":
+            trip = 1
+        body = self.m.computations[ins.attrs["body"].lstrip("%")]
+        v = vals[0] if vals else frozenset()
+        for k in range(trip):
+            before, visits = len(self.b.ops), self.visits
+            nxt = self.run_comp(body, [v], depth + 1)
+            if nxt == v and len(self.b.ops) == before:
+                # A trip that emits no op and hands the next trip the same value is the
+                # same trip every time (the walk is a pure function of the value): the
+                # loop's remaining trips add nothing (an empty body, scalar bookkeeping).
+                break
+            if k == 0:
+                # Every trip walks the same instructions and emits the same ops (costs and
+                # groups do not depend on the values), so the first trip tells whether the
+                # whole loop fits: refused now, not after 250,000 ops or 10^6 visits.
+                self._check_loop(ins, trip, len(self.b.ops) - before,
+                                 self.visits - visits)
+            v = nxt
+        return v
+
+    def compute_instruction(self, comp: Computation, ins: Instruction,
+                            deps: frozenset[int]) -> Value:
+        """A matmul, element-wise, data-movement, custom-call or unknown instruction: one
+        compute op (none for scalar bookkeeping, free custom calls and skipped I/O)."""
+        op, ops = ins.opcode, ins.operands
         if op == "gather":
             self.check_gather(comp, ins)
         scalar = ins.shape.num_elements <= 1 and all(
@@ -1037,56 +699,6 @@ def collective_axes_label(meta_groups: list[dict], gid: int, topology: Topology)
     return ",".join(g.name for g in gaxes)
 
 
-def is_hlo_text(head: str) -> bool:
-    """Whether a file's first bytes look like HLO module text (rather than a trace)."""
-    for line in head.splitlines():
-        s = line.strip()
-        if not s or s.startswith("//"):
-            continue
-        return s.startswith("HloModule")
-    return False
+__all__ = ["HloImport", "collective_axes_label", "import_hlo", "lower_module"]
 
 
-__all__ = ["HloImport", "import_hlo", "is_hlo_text", "lower_module", "read_partition_coords"]
-
-
-def read_hlo_file(path: str) -> str:
-    """The text of an HLO file (`.gz` too), refusing files over the parser's size limit before
-    reading them whole."""
-    import gzip
-    import os
-
-    from workloads.hlo.parser import MAX_TEXT_BYTES
-
-    if os.path.isdir(path):
-        raise TpusimError(f"HLO file {path!r} is a directory; give one module's .txt file (an "
-                          f"--xla_dump_to directory holds one per compiled program)")
-    if not os.path.exists(path):
-        raise TpusimError(f"HLO file {path!r} does not exist")
-    if not os.path.isfile(path):
-        raise TpusimError(f"HLO file {path!r} is not a regular file (a pipe or device); save the "
-                          f"HLO text to a file first")
-    try:
-        if path.endswith(".gz"):
-            with gzip.open(path, "rb") as f:
-                data = f.read(MAX_TEXT_BYTES + 1)
-        else:
-            size = os.path.getsize(path)
-            if size > MAX_TEXT_BYTES:
-                raise TpusimError(
-                    f"{path} is {size / 2**20:.0f} MiB of HLO text; tpusim reads modules of at "
-                    f"most {MAX_TEXT_BYTES >> 20} MiB (compile fewer layers or use a scanned "
-                    f"model)")
-            with open(path, "rb") as f:
-                data = f.read()
-    except OSError as exc:
-        raise TpusimError(f"HLO file {path!r} cannot be read: {exc}") from None
-    if len(data) > MAX_TEXT_BYTES:
-        raise TpusimError(
-            f"{path} decompresses to more than {MAX_TEXT_BYTES >> 20} MiB of HLO text; tpusim "
-            f"reads modules of at most {MAX_TEXT_BYTES >> 20} MiB")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise TpusimError(f"{path} is not HLO text (not UTF-8); give the text of "
-                          f"compiled.as_text()") from None
