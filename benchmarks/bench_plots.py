@@ -4,9 +4,9 @@ PNG, for training steps, a per-chip step, a collective and the largest torus.
 Run: python benchmarks/bench_plots.py [--before REV] [--repeats N]. Each case runs in a fresh
 Python process (so the imports are counted, as in a `tpusim ... --plots` run): the run is
 simulated first (not counted), then the plots are timed in wall and CPU seconds. `--before REV`
-times `sim/export/plots.py` as it was at git revision REV on the same results (for a
-before/after table; the old module drew with pyplot). Numbers are measurements on the machine
-that ran them; nothing here passes or fails on time.
+times the plot modules of `sim/export/` as they were at git revision REV on the same results
+(for a before/after table; the old module, `plots.py` alone, drew with pyplot). Numbers are
+measurements on the machine that ran them; nothing here passes or fails on time.
 """
 
 from __future__ import annotations
@@ -59,14 +59,24 @@ else:
     topo = resolve_topology(chip_name=chip.name, wrap_rule=chip.generation_rule,
                             max_pod_shape=chip.max_pod_shape, shape=flags["shape"])
     util = np.random.default_rng(0).random(topo.num_links)
-if before:
-    src = subprocess.run(["git", "show", f"{before}:sim/export/plots.py"], capture_output=True,
-                         check=True, text=True).stdout
-    spec = importlib.util.spec_from_loader("old_plots", loader=None)
-    plots = importlib.util.module_from_spec(spec)
-    exec(compile(src, "old_plots.py", "exec"), plots.__dict__)
-else:
-    import sim.export.plots as plots
+import types
+# The plot modules in the order they import each other (a revision before the split into
+# step, torus and collective plots has the first alone).
+NAMES = ("plots", "torus_plots", "step_plots", "collective_plots")
+plots = types.SimpleNamespace()
+for name in NAMES:
+    if before:
+        done = subprocess.run(["git", "show", f"{before}:sim/export/{name}.py"],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            continue
+        spec = importlib.util.spec_from_loader(f"sim.export.{name}", loader=None)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[f"sim.export.{name}"] = mod  # the next modules import this revision's
+        exec(compile(done.stdout, f"old_{name}.py", "exec"), mod.__dict__)
+    else:
+        mod = importlib.import_module(f"sim.export.{name}")
+    plots.__dict__.update({k: v for k, v in vars(mod).items() if not k.startswith("__")})
 out = "/tmp/tpusim_bench_plots/" + str(abs(hash(case)))
 w0, c0 = time.perf_counter(), time.process_time()
 import matplotlib
@@ -123,7 +133,11 @@ case, kind, flags = json.loads(sys.argv[1])
 import sim
 run = sim.train(**flags) if kind == "train" else sim.collective(**flags)
 rss_sim = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+import sim.export.collective_plots as collective_plots
 import sim.export.plots as plots
+import sim.export.step_plots as step_plots
+import sim.export.torus_plots as torus_plots
+MODULES = (plots, torus_plots, step_plots, collective_plots)
 timed = []  # (name, wall, cpu) per figure built
 
 def timing(name, fn):
@@ -140,13 +154,16 @@ for attr, name in (("_timeline", "timeline.png"), ("_breakdown", "breakdown.png"
                    ("_collective_timeline", "collective_timeline.png"),
                    ("collective_links_figure", "collective_links.png"),
                    ("step_link_shares", "links_on_torus.png")):
-    setattr(plots, attr, timing(name, getattr(plots, attr)))
-plots.chip_map_figure = timing(lambda a, k: "chip map: " + k["label"], plots.chip_map_figure)
+    for mod in MODULES:  # wherever a caller looks the name up
+        if hasattr(mod, attr):
+            setattr(mod, attr, timing(name, getattr(mod, attr)))
+torus_plots.chip_map_figure = timing(lambda a, k: "chip map: " + k["label"],
+                                     torus_plots.chip_map_figure)
 w0, c0 = time.perf_counter(), time.process_time()
 import matplotlib.figure  # noqa: the import, counted apart
 imp = (time.perf_counter() - w0, time.process_time() - c0)
-figs = (plots.step_figures(run.result, run.to_dict()) if kind == "train"
-        else plots.collective_figures(run.result))
+figs = (step_plots.step_figures(run.result, run.to_dict()) if kind == "train"
+        else collective_plots.collective_figures(run.result))
 saves = {}
 out = "/tmp/tpusim_bench_plots/" + str(abs(hash(case)))
 from pathlib import Path
@@ -205,7 +222,7 @@ def run(case: str, before: str | None) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--before", help="also time sim/export/plots.py of this git revision")
+    ap.add_argument("--before", help="also time the plot modules of this git revision")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cases", help="comma-separated subset of the case names")
     ap.add_argument("--per-plot", action="store_true",

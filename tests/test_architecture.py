@@ -156,7 +156,6 @@ MAX_FUNCTION_LINES = 120
 PENDING_MODULES = {
     "sim/collective_sim.py",
     "sim/engine.py",
-    "sim/export/plots.py",
     "sim/planner.py",
     "sim/runs/requests.py",
     "sim/vector_engine.py",

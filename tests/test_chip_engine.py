@@ -341,7 +341,7 @@ def test_perfetto_has_a_process_per_chip_class_plus_the_traced_chips(tmp_path):
 
 
 def test_plots_draw_per_link_utilization_and_the_per_chip_maps(tmp_path):
-    from sim.export.plots import plot_step
+    from sim.export.step_plots import plot_step
 
     chip, topo, trace = _setup("v5e", "4x4", "fsdp=4,tensor=4", wrap="all")
     r = simulate_chips(trace, chip, topo,

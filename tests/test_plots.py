@@ -1,4 +1,4 @@
-"""The `--plots` figures (`sim/export/plots.py`), checked through their artists, not pixels:
+"""The `--plots` figures (`sim/export/*plots.py`), checked through their artists, not pixels:
 every plot kind on 1D, 2D, 3D and multi-slice pods; the torus drawn per link only when links of a
 class differ (every existing link a segment) and otherwise once per class with a note; words, not
 field names; the model, pod and mesh in every title; legends off the lanes; byte-identical
@@ -18,14 +18,9 @@ from matplotlib.text import Text
 
 import sim
 from sim.engine import BREAKDOWN_KEYS, BREAKDOWN_LABELS
-from sim.export.plots import (
-    collective_figures,
-    links_alike,
-    plot_collective,
-    plot_step,
-    step_figures,
-    step_words,
-)
+from sim.export.collective_plots import collective_figures, plot_collective, step_words
+from sim.export.step_plots import plot_step, step_figures
+from sim.export.torus_plots import links_alike
 
 TINY = {"name": "tiny", "num_layers": 2, "d_model": 256, "num_heads": 4, "num_kv_heads": 4,
         "head_dim": 64, "d_ff": 1024, "mlp": "relu", "vocab_size": 512}
@@ -258,7 +253,7 @@ def test_chip_map_labels_fit_the_figure_at_every_pod_size(shape):
     """The colour bar's label and ticks, the panels' titles and tick labels lie inside the
     figure on pods of 4 to 8,960 chips (the colour bar label was clipped)."""
     from sim.chips import get_chip
-    from sim.export.plots import chip_map_figure
+    from sim.export.torus_plots import chip_map_figure
     from topologies.slices import resolve_topology
 
     chip = get_chip("v5p" if shape.count("x") == 2 else "v5e")
@@ -418,7 +413,8 @@ def test_phase_lane_has_no_gap_where_a_trailing_dcn_all_reduce_runs(tiny):
     # compute op and before the optimizer. Its time belongs to the backward band; the bands
     # tile the step from 0 to its end with no hole.
     from sim.engine import OP_COLUMNS
-    from sim.export.plots import _phase_spans, _table
+    from sim.export.plots import _table
+    from sim.export.step_plots import _phase_spans
 
     run = sim.train(chip="v5e", shape="2x2", slices=2, model=tiny, seq_len=128,
                     batch_per_chip=1, mesh="fsdp=4", dcn="data=2")

@@ -310,7 +310,7 @@ def test_the_torus_plot_of_a_twisted_slice_says_where_its_wraparound_lands(tmp_p
                          "--op", "all-gather", "--axes", "x", "--bytes", "1MiB", "--plots",
                          str(tmp_path))
     assert rc == 0, err
-    from sim.export.plots import _wrap_words
+    from sim.export.torus_plots import _wrap_words
 
     t = build_torus((4, 4, 8), True, twisted=True)
     assert _wrap_words(t) == "twisted: the x,y wraparound lands 4 along z"

@@ -68,7 +68,7 @@ def cmd_collective(args: argparse.Namespace) -> int:
     if plan is not None:
         plan.write()
     if args.plots:
-        from sim.export.plots import plot_collective
+        from sim.export.collective_plots import plot_collective
 
         plot_collective(res, args.plots)
     if args.json:

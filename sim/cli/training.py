@@ -241,7 +241,7 @@ def _write_outputs(args, result, summary, trace=None) -> list[str]:
         notes.append(f"wrote Perfetto trace {cli.show_path(args.perfetto)} ({shown}; open it at "
                      f"ui.perfetto.dev)")
     if getattr(args, "plots", None):
-        from sim.export.plots import plot_step
+        from sim.export.step_plots import plot_step
 
         plot_step(result, summary, args.plots)
         notes.append(f"wrote plots into {cli.show_path(args.plots)}/")
@@ -529,12 +529,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
            "all_gather_32MiB_x_16x16_v5e": collectives, "inputs": inputs}
     write_json(out / "summary.json", doc)
     from sim.export.perfetto import export_step
-    from sim.export.plots import plot_step
+    from sim.export.step_plots import plot_step
 
     export_step(result, out / "train_step.pftrace")
     plot_step(result, {**summary, "inputs": inputs}, out / "plots")
     if auto is not None:
-        from sim.export.plots import plot_collective
+        from sim.export.collective_plots import plot_collective
 
         plot_collective(auto, out / "plots" / "all_gather_x")
     if args.json:
