@@ -44,7 +44,7 @@ _DCN_LATENCY_S = 10e-6
 # tpu.md §1.2: the VPU is "about 30x below the MXU" (stated for v5p). Applying the same ratio to
 # v3, v4, v6e and TPU7x is an assumption: the reference gives no VPU figure for them.
 _MXU_TO_VPU = 30.0
-# Fitted to measured MaxText runs on v5e (docs/validation.md, benchmarks/validate_maxtext.py):
+# Fitted to measured MaxText runs on v5e (docs/validation.md, validation/maxtext.py):
 # the 12 odd-indexed usable v5e runs of docs/reference/maxtext_runs.json (the 2023 v5e-256
 # table, 1-32 slices), mean |log error| on a 0.01 grid; checked on the 12 even-indexed ones
 # (0.77 too). Fitted with the fluid engine's max-min sharing, so compute ops beside
@@ -130,7 +130,7 @@ CHIPS.add(
         dcn_latency_s=_DCN_LATENCY_S,
         pcie_bytes_per_s=1.6e10,  # tpu.md §1.1
         tensorcores_per_chip=1,  # tpu.md §1.2 "v5e = 1"
-        # Fitted to measured MaxText runs (docs/validation.md, benchmarks/validate_maxtext.py):
+        # Fitted to measured MaxText runs (docs/validation.md, validation/maxtext.py):
         # the achievable MXU fraction of the 2023 v5e-256 training table (fitted on the
         # odd-indexed runs; the other half of the runs, its refit and errors are in
         # docs/validation.md). HBM/ICI/DCN/VPU factors stay 1.0: the fit cannot identify them.
@@ -211,7 +211,7 @@ CHIPS.add(
         # tpu.md §1.2 leaves v6e ambiguous; Google Cloud's v6e page lists one TensorCore per chip.
         tensorcores_per_chip=1,
         mxu_dim=256,  # tpu.md §1.2 "128x128 systolic array (256x256 on v6e)"
-        # Fitted to measured MaxText runs (docs/validation.md, benchmarks/validate_maxtext.py):
+        # Fitted to measured MaxText runs (docs/validation.md, validation/maxtext.py):
         # the achievable MXU fraction of the tpu-recipes v6e training runs (the 12 odd-indexed
         # usable v6e runs of docs/reference/maxtext_runs.json, mean |log error| on a 0.01
         # grid), with attention's head_dim-128 matmuls at half rate on the 256-wide MXU
@@ -219,9 +219,10 @@ CHIPS.add(
         # HBM/ICI/DCN/VPU factors stay 1.0: the fit cannot identify them. Fitted with the
         # fluid engine's max-min sharing, the runs' f32 weights, XLA's per-matrix gradient
         # collectives (`--fsdp-grad auto`: synchronous whole-gradient all-reduces over FSDP
-        # groups of more than 32 chips) and per-matrix cross-slice all-reduces; the even half
-        # gives 0.64 (the factor's history: CHANGELOG.md).
-        mxu_efficiency=0.65,
+        # groups of more than 32 chips) and per-matrix cross-slice all-reduces, with every
+        # compute op streaming HBM at its own pace beside the collectives' DMA (docs/model/
+        # training.md "HBM"); the even half gives 0.63 (the factor's history: CHANGELOG.md).
+        mxu_efficiency=0.64,
         # Fitted to the slice-count slowdown of the odd half's data-parallel multi-slice run
         # (Gemma-3 12B over 2 v6e-256 slices against its 1-slice run; seconds per DCN message,
         # cross-slice collectives as 2(N-1) messages, the data-parallel gradient reduction as
@@ -286,7 +287,7 @@ _CARRIED = ("carried over", "v5e's fitted MXU fraction: same 128x128 MXUs (tpu.m
 _FITTED: dict[str, dict[str, tuple[str, str]]] = {
     "v5e": {"mxu_efficiency": (
         "fitted", "jointly with dcn_message_overhead_s to the odd-indexed half (12 runs) of the "
-        "measured v5e MaxText runs (docs/validation.md, benchmarks/validate_maxtext.py); held "
+        "measured v5e MaxText runs (docs/validation.md, validation/maxtext.py); held "
         "out: the even half, its refit and its errors are in docs/validation.md"),
         "dcn_message_overhead_s": (
         "fitted", "jointly with mxu_efficiency to the odd-indexed half of the measured v5e "
@@ -297,7 +298,7 @@ _FITTED: dict[str, dict[str, tuple[str, str]]] = {
         "fitted", "to the odd-indexed half (12 runs) of the measured v6e MaxText runs, with "
         "head_dim-128 attention at half rate on the 256-wide MXU and XLA's per-matrix gradient "
         "collectives (--fsdp-grad auto; docs/validation.md, effect 7, "
-        "benchmarks/validate_maxtext.py); held out: the even half, its refit and its errors are "
+        "validation/maxtext.py); held out: the even half, its refit and its errors are "
         "in docs/validation.md"),
         "dcn_message_overhead_s": (
         "fitted", "to the slice-count slowdown (step over the same run's 1-slice step) of the "
