@@ -74,7 +74,7 @@ def test_requests_are_frozen_checked_and_travel_to_workers():
     with pytest.raises(dataclasses.FrozenInstanceError):
         req.seq_len = 1  # type: ignore[misc]
     assert pickle.loads(pickle.dumps(req)) == req
-    with pytest.raises(TpusimError, match="--seq-len 0 is out of range"):
+    with pytest.raises(TpusimError, match="^seq_len 0 is out of range"):
         TrainRequest(seq_len=0)
     with pytest.raises(TpusimError, match=r"sim.train\(\) needs model, seq_len, batch_per_chip"):
         sim.train(mesh="fsdp=4")
@@ -98,7 +98,7 @@ _TRAIN_KW = dict(chip="v5e", shape="2x2", model="llama3-8b", seq_len=128, batch_
     ({"chip": 5}, "TrainRequest(chip=5): chip takes a chip preset name"),
     ({"model_spec": "llama3-8b"}, "model_spec takes a TransformerSpec"),
     ({"bogus": 1}, "TrainRequest() has no field(s) bogus; "),
-    ({"seq_len": 128.5}, "--seq-len '128.5' is not a whole number"),
+    ({"seq_len": 128.5}, "seq_len '128.5' is not a whole number"),
 ])
 def test_a_request_given_a_wrong_typed_field_is_a_one_line_tpusim_error(change, says):
     from sim.runs.requests import TrainRequest

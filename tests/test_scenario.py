@@ -202,7 +202,7 @@ def test_number_ranges_hold_their_bounds_and_state_them_one_way():
         [True, True, False, False]
     for bad in (float("nan"), float("inf"), True, "1", None, 10**400, -10**400):
         assert not EXPERT_SKEW_RANGE.holds(bad)
-    assert _FLOAT_RANGES["--expert-skew"] == EXPERT_SKEW_RANGE.text == \
+    assert _FLOAT_RANGES["expert_skew"] == EXPERT_SKEW_RANGE.text == \
         "a finite number in [0, 100]"
     with pytest.raises(TpusimError, match=r"in \(0, 1e6\]"):
         MoeConfig(capacity_factor=0.0)

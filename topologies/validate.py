@@ -196,7 +196,7 @@ class NumberRange:
 
     @property
     def interval(self) -> str:
-        """The range as `(0, 1e6]` or `[0, 100]` (what --help shows)."""
+        """The range as `(0, 1e6]` or `[0, 100]` (what the command line's help shows)."""
         return interval_text(self.low, self.high, self.low_open)
 
     @property
@@ -224,19 +224,28 @@ CAPACITY_FACTOR_RANGE = NumberRange(low=0, high=1e6, low_open=True)
 
 
 class FlagError(TpusimError):
-    """A setting's value is invalid; the message names it (the CLI's parser reports it as is)."""
+    """A setting's value is invalid; the message names it (the CLI's parser reports it as is,
+    the setting spelled as its flag)."""
 
 
-def int_flag(flag: str, *, lo: int = 1, hi: int):
-    """A converter for an integer setting in [lo, hi] (the error states the limit)."""
+_PYTHON_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+
+
+def subject(name: str) -> tuple[str, tuple[str, ...]]:
+    """How a message names the setting `name` (`TpusimError`'s placeholders): a Python
+    argument name (`seq_len`) is the placeholder `{seq_len}` and its params `("seq_len",)`;
+    any other text (`"the trace"`) is itself, with no params."""
+    if _PYTHON_NAME.fullmatch(name):
+        return "{" + name + "}", (name,)
+    return name, ()
+
+
+def int_flag(name: str, *, lo: int = 1, hi: int):
+    """A converter for the integer setting `name` (a Python argument name, see `subject`) in
+    [lo, hi]; a bad value is a `FlagError` naming the setting and stating the limit."""
+    what_, params = subject(name)
 
     def parse(text: str) -> int:
-        try:
-            return _parse_int(text)
-        except TpusimError as exc:
-            raise FlagError(str(exc)) from None
-
-    def _parse_int(text: str) -> int:
         t = str(text).strip()
         if not _looks_int(t):
             # `isdigit` is true of full-width and other Unicode digits too (`１`): those are
@@ -244,55 +253,53 @@ def int_flag(flag: str, *, lo: int = 1, hi: int):
             digits = re.fullmatch(r"[+-]?\d+", t) is not None  # Unicode digits too
             what = ("too large" if t.isascii() else "not written in ASCII digits") if digits \
                 else "not a whole number"
-            raise TpusimError(f"{flag} {short_repr(text)} is {what}; give "
-                              f"{range_text(lo, hi, integer=True)}")
+            raise FlagError(f"{what_} {short_repr(text)} is {what}; give "
+                            f"{range_text(lo, hi, integer=True)}", *params)
         v = int(t)
         if not lo <= v <= hi:
-            raise TpusimError(f"{flag} {v} is out of range; give "
-                              f"{range_text(lo, hi, integer=True)}")
+            raise FlagError(f"{what_} {v} is out of range; give "
+                            f"{range_text(lo, hi, integer=True)}", *params)
         return v
 
     parse.__name__ = "integer"
     return parse
 
 
-def whole_flag(flag: str):
-    """A converter for a whole number in ASCII digits (`int()` also takes full-width and
-    other Unicode digits, e.g. `１`), at most `MAX_INT_DIGITS` long; its range is checked where
-    it is used."""
+def whole_flag(name: str):
+    """A converter for the setting `name` (see `subject`) holding a whole number in ASCII
+    digits (`int()` also takes full-width and other Unicode digits, e.g. `１`), at most
+    `MAX_INT_DIGITS` long; its range is checked where it is used."""
+    what_, params = subject(name)
 
     def parse(text: str) -> int:
         t = str(text).strip()
         if not _looks_int(t):
             what = "too large" if _INT_TEXT.fullmatch(t) else "not a whole number"
-            raise FlagError(f"{flag} {short_repr(text)} is {what}; give a whole number in ASCII "
-                            f"digits, e.g. 4")
+            raise FlagError(f"{what_} {short_repr(text)} is {what}; give a whole number in "
+                            f"ASCII digits, e.g. 4", *params)
         return int(t)
 
     parse.__name__ = "integer"
     return parse
 
 
-def float_flag(flag: str, *, lo: float, hi: float, lo_open: bool = False):
-    """A converter for a finite float setting in [lo, hi] (or (lo, hi])."""
+def float_flag(name: str, *, lo: float, hi: float, lo_open: bool = False):
+    """A converter for the finite float setting `name` (see `subject`) in [lo, hi] (or
+    (lo, hi])."""
+    what_, params = subject(name)
 
     def parse(text: str) -> float:
-        try:
-            return _parse_float(text)
-        except TpusimError as exc:
-            raise FlagError(str(exc)) from None
-
-    def _parse_float(text: str) -> float:
         rng = range_text(lo, hi, lo_open=lo_open)
         t = str(text).strip()
         try:
             v = ascii_float(t)  # float() also takes "１" and "0_5"
         except ValueError:
-            raise TpusimError(f"{flag} {short_repr(text)} is not a number; give {rng}") from None
+            raise FlagError(f"{what_} {short_repr(text)} is not a number; give {rng}",
+                            *params) from None
         if not math.isfinite(v):
-            raise TpusimError(f"{flag} {t[:40]} is not finite; give {rng}")
+            raise FlagError(f"{what_} {t[:40]} is not finite; give {rng}", *params)
         if v < lo or (lo_open and v <= lo) or v > hi:
-            raise TpusimError(f"{flag} {t[:40]} is out of range; give {rng}")
+            raise FlagError(f"{what_} {t[:40]} is out of range; give {rng}", *params)
         return v
 
     parse.__name__ = "number"
@@ -332,25 +339,29 @@ def one_of(name: Any, choices: Iterable[str], *, listing: str = "") -> str:
     return f"{head} ({len(names)} in all{'; ' + listing if listing else ''})"
 
 
-def parse_choice(choices: type[E], text: Any, flag: str, what: str) -> E:
+def parse_choice(choices: type[E], text: Any, name: str, what: str) -> E:
     """`choices(text)` for a string enum (`Remat`, `Optimizer`), or a one-line error in one
-    wording for all of them: `FLAG 'text' is not WHAT; use one of: a, b, c`."""
+    wording for all of them, naming the setting `name` (see `subject`):
+    `remat 'text' is not a remat policy; use one of: a, b, c`."""
     try:
         return choices(text)
     except ValueError:
+        who, params = subject(name)
         raise TpusimError(
-            f"{flag} {short_repr(text)} is not {what}; "
-            f"{one_of(text, [str(c.value) for c in choices])}"
+            f"{who} {short_repr(text)} is not {what}; "
+            f"{one_of(text, [str(c.value) for c in choices])}", *params
         ) from None
 
 
-def split_list(text: str, flag: str, *, sep: str = ",", example: str = "") -> list[str]:
-    """`"a,b"` -> ["a", "b"]; an empty item (`a,,b`, a trailing comma) is an error."""
+def split_list(text: str, name: str, *, sep: str = ",", example: str = "") -> list[str]:
+    """`"a,b"` -> ["a", "b"]; an empty item (`a,,b`, a trailing comma) is an error naming the
+    setting `name` (see `subject`)."""
     items = [x.strip() for x in str(text).split(sep)]
     if not text.strip() or any(not x for x in items):
         ex = f", e.g. {example}" if example else ""
-        raise TpusimError(f"{flag} {short_repr(text)} has an empty item; separate non-empty "
-                          f"items with {sep!r}{ex}")
+        who, params = subject(name)
+        raise TpusimError(f"{who} {short_repr(text)} has an empty item; separate non-empty "
+                          f"items with {sep!r}{ex}", *params)
     return items
 
 

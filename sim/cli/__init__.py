@@ -28,7 +28,7 @@ from sim.cli import (
     studies,
     training,
 )
-from sim.cli.common import Parser, request_of
+from sim.cli.common import Parser, flag_spelling, request_of
 from sim.cli.progress import terminal_progress
 from sim.runs.convert import parse_bytes, parse_coords
 from topologies.errors import TpusimError
@@ -101,10 +101,11 @@ def dispatch(parser: Parser, argv: Sequence[str] | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     try:
-        return dispatch(build_parser(), argv)
+        return dispatch(parser, argv)
     except TpusimError as exc:
-        sys.stderr.write(f"tpusim: error: {one_line(str(exc))}\n")
+        sys.stderr.write(f"tpusim: error: {one_line(error_text(exc, parser, argv))}\n")
         return 2
     except KeyboardInterrupt:  # pragma: no cover
         sys.stderr.write("tpusim: interrupted\n")
@@ -125,6 +126,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{one_line(str(exc))[:300]}{where}; {_REPORT}\n"
         )
         return 2
+
+
+def error_text(exc: TpusimError, parser: Parser, argv: Sequence[str] | None) -> str:
+    """A library error as the command line says it: each setting it names spelled as the flag
+    that gives it (`seq_len` -> `--seq-len`, `common.flag_spelling`), the command's own flags
+    first."""
+    words = sys.argv[1:] if argv is None else list(argv)
+    commands = parser.get_default("commands") or {}
+    command = next((w for w in words if isinstance(w, str) and w in commands), None)
+    return exc.render(flag_spelling(parser, command))
 
 
 _REPORT = ("this is a bug in tpusim, please report it with the command line and input files "

@@ -67,7 +67,7 @@ class Parser(argparse.ArgumentParser):
             try:
                 return action.type(arg_string)
             except FlagError as exc:
-                raise argparse.ArgumentError(action, str(exc)) from None
+                raise argparse.ArgumentError(action, exc.render(flag_spelling(self))) from None
             except (TypeError, ValueError):
                 pass  # argparse's own wording, below
         return super()._get_value(action, arg_string)
@@ -92,6 +92,30 @@ class Parser(argparse.ArgumentParser):
             what = "command" if m.group(1) == "command" else m.group(1)
             message = f"unknown {what} {short_repr(value)}; {one_of(value, choices)}"
         raise TpusimError(f"{message[:500]} (see `{self.prog} --help`)")
+
+
+def flag_spelling(parser: argparse.ArgumentParser, command: str | None = None):
+    """How this command line spells a setting a library error names (`TpusimError.render`):
+    the option string of the parser's argument whose dest is the Python name (`seq_len` ->
+    `--seq-len`, `quiet_sub` -> `--quiet`), the `command`'s subparser first, then the parser's
+    own arguments, then every subcommand's; a name no argument has as its dest (`slice`,
+    `bytes`, an override key) is `--` and the name with `-` for `_`."""
+    options: dict[str, str] = {}
+    # argparse keeps a parser's arguments in `_actions`, its subcommands' parsers in the
+    # `choices` of its subparsers action.
+    subs = [act.choices for act in parser._actions
+            if isinstance(act, argparse._SubParsersAction)]
+    chosen = [c[command] for c in subs if command in c]
+    for p in (*chosen, parser, *(sp for c in subs for sp in c.values())):
+        for act in p._actions:
+            if act.option_strings:
+                longs = [o for o in act.option_strings if o.startswith("--")]
+                options.setdefault(act.dest, (longs or act.option_strings)[0])
+
+    def spell(name: str) -> str:
+        return options.get(name) or "--" + name.replace("_", "-")
+
+    return spell
 
 
 def fmt_time(t: float) -> str:

@@ -56,24 +56,25 @@ if TYPE_CHECKING:  # a scenario is only carried here; validating one needs numpy
 SEED_RANGE = "a whole number in [0, 2^63)"
 
 # The ranges `Scenario` and `MoeConfig` check (and say in their errors).
-_FLOAT_RANGES = {"--chip-variation": CHIP_VARIATION_RANGE.text,
-                 "--expert-skew": EXPERT_SKEW_RANGE.text,
-                 "--capacity-factor": CAPACITY_FACTOR_RANGE.text}
+_FLOAT_RANGES = {"chip_variation": CHIP_VARIATION_RANGE.text,
+                 "expert_skew": EXPERT_SKEW_RANGE.text,
+                 "capacity_factor": CAPACITY_FACTOR_RANGE.text}
 
 
-def scenario_number(flag: str) -> Callable[[Any], float]:
+def scenario_number(name: str) -> Callable[[Any], float]:
     """A number whose range the `Scenario` / `MoeConfig` checks (with the same key in a scenario
     file): read in ASCII and finite here, so that the error quotes what was given (`1e400`, not
     the `inf` it reads as)."""
-    rng = _FLOAT_RANGES[flag]
+    rng = _FLOAT_RANGES[name]
 
     def conv(text: Any) -> float:
         try:
             v = ascii_float(text)
         except ValueError:
-            raise FlagError(f"{flag} {short_repr(text)} is not a number; give {rng}") from None
+            raise FlagError(f"{{{name}}} {short_repr(text)} is not a number; give {rng}",
+                            name) from None
         if not math.isfinite(v):
-            raise FlagError(f"{flag} {short_repr(text)} is not finite; give {rng}")
+            raise FlagError(f"{{{name}}} {short_repr(text)} is not finite; give {rng}", name)
         return v
 
     conv.__name__ = "number"  # as `float_flag`'s (the fuzz generators find number flags by it)
@@ -85,10 +86,10 @@ def seed(text: Any) -> int:
     try:
         v = ascii_int(text)
     except ValueError:
-        raise FlagError(f"--seed {short_repr(text)} is not a whole number in ASCII digits; "
-                        f"give {SEED_RANGE}") from None
+        raise FlagError(f"{{seed}} {short_repr(text)} is not a whole number in ASCII digits; "
+                        f"give {SEED_RANGE}", "seed") from None
     if not 0 <= v < 2**63:
-        raise FlagError(f"--seed {short_repr(v)} is out of range; give {SEED_RANGE}")
+        raise FlagError(f"{{seed}} {short_repr(v)} is out of range; give {SEED_RANGE}", "seed")
     return v
 
 
@@ -97,25 +98,25 @@ seed.__name__ = "integer"  # as `int_flag`'s
 # Every converted setting: its converter (text or a number in, the typed value out). A setting
 # not listed is text (or a switch or a list), checked where it is used.
 CONVERTERS: dict[str, Callable[[Any], Any]] = {
-    "slices": int_flag("--slices", lo=1, hi=MAX_SLICES),
-    "seq_len": int_flag("--seq-len", hi=MAX_TOKENS),
-    "batch_per_chip": float_flag("--batch-per-chip", lo=0.0, hi=MAX_BATCH, lo_open=True),
-    "microbatches": int_flag("--microbatches", hi=MAX_CHUNKS),
-    "virtual_stages": whole_flag("--virtual-stages"),
-    "vocab_tiling": int_flag("--vocab-tiling", hi=MAX_CHUNKS),
-    "shift": int_flag("--shift", lo=-MAX_CHIPS, hi=MAX_CHIPS),
-    "chunks": int_flag("--chunks", hi=MAX_CHUNKS),
-    "batch": int_flag("--batch", hi=MAX_BATCH),
-    "context_len": int_flag("--context-len", hi=MAX_TOKENS),
-    "prompt_len": int_flag("--prompt-len", hi=MAX_TOKENS),
-    "prefill_chunk": int_flag("--prefill-chunk", hi=MAX_TOKENS),
-    "chip_variation": scenario_number("--chip-variation"),
-    "expert_skew": scenario_number("--expert-skew"),
-    "capacity_factor": scenario_number("--capacity-factor"),
+    "slices": int_flag("slices", lo=1, hi=MAX_SLICES),
+    "seq_len": int_flag("seq_len", hi=MAX_TOKENS),
+    "batch_per_chip": float_flag("batch_per_chip", lo=0.0, hi=MAX_BATCH, lo_open=True),
+    "microbatches": int_flag("microbatches", hi=MAX_CHUNKS),
+    "virtual_stages": whole_flag("virtual_stages"),
+    "vocab_tiling": int_flag("vocab_tiling", hi=MAX_CHUNKS),
+    "shift": int_flag("shift", lo=-MAX_CHIPS, hi=MAX_CHIPS),
+    "chunks": int_flag("chunks", hi=MAX_CHUNKS),
+    "batch": int_flag("batch", hi=MAX_BATCH),
+    "context_len": int_flag("context_len", hi=MAX_TOKENS),
+    "prompt_len": int_flag("prompt_len", hi=MAX_TOKENS),
+    "prefill_chunk": int_flag("prefill_chunk", hi=MAX_TOKENS),
+    "chip_variation": scenario_number("chip_variation"),
+    "expert_skew": scenario_number("expert_skew"),
+    "capacity_factor": scenario_number("capacity_factor"),
     "seed": seed,
-    "chips": int_flag("--chips", hi=MAX_CHIPS),
-    "power_cap": float_flag("--power-cap", lo=0.0, hi=1e5, lo_open=True),
-    "spare_cubes": int_flag("--spare-cubes", lo=0, hi=10_000),
+    "chips": int_flag("chips", hi=MAX_CHIPS),
+    "power_cap": float_flag("power_cap", lo=0.0, hi=1e5, lo_open=True),
+    "spare_cubes": int_flag("spare_cubes", lo=0, hi=10_000),
 }
 
 # Settings that are lists (each given once per item) and switches (true or false).
@@ -383,7 +384,8 @@ class _Request(metaclass=_Checked):
         except FlagError as exc:
             if caller:
                 raise
-            raise TpusimError(f"{exc} (see `tpusim {cls.COMMAND} --help`)") from None
+            raise TpusimError(f"{exc.template} (see `tpusim {cls.COMMAND} {{help}}`)",
+                              *exc.params, "help") from None
 
 
 def _check_kind(command: str, name: str, value: Any, caller: str | None,
@@ -655,16 +657,19 @@ class ServeSweepRequest(_Decoding):
     batches: str = _DEFAULT_BATCHES
 
 
-def _positive_number(flag: str, fix: str) -> Callable[[Any], float]:
-    """A finite number > 0 in ASCII (the error quotes what was given)."""
+def _positive_number(name: str, fix: str) -> Callable[[Any], float]:
+    """A finite number > 0 in ASCII for the setting `name` (the error quotes what was given;
+    `fix` may name it as `{name}`)."""
 
     def conv(text: Any) -> float:
         try:
             v = ascii_float(text)
         except ValueError:
-            raise FlagError(f"{flag} {short_repr(text)} is not a number; {fix}") from None
+            raise FlagError(f"{{{name}}} {short_repr(text)} is not a number; {fix}",
+                            name) from None
         if not math.isfinite(v) or v <= 0:
-            raise FlagError(f"{flag} {short_repr(text)} must be a finite number > 0; {fix}")
+            raise FlagError(f"{{{name}}} {short_repr(text)} must be a finite number > 0; {fix}",
+                            name)
         return v
 
     conv.__name__ = "number"
@@ -691,18 +696,18 @@ class ServeRequest(_Perturbed, _Decoding):
                                         *_SERVE, "algorithm", *_PERTURB, *_SPARES, "mode")
     REQUIRED: ClassVar[tuple[str, ...]] = ("model", "mesh")
     OWN_CONVERTERS: ClassVar[dict[str, Callable[[Any], Any]]] = {
-        "rate": _positive_number("--rate", "give requests per second, e.g. --rate 10"),
-        "cv": _positive_number("--cv", "give the gaps' coefficient of variation, e.g. --cv 2 "
+        "rate": _positive_number("rate", "give requests per second, e.g. {rate} 10"),
+        "cv": _positive_number("cv", "give the gaps' coefficient of variation, e.g. {cv} 2 "
                                        "(1 is Poisson)"),
-        "duration": _positive_number("--duration", "give seconds of arrivals, e.g. "
-                                                   "--duration 600"),
-        "requests": int_flag("--requests", hi=MAX_SERVE_REQUESTS),
-        "replicas": int_flag("--replicas", hi=MAX_CHIPS),
-        "prefill_replicas": int_flag("--prefill-replicas", lo=0, hi=MAX_CHIPS),
-        "decode_replicas": int_flag("--decode-replicas", lo=0, hi=MAX_CHIPS),
-        "max_batch": int_flag("--max-batch", hi=MAX_BATCH),
-        "max_tokens_per_iter": int_flag("--max-tokens-per-iter", hi=MAX_TOKENS),
-        "kv_block_tokens": int_flag("--kv-block-tokens", hi=MAX_TOKENS),
+        "duration": _positive_number("duration", "give seconds of arrivals, e.g. "
+                                                   "{duration} 600"),
+        "requests": int_flag("requests", hi=MAX_SERVE_REQUESTS),
+        "replicas": int_flag("replicas", hi=MAX_CHIPS),
+        "prefill_replicas": int_flag("prefill_replicas", lo=0, hi=MAX_CHIPS),
+        "decode_replicas": int_flag("decode_replicas", lo=0, hi=MAX_CHIPS),
+        "max_batch": int_flag("max_batch", hi=MAX_BATCH),
+        "max_tokens_per_iter": int_flag("max_tokens_per_iter", hi=MAX_TOKENS),
+        "kv_block_tokens": int_flag("kv_block_tokens", hi=MAX_TOKENS),
     }
 
     arrival: str = "poisson"
@@ -731,25 +736,27 @@ class ServeRequest(_Perturbed, _Decoding):
     algorithm: str = "auto"
 
 
-def _bounded_number(flag: str, *, lo: float, hi: float, lo_open: bool, hi_open: bool = False,
+def _bounded_number(name: str, *, lo: float, hi: float, lo_open: bool, hi_open: bool = False,
                     fix: str) -> Callable[[Any], float]:
-    """A finite number in [lo, hi] (open ends where said), in ASCII; the error names the
-    value, the rule and `fix`."""
+    """A finite number in [lo, hi] (open ends where said), in ASCII, for the setting `name`;
+    the error names the value, the rule and `fix` (which may name it as `{name}`)."""
+    who = f"{{{name}}}"
 
     def conv(text: Any) -> float:
         try:
             v = ascii_float(text)
         except ValueError:
-            raise FlagError(f"{flag} {short_repr(text)} is not a number; {fix}") from None
+            raise FlagError(f"{who} {short_repr(text)} is not a number; {fix}", name) from None
         if not math.isfinite(v):
-            raise FlagError(f"{flag} {short_repr(text)} is not finite; {fix}")
+            raise FlagError(f"{who} {short_repr(text)} is not finite; {fix}", name)
         if v < lo or (lo_open and v <= lo):
             rule = f"{'>' if lo_open else '>='} {lo:g}"
         elif v > hi or (hi_open and v >= hi):
             rule = f"{'<' if hi_open else '<='} {hi:g}"
         else:
             return v
-        raise FlagError(f"{flag} {short_repr(text)} breaks the rule: it must be {rule}; {fix}")
+        raise FlagError(f"{who} {short_repr(text)} breaks the rule: it must be {rule}; {fix}",
+                        name)
 
     conv.__name__ = "number"
     return conv
@@ -762,7 +769,7 @@ _GOODPUT = ("step_time", "steps", "hours", "mtbf_hours", "chip_mtbf_hours", "hos
             "host_availability", "failure_trace", "repair_hours", "chips_per_host",
             "spare_cubes", "no_ocs", "checkpoint_interval", "checkpoint_cost", "restart_cost",
             "swap_cost", "storage_bytes_per_s", "seeds", "engine")
-_MTBF_FIX = "give hours between failures, e.g. {flag} {eg}"
+_MTBF_FIX = "give hours between failures, e.g. {{{name}}} {eg}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -779,40 +786,36 @@ class GoodputRequest(TrainRequest):
     REQUIRED: ClassVar[tuple[str, ...]] = ()
     OWN_CONVERTERS: ClassVar[dict[str, Callable[[Any], Any]]] = {
         "step_time": _bounded_number(
-            "--step-time", lo=0.0, hi=1e7, lo_open=True,
-            fix="give the seconds one training step takes, e.g. --step-time 12.5 (or the train "
+            "step_time", lo=0.0, hi=1e7, lo_open=True,
+            fix="give the seconds one training step takes, e.g. {step_time} 12.5 (or the train "
                 "flags, to simulate it)"),
-        "steps": int_flag("--steps", hi=MAX_GOODPUT_STEPS),
+        "steps": int_flag("steps", hi=MAX_GOODPUT_STEPS),
         "hours": _bounded_number(
-            "--hours", lo=0.0, hi=MAX_GOODPUT_HOURS, lo_open=True,
-            fix="give the job's wall-clock hours, e.g. --hours 720 (a month)"),
-        **{name: _bounded_number(f"--{name.replace('_', '-')}", lo=0.0, hi=1e12, lo_open=True,
-                                 fix=_MTBF_FIX.format(flag=f"--{name.replace('_', '-')}",
-                                                      eg=eg))
+            "hours", lo=0.0, hi=MAX_GOODPUT_HOURS, lo_open=True,
+            fix="give the job's wall-clock hours, e.g. {hours} 720 (a month)"),
+        **{name: _bounded_number(name, lo=0.0, hi=1e12, lo_open=True,
+                                 fix=_MTBF_FIX.format(name=name, eg=eg))
            for name, eg in (("mtbf_hours", "12"), ("chip_mtbf_hours", "5e6"),
                             ("host_mtbf_hours", "5e5"))},
         "host_availability": _bounded_number(
-            "--host-availability", lo=0.0, hi=1.0, lo_open=True, hi_open=True,
-            fix="give the share of time a host is up, e.g. --host-availability 0.995"),
-        "repair_hours": _bounded_number(
-            "--repair-hours", lo=0.0, hi=1e6, lo_open=False,
+            "host_availability", lo=0.0, hi=1.0, lo_open=True, hi_open=True,
+            fix="give the share of time a host is up, e.g. {host_availability} 0.995"),
+        "repair_hours": _bounded_number("repair_hours", lo=0.0, hi=1e6, lo_open=False,
             fix="give the hours a failed chip or host takes to come back, e.g. "
-                "--repair-hours 4"),
-        "chips_per_host": int_flag("--chips-per-host", hi=64),
-        "spare_cubes": int_flag("--spare-cubes", lo=0, hi=MAX_CHIPS),
-        **{name: _bounded_number(f"--{name.replace('_', '-')}", lo=0.0, hi=1e9, lo_open=False,
-                                 fix=f"give seconds >= 0, e.g. --{name.replace('_', '-')} {eg}")
+                "{repair_hours} 4"),
+        "chips_per_host": int_flag("chips_per_host", hi=64),
+        "spare_cubes": int_flag("spare_cubes", lo=0, hi=MAX_CHIPS),
+        **{name: _bounded_number(name, lo=0.0, hi=1e9, lo_open=False,
+                                 fix=f"give seconds >= 0, e.g. {{{name}}} {eg}")
            for name, eg in (("checkpoint_cost", "60"), ("restart_cost", "600"),
                             ("swap_cost", "30"))},
-        "checkpoint_interval": _bounded_number(
-            "--checkpoint-interval", lo=0.0, hi=1e12, lo_open=True,
-            fix="give seconds of training between checkpoints, e.g. --checkpoint-interval "
+        "checkpoint_interval": _bounded_number("checkpoint_interval", lo=0.0, hi=1e12, lo_open=True,
+            fix="give seconds of training between checkpoints, e.g. {checkpoint_interval} "
                 "1800, or leave it out to search for the best"),
-        "storage_bytes_per_s": _bounded_number(
-            "--storage-bytes-per-s", lo=0.0, hi=1e15, lo_open=True,
+        "storage_bytes_per_s": _bounded_number("storage_bytes_per_s", lo=0.0, hi=1e15, lo_open=True,
             fix="give the checkpoint storage's bytes per second for the whole slice, e.g. "
-                "--storage-bytes-per-s 2e10"),
-        "seeds": int_flag("--seeds", hi=1000),
+                "{storage_bytes_per_s} 2e10"),
+        "seeds": int_flag("seeds", hi=1000),
     }
     # The train flags the step model reads: none of them applies with --step-time.
     STEP_MODEL: ClassVar[tuple[str, ...]] = ("overrides", *_TRAINING, "algorithm",
@@ -877,7 +880,7 @@ class PlanRequest(_Request):
     REQUIRED: ClassVar[tuple[str, ...]] = ("model", "seq_len", "global_batch")
     SET_SCOPE: ClassVar[tuple[str, ...] | None] = ("chip", "topology", "model")
     OWN_CONVERTERS: ClassVar[dict[str, Callable[[Any], Any]]] = {
-        **{name: whole_flag("--" + name.replace("_", "-")) for name in _WHOLE},
+        **{name: whole_flag(name) for name in _WHOLE},
         "microbatches": str}  # a comma list of counts here
 
     model: str | None = None

@@ -177,7 +177,8 @@ def check_points(study: StudySpec, argvs: list[list[str]]) -> list[Request]:
                 req.parsed_overrides()
                 checked.add(req.overrides)
         except TpusimError as exc:
-            raise TpusimError(f"study point {i} ({shlex.join(argv)}): {exc}") from None
+            raise TpusimError(f"study point {i} ({shlex.join(argv)}): {exc.template}",
+                              *exc.params) from None
         reqs.append(req)
     return reqs
 
