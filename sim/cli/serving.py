@@ -47,7 +47,12 @@ def print_report(s: dict) -> None:
           f"{b['max']}; queue mean {s['queue_length']['mean']:.2f}, max "
           f"{s['queue_length']['max']}")
     print(f"  KV cache         {s['kv_utilization']:.1%} used on average; "
-          f"{s['preemptions']:,} preemption(s)")
+          f"{s['preemptions']:,} preemption(s)"
+          + (f" by swap ({s['swap_tokens']:,} tokens over PCIe)"
+             if s["preemption"] == "swap" and s["preemptions"] else ""))
+    if s["prefix_caching"]:
+        print(f"  prefix cache     {s['prefix_hit_tokens']:,} prompt tokens not prefilled "
+              f"(cached prefixes)")
     print(f"  replicas busy    {s['replica_utilization']['mean']:.1%} on average")
     if s.get("note"):
         print(f"  note             {s['note']}")
@@ -117,8 +122,8 @@ def _register_serve(sub, name: str) -> None:
                    help="gamma arrivals: the gaps' coefficient of variation (default 1: as "
                         "Poisson; above 1 bursty)")
     g.add_argument("--trace", help="CSV (header) or JSON-lines file with arrival_s, "
-                                   "prompt_tokens, output_tokens (optional prefix_id), sorted "
-                                   "by arrival_s")
+                                   "prompt_tokens, output_tokens (optional prefix_id and "
+                                   "prefix_tokens), sorted by arrival_s")
     g.add_argument("--requests", type=ServeRequest.OWN_CONVERTERS["requests"],
                    help="stop after N requests (or the trace's first N)")
     g.add_argument("--duration", type=ServeRequest.OWN_CONVERTERS["duration"],
@@ -147,6 +152,14 @@ def _register_serve(sub, name: str) -> None:
                         "iterations with decodes (default: whole prompts)")
     d.add_argument("--kv-block-tokens", type=ServeRequest.OWN_CONVERTERS["kv_block_tokens"],
                    default=16, help="tokens per paged KV-cache block (default 16)")
+    d.add_argument("--preemption", default="recompute",
+                   help="when KV blocks run out, the newest sequence is preempted: recompute "
+                        "(default: its blocks are freed and it is prefilled again) or swap (its "
+                        "cache is copied to host memory over PCIe and back)")
+    d.add_argument("--prefix-caching", action="store_true",
+                   help="keep each prefilled prompt prefix (by the trace's prefix_id) on its "
+                        "replica: a later request with the id prefills only the rest of its "
+                        "prompt (blocks shared; unused ones evicted least recently used first)")
     d.add_argument("--prefill-replicas", type=ServeRequest.OWN_CONVERTERS["prefill_replicas"],
                    help="disaggregated: replicas that only prefill (with --decode-replicas)")
     d.add_argument("--decode-replicas", type=ServeRequest.OWN_CONVERTERS["decode_replicas"],

@@ -6,8 +6,9 @@ One process per replica (named with its role, slice and mesh), with tracks:
 
 * `iterations`: each iteration as a slice named by its batch composition (`decode 12 +
   prefill 2 (3,072 tokens)`), its args the composition (`decode_batch`,
-  `decode_context_tokens`, `prefill_chunks`, `prefill_tokens`) and the replica's state
-  (`kv_blocks_used`, `queue_length` over all replicas);
+  `decode_context_tokens`, `prefill_chunks`, `prefill_tokens`, `swap_tokens` when caches
+  move to or from host memory) and the replica's state (`kv_blocks_used`, `queue_length` over
+  all replicas);
 * `requests NNNN`: the requests the replica holds, laid out on lanes (each to the lane free longest)
   (at most `MAX_REQUEST_LANES`; requests past them are left out of the lanes and the process
   name says how many), each request's phases as slices: `queued` (arrival to first scheduled),
@@ -47,12 +48,14 @@ def _ns(t: float) -> int:
 
 
 def _iteration_name(row) -> str:
-    _rep, _role, _start, _dur, batch, _ctx, chunks, tokens = row[:8]
+    _rep, _role, _start, _dur, batch, _ctx, chunks, tokens, _q, _used, swapped = row
     parts = []
     if batch:
         parts.append(f"decode {batch}")
     if chunks:
         parts.append(f"prefill {chunks} ({tokens:,} tokens)")
+    if swapped:
+        parts.append(f"swap {swapped:,} tokens")
     return " + ".join(parts) or "idle"
 
 
@@ -87,9 +90,11 @@ def serving_tracks(summary: dict, result):
     counters: list[dict[str, list[tuple[float, float]]]] = [
         {"KV blocks used": [], "queue length": [(0.0, 0.0)]} for _ in range(num_rep)]
     for row in result.iterations:
-        r, _role, start, dur, batch, ctx, chunks, tokens, queue, used = row
+        r, _role, start, dur, batch, ctx, chunks, tokens, queue, used, swapped = row
         args = {"decode_batch": batch, "decode_context_tokens": ctx, "prefill_chunks": chunks,
                 "prefill_tokens": tokens, "kv_blocks_used": used, "queue_length": queue}
+        if swapped:
+            args["swap_tokens"] = swapped
         tracks[r]["iterations"].append((start, start + dur, _iteration_name(row), args, 0))
         counters[r]["KV blocks used"].append((start, float(used)))
     depth = [0] * num_rep

@@ -123,7 +123,7 @@ CONVERTERS: dict[str, Callable[[Any], Any]] = {
 _LISTS = frozenset({"slow_chip", "slow_link", "dead_link", "failed_chip"})
 _SWITCHES = frozenset({"no_overlap", "no_fusion", "exhaustive", "default_placement",
                        "exact_costs", "quantize_attention", "quantize_logits",
-                       "no_stochastic_rounding", "twist", "no_ocs"})
+                       "no_stochastic_rounding", "twist", "no_ocs", "prefix_caching"})
 # The objects that stand in for a named chip, model or scenario file; never in `flags()`.
 _OBJECTS = ("chip_spec", "model_spec", "scenario_spec", "trace_sha256")
 
@@ -680,8 +680,9 @@ def _positive_number(name: str, fix: str) -> Callable[[Any], float]:
 MAX_SERVE_REQUESTS = 10_000_000
 _SERVE = ("arrival", "rate", "cv", "trace", "requests", "duration", "prompt_tokens",
           "output_tokens", "replicas", "router", "scheduler", "max_batch", "max_tokens_per_iter",
-          "prefill_chunk", "kv_block_tokens", "prefill_replicas", "decode_replicas",
-          "prefill_mesh", "decode_mesh", "prefill_slice", "decode_slice", "slo", "exact_costs")
+          "prefill_chunk", "kv_block_tokens", "preemption", "prefix_caching", "prefill_replicas",
+          "decode_replicas", "prefill_mesh", "decode_mesh", "prefill_slice", "decode_slice", "slo",
+          "exact_costs")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -734,6 +735,8 @@ class ServeRequest(_Perturbed, _Decoding):
     slo: str | None = None
     exact_costs: bool = False
     algorithm: str = "auto"
+    preemption: str = field(default="recompute", metadata={"quiet": True})
+    prefix_caching: bool = field(default=False, metadata={"quiet": True})
 
 
 def _bounded_number(name: str, *, lo: float, hi: float, lo_open: bool, hi_open: bool = False,

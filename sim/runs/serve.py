@@ -28,6 +28,7 @@ from sim.serving.metrics import parse_slo, summarize
 from sim.serving.simulate import (
     ITERATION_COLUMNS,
     PoolSpec,
+    PreemptionKind,
     Role,
     RouterKind,
     SchedulerConfig,
@@ -127,10 +128,15 @@ def scheduler_config(req: ServeRequest) -> SchedulerConfig:
             req.max_tokens_per_iter <= 1:
         raise TpusimError(f"--max-tokens-per-iter {req.max_tokens_per_iter} leaves no room "
                           f"for a prefill chunk; give at least 2 (e.g. 2048)")
+    preemption = _enum(PreemptionKind, req.preemption, "--preemption")
+    if sched is SchedulerKind.STATIC and req.prefix_caching:
+        raise TpusimError("--prefix-caching shares cached prompt prefixes between the requests "
+                          "of continuous batching; use --scheduler continuous or drop it")
     return SchedulerConfig(scheduler=sched, max_batch=req.max_batch,
                            max_tokens_per_iter=req.max_tokens_per_iter,
                            prefill_chunk=req.prefill_chunk,
-                           kv_block_tokens=req.kv_block_tokens)
+                           kv_block_tokens=req.kv_block_tokens, preemption=preemption,
+                           prefix_caching=req.prefix_caching)
 
 
 def _pool_request(req: ServeRequest, slice_name: str | None, mesh: str | None) -> ServeRequest:
@@ -240,8 +246,11 @@ def run_serve(req: ServeRequest) -> Run:
             step, bounds, exact=req.exact_costs, cache_key=_pool_key(preq, pod, step, bounds),
             progress=lambda pts, _r=role: tracked(pts, f"serve: cost model ({_r} replicas)",
                                                  unit="point"))
+        chips = pod.topology.num_chips
         pools.append(PoolSpec(role=role, replicas=count, kv_blocks=blocks, costs=costs,
-                              num_chips=pod.topology.num_chips))
+                              num_chips=chips,
+                              swap_s_per_token=plan["kv_bytes_per_token"]
+                              / (chips * pod.chip.pcie_bytes_per_s)))
         kv_blocks += [blocks] * count
         pool_info.append({"role": str(role), "replicas": count, "slice": pod.topology.name,
                           "num_chips": pod.topology.num_chips, "mesh": mesh.describe(),
@@ -268,7 +277,9 @@ def run_serve(req: ServeRequest) -> Run:
     _role, _count, _preq, pod0, base0, step0, mesh0 = first
     summary = {"model": step0.model.name, "chip": pod0.chip.name,
                "num_replicas": sum(p.replicas for p in pools), "num_chips": num_chips,
-               "scheduler": str(scfg.scheduler), "router": str(router), **summary,
+               "scheduler": str(scfg.scheduler), "router": str(router),
+               "preemption": str(scfg.preemption), "prefix_caching": scfg.prefix_caching,
+               **summary,
                "pools": pool_info}
     if summary["saturated"]:
         summary["note"] = (

@@ -19,7 +19,18 @@ The KV cache is paged: `kv_block_tokens` tokens a block, the replica's blocks th
 holds after the weights and working memory (`StepModel.kv_capacity_tokens`). A sequence takes a
 new block when its cache fills the last; when none is free the most recently admitted sequence
 is preempted (vLLM's policy): its blocks are freed and it goes back to the head of the queue,
-to be prefilled again over its prompt and the tokens it has generated (recompute).
+to be prefilled again over its prompt and the tokens it has generated (`recompute`), or, with
+`swap`, with its cache copied to host memory over PCIe (in the iteration that preempts it) and
+copied back when it is readmitted (that iteration pays the copy, and it decodes from the next
+without a prefill). A copy takes its cached tokens' bytes over the replica's chips, each over
+its own PCIe link (`PoolSpec.swap_s_per_token`); host memory is taken as large enough.
+
+Prefix caching (`prefix_caching`): after a request with a `prefix_id` is prefilled, the whole
+blocks of its prefix (`Workload.prefix_lengths`, leaving its last prompt token) stay on the
+replica as that id's cached prefix, shared by reference: a later request with the id admitted
+there takes those blocks as its own first ones and prefills only the rest of its prompt (its
+chunks priced after the cached tokens). Cached prefixes no running request uses are freed
+least recently used first when blocks run short, before any sequence is preempted.
 
 Disaggregated serving: prefill replicas run only prefill iterations, then send the request's
 KV cache to a decode replica (the router's choice) in `transfer_s(tokens)`; the decode replica
@@ -34,7 +45,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -57,6 +68,11 @@ class RouterKind(StrEnum):
     LEAST_KV = "least-kv"
 
 
+class PreemptionKind(StrEnum):
+    RECOMPUTE = "recompute"
+    SWAP = "swap"
+
+
 class Role(StrEnum):
     BOTH = "both"
     PREFILL = "prefill"
@@ -72,6 +88,8 @@ class SchedulerConfig:
     max_tokens_per_iter: int | None = None
     prefill_chunk: int | None = None
     kv_block_tokens: int = 16
+    preemption: PreemptionKind = PreemptionKind.RECOMPUTE
+    prefix_caching: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,21 +101,31 @@ class PoolSpec:
     kv_blocks: int
     costs: object  # IterationCosts
     num_chips: int
+    # Seconds to copy one cached token of one sequence between HBM and host memory: its bytes
+    # over the replica's chips, each over its own PCIe link (swap preemption).
+    swap_s_per_token: float = 0.0
 
 
 # Iteration-table columns (one tuple per iteration, in this order).
 ITERATION_COLUMNS = ("replica", "role", "start_s", "duration_s", "decode_batch",
                      "decode_context_tokens", "prefill_chunks", "prefill_tokens",
-                     "queue_length", "kv_blocks_used")
+                     "queue_length", "kv_blocks_used", "swap_tokens")
 
 
 class _Replica:
     __slots__ = ("idx", "role", "cfg", "costs", "blocks", "free", "waiting", "prefill",
                  "running", "fin", "blk", "ctx_sum", "it", "wake", "outstanding", "busy_s",
-                 "static_batch", "held")
+                 "static_batch", "held", "swap_s_per_token", "swap_out", "prefixes",
+                 "shared")
 
-    def __init__(self, idx: int, role: Role, cfg: SchedulerConfig, costs, blocks: int):
+    def __init__(self, idx: int, role: Role, cfg: SchedulerConfig, costs, blocks: int,
+                 swap_s_per_token: float = 0.0):
         self.idx, self.role, self.cfg, self.costs = idx, role, cfg, costs
+        self.swap_s_per_token = swap_s_per_token
+        self.swap_out = 0  # tokens swapped out while planning the next iteration
+        # Cached prefixes, least recently used first: prefix id -> [blocks, tokens, users].
+        self.prefixes: OrderedDict[int, list[int]] = OrderedDict()
+        self.shared: dict[int, tuple[int, int]] = {}  # rid -> (prefix id, its shared blocks)
         self.blocks = self.free = blocks
         self.waiting: deque[int] = deque()  # request ids, FIFO (preempted ones at the head)
         self.prefill: list[list[int]] = []  # [rid, tokens done, tokens to prefill]
@@ -134,6 +162,17 @@ class ServingSim:
         self.preempted = [0] * n
         self.gen = [0] * n  # bumped on preemption: stale heap entries are skipped
         self.tokens_done = [0] * n  # tokens generated when (re)queued for prefill
+        self.swapped = [False] * n  # preempted by swap: its cache waits in host memory
+        self.swap_tokens = 0  # cached tokens copied over PCIe, out and in
+        self.prefix = workload.prefix_id.tolist()
+        # Each request's shareable prefix: whole blocks of its prefix, leaving at least its last
+        # prompt token to prefill (its logits make the first token).
+        self.share: list[int] | None = None
+        if cfg.prefix_caching:
+            bs = cfg.kv_block_tokens
+            self.share = [min(k, p - 1) // bs * bs for k, p in
+                          zip(workload.prefix_lengths().tolist(), self.prompt, strict=True)]
+        self.prefix_hit_tokens = 0  # prompt tokens not prefilled: their prefix was cached
         self.iterations: list[tuple] = []
         # (time, +1 joined / -1 left a replica's queue, replica)
         self.queue_events: list[tuple[float, int, int]] = []
@@ -145,7 +184,8 @@ class ServingSim:
         k = 0
         for pool in pools:
             for _ in range(pool.replicas):
-                rep = _Replica(k, pool.role, cfg, pool.costs, pool.kv_blocks)
+                rep = _Replica(k, pool.role, cfg, pool.costs, pool.kv_blocks,
+                               pool.swap_s_per_token)
                 k += 1
                 (self.back if pool.role is Role.DECODE else self.front).append(rep)
         self.replicas = self.front + self.back
@@ -221,6 +261,7 @@ class ServingSim:
         batch = len(rep.running)
         budget -= batch
         chunks: list[tuple[int, int, int]] = []  # (rid, tokens, cached)
+        swaps: list[tuple[int, int]] = []  # (rid, tokens generated): caches swapped back in
         if rep.role is not Role.DECODE:
             chunk_cap = cfg.prefill_chunk if cfg.prefill_chunk is not None else 1 << 62
             for entry in rep.prefill:
@@ -231,31 +272,99 @@ class ServingSim:
                 chunks.append((rid, t, done))
                 budget -= t
             while rep.waiting and budget > 0 and \
-                    batch + len(rep.prefill) < cfg.max_batch:
+                    batch + len(rep.prefill) + len(swaps) < cfg.max_batch:
                 rid = rep.waiting[0]
                 target = self.prompt[rid] + max(self.tokens_done[rid] - 1, 0)
                 need = self._blocks_for(target)
+                if self.swapped[rid] and need > rep.free:
+                    self._evict(rep, need)
+                if self.swapped[rid]:
+                    if need > rep.free:
+                        break
+                    # Its cache comes back from host memory: no prefill, it decodes next.
+                    rep.waiting.popleft()
+                    self._dequeue(rep, rid)
+                    rep.free -= need
+                    rep.held[rid] = need
+                    swaps.append((rid, self.tokens_done[rid]))
+                    continue
+                hit, pid = self._prefix_hit(rep, rid) if self.share is not None else (0, -1)
+                need -= hit // cfg.kv_block_tokens  # its prefix's blocks are shared
                 if need > rep.free:
-                    break
+                    self._evict(rep, need, keep=pid)
+                    if need > rep.free:
+                        break
+                rest = target - hit
                 if cfg.prefill_chunk is None:
-                    if target > budget and (chunks or batch):
+                    if rest > budget and (chunks or batch):
                         break  # a whole prompt waits for an iteration with room for it
-                    t = target  # alone, a prompt over the budget still runs (else it never)
+                    t = rest  # alone, a prompt over the budget still runs (else it never)
                 else:
-                    t = min(target, chunk_cap, budget)
+                    t = min(rest, chunk_cap, budget)
                 rep.waiting.popleft()
                 self._dequeue(rep, rid)
                 rep.free -= need
                 rep.held[rid] = need
-                rep.prefill.append([rid, 0, target])
-                chunks.append((rid, t, 0))
+                if hit:
+                    entry = rep.prefixes[pid]
+                    entry[2] += 1
+                    rep.prefixes.move_to_end(pid)
+                    rep.shared[rid] = (pid, hit // cfg.kv_block_tokens)
+                    self.prefix_hit_tokens += hit
+                rep.prefill.append([rid, hit, target])
+                chunks.append((rid, t, hit))
                 budget -= t
-        if not chunks and not batch:
-            return None
+        swap_tokens = rep.swap_out + sum(self.prompt[r] + g - 1 for r, g in swaps)
+        rep.swap_out = 0
+        if not chunks and not batch and not swaps:
+            return None if not swap_tokens else (swap_tokens * rep.swap_s_per_token, 0, 0, [],
+                                                 [], swap_tokens)
         cost = sum(costs.prefill_s(t, c) for _, t, c in chunks)
         if batch:
             cost += costs.decode_s(batch, rep.ctx_sum)
-        return (cost, batch, rep.ctx_sum, chunks)
+        # Swaps copy over PCIe before the iteration's programs run (as vLLM's cache ops do).
+        cost += swap_tokens * rep.swap_s_per_token
+        return (cost, batch, rep.ctx_sum, chunks, swaps, swap_tokens)
+
+    # -- prefix caching ---------------------------------------------------------------------
+    def _prefix_hit(self, rep: _Replica, rid: int) -> tuple[int, int]:
+        """(prompt tokens of `rid` already cached on `rep` as its prefix, the prefix id)."""
+        pid = self.prefix[rid]
+        if pid < 0 or self.swapped[rid]:
+            return 0, -1
+        entry = rep.prefixes.get(pid)
+        return (min(entry[1], self.share[rid]) if entry is not None else 0), pid
+
+    def _cache_prefix(self, rep: _Replica, rid: int) -> None:
+        """After `rid`'s prefill, keep its prefix's blocks as the replica's cached prefix
+        (when none is cached under its id yet): they pass from the request to the cache."""
+        pid = self.prefix[rid]
+        if pid < 0 or pid in rep.prefixes or rid in rep.shared:
+            return
+        k = self.share[rid] // self.cfg.kv_block_tokens
+        if k <= 0:
+            return
+        rep.held[rid] -= k
+        rep.prefixes[pid] = [k, self.share[rid], 1]
+        rep.shared[rid] = (pid, k)
+
+    def _release_prefix(self, rep: _Replica, rid: int) -> None:
+        e = rep.shared.pop(rid, None)
+        if e is not None:
+            rep.prefixes[e[0]][2] -= 1  # its blocks stay cached until evicted
+
+    def _evict(self, rep: _Replica, need: int, keep: int = -1) -> None:
+        """Free cached prefixes no running request uses, least recently used first, until
+        `need` blocks are free (or none is left to free); `keep` is not evicted."""
+        if not rep.prefixes:
+            return
+        for pid in list(rep.prefixes):
+            if rep.free >= need:
+                return
+            e = rep.prefixes[pid]
+            if e[2] == 0 and pid != keep:
+                del rep.prefixes[pid]
+                rep.free += e[0]
 
     def _grow_blocks(self, rep: _Replica) -> None:
         """Give every running sequence whose cache fills its last block a new one this
@@ -265,6 +374,8 @@ class ServingSim:
             _, rid, g = heapq.heappop(blk)
             if g != gen[rid] or rid not in rep.running:
                 continue
+            if rep.free < 1:
+                self._evict(rep, 1)
             while rep.free < 1 and rep.running:
                 victim = next(reversed(rep.running))
                 self._preempt(rep, victim)
@@ -281,10 +392,14 @@ class ServingSim:
         g = g0 + (rep.it - joined)  # tokens generated so far
         rep.ctx_sum -= self.prompt[rid] + g - 1
         rep.free += rep.held.pop(rid)
+        self._release_prefix(rep, rid)
         self.gen[rid] += 1
         self.preempted[rid] += 1
         self.preemptions += 1
         self.tokens_done[rid] = g
+        if self.cfg.preemption is PreemptionKind.SWAP:
+            self.swapped[rid] = True
+            rep.swap_out += self.prompt[rid] + g - 1  # its cached tokens go to host memory
         rep.waiting.appendleft(rid)
         self.queue_events.append((self.env.now, 1, rep.idx))
 
@@ -296,7 +411,8 @@ class ServingSim:
         rep.ctx_sum += cached
         heapq.heappush(rep.fin, (it + o - g0 - 1, rid, self.gen[rid]))
         bs = self.cfg.kv_block_tokens
-        held = rep.held[rid]
+        shared = rep.shared.get(rid)
+        held = rep.held[rid] + (shared[1] if shared is not None else 0)
         # The step at iteration i writes token cached + (i - it) + 1; a new block when that
         # passes held * bs.
         heapq.heappush(rep.blk, (it + held * bs - cached, rid, self.gen[rid]))
@@ -304,16 +420,18 @@ class ServingSim:
     def _finish(self, rep: _Replica, rid: int) -> None:
         self.finish[rid] = self.env.now
         rep.free += rep.held.pop(rid)
+        self._release_prefix(rep, rid)
         rep.outstanding -= 1
 
     def _complete(self, rep: _Replica, plan, start: float) -> None:
-        cost, batch, ctx_sum, chunks = plan
+        cost, batch, ctx_sum, chunks, swaps, swap_tokens = plan
         now = self.env.now
         it = rep.it
         queue = sum(len(r.waiting) for r in self.replicas)
         self.iterations.append((rep.idx, rep.role.value, start, cost, batch, ctx_sum,
                                 len(chunks), sum(t for _, t, _c in chunks), queue,
-                                rep.blocks - rep.free))
+                                rep.blocks - rep.free, swap_tokens))
+        self.swap_tokens += swap_tokens
         # Decodes: every running sequence made a token; those at their last one finish.
         if batch:
             rep.ctx_sum += batch
@@ -337,6 +455,8 @@ class ServingSim:
                     keep.append(entry)
                     continue
                 g0 = max(self.tokens_done[rid], 1)
+                if self.share is not None:
+                    self._cache_prefix(rep, rid)
                 if math.isnan(self.first_token[rid]):
                     self.first_token[rid] = now
                 if g0 >= self.output[rid]:
@@ -346,6 +466,9 @@ class ServingSim:
                 else:
                     self._join(rep, rid, g0, it + 1)
             rep.prefill = keep
+        for rid, g in swaps:
+            self.swapped[rid] = False
+            self._join(rep, rid, g, it + 1)
         rep.it = it + 1
 
     # -- static batching --------------------------------------------------------------------
@@ -369,19 +492,19 @@ class ServingSim:
             rep.it = 0
             chunks = [(rid, self.prompt[rid], 0) for rid in members]
             cost = sum(costs.prefill_s(t, 0) for _, t, _c in chunks)
-            return (cost, 0, 0, chunks)
+            return (cost, 0, 0, chunks, [], 0)
         members = rep.static_batch
         b = len(members)
         ctx = sum(self.prompt[r] for r in members) + b * (rep.it - 1)
-        return (costs.decode_s(b, ctx), b, ctx, [])
+        return (costs.decode_s(b, ctx), b, ctx, [], [], 0)
 
     def _complete_static(self, rep: _Replica, plan, start: float) -> None:
-        cost, batch, ctx, chunks = plan
+        cost, batch, ctx, chunks, _swaps, _swapped = plan
         now = self.env.now
         members = rep.static_batch
         queue = sum(len(r.waiting) for r in self.replicas)
         self.iterations.append((rep.idx, rep.role.value, start, cost, batch, ctx, len(chunks),
-                                sum(t for _, t, _c in chunks), queue, rep.blocks - rep.free))
+                                sum(t for _, t, _c in chunks), queue, rep.blocks - rep.free, 0))
         it = rep.it  # 0: the prefill; k >= 1: the k-th decode step (token k + 1)
         for rid in members:
             if it == 0:
@@ -399,6 +522,7 @@ class ServingSim:
     def _send(self, rep: _Replica, rid: int) -> None:
         """Free the prefill replica's blocks and ship the cache to a decode replica."""
         rep.free += rep.held.pop(rid)
+        self._release_prefix(rep, rid)
         rep.outstanding -= 1
         dst = self._route(self.back, 1)
         self.decode_replica[rid] = dst.idx

@@ -3,11 +3,14 @@
 Arrivals are a Poisson process at a rate, a gamma renewal process with a given coefficient of
 variation of the gaps (CV 1 is Poisson; above 1, bursty), or read from a trace file (CSV with a
 header, or JSON lines) with columns `arrival_s`, `prompt_tokens`, `output_tokens` and optional
-`prefix_id`. Lengths are `fixed:N`, `uniform:A,B` (whole numbers, both ends included) or
-`lognormal:MEAN,SIGMA` (MEAN the mean in tokens, SIGMA the log-sd; rounded, at least 1). One
-numpy `Generator(PCG64(seed))` draws everything, in a fixed order (gaps, then prompts, then
-outputs), so a seed gives the same requests on every machine. A trace file is read line by line
-into typed arrays (about 32 bytes a row), and refused past `MAX_REQUESTS` rows.
+`prefix_id` (requests with one id share a prompt prefix: a system prompt, an earlier turn) and
+`prefix_tokens` (how many of the prompt's tokens that prefix is; without it, the prompt of the
+first request with that id). Lengths are `fixed:N`, `uniform:A,B` (whole numbers, both ends
+included) or `lognormal:MEAN,SIGMA` (MEAN the mean in tokens, SIGMA the log-sd; rounded, at
+least 1). One numpy `Generator(PCG64(seed))` draws everything, in a fixed order (gaps, then
+prompts, then outputs), so a seed gives the same requests on every machine. A trace file is
+read line by line into typed arrays (about 40 bytes a row), and refused past `MAX_REQUESTS`
+rows.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from topologies.validate import MAX_TOKENS, short_repr
 # about 0.3 GB of per-request state, and tens of minutes of simulation.
 MAX_REQUESTS = 10_000_000
 _TRACE_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
-_OPTIONAL_COLUMNS = ("prefix_id",)
+_OPTIONAL_COLUMNS = ("prefix_id", "prefix_tokens")
 
 
 class ArrivalKind(StrEnum):
@@ -143,12 +146,30 @@ class WorkloadConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Workload:
-    """The requests, in arrival order: parallel arrays (seconds, tokens; prefix -1 = none)."""
+    """The requests, in arrival order: parallel arrays (seconds, tokens; prefix -1 = none;
+    prefix tokens -1 = not given, None: no column)."""
 
     arrival_s: np.ndarray
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
     prefix_id: np.ndarray
+    prefix_tokens: np.ndarray | None = None
+
+    def prefix_lengths(self) -> np.ndarray:
+        """Each request's shared prefix in tokens (0 without a prefix): its `prefix_tokens`,
+        or the prompt of the first request with its `prefix_id`, at most its own prompt."""
+        n = self.num_requests
+        out = np.zeros(n, dtype=np.int64)
+        first: dict[int, int] = {}
+        ids, prompts = self.prefix_id.tolist(), self.prompt_tokens.tolist()
+        given = self.prefix_tokens.tolist() if self.prefix_tokens is not None else [-1] * n
+        for i in range(n):
+            pid = ids[i]
+            if pid < 0:
+                continue
+            length = given[i] if given[i] >= 0 else first.setdefault(pid, prompts[i])
+            out[i] = min(length, prompts[i])
+        return out
 
     @property
     def num_requests(self) -> int:
@@ -292,7 +313,7 @@ def read_trace(path: Path, *, num_requests: int | None = None,
     if path.is_dir():
         raise TpusimError(f"--trace {str(path)!r} is a directory; give a CSV or JSON-lines "
                           f"file")
-    arr, pro, out, pre = array("d"), array("q"), array("q"), array("q")
+    arr, pro, out, pre, ptok = array("d"), array("q"), array("q"), array("q"), array("q")
     last = 0.0
     for i, row in _rows(path):
         where = f"--trace {path.name} line {i}"
@@ -312,6 +333,9 @@ def read_trace(path: Path, *, num_requests: int | None = None,
         p = row.get("prefix_id")
         pre.append(-1 if p is None or (isinstance(p, str) and not p.strip())
                    else _whole(p, "prefix_id", where, 0))
+        k = row.get("prefix_tokens")
+        ptok.append(-1 if k is None or (isinstance(k, str) and not k.strip())
+                    else _whole(k, "prefix_tokens", where, 0))
         if num_requests is not None and len(arr) >= num_requests:
             break
     if not arr:
@@ -321,4 +345,5 @@ def read_trace(path: Path, *, num_requests: int | None = None,
     return Workload(arrival_s=np.frombuffer(arr, dtype=np.float64).copy(),
                     prompt_tokens=np.frombuffer(pro, dtype=np.int64).copy(),
                     output_tokens=np.frombuffer(out, dtype=np.int64).copy(),
-                    prefix_id=np.frombuffer(pre, dtype=np.int64).copy())
+                    prefix_id=np.frombuffer(pre, dtype=np.int64).copy(),
+                    prefix_tokens=np.frombuffer(ptok, dtype=np.int64).copy())

@@ -1,0 +1,161 @@
+"""Serving's optional mechanisms against hand-solved schedules: preemption by swap over PCIe
+(`preemption="swap"`), prefix caching by `prefix_id` (`prefix_caching=True`), and the run's
+energy and cost. Each expected number is computed from the engine's own step times."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sim.runs import DecodeRequest, ServeRequest, run
+from sim.runs.bind import resolve_pod, simulate_step
+from sim.serving.costs import StepModel
+from topologies.errors import TpusimError
+from topologies.mesh import parse_mesh
+from workloads.decode import DecodeConfig
+from workloads.models import MlpKind, TransformerSpec
+
+TINY = TransformerSpec(name="serve-tiny", num_layers=2, d_model=1024, num_heads=8,
+                       num_kv_heads=8, head_dim=128, d_ff=4096, mlp=MlpKind.SWIGLU,
+                       vocab_size=8192)
+POD = {"model": TINY, "chip": "v5e", "shape": "2x2", "mesh": "tensor=4"}
+
+
+def _trace(tmp_path, rows, prefix=False):
+    p = tmp_path / "t.csv"
+    head = "arrival_s,prompt_tokens,output_tokens" + (",prefix_id" if prefix else "")
+    p.write_text(head + "\n" + "".join(",".join(map(str, r)) + "\n" for r in rows))
+    return str(p)
+
+
+def _serve(**kw):
+    return run(ServeRequest(**POD, **kw))
+
+
+def _step():
+    req = DecodeRequest(**POD, batch=1, context_len=1)
+    pod = resolve_pod(req)
+    return StepModel(chip=pod.chip, topology=pod.topology, model=TINY,
+                     mesh=parse_mesh("tensor=4", None),
+                     config=DecodeConfig(batch=1, context_len=1),
+                     simulate=lambda tr: simulate_step(req, tr, pod.chip, pod.topology))
+
+
+def _hbm_for(step, tokens: int) -> str:
+    """An HBM size leaving exactly `tokens` cached tokens after weights and working memory."""
+    plan = step.kv_capacity_tokens(2)[1]
+    per_token = plan["kv_bytes_per_token"] / 4  # per chip
+    return repr(plan["weights_bytes"] + plan["activation_bytes"] + tokens * per_token + 1)
+
+
+# -- preemption by swap -------------------------------------------------------------------------
+def test_swap_preemption_copies_the_cache_out_and_back_instead_of_recomputing(tmp_path):
+    # 6 blocks of 16: A and B (40-token prompts, 20 tokens) are prefilled together (3 blocks
+    # each) and join at iteration 1 with 40 cached. At iteration 9 both need a 4th block: B
+    # (newest) is preempted with 9 tokens made, 48 cached, which go to host memory in that
+    # iteration (A decodes alone: decode(1, 48) + the copy). A ends at iteration 19; iteration
+    # 20 copies B's 48 tokens back (nothing else runs); B decodes tokens 10..20 from 21 on.
+    step = _step()
+    rows = [(0.0, 40, 20), (0.0, 40, 20)]
+    kw = dict(arrival="trace", trace=_trace(tmp_path, rows),
+              overrides={"hbm_bytes": _hbm_for(step, 96)}, max_batch=2, exact_costs=True)
+    swap = _serve(preemption="swap", **kw)
+    recompute = _serve(**kw)
+    chip = resolve_pod(DecodeRequest(**POD, batch=1, context_len=1)).chip
+    per_token = swap.summary["pools"][0]["kv_bytes_per_token"]
+    copy_s = 48 * per_token / (4 * chip.pcie_bytes_per_s)
+    its = swap.result.iterations_frame()
+    assert swap.summary["pools"][0]["kv_blocks"] == 6
+    assert swap.summary["preemptions"] == 1 and swap.summary["preemption"] == "swap"
+    assert its.swap_tokens.tolist() == [0] * 9 + [48] + [0] * 10 + [48] + [0] * 11
+    assert its.duration_s[9] == pytest.approx(step.decode_s(1, 48) + copy_s, rel=1e-9)
+    assert its.duration_s[20] == pytest.approx(copy_s, rel=1e-12)
+    assert its.decode_batch[20] == 0 and its.prefill_tokens[20] == 0
+    # Only the two first prefills: nothing is recomputed.
+    assert its.prefill_tokens.sum() == 80
+    assert recompute.result.iterations_frame().prefill_tokens.sum() > 80
+    assert swap.summary["swap_tokens"] == 96
+    req = swap.result.requests_frame()
+    assert req.preemptions.tolist() == [0, 1]
+    assert float(req.finish_s[1]) == pytest.approx(float(its.start_s.iloc[-1]
+                                                         + its.duration_s.iloc[-1]), rel=1e-12)
+    # Every token once: A's 19 decode steps (B in 8 of them), then B's last 11.
+    assert (its.decode_batch > 0).sum() == 19 + 11
+    assert its.decode_batch.sum() == 19 + 8 + 11
+
+
+def test_an_unknown_preemption_policy_is_one_line_naming_the_choices():
+    with pytest.raises(TpusimError, match="'evict' does not exist.*recompute, swap|swap") as e:
+        _serve(rate=1, requests=2, prompt_tokens="fixed:16", output_tokens="fixed:2",
+               preemption="evict")
+    assert "\n" not in str(e.value)
+
+
+def test_default_runs_record_no_new_settings():
+    r = _serve(rate=50, requests=10, prompt_tokens="fixed:16", output_tokens="fixed:3")
+    assert "preemption" not in json.dumps(r.inputs.get("request", {}))
+
+
+# -- prefix caching -----------------------------------------------------------------------------
+def test_a_cached_prefix_is_not_prefilled_again(tmp_path):
+    # A (100-token prompt, a 64-token prefix 7) runs alone and leaves its prefix's 4 blocks
+    # cached; B (80 tokens, the same prefix) comes when the replica is idle and prefills only
+    # its last 16 tokens, after 64 cached: TTFT = prefill(16 after 64). Its blocks: the 4
+    # shared plus 1 of its own.
+    e = _step()
+    rows = [(0.0, 100, 2, 7, 64), (1.0, 80, 2, 7, 64)]
+    tr = tmp_path / "t.csv"
+    tr.write_text("arrival_s,prompt_tokens,output_tokens,prefix_id,prefix_tokens\n"
+                  + "".join(",".join(map(str, r)) + "\n" for r in rows))
+    on = _serve(arrival="trace", trace=str(tr), exact_costs=True, prefix_caching=True)
+    off = _serve(arrival="trace", trace=str(tr), exact_costs=True)
+    req_on, req_off = on.result.requests_frame(), off.result.requests_frame()
+    assert float(req_on.ttft_s[1]) == pytest.approx(e.prefill_s(16, 64), rel=1e-9)
+    assert float(req_off.ttft_s[1]) == pytest.approx(e.prefill_s(80, 0), rel=1e-9)
+    assert float(req_on.ttft_s[0]) == float(req_off.ttft_s[0])
+    assert on.summary["prefix_hit_tokens"] == 64 and off.summary["prefix_hit_tokens"] == 0
+    its = on.result.iterations_frame()
+    b_prefill = its[its.start_s >= 1.0].iloc[0]
+    assert b_prefill.prefill_tokens == 16 and b_prefill.kv_blocks_used == 4 + 1
+
+
+def test_without_prefix_tokens_a_prefix_is_the_first_prompt_of_its_id_in_whole_blocks(
+        tmp_path):
+    # A's 50-token prompt is prefix 3: whole blocks leaving A's last token, 48 tokens. B (70
+    # tokens) shares 48 and prefills 22 after them.
+    e = _step()
+    r = _serve(arrival="trace", trace=_trace(tmp_path, [(0.0, 50, 2, 3), (1.0, 70, 2, 3)],
+                                             prefix=True),
+               exact_costs=True, prefix_caching=True)
+    assert r.summary["prefix_hit_tokens"] == 48
+    assert float(r.result.requests_frame().ttft_s[1]) == pytest.approx(e.prefill_s(22, 48),
+                                                                       rel=1e-9)
+
+
+def test_unused_cached_prefixes_are_evicted_least_recently_used_first(tmp_path):
+    # 6 blocks of 16. A (prefix 1) and B (prefix 2), 40-token prompts, each leave 2 blocks
+    # cached (32 tokens). C (60 tokens, no prefix) needs 4 of the 2 free: prefix 1, the least
+    # recently used, is evicted. E (prefix 2) then hits 32 tokens; F (prefix 1) misses.
+    e = _step()
+    rows = [(0.0, 40, 2, 1), (1.0, 40, 2, 2), (2.0, 60, 2, ""), (3.0, 40, 2, 2),
+            (4.0, 40, 2, 1)]
+    r = _serve(arrival="trace", trace=_trace(tmp_path, rows, prefix=True), exact_costs=True,
+               prefix_caching=True, overrides={"hbm_bytes": _hbm_for(e, 96)}, max_batch=2)
+    assert r.summary["pools"][0]["kv_blocks"] == 6
+    assert r.summary["prefix_hit_tokens"] == 32 and r.summary["preemptions"] == 0
+    ttft = r.result.requests_frame().ttft_s.tolist()
+    assert ttft[3] == pytest.approx(e.prefill_s(8, 32), rel=1e-9)
+    assert ttft[4] == pytest.approx(e.prefill_s(40, 0), rel=1e-9)
+    assert r.result.iterations_frame().kv_blocks_used.max() <= 6
+
+
+def test_prefix_caching_with_static_batching_or_a_bad_prefix_column_is_refused(tmp_path):
+    with pytest.raises(TpusimError, match="continuous"):
+        _serve(rate=1, requests=2, prompt_tokens="fixed:16", output_tokens="fixed:2",
+               scheduler="static", prefix_caching=True)
+    tr = tmp_path / "bad.csv"
+    tr.write_text("arrival_s,prompt_tokens,output_tokens,prefix_id,prefix_tokens\n0,10,2,1,x\n")
+    with pytest.raises(TpusimError, match="line 2: prefix_tokens 'x'") as e:
+        _serve(arrival="trace", trace=str(tr), prefix_caching=True)
+    assert "\n" not in str(e.value)
