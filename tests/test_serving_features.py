@@ -13,7 +13,7 @@ from sim.runs.bind import resolve_pod, simulate_step
 from sim.serving.costs import StepModel
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
-from workloads.decode import DecodeConfig
+from workloads.inference import DecodeConfig
 from workloads.models import MlpKind, TransformerSpec
 
 TINY = TransformerSpec(name="serve-tiny", num_layers=2, d_model=1024, num_heads=8,
@@ -159,3 +159,102 @@ def test_prefix_caching_with_static_batching_or_a_bad_prefix_column_is_refused(t
     with pytest.raises(TpusimError, match="line 2: prefix_tokens 'x'") as e:
         _serve(arrival="trace", trace=str(tr), prefix_caching=True)
     assert "\n" not in str(e.value)
+
+
+# -- energy and cost ----------------------------------------------------------------------------
+def _energy_step():
+    from sim.runs.train import step_energy_of
+
+    req = DecodeRequest(**POD, batch=1, context_len=1)
+    pod = resolve_pod(req)
+    return StepModel(chip=pod.chip, topology=pod.topology, model=TINY,
+                     mesh=parse_mesh("tensor=4", None),
+                     config=DecodeConfig(batch=1, context_len=1),
+                     simulate=lambda tr: simulate_step(req, tr, pod.chip, pod.topology),
+                     energy=lambda tr, r: step_energy_of(tr, pod.topology, None)(r, pod.chip)
+                     ), pod.chip
+
+
+def _chip_j(units):
+    return sum(units[u] for u in ("mxu", "vpu", "hbm", "ici", "dcn", "pcie", "static"))
+
+
+def test_one_request_alone_uses_its_steps_joules_plus_idle_power_over_the_span(tmp_path):
+    # P = 64, O = 4: a prefill of 64, then decodes at contexts 64, 65, 66. Its dynamic joules
+    # are those steps' engine joules; static is idle power x 4 chips x the span; host and
+    # overhead are the chip's multipliers on those.
+    e, chip = _energy_step()
+    r = _serve(arrival="trace", trace=_trace(tmp_path, [(0.0, 64, 4)]), exact_costs=True)
+    en = r.summary["energy"]
+    steps = [e.prefill_joules(64, 0)] + [e.decode_joules(1, c) for c in (64, 65, 66)]
+    for k, unit in enumerate(("mxu", "vpu", "hbm", "ici", "dcn", "pcie")):
+        assert en["energy_j_by_unit"][unit] == pytest.approx(sum(s[k] for s in steps),
+                                                             rel=1e-9, abs=1e-12)
+    span = r.summary["span_s"]
+    assert en["energy_j_by_unit"]["static"] == pytest.approx(chip.idle_power_w * 4 * span,
+                                                             rel=1e-12)
+    chip_j = _chip_j(en["energy_j_by_unit"])
+    host = chip.host_power_share * chip_j
+    assert en["energy_j_by_unit"]["host"] == pytest.approx(host, rel=1e-12)
+    assert en["energy_j_by_unit"]["overhead"] == pytest.approx((chip.pue - 1) * (chip_j + host),
+                                                               rel=1e-12)
+    # Units sum to the total; per token over the output tokens; power over the span.
+    assert en["energy_j"] == pytest.approx(sum(en["energy_j_by_unit"].values()), rel=1e-12)
+    assert en["j_per_token"] == pytest.approx(en["energy_j"] / 4, rel=1e-12)
+    assert en["chip_power_w_mean"] == pytest.approx(chip_j / (4 * span), rel=1e-12)
+    assert chip.idle_power_w < en["chip_power_w_mean"] <= en["chip_power_w_peak"]
+    c = r.summary["cost"]
+    assert c["usd_per_hour"] == pytest.approx(4 * chip.usd_per_chip_hour, rel=1e-12)
+    assert c["usd_total"] == pytest.approx(c["usd_per_hour"] * span / 3600, rel=1e-12)
+    assert c["usd_per_million_tokens"] == pytest.approx(c["usd_total"] / 4 * 1e6, rel=1e-12)
+
+
+def test_energy_adds_over_requests_and_replicas(tmp_path):
+    # Requests a second apart each run alone: twice the requests is twice the dynamic joules;
+    # two replicas serving the same requests (one each) use the same dynamic joules and twice
+    # the static power over about the same span.
+    one = [(0.0, 64, 4)]
+    two = [(0.0, 64, 4), (1.0, 64, 4)]
+    dyn = ("mxu", "vpu", "hbm", "ici")
+    a = _serve(arrival="trace", trace=_trace(tmp_path, one), exact_costs=True)
+    b = _serve(arrival="trace", trace=_trace(tmp_path, two), exact_costs=True)
+    c = _serve(arrival="trace", trace=_trace(tmp_path, two), exact_costs=True, replicas=2)
+    ua, ub, uc = (x.summary["energy"]["energy_j_by_unit"] for x in (a, b, c))
+    for u in dyn:
+        assert ub[u] == pytest.approx(2 * ua[u], rel=1e-12)
+        assert uc[u] == pytest.approx(ub[u], rel=1e-12)
+    assert uc["static"] / c.summary["span_s"] == pytest.approx(
+        2 * ub["static"] / b.summary["span_s"], rel=1e-12)
+    # Pools sum to the run (disaggregated: the KV transfer's DCN joules on the prefill pool).
+    d = _serve(arrival="trace", trace=_trace(tmp_path, two), exact_costs=True,
+               prefill_replicas=1, decode_replicas=1)
+    en = d.summary["energy"]
+    for u, v in en["energy_j_by_unit"].items():
+        assert v == pytest.approx(sum(p["energy_j_by_unit"][u] for p in en["by_pool"]),
+                                  rel=1e-12, abs=1e-15)
+    chip = resolve_pod(DecodeRequest(**POD, batch=1, context_len=1)).chip
+    prefill_pool = en["by_pool"][0]
+    assert prefill_pool["role"] == "prefill"
+    assert prefill_pool["energy_j_by_unit"]["dcn"] == pytest.approx(
+        2 * TINY.kv_cache_bytes(64, 2) * chip.dcn_j_per_byte, rel=1e-12)
+
+
+def test_the_cost_models_energy_is_within_one_percent_of_the_engines():
+    kw = dict(rate=300, requests=120, prompt_tokens="uniform:20,400",
+              output_tokens="uniform:2,30", seed=11)
+    grid, exact = _serve(**kw), _serve(exact_costs=True, **kw)
+    g, x = grid.summary["energy"], exact.summary["energy"]
+    for u in ("mxu", "hbm"):
+        assert g["energy_j_by_unit"][u] == pytest.approx(x["energy_j_by_unit"][u], rel=0.01)
+    assert g["energy_j"] == pytest.approx(x["energy_j"], rel=0.01)
+
+
+def test_swapped_bytes_cost_pcie_joules(tmp_path):
+    step = _step()
+    r = _serve(arrival="trace", trace=_trace(tmp_path, [(0.0, 40, 20), (0.0, 40, 20)]),
+               overrides={"hbm_bytes": _hbm_for(step, 96)}, max_batch=2, exact_costs=True,
+               preemption="swap")
+    chip = resolve_pod(DecodeRequest(**POD, batch=1, context_len=1)).chip
+    nbytes = 96 * r.summary["pools"][0]["kv_bytes_per_token"]
+    assert r.summary["energy"]["energy_j_by_unit"]["pcie"] == pytest.approx(
+        nbytes * chip.pcie_j_per_byte, rel=1e-12)

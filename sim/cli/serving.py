@@ -54,6 +54,14 @@ def print_report(s: dict) -> None:
         print(f"  prefix cache     {s['prefix_hit_tokens']:,} prompt tokens not prefilled "
               f"(cached prefixes)")
     print(f"  replicas busy    {s['replica_utilization']['mean']:.1%} on average")
+    e, c = s["energy"], s["cost"]
+    per_token = f", {e['j_per_token']:.3g} J per output token" if e["j_per_token"] else ""
+    print(f"  energy           {e['energy_j'] / 1e3:,.3f} kJ{per_token}; chips draw "
+          f"{e['chip_power_w_mean']:.1f} W on average")
+    if c["usd_total"] is not None:
+        per_m = (f", ${c['usd_per_million_tokens']:,.4g} per million output tokens"
+                 if c["usd_per_million_tokens"] is not None else "")
+        print(f"  cost             ${c['usd_per_hour']:,.2f} per hour{per_m}")
     if s.get("note"):
         print(f"  note             {s['note']}")
 

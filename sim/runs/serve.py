@@ -23,7 +23,9 @@ from sim.runs.bind import (
 )
 from sim.runs.requests import ServeRequest
 from sim.runs.result import Run, describe_mesh
+from sim.runs.train import step_energy_of
 from sim.serving.costs import CostBounds, IterationCosts, StepModel, describe_costs
+from sim.serving.energy import PoolWork, serving_energy
 from sim.serving.metrics import parse_slo, summarize
 from sim.serving.simulate import (
     ITERATION_COLUMNS,
@@ -155,7 +157,9 @@ def _step_model(req: ServeRequest, moe) -> tuple[Any, Any, StepModel, Any]:
                        sampling=req.sampling)
     chip, topo = pod.chip, pod.topology
     step = StepModel(chip=chip, topology=topo, model=model, mesh=mesh, config=cfg,
-                     simulate=lambda trace: simulate_step(req, trace, chip, topo))
+                     simulate=lambda trace: simulate_step(req, trace, chip, topo),
+                     energy=lambda trace, result: step_energy_of(trace, topo, None)(result,
+                                                                                    chip))
     # The layout checks (mesh size, divisibility) before anything else runs.
     step.kv_capacity_tokens(1)
     return pod, base_model, step, mesh
@@ -273,6 +277,9 @@ def run_serve(req: ServeRequest) -> Run:
     num_chips = sum(p.replicas * p.num_chips for p in pools)
     summary, arrays = summarize(sim, slo=slo, num_chips=num_chips, kv_blocks=kv_blocks,
                                 max_batch=scfg.max_batch)
+    energy, cost = serving_energy(_pool_work(sim, pools, bound, pool_info, workload),
+                                  span_s=summary["span_s"],
+                                  output_tokens=int(workload.output_tokens.sum()))
     first = bound[0]
     _role, _count, _preq, pod0, base0, step0, mesh0 = first
     summary = {"model": step0.model.name, "chip": pod0.chip.name,
@@ -280,7 +287,7 @@ def run_serve(req: ServeRequest) -> Run:
                "scheduler": str(scfg.scheduler), "router": str(router),
                "preemption": str(scfg.preemption), "prefix_caching": scfg.prefix_caching,
                **summary,
-               "pools": pool_info}
+               "pools": pool_info, "energy": energy, "cost": cost}
     if summary["saturated"]:
         summary["note"] = (
             f"saturated: {summary['backlog_at_last_arrival']:,} of "
@@ -301,6 +308,34 @@ def run_serve(req: ServeRequest) -> Run:
     return Run(command="serve", summary=summary, inputs=inputs,
                result=ServeResult(requests=arrays, iterations=sim.iterations,
                                  queue_events=sim.queue_events))
+
+
+def _pool_work(sim: ServingSim, pools: list[PoolSpec], bound, pool_info,
+               workload) -> list[PoolWork]:
+    """What each pool did beyond its iterations' steps: the bytes its replicas swapped over
+    PCIe and sent to decode replicas over DCN."""
+    swapped = [0] * len(sim.replicas)
+    for row in sim.iterations:
+        swapped[row[0]] += row[10]
+    out, first = [], 0
+    sent_to = np.asarray(sim.decode_replica) >= 0
+    for pool, b, info in zip(pools, bound, pool_info, strict=True):
+        step = b[5]
+        reps = range(first, first + pool.replicas)
+        first += pool.replicas
+        sent = 0.0
+        if pool.role is Role.PREFILL and sent_to.any():
+            lengths, counts = np.unique(workload.prompt_tokens[sent_to], return_counts=True)
+            kvb = step.config.kv_bytes_per_elem
+            sent = float(sum(step.model.kv_cache_bytes(int(p), kvb) * int(c)
+                             for p, c in zip(lengths, counts, strict=True)))
+        out.append(PoolWork(role=str(pool.role), replicas=pool.replicas,
+                            chips_per_replica=pool.num_chips, chip=b[3].chip,
+                            costs=pool.costs,
+                            swap_bytes=sum(swapped[r] for r in reps)
+                            * info["kv_bytes_per_token"],
+                            sent_bytes=sent))
+    return out
 
 
 def _transfer_model(prefill, decode, req: ServeRequest):

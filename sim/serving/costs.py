@@ -29,6 +29,9 @@ from typing import Any
 from topologies.errors import TpusimError
 from workloads.inference import DecodeConfig, compile_decode_step, compile_prefill, memory_plan
 
+# The units of an iteration's dynamic energy (`sim.energy.CHIP_UNITS` without static power,
+# which a serving run adds for its whole span).
+DYNAMIC_UNITS = ("mxu", "vpu", "hbm", "ici", "dcn", "pcie")
 # Grid ratios: the decode time is close to linear in the context (the KV reads) and in the
 # batch once past the weight-bound regime, so a geometric grid with these steps keeps
 # bilinear interpolation within 1% of the engine (tests/test_serving.py checks it on random
@@ -54,12 +57,18 @@ class StepModel:
     """One replica's engine: the simulated time of a decode step (`decode_s`) and of one
     prompt chunk's prefill (`prefill_s`), memoised."""
 
-    def __init__(self, *, chip, topology, model, mesh, config: DecodeConfig, simulate):
+    def __init__(self, *, chip, topology, model, mesh, config: DecodeConfig, simulate,
+                 energy=None):
         self.chip, self.topology, self.model, self.mesh = chip, topology, model, mesh
         self.config = config
         self._simulate = simulate  # trace -> StepResult (the request's perturbations bound)
+        self._energy = energy  # (trace, StepResult) -> sim.energy.Energy, or None
         self._decode: dict[tuple[int, int], float] = {}
         self._prefill: dict[tuple[int, int], float] = {}
+        # Per composition: the replica's dynamic joules by unit (`DYNAMIC_UNITS`) and its
+        # chips' peak power (W), from the same engine run as the time.
+        self._decode_e: dict[tuple[int, int], tuple[float, ...]] = {}
+        self._prefill_e: dict[tuple[int, int], tuple[float, ...]] = {}
         self.engine_runs = 0
         # The batch the decode program pads to: a multiple of the data x expert shards (and of
         # data x fsdp under 2D weight-stationary sharding, which splits the batch over fsdp).
@@ -77,9 +86,28 @@ class StepModel:
             cfg = dataclasses.replace(self.config, batch=key[0], context_len=context,
                                       prompt_len=None, prefill_chunk=None)
             trace = compile_decode_step(self.model, self.mesh, self.topology.num_chips, cfg)
-            t = self._decode[key] = float(self._simulate(trace).step_time_s)
+            result = self._simulate(trace)
+            t = self._decode[key] = float(result.step_time_s)
+            self._decode_e[key] = self._joules(trace, result)
             self.engine_runs += 1
         return t
+
+    def _joules(self, trace, result) -> tuple[float, ...]:
+        if self._energy is None:
+            return (0.0,) * (len(DYNAMIC_UNITS) + 1)
+        e = self._energy(trace, result)
+        return (*(float(e.step_j_by_unit[u]) for u in DYNAMIC_UNITS),
+                float(e.chip_power_w_peak))
+
+    def decode_joules(self, batch: int, context: int) -> tuple[float, ...]:
+        """(dynamic joules by `DYNAMIC_UNITS`..., peak chip W) of `decode_s(batch, context)`."""
+        self.decode_s(batch, context)
+        return self._decode_e[(self.padded(batch), context)]
+
+    def prefill_joules(self, tokens: int, cached: int) -> tuple[float, ...]:
+        """As `decode_joules`, for `prefill_s(tokens, cached)`."""
+        self.prefill_s(tokens, cached)
+        return self._prefill_e[(tokens, cached)]
 
     def prefill_s(self, tokens: int, cached: int) -> float:
         key = (tokens, cached)
@@ -89,7 +117,9 @@ class StepModel:
                                       prompt_len=tokens, prefill_chunk=None)
             trace = compile_prefill(self.model, self.mesh, self.topology.num_chips, cfg,
                                     cached_len=cached)
-            t = self._prefill[key] = float(self._simulate(trace).step_time_s)
+            result = self._simulate(trace)
+            t = self._prefill[key] = float(result.step_time_s)
+            self._prefill_e[key] = self._joules(trace, result)
             self.engine_runs += 1
         return t
 
@@ -124,7 +154,14 @@ class _Grid2:
     def __init__(self, xs: list[int], ys: list[int], values: list[list[float]]):
         self.xs, self.ys, self.v = xs, ys, values
 
-    def __call__(self, x: float, y: float) -> float:
+    def weights(self) -> list[list[float]]:
+        """A zero weight per grid node, for `__call__`'s `w`."""
+        return [[0.0] * len(self.ys) for _ in self.xs]
+
+    def __call__(self, x: float, y: float, w: list[list[float]] | None = None) -> float:
+        """The value at (x, y); with `w`, each of the four nodes' interpolation weight is
+        added to it (the value is linear in the nodes', so any other quantity known at the
+        nodes sums over a run as the weights times its node values)."""
         xs, ys, v = self.xs, self.ys, self.v
         i = min(max(bisect_right(xs, x) - 1, 0), len(xs) - 2) if len(xs) > 1 else 0
         j = min(max(bisect_right(ys, y) - 1, 0), len(ys) - 2) if len(ys) > 1 else 0
@@ -138,6 +175,13 @@ class _Grid2:
             fy, j1 = (y - ys[j]) / (ys[j + 1] - ys[j]), j + 1
         a = v[i][j] + (v[i][j1] - v[i][j]) * fy
         b = v[i1][j] + (v[i1][j1] - v[i1][j]) * fy
+        if w is not None:
+            gx, gy = 1.0 - fx, 1.0 - fy
+            wi, wi1 = w[i], w[i1]
+            wi[j] += gx * gy
+            wi[j1] += gx * fy
+            wi1[j] += fx * gy
+            wi1[j1] += fx * fy
         return a + (b - a) * fx
 
 
@@ -158,13 +202,18 @@ class IterationCosts:
                  cache_key: str | None = None, progress=None):
         self.step, self.bounds, self.exact = step, bounds, exact
         self.grid_points = 0
+        # What the run asked for, to price its energy afterwards: per distinct composition a
+        # count (exact), or per grid node its summed interpolation weight.
+        self._dec_n: dict[tuple[int, int], int] = {}
+        self._pre_n: dict[tuple[int, int], int] = {}
         if exact:
             return
         hit = _GRID_CACHE.get(cache_key) if cache_key is not None else None
         if hit is not None:
             _GRID_CACHE.move_to_end(cache_key)
-            self._dec, self._pre, self.grid_points = hit
+            self._dec, self._pre, self.grid_points, self._dec_j, self._pre_j = hit
             self.cached = True
+            self._dec_w, self._pre_w = self._dec.weights(), self._pre.weights()
             return
         self.cached = False
         q = step.batch_quantum
@@ -185,23 +234,51 @@ class IterationCosts:
                 pre_vals[p] = step.prefill_s(*p)
         self._dec = _Grid2(bs, cs, [[dec_vals[(b, c)] for c in cs] for b in bs])
         self._pre = _Grid2(ts, ks, [[pre_vals[(t, k)] for k in ks] for t in ts])
+        self._dec_j = [[step.decode_joules(b, c) for c in cs] for b in bs]
+        self._pre_j = [[step.prefill_joules(t, k) for k in ks] for t in ts]
+        self._dec_w, self._pre_w = self._dec.weights(), self._pre.weights()
         self.grid_points = len(points) + len(prefill_points)
         if cache_key is not None:
-            _GRID_CACHE[cache_key] = (self._dec, self._pre, self.grid_points)
+            _GRID_CACHE[cache_key] = (self._dec, self._pre, self.grid_points, self._dec_j,
+                                      self._pre_j)
             while len(_GRID_CACHE) > _GRID_CACHE_SIZE:
                 _GRID_CACHE.popitem(last=False)
 
     def decode_s(self, batch: int, context_sum: float) -> float:
         """A decode step of `batch` sequences holding `context_sum` cached tokens in all."""
         if self.exact:
-            return self.step.decode_s(batch, max(1, int(context_sum / batch + 0.5)))
-        return self._dec(self.step.padded(batch), context_sum / batch)
+            key = (batch, max(1, int(context_sum / batch + 0.5)))
+            self._dec_n[key] = self._dec_n.get(key, 0) + 1
+            return self.step.decode_s(*key)
+        return self._dec(self.step.padded(batch), context_sum / batch, self._dec_w)
 
     def prefill_s(self, tokens: int, cached: int) -> float:
         """The prefill of `tokens` prompt tokens after `cached` already in the cache."""
         if self.exact:
+            key = (tokens, cached)
+            self._pre_n[key] = self._pre_n.get(key, 0) + 1
             return self.step.prefill_s(tokens, cached)
-        return self._pre(tokens, cached)
+        return self._pre(tokens, cached, self._pre_w)
+
+    def dynamic_joules(self) -> tuple[list[float], float]:
+        """The dynamic joules by `DYNAMIC_UNITS` of every iteration priced so far (on every
+        replica sharing this model), and the highest peak chip power among the compositions
+        they touched: node values weighted as the times were interpolated, or each distinct
+        composition's engine figures times its count (`exact`)."""
+        total = [0.0] * len(DYNAMIC_UNITS)
+        peak = 0.0
+        if self.exact:
+            pairs = [(n, self.step.decode_joules(*k)) for k, n in sorted(self._dec_n.items())]
+            pairs += [(n, self.step.prefill_joules(*k)) for k, n in sorted(self._pre_n.items())]
+        else:
+            pairs = [(w, e) for ws, es in ((self._dec_w, self._dec_j), (self._pre_w, self._pre_j))
+                     for wr, er in zip(ws, es, strict=True)
+                     for w, e in zip(wr, er, strict=True) if w > 0]
+        for w, e in pairs:
+            for u in range(len(total)):
+                total[u] += w * e[u]
+            peak = max(peak, e[-1])
+        return total, peak
 
 
 def check_bounds(bounds: CostBounds) -> None:
