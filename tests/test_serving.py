@@ -334,12 +334,21 @@ def test_routers_spread_requests_over_replicas():
 
 
 def test_disaggregated_pools_pay_the_kv_transfer_over_dcn(tmp_path):
+    from sim.serving.transfer import permute_time_s
+
     r = _serve(arrival="trace", trace=_trace(tmp_path, [(0.0, 512, 4)]), prefill_replicas=1,
                decode_replicas=1, exact_costs=True)
     req = r.result.requests_frame()
-    chip = resolve_pod(DecodeRequest(**POD, batch=1, context_len=1)).chip
+    pod = resolve_pod(DecodeRequest(**POD, batch=1, context_len=1))
+    chip = pod.chip
     nbytes = TINY.kv_cache_bytes(512, 2)
-    transfer = chip.dcn_latency_s + nbytes / (4 * chip.eff_dcn_bytes_per_s)
+    # The network model's permute of each chip's share across the two slices, simulated for
+    # this request's bytes (the run's model was simulated at two other sizes): on DCN, one
+    # latency and one message overhead, then the bytes at each chip's DCN rate.
+    transfer = permute_time_s(chip, pod.topology, nbytes // 4)
+    assert transfer == pytest.approx(chip.dcn_latency_s + chip.dcn_message_overhead_s
+                                     + nbytes / (4 * chip.eff_dcn_bytes_per_s), rel=1e-9)
+    assert r.summary["kv_transfer"]["chips"] == 4
     assert float(req.kv_transferred_s[0] - req.first_token_s[0]) == pytest.approx(transfer,
                                                                                  rel=1e-9)
     e = _step()
@@ -373,6 +382,13 @@ def test_bad_serving_input_is_one_line_naming_the_value(kw, match):
     full = {"prompt_tokens": "fixed:16", "output_tokens": "fixed:4", **kw}
     with pytest.raises(TpusimError, match=match) as e:
         _serve(**full)
+    assert "\n" not in str(e.value)
+
+
+def test_a_request_longer_than_the_context_is_refused_before_anything_runs():
+    with pytest.raises(TpusimError, match="over the 16,777,216-token context") as e:
+        _serve(rate=1, requests=2, prompt_tokens="fixed:10000000",
+               output_tokens="fixed:10000000")
     assert "\n" not in str(e.value)
 
 

@@ -37,11 +37,12 @@ from sim.serving.simulate import (
     SchedulerKind,
     ServingSim,
 )
+from sim.serving.transfer import kv_transfer
 from sim.serving.workload import ArrivalKind, WorkloadConfig, generate, parse_lengths
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
 from topologies.progress import tracked
-from topologies.validate import one_of, short_repr
+from topologies.validate import MAX_TOKENS, one_of, short_repr
 from workloads.inference import DecodeConfig
 
 REQUEST_COLUMNS = ("request", "arrival_s", "prompt_tokens", "output_tokens", "replica",
@@ -221,6 +222,11 @@ def run_serve(req: ServeRequest) -> Run:
     bound = [(role, count, preq, *_step_model(preq, moe)) for role, count, preq in specs]
     workload = generate(wcfg)
     longest = int((workload.prompt_tokens + workload.output_tokens).max())
+    if longest > MAX_TOKENS:
+        raise TpusimError(
+            f"the longest request ({longest:,} tokens, prompt and output) is over the "
+            f"{MAX_TOKENS:,}-token context a decode step takes; use shorter prompt or output "
+            f"lengths")
     max_prompt = int(workload.prompt_tokens.max())
     pools, pool_info, kv_blocks = [], [], []
     bs = scfg.kv_block_tokens
@@ -271,8 +277,11 @@ def run_serve(req: ServeRequest) -> Run:
             f"--prefill-chunk or raise the budget")
     transfer = None
     if disagg:
-        transfer = _transfer_model(bound[0], bound[1], req)
-    sim = ServingSim(workload, pools, scfg, router=router, transfer_s=transfer)
+        step_p = bound[0][5]
+        transfer = kv_transfer(bound[0][3], bound[1][3], step_p.model,
+                               step_p.config.kv_bytes_per_elem)
+    sim = ServingSim(workload, pools, scfg, router=router,
+                     transfer_s=transfer.seconds if transfer is not None else None)
     sim.run()
     num_chips = sum(p.replicas * p.num_chips for p in pools)
     summary, arrays = summarize(sim, slo=slo, num_chips=num_chips, kv_blocks=kv_blocks,
@@ -288,6 +297,8 @@ def run_serve(req: ServeRequest) -> Run:
                "preemption": str(scfg.preemption), "prefix_caching": scfg.prefix_caching,
                **summary,
                "pools": pool_info, "energy": energy, "cost": cost}
+    if transfer is not None:
+        summary["kv_transfer"] = transfer.describe()
     if summary["saturated"]:
         summary["note"] = (
             f"saturated: {summary['backlog_at_last_arrival']:,} of "
@@ -336,21 +347,3 @@ def _pool_work(sim: ServingSim, pools: list[PoolSpec], bound, pool_info,
                             * info["kv_bytes_per_token"],
                             sent_bytes=sent))
     return out
-
-
-def _transfer_model(prefill, decode, req: ServeRequest):
-    """Seconds to send a request's KV cache (`tokens` cached) from a prefill replica to a
-    decode replica: separate slices, so over DCN, every chip of the smaller replica sending its
-    share in parallel at the chip's DCN rate, after one DCN latency."""
-    _r, _c, _q, pod_p, _b, step_p, _m = prefill
-    _r, _c, _q, pod_d, _b, step_d, _m = decode
-    kvb = step_p.config.kv_bytes_per_elem
-    model = step_p.model
-    chips = min(pod_p.topology.num_chips, pod_d.topology.num_chips)
-    rate = min(pod_p.chip.eff_dcn_bytes_per_s, pod_d.chip.eff_dcn_bytes_per_s) * chips
-    latency = max(pod_p.chip.dcn_latency_s, pod_d.chip.dcn_latency_s)
-
-    def transfer_s(tokens: int) -> float:
-        return latency + model.kv_cache_bytes(tokens, kvb) / rate
-
-    return transfer_s
