@@ -234,7 +234,7 @@ PENDING_FLAG_TEXT = {
     "sim/__init__.py", "sim/api.py", "sim/chips.py", "sim/collective_sim.py", "sim/collectives.py",
     "sim/energy.py", "sim/executors.py", "sim/export/chakra.py", "sim/export/goodput_plots.py",
     "sim/export/goodput_trace.py", "sim/export/perfetto.py", "sim/export/plots.py",
-    "sim/export/serving_plots.py", "sim/export/serving_trace.py", "sim/hardware.py",
+    "sim/export/serving_plots.py", "sim/hardware.py",
     "sim/overrides.py", "sim/perchip.py", "sim/pipeline.py", "sim/planner.py",
     "sim/reliability/__init__.py", "sim/reliability/config.py", "sim/reliability/failures.py",
     "sim/reliability/job.py", "sim/reliability/reference.py", "sim/reliability/simulate.py",

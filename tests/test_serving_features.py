@@ -258,3 +258,19 @@ def test_swapped_bytes_cost_pcie_joules(tmp_path):
     nbytes = 96 * r.summary["pools"][0]["kv_bytes_per_token"]
     assert r.summary["energy"]["energy_j_by_unit"]["pcie"] == pytest.approx(
         nbytes * chip.pcie_j_per_byte, rel=1e-12)
+
+
+@pytest.mark.parametrize("extra,want", [
+    (["--preemption", "evict"], "tpusim: error: --preemption 'evict' does not exist"),
+    (["--scheduler", "static", "--prefix-caching"],
+     "tpusim: error: --prefix-caching shares cached prompt prefixes between the requests of "
+     "continuous batching; use --scheduler continuous or drop it"),
+])
+def test_cli_errors_spell_the_new_settings_as_flags(capsys, extra, want):
+    from sim.cli import main
+
+    code = main(["serve", "--chip", "v5e", "--shape", "2x2", "--model", "llama3-8b", "--mesh",
+                 "tensor=4", "--rate", "5", "--requests", "3", "--prompt-tokens", "fixed:32",
+                 "--output-tokens", "fixed:2", *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(want) and err.count("\n") == 1

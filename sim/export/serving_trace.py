@@ -1,4 +1,4 @@
-"""A serving run as a Perfetto trace (`tpusim serve --perfetto FILE`), built on
+"""A serving run as a Perfetto trace (the `perfetto` output of `tpusim serve`), built on
 `sim/export/perfetto.py`'s `TracePlan` (native `.pftrace`, or Chrome JSON for `.json`; sized
 before it is written, streamed to a temporary file renamed over the target).
 

@@ -131,10 +131,16 @@ def scheduler_config(req: ServeRequest) -> SchedulerConfig:
             req.max_tokens_per_iter <= 1:
         raise TpusimError(f"--max-tokens-per-iter {req.max_tokens_per_iter} leaves no room "
                           f"for a prefill chunk; give at least 2 (e.g. 2048)")
-    preemption = _enum(PreemptionKind, req.preemption, "--preemption")
+    try:
+        preemption = PreemptionKind(req.preemption)
+    except ValueError:
+        raise TpusimError(f"{{preemption}} {short_repr(req.preemption)} does not exist; "
+                          f"{one_of(req.preemption, [m.value for m in PreemptionKind])}",
+                          "preemption") from None
     if sched is SchedulerKind.STATIC and req.prefix_caching:
-        raise TpusimError("--prefix-caching shares cached prompt prefixes between the requests "
-                          "of continuous batching; use --scheduler continuous or drop it")
+        raise TpusimError("{prefix_caching} shares cached prompt prefixes between the requests "
+                          "of continuous batching; use {scheduler} continuous or drop it",
+                          "prefix_caching", "scheduler")
     return SchedulerConfig(scheduler=sched, max_batch=req.max_batch,
                            max_tokens_per_iter=req.max_tokens_per_iter,
                            prefill_chunk=req.prefill_chunk,
