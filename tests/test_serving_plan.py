@@ -1,0 +1,63 @@
+"""The serving plan search (`sim.plan_serving`, sim/serving/plan.py) against brute force: every
+replica count of every combination run, the fewest that meet the SLO found by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.runs import ServeRequest, run
+from sim.serving.plan import ServePlanConfig, plan_serving
+from topologies.errors import TpusimError
+from workloads.models import MlpKind, TransformerSpec
+
+TINY = TransformerSpec(name="serve-tiny", num_layers=2, d_model=1024, num_heads=8,
+                       num_kv_heads=8, head_dim=128, d_ff=4096, mlp=MlpKind.SWIGLU,
+                       vocab_size=8192)
+# One 2x2 replica serves about 3,700 requests/s of these at batch 16: 9,000/s needs several.
+BASE = ServeRequest(model=TINY, chip="v5e", shape="2x2", mesh="tensor=4", rate=9000.0,
+                    requests=400, prompt_tokens="uniform:16,256", output_tokens="uniform:8,64",
+                    max_batch=16, slo="ttft=0.002,tpot=0.0002", seed=1)
+
+
+def _meets(s, attainment):
+    return not s["saturated"] and s["slo_attainment"] >= attainment
+
+
+def test_the_plan_finds_the_fewest_replicas_brute_force_finds_and_the_most_tokens_per_chip():
+    cfg = ServePlanConfig(meshes=("tensor=4", "data=2,tensor=2"), splits=(None, (1, 1)),
+                          max_replicas=6, attainment=0.95)
+    plan = plan_serving(BASE, cfg)
+    brute_runs = 0
+    for row in plan.rows:
+        split = None if row["split"] == "colocated" else (1, 1)
+        unit = 1 if split is None else 2
+        fewest = None
+        for k in range(1, cfg.max_replicas // unit + 1):
+            kw = {"mesh": row["mesh"], "replicas": k} if split is None else \
+                {"mesh": row["mesh"], "prefill_replicas": k, "decode_replicas": k}
+            brute_runs += 1
+            if _meets(run(BASE.replace(**kw)).summary, cfg.attainment):
+                fewest = k * unit
+                break
+        assert row["replicas"] == fewest, row
+    found = [r for r in plan.rows if r["meets_slo"]]
+    assert found and max(r["replicas"] for r in found) > 1  # not a trivial case
+    best = max(found, key=lambda r: r["tokens_per_s_per_chip"])
+    assert plan.best is not None
+    assert plan.best["tokens_per_s_per_chip"] == best["tokens_per_s_per_chip"]
+    assert plan.best["num_chips"] == min(r["num_chips"] for r in found)
+
+
+def test_a_plan_that_cannot_meet_the_slo_says_why_and_has_no_best():
+    plan = plan_serving(BASE.replace(slo="ttft=0.00001"),
+                        ServePlanConfig(meshes=("tensor=4",), max_replicas=2))
+    assert plan.best is None
+    assert plan.rows[0]["meets_slo"] is False and "misses the SLO" in plan.rows[0]["note"]
+
+
+def test_a_plan_without_a_rate_or_an_slo_is_refused_in_one_line():
+    with pytest.raises(TpusimError, match="rate to serve") as e:
+        plan_serving(BASE.replace(slo=None))
+    assert "\n" not in str(e.value)
+    with pytest.raises(TpusimError, match="attainment 1.5"):
+        plan_serving(BASE, ServePlanConfig(attainment=1.5))
