@@ -160,7 +160,6 @@ PENDING_MODULES = {
     "sim/planner.py",
     "sim/runs/requests.py",
     "sim/vector_engine.py",
-    "validation/maxtext.py",
     "validation/xla_crosscheck.py",
     "validation/xla_memory.py",
 }
@@ -172,7 +171,6 @@ PENDING_FUNCTIONS = {
     "sim/pipeline.py:build_stage_programs",
     "sim/planner.py:run_plan",
     "sim/vector_engine.py:run_vectors",
-    "validation/maxtext.py:_effects",
     "validation/xla_compile.py:lower_moe_train",
     "validation/xla_crosscheck.py:parse_hlo_collectives",
     "validation/xla_memory.py:section",

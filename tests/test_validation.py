@@ -1,4 +1,4 @@
-"""Validation against measured MaxText runs (docs/validation.md, validation/maxtext.py).
+"""Validation against measured MaxText runs (docs/validation.md, validation/maxtext*.py).
 
 A fast subset of the full validation: six representative runs (v5e FSDP on one slice, v5e over
 DCN, v5e tensor parallelism, v6e on a small slice with the custom remat policy, v6e full remat
@@ -16,8 +16,9 @@ import statistics
 import pytest
 
 from tests.conftest import REFERENCE_DIR
+from validation import maxtext_fit as fit
 from validation import (
-    maxtext,
+    maxtext_predict,
     template,
     xla_dcn_schedule,
     xla_moe_pair,
@@ -40,8 +41,8 @@ REPRESENTATIVE = (
 
 @pytest.fixture(scope="module")
 def vm():
-    """The MaxText validation (validation/maxtext.py)."""
-    return maxtext
+    """The MaxText validation's predictions (validation/maxtext_predict.py)."""
+    return maxtext_predict
 
 
 @pytest.fixture(scope="module")
@@ -342,7 +343,7 @@ def test_each_multi_slice_run_is_paired_with_the_same_run_on_one_slice(vm, loade
     by_id = {c.id: c for c in cases}
 
     def twin(i):
-        t = vm.single_slice_twin(by_id[i], cases)
+        t = fit.single_slice_twin(by_id[i], cases)
         return t.id if t is not None else None
 
     gemma = "tpu-recipes-v6e-gemma3-12b-{}x-v6e-256"
@@ -354,8 +355,8 @@ def test_each_multi_slice_run_is_paired_with_the_same_run_on_one_slice(vm, loade
             == "maxtext-custom-moe-750b-final-cf1.5-v6e-256")
     # No 405B run was measured on one slice: its DCN-fsdp runs have no slowdown to fit.
     assert twin("tpu-recipes-v6e-llama3.1-405b-2x-v6e-256") is None
-    odd = vm.subset_cases(cases, "v6e", "odd")
-    assert [c.id for c, _ in vm.slowdown_pairs(odd, cases)] == [gemma.format(2)]
+    odd = fit.subset_cases(cases, "v6e", "odd")
+    assert [c.id for c, _ in fit.slowdown_pairs(odd, cases)] == [gemma.format(2)]
 
 
 def test_slowdown_error_is_the_log_of_predicted_over_measured_step_ratio(vm, loaded,
@@ -365,11 +366,11 @@ def test_slowdown_error_is_the_log_of_predicted_over_measured_step_ratio(vm, loa
     run = by_id["tpu-recipes-v6e-gemma3-12b-2x-v6e-256"]
     base = by_id["tpu-recipes-v6e-gemma3-12b-1x-v6e-256"]
     steps = {run.id: 7.0, base.id: 6.5}
-    monkeypatch.setattr(vm, "predict", lambda c, chip=None: vm.Prediction(
+    monkeypatch.setattr(fit, "predict", lambda c, chip=None: vm.Prediction(
         case=c, step_s=steps[c.id], fits_in_hbm=True, hbm_peak_gb=0.0))
     expected = math.log((7.0 / 6.5) / (7.793 / 7.318))  # the logged steps (maxtext.md)
-    assert vm.slowdown_error(run, base, None) == pytest.approx(expected, rel=1e-12)
-    assert vm.slowdown_objective([(run, base)] * 2, None) == pytest.approx(abs(expected),
+    assert fit.slowdown_error(run, base, None) == pytest.approx(expected, rel=1e-12)
+    assert fit.slowdown_objective([(run, base)] * 2, None) == pytest.approx(abs(expected),
                                                                           abs=1e-9)
 
 
