@@ -174,8 +174,6 @@ PENDING_FUNCTIONS = {
     "validation/xla_compile.py:lower_moe_train",
     "validation/xla_crosscheck.py:parse_hlo_collectives",
     "validation/xla_memory.py:section",
-    "workloads/memory.py:saved_tensors",
-    "workloads/training/layer.py:attention_backward",
 }
 
 

@@ -160,6 +160,17 @@ def saved_tensors(shape: LayerShapeSpec, *, remat: str, attention: str,
         return (layer_input, *qkv, *proj, hidden, *router)
     if remat != "none":
         raise ValueError(f"unknown remat policy {remat!r}")
+    return _residuals(shape, layer_input, qkv, hidden, router, attention=attention,
+                      act_bytes=act_bytes, stacked=stacked)
+
+
+def _residuals(shape: LayerShapeSpec, layer_input: SavedTensor, qkv: tuple[SavedTensor, ...],
+               hidden: SavedTensor, router: tuple[SavedTensor, ...], *, attention: str,
+               act_bytes: float, stacked: bool) -> tuple[SavedTensor, ...]:
+    """What `saved_tensors` keeps without remat: every tensor the backward reads (with
+    `stacked`, as a scanned layer stack's forward loop writes them out)."""
+    s, a = shape, act_bytes
+    n, r, D = s.rows, s.residual_rows, s.d_model
     out: list[SavedTensor] = [
         layer_input,
         SavedTensor(name="norm_attn_stats", num_elements=r, dtype_bytes=4.0,

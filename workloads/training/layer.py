@@ -689,39 +689,9 @@ class LayerProgram(ProgramBuilder):
         self.mem(dproj, MemoryCategory.TEMPORARIES, -self._sr_held.get("qkv_inputs", 0.0))
         # Q and O (MLA: their widths differ), as the attention's backward reads and writes them.
         qo = n * h_loc * (hd + m.value_head_dim) * a if m.is_mla else 2 * n * h_loc * hd * a
-        datt_m = None
-        if self.cfg.attention == "flash":
-            # Reads Q, O, dO and K, V; writes dQ, dK, dV.
-            datt = self.mm("flash_attention_bwd", att_factor * att_fwd_flops, 0.0,
-                           2 * qo + 2 * kv2, 0.0, [dproj, *after2], layer,
-                           "bwd", narrow_dim=hd,
-                           q=Q("attention", act=qo / a + kv2 / a, sr=n * h_loc * hv,
-                               out=n * h_loc * hd + kv2 / a, k=hd) if m.is_mla else
-                           Q("attention", act=2 * n * h_loc * hd + 2 * kv_bytes / a,
-                             sr=n * h_loc * hd, out=n * h_loc * hd + 2 * kv_bytes / a, k=hd))
-        else:
-            scores = n * d.ctx * h_loc
-            datt_m = self.mm("attn_bwd", att_factor * att_fwd_flops, 0.0,
-                             3 * scores * a + kv2,
-                             qo + kv2, [dproj, *after2], layer,
-                             "bwd", narrow_dim=hd,
-                             q=Q("attention", act=scores + qo / a + kv2 / a,
-                                 sr=n * h_loc * hv + scores,
-                                 out=n * h_loc * hd + kv2 / a + scores, k=hd) if m.is_mla else
-                             Q("attention", act=scores + n * h_loc * hd + 2 * kv_bytes / a,
-                               sr=n * h_loc * hd + scores,
-                               out=n * h_loc * hd + 2 * kv_bytes / a + scores, k=hd))
-            datt = self.vpu("softmax_bwd", 6 * scores, 3 * scores * a, [datt_m], layer, "bwd")
-            # The bf16 score-sized buffers live at the score gradient, from the probability
-            # gradient's matmul until the dQ and dK matmuls have read the score gradient; one
-            # of them (the probabilities, or the recomputed scores they stand for) is already
-            # counted as saved or recomputed.
-            extra = (attention_backward_score_buffers(
-                remat=self.cfg.remat_plan.rule, score_grad_fusion=self.cfg.score_grad_fusion,
-                bwd_probs_buffer=self.cfg.bwd_probs_buffer) - 1) * scores * a
-            self.mem(dproj, MemoryCategory.TEMPORARIES, extra - self.bwd_probs_bytes)
-            self.mem(datt, MemoryCategory.TEMPORARIES, -extra)
-            self.bwd_probs_bytes = 0.0
+        datt, datt_m = self.scores_backward(layer, [dproj, *after2], dproj, qo=qo, kv2=kv2,
+                                            kv_bytes=kv_bytes,
+                                            fwd_flops=att_factor * att_fwd_flops)
         if m.is_mla:
             rd = m.qk_rope_head_dim
             rope = self.vpu("rotary_bwd", 6 * n * (h_loc + 1) * rd,
@@ -748,3 +718,48 @@ class LayerProgram(ProgramBuilder):
         out = self.vpu("norm_attn_bwd", 10 * r * D, 4 * r * D * a,
                        att_exit + [dact, dmlp_w, dproj_w], layer, "bwd")
         return self.mtp_backward(layer, out) if self.is_mtp_layer(layer) else out
+
+
+    def scores_backward(self, layer, deps: list, dproj, *, qo: float, kv2: float,
+                        kv_bytes: float, fwd_flops: float):
+        """The attention's own backward (flash, or dot with its softmax and the score-sized
+        buffers' HBM events) after `deps`, with `fwd_flops` its matmuls' FLOPs: (the op the
+        rotary backward waits for, dot attention's matmul or None)."""
+        m, d, a = self.m, self.d, self.act
+        n, hd = d.n, m.head_dim
+        h_loc = m.num_heads / d.tp
+        hv = m.value_head_dim
+        datt_m = None
+        if self.cfg.attention == "flash":
+            # Reads Q, O, dO and K, V; writes dQ, dK, dV.
+            datt = self.mm("flash_attention_bwd", fwd_flops, 0.0,
+                           2 * qo + 2 * kv2, 0.0, deps, layer,
+                           "bwd", narrow_dim=hd,
+                           q=Q("attention", act=qo / a + kv2 / a, sr=n * h_loc * hv,
+                               out=n * h_loc * hd + kv2 / a, k=hd) if m.is_mla else
+                           Q("attention", act=2 * n * h_loc * hd + 2 * kv_bytes / a,
+                             sr=n * h_loc * hd, out=n * h_loc * hd + 2 * kv_bytes / a, k=hd))
+        else:
+            scores = n * d.ctx * h_loc
+            datt_m = self.mm("attn_bwd", fwd_flops, 0.0,
+                             3 * scores * a + kv2,
+                             qo + kv2, deps, layer,
+                             "bwd", narrow_dim=hd,
+                             q=Q("attention", act=scores + qo / a + kv2 / a,
+                                 sr=n * h_loc * hv + scores,
+                                 out=n * h_loc * hd + kv2 / a + scores, k=hd) if m.is_mla else
+                             Q("attention", act=scores + n * h_loc * hd + 2 * kv_bytes / a,
+                               sr=n * h_loc * hd + scores,
+                               out=n * h_loc * hd + 2 * kv_bytes / a + scores, k=hd))
+            datt = self.vpu("softmax_bwd", 6 * scores, 3 * scores * a, [datt_m], layer, "bwd")
+            # The bf16 score-sized buffers live at the score gradient, from the probability
+            # gradient's matmul until the dQ and dK matmuls have read the score gradient; one
+            # of them (the probabilities, or the recomputed scores they stand for) is already
+            # counted as saved or recomputed.
+            extra = (attention_backward_score_buffers(
+                remat=self.cfg.remat_plan.rule, score_grad_fusion=self.cfg.score_grad_fusion,
+                bwd_probs_buffer=self.cfg.bwd_probs_buffer) - 1) * scores * a
+            self.mem(dproj, MemoryCategory.TEMPORARIES, extra - self.bwd_probs_bytes)
+            self.mem(datt, MemoryCategory.TEMPORARIES, -extra)
+            self.bwd_probs_bytes = 0.0
+        return datt, datt_m
