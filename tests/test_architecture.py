@@ -161,7 +161,6 @@ PENDING_MODULES = {
     "sim/runs/requests.py",
     "sim/vector_engine.py",
     "validation/xla_crosscheck.py",
-    "validation/xla_memory.py",
 }
 PENDING_FUNCTIONS = {
     "sim/chip_engine.py:run_classes",
@@ -173,7 +172,6 @@ PENDING_FUNCTIONS = {
     "sim/vector_engine.py:run_vectors",
     "validation/xla_compile.py:lower_moe_train",
     "validation/xla_crosscheck.py:parse_hlo_collectives",
-    "validation/xla_memory.py:section",
 }
 
 

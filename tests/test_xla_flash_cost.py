@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from validation import xla_compile, xla_flash_cost, xla_memory
+from validation import xla_compile, xla_flash_cost, xla_memory_programs
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +89,7 @@ def test_only_the_flash_forward_declares_a_cost_and_it_counts_every_score(fc):
 @pytest.mark.parametrize("name", ["v6e_fsdp_tp_full_s2048_splash",
                                   "v5e_fsdp_full_s2048_b1_splash"])
 def test_flash_attention_peaks_are_within_ten_percent_of_the_compiled_splash_programs(name):
-    mem = xla_memory
+    mem = xla_memory_programs
     cache = json.loads(mem.CACHE.read_text())
     assert mem.CONFIGS[name]["attention"] == "splash"
     err = mem.tpusim_peak(name, cache[name])["peak_bytes"] / mem.xla_hbm_peak(cache[name]) - 1

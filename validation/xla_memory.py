@@ -32,403 +32,31 @@ XLA worker (`--worker NAME`, run under the jax python: a venv with `pip install 
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import statistics
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
-from topologies.mesh import parse_mesh
-from validation import xla_compile, xla_flash_cost, xla_live_ranges
-from workloads.training import XLA_MAX_WINDOWED_RING, Remat, TrainingConfig, compile_training_step
-from workloads.zoo import model_from_dict
-
-REPO = xla_compile.REPO
-CACHE = xla_compile.RESULTS / "xla_memory.json"
-DOC = REPO / "docs" / "validation.md"
-MARKER = "<!-- peak-hbm -->"
-
-# A LLaMA-style decoder small enough to compile in tens of seconds: d_model 2048, 16 heads of
-# 128 (8 KV heads), SwiGLU d_ff 8192, vocab 32768, untied embeddings.
-DIMS = xla_compile.SMALL
-LAYERS = 4
-# The splash kernel's block sizes (every one of block_q, block_kv, block_kv_compute and the
-# backward's): MaxText's default sa_block_* (base.yml).
-FLASH_BLOCK = 512
-
-
-def tpusim_model(layers: int = LAYERS, dims: str = "SMALL") -> dict:
-    """The same decoder as a tpusim model (`dims`: the `xla_compile` widths, SMALL or WIDE)."""
-    return xla_compile.tpusim_model_dict(getattr(xla_compile, dims), layers, "xla-memory")
-
-
-# Physical topology, tpusim pod flags, per chip generation (and the large pods whose FSDP
-# groups are longer than XLA's windowed rings).
-CHIPS = {
-    "v5e": ("v5e:4x4", ["--chip", "v5e", "--shape", "4x4"]),
-    "v6e": ("v6e:4x4", ["--chip", "v6e", "--shape", "4x4"]),
-    "v5p": ("v5p:2x2x4", ["--chip", "v5p", "--shape", "2x2x4"]),
-    "v5p64": ("v5p:4x4x4", ["--chip", "v5p", "--shape", "4x4x4"]),
-    "v6e256": ("v6e:16x16", ["--chip", "v6e", "--shape", "16x16"]),
-    "v5e64": ("v5e:8x8", ["--chip", "v5e", "--shape", "8x8"]),
-}
-MESHES = {
-    "fsdp": {"fsdp": 16},
-    "fsdp_tp": {"fsdp": 4, "tensor": 4},
-    "data_fsdp": {"data": 2, "fsdp": 8},
-    "fsdp64": {"fsdp": 64},
-    "fsdp256": {"fsdp": 256},
-    "fsdp_tp8": {"fsdp": 8, "tensor": 8},
-}
-
-
-def _configs() -> dict[str, dict]:
-    out = {}
-
-    def add(chip, mesh, remat, seq=2048, batch=2, tp_act="replicated", f32_params=False,
-            layers=LAYERS, dims="SMALL", attention="dot"):
-        # The batch per chip is named when it is not the sequence length's usual one (2 at
-        # seq 2048, 1 at seq 4096: 4096 tokens per chip), the layers when not `LAYERS`, the
-        # widths when not `DIMS`.
-        name = (f"{chip}_{mesh}_{remat}_s{seq}" + ("_tpsharded" if tp_act == "sharded" else "")
-                + ("" if seq * batch == 4096 else f"_b{batch}")
-                + ("_f32params" if f32_params else "")
-                + ("" if layers == LAYERS else f"_l{layers}")
-                + ("" if dims == "SMALL" else f"_{dims.lower()}")
-                + ("" if attention == "dot" else f"_{attention}"))
-        out[name] = dict(chip=chip, mesh=mesh, remat=remat, seq=seq, batch_per_chip=batch,
-                         tp_activations=tp_act, f32_params=f32_params, layers=layers,
-                         dims=dims, attention=attention)
-
-    for chip in ("v5e", "v6e", "v5p"):
-        for mesh in ("fsdp", "fsdp_tp", "data_fsdp"):
-            for remat in ("none", "full"):
-                add(chip, mesh, remat)
-    for mesh in ("fsdp", "fsdp_tp", "data_fsdp"):
-        add("v5e", mesh, "minimal")
-    for chip in ("v6e", "v5p"):
-        add(chip, "fsdp", "minimal")
-    # v6e's fused scores (one f32 buffer instead of two) checked on a second v6e mesh.
-    add("v6e", "data_fsdp", "minimal")
-    for chip, mesh in (("v5e", "fsdp"), ("v5p", "fsdp_tp"), ("v6e", "fsdp")):
-        add(chip, mesh, "offload")
-    for remat in ("none", "full", "minimal"):
-        add("v5e", "fsdp", remat, seq=4096, batch=1)
-        add("v5p", "fsdp_tp", remat, seq=4096, batch=1)
-    for remat in ("none", "full"):
-        add("v5e", "fsdp_tp", remat, tp_act="sharded")
-    # What makes v5e keep bf16 scores and the f32 logits at seq 4096 (one sequence per chip,
-    # or the size of the scores): one sequence per chip at seq 2048, two at seq 4096; then the
-    # rule (one sequence per chip) checked on another mesh, `offload`, and the other chips.
-    add("v5e", "fsdp", "minimal", seq=2048, batch=1)
-    add("v5e", "fsdp", "minimal", seq=4096, batch=2)
-    add("v5e", "data_fsdp", "minimal", seq=4096, batch=1)
-    add("v5e", "fsdp", "offload", seq=4096, batch=1)
-    add("v5p", "fsdp", "minimal", seq=2048, batch=1)
-    add("v6e", "fsdp", "minimal", seq=2048, batch=1)
-    # Held out (compiled after the rules were written): `full` with one sequence per chip on
-    # each chip, and one sequence per chip on fsdp=4 x tensor=4 (4 sequences over fsdp).
-    for chip in ("v5e", "v5p", "v6e"):
-        add(chip, "fsdp", "full", seq=2048, batch=1)
-    add("v5e", "fsdp_tp", "minimal", seq=4096, batch=0.25)
-    # f32 master weights cast to bf16 in each layer (MaxText's weight_dtype=float32,
-    # dtype=bfloat16; tpusim --param-dtype fp32 --gather-dtype bf16).
-    for chip in ("v5e", "v6e"):
-        add(chip, "fsdp", "full", f32_params=True)
-    # Checks of v6e keeping the logit gradients through the backward loop (read off the f32
-    # `full` row), compiled before the rule was coded (tpusim's peaks without it written
-    # down first, 2.090 and 0.995 GB): f32 weights under another remat, and `offload` with
-    # one sequence per chip.
-    add("v6e", "fsdp", "minimal", f32_params=True)
-    add("v6e", "fsdp", "offload", seq=2048, batch=1)
-    # FSDP groups longer than XLA's windowed rings (`XLA_MAX_WINDOWED_RING`, 32 chips): every
-    # weight gathered plain and every weight gradient all-reduced whole (2 layers, to compile
-    # in minutes on 64 and 256 chips).
-    for chip, mesh in (("v5p64", "fsdp64"), ("v6e256", "fsdp256")):
-        for remat in ("none", "full"):
-            add(chip, mesh, remat, layers=2)
-    # Held out (compiled after the whole-gradient rule was coded, tpusim's peaks written down
-    # first): `minimal` on both, and v5e 8x8 at fsdp=64 (async gathers).
-    for chip, mesh in (("v5p64", "fsdp64"), ("v6e256", "fsdp256")):
-        add(chip, mesh, "minimal", layers=2)
-    for remat in ("full", "minimal"):
-        add("v5e64", "fsdp64", remat, layers=2)
-    # The whole gradients at LLaMA-3-70B widths (1.7 GB a layer), also held out.
-    add("v6e256", "fsdp256", "full", layers=2, dims="WIDE")
-    # Held out for the size rule (written down first): LLaMA-3-8B widths, whose 112 MiB MLP
-    # gradients tpusim all-reduces alone and whose 32 and 8 MiB attention ones it holds.
-    add("v6e256", "fsdp256", "full", layers=2, dims="LLAMA3_8B")
-    # Flash attention (issue 11): the same decoder with jax's Pallas splash-attention kernel
-    # (MaxText's) in place of dot attention, blocks of `FLASH_BLOCK` queries and keys, on
-    # each chip, fsdp and fsdp x tensor, remat full, minimal and none.
-    for chip in ("v5e", "v6e", "v5p"):
-        for mesh in ("fsdp", "fsdp_tp"):
-            for remat in ("none", "full"):
-                add(chip, mesh, remat, attention="splash")
-    for chip in ("v5e", "v6e", "v5p"):
-        add(chip, "fsdp", "minimal", attention="splash")
-    add("v5e", "fsdp", "full", seq=4096, batch=1, attention="splash")
-    # Compiled after the v6e fsdp x tensor `full` row showed its logits freed before the
-    # backward loop (tpusim's peak for it written down first): the same under `minimal`.
-    add("v6e", "fsdp_tp", "minimal", attention="splash")
-    # After the v5e one-sequence row at seq 4096 (-21.0%): one sequence per chip at 2048.
-    add("v5e", "fsdp", "full", seq=2048, batch=1, attention="splash")
-    # Saved activations under tensor=8 (issue 29): fsdp=8 x tensor=8 on a 4x4x4 v5p, the
-    # residual stream sharded over `tensor` (MaxText), 8 layers so the saved stacks dominate,
-    # under `minimal` and MaxText's named policies (jax.checkpoint with the policy MaxText
-    # uses, xla_compile.MAXTEXT_NAMED); tpusim's peaks written down before the compiles.
-    for remat in ("minimal", "save_dot_except_mlpwi", "save_qkv_proj",
-                  "save_dot_with_context_except_mlp", "full"):
-        add("v5p64", "fsdp_tp8", remat, batch=0.5, tp_act="sharded", layers=8)
-    return out
-
-
-CONFIGS = _configs()
-
-# The other kinds of program (issue 11: MoE and decode), as validation/xla_crosscheck.py
-# compiles them: the MaxText-style dropping MoE training step on fsdp=4 x expert=4 v6e (with
-# Adam here, like the dense rows, and without the final norm the crosscheck's program has
-# since gained: a [tokens, d_model] buffer) and a one-token decode step of a
-# 2-layer LLaMA-3-8B on tensor=8 v5e against a 2048-token KV cache (heads over `tensor`,
-# argmax of the bf16 logits: tpusim's `--sampling greedy`).
-OTHER = {
-    "moe_v6e_fsdp_expert_full_s2048": dict(
-        mode="moe_train", topology="v6e:4x4", pod=["--chip", "v6e", "--shape", "4x4"],
-        mesh={"fsdp": 4, "expert": 4}, seq=2048, batch_per_chip=1, layers=2, remat="full",
-        moe=dict(d_model=1024, d_ff=2048, num_experts=8, top_k=2, capacity_factor=1.25,
-                 num_heads=8, head_dim=128, vocab_size=4096, router="maxtext")),
-    # The same step with the final norm (as tpusim's models have it), whose replicated scale
-    # gradient XLA all-reduces together with the loss value (the one-sequence logits rule).
-    "moe_v6e_fsdp_expert_full_s2048_norm": dict(
-        mode="moe_train", topology="v6e:4x4", pod=["--chip", "v6e", "--shape", "4x4"],
-        mesh={"fsdp": 4, "expert": 4}, seq=2048, batch_per_chip=1, layers=2, remat="full",
-        final_norm=True,
-        moe=dict(d_model=1024, d_ff=2048, num_experts=8, top_k=2, capacity_factor=1.25,
-                 num_heads=8, head_dim=128, vocab_size=4096, router="maxtext")),
-    "decode_v5e_tp8_kv2048": dict(
-        mode="decode", topology="v5e:2x4", pod=["--chip", "v5e", "--shape", "2x4"],
-        mesh={"tensor": 8}, batch=8, kv_len=2048, layers=2, dims=xla_compile.LLAMA3_8B),
-}
-ALL = [*CONFIGS, *OTHER]
-
-
-# --------------------------------------------------------------------------------------------
-# XLA worker (runs under the jax python)
-# --------------------------------------------------------------------------------------------
-
-def _other_worker(name: str) -> dict:
-    cfg = OTHER[name]
-    mesh, devices = xla_compile.build_mesh(cfg["topology"], cfg["mesh"])
-    if cfg["mode"] == "moe_train":
-        lowered = xla_compile.lower_moe_train(mesh, seq=cfg["seq"], num_layers=cfg["layers"],
-                                              optimizer="adam",
-                                              final_norm=cfg.get("final_norm", False), **cfg["moe"])
-    else:
-        model = xla_compile.Decoder(mesh, cfg["dims"])
-        lowered = model.lower_decode(cfg["layers"], cfg["batch"], cfg["kv_len"])
-    compiled = lowered.compile()
-    return {"config": name, "num_chips": int(devices.size), **xla_compile.memory_stats(compiled),
-            **xla_compile.cost_stats(compiled), **gather_forms(compiled.as_text())}
-
-
-def _worker(name: str, dump: str | None) -> None:
-    """Compile one program; besides `memory_analysis()` it records `hbm_peak_bytes`, the HBM
-    peak of XLA's buffer assignment (`xla_live_ranges.hbm_peak` of the dump, written to a
-    temporary directory when `dump` is None)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        dump = dump or tmp
-        xla_compile.init_jax(dump)
-        result = _other_worker(name) if name in OTHER else _dense_worker(name)
-
-        xla_compile.emit({**result, "hbm_peak_bytes": int(xla_live_ranges.hbm_peak(Path(dump)))})
-
-
-def _dense_worker(name: str) -> dict:
-    # jax is optional: imported only where a program is compiled (the jax[tpu] python).
-    import jax.numpy as jnp
-    from jax.sharding import PartitionSpec as P
-
-    cfg = CONFIGS[name]
-    # The devices in topology order, reshaped: data outermost, tensor innermost.
-    mesh, devices = xla_compile.build_mesh(CHIPS[cfg["chip"]][0], MESHES[cfg["mesh"]],
-                                           placement="topology")
-    n_chips = devices.size
-    tp = "tensor" if "tensor" in mesh.axis_names else None
-    bs = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names)
-    bs = bs[0] if len(bs) == 1 else bs
-    # Residual stream between sublayers: replicated over `tensor` (Megatron; tpusim
-    # --tp-activations replicated) or its sequence dim split over `tensor` (sharded).
-    seq_ax = tp if cfg["tp_activations"] == "sharded" else None
-    remat = cfg["remat"]
-    # The weight matmuls' outputs are named for `offload` (MaxText's checkpoint_name tags); the
-    # other policies leave the traced program as it was.
-    if remat not in ("none", "full", "minimal"):
-        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
-        from jax.ad_checkpoint import checkpoint_name as tag
-    else:
-        tag = xla_compile._identity_tag
-    model = xla_compile.Decoder(mesh, getattr(xla_compile, cfg.get("dims", "SMALL")),
-                                act_spec=P(bs, seq_ax, None), tag=tag,
-                                param_dtype="float32" if cfg.get("f32_params") else "bfloat16",
-                                attention=cfg.get("attention", "dot"), flash_block=FLASH_BLOCK)
-    # The layers' weights stacked on a leading layer axis and scanned, as MaxText does
-    # (scan_layers): one loop body, saved activations stacked per layer.
-    params = model.params(cfg.get("layers", LAYERS), stacked=True)
-    batch = int(round(cfg["batch_per_chip"] * n_chips))
-    tokens = model.sds((batch, cfg["seq"]), P(bs, None), jnp.int32)
-    compiled = model.lower_train(params, tokens, remat=remat, scan=True).compile()
-    return {"config": name, "num_chips": int(n_chips), **xla_compile.memory_stats(compiled),
-            **xla_compile.cost_stats(compiled), **gather_forms(compiled.as_text())}
-
-
-def xla_hbm_peak(x: dict) -> float:
-    """XLA's HBM peak of a cached program: `hbm_peak_bytes` (its buffer assignment), or
-    `memory_analysis()`'s peak for a program compiled before that field existed (equal to it
-    on every dense training program)."""
-    return float(x.get("hbm_peak_bytes", x["peak_bytes"]))
-
-
-def backfill_from_dumps(cache: dict, dirs: list[str]) -> list[str]:
-    """Set `hbm_peak_bytes` of the cached programs that lack it from earlier dumps
-    (DIR/PROGRAM, as `--dump DIR` writes them); the names filled."""
-    done = []
-    for name, x in sorted(cache.items()):
-        if "hbm_peak_bytes" in x:
-            continue
-        for d in dirs:
-            if list(Path(d, name).glob("*after_optimizations-live-range.txt")):
-                x["hbm_peak_bytes"] = int(xla_live_ranges.hbm_peak(Path(d, name)))
-                done.append(name)
-                break
-    return done
-
-
-def gather_forms(hlo: str) -> dict:
-    """How the optimized program gathers weights: windowed-einsum loops (collective matmuls),
-    async and blocking all-gathers (counted once per HLO instruction, not per trip); and how
-    it reduces gradients: reduce-scatters (plain, TPU all-reduce-scatter fusions, windowed
-    loops) and synchronous all-reduces (no start/done pair)."""
-    return {"windowed_ag_loops": len(re.findall(r"body=%[\w.]*windowed_dot_general_body_ag", hlo)),
-            "reduce_scatters": len(re.findall(r"\breduce-scatter\(", hlo))
-            + len(re.findall(r"calls=%all-reduce-scatter", hlo))
-            + len(re.findall(r"body=%[\w.]*windowed_dot_general_body_rs", hlo)),
-            "sync_all_reduces": len(re.findall(r"\ball-reduce\(", hlo)),
-            # TPU wraps async collectives in "async collective fusions".
-            "async_all_gathers": len(re.findall(r"\ball-gather-start\(", hlo))
-            + len(re.findall(r"= \S+ fusion\([^\n]*async_collective_fusion", hlo))
-            + len(re.findall(r"\basync-collective-start", hlo)),
-            "all_gathers": len(re.findall(r"\ball-gather\(", hlo))}
-
-
-def fsdp_gather_flag(xla: dict) -> str:
-    """tpusim's --fsdp-gather for the form XLA chose: `windowed` when it turned weight gathers
-    into collective-matmul loops, else `async` (start/done pairs) or `blocking`."""
-    if xla.get("windowed_ag_loops"):
-        return "windowed"
-    return "async" if xla.get("async_all_gathers") else "blocking"
-
-
-def fsdp_grad_flag(name: str, xla: dict) -> str:
-    """tpusim's --fsdp-grad for a dense program: `all-reduce` when its FSDP group is longer
-    than XLA's windowed rings (`XLA_MAX_WINDOWED_RING`), where XLA reduces every weight
-    gradient by a synchronous all-reduce of the whole gradient, else `reduce-scatter`. A
-    compile that read otherwise (a reduce-scatter in such a program) is an error: the rule
-    would not hold."""
-    if MESHES[CONFIGS[name]["mesh"]].get("fsdp", 1) <= XLA_MAX_WINDOWED_RING:
-        return "reduce-scatter"
-    if xla.get("reduce_scatters", 0):
-        raise RuntimeError(f"{name}: XLA reduce-scatters {xla['reduce_scatters']} gradients "
-                           f"over more than {XLA_MAX_WINDOWED_RING} chips; the all-reduce rule "
-                           f"does not hold there")
-    return "all-reduce"
-
-
-# --------------------------------------------------------------------------------------------
-# tpusim side and the table (runs under the project python)
-# --------------------------------------------------------------------------------------------
-
-def tpusim_other_peak(name: str, xla: dict) -> dict:
-    """`tpusim train` (MoE) or `tpusim decode` with the program's model, mesh and batch."""
-    cfg = OTHER[name]
-    mesh = ",".join(f"{k}={v}" for k, v in cfg["mesh"].items())
-    with tempfile.TemporaryDirectory() as tmp:
-        model = Path(tmp, "model.yaml")
-        if cfg["mode"] == "moe_train":
-            m = cfg["moe"]
-            model.write_text(xla_compile.tpusim_model_yaml(xla_compile.tpusim_model_dict(
-                dict(d_model=m["d_model"], num_heads=m["num_heads"],
-                     num_kv_heads=m["num_heads"], head_dim=m["head_dim"], d_ff=m["d_ff"],
-                     vocab_size=m["vocab_size"], num_experts=m["num_experts"],
-                     experts_per_token=m["top_k"], moe_d_ff=m["d_ff"]),
-                cfg["layers"], name)))
-            cmd = [sys.executable, "-m", "sim", "train", *cfg["pod"], "--model", str(model),
-                   "--seq-len", str(cfg["seq"]), "--batch-per-chip", str(cfg["batch_per_chip"]),
-                   "--mesh", mesh, "--remat", cfg["remat"], "--attention", "dot",
-                   "--capacity-factor", str(m["capacity_factor"]),
-                   "--fsdp-gather", fsdp_gather_flag(xla), "--json"]
-        else:
-            model.write_text(xla_compile.tpusim_model_yaml(xla_compile.tpusim_model_dict(
-                cfg["dims"], cfg["layers"], name)))
-            cmd = [sys.executable, "-m", "sim", "decode", *cfg["pod"], "--model", str(model),
-                   "--batch", str(cfg["batch"]), "--context-len", str(cfg["kv_len"]),
-                   "--mesh", mesh, "--sampling", "greedy", "--json"]
-        r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"tpusim failed: {' '.join(cmd)}\n{r.stderr}")
-    j = json.loads(r.stdout)
-    return {"peak_bytes": j["hbm_peak_bytes"], "breakdown": j.get("hbm_peak_breakdown", {}),
-            "host_bytes": 0.0}
-
-
-def tpusim_peak(name: str, xla: dict) -> dict:
-    if name in OTHER:
-        return tpusim_other_peak(name, xla)
-    cfg = CONFIGS[name]
-    with tempfile.TemporaryDirectory() as tmp:
-        model = Path(tmp, "model.yaml")
-        model.write_text(xla_compile.tpusim_model_yaml(tpusim_model(cfg.get("layers", LAYERS),
-                                                        cfg.get("dims", "SMALL"))))
-        mesh = ",".join(f"{k}={v}" for k, v in MESHES[cfg["mesh"]].items())
-        cmd = [sys.executable, "-m", "sim", "train", *CHIPS[cfg["chip"]][1],
-               "--model", str(model), "--seq-len", str(cfg["seq"]),
-               "--batch-per-chip", str(cfg["batch_per_chip"]), "--mesh", mesh,
-               "--remat", cfg["remat"],
-               "--attention", "flash" if cfg.get("attention") == "splash" else "dot",
-               "--tp-activations", cfg["tp_activations"],
-               *(["--param-dtype", "fp32", "--gather-dtype", "bf16"]
-                 if cfg.get("f32_params") else []),
-               "--fsdp-gather", fsdp_gather_flag(xla),
-               "--fsdp-grad", fsdp_grad_flag(name, xla), "--json"]
-        r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"tpusim train failed: {' '.join(cmd)}\n{r.stderr}")
-    j = json.loads(r.stdout)
-    return {"peak_bytes": j["hbm_peak_bytes"], "breakdown": j.get("hbm_peak_breakdown", {}),
-            "host_bytes": tpusim_host_bytes(name) if cfg["remat"] == "offload" else 0.0}
-
-
-def tpusim_host_bytes(name: str) -> float:
-    """What tpusim's `offload` keeps in host memory by the end of the forward: every layer's
-    offloaded set (the PCIe bytes of its `offload_activations` ops)."""
-    cfg = CONFIGS[name]
-    model = model_from_dict(tpusim_model(cfg.get("layers", LAYERS), cfg.get("dims", "SMALL")))
-    axes = MESHES[cfg["mesh"]]
-    mesh = parse_mesh(",".join(f"{k}={v}" for k, v in axes.items()))
-    n_chips = 1
-    for v in axes.values():
-        n_chips *= v
-    tc = TrainingConfig(seq_len=cfg["seq"], batch_per_chip=cfg["batch_per_chip"],
-                        remat=Remat(cfg["remat"]), attention="dot",
-                        tp_activations=cfg["tp_activations"])
-    trace = compile_training_step(model, mesh, n_chips, tc)
-    return sum(op.bytes for op in trace.ops if op.name == "offload_activations")
-
-
-def run_xla(name: str, jax_python: str, dump: str | None) -> dict:
-    return xla_compile.run_worker("validation.xla_memory", name, jax_python,
-                                  ["--dump", str(Path(dump, name))] if dump else [])
+from validation import xla_compile, xla_flash_cost
+from validation.xla_memory_programs import (
+    ALL,
+    CACHE,
+    CHIPS,
+    CONFIGS,
+    DIMS,
+    DOC,
+    FLASH_BLOCK,
+    LAYERS,
+    MARKER,
+    MESHES,
+    OTHER,
+    REPO,
+    backfill_from_dumps,
+    fsdp_gather_flag,
+    fsdp_grad_flag,
+    run_xla,
+    tpusim_peak,
+    worker,
+    xla_hbm_peak,
+)
 
 
 def describe(name: str) -> str:
@@ -492,18 +120,214 @@ def table(cache: dict) -> tuple[str, dict[str, float]]:
     return "\n".join(head + rows), errs
 
 
+# The section's prose: what remat `offload` is on both sides.
+_OFFLOAD_NOTE = (
+    "Remat `offload` is `jax.checkpoint` with `save_and_offload_only_these_names` "
+    "(MaxText's `minimal_offloaded`: the weight matmuls' outputs, tagged with "
+    "`checkpoint_name` as MaxText tags them, go to `pinned_host`; nothing else is saved, "
+    "so the scan keeps only the layer input in HBM), the same split as tpusim's "
+    "`--remat offload` (docs/model.md \"Memory\"); its last column compares XLA's "
+    "`host_temp_size_in_bytes` with every layer's offloaded set in tpusim."
+)
+# How each memory rule was read off the compiled programs, and what is left.
+_RULES_NOTE = (
+    "How the rules were read off these programs (`--dump DIR` keeps XLA's buffer "
+    "assignment and live ranges; HBM occupancy over the schedule is the sum of the "
+    "values live at each point, host (`S(5)`) buffers left out, which XLA's own peak "
+    "listing in `*live-range.txt` mixes in): the saved stacks are allocated before the "
+    "forward loop and die after the backward loop (v5e fsdp `minimal`; the same "
+    "loop-carried stacks in the others); `minimal` keeps no MLP output projection (v5e "
+    "fsdp `minimal`, checked on v6e and v5p). The forward's f32 scores are a buffer of "
+    "their own, next to the f32 exponentials, in the v5e and v5p programs whose mesh "
+    "has one sharded axis (fsdp `minimal`, `offload`, `none`); v6e (every program) and "
+    "v5e and v5p on a mesh of two axes fuse the score matmul with the exponentials (one "
+    "f32 buffer: the data x fsdp and fsdp x tensor `minimal` rows) as long as the "
+    "f32 scores take at most 512 MiB per chip: the v5p fsdp x tensor programs at seq "
+    "4096 (1 GiB) do not. With one sequence per chip (batch/chip 1 at seq 4096, and the "
+    "`b1` rows) every chip keeps the score matmul's bf16 output and exponentiates it in "
+    "the value matmul's fusion: the forward holds only bf16 scores (v5e fsdp `minimal` "
+    "at seq 2048 and 4096 against the same programs with two sequences, whose f32 "
+    "scores take up to 2 GiB: the size does not decide it; checked on every other "
+    "one-sequence row), and the logits matmul writes bf16 logits whose f32 copy only the "
+    "loss value's target-logit gather reads; v5e schedules that gather, with the loss "
+    "sum whose all-reduce XLA combines with the final norm's gradient, after the "
+    "backward loop, so the f32 logits live through it (every one-sequence v5e row "
+    "without a tensor axis; v5p and v6e `b1`, the MoE step with and without its final "
+    "norm, and v5e fsdp x tensor `b0.25`, whose target logits are all-reduced over "
+    "`tensor` with the log-sum-exp, gather at the loss). The three one-sequence `full` "
+    "rows were compiled after these rules as held-out checks (tpusim's peaks, written "
+    "down before the compiles, 1.045, 0.877 and 0.812 GB for v5e, v5p and v6e: -1.5%, "
+    "-5.3%, -4.0%); so was the fsdp x tensor `b0.25` row, which was +8.8% until it "
+    "added the `tensor` condition. Windowed programs still "
+    "gather each weight whole in their backward (v5e, v6e, v5p fsdp `full`), and the "
+    "MLP's matrices die with its weight-gradient matmul. The fsdp x tensor programs "
+    "with activations replicated over `tensor` keep the bf16 logits and the final "
+    "norm's output through the backward loop under `full`, `minimal` and `offload`, "
+    "whatever the gather form (v5p `full`; checked on v5p `offload` and v5e "
+    "`minimal`). A windowed MLP's gate/up output buffers are allocated at the start of "
+    "the layer (v5e `minimal`; checked on the other windowed rows). A recomputing "
+    "backward copies the layer's stack entries out of the stacks (every `minimal` "
+    "program; checked on v5p `full` and `offload`). Under `offload` a layer's offloaded "
+    "tensors stay in HBM until their copies to host complete, in the next layer's "
+    "forward (v5e fsdp `offload`, whose peak is that next softmax; the v5p and v6e "
+    "`offload` programs carry the same buffers). Each rule was fitted on the rows "
+    "named and the other rows are its check. The host-memory column matches exactly in "
+    "every `offload` program. "
+    "The backward loop of every `offload` program (all five) carries one HBM buffer per "
+    "offloaded tensor: a layer's fetch (an async dynamic-slice out of the host stack) "
+    "writes into the buffer the layer above read, so it starts after that layer's last "
+    "reader of the tensor, and every fetch completes at the end of the loop body, the "
+    "layer above's backward; the top layer's is copied back right after the forward loop "
+    "into the buffers its copy to host has just released. tpusim allocates each fetched "
+    "set at that end, in program order, whenever the PCIe copy lands (until 2026-12-01 "
+    "it counted it from the copy's end, so the v6e fsdp two-sequence row moved from "
+    "-9.8% to -19.1% when the windowed backward got faster and outran the PCIe copies). "
+    "Where between those bounds each copy starts is the scheduler's choice and differs "
+    "by chip: v6e starts the gate/up copies right after the recomputation that reads "
+    "the layer's own (both rows), v5p the gate/up and output-projection copies after "
+    "the MLP's backward, v5e the q, k, v copies before the attention's backward and the "
+    "gate/up ones after it; tpusim counts none of them at the layer above's score "
+    "gradient (v6e: 128 MiB of XLA's peak with two sequences per chip, 64 MiB with "
+    "one; v5e seq 4096: 32 MiB). "
+    "A layer's backward holds, at its score gradient, 2 (v5e), 3 (v6e; v5p under "
+    "`full`) or 4 (v5p under `minimal` and `offload`) bf16 score-sized buffers (the "
+    "recomputed scores, the probability gradient, the score gradient, v5p's "
+    "probabilities), 3 under `none` (v5p fsdp x tensor `minimal` at seq 4096, whose "
+    "peak this is, and v6e fsdp `offload`; checked on every other program's live "
+    "ranges), and under `full` and `minimal` the MLP's recomputed tensors are dead by "
+    "then (v6e `full` and `minimal`, the data x fsdp programs), except in v5e's "
+    "windowed programs, whose MLP weight-gradient rings come after the attention's "
+    "backward (its gate, up and gated product live at the score gradient of every "
+    "windowed v5e `full` and `minimal` row: read off six, held out on the `full` `b1` "
+    "row). A recomputation "
+    "writes its scores in bf16 (no backward holds an f32 score buffer; v5p adds the "
+    "probabilities until the value-gradient matmul), a `full` forward fuses the score "
+    "matmul with the exponentials on every mesh within 512 MiB and its value matmul "
+    "reads them (4 bytes per score), and with activations sharded over `tensor` the bf16 "
+    "logits stay through the backward loop under `none` and `full` too (v5e fsdp x "
+    "tensor). "
+    "The `*_f32params` rows (f32 weights cast to bf16 in each layer, tpusim "
+    "`--param-dtype fp32 --gather-dtype bf16`) keep the f32 weights and a stacked f32 "
+    "gradient (as tpusim does). Without a tensor axis the output projection's "
+    "weight-gradient ring reads the bf16 logit gradients: v6e runs it after the backward "
+    "loop, keeping them (256 MiB with two sequences per chip) through it, when the "
+    "weights are cast (v6e fsdp `full` f32params, whose peak, at the last layer's score "
+    "gradient, this is; held out on `minimal` f32params, compiled to check that "
+    "reading before the rule was coded), and under `offload` with bf16 weights (both v6e "
+    "`offload` rows: 256 and 128 MiB from the loss to after the loop; with the "
+    "program-order fetch above, -19.1% -> -4.1% and -0.5% -> +5.3%), and "
+    "before the loop with bf16 weights otherwise (v6e fsdp `none`, `full`, `minimal`); "
+    "v5e runs it before the loop with f32 weights too. "
+    "Known remaining differences: v6e also runs that ring after the backward loop in "
+    "the one-sequence `minimal` row, which is not modelled. v5p's "
+    "windowed fsdp=16 "
+    "programs keep 32-192 MiB of the MLP's tensors at the score gradient, and so does "
+    "v6e's `b1` row (96 MiB). The MoE rows are the dropping MoE of `xla_crosscheck.py` "
+    "with Adam, with and without the final norm tpusim's models have: tpusim's MoE "
+    "layers keep their recomputed tensors to the end of the layer's backward. The "
+    "decode row's "
+    "`memory_analysis()` peak counts 52 MiB of VMEM values (`S(1)`) live at its peak; "
+    "its HBM holds the weights and the KV cache, as in tpusim. "
+    "In the v5e programs the context of GQA attention sits in a "
+    "tiled layout that pads the head-group dimension (a 16 MB tensor takes 128 MB), "
+    "which tpusim does not model."
+)
+# The programs whose FSDP group is longer than XLA's windowed rings.
+_LONG_RING_NOTE = (
+    "The fsdp=64 (v5p 4x4x4) and fsdp=256 (v6e 16x16) rows, 2 layers each, are programs "
+    "whose FSDP group is longer than XLA's windowed rings (docs/model.md \"Collectives as "
+    "XLA emits them\"): no windowed loop and no reduce-scatter (`reduce_scatters` 0 in the "
+    "cache); XLA reduces every weight gradient by a synchronous all-reduce of the whole "
+    "gradient, several gradients per tuple all-reduce, and tpusim runs them with "
+    "`--fsdp-grad all-reduce`. They were compiled on 2026-12-01 after tpusim's peaks for "
+    "them were written down (4.025, 1.108, 3.995 and 1.009 GB with blocking gathers and "
+    "whole-gradient all-reduces, before tpusim held any whole gradient: +4.7%, -1.7%, "
+    "+4.8%, -4.6%). At a `full` program's score gradient (the v6e peak; the v5p one "
+    "holds 1.093 GB there and peaks 3% higher, at the MLP's first weight-gradient matmul) "
+    "both hold the MLP's three whole bf16 gradients and the output and value projections' "
+    "(108 MiB), written by the backward's dot fusions and freed by the tuple all-reduces "
+    "after the score gradient or at the layer's end; tpusim now holds each from its "
+    "weight-gradient matmul to its all-reduce (`whole_gradients`; docs/model.md "
+    "\"Memory\"), which took the two `full` rows to +2.4% and +6.1%. The `none` programs "
+    "peak at the loss, before any gradient exists (unchanged). The v5p program gathers "
+    "every weight by all-reducing zero-padded shards (it has no all-gather), the v6e one "
+    "its attention matrices; the padded copies die with the gather's all-reduce except "
+    "q's and k's, which both programs keep (12 MiB) for their re-gather in the backward, "
+    "where tpusim holds the 24 MiB of the layer's gathered attention matrices. What is "
+    "left of the v6e `full` row's +6.1%: at the score gradient tpusim still holds the "
+    "attention's normed input, v, the attention context and the mid residual (56 MiB), "
+    "which XLA has freed by then, and one activation gradient more (16 MiB). "
+    "Compiled after that rule was coded, with tpusim's peaks written down first, as "
+    "held-out checks: `minimal` on v5p fsdp=64 and v6e fsdp=256 (1.777 and 1.475 GB "
+    "predicted: +3.3% and +3.8%; the v6e program holds the same 108 MiB of whole "
+    "gradients at its score-gradient peak) and v5e 8x8 fsdp=64 (async gathers, k and v "
+    "by all-reduce), `full` (1.140 GB: +0.0%) and `minimal` (1.903 GB: +28.5%). The v5e "
+    "`minimal` miss was the forward's f32 scores: this program, like every fsdp=64 one "
+    "(v5p `none`, `minimal`, `full`, v5e `full`), writes only the f32 exponentials, "
+    "fused with the score matmul, where the windowed fsdp=16 programs write both; tpusim "
+    "now fuses a one-axis forward whose FSDP gathers are plain (docs/model.md "
+    "\"Memory\"; +28.5% -> +1.8%, fitted on it; v5p `minimal` moved +3.3% -> +3.2%, its "
+    "peak to the backward). The v5e `full` row matches for a reason of its own: XLA "
+    "peaks at layer 0's score gradient (1.14 GB), where it holds what tpusim does not "
+    "(0.89 GB there; tpusim's own peak is at the loss): the MLP's recomputed gate, up and "
+    "gated product (192 MiB: v5e runs part of the MLP's weight gradients after the "
+    "attention's backward, `mlp_grad_after_attention`, which tpusim applies to windowed "
+    "programs only) and the output projection's whole gradient, which v5e all-reduces "
+    "right after the logits' backward and keeps, reduced and whole, to the update "
+    "(128 MiB; the v5p and v6e programs slice it at once). The last row, v6e fsdp=256 "
+    "`full` at LLaMA-3-70B widths (1.71 GB of whole gradients a layer), was compiled "
+    "after both rules with tpusim's peak written down first (6.24 GB: +11.2%). XLA's "
+    "peak is at the loss, with the 2 GB output projection gathered right before the "
+    "logits; tpusim held that gathered matrix from the step's start, through the "
+    "forward. Every program whose forward gathers are plain gathers it right before the "
+    "logits (the windowed ones differ by chip and policy), so tpusim now holds it from "
+    "the forward's end there (docs/model.md \"Memory\", gathered weights; +11.2% -> "
+    "+4.4%; the `none` rows on data x fsdp, fsdp x tensor, fsdp=64 and fsdp=256, and "
+    "v5e fsdp=16 `none`, whose program gathers plainly too, came 0.2-3.3 points lower). "
+    "That +4.4% was itself luck: at the score gradient tpusim held 1.56 GB (1,488 MiB) of "
+    "whole gradients that XLA does not (it all-reduces each 128 or 448 MiB gradient alone, "
+    "right after its matmul, and combines only small ones), in place of the 1 GB of bf16 "
+    "logit gradients this program keeps from the loss to after the backward loop (not "
+    "modelled). tpusim now holds a whole gradient only below 64 MiB, the bracket these "
+    "compiles give (docs/model.md \"Memory\", whole gradients; +4.4% -> -1.4%, its peak "
+    "at the loss as XLA's; the 2048-wide rows, whose gradients are 4-32 MiB, unchanged). "
+    "The row after it, LLaMA-3-8B widths, was compiled after that size rule as its "
+    "held-out check (tpusim's peak written down first: 4.328 GB, at the loss): XLA "
+    "all-reduces each 112 MiB MLP gradient with one 8 MiB k or v gradient and the 32 MiB "
+    "q and o together, so no combined all-reduce it compiled holds more than 120 MiB."
+)
+
+
 def section(cache: dict) -> str:
     tab, by_name = table(cache)
     errs = list(by_name.values())
     abs_e = [abs(e) for e in errs]
     med = statistics.median(abs_e) if abs_e else float("nan")
     worst = max(errs, key=abs) if errs else float("nan")
-    m = DIMS
     return "\n".join([
         MARKER, "",
         "## Peak HBM against XLA's compiled programs", "",
         "_Generated by `python -m validation.xla_memory --write` from the cached compiles in "
         "`validation/results/xla_memory.json`._", "",
+        _setup_note(), "",
+        tab, "",
+        f"{len(errs)} programs: median |error| {med:.1%}, worst {worst:+.1%}, "
+        f"{sum(1 for e in abs_e if e <= 0.10)} within 10% (target: every program within "
+        "10%).", "",
+        flash_paragraph(by_name), "",
+        _OFFLOAD_NOTE, "",
+        f"Not compiled yet (in `CONFIGS`; `--compile` adds them): "
+        f"{', '.join(n for n in ALL if n not in cache) or 'none'}.", "",
+        _RULES_NOTE, "",
+        _LONG_RING_NOTE,
+        "",
+    ])
+
+
+def _setup_note() -> str:
+    """The two sides of the comparison: the compiled decoder and tpusim's run of it."""
+    m = DIMS
+    return (
         f"XLA side: a LLaMA-style decoder (d_model {m['d_model']}, {m['num_heads']} heads / "
         f"{m['num_kv_heads']} KV heads of {m['head_dim']}, SwiGLU d_ff {m['d_ff']}, vocab "
         f"{m['vocab_size']}, untied embeddings, {LAYERS} layers (2 where the row says so) scanned "
@@ -521,183 +345,8 @@ def section(cache: dict) -> str:
         "same model, mesh and batch (`hbm_peak_bytes`; the last column is the largest entries "
         "of `hbm_peak_breakdown`). Remat `minimal` is `jax.checkpoint` with "
         "`checkpoint_dots_with_no_batch_dims`. The residual stream is replicated over `tensor` "
-        "unless the row says `tp-act sharded` (its sequence dim split over `tensor`).", "",
-        tab, "",
-        f"{len(errs)} programs: median |error| {med:.1%}, worst {worst:+.1%}, "
-        f"{sum(1 for e in abs_e if e <= 0.10)} within 10% (target: every program within "
-        "10%).", "",
-        flash_paragraph(by_name), "",
-        "Remat `offload` is `jax.checkpoint` with `save_and_offload_only_these_names` "
-        "(MaxText's `minimal_offloaded`: the weight matmuls' outputs, tagged with "
-        "`checkpoint_name` as MaxText tags them, go to `pinned_host`; nothing else is saved, "
-        "so the scan keeps only the layer input in HBM), the same split as tpusim's "
-        "`--remat offload` (docs/model.md \"Memory\"); its last column compares XLA's "
-        "`host_temp_size_in_bytes` with every layer's offloaded set in tpusim.", "",
-        f"Not compiled yet (in `CONFIGS`; `--compile` adds them): "
-        f"{', '.join(n for n in ALL if n not in cache) or 'none'}.", "",
-        "How the rules were read off these programs (`--dump DIR` keeps XLA's buffer "
-        "assignment and live ranges; HBM occupancy over the schedule is the sum of the "
-        "values live at each point, host (`S(5)`) buffers left out, which XLA's own peak "
-        "listing in `*live-range.txt` mixes in): the saved stacks are allocated before the "
-        "forward loop and die after the backward loop (v5e fsdp `minimal`; the same "
-        "loop-carried stacks in the others); `minimal` keeps no MLP output projection (v5e "
-        "fsdp `minimal`, checked on v6e and v5p). The forward's f32 scores are a buffer of "
-        "their own, next to the f32 exponentials, in the v5e and v5p programs whose mesh "
-        "has one sharded axis (fsdp `minimal`, `offload`, `none`); v6e (every program) and "
-        "v5e and v5p on a mesh of two axes fuse the score matmul with the exponentials (one "
-        "f32 buffer: the data x fsdp and fsdp x tensor `minimal` rows) as long as the "
-        "f32 scores take at most 512 MiB per chip: the v5p fsdp x tensor programs at seq "
-        "4096 (1 GiB) do not. With one sequence per chip (batch/chip 1 at seq 4096, and the "
-        "`b1` rows) every chip keeps the score matmul's bf16 output and exponentiates it in "
-        "the value matmul's fusion: the forward holds only bf16 scores (v5e fsdp `minimal` "
-        "at seq 2048 and 4096 against the same programs with two sequences, whose f32 "
-        "scores take up to 2 GiB: the size does not decide it; checked on every other "
-        "one-sequence row), and the logits matmul writes bf16 logits whose f32 copy only the "
-        "loss value's target-logit gather reads; v5e schedules that gather, with the loss "
-        "sum whose all-reduce XLA combines with the final norm's gradient, after the "
-        "backward loop, so the f32 logits live through it (every one-sequence v5e row "
-        "without a tensor axis; v5p and v6e `b1`, the MoE step with and without its final "
-        "norm, and v5e fsdp x tensor `b0.25`, whose target logits are all-reduced over "
-        "`tensor` with the log-sum-exp, gather at the loss). The three one-sequence `full` "
-        "rows were compiled after these rules as held-out checks (tpusim's peaks, written "
-        "down before the compiles, 1.045, 0.877 and 0.812 GB for v5e, v5p and v6e: -1.5%, "
-        "-5.3%, -4.0%); so was the fsdp x tensor `b0.25` row, which was +8.8% until it "
-        "added the `tensor` condition. Windowed programs still "
-        "gather each weight whole in their backward (v5e, v6e, v5p fsdp `full`), and the "
-        "MLP's matrices die with its weight-gradient matmul. The fsdp x tensor programs "
-        "with activations replicated over `tensor` keep the bf16 logits and the final "
-        "norm's output through the backward loop under `full`, `minimal` and `offload`, "
-        "whatever the gather form (v5p `full`; checked on v5p `offload` and v5e "
-        "`minimal`). A windowed MLP's gate/up output buffers are allocated at the start of "
-        "the layer (v5e `minimal`; checked on the other windowed rows). A recomputing "
-        "backward copies the layer's stack entries out of the stacks (every `minimal` "
-        "program; checked on v5p `full` and `offload`). Under `offload` a layer's offloaded "
-        "tensors stay in HBM until their copies to host complete, in the next layer's "
-        "forward (v5e fsdp `offload`, whose peak is that next softmax; the v5p and v6e "
-        "`offload` programs carry the same buffers). Each rule was fitted on the rows "
-        "named and the other rows are its check. The host-memory column matches exactly in "
-        "every `offload` program. "
-        "The backward loop of every `offload` program (all five) carries one HBM buffer per "
-        "offloaded tensor: a layer's fetch (an async dynamic-slice out of the host stack) "
-        "writes into the buffer the layer above read, so it starts after that layer's last "
-        "reader of the tensor, and every fetch completes at the end of the loop body, the "
-        "layer above's backward; the top layer's is copied back right after the forward loop "
-        "into the buffers its copy to host has just released. tpusim allocates each fetched "
-        "set at that end, in program order, whenever the PCIe copy lands (until 2026-12-01 "
-        "it counted it from the copy's end, so the v6e fsdp two-sequence row moved from "
-        "-9.8% to -19.1% when the windowed backward got faster and outran the PCIe copies). "
-        "Where between those bounds each copy starts is the scheduler's choice and differs "
-        "by chip: v6e starts the gate/up copies right after the recomputation that reads "
-        "the layer's own (both rows), v5p the gate/up and output-projection copies after "
-        "the MLP's backward, v5e the q, k, v copies before the attention's backward and the "
-        "gate/up ones after it; tpusim counts none of them at the layer above's score "
-        "gradient (v6e: 128 MiB of XLA's peak with two sequences per chip, 64 MiB with "
-        "one; v5e seq 4096: 32 MiB). "
-        "A layer's backward holds, at its score gradient, 2 (v5e), 3 (v6e; v5p under "
-        "`full`) or 4 (v5p under `minimal` and `offload`) bf16 score-sized buffers (the "
-        "recomputed scores, the probability gradient, the score gradient, v5p's "
-        "probabilities), 3 under `none` (v5p fsdp x tensor `minimal` at seq 4096, whose "
-        "peak this is, and v6e fsdp `offload`; checked on every other program's live "
-        "ranges), and under `full` and `minimal` the MLP's recomputed tensors are dead by "
-        "then (v6e `full` and `minimal`, the data x fsdp programs), except in v5e's "
-        "windowed programs, whose MLP weight-gradient rings come after the attention's "
-        "backward (its gate, up and gated product live at the score gradient of every "
-        "windowed v5e `full` and `minimal` row: read off six, held out on the `full` `b1` "
-        "row). A recomputation "
-        "writes its scores in bf16 (no backward holds an f32 score buffer; v5p adds the "
-        "probabilities until the value-gradient matmul), a `full` forward fuses the score "
-        "matmul with the exponentials on every mesh within 512 MiB and its value matmul "
-        "reads them (4 bytes per score), and with activations sharded over `tensor` the bf16 "
-        "logits stay through the backward loop under `none` and `full` too (v5e fsdp x "
-        "tensor). "
-        "The `*_f32params` rows (f32 weights cast to bf16 in each layer, tpusim "
-        "`--param-dtype fp32 --gather-dtype bf16`) keep the f32 weights and a stacked f32 "
-        "gradient (as tpusim does). Without a tensor axis the output projection's "
-        "weight-gradient ring reads the bf16 logit gradients: v6e runs it after the backward "
-        "loop, keeping them (256 MiB with two sequences per chip) through it, when the "
-        "weights are cast (v6e fsdp `full` f32params, whose peak, at the last layer's score "
-        "gradient, this is; held out on `minimal` f32params, compiled to check that "
-        "reading before the rule was coded), and under `offload` with bf16 weights (both v6e "
-        "`offload` rows: 256 and 128 MiB from the loss to after the loop; with the "
-        "program-order fetch above, -19.1% -> -4.1% and -0.5% -> +5.3%), and "
-        "before the loop with bf16 weights otherwise (v6e fsdp `none`, `full`, `minimal`); "
-        "v5e runs it before the loop with f32 weights too. "
-        "Known remaining differences: v6e also runs that ring after the backward loop in "
-        "the one-sequence `minimal` row, which is not modelled. v5p's "
-        "windowed fsdp=16 "
-        "programs keep 32-192 MiB of the MLP's tensors at the score gradient, and so does "
-        "v6e's `b1` row (96 MiB). The MoE rows are the dropping MoE of `xla_crosscheck.py` "
-        "with Adam, with and without the final norm tpusim's models have: tpusim's MoE "
-        "layers keep their recomputed tensors to the end of the layer's backward. The "
-        "decode row's "
-        "`memory_analysis()` peak counts 52 MiB of VMEM values (`S(1)`) live at its peak; "
-        "its HBM holds the weights and the KV cache, as in tpusim. "
-        "In the v5e programs the context of GQA attention sits in a "
-        "tiled layout that pads the head-group dimension (a 16 MB tensor takes 128 MB), "
-        "which tpusim does not model.", "",
-        "The fsdp=64 (v5p 4x4x4) and fsdp=256 (v6e 16x16) rows, 2 layers each, are programs "
-        "whose FSDP group is longer than XLA's windowed rings (docs/model.md \"Collectives as "
-        "XLA emits them\"): no windowed loop and no reduce-scatter (`reduce_scatters` 0 in the "
-        "cache); XLA reduces every weight gradient by a synchronous all-reduce of the whole "
-        "gradient, several gradients per tuple all-reduce, and tpusim runs them with "
-        "`--fsdp-grad all-reduce`. They were compiled on 2026-12-01 after tpusim's peaks for "
-        "them were written down (4.025, 1.108, 3.995 and 1.009 GB with blocking gathers and "
-        "whole-gradient all-reduces, before tpusim held any whole gradient: +4.7%, -1.7%, "
-        "+4.8%, -4.6%). At a `full` program's score gradient (the v6e peak; the v5p one "
-        "holds 1.093 GB there and peaks 3% higher, at the MLP's first weight-gradient matmul) "
-        "both hold the MLP's three whole bf16 gradients and the output and value projections' "
-        "(108 MiB), written by the backward's dot fusions and freed by the tuple all-reduces "
-        "after the score gradient or at the layer's end; tpusim now holds each from its "
-        "weight-gradient matmul to its all-reduce (`whole_gradients`; docs/model.md "
-        "\"Memory\"), which took the two `full` rows to +2.4% and +6.1%. The `none` programs "
-        "peak at the loss, before any gradient exists (unchanged). The v5p program gathers "
-        "every weight by all-reducing zero-padded shards (it has no all-gather), the v6e one "
-        "its attention matrices; the padded copies die with the gather's all-reduce except "
-        "q's and k's, which both programs keep (12 MiB) for their re-gather in the backward, "
-        "where tpusim holds the 24 MiB of the layer's gathered attention matrices. What is "
-        "left of the v6e `full` row's +6.1%: at the score gradient tpusim still holds the "
-        "attention's normed input, v, the attention context and the mid residual (56 MiB), "
-        "which XLA has freed by then, and one activation gradient more (16 MiB). "
-        "Compiled after that rule was coded, with tpusim's peaks written down first, as "
-        "held-out checks: `minimal` on v5p fsdp=64 and v6e fsdp=256 (1.777 and 1.475 GB "
-        "predicted: +3.3% and +3.8%; the v6e program holds the same 108 MiB of whole "
-        "gradients at its score-gradient peak) and v5e 8x8 fsdp=64 (async gathers, k and v "
-        "by all-reduce), `full` (1.140 GB: +0.0%) and `minimal` (1.903 GB: +28.5%). The v5e "
-        "`minimal` miss was the forward's f32 scores: this program, like every fsdp=64 one "
-        "(v5p `none`, `minimal`, `full`, v5e `full`), writes only the f32 exponentials, "
-        "fused with the score matmul, where the windowed fsdp=16 programs write both; tpusim "
-        "now fuses a one-axis forward whose FSDP gathers are plain (docs/model.md "
-        "\"Memory\"; +28.5% -> +1.8%, fitted on it; v5p `minimal` moved +3.3% -> +3.2%, its "
-        "peak to the backward). The v5e `full` row matches for a reason of its own: XLA "
-        "peaks at layer 0's score gradient (1.14 GB), where it holds what tpusim does not "
-        "(0.89 GB there; tpusim's own peak is at the loss): the MLP's recomputed gate, up and "
-        "gated product (192 MiB: v5e runs part of the MLP's weight gradients after the "
-        "attention's backward, `mlp_grad_after_attention`, which tpusim applies to windowed "
-        "programs only) and the output projection's whole gradient, which v5e all-reduces "
-        "right after the logits' backward and keeps, reduced and whole, to the update "
-        "(128 MiB; the v5p and v6e programs slice it at once). The last row, v6e fsdp=256 "
-        "`full` at LLaMA-3-70B widths (1.71 GB of whole gradients a layer), was compiled "
-        "after both rules with tpusim's peak written down first (6.24 GB: +11.2%). XLA's "
-        "peak is at the loss, with the 2 GB output projection gathered right before the "
-        "logits; tpusim held that gathered matrix from the step's start, through the "
-        "forward. Every program whose forward gathers are plain gathers it right before the "
-        "logits (the windowed ones differ by chip and policy), so tpusim now holds it from "
-        "the forward's end there (docs/model.md \"Memory\", gathered weights; +11.2% -> "
-        "+4.4%; the `none` rows on data x fsdp, fsdp x tensor, fsdp=64 and fsdp=256, and "
-        "v5e fsdp=16 `none`, whose program gathers plainly too, came 0.2-3.3 points lower). "
-        "That +4.4% was itself luck: at the score gradient tpusim held 1.56 GB (1,488 MiB) of "
-        "whole gradients that XLA does not (it all-reduces each 128 or 448 MiB gradient alone, "
-        "right after its matmul, and combines only small ones), in place of the 1 GB of bf16 "
-        "logit gradients this program keeps from the loss to after the backward loop (not "
-        "modelled). tpusim now holds a whole gradient only below 64 MiB, the bracket these "
-        "compiles give (docs/model.md \"Memory\", whole gradients; +4.4% -> -1.4%, its peak "
-        "at the loss as XLA's; the 2048-wide rows, whose gradients are 4-32 MiB, unchanged). "
-        "The row after it, LLaMA-3-8B widths, was compiled after that size rule as its "
-        "held-out check (tpusim's peak written down first: 4.328 GB, at the loss): XLA "
-        "all-reduces each 112 MiB MLP gradient with one 8 MiB k or v gradient and the 32 MiB "
-        "q and o together, so no combined all-reduce it compiled holds more than 120 MiB.",
-        "",
-    ])
+        "unless the row says `tp-act sharded` (its sequence dim split over `tensor`)."
+    )
 
 
 def flash_paragraph(by_name: dict[str, float]) -> str:
@@ -797,7 +446,7 @@ def main() -> int:
                     help=f"rewrite docs/validation.md from the {MARKER} marker on")
     args = ap.parse_args()
     if args.worker:
-        _worker(args.worker, args.dump)
+        worker(args.worker, args.dump)
         return 0
     names = args.configs.split(",")
     unknown = [n for n in names if n not in ALL]
