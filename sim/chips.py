@@ -317,7 +317,7 @@ def efficiency_sources(chip: ChipSpec) -> dict[str, dict[str, Any]]:
     """{field: {"value", "kind", "source"}} for every efficiency factor and the op overhead.
 
     A preset's factors are `fitted`, `carried over` or `assumed`; a factor that differs from
-    the preset of the same name (a chip file or `--set`) is `given`.
+    the preset of the same name (a chip file or the `set` overrides) is `given`.
     """
     preset = CHIPS.get(chip.name) if chip.name in CHIPS else None
     out = {}
@@ -462,7 +462,7 @@ def chip_from_dict(data: dict[str, Any], *, source: str = "chip YAML") -> ChipSp
 
 
 def _quantity(source: str, key: str, text: str, base: ChipSpec | None, integer: bool) -> Any:
-    """A chip file's text value read by the `--set` parser (`topologies.quantities`): a
+    """A chip file's text value read by the overrides' parser (`topologies.quantities`): a
     number, a number with a unit, or `xF` of the `base:` preset's value."""
     what = f"{source}: {key} = {short_repr(text)}"
     q = parse_quantity(what, key, text, base_word="the base preset")

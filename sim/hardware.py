@@ -1,5 +1,6 @@
 """A TPU chip as the simulator sees it (`ChipSpec`) and the rules of its fields: every key a
-chip file or `--set` may name, each numeric field's accepted range, the wraparound rules.
+chip file or the `set` overrides may name, each numeric field's accepted range, the
+wraparound rules.
 
 The presets (every number cited) and chip files are `sim/chips.py`; the presets' power and
 price figures are derived in `sim/chip_power.py`. Efficiency factors scale the peak numbers to
@@ -34,7 +35,7 @@ class ChipSpec:
         mxu_int8_ops_per_s: int8 peak of all MXUs.
         mxu_fp8_ops_per_s: fp8 peak of all MXUs; 0 (every preset: their source, tpu.md §1.1,
             gives bf16 and int8 rates only) for a chip without fp8 matmuls, which refuses
-            `--matmul-dtype fp8`. Listed by `to_dict()` only when set.
+            `matmul_dtype` fp8. Listed by `to_dict()` only when set.
         vpu_flops_per_s: fp32 vector-unit peak.
         hbm_bytes: HBM capacity.
         hbm_bytes_per_s: HBM bandwidth.
@@ -43,10 +44,10 @@ class ChipSpec:
         ocs_hop_latency_s: latency a hop adds on top of `ici_hop_latency_s` when its link goes
             through an optical circuit switch (a v4/v5p link leaving a 4x4x4 cube). Assumed 0
             for the presets: a switch is a set of mirrors, so what it adds is fiber (about 5 ns
-            a metre), well inside tpu.md's "about 1 µs" a hop; `--set ocs_hop_latency_s=...`
+            a metre), well inside tpu.md's "about 1 µs" a hop; the override `ocs_hop_latency_s=...`
             asks what a slower switch path would cost. Listed by `to_dict()` only when set.
         ocs_reconfiguration_s: one-time time to swap a spare 4x4x4 cube in for one holding a
-            failed chip (`--failed-chip` with `--spare-cubes`, docs/model/pods.md): the optical
+            failed chip (`failed_chip` with `spare_cubes`, docs/model/pods.md): the optical
             switches re-aim their mirrors and the new links come up. Assumed 10 s (no public
             figure; MEMS mirrors themselves settle in milliseconds, most of it is bringing the
             links up and remapping the slice); the job's restart from its checkpoint is not
@@ -84,7 +85,7 @@ class ChipSpec:
             (`workloads.xla_compiler.XlaCompilerSpec`: score_exp_fusion, score_grad_fusion,
             bwd_probs_buffer, loss_after_backward, mlp_grad_after_attention,
             head_grad_after_backward), read and written under its rules' own names: chip
-            YAML keys, `--set` keys, `to_dict()` and attributes of the chip.
+            YAML keys, `set` override keys, `to_dict()` and attributes of the chip.
     """
 
     name: str
@@ -256,13 +257,15 @@ class ChipSpec:
             del data["ocs_reconfiguration_s"]
         return {**data, **self.compiler_rules()}
 
-    def check_matmul_dtype(self, dtype: str, flag: str = "--matmul-dtype") -> None:
-        """A chip without an MXU rate for `dtype` (fp8 on every preset) refuses it."""
+    def check_matmul_dtype(self, dtype: str, name: str = "matmul_dtype") -> None:
+        """A chip without an MXU rate for `dtype` (fp8 on every preset) refuses it, naming the
+        setting `name` (a Python argument name, TpusimError's placeholders)."""
         if dtype == "fp8" and not self.mxu_fp8_ops_per_s:
             raise TpusimError(
-                f"{flag} fp8: chip {self.name!r} has no fp8 MXU rate (mxu_fp8_ops_per_s is 0; "
-                f"its source, tpu.md §1.1, gives bf16 and int8 rates only); use {flag} int8, "
-                f"or give the rate with --set mxu_fp8_ops_per_s=... or a chip file")
+                f"{{{name}}} fp8: chip {self.name!r} has no fp8 MXU rate (mxu_fp8_ops_per_s is "
+                f"0; its source, tpu.md §1.1, gives bf16 and int8 rates only); use {{{name}}} "
+                f"int8, or give the rate with {{set}} mxu_fp8_ops_per_s=... or a chip file",
+                name, "set")
 
     def with_overrides(self, **changes: Any) -> ChipSpec:
         """A copy with some fields changed (what-if studies), validated like a preset."""

@@ -227,9 +227,8 @@ FLAG_TEXT = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 PENDING_FLAG_TEXT = {
     "sim/__init__.py", "sim/api.py", "sim/chips.py", "sim/collective_sim.py", "sim/collectives.py",
     "sim/energy.py", "sim/executors.py", "sim/export/chakra.py", "sim/export/goodput_plots.py",
-    "sim/export/goodput_trace.py", "sim/export/perfetto.py", "sim/export/plots.py",
-    "sim/export/serving_plots.py", "sim/hardware.py",
-    "sim/overrides.py", "sim/perchip.py", "sim/pipeline.py", "sim/planner.py",
+    "sim/export/goodput_trace.py", "sim/export/perfetto.py", "sim/export/serving_plots.py",
+    "sim/hardware.py", "sim/overrides.py", "sim/perchip.py", "sim/pipeline.py", "sim/planner.py",
     "sim/reliability/__init__.py", "sim/reliability/config.py", "sim/reliability/failures.py",
     "sim/reliability/job.py", "sim/reliability/reference.py", "sim/reliability/simulate.py",
     "sim/routing.py", "sim/runs/bind.py", "sim/runs/collective.py", "sim/runs/convert.py",
@@ -241,12 +240,10 @@ PENDING_FLAG_TEXT = {
     "topologies/groups.py", "topologies/mesh.py", "topologies/progress.py",
     "topologies/quantities.py", "topologies/scenario.py", "topologies/slices.py",
     "topologies/torus.py", "workloads/chakra/convert.py", "workloads/chakra/reader.py",
-    "workloads/hlo/files.py", "workloads/hlo/jaxgen.py", "workloads/hlo/lower.py",
-    "workloads/hlo/make.py", "workloads/hlo/parser.py", "workloads/inference/config.py",
-    "workloads/inference/program.py", "workloads/inference/steps.py", "workloads/moe.py",
-    "workloads/training/compiler.py", "workloads/training/config.py",
+    "workloads/hlo/jaxgen.py", "workloads/hlo/make.py", "workloads/hlo/parser.py",
+    "workloads/moe.py", "workloads/training/compiler.py", "workloads/training/config.py",
     "workloads/training/modes.py", "workloads/training/program.py", "workloads/training/remat.py",
-    "workloads/training/xla_rules.py", "workloads/xla_compiler.py", "workloads/zoo.py",
+    "workloads/training/xla_rules.py", "workloads/xla_compiler.py",
 }
 
 

@@ -532,7 +532,7 @@ def test_top_k_sampling_moves_rows_for_the_sort_then_spreads_the_candidates():
 
 
 def test_an_unknown_sampling_mode_is_a_one_line_error():
-    with pytest.raises(TpusimError, match="--sampling 'nucleus'.*top-k, greedy"):
+    with pytest.raises(TpusimError, match="^sampling 'nucleus'.*top-k, greedy"):
         DecodeConfig(batch=1, context_len=8, sampling="nucleus")
 
 
@@ -593,8 +593,8 @@ def test_a_prefill_too_large_for_one_program_names_its_chunks_and_layers(monkeyp
                              "num_kv_heads": 4, "head_dim": 64, "d_ff": 512, "mlp": "swiglu",
                              "vocab_size": 1024})
     cfg = decode.DecodeConfig(batch=4, context_len=256, prompt_len=256, prefill_chunk=16)
-    with pytest.raises(TpusimError, match=r"more than 20 ops.*--prompt-len 256 in 16 chunks "
-                                          r"of --prefill-chunk 16 x 2 layers build it"):
+    with pytest.raises(TpusimError, match=r"more than 20 ops.*prompt_len 256 in 16 chunks "
+                                          r"of prefill_chunk 16 x 2 layers build it"):
         decode.compile_prefill(model, parse_mesh("tensor=4"), 4, cfg)
 
 
@@ -656,9 +656,9 @@ def test_a_prefill_over_the_op_limit_is_refused_once_its_first_chunk_is_built(mo
     limit = 5 * per  # five chunks fit (and the head), sixteen do not
     monkeypatch.setattr(program, "TraceBuilder", functools.partial(Counting, max_ops=limit))
     with pytest.raises(TpusimError, match=(
-            rf"^--prompt-len 64 in 16 chunks of --prefill-chunk 4 x 2 layers compiles to at "
+            rf"^prompt_len 64 in 16 chunks of prefill_chunk 4 x 2 layers compiles to at "
             rf"least {16 * per:,} ops \({per:,} per chunk, counted on the first\), over the "
-            rf"{limit:,} tpusim simulates in one program; use a --prefill-chunk of at least 16 "
+            rf"{limit:,} tpusim simulates in one program; use a prefill_chunk of at least 16 "
             rf"tokens \(at most 4 chunks\)$")):
         prefill(4)
     assert len(built) == per  # one chunk built, not the limit's ops
@@ -666,7 +666,7 @@ def test_a_prefill_over_the_op_limit_is_refused_once_its_first_chunk_is_built(mo
     # Room for one chunk only: it names the whole prompt (not "at most 1 chunks").
     monkeypatch.setattr(program, "TraceBuilder", functools.partial(Counting,
                                                                    max_ops=2 * per - 1))
-    with pytest.raises(TpusimError, match=r"use a --prefill-chunk of at least 64 tokens \(the "
+    with pytest.raises(TpusimError, match=r"use a prefill_chunk of at least 64 tokens \(the "
                                           r"whole prompt in one chunk\)$"):
         prefill(4)
     assert len(prefill(64).ops) <= 2 * per - 1

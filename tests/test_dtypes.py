@@ -24,10 +24,10 @@ def test_decode_storage_formats_are_floats_of_the_same_table_and_name_theirs_in_
     cfg = DecodeConfig(batch=1, context_len=8, weight_dtype="INT4", kv_dtype="fp8")
     assert (cfg.weight_bytes_per_param, cfg.kv_bytes_per_elem) == (0.5, 1.0)
     assert type(DecodeConfig(batch=1, context_len=8).weight_bytes_per_param) is float
-    with pytest.raises(TpusimError, match=r"^--kv-dtype 'fp32' is not a supported dtype; use one "
+    with pytest.raises(TpusimError, match=r"^kv_dtype 'fp32' is not a supported dtype; use one "
                                           r"of: bf16, fp8, int8, int4$"):
         DecodeConfig(batch=1, context_len=8, kv_dtype="fp32")
-    with pytest.raises(TpusimError, match=r"^--matmul-dtype 'fp8' is not supported; use one of: "
+    with pytest.raises(TpusimError, match=r"^matmul_dtype 'fp8' is not supported; use one of: "
                                           r"bf16, int8$"):
         DecodeConfig(batch=1, context_len=8, matmul_dtype="fp8")
 

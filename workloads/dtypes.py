@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 
 from topologies.errors import TpusimError
-from topologies.validate import one_of, short_repr
+from topologies.validate import one_of, short_repr, subject
 
 
 class Dtype(enum.StrEnum):
@@ -75,8 +75,10 @@ def dtype_bytes(name: str, flag: str) -> float:
 
 def storage_bytes(allowed: tuple[Dtype, ...], name: object, flag: str) -> float:
     """Bytes per element of the storage format `name` (any case) among `allowed` (decode's
-    weights or KV cache), as a float, or the one-line error of `flag`."""
+    weights or KV cache), as a float, or the one-line error of the setting `flag` (a Python
+    argument name, `topologies.validate.subject`)."""
     if not isinstance(name, str) or name.lower() not in allowed:
-        raise TpusimError(f"{flag} {short_repr(name)} is not a supported dtype; "
-                          f"{one_of(name, _names(allowed))}")
+        what, params = subject(flag)
+        raise TpusimError(f"{what} {short_repr(name)} is not a supported dtype; "
+                          f"{one_of(name, _names(allowed))}", *params)
     return float(Dtype(name.lower()).nbytes)

@@ -459,15 +459,18 @@ class TraceBuilder:
     `fix`, so no input builds an unbounded program before it is refused."""
 
     def __init__(self, *, max_ops: int = MAX_TRACE_OPS,
-                 fix: str = "compile a smaller program") -> None:
+                 fix: str = "compile a smaller program",
+                 fix_params: tuple[str, ...] = ()) -> None:
         self.ops: list[Op] = []
         self.max_ops = max_ops
         self.fix = fix
+        self.fix_params = fix_params  # the settings `fix` names (TpusimError's placeholders)
 
     def add(self, name: str, **kw: Any) -> int:
         if len(self.ops) >= self.max_ops:
             raise TpusimError(f"the program compiles to more than {self.max_ops:,} ops, the most "
-                              f"tpusim simulates in one program; {self.fix}")
+                              f"tpusim simulates in one program; {self.fix}",
+                              *self.fix_params)
         deps = tuple(sorted({d for d in kw.pop("deps", ()) if d is not None and d >= 0}))
         op = Op(id=len(self.ops), name=name, deps=deps, **kw)
         self.ops.append(op)

@@ -1,6 +1,7 @@
 """The zoo of public architectures (`MODELS`, each entry with its published source) and
 models by name or from a file: `load_model` (a zoo name or a YAML file) and `model_from_dict`
-(`base: <zoo name>` and overrides, numbers as `--set model.*` reads them).
+(`base: <zoo name>` and overrides, numbers as the `model.*` keys of the `set` overrides read
+them).
 """
 
 from __future__ import annotations
@@ -286,7 +287,7 @@ _NULLABLE_FIELDS = ("moe_d_ff", "attention_window")
 
 def _quantities(fields: dict[str, Any], base: TransformerSpec | None,
                 source: str) -> dict[str, Any]:
-    """`fields` with each numeric field given as text read as `--set model.*` reads it
+    """`fields` with each numeric field given as text read as a `model.*` override reads it
     (`topologies.quantities`): a number (`1e3`, `'4096'`), or `xF` of the `base:` model's value
     (`d_ff: x2`); a whole result becomes an int, anything else is left for the spec's check."""
     out = dict(fields)

@@ -1,4 +1,4 @@
-"""What every `--plots` figure shares: the fixed style, the figure and legend layout, the
+"""What every plot of a run shares: the fixed style, the figure and legend layout, the
 formats of times and bytes, and the words that name the model, the pod and the mesh.
 
 The figures are `sim/export/step_plots.py` (a training or inference step),

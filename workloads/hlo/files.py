@@ -81,7 +81,7 @@ def read_hlo_file(path: str) -> str:
     reading them whole."""
     if os.path.isdir(path):
         raise TpusimError(f"HLO file {path!r} is a directory; give one module's .txt file (an "
-                          f"--xla_dump_to directory holds one per compiled program)")
+                          f"XLA dump directory, `xla_dump_to`, holds one per compiled program)")
     if not os.path.exists(path):
         raise TpusimError(f"HLO file {path!r} does not exist")
     if not os.path.isfile(path):

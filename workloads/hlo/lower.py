@@ -140,7 +140,8 @@ class _Lowerer(ModuleCosts):
         if self.n_dev > topology.num_chips:
             raise TpusimError(
                 f"{source} was compiled for {self.n_dev} devices but the {topology.name} pod has "
-                f"{topology.num_chips} chips; give the pod it was compiled for (--shape)")
+                f"{topology.num_chips} chips; give the pod it was compiled for ({{shape}})",
+                "shape")
         if self.n_dev < topology.num_chips:
             raise TpusimError(
                 f"{source} was compiled for {self.n_dev} devices but the {topology.name} pod has "

@@ -20,7 +20,7 @@ SAMPLING_MODES = ("top-k", "greedy")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DecodeConfig:
-    """Run settings of one decode step or one prefill (see `tpusim decode --help`).
+    """Run settings of one decode step or one prefill (what `tpusim decode` and `prefill` take).
 
     Attributes:
         batch: sequences decoded together (global, over all chips).
@@ -49,46 +49,51 @@ class DecodeConfig:
             return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
         if not _pos_int(self.batch):
-            raise TpusimError(f"--batch {self.batch!r} must be an integer >= 1 (sequences)")
+            raise TpusimError(f"{{batch}} {self.batch!r} must be an integer >= 1 (sequences)",
+                              "batch")
         if not _pos_int(self.context_len):
-            raise TpusimError(f"--context-len {self.context_len!r} must be an integer >= 1 "
-                              f"(tokens in the KV cache)")
-        storage_bytes(WEIGHT_STORAGE_DTYPES, self.weight_dtype, "--weight-dtype")
-        storage_bytes(KV_CACHE_DTYPES, self.kv_dtype, "--kv-dtype")
+            raise TpusimError(f"{{context_len}} {self.context_len!r} must be an integer >= 1 "
+                              f"(tokens in the KV cache)", "context_len")
+        storage_bytes(WEIGHT_STORAGE_DTYPES, self.weight_dtype, "weight_dtype")
+        storage_bytes(KV_CACHE_DTYPES, self.kv_dtype, "kv_dtype")
         # Any case, as the storage dtypes (`storage_bytes`) and the training dtypes take them.
         if not isinstance(self.matmul_dtype, str) or self.matmul_dtype.lower() not in \
                 MATMUL_DTYPES:
-            raise TpusimError(f"--matmul-dtype {short_repr(self.matmul_dtype)} is not "
-                              f"supported; {one_of(self.matmul_dtype, MATMUL_DTYPES)}")
+            raise TpusimError(f"{{matmul_dtype}} {short_repr(self.matmul_dtype)} is not "
+                              f"supported; {one_of(self.matmul_dtype, MATMUL_DTYPES)}",
+                              "matmul_dtype")
         if self.sampling not in SAMPLING_MODES:
-            raise TpusimError(f"--sampling {short_repr(self.sampling)} is not supported; "
-                              f"{one_of(self.sampling, SAMPLING_MODES)}")
+            raise TpusimError(f"{{sampling}} {short_repr(self.sampling)} is not supported; "
+                              f"{one_of(self.sampling, SAMPLING_MODES)}", "sampling")
         if self.prompt_len is not None and not _pos_int(self.prompt_len):
-            raise TpusimError(f"--prompt-len {self.prompt_len!r} must be an integer >= 1")
+            raise TpusimError(f"{{prompt_len}} {self.prompt_len!r} must be an integer >= 1",
+                              "prompt_len")
         if self.prefill_chunk is not None and not _pos_int(self.prefill_chunk):
-            raise TpusimError(f"--prefill-chunk {self.prefill_chunk!r} must be an integer >= 1")
-        for flag, v, hi in (("--batch", self.batch, MAX_BATCH),
-                            ("--context-len", self.context_len, MAX_TOKENS),
-                            ("--prompt-len", self.prompt_len, MAX_TOKENS)):
+            raise TpusimError(f"{{prefill_chunk}} {self.prefill_chunk!r} must be an integer >= 1",
+                              "prefill_chunk")
+        for name, v, hi in (("batch", self.batch, MAX_BATCH),
+                            ("context_len", self.context_len, MAX_TOKENS),
+                            ("prompt_len", self.prompt_len, MAX_TOKENS)):
             if v is not None and v > hi:
-                raise TpusimError(f"{flag} {v:,} is over the limit of {hi:,}; give a smaller "
-                                  f"value")
+                raise TpusimError(f"{{{name}}} {v:,} is over the limit of {hi:,}; give a "
+                                  f"smaller value", name)
         if self.prompt_len is not None and self.prefill_chunk is not None:
             n = -(-self.prompt_len // self.prefill_chunk)
             if n > MAX_CHUNKS:
                 raise TpusimError(
-                    f"--prompt-len {self.prompt_len:,} in --prefill-chunk {self.prefill_chunk:,}"
-                    f"-token chunks is {n:,} chunks, over the limit of {MAX_CHUNKS:,}; give "
-                    f"chunks of at least {-(-self.prompt_len // MAX_CHUNKS):,} tokens"
+                    f"{{prompt_len}} {self.prompt_len:,} in {{prefill_chunk}} "
+                    f"{self.prefill_chunk:,}-token chunks is {n:,} chunks, over the limit of "
+                    f"{MAX_CHUNKS:,}; give chunks of at least "
+                    f"{-(-self.prompt_len // MAX_CHUNKS):,} tokens", "prompt_len", "prefill_chunk"
                 )
 
     @property
     def weight_bytes_per_param(self) -> float:
-        return storage_bytes(WEIGHT_STORAGE_DTYPES, self.weight_dtype, "--weight-dtype")
+        return storage_bytes(WEIGHT_STORAGE_DTYPES, self.weight_dtype, "weight_dtype")
 
     @property
     def kv_bytes_per_elem(self) -> float:
-        return storage_bytes(KV_CACHE_DTYPES, self.kv_dtype, "--kv-dtype")
+        return storage_bytes(KV_CACHE_DTYPES, self.kv_dtype, "kv_dtype")
 
 
 
@@ -96,8 +101,8 @@ def check_sampling(model: TransformerSpec, cfg: DecodeConfig) -> None:
     """Top-k sampling needs at least k logits to choose among."""
     if cfg.sampling == "top-k" and model.vocab_size < SAMPLE_TOP_K:
         raise TpusimError(
-            f"--sampling top-k draws among the {SAMPLE_TOP_K} largest logits, but model "
+            f"{{sampling}} top-k draws among the {SAMPLE_TOP_K} largest logits, but model "
             f"{model.name!r} has vocab_size={model.vocab_size}, fewer than {SAMPLE_TOP_K}; "
-            f"use --sampling greedy, or a vocabulary of at least {SAMPLE_TOP_K} tokens"
-        )
+            f"use {{sampling}} greedy, or a vocabulary of at least {SAMPLE_TOP_K} tokens",
+            "sampling")
 

@@ -24,10 +24,11 @@ class InferenceCompiler:
         chunks = (-(-cfg.prompt_len // cfg.prefill_chunk)
                   if cfg.prompt_len is not None and cfg.prefill_chunk else 1)
         self.b = TraceBuilder(fix=(
-            f"--prompt-len {cfg.prompt_len:,} in {chunks:,} chunks of --prefill-chunk "
+            f"{{prompt_len}} {cfg.prompt_len:,} in {chunks:,} chunks of {{prefill_chunk}} "
             f"{cfg.prefill_chunk:,} x {model.num_layers} layers build it: use a larger "
-            f"--prefill-chunk" if chunks > 1 else
-            f"{model.num_layers} layers build it: use a model with fewer layers"))
+            f"{{prefill_chunk}}" if chunks > 1 else
+            f"{model.num_layers} layers build it: use a model with fewer layers"),
+            fix_params=("prompt_len", "prefill_chunk") if chunks > 1 else ())
         self.wb = cfg.weight_bytes_per_param
         self.kvb = cfg.kv_bytes_per_elem
         self.mm_dtype = cfg.matmul_dtype.lower()

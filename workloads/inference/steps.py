@@ -49,12 +49,13 @@ def _check_prefill_size(b: TraceBuilder, model: TransformerSpec, cfg: DecodeConf
     # The head after the last chunk needs room too (a few ops, under one chunk's).
     fit = max((b.max_ops - start) // per_chunk - 1, 1)
     raise TpusimError(
-        f"--prompt-len {cfg.prompt_len:,} in {chunks:,} chunks of --prefill-chunk "
+        f"{{prompt_len}} {cfg.prompt_len:,} in {chunks:,} chunks of {{prefill_chunk}} "
         f"{cfg.prefill_chunk:,} x {model.num_layers} layers compiles to at least {least:,} ops "
         f"({per_chunk:,} per chunk, counted on the first), over the {b.max_ops:,} tpusim "
-        f"simulates in one program; use a --prefill-chunk of at least "
+        f"simulates in one program; use a {{prefill_chunk}} of at least "
         f"{-(-cfg.prompt_len // fit):,} tokens "
-        + (f"(at most {fit:,} chunks)" if fit > 1 else "(the whole prompt in one chunk)"))
+        + (f"(at most {fit:,} chunks)" if fit > 1 else "(the whole prompt in one chunk)"),
+        "prompt_len", "prefill_chunk")
 
 
 def compile_prefill(model: TransformerSpec, mesh: LogicalMesh, num_chips: int,
@@ -71,7 +72,7 @@ def compile_prefill(model: TransformerSpec, mesh: LogicalMesh, num_chips: int,
         raise TpusimError(f"cached_len {cached_len!r} must be a whole number >= 0 (tokens "
                           f"already in the KV cache)")
     if cfg.prompt_len is None:
-        raise TpusimError("prefill needs --prompt-len (prompt tokens per sequence)")
+        raise TpusimError("prefill needs {prompt_len} (prompt tokens per sequence)", "prompt_len")
     cfg.moe.check_model(model)
     check_sampling(model, cfg)
     lay = layout(model, mesh, num_chips, cfg.batch)
