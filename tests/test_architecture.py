@@ -160,7 +160,6 @@ PENDING_MODULES = {
     "sim/planner.py",
     "sim/runs/requests.py",
     "sim/vector_engine.py",
-    "validation/xla_crosscheck.py",
 }
 PENDING_FUNCTIONS = {
     "sim/chip_engine.py:run_classes",
@@ -171,7 +170,6 @@ PENDING_FUNCTIONS = {
     "sim/planner.py:run_plan",
     "sim/vector_engine.py:run_vectors",
     "validation/xla_compile.py:lower_moe_train",
-    "validation/xla_crosscheck.py:parse_hlo_collectives",
 }
 
 

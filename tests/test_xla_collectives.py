@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from topologies.mesh import parse_mesh
-from validation import xla_crosscheck
+from validation import xla_crosscheck_doc as xdoc
+from validation import xla_hlo_read as hread
 from workloads.training import Remat, TrainingConfig, compile_training_step
 from workloads.zoo import model_from_dict
 
@@ -372,25 +373,20 @@ def test_embedding_tokens_loss_and_norm_gradient_collectives(tp_activations):
 
 # -- the XLA side of the cross-check (validation/xla_crosscheck.py) ------------------------------
 
-def _crosscheck():
-    return xla_crosscheck
-
 
 def test_mesh_form_replica_groups_vary_over_the_named_axes():
-    xc = _crosscheck()
     # 4 x 2 ids row-major: a group varies over axis_0 with axis_1 fixed.
-    assert xc.parse_replica_groups("mesh['axis_0'=4,'axis_1'=2] {'axis_0'}", 8) == \
+    assert xdoc.parse_replica_groups("mesh['axis_0'=4,'axis_1'=2] {'axis_0'}", 8) == \
         [[0, 2, 4, 6], [1, 3, 5, 7]]
-    assert xc.parse_replica_groups("mesh['axis_0'=4,'axis_1'=2] {'axis_1'}", 8) == \
+    assert xdoc.parse_replica_groups("mesh['axis_0'=4,'axis_1'=2] {'axis_1'}", 8) == \
         [[0, 1], [2, 3], [4, 5], [6, 7]]
-    assert xc.parse_replica_groups("mesh['axis_0'=4,'axis_1'=2] {'axis_0','axis_1'}", 8) == \
+    assert xdoc.parse_replica_groups("mesh['axis_0'=4,'axis_1'=2] {'axis_0','axis_1'}", 8) == \
         [list(range(8))]
 
 
 def test_each_windowed_ring_takes_one_prologue_of_its_message_size():
     # One layer's backward: a windowed all-gather and a windowed reduce-scatter with equal
     # messages (2 ring steps each) and their two prologue permutes: N + 1 messages each.
-    xc = _crosscheck()
     pairs = [[0, 1], [1, 0]]
     loop = dict(kind="collective-permute", in_loop=True, layer=0, phase="bwd", bytes=10,
                 pair_list=pairs, count=2)
@@ -398,9 +394,10 @@ def test_each_windowed_ring_takes_one_prologue_of_its_message_size():
     ops += [dict(loop, in_loop=False, loop=None, count=1)] * 2
     xr = {"num_chips": 2, "mesh_axes": ["fsdp"], "mesh_shape": [2], "mesh_device_ids": [0, 1],
           "ops": ops}
-    assert xc.xla_logical_bytes(xr) == {("all-gather", "fsdp"): 30, ("reduce-scatter", "fsdp"): 30}
+    assert xdoc.xla_logical_bytes(xr) == {("all-gather", "fsdp"): 30,
+                                          ("reduce-scatter", "fsdp"): 30}
     # One collective each: a loop once per run (2 trips), its prologue not at all.
-    assert xc.xla_logical_counts(xr) == {("all-gather", "fsdp"): 1, ("reduce-scatter", "fsdp"): 1}
+    assert xdoc.xla_logical_counts(xr) == {("all-gather", "fsdp"): 1, ("reduce-scatter", "fsdp"): 1}
 
 
 # -- a data axis (the v6e data=4 x fsdp=4 program) ------------------------------------------------
@@ -502,7 +499,6 @@ def test_an_all_reduce_scatter_fusion_is_a_reduce_scatter_and_its_fixup_permute_
     # TPU's all-reduce-scatter fusion: an all-reduce whose result the fusion's ROOT only
     # dynamic-slices (one ring reduce-scatter); a padded one (8 rows into 2 x 5) moves the
     # extra rows to the next shard by a collective-permute of a slice of its result.
-    xc = _crosscheck()
     groups = "replica_groups={{0,1},{2,3}}, use_global_device_ids=true, to_apply=%add"
     meta = 'metadata={op_name="jit(step)/transpose(jvp(layer0))/dot_general"}'
     pairs = "channel_id=1, source_target_pairs={{0,1},{2,3}}"
@@ -532,12 +528,12 @@ ENTRY %main (p: bf16[8,4]) -> bf16[3,4] {{
   ROOT %d = bf16[3,4]{{1,0}} collective-permute-done(%cp)
 }}
 """
-    ops = xc.parse_hlo_collectives(text)
+    ops = hread.parse_hlo_collectives(text)
     assert sorted((o["kind"], o["bytes"], bool(o.get("fixup"))) for o in ops) == [
         ("collective-permute", 3 * 4 * 2, True), ("reduce-scatter", 10 * 4 * 2, False)]
     xr = {"num_chips": 4, "mesh_axes": ["data", "fsdp"], "mesh_shape": [2, 2],
           "mesh_device_ids": [0, 1, 2, 3], "ops": ops}
-    assert xc.xla_logical_bytes(xr) == {("reduce-scatter", "fsdp"): 13 * 4 * 2}
+    assert xdoc.xla_logical_bytes(xr) == {("reduce-scatter", "fsdp"): 13 * 4 * 2}
     # tpusim import-hlo runs the fusion as one reduce-scatter of the padded operand too.
     from sim.chips import get_chip
     from tests.conftest import make_topology
@@ -550,7 +546,6 @@ ENTRY %main (p: bf16[8,4]) -> bf16[3,4] {{
 
 def test_a_loop_whose_induction_variable_steps_through_a_copy_counts_its_real_trips():
     # i < 8, i += 2 read through copy(i) (a rotated loop): 4 trips, not 8.
-    xc = _crosscheck()
     text = """HloModule m
 
 %body (param: (u32[], bf16[4])) -> (u32[], bf16[4]) {
@@ -579,7 +574,7 @@ ENTRY %main (a: bf16[4]) -> bf16[4] {
   ROOT %y = bf16[4]{0} get-tuple-element(%w), index=1
 }
 """
-    (op,) = xc.parse_hlo_collectives(text)
+    (op,) = hread.parse_hlo_collectives(text)
     assert op["count"] == 4
 
 
@@ -711,7 +706,6 @@ def test_an_unrolled_rings_permutes_are_read_as_gather_or_reduce_scatter_steps()
     # Outside a windowed_dot_general loop: a permute of a weight shard (or of a received one,
     # relayed) is a gather step; one of a zero accumulator, or of a fusion adding a received
     # permute to a partial product, is a reduce-scatter step.
-    xc = _crosscheck()
     dot = 'metadata={op_name="jit(step)/transpose(jvp(layer0))/ebcm,emh->ebch/dot_general"}'
     pairs = "source_target_pairs={{0,1},{1,0}}"
     tup = "(bf16[4]{0}, bf16[4]{0}, u32[], u32[])"
@@ -740,14 +734,15 @@ ENTRY %main (w: bf16[4], g: bf16[4]) -> bf16[4] {{
   ROOT %rs1d = bf16[4]{{0}} collective-permute-done(%rs1)
 }}
 """
-    roles = {o["channel"]: o["ring"] for o in xc.parse_hlo_collectives(text)}
+    roles = {o["channel"]: o["ring"] for o in hread.parse_hlo_collectives(text)}
     assert roles == {1: "ag", 2: "ag", 3: "rs0", 4: "rs"}
     xr = {"num_chips": 2, "mesh_axes": ["fsdp"], "mesh_shape": [2], "mesh_device_ids": [0, 1],
-          "ops": xc.parse_hlo_collectives(text)}
-    assert xc.xla_logical_bytes(xr) == {("all-gather", "fsdp"): 16, ("reduce-scatter", "fsdp"): 16}
+          "ops": hread.parse_hlo_collectives(text)}
+    assert xdoc.xla_logical_bytes(xr) == {("all-gather", "fsdp"): 16,
+                                          ("reduce-scatter", "fsdp"): 16}
     # Collectives: a gather ring per N - 1 = 1 message (2), a reduce-scatter ring per zero
     # start each way (one start here: half a ring).
-    assert xc.xla_logical_counts(xr) == {("all-gather", "fsdp"): 2,
+    assert xdoc.xla_logical_counts(xr) == {("all-gather", "fsdp"): 2,
                                          ("reduce-scatter", "fsdp"): 0.5}
 
 

@@ -8,12 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from validation import xla_crosscheck
-
-
-@pytest.fixture(scope="module")
-def xc():
-    return xla_crosscheck
+from validation import xla_crosscheck_doc as xdoc
+from validation import xla_crosscheck_sides as sides
+from validation import xla_hlo_read as hread
 
 
 def _cfg(cycles: int) -> str:
@@ -96,9 +93,9 @@ ENTRY %main (a: bf16[8,8]) -> bf16[8,8] {{
 """
 
 
-def test_estimated_cycles_are_multiplied_by_the_trip_counts_of_their_loops(xc):
+def test_estimated_cycles_are_multiplied_by_the_trip_counts_of_their_loops():
     got = {(c["op_name"].split("/", 1)[-1], c["loop"]): (c["cycles"], c["count"])
-           for c in xc.parse_hlo_costs(MODULE)}
+           for c in hread.parse_hlo_costs(MODULE)}
     assert got == {
         # 100 cycles x 3 trips (known_trip_count); its matmul is the attention einsum
         ("jvp(layer0)/attention/bskgd,btkd->bkgst/dot_general", "windowed-rs"): (300, 3),
@@ -110,31 +107,31 @@ def test_estimated_cycles_are_multiplied_by_the_trip_counts_of_their_loops(xc):
     }
 
 
-def test_xla_ops_are_classed_by_named_scope_and_the_einsum_of_their_matmul(xc):
+def test_xla_ops_are_classed_by_named_scope_and_the_einsum_of_their_matmul():
     classes = {}
-    for c in xc.parse_hlo_costs(MODULE):
-        k = xc.xla_op_class(c["op_name"], c["matmul"], c["loop"])
+    for c in hread.parse_hlo_costs(MODULE):
+        k = xdoc.xla_op_class(c["op_name"], c["matmul"], c["loop"])
         classes[k] = classes.get(k, 0) + c["cycles"]
     # Both accumulator fusions of the reduce-scatter loop, the head's named add included.
     assert classes == {"attention matmuls": 300, "windowed-einsum accumulators": 30 + 12,
                        "norms": 28, "optimizer update": 5}
     # In an all-gather loop a named copy of an output slice keeps its scope's class.
-    assert xc.xla_op_class("jit(step)/jvp(layer0)/dot_general", "", "windowed-ag") == \
+    assert xdoc.xla_op_class("jit(step)/jvp(layer0)/dot_general", "", "windowed-ag") == \
         "other elementwise"
-    assert xc.xla_op_class("", "", "windowed-ag") == "windowed-einsum accumulators"
-    assert xc.xla_op_class("jit(step)/jvp(layer3)/dot_general",
+    assert xdoc.xla_op_class("", "", "windowed-ag") == "windowed-einsum accumulators"
+    assert xdoc.xla_op_class("jit(step)/jvp(layer3)/dot_general",
                            "jit(step)/jvp(layer3)/dot_general") == "layer matmuls"
-    assert xc.xla_op_class("jit(step)/transpose(jvp(head))/dot_general", "") == \
+    assert xdoc.xla_op_class("jit(step)/transpose(jvp(head))/dot_general", "") == \
         "embedding, logits and loss"
-    assert xc.xla_op_class("jit(step)/jvp(layer0)/attention/exp", "") == "softmax and mask"
-    assert xc.xla_op_class("jit(step)/jvp(layer0)/jit(silu)/mul", "") == "other elementwise"
-    assert xc.xla_op_class("jit(step)/jvp(layer0)/add", "jit(step)/jvp(layer0)/bsm,bsec->ebcm/"
+    assert xdoc.xla_op_class("jit(step)/jvp(layer0)/attention/exp", "") == "softmax and mask"
+    assert xdoc.xla_op_class("jit(step)/jvp(layer0)/jit(silu)/mul", "") == "other elementwise"
+    assert xdoc.xla_op_class("jit(step)/jvp(layer0)/add", "jit(step)/jvp(layer0)/bsm,bsec->ebcm/"
                            "dot_general") == "MoE dispatch and combine"
-    assert xc.xla_op_class("", "", "") == "unattributed"
+    assert xdoc.xla_op_class("", "", "") == "unattributed"
 
 
-def test_fusion_stats_read_flops_and_accumulator_bytes_per_estimated_cycle(xc):
-    st = xc.hlo_fusion_stats(MODULE)
+def test_fusion_stats_read_flops_and_accumulator_bytes_per_estimated_cycle():
+    st = sides.hlo_fusion_stats(MODULE)
     # The matmul fusion: 2 x 8 x 8 x 8 FLOP in 100 cycles.
     assert st["mxu_flops_per_cycle"] == 2 * 8 * 8 * 8 / 100 and st["mxu_fusion"] == "fusion.2"
     # The reduce-scatter loop's two other fusions each read and write a bf16[8,8] (256 bytes),
@@ -142,20 +139,20 @@ def test_fusion_stats_read_flops_and_accumulator_bytes_per_estimated_cycle(xc):
     assert (st["accum_bytes"], st["accum_cycles"], st["accum_max"]) == (512, 14, [256, 10])
 
 
-def test_tpusim_ops_are_classed_by_name_unit_and_layer(xc):
+def test_tpusim_ops_are_classed_by_name_unit_and_layer():
     def op(name, unit="vpu", layer=0, kind="compute"):
         return SimpleNamespace(name=name, unit=unit, layer=layer, kind=kind)
 
-    assert xc.tpusim_op_class(op("re-qkv_proj", "mxu")) == "layer matmuls"
-    assert xc.tpusim_op_class(op("re-attn_scores", "mxu")) == "attention matmuls"
-    assert xc.tpusim_op_class(op("softmax_bwd")) == "softmax and mask"
-    assert xc.tpusim_op_class(op("re-norm_mlp")) == "norms"
-    assert xc.tpusim_op_class(op("mlp_act")) == "other elementwise"
-    assert xc.tpusim_op_class(op("logits", "mxu", layer=-1)) == "embedding, logits and loss"
-    assert xc.tpusim_op_class(op("adam_update", layer=-1)) == "optimizer update"
-    assert xc.tpusim_op_class(op("moe_dispatch_bwd", "mxu")) == "MoE dispatch and combine"
-    assert xc.tpusim_op_class(op("tp_allreduce_mlp", kind="collective")) == "collectives"
-    assert xc.tpusim_op_class(op("logits_bwd_weights_accum", layer=-1)) == \
+    assert xdoc.tpusim_op_class(op("re-qkv_proj", "mxu")) == "layer matmuls"
+    assert xdoc.tpusim_op_class(op("re-attn_scores", "mxu")) == "attention matmuls"
+    assert xdoc.tpusim_op_class(op("softmax_bwd")) == "softmax and mask"
+    assert xdoc.tpusim_op_class(op("re-norm_mlp")) == "norms"
+    assert xdoc.tpusim_op_class(op("mlp_act")) == "other elementwise"
+    assert xdoc.tpusim_op_class(op("logits", "mxu", layer=-1)) == "embedding, logits and loss"
+    assert xdoc.tpusim_op_class(op("adam_update", layer=-1)) == "optimizer update"
+    assert xdoc.tpusim_op_class(op("moe_dispatch_bwd", "mxu")) == "MoE dispatch and combine"
+    assert xdoc.tpusim_op_class(op("tp_allreduce_mlp", kind="collective")) == "collectives"
+    assert xdoc.tpusim_op_class(op("logits_bwd_weights_accum", layer=-1)) == \
         "windowed-einsum accumulators"
 
 
@@ -183,7 +180,7 @@ def test_a_device_list_that_is_not_the_mesh_devices_once_each_is_refused(ids):
         replica_groups(f"mesh['a'=2,'b'=2], device_ids=({ids}) {{'b'}}", 4)
 
 
-def test_a_module_with_device_list_replica_groups_parses_and_both_readers_agree(xc):
+def test_a_module_with_device_list_replica_groups_parses_and_both_readers_agree():
     from workloads.hlo.parser import parse_hlo, replica_groups
 
     groups = "mesh['a'=2,'b'=1,'c'=2], device_ids=([2,2]T(1,0)) {'a'}"
@@ -197,9 +194,9 @@ ENTRY %main (p: bf16[4]) -> bf16[8] {{
 """
     ins = parse_hlo(text).entry_computation.root
     assert replica_groups(ins.attrs["replica_groups"], 4) == [[0, 1], [2, 3]]
-    (op,) = xc.parse_hlo_collectives(text)
+    (op,) = hread.parse_hlo_collectives(text)
     assert op["replica_groups"] == groups
-    assert xc.parse_replica_groups(op["replica_groups"], 4) == [[0, 1], [2, 3]]
+    assert xdoc.parse_replica_groups(op["replica_groups"], 4) == [[0, 1], [2, 3]]
 
 
 def test_a_computation_with_attributes_after_its_body_parses():
@@ -259,9 +256,9 @@ FORMS_MODULE = "\n".join([
     "}", ""])
 
 
-def test_gather_forms_count_windowed_loops_plain_collectives_and_where_loop_buffers_sit(xc):
+def test_gather_forms_count_windowed_loops_plain_collectives_and_where_loop_buffers_sit():
     # What `xla_crosscheck.py --forms` prints per program (docs/model.md, the ring-length rule).
-    assert xc.gather_forms(FORMS_MODULE) == {
+    assert sides.gather_forms(FORMS_MODULE) == {
         "windowed_ag": 0, "windowed_rs": 1,
         "layer1": {"all-gather": 2, "all-reduce": 1, "async all-gather": 1},
         "big_loop_buffers_vmem": 1, "big_loop_buffers_hbm": 1}

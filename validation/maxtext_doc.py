@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
-from validation import energy, template, xla_crosscheck, xla_moe_pair
+from validation import energy, template, xla_crosscheck_doc, xla_moe_pair
 from validation.maxtext_effects import effects
 from validation.maxtext_fit import DCN_FIT_OBJECTIVES, SCAN_GRID, FitResult
 from validation.maxtext_predict import (
@@ -293,11 +293,11 @@ def moe_pair_section() -> str:
 def xla_collectives_section() -> str:
     """Collective bytes by kind and axis against XLA's compiled programs, from the cached XLA
     side (validation/results/xla_collectives.json); empty without that file."""
-    if not xla_crosscheck.RESULTS_FILE.is_file():
+    if not xla_crosscheck_doc.RESULTS_FILE.is_file():
         return ""
-    results = json.loads(xla_crosscheck.RESULTS_FILE.read_text())
-    return (xla_crosscheck.render_collectives_section(results) + "\n\n"
-            + xla_crosscheck.render_op_costs_section(results))
+    results = json.loads(xla_crosscheck_doc.RESULTS_FILE.read_text())
+    return (xla_crosscheck_doc.render_collectives_section(results) + "\n\n"
+            + xla_crosscheck_doc.render_op_costs_section(results))
 
 
 def write_collectives_section() -> int:

@@ -8,7 +8,7 @@ Two tpu-recipes runs of the same month (Oct 2024, libtpu 20241028), mesh (fsdp=2
 under `jax.checkpoint(nothing_saveable)`, GQA dot attention, the Mixtral with MaxText's
 capacity-1.25 one-hot dispatch, the LLaMA with a dense SwiGLU MLP in its place) at the runs'
 own widths and mesh, one sequence per chip, and XLA's per-instruction `estimated_cycles`
-(loop trip counts applied; `xla_crosscheck.parse_hlo_costs`) are summed per class per layer
+(loop trip counts applied; `xla_hlo_read.parse_hlo_costs`) are summed per class per layer
 and sequence. The same classes are read off tpusim's replay of each run as validated (its own
 batch and layers, flash attention), per layer and sequence. Scaled by each run's layers and
 batch, XLA's estimate of the layers' compute is set against the measured step.
@@ -49,7 +49,7 @@ from pathlib import Path
 from sim.chips import get_chip
 from sim.engine import compute_op_times, replay
 from validation import maxtext_runs, xla_compile
-from validation.xla_crosscheck import estimated_cycles, op_name, trip_count
+from validation.xla_hlo_read import estimated_cycles, op_name, trip_count
 from workloads.hlo.costs import conv_flops
 from workloads.hlo.parser import HloModule, dot_dims, parse_hlo
 from workloads.trace import OpKind
@@ -93,7 +93,7 @@ ATTENTION_BLOCK = 512
 # reference does not record): does more VMEM make XLA price the matmuls differently?
 VARIANTS = {"vmem96m": "--xla_tpu_scoped_vmem_limit_kib=98304"}
 PROGRAMS = tuple(PAIR) + tuple(f"{n}+{v}" for v in VARIANTS for n in PAIR) + tuple(CAPACITY)
-# XLA's v6e clock (xla_crosscheck.XLA_CLOCK_HZ says how it is derived).
+# XLA's v6e clock (xla_crosscheck_programs.XLA_CLOCK_HZ says how it is derived).
 CLOCK_HZ = 1.75e9
 
 _EXPERT_EINSUMS = ("ebcm,emh->ebch", "ebch,ehm->ebcm")
