@@ -93,6 +93,11 @@ TPUSIM_VARIANTS = {
                       ["--tp-activations", "replicated", "--remat", "none"]],
 }
 
+def named_dims(dims):
+    """A configuration's model widths: a dict, or the name of one of this module's (`SMALL`)."""
+    return globals()[dims] if isinstance(dims, str) else dims
+
+
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 
 

@@ -22,6 +22,7 @@ from validation.xla_crosscheck_programs import (
     DIMS,
     REPO,
     XLA_CLOCK_HZ,
+    named_dims,
 )
 from validation.xla_hlo_read import estimated_cycles, parse_hlo_collectives, parse_hlo_costs
 from workloads.hlo.costs import conv_flops
@@ -41,7 +42,7 @@ def dims_override(cfg: dict) -> dict:
     dims = cfg.get("dims")
     if dims is None:
         return {}
-    dims = globals()[dims] if isinstance(dims, str) else dims
+    dims = named_dims(dims)
     return {k: v for k, v in dims.items() if DIMS.get(k) != v}
 
 
@@ -239,7 +240,7 @@ def forms(dump_dir: str) -> str:
         if not path.is_file() or cfg["mode"] != "train":
             continue
         dims = cfg.get("dims", DIMS)
-        dims = globals()[dims] if isinstance(dims, str) else dims
+        dims = named_dims(dims)
         n = cfg["mesh"].get("fsdp", 1)
         f = gather_forms(path.read_text())
         lines.append(f"{name} ({cfg['topology']}, mesh {cfg['mesh']}, d_model {dims['d_model']}"
