@@ -121,3 +121,23 @@ def test_cli_writes_the_serving_trace(tmp_path, capsys):
                  "--output-tokens", "fixed:2", "--perfetto", str(out)])
     assert code == 0 and out.stat().st_size > 0
     assert "wrote" in capsys.readouterr().out.splitlines()[-1]
+
+
+def test_the_iteration_log_packs_full_chunks_and_gives_the_rows_back_in_order():
+    from sim.serving.simulate import ITERATION_COLUMNS, IterationLog
+
+    class Small(IterationLog):
+        CHUNK = 3
+
+    rows = [(i % 2, "both" if i % 3 else "prefill", i * 0.5, 0.25 + i, i, 10 * i, i % 4, 7 * i,
+             i // 2, 100 + i, 0) for i in range(10)]
+    log = Small()
+    for r in rows:
+        log.append(r)
+    assert len(log._packed) == 3 and len(log._tail) == 1  # 3 chunks of 3 packed, 1 row left
+    assert len(log) == 10 and list(log) == rows and log == rows
+    cols = log.columns()
+    assert list(cols) == list(ITERATION_COLUMNS)
+    assert cols["start_s"].tolist() == [r[2] for r in rows]
+    assert cols["role"].tolist() == [r[1] for r in rows]
+    assert cols["kv_blocks_used"].tolist() == [r[9] for r in rows]

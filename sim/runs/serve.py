@@ -28,7 +28,7 @@ from sim.serving.costs import CostBounds, IterationCosts, StepModel, describe_co
 from sim.serving.energy import PoolWork, serving_energy
 from sim.serving.metrics import parse_slo, summarize
 from sim.serving.simulate import (
-    ITERATION_COLUMNS,
+    IterationLog,
     PoolSpec,
     PreemptionKind,
     Role,
@@ -53,11 +53,11 @@ REQUEST_COLUMNS = ("request", "arrival_s", "prompt_tokens", "output_tokens", "re
 @dataclass(frozen=True, kw_only=True)
 class ServeResult:
     """The tables of a serving run: `requests` (column -> array, one row per request, every
-    timestamp), `iterations` (tuples in `ITERATION_COLUMNS` order) and `queue_events` (time,
-    +1 joined or -1 left a replica's queue, replica), in time order."""
+    timestamp), `iterations` (an `IterationLog`: rows in `ITERATION_COLUMNS` order) and
+    `queue_events` (time, +1 joined or -1 left a replica's queue, replica), in time order."""
 
     requests: dict[str, np.ndarray]
-    iterations: list[tuple]
+    iterations: IterationLog
     queue_events: list[tuple] = field(default_factory=list)
 
     def requests_frame(self):
@@ -71,7 +71,7 @@ class ServeResult:
     def iterations_frame(self):
         import pandas as pd
 
-        return pd.DataFrame.from_records(self.iterations, columns=list(ITERATION_COLUMNS))
+        return pd.DataFrame(self.iterations.columns())
 
 
 def _enum(cls, value: str, flag: str):
@@ -331,9 +331,9 @@ def _pool_work(sim: ServingSim, pools: list[PoolSpec], bound, pool_info,
                workload) -> list[PoolWork]:
     """What each pool did beyond its iterations' steps: the bytes its replicas swapped over
     PCIe and sent to decode replicas over DCN."""
-    swapped = [0] * len(sim.replicas)
-    for row in sim.iterations:
-        swapped[row[0]] += row[10]
+    swapped = np.bincount(sim.iterations.column("replica"),
+                          weights=sim.iterations.column("swap_tokens"),
+                          minlength=len(sim.replicas)).tolist()
     out, first = [], 0
     sent_to = np.asarray(sim.decode_replica) >= 0
     for pool, b, info in zip(pools, bound, pool_info, strict=True):

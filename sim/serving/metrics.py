@@ -110,10 +110,10 @@ def summarize(sim, *, slo: Slo, num_chips: int, kv_blocks: list[int],
         ok &= ~(lat["tpot_s"] > slo.tpot_s)  # NaN (one-token requests) has no TPOT to miss
     good = int(ok.sum())
     its = sim.iterations
-    dur = np.fromiter((r[3] for r in its), dtype=np.float64, count=len(its))
-    batch = np.fromiter((r[4] for r in its), dtype=np.float64, count=len(its))
-    used = np.fromiter((r[9] for r in its), dtype=np.float64, count=len(its))
-    rep_idx = np.fromiter((r[0] for r in its), dtype=np.int64, count=len(its))
+    dur = its.column("duration_s")
+    batch = its.column("decode_batch").astype(np.float64)
+    used = its.column("kv_blocks_used").astype(np.float64)
+    rep_idx = its.column("replica")
     blocks = np.asarray(kv_blocks, dtype=np.float64)
     kv_util = float((used * dur / blocks[rep_idx]).sum() / (span * len(blocks))) \
         if len(its) else 0.0
