@@ -51,6 +51,9 @@ class ClassEnergy:
             share).
         chip_power_w_mean: the chip's own power (the `CHIP_UNITS`) averaged over the step.
         chip_power_w_peak: the chip's highest power averaged over a `POWER_WINDOW_S` window.
+        power_w: the chip's own power over the step, piecewise constant: (time s, watts from
+            then on) at every change, from 0 to the step's end (`power_steps`); the Perfetto
+            power counter and the power plot.
     """
 
     chip_class: int
@@ -59,6 +62,7 @@ class ClassEnergy:
     chip_j_by_unit: dict[str, float]
     chip_power_w_mean: float
     chip_power_w_peak: float
+    power_w: tuple[tuple[float, float], ...] = field(default=(), compare=False, repr=False)
 
     @property
     def chip_j(self) -> float:
@@ -219,6 +223,33 @@ def peak_power_w(start: np.ndarray, end: np.ndarray, joules: np.ndarray, time_s:
     return float(max(energy.max() / w, 0.0))
 
 
+def power_steps(start: np.ndarray, end: np.ndarray, joules: np.ndarray, time_s: float,
+                idle_w: float) -> tuple[tuple[float, float], ...]:
+    """A chip's power over [0, `time_s`] when each op's `joules` are spread evenly over its
+    [start, end] (as `peak_power_w` spreads them) on top of `idle_w`: ((t, watts from t on),
+    ...) at every change, the last at `time_s` back to idle. Integrating it gives the op
+    joules plus `idle_w * time_s` (tests/test_energy.py)."""
+    keep = joules > 0
+    s, e, j = (np.asarray(a, dtype=float)[keep] for a in (start, end, joules))
+    if not len(j):
+        return ((0.0, float(idle_w)), (float(time_s), float(idle_w)))
+    e = np.maximum(e, s + MIN_SPREAD_S)
+    t = np.concatenate([s, e])
+    slope = np.concatenate([j / (e - s), -j / (e - s)])
+    order = np.argsort(t, kind="stable")
+    t, slope = t[order], slope[order]
+    last = np.r_[t[1:] != t[:-1], True]  # one value per distinct time, after all its changes
+    t, rate = t[last], np.cumsum(slope)[last]
+    rate = np.where(np.abs(rate) < 1e-9 * max(float(np.abs(slope).max()), 1.0), 0.0, rate)
+    watts = idle_w + np.maximum(rate, 0.0)
+    keep = np.r_[True, watts[1:] != watts[:-1]]  # drop samples that change nothing
+    out = [(0.0, float(idle_w))] if t[0] > 0 else []
+    out += [(float(a), float(b)) for a, b in zip(t[keep], watts[keep], strict=True)]
+    if out[-1][0] < time_s:
+        out.append((float(time_s), float(idle_w)))
+    return tuple(out)
+
+
 def _class_programs(result, trace: Trace):
     """[(class, representative, chips, program, link classes, (start, end))] of a step."""
     cls = result.classes
@@ -273,7 +304,9 @@ def step_energy(result, trace: Trace, chip: ChipSpec, *, tokens: float | None,
         classes.append(ClassEnergy(chip_class=k, chip=name, num_chips=count,
                                    chip_j_by_unit=units,
                                    chip_power_w_mean=chip_j / t if t > 0 else 0.0,
-                                   chip_power_w_peak=peak))
+                                   chip_power_w_peak=peak,
+                                   power_w=power_steps(start, end, per_op.sum(axis=1), t,
+                                                       chip.idle_power_w)))
         for u, v in units.items():
             pod_j[u] += v * count
     n = result.num_chips

@@ -4,6 +4,7 @@ brute force and the published figures of docs/reference/power.md."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import subprocess
@@ -27,6 +28,7 @@ from sim.energy import (
     UNITS,
     collective_energy,
     peak_power_w,
+    power_steps,
     step_energy,
 )
 from sim.executors import simulate_step
@@ -160,6 +162,69 @@ def test_the_windowed_peak_equals_a_brute_force_sampling_of_the_power():
         rate = float(np.max(joules / d))  # no op deposits faster than this
         assert got >= brute * (1 - 1e-9)  # the exact peak is at least any sampled window's
         assert got <= brute + 2 * dt * min(rate, joules.sum() / dt) / ww + 1e-9
+
+
+def _integral(steps, t_end: float) -> float:
+    pts = np.asarray(steps, dtype=float)
+    edges = np.append(pts[1:, 0], t_end)
+    return float(np.sum(pts[:, 1] * (edges - pts[:, 0])))
+
+
+def test_power_over_the_step_integrates_to_the_ops_joules_plus_idle_power():
+    rng = random.Random(11)
+    for _ in range(30):
+        n = rng.randint(1, 15)
+        start = np.array([rng.uniform(0, 5e-3) for _ in range(n)])
+        end = start + np.array([rng.choice([0.0, rng.uniform(0, 3e-3)]) for _ in range(n)])
+        joules = np.array([rng.choice([0.0, rng.uniform(0, 2)]) for _ in range(n)])
+        t = float(end.max()) + rng.choice([0.0, 1e-3])
+        idle = rng.uniform(0, 100)
+        steps = power_steps(start, end, joules, t, idle)
+        assert steps[0][0] == 0.0 and all(a[0] < b[0] for a, b in zip(steps, steps[1:]))
+        assert all(w >= idle for _t, w in steps) and steps[-1][1] == pytest.approx(idle)
+        # An instant op deposits its joules over MIN_SPREAD_S, past the step's end at most.
+        end_t = max(t, float(np.max(np.maximum(end, start + MIN_SPREAD_S))))
+        assert _integral(steps, end_t) == pytest.approx(joules.sum() + idle * end_t, rel=1e-9)
+        # Nowhere above the windowed peak's ceiling: the peak over the shortest window.
+        assert max(w for _t, w in steps) >= idle + peak_power_w(start, end, joules, t, t) - 1e-6
+
+
+def test_each_chip_class_power_over_the_step_holds_its_chip_joules():
+    run = sim.run(sim.TrainRequest(chip="v5e", shape="2x2", model="llama3-8b", seq_len=512,
+                                   batch_per_chip=1, mesh="fsdp=4", slow_chip=("1,1:0.5",),
+                                   overrides={"model.num_layers": "2"}))
+    energy = run.energy_detail
+    assert len(energy.classes) >= 2
+    for c in energy.classes:
+        chip_j = sum(c.chip_j_by_unit[u] for u in CHIP_UNITS)
+        assert _integral(c.power_w, energy.time_s) == pytest.approx(chip_j, rel=1e-6)
+        assert max(w for _t, w in c.power_w) >= c.chip_power_w_peak * (1 - 1e-9)
+
+
+def test_the_perfetto_trace_and_the_plots_show_each_chip_classes_power(tmp_path):
+    from sim.cli import main
+    from sim.export.energy_plots import energy_figure
+
+    trace, plots = tmp_path / "step.json", tmp_path / "plots"
+    args = ["--quiet", "train", "--chip", "v5e", "--shape", "2x2", "--model", "llama3-8b",
+            "--set", "model.num_layers=2", "--seq-len", "512", "--batch-per-chip", "1",
+            "--mesh", "fsdp=4", "--slow-chip", "1,1:0.5", "--perfetto", str(trace),
+            "--trace-chips", "all", "--plots", str(plots), "--json"]
+    assert main(args) == 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    power = [e for e in events if e.get("ph") == "C" and e.get("name") == "power (W)"]
+    assert {e["pid"] for e in power} == {e["pid"] for e in events if e.get("ph") == "X"}
+    assert (plots / "energy.png").stat().st_size > 0
+    run = sim.run(sim.TrainRequest(chip="v5e", shape="2x2", model="llama3-8b", seq_len=512,
+                                   batch_per_chip=1, mesh="fsdp=4", slow_chip=("1,1:0.5",),
+                                   overrides={"model.num_layers": "2"}))
+    energy = run.energy_detail
+    fig = energy_figure(energy, "caption")
+    bars = fig.axes[0].patches
+    per_chip = sorted(energy.step_j_by_unit[u] / energy.num_chips for u in UNITS
+                      if energy.step_j_by_unit[u] > 0)
+    assert sorted(b.get_width() for b in bars) == pytest.approx(per_chip)
+    assert len(fig.axes[1].get_lines()) == len(energy.classes)  # one power line per class
 
 
 def test_collective_energy_counts_every_byte_a_ring_sends():

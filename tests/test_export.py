@@ -374,8 +374,8 @@ def test_train_writes_perfetto_tables_and_plots(tiny_yaml, tmp_path, capsys):
     assert ops.end_s.max() == pytest.approx(summary["step_time_s"])
     # Plots: real PNG files.
     pngs = sorted((tmp_path / "p").glob("*.png"))
-    assert [p.name for p in pngs] == ["breakdown.png", "links_on_torus.png", "timeline.png",
-                                      "utilization.png"]
+    assert [p.name for p in pngs] == ["breakdown.png", "energy.png", "links_on_torus.png",
+                                      "timeline.png", "utilization.png"]
     for p in pngs:
         assert p.read_bytes()[:8] == PNG_MAGIC and p.stat().st_size > 1000
     # No temporary files left behind by the atomic writers.

@@ -10,7 +10,7 @@ from typing import Any
 
 from sim.cli import common as cli
 from sim.cli.common import check_outputs
-from sim.cli.training import print_notes
+from sim.cli.training import _write_outputs, print_notes
 from sim.runs.requests import CONVERTERS, DecodeRequest, PrefillRequest, ServeSweepRequest
 from topologies.validate import (
     MAX_CHUNKS,
@@ -58,20 +58,14 @@ def _with_trace_chips(args, run, req):
     return run(req)
 
 
-def _write_outputs(args, result, summary, trace=None) -> list[str]:
-    from sim.cli.training import _write_outputs as write
-
-    return write(args, result, summary, trace)
-
-
 def cmd_decode(args: argparse.Namespace) -> int:
     from sim.runs.inference import run_decode  # the run stack, loaded when it runs
 
     req = cli.request_of(DecodeRequest, args)
     check_outputs(args)
     run = _with_trace_chips(args, run_decode, req)
-    s, result = run.summary, run.result
-    notes = _write_outputs(args, result, run.to_dict(), run.trace)
+    s = run.summary
+    notes = _write_outputs(args, run)
     if args.json:
         cli.emit_json(run.to_dict())
         return 0
@@ -108,9 +102,9 @@ def cmd_prefill(args: argparse.Namespace) -> int:
     req = cli.request_of(PrefillRequest, args)
     check_outputs(args)
     run = _with_trace_chips(args, run_prefill, req)
-    s, result = run.summary, run.result
+    s = run.summary
     t = s["time_s"]
-    notes = _write_outputs(args, result, run.to_dict(), run.trace)
+    notes = _write_outputs(args, run)
     if args.json:
         cli.emit_json(run.to_dict())
         return 0

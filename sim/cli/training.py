@@ -203,9 +203,10 @@ def _print_training(s: dict[str, Any]) -> None:
 check_outputs = cli.check_outputs  # re-exported: other command families import it here
 
 
-def _write_outputs(args, result, summary, trace=None) -> list[str]:
-    """Write --out, --perfetto, --plots and --chakra (already validated); returns `wrote ...`
-    lines."""
+def _write_outputs(args, run) -> list[str]:
+    """Write a step's --out, --perfetto, --plots and --chakra (already validated); returns
+    `wrote ...` lines."""
+    result, summary, trace, energy = run.result, run.to_dict(), run.trace, run.energy_detail
     notes = []
     plan = chakra = None
     if getattr(args, "chakra", None):
@@ -224,7 +225,7 @@ def _write_outputs(args, result, summary, trace=None) -> list[str]:
         # Parsed and range-checked before anything was simulated or written (check_trace_chips);
         # None = the default (chip 0, or one process per chip class).
         chips = args.chip_list if getattr(args, "trace_chips", None) else None
-        plan = plan_step_trace(result, args.perfetto, chips=chips)
+        plan = plan_step_trace(result, args.perfetto, chips=chips, energy=energy)
         plan.check_size()
     if getattr(args, "out", None):
         from sim.export.output import write_tables
@@ -243,7 +244,7 @@ def _write_outputs(args, result, summary, trace=None) -> list[str]:
     if getattr(args, "plots", None):
         from sim.export.step_plots import plot_step
 
-        plot_step(result, summary, args.plots)
+        plot_step(result, summary, args.plots, energy=energy)
         notes.append(f"wrote plots into {cli.show_path(args.plots)}/")
     if chakra is not None:
         chakra.write(args.chakra)
@@ -302,7 +303,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if getattr(args, "perfetto", None):
         cli.check_trace_chips(args, resolve_pod(req).topology.num_chips)  # before simulating
     run = run_train(req)
-    notes = _write_outputs(args, run.result, run.to_dict(), run.trace)
+    notes = _write_outputs(args, run)
     notes += _windowed_ring_note(args, run.trace) + _grad_ring_note(run.trace)
     if args.json:
         cli.emit_json(run.to_dict())
@@ -363,7 +364,7 @@ def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
     check_outputs(args)
     run = run_replay(req, check_trace_chips=lambda n: cli.check_trace_chips(args, n))
     trace, result, summary = run.trace, run.result, run.summary
-    notes = _write_outputs(args, result, run.to_dict(), trace)
+    notes = _write_outputs(args, run)
     if quiet:
         return 0
     if args.json:

@@ -116,6 +116,9 @@ class _Chip:
         self.counters: dict[str, list[tuple[float, float]]] = {}
 
 
+POWER_COUNTER = "power (W)"
+
+
 def _step_tracks(result) -> tuple[dict[str, list[tuple]], dict[str, list[tuple[float, float]]]]:
     """The representative chip's tracks and counters (shared by every exported chip)."""
     from sim.engine import OP_COLUMNS
@@ -393,7 +396,8 @@ def _fill_flow_ids(body: str, out_ids, in_ids) -> str:
 _COLL_TRACK = "HBM DMA collectives"
 
 
-def plan_step_trace(result, path: str | Path, *, chips: list[int] | None = None) -> TracePlan:
+def plan_step_trace(result, path: str | Path, *, chips: list[int] | None = None,
+                    energy=None) -> TracePlan:
     """Everything `export_step` writes, encoded and sized but not yet written.
 
     One process per chip of `chips` (default chip 0); with several chip classes (per-chip
@@ -401,9 +405,13 @@ def plan_step_trace(result, path: str | Path, *, chips: list[int] | None = None)
     most `MAX_CHIP_PROCESSES` classes, the slowest first) plus every chip in `chips`, each with
     its own class's timeline. Over `MAX_CHIP_PROCESSES` chips, chips become track groups under
     a process per host of 8 chips. Flows join each collective slice to the same collective on
-    the next chip of its replica group, when both are exported.
+    the next chip of its replica group, when both are exported. Given the step's `Energy`
+    (`sim.energy`), each chip carries a `power (W)` counter: its class's power over the
+    step.
     """
     check_span(result.step_time_s)
+    power = {c.chip_class: list(c.power_w) for c in energy.classes} if energy is not None \
+        else {}
     path = Path(path)
     topo = result.pod
     if result.num_chip_classes > 1 and result.classes is not None:
@@ -468,6 +476,8 @@ def plan_step_trace(result, path: str | Path, *, chips: list[int] | None = None)
     def encode(key, as_json: bool):
         k, (coll, s_out, s_in) = key
         tracks, counters = tracks_of(k)
+        if k in power:
+            counters = {**counters, POWER_COUNTER: power[k]}
         fo = frozenset(op for i, g in enumerate(keys) if coll[i][0] for op in by_axes[g]) | s_out
         fi = frozenset(op for i, g in enumerate(keys) if coll[i][1] for op in by_axes[g]) | s_in
         if as_json:

@@ -6,7 +6,8 @@ and, on the per-chip engine with more than one chip class, the maps of what diff
 chips (`sim/export/torus_plots.py`): `chip_compute.png` (MXU and VPU busy),
 `chip_collective_wait.png` (time waiting in collectives for the others) and
 `chip_slowdown.png` (each chip's own time against the median chip's), where a straggler has
-the extreme colour (finish times do not show it: the step's last collective makes them
+the extreme colour, and `energy.png` (joules by unit, each chip class's power over the step:
+`sim/export/energy_plots.py`) (finish times do not show it: the step's last collective makes them
 equal). A step simulated per link class spreads each class over its links by their share of
 the step's collectives' bytes (`step_link_shares`): alike on whole wrapped axes, different on
 a line or a factor of an axis. Built as `sim/export/plots.py` says.
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from sim.engine import breakdown_label
+from sim.export.energy_plots import energy_figures
 from sim.export.plots import (
     _BOUND_WORDS,
     _COLORS,
@@ -43,20 +45,23 @@ from sim.export.torus_plots import chip_maps, torus_figure
 from topologies.errors import TpusimError
 
 
-def plot_step(result, summary: dict, out_dir: str | Path) -> list[Path]:
-    """Write the step's PNGs (timeline, breakdown, utilization, links on the torus, and the
-    per-chip finish times on the per-chip engine); returns their paths."""
+def plot_step(result, summary: dict, out_dir: str | Path, *, energy=None) -> list[Path]:
+    """Write the step's PNGs (timeline, breakdown, utilization, links on the torus, the
+    per-chip maps on the per-chip engine, and `energy.png` given the step's `Energy`); returns
+    their paths."""
     out = Path(out_dir)
-    return [save(fig, out / name) for name, fig in step_figures(result, summary).items()]
+    return [save(fig, out / name)
+            for name, fig in step_figures(result, summary, energy=energy).items()]
 
 
 @_styled
-def step_figures(result, summary: dict) -> dict[str, Any]:
-    """The step's figures by file name."""
+def step_figures(result, summary: dict, *, energy=None) -> dict[str, Any]:
+    """The step's figures by file name (`energy.png` with the step's `sim.energy.Energy`)."""
     caption = step_caption(result, summary)
     figs = {"timeline.png": _timeline(result, caption),
             "breakdown.png": _breakdown(result, caption),
-            "utilization.png": _utilization(result, caption)}
+            "utilization.png": _utilization(result, caption),
+            **energy_figures(energy, summary, caption)}
     topo = getattr(result, "pod", None)
     # The step is simulated per link class (per chip class on the per-chip engine): when every
     # link of a class is alike, that is why.

@@ -136,7 +136,7 @@ def run_decode(req: DecodeRequest) -> Run:
     summary = with_energy(decode_summary(trace, result, max_b), energy, cap)
     return Run(command="decode", summary=summary,
                inputs=_inputs(req, pod, base_model, model, [mesh], cfg), result=result,
-               trace=trace)
+               trace=trace, energy_detail=energy)
 
 
 @reports_failures
@@ -168,7 +168,7 @@ def run_prefill(req: PrefillRequest) -> Run:
     with_energy(s, energy, cap)
     return Run(command="prefill", summary=s,
                inputs=_inputs(req, pod, base_model, model, [mesh], cfg), result=result,
-               trace=trace)
+               trace=trace, energy_detail=energy)
 
 
 def parse_batches(text: str) -> list[int]:

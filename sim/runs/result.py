@@ -29,6 +29,9 @@ class Run:
         result: the engine's result object (`StepResult`, `CollectiveResult`, ...) with the
             pandas tables (`ops`, `links`, ...); None for commands that aggregate many runs.
         trace: the compiled `Trace`, for training, decode and prefill.
+        energy_detail: the step's `sim.energy.Energy` object (its chip classes' power over the
+            step), for the commands whose step the engine ran (train, replay, decode, prefill);
+            `run.energy` is the result's `energy` section, as for every result field.
 
     Result fields read as attributes too: `run.step_time_s` is `run.summary["step_time_s"]`.
     """
@@ -38,6 +41,7 @@ class Run:
     inputs: dict[str, Any]
     result: Any = field(default=None, repr=False, compare=False)
     trace: Any = field(default=None, repr=False, compare=False)
+    energy_detail: Any = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         """What `tpusim <command> --json` prints: the result fields, then `inputs`."""

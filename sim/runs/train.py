@@ -210,7 +210,8 @@ def run_train(req: TrainRequest) -> Run:
     if pipe is not None:
         summary["pipeline"] = pipe.to_dict()
     with_energy(summary, energy, cap)
-    return Run(command="train", summary=summary, inputs=inputs, result=result, trace=trace)
+    return Run(command="train", summary=summary, inputs=inputs, result=result, trace=trace,
+               energy_detail=energy)
 
 
 def _pipeline_base(req, trace, topo):
@@ -393,7 +394,8 @@ def run_replay(req: ReplayRequest, *, check_trace_chips=None) -> Run:
         inputs["trace"]["chakra_compute"] = str(req.chakra_compute)
     inputs["mesh"] = describe_mesh(trace.mesh, topo)
     inputs["algorithm"] = algorithm_of(req)
-    return Run(command=req.command, summary=summary, inputs=inputs, result=result, trace=trace)
+    return Run(command=req.command, summary=summary, inputs=inputs, result=result, trace=trace,
+               energy_detail=energy)
 
 
 def _replay_pipeline(req, trace, chip, topo, path):
