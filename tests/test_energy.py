@@ -435,3 +435,18 @@ def test_decode_and_prefill_report_energy_per_token_and_cost():
         assert {"usd_per_step", "usd_per_million_tokens", "usd_per_hour"} <= set(c)
         assert c["usd_per_million_tokens"] == pytest.approx(c["usd_per_step"] / tokens * 1e6)
         assert math.isfinite(c["usd_per_million_tokens"])
+
+
+def test_compare_collectives_gives_each_algorithm_the_energy_its_own_run_gives():
+    base = dict(chip="v5e", shape="4x4", op="all-reduce", axes="x,y", bytes="16MiB")
+    rows = sim.run(sim.CompareCollectivesRequest(**base)).summary["results"]
+    ok = [r for r in rows if r["applicable"]]
+    assert len(ok) >= 3
+    for r in ok:
+        one = sim.run(sim.CollectiveRequest(**base, algorithm=r["algorithm_requested"]))
+        assert r["energy"] == one.summary["energy"] and r["cost"] == one.summary["cost"]
+        assert sum(r["energy"]["step_j_by_unit"].values()) == pytest.approx(r["energy"]["step_j"])
+    # direct puts every shard on its own route (3.2x multi-axis's bytes on the busiest link,
+    # twice the time powered): more ICI joules and more static ones.
+    by = {r["algorithm_requested"]: r for r in ok}
+    assert by["direct"]["energy"]["step_j"] > by["multi-axis"]["energy"]["step_j"]

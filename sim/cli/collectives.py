@@ -147,7 +147,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         f"V = {first['bytes']:,} B"
     )
     print(f"  {'algorithm':<20} {'time':>10} {'latency':>10} {'bandwidth':>10} {'vs best':>8} "
-          f"{'busiest link':>13} {'util':>5} {'steps':>5}  mode")
+          f"{'busiest link':>13} {'util':>5} {'steps':>5} {'energy':>9}  mode")
     # Why an algorithm does not apply, once per distinct reason, as footnotes under the table
     # (the reasons are long, and several algorithms share one).
     reasons: dict[str, int] = {}
@@ -162,15 +162,21 @@ def cmd_compare(args: argparse.Namespace) -> int:
             f"{mark} {_algo_label(r):<20} {fmt_time(r['time_s']):>10} "
             f"{fmt_time(r['latency_s']):>10} {fmt_time(r['bandwidth_s']):>10} "
             f"{r['vs_best']:>7.2f}x {fmt_bytes(r['bytes_on_busiest_link']):>13} "
-            f"{r['max_link_utilization']:>5.0%} {r['num_steps']:>5}  {r['mode']}"
+            f"{r['max_link_utilization']:>5.0%} {r['num_steps']:>5} "
+            f"{_joules(r['energy']['step_j']):>9}  {r['mode']}"
         )
     if run.summary["auto_pick"]:
         print("latency = the time with infinitely fast links (hops x per-hop latency, step after "
               "step);\nbandwidth = the rest (bytes draining, contention); * = auto's pick, the "
-              "fastest that applies")
+              "fastest that applies;\nenergy = the pod's joules (bytes moved, DMA, static "
+              "power over the time, host and PUE)")
     for why, mark in reasons.items():
         print(f"[{mark}] n/a: {why}")
     return 0
+
+
+def _joules(j: float) -> str:
+    return f"{j:.3g} J" if j >= 1e-3 else f"{j * 1e3:.3g} mJ"
 
 
 def _reason_words(algorithm: str, reason: str) -> str:

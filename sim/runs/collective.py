@@ -95,7 +95,9 @@ def run_compare(req: CompareCollectivesRequest) -> Run:
             rows.append({"algorithm": name, "applicable": False, "reason": str(exc)})
             continue
         results.append(r)
-        d = r.to_dict()
+        # Each algorithm's joules and dollars: the same bytes on more links, or longer, cost
+        # differently (energy per byte moved, static power over the time).
+        d = {**r.to_dict(), **energy_summary(collective_energy(r, pod.chip))}
         d["applicable"] = True
         rows.append(d)
     ok = [r for r in rows if r["applicable"]]
