@@ -108,3 +108,26 @@ def test_switched_latency_bound_is_the_worst_chip_of_a_line_of_hops():
         worst = max(sum(1 for k in range(hops) if (c + k) % 4 == 3) for c in range(16))
         assert lat == pytest.approx(hops * 1e-6 + worst)
         assert worst == math.ceil(hops / 4)
+
+
+def _ocs_marks(fig) -> int:
+    return sum(len(c.get_offsets()) for ax in fig.axes for c in ax.collections
+               if c.get_gid() == "ocs")
+
+
+def test_the_torus_plot_marks_every_link_through_a_switch_and_none_inside_a_cube():
+    from sim.export.torus_plots import torus_figure
+
+    topo = make_topology(get_chip("v4"), "4x4x8")
+    util = np.linspace(0.1, 0.9, topo.num_links)  # links differ: every link drawn
+    fig = torus_figure(topo, util, caption="c", what="w")
+    assert _ocs_marks(fig) == int(topo.ocs_link_mask().sum()) == 2 * 96
+    assert any("optical switch" in t.get_text() for t in fig.legends[0].get_texts())
+    flat = make_topology(get_chip("v5e"), "4x4")
+    assert _ocs_marks(torus_figure(flat, np.linspace(0.1, 0.9, flat.num_links), caption="c",
+                                   what="w")) == 0
+    # Drawn once per class (links alike), each class says how many of its links are switched:
+    # 32 of the 128 x+ links leave a cube (the x wraparound).
+    alike = torus_figure(topo, np.full(topo.num_links, 0.5), caption="c", what="w")
+    texts = [t.get_text() for ax in alike.axes for t in ax.texts]
+    assert any("128 links, wraps, 32 through optical switches" in t for t in texts)

@@ -208,6 +208,7 @@ def _torus_per_class(topo, util, *, caption: str, what: str, because: str):
     src, _ = topo.link_endpoints()
     exists = src[:n] >= 0
     cls = np.arange(n) % (2 * topo.ndim)
+    ocs = np.asarray(topo.ocs_link_mask()[:n], dtype=bool) & exists
     # (name, value, count, wraps-or-note, direction of the arrow, arrow points out of the chip)
     arrows = []
     for c in range(2 * topo.ndim):
@@ -216,6 +217,9 @@ def _torus_per_class(topo, util, *, caption: str, what: str, because: str):
         sign = 1 if d == 0 else -1
         vx, vy = ((1.0, 0.0), (0.0, 1.0), (0.72, 0.72))[a]
         wraps = "wraps" if topo.wraparound[a] and topo.shape[a] > 1 else "no wraparound"
+        k_ocs = int((sel & ocs).sum())
+        if k_ocs:  # the class's links between cubes, through the optical switches
+            wraps += f", {k_ocs} through optical switches"
         arrows.append(("xyz"[a] + "+-"[d], float(util[:n][sel].max(initial=0.0)),
                        int(sel.sum()), f"links, {wraps}", (sign * vx, sign * vy), True))
     if topo.num_slices > 1:  # DCN: every chip's port out of and into its slice
@@ -308,6 +312,9 @@ def _torus_per_link(topo, util, *, caption: str, what: str, capacity, max_panels
             if sel.any():
                 slow |= sel & (cap > 0) & (cap < cap[sel].max() * (1 - 1e-9))
     alive = exists & ~dead
+    # Links through the optical switches (between 4x4x4 cubes of a v4/v5p slice) are a class of
+    # their own: marked at their middle.
+    ocs = np.asarray(topo.ocs_link_mask()[:n], dtype=bool) & exists
     norm, cmap = _norm_cmap(util[:n][alive])
     # A large pod's links are drawn in `_LEVELS` colours, one path per colour (a path per link
     # is most of the time at 50,000 links); its colour bar has the same levels.
@@ -328,6 +335,9 @@ def _torus_per_link(topo, util, *, caption: str, what: str, capacity, max_panels
     if ndim == 3:
         handles.append(Line2D([], [], color="#555555", lw=2,
                               label="diagonal stub: z link (z+ up-right, z- down-left)"))
+    if ocs.any():
+        handles.append(Line2D([], [], color="#333333", marker="d", linestyle="",
+                              markersize=5, label="link through an optical switch (between cubes)"))
     if dead.any():
         handles.append(Line2D([], [], color="#D62728", marker="x", linestyle="",
                               label="dead link (no capacity: idle)"))
@@ -376,6 +386,10 @@ def _torus_per_link(topo, util, *, caption: str, what: str, capacity, max_panels
         if wrap.any():
             _draw_segments(ax, seg[wrap], colors[wrap], lw, (0, (2, 1.2)), big)
         mid = seg.mean(axis=1)
+        if ocs[ids].any():
+            m = mid[ocs[ids]]
+            ax.scatter(m[:, 0], m[:, 1], marker="d", color="#111111", s=min(max(lw * 12, 8), 30),
+                       zorder=4, linewidths=0, gid="ocs")
         if dead[ids].any():
             m = mid[dead[ids]]
             ax.scatter(m[:, 0], m[:, 1], marker="x", color="#D62728", s=40, zorder=4,
