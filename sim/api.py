@@ -157,7 +157,8 @@ def serve(req: ServeRequest | None = None, /, **flags: Any) -> Run:
     "fixed:N", "uniform:A,B" or "lognormal:MEAN,SIGMA", seed), the deployment (the pod, mesh,
     dtypes, replicas, router; or prefill_replicas/decode_replicas with their meshes and
     slices), the scheduler (scheduler, max_batch, max_tokens_per_iter, prefill_chunk,
-    kv_block_tokens), slo ("ttft=0.5,tpot=0.05"), exact_costs, the perturbations, set={...}.
+    kv_block_tokens, preemption "recompute" or "swap", prefix_caching), slo
+    ("ttft=0.5,tpot=0.05"), exact_costs, the perturbations, set={...}.
     `Run.result` is a `ServeResult` (`.requests_frame()`, `.iterations_frame()`)."""
     return _call(ServeRequest, "serve", req, flags)
 
