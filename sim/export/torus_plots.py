@@ -287,10 +287,34 @@ def _draw_segments(ax, seg, colors, lw: float, style, big: bool) -> None:
     ax.add_collection(LineCollection(seg, colors=colors, linewidths=lw, linestyles=style))
 
 
+def _link_legend(topo, *, ocs: bool, dead: bool, slow: bool) -> list:
+    """The per-link torus plot's legend handles: what each line style and mark means."""
+    from matplotlib.lines import Line2D
+
+    ndim = topo.ndim
+    handles = [Line2D([], [], color="#555555", lw=2, label="link (+ above / left of -)")]
+    if any(w and k > 1 for w, k in zip(topo.wraparound, topo.shape, strict=True)):
+        handles.append(Line2D([], [], color="#555555", lw=2, linestyle=(0, (2, 1.2)),
+                              label="wraparound link (dashed stub at the border)"))
+    if ndim == 3:
+        handles.append(Line2D([], [], color="#555555", lw=2,
+                              label="diagonal stub: z link (z+ up-right, z- down-left)"))
+    if ocs:
+        handles.append(Line2D([], [], color="#333333", marker="d", linestyle="",
+                              markersize=5, label="link through an optical switch (between cubes)"))
+    if dead:
+        handles.append(Line2D([], [], color="#D62728", marker="x", linestyle="",
+                              label="dead link (no capacity: idle)"))
+    if slow:
+        handles.append(Line2D([], [], color="#FF7F0E", marker="o", linestyle="",
+                              markerfacecolor="none", markeredgewidth=1.5,
+                              label="slow link (less capacity), circled"))
+    return handles
+
+
 def _torus_per_link(topo, util, *, caption: str, what: str, capacity, max_panels: int):
     """Every ICI link as a segment coloured by its utilization, one panel per (slice, z)."""
     from matplotlib.cm import ScalarMappable
-    from matplotlib.lines import Line2D
 
     ndim = topo.ndim
     n = topo.num_ici_links
@@ -328,23 +352,7 @@ def _torus_per_link(topo, util, *, caption: str, what: str, capacity, max_panels
     ph = min(max(0.6 * ny + 1.0, 3.4), 7.0) if ndim > 1 else 1.4
     cols, rows, pw, ph = _grid(len(panels), pw, ph)
     width = max(cols * pw + 1.6, 8.0)
-    handles = [Line2D([], [], color="#555555", lw=2, label="link (+ above / left of -)")]
-    if any(w and k > 1 for w, k in zip(topo.wraparound, topo.shape, strict=True)):
-        handles.append(Line2D([], [], color="#555555", lw=2, linestyle=(0, (2, 1.2)),
-                              label="wraparound link (dashed stub at the border)"))
-    if ndim == 3:
-        handles.append(Line2D([], [], color="#555555", lw=2,
-                              label="diagonal stub: z link (z+ up-right, z- down-left)"))
-    if ocs.any():
-        handles.append(Line2D([], [], color="#333333", marker="d", linestyle="",
-                              markersize=5, label="link through an optical switch (between cubes)"))
-    if dead.any():
-        handles.append(Line2D([], [], color="#D62728", marker="x", linestyle="",
-                              label="dead link (no capacity: idle)"))
-    if slow.any():
-        handles.append(Line2D([], [], color="#FF7F0E", marker="o", linestyle="",
-                              markerfacecolor="none", markeredgewidth=1.5,
-                              label="slow link (less capacity), circled"))
+    handles = _link_legend(topo, ocs=ocs.any(), dead=dead.any(), slow=slow.any())
     ncol = 3 if width >= 10 else 2
     notes = [f"links of a class differ: every link drawn ({topo.name}, {_wrap_words(topo)})",
              omitted, _dcn_words(topo, util)]
