@@ -1,7 +1,7 @@
 """The committed HLO fixtures (real XLA TPU compiles, validation/make_hlo_fixtures.py): each
 inventory against numbers computed independently here — dot FLOPs from the program's
 dimensions in closed form, collectives against the independent regex-based counter of
-validation/xla_crosscheck.py — and the replay of each one."""
+validation/xla_hlo_read.py — and the replay of each one."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from sim.chips import get_chip
 from sim.engine import replay
 from tests.conftest import make_topology
-from validation import make_hlo_fixtures, xla_crosscheck
+from validation import make_hlo_fixtures, xla_hlo_read
 from workloads.hlo.lower import import_hlo
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "hlo"
@@ -23,7 +23,7 @@ POD = {"v5e:4x4": ("v5e", "4x4"), "v5e:2x4": ("v5e", "2x4"), "v5p:4x4x4": ("v5p"
 
 
 def _crosscheck():
-    return xla_crosscheck
+    return xla_hlo_read  # the cross-check's reader of compiled HLO
 
 
 _CACHE: dict[str, tuple] = {}
