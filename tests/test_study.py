@@ -328,12 +328,14 @@ def test_resume_refuses_result_columns_whose_kind_changed_without_declared_metri
 
 
 def test_ctrl_c_keeps_every_finished_row(tmp_path, tiny_model):
-    # The interrupt must land mid-study. On a loaded machine the child can finish its last
-    # point between the parent seeing its first rows and the signal arriving (it once did):
-    # such a run shows nothing about an interruption, so the study is run again with twice
-    # the points, up to four times; every check below is made on a run that was interrupted
-    # with points still to go.
-    for attempt in range(4):
+    # The interrupt must land mid-study. Rows reach the disk every `write_every_s` (2 s), so a
+    # study that runs faster than that shows its first rows only when it has finished (on a
+    # fast machine 96 tiny points did); and on a loaded one the child can finish its last
+    # point between the parent seeing its first rows and the signal arriving. Such a run shows
+    # nothing about an interruption, so the study is run again with twice the points, up to
+    # seven times (768 points); every check below is made on a run that was interrupted with
+    # points still to go.
+    for attempt in range(7):
         n = 12 << attempt  # points: seq-len values x the two zipped meshes
         s = _study(tiny_model, grid={"seq-len": list(range(256, 256 + n // 2 * 4, 4))},
                    plot=None)
@@ -363,7 +365,7 @@ def test_ctrl_c_keeps_every_finished_row(tmp_path, tiny_model):
             continue  # the signal came after the last point
         break
     else:
-        pytest.fail("no run of the study was interrupted with points to go in four tries")
+        pytest.fail("no run of the study was interrupted with points to go in seven tries")
     assert proc.returncode == 130, (seen, stderr)
     assert "interrupted" in stderr.decode()
     df = pd.read_parquet(out / "results.parquet")
