@@ -140,6 +140,15 @@ _SPEC_TYPES = {"chip_spec": "ChipSpec", "model_spec": "TransformerSpec",
                "scenario_spec": "Scenario"}
 
 
+# Settings written as text with a grammar of their own (a mesh, axis names, a shape, a mode),
+# never a number: a float or int given for one is refused before any parser meets it.
+_TEXTS = {"mesh": "text such as 'fsdp=16,tensor=4'", "dcn": "text such as 'data=2'",
+          "prefill_mesh": "text such as 'tensor=8'", "decode_mesh": "text such as 'tensor=8'",
+          "axis_map": "text such as 'tensor=x,fsdp=y'", "axes": "text such as 'x,y'",
+          "shape": "text such as '4x4' or '4x4x8'", "wraparound": "text such as 'auto' or 'x,y'",
+          "remat": "text such as 'full'", "op": "text such as 'all-gather'",
+          "algorithm": "text such as 'auto'", "mode": "text such as 'auto'"}
+
 # Settings that name a preset or a file: text (a path for a file), never a number.
 _NAMES = {"chip": "a chip preset name or a chip YAML path (or a ChipSpec)",
           "model": "a zoo model name or a model YAML path (or a TransformerSpec)",
@@ -294,6 +303,8 @@ class _Request(metaclass=_Checked):
                 want = f"a {_SPEC_TYPES[name]}"
             elif name in _NAMES:
                 ok, want = isinstance(v, (str, Path)), _NAMES[name]
+            elif name in _TEXTS and "str" in str(f.type):
+                ok, want = isinstance(v, str), _TEXTS[name]
             else:
                 ok, want = _scalar(v) or isinstance(v, Path), _WANT[""]
             if not ok:
