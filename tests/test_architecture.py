@@ -169,7 +169,6 @@ PENDING_FUNCTIONS = {
     "sim/pipeline.py:build_stage_programs",
     "sim/planner.py:run_plan",
     "sim/vector_engine.py:run_vectors",
-    "validation/xla_compile.py:lower_moe_train",
 }
 
 

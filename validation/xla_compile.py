@@ -90,6 +90,9 @@ partition_coords = _jaxgen.partition_coords
 remat_layer = _jaxgen.remat_layer
 
 
+# Long: one JAX program whose closures (router, experts, attention, layer, loss, the two
+# optimizer steps) share the mesh, the widths and the sharding specs; it is checked only by
+# compiling under the jax[tpu] python, which the project's environment does not have.
 def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: int,
                     capacity_factor: float, seq: int, num_heads: int, head_dim: int,
                     num_layers: int, vocab_size: int, scopes: bool = False,
