@@ -56,7 +56,7 @@ _EXPORTS = {
     "simulate_collective": ("sim.collective_sim", "simulate_collective"),
     "StepResult": ("sim.engine", "StepResult"),
     "replay": ("sim.engine", "replay"),
-    "plan": ("sim.planner", "plan"),
+    "plan": ("sim.studies.plan_search", "plan"),
     "plan_serving": ("sim.serving.plan", "plan_serving"),
     "ServePlanConfig": ("sim.serving.plan", "ServePlanConfig"),
     "sweep": ("sim.studies.sweep", "sweep"),

@@ -195,7 +195,7 @@ def stop_when_hbm_exceeds(capacity_bytes: float,
     step runs to the end as usual. The block's watch is its own thread's.
 
     `prefix=(op ids per program, horizon s)`: the caller guarantees that no other op starts
-    (or, a receive, completes) before the horizon (`sim.planner.hbm_prefix`, from the
+    (or, a receive, completes) before the horizon (`sim.studies.plan_jobs.hbm_prefix`, from the
     uncontended schedule, a lower bound of every op's start). Only those ops are costed and
     given actors (a 405B pipeline stage program holds ~26k ops; those that can start within
     its first 5 s are 6-11% of them); the chip classes are the full run's (the collectives

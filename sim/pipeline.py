@@ -350,7 +350,7 @@ def chunk_program(model: TransformerSpec, mesh, num_chips: int, config: Training
     last STAGE_CACHE_SIZE meshes' are kept per process (their ops and meta do not depend on the
     axis order; a program compiled on another order comes back on `mesh`), shared by
     `simulate_pipeline`, the stage programs' composition and the plan's pass-level bound
-    (`sim.planner.pipeline_schedule_bound`)."""
+    (`sim.studies.plan_bounds.pipeline_schedule_bound`)."""
     chunks = mesh.size("pipeline") * config.virtual_stages
     which = (chunk == 0, chunk == chunks - 1)
     key = _sizes_key(model, mesh, num_chips, config)

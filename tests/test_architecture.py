@@ -157,7 +157,6 @@ MAX_FUNCTION_LINES = 120
 PENDING_MODULES = {
     "sim/collective_sim.py",
     "sim/engine.py",
-    "sim/planner.py",
     "sim/runs/requests.py",
     "sim/vector_engine.py",
 }
@@ -167,7 +166,6 @@ PENDING_FUNCTIONS = {
     "sim/engine.py:replay",
     "sim/perchip.py:prepare_step",
     "sim/pipeline.py:build_stage_programs",
-    "sim/planner.py:run_plan",
     "sim/vector_engine.py:run_vectors",
 }
 

@@ -1,26 +1,24 @@
-"""Tests for sim/plan.py and `tpusim plan`: the winner is at least as good as every configuration
-of its search space tried by hand (brute force on a small pod), memory pruning and the lower
-bound never drop a configuration that would win, and the CLI's outputs and errors."""
+"""Tests for the plan search (sim/studies/plan_*.py) and `tpusim plan`: the winner is at least
+as good as every configuration of its search space tried by hand (brute force on a small pod),
+memory pruning and the lower bound never drop a configuration that would win, and the CLI's
+outputs and errors."""
 
 from __future__ import annotations
 
 import itertools
 import json
+import pickle
 from pathlib import Path
 
 import pytest
 
 from sim.chips import get_chip
 from sim.cli import main, request_from_argv
-from sim.planner import (
-    PlanConfig,
-    enumerate_candidates,
-    explain,
-    lower_bounds,
-    pipeline_bounds,
-    refine_and_run,
-    run_plan,
-)
+from sim.studies import plan_bounds
+from sim.studies.plan_jobs import lower_bounds, pipeline_bounds, refine_and_run
+from sim.studies.plan_report import explain
+from sim.studies.plan_search import run_plan
+from sim.studies.plan_space import PlanConfig, enumerate_candidates
 from sim.studies.points import run_point
 from topologies.errors import TpusimError
 from topologies.mesh import LogicalMesh
@@ -297,7 +295,7 @@ def test_plan_by_cost_needs_a_price(capsys, tiny_model):
 
 def test_plan_exhaustive_refuses_more_candidates_than_max_simulations_before_running(
         capsys, tiny_model, monkeypatch, tmp_path):
-    import sim.planner as planner
+    from sim.studies import plan_search
 
     def plan(*extra: str) -> tuple[int, str, str]:
         rc = main(["plan", "--chip", "v5e", "--shape", "2x2", "--model", tiny_model,
@@ -312,7 +310,7 @@ def test_plan_exhaustive_refuses_more_candidates_than_max_simulations_before_run
     assert rc == 0 and n > 2
     # One over the limit: refused, with the count, the limit and the flag, before any bound
     # or simulation runs.
-    monkeypatch.setattr(planner, "JobPool", lambda *a: pytest.fail("ran something"))
+    monkeypatch.setattr(plan_search, "JobPool", lambda *a: pytest.fail("ran something"))
     rc, out, err = plan("--exhaustive", "--max-simulations", str(n - 1))
     assert rc == 2 and out == "" and err.count("\n") == 1
     assert (f"plan --exhaustive would simulate {n} candidates to the end, over the limit of "
@@ -322,7 +320,7 @@ def test_plan_exhaustive_refuses_more_candidates_than_max_simulations_before_run
                         "--out", str(tmp_path / "plan-out"))
     assert rc == 2 and out == "" and not (tmp_path / "plan-out").exists()
     # The default limit applies without the flag.
-    monkeypatch.setattr(planner, "EXHAUSTIVE_MAX_SIMULATIONS", n - 1)
+    monkeypatch.setattr(plan_search, "EXHAUSTIVE_MAX_SIMULATIONS", n - 1)
     rc, _out, err = plan("--exhaustive")
     assert rc == 2 and f"over the limit of {n - 1}" in err
     monkeypatch.undo()
@@ -387,7 +385,7 @@ def test_collective_floor_never_exceeds_the_simulated_collective(chip_name, shap
     # spanned, at least one hop; every simulated algorithm (ring, bidirectional, multi-axis,
     # auto) on wrapped and unwrapped axes and strided factors takes at least that long.
     from sim.engine import cost_collective
-    from sim.planner import collective_floor_s
+    from sim.studies.plan_bounds import collective_floor_s
     from topologies.groups import axis_factor
 
     chip = get_chip(chip_name)
@@ -501,7 +499,7 @@ def _hbm_trace(deltas: list[tuple[str, list[int], float]], overlap: bool = True)
 
 
 def test_hbm_peak_bound_counts_earlier_core_ops_and_their_ancestors_only():
-    from sim.planner import hbm_peak_lower_bound
+    from sim.studies.plan_bounds import hbm_peak_lower_bound
 
     # c0 +10; g1 +5 (needed by c3 only); c2 +1; c3 -5 (frees g1's weights); c4 +2.
     # In core order: after c0 110, after c2 111, after c3 (g1 and c3 in) 111, after c4 113.
@@ -568,7 +566,7 @@ def test_a_simulation_seeded_with_the_sharper_bounds_costs_equals_a_cold_train(t
     # The worker that computes a sharper bound hands its collective costs to the worker that
     # simulates the candidate: the result must be the one `tpusim train` gives from scratch.
     from sim import engine
-    from sim.planner import sharper_bound, simulate
+    from sim.studies.plan_jobs import sharper_bound, simulate
 
     argv, mesh = _four_layer_train(tmp_path, ["--mesh", "fsdp=2,tensor=2", "--remat", "full"])
     engine._COST_CACHE.clear()
@@ -619,7 +617,7 @@ def test_stage_programs_are_reused_across_axis_orders_and_equal_a_fresh_build(ti
 ])
 def test_a_simulation_stopped_over_hbm_is_out_of_memory_and_one_that_fits_is_unchanged(
         tiny_model, flags):
-    from sim.planner import simulate
+    from sim.studies.plan_jobs import simulate
 
     argv = ["train", "--chip", "v5e", "--shape", "2x2", "--model", tiny_model, "--seq-len",
             "8192", "--batch-per-chip", "4", *flags]
@@ -644,8 +642,8 @@ def test_a_pipeline_over_hbm_within_its_prefix_gets_the_full_runs_verdict(
         tiny_model, flags, monkeypatch):
     # `simulate` first runs only the ops that can start before the prefix's horizon: its
     # verdict must be the full watched run's (same level), and without one it runs in full.
-    import sim.planner as planner
     from sim.executors import stop_when_hbm_exceeds
+    from sim.studies import plan_jobs
 
     argv = ["train", "--chip", "v5e", "--shape", "2x2", "--model", tiny_model, "--seq-len",
             "8192", "--batch-per-chip", "4", *flags]
@@ -659,14 +657,14 @@ def test_a_pipeline_over_hbm_within_its_prefix_gets_the_full_runs_verdict(
 
     for frac in (0.2, 0.5, 0.999):
         cap = frac * peak
-        keep, horizon = planner.hbm_prefix(_req(argv), cap)
+        keep, horizon = plan_jobs.hbm_prefix(_req(argv), cap)
         # Closed under dependencies: an op in the prefix waits only for ops in it.
-        chip, topo, model, mesh, tcfg = planner._bound_inputs(_req(argv))
-        sp = planner._stage_programs(model, mesh, topo.num_chips, tcfg)
+        chip, topo, model, mesh, tcfg = plan_jobs._bound_inputs(_req(argv))
+        sp = plan_bounds.stage_programs(model, mesh, topo.num_chips, tcfg)
         for k, prog in enumerate(sp.programs):
             assert 0 < len(keep[k]) < len(prog.ops) or frac == 0.2
             assert all(d in keep[k] for i in keep[k] for d in prog.ops[i].deps)
-        got = planner.simulate((_req(argv), {}, cap))
+        got = plan_jobs.simulate((_req(argv), {}, cap))
         assert got.pop("prefix") is True
         assert got == full_watched(cap)
         # The same instant too, not only the same level.
@@ -674,21 +672,21 @@ def test_a_pipeline_over_hbm_within_its_prefix_gets_the_full_runs_verdict(
             run_point(_req(argv))
         with stop_when_hbm_exceeds(cap, prefix=(keep, horizon)) as pre:
             with pytest.raises(TpusimError, match="out of memory"):
-                planner._pipeline_run(_req(argv))
+                plan_jobs._pipeline_run(_req(argv))
         assert pre.exceeded and not pre.prefix_ended
         assert (pre.time_s, pre.level_bytes) == (full.time_s, full.level_bytes) \
             and pre.time_s < horizon
     # A horizon before the step goes over decides nothing at first: the prefix grows
     # (PREFIX_HORIZON_GROWTH) until it decides, with the full run's verdict ...
-    monkeypatch.setattr(planner, "PREFIX_HORIZON_FACTOR", 0.25)
-    got = planner.simulate((_req(argv), {}, 0.999 * peak))
+    monkeypatch.setattr(plan_jobs, "PREFIX_HORIZON_FACTOR", 0.25)
+    got = plan_jobs.simulate((_req(argv), {}, 0.999 * peak))
     assert got.pop("prefix") is True and got == full_watched(0.999 * peak)
     # ... and a prefix that would be the whole step is not run: the step runs in full.
-    monkeypatch.setattr(planner, "PREFIX_HORIZON_GROWTH", 1e9)
-    got = planner.simulate((_req(argv), {}, 0.999 * peak))
+    monkeypatch.setattr(plan_jobs, "PREFIX_HORIZON_GROWTH", 1e9)
+    got = plan_jobs.simulate((_req(argv), {}, 0.999 * peak))
     assert "prefix" not in got and got == full_watched(0.999 * peak)
     # A step that fits is never stopped and gives `train`'s result.
-    fits = planner.simulate((_req(argv), {}, 1.01 * peak))
+    fits = plan_jobs.simulate((_req(argv), {}, 1.01 * peak))
     assert fits["result"] == run_point(_req(argv))["result"]
 
 
@@ -700,8 +698,8 @@ def test_a_one_program_step_over_hbm_in_a_prefix_gets_the_full_runs_verdict(tiny
     # Without stages the step is one program: its prefix runs only the ops that can start
     # before the horizon, and grows until it decides. The oracle is the brute-force full run
     # (watched: its verdict and instant; unwatched: its peak bounds the level).
-    import sim.planner as planner
     from sim.executors import stop_when_hbm_exceeds
+    from sim.studies import plan_jobs
 
     argv = ["train", "--chip", "v5e", "--shape", "2x2", "--model", tiny_model, "--seq-len",
             "8192", "--batch-per-chip", "4", *flags]
@@ -713,8 +711,8 @@ def test_a_one_program_step_over_hbm_in_a_prefix_gets_the_full_runs_verdict(tiny
         with stop_when_hbm_exceeds(cap) as full:
             run_point(_req(argv))
         assert full.exceeded and cap < full.level_bytes <= peak
-        got = planner.simulate((_req(argv), {}, cap))
-        first = planner.hbm_prefix(_req(argv), cap)
+        got = plan_jobs.simulate((_req(argv), {}, cap))
+        first = plan_jobs.hbm_prefix(_req(argv), cap)
         if first is None:  # 2x the first crossing covers the whole step: no prefix
             assert got == {"out_of_memory": True, "hbm_level_bytes": full.level_bytes}
             continue
@@ -723,19 +721,19 @@ def test_a_one_program_step_over_hbm_in_a_prefix_gets_the_full_runs_verdict(tiny
                        "prefix": True}
         # The instant too, at the horizon that decides (the first, or a grown one).
         keep, horizon = first
-        sched = planner.prefix_schedule(_req(argv), cap)
+        sched = plan_jobs.prefix_schedule(_req(argv), cap)
         while True:
             assert len(keep) == 1 and len(keep[0]) < len(sched.programs[0].ops)
             with stop_when_hbm_exceeds(cap, prefix=(keep, horizon)) as pre:
                 run_point(_req(argv))
             if not pre.reached_horizon:
                 break
-            horizon *= planner.PREFIX_HORIZON_GROWTH
-            keep = planner.prefix_ops(sched, horizon)[0]
+            horizon *= plan_jobs.PREFIX_HORIZON_GROWTH
+            keep = plan_jobs.prefix_ops(sched, horizon)[0]
         assert pre.exceeded and (pre.time_s, pre.level_bytes) == (full.time_s, full.level_bytes)
     assert prefixed
     # A step that fits is never stopped and gives `train`'s result.
-    assert planner.simulate((_req(argv), {}, 1.01 * peak))["result"] == full_run
+    assert plan_jobs.simulate((_req(argv), {}, 1.01 * peak))["result"] == full_run
 
 
 def test_a_prefix_run_has_the_full_runs_chip_classes_so_the_watch_applies_to_both_or_neither(
@@ -746,8 +744,8 @@ def test_a_prefix_run_has_the_full_runs_chip_classes_so_the_watch_applies_to_bot
     # program) and reports its whole peak; its prefix once had the coarser classes of its own
     # collectives, was watched, and stopped at a lower level (14.2 GB against the 15.5 GB
     # peak). Its classes are now the full run's: no verdict, the step runs in full.
-    import sim.planner as planner
     from sim.executors import stop_when_hbm_exceeds
+    from sim.studies import plan_jobs
 
     argv = ["train", "--chip", "v5e", "--shape", "2x4", "--model", tiny_model, "--seq-len",
             "8192", "--batch-per-chip", "4", "--mesh", "pipeline=2,data=2,fsdp=2", "--axis-map",
@@ -755,14 +753,14 @@ def test_a_prefix_run_has_the_full_runs_chip_classes_so_the_watch_applies_to_bot
     healthy = run_point(_req(argv))["result"]
     cap = 0.9 * healthy["hbm_peak_bytes"]
     # Slower links only delay ops: the healthy step's prefix is a valid prefix of both.
-    keep, horizon = planner.hbm_prefix(_req(argv), cap)
+    keep, horizon = plan_jobs.hbm_prefix(_req(argv), cap)
     for link, classes in (("0,0:y+:0.5", 4), ("0,1:y+:0.5", 2)):  # data links; no group's
         slow = [*argv, "--slow-link", link]
         with stop_when_hbm_exceeds(cap) as full:
             out = run_point(_req(slow))
         with stop_when_hbm_exceeds(cap, prefix=(keep, horizon)) as pre:
             with pytest.raises(TpusimError):
-                planner._pipeline_run(_req(slow))
+                plan_jobs._pipeline_run(_req(slow))
         if classes > 2:
             assert out["result"]["num_chip_classes"] == classes and not full.exceeded
             assert out["result"]["hbm_peak_bytes"] == healthy["hbm_peak_bytes"] > cap
@@ -787,10 +785,10 @@ def test_plan_in_a_directory_it_cannot_write_is_refused_before_the_search(monkey
     # access() says yes to root whatever the permission bits, and on /proc: plan run there
     # searched first and only then failed to make plan-out/ (hard10). Creating and removing a
     # probe file tells.
-    import sim.planner as planner
     from sim.cli import main
+    from sim.studies import plan_search
 
-    monkeypatch.setattr(planner, "run_plan", lambda *a, **k: pytest.fail("searched"))
+    monkeypatch.setattr(plan_search, "run_plan", lambda *a, **k: pytest.fail("searched"))
     monkeypatch.chdir("/proc")
     rc = main(["plan", "--model", "llama3-8b", "--seq-len", "128", "--global-batch", "8",
                "--chip", "v5e", "--shape", "2x2", "--quiet"])
@@ -804,7 +802,7 @@ def test_plan_candidates_over_hbm_are_marked_and_never_ranked_or_on_the_frontier
         tiny_model, tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 
-    from sim.planner import plot_frontier
+    from sim.studies.plots import plot_frontier
 
     chip, topo = _pod()
     model = load_model(tiny_model)
@@ -834,7 +832,7 @@ def test_plan_candidates_over_hbm_are_marked_and_never_ranked_or_on_the_frontier
 
 # -- slices searched: shapes and twisted wirings (issue 27) -------------------------------------
 def test_slice_shapes_are_every_way_to_build_the_chip_count_from_cubes():
-    from sim.planner import slice_shapes
+    from sim.studies.plan_space import slice_shapes
 
     # 256 v4 chips are 4 cubes: 1x1x4 or 1x2x2 of them.
     assert slice_shapes(get_chip("v4"), 256) == [(4, 4, 16), (4, 8, 8)]
@@ -920,14 +918,14 @@ def test_compute_floor_is_the_compiled_steps_busiest_core(tmp_path, model_extra,
     # Extrapolated from the same step with 2 and 3 layers per chunk, it equals the busiest
     # core's compute floor of the compiled step (every layer alike: exact up to the order of
     # the sums), so it never exceeds a simulated step, which runs those ops one at a time.
-    from sim.planner import (
-        _bound_inputs,
-        _Floors,
-        _stage_programs,
+    from sim.studies.plan_bounds import (
+        Floors,
         compute_floor,
         core_floor_s,
         floor_applies,
+        stage_programs,
     )
+    from sim.studies.plan_jobs import _bound_inputs
     from workloads.training import compile_training_step
 
     path = tmp_path / "small.yaml"
@@ -937,10 +935,10 @@ def test_compute_floor_is_the_compiled_steps_busiest_core(tmp_path, model_extra,
     chip, topo, model, mesh, tcfg = _bound_inputs(req)
     assert floor_applies(model, dict(mesh.axes))
     floor = compute_floor(model, mesh, 4, tcfg, chip, topo)
-    floors = _Floors(chip, topo, {})
+    floors = Floors(chip, topo, {})
     if mesh.size("pipeline") > 1:
         compiled = max(core_floor_s(p, floors)
-                       for p in _stage_programs(model, mesh, 4, tcfg).programs)
+                       for p in stage_programs(model, mesh, 4, tcfg).programs)
     else:
         compiled = core_floor_s(compile_training_step(model, mesh, 4, tcfg), floors)
     assert floor == pytest.approx(compiled, rel=1e-9)
@@ -948,7 +946,7 @@ def test_compute_floor_is_the_compiled_steps_busiest_core(tmp_path, model_extra,
 
 
 def test_the_compute_floor_applies_only_where_every_layer_is_alike(tmp_path):
-    from sim.planner import floor_applies
+    from sim.studies.plan_bounds import floor_applies
 
     dense = load_model("llama3-8b")
     assert floor_applies(dense, {"fsdp": 4}) and floor_applies(dense, {"pipeline": 4})
@@ -986,3 +984,47 @@ def test_groups_ruled_out_by_their_floor_leave_the_top_k_of_the_brute_force_plan
     for row in fast.table.to_dict("records"):
         t = truth[(row["mesh"], row["remat"], row["microbatches"])]
         assert not row["lower_bound_s"] > t * (1 + 1e-9)
+
+
+def test_plan_on_a_dask_cluster_ships_requests_and_gets_the_same_ranking(tiny_model):
+    # The candidates travel to the Dask worker as typed requests (Dask pickles every task's
+    # arguments, even for a worker in this process) and their bounds and simulations come
+    # back as plain objects that pickle too (as from a worker elsewhere); the ranking equals
+    # the one computed without Dask.
+    distributed = pytest.importorskip("distributed")
+    from sim.runs.requests import TrainRequest
+    from sim.studies.plan_search import plan
+
+    space = dict(model=tiny_model, chip="v5e", shape="2x2", seq_len=1024, global_batch=8,
+                 top=2, axes=("fsdp", "tensor"), remat=("full", "none"), microbatches=(1,),
+                 quiet=True)
+    local = plan(workers=1, **space)
+
+    class Recording:  # a client that records what it ships and what comes back
+        def __init__(self, client):
+            self.client, self.shipped, self.futures = client, [], []
+
+        def submit(self, fn, arg, **kw):
+            self.shipped.append((fn.__name__, arg))
+            self.futures.append(self.client.submit(fn, arg, **kw))
+            return self.futures[-1]
+
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                  dashboard_address=None) as cluster, \
+            distributed.Client(cluster) as client:
+        rec = Recording(client)
+        on_dask = plan(workers=2, dask=rec, **space)
+        back = [f.result() for f in rec.futures]
+    assert on_dask.table.equals(local.table) and on_dask.counts == local.counts
+    kinds = {name for name, _arg in rec.shipped}
+    assert "simulate" in kinds and kinds <= {"lower_bounds", "floor_bounds", "pipeline_bounds",
+                                             "sharper_bound", "simulate"}
+    assert all(isinstance(arg[0], TrainRequest) for _name, arg in rec.shipped)
+    assert all(isinstance(o, dict) for o in back)
+    simulated = [o for (name, _a), o in zip(rec.shipped, back, strict=True) if name == "simulate"]
+    assert simulated and all(isinstance(o["result"]["step_time_s"], float) for o in simulated)
+    for o in back:
+        again = pickle.loads(pickle.dumps(o))
+        assert sorted(again) == sorted(o)
+        if "result" in o:
+            assert json.dumps(again["result"]) == json.dumps(o["result"])

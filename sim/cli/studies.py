@@ -68,8 +68,11 @@ def _register_sweep(sub, name: str) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from sim.export.output import check_output_dir, write_json  # loaded when it runs
-    from sim.planner import plan_summary, plot_frontier, search
+    # The plan search (the run layer, pandas, matplotlib for the plot) loads when it runs.
+    from sim.export.output import check_output_dir, write_json
+    from sim.studies.plan_report import plan_summary
+    from sim.studies.plan_search import search
+    from sim.studies.plots import plot_frontier
 
     req = cli.request_of(PlanRequest, args)
     if args.out:

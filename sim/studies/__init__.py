@@ -7,6 +7,9 @@ worker and its result brought back as an object.
 - `results`: the rows, their statuses and the results frame; `resume`: reading them back
 - `sweep`: running a study (`tpusim sweep`, `sim.sweep`)
 - `plots`: the study and plan PNGs
+- the plan (`tpusim plan`, `sim.plan`): its space of candidates (`plan_space`), what it ranks
+  by (`plan_objectives`), lower bounds of a candidate (`plan_bounds`), the jobs its workers run
+  (`plan_jobs`), the best-first search (`plan_search`), the ranked table (`plan_report`)
 
 The submodules are imported by name (`from sim.studies.sweep import run_study`); this package
 imports none of them, so that loading one loads only what it needs.

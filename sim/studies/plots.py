@@ -7,13 +7,17 @@ happen), unless a study asks to draw them like the others.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sim.export.output import atomic_write
 from sim.export.plots import _fig
 from sim.studies.results import ERROR_COLUMN, STATUS_COLUMN, STATUS_DOES_NOT_FIT, STATUS_OK
 from sim.studies.spec import StudySpec
+
+if TYPE_CHECKING:
+    from sim.studies.plan_report import PlanResult
 
 # How a point that does not fit in HBM is drawn in a study plot: a hollow grey marker, off the
 # lines (a line through it would present a run that cannot happen as a trend to follow).
@@ -87,4 +91,53 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
 
 
-__all__ = ["UNFIT_LABEL", "UNFIT_STYLE", "plot_study"]
+# -- a plan ------------------------------------------------------------------------------
+def plot_frontier(result: PlanResult, path) -> Any:
+    """Tokens/s/chip against peak HBM for every simulated candidate that fits, the Pareto
+    frontier (nothing else is both faster and smaller) drawn through them, the winner marked;
+    candidates simulated to the end that do not fit are hollow grey markers, on neither the
+    frontier nor the winner (their numbers describe a run that cannot happen)."""
+    plt = _fig()  # matplotlib, loaded on the first plot
+    t = result.table
+    ok = t[t["status"] == STATUS_OK]
+    unfit = t[(t["status"] == STATUS_DOES_NOT_FIT) & t["tokens_per_s_per_chip"].notna()]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    if len(unfit):
+        ax.scatter(unfit["hbm_peak_bytes"] / 1e9, unfit["tokens_per_s_per_chip"], s=14,
+                   label=UNFIT_LABEL, **UNFIT_STYLE)
+    if len(ok) or len(unfit):
+        ax.axvline(_capacity_gb(result), color="#9a9a9a", lw=0.8, ls="--")
+    if len(ok):
+        gb = ok["hbm_peak_bytes"] / 1e9
+        ax.scatter(gb, ok["tokens_per_s_per_chip"], s=14, color="#8da0cb", label="candidates")
+        front = _pareto(list(zip(gb, ok["tokens_per_s_per_chip"], strict=True)))
+        ax.plot([p[0] for p in front], [p[1] for p in front], "-o", color="#e78ac3", ms=4,
+                label="frontier (fastest for its memory)")
+        b = ok.iloc[0]
+        ax.scatter([b["hbm_peak_bytes"] / 1e9], [b["tokens_per_s_per_chip"]], marker="*",
+                   s=160, color="#d62728", zorder=5, label=f"best: {b['mesh']} {b['remat']}")
+    if len(ok) or len(unfit):
+        ax.legend(fontsize=7)
+    ax.set_xlabel("peak HBM per chip (GB; dashed: the chip's capacity)")
+    ax.set_ylabel("tokens/s/chip")
+    ax.set_title(f"plan: {result.model} on {result.pod}")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out = atomic_write(path, lambda q: fig.savefig(q, dpi=110, format="png"))
+    plt.close(fig)
+    return out
+
+
+def _capacity_gb(result: PlanResult) -> float:
+    return result.hbm_capacity_bytes / 1e9
+
+
+def _pareto(points: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    front: list[tuple[float, float]] = []
+    for x, y in sorted(points, key=lambda p: (p[0], -p[1])):
+        if not front or y > front[-1][1]:
+            front.append((x, y))
+    return front
+
+
+__all__ = ["UNFIT_LABEL", "UNFIT_STYLE", "plot_frontier", "plot_study"]

@@ -71,6 +71,7 @@ class StudySpec:
             out.append(p)
         return out
 
+
 # -- the schema ------------------------------------------------------------------------------
 def _flag_actions(command: str) -> dict[str, str]:
     """Flag name without dashes -> its kind (`switch`, `list` or `value`), for the command's own
