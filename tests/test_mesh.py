@@ -147,9 +147,9 @@ def test_axis_on_both_ici_and_dcn_gets_both_factors():
 @pytest.mark.parametrize(
     "ici,dcn,slices,match",
     [
-        ("fsdp=16", "data=2", 1, r"--dcn axes multiply to 2 but there are 1 slice"),
+        ("fsdp=16", "data=2", 1, r"^dcn axes multiply to 2 but there are 1 slice"),
         ("fsdp=16", None, 2, r"multiply to 1 but there are 2 slice"),
-        ("fsdp=16", "data=3", 2, r"--dcn axes multiply to 3"),
+        ("fsdp=16", "data=3", 2, r"^dcn axes multiply to 3"),
     ],
 )
 def test_dcn_axes_must_match_the_slice_count(ici, dcn, slices, match):

@@ -105,14 +105,15 @@ BAD = {
     "unwrapped edge": (dict(dead_link=["3,0:x+"]), "edge of an axis without wraparound"),
     "bad axisdir": (dict(dead_link=["0,0:w+"]), "axis letter and a direction"),
     "malformed": (dict(dead_link=["0,0:x+:0.5"]), "is not like 0,0:x+"),
-    "slow and dead": (dict(slow_link=["0,0:x+"], dead_link=["0,0:x+"]), "both as --slow-link"),
-    "negative sigma": (dict(chip_variation=-0.1), "--chip-variation"),
-    "nan sigma": (dict(chip_variation=math.nan), "--chip-variation"),
-    "negative seed": (dict(seed=-1), "--seed"),
-    "inf skew": (dict(expert_skew=math.inf), "--expert-skew"),
-    "skew past float's range": (dict(expert_skew=10**400), "--expert-skew"),
-    "capacity past float's range": (dict(capacity_factor=10**400), "--capacity-factor"),
-    "zero capacity": (dict(capacity_factor=0.0), "--capacity-factor"),
+    "slow and dead": (dict(slow_link=["0,0:x+"], dead_link=["0,0:x+"]),
+                      "both as slow_link and dead_link"),
+    "negative sigma": (dict(chip_variation=-0.1), "^chip_variation "),
+    "nan sigma": (dict(chip_variation=math.nan), "^chip_variation "),
+    "negative seed": (dict(seed=-1), "^seed -1 "),
+    "inf skew": (dict(expert_skew=math.inf), "^expert_skew "),
+    "skew past float's range": (dict(expert_skew=10**400), "^expert_skew "),
+    "capacity past float's range": (dict(capacity_factor=10**400), "^capacity_factor "),
+    "zero capacity": (dict(capacity_factor=0.0), "^capacity_factor "),
 }
 
 

@@ -163,20 +163,21 @@ def group_axes(topology: Topology, axes: tuple[str, ...]) -> tuple[GroupAxis, ..
     """Validate collective axes against the topology; ICI axes in x, y, z order, DCN last
     (twisted rings where the group holds a twisted torus's long axes: `with_twist`)."""
     if not axes:
-        raise TpusimError("a collective needs at least one axis, e.g. --axes x or --axes x,y")
+        raise TpusimError("a collective needs at least one axis, e.g. {axes} x or {axes} x,y",
+        "axes")
     seen: list[GroupAxis] = []
     for a in axes:
         if a == DCN_AXIS:
             if topology.num_slices == 1:
                 raise TpusimError(
-                    "axis 'dcn' needs several slices; add --slices N (N >= 2) or drop dcn"
+                    "axis 'dcn' needs several slices; add {slices} N (N >= 2) or drop dcn", "slices"
                 )
             ga = axis_factor(topology, DCN_AXIS, topology.num_slices, 1)
         else:
             topology.axis_index(a)
             ga = axis_factor(topology, a, topology.axis_size(a), 1)
         if any(g.name == ga.name for g in seen):
-            raise TpusimError(f"axis {a!r} is given twice in --axes; list each axis once")
+            raise TpusimError(f"axis {a!r} is given twice in {{axes}}; list each axis once", "axes")
         seen.append(ga)
     order = {n: i for i, n in enumerate(AXIS_NAMES + (DCN_AXIS,))}
     return with_twist(topology, tuple(sorted(seen, key=lambda g: (order[g.physical_name],
@@ -374,12 +375,13 @@ class DetourRouter:
                         and not self._live[dst == chip].any():
                     raise TpusimError(
                         f"chip {_fmt(t.coords(chip))} has no live link{what}, and a transfer "
-                        f"starts or ends there: no route reaches it; remove a --dead-link")
+                        f"starts or ends there: no route reaches it; remove a {{dead_link}}",
+                        "dead_link")
             dead = ", ".join(t.describe_link(d) for d in self.dead_links)
             raise TpusimError(
                 f"dead links {dead} disconnect chip {_fmt(t.coords(start))} from "
-                f"{_fmt(t.coords(end))}{what}: no live path joins them; remove a --dead-link "
-                f"(or give the pod wraparound)"
+                f"{_fmt(t.coords(end))}{what}: no live path joins them; remove a {{dead_link}} "
+                f"(or give the pod wraparound)", "dead_link"
             )
         per = 2 * self.topology.ndim
         order = list(dict.fromkeys(prefer)) + [c for c in range(per) if c not in prefer]

@@ -97,8 +97,8 @@ def parse_axis_map(text: str | None) -> tuple[tuple[str, tuple[tuple[str, int], 
         return ()
     if not text.replace(",", "").strip():
         raise TpusimError(
-            f"--axis-map {short_repr(text)} places no axis; write e.g. tensor=x,fsdp=y+z, or "
-            f"leave --axis-map out for the automatic placement"
+            f"{{axis_map}} {short_repr(text)} places no axis; write e.g. tensor=x,fsdp=y+z, or "
+            f"leave {{axis_map}} out for the automatic placement", "axis_map"
         )
     out = []
     for part in text.split(","):
@@ -107,19 +107,19 @@ def parse_axis_map(text: str | None) -> tuple[tuple[str, tuple[tuple[str, int], 
             continue
         if "=" not in part:
             raise TpusimError(
-                f"--axis-map {short_repr(text)}: {short_repr(part)} is not name=axes; write "
-                f"e.g. tensor=x,fsdp=y+z"
+                f"{{axis_map}} {short_repr(text)}: {short_repr(part)} is not name=axes; write "
+                f"e.g. tensor=x,fsdp=y+z", "axis_map"
             )
         name, spec = (p.strip() for p in part.split("=", 1))
         if not name:
             raise TpusimError(
-                f"--axis-map {short_repr(text)}: {short_repr(part)} names no mesh axis; write "
-                f"e.g. tensor=x,fsdp=y+z"
+                f"{{axis_map}} {short_repr(text)}: {short_repr(part)} names no mesh axis; write "
+                f"e.g. tensor=x,fsdp=y+z", "axis_map"
             )
         if name in (n for n, _ in out):
             raise TpusimError(
-                f"--axis-map {short_repr(text)} places {short_repr(name)} twice; give each mesh "
-                f"axis once, joining its physical axes with + (e.g. fsdp=x+y)"
+                f"{{axis_map}} {short_repr(text)} places {short_repr(name)} twice; give each mesh "
+                f"axis once, joining its physical axes with + (e.g. fsdp=x+y)", "axis_map"
             )
         factors = []
         for f in spec.split("+"):
@@ -127,41 +127,42 @@ def parse_axis_map(text: str | None) -> tuple[tuple[str, tuple[tuple[str, int], 
             axis, _, size = f.partition(":")
             if axis not in AXIS_NAMES:
                 raise TpusimError(
-                    f"--axis-map {short_repr(text)}: {short_repr(f)} is not a physical axis; "
+                    f"{{axis_map}} {short_repr(text)}: {short_repr(f)} is not a physical axis; "
                     f"use x, y or z "
-                    f"(optionally x:4 for 4 chips of x)"
+                    f"(optionally x:4 for 4 chips of x)", "axis_map"
                 )
             # ASCII digits only (int() also reads a full-width "１"), at most 9 of them (a
             # torus axis has at most 4,096 chips).
             if size and not (size.isascii() and size.isdigit() and len(size) <= 9) \
                     and not (size.startswith("-") and size[1:].isascii() and size[1:].isdigit()):
-                raise TpusimError(f"--axis-map {short_repr(text)}: {short_repr(f)} has a size "
+                raise TpusimError(f"{{axis_map}} {short_repr(text)}: {short_repr(f)} has a size "
                                   f"that is not a whole number of at most 9 ASCII digits; write "
-                                  f"e.g. x:4")
+                                  f"e.g. x:4", "axis_map")
             k = int(size) if size else 0
             if size and k < 1:
-                raise TpusimError(f"--axis-map {short_repr(text)}: {short_repr(f)} must take "
-                                  f"at least 1 chip")
+                raise TpusimError(f"{{axis_map}} {short_repr(text)}: {short_repr(f)} must take "
+                                  f"at least 1 chip", "axis_map")
             factors.append((axis, k))
         out.append((name, tuple(factors)))
     return tuple(out)
 
 
 def dcn_hint(mesh: LogicalMesh, num_chips: int) -> str:
-    """`; --dcn data=2 spans 2 slices: add --slices 2` when that is the likely fix, else ""."""
+    """` ({dcn} data=2 spans 2 slices but the pod is one slice: add {slices} 2)` when that is
+    the likely fix, else "": a template naming `dcn` and `slices`, for the caller's error."""
     if mesh.num_slices > 1 and mesh.num_ici_devices == num_chips:
         dcn = ",".join(f"{n}={v}" for n, v in mesh.dcn_axes)
-        return (f" (--dcn {dcn} spans {mesh.num_slices} slices but the pod is one slice: add "
-                f"--slices {mesh.num_slices})")
+        return (f" ({{dcn}} {dcn} spans {mesh.num_slices} slices but the pod is one slice: add "
+                f"{{slices}} {mesh.num_slices})")
     return ""
 
 
 def parse_mesh(
     text: str | None, dcn_text: str | None = None, axis_map: str | None = None
 ) -> LogicalMesh:
-    """`"fsdp=16,tensor=4"` (and `--dcn data=2`, `--axis-map tensor=x,fsdp=y+z`) -> mesh."""
+    """`"fsdp=16,tensor=4"` (and `dcn_text` `data=2`, `axis_map` `tensor=x,fsdp=y+z`) -> mesh."""
 
-    def parse(t: str | None, flag: str) -> tuple[tuple[str, int], ...]:
+    def parse(t: str | None, name: str) -> tuple[tuple[str, int], ...]:
         if not t:
             return ()
         out = []
@@ -173,20 +174,21 @@ def parse_mesh(
                 continue
             if "=" not in part:
                 raise TpusimError(
-                    f"{flag} {t!r}: {part!r} is not name=size; write e.g. fsdp=16,tensor=4"
-                )
+                    f"{name} {t!r}: {part!r} is not name=size; write e.g. fsdp=16,tensor=4",
+                    "mesh", "dcn")
             k, v = part.split("=", 1)
             try:
                 size = ascii_int(v, max_digits=9)
             except ValueError:
-                raise TpusimError(f"{flag} {short_repr(t)}: size {short_repr(v)} of {k} is not "
-                                  f"an integer (of at most 9 ASCII digits)") from None
+                raise TpusimError(f"{name} {short_repr(t)}: size {short_repr(v)} of {k} is not "
+                                  f"an integer (of at most 9 ASCII digits)", "mesh",
+                                  "dcn") from None
             if size < 1:
-                raise TpusimError(f"{flag} {t!r}: {k}={size} must be >= 1")
+                raise TpusimError(f"{name} {t!r}: {k}={size} must be >= 1", "mesh", "dcn")
             out.append((k.strip(), size))
         return tuple(out)
 
-    return LogicalMesh(axes=parse(text, "--mesh"), dcn_axes=parse(dcn_text, "--dcn"),
+    return LogicalMesh(axes=parse(text, "{mesh}"), dcn_axes=parse(dcn_text, "{dcn}"),
                        placement=parse_axis_map(axis_map))
 
 
@@ -213,8 +215,8 @@ def place_mesh(mesh: LogicalMesh, topology: Topology) -> dict[str, AxisPlacement
         )
     if mesh.num_slices != topology.num_slices:
         raise TpusimError(
-            f"--dcn axes multiply to {mesh.num_slices} but there are {topology.num_slices} "
-            f"slice(s); make them equal (e.g. --slices {mesh.num_slices})"
+            f"{{dcn}} axes multiply to {mesh.num_slices} but there are {topology.num_slices} "
+            f"slice(s); make them equal (e.g. {{slices}} {mesh.num_slices})", "dcn", "slices"
         )
     placements: dict[str, AxisPlacement] = {}
     if mesh.placement:
@@ -266,14 +268,14 @@ def _explicit(mesh: LogicalMesh, topology: Topology) -> dict[str, AxisPlacement]
     unknown = sorted(mapped - set(sizes))
     if unknown:
         raise TpusimError(
-            f"--axis-map places {', '.join(unknown)}, which --mesh does not define; map only "
-            f"the mesh's axes ({', '.join(sizes)})"
+            f"{{axis_map}} places {', '.join(unknown)}, which {{mesh}} does not define; map only "
+            f"the mesh's axes ({', '.join(sizes)})", "axis_map", "mesh"
         )
     missing = sorted(n for n, v in sizes.items() if v > 1 and n not in mapped)
     if missing:
         raise TpusimError(
-            f"--axis-map leaves mesh axis {', '.join(missing)} unplaced; give every mesh axis "
-            f"of size > 1 its physical axes"
+            f"{{axis_map}} leaves mesh axis {', '.join(missing)} unplaced; give every mesh axis "
+            f"of size > 1 its physical axes", "axis_map"
         )
     used = {a: 1 for a in shape}
     out: dict[str, AxisPlacement] = {}
@@ -282,24 +284,24 @@ def _explicit(mesh: LogicalMesh, topology: Topology) -> dict[str, AxisPlacement]
         for axis, k in factors:
             if axis not in shape:
                 raise TpusimError(
-                    f"--axis-map puts {name} on axis {axis}, which the "
-                    f"{'x'.join(map(str, topology.shape))} torus does not have"
+                    f"{{axis_map}} puts {name} on axis {axis}, which the "
+                    f"{'x'.join(map(str, topology.shape))} torus does not have", "axis_map"
                 )
             left = shape[axis] // used[axis]
             if not k and left == 1 and shape[axis] > 1:
                 # A bare letter takes what is left of the axis; nothing left is a typo
                 # (`fsdp=x+x`), not a factor of one chip.
                 raise TpusimError(
-                    f"--axis-map puts {name} on axis {axis}, but all {shape[axis]} chips of "
+                    f"{{axis_map}} puts {name} on axis {axis}, but all {shape[axis]} chips of "
                     f"{axis} are already placed (a bare letter takes what is left of its "
                     f"axis); drop it there, or split the axis with sizes, e.g. "
-                    f"tensor=x:2,fsdp=x:2+y"
+                    f"tensor=x:2,fsdp=x:2+y", "axis_map"
                 )
             take = k or left
             if take > left or left % take:
                 raise TpusimError(
-                    f"--axis-map: {name} asks for {take} chips of {axis}, but {left} of its "
-                    f"{shape[axis]} are left; use a divisor of {left}"
+                    f"{{axis_map}}: {name} asks for {take} chips of {axis}, but {left} of its "
+                    f"{shape[axis]} are left; use a divisor of {left}", "axis_map"
                 )
             got.append((axis, take, used[axis]))
             used[axis] *= take
@@ -308,14 +310,15 @@ def _explicit(mesh: LogicalMesh, topology: Topology) -> dict[str, AxisPlacement]
             product *= k
         if product != sizes[name]:
             raise TpusimError(
-                f"--axis-map gives {name} {product} chips but --mesh says {name}={sizes[name]}; "
-                f"make them equal"
+                f"{{axis_map}} gives {name} {product} chips but {{mesh}} says "
+                f"{name}={sizes[name]}; "
+                f"make them equal", "axis_map", "mesh"
             )
         out[name] = AxisPlacement(name=name, factors=tuple(got))
     short = [a for a in shape if used[a] != shape[a]]
     if short:
         raise TpusimError(
-            f"--axis-map leaves part of axis {', '.join(short)} unused; every physical axis must "
-            f"be covered by the mesh"
+            f"{{axis_map}} leaves part of axis {', '.join(short)} unused; every physical axis must "
+            f"be covered by the mesh", "axis_map"
         )
     return out

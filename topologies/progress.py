@@ -17,7 +17,7 @@ serving run's cost-model steps) is a no-op too, its progress being the outer tas
 at most one update per `Task.interval_s` of wall time (its first and last always), so a callback
 is called a few times a second however fast the loop that reports is; the engine loops ask
 `Task.due()` only every few thousand events. The `tpusim` command's callback draws the updates as
-a bar on stderr when stderr is a terminal (`sim/cli/progress.py`); `--quiet` sets none.
+a bar on stderr when stderr is a terminal (`sim/cli/progress.py`); the CLI's quiet switch sets none.
 
 Kept below every package that reports (the HLO parser in `workloads/` reports too); the run
 layer (`sim.runs`) takes the callback and exports these types.

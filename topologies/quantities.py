@@ -1,10 +1,10 @@
-"""Quantities as a user writes them, one parser for every place that takes one: `--set KEY=VALUE`
-(`sim/overrides.py`), chip YAML (`sim/hardware.chip_from_dict`) and model YAML
+"""Quantities as a user writes them, one parser for every place that takes one: an override
+`KEY=VALUE` (`sim/overrides.py`), chip YAML (`sim/hardware.chip_from_dict`) and model YAML
 (`workloads/models.model_from_dict`).
 
 A value is a plain number (`1.8e11`), a number with a unit suited to the field (`180GB/s`,
-`32GiB`, `2us`, `918T`), or `xF`, a multiplier of the base value (the preset's for `--set`, the
-`base:` chip's or model's in a file): `x2`, `x0.5`. Which units fit is read off the field's
+`32GiB`, `2us`, `918T`), or `xF`, a multiplier of the base value (the preset's for an override,
+the `base:` chip's or model's in a file): `x2`, `x0.5`. Which units fit is read off the field's
 name, as the fields are named by their unit: `*bytes*` takes bytes (`B`, `KB`..`TB`, `KiB`..
 `TiB`; `/s` after a rate), `*flops_per_s` / `*ops_per_s` an SI prefix (`K`, `M`, `G`, `T`, `P`,
 optionally `FLOP/s`), `*_s` a time (`s`, `ms`, `us`, `ns`); any other field (counts, fractions)
@@ -77,9 +77,14 @@ def unit_hint(field: str) -> str:
     return ""
 
 
+# The setting an error's `what` may name (`{set} KEY=VALUE`, TpusimError's placeholders).
+_WHAT = ("set",)
+
+
 def multiplier(what: str, value: Any) -> float | None:
     """`x2` / `X0.5` -> 2.0 / 0.5; None if `value` is not a multiplier. `what` starts the
-    error ("--set hbm_bytes=x0", "chip file c.yaml: hbm_bytes = 'x0'")."""
+    error ("{set} hbm_bytes=x0", "chip file c.yaml: hbm_bytes = 'x0'"), and may name the
+    overrides as `{set}` (`_WHAT`)."""
     if not isinstance(value, str) or not value.strip().lower().startswith("x"):
         return None
     body = value.strip()[1:]
@@ -87,10 +92,11 @@ def multiplier(what: str, value: Any) -> float | None:
         m = ascii_float(body)
     except ValueError:
         raise TpusimError(
-            f"{what}: {short_repr(body)} is not a number; write a multiplier such as x2 or x0.5"
-        ) from None
+            f"{what}: {short_repr(body)} is not a number; write a multiplier such as x2 or x0.5",
+            *_WHAT) from None
     if not math.isfinite(m) or m <= 0:
-        raise TpusimError(f"{what}: the multiplier must be a positive finite number, e.g. x2")
+        raise TpusimError(f"{what}: the multiplier must be a positive finite number, e.g. x2",
+                          *_WHAT)
     return m
 
 
@@ -98,7 +104,7 @@ def number_with_unit(what: str, field: str, value: Any, *, base_word: str = "the
     """A plain number or a number with a unit that fits `field`, in the field's unit (NaN and
     infinities are returned for the caller's range check to name)."""
     if isinstance(value, bool):
-        raise TpusimError(f"{what} must be a number")
+        raise TpusimError(f"{what} must be a number", *_WHAT)
     if isinstance(value, (int, float)):
         return float(value)
     m = _NUMBER.match(str(value))
@@ -106,7 +112,7 @@ def number_with_unit(what: str, field: str, value: Any, *, base_word: str = "the
     if m is None or scale is None:
         raise TpusimError(
             f"{what}: not a number{unit_hint(field)}; give a plain number, a number with a unit "
-            f"or a multiplier of {base_word} such as x2"
+            f"or a multiplier of {base_word} such as x2", *_WHAT
         )
     return float(m.group(1)) * scale
 

@@ -18,7 +18,7 @@ T = TypeVar("T")
 class Registry(Generic[T]):
     """Maps lower-case names to objects, in registration order."""
 
-    def __init__(self, kind: str, unknown: Callable[[str], str] | None = None, *,
+    def __init__(self, kind: str, unknown: Callable[[str], str | TpusimError] | None = None, *,
                  listing: str = "") -> None:
         self.kind = kind
         self.listing = listing  # where every name is listed, for the unknown-name message
@@ -49,7 +49,8 @@ class Registry(Generic[T]):
             from topologies.validate import one_of, short_repr
 
             if self._unknown is not None and isinstance(name, str):
-                raise TpusimError(self._unknown(name)) from None
+                said = self._unknown(name)  # the message, or the error naming settings
+                raise (said if isinstance(said, TpusimError) else TpusimError(said)) from None
             raise TpusimError(
                 f"unknown {self.kind} {short_repr(name)}; "
                 f"{one_of(name, self._items, listing=self.listing)}"

@@ -1,25 +1,26 @@
 """Perturbations of a pod (`Scenario`): slow or fast chips, slow and dead links, chip-to-chip
-speed variation and MoE router skew, parsed from the CLI flags or a scenario YAML and checked
-against a `Topology`.
+speed variation and MoE router skew, parsed from a run's settings (`scenario_from_flags`) or a
+scenario YAML and checked against a `Topology`.
 
 A `Scenario` holds coordinates, not ids, so it can be built before the pod is known; the
 `*_for(topology)` methods validate it against a pod and resolve it to chip and link ids.
 
-Flag syntax (each repeatable; the same strings are accepted as list entries in YAML):
+The settings, by their Python names (the lists take one entry per item; the same strings are
+accepted as list entries in YAML):
 
-* `--slow-chip X,Y[,Z]:FACTOR`: the chip's MXU, VPU and HBM run at FACTOR x their speed;
-* `--slow-link X,Y[,Z]:AXISDIR[:FACTOR]`: the directed link leaving chip X,Y[,Z] along AXISDIR
+* `slow_chip` `X,Y[,Z]:FACTOR`: the chip's MXU, VPU and HBM run at FACTOR x their speed;
+* `slow_link` `X,Y[,Z]:AXISDIR[:FACTOR]`: the directed link leaving chip X,Y[,Z] along AXISDIR
   (`x+`, `y-`, ...) carries FACTOR x its bandwidth (default 0.5, as `collective` always had);
-* `--dead-link X,Y[,Z]:AXISDIR`: that directed link carries nothing (a dead cable is both
+* `dead_link` `X,Y[,Z]:AXISDIR`: that directed link carries nothing (a dead cable is both
   directions: give `X,Y:x+` and the neighbour's `x-`);
-* `--chip-variation SIGMA --seed N`: every chip's speed is drawn independently from a lognormal
+* `chip_variation` SIGMA and `seed` N: every chip's speed is drawn independently from a lognormal
   with median 1 and log-standard-deviation SIGMA;
-* `--expert-skew S`, `--capacity-factor C`: MoE router imbalance and token capacity;
-* `--failed-chip X,Y[,Z]` with `--spare-cubes N` and `--no-ocs`: a chip that has failed. On a
+* `expert_skew` S, `capacity_factor` C: MoE router imbalance and token capacity;
+* `failed_chip` `X,Y[,Z]` with `spare_cubes` N and `no_ocs`: a chip that has failed. On a
   v4/v5p slice of whole 4x4x4 cubes (optical switches, `Topology.ocs`) with a spare cube left,
   the switches swap the cube holding it for a spare: the slice is whole again (`Failures`
   lists the swap; its one-time cost is `ChipSpec.ocs_reconfiguration_s`). Without a spare, with
-  `--no-ocs` (a static pod) or on a pod without switches, the chip's links in and out are dead
+  `no_ocs` (a static pod) or on a pod without switches, the chip's links in and out are dead
   and routes detour around it (`dead_link_ids_for`); a transfer to or from the chip itself has
   no route, and the run is refused.
 
@@ -102,7 +103,9 @@ class Failures:
         routed_chips: failed chips no spare replaces: their links are dead.
         dead_links: every ICI link id into or out of a routed chip, sorted.
         spare_cubes: spares available; `spares_left` after the swaps.
-        why_not_swapped: why the routed chips were not swapped ("" if every cube was).
+        why_not_swapped: why the routed chips were not swapped ("" if every cube was), a
+            message template naming the settings of `SCENARIO_SETTINGS` as `{name}` placeholders
+            (`TpusimError`'s): `failure_report` renders it, an error builds on it.
     """
 
     failed_chips: tuple[int, ...] = ()
@@ -144,7 +147,7 @@ class Scenario:
         no_ocs: the pod's switches do not swap cubes (a static pod): failed chips are routed
             around whatever the spares.
         twist: the slice is a twisted torus (a scenario file's `twist: true`, read when the pod
-            is built; `--twist` on the command line).
+            is built; the `twist` setting of a run).
     """
 
     slow_chips: tuple[SlowChip, ...] = ()
@@ -161,37 +164,38 @@ class Scenario:
 
     def __post_init__(self) -> None:
         for s in self.slow_chips:
-            _check_factor(s.factor, f"--slow-chip {s.to_flag()}")
+            _check_factor(s.factor, f"{{slow_chip}} {s.to_flag()}")
         for s in self.slow_links:
-            _check_factor(s.factor, f"--slow-link {s.to_flag()}")
+            _check_factor(s.factor, f"{{slow_link}} {s.to_flag()}")
         sigma = self.chip_variation_sigma
         if not CHIP_VARIATION_RANGE.holds(sigma):
             raise TpusimError(
-                f"--chip-variation {short_repr(sigma)} must be {CHIP_VARIATION_RANGE.text} (the "
-                f"log-standard-deviation of chip speed, e.g. 0.02 for 2%)"
+                f"{{chip_variation}} {short_repr(sigma)} must be {CHIP_VARIATION_RANGE.text} (the "
+                f"log-standard-deviation of chip speed, e.g. 0.02 for 2%)", "chip_variation"
             )
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or not (
             0 <= self.seed < 2**63
         ):
-            raise TpusimError(f"--seed {short_repr(self.seed)} must be a whole number in "
-                              f"[0, 2^63)")
+            raise TpusimError(f"{{seed}} {short_repr(self.seed)} must be a whole number in "
+                              f"[0, 2^63)", "seed")
         s = self.expert_skew
         if not EXPERT_SKEW_RANGE.holds(s):
             raise TpusimError(
-                f"--expert-skew {short_repr(s)} must be {EXPERT_SKEW_RANGE.text} (the Zipf "
-                f"exponent of expert loads; 0 = a balanced router)"
+                f"{{expert_skew}} {short_repr(s)} must be {EXPERT_SKEW_RANGE.text} (the Zipf "
+                f"exponent of expert loads; 0 = a balanced router)", "expert_skew"
             )
         n = self.spare_cubes
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) \
                 or not 0 <= n <= MAX_SPARE_CUBES:
-            raise TpusimError(f"--spare-cubes {short_repr(n)} must be a whole number from 0 to "
+            raise TpusimError(f"{{spare_cubes}} {short_repr(n)} must be a whole number from 0 to "
                               f"{MAX_SPARE_CUBES:,} (spare 4x4x4 cubes the switches may swap "
-                              f"in)")
+                              f"in)", "spare_cubes")
         c = self.capacity_factor
         if c is not None and not CAPACITY_FACTOR_RANGE.holds(c):
             raise TpusimError(
-                f"--capacity-factor {short_repr(c)} must be {CAPACITY_FACTOR_RANGE.text} (tokens "
-                f"an expert accepts as a multiple of the balanced load, e.g. 1.25)"
+                f"{{capacity_factor}} {short_repr(c)} must be {CAPACITY_FACTOR_RANGE.text} (tokens "
+                f"an expert accepts as a multiple of the balanced load, e.g. 1.25)",
+                "capacity_factor"
             )
 
     # -- what it touches ---------------------------------------------------------------------
@@ -218,7 +222,7 @@ class Scenario:
         if self.twist and not topology.twisted:
             raise TpusimError(
                 f"the scenario says twist: true but the {topology.name} pod is plain; build it "
-                f"with --twist (or drop twist from the scenario)")
+                f"with {{twist}} (or drop twist from the scenario)", "twist")
 
     def failures_for(self, topology: Topology) -> Failures:
         """What the failed chips do on `topology`: which cubes are swapped for spares (a pod of
@@ -227,7 +231,7 @@ class Scenario:
         routed around (their links dead). A chip outside the pod is an error."""
         chips: list[int] = []
         for c in self.failed_chips:
-            chip = _chip_id(topology, c, f"--failed-chip {_coord_text(c)}")
+            chip = _chip_id(topology, c, f"{{failed_chip}} {_coord_text(c)}")
             if chip not in chips:
                 chips.append(chip)
         if not chips:
@@ -236,7 +240,7 @@ class Scenario:
             why = (f"the {topology.name} pod has no optical switches to swap a cube in (a "
                    f"v4/v5p slice of whole 4x4x4 cubes has)")
         elif self.no_ocs:
-            why = "--no-ocs: the switches do not swap cubes"
+            why = "{no_ocs}: the switches do not swap cubes"
         else:
             why = ""
         swapped: list[tuple[int, ...]] = []
@@ -250,8 +254,8 @@ class Scenario:
             else:
                 routed.append(chip)
         if routed and not why:
-            why = ("--spare-cubes 0" if not self.spare_cubes else
-                   f"--spare-cubes {self.spare_cubes}: no spare left for "
+            why = ("{spare_cubes} 0" if not self.spare_cubes else
+                   f"{{spare_cubes}} {self.spare_cubes}: no spare left for "
                    f"{'the cube' if len(routed) == 1 else 'every cube'} of "
                    f"{', '.join(_fmt_chip(topology, c) for c in routed)}")
         routed = [c for c in routed if _cube_of(topology, c) not in swapped]
@@ -263,9 +267,9 @@ class Scenario:
         """{chip id: speed factor} of the `slow_chips` (repeats multiply)."""
         out: dict[int, float] = {}
         for s in self.slow_chips:
-            chip = _chip_id(topology, s.coords, f"--slow-chip {s.to_flag()}")
+            chip = _chip_id(topology, s.coords, f"{{slow_chip}} {s.to_flag()}")
             out[chip] = out.get(chip, 1.0) * s.factor
-            _check_factor(out[chip], f"--slow-chip {s.to_flag()} (with the others for this chip)")
+            _check_factor(out[chip], f"{{slow_chip}} {s.to_flag()} (with the others for this chip)")
         return out
 
     def chip_speed_factors_for(self, topology: Topology) -> np.ndarray:
@@ -284,16 +288,16 @@ class Scenario:
         """{ICI link id: bandwidth factor} of the `slow_links` (repeats multiply)."""
         out: dict[int, float] = {}
         for s in self.slow_links:
-            link = _link_id(topology, s.coords, s.axisdir, f"--slow-link {s.to_flag()}")
+            link = _link_id(topology, s.coords, s.axisdir, f"{{slow_link}} {s.to_flag()}")
             out[link] = out.get(link, 1.0) * s.factor
-            _check_factor(out[link], f"--slow-link {s.to_flag()} (with the others for this link)")
+            _check_factor(out[link], f"{{slow_link}} {s.to_flag()} (with the others for this link)")
         return out
 
     def dead_link_ids_for(self, topology: Topology) -> tuple[int, ...]:
-        """Sorted ICI link ids of the dead links: the `--dead-link`s, and every link into or
+        """Sorted ICI link ids of the dead links: the `dead_links`, and every link into or
         out of a failed chip no spare cube replaces (`failures_for`)."""
         return tuple(sorted({
-            _link_id(topology, d.coords, d.axisdir, f"--dead-link {d.to_flag()}")
+            _link_id(topology, d.coords, d.axisdir, f"{{dead_link}} {d.to_flag()}")
             for d in self.dead_links
         } | set(self.failures_for(topology).dead_links)))
 
@@ -308,8 +312,9 @@ class Scenario:
         for link in self.dead_link_ids_for(topology):
             if link in slow and link not in failed:  # a failed chip's links are dead anyway
                 raise TpusimError(
-                    f"link {topology.describe_link(link)} is given both as --slow-link and "
-                    f"--dead-link; a dead link carries nothing, so drop one of them"
+                    f"link {topology.describe_link(link)} is given both as {{slow_link}} and "
+                    f"{{dead_link}}; a dead link carries nothing, so drop one of them", "slow_link",
+                    "dead_link"
                 )
             f[link] = 0.0
         return f
@@ -367,6 +372,17 @@ class Scenario:
 
 
 # -- parsing -----------------------------------------------------------------------------------
+# The settings a scenario's errors name, as `{name}` placeholders (topologies/errors.py): a
+# message built on a `what` prefix (`{slow_chip} 0,0:0.5`) may hold any of them.
+SCENARIO_SETTINGS = ("slow_chip", "slow_link", "dead_link", "failed_chip", "chip_variation", "seed",
+             "expert_skew", "capacity_factor", "spare_cubes", "no_ocs", "twist")
+
+
+def _error(message: str) -> TpusimError:
+    """A scenario error whose message may name any of `SCENARIO_SETTINGS`."""
+    return TpusimError(message, *SCENARIO_SETTINGS)
+
+
 def _coord_text(c: Coords) -> str:
     return ",".join(str(v) for v in c)
 
@@ -381,7 +397,7 @@ def _check_factor(factor: Any, what: str) -> None:
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not (
         math.isfinite(factor) and MIN_FACTOR <= factor <= MAX_FACTOR
     ):
-        raise TpusimError(
+        raise _error(
             f"{what}: factor {short_repr(factor)} must be a finite number > 0, in "
             f"{interval_text(MIN_FACTOR, MAX_FACTOR)} (speed relative to nominal; 0.5 = half "
             f"speed, 2 = twice as fast; "
@@ -393,7 +409,7 @@ def _parse_coords(text: str, flag: str, spec: str) -> Coords:
     try:
         coords = tuple(ascii_int(c, max_digits=9) for c in text.split(","))
     except ValueError:
-        raise TpusimError(
+        raise _error(
             f"{flag} {short_repr(spec)}: chip coordinates {short_repr(text)} must be integers "
             f"like 0,0 or 1,2,3"
         ) from None
@@ -404,7 +420,7 @@ def _parse_factor(text: str, flag: str, spec: str) -> float:
     try:
         f = ascii_float(text)
     except ValueError:
-        raise TpusimError(
+        raise _error(
             f"{flag} {short_repr(spec)}: factor {short_repr(text)} is not a number; give e.g. "
             f"0.5 (half speed)"
         ) from None
@@ -415,7 +431,7 @@ def _parse_factor(text: str, flag: str, spec: str) -> float:
 def _parse_axisdir(text: str, flag: str, spec: str) -> str:
     ad = text.strip()
     if len(ad) != 2 or ad[0] not in AXIS_NAMES or ad[1] not in "+-":
-        raise TpusimError(
+        raise _error(
             f"{flag} {short_repr(spec)}: the link {short_repr(ad)} must be an axis letter and a "
             f"direction, such as "
             f"x+ or y-"
@@ -428,11 +444,11 @@ def parse_slow_chip(spec: str) -> SlowChip:
     parts = str(spec).split(":")
     if len(parts) != 2:
         raise TpusimError(
-            f"--slow-chip {short_repr(spec)} is not like 3,5,7:0.8 (chip coordinates : speed "
-            f"factor)"
+            f"{{slow_chip}} {short_repr(spec)} is not like 3,5,7:0.8 (chip coordinates : speed "
+            f"factor)", "slow_chip"
         )
-    return SlowChip(coords=_parse_coords(parts[0], "--slow-chip", spec),
-                    factor=_parse_factor(parts[1], "--slow-chip", spec))
+    return SlowChip(coords=_parse_coords(parts[0], "{slow_chip}", spec),
+                    factor=_parse_factor(parts[1], "{slow_chip}", spec))
 
 
 def parse_slow_link(spec: str) -> SlowLink:
@@ -440,14 +456,14 @@ def parse_slow_link(spec: str) -> SlowLink:
     parts = str(spec).split(":")
     if len(parts) not in (2, 3):
         raise TpusimError(
-            f"--slow-link {short_repr(spec)} is not like 0,0:x+:0.5 (chip coordinates : axis and "
+            f"{{slow_link}} {short_repr(spec)} is not like 0,0:x+:0.5 (chip coordinates : axis and "
             f"direction "
-            f": bandwidth factor)"
+            f": bandwidth factor)", "slow_link"
         )
-    factor = (_parse_factor(parts[2], "--slow-link", spec) if len(parts) == 3
+    factor = (_parse_factor(parts[2], "{slow_link}", spec) if len(parts) == 3
               else DEFAULT_SLOW_LINK_FACTOR)
-    return SlowLink(coords=_parse_coords(parts[0], "--slow-link", spec),
-                    axisdir=_parse_axisdir(parts[1], "--slow-link", spec), factor=factor)
+    return SlowLink(coords=_parse_coords(parts[0], "{slow_link}", spec),
+                    axisdir=_parse_axisdir(parts[1], "{slow_link}", spec), factor=factor)
 
 
 def parse_dead_link(spec: str) -> DeadLink:
@@ -455,11 +471,11 @@ def parse_dead_link(spec: str) -> DeadLink:
     parts = str(spec).split(":")
     if len(parts) != 2:
         raise TpusimError(
-            f"--dead-link {short_repr(spec)} is not like 0,0:x+ (chip coordinates : axis and "
-            f"direction)"
+            f"{{dead_link}} {short_repr(spec)} is not like 0,0:x+ (chip coordinates : axis and "
+            f"direction)", "dead_link"
         )
-    return DeadLink(coords=_parse_coords(parts[0], "--dead-link", spec),
-                    axisdir=_parse_axisdir(parts[1], "--dead-link", spec))
+    return DeadLink(coords=_parse_coords(parts[0], "{dead_link}", spec),
+                    axisdir=_parse_axisdir(parts[1], "{dead_link}", spec))
 
 
 def parse_failed_chip(spec: str) -> Coords:
@@ -467,9 +483,9 @@ def parse_failed_chip(spec: str) -> Coords:
     text = str(spec).strip()
     if ":" in text or not text:
         raise TpusimError(
-            f"--failed-chip {short_repr(spec)} is not like 1,2,3 (the chip's coordinates, "
-            f"x,y[,z][,slice])")
-    return _parse_coords(text, "--failed-chip", spec)
+            f"{{failed_chip}} {short_repr(spec)} is not like 1,2,3 (the chip's coordinates, "
+            f"x,y[,z][,slice])", "failed_chip")
+    return _parse_coords(text, "{failed_chip}", spec)
 
 
 def scenario_from_flags(
@@ -607,7 +623,7 @@ def load_scenario(path) -> Scenario:
 def _chip_id(topology: Topology, coords: Coords, what: str) -> int:
     n_ok = (topology.ndim, topology.ndim + 1) if topology.num_slices > 1 else (topology.ndim,)
     if len(coords) not in n_ok:
-        raise TpusimError(
+        raise _error(
             f"{what}: chip coordinates {_coord_text(coords)} have {len(coords)} value(s) but the "
             f"{topology.name} pod needs {' or '.join(map(str, n_ok))} (x"
             f"{', y' if topology.ndim > 1 else ''}{', z' if topology.ndim > 2 else ''}"
@@ -615,12 +631,12 @@ def _chip_id(topology: Topology, coords: Coords, what: str) -> int:
         )
     for name, n, c in zip(AXIS_NAMES, topology.shape, coords, strict=False):
         if not 0 <= c < n:
-            raise TpusimError(
+            raise _error(
                 f"{what}: coordinate {name}={c} is outside the {topology.name} pod; "
                 f"{name} must be in 0..{n - 1}"
             )
     if len(coords) > topology.ndim and not 0 <= coords[-1] < topology.num_slices:
-        raise TpusimError(
+        raise _error(
             f"{what}: slice index {coords[-1]} is outside 0..{topology.num_slices - 1}"
         )
     return topology.chip_id(coords)
@@ -653,7 +669,7 @@ def _link_id(topology: Topology, coords: Coords, axisdir: str, what: str) -> int
     chip = _chip_id(topology, coords, what)
     axis = axisdir[0]
     if axis not in AXIS_NAMES[: topology.ndim]:
-        raise TpusimError(
+        raise _error(
             f"{what}: the {topology.name} pod has no {axis} axis; its axes are "
             f"{', '.join(AXIS_NAMES[: topology.ndim])}"
         )
@@ -662,7 +678,7 @@ def _link_id(topology: Topology, coords: Coords, axisdir: str, what: str) -> int
     if not topology.link_mask()[link]:
         why = ("the axis has a single chip" if topology.shape[a] == 1 else
                "edge of an axis without wraparound")
-        raise TpusimError(
+        raise _error(
             f"{what}: chip {_coord_text(coords)} has no {axisdir} link in the {topology.name} "
             f"pod ({why}); pick a link that exists"
         )
@@ -671,7 +687,8 @@ def _link_id(topology: Topology, coords: Coords, axisdir: str, what: str) -> int
 
 __all__ = [
     "CAPACITY_FACTOR_RANGE", "CHIP_VARIATION_RANGE", "DeadLink", "EXPERT_SKEW_RANGE", "Failures",
-    "NumberRange", "SCENARIO_KEYS", "Scenario", "SlowChip", "SlowLink", "load_scenario",
+    "NumberRange", "SCENARIO_KEYS", "SCENARIO_SETTINGS", "Scenario", "SlowChip", "SlowLink",
+    "load_scenario",
     "parse_dead_link", "parse_failed_chip", "parse_slow_chip", "parse_slow_link",
     "scenario_from_dict",
     "scenario_from_flags",

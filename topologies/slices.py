@@ -34,7 +34,7 @@ class SliceSpec:
 _CORES_PER_CHIP = {"v4": 2, "v5p": 2, "v5e": 1, "v6e": 1, "v5litepod": 1}
 
 
-def _unknown_slice(name: str) -> str:
+def _unknown_slice(name: str) -> TpusimError:
     """One short line for an unknown slice name: why it is unknown (the TensorCore count, when
     the name counts chips where the registry counts cores) and the nearest names to use."""
     import difflib
@@ -50,9 +50,10 @@ def _unknown_slice(name: str) -> str:
         close = difflib.get_close_matches(name.lower(), SLICES.names(), n=5, cutoff=0.6)
         words = ", ".join(close[:-1]) + f" or {close[-1]}" if len(close) > 1 else "".join(close)
         hint = f"did you mean {words}? " if close else ""
-        return (f"{head}: {hint}slice names are GEN-N with GEN one of "
-                f"{', '.join(_CORES_PER_CHIP)} (e.g. v5p-128, v5e-256); `tpusim presets` lists "
-                f"them all, or give --chip GEN --shape AxB[xC]")
+        return TpusimError(
+            f"{head}: {hint}slice names are GEN-N with GEN one of "
+            f"{', '.join(_CORES_PER_CHIP)} (e.g. v5p-128, v5e-256); `tpusim presets` lists "
+            f"them all, or give {{chip}} GEN {{shape}} AxB[xC]", "chip", "shape")
     n = int(m.group(2))
     cores = _CORES_PER_CHIP[gen]
     same = [(k, spec) for k, spec in SLICES.items()
@@ -65,9 +66,10 @@ def _unknown_slice(name: str) -> str:
             also = [k for k, s2 in SLICES.items() if s2 is not spec and s2.shape == spec.shape
                     and s2.chip == spec.chip]
             alias = f" (also {', '.join(also)})" if also else ""
-            return (f"{head}: {gen}-N counts TensorCores ({cores} per chip), so {n} chips is "
-                    f"{as_chips}{alias}, shape {shape}; use --slice {as_chips} or --chip {gen} "
-                    f"--shape {shape}")
+            return TpusimError(
+                f"{head}: {gen}-N counts TensorCores ({cores} per chip), so {n} chips is "
+                f"{as_chips}{alias}, shape {shape}; use {{slice}} {as_chips} or {{chip}} {gen} "
+                f"{{shape}} {shape}", "slice", "chip", "shape")
     near = sorted(same, key=lambda kv: (abs(math.log(_count(kv[0])) - math.log(max(n, 1))),
                                         _count(kv[0])))[:3]
     near = sorted(near, key=lambda kv: _count(kv[0]))
@@ -75,8 +77,9 @@ def _unknown_slice(name: str) -> str:
     what = (f"{gen}-N counts TensorCores ({cores} per chip)" if cores > 1
             else f"{gen}-N counts chips")
     names = ", ".join(f"{k} ({'x'.join(map(str, sp.shape))})" for k, sp in near)
-    return (f"{head}: {what}; the nearest named slices are {names}; for another shape give "
-            f"--chip {chip} --shape AxB{'xC' if cores > 1 else ''}")
+    return TpusimError(
+        f"{head}: {what}; the nearest named slices are {names}; for another shape give "
+        f"{{chip}} {chip} {{shape}} AxB{'xC' if cores > 1 else ''}", "chip", "shape")
 
 
 def _count(name: str) -> int:
@@ -178,14 +181,14 @@ def check_shape_fits(chip_name: str, max_pod_shape: tuple[int, ...], shape: tupl
         raise TpusimError(
             f"shape {'x'.join(map(str, shape))} is {need:,} cubes of 4x4x4 chips but one "
             f"{chip_name} pod has {have} ({'x'.join(map(str, max_pod_shape))}); a slice of "
-            f"cubes must fit the pod's cube count: use a smaller shape, or --slices N to join "
-            f"slices over DCN"
+            f"cubes must fit the pod's cube count: use a smaller shape, or {{slices}} N to join "
+            f"slices over DCN", "slices"
         )
     if len(shape) > len(max_pod_shape):
         raise TpusimError(
             f"shape {'x'.join(map(str, shape))} has {len(shape)} axes but {chip_name} pods are "
             f"{len(max_pod_shape)}D ({'x'.join(map(str, max_pod_shape))}); use at most "
-            f"{len(max_pod_shape)} axes, or --slices for more chips over DCN"
+            f"{len(max_pod_shape)} axes, or {{slices}} for more chips over DCN", "slices"
         )
     padded = sorted(shape + (1,) * (len(max_pod_shape) - len(shape)))
     if any(a > b for a, b in zip(padded, sorted(max_pod_shape), strict=True)):
@@ -194,7 +197,7 @@ def check_shape_fits(chip_name: str, max_pod_shape: tuple[int, ...], shape: tupl
         raise TpusimError(
             f"shape {'x'.join(map(str, shape))} does not fit one {chip_name} pod "
             f"(largest ICI slice {'x'.join(map(str, max_pod_shape))}){why}; use a smaller shape, "
-            f"or --slices N to join slices over DCN"
+            f"or {{slices}} N to join slices over DCN", "slices"
         )
 
 
@@ -210,11 +213,12 @@ def resolve_topology(
     check_fit: bool = True,
     twist: bool = False,
 ) -> Topology:
-    """Turn the CLI's `--slice` / `--shape` / `--wraparound` / `--slices` / `--twist` into a
+    """Turn a run's pod settings (`slice`, `shape`, `wraparound`, `slices`, `twist`) into a
     `Topology`. A slice name ending in `-twisted` (`v4-256-twisted`) is the named slice with
     `twist`."""
     if slice_name is None and shape is None:
-        raise TpusimError("give the pod as --slice NAME (e.g. v5p-128) or --shape AxB[xC]")
+        raise TpusimError("give the pod as {slice} NAME (e.g. v5p-128) or {shape} AxB[xC]",
+                          "slice", "shape")
     if slice_name is not None and untwisted_name(slice_name) != str(slice_name):
         slice_name = untwisted_name(slice_name)
         twist = True
@@ -223,7 +227,7 @@ def resolve_topology(
         if spec.chip != chip_name.split("-")[0] and spec.chip != chip_name:
             raise TpusimError(
                 f"slice {slice_name!r} is a {spec.chip} slice but the chip is {chip_name!r}; "
-                f"drop --chip or pick a {chip_name} slice"
+                f"drop {{chip}} or pick a {chip_name} slice", "chip"
             )
         sl_shape = spec.shape
         if shape is not None:
@@ -232,7 +236,7 @@ def resolve_topology(
                 raise TpusimError(
                     f"shape {'x'.join(map(str, given))} has {int(np.prod(given))} chips but slice "
                     f"{slice_name} has {spec.num_chips} ({'x'.join(map(str, sl_shape))}); "
-                    f"give a shape with {spec.num_chips} chips or drop --shape"
+                    f"give a shape with {spec.num_chips} chips or drop {{shape}}", "shape"
                 )
             sl_shape = given
         shape_t = sl_shape
@@ -243,14 +247,15 @@ def resolve_topology(
     if isinstance(num_slices, bool) or not isinstance(num_slices, int) \
             or not 1 <= num_slices <= MAX_SLICES:
         raise TpusimError(
-            f"--slices {num_slices!r} must be {range_text(1, MAX_SLICES, integer=True)}"
+            f"{{slices}} {num_slices!r} must be {range_text(1, MAX_SLICES, integer=True)}", "slices"
         )
     total = int(np.prod(shape_t, dtype=object)) * num_slices
     if total > MAX_CHIPS:
         raise TpusimError(
-            f"--shape {'x'.join(map(str, shape_t))} x --slices {num_slices} is {total:,} chips, "
+            f"{{shape}} {'x'.join(map(str, shape_t))} x {{slices}} {num_slices} is {total:,} "
+            f"chips, "
             f"over the limit of {MAX_CHIPS:,} chips a pod may have here; a pod this large is "
-            f"too large to simulate, give a smaller shape or fewer slices"
+            f"too large to simulate, give a smaller shape or fewer slices", "shape", "slices"
         )
     wrap = parse_wraparound(wraparound, shape_t)
     if wrap is None:
@@ -295,18 +300,18 @@ def check_twist(chip_name: str, wrap_rule: str, shape: tuple[int, ...],
     text = "x".join(map(str, shape))
     if wrap_rule != "cube":
         raise TpusimError(
-            f"--twist: {chip_name or 'this chip'} has no optical circuit switches to twist the "
-            f"wraparound (only v4 and v5p slices of whole 4x4x4 cubes twist); drop --twist or "
-            f"use --chip v4 or v5p")
+            f"{{twist}}: {chip_name or 'this chip'} has no optical circuit switches to twist the "
+            f"wraparound (only v4 and v5p slices of whole 4x4x4 cubes twist); drop {{twist}} or "
+            f"use {{chip}} v4 or v5p", "twist", "chip")
     why = twist_rule_error(shape)
     if why is not None:
-        raise TpusimError(f"--twist: {why}")
+        raise TpusimError(f"{{twist}}: {why}", "twist")
     if any(n % CUBE_SIDE for n in shape):
         raise TpusimError(
-            f"--twist: shape {text} is not made of whole 4x4x4 cubes; a twisted slice has every "
+            f"{{twist}}: shape {text} is not made of whole 4x4x4 cubes; a twisted slice has every "
             f"side a multiple of 4 (k x k x 2k or k x 2k x 2k, e.g. 4x4x8, 4x8x8, 8x8x16); drop "
-            f"--twist or give such a shape")
+            f"{{twist}} or give such a shape", "twist")
     if not all(wrap):
         raise TpusimError(
-            f"--twist: a twisted {text} wraps on every axis (the twist moves its wraparound "
-            f"links); drop --wraparound or --twist")
+            f"{{twist}}: a twisted {text} wraps on every axis (the twist moves its wraparound "
+            f"links); drop {{wraparound}} or {{twist}}", "twist", "wraparound")

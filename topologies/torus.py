@@ -228,7 +228,7 @@ def twist_rule_error(shape: tuple[int, ...]) -> str | None:
     if any(n not in (k, 2 * k) for n in shape) or max(shape) != 2 * k or k < 2:
         return (f"shape {text} cannot twist: every side must be the smallest side k or 2k, "
                 f"both present (k x k x 2k or k x 2k x 2k, e.g. 4x4x8, 4x8x8, 8x8x16); drop "
-                f"--twist or give such a shape")
+                f"{{twist}} or give such a shape")
     return None
 
 
@@ -360,9 +360,10 @@ def parse_wraparound(text: str, shape: tuple[int, ...]) -> tuple[bool, ...] | No
         from topologies.validate import short_repr
 
         raise TpusimError(
-            f"--wraparound {short_repr(text)} is not valid for a {ndim}D shape: each item must be "
+            f"{{wraparound}} {short_repr(text)} is not valid for a {ndim}D shape: each item must "
+            f"be "
             f"one axis letter, given once; use auto, none, all, or axis letters from "
-            f"{','.join(allowed)} (e.g. {','.join(allowed[::2])})"
+            f"{','.join(allowed)} (e.g. {','.join(allowed[::2])})", "wraparound"
         )
     return tuple(a in letters for a in allowed)
 
@@ -388,7 +389,7 @@ def build_torus(
             f"wraparound {wraparound} has {len(wraparound)} entries for a {len(shape)}D shape"
         )
     if num_slices < 1:
-        raise TpusimError(f"--slices {num_slices} must be >= 1")
+        raise TpusimError(f"{{slices}} {num_slices} must be >= 1", "slices")
     wrap = tuple(bool(w) and n > 1 for w, n in zip(wraparound, shape, strict=True))
     if ocs and (len(shape) != 3 or any(n % _CUBE_SIDE for n in shape)):
         raise TpusimError(
@@ -398,10 +399,11 @@ def build_torus(
     if twisted:
         why = twist_rule_error(shape)
         if why is not None:
-            raise TpusimError(why)
+            raise TpusimError(why, "twist")
         if not all(wrap):
             raise TpusimError(
                 f"a twisted {'x'.join(map(str, shape))} needs wraparound on every axis (the "
-                f"twist moves the wraparound links); drop --wraparound or --twist")
+                f"twist moves the wraparound links); drop {{wraparound}} or "
+                f"{{twist}}", "wraparound", "twist")
     return Topology(shape=shape, wraparound=wrap, num_slices=int(num_slices), ocs=bool(ocs),
                     twisted=bool(twisted))

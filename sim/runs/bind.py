@@ -1,4 +1,4 @@
-"""A request bound to the pod: its `--set` overrides parsed, the chip and model loaded and
+"""A request bound to the pod: its overrides (`set`) parsed, the chip and model loaded and
 overridden, the topology built, the scenario validated against that topology, and the `inputs`
 every result records. Pure functions of the request (nothing is stored on it).
 """
@@ -17,7 +17,13 @@ from sim.perchip import PerChipConfig
 from sim.runs.requests import Request
 from sim.runs.result import describe_chip, describe_topology, tpusim_version
 from topologies.errors import TpusimError
-from topologies.scenario import Scenario, load_scenario, scenario_from_flags
+from topologies.scenario import (
+    SCENARIO_SETTINGS,
+    Failures,
+    Scenario,
+    load_scenario,
+    scenario_from_flags,
+)
 from topologies.slices import SLICES, resolve_topology, untwisted_name
 from topologies.torus import Topology
 from workloads.models import TransformerSpec
@@ -27,7 +33,7 @@ from workloads.zoo import load_model
 
 @dataclass(frozen=True)
 class Pod:
-    """The chip (before and after `--set`) and the topology a request runs on."""
+    """The chip (before and after the overrides) and the topology a request runs on."""
 
     base_chip: ChipSpec
     chip: ChipSpec
@@ -46,7 +52,7 @@ def algorithm_of(req: Request) -> str:
 
 
 def resolve_pod(req: Request) -> Pod:
-    """The chip (the request's `chip_spec`, else its preset or YAML; then `--set`) and the
+    """The chip (the request's `chip_spec`, else its preset or YAML; then the overrides) and the
     topology of `slice` / `shape` / `wraparound` / `slices`."""
     ov = req.parsed_overrides()
     base = req.chip_spec
@@ -54,7 +60,8 @@ def resolve_pod(req: Request) -> Pod:
         chip_arg = req.chip
         if chip_arg is None:
             if req.slice is None:
-                raise TpusimError("give --chip (e.g. v5e) with --shape, or --slice (e.g. v5p-128)")
+                raise TpusimError("give {chip} (e.g. v5e) with {shape}, or {slice} (e.g. "
+                                  "v5p-128)", "chip", "shape", "slice")
             chip_arg = SLICES.get(untwisted_name(req.slice)).chip
         base = load_chip(chip_arg)
     chip = ov.apply_chip(base)
@@ -72,14 +79,14 @@ def resolve_pod(req: Request) -> Pod:
 
 
 def resolve_model(req: Request) -> tuple[TransformerSpec, TransformerSpec]:
-    """(the model before `--set`, the model with the `model.*` overrides applied)."""
+    """(the model before the overrides, the model with the `model.*` overrides applied)."""
     base = req.model_spec if req.model_spec is not None else load_model(req.model)
     return base, req.parsed_overrides().apply_model(base)
 
 
 def scenario_twists(req: Request) -> bool:
     """Whether the request's scenario (its file, or a recorded `scenario_spec`) says
-    `twist: true`: the pod is then built twisted, as with `--twist`."""
+    `twist: true`: the pod is then built twisted, as with the `twist` setting."""
     if req.scenario_spec is not None:
         return bool(req.scenario_spec.twist)
     path = getattr(req, "scenario", None)
@@ -156,21 +163,22 @@ def check_router_matches_trace(scenario: Scenario, trace) -> None:
     moe = trace.meta.get("moe")
     if not trace.meta.get("moe_scenario_applied") or not isinstance(moe, dict):
         raise TpusimError(
-            "--expert-skew/--capacity-factor apply to MoE models only, and this trace has no "
-            "MoE router (a dense model, or written by an older tpusim); drop them"
+            "{expert_skew}/{capacity_factor} apply to MoE models only, and this trace has no "
+            "MoE router (a dense model, or written by an older tpusim); drop them", "expert_skew",
+            "capacity_factor"
         )
     skew = float(moe.get("expert_skew", 0.0))
     cap = moe.get("capacity_factor")
     if skew != float(scenario.expert_skew) or (cap is None) != (scenario.capacity_factor is None) \
             or (cap is not None and float(cap) != float(scenario.capacity_factor)):
         raise TpusimError(
-            f"this trace was compiled with --expert-skew {skew:g}"
-            + (f" --capacity-factor {float(cap):g}" if cap is not None else "")
-            + f", not --expert-skew {float(scenario.expert_skew):g}"
-            + (f" --capacity-factor {float(scenario.capacity_factor):g}"
+            f"this trace was compiled with {{expert_skew}} {skew:g}"
+            + (f" {{capacity_factor}} {float(cap):g}" if cap is not None else "")
+            + f", not {{expert_skew}} {float(scenario.expert_skew):g}"
+            + (f" {{capacity_factor}} {float(scenario.capacity_factor):g}"
                if scenario.capacity_factor is not None else "")
             + "; the router is part of the compiled program, so recompile it with tpusim compile "
-              "and those flags"
+              "and those flags", "expert_skew", "capacity_factor"
         )
 
 
@@ -205,20 +213,27 @@ def _cube_text(cube: tuple[int, ...], multi: bool) -> str:
 
 def failure_report(req: Request, pod: Pod) -> dict[str, Any] | None:
     """The result's `failures` section (None when the request names no failed chip, spare or
-    --no-ocs): which cubes were swapped for spares and what that costs once
+    `no_ocs`): which cubes were swapped for spares and what that costs once
     (`ChipSpec.ocs_reconfiguration_s`), which chips are routed around and why. Refuses spares
     a pod cannot hold: none without optical switches (a generation without them, or a slice
     smaller than a cube), and no more than the cubes the slice leaves free in the pod."""
+    found = _failures(req, pod)
+    return None if found is None else found[0]
+
+
+def _failures(req: Request, pod: Pod) -> tuple[dict[str, Any], Failures] | None:
+    """`failure_report`'s section and the `Failures` it reports (whose `why_not_swapped` is a
+    template an error builds on)."""
     scenario = scenario_of(req, pod.topology)
     if not scenario.failed_chips:
-        return None  # spares and --no-ocs alone change nothing
+        return None  # spares and no_ocs alone change nothing
     topo, chip = pod.topology, pod.chip
     n = scenario.spare_cubes
     if n and not topo.ocs and not scenario.no_ocs:
         raise TpusimError(
-            f"--spare-cubes {n}: the {topo.name} {chip.name} pod has no optical switches to swap "
-            f"a cube in (only v4/v5p slices of whole 4x4x4 cubes have); drop --spare-cubes, or "
-            f"give --no-ocs to say the pod is static")
+            f"{{spare_cubes}} {n}: the {topo.name} {chip.name} pod has no optical switches to swap "
+            f"a cube in (only v4/v5p slices of whole 4x4x4 cubes have); drop {{spare_cubes}}, or "
+            f"give {{no_ocs}} to say the pod is static", "spare_cubes", "no_ocs")
     if n and topo.ocs:
         from topologies.slices import CUBE_SIDE, num_cubes
 
@@ -226,9 +241,10 @@ def failure_report(req: Request, pod: Pod) -> dict[str, Any] | None:
         used = num_cubes(topo.shape) * topo.num_slices
         if n > have - used:
             raise TpusimError(
-                f"--spare-cubes {n}: the {chip.name} pod has {have} cubes and this slice takes "
+                f"{{spare_cubes}} {n}: the {chip.name} pod has {have} cubes and this slice takes "
                 f"{used}, so at most {max(have - used, 0)} are free to be spares; give "
-                f"--spare-cubes {max(have - used, 0)} or fewer, or a smaller slice")
+                f"{{spare_cubes}} {max(have - used, 0)} or fewer, or a smaller slice",
+                "spare_cubes")
     f = scenario.failures_for(topo)
     multi = topo.num_slices > 1
     text = lambda c: ",".join(map(str, topo.coords(c)))  # noqa: E731
@@ -241,8 +257,8 @@ def failure_report(req: Request, pod: Pod) -> dict[str, Any] | None:
         "reconfiguration_s": chip.ocs_reconfiguration_s if f.swapped_cubes else 0.0,
         "routed_around": [text(c) for c in f.routed_chips],
         "dead_links": len(f.dead_links),
-        "why_not_swapped": f.why_not_swapped,
-    }
+        "why_not_swapped": str(TpusimError(f.why_not_swapped, *SCENARIO_SETTINGS)),
+    }, f
 
 
 _WHAT = {"train": "step", "replay": "step", "export": "step", "decode": "decode step",
@@ -250,7 +266,7 @@ _WHAT = {"train": "step", "replay": "step", "export": "step", "decode": "decode 
 
 
 def reports_failures(run_fn):
-    """A runner that handles `--failed-chip`: its result gains the `failures` section
+    """A runner that handles failed chips (`failed_chip`): its result gains the `failures` section
     (`failure_report`), and a failed chip routed around that a transfer needs (its own sends
     or receives: no route reaches a chip whose links are all dead) is refused in one line
     naming the chip and the fix."""
@@ -261,9 +277,10 @@ def reports_failures(run_fn):
                 getattr(req, "failed_chip", ()) or getattr(req, "scenario", None)
                 or req.scenario_spec is not None):
             return run_fn(req, *args, **kw)
-        report = failure_report(req, resolve_pod(req))
-        if report is None:
+        found = _failures(req, resolve_pod(req))
+        if found is None:
             return run_fn(req, *args, **kw)
+        report, failures = found
         try:
             out = run_fn(req, *args, **kw)
         except TpusimError as exc:
@@ -271,12 +288,13 @@ def reports_failures(run_fn):
                 detail = str(exc).split(" has no live link", 1)[1].split(", and a", 1)[0]
                 detail = detail.strip(" ()") or "its own sends and receives"
                 raise TpusimError(
-                    f"--failed-chip {', '.join(report['routed_around'])}: no spare cube "
-                    f"replaces it ({report['why_not_swapped']}), so its links are dead, and "
+                    f"{{failed_chip}} {', '.join(report['routed_around'])}: no spare cube "
+                    f"replaces it ({failures.why_not_swapped}), so its links are dead, and "
                     f"the {_WHAT.get(req.command, req.command)} needs the chip itself "
                     f"({detail}): no route reaches "
-                    f"it; give --spare-cubes N on a v4/v5p slice of whole cubes (its cube is "
-                    f"swapped), or leave the chip out of the slice") from None
+                    f"it; give {{spare_cubes}} N on a v4/v5p slice of whole cubes (its cube is "
+                    f"swapped), or leave the chip out of the slice", "failed_chip",
+                    *SCENARIO_SETTINGS) from None
             raise
         out.summary["failures"] = report
         return out

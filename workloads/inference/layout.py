@@ -43,7 +43,7 @@ def layout(model: TransformerSpec, mesh: LogicalMesh, num_chips: int, batch: int
         raise TpusimError(
             f"mesh {mesh.describe()} covers {mesh.num_ici_devices * mesh.num_slices} chips but "
             f"the pod has {num_chips}; make the mesh axes multiply to {num_chips}"
-            + dcn_hint(mesh, num_chips)
+            + dcn_hint(mesh, num_chips), "dcn", "slices"
         )
     other = sorted({n for n, _ in mesh.axes + mesh.dcn_axes} - set(DECODE_AXES))
     if other:

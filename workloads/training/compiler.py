@@ -115,7 +115,7 @@ def _compiler(
         raise TpusimError(
             f"mesh {mesh.describe()} covers {mesh.num_ici_devices * mesh.num_slices} chips but "
             f"the pod has {num_chips}; make the mesh axes multiply to {num_chips}"
-            + dcn_hint(mesh, num_chips)
+            + dcn_hint(mesh, num_chips), "dcn", "slices"
         )
     _check_divisible("num_heads", model.num_heads, "tensor", tp,
                      "pick a tensor size that divides the head count")
