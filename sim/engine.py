@@ -187,9 +187,20 @@ class StepResult:
 
     @property
     def links(self):
+        """One row per link class (`LINK_CLASS_COLUMNS`); on a slice of 4x4x4 cubes joined by
+        optical switches (v4, v5p) also `ocs_links`, how many of the class's links go through
+        a switch (between cubes) rather than stay inside a cube."""
         import pandas as pd
 
-        return pd.DataFrame(self.link_class_rows, columns=LINK_CLASS_COLUMNS)
+        df = pd.DataFrame(self.link_class_rows, columns=LINK_CLASS_COLUMNS)
+        pod = self.pod
+        if pod is not None and getattr(pod, "ocs", False):
+            nl = 2 * pod.ndim
+            mask = pod.ocs_link_mask()[: pod.num_ici_links]
+            per = np.bincount(np.flatnonzero(mask) % nl, minlength=nl)
+            names = {"xyz"[c // 2] + "+-"[c % 2]: int(per[c]) for c in range(nl)}
+            df["ocs_links"] = [names.get(str(c), 0) for c in df["link_class"]]
+        return df
 
     @property
     def memory(self):

@@ -131,3 +131,20 @@ def test_the_torus_plot_marks_every_link_through_a_switch_and_none_inside_a_cube
     alike = torus_figure(topo, np.full(topo.num_links, 0.5), caption="c", what="w")
     texts = [t.get_text() for ax in alike.axes for t in ax.texts]
     assert any("128 links, wraps, 32 through optical switches" in t for t in texts)
+
+
+def test_a_steps_link_table_counts_each_classs_links_through_the_switches():
+    import sim
+
+    def links(chip, shape, mesh):
+        return sim.run(sim.TrainRequest(chip=chip, shape=shape, model="llama3-8b", seq_len=256,
+                                        batch_per_chip=1, mesh=mesh,
+                                        overrides={"model.num_layers": "1"})).result.links
+
+    lk = links("v4", "4x4x8", "fsdp=128")
+    topo = make_topology(get_chip("v4"), "4x4x8")
+    mask = topo.ocs_link_mask()
+    want = {f"{'xyz'[c // 2]}{'+-'[c % 2]}": int(mask[c::6].sum()) for c in range(6)}
+    assert dict(zip(lk["link_class"], lk["ocs_links"], strict=True)) == want
+    assert want == {"x+": 32, "x-": 32, "y+": 32, "y-": 32, "z+": 32, "z-": 32}
+    assert "ocs_links" not in links("v5e", "2x2", "fsdp=4").columns  # no switches
