@@ -1028,3 +1028,36 @@ def test_plan_on_a_dask_cluster_ships_requests_and_gets_the_same_ranking(tiny_mo
         assert sorted(again) == sorted(o)
         if "result" in o:
             assert json.dumps(again["result"]) == json.dumps(o["result"])
+
+
+def test_the_cost_frontier_holds_the_candidates_nothing_beats_on_time_and_cost(
+        tiny_model, tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from sim.studies.plots import cost_time_frontier, plot_cost_frontier
+
+    chip, topo = _pod()
+    model = load_model(tiny_model)
+    cfg = PlanConfig(seq_len=1024, global_batch=16, top=2, axes=("fsdp", "tensor"),
+                     remat=("full", "none"), microbatches=(1, 2), placements=False,
+                     objective="cost")
+    res = run_plan(_base(tiny_model, ["--chip", "v5e", "--shape", "2x2"]), model, topo, chip,
+                   cfg, workers=1, quiet=True)
+    ok = res.table[res.table["status"] == "ok"]
+    pts = list(zip(ok["step_time_s"], ok["cost_per_million_tokens_usd"], strict=True))
+    assert len(pts) >= 3
+    # Brute force: a point is on the frontier when no other is at least as fast and as cheap
+    # and better on one.
+    brute = sorted(p for p in pts if not any(q[0] <= p[0] and q[1] <= p[1] and q != p
+                                             for q in pts))
+    assert sorted(cost_time_frontier(pts)) == brute
+    figs: list = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: figs.append(fig))
+    assert plot_cost_frontier(res, tmp_path / "c.png").stat().st_size > 0
+    ax = figs[0].axes[0]
+    line = next(ln for ln in ax.lines if ln.get_linestyle() == "-")
+    assert list(zip(line.get_xdata(), line.get_ydata(), strict=True)) == sorted(brute)
+    star = next(c for c in ax.collections if c.get_label().startswith("best by cost"))
+    best = res.top(1).iloc[0]
+    assert tuple(star.get_offsets()[0]) == pytest.approx(
+        (best["step_time_s"], best["cost_per_million_tokens_usd"]))

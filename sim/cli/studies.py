@@ -72,7 +72,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from sim.export.output import check_output_dir, write_json
     from sim.studies.plan_report import plan_summary
     from sim.studies.plan_search import search
-    from sim.studies.plots import plot_frontier
+    from sim.studies.plots import plot_cost_frontier, plot_frontier
 
     req = cli.request_of(PlanRequest, args)
     if args.out:
@@ -86,6 +86,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         write_tables(args.out, {"candidates": res.table}, summary)
         plot_frontier(res, Path(args.out) / "frontier.png")
+        plot_cost_frontier(res, Path(args.out) / "frontier_cost.png")
         write_json(Path(args.out) / "summary.json", summary)
     if args.json:
         cli.emit_json(summary)
@@ -142,8 +143,8 @@ def _register_plan(sub, name: str) -> None:
                    help=f"the most candidates --exhaustive may simulate (default "
                         f"{EXHAUSTIVE_MAX_SIMULATIONS}; with --exhaustive only)")
     p.add_argument("--out", default="plan-out",
-                   help="write candidates.csv/parquet, summary.json and frontier.png here "
-                        "(default plan-out; empty to skip)")
+                   help="write candidates.csv/parquet, summary.json, frontier.png and "
+                        "frontier_cost.png here (default plan-out; empty to skip)")
     p.add_argument("--objective", default="time", choices=["time", "cost", "energy"],
                    help="what picks the winner: time (default: the step time), cost (dollars "
                         "per step at the chip's usd_per_chip_hour) or energy (the pod's joules "

@@ -55,7 +55,7 @@ from sim.studies.plan_space import (
     plan_config,
     pod_variants,
 )
-from sim.studies.plots import plot_frontier
+from sim.studies.plots import plot_cost_frontier, plot_frontier
 from sim.studies.results import STATUS_DOES_NOT_FIT, STATUS_ERROR
 from topologies.errors import TpusimError
 from topologies.progress import NO_TASK, ProgressCallback, reporting, task
@@ -555,6 +555,7 @@ def plan(*, model: Any, seq_len: int, global_batch: int, chip: Any = None,
         summary = plan_summary(res, cfg.top)
         write_tables(out, {"candidates": res.table}, summary)
         plot_frontier(res, Path(out) / "frontier.png")
+        plot_cost_frontier(res, Path(out) / "frontier_cost.png")
         write_json(Path(out) / "summary.json", summary)
     return res
 

@@ -128,6 +128,49 @@ def plot_frontier(result: PlanResult, path) -> Any:
     return out
 
 
+def plot_cost_frontier(result: PlanResult, path) -> Any | None:
+    """Dollars per million tokens against step time for every simulated candidate that fits
+    and has a price, the frontier of those no other candidate beats on both (faster and
+    cheaper) drawn through them, and the plan's winner (by its `objective`) marked; None (no
+    file) when no candidate has a price (a chip without a list price)."""
+    t = result.table
+    ok = t[(t["status"] == STATUS_OK) & t["cost_per_million_tokens_usd"].notna()
+           & t["step_time_s"].notna()]
+    if not len(ok):
+        return None
+    plt = _fig()  # matplotlib, loaded on the first plot
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    ax.scatter(ok["step_time_s"], ok["cost_per_million_tokens_usd"], s=14, color="#8da0cb",
+               label="candidates")
+    front = cost_time_frontier(zip(ok["step_time_s"], ok["cost_per_million_tokens_usd"],
+                                   strict=True))
+    ax.plot([p[0] for p in front], [p[1] for p in front], "-o", color="#e78ac3", ms=4,
+            label="frontier (cheapest for its time)")
+    b = ok.iloc[0]
+    ax.scatter([b["step_time_s"]], [b["cost_per_million_tokens_usd"]], marker="*", s=160,
+               color="#d62728", zorder=5,
+               label=f"best by {result.objective}: {b['mesh']} {b['remat']}")
+    ax.legend(fontsize=7)
+    ax.set_xlabel("step time (s)")
+    ax.set_ylabel("$ per million tokens")
+    ax.set_title(f"plan: {result.model} on {result.pod}, cost against time")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out = atomic_write(path, lambda q: fig.savefig(q, dpi=110, format="png"))
+    plt.close(fig)
+    return out
+
+
+def cost_time_frontier(points: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The (time, cost) points no other point beats on both (lower time and lower cost), by
+    time."""
+    front: list[tuple[float, float]] = []
+    for x, y in sorted(points, key=lambda p: (p[0], p[1])):
+        if not front or y < front[-1][1]:
+            front.append((x, y))
+    return front
+
+
 def _capacity_gb(result: PlanResult) -> float:
     return result.hbm_capacity_bytes / 1e9
 
@@ -140,4 +183,5 @@ def _pareto(points: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
     return front
 
 
-__all__ = ["UNFIT_LABEL", "UNFIT_STYLE", "plot_frontier", "plot_study"]
+__all__ = ["UNFIT_LABEL", "UNFIT_STYLE", "cost_time_frontier", "plot_cost_frontier",
+           "plot_frontier", "plot_study"]
