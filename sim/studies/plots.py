@@ -109,23 +109,16 @@ def plot_frontier(result: PlanResult, path) -> Any:
         ax.axvline(_capacity_gb(result), color="#9a9a9a", lw=0.8, ls="--")
     if len(ok):
         gb = ok["hbm_peak_bytes"] / 1e9
-        ax.scatter(gb, ok["tokens_per_s_per_chip"], s=14, color="#8da0cb", label="candidates")
         front = _pareto(list(zip(gb, ok["tokens_per_s_per_chip"], strict=True)))
-        ax.plot([p[0] for p in front], [p[1] for p in front], "-o", color="#e78ac3", ms=4,
-                label="frontier (fastest for its memory)")
         b = ok.iloc[0]
-        ax.scatter([b["hbm_peak_bytes"] / 1e9], [b["tokens_per_s_per_chip"]], marker="*",
-                   s=160, color="#d62728", zorder=5, label=f"best: {b['mesh']} {b['remat']}")
+        _draw_candidates(ax, gb, ok["tokens_per_s_per_chip"], front,
+                         "frontier (fastest for its memory)",
+                         (gb.iloc[0], b["tokens_per_s_per_chip"]),
+                         f"best: {b['mesh']} {b['remat']}")
     if len(ok) or len(unfit):
         ax.legend(fontsize=7)
-    ax.set_xlabel("peak HBM per chip (GB; dashed: the chip's capacity)")
-    ax.set_ylabel("tokens/s/chip")
-    ax.set_title(f"plan: {result.model} on {result.pod}")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    out = atomic_write(path, lambda q: fig.savefig(q, dpi=110, format="png"))
-    plt.close(fig)
-    return out
+    return _finish(plt, fig, ax, path, "peak HBM per chip (GB; dashed: the chip's capacity)",
+                   "tokens/s/chip", f"plan: {result.model} on {result.pod}")
 
 
 def plot_cost_frontier(result: PlanResult, path) -> Any | None:
@@ -140,35 +133,42 @@ def plot_cost_frontier(result: PlanResult, path) -> Any | None:
         return None
     plt = _fig()  # matplotlib, loaded on the first plot
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    ax.scatter(ok["step_time_s"], ok["cost_per_million_tokens_usd"], s=14, color="#8da0cb",
-               label="candidates")
-    front = cost_time_frontier(zip(ok["step_time_s"], ok["cost_per_million_tokens_usd"],
-                                   strict=True))
-    ax.plot([p[0] for p in front], [p[1] for p in front], "-o", color="#e78ac3", ms=4,
-            label="frontier (cheapest for its time)")
+    cost = ok["cost_per_million_tokens_usd"]
     b = ok.iloc[0]
-    ax.scatter([b["step_time_s"]], [b["cost_per_million_tokens_usd"]], marker="*", s=160,
-               color="#d62728", zorder=5,
-               label=f"best by {result.objective}: {b['mesh']} {b['remat']}")
+    _draw_candidates(ax, ok["step_time_s"], cost,
+                     cost_time_frontier(zip(ok["step_time_s"], cost, strict=True)),
+                     "frontier (cheapest for its time)", (b["step_time_s"], cost.iloc[0]),
+                     f"best by {result.objective}: {b['mesh']} {b['remat']}")
     ax.legend(fontsize=7)
-    ax.set_xlabel("step time (s)")
-    ax.set_ylabel("$ per million tokens")
-    ax.set_title(f"plan: {result.model} on {result.pod}, cost against time")
+    return _finish(plt, fig, ax, path, "step time (s)", "$ per million tokens",
+                   f"plan: {result.model} on {result.pod}, cost against time")
+
+
+def cost_time_frontier(points: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The (time, cost) points no other point beats on both (lower time and lower cost), by
+    time: `_pareto`'s frontier of (time, -cost)."""
+    return [(x, -y) for x, y in _pareto([(x, -y) for x, y in points])]
+
+
+def _draw_candidates(ax, xs, ys, front, front_label: str, best, best_label: str) -> None:
+    """A plan figure's candidates, their frontier and the winner's star."""
+    ax.scatter(xs, ys, s=14, color="#8da0cb", label="candidates")
+    ax.plot([p[0] for p in front], [p[1] for p in front], "-o", color="#e78ac3", ms=4,
+            label=front_label)
+    ax.scatter([best[0]], [best[1]], marker="*", s=160, color="#d62728", zorder=5,
+               label=best_label)
+
+
+def _finish(plt, fig, ax, path, xlabel: str, ylabel: str, title: str):
+    """Label a plan figure, write it as PNG and close it; returns the path written."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     out = atomic_write(path, lambda q: fig.savefig(q, dpi=110, format="png"))
     plt.close(fig)
     return out
-
-
-def cost_time_frontier(points: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The (time, cost) points no other point beats on both (lower time and lower cost), by
-    time."""
-    front: list[tuple[float, float]] = []
-    for x, y in sorted(points, key=lambda p: (p[0], p[1])):
-        if not front or y < front[-1][1]:
-            front.append((x, y))
-    return front
 
 
 def _capacity_gb(result: PlanResult) -> float:
