@@ -190,6 +190,24 @@ def op_energies(trace: Trace, chip: ChipSpec, link_classes: dict[int, dict[str, 
     return out
 
 
+def _ramps(start: np.ndarray, end: np.ndarray, joules: np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """The breakpoints of the power of ops spreading `joules` evenly over [start, end] (ops of
+    no energy left out), in time order, and the change of power at each: +j/d at a start,
+    -j/d at an end. The last breakpoint is the last op's end."""
+    keep = joules > 0
+    s, e, j = start[keep], end[keep], joules[keep]
+    # An op shorter than `MIN_SPREAD_S` (an instant one) deposits its energy over that long: a
+    # nanosecond against a millisecond window moves nothing, and keeps the slopes finite. `d`
+    # is recomputed as the difference of the floats, so every ramp adds up to its joules.
+    e = np.maximum(e, s + MIN_SPREAD_S)
+    d = e - s
+    t = np.concatenate([s, e])
+    slope = np.concatenate([j / d, -j / d])
+    order = np.argsort(t, kind="stable")
+    return t[order], slope[order]
+
+
 def peak_power_w(start: np.ndarray, end: np.ndarray, joules: np.ndarray, time_s: float,
                  window_s: float = POWER_WINDOW_S) -> float:
     """The highest mean dynamic power over any window of `window_s` (the step's length if
@@ -201,19 +219,9 @@ def peak_power_w(start: np.ndarray, end: np.ndarray, joules: np.ndarray, time_s:
     """
     if time_s <= 0 or len(joules) == 0 or not np.any(joules > 0):
         return 0.0
-    keep = joules > 0
-    s, e, j = start[keep], end[keep], joules[keep]
-    # An op shorter than `MIN_SPREAD_S` (an instant one) deposits its energy over that long: a
-    # nanosecond against a millisecond window moves nothing, and keeps the slopes finite. `d`
-    # is recomputed as the difference of the floats, so every ramp adds up to its joules.
-    e = np.maximum(e, s + MIN_SPREAD_S)
-    d = e - s
-    time_s = max(time_s, float(e.max()))
+    t, slope = _ramps(start, end, joules)
+    time_s = max(time_s, float(t[-1]))
     w = min(window_s, time_s)
-    t = np.concatenate([s, e])
-    slope = np.concatenate([j / d, -j / d])
-    order = np.argsort(t, kind="stable")
-    t, slope = t[order], slope[order]
     rate = np.cumsum(slope)  # power just after each breakpoint
     cum = np.concatenate([[0.0], np.cumsum(rate[:-1] * np.diff(t))])
     # Windows [b, b + w] and [b - w, b] for every breakpoint b, kept inside [0, time_s].
@@ -229,15 +237,10 @@ def power_steps(start: np.ndarray, end: np.ndarray, joules: np.ndarray, time_s: 
     [start, end] (as `peak_power_w` spreads them) on top of `idle_w`: ((t, watts from t on),
     ...) at every change, the last at `time_s` back to idle. Integrating it gives the op
     joules plus `idle_w * time_s` (tests/test_energy.py)."""
-    keep = joules > 0
-    s, e, j = (np.asarray(a, dtype=float)[keep] for a in (start, end, joules))
-    if not len(j):
+    joules = np.asarray(joules, dtype=float)
+    if not np.any(joules > 0):
         return ((0.0, float(idle_w)), (float(time_s), float(idle_w)))
-    e = np.maximum(e, s + MIN_SPREAD_S)
-    t = np.concatenate([s, e])
-    slope = np.concatenate([j / (e - s), -j / (e - s)])
-    order = np.argsort(t, kind="stable")
-    t, slope = t[order], slope[order]
+    t, slope = _ramps(np.asarray(start, dtype=float), np.asarray(end, dtype=float), joules)
     last = np.r_[t[1:] != t[:-1], True]  # one value per distinct time, after all its changes
     t, rate = t[last], np.cumsum(slope)[last]
     rate = np.where(np.abs(rate) < 1e-9 * max(float(np.abs(slope).max()), 1.0), 0.0, rate)
