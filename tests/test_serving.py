@@ -357,6 +357,45 @@ def test_disaggregated_pools_pay_the_kv_transfer_over_dcn(tmp_path):
     assert float(req.e2e_s[0]) == pytest.approx(want_e2e, rel=1e-9)
 
 
+def test_disaggregated_halves_of_one_slice_send_the_kv_cache_over_ici(tmp_path):
+    # Two 2x2 v5e replicas side by side make a 4x2 slice (no wraparound on v5e below a full
+    # axis): every prefill chip sends its share two hops along x, and the middle link of each
+    # row carries two chips' shares, so a byte per chip takes 2 / link rate, after two hops'
+    # latency.
+    rows = [(0.0, 512, 4)]
+    r = _serve(arrival="trace", trace=_trace(tmp_path, rows), prefill_replicas=1,
+               decode_replicas=1, exact_costs=True, kv_transfer="ici")
+    dcn = _serve(arrival="trace", trace=_trace(tmp_path, rows), prefill_replicas=1,
+                 decode_replicas=1, exact_costs=True)
+    chip = resolve_pod(DecodeRequest(**POD, batch=1, context_len=1)).chip
+    info = r.summary["kv_transfer"]
+    assert (info["path"], info["hops"], info["pair_shape"], info["chips"]) == ("ici", 2, "4x2", 4)
+    assert info["s_per_byte_per_chip"] == pytest.approx(2 / chip.eff_ici_link_bytes_per_s,
+                                                        rel=1e-9)
+    assert info["fixed_s"] == pytest.approx(2 * chip.ici_hop_latency_s, rel=1e-6)
+    req = r.result.requests_frame()
+    nbytes = TINY.kv_cache_bytes(512, 2)
+    want = 2 * chip.ici_hop_latency_s + 2 * (nbytes / 4) / chip.eff_ici_link_bytes_per_s
+    assert float(req.kv_transferred_s[0] - req.first_token_s[0]) == pytest.approx(want,
+                                                                                 rel=1e-6)
+    # Energy: the cache's bytes on the two ICI links they cross instead of DCN.
+    e, e_dcn = r.summary["energy"]["energy_j_by_unit"], dcn.summary["energy"]["energy_j_by_unit"]
+    assert e["dcn"] == 0 and e_dcn["dcn"] == pytest.approx(nbytes * chip.dcn_j_per_byte)
+    assert e["ici"] - e_dcn["ici"] == pytest.approx(nbytes * 2 * chip.ici_j_per_byte)
+
+
+@pytest.mark.parametrize("kw, words", [
+    ({"kv_transfer": "ici"}, "kv_transfer says how a disaggregated split"),
+    ({"kv_transfer": "nvlink", "prefill_replicas": 1, "decode_replicas": 1}, "does not exist"),
+    ({"kv_transfer": "ici", "prefill_replicas": 1, "decode_replicas": 1,
+      "decode_slice": "v5e-8", "decode_mesh": "tensor=8"}, "must be the same slice"),
+])
+def test_kv_transfer_settings_that_cannot_work_are_one_line_errors(kw, words):
+    with pytest.raises(TpusimError, match=words) as e:
+        _serve(requests=2, rate=1.0, prompt_tokens="fixed:16", output_tokens="fixed:2", **kw)
+    assert "\n" not in str(e.value)
+
+
 def test_same_inputs_give_identical_results():
     kw = dict(rate=100, requests=200, prompt_tokens="lognormal:200,0.5",
               output_tokens="uniform:2,20", seed=5)

@@ -28,6 +28,12 @@ def print_report(s: dict) -> None:
               f"{p['kv_block_tokens']}); cost model: "
               + ("engine per composition" if p["cost_model"]["exact"] else
                  f"{p['cost_model']['grid_points']} grid points"))
+    t = s.get("kv_transfer")
+    if t is not None:
+        how = (f"ICI within one {t['pair_shape']} slice ({t['hops']} hop(s))"
+               if t["path"] == "ici" else "DCN between slices")
+        print(f"  KV transfer      over {how}: {t['fixed_s'] * 1e6:.1f} us + "
+              f"{t['s_per_byte_per_chip'] * 1e9:.4f} ns per byte on each of {t['chips']} chips")
     print(f"  requests         {s['num_requests']:,} over {s['span_s']:.2f} s "
           f"({s['num_iterations']:,} iterations, {s['sim_events']:,} events)")
     print("  latency (ms)")
@@ -171,11 +177,16 @@ def _register_serve(sub, name: str) -> None:
     d.add_argument("--prefill-replicas", type=ServeRequest.OWN_CONVERTERS["prefill_replicas"],
                    help="disaggregated: replicas that only prefill (with --decode-replicas)")
     d.add_argument("--decode-replicas", type=ServeRequest.OWN_CONVERTERS["decode_replicas"],
-                   help="disaggregated: replicas that only decode; KV caches move over DCN")
+                   help="disaggregated: replicas that only decode; KV caches move over DCN "
+                        "(or ICI: --kv-transfer)")
     d.add_argument("--prefill-mesh", help="the prefill replicas' mesh (default --mesh)")
     d.add_argument("--decode-mesh", help="the decode replicas' mesh (default --mesh)")
     d.add_argument("--prefill-slice", help="the prefill replicas' slice (default the pod's)")
     d.add_argument("--decode-slice", help="the decode replicas' slice (default the pod's)")
+    d.add_argument("--kv-transfer", default="dcn",
+                   help="how KV caches move from prefill to decode replicas: dcn (default: "
+                        "separate slices joined by DCN) or ici (each prefill replica and its "
+                        "decode replica are the two halves of one slice, joined by ICI)")
     o = p.add_argument_group("results")
     o.add_argument("--slo", help="latency bounds for goodput, e.g. ttft=0.5,tpot=0.05 "
                                  "(seconds; default none)")

@@ -692,8 +692,8 @@ MAX_SERVE_REQUESTS = 10_000_000
 _SERVE = ("arrival", "rate", "cv", "trace", "requests", "duration", "prompt_tokens",
           "output_tokens", "replicas", "router", "scheduler", "max_batch", "max_tokens_per_iter",
           "prefill_chunk", "kv_block_tokens", "preemption", "prefix_caching", "prefill_replicas",
-          "decode_replicas", "prefill_mesh", "decode_mesh", "prefill_slice", "decode_slice", "slo",
-          "exact_costs")
+          "decode_replicas", "prefill_mesh", "decode_mesh", "prefill_slice", "decode_slice",
+          "kv_transfer", "slo", "exact_costs")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -748,6 +748,7 @@ class ServeRequest(_Perturbed, _Decoding):
     algorithm: str = "auto"
     preemption: str = field(default="recompute", metadata={"quiet": True})
     prefix_caching: bool = field(default=False, metadata={"quiet": True})
+    kv_transfer: str = field(default="dcn", metadata={"quiet": True})
 
 
 def _bounded_number(name: str, *, lo: float, hi: float, lo_open: bool, hi_open: bool = False,

@@ -37,7 +37,7 @@ from sim.serving.simulate import (
     SchedulerKind,
     ServingSim,
 )
-from sim.serving.transfer import kv_transfer
+from sim.serving.transfer import KvTransferPath, kv_transfer
 from sim.serving.workload import ArrivalKind, WorkloadConfig, generate, parse_lengths
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
@@ -210,7 +210,23 @@ def check_settings(req: ServeRequest):
         raise TpusimError("--prefill-mesh/--decode-mesh/--prefill-slice/--decode-slice shape "
                           "the disaggregated pools; add --prefill-replicas and "
                           "--decode-replicas")
+    kv_transfer_path(req, disagg)
     return wcfg, scfg, slo, router, disagg
+
+
+def kv_transfer_path(req: ServeRequest, disagg: bool) -> KvTransferPath:
+    """Where the KV caches of `req`'s disaggregated pools travel, checked."""
+    try:
+        path = KvTransferPath(req.kv_transfer)
+    except ValueError:
+        raise TpusimError(f"{{kv_transfer}} {short_repr(req.kv_transfer)} does not exist; "
+                          f"{one_of(req.kv_transfer, [m.value for m in KvTransferPath])}",
+                          "kv_transfer") from None
+    if path is not KvTransferPath.DCN and not disagg:
+        raise TpusimError("{kv_transfer} says how a disaggregated split moves KV caches; add "
+                          "{prefill_replicas} and {decode_replicas} or drop it",
+                          "kv_transfer", "prefill_replicas", "decode_replicas")
+    return path
 
 
 @reports_failures
@@ -285,14 +301,15 @@ def run_serve(req: ServeRequest) -> Run:
     if disagg:
         step_p = bound[0][5]
         transfer = kv_transfer(bound[0][3], bound[1][3], step_p.model,
-                               step_p.config.kv_bytes_per_elem)
+                               step_p.config.kv_bytes_per_elem,
+                               path=kv_transfer_path(req, disagg))
     sim = ServingSim(workload, pools, scfg, router=router,
                      transfer_s=transfer.seconds if transfer is not None else None)
     sim.run()
     num_chips = sum(p.replicas * p.num_chips for p in pools)
     summary, arrays = summarize(sim, slo=slo, num_chips=num_chips, kv_blocks=kv_blocks,
                                 max_batch=scfg.max_batch)
-    energy, cost = serving_energy(_pool_work(sim, pools, bound, pool_info, workload),
+    energy, cost = serving_energy(_pool_work(sim, pools, bound, pool_info, workload, transfer),
                                   span_s=summary["span_s"],
                                   output_tokens=int(workload.output_tokens.sum()))
     first = bound[0]
@@ -328,9 +345,11 @@ def run_serve(req: ServeRequest) -> Run:
 
 
 def _pool_work(sim: ServingSim, pools: list[PoolSpec], bound, pool_info,
-               workload) -> list[PoolWork]:
+               workload, transfer) -> list[PoolWork]:
     """What each pool did beyond its iterations' steps: the bytes its replicas swapped over
-    PCIe and sent to decode replicas over DCN."""
+    PCIe and sent to decode replicas (over DCN, or ICI when `transfer` says so)."""
+    hops = transfer.hops if transfer is not None and \
+        transfer.path is KvTransferPath.ICI else 0
     swapped = np.bincount(sim.iterations.column("replica"),
                           weights=sim.iterations.column("swap_tokens"),
                           minlength=len(sim.replicas)).tolist()
@@ -351,5 +370,5 @@ def _pool_work(sim: ServingSim, pools: list[PoolSpec], bound, pool_info,
                             costs=pool.costs,
                             swap_bytes=sum(swapped[r] for r in reps)
                             * info["kv_bytes_per_token"],
-                            sent_bytes=sent))
+                            sent_bytes=sent, sent_ici_hops=hops))
     return out

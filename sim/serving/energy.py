@@ -11,8 +11,9 @@ times its joules (`IterationCosts.dynamic_joules`), exact with `exact` costs. On
 * swaps (preemption by swap): each cached token's bytes cross PCIe once each way, read from or
   written to HBM, at the replica chip's `pcie_j_per_byte` and `hbm_j_per_byte`;
 * KV transfers (disaggregated): each request's cache bytes on DCN at the prefill chip's
-  `dcn_j_per_byte`, read from the sender's HBM and written to the receiver's (both at the
-  prefill chip's `hbm_j_per_byte`);
+  `dcn_j_per_byte` (or, within one slice, on every ICI link they cross at its
+  `ici_j_per_byte`: bytes times the hops), read from the sender's HBM and written to the
+  receiver's (both at the prefill chip's `hbm_j_per_byte`);
 * static power: every chip of every replica draws `idle_power_w` for the whole span, busy or
   idle (the span rates are counted over: the first arrival to the last finish);
 * the host's share (`host_power_share`) and the data centre's (`pue - 1`) on each pool's chip
@@ -42,7 +43,8 @@ class PoolWork:
         chip: the replicas' ChipSpec (power coefficients, price).
         costs: the pool's IterationCosts (every replica's iterations priced through it).
         swap_bytes: bytes its replicas copied between HBM and host memory (out and in).
-        sent_bytes: KV-cache bytes its replicas sent to decode replicas over DCN.
+        sent_bytes: KV-cache bytes its replicas sent to decode replicas.
+        sent_ici_hops: 0 when they went over DCN; else the ICI links each byte crossed.
     """
 
     role: str
@@ -52,6 +54,7 @@ class PoolWork:
     costs: Any
     swap_bytes: float = 0.0
     sent_bytes: float = 0.0
+    sent_ici_hops: int = 0
 
     @property
     def num_chips(self) -> int:
@@ -67,7 +70,10 @@ def pool_joules(pool: PoolWork, span_s: float) -> tuple[dict[str, float], float]
     units.update(zip(DYNAMIC_UNITS, dyn, strict=True))
     units["pcie"] += pool.swap_bytes * chip.pcie_j_per_byte
     units["hbm"] += (pool.swap_bytes + 2.0 * pool.sent_bytes) * chip.hbm_j_per_byte
-    units["dcn"] += pool.sent_bytes * chip.dcn_j_per_byte
+    if pool.sent_ici_hops:
+        units["ici"] += pool.sent_bytes * pool.sent_ici_hops * chip.ici_j_per_byte
+    else:
+        units["dcn"] += pool.sent_bytes * chip.dcn_j_per_byte
     units["static"] = chip.idle_power_w * pool.num_chips * span_s
     chip_j = sum(units[u] for u in CHIP_UNITS)
     units["host"], units["overhead"] = _overheads(chip, chip_j)
