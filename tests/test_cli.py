@@ -547,6 +547,7 @@ def test_simulating_commands_register_pod_quiet_and_set_in_one_order():
         checked.append(name)
     assert sorted(checked) == sorted(["collective", "compare-collectives", "train", "replay",
                                       "export", "decode", "prefill", "serve-sweep", "serve", "plan",
+                                      "plan-serve",
                                       "import-hlo", "topology", "goodput"])
 
 

@@ -61,3 +61,48 @@ def test_a_plan_without_a_rate_or_an_slo_is_refused_in_one_line():
     assert "\n" not in str(e.value)
     with pytest.raises(TpusimError, match="attainment 1.5"):
         plan_serving(BASE, ServePlanConfig(attainment=1.5))
+
+
+def _cli(capsys, *words):
+    from sim.cli import main
+
+    code = main(list(words))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_plan_serve_on_the_command_line_is_the_library_search(tmp_path, capsys):
+    import json
+
+    import yaml
+
+    model = tmp_path / "tiny.yaml"
+    model.write_text(yaml.safe_dump(TINY.to_dict()))
+    words = ["--model", str(model), "--chip", "v5e", "--shape", "2x2", "--rate", "9000",
+             "--requests", "400", "--prompt-tokens", "uniform:16,256", "--output-tokens",
+             "uniform:8,64", "--max-batch", "16", "--slo", "ttft=0.002,tpot=0.0002",
+             "--seed", "1", "--mesh", "tensor=4", "--splits", "colocated,1:1",
+             "--max-replicas", "4", "--attainment", "0.95"]
+    code, out, _ = _cli(capsys, "plan", "--serve", *words, "--json")
+    assert code == 0
+    got = json.loads(out)
+    want = plan_serving(BASE, ServePlanConfig(meshes=("tensor=4",), splits=(None, (1, 1)),
+                                              max_replicas=4, attainment=0.95))
+    assert got["rows"] == json.loads(json.dumps(want.rows))
+    assert got["best"] == json.loads(json.dumps(want.best)) and got["runs"] == want.runs
+    # `plan --serve` is `plan-serve`; the text report names the winner.
+    code, text, _ = _cli(capsys, "plan-serve", *words, "--out", str(tmp_path / "o"))
+    assert code == 0 and "best: colocated tensor=4" in text
+    assert (tmp_path / "o" / "candidates.csv").exists()
+
+
+@pytest.mark.parametrize("extra, want", [
+    (["--splits", "1:0"], "--splits entry '1:0' is not a deployment"),
+    (["--max-batches", "16,,32"], "--max-batches '16,,32' has an empty entry"),
+    (["--attainment", "2"], "--attainment 2.0 is not a share"),
+])
+def test_plan_serve_refuses_a_bad_search_space_in_one_line(capsys, extra, want):
+    code, _, err = _cli(capsys, "plan", "--serve", "--model", "llama3-8b", "--slice", "v5e-4",
+                        "--rate", "1", "--requests", "4", "--prompt-tokens", "fixed:16",
+                        "--output-tokens", "fixed:2", "--slo", "ttft=1", *extra)
+    assert code == 2 and want in err and err.count("\n") == 1

@@ -53,7 +53,8 @@ def build_parser() -> Parser:
 def parse(argv: Sequence[str] | None, *, parser: Parser | None = None) -> argparse.Namespace:
     """Parse a command line (one-line errors; arguments no command takes name the command)."""
     parser = parser or build_parser()
-    args, extra = parser.parse_known_args(None if argv is None else list(argv))
+    words = serve_plan_argv(sys.argv[1:] if argv is None else list(argv))
+    args, extra = parser.parse_known_args(words)
     if extra:
         # argparse would name only `tpusim`; the command that does not take them is the fix.
         cmd = next((c for c, p in (getattr(args, "commands", None) or {}).items()
@@ -66,6 +67,17 @@ def parse(argv: Sequence[str] | None, *, parser: Parser | None = None) -> argpar
                           f"them (see `tpusim {cmd} --help` for its flags)")
     args.parser = parser
     return args
+
+
+def serve_plan_argv(words: list[str]) -> list[str]:
+    """`tpusim plan --serve ...` is `tpusim plan-serve ...` (the serving plan takes the serve
+    command's workload flags, not the training plan's)."""
+    if "--serve" not in words:
+        return words
+    i = next((k for k, w in enumerate(words) if not w.startswith("-")), None)
+    if i is None or words[i] != "plan" or words.index("--serve") < i:
+        return words
+    return [*words[:i], "plan-serve", *(w for w in words[i + 1:] if w != "--serve")]
 
 
 def request_from_argv(argv: Sequence[str], *, parser: Parser | None = None):

@@ -10,6 +10,8 @@ from pathlib import Path
 from sim.cli import common as cli
 from sim.cli.common import check_outputs
 from sim.runs.requests import CONVERTERS, ServeRequest
+from topologies.errors import TpusimError
+from topologies.validate import short_repr
 
 
 def _fmt(stat: dict, scale: float = 1e3) -> str:
@@ -110,15 +112,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _register_serve(sub, name: str) -> None:
-    p = cli.add_command(sub, name, "serve a stream of requests: continuous batching, chunked "
-                                   "prefill, paged KV, latency SLOs", cmd_serve,
-                        set_scope=ServeRequest.SET_SCOPE)
-    p.add_argument("--model", required=True, help="zoo name (llama3-70b, ...) or a model YAML")
-    p.add_argument("--mesh", required=True,
-                   help="each replica's logical mesh over data, tensor, expert and fsdp, e.g. "
-                        "tensor=8 (as decode and prefill take it)")
-    p.add_argument("--dcn", help="logical axes across slices, e.g. data=2")
+def _add_dtype_args(p) -> None:
     p.add_argument("--weight-dtype", default="bf16", help="bf16 (default), fp8, int8 or int4")
     p.add_argument("--kv-dtype", default="bf16", help="bf16 (default), fp8, int8 or int4")
     p.add_argument("--matmul-dtype", default="bf16",
@@ -126,6 +120,9 @@ def _register_serve(sub, name: str) -> None:
     p.add_argument("--sampling", default="top-k",
                    help="how the next token is chosen: top-k (default) or greedy, as decode "
                         "takes it")
+
+
+def _add_workload_args(p) -> None:
     g = p.add_argument_group("workload")
     g.add_argument("--arrival", default="poisson",
                    help="poisson (default), gamma (gaps with coefficient of variation --cv) or "
@@ -146,10 +143,9 @@ def _register_serve(sub, name: str) -> None:
                                            "lognormal:MEAN,SIGMA (MEAN in tokens, SIGMA the "
                                            "log-sd)")
     g.add_argument("--output-tokens", help="output lengths, as --prompt-tokens")
-    d = p.add_argument_group("deployment and scheduler")
-    d.add_argument("--replicas", type=ServeRequest.OWN_CONVERTERS["replicas"], default=1,
-                   help="replicas of the pod (each --slice/--shape with --mesh) behind the "
-                        "router (default 1)")
+
+
+def _add_scheduler_args(d) -> None:
     d.add_argument("--router", default="round-robin",
                    help="round-robin (default), least-outstanding or least-kv")
     d.add_argument("--scheduler", default="continuous",
@@ -174,6 +170,24 @@ def _register_serve(sub, name: str) -> None:
                    help="keep each prefilled prompt prefix (by the trace's prefix_id) on its "
                         "replica: a later request with the id prefills only the rest of its "
                         "prompt (blocks shared; unused ones evicted least recently used first)")
+
+
+def _register_serve(sub, name: str) -> None:
+    p = cli.add_command(sub, name, "serve a stream of requests: continuous batching, chunked "
+                                   "prefill, paged KV, latency SLOs", cmd_serve,
+                        set_scope=ServeRequest.SET_SCOPE)
+    p.add_argument("--model", required=True, help="zoo name (llama3-70b, ...) or a model YAML")
+    p.add_argument("--mesh", required=True,
+                   help="each replica's logical mesh over data, tensor, expert and fsdp, e.g. "
+                        "tensor=8 (as decode and prefill take it)")
+    p.add_argument("--dcn", help="logical axes across slices, e.g. data=2")
+    _add_dtype_args(p)
+    _add_workload_args(p)
+    d = p.add_argument_group("deployment and scheduler")
+    d.add_argument("--replicas", type=ServeRequest.OWN_CONVERTERS["replicas"], default=1,
+                   help="replicas of the pod (each --slice/--shape with --mesh) behind the "
+                        "router (default 1)")
+    _add_scheduler_args(d)
     d.add_argument("--prefill-replicas", type=ServeRequest.OWN_CONVERTERS["prefill_replicas"],
                    help="disaggregated: replicas that only prefill (with --decode-replicas)")
     d.add_argument("--decode-replicas", type=ServeRequest.OWN_CONVERTERS["decode_replicas"],
@@ -208,5 +222,138 @@ def _register_serve(sub, name: str) -> None:
     cli.add_step_perturbation_args(p, power_cap=False)
 
 
+def _split(text: str) -> tuple[int, int] | None:
+    if text == "colocated":
+        return None
+    p_, sep, d_ = text.partition(":")
+    if not sep or not (p_.isdigit() and d_.isdigit()) or int(p_) < 1 or int(d_) < 1:
+        raise TpusimError(
+            f"{{splits}} entry {short_repr(text)} is not a deployment; give colocated or "
+            f"PREFILL:DECODE replicas (each at least 1), e.g. colocated,1:2", "splits")
+    return int(p_), int(d_)
+
+
+def _list(text: str | None, conv, name: str) -> tuple:
+    if text is None:
+        return ()
+    items = [w.strip() for w in text.split(",")]
+    if not all(items):
+        raise TpusimError(f"{{{name}}} {short_repr(text)} has an empty entry; give a comma "
+                              f"list, e.g. {_EXAMPLES[name]}", name)
+    return tuple(conv(w) for w in items)
+
+
+_EXAMPLES = {"splits": "colocated,1:2", "weight_dtypes": "bf16,int8",
+             "kv_dtypes": "bf16,int8", "max_batches": "64,256",
+             "token_budgets": "none,2048"}
+
+
+def _budget(text: str):
+    return None if text == "none" else ServeRequest.OWN_CONVERTERS["max_tokens_per_iter"](text)
+
+
+def cmd_plan_serve(args: argparse.Namespace) -> int:
+    # The run stack and the search, loaded when it runs.
+    from sim.export.output import check_output_dir, write_tables
+    from sim.serving.plan import ServePlanConfig, plan_serving
+
+    meshes = tuple(args.meshes_tried or ())
+    cfg = ServePlanConfig(
+        meshes=meshes,
+        weight_dtypes=_list(args.weight_dtypes, str, "weight_dtypes"),
+        kv_dtypes=_list(args.kv_dtypes, str, "kv_dtypes"),
+        max_batches=_list(args.max_batches, ServeRequest.OWN_CONVERTERS["max_batch"],
+                          "max_batches"),
+        max_tokens_per_iter=_list(args.token_budgets, _budget, "token_budgets"),
+        splits=_list(args.splits, _split, "splits") or (None,),
+        max_replicas=args.max_replicas, attainment=args.attainment)
+    # The base's mesh is replaced by each candidate's; the first (or one chip's worth) stands
+    # in so the request is whole.
+    base = cli.request_of(ServeRequest, args, mesh=meshes[0] if meshes else "tensor=1")
+    if args.out:
+        check_output_dir(args.out)
+    plan = plan_serving(base, cfg)
+    summary = {"num_candidates": len(plan.rows), "runs": plan.runs, "best": plan.best,
+               "rows": plan.rows}
+    if args.out:
+        write_tables(args.out, {"candidates": plan.table()}, summary)
+    if args.json:
+        cli.emit_json(summary)
+        return 0
+    print(f"plan --serve: {base.model if isinstance(base.model, str) else base.model.name} at "
+          f"{base.rate:g} requests/s within {base.slo} ({cfg.attainment:.0%} of requests): "
+          f"{len(plan.rows)} candidates, {plan.runs} serving runs")
+    print(f"  {'split':<9} {'mesh':<18} {'weights':<7} {'KV':<5} {'batch':>5} {'budget':>7} "
+          f"{'replicas':>8} {'chips':>5} {'tok/s/chip':>10} {'TTFT p99':>9} {'TPOT p99':>9}")
+    for r in plan.rows:
+        budget = "-" if r["max_tokens_per_iter"] is None else f"{r['max_tokens_per_iter']:,}"
+        head = (f"  {r['split']:<9} {r['mesh']:<18} {r['weight_dtype']:<7} {r['kv_dtype']:<5} "
+                f"{r['max_batch']:>5} {budget:>7} ")
+        if r["meets_slo"]:
+            print(head + f"{r['replicas']:>8} {r['num_chips']:>5} "
+                         f"{r['tokens_per_s_per_chip']:>10.1f} "
+                         f"{r['ttft_p99_s'] * 1e3:>7.1f}ms {r['tpot_p99_s'] * 1e3:>7.2f}ms")
+        else:
+            print(head + f"{'-':>8}  {r['note']}")
+    b = plan.best
+    if b is None:
+        print(f"  best: none meets the SLO with at most {cfg.max_replicas} replicas; raise "
+              f"--max-replicas, relax --slo or widen the search")
+    else:
+        print(f"  best: {b['split']} {b['mesh']}, weights {b['weight_dtype']}, KV "
+              f"{b['kv_dtype']}, batch {b['max_batch']}: {b['replicas']} replicas "
+              f"({b['num_chips']} chips), {b['tokens_per_s_per_chip']:.1f} output tokens/s "
+              f"per chip")
+    if args.out:
+        print(f"  wrote {cli.show_path(args.out)}/candidates.csv, candidates.parquet, "
+              "summary.json")
+    return 0
+
+
+def _register_plan_serve(sub, name: str) -> None:
+    p = cli.add_command(sub, name, "search serving deployments (replicas, meshes, dtypes, "
+                                   "batch limits, prefill:decode splits) for the most output "
+                                   "tokens/s per chip within an SLO at a rate; also spelled "
+                                   "`tpusim plan --serve`", cmd_plan_serve,
+                        set_scope=ServeRequest.SET_SCOPE)
+    p.add_argument("--model", required=True, help="zoo name (llama3-70b, ...) or a model YAML")
+    p.add_argument("--dcn", help="logical axes across slices, e.g. data=2")
+    _add_dtype_args(p)
+    _add_workload_args(p)
+    d = p.add_argument_group("scheduler (each candidate's, unless searched below)")
+    _add_scheduler_args(d)
+    d.add_argument("--kv-transfer", default="dcn",
+                   help="split deployments: dcn (default) or ici, as serve takes it")
+    g = p.add_argument_group("search space")
+    g.add_argument("--mesh", action="append", dest="meshes_tried",
+                   help="a replica mesh to try; repeat for more (default: every data x tensor "
+                        "split of the pod's chips)")
+    g.add_argument("--splits", help="deployments to try: colocated and PREFILL:DECODE ratios, "
+                                    "e.g. colocated,1:2 (default colocated)")
+    g.add_argument("--weight-dtypes", help="weight dtypes to try, e.g. bf16,int8 (default "
+                                           "--weight-dtype)")
+    g.add_argument("--kv-dtypes", help="KV-cache dtypes to try (default --kv-dtype)")
+    g.add_argument("--max-batches", help="batch limits to try, e.g. 64,256 (default "
+                                         "--max-batch)")
+    g.add_argument("--token-budgets", help="per-iteration token budgets to try, none for no "
+                                           "budget, e.g. none,2048 (default "
+                                           "--max-tokens-per-iter)")
+    g.add_argument("--max-replicas", type=ServeRequest.OWN_CONVERTERS["replicas"], default=16,
+                   help="the most replicas a deployment may use (default 16)")
+    g.add_argument("--attainment", type=float, default=0.99,
+                   help="the share of requests that must meet both SLO bounds (default 0.99)")
+    o = p.add_argument_group("results")
+    o.add_argument("--slo", required=True,
+                   help="the latency bounds to meet, e.g. ttft=0.5,tpot=0.05 (seconds)")
+    o.add_argument("--exact-costs", action="store_true",
+                   help="time every distinct iteration with the step engine (slow)")
+    o.add_argument("--json", action="store_true", help="print one JSON object")
+    o.add_argument("--out", help="write candidates.csv/.parquet and summary.json here")
+    p.add_argument("--algorithm", default="auto",
+                   help="collective algorithm for gathers/reductions (default auto)")
+    cli.add_step_perturbation_args(p, power_cap=False)
+
+
 def register(sub) -> None:
-    cli.register_commands(sub, [("serve", _register_serve)])
+    cli.register_commands(sub, [("serve", _register_serve),
+                                ("plan-serve", _register_plan_serve)])

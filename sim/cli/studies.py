@@ -125,6 +125,9 @@ def _register_plan(sub, name: str) -> None:
     p = cli.add_command(sub, name, "search meshes, placements, remat, microbatches and dtypes "
                                    "for a training step; print the best", cmd_plan,
                         set_scope=PlanRequest.SET_SCOPE)
+    p.add_argument("--serve", action="store_true",
+                   help="search serving deployments instead: `tpusim plan --serve` is "
+                        "`tpusim plan-serve` (see its --help for its flags)")
     p.add_argument("--model", required=True, help="zoo name (llama3-70b, ...) or a model YAML")
     p.add_argument("--seq-len", type=PlanRequest.OWN_CONVERTERS["seq_len"], required=True,
                    help="sequence length in tokens")

@@ -30,6 +30,7 @@ from sim.runs import run as run_request
 from sim.runs.bind import resolve_pod
 from sim.runs.requests import ServeRequest
 from topologies.errors import TpusimError
+from topologies.progress import tracked
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,10 +130,12 @@ def plan_serving(base: ServeRequest, config: ServePlanConfig | None = None, *,
     run = run or run_request
     meshes = cfg.meshes or _default_meshes(resolve_pod(base).topology.num_chips)
     plan = ServePlan()
-    for mesh, wd, kvd, mb, mt, split in itertools.product(
-            meshes, cfg.weight_dtypes or (base.weight_dtype,), cfg.kv_dtypes or (base.kv_dtype,),
-            cfg.max_batches or (base.max_batch,),
-            cfg.max_tokens_per_iter or (base.max_tokens_per_iter,), cfg.splits):
+    combos = list(itertools.product(
+        meshes, cfg.weight_dtypes or (base.weight_dtype,), cfg.kv_dtypes or (base.kv_dtype,),
+        cfg.max_batches or (base.max_batch,),
+        cfg.max_tokens_per_iter or (base.max_tokens_per_iter,), cfg.splits))
+    # Progress by combination (on a terminal; the runs' own bars nest inside it, silent).
+    for mesh, wd, kvd, mb, mt, split in tracked(combos, "serving plan", unit="candidate"):
         combo = {"mesh": mesh, "weight_dtype": wd, "kv_dtype": kvd, "max_batch": mb,
                  "max_tokens_per_iter": mt, "split": split}
         unit = 1 if split is None else split[0] + split[1]
