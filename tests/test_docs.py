@@ -16,7 +16,7 @@ import re
 import shlex
 from pathlib import Path
 
-from sim.cli import build_parser, reference
+from sim.cli import build_parser, reference, serve_plan_argv
 from topologies.errors import TpusimError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -115,8 +115,8 @@ def test_every_command_line_in_the_docs_parses_with_that_commands_flags():
         if argv[0] not in commands:
             bad.append(f"{where}: `{line}` names no tpusim command")
             continue
-        try:
-            _args, extra = parser.parse_known_args(argv)
+        try:  # as the CLI parses it (`plan --serve` is `plan-serve`)
+            _args, extra = parser.parse_known_args(serve_plan_argv(argv))
         except (SystemExit, TpusimError) as exc:  # a required flag missing, a bad value
             bad.append(f"{where}: `{line}` does not parse: {exc}")
             continue
