@@ -92,7 +92,8 @@ def test_plan_serve_on_the_command_line_is_the_library_search(tmp_path, capsys):
     assert got["best"] == json.loads(json.dumps(want.best)) and got["runs"] == want.runs
     # `plan --serve` is `plan-serve`; the text report names the winner.
     code, text, _ = _cli(capsys, "plan-serve", *words, "--out", str(tmp_path / "o"))
-    assert code == 0 and "best: colocated tensor=4" in text
+    assert code == 0 and "best: 2x2 colocated tensor=4" in text
+    assert text.startswith("plan --serve: serve-tiny at 9000 requests/s")
     assert (tmp_path / "o" / "candidates.csv").exists()
 
 
@@ -106,3 +107,34 @@ def test_plan_serve_refuses_a_bad_search_space_in_one_line(capsys, extra, want):
                         "--rate", "1", "--requests", "4", "--prompt-tokens", "fixed:16",
                         "--output-tokens", "fixed:2", "--slo", "ttft=1", *extra)
     assert code == 2 and want in err and err.count("\n") == 1
+
+
+def test_the_plan_searches_replica_slices_as_separate_plans_would():
+    # Searching two replica slices at once gives each slice's rows as a plan on that slice
+    # alone gives them, and the winner is the better of the two; a shape keeps the base's chip.
+    cfg = ServePlanConfig(meshes=("tensor=4",), max_replicas=4, attainment=0.95)
+    both = plan_serving(BASE, ServePlanConfig(replica_slices=("2x2", "v5e-8"),
+                                              meshes=("tensor=4", "tensor=8"), max_replicas=4,
+                                              attainment=0.95))
+    alone = {"2x2": plan_serving(BASE, cfg),
+             "v5e-8": plan_serving(BASE.replace(slice="v5e-8", shape=None, chip=None,
+                                                mesh="tensor=8"),
+                                   ServePlanConfig(meshes=("tensor=8",), max_replicas=4,
+                                                   attainment=0.95))}
+    by = {(r["slice"], r["mesh"]): r for r in both.rows}
+    assert set(by) == {("2x2", "tensor=4"), ("2x2", "tensor=8"), ("v5e-8", "tensor=4"),
+                       ("v5e-8", "tensor=8")}
+    for name, mesh in (("2x2", "tensor=4"), ("v5e-8", "tensor=8")):
+        want = {k: v for k, v in alone[name].rows[0].items() if k != "slice"}
+        got = {k: v for k, v in by[(name, mesh)].items() if k != "slice"}
+        assert got == want
+    # A mesh that does not cover a slice's chips is a row with the reason, not a failure.
+    assert "covers 8 chips" in by[("2x2", "tensor=8")]["note"]
+    assert not by[("v5e-8", "tensor=4")]["meets_slo"]
+    met = [r for r in both.rows if r["meets_slo"]]
+    assert both.best == max(met, key=lambda r: r["tokens_per_s_per_chip"])
+
+
+def test_a_replica_slice_that_does_not_exist_is_refused_before_any_run():
+    with pytest.raises(TpusimError, match="replica_slices entry 'v5e-3'"):
+        plan_serving(BASE, ServePlanConfig(replica_slices=("v5e-3",)))

@@ -243,7 +243,8 @@ def _list(text: str | None, conv, name: str) -> tuple:
     return tuple(conv(w) for w in items)
 
 
-_EXAMPLES = {"splits": "colocated,1:2", "weight_dtypes": "bf16,int8",
+_EXAMPLES = {"replica_slices": "v5e-4,v5e-8", "splits": "colocated,1:2",
+             "weight_dtypes": "bf16,int8",
              "kv_dtypes": "bf16,int8", "max_batches": "64,256",
              "token_budgets": "none,2048"}
 
@@ -255,11 +256,12 @@ def _budget(text: str):
 def cmd_plan_serve(args: argparse.Namespace) -> int:
     # The run stack and the search, loaded when it runs.
     from sim.export.output import check_output_dir, write_tables
+    from sim.runs.bind import resolve_model
     from sim.serving.plan import ServePlanConfig, plan_serving
 
     meshes = tuple(args.meshes_tried or ())
     cfg = ServePlanConfig(
-        meshes=meshes,
+        replica_slices=_list(args.replica_slices, str, "replica_slices"), meshes=meshes,
         weight_dtypes=_list(args.weight_dtypes, str, "weight_dtypes"),
         kv_dtypes=_list(args.kv_dtypes, str, "kv_dtypes"),
         max_batches=_list(args.max_batches, ServeRequest.OWN_CONVERTERS["max_batch"],
@@ -280,14 +282,16 @@ def cmd_plan_serve(args: argparse.Namespace) -> int:
     if args.json:
         cli.emit_json(summary)
         return 0
-    print(f"plan --serve: {base.model if isinstance(base.model, str) else base.model.name} at "
+    print(f"plan --serve: {resolve_model(base)[1].name} at "
           f"{base.rate:g} requests/s within {base.slo} ({cfg.attainment:.0%} of requests): "
           f"{len(plan.rows)} candidates, {plan.runs} serving runs")
-    print(f"  {'split':<9} {'mesh':<18} {'weights':<7} {'KV':<5} {'batch':>5} {'budget':>7} "
+    print(f"  {'slice':<10} {'split':<9} {'mesh':<18} {'weights':<7} {'KV':<5} {'batch':>5} "
+          f"{'budget':>7} "
           f"{'replicas':>8} {'chips':>5} {'tok/s/chip':>10} {'TTFT p99':>9} {'TPOT p99':>9}")
     for r in plan.rows:
         budget = "-" if r["max_tokens_per_iter"] is None else f"{r['max_tokens_per_iter']:,}"
-        head = (f"  {r['split']:<9} {r['mesh']:<18} {r['weight_dtype']:<7} {r['kv_dtype']:<5} "
+        head = (f"  {r['slice']:<10} {r['split']:<9} {r['mesh']:<18} {r['weight_dtype']:<7} "
+                f"{r['kv_dtype']:<5} "
                 f"{r['max_batch']:>5} {budget:>7} ")
         if r["meets_slo"]:
             print(head + f"{r['replicas']:>8} {r['num_chips']:>5} "
@@ -300,7 +304,7 @@ def cmd_plan_serve(args: argparse.Namespace) -> int:
         print(f"  best: none meets the SLO with at most {cfg.max_replicas} replicas; raise "
               f"--max-replicas, relax --slo or widen the search")
     else:
-        print(f"  best: {b['split']} {b['mesh']}, weights {b['weight_dtype']}, KV "
+        print(f"  best: {b['slice']} {b['split']} {b['mesh']}, weights {b['weight_dtype']}, KV "
               f"{b['kv_dtype']}, batch {b['max_batch']}: {b['replicas']} replicas "
               f"({b['num_chips']} chips), {b['tokens_per_s_per_chip']:.1f} output tokens/s "
               f"per chip")
@@ -325,9 +329,12 @@ def _register_plan_serve(sub, name: str) -> None:
     d.add_argument("--kv-transfer", default="dcn",
                    help="split deployments: dcn (default) or ici, as serve takes it")
     g = p.add_argument_group("search space")
+    g.add_argument("--replica-slices", dest="replica_slices",
+                   help="replica slices to try: slice names or shapes of the chip, e.g. "
+                        "v5e-4,v5e-8 (default the pod's --slice/--shape)")
     g.add_argument("--mesh", action="append", dest="meshes_tried",
                    help="a replica mesh to try; repeat for more (default: every data x tensor "
-                        "split of the pod's chips)")
+                        "split of each replica slice's chips)")
     g.add_argument("--splits", help="deployments to try: colocated and PREFILL:DECODE ratios, "
                                     "e.g. colocated,1:2 (default colocated)")
     g.add_argument("--weight-dtypes", help="weight dtypes to try, e.g. bf16,int8 (default "

@@ -1,18 +1,19 @@
 """The serving plan search (`sim.plan_serving`): the deployment that serves a workload at its
 rate within an SLO with the most output tokens per second per chip.
 
-The base is a `ServeRequest`: the pod (chip and slice, one replica's), the model, the
-workload (its `rate`, lengths, `requests` or `duration`, seed) and the `slo`. The search
-space (`ServePlanConfig`) is every combination of a mesh of the replica's chips, a weight and
-a KV-cache dtype, a batch limit and a per-iteration token budget, and a deployment: colocated
-replicas, or a prefill:decode split (`(1, 2)`: one prefill replica per two decode replicas,
-scaled together). For each combination the search finds the fewest replicas (up to
+The base is a `ServeRequest`: the pod (chip and slice, one replica's), the model, the workload
+(its `rate`, lengths, `requests` or `duration`, seed) and the `slo`. The search space
+(`ServePlanConfig`) is every combination of a replica slice (the base's, or each of
+`replica_slices`: slice names or shapes of the base's chip), a mesh of that slice's chips, a
+weight and a KV-cache dtype, a batch limit and a per-iteration token budget, and a deployment:
+colocated replicas, or a prefill:decode split (`(1, 2)`: one prefill replica per two decode
+replicas, scaled together). For each combination the search finds the fewest replicas (up to
 `max_replicas`; split deployments in whole multiples of their ratio) whose run meets the SLO:
-at least `attainment` of the requests within both bounds and not saturated. Meeting the SLO
-is taken as monotone in the replica count (more replicas never serve the same arrivals
-worse), so the count is bisected: one run at the most replicas, then about log2 of it more.
-At a fixed rate the output tokens per second are the workload's, so the most per chip is the
-fewest chips that meet the SLO; ties go to the earlier candidate in the search order.
+at least `attainment` of the requests within both bounds and not saturated. Meeting the SLO is
+taken as monotone in the replica count (more replicas never serve the same arrivals worse), so
+the count is bisected: one run at the most replicas, then about log2 of it more. At a fixed
+rate the output tokens per second are the workload's, so the most per chip is the fewest chips
+that meet the SLO; ties go to the earlier candidate in the search order.
 
 A combination whose replicas cannot hold the model or one request's cache (or whose mesh does
 not fit the slice) is kept in the table with the reason and no runs. Every run is
@@ -38,8 +39,11 @@ class ServePlanConfig:
     """The search space of `plan_serving` (see the module docstring).
 
     Attributes:
+        replica_slices: replica slices to try: slice names ("v5e-8") or shapes ("2x4", of the base's
+            chip); empty: the base's.
         meshes: replica meshes to try (e.g. "tensor=8", "data=2,tensor=4"); empty: every
-            data x tensor split of the replica's chips.
+            data x tensor split of each slice's chips (a mesh that does not cover a slice's
+            chips is a row with the reason).
         weight_dtypes, kv_dtypes: the dtypes to try (empty: the base's).
         max_batches: batch limits to try (empty: the base's).
         max_tokens_per_iter: per-iteration token budgets to try (None: no budget; empty: the
@@ -50,6 +54,7 @@ class ServePlanConfig:
         attainment: the share of requests that must meet both SLO bounds.
     """
 
+    replica_slices: tuple[str, ...] = ()
     meshes: tuple[str, ...] = ()
     weight_dtypes: tuple[str, ...] = ()
     kv_dtypes: tuple[str, ...] = ()
@@ -110,8 +115,20 @@ def _meets(summary, attainment: float) -> bool:
         summary["slo_attainment"] >= attainment
 
 
+def _on_slice(base: ServeRequest, where: str | None) -> ServeRequest:
+    """`base` with its replica slice set to `where` (a slice name or a shape; None: as is)."""
+    if where is None:
+        return base
+    if where[:1].isdigit():
+        chip = base.chip if base.chip is not None or base.chip_spec is not None else \
+            resolve_pod(base).chip.name
+        return base.replace(shape=where, slice=None, chip=chip)
+    return base.replace(slice=where, shape=None, chip=None, chip_spec=None)
+
+
 def _request(base: ServeRequest, combo: dict[str, Any], k: int) -> ServeRequest:
     split = combo["split"]
+    base = _on_slice(base, combo["slice"])
     kw = {"mesh": combo["mesh"], "weight_dtype": combo["weight_dtype"],
           "kv_dtype": combo["kv_dtype"], "max_batch": combo["max_batch"],
           "max_tokens_per_iter": combo["max_tokens_per_iter"]}
@@ -128,15 +145,26 @@ def plan_serving(base: ServeRequest, config: ServePlanConfig | None = None, *,
     cfg = config or ServePlanConfig()
     _check(base, cfg)
     run = run or run_request
-    meshes = cfg.meshes or _default_meshes(resolve_pod(base).topology.num_chips)
     plan = ServePlan()
+    slice_meshes = []
+    for where in cfg.replica_slices or (None,):
+        try:
+            pod = resolve_pod(_on_slice(base, where))
+        except TpusimError as exc:
+            raise TpusimError(f"{{replica_slices}} entry {where!r}: {exc.template}",
+                              "replica_slices",
+                              *exc.params) from None
+        name = pod.topology.name if where is None else where
+        for mesh in cfg.meshes or _default_meshes(pod.topology.num_chips):
+            slice_meshes.append((where, name, mesh))
     combos = list(itertools.product(
-        meshes, cfg.weight_dtypes or (base.weight_dtype,), cfg.kv_dtypes or (base.kv_dtype,),
+        slice_meshes, cfg.weight_dtypes or (base.weight_dtype,), cfg.kv_dtypes or (base.kv_dtype,),
         cfg.max_batches or (base.max_batch,),
         cfg.max_tokens_per_iter or (base.max_tokens_per_iter,), cfg.splits))
     # Progress by combination (on a terminal; the runs' own bars nest inside it, silent).
-    for mesh, wd, kvd, mb, mt, split in tracked(combos, "serving plan", unit="candidate"):
-        combo = {"mesh": mesh, "weight_dtype": wd, "kv_dtype": kvd, "max_batch": mb,
+    for (where, name, mesh), wd, kvd, mb, mt, split in tracked(combos, "serving plan",
+                                                                unit="candidate"):
+        combo = {"slice": where, "mesh": mesh, "weight_dtype": wd, "kv_dtype": kvd, "max_batch": mb,
                  "max_tokens_per_iter": mt, "split": split}
         unit = 1 if split is None else split[0] + split[1]
         most = cfg.max_replicas // unit
@@ -152,7 +180,8 @@ def plan_serving(base: ServeRequest, config: ServePlanConfig | None = None, *,
                     plan.runs += 1
             return tried[k]
 
-        row = {**combo, "split": "colocated" if split is None else f"{split[0]}:{split[1]}",
+        row = {**combo, "slice": name,
+               "split": "colocated" if split is None else f"{split[0]}:{split[1]}",
                "replicas": None, "num_chips": None, "meets_slo": False,
                "tokens_per_s_per_chip": None, "slo_attainment": None, "ttft_p99_s": None,
                "tpot_p99_s": None, "note": ""}
