@@ -199,7 +199,7 @@ def measure_process(case: Case, repeats: int) -> dict:
 def measure_baseline(repeats: int) -> dict:
     """Wall time of an empty interpreter and of importing the simulator's modules."""
     empty = [sys.executable, "-c", "pass"]
-    imports = [sys.executable, "-c", "import sim.cli, sim.collective_sim, topologies.slices"]
+    imports = [sys.executable, "-c", "import sim.cli, sim.collectives.simulate, topologies.slices"]
     out = {}
     for key, cmd in (("python_startup", empty), ("python_plus_imports", imports)):
         walls, rsss = [], []
@@ -242,7 +242,7 @@ def _simulate(simulate_collective, case: Case, chip, topo):
 
 
 def measure_in_process(case: Case, repeats: int) -> dict:
-    from sim.collective_sim import simulate_collective  # imported before any timing
+    from sim.collectives.simulate import simulate_collective  # imported before any timing
     from topologies.errors import TpusimError
 
     times = []

@@ -28,10 +28,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import simpy
 
-from sim.collective_sim import simulate_collective
+from sim.collectives.routing import link_model, link_numbers
+from sim.collectives.simulate import simulate_collective
 from sim.hardware import ChipSpec
 from sim.network import Batch, SmallFluidNetwork
-from sim.routing import link_model, link_numbers
 from topologies.errors import TpusimError
 from topologies.groups import (
     CLASS_NAMES,

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sim.collective_sim import collective_link_loads
+from sim.collectives.routing import LinkModel, link_model, send_batch
+from sim.collectives.simulate import collective_link_loads
 from sim.engine import (
     CollectiveCost,
     CollectiveLabels,
@@ -32,7 +33,6 @@ from sim.engine import (
     padded_collective_bytes,
 )
 from sim.hardware import ChipSpec
-from sim.routing import LinkModel, link_model, send_batch
 from topologies.errors import TpusimError
 from topologies.groups import (
     CLASS_NAMES,

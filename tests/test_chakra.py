@@ -13,7 +13,7 @@ import pytest
 
 from sim.chips import get_chip
 from sim.cli import main
-from sim.collective_sim import simulate_collective
+from sim.collectives import simulate_collective
 from topologies.errors import TpusimError
 from workloads.chakra import reader
 from workloads.chakra.reader import inventory, order_nodes, read_set

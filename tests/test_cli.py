@@ -19,8 +19,7 @@ from sim.chips import (
     load_chip,
 )
 from sim.cli import main, parse_bytes
-from sim.collective_sim import simulate_collective
-from sim.collectives import CollectiveKind, algorithm_names
+from sim.collectives import CollectiveKind, algorithm_names, simulate_collective
 from sim.energy import collective_energy, energy_summary
 from sim.hardware import CHIP_FIELDS
 from topologies.errors import TpusimError

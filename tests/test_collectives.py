@@ -1,4 +1,4 @@
-"""Tests for sim/collectives.py, sim/routing.py, sim/network.py and sim/collective_sim.py:
+"""Tests for sim/collectives/ (algorithms, routing, simulate) and sim/network.py:
 every collective kind x algorithm on 1D/2D/3D tori against closed-form oracles, the textbook's
 worked collective cases (reference/book_cases.json), symmetric vs full-detail agreement, link
 invariants, degraded links, and full pods.
@@ -19,18 +19,15 @@ import pandas as pd
 import pytest
 
 from sim.chips import get_chip
-from sim.collective_sim import (
-    AUTO_CANDIDATES,
-    _bound_context,
-    _candidate_lower_bound,
-    simulate_collective,
-)
 from sim.collectives import (
+    AUTO_CANDIDATES,
     CollectiveKind,
-    _build_schedule,
     algorithm_names,
     build_schedule,
+    simulate_collective,
 )
+from sim.collectives.algorithms import _build_schedule
+from sim.collectives.auto import bound_context, candidate_lower_bound
 from topologies.errors import TpusimError
 from topologies.slices import resolve_topology
 
@@ -713,7 +710,7 @@ def test_multi_axis_reduce_scatter_costs_the_same_as_all_gather_on_unequal_lines
 
 
 def test_balanced_shares_beat_equal_shares_on_unequal_axes():
-    from sim.collectives import _balanced_shares
+    from sim.collectives.algorithms import _balanced_shares
 
     c = np.array([[0.015625, 0.46875], [0.25, 0.234375]])  # 2x16 all-gather, per unit share
     w = _balanced_shares(c)
@@ -1058,9 +1055,9 @@ def test_auto_time_is_the_minimum_over_every_applicable_algorithm(chip_name, sha
             # the bound must hold for every algorithm.
             kw = {"chip": get_chip(chip_name), "topology": topology, "op": op, "axes": axes,
                   "nbytes": nbytes}
-            ctx = _bound_context(kw)
+            ctx = bound_context(kw)
             for alg, t in times.items():
-                assert _candidate_lower_bound(alg, kw, ctx) <= t * (1 + 1e-12), (alg, op)
+                assert candidate_lower_bound(alg, kw, ctx) <= t * (1 + 1e-12), (alg, op)
             picked = auto.algorithm[len("auto ("):-1]
             assert times[picked] == auto.time_s
             assert auto.latency_s <= auto.time_s
@@ -1134,8 +1131,8 @@ def test_a_collective_cost_depends_on_the_chip_only_through_its_link_fields():
     collective's cost as it was (computed afresh, no cache), and each link field is in the key."""
     import dataclasses
 
+    from sim.collectives.routing import LINK_FIELDS
     from sim.engine import _cost_collective, cost_cache_key
-    from sim.routing import LINK_FIELDS
     from topologies.groups import group_axes
 
     chip = get_chip("v5p")

@@ -1,4 +1,4 @@
-"""Tests for dead links (topologies/groups.py `DetourRouter`, sim/collective_sim.py): routes that
+"""Tests for dead links (topologies/groups.py `DetourRouter`, sim/collectives/): routes that
 need a dead link take the shortest live detour, and the collective's time, link loads and
 reported detour cost match hand-computed closed forms on 1D, 2D and 3D pods."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from sim.chips import get_chip
 from sim.cli import main
-from sim.collective_sim import collective_link_loads, simulate_collective
+from sim.collectives import collective_link_loads, simulate_collective
 from topologies.errors import TpusimError
 from topologies.groups import DetourRouter
 from topologies.scenario import scenario_from_flags

@@ -579,7 +579,7 @@ def test_trace_chips_outside_the_pod_is_a_one_line_error(tiny_yaml, tmp_path, ca
 
 @pytest.mark.parametrize("chunks", [1, 4])
 def test_collective_pftrace_has_one_slice_per_timeline_step(tmp_path, chunks):
-    from sim.collective_sim import simulate_collective
+    from sim.collectives import simulate_collective
     from sim.export.perfetto import export_collective
 
     chip = get_chip("v5e")
@@ -665,7 +665,7 @@ def test_symmetric_collective_trace_shows_steps_per_stream_and_direction(tmp_pat
     all 64 chips; per part a `DMA stream` track with the schedule's steps (RS x, RS y, AG y,
     AG x, 7 folded hops each) and a track per link direction with the bytes a chip puts on it:
     a split ring sends half of each shard each way (k = 2 parts of V/2)."""
-    from sim.collective_sim import simulate_collective
+    from sim.collectives import simulate_collective
     from sim.export.perfetto import export_collective
 
     chip = get_chip("v5e")
@@ -700,7 +700,7 @@ def test_full_mode_collective_trace_shows_each_group_and_the_links_that_carried_
     link's group and one group standing for the two untouched ones, each its own process
     named with its chips; each process has a track per link of its ring, and the bytes its
     slices carry add up to what the simulation put on that link."""
-    from sim.collective_sim import simulate_collective
+    from sim.collectives import simulate_collective
     from sim.export.perfetto import export_collective
 
     chip = get_chip("v5e")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from sim.chips import get_chip
-from sim.collective_sim import simulate_collective
+from sim.collectives import simulate_collective
 from tests.conftest import make_topology
 from topologies.errors import TpusimError
 

@@ -1,6 +1,6 @@
 """Orbit mode: strided replica groups simulated on the representatives of the pod's translation
-symmetry (`collective_sim.orbit_periods`) must give exactly what the whole pod gives link by link
-(`--mode full`) and what every group gives for itself (`--mode per-chip`)."""
+symmetry (`sim.collectives.orbits.orbit_periods`) must give exactly what the whole pod gives
+link by link (`--mode full`) and what every group gives for itself (`--mode per-chip`)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim.chips import get_chip
-from sim.collective_sim import (
-    collective_link_loads,
-    orbit_periods,
-    simulate_collective,
-)
-from sim.collectives import build_schedule
+from sim.collectives import build_schedule, collective_link_loads, simulate_collective
+from sim.collectives.orbits import orbit_periods
 from topologies.errors import TpusimError
 from topologies.groups import axis_factor
 from topologies.slices import resolve_topology
@@ -176,7 +172,7 @@ def test_a_group_too_large_to_route_whole_is_simulated_on_its_orbit_representati
     """direct all-to-all over x (a ring) + a segment of y: full mode routes one whole group
     (16 chips x 15 moves), orbit mode 2 chips' moves (x shifts leave it unchanged). With the
     routing limit between the two, full mode refuses and auto still gives full mode's answer."""
-    import sim.routing as routing
+    import sim.collectives.routing as routing
 
     chip = get_chip("v5e")
     topology = _topo("v5e", "8x4", "all")

@@ -1,4 +1,4 @@
-"""Tests for `--mode per-chip` collectives (sim/collective_sim.py): every chip of every group
+"""Tests for `--mode per-chip` collectives (sim/collectives/): every chip of every group
 and every link simulated must agree with the fast modes (one representative chip on link
 classes, or one representative group link by link) wherever they apply."""
 
@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from sim.chips import get_chip
-from sim.collective_sim import simulate_collective
-from sim.collectives import CollectiveKind, algorithm_names
+from sim.collectives import CollectiveKind, algorithm_names, simulate_collective
 from topologies.errors import TpusimError
 from topologies.slices import resolve_topology
 

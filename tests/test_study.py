@@ -215,14 +215,15 @@ def test_points_run_in_one_worker_equal_each_point_run_with_cold_caches(tiny_mod
     speed-up): a point must give the very result it gives alone in a fresh process. Here every
     point runs after others that share its mesh or its chip numbers, and is compared, whole
     result including `inputs`, with the same point after every cache was emptied."""
-    from sim import collectives, engine
+    from sim import engine
+    from sim.collectives import algorithms
     from sim.studies.points import run_point
     from workloads import training
 
     def cold():
         training._TRACE_CACHE.clear()
         engine._COST_CACHE.clear()
-        collectives._SCHEDULE_CACHE.clear()
+        algorithms._SCHEDULE_CACHE.clear()
 
     s = _study(tiny_model, zip={"mesh": ["fsdp=4", "fsdp=4", "fsdp=2,tensor=2"],
                                 "remat": ["full", "full", "minimal"],

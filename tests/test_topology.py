@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from sim.chips import get_chip
-from sim.routing import link_model, send_batch
+from sim.collectives.routing import link_model, send_batch
 from topologies.errors import TpusimError
 from topologies.slices import SLICES, default_wraparound, resolve_topology
 from topologies.torus import build_torus, parse_shape, parse_wraparound

@@ -13,7 +13,7 @@ import pytest
 
 from sim.chips import get_chip
 from sim.cli import main as cli_main
-from sim.collective_sim import simulate_collective
+from sim.collectives import simulate_collective
 from topologies.errors import TpusimError
 from topologies.groups import lattice_offsets, route_pairs_links, slice_axes
 from topologies.metrics import (

@@ -686,7 +686,7 @@ def test_an_all_reduced_gradient_moves_twice_a_reduce_scatters_bytes():
     # (N-1)/N V on the busiest link, an all-reduce 2(N-1)/N V (the reduce-scatter and then an
     # all-gather of the sums).
     from sim.chips import get_chip
-    from sim.collective_sim import simulate_collective
+    from sim.collectives import simulate_collective
     from topologies.slices import resolve_topology
 
     chip = get_chip("v5e")

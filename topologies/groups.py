@@ -1,7 +1,7 @@
 """Replica-group geometry on a torus: group axes (whole axes, factors of axes, DCN), the groups a
 collective's axes cut the pod into, link classes, and dimension-order routes.
 
-This is pure topology (no simulation): the algorithm schedules in `sim/collectives.py` are built
+This is pure topology (no simulation): the algorithm schedules in `sim/collectives/` are built
 on `GroupAxis`, routes here turn them into links, and the engines in `sim/` load those links.
 
 On a twisted torus (`Topology.twisted`) a short axis's wraparound link lands k chips along the

@@ -34,7 +34,7 @@ def _pods():
 
 
 def measure() -> dict:
-    from sim.collective_sim import simulate_collective
+    from sim.collectives.simulate import simulate_collective
     from topologies.metrics import compare_report
 
     chip, pods, pod = _pods()

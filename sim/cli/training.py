@@ -474,7 +474,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     algorithms on the wrapped x axis of a 16x16 v5e; write a summary, a Perfetto trace, tables and
     plots into --out."""
     from sim.chips import get_chip
-    from sim.collective_sim import simulate_collective
+    from sim.collectives.simulate import simulate_collective
     from sim.executors import Executor, simulate_step
     from sim.export.output import check_output_dir, write_json, write_tables
     from sim.runs.result import describe_chip, tpusim_version

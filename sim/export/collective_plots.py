@@ -63,7 +63,7 @@ MAX_LINK_LANES = 48  # links drawn in the per-link timeline (the busiest; the re
 
 def _last_group(res) -> int:
     """The replica group that finishes last (its steps set the collective's time)."""
-    from sim.collective_sim import TIMELINE_COLUMNS
+    from sim.collectives.result import TIMELINE_COLUMNS
 
     if not res.timeline_rows:
         return 0
@@ -82,7 +82,7 @@ def collective_links_figure(res, caption: str):
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
 
-    from sim.collective_sim import TIMELINE_COLUMNS
+    from sim.collectives.result import TIMELINE_COLUMNS
 
     topo = res.pod
     n, nl = topo.num_ici_links, 2 * topo.ndim
@@ -217,7 +217,7 @@ def step_words(label: str) -> str:
 def _collective_timeline(res, caption: str):
     from matplotlib.patches import Patch
 
-    from sim.collective_sim import TIMELINE_COLUMNS
+    from sim.collectives.result import TIMELINE_COLUMNS
 
     tl = _table(res.timeline_rows, TIMELINE_COLUMNS,
                 ("group", "chip", "stream", "step", "label", "start_s", "end_s"))

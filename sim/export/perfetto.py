@@ -683,7 +683,7 @@ def _collective_processes(res) -> list[tuple[str, dict[str, list[tuple]]]]:
             # Chunks: each row is one chunk's pass through the step.
             frac = 1.0
             if st is not None and per_chip:
-                from sim.collectives import step_bytes_per_chip
+                from sim.collectives.algorithms import step_bytes_per_chip
 
                 whole = step_bytes_per_chip(st) * st.repeat
                 frac = float(per_chip) / whole if whole else 1.0
@@ -732,7 +732,7 @@ def _orbit_link_rows(res, link_rows: dict[int, list[tuple]]):
     same total, so ranking orbits is ranking links), plus the count of all links loaded."""
     import numpy as np
 
-    from sim.collective_sim import canonical_chips, canonical_links
+    from sim.collectives.orbits import canonical_chips, canonical_links
 
     topo = res.pod
     canon = canonical_links(topo, canonical_chips(topo, res.orbit_periods))

@@ -132,7 +132,7 @@ def step_link_shares(result) -> tuple[np.ndarray, bool]:
     and whether every collective could be routed (one that cannot, such as a permute over
     several axes, is spread evenly over its class: share 1)."""
     from sim.chips import get_chip
-    from sim.collective_sim import simulate_collective
+    from sim.collectives.simulate import simulate_collective
     from sim.engine import OP_COLUMNS
 
     topo = result.pod

@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
-from sim.collective_sim import check_bytes, check_links_only, simulate_collective
-from sim.collectives import CollectiveKind, algorithm_names, parse_kind
+from sim.collectives.algorithms import CollectiveKind, algorithm_names, parse_kind
+from sim.collectives.inputs import check_bytes, check_links_only
+from sim.collectives.simulate import simulate_collective
 from sim.energy import collective_energy, energy_summary
 from sim.runs.bind import (
     Pod,

@@ -5,7 +5,7 @@
 the sending replica's chips as its decode program holds it, and every chip sends its share to
 its counterpart in the other replica at once: a collective-permute across the slices of a
 topology that is the smaller replica's slice twice over DCN
-(`sim.collective_sim.simulate_collective`, the same fluid link model every DCN collective runs
+(`sim.collectives.simulate_collective`, the same fluid link model every DCN collective runs
 on: each chip's DCN link at the chip's achieved rate, the DCN latency and the per-message
 overhead). The larger replica's extra chips receive nothing, so the smaller sets the
 parallelism; the chip with the slower DCN sets the rate.
@@ -30,7 +30,7 @@ import dataclasses
 from enum import StrEnum
 from typing import Any
 
-from sim.collective_sim import simulate_collective
+from sim.collectives.simulate import simulate_collective
 from sim.hardware import ChipSpec
 from topologies.errors import TpusimError
 from topologies.slices import resolve_topology

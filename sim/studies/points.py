@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sim.chips import load_chip
-from sim.collectives import ALGORITHMS, parse_kind
+from sim.collectives.algorithms import ALGORITHMS, parse_kind
 from sim.runs import REQUESTS, Request, run
 from sim.runs.convert import parse_bytes
 from sim.runs.goodput import check_settings as check_goodput

@@ -653,7 +653,7 @@ def _hierarchical(kind: CollectiveKind, gaxes, v: float, **_) -> Schedule:
 def _auto(kind: CollectiveKind, gaxes, v: float, **kw) -> Schedule:
     """auto as a bare schedule, without simulating: multi-axis for gathers/reductions, direct
     otherwise. `simulate_collective` resolves `auto` itself: it simulates every applicable
-    candidate and keeps the fastest (`collective_sim.AUTO_CANDIDATES`)."""
+    candidate and keeps the fastest (`auto.AUTO_CANDIDATES`)."""
     if kind in _GATHERLIKE:
         s = _multi_axis(kind, as_lines(gaxes), v)
     else:
@@ -699,7 +699,7 @@ def _direct_or_special(kind: CollectiveKind, gaxes, v: float, **kw) -> Schedule:
 ALGORITHMS.add("auto", AlgorithmInfo(
     name="auto", build=_auto,
     description="the fastest applicable algorithm, latency and bandwidth both simulated "
-                "(collective_sim); as a bare schedule, multi-axis or direct"))
+                "(simulate.py); as a bare schedule, multi-axis or direct"))
 ALGORITHMS.add("ring", AlgorithmInfo(
     name="ring", build=_single_axis_algo("ring", "ring", need_wrap=False),
     description="unidirectional ring on one axis: (X-1) hops of V/X"))

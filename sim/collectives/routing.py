@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.collectives import Schedule, Step
+from sim.collectives.algorithms import Schedule, Step
 from sim.hardware import ChipSpec
 from sim.network import Batch
 from topologies.errors import TpusimError
@@ -54,7 +54,7 @@ def _dcn_moves(gaxes, moves) -> int:
 
 
 # The chip fields a collective's simulation reads (`link_model` below and `auto`'s lower bounds
-# in sim/collective_sim.py): chips that agree on these give every collective the same cost, so
+# in sim/collectives/auto.py): chips that agree on these give every collective the same cost, so
 # the engine's cost cache keys on them, not on the whole chip (a study varying HBM or MXU
 # numbers reuses its collectives' costs). tests/test_collectives.py checks that no other field
 # changes a cost.
