@@ -473,20 +473,25 @@ def _direct_skeleton(gaxes) -> tuple[tuple, ...]:
         if all(o == 0 for o in off):
             continue
         w = math.prod(wt for _, wt in combo)  # powers of 1/2: exact in any order
-        lo = hi = None
-        if any(not g.wraps and g.size > 1 and o != 0 for g, o in zip(gaxes, off, strict=True)):
-            # Only chips whose destination stays on the line send this move.
-            los, his = [], []
-            for g, o in zip(gaxes, off, strict=True):
-                if g.wraps or g.size == 1:
-                    los.append(0)
-                    his.append(1 << 30)
-                else:
-                    los.append(max(0, -o))
-                    his.append(min(g.size - 1, g.size - 1 - o))
-            lo, hi = tuple(los), tuple(his)
-        moves.append((off, w, lo, hi))
+        moves.append((off, w, *_on_the_line(gaxes, off, range(len(gaxes)))))
     return tuple(moves)
+
+
+def _on_the_line(gaxes, off: tuple[int, ...], lines) -> tuple[tuple | None, tuple | None]:
+    """(src_lo, src_hi) of a direct move by `off`: if it moves along an axis without wraparound
+    (among the group axes `lines`), only chips whose destination stays on every line send it;
+    otherwise (None, None), every chip sends."""
+    if not any(not gaxes[i].wraps and gaxes[i].size > 1 and off[i] for i in lines):
+        return None, None
+    los, his = [], []
+    for g, o in zip(gaxes, off, strict=True):
+        if g.wraps or g.size == 1:
+            los.append(0)
+            his.append(1 << 30)
+        else:
+            los.append(max(0, -o))
+            his.append(min(g.size - 1, g.size - 1 - o))
+    return tuple(los), tuple(his)
 
 
 def _twisted_skeleton(gaxes) -> tuple[tuple, ...]:
@@ -513,18 +518,7 @@ def _twisted_skeleton(gaxes) -> tuple[tuple, ...]:
             off_t = tuple(off)
             if not any(off_t):
                 continue
-            lo = hi = None
-            if any(not gaxes[i].wraps and gaxes[i].size > 1 and off_t[i] for i in rest):
-                los, his = [], []
-                for g, o in zip(gaxes, off_t, strict=True):
-                    if g.wraps or g.size == 1:
-                        los.append(0)
-                        his.append(1 << 30)
-                    else:
-                        los.append(max(0, -o))
-                        his.append(min(g.size - 1, g.size - 1 - o))
-                lo, hi = tuple(los), tuple(his)
-            moves.append((off_t, w, lo, hi))
+            moves.append((off_t, w, *_on_the_line(gaxes, off_t, rest)))
     return tuple(moves)
 
 

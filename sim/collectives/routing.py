@@ -269,32 +269,32 @@ def send_batch(
             paths.setdefault(tuple(int(x) for x in r), 0.0)
             lat = max(lat, route_latency_s(ga, off, lm.ici_latency_s, lm.dcn_latency_s,
                                            lm.ocs_latency_s))
-    keys = sorted(paths)
+    batch = _split_over_paths(topology, lm, sorted(paths), lat, nbytes, detour)
+    ici_hops = sum(
+        abs(offs) for offs, g in zip([c[0] for c in choices], gaxes_all, strict=True)
+        if not g.is_dcn
+    )
+    return batch, batch.num_transfers, ici_hops
+
+
+def _split_over_paths(topology: Topology, lm: LinkModel, keys: list[tuple[int, ...]], lat: float,
+                      nbytes: float, detour: DetourRouter | None) -> Batch:
+    """A message split evenly over the paths `keys` (link ids each, sorted), whose longest
+    latency is `lat`. Paths through a dead link are dropped; if none is left, the message takes
+    the `detour` router's path around the first, with that route's latency."""
     if detour is not None and detour.dead_links:
         alive = [k for k in keys if not any(detour.dead_mask[h] for h in k)]
         if not alive:
             r0 = np.asarray(keys[0], dtype=np.int64)
             p0 = np.array([0, len(r0)], dtype=np.int64)
-            r1, _p1, _ = detour.reroute(r0, p0, np.array([float(nbytes)]), 1)
+            r1, p1, _ = detour.reroute(r0, p0, np.array([float(nbytes)]), 1)
             alive = [tuple(int(x) for x in r1)]
-            lat = max_route_latency_s(topology, r1, _p1, [0], lm)
+            lat = max_route_latency_s(topology, r1, p1, [0], lm)
         keys = alive
-    hop_counts = [len(k) for k in keys]
     res = np.concatenate([np.asarray(k, dtype=np.int64) for k in keys])
-    ptr = np.concatenate([[0], np.cumsum(hop_counts)]).astype(np.int64)
-    batch = Batch(
-        res=res,
-        ptr=ptr,
-        bytes_per_transfer=np.full(len(keys), nbytes / len(keys)),
-        latency_s=lat,
-    )
-    ici_hops = sum(
-        abs(offs) for offs, g in zip([c[0] for c in choices], gaxes_all, strict=True)
-        if not g.is_dcn
-    )
-    return batch, len(keys), ici_hops
-
-
+    ptr = np.concatenate([[0], np.cumsum([len(k) for k in keys])]).astype(np.int64)
+    return Batch(res=res, ptr=ptr, bytes_per_transfer=np.full(len(keys), nbytes / len(keys)),
+                 latency_s=lat)
 
 
 def _twisted_send_batch(topology: Topology, lm: LinkModel, s_chip: int, d_chip: int,
@@ -323,18 +323,5 @@ def _twisted_send_batch(topology: Topology, lm: LinkModel, s_chip: int, d_chip: 
             paths.setdefault(tuple(int(x) for x in r), None)
             lat = max(lat, route_latency_s(tuple(ga), tuple(off), lm.ici_latency_s,
                                            lm.dcn_latency_s, lm.ocs_latency_s))
-    keys = sorted(paths)
-    if detour is not None and detour.dead_links:
-        alive = [k for k in keys if not any(detour.dead_mask[h] for h in k)]
-        if not alive:
-            r0 = np.asarray(keys[0], dtype=np.int64)
-            p0 = np.array([0, len(r0)], dtype=np.int64)
-            r1, p1, _ = detour.reroute(r0, p0, np.array([float(nbytes)]), 1)
-            alive = [tuple(int(x) for x in r1)]
-            lat = max_route_latency_s(topology, r1, p1, [0], lm)
-        keys = alive
-    res = np.concatenate([np.asarray(k, dtype=np.int64) for k in keys])
-    ptr = np.concatenate([[0], np.cumsum([len(k) for k in keys])]).astype(np.int64)
-    batch = Batch(res=res, ptr=ptr, bytes_per_transfer=np.full(len(keys), nbytes / len(keys)),
-                  latency_s=lat)
-    return batch, len(keys), sum(abs(o) for o in vecs[0])
+    batch = _split_over_paths(topology, lm, sorted(paths), lat, nbytes, detour)
+    return batch, batch.num_transfers, sum(abs(o) for o in vecs[0])
