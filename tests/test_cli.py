@@ -18,11 +18,12 @@ from sim.chips import (
     get_chip,
     load_chip,
 )
-from sim.cli import main, parse_bytes
+from sim.cli import build_parser, main, parse_bytes
+from sim.cli.common import flag_spelling
 from sim.collectives import CollectiveKind, algorithm_names, simulate_collective
 from sim.energy import collective_energy, energy_summary
 from sim.hardware import CHIP_FIELDS
-from topologies.errors import TpusimError
+from topologies.errors import TpusimError, render_said
 from topologies.slices import SLICES, resolve_topology
 
 JSON_FIELDS = ("time_s", "algorithm", "num_chips", "group_size", "bytes_on_busiest_link",
@@ -80,9 +81,11 @@ def test_collective_json_has_the_documented_fields_and_matches_the_api(capsys):
         assert f in d, f
     r = _api("v5e", "8x4", op="all-gather", axes="y", nbytes=32 << 20)
     inputs = d.pop("inputs")
-    # The result's fields, then its energy and cost (sim/energy.py's, on the same result).
+    # The result's fields, then its energy and cost (sim/energy.py's, on the same result);
+    # refused candidates' reasons spelled as flags (`render_said`), as the CLI prints them.
     energy = energy_summary(collective_energy(r, get_chip("v5e")))
-    assert d == json.loads(json.dumps({**r.to_dict(), **energy}))
+    spell = flag_spelling(build_parser(), "collective")
+    assert d == json.loads(json.dumps(render_said({**r.to_dict(), **energy}, spell)))
     assert inputs["chip"] == get_chip("v5e").to_dict()
     assert d["bytes"] == 33554432
     assert d["num_chips"] == 32 and d["group_size"] == 4 and d["num_groups"] == 8

@@ -28,7 +28,7 @@ from sim.collectives import (
 )
 from sim.collectives.algorithms import _build_schedule
 from sim.collectives.auto import bound_context, candidate_lower_bound
-from topologies.errors import TpusimError
+from topologies.errors import Said, TpusimError
 from topologies.slices import resolve_topology
 
 L = 1e-6  # tpu.md §1.1 per-hop ICI latency
@@ -381,7 +381,7 @@ def test_unknown_algorithm_and_op_are_errors_listing_the_choices():
     topology = _topo("v5e", "8", "all")
     with pytest.raises(TpusimError, match="unknown collective algorithm 'warp'.*bidi-ring"):
         _sim("v5e", topology, op="all-gather", axes="x", nbytes=1024, algorithm="warp")
-    with pytest.raises(TpusimError, match="unknown --op 'gather'.*all-gather"):
+    with pytest.raises(TpusimError, match="unknown op 'gather'.*all-gather"):
         _sim("v5e", topology, op="gather", axes="x", nbytes=1024)
 
 
@@ -446,8 +446,9 @@ def test_send_needs_two_distinct_chips():
     topology = _topo("v5e", "4x4")
     with pytest.raises(TpusimError, match="same chip"):
         _sim("v5e", topology, op="send", src=(1, 1), dst=(1, 1), nbytes=64)
-    with pytest.raises(TpusimError, match="--src"):
+    with pytest.raises(TpusimError, match="op send needs src and dst") as exc:
         _sim("v5e", topology, op="send", nbytes=64)
+    assert exc.value.params == ("op", "src", "dst")
 
 
 @pytest.mark.parametrize("src, dst", [((0,), (3, 3)), ((0, 0), (3, 3, 0, 1)), ((0, 0), (3, 3, 1))])
@@ -483,7 +484,7 @@ def test_collective_permute_on_a_line(shift):
 
 
 def test_collective_permute_off_the_end_of_a_line_is_an_error():
-    with pytest.raises(TpusimError, match="--shift 8"):
+    with pytest.raises(TpusimError, match="^shift 8 moves"):
         _sim("v5e", _topo("v5e", "8x4"), op="collective-permute", axes="x", nbytes=64, shift=8)
 
 
@@ -834,7 +835,7 @@ def test_symmetric_and_full_detail_agree(chip_name, shape, wrap, slices, axes, o
 def test_symmetric_mode_is_refused_where_it_would_not_be_exact(shape, wrap, axes):
     topology = _topo("v5e", shape, wrap)
     alg = "line" if wrap == "all" else "auto"
-    with pytest.raises(TpusimError, match="--mode symmetric is not exact"):
+    with pytest.raises(TpusimError, match="^mode symmetric is not exact"):
         _sim("v5e", topology, op="all-gather", axes=axes, nbytes=1024, algorithm=alg,
              mode="symmetric")
     assert _sim("v5e", topology, op="all-gather", axes=axes, nbytes=1024, algorithm=alg).mode \
@@ -1167,3 +1168,27 @@ def test_a_collective_cost_depends_on_the_chip_only_through_its_link_fields():
         # and it changes the cost (the DCN all-reduce crosses both kinds of links)
         c = _cost_collective(other, topo, "all-reduce", gaxes, 2**24, "auto")
         assert c.time_s != costs["all-reduce"][1].time_s, name
+
+
+def test_a_refused_candidates_reason_names_the_python_argument_and_the_cli_the_flag(capsys):
+    """auto's and compare-collectives' refusals are kept as data: the library's say `axes`, as
+    a Python caller passed it; the command line's say `--axes`, as its user typed it."""
+    import pickle
+
+    from sim.cli import main
+
+    topology = _topo("v5e", "4x4")
+    r = _sim("v5e", topology, op="all-reduce", axes="x,y", nbytes=1 << 20)
+    ring = next(c for c in r.auto_candidates if c["algorithm"] == "ring")
+    assert isinstance(ring["reason"], Said)
+    assert "but axes x,y has 2 axes" in ring["reason"] and "--axes" not in ring["reason"]
+    assert pickle.loads(pickle.dumps(ring["reason"])).params == ("axes",)  # sweeps ship it
+    argv = ["--chip", "v5e", "--shape", "4x4", "--op", "all-reduce", "--axes", "x,y",
+            "--bytes", "1MiB", "--json"]
+    assert main(["collective", *argv]) == 0
+    cli = json.loads(capsys.readouterr().out)
+    ring_cli = next(c for c in cli["auto_candidates"] if c["algorithm"] == "ring")
+    assert ring_cli["reason"] == ring["reason"].replace("but axes", "but --axes")
+    assert main(["compare-collectives", *argv]) == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
+    assert next(x for x in rows if x["algorithm"] == "ring")["reason"] == ring_cli["reason"]

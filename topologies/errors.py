@@ -58,3 +58,41 @@ class TpusimError(ValueError):
 
     def __str__(self) -> str:
         return self.render(python_name)
+
+
+class Said(str):
+    """A `TpusimError`'s message kept as data in a result (a refused candidate's `reason`).
+
+    Its text is `str(exc)`, each setting by its Python name, as a Python caller reads it and as
+    JSON writes it; a front end writes it in its own spelling with `render(spell)`, as it does
+    the error itself (`render_said` over a whole result). It pickles with its placeholders."""
+
+    template: str
+    params: tuple[str, ...]
+
+    def __new__(cls, exc: TpusimError) -> Said:
+        said = super().__new__(cls, str(exc))
+        said.template, said.params = exc.template, exc.params
+        return said
+
+    def render(self, spell: Callable[[str], str] = python_name) -> str:
+        return TpusimError(self.template, *self.params).render(spell)
+
+    def __reduce__(self):
+        return _said, (self.template, self.params)
+
+
+def _said(template: str, params: tuple[str, ...]) -> Said:
+    return Said(TpusimError(template, *params))
+
+
+def render_said(obj, spell: Callable[[str], str]):
+    """`obj` (JSON-like: dicts, lists, tuples, scalars) with every `Said` in it written as
+    `spell` spells settings; everything else as it is."""
+    if isinstance(obj, Said):
+        return obj.render(spell)
+    if isinstance(obj, dict):
+        return {k: render_said(v, spell) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(render_said(v, spell) for v in obj)
+    return obj

@@ -9,6 +9,7 @@ from sim.cli.common import (
     add_perturbation_args,
     check_outputs,
     emit_json,
+    flag_spelling,
     fmt_bytes,
     fmt_time,
     print_energy,
@@ -16,7 +17,7 @@ from sim.cli.common import (
     request_of,
 )
 from sim.runs.requests import CONVERTERS, CollectiveRequest, CompareCollectivesRequest
-from topologies.errors import TpusimError
+from topologies.errors import TpusimError, render_said
 
 
 def _add_collective_args(p: argparse.ArgumentParser, *, with_algorithm: bool) -> None:
@@ -61,10 +62,12 @@ def cmd_collective(args: argparse.Namespace) -> int:
         plan = plan_collective_trace([res], args.perfetto)  # before the first byte of output
         plan.check_size()
     _warn_if_over_hbm(req, res)
+    # Refused candidates' reasons name settings by Python name: spelled here as flags.
+    out = render_said(run.to_dict(), flag_spelling(args.parser, "collective"))
     if args.out:
         from sim.export.output import write_tables
 
-        write_tables(args.out, {"links": res.links, "timeline": res.timeline}, run.to_dict())
+        write_tables(args.out, {"links": res.links, "timeline": res.timeline}, out)
     if plan is not None:
         plan.write()
     if args.plots:
@@ -72,7 +75,7 @@ def cmd_collective(args: argparse.Namespace) -> int:
 
         plot_collective(res, args.plots)
     if args.json:
-        emit_json(run.to_dict())
+        emit_json(out)
         return 0
     what = f"{res.op} over {','.join(res.axes)}" if res.axes else res.op
     print(
@@ -130,7 +133,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     req = request_of(CompareCollectivesRequest, args)
     check_outputs(args)
     run = run_compare(req)
-    rows, results = run.summary["results"], run.result
+    # Each n/a row's reason names settings by Python name: spelled here as flags.
+    out = render_said(run.to_dict(), flag_spelling(args.parser, "compare-collectives"))
+    rows, results = out["results"], run.result
     ok = [r for r in rows if r["applicable"]]
     if args.perfetto:
         from sim.export.perfetto import plan_collective_trace
@@ -139,7 +144,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         plan.check_size()
         plan.write()
     if args.json:
-        emit_json(run.to_dict())
+        emit_json(out)
         return 0
     first = ok[0]
     print(

@@ -9,6 +9,9 @@ import json
 import sys
 from pathlib import Path
 
+from sim.cli.common import flag_spelling
+from topologies.errors import render_said
+
 
 def cmd_rerun(args: argparse.Namespace) -> int:
     from sim.runs.rerun import read_result, rerun  # the run stack, loaded when it runs
@@ -16,10 +19,13 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     path = Path(args.result)
     data, text = read_result(path)
     run = rerun(data, source=f"result file {str(path)!r}")
-    out = json.dumps(run.to_dict(), indent=2, sort_keys=False) + "\n"
+    # Reasons kept as data (a refused candidate's) name settings by Python name: spelled here
+    # as the command's flags, as the command itself printed them.
+    result = render_said(run.to_dict(), flag_spelling(args.parser, run.command))
+    out = json.dumps(result, indent=2, sort_keys=False) + "\n"
     sys.stdout.write(out)
     if args.check and out != text:
-        old, new = data, run.to_dict()
+        old, new = data, result
         keys = [k for k in dict.fromkeys([*old, *new]) if old.get(k) != new.get(k)]
         sys.stderr.write(f"tpusim: rerun differs from {path} in: {', '.join(keys) or 'format'}\n")
         return 1

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from sim.cli import common as cli
-from sim.cli.common import fmt_time
+from sim.cli.common import flag_spelling, fmt_time
 from sim.runs.requests import CONVERTERS, CompileRequest, ReplayRequest, TrainRequest
-from topologies.errors import TpusimError
+from topologies.errors import TpusimError, render_said
 
 
 def _add_training_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -504,10 +504,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         try:
             c = simulate_collective(chip=chip, topology=ring_topo, op="all-gather", axes="x",
                                     nbytes=32 << 20, algorithm=algo)
-            collectives.append(c.to_dict())
+            collectives.append(render_said(c.to_dict(), flag_spelling(args.parser, "demo")))
             auto = auto or c
         except TpusimError as exc:
-            collectives.append({"algorithm_requested": algo, "error": str(exc)})
+            collectives.append({"algorithm_requested": algo,
+                                "error": exc.render(flag_spelling(args.parser, "demo"))})
     write_tables(out / "tables", {"ops": result.ops, "units": result.units,
                                   "links": result.links, "memory": result.memory}, summary)
     from sim.runs.result import describe_config, describe_mesh, describe_topology

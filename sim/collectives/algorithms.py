@@ -39,12 +39,12 @@ class CollectiveKind(enum.StrEnum):
 
 
 def parse_kind(op: object) -> CollectiveKind:
-    """`--op`'s text as a CollectiveKind, or a one-line error naming the kinds."""
+    """`op`'s text as a CollectiveKind, or a one-line error naming the kinds."""
     try:
         return CollectiveKind(op)
     except ValueError:
-        raise TpusimError(f"unknown --op {short_repr(op)}; "
-                          f"{one_of(op, [k.value for k in CollectiveKind])}") from None
+        raise TpusimError(f"unknown {{op}} {short_repr(op)}; "
+                          f"{one_of(op, [k.value for k in CollectiveKind])}", "op") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,26 +267,27 @@ def _require_one_axis(name: str, gaxes) -> int:
     if len(nt) > 1:
         axes = ",".join(gaxes[i].name for i in nt)
         raise TpusimError(
-            f"algorithm {name!r} runs on one axis but --axes {axes} has {len(nt)} axes of size "
-            f"> 1; use multi-axis or per-axis-ring for several axes, or collective over one axis"
-        )
+            f"algorithm {name!r} runs on one axis but {{axes}} {axes} has {len(nt)} axes of "
+            f"size > 1; use multi-axis or per-axis-ring for several axes, or collective over one "
+            f"axis", "axes")
     return nt[0] if nt else 0
 
 
 def _require_wrap(name: str, g: GroupAxis) -> None:
     if g.size > 1 and not g.wraps and g.wrap_leaves:
-        raise TpusimError(_twisted_line_message(name, g, "line or auto"))
+        raise _twisted_line_error(name, g, "line or auto")
     if g.size > 1 and not g.wraps:
         raise TpusimError(
             f"algorithm {name!r} needs a ring, but axis {g.name} (size {g.size}) has no "
-            f"wraparound; use line or auto, or give --wraparound all (or include {g.name})"
-        )
+            f"wraparound; use line or auto, or give {{wraparound}} all (or include {g.name})",
+            "wraparound")
 
 
-def _twisted_line_message(name: str, g: GroupAxis, use: str) -> str:
-    return (f"algorithm {name!r} needs a ring, but on a twisted torus axis {g.name}'s "
-            f"wraparound link lands half the long side away, outside this group, so {g.name} is "
-            f"a line here; use {use}, or drop --twist")
+def _twisted_line_error(name: str, g: GroupAxis, use: str) -> TpusimError:
+    return TpusimError(
+        f"algorithm {name!r} needs a ring, but on a twisted torus axis {g.name}'s wraparound "
+        f"link lands half the long side away, outside this group, so {g.name} is a line here; "
+        f"use {use}, or drop {{twist}}", "twist")
 
 
 _REDUCING = (CollectiveKind.REDUCE_SCATTER, CollectiveKind.ALL_REDUCE)
@@ -557,7 +558,7 @@ def _alltoall_relay(name: str, gaxes, v: float, *, bidi: bool) -> Schedule:
     steps: list[Step] = []
     if n > 1 and not bidi:
         if not g.wraps and g.wrap_leaves:
-            raise TpusimError(_twisted_line_message(name, g, "direct or auto"))
+            raise _twisted_line_error(name, g, "direct or auto")
         if not g.wraps:
             raise TpusimError(
                 f"algorithm {name!r} for all-to-all needs a ring, but axis {g.name} has no "
@@ -675,9 +676,8 @@ def _permute(kind: CollectiveKind, gaxes, v: float, *, shift: int = 1, **_) -> S
     else:
         if abs(shift) >= g.size:
             raise TpusimError(
-                f"--shift {shift} moves every chip off the {g.size}-chip line {g.name} (no "
-                f"wraparound); use |shift| < {g.size}"
-            )
+                f"{{shift}} {shift} moves every chip off the {g.size}-chip line {g.name} (no "
+                f"wraparound); use |shift| < {g.size}", "shift")
         lo, hi = _rng(k, ai, max(0, -shift), min(g.size - 1, g.size - 1 - shift))
         moves = (Move(_unit(k, ai, shift), v, lo, hi),) if shift else ()
     steps = (Step(moves, label=f"permute {g.name}{shift:+d}"),) if moves else ()

@@ -22,10 +22,10 @@ def check_links_only(scenario: Scenario) -> None:
     """Refuse the perturbations a collective cannot take: it runs on links, not chips."""
     if scenario.perturbs_chips or scenario.expert_skew or scenario.capacity_factor:
         raise TpusimError(
-            "a collective is simulated on links only: --slow-chip, --chip-variation, "
-            "--expert-skew and --capacity-factor do not apply to it; use them with train, "
-            "decode, prefill or replay"
-        )
+            "a collective is simulated on links only: {slow_chip}, {chip_variation}, "
+            "{expert_skew} and {capacity_factor} do not apply to it; use them with train, "
+            "decode, prefill or replay", "slow_chip", "chip_variation", "expert_skew",
+            "capacity_factor")
 
 
 def slow_link_factors(
@@ -44,24 +44,25 @@ def slow_link_factors(
     return slow
 
 
-def check_bytes(nbytes: Any, kind: CollectiveKind, group_size: int) -> int:
+def check_bytes(nbytes: Any, kind: CollectiveKind, group_size: int, name: str = "nbytes") -> int:
     """`nbytes` as a whole number of bytes > 0 that splits evenly over `group_size` chips
-    (send and permute move it whole)."""
+    (send and permute move it whole); errors name it as the argument `name` (`nbytes` of
+    `simulate_collective`, `bytes` of a request)."""
     if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)):
         if isinstance(nbytes, float) and nbytes.is_integer():
             nbytes = int(nbytes)
         else:
-            raise TpusimError(f"--bytes {nbytes!r} must be a whole number of bytes")
+            raise TpusimError(f"{{{name}}} {nbytes!r} must be a whole number of bytes", name)
     if nbytes <= 0:
-        raise TpusimError(f"--bytes {nbytes} must be > 0 (V is the size of the whole array)")
+        raise TpusimError(f"{{{name}}} {nbytes} must be > 0 (V is the size of the whole array)",
+                          name)
     if kind in (CollectiveKind.SEND, CollectiveKind.PERMUTE):
         return int(nbytes)
     if nbytes % group_size:
         raise TpusimError(
-            f"--bytes {nbytes} is not divisible by the group size {group_size}: each chip holds "
-            f"V/{group_size}; use a multiple of {group_size} (e.g. "
-            f"{math.ceil(nbytes / group_size) * group_size})"
-        )
+            f"{{{name}}} {nbytes} is not divisible by the group size {group_size}: each chip "
+            f"holds V/{group_size}; use a multiple of {group_size} (e.g. "
+            f"{math.ceil(nbytes / group_size) * group_size})", name)
     return int(nbytes)
 
 

@@ -206,9 +206,8 @@ def check_full_size(schedule: Schedule, group_size: int, num_groups: int) -> Non
         raise TpusimError(
             f"full-detail simulation of {schedule.algorithm} would route "
             f"{moves * group_size * num_groups:,} transfers in one step (limit "
-            f"{MAX_FULL_TRANSFERS:,}); use a symmetric setup (no --slow-link, wraparound on the "
-            f"collective's axes) or a ring-based algorithm"
-        )
+            f"{MAX_FULL_TRANSFERS:,}); use a symmetric setup (no {{slow_link}}, wraparound on "
+            f"the collective's axes) or a ring-based algorithm", "slow_link")
 
 
 def send_batch(
@@ -227,7 +226,8 @@ def send_batch(
     s_chip = topology.chip_id(src)
     d_chip = topology.chip_id(dst)
     if s_chip == d_chip:
-        raise TpusimError(f"--src {src} and --dst {dst} are the same chip; pick two chips")
+        raise TpusimError(f"{{src}} {src} and {{dst}} {dst} are the same chip; pick two chips",
+                          "src", "dst")
     if topology.twisted:
         return _twisted_send_batch(topology, lm, s_chip, d_chip, nbytes, detour)
     gaxes_all = [

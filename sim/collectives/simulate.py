@@ -68,7 +68,7 @@ from sim.collectives.routing import (
 from sim.collectives.streams import is_reduce_scatter, latency_path_s, launch_streams
 from sim.hardware import ChipSpec
 from sim.network import FluidNetwork
-from topologies.errors import TpusimError
+from topologies.errors import Said, TpusimError
 from topologies.groups import DetourRouter, GroupAxis, GroupGeometry, group_axes
 from topologies.scenario import Scenario
 from topologies.torus import Topology
@@ -133,7 +133,7 @@ def _simulate(**kw) -> CollectiveResult:
     """One collective: `auto` searches its candidates, any other algorithm is simulated."""
     chunks = kw["chunks"]
     if isinstance(chunks, bool) or not isinstance(chunks, int) or not 1 <= chunks <= 1024:
-        raise TpusimError(f"--chunks {chunks!r} must be an integer from 1 to 1024")
+        raise TpusimError(f"{{chunks}} {chunks!r} must be an integer from 1 to 1024", "chunks")
     if kw["algorithm"] == "auto" and str(kw["op"]) in AUTO_CANDIDATES:
         return _auto_best(**{k: v for k, v in kw.items() if k != "algorithm"})
     return _simulate_algorithm(**kw)
@@ -203,9 +203,8 @@ def _simulate_algorithm(
                     and not setup.relevant_dead)
     if mode == "symmetric" and not symmetric_ok:
         raise TpusimError(
-            "--mode symmetric is not exact here (an axis without wraparound, an edge-dependent "
-            "algorithm, or a degraded or dead link); use --mode auto, full or per-chip"
-        )
+            "{mode} symmetric is not exact here (an axis without wraparound, an edge-dependent "
+            "algorithm, or a degraded or dead link); use {mode} auto, full or per-chip", "mode")
     if symmetric_ok and mode not in ("full", "per-chip"):
         return _simulate_symmetric(setup)
     if mode == "auto" and not setup.relevant_slow and not setup.relevant_dead:
@@ -226,7 +225,8 @@ def _simulate_send(*, chip, topology, lm, src, dst, nbytes, algorithm, dead) -> 
     kind = CollectiveKind.SEND
     router = DetourRouter(topology, dead) if dead else None
     if src is None or dst is None:
-        raise TpusimError("--op send needs --src and --dst chip coordinates, e.g. 0,0 and 3,3")
+        raise TpusimError("{op} send needs {src} and {dst} chip coordinates, e.g. 0,0 and 3,3",
+                          "op", "src", "dst")
     if ALGORITHMS.get(algorithm).name not in ("auto", "direct"):
         raise TpusimError(
             f"algorithm {algorithm!r} does not implement send; for send use one of: "
@@ -385,7 +385,8 @@ def _auto_best(**kw) -> CollectiveResult:
         except TpusimError as exc:
             if first_error is None:
                 first_error = exc
-            seen.append({"algorithm": cand, "time_s": None, "reason": str(exc)})
+            # The refusal as data: Python names here, the CLI's flags where it prints it.
+            seen.append({"algorithm": cand, "time_s": None, "reason": Said(exc)})
             continue
         seen.append({"algorithm": cand, "time_s": r.time_s, "latency_s": r.latency_s,
                      "bandwidth_s": r.bandwidth_s})

@@ -18,7 +18,7 @@ from sim.runs.bind import (
 from sim.runs.convert import parse_bytes, parse_coords
 from sim.runs.requests import CollectiveRequest, CompareCollectivesRequest
 from sim.runs.result import Run
-from topologies.errors import TpusimError
+from topologies.errors import Said, TpusimError
 from topologies.groups import GroupGeometry, group_axes
 from topologies.progress import tracked
 from topologies.validate import split_list
@@ -40,11 +40,12 @@ def check_common_inputs(req: CollectiveRequest, topo) -> None:
     if kind == CollectiveKind.SEND:
         for flag, text in (("--src", req.src), ("--dst", req.dst)):
             topo.chip_id(tuple(parse_coords(text, flag)))  # on the pod
-        check_bytes(parse_bytes(req.bytes), kind, 1)
+        check_bytes(parse_bytes(req.bytes), kind, 1, "bytes")
     elif kind is not None:
         # Axes the pod has, each once; bytes that split evenly over the groups they make.
         gaxes = group_axes(topo, tuple(a.strip() for a in req.axes.split(",") if a.strip()))
-        check_bytes(parse_bytes(req.bytes), kind, GroupGeometry(topo, gaxes).group_size)
+        check_bytes(parse_bytes(req.bytes), kind, GroupGeometry(topo, gaxes).group_size,
+                    "bytes")
     scenario = scenario_of(req, topo)
     if scenario is not None:
         check_links_only(scenario)
@@ -89,11 +90,14 @@ def run_compare(req: CompareCollectivesRequest) -> Run:
     check_common_inputs(req, pod.topology)
     rows = []
     results = []
+    refused: list[TpusimError] = []
     for name in tracked(algorithm_names(kind), "compare-collectives", unit="algorithm"):
         try:
             r = _simulate(req, name, pod)
         except TpusimError as exc:
-            rows.append({"algorithm": name, "applicable": False, "reason": str(exc)})
+            # The reason as data: Python names here, the CLI's flags where it prints it.
+            rows.append({"algorithm": name, "applicable": False, "reason": Said(exc)})
+            refused.append(exc)
             continue
         results.append(r)
         # Each algorithm's joules and dollars: the same bytes on more links, or longer, cost
@@ -103,9 +107,8 @@ def run_compare(req: CompareCollectivesRequest) -> Run:
         rows.append(d)
     ok = [r for r in rows if r["applicable"]]
     if not ok:
-        raise TpusimError(
-            f"no algorithm applies to {req.op} here: {rows[0]['reason']}"
-        )
+        raise TpusimError(f"no algorithm applies to {req.op} here: {refused[0].template}",
+                          *refused[0].params)
     best = min(r["time_s"] for r in ok)
     auto = next((r for r in ok if r["algorithm_requested"] == "auto"), None)
     pick = auto["algorithm"][len("auto ("):-1] if auto and auto["algorithm"].startswith(
