@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from sim.export.serving_trace import export_serving
 from sim.runs import ServeRequest, run
 from workloads.models import MlpKind, TransformerSpec
@@ -141,3 +143,34 @@ def test_the_iteration_log_packs_full_chunks_and_gives_the_rows_back_in_order():
     assert cols["start_s"].tolist() == [r[2] for r in rows]
     assert cols["role"].tolist() == [r[1] for r in rows]
     assert cols["kv_blocks_used"].tolist() == [r[9] for r in rows]
+
+
+def _power_integral_j(samples):
+    """The integral of a step counter [(t ns, watts), ...] (each value held to the next)."""
+    return sum((b[0] - a[0]) * 1e-9 * a[1] for a, b in zip(samples, samples[1:], strict=False))
+
+
+def test_each_replica_has_a_power_counter_whose_integral_is_its_iterations_joules(tmp_path):
+    # Two replicas, interpolated costs: the iterations' dynamic joules (interpolated on the
+    # grid's node joules with the same weights as their times) sum to the energy section's
+    # dynamic units; the counter of each replica integrates to one chip's idle power over the
+    # span plus its iterations' joules over its chips.
+    r = run(ServeRequest(**POD, replicas=2, rate=200.0, requests=60,
+                         prompt_tokens="uniform:16,256", output_tokens="uniform:4,32", seed=3))
+    res, e = r.result, r.summary["energy"]["energy_j_by_unit"]
+    dyn = res.iteration_dynamic_j
+    assert len(dyn) == len(res.iterations) and (dyn > 0).all()
+    assert dyn.sum() == pytest.approx(sum(e[u] for u in ("mxu", "vpu", "hbm", "ici", "dcn",
+                                                         "pcie")), rel=1e-9)
+    path = export_serving(r.summary, res, tmp_path / "p.pftrace")
+    _procs, _slices, counters = _read(path)
+    reps = res.iterations.column("replica")
+    for k in (0, 1):
+        samples = counters[(next(p for p, n in counters if p.startswith(f"replica {k}")),
+                            "power (W)")]
+        chips, idle = res.replica_power[k]
+        assert (chips, idle) == (4, pytest.approx(64.4727, rel=1e-4))
+        end = samples[-1][0] * 1e-9
+        assert samples[-1][1] == idle and min(w for _t, w in samples) == idle
+        want = idle * end + dyn[reps == k].sum() / chips
+        assert _power_integral_j(samples) == pytest.approx(want, rel=1e-6)

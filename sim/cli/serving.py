@@ -215,8 +215,8 @@ def _register_serve(sub, name: str) -> None:
     o.add_argument("--perfetto",
                    help="write a Perfetto trace (.pftrace; .json for Chrome): a process per "
                         "replica with its iterations, its requests' phases joined by flows "
-                        "(queued, prefill, KV transfer, decode) and counters of KV blocks and "
-                        "queue length")
+                        "(queued, prefill, KV transfer, decode) and counters of KV blocks, "
+                        "queue length and one chip's power")
     p.add_argument("--algorithm", default="auto",
                    help="collective algorithm for gathers/reductions (default auto)")
     cli.add_step_perturbation_args(p, power_cap=False)

@@ -19,7 +19,11 @@ One process per replica (named with its role, slice and mesh), with tracks:
   prompt and output tokens and preemptions. A phase shorter than 1 ns is left out (it would
   not nest) and the flow skips it.
 * counters `KV blocks used` (at each iteration's start) and `queue length` (requests waiting
-  at this replica, from every join and leave of its queue).
+  at this replica, from every join and leave of its queue);
+* counter `power (W)` (as a step's trace names it): one chip's mean power, its idle watts
+  (`idle_power_w`) plus the iteration's dynamic joules on the replica's chips spread evenly
+  over the iteration and its chips, back to idle between iterations. Swaps and KV transfers
+  are not in it (the run's `energy` section counts them).
 
 Times are simulated seconds from the first arrival's clock zero.
 """
@@ -32,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.export.perfetto import TracePlan, _chrome_events, _Proc, check_span
+from sim.export.perfetto import POWER_COUNTER, TracePlan, _chrome_events, _Proc, check_span
 from sim.export.pftrace import encode_tracks
 
 MAX_REQUEST_LANES = 1024
@@ -89,8 +93,22 @@ def serving_tracks(summary: dict, result):
     tracks: list[dict[str, list[tuple]]] = [{"iterations": []} for _ in range(num_rep)]
     counters: list[dict[str, list[tuple[float, float]]]] = [
         {"KV blocks used": [], "queue length": [(0.0, 0.0)]} for _ in range(num_rep)]
-    for row in result.iterations:
+    power = result.replica_power
+    joules = result.iteration_dynamic_j.tolist() if power else []
+    if power:
+        for r in range(num_rep):
+            counters[r][POWER_COUNTER] = [(0.0, float(power[r][1]))]
+    for k, row in enumerate(result.iterations):
         r, _role, start, dur, batch, ctx, chunks, tokens, queue, used, swapped = row
+        if power:
+            chips, idle = power[r]
+            watts = counters[r][POWER_COUNTER]
+            busy = idle + (joules[k] / (chips * dur) if dur > 0 else 0.0)
+            if watts[-1][0] == start:  # an idle sample where the last iteration ended
+                watts[-1] = (start, busy)
+            else:
+                watts.append((start, busy))
+            watts.append((start + dur, float(idle)))
         args = {"decode_batch": batch, "decode_context_tokens": ctx, "prefill_chunks": chunks,
                 "prefill_tokens": tokens, "kv_blocks_used": used, "queue_length": queue}
         if swapped:

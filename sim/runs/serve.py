@@ -54,11 +54,16 @@ REQUEST_COLUMNS = ("request", "arrival_s", "prompt_tokens", "output_tokens", "re
 class ServeResult:
     """The tables of a serving run: `requests` (column -> array, one row per request, every
     timestamp), `iterations` (an `IterationLog`: rows in `ITERATION_COLUMNS` order) and
-    `queue_events` (time, +1 joined or -1 left a replica's queue, replica), in time order."""
+    `queue_events` (time, +1 joined or -1 left a replica's queue, replica), in time order;
+    `iteration_dynamic_j` and `replica_power` for the chips' power over time."""
 
     requests: dict[str, np.ndarray]
     iterations: IterationLog
     queue_events: list[tuple] = field(default_factory=list)
+    # Per iteration (in `iterations` order) its dynamic joules on the replica's chips, and per
+    # replica (its chips, one chip's idle watts): what the power track draws.
+    iteration_dynamic_j: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    replica_power: tuple[tuple[int, float], ...] = ()
 
     def requests_frame(self):
         import pandas as pd
@@ -303,7 +308,7 @@ def run_serve(req: ServeRequest) -> Run:
         transfer = kv_transfer(bound[0][3], bound[1][3], step_p.model,
                                step_p.config.kv_bytes_per_elem,
                                path=kv_transfer_path(req, disagg))
-    sim = ServingSim(workload, pools, scfg, router=router,
+    sim = ServingSim(workload, pools, scfg, router=router, iteration_joules=True,
                      transfer_s=transfer.seconds if transfer is not None else None)
     sim.run()
     num_chips = sum(p.replicas * p.num_chips for p in pools)
@@ -341,6 +346,11 @@ def run_serve(req: ServeRequest) -> Run:
         "seed": wcfg.seed}
     return Run(command="serve", summary=summary, inputs=inputs,
                result=ServeResult(requests=arrays, iterations=sim.iterations,
+                                 iteration_dynamic_j=np.array(sim.iteration_j or (), dtype=float),
+                                 replica_power=tuple(
+                                     (p.num_chips, b[3].chip.idle_power_w)
+                                     for p, b in zip(pools, bound, strict=True)
+                                     for _ in range(p.replicas)),
                                  queue_events=sim.queue_events))
 
 

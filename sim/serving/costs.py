@@ -202,6 +202,7 @@ class IterationCosts:
                  cache_key: str | None = None, progress=None):
         self.step, self.bounds, self.exact = step, bounds, exact
         self.grid_points = 0
+        self._jgrids = None  # iteration_joules' grids of node joules, built when first asked
         # What the run asked for, to price its energy afterwards: per distinct composition a
         # count (exact), or per grid node its summed interpolation weight.
         self._dec_n: dict[tuple[int, int], int] = {}
@@ -259,6 +260,31 @@ class IterationCosts:
             self._pre_n[key] = self._pre_n.get(key, 0) + 1
             return self.step.prefill_s(tokens, cached)
         return self._pre(tokens, cached, self._pre_w)
+
+    def iteration_joules(self, batch: int, context_sum: float,
+                         chunks: list[tuple[int, int]]) -> float:
+        """The dynamic joules (all `DYNAMIC_UNITS`, the replica's chips) of one iteration: a
+        decode step of `batch` sequences holding `context_sum` tokens (none if `batch` is 0)
+        and the prefill `chunks` as (tokens, cached); interpolated as its time is (the
+        same nodes and weights, on the nodes' joules), or the engine's (`exact`). Counts
+        nothing toward `dynamic_joules`."""
+        n = len(DYNAMIC_UNITS)
+        if self.exact:
+            j = sum(sum(self.step.prefill_joules(t, c)[:n]) for t, c in chunks)
+            if batch:
+                j += sum(self.step.decode_joules(batch, max(1, int(context_sum / batch
+                                                                    + 0.5)))[:n])
+            return j
+        if self._jgrids is None:
+            d, p = self._dec, self._pre
+            self._jgrids = (
+                _Grid2(d.xs, d.ys, [[sum(e[:n]) for e in row] for row in self._dec_j]),
+                _Grid2(p.xs, p.ys, [[sum(e[:n]) for e in row] for row in self._pre_j]))
+        dec, pre = self._jgrids
+        j = sum(pre(t, c) for t, c in chunks)
+        if batch:
+            j += dec(self.step.padded(batch), context_sum / batch)
+        return j
 
     def dynamic_joules(self) -> tuple[list[float], float]:
         """The dynamic joules by `DYNAMIC_UNITS` of every iteration priced so far (on every

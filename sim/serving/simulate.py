@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from enum import StrEnum
@@ -199,8 +200,12 @@ class ServingSim:
     per-request arrays and the iteration list."""
 
     def __init__(self, workload: Workload, pools: list[PoolSpec], cfg: SchedulerConfig, *,
-                 router: RouterKind = RouterKind.ROUND_ROBIN, transfer_s=None):
+                 router: RouterKind = RouterKind.ROUND_ROBIN, transfer_s=None,
+                 iteration_joules: bool = False):
         self.w, self.cfg, self.router = workload, cfg, router
+        # Each iteration's dynamic joules, in `iterations` order (for a power track), when
+        # asked: one more interpolation per iteration.
+        self.iteration_j: array | None = array("d") if iteration_joules else None
         n = workload.num_requests
         self.prompt = workload.prompt_tokens.tolist()
         self.output = workload.output_tokens.tolist()
@@ -484,6 +489,9 @@ class ServingSim:
         self.iterations.append((rep.idx, rep.role.value, start, cost, batch, ctx_sum,
                                 len(chunks), sum(t for _, t, _c in chunks), queue,
                                 rep.blocks - rep.free, swap_tokens))
+        if self.iteration_j is not None:
+            self.iteration_j.append(rep.costs.iteration_joules(
+                batch, ctx_sum, [(t, c) for _, t, c in chunks]))
         self.swap_tokens += swap_tokens
         # Decodes: every running sequence made a token; those at their last one finish.
         if batch:
@@ -558,6 +566,9 @@ class ServingSim:
         queue = sum(len(r.waiting) for r in self.replicas)
         self.iterations.append((rep.idx, rep.role.value, start, cost, batch, ctx, len(chunks),
                                 sum(t for _, t, _c in chunks), queue, rep.blocks - rep.free, 0))
+        if self.iteration_j is not None:
+            self.iteration_j.append(rep.costs.iteration_joules(
+                batch, ctx, [(t, c) for _, t, c in chunks]))
         it = rep.it  # 0: the prefill; k >= 1: the k-th decode step (token k + 1)
         for rid in members:
             if it == 0:
