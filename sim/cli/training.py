@@ -196,6 +196,8 @@ def _print_training(s: dict[str, Any]) -> None:
     for k, v in s["breakdown"].items():
         share = v / s["step_time_s"] if s["step_time_s"] else 0.0
         print(f"    {breakdown_label(k):<22} {v:10.4f} s  {share:6.1%}")
+    if "auto_switch" in s:  # a what-if whose algorithm switch slows the step
+        print(f"  note: {s['auto_switch']['note']}")
     cli.print_failures(s)
     cli.print_energy(s)
 

@@ -1,8 +1,11 @@
 """What `auto` considers: the candidate algorithms per op (in tie-break order), the ones left
 out across slices, and a lower bound from a candidate's schedule alone that lets the search
-skip simulating a candidate that cannot win."""
+skip simulating a candidate that cannot win; `HeldAlgorithms`, `auto` with some collectives'
+algorithms held fixed (a what-if's step on the unperturbed pod's picks)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -143,3 +146,31 @@ def _num_sources(m, gaxes) -> int:
             count = hi - lo + 1
         n *= count
     return n
+
+
+@dataclass(frozen=True)
+class HeldAlgorithms:
+    """`auto` with some collectives' algorithms held fixed, given as `algorithm` to
+    `simulate_collective` or to a step executor (which hands it to every collective it costs):
+    a collective that `picks` names, by (op, group axes, bytes V), runs the algorithm held for
+    it; any other is `auto`'s. A what-if re-runs a step so on the algorithms `auto` picked on
+    the unperturbed pod, to tell the algorithm switch from the change itself."""
+
+    picks: tuple[tuple[tuple[str, tuple[GroupAxis, ...], int], str], ...]
+
+    @staticmethod
+    def key(op, axes: tuple[GroupAxis, ...], nbytes) -> tuple[str, tuple[GroupAxis, ...], int]:
+        return str(op), tuple(axes), int(nbytes)
+
+    def algorithm_for(self, op, axes, nbytes) -> str:
+        """The algorithm held for this collective, else `auto`."""
+        if isinstance(axes, str):
+            return "auto"
+        return dict(self.picks).get(self.key(op, axes, nbytes), "auto")
+
+
+def picked_algorithm(label: str) -> str:
+    """The algorithm of a result's `algorithm` label: `auto (multi-axis)` -> `multi-axis`."""
+    if label.startswith("auto (") and label.endswith(")"):
+        return label[len("auto ("):-1]
+    return label

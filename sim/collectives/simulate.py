@@ -31,6 +31,7 @@ from sim.collectives.algorithms import (
 from sim.collectives.auto import (
     AUTO_CANDIDATES,
     DCN_EXCLUDED,
+    HeldAlgorithms,
     bound_context,
     candidate_lower_bound,
     dcn_only,
@@ -81,7 +82,7 @@ def simulate_collective(
     op: str | CollectiveKind,
     axes: tuple[str, ...] | str = (),
     nbytes: int,
-    algorithm: str = "auto",
+    algorithm: str | HeldAlgorithms = "auto",
     shift: int = 1,
     src: tuple[int, ...] | None = None,
     dst: tuple[int, ...] | None = None,
@@ -102,7 +103,8 @@ def simulate_collective(
         nbytes: V, the textbook's convention (see README): the gathered output for all-gather,
             the full unreduced buffer for reduce-scatter/all-reduce, the whole array for
             all-to-all, the per-chip message for collective-permute and send.
-        algorithm: a name from `collectives.ALGORITHMS` (`auto` = what a TPU does).
+        algorithm: a name from `collectives.ALGORITHMS` (`auto` = what a TPU does), or a
+            `HeldAlgorithms` (`auto` with some collectives' algorithms held fixed).
         shift: chips to shift by, for collective-permute.
         src, dst: chip coordinates for send.
         slow_links: degraded links, as `"x,y[,z]:x+:factor"` strings or {link id: factor}.
@@ -115,6 +117,8 @@ def simulate_collective(
         chunks: pipeline each stream's data in this many pieces (phases then overlap; every
             piece pays the per-hop latency).
     """
+    if isinstance(algorithm, HeldAlgorithms):
+        algorithm = algorithm.algorithm_for(op, axes, nbytes)
     kw = dict(chip=chip, topology=topology, op=op, axes=axes, nbytes=nbytes,
               algorithm=algorithm, shift=shift, src=src, dst=dst, slow_links=slow_links,
               mode=mode, chunks=chunks, scenario=scenario, dead_links=tuple(dead_links))

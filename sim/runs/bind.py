@@ -198,11 +198,14 @@ def per_chip_config(req: Request, trace, topology: Topology) -> PerChipConfig:
     )
 
 
-def simulate_step(req: Request, trace, chip: ChipSpec, topology: Topology, *, overlap=None):
+def simulate_step(req: Request, trace, chip: ChipSpec, topology: Topology, *, overlap=None,
+                  algorithm=None):
     """Replay `trace` with the request's perturbations on the per-chip engine (one chip class,
-    and `replay`'s result to the last bit, when nothing is perturbed)."""
+    and `replay`'s result to the last bit, when nothing is perturbed); `algorithm` (default:
+    the request's) may hold some collectives' algorithms (`HeldAlgorithms`)."""
     return run_step(trace, chip, topology, executor=getattr(req, "mode", "auto") or "auto",
-                    config=per_chip_config(req, trace, topology), algorithm=algorithm_of(req),
+                    config=per_chip_config(req, trace, topology),
+                    algorithm=algorithm_of(req) if algorithm is None else algorithm,
                     overlap=overlap)
 
 

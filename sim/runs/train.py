@@ -15,6 +15,7 @@ from typing import Any
 
 from sim.energy import energy_summary, step_energy
 from sim.pipeline import check_schedule, simulate_pipeline_chips
+from sim.runs.auto_switch import auto_switch_report
 from sim.runs.bind import (
     algorithm_of,
     base_inputs,
@@ -209,6 +210,14 @@ def run_train(req: TrainRequest) -> Run:
     summary = training_summary(trace, result, chip)
     if pipe is not None:
         summary["pipeline"] = pipe.to_dict()
+    elif algorithm_of(req) == "auto":
+        # A what-if on the chip's links may switch auto's picks: say so where that is what
+        # slows the step (the section appears only then).
+        switch = auto_switch_report(
+            trace, chip, pod.base_chip, topo, result.step_time_s,
+            lambda held: simulate_step(req, trace, chip, topo, algorithm=held).step_time_s)
+        if switch is not None:
+            summary["auto_switch"] = switch
     with_energy(summary, energy, cap)
     return Run(command="train", summary=summary, inputs=inputs, result=result, trace=trace,
                energy_detail=energy)
