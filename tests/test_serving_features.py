@@ -235,6 +235,12 @@ def test_energy_adds_over_requests_and_replicas(tmp_path):
     chip = resolve_pod(DecodeRequest(**POD, batch=1, context_len=1)).chip
     prefill_pool = en["by_pool"][0]
     assert prefill_pool["role"] == "prefill"
+    # A serving run's step is an iteration: per-step figures times the iterations are the run's.
+    n = len(d.result.iterations)
+    assert en["step_j"] * n == pytest.approx(en["energy_j"], rel=1e-12)
+    assert sum(en["step_j_by_unit"].values()) == pytest.approx(en["step_j"], rel=1e-12)
+    assert d.summary["cost"]["usd_per_step"] * n == pytest.approx(d.summary["cost"]["usd_total"],
+                                                                  rel=1e-12)
     assert prefill_pool["energy_j_by_unit"]["dcn"] == pytest.approx(
         2 * TINY.kv_cache_bytes(64, 2) * chip.dcn_j_per_byte, rel=1e-12)
 

@@ -316,7 +316,8 @@ def run_serve(req: ServeRequest) -> Run:
                                 max_batch=scfg.max_batch)
     energy, cost = serving_energy(_pool_work(sim, pools, bound, pool_info, workload, transfer),
                                   span_s=summary["span_s"],
-                                  output_tokens=int(workload.output_tokens.sum()))
+                                  output_tokens=int(workload.output_tokens.sum()),
+                                  iterations=len(sim.iterations))
     first = bound[0]
     _role, _count, _preq, pod0, base0, step0, mesh0 = first
     summary = {"model": step0.model.name, "chip": pod0.chip.name,

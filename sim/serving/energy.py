@@ -81,8 +81,11 @@ def pool_joules(pool: PoolWork, span_s: float) -> tuple[dict[str, float], float]
 
 
 def serving_energy(pools: list[PoolWork], *, span_s: float,
-                   output_tokens: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The `energy` and `cost` sections of a serving run."""
+                   output_tokens: int,
+                   iterations: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The `energy` and `cost` sections of a serving run. Its step is an iteration: `step_j`
+    and `usd_per_step` are the run's joules and dollars per iteration of any replica (idle
+    time included), so they compare with a decode step's."""
     total = dict.fromkeys(UNITS, 0.0)
     by_pool, peak = [], 0.0
     chips = sum(p.num_chips for p in pools)
@@ -107,16 +110,20 @@ def serving_energy(pools: list[PoolWork], *, span_s: float,
         "chip_power_w_mean": chip_total / (chips * span_s) if span_s > 0 else 0.0,
         "chip_power_w_peak": peak,
         "by_pool": by_pool,
+        "step_j": energy_j / iterations if iterations else None,
+        "step_j_by_unit": {u: v / iterations for u, v in total.items()} if iterations
+        else None,
     }
     prices = [p.chip.usd_per_chip_hour for p in pools]
     if any(x is None for x in prices):
         cost = {"usd_total": None, "usd_per_million_tokens": None, "usd_per_hour": None,
-                "usd_per_chip_hour": None}
+                "usd_per_chip_hour": None, "usd_per_step": None}
     else:
         per_hour = sum(x * p.num_chips for x, p in zip(prices, pools, strict=True))
         usd = per_hour * span_s / 3600.0
         cost = {"usd_total": usd,
                 "usd_per_million_tokens": usd / output_tokens * 1e6 if output_tokens else None,
                 "usd_per_hour": per_hour,
-                "usd_per_chip_hour": prices[0] if len(set(prices)) == 1 else None}
+                "usd_per_chip_hour": prices[0] if len(set(prices)) == 1 else None,
+                "usd_per_step": usd / iterations if iterations else None}
     return energy, cost
