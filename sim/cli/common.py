@@ -220,6 +220,11 @@ OUTPUT_FLAGS = frozenset({"json", "out", "perfetto", "plots", "trace-chips", "qu
                           "chakra", "chakra-every-chip"})
 
 
+# Flags that send the command line to another command before it is parsed (`plan --serve`
+# is `plan-serve`, sim.cli.serve_plan_argv): no setting of the command they appear on.
+_REDIRECT_FLAGS = frozenset({"serve"})
+
+
 def flag_specs(p: argparse.ArgumentParser) -> tuple[tuple[str, str, str], ...]:
     """(flag name without dashes, argparse dest, kind) for every input flag of a subcommand;
     kind is `positional`, `switch` (store_true), `append` or `value`."""
@@ -233,7 +238,7 @@ def flag_specs(p: argparse.ArgumentParser) -> tuple[tuple[str, str, str], ...]:
                     else "append" if isinstance(a, argparse._AppendAction) else "value")
         else:
             name, kind = a.dest, "positional"
-        if name not in OUTPUT_FLAGS:
+        if name not in OUTPUT_FLAGS and name not in _REDIRECT_FLAGS:
             specs.append((name, a.dest, kind))
     return tuple(specs)
 
