@@ -2,9 +2,9 @@
 pod (LLaMA-3-70B, seq 8192, 1 sequence per chip, fsdp=2240,tensor=4): unperturbed, one slow chip
 plus one slow link, and chip-to-chip variation (every chip its own class), the last also on
 smaller pods to show how the cost grows with the number of classes; and a pipelined step (1F1B,
-4 stages, 4 microbatches: every stage its own program with point-to-point sends, sim/pipeline.py)
-healthy and with a slow chip, on 64 chips and on the full pod, and with chip variation on 256,
-1024 and 8960 chips (vector classes).
+4 stages, 4 microbatches: every stage its own program with point-to-point sends,
+sim/engine/pipeline.py) healthy and with a slow chip, on 64 chips and on the full pod, and with chip
+variation on 256, 1024 and 8960 chips (vector classes).
 
 Run: python benchmarks/bench_perchip.py [--quick] [--pipeline] [--cases WORDS] [--timeout S].
 Numbers are measurements on the machine that ran them; nothing here passes or fails on time.

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from sim.engine.perchip import coords_text
 from sim.hardware import ChipSpec
-from sim.perchip import coords_text
 from topologies.errors import TpusimError
 from topologies.groups import CLASS_NAMES, DCN_IN_CLASS, DCN_OUT_CLASS
 from workloads.trace import OpKind, Trace

@@ -1,14 +1,14 @@
 """The stage-level pipeline model, a reference the per-chip pipeline
-(`sim.pipeline.simulate_pipeline_chips`) is tested against: each pass of a one-microbatch chunk
-program timed once by `replay` in isolation, each stage-to-stage send a collective-permute over
-the pipeline axis, and the schedule run stage by stage (every chip of a stage identical). On a
+(`sim.engine.pipeline.simulate_pipeline_chips`) is tested against: each pass of a one-microbatch
+chunk program timed once by `replay` in isolation, each stage-to-stage send a collective-permute
+over the pipeline axis, and the schedule run stage by stage (every chip of a stage identical). On a
 healthy pod with one hop between stages the two agree to 1e-9 (tests/test_pipeline.py)."""
 
 from __future__ import annotations
 
-from sim.engine import _merge, collective_groups, cost_collective, replay
+from sim.engine.pipeline import PipelineResult, check_schedule, chunk_program, stage_order
+from sim.engine.replay import _merge, collective_groups, cost_collective, replay
 from sim.hardware import ChipSpec
-from sim.pipeline import PipelineResult, check_schedule, chunk_program, stage_order
 from topologies.errors import TpusimError
 from topologies.torus import Topology
 from workloads.models import TransformerSpec

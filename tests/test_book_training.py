@@ -8,7 +8,7 @@ import json
 import pytest
 
 from sim.chips import get_chip
-from sim.engine import replay
+from sim.engine.replay import replay
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology
 from workloads.trace import Op, OpKind, Trace, Unit

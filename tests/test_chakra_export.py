@@ -11,7 +11,7 @@ import pytest
 
 from sim.chips import get_chip
 from sim.cli import main
-from sim.executors import simulate_step
+from sim.engine.executors import simulate_step
 from topologies.slices import resolve_topology
 from workloads.chakra.convert import chakra_trace
 from workloads.chakra.reader import inventory, read_set

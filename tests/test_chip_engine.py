@@ -1,5 +1,5 @@
-"""The per-chip step engine (`sim/chip_engine.py`): identical to the representative replay when
-nothing breaks symmetry, equal to the brute-force per-chip oracle under perturbations, and
+"""The per-chip step engine (`sim/engine/class_engine.py`): identical to the representative replay
+when nothing breaks symmetry, equal to the brute-force per-chip oracle under perturbations, and
 the physics of stragglers in a synchronous step."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from sim.chips import get_chip
-from sim.engine import replay
-from sim.executors import simulate_chips
-from sim.perchip import PerChipConfig, chip_classes
+from sim.engine.executors import simulate_chips
+from sim.engine.perchip import PerChipConfig, chip_classes
+from sim.engine.replay import replay
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology
@@ -379,7 +379,7 @@ def test_cli_train_takes_dead_links(tiny_yaml, capsys):
 
 
 def test_beyond_the_class_limit_vector_classes_run_and_brute_force_is_refused(monkeypatch):
-    import sim.executors as ce
+    import sim.engine.executors as ce
 
     chip, topo, trace = _setup("v5e", "2x2", "fsdp=4")
     speed = np.array([1.0, 0.9, 0.8, 0.7])

@@ -1,4 +1,4 @@
-"""Tests for sim/collectives/ (algorithms, routing, simulate) and sim/network.py:
+"""Tests for sim/collectives/ (algorithms, routing, simulate) and sim/engine/network.py:
 every collective kind x algorithm on 1D/2D/3D tori against closed-form oracles, the textbook's
 worked collective cases (reference/book_cases.json), symmetric vs full-detail agreement, link
 invariants, degraded links, and full pods.
@@ -1133,7 +1133,7 @@ def test_a_collective_cost_depends_on_the_chip_only_through_its_link_fields():
     import dataclasses
 
     from sim.collectives.routing import LINK_FIELDS
-    from sim.engine import _cost_collective, cost_cache_key
+    from sim.engine.replay import _cost_collective, cost_cache_key
     from topologies.groups import group_axes
 
     chip = get_chip("v5p")

@@ -1,6 +1,6 @@
-"""Dead links in a whole step (sim/chip_engine.py with collective rerouting): the equivalence
-classes agree with the brute-force per-chip engine, a detour never makes the step faster, and a
-cut replica group is one CLI error line."""
+"""Dead links in a whole step (sim/engine/class_engine.py with collective rerouting): the
+equivalence classes agree with the brute-force per-chip engine, a detour never makes the step
+faster, and a cut replica group is one CLI error line."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 from sim.chips import get_chip
 from sim.cli import main
-from sim.executors import simulate_chips
-from sim.perchip import PerChipConfig
+from sim.engine.executors import simulate_chips
+from sim.engine.perchip import PerChipConfig
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology
 from workloads.training import TrainingConfig, compile_training_step

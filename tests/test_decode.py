@@ -13,7 +13,7 @@ import pytest
 
 from sim.chips import get_chip
 from sim.cli import main
-from sim.engine import replay
+from sim.engine.replay import replay
 from tests.conftest import make_topology
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh

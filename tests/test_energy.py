@@ -31,7 +31,7 @@ from sim.energy import (
     power_steps,
     step_energy,
 )
-from sim.executors import simulate_step
+from sim.engine.executors import simulate_step
 from sim.overrides import parse_overrides
 from tests.conftest import make_topology
 from topologies.errors import TpusimError

@@ -1,16 +1,17 @@
-"""The executor table (`sim/executors.py`): which executor times a step, decided in one place, and
-the same step on each of them; the vector engine's runs independent of what ran before."""
+"""The executor table (`sim/engine/executors.py`): which executor times a step, decided in one
+place, and the same step on each of them; the vector engine's runs independent of what ran
+before."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-import sim.executors as ex
+import sim.engine.executors as ex
 from sim.chips import get_chip
-from sim.engine import replay
-from sim.executors import Executor, choose_executor, simulate_chips, simulate_step
-from sim.perchip import PerChipConfig, prepare_step
+from sim.engine.executors import Executor, choose_executor, simulate_chips, simulate_step
+from sim.engine.perchip import PerChipConfig, prepare_step
+from sim.engine.replay import replay
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology

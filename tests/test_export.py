@@ -18,7 +18,7 @@ from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket, Track
 
 from sim.chips import get_chip
 from sim.cli import main
-from sim.engine import StepResult, replay
+from sim.engine.replay import StepResult, replay
 from sim.export.perfetto import export_step
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sim.chips import get_chip
-from sim.engine import replay
+from sim.engine.replay import replay
 from tests.conftest import make_topology
 from validation import make_hlo_fixtures, xla_hlo_read
 from workloads.hlo.lower import import_hlo
@@ -173,8 +173,8 @@ def test_import_hlo_cli_writes_a_trace_that_replays_like_the_program(tmp_path, c
 
 
 def test_a_slow_link_on_the_windowed_einsum_ring_slows_the_imported_step():
-    from sim.executors import simulate_chips
-    from sim.perchip import PerChipConfig
+    from sim.engine.executors import simulate_chips
+    from sim.engine.perchip import PerChipConfig
 
     _text, _cfg, chip, topo, imp = load("windowed_einsum_v5e16")
     base = replay(imp.trace, chip, topo).step_time_s

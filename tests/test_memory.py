@@ -9,7 +9,7 @@ import pytest
 
 from sim.chips import get_chip
 from sim.cli import main
-from sim.engine import replay
+from sim.engine.replay import replay
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology

@@ -10,7 +10,7 @@ import pytest
 
 from sim.chips import get_chip
 from sim.cli import main
-from sim.engine import replay
+from sim.engine.replay import replay
 from tests.conftest import make_topology
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
@@ -216,8 +216,8 @@ def test_scenario_yaml_sets_the_router_as_the_flags_do(tmp_path, capsys):
 
 
 def test_per_chip_engine_loads_the_chips_that_hold_the_hot_experts():
-    from sim.executors import simulate_chips
-    from sim.perchip import PerChipConfig
+    from sim.engine.executors import simulate_chips
+    from sim.engine.perchip import PerChipConfig
     from workloads.moe import expert_op_scales
 
     chip = get_chip("v5e")
@@ -245,9 +245,9 @@ def test_skewed_all_to_alls_move_each_chips_own_volume():
     # The compiled all-to-alls carry the hottest shard's tokens; on the per-chip engine each
     # chip moves its own shard's share of them (its expert-op factor), so a colder chip's DMA
     # reads and writes that many fewer HBM bytes: closed form from the healthy collective cost.
-    from sim.engine import collective_groups, cost_collective
-    from sim.executors import simulate_chips
-    from sim.perchip import PerChipConfig
+    from sim.engine.executors import simulate_chips
+    from sim.engine.perchip import PerChipConfig
+    from sim.engine.replay import collective_groups, cost_collective
     from workloads.moe import expert_op_scales
 
     chip = get_chip("v5e")

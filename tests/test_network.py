@@ -1,4 +1,4 @@
-"""Tests for the fluid link network (sim/network.py): sharing, timing and clock progress."""
+"""Tests for the fluid link network (sim/engine/network.py): sharing, timing and clock progress."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import simpy
 
-from sim.network import Batch, FluidNetwork, SmallFluidNetwork
+from sim.engine.network import Batch, FluidNetwork, SmallFluidNetwork
 
 
 def _batch(res, nbytes, latency=0.0, **kw):

@@ -1,5 +1,5 @@
-"""Pipeline schedules on the per-chip engine (sim/pipeline.py): GPipe, 1F1B and interleaved 1F1B
-against the textbook bubble and the stage-level simulation, the in-flight memory rule, sends
+"""Pipeline schedules on the per-chip engine (sim/engine/pipeline.py): GPipe, 1F1B and interleaved
+1F1B against the textbook bubble and the stage-level simulation, the in-flight memory rule, sends
 over ICI and DCN, slow chips, links and brute force, errors."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 
 from sim.chips import get_chip
 from sim.cli import main
-from sim.perchip import PerChipConfig
-from sim.pipeline import (
+from sim.engine.perchip import PerChipConfig
+from sim.engine.pipeline import (
     check_schedule,
     simulate_pipeline_chips,
     stage_of_chips,
@@ -386,7 +386,7 @@ def _reference_stage_programs(model, mesh, num_chips, config):
     `Trace`): the oracle of the template-based composition."""
     import dataclasses
 
-    from sim.pipeline import BWD_CHANNEL, FWD_CHANNEL, _tag
+    from sim.engine.pipeline import BWD_CHANNEL, FWD_CHANNEL, _tag
     from workloads.trace import Op, OpKind, Trace
 
     p, v, m = mesh.size("pipeline"), config.virtual_stages, config.microbatches
@@ -467,7 +467,7 @@ def _reference_stage_programs(model, mesh, num_chips, config):
     ("interleaved", 4, 2, "pipeline=2,tensor=2"),
 ])
 def test_stage_programs_equal_the_plain_composition_and_pass_validation(schedule, m, v, mesh):
-    from sim.pipeline import build_stage_programs
+    from sim.engine.pipeline import build_stage_programs
     from workloads.trace import Trace
 
     model, lmesh, _chip, topo, cfg = _args(schedule, m, v, None, mesh, "4x1", 1, None,
@@ -490,7 +490,7 @@ def test_a_stage_casts_its_weights_once_per_step_whatever_its_passes(schedule, m
     # once per pass), first, and the pass-level schedule starts each stage after its cast.
     import dataclasses
 
-    from sim.pipeline import build_stage_programs
+    from sim.engine.pipeline import build_stage_programs
     from workloads.trace import OpKind
 
     model, lmesh, _chip, topo, cfg = _args(schedule, m, v, None, "pipeline=2,fsdp=2", "4x1", 1,

@@ -58,7 +58,7 @@ def _pod(shape: str = "2x2"):
 
 
 def test_memory_estimate_is_the_compilers_and_never_above_the_simulated_peak(tiny_model):
-    from sim.engine import replay
+    from sim.engine.replay import replay
 
     chip, topo = _pod()
     model = load_model(tiny_model)
@@ -384,7 +384,7 @@ def test_collective_floor_never_exceeds_the_simulated_collective(chip_name, shap
     # The closed form plan bounds candidates with: (N-1)/N of V through two links per axis
     # spanned, at least one hop; every simulated algorithm (ring, bidirectional, multi-axis,
     # auto) on wrapped and unwrapped axes and strided factors takes at least that long.
-    from sim.engine import cost_collective
+    from sim.engine.replay import cost_collective
     from sim.studies.plan_bounds import collective_floor_s
     from topologies.groups import axis_factor
 
@@ -565,7 +565,7 @@ def test_a_simulation_seeded_with_the_sharper_bounds_costs_equals_a_cold_train(t
                                                                              monkeypatch):
     # The worker that computes a sharper bound hands its collective costs to the worker that
     # simulates the candidate: the result must be the one `tpusim train` gives from scratch.
-    from sim import engine
+    from sim.engine import replay as engine
     from sim.studies.plan_jobs import sharper_bound, simulate
 
     argv, mesh = _four_layer_train(tmp_path, ["--mesh", "fsdp=2,tensor=2", "--remat", "full"])
@@ -590,7 +590,7 @@ def test_a_simulation_seeded_with_the_sharper_bounds_costs_equals_a_cold_train(t
 def test_stage_programs_are_reused_across_axis_orders_and_equal_a_fresh_build(tiny_model):
     # A pipeline group's placements share one composition of the stage programs, each on the
     # mesh (axis order) it asks for.
-    from sim import pipeline
+    from sim.engine import pipeline
 
     model = load_model(tiny_model)
     cfg = TrainingConfig(seq_len=1024, batch_per_chip=2, remat=Remat.FULL, microbatches=4)
@@ -642,7 +642,7 @@ def test_a_pipeline_over_hbm_within_its_prefix_gets_the_full_runs_verdict(
         tiny_model, flags, monkeypatch):
     # `simulate` first runs only the ops that can start before the prefix's horizon: its
     # verdict must be the full watched run's (same level), and without one it runs in full.
-    from sim.executors import stop_when_hbm_exceeds
+    from sim.engine.executors import stop_when_hbm_exceeds
     from sim.studies import plan_jobs
 
     argv = ["train", "--chip", "v5e", "--shape", "2x2", "--model", tiny_model, "--seq-len",
@@ -698,7 +698,7 @@ def test_a_one_program_step_over_hbm_in_a_prefix_gets_the_full_runs_verdict(tiny
     # Without stages the step is one program: its prefix runs only the ops that can start
     # before the horizon, and grows until it decides. The oracle is the brute-force full run
     # (watched: its verdict and instant; unwatched: its peak bounds the level).
-    from sim.executors import stop_when_hbm_exceeds
+    from sim.engine.executors import stop_when_hbm_exceeds
     from sim.studies import plan_jobs
 
     argv = ["train", "--chip", "v5e", "--shape", "2x2", "--model", tiny_model, "--seq-len",
@@ -744,7 +744,7 @@ def test_a_prefix_run_has_the_full_runs_chip_classes_so_the_watch_applies_to_bot
     # program) and reports its whole peak; its prefix once had the coarser classes of its own
     # collectives, was watched, and stopped at a lower level (14.2 GB against the 15.5 GB
     # peak). Its classes are now the full run's: no verdict, the step runs in full.
-    from sim.executors import stop_when_hbm_exceeds
+    from sim.engine.executors import stop_when_hbm_exceeds
     from sim.studies import plan_jobs
 
     argv = ["train", "--chip", "v5e", "--shape", "2x4", "--model", tiny_model, "--seq-len",

@@ -1,6 +1,6 @@
-"""Tests for workloads/training.py compiled and replayed by sim/engine.py, and the `tpusim train /
-compile / replay` commands: FLOP counts against the textbook (tpu.md §3), roofline timing on one
-chip, FSDP communication and overlap, the critical-path breakdown, memory, determinism, what-if
+"""Tests for workloads/training.py compiled and replayed by sim/engine/replay.py, and the `tpusim
+train / compile / replay` commands: FLOP counts against the textbook (tpu.md §3), roofline timing on
+one chip, FSDP communication and overlap, the critical-path breakdown, memory, determinism, what-if
 hardware, errors, trace files, pipeline and MoE.
 """
 
@@ -18,7 +18,7 @@ import yaml
 
 from sim.chips import get_chip
 from sim.cli import main
-from sim.engine import BREAKDOWN_KEYS, StepResult, replay
+from sim.engine.replay import BREAKDOWN_KEYS, StepResult, replay
 from sim.hardware import ChipSpec
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh

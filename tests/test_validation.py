@@ -310,7 +310,7 @@ def test_implied_expert_efficiency_is_the_shipped_factor_when_the_step_is_predic
     p = vm.predict(c)
     exact = dataclasses.replace(p, case=runs.with_changes(c, measured_step_s=p.step_s))
     assert vm.implied_expert_efficiency(exact) == pytest.approx(eff, rel=2e-3)
-    from sim.engine import replay
+    from sim.engine.replay import replay
     from workloads.trace import OpKind, Trace, Unit
 
     trace, topo = runs.case_trace(c)

@@ -1,4 +1,4 @@
-"""Vector classes (`sim/vector_engine.py`): chips that differ only in speed advanced as one
+"""Vector classes (`sim/engine/vector_engine.py`): chips that differ only in speed advanced as one
 numpy vector, split where their event orders differ and merged where they meet again, must give
 the brute-force per-chip oracle's step (one SimPy actor per chip) and the class engine's, under
 chip variation, a slow chip and a slow link together, on every small pod shape."""
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from sim.chips import get_chip
-from sim.engine import replay
-from sim.executors import simulate_chips
-from sim.perchip import PerChipConfig
+from sim.engine.executors import simulate_chips
+from sim.engine.perchip import PerChipConfig
+from sim.engine.replay import replay
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology
 from workloads.training import Remat, TrainingConfig, compile_training_step
@@ -206,7 +206,7 @@ def test_kept_collective_candidate_rows_equal_recomputed_ones_and_give_the_same_
     # gather and one reduction per weight matrix in flight: every kept row, whenever it is
     # used, equals a fresh one ("check" raises otherwise), and the step is bit for bit the one
     # that recomputes them all, with far fewer rows computed.
-    import sim.vector_engine as ve
+    import sim.engine.vector_engine as ve
 
     chip, topo, trace = _setup("4x4x4")
     speed = np.random.default_rng(3).lognormal(0.0, 0.02, topo.num_chips)

@@ -1,4 +1,4 @@
-"""Vector classes on pipeline steps (`sim/vector_engine.py` with several programs and
+"""Vector classes on pipeline steps (`sim/engine/vector_engine.py` with several programs and
 point-to-point sends): every stage's chips run their own program, a send drains on its sender's
 links from the end of its pass and completes the receive op on the peer chip. The class engine
 and `--mode per-chip` (one SimPy actor per chip) are the oracles: the same step, finish times,
@@ -12,10 +12,10 @@ import json
 import numpy as np
 import pytest
 
-import sim.executors as ce
+import sim.engine.executors as ce
 from sim.chips import get_chip
-from sim.perchip import PerChipConfig
-from sim.pipeline import simulate_pipeline_chips, stage_of_chips
+from sim.engine.perchip import PerChipConfig
+from sim.engine.pipeline import simulate_pipeline_chips, stage_of_chips
 from tests.conftest import make_topology
 from topologies.mesh import parse_mesh
 from workloads.training import TrainingConfig, parse_remat
@@ -173,7 +173,7 @@ def test_perfetto_trace_of_a_vector_pipeline_equals_the_class_engines(tmp_path):
 def _two_programs():
     """Stage 0 computes, sends to its stage-1 peer and gathers; stage 1's receive feeds a
     gather (a collective, not a core op: the receive is waited for from the step's start)."""
-    from sim.perchip import PointToPoint
+    from sim.engine.perchip import PointToPoint
     from workloads.trace import Op, OpKind, Trace, Unit
 
     chip = get_chip("v5e")
@@ -257,7 +257,7 @@ def test_programs_sharing_a_replica_group_or_sending_within_one_program_run_as_c
     # Vector rendezvous are keyed by (program, op id): a group over chips of two programs, or
     # a send to a chip of the sender's own program (a ring), runs on the class engine even
     # when vectors are asked for (the same result as brute force).
-    from sim.perchip import PointToPoint
+    from sim.engine.perchip import PointToPoint
     from workloads.trace import Op, OpKind, Trace, Unit
 
     chip = get_chip("v5e")

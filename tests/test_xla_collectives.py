@@ -72,7 +72,7 @@ def test_backward_matmuls_split_into_input_and_weight_gradients():
     assert ar.id in nrm.deps and dw.id < nrm.id
     # Replayed, the all-reduce is in flight while the dW matmul runs.
     from sim.chips import get_chip
-    from sim.engine import replay
+    from sim.engine.replay import replay
     from topologies.slices import resolve_topology
 
     chip = get_chip("v5e")
@@ -148,7 +148,7 @@ def test_per_matrix_cross_slice_all_reduces_pay_the_dcn_message_overhead_one_aft
     # sends one: 7 more per layer, 2 x 7 x 2 o over the two layers (the transfers themselves
     # are 0.1 ms or less).
     from sim.chips import get_chip
-    from sim.engine import replay
+    from sim.engine.replay import replay
     from topologies.slices import resolve_topology
 
     o = 20e-3
@@ -189,7 +189,7 @@ def test_fsdp_grad_all_reduce_exposes_the_top_layers_reduction():
     # its own collective time (each all-reduce alone, concurrent on the same links: their
     # drain times add up, minus the overlap of their hop latencies).
     from sim.chips import get_chip
-    from sim.engine import collective_groups, cost_collective, replay
+    from sim.engine.replay import collective_groups, cost_collective, replay
     from topologies.slices import resolve_topology
 
     chip = get_chip("v6e")
@@ -209,7 +209,7 @@ def test_fsdp_grad_all_reduce_exposes_the_top_layers_reduction():
 @pytest.mark.parametrize("algorithm", ["ring", "direct"])
 def test_each_dcn_message_costs_its_overhead_once_per_step(algorithm):
     from sim.chips import get_chip
-    from sim.engine import collective_groups, cost_collective
+    from sim.engine.replay import collective_groups, cost_collective
     from topologies.slices import resolve_topology
     from workloads.trace import Op, OpKind, Trace
 

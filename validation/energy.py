@@ -33,7 +33,7 @@ def _roofline_flop_per_j(name: str) -> float:
     efficiencies 1): the workload the ratios are applied at."""
     from sim.chips import get_chip
     from sim.energy import CHIP_UNITS, step_energy
-    from sim.executors import simulate_step
+    from sim.engine.executors import simulate_step
     from topologies.mesh import parse_mesh
     from topologies.slices import resolve_topology
     from workloads.trace import Op, OpKind, Trace, Unit

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from sim.chips import get_chip
-from sim.engine import collective_groups, replay
+from sim.engine.replay import collective_groups, replay
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology
 from validation import xla_compile

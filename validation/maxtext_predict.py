@@ -12,7 +12,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from sim.chips import get_chip
-from sim.engine import replay
+from sim.engine.replay import replay
 from sim.hardware import ChipSpec
 from topologies.mesh import parse_mesh
 from validation.maxtext_runs import (

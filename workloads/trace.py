@@ -421,7 +421,7 @@ def _check_meta(meta: dict, source: str) -> None:
             and isinstance(e[2], (int, float)) and not isinstance(e[2], bool)
             and math.isfinite(e[2]) and abs(e[2]) <= _NUM_MAX_DEFAULT for e in ev)):
         # The engine reads each event as (op id, category, bytes); anything else used to be an
-        # internal TypeError in sim/engine.py.
+        # internal TypeError in sim/engine/replay.py.
         raise TpusimError(
             f"{source}: meta field 'memory_events' must be a list of [op id, category, bytes] "
             f"with bytes in {interval_text(-_NUM_MAX_DEFAULT, _NUM_MAX_DEFAULT)} (got "
@@ -432,7 +432,7 @@ def _check_meta(meta: dict, source: str) -> None:
         from workloads.memory import MEMORY_CATEGORIES
 
         # The engine adds each part to its category's level (an int or an unknown category
-        # here was an internal AttributeError / KeyError in sim/engine.py).
+        # here was an internal AttributeError / KeyError in sim/engine/replay.py).
         if not isinstance(sc, dict) or not all(
                 k in MEMORY_CATEGORIES and isinstance(x, (int, float))
                 and not isinstance(x, bool) and math.isfinite(x) and 0 <= x <= _NUM_MAX_DEFAULT

@@ -15,7 +15,7 @@ from sim.collectives.full_detail import full_hbm_bytes, split_by_group
 from sim.collectives.result import CollectiveResult, collective_result, step_link_loads
 from sim.collectives.routing import check_full_size, full_batch
 from sim.collectives.streams import latency_path_s, launch_streams
-from sim.network import FluidNetwork
+from sim.engine.network import FluidNetwork
 from topologies.groups import GroupAxis
 from topologies.torus import Topology
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.collectives.algorithms import Schedule, Step
+from sim.engine.network import Batch
 from sim.hardware import ChipSpec
-from sim.network import Batch
 from topologies.errors import TpusimError
 from topologies.groups import (
     DCN_IN_CLASS,

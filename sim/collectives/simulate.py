@@ -67,8 +67,8 @@ from sim.collectives.routing import (
     symmetric_batch,
 )
 from sim.collectives.streams import is_reduce_scatter, latency_path_s, launch_streams
+from sim.engine.network import FluidNetwork
 from sim.hardware import ChipSpec
-from sim.network import FluidNetwork
 from topologies.errors import Said, TpusimError
 from topologies.groups import DetourRouter, GroupAxis, GroupGeometry, group_axes
 from topologies.scenario import Scenario

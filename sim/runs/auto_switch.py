@@ -6,8 +6,8 @@ changes what the links are (`set` overrides of the chip's link numbers: ICI band
 latency, DCN) can make it pick another algorithm for some collectives, one faster alone but
 slower inside the step (more bytes through HBM or on links that compute and other collectives
 share). Slow and dead links never switch a step's algorithm (the compiler picks for the healthy
-pod: `sim.perchip` keeps `auto`'s healthy choice), nor do overrides the collectives do not read
-(`LINK_FIELDS`).
+pod: `sim.engine.perchip` keeps `auto`'s healthy choice), nor do overrides the collectives do
+not read (`LINK_FIELDS`).
 
 `auto_switch_report` finds the collectives whose pick on the what-if's chip differs from the pick
 on the chip without the overrides (the unperturbed pod), and only then simulates the step once
@@ -24,7 +24,12 @@ from typing import Any
 
 from sim.collectives.auto import HeldAlgorithms, picked_algorithm
 from sim.collectives.routing import link_numbers
-from sim.engine import collective_groups, cost_collective, op_group_axes, padded_collective_bytes
+from sim.engine.replay import (
+    collective_groups,
+    cost_collective,
+    op_group_axes,
+    padded_collective_bytes,
+)
 from sim.hardware import ChipSpec
 from topologies.torus import Topology
 from workloads.trace import OpKind, Trace

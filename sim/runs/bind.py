@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.chips import load_chip
-from sim.executors import simulate_step as run_step
+from sim.engine.executors import simulate_step as run_step
+from sim.engine.perchip import PerChipConfig
 from sim.hardware import ChipSpec
 from sim.overrides import Overrides
-from sim.perchip import PerChipConfig
 from sim.runs.requests import Request
 from sim.runs.result import describe_chip, describe_topology, tpusim_version
 from topologies.errors import TpusimError

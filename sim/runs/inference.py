@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from sim.executors import Executor
-from sim.executors import simulate_step as run_step
+from sim.engine.executors import Executor
+from sim.engine.executors import simulate_step as run_step
 from sim.runs.bind import (
     algorithm_of,
     base_inputs,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.energy import energy_summary, step_energy
-from sim.pipeline import check_schedule, simulate_pipeline_chips
+from sim.engine.pipeline import check_schedule, simulate_pipeline_chips
 from sim.runs.auto_switch import auto_switch_report
 from sim.runs.bind import (
     algorithm_of,
@@ -188,7 +188,7 @@ def run_train(req: TrainRequest) -> Run:
     def simulate(c):
         if trace.mesh.size("pipeline") > 1:
             # Every stage's chips run the schedule's passes on the per-chip engine
-            # (sim/pipeline.py), with the request's perturbations; the bubble is what the
+            # (sim/engine/pipeline.py), with the request's perturbations; the bubble is what the
             # schedule produces.
             r, piped["pipe"] = simulate_pipeline_chips(
                 model, trace.mesh, c, topo, cfg, base=_pipeline_base(req, trace, topo),

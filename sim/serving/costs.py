@@ -10,12 +10,12 @@ full attention; a sliding-window layer, whose cache stops growing at its window,
 the mean too). The batch is padded to a multiple of the data x expert (x fsdp) shards, as the
 decode program pads it.
 
-`StepModel` runs the engine (`workloads/inference/` compiled, replayed by `sim.executors` with
-the replica's perturbations): the oracle, memoised per distinct composition. `IterationCosts` is
-built from it once per replica configuration: exact at the points of a grid over batch x
-context (decode) and chunk tokens x cached tokens (prefill), bilinear between them; a test holds
-it within 1% of the engine on random compositions. With `exact=True` it asks the engine for
-every distinct composition instead (`--exact-costs`).
+`StepModel` runs the engine (`workloads/inference/` compiled, replayed by `sim.engine.executors`
+with the replica's perturbations): the oracle, memoised per distinct composition. `IterationCosts`
+is built from it once per replica configuration: exact at the points of a grid over batch x context
+(decode) and chunk tokens x cached tokens (prefill), bilinear between them; a test holds it within
+1% of the engine on random compositions. With `exact=True` it asks the engine for every distinct
+composition instead (`--exact-costs`).
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ from enum import StrEnum
 import numpy as np
 import simpy
 
-from sim.engine import run_env
+from sim.engine.replay import run_env
 from sim.serving.workload import Workload
 from topologies.progress import task
 

@@ -14,7 +14,8 @@ import dataclasses
 import math
 from collections.abc import Iterable, Mapping
 
-from sim.engine import (
+from sim.engine.pipeline import build_stage_programs, check_schedule, chunk_program, stage_order
+from sim.engine.replay import (
     _merge,
     compute_op_times,
     cost_cache_key,
@@ -22,7 +23,6 @@ from sim.engine import (
     padded_collective_bytes,
     static_hbm_bytes,
 )
-from sim.pipeline import build_stage_programs, check_schedule, chunk_program, stage_order
 from topologies.groups import axis_factor
 from topologies.mesh import LogicalMesh, place_mesh
 from workloads.memory import MEMORY_CATEGORIES
@@ -55,13 +55,13 @@ def collective_floor_s(chip, topology, kind: str, gaxes, nbytes: float) -> float
 
 def mesh_groups(axes, topology) -> dict[str, tuple]:
     """Physical group axes of every logical axis of the ICI mesh `axes`, as the engine places
-    them (`sim.engine.collective_groups`)."""
+    them (`sim.engine.replay.collective_groups`)."""
     return {name: tuple(axis_factor(topology, a, size, stride) for a, size, stride in pl.factors)
             for name, pl in place_mesh(LogicalMesh(axes=tuple(axes)), topology).items()}
 
 
 class Floors:
-    """Per-op durations no simulation can beat (sim/engine.py's costing without contention):
+    """Per-op durations no simulation can beat (sim/engine/replay.py's costing without contention):
     compute `overhead + max(flops / rate, bytes / HBM bandwidth)`, collectives their
     `collective_floor_s` on the mesh's groups, point-to-point sends one message through all of
     a chip's links with one hop of latency, host transfers bytes / PCIe, idle their length."""
@@ -123,7 +123,8 @@ def uncontended_ends(trace, chip, topology, groups) -> tuple[list[float], list[f
 
 
 def hbm_peak_lower_bound(trace, off_core: Iterable[int] = ()) -> float:
-    """An HBM peak that `sim.engine.hbm_occupancy` cannot come in under, whatever the schedule.
+    """An HBM peak that `sim.engine.replay.hbm_occupancy` cannot come in under, whatever the
+    schedule.
 
     The engine applies a trace's memory events (meta `memory_events`) at their op's end, in
     (end, op id) order, and records the level after each op. The core runs its ops (compute and
@@ -231,7 +232,7 @@ def step_lower_bound(model, axes, num_chips: int, tcfg, chip, topology,
                      cost_keys: list[tuple] | None = None) -> float:
     """A step time that `tpusim train` with this mesh (in this order, i.e. this placement) and
     these settings cannot beat: the end of the uncontended schedule (`uncontended_ends`); with
-    pipeline stages, of every stage's program as sim/pipeline.py composes it, each receive
+    pipeline stages, of every stage's program as sim/engine/pipeline.py composes it, each receive
     completing when its send does (so the bound holds the bubble). With `exact_algorithm`
     (single-program steps only), collectives take their simulated uncontended time (and
     `cost_keys`, if given, receives the cost-cache keys of those collectives)."""
@@ -268,7 +269,7 @@ def stage_schedule(sp, floors: Floors) -> Uncontended | None:
 
 def _pass_terms(tr, ids: list[int], entry_waits: bool, fwd: bool, floors: Floors,
                 overlap: bool) -> tuple[float, float, float, float]:
-    """One pass of a stage program (`sim.pipeline.build_stage_programs` copies chunk trace
+    """One pass of a stage program (`sim.engine.pipeline.build_stage_programs` copies chunk trace
     `tr`'s ops `ids` once per microbatch) as max-plus terms of its two inputs: the end G of
     the previous pass's last compute op on the stage (its gate: the core is busy until then,
     and every op of the pass that depends on no other op of the pass waits for it) and the end
@@ -328,7 +329,7 @@ def pipeline_schedule_bound(model, axes, num_chips: int, tcfg, chip, topology) -
     """A step time that `tpusim train` with pipeline stages on this mesh (in this order) cannot
     beat, from the one-microbatch chunk programs alone (no stage programs are built): each
     pass's `_pass_terms` on this placement's collective floors, composed in every stage's
-    schedule order (`sim.pipeline.stage_order`) as `step_lower_bound` composes the stage
+    schedule order (`sim.engine.pipeline.stage_order`) as `step_lower_bound` composes the stage
     programs' ops: a pass's receive ends when the previous stage's send does (its last compute
     op's end plus one message's floor), and the stage's optimizer update (the first chunk's
     optimizer ops, one after another on the core) starts after the last pass and every
@@ -366,7 +367,7 @@ def pipeline_schedule_bound(model, axes, num_chips: int, tcfg, chip, topology) -
 
     orders = [stage_order(tcfg.pipeline_schedule, p, s, m, v) for s in range(p)]
     pos = [0] * p
-    # A stage's weight cast (--gather-dtype) runs before its first pass (sim/pipeline.py).
+    # A stage's weight cast (--gather-dtype) runs before its first pass (sim/engine/pipeline.py).
     gate = [sum(floors.compute(op) for op in chunk_trace(s).ops if op.name == WEIGHT_CAST)
             for s in range(p)]
     grad = [-math.inf] * p
@@ -408,7 +409,7 @@ def pipeline_schedule_bound(model, axes, num_chips: int, tcfg, chip, topology) -
 
 
 def stage_programs(model, mesh, num_chips: int, tcfg):
-    """`sim.pipeline.build_stage_programs` (cached per worker: every placement of a group
+    """`sim.engine.pipeline.build_stage_programs` (cached per worker: every placement of a group
     shares one composition; the bounds take the collectives' groups from the placement)."""
     return build_stage_programs(model, mesh, num_chips, tcfg)
 
@@ -441,10 +442,10 @@ def core_floor_s(trace, floors: Floors) -> float:
 
 
 def stage_core_floors_s(model, mesh, num_chips: int, tcfg, floors: Floors) -> list[float]:
-    """`core_floor_s` of every pipeline stage's program as `sim.pipeline.build_stage_programs`
-    composes it, from the one-microbatch chunk programs alone: the stage's weight cast, each
-    pass of its schedule (a chunk's forward or backward ops, copied per microbatch) and its
-    first chunk's optimizer update."""
+    """`core_floor_s` of every pipeline stage's program as
+    `sim.engine.pipeline.build_stage_programs` composes it, from the one-microbatch chunk
+    programs alone: the stage's weight cast, each pass of its schedule (a chunk's forward or
+    backward ops, copied per microbatch) and its first chunk's optimizer update."""
     p, v, m = mesh.size("pipeline"), tcfg.virtual_stages, tcfg.microbatches
     sums: dict[int, dict[str, float]] = {}
 

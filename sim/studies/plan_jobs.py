@@ -12,10 +12,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sim import engine
-from sim.engine import collective_groups, seed_cost_cache, static_hbm_bytes
-from sim.executors import stop_when_hbm_exceeds
-from sim.pipeline import check_schedule, simulate_pipeline_chips
+from sim.engine import replay as engine
+from sim.engine.executors import stop_when_hbm_exceeds
+from sim.engine.pipeline import check_schedule, simulate_pipeline_chips
+from sim.engine.replay import collective_groups, seed_cost_cache, static_hbm_bytes
 from sim.runs.bind import algorithm_of, moe_config, resolve_pod, scenario_of
 from sim.runs.requests import TrainRequest
 from sim.runs.train import _pipeline_base, compile_inputs, compile_step
@@ -113,8 +113,8 @@ def pipeline_bounds(job: tuple) -> dict[str, Any]:
 def sharper_bound(job: tuple) -> dict[str, Any]:
     """The sharper lower bound of one candidate: the uncontended schedule with every collective
     at its exact simulated time alone on the pod (`step_lower_bound(exact_algorithm=...)`), and
-    those collectives' costs (`sim.engine.cost_collective`'s cache entries, to seed the worker
-    that simulates the candidate). Job: (train request, axis order[, {cost cache key:
+    those collectives' costs (`sim.engine.replay.cost_collective`'s cache entries, to seed the
+    worker that simulates the candidate). Job: (train request, axis order[, {cost cache key:
     CollectiveCost} computed by other workers, added to this process's cache first]) ->
     {"lower_bound_s": b or None, "costs": {...}}. MoE steps (per-chip expert loads scale their
     collectives) and pipelines keep the plain bound (None), as does a step the compiler
@@ -262,7 +262,7 @@ def simulate(job: tuple) -> dict[str, Any]:
     costs computed by another worker to this process's cache (the same pure function's values,
     so the result is the same). Job: (train request, {cost cache key: CollectiveCost}, HBM
     capacity or None): with a capacity, a step whose HBM level goes over it is stopped there
-    (`sim.executors.stop_when_hbm_exceeds`: it is out of memory, as `train` would find) and
+    (`sim.engine.executors.stop_when_hbm_exceeds`: it is out of memory, as `train` would find) and
     the result is {"out_of_memory": True, "hbm_level_bytes": level}. A step (a pipeline or
     one program) that may go over early (`prefix_schedule`) first runs only the ops that can
     start before a horizon: going over before it is the full run's verdict; reaching it

@@ -74,7 +74,7 @@ def compile_training_step(
 
     With a pipeline axis the meta also records the model and the settings
     (`pipeline_compile`), so that a replay of the trace file can compose the stage programs
-    the schedule runs (`sim/pipeline.py`)."""
+    the schedule runs (`sim/engine/pipeline.py`)."""
     key = (model, tuple(sorted(mesh.axes)), tuple(sorted(mesh.dcn_axes)), num_chips, config)
     hit = cache.cached(key)
     if hit is None:

@@ -120,7 +120,7 @@ class QuantScales(enum.StrEnum):
 
 
 class PipelineSchedule(enum.StrEnum):
-    """Pipeline schedules simulated by `sim/pipeline.py` (docs/model.md "Pipeline
+    """Pipeline schedules simulated by `sim/engine/pipeline.py` (docs/model.md "Pipeline
     schedules")."""
 
     GPIPE = "gpipe"

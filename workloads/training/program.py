@@ -115,7 +115,7 @@ class ProgramBuilder:
     head_on = True
     sends_on = True
     # The weight cast (--gather-dtype) runs before the first forward of a whole step. A
-    # pipeline chunk's forward is copied per microbatch and chunk (sim/pipeline.py), while a
+    # pipeline chunk's forward is copied per microbatch and chunk (sim/engine/pipeline.py), while a
     # stage casts its weights once per step: the chunk holds it after its update instead.
     cast_per_pass = True
 

@@ -590,7 +590,7 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
         if self.wc != self.wb and not self.cast_per_pass:
             # A pipeline chunk's cast, last and alone (so its passes hold none): the stage
             # composition, the pass-level schedule and the plan's bound run it once, before
-            # the stage's first pass (sim/pipeline.py).
+            # the stage's first pass (sim/engine/pipeline.py).
             self.vpu(WEIGHT_CAST, st.p_cast, st.p_cast * (self.wb + self.wc), [upd], -1,
                      "optimizer")
         # Parameters and optimizer state are the program's (donated) arguments, resident for the

@@ -1,5 +1,5 @@
-"""The per-chip step before it runs, shared by its two executors (`sim.chip_engine`: chip
-classes as SimPy actors; `sim.vector_engine`: vector classes): what differs between chips
+"""The per-chip step before it runs, shared by its two executors (`sim.engine.class_engine`: chip
+classes as SimPy actors; `sim.engine.vector_engine`: vector classes): what differs between chips
 (`PerChipConfig`), every collective's group geometry and cost per group (degraded links priced
 link by link), point-to-point sends' routes, and the partition of the chips into equivalence
 classes (`chip_classes`); plus the helpers both executors' results are built with (per-link
@@ -8,7 +8,7 @@ bytes, critical-path links, rendezvous waits, the HBM watch's types).
 A chip class is a set of chips whose whole step is identical: the partition starts from what a
 chip *is* (speed, program, per-op work scales, the cost of each of its groups and sends) and is
 refined to a fixed point by the classes present in each of its replica groups (and its
-point-to-point peers). `sim.executors` chooses the executor from the result.
+point-to-point peers). `sim.engine.executors` chooses the executor from the result.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 
 from sim.collectives.routing import LinkModel, link_model, send_batch
 from sim.collectives.simulate import collective_link_loads
-from sim.engine import (
+from sim.engine.replay import (
     CollectiveCost,
     CollectiveLabels,
     class_capacity,
@@ -83,13 +83,13 @@ class PerChipConfig:
             (`simulate_collective`'s rerouting, every group at once).
         mode: `auto` (equivalence classes) or `per-chip` (brute force, one actor per chip).
         p2p: point-to-point transfers between the chips' programs (`PointToPoint`).
-        vector: in `auto` mode, True runs the classes as vector classes (`sim.vector_engine`),
-            False as one SimPy actor each; None (default) picks vectors from VECTOR_MIN_CLASSES
-            classes per program on, or when the classes would replay more than MAX_CLASS_OPS
-            ops. Vectors take several programs (pipeline stages) and `p2p` sends when every
-            replica group lies within one program and sends go to chips of another program.
-        vector_rows: how vector classes keep collective candidate rows (`keep`; `check`
-            compares each kept row with a fresh one, `recompute` keeps none: for tests).
+        vector: in `auto` mode, True runs the classes as vector classes
+        (`sim.engine.vector_engine`), False as one SimPy actor each; None (default) picks vectors
+        from VECTOR_MIN_CLASSES classes per program on, or when the classes would replay more than
+        MAX_CLASS_OPS ops. Vectors take several programs (pipeline stages) and `p2p` sends when
+        every replica group lies within one program and sends go to chips of another program.
+        vector_rows: how vector classes keep collective candidate rows (`keep`; `check` compares
+        each kept row with a fresh one, `recompute` keeps none: for tests).
     """
 
     speed: np.ndarray | None = None
@@ -133,7 +133,7 @@ class HbmWatch:
              prefix: tuple[tuple[frozenset[int], ...], float] | None = None) -> HbmWatch:
         """A watch for one run: stop it as soon as a chip's HBM level is over
         `capacity_bytes`; `prefix=(op ids per program, horizon s)` runs only those ops
-        (`sim.executors.stop_when_hbm_exceeds` says what the caller guarantees)."""
+        (`sim.engine.executors.stop_when_hbm_exceeds` says what the caller guarantees)."""
         watch = cls(capacity_bytes=float(capacity_bytes))
         if prefix is not None:
             watch.prefix_ops = tuple(frozenset(ids) for ids in prefix[0])
@@ -521,7 +521,7 @@ def common_parts(topology, coll_axes, coll_cost, lm, slow, dead, link_bytes) -> 
 def vectors_apply(p2p, prog_of, used_programs, op_geom, geoms) -> bool:
     """Whether vector classes can run the step: one program without sends, or several (a
     pipeline's stages) whose replica groups each lie within one program and whose sends go to
-    chips of another program (`sim.vector_engine` keys rendezvous by program and op id)."""
+    chips of another program (`sim.engine.vector_engine` keys rendezvous by program and op id)."""
     if len(used_programs) == 1 and p2p is None:
         return True
     for ga in set(op_geom.values()):

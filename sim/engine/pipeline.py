@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from sim.engine import MEMORY_CATEGORIES, _merge, collective_groups, hbm_occupancy
-from sim.executors import simulate_chips
+from sim.engine.executors import simulate_chips
+from sim.engine.perchip import PerChipConfig, PointToPoint
+from sim.engine.replay import MEMORY_CATEGORIES, _merge, collective_groups, hbm_occupancy
 from sim.hardware import ChipSpec
-from sim.perchip import PerChipConfig, PointToPoint
 from topologies.errors import TpusimError
 from topologies.groups import GroupGeometry
 from topologies.torus import Topology

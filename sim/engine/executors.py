@@ -8,9 +8,9 @@ differ in how many chips they follow:
 
 * `representative` (`sim.engine.replay`): one chip stands for every chip (SPMD symmetry);
   exact on a healthy pod, no per-chip table.
-* `class` (`sim.chip_engine.run_classes`): chips whose whole step is identical form a class
-  (`sim.perchip.prepare_step`), each class one set of SimPy actors. The reference model.
-* `vector` (`sim.vector_engine.run_vectors`): the same classes advanced as numpy vectors over
+* `class` (`sim.engine.class_engine.run_classes`): chips whose whole step is identical form a class
+  (`sim.engine.perchip.prepare_step`), each class one set of SimPy actors. The reference model.
+* `vector` (`sim.engine.vector_engine.run_vectors`): the same classes advanced as numpy vectors over
   their chips by one heap of events; the fast path where many classes share a program.
 * `per-chip`: the class executor with one class per chip, every chip's links its own (the
   brute-force oracle the tests compare the others with).
@@ -28,17 +28,17 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from enum import StrEnum
 
-from sim.chip_engine import run_classes
-from sim.engine import StepResult, replay
-from sim.hardware import ChipSpec
-from sim.perchip import (
+from sim.engine.class_engine import run_classes
+from sim.engine.perchip import (
     HbmPrefixEnded,
     HbmWatch,
     PerChipConfig,
     PreparedStep,
     prepare_step,
 )
-from sim.vector_engine import run_vectors
+from sim.engine.replay import StepResult, replay
+from sim.engine.vector_engine import run_vectors
+from sim.hardware import ChipSpec
 from topologies.errors import TpusimError
 from topologies.torus import Topology
 from workloads.trace import Trace
@@ -89,7 +89,7 @@ def choose_executor(requested: Executor | str = Executor.AUTO, *,
 
     Vectors apply to one program without sends, or to several (a pipeline's stages) whose
     replica groups each lie within one program and whose sends go to chips of another program
-    (`sim.perchip.vectors_apply`); elsewhere a vector request runs SimPy classes."""
+    (`sim.engine.perchip.vectors_apply`); elsewhere a vector request runs SimPy classes."""
     requested = Executor(requested)
     if requested == Executor.REPRESENTATIVE or prepared is None:
         return requested
@@ -121,7 +121,7 @@ def simulate_chips(
     overlap: bool | None = None,
     hbm_watch: HbmWatch | None = None,
 ) -> StepResult:
-    """Replay `trace` on every chip of `topology` (`sim.perchip` prepares the step, the table
+    """Replay `trace` on every chip of `topology` (`sim.engine.perchip` prepares the step, the table
     of `choose_executor` picks the class or the vector executor).
 
     Returns the `StepResult` of the chip that finishes last (ops, units, links, memory,
@@ -187,7 +187,7 @@ def stop_when_hbm_exceeds(capacity_bytes: float,
     """Within the block, `simulate_chips` stops a step as soon as a chip's HBM level is over
     `capacity_bytes` (a relative 1e-9 over, for summation order) and raises `HbmOverCapacity`
     (the yielded `HbmWatch` says so): the step is out of memory whatever happens later, and
-    `plan` does not need its time. The level is `sim.engine.hbm_occupancy`'s: memory events
+    `plan` does not need its time. The level is `sim.engine.replay.hbm_occupancy`'s: memory events
     applied at their op's end, checked when simulated time moves on (every op that ended at
     that instant applied), which is the level of a row of the step's memory table, so never
     above its peak. Only where every chip class is the one class of its program (a healthy

@@ -30,8 +30,8 @@ import simpy
 
 from sim.collectives.routing import link_model, link_numbers
 from sim.collectives.simulate import simulate_collective
+from sim.engine.network import Batch, SmallFluidNetwork
 from sim.hardware import ChipSpec
-from sim.network import Batch, SmallFluidNetwork
 from topologies.errors import TpusimError
 from topologies.groups import (
     CLASS_NAMES,
@@ -112,7 +112,7 @@ class CollectiveLabels:
 
 @dataclass(frozen=True, kw_only=True)
 class ChipClasses:
-    """The per-chip engine's chip classes (`sim.perchip.chip_classes`).
+    """The per-chip engine's chip classes (`sim.engine.perchip.chip_classes`).
 
     Attributes:
         of_chip: every chip's class.
@@ -163,7 +163,7 @@ class StepResult:
     memory_rows: list[tuple] = field(default_factory=list, repr=False)
     pod: Topology | None = field(default=None, repr=False)
     collectives: CollectiveLabels = field(default_factory=CollectiveLabels, repr=False)
-    # Per-chip engine (`sim.executors.simulate_chips`); the representative replay leaves the
+    # Per-chip engine (`sim.engine.executors.simulate_chips`); the representative replay leaves the
     # defaults (one class, every chip like chip 0).
     num_chip_classes: int = 1
     slowest_chip: str = ""

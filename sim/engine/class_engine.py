@@ -1,7 +1,7 @@
 """The class executor of the per-chip step: every chip of the pod replays the step, so a slow
 chip, a slow link or chip-to-chip speed variation shows where (and through which chips and links)
-it delays the step. Each chip class (`sim.perchip.prepare_step`) is one set of SimPy actors: the
-reference model the vector executor (`sim.vector_engine`) is tested against.
+it delays the step. Each chip class (`sim.engine.perchip.prepare_step`) is one set of SimPy
+actors: the reference model the vector executor (`sim.engine.vector_engine`) is tested against.
 
 Model (docs/model.md, "Per-chip engine"):
 
@@ -41,17 +41,8 @@ from __future__ import annotations
 import numpy as np
 import simpy
 
-from sim.engine import (
-    ChipClasses,
-    ClassProgram,
-    CollectiveCost,
-    StepResult,
-    _summarize,
-    run_env,
-    static_hbm_bytes,
-)
-from sim.network import Batch, SmallFluidNetwork
-from sim.perchip import (
+from sim.engine.network import Batch, SmallFluidNetwork
+from sim.engine.perchip import (
     HbmOverCapacity,
     HbmPrefixEnded,
     HbmWatch,
@@ -66,6 +57,15 @@ from sim.perchip import (
     scaled_cost,
     two_sends_error,
     wait_wall_time,
+)
+from sim.engine.replay import (
+    ChipClasses,
+    ClassProgram,
+    CollectiveCost,
+    StepResult,
+    _summarize,
+    run_env,
+    static_hbm_bytes,
 )
 from topologies.errors import TpusimError
 from topologies.groups import NUM_CLASSES

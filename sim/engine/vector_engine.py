@@ -4,9 +4,9 @@
 Chips that run the same program with the same op scales and the same collective costs, and that
 differ only in speed, form a *vector class*: its state is advanced as a whole, with every time an
 array over its chips (numpy), as long as every chip of the vector sees the same sequence of
-events. The model is exactly `sim.chip_engine`'s (each chip: a core replaying compute ops in
+events. The model is exactly `sim.engine.class_engine`'s (each chip: a core replaying compute ops in
 order; its HBM and outgoing link classes as fluid resources shared by collective DMA, with
-`sim.network.FluidNetwork`'s arithmetic, while compute streams HBM at its own pace; a
+`sim.engine.network.FluidNetwork`'s arithmetic, while compute streams HBM at its own pace; a
 collective starts when its whole replica group has arrived and ends when its last member has
 drained):
 
@@ -52,8 +52,7 @@ import math
 
 import numpy as np
 
-from sim.engine import ChipClasses, ClassProgram, StepResult, _summarize
-from sim.perchip import (
+from sim.engine.perchip import (
     PreparedStep,
     add_path_links,
     coll_labels,
@@ -67,6 +66,7 @@ from sim.perchip import (
     two_sends_error,
     wait_wall_time,
 )
+from sim.engine.replay import ChipClasses, ClassProgram, StepResult, _summarize
 from topologies.errors import TpusimError
 from topologies.groups import NUM_CLASSES
 from topologies.progress import task
@@ -1091,7 +1091,7 @@ def _p2p_pairs(p2p, programs, prog_of, used, chips_of, base, topology):
 
 def run_vectors(prep: PreparedStep) -> StepResult:
     """The per-chip engine's result computed with vector classes (see the module docstring);
-    the same fields as `sim.chip_engine.run_classes`'s."""
+    the same fields as `sim.engine.class_engine.run_classes`'s."""
     cfg = prep.config
     programs, prog_of, speed, op_scale = prep.programs, prep.prog_of, prep.speed, cfg.op_scale
     chip, topology, overlap = prep.chip, prep.topology, prep.overlap
@@ -1327,7 +1327,7 @@ def _dur_bound(K: _Kind, chip, s: float, rates0) -> tuple[np.ndarray, list[str]]
 
 def _critical_path_chips(run, last, topology, slow, dead, label, count, kinds, kind_of, op_key,
                          group_cost, rank, recv_from) -> list[dict]:
-    """`sim.chip_engine._critical_path` on chips: each op's start was set by its latest
+    """`sim.engine.class_engine._critical_path` on chips: each op's start was set by its latest
     dependency (or the core op before it), a collective's start by the member that arrived last
     and its end by the member that drained last, a receive's end by its send (on the sender)."""
     members: dict[int, tuple[np.ndarray, np.ndarray]] = {}
