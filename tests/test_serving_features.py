@@ -280,3 +280,29 @@ def test_cli_errors_spell_the_new_settings_as_flags(capsys, extra, want):
                  "--output-tokens", "fixed:2", *extra])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith(want) and err.count("\n") == 1
+
+
+def test_a_serving_rate_sweep_draws_its_knee_with_saturated_points_off_the_lines(tmp_path):
+    # A 2-layer model on one 2x2 v5e replica: 20/s and 200/s are served; a burst of 400
+    # requests at 10^6/s is past what it serves (more than 4 batches left waiting when the last
+    # arrives: saturated).
+    import sim
+    from sim.studies.plots import KNEE_FILE, knee_lines
+    from sim.studies.spec import load_study
+
+    study = {"command": "serve",
+             "base": {"model": "llama3-8b", "chip": "v5e", "shape": "2x2", "mesh": "tensor=4",
+                      "requests": 400, "prompt-tokens": "fixed:128", "output-tokens": "fixed:8",
+                      "set.model.num_layers": 2},
+             "grid": {"rate": [20, 200, 1000000], "max-batch": [4, 16]},
+             "metrics": ["ttft_s.p99", "tpot_s.p99", "throughput_tokens_per_s"]}
+    df = sim.sweep(study, out=tmp_path / "o", quiet=True)
+    assert (tmp_path / "o" / KNEE_FILE).stat().st_size > 0
+    lines = knee_lines(load_study(study), df)
+    assert [label for label, *_ in lines] == ["max-batch=4", "max-batch=16"]
+    for _label, points, line, sat in lines:
+        assert list(points["rate"]) == [20, 200, 1000000]
+        assert list(sat["rate"]) == [1000000] and 1000000 not in list(line["rate"])
+        assert not line["saturated"].any() and sat["saturated"].all()
+    # A serving study that does not vary the rate draws no knee.
+    assert knee_lines(load_study({**study, "grid": {"max-batch": [4, 16]}}), df) == []

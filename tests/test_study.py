@@ -64,6 +64,7 @@ def _no_wall(df: pd.DataFrame) -> pd.DataFrame:
     ({"grid": {"seq-len": []}}, "study grid.seq-len is an empty list"),
     ({"grid": {"bogus-flag": [1, 2]}}, "'bogus-flag' is not a flag of `tpusim train`"),
     ({"grid": {"out": ["a"]}}, "is an output flag"),
+    ({"grid": {"set": [["ici_link_bytes_per_s=x2"]]}}, "give each override as its own key"),
     ({"grid": {"seq-len": 1024}}, "must be a list of values"),
     ({"zip": {"mesh": ["fsdp=4"], "remat": ["full", "none"]}}, "zip lists must have the same"),
     ({"command": "serve-sweep"}, "cannot be swept"),

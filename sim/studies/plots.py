@@ -30,8 +30,9 @@ def plot_study(study: StudySpec, df, out_dir: str | Path, *, allow_oom: bool = F
     """One PNG per `plot` entry: y against x, a line per hue value (and per value of every other
     varied key, so that no line mixes points); failed points are left out, points that do not
     fit in HBM are hollow grey markers off the lines (`allow_oom`: drawn like the others)."""
+    knee = plot_serving_knee(study, df, out_dir)
     if not study.plots:
-        return []
+        return knee
     plt = _fig()  # matplotlib, loaded on the first plot
     ran = df[df[ERROR_COLUMN].isna()]
     if STATUS_COLUMN in ran.columns and not allow_oom:
@@ -77,7 +78,70 @@ def plot_study(study: StudySpec, df, out_dir: str | Path, *, allow_oom: bool = F
         path = Path(out_dir) / f"plot_{_safe(y)}_vs_{_safe(x)}.png"
         paths.append(atomic_write(path, lambda q, fig=fig: fig.savefig(q, dpi=110, format="png")))
         plt.close(fig)
-    return paths
+    return knee + paths
+
+
+# A serving sweep over `rate` draws its knee: tail latency against the throughput delivered.
+KNEE_FILE = "latency_throughput.png"
+_KNEE_Y = (("ttft_s.p99", "p99 TTFT (s)"), ("tpot_s.p99", "p99 TPOT (s)"))
+_KNEE_X = "throughput_tokens_per_s"
+
+
+def knee_lines(study: StudySpec, df) -> list[tuple[str | None, Any, Any, Any]]:
+    """The knee plot's lines: (label, its points by rate, those not saturated (the line),
+    the saturated ones) per value of the varied keys other than `rate`; empty when the study
+    is no serving rate sweep."""
+    if study.command != "serve" or "rate" not in study.varied:
+        return []
+    ran = df[df[ERROR_COLUMN].isna()]
+    if not len(ran) or any(c not in ran.columns for c in (_KNEE_X, "saturated",
+                                                         *(y for y, _ in _KNEE_Y))):
+        return []
+    others = [k for k in study.varied if k != "rate"]
+    keyed = ran.groupby(others, sort=False, dropna=False) if others else [((), ran)]
+    out = []
+    for key, g in keyed:
+        key = key if isinstance(key, tuple) else (key,)
+        label = ", ".join(f"{k}={v}" for k, v in zip(others, key, strict=True)) or None
+        g = g.sort_values("rate")
+        sat = g["saturated"].astype(bool)
+        out.append((label, g, g[~sat], g[sat]))
+    return out
+
+
+def plot_serving_knee(study: StudySpec, df, out_dir: str | Path) -> list[Path]:
+    """`latency_throughput.png` of a `serve` study that varies `rate`: p99 TTFT and p99 TPOT
+    against output tokens per second, a line per value of the other varied keys, each point
+    labelled with its rate; saturated points (the queue grows without bound) are hollow red
+    markers, left out of the lines. Nothing for other studies."""
+    lines = knee_lines(study, df)
+    if not lines:
+        return []
+    plt = _fig()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for label, g, ok, sat in lines:
+        for ax, (y, _name) in zip(axes, _KNEE_Y, strict=True):
+            line = ax.plot(ok[_KNEE_X], ok[y], marker="o", label=label)[0]
+            if len(sat):
+                ax.scatter(sat[_KNEE_X], sat[y], facecolors="none", edgecolors="#c44e52",
+                           linewidths=1.2, zorder=3)
+            for x, v, r in zip(g[_KNEE_X], g[y], g["rate"], strict=True):
+                ax.annotate(f"{r:g}/s", (x, v), textcoords="offset points", xytext=(3, 3),
+                            fontsize=6, color=line.get_color())
+    for ax, (_y, name) in zip(axes, _KNEE_Y, strict=True):
+        ax.set_xlabel("output tokens/s")
+        ax.set_ylabel(name)
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    if lines[0][0] is not None:
+        axes[0].legend(fontsize=7)
+    fig.suptitle("tpusim serve: tail latency against throughput across rates "
+                 "(hollow red: saturated)", fontsize=9)
+    fig.tight_layout()
+    path = Path(out_dir) / KNEE_FILE
+    out = atomic_write(path, lambda q: fig.savefig(q, dpi=110, format="png"))
+    plt.close(fig)
+    return [out]
 
 
 def _ordered_values(study: StudySpec, key: str) -> list[Any]:
@@ -184,4 +248,5 @@ def _pareto(points: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
 
 
 __all__ = ["UNFIT_LABEL", "UNFIT_STYLE", "cost_time_frontier", "plot_cost_frontier",
-           "plot_frontier", "plot_study"]
+           "knee_lines", "plot_frontier", "plot_serving_knee",
+           "plot_study"]

@@ -103,6 +103,10 @@ def _check_key(key: str, where: str, command: str, actions: dict[str, Any]) -> N
                 f"of tpusim does not have; vary a flag of the command instead"
             )
         return
+    if key == "set":
+        raise TpusimError(
+            f"study {where} key 'set' takes no list: give each override as its own key "
+            f"set.FIELD (e.g. set.ici_link_bytes_per_s: x2, set.model.num_layers: 2)")
     if key in _OUTPUT_FLAGS:
         raise TpusimError(
             f"study {where} key {short_repr(key)} is an output flag; a sweep prints and writes "
