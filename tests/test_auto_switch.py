@@ -89,3 +89,31 @@ def test_held_algorithms_pin_the_named_collective_and_leave_the_rest_to_auto():
     other = simulate_collective(chip=chip, topology=topo, op="all-gather", axes=gaxes,
                                 nbytes=2 << 20, algorithm=held)
     assert other.algorithm.startswith("auto (")
+
+
+@pytest.mark.parametrize("command, kw", [("decode", {"batch": 8, "context_len": 64}),
+                                         ("prefill", {"batch": 2, "prompt_len": 64})])
+def test_decode_and_prefill_report_an_auto_switch_as_train_does(monkeypatch, command, kw):
+    # The wiring: each inference step asks the same report with its own trace, chip, the chip
+    # without the overrides and its step time, and prints the section's note.
+    import sim.runs.inference as inference
+
+    seen = []
+
+    def report(trace, chip, base_chip, topology, step_time_s, simulate_held):
+        seen.append((trace.meta["kind"], chip.ici_hop_latency_s, base_chip.ici_hop_latency_s,
+                     step_time_s, simulate_held(HeldAlgorithms(())) == step_time_s))
+        return {"note": "auto switched (stand-in)", "held_step_time_s": 0.0, "switches": []}
+
+    monkeypatch.setattr(inference, "auto_switch_report", report)
+    r = getattr(sim, command)(chip="v5e", shape="2x2", model=model_from_dict(TINY),
+                              mesh="tensor=4", set={"ici_hop_latency_s": "x3"}, **kw)
+    base_latency = get_chip("v5e").ici_hop_latency_s
+    step = r.summary["step_time_s" if command == "decode" else "time_s"]
+    assert seen == [(command, 3 * base_latency, base_latency, step, True)]
+    assert r.summary["auto_switch"]["note"] == "auto switched (stand-in)"
+    # A fixed algorithm has nothing to switch: no report asked.
+    seen.clear()
+    getattr(sim, command)(chip="v5e", shape="2x2", model=model_from_dict(TINY), mesh="tensor=4",
+                          algorithm="multi-axis", **kw)
+    assert seen == []

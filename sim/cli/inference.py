@@ -90,6 +90,8 @@ def cmd_decode(args: argparse.Namespace) -> int:
     for k, v in s["breakdown"].items():
         share = v / s["step_time_s"] if s["step_time_s"] else 0.0
         print(f"    {breakdown_label(k):<22} {v * 1e3:10.3f} ms  {share:6.1%}")
+    if "auto_switch" in s:  # a what-if whose algorithm switch slows the step
+        print(f"  note: {s['auto_switch']['note']}")
     cli.print_failures(s)
     cli.print_energy(s)
     print_notes(args, notes)
@@ -120,6 +122,8 @@ def cmd_prefill(args: argparse.Namespace) -> int:
     for k, v in s["breakdown"].items():
         share = v / t if t else 0.0
         print(f"    {breakdown_label(k):<22} {v * 1e3:10.3f} ms  {share:6.1%}")
+    if "auto_switch" in s:  # a what-if whose algorithm switch slows the step
+        print(f"  note: {s['auto_switch']['note']}")
     cli.print_failures(s)
     cli.print_energy(s)
     print_notes(args, notes)

@@ -8,6 +8,7 @@ from typing import Any
 
 from sim.engine.executors import Executor
 from sim.engine.executors import simulate_step as run_step
+from sim.runs.auto_switch import auto_switch_report
 from sim.runs.bind import (
     algorithm_of,
     base_inputs,
@@ -121,6 +122,19 @@ def decode_summary(trace, result, max_batch: int) -> dict[str, Any]:
     }
 
 
+def _note_auto_switch(summary: dict, req, trace, chip, pod, step_time_s: float) -> None:
+    """`auto_switch` in `summary` where a what-if on the chip's links made auto pick other
+    algorithms and that is what slows the step (sim/runs/auto_switch.py), as `train` does."""
+    if algorithm_of(req) != "auto":
+        return
+    topo = pod.topology
+    switch = auto_switch_report(
+        trace, chip, pod.base_chip, topo, step_time_s,
+        lambda held: simulate_step(req, trace, chip, topo, algorithm=held).step_time_s)
+    if switch is not None:
+        summary["auto_switch"] = switch
+
+
 @reports_failures
 def run_decode(req: DecodeRequest) -> Run:
     """One decode step: a `Run` with the summary, inputs, StepResult and trace."""
@@ -133,7 +147,9 @@ def run_decode(req: DecodeRequest) -> Run:
         req.power_cap, chip, lambda c: simulate_step(req, trace, c, topo),
         step_energy_of(trace, topo, trace.meta["batch"]))
     max_b = max_batch_that_fits(model, mesh, topo.num_chips, cfg, chip.hbm_bytes)
-    summary = with_energy(decode_summary(trace, result, max_b), energy, cap)
+    summary = decode_summary(trace, result, max_b)
+    _note_auto_switch(summary, req, trace, chip, pod, result.step_time_s)
+    summary = with_energy(summary, energy, cap)
     return Run(command="decode", summary=summary,
                inputs=_inputs(req, pod, base_model, model, [mesh], cfg), result=result,
                trace=trace, energy_detail=energy)
@@ -165,6 +181,7 @@ def run_prefill(req: PrefillRequest) -> Run:
         **per_chip_summary(result),
         **({"moe": meta["moe"]} if "moe" in meta else {}),
     }
+    _note_auto_switch(s, req, trace, chip, pod, t)
     with_energy(s, energy, cap)
     return Run(command="prefill", summary=s,
                inputs=_inputs(req, pod, base_model, model, [mesh], cfg), result=result,
