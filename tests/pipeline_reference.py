@@ -6,8 +6,9 @@ healthy pod with one hop between stages the two agree to 1e-9 (tests/test_pipeli
 
 from __future__ import annotations
 
+from sim.engine.costs import _merge, collective_groups, cost_collective
 from sim.engine.pipeline import PipelineResult, check_schedule, chunk_program, stage_order
-from sim.engine.replay import _merge, collective_groups, cost_collective, replay
+from sim.engine.replay import replay
 from sim.hardware import ChipSpec
 from topologies.errors import TpusimError
 from topologies.torus import Topology

@@ -1133,7 +1133,7 @@ def test_a_collective_cost_depends_on_the_chip_only_through_its_link_fields():
     import dataclasses
 
     from sim.collectives.routing import LINK_FIELDS
-    from sim.engine.replay import _cost_collective, cost_cache_key
+    from sim.engine.costs import _cost_collective, cost_cache_key
     from topologies.groups import group_axes
 
     chip = get_chip("v5p")

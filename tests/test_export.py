@@ -18,7 +18,8 @@ from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket, Track
 
 from sim.chips import get_chip
 from sim.cli import main
-from sim.engine.replay import StepResult, replay
+from sim.engine.replay import replay
+from sim.engine.result import StepResult
 from sim.export.perfetto import export_step
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology

@@ -429,7 +429,7 @@ def test_malformed_device_groups_in_a_trace_file_are_one_line_errors(v5e, topo):
 
 
 def test_pair_permute_cost_is_one_hop_plus_the_busiest_link_and_feels_a_slow_link(v5e, topo):
-    from sim.engine.replay import cost_pairs
+    from sim.engine.costs import cost_pairs
 
     t = topo(v5e, "4x1")  # a line of 4 chips (no wraparound on v5e below 16)
     ring = [(0, 1), (1, 2), (2, 3)]

@@ -245,9 +245,9 @@ def test_skewed_all_to_alls_move_each_chips_own_volume():
     # The compiled all-to-alls carry the hottest shard's tokens; on the per-chip engine each
     # chip moves its own shard's share of them (its expert-op factor), so a colder chip's DMA
     # reads and writes that many fewer HBM bytes: closed form from the healthy collective cost.
+    from sim.engine.costs import collective_groups, cost_collective
     from sim.engine.executors import simulate_chips
     from sim.engine.perchip import PerChipConfig
-    from sim.engine.replay import collective_groups, cost_collective
     from workloads.moe import expert_op_scales
 
     chip = get_chip("v5e")

@@ -77,7 +77,7 @@ def test_a_version_2_trace_without_narrow_dim_loads_with_no_padding():
 def test_compute_op_times_are_the_flops_and_bytes_terms_replay_costs_an_op_alone():
     # compute_op_times (the per-op costs docs/validation.md compares with XLA's estimates):
     # FLOPs at the unit's rate, the MXU's with the narrow dimension's fill, and bytes at HBM.
-    from sim.engine.replay import compute_op_times
+    from sim.engine.costs import compute_op_times
 
     trace, res = _step("v6e", 128)
     chip = get_chip("v6e")

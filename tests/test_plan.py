@@ -384,7 +384,7 @@ def test_collective_floor_never_exceeds_the_simulated_collective(chip_name, shap
     # The closed form plan bounds candidates with: (N-1)/N of V through two links per axis
     # spanned, at least one hop; every simulated algorithm (ring, bidirectional, multi-axis,
     # auto) on wrapped and unwrapped axes and strided factors takes at least that long.
-    from sim.engine.replay import cost_collective
+    from sim.engine.costs import cost_collective
     from sim.studies.plan_bounds import collective_floor_s
     from topologies.groups import axis_factor
 
@@ -565,7 +565,7 @@ def test_a_simulation_seeded_with_the_sharper_bounds_costs_equals_a_cold_train(t
                                                                              monkeypatch):
     # The worker that computes a sharper bound hands its collective costs to the worker that
     # simulates the candidate: the result must be the one `tpusim train` gives from scratch.
-    from sim.engine import replay as engine
+    from sim.engine import costs as engine
     from sim.studies.plan_jobs import sharper_bound, simulate
 
     argv, mesh = _four_layer_train(tmp_path, ["--mesh", "fsdp=2,tensor=2", "--remat", "full"])

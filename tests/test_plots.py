@@ -17,7 +17,7 @@ from matplotlib.collections import LineCollection, PolyCollection
 from matplotlib.text import Text
 
 import sim
-from sim.engine.replay import BREAKDOWN_KEYS, BREAKDOWN_LABELS
+from sim.engine.result import BREAKDOWN_KEYS, BREAKDOWN_LABELS
 from sim.export.collective_plots import collective_figures, plot_collective, step_words
 from sim.export.step_plots import plot_step, step_figures
 from sim.export.torus_plots import links_alike
@@ -412,7 +412,7 @@ def test_phase_lane_has_no_gap_where_a_trailing_dcn_all_reduce_runs(tiny):
     # Two slices: the data-parallel gradient all-reduce over DCN runs after the last backward
     # compute op and before the optimizer. Its time belongs to the backward band; the bands
     # tile the step from 0 to its end with no hole.
-    from sim.engine.replay import OP_COLUMNS
+    from sim.engine.result import OP_COLUMNS
     from sim.export.plots import _table
     from sim.export.step_plots import _phase_spans
 

@@ -217,7 +217,7 @@ def test_points_run_in_one_worker_equal_each_point_run_with_cold_caches(tiny_mod
     point runs after others that share its mesh or its chip numbers, and is compared, whole
     result including `inputs`, with the same point after every cache was emptied."""
     from sim.collectives import algorithms
-    from sim.engine import replay as engine
+    from sim.engine import costs as engine
     from sim.studies.points import run_point
     from workloads import training
 

@@ -18,7 +18,8 @@ import yaml
 
 from sim.chips import get_chip
 from sim.cli import main
-from sim.engine.replay import BREAKDOWN_KEYS, StepResult, replay
+from sim.engine.replay import replay
+from sim.engine.result import BREAKDOWN_KEYS, StepResult
 from sim.hardware import ChipSpec
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh

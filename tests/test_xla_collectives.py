@@ -189,7 +189,8 @@ def test_fsdp_grad_all_reduce_exposes_the_top_layers_reduction():
     # its own collective time (each all-reduce alone, concurrent on the same links: their
     # drain times add up, minus the overlap of their hop latencies).
     from sim.chips import get_chip
-    from sim.engine.replay import collective_groups, cost_collective, replay
+    from sim.engine.costs import collective_groups, cost_collective
+    from sim.engine.replay import replay
     from topologies.slices import resolve_topology
 
     chip = get_chip("v6e")
@@ -209,7 +210,7 @@ def test_fsdp_grad_all_reduce_exposes_the_top_layers_reduction():
 @pytest.mark.parametrize("algorithm", ["ring", "direct"])
 def test_each_dcn_message_costs_its_overhead_once_per_step(algorithm):
     from sim.chips import get_chip
-    from sim.engine.replay import collective_groups, cost_collective
+    from sim.engine.costs import collective_groups, cost_collective
     from topologies.slices import resolve_topology
     from workloads.trace import Op, OpKind, Trace
 

@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 
 from sim.chips import get_chip
-from sim.engine.replay import collective_groups, replay
+from sim.engine.costs import collective_groups
+from sim.engine.replay import replay
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology
 from validation import xla_compile

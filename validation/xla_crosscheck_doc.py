@@ -13,7 +13,8 @@ import re
 import statistics
 
 from sim.chips import get_chip
-from sim.engine.replay import compute_op_times, replay
+from sim.engine.costs import compute_op_times
+from sim.engine.replay import replay
 from topologies.mesh import parse_mesh
 from validation import xla_compile
 from validation.xla_crosscheck_programs import CONFIGS, XLA_CLOCK_HZ
@@ -299,7 +300,7 @@ def xla_class_seconds(xr: dict, chip: str) -> dict[str, float]:
 
 def tpusim_class_seconds(name: str) -> tuple[dict[str, float], float, float]:
     """Per class, the summed time of tpusim's ops (compute ops at their cost alone on the chip,
-    `sim.engine.replay.compute_op_times` plus the per-op overhead, like XLA's per-op estimates;
+    `sim.engine.costs.compute_op_times` plus the per-op overhead, like XLA's per-op estimates;
     collectives as simulated in the replay), the replay's step time, and the summed replay
     durations of the compute ops (longer where their HBM traffic shares the bandwidth with
     collective DMA)."""

@@ -22,7 +22,7 @@ an `estimated_cycles` if XLA's cost model gave it one, and the VMEM it reserves;
 
 tpusim side: the same attention in `tpusim train --attention flash` (a model of these widths,
 fsdp=16, remat none): layer 0's `flash_attention` and `flash_attention_bwd` ops, their FLOPs,
-HBM bytes and time alone on the chip (`sim.engine.replay.compute_op_times`, the fitted MXU
+HBM bytes and time alone on the chip (`sim.engine.costs.compute_op_times`, the fitted MXU
 efficiency and head_dim fill included). The XLA estimate's time is its roofline at the chip's
 peaks (max of FLOPs at the bf16 MXU peak and bytes at the HBM bandwidth, `sim/hardware.py`):
 XLA gives a custom call no cycle estimate of its own. Nothing here changes tpusim's costs
@@ -46,7 +46,7 @@ import tempfile
 from pathlib import Path
 
 from sim.chips import get_chip
-from sim.engine.replay import compute_op_times
+from sim.engine.costs import compute_op_times
 from topologies.mesh import parse_mesh
 from validation import xla_compile
 from workloads.training import Remat, TrainingConfig, compile_training_step

@@ -47,7 +47,8 @@ import time
 from pathlib import Path
 
 from sim.chips import get_chip
-from sim.engine.replay import compute_op_times, replay
+from sim.engine.costs import compute_op_times
+from sim.engine.replay import replay
 from validation import maxtext_runs, xla_compile
 from validation.xla_hlo_read import estimated_cycles, op_name, trip_count
 from workloads.hlo.costs import conv_flops
@@ -296,7 +297,7 @@ def compile_one(name: str, jax_python: str, dump: str | None) -> dict:
 def tpusim_classes(run_id: str) -> dict:
     """tpusim's side of a run as validated (`validation.maxtext_runs`: its batch, layers, flash
     attention, flags): per class the summed cost of its layer ops alone on the chip
-    (`sim.engine.replay.compute_op_times`, the per-op overhead added) and their MXU FLOPs, the
+    (`sim.engine.costs.compute_op_times`, the per-op overhead added) and their MXU FLOPs, the
     replay's step time, and the summed cost of every compute op."""
     case = next(c for c in maxtext_runs.load_cases()[0] if c.id == run_id)
     trace, topo = maxtext_runs.case_trace(case)

@@ -84,7 +84,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
         print(f"  note             batch {s['batch']} is padded to {s['padded_batch']}, a multiple "
               f"of the data x expert shards: the step costs as much as batch "
               f"{s['padded_batch']}")
-    from sim.engine.replay import breakdown_label
+    from sim.engine.result import breakdown_label
 
     print("  critical path:")
     for k, v in s["breakdown"].items():
@@ -116,7 +116,7 @@ def cmd_prefill(args: argparse.Namespace) -> int:
     print(f"  tokens/s/chip    {s['tokens_per_s_per_chip']:.1f}")
     fit = "fits" if s["fits_in_hbm"] else "DOES NOT FIT"
     print(f"  HBM peak         {s['hbm_peak_bytes'] / 1e9:.2f} GB ({fit})")
-    from sim.engine.replay import breakdown_label
+    from sim.engine.result import breakdown_label
 
     print("  critical path:")
     for k, v in s["breakdown"].items():

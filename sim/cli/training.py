@@ -170,7 +170,7 @@ def _add_quant_args(p: argparse.ArgumentParser) -> None:
 
 
 def _print_training(s: dict[str, Any]) -> None:
-    from sim.engine.replay import breakdown_label
+    from sim.engine.result import breakdown_label
 
     print(f"{s['model']} training step on {s['topology']} {s['chip']} ({s['num_chips']} chips)")
     print(f"  step time        {s['step_time_s']:.4f} s")
@@ -359,7 +359,7 @@ def replay_request(args: argparse.Namespace) -> ReplayRequest:
 
 
 def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
-    from sim.engine.replay import breakdown_label  # the run stack, loaded when a command runs
+    from sim.engine.result import breakdown_label
     from sim.runs.train import run_replay
 
     req = replay_request(args)

@@ -1,7 +1,9 @@
 """The step engine: a program's ops costed and run on a pod (docs/model/).
 
-* `replay`: the representative-chip executor (one chip stands for its class), the op costs,
-  `StepResult` and the breakdown of one chip's timeline.
+* `costs`: the op-cost kernel (compute ops at their bound unit's rate, collectives simulated
+  once per distinct group and bytes, explicit chip pairs); `memory`: HBM occupancy.
+* `replay`: the representative-chip executor (one chip stands for its class); `result`:
+  `StepResult` and the parts executors attach; `summary`: one chip's timeline summarised.
 * `network`: the fluid link network and its max-min sharing (`FluidNetwork`, the scalar
   `SmallFluidNetwork`).
 * `class_engine`: one SimPy actor per chip class (per chip, the oracle); `vector_engine`: the

@@ -41,6 +41,8 @@ from __future__ import annotations
 import numpy as np
 import simpy
 
+from sim.engine.costs import CollectiveCost
+from sim.engine.memory import static_hbm_bytes
 from sim.engine.network import Batch, SmallFluidNetwork
 from sim.engine.perchip import (
     HbmOverCapacity,
@@ -58,15 +60,9 @@ from sim.engine.perchip import (
     two_sends_error,
     wait_wall_time,
 )
-from sim.engine.replay import (
-    ChipClasses,
-    ClassProgram,
-    CollectiveCost,
-    StepResult,
-    _summarize,
-    run_env,
-    static_hbm_bytes,
-)
+from sim.engine.replay import run_env
+from sim.engine.result import ChipClasses, ClassProgram, StepResult
+from sim.engine.summary import _summarize
 from topologies.errors import TpusimError
 from topologies.groups import NUM_CLASSES
 from topologies.progress import task

@@ -36,7 +36,8 @@ from sim.engine.perchip import (
     PreparedStep,
     prepare_step,
 )
-from sim.engine.replay import StepResult, replay
+from sim.engine.replay import replay
+from sim.engine.result import StepResult
 from sim.engine.vector_engine import run_vectors
 from sim.hardware import ChipSpec
 from topologies.errors import TpusimError
@@ -187,7 +188,7 @@ def stop_when_hbm_exceeds(capacity_bytes: float,
     """Within the block, `simulate_chips` stops a step as soon as a chip's HBM level is over
     `capacity_bytes` (a relative 1e-9 over, for summation order) and raises `HbmOverCapacity`
     (the yielded `HbmWatch` says so): the step is out of memory whatever happens later, and
-    `plan` does not need its time. The level is `sim.engine.replay.hbm_occupancy`'s: memory events
+    `plan` does not need its time. The level is `sim.engine.memory.hbm_occupancy`'s: memory events
     applied at their op's end, checked when simulated time moves on (every op that ended at
     that instant applied), which is the level of a row of the step's memory table, so never
     above its peak. Only where every chip class is the one class of its program (a healthy

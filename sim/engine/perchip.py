@@ -22,16 +22,16 @@ import numpy as np
 
 from sim.collectives.routing import LinkModel, link_model, send_batch
 from sim.collectives.simulate import collective_link_loads
-from sim.engine.replay import (
+from sim.engine.costs import (
     CollectiveCost,
-    CollectiveLabels,
-    class_capacity,
     collective_groups,
     cost_pairs,
     op_collective_cost,
     op_group_axes,
     padded_collective_bytes,
 )
+from sim.engine.result import CollectiveLabels
+from sim.engine.summary import class_capacity
 from sim.hardware import ChipSpec
 from topologies.errors import TpusimError
 from topologies.groups import (

@@ -26,14 +26,16 @@ from typing import Any
 
 import numpy as np
 
+from sim.engine.costs import _merge, collective_groups
 from sim.engine.executors import simulate_chips
+from sim.engine.memory import hbm_occupancy
 from sim.engine.perchip import PerChipConfig, PointToPoint
-from sim.engine.replay import MEMORY_CATEGORIES, _merge, collective_groups, hbm_occupancy
 from sim.hardware import ChipSpec
 from topologies.errors import TpusimError
 from topologies.groups import GroupGeometry
 from topologies.torus import Topology
 from topologies.validate import MAX_TRACE_OPS
+from workloads.memory import MEMORY_CATEGORIES
 from workloads.models import TransformerSpec
 from workloads.moe import expert_op_scales
 from workloads.trace import Op, OpKind, Trace

@@ -66,7 +66,8 @@ from sim.engine.perchip import (
     two_sends_error,
     wait_wall_time,
 )
-from sim.engine.replay import ChipClasses, ClassProgram, StepResult, _summarize
+from sim.engine.result import ChipClasses, ClassProgram, StepResult
+from sim.engine.summary import _summarize
 from topologies.errors import TpusimError
 from topologies.groups import NUM_CLASSES
 from topologies.progress import task

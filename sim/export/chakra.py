@@ -26,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.engine.replay import StepResult, collective_groups, op_group_axes
+from sim.engine.costs import collective_groups, op_group_axes
+from sim.engine.result import StepResult
 from topologies.errors import TpusimError
 from topologies.groups import GroupGeometry
 from topologies.progress import tracked

@@ -121,7 +121,7 @@ POWER_COUNTER = "power (W)"
 
 def _step_tracks(result) -> tuple[dict[str, list[tuple]], dict[str, list[tuple[float, float]]]]:
     """The representative chip's tracks and counters (shared by every exported chip)."""
-    from sim.engine.replay import OP_COLUMNS
+    from sim.engine.result import OP_COLUMNS
 
     # The raw rows of `result.ops` (no DataFrame: pandas costs seconds to import).
     col = {c: i for i, c in enumerate(OP_COLUMNS)}
@@ -169,7 +169,7 @@ def _step_tracks(result) -> tuple[dict[str, list[tuple]], dict[str, list[tuple[f
             tracks.setdefault(f"ICI {cls} link {lane}", []).append(row)
         counters[f"ICI {cls} utilization"] = _utilization(
             rows, result.collectives.class_capacity[cls])
-    from sim.engine.replay import MEMORY_COLUMNS
+    from sim.engine.result import MEMORY_COLUMNS
 
     i_t, i_b = MEMORY_COLUMNS.index("time_s"), MEMORY_COLUMNS.index("hbm_bytes")
     counters["HBM occupancy (bytes)"] = [(float(m[i_t]), float(m[i_b])) for m in result.memory_rows]

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.engine.replay import breakdown_label
+from sim.engine.result import breakdown_label
 from sim.export.energy_plots import energy_figures
 from sim.export.plots import (
     _BOUND_WORDS,
@@ -91,7 +91,7 @@ def step_figures(result, summary: dict, *, energy=None) -> dict[str, Any]:
         # The representative replay simulates one link per class (the busiest); each link is
         # drawn at its share of that (`step_link_utilization`): alike on a whole wrapped axis,
         # not on a line or a factor of an axis.
-        from sim.engine.replay import LINK_CLASS_COLUMNS
+        from sim.engine.result import LINK_CLASS_COLUMNS
 
         lk = _table(result.link_class_rows, LINK_CLASS_COLUMNS, ("link_class", "utilization"))
         class_util = dict(zip(lk["link_class"].tolist(), lk["utilization"].tolist(),
@@ -133,7 +133,7 @@ def step_link_shares(result) -> tuple[np.ndarray, bool]:
     several axes, is spread evenly over its class: share 1)."""
     from sim.chips import get_chip
     from sim.collectives.simulate import simulate_collective
-    from sim.engine.replay import OP_COLUMNS
+    from sim.engine.result import OP_COLUMNS
 
     topo = result.pod
     n, nl = topo.num_ici_links, 2 * topo.ndim
@@ -225,7 +225,7 @@ def _phase_spans(ops: dict[str, np.ndarray]) -> list[tuple[str, float, float]]:
 def _timeline(result, caption: str):
     from matplotlib.patches import Patch
 
-    from sim.engine.replay import OP_COLUMNS
+    from sim.engine.result import OP_COLUMNS
 
     ops = _table(result.op_rows, OP_COLUMNS,
                  ("kind", "unit", "bound", "phase", "start_s", "end_s"))
@@ -324,7 +324,7 @@ def _utilization(result, caption: str):
     title = _wrap(width, "utilization over the step", caption)
     fig = _figure(width, 2.6, title, left=0.75, axes_titles=True, wspace=0.25)
     a1, a2 = fig.subplots(1, 2)
-    from sim.engine.replay import LINK_CLASS_COLUMNS, UNIT_COLUMNS
+    from sim.engine.result import LINK_CLASS_COLUMNS, UNIT_COLUMNS
 
     u = _table(result.unit_rows, UNIT_COLUMNS, ("unit", "utilization"))
     units = u["unit"].tolist()

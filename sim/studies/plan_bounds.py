@@ -14,15 +14,15 @@ import dataclasses
 import math
 from collections.abc import Iterable, Mapping
 
-from sim.engine.pipeline import build_stage_programs, check_schedule, chunk_program, stage_order
-from sim.engine.replay import (
+from sim.engine.costs import (
     _merge,
     compute_op_times,
     cost_cache_key,
     cost_collective,
     padded_collective_bytes,
-    static_hbm_bytes,
 )
+from sim.engine.memory import static_hbm_bytes
+from sim.engine.pipeline import build_stage_programs, check_schedule, chunk_program, stage_order
 from topologies.groups import axis_factor
 from topologies.mesh import LogicalMesh, place_mesh
 from workloads.memory import MEMORY_CATEGORIES
@@ -55,13 +55,13 @@ def collective_floor_s(chip, topology, kind: str, gaxes, nbytes: float) -> float
 
 def mesh_groups(axes, topology) -> dict[str, tuple]:
     """Physical group axes of every logical axis of the ICI mesh `axes`, as the engine places
-    them (`sim.engine.replay.collective_groups`)."""
+    them (`sim.engine.costs.collective_groups`)."""
     return {name: tuple(axis_factor(topology, a, size, stride) for a, size, stride in pl.factors)
             for name, pl in place_mesh(LogicalMesh(axes=tuple(axes)), topology).items()}
 
 
 class Floors:
-    """Per-op durations no simulation can beat (sim/engine/replay.py's costing without contention):
+    """Per-op durations no simulation can beat (sim/engine/costs.py's costing without contention):
     compute `overhead + max(flops / rate, bytes / HBM bandwidth)`, collectives their
     `collective_floor_s` on the mesh's groups, point-to-point sends one message through all of
     a chip's links with one hop of latency, host transfers bytes / PCIe, idle their length."""
@@ -123,7 +123,7 @@ def uncontended_ends(trace, chip, topology, groups) -> tuple[list[float], list[f
 
 
 def hbm_peak_lower_bound(trace, off_core: Iterable[int] = ()) -> float:
-    """An HBM peak that `sim.engine.replay.hbm_occupancy` cannot come in under, whatever the
+    """An HBM peak that `sim.engine.memory.hbm_occupancy` cannot come in under, whatever the
     schedule.
 
     The engine applies a trace's memory events (meta `memory_events`) at their op's end, in

@@ -12,10 +12,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sim.engine import replay as engine
+from sim.engine import costs as engine
+from sim.engine.costs import collective_groups, seed_cost_cache
 from sim.engine.executors import stop_when_hbm_exceeds
+from sim.engine.memory import static_hbm_bytes
 from sim.engine.pipeline import check_schedule, simulate_pipeline_chips
-from sim.engine.replay import collective_groups, seed_cost_cache, static_hbm_bytes
 from sim.runs.bind import algorithm_of, moe_config, resolve_pod, scenario_of
 from sim.runs.requests import TrainRequest
 from sim.runs.train import _pipeline_base, compile_inputs, compile_step
@@ -113,7 +114,7 @@ def pipeline_bounds(job: tuple) -> dict[str, Any]:
 def sharper_bound(job: tuple) -> dict[str, Any]:
     """The sharper lower bound of one candidate: the uncontended schedule with every collective
     at its exact simulated time alone on the pod (`step_lower_bound(exact_algorithm=...)`), and
-    those collectives' costs (`sim.engine.replay.cost_collective`'s cache entries, to seed the
+    those collectives' costs (`sim.engine.costs.cost_collective`'s cache entries, to seed the
     worker that simulates the candidate). Job: (train request, axis order[, {cost cache key:
     CollectiveCost} computed by other workers, added to this process's cache first]) ->
     {"lower_bound_s": b or None, "costs": {...}}. MoE steps (per-chip expert loads scale their
