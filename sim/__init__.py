@@ -54,7 +54,7 @@ _EXPORTS = {
     "train": ("sim.api", "train"),
     "CollectiveResult": ("sim.collectives.result", "CollectiveResult"),
     "simulate_collective": ("sim.collectives.simulate", "simulate_collective"),
-    "StepResult": ("sim.engine.replay", "StepResult"),
+    "StepResult": ("sim.engine.result", "StepResult"),
     "replay": ("sim.engine.replay", "replay"),
     "plan": ("sim.studies.plan_search", "plan"),
     "plan_serving": ("sim.serving.plan", "plan_serving"),

@@ -11,8 +11,8 @@ import sim
 from sim.chips import get_chip
 from sim.collectives import simulate_collective
 from sim.collectives.auto import HeldAlgorithms, picked_algorithm
+from sim.engine.costs import collective_groups, op_group_axes, padded_collective_bytes
 from sim.engine.executors import simulate_step
-from sim.engine.replay import collective_groups, op_group_axes, padded_collective_bytes
 from topologies.groups import group_axes
 from topologies.slices import resolve_topology
 from workloads.trace import OpKind

@@ -24,7 +24,7 @@ from typing import Any
 
 from sim.collectives.auto import HeldAlgorithms, picked_algorithm
 from sim.collectives.routing import link_numbers
-from sim.engine.replay import (
+from sim.engine.costs import (
     collective_groups,
     cost_collective,
     op_group_axes,
