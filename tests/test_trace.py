@@ -380,3 +380,83 @@ def test_a_column_left_out_of_its_own_version_is_an_error_and_a_later_versions_i
     old["version"] = 2
     with pytest.raises(TpusimError, match="leaves out group, which every version-2"):
         Trace.from_json(json.dumps(old))
+
+
+# -- the typed metadata (workloads/trace_meta.py) ------------------------------------------------
+
+
+def test_a_read_trace_has_typed_meta_fields_and_its_kind_as_a_string_enum():
+    from workloads.trace_meta import TraceKind, TraceMeta
+
+    t = Trace.from_json(_training_trace_json())
+    assert isinstance(t.meta, TraceMeta)
+    assert t.meta.kind is TraceKind.TRAINING and t.meta.kind == "training"
+    assert t.meta.num_chips == 4 and t.meta.seq_len == 64
+    assert t.meta.static_hbm_bytes == t.meta.static_breakdown["params"] + \
+        t.meta.static_breakdown["optimizer"]
+    assert t.meta.device_groups is None  # a key the file does not have
+
+
+def test_meta_unknown_keys_are_kept_in_extra_and_written_back_in_their_place():
+    base = json.loads(_training_trace_json())
+    keys = list(base["meta"])
+    # A user's note among the compiler's keys, with a nested value: reading keeps it, in place.
+    meta = dict(base["meta"])
+    base["meta"] = {k: v for i, k in enumerate(keys)
+                    for k, v in ([(k, meta[k])] if i != 3 else [("my_note", {"run": [1, 2]}),
+                                                                (k, meta[k])])}
+    text = json.dumps(base, separators=(",", ":"))
+    t = Trace.from_json(text)
+    assert t.meta.extra == {"my_note": {"run": [1, 2]}}
+    assert list(t.meta.to_dict()) == list(base["meta"])
+    assert t.to_json() == text
+
+
+def test_a_compiled_trace_meta_lists_its_keys_in_the_order_the_compiler_gave_them():
+    t = _compiled()
+    doc = json.loads(t.to_json())
+    assert list(doc["meta"])[:4] == ["kind", "model", "seq_len", "batch_per_chip"]
+    assert list(doc["meta"]) == list(t.meta.key_order)
+    assert Trace.from_json(t.to_json()).meta == t.meta
+
+
+def test_meta_is_frozen_and_its_writers_name_only_known_fields():
+    from workloads.trace_meta import TraceMeta
+
+    m = TraceMeta.of(kind="decode", batch=8)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m.batch = 9
+    with pytest.raises(TypeError):
+        m["batch"] = 9  # no item assignment either
+    with pytest.raises(TypeError, match="no field"):
+        TraceMeta.of(kind="decode", batchh=8)
+    with pytest.raises(TypeError, match="no field"):
+        m.with_(batchh=8)
+    m2 = m.with_(num_chunks=3, batch=4)
+    assert m2.key_order == ("kind", "batch", "num_chunks") and m2.batch == 4 and m.batch == 8
+
+
+def test_meta_given_null_is_present_and_written_back_as_null():
+    from workloads.trace_meta import TraceMeta
+
+    m = TraceMeta.from_dict({"overlap": None, "num_chips": 4})
+    assert m.overlap is None and "overlap" in m and m.to_dict() == {"overlap": None,
+                                                                     "num_chips": 4}
+
+
+def test_a_trace_of_an_unknown_kind_is_refused_naming_the_kinds():
+    base = json.loads(_training_trace_json())
+    base["meta"]["kind"] = "trainning"
+    with pytest.raises(TpusimError, match="'trainning'.*training, decode, prefill, hlo, chakra"):
+        Trace.from_json(json.dumps(base))
+
+
+def test_meta_key_order_must_list_each_present_key_once():
+    from workloads.trace_meta import TraceMeta
+
+    with pytest.raises(ValueError, match="unlisted"):
+        TraceMeta(batch=8, num_chips=2, key_order=("batch",))
+    with pytest.raises(ValueError, match="once"):
+        TraceMeta(batch=8, key_order=("batch", "batch"))
+    with pytest.raises(TypeError, match="extra names fields"):
+        TraceMeta(extra={"batch": 8})

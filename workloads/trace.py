@@ -33,6 +33,7 @@ from topologies.validate import (
     range_text,
     short_repr,
 )
+from workloads.trace_meta import TraceKind, TraceMeta
 
 # The collective kinds a trace may name (the values of `sim.collectives.CollectiveKind`; a test
 # keeps the two equal, since workloads never import sim).
@@ -112,9 +113,12 @@ class Trace:
 
     mesh: LogicalMesh
     ops: tuple[Op, ...]
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: TraceMeta = field(default_factory=TraceMeta)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.meta, TraceMeta):
+            # A plain mapping (tests, hand-built programs) reads as a trace file's "meta" does.
+            object.__setattr__(self, "meta", TraceMeta.from_dict(self.meta))
         names = {n for n, _ in self.mesh.axes} | {n for n, _ in self.mesh.dcn_axes}
         n_groups = len(self.meta.get("device_groups", ()))
         for i, op in enumerate(self.ops):
@@ -163,7 +167,7 @@ class Trace:
             "format": TRACE_FORMAT,
             "version": TRACE_VERSION,
             "mesh": self.mesh.to_dict(),
-            "meta": self.meta,
+            "meta": self.meta.to_dict(),
             "columns": list(OP_COLUMNS),
             "ops": rows,
         }
@@ -252,7 +256,7 @@ class Trace:
                 f"{source}: meta says {stages} pipeline stages but the mesh has pipeline="
                 f"{mesh.size('pipeline')}; recompile the trace with `tpusim compile`"
             )
-        return Trace(mesh=mesh, ops=tuple(ops), meta=dict(meta))
+        return Trace(mesh=mesh, ops=tuple(ops), meta=TraceMeta.from_dict(meta))
 
 
 def _mesh_from_doc(mesh_d: Any, source: str) -> LogicalMesh:
@@ -366,6 +370,10 @@ def _check_meta(meta: dict, source: str) -> None:
         if key in meta and (not isinstance(meta[key], str) or len(meta[key]) > 200):
             raise TpusimError(f"{source}: meta field {key!r} = {short_repr(meta[key])} must be "
                               f"text; recompile the trace with `tpusim compile`")
+    if "kind" in meta and meta["kind"] not in list(TraceKind):
+        raise TpusimError(f"{source}: meta field 'kind' = {short_repr(meta['kind'])}: "
+                          f"{one_of(meta['kind'], list(TraceKind))}; recompile the trace with "
+                          f"`tpusim compile`")
     if meta.get("kind") == "training":
         missing = [k for k in _TRAINING_REQUIRED if k not in meta]
         if missing:

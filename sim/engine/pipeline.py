@@ -39,6 +39,7 @@ from workloads.memory import MEMORY_CATEGORIES
 from workloads.models import TransformerSpec
 from workloads.moe import expert_op_scales
 from workloads.trace import Op, OpKind, Trace
+from workloads.trace_meta import TraceMeta
 from workloads.training import WEIGHT_CAST, TrainingConfig, compile_pipeline_chunk
 
 
@@ -215,7 +216,7 @@ def build_stage_programs(model: TransformerSpec, mesh, num_chips: int,
             _STAGE_CACHE.move_to_end(key)
     if hit is not None:
         return dataclasses.replace(hit, programs=tuple(
-            _trusted_trace(mesh, prog.ops, dict(prog.meta)) for prog in hit.programs))
+            _trusted_trace(mesh, prog.ops, prog.meta) for prog in hit.programs))
     chunks = p * v
 
     def chunk_trace(c: int) -> Trace:
@@ -313,10 +314,9 @@ def build_stage_programs(model: TransformerSpec, mesh, num_chips: int,
                 for op_id, cat, delta in first.meta.get("memory_events", []):
                     if op_id == op.id:
                         events.append([upd, cat, delta])
-        meta = {k: first.meta[k] for k in ("kind", "model", "overlap", "static_hbm_bytes",
-                                            "static_composition", "num_chips", "moe")
-                if k in first.meta}
-        meta.update(memory_events=events, pipeline_stage=s, microbatches=m)
+        meta = TraceMeta.of(**{k: first.meta[k] for k in (
+            "kind", "model", "overlap", "static_hbm_bytes", "static_composition", "num_chips",
+            "moe") if k in first.meta}, memory_events=events, pipeline_stage=s, microbatches=m)
         programs.append(_trusted_trace(first.mesh, tuple(ops), meta))
         passes.append(tuple(stage_passes))
         sends.append(stage_sends)
@@ -371,7 +371,7 @@ def chunk_program(model: TransformerSpec, mesh, num_chips: int, config: Training
         with _STAGE_LOCK:
             hit = programs.setdefault(which, hit)
     # On the caller's mesh: the engine takes the collective groups from the program's mesh.
-    return hit if hit.mesh == mesh else _trusted_trace(mesh, hit.ops, dict(hit.meta))
+    return hit if hit.mesh == mesh else _trusted_trace(mesh, hit.ops, hit.meta)
 
 
 # Composing a 405B stage program copies ~50k ops (8 microbatches x 2 passes x ~3k ops): an op
@@ -442,7 +442,7 @@ def _pass_template(tr: Trace, fwd: bool, last_mb: bool, v: int) -> _PassTemplate
                          events=tuple(events))
 
 
-def _trusted_trace(mesh, ops: tuple, meta: dict) -> Trace:
+def _trusted_trace(mesh, ops: tuple, meta: TraceMeta) -> Trace:
     """A `Trace` of ops composed from validated chunk programs, without `Trace.__post_init__`'s
     pass over every op: ids are 0, 1, 2, ... by construction, every dependency is an op
     added earlier, sizes are the chunk programs' (and the sends' bytes, from their meta), and

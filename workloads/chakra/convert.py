@@ -41,6 +41,7 @@ from workloads.chakra.convert_fields import OP_FIELDS
 from workloads.chakra.reader import ChakraSet, RankProgram, comm_bytes_of
 from workloads.chakra.wire import CommType, Node, NodeType
 from workloads.trace import Op, OpKind, Trace, Unit
+from workloads.trace_meta import TraceKind, TraceMeta
 
 
 class ChakraCompute(enum.StrEnum):
@@ -301,9 +302,9 @@ def chakra_trace(cset: ChakraSet, topology: Topology,
                        dcn_axes=(("data", topology.num_slices),)
                        if topology.num_slices > 1 else ())
     approx = tuple(f"{text} ({count})" for text, count in sorted(notes.items()))
-    meta = {"kind": "chakra", "source": cset.source, "num_chips": n_chips,
-            "device_groups": device_groups, "chakra_ranks": r,
-            "chakra_compute": str(compute), "approximations": list(approx)}
+    meta = TraceMeta.of(kind=TraceKind.CHAKRA, source=cset.source, num_chips=n_chips,
+                        device_groups=device_groups, chakra_ranks=r,
+                        chakra_compute=str(compute), approximations=list(approx))
     trace = Trace(mesh=mesh, ops=tuple(ops), meta=meta)
     return ChakraImport(trace=trace, num_ranks=r, approximations=approx)
 
@@ -366,9 +367,9 @@ def _tpusim_trace(cset: ChakraSet, topology: Topology) -> ChakraImport:
            "meta": {"num_chips": n, "device_groups": groups} if groups else {"num_chips": n},
            "columns": ["id", *OP_FIELDS, "deps"], "ops": progs[0]}
     trace = Trace.from_json(json.dumps(doc), source=src)
-    meta = {**trace.meta, "kind": "chakra", "source": cset.source,
-            "chakra_ranks": cset.num_ranks, "chakra_compute": "tpusim_op",
-            "approximations": [TPUSIM_NOTE]}
+    meta = trace.meta.with_(kind=TraceKind.CHAKRA, source=cset.source,
+                            chakra_ranks=cset.num_ranks, chakra_compute="tpusim_op",
+                            approximations=[TPUSIM_NOTE])
     return ChakraImport(trace=Trace(mesh=trace.mesh, ops=trace.ops, meta=meta),
                         num_ranks=cset.num_ranks, approximations=(TPUSIM_NOTE,))
 

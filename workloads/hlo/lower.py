@@ -58,6 +58,7 @@ from workloads.hlo.parser import (
     source_target_pairs,
 )
 from workloads.trace import OpKind, Trace, TraceBuilder, Unit
+from workloads.trace_meta import TraceKind, TraceMeta
 
 # Unrolled trace ops: the most a program may hold, as for a trace file (a 2 MB 8-layer train
 # step unrolls to ~20k). It was 2,000,000: a 16-instruction loop of trip count 1.9 M unrolled
@@ -418,10 +419,10 @@ class _Lowerer(ModuleCosts):
         mesh = LogicalMesh(axes=(("data", self.topo.chips_per_slice),),
                            dcn_axes=(("data", self.topo.num_slices),)
                            if self.topo.num_slices > 1 else ())
-        meta = {
-            "kind": "hlo", "source": self.source, "module": self.m.name,
-            "num_chips": self.topo.num_chips, "device_groups": self.device_groups,
-        }
+        meta = TraceMeta.of(
+            kind=TraceKind.HLO, source=self.source, module=self.m.name,
+            num_chips=self.topo.num_chips, device_groups=self.device_groups,
+        )
         trace = Trace(mesh=mesh, ops=tuple(self.b.ops), meta=meta)
         by_kind = Counter(i.opcode for c in self.m.computations.values()
                           for i in c.instructions)

@@ -13,6 +13,7 @@ from workloads.inference.layout import ACT_BYTES, Layout
 from workloads.models import TransformerSpec, causal_chunk_pairs, causal_window_pairs
 from workloads.moe import dispatch_flops, expert_shares, plan_routing
 from workloads.trace import OpKind, TraceBuilder, Unit
+from workloads.trace_meta import TraceMeta
 
 
 class InferenceCompiler:
@@ -457,34 +458,34 @@ class InferenceCompiler:
         return self.vpu("sample", 2 * n * k, n * k * 8, self._deps(*deps, ag, ar), -1, phase,
                         free_bytes=free)
 
-    def meta(self, kind: str, plan: dict[str, float]) -> dict:
+    def meta(self, kind: str, plan: dict[str, float]) -> TraceMeta:
         m, cfg, lay = self.m, self.cfg, self.lay
-        return {
-            "kind": kind,
-            "model": m.name,
-            "num_chips": self.num_chips,
-            "batch": cfg.batch,
-            "context_len": cfg.context_len,
-            "prompt_len": cfg.prompt_len,
-            "prefill_chunk": cfg.prefill_chunk,
-            "weight_dtype": cfg.weight_dtype,
-            "kv_dtype": cfg.kv_dtype,
-            "matmul_dtype": cfg.matmul_dtype,
-            "local_batch": lay.local_batch,
+        return TraceMeta.of(
+            kind=kind,
+            model=m.name,
+            num_chips=self.num_chips,
+            batch=cfg.batch,
+            context_len=cfg.context_len,
+            prompt_len=cfg.prompt_len,
+            prefill_chunk=cfg.prefill_chunk,
+            weight_dtype=cfg.weight_dtype,
+            kv_dtype=cfg.kv_dtype,
+            matmul_dtype=cfg.matmul_dtype,
+            local_batch=lay.local_batch,
             # "2d-weight-stationary" when the mesh has fsdp (tpu.md §5), else "1d".
-            "sharding": "2d-weight-stationary" if lay.fs > 1 else "1d",
-            "kv_batch_split": lay.kv_split,
+            sharding="2d-weight-stationary" if lay.fs > 1 else "1d",
+            kv_batch_split=lay.kv_split,
             # Per chip (the busiest chip when the batch does not divide evenly).
-            "weights_bytes": plan["weights_bytes"],
-            "kv_cache_bytes": plan["kv_cache_bytes"],
-            "activation_bytes": plan["activation_bytes"],
-            "static_hbm_bytes": plan["weights_bytes"] + plan["kv_cache_bytes"],
+            weights_bytes=plan["weights_bytes"],
+            kv_cache_bytes=plan["kv_cache_bytes"],
+            activation_bytes=plan["activation_bytes"],
+            static_hbm_bytes=plan["weights_bytes"] + plan["kv_cache_bytes"],
             # Whole model / whole batch (tpu.md §3: KV = 2·S·L·K·H·bytes per sequence).
-            "weights_bytes_total": m.num_params * cfg.weight_bytes_per_param,
-            "kv_cache_bytes_total": cfg.batch * m.kv_cache_bytes(
+            weights_bytes_total=m.num_params * cfg.weight_bytes_per_param,
+            kv_cache_bytes_total=cfg.batch * m.kv_cache_bytes(
                 cfg.context_len if kind == "decode" else cfg.prompt_len, cfg.kv_bytes_per_elem),
-            "overlap": True,
+            overlap=True,
             **({"moe": self.routing.summary(cfg.moe), "moe_scenario_applied": True}
                if self.routing is not None else {}),
-        }
+        )
 

@@ -94,9 +94,9 @@ def compile_prefill(model: TransformerSpec, mesh: LogicalMesh, num_chips: int,
         start += t
     c.head(x, "prefill", plan["activation_bytes"])
     meta = c.meta("prefill", plan)
-    meta["num_chunks"] = math.ceil(P / chunk)
+    meta = meta.with_(num_chunks=math.ceil(P / chunk))
     if cached_len:
-        meta["cached_len"] = cached_len
+        meta = meta.with_(cached_len=cached_len)
     return Trace(mesh=mesh, ops=tuple(c.b.ops), meta=meta)
 
 

@@ -13,6 +13,7 @@ from topologies.mesh import LogicalMesh, dcn_hint
 from topologies.validate import MAX_TRACE_OPS
 from workloads.models import TransformerSpec
 from workloads.trace import Trace
+from workloads.trace_meta import TraceMeta
 from workloads.training import cache
 from workloads.training.config import TrainingConfig, training_config_to_dict
 from workloads.training.program import Dims
@@ -80,14 +81,19 @@ def compile_training_step(
     if hit is None:
         hit = _compiler(model, mesh, num_chips, config).build()
         if mesh.size("pipeline") > 1:
-            hit.meta["pipeline_compile"] = {"model": model.to_dict(),
-                                            "config": training_config_to_dict(config)}
+            hit = _with_meta(hit, hit.meta.with_(pipeline_compile={
+                "model": model.to_dict(), "config": training_config_to_dict(config)}))
         cache.store(key, hit)
     # The ops were validated against these axis names when compiled (the order does not
     # matter to them), so skip `Trace.__post_init__`, a full pass over the ~10k ops of a large
-    # model. Ops are frozen and shared; meta gets a copy of its own (a caller may annotate it).
+    # model. Ops and meta are frozen and shared.
+    return _with_meta(hit, hit.meta, mesh)
+
+
+def _with_meta(trace: Trace, meta: TraceMeta, mesh: LogicalMesh | None = None) -> Trace:
+    """`trace` with `meta` (and `mesh`), without re-validating its ops."""
     out = object.__new__(Trace)
-    for name, value in (("mesh", mesh), ("ops", hit.ops), ("meta", dict(hit.meta))):
+    for name, value in (("mesh", mesh or trace.mesh), ("ops", trace.ops), ("meta", meta)):
         object.__setattr__(out, name, value)
     return out
 

@@ -19,6 +19,7 @@ from workloads.memory import (
     windowed_head_gradient_bytes,
 )
 from workloads.trace import OpKind, Trace, Unit
+from workloads.trace_meta import TraceKind, TraceMeta
 from workloads.training import xla_rules as xla
 from workloads.training.gradients import GradientReductions, StepState
 from workloads.training.hbm import HbmModel
@@ -598,57 +599,58 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
         static = p_local * (self.wb + self.state_bytes_per_param)
         meta = self.meta(p_local, static)
         return Trace(mesh=self.mesh, ops=tuple(self.b.ops), meta=meta)
-    def meta(self, p_local: float, static: float) -> dict:
+
+    def meta(self, p_local: float, static: float) -> TraceMeta:
         m, d, cfg = self.m, self.d, self.cfg
         tokens_global = self.global_seqs * cfg.seq_len
         model_flops = m.training_flops(tokens_global, cfg.seq_len, causal=True)
         mt = m.maxtext_flops_per_device(cfg.batch_per_chip, cfg.seq_len, "matmul_causal")
         act_peak = self.activation_peak()
-        return {
-            "kind": "training",
-            "model": m.name,
-            "seq_len": cfg.seq_len,
-            "batch_per_chip": cfg.batch_per_chip,
-            "global_sequences": self.global_seqs,
-            "num_chips": self.num_chips,
-            "tokens_per_step": tokens_global,
-            "model_flops_per_chip": model_flops / self.num_chips,
-            "maxtext_flops_per_chip": mt,
-            "remat": str(cfg.remat),
-            "attention": str(cfg.attention),
-            "microbatches": cfg.microbatches,
-            "pipeline_stages": d.pp,
-            "pipeline_schedule": str(cfg.pipeline_schedule),
-            "virtual_stages": cfg.virtual_stages,
+        return TraceMeta.of(
+            kind=TraceKind.TRAINING,
+            model=m.name,
+            seq_len=cfg.seq_len,
+            batch_per_chip=cfg.batch_per_chip,
+            global_sequences=self.global_seqs,
+            num_chips=self.num_chips,
+            tokens_per_step=tokens_global,
+            model_flops_per_chip=model_flops / self.num_chips,
+            maxtext_flops_per_chip=mt,
+            remat=str(cfg.remat),
+            attention=str(cfg.attention),
+            microbatches=cfg.microbatches,
+            pipeline_stages=d.pp,
+            pipeline_schedule=str(cfg.pipeline_schedule),
+            virtual_stages=cfg.virtual_stages,
             # Activations one stage sends the next per microbatch (and gradients back).
-            "pipeline_send_bytes": self.rows() * m.d_model * self.act,
+            pipeline_send_bytes=self.rows() * m.d_model * self.act,
             **({"moe": self.routing.summary(cfg.moe), "moe_scenario_applied": True}
                if self.routing is not None else {}),
-            "overlap": cfg.overlap,
-            "fsdp_gather": str(cfg.fsdp_gather),
-            "fsdp_grad": str(cfg.fsdp_grad),
-            "dp_grad_split": str(cfg.dp_grad_split),
-            "optimizer": str(self.opt),
-            "fuse_elementwise": cfg.fuse_elementwise,
-            "tp_activations": str(cfg.tp_activations),
-            "tp_comm": str(cfg.tp_comm),
-            "params_per_chip": p_local,
-            "static_hbm_bytes": static,
-            "static_composition": {"params": p_local * self.wb,
-                                   "optimizer": p_local * self.state_bytes_per_param},
-            "static_breakdown": {
+            overlap=cfg.overlap,
+            fsdp_gather=str(cfg.fsdp_gather),
+            fsdp_grad=str(cfg.fsdp_grad),
+            dp_grad_split=str(cfg.dp_grad_split),
+            optimizer=str(self.opt),
+            fuse_elementwise=cfg.fuse_elementwise,
+            tp_activations=str(cfg.tp_activations),
+            tp_comm=str(cfg.tp_comm),
+            params_per_chip=p_local,
+            static_hbm_bytes=static,
+            static_composition={"params": p_local * self.wb,
+                                "optimizer": p_local * self.state_bytes_per_param},
+            static_breakdown={
                 "params": p_local * self.wb,
                 "grads": p_local * self.gh,
                 "optimizer": p_local * self.state_bytes_per_param,
             },
-            "activation_bytes_estimate": act_peak,
+            activation_bytes_estimate=act_peak,
             # The tensors the first layer keeps for its backward (per chip, one microbatch).
-            "saved_activations_per_layer": {
+            saved_activations_per_layer={
                 t.name: t.num_bytes for t in self.saved(0)},
-            "memory_events": self.mem_events,
+            memory_events=self.mem_events,
             # The loss's temporaries (pipeline stages add them to the last stage's peak).
-            "logits_bytes": sum(t.num_bytes for t in loss_tensors(
+            logits_bytes=sum(t.num_bytes for t in loss_tensors(
                 rows=d.n / cfg.vocab_tiling, local_vocab=m.vocab_size / d.tp,
                 act_bytes=self.act))
             if self.head_on else 0.0,
-        }
+        )
