@@ -330,6 +330,7 @@ def test_cli_replay_of_a_missing_file_exits_2(tmp_path, capsys):
 @pytest.mark.parametrize("key, value", [
     ("static_hbm_bytes", "x"), ("pipeline_stages", "two"), ("model_flops_per_chip", None),
     ("num_chips", "x"), ("tokens_per_step", -1.0), ("microbatches", 0), ("model", {"a": 1}),
+    ("overlap", None), ("overlap", 1), ("fuse_elementwise", "yes"), ("sharding", 2),
 ])
 def test_malformed_meta_numbers_are_one_line_errors(key, value):
     from topologies.errors import TpusimError as _E

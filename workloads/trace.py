@@ -366,10 +366,16 @@ _TRAINING_REQUIRED = ("model", "tokens_per_step", "num_chips", "model_flops_per_
 
 
 def _check_meta(meta: dict, source: str) -> None:
-    for key in ("kind", "model"):
+    for key in ("kind", "model", "sharding"):
         if key in meta and (not isinstance(meta[key], str) or len(meta[key]) > 200):
             raise TpusimError(f"{source}: meta field {key!r} = {short_repr(meta[key])} must be "
                               f"text; recompile the trace with `tpusim compile`")
+    for key in ("overlap", "fuse_elementwise", "moe_scenario_applied"):
+        # Read as flags (a null "overlap" used to read as no overlap, and a missing one as
+        # overlap).
+        if key in meta and not isinstance(meta[key], bool):
+            raise TpusimError(f"{source}: meta field {key!r} = {short_repr(meta[key])} must be "
+                              f"true or false; recompile the trace with `tpusim compile`")
     if "kind" in meta and meta["kind"] not in list(TraceKind):
         raise TpusimError(f"{source}: meta field 'kind' = {short_repr(meta['kind'])}: "
                           f"{one_of(meta['kind'], list(TraceKind))}; recompile the trace with "
