@@ -2,7 +2,7 @@
 
 An `Op` is either compute (FLOPs on the MXU or VPU plus HBM bytes, per chip), a collective over
 logical mesh axes or over explicit device groups (V bytes per replica group, the textbook's
-convention; `group` indexes `meta["device_groups"]`, each `{"groups": [[chip, ...], ...]}` or
+convention; `group` indexes `meta.device_groups`, each `{"groups": [[chip, ...], ...]}` or
 `{"pairs": [[src, dst], ...]}` in the pod's chip ids, as HLO import writes), a host transfer over
 PCIe, or an idle interval (a pipeline bubble). Ops name their dependencies explicitly; compute ops
 run in program order on the chip's core, collectives and host transfers run asynchronously as
@@ -80,7 +80,7 @@ class Op:
     phase: str = ""
     alloc_bytes: float = 0.0
     free_bytes: float = 0.0
-    group: int = -1  # collectives: index into meta["device_groups"] (-1: use mesh_axes)
+    group: int = -1  # collectives: index into meta.device_groups (-1: use mesh_axes)
     # MXU ops: the width of an operand dimension the MXU tiles (contraction or output) that can
     # be narrower than one systolic array, e.g. attention's head_dim; 0 = every dimension is
     # wide. The engine runs the op at `ChipSpec.mxu_fill(narrow_dim)` of the MXU peak.

@@ -11,7 +11,7 @@ What becomes what (docs/hlo.md has the full table and the reasons):
   and an in-place dynamic-update-slice writes only the update.
 * Collectives (`all-gather`, `reduce-scatter`, `all-reduce`, `all-to-all`, `collective-permute`,
   their `-start`/`-done` pairs, `async-start` wrappers and TPU async collective fusions) become
-  collective ops over explicit device groups (`meta["device_groups"]`); bytes follow the
+  collective ops over explicit device groups (`meta.device_groups`); bytes follow the
   textbook's V convention. An async start's consumers do not wait for the transfer, its done's
   consumers do: that is the overlap.
 * `while` loops are unrolled by their trip count (`known_trip_count`, else the induction variable

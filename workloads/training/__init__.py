@@ -5,7 +5,7 @@ activations and residuals, tensor-parallel activation all-reduces, expert all-to
 backward pass (with the remat policy's recomputation), gradient reduce-scatters and data-parallel
 all-reduces; embedding, output projection, loss and the Adam update. Pipeline stages, gradient
 accumulation and host offload of activations are expressed in the same ops. FLOP counts follow
-`tpu.md` §3-§4; HBM occupancy is recorded as categorised allocation events (`meta["memory_events"]`,
+`tpu.md` §3-§4; HBM occupancy is recorded as categorised allocation events (`meta.memory_events`,
 saved activations tensor by tensor from `workloads/memory.py`).
 
 The package by concept:
