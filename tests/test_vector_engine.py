@@ -206,7 +206,7 @@ def test_kept_collective_candidate_rows_equal_recomputed_ones_and_give_the_same_
     # gather and one reduction per weight matrix in flight: every kept row, whenever it is
     # used, equals a fresh one ("check" raises otherwise), and the step is bit for bit the one
     # that recomputes them all, with far fewer rows computed.
-    import sim.engine.vector_engine as ve
+    import sim.engine.vector_run as ve
 
     chip, topo, trace = _setup("4x4x4")
     speed = np.random.default_rng(3).lognormal(0.0, 0.02, topo.num_chips)
