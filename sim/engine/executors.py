@@ -100,14 +100,15 @@ def choose_executor(requested: Executor | str = Executor.AUTO, *,
         return Executor.VECTOR
     if prepared.class_ops > MAX_CLASS_OPS:
         ncls, class_ops = prepared.num_classes, prepared.class_ops
-        how = ("use --mode auto (vector classes, the same result)" if prepared.vectors_apply
+        how = ("use {mode} auto (vector classes, the same result)" if prepared.vectors_apply
                else "vector classes do not take replica groups shared by several programs, "
                     "nor sends between chips of one program, in this version, so perturb "
-                    "fewer chips (e.g. --slow-chip instead of --chip-variation)")
+                    "fewer chips (e.g. {slow_chip} instead of {chip_variation})")
+        names = ("mode",) if prepared.vectors_apply else ("slow_chip", "chip_variation")
         raise TpusimError(
             f"the per-chip engine would replay {ncls} chip classes x {class_ops // ncls} ops = "
             f"{class_ops:,} class-ops (limit {MAX_CLASS_OPS:,}, about 0.9 KB each in memory) "
-            f"with one SimPy actor per class; {how}, or use a smaller pod"
+            f"with one SimPy actor per class; {how}, or use a smaller pod", *names
         )
     return Executor.PER_CHIP if requested == Executor.PER_CHIP else Executor.CLASS
 

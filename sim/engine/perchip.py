@@ -186,7 +186,7 @@ def prepare_step(trace: Trace, chip: ChipSpec, topology: Topology, cfg: PerChipC
     """Validate `cfg`, cost every collective and send, and partition the chips into classes
     (see the module docstring)."""
     if cfg.mode not in MODES:
-        raise TpusimError(f"--mode {cfg.mode!r} must be one of {', '.join(MODES)}")
+        raise TpusimError(f"{{mode}} {cfg.mode!r} must be one of {', '.join(MODES)}", "mode")
     nchips = topology.num_chips
     speed = np.ones(nchips) if cfg.speed is None else np.asarray(cfg.speed, dtype=float)
     if speed.shape != (nchips,) or not np.all(np.isfinite(speed)) or np.any(speed <= 0):
@@ -273,7 +273,7 @@ def prepare_step(trace: Trace, chip: ChipSpec, topology: Topology, cfg: PerChipC
                 raise TpusimError(
                     f"collective {op.name} is a collective-permute between chip pairs (HLO "
                     f"import); dead links are not supported for it in this version; use "
-                    f"--slow-link with a small factor instead"
+                    f"{{slow_link}} with a small factor instead", "slow_link"
                 )
             if pairs and rel:
                 group_cost[key] = (np.zeros(geoms[geo_axes].num_groups, dtype=np.int64),

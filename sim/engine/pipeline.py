@@ -140,20 +140,21 @@ def check_schedule(schedule: str, stages: int, microbatches: int, virtual: int) 
     """One-line errors for a schedule the mesh cannot run."""
     if stages < 2:
         raise TpusimError(
-            f"--pipeline-schedule {schedule} needs a pipeline axis of 2 or more stages, but the "
-            f"mesh has none; add pipeline=P to --mesh (or --dcn) or drop --pipeline-schedule"
+            f"{{pipeline_schedule}} {schedule} needs a pipeline axis of 2 or more stages, but "
+            f"the mesh has none; add pipeline=P to {{mesh}} (or {{dcn}}) or drop "
+            f"{{pipeline_schedule}}", "pipeline_schedule", "mesh", "dcn"
         )
     if schedule in ("1f1b", "interleaved") and microbatches < stages:
         raise TpusimError(
-            f"--pipeline-schedule {schedule} needs at least as many microbatches as stages, but "
-            f"--microbatches {microbatches} < pipeline={stages}; raise --microbatches or use "
-            f"--pipeline-schedule gpipe"
+            f"{{pipeline_schedule}} {schedule} needs at least as many microbatches as stages, "
+            f"but {{microbatches}} {microbatches} < pipeline={stages}; raise {{microbatches}} or "
+            f"use {{pipeline_schedule}} gpipe", "pipeline_schedule", "microbatches"
         )
     if schedule == "interleaved" and microbatches % stages:
         raise TpusimError(
-            f"--pipeline-schedule interleaved sends microbatches through the stages in groups "
-            f"of pipeline={stages}, but --microbatches {microbatches} is not a multiple; use a "
-            f"multiple of {stages}"
+            f"{{pipeline_schedule}} interleaved sends microbatches through the stages in "
+            f"groups of pipeline={stages}, but {{microbatches}} {microbatches} is not a "
+            f"multiple; use a multiple of {stages}", "pipeline_schedule", "microbatches"
         )
 
 
@@ -247,7 +248,8 @@ def build_stage_programs(model: TransformerSpec, mesh, num_chips: int,
             if len(_ops) >= MAX_TRACE_OPS:  # the compiler refuses most such counts first
                 raise TpusimError(
                     f"pipeline stage {_s}'s program composes to more than {MAX_TRACE_OPS:,} ops, "
-                    f"the most tpusim simulates in one program; use fewer --microbatches")
+                    f"the most tpusim simulates in one program; use fewer {{microbatches}}",
+                    "microbatches")
             new = _copy_op(op, len(_ops), tuple(sorted(set(deps))))
             _ops.append(new)
             return new.id

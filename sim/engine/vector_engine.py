@@ -1,5 +1,5 @@
 """Vector classes: the per-chip engine's path for pods where (nearly) every chip differs, e.g.
-`--chip-variation` on 8960 chips (docs/model.md, "Per-chip engine", "Vector classes").
+`chip_variation` on 8960 chips (docs/model.md, "Per-chip engine", "Vector classes").
 
 Chips that run the same program with the same op scales and the same collective costs, and that
 differ only in speed, form a *vector class*: its state is advanced as a whole, with every time an
