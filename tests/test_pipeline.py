@@ -148,7 +148,12 @@ def test_cli_pipeline_errors_and_json(capsys):
     base = ["train", "--chip", "v5e", "--shape", "4x1", "--model", "llama3-8b", "--seq-len",
             "256", "--batch-per-chip", "4"]
     assert main(base + ["--mesh", "fsdp=4", "--pipeline-schedule", "gpipe"]) == 2
-    assert "needs a pipeline axis" in capsys.readouterr().err
+    # The library's error names the Python arguments; the CLI spells them as flags.
+    assert ("--pipeline-schedule gpipe needs a pipeline axis of 2 or more stages, but the mesh "
+            "has none; add pipeline=P to --mesh (or --dcn) or drop --pipeline-schedule"
+            in capsys.readouterr().err)
+    with pytest.raises(TpusimError, match="^pipeline_schedule gpipe needs a pipeline axis"):
+        check_schedule("gpipe", 1, 4, 1)
     assert main(base + ["--mesh", "pipeline=4", "--microbatches", "4", "--pipeline-schedule",
                         "interleaved", "--virtual-stages", "3"]) == 2
     assert "not divisible by pipeline x virtual stages = 4 x 3" in capsys.readouterr().err
