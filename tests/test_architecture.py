@@ -154,9 +154,7 @@ MAX_MODULE_LINES = 800
 MAX_FUNCTION_LINES = 120
 # Still to split (the architecture issue's move is under way): each entry goes when its room
 # is split; the test fails on an entry that is no longer needed, so the lists only shrink.
-PENDING_MODULES = {
-    "sim/runs/requests.py",
-}
+PENDING_MODULES: set[str] = set()
 PENDING_FUNCTIONS = {
     "sim/engine/class_engine.py:run_classes",
     "sim/engine/perchip.py:prepare_step",
@@ -237,7 +235,7 @@ PENDING_FLAG_TEXT = {
     "sim/runs/goodput.py",
     "sim/runs/inference.py",
     "sim/runs/power.py",
-    "sim/runs/requests.py",
+    "sim/runs/requests/base.py",
     "sim/runs/rerun.py",
     "sim/runs/result.py",
     "sim/runs/serve.py",

@@ -184,7 +184,7 @@ def test_a_faster_link_is_allowed_and_never_slows_a_collective(capsys):
 
 def test_number_ranges_hold_their_bounds_and_state_them_one_way():
     # One range per setting, shared by the scenario, the MoE router and the CLI's messages.
-    from sim.runs.requests import _FLOAT_RANGES
+    from sim.runs.requests.base import _FLOAT_RANGES
     from topologies.scenario import CAPACITY_FACTOR_RANGE, CHIP_VARIATION_RANGE, EXPERT_SKEW_RANGE
 
     assert CAPACITY_FACTOR_RANGE.text == "a finite number in (0, 1e6]"

@@ -216,7 +216,7 @@ class NumberRange:
         return above and value <= self.high
 
 
-# The number settings a scenario file shares with the run settings (`sim/runs/requests.py`)
+# The number settings a scenario file shares with the run settings (`sim/runs/requests/base.py`)
 # and the MoE router (`workloads/moe.py`): one range each, stated the same way everywhere.
 CHIP_VARIATION_RANGE = NumberRange(low=0, high=1)
 EXPERT_SKEW_RANGE = NumberRange(low=0, high=100)

@@ -1,0 +1,47 @@
+"""The request of one collective (`tpusim collective`) and of one collective under every
+algorithm (`tpusim compare-collectives`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from sim.runs.requests.base import (
+    _PERTURB,
+    _POD,
+    _SPARES,
+    _Perturbed,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CollectiveRequest(_Perturbed):
+    """One collective (`tpusim collective`): `op` over the pod's `axes` with `bytes` V."""
+
+    COMMAND: ClassVar[str] = "collective"
+    FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", "op", "axes", "bytes", "algorithm",
+                                        "src", "dst", "shift", *_PERTURB, *_SPARES, "mode",
+                                        "chunks")
+    REQUIRED: ClassVar[tuple[str, ...]] = ("op", "bytes")
+    SET_SCOPE: ClassVar[tuple[str, ...] | None] = ("chip", "topology", "collective")
+
+    op: str | None = None
+    axes: str = ""
+    bytes: str | int | None = None
+    algorithm: str = "auto"
+    src: str | None = None
+    dst: str | None = None
+    shift: int = 1
+    chunks: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class CompareCollectivesRequest(CollectiveRequest):
+    """One collective under every algorithm (`tpusim compare-collectives`)."""
+
+    COMMAND: ClassVar[str] = "compare-collectives"
+    SET_SCOPE: ClassVar[tuple[str, ...] | None] = ("chip", "topology")
+    FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", "op", "axes", "bytes", "src", "dst",
+                                        "shift", *_PERTURB, *_SPARES, "mode", "chunks")
+
+
