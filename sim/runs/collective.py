@@ -28,17 +28,19 @@ def check_common_inputs(req: CollectiveRequest, topo) -> None:
     """The inputs wrong for every algorithm alike, so that compare-collectives names them
     as they are instead of as 'no algorithm applies'."""
     if req.op == "send" and (req.src is None or req.dst is None):
-        raise TpusimError("--op send needs --src and --dst, e.g. --src 0,0 --dst 3,3")
+        raise TpusimError("{op} send needs {src} and {dst}, e.g. {src} 0,0 {dst} 3,3", "op", "src",
+                          "dst")
     if req.op != "send" and not req.axes:
-        raise TpusimError(f"--op {req.op} needs --axes, e.g. --axes y or --axes x,y")
+        raise TpusimError(f"{{op}} {req.op} needs {{axes}}, e.g. {{axes}} y or {{axes}} x,y", "op",
+                          "axes")
     if req.axes:
-        split_list(req.axes, "--axes", example="x,y")
+        split_list(req.axes, "axes", example="x,y")
     try:
         kind = CollectiveKind(req.op)
     except ValueError:
-        kind = None  # the simulation names an unknown --op
+        kind = None  # the simulation names an unknown op
     if kind == CollectiveKind.SEND:
-        for flag, text in (("--src", req.src), ("--dst", req.dst)):
+        for flag, text in (("src", req.src), ("dst", req.dst)):
             topo.chip_id(tuple(parse_coords(text, flag)))  # on the pod
         check_bytes(parse_bytes(req.bytes), kind, 1, "bytes")
     elif kind is not None:
@@ -61,8 +63,8 @@ def _simulate(req: CollectiveRequest, algorithm: str, pod: Pod):
         nbytes=parse_bytes(req.bytes),
         algorithm=algorithm,
         shift=req.shift,
-        src=parse_coords(req.src, "--src") if req.src else None,
-        dst=parse_coords(req.dst, "--dst") if req.dst else None,
+        src=parse_coords(req.src, "src") if req.src else None,
+        dst=parse_coords(req.dst, "dst") if req.dst else None,
         scenario=scenario_of(req, pod.topology),
         mode=req.mode,
         chunks=req.chunks,

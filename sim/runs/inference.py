@@ -43,10 +43,12 @@ def decode_config(req, batch: int, moe, *, weight_dtype=None, kv_dtype=None) -> 
     request's, for a sweep over several)."""
     prompt = getattr(req, "prompt_len", None)
     if prompt is not None and prompt < 1:
-        raise TpusimError(f"--prompt-len {prompt} must be >= 1 (tokens per prompt)")
+        raise TpusimError(f"{{prompt_len}} {prompt} must be >= 1 (tokens per prompt)",
+                          "prompt_len")
     context = req.context_len if req.context_len is not None else prompt
     if context is None or context < 1:
-        raise TpusimError(f"--context-len {context} must be >= 1 (tokens in each KV cache)")
+        raise TpusimError(f"{{context_len}} {context} must be >= 1 (tokens in each KV cache)",
+                          "context_len")
     return DecodeConfig(
         batch=batch, context_len=context,
         weight_dtype=weight_dtype if weight_dtype is not None else req.weight_dtype,
@@ -87,7 +89,7 @@ def padded_batch(trace) -> int:
 
 
 def decode_summary(trace, result, max_batch: int) -> dict[str, Any]:
-    """The `decode --json` result fields (per-chip bytes unless suffixed `_total`)."""
+    """The result fields of a decode run (per-chip bytes unless suffixed `_total`)."""
     meta = trace.meta
     step = result.step_time_s
     return {
@@ -190,17 +192,18 @@ def run_prefill(req: PrefillRequest) -> Run:
 
 def parse_batches(text: str) -> list[int]:
     """`1,4,16` -> sorted distinct batch sizes (at most `MAX_SWEEP_RUNS`)."""
-    items = split_list(text, "--batches", example="1,2,4,8")
+    items = split_list(text, "batches", example="1,2,4,8")
     if len(items) > MAX_SWEEP_RUNS:
         raise TpusimError(
-            f"--batches lists {len(items):,} batch sizes, over the limit of {MAX_SWEEP_RUNS}; "
-            f"sweep fewer sizes (e.g. powers of two)"
+            f"{{batches}} lists {len(items):,} batch sizes, over the limit of {MAX_SWEEP_RUNS}; "
+            f"sweep fewer sizes (e.g. powers of two)", "batches"
         )
-    parse = int_flag("--batches item", lo=1, hi=MAX_BATCH)
+    parse = int_flag("batches", lo=1, hi=MAX_BATCH)
     try:
         out = [parse(x) for x in items]
     except FlagError as exc:
-        raise TpusimError(f"{exc}; write e.g. --batches 1,2,4,8") from None
+        item = exc.template.replace("{batches}", "{batches} item", 1)
+        raise TpusimError(f"{item}; write e.g. {{batches}} 1,2,4,8", *exc.params) from None
     return sorted(set(out))
 
 
@@ -238,14 +241,14 @@ def pareto(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def run_serve_sweep(req: ServeSweepRequest) -> Run:
     """Batch sizes x (optionally) several meshes (`;`-separated) x weight/KV dtypes;
     `Run.result` is the list of rows."""
-    mesh_texts = split_list(req.mesh, "--mesh", sep=";", example="tensor=8;data=2,tensor=4")
+    mesh_texts = split_list(req.mesh, "mesh", sep=";", example="tensor=8;data=2,tensor=4")
     pod, base_model, model, _mesh, moe = _setup(req, mesh_texts[0])
     chip, topo = pod.chip, pod.topology
     batches = parse_batches(req.batches)
     mesh_texts = list(dict.fromkeys(mesh_texts))  # a repeated entry is swept once
     meshes = [parse_mesh(m, req.dcn) for m in mesh_texts]
-    wdts = list(dict.fromkeys(split_list(req.weight_dtype, "--weight-dtype", example="bf16,int8")))
-    kvdts = list(dict.fromkeys(split_list(req.kv_dtype, "--kv-dtype", example="bf16,int8")))
+    wdts = list(dict.fromkeys(split_list(req.weight_dtype, "weight_dtype", example="bf16,int8")))
+    kvdts = list(dict.fromkeys(split_list(req.kv_dtype, "kv_dtype", example="bf16,int8")))
     runs = len(meshes) * len(wdts) * len(kvdts) * len(batches)
     if runs > MAX_SWEEP_RUNS:
         raise TpusimError(

@@ -1,4 +1,4 @@
-"""A step's energy as part of its run, and the power cap (`--power-cap W`): when the chip's
+"""A step's energy as part of its run, and the power cap (`power_cap`, in W): when the chip's
 windowed peak power exceeds the cap, its MXU and VPU clock (`ChipSpec.clock_scale`) comes down,
 as DVFS does, until the peak fits.
 
@@ -55,9 +55,9 @@ def simulate_with_cap(cap_w: float | None, chip: ChipSpec,
         sims += 1
         if best[2].chip_power_w_peak > cap:
             raise TpusimError(
-                f"--power-cap {cap:g} W: even at {lo:.1%} of the clock the chip peaks at "
+                f"{{power_cap}} {cap:g} W: even at {lo:.1%} of the clock the chip peaks at "
                 f"{best[2].chip_power_w_peak:.1f} W (HBM, links and idle power do not follow "
-                f"the clock); give a cap above that")
+                f"the clock); give a cap above that", "power_cap")
         hi = 1.0
         for _ in range(CAP_ITERATIONS):
             mid = 0.5 * (lo + hi)

@@ -1,4 +1,4 @@
-"""A simulated run as a value (`Run`): the result fields a command prints with `--json`, the
+"""A simulated run as a value (`Run`): the result fields a command prints as JSON, the
 resolved inputs that produced them (recorded under `inputs`, so that a result describes itself and
 `tpusim rerun` can reproduce it), and the result objects behind them (tables, traces).
 
@@ -24,7 +24,7 @@ class Run:
 
     Attributes:
         command: the `tpusim` command that ran (`train`, `collective`, `decode`, ...).
-        summary: the result fields (`step_time_s`, `mfu`, ...), as `--json` prints them.
+        summary: the result fields (`step_time_s`, `mfu`, ...), as JSON prints them.
         inputs: the resolved inputs (chip, topology, model, mesh, settings, flags, version).
         result: the engine's result object (`StepResult`, `CollectiveResult`, ...) with the
             pandas tables (`ops`, `links`, ...); None for commands that aggregate many runs.
@@ -44,7 +44,7 @@ class Run:
     energy_detail: Any = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        """What `tpusim <command> --json` prints: the result fields, then `inputs`."""
+        """The result as JSON (what the CLI prints for `json`): the result fields, then `inputs`."""
         return {**self.summary, "inputs": self.inputs}
 
     def __getattr__(self, name: str) -> Any:

@@ -105,7 +105,7 @@ def compile_step(req, num_chips: int, moe=None, chip=None):
 
 
 def training_summary(trace, result, chip) -> dict[str, Any]:
-    """The `train --json` result fields of a simulated step."""
+    """The result fields of a simulated training step (its `to_dict`)."""
     meta = trace.meta
     step = result.step_time_s
     if not step > 0:
