@@ -158,7 +158,6 @@ PENDING_MODULES: set[str] = set()
 PENDING_FUNCTIONS = {
     "sim/engine/class_engine.py:run_classes",
     "sim/engine/perchip.py:prepare_step",
-    "sim/engine/pipeline.py:build_stage_programs",
     "sim/engine/vector_engine.py:run_vectors",
 }
 

@@ -234,93 +234,10 @@ def build_stage_programs(model: TransformerSpec, mesh, num_chips: int,
 
     programs, passes, sends, recvs, inflight = [], [], [], [], []
     for s in range(p):
-        ops: list = []
-        events: list[list] = []
-        stage_passes = []
-        stage_sends: dict[int, tuple[int, int]] = {}
-        stage_recvs: dict[int, int] = {}
-        fstart: dict[tuple[int, int], int] = {}  # a forward pass's first op id
-        grad_colls: list[int] = []
-        gate: int | None = None
-        live = peak = 0
-
-        def add(op, deps, _ops=ops, _s=s):
-            if len(_ops) >= MAX_TRACE_OPS:  # the compiler refuses most such counts first
-                raise TpusimError(
-                    f"pipeline stage {_s}'s program composes to more than {MAX_TRACE_OPS:,} ops, "
-                    f"the most tpusim simulates in one program; use fewer {{microbatches}}",
-                    "microbatches")
-            new = _copy_op(op, len(_ops), tuple(sorted(set(deps))))
-            _ops.append(new)
-            return new.id
-
-        def p2p_op(name: str, phase: str, deps=(), _add=add) -> int:
-            return _add(Op(id=0, name=name, kind=OpKind.COLLECTIVE, collective="send",
-                          mesh_axes=("pipeline",), bytes=send_bytes, phase=phase), deps)
-
-        for op in chunk_trace(s).ops:
-            if op.name == WEIGHT_CAST:
-                # The stage's weights cast once, before its first pass (a whole step's program
-                # casts before its first forward; the chunk holds it after its update).
-                gate = add(dataclasses.replace(op, phase="fwd"), [])
-        for ps in stage_order(sched, p, s, m, v):
-            c, i, fwd = ps.chunk, ps.microbatch, ps.kind == "F"
-            t = template(c, fwd, i == m - 1)
-            has_recv = (fwd and c > 0) or (not fwd and c < chunks - 1)
-            recv = -1
-            if has_recv:
-                recv = p2p_op("pipeline_recv_" + ("fwd" if fwd else "bwd"),
-                              "fwd" if fwd else "bwd")
-                stage_recvs[_tag(ps.kind, c, i, chunks, m)] = recv
-            start = len(ops)
-            outer = -1 if fwd else fstart.pop((c, i))
-            for fields_, inner, outer_pos, entry in t.ops:
-                deps = [start + k for k in inner]
-                if outer_pos:
-                    deps += [outer + k for k in outer_pos]
-                if not inner and gate is not None:
-                    deps.append(gate)
-                if entry and recv >= 0:
-                    deps.append(recv)
-                new = object.__new__(Op)
-                for setter, value in fields_:
-                    setter(new, value)
-                _SET_ID(new, len(ops))
-                _SET_DEPS(new, tuple(sorted(set(deps))))
-                ops.append(new)
-            grad_colls += [start + k for k in t.grad_colls]
-            for k, cat, delta, grads in t.events:
-                if grads and i > 0:
-                    continue
-                events.append([start + k, cat, delta])
-            if not t.core:
-                raise ValueError("min() arg is an empty sequence")  # as min(core) would
-            stage_passes.append((ps, recv, start + t.core[0], start + t.core[-1]))
-            gate = start + t.core[-1]
-            if fwd:
-                fstart[(c, i)] = start
-                live += 1
-                peak = max(peak, live)
-            else:
-                live -= 1
-            if fwd and c < chunks - 1:
-                sid = p2p_op("pipeline_send_fwd", "fwd", [gate])
-                stage_sends[sid] = (FWD_CHANNEL, _tag("F", c + 1, i, chunks, m))
-            elif not fwd and c > 0:
-                sid = p2p_op("pipeline_send_bwd", "bwd", [gate])
-                stage_sends[sid] = (BWD_CHANNEL, _tag("B", c - 1, i, chunks, m))
-        first = chunk_trace(s)
-        for op in first.ops:
-            if op.phase == "optimizer" and op.name != WEIGHT_CAST:
-                upd = add(op, [gate] + grad_colls)
-                for op_id, cat, delta in first.meta.get("memory_events", []):
-                    if op_id == op.id:
-                        events.append([upd, cat, delta])
-        meta = TraceMeta.of(**{k: first.meta[k] for k in (
-            "kind", "model", "overlap", "static_hbm_bytes", "static_composition", "num_chips",
-            "moe") if k in first.meta}, memory_events=events, pipeline_stage=s, microbatches=m)
-        programs.append(_trusted_trace(first.mesh, tuple(ops), meta))
-        passes.append(tuple(stage_passes))
+        prog, stage_passes, stage_sends, stage_recvs, peak = _compose_stage(
+            s, config, chunks, chunk_trace, template, send_bytes)
+        programs.append(prog)
+        passes.append(stage_passes)
         sends.append(stage_sends)
         recvs.append(stage_recvs)
         inflight.append(peak)
@@ -332,6 +249,104 @@ def build_stage_programs(model: TransformerSpec, mesh, num_chips: int,
             _STAGE_CACHE.popitem(last=False)
     return out
 
+
+
+def _compose_stage(s: int, config: TrainingConfig, chunks: int, chunk_trace, template,
+                   send_bytes: float) -> tuple[Trace, tuple, dict, dict, int]:
+    """Stage `s`'s program (`build_stage_programs`' rules): its weight cast, every pass of its
+    schedule copied from the pass templates with its receives and sends, and its optimizer
+    update. Returns the program, its passes (schedule pass, receive op, first and last core
+    op), its sends (op id -> (channel, tag)), its receives (tag -> op id) and the most
+    microbatches in flight."""
+    p, v, m = chunks // config.virtual_stages, config.virtual_stages, config.microbatches
+    sched = config.pipeline_schedule
+    ops: list = []
+    events: list[list] = []
+    stage_passes = []
+    stage_sends: dict[int, tuple[int, int]] = {}
+    stage_recvs: dict[int, int] = {}
+    fstart: dict[tuple[int, int], int] = {}  # a forward pass's first op id
+    grad_colls: list[int] = []
+    gate: int | None = None
+    live = peak = 0
+
+    def add(op, deps, _ops=ops, _s=s):
+        if len(_ops) >= MAX_TRACE_OPS:  # the compiler refuses most such counts first
+            raise TpusimError(
+                f"pipeline stage {_s}'s program composes to more than {MAX_TRACE_OPS:,} ops, "
+                f"the most tpusim simulates in one program; use fewer {{microbatches}}",
+                "microbatches")
+        new = _copy_op(op, len(_ops), tuple(sorted(set(deps))))
+        _ops.append(new)
+        return new.id
+
+    def p2p_op(name: str, phase: str, deps=(), _add=add) -> int:
+        return _add(Op(id=0, name=name, kind=OpKind.COLLECTIVE, collective="send",
+                      mesh_axes=("pipeline",), bytes=send_bytes, phase=phase), deps)
+
+    for op in chunk_trace(s).ops:
+        if op.name == WEIGHT_CAST:
+            # The stage's weights cast once, before its first pass (a whole step's program
+            # casts before its first forward; the chunk holds it after its update).
+            gate = add(dataclasses.replace(op, phase="fwd"), [])
+    for ps in stage_order(sched, p, s, m, v):
+        c, i, fwd = ps.chunk, ps.microbatch, ps.kind == "F"
+        t = template(c, fwd, i == m - 1)
+        has_recv = (fwd and c > 0) or (not fwd and c < chunks - 1)
+        recv = -1
+        if has_recv:
+            recv = p2p_op("pipeline_recv_" + ("fwd" if fwd else "bwd"),
+                          "fwd" if fwd else "bwd")
+            stage_recvs[_tag(ps.kind, c, i, chunks, m)] = recv
+        start = len(ops)
+        outer = -1 if fwd else fstart.pop((c, i))
+        for fields_, inner, outer_pos, entry in t.ops:
+            deps = [start + k for k in inner]
+            if outer_pos:
+                deps += [outer + k for k in outer_pos]
+            if not inner and gate is not None:
+                deps.append(gate)
+            if entry and recv >= 0:
+                deps.append(recv)
+            new = object.__new__(Op)
+            for setter, value in fields_:
+                setter(new, value)
+            _SET_ID(new, len(ops))
+            _SET_DEPS(new, tuple(sorted(set(deps))))
+            ops.append(new)
+        grad_colls += [start + k for k in t.grad_colls]
+        for k, cat, delta, grads in t.events:
+            if grads and i > 0:
+                continue
+            events.append([start + k, cat, delta])
+        if not t.core:
+            raise ValueError("min() arg is an empty sequence")  # as min(core) would
+        stage_passes.append((ps, recv, start + t.core[0], start + t.core[-1]))
+        gate = start + t.core[-1]
+        if fwd:
+            fstart[(c, i)] = start
+            live += 1
+            peak = max(peak, live)
+        else:
+            live -= 1
+        if fwd and c < chunks - 1:
+            sid = p2p_op("pipeline_send_fwd", "fwd", [gate])
+            stage_sends[sid] = (FWD_CHANNEL, _tag("F", c + 1, i, chunks, m))
+        elif not fwd and c > 0:
+            sid = p2p_op("pipeline_send_bwd", "bwd", [gate])
+            stage_sends[sid] = (BWD_CHANNEL, _tag("B", c - 1, i, chunks, m))
+    first = chunk_trace(s)
+    for op in first.ops:
+        if op.phase == "optimizer" and op.name != WEIGHT_CAST:
+            upd = add(op, [gate] + grad_colls)
+            for op_id, cat, delta in first.meta.get("memory_events", []):
+                if op_id == op.id:
+                    events.append([upd, cat, delta])
+    meta = TraceMeta.of(**{k: first.meta[k] for k in (
+        "kind", "model", "overlap", "static_hbm_bytes", "static_composition", "num_chips",
+        "moe") if k in first.meta}, memory_events=events, pipeline_stage=s, microbatches=m)
+    return (_trusted_trace(first.mesh, tuple(ops), meta), tuple(stage_passes), stage_sends,
+            stage_recvs, peak)
 
 # The last few compositions, most recently used last (a 405B stage program with 8
 # microbatches is ~50k ops, tens of MB).
