@@ -82,6 +82,7 @@ def serve_plan_argv(words: list[str]) -> list[str]:
 
 def request_from_argv(argv: Sequence[str], *, parser: Parser | None = None):
     """The typed request of a simulating command line (`["train", "--chip", "v5e", ...]`)."""
+    # deferred: start-up
     from sim.runs.requests import REQUESTS, ReplayRequest
 
     args = parse(argv, parser=parser)

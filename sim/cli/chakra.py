@@ -28,6 +28,7 @@ def _print_inventory(inv: dict[str, Any]) -> None:
 
 
 def cmd_import_chakra(args: argparse.Namespace) -> int:
+    # deferred: start-up
     from workloads.chakra.convert import replay_notes
     from workloads.chakra.reader import inventory, read_set
 

@@ -57,6 +57,7 @@ def cmd_collective(args: argparse.Namespace) -> int:
     res = run.result
     plan = None
     if args.perfetto:
+        # deferred: start-up
         from sim.export.perfetto import plan_collective_trace
 
         plan = plan_collective_trace([res], args.perfetto)  # before the first byte of output
@@ -65,12 +66,14 @@ def cmd_collective(args: argparse.Namespace) -> int:
     # Refused candidates' reasons name settings by Python name: spelled here as flags.
     out = render_said(run.to_dict(), flag_spelling(args.parser, "collective"))
     if args.out:
+        # deferred: start-up
         from sim.export.output import write_tables
 
         write_tables(args.out, {"links": res.links, "timeline": res.timeline}, out)
     if plan is not None:
         plan.write()
     if args.plots:
+        # deferred: start-up
         from sim.export.collective_plots import plot_collective
 
         plot_collective(res, args.plots)
@@ -112,6 +115,7 @@ def cmd_collective(args: argparse.Namespace) -> int:
 def _warn_if_over_hbm(req, res) -> None:
     """A collective whose buffers cannot fit in one chip's HBM still simulates (the links do
     not care), but the program could not run: say so on stderr."""
+    # deferred: start-up
     from sim.runs.bind import resolve_pod
     from sim.runs.collective import buffer_bytes_per_chip
 
@@ -138,6 +142,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     rows, results = out["results"], run.result
     ok = [r for r in rows if r["applicable"]]
     if args.perfetto:
+        # deferred: start-up
         from sim.export.perfetto import plan_collective_trace
 
         plan = plan_collective_trace(results, args.perfetto)
@@ -197,6 +202,7 @@ def _reason_words(algorithm: str, reason: str) -> str:
 def cmd_topology(args: argparse.Namespace) -> int:
     """Diameter, average hops, bisection and all-to-all bound of one slice, and with
     `--twist` the twisted wiring's beside the plain one's (topologies/metrics.py)."""
+    # deferred: start-up
     from sim.chips import load_chip
     from sim.overrides import parse_overrides, set_pairs
     from topologies.metrics import compare_report
@@ -251,6 +257,7 @@ def cmd_topology(args: argparse.Namespace) -> int:
     print("  all-to-all per chip: what each chip sends per second when every pair exchanges "
           "the same bytes over its shortest paths (the busiest link's bound)")
     if not t:
+        # deferred: start-up
         from topologies.slices import can_twist
 
         if can_twist(chip.generation_rule, plain.shape):
@@ -266,6 +273,7 @@ def _algo_label(r: dict) -> str:
 def cmd_presets(args: argparse.Namespace) -> int:
     """Chip presets (every field under its chip YAML key, with where each efficiency factor
     comes from) and named slices; `--chip X --json` prints one chip file."""
+    # deferred: start-up
     from sim.chips import CHIPS, efficiency_sources, load_chip, power_sources
     from topologies.slices import SLICES, default_wraparound
 
@@ -336,6 +344,7 @@ def _print_sources(sources: dict[str, dict[str, dict]]) -> None:
                 continue
             print(f"  {name} {field} = {e['value']:g}: {e['kind']}, {e['source']}")
     for source, fields in assumed.items():
+        # deferred: start-up
         from sim.chips import EFFICIENCY_FIELDS
 
         names = sorted(set(fields), key=EFFICIENCY_FIELDS.index)

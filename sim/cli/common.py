@@ -201,6 +201,7 @@ def register_commands(sub, commands) -> None:
 
 def add_set_arg(p: argparse.ArgumentParser, scope: tuple[str, ...]) -> None:
     """`--set KEY=VALUE` (repeatable), accepting the key groups in `scope` (sim/overrides.py)."""
+    # deferred: start-up
     from sim.overrides import allowed_keys
 
     examples = {"chip": "ici_link_bytes_per_s=x2", "topology": "topology.wraparound=none",
@@ -277,6 +278,7 @@ def show_path(path: str | Path) -> str:
 def check_outputs(args: argparse.Namespace) -> None:
     """Validate every output path (and their collisions) before simulating, so a bad one
     writes nothing. `--trace-chips` is checked against the pod by `check_trace_chips`."""
+    # deferred: start-up
     from sim.export.output import check_output_dir, check_output_file
 
     out = getattr(args, "out", None)
@@ -355,6 +357,7 @@ def check_trace_file_size(text: str, flag: str, fix: str) -> None:
     """A trace about to be written must be one `tpusim replay` reads: a 239,934-op LLaMA-3-405B
     step (inside the 250,000-op limit) compiled to 41 MB, over the 32 MiB a trace file may
     hold, so `compile -o` wrote a file that `replay` then refused (hard10)."""
+    # deferred: start-up
     from topologies.validate import MAX_TRACE_FILE_BYTES
 
     size = len(text.encode("utf-8"))
@@ -380,6 +383,7 @@ def _dir_outputs(args: argparse.Namespace, flag: str) -> set[str]:
 
 def check_trace_chips(args: argparse.Namespace, num_chips: int) -> None:
     """Parse `--trace-chips` against the pod (before anything runs); stores `args.chip_list`."""
+    # deferred: start-up
     from sim.export.perfetto import parse_chip_list
 
     args.chip_list = parse_chip_list(getattr(args, "trace_chips", None), num_chips)

@@ -89,16 +89,19 @@ def cmd_goodput(args: argparse.Namespace) -> int:
     run = run_goodput(req)
     res = run.result
     if args.out:
+        # deferred: start-up
         from sim.export.output import write_tables
 
         write_tables(Path(args.out), {"seeds": res.seeds_frame(),
                                       "intervals": res.intervals_frame(),
                                       "events": res.events_frame()}, run.to_dict())
     if args.plots:
+        # deferred: start-up
         from sim.export.goodput_plots import plot_goodput
 
         plot_goodput(run.summary, res, args.plots)
     if args.perfetto:
+        # deferred: start-up
         from sim.export.goodput_trace import export_goodput
 
         export_goodput(run.summary, res, args.perfetto)

@@ -90,6 +90,7 @@ def cmd_make_hlo_fixture(args: argparse.Namespace) -> int:
             raise TpusimError("--slice names the chip and the shape; give --slice alone, or "
                               "--chip with --shape")
     elif args.chip is not None and args.shape is not None:
+        # deferred: start-up
         from sim.chips import get_chip
 
         chip = get_chip(args.chip)

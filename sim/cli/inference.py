@@ -52,6 +52,7 @@ def _add_inference_args(p: argparse.ArgumentParser, *, batch: bool = True,
 def _with_trace_chips(args, run, req):
     """`run(req)`, with --perfetto's chip list checked against the pod before it simulates."""
     if getattr(args, "perfetto", None):
+        # deferred: start-up
         from sim.runs.bind import resolve_pod
 
         cli.check_trace_chips(args, resolve_pod(req).topology.num_chips)
@@ -84,6 +85,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
         print(f"  note             batch {s['batch']} is padded to {s['padded_batch']}, a multiple "
               f"of the data x expert shards: the step costs as much as batch "
               f"{s['padded_batch']}")
+    # deferred: start-up
     from sim.engine.result import breakdown_label
 
     print("  critical path:")
@@ -116,6 +118,7 @@ def cmd_prefill(args: argparse.Namespace) -> int:
     print(f"  tokens/s/chip    {s['tokens_per_s_per_chip']:.1f}")
     fit = "fits" if s["fits_in_hbm"] else "DOES NOT FIT"
     print(f"  HBM peak         {s['hbm_peak_bytes'] / 1e9:.2f} GB ({fit})")
+    # deferred: start-up
     from sim.engine.result import breakdown_label
 
     print("  critical path:")
@@ -146,6 +149,7 @@ def _write_sweep(out: Path, rows: list[dict[str, Any]], title: str) -> list[Path
     import matplotlib
     from matplotlib.figure import Figure
 
+    # deferred: start-up
     from sim.export.plots import save
 
     # A bare Figure (no pyplot: a notebook's backend stays as it was) under the plots' fixed
@@ -208,6 +212,7 @@ def cmd_serve_sweep(args: argparse.Namespace) -> int:
     title = (f"{run.summary['model']} decode, {run.summary['topology']} {run.summary['chip']}, "
              f"{what}, context {run.summary['context_len']}")
     if args.out:
+        # deferred: start-up
         from sim.export.output import write_json
 
         _write_sweep(Path(args.out), rows, title)

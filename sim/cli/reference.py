@@ -358,6 +358,7 @@ def _model_cells(m) -> list[str]:
 
 def models_section() -> list[str]:
     """The zoo (`workloads.zoo.MODELS`), one row per model with its other names."""
+    # deferred: start-up
     from workloads.zoo import MODEL_ALIASES, MODEL_SOURCES, MODELS
 
     lines = [

@@ -82,17 +82,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     run = run_serve(req)
     trace = None
     if args.perfetto:
+        # deferred: start-up
         from sim.export.serving_trace import plan_serving_trace
 
         trace = plan_serving_trace(run.summary, run.result, args.perfetto)  # sized first
         trace.check_size()
     if args.out:
+        # deferred: start-up
         from sim.export.output import write_tables
 
         res = run.result
         write_tables(Path(args.out), {"requests": res.requests_frame(),
                                       "iterations": res.iterations_frame()}, run.to_dict())
     if args.plots:
+        # deferred: start-up
         from sim.export.serving_plots import plot_serving
 
         plot_serving(run.summary, run.result, args.plots)

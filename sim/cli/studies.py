@@ -82,6 +82,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.out:
         from pathlib import Path
 
+        # deferred: start-up
         from sim.export.output import write_tables
 
         write_tables(args.out, {"candidates": res.table}, summary)

@@ -170,6 +170,7 @@ def _add_quant_args(p: argparse.ArgumentParser) -> None:
 
 
 def _print_training(s: dict[str, Any]) -> None:
+    # deferred: start-up
     from sim.engine.result import breakdown_label
 
     print(f"{s['model']} training step on {s['topology']} {s['chip']} ({s['num_chips']} chips)")
@@ -212,11 +213,13 @@ def _write_outputs(args, run) -> list[str]:
     notes = []
     plan = chakra = None
     if getattr(args, "chakra", None):
+        # deferred: start-up
         from sim.export.chakra import plan_chakra
 
         # Encoded before any output is written: a step that cannot be exported writes nothing.
         chakra = plan_chakra(trace, result, every_chip=args.chakra_every_chip)
     if getattr(args, "perfetto", None):
+        # deferred: start-up
         from sim.export.perfetto import plan_step_trace
 
         # Everything the trace needs is checked before the first byte of any output: the
@@ -230,6 +233,7 @@ def _write_outputs(args, run) -> list[str]:
         plan = plan_step_trace(result, args.perfetto, chips=chips, energy=energy)
         plan.check_size()
     if getattr(args, "out", None):
+        # deferred: start-up
         from sim.export.output import write_tables
 
         tables = {"ops": result.ops, "units": result.units, "links": result.links,
@@ -244,6 +248,7 @@ def _write_outputs(args, run) -> list[str]:
         notes.append(f"wrote Perfetto trace {cli.show_path(args.perfetto)} ({shown}; open it at "
                      f"ui.perfetto.dev)")
     if getattr(args, "plots", None):
+        # deferred: start-up
         from sim.export.step_plots import plot_step
 
         plot_step(result, summary, args.plots, energy=energy)
@@ -258,6 +263,7 @@ def _write_outputs(args, run) -> list[str]:
 def _windowed_ring_note(args, trace) -> list[str]:
     """`--fsdp-gather windowed` over a longer ring than XLA ever windows: say so (the step is
     a what-if; the mixed modes model what XLA compiles there, docs/model.md)."""
+    # deferred: start-up
     from workloads.training import XLA_MAX_WINDOWED_RING
 
     ring = trace.mesh.size("fsdp") * trace.mesh.size("expert")
@@ -274,6 +280,7 @@ def _grad_ring_note(trace) -> list[str]:
     """Weight gradients reduce-scattered over a longer FSDP group than XLA ever reduce-scatters
     one (the default `--fsdp-grad reduce-scatter` there): say so, since XLA all-reduces them
     whole and synchronously, and v6e's preset MXU factor was fitted with that rule."""
+    # deferred: start-up
     from workloads.training import XLA_MAX_WINDOWED_RING
 
     ring = max((math.prod(trace.mesh.size(a) for a in op.mesh_axes) for op in trace.ops
@@ -359,6 +366,7 @@ def replay_request(args: argparse.Namespace) -> ReplayRequest:
 
 
 def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
+    # deferred: start-up
     from sim.engine.result import breakdown_label
     from sim.runs.train import run_replay
 
@@ -475,6 +483,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Simulate a LLaMA-3-8B step on a v5e-16 (mesh fsdp=4, tensor=4) and compare all-gather
     algorithms on the wrapped x axis of a 16x16 v5e; write a summary, a Perfetto trace, tables and
     plots into --out."""
+    # deferred: start-up
     from sim.chips import get_chip
     from sim.collectives.simulate import simulate_collective
     from sim.engine.executors import Executor, simulate_step
@@ -513,6 +522,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                                 "error": exc.render(flag_spelling(args.parser, "demo"))})
     write_tables(out / "tables", {"ops": result.ops, "units": result.units,
                                   "links": result.links, "memory": result.memory}, summary)
+    # deferred: start-up
     from sim.runs.result import describe_config, describe_mesh, describe_topology
 
     # What produced the numbers, as every result records it (the demo takes no model or pod
@@ -532,18 +542,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
     doc = {"training_step": summary, "mesh": mesh.describe(),
            "all_gather_32MiB_x_16x16_v5e": collectives, "inputs": inputs}
     write_json(out / "summary.json", doc)
+    # deferred: start-up
     from sim.export.perfetto import export_step
     from sim.export.step_plots import plot_step
 
     export_step(result, out / "train_step.pftrace")
     plot_step(result, {**summary, "inputs": inputs}, out / "plots")
     if auto is not None:
+        # deferred: start-up
         from sim.export.collective_plots import plot_collective
 
         plot_collective(auto, out / "plots" / "all_gather_x")
     if args.json:
         cli.emit_json(doc)
         return 0
+    # deferred: start-up
     from topologies.mesh import place_mesh
 
     where = ", ".join(f"{n} on {'+'.join(a for a, _k, _s in p.factors)}"
