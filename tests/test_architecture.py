@@ -157,7 +157,6 @@ MAX_FUNCTION_LINES = 120
 PENDING_MODULES: set[str] = set()
 PENDING_FUNCTIONS = {
     "sim/engine/class_engine.py:run_classes",
-    "sim/engine/perchip.py:prepare_step",
     "sim/engine/vector_engine.py:run_vectors",
 }
 

@@ -215,6 +215,61 @@ def prepare_step(trace: Trace, chip: ChipSpec, topology: Topology, cfg: PerChipC
 
     # -- collectives: groups, healthy costs, per-group costs under degraded links -----------
     # Keyed by (program, op id): programs of chips that never share a group may differ.
+    prefix_ops = watch.prefix_ops if watch is not None else None
+    c = _cost_collectives(trace, chip, topology, cfg, programs, used_programs, p2p_ops, slow,
+                          algorithm, prefix_ops)
+    op_geom, op_key, geoms, base_costs, group_cost, key_geom = c
+    if len(used_programs) > 1:
+        _check_rendezvous(programs, prog_of, op_geom, op_key, geoms)
+
+    # -- point-to-point sends: every chip's message on its own route --------------------------
+    send_cost_of: dict[tuple[int, int], np.ndarray] = {}  # (program, op id) -> per chip index
+    p2p_costs: list[CollectiveCost] = []
+    if p2p is not None:
+        send_cost_of, p2p_costs = _p2p_costs(chip, topology, p2p, programs, prog_of,
+                                             used_programs, slow, tuple(cfg.dead_links))
+
+    # -- equivalence classes ---------------------------------------------------------------
+    geo_list = list(geoms)
+    neighbours = [np.asarray(nb, dtype=np.int64) for nb in p2p.peer_of_chip] if p2p else []
+    if neighbours:  # the inverse relations too: who sends to each chip
+        for nb in list(neighbours):
+            inv = np.full(nchips, -1, dtype=np.int64)
+            ok = nb >= 0
+            inv[nb[ok]] = np.flatnonzero(ok)
+            neighbours.append(inv)
+    if cfg.mode == "per-chip":
+        label = np.arange(nchips)
+    else:
+        base_cols = [speed, prog_of.astype(float)]
+        for op_id in sorted(cfg.op_scale):
+            base_cols.append(np.asarray(cfg.op_scale[op_id], dtype=float))
+        for key, (index, costs) in group_cost.items():
+            if len(costs) > 1:
+                base_cols.append(index[geoms[key_geom[key]].group_of_chip].astype(float))
+        for sk in sorted(send_cost_of):
+            base_cols.append(send_cost_of[sk].astype(float))
+        label = chip_classes(base_cols, [geoms[g].group_of_chip for g in geo_list], neighbours)
+    ncls = int(label.max()) + 1
+    rep = np.zeros(ncls, dtype=np.int64)
+    _, first = np.unique(label, return_index=True)
+    rep[:] = first
+    class_ops = sum(len(programs[int(prog_of[r])].ops) for r in rep.tolist())
+    return PreparedStep(
+        config=cfg, trace=trace, chip=chip, topology=topology, overlap=overlap,
+        speed=speed, programs=programs, prog_of=prog_of, used_programs=used_programs,
+        slow=slow, op_geom=op_geom, op_key=op_key, geoms=geoms, base_costs=base_costs,
+        group_cost=group_cost, send_cost_of=send_cost_of, p2p_costs=p2p_costs, label=label,
+        rep=rep, class_ops=class_ops, lm=link_model(chip, topology, {}),
+        vectors_apply=vectors_apply(p2p, prog_of, used_programs, op_geom, geoms),
+        prefix_ops=prefix_ops)
+
+
+def _cost_collectives(trace: Trace, chip: ChipSpec, topology: Topology, cfg: PerChipConfig,
+                      programs, used_programs, p2p_ops, slow, algorithm, prefix_ops) -> tuple:
+    """Every collective of the used programs (`prepare_step`): its group geometry, its cost
+    key, its healthy cost and, where slow or dead links touch its groups, its cost per group.
+    Returns (op_geom, op_key, geoms, base_costs, group_cost, key_geom)."""
     groups = collective_groups(trace, topology)
     groups_of_mesh: dict[object, dict] = {trace.mesh: groups}
     dev_groups: dict[int, tuple] = {}
@@ -230,7 +285,6 @@ def prepare_step(trace: Trace, chip: ChipSpec, topology: Topology, cfg: PerChipC
     # classes, which are therefore the full run's, so the watch applies to the prefix exactly
     # when it applies to the full run (a late collective on a slow link splits a program's
     # chips into several classes: the full run is not watched, and neither is its prefix).
-    prefix_ops = watch.prefix_ops if watch is not None else None
     for pi in used_programs:
         prog = programs[pi]
         if prog.mesh not in groups_of_mesh:
@@ -289,51 +343,7 @@ def prepare_step(trace: Trace, chip: ChipSpec, topology: Topology, cfg: PerChipC
             else:
                 group_cost[key] = (np.zeros(geoms[geo_axes].num_groups, dtype=np.int64),
                                    [base_costs[key]])
-    if len(used_programs) > 1:
-        _check_rendezvous(programs, prog_of, op_geom, op_key, geoms)
-
-    # -- point-to-point sends: every chip's message on its own route --------------------------
-    send_cost_of: dict[tuple[int, int], np.ndarray] = {}  # (program, op id) -> per chip index
-    p2p_costs: list[CollectiveCost] = []
-    if p2p is not None:
-        send_cost_of, p2p_costs = _p2p_costs(chip, topology, p2p, programs, prog_of,
-                                             used_programs, slow, tuple(cfg.dead_links))
-
-    # -- equivalence classes ---------------------------------------------------------------
-    geo_list = list(geoms)
-    neighbours = [np.asarray(nb, dtype=np.int64) for nb in p2p.peer_of_chip] if p2p else []
-    if neighbours:  # the inverse relations too: who sends to each chip
-        for nb in list(neighbours):
-            inv = np.full(nchips, -1, dtype=np.int64)
-            ok = nb >= 0
-            inv[nb[ok]] = np.flatnonzero(ok)
-            neighbours.append(inv)
-    if cfg.mode == "per-chip":
-        label = np.arange(nchips)
-    else:
-        base_cols = [speed, prog_of.astype(float)]
-        for op_id in sorted(cfg.op_scale):
-            base_cols.append(np.asarray(cfg.op_scale[op_id], dtype=float))
-        for key, (index, costs) in group_cost.items():
-            if len(costs) > 1:
-                base_cols.append(index[geoms[key_geom[key]].group_of_chip].astype(float))
-        for sk in sorted(send_cost_of):
-            base_cols.append(send_cost_of[sk].astype(float))
-        label = chip_classes(base_cols, [geoms[g].group_of_chip for g in geo_list], neighbours)
-    ncls = int(label.max()) + 1
-    rep = np.zeros(ncls, dtype=np.int64)
-    _, first = np.unique(label, return_index=True)
-    rep[:] = first
-    class_ops = sum(len(programs[int(prog_of[r])].ops) for r in rep.tolist())
-    return PreparedStep(
-        config=cfg, trace=trace, chip=chip, topology=topology, overlap=overlap,
-        speed=speed, programs=programs, prog_of=prog_of, used_programs=used_programs,
-        slow=slow, op_geom=op_geom, op_key=op_key, geoms=geoms, base_costs=base_costs,
-        group_cost=group_cost, send_cost_of=send_cost_of, p2p_costs=p2p_costs, label=label,
-        rep=rep, class_ops=class_ops, lm=link_model(chip, topology, {}),
-        vectors_apply=vectors_apply(p2p, prog_of, used_programs, op_geom, geoms),
-        prefix_ops=prefix_ops)
-
+    return op_geom, op_key, geoms, base_costs, group_cost, key_geom
 
 
 def coords_text(topology: Topology, chip: int) -> str:
