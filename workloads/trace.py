@@ -120,7 +120,7 @@ class Trace:
             # A plain mapping (tests, hand-built programs) reads as a trace file's "meta" does.
             object.__setattr__(self, "meta", TraceMeta.from_dict(self.meta))
         names = {n for n, _ in self.mesh.axes} | {n for n, _ in self.mesh.dcn_axes}
-        n_groups = len(self.meta.get("device_groups", ()))
+        n_groups = len(self.meta.device_groups or ())
         for i, op in enumerate(self.ops):
             if op.id != i:
                 raise TpusimError(

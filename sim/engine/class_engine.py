@@ -385,7 +385,7 @@ def _run_watching_hbm(env, classes, programs, watch: HbmWatch) -> None:
         meta = programs[cl.prog].meta
         levels.append(static_hbm_bytes(meta))
         delta: dict[int, float] = {}
-        for ev in meta.get("memory_events") or ():
+        for ev in meta.memory_events or ():
             delta[int(ev[0])] = delta.get(int(ev[0]), 0.0) + float(ev[2])
         for op_id, d in delta.items():
             if 0 <= op_id < len(cl.done):

@@ -163,7 +163,7 @@ def _cost_collective(
 def device_group_axes(trace: Trace, topology: Topology, op, cache: dict[int, tuple]):
     """(group axes, cost key) of a collective over explicit device groups (HLO import)."""
     if op.group not in cache:
-        spec = trace.meta["device_groups"][op.group]
+        spec = trace.meta.device_groups[op.group]
         members = spec.get("groups", spec.get("pairs", []))
         bad = [c for g in members for c in g if not 0 <= int(c) < topology.num_chips]
         if bad:

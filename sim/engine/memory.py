@@ -4,22 +4,21 @@ resident cache) plus every memory event's bytes while it is live, its peak and t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import numpy as np
 
 from topologies.errors import TpusimError
 from workloads.memory import MEMORY_CATEGORIES
 from workloads.trace import Trace
+from workloads.trace_meta import TraceMeta
 
 
-def static_hbm_bytes(meta: Mapping) -> float:
+def static_hbm_bytes(meta: TraceMeta) -> float:
     """A trace's static HBM state in bytes, resident from the start of the step: the sum of meta
     `static_composition`, or `static_hbm_bytes` when the trace has no composition."""
-    comp = meta.get("static_composition")
+    comp = meta.static_composition
     if comp:
         return sum(float(v) for v in comp.values())
-    return float(meta.get("static_hbm_bytes", 0.0))
+    return float(meta.static_hbm_bytes or 0.0)
 
 
 def hbm_occupancy(trace: Trace, end, pp: int) -> tuple[float, dict[str, float], list[tuple]]:
@@ -33,15 +32,15 @@ def hbm_occupancy(trace: Trace, end, pp: int) -> tuple[float, dict[str, float], 
     bound the peak from below.
     """
     meta = trace.meta
-    static = float(meta.get("static_hbm_bytes", 0.0))
+    static = float(meta.static_hbm_bytes or 0.0)
     level = dict.fromkeys(MEMORY_CATEGORIES, 0.0)
-    comp = meta.get("static_composition")
+    comp = meta.static_composition
     if comp:
         for k, v in comp.items():
             level[k] += float(v)
     else:
         level["other"] += static
-    raw = meta.get("memory_events")
+    raw = meta.memory_events
     end = _floats(end)
     if raw is not None:
         events = []
@@ -74,10 +73,10 @@ def hbm_occupancy(trace: Trace, end, pp: int) -> tuple[float, dict[str, float], 
         total = sum(level.values())
         if total > peak:
             peak, peak_parts = total, dict(level)
-    if raw is None and meta.get("logits_bytes"):
-        peak_parts["logits"] += float(meta["logits_bytes"])  # transient during the loss
-        peak += float(meta["logits_bytes"])
-    pp_act = float(meta.get("activation_bytes_estimate", 0.0))
+    if raw is None and meta.logits_bytes:
+        peak_parts["logits"] += float(meta.logits_bytes)  # transient during the loss
+        peak += float(meta.logits_bytes)
+    pp_act = float(meta.activation_bytes_estimate or 0.0)
     if pp > 1 and static + pp_act > peak:
         peak = static + pp_act
         peak_parts = dict.fromkeys(MEMORY_CATEGORIES, 0.0)

@@ -211,7 +211,7 @@ def prepare_step(trace: Trace, chip: ChipSpec, topology: Topology, cfg: PerChipC
         if not (np.isfinite(f) and f > 0) or not 0 <= link < topology.num_links:
             raise TpusimError(f"link factor {f!r} of link {link} must be a finite number > 0")
     if overlap is None:
-        overlap = bool(trace.meta.get("overlap", True))
+        overlap = trace.meta.overlap is not False
 
     # -- collectives: groups, healthy costs, per-group costs under degraded links -----------
     # Keyed by (program, op id): programs of chips that never share a group may differ.

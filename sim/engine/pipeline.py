@@ -223,7 +223,7 @@ def build_stage_programs(model: TransformerSpec, mesh, num_chips: int,
     def chunk_trace(c: int) -> Trace:
         return chunk_program(model, mesh, num_chips, config, c)
 
-    send_bytes = float(chunk_trace(0).meta["pipeline_send_bytes"])
+    send_bytes = float(chunk_trace(0).meta.pipeline_send_bytes)
     templates: dict[tuple, _PassTemplate] = {}
 
     def template(c: int, fwd: bool, last_mb: bool) -> _PassTemplate:
@@ -339,12 +339,14 @@ def _compose_stage(s: int, config: TrainingConfig, chunks: int, chunk_trace, tem
     for op in first.ops:
         if op.phase == "optimizer" and op.name != WEIGHT_CAST:
             upd = add(op, [gate] + grad_colls)
-            for op_id, cat, delta in first.meta.get("memory_events", []):
+            for op_id, cat, delta in first.meta.memory_events or ():
                 if op_id == op.id:
                     events.append([upd, cat, delta])
-    meta = TraceMeta.of(**{k: first.meta[k] for k in (
-        "kind", "model", "overlap", "static_hbm_bytes", "static_composition", "num_chips",
-        "moe") if k in first.meta}, memory_events=events, pipeline_stage=s, microbatches=m)
+    kept = ("kind", "model", "overlap", "static_hbm_bytes", "static_composition", "num_chips",
+            "moe")
+    meta = TraceMeta.of(**{k: getattr(first.meta, k) for k in kept
+                           if k in first.meta.key_order},
+                        memory_events=events, pipeline_stage=s, microbatches=m)
     return (_trusted_trace(first.mesh, tuple(ops), meta), tuple(stage_passes), stage_sends,
             stage_recvs, peak)
 
@@ -450,7 +452,7 @@ def _pass_template(tr: Trace, fwd: bool, last_mb: bool, v: int) -> _PassTemplate
         if not fwd and op.kind == OpKind.COLLECTIVE and "grad" in op.name:
             grad.append(k)
     events = []
-    for op_id, cat, delta in tr.meta.get("memory_events", []):
+    for op_id, cat, delta in tr.meta.memory_events or ():
         if op_id not in pos:
             continue
         grads = cat == "gradients"

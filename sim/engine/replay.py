@@ -81,7 +81,7 @@ def replay(
     lm = link_model(chip, topology, {})
     hbm_bw = chip.eff_hbm_bytes_per_s
     if overlap is None:
-        overlap = bool(trace.meta.get("overlap", True))
+        overlap = trace.meta.overlap is not False
     c = _cost_ops(trace, chip, topology, algorithm)
     net, start, end = _run(trace, c.dur, c.coll_batch, overlap,
                            np.append(lm.class_capacity_bytes_per_s, hbm_bw))

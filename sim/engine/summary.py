@@ -27,8 +27,8 @@ def _summarize(trace, chip, topology, dur, bound, start, end, net, costs, lm, mx
     start, end = _floats(start), _floats(end)
     # Pipeline bubble: the (p-1) idle stage slots of GPipe/1F1B, each as long as one
     # microbatch's forward+backward on a stage (the standard bubble, tpu.md §4 pipeline row).
-    pp = int(trace.meta.get("pipeline_stages", 1))
-    mbs = int(trace.meta.get("microbatches", 1))
+    pp = int(trace.meta.pipeline_stages or 1)
+    mbs = int(trace.meta.microbatches or 1)
     bubble = 0.0
     if pp > 1:
         # One microbatch's forward+backward: the time before the optimizer update starts.

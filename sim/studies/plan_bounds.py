@@ -139,7 +139,7 @@ def hbm_peak_lower_bound(trace, off_core: Iterable[int] = ()) -> float:
     `off_core`: ops the core skips although of a core kind (a pipeline stage's receives,
     completed by the peer's send)."""
     meta = trace.meta
-    raw = meta.get("memory_events")
+    raw = meta.memory_events
     if not raw:
         return 0.0
     ops = trace.ops
@@ -149,7 +149,7 @@ def hbm_peak_lower_bound(trace, off_core: Iterable[int] = ()) -> float:
         if not 0 <= i < len(ops) or str(ev[1]) not in MEMORY_CATEGORIES:
             return 0.0  # the simulation reports the bad event
         delta[i] += float(ev[2])
-    overlap = bool(meta.get("overlap", True))
+    overlap = meta.overlap is not False
     skipped = set(off_core)
 
     def on_core(o) -> bool:
@@ -191,7 +191,7 @@ class Uncontended:
         self.end = [[0.0] * len(t.ops) for t in programs]
         self.pos = [0] * len(programs)
         self.core = [0.0] * len(programs)
-        self.overlap = [bool(t.meta.get("overlap", True)) for t in programs]
+        self.overlap = [t.meta.overlap is not False for t in programs]
 
     def advance(self, k: int) -> bool:
         ops, start, end, fl = self.programs[k].ops, self.start[k], self.end[k], self.floors
@@ -350,7 +350,7 @@ def pipeline_schedule_bound(model, axes, num_chips: int, tcfg, chip, topology) -
     def chunk_trace(c: int):
         return chunk_program(model, mesh, num_chips, tcfg, c)
 
-    send = floors.send(float(chunk_trace(0).meta["pipeline_send_bytes"]))
+    send = floors.send(float(chunk_trace(0).meta.pipeline_send_bytes))
     terms: dict[tuple, tuple[float, float, float, float]] = {}
 
     def pass_terms(c: int, fwd: bool, last_mb: bool):
@@ -362,7 +362,7 @@ def pipeline_schedule_bound(model, axes, num_chips: int, tcfg, chip, topology) -
                 not fwd and not last_mb and o.name.startswith("dp_grad_allreduce"))]
             entry = (fwd and c > 0) or (not fwd and c < chunks - 1)
             terms[key] = _pass_terms(tr, ids, entry, fwd, floors,
-                                     bool(tr.meta.get("overlap", True)))
+                                     tr.meta.overlap is not False)
         return terms[key]
 
     orders = [stage_order(tcfg.pipeline_schedule, p, s, m, v) for s in range(p)]

@@ -200,7 +200,7 @@ def prefix_schedule(req: TrainRequest, capacity: float) -> _PrefixSchedule | Non
     for k, prog in enumerate(programs):
         level = static_hbm_bytes(prog.meta)
         for t, _i, d in sorted((runs.end[k][int(ev[0])], int(ev[0]), float(ev[2]))
-                               for ev in prog.meta.get("memory_events") or ()):
+                               for ev in prog.meta.memory_events or ()):
             level += d
             if level > capacity:
                 over = min(over, t)
