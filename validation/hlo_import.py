@@ -55,7 +55,7 @@ def summarize_trace(trace, topo, imported: bool) -> tuple[float, dict]:
         if o.kind != OpKind.COLLECTIVE:
             continue
         if imported:
-            axes = collective_axes_label(trace.meta["device_groups"], o.group, topo)
+            axes = collective_axes_label(trace.meta.device_groups, o.group, topo)
         else:
             axes = ",".join(g.name for a in o.mesh_axes for g in groups[a])
         by[(o.collective, axes)][0] += 1

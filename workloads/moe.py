@@ -225,7 +225,7 @@ def expert_op_scales(trace, topology) -> dict[int, np.ndarray]:
     from topologies.groups import GroupGeometry, axis_factor
     from topologies.mesh import place_mesh
 
-    moe = trace.meta.get("moe")
+    moe = trace.meta.moe
     if not moe or trace.mesh.size("expert") < 2:
         return {}
     factors = [float(f) for f in moe.get("shard_load_factors", [])]

@@ -14,6 +14,7 @@ from sim.cli import common as cli
 from sim.cli.common import flag_spelling, fmt_time
 from sim.runs.requests import CONVERTERS, CompileRequest, ReplayRequest, TrainRequest
 from topologies.errors import TpusimError, render_said
+from workloads.trace_meta import TraceKind
 
 
 def _add_training_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -379,9 +380,9 @@ def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
         return 0
     if args.json:
         cli.emit_json(run.to_dict())
-    elif trace.meta.get("kind") == "training":
+    elif trace.meta.kind == TraceKind.TRAINING:
         _print_training(summary)
-    elif trace.meta.get("kind") == "chakra":
+    elif trace.meta.kind == TraceKind.CHAKRA:
         print(f"Chakra trace {summary['source']}: {summary['num_ranks']} rank(s) on "
               f"{summary['topology']} {summary['chip']} ({summary['num_chips']} chips), compute "
               f"{summary['chakra_compute']}")
@@ -394,7 +395,7 @@ def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
         cli.print_energy(summary)
         for a in summary["approximations"]:
             print(f"  approximated: {a}")
-    elif trace.meta.get("kind") == "hlo":
+    elif trace.meta.kind == TraceKind.HLO:
         print(f"HLO module {summary['module']} on {summary['topology']} {summary['chip']} "
               f"({summary['num_chips']} chips)")
         print(f"  step time        {result.step_time_s:.6f} s")
@@ -533,7 +534,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     inputs["mesh"] = describe_mesh(mesh, topo)
     inputs["training"] = {**describe_config(tcfg),
                           "global_batch": tcfg.batch_per_chip * topo.num_chips,
-                          "tokens_per_step": trace.meta["tokens_per_step"]}
+                          "tokens_per_step": trace.meta.tokens_per_step}
     inputs["algorithm"] = "auto"
     inputs["collective_comparison"] = {
         "op": "all-gather", "axes": "x", "bytes": 32 << 20,
@@ -563,7 +564,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
                       for n, p in place_mesh(mesh, topo).items())
     batch = tcfg.batch_per_chip * topo.num_chips
     print(f"{model.name}, sequence length {tcfg.seq_len:,}, global batch {batch:g} "
-          f"({tcfg.batch_per_chip:g} per chip, {trace.meta['tokens_per_step']:,} tokens per "
+          f"({tcfg.batch_per_chip:g} per chip, {trace.meta.tokens_per_step:,} tokens per "
           f"step), remat {tcfg.remat}, {tcfg.attention} attention")
     print(f"mesh {mesh.describe()} on {topo.name} {chip.name} ({where})")
     _print_training(summary)

@@ -140,13 +140,13 @@ def plan_chakra(trace: Trace, result: StepResult, *, every_chip: bool = False) -
             size = int(np.prod([g.size for g in gaxes])) if gaxes else 1
             pg_of[op.id] = (of, members, size, specs[skey])
     mesh_json = json.dumps(trace.mesh.to_dict(), separators=(",", ":"))
-    groups_json = json.dumps(trace.meta.get("device_groups", []), separators=(",", ":"))
+    groups_json = json.dumps(trace.meta.device_groups or [], separators=(",", ":"))
     base_meta = {
         "tpusim_format": string_attr(TPUSIM_FORMAT),
         "tpusim_num_chips": int64_attr(n),
         "tpusim_mesh": string_attr(mesh_json),
         "tpusim_device_groups": string_attr(groups_json),
-        "tpusim_kind": string_attr(str(trace.meta.get("kind", ""))),
+        "tpusim_kind": string_attr(str(trace.meta.kind or "")),
         "tpusim_approximations": Attr(Member.STRING, APPROXIMATIONS, True),
     }
     op_text = [json.dumps([_field(op, f) for f in OP_FIELDS], separators=(",", ":"))
@@ -164,12 +164,12 @@ def plan_chakra(trace: Trace, result: StepResult, *, every_chip: bool = False) -
         if k not in durs:
             durs[k] = _durations(result, trace, k)
         nodes, pgs = _rank_nodes(trace, rank, durs[k], pg_of, op_text, core_prev, n)
-        meta = dict(base_meta)
+        attrs = dict(base_meta)
         if not every_chip:
             chips = np.flatnonzero(of_chip == k).tolist()
-            meta["tpusim_chip_class"] = int64_attr(k)
-            meta["tpusim_class_chips"] = Attr(Member.INT64, tuple(chips), True)
-        meta["tpusim_rank"] = int64_attr(rank)
+            attrs["tpusim_chip_class"] = int64_attr(k)
+            attrs["tpusim_class_chips"] = Attr(Member.INT64, tuple(chips), True)
+        attrs["tpusim_rank"] = int64_attr(rank)
         if pgs:
             init = json.dumps([{"pg_name": name, "ranks": members, "pg_desc": ""}
                                for name, members in sorted(pgs.items(), key=lambda kv: int(
@@ -179,7 +179,7 @@ def plan_chakra(trace: Trace, result: StepResult, *, every_chip: bool = False) -
                               inputs=IOInfo(values=f"[[{init}]]", shapes="[[]]",
                                             types="['String']")))
         name = f"{PREFIX}.{rank if every_chip else k}.et"
-        files.append((name, encode_file(GlobalMetadata(version="0.0.4", attrs=meta), nodes)))
+        files.append((name, encode_file(GlobalMetadata(version="0.0.4", attrs=attrs), nodes)))
     return ChakraPlan(files=tuple(files))
 
 

@@ -160,8 +160,8 @@ def check_router_matches_trace(scenario: Scenario, trace) -> None:
     """The router settings shape the compiled MoE program (its all-to-all volumes and expert
     matmuls): a step compiled here applies them; a trace compiled earlier (`replay`) carries its
     own router, so other values are refused rather than silently ignored."""
-    moe = trace.meta.get("moe")
-    if not trace.meta.get("moe_scenario_applied") or not isinstance(moe, dict):
+    moe = trace.meta.moe
+    if not trace.meta.moe_scenario_applied or not isinstance(moe, dict):
         raise TpusimError(
             "{expert_skew}/{capacity_factor} apply to MoE models only, and this trace has no "
             "MoE router (a dense model, or written by an older tpusim); drop them", "expert_skew",

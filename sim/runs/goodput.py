@@ -200,8 +200,8 @@ def checkpoint_bytes(trace, model) -> float:
     """Bytes one checkpoint holds: every parameter with its optimizer state, once (the shards
     of the whole model, not the replicas), at the step's dtypes."""
     meta = trace.meta
-    per_chip = meta["params_per_chip"]
-    comp = meta["static_composition"]
+    per_chip = meta.params_per_chip
+    comp = meta.static_composition
     per_param = (comp["params"] + comp["optimizer"]) / per_chip if per_chip else 0.0
     return float(model.num_params) * per_param
 

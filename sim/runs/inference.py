@@ -85,7 +85,7 @@ def padded_batch(trace) -> int:
     """The batch SPMD actually runs: padded to a multiple of the data x expert shards (every
     shard holds whole sequences, so the busiest chip sets the step time)."""
     shards = trace.mesh.size("data") * trace.mesh.size("expert")
-    return -(-int(trace.meta["batch"]) // shards) * shards
+    return -(-int(trace.meta.batch) // shards) * shards
 
 
 def decode_summary(trace, result, max_batch: int) -> dict[str, Any]:
@@ -93,25 +93,25 @@ def decode_summary(trace, result, max_batch: int) -> dict[str, Any]:
     meta = trace.meta
     step = result.step_time_s
     return {
-        "model": meta["model"],
+        "model": meta.model,
         "chip": result.chip,
         "topology": result.topology,
         "num_chips": result.num_chips,
-        "batch": meta["batch"],
+        "batch": meta.batch,
         "padded_batch": padded_batch(trace),
-        "context_len": meta["context_len"],
-        "weight_dtype": meta["weight_dtype"],
-        "kv_dtype": meta["kv_dtype"],
-        "matmul_dtype": meta["matmul_dtype"],
-        "sharding": meta.get("sharding", "1d"),
+        "context_len": meta.context_len,
+        "weight_dtype": meta.weight_dtype,
+        "kv_dtype": meta.kv_dtype,
+        "matmul_dtype": meta.matmul_dtype,
+        "sharding": meta.sharding or "1d",
         "step_time_s": step,
-        "tokens_per_s": meta["batch"] / step,
-        "tokens_per_s_per_chip": meta["batch"] / step / result.num_chips,
-        "weights_bytes": meta["weights_bytes"],
-        "kv_cache_bytes": meta["kv_cache_bytes"],
-        "activation_bytes": meta["activation_bytes"],
-        "weights_bytes_total": meta["weights_bytes_total"],
-        "kv_cache_bytes_total": meta["kv_cache_bytes_total"],
+        "tokens_per_s": meta.batch / step,
+        "tokens_per_s_per_chip": meta.batch / step / result.num_chips,
+        "weights_bytes": meta.weights_bytes,
+        "kv_cache_bytes": meta.kv_cache_bytes,
+        "activation_bytes": meta.activation_bytes,
+        "weights_bytes_total": meta.weights_bytes_total,
+        "kv_cache_bytes_total": meta.kv_cache_bytes_total,
         "hbm_peak_bytes": result.hbm_peak_bytes,
         "hbm_capacity_bytes": result.hbm_capacity_bytes,
         "fits_in_hbm": result.fits_in_hbm,
@@ -120,7 +120,7 @@ def decode_summary(trace, result, max_batch: int) -> dict[str, Any]:
         "num_ops": result.num_ops,
         "collectives": result.collective_costs,
         **per_chip_summary(result),
-        **({"moe": meta["moe"]} if "moe" in meta else {}),
+        **({"moe": meta.moe} if meta.moe is not None else {}),
     }
 
 
@@ -147,7 +147,7 @@ def run_decode(req: DecodeRequest) -> Run:
     # Joules per token count the output tokens: one per sequence of the batch per step.
     result, chip, energy, cap = simulate_with_cap(
         req.power_cap, chip, lambda c: simulate_step(req, trace, c, topo),
-        step_energy_of(trace, topo, trace.meta["batch"]))
+        step_energy_of(trace, topo, trace.meta.batch))
     max_b = max_batch_that_fits(model, mesh, topo.num_chips, cfg, chip.hbm_bytes)
     summary = decode_summary(trace, result, max_b)
     _note_auto_switch(summary, req, trace, chip, pod, result.step_time_s)
@@ -165,23 +165,23 @@ def run_prefill(req: PrefillRequest) -> Run:
     cfg = decode_config(req, req.batch, moe)
     trace = compile_prefill(model, mesh, topo.num_chips, cfg)
     meta = trace.meta
-    tokens = meta["batch"] * meta["prompt_len"]  # joules per token count the prompt tokens
+    tokens = meta.batch * meta.prompt_len  # joules per token count the prompt tokens
     result, chip, energy, cap = simulate_with_cap(
         req.power_cap, chip, lambda c: simulate_step(req, trace, c, topo),
         step_energy_of(trace, topo, tokens))
     t = result.step_time_s
     s = {
-        "model": meta["model"], "chip": result.chip, "topology": result.topology,
-        "num_chips": result.num_chips, "batch": meta["batch"],
-        "sharding": meta.get("sharding", "1d"), "prompt_len": meta["prompt_len"],
-        "prefill_chunk": meta["prefill_chunk"],
-        "num_chunks": meta["num_chunks"], "time_s": t,
+        "model": meta.model, "chip": result.chip, "topology": result.topology,
+        "num_chips": result.num_chips, "batch": meta.batch,
+        "sharding": meta.sharding or "1d", "prompt_len": meta.prompt_len,
+        "prefill_chunk": meta.prefill_chunk,
+        "num_chunks": meta.num_chunks, "time_s": t,
         "tokens_per_s_per_chip": tokens / t / result.num_chips,
-        "weights_bytes": meta["weights_bytes"], "kv_cache_bytes": meta["kv_cache_bytes"],
+        "weights_bytes": meta.weights_bytes, "kv_cache_bytes": meta.kv_cache_bytes,
         "hbm_peak_bytes": result.hbm_peak_bytes, "fits_in_hbm": result.fits_in_hbm,
         "breakdown": {k: float(v) for k, v in result.breakdown.items()},
         **per_chip_summary(result),
-        **({"moe": meta["moe"]} if "moe" in meta else {}),
+        **({"moe": meta.moe} if meta.moe is not None else {}),
     }
     _note_auto_switch(s, req, trace, chip, pod, t)
     with_energy(s, energy, cap)

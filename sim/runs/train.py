@@ -38,6 +38,7 @@ from workloads.hlo.files import is_hlo_text, read_hlo_file
 from workloads.hlo.lower import import_hlo
 from workloads.moe import expert_op_scales
 from workloads.trace import Trace
+from workloads.trace_meta import TraceKind
 from workloads.training import (
     TrainingConfig,
     compile_training_step,
@@ -113,27 +114,27 @@ def training_summary(trace, result, chip) -> dict[str, Any]:
             f"the step takes {step} s: the program does no work (every op has zero size), so "
             f"MFU and throughput are undefined; give a trace with compute or communication"
         )
-    tokens_per_chip = meta["tokens_per_step"] / meta["num_chips"]
+    tokens_per_chip = meta.tokens_per_step / meta.num_chips
     out = {
-        "model": meta["model"],
+        "model": meta.model,
         "chip": result.chip,
         "topology": result.topology,
         "num_chips": result.num_chips,
         "step_time_s": step,
-        "mfu": meta["model_flops_per_chip"] / (step * chip.mxu_flops_per_s),
+        "mfu": meta.model_flops_per_chip / (step * chip.mxu_flops_per_s),
         "tokens_per_s_per_chip": tokens_per_chip / step,
-        "model_flops_per_chip": meta["model_flops_per_chip"],
-        "maxtext_tflops_per_s_per_chip": meta["maxtext_flops_per_chip"] / step / 1e12,
+        "model_flops_per_chip": meta.model_flops_per_chip,
+        "maxtext_tflops_per_s_per_chip": meta.maxtext_flops_per_chip / step / 1e12,
         "hbm_peak_bytes": result.hbm_peak_bytes,
         "hbm_capacity_bytes": result.hbm_capacity_bytes,
         "fits_in_hbm": result.fits_in_hbm,
         "hbm_peak_breakdown": result.hbm_peak_breakdown,
         "breakdown": result.breakdown,
         "memory": {
-            "static_bytes": meta["static_hbm_bytes"],
-            **meta["static_breakdown"],
-            "activations_estimate_bytes": meta["activation_bytes_estimate"],
-            "saved_activations_per_layer": meta.get("saved_activations_per_layer", {}),
+            "static_bytes": meta.static_hbm_bytes,
+            **meta.static_breakdown,
+            "activations_estimate_bytes": meta.activation_bytes_estimate,
+            "saved_activations_per_layer": meta.saved_activations_per_layer or {},
             "overflow_bytes": max(result.hbm_peak_bytes - result.hbm_capacity_bytes, 0.0),
         },
         "num_ops": result.num_ops,
@@ -141,8 +142,8 @@ def training_summary(trace, result, chip) -> dict[str, Any]:
         "collectives": result.collective_costs,
         **per_chip_summary(result),
     }
-    if "moe" in meta:
-        out["moe"] = meta["moe"]
+    if meta.moe is not None:
+        out["moe"] = meta.moe
     return out
 
 
@@ -198,14 +199,14 @@ def run_train(req: TrainRequest) -> Run:
 
     result, chip, energy, cap = simulate_with_cap(
         req.power_cap, chip, simulate,
-        step_energy_of(trace, topo, trace.meta["tokens_per_step"]))
+        step_energy_of(trace, topo, trace.meta.tokens_per_step))
     pipe = piped.get("pipe")
     inputs = base_inputs(req, pod, base_model)
     inputs["model"] = model.to_dict()
     inputs["mesh"] = describe_mesh(trace.mesh, topo)
     inputs["training"] = {**describe_config(cfg),
                           "global_batch": cfg.batch_per_chip * topo.num_chips,
-                          "tokens_per_step": trace.meta["tokens_per_step"]}
+                          "tokens_per_step": trace.meta.tokens_per_step}
     inputs["algorithm"] = algorithm_of(req)
     summary = training_summary(trace, result, chip)
     if pipe is not None:
@@ -300,9 +301,9 @@ def load_chakra(spec: str, topo, compute: str):
 def chakra_summary(imp, result) -> dict[str, Any]:
     """The replay summary of a Chakra set: step time plus what the conversion approximated."""
     return {
-        "source": imp.trace.meta["source"], "chip": result.chip, "topology": result.topology,
+        "source": imp.trace.meta.source, "chip": result.chip, "topology": result.topology,
         "num_chips": result.num_chips, "num_ranks": imp.num_ranks,
-        "chakra_compute": imp.trace.meta["chakra_compute"],
+        "chakra_compute": imp.trace.meta.chakra_compute,
         "step_time_s": result.step_time_s, "breakdown": result.breakdown,
         "num_ops": result.num_ops, "sim_events": result.sim_events,
         "collectives": result.collective_costs, "approximations": list(imp.approximations),
@@ -366,7 +367,7 @@ def run_replay(req: ReplayRequest, *, check_trace_chips=None) -> Run:
         )
     if check_trace_chips is not None:
         check_trace_chips(topo.num_chips)
-    n = trace.meta.get("num_chips")
+    n = trace.meta.num_chips
     if n is not None and n != topo.num_chips:
         raise TpusimError(
             f"trace {str(path)!r} was compiled for {n} chips but the pod has {topo.num_chips}; "
@@ -375,12 +376,12 @@ def run_replay(req: ReplayRequest, *, check_trace_chips=None) -> Run:
     piped = {}
 
     def simulate(c):
-        if trace.meta.get("kind") == "training" and trace.mesh.size("pipeline") > 1:
+        if trace.meta.kind == TraceKind.TRAINING and trace.mesh.size("pipeline") > 1:
             r, piped["pipe"] = _replay_pipeline(req, trace, c, topo, path)
             return r
         return simulate_step(req, trace, c, topo, overlap=False if req.no_overlap else None)
 
-    tokens = trace.meta.get("tokens_per_step") if trace.meta.get("kind") == "training" else None
+    tokens = trace.meta.tokens_per_step if trace.meta.kind == TraceKind.TRAINING else None
     result, chip, energy, cap = simulate_with_cap(req.power_cap, chip, simulate,
                                                   step_energy_of(trace, topo, tokens))
     pipe = piped.get("pipe")
@@ -388,7 +389,7 @@ def run_replay(req: ReplayRequest, *, check_trace_chips=None) -> Run:
         summary = {**hlo_summary(hlo, result), **per_chip_summary(result)}
     elif chakra is not None:
         summary = {**chakra_summary(chakra, result), **per_chip_summary(result)}
-    elif trace.meta.get("kind") == "training":
+    elif trace.meta.kind == TraceKind.TRAINING:
         summary = training_summary(trace, result, chip)
     else:
         summary = {"step_time_s": result.step_time_s, "breakdown": result.breakdown,
@@ -397,8 +398,9 @@ def run_replay(req: ReplayRequest, *, check_trace_chips=None) -> Run:
         summary["pipeline"] = pipe.to_dict()
     with_energy(summary, energy, cap)
     inputs = base_inputs(req, pod)
-    inputs["trace"] = {"path": str(path), "sha256": digest, "kind": trace.meta.get("kind"),
-                       "model": trace.meta.get("model")}
+    kind = None if trace.meta.kind is None else str(trace.meta.kind)
+    inputs["trace"] = {"path": str(path), "sha256": digest, "kind": kind,
+                       "model": trace.meta.model}
     if chakra is not None:
         inputs["trace"]["chakra_compute"] = str(req.chakra_compute)
     inputs["mesh"] = describe_mesh(trace.mesh, topo)
@@ -410,7 +412,7 @@ def run_replay(req: ReplayRequest, *, check_trace_chips=None) -> Run:
 def _replay_pipeline(req, trace, chip, topo, path):
     """A compiled pipeline step: the stage programs composed again from the model and settings
     the trace records, run on the per-chip engine as `train` runs them."""
-    rec = trace.meta.get("pipeline_compile")
+    rec = trace.meta.pipeline_compile
     if not isinstance(rec, dict) or "model" not in rec or "config" not in rec:
         raise TpusimError(
             f"trace {str(path)!r} has a pipeline axis but does not record its model and settings "
