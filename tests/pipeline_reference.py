@@ -63,12 +63,12 @@ def simulate_pipeline(
         fwd[s][vv], bwd[s][vv] = tf, tb
         if vv == 0:
             tail[s], cast[s] = tt, tc
-            static[s] = float(tr.meta["static_hbm_bytes"])
-            static_parts[s] = dict(tr.meta.get("static_composition") or {"other": static[s]})
-        act[s] = float(tr.meta["activation_bytes_estimate"])
+            static[s] = float(tr.meta.static_hbm_bytes)
+            static_parts[s] = dict(tr.meta.static_composition or {"other": static[s]})
+        act[s] = float(tr.meta.activation_bytes_estimate)
         if key[1]:
-            logits[s] = float(tr.meta.get("logits_bytes", 0.0))
-        send_bytes = float(tr.meta.get("pipeline_send_bytes", send_bytes))
+            logits[s] = float(tr.meta.logits_bytes or 0.0)
+        send_bytes = float(tr.meta.pipeline_send_bytes or send_bytes)
     # Stage-to-stage sends: a collective-permute over the pipeline axis, as placed on the pod.
     groups = collective_groups(tr, topology)
     gaxes = _merge(topology, list(groups["pipeline"]))

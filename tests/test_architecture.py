@@ -382,3 +382,63 @@ def test_every_function_level_import_says_why():
                       "the line above), or move it to the top of the module"
     assert sorted(PENDING_UNSAID_IMPORTS - set(found)) == [], \
         "commented already: drop from PENDING_UNSAID_IMPORTS"
+
+
+def _meta_key_reads(path: Path) -> list[tuple[int, str]]:
+    """(line, key) of every read of a trace's metadata by string key: `x.meta["key"]`,
+    `x.meta.get("key")`, `"key" in x.meta`, and the same on a name bound to `x.meta`
+    (`meta = trace.meta`) in the function (or module) that binds it."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    scopes = [tree] + [n for n in ast.walk(tree)
+                       if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
+    out = set()
+
+    def own(scope: ast.AST):
+        """The scope's nodes, without the bodies of the functions nested in it."""
+        todo = list(ast.iter_child_nodes(scope))
+        while todo:
+            n = todo.pop()
+            yield n
+            if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                todo += ast.iter_child_nodes(n)
+
+    for scope in scopes:
+        aliases = {t.id for n in own(scope) if isinstance(n, ast.Assign)
+                   and isinstance(n.value, ast.Attribute) and n.value.attr == "meta"
+                   for t in n.targets if isinstance(t, ast.Name)}
+
+        def is_meta(e: ast.AST) -> bool:
+            return (isinstance(e, ast.Attribute) and e.attr == "meta") or (
+                isinstance(e, ast.Name) and e.id in aliases)  # noqa: B023
+
+        def key(e: ast.AST) -> str | None:
+            return e.value if isinstance(e, ast.Constant) and isinstance(e.value, str) else None
+
+        for n in own(scope):
+            if isinstance(n, ast.Subscript) and is_meta(n.value) and key(n.slice):
+                out.add((n.lineno, key(n.slice)))
+            elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) \
+                    and n.func.attr == "get" and is_meta(n.func.value) and n.args \
+                    and key(n.args[0]):
+                out.add((n.lineno, key(n.args[0])))
+            elif isinstance(n, ast.Compare) and key(n.left) and any(
+                    isinstance(o, (ast.In, ast.NotIn)) for o in n.ops) \
+                    and any(is_meta(c) for c in n.comparators):
+                out.add((n.lineno, key(n.left)))
+    return sorted(out)
+
+
+def test_the_meta_key_finder_finds_reads_on_the_attribute_and_on_its_alias(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text('def f(t, doc):\n    a = t.meta["batch"]\n    meta = t.meta\n'
+                   '    b = meta.get("kind")\n    c = "moe" in meta\n    d = doc["meta"]\n'
+                   '    e = t.meta.batch\n\n\ndef g(meta):\n    return meta["x"]\n')
+    assert _meta_key_reads(src) == [(2, "batch"), (4, "kind"), (5, "moe")]
+
+
+def test_product_code_reads_trace_meta_by_attribute_not_by_string_key():
+    # `Trace.meta` is a `TraceMeta` (workloads/trace_meta.py): its fields are attributes, and a
+    # string key would be a typo the type checker cannot see (and a TypeError at run time).
+    found = {path.relative_to(ROOT).as_posix(): hits for path in _modules().values()
+             if (hits := _meta_key_reads(path))}
+    assert found == {}

@@ -101,7 +101,7 @@ def test_decode_and_prefill_report_an_auto_switch_as_train_does(monkeypatch, com
     seen = []
 
     def report(trace, chip, base_chip, topology, step_time_s, simulate_held):
-        seen.append((trace.meta["kind"], chip.ici_hop_latency_s, base_chip.ici_hop_latency_s,
+        seen.append((trace.meta.kind, chip.ici_hop_latency_s, base_chip.ici_hop_latency_s,
                      step_time_s, simulate_held(HeldAlgorithms(())) == step_time_s))
         return {"note": "auto switched (stand-in)", "held_step_time_s": 0.0, "switches": []}
 

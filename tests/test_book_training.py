@@ -60,7 +60,7 @@ def test_keeping_every_activation_is_the_dataflow_set_near_the_books_20_tensors(
     trace = compile_training_step(model, parse_mesh("fsdp=64"), 64,
                                   TrainingConfig(seq_len=4096, batch_per_chip=16,
                                                  remat=Remat.NONE))
-    total = trace.meta["activation_bytes_estimate"] * 64
+    total = trace.meta.activation_bytes_estimate * 64
     # What the backward of a ReLU layer with flash attention reads, in bf16 [tokens, D] units:
     # layer input, normed input, q, k, v, attention context, mid residual, normed input of the
     # MLP (8) plus the MLP's hidden pre-activation and activation output (2 x 4D): 16 tensors,
@@ -77,7 +77,7 @@ def test_keeping_every_activation_is_the_dataflow_set_near_the_books_20_tensors(
                                   TrainingConfig(seq_len=4096, batch_per_chip=16,
                                                  remat=Remat.FULL))
     # Block remat keeps one bf16 [tokens, D] tensor per layer: the book's 2*BT*D*L exactly.
-    assert block.meta["activation_bytes_estimate"] * 64 == pytest.approx(2 * tokens * D * L,
+    assert block.meta.activation_bytes_estimate * 64 == pytest.approx(2 * tokens * D * L,
                                                                           rel=1e-12)
 
 
@@ -86,13 +86,13 @@ def test_adam_state_is_the_books_10_bytes_per_parameter(reference_dir):
     model = load_model("llama3-70b")
     trace = compile_training_step(model, parse_mesh("fsdp=64"), 64,
                                   TrainingConfig(seq_len=4096, batch_per_chip=1))
-    sb = trace.meta["static_breakdown"]
-    per_param = (sb["params"] + sb["optimizer"]) / trace.meta["params_per_chip"]
+    sb = trace.meta.static_breakdown
+    per_param = (sb["params"] + sb["optimizer"]) / trace.meta.params_per_chip
     assert per_param == pytest.approx(case["inputs"]["param_bytes"] + case["inputs"]["opt_bytes"])
     total = (sb["params"] + sb["optimizer"]) * 64
     assert total == pytest.approx(10 * model.num_params, rel=2e-3)  # norms are replicated
     # The book adds a bf16 gradient buffer nowhere; tpusim keeps one (2 bytes per parameter).
-    assert sb["grads"] / trace.meta["params_per_chip"] == pytest.approx(2.0)
+    assert sb["grads"] / trace.meta.params_per_chip == pytest.approx(2.0)
 
 
 def test_one_v5p_chip_spends_the_books_1_ms_of_mxu_time_per_training_token(reference_dir):

@@ -132,7 +132,7 @@ def test_chunked_prefill_costs_more_weight_reads_same_flops():
     one = compile_prefill(m, mesh, 4, DecodeConfig(batch=1, context_len=4096, prompt_len=4096))
     chunked = compile_prefill(m, mesh, 4, DecodeConfig(batch=1, context_len=4096,
                                                        prompt_len=4096, prefill_chunk=1024))
-    assert chunked.meta["num_chunks"] == 4
+    assert chunked.meta.num_chunks == 4
     f1 = sum(o.flops for o in one.ops if o.name == "attention")
     f4 = sum(o.flops for o in chunked.ops if o.name == "attention")
     assert f4 == pytest.approx(f1, rel=0.01)
@@ -151,9 +151,9 @@ def test_kv_cache_bytes_exact(case_id, model, kv):
     cfg = DecodeConfig(batch=1, context_len=S, kv_dtype=kv)
     trace = compile_decode_step(m, parse_mesh("tensor=8"), 8, cfg)
     exact = 2 * S * m.num_layers * m.num_kv_heads * m.head_dim * cfg.kv_bytes_per_elem
-    assert trace.meta["kv_cache_bytes_total"] == exact
+    assert trace.meta.kv_cache_bytes_total == exact
     # Evenly sharded: the per-chip caches add up to the total exactly.
-    assert trace.meta["kv_cache_bytes"] * 8 == exact
+    assert trace.meta.kv_cache_bytes * 8 == exact
     assert exact == pytest.approx(case["expected"], rel=0.03)
 
 
@@ -161,8 +161,8 @@ def test_kv_cache_batch_split_when_tensor_exceeds_kv_heads():
     m = load_model("llama3-70b")  # K = 8
     cfg = DecodeConfig(batch=32, context_len=1024)
     trace = compile_decode_step(m, parse_mesh("tensor=16"), 16, cfg)
-    assert trace.meta["kv_batch_split"] == 2
-    assert trace.meta["kv_cache_bytes"] * 16 == trace.meta["kv_cache_bytes_total"]
+    assert trace.meta.kv_batch_split == 2
+    assert trace.meta.kv_cache_bytes * 16 == trace.meta.kv_cache_bytes_total
     assert any(o.name == "kv_batch_alltoall_q" for o in trace.ops)
 
 
@@ -195,7 +195,7 @@ def test_int8_weights_halve_bytes_and_speed_up_small_batch():
     t16, r16, _c, _ = _decode(m, "v5e", "2x2", "tensor=4", batch=1, context_len=512)
     t8, r8, _c, _ = _decode(m, "v5e", "2x2", "tensor=4", batch=1, context_len=512,
                             weight_dtype="int8")
-    assert t8.meta["weights_bytes_total"] == t16.meta["weights_bytes_total"] / 2
+    assert t8.meta.weights_bytes_total == t16.meta.weights_bytes_total / 2
     assert r8.step_time_s < 0.7 * r16.step_time_s
     # FLOPs are unchanged unless the matmuls themselves run in int8.
     assert sum(o.flops for o in t8.ops) == sum(o.flops for o in t16.ops)
@@ -358,17 +358,17 @@ def test_2d_weight_stationary_weights_and_kv_per_chip():
     cfg = DecodeConfig(batch=64, context_len=1024)
     trace = compile_decode_step(m, parse_mesh("fsdp=4,tensor=16"), 64, cfg)
     meta = trace.meta
-    assert meta["sharding"] == "2d-weight-stationary"
+    assert meta.sharding == "2d-weight-stationary"
     # Every matrix (embeddings too) is split over all N = X·YZ chips; only the norm scales are
     # replicated.
     norms = m.num_norm_params
-    assert meta["weights_bytes"] == pytest.approx((m.num_params - norms) * 2 / 64 + norms * 2)
-    assert meta["weights_bytes"] == pytest.approx(m.num_params * 2 / 64, rel=2e-3)
+    assert meta.weights_bytes == pytest.approx((m.num_params - norms) * 2 / 64 + norms * 2)
+    assert meta.weights_bytes == pytest.approx(m.num_params * 2 / 64, rel=2e-3)
     # KV cache: heads over tensor, batch over fsdp, so each chip holds 1/N of it.
-    assert meta["kv_cache_bytes"] * 64 == meta["kv_cache_bytes_total"]
+    assert meta.kv_cache_bytes * 64 == meta.kv_cache_bytes_total
     one_d = compile_decode_step(m, parse_mesh("data=4,tensor=16"), 64, cfg).meta
-    assert one_d["sharding"] == "1d"
-    assert one_d["weights_bytes"] == pytest.approx(4 * meta["weights_bytes"], rel=1e-3)
+    assert one_d.sharding == "1d"
+    assert one_d.weights_bytes == pytest.approx(4 * meta.weights_bytes, rel=1e-3)
 
 
 def test_2d_weight_stationary_gated_mlp_and_prefill():
@@ -380,7 +380,7 @@ def test_2d_weight_stationary_gated_mlp_and_prefill():
     assert v["ws_allgather_x_mlp"] == 2 * 4 * m.d_model / 2
     pf = compile_prefill(m, mesh, 16, DecodeConfig(batch=2, context_len=512, prompt_len=512,
                                                    prefill_chunk=256))
-    assert pf.meta["sharding"] == "2d-weight-stationary" and pf.meta["num_chunks"] == 2
+    assert pf.meta.sharding == "2d-weight-stationary" and pf.meta.num_chunks == 2
     v = [o.bytes for o in pf.ops if o.layer == 0 and o.name == "ws_allgather_x_mlp"]
     assert v == [2 * 2 * 256 * m.d_model / 2] * 2
     r = replay(pf, get_chip("v5p"), make_topology(get_chip("v5p"), "2x2x4"))
@@ -472,9 +472,9 @@ def test_local_layer_kv_cache_and_reads_hold_at_most_the_window():
     full_t = compile_decode_step(m, parse_mesh("tensor=8"), 8, cfg)
     local_t = compile_decode_step(local, parse_mesh("tensor=8"), 8, cfg)
     per_pos = 2 * 40 * 128 * 2  # K and V, heads x head_dim, bf16
-    assert full_t.meta["kv_cache_bytes_total"] == 2 * 40 * 4096 * per_pos
-    assert local_t.meta["kv_cache_bytes_total"] == 2 * (30 * 1024 + 10 * 4096) * per_pos
-    assert local_t.meta["kv_cache_bytes"] * 8 == local_t.meta["kv_cache_bytes_total"]
+    assert full_t.meta.kv_cache_bytes_total == 2 * 40 * 4096 * per_pos
+    assert local_t.meta.kv_cache_bytes_total == 2 * (30 * 1024 + 10 * 4096) * per_pos
+    assert local_t.meta.kv_cache_bytes * 8 == local_t.meta.kv_cache_bytes_total
     # A local layer's attention reads its window of the cache, a global one the whole context.
     att = [o for o in local_t.ops if o.name == "attention"]
     glob = [o for o in full_t.ops if o.name == "attention"]
@@ -543,7 +543,7 @@ def test_2d_weight_stationary_reduce_scatters_the_embedding_into_the_residual_sl
     tr = compile_decode_step(m, parse_mesh("fsdp=2,tensor=4"), 8,
                              DecodeConfig(batch=8, context_len=128))
     (rs,) = [o for o in tr.ops if o.name == "tp_embed_reducescatter"]
-    n = tr.meta["local_batch"]
+    n = tr.meta.local_batch
     assert rs.collective == "reduce-scatter" and rs.mesh_axes == ("tensor",)
     assert rs.bytes == n * m.d_model / 2 * 2
 

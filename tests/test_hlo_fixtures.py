@@ -102,7 +102,7 @@ def test_windowed_einsum_dot_flops_and_ring_permutes():
 
     _t, _c, _chip2, topo, _i = load("windowed_einsum_v5e16")
     for g in gid:
-        _cls, hops = route_pairs(topo, imp.trace.meta["device_groups"][g]["pairs"])
+        _cls, hops = route_pairs(topo, imp.trace.meta.device_groups[g]["pairs"])
         assert hops == 1
 
 

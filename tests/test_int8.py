@@ -66,7 +66,7 @@ def test_total_flops_by_unit_are_unchanged_by_int8_but_for_the_quantization():
     vpu = [sum(o.flops for o in t.ops if o.kind == OpKind.COMPUTE and o.unit == Unit.VPU)
            for t in (bf, q)]
     assert quant > 0 and vpu[1] == pytest.approx(vpu[0] + quant, rel=1e-12)
-    assert bf.meta["model_flops_per_chip"] == q.meta["model_flops_per_chip"]
+    assert bf.meta.model_flops_per_chip == q.meta.model_flops_per_chip
 
 
 def test_forward_mlp_quantization_in_closed_form():
@@ -131,7 +131,7 @@ def test_fsdp_gathers_carry_int8_weights_quantized_before_the_gather():
 
 def test_int8_copies_are_temporaries_freed_by_their_matmul():
     t = _trace(matmul_dtype="int8")
-    ev = {(t.ops[i].name, cat): d for i, cat, d in t.meta["memory_events"]
+    ev = {(t.ops[i].name, cat): d for i, cat, d in t.meta.memory_events
           if t.ops[i].layer == 0}
     copy = N * D + D * F  # mlp_in's int8 X and W
     assert ev[("mlp_in_quant", "temporaries")] == pytest.approx(copy)

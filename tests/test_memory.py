@@ -187,7 +187,7 @@ def _run(remat, mesh="fsdp=1", shape="1x1"):
 def test_a_big_vocabulary_puts_the_peak_at_the_loss_with_every_layer_input_saved():
     trace, res = _run(Remat.FULL)
     n, D, V, L = 2 * 128, 128, 32768, 3
-    sb = trace.meta["static_breakdown"]
+    sb = trace.meta.static_breakdown
     assert res.hbm_peak_breakdown == pytest.approx({
         "params": sb["params"], "optimizer": sb["optimizer"],
         "saved_activations": L * 2 * n * D,
@@ -200,8 +200,8 @@ def test_gradients_are_temporaries_that_all_exist_at_the_update_and_then_die():
     trace, res = _run(Remat.FULL)
     grads = res.memory.gradients
     assert grads.iloc[0] == 0 and grads.iloc[-1] == pytest.approx(0, abs=1e-6)
-    assert grads.max() == pytest.approx(trace.meta["static_breakdown"]["grads"], rel=1e-12)
-    assert res.memory.hbm_bytes.iloc[-1] == pytest.approx(trace.meta["static_hbm_bytes"])
+    assert grads.max() == pytest.approx(trace.meta.static_breakdown["grads"], rel=1e-12)
+    assert res.memory.hbm_bytes.iloc[-1] == pytest.approx(trace.meta.static_hbm_bytes)
 
 
 def test_fsdp_holds_the_gathered_output_projection_at_the_loss():
@@ -280,7 +280,7 @@ def test_the_forward_softmax_writes_f32_probabilities_under_minimal_and_offload(
         fwd_bytes = 4  # the exponentials the fused score matmul writes are the probabilities
     scores = 2048 * 1024 * 4  # tokens x context x heads
     got = {(trace.ops[i].phase, trace.ops[i].name): delta
-           for i, cat, delta in trace.meta["memory_events"]
+           for i, cat, delta in trace.meta.memory_events
            if cat == "temporaries" and trace.ops[i].name.endswith("attn_scores")
            and trace.ops[i].layer == 0}
     assert got[("fwd", "attn_scores")] == fwd_bytes * scores
@@ -293,7 +293,7 @@ def test_the_forward_softmax_writes_f32_probabilities_under_minimal_and_offload(
 def test_full_remat_peaks_at_the_first_layers_score_gradient(mesh, shape, tokens, heads):
     # v5e (the XLA programs' peak under full: the attention backward's probability gradient).
     trace, res = _long(Remat.FULL, mesh, shape)
-    sb = trace.meta["static_breakdown"]
+    sb = trace.meta.static_breakdown
     D, q, kv = 64, heads * 16, max(2 / (4 // heads), 1) * 16
     # Both layer inputs (the residual stream: rows / tensor when sharded), plus what the
     # recomputation wrote that the attention's backward still reads: the normed input (all
@@ -311,7 +311,7 @@ def test_full_remat_peaks_at_the_first_layers_score_gradient(mesh, shape, tokens
     assert res.hbm_peak_breakdown["saved_activations"] == pytest.approx(saved, rel=1e-12)
     # The stack holds both layer inputs to the end, so the last backward (layer 0's) peaks
     # highest: next to layer 1's gradient shard.
-    grad1 = sum(delta for i, cat, delta in trace.meta["memory_events"]
+    grad1 = sum(delta for i, cat, delta in trace.meta.memory_events
                 if cat == "gradients" and trace.ops[i].layer == 1)
     assert res.hbm_peak_breakdown["gradients"] == grad1 > 0
     # With fsdp, layer 0's attention matrices gathered whole for its backward (split over
@@ -349,7 +349,7 @@ def test_each_chips_attention_backward_adds_its_score_buffers_at_the_probability
         chip, remat, buffers):
     trace, _ = _long(remat, chip=chip)
     scores = 2048 * 1024 * 4  # tokens x context x heads, bf16
-    got = [(trace.ops[i].name, delta) for i, cat, delta in trace.meta["memory_events"]
+    got = [(trace.ops[i].name, delta) for i, cat, delta in trace.meta.memory_events
            if cat == "temporaries" and trace.ops[i].layer == 0
            and trace.ops[i].name in ("attn_proj_bwd", "softmax_bwd")]
     # One buffer (the recomputed or saved probabilities) is counted with the layer's
@@ -359,7 +359,7 @@ def test_each_chips_attention_backward_adds_its_score_buffers_at_the_probability
     probs = 2 * scores if (chip, remat) == ("v5p", Remat.FULL) else 0
     assert got == [("attn_proj_bwd", (buffers - 1) * 2 * scores - probs),
                    ("softmax_bwd", -(buffers - 1) * 2 * scores)]
-    held = [delta for i, cat, delta in trace.meta["memory_events"]
+    held = [delta for i, cat, delta in trace.meta.memory_events
             if cat == "temporaries" and trace.ops[i].layer == 0
             and trace.ops[i].name == "re-softmax"]
     assert sum(held) == (probs - 2 * scores if remat == Remat.FULL else 0)
@@ -372,7 +372,7 @@ def _mlp_side_freed_at_its_weight_gradient(trace, remat) -> tuple[float, float]:
     activation's output; under minimal the gate/up outputs and the attention output projection
     are the copies of the stack entries."""
     rows, D, F = 2048, 64, 128
-    got = sum(delta for i, cat, delta in trace.meta["memory_events"]
+    got = sum(delta for i, cat, delta in trace.meta.memory_events
               if cat == "saved_activations" and trace.ops[i].layer == 0
               and trace.ops[i].name == "mlp_bwd_weights")
     side = 2 * rows * D + 4 * rows + 2 * rows * D + 2 * 2 * rows * F + 2 * rows * F
@@ -391,7 +391,7 @@ def test_the_mlps_recomputed_tensors_die_with_its_weight_gradient_under_full_and
 def test_a_scanned_stack_holds_every_layers_saved_set_from_the_first_forward_to_the_last_backward():
     trace, res = _long(Remat.NONE)
     ops = trace.ops
-    saved = [(ops[i], delta) for i, cat, delta in trace.meta["memory_events"]
+    saved = [(ops[i], delta) for i, cat, delta in trace.meta.memory_events
              if cat == "saved_activations"]
     stack = 2 * sum(t.num_bytes for t in _none_set())  # two layers
     # One allocation before the first layer's forward, one free after layer 0's backward.
@@ -404,7 +404,7 @@ def test_a_scanned_stack_holds_every_layers_saved_set_from_the_first_forward_to_
 
 def test_a_recomputed_layer_frees_only_what_it_recomputed():
     trace, _ = _long(Remat.MINIMAL)
-    events = [(trace.ops[i], delta) for i, cat, delta in trace.meta["memory_events"]
+    events = [(trace.ops[i], delta) for i, cat, delta in trace.meta.memory_events
               if cat == "saved_activations"]
     kept = 2 * sum(t.num_bytes for t in _minimal_set())  # both layers' minimal sets
     # The stack is allocated once before the forward and freed once after the last backward;
@@ -442,7 +442,7 @@ def test_windowed_gathers_hold_whole_layer_weights_only_in_the_backward():
     layer = 2 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128)
     by_phase: dict[str, list[float]] = {}
     bwd_by_layer: dict[int, float] = {}  # one gather per matrix: summed per layer
-    for i, cat, delta in trace.meta["memory_events"]:
+    for i, cat, delta in trace.meta.memory_events:
         if cat == "gathered_weights":
             by_phase.setdefault(trace.ops[i].phase, []).append(delta)
             if trace.ops[i].phase == "bwd" and delta > 0:
@@ -458,7 +458,7 @@ def test_a_layers_backward_holds_three_activation_gradients():
     # stream's gradient has half of the rows (rows / tensor).
     trace, _ = _long(Remat.FULL, "fsdp=2,tensor=2", "2x2")
     n, D = 4096, 64
-    got = [delta for op_id, cat, delta in trace.meta["memory_events"]
+    got = [delta for op_id, cat, delta in trace.meta.memory_events
            if cat == "temporaries" and trace.ops[op_id].phase == "bwd"
            and not trace.ops[op_id].name.endswith(("attn_scores", "softmax", "attn_values",
                                                    "attn_proj_bwd", "softmax_bwd"))]
@@ -512,7 +512,7 @@ def test_fsdp_x_tensor_keeps_the_logits_path_through_the_backward(
     trace, res = _long(Remat.FULL, "fsdp=2,tensor=2", "2x2", gather=gather, tp_act=tp_act)
     n, D, V = 4096, 64, 256  # tokens per chip (tensor shards see all), d_model, vocab
     ops = trace.ops
-    logits = [(ops[i], delta) for i, cat, delta in trace.meta["memory_events"]
+    logits = [(ops[i], delta) for i, cat, delta in trace.meta.memory_events
               if cat == "logits"]
     # The gather form does not decide it (v5p blocking, v5e async programs both keep it);
     # with sharded activations the final norm's output has rows / tensor.
@@ -580,7 +580,7 @@ def test_v6e_keeps_the_logit_gradients_through_the_backward_with_cast_weights(
     assert run.inputs["training"]["head_grad_after_backward"] is (chip == "v6e")
     n, D, V = 2048, 64, 256  # tokens per chip, d_model, vocab (whole: no tensor axis)
     ops = run.trace.ops
-    logits = [(ops[i], d) for i, cat, d in run.trace.meta["memory_events"] if cat == "logits"]
+    logits = [(ops[i], d) for i, cat, d in run.trace.meta.memory_events if cat == "logits"]
     held = n * (V + D) * 2 if kept else 0.0  # bf16 logit gradients + final norm output
     # f32 logits and bf16 gradients at the loss; `held` of them until the last layer's
     # backward has ended.
@@ -595,7 +595,7 @@ def test_v6e_keeps_the_logit_gradients_through_the_backward_with_cast_weights(
 def test_windowed_mlp_outputs_are_allocated_at_the_start_of_the_layer(gather):
     trace, _ = _long(Remat.FULL, "fsdp=4", "2x2", gather=gather)
     ops = trace.ops
-    got = [(ops[i].name, delta) for i, cat, delta in trace.meta["memory_events"]
+    got = [(ops[i].name, delta) for i, cat, delta in trace.meta.memory_events
            if cat == "temporaries" and ops[i].phase == "fwd" and ops[i].layer == 0
            and not ops[i].name.startswith(("attn_", "softmax"))]
     # 2 sequences x 1024 tokens per chip x d_ff 128, gate and up in bf16: from the layer's
@@ -615,7 +615,7 @@ def test_the_chip_sets_whether_the_trace_fuses_scores_with_exponentials(tmp_path
     scores = 2048 * 1024 * 4  # tokens x context x heads per chip
 
     def fwd_scores(run):
-        return [d for i, cat, d in run.trace.meta["memory_events"]
+        return [d for i, cat, d in run.trace.meta.memory_events
                 if cat == "temporaries" and run.trace.ops[i].name == "attn_scores"]
 
     v5e, v6e = api.train(chip="v5e", **flags), api.train(chip="v6e", **flags)
@@ -639,7 +639,7 @@ def test_v5e_and_v5p_fuse_scores_with_exponentials_only_on_a_mesh_of_two_sharded
     # fsdp=2 x tensor=2: 4 sequences x 1024 tokens x 1024 keys x 2 local heads per chip; the
     # forward of minimal holds only the f32 exponentials.
     trace, _ = _long(Remat.MINIMAL, "fsdp=2,tensor=2", "2x2")
-    got = [d for i, cat, d in trace.meta["memory_events"]
+    got = [d for i, cat, d in trace.meta.memory_events
            if cat == "temporaries" and trace.ops[i].name == "attn_scores"]
     assert got == [4 * 4096 * 1024 * 2] * 2
 
@@ -660,7 +660,7 @@ def test_one_fsdp_axis_fuses_scores_with_exponentials_when_no_gather_is_windowed
     for mesh, shape, per_score in (("fsdp=64", "8x8", 4), ("fsdp=16", "4x4", 8),
                                    ("fsdp=1", "1x1", 8)):
         trace, _ = _long(Remat.MINIMAL, mesh, shape, gather="mixed-async")
-        (got,) = [d for i, cat, d in trace.meta["memory_events"]
+        (got,) = [d for i, cat, d in trace.meta.memory_events
                   if cat == "temporaries" and trace.ops[i].name == "attn_scores"
                   and trace.ops[i].layer == 0]
         assert got == per_score * scores
@@ -684,7 +684,7 @@ def test_offloaded_tensors_stay_on_device_through_the_next_layers_forward():
     trace, _ = _long(Remat.OFFLOAD)
     ops = trace.ops
     fwd: dict[int, list[float]] = {}
-    for i, cat, delta in trace.meta["memory_events"]:
+    for i, cat, delta in trace.meta.memory_events:
         if cat == "saved_activations" and ops[i].phase == "fwd":
             fwd.setdefault(ops[i].layer, []).append(delta)
     inputs = 2 * 2 * 2048 * 64  # both layers' bf16 inputs, the stack offload keeps in HBM
@@ -697,7 +697,7 @@ def test_offloaded_tensors_stay_on_device_through_the_next_layers_forward():
     assert sum(fwd[0]) == sent and sum(fwd[1]) == -sent
     # At layer 1's scores: the stack, layer 0's whole set and layer 1's q, k, v.
     at = [i for i, op in enumerate(ops) if op.name == "attn_scores" and op.layer == 1][0]
-    live = sum(delta for i, cat, delta in trace.meta["memory_events"]
+    live = sum(delta for i, cat, delta in trace.meta.memory_events
                if cat == "saved_activations" and i <= at)
     assert live == inputs + sent + 2 * 2048 * (64 + 2 * 32)
 
@@ -710,7 +710,7 @@ def test_fetched_activations_are_allocated_in_program_order_not_when_the_pcie_co
     sent = sum(t.num_bytes for t in offloaded_tensors(LONG_SHAPE, attention="dot"))
     # 2048 tokens x (q 64 + k 32 + v 32 + output projection 64 + gate/up 2 x 128) in bf16.
     assert sent == 2 * 2048 * (64 + 2 * 32 + 64 + 2 * 128)
-    fetched = [(ops[i], d) for i, cat, d in trace.meta["memory_events"]
+    fetched = [(ops[i], d) for i, cat, d in trace.meta.memory_events
                if cat == "saved_activations" and d == sent
                and not (ops[i].phase == "fwd" and ops[i].layer >= 0)]
     # One set per layer, none on a PCIe op: the top layer's (1) as the final norm ends (XLA
@@ -720,7 +720,7 @@ def test_fetched_activations_are_allocated_in_program_order_not_when_the_pcie_co
                                                           (fetched[1][0].name, 1)]
     end_of_1 = fetched[1][0].id
     assert any(i == end_of_1 and cat == "saved_activations" and d < 0
-               for i, cat, d in trace.meta["memory_events"])
+               for i, cat, d in trace.meta.memory_events)
     assert all(op.kind.value != "host" for op, _ in fetched)
     # So the peak does not depend on when the PCIe transfers land: 1000x slower or faster
     # host links move the step time, not the peak.
@@ -746,7 +746,7 @@ def test_a_recomputing_backward_copies_its_layers_stack_entries(remat):
     copy = 0.0 if remat == Remat.NONE else sum(
         t.num_bytes for t in saved_tensors(LONG_SHAPE, remat=str(remat), attention="dot"))
     loss_bwd = [i for i, op in enumerate(ops) if op.name == "logits_bwd"][0]
-    got = sum(d for i, cat, d in trace.meta["memory_events"]
+    got = sum(d for i, cat, d in trace.meta.memory_events
               if cat == "saved_activations" and i == loss_bwd)
     assert got == copy
     assert copy == {"minimal": 2 * 2048 * (64 + 64 + 2 * 32 + 64 + 2 * 128),
@@ -756,7 +756,7 @@ def test_a_recomputing_backward_copies_its_layers_stack_entries(remat):
 def test_the_mlps_gathered_matrices_die_with_their_weight_gradient_matmul():
     trace, _ = _long(Remat.FULL, "fsdp=4", "2x2", gather="async")
     ops = trace.ops
-    frees = {ops[i].name: -d for i, cat, d in trace.meta["memory_events"]
+    frees = {ops[i].name: -d for i, cat, d in trace.meta.memory_events
              if cat == "gathered_weights" and d < 0 and ops[i].phase == "bwd"
              and ops[i].layer == 0}
     # gate, up, down 64 x 128 bf16 at the MLP's weight gradient; q, o 64 x 64 and k, v 64 x 32
@@ -780,7 +780,7 @@ def test_a_gradient_all_reduced_whole_lives_from_its_weight_gradient_matmul_to_i
     ops = trace.ops
     allocs: dict[str, float] = {}
     frees: dict[str, tuple[str, float]] = {}
-    for i, cat, delta in trace.meta["memory_events"]:
+    for i, cat, delta in trace.meta.memory_events:
         if cat != "whole_gradients" or ops[i].layer != 0:
             continue
         if delta > 0:
@@ -795,7 +795,7 @@ def test_a_gradient_all_reduced_whole_lives_from_its_weight_gradient_matmul_to_i
     # Each dies when its own all-reduce (of V = the whole gradient) has read it.
     assert frees == {f"fsdp_grad_allreduce_{k}": ("all-reduce", v) for k, v in _WHOLE.items()}
     assert all(ops[i].bytes == _WHOLE[ops[i].name.removeprefix("fsdp_grad_allreduce_")]
-               for i, cat, d in trace.meta["memory_events"]
+               for i, cat, d in trace.meta.memory_events
                if cat == "whole_gradients" and d < 0)
 
 
@@ -812,7 +812,7 @@ def test_a_gradient_of_64_mib_or_more_is_all_reduced_alone_and_not_held():
                                                  fsdp_gather="mixed-blocking"))
     ops = trace.ops
     held = {}
-    for i, cat, d in trace.meta["memory_events"]:
+    for i, cat, d in trace.meta.memory_events:
         if cat == "whole_gradients" and d > 0 and ops[i].layer == 0:
             held[ops[i].name] = held.get(ops[i].name, 0) + d
     assert held == {"attn_proj_bwd": 2 * (2048 * 2048 + 2048 * 1024),
@@ -845,7 +845,7 @@ def test_the_peak_grows_by_the_whole_gradients_live_at_the_score_gradient(gather
     # reduce-scatter).
     for trace, _ in (_long(Remat.FULL, "fsdp=16", "4x4", gather="mixed-blocking"),
                      _long(Remat.FULL, "fsdp=64", "8x8", gather="blocking")):
-        assert not any(c == "whole_gradients" for _, c, _ in trace.meta["memory_events"])
+        assert not any(c == "whole_gradients" for _, c, _ in trace.meta.memory_events)
 
 
 @pytest.mark.parametrize("mesh,shape,gather,at", [
@@ -857,7 +857,7 @@ def test_the_gathered_output_projection_is_held_from_the_forwards_end_unless_win
     trace, _ = _long(Remat.FULL, mesh, shape, gather=gather)
     ops = trace.ops
     head = 2 * 64 * 256  # the bf16 [d_model, vocab] output projection, gathered whole
-    (got,) = [(ops[i].name, ops[i].layer) for i, cat, d in trace.meta["memory_events"]
+    (got,) = [(ops[i].name, ops[i].layer) for i, cat, d in trace.meta.memory_events
               if cat == "gathered_weights" and d == head]
     # The last layer's output (layer 1 of 2), or the gather at the step's start.
     assert got == (at, 1 if at == "residual_mlp" else -1)
@@ -871,12 +871,12 @@ def test_an_moe_layer_holds_whole_only_the_gradients_split_over_more_than_a_ring
                                   TrainingConfig(seq_len=256, batch_per_chip=1,
                                                  fsdp_gather="mixed-blocking"))
     ops = trace.ops
-    held = {ops[i].name: d for i, cat, d in trace.meta["memory_events"]
+    held = {ops[i].name: d for i, cat, d in trace.meta.memory_events
             if cat == "whole_gradients" and d < 0 and ops[i].layer == 0}
     router = 2 * 64 * 4  # d_model x experts, bf16
     assert held == {**{f"fsdp_grad_allreduce_{k}": -_WHOLE[k] for k in ("wq", "wk", "wv", "wo")},
                     "fsdp_grad_allreduce_router": -router}
-    (alloc,) = [ops[i].name for i, cat, d in trace.meta["memory_events"]
+    (alloc,) = [ops[i].name for i, cat, d in trace.meta.memory_events
                 if cat == "whole_gradients" and d == router and ops[i].layer == 0]
     assert alloc == "router_bwd"
 
@@ -915,7 +915,7 @@ def test_a_forward_with_one_sequence_per_chip_holds_only_the_bf16_scores(remat, 
     # (the value matmul reads them), against 4 to 8 with two sequences.
     trace, _ = _long(remat, fused=fused, batch=1)
     scores = 1024 * 1024 * 4
-    got = [(trace.ops[i].name, delta) for i, cat, delta in trace.meta["memory_events"]
+    got = [(trace.ops[i].name, delta) for i, cat, delta in trace.meta.memory_events
            if cat == "temporaries" and trace.ops[i].phase == "fwd" and trace.ops[i].layer == 0
            and trace.ops[i].name in ("attn_scores", "softmax", "attn_values")]
     if remat == Remat.NONE:  # the probabilities are saved from the softmax on
@@ -931,7 +931,7 @@ def test_v5e_keeps_the_f32_logits_of_one_sequence_per_chip_to_the_end_of_the_bac
     trace, res = _long(Remat.FULL, batch=batch, loss_after_backward=defers)
     n, V = 1024 * batch, 256
     ops = trace.ops
-    logits = [(ops[i], delta) for i, cat, delta in trace.meta["memory_events"]
+    logits = [(ops[i], delta) for i, cat, delta in trace.meta.memory_events
               if cat == "logits"]
     kept = 4 * n * V if held else 0
     # 6 bytes per logit at the loss; the f32 4 of them outlive the logits' backward matmul
@@ -971,7 +971,7 @@ def test_the_chip_sets_the_one_sequence_logits_and_the_windowed_mlp_rules(tmp_pa
         assert training["loss_after_backward"] is kept
         assert training["mlp_grad_after_attention"] is (run is not v6e)
         # 1024 tokens x 256 logits in f32 held by the logits' backward matmul, or none.
-        got = [d for i, cat, d in run.trace.meta["memory_events"]
+        got = [d for i, cat, d in run.trace.meta.memory_events
                if cat == "logits" and run.trace.ops[i].name == "logits_bwd"]
         assert got == [-6 * 1024 * 256 + (4 * 1024 * 256 if kept else 0)]
 
@@ -991,14 +991,14 @@ def test_flash_attention_holds_no_score_sized_temporaries(remat):
     # three [tokens, d_model] bf16 activation gradients (2048 tokens, d_model 64, one chip).
     trace = _compile(remat, attention="flash")
     ops = trace.ops
-    temps = [(ops[i].name, ops[i].layer, d) for i, cat, d in trace.meta["memory_events"]
+    temps = [(ops[i].name, ops[i].layer, d) for i, cat, d in trace.meta.memory_events
              if cat == "temporaries"]
     grads = 3 * 2048 * 64 * 2
     assert sorted(d for _, _, d in temps) == [-grads, -grads, grads, grads]
     assert all(not name.startswith(("attn_", "softmax", "flash")) for name, _, _ in temps)
     # Dot attention on the same step adds its score buffers (4 heads x 2048 x 1024 scores).
     dot = _compile(remat)
-    assert max(d for _, cat, d in dot.meta["memory_events"] if cat == "temporaries") \
+    assert max(d for _, cat, d in dot.meta.memory_events if cat == "temporaries") \
         >= 2 * 2048 * 1024 * 4
 
 
@@ -1050,7 +1050,7 @@ def test_only_a_dense_sequential_layer_frees_its_mlp_tensors_at_the_mlp_weight_g
              **({"num_experts": 4, "experts_per_token": 2} if variant == "moe" else {})}
     trace = _compile(Remat.FULL, model=model)
     ops = trace.ops
-    at_dw = sum(d for i, cat, d in trace.meta["memory_events"]
+    at_dw = sum(d for i, cat, d in trace.meta.memory_events
                 if cat == "saved_activations" and ops[i].layer == 0
                 and ops[i].name == "mlp_bwd_weights")
     if freed:
@@ -1069,7 +1069,7 @@ def test_the_embeddings_all_reduced_gradient_holds_no_whole_gradient_buffer():
     ops = trace.ops
     (embed,) = [o for o in ops if o.name == "fsdp_grad_allreduce_embed"]
     assert embed.collective == "all-reduce" and embed.bytes == 2 * 64 * 256
-    whole = [(ops[i].layer, d) for i, cat, d in trace.meta["memory_events"]
+    whole = [(ops[i].layer, d) for i, cat, d in trace.meta.memory_events
              if cat == "whole_gradients"]
     assert whole and all(layer >= 0 for layer, _ in whole)
     assert sum(d for _, d in whole) == 0
@@ -1083,15 +1083,15 @@ def test_the_local_gradient_shards_are_allocated_once_at_their_reduce_scatters(m
     # gradients (the rest of the local shard) with the embedding's; all die at the update.
     trace = _compile(Remat.FULL, mesh="fsdp=4", chips=4, microbatches=microbatches)
     ops = trace.ops
-    allocs = [(ops[i].name, d) for i, cat, d in trace.meta["memory_events"]
+    allocs = [(ops[i].name, d) for i, cat, d in trace.meta.memory_events
               if cat == "gradients" and d > 0]
     layer = sum(_WHOLE.values()) / 4
     assert [name for name, _ in allocs] == ["fsdp_grad_reducescatter_w_down"] * 2 + [
         "fsdp_grad_reducescatter_embed"]
     assert [d for _, d in allocs[:2]] == [layer, layer]
-    p = trace.meta["params_per_chip"]
+    p = trace.meta.params_per_chip
     assert sum(d for _, d in allocs) == pytest.approx(2 * p, rel=1e-12)
-    frees = [(ops[i].name, d) for i, cat, d in trace.meta["memory_events"]
+    frees = [(ops[i].name, d) for i, cat, d in trace.meta.memory_events
              if cat == "gradients" and d < 0]
     assert frees == [("adam_update", pytest.approx(-2 * p, rel=1e-12))]
 
@@ -1130,13 +1130,13 @@ def test_the_custom_offload_policies_fetch_their_sets_in_program_order_too(remat
                                                              remat=str(remat)))
     # (The recomputation's own allocations, at its `re-` ops, are left out: the MLP's hidden
     # output happens to be the qkvo set's size here.)
-    fetched = [(ops[i].name, ops[i].layer) for i, cat, d in trace.meta["memory_events"]
+    fetched = [(ops[i].name, ops[i].layer) for i, cat, d in trace.meta.memory_events
                if cat == "saved_activations" and d == sent
                and not ops[i].name.startswith("re-")]
     assert fetched == [("final_norm", -1), ("norm_attn_bwd", 1)]
     assert all(ops[i].phase != "fwd" or ops[i].layer < 0
-               for i, cat, _ in trace.meta["memory_events"] if cat == "saved_activations")
-    assert sum(d for _, cat, d in trace.meta["memory_events"] if cat == "saved_activations") == 0
+               for i, cat, _ in trace.meta.memory_events if cat == "saved_activations")
+    assert sum(d for _, cat, d in trace.meta.memory_events if cat == "saved_activations") == 0
 
 
 def test_every_fusing_condition_stops_at_512_mib_of_f32_scores():
@@ -1164,7 +1164,7 @@ def test_v6e_keeps_the_logit_gradients_through_an_offloading_backward_with_bf16_
     run = api.train(chip=chip, shape="2x2", model=str(path), seq_len=1024, batch_per_chip=2,
                     mesh="fsdp=4", remat="offload", attention="dot", fsdp_gather="windowed")
     ops = run.trace.ops
-    logits = [(ops[i], d) for i, cat, d in run.trace.meta["memory_events"] if cat == "logits"]
+    logits = [(ops[i], d) for i, cat, d in run.trace.meta.memory_events if cat == "logits"]
     held = 2048 * (256 + 64) * 2 if kept else 0.0
     assert [(op.name, d) for op, d in logits][:2] == [("logits", 2048 * 256 * 6),
                                                        ("logits_bwd", -2048 * 256 * 6 + held)]

@@ -81,7 +81,7 @@ def test_skew_scales_expert_matmuls_and_all_to_alls_by_the_hot_shard_load():
     base, _ = _train(MoeConfig())
     skewed, _ = _train(MoeConfig(expert_skew=1.0))
     load = shard_shares(expert_shares(8, 2, 1.0), 4)[0] * 4
-    assert skewed.meta["moe"]["max_load_factor"] == pytest.approx(load)
+    assert skewed.meta.moe["max_load_factor"] == pytest.approx(load)
     for name in ("expert_in", "expert_out", "ep_dispatch"):
         b = next(o for o in base.ops if o.name == name)
         s = next(o for o in skewed.ops if o.name == name)
@@ -102,7 +102,7 @@ def test_dense_dispatch_flops_follow_the_closed_form():
     # One 512-token sequence per chip is one routing group: capacity = ceil(512 x 2 / 8) x 1.25.
     cap = 160
     assert expert_capacity(SEQ, 8, 2, 1.25) == cap
-    assert trace.meta["moe"]["expert_capacity"] == cap
+    assert trace.meta.moe["expert_capacity"] == cap
     n, experts, d_model = SEQ, 8, 1024
     einsum = 2 * n * experts * cap * d_model
     fwd = [o for o in trace.ops if o.phase == "fwd"]
@@ -123,7 +123,7 @@ def test_capacity_drops_cut_the_hot_chips_expert_work():
     skewed, t_skew = _train(MoeConfig(expert_skew=2.0))
     capped, t_cap = _train(MoeConfig(expert_skew=2.0, capacity_factor=1.0))
     assert _flops(capped, "expert_in", "expert_out") < _flops(skewed, "expert_in", "expert_out")
-    moe = capped.meta["moe"]
+    moe = capped.meta.moe
     shares = expert_shares(8, 2, 2.0)
     cap = expert_capacity(SEQ, 8, 2, 1.0)
     dropped = sum(max(SEQ * 2 * s - cap, 0) for s in shares) / (SEQ * 2)
@@ -151,7 +151,7 @@ def test_decode_skew_loads_the_hot_chip_and_s0_is_unchanged():
     cap_tr, _ = step(MoeConfig(capacity_factor=1.0))
     # Decode routes one token per sequence: capacity max(ceil(k/E) x C, C) = 1 per expert, so
     # the dense path computes all E experts for every token.
-    assert cap_tr.meta["moe"]["expert_capacity"] == 1
+    assert cap_tr.meta.moe["expert_capacity"] == 1
     rows = next(o for o in cap_tr.ops if o.name == "expert_in").flops
     rows_dropless = next(o for o in base_tr.ops if o.name == "expert_in").flops
     assert rows == pytest.approx(rows_dropless * 8 / 2)
@@ -225,7 +225,7 @@ def test_per_chip_engine_loads_the_chips_that_hold_the_hot_experts():
     trace, rep = _train(MoeConfig(expert_skew=1.5, seed=1))
     _, uniform = _train(MoeConfig())
     scales = expert_op_scales(trace, topo)
-    load = trace.meta["moe"]["max_load_factor"]
+    load = trace.meta.moe["max_load_factor"]
     assert scales and all(s.max() == 1.0 for s in scales.values())
     # Skew moves expert work between chips, it does not add any: per op, the chips' work sums
     # to the uniform router's.

@@ -52,7 +52,7 @@ def _mxu(trace) -> float:
 
 
 def _tokens_per_chip(trace) -> float:
-    return trace.meta["global_sequences"] * SEQ / trace.meta["num_chips"]
+    return trace.meta.global_sequences * SEQ / trace.meta.num_chips
 
 
 # ---- presets against their published counts --------------------------------------------------
@@ -197,7 +197,7 @@ def test_mtp_module_adds_a_layer_its_projection_and_a_second_output_projection()
     assert {"mtp_proj", "mtp_logits", "mtp_logits_bwd"} <= {o.name for o in mtp.ops}
     # Its parameters are trained: the optimizer state grows by the module's share.
     m = model_from_dict(dict(MLA, num_mtp_modules=1))
-    assert mtp.meta["params_per_chip"] - base.meta["params_per_chip"] == pytest.approx(
+    assert mtp.meta.params_per_chip - base.meta.params_per_chip == pytest.approx(
         (m.num_mtp_params - 3 * D - m.norm_params_per_layer) / 4
         + 3 * D + m.norm_params_per_layer)
 
@@ -233,7 +233,7 @@ def test_chunked_layers_under_flash_attention_cost_their_chunks_pairs():
 
 def test_mla_saved_activations_have_value_heads_and_latents():
     trace = _trace(MLA)
-    saved = trace.meta["saved_activations_per_layer"]
+    saved = trace.meta.saved_activations_per_layer
     n = _tokens_per_chip(trace)
     assert saved["q"] == saved["k"] == n * N * HD * 2
     assert saved["v"] == saved["attn_context"] == n * N * V * 2
@@ -268,7 +268,7 @@ def test_mla_decode_attends_to_the_cached_latents_in_absorbed_form():
     assert absorb.flops == 2 * b * h * NOPE * KL
     plan = memory_plan(spec, parse_mesh("tensor=2"), 2, cfg)
     assert plan["kv_cache_bytes"] == 2 * 1000 * b * (KL + R) * 2
-    assert trace.meta["kv_cache_bytes_total"] == b * 2 * 1000 * (KL + R) * 2
+    assert trace.meta.kv_cache_bytes_total == b * 2 * 1000 * (KL + R) * 2
 
 
 def test_mla_prefill_up_projects_the_latents_of_the_prompt():

@@ -88,7 +88,7 @@ def test_1f1b_holds_at_most_p_microbatches_and_gpipe_holds_all():
     # P - s microbatches' worth under 1F1B and all m under GPipe.
     args = _args("1f1b", m, 1, None, "pipeline=4", "4x1", 1, None, remat="none", model=SMALL)
     per_mb = compile_pipeline_chunk(args[0], args[1], 4, args[4], first=False,
-                                    last=False).meta["activation_bytes_estimate"]
+                                    last=False).meta.activation_bytes_estimate
     one_n = _pipe("1f1b", m, remat="none", model=SMALL).stage_saved_activations_peak_bytes
     gp_n = _pipe("gpipe", m, remat="none", model=SMALL).stage_saved_activations_peak_bytes
     assert one_n == pytest.approx([(P - s) * per_mb for s in range(P)], rel=1e-9)
@@ -405,7 +405,7 @@ def _reference_stage_programs(model, mesh, num_chips, config):
                                                 last=key[1])
         return cache[key]
 
-    send_bytes = float(chunk_trace(0).meta["pipeline_send_bytes"])
+    send_bytes = float(chunk_trace(0).meta.pipeline_send_bytes)
     out = []
     for s in range(p):
         ops, events, stage_passes, sends, recvs, fmap, grad_colls = [], [], [], {}, {}, {}, []
@@ -440,7 +440,7 @@ def _reference_stage_programs(model, mesh, num_chips, config):
                 mapping[old] = add(op, deps)
                 if not fwd and op.kind == OpKind.COLLECTIVE and "grad" in op.name:
                     grad_colls.append(mapping[old])
-            for op_id, cat, delta in tr.meta.get("memory_events", []):
+            for op_id, cat, delta in tr.meta.memory_events or ():
                 if op_id in mapping and not (cat == "gradients" and i > 0):
                     events.append([mapping[op_id], cat, delta / v if cat == "gradients"
                                    else delta])
@@ -459,7 +459,7 @@ def _reference_stage_programs(model, mesh, num_chips, config):
         for op in first.ops:
             if op.phase == "optimizer":
                 upd = add(op, [gate] + grad_colls)
-                events += [[upd, cat, d] for op_id, cat, d in first.meta["memory_events"]
+                events += [[upd, cat, d] for op_id, cat, d in first.meta.memory_events
                            if op_id == op.id]
         out.append((Trace(mesh=first.mesh, ops=tuple(ops), meta={}), events,
                     tuple(stage_passes), sends, recvs))
@@ -481,7 +481,7 @@ def test_stage_programs_equal_the_plain_composition_and_pass_validation(schedule
     ref = _reference_stage_programs(model, lmesh, topo.num_chips, cfg)
     for prog, passes, snd, rcv, (rtrace, revents, rpasses, rsends, rrecvs) in zip(
             sp.programs, sp.passes, sp.sends, sp.recvs, ref, strict=True):
-        assert prog.ops == rtrace.ops and prog.meta["memory_events"] == revents
+        assert prog.ops == rtrace.ops and prog.meta.memory_events == revents
         assert (passes, snd, rcv) == (rpasses, rsends, rrecvs)
         # The composed program is one the validating constructor accepts as it is.
         assert Trace(mesh=prog.mesh, ops=prog.ops, meta=prog.meta).ops == prog.ops

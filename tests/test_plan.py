@@ -67,8 +67,8 @@ def test_memory_estimate_is_the_compilers_and_never_above_the_simulated_peak(tin
         cfg = TrainingConfig(seq_len=1024, batch_per_chip=2, remat=Remat(remat), microbatches=mb)
         est = estimate_training_memory(model, LogicalMesh(axes=mesh), 4, cfg)
         trace = compile_training_step(model, LogicalMesh(axes=mesh), 4, cfg)
-        assert est["static_bytes"] == trace.meta["static_hbm_bytes"]
-        assert est["activations_bytes"] == trace.meta["activation_bytes_estimate"]
+        assert est["static_bytes"] == trace.meta.static_hbm_bytes
+        assert est["activations_bytes"] == trace.meta.activation_bytes_estimate
         peak = replay(trace, chip, topo).hbm_peak_bytes
         assert est["static_bytes"] + est["activations_bytes"] <= peak
         argv = ["train", "--chip", "v5e", "--shape", "2x2", "--model", tiny_model, "--seq-len",

@@ -150,8 +150,8 @@ def test_custom_with_a_named_policys_tensors_is_that_policy(save, offload, same)
     a = compile_training_step(model, mesh, 1, custom)
     b = compile_training_step(model, mesh, 1, _config(same))
     assert _mxu_flops(a) == pytest.approx(_mxu_flops(b), rel=1e-12)
-    assert a.meta["activation_bytes_estimate"] == pytest.approx(
-        b.meta["activation_bytes_estimate"], rel=1e-12)
+    assert a.meta.activation_bytes_estimate == pytest.approx(
+        b.meta.activation_bytes_estimate, rel=1e-12)
 
 
 def test_custom_offloading_the_layer_input_and_qkv_is_tpusims_qkv_offload():
@@ -206,7 +206,7 @@ def test_every_policys_activation_events_balance_over_the_step(policy, attention
                                   TrainingConfig(seq_len=SEQ, batch_per_chip=BATCH,
                                                  remat=policy, attention=attention, **kw))
     for cat in ("saved_activations", "temporaries"):
-        events = sorted((i, d) for i, c, d in trace.meta["memory_events"] if c == cat)
+        events = sorted((i, d) for i, c, d in trace.meta.memory_events if c == cat)
         level = 0.0
         for _, d in events:
             level += d

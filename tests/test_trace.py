@@ -429,6 +429,8 @@ def test_meta_is_frozen_and_its_writers_name_only_known_fields():
         m.batch = 9
     with pytest.raises(TypeError):
         m["batch"] = 9  # no item assignment either
+    with pytest.raises(TypeError):
+        m["batch"]  # nor reads by string key: fields are attributes
     with pytest.raises(TypeError, match="no field"):
         TraceMeta.of(kind="decode", batchh=8)
     with pytest.raises(TypeError, match="no field"):
@@ -441,7 +443,7 @@ def test_meta_given_null_is_present_and_written_back_as_null():
     from workloads.trace_meta import TraceMeta
 
     m = TraceMeta.from_dict({"overlap": None, "num_chips": 4})
-    assert m.overlap is None and "overlap" in m and m.to_dict() == {"overlap": None,
+    assert m.overlap is None and "overlap" in m.key_order and m.to_dict() == {"overlap": None,
                                                                      "num_chips": 4}
 
 

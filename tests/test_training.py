@@ -122,8 +122,8 @@ def tiny_yaml(tmp_path: Path) -> str:
 def test_mxu_flops_per_chip_equal_textbook_training_flops_over_chips(mesh, shape):
     trace, _ = _step(mesh, shape, remat=Remat.NONE, attention="dot")
     m = model_from_dict(TINY)
-    chips = trace.meta["num_chips"]
-    tokens = trace.meta["global_sequences"] * 128
+    chips = trace.meta.num_chips
+    tokens = trace.meta.global_sequences * 128
     expected = _textbook_training_flops(m, tokens, 128) / chips
     # Exact: the compiler counts exactly these matmuls (K/tp heads are whole here).
     assert _mxu_flops(trace) == pytest.approx(expected, rel=1e-9)
@@ -165,13 +165,13 @@ def test_qkv_offload_policies_recompute_all_but_the_offloaded_projections():
         assert sorted({o.name for o in host}) == ["fetch_activations", "offload_activations"]
         assert sum(o.bytes for o in host) == pytest.approx(2 * L * expected, rel=1e-12)
         # Nothing stays in HBM between a layer's forward and its backward.
-        assert trace.meta["activation_bytes_estimate"] == 0
+        assert trace.meta.activation_bytes_estimate == 0
 
 
 @pytest.mark.parametrize("remat", [Remat.FULL, Remat.QKV_OFFLOAD, Remat.QKVO_OFFLOAD])
 def test_recomputing_policies_free_every_activation_they_allocate(remat):
     trace, res = _step("fsdp=4", "2x2", remat=remat)
-    saved = sum(d for _, cat, d in trace.meta["memory_events"] if cat == "saved_activations")
+    saved = sum(d for _, cat, d in trace.meta.memory_events if cat == "saved_activations")
     assert saved == pytest.approx(0.0, abs=1.0)
     assert res.hbm_peak_bytes > 0
 
@@ -460,10 +460,10 @@ def test_static_bytes_are_params_and_adam_state_of_the_local_shard(mesh, shape, 
     local = sharded / shards + m.num_norm_params  # norm scales are tiny and replicated
     # bf16 params (2) + two fp32 Adam moments (8) = 10 bytes per parameter (tpu.md §4) are the
     # step's arguments, resident throughout; the bf16 gradients (2) are backward temporaries.
-    assert trace.meta["static_hbm_bytes"] == pytest.approx(10 * local, rel=1e-3)
-    parts = trace.meta["static_breakdown"]
+    assert trace.meta.static_hbm_bytes == pytest.approx(10 * local, rel=1e-3)
+    parts = trace.meta.static_breakdown
     assert parts["params"] + parts["optimizer"] == pytest.approx(
-        trace.meta["static_hbm_bytes"], rel=1e-12)
+        trace.meta.static_hbm_bytes, rel=1e-12)
     assert parts["grads"] == pytest.approx(parts["params"], rel=1e-12)
     assert parts["optimizer"] == pytest.approx(4 * parts["params"], rel=1e-12)
 
@@ -471,9 +471,9 @@ def test_static_bytes_are_params_and_adam_state_of_the_local_shard(mesh, shape, 
 def test_static_bytes_follow_the_dtype_flags():
     base, _ = _step("fsdp=4", "2x2")
     wide, _ = _step("fsdp=4", "2x2", param_dtype="fp32", grad_dtype="fp32")
-    p = base.meta["params_per_chip"]
-    assert wide.meta["static_hbm_bytes"] - base.meta["static_hbm_bytes"] == pytest.approx(2 * p)
-    assert wide.meta["static_breakdown"]["grads"] == pytest.approx(4 * p)
+    p = base.meta.params_per_chip
+    assert wide.meta.static_hbm_bytes - base.meta.static_hbm_bytes == pytest.approx(2 * p)
+    assert wide.meta.static_breakdown["grads"] == pytest.approx(4 * p)
 
 
 def test_f32_params_gathered_in_bf16_move_bf16_bytes_and_keep_f32_master_weights():
@@ -482,7 +482,7 @@ def test_f32_params_gathered_in_bf16_move_bf16_bytes_and_keep_f32_master_weights
     # fsdp=16 compiles: every collective's bytes equal the bf16-param program's).
     base, base_res = _step("fsdp=4", "2x2")
     f32, f32_res = _step("fsdp=4", "2x2", param_dtype="fp32", gather_dtype="bf16")
-    p = f32.meta["params_per_chip"]
+    p = f32.meta.params_per_chip
 
     def colls(t):
         return [(o.name, o.bytes) for o in t.ops if o.kind == OpKind.COLLECTIVE]
@@ -492,12 +492,12 @@ def test_f32_params_gathered_in_bf16_move_bf16_bytes_and_keep_f32_master_weights
 
     assert colls(f32) == colls(base) and colls(base)
     assert matmuls(f32) == matmuls(base)
-    assert f32.meta["static_hbm_bytes"] - base.meta["static_hbm_bytes"] == pytest.approx(2 * p)
+    assert f32.meta.static_hbm_bytes - base.meta.static_hbm_bytes == pytest.approx(2 * p)
     # The scanned backward keeps the local gradient shards in the params' dtype (XLA's stacked
     # f32 gradient): 4 bytes per parameter allocated, against bf16's 2.
 
     def grads_held(t):
-        return sum(d for _, cat, d in t.meta["memory_events"] if cat == "gradients" and d > 0)
+        return sum(d for _, cat, d in t.meta.memory_events if cat == "gradients" and d > 0)
 
     assert grads_held(base) == pytest.approx(2 * p)
     assert grads_held(f32) == pytest.approx(4 * p)
@@ -562,11 +562,11 @@ def test_an_optimizer_dtype_with_sgd_is_refused_as_changing_nothing(tiny_yaml, c
 def test_sgd_keeps_no_optimizer_state_and_its_update_moves_weights_and_gradients_only():
     adam, _ = _step("fsdp=4", "2x2")
     sgd, res = _step("fsdp=4", "2x2", optimizer="sgd")
-    p = sgd.meta["params_per_chip"]
-    assert sgd.meta["optimizer"] == "sgd" and adam.meta["optimizer"] == "adam"
+    p = sgd.meta.params_per_chip
+    assert sgd.meta.optimizer == "sgd" and adam.meta.optimizer == "adam"
     # Adam's two fp32 moments (8 bytes per parameter) are gone; the bf16 params remain.
-    assert adam.meta["static_hbm_bytes"] - sgd.meta["static_hbm_bytes"] == pytest.approx(8 * p)
-    assert sgd.meta["static_breakdown"]["optimizer"] == 0
+    assert adam.meta.static_hbm_bytes - sgd.meta.static_hbm_bytes == pytest.approx(8 * p)
+    assert sgd.meta.static_breakdown["optimizer"] == 0
     (upd,) = [o for o in sgd.ops if o.phase == "optimizer" and o.kind == OpKind.COMPUTE]
     (aupd,) = [o for o in adam.ops if o.phase == "optimizer" and o.kind == OpKind.COMPUTE]
     # w -= lr * g: read w and g, write w (2 + 2 + 2 bytes, 2 FLOPs) per parameter; Adam also
@@ -584,7 +584,7 @@ def test_the_adam_update_reads_and_writes_the_shard_its_gradient_and_both_moment
     # 2 + 2 + 8 + 2 + 8 = 22 bytes (tpu.md §4's fp32 moments), f32 weights cast to bf16 for
     # their gathers 26 (the v6e / v5e fsdp=16 f32 programs: XLA's estimate 1.17-1.18x).
     trace, _ = _step("fsdp=4", "2x2", param_dtype=params, gather_dtype="bf16")
-    p = trace.meta["params_per_chip"]
+    p = trace.meta.params_per_chip
     (upd,) = [o for o in trace.ops if o.phase == "optimizer" and o.kind == OpKind.COMPUTE]
     assert (upd.name, upd.unit) == ("adam_update", Unit.VPU)
     assert upd.flops == pytest.approx(12 * p, rel=1e-12)
@@ -634,7 +634,7 @@ def test_memory_table_starts_at_the_static_bytes_and_peak_covers_it():
     trace, res = _step("fsdp=4", "2x2")
     mem = res.memory
     assert list(mem.columns) == ["chip", "time_s", "hbm_bytes", *MEMORY_CATEGORIES]
-    assert mem.hbm_bytes.iloc[0] == trace.meta["static_hbm_bytes"]
+    assert mem.hbm_bytes.iloc[0] == trace.meta.static_hbm_bytes
     assert mem.time_s.is_monotonic_increasing
     # Every row's categories add up to its total, and the peak is the table's maximum.
     assert mem[list(MEMORY_CATEGORIES)].sum(axis=1).to_numpy() == pytest.approx(
@@ -660,7 +660,7 @@ def test_remat_none_peaks_above_minimal_above_full(attention):
 
 def test_memory_returns_to_the_static_state_after_the_step():
     trace, res = _step("fsdp=4", "2x2", remat=Remat.NONE)
-    assert res.memory.hbm_bytes.iloc[-1] == pytest.approx(trace.meta["static_hbm_bytes"])
+    assert res.memory.hbm_bytes.iloc[-1] == pytest.approx(trace.meta.static_hbm_bytes)
 
 
 def test_big_model_on_one_chip_reports_overflow_instead_of_crashing(tmp_path, capsys):
@@ -1013,8 +1013,8 @@ def test_sharded_tp_activations_move_the_same_bytes_as_replicated_all_reduces():
 def test_sharded_tp_activations_divide_saved_activations_by_tensor():
     sharded, _ = _step("fsdp=1,tensor=4", "2x2", tp_activations="sharded")
     replicated, _ = _step("fsdp=1,tensor=4", "2x2", tp_activations="replicated")
-    assert sharded.meta["activation_bytes_estimate"] == pytest.approx(
-        replicated.meta["activation_bytes_estimate"] / 4)
+    assert sharded.meta.activation_bytes_estimate == pytest.approx(
+        replicated.meta.activation_bytes_estimate / 4)
 
 
 def test_collective_matmul_overlaps_tp_collectives_and_is_never_slower():
@@ -1100,7 +1100,7 @@ def test_expert_parallel_shards_non_expert_weights_over_fsdp_and_expert():
     assert norm[0].bytes == pytest.approx(4 * spec.num_norm_params, rel=1e-12)
     # Every matmul weight is split four ways; the norm scales are replicated.
     p_local = (spec.num_params - spec.num_norm_params) / 4 + spec.num_norm_params
-    assert trace.meta["static_hbm_bytes"] == pytest.approx(p_local * (2 + 2 * 4), rel=1e-12)
+    assert trace.meta.static_hbm_bytes == pytest.approx(p_local * (2 + 2 * 4), rel=1e-12)
 
 
 def test_within_a_slice_the_data_all_reduce_sends_the_experts_shard_apart():
@@ -1140,7 +1140,7 @@ def test_flash_attention_of_a_local_layer_counts_its_causal_window_pairs():
     assert _mxu_flops(full) - _mxu_flops(local) == pytest.approx(
         3.5 * seqs * saved_pairs * per_pair, rel=1e-12)
     # The summary's model FLOPs count the window too (3 passes: forward + 2x backward).
-    assert full.meta["model_flops_per_chip"] - local.meta["model_flops_per_chip"] == \
+    assert full.meta.model_flops_per_chip - local.meta.model_flops_per_chip == \
         pytest.approx(3 * seqs * saved_pairs * per_pair, rel=1e-12)
 
 
@@ -1150,8 +1150,8 @@ def test_dot_attention_of_a_local_layer_computes_and_masks_every_score():
     full, _ = _step("fsdp=1", "1x1", remat=Remat.NONE, attention="dot")
     local, _ = _step("fsdp=1", "1x1", model=TINY_LOCAL, remat=Remat.NONE, attention="dot")
     assert _mxu_flops(full) == _mxu_flops(local)
-    assert full.meta["activation_bytes_estimate"] == local.meta["activation_bytes_estimate"]
-    assert local.meta["model_flops_per_chip"] < full.meta["model_flops_per_chip"]
+    assert full.meta.activation_bytes_estimate == local.meta.activation_bytes_estimate
+    assert local.meta.model_flops_per_chip < full.meta.model_flops_per_chip
 
 
 def test_post_norms_and_qk_norm_add_their_norm_ops_forward_and_backward():
@@ -1189,8 +1189,8 @@ def test_vocab_tiling_recomputes_the_logits_and_holds_one_chunk_of_them():
     # The backward recomputes the logits once: 2 x tokens x d_model x vocab more MXU FLOPs.
     assert _mxu_flops(tiled) - _mxu_flops(plain) == 2 * n * m.d_model * m.vocab_size
     # f32 logits + bf16 logit gradients (6 bytes a logit) of one chunk of 64 tokens at a time.
-    assert plain.meta["logits_bytes"] == n * m.vocab_size * 6
-    assert tiled.meta["logits_bytes"] == plain.meta["logits_bytes"] / 4
+    assert plain.meta.logits_bytes == n * m.vocab_size * 6
+    assert tiled.meta.logits_bytes == plain.meta.logits_bytes / 4
     # Each chunk reads the whole gathered output projection.
     logits = {t: next(o for o in tr.ops if o.name == "logits") for t, tr in ((1, plain),
                                                                                (4, tiled))}

@@ -332,9 +332,9 @@ def test_gemma3_runs_rebuild_with_their_vocab_tiling_and_maxtexts_flop_count(vm,
     trace, _ = runs.case_trace(c)
     # The log line's TFLOPs per device and step (MaxText's windowed causal count) come out of
     # the rebuilt model and batch.
-    assert trace.meta["maxtext_flops_per_chip"] / 1e12 == pytest.approx(2557.19, abs=0.01)
+    assert trace.meta.maxtext_flops_per_chip / 1e12 == pytest.approx(2557.19, abs=0.01)
     # 16 chunks of 2048 tokens: one chunk's f32 logits and bf16 gradients, 6 bytes a logit.
-    assert trace.meta["logits_bytes"] == 2048 * 262144 * 6
+    assert trace.meta.logits_bytes == 2048 * 262144 * 6
     assert vm.predict(c).fits_in_hbm
 
 

@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,8 +77,8 @@ class TraceKind(enum.StrEnum):
 class TraceMeta:
     """A trace's metadata (see the module docstring for each field's units, writer and readers).
 
-    Keeps a read-only `Mapping` view by file key (`meta["static_hbm_bytes"]`, `meta.get(...)`,
-    `in`, `keys()`/`items()`) while the readers move to attributes."""
+    Read by attribute; `to_dict()` is the file's object. There is no lookup by string key: a
+    key no field names is in `extra`, and `key_order` says which keys the trace has."""
 
     kind: TraceKind | None = None
     model: str | None = None
@@ -203,30 +203,6 @@ class TraceMeta:
             v = getattr(self, key)
             return str(v) if key == "kind" and v is not None else v
         return self.extra[key]
-
-    # -- the read-only mapping view (by file key), until every reader uses attributes --------
-    def __getitem__(self, key: str) -> Any:
-        if key not in self.key_order:
-            raise KeyError(key)
-        return self._value(key)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self._value(key) if key in self.key_order else default
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.key_order
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.key_order)
-
-    def __len__(self) -> int:
-        return len(self.key_order)
-
-    def keys(self) -> tuple[str, ...]:
-        return self.key_order
-
-    def items(self) -> list[tuple[str, Any]]:
-        return [(k, self._value(k)) for k in self.key_order]
 
 
 _FIELD_ORDER = tuple(f.name for f in dataclasses.fields(TraceMeta)
