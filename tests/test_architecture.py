@@ -302,10 +302,6 @@ def test_nothing_below_the_cli_spells_a_flag():
 # the test fails on an entry that is no longer needed, so the set only shrinks.
 PENDING_UNSAID_IMPORTS = {
     "sim/chips.py",
-    "sim/export/chakra.py",
-    "sim/export/collective_plots.py",
-    "sim/export/perfetto.py",
-    "sim/export/step_plots.py",
     "sim/reliability/simulate.py",
     "sim/runs/bind.py",
     "sim/runs/goodput.py",

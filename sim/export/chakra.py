@@ -28,6 +28,7 @@ import numpy as np
 
 from sim.engine.costs import collective_groups, op_group_axes
 from sim.engine.result import StepResult
+from sim.export.output import write_bytes
 from topologies.errors import TpusimError
 from topologies.groups import GroupGeometry
 from topologies.progress import tracked
@@ -72,8 +73,6 @@ class ChakraPlan:
     files: tuple[tuple[str, bytes], ...]
 
     def write(self, directory: str | Path) -> list[Path]:
-        from sim.export.output import write_bytes
-
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         return [write_bytes(d / name, data) for name, data in self.files]

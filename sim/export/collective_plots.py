@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.collectives.result import TIMELINE_COLUMNS
 from sim.export.plots import (
     _STEP_COLORS,
     MAX_PANELS,
@@ -63,7 +64,6 @@ MAX_LINK_LANES = 48  # links drawn in the per-link timeline (the busiest; the re
 
 def _last_group(res) -> int:
     """The replica group that finishes last (its steps set the collective's time)."""
-    from sim.collectives.result import TIMELINE_COLUMNS
 
     if not res.timeline_rows:
         return 0
@@ -81,8 +81,6 @@ def collective_links_figure(res, caption: str):
     crossed out. Needs the per-step links of full or per-chip mode (`res.step_links`)."""
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
-
-    from sim.collectives.result import TIMELINE_COLUMNS
 
     topo = res.pod
     n, nl = topo.num_ici_links, 2 * topo.ndim
@@ -216,8 +214,6 @@ def step_words(label: str) -> str:
 
 def _collective_timeline(res, caption: str):
     from matplotlib.patches import Patch
-
-    from sim.collectives.result import TIMELINE_COLUMNS
 
     tl = _table(res.timeline_rows, TIMELINE_COLUMNS,
                 ("group", "chip", "stream", "step", "label", "start_s", "end_s"))

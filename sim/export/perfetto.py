@@ -44,9 +44,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sim.collectives.algorithms import step_bytes_per_chip
+from sim.collectives.orbits import canonical_chips, canonical_links
+from sim.engine.result import MEMORY_COLUMNS, OP_COLUMNS
 from sim.export.output import atomic_write
 from sim.export.pftrace import PftraceWriter, encode_tracks
 from topologies.errors import TpusimError
+from topologies.groups import CLASS_NAMES, GroupGeometry, route_class_hops
 from topologies.progress import tracked
 from topologies.validate import short_repr
 
@@ -121,7 +125,6 @@ POWER_COUNTER = "power (W)"
 
 def _step_tracks(result) -> tuple[dict[str, list[tuple]], dict[str, list[tuple[float, float]]]]:
     """The representative chip's tracks and counters (shared by every exported chip)."""
-    from sim.engine.result import OP_COLUMNS
 
     # The raw rows of `result.ops` (no DataFrame: pandas costs seconds to import).
     col = {c: i for i, c in enumerate(OP_COLUMNS)}
@@ -169,7 +172,6 @@ def _step_tracks(result) -> tuple[dict[str, list[tuple]], dict[str, list[tuple[f
             tracks.setdefault(f"ICI {cls} link {lane}", []).append(row)
         counters[f"ICI {cls} utilization"] = _utilization(
             rows, result.collectives.class_capacity[cls])
-    from sim.engine.result import MEMORY_COLUMNS
 
     i_t, i_b = MEMORY_COLUMNS.index("time_s"), MEMORY_COLUMNS.index("hbm_bytes")
     counters["HBM occupancy (bytes)"] = [(float(m[i_t]), float(m[i_b])) for m in result.memory_rows]
@@ -625,7 +627,6 @@ def _collective_processes(res) -> list[tuple[str, dict[str, list[tuple]]]]:
     `MAX_LINK_TRACKS` when more) shows each step that carried bytes over that link, and how
     many. Chunked schedules overlap within a stream: slices are spread over lanes.
     """
-    from topologies.groups import CLASS_NAMES, GroupGeometry, route_class_hops
 
     sched = res.schedule
     topo = res.pod
@@ -683,8 +684,6 @@ def _collective_processes(res) -> list[tuple[str, dict[str, list[tuple]]]]:
             # Chunks: each row is one chunk's pass through the step.
             frac = 1.0
             if st is not None and per_chip:
-                from sim.collectives.algorithms import step_bytes_per_chip
-
                 whole = step_bytes_per_chip(st) * st.repeat
                 frac = float(per_chip) / whole if whole else 1.0
             for cls, b in sorted(class_bytes.get((si, k), {}).items()):
@@ -731,8 +730,6 @@ def _orbit_link_rows(res, link_rows: dict[int, list[tuple]]):
     limited to the links of the best `MAX_LINK_TRACKS` totals (every link of an orbit has the
     same total, so ranking orbits is ranking links), plus the count of all links loaded."""
     import numpy as np
-
-    from sim.collectives.orbits import canonical_chips, canonical_links
 
     topo = res.pod
     canon = canonical_links(topo, canonical_chips(topo, res.orbit_periods))

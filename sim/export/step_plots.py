@@ -21,7 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from sim.engine.result import breakdown_label
+from sim.chips import get_chip
+from sim.collectives.simulate import simulate_collective
+from sim.engine.result import LINK_CLASS_COLUMNS, OP_COLUMNS, UNIT_COLUMNS, breakdown_label
 from sim.export.energy_plots import energy_figures
 from sim.export.plots import (
     _BOUND_WORDS,
@@ -131,9 +133,6 @@ def step_link_shares(result) -> tuple[np.ndarray, bool]:
     alike (share 1); on a line, or a factor of an axis, the links differ. Returns the shares
     and whether every collective could be routed (one that cannot, such as a permute over
     several axes, is spread evenly over its class: share 1)."""
-    from sim.chips import get_chip
-    from sim.collectives.simulate import simulate_collective
-    from sim.engine.result import OP_COLUMNS
 
     topo = result.pod
     n, nl = topo.num_ici_links, 2 * topo.ndim
@@ -224,8 +223,6 @@ def _phase_spans(ops: dict[str, np.ndarray]) -> list[tuple[str, float, float]]:
 
 def _timeline(result, caption: str):
     from matplotlib.patches import Patch
-
-    from sim.engine.result import OP_COLUMNS
 
     ops = _table(result.op_rows, OP_COLUMNS,
                  ("kind", "unit", "bound", "phase", "start_s", "end_s"))
@@ -324,7 +321,6 @@ def _utilization(result, caption: str):
     title = _wrap(width, "utilization over the step", caption)
     fig = _figure(width, 2.6, title, left=0.75, axes_titles=True, wspace=0.25)
     a1, a2 = fig.subplots(1, 2)
-    from sim.engine.result import LINK_CLASS_COLUMNS, UNIT_COLUMNS
 
     u = _table(result.unit_rows, UNIT_COLUMNS, ("unit", "utilization"))
     units = u["unit"].tolist()
