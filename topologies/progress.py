@@ -33,6 +33,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TypeVar
 
+from topologies.errors import TpusimError
+from topologies.validate import short_repr
+
 T = TypeVar("T")
 
 
@@ -82,9 +85,6 @@ def reporting(callback: ProgressCallback | None) -> Iterator[None]:
     """Within the block, tasks report to `callback` (None: to nobody, e.g. the points a sweep
     runs in its own process, whose progress is the sweep's)."""
     if callback is not None and not callable(callback):
-        from topologies.errors import TpusimError
-        from topologies.validate import short_repr
-
         raise TpusimError(f"progress={short_repr(callback)} is not a callable; give a function "
                           f"taking one ProgressUpdate, or None")
     token = _CALLBACK.set(callback)

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 from topologies.errors import TpusimError
+from topologies.validate import one_of, short_repr
 
 T = TypeVar("T")
 
@@ -46,8 +47,6 @@ class Registry(Generic[T]):
         try:
             return self._items[name.lower()]
         except (KeyError, AttributeError, TypeError):
-            from topologies.validate import one_of, short_repr
-
             if self._unknown is not None and isinstance(name, str):
                 said = self._unknown(name)  # the message, or the error naming settings
                 raise (said if isinstance(said, TpusimError) else TpusimError(said)) from None

@@ -14,7 +14,7 @@ import numpy as np
 from topologies.errors import TpusimError
 from topologies.registry import Registry
 from topologies.torus import Topology, build_torus, parse_shape, parse_wraparound
-from topologies.validate import MAX_CHIPS, MAX_SLICES, range_text
+from topologies.validate import MAX_CHIPS, MAX_SLICES, range_text, short_repr
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,8 +40,6 @@ def _unknown_slice(name: str) -> TpusimError:
     import difflib
     import math
     import re
-
-    from topologies.validate import short_repr
 
     head = f"unknown slice {short_repr(name)}"
     m = re.fullmatch(r"\s*([a-z0-9]+)-([0-9]{1,9})\s*", name.lower())

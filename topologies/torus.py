@@ -357,8 +357,6 @@ def parse_wraparound(text: str, shape: tuple[int, ...]) -> tuple[bool, ...] | No
     allowed = AXIS_NAMES[:ndim]
     bad = [c for c in letters if c not in allowed]
     if bad or not letters or len(set(letters)) != len(letters):
-        from topologies.validate import short_repr
-
         raise TpusimError(
             f"{{wraparound}} {short_repr(text)} is not valid for a {ndim}D shape: each item must "
             f"be "
