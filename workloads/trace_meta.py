@@ -34,9 +34,9 @@ Fields (writer; readers):
   memory category, bytes] rows: HBM allocated (+) or freed (-) when the op ends),
   `logits_bytes` (the loss's temporaries), `pipeline_compile` (the model and the settings, so
   a replay can compose a pipeline's stage programs; `workloads/training/compiler.py`),
-  `pipeline_stage` (the stage of a composed stage program; `sim/pipeline.py`, never written).
-  Readers: `sim/engine.py` (memory timeline), `sim/runs/train.py`, `sim/runs/goodput.py`,
-  `sim/studies/plan_bounds.py`, `sim/pipeline.py`, the reports.
+  `pipeline_stage` (the stage of a composed stage program; `sim/engine/pipeline.py`, never
+  written). Readers: `sim/engine/memory.py` (memory timeline), `sim/runs/train.py`,
+  `sim/runs/goodput.py`, `sim/studies/plan_bounds.py`, `sim/engine/pipeline.py`, the reports.
 - `moe` (the routing's summary) and `moe_scenario_applied`: training and inference compilers
   of a mixture-of-experts model; the MoE report.
 - decode / prefill (`workloads/inference/program.py`, `steps.py`): `batch`, `context_len`,
