@@ -488,6 +488,7 @@ def load_chip(name_or_path: str) -> ChipSpec:
     path = Path(name_or_path)
     if path.suffix.lower() not in (".yaml", ".yml", ".json") and not path.exists():
         CHIPS.get(name_or_path)  # raises the "unknown chip" error listing presets
+    # deferred: PyYAML (topologies.yamlio) loads only when a chip file is read, not at start-up
     from topologies.yamlio import read_yaml_mapping
 
     return chip_from_dict(read_yaml_mapping(path, what="chip"), source=f"chip file {path}")

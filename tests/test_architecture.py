@@ -301,12 +301,8 @@ def test_nothing_below_the_cli_spells_a_flag():
 # Still to comment: each entry goes when every function-level import of the module says why;
 # the test fails on an entry that is no longer needed, so the set only shrinks.
 PENDING_UNSAID_IMPORTS = {
-    "sim/chips.py",
-    "sim/reliability/simulate.py",
-    "sim/runs/bind.py",
     "sim/runs/goodput.py",
     "sim/runs/train.py",
-    "topologies/scenario.py",
     "topologies/slices.py",
     "validation/energy.py",
     "validation/serving_jetstream.py",

@@ -612,6 +612,7 @@ def load_scenario(path) -> Scenario:
     """Read a scenario YAML (or JSON) file; the only function here that touches the disk."""
     from pathlib import Path
 
+    # deferred: PyYAML (topologies.yamlio) loads only when a scenario file is read
     from topologies.yamlio import read_yaml_mapping
 
     p = Path(path)

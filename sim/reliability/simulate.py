@@ -215,6 +215,7 @@ def _run(cfg: GoodputConfig, progress, log: bool):
     hist0 = seeds[0].builder.history()
     events: list[tuple] = []
     if cfg.engine is Engine.SIMPY:
+        # deferred: the SimPy oracle (and simpy) loads only when engine="simpy" asks for it
         from sim.reliability.reference import simulate as simulate_simpy
 
         events_n = sum(o.failures + o.checkpoints for o in outcomes)

@@ -24,7 +24,7 @@ from topologies.scenario import (
     load_scenario,
     scenario_from_flags,
 )
-from topologies.slices import SLICES, resolve_topology, untwisted_name
+from topologies.slices import CUBE_SIDE, SLICES, num_cubes, resolve_topology, untwisted_name
 from topologies.torus import Topology
 from workloads.models import TransformerSpec
 from workloads.moe import MoeConfig, expert_op_scales
@@ -238,8 +238,6 @@ def _failures(req: Request, pod: Pod) -> tuple[dict[str, Any], Failures] | None:
             f"a cube in (only v4/v5p slices of whole 4x4x4 cubes have); drop {{spare_cubes}}, or "
             f"give {{no_ocs}} to say the pod is static", "spare_cubes", "no_ocs")
     if n and topo.ocs:
-        from topologies.slices import CUBE_SIDE, num_cubes
-
         have = num_cubes(tuple((m // CUBE_SIDE) * CUBE_SIDE for m in chip.max_pod_shape))
         used = num_cubes(topo.shape) * topo.num_slices
         if n > have - used:
