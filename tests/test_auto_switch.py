@@ -117,3 +117,92 @@ def test_decode_and_prefill_report_an_auto_switch_as_train_does(monkeypatch, com
     getattr(sim, command)(chip="v5e", shape="2x2", model=model_from_dict(TINY), mesh="tensor=4",
                           algorithm="multi-axis", **kw)
     assert seen == []
+
+
+def test_a_pipelined_step_reports_the_switches_of_its_stage_programs():
+    # A pipeline's chips run their stages' programs: the switches are those programs'
+    # gathers and reductions whose pick alone differs between the two chips, and the held time
+    # is the schedule re-run with every one of them pinned to the unperturbed pod's pick.
+    from sim.engine.pipeline import build_stage_programs, simulate_pipeline_chips
+    from workloads.training import TrainingConfig
+
+    model = model_from_dict({**TINY, "num_layers": 4})
+    kw = dict(KW, mesh="pipeline=2,fsdp=32", microbatches=2)
+    what_if = sim.train(**kw, model=model, set={"ici_hop_latency_s": "x3"})
+    section = what_if.summary["auto_switch"]
+    base_chip = get_chip("v5p")
+    chip = base_chip.with_overrides(ici_hop_latency_s=3 * base_chip.ici_hop_latency_s)
+    topo = resolve_topology(chip_name="v5p", wrap_rule=chip.generation_rule,
+                            max_pod_shape=chip.max_pod_shape, shape="4x4x4")
+    mesh = what_if.trace.mesh
+    cfg = TrainingConfig(seq_len=256, batch_per_chip=1, microbatches=2)
+    pins, switched = {}, set()
+    for prog in build_stage_programs(model, mesh, topo.num_chips, cfg).programs:
+        groups, dev = collective_groups(prog, topo), {}
+        for op in prog.ops:
+            if op.kind == OpKind.COLLECTIVE and op.collective in GATHERS:
+                gaxes, _key = op_group_axes(topo, prog, op, groups, dev)
+                v = padded_collective_bytes(op.collective, gaxes, op.bytes)
+                picks = [picked_algorithm(simulate_collective(
+                    chip=c, topology=topo, op=op.collective, axes=gaxes, nbytes=v).algorithm)
+                    for c in (base_chip, chip)]
+                pins[HeldAlgorithms.key(op.collective, gaxes, v)] = picks[0]
+                if picks[0] != picks[1]:
+                    switched.add((op.collective, *picks))
+    assert switched and switched == {(s["collective"].split()[0], s["baseline"], s["what_if"])
+                                     for s in section["switches"]}
+    held, _pipe = simulate_pipeline_chips(model, mesh, chip, topo, cfg,
+                                          algorithm=HeldAlgorithms(tuple(pins.items())))
+    assert section["held_step_time_s"] == held.step_time_s < what_if.step_time_s
+
+
+def test_a_held_all_to_all_runs_the_algorithm_held_for_it():
+    # `auto` picks `direct` for every all-to-all we tried, so a what-if rarely switches one;
+    # holding one still pins it, as it pins a gather (and leaves a string algorithm alone).
+    moe = model_from_dict({**TINY, "num_experts": 4, "experts_per_token": 2})
+    run = sim.train(**dict(KW, mesh="fsdp=16,expert=4"), model=moe)
+    trace, chip = run.trace, get_chip("v5p")
+    topo = resolve_topology(chip_name="v5p", wrap_rule=chip.generation_rule,
+                            max_pod_shape=chip.max_pod_shape, shape="4x4x4")
+    groups, dev, pins = collective_groups(trace, topo), {}, {}
+    for op in trace.ops:
+        if op.kind == OpKind.COLLECTIVE and op.collective == "all-to-all":
+            gaxes, _key = op_group_axes(topo, trace, op, groups, dev)
+            if sum(g.size > 1 for g in gaxes) != 1:
+                continue  # a ring runs on one axis
+            v = padded_collective_bytes(op.collective, gaxes, op.bytes)
+            pins[HeldAlgorithms.key(op.collective, gaxes, v)] = "ring"
+    assert pins
+    held = simulate_step(trace, chip, topo, algorithm=HeldAlgorithms(tuple(pins.items())))
+
+    def a2a(result):  # the one-axis all-to-alls' algorithms
+        return {v["algorithm"] for k, v in result.collective_costs.items()
+                if k.startswith("all-to-all") and "/" not in k.split()[1]}
+    assert a2a(held) == {"ring"} and a2a(run.result) == {"auto (direct)"}
+    fixed = sim.train(**dict(KW, mesh="fsdp=16,expert=4"), model=moe, algorithm="multi-axis")
+    assert a2a(fixed.result) == {"auto (direct)"}  # a string algorithm: gathers only
+
+
+def test_a_collective_on_faulty_links_names_the_healthy_pods_pick_a_step_would_keep(capsys):
+    # `collective` lets auto pick for the faulty links; a step keeps the healthy pod's pick.
+    # Where the two differ the result says which the step would run and what it costs here.
+    from sim.cli import main
+
+    kw = dict(chip="v5e", shape="8x8", op="all-reduce", axes="x", bytes="4KiB")
+    faulty = sim.collective(**kw, dead_link=["0,0:x+"])
+    chip = get_chip("v5e")
+    topo = resolve_topology(chip_name="v5e", wrap_rule=chip.generation_rule,
+                            max_pod_shape=chip.max_pod_shape, shape="8x8")
+    healthy = simulate_collective(chip=chip, topology=topo, op="all-reduce", axes=("x",),
+                                  nbytes=4096)
+    pick = picked_algorithm(healthy.algorithm)
+    section = faulty.summary["healthy_pick"]
+    assert section["algorithm"] == pick != picked_algorithm(faulty.summary["algorithm"])
+    held = sim.collective(**kw, dead_link=["0,0:x+"], algorithm=pick)
+    assert section["time_s"] == held.summary["time_s"] > faulty.summary["time_s"]
+    assert f"{held.summary['time_s']:.6g} s" in section["note"]
+    # No faults, or an algorithm given: nothing to say.
+    assert "healthy_pick" not in sim.collective(**kw).summary
+    assert "healthy_pick" not in held.summary
+    main(["collective", *[f"--{k}={v}" for k, v in kw.items()], "--dead-link", "0,0:x+"])
+    assert f"note: on the healthy pod auto picks {pick}" in capsys.readouterr().out

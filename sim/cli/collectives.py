@@ -107,6 +107,8 @@ def cmd_collective(args: argparse.Namespace) -> int:
             f"+{fmt_bytes(d['extra_link_bytes'])} on links, "
             f"+{fmt_time(d['extra_time_s'])} vs healthy ({fmt_time(d['healthy_time_s'])})"
         )
+    if "healthy_pick" in out:  # faults made auto re-pick: what a step would run instead
+        print(f"  note: {out['healthy_pick']['note']}")
     print_failures(run.summary)
     print_energy(run.summary, per="collective")
     return 0

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sim.collectives.auto import HeldAlgorithms
 from sim.collectives.routing import link_model, link_numbers
 from sim.collectives.simulate import simulate_collective
 from sim.hardware import ChipSpec
@@ -134,7 +135,10 @@ def _cost_collective(
 ) -> CollectiveCost:
     group = int(np.prod([g.size for g in gaxes]))
     v = padded_collective_bytes(kind, gaxes, nbytes)
-    algo = algorithm if kind in ("all-gather", "reduce-scatter", "all-reduce") else "auto"
+    # A string algorithm names a gather or reduction algorithm; all-to-alls keep `auto` then.
+    # Held algorithms (a what-if re-run on the unperturbed pod's picks) hold every kind.
+    algo = (algorithm if kind in ("all-gather", "reduce-scatter", "all-reduce")
+            or isinstance(algorithm, HeldAlgorithms) else "auto")
     if kind == "collective-permute":
         # Pipeline stage-to-stage sends: shift by one along the (single) group axis.
         if len(gaxes) != 1:

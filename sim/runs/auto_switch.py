@@ -9,8 +9,9 @@ share). Slow and dead links never switch a step's algorithm (the compiler picks 
 pod: `sim.engine.perchip` keeps `auto`'s healthy choice), nor do overrides the collectives do
 not read (`LINK_FIELDS`).
 
-`auto_switch_report` finds the collectives whose pick on the what-if's chip differs from the pick
-on the chip without the overrides (the unperturbed pod), and only then simulates the step once
+`auto_switch_report` finds the collectives (a pipelined step's: those of its stages' programs)
+whose pick on the what-if's chip differs from the pick on the chip without the overrides (the
+unperturbed pod), and only then simulates the step once
 more with those collectives held at the unperturbed pod's algorithms (`HeldAlgorithms`). When
 that step is faster, the result's `auto_switch` section says so: the switches, both algorithms,
 and the step time with the baseline's algorithms held fixed. Costs: one `auto` search per
@@ -20,6 +21,7 @@ step only where a pick differs.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sim.collectives.auto import HeldAlgorithms, picked_algorithm
@@ -34,19 +36,32 @@ from sim.hardware import ChipSpec
 from topologies.torus import Topology
 from workloads.trace import OpKind, Trace
 
-# The kinds whose algorithm a step's `algorithm` chooses (the others are always `auto`'s).
-_HELD_KINDS = ("all-gather", "reduce-scatter", "all-reduce")
+# The kinds `auto` chooses an algorithm for (collective-permutes are point-to-point sends).
+_HELD_KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all")
 
 
-def auto_switches(trace: Trace, chip: ChipSpec, base_chip: ChipSpec,
+def auto_switches(traces: Trace | Sequence[Trace], chip: ChipSpec, base_chip: ChipSpec,
                   topology: Topology) -> list[dict[str, Any]]:
     """The step's distinct collectives whose `auto` pick on `chip` differs from the pick on
-    `base_chip`: {collective, op, axes, bytes, baseline, what_if}, in program order."""
+    `base_chip`: {collective, op, axes, bytes, baseline, what_if}, in program order. `traces`
+    is the step's program, or every program of a step whose chips run different ones (a
+    pipeline's stages, in stage order), or a callable giving them (called only where the
+    what-if changes the link numbers the collectives read)."""
     if link_numbers(chip) == link_numbers(base_chip):
         return []  # the collectives read the same link numbers: the same picks
+    if callable(traces):
+        traces = traces()
+    seen: set[tuple] = set()
+    out = []
+    for trace in [traces] if isinstance(traces, Trace) else traces:
+        out += _switches_of(trace, chip, base_chip, topology, seen)
+    return out
+
+
+def _switches_of(trace: Trace, chip: ChipSpec, base_chip: ChipSpec, topology: Topology,
+                 seen: set[tuple]) -> list[dict[str, Any]]:
     groups = collective_groups(trace, topology)
     dev_groups: dict[int, tuple] = {}
-    seen: set[tuple] = set()
     out = []
     for op in trace.ops:
         if op.kind != OpKind.COLLECTIVE or op.collective not in _HELD_KINDS:
@@ -75,13 +90,13 @@ def held_algorithms(switches: list[dict[str, Any]]) -> HeldAlgorithms:
         (HeldAlgorithms.key(s["op"], s["axes"], s["bytes"]), s["baseline"]) for s in switches))
 
 
-def auto_switch_report(trace: Trace, chip: ChipSpec, base_chip: ChipSpec, topology: Topology,
+def auto_switch_report(traces, chip: ChipSpec, base_chip: ChipSpec, topology: Topology,
                        step_time_s: float, simulate_held) -> dict[str, Any] | None:
     """The result's `auto_switch` section, or None: where `auto` picked other algorithms on
     `chip` than on `base_chip` (the chip without the what-if's overrides) and the step with the
     baseline's picks held fixed (`simulate_held(HeldAlgorithms)` -> its step time) is faster
-    than `step_time_s`."""
-    switches = auto_switches(trace, chip, base_chip, topology)
+    than `step_time_s`. `traces`: the step's program(s), as `auto_switches` takes them."""
+    switches = auto_switches(traces, chip, base_chip, topology)
     if not switches:
         return None
     held_s = float(simulate_held(held_algorithms(switches)))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from sim.collectives.algorithms import CollectiveKind, algorithm_names, parse_kind
+from sim.collectives.auto import picked_algorithm
 from sim.collectives.inputs import check_bytes, check_links_only
 from sim.collectives.simulate import simulate_collective
 from sim.energy import collective_energy, energy_summary
@@ -53,7 +54,8 @@ def check_common_inputs(req: CollectiveRequest, topo) -> None:
         check_links_only(scenario)
 
 
-def _simulate(req: CollectiveRequest, algorithm: str, pod: Pod):
+def _simulate(req: CollectiveRequest, algorithm: str, pod: Pod, *, healthy: bool = False):
+    """The collective under `algorithm`, on the request's faulty links (or the healthy pod's)."""
     check_common_inputs(req, pod.topology)
     return simulate_collective(
         chip=pod.chip,
@@ -65,7 +67,7 @@ def _simulate(req: CollectiveRequest, algorithm: str, pod: Pod):
         shift=req.shift,
         src=parse_coords(req.src, "src") if req.src else None,
         dst=parse_coords(req.dst, "dst") if req.dst else None,
-        scenario=scenario_of(req, pod.topology),
+        scenario=None if healthy else scenario_of(req, pod.topology),
         mode=req.mode,
         chunks=req.chunks,
     )
@@ -80,7 +82,32 @@ def run_collective(req: CollectiveRequest) -> Run:
     inputs = base_inputs(req, pod)
     inputs["algorithm"] = algorithm
     summary = {**res.to_dict(), **energy_summary(collective_energy(res, pod.chip))}
+    healthy = _healthy_pick(req, algorithm, pod, res)
+    if healthy is not None:
+        summary["healthy_pick"] = healthy
     return Run(command="collective", summary=summary, inputs=inputs, result=res)
+
+
+def _healthy_pick(req: CollectiveRequest, algorithm: str, pod: Pod, res) -> dict | None:
+    """Where slow or dead links make `auto` pick another algorithm than on the healthy pod:
+    the healthy pod's pick and its time on these links. A step keeps that pick (the compiler
+    picks for the pod it knows, `sim.engine.perchip`), so a collective alone and the same
+    collective inside a step would otherwise disagree without a word."""
+    if algorithm != "auto" or scenario_of(req, pod.topology) is None:
+        return None
+    faulty = picked_algorithm(res.algorithm)
+    pick = picked_algorithm(_simulate(req, "auto", pod, healthy=True).algorithm)
+    if pick == faulty:
+        return None
+    try:
+        held: float | None = _simulate(req, pick, pod).time_s
+        why, params = "", ()
+    except TpusimError as exc:  # the healthy pick may not run on these links at all
+        held, why, params = None, exc.template, exc.params
+    note = (f"on the healthy pod auto picks {pick}, which a step keeps under these faults"
+            + (f": it takes {held:.6g} s here against {res.time_s:.6g} s for {faulty}"
+               if held is not None else f", and which does not run here ({why})"))
+    return {"algorithm": pick, "time_s": held, "note": Said(TpusimError(note, *params))}
 
 
 @reports_failures

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.energy import energy_summary, step_energy
-from sim.engine.pipeline import check_schedule, simulate_pipeline_chips
+from sim.engine.pipeline import build_stage_programs, check_schedule, simulate_pipeline_chips
 from sim.runs.auto_switch import auto_switch_report
 from sim.runs.bind import (
     algorithm_of,
@@ -211,12 +211,21 @@ def run_train(req: TrainRequest) -> Run:
     summary = training_summary(trace, result, chip)
     if pipe is not None:
         summary["pipeline"] = pipe.to_dict()
-    elif algorithm_of(req) == "auto":
+    if algorithm_of(req) == "auto":
         # A what-if on the chip's links may switch auto's picks: say so where that is what
-        # slows the step (the section appears only then).
-        switch = auto_switch_report(
-            trace, chip, pod.base_chip, topo, result.step_time_s,
-            lambda held: simulate_step(req, trace, chip, topo, algorithm=held).step_time_s)
+        # slows the step (the section appears only then). A pipeline's chips run their stages'
+        # programs, so its collectives are those programs' (built only where a pick may differ).
+        if pipe is None:
+            programs, held_time = trace, (
+                lambda held: simulate_step(req, trace, chip, topo, algorithm=held).step_time_s)
+        else:
+            programs = (lambda: build_stage_programs(model, trace.mesh, topo.num_chips,
+                                                     cfg).programs)
+            held_time = (lambda held: simulate_pipeline_chips(
+                model, trace.mesh, chip, topo, cfg, base=_pipeline_base(req, trace, topo),
+                algorithm=held)[0].step_time_s)
+        switch = auto_switch_report(programs, chip, pod.base_chip, topo, result.step_time_s,
+                                    held_time)
         if switch is not None:
             summary["auto_switch"] = switch
     with_energy(summary, energy, cap)
