@@ -47,6 +47,8 @@ filling sums loads with `np.add.accumulate` (the same additions in the same orde
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from sim.engine.perchip import (
@@ -108,39 +110,68 @@ def _p2p_pairs(p2p, programs, prog_of, used, chips_of, base, topology):
     return recv_key, recv_from
 
 
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """Where each program's chips and ops sit: `used` programs, a chip's `rank` among its
+    program's chips, `chips_of[p]`, `progs[p]` = (chips, number of ops) (None: unused), `base[p]`
+    the offset of program p's ops among all rendezvous keys, `sends[p]` its send ops."""
+
+    used: list[int]
+    rank: np.ndarray
+    progs: list
+    chips_of: dict[int, np.ndarray]
+    base: dict[int, int]
+    sends: dict[int, dict]
+
+
 def run_vectors(prep: PreparedStep) -> StepResult:
     """The per-chip engine's result computed with vector classes (see the module docstring);
     the same fields as `sim.engine.class_engine.run_classes`'s."""
-    cfg = prep.config
-    programs, prog_of, speed, op_scale = prep.programs, prep.prog_of, prep.speed, cfg.op_scale
-    chip, topology, overlap = prep.chip, prep.topology, prep.overlap
-    op_geom, op_key, geoms = prep.op_geom, prep.op_key, prep.geoms
-    group_cost, base_costs, lm, label = prep.group_cost, prep.base_costs, prep.lm, prep.label
-    slow, dead_links, p2p = prep.slow, tuple(cfg.dead_links), cfg.p2p
-    send_cost_of, p2p_costs = prep.send_cost_of, prep.p2p_costs
-    nchips = topology.num_chips
-    prog_of = np.asarray(prog_of, dtype=np.int64)
+    lay = _layout(prep)
+    p2p = prep.config.p2p
+    prog_of = np.asarray(prep.prog_of, dtype=np.int64)
+    recv_key, recv_from = (_p2p_pairs(p2p, prep.programs, prog_of, lay.used, lay.chips_of,
+                                      lay.base, prep.topology)
+                           if p2p is not None else ({}, {}))
+    kind_of, kinds = _vector_kinds(prep, lay, recv_key)
+    recv_rank = {(q, rid): lay.rank[frm[lay.chips_of[q]]] for (q, rid), frm in recv_from.items()}
+    run = VectorRun(progs=lay.progs, nchips=prep.topology.num_chips, speed=prep.speed,
+                    kinds_of_chip=kind_of, kinds=kinds, coll_geo=_rendezvous_keys(prep, lay),
+                    cap_links=prep.lm.class_capacity_bytes_per_s, overlap=prep.overlap,
+                    sends=[lay.base[p] + j for p in lay.used for j in lay.sends[p]],
+                    recv_rank=recv_rank, rows=prep.config.vector_rows)
+    run.run(_initial_vectors(run, prep.speed, kinds, kind_of, lay.rank, recv_from))
+    return _vector_result(prep, lay, run, kinds, kind_of, recv_from)
+
+
+# -- setup ------------------------------------------------------------------------------------
+def _layout(prep: PreparedStep) -> _Layout:
+    nchips = prep.topology.num_chips
+    prog_of = np.asarray(prep.prog_of, dtype=np.int64)
+    p2p = prep.config.p2p
     used = sorted(set(prog_of.tolist()))
     rank = np.zeros(nchips, dtype=np.int64)  # a chip's position among its program's chips
-    progs: list = [None] * len(programs)
+    progs: list = [None] * len(prep.programs)
     chips_of: dict[int, np.ndarray] = {}
     base: dict[int, int] = {}
     off = 0
     for p in used:
         chips_of[p] = ch = np.flatnonzero(prog_of == p)
         rank[ch] = np.arange(len(ch))
-        progs[p] = (ch, len(programs[p].ops))
+        progs[p] = (ch, len(prep.programs[p].ops))
         base[p] = off
-        off += len(programs[p].ops)
+        off += len(prep.programs[p].ops)
     sends = {p: (p2p.sends[p] if p2p is not None else {}) for p in used}
-    send_cost_of = send_cost_of or {}
-    recv_key, recv_from = (_p2p_pairs(p2p, programs, prog_of, used, chips_of, base, topology)
-                           if p2p is not None else ({}, {}))
-    hbm0 = chip.eff_hbm_bytes_per_s
-    rates0 = (chip.eff_mxu_flops_per_s, chip.eff_mxu_int8_ops_per_s, chip.eff_vpu_flops_per_s,
-              hbm0)
-    # Kinds: chips alike in all but speed (program, op scales, collective and send costs, and
-    # which send completes each receive).
+    return _Layout(used, rank, progs, chips_of, base, sends)
+
+
+def _vector_kinds(prep: PreparedStep, lay: _Layout, recv_key) -> tuple[np.ndarray, list[_Kind]]:
+    """Every chip's kind and the kinds: chips alike in all but speed (program, op scales,
+    collective and send costs, and which send completes each receive)."""
+    programs, op_scale, chip, p2p = prep.programs, prep.config.op_scale, prep.chip, prep.config.p2p
+    op_geom, op_key, geoms, group_cost = prep.op_geom, prep.op_key, prep.geoms, prep.group_cost
+    send_cost_of, p2p_costs = prep.send_cost_of or {}, prep.p2p_costs
+    prog_of = np.asarray(prep.prog_of, dtype=np.int64)
     cols = [prog_of.astype(float)]
     for op_id in sorted(op_scale):
         cols.append(np.asarray(op_scale[op_id], dtype=float))
@@ -155,7 +186,7 @@ def run_vectors(prep: PreparedStep) -> StepResult:
             seen_cols.add(id(col))
             cols.append(col.astype(float))
     for rk in sorted(recv_key):
-        col = recv_key[rk][chips_of[rk[0]]]
+        col = recv_key[rk][lay.chips_of[rk[0]]]
         if col.min(initial=0) != col.max(initial=0):
             cols.append(recv_key[rk].astype(float))
     kind_of = relabel(cols)
@@ -175,19 +206,31 @@ def run_vectors(prep: PreparedStep) -> StepResult:
                 index, costs = group_cost[op_key[(p, j)]]
                 cc[j] = scaled_cost(costs[int(index[int(geoms[op_geom[(p, j)]].group_of_chip[r])])],
                                     scale.get(j, 1.0), scaled)
-            elif j in sends[p]:
+            elif j in lay.sends[p]:
                 cc[j] = p2p_costs[int(send_cost_of[(p, j)][r])]
         recv = {rid: int(recv_key[(p, rid)][r]) for rid in sorted(p2p.recvs[p].values())} \
             if p2p is not None else {}
-        kinds.append(_Kind(kid, ops, scale, cc, overlap, chip, rates0,
-                           lm.class_capacity_bytes_per_s, prog=p, base=base[p], recv=recv,
-                           sends=sends[p]))
-    # Rendezvous keys: every collective and send of every program (a send: its sender alone).
+        kinds.append(_Kind(kid, ops, scale, cc, prep.overlap, chip, _rates0(chip),
+                          prep.lm.class_capacity_bytes_per_s, prog=p, base=lay.base[p],
+                          recv=recv, sends=lay.sends[p]))
+    return kind_of, kinds
+
+
+def _rates0(chip) -> tuple[float, float, float, float]:
+    """A chip's effective MXU, MXU int8, VPU and HBM rates at speed 1."""
+    return (chip.eff_mxu_flops_per_s, chip.eff_mxu_int8_ops_per_s, chip.eff_vpu_flops_per_s,
+            chip.eff_hbm_bytes_per_s)
+
+
+def _rendezvous_keys(prep: PreparedStep, lay: _Layout) -> dict:
+    """Every collective and send of every program (a send: its sender alone): its program,
+    every chip's group index among that program's chips, and the group size."""
+    op_geom, geoms = prep.op_geom, prep.geoms
     coll_geo = {}
     sub: dict[tuple, np.ndarray] = {}
-    for p in used:
-        ch = chips_of[p]
-        for op in programs[p].ops:
+    for p in lay.used:
+        ch = lay.chips_of[p]
+        for op in prep.programs[p].ops:
             if op.kind != OpKind.COLLECTIVE:
                 continue
             if (p, op.id) in op_geom:
@@ -195,17 +238,17 @@ def run_vectors(prep: PreparedStep) -> StepResult:
                 goc = sub.get((p, ga))
                 if goc is None:
                     goc = sub[(p, ga)] = geoms[ga].group_of_chip[ch]
-                coll_geo[base[p] + op.id] = (p, goc, geoms[ga].group_size)
-            elif op.id in sends[p]:
+                coll_geo[lay.base[p] + op.id] = (p, goc, geoms[ga].group_size)
+            elif op.id in lay.sends[p]:
                 goc = sub.get((p, None))
                 if goc is None:
                     goc = sub[(p, None)] = np.arange(len(ch))
-                coll_geo[base[p] + op.id] = (p, goc, 1)
-    recv_rank = {(q, rid): rank[frm[chips_of[q]]] for (q, rid), frm in recv_from.items()}
-    run = VectorRun(progs=progs, nchips=nchips, speed=speed, kinds_of_chip=kind_of, kinds=kinds,
-                    coll_geo=coll_geo, cap_links=lm.class_capacity_bytes_per_s, overlap=overlap,
-                    sends=[base[p] + j for p in used for j in sends[p]], recv_rank=recv_rank,
-                    rows=cfg.vector_rows)
+                coll_geo[lay.base[p] + op.id] = (p, goc, 1)
+    return coll_geo
+
+
+def _initial_vectors(run: VectorRun, speed, kinds, kind_of, rank, recv_from) -> list:
+    """One vector per kind, every chip at the step's start."""
     init = []
     for K in kinds:
         chips = np.flatnonzero(kind_of == K.id)
@@ -232,33 +275,26 @@ def run_vectors(prep: PreparedStep) -> StepResult:
             a[f"g{rid}"] = rank[recv_from[(K.prog, rid)][chips]]
             a[f"w{rid}"] = np.zeros(k)
         init.append(run._new(proto, a))
-    run.run(init)
+    return init
 
-    # -- per-chip results -------------------------------------------------------------------
+
+# -- finish -----------------------------------------------------------------------------------
+def _vector_result(prep: PreparedStep, lay: _Layout, run: VectorRun, kinds, kind_of,
+                   recv_from) -> StepResult:
+    """The `StepResult` of the slowest chip (first among equals), with the per-class table."""
+    programs, chip, topology, speed = prep.programs, prep.chip, prep.topology, prep.speed
+    op_geom, op_key, label, p2p = prep.op_geom, prep.op_key, prep.label, prep.config.p2p
+    prog_of, rank, used = np.asarray(prep.prog_of, dtype=np.int64), lay.rank, lay.used
+    nchips = topology.num_chips
     busy = np.zeros((nchips, NRES))
     nbytes = np.zeros((nchips, NRES))
-    wait = np.zeros(nchips)
     nev = np.zeros(nchips, dtype=np.int64)
     for v in run.final:
         c = v.a["chips"]
         busy[c] = v.a["busy"]
         nbytes[c] = v.a["bytes"]
         nev[c] = v.a["nev"]
-    finish = np.zeros(nchips)
-    for p in used:
-        ch = chips_of[p]
-        start, end = run.start[p], run.end[p]
-        finish[ch] = end.max(axis=1, initial=0.0)
-        # Wall time each chip waits in at least one rendezvous (arrival to start, own drain
-        # to end), over chunks of chips to bound the temporaries.
-        cols = [op.id for op in programs[p].ops
-                if (p, op.id) in op_geom and run.gsize[base[p] + op.id] > 1]
-        ci = [run.cidx[base[p] + j] for j in cols]
-        for c0 in range(0, len(ch), 512):
-            sl = slice(c0, min(c0 + 512, len(ch)))
-            lo = np.concatenate([run.arr[p][ci, sl].T, run.drn[p][ci, sl].T], axis=1)
-            hi = np.concatenate([start[sl][:, cols], end[sl][:, cols]], axis=1)
-            wait[ch[sl]] = wait_wall_time(lo, hi)
+    finish, wait = _finish_and_waits(prep, lay, run)
     ncls = int(label.max()) + 1
     _, rep = np.unique(label, return_index=True)
     count = np.bincount(label, minlength=ncls)
@@ -266,9 +302,9 @@ def run_vectors(prep: PreparedStep) -> StepResult:
     K = kinds[int(kind_of[slowest])]
     p = K.prog
     s = float(speed[slowest])
+    rates0 = _rates0(chip)
+    hbm0 = rates0[3]
     dur, bound = _dur_bound(K, chip, s, rates0)
-    sc_costs = dict(K.cc)
-    prog_trace = programs[p]
     row_of = int(rank[slowest])
     s_all = np.asarray(speed, dtype=float)
     kf = np.array([K.mxu_flops for K in kinds])[kind_of]
@@ -296,23 +332,46 @@ def run_vectors(prep: PreparedStep) -> StepResult:
         timelines={c: (run.start[int(prog_of[r])][int(rank[r])],
                        run.end[int(prog_of[r])][int(rank[r])])
                    for c, r in enumerate(rep.tolist())},
-        program=prog_trace, programs=progs_of_class,
+        program=programs[p], programs=progs_of_class,
         p2p=((p2p, {c: int(prog_of[r]) for c, r in enumerate(rep.tolist())})
              if p2p is not None else None))
+    dead_links = tuple(prep.config.dead_links)
     return _summarize(
-        prog_trace, chip, topology, dur, bound, run.start[p][row_of], run.end[p][row_of],
-        _Net(nbytes[slowest], busy[slowest], int(nev[slowest])), base_costs, lm,
+        programs[p], chip, topology, dur, bound, run.start[p][row_of], run.end[p][row_of],
+        _Net(nbytes[slowest], busy[slowest], int(nev[slowest])), prep.base_costs, prep.lm,
         rates0[0] * s, rates0[2] * s, hbm0 * s, reported_chip=slowest,
-        sim_events=int(nev[rep].sum()) + sum(progs[int(prog_of[r])][1] for r in rep.tolist()),
+        sim_events=int(nev[rep].sum()) + sum(lay.progs[int(prog_of[r])][1] for r in rep.tolist()),
         **common_parts(topology, {i: op_key[(q, i)][1] for q, i in op_geom if q == p},
-                       sc_costs, lm, slow, dead_links,
+                       dict(K.cc), prep.lm, prep.slow, dead_links,
                        per_link_bytes_of_chips(topology, nbytes[:, :NUM_CLASSES])),
         num_chip_classes=ncls, slowest_chip=coords_text(topology, slowest),
-        critical_path=_critical_path_chips(run, slowest, topology, slow, dead_links, label,
-                                           count, kinds, kind_of, op_key, group_cost, rank,
+        critical_path=_critical_path_chips(run, slowest, topology, prep.slow, dead_links, label,
+                                           count, kinds, kind_of, op_key, prep.group_cost, rank,
                                            recv_from),
         classes=chip_classes,
         vector_stats={"vectors_peak": run.max_vectors, "vector_steps": run.steps})
+
+
+def _finish_and_waits(prep: PreparedStep, lay: _Layout, run: VectorRun
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """Every chip's finish time and the wall time it waits in at least one rendezvous (arrival
+    to start, own drain to end), over chunks of chips to bound the temporaries."""
+    nchips = prep.topology.num_chips
+    finish = np.zeros(nchips)
+    wait = np.zeros(nchips)
+    for p in lay.used:
+        ch = lay.chips_of[p]
+        start, end = run.start[p], run.end[p]
+        finish[ch] = end.max(axis=1, initial=0.0)
+        cols = [op.id for op in prep.programs[p].ops
+                if (p, op.id) in prep.op_geom and run.gsize[lay.base[p] + op.id] > 1]
+        ci = [run.cidx[lay.base[p] + j] for j in cols]
+        for c0 in range(0, len(ch), 512):
+            sl = slice(c0, min(c0 + 512, len(ch)))
+            lo = np.concatenate([run.arr[p][ci, sl].T, run.drn[p][ci, sl].T], axis=1)
+            hi = np.concatenate([start[sl][:, cols], end[sl][:, cols]], axis=1)
+            wait[ch[sl]] = wait_wall_time(lo, hi)
+    return finish, wait
 
 
 def _dur_bound(K: _Kind, chip, s: float, rates0) -> tuple[np.ndarray, list[str]]:
