@@ -152,7 +152,7 @@ def test_api_rerun_of_a_path_reads_it_with_the_cli_rules(tmp_path):
             sim.rerun(tmp_path / name)
     with pytest.raises(TpusimError, match=r"is a directory; give '.*summary.json'"):
         sim.rerun(tmp_path)
-    with pytest.raises(TpusimError, match=r"does not exist; give a file written by --json"):
+    with pytest.raises(TpusimError, match=r"does not exist; give a file written by json"):
         sim.rerun(str(tmp_path / "missing.json"))
 
 

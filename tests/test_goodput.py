@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import sim
-from sim.cli import main
+from sim.cli import build_parser, main
+from sim.cli.common import flag_spelling
 from sim.reliability.config import (
     FailureConfig,
     GoodputConfig,
@@ -35,7 +36,7 @@ from sim.reliability.reference import simulate as simulate_simpy
 from sim.reliability.simulate import simulate_goodput
 from sim.reliability.stats import mean_ci, t975
 from sim.runs import GoodputRequest, TrainRequest, run
-from topologies.errors import TpusimError
+from topologies.errors import TpusimError, render_said
 
 STATIC = SliceInventory(num_chips=128, num_hosts=32, chips_per_host=4)
 CUBES = SliceInventory(num_chips=128, num_hosts=32, chips_per_host=4, num_cubes=2, ocs=True,
@@ -357,7 +358,12 @@ def test_a_goodput_result_reruns_to_the_same_result(tmp_path, capsys):
     first = capsys.readouterr().out
     path = tmp_path / "r.json"
     path.write_text(first)
-    assert sim.rerun(path).to_dict() == json.loads(first)
+    again = sim.rerun(path).to_dict()
+    # The Python result names settings by argument; as the CLI writes it, by flag.
+    assert again["sources"]["restart_cost_s"].endswith("(give restart_cost to add "
+                                                       "rescheduling and compiling)")
+    assert render_said(again, flag_spelling(build_parser(), "goodput")) == json.loads(first)
+    assert "(give --restart-cost to add" in first
 
 
 # -- outputs ---------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from sim.cli import common as cli
 from sim.cli.common import check_outputs
 from sim.cli.training import _add_training_args
 from sim.runs.requests import GoodputRequest
+from topologies.errors import render_said
 
 _CAUSE_WORDS = {"recomputation": "recomputation", "checkpoint_writes": "checkpoint writes",
                 "restarts": "restarts", "cube_swaps": "cube swaps",
@@ -88,27 +89,30 @@ def cmd_goodput(args: argparse.Namespace) -> int:
     check_outputs(args)
     run = run_goodput(req)
     res = run.result
+    # The summary's sources and note name settings (Said): written as this command's flags.
+    out = render_said(run.to_dict(), cli.flag_spelling(args.parser, "goodput"))
+    summary = {k: v for k, v in out.items() if k != "inputs"}
     if args.out:
         # deferred: start-up
         from sim.export.output import write_tables
 
         write_tables(Path(args.out), {"seeds": res.seeds_frame(),
                                       "intervals": res.intervals_frame(),
-                                      "events": res.events_frame()}, run.to_dict())
+                                      "events": res.events_frame()}, out)
     if args.plots:
         # deferred: start-up
         from sim.export.goodput_plots import plot_goodput
 
-        plot_goodput(run.summary, res, args.plots)
+        plot_goodput(summary, res, args.plots)
     if args.perfetto:
         # deferred: start-up
         from sim.export.goodput_trace import export_goodput
 
-        export_goodput(run.summary, res, args.perfetto)
+        export_goodput(summary, res, args.perfetto)
     if args.json:
-        cli.emit_json(run.to_dict())
+        cli.emit_json(out)
         return 0
-    print_report(run.summary)
+    print_report(summary)
     if args.out:
         print(f"wrote {cli.show_path(args.out)}/seeds, intervals, events (.csv/.parquet) and "
               f"summary.json")

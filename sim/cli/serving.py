@@ -10,7 +10,7 @@ from pathlib import Path
 from sim.cli import common as cli
 from sim.cli.common import check_outputs
 from sim.runs.requests import CONVERTERS, ServeRequest
-from topologies.errors import TpusimError
+from topologies.errors import TpusimError, render_said
 from topologies.validate import short_repr
 
 
@@ -80,12 +80,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     req = cli.request_of(ServeRequest, args)
     check_outputs(args)
     run = run_serve(req)
+    # The summary's note names a setting (a Said): written as this command's flag.
+    out = render_said(run.to_dict(), cli.flag_spelling(args.parser, "serve"))
+    summary = {k: v for k, v in out.items() if k != "inputs"}
     trace = None
     if args.perfetto:
         # deferred: start-up
         from sim.export.serving_trace import plan_serving_trace
 
-        trace = plan_serving_trace(run.summary, run.result, args.perfetto)  # sized first
+        trace = plan_serving_trace(summary, run.result, args.perfetto)  # sized first
         trace.check_size()
     if args.out:
         # deferred: start-up
@@ -93,18 +96,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         res = run.result
         write_tables(Path(args.out), {"requests": res.requests_frame(),
-                                      "iterations": res.iterations_frame()}, run.to_dict())
+                                      "iterations": res.iterations_frame()}, out)
     if args.plots:
         # deferred: start-up
         from sim.export.serving_plots import plot_serving
 
-        plot_serving(run.summary, run.result, args.plots)
+        plot_serving(summary, run.result, args.plots)
     if trace is not None:
         trace.write()
     if args.json:
-        cli.emit_json(run.to_dict())
+        cli.emit_json(out)
         return 0
-    print_report(run.summary)
+    print_report(summary)
     if args.out:
         print(f"wrote {cli.show_path(args.out)}/requests.csv/.parquet, iterations.csv/.parquet "
               f"and summary.json")

@@ -24,100 +24,115 @@ from sim.reliability.simulate import GoodputOutcome, simulate_goodput
 from sim.runs.bind import Pod, base_inputs, resolve_model, resolve_pod
 from sim.runs.requests import GoodputRequest, TrainRequest
 from sim.runs.result import Run
-from topologies.errors import TpusimError
+from topologies.errors import Said, TpusimError
 from topologies.slices import CUBE_SIDE, is_cube_slice, num_cubes
 from topologies.validate import short_repr
 
 # Chips per host, from each generation's host topology (docs/reference/tpu.md §1.1, "host
 # topology": 2x2x1 on v4, v5p and TPU7x; 4x2 on v3, v5e and v6e, "8 chips/host" on v5e; "A
-# v5e/v6e host has 2 trays (8 chips)"). A chip not listed takes --chips-per-host.
+# v5e/v6e host has 2 trays (8 chips)"). A chip not listed takes chips_per_host.
 CHIPS_PER_HOST = {"v3": 8, "v4": 4, "v5p": 4, "v5e": 8, "v6e": 8, "tpu7x": 4}
 DEFAULT_SEEDS = 10
-_JOB_FLAGS = "--step-time S, or the train flags (--model, --seq-len, --batch-per-chip, --mesh)"
+_JOB_SETTINGS = ("{step_time} S, or the train flags ({model}, {seq_len}, {batch_per_chip}, "
+                 "{mesh})")
+# The Python names a goodput message may name (its request's fields; `set` for the overrides).
+_NAMES = (*(f.name for f in dataclasses.fields(GoodputRequest)), "set")
 
 
-def _flag(name: str) -> str:
-    return "--set" if name == "overrides" else "--" + name.replace("_", "-")
+def _name(name: str) -> str:
+    """The placeholder of request field `name` (the overrides are `set`)."""
+    return "{set}" if name == "overrides" else "{" + name + "}"
+
+
+def _error(template: str) -> TpusimError:
+    """A goodput error whose `{name}` placeholders are the request's fields it names."""
+    return TpusimError(template, *(n for n in _NAMES if "{" + n + "}" in template))
+
+
+def _said(template: str) -> Said:
+    """Text of the result that names settings (`_error`'s placeholders), kept as a `Said`."""
+    return Said(_error(template))
 
 
 def check_settings(req: GoodputRequest) -> None:
-    """The settings that need no pod, checked (one-line errors naming the flag, the rule and
-    the fix). A sweep checks them for every point before the first runs."""
+    """The settings that need no pod, checked (one-line errors naming the setting, the rule
+    and the fix). A sweep checks them for every point before the first runs."""
     defaults = {f.name: f.default for f in dataclasses.fields(GoodputRequest)}
     train_given = [n for n in GoodputRequest.STEP_MODEL
                    if getattr(req, n) != defaults[n] and getattr(req, n) != ()]
     if req.step_time is not None:
         if train_given or req.model_spec is not None:
-            names = ", ".join(_flag(n) for n in train_given) or "--model"
-            raise TpusimError(f"--step-time gives the step time, so the step model's flags do "
-                              f"not apply: drop {names}, or drop --step-time to simulate the "
-                              f"step")
+            names = ", ".join(_name(n) for n in train_given) or "{model}"
+            raise _error(f"{{step_time}} gives the step time, so the step model's flags do "
+                         f"not apply: drop {names}, or drop {{step_time}} to simulate the "
+                         f"step")
     elif req.model is None:
-        raise TpusimError(f"tpusim goodput needs the job's step: give {_JOB_FLAGS}")
+        raise _error(f"tpusim goodput needs the job's step: give {_JOB_SETTINGS}")
     else:
-        missing = [_flag(n) for n in ("seq_len", "batch_per_chip", "mesh")
+        missing = [_name(n) for n in ("seq_len", "batch_per_chip", "mesh")
                    if getattr(req, n) is None]
         if missing:
-            raise TpusimError(f"the step model needs {', '.join(missing)} with --model (as "
-                              f"tpusim train takes them); or give --step-time S instead")
+            raise _error(f"the step model needs {', '.join(missing)} with {{model}} (as "
+                         f"tpusim train takes them); or give {{step_time}} S instead")
     if (req.steps is None) == (req.hours is None):
-        raise TpusimError("give the job's length as --steps N (training steps) or --hours H "
-                          "(wall-clock hours), one of them" if req.steps is None else
-                          "--steps and --hours both give the job's length; give one")
+        raise _error("give the job's length as {steps} N (training steps) or {hours} H "
+                     "(wall-clock hours), one of them" if req.steps is None else
+                     "{steps} and {hours} both give the job's length; give one")
     rates = [n for n in ("chip_mtbf_hours", "host_mtbf_hours", "host_availability")
              if getattr(req, n) is not None]
     if req.failure_trace is not None:
-        given = [_flag(n) for n in ("mtbf_hours", *rates) if getattr(req, n) is not None]
+        given = [_name(n) for n in ("mtbf_hours", *rates) if getattr(req, n) is not None]
         if given:
-            raise TpusimError(f"--failure-trace lists the failures, so {', '.join(given)} "
-                              f"does not apply; drop it (or drop --failure-trace)")
+            raise _error(f"{{failure_trace}} lists the failures, so {', '.join(given)} "
+                         f"does not apply; drop it (or drop {{failure_trace}})")
         if req.seeds is not None and req.seeds != 1:
-            raise TpusimError(f"--seeds {req.seeds}: a failure trace is one history, the same "
-                              f"for every seed; drop --seeds")
+            raise _error(f"{{seeds}} {req.seeds}: a failure trace is one history, the same "
+                         f"for every seed; drop {{seeds}}")
     elif req.mtbf_hours is not None:
         if rates:
-            raise TpusimError(f"--mtbf-hours is the whole slice's MTBF; "
-                              f"{', '.join(_flag(n) for n in rates)} give it part by part: "
-                              f"give one or the other")
+            raise _error(f"{{mtbf_hours}} is the whole slice's MTBF; "
+                         f"{', '.join(_name(n) for n in rates)} give it part by part: "
+                         f"give one or the other")
     elif not rates:
-        raise TpusimError("give how often the slice fails: --mtbf-hours H (the whole slice), "
-                          "--chip-mtbf-hours H and/or --host-mtbf-hours H (or "
-                          "--host-availability A), or --failure-trace FILE")
+        raise _error("give how often the slice fails: {mtbf_hours} H (the whole slice), "
+                     "{chip_mtbf_hours} H and/or {host_mtbf_hours} H (or "
+                     "{host_availability} A), or {failure_trace} FILE")
     if req.host_mtbf_hours is not None and req.host_availability is not None:
-        raise TpusimError("--host-mtbf-hours and --host-availability both give the hosts' "
-                          "failure rate; give one")
+        raise _error("{host_mtbf_hours} and {host_availability} both give the hosts' "
+                     "failure rate; give one")
     if req.repair_hours is None:
-        raise TpusimError("give --repair-hours H: how long a failed chip or host takes to come "
-                          "back (repaired in place, or as a spare cube)")
+        raise _error("give {repair_hours} H: how long a failed chip or host takes to come "
+                     "back (repaired in place, or as a spare cube)")
     if req.host_availability is not None and req.repair_hours == 0:
-        raise TpusimError("--host-availability needs --repair-hours > 0 (availability is "
-                          "MTBF / (MTBF + repair time)); give the repair time")
+        raise _error("{host_availability} needs {repair_hours} > 0 (availability is "
+                     "MTBF / (MTBF + repair time)); give the repair time")
     if req.step_time is not None:
         for name in ("checkpoint_cost", "restart_cost"):
             if getattr(req, name) is None:
-                raise TpusimError(f"{_flag(name)} is needed with --step-time (no model to size "
-                                  f"a checkpoint from); give seconds, e.g. {_flag(name)} "
-                                  f"{60 if name == 'checkpoint_cost' else 600}")
+                raise _error(f"{_name(name)} is needed with {{step_time}} (no model to size "
+                             f"a checkpoint from); give seconds, e.g. {_name(name)} "
+                             f"{60 if name == 'checkpoint_cost' else 600}")
         if req.storage_bytes_per_s is not None:
-            raise TpusimError("--storage-bytes-per-s sizes checkpoints from the model's bytes; "
-                              "with --step-time give --checkpoint-cost and --restart-cost")
+            raise _error("{storage_bytes_per_s} sizes checkpoints from the model's bytes; "
+                         "with {step_time} give {checkpoint_cost} and {restart_cost}")
     try:
         Engine(req.engine)
     except ValueError:
-        raise TpusimError(f"--engine {short_repr(req.engine)} does not exist; use one of: "
-                          f"{', '.join(e.value for e in Engine)}") from None
+        raise _error(f"{{engine}} {short_repr(req.engine)} does not exist; use one of: "
+                     f"{', '.join(e.value for e in Engine)}") from None
     job_s = req.steps * req.step_time if req.steps is not None and req.step_time is not None \
         else (req.hours * 3600 if req.hours is not None else None)
     if req.checkpoint_interval is not None and job_s is not None \
             and req.checkpoint_interval > job_s:
-        raise TpusimError(_interval_error(req, job_s))
+        raise _interval_error(req, job_s)
 
 
-def _interval_error(req: GoodputRequest, job_s: float, step_s: float | None = None) -> str:
+def _interval_error(req: GoodputRequest, job_s: float) -> TpusimError:
     what = (f"{job_s:,.6g} s of training ({req.steps:,} steps)" if req.steps is not None
             else f"{req.hours:g} hours of wall clock")
-    return (f"--checkpoint-interval {req.checkpoint_interval:g} s is longer than the job "
-            f"({what}); give at most {job_s:,.6g}, or leave it out to search for the best")
+    return _error(f"{{checkpoint_interval}} {req.checkpoint_interval:g} s is longer than the "
+                  f"job ({what}); give at most {job_s:,.6g}, or leave it out to search for "
+                  f"the best")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,8 +151,8 @@ def slice_inventory(req: GoodputRequest, pod: Pod) -> SliceParts:
     n = topo.num_chips
     cph = req.chips_per_host or CHIPS_PER_HOST.get(chip.name)
     if cph is None:
-        raise TpusimError(f"chip {chip.name!r} has no host size on record; give "
-                          f"--chips-per-host N (e.g. 4 for a 2x2x1 host, 8 for 4x2)")
+        raise _error(f"chip {chip.name!r} has no host size on record; give "
+                     f"{{chips_per_host}} N (e.g. 4 for a 2x2x1 host, 8 for 4x2)")
     hosts = -(-n // cph)
     cubes_each = num_cubes(topo.shape) if is_cube_slice(chip.generation_rule, topo.shape) else 0
     cubes = cubes_each * topo.num_slices
@@ -146,17 +161,17 @@ def slice_inventory(req: GoodputRequest, pod: Pod) -> SliceParts:
     spares = req.spare_cubes
     if spares:
         if chip.generation_rule != "cube":
-            raise TpusimError(f"--spare-cubes {spares}: {chip.name} has no optical circuit "
-                              f"switches to swap a cube in (v4 and v5p slices of whole 4x4x4 "
-                              f"cubes do); drop --spare-cubes")
+            raise _error(f"{{spare_cubes}} {spares}: {chip.name} has no optical circuit "
+                         f"switches to swap a cube in (v4 and v5p slices of whole 4x4x4 "
+                         f"cubes do); drop {{spare_cubes}}")
         if not cubes:
-            raise TpusimError(f"--spare-cubes {spares}: slice {topo.name} is not made of whole "
-                              f"4x4x4 cubes, so no cube can be swapped for it; use a shape of "
-                              f"whole cubes (e.g. 4x4x8) or drop --spare-cubes")
+            raise _error(f"{{spare_cubes}} {spares}: slice {topo.name} is not made of whole "
+                         f"4x4x4 cubes, so no cube can be swapped for it; use a shape of "
+                         f"whole cubes (e.g. 4x4x8) or drop {{spare_cubes}}")
         free = (pod_cubes - cubes_each) * topo.num_slices
         if spares > free:
-            raise TpusimError(
-                f"--spare-cubes {spares} is more than the {free} free cubes of the pod (a "
+            raise _error(
+                f"{{spare_cubes}} {spares} is more than the {free} free cubes of the pod (a "
                 f"{chip.name} pod has {pod_cubes} cubes; slice {topo.name} takes {cubes_each}"
                 f"{f' in each of {topo.num_slices} pods' if topo.num_slices > 1 else ''}); "
                 f"give at most {free}")
@@ -257,11 +272,11 @@ def run_goodput(req: GoodputRequest) -> Run:
     inv = parts.inventory
     fail, fdesc = failure_config(req, inv)
     train_run = base_model = None
-    sources: dict[str, str] = {}
+    sources: dict[str, str] = {}  # Said where a source names a setting
     ckpt_bytes = storage = None
     if req.step_time is not None:
         step_s = req.step_time
-        sources["step_time_s"] = "given (--step-time)"
+        sources["step_time_s"] = _said("given ({step_time})")
     else:
         from sim.runs import run
 
@@ -278,28 +293,29 @@ def run_goodput(req: GoodputRequest) -> Run:
                 "the slice's DCN egress (dcn_bytes_per_s x dcn_efficiency x chips; "
                 "docs/reference/tpu.md §1.1), an upper bound on what storage takes in")
         else:
-            sources["storage_bytes_per_s"] = "given (--storage-bytes-per-s)"
+            sources["storage_bytes_per_s"] = _said("given ({storage_bytes_per_s})")
     costs = {}
     for name, key in (("checkpoint_cost", "checkpoint_cost_s"), ("restart_cost",
                                                                    "restart_cost_s")):
         v = getattr(req, name)
         if v is not None:
             costs[key] = v
-            sources[key] = f"given ({_flag(name)})"
+            sources[key] = _said(f"given ({_name(name)})")
         else:
             costs[key] = ckpt_bytes / storage
             sources[key] = ("the checkpoint's bytes written at the storage bandwidth" if
                             name == "checkpoint_cost" else
-                            "the checkpoint's bytes read back at the storage bandwidth (give "
-                            "--restart-cost to add rescheduling and compiling)")
-    sources["swap_cost_s"] = ("given (--swap-cost)" if req.swap_cost else
-                              "assumed 0 (--swap-cost; no public figure for an OCS cube swap)")
+                            _said("the checkpoint's bytes read back at the storage bandwidth "
+                                  "(give {restart_cost} to add rescheduling and compiling)"))
+    sources["swap_cost_s"] = _said("given ({swap_cost})" if req.swap_cost else
+                                   "assumed 0 ({swap_cost}; no public figure for an OCS cube "
+                                   "swap)")
     steps = req.steps
     horizon = req.hours * 3600 if req.hours is not None else None
     job = JobConfig(step_time_s=step_s, steps=steps, horizon_s=horizon,
                     swap_cost_s=req.swap_cost, **costs)
     if req.checkpoint_interval is not None and req.checkpoint_interval > job.length_s:
-        raise TpusimError(_interval_error(req, job.length_s))
+        raise _interval_error(req, job.length_s)
     seeds = req.seeds or (1 if req.failure_trace is not None else DEFAULT_SEEDS)
     cfg = GoodputConfig(job=job, inventory=inv, failures=fail,
                         checkpoint_interval_s=req.checkpoint_interval, seeds=seeds,
@@ -341,13 +357,13 @@ def run_goodput(req: GoodputRequest) -> Run:
                                               "hbm_peak_bytes", "fits_in_hbm") if k in t}
     notes = []
     if inv.spare_cubes and not inv.ocs:
-        notes.append("--no-ocs: the spare cubes cannot be switched in, so every failure waits "
+        notes.append("{no_ocs}: the spare cubes cannot be switched in, so every failure waits "
                      "for its repair")
     if train_run is not None and not train_run.summary.get("fits_in_hbm", True):
         notes.append("the step does not fit in HBM (train's fits_in_hbm is false): its time "
                      "describes a run that cannot happen")
     if notes:
-        summary["note"] = "; ".join(notes)
+        summary["note"] = _said("; ".join(notes))
     summary["interval_search"] = sim_summary["interval_search"]
     inputs = base_inputs(req, pod, base_model)
     if train_run is not None:

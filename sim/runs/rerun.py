@@ -1,7 +1,7 @@
 """A recorded result run again: the request its `inputs` describe, rebuilt and simulated.
 
 The recorded chip and model specs are used, not the files or presets they came from, so a result
-reruns the same even after a chip YAML or a preset changed; `--set` overrides are undone on the
+reruns the same even after a chip YAML or a preset changed; `set` overrides are undone on the
 recorded specs and applied again, so `inputs` comes out identical too.
 """
 
@@ -24,7 +24,7 @@ RERUNNABLE = ("collective", "compare-collectives", "train", "replay", "decode", 
 
 
 def _base_specs(inputs: dict[str, Any], source: str):
-    """The chip and model before `--set`: the recorded specs with each override's base value."""
+    """The chip and model before `set`: the recorded specs with each override's base value."""
     ov = inputs.get("overrides") or {}
     if not isinstance(ov, dict) or not all(isinstance(v, dict) and "base" in v
                                            for v in ov.values()):
@@ -56,16 +56,17 @@ def _checked(build, data: dict[str, Any], source: str):
     try:
         return build(data, source=source)
     except TpusimError as exc:
-        raise TpusimError(str(exc) if str(exc).startswith(source) else f"{source}: {exc}") \
-            from None
+        # Built on the template, so the settings it names keep their placeholders.
+        raise TpusimError(exc.template if str(exc).startswith(source)
+                          else f"{source}: {exc.template}", *exc.params) from None
 
 
 def request_from_result(data: Any, *, source: str = "result") -> Request:
     """The request a recorded result's `inputs` describe (with its recorded specs)."""
     if not isinstance(data, dict) or not isinstance(data.get("inputs"), dict):
         raise TpusimError(
-            f"{source} has no \"inputs\" object; give a --json result or a summary.json "
-            f"written by tpusim (after this version), which records its inputs"
+            f"{source} has no \"inputs\" object; give a {{json}} result or a summary.json "
+            f"written by tpusim (after this version), which records its inputs", "json"
         )
     inputs = data["inputs"]
     command, flags = inputs.get("command"), inputs.get("flags")
@@ -105,22 +106,27 @@ def rerun(data: Any, *, source: str = "result") -> Run:
 def read_result(path: Path) -> tuple[Any, str]:
     """(the parsed JSON, its text) of a result file, read with the config-file rules (one-line
     errors naming the file and the fix)."""
-    hint = "give a file written by --json or the summary.json of an --out directory"
+    hint = "give a file written by {json} or the summary.json of an {out} directory"
     if path.is_dir():
         raise TpusimError(f"result file {str(path)!r} is a directory; give "
-                          f"{str(path / 'summary.json')!r} (what --out writes) or a --json file")
+                          f"{str(path / 'summary.json')!r} (what {{out}} writes) or a {{json}} "
+                          f"file", "out", "json")
     if not path.exists():
-        raise TpusimError(f"result file {str(path)!r} does not exist; {hint}")
+        raise TpusimError(f"result file {str(path)!r} does not exist; {hint}", "json", "out")
     # A result is at most a few MB (the per-collective table of a step); the trace-file limit
     # bounds what is read, and parse_json bounds nesting and integers.
-    text = read_text_bounded(path, what="result", limit=MAX_TRACE_FILE_BYTES, hint=hint)
+    try:
+        text = read_text_bounded(path, what="result", limit=MAX_TRACE_FILE_BYTES, hint=hint)
+    except TpusimError as exc:  # the hint's settings are placeholders of the error too
+        raise TpusimError(exc.template, *exc.params, "json", "out") from None
     try:
         data = parse_json(text)
     except _Refused as exc:
-        raise TpusimError(f"result file {str(path)!r} holds {exc}; {hint}") from None
+        raise TpusimError(f"result file {str(path)!r} holds {exc}; {hint}", "json",
+                          "out") from None
     except json.JSONDecodeError as exc:
         raise TpusimError(
             f"result file {str(path)!r} is not JSON ({exc.msg} at line {exc.lineno}); give a "
-            f"file written by --json or an --out directory's summary.json"
+            f"file written by {{json}} or an {{out}} directory's summary.json", "json", "out"
         ) from None
     return data, text

@@ -39,7 +39,7 @@ from sim.serving.simulate import (
 )
 from sim.serving.transfer import KvTransferPath, kv_transfer
 from sim.serving.workload import ArrivalKind, WorkloadConfig, generate, parse_lengths
-from topologies.errors import TpusimError
+from topologies.errors import Said, TpusimError
 from topologies.mesh import parse_mesh
 from topologies.progress import tracked
 from topologies.validate import MAX_TOKENS, one_of, short_repr
@@ -79,63 +79,71 @@ class ServeResult:
         return pd.DataFrame(self.iterations.columns())
 
 
-def _enum(cls, value: str, flag: str):
+def _enum(cls, value: str, name: str):
     try:
         return cls(value)
     except ValueError:
-        raise TpusimError(f"{flag} {short_repr(value)} does not exist; "
-                          f"{one_of(value, [m.value for m in cls])}") from None
+        raise TpusimError(f"{{{name}}} {short_repr(value)} does not exist; "
+                          f"{one_of(value, [m.value for m in cls])}", name) from None
 
 
 def workload_config(req: ServeRequest) -> WorkloadConfig:
-    """The workload settings, checked (one-line errors naming the flag, the rule, the fix)."""
-    arrival = _enum(ArrivalKind, req.arrival, "--arrival")
+    """The workload settings, checked (one-line errors naming the setting, the rule, the
+    fix)."""
+    arrival = _enum(ArrivalKind, req.arrival, "arrival")
     if req.requests is not None and req.duration is not None:
-        raise TpusimError("--requests and --duration both say when arrivals stop; give one")
+        raise TpusimError("{requests} and {duration} both say when arrivals stop; give one",
+                          "requests", "duration")
     if arrival is ArrivalKind.TRACE:
         if req.trace is None:
-            raise TpusimError("--arrival trace needs --trace FILE (CSV or JSON lines with "
-                              "arrival_s, prompt_tokens, output_tokens)")
-        for flag, v in (("--rate", req.rate), ("--cv", req.cv),
-                        ("--prompt-tokens", req.prompt_tokens),
-                        ("--output-tokens", req.output_tokens)):
+            raise TpusimError("{arrival} trace needs {trace} FILE (CSV or JSON lines with "
+                              "arrival_s, prompt_tokens, output_tokens)", "arrival", "trace")
+        for name, v in (("rate", req.rate), ("cv", req.cv),
+                        ("prompt_tokens", req.prompt_tokens),
+                        ("output_tokens", req.output_tokens)):
             if v is not None:
-                raise TpusimError(f"{flag} does not apply to --arrival trace (the trace gives "
-                                  f"arrivals and lengths); drop it")
+                raise TpusimError(f"{{{name}}} does not apply to {{arrival}} trace (the trace "
+                                  f"gives arrivals and lengths); drop it", name, "arrival")
         return WorkloadConfig(arrival=arrival, trace=req.trace, num_requests=req.requests,
                               duration_s=req.duration)
     if req.trace is not None:
-        raise TpusimError("--trace is read with --arrival trace; add it, or drop --trace")
+        raise TpusimError("{trace} is read with {arrival} trace; add it, or drop {trace}",
+                          "trace", "arrival")
     if req.rate is None:
-        raise TpusimError(f"--arrival {arrival} needs --rate (requests per second, > 0)")
+        raise TpusimError(f"{{arrival}} {arrival} needs {{rate}} (requests per second, > 0)",
+                          "arrival", "rate")
     if req.cv is not None and arrival is not ArrivalKind.GAMMA:
-        raise TpusimError("--cv is the gamma arrivals' burstiness; add --arrival gamma or drop "
-                          "--cv")
+        raise TpusimError("{cv} is the gamma arrivals' burstiness; add {arrival} gamma or drop "
+                          "{cv}", "cv", "arrival")
     if req.requests is None and req.duration is None:
-        raise TpusimError("give --requests N or --duration S (when arrivals stop)")
-    for flag, v in (("--prompt-tokens", req.prompt_tokens),
-                    ("--output-tokens", req.output_tokens)):
+        raise TpusimError("give {requests} N or {duration} S (when arrivals stop)",
+                          "requests", "duration")
+    for name, v in (("prompt_tokens", req.prompt_tokens),
+                    ("output_tokens", req.output_tokens)):
         if v is None:
-            raise TpusimError(f"{flag} is needed with --arrival {arrival}; give a "
-                              f"distribution, e.g. {flag} lognormal:1000,0.8")
+            raise TpusimError(f"{{{name}}} is needed with {{arrival}} {arrival}; give a "
+                              f"distribution, e.g. {{{name}}} lognormal:1000,0.8", name,
+                              "arrival")
     return WorkloadConfig(
         arrival=arrival, rate_per_s=req.rate, cv=req.cv if req.cv is not None else 1.0,
         num_requests=req.requests, duration_s=req.duration,
-        prompt_tokens=parse_lengths(req.prompt_tokens, "--prompt-tokens"),
-        output_tokens=parse_lengths(req.output_tokens, "--output-tokens"),
+        prompt_tokens=parse_lengths(req.prompt_tokens, "prompt_tokens"),
+        output_tokens=parse_lengths(req.output_tokens, "output_tokens"),
         seed=req.seed if req.seed is not None else 0)
 
 
 def scheduler_config(req: ServeRequest) -> SchedulerConfig:
-    sched = _enum(SchedulerKind, req.scheduler, "--scheduler")
+    sched = _enum(SchedulerKind, req.scheduler, "scheduler")
     if sched is SchedulerKind.STATIC and (req.prefill_chunk is not None
                                           or req.max_tokens_per_iter is not None):
-        raise TpusimError("--prefill-chunk and --max-tokens-per-iter shape continuous "
-                          "batching's iterations; use --scheduler continuous or drop them")
+        raise TpusimError("{prefill_chunk} and {max_tokens_per_iter} shape continuous "
+                          "batching's iterations; use {scheduler} continuous or drop them",
+                          "prefill_chunk", "max_tokens_per_iter", "scheduler")
     if req.prefill_chunk is not None and req.max_tokens_per_iter is not None and \
             req.max_tokens_per_iter <= 1:
-        raise TpusimError(f"--max-tokens-per-iter {req.max_tokens_per_iter} leaves no room "
-                          f"for a prefill chunk; give at least 2 (e.g. 2048)")
+        raise TpusimError(f"{{max_tokens_per_iter}} {req.max_tokens_per_iter} leaves no room "
+                          f"for a prefill chunk; give at least 2 (e.g. 2048)",
+                          "max_tokens_per_iter")
     try:
         preemption = PreemptionKind(req.preemption)
     except ValueError:
@@ -197,24 +205,28 @@ def check_settings(req: ServeRequest):
     wcfg = workload_config(req)
     scfg = scheduler_config(req)
     slo = parse_slo(req.slo)
-    router = _enum(RouterKind, req.router, "--router")
+    router = _enum(RouterKind, req.router, "router")
     disagg = req.prefill_replicas is not None or req.decode_replicas is not None
     if disagg:
         if not req.prefill_replicas or not req.decode_replicas:
             raise TpusimError(
-                f"a disaggregated split needs both pools: --prefill-replicas "
-                f"{req.prefill_replicas or 0} and --decode-replicas {req.decode_replicas or 0}; "
-                f"give each at least 1 (or neither, for replicas that do both)")
+                f"a disaggregated split needs both pools: {{prefill_replicas}} "
+                f"{req.prefill_replicas or 0} and {{decode_replicas}} "
+                f"{req.decode_replicas or 0}; give each at least 1 (or neither, for replicas "
+                f"that do both)", "prefill_replicas", "decode_replicas")
         if scfg.scheduler is SchedulerKind.STATIC:
-            raise TpusimError("disaggregated pools batch continuously; drop --scheduler static")
+            raise TpusimError("disaggregated pools batch continuously; drop {scheduler} static",
+                              "scheduler")
         if req.replicas != 1:
-            raise TpusimError("--replicas counts replicas that prefill and decode; with "
-                              "--prefill-replicas/--decode-replicas give the pools' sizes only")
+            raise TpusimError("{replicas} counts replicas that prefill and decode; with "
+                              "{prefill_replicas}/{decode_replicas} give the pools' sizes only",
+                              "replicas", "prefill_replicas", "decode_replicas")
     elif any(v is not None for v in (req.prefill_mesh, req.decode_mesh, req.prefill_slice,
                                      req.decode_slice)):
-        raise TpusimError("--prefill-mesh/--decode-mesh/--prefill-slice/--decode-slice shape "
-                          "the disaggregated pools; add --prefill-replicas and "
-                          "--decode-replicas")
+        raise TpusimError("{prefill_mesh}/{decode_mesh}/{prefill_slice}/{decode_slice} shape "
+                          "the disaggregated pools; add {prefill_replicas} and "
+                          "{decode_replicas}", "prefill_mesh", "decode_mesh", "prefill_slice",
+                          "decode_slice", "prefill_replicas", "decode_replicas")
     kv_transfer_path(req, disagg)
     return wcfg, scfg, slo, router, disagg
 
@@ -267,8 +279,8 @@ def run_serve(req: ServeRequest) -> Run:
                 f"{where}'s KV cache even alone: {pod.topology.name} with mesh "
                 f"{mesh.describe()} holds {blocks * bs:,} tokens after "
                 f"{plan['weights_bytes'] / 1e9:.1f} GB of weights per chip; use shorter "
-                f"lengths, --kv-dtype int8, a smaller "
-                f"--max-batch or a bigger slice")
+                f"lengths, {{kv_dtype}} int8, a smaller "
+                f"{{max_batch}} or a bigger slice", "kv_dtype", "max_batch")
         # Bounds rounded up to powers of two, so that sweep points with other draws share a
         # cost model.
         if role is Role.DECODE:
@@ -299,9 +311,10 @@ def run_serve(req: ServeRequest) -> Run:
     if scfg.prefill_chunk is None and scfg.max_tokens_per_iter is not None and \
             scfg.max_tokens_per_iter < max_prompt:
         raise TpusimError(
-            f"--max-tokens-per-iter {scfg.max_tokens_per_iter:,} is below the longest prompt "
-            f"({max_prompt:,} tokens), which is prefilled whole without --prefill-chunk; add "
-            f"--prefill-chunk or raise the budget")
+            f"{{max_tokens_per_iter}} {scfg.max_tokens_per_iter:,} is below the longest "
+            f"prompt ({max_prompt:,} tokens), which is prefilled whole without "
+            f"{{prefill_chunk}}; add {{prefill_chunk}} or raise the budget",
+            "max_tokens_per_iter", "prefill_chunk")
     transfer = None
     if disagg:
         step_p = bound[0][5]
@@ -329,11 +342,11 @@ def run_serve(req: ServeRequest) -> Run:
     if transfer is not None:
         summary["kv_transfer"] = transfer.describe()
     if summary["saturated"]:
-        summary["note"] = (
+        summary["note"] = Said(TpusimError(
             f"saturated: {summary['backlog_at_last_arrival']:,} of "
             f"{summary['num_requests']:,} requests were still in the system when the last "
-            f"arrived; the queue grows without bound at this rate (lower --rate or add "
-            f"replicas)")
+            f"arrived; the queue grows without bound at this rate (lower {{rate}} or add "
+            f"replicas)", "rate"))
     inputs = base_inputs(req, pod0, base0)
     inputs["model"] = step0.model.to_dict()
     inputs["mesh"] = describe_mesh(mesh0, pod0.topology)

@@ -1,7 +1,7 @@
 """Training steps and trace replays as runs: `run_train(TrainRequest)` compiles the step and
 simulates it (the pipeline stages on the per-chip engine when the mesh has a pipeline axis);
 `run_replay(ReplayRequest)` replays a trace file or XLA's compiled HLO text. Both return a
-`Run` whose summary is what `--json` prints.
+`Run` whose summary is the result's JSON (`Run.to_dict`, what the CLI prints as JSON).
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ from workloads.zoo import model_from_dict
 def training_config(req, moe=None, chip=None) -> TrainingConfig:
     """The TrainingConfig of a request's training settings (validated: every enum, range and
     dtype). `chip`: the ChipSpec the step runs on, whose compiler behaviour the trace's memory
-    follows; None (`compile --chips N`) compiles with each of those rules off."""
+    follows; None (a compile request's `chips` count, no chip) compiles with each of those
+    rules off."""
     return TrainingConfig(
         seq_len=req.seq_len,
         batch_per_chip=req.batch_per_chip,
@@ -319,7 +320,7 @@ def chakra_summary(imp, result) -> dict[str, Any]:
     }
 
 
-def missing_trace_message(path: Path) -> str:
+def missing_trace_error(path: Path) -> TpusimError:
     """What to say when `replay`'s input does not exist: where a file of that kind comes from
     (a trace file from `tpusim compile`, HLO text from XLA, a Perfetto trace is an output)."""
     name = path.name.lower().removesuffix(".gz")
@@ -329,13 +330,13 @@ def missing_trace_message(path: Path) -> str:
             "HLO text is what XLA compiles (`compiled.as_text()`, an --xla_dump_to *.txt file); "
             "`tpusim make-hlo-fixture` compiles one for a slice and mesh (docs/howto/hlo.md)")
     elif name.endswith((".pftrace", ".perfetto-trace")):
-        hint = ("a Perfetto trace is what --perfetto writes, not a program; replay a trace file "
+        hint = ("a Perfetto trace is what {perfetto} writes, not a program; replay a trace file "
                 "(`tpusim compile -o step.trace`), HLO text or a Chakra trace")
     else:
         hint = ("write one with `tpusim compile ... -o FILE` (or `tpusim import-hlo PROGRAM "
                 "-o FILE` from HLO text)")
     kind = "a directory, not a file" if path.is_dir() else "does not exist"
-    return f"{what} {str(path)!r} {kind}; {hint}"
+    return TpusimError(f"{what} {str(path)!r} {kind}; {hint}", "perfetto")
 
 
 @reports_failures
@@ -351,7 +352,7 @@ def run_replay(req: ReplayRequest, *, check_trace_chips=None) -> Run:
         chakra, raw = load_chakra(req.trace, pod.topology, req.chakra_compute)
         trace = chakra.trace
     elif not path.is_file():
-        raise TpusimError(missing_trace_message(path))
+        raise missing_trace_error(path)
     elif is_hlo(path):
         # XLA's compiled HLO text: import it for this pod, then replay like any trace.
         pod = resolve_pod(req)

@@ -15,7 +15,7 @@ with the replica's perturbations): the oracle, memoised per distinct composition
 is built from it once per replica configuration: exact at the points of a grid over batch x context
 (decode) and chunk tokens x cached tokens (prefill), bilinear between them; a test holds it within
 1% of the engine on random compositions. With `exact=True` it asks the engine for every distinct
-composition instead (`--exact-costs`).
+composition instead (a serve request's `exact_costs`).
 """
 
 from __future__ import annotations

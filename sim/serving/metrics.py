@@ -36,7 +36,7 @@ class Slo:
 
 def parse_slo(text: str | None) -> Slo:
     """`ttft=0.5,tpot=0.05` (seconds; either may be left out)."""
-    fix = "write e.g. --slo ttft=0.5,tpot=0.05 (seconds)"
+    fix = "write e.g. {slo} ttft=0.5,tpot=0.05 (seconds)"  # `slo` placeholders, as below
     if text is None:
         return Slo()
     got: dict[str, float] = {}
@@ -44,18 +44,18 @@ def parse_slo(text: str | None) -> Slo:
         key, eq, value = item.strip().partition("=")
         key = key.strip().lower()
         if not eq or key not in _SLO_KEYS:
-            raise TpusimError(f"--slo {short_repr(text)}: {short_repr(item.strip())} is not "
-                              f"ttft=S or tpot=S; {fix}")
+            raise TpusimError(f"{{slo}} {short_repr(text)}: {short_repr(item.strip())} is not "
+                              f"ttft=S or tpot=S; {fix}", "slo")
         if key in got:
-            raise TpusimError(f"--slo {short_repr(text)} gives {key} twice; {fix}")
+            raise TpusimError(f"{{slo}} {short_repr(text)} gives {key} twice; {fix}", "slo")
         v = value.strip().lower().removesuffix("s")
         try:
             x = float(v)
         except ValueError:
             x = math.nan
         if not math.isfinite(x) or x <= 0:
-            raise TpusimError(f"--slo {short_repr(text)}: {key} {short_repr(value.strip())} "
-                              f"must be a finite number of seconds > 0; {fix}")
+            raise TpusimError(f"{{slo}} {short_repr(text)}: {key} {short_repr(value.strip())} "
+                              f"must be a finite number of seconds > 0; {fix}", "slo")
         got[key] = x
     return Slo(ttft_s=got.get("ttft"), tpot_s=got.get("tpot"))
 

@@ -82,7 +82,7 @@ class Role(StrEnum):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SchedulerConfig:
-    """One replica's batching settings (see `tpusim serve --help`)."""
+    """One replica's batching settings (`ServeRequest`'s scheduler settings)."""
 
     scheduler: SchedulerKind = SchedulerKind.CONTINUOUS
     max_batch: int = 256

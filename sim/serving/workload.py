@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from topologies.errors import TpusimError
-from topologies.validate import MAX_TOKENS, short_repr
+from topologies.validate import MAX_TOKENS, short_repr, subject
 
 # The most requests one run simulates (a trace is refused past it, before it is all read):
 # about 0.3 GB of per-request state, and tens of minutes of simulation.
@@ -88,50 +88,53 @@ class LengthSpec:
         return np.clip(x, 1, MAX_TOKENS).astype(np.int64)
 
 
-def parse_lengths(text: str, flag: str) -> LengthSpec:
-    """`fixed:N`, `uniform:A,B` or `lognormal:MEAN,SIGMA` (one-line errors naming `flag`)."""
+def parse_lengths(text: str, name: str) -> LengthSpec:
+    """`fixed:N`, `uniform:A,B` or `lognormal:MEAN,SIGMA` (one-line errors naming the setting
+    `name`, a Python argument name: `topologies.validate.subject`)."""
+    flag, params = subject(name)
     fix = f"write e.g. {flag} fixed:512, uniform:100,2000 or lognormal:1000,0.8"
     if not isinstance(text, str) or ":" not in text:
-        raise TpusimError(f"{flag} {short_repr(text)} is not a distribution; {fix}")
+        raise TpusimError(f"{flag} {short_repr(text)} is not a distribution; {fix}", *params)
     kind_text, _, rest = text.strip().partition(":")
     try:
         kind = LengthKind(kind_text.strip().lower())
     except ValueError:
         raise TpusimError(f"{flag} {short_repr(text)}: unknown distribution "
-                          f"{short_repr(kind_text)}; {fix}") from None
+                          f"{short_repr(kind_text)}; {fix}", *params) from None
     parts = [p.strip() for p in rest.split(",")]
     want = 1 if kind is LengthKind.FIXED else 2
     if len(parts) != want:
-        raise TpusimError(f"{flag} {short_repr(text)}: {kind} takes {want} number(s); {fix}")
+        raise TpusimError(f"{flag} {short_repr(text)}: {kind} takes {want} number(s); {fix}",
+                          *params)
     if kind is LengthKind.LOGNORMAL:
         try:
             mean, sigma = float(parts[0]), float(parts[1])
         except ValueError:
             raise TpusimError(f"{flag} {short_repr(text)}: MEAN and SIGMA must be numbers; "
-                              f"{fix}") from None
+                              f"{fix}", *params) from None
         if not (math.isfinite(mean) and 1 <= mean <= MAX_TOKENS):
             raise TpusimError(f"{flag} {short_repr(text)}: MEAN must be in [1, {MAX_TOKENS:,}] "
-                              f"tokens; {fix}")
+                              f"tokens; {fix}", *params)
         if not (math.isfinite(sigma) and 0 <= sigma <= 4):
             raise TpusimError(f"{flag} {short_repr(text)}: SIGMA (the log-sd) must be in "
-                              f"[0, 4]; {fix}")
+                              f"[0, 4]; {fix}", *params)
         return LengthSpec(kind=kind, a=mean, b=sigma)
     try:
         nums = [int(p) for p in parts]
     except ValueError:
         raise TpusimError(f"{flag} {short_repr(text)}: token counts must be whole numbers; "
-                          f"{fix}") from None
+                          f"{fix}", *params) from None
     if any(not 1 <= v <= MAX_TOKENS for v in nums):
         raise TpusimError(f"{flag} {short_repr(text)}: token counts must be in "
-                          f"[1, {MAX_TOKENS:,}]; {fix}")
+                          f"[1, {MAX_TOKENS:,}]; {fix}", *params)
     if kind is LengthKind.UNIFORM and nums[0] > nums[1]:
-        raise TpusimError(f"{flag} {short_repr(text)}: A must be <= B; {fix}")
+        raise TpusimError(f"{flag} {short_repr(text)}: A must be <= B; {fix}", *params)
     return LengthSpec(kind=kind, a=float(nums[0]), b=float(nums[-1]))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkloadConfig:
-    """How requests arrive and how long they are (see `tpusim serve --help`)."""
+    """How requests arrive and how long they are (`ServeRequest`'s workload settings)."""
 
     arrival: ArrivalKind = ArrivalKind.POISSON
     rate_per_s: float | None = None
@@ -200,9 +203,9 @@ def generate(cfg: WorkloadConfig) -> Workload:
         expect = cfg.duration_s * cfg.rate_per_s
         if expect > MAX_REQUESTS:
             raise TpusimError(
-                f"--duration {cfg.duration_s:g} s at --rate {cfg.rate_per_s:g} is about "
+                f"{{duration}} {cfg.duration_s:g} s at {{rate}} {cfg.rate_per_s:g} is about "
                 f"{expect:,.0f} requests, over the limit of {MAX_REQUESTS:,}; give a shorter "
-                f"--duration or --requests N")
+                f"{{duration}} or {{requests}} N", "duration", "rate", "requests")
         parts, end, total = [np.zeros(1)], 0.0, 1
         block = max(int(expect * 1.1) + 16, 64)
         while end <= cfg.duration_s and total <= MAX_REQUESTS:
@@ -214,8 +217,9 @@ def generate(cfg: WorkloadConfig) -> Workload:
         t = t[t < cfg.duration_s]
         n = int(t.size)
         if n > MAX_REQUESTS:
-            raise TpusimError(f"--duration {cfg.duration_s:g} s draws {n:,} requests, over the "
-                              f"limit of {MAX_REQUESTS:,}; give a shorter --duration")
+            raise TpusimError(f"{{duration}} {cfg.duration_s:g} s draws {n:,} requests, over the "
+                              f"limit of {MAX_REQUESTS:,}; give a shorter {{duration}}",
+                              "duration")
     prompts = cfg.prompt_tokens.sample(rng, n)
     outputs = cfg.output_tokens.sample(rng, n)
     return Workload(arrival_s=t, prompt_tokens=prompts, output_tokens=outputs,
@@ -232,7 +236,7 @@ def _whole(given, column: str, where: str, lo: int) -> int:
         value = int(text) if text.isascii() and text.isdigit() else None
     if not isinstance(value, int) or value < lo or value > MAX_TOKENS:
         raise TpusimError(f"{where}: {column} {short_repr(given)} is not a whole number in "
-                          f"[{lo}, {MAX_TOKENS:,}]; fix the trace file")
+                          f"[{lo}, {MAX_TOKENS:,}]; fix the trace file", "trace")
     return value
 
 
@@ -243,7 +247,7 @@ def _number(value, where: str) -> float:
         v = math.nan
     if not math.isfinite(v) or v < 0:
         raise TpusimError(f"{where}: arrival_s {short_repr(value)} is not a finite number "
-                          f">= 0 (seconds); fix the trace file")
+                          f">= 0 (seconds); fix the trace file", "trace")
     return v
 
 
@@ -253,8 +257,8 @@ def _rows(path: Path):
     try:
         f = path.open("r", encoding="utf-8", newline="")
     except OSError as exc:
-        raise TpusimError(f"--trace {str(path)!r}: cannot read it ({exc.strerror or exc}); "
-                          f"give a CSV or JSON-lines file") from None
+        raise TpusimError(f"{{trace}} {str(path)!r}: cannot read it ({exc.strerror or exc}); "
+                          f"give a CSV or JSON-lines file", "trace") from None
     with f:
         if jsonl:
             for i, line in enumerate(f, 1):
@@ -263,16 +267,16 @@ def _rows(path: Path):
                 try:
                     row = json.loads(line)
                 except ValueError:
-                    raise TpusimError(f"--trace {path.name} line {i}: not a JSON object; "
-                                      f"write one object per line") from None
+                    raise TpusimError(f"{{trace}} {path.name} line {i}: not a JSON object; "
+                                      f"write one object per line", "trace") from None
                 if not isinstance(row, dict):
-                    raise TpusimError(f"--trace {path.name} line {i}: not a JSON object; "
-                                      f"write one object per line")
+                    raise TpusimError(f"{{trace}} {path.name} line {i}: not a JSON object; "
+                                      f"write one object per line", "trace")
                 missing = [c for c in _TRACE_COLUMNS if c not in row]
                 if missing:
-                    raise TpusimError(f"--trace {path.name} line {i}: missing "
+                    raise TpusimError(f"{{trace}} {path.name} line {i}: missing "
                                       f"{', '.join(missing)}; every row needs "
-                                      f"{', '.join(_TRACE_COLUMNS)}")
+                                      f"{', '.join(_TRACE_COLUMNS)}", "trace")
                 yield i, row
             return
         import csv
@@ -281,16 +285,17 @@ def _rows(path: Path):
         try:
             header = [h.strip() for h in next(reader)]
         except StopIteration:
-            raise TpusimError(f"--trace {path.name} is empty; give a header line "
-                              f"{','.join(_TRACE_COLUMNS)} and one row per request") from None
+            raise TpusimError(f"{{trace}} {path.name} is empty; give a header line "
+                              f"{','.join(_TRACE_COLUMNS)} and one row per request",
+                              "trace") from None
         except (csv.Error, UnicodeDecodeError):
-            raise TpusimError(f"--trace {path.name} is not a CSV file; give a header "
-                              f"{','.join(_TRACE_COLUMNS)}") from None
+            raise TpusimError(f"{{trace}} {path.name} is not a CSV file; give a header "
+                              f"{','.join(_TRACE_COLUMNS)}", "trace") from None
         missing = [c for c in _TRACE_COLUMNS if c not in header]
         if missing:
-            raise TpusimError(f"--trace {path.name}: the header lacks column(s) "
+            raise TpusimError(f"{{trace}} {path.name}: the header lacks column(s) "
                               f"{', '.join(missing)}; it needs {', '.join(_TRACE_COLUMNS)} "
-                              f"(optional {', '.join(_OPTIONAL_COLUMNS)})")
+                              f"(optional {', '.join(_OPTIONAL_COLUMNS)})", "trace")
         index = {c: header.index(c) for c in (*_TRACE_COLUMNS, *_OPTIONAL_COLUMNS)
                  if c in header}
         try:
@@ -298,12 +303,13 @@ def _rows(path: Path):
                 if not rec or all(not x.strip() for x in rec):
                     continue
                 if len(rec) != len(header):
-                    raise TpusimError(f"--trace {path.name} line {i}: {len(rec)} fields, the "
-                                      f"header has {len(header)}; fix the row")
+                    raise TpusimError(f"{{trace}} {path.name} line {i}: {len(rec)} fields, the "
+                                      f"header has {len(header)}; fix the row", "trace")
                 yield i, {c: rec[j] for c, j in index.items()}
         except (csv.Error, UnicodeDecodeError):
-            raise TpusimError(f"--trace {path.name}: not a readable CSV file; give a header "
-                              f"{','.join(_TRACE_COLUMNS)} and one row per request") from None
+            raise TpusimError(f"{{trace}} {path.name}: not a readable CSV file; give a header "
+                              f"{','.join(_TRACE_COLUMNS)} and one row per request",
+                              "trace") from None
 
 
 def read_trace(path: Path, *, num_requests: int | None = None,
@@ -311,21 +317,22 @@ def read_trace(path: Path, *, num_requests: int | None = None,
     """A trace file's requests (the first `num_requests`, or those arriving before
     `duration_s`), streamed: rows are checked as they are read and held as typed arrays."""
     if path.is_dir():
-        raise TpusimError(f"--trace {str(path)!r} is a directory; give a CSV or JSON-lines "
-                          f"file")
+        raise TpusimError(f"{{trace}} {str(path)!r} is a directory; give a CSV or JSON-lines "
+                          f"file", "trace")
     arr, pro, out, pre, ptok = array("d"), array("q"), array("q"), array("q"), array("q")
     last = 0.0
     for i, row in _rows(path):
-        where = f"--trace {path.name} line {i}"
+        where = f"{{trace}} {path.name} line {i}"  # the `trace` placeholder
         t = _number(row["arrival_s"], where)
         if t < last:
             raise TpusimError(f"{where}: arrival_s {t:g} is before the previous row's "
-                              f"{last:g}; sort the trace by arrival_s")
+                              f"{last:g}; sort the trace by arrival_s", "trace")
         if duration_s is not None and t >= duration_s:
             break
         if len(arr) >= MAX_REQUESTS:
-            raise TpusimError(f"--trace {path.name} has more than {MAX_REQUESTS:,} rows, the "
-                              f"most one run simulates; cut the trace or give --requests N")
+            raise TpusimError(f"{{trace}} {path.name} has more than {MAX_REQUESTS:,} rows, the "
+                              f"most one run simulates; cut the trace or give {{requests}} N",
+                              "trace", "requests")
         last = t
         arr.append(t)
         pro.append(_whole(row["prompt_tokens"], "prompt_tokens", where, 1))
@@ -339,9 +346,9 @@ def read_trace(path: Path, *, num_requests: int | None = None,
         if num_requests is not None and len(arr) >= num_requests:
             break
     if not arr:
-        raise TpusimError(f"--trace {path.name} holds no requests"
-                          + (f" before --duration {duration_s:g} s" if duration_s else "")
-                          + f"; give rows {','.join(_TRACE_COLUMNS)}")
+        raise TpusimError(f"{{trace}} {path.name} holds no requests"
+                          + (f" before {{duration}} {duration_s:g} s" if duration_s else "")
+                          + f"; give rows {','.join(_TRACE_COLUMNS)}", "trace", "duration")
     return Workload(arrival_s=np.frombuffer(arr, dtype=np.float64).copy(),
                     prompt_tokens=np.frombuffer(pro, dtype=np.int64).copy(),
                     output_tokens=np.frombuffer(out, dtype=np.int64).copy(),

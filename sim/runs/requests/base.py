@@ -207,7 +207,7 @@ def _field_names(cls: type) -> frozenset[str]:
 
 @dataclass(frozen=True, kw_only=True)
 class _Request(metaclass=_Checked):
-    """What every request has: the pod, `--set` overrides, and the objects a caller may hand
+    """What every request has: the pod, `set` overrides, and the objects a caller may hand
     over instead of names."""
 
     COMMAND: ClassVar[str] = ""
@@ -329,7 +329,7 @@ class _Request(metaclass=_Checked):
         return self.COMMAND
 
     def parsed_overrides(self) -> Overrides:
-        """The `--set` overrides validated for this command (empty if it takes none)."""
+        """The `set` overrides validated for this command (empty if it takes none)."""
         if self.SET_SCOPE is None:
             return Overrides()
         return parse_overrides(dict(self.overrides), self.SET_SCOPE,
@@ -371,17 +371,18 @@ class _Request(metaclass=_Checked):
                 raise TpusimError(f"{caller}() got unknown keyword(s) "
                                   f"{', '.join(sorted(unknown))[:200]}; {near}")
             near = one_of(sorted(unknown)[0], [flag_name(n) for n in cls.FLAGS],
-                          listing=f"`tpusim {cls.COMMAND} --help` lists them")
+                          listing=f"`tpusim {cls.COMMAND} {{help}}` lists them")
             raise TpusimError(f"tpusim {cls.COMMAND} has no flag(s) "
-                              f"{', '.join(sorted(unknown))[:200]}; {near}")
+                              f"{', '.join(sorted(unknown))[:200]}; {near}", "help")
         missing = [n for n in cls.REQUIRED if kw.get(n) is None and not (
             n == "model" and objects.get("model_spec") is not None)]
         if missing:
             if caller:
                 raise TpusimError(f"{caller}() needs {', '.join(missing)}")
+            names = ["set" if n == "overrides" else n for n in missing]
             raise TpusimError(f"the following arguments are required: "
-                              f"{', '.join('--' + flag_name(n) for n in missing)} (see "
-                              f"`tpusim {cls.COMMAND} --help`)")
+                              f"{', '.join('{' + n + '}' for n in names)} (see "
+                              f"`tpusim {cls.COMMAND} {{help}}`)", *names, "help")
         try:
             return cls(**kw, **{k: v for k, v in objects.items() if v is not None})
         except FlagError as exc:
