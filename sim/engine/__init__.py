@@ -8,7 +8,8 @@
   `SmallFluidNetwork`).
 * `class_engine`: one SimPy actor per chip class (per chip, the oracle); `vector_engine`: the
   classes as numpy vectors in one heapq event loop (`vector_run`, over `vector_kinds`' state);
-  `perchip` prepares the per-chip step both take; `executors` holds the choice of which runs
+  `perchip` prepares the per-chip step both take; `critical_path` is the one critical-path walk
+  both call; `executors` holds the choice of which runs
   (`simulate_chips`); `pipeline` composes and times pipeline stage programs.
 
 The package imports nothing itself: import the module that holds a name

@@ -42,6 +42,7 @@ import numpy as np
 import simpy
 
 from sim.engine.costs import CollectiveCost
+from sim.engine.critical_path import critical_path
 from sim.engine.memory import static_hbm_bytes
 from sim.engine.network import Batch, SmallFluidNetwork
 from sim.engine.perchip import (
@@ -49,7 +50,6 @@ from sim.engine.perchip import (
     HbmPrefixEnded,
     HbmWatch,
     PreparedStep,
-    add_path_links,
     coll_labels,
     common_parts,
     coords_text,
@@ -415,8 +415,8 @@ def _class_result(prep: PreparedStep, classes: list[_ClassState]) -> StepResult:
                        {**sc.coll_cost, **sc.send_cost}, prep.lm, prep.slow, cfg.dead_links,
                        _per_link_bytes(topology, label, classes)),
         num_chip_classes=ncls, slowest_chip=coords_text(topology, sc.rep),
-        critical_path=_critical_path(classes, slowest, topology, prep.slow, op_key,
-                                     prep.group_cost, count, cfg.dead_links),
+        critical_path=critical_path(_ClassPaths(classes, prep, count), slowest, topology,
+                                    prep.slow, cfg.dead_links),
         classes=chip_classes)
 
 
@@ -496,72 +496,47 @@ def _per_link_bytes(topology: Topology, label: np.ndarray, classes) -> np.ndarra
 
 
 
-def _critical_path(classes, last: int, topology, slow, op_key, group_cost, count,
-                   dead=()) -> list[dict]:
-    """Walk back from the last op of the last chip: each op's start was set by its latest
-    dependency (or the op before it on the core), a collective's start by the last member to
-    arrive and its end by the last member to drain. Consecutive ops on one chip class form one
-    segment: the chip (class representative), the ops, and the links their collectives used."""
-    cl = classes[last]
-    k = int(np.argmax(cl.end))
-    # Times as Python floats (the same values; an array indexed op by op is much slower).
-    start_of = [c.start.tolist() for c in classes]
-    end_of = [c.end.tolist() for c in classes]
-    steps: list[tuple[int, int]] = []
-    core_prev = {c.c: core_predecessors(c.ops) for c in classes}
-    c = cl.c
-    seen = 0
-    while k >= 0 and seen < 10 * len(cl.ops) + 10:
-        seen += 1
-        st = classes[c]
-        op = st.ops[k]
-        if op.kind == OpKind.COLLECTIVE and len(st.partners.get(k, ())) > 1:
-            # End set by the member that drained last (ties: stay on this chip).
-            q = max(st.partners[k], key=lambda p: (classes[p].drain_t.get(k, 0.0), p == c, -p))
-            steps.append((q, k))
-            # Start set by the member that arrived last.
-            c = max(st.partners[k], key=lambda p: (classes[p].arrive_t.get(k, 0.0), p == c, -p))
-        elif k in st.recv_from:
-            # A receive ends when its message has arrived: the path continues on the sender.
-            steps.append((c, k))
-            c, k = st.recv_from[k]
-            steps.append((c, k))
-        else:
-            steps.append((c, k))
-        st = classes[c]
-        op = st.ops[k]
-        cands = list(op.deps)
-        if op.kind in (OpKind.COMPUTE, OpKind.IDLE) and k in core_prev[c]:
-            cands.append(core_prev[c][k])
-        if not cands:
-            break
-        end = end_of[c]
-        k = max(cands, key=lambda d: (end[d], d))
-        if end[k] <= 0 and start_of[c][k] <= 0 and not st.ops[k].deps:
-            steps.append((c, k))
-            break
-    steps.reverse()
-    segments: list[dict] = []
-    for c, k in steps:
-        st = classes[c]
-        op = st.ops[k]
-        if not segments or segments[-1]["_class"] != c:
-            segments.append({
-                "_class": c, "chip": coords_text(topology, st.rep),
-                "chips_in_class": 0, "first_op": op.name, "last_op": op.name, "num_ops": 0,
-                "start_s": start_of[c][k], "end_s": end_of[c][k], "links": [],
-            })
-        seg = segments[-1]
-        seg["last_op"] = op.name
-        seg["num_ops"] += 1
-        seg["end_s"] = end_of[c][k]
-        if k in st.coll_cost:
-            _, costs = group_cost[op_key[(st.prog, k)]]
-            add_path_links(seg["links"], st.coll_cost[k], costs[0], topology, dead, slow)
-    for seg in segments:
-        seg["chips_in_class"] = int(count[seg.pop("_class")])
-    return segments
+class _ClassPaths:
+    """The class executor's classes as `sim.engine.critical_path.PathView` nodes."""
 
+    def __init__(self, classes: list[_ClassState], prep: PreparedStep, count: np.ndarray) -> None:
+        self.classes, self.prep, self.count = classes, prep, count
+        # Times as Python floats (the same values; an array indexed op by op is much slower).
+        self._times = [(cl.start.tolist(), cl.end.tolist()) for cl in classes]
+        self._prev = [core_predecessors(cl.ops) for cl in classes]
+
+    def ops(self, c):
+        return self.classes[c].ops
+
+    def times(self, c):
+        return self._times[c]
+
+    def core_prev(self, c):
+        return self._prev[c]
+
+    def rendezvous(self, c, k):
+        ps = self.classes[c].partners.get(k, ())
+        if len(ps) <= 1:
+            return None
+        cls = self.classes
+        return (np.array(ps), np.array([cls[p].arrive_t.get(k, 0.0) for p in ps]),
+                np.array([cls[p].drain_t.get(k, 0.0) for p in ps]))
+
+    def sender(self, c, k):
+        return self.classes[c].recv_from.get(k)
+
+    def chip(self, c):
+        return self.classes[c].rep
+
+    def class_size(self, c):
+        return self.count[c]
+
+    def path_cost(self, c, k):
+        st = self.classes[c]
+        if k not in st.coll_cost:
+            return None
+        _, costs = self.prep.group_cost[self.prep.op_key[(st.prog, k)]]
+        return st.coll_cost[k], costs[0]
 
 
 __all__ = ["run_classes"]

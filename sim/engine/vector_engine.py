@@ -51,9 +51,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sim.engine.critical_path import critical_path
 from sim.engine.perchip import (
     PreparedStep,
-    add_path_links,
     coll_labels,
     common_parts,
     coords_text,
@@ -345,9 +345,8 @@ def _vector_result(prep: PreparedStep, lay: _Layout, run: VectorRun, kinds, kind
                        dict(K.cc), prep.lm, prep.slow, dead_links,
                        per_link_bytes_of_chips(topology, nbytes[:, :NUM_CLASSES])),
         num_chip_classes=ncls, slowest_chip=coords_text(topology, slowest),
-        critical_path=_critical_path_chips(run, slowest, topology, prep.slow, dead_links, label,
-                                           count, kinds, kind_of, op_key, prep.group_cost, rank,
-                                           recv_from),
+        critical_path=critical_path(_ChipPaths(run, prep, kinds, kind_of, rank, count, recv_from),
+                                    slowest, topology, prep.slow, dead_links),
         classes=chip_classes,
         vector_stats={"vectors_peak": run.max_vectors, "vector_steps": run.steps})
 
@@ -403,98 +402,65 @@ def _dur_bound(K: _Kind, chip, s: float, rates0) -> tuple[np.ndarray, list[str]]
     return dur, bound
 
 
-def _critical_path_chips(run, last, topology, slow, dead, label, count, kinds, kind_of, op_key,
-                         group_cost, rank, recv_from) -> list[dict]:
-    """`sim.engine.class_engine._critical_path` on chips: each op's start was set by its latest
-    dependency (or the core op before it), a collective's start by the member that arrived last
-    and its end by the member that drained last, a receive's end by its send (on the sender)."""
-    members: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+class _ChipPaths:
+    """The vector executor's chips as `sim.engine.critical_path.PathView` nodes."""
 
-    def kind(c):
-        return kinds[int(kind_of[c])]
+    def __init__(self, run: VectorRun, prep: PreparedStep, kinds, kind_of, rank, count,
+                 recv_from) -> None:
+        self.run, self.prep, self.kinds, self.kind_of = run, prep, kinds, kind_of
+        self.rank, self.count, self.recv_from = rank, count, recv_from
+        self._members: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._prev: dict[int, dict[int, int]] = {}
 
-    def times(c):
-        p = kind(c).prog
-        return run.start[p][int(rank[c])], run.end[p][int(rank[c])]
+    def _kind(self, c):
+        return self.kinds[int(self.kind_of[c])]
 
-    def group_members(key, c):
-        goc = run.goc[key]
-        if id(goc) not in members:
-            order = np.argsort(goc, kind="stable")
-            members[id(goc)] = (order, np.searchsorted(goc[order], np.arange(goc.max() + 2)))
-        order, bounds = members[id(goc)]
-        g = int(goc[rank[c]])
-        return run.progs[run.cprog[key]][0][order[bounds[g]:bounds[g + 1]]]
+    def ops(self, c):
+        return self._kind(c).ops
 
-    def pick(vals, ps, c):
-        best = vals.max()
-        cands = ps[vals == best]
-        return c if c in cands else int(cands.min())
+    def times(self, c):
+        p = self._kind(c).prog
+        r = int(self.rank[c])
+        return self.run.start[p][r], self.run.end[p][r]
 
-    c = last
-    ops = kind(c).ops
-    k = int(np.argmax(times(c)[1]))
-    core_prev: dict[int, dict[int, int]] = {}
+    def core_prev(self, c):
+        K = self._kind(c)
+        if K.id not in self._prev:
+            self._prev[K.id] = core_predecessors(K.ops)
+        return self._prev[K.id]
 
-    def prev_of(K):
-        if K.id not in core_prev:
-            core_prev[K.id] = core_predecessors(K.ops)
-        return core_prev[K.id]
-
-    steps: list[tuple[int, int]] = []
-    seen = 0
-    while k >= 0 and seen < 10 * len(ops) + 10:
-        seen += 1
-        K = kind(c)
-        op = K.ops[k]
+    def rendezvous(self, c, k):
+        K, run = self._kind(c), self.run
         key = K.gk[k]
-        if op.kind == OpKind.COLLECTIVE and k not in K.recv and run.gsize[key] > 1:
-            ps = group_members(key, c)
-            ci = run.cidx[key]
-            steps.append((pick(run.drn[K.prog][ci, rank[ps]], ps, c), k))
-            c = pick(run.arr[K.prog][ci, rank[ps]], ps, c)
-        elif k in K.recv:
-            # A receive ends when its message has arrived: the path continues on the sender.
-            steps.append((c, k))
-            c = int(recv_from[(K.prog, k)][c])
-            k = key - kind(c).base
-            steps.append((c, k))
-        else:
-            steps.append((c, k))
-        K = kind(c)
-        op = K.ops[k]
-        cands = list(op.deps)
-        prev = prev_of(K)
-        if op.kind in (OpKind.COMPUTE, OpKind.IDLE) and k in prev:
-            cands.append(prev[k])
-        if not cands:
-            break
-        start, end = times(c)
-        k = max(cands, key=lambda d: (end[d], d))
-        if end[k] <= 0 and start[k] <= 0 and not K.ops[k].deps:
-            steps.append((c, k))
-            break
-    steps.reverse()
-    segments: list[dict] = []
-    for c, k in steps:
-        K = kind(c)
-        op = K.ops[k]
-        start, end = times(c)
-        if not segments or segments[-1]["_chip"] != c:
-            segments.append({
-                "_chip": c, "chip": coords_text(topology, c),
-                "chips_in_class": int(count[label[c]]), "first_op": op.name,
-                "last_op": op.name, "num_ops": 0, "start_s": float(start[k]),
-                "end_s": float(end[k]), "links": [],
-            })
-        seg = segments[-1]
-        seg["last_op"] = op.name
-        seg["num_ops"] += 1
-        seg["end_s"] = float(end[k])
-        if (K.prog, k) in op_key:
-            index, costs = group_cost[op_key[(K.prog, k)]]
-            cc = costs[int(index[int(run.goc[K.gk[k]][rank[c]])])]
-            add_path_links(seg["links"], cc, costs[0], topology, dead, slow)
-    for seg in segments:
-        seg.pop("_chip")
-    return segments
+        if k in K.recv or run.gsize[key] <= 1:
+            return None
+        goc = run.goc[key]
+        if id(goc) not in self._members:
+            order = np.argsort(goc, kind="stable")
+            self._members[id(goc)] = (order, np.searchsorted(goc[order], np.arange(goc.max() + 2)))
+        order, bounds = self._members[id(goc)]
+        g = int(goc[self.rank[c]])
+        ps = run.progs[run.cprog[key]][0][order[bounds[g]:bounds[g + 1]]]
+        ci = run.cidx[key]
+        return ps, run.arr[K.prog][ci, self.rank[ps]], run.drn[K.prog][ci, self.rank[ps]]
+
+    def sender(self, c, k):
+        K = self._kind(c)
+        if k not in K.recv:
+            return None
+        q = int(self.recv_from[(K.prog, k)][c])
+        return q, K.gk[k] - self._kind(q).base
+
+    def chip(self, c):
+        return c
+
+    def class_size(self, c):
+        return self.count[self.prep.label[c]]
+
+    def path_cost(self, c, k):
+        K = self._kind(c)
+        key = self.prep.op_key.get((K.prog, k))
+        if key is None:
+            return None
+        index, costs = self.prep.group_cost[key]
+        return costs[int(index[int(self.run.goc[K.gk[k]][self.rank[c]])])], costs[0]
