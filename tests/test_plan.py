@@ -206,7 +206,7 @@ def test_plan_gather_dtype_reaches_every_candidates_step(capsys, tiny_model):
     train = json.loads(capsys.readouterr().out)
     assert rc == 0 and cast["step_time_s"] == train["step_time_s"]
     assert cast["step_time_s"] < whole["step_time_s"]
-    with pytest.raises(TpusimError, match="--gather-dtype 'bf17' is not a known dtype"):
+    with pytest.raises(TpusimError, match="^gather_dtype 'bf17' is not a known dtype"):
         PlanConfig(seq_len=1024, global_batch=8, gather_dtype="bf17")
 
 

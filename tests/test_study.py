@@ -255,11 +255,51 @@ def test_failed_points_are_rows_with_their_error(tiny_model):
     assert pd.isna(df["step_time_s"][1]) and df["step_time_s"][0] > 0
 
 
+def test_a_failed_points_error_names_the_flag_on_the_cli_and_the_argument_in_python(
+        tmp_path, capsys, tiny_model):
+    # interleaved needs as many microbatches as stages: the error names two settings, which
+    # `sim.sweep` gives by Python name and `tpusim sweep` (table, parquet, csv) by flag, the
+    # error travelling back from a worker process with its placeholders (two workers).
+    s = _study(tiny_model, grid={"pipeline-schedule": ["gpipe", "interleaved"]}, zip={},
+               plot=[], metrics=["step_time_s"])
+    s["base"] = {**s["base"], "mesh": "fsdp=2,pipeline=2"}
+    df = run_study(load_study(s), SweepConfig(workers=1, quiet=True))
+    err = df[ERROR_COLUMN][1]
+    assert df[ERROR_COLUMN].isna().tolist() == [True, False]
+    assert err.startswith("pipeline_schedule interleaved needs at least as many microbatches")
+    assert "raise microbatches or use pipeline_schedule gpipe" in err and "--" not in err
+    study = tmp_path / "s.yaml"
+    study.write_text(json.dumps(s), encoding="utf-8")
+    out = tmp_path / "out"
+    assert main(["sweep", str(study), "--out", str(out), "--workers", "2"]) == 0
+    printed = capsys.readouterr().out
+    flags = err.replace("pipeline_schedule", "--pipeline-schedule").replace(
+        "microbatches 1 <", "--microbatches 1 <").replace("raise microbatches",
+                                                          "raise --microbatches")
+    assert flags.startswith("--pipeline-schedule interleaved needs") and flags != err
+    assert flags[:60] in printed and "pipeline_schedule" not in printed
+    for written in (pd.read_parquet(out / "results.parquet"), pd.read_csv(out / "results.csv")):
+        assert written[ERROR_COLUMN][1] == flags
+
+
+def test_a_failed_candidates_error_in_the_plan_table_is_spelled_by_the_front_end():
+    from sim.studies.plan_report import PLAN_COLUMNS, plan_table
+    from topologies.errors import Said
+
+    exc = TpusimError("{microbatches} 3 does not divide 2", "microbatches")
+    row = {c: None for c in PLAN_COLUMNS} | {"rank": pd.NA, "fits_in_hbm": pd.NA,
+                                            "error": Said(exc)}
+    assert plan_table([], [row], False)["error"][0] == "microbatches 3 does not divide 2"
+    flags = plan_table([], [row], False, lambda n: "--" + n)
+    assert flags["error"][0] == "--microbatches 3 does not divide 2"
+    assert str(flags["error"].dtype) == "string"
+
+
 def test_resume_runs_only_the_missing_points_and_gives_the_same_rows(tmp_path, tiny_model):
     study = load_study(_study(tiny_model))
     out = tmp_path / "out"
     full = run_study(study, SweepConfig(workers=1, out_dir=str(out), quiet=True))
-    with pytest.raises(TpusimError, match="already holds results.parquet; pass --resume"):
+    with pytest.raises(TpusimError, match="already holds results.parquet; pass resume"):
         run_study(study, SweepConfig(workers=1, out_dir=str(out), quiet=True))
     # Keep points 0 and 2 only, as an interrupted run would have left them.
     full.iloc[[0, 2]].to_parquet(out / "results.parquet", index=False)

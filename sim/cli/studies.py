@@ -28,9 +28,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     check_workers(args.workers)
     study = load_study(args.study)
+    # A failed point's error names its settings as the point's command spells them.
     cfg = SweepConfig(workers=args.workers, dask=args.dask, out_dir=args.out,
                       resume=args.resume, quiet=bool(args.quiet_sub),
-                      allow_oom=bool(args.allow_oom))
+                      allow_oom=bool(args.allow_oom),
+                      spell=cli.flag_spelling(args.parser, study.command))
     df = run_study(study, cfg)
     metrics = [m for m in study.metrics if m in df.columns]
     print(f"{len(df)} points ({status_counts_text(df)}) -> {cli.show_path(args.out)}/"
@@ -77,7 +79,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     req = cli.request_of(PlanRequest, args)
     if args.out:
         check_output_dir(args.out)
-    res, cfg = search(req, quiet=bool(args.quiet_sub))
+    # A failed candidate's error names its settings as `train` (what each candidate runs)
+    # spells them.
+    res, cfg = search(req, quiet=bool(args.quiet_sub),
+                      spell=cli.flag_spelling(args.parser, "train"))
     summary = plan_summary(res, cfg.top)
     if args.out:
         from pathlib import Path

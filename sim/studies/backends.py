@@ -30,8 +30,8 @@ def check_workers(workers: Any) -> None:
     if not isinstance(workers, int) or isinstance(workers, bool) \
             or not 0 <= workers <= MAX_WORKERS:
         raise TpusimError(
-            f"--workers {short_repr(workers)} must be "
-            f"{range_text(0, MAX_WORKERS, integer=True)} (0 = one per core)"
+            f"{{workers}} {short_repr(workers)} must be "
+            f"{range_text(0, MAX_WORKERS, integer=True)} (0 = one per core)", "workers"
         )
 
 
@@ -46,8 +46,8 @@ def check_dask(dask: Any) -> None:
     if isinstance(dask, str) and dask != "local" \
             and not dask.startswith(("tcp://", "tls://", "inproc://")):
         raise TpusimError(
-            f"--dask {short_repr(dask)} is not a scheduler address; give local or "
-            f"tcp://HOST:PORT"
+            f"{{dask}} {short_repr(dask)} is not a scheduler address; give local or "
+            f"tcp://HOST:PORT", "dask"
         )
 
 
@@ -93,14 +93,15 @@ def local_runner(n: int, fn: Callable[[Any], Any] = None):
 
 
 def dask_client(dask: Any, n: int):
-    """(client, closer) for --dask local, an address, or a given distributed.Client."""
+    """(client, closer) for `dask`: "local", an address, or a given distributed.Client."""
     if not isinstance(dask, str):
         return dask, lambda: None
     try:
         # Dask's client (half a second to import) only for a run on Dask.
         from distributed import Client, LocalCluster
     except ImportError:  # pragma: no cover - distributed is a dependency
-        raise TpusimError("--dask needs the `distributed` package; pip install distributed") \
+        raise TpusimError("{dask} needs the `distributed` package; pip install distributed",
+                          "dask") \
             from None
     if dask == "local":
         cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
@@ -123,10 +124,10 @@ def dask_client(dask: Any, n: int):
         client = Client(dask, timeout=f"{DASK_CONNECT_TIMEOUT_S}s")
     except Exception as exc:  # refused, timed out, or something that does not speak Dask
         raise TpusimError(
-            f"--dask {dask if len(dask) <= 60 else dask[:57] + '...'}: no Dask scheduler "
+            f"{{dask}} {dask if len(dask) <= 60 else dask[:57] + '...'}: no Dask scheduler "
             f"answered within "
             f"{DASK_CONNECT_TIMEOUT_S} s "
-            f"({type(exc).__name__}); start one (`dask scheduler`) or use --dask local"
+            f"({type(exc).__name__}); start one (`dask scheduler`) or use {{dask}} local", "dask"
         ) from None
     return client, client.close
 

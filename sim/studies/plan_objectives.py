@@ -1,4 +1,4 @@
-"""What a plan ranks by (`plan --objective`): the step time, the dollars per step or the
+"""What a plan ranks by (the plan request's `objective`): the step time, the dollars per step or the
 joules per step; and what turns a step-time lower bound into a bound on the objective (its
 least growth per second of step, and the part no candidate can avoid), so that the search
 prunes by any objective as it does by time.

@@ -6,7 +6,7 @@ the plan's table, the counts of what the search did, and one line on why the win
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +15,7 @@ import pandas as pd
 from sim.studies.plan_objectives import objective_value
 from sim.studies.plan_space import Candidate, PodVariant
 from sim.studies.results import STATUS_DOES_NOT_FIT, STATUS_ERROR, STATUS_OK
+from topologies.errors import python_name, render_said
 
 PLAN_COLUMNS = (
     "rank", "mesh", "placement", "remat", "microbatches", "param_dtype", "grad_dtype",
@@ -86,7 +87,7 @@ def candidate_rows(cands: list[Candidate], results: Mapping[int, dict[str, Any]]
         elif o is None:
             status, fits = PLAN_STATUS_SKIPPED, pd.NA
         elif "result" not in o:
-            status, fits, error = STATUS_ERROR, pd.NA, str(o.get("error"))
+            status, fits, error = STATUS_ERROR, pd.NA, o.get("error")  # a Said
         else:
             fits = bool(r.get("fits_in_hbm"))
             status = STATUS_OK if fits else STATUS_DOES_NOT_FIT
@@ -129,14 +130,18 @@ def ranked(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[
     return ok, rest
 
 
-def plan_table(ok: list[dict[str, Any]], rest: list[dict[str, Any]], searched_pods: bool):
-    """The ranked rows as the plan's DataFrame (`PLAN_COLUMNS`, ranked rows first)."""
+def plan_table(ok: list[dict[str, Any]], rest: list[dict[str, Any]], searched_pods: bool,
+               spell: Callable[[str], str] = python_name):
+    """The ranked rows as the plan's DataFrame (`PLAN_COLUMNS`, ranked rows first); a failed
+    candidate's error (a `Said`) names its settings as `spell` writes them (by Python name, or
+    a front end's way: the CLI's flags)."""
     # The slice of each candidate, when slices were searched (`--shapes`, or a shape that
     # can twist): a `shape` and a `twist` column after the rank; a plan of one pod has none.
     columns = list(PLAN_COLUMNS)
     if searched_pods:
         columns[1:1] = ["shape", "twist"]
-    table = pd.DataFrame([{c: x[c] for c in columns} for x in ok + rest], columns=columns)
+    table = pd.DataFrame([{**{c: x[c] for c in columns}, "error": render_said(x["error"], spell)}
+                          for x in ok + rest], columns=columns)
     table["rank"] = table["rank"].astype("Int64")
     table["fits_in_hbm"] = table["fits_in_hbm"].astype("boolean")
     table["error"] = table["error"].astype("string")
@@ -201,7 +206,7 @@ def explain(ranked: list[dict[str, Any]], objective: str = "time") -> str:
 
 
 def plan_summary(res: PlanResult, top: int) -> dict:
-    """What `plan --json` prints and `summary.json` holds."""
+    """The plan's summary: what the CLI prints as JSON and `summary.json` holds."""
     def clean(rec):
         return {k: (None if isinstance(v, float) and math.isnan(v) else
                     (None if v is None or str(v) == "<NA>" else v)) for k, v in rec.items()}

@@ -18,7 +18,7 @@ import heapq
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +57,7 @@ from sim.studies.plan_space import (
 )
 from sim.studies.plots import plot_cost_frontier, plot_frontier
 from sim.studies.results import STATUS_DOES_NOT_FIT, STATUS_ERROR
-from topologies.errors import TpusimError
+from topologies.errors import TpusimError, python_name
 from topologies.progress import NO_TASK, ProgressCallback, reporting, task
 from topologies.validate import api_call, short_repr
 from workloads.models import TransformerSpec
@@ -68,7 +68,8 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
              prune_by_bound: bool = True, refuse_by_hbm_bound: bool = True,
              stop_out_of_memory: bool = True,
              max_simulations: int | None = None,
-             variants: list[PodVariant] | None = None) -> PlanResult:
+             variants: list[PodVariant] | None = None,
+             spell: Callable[[str], str] = python_name) -> PlanResult:
     """Enumerate and prune by memory; bound every candidate from below (one compile per mesh
     sizes and settings, shared by its placements): its step time, and its HBM peak (a
     candidate whose peak bound is over HBM is out of memory, as `tpusim train` would find,
@@ -79,15 +80,16 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
     of memory; its time is not needed). `prune_by_bound=False`, `refuse_by_hbm_bound=False` and
     `stop_out_of_memory=False` turn the shortcuts off (the brute-force oracle).
     `max_simulations`: with `prune_by_bound=False` (every candidate simulated), refuse a space
-    of more candidates than that before anything runs (`plan --exhaustive`'s guard).
+    of more candidates than that before anything runs (the `exhaustive` plan's guard).
     `variants`: the slices searched (shapes and wirings of the same chip count, `pod_variants`);
     every candidate of every slice is one more candidate of the same search, its bounds and
-    pruning unchanged (default: `topology` alone)."""
+    pruning unchanged (default: `topology` alone). `spell`: how the table writes the settings
+    a failed candidate's error names (the Python name; the CLI: its flags)."""
     t0 = time.perf_counter()
     if cfg.objective == "cost" and chip.usd_per_chip_hour is None:
         raise TpusimError(
-            f"plan --objective cost: {chip.name} has no list price; give one with --set "
-            f"usd_per_chip_hour=PRICE (dollars per chip-hour)")
+            f"plan {{objective}} cost: {chip.name} has no list price; give one with {{set}} "
+            f"usd_per_chip_hour=PRICE (dollars per chip-hour)", "objective", "set")
     variants = variants or [PodVariant(topology=topology)]
     searched_pods = any(v.shape is not None for v in variants)
     if len(variants) > 1:
@@ -95,11 +97,14 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
     cands, counts = _enumerate(model, chip, cfg, variants, searched_pods)
     if not prune_by_bound and max_simulations is not None and len(cands) > max_simulations:
         raise TpusimError(
-            f"plan --exhaustive would simulate {len(cands):,} candidates to the end, over the "
+            f"plan {{exhaustive}} would simulate {len(cands):,} candidates to the end, over the "
             f"limit of {max_simulations:,} (each is a whole `tpusim train` run); give "
-            f"--max-simulations {len(cands)} to run them all, narrow the space (--axes, --max-*, "
-            f"--remat, --microbatches, --default-placement), or drop --exhaustive (the default "
-            f"search gives the same top K)"
+            f"{{max_simulations}} {len(cands)} to run them all, narrow the space ({{axes}}, "
+            f"{{max_*}}, {{remat}}, {{microbatches}}, {{default_placement}}), or drop "
+            f"{{exhaustive}} (the default search gives the same top K)",
+            # `max_*`: every max_<axis> setting at once
+            "exhaustive", "max_simulations", "axes", "max_*", "remat", "microbatches",
+            "default_placement"
         )
     reqs = _candidate_requests(base, cfg, cands, variants, topology.num_chips)
     check_workers(workers)
@@ -123,7 +128,7 @@ def run_plan(base: TrainRequest, model, topology, chip, cfg: PlanConfig, *,
     ok, rest = ranked(rows)
     counts.update(search.counts(ok, rest))
     caps = [x["_capacity"] for x in rows if x["_capacity"]]
-    return PlanResult(table=plan_table(ok, rest, searched_pods),
+    return PlanResult(table=plan_table(ok, rest, searched_pods, spell),
                       explanation=explain(ok, cfg.objective), counts=counts,
                       objective=cfg.objective,
                       hbm_capacity_bytes=caps[0] if caps else math.nan,
@@ -246,7 +251,7 @@ class _Search:
         self.full_bounds = len(groups.jobs) - len(level)
         # One tick per bound job and per candidate (simulated, refused or skipped); the detail
         # line: groups bounded, candidates simulated and left, the best step so far.
-        self.bar = NO_TASK if quiet else task("plan --exhaustive" if not prune_by_bound
+        self.bar = NO_TASK if quiet else task("plan (exhaustive)" if not prune_by_bound
                                               else "plan",
                                               total=len(groups.jobs) + len(cands), unit="job")
         self.bounded_jobs = 0
@@ -467,23 +472,27 @@ class _Search:
         }
 
 
-def search(req: PlanRequest, *, quiet: bool = False) -> tuple[PlanResult, PlanConfig]:
-    """(PlanResult, PlanConfig) of a plan request: the CLI's `plan` and `sim.plan` both."""
+def search(req: PlanRequest, *, quiet: bool = False,
+           spell: Callable[[str], str] = python_name) -> tuple[PlanResult, PlanConfig]:
+    """(PlanResult, PlanConfig) of a plan request: the CLI's `plan` and `sim.plan` both
+    (`spell`: how the table's errors write settings, `run_plan`'s)."""
     check_workers(req.workers)
     limit = req.max_simulations
     if limit is not None and not req.exhaustive:
         raise TpusimError(
-            f"--max-simulations {limit} limits --exhaustive only (the default search simulates "
-            f"just the candidates its bounds cannot rule out); add --exhaustive or drop "
-            f"--max-simulations"
+            f"{{max_simulations}} {limit} limits {{exhaustive}} only (the default search simulates "
+            f"just the candidates its bounds cannot rule out); add {{exhaustive}} or drop "
+            f"{{max_simulations}}", "max_simulations", "exhaustive"
         )
     if limit is not None and limit < 1:
-        raise TpusimError(f"--max-simulations {limit} must be a positive integer (the most "
-                          f"candidates --exhaustive may simulate), e.g. 500")
+        raise TpusimError(f"{{max_simulations}} {limit} must be a positive integer (the most "
+                          f"candidates {{exhaustive}} may simulate), e.g. 500",
+                          "max_simulations", "exhaustive")
     limit = EXHAUSTIVE_MAX_SIMULATIONS if limit is None else limit
     cfg = plan_config(req)
     if req.slices != 1:
-        raise TpusimError(f"--slices {req.slices}: plan searches one slice; drop --slices")
+        raise TpusimError(f"{{slices}} {req.slices}: plan searches one slice; drop {{slices}}",
+                          "slices")
     # Every candidate is this request's pod, model and overrides with its own settings.
     base = TrainRequest(chip=req.chip, slice=req.slice, shape=req.shape,
                         wraparound=req.wraparound, twist=req.twist, overrides=req.overrides,
@@ -495,7 +504,7 @@ def search(req: PlanRequest, *, quiet: bool = False) -> tuple[PlanResult, PlanCo
     res = run_plan(base, model, pod.topology, pod.chip, cfg, workers=req.workers,
                    dask=req.dask, quiet=quiet, prune_by_bound=fast, refuse_by_hbm_bound=fast,
                    stop_out_of_memory=fast, max_simulations=None if fast else limit,
-                   variants=variants)
+                   variants=variants, spell=spell)
     return res, cfg
 
 
@@ -511,7 +520,7 @@ def plan(*, model: Any, seq_len: int, global_batch: int, chip: Any = None,
     Args:
         model: zoo name, model YAML path or `TransformerSpec`.
         chip, slice, shape, wraparound: the pod, as on the CLI (chip: name, YAML or `ChipSpec`).
-        overrides: `{"ici_link_bytes_per_s": "x2", ...}`, as `--set`.
+        overrides: `{"ici_link_bytes_per_s": "x2", ...}`, as the CLI's set overrides.
         workers, dask: where candidates run (dask: "local", an address or a `distributed.Client`).
         out: also write candidates.csv/parquet, summary.json and frontier.png there.
         progress: called with a `ProgressUpdate` as groups are bounded and candidates decided

@@ -44,6 +44,15 @@ from workloads.training import (
 PLAN_AXES = ("data", "fsdp", "pipeline", "expert", "sequence", "tensor")
 
 
+def _check_dtype(value: str, name: str) -> None:
+    """`dtype_bytes`' check of a value of the dtype setting `name` (a Python name), its
+    error naming the setting as a placeholder."""
+    try:
+        dtype_bytes(value, "{" + name + "}")
+    except TpusimError as exc:
+        raise TpusimError(exc.template, *exc.params, name) from None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlanConfig:
     """What `plan` may consider (the flags of `tpusim plan`)."""
@@ -70,46 +79,49 @@ class PlanConfig:
     objective: str = "time"  # what the winner is picked by (OBJECTIVES)
 
     def __post_init__(self) -> None:
-        for flag, v in (("--seq-len", self.seq_len), ("--global-batch", self.global_batch),
-                        ("--top", self.top), ("--max-tensor", self.max_tensor),
-                        ("--max-data", self.max_data), ("--max-sequence", self.max_sequence),
-                        ("--max-pipeline", self.max_pipeline),
-                        ("--max-expert", self.max_expert)):
+        for name in ("seq_len", "global_batch", "top", "max_tensor", "max_data", "max_sequence",
+                     "max_pipeline", "max_expert"):
+            v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
-                raise TpusimError(f"{flag} {v!r} must be a positive integer")
+                raise TpusimError(f"{{{name}}} {v!r} must be a positive integer", name)
         if self.objective not in OBJECTIVES:
-            raise TpusimError(f"--objective {short_repr(self.objective)} is not one of "
-                              f"{', '.join(OBJECTIVES)}; give e.g. --objective energy")
+            raise TpusimError(f"{{objective}} {short_repr(self.objective)} is not one of "
+                              f"{', '.join(OBJECTIVES)}; give e.g. {{objective}} energy",
+                              "objective")
         bad = [a for a in self.axes if a not in PLAN_AXES]
         if bad:
             raise TpusimError(
-                f"--axes: {short_repr(bad[0])} is not a mesh axis; {one_of(bad[0], PLAN_AXES)}"
+                f"{{axes}}: {short_repr(bad[0])} is not a mesh axis; {one_of(bad[0], PLAN_AXES)}",
+                "axes"
             )
         if "fsdp" not in self.axes and "data" not in self.axes:
-            raise TpusimError("--axes must include fsdp or data (the batch has to be split)")
+            raise TpusimError("{axes} must include fsdp or data (the batch has to be split)",
+                              "axes")
         parse_optimizer(self.optimizer)
         if self.gather_dtype is not None:
-            dtype_bytes(self.gather_dtype, "--gather-dtype")
+            _check_dtype(self.gather_dtype, "gather_dtype")
 
         if not self.remat:
-            raise TpusimError("--remat lists no policy; give e.g. full,minimal")
+            raise TpusimError("{remat} lists no policy; give e.g. full,minimal", "remat")
         for r in self.remat:
             if parse_remat(r) == "custom":
-                raise TpusimError("--remat custom names its tensors with --remat-save and "
-                                  "--remat-offload, which plan does not take; list named "
-                                  "policies (e.g. save_dot_except_mlpwi) or run train")
+                raise TpusimError("{remat} custom names its tensors with {remat_save} and "
+                                  "{remat_offload}, which plan does not take; list named "
+                                  "policies (e.g. save_dot_except_mlpwi) or run train",
+                                  "remat", "remat_save", "remat_offload")
         if not self.microbatches or any(not isinstance(m, int) or m < 1
                                         for m in self.microbatches):
             raise TpusimError(
-                f"--microbatches {self.microbatches!r} must list positive integers, e.g. 1,2,4"
+                f"{{microbatches}} {self.microbatches!r} must list positive integers, e.g. 1,2,4",
+                "microbatches"
             )
-        for flag, vals in (("--param-dtype", self.param_dtypes),
-                           ("--grad-dtype", self.grad_dtypes),
-                           ("--optimizer-dtype", self.optimizer_dtypes)):
+        for name, vals in (("param_dtype", self.param_dtypes),
+                           ("grad_dtype", self.grad_dtypes),
+                           ("optimizer_dtype", self.optimizer_dtypes)):
             if not vals:
-                raise TpusimError(f"{flag} lists no dtype; give e.g. bf16")
+                raise TpusimError(f"{{{name}}} lists no dtype; give e.g. bf16", name)
             for v in vals:
-                dtype_bytes(v, flag)
+                _check_dtype(v, name)
         check_stateless_optimizer(self.optimizer, self.optimizer_dtypes)
 
 
@@ -210,17 +222,17 @@ def _ascending_factorizations(n: int, k: int, lo: int = 1) -> list[tuple[int, ..
 def pod_variants(req: PlanRequest, pod) -> list[PodVariant]:
     """The slices a plan request searches: the pod's own shape, or with `shapes` every shape
     of its chip count (`all`) or the listed ones; each plain and, where the shape can twist,
-    twisted (`wiring` auto; `plain` or `twisted` alone; the pod's `--twist` is `twisted`).
+    twisted (`wiring` auto; `plain` or `twisted` alone; the pod's `twist` is `twisted`).
     A single plain or twisted pod as given is the plan's own (no pod column)."""
     chip, topo = pod.chip, pod.topology
     wiring = req.wiring
     if wiring not in WIRINGS:
-        raise TpusimError(f"--wiring {short_repr(wiring)} is not one of {', '.join(WIRINGS)}; "
-                          f"give e.g. --wiring auto")
+        raise TpusimError(f"{{wiring}} {short_repr(wiring)} is not one of {', '.join(WIRINGS)}; "
+                          f"give e.g. {{wiring}} auto", "wiring")
     if req.twist:
         if wiring == "plain":
-            raise TpusimError("--twist asks for the twisted wiring and --wiring plain for the "
-                              "plain one; drop one of them")
+            raise TpusimError("{twist} asks for the twisted wiring and {wiring} plain for the "
+                              "plain one; drop one of them", "twist", "wiring")
         wiring = "twisted"
     if req.shapes is None:
         shapes, searched = [topo.shape], False
@@ -228,19 +240,19 @@ def pod_variants(req: PlanRequest, pod) -> list[PodVariant]:
         shapes, searched = slice_shapes(chip, topo.num_chips), True
         if not shapes:
             raise TpusimError(
-                f"--shapes all: a {chip.name} pod builds no slice of {topo.num_chips:,} chips "
+                f"{{shapes}} all: a {chip.name} pod builds no slice of {topo.num_chips:,} chips "
                 f"(whole 4x4x4 cubes, or a shape inside one cube); give a chip count it can "
-                f"build, e.g. 64 or 128, or drop --shapes")
+                f"build, e.g. 64 or 128, or drop {{shapes}}", "shapes")
     else:
-        shapes = [parse_shape(x) for x in split_list(req.shapes, "--shapes",
+        shapes = [parse_shape(x) for x in split_list(req.shapes, "shapes",
                                                      example="4x4x16,4x8x8")]
         shapes, searched = list(dict.fromkeys(shapes)), True
         for sh in shapes:
             if math.prod(sh) != topo.num_chips:
                 raise TpusimError(
-                    f"--shapes: {'x'.join(map(str, sh))} has {math.prod(sh):,} chips, not the "
+                    f"{{shapes}}: {'x'.join(map(str, sh))} has {math.prod(sh):,} chips, not the "
                     f"pod's {topo.num_chips:,}; list shapes of {topo.num_chips:,} chips (or "
-                    f"--shapes all)")
+                    f"{{shapes}} all)", "shapes")
     kw = dict(chip_name=chip.name, wrap_rule=chip.generation_rule,
               max_pod_shape=chip.max_pod_shape)
     out: list[PodVariant] = []
@@ -259,9 +271,9 @@ def pod_variants(req: PlanRequest, pod) -> list[PodVariant]:
             out.append(PodVariant(topology=t, shape=text, twist=tw))
     if not out:
         raise TpusimError(
-            f"--wiring twisted: no shape of {topo.num_chips:,} chips can twist (k x k x 2k or "
-            f"k x 2k x 2k, each side a multiple of 4); drop --wiring/--twist or give a chip "
-            f"count such as 128 (4x4x8)")
+            f"{{wiring}} twisted: no shape of {topo.num_chips:,} chips can twist (k x k x 2k or "
+            f"k x 2k x 2k, each side a multiple of 4); drop {{wiring}}/{{twist}} or give a chip "
+            f"count such as 128 (4x4x8)", "wiring", "twist")
     if not searched and len(out) == 1:
         return [PodVariant(topology=out[0].topology)]  # the pod as given: no pod column
     return out
@@ -305,8 +317,9 @@ def check_space_size(model, num_chips: int, cfg: PlanConfig, n_slices: int) -> N
         raise TpusimError(
             f"plan would consider {combos:,} combinations of slices, axis sizes and "
             f"settings ({n_slices} slices), over the limit of "
-            f"{MAX_PLAN_COMBINATIONS:,}; list fewer --shapes, give --wiring plain, lower "
-            f"the --max-* limits or allow fewer --remat and dtype values")
+            f"{MAX_PLAN_COMBINATIONS:,}; list fewer {{shapes}}, give {{wiring}} plain, lower "
+            f"the {{max_*}} limits or allow fewer {{remat}} and dtype values",
+            "shapes", "wiring", "max_*", "remat")  # max_*: every max_<axis> setting
 
 
 def enumerate_candidates(model, topology, chip, cfg: PlanConfig,
@@ -317,15 +330,17 @@ def enumerate_candidates(model, topology, chip, cfg: PlanConfig,
     `variant`: the searched slice the candidates run on (tagged with its shape and wiring)."""
     n = topology.num_chips
     if topology.num_slices != 1:
-        raise TpusimError("plan searches one slice; drop --slices (multi-slice is not searched)")
+        raise TpusimError("plan searches one slice; drop {slices} (multi-slice is not searched)",
+                          "slices")
     opts = size_options(model, n, cfg)
     combos = math.prod(len(v) for v in opts.values()) * len(cfg.remat) * len(cfg.param_dtypes) \
         * len(cfg.grad_dtypes) * len(cfg.optimizer_dtypes)
     if combos > MAX_PLAN_COMBINATIONS:
         raise TpusimError(
             f"plan would consider {combos:,} combinations of axis sizes and settings, over the "
-            f"limit of {MAX_PLAN_COMBINATIONS:,}; lower --max-data/--max-tensor/--max-pipeline/"
-            f"--max-expert or allow fewer --remat and dtype values"
+            f"limit of {MAX_PLAN_COMBINATIONS:,}; lower {{max_data}}/{{max_tensor}}/"
+            f"{{max_pipeline}}/{{max_expert}} or allow fewer {{remat}} and dtype values",
+            "max_data", "max_tensor", "max_pipeline", "max_expert", "remat"
         )
     counts = {"generated": 0, "invalid": 0, "pruned_by_memory": 0}
     out: list[Candidate] = []
@@ -418,39 +433,43 @@ def _describe(placed, topology) -> str:
     return " ".join(parts) or "(one chip)"
 
 
-def _list(text: str, flag: str, cast=str) -> tuple:
-    """A comma list of the search space (`full,minimal`), each item once, in order."""
+def _list(text: str, name: str, cast=str) -> tuple:
+    """A comma list of the search space (`full,minimal`) given as setting `name` (its Python
+    name), each item once, in order."""
+    flag = "{" + name + "}"
     if cast is int and not all(x.strip().isascii() for x in str(text).split(",")):
         raise TpusimError(f"{flag} {short_repr(text)} must list integers in ASCII digits, e.g. "
-                          f"1,2,4")
+                          f"1,2,4", name)
     if not str(text).replace(",", "").strip():
-        raise TpusimError(f"{flag} {short_repr(text)} lists nothing; give comma-separated values")
-    items = split_list(text, flag, example="1,2,4" if cast is int else "")
+        raise TpusimError(f"{flag} {short_repr(text)} lists nothing; give comma-separated values",
+                          name)
+    items = split_list(text, name, example="1,2,4" if cast is int else "")
     try:
         return tuple(dict.fromkeys(cast(x) for x in items))
     except ValueError:
-        raise TpusimError(f"{flag} {short_repr(text)} must list integers, e.g. 1,2,4") from None
+        raise TpusimError(f"{flag} {short_repr(text)} must list integers, e.g. 1,2,4",
+                          name) from None
 
 
 def plan_config(req: PlanRequest) -> PlanConfig:
     """The search space of a plan request (its upper limits checked first: a 400-digit
     max_data is a typo, and an oversized global batch would otherwise be refused later under
     the name of the per-chip batch it implies)."""
-    for flag, v, hi, what in (
-            ("--seq-len", req.seq_len, MAX_TOKENS, "tokens per sequence"),
-            ("--global-batch", req.global_batch, MAX_BATCH, "sequences per step"),
-            *((f"--max-{a}", getattr(req, f"max_{a}"), MAX_CHIPS, "chips, more than any pod")
+    for name, v, hi, what in (
+            ("seq_len", req.seq_len, MAX_TOKENS, "tokens per sequence"),
+            ("global_batch", req.global_batch, MAX_BATCH, "sequences per step"),
+            *((f"max_{a}", getattr(req, f"max_{a}"), MAX_CHIPS, "chips, more than any pod")
               for a in ("tensor", "data", "sequence", "pipeline", "expert"))):
         if v > hi:
-            raise TpusimError(f"{flag} {short_repr(v)} is over the limit of {hi:,} ({what}); "
-                              f"give a smaller value")
+            raise TpusimError(f"{{{name}}} {short_repr(v)} is over the limit of {hi:,} "
+                              f"({what}); give a smaller value", name)
     return PlanConfig(
         seq_len=req.seq_len, global_batch=req.global_batch, top=req.top,
-        axes=_list(req.axes, "--axes"), remat=_list(req.remat, "--remat"),
-        microbatches=_list(req.microbatches, "--microbatches", int),
-        param_dtypes=_list(req.param_dtype, "--param-dtype"),
-        grad_dtypes=_list(req.grad_dtype, "--grad-dtype"),
-        optimizer_dtypes=_list(req.optimizer_dtype, "--optimizer-dtype"),
+        axes=_list(req.axes, "axes"), remat=_list(req.remat, "remat"),
+        microbatches=_list(req.microbatches, "microbatches", int),
+        param_dtypes=_list(req.param_dtype, "param_dtype"),
+        grad_dtypes=_list(req.grad_dtype, "grad_dtype"),
+        optimizer_dtypes=_list(req.optimizer_dtype, "optimizer_dtype"),
         optimizer=req.optimizer, gather_dtype=req.gather_dtype,
         max_tensor=req.max_tensor, max_data=req.max_data, max_sequence=req.max_sequence,
         max_pipeline=req.max_pipeline, max_expert=req.max_expert,

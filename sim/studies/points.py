@@ -19,10 +19,11 @@ from sim.runs import REQUESTS, Request, run
 from sim.runs.convert import parse_bytes
 from sim.runs.goodput import check_settings as check_goodput
 from sim.runs.inference import decode_config
+from sim.runs.requests import flag_name
 from sim.runs.serve import check_settings as check_serve
 from sim.runs.train import training_config
 from sim.studies.spec import SET_PREFIX, StudySpec
-from topologies.errors import TpusimError
+from topologies.errors import Said, TpusimError
 from topologies.mesh import parse_mesh
 from topologies.scenario import scenario_from_flags
 from topologies.slices import SLICES
@@ -60,7 +61,8 @@ def _arg_text(v: Any) -> str:
 
 
 def point_argv(study: StudySpec, point: Mapping[str, Any]) -> list[str]:
-    """The `tpusim` arguments of one point (without `--json`), base flags first."""
+    """The `tpusim` arguments of one point (its `command_line` column, without the JSON
+    output), base flags first: each setting as the flag of its study key."""
     argv = [study.command]
     sets = []
     merged = dict(study.base)
@@ -77,7 +79,7 @@ def point_argv(study: StudySpec, point: Mapping[str, Any]) -> list[str]:
         for x in v if isinstance(v, list) else [v]:
             argv += [f"--{key}", _arg_text(x)]
     for s in sets:
-        argv += ["--set", s]
+        argv += [f"--{flag_name('overrides')}", s]
     return argv
 
 
@@ -103,14 +105,15 @@ def point_request(study: StudySpec, point: Mapping[str, Any]) -> Request:
 
 
 def run_point(req: Request) -> dict[str, Any]:
-    """Run one point's request in this process: {"result": {...}} (the command's `--json`
-    object) or {"error": "..."}, plus the wall time. Never raises for a failed point (a bad
+    """Run one point's request in this process: {"result": {...}} (the run's `to_dict()`)
+    or {"error": ...}, a `Said` that keeps the settings it names as placeholders (a front end
+    writes them its own way), plus the wall time. Never raises for a failed point (a bad
     mesh, out of memory, a bug)."""
     t0 = time.perf_counter()
     try:
         out: dict[str, Any] = {"result": run(req).to_dict()}
     except TpusimError as exc:
-        out = {"error": str(exc)}
+        out = {"error": Said(exc)}  # pickles with its placeholders (pool and Dask workers)
     except Exception as exc:  # a bug in one point must not take the study down
         out = {"error": f"internal error: {type(exc).__name__}: {exc}"}
     out["wall_time_s"] = time.perf_counter() - t0
@@ -184,9 +187,9 @@ def check_points(study: StudySpec, argvs: list[list[str]]) -> list[Request]:
 
 
 def _check_texts(command: str, req: Request, seen: set[tuple[str, ...]]) -> None:
-    """The settings a command takes as text and parses when it runs, parsed now: `--bytes abc`,
-    `--axes x,,y`, a `--mesh`/`--dcn`/`--axis-map` that is not name=size, an unknown `--remat`
-    are errors of the study, not failed rows. (Whether a mesh fits the pod needs the pod: that
+    """The settings a command takes as text and parses when it runs, parsed now: `bytes: abc`,
+    `axes: x,,y`, a `mesh`/`dcn`/`axis-map` that is not name=size, an unknown `remat` are
+    errors of the study, not failed rows. (Whether a mesh fits the pod needs the pod: that
     stays a row.) Each distinct combination is parsed once."""
     _check_values(command, req, seen)
     _check_names(command, req, seen)
@@ -199,11 +202,11 @@ def _check_texts(command: str, req: Request, seen: set[tuple[str, ...]]) -> None
         if req.axes:
             # A name that is no pod's axis fails at every point (`axes: 5`); whether the pod
             # has a `z` or a `dcn` axis depends on the point's shape and slices: that stays a row.
-            for axis in split_list(req.axes, "--axes", example="x,y"):
+            for axis in split_list(req.axes, "axes", example="x,y"):
                 if axis not in (*AXIS_NAMES, DCN_AXIS):
-                    raise TpusimError(f"--axes {short_repr(req.axes)}: {short_repr(axis)} is "
+                    raise TpusimError(f"{{axes}} {short_repr(req.axes)}: {short_repr(axis)} is "
                                       f"not an axis of any pod; use {', '.join(AXIS_NAMES)} or "
-                                      f"{DCN_AXIS}, e.g. x,y")
+                                      f"{DCN_AXIS}, e.g. x,y", "axes")
     elif command != "goodput" or req.mesh is not None:  # goodput may give a step time instead
         parse_mesh(req.mesh, req.dcn, getattr(req, "axis_map", None))
         if command in ("train", "goodput"):
@@ -213,7 +216,7 @@ def _check_texts(command: str, req: Request, seen: set[tuple[str, ...]]) -> None
 
 def _check_names(command: str, req: Request, seen: set[tuple[str, ...]]) -> None:
     """The names a point gives that no other setting can make valid: a chip (preset or file), a
-    slice, a model (zoo name or file), a collective `--op` and `--algorithm`, a `--shape`'s
+    slice, a model (zoo name or file), a collective's `op` and `algorithm`, a `shape`'s
     text. An unknown one used to fail every point it was in, each a row, and the study exit 0
     ("4 points (4 failed)"). Whether the chip, shape and mesh fit together needs them all: that
     stays a row. Each distinct value is checked once."""
@@ -243,7 +246,7 @@ def _check_names(command: str, req: Request, seen: set[tuple[str, ...]]) -> None
 def _check_values(command: str, req: Request, seen: set[tuple[str, ...]]) -> None:
     """The values a command validates only when it runs and that no other setting can make
     valid: the perturbation scalars (`capacity-factor: -1`), `wraparound` against the point's
-    `--shape` (`z` on a 2D shape, `x,,y`), and the run settings of train, decode and prefill
+    `shape` (`z` on a 2D shape, `x,,y`), and the run settings of train, decode and prefill
     (`sampling: beam`, `ep-alltoall: bogus`, a `vocab-tiling` out of range): errors of the
     study, not failed rows. Errors that depend on the model or the pod (a vocab tiling that
     does not divide the tokens, a mesh that does not fit) stay rows. Each distinct set of

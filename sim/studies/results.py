@@ -10,7 +10,7 @@ import json
 import math
 import platform
 import shlex
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ import pandas as pd
 from sim.export.output import atomic_write
 from sim.studies.points import flatten_result
 from sim.studies.spec import StudySpec
+from topologies.errors import python_name, render_said
 
 # Columns every results row has besides the point's inputs and outputs.
 POINT_COLUMN = "point"
@@ -85,11 +86,13 @@ COLUMNS_ATTR = "tpusim_columns"
 KIND_NAMES = {"num": "numbers", "bool": "true/false", "text": "text", "none": "nothing"}
 
 
-def rows_frame(rows: Iterable[Mapping[str, Any]]):
+def rows_frame(rows: Iterable[Mapping[str, Any]], spell: Callable[[str], str] = python_name):
     """Rows (any order) -> DataFrame sorted by point, columns in first-seen order, the wall
     time, error and status last; input columns mixing numbers and text become text. `attrs`
-    records every column's kind (`COLUMNS_ATTR`)."""
-    rows = sorted(({**r, STATUS_COLUMN: point_status(r)} for r in rows),
+    records every column's kind (`COLUMNS_ATTR`). An error (a `Said`) names its settings as
+    `spell` writes them: by Python name (default), or a front end's way (the CLI: flags)."""
+    rows = sorted(({**r, ERROR_COLUMN: render_said(r.get(ERROR_COLUMN), spell),
+                    STATUS_COLUMN: point_status(r)} for r in rows),
                   key=lambda r: r[POINT_COLUMN])
     cols: dict[str, None] = {}
     for r in rows:
@@ -122,8 +125,10 @@ def value_kind(v: Any) -> str:
     return "bool" if isinstance(v, bool) else "num" if isinstance(v, (int, float)) else "text"
 
 
-def write_results(out: Path, rows: Iterable[Mapping[str, Any]]):
-    df = rows_frame(rows)
+def write_results(out: Path, rows: Iterable[Mapping[str, Any]],
+                  spell: Callable[[str], str] = python_name):
+    """results.parquet and results.csv of `rows` in `out` (errors spelled by `spell`)."""
+    df = rows_frame(rows, spell)
     atomic_write(out / "results.parquet", lambda p: df.to_parquet(p, index=False))
     atomic_write(out / "results.csv", lambda p: df.to_csv(p, index=False))
     return df

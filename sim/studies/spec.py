@@ -98,9 +98,9 @@ def _check_key(key: str, where: str, command: str, actions: dict[str, Any]) -> N
                               f"set.ici_link_bytes_per_s")
         if "set" not in actions:
             raise TpusimError(
-                f"study {where} key {short_repr(key)} needs `tpusim {command} --set`, which "
+                f"study {where} key {short_repr(key)} needs `tpusim {command} {{set}}`, which "
                 f"this version "
-                f"of tpusim does not have; vary a flag of the command instead"
+                f"of tpusim does not have; vary a flag of the command instead", "set"
             )
         return
     if key == "set":
@@ -111,14 +111,14 @@ def _check_key(key: str, where: str, command: str, actions: dict[str, Any]) -> N
         raise TpusimError(
             f"study {where} key {short_repr(key)} is an output flag; a sweep prints and writes "
             f"its own "
-            f"results (use --out on `tpusim sweep`)"
+            f"results (use {{out}} on `tpusim sweep`)", "out"
         )
     if key not in actions:
         allowed = sorted(k for k in actions if k not in _OUTPUT_FLAGS)
         raise TpusimError(
             f"study {where} key {short_repr(key)} is not a flag of `tpusim {command}`; "
-            f"{one_of(key, allowed, listing=f'`tpusim {command} --help` lists them')} "
-            f"(or set.FIELD for --set)"
+            f"{one_of(key, allowed, listing=f'`tpusim {command} {{help}}` lists them')} "
+            f"(or set.FIELD for {{set}})", "help", "set"
         )
 
 

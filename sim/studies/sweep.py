@@ -1,6 +1,6 @@
 """Running a study (`tpusim sweep`, `sim.sweep`): every point checked before any runs, run on
 the chosen backend (`sim.studies.backends`), one row per point gathered as they finish and
-written every few seconds (so an interrupted study keeps its finished rows, and `--resume`
+written every few seconds (so an interrupted study keeps its finished rows, and `resume`
 runs only the others), then study.json (the study, versions, timing) and the plots.
 """
 
@@ -40,7 +40,7 @@ from sim.studies.results import (
 )
 from sim.studies.resume import load_previous
 from sim.studies.spec import StudySpec, load_study
-from topologies.errors import TpusimError
+from topologies.errors import TpusimError, python_name
 from topologies.progress import NO_TASK, ProgressCallback, reporting, task
 from topologies.validate import api_call, short_repr
 
@@ -59,13 +59,16 @@ class SweepConfig:
     # the lines, so that no line leads the eye to a configuration that cannot run).
     allow_oom: bool = False
     write_every_s: float = 2.0  # how often finished rows are flushed to disk while running
+    # How the results write the settings a failed point's error names: by Python name (what
+    # `sim.sweep` returns), or a front end's way (`tpusim sweep`: its flags).
+    spell: Callable[[str], str] = python_name
 
     def __post_init__(self) -> None:
         check_workers(self.workers)
         if self.out_dir is not None and not str(self.out_dir).strip():
             # An empty --out wrote nothing and printed "-> ./results.parquet": the results lost.
-            raise TpusimError(f"--out {short_repr(self.out_dir)} names no directory; give one "
-                              f"(default sweep-out), e.g. --out runs/ici")
+            raise TpusimError(f"{{out}} {short_repr(self.out_dir)} names no directory; give one "
+                              f"(default sweep-out), e.g. {{out}} runs/ici", "out")
         check_dask(self.dask)
 
 
@@ -87,8 +90,8 @@ def run_study(study: StudySpec, cfg: SweepConfig,
         check_output_dir(out)
         if (out / "results.parquet").exists() and not cfg.resume:
             raise TpusimError(
-                f"{str(out)!r} already holds results.parquet; pass --resume to finish that "
-                f"study, or give another --out"
+                f"{str(out)!r} already holds results.parquet; pass {{resume}} to finish that "
+                f"study, or give another {{out}}", "resume", "out"
             )
     rows: dict[int, dict[str, Any]] = load_previous(out, study, points, argvs) \
         if out and cfg.resume else {}
@@ -145,7 +148,7 @@ def run_study(study: StudySpec, cfg: SweepConfig,
             if out is not None and (checked or not needs_check) \
                     and time.perf_counter() - last_write >= wait_s:
                 t_w = time.perf_counter()
-                write_results(out, rows.values())
+                write_results(out, rows.values(), cfg.spell)
                 last_write = time.perf_counter()
                 write_s = last_write - t_w
     except KeyboardInterrupt:
@@ -155,8 +158,8 @@ def run_study(study: StudySpec, cfg: SweepConfig,
         bar.close()
         closer()
         if out is not None and rows and not bad_metric:
-            write_results(out, rows.values())
-    df = rows_frame(rows.values())
+            write_results(out, rows.values(), cfg.spell)
+    df = rows_frame(rows.values(), cfg.spell)
     if not checked and skipped and (df[ERROR_COLUMN].isna()).any():
         _check_metrics(study, df[df[ERROR_COLUMN].isna()].iloc[0].to_dict())
     if out is not None and not interrupted:
