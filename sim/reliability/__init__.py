@@ -8,7 +8,7 @@ swaps through the optical circuit switches, restarts and checkpoints.
 * `job.py`: checkpoints and lost work on that history, for any checkpoint interval at once;
   the interval search and Young-Daly.
 * `reference.py`: the same job in SimPy, every checkpoint, failure, repair, swap and restart an
-  event (the brute-force oracle, `--engine simpy`).
+  event (the brute-force oracle, `engine="simpy"`).
 * `simulate.py`: seeds, the search and the summary with confidence intervals.
 
 docs/model/goodput.md states the model and its assumptions.

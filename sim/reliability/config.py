@@ -84,7 +84,7 @@ class SliceInventory:
 
     `num_chips` chips on `num_hosts` hosts; `num_cubes` 4x4x4 cubes when the slice is made of
     them (v4, v5p), else 0. `ocs`: the cubes are joined by optical circuit switches that can
-    swap one out (false for a pod without switches, or `--no-ocs`); `spare_cubes`: free cubes
+    swap one out (false for a pod without switches, or `no_ocs`); `spare_cubes`: free cubes
     of the pod the switches can swap in. With `swaps` (both), a failed part's cube is swapped
     for a spare and goes to repair, coming back as a spare; without, the job waits until the
     failed part is repaired in place."""

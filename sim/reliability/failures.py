@@ -141,7 +141,7 @@ def _time(value, where: str) -> float:
         v = math.nan
     if not math.isfinite(v) or v < 0:
         raise TpusimError(f"{where}: time_s {short_repr(value)} is not a finite number >= 0 "
-                          f"(seconds from the job's start); {_FIX}")
+                          f"(seconds from the job's start); {_FIX}", "failure_trace")
     return v
 
 
@@ -151,7 +151,7 @@ def _kind(value, where: str) -> int:
     k = _KINDS.get(str(value).strip().lower()) if isinstance(value, str) else None
     if k is None:
         raise TpusimError(f"{where}: kind {short_repr(value)} is not chip or host; {_FIX} "
-                          f"(or leave the column out)")
+                          f"(or leave the column out)", "failure_trace")
     return k
 
 
@@ -165,7 +165,7 @@ def _unit(value, where: str) -> int:
         v = int(v)
     if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1 << 40:
         raise TpusimError(f"{where}: unit {short_repr(value)} is not a whole number >= 0 (the "
-                          f"chip's or host's index); {_FIX}")
+                          f"chip's or host's index); {_FIX}", "failure_trace")
     return v
 
 
@@ -176,8 +176,9 @@ def _rows(path: Path):
     try:
         f = path.open("r", encoding="utf-8", newline="")
     except OSError as exc:
-        raise TpusimError(f"--failure-trace {str(path)!r}: cannot read it "
-                          f"({exc.strerror or exc}); give a CSV or JSON-lines file") from None
+        raise TpusimError(f"{{failure_trace}} {str(path)!r}: cannot read it "
+                          f"({exc.strerror or exc}); give a CSV or JSON-lines file",
+                          "failure_trace") from None
     with f:
         if jsonl:
             try:
@@ -189,42 +190,45 @@ def _rows(path: Path):
                     except ValueError:
                         row = None
                     if not isinstance(row, dict):
-                        raise TpusimError(f"--failure-trace {name} line {i}: not a JSON object; "
+                        raise TpusimError(f"{{failure_trace}} {name} line {i}: not a JSON object; "
                                           f"write one object per line, e.g. "
-                                          f'{{"time_s": 3600, "kind": "host"}}')
+                                          f'{{"time_s": 3600, "kind": "host"}}', "failure_trace")
                     if "time_s" not in row:
-                        raise TpusimError(f"--failure-trace {name} line {i}: no time_s; every "
-                                          f"row needs time_s (seconds from the job's start)")
+                        raise TpusimError(f"{{failure_trace}} {name} line {i}: no time_s; every "
+                                          f"row needs time_s (seconds from the job's start)",
+                                          "failure_trace")
                     yield i, row
             except UnicodeDecodeError:
-                raise TpusimError(f"--failure-trace {name} is not UTF-8 text; give a CSV or "
-                                  f"JSON-lines file") from None
+                raise TpusimError(f"{{failure_trace}} {name} is not UTF-8 text; give a CSV or "
+                                  f"JSON-lines file", "failure_trace") from None
             return
         reader = csv.reader(f)
         try:
             header = [h.strip() for h in next(reader)]
         except StopIteration:
-            raise TpusimError(f"--failure-trace {name} is empty; give a header line time_s "
-                              f"(optional kind, unit) and one row per failure") from None
+            raise TpusimError(f"{{failure_trace}} {name} is empty; give a header line time_s "
+                              f"(optional kind, unit) and one row per failure",
+                              "failure_trace") from None
         except (csv.Error, UnicodeDecodeError):
-            raise TpusimError(f"--failure-trace {name} is not a CSV file; give a header "
-                              f"time_s (optional kind, unit)") from None
+            raise TpusimError(f"{{failure_trace}} {name} is not a CSV file; give a header "
+                              f"time_s (optional kind, unit)", "failure_trace") from None
         if "time_s" not in header:
-            raise TpusimError(f"--failure-trace {name}: the header {short_repr(','.join(header))} "
-                              f"lacks time_s; it needs time_s (optional "
-                              f"{', '.join(OPTIONAL_COLUMNS)})")
+            raise TpusimError(f"{{failure_trace}} {name}: the header "
+                              f"{short_repr(','.join(header))} lacks time_s; it needs time_s "
+                              f"(optional "
+                              f"{', '.join(OPTIONAL_COLUMNS)})", "failure_trace")
         index = {c: header.index(c) for c in (*TRACE_COLUMNS, *OPTIONAL_COLUMNS) if c in header}
         try:
             for i, rec in enumerate(reader, 2):
                 if not rec or all(not x.strip() for x in rec):
                     continue
                 if len(rec) != len(header):
-                    raise TpusimError(f"--failure-trace {name} line {i}: {len(rec)} fields, the "
-                                      f"header has {len(header)}; fix the row")
+                    raise TpusimError(f"{{failure_trace}} {name} line {i}: {len(rec)} fields, the "
+                                      f"header has {len(header)}; fix the row", "failure_trace")
                 yield i, {c: rec[j] for c, j in index.items()}
         except (csv.Error, UnicodeDecodeError):
-            raise TpusimError(f"--failure-trace {name}: not a readable CSV file; give a header "
-                              f"time_s and one row per failure") from None
+            raise TpusimError(f"{{failure_trace}} {name}: not a readable CSV file; give a header "
+                              f"time_s and one row per failure", "failure_trace") from None
 
 
 def read_failure_trace(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -232,28 +236,30 @@ def read_failure_trace(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     finite, >= 0; at most `MAX_FAILURES` rows). A trace with a header and no rows is a job
     without failures."""
     if path.is_dir():
-        raise TpusimError(f"--failure-trace {str(path)!r} is a directory; give a CSV or "
-                          f"JSON-lines file")
+        raise TpusimError(f"{{failure_trace}} {str(path)!r} is a directory; give a CSV or "
+                          f"JSON-lines file", "failure_trace")
     try:
         size = os.stat(path).st_size
     except OSError as exc:
-        raise TpusimError(f"--failure-trace {str(path)!r}: cannot read it "
-                          f"({exc.strerror or exc}); give a CSV or JSON-lines file") from None
+        raise TpusimError(f"{{failure_trace}} {str(path)!r}: cannot read it "
+                          f"({exc.strerror or exc}); give a CSV or JSON-lines file",
+                          "failure_trace") from None
     if size > MAX_TRACE_BYTES:
-        raise TpusimError(f"--failure-trace {path.name} is {size:,} bytes, over the "
+        raise TpusimError(f"{{failure_trace}} {path.name} is {size:,} bytes, over the "
                           f"{MAX_TRACE_BYTES:,} a failure trace may hold; cut it to the job's "
-                          f"span")
+                          f"span", "failure_trace")
     times, kinds, units = array("d"), array("b"), array("q")
     last = 0.0
     for i, row in _rows(path):
-        where = f"--failure-trace {path.name} line {i}"
+        where = f"{{failure_trace}} {path.name} line {i}"  # the setting's placeholder
         t = _time(row["time_s"], where)
         if t < last:
             raise TpusimError(f"{where}: time_s {t:g} is before the previous row's {last:g}; "
-                              f"sort the trace by time_s")
+                              f"sort the trace by time_s", "failure_trace")
         if len(times) >= MAX_FAILURES:
-            raise TpusimError(f"--failure-trace {path.name} has more than {MAX_FAILURES:,} "
-                              f"rows, the most one history simulates; cut the trace")
+            raise TpusimError(f"{{failure_trace}} {path.name} has more than {MAX_FAILURES:,} "
+                              f"rows, the most one history simulates; cut the trace",
+                              "failure_trace")
         last = t
         times.append(t)
         kinds.append(_kind(row.get("kind"), where))

@@ -6,8 +6,8 @@ each committing k steps. A failure at r = L - n (tau + c) into the next period l
 min(r, tau) of training (`recomputation`) and max(r - tau, 0) of an unfinished checkpoint
 write, so the job restarts from its last committed checkpoint. With R steps left at a window's
 start, the job finishes in it when R x step + c x (ceil(R / k) - 1) <= L (no checkpoint after
-the last step). With a wall-clock window instead (`--hours`), the job trains until the horizon
-and the work done by then is useful, checkpointed or not.
+the last step). With a wall-clock window instead (a goodput request's `hours`), the job trains
+until the horizon and the work done by then is useful, checkpointed or not.
 
 Wall time = useful time + the lost time by cause, exactly (`LOST_CAUSES`): recomputation,
 checkpoint writes, and the downtime of the history (restarts, cube swaps, waiting for repair,

@@ -1,5 +1,5 @@
 """The goodput simulation in SimPy, every event an event: the brute-force oracle of the
-event-skip engine (`--engine simpy`).
+event-skip engine (`engine="simpy"`).
 
 Processes: the failure source (one timeout per failure of the stream, each starting a repair
 process and interrupting the job if it is training, writing a checkpoint or restarting), one

@@ -111,9 +111,9 @@ class GoodputOutcome:
         first = self.outcomes[0]
         if first.failures > MAX_TIMELINE_FAILURES:
             raise TpusimError(
-                f"seed 0 saw {first.failures:,} failures; the timeline (--plots, --perfetto, "
-                f"--out events) draws at most {MAX_TIMELINE_FAILURES:,}: simulate a shorter job "
-                f"or a longer MTBF for the exports")
+                f"seed 0 saw {first.failures:,} failures; the timeline ({{plots}}, {{perfetto}}, "
+                f"{{out}} events) draws at most {MAX_TIMELINE_FAILURES:,}: simulate a shorter job "
+                f"or a longer MTBF for the exports", "plots", "perfetto", "out")
         cfg = self.cfg
         b = HistoryBuilder(failure_stream(cfg.failures, cfg.inventory, seed=cfg.seed, index=0),
                            cfg.job, cfg.inventory, cfg.failures, log=True)
@@ -139,7 +139,8 @@ def _too_many(cfg: GoodputConfig, k: int | None, exc: TooManyFailures) -> Tpusim
     return TpusimError(
         f"the job does not finish within {exc}{where}: {every}, against restarts of "
         f"{cfg.job.restart_cost_s:g} s and a job of {cfg.job.length_s:,.6g} s; give a longer "
-        f"MTBF, a shorter job, or cheaper restarts (or leave --checkpoint-interval out)")
+        f"MTBF, a shorter job, or cheaper restarts (or leave {{checkpoint_interval}} out)",
+        "checkpoint_interval")
 
 
 def _budget(cfg: GoodputConfig, per_seed: float) -> None:
@@ -147,8 +148,8 @@ def _budget(cfg: GoodputConfig, per_seed: float) -> None:
     if total > MAX_TOTAL_FAILURES:
         raise TpusimError(
             f"{cfg.seeds} seeds of about {per_seed:,.0f} failures each is {total:,.0f} "
-            f"failures, over the {MAX_TOTAL_FAILURES:,} one run simulates; give fewer --seeds, "
-            f"a shorter job or a longer MTBF")
+            f"failures, over the {MAX_TOTAL_FAILURES:,} one run simulates; give fewer {{seeds}}, "
+            f"a shorter job or a longer MTBF", "seeds")
 
 
 def simulate_goodput(cfg: GoodputConfig, *, log: bool = True) -> GoodputOutcome:
@@ -161,8 +162,8 @@ def simulate_goodput(cfg: GoodputConfig, *, log: bool = True) -> GoodputOutcome:
             raise TpusimError(
                 f"{job.horizon_s / 3600:g} hours at one failure every "
                 f"{1 / fail.rate_per_s:,.4g} s is about {expected:,.0f} failures, over the "
-                f"{MAX_FAILURES:,} one history may hold; give a shorter --hours or a longer "
-                f"MTBF")
+                f"{MAX_FAILURES:,} one history may hold; give a shorter {{hours}} or a longer "
+                f"MTBF", "hours")
         _budget(cfg, expected)
     with task("goodput", total=cfg.seeds, unit="history") as progress:
         k, best_k, curve, outcomes, hist0, events = _run(cfg, progress, log)
@@ -221,9 +222,9 @@ def _run(cfg: GoodputConfig, progress, log: bool):
         events_n = sum(o.failures + o.checkpoints for o in outcomes)
         if events_n > MAX_SIMPY_EVENTS:
             raise TpusimError(
-                f"--engine simpy would simulate {events_n:,} failures and checkpoints, over "
+                f"{{engine}} simpy would simulate {events_n:,} failures and checkpoints, over "
                 f"the {MAX_SIMPY_EVENTS:,} the oracle takes (about 100 us each); use the "
-                f"default engine (the same numbers) or fewer --seeds")
+                f"default engine (the same numbers) or fewer {{seeds}}", "engine", "seeds")
 
         sim_outs = []
         progress.update(0, detail="SimPy engine", force=True)
