@@ -558,6 +558,7 @@ def test_large_trace_warns_with_its_size_and_over_the_cap_is_refused_before_any_
     size = (tmp_path / "t.pftrace").stat().st_size
     assert err.count("\n") == 1 and err.startswith("tpusim: warning: the Perfetto trace of 16 "
                                                    "chip(s) will take about ")
+    assert "; narrow --trace-chips for a smaller file" in err  # the CLI spells the setting
     mb = float(err.split("about ")[1].split(" MB")[0].replace(",", ""))
     assert mb == pytest.approx(size / 1e6, rel=0.05, abs=0.01)  # the estimate is close
     (tmp_path / "t.pftrace").unlink()

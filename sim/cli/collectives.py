@@ -61,7 +61,7 @@ def cmd_collective(args: argparse.Namespace) -> int:
         from sim.export.perfetto import plan_collective_trace
 
         plan = plan_collective_trace([res], args.perfetto)  # before the first byte of output
-        plan.check_size()
+        plan.check_size(spell=flag_spelling(args.parser))
     _warn_if_over_hbm(req, res)
     # Refused candidates' reasons name settings by Python name: spelled here as flags.
     out = render_said(run.to_dict(), flag_spelling(args.parser, "collective"))
@@ -148,7 +148,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         from sim.export.perfetto import plan_collective_trace
 
         plan = plan_collective_trace(results, args.perfetto)
-        plan.check_size()
+        plan.check_size(spell=flag_spelling(args.parser))
         plan.write()
     if args.json:
         emit_json(out)

@@ -89,7 +89,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from sim.export.serving_trace import plan_serving_trace
 
         trace = plan_serving_trace(summary, run.result, args.perfetto)  # sized first
-        trace.check_size()
+        trace.check_size(spell=cli.flag_spelling(args.parser))
     if args.out:
         # deferred: start-up
         from sim.export.output import write_tables

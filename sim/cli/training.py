@@ -232,7 +232,7 @@ def _write_outputs(args, run) -> list[str]:
         # None = the default (chip 0, or one process per chip class).
         chips = args.chip_list if getattr(args, "trace_chips", None) else None
         plan = plan_step_trace(result, args.perfetto, chips=chips, energy=energy)
-        plan.check_size()
+        plan.check_size(spell=flag_spelling(args.parser))
     if getattr(args, "out", None):
         # deferred: start-up
         from sim.export.output import write_tables

@@ -1,7 +1,7 @@
-"""A simulated step as Chakra execution traces (`--chakra DIR`): one file per chip class (the
-default: every chip of a class runs the same program, and the class and its chips are in the
-file's metadata) or per chip (`--chakra-every-chip`), `DIR/tpusim.<rank>.et`, which ASTRA-sim's
-reader accepts.
+"""A simulated step as Chakra execution traces (the CLI's `chakra` directory): one file per
+chip class (the default: every chip of a class runs the same program, and the class and its
+chips are in the file's metadata) or per chip (`chakra_every_chip`), `DIR/tpusim.<rank>.et`,
+which ASTRA-sim's reader accepts.
 
 Every op becomes one node with the id of the op, its dependencies as `data_deps`, and as
 `ctrl_deps` the op before it on the chip's core (compute runs in program order there, as
@@ -108,8 +108,8 @@ def plan_chakra(trace: Trace, result: StepResult, *, every_chip: bool = False) -
     cls = result.classes
     if cls is not None and any(p.trace is not trace for p in cls.programs.values()):
         raise TpusimError(
-            "--chakra: this step runs several programs (pipeline stages), which tpusim does not "
-            "export to Chakra yet; export a step without a pipeline axis")
+            "{chakra}: this step runs several programs (pipeline stages), which tpusim does not "
+            "export to Chakra yet; export a step without a pipeline axis", "chakra")
     n = topo.num_chips
     if cls is None:
         of_chip, reps = np.zeros(n, dtype=int), np.array([0])

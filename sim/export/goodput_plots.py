@@ -1,4 +1,4 @@
-"""PNG figures of a goodput run (`tpusim goodput --plots DIR`):
+"""PNG figures of a goodput run (its `plots` directory):
 
 * `goodput_timeline.png`: seed 0's job over wall time: a lane of what it was doing (training
   that was kept, training lost to a failure, checkpoint writes, restarts and cube swaps,

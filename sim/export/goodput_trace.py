@@ -1,4 +1,4 @@
-"""A goodput run's job life as a Perfetto trace (`tpusim goodput --perfetto FILE`), built on
+"""A goodput run's job life as a Perfetto trace (its `perfetto` file), built on
 `sim/export/perfetto.py`'s `TracePlan` (native `.pftrace`, or Chrome JSON for `.json`; sized
 before it is written, streamed to a temporary file renamed over the target).
 

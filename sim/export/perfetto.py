@@ -30,16 +30,17 @@ at least, each with its own program (the stage's passes, sends and receives); it
 starts with its stage (`StepResult.classes.titles`).
 
 Big pods: tpusim replays one representative chip (every chip runs the same SPMD program), so by
-default the trace holds chip 0 only; `chips=` (`--trace-chips 0-15`) shows more, each identical
+default the trace holds chip 0 only; `chips=` (`trace_chips="0-15"`) shows more, each identical
 in time by symmetry, and the first process's name says how many chips were left out. Slices on one
 track never overlap, and slices shorter than 1 ns are left out (they would not nest once
-rounded; they are in the `--out` tables).
+rounded; they are in the op tables, `sim.export.output`).
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ from sim.collectives.orbits import canonical_chips, canonical_links
 from sim.engine.result import MEMORY_COLUMNS, OP_COLUMNS
 from sim.export.output import atomic_write
 from sim.export.pftrace import PftraceWriter, encode_tracks
-from topologies.errors import TpusimError
+from topologies.errors import TpusimError, python_name
 from topologies.groups import CLASS_NAMES, GroupGeometry, route_class_hops
 from topologies.progress import tracked
 from topologies.validate import short_repr
@@ -69,23 +70,25 @@ def parse_chip_list(spec: str | None, num_chips: int) -> list[int]:
         return list(range(num_chips))
     hint = "write e.g. 0-15, 0,4,8 or all"
     if not text:
-        raise TpusimError(f"--trace-chips is empty; {hint}")
+        raise TpusimError(f"{{trace_chips}} is empty; {hint}", "trace_chips")
     ranges = []
     for part in text.split(","):
         part = part.strip()
         m = re.fullmatch(r"([0-9]{1,9})(?:\s*-\s*([0-9]{1,9}))?", part)
         if not m:
-            raise TpusimError(f"--trace-chips {short_repr(spec)} is not a chip list; {hint}")
+            raise TpusimError(f"{{trace_chips}} {short_repr(spec)} is not a chip list; {hint}",
+                              "trace_chips")
         a = int(m.group(1))
         b = int(m.group(2)) if m.group(2) is not None else a
         if b < a:
             raise TpusimError(
-                f"--trace-chips {short_repr(spec)}: range {a}-{b} runs backwards; write {b}-{a}"
+                f"{{trace_chips}} {short_repr(spec)}: range {a}-{b} runs backwards; write {b}-{a}",
+                "trace_chips"
             )
         if b >= num_chips:
             raise TpusimError(
-                f"--trace-chips {short_repr(spec)} names chip {b}, but the pod has chips 0.."
-                f"{num_chips - 1}; pick chips in that range (or all)"
+                f"{{trace_chips}} {short_repr(spec)} names chip {b}, but the pod has chips 0.."
+                f"{num_chips - 1}; pick chips in that range (or all)", "trace_chips"
             )
         ranges.append((a, b))
     chips: set[int] = set()
@@ -220,7 +223,8 @@ def check_span(seconds: float, what: str = "the step") -> None:
     if not 0 <= seconds <= MAX_TRACE_SPAN_S:
         raise TpusimError(
             f"{what} lasts {seconds:.3g} s, over the {MAX_TRACE_SPAN_S:.0e} s a Perfetto trace's "
-            f"nanosecond clock can hold; drop --perfetto or simulate a shorter program"
+            f"nanosecond clock can hold; drop {{perfetto}} or simulate a shorter program",
+            "perfetto"
         )
 
 
@@ -251,9 +255,9 @@ class TracePlan:
     """A trace ready to stream: the processes, each timeline encoded once, and the file size.
 
     Built by `plan_step_trace` / `plan_collective_trace` (which check the span and the size
-    before anything is written); `write()` streams it to the path (atomically, as `--out`
-    does). The encoded timelines are the only large thing held in memory: one per chip class
-    and flow pattern, however many chips show it.
+    before anything is written); `write()` streams it to the path (atomically, as the
+    table exports do). The encoded timelines are the only large thing held in memory: one per
+    chip class and flow pattern, however many chips show it.
     """
 
     def __init__(self, path: Path, procs: list[_Proc], encode, *, flows=None,
@@ -278,19 +282,21 @@ class TracePlan:
     def num_processes(self) -> int:
         return len(self.procs)
 
-    def check_size(self, *, warn=None) -> None:
+    def check_size(self, *, warn=None, spell: Callable[[str], str] = python_name) -> None:
         """Refuse a trace over `MAX_TRACE_BYTES`; warn (one line on stderr, or via `warn`)
-        above `WARN_TRACE_BYTES`."""
+        above `WARN_TRACE_BYTES`, naming the setting that narrows it as `spell` writes it
+        (the Python name; the CLI: its flag)."""
         n = len(self.procs)
         if self.estimated_bytes > MAX_TRACE_BYTES:
             raise TpusimError(
                 f"the Perfetto trace of {self.what} would take about "
                 f"{_mb(self.estimated_bytes)}, over the {_mb(MAX_TRACE_BYTES)} cap; narrow "
-                f"--trace-chips (e.g. --trace-chips 0-{max(n // 8, 1) - 1})"
+                f"{{trace_chips}} (e.g. {{trace_chips}} 0-{max(n // 8, 1) - 1})", "trace_chips"
             )
         if self.estimated_bytes > WARN_TRACE_BYTES:
-            msg = (f"tpusim: warning: the Perfetto trace of {self.what} will take about "
-                   f"{_mb(self.estimated_bytes)}; narrow --trace-chips for a smaller file\n")
+            msg = TpusimError(f"tpusim: warning: the Perfetto trace of {self.what} will take "
+                              f"about {_mb(self.estimated_bytes)}; narrow {{trace_chips}} for a "
+                              f"smaller file\n", "trace_chips").render(spell)
             if warn is not None:
                 warn(msg)
             else:

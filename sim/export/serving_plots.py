@@ -1,4 +1,4 @@
-"""PNG figures of a serving run (`tpusim serve --plots DIR`): `latency_cdf.png` (the
+"""PNG figures of a serving run (its `plots` directory): `latency_cdf.png` (the
 distribution of TTFT, TPOT, end-to-end latency and queueing delay over the requests) and
 `kv_queue.png` (KV blocks in use per replica and the number of requests waiting, against
 time). Built as in `sim/export/plots.py`: bare Agg figures under its fixed style, no pyplot,
