@@ -23,6 +23,9 @@ def _print_inventory(inv: dict[str, Any], topo_name: str, chip: str) -> None:
     print(f"  dot FLOPs per chip       {inv['dot_flops_per_chip']:.4g}")
     print(f"  VPU FLOPs per chip       {inv['vpu_flops_per_chip']:.4g}")
     print(f"  HBM bytes per chip       {cli.fmt_bytes(inv['hbm_bytes_per_chip'])}")
+    peak = inv["hbm_peak"]
+    print(f"  HBM peak per chip        {cli.fmt_bytes(peak['hbm_peak_bytes'])} (arguments "
+          f"{cli.fmt_bytes(peak['parameter_bytes'])}, at {peak['peak_at']})")
     loops = inv["while_loops"]
     if loops:
         trips = sorted({(l_["trip_count"], l_["from"]) for l_ in loops})

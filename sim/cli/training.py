@@ -399,6 +399,11 @@ def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
         print(f"HLO module {summary['module']} on {summary['topology']} {summary['chip']} "
               f"({summary['num_chips']} chips)")
         print(f"  step time        {result.step_time_s:.6f} s")
+        fits = "fits" if summary["fits_in_hbm"] else "DOES NOT FIT"
+        print(f"  HBM peak         {summary['hbm_peak_bytes'] / 1e9:.3g} GB of "
+              f"{summary['hbm_capacity_bytes'] / 1e9:.0f} GB ({fits}; from the program's "
+              f"buffer live ranges, arguments {summary['hbm_peak']['parameter_bytes'] / 1e9:.2f}"
+              f" GB)")
         print("  critical path:")
         for k, v in result.breakdown.items():
             share = v / result.step_time_s if result.step_time_s else 0.0

@@ -282,6 +282,12 @@ def hlo_summary(inv: dict[str, Any], result) -> dict[str, Any]:
         "collective_bytes_per_chip": inv["collective_bytes_per_chip"],
         "num_collectives": inv["num_collectives"], "num_ops": result.num_ops,
         "sim_events": result.sim_events, "collectives": result.collective_costs,
+        # The program's HBM peak comes from its buffers' live ranges in XLA's schedule (the
+        # trace has no memory events): the chip's HBM against it.
+        "hbm_peak_bytes": float(inv["hbm_peak"]["hbm_peak_bytes"]),
+        "hbm_capacity_bytes": float(result.hbm_capacity_bytes),
+        "fits_in_hbm": inv["hbm_peak"]["hbm_peak_bytes"] <= result.hbm_capacity_bytes,
+        "hbm_peak": inv["hbm_peak"],
     }
 
 

@@ -36,6 +36,7 @@ from topologies.torus import AXIS_NAMES, Topology
 from topologies.validate import MAX_TRACE_OPS
 from workloads.hlo.costs import MAX_CALL_DEPTH, ModuleCosts, whole
 from workloads.hlo.files import entry_ops_lower_bound, read_partition_coords
+from workloads.hlo.memory import hlo_memory
 from workloads.hlo.opcodes import (
     ALIASES,
     COLLECTIVES,
@@ -442,6 +443,9 @@ class _Lowerer(ModuleCosts):
             "collective_bytes_per_chip": float(sum(r["bytes"] for r in colls)),
             "num_collectives": int(sum(r["executions"] for r in colls)),
             "while_loops": self.loops,
+            # Peak HBM per chip from the buffers' live ranges in XLA's schedule
+            # (workloads/hlo/memory.py): the program's own, not the replay's.
+            "hbm_peak": hlo_memory(self.m).to_dict(),
             "warnings": self.warnings,
         }
         return HloImport(trace=trace, inventory=inv, warnings=self.warnings)

@@ -46,8 +46,6 @@ _SPACE = re.compile(r"S\((\d+)\)")
 _TILE = re.compile(r"T\(([\d,]+)\)")
 # `{0}: (1, {}, may-alias)` entries of input_output_alias / output_to_operand_aliasing.
 _ALIAS = re.compile(r"\{([\d,\s]*)\}\s*:\s*\(\s*(\d+)\s*,\s*\{([\d,\s]*)\}")
-_DONE_OF = {"all-gather-done", "all-reduce-done", "collective-permute-done", "async-done",
-            "copy-done", "send-done", "recv-done"}
 _NO_BUFFER = ALIASES - {"copy-start", "copy-done", "slice-start", "slice-done"}
 
 
@@ -230,7 +228,7 @@ class _Walk:
             return v[k] if isinstance(v, tuple) and k < len(v) else None
         if op == "tuple":
             return tuple(vals)
-        if op in _DONE_OF:
+        if op.endswith("-done"):
             return self.done(ins, vals)
         if op in _NO_BUFFER:
             return vals[0] if vals else None
@@ -271,9 +269,13 @@ class _Walk:
         if op == "copy-start":  # (destination, source, context)
             return (self.new(elems[0], f"{ins.name}{{0}}"), vals[0] if vals else None,
                     *(None for _ in elems[2:]))
-        if op in ("collective-permute-start", "async-start"):  # (operand(s), result, context)
-            first = tuple(vals) if op == "async-start" else (vals[0] if vals else None)
-            return (first, self.new(elems[1], f"{ins.name}{{1}}"),
+        if op == "collective-permute-start":  # (operand, result, context...)
+            return (vals[0] if vals else None, self.new(elems[1], f"{ins.name}{{1}}"),
+                    *(self.new(e, f"{ins.name}{{{i + 2}}}") for i, e in enumerate(elems[2:])))
+        if op == "async-start" or elems[0].is_tuple:
+            # An async wrapper (`async-start`, printed by `compiled.as_text()` as the wrapped
+            # op's name, `slice-start`): ((operands...), result, context...).
+            return (tuple(vals), self.new(elems[1], f"{ins.name}{{1}}"),
                     *(self.new(e, f"{ins.name}{{{i + 2}}}") for i, e in enumerate(elems[2:])))
         return self.new(shape, ins.name)
 
@@ -287,8 +289,8 @@ class _Walk:
             return rest[0] if len(rest) == 1 else tuple(rest)
         if op == "copy-done":
             return v[0]
-        if op in ("collective-permute-done", "async-done") and len(v) > 1:
-            return v[1]
+        if op == "collective-permute-done" or (len(v) > 1 and isinstance(v[0], tuple)):
+            return v[1]  # the result of (operand(s), result, context...)
         return v
 
     def compute(self, ins: Instruction, vals: list):
