@@ -165,7 +165,7 @@ def _twisted_lambda2(topology: Topology) -> float:
         v[a] = shape[a]
         for j, shift in topology.twist_of(a):
             v[j] = shift
-        ok &= (m @ v) % (2 * k) == 0
+        ok &= (m * v).sum(axis=1) % (2 * k) == 0  # integers: exact
     xi = m[ok] / (2 * k)
     lam = (2 - 2 * np.cos(2 * np.pi * xi)).sum(axis=1)
     return float(np.sort(lam)[1])

@@ -40,7 +40,7 @@ BEGIN, END = "<!-- hlo-memory -->", "<!-- /hlo-memory -->"
 # The compiles the rules of workloads/hlo/memory.py were read off; every other row was
 # compiled after those rules were committed.
 DEV = ("v5e_fsdp_minimal_s2048", "decode_v5e_tp8_kv2048", "v5e_fsdp_tp_full_s2048",
-       "train_fsdp_v5e16")
+       "train_fsdp_v5e16", "v5e_fsdp_full_s2048")
 
 
 def tpusim_peak(text: str, source: str) -> dict:

@@ -14,8 +14,15 @@ touches the disk; the engine imports neither.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+
+# numpy's import starts OpenBLAS's thread pool, about 0.07 CPU-s of every command's start-up
+# (benchmarks/bench_startup.py). tpusim makes no BLAS call (tests/test_architecture.py holds
+# the product code to none), so one thread changes no number: set before the first numpy
+# import, which the CLI's own modules below do not make; a user's own setting wins.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from sim.cli import (
     chakra,
