@@ -30,7 +30,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from validation import xla_compile
+from validation import xla_compile, xla_live_ranges
+from workloads.hlo.memory import hlo_memory
+from workloads.hlo.parser import parse_hlo
 
 REPO = xla_compile.REPO
 CACHE = REPO / "validation" / "results" / "hlo_memory.json"
@@ -45,9 +47,6 @@ DEV = ("v5e_fsdp_minimal_s2048", "decode_v5e_tp8_kv2048", "v5e_fsdp_tp_full_s204
 
 def tpusim_peak(text: str, source: str) -> dict:
     """tpusim's peak of one module's text."""
-    from workloads.hlo.memory import hlo_memory
-    from workloads.hlo.parser import parse_hlo
-
     mem = hlo_memory(parse_hlo(text, source=source))
     return {"tpusim_peak_bytes": mem.peak_bytes, "tpusim_parameter_bytes": mem.parameter_bytes,
             "tpusim_peak_at": mem.peak_at}
@@ -55,10 +54,9 @@ def tpusim_peak(text: str, source: str) -> dict:
 
 def worker(name: str) -> None:
     """(jax python) Compile fixture `name` with XLA's dump and emit its HBM peaks."""
-    from validation import xla_live_ranges
-
     with tempfile.TemporaryDirectory() as dump:
         xla_compile.init_jax(dump)
+        # After init_jax: XLA reads its dump flags when the compile loads jax.
         from validation.make_hlo_fixtures import build
 
         build(name, False)
@@ -69,8 +67,6 @@ def worker(name: str) -> None:
 def from_dump(directory: Path) -> dict:
     """A `xla_memory.py --dump` program's row: tpusim's peak of its optimized module against
     the peak of its buffer assignment."""
-    from validation import xla_live_ranges
-
     found = sorted(directory.glob("*after_optimizations.txt"))
     if not found:
         sys.exit(f"hlo_memory: no *after_optimizations.txt in {directory}; give a directory "
@@ -126,7 +122,7 @@ def main() -> int:
         return 0
     cache = xla_compile.load_cache(CACHE)
     if args.compile:
-        from validation.make_hlo_fixtures import FIXTURES as NAMES
+        from validation.make_hlo_fixtures import FIXTURES as NAMES  # its jaxgen: jax's side
 
         names = args.only.split(",") if args.only else [
             n for n, c in NAMES.items() if not c.get("bench")]
