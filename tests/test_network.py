@@ -7,8 +7,16 @@ import signal
 import numpy as np
 import pytest
 import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from sim.engine.network import Batch, FluidNetwork, SmallFluidNetwork
+from sim.engine.network import (
+    Batch,
+    FluidNetwork,
+    SmallFluidNetwork,
+    max_min_speeds,
+    max_min_speeds_scalar,
+)
 
 
 def _batch(res, nbytes, latency=0.0, **kw):
@@ -215,3 +223,66 @@ def test_max_min_speeds_leave_every_batch_a_bottleneck_it_cannot_beat(seed):
         assert any(f <= speed[i] * (1 + 1e-9) for f in fastest), i
         limited += 1
     assert limited >= 3  # the property was exercised, not vacuous
+
+
+# -- the max-min function itself: batch axis, scalar specialisation, closed forms --------------
+
+
+@st.composite
+def _networks(draw):
+    """Random flows over a few resources, in `lanes` networks of their own capacities and caps:
+    (res, weight, owner, capacity [R, L], cap_max [F, L])."""
+    nres = draw(st.integers(1, 6))
+    nflows = draw(st.integers(1, 6))
+    lanes = draw(st.integers(1, 4))
+    res, weight, owner = [], [], []
+    for f in range(nflows):
+        for _ in range(draw(st.integers(1, 3))):
+            res.append(draw(st.integers(0, nres - 1)))
+            weight.append(draw(st.sampled_from([0.0, 1.0, 3.0, 0.7, 2.5e9, 1e-3])))
+            owner.append(f)
+    caps = st.floats(1e-3, 1e12, allow_nan=False)
+    capacity = np.array([[draw(caps) for _ in range(lanes)] for _ in range(nres)])
+    limit = st.one_of(st.just(np.inf), st.floats(1e-3, 1e3, allow_nan=False))
+    cap_max = np.array([[draw(limit) for _ in range(lanes)] for _ in range(nflows)])
+    return (np.array(res, dtype=np.int64), np.array(weight), np.array(owner, dtype=np.int64),
+            capacity, cap_max)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(_networks())
+def test_max_min_over_a_batch_axis_equals_each_network_alone_and_the_scalar_path(net):
+    """Every network of the batch gets the speeds it gets alone (L = 1) and the same as the
+    Python-float specialisation's, to the last bit (==, not approx)."""
+    res, weight, owner, capacity, cap_max = net
+    speed, _ = max_min_speeds(res, weight, owner, capacity, cap_max)
+    assert speed.shape == cap_max.shape
+    for lane in range(capacity.shape[1]):
+        alone, in_use = max_min_speeds(res, weight, owner, capacity[:, [lane]],
+                                       cap_max[:, [lane]])
+        assert speed[:, lane].tolist() == alone[:, 0].tolist()
+        entries = [[float(cap_max[f, lane]), 1.0, 0.0, None,
+                    res[owner == f].tolist(), weight[owner == f].tolist()]
+                   for f in range(cap_max.shape[0])]
+        used = max_min_speeds_scalar(entries, capacity[:, lane].tolist())
+        assert [e[2] for e in entries] == alone[:, 0].tolist()
+        assert sorted(used) == np.flatnonzero(in_use[:, 0]).tolist()
+
+
+def test_max_min_speeds_match_progressive_filling_solved_by_hand():
+    """The three-resource case above, as speeds (GB and GB/s): A 1.5, B 1.5, C 2, D 0.5 (its
+    cap). A second network with every capacity and cap doubled runs every flow at exactly twice
+    the speed (filling scales with them), and flows on one resource alone share it by bytes."""
+    res = np.array([0, 1, 1, 2, 0, 2])
+    weight = np.array([4.0, 2.0, 2.0, 2.0, 2.0, 1.0])
+    owner = np.array([0, 0, 1, 1, 2, 3])
+    capacity = np.array([[10.0, 20.0], [6.0, 12.0], [4.0, 8.0]])
+    cap_max = np.array([[np.inf, np.inf], [np.inf, np.inf], [np.inf, np.inf], [0.5, 1.0]])
+    speed, in_use = max_min_speeds(res, weight, owner, capacity, cap_max)
+    assert speed[:, 0].tolist() == pytest.approx([1.5, 1.5, 2.0, 0.5], rel=1e-15)
+    assert (speed[:, 1] == 2 * speed[:, 0]).all()
+    assert in_use[:, 0].tolist() == [True, True, True]
+    # One 9 GB/s resource, flows of 1, 2 and 6 GB: all drain at 9 / (1 + 2 + 6) = 1 per s.
+    one, _ = max_min_speeds(np.zeros(3, dtype=np.int64), np.array([1.0, 2.0, 6.0]),
+                            np.arange(3), np.array([[9.0]]), np.full((3, 1), np.inf))
+    assert one[:, 0].tolist() == [1.0, 1.0, 1.0]

@@ -16,6 +16,11 @@ that class, so simulating the representative's transfers against class resources
   others. A batch holds its links until it completes.
 * Rates are recomputed only when a batch starts draining or completes, so the cost is per step,
   not per byte or per packet.
+
+Max-min sharing is one function, `max_min_speeds`, over a batch axis of networks that share
+their flows (`FluidNetwork` is one network; the vector executor's chips are the batch); beside
+it, `max_min_speeds_scalar` is the same arithmetic on Python floats for one small network
+(`SmallFluidNetwork`, the SimPy step executors), tested bit-equal to it.
 """
 
 from __future__ import annotations
@@ -171,52 +176,13 @@ class FluidNetwork:
 
     def _max_min_speeds(self, entries: list) -> tuple[list[float], np.ndarray]:
         """Every active batch's speed (fraction of its bytes per second) by weighted max-min
-        fairness, and which resources carry bytes.
-
-        Progressive filling: all unfrozen batches raise one common speed until a resource is
-        full (its capacity left over by frozen batches, over the unfrozen batches' bytes on it)
-        or a batch reaches its `max_speed`; those batches freeze at that speed, and the rest go
-        on with what is left. Transfers that share a bottleneck still drain together (a link's
-        bandwidth is split in proportion to their bytes), but a batch held back elsewhere (a
-        collective paced by its ICI link class, or by a slow link through `max_speed`) leaves
-        the bandwidth it cannot use to the others. When every batch's bottleneck is one
-        resource, the first round freezes all at capacity / load, as proportional sharing does.
-        `SmallFluidNetwork._max_min_speeds` is this, operation for operation, on Python floats.
-        """
+        fairness (`max_min_speeds`, one network), and which resources carry bytes."""
         counts = [len(e[0].res) for e in entries]
-        res_all = np.concatenate([e[0].res for e in entries])
-        w_all = np.concatenate([e[4] for e in entries])
-        owner = np.repeat(np.arange(len(entries)), counts)
-        cap_max = np.array([e[0].max_speed for e in entries], dtype=float)
-        speed = np.zeros(len(entries))
-        unfrozen = np.ones(len(entries), dtype=bool)
-        cap_left = self.capacity
-        level = 0.0
-        in_use = None
-        while True:
-            hop = unfrozen[owner]
-            load = np.bincount(res_all[hop], weights=w_all[hop], minlength=self.num_resources)
-            if in_use is None:
-                in_use = load > 0
-            fill = np.divide(cap_left, load, out=np.full(self.num_resources, np.inf),
-                             where=load > 0)  # common speed at which each resource is full
-            lam = max(min(float(np.min(fill)), float(np.min(cap_max[unfrozen]))), level)
-            if lam == math.inf:
-                speed[unfrozen] = lam
-                break
-            full = (load > 0) & (fill <= lam)
-            hit = hop & full[res_all] & (w_all > 0)
-            now = unfrozen & ((cap_max <= lam)
-                              | (np.bincount(owner[hit], minlength=len(entries)) > 0))
-            speed[now] = lam
-            unfrozen &= ~now
-            if not unfrozen.any():
-                break
-            hop = now[owner]
-            cap_left = cap_left - np.bincount(res_all[hop], weights=w_all[hop],
-                                              minlength=self.num_resources) * lam
-            level = lam  # float rounding must not let a later round fall below this one
-        return speed.tolist(), in_use
+        speed, in_use = max_min_speeds(
+            np.concatenate([e[0].res for e in entries]), np.concatenate([e[4] for e in entries]),
+            np.repeat(np.arange(len(entries)), counts), self.capacity[:, None],
+            np.array([e[0].max_speed for e in entries], dtype=float)[:, None])
+        return speed[:, 0].tolist(), in_use[:, 0]
 
     def _on_timer(self, version: int) -> None:
         if version != self._version:
@@ -363,45 +329,139 @@ class SmallFluidNetwork(FluidNetwork):
         timer.callbacks.append(lambda _ev: self._on_timer(version))
 
     def _max_min_speeds(self, entries: list) -> None:  # type: ignore[override]
-        """`FluidNetwork._max_min_speeds` on Python floats: the same sums (np.bincount's: per
-        resource, 0.0 plus every hop's bytes in entry order), divisions and minima, so the same
-        speeds to the last bit. Sets each entry's speed and `_used`."""
-        cap = self._cap
-        cap_left: dict[int, float] = {}  # capacity left by frozen batches (absent: all of it)
-        level = 0.0
-        unfrozen = entries
-        first = True
-        while True:
-            load: dict[int, float] = {}
+        """`max_min_speeds_scalar` on this network's active batches: sets each entry's speed
+        and `_used`."""
+        self._used = max_min_speeds_scalar(entries, self._cap)
+
+
+# -- max-min sharing (progressive filling) ---------------------------------------------------
+def max_min_speeds(res: np.ndarray, weight: np.ndarray, owner: np.ndarray, capacity: np.ndarray,
+                   cap_max: np.ndarray, *, load: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Weighted max-min fair speeds of F flows over R resources, in L networks at once (the
+    batch axis): the same flows and hops in every network, each with its own capacities and
+    speed caps (the vector executor's chips, whose HBM and compute caps scale with their speed;
+    `FluidNetwork` is L = 1).
+
+    A flow is a batch of transfers draining at one speed (a fraction of its bytes per second);
+    a hop puts `weight` bytes of flow `owner` on resource `res`. Progressive filling: all
+    unfrozen flows raise one common speed until a resource is full (its capacity left over by
+    frozen flows, over the unfrozen flows' bytes on it) or a flow reaches its cap; those flows
+    freeze at that speed, and the rest go on with what is left. Flows that share a bottleneck
+    drain together (a resource's bandwidth is split in proportion to their bytes), but a flow
+    held back elsewhere (by a busier resource, or by its own cap: a collective paced by a slow
+    link, a compute op's HBM stream) leaves the bandwidth it cannot use to the others. When
+    every flow's bottleneck is one resource, the first round freezes all at capacity / load, as
+    proportional sharing does.
+
+    Sums run hop by hop in the order given (np.bincount's: 0.0 plus every hop's bytes), so a
+    network's speeds are the same to the last bit whichever batch it sits in, and the same as
+    `max_min_speeds_scalar`'s on Python floats (tested).
+
+    Args:
+        res, weight, owner: per hop (H): resource index (< R), bytes (>= 0), flow index (< F).
+        capacity: [R, L] bytes per second of each resource in each network.
+        cap_max: [F, L] each flow's cap on its speed (inf: none).
+        load: [R, L] or [R, 1], optional: the resources' loads with every flow unfrozen, if the
+            caller has them (the same sums).
+
+    Returns:
+        ([F, L] speeds, [R, 1] (or the shape of `load`) whether each resource carries bytes).
+    """
+    nres, nlanes = capacity.shape
+    nflows = cap_max.shape[0]
+    if load is None:
+        load = np.bincount(res, weights=weight, minlength=nres)[:, None]
+    positive = weight > 0
+    if not positive.all():  # a hop of no bytes neither loads a resource nor freezes its flow
+        res, weight, owner = res[positive], weight[positive], owner[positive]
+    if nlanes == 1:
+        res_idx, own_idx = res, owner
+    else:  # bin (resource, network) and (flow, network), hops major: sums in hop order
+        lane = np.arange(nlanes)
+        res_idx = (res[:, None] * nlanes + lane).ravel()
+        own_idx = (owner[:, None] * nlanes + lane).ravel()
+    w_col = weight[:, None]
+    nbins = nres * nlanes
+    in_use = load > 0
+    cap_left = capacity
+    if nflows == 1:
+        # One flow loads every resource in use, so it freezes in the first round, at the least
+        # of its fill levels and its cap (the loop below, once).
+        fill = np.divide(cap_left, load, out=np.full(capacity.shape, np.inf), where=in_use)
+        return np.maximum(np.minimum(fill.min(axis=0), cap_max[0]), 0.0)[None], in_use
+    speed = np.zeros((nflows, nlanes))
+    unfrozen = np.ones((nflows, nlanes), dtype=bool)
+    level = np.zeros(nlanes)
+    while True:
+        loaded = load > 0
+        fill = np.divide(cap_left, load, out=np.full(capacity.shape, np.inf), where=loaded)
+        lam = np.maximum(np.minimum(fill.min(axis=0),
+                                    np.where(unfrozen, cap_max, np.inf).min(axis=0)), level)
+        full = loaded & (fill <= lam)
+        # Flows with bytes on a full resource (frozen ones too: `now` keeps only the unfrozen).
+        crossed = np.bincount(own_idx[full[res].ravel()], minlength=nflows * nlanes) > 0
+        now = unfrozen & ((cap_max <= lam) | crossed.reshape(nflows, nlanes))
+        speed = np.where(now, lam, speed)
+        unfrozen &= ~now
+        if not unfrozen.any():
+            return speed, in_use
+        # A network whose flows all froze at an infinite speed is done: nothing to take.
+        finite = np.isfinite(lam)
+        # Bytes per resource of the flows frozen now, and of those still unfrozen (a masked
+        # hop adds 0.0, which changes no sum).
+        took = np.bincount(res_idx, weights=(now[owner] * w_col).ravel(), minlength=nbins)
+        cap_left = cap_left - took.reshape(nres, nlanes) * np.where(finite, lam, 0.0)
+        level = np.where(finite, lam, level)
+        load = np.bincount(res_idx, weights=(unfrozen[owner] * w_col).ravel(),
+                           minlength=nbins).reshape(nres, nlanes)
+
+
+def max_min_speeds_scalar(entries: list, cap: list[float]) -> list[int]:
+    """`max_min_speeds` for one network, on Python floats: the documented specialisation the
+    SimPy step executors use (`SmallFluidNetwork`: one chip's ~9 resources and a few batches,
+    where NumPy's per-call overhead is most of the cost: 17 us a call against 65 us for
+    `max_min_speeds` on 9 resources and 3 batches, entries built included). The same sums
+    (per resource, 0.0 plus every hop's bytes in entry order), divisions and minima, so the
+    same speeds to the last bit (tested on random networks).
+
+    `entries` are lists [speed cap, _, speed, _, hop resources, hop bytes]; each entry's speed
+    (index 2) is set. Returns the resources that carry bytes."""
+    cap_left: dict[int, float] = {}  # capacity left by frozen batches (absent: all of it)
+    level = 0.0
+    unfrozen = entries
+    used: list[int] = []
+    first = True
+    while True:
+        load: dict[int, float] = {}
+        for e in unfrozen:
+            for r, x in zip(e[4], e[5], strict=True):
+                load[r] = load.get(r, 0.0) + x
+        if first:
+            used = [r for r, x in load.items() if x > 0]
+            first = False
+        fill = {r: cap_left.get(r, cap[r]) / x for r, x in load.items() if x > 0}
+        lam = max(min(min(fill.values(), default=math.inf), min(e[0] for e in unfrozen)),
+                  level)
+        if lam == math.inf:
             for e in unfrozen:
-                for r, x in zip(e[4], e[5], strict=True):
-                    load[r] = load.get(r, 0.0) + x
-            if first:
-                self._used = [r for r, x in load.items() if x > 0]
-                first = False
-            fill = {r: cap_left.get(r, cap[r]) / x for r, x in load.items() if x > 0}
-            lam = max(min(min(fill.values(), default=math.inf), min(e[0] for e in unfrozen)),
-                      level)
-            if lam == math.inf:
-                for e in unfrozen:
-                    e[2] = lam
-                return
-            full = {r for r, f in fill.items() if f <= lam}
-            now, rest = [], []
-            for e in unfrozen:
-                if e[0] <= lam or any(r in full and x > 0 for r, x in zip(e[4], e[5],
-                                                                            strict=True)):
-                    e[2] = lam
-                    now.append(e)
-                else:
-                    rest.append(e)
-            if not rest:
-                return
-            took: dict[int, float] = {}
-            for e in now:
-                for r, x in zip(e[4], e[5], strict=True):
-                    took[r] = took.get(r, 0.0) + x
-            for r, x in took.items():
-                cap_left[r] = cap_left.get(r, cap[r]) - x * lam
-            level = lam
-            unfrozen = rest
+                e[2] = lam
+            return used
+        full = {r for r, f in fill.items() if f <= lam}
+        now, rest = [], []
+        for e in unfrozen:
+            if e[0] <= lam or any(r in full and x > 0 for r, x in zip(e[4], e[5], strict=True)):
+                e[2] = lam
+                now.append(e)
+            else:
+                rest.append(e)
+        if not rest:
+            return used
+        took: dict[int, float] = {}
+        for e in now:
+            for r, x in zip(e[4], e[5], strict=True):
+                took[r] = took.get(r, 0.0) + x
+        for r, x in took.items():
+            cap_left[r] = cap_left.get(r, cap[r]) - x * lam
+        level = lam
+        unfrozen = rest

@@ -42,7 +42,8 @@ bits: a vector keeps each in-flight collective's candidate row (`VectorRun._coll
 of its groups resolves or its phase there changes (with XLA's per-matrix weight collectives a
 vector has ~12 in flight); its batches in flight are columns of [chip, batch] arrays; the
 rendezvous bounds of all its unresolved groups are read at once from flat arrays; max-min
-filling sums loads with `np.add.accumulate` (the same additions in the same order as a loop).
+filling is `sim.engine.network.max_min_speeds` with the vector's chips as its batch axis (the
+same additions in the same order as one chip's network).
 """
 
 from __future__ import annotations

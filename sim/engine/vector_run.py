@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from sim.engine.network import max_min_speeds
 from sim.engine.vector_kinds import (
     _LABEL,
     C_COLL,
@@ -538,12 +539,13 @@ class VectorRun:
         w = np.stack([np.bincount(r, weights=x, minlength=NRES)[used]
                       for r, x in zip(res_all, w_all, strict=True)])
         caps = np.array([self.cap[r] if r != HBM else 0.0 for r in used])[:, None]
-        m = self._fluid_memo[key] = (load, pos, used, w,
-                                     # for _max_min_speeds: the loads as a column, the bytes
-                                     # as [batch, resource, 1], the link capacities as a
-                                     # column and whether HBM (the last) is in use
-                                     load[used][:, None], w[:, :, None], (w > 0)[:, :, None],
-                                     caps, bool(len(used)) and int(used[-1]) == HBM)
+        # For max_min_speeds: the hops (batch, loaded resource) with bytes, batch by batch,
+        # the loads as a column, the link capacities as a column and whether HBM (the last)
+        # is in use.
+        owner, res = np.nonzero(w)
+        caps = np.array([self.cap[r] if r != HBM else 0.0 for r in used])[:, None]
+        m = self._fluid_memo[key] = (load, pos, used, w, load[used][:, None], res, w[owner, res],
+                                     owner, caps, bool(len(used)) and int(used[-1]) == HBM)
         return m
 
     def _resched(self, v: _Vec, t) -> list[int]:
@@ -571,45 +573,18 @@ class VectorRun:
         return fin
 
     def _max_min_speeds(self, v: _Vec, nc: int) -> np.ndarray:
-        """`FluidNetwork._max_min_speeds` (progressive filling) for every chip of the vector at
-        once: [batch, chip] speeds. Chips freeze their batches in their own order (their HBM
-        and their compute ops' caps scale with their speed); every chip gets the same sums,
-        divisions and minima as its own `SmallFluidNetwork` would do."""
+        """`sim.engine.network.max_min_speeds` (progressive filling) with every chip of the
+        vector as one network of the batch axis: [batch, chip] speeds. Chips freeze their
+        batches in their own order (their HBM and their compute ops' caps scale with their
+        speed); every chip gets the same sums, divisions and minima as its own
+        `SmallFluidNetwork` would do."""
         a = v.a
-        _l, _p, used, _w, load, w3, wpos3, caps, hbm = self._fluid_set(v)
-        nb = len(v.fluid)
+        _l, _p, used, _w, load, res, weight, owner, caps, hbm = self._fluid_set(v)
         cap_left = np.empty((len(used), nc))
         cap_left[:] = caps
         if hbm:  # `used` is sorted; HBM is the last resource
             cap_left[-1] = v.kind.hbm0 * a["s"]
-        cap_max = a["M"].T
-        if nb == 1:
-            # One batch: it loads every resource in use, so it freezes in the first round, at
-            # the least of its fill levels and its cap (the loop below, once).
-            return np.maximum(np.minimum((cap_left / load).min(axis=0), cap_max[0]), 0.0)[None]
-        speed = np.zeros((nb, nc))
-        unfrozen = np.ones((nb, nc), dtype=bool)
-        level = np.zeros(nc)
-        # Every batch unfrozen: each resource's load is the set's (np.bincount's sum, a column).
-        while True:
-            loaded = load > 0
-            fill = np.divide(cap_left, load, out=np.full(cap_left.shape, np.inf), where=loaded)
-            lam = np.maximum(np.minimum(fill.min(axis=0),
-                                        np.where(unfrozen, cap_max, np.inf).min(axis=0)), level)
-            full = loaded & (fill <= lam)
-            now = unfrozen & ((cap_max <= lam) | (wpos3 & full[None]).any(axis=1))
-            speed = np.where(now, lam, speed)
-            unfrozen &= ~now
-            if not unfrozen.any():
-                return speed
-            # Sums over the batches in np.bincount's order (0.0 plus each batch's bytes in
-            # turn): add.accumulate adds them one after the other, so the bits are the same.
-            took = np.add.accumulate(np.where(now[:, None, :], w3, 0.0), axis=0)[-1]
-            # A chip whose batches all froze at an infinite speed is done: nothing to take.
-            finite = np.isfinite(lam)
-            cap_left = cap_left - took * np.where(finite, lam, 0.0)
-            level = np.where(finite, lam, level)
-            load = np.add.accumulate(np.where(unfrozen[:, None, :], w3, 0.0), axis=0)[-1]
+        return max_min_speeds(res, weight, owner, cap_left, a["M"].T, load=load)[0]
 
     # -- ops --------------------------------------------------------------------------------
     def _core_done(self, v: _Vec, op: int, t) -> None:
