@@ -202,6 +202,11 @@ class ChipSpec:
         return self.mxu_int8_ops_per_s * self.mxu_efficiency * self.clock_scale
 
     @property
+    def eff_mxu_fp8_ops_per_s(self) -> float:
+        """fp8 MXU op/s achieved: `mxu_fp8_ops_per_s * mxu_efficiency * clock_scale`."""
+        return self.mxu_fp8_ops_per_s * self.mxu_efficiency * self.clock_scale
+
+    @property
     def eff_vpu_flops_per_s(self) -> float:
         """VPU FLOP/s achieved: `vpu_flops_per_s * vpu_efficiency * clock_scale`."""
         return self.vpu_flops_per_s * self.vpu_efficiency * self.clock_scale
@@ -225,14 +230,11 @@ class ChipSpec:
         """The op-cost kernel's rate: a compute op's FLOP/s on this chip at `speed` (a per-chip
         factor), its unit's achieved rate times `speed` (the MXU's int8 or bf16 rate times the
         fill of a narrow dimension, `mxu_fill`; else the VPU's)."""
-        # The `eff_*` products written out: this runs once per op per chip class. The clock
-        # multiplies in the same place as in `eff_*` (at 1.0 the bits are the same).
         if op.unit == "mxu":
-            peak = self.mxu_int8_ops_per_s if op.dtype == "int8" else \
-                self.mxu_fp8_ops_per_s if op.dtype == "fp8" else self.mxu_flops_per_s
-            return peak * self.mxu_efficiency * self.clock_scale * speed \
-                * self.mxu_fill(op.narrow_dim)
-        return self.vpu_flops_per_s * self.vpu_efficiency * self.clock_scale * speed
+            rate = self.eff_mxu_int8_ops_per_s if op.dtype == "int8" else \
+                self.eff_mxu_fp8_ops_per_s if op.dtype == "fp8" else self.eff_mxu_flops_per_s
+            return rate * speed * self.mxu_fill(op.narrow_dim)
+        return self.eff_vpu_flops_per_s * speed
 
     @property
     def ici_bidi_bytes_per_s(self) -> float:

@@ -147,6 +147,66 @@ def test_the_library_never_imports_the_cli():
     assert bad == []
 
 
+# Which executor times a step is decided in one place: `sim/engine/executors.py`'s table
+# (`choose_executor`). Everything else asks it (`simulate_step`, `simulate_chips`) and never
+# calls an executor's entry point itself.
+EXECUTOR_ENTRY_POINTS = {"sim.engine.replay.replay", "sim.engine.class_engine.run_classes",
+                         "sim.engine.vector_engine.run_vectors"}
+
+
+def test_only_the_executor_table_calls_the_executors():
+    found = {}
+    for m, path in _modules().items():
+        if m == "sim.engine.executors":
+            continue
+        hits = [f"{name}:{line}" for name, line in _imports(path)
+                if name in EXECUTOR_ENTRY_POINTS]
+        if hits:
+            found[str(path.relative_to(ROOT))] = hits
+    assert found == {}, "run a step through sim.engine.executors (simulate_step, simulate_chips)"
+
+
+# A rate as achieved is a property of the spec (`ChipSpec.eff_*`, `unit_rate`): no module
+# multiplies a raw rate by its efficiency or by the clock itself.
+def _rate_products(path: Path) -> list[int]:
+    """Lines of products (a * b * ...) of a `*_per_s` attribute and an `*_efficiency` or
+    `clock_scale` attribute."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    inner = {id(n.left) for n in ast.walk(tree)
+             if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)}
+    inner |= {id(n.right) for n in ast.walk(tree)
+              if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult)}
+    out = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)) or id(node) in inner:
+            continue
+        stack, names = [node], []
+        while stack:
+            n = stack.pop()
+            if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mult):
+                stack += [n.left, n.right]
+            elif isinstance(n, ast.Attribute):
+                names.append(n.attr)
+        if any(a.endswith("_per_s") for a in names) and any(
+                a.endswith("_efficiency") or a == "clock_scale" for a in names):
+            out.append(node.lineno)
+    return out
+
+
+def test_the_rate_product_finder_finds_a_rate_times_its_efficiency(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("a = chip.hbm_bytes_per_s * chip.hbm_efficiency\nb = chip.clock_scale * 2\n"
+                 "c = x * chip.mxu_flops_per_s * chip.clock_scale * y\n")
+    assert _rate_products(f) == [1, 3]
+
+
+def test_rates_as_achieved_come_from_the_spec():
+    found = {str(path.relative_to(ROOT)): lines for m, path in _modules().items()
+             if m.split(".")[0] in LIBRARY and m != "sim.hardware"
+             and (lines := _rate_products(path))}
+    assert found == {}, "use ChipSpec's eff_* properties (or unit_rate)"
+
+
 # Rooms of a size one can read: a product module of at most MAX_MODULE_LINES lines, a function
 # of at most MAX_FUNCTION_LINES unless the comment block right above its `def` (or its
 # decorators) starts with `# Long:` and says why (a hot loop kept in one frame for speed, say).

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sim.chips import get_chip
 from sim.engine.costs import collective_groups
-from sim.engine.replay import replay
+from sim.engine.executors import Executor, simulate_step
 from topologies.mesh import parse_mesh
 from topologies.slices import resolve_topology
 from validation import xla_compile
@@ -93,7 +93,7 @@ def run() -> str:
     for name in TRAIN:
         text, cfg, chip, topo = load(name)
         imp = import_hlo(text, topology=topo, source=name)
-        res = replay(imp.trace, chip, topo)
+        res = simulate_step(imp.trace, chip, topo, executor=Executor.REPRESENTATIVE)
         idot, iby = summarize_trace(imp.trace, topo, True)
         model = model_from_dict(xla_compile.tpusim_model_dict(
             {k: cfg[k] for k in xla_compile.DIM_KEYS}, cfg["num_layers"], name, base="llama3-8b"))
@@ -107,7 +107,7 @@ def run() -> str:
             tc = TrainingConfig(seq_len=cfg["seq"], batch_per_chip=cfg["batch_per_chip"],
                                 remat=Remat.FULL, attention="dot", **kw)
             tr = compile_training_step(model, mesh, topo.num_chips, tc)
-            r2 = replay(tr, chip, topo)
+            r2 = simulate_step(tr, chip, topo, executor=Executor.REPRESENTATIVE)
             d2, by2 = summarize_trace(tr, topo, False)
             rows.append((f"tpusim, {label}", d2, by2, r2.step_time_s))
         kinds = sorted({k for _, _, by, _ in rows for k in by})

@@ -12,7 +12,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from sim.chips import get_chip
-from sim.engine.replay import replay
+from sim.engine.executors import Executor, simulate_step
 from sim.hardware import ChipSpec
 from topologies.mesh import parse_mesh
 from validation.maxtext_runs import (
@@ -55,7 +55,7 @@ def predict(case: Case, chip: ChipSpec | None = None) -> Prediction:
     """Replay the case on `chip` (default: the shipped preset of its generation)."""
     chip = chip or get_chip(case.chip)
     trace, topo = case_trace(case)
-    r = replay(trace, chip, topo)
+    r = simulate_step(trace, chip, topo, executor=Executor.REPRESENTATIVE)
     return Prediction(case=case, step_s=float(r.step_time_s), fits_in_hbm=bool(r.fits_in_hbm),
                       hbm_peak_gb=float(r.hbm_peak_bytes) / 1e9,
                       breakdown={k: float(v) for k, v in r.breakdown.items()})
@@ -164,7 +164,8 @@ def without_moe_costs(p: Prediction, prefixes: tuple[str, ...]) -> float:
                 dataclasses.replace(o, flops=0.0, hbm_bytes=0.0)
         ops.append(o)
     stripped = Trace(mesh=trace.mesh, ops=tuple(ops), meta=trace.meta)
-    return float(replay(stripped, get_chip(p.case.chip), topo).step_time_s)
+    return float(simulate_step(stripped, get_chip(p.case.chip), topo,
+                               executor=Executor.REPRESENTATIVE).step_time_s)
 
 
 # The routed experts' matmuls in an MoE trace: forward, recomputed and backward.
@@ -187,8 +188,8 @@ def implied_expert_efficiency(p: Prediction, fsdp_grad: str | None = None) -> fl
     def step(scale: float) -> float:
         ops = tuple(dataclasses.replace(o, flops=o.flops * scale) if e else o
                     for o, e in zip(trace.ops, expert, strict=True))
-        return float(replay(Trace(mesh=trace.mesh, ops=ops, meta=trace.meta), chip,
-                            topo).step_time_s)
+        return float(simulate_step(Trace(mesh=trace.mesh, ops=ops, meta=trace.meta), chip,
+                                   topo, executor=Executor.REPRESENTATIVE).step_time_s)
 
     lo, hi = 0.25, 2.0  # FLOP scales: the efficiency chip.mxu_efficiency / scale
     while hi - lo > 1e-3:
@@ -204,7 +205,8 @@ def async_step(p: Prediction) -> float:
     t = compile_training_step(p.case.model, parse_mesh(p.case.mesh, p.case.dcn or None,
                                                        p.case.axis_map or None),
                               topo.num_chips, cfg)
-    return float(replay(t, get_chip(p.case.chip), topo).step_time_s)
+    return float(simulate_step(t, get_chip(p.case.chip), topo,
+                               executor=Executor.REPRESENTATIVE).step_time_s)
 
 
 def non_mxu_share(p: Prediction | None) -> float:

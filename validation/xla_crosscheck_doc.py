@@ -14,7 +14,7 @@ import statistics
 
 from sim.chips import get_chip
 from sim.engine.costs import compute_op_times
-from sim.engine.replay import replay
+from sim.engine.executors import Executor, simulate_step
 from topologies.mesh import parse_mesh
 from validation import xla_compile
 from validation.xla_crosscheck_programs import CONFIGS, XLA_CLOCK_HZ
@@ -306,7 +306,7 @@ def tpusim_class_seconds(name: str) -> tuple[dict[str, float], float, float]:
     collective DMA)."""
     chip, topo = pod(name)
     trace = tpusim_trace(name)
-    res = replay(trace, chip, topo)
+    res = simulate_step(trace, chip, topo, executor=Executor.REPRESENTATIVE)
     dur = {int(i): e - s for i, s, e in zip(res.ops["op_id"], res.ops["start_s"], res.ops["end_s"],
                                            strict=True)}
     out: dict[str, float] = collections.defaultdict(float)

@@ -48,7 +48,7 @@ from pathlib import Path
 
 from sim.chips import get_chip
 from sim.engine.costs import compute_op_times
-from sim.engine.replay import replay
+from sim.engine.executors import Executor, simulate_step
 from validation import maxtext_runs, xla_compile
 from validation.xla_hlo_read import estimated_cycles, op_name, trip_count
 from workloads.hlo.costs import conv_flops
@@ -322,7 +322,7 @@ def tpusim_classes(run_id: str) -> dict:
         acc[cls][f"flops_{loop}"] += f
         if op.name.startswith("re-"):
             acc[cls]["flops_recompute"] += f
-    res = replay(trace, chip, topo)
+    res = simulate_step(trace, chip, topo, executor=Executor.REPRESENTATIVE)
     return {"classes": {k: dict(x) for k, x in acc.items()}, "step_s": res.step_time_s,
             "compute_s": compute, "measured_s": case.measured_step_s,
             "mxu_efficiency": chip.mxu_efficiency}
