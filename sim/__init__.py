@@ -8,13 +8,13 @@ The Python API: typed requests (`sim.TrainRequest`, `sim.CollectiveRequest`,
 `sim.compare_collectives`, `sim.decode`, `sim.prefill`, `sim.serve_sweep`, `sim.serve`
 (requests served over time), `sim.goodput` (a training job under failures),
 `sim.replay_trace`, and `sim.rerun(result)`), each returning a `Run` whose `.to_dict()` is the
-command's `--json`; `sim.sweep` (a study's points -> a DataFrame), `sim.plan` (the best ways
+command's JSON result; `sim.sweep` (a study's points -> a DataFrame), `sim.plan` (the best ways
 to run a training step) and `sim.plan_serving` (the deployment serving a workload within an SLO
 with the most output tokens per second per chip; `sim.ServePlanConfig` its search space) run
 studies. Lower level: `simulate_collective` (one collective on a
 pod), `replay` (an SPMD trace on a pod), `get_chip`/`load_chip` (chip presets or YAML).
 
-The names load on first use (PEP 562), so that `import sim.cli` and `tpusim --help` do not pay
+The names load on first use (PEP 562), so that `import sim.cli` and the CLI's help do not pay
 for the whole run stack.
 """
 

@@ -1,6 +1,7 @@
 """The Python API: one function per simulating command, taking either a typed request or the
-command's settings as keywords by their Python names (`seq_len=8192` for `--seq-len 8192`), and
-returning a `sim.runs.Run` whose `.to_dict()` is exactly what the command prints with `--json`.
+command's settings as keywords by their Python names (`seq_len=8192`, the CLI's seq-len flag),
+and returning a `sim.runs.Run` whose `.to_dict()` is the command's JSON result (a message in it
+names settings by their Python names, where the CLI writes its flags).
 
     import sim
     req = sim.TrainRequest(slice="v5p-128", model="llama3-70b", seq_len=8192,
@@ -11,7 +12,7 @@ returning a `sim.runs.Run` whose `.to_dict()` is exactly what the command prints
 
 Names or objects: `chip=` takes a preset name, a chip YAML path or a `ChipSpec`; `model=` a
 zoo name, a YAML path or a `TransformerSpec`; `mesh=` a string or a {axis: size} dict;
-`set=` (or `overrides=`) the `--set` overrides as a dict. A run's `inputs["flags"]` are valid
+`set=` (or `overrides=`) the what-if overrides as a dict. A run's `inputs["flags"]` are valid
 keywords, so a recorded run is the base of the next what-if. Keywords become the same typed
 request the CLI builds from argv, and `sim.run(request)` runs it: the two never disagree.
 `progress=callback` (any function, with a request or keywords) receives a
@@ -178,7 +179,7 @@ def goodput(req: GoodputRequest | None = None, /, **flags: Any) -> Run:
 
 @api_call("sim.rerun")
 def rerun(result: Mapping[str, Any] | str | Path) -> Run:
-    """Run a recorded result again from its `inputs` (a `Run.to_dict()`, a parsed `--json`
+    """Run a recorded result again from its `inputs` (a `Run.to_dict()`, a parsed JSON
     result, or the path of one); the new `.to_dict()` equals the recorded one."""
     source = "result"
     if isinstance(result, (str, Path)):

@@ -23,12 +23,13 @@ from sim.chip_power import (
 from sim.hardware import (
     CHIP_BOOL_FIELDS,
     CHIP_FIELDS,
+    CHIP_KEYS_CALL,
     CHIP_KEYS_LISTING,
     FIELD_RANGES,
     NULLABLE_CHIP_FIELDS,
     ChipSpec,
 )
-from topologies.errors import TpusimError
+from topologies.errors import Said, TpusimError
 from topologies.quantities import parse_quantity
 from topologies.registry import Registry
 from topologies.validate import number, one_of, short_repr
@@ -274,6 +275,9 @@ CHIPS.add(
 # Where each preset's efficiency factors come from (`tpusim presets` shows it). Kinds: `fitted`
 # (to measured runs, with the held-out check), `carried over` (another generation's fit, applied
 # by assumption), `assumed` (the textbook's roofline, 1.0, or no overhead: nothing identifies it).
+# The source of a value set by hand: it names the overrides (`set`), which the CLI writes as
+# its flag (`presets` renders it).
+_GIVEN = Said(TpusimError("set by a chip file or {set}, not a preset value", "set"))
 EFFICIENCY_FIELDS = ("mxu_efficiency", "vpu_efficiency", "hbm_efficiency", "ici_efficiency",
                      "dcn_efficiency", "op_overhead_s", "dcn_message_overhead_s")
 _ROOFLINE = ("assumed", "1.0, the textbook's roofline (tpu.md); the measured MaxText runs "
@@ -297,7 +301,7 @@ _FITTED: dict[str, dict[str, tuple[str, str]]] = {
     "v6e": {"mxu_efficiency": (
         "fitted", "to the odd-indexed half (12 runs) of the measured v6e MaxText runs, with "
         "head_dim-128 attention at half rate on the 256-wide MXU and XLA's per-matrix gradient "
-        "collectives (--fsdp-grad auto; docs/validation.md, effect 7, "
+        "collectives (fsdp_grad auto; docs/validation.md, effect 7, "
         "validation/maxtext.py); held out: the even half, its refit and its errors are "
         "in docs/validation.md"),
         "dcn_message_overhead_s": (
@@ -324,7 +328,7 @@ def efficiency_sources(chip: ChipSpec) -> dict[str, dict[str, Any]]:
     for f in EFFICIENCY_FIELDS:
         value = getattr(chip, f)
         if preset is None or getattr(preset, f) != value:
-            kind, source = "given", "set by a chip file or --set, not a preset value"
+            kind, source = "given", _GIVEN
         else:
             default = _OVERHEADS.get(f, _ROOFLINE)
             kind, source = _FITTED.get(chip.name, {}).get(f, default)
@@ -347,7 +351,7 @@ def power_sources(chip: ChipSpec) -> dict[str, dict[str, Any]]:
     for f in POWER_FIELDS:
         value = getattr(chip, f)
         if preset is None or getattr(preset, f) != value:
-            kind, source = "given", "set by a chip file or --set, not a preset value"
+            kind, source = "given", _GIVEN
         elif f == "usd_per_chip_hour":
             kind, source = (("list price", "Google Cloud on-demand list price per chip-hour "
                              "(power.md); prices change") if value is not None else
@@ -404,7 +408,8 @@ def chip_from_dict(data: dict[str, Any], *, source: str = "chip YAML") -> ChipSp
     if unknown:
         raise TpusimError(
             f"{source}: unknown key(s) {', '.join(unknown)}; "
-            f"{one_of(unknown[0], ('base', *CHIP_FIELDS), listing=CHIP_KEYS_LISTING)}"
+            f"{one_of(unknown[0], ('base', *CHIP_FIELDS), listing=CHIP_KEYS_LISTING)}",
+            CHIP_KEYS_CALL
         )
     if "max_pod_shape" in data:
         shape = data["max_pod_shape"]

@@ -363,11 +363,11 @@ def check_power_cap(chip: ChipSpec, cap_w: float) -> float:
     chip's idle power (static power does not scale with the clock)."""
     if isinstance(cap_w, bool) or not isinstance(cap_w, (int, float)) \
             or not math.isfinite(cap_w) or cap_w <= 0:
-        raise TpusimError(f"--power-cap {cap_w!r} is not a power; give watts per chip > 0, "
-                          f"e.g. --power-cap 150")
+        raise TpusimError(f"{{power_cap}} {cap_w!r} is not a power; give watts per chip > 0, "
+                          f"e.g. {{power_cap}} 150", "power_cap")
     if cap_w <= chip.idle_power_w:
         raise TpusimError(
-            f"--power-cap {cap_w:g} W is at or below {chip.name}'s idle power "
+            f"{{power_cap}} {cap_w:g} W is at or below {chip.name}'s idle power "
             f"({chip.idle_power_w:.1f} W, idle_power_w), which no clock lowers; give a cap "
-            f"above {chip.idle_power_w:.1f} W")
+            f"above {chip.idle_power_w:.1f} W", "power_cap")
     return float(cap_w)

@@ -275,7 +275,7 @@ class ChipSpec:
         if unknown:
             raise TpusimError(
                 f"chip override {', '.join(unknown)[:80]} is not a ChipSpec field; "
-                f"{one_of(unknown[0], CHIP_FIELDS, listing=CHIP_KEYS_LISTING)}"
+                f"{one_of(unknown[0], CHIP_FIELDS, listing=CHIP_KEYS_LISTING)}", CHIP_KEYS_CALL
             )
         rules = {k: v for k, v in changes.items() if k in CHIP_BOOL_FIELDS}
         silicon = {k: v for k, v in changes.items() if k not in CHIP_BOOL_FIELDS}
@@ -347,5 +347,8 @@ NULLABLE_CHIP_FIELDS = ("usd_per_chip_hour",)
 CHIP_FIELDS: tuple[str, ...] = tuple(
     f.name for f in dataclasses.fields(ChipSpec) if f.name != "compiler") + CHIP_BOOL_FIELDS
 
-# Where every chip key is listed (the unknown-key messages point there).
-CHIP_KEYS_LISTING = "`tpusim presets --json --chip v5e` prints every key"
+# Where every chip key is listed (the unknown-key messages point there): a Python call, a
+# placeholder of the message (its param) that the CLI spells as the command that prints them
+# (`sim.cli.common.API_COMMANDS`).
+CHIP_KEYS_CALL = "sim.get_chip('v5e').to_dict()"
+CHIP_KEYS_LISTING = "`{" + CHIP_KEYS_CALL + "}` prints every key"

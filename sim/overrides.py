@@ -1,10 +1,10 @@
-"""What-if overrides, `--set KEY=VALUE`: parsed and validated into an `Overrides`, then applied to
+"""What-if overrides, `set` `KEY=VALUE`: parsed and validated into an `Overrides`, then applied to
 a chip (`ChipSpec` fields), a model (`model.<TransformerSpec field>`), the topology's wraparound
 (`topology.wraparound`) and the collective algorithm (`collective.algorithm`).
 
 A numeric value is a plain number (`1.8e11`), a number with a unit suited to the field
 (`180GB/s`, `32GiB`, `2us`, `459T`), or `xF`, a multiplier of the preset's (or the chip/model
-file's) value: `--set ici_link_bytes_per_s=x2`, read by `topologies/quantities.py`, the parser
+file's) value: `set={"ici_link_bytes_per_s": "x2"}`, read by `topologies/quantities.py`, the parser
 chip and model YAML files use too. Building an `Overrides` never touches the disk.
 """
 
@@ -136,7 +136,7 @@ def allowed_keys(scope: Iterable[str]) -> list[str]:
 
 
 def set_pairs(items: Iterable[str]) -> dict[str, str]:
-    """`KEY=VALUE` texts (the CLI's repeated `--set`) as {key: value}, later wins; an item that
+    """`KEY=VALUE` texts (the CLI's repeated set flag) as {key: value}, later wins; an item that
     is not KEY=VALUE is an error."""
     pairs: dict[str, str] = {}
     for item in items:
@@ -144,7 +144,8 @@ def set_pairs(items: Iterable[str]) -> dict[str, str]:
         key, sep, value = text.partition("=")
         if not sep or not key.strip():
             raise TpusimError(
-                f"--set {text!r} is not KEY=VALUE; write e.g. --set ici_link_bytes_per_s=x2"
+                f"{{set}} {text!r} is not KEY=VALUE; write e.g. {{set}} ici_link_bytes_per_s=x2",
+                "set"
             )
         pairs[key.strip()] = value.strip()
     return pairs
@@ -155,7 +156,7 @@ def parse_overrides(items: Iterable[str] | Mapping[str, Any] | None,
     """`["ici_link_bytes_per_s=x2", "model.d_ff=28672"]` (or the same as a dict) -> Overrides.
 
     Args:
-        items: `KEY=VALUE` strings (the CLI's repeated `--set`) or a {key: value} mapping (the
+        items: `KEY=VALUE` strings (the CLI's repeated set flag) or a {key: value} mapping (the
             Python API's `set=`). A later value for the same key replaces an earlier one.
         scope: the key groups the command accepts (`chip`, `topology`, `collective`, `model`).
         command: the command's name, for error messages.
@@ -178,7 +179,7 @@ def parse_overrides(items: Iterable[str] | Mapping[str, Any] | None,
     wrap = algo = None
     for key, value in pairs.items():
         if key not in allowed:
-            raise TpusimError(_unknown_key(key, scope, command, allowed))
+            raise TpusimError(_unknown_key(key, scope, command, allowed), "set", "help")
         if key in CHIP_FIELDS:
             chip.append(_parse_chip(key, value))
         elif key.startswith("model."):
@@ -197,28 +198,28 @@ def _unknown_key(key: str, scope: tuple[str, ...], command: str, allowed: list[s
         why = f"does not apply to {command}"
     elif key in MODEL_FIELDS:
         why = f"is not a chip field (model fields are written model.{key})"
-    listing = f"`{command} --help` lists them" if command.startswith("tpusim ") else ""
-    return f"--set {key} {why}; {one_of(key, allowed, listing=listing)}"
+    listing = f"`{command} {{help}}` lists them" if command.startswith("tpusim ") else ""
+    return f"{{set}} {key} {why}; {one_of(key, allowed, listing=listing)}"  # set, help
 
 
 def _text(key: str, value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise TpusimError(f"--set {key}={value!r} must be non-empty text")
+        raise TpusimError(f"{{set}} {key}={value!r} must be non-empty text", "set")
     return value.strip()
 
 
 def _check_range(key: str, value: float, *, zero_ok: bool, integer: bool) -> None:
     if not math.isfinite(value):
-        raise TpusimError(f"--set {key}={value}: must be a finite number")
+        raise TpusimError(f"{{set}} {key}={value}: must be a finite number", "set")
     if value < 0 or (value == 0 and not zero_ok):
         bound = ">= 0" if zero_ok else "> 0"
         raise TpusimError(
-            f"--set {key}={_fmt(value)}: must be {bound}"
+            f"{{set}} {key}={_fmt(value)}: must be {bound}"
             + ("" if zero_ok else " (a non-positive value is not a chip or model)")
-            + "; give a positive value or a multiplier such as x2"
+            + "; give a positive value or a multiplier such as x2", "set"
         )
     if integer and not float(value).is_integer():
-        raise TpusimError(f"--set {key}={_fmt(value)}: must be a whole number")
+        raise TpusimError(f"{{set}} {key}={_fmt(value)}: must be a whole number", "set")
 
 
 def _bool(key: str, value: Any) -> Override:
@@ -226,7 +227,7 @@ def _bool(key: str, value: Any) -> Override:
         return Override(key=key, given=value, value=value)
     text = str(value).strip().lower()
     if text not in ("true", "false"):
-        raise TpusimError(f"--set {key}={value}: write true or false")
+        raise TpusimError(f"{{set}} {key}={value}: write true or false", "set")
     return Override(key=key, given=value, value=text == "true")
 
 
@@ -237,8 +238,8 @@ def _parse_chip(key: str, value: Any) -> Override:
         text = _text(key, value)
         if key == "generation_rule" and text not in WRAP_RULES:
             raise TpusimError(
-                f"--set generation_rule={text}: not a wraparound rule; "
-                f"{one_of(text, WRAP_RULES)}"
+                f"{{set}} generation_rule={text}: not a wraparound rule; "
+                f"{one_of(text, WRAP_RULES)}", "set"
             )
         return Override(key=key, given=value, value=text)
     if key == "max_pod_shape":
@@ -248,19 +249,20 @@ def _parse_chip(key: str, value: Any) -> Override:
         except ValueError:
             shape = ()
         if not shape or any(n < 1 for n in shape):
-            raise TpusimError(f"--set max_pod_shape={text}: write a shape such as 16x16x16")
+            raise TpusimError(f"{{set}} max_pod_shape={text}: write a shape such as 16x16x16",
+                              "set")
         return Override(key=key, given=value, value=shape)
     if key in NULLABLE_CHIP_FIELDS and str(value).strip().lower() in ("none", "null"):
         return Override(key=key, given=value, value=None)
-    q = parse_quantity(f"--set {key}={value}", key, value)
+    q = _quantity(key, key, value)
     if q.multiplier is not None:
         return Override(key=key, given=value, multiplier=q.multiplier)
     v = q.value
     _check_range(key, v, zero_ok=key in _CHIP_ZERO_OK, integer=key in _CHIP_INT)
     if key.endswith("_efficiency") and v > 1:
         raise TpusimError(
-            f"--set {key}={_fmt(v)}: an efficiency is the achievable fraction of the peak, in "
-            f"(0, 1]; give e.g. 0.9 (or a multiplier such as x0.9)"
+            f"{{set}} {key}={_fmt(v)}: an efficiency is the achievable fraction of the peak, in "
+            f"(0, 1]; give e.g. 0.9 (or a multiplier such as x0.9)", "set"
         )
     return Override(key=key, given=value, value=int(v) if key in _CHIP_INT else v)
 
@@ -272,13 +274,14 @@ def _parse_model(key: str, value: Any) -> Override:
     if field == "mlp":
         text = _text(key, value)
         if text not in set(MlpKind):
-            raise TpusimError(f"--set {key}={text}: not an MLP kind; {one_of(text, MlpKind)}")
+            raise TpusimError(f"{{set}} {key}={text}: not an MLP kind; {one_of(text, MlpKind)}",
+                              "set")
         return Override(key=key, given=value, value=MlpKind(text))
     if field in _MODEL_BOOL:
         return _bool(key, value)
     if field in _MODEL_NULLABLE and str(value).strip().lower() in ("none", "null"):
         return Override(key=key, given=value, value=None)
-    q = parse_quantity(f"--set {key}={value}", field, value)
+    q = _quantity(key, field, value)
     if q.multiplier is not None:
         return Override(key=key, given=value, multiplier=q.multiplier)
     v = q.value
@@ -286,8 +289,8 @@ def _parse_model(key: str, value: Any) -> Override:
     if v > MAX_MODEL_DIM:
         # Refused here, with the text given: past 2^53 the float no longer holds the integer
         # written (a 40-digit value came back as 10000000000000000303786028427003666890752).
-        raise TpusimError(f"--set {key}={short_repr(value)}: over the limit of "
-                          f"{MAX_MODEL_DIM:,} of every model size; give a smaller value")
+        raise TpusimError(f"{{set}} {key}={short_repr(value)}: over the limit of "
+                          f"{MAX_MODEL_DIM:,} of every model size; give a smaller value", "set")
     return Override(key=key, given=value, value=int(v))
 
 
@@ -298,23 +301,31 @@ def _resolve(o: Override, base: Any, prefix: str) -> Any:
     field = o.key.removeprefix(prefix)
     if base is None or isinstance(base, (bool, str, tuple)):
         raise TpusimError(
-            f"--set {o.key}={o.given}: a multiplier needs a numeric preset value, and "
-            f"{field} is {base!r}; give an absolute value"
+            f"{{set}} {o.key}={o.given}: a multiplier needs a numeric preset value, and "
+            f"{field} is {base!r}; give an absolute value", "set"
         )
     v = base * o.multiplier
     if field in _CHIP_INT or prefix:  # integer fields (every numeric model field is one)
         if not float(v).is_integer():
             raise TpusimError(
-                f"--set {o.key}={o.given}: {base} x {o.multiplier:g} = {v:g} is not a whole "
-                f"number; {field} counts whole units"
+                f"{{set}} {o.key}={o.given}: {base} x {o.multiplier:g} = {v:g} is not a whole "
+                f"number; {field} counts whole units", "set"
             )
         return int(v)
     if field.endswith("_efficiency") and v > 1:
         raise TpusimError(
-            f"--set {o.key}={o.given}: {base:g} x {o.multiplier:g} = {v:g} exceeds 1; an "
-            f"efficiency is a fraction of the peak in (0, 1]"
+            f"{{set}} {o.key}={o.given}: {base:g} x {o.multiplier:g} = {v:g} exceeds 1; an "
+            f"efficiency is a fraction of the peak in (0, 1]", "set"
         )
     return float(v)
+
+
+def _quantity(key: str, field: str, value: Any):
+    """`parse_quantity` of override `key` (field `field`), its errors naming `set`."""
+    try:
+        return parse_quantity(f"{{set}} {key}={value}", field, value)
+    except TpusimError as exc:  # the message names the setting as the placeholder
+        raise TpusimError(exc.template, *exc.params, "set") from None
 
 
 def _fmt(v: float) -> str:

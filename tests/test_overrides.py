@@ -124,9 +124,11 @@ def test_resolved_overrides_record_given_base_and_value():
      ("generation_rule=ring", "cube"), ("hbm_bytes", "is not KEY=VALUE")],
 )
 def test_bad_values_are_errors_naming_the_key_and_the_rule(item, needle):
-    with pytest.raises(TpusimError, match="--set") as exc:
+    with pytest.raises(TpusimError, match="^set ") as exc:
         parse_overrides([item])
     assert needle in str(exc.value)
+    # the CLI writes the setting as its flag
+    assert exc.value.render(lambda n: "--" + n).startswith("--set ")
 
 
 def test_a_multiplier_pushing_an_efficiency_above_one_is_an_error():
@@ -140,7 +142,8 @@ def test_unknown_keys_suggest_the_nearest_allowed_ones_of_the_commands_scope():
     msg = str(exc.value)
     assert "ici_bandwidth" in msg and "ici_link_bytes_per_s" in msg
     n = len(allowed_keys(("chip", "topology")))
-    assert f"({n} in all; `tpusim collective --help` lists them)" in msg
+    assert f"({n} in all; `tpusim collective help` lists them)" in msg
+    assert exc.value.render(lambda n: "--" + n).endswith("`tpusim collective --help` lists them)")
     with pytest.raises(TpusimError, match=r"did you mean topology.wraparound\?"):
         parse_overrides(["topology.wraparond=x"], ("chip", "topology"))
     with pytest.raises(TpusimError) as exc:

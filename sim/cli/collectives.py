@@ -287,8 +287,10 @@ def cmd_presets(args: argparse.Namespace) -> int:
         for key, value in chip.to_dict().items():
             print(f"{key:<22} {value}")
         print()
-        _print_sources({chip.name: efficiency_sources(chip)})
-        _print_power({chip.name: power_sources(chip)})
+        # A value set by hand says so naming the overrides (a Said): written as the flag.
+        spell = flag_spelling(args.parser, "presets")
+        _print_sources(render_said({chip.name: efficiency_sources(chip)}, spell))
+        _print_power(render_said({chip.name: power_sources(chip)}, spell))
         return 0
     chips = [c.to_dict() for _name, c in CHIPS.items()]
     sources = {name: efficiency_sources(c) for name, c in CHIPS.items()}

@@ -94,12 +94,18 @@ class Parser(argparse.ArgumentParser):
         raise TpusimError(f"{message[:500]} (see `{self.prog} --help`)")
 
 
+# The Python calls a library message names as placeholders (a hint where to look), written as
+# the command that does the same on the command line.
+API_COMMANDS = {"sim.get_chip('v5e').to_dict()": "tpusim presets --json --chip v5e"}
+
+
 def flag_spelling(parser: argparse.ArgumentParser, command: str | None = None):
     """How this command line spells a setting a library error names (`TpusimError.render`):
     the option string of the parser's argument whose dest is the Python name (`seq_len` ->
     `--seq-len`, `quiet_sub` -> `--quiet`), the `command`'s subparser first, then the parser's
     own arguments, then every subcommand's; a name no argument has as its dest (`slice`,
-    `bytes`, an override key) is `--` and the name with `-` for `_`."""
+    `bytes`, an override key) is `--` and the name with `-` for `_`; a Python call a message
+    points to (`API_COMMANDS`) is the command that does the same."""
     options: dict[str, str] = {}
     # argparse keeps a parser's arguments in `_actions`, its subcommands' parsers in the
     # `choices` of its subparsers action.
@@ -113,7 +119,7 @@ def flag_spelling(parser: argparse.ArgumentParser, command: str | None = None):
                 options.setdefault(act.dest, (longs or act.option_strings)[0])
 
     def spell(name: str) -> str:
-        return options.get(name) or "--" + name.replace("_", "-")
+        return API_COMMANDS.get(name) or options.get(name) or "--" + name.replace("_", "-")
 
     return spell
 
