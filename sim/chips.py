@@ -299,11 +299,13 @@ _FITTED: dict[str, dict[str, tuple[str, str]]] = {
         "cross-slice all-reduce a layer (docs/validation.md, effect 2); held out: the even "
         "half")},
     "v6e": {"mxu_efficiency": (
-        "fitted", "to the odd-indexed half (12 runs) of the measured v6e MaxText runs, with "
-        "head_dim-128 attention at half rate on the 256-wide MXU and XLA's per-matrix gradient "
-        "collectives (fsdp_grad auto; docs/validation.md, effect 7, "
-        "validation/maxtext.py); held out: the even half, its refit and its errors are "
-        "in docs/validation.md"),
+        # Names the setting `fsdp_grad` (a Said, which `tpusim presets` writes as its flag).
+        "fitted", Said(TpusimError(
+            "to the odd-indexed half (12 runs) of the measured v6e MaxText runs, with "
+            "head_dim-128 attention at half rate on the 256-wide MXU and XLA's per-matrix "
+            "gradient collectives ({fsdp_grad} auto; docs/validation.md, effect 7, "
+            "validation/maxtext.py); held out: the even half, its refit and its errors are "
+            "in docs/validation.md", "fsdp_grad"))),
         "dcn_message_overhead_s": (
         "fitted", "to the slice-count slowdown (step over the same run's 1-slice step) of the "
         "odd-indexed half's data-parallel multi-slice v6e run, the Gemma-3 12B over 2 slices, "

@@ -293,8 +293,10 @@ def cmd_presets(args: argparse.Namespace) -> int:
         _print_power(render_said({chip.name: power_sources(chip)}, spell))
         return 0
     chips = [c.to_dict() for _name, c in CHIPS.items()]
-    sources = {name: efficiency_sources(c) for name, c in CHIPS.items()}
-    power = {name: power_sources(c) for name, c in CHIPS.items()}
+    # A source that names a setting is a Said: written as the flag.
+    spell = flag_spelling(args.parser, "presets")
+    sources = render_said({name: efficiency_sources(c) for name, c in CHIPS.items()}, spell)
+    power = render_said({name: power_sources(c) for name, c in CHIPS.items()}, spell)
     slices = []
     for name, s in SLICES.items():
         rule = CHIPS.get(s.chip).generation_rule
