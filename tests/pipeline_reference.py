@@ -6,7 +6,7 @@ healthy pod with one hop between stages the two agree to 1e-9 (tests/test_pipeli
 
 from __future__ import annotations
 
-from sim.engine.costs import _merge, collective_groups, cost_collective
+from sim.engine.costs import collective_groups, cost_collective, merge_axis_factors
 from sim.engine.pipeline import PipelineResult, check_schedule, chunk_program, stage_order
 from sim.engine.replay import replay
 from sim.hardware import ChipSpec
@@ -71,7 +71,7 @@ def simulate_pipeline(
         send_bytes = float(tr.meta.pipeline_send_bytes or send_bytes)
     # Stage-to-stage sends: a collective-permute over the pipeline axis, as placed on the pod.
     groups = collective_groups(tr, topology)
-    gaxes = _merge(topology, list(groups["pipeline"]))
+    gaxes = merge_axis_factors(topology, list(groups["pipeline"]))
     send = cost_collective(chip, topology, "collective-permute", gaxes, max(send_bytes, 1.0),
                            algorithm).time_s
 

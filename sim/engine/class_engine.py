@@ -62,7 +62,7 @@ from sim.engine.perchip import (
 )
 from sim.engine.replay import run_env
 from sim.engine.result import ChipClasses, ClassProgram, StepResult
-from sim.engine.summary import _summarize
+from sim.engine.summary import summarize
 from topologies.errors import TpusimError
 from topologies.groups import NUM_CLASSES
 from topologies.progress import task
@@ -408,7 +408,7 @@ def _class_result(prep: PreparedStep, classes: list[_ClassState]) -> StepResult:
     events = {"sim_events": sum(cl.net.num_events for cl in classes) + prep.class_ops} \
         if ncls > 1 else {}
     # Per link: the bytes the class of its source chip put on that link class.
-    return _summarize(
+    return summarize(
         prog_trace, chip, topology, sc.dur, sc.bound, sc.start, sc.end, sc.net, prep.base_costs,
         prep.lm, sc.mxu_rate, sc.vpu_rate, sc.hbm_bw, reported_chip=sc.rep, **events,
         **common_parts(topology, {i: op_key[(p, i)][1] for p, i in op_geom if p == sc.prog},

@@ -64,7 +64,7 @@ def ops_name(trace: Trace, i: int) -> str:
     return trace.ops[i].name
 
 
-def _merge(topology: Topology, factors: list[GroupAxis]) -> tuple[GroupAxis, ...]:
+def merge_axis_factors(topology: Topology, factors: list[GroupAxis]) -> tuple[GroupAxis, ...]:
     """Merge contiguous factors of one physical axis (tensor x[4@1] + fsdp x[4@4] = x)."""
     by_axis: dict[str, list[GroupAxis]] = {}
     for f in factors:
@@ -105,6 +105,11 @@ def cost_cache_key(chip: ChipSpec, topology: Topology, kind: str, gaxes: tuple[G
                    nbytes: float, algorithm: str) -> tuple:
     return (link_numbers(chip), topology.shape, topology.wraparound, topology.num_slices,
             topology.twisted, kind, gaxes, float(nbytes), algorithm)
+
+
+def cached_costs(keys) -> dict[tuple, CollectiveCost]:
+    """The costs of `keys` this process has cached (to ship to other workers of a study)."""
+    return {k: _COST_CACHE[k] for k in keys if k in _COST_CACHE}
 
 
 def seed_cost_cache(entries: dict[tuple, CollectiveCost]) -> None:
@@ -237,7 +242,7 @@ def op_group_axes(topology: Topology, trace: Trace, op, groups,
     factors: list[GroupAxis] = []
     for a in op.mesh_axes:
         factors += list(groups[a])
-    gaxes = _merge(topology, factors)
+    gaxes = merge_axis_factors(topology, factors)
     return gaxes, (op.collective, gaxes, round(op.bytes))
 
 

@@ -41,7 +41,7 @@ def hbm_occupancy(trace: Trace, end, pp: int) -> tuple[float, dict[str, float], 
     else:
         level["other"] += static
     raw = meta.memory_events
-    end = _floats(end)
+    end = as_floats(end)
     if raw is not None:
         events = []
         for ev in raw:
@@ -86,7 +86,7 @@ def hbm_occupancy(trace: Trace, end, pp: int) -> tuple[float, dict[str, float], 
     return peak, {k: v for k, v in peak_parts.items() if v}, mem
 
 
-def _floats(a) -> list[float]:
+def as_floats(a) -> list[float]:
     """An array of times as Python floats (the same values; indexing a list element by element
     is several times faster than an array's)."""
     return a.tolist() if isinstance(a, np.ndarray) else [float(x) for x in a]

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.engine.costs import _merge, collective_groups
+from sim.engine.costs import collective_groups, merge_axis_factors
 from sim.engine.executors import simulate_chips
 from sim.engine.memory import hbm_occupancy
 from sim.engine.perchip import PerChipConfig, PointToPoint
@@ -479,7 +479,7 @@ def stage_of_chips(mesh, topology: Topology) -> tuple[np.ndarray, np.ndarray, np
     chip's position along the pipeline axis as the mesh places it on the pod."""
 
     probe = Trace(mesh=mesh, ops=())
-    gaxes = _merge(topology, list(collective_groups(probe, topology)["pipeline"]))
+    gaxes = merge_axis_factors(topology, list(collective_groups(probe, topology)["pipeline"]))
     geo = GroupGeometry(topology, gaxes)
     p = geo.group_size
     stage = np.asarray(geo.local_of_chip, dtype=np.int64)

@@ -32,7 +32,7 @@ from sim.engine.costs import (
 )
 from sim.engine.network import Batch, SmallFluidNetwork
 from sim.engine.result import CollectiveLabels, StepResult
-from sim.engine.summary import _summarize, class_capacity
+from sim.engine.summary import class_capacity, summarize
 from sim.hardware import ChipSpec
 from topologies.errors import TpusimError
 from topologies.groups import (
@@ -85,11 +85,11 @@ def replay(
     c = _cost_ops(trace, chip, topology, algorithm)
     net, start, end = _run(trace, c.dur, c.coll_batch, overlap,
                            np.append(lm.class_capacity_bytes_per_s, hbm_bw))
-    return _summarize(trace, chip, topology, c.dur, c.bound, start, end, net, c.costs, lm,
-                      chip.eff_mxu_flops_per_s, chip.eff_vpu_flops_per_s, hbm_bw, pod=topology,
-                      collectives=CollectiveLabels(
-                          axes=c.coll_axes, link_classes=c.coll_classes, algorithms=c.coll_algo,
-                          class_capacity=class_capacity(lm)))
+    return summarize(trace, chip, topology, c.dur, c.bound, start, end, net, c.costs, lm,
+                     chip.eff_mxu_flops_per_s, chip.eff_vpu_flops_per_s, hbm_bw, pod=topology,
+                     collectives=CollectiveLabels(
+                         axes=c.coll_axes, link_classes=c.coll_classes, algorithms=c.coll_algo,
+                         class_capacity=class_capacity(lm)))
 
 
 class _OpCosts(NamedTuple):

@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from sim.engine.memory import _floats, hbm_occupancy
+from sim.engine.memory import as_floats, hbm_occupancy
 from topologies.errors import TpusimError
 from topologies.groups import (
     GroupAxis,
@@ -177,7 +177,7 @@ class StepResult:
         labels = {}
         if own is not None and own.trace is not cls.program:  # another program (stage)
             mem_trace = own.trace
-            ops = [(rep,) + r[1:] for r in _op_rows(own.trace, own.bound, start, end)]
+            ops = [(rep,) + r[1:] for r in op_rows(own.trace, own.bound, start, end)]
             labels = {"collectives": dataclasses.replace(
                 self.collectives, link_classes=own.link_classes, algorithms=own.algorithms)}
         else:
@@ -213,9 +213,9 @@ class StepResult:
         }, columns=CHIP_COLUMNS)
 
 
-def _op_rows(trace, bound, start, end) -> list[tuple]:
+def op_rows(trace, bound, start, end) -> list[tuple]:
     """The ops table's rows (OP_COLUMNS; chip 0) of one chip's timeline."""
-    start, end = _floats(start), _floats(end)
+    start, end = as_floats(start), as_floats(end)
     return [(
         0, o.id, o.name, str(o.kind), str(o.unit) if o.kind == OpKind.COMPUTE else bound[o.id],
         bound[o.id], o.layer, o.phase, start[o.id], end[o.id], float(o.flops),

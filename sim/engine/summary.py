@@ -3,8 +3,8 @@ core's ops, the unit and link-class busy times, the HBM occupancy and the ops ta
 
 from __future__ import annotations
 
-from sim.engine.memory import _floats, hbm_occupancy
-from sim.engine.result import BREAKDOWN_KEYS, StepResult, _op_rows
+from sim.engine.memory import as_floats, hbm_occupancy
+from sim.engine.result import BREAKDOWN_KEYS, StepResult, op_rows
 from topologies.groups import (
     CLASS_NAMES,
     NUM_CLASSES,
@@ -17,14 +17,14 @@ def class_capacity(lm) -> dict[str, float]:
     return {CLASS_NAMES[i]: float(lm.class_capacity_bytes_per_s[i]) for i in range(NUM_CLASSES)}
 
 
-def _summarize(trace, chip, topology, dur, bound, start, end, net, costs, lm, mxu_rate,
-               vpu_rate, hbm_bw, *, reported_chip: int = 0, **parts) -> StepResult:
+def summarize(trace, chip, topology, dur, bound, start, end, net, costs, lm, mxu_rate,
+              vpu_rate, hbm_bw, *, reported_chip: int = 0, **parts) -> StepResult:
     """The step's result from one chip's timeline (`reported_chip`: the chip its table rows
     name); `parts` are the `StepResult` parts the caller has (pod, collectives, classes...)."""
     ops = trace.ops
     step = float(end.max(initial=0.0))
     end_a = end
-    start, end = _floats(start), _floats(end)
+    start, end = as_floats(start), as_floats(end)
     # Pipeline bubble: the (p-1) idle stage slots of GPipe/1F1B, each as long as one
     # microbatch's forward+backward on a stage (the standard bubble, tpu.md §4 pipeline row).
     pp = int(trace.meta.pipeline_stages or 1)
@@ -63,7 +63,7 @@ def _summarize(trace, chip, topology, dur, bound, start, end, net, costs, lm, mx
         bd["exposed_comm_s"] += step - t
     bd["pipeline_bubble_s"] += bubble
 
-    op_rows = _op_rows(trace, bound, start, end)
+    rows = op_rows(trace, bound, start, end)
     mxu_busy = sum(o.flops / (mxu_rate * chip.mxu_fill(o.narrow_dim)) for o in ops
                    if o.kind == OpKind.COMPUTE and o.unit == Unit.MXU)
     vpu_busy = sum(o.flops / vpu_rate for o in ops
@@ -95,7 +95,7 @@ def _summarize(trace, chip, topology, dur, bound, start, end, net, costs, lm, mx
         for k, v in costs.items()
     }
     if reported_chip:
-        op_rows = [(reported_chip,) + row[1:] for row in op_rows]
+        rows = [(reported_chip,) + row[1:] for row in rows]
         units = [(reported_chip,) + row[1:] for row in units]
         mem = [(reported_chip,) + row[1:] for row in mem]
     return StepResult(
@@ -103,6 +103,6 @@ def _summarize(trace, chip, topology, dur, bound, start, end, net, costs, lm, mx
         hbm_peak_breakdown=peak_parts, fits_in_hbm=peak <= cap, num_ops=len(ops),
         sim_events=parts.pop("sim_events", net.num_events + len(ops)),
         chip=chip.name, topology=topology.name, num_chips=topology.num_chips,
-        collective_costs=coll_summary, op_rows=op_rows, unit_rows=units, link_class_rows=links,
+        collective_costs=coll_summary, op_rows=rows, unit_rows=units, link_class_rows=links,
         memory_rows=mem, **parts,
     )

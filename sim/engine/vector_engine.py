@@ -67,8 +67,8 @@ from sim.engine.perchip import (
     wait_wall_time,
 )
 from sim.engine.result import ChipClasses, ClassProgram, StepResult
-from sim.engine.summary import _summarize
-from sim.engine.vector_kinds import C_WAIT, HBM, K_RCV, NRES, _Kind, _Net, _Vec
+from sim.engine.summary import summarize
+from sim.engine.vector_kinds import C_WAIT, HBM, K_RCV, NRES, ChipCounters, Kind, Vec
 from sim.engine.vector_run import VectorRun
 from topologies.errors import TpusimError
 from topologies.groups import NUM_CLASSES
@@ -166,7 +166,7 @@ def _layout(prep: PreparedStep) -> _Layout:
     return _Layout(used, rank, progs, chips_of, base, sends)
 
 
-def _vector_kinds(prep: PreparedStep, lay: _Layout, recv_key) -> tuple[np.ndarray, list[_Kind]]:
+def _vector_kinds(prep: PreparedStep, lay: _Layout, recv_key) -> tuple[np.ndarray, list[Kind]]:
     """Every chip's kind and the kinds: chips alike in all but speed (program, op scales,
     collective and send costs, and which send completes each receive)."""
     programs, op_scale, chip, p2p = prep.programs, prep.config.op_scale, prep.chip, prep.config.p2p
@@ -211,7 +211,7 @@ def _vector_kinds(prep: PreparedStep, lay: _Layout, recv_key) -> tuple[np.ndarra
                 cc[j] = p2p_costs[int(send_cost_of[(p, j)][r])]
         recv = {rid: int(recv_key[(p, rid)][r]) for rid in sorted(p2p.recvs[p].values())} \
             if p2p is not None else {}
-        kinds.append(_Kind(kid, ops, scale, cc, prep.overlap, chip, _rates0(chip),
+        kinds.append(Kind(kid, ops, scale, cc, prep.overlap, chip, _rates0(chip),
                           prep.lm.class_capacity_bytes_per_s, prog=p, base=lay.base[p],
                           recv=recv, sends=lay.sends[p]))
     return kind_of, kinds
@@ -254,7 +254,7 @@ def _initial_vectors(run: VectorRun, speed, kinds, kind_of, rank, recv_from) -> 
     for K in kinds:
         chips = np.flatnonzero(kind_of == K.id)
         k = len(chips)
-        proto = _Vec()
+        proto = Vec()
         proto.kind = K
         proto.core_i = 0
         proto.core_phase = C_WAIT
@@ -337,9 +337,9 @@ def _vector_result(prep: PreparedStep, lay: _Layout, run: VectorRun, kinds, kind
         p2p=((p2p, {c: int(prog_of[r]) for c, r in enumerate(rep.tolist())})
              if p2p is not None else None))
     dead_links = tuple(prep.config.dead_links)
-    return _summarize(
+    return summarize(
         programs[p], chip, topology, dur, bound, run.start[p][row_of], run.end[p][row_of],
-        _Net(nbytes[slowest], busy[slowest], int(nev[slowest])), prep.base_costs, prep.lm,
+        ChipCounters(nbytes[slowest], busy[slowest], int(nev[slowest])), prep.base_costs, prep.lm,
         rates0[0] * s, rates0[2] * s, hbm0 * s, reported_chip=slowest,
         sim_events=int(nev[rep].sum()) + sum(lay.progs[int(prog_of[r])][1] for r in rep.tolist()),
         **common_parts(topology, {i: op_key[(q, i)][1] for q, i in op_geom if q == p},
@@ -374,7 +374,7 @@ def _finish_and_waits(prep: PreparedStep, lay: _Layout, run: VectorRun
     return finish, wait
 
 
-def _dur_bound(K: _Kind, chip, s: float, rates0) -> tuple[np.ndarray, list[str]]:
+def _dur_bound(K: Kind, chip, s: float, rates0) -> tuple[np.ndarray, list[str]]:
     """Each op's duration and bound unit on a chip of kind `K` at speed `s`, as the class
     engine costs them (a collective's or send's duration is its cost's time, set by the
     caller; a receive takes no time)."""

@@ -1,7 +1,7 @@
 """The vector executor's state (`sim.engine.vector_engine`): the phases and event labels, a
-program's ops as arrays (`_Kind`: per op its kind, unit, dependencies, collective and scales),
-a vector of chips (`_Vec`: every time an array over its chips), and the collective candidate
-rows a vector keeps (`_sliced_row`, `_merged_row`, `_check_row`; `ROW_MODES`)."""
+program's ops as arrays (`Kind`: per op its kind, unit, dependencies, collective and scales),
+a vector of chips (`Vec`: every time an array over its chips), and the collective candidate
+rows a vector keeps (`sliced_row`, `merged_row`, `check_row`; `ROW_MODES`)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ C_WAIT, C_TIMEOUT, C_COLL, C_DONE = range(4)
 K_ARR, K_FLU, K_DRN, K_RCV = range(1, 5)
 # Event labels.
 E_CORE, E_FLUID, E_CADM, E_CEND, E_PCIE, E_RCV = range(6)
-_LABEL = {K_ARR: E_CADM, K_DRN: E_CEND, K_RCV: E_RCV}
+PHASE_EVENT = {K_ARR: E_CADM, K_DRN: E_CEND, K_RCV: E_RCV}
 # Seed of each run's op hashes (a vector's `dh`: the sum of its done ops' hashes, part of the
 # discrete state vectors merge on): every run draws the same hashes, whatever ran before it.
 HASH_SEED = 12345
@@ -32,7 +32,7 @@ PROGRESS_EVERY_STEPS = 256
 ROW_MODES = ("keep", "check", "recompute")
 
 
-def _sliced_row(row, idx):
+def sliced_row(row, idx):
     """A kept candidate row (`VectorRun._coll_row`) restricted to the chips `idx`."""
     t, bad, at = row
     if bad is None:
@@ -45,7 +45,7 @@ def _sliced_row(row, idx):
     return t[idx], b, at[idx]
 
 
-def _merged_row(r0, r1, k0, k1):
+def merged_row(r0, r1, k0, k1):
     """Two kept candidate rows of the same collective (of `k0` and `k1` chips) side by side,
     for two vectors merged into one."""
     (t0, b0, g0), (t1, b1, g1) = r0, r1
@@ -62,7 +62,7 @@ def _merged_row(r0, r1, k0, k1):
     return t, bad, at
 
 
-def _check_row(kept, fresh, j) -> None:
+def check_row(kept, fresh, j) -> None:
     def full(row):
         t, bad, at = row
         n = len(t) if t is not None else len(bad)
@@ -76,7 +76,7 @@ def _check_row(kept, fresh, j) -> None:
                            "stale")
 
 
-class _Kind:
+class Kind:
     """What the chips of a vector share: program, op scales and the cost of each collective
     (point-to-point sends included), and for each receive op the send that completes it.
 
@@ -211,7 +211,7 @@ class _Kind:
             + (self.fix[p] - self.fix[c0]) + gaps
 
 
-class _Vec:
+class Vec:
     __slots__ = ("kind", "a", "core_i", "core_phase", "coll", "fluid", "left", "dh", "pq",
                  "pcur", "key", "dead", "id", "skey", "cand", "blocked", "crow", "act")
 
@@ -228,8 +228,8 @@ class _Vec:
         self.pcur = other.pcur
 
 
-class _Net:
-    """The fluid counters `_summarize` reads, for one chip."""
+class ChipCounters:
+    """The fluid counters `summarize` reads, for one chip."""
 
     def __init__(self, nbytes, busy, events):
         self.bytes = nbytes

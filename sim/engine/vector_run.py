@@ -14,7 +14,6 @@ import numpy as np
 
 from sim.engine.network import max_min_speeds
 from sim.engine.vector_kinds import (
-    _LABEL,
     C_COLL,
     C_DONE,
     C_TIMEOUT,
@@ -32,12 +31,13 @@ from sim.engine.vector_kinds import (
     K_FLU,
     K_RCV,
     NRES,
+    PHASE_EVENT,
     PROGRESS_EVERY_STEPS,
     ROW_MODES,
-    _check_row,
-    _merged_row,
-    _sliced_row,
-    _Vec,
+    Vec,
+    check_row,
+    merged_row,
+    sliced_row,
 )
 from topologies.errors import TpusimError
 from topologies.progress import task
@@ -117,19 +117,19 @@ class VectorRun:
         rng = np.random.default_rng(HASH_SEED)
         self.hash = [int(x) for x in rng.integers(1, 2**62, size=n)]
         self.waiters: dict[int, set[int]] = {}
-        self.vecs: dict[int, _Vec] = {}
+        self.vecs: dict[int, Vec] = {}
         self.by_state: dict[tuple, int] = {}
         self._fluid_memo: dict[tuple, tuple] = {}
         self.heap: list = []  # (key, vector id) of vectors ready to step
         self.bheap: list = []  # (key, vector id) of blocked vectors
         self._seq = 0
-        self.final: list[_Vec] = []
+        self.final: list[Vec] = []
         self.max_vectors = 0
         self.steps = 0
 
     # -- vector bookkeeping -----------------------------------------------------------------
-    def _new(self, state_from, a) -> _Vec:
-        v = _Vec()
+    def _new(self, state_from, a) -> Vec:
+        v = Vec()
         v.copy_state(state_from)
         v.a = a
         v.key = math.inf
@@ -147,7 +147,7 @@ class VectorRun:
         self.max_vectors = max(self.max_vectors, len(self.vecs))
         return v
 
-    def _kill(self, v: _Vec) -> None:
+    def _kill(self, v: Vec) -> None:
         v.dead = True
         self.vecs.pop(v.id, None)
         gk = v.kind.gk
@@ -156,7 +156,7 @@ class VectorRun:
         if v.skey is not None and self.by_state.get(v.skey) == v.id:
             del self.by_state[v.skey]
 
-    def _split(self, v: _Vec, codes: np.ndarray) -> list[tuple[int, _Vec, object]]:
+    def _split(self, v: Vec, codes: np.ndarray) -> list[tuple[int, Vec, object]]:
         """Sub-vectors of `v` by equal `codes`, with the indices of their chips in `v` (v itself
         is retired when it splits)."""
         c0 = codes[0]
@@ -169,15 +169,15 @@ class VectorRun:
             idx = np.flatnonzero(codes == c)
             p = self._new(v, {k: x[idx] for k, x in v.a.items()})
             # A collective's row is elementwise in the chips: the part's rows are the parent's.
-            p.crow = {j: _sliced_row(row, idx) for j, row in v.crow.items()}
+            p.crow = {j: sliced_row(row, idx) for j, row in v.crow.items()}
             out.append((c, p, idx))
         return out
 
-    def _state_key(self, v: _Vec) -> tuple:
+    def _state_key(self, v: Vec) -> tuple:
         return (v.kind.id, v.core_i, v.core_phase, tuple(sorted(v.coll.items())),
                 tuple(v.fluid), v.dh, tuple(v.pq), v.pcur, v.act)
 
-    def _settle(self, v: _Vec) -> None:
+    def _settle(self, v: Vec) -> None:
         """After a step: merge with a vector in the same discrete state, re-key, re-queue."""
         if v.skey is not None and self.by_state.get(v.skey) == v.id:
             del self.by_state[v.skey]
@@ -189,14 +189,14 @@ class VectorRun:
             self._kill(v)
             m = self._new(v, {k: np.concatenate([w.a[k], x]) for k, x in v.a.items()})
             kw, kv = len(w.a["now"]), len(v.a["now"])
-            m.crow = {j: _merged_row(w.crow[j], row, kw, kv) for j, row in v.crow.items()
+            m.crow = {j: merged_row(w.crow[j], row, kw, kv) for j, row in v.crow.items()
                       if j in w.crow}
             v = m
         v.skey = sk
         self.by_state[sk] = v.id
         self._push(v)
 
-    def _push(self, v: _Vec) -> None:
+    def _push(self, v: Vec) -> None:
         # The candidates stay valid until the vector's next event or a rendezvous of one of
         # its collectives resolves (`_wake` pushes it again).
         v.cand = cand = self._candidates(v)
@@ -210,7 +210,7 @@ class VectorRun:
             self.final.append(v)
 
     # -- candidates -------------------------------------------------------------------------
-    def _candidates(self, v: _Vec):
+    def _candidates(self, v: Vec):
         """(earliest known event time per chip, labels, time matrix, unresolved items)."""
         a = v.a
         k = len(a["now"])
@@ -234,10 +234,10 @@ class VectorRun:
                 if self.rows != "recompute":
                     crow[j] = row
             elif self.rows == "check":
-                _check_row(row, self._coll_row(v, j, ph), j)
+                check_row(row, self._coll_row(v, j, ph), j)
             t, bad, at = row
             if t is not None:
-                labels.append((_LABEL[ph], j))
+                labels.append((PHASE_EVENT[ph], j))
                 rows.append(t)
             if bad is not None:
                 unres.append((bad, at))
@@ -250,7 +250,7 @@ class VectorRun:
             raise RuntimeError("invariant violated: a NaN event time")
         return tmin, labels, m, unres, key
 
-    def _coll_row(self, v: _Vec, j: int, ph: int):
+    def _coll_row(self, v: Vec, j: int, ph: int):
         """Collective `j`'s candidate row for `v` in phase `ph`: (each chip's start (K_ARR) or
         end (K_DRN) time, inf where its group's rendezvous is unresolved; None if unresolved
         for every chip), the unresolved chips' mask and each chip's group index in `self.lo`
@@ -289,7 +289,7 @@ class VectorRun:
         return np.where(ok, self.dmax[k][g], np.inf), ~ok, at
 
     # -- main loop --------------------------------------------------------------------------
-    def run(self, init: list[_Vec]) -> None:
+    def run(self, init: list[Vec]) -> None:
         """Run to the end from the vectors `init` (time 0). The point-to-point sends are open
         rendezvous from the start: their receivers may wait on them before any has arrived."""
         for v in init:  # time 0: ops without dependencies start (collectives in op order)
@@ -352,7 +352,7 @@ class VectorRun:
                              detail=f"{self.N:,} chips in {len(self.vecs):,} vectors")
             self._step(v, min(key, self._blocked_min()))
 
-    def _block(self, v: _Vec) -> None:
+    def _block(self, v: Vec) -> None:
         """`v` waits until a rendezvous of one of its collectives resolves (`_wake`)."""
         cand = v.cand
         if cand is None:
@@ -374,7 +374,7 @@ class VectorRun:
             heapq.heappop(h)
         return math.inf
 
-    def _step(self, v: _Vec, T: float) -> None:
+    def _step(self, v: Vec, T: float) -> None:
         cand, v.cand = v.cand, None
         tmin, labels, m, unres, _key = cand if cand is not None else self._candidates(v)
         safe = np.isfinite(tmin)
@@ -407,7 +407,7 @@ class VectorRun:
             self._event(p, labels[c], m[c][idx])
 
     # -- events -----------------------------------------------------------------------------
-    def _event(self, v: _Vec, label, t: np.ndarray) -> None:
+    def _event(self, v: Vec, label, t: np.ndarray) -> None:
         kind, j = label
         fluid_event = kind == E_FLUID or (kind == E_CADM and not v.kind.coll[j][3])
         if fluid_event and v.fluid:
@@ -441,7 +441,7 @@ class VectorRun:
                          0.0, r)
         return r
 
-    def _event_uniform(self, v: _Vec, label, t: np.ndarray, rem) -> None:
+    def _event_uniform(self, v: Vec, label, t: np.ndarray, rem) -> None:
         kind, j = label
         a = v.a
         a["now"] = t
@@ -502,7 +502,7 @@ class VectorRun:
     # A vector's batches in flight are columns, in admission order (`v.fluid`), of three
     # [chip, batch] arrays: R the fraction left, V the speed (fractions per second), M the
     # speed cap (inf unless the collective is paced elsewhere).
-    def _admit(self, v: _Vec, b: int, cap: np.ndarray) -> None:
+    def _admit(self, v: Vec, b: int, cap: np.ndarray) -> None:
         """Batch `b` enters the fluid network (whole, not moving yet, capped at `cap`)."""
         a = v.a
         k = len(cap)
@@ -511,7 +511,7 @@ class VectorRun:
         a["M"] = np.concatenate([a["M"], cap[:, None]], axis=1)
         v.fluid.append(b)
 
-    def _advance(self, v: _Vec, t, rem) -> None:
+    def _advance(self, v: Vec, t, rem) -> None:
         """FluidNetwork._advance to `t` with the remaining fractions `rem` from `_advanced`."""
         a = v.a
         if v.fluid:
@@ -521,7 +521,7 @@ class VectorRun:
             a["busy"] = a["busy"] + np.outer(d, self._fluid_set(v)[1])
         a["fl_last"] = t
 
-    def _fluid_set(self, v: _Vec):
+    def _fluid_set(self, v: Vec):
         """Memo per (kind, active batches in admission order): the load of every resource
         (summed in FluidNetwork's bincount order), which resources are in use, the loaded
         resources' indices, every batch's bytes on each of those ([batch, resource]), and the
@@ -548,7 +548,7 @@ class VectorRun:
                                      owner, caps, bool(len(used)) and int(used[-1]) == HBM)
         return m
 
-    def _resched(self, v: _Vec, t) -> list[int]:
+    def _resched(self, v: Vec, t) -> list[int]:
         a = v.a
         a["nev"] = a["nev"] + 1
         done = a["R"][0] <= 1e-12  # uniform over the chips (see _event)
@@ -572,7 +572,7 @@ class VectorRun:
         a["ft"] = t + np.maximum(nxt, 0.0)
         return fin
 
-    def _max_min_speeds(self, v: _Vec, nc: int) -> np.ndarray:
+    def _max_min_speeds(self, v: Vec, nc: int) -> np.ndarray:
         """`sim.engine.network.max_min_speeds` (progressive filling) with every chip of the
         vector as one network of the batch axis: [batch, chip] speeds. Chips freeze their
         batches in their own order (their HBM and their compute ops' caps scale with their
@@ -587,16 +587,16 @@ class VectorRun:
         return max_min_speeds(res, weight, owner, cap_left, a["M"].T, load=load)[0]
 
     # -- ops --------------------------------------------------------------------------------
-    def _core_done(self, v: _Vec, op: int, t) -> None:
+    def _core_done(self, v: Vec, op: int, t) -> None:
         self._op_done(v, op, t)
         self._core_next(v, t)
 
-    def _core_next(self, v: _Vec, t) -> None:
+    def _core_next(self, v: Vec, t) -> None:
         v.core_i += 1
         v.core_phase = C_WAIT
         self._start_core(v, t)
 
-    def _start_core(self, v: _Vec, t) -> None:
+    def _start_core(self, v: Vec, t) -> None:
         K = v.kind
         if v.core_i >= len(K.core):
             v.core_phase = C_DONE
@@ -636,7 +636,7 @@ class VectorRun:
                 a["bytes"] = a["bytes"] + w
             a["core_t"] = t + (np.maximum(tc, 0.0) + K.ovh)
 
-    def _activate(self, v: _Vec, rids, t) -> None:
+    def _activate(self, v: Vec, rids, t) -> None:
         """The core reached the first dependent of the receives `rids` at `t`: wait for them
         from now on (each completes at max(its send's end, t))."""
         a = v.a
@@ -649,7 +649,7 @@ class VectorRun:
             v.crow.pop(rid, None)
             self.waiters.setdefault(k, set()).add(v.id)
 
-    def _op_done(self, v: _Vec, op: int, t) -> None:
+    def _op_done(self, v: Vec, op: int, t) -> None:
         a = v.a
         K = v.kind
         self.end[K.prog][a["pr"], op] = t
@@ -668,7 +668,7 @@ class VectorRun:
                 elif v.core_phase == C_WAIT and v.core_i < len(K.core) and K.core[v.core_i] == o:
                     self._start_core(v, t)
 
-    def _pcie_next(self, v: _Vec, t) -> None:
+    def _pcie_next(self, v: Vec, t) -> None:
         if v.pcur >= 0 or not v.pq:
             return
         op = v.pq.pop(0)
@@ -676,7 +676,7 @@ class VectorRun:
         self.start[v.kind.prog][v.a["pr"], op] = t
         v.a["pcie_t"] = t + v.kind.host_dur[op]
 
-    def _arrive(self, v: _Vec, j: int, t) -> None:
+    def _arrive(self, v: Vec, j: int, t) -> None:
         a = v.a
         pr = a["pr"]
         k = v.kind.gk[j]
@@ -702,7 +702,7 @@ class VectorRun:
         if full.any():
             self._wake(k, v, K_ARR, g[full])
 
-    def _drained(self, v: _Vec, j: int, t) -> None:
+    def _drained(self, v: Vec, j: int, t) -> None:
         a = v.a
         k = v.kind.gk[j]
         self.drn[v.kind.prog][self.cidx[k], a["pr"]] = t
@@ -715,7 +715,7 @@ class VectorRun:
         if full.any():
             self._wake(k, v, K_DRN, g[full])
 
-    def _wake(self, k: int, skip: _Vec, phase: int, groups: np.ndarray) -> None:
+    def _wake(self, k: int, skip: Vec, phase: int, groups: np.ndarray) -> None:
         """Re-key the vectors waiting in `phase` of rendezvous `k` on one of `groups` (whose
         rendezvous just resolved); a send's end (K_DRN) also wakes its receivers."""
         mask = np.zeros(len(self.acnt[k]), dtype=bool)
@@ -748,7 +748,7 @@ class VectorRun:
             if w.kind.prog == p and np.isnan(arr[ci, w.a["pr"][0]]):
                 self._bound_into(w, k - w.kind.base)
 
-    def _bound_into(self, w: _Vec, j: int, at_start: bool = False) -> None:
+    def _bound_into(self, w: Vec, j: int, at_start: bool = False) -> None:
         a = w.a
         running = not at_start and w.core_phase not in (C_WAIT, C_DONE)
         c0 = w.core_i + (1 if running else 0)
@@ -761,7 +761,7 @@ class VectorRun:
         else:
             np.maximum.at(self.alb[k], self.goc[k][a["pr"]], lb)
 
-    def _update_open_bounds(self, v: _Vec) -> None:
+    def _update_open_bounds(self, v: Vec) -> None:
         """At the start of a core op: tighten the arrival bounds of the open rendezvous this
         vector has not reached yet (the op and the rest of the path to each still ahead)."""
         K = v.kind

@@ -15,10 +15,10 @@ import math
 from collections.abc import Iterable, Mapping
 
 from sim.engine.costs import (
-    _merge,
     compute_op_times,
     cost_cache_key,
     cost_collective,
+    merge_axis_factors,
     padded_collective_bytes,
 )
 from sim.engine.memory import static_hbm_bytes
@@ -95,7 +95,7 @@ class Floors:
                 factors: list = []
                 for a in op.mesh_axes:
                     factors += list(self.groups.get(a, ()))
-                gaxes = _merge(self.topology, factors) if factors else ()
+                gaxes = merge_axis_factors(self.topology, factors) if factors else ()
                 floor = collective_floor_s(self.chip, self.topology, op.collective,
                                            gaxes[:1] if op.collective == "collective-permute"
                                            else gaxes, op.bytes)

@@ -137,8 +137,7 @@ def sharper_bound(job: tuple) -> dict[str, Any]:
                                  exact_algorithm=algorithm_of(req), cost_keys=keys) * (1 - 1e-12)
     except Exception:  # noqa: BLE001 - the simulation reports the error (run_point never raises)
         return {"lower_bound_s": None, "costs": {}}
-    cache = engine._COST_CACHE
-    return {"lower_bound_s": bound, "costs": {k: cache[k] for k in keys if k in cache}}
+    return {"lower_bound_s": bound, "costs": engine.cached_costs(keys)}
 
 
 # The horizon of a prefix run is this many times the time its uncontended schedule first goes
