@@ -313,14 +313,51 @@ def test_a_slow_link_slows_a_microbenchmark(tmp_path, capsys):
     assert slow > plain * 1.2
 
 
-def test_ranks_that_do_not_fit_the_pod_or_differ_are_refused(tmp_path, capsys):
+def test_ranks_that_do_not_fit_the_pod_or_disagree_on_a_collective_are_refused(tmp_path,
+                                                                               capsys):
     prefix = microbenchmark(tmp_path, CommType.ALL_REDUCE, 4)
     assert main(["replay", prefix, "--chip", "v5e", "--shape", "2x4"]) == 2
     assert "4 ranks but the 2x4 pod has 8 chips" in capsys.readouterr().err
     progs = [[coll_node(0, "ar", CommType.ALL_REDUCE, MIB * (1 + (r == 2)))] for r in range(4)]
     diff = write_set(tmp_path, "diff", progs)
     assert main(["replay", diff, "--chip", "v5e", "--shape", "2x2"]) == 2
-    assert "rank 2 differs from rank 0" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "diff.0.et': node 0 ('ar') is a collective over ranks 0, 1, 2, 3" in err
+    assert "rank 2's node" in err and err.count("\n") == 1
+
+
+def _two_stages(tmp_path, name, *, recv_tag=7, flops=10**12):
+    """Rank 0 computes and sends 1 MiB to rank 1 (tag 7); rank 1 receives it and computes."""
+    return write_set(tmp_path, name, [
+        [comp_node(1, "f0", num_ops=flops),
+         p2p_node(2, "send", send=True, src=0, dst=1, tag=7, comm_size=MIB, data_deps=(1,))],
+        [p2p_node(1, "recv", send=False, src=0, dst=1, tag=recv_tag, comm_size=MIB),
+         comp_node(2, "f1", num_ops=flops, data_deps=(1,))]])
+
+
+def test_ranks_running_different_programs_replay_each_on_its_chip(tmp_path, capsys):
+    from sim.engine.perchip import p2p_cost
+    from topologies.slices import resolve_topology
+
+    prefix = _two_stages(tmp_path, "stages")
+    out = _replay([prefix, "--chip", "v5e", "--shape", "2x1"], capsys)
+    chip = get_chip("v5e")
+    topo = resolve_topology(chip_name="v5e", wrap_rule=chip.generation_rule,
+                            max_pod_shape=chip.max_pod_shape, shape="2x1")
+    send = p2p_cost(chip, topo, 0, 1, MIB, {}).time_s
+    one = _replay([write_set(tmp_path, "one", [[comp_node(1, "f", num_ops=10**12)]]),
+                   "--chip", "v5e", "--shape", "2x1"], capsys)["step_time_s"]
+    # The chain: rank 0's compute, the transfer, rank 1's compute (closed form from its parts).
+    assert out["step_time_s"] == pytest.approx(2 * one + send, rel=1e-9)
+    assert any("different programs" in a for a in out["approximations"])
+
+
+def test_a_send_without_its_receive_is_refused_naming_both_sides(tmp_path, capsys):
+    prefix = _two_stages(tmp_path, "lonely", recv_tag=8)
+    assert main(["replay", prefix, "--chip", "v5e", "--shape", "2x1"]) == 2
+    err = capsys.readouterr().err
+    assert "lonely.0.et': node 2 ('send') sends comm_tag 7 to rank 1, which has no " \
+           "COMM_RECV_NODE of that tag from rank 0" in err and err.count("\n") == 1
 
 
 def test_import_chakra_json_has_the_documented_fields(tmp_path, capsys):

@@ -104,3 +104,54 @@ def test_export_of_a_trace_file_and_bad_requests(tmp_path, capsys):
     assert "exported from a 4-chip pod" in capsys.readouterr().err
     assert main(["export", str(trace), *POD]) == 2
     assert "--chakra DIR" in capsys.readouterr().err
+
+
+PIPE = ["train", *POD, "--model", "llama3-8b", "--seq-len", "256", "--batch-per-chip", "1",
+        "--mesh", "pipeline=2,fsdp=2", "--microbatches", "2", "--set", "model.num_layers=2",
+        "--quiet"]
+
+
+@pytest.mark.parametrize("every", [False, True], ids=["by-class", "every-chip"])
+def test_a_pipeline_step_exports_each_stage_and_replays_to_the_same_time(tmp_path, capsys,
+                                                                         every):
+    extra = ["--chakra-every-chip"] if every else []
+    direct = _run([*PIPE, "--chakra", str(tmp_path / "c"), *extra], capsys)
+    cset = read_set(str(tmp_path / "c"))
+    assert cset.num_ranks == (4 if every else 2)
+    assert inventory(cset)["num_distinct_programs"] == cset.num_ranks
+    # Stage-to-stage transfers are sends and receives paired by tag across the stages' ranks.
+    sends, recvs = {}, {}
+    for rp in cset.ranks:
+        for nd in rp.nodes:
+            if nd.type == 5:  # COMM_SEND_NODE
+                sends[(nd.attr("comm_src"), nd.attr("comm_dst"), nd.attr("comm_tag"))] = nd
+            elif nd.type == 6:  # COMM_RECV_NODE
+                recvs[(nd.attr("comm_src"), nd.attr("comm_dst"), nd.attr("comm_tag"))] = nd
+    assert sends and sends.keys() == recvs.keys()
+    assert all(s != d for s, d, _t in sends)
+    again = _run(["replay", str(tmp_path / "c"), *POD], capsys)
+    assert again["step_time_s"] == pytest.approx(direct["step_time_s"], rel=1e-12)
+
+
+def test_a_pipeline_export_read_from_the_chakra_fields_alone_keeps_the_step_time(tmp_path,
+                                                                                capsys):
+    import numpy as np
+
+    from sim.engine.executors import simulate_chips
+    from sim.engine.perchip import PerChipConfig, PointToPoint
+
+    direct = _run([*PIPE, "--chakra", str(tmp_path / "e"), "--chakra-every-chip"],
+                  capsys)["step_time_s"]
+    chip = get_chip("v5e")
+    topo = resolve_topology(chip_name="v5e", wrap_rule=chip.generation_rule,
+                            max_pod_shape=chip.max_pod_shape, shape="2x2")
+    for compute in ("roofline", "recorded"):
+        imp = chakra_trace(read_set(str(tmp_path / "e")), topo, compute, tpusim_ops=False)
+        assert len(imp.programs) == 2 and sorted(set(imp.program_of_chip)) == [0, 1]
+        p2p = imp.p2p
+        cfg = PerChipConfig(
+            programs=imp.programs, program_of_chip=np.asarray(imp.program_of_chip),
+            p2p=PointToPoint(peer_of_chip=tuple(np.asarray(nb) for nb in p2p["peers"]),
+                             sends=tuple(p2p["sends"]), recvs=tuple(p2p["recvs"])))
+        step = simulate_chips(imp.trace, chip, topo, config=cfg).step_time_s
+        assert step == pytest.approx(direct, rel=0.01)

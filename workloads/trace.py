@@ -174,11 +174,14 @@ class Trace:
         return json.dumps(doc, separators=(",", ":"), sort_keys=False)
 
     @staticmethod
-    def from_json(text: str, *, source: str = "trace") -> Trace:
+    def from_json(text: str, *, source: str = "trace",
+                  peered_sends: frozenset[int] = frozenset()) -> Trace:
         """Parse and validate a trace file's text (see the module docstring for the format).
 
         Every field is type- and range-checked (finite numbers, at most `MAX_TRACE_OPS` ops,
         bounded nesting and integers), so a corrupted or hostile file is one `TpusimError`.
+        `peered_sends`: ids of sends whose peers the caller gives the engine (a Chakra set's
+        pipeline sends and receives), which need no device group.
         """
         from topologies.yamlio import _Refused, parse_json
 
@@ -238,7 +241,8 @@ class Trace:
                               f"{MAX_TRACE_OPS:,}; a program this large is too large to simulate")
         ops = [_op_from_row(i, r, cols, source) for i, r in enumerate(rows)]
         for op in ops:
-            if op.kind == OpKind.COLLECTIVE and op.collective == "send" and op.group < 0:
+            if op.kind == OpKind.COLLECTIVE and op.collective == "send" and op.group < 0 \
+                    and op.id not in peered_sends:
                 # A send needs its peer: the [src, dst] pairs of a device group (import-hlo),
                 # or a pipeline schedule's stage programs (composed in memory, never written).
                 # Without one it reached `tpusim collective`'s "--op send needs --src".

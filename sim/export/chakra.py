@@ -100,30 +100,29 @@ def _members(topology, gaxes) -> tuple[np.ndarray, dict[int, list[int]]]:
     return of, groups
 
 
-def plan_chakra(trace: Trace, result: StepResult, *, every_chip: bool = False) -> ChakraPlan:
-    """Encode `trace` as simulated in `result` (see the module docstring)."""
-    topo = result.pod
-    if topo is None:
-        raise TpusimError("internal error: the result has no pod to export to Chakra")
-    cls = result.classes
-    if cls is not None and any(p.trace is not trace for p in cls.programs.values()):
-        raise TpusimError(
-            "{chakra}: this step runs several programs (pipeline stages), which tpusim does not "
-            "export to Chakra yet; export a step without a pipeline axis", "chakra")
-    n = topo.num_chips
-    if cls is None:
-        of_chip, reps = np.zeros(n, dtype=int), np.array([0])
-    else:
-        of_chip, reps = np.asarray(cls.of_chip), np.asarray(cls.reps)
-    ranks = list(range(n)) if every_chip else [int(r) for r in reps]
+@dataclass(slots=True)
+class _Program:
+    """What every rank file of one program shares: per collective its group size and replica
+    groups (`pg_of`), each op's `tpusim_op` text, the op before each compute op on the core,
+    and the program's point-to-point sends {op: (channel, tag)} and receives {op: tag}."""
+
+    trace: Trace
+    pg_of: dict
+    op_text: list[str]
+    core_prev: list[int | None]
+    sends: dict[int, tuple[int, int]]
+    recvs: dict[int, int]
+
+
+def _program(trace: Trace, topo, specs: dict, geo: dict, sends=None, recvs=None) -> _Program:
     groups = collective_groups(trace, topo)
     dev: dict = {}
+    sends = dict(sends or {})
+    recv_of = {int(op): int(tag) for tag, op in (recvs or {}).items()}
     # Per collective op: its group size and, per chip, its replica group (a pg id) and members.
-    pg_of: dict[int, tuple[np.ndarray, dict[int, list[int]], int, int]] = {}
-    specs: dict[tuple, int] = {}
-    geo: dict[tuple, tuple] = {}  # per group geometry: a step has a handful, used by many ops
+    pg_of: dict[int, tuple] = {}
     for op in trace.ops:
-        if op.kind != OpKind.COLLECTIVE:
+        if op.kind != OpKind.COLLECTIVE or op.id in sends or op.id in recv_of:
             continue
         gaxes, key = op_group_axes(topo, trace, op, groups, dev)
         skey = (tuple(gaxes), op.group if len(key) == 4 else -1)
@@ -138,6 +137,69 @@ def plan_chakra(trace: Trace, result: StepResult, *, every_chip: bool = False) -
             of, members = geo[skey]
             size = int(np.prod([g.size for g in gaxes])) if gaxes else 1
             pg_of[op.id] = (of, members, size, specs[skey])
+    op_text = [json.dumps([_field(op, f) for f in OP_FIELDS], separators=(",", ":"))
+               for op in trace.ops]
+    core_prev: list[int | None] = []
+    last = None
+    for op in trace.ops:
+        core_prev.append(last if op.kind in (OpKind.COMPUTE, OpKind.IDLE) else None)
+        if op.kind in (OpKind.COMPUTE, OpKind.IDLE):
+            last = op.id
+    return _Program(trace=trace, pg_of=pg_of, op_text=op_text, core_prev=core_prev,
+                    sends=sends, recvs=recv_of)
+
+
+def _p2p_of(cls) -> tuple | None:
+    """(the `PointToPoint` of a step whose chips send to each other, {class: program index},
+    per channel the chip that sends to each chip (-1: none), {tag: channel}) or None."""
+    if cls is None or cls.p2p is None:
+        return None
+    p2p, prog_of_class = cls.p2p
+    peers = [np.asarray(nb, dtype=np.int64) for nb in p2p.peer_of_chip]
+    senders = []
+    for nb in peers:
+        inv = np.full(len(nb), -1, dtype=np.int64)
+        ok = nb >= 0
+        inv[nb[ok]] = np.flatnonzero(ok)
+        senders.append(inv)
+    channel_of_tag = {int(tag): int(ch) for sends in p2p.sends for ch, tag in sends.values()}
+    return p2p, prog_of_class, senders, channel_of_tag
+
+
+def plan_chakra(trace: Trace, result: StepResult, *, every_chip: bool = False) -> ChakraPlan:
+    """Encode `trace` as simulated in `result` (see the module docstring): a step whose chips
+    run several programs (pipeline stages) writes each class's (or rank's) own program."""
+    topo = result.pod
+    if topo is None:
+        raise TpusimError("internal error: the result has no pod to export to Chakra")
+    cls = result.classes
+    n = topo.num_chips
+    if cls is None:
+        of_chip, reps = np.zeros(n, dtype=int), np.array([0])
+    else:
+        of_chip, reps = np.asarray(cls.of_chip), np.asarray(cls.reps)
+    ranks = list(range(n)) if every_chip else [int(r) for r in reps]
+    p2p = _p2p_of(cls)
+    specs: dict[tuple, int] = {}
+    geo: dict[tuple, tuple] = {}  # per group geometry: a step has a handful, used by many ops
+    programs: dict[int, _Program] = {}  # by program index (0: `trace`)
+
+    def program_of(k: int) -> tuple[int, _Program]:
+        if p2p is None and not (cls is not None and cls.programs):
+            pi, tr = 0, trace
+        elif p2p is not None:
+            pi = int(p2p[1][k])
+            tr = cls.programs[k].trace if cls.programs else trace
+        else:
+            raise TpusimError(
+                "{chakra}: this step runs several programs without point-to-point sends, which "
+                "tpusim does not export to Chakra; export a step of one program", "chakra")
+        if pi not in programs:
+            programs[pi] = _program(tr, topo, specs, geo,
+                                    p2p[0].sends[pi] if p2p else None,
+                                    p2p[0].recvs[pi] if p2p else None)
+        return pi, programs[pi]
+
     mesh_json = json.dumps(trace.mesh.to_dict(), separators=(",", ":"))
     groups_json = json.dumps(trace.meta.device_groups or [], separators=(",", ":"))
     base_meta = {
@@ -148,32 +210,34 @@ def plan_chakra(trace: Trace, result: StepResult, *, every_chip: bool = False) -
         "tpusim_kind": string_attr(str(trace.meta.kind or "")),
         "tpusim_approximations": Attr(Member.STRING, APPROXIMATIONS, True),
     }
-    op_text = [json.dumps([_field(op, f) for f in OP_FIELDS], separators=(",", ":"))
-               for op in trace.ops]
-    core_prev: list[int | None] = []
-    last = None
-    for op in trace.ops:
-        core_prev.append(last if op.kind in (OpKind.COMPUTE, OpKind.IDLE) else None)
-        if op.kind in (OpKind.COMPUTE, OpKind.IDLE):
-            last = op.id
+    if p2p is not None:
+        base_meta["tpusim_p2p_peers"] = string_attr(json.dumps(
+            [np.asarray(nb).tolist() for nb in p2p[0].peer_of_chip], separators=(",", ":")))
     files = []
     durs: dict[int, np.ndarray] = {}
     for rank in tracked(ranks, "Chakra export", unit="rank file" if every_chip else "class file"):
         k = int(of_chip[rank])
+        pi, prog = program_of(k)
         if k not in durs:
-            durs[k] = _durations(result, trace, k)
-        nodes, pgs = _rank_nodes(trace, rank, durs[k], pg_of, op_text, core_prev, n)
+            durs[k] = _durations(result, prog.trace, k)
+        nodes, pgs = _rank_nodes(prog, rank, durs[k], n, p2p)
         attrs = dict(base_meta)
         if not every_chip:
             chips = np.flatnonzero(of_chip == k).tolist()
             attrs["tpusim_chip_class"] = int64_attr(k)
             attrs["tpusim_class_chips"] = Attr(Member.INT64, tuple(chips), True)
         attrs["tpusim_rank"] = int64_attr(rank)
+        if p2p is not None:
+            attrs["tpusim_program"] = int64_attr(pi)
+            attrs["tpusim_p2p"] = string_attr(json.dumps(
+                {"sends": sorted([op, ch, tag] for op, (ch, tag) in prog.sends.items()),
+                 "recvs": sorted([op, tag] for op, tag in prog.recvs.items())},
+                separators=(",", ":")))
         if pgs:
             init = json.dumps([{"pg_name": name, "ranks": members, "pg_desc": ""}
                                for name, members in sorted(pgs.items(), key=lambda kv: int(
                                    kv[0]))], separators=(",", ":"))
-            nodes.append(Node(id=len(trace.ops) * 2 + 1, name="process_group:init",
+            nodes.append(Node(id=len(prog.trace.ops) * 2 + 1, name="process_group:init",
                               type=NodeType.METADATA_NODE,
                               inputs=IOInfo(values=f"[[{init}]]", shapes="[[]]",
                                             types="['String']")))
@@ -187,7 +251,8 @@ def _field(op, f: str):
     return list(v) if isinstance(v, tuple) else (str(v) if hasattr(v, "value") else v)
 
 
-def _rank_nodes(trace, rank, dur, pg_of, op_text, core_prev, n):
+def _rank_nodes(prog: _Program, rank: int, dur, n: int, p2p):
+    trace, pg_of, op_text, core_prev = prog.trace, prog.pg_of, prog.op_text, prog.core_prev
     nodes: list[Node] = []
     pgs: dict[str, list[int]] = {}
     extra = len(trace.ops)
@@ -206,6 +271,18 @@ def _rank_nodes(trace, rank, dur, pg_of, op_text, core_prev, n):
         elif op.kind == OpKind.HOST:
             attrs["tensor_size"] = uint64_attr(int(round(op.bytes)))
             t = NodeType.MEM_STORE_NODE
+        elif op.id in prog.sends:  # a stage-to-stage send: to this chip's peer on its channel
+            ch, tag = prog.sends[op.id]
+            dst = int(p2p[0].peer_of_chip[ch][rank])
+            t = NodeType.COMM_SEND_NODE
+            attrs.update(comm_src=int32_attr(rank), comm_dst=int32_attr(dst),
+                         comm_tag=int32_attr(tag), comm_size=int64_attr(int(round(op.bytes))))
+        elif op.id in prog.recvs:  # done when the send of its tag from the chip feeding it is
+            tag = prog.recvs[op.id]
+            src = int(p2p[2][p2p[3][tag]][rank])
+            t = NodeType.COMM_RECV_NODE
+            attrs.update(comm_src=int32_attr(src), comm_dst=int32_attr(rank),
+                         comm_tag=int32_attr(tag), comm_size=int64_attr(int(round(op.bytes))))
         else:
             of, members, size, spec = pg_of[op.id]
             if op.collective in _COMM:

@@ -13,7 +13,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from sim.energy import energy_summary, step_energy
+from sim.engine.executors import simulate_chips
+from sim.engine.perchip import PointToPoint
 from sim.engine.pipeline import build_stage_programs, check_schedule, simulate_pipeline_chips
 from sim.runs.auto_switch import auto_switch_report
 from sim.runs.bind import (
@@ -392,6 +396,8 @@ def run_replay(req: ReplayRequest, *, check_trace_chips=None) -> Run:
     piped = {}
 
     def simulate(c):
+        if chakra is not None and chakra.programs:
+            return _replay_programs(req, chakra, c, topo)
         if trace.meta.kind == TraceKind.TRAINING and trace.mesh.size("pipeline") > 1:
             r, piped["pipe"] = _replay_pipeline(req, trace, c, topo, path)
             return r
@@ -423,6 +429,21 @@ def run_replay(req: ReplayRequest, *, check_trace_chips=None) -> Run:
     inputs["algorithm"] = algorithm_of(req)
     return Run(command=req.command, summary=summary, inputs=inputs, result=result, trace=trace,
                energy_detail=energy)
+
+
+def _replay_programs(req, imp, chip, topo):
+    """A Chakra set whose chips run several programs (an exported pipeline step): each chip
+    its own program on the per-chip engine, the sends between them point-to-point transfers,
+    with the request's perturbations."""
+    p2p = imp.p2p
+    cfg = dataclasses.replace(
+        per_chip_config(req, imp.trace, topo), programs=imp.programs,
+        program_of_chip=np.asarray(imp.program_of_chip, dtype=np.int64),
+        p2p=None if p2p is None else PointToPoint(
+            peer_of_chip=tuple(np.asarray(nb, dtype=np.int64) for nb in p2p["peers"]),
+            sends=tuple(p2p["sends"]), recvs=tuple(p2p["recvs"])))
+    return simulate_chips(imp.trace, chip, topo, config=cfg, algorithm=algorithm_of(req),
+                          overlap=False if req.no_overlap else None)
 
 
 def _replay_pipeline(req, trace, chip, topo, path):

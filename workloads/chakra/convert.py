@@ -38,6 +38,7 @@ from topologies.errors import TpusimError
 from topologies.mesh import LogicalMesh
 from topologies.torus import Topology
 from workloads.chakra.convert_fields import OP_FIELDS
+from workloads.chakra.programs import programs_trace
 from workloads.chakra.reader import ChakraSet, RankProgram, comm_bytes_of
 from workloads.chakra.wire import CommType, Node, NodeType
 from workloads.trace import Op, OpKind, Trace, Unit
@@ -82,6 +83,13 @@ class ChakraImport:
     trace: Trace
     num_ranks: int
     approximations: tuple[str, ...]
+    # A set whose chips run several programs (pipeline stages): each program, every chip's
+    # program, and the point-to-point sends between them ({"peers": per channel the chip each
+    # chip sends to, "sends": per program {op: (channel, tag)}, "recvs": per program {tag: op}},
+    # the per-chip engine's PointToPoint); empty for one program.
+    programs: tuple[Trace, ...] = ()
+    program_of_chip: tuple[int, ...] = ()
+    p2p: dict | None = None
 
 
 def process_groups(rp: RankProgram, num_ranks: int) -> dict[str, tuple[int, ...]]:
@@ -191,7 +199,11 @@ def _op_of(n: Node, k: int, deps: tuple[int, ...], compute: ChakraCompute, notes
 
 
 def _program(rp: RankProgram, rank: int, num_ranks: int, compute: ChakraCompute,
-             notes: dict) -> list[tuple[dict, object]]:
+             notes: dict, *, spmd: bool = True) -> list[tuple[dict, object]]:
+    """Each node's (op fields, the part that differs between ranks). `spmd=False` (ranks that
+    run different programs): a send's part is ("send", comm_dst, comm_tag), and a receive is a
+    point-to-point receive op whose part is ("recv", comm_src, comm_tag), done when that
+    send lands (`workloads.chakra.programs`)."""
     groups = process_groups(rp, num_ranks)
     index = {n.id: k for k, n in enumerate(rp.nodes)}
     send_of_tag: dict[int, int] = {}
@@ -202,6 +214,9 @@ def _program(rp: RankProgram, rank: int, num_ranks: int, compute: ChakraCompute,
         # Edges the reader dropped (self edges, control cycles) point at or past k.
         deps = {d for d in deps if d < k}
         t = n.type
+        if not spmd and t in (NodeType.COMM_SEND_NODE, NodeType.COMM_RECV_NODE):
+            out.append(_p2p_op(n, tuple(sorted(deps))))
+            continue
         if t == NodeType.COMM_SEND_NODE:
             send_of_tag.setdefault(int(n.attr("comm_tag", 0) or 0), k)
         elif t == NodeType.COMM_RECV_NODE:
@@ -218,6 +233,16 @@ def _program(rp: RankProgram, rank: int, num_ranks: int, compute: ChakraCompute,
         notes["receives ordered before their rank's send of the same comm_tag: their "
               "dependents do not wait for the transfer"] += late_recvs
     return out
+
+
+def _p2p_op(n: Node, deps: tuple[int, ...]) -> tuple[dict, tuple]:
+    """A send or receive between ranks of different programs: a point-to-point op of
+    comm_size bytes (the per-chip engine's `PointToPoint`: a receive takes no resources)."""
+    send = n.type == NodeType.COMM_SEND_NODE
+    peer = int(n.attr("comm_dst" if send else "comm_src"))
+    return ({"name": n.name[:NAME_CHARS], "kind": OpKind.COLLECTIVE, "collective": "send",
+             "mesh_axes": ("data",), "bytes": float(comm_bytes_of(n)), "deps": deps},
+            ("send" if send else "recv", peer, int(n.attr("comm_tag", 0) or 0)))
 
 
 def chakra_trace(cset: ChakraSet, topology: Topology,
@@ -246,18 +271,15 @@ def chakra_trace(cset: ChakraSet, topology: Topology,
         if rp.digest not in programs:
             programs[rp.digest] = _program(rp, rank, r if r > 1 else n_chips, compute, notes)
         per_rank.append(programs[rp.digest])
+    if r > 1 and not _one_program(per_rank):
+        # Ranks that run different programs (pipeline stages): each chip its own program.
+        notes = _Counter()
+        multi = [_program(rp, rank, r, compute, notes, spmd=False)
+                 for rank, rp in enumerate(cset.ranks)]
+        traces, prog_of, p2p, approx = programs_trace(cset, multi, topology, compute, notes)
+        return ChakraImport(trace=traces[prog_of[0]], num_ranks=r, approximations=approx,
+                            programs=traces, program_of_chip=prog_of, p2p=p2p)
     ref = per_rank[0]
-    for rank, prog in enumerate(per_rank):
-        if prog is ref:
-            continue
-        if len(prog) != len(ref):
-            raise _differs(cset, rank, 0, len(prog), len(ref))
-        for k, ((f1, _p1), (f2, _p2)) in enumerate(zip(ref, prog, strict=True)):
-            if f1 != f2:
-                raise _differs(cset, rank, k, len(prog), len(ref))
-        ref_parts = [k for k, (_f, p) in enumerate(ref) if p is not None]
-        if ref_parts != [k for k, (_f, p) in enumerate(prog) if p is not None]:
-            raise _differs(cset, rank, 0, len(prog), len(ref))
     ops: list[Op] = []
     device_groups: list[dict] = []
     group_index: dict[str, int] = {}
@@ -334,44 +356,96 @@ def _tpusim_trace(cset: ChakraSet, topology: Topology) -> ChakraImport:
                           f"chip's file (or the per-class files)")
     rows_of: dict[str, list] = {}
     for rp in cset.ranks:
-        if rp.digest in rows_of:
-            continue
-        rows = []
-        for nd in rp.nodes:
-            text = nd.attr("tpusim_op")
-            if text is None:
-                continue
-            try:
-                fields = json.loads(text)
-            except (ValueError, RecursionError):
-                raise TpusimError(f"chakra file {rp.path!r}: node {nd.id}: tpusim_op is not "
-                                  f"JSON; re-export the step with --chakra") from None
-            if not isinstance(fields, list):
-                raise TpusimError(f"chakra file {rp.path!r}: node {nd.id}: tpusim_op is not a "
-                                  f"list of op fields; re-export the step with --chakra")
-            rows.append([nd.id, *fields, list(nd.data_deps)])
-        rows_of[rp.digest] = rows
-    progs = list(rows_of.values())
-    for rank, rows in enumerate(progs[1:], 1):
-        if rows != progs[0]:
-            raise TpusimError(f"{src}: its files hold different programs (file {rank + 1} of "
-                              f"the distinct ones differs from the first); tpusim replays one "
-                              f"program per exported set")
+        if rp.digest not in rows_of:
+            rows_of[rp.digest] = _tpusim_rows(rp)
+    # Files whose ops are the same (a program's classes differ in durations) share a program.
+    index: dict[str, int] = {}
+    prog_rows: list[list] = []
+    prog_of_file: list[int] = []
+    key_of: dict[str, str] = {}
+    for rp in cset.ranks:
+        if rp.digest not in key_of:
+            key_of[rp.digest] = json.dumps(rows_of[rp.digest], separators=(",", ":"))
+        key = key_of[rp.digest]
+        if key not in index:
+            index[key] = len(prog_rows)
+            prog_rows.append(rows_of[rp.digest])
+        prog_of_file.append(index[key])
     try:
         mesh = json.loads(first.metadata.attrs["tpusim_mesh"].value)
         groups = json.loads(first.metadata.attrs["tpusim_device_groups"].value)
     except (KeyError, ValueError, RecursionError, AttributeError, TypeError):
         raise TpusimError(f"{src}: its metadata lacks a readable tpusim_mesh or "
                           f"tpusim_device_groups; re-export the step with --chakra") from None
-    doc = {"format": "tpusim-trace", "version": 3, "mesh": mesh,
-           "meta": {"num_chips": n, "device_groups": groups} if groups else {"num_chips": n},
-           "columns": ["id", *OP_FIELDS, "deps"], "ops": progs[0]}
-    trace = Trace.from_json(json.dumps(doc), source=src)
-    meta = trace.meta.with_(kind=TraceKind.CHAKRA, source=cset.source,
-                            chakra_ranks=cset.num_ranks, chakra_compute="tpusim_op",
-                            approximations=[TPUSIM_NOTE])
-    return ChakraImport(trace=Trace(mesh=trace.mesh, ops=trace.ops, meta=meta),
-                        num_ranks=cset.num_ranks, approximations=(TPUSIM_NOTE,))
+    p2p = None
+    if len(prog_rows) > 1:
+        p2p = _tpusim_p2p(cset, prog_of_file, len(prog_rows), n, src)
+    traces = []
+    for pi, rows in enumerate(prog_rows):
+        doc = {"format": "tpusim-trace", "version": 3, "mesh": mesh,
+               "meta": {"num_chips": n, "device_groups": groups} if groups else {"num_chips": n},
+               "columns": ["id", *OP_FIELDS, "deps"], "ops": rows}
+        peered = frozenset() if p2p is None else frozenset(
+            [*p2p["sends"][pi], *p2p["recvs"][pi].values()])
+        tr = Trace.from_json(json.dumps(doc), source=src, peered_sends=peered)
+        meta = tr.meta.with_(kind=TraceKind.CHAKRA, source=cset.source,
+                             chakra_ranks=cset.num_ranks, chakra_compute="tpusim_op",
+                             approximations=[TPUSIM_NOTE])
+        traces.append(Trace(mesh=tr.mesh, ops=tr.ops, meta=meta))
+    if len(traces) == 1:
+        return ChakraImport(trace=traces[0], num_ranks=cset.num_ranks,
+                            approximations=(TPUSIM_NOTE,))
+    prog_of_chip = [0] * n
+    for rp, pi in zip(cset.ranks, prog_of_file, strict=True):
+        chips = rp.metadata.attrs.get("tpusim_class_chips")
+        for c in (chips.value if chips is not None else (rp.metadata.attrs["tpusim_rank"].value,)):
+            prog_of_chip[int(c)] = pi
+    return ChakraImport(trace=traces[prog_of_chip[0]], num_ranks=cset.num_ranks,
+                        approximations=(TPUSIM_NOTE,), programs=tuple(traces),
+                        program_of_chip=tuple(prog_of_chip), p2p=p2p)
+
+
+def _tpusim_rows(rp: RankProgram) -> list:
+    """The trace-file rows (id, op fields, deps) of a tpusim-written file's nodes."""
+    rows = []
+    for nd in rp.nodes:
+        text = nd.attr("tpusim_op")
+        if text is None:
+            continue
+        try:
+            fields = json.loads(text)
+        except (ValueError, RecursionError):
+            raise TpusimError(f"chakra file {rp.path!r}: node {nd.id}: tpusim_op is not "
+                              f"JSON; re-export the step with --chakra") from None
+        if not isinstance(fields, list):
+            raise TpusimError(f"chakra file {rp.path!r}: node {nd.id}: tpusim_op is not a "
+                              f"list of op fields; re-export the step with --chakra")
+        rows.append([nd.id, *fields, list(nd.data_deps)])
+    return rows
+
+
+def _tpusim_p2p(cset: ChakraSet, prog_of_file: list[int], num_programs: int, n: int,
+                src: str) -> dict:
+    """The point-to-point sends of a tpusim-written set of several programs, from the files'
+    `tpusim_p2p` (per program) and `tpusim_p2p_peers` (per channel, every chip's peer)."""
+    fix = ("its chips run several programs, so every file needs the tpusim_p2p and "
+           "tpusim_p2p_peers metadata tpusim writes; re-export the step with --chakra")
+    sends: list = [None] * num_programs
+    recvs: list = [None] * num_programs
+    try:
+        peers = json.loads(cset.ranks[0].metadata.attrs["tpusim_p2p_peers"].value)
+        for rp, pi in zip(cset.ranks, prog_of_file, strict=True):
+            if sends[pi] is None:
+                doc = json.loads(rp.metadata.attrs["tpusim_p2p"].value)
+                sends[pi] = {int(op): (int(ch), int(tag)) for op, ch, tag in doc["sends"]}
+                recvs[pi] = {int(tag): int(op) for op, tag in doc["recvs"]}
+        peers = [[int(c) for c in nb] for nb in peers]
+    except (KeyError, ValueError, RecursionError, AttributeError, TypeError):
+        raise TpusimError(f"{src}: {fix}") from None
+    if not all(len(nb) == n and all(-1 <= c < n for c in nb) for nb in peers):
+        raise TpusimError(f"{src}: its tpusim_p2p_peers do not name a chip of 0..{n - 1} (or "
+                          f"-1) for each of the {n} chips; re-export the step with --chakra")
+    return {"peers": peers, "sends": sends, "recvs": recvs}
 
 
 def replay_notes(cset: ChakraSet, compute: ChakraCompute | str = ChakraCompute.ROOFLINE) \
@@ -395,15 +469,19 @@ class _Counter(dict):
         return 0
 
 
-def _differs(cset: ChakraSet, rank: int, k: int, n_rank: int, n_ref: int) -> TpusimError:
-    if n_rank != n_ref:
-        what = f"has {n_rank} nodes where rank 0 has {n_ref}"
-    else:
-        a, b = cset.ranks[0].nodes, cset.ranks[rank].nodes
-        what = (f"differs from rank 0 at its node {b[k].id} ({b[k].name[:40]!r}; rank 0's node "
-                f"{a[k].id}, {a[k].name[:40]!r}): a different type, size, duration or "
-                f"dependencies")
-    return TpusimError(
-        f"chakra trace {cset.source!r}: rank {rank} {what}; tpusim replays Chakra sets whose "
-        f"ranks run one program (SPMD, up to node ids and groups): replay one rank's file alone "
-        f"(it runs on every chip) or make the ranks' programs agree")
+def _one_program(per_rank: list) -> bool:
+    """Whether every rank runs rank 0's program (the same op fields, and collectives at the
+    same places), so the set is one SPMD trace."""
+    ref = per_rank[0]
+    ref_parts = None
+    for prog in per_rank:
+        if prog is ref:
+            continue
+        if len(prog) != len(ref) or any(f1 != f2 for (f1, _p1), (f2, _p2) in
+                                        zip(ref, prog, strict=True)):
+            return False
+        if ref_parts is None:
+            ref_parts = [k for k, (_f, p) in enumerate(ref) if p is not None]
+        if ref_parts != [k for k, (_f, p) in enumerate(prog) if p is not None]:
+            return False
+    return True
