@@ -1066,7 +1066,8 @@ def generate(rng: random.Random, i: int) -> dict[str, Any]:
 SURFACES = ["flags", "flags", "chip_yaml", "model_yaml", "trace", "study", "result", "hlo",
             "orbit", "gemma", "hlo_scatter", "resume", "train8", "train8", "plan8", "numeric",
             "scenario", "hlo_hostile", "outputs", "api", "hlo_module", "hlo_module",
-            "step_study", "step_study", "chakra", "chakra", "serve_trace", "serve_trace"]
+            "step_study", "step_study", "chakra", "chakra", "serve_trace", "serve_trace",
+            "chakra_export"]
 
 
 # -- issue 30: generated HLO modules, step studies, Chakra sets, serving traces ------------------
@@ -1372,6 +1373,114 @@ def gen_chakra(rng: random.Random, i: int) -> dict[str, Any]:
     return {"id": f"gen-chakra-{i}", "files": files, "argv": argv, "expect": "any"}
 
 
+_EXPORTS: dict[bool, tuple[tuple[str, bytes], ...]] = {}
+
+
+def _tpusim_chakra(every_chip: bool) -> tuple[tuple[str, bytes], ...]:
+    """A one-layer training step's Chakra export (fsdp=2 x tensor=2 on a v5e 2x2): per chip, or
+    its one class file; made once per process."""
+    if every_chip not in _EXPORTS:
+        import sim
+        from sim.export.chakra import plan_chakra
+
+        run = sim.train(chip="v5e", shape="2x2", model="llama3-8b", seq_len=128,
+                        batch_per_chip=1, mesh="fsdp=2,tensor=2", set={"model.num_layers": 1})
+        _EXPORTS[every_chip] = plan_chakra(run.trace, run.result, every_chip=every_chip).files
+    return _EXPORTS[every_chip]
+
+
+def _odd_attr(rng: random.Random):
+    from workloads.chakra.wire import Attr, Member
+
+    member = rng.choice(list(Member))
+    pick = {Member.STRING: ["", "x", "[", "[1,2]", "{}", "[[]]", "null", "9" * 30, '["a"]',
+                            "[0,0,0]", "[[0,1],[1,0]]"],
+            Member.BOOL: [True, False], Member.BYTES: [b"", b"\xff"],
+            Member.DOUBLE: [0.0, -1.0, 1e300], Member.FLOAT: [0.5, -2.0]}.get(
+        member, [0, 1, 3, 4, 7, -1, 1 << 31, (1 << 62)])
+    if member in (Member.UINT32, Member.UINT64, Member.FIXED32, Member.FIXED64):
+        pick = [v for v in pick if v >= 0]
+    if member in (Member.INT32, Member.SINT32, Member.SFIXED32, Member.UINT32, Member.FIXED32):
+        pick = [v for v in pick if -(1 << 31) <= v < (1 << 31)] or [0]
+    if rng.random() < 0.3:
+        return Attr(member, tuple(rng.choice(pick) for _ in range(rng.randint(0, 4))), True)
+    return Attr(member, rng.choice(pick))
+
+
+def _mutated_export(rng: random.Random, files) -> dict[str, bytes]:
+    """One to three edits of a tpusim-written set: an attribute of the metadata or of a node
+    given another member or value (tpusim_op, tpusim_num_chips, comm_size, pg_name, ...), a
+    dependency added (back, forward, to itself or to no node), a node or a rank's file dropped,
+    tpusim's metadata taken off (the Chakra fields alone are replayed) or a byte changed."""
+    import dataclasses
+
+    from workloads.chakra.wire import decode_metadata, decode_node, encode_file, records
+
+    decoded = {}
+    for name, data in files:
+        spans = list(records(data))
+        decoded[name] = [decode_metadata(data, *spans[0]),
+                         [decode_node(data, a, b) for a, b in spans[1:]]]
+    names = sorted(decoded)
+    raw: dict[str, bytes] = {}
+    for _ in range(rng.randint(1, 3)):
+        name = rng.choice(names)
+        meta, nodes = decoded[name]
+        what = rng.choice(["meta", "attr", "attr", "dep", "drop", "plain", "rank", "byte"])
+        if what == "meta" and meta.attrs:
+            key = rng.choice(sorted(meta.attrs))
+            meta.attrs[key] = _odd_attr(rng)
+        elif what == "attr" and nodes:
+            k = rng.randrange(len(nodes))
+            attrs = dict(nodes[k].attrs)
+            key = rng.choice(sorted(attrs) + ["comm_size", "pg_name", "comm_dst", "comm_type",
+                                              "involved_dim"])
+            attrs[key] = _odd_attr(rng)
+            nodes[k] = dataclasses.replace(nodes[k], attrs=attrs)
+        elif what == "dep" and nodes:
+            k = rng.randrange(len(nodes))
+            to = rng.choice([nodes[k].id, nodes[-1].id, nodes[0].id, 10 ** 9])
+            nodes[k] = dataclasses.replace(nodes[k], data_deps=(*nodes[k].data_deps, to))
+        elif what == "drop" and len(nodes) > 1:
+            del nodes[rng.randrange(len(nodes))]
+        elif what == "plain":
+            for other in names:
+                decoded[other][0].attrs.pop("tpusim_format", None)
+        elif what == "rank" and len(names) > 1:
+            names.remove(name)
+            del decoded[name]
+        elif what == "byte":
+            raw[name] = b""
+    out = {}
+    for name in names:
+        meta, nodes = decoded[name]
+        try:
+            data = encode_file(meta, nodes)
+        except (ValueError, OverflowError, TypeError):
+            data = b"\x00"
+        if name in raw and data:
+            data = bytearray(data)
+            data[rng.randrange(len(data))] = rng.randrange(256)
+            data = bytes(data)
+        out[name] = data
+    return out
+
+
+def gen_chakra_export(rng: random.Random, i: int) -> dict[str, Any]:
+    """A set tpusim exported (`--chakra DIR`, per chip or per class) and then edited
+    (`_mutated_export`), replayed on the 2x2 it came from or imported."""
+    files = _mutated_export(rng, _tpusim_chakra(rng.random() < 0.6))
+    case_files = {f"c/{n}": {"latin1": d.decode("latin-1")} for n, d in files.items()}
+    if rng.random() < 0.25:
+        argv = ["import-chakra", "{tmp}/c"] + rng.choice([[], ["--json"]])
+    else:
+        argv = ["replay", "{tmp}/c", "--chip", "v5e",
+                "--shape", "2x4" if rng.random() < 0.1 else "2x2",
+                "--chakra-compute", rng.choice(["roofline", "recorded"])] + rng.choice(
+            [[], ["--json"], ["--slow-link", "0,0:x+:0.5"], ["--mode", "per-chip"]])
+    return {"id": f"gen-chakra-export-{i}", "files": case_files, "argv": argv, "expect": "any"}
+
+
 TRACE_CELLS = ["0", "0.5", "1e-3", "-1", "nan", "inf", "", "abc", "1e400", "9" * 40, "1.5",
                "10", "16", "1000000", "0x10", "１", "null"]
 
@@ -1455,4 +1564,5 @@ def gen_serve_trace(rng: random.Random, i: int) -> dict[str, Any]:
 
 
 GENERATORS.update({"hlo_module": gen_hlo_module, "step_study": gen_step_study,
-                   "chakra": gen_chakra, "serve_trace": gen_serve_trace})
+                   "chakra": gen_chakra, "serve_trace": gen_serve_trace,
+                   "chakra_export": gen_chakra_export})

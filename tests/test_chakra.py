@@ -160,7 +160,7 @@ def test_a_dependency_cycle_is_refused_naming_a_node_on_it(tmp_path):
     nodes = [comp_node(1, "a", data_deps=(3,)), comp_node(2, "b", data_deps=(1,)),
              comp_node(3, "c", data_deps=(2,)), comp_node(4, "free")]
     msg = _bad(tmp_path, encode_file(GlobalMetadata(), nodes))
-    assert "node 1 ('a'" in msg and "cycle" in msg
+    assert "node 1 ('a', record 2)" in msg and "cycle" in msg  # record 1 is the metadata
 
 
 def test_a_gzip_bomb_stops_at_the_limit(tmp_path, monkeypatch):

@@ -198,6 +198,14 @@ def test_generated_chakra_sets_import_and_replay_or_give_a_one_line_error(rng,
     _check_generated("chakra", rng, tmp_path_factory)
 
 
+# A tpusim-exported Chakra set (made once) with its attributes, dependencies, nodes and files
+# edited: replayed or refused in one line.
+@_FUZZ_NEW
+@given(rng=st.randoms(use_true_random=False))
+def test_edited_chakra_exports_replay_or_give_a_one_line_error(rng, tmp_path_factory):
+    _check_generated("chakra_export", rng, tmp_path_factory)
+
+
 @_FUZZ_FEW
 @given(rng=st.randoms(use_true_random=False))
 def test_generated_serving_traces_serve_or_give_a_one_line_error(rng, tmp_path_factory):

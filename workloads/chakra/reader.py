@@ -306,8 +306,9 @@ def order_nodes(path: str, nodes: list[Node]) -> Order:
                     heapq.heappush(ctrl_only, (nodes[c].id, c))
     if len(out) < len(nodes):
         k = min((k for k in range(len(nodes)) if not done[k]), key=lambda k: nodes[k].id)
-        raise _err(path, _where(k, nodes[k]), "its data dependencies form a cycle (no order of "
-                                              "the nodes satisfies them)")
+        # Record k + 2: the GlobalMetadata is record 1.
+        raise _err(path, _where(k + 1, nodes[k]), "its data dependencies form a cycle (no order "
+                                                  "of the nodes satisfies them)")
     return Order(nodes=out, missing_dep_ids=missing, forward_deps=forward, self_deps=selfdeps,
                  ctrl_cycle_deps=dropped)
 
