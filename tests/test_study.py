@@ -282,6 +282,26 @@ def test_a_failed_points_error_names_the_flag_on_the_cli_and_the_argument_in_pyt
         assert written[ERROR_COLUMN][1] == flags
 
 
+def test_a_failed_points_error_travels_to_the_pool_and_dask_with_its_placeholders(tiny_model):
+    import pickle
+
+    import cloudpickle
+
+    from sim.runs import TrainRequest
+    from sim.studies.points import run_point
+    from topologies.errors import Said
+
+    req = TrainRequest(chip="v5e", shape="2x2", model=tiny_model, seq_len=1024,
+                       batch_per_chip=1, mesh="fsdp=2,pipeline=2",
+                       pipeline_schedule="interleaved")
+    err = run_point(req)["error"]
+    assert isinstance(err, Said) and set(err.params) == {"pipeline_schedule", "microbatches"}
+    for dumps, loads in ((pickle.dumps, pickle.loads), (cloudpickle.dumps, cloudpickle.loads)):
+        back = loads(dumps({"error": err}))["error"]  # the process pool's, Dask's
+        assert isinstance(back, Said) and back == err
+        assert (back.template, back.params) == (err.template, err.params)
+
+
 def test_a_failed_candidates_error_in_the_plan_table_is_spelled_by_the_front_end():
     from sim.studies.plan_report import PLAN_COLUMNS, plan_table
     from topologies.errors import Said
