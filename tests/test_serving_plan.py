@@ -7,7 +7,7 @@ import pytest
 
 from sim.runs import ServeRequest, run
 from sim.serving.plan import ServePlanConfig, plan_serving
-from topologies.errors import TpusimError
+from topologies.errors import Said, TpusimError
 from workloads.models import MlpKind, TransformerSpec
 
 TINY = TransformerSpec(name="serve-tiny", num_layers=2, d_model=1024, num_heads=8,
@@ -130,6 +130,8 @@ def test_the_plan_searches_replica_slices_as_separate_plans_would():
         assert got == want
     # A mesh that does not cover a slice's chips is a row with the reason, not a failure.
     assert "covers 8 chips" in by[("2x2", "tensor=8")]["note"]
+    # kept as a Said: the CLI writes the settings it names as flags (`ServePlan.table(spell)`)
+    assert isinstance(by[("2x2", "tensor=8")]["note"], Said)
     assert not by[("v5e-8", "tensor=4")]["meets_slo"]
     met = [r for r in both.rows if r["meets_slo"]]
     assert both.best == max(met, key=lambda r: r["tokens_per_s_per_chip"])

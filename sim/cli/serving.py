@@ -281,10 +281,13 @@ def cmd_plan_serve(args: argparse.Namespace) -> int:
     if args.out:
         check_output_dir(args.out)
     plan = plan_serving(base, cfg)
-    summary = {"num_candidates": len(plan.rows), "runs": plan.runs, "best": plan.best,
-               "rows": plan.rows}
+    # A row refused by its run says why naming settings (a Said): written as serve's flags.
+    spell = cli.flag_spelling(args.parser, "serve")
+    rows = render_said(plan.rows, spell)
+    summary = {"num_candidates": len(rows), "runs": plan.runs, "best": plan.best,
+               "rows": rows}
     if args.out:
-        write_tables(args.out, {"candidates": plan.table()}, summary)
+        write_tables(args.out, {"candidates": plan.table(spell)}, summary)
     if args.json:
         cli.emit_json(summary)
         return 0
@@ -294,7 +297,7 @@ def cmd_plan_serve(args: argparse.Namespace) -> int:
     print(f"  {'slice':<10} {'split':<9} {'mesh':<18} {'weights':<7} {'KV':<5} {'batch':>5} "
           f"{'budget':>7} "
           f"{'replicas':>8} {'chips':>5} {'tok/s/chip':>10} {'TTFT p99':>9} {'TPOT p99':>9}")
-    for r in plan.rows:
+    for r in rows:
         budget = "-" if r["max_tokens_per_iter"] is None else f"{r['max_tokens_per_iter']:,}"
         head = (f"  {r['slice']:<10} {r['split']:<9} {r['mesh']:<18} {r['weight_dtype']:<7} "
                 f"{r['kv_dtype']:<5} "

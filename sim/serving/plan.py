@@ -24,13 +24,14 @@ every replica count tried (the grids are cached in the process).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from sim.runs import run as run_request
 from sim.runs.bind import resolve_pod
 from sim.runs.requests import ServeRequest
-from topologies.errors import TpusimError
+from topologies.errors import Said, TpusimError, python_name, render_said
 from topologies.progress import tracked
 
 
@@ -74,10 +75,12 @@ class ServePlan:
     best: dict[str, Any] | None = None
     runs: int = 0
 
-    def table(self):
+    def table(self, spell: Callable[[str], str] = python_name):
+        """The rows as a DataFrame; a row's note that names settings (a refused run's error,
+        a `Said`) written as `spell` writes them (the Python name; the CLI: its flags)."""
         import pandas as pd
 
-        return pd.DataFrame(self.rows)
+        return pd.DataFrame(render_said(self.rows, spell))
 
 
 def _default_meshes(chips: int) -> tuple[str, ...]:
@@ -175,7 +178,7 @@ def plan_serving(base: ServeRequest, config: ServePlanConfig | None = None, *,
                 try:
                     tried[k] = run(_request(base, combo, k)).summary
                 except TpusimError as exc:  # does not fit: the same at every count
-                    tried[k] = str(exc)
+                    tried[k] = Said(exc)  # its settings kept as placeholders
                 else:
                     plan.runs += 1
             return tried[k]
