@@ -674,7 +674,7 @@ def test_score_exp_fusion_is_true_or_false_in_a_chip_file(tmp_path):
         chip_from_dict({"base": "v5e", "score_exp_fusion": "yes"})
     with pytest.raises(TpusimError, match="score_exp_fusion 'yes' must be true or false"):
         TrainingConfig(seq_len=128, batch_per_chip=1, score_exp_fusion="yes")
-    with pytest.raises(TpusimError, match="--set score_exp_fusion=maybe: write true or false"):
+    with pytest.raises(TpusimError, match="^set score_exp_fusion=maybe: write true or false"):
         from sim.overrides import parse_overrides
 
         parse_overrides(["score_exp_fusion=maybe"])
