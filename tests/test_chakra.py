@@ -399,3 +399,67 @@ def test_a_chakra_replay_result_reruns_to_the_same_step(tmp_path, capsys):
     roof = _replay([prefix, "--chip", "v5e", "--shape", "2x2"], capsys)
     assert "chakra-compute" not in roof["inputs"]["flags"]  # the default is not recorded
     assert roof["step_time_s"] != out["step_time_s"]
+
+
+# -- involved_dim: ASTRA-sim's per-dimension flags -------------------------------------------
+def _v5e(shape):
+    from topologies.slices import resolve_topology
+
+    chip = get_chip("v5e")
+    return chip, resolve_topology(chip_name="v5e", wrap_rule=chip.generation_rule,
+                                  max_pod_shape=chip.max_pod_shape, shape=shape)
+
+
+@pytest.mark.parametrize("flags,axes", [([True, False], "x"), ([False, True], "y"),
+                                        ([True, True, False, False], "x,y"), ([True], "x,y")])
+def test_involved_dim_runs_a_whole_job_collective_on_the_dimensions_it_names(
+        tmp_path, capsys, flags, axes):
+    # 2x4: every rank's all-gather of 1 MiB runs over its line of the named dimensions only;
+    # flags past the pod's two are ignored, and dimensions past a short list are involved.
+    progs = [[coll_node(r, "ag", CommType.ALL_GATHER, MIB, involved_dim=bool_list_attr(flags))]
+             for r in range(8)]
+    prefix = write_set(tmp_path, "ag", progs)
+    out = _replay([prefix, "--chip", "v5e", "--shape", "2x4"], capsys)
+    chip, topo = _v5e("2x4")
+    members = 2 if axes == "x" else 4 if axes == "y" else 8
+    want = simulate_collective(chip=chip, topology=topo, op="all-gather", axes=axes,
+                               nbytes=MIB * members).time_s
+    assert out["step_time_s"] == pytest.approx(want, rel=1e-9)
+    short = any("fewer flags than the pod has dimensions" in a for a in out["approximations"])
+    assert short == (len(flags) == 1)
+    # One file alone runs on every chip: the same lines.
+    one = write_set(tmp_path, "one", progs[:1])
+    assert _replay([one + ".0.et", "--chip", "v5e", "--shape", "2x4"], capsys)[
+        "step_time_s"] == pytest.approx(want, rel=1e-9)
+
+
+def test_a_collective_on_no_dimension_costs_nothing_and_a_named_group_ignores_the_flags(
+        tmp_path, capsys):
+    progs = [[coll_node(r, "ar", CommType.ALL_REDUCE, MIB,
+                        involved_dim=bool_list_attr([False, False]))] for r in range(4)]
+    out = _replay([write_set(tmp_path, "none", progs), "--chip", "v5e", "--shape", "2x2"],
+                  capsys)
+    assert out["step_time_s"] == 0.0
+    # pg_name names the group (ranks 0..3 in a line of 4): its ranks, whatever the flags say.
+    pgs = json.dumps([{"pg_name": "1", "ranks": [0, 1, 2, 3]}])
+    named = []
+    for _r in range(4):
+        meta = Node(id=0, name="process_group:init", type=NodeType.METADATA_NODE,
+                    inputs=IOInfo(values=f"[[{pgs}]]"))
+        named.append([meta, coll_node(1, "ar", CommType.ALL_REDUCE, MIB, data_deps=(0,),
+                                      pg_name="1", involved_dim=bool_list_attr([True, False]))])
+    out = _replay([write_set(tmp_path, "named", named), "--chip", "v5e", "--shape", "4x1"],
+                  capsys)
+    chip, topo = _v5e("4x1")
+    want = simulate_collective(chip=chip, topology=topo, op="all-reduce", axes="x",
+                               nbytes=MIB).time_s
+    assert out["step_time_s"] == pytest.approx(want, rel=1e-9)
+    assert any("not read on collectives of a named process group" in a
+               for a in out["approximations"])
+
+
+def test_involved_dim_that_is_not_a_bool_list_is_refused(tmp_path):
+    n = coll_node(2, "ar", CommType.ALL_REDUCE, MIB)
+    n.attrs["involved_dim"] = int64_attr(1)
+    msg = _bad(tmp_path, META + frame(encode_node(n)))
+    assert "node 2 ('ar', record 2)" in msg and "involved_dim must be a bool_list" in msg

@@ -6,6 +6,7 @@ nodes carry, and within 1% from the Chakra fields alone (as another reader sees 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -155,3 +156,34 @@ def test_a_pipeline_export_read_from_the_chakra_fields_alone_keeps_the_step_time
                              sends=tuple(p2p["sends"]), recvs=tuple(p2p["recvs"])))
         step = simulate_chips(imp.trace, chip, topo, config=cfg).step_time_s
         assert step == pytest.approx(direct, rel=0.01)
+
+
+def test_collectives_name_their_dimensions_and_replay_from_them_alone(tmp_path, capsys):
+    # fsdp=2 x tensor=2 on a 2x2: each collective runs along x or along y, and its involved_dim
+    # says which; with every pg_name made the whole job, the flags alone give the same groups.
+    import dataclasses
+
+    from workloads.chakra.wire import encode_file, string_attr
+
+    direct = _run([*TRAIN, "--chakra", str(tmp_path / "e"), "--chakra-every-chip"], capsys)
+    cset = read_set(str(tmp_path / "e"))
+    seen = set()
+    for rp in cset.ranks:
+        rank = rp.metadata.attrs["tpusim_rank"].value
+        init = [n for n in rp.nodes if n.name == "process_group:init"]
+        pgs = {g["pg_name"]: g["ranks"] for g in json.loads(init[0].inputs.values[2:-2])}
+        nodes = []
+        for n in rp.nodes:
+            if n.type == 7:  # COMM_COLL_NODE
+                flags = n.attrs["involved_dim"].value
+                members = pgs.get(n.attr("pg_name"), [0, 1, 2, 3])
+                # chip c of a 2x2 is (x, y) = divmod(c, 2): a line along x shares y, ...
+                xs, ys = {c // 2 for c in members}, {c % 2 for c in members}
+                assert flags == (len(xs) > 1, len(ys) > 1) and rank in members
+                seen.add(flags)
+                n = dataclasses.replace(n, attrs={**n.attrs, "pg_name": string_attr("0")})
+            nodes.append(n)
+        Path(rp.path).write_bytes(encode_file(rp.metadata, nodes))
+    assert {(True, False), (False, True)} <= seen
+    assert _plain_step(str(tmp_path / "e"), "roofline") == pytest.approx(
+        direct["step_time_s"], rel=0.01)

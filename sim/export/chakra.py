@@ -8,8 +8,9 @@ Every op becomes one node with the id of the op, its dependencies as `data_deps`
 tpusim scheduled it): compute ops COMP_NODEs with `num_ops` (FLOPs), `tensor_size` (HBM
 bytes) and their simulated `duration_micros`; collectives COMM_COLL_NODEs with their kind,
 `comm_size` in ASTRA-sim's meaning (the rank's buffer: V for all-reduce and reduce-scatter,
-V / group for all-gather and all-to-all) and `pg_name` naming the chip's replica group, defined
-by a `process_group:init` METADATA_NODE as PyTorch's converter writes it; host transfers
+V / group for all-gather and all-to-all), `pg_name` naming the chip's replica group, defined
+by a `process_group:init` METADATA_NODE as PyTorch's converter writes it, and `involved_dim`
+flagging the pod dimensions (x, y[, z], then DCN) the group's chips differ on; host transfers
 MEM_STORE_NODEs; idle time COMP_NODEs of its duration. What Chakra cannot say is written in its
 nearest form and listed in the metadata (`tpusim_approximations`): a collective-permute is a
 COMM_SEND_NODE to the next chip of its group and a COMM_RECV_NODE from the previous one, XLA's
@@ -32,6 +33,7 @@ from sim.export.output import write_bytes
 from topologies.errors import TpusimError
 from topologies.groups import GroupGeometry
 from topologies.progress import tracked
+from workloads.chakra.convert import PodDims
 from workloads.chakra.convert_fields import OP_FIELDS
 from workloads.chakra.wire import (
     Attr,
@@ -42,6 +44,7 @@ from workloads.chakra.wire import (
     Node,
     NodeType,
     bool_attr,
+    bool_list_attr,
     encode_file,
     int32_attr,
     int64_attr,
@@ -215,12 +218,13 @@ def plan_chakra(trace: Trace, result: StepResult, *, every_chip: bool = False) -
             [np.asarray(nb).tolist() for nb in p2p[0].peer_of_chip], separators=(",", ":")))
     files = []
     durs: dict[int, np.ndarray] = {}
+    dims: dict = {"pod": PodDims.of(topo)}  # involved_dim per group, by _involved
     for rank in tracked(ranks, "Chakra export", unit="rank file" if every_chip else "class file"):
         k = int(of_chip[rank])
         pi, prog = program_of(k)
         if k not in durs:
             durs[k] = _durations(result, prog.trace, k)
-        nodes, pgs = _rank_nodes(prog, rank, durs[k], n, p2p)
+        nodes, pgs = _rank_nodes(prog, rank, durs[k], n, p2p, dims)
         attrs = dict(base_meta)
         if not every_chip:
             chips = np.flatnonzero(of_chip == k).tolist()
@@ -251,7 +255,18 @@ def _field(op, f: str):
     return list(v) if isinstance(v, tuple) else (str(v) if hasattr(v, "value") else v)
 
 
-def _rank_nodes(prog: _Program, rank: int, dur, n: int, p2p):
+def _involved(dims: dict, mem: list[int]) -> Attr:
+    """involved_dim of a collective over `mem`: per pod dimension (x, y[, z], then DCN),
+    whether its members' coordinates differ there (`dims` caches them by group)."""
+    key = (mem[0], len(mem), mem[-1])
+    got = dims.get(key)
+    if got is None or got[0] != mem:
+        coords = dims["pod"].coords[mem]
+        got = dims[key] = (mem, bool_list_attr((coords != coords[0]).any(axis=0).tolist()))
+    return got[1]
+
+
+def _rank_nodes(prog: _Program, rank: int, dur, n: int, p2p, dims: dict):
     trace, pg_of, op_text, core_prev = prog.trace, prog.pg_of, prog.op_text, prog.core_prev
     nodes: list[Node] = []
     pgs: dict[str, list[int]] = {}
@@ -296,6 +311,7 @@ def _rank_nodes(prog: _Program, rank: int, dur, n: int, p2p):
                 if name != "0":
                     pgs.setdefault(name, mem)
                 attrs["pg_name"] = string_attr(name)
+                attrs["involved_dim"] = _involved(dims, mem)
                 t = NodeType.COMM_COLL_NODE
             else:  # collective-permute / send: to the next chip of the group, by chip id
                 if of is None:

@@ -15,7 +15,10 @@ What becomes what (docs/howto/chakra.md has the table and the reasons):
   busy for that long).
 * COMM_COLL_NODE: a collective on the torus with tpusim's algorithms. `comm_size` is the
   rank's buffer as ASTRA-sim reads it; tpusim's V is the group's: all-reduce and
-  reduce-scatter V = comm_size, all-gather and all-to-all V = comm_size x group size.
+  reduce-scatter V = comm_size, all-gather and all-to-all V = comm_size x group size. A
+  whole-job collective's group is the chips that share the rank's coordinates on the pod
+  dimensions (x, y[, z], then DCN: `PodDims`) its `involved_dim` leaves out; a named process
+  group is its ranks (its involved_dim is not read, as ASTRA-sim reads a group's own).
   BROADCAST is replayed at its recorded duration (as ASTRA-sim does); the kinds ASTRA-sim
   refuses map to the nearest tpusim collective (REDUCE -> all-reduce, GATHER and SCATTER ->
   all-gather, REDUCE_SCATTER_BLOCK -> reduce-scatter, BARRIER -> a 1-byte-per-rank
@@ -33,6 +36,8 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import dataclass
+
+import numpy as np
 
 from topologies.errors import TpusimError
 from topologies.mesh import LogicalMesh
@@ -121,12 +126,91 @@ def process_groups(rp: RankProgram, num_ranks: int) -> dict[str, tuple[int, ...]
     return out
 
 
-def _group_of(rp: RankProgram, n: Node, rank: int, groups: dict, num_ranks: int) \
-        -> tuple[int, ...]:
+@dataclass(frozen=True, slots=True)
+class PodDims:
+    """The pod's network dimensions as Chakra's `involved_dim` counts them (ASTRA-sim: one flag
+    per network dimension): x, y[, z] of the torus, then the slices over DCN; `coords[c]` is
+    chip c's coordinate on each."""
+
+    sizes: tuple[int, ...]
+    coords: np.ndarray  # [chips, dims]
+
+    @staticmethod
+    def of(topology: Topology) -> PodDims:
+        n = topology.num_chips
+        chips = np.arange(n)
+        cols = list(np.unravel_index(chips % topology.chips_per_slice, topology.shape))
+        sizes = tuple(int(v) for v in topology.shape)
+        if topology.num_slices > 1:
+            cols.append(chips // topology.chips_per_slice)
+            sizes += (topology.num_slices,)
+        return PodDims(sizes=sizes, coords=np.stack(cols, axis=1))
+
+    def flags(self, raw: tuple) -> tuple[bool, ...] | None:
+        """The pod dimensions a collective spans by its involved_dim flags, or None for all of
+        them: flags past the pod's dimensions are ignored, dimensions past the flags are
+        involved (a one-flag list, as PyTorch's converter writes for a one-dimension network,
+        spans the whole pod)."""
+        out = tuple(bool(raw[d]) if d < len(raw) else True for d in range(len(self.sizes)))
+        return None if all(f or s == 1 for f, s in zip(out, self.sizes, strict=True)) else out
+
+    def block(self, chip: int, flags: tuple[bool, ...]) -> tuple[int, ...]:
+        """The chips that share `chip`'s coordinates on the dimensions `flags` leave out."""
+        fixed = [d for d, f in enumerate(flags) if not f]
+        same = np.all(self.coords[:, fixed] == self.coords[chip, fixed], axis=1)
+        return tuple(int(c) for c in np.flatnonzero(same))
+
+    def blocks(self, flags: tuple[bool, ...]) -> list[list[int]]:
+        """Every chip's block (`block`), each once, by their first chip."""
+        fixed = [d for d, f in enumerate(flags) if not f]
+        _, inv = np.unique(self.coords[:, fixed], axis=0, return_inverse=True)
+        out: dict[int, list[int]] = {}
+        for c, g in enumerate(np.asarray(inv).reshape(-1).tolist()):
+            out.setdefault(g, []).append(c)
+        return sorted(out.values())
+
+
+SHORT_DIMS = ("involved_dim with fewer flags than the pod has dimensions: the dimensions past "
+              "them are involved")
+NAMED_DIMS = ("involved_dim not read on collectives of a named process group (the group's "
+              "members are its ranks, as ASTRA-sim takes them)")
+
+
+def _raw_dims(n: Node) -> tuple | None:
+    a = n.attrs.get("involved_dim")
+    return None if a is None else tuple(a.value)
+
+
+def _whole_job(n: Node, groups: dict) -> bool:
     pg = n.attr("pg_name", "")
     pg = pg if isinstance(pg, str) else str(pg)
-    if pg in ("", "0") and pg not in groups:
-        return tuple(range(num_ranks))
+    return pg in ("", "0") and pg not in groups
+
+
+def whole_job_flags(n: Node, groups: dict, dims: PodDims | None) -> tuple[bool, ...] | None:
+    """The dimensions a whole-job collective spans by its involved_dim, or None: all of them
+    (no flags, flags that leave out no dimension, a named process group, or no pod)."""
+    raw = _raw_dims(n)
+    if raw is None or dims is None or not _whole_job(n, groups):
+        return None
+    return dims.flags(raw)
+
+
+def _group_of(rp: RankProgram, n: Node, rank: int, groups: dict, num_ranks: int,
+              dims: PodDims | None = None, notes: dict | None = None) -> tuple[int, ...]:
+    """The ranks of `rank`'s collective `n`: its named process group, or the whole job on the
+    dimensions its involved_dim names (rank r is chip r; `dims` None: every dimension)."""
+    raw = _raw_dims(n)
+    if _whole_job(n, groups):
+        if raw is None or dims is None:
+            return tuple(range(num_ranks))
+        if notes is not None and len(raw) < len(dims.sizes) and any(
+                s > 1 for s in dims.sizes[len(raw):]):
+            notes[SHORT_DIMS] += 1
+        flags = dims.flags(raw)
+        return tuple(range(num_ranks)) if flags is None else dims.block(rank, flags)
+    pg = n.attr("pg_name", "")
+    pg = pg if isinstance(pg, str) else str(pg)
     members = groups.get(pg)
     if members is None:
         raise TpusimError(
@@ -137,6 +221,8 @@ def _group_of(rp: RankProgram, n: Node, rank: int, groups: dict, num_ranks: int)
         raise TpusimError(
             f"chakra file {rp.path!r}: node {n.id} ({n.name[:60]!r}) is a collective of process "
             f"group {pg[:20]!r} ({len(members)} ranks), which does not hold rank {rank}")
+    if notes is not None and raw is not None and not all(raw):
+        notes[NAMED_DIMS] += 1
     return members
 
 
@@ -199,7 +285,8 @@ def _op_of(n: Node, k: int, deps: tuple[int, ...], compute: ChakraCompute, notes
 
 
 def _program(rp: RankProgram, rank: int, num_ranks: int, compute: ChakraCompute,
-             notes: dict, *, spmd: bool = True) -> list[tuple[dict, object]]:
+             notes: dict, *, spmd: bool = True, dims: PodDims | None = None) \
+        -> list[tuple[dict, object]]:
     """Each node's (op fields, the part that differs between ranks). `spmd=False` (ranks that
     run different programs): a send's part is ("send", comm_dst, comm_tag), and a receive is a
     point-to-point receive op whose part is ("recv", comm_src, comm_tag), done when that
@@ -227,7 +314,7 @@ def _program(rp: RankProgram, rank: int, num_ranks: int, compute: ChakraCompute,
                 late_recvs += 1
         group = None
         if t == NodeType.COMM_COLL_NODE and n.attr("comm_type") is not None:
-            group = _group_of(rp, n, rank, groups, num_ranks)
+            group = _group_of(rp, n, rank, groups, num_ranks, dims, notes)
         out.append(_op_of(n, k, tuple(sorted(deps)), compute, notes, group))
     if late_recvs:
         notes["receives ordered before their rank's send of the same comm_tag: their "
@@ -263,18 +350,20 @@ def chakra_trace(cset: ChakraSet, topology: Topology,
             f"{n_chips} chips; replay it on a pod of {r} chips (rank r runs on chip r), e.g. "
             f"--shape with {r} chips")
     notes: dict[str, int] = _Counter()
+    dims = PodDims.of(topology)
     # Each distinct program is converted once (ranks whose node records are the same bytes
     # share it); one file alone runs on every chip.
     programs: dict[str, list] = {}
     per_rank = []
     for rank, rp in enumerate(cset.ranks):
         if rp.digest not in programs:
-            programs[rp.digest] = _program(rp, rank, r if r > 1 else n_chips, compute, notes)
+            programs[rp.digest] = _program(rp, rank, r if r > 1 else n_chips, compute, notes,
+                                           dims=dims)
         per_rank.append(programs[rp.digest])
     if r > 1 and not _one_program(per_rank):
         # Ranks that run different programs (pipeline stages): each chip its own program.
         notes = _Counter()
-        multi = [_program(rp, rank, r, compute, notes, spmd=False)
+        multi = [_program(rp, rank, r, compute, notes, spmd=False, dims=dims)
                  for rank, rp in enumerate(cset.ranks)]
         traces, prog_of, p2p, approx = programs_trace(cset, multi, topology, compute, notes)
         return ChakraImport(trace=traces[prog_of[0]], num_ranks=r, approximations=approx,
@@ -283,10 +372,18 @@ def chakra_trace(cset: ChakraSet, topology: Topology,
     ops: list[Op] = []
     device_groups: list[dict] = []
     group_index: dict[str, int] = {}
+    groups0 = process_groups(cset.ranks[0], r if r > 1 else n_chips)
     for k, (fields, part) in enumerate(ref):
         gid = -1
         if part is not None:
-            if fields["collective"] == "collective-permute":
+            flags = None
+            if fields["collective"] != "collective-permute":
+                flags = whole_job_flags(cset.ranks[0].nodes[k], groups0, dims)
+            if flags is not None:
+                # A whole-job collective on some dimensions: every chip's block of them (its
+                # ranks' programs are the same, so rank 0's flags are every rank's).
+                spec = {"groups": dims.blocks(flags)}
+            elif fields["collective"] == "collective-permute":
                 if r == 1:
                     raise TpusimError(
                         f"chakra trace {cset.source!r}: node {cset.ranks[0].nodes[k].id} is a "

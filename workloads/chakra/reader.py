@@ -29,6 +29,7 @@ from workloads.chakra.wire import (
     ChakraFormatError,
     CommType,
     GlobalMetadata,
+    Member,
     Node,
     NodeType,
     decode_metadata,
@@ -220,6 +221,11 @@ def _check_node(path: str, i: int, n: Node) -> None:
         except ValueError:
             raise _err(path, _where(i, n), f"comm_type = {str(ct)[:40]} is not a Chakra "
                                            f"CollectiveCommType (0..9)") from None
+        dims = n.attrs.get("involved_dim")
+        if dims is not None and not (dims.is_list and dims.member == Member.BOOL):
+            # ASTRA-sim's Workload.cc reads only a bool_list here and exits on anything else.
+            raise _err(path, _where(i, n), "involved_dim must be a bool_list (one flag per "
+                                           "network dimension)")
     else:
         peer = "comm_dst" if t == NodeType.COMM_SEND_NODE else "comm_src"
         if not isinstance(n.attr(peer), int):
