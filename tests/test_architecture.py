@@ -320,19 +320,6 @@ def test_nothing_below_the_cli_spells_a_flag():
 # An import inside a function says why it is there (start-up time of the CLI, a heavy optional
 # dependency, an import circle): a comment on its line, or on the line above it (or above the
 # run of imports it belongs to). An import at the top of the module needs no reason.
-# Still to comment: each entry goes when every function-level import of the module says why;
-# the test fails on an entry that is no longer needed, so the set only shrinks.
-PENDING_UNSAID_IMPORTS = {
-    "sim/runs/goodput.py",
-    "sim/runs/train.py",
-    "topologies/slices.py",
-    "validation/energy.py",
-    "validation/serving_jetstream.py",
-    "validation/twisted.py",
-    "validation/xla_int8.py",
-    "workloads/moe.py",
-    "workloads/trace.py",
-}
 
 
 def _unsaid_imports(path: Path) -> list[int]:
@@ -388,11 +375,9 @@ def test_every_function_level_import_says_why():
             unsaid = _unsaid_imports(path)
             if unsaid:
                 found[rel] = unsaid
-    new = {rel: lines[:5] for rel, lines in found.items() if rel not in PENDING_UNSAID_IMPORTS}
-    assert new == {}, "an import inside a function needs a comment saying why (on its line or " \
-                      "the line above), or move it to the top of the module"
-    assert sorted(PENDING_UNSAID_IMPORTS - set(found)) == [], \
-        "commented already: drop from PENDING_UNSAID_IMPORTS"
+    assert {rel: lines[:5] for rel, lines in found.items()} == {}, \
+        "an import inside a function needs a comment saying why (on its line or the line " \
+        "above), or move it to the top of the module"
 
 
 def _meta_key_reads(path: Path) -> list[tuple[int, str]]:

@@ -13,7 +13,13 @@ import numpy as np
 
 from topologies.errors import TpusimError
 from topologies.registry import Registry
-from topologies.torus import Topology, build_torus, parse_shape, parse_wraparound
+from topologies.torus import (
+    Topology,
+    build_torus,
+    parse_shape,
+    parse_wraparound,
+    twist_rule_error,
+)
 from topologies.validate import MAX_CHIPS, MAX_SLICES, range_text, short_repr
 
 
@@ -293,8 +299,6 @@ def check_twist(chip_name: str, wrap_rule: str, shape: tuple[int, ...],
     """Refuse a twist the pod cannot build (docs/reference/twisted.md): only v4/v5p slices of
     whole 4x4x4 cubes, wired by the optical switches (the `cube` rule), twist, and only the
     shapes k x k x 2k and k x 2k x 2k (each side a multiple of 4), wrapped on every axis."""
-    from topologies.torus import twist_rule_error
-
     text = "x".join(map(str, shape))
     if wrap_rule != "cube":
         raise TpusimError(

@@ -15,6 +15,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import sim
+from sim.chip_power import MEASURED_POWER_W, POWER_DERIVATION, PUBLISHED_V4_OVER_V3_PERF_PER_W
+from sim.chips import get_chip
+from sim.energy import CHIP_UNITS, step_energy
+from sim.engine.executors import simulate_step
+from topologies.mesh import parse_mesh
+from topologies.slices import resolve_topology
+from workloads.trace import Op, OpKind, Trace, Unit
+
 DOC_FILE = Path(__file__).resolve().parents[1] / "docs" / "validation.md"
 HEADER = "## Energy"
 # The heavy step the measured means are compared with: Llama-3 8B at over 50% MFU.
@@ -23,21 +32,12 @@ SHAPES = {"v3": "4x4", "v4": "4x4x1"}
 
 
 def _heavy(chip: str):
-    import sim
-
     return sim.run(sim.TrainRequest(chip=chip, shape=SHAPES[chip], **WORKLOAD))
 
 
 def _roofline_flop_per_j(name: str) -> float:
     """FLOPs per chip joule of one matmul at the roofline (MXU at peak, HBM at full bandwidth,
     efficiencies 1): the workload the ratios are applied at."""
-    from sim.chips import get_chip
-    from sim.energy import CHIP_UNITS, step_energy
-    from sim.engine.executors import simulate_step
-    from topologies.mesh import parse_mesh
-    from topologies.slices import resolve_topology
-    from workloads.trace import Op, OpKind, Trace, Unit
-
     c = get_chip(name).with_overrides(mxu_efficiency=1.0, hbm_efficiency=1.0)
     topo = resolve_topology(chip_name=c.name, wrap_rule=c.generation_rule,
                             max_pod_shape=c.max_pod_shape,
@@ -53,8 +53,6 @@ def _roofline_flop_per_j(name: str) -> float:
 
 def section() -> str:
     """The "Energy" section of docs/validation.md (markdown, no trailing newline)."""
-    from sim.chip_power import MEASURED_POWER_W, POWER_DERIVATION, PUBLISHED_V4_OVER_V3_PERF_PER_W
-
     runs = {chip: _heavy(chip) for chip in SHAPES}
     lines = [
         HEADER,

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.api import serve
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "validation.md"
 MARKER = "<!-- serving -->"
@@ -59,8 +61,6 @@ def write_trace(path: Path) -> dict[str, float]:
 
 def predict(model: str, dtype: str, batch: int, trace: Path) -> dict:
     """tpusim's serving run for one row (output and total tokens/s over the v5e-8 host)."""
-    from sim.api import serve
-
     r = serve(model=model, slice="v5e-8", mesh="tensor=8", weight_dtype=dtype, kv_dtype=dtype,
               arrival="trace", trace=str(trace), max_batch=batch)
     req = r.result.requests

@@ -14,6 +14,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from sim.chips import get_chip
+from sim.collectives.simulate import simulate_collective
+from topologies.metrics import compare_report
+from topologies.slices import resolve_topology
+
 DOC = Path(__file__).resolve().parents[1] / "docs" / "validation.md"
 BEGIN, END = "<!-- twisted -->", "<!-- /twisted -->"
 PAPER_ALL_TO_ALL = 1.63  # TPU v4 paper §2.8, measured, large transfers (reference/twisted.md)
@@ -23,9 +28,6 @@ PER_PAIR = (4 << 10, 64 << 10, 1 << 20, 8 << 20)  # bytes each chip sends each o
 
 
 def _pods():
-    from sim.chips import get_chip
-    from topologies.slices import resolve_topology
-
     chip = get_chip("v4")
     kw = dict(chip_name=chip.name, wrap_rule=chip.generation_rule,
               max_pod_shape=chip.max_pod_shape)
@@ -34,9 +36,6 @@ def _pods():
 
 
 def measure() -> dict:
-    from sim.collectives.simulate import simulate_collective
-    from topologies.metrics import compare_report
-
     chip, pods, pod = _pods()
     rep = compare_report(pods[False], pods[True], chip.ici_link_bytes_per_s)
     a2a = []

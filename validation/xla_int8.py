@@ -41,7 +41,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from validation import xla_compile
+from validation import xla_compile, xla_live_ranges
 
 REPO = xla_compile.REPO
 CACHE = xla_compile.RESULTS / "xla_int8.json"
@@ -103,8 +103,6 @@ def aqt_dot(slices: int = 1):
 
 
 def _worker(name: str, form: str, dump: str | None) -> None:
-    from validation import xla_live_ranges
-
     with tempfile.TemporaryDirectory() as tmp:
         dump = dump or tmp
         # MaxText's libtpu flag (train.py): each chip draws the random bits of its own shard
@@ -150,13 +148,15 @@ def _worker(name: str, form: str, dump: str | None) -> None:
 def read_module(name: str, text: str) -> dict:
     """What tpusim's HLO importer counts in a compiled module: MXU FLOPs per chip by the dots'
     operand type, non-matmul HBM bytes, all-gathered bytes (each times its loop trips)."""
+    # Driver side only: the jax worker imports this module under the jax[tpu] python, which
+    # has jax and numpy and none of tpusim's other dependencies (it loads only
+    # `workloads.hlo.jaxgen`, which needs nothing else).
+    from sim.chips import get_chip
     from topologies.slices import resolve_topology
     from workloads.hlo.lower import import_hlo
     from workloads.trace import OpKind
 
     chip, shape = CHIPS[CONFIGS[name]["chip"]][0].split(":")
-    from sim.chips import get_chip
-
     c = get_chip(chip)
     topo = resolve_topology(chip_name=c.name, wrap_rule=c.generation_rule,
                             max_pod_shape=c.max_pod_shape, shape=shape)
@@ -209,6 +209,7 @@ def tpusim_side(name: str, form: str) -> dict:
                               "--json", *tpusim_flags(name, form)], check=True,
                              capture_output=True, text=True, cwd=REPO)
     doc = json.loads(run.stdout)
+    # Driver side only (the jax worker's python lacks tpusim's dependencies, `read_module`).
     from workloads.trace import Trace
 
     t = Trace.from_json(json.dumps(trace), source=name)

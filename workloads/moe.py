@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from topologies.errors import TpusimError
+from topologies.groups import GroupGeometry, axis_factor
+from topologies.mesh import place_mesh
 from topologies.scenario import CAPACITY_FACTOR_RANGE, EXPERT_SKEW_RANGE
 from topologies.validate import short_repr
 from workloads.models import TransformerSpec
@@ -222,9 +224,6 @@ def expert_op_scales(trace, topology) -> dict[int, np.ndarray]:
     hottest shard's work and volume; a chip whose position on the expert axis holds shard j in a
     layer does `load_j / load_0` of the work and moves that share of the bytes.
     Empty when every chip does the same (no skew, dense dispatch, or no expert axis)."""
-    from topologies.groups import GroupGeometry, axis_factor
-    from topologies.mesh import place_mesh
-
     moe = trace.meta.moe
     if not moe or trace.mesh.size("expert") < 2:
         return {}

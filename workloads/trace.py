@@ -33,6 +33,7 @@ from topologies.validate import (
     range_text,
     short_repr,
 )
+from workloads.memory import MEMORY_CATEGORIES
 from workloads.trace_meta import TraceKind, TraceMeta
 
 # The collective kinds a trace may name (the values of `sim.collectives.CollectiveKind`; a test
@@ -183,6 +184,8 @@ class Trace:
         `peered_sends`: ids of sends whose peers the caller gives the engine (a Chakra set's
         pipeline sends and receives), which need no device group.
         """
+        # deferred: start-up (topologies.yamlio loads PyYAML, which `tpusim collective`,
+        # a trace's user that reads no file, never needs)
         from topologies.yamlio import _Refused, parse_json
 
         if len(text) > MAX_TRACE_FILE_BYTES:
@@ -447,8 +450,6 @@ def _check_meta(meta: dict, source: str) -> None:
         )
     sc = meta.get("static_composition")
     if sc is not None:
-        from workloads.memory import MEMORY_CATEGORIES
-
         # The engine adds each part to its category's level (an int or an unknown category
         # here was an internal AttributeError / KeyError in sim/engine/replay.py).
         if not isinstance(sc, dict) or not all(

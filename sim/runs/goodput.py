@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from sim import runs
 from sim.reliability.config import (
     Engine,
     FailureConfig,
@@ -278,10 +279,8 @@ def run_goodput(req: GoodputRequest) -> Run:
         step_s = req.step_time
         sources["step_time_s"] = _said("given ({step_time})")
     else:
-        from sim.runs import run
-
         treq = _train_request(req)
-        train_run = run(treq)
+        train_run = runs.run(treq)  # the public entry point (its progress reporting)
         base_model, model = resolve_model(req)
         step_s = train_run.summary["step_time_s"]
         sources["step_time_s"] = "simulated (tpusim train with these flags)"

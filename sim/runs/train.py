@@ -309,6 +309,7 @@ def is_chakra(spec: str) -> bool:
 def load_chakra(spec: str, topo, compute: str):
     """(ChakraImport, the bytes `inputs.trace.sha256` digests: each rank file's SHA-256) of a
     Chakra set converted for `topo`."""
+    # deferred: start-up (the Chakra reader and wire format load for a Chakra replay only)
     from workloads.chakra.convert import chakra_trace
     from workloads.chakra.reader import read_set
 
