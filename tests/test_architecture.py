@@ -269,18 +269,6 @@ FLAG_TEXT = re.compile(r"(?<![\w-])--(?!xla_)[a-z][a-z0-9-]*")
 # Still to convert: each entry goes when its module names no flag in its strings; the test
 # fails on an entry that is no longer needed, so the set only shrinks.
 PENDING_FLAG_TEXT = {
-    "workloads/chakra/convert.py",
-    "workloads/chakra/reader.py",
-    "workloads/hlo/jaxgen.py",
-    "workloads/hlo/make.py",
-    "workloads/moe.py",
-    "workloads/training/compiler.py",
-    "workloads/training/config.py",
-    "workloads/training/modes.py",
-    "workloads/training/program.py",
-    "workloads/training/remat.py",
-    "workloads/training/xla_rules.py",
-    "workloads/xla_compiler.py",
 }
 
 

@@ -164,12 +164,12 @@ def test_int8_is_faster_than_bf16_on_an_mxu_bound_step(capsys):
 
 
 @pytest.mark.parametrize("kw, match", [
-    ({"matmul_dtype": "int4"}, "--matmul-dtype 'int4' is not a training matmul format"),
-    ({"quant_scales": "per-row", "matmul_dtype": "int8"}, "--quant-scales 'per-row' must be"),
-    ({"quant_gather": "fp32", "matmul_dtype": "int8"}, "--quant-gather 'fp32' must be"),
-    ({"quantize_attention": True}, "--quantize-attention quantizes matmuls, and "
-                                   "--matmul-dtype is bf16"),
-    ({"stochastic_rounding": False}, "--no-stochastic-rounding quantizes matmuls"),
+    ({"matmul_dtype": "int4"}, "matmul_dtype 'int4' is not a training matmul format"),
+    ({"quant_scales": "per-row", "matmul_dtype": "int8"}, "quant_scales 'per-row' must be"),
+    ({"quant_gather": "fp32", "matmul_dtype": "int8"}, "quant_gather 'fp32' must be"),
+    ({"quantize_attention": True}, "quantize_attention quantizes matmuls, and "
+                                   "matmul_dtype is bf16"),
+    ({"stochastic_rounding": False}, "no_stochastic_rounding quantizes matmuls"),
 ])
 def test_bad_quantization_settings_are_one_line_errors(kw, match):
     with pytest.raises(TpusimError, match=match):

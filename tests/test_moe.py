@@ -158,16 +158,16 @@ def test_decode_skew_loads_the_hot_chip_and_s0_is_unchanged():
 
 
 @pytest.mark.parametrize("kw,needle", [
-    ({"expert_skew": -1.0}, "--expert-skew -1.0 must be a finite number in [0, 100]"),
-    ({"expert_skew": 100.5}, "--expert-skew 100.5 must be a finite number in [0, 100]"),
-    ({"expert_skew": float("nan")}, "--expert-skew nan"),
-    ({"expert_skew": float("inf")}, "--expert-skew inf"),
-    ({"capacity_factor": 0.0}, "--capacity-factor 0.0 must be a finite number in (0, 1e6]"),
-    ({"capacity_factor": 1e6 + 1}, "--capacity-factor 1000001.0 must be a finite number"),
-    ({"capacity_factor": float("nan")}, "--capacity-factor nan"),
+    ({"expert_skew": -1.0}, "expert_skew -1.0 must be a finite number in [0, 100]"),
+    ({"expert_skew": 100.5}, "expert_skew 100.5 must be a finite number in [0, 100]"),
+    ({"expert_skew": float("nan")}, "expert_skew nan"),
+    ({"expert_skew": float("inf")}, "expert_skew inf"),
+    ({"capacity_factor": 0.0}, "capacity_factor 0.0 must be a finite number in (0, 1e6]"),
+    ({"capacity_factor": 1e6 + 1}, "capacity_factor 1000001.0 must be a finite number"),
+    ({"capacity_factor": float("nan")}, "capacity_factor nan"),
     # Past float's range: refused (not an OverflowError), the value cut short in the message.
-    ({"expert_skew": 10**400}, "--expert-skew <integer of 401 digits> must be"),
-    ({"capacity_factor": -10**400}, "--capacity-factor <integer of 401 digits> must"),
+    ({"expert_skew": 10**400}, "expert_skew <integer of 401 digits> must be"),
+    ({"capacity_factor": -10**400}, "capacity_factor <integer of 401 digits> must"),
 ])
 def test_bad_router_settings_are_one_line_errors(kw, needle):
     with pytest.raises(TpusimError, match=re.escape(needle)) as e:
@@ -176,9 +176,9 @@ def test_bad_router_settings_are_one_line_errors(kw, needle):
 
 
 def test_router_settings_on_a_dense_model_are_refused():
-    with pytest.raises(TpusimError, match="--expert-skew 1.0 needs an MoE model"):
+    with pytest.raises(TpusimError, match="expert_skew 1.0 needs an MoE model"):
         _train(MoeConfig(expert_skew=1.0), mesh="fsdp=4", model=DENSE)
-    with pytest.raises(TpusimError, match="--capacity-factor 1.25 needs an MoE model"):
+    with pytest.raises(TpusimError, match="capacity_factor 1.25 needs an MoE model"):
         compile_decode_step(model_from_dict(DENSE), parse_mesh("tensor=4"), 4,
                             DecodeConfig(batch=4, context_len=64,
                                          moe=MoeConfig(capacity_factor=1.25)))

@@ -175,10 +175,10 @@ def test_plan_optimizer_reaches_every_candidates_estimate_and_train_flags(tiny_m
         assert s.hbm_estimate_bytes < a.hbm_estimate_bytes
         assert s.train_settings()["optimizer"] == "sgd"
         assert a.train_settings()["optimizer"] == "adam"
-    with pytest.raises(TpusimError, match="--optimizer 'sgdd' is not an optimizer"):
+    with pytest.raises(TpusimError, match="optimizer 'sgdd' is not an optimizer"):
         PlanConfig(**cfg, optimizer="sgdd")
     # SGD has no state: a list of state dtypes would only repeat every candidate.
-    with pytest.raises(TpusimError, match="--optimizer-dtype 'fp32,bf16' with --optimizer sgd"):
+    with pytest.raises(TpusimError, match="optimizer_dtype 'fp32,bf16' with optimizer sgd"):
         PlanConfig(**cfg, optimizer="sgd", optimizer_dtypes=("fp32", "bf16"))
 
 

@@ -167,10 +167,10 @@ def test_custom_offloading_the_layer_input_and_qkv_is_tpusims_qkv_offload():
 
 
 @pytest.mark.parametrize("kw,message", [
-    ({"remat": "minimal", "remat_save": "query_proj"}, "use --remat custom"),
+    ({"remat": "minimal", "remat_save": "query_proj"}, "use remat custom"),
     ({"remat": "custom", "remat_save": "q_proj"}, "not one of MaxText's tensor names"),
     ({"remat": "custom", "remat_save": "out_proj", "remat_offload": "out_proj"},
-     "both in --remat-save and --remat-offload"),
+     "both in remat_save and remat_offload"),
     ({"remat": "custom", "remat_save": "mlpwi_0"}, "name both"),
 ])
 def test_bad_custom_policies_are_one_line_errors(kw, message):

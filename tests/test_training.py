@@ -272,7 +272,7 @@ def test_async_ep_alltoall_lets_the_backward_overlap_the_expert_collectives():
     dc = next(o for o in asyn.ops if o.name == "ep_combine_weights_grad" and o.layer == 0)
     assert [by[i].name for i in dc.deps] == ["moe_combine_bwd"]
     assert ra.step_time_s <= rs.step_time_s
-    with pytest.raises(TpusimError, match="--ep-alltoall 'overlap' must be sync"):
+    with pytest.raises(TpusimError, match="ep_alltoall 'overlap' must be sync"):
         TrainingConfig(seq_len=128, batch_per_chip=1, ep_alltoall="overlap")
 
 
@@ -532,22 +532,21 @@ def test_gather_dtype_defaults_to_the_param_dtype():
 
 
 def test_an_unknown_gather_dtype_is_refused_naming_the_flag():
-    with pytest.raises(TpusimError, match=r"--gather-dtype 'fp9' is not a known dtype"):
+    with pytest.raises(TpusimError, match=r"gather_dtype 'fp9' is not a known dtype"):
         TrainingConfig(seq_len=128, batch_per_chip=1, gather_dtype="fp9")
-    with pytest.raises(TpusimError, match=r"--gather-dtype 2 must be a dtype name"):
+    with pytest.raises(TpusimError, match=r"gather_dtype 2 must be a dtype name"):
         TrainingConfig(seq_len=128, batch_per_chip=1, gather_dtype=2)
 
 
 @pytest.mark.parametrize("field", ["param_dtype", "grad_dtype", "optimizer_dtype"])
 def test_a_dtype_that_is_not_text_is_refused_naming_the_flag(field):
     # Python callers can pass anything (an int was an AttributeError from str.lower).
-    flag = "--" + field.replace("_", "-")
-    with pytest.raises(TpusimError, match=f"{flag} 2 must be a dtype name; the nearest are "):
+    with pytest.raises(TpusimError, match=f"{field} 2 must be a dtype name; the nearest are "):
         TrainingConfig(seq_len=128, batch_per_chip=1, **{field: 2})
 
 
 def test_an_optimizer_dtype_with_sgd_is_refused_as_changing_nothing(tiny_yaml, capsys):
-    with pytest.raises(TpusimError, match=r"--optimizer-dtype 'bf16' with --optimizer sgd: it "
+    with pytest.raises(TpusimError, match=r"optimizer_dtype 'bf16' with optimizer sgd: it "
                                           r"keeps no optimizer state"):
         TrainingConfig(seq_len=128, batch_per_chip=1, optimizer="sgd", optimizer_dtype="bf16")
     # The default (fp32, however spelled) is no choice: accepted, as Adam's bf16 moments.
@@ -592,7 +591,7 @@ def test_the_adam_update_reads_and_writes_the_shard_its_gradient_and_both_moment
 
 
 def test_an_unknown_optimizer_is_refused_with_the_known_ones():
-    with pytest.raises(TpusimError, match="--optimizer 'lion' is not an optimizer; use one "
+    with pytest.raises(TpusimError, match="optimizer 'lion' is not an optimizer; use one "
                                           "of: adam, sgd"):
         TrainingConfig(seq_len=128, batch_per_chip=1, optimizer="lion")
 
@@ -606,15 +605,15 @@ def test_a_remat_policy_given_as_text_is_parsed_or_refused_in_one_line():
     assert text.ops == enum.ops
     for bad in ("bogus", 3, None):
         with pytest.raises(TpusimError,
-                           match=r"^--remat .* is not a remat policy; (the nearest|did you mean) "):
+                           match=r"^remat .* is not a remat policy; (the nearest|did you mean) "):
             TrainingConfig(seq_len=128, batch_per_chip=1, remat=bad)
 
 
 def test_remat_and_optimizer_parsers_share_one_wording_and_cut_long_values():
     from workloads.training import parse_optimizer, parse_remat
 
-    for parse, flag, what, known in ((parse_remat, "--remat", "a remat policy", Remat),
-                                     (parse_optimizer, "--optimizer", "an optimizer",
+    for parse, flag, what, known in ((parse_remat, "remat", "a remat policy", Remat),
+                                     (parse_optimizer, "optimizer", "an optimizer",
                                       Optimizer)):
         assert [parse(k.value) for k in known] == list(known)
         for bad in ("bogus", "x" * 5000, 7, None):
@@ -1196,9 +1195,9 @@ def test_vocab_tiling_recomputes_the_logits_and_holds_one_chunk_of_them():
                                                                                (4, tiled))}
     emb_w = m.vocab_size * m.d_model * 2
     assert logits[4].hbm_bytes - logits[1].hbm_bytes == 3 * emb_w
-    with pytest.raises(TpusimError, match=r"--vocab-tiling 3 does not divide the 256 tokens"):
+    with pytest.raises(TpusimError, match=r"vocab_tiling 3 does not divide the 256 tokens"):
         _step("fsdp=4", "2x2", vocab_tiling=3)
-    with pytest.raises(TpusimError, match=r"--vocab-tiling 0 must be a whole number"):
+    with pytest.raises(TpusimError, match=r"vocab_tiling 0 must be a whole number"):
         TrainingConfig(seq_len=128, batch_per_chip=1, vocab_tiling=0)
 
 
@@ -1237,7 +1236,7 @@ def test_every_microbatch_adds_at_least_min_ops_per_layer_to_the_program():
 
 
 def test_a_step_too_large_for_one_program_is_refused_before_it_is_built():
-    # LLaMA-3-405B at --microbatches 4096 would have compiled ~26 M ops (64 built 404,098 in
+    # LLaMA-3-405B at microbatches 4096 would have compiled ~26 M ops (64 built 404,098 in
     # 17 CPU-s): microbatches x layers x MIN_OPS_PER_LAYER over MAX_TRACE_OPS is refused at
     # once, naming the largest microbatch count that could fit.
     from topologies.validate import MAX_TRACE_OPS
@@ -1246,7 +1245,7 @@ def test_a_step_too_large_for_one_program_is_refused_before_it_is_built():
     model = model_from_dict({**TINY, "num_layers": 64})
     cfg = TrainingConfig(seq_len=128, batch_per_chip=1024, microbatches=1024)
     assert 1024 * 64 * MIN_OPS_PER_LAYER > MAX_TRACE_OPS
-    with pytest.raises(TpusimError, match=r"^--microbatches 1024 x 64 layers compiles to at "
+    with pytest.raises(TpusimError, match=r"^microbatches 1024 x 64 layers compiles to at "
                                           r"least 524,288 ops .* use at most 488 microbatches"):
         compile_training_step(model, parse_mesh("tensor=4"), 4, cfg)
     # Per pipeline stage: its layers only.
@@ -1295,7 +1294,7 @@ def test_the_first_microbatch_bounds_the_program_from_below_within_one_microbatc
 
 def test_a_step_over_the_op_limit_is_refused_once_its_first_microbatch_is_built(monkeypatch):
     # A step inside MIN_OPS_PER_LAYER's estimate but over the limit used to build up to the
-    # limit before the builder refused it (LLaMA-3-405B at --microbatches 248: 250,000 ops,
+    # limit before the builder refused it (LLaMA-3-405B at microbatches 248: 250,000 ops,
     # 3.8 CPU-s): now the first microbatch's count refuses it, naming a count that fits.
     import functools
 
@@ -1316,7 +1315,7 @@ def test_a_step_over_the_op_limit_is_refused_once_its_first_microbatch_is_built(
     monkeypatch.setattr(training.program, "TraceBuilder",
                         functools.partial(Counting, max_ops=limit))
     with pytest.raises(TpusimError, match=(
-            rf"^--microbatches 8 x 2 layers compiles to at least {start + 8 * per:,} ops "
+            rf"^microbatches 8 x 2 layers compiles to at least {start + 8 * per:,} ops "
             rf"\({per:,} per microbatch, counted on the first\), over the {limit:,} tpusim "
             rf"simulates in one program; use at most 4 microbatches$")):
         training._compiler(model_from_dict(TINY), parse_mesh("fsdp=4"), 4,
@@ -1330,7 +1329,7 @@ def test_a_step_over_the_op_limit_is_refused_once_its_first_microbatch_is_built(
     monkeypatch.setattr(training.program, "TraceBuilder",
                         functools.partial(TraceBuilder, max_ops=start + 2 * per - 1))
     with pytest.raises(TpusimError, match=r"over the [\d,]+ tpusim simulates in one program; "
-                                          r"use --microbatches 1$"):
+                                          r"use microbatches 1$"):
         training._compiler(model_from_dict(TINY), parse_mesh("fsdp=4"), 4,
                            TrainingConfig(microbatches=2, **cfg)).build()
     one = training._compiler(model_from_dict(TINY), parse_mesh("fsdp=4"), 4,
@@ -1354,7 +1353,7 @@ def test_a_program_builder_stops_at_its_op_limit_with_the_fix(monkeypatch):
         b.add("x", kind=OpKind.IDLE, duration_s=0.0)
     monkeypatch.setattr(training.program, "TraceBuilder",
                         functools.partial(TraceBuilder, max_ops=50))
-    with pytest.raises(TpusimError, match=r"more than 50 ops.* --microbatches 2 x 2 layers build "
+    with pytest.raises(TpusimError, match=r"more than 50 ops.* microbatches 2 x 2 layers build "
                                           r"it: use fewer microbatches or layers"):
         compile_training_step(model_from_dict(TINY), parse_mesh("fsdp=4"), 4,
                               TrainingConfig(seq_len=128, batch_per_chip=2, microbatches=2))

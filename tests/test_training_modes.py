@@ -51,12 +51,12 @@ def test_every_mode_given_as_text_becomes_its_member_and_prints_as_the_text(name
 
 
 def test_a_mode_names_its_choices_in_the_same_words_as_before():
-    with pytest.raises(TpusimError, match=r"^--attention 'Flash' must be dot or flash$"):
+    with pytest.raises(TpusimError, match=r"^attention 'Flash' must be dot or flash$"):
         TrainingConfig(seq_len=128, batch_per_chip=1, attention="Flash")
-    with pytest.raises(TpusimError, match=r"^--fsdp-gather 'x' is not a mode; use one of: async, "
+    with pytest.raises(TpusimError, match=r"^fsdp_gather 'x' is not a mode; use one of: async, "
                                           r"windowed, blocking, mixed-async, mixed-blocking$"):
         TrainingConfig(seq_len=128, batch_per_chip=1, fsdp_gather="x")
-    with pytest.raises(TpusimError, match=r"^--pipeline-schedule 3 must be one of gpipe, 1f1b, "
+    with pytest.raises(TpusimError, match=r"^pipeline_schedule 3 must be one of gpipe, 1f1b, "
                                           r"interleaved$"):
         TrainingConfig(seq_len=128, batch_per_chip=1, pipeline_schedule=3)
 

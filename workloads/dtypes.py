@@ -60,15 +60,16 @@ def _names(allowed: tuple[Dtype, ...]) -> list[str]:
 
 
 def dtype_bytes(name: str, flag: str) -> float:
-    """Bytes per element of the training dtype `name` (any case), or the one-line error of
-    `flag`."""
+    """Bytes per element of the training dtype `name` (any case), or the one-line error naming
+    the setting `flag` (a Python argument name, see `topologies.validate.subject`)."""
+    who, params = subject(flag)
     if not isinstance(name, str):
-        raise TpusimError(f"{flag} {short_repr(name)} must be a dtype name; "
-                          f"{one_of(name, _names(TRAINING_DTYPES))}")
+        raise TpusimError(f"{who} {short_repr(name)} must be a dtype name; "
+                          f"{one_of(name, _names(TRAINING_DTYPES))}", *params)
     if name.lower() not in TRAINING_DTYPES:
         raise TpusimError(
-            f"{flag} {short_repr(name)} is not a known dtype; "
-            f"{one_of(name, _names(TRAINING_DTYPES))}"
+            f"{who} {short_repr(name)} is not a known dtype; "
+            f"{one_of(name, _names(TRAINING_DTYPES))}", *params
         )
     return Dtype(name.lower()).nbytes
 

@@ -36,7 +36,7 @@ from workloads.models import TransformerSpec
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MoeConfig:
-    """Router settings of a run (`--expert-skew`, `--capacity-factor`, `--seed`).
+    """Router settings of a run (`expert_skew`, `capacity_factor`, `seed`).
 
     Attributes:
         expert_skew: Zipf exponent S of the expert loads (0 = uniform routing).
@@ -57,17 +57,17 @@ class MoeConfig:
         s = self.expert_skew
         if not EXPERT_SKEW_RANGE.holds(s):
             raise TpusimError(
-                f"--expert-skew {short_repr(s)} must be {EXPERT_SKEW_RANGE.text} (the Zipf "
-                f"exponent of the expert loads; 0 is uniform routing)"
+                f"{{expert_skew}} {short_repr(s)} must be {EXPERT_SKEW_RANGE.text} (the Zipf "
+                f"exponent of the expert loads; 0 is uniform routing)", "expert_skew"
             )
         c = self.capacity_factor
         if c is not None and not CAPACITY_FACTOR_RANGE.holds(c):
             raise TpusimError(
-                f"--capacity-factor {short_repr(c)} must be {CAPACITY_FACTOR_RANGE.text} "
-                f"(MaxText uses 1.0-2.0); omit it for dropless routing"
+                f"{{capacity_factor}} {short_repr(c)} must be {CAPACITY_FACTOR_RANGE.text} "
+                f"(MaxText uses 1.0-2.0); omit it for dropless routing", "capacity_factor"
             )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise TpusimError(f"--seed {short_repr(self.seed)} must be an integer")
+            raise TpusimError(f"{{seed}} {short_repr(self.seed)} must be an integer", "seed")
 
     @property
     def is_default(self) -> bool:
@@ -77,11 +77,11 @@ class MoeConfig:
         """Router settings need routed experts: refuse them on a dense model."""
         if model.is_moe or self.is_default:
             return
-        flag = "--expert-skew" if self.expert_skew else "--capacity-factor"
+        flag = "expert_skew" if self.expert_skew else "capacity_factor"
         value = self.expert_skew if self.expert_skew else self.capacity_factor
         raise TpusimError(
-            f"{flag} {value} needs an MoE model, but {model.name} is dense (no routed experts); "
-            f"drop {flag} or pick an MoE model such as mixtral-8x7b"
+            f"{{{flag}}} {value} needs an MoE model, but {model.name} is dense (no routed "
+            f"experts); drop {{{flag}}} or pick an MoE model such as mixtral-8x7b", flag
         )
 
 
@@ -195,10 +195,10 @@ def plan_routing(model: TransformerSpec, ep: int, group_tokens: int, cfg: MoeCon
     if cap < 1:
         balanced = math.ceil(group_tokens * k / e)
         raise TpusimError(
-            f"--capacity-factor {cfg.capacity_factor:g} leaves each expert a capacity of 0 "
+            f"{{capacity_factor}} {cfg.capacity_factor:g} leaves each expert a capacity of 0 "
             f"tokens of a routing group of {group_tokens:g} (int(max({balanced} x C, C))): "
             f"every token would be dropped; give at least "
-            f"{smallest_capacity_factor(group_tokens, e, k)}"
+            f"{smallest_capacity_factor(group_tokens, e, k)}", "capacity_factor"
         )
     assigned = group_tokens * k
     dropped = sum(max(assigned * s - cap, 0.0) for s in shares) / assigned

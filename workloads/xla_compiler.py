@@ -3,8 +3,8 @@ tpusim models it, apart from the silicon (`sim.hardware.ChipSpec` holds one as `
 
 Each rule is true or false, false being "not seen": read off the live ranges of the compiled
 `benchmarks/xla_memory.py` programs (docs/model.md "Memory"). A step compiled for a chip takes
-its rules as the `TrainingConfig` fields of the same names; a chip YAML file and `--set` write
-them under the same names, beside the chip's own keys.
+its rules as the `TrainingConfig` fields of the same names; a chip YAML file and the `set`
+overrides write them under the same names, beside the chip's own keys.
 """
 
 from __future__ import annotations

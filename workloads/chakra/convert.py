@@ -8,10 +8,10 @@ dependencies up to node ids) the set is one `Trace` whose collectives run over t
 ranks name, and every executor, what-if and exporter of a trace replay applies unchanged.
 
 What becomes what (docs/howto/chakra.md has the table and the reasons):
-* COMP_NODE on the device: `--chakra-compute roofline` (default; ASTRA-sim's roofline mode)
+* COMP_NODE on the device: `chakra_compute` roofline (default; ASTRA-sim's roofline mode)
   costs it as an MXU op of `num_ops` FLOPs reading `tensor_size` HBM bytes on the chip model;
   a node that carries neither, every host op (`is_cpu_op`), and every node under
-  `--chakra-compute recorded`, takes its recorded `duration_micros` (an idle op: the core is
+  `chakra_compute` recorded, takes its recorded `duration_micros` (an idle op: the core is
   busy for that long).
 * COMM_COLL_NODE: a collective on the torus with tpusim's algorithms. `comm_size` is the
   rank's buffer as ASTRA-sim reads it; tpusim's V is the group's: all-reduce and
@@ -348,7 +348,7 @@ def chakra_trace(cset: ChakraSet, topology: Topology,
         raise TpusimError(
             f"chakra trace {cset.source!r} has {r} ranks but the {topology.name} pod has "
             f"{n_chips} chips; replay it on a pod of {r} chips (rank r runs on chip r), e.g. "
-            f"--shape with {r} chips")
+            f"{{shape}} with {r} chips", "shape")
     notes: dict[str, int] = _Counter()
     dims = PodDims.of(topology)
     # Each distinct program is converted once (ranks whose node records are the same bytes
@@ -429,13 +429,14 @@ def chakra_trace(cset: ChakraSet, topology: Topology,
 
 
 TPUSIM_NOTE = ("written by tpusim: replayed op for op from each node's tpusim_op (the program "
-               "as exported; --chakra-compute does not apply)")
+               "as exported; the compute costing asked for does not apply)")
 
 
 def _tpusim_trace(cset: ChakraSet, topology: Topology) -> ChakraImport:
-    """A set tpusim exported (`--chakra DIR`): the program exactly as it was simulated, from the
-    op each node carries (checked as a trace file is), on a pod of the chips it was written
-    for; per-class files are expanded to the chips their metadata lists."""
+    """A set tpusim exported (a run's `chakra` output): the program exactly as it was
+    simulated, from the op each node carries (checked as a trace file is), on a pod of the
+    chips it was written for; per-class files are expanded to the chips their metadata
+    lists."""
     first = cset.ranks[0]
     src = f"chakra trace {cset.source!r}"
     n = first.metadata.attrs["tpusim_num_chips"].value
@@ -473,7 +474,8 @@ def _tpusim_trace(cset: ChakraSet, topology: Topology) -> ChakraImport:
         groups = json.loads(first.metadata.attrs["tpusim_device_groups"].value)
     except (KeyError, ValueError, RecursionError, AttributeError, TypeError):
         raise TpusimError(f"{src}: its metadata lacks a readable tpusim_mesh or "
-                          f"tpusim_device_groups; re-export the step with --chakra") from None
+                          f"tpusim_device_groups; re-export the step with {{chakra}}",
+                          "chakra") from None
     p2p = None
     if len(prog_rows) > 1:
         p2p = _tpusim_p2p(cset, prog_of_file, len(prog_rows), n, src)
@@ -513,10 +515,10 @@ def _tpusim_rows(rp: RankProgram) -> list:
             fields = json.loads(text)
         except (ValueError, RecursionError):
             raise TpusimError(f"chakra file {rp.path!r}: node {nd.id}: tpusim_op is not "
-                              f"JSON; re-export the step with --chakra") from None
+                              f"JSON; re-export the step with {{chakra}}", "chakra") from None
         if not isinstance(fields, list):
             raise TpusimError(f"chakra file {rp.path!r}: node {nd.id}: tpusim_op is not a "
-                              f"list of op fields; re-export the step with --chakra")
+                              f"list of op fields; re-export the step with {{chakra}}", "chakra")
         rows.append([nd.id, *fields, list(nd.data_deps)])
     return rows
 
@@ -526,7 +528,7 @@ def _tpusim_p2p(cset: ChakraSet, prog_of_file: list[int], num_programs: int, n: 
     """The point-to-point sends of a tpusim-written set of several programs, from the files'
     `tpusim_p2p` (per program) and `tpusim_p2p_peers` (per channel, every chip's peer)."""
     fix = ("its chips run several programs, so every file needs the tpusim_p2p and "
-           "tpusim_p2p_peers metadata tpusim writes; re-export the step with --chakra")
+           "tpusim_p2p_peers metadata tpusim writes; re-export the step with {chakra}")
     sends: list = [None] * num_programs
     recvs: list = [None] * num_programs
     try:
@@ -538,10 +540,11 @@ def _tpusim_p2p(cset: ChakraSet, prog_of_file: list[int], num_programs: int, n: 
                 recvs[pi] = {int(tag): int(op) for op, tag in doc["recvs"]}
         peers = [[int(c) for c in nb] for nb in peers]
     except (KeyError, ValueError, RecursionError, AttributeError, TypeError):
-        raise TpusimError(f"{src}: {fix}") from None
+        raise TpusimError(f"{src}: {fix}", "chakra") from None
     if not all(len(nb) == n and all(-1 <= c < n for c in nb) for nb in peers):
         raise TpusimError(f"{src}: its tpusim_p2p_peers do not name a chip of 0..{n - 1} (or "
-                          f"-1) for each of the {n} chips; re-export the step with --chakra")
+                          f"-1) for each of the {n} chips; re-export the step with {{chakra}}",
+                          "chakra")
     return {"peers": peers, "sends": sends, "recvs": recvs}
 
 

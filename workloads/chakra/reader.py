@@ -415,7 +415,7 @@ def comm_bytes_of(n: Node) -> int:
 
 
 def inventory(cset: ChakraSet, approximations: list[str] | None = None) -> dict[str, Any]:
-    """What the set holds, summed over ranks (`import-chakra --json`): nodes by type,
+    """What the set holds, summed over ranks (the JSON of `tpusim import-chakra`): nodes by type,
     collectives by kind with their bytes (comm_size summed, as the manifest counts them), and
     per rank the same for rank 0 and any rank that differs."""
     by_type: Counter = Counter()

@@ -5,7 +5,7 @@ HLO text `tpusim import-hlo` and `tpusim replay` read (`compiled.as_text()`).
 This module imports nothing of tpusim and imports jax only inside the functions that compile,
 so it runs under a python that has `jax[tpu]==0.10.2` and nothing else (numpy comes with jax):
 `tpusim make-hlo-fixture` (sim/cli/hlo.py) calls `compile_program` in its own python when jax
-is importable there, or runs this file as a script under `--jax-python` (a venv of its own:
+is importable there, or runs this file as a script under its `jax_python` (a venv of its own:
 `python3.11 -m venv hlo-venv && hlo-venv/bin/pip install 'jax[tpu]==0.10.2'`, docs/hlo.md);
 validation/make_hlo_fixtures.py builds the committed fixtures with it and validation/
 xla_compile.py's cross-checks use its decoder, mesh and remat policies.
@@ -571,8 +571,8 @@ _META_RE = re.compile(r', metadata=\{(?:[^{}"]|"(?:[^"\\]|\\.)*")*\}')
 
 
 def main() -> int:
-    """Script mode, for a python that has jax and not tpusim (`tpusim make-hlo-fixture
-    --jax-python`): reads `{"config": {...}, "out": PATH}` (`job_json`) on stdin, compiles the
+    """Script mode, for a python that has jax and not tpusim (`tpusim make-hlo-fixture`
+    with a `jax_python`): reads `{"config": {...}, "out": PATH}` (`job_json`) on stdin, compiles the
     program and writes its text to PATH; a refusal is one line on stderr and exit status 2."""
     job = json.loads(sys.stdin.read())
     cfg = HloProgramConfig(**job["config"])

@@ -46,21 +46,22 @@ def program_config(*, generation: str, shape: tuple[int, ...], mesh: str,
     """The program for a slice (`generation` and its `shape` in chips), a mesh (`fsdp=16,
     tensor=4`: axes of `MESH_AXES`) and a model, checked before jax is involved."""
     if generation not in JAX_GENERATIONS:
-        raise TpusimError(f"--chip {short_repr(generation)}: jax's deviceless TPU topologies "
-                          f"know {', '.join(JAX_GENERATIONS)}; give one of them (or a --slice "
-                          f"of one)")
+        raise TpusimError(f"{{chip}} {short_repr(generation)}: jax's deviceless TPU topologies "
+                          f"know {', '.join(JAX_GENERATIONS)}; give one of them (or a {{slice}} "
+                          f"of one)", "chip", "slice")
     chips = math.prod(shape)
     axes = _mesh_axes(mesh)
     if math.prod(axes.values()) != chips:
-        raise TpusimError(f"--mesh {mesh}: its axes multiply to {math.prod(axes.values())} "
-                          f"chips, the slice has {chips}; give axes whose product is {chips}")
+        raise TpusimError(f"{{mesh}} {mesh}: its axes multiply to {math.prod(axes.values())} "
+                          f"chips, the slice has {chips}; give axes whose product is {chips}",
+                          "mesh")
     _check_dense(model)
     layers = model.num_layers if num_layers is None else num_layers
     if program not in jaxgen.PROGRAMS[:3]:
-        raise TpusimError(f"--program {short_repr(program)}: "
-                          f"{one_of(program, jaxgen.PROGRAMS[:3])}")
+        raise TpusimError(f"{{program}} {short_repr(program)}: "
+                          f"{one_of(program, jaxgen.PROGRAMS[:3])}", "program")
     if remat not in jaxgen.REMATS:
-        raise TpusimError(f"--remat {short_repr(remat)}: {one_of(remat, jaxgen.REMATS)}")
+        raise TpusimError(f"{{remat}} {short_repr(remat)}: {one_of(remat, jaxgen.REMATS)}", "remat")
     fsdp, tensor, data = (axes.get(a, 1) for a in ("fsdp", "tensor", "data"))
     batch = batch_per_chip * chips
     for what, value, size, axis in (
@@ -70,12 +71,12 @@ def program_config(*, generation: str, shape: tuple[int, ...], mesh: str,
                                                      "tensor"),
             ("d_model", model.d_model, fsdp, "fsdp")):
         if value % size:
-            raise TpusimError(f"--mesh {mesh}: {axis}={size} does not divide the model's "
-                              f"{what} = {value}; give a size that divides it")
+            raise TpusimError(f"{{mesh}} {mesh}: {axis}={size} does not divide the model's "
+                              f"{what} = {value}; give a size that divides it", "mesh")
     if program != "decode" and (not float(batch).is_integer() or int(batch) % (fsdp * data)):
-        raise TpusimError(f"--batch-per-chip {batch_per_chip:g}: the {batch:g} sequences of the "
+        raise TpusimError(f"{{batch_per_chip}} {batch_per_chip:g}: the {batch:g} sequences of the "
                           f"batch split over data x fsdp = {data * fsdp}; give a batch per chip "
-                          f"that makes a whole multiple of it")
+                          f"that makes a whole multiple of it", "batch_per_chip")
     dims = {k: int(getattr(model, k)) for k in jaxgen.DIM_KEYS}
     return jaxgen.HloProgramConfig(
         topology=f"{generation}:{'x'.join(map(str, shape))}", mesh=axes, dims=dims,
@@ -89,13 +90,13 @@ def _mesh_axes(mesh: str) -> dict[str, int]:
         name, eq, size = (x.strip() for x in item.partition("="))
         if not (eq and name and size.isascii() and size.isdigit() and 1 <= len(size) <= 9
                 and int(size) >= 1) or name in axes:
-            raise TpusimError(f"--mesh {short_repr(mesh)}: {short_repr(item.strip())} is not "
+            raise TpusimError(f"{{mesh}} {short_repr(mesh)}: {short_repr(item.strip())} is not "
                               f"AXIS=SIZE with a whole SIZE >= 1, each axis once (e.g. "
-                              f"fsdp=16,tensor=4)")
+                              f"fsdp=16,tensor=4)", "mesh")
         if name not in MESH_AXES:
-            raise TpusimError(f"--mesh {short_repr(mesh)}: the fixture program shards over "
+            raise TpusimError(f"{{mesh}} {short_repr(mesh)}: the fixture program shards over "
                               f"{', '.join(MESH_AXES)}; {short_repr(name)} is not one of them "
-                              f"({one_of(name, MESH_AXES)})")
+                              f"({one_of(name, MESH_AXES)})", "mesh")
         axes[name] = int(size)
     return axes
 
@@ -108,10 +109,10 @@ def _check_dense(model: TransformerSpec) -> None:
         extra.insert(0, f"mlp {model.mlp}")
     if extra:
         raise TpusimError(
-            f"--model {model.name}: the fixture program is a dense LLaMA-style decoder (GQA, "
+            f"{{model}} {model.name}: the fixture program is a dense LLaMA-style decoder (GQA, "
             f"SwiGLU, RMSNorm, untied embeddings), and {model.name} sets "
             f"{', '.join(extra[:4])}{' ...' if len(extra) > 4 else ''}; give a model without "
-            f"them (a model YAML with `base: {model.name}` resetting those keys)")
+            f"them (a model YAML with `base: {model.name}` resetting those keys)", "model")
 
 
 def have_jax() -> bool:
@@ -127,16 +128,17 @@ def compile_hlo(cfg: jaxgen.HloProgramConfig, *, jax_python: str | None = None) 
         if not have_jax():
             raise TpusimError(
                 f"make-hlo-fixture compiles with {PINNED_JAX}, which this python lacks; give "
-                f"--jax-python hlo-venv/bin/python, the python of a venv that has it "
-                f"({INSTALL_HINT})")
+                f"{{jax_python}} hlo-venv/bin/python, the python of a venv that has it "
+                f"({INSTALL_HINT})", "jax_python")
         try:
             return jaxgen.compile_program(cfg)
         except ValueError as exc:
             raise TpusimError(f"jax refuses the program: {exc}") from None
     py = Path(jax_python)
     if not py.is_file() or not os.access(py, os.X_OK):
-        raise TpusimError(f"--jax-python {short_repr(jax_python)} is not an executable file; "
-                          f"give the python of a venv with {PINNED_JAX} ({INSTALL_HINT})")
+        raise TpusimError(f"{{jax_python}} {short_repr(jax_python)} is not an executable file; "
+                          f"give the python of a venv with {PINNED_JAX} ({INSTALL_HINT})",
+                          "jax_python")
     with tempfile.TemporaryDirectory(prefix="tpusim-hlo-") as tmp:
         out = Path(tmp) / "program.hlo.txt"
         env = dict(os.environ, JAX_PLATFORMS="cpu")
@@ -147,13 +149,13 @@ def compile_hlo(cfg: jaxgen.HloProgramConfig, *, jax_python: str | None = None) 
             return out.read_text(encoding="utf-8")
         err = done.stderr
         if "No module named 'jax'" in err or "No module named 'numpy'" in err:
-            raise TpusimError(f"--jax-python {jax_python} has no jax: install it there "
+            raise TpusimError(f"{{jax_python}} {jax_python} has no jax: install it there "
                               f"({py} -m pip install '{PINNED_JAX}'), or give the python of a "
-                              f"venv that has it ({INSTALL_HINT})")
+                              f"venv that has it ({INSTALL_HINT})", "jax_python")
         lines = [ln for ln in err.splitlines() if ln.startswith("jax: ")]
         if lines:
             raise TpusimError(f"jax refuses the program: {lines[-1][5:][:400]}")
         last = next((ln.strip() for ln in reversed(err.splitlines()) if ln.strip()),
                     f"exit status {done.returncode}")
-        raise TpusimError(f"--jax-python {jax_python} failed to compile the program: "
-                          f"{last[:300]}")
+        raise TpusimError(f"{{jax_python}} {jax_python} failed to compile the program: "
+                          f"{last[:300]}", "jax_python")

@@ -56,14 +56,16 @@ def _check_pattern_per_stage(model: TransformerSpec, layers: int, split: str) ->
                 f"{split} splits the layers into pipeline chunks, and every chunk runs the "
                 f"same program: {field}={getattr(model, field)} (layers only the first or the "
                 f"last chunk has) is not modelled with a pipeline axis; drop pipeline from the "
-                f"mesh, or set {field} to 0 with --set model.{field}=0"
+                f"mesh, or set {field} to 0 with {{set}} model.{field}=0", "set"
             )
 
 
-def _check_divisible(what: str, value: int, axis: str, size: int, fix: str) -> None:
+def _check_divisible(what: str, value: int, axis: str, size: int, fix: str,
+                     *params: str) -> None:
+    """`fix` may name settings as placeholders (`params`, TpusimError's)."""
     if size > 1 and value % size:
         raise TpusimError(
-            f"mesh axis {axis}={size} does not divide {what} = {value}; {fix}"
+            f"mesh axis {axis}={size} does not divide {what} = {value}; {fix}", *params
         )
 
 
@@ -132,7 +134,7 @@ def _compiler(
             f"{model.num_kv_heads}; pick a tensor size compatible with the KV heads"
         )
     _check_divisible("seq_len", config.seq_len, "sequence", sp,
-                     "pick a sequence size that divides --seq-len")
+                     "pick a sequence size that divides {seq_len}", "seq_len")
     _check_divisible("num_layers", model.num_layers, "pipeline", pp,
                      "pick a pipeline size that divides the layer count")
     _check_pattern_per_stage(model, model.num_layers // pp, f"pipeline={pp}")
@@ -146,26 +148,27 @@ def _compiler(
     global_seqs = config.batch_per_chip * num_chips
     if abs(global_seqs - round(global_seqs)) > 1e-9:
         raise TpusimError(
-            f"--batch-per-chip {config.batch_per_chip} x {num_chips} chips is not a whole number "
-            f"of sequences; change the batch"
+            f"{{batch_per_chip}} {config.batch_per_chip} x {num_chips} chips is not a whole number "
+            f"of sequences; change the batch", "batch_per_chip"
         )
     global_seqs = int(round(global_seqs))
     if global_seqs < 1:  # a tiny positive value (1e-320) is within the tolerance of 0
         raise TpusimError(
-            f"--batch-per-chip {config.batch_per_chip:g} x {num_chips} chips is under one "
-            f"sequence; give at least 1/{num_chips} = {1 / num_chips:g} (one sequence per pod)"
+            f"{{batch_per_chip}} {config.batch_per_chip:g} x {num_chips} chips is under one "
+            f"sequence; give at least 1/{num_chips} = {1 / num_chips:g} (one sequence per pod)",
+            "batch_per_chip"
         )
     batch_shards = dp * fs * ep
     if global_seqs % batch_shards:
         raise TpusimError(
             f"the global batch of {global_seqs} sequences is not divisible by data x fsdp x "
-            f"expert = {batch_shards}; change --batch-per-chip or the mesh"
+            f"expert = {batch_shards}; change {{batch_per_chip}} or the mesh", "batch_per_chip"
         )
     local_seqs = global_seqs // batch_shards
     if local_seqs % config.microbatches:
         raise TpusimError(
-            f"--microbatches {config.microbatches} does not divide the {local_seqs} sequences "
-            f"each data shard holds; pick a divisor of {local_seqs}"
+            f"{{microbatches}} {config.microbatches} does not divide the {local_seqs} sequences "
+            f"each data shard holds; pick a divisor of {local_seqs}", "microbatches"
         )
     # Each microbatch repeats its layers' forward and backward ops in the program (a pipeline
     # stage's program: the stage's layers): at least MIN_OPS_PER_LAYER each, so a count no
@@ -176,10 +179,11 @@ def _compiler(
     if least > MAX_TRACE_OPS:
         where = " per pipeline stage" if pp > 1 else ""
         raise TpusimError(
-            f"--microbatches {config.microbatches} x {layers} layers{where} compiles to at least "
+            f"{{microbatches}} {config.microbatches} x {layers} layers{where} compiles to at least "
             f"{least:,} ops ({MIN_OPS_PER_LAYER} per layer and microbatch), over the "
             f"{MAX_TRACE_OPS:,} tpusim simulates in one program; use at most "
-            f"{max(MAX_TRACE_OPS // (layers * MIN_OPS_PER_LAYER), 1):,} microbatches"
+            f"{max(MAX_TRACE_OPS // (layers * MIN_OPS_PER_LAYER), 1):,} microbatches",
+            "microbatches"
         )
     config.moe.check_model(model)
     if config.ep_alltoall == "async" and ep == 1:
@@ -187,14 +191,14 @@ def _compiler(
         # nothing, like --capacity-factor on a dense model.
         why = f"{model.name} is dense" if not model.is_moe else "the mesh has no expert axis"
         raise TpusimError(
-            f"--ep-alltoall async overlaps the MoE all-to-alls over the expert axis, and this "
-            f"run has none ({why}); drop --ep-alltoall"
-            + ("" if not model.is_moe else " or add expert=N to the mesh"))
+            f"{{ep_alltoall}} async overlaps the MoE all-to-alls over the expert axis, and this "
+            f"run has none ({why}); drop {{ep_alltoall}}"
+            + ("" if not model.is_moe else " or add expert=N to the mesh"), "ep_alltoall")
     loss_rows = local_seqs * config.seq_len / sp / config.microbatches
     if config.vocab_tiling > 1 and loss_rows % config.vocab_tiling:
         raise TpusimError(
-            f"--vocab-tiling {config.vocab_tiling} does not divide the {loss_rows:g} tokens each "
-            f"chip's loss processes per microbatch; pick a divisor of {loss_rows:g}"
+            f"{{vocab_tiling}} {config.vocab_tiling} does not divide the {loss_rows:g} tokens each "
+            f"chip's loss processes per microbatch; pick a divisor of {loss_rows:g}", "vocab_tiling"
         )
     d = Dims(
         n=local_seqs * config.seq_len / sp / config.microbatches,

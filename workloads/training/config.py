@@ -47,15 +47,16 @@ from workloads.xla_compiler import COMPILER_RULES, XlaCompilerSpec
 
 
 def check_stateless_optimizer(optimizer: str, optimizer_dtypes: tuple[str, ...]) -> None:
-    """An optimizer with no state (SGD) takes no --optimizer-dtype but the default: another
+    """An optimizer with no state (SGD) takes no `optimizer_dtype` but the default: another
     one would change nothing (and repeat every candidate of a plan)."""
     if Optimizer(optimizer).state_tensors or all(
-            dtype_bytes(d, "--optimizer-dtype") == Dtype.FP32.nbytes for d in optimizer_dtypes):
+            dtype_bytes(d, "optimizer_dtype") == Dtype.FP32.nbytes for d in optimizer_dtypes):
         return
     raise TpusimError(
-        f"--optimizer-dtype {short_repr(','.join(optimizer_dtypes))} with --optimizer "
+        f"{{optimizer_dtype}} {short_repr(','.join(optimizer_dtypes))} with {{optimizer}} "
         f"{Optimizer(optimizer).value}: it keeps no optimizer state, so the state's dtype changes "
-        f"nothing; drop --optimizer-dtype or use --optimizer adam")
+        f"nothing; drop {{optimizer_dtype}} or use {{optimizer}} adam",
+        "optimizer_dtype", "optimizer")
 
 
 def _mode(choices: type[enum.StrEnum], value: object) -> enum.StrEnum | None:
@@ -73,7 +74,7 @@ COMPILER_RULE_FIELDS = COMPILER_RULES
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainingConfig:
-    """Run settings of one training step (see `tpusim train --help`)."""
+    """Run settings of one training step (the `sim.train` settings of the same names)."""
 
     seq_len: int
     batch_per_chip: float
@@ -180,13 +181,14 @@ class TrainingConfig:
 
     def _check_sizes(self) -> None:
         if not isinstance(self.seq_len, int) or not 1 <= self.seq_len <= MAX_TOKENS:
-            raise TpusimError(f"--seq-len {short_repr(self.seq_len)} must be "
-                              f"{range_text(1, MAX_TOKENS, integer=True)}")
+            raise TpusimError(f"{{seq_len}} {short_repr(self.seq_len)} must be "
+                              f"{range_text(1, MAX_TOKENS, integer=True)}", "seq_len")
         if not (isinstance(self.batch_per_chip, (int, float)) and 0 < self.batch_per_chip
                 <= MAX_BATCH and math.isfinite(self.batch_per_chip)):
             raise TpusimError(
-                f"--batch-per-chip {short_repr(self.batch_per_chip)} must be in "
-                f"{interval_text(0, MAX_BATCH, lo_open=True)} (sequences per chip)"
+                f"{{batch_per_chip}} {short_repr(self.batch_per_chip)} must be in "
+                f"{interval_text(0, MAX_BATCH, lo_open=True)} (sequences per chip)",
+                "batch_per_chip"
             )
         if not isinstance(self.remat, Remat):
             # A policy given as text (the Python API): parsed here, so that a bad one is a
@@ -201,103 +203,113 @@ class TrainingConfig:
                                   f"of MaxText tensor names")
             object.__setattr__(self, name, tuple(v))
         if (self.remat_save or self.remat_offload) and self.remat != Remat.CUSTOM:
-            raise TpusimError(f"--remat-save and --remat-offload name the tensors of --remat "
-                              f"custom, and --remat is {self.remat}; use --remat custom or drop "
-                              f"them")
+            raise TpusimError(f"{{remat_save}} and {{remat_offload}} name the tensors of "
+                              f"{{remat}} custom, and {{remat}} is {self.remat}; use {{remat}} "
+                              f"custom or drop them", "remat_save", "remat_offload", "remat")
         check_custom_names(self.remat_save, self.remat_offload)
         if not self._set_mode("attention", Attention):
-            raise TpusimError(f"--attention {short_repr(self.attention)} must be dot or flash")
+            raise TpusimError(f"{{attention}} {short_repr(self.attention)} must be dot or flash",
+                              "attention")
         for flag in COMPILER_RULE_FIELDS:
             if not isinstance(getattr(self, flag), bool):
                 raise TpusimError(f"{flag} {short_repr(getattr(self, flag))} must be "
                                   f"true or false (the chip's {flag})")
         if isinstance(self.vocab_tiling, bool) or not isinstance(self.vocab_tiling, int) or \
                 not 1 <= self.vocab_tiling <= MAX_CHUNKS:
-            raise TpusimError(f"--vocab-tiling {short_repr(self.vocab_tiling)} must be "
-                              f"{range_text(1, MAX_CHUNKS, integer=True)} (1: no tiling)")
+            raise TpusimError(f"{{vocab_tiling}} {short_repr(self.vocab_tiling)} must be "
+                              f"{range_text(1, MAX_CHUNKS, integer=True)} (1: no tiling)",
+                              "vocab_tiling")
         if not isinstance(self.microbatches, int) or not 1 <= self.microbatches <= MAX_CHUNKS:
-            raise TpusimError(f"--microbatches {short_repr(self.microbatches)} must be "
-                              f"{range_text(1, MAX_CHUNKS, integer=True)}")
+            raise TpusimError(f"{{microbatches}} {short_repr(self.microbatches)} must be "
+                              f"{range_text(1, MAX_CHUNKS, integer=True)}", "microbatches")
 
     def _check_modes(self) -> None:
         if not self._set_mode("fsdp_gather", FsdpGather):
             raise TpusimError(
-                f"--fsdp-gather {short_repr(self.fsdp_gather)} is not a mode; "
-                f"{one_of(self.fsdp_gather, FSDP_GATHER_MODES)}"
+                f"{{fsdp_gather}} {short_repr(self.fsdp_gather)} is not a mode; "
+                f"{one_of(self.fsdp_gather, FSDP_GATHER_MODES)}", "fsdp_gather"
             )
         if not self._set_mode("tp_activations", TpActivations):
             raise TpusimError(
-                f"--tp-activations {short_repr(self.tp_activations)} must be sharded or replicated"
+                f"{{tp_activations}} {short_repr(self.tp_activations)} must be sharded or "
+                f"replicated",
+                "tp_activations"
             )
         if not self._set_mode("tp_comm", TpComm):
             raise TpusimError(
-                f"--tp-comm {short_repr(self.tp_comm)} must be blocking or collective-matmul"
+                f"{{tp_comm}} {short_repr(self.tp_comm)} must be blocking or collective-matmul",
+                "tp_comm"
             )
         if not self._set_mode("dp_allreduce", DpAllreduce):
             raise TpusimError(
-                f"--dp-allreduce {short_repr(self.dp_allreduce)} must be async or blocking"
+                f"{{dp_allreduce}} {short_repr(self.dp_allreduce)} must be async or blocking",
+                "dp_allreduce"
             )
         if not self._set_mode("dp_grad_split", DpGradSplit):
             raise TpusimError(
-                f"--dp-grad-split {short_repr(self.dp_grad_split)} must be per-matrix (one "
+                f"{{dp_grad_split}} {short_repr(self.dp_grad_split)} must be per-matrix (one "
                 f"cross-slice all-reduce per weight matrix and one for the norm scales, as XLA "
-                f"compiles it, default) or per-layer (one per layer)"
+                f"compiles it, default) or per-layer (one per layer)", "dp_grad_split"
             )
         if not self._set_mode("fsdp_grad", FsdpGrad):
             raise TpusimError(
-                f"--fsdp-grad {short_repr(self.fsdp_grad)} must be reduce-scatter (async, "
+                f"{{fsdp_grad}} {short_repr(self.fsdp_grad)} must be reduce-scatter (async, "
                 f"default), all-reduce (synchronous, XLA's v6e program without collective "
                 f"matmuls) or auto (XLA's choice per matrix: reduce-scatter over up to "
-                f"{XLA_MAX_WINDOWED_RING} chips, all-reduce above)"
+                f"{XLA_MAX_WINDOWED_RING} chips, all-reduce above)", "fsdp_grad"
             )
         if self.fsdp_grad == FsdpGrad.ALL_REDUCE and self.fsdp_gather == FsdpGather.WINDOWED:
             raise TpusimError(
-                "--fsdp-grad all-reduce with --fsdp-gather windowed: a collective matmul "
-                "reduce-scatters the gradient in its ring; use --fsdp-gather async or blocking "
-                "with it"
+                "{fsdp_grad} all-reduce with {fsdp_gather} windowed: a collective matmul "
+                "reduce-scatters the gradient in its ring; use {fsdp_gather} async or blocking "
+                "with it", "fsdp_grad", "fsdp_gather"
             )
         if self.fsdp_grad == FsdpGrad.AUTO and self.fsdp_gather == FsdpGather.WINDOWED:
             raise TpusimError(
-                f"--fsdp-grad auto with --fsdp-gather windowed: windowed runs every gradient's "
+                f"{{fsdp_grad}} auto with {{fsdp_gather}} windowed: windowed runs every gradient's "
                 f"reduce-scatter as a collective-matmul ring at any ring length, where auto "
-                f"all-reduces over more than {XLA_MAX_WINDOWED_RING} chips; use --fsdp-gather "
+                f"all-reduces over more than {XLA_MAX_WINDOWED_RING} chips; use {{fsdp_gather}} "
                 f"mixed-async or mixed-blocking (XLA's choice of both), async or blocking "
-                f"with it"
+                f"with it", "fsdp_grad", "fsdp_gather"
             )
         if self.fsdp_grad == FsdpGrad.ALL_REDUCE and self.fsdp_gather.startswith("mixed"):
             raise TpusimError(
-                f"--fsdp-grad all-reduce with --fsdp-gather {self.fsdp_gather}: the mixed modes "
+                f"{{fsdp_grad}} all-reduce with {{fsdp_gather}} {self.fsdp_gather}: the mixed "
+                f"modes "
                 f"choose each gradient's collective as XLA does (windowed reduce-scatter rings "
                 f"up to {XLA_MAX_WINDOWED_RING} chips, synchronous all-reduces above); drop "
-                f"--fsdp-grad, or use --fsdp-gather async or blocking with it"
+                f"{{fsdp_grad}}, or use {{fsdp_gather}} async or blocking with it",
+                "fsdp_grad", "fsdp_gather"
             )
         if not self._set_mode("ep_alltoall", EpAlltoall):
             raise TpusimError(
-                f"--ep-alltoall {short_repr(self.ep_alltoall)} must be sync (XLA's default) or "
-                f"async (libtpu's --xla_tpu_enable_async_all_to_all)"
+                f"{{ep_alltoall}} {short_repr(self.ep_alltoall)} must be sync (XLA's default) or "
+                f"async (libtpu's {{xla}}_tpu_enable_async_all_to_all)", "ep_alltoall", "xla"
             )
 
     def _check_schedule_and_dtypes(self) -> None:
         if not self._set_mode("pipeline_schedule", PipelineSchedule):
             raise TpusimError(
-                f"--pipeline-schedule {short_repr(self.pipeline_schedule)} must be one of "
-                f"{', '.join(PIPELINE_SCHEDULES)}"
+                f"{{pipeline_schedule}} {short_repr(self.pipeline_schedule)} must be one of "
+                f"{', '.join(PIPELINE_SCHEDULES)}", "pipeline_schedule"
             )
         v = self.virtual_stages
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise TpusimError(f"--virtual-stages {short_repr(v)} must be an integer >= 1")
+            raise TpusimError(f"{{virtual_stages}} {short_repr(v)} must be an integer >= 1",
+                              "virtual_stages")
         if v > 1 and self.pipeline_schedule != PipelineSchedule.INTERLEAVED:
             raise TpusimError(
-                f"--virtual-stages {v} needs --pipeline-schedule interleaved (gpipe and 1f1b "
-                f"hold one chunk of layers per stage); drop it or switch the schedule"
+                f"{{virtual_stages}} {v} needs {{pipeline_schedule}} interleaved (gpipe and 1f1b "
+                f"hold one chunk of layers per stage); drop it or switch the schedule",
+                "virtual_stages", "pipeline_schedule"
             )
         if not isinstance(self.optimizer, Optimizer):
             object.__setattr__(self, "optimizer", parse_optimizer(self.optimizer))
-        for flag, v in (("--param-dtype", self.param_dtype), ("--grad-dtype", self.grad_dtype),
-                        ("--optimizer-dtype", self.optimizer_dtype)):
-            dtype_bytes(v, flag)
+        for name, v in (("param_dtype", self.param_dtype), ("grad_dtype", self.grad_dtype),
+                        ("optimizer_dtype", self.optimizer_dtype)):
+            dtype_bytes(v, name)
         if self.gather_dtype is not None:
-            dtype_bytes(self.gather_dtype, "--gather-dtype")
+            dtype_bytes(self.gather_dtype, "gather_dtype")
         check_stateless_optimizer(self.optimizer, (self.optimizer_dtype,))
         self._check_quantization()
 
@@ -305,30 +317,32 @@ class TrainingConfig:
         v = self.matmul_dtype
         names = ", ".join(d.value for d in TRAINING_MATMUL_DTYPES)
         if not isinstance(v, str) or v.lower() not in TRAINING_MATMUL_DTYPES:
-            raise TpusimError(f"--matmul-dtype {short_repr(v)} is not a training matmul "
-                              f"format; use one of: {names}")
+            raise TpusimError(f"{{matmul_dtype}} {short_repr(v)} is not a training matmul "
+                              f"format; use one of: {names}", "matmul_dtype")
         object.__setattr__(self, "matmul_dtype", v.lower())
         if not self._set_mode("quant_scales", QuantScales):
-            raise TpusimError(f"--quant-scales {short_repr(self.quant_scales)} must be "
-                              f"per-channel (AQT's default) or per-tensor")
+            raise TpusimError(f"{{quant_scales}} {short_repr(self.quant_scales)} must be "
+                              f"per-channel (AQT's default) or per-tensor", "quant_scales")
         if self.quant_gather not in ("int8", "bf16"):
-            raise TpusimError(f"--quant-gather {short_repr(self.quant_gather)} must be int8 "
+            raise TpusimError(f"{{quant_gather}} {short_repr(self.quant_gather)} must be int8 "
                               f"(each shard quantized before its gather, XLA's compile of "
-                              f"MaxText's int8) or bf16 (quantized after it)")
+                              f"MaxText's int8) or bf16 (quantized after it)", "quant_gather")
         for name in ("quantize_attention", "quantize_logits", "stochastic_rounding"):
             if not isinstance(getattr(self, name), bool):
                 raise TpusimError(f"{name} {short_repr(getattr(self, name))} must be true or "
                                   f"false")
         if self.matmul_dtype == "bf16":
-            given = [flag for flag, on in (
-                ("--quantize-attention", self.quantize_attention),
-                ("--quantize-logits", self.quantize_logits),
-                ("--quant-gather bf16", self.quant_gather != "int8"),
-                ("--quant-scales per-tensor", self.quant_scales != QuantScales.PER_CHANNEL),
-                ("--no-stochastic-rounding", not self.stochastic_rounding)) if on]
+            given = [(name, value) for name, value, on in (
+                ("quantize_attention", "", self.quantize_attention),
+                ("quantize_logits", "", self.quantize_logits),
+                ("quant_gather", " bf16", self.quant_gather != "int8"),
+                ("quant_scales", " per-tensor", self.quant_scales != QuantScales.PER_CHANNEL),
+                ("no_stochastic_rounding", "", not self.stochastic_rounding)) if on]
             if given:
-                raise TpusimError(f"{given[0]} quantizes matmuls, and --matmul-dtype is bf16; "
-                                  f"add --matmul-dtype int8 or drop {given[0].split()[0]}")
+                name, value = given[0]
+                raise TpusimError(f"{{{name}}}{value} quantizes matmuls, and {{matmul_dtype}} is "
+                                  f"bf16; add {{matmul_dtype}} int8 or drop {{{name}}}",
+                                  name, "matmul_dtype")
 
     @property
     def remat_plan(self) -> RematPlan:

@@ -112,7 +112,7 @@ class EpAlltoall(enum.StrEnum):
 
 
 class QuantScales(enum.StrEnum):
-    """The scales of an int8 matmul's operands (`--quant-scales`): one per row or column along
+    """The scales of an int8 matmul's operands (`quant_scales`): one per row or column along
     the contraction (AQT's default calibration, MaxText's int8) or one per tensor."""
 
     PER_CHANNEL = "per-channel"
@@ -137,7 +137,7 @@ PIPELINE_SCHEDULES = tuple(m.value for m in PipelineSchedule)
 
 class Optimizer(enum.StrEnum):
     """The update rule, which decides the optimizer state kept per parameter and the update's
-    cost (the state's dtype is `--optimizer-dtype`)."""
+    cost (the state's dtype is `optimizer_dtype`)."""
 
     # Two moments per parameter (tpu.md §4: bf16 params + two fp32 moments, 10 bytes per
     # parameter); MaxText's default (adamw).
@@ -159,8 +159,8 @@ class Optimizer(enum.StrEnum):
 
 
 def parse_optimizer(text: str) -> Optimizer:
-    return parse_choice(Optimizer, text, "--optimizer", "an optimizer")
+    return parse_choice(Optimizer, text, "optimizer", "an optimizer")
 
 
 def parse_remat(text: str) -> Remat:
-    return parse_choice(Remat, text, "--remat", "a remat policy")
+    return parse_choice(Remat, text, "remat", "a remat policy")

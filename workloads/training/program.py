@@ -89,8 +89,8 @@ class Q:
     activation operands (round to nearest), its gradient operands (stochastic rounding), the
     weight elements it quantizes itself (none where each shard was quantized before its
     gather), the outputs it dequantizes; `k` the contraction length its per-channel scales
-    are taken over. `kind`: weight, attention or logits (`--quantize-attention`,
-    `--quantize-logits`)."""
+    are taken over. `kind`: weight, attention or logits (`quantize_attention`,
+    `quantize_logits`)."""
 
     kind: str = "weight"
     act: float = 0.0
@@ -126,13 +126,14 @@ class ProgramBuilder:
         self.cfg = cfg
         self.num_chips = num_chips
         self.global_seqs = global_seqs
-        self.b = TraceBuilder(fix=f"--microbatches {cfg.microbatches} x {model.num_layers} "
-                                  f"layers build it: use fewer microbatches or layers")
-        # Stored params (and their update) in --param-dtype; what the layers gather and read
-        # in --gather-dtype (the cast of each shard before its gather, `weight_cast`).
-        self.wb = dtype_bytes(cfg.param_dtype, "--param-dtype")
-        self.wc = dtype_bytes(cfg.weight_gather_dtype, "--gather-dtype")
-        self.gb = dtype_bytes(cfg.grad_dtype, "--grad-dtype")
+        self.b = TraceBuilder(fix=f"{{microbatches}} {cfg.microbatches} x {model.num_layers} "
+                                  f"layers build it: use fewer microbatches or layers",
+                              fix_params=("microbatches",))
+        # Stored params (and their update) in param_dtype; what the layers gather and read
+        # in gather_dtype (the cast of each shard before its gather, `weight_cast`).
+        self.wb = dtype_bytes(cfg.param_dtype, "param_dtype")
+        self.wc = dtype_bytes(cfg.weight_gather_dtype, "gather_dtype")
+        self.gb = dtype_bytes(cfg.grad_dtype, "grad_dtype")
         # The local gradient shards are held in the params' dtype when the weights are cast for
         # their gathers: the scanned backward writes each layer's reduce-scattered gradient into
         # a stacked gradient of the params' dtype (f32 in the v5e and v6e fsdp=16 scanned
@@ -146,7 +147,7 @@ class ProgramBuilder:
         self.int8_gathers = cfg.quantized and cfg.quant_gather == "int8" and \
             d.fs * d.ep > 1
         self.wg = self.wq if self.int8_gathers else self.wc
-        self.ob = dtype_bytes(cfg.optimizer_dtype, "--optimizer-dtype")
+        self.ob = dtype_bytes(cfg.optimizer_dtype, "optimizer_dtype")
         self.opt = Optimizer(cfg.optimizer)
         # Optimizer state per parameter (the moments, in --optimizer-dtype).
         self.state_bytes_per_param = self.opt.state_tensors * self.ob
@@ -608,7 +609,7 @@ class ProgramBuilder:
         ops as the first (tests/test_training.py checks it: the middle ones add exactly as
         many, the last one its gradient reductions more), so `start + microbatches x per_mb` is
         a lower bound of the program: a step over the limit costs one microbatch's build, not
-        the limit's (LLaMA-3-405B at --microbatches 248, inside MIN_OPS_PER_LAYER's estimate,
+        the limit's (LLaMA-3-405B at microbatches=248, inside MIN_OPS_PER_LAYER's estimate,
         built 250,000 ops in 3.8 CPU-s before the builder refused it)."""
         mbs, limit = self.cfg.microbatches, self.b.max_ops
         least = start + mbs * per_mb
@@ -619,10 +620,11 @@ class ProgramBuilder:
         fit = max((limit - start) // per_mb - 1, 1)
         where = " per pipeline stage" if self.d.pp > 1 else ""
         raise TpusimError(
-            f"--microbatches {mbs} x {self.d.layers} layers{where} compiles to at least "
+            f"{{microbatches}} {mbs} x {self.d.layers} layers{where} compiles to at least "
             f"{least:,} ops ({per_mb:,} per microbatch, counted on the first), over the "
             f"{limit:,} tpusim simulates in one program; "
-            + (f"use at most {fit:,} microbatches" if fit > 1 else "use --microbatches 1"))
+            + (f"use at most {fit:,} microbatches" if fit > 1 else "use {microbatches} 1"),
+               "microbatches")
 
     def local_params(self) -> float:
         m, d = self.m, self.d

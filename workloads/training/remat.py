@@ -135,22 +135,23 @@ _SAME = {Remat.MINIMAL_OFFLOADED: Remat.OFFLOAD}
 
 
 def check_custom_names(save: tuple[str, ...], offload: tuple[str, ...]) -> None:
-    """One-line errors for `--remat-save` / `--remat-offload` lists."""
-    for flag, names in (("--remat-save", save), ("--remat-offload", offload)):
+    """One-line errors for `remat_save` / `remat_offload` lists."""
+    for flag, names in (("remat_save", save), ("remat_offload", offload)):
         for name in names:
             if name not in MAXTEXT_TENSORS:
                 raise TpusimError(
-                    f"{flag} {name!r} is not one of MaxText's tensor names; use some of: "
-                    f"{', '.join(MAXTEXT_TENSOR_NAMES)}")
+                    f"{{{flag}}} {name!r} is not one of MaxText's tensor names; use some of: "
+                    f"{', '.join(MAXTEXT_TENSOR_NAMES)}", flag)
     both = sorted(set(save) & set(offload))
     if both:
-        raise TpusimError(f"{', '.join(both)} is both in --remat-save and --remat-offload; "
-                          f"a tensor is kept on device or offloaded, not both")
-    for flag, names in (("--remat-save", save), ("--remat-offload", offload)):
+        raise TpusimError(f"{', '.join(both)} is both in {{remat_save}} and {{remat_offload}}; "
+                          f"a tensor is kept on device or offloaded, not both",
+                          "remat_save", "remat_offload")
+    for flag, names in (("remat_save", save), ("remat_offload", offload)):
         if ("mlpwi_0" in names) != ("mlpwi_1" in names):
             raise TpusimError(
-                f"{flag} names one of mlpwi_0 and mlpwi_1; tpusim holds the gated pair as one "
-                f"tensor: name both (or mlpwi)")
+                f"{{{flag}}} names one of mlpwi_0 and mlpwi_1; tpusim holds the gated pair as "
+                f"one tensor: name both (or mlpwi)", flag)
 
 
 def remat_plan(policy: Remat, save: tuple[str, ...] = (), offload: tuple[str, ...] = ()

@@ -101,14 +101,14 @@ def grad_kind(cfg: TrainingConfig, group: int) -> str:
     """The collective that reduces a weight gradient over its FSDP group of `group` chips: a
     reduce-scatter, or, in the mixed modes over more chips than XLA windows
     (`XLA_MAX_WINDOWED_RING`), an all-reduce of the whole gradient, as XLA compiles it there
-    (the fsdp=64 and fsdp=256 programs of benchmarks/xla_crosscheck.py `--forms` reduce
+    (the fsdp=64 and fsdp=256 programs of validation/xla_crosscheck.py's gather-forms run reduce
     every gradient that way, several per synchronous all-reduce, and the update slices its
     shard out): twice a reduce-scatter's ring traffic, and the next layer's backward waits
     for it. Each matrix by its own group: in a deviceless v6e compile of the 750B MoE
-    (fsdp=16 x expert=16, `benchmarks/xla_moe_schedule.py --size 750b`) XLA all-reduces the
+    (fsdp=16 x expert=16, `validation/xla_moe_schedule.py` at its 750b size) XLA all-reduces the
     gradients of the weights split 256 ways (attention, router) and reduces the routed
-    experts' (split over fsdp=16) in rings. `--fsdp-grad all-reduce` asks for the
-    synchronous all-reduce in any mode it allows, `--fsdp-grad auto` for this per-matrix
+    experts' (split over fsdp=16) in rings. `fsdp_grad` all-reduce asks for the
+    synchronous all-reduce in any mode it allows, `fsdp_grad` auto for this per-matrix
     choice with any gather mode it allows (`TrainingConfig.fsdp_grad`)."""
     if cfg.fsdp_grad == "all-reduce":
         return "all-reduce"
