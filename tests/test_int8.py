@@ -242,3 +242,22 @@ def test_gpt3_175b_int8_on_a_6144_chip_v5p_slice_runs_and_fits(capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["num_chips"] == 6144 and doc["fits_in_hbm"]
     assert doc["inputs"]["training"]["matmul_dtype"] == "int8"
+
+
+def test_a_compiled_int8_step_replays_at_the_int8_steps_time(tmp_path, capsys):
+    """`replay` takes int8 through the trace: `compile --matmul-dtype int8` writes each
+    matmul's format with its quantize ops and scales, and the replay runs them as `train`
+    does (a replay cannot re-quantize a bf16 trace: the quantization is part of the program)."""
+    flags = ["--model", "llama3-8b", "--set", "model.num_layers=2", "--set",
+             "model.vocab_size=8192", "--chip", "v6e", "--shape", "2x2", "--mesh", "fsdp=4",
+             "--seq-len", "1024", "--batch-per-chip", "1", "--matmul-dtype", "int8"]
+    out = tmp_path / "int8.trace"
+    assert main(["compile", *flags, "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["train", *flags, "--json"]) == 0
+    trained = json.loads(capsys.readouterr().out)
+    assert main(["replay", str(out), "--chip", "v6e", "--shape", "2x2", "--json"]) == 0
+    replayed = json.loads(capsys.readouterr().out)
+    assert replayed["step_time_s"] == trained["step_time_s"]
+    ops = json.loads(out.read_text())
+    assert any("int8" in json.dumps(row) for row in ops["ops"])
