@@ -1352,7 +1352,8 @@ def gen_chakra(rng: random.Random, i: int) -> dict[str, Any]:
     (compute with and without durations and FLOP counts, every collective type, sends and
     receives, sizes from 0 to 1 TiB), dependencies back, forward, missing or on itself, a rank
     count that fits the 2x2 pod or not, odd versions, files cut short or with a byte changed,
-    gzipped or not, given as PREFIX, directory or one file. `import-chakra` or `replay`."""
+    gzipped or not, given as PREFIX, directory or one file, sometimes with a communicator-group
+    file. `import-chakra` or `replay`."""
     import gzip
 
     corrupt = rng.random() < 0.35
@@ -1370,6 +1371,12 @@ def gen_chakra(rng: random.Random, i: int) -> dict[str, Any]:
         argv = ["replay", target, "--chip", "v5e", "--shape", "2x2",
                 "--chakra-compute", rng.choice(["roofline", "recorded"])] + rng.choice(
             [[], ["--json"], ["--perfetto", "{tmp}/p.pftrace"]])
+    if rng.random() < 0.3:  # ASTRA-sim's communicator-group file, odd or not
+        files["groups.json"] = rng.choice([
+            '{"1": [0, 1], "2": [2, 3]}', '{"0": [0, 1, 2, 3]}', '{"1": [0, 1, 2, 3, 4, 5]}',
+            '{"x": [0]}', '{"1": []}', '{"1": [0, 0]}', "[]", "{", '{"1": [true]}',
+            '{"1": [0, 1e400]}', '{"' + "9" * 40 + '": [0]}', "[" * 3000])
+        argv += ["--chakra-comm-group", "{tmp}/groups.json"]
     return {"id": f"gen-chakra-{i}", "files": files, "argv": argv, "expect": "any"}
 
 

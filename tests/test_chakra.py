@@ -463,3 +463,84 @@ def test_involved_dim_that_is_not_a_bool_list_is_refused(tmp_path):
     n.attrs["involved_dim"] = int64_attr(1)
     msg = _bad(tmp_path, META + frame(encode_node(n)))
     assert "node 2 ('ar', record 2)" in msg and "involved_dim must be a bool_list" in msg
+
+
+# -- ASTRA-sim's communicator-group file (--chakra-comm-group) --------------------------------
+def _pg_set(tmp_path, name, *, metadata=None):
+    """Four ranks, each an all-reduce of 1 MiB in process group "1" (ranks 0, 1) or "2"."""
+    progs = []
+    for r in range(4):
+        nodes = [coll_node(1, "ar", CommType.ALL_REDUCE, MIB, pg_name="1" if r < 2 else "2")]
+        if metadata is not None:
+            nodes = [Node(id=0, name="process_group:init", type=NodeType.METADATA_NODE,
+                          inputs=IOInfo(values=f"[[{json.dumps(metadata)}]]")), *nodes]
+        progs.append(nodes)
+    return write_set(tmp_path, name, progs)
+
+
+def test_a_comm_group_file_defines_the_groups_pg_name_names(tmp_path, capsys):
+    groups = tmp_path / "groups.json"
+    groups.write_text(json.dumps({"1": [0, 1], "2": [2, 3]}))
+    prefix = _pg_set(tmp_path, "pg")
+    assert main(["replay", prefix, "--chip", "v5e", "--shape", "4x1"]) == 2
+    assert "names process group '1', which no METADATA_NODE" in capsys.readouterr().err
+    out = _replay([prefix, "--chip", "v5e", "--shape", "4x1", "--chakra-comm-group",
+                   str(groups)], capsys)
+    chip, topo = _v5e("2x1")
+    pair = simulate_collective(chip=chip, topology=topo, op="all-reduce", axes="x",
+                               nbytes=MIB).time_s
+    assert out["step_time_s"] == pytest.approx(pair, rel=1e-6)
+    # Over a METADATA_NODE's groups of the same ids (which make one group of 4): the file's.
+    whole = _pg_set(tmp_path, "meta", metadata=[{"pg_name": "1", "ranks": [0, 1, 2, 3]},
+                                                {"pg_name": "2", "ranks": [0, 1, 2, 3]}])
+    again = _replay([whole, "--chip", "v5e", "--shape", "4x1", "--chakra-comm-group",
+                     str(groups)], capsys)
+    assert again["step_time_s"] == pytest.approx(pair, rel=1e-6)
+    assert any("comm-group file and by a METADATA_NODE" in a for a in again["approximations"])
+    # The result records the file (and its digest): it reruns to the same step, and not once
+    # the file changed.
+    assert again["inputs"]["flags"]["chakra-comm-group"] == str(groups)
+    res = tmp_path / "r.json"
+    res.write_text(json.dumps(again))
+    assert main(["rerun", str(res)]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time_s"] == again["step_time_s"]
+    groups.write_text(json.dumps({"1": [0, 1, 2, 3], "2": [0, 1, 2, 3]}))
+    assert main(["rerun", str(res)]) == 2
+    assert "has changed since the result was written" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text,rule", [
+    ("[1, 2]", "must be a non-empty JSON object"),
+    ("{\"1\": [0, 1", "is not JSON"),
+    ("{\"a\": [0, 1]}", "a group id is a decimal integer"),
+    ("{\"1\": [0, 0]}", "lists a rank twice"),
+    ("{\"1\": [0, true]}", "must be a non-empty list of ranks"),
+    ("{\"1\": []}", "must be a non-empty list of ranks"),
+    ("{\"1\": [0, 9]}", "lists rank 9, but chakra trace"),
+    ("[" * 5000 + "]" * 5000, "is not JSON"),
+])
+def test_a_bad_comm_group_file_is_one_line_naming_the_file_the_group_and_the_rule(
+        tmp_path, capsys, text, rule):
+    bad = tmp_path / "g.json"
+    bad.write_text(text)
+    prefix = _pg_set(tmp_path, "pg")
+    for cmd in (["replay", prefix, "--chip", "v5e", "--shape", "4x1"], ["import-chakra", prefix]):
+        assert main([*cmd, "--chakra-comm-group", str(bad)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and rule in err and "--chakra-comm-group" in err
+        assert str(bad) in err
+
+
+def test_comm_groups_of_a_file_that_is_not_chakra_or_missing_are_refused(tmp_path, capsys):
+    import sim
+
+    prefix = _pg_set(tmp_path, "pg")
+    with pytest.raises(TpusimError, match="comm-group file .* does not exist.*as chakra_comm"):
+        sim.replay_trace(trace=prefix, chip="v5e", shape="4x1",
+                         chakra_comm_group=str(tmp_path / "no"))
+    trace = tmp_path / "s.trace"
+    trace.write_text("{}")
+    assert main(["replay", str(trace), "--chip", "v5e", "--shape", "4x1",
+                 "--chakra-comm-group", str(tmp_path / "no")]) == 2
+    err = capsys.readouterr().err
+    assert "--chakra-comm-group is a Chakra trace's communicator groups" in err

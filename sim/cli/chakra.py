@@ -29,11 +29,17 @@ def _print_inventory(inv: dict[str, Any]) -> None:
 
 def cmd_import_chakra(args: argparse.Namespace) -> int:
     # deferred: start-up
+    from workloads.chakra.comm_group import check_ranks, read_comm_groups
     from workloads.chakra.convert import replay_notes
     from workloads.chakra.reader import inventory, read_set
 
+    groups = None
+    if args.chakra_comm_group is not None:
+        groups, _digest = read_comm_groups(args.chakra_comm_group)
     cset = read_set(args.trace)
-    inv = inventory(cset, replay_notes(cset, args.chakra_compute))
+    if groups and cset.num_ranks > 1:  # one file alone: its ranks are a pod's chips
+        check_ranks(groups, cset.num_ranks, cset.source, args.chakra_comm_group)
+    inv = inventory(cset, replay_notes(cset, args.chakra_compute, groups))
     if args.json:
         cli.emit_json(inv)
     else:
@@ -48,6 +54,9 @@ def _register_import(sub, name: str) -> None:
     p.add_argument("--chakra-compute", choices=("roofline", "recorded"), default="roofline",
                    help="how replay would cost compute nodes, for the approximations listed "
                         "(default roofline; see tpusim replay)")
+    p.add_argument("--chakra-comm-group", metavar="FILE",
+                   help="ASTRA-sim's communicator-group JSON (group id to ranks), for the "
+                        "approximations listed (see tpusim replay)")
     p.add_argument("--json", action="store_true", help="print the inventory as one JSON object")
     p.set_defaults(func=cmd_import_chakra)
 

@@ -459,6 +459,11 @@ def _trace_command(help_text: str, func):
                             "mode does, falling back to the recorded duration where a node "
                             "carries neither (roofline, the default: the point is the TPU's "
                             "time); or replay every node at its recorded duration (recorded)")
+        p.add_argument("--chakra-comm-group", metavar="FILE",
+                       help="Chakra input: ASTRA-sim's communicator-group JSON (its "
+                            "comm-group configuration), group id to ranks, e.g. "
+                            "'{\"1\": [0, 1], \"2\": [2, 3]}': a collective whose pg_name is "
+                            "an id runs over those ranks (over a process_group:init node's)")
         cli.add_output_args(p, trace_chips=True)
         cli.add_step_perturbation_args(p)
 

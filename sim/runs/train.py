@@ -306,17 +306,24 @@ def is_chakra(spec: str) -> bool:
     return (p.parent / f"{p.name}.0.et").is_file() or (p.parent / f"{p.name}.0.et.gz").is_file()
 
 
-def load_chakra(spec: str, topo, compute: str):
-    """(ChakraImport, the bytes `inputs.trace.sha256` digests: each rank file's SHA-256) of a
-    Chakra set converted for `topo`."""
+def load_chakra(spec: str, topo, compute: str, comm_group: str | None = None):
+    """(ChakraImport, the bytes `inputs.trace.sha256` digests: each rank file's SHA-256, and
+    the comm-group file's) of a Chakra set converted for `topo`."""
     # deferred: start-up (the Chakra reader and wire format load for a Chakra replay only)
+    from workloads.chakra.comm_group import check_ranks, read_comm_groups
     from workloads.chakra.convert import chakra_trace
     from workloads.chakra.reader import read_set
 
+    groups, digest = read_comm_groups(comm_group) if comm_group is not None else (None, None)
     cset = read_set(spec)
-    imp = chakra_trace(cset, topo, compute)
-    raw = "".join(f"{r.path}:{r.digest}\n" for r in cset.ranks).encode("utf-8")
-    return imp, raw
+    if groups:  # one file alone runs on every chip: its ranks are the pod's chips
+        check_ranks(groups, cset.num_ranks if cset.num_ranks > 1 else topo.num_chips,
+                    cset.source, comm_group)
+    imp = chakra_trace(cset, topo, compute, comm_groups=groups)
+    raw = "".join(f"{r.path}:{r.digest}\n" for r in cset.ranks)
+    if digest is not None:
+        raw += f"{comm_group}:{digest}\n"
+    return imp, raw.encode("utf-8")
 
 
 def chakra_summary(imp, result) -> dict[str, Any]:
@@ -360,8 +367,14 @@ def run_replay(req: ReplayRequest, *, check_trace_chips=None) -> Run:
     hlo = chakra = None
     if is_chakra(req.trace):
         pod = resolve_pod(req)
-        chakra, raw = load_chakra(req.trace, pod.topology, req.chakra_compute)
+        chakra, raw = load_chakra(req.trace, pod.topology, req.chakra_compute,
+                                  req.chakra_comm_group)
         trace = chakra.trace
+    elif req.chakra_comm_group is not None:
+        raise TpusimError(f"{{chakra_comm_group}} is a Chakra trace's communicator groups, but "
+                          f"{str(path)!r} is not a Chakra trace (PREFIX of PREFIX.<rank>.et "
+                          f"files, their directory or one .et file); drop {{chakra_comm_group}}",
+                          "chakra_comm_group")
     elif not path.is_file():
         raise missing_trace_error(path)
     elif is_hlo(path):

@@ -42,6 +42,7 @@ import numpy as np
 from topologies.errors import TpusimError
 from topologies.mesh import LogicalMesh
 from topologies.torus import Topology
+from workloads.chakra.comm_group import check_ranks
 from workloads.chakra.convert_fields import OP_FIELDS
 from workloads.chakra.programs import programs_trace
 from workloads.chakra.reader import ChakraSet, RankProgram, comm_bytes_of
@@ -181,6 +182,21 @@ def _raw_dims(n: Node) -> tuple | None:
     return None if a is None else tuple(a.value)
 
 
+COMM_GROUP_WINS = ("process groups defined by the comm-group file and by a METADATA_NODE "
+                   "differently: the file's ranks")
+
+
+def _groups(rp: RankProgram, num_ranks: int, comm_groups: dict | None,
+            notes: dict | None = None) -> dict[str, tuple[int, ...]]:
+    """A rank's process groups: its METADATA_NODEs', then the comm-group file's over them."""
+    groups = process_groups(rp, num_ranks)
+    for key, ranks in (comm_groups or {}).items():
+        if notes is not None and groups.get(key, ranks) != ranks:
+            notes[COMM_GROUP_WINS] += 1
+        groups[key] = ranks
+    return groups
+
+
 def _whole_job(n: Node, groups: dict) -> bool:
     pg = n.attr("pg_name", "")
     pg = pg if isinstance(pg, str) else str(pg)
@@ -285,13 +301,13 @@ def _op_of(n: Node, k: int, deps: tuple[int, ...], compute: ChakraCompute, notes
 
 
 def _program(rp: RankProgram, rank: int, num_ranks: int, compute: ChakraCompute,
-             notes: dict, *, spmd: bool = True, dims: PodDims | None = None) \
-        -> list[tuple[dict, object]]:
+             notes: dict, *, spmd: bool = True, dims: PodDims | None = None,
+             comm_groups: dict | None = None) -> list[tuple[dict, object]]:
     """Each node's (op fields, the part that differs between ranks). `spmd=False` (ranks that
     run different programs): a send's part is ("send", comm_dst, comm_tag), and a receive is a
     point-to-point receive op whose part is ("recv", comm_src, comm_tag), done when that
     send lands (`workloads.chakra.programs`)."""
-    groups = process_groups(rp, num_ranks)
+    groups = _groups(rp, num_ranks, comm_groups, notes)
     index = {n.id: k for k, n in enumerate(rp.nodes)}
     send_of_tag: dict[int, int] = {}
     out = []
@@ -334,11 +350,12 @@ def _p2p_op(n: Node, deps: tuple[int, ...]) -> tuple[dict, tuple]:
 
 def chakra_trace(cset: ChakraSet, topology: Topology,
                  compute: ChakraCompute | str = ChakraCompute.ROOFLINE, *,
-                 tpusim_ops: bool = True) -> ChakraImport:
+                 tpusim_ops: bool = True, comm_groups: dict | None = None) -> ChakraImport:
     """The SPMD trace of a Chakra set on `topology` (see the module docstring). A set tpusim
     exported is replayed from the ops its nodes carry unless `tpusim_ops` is False (then it is
     read as any other reader reads it: the tests check that the Chakra fields alone say the
-    same)."""
+    same). `comm_groups`: the communicator groups of a comm-group file
+    (`workloads.chakra.comm_group`), over the trace's own of the same ids."""
     compute = ChakraCompute(compute)
     n_chips = topology.num_chips
     r = cset.num_ranks
@@ -349,6 +366,8 @@ def chakra_trace(cset: ChakraSet, topology: Topology,
             f"chakra trace {cset.source!r} has {r} ranks but the {topology.name} pod has "
             f"{n_chips} chips; replay it on a pod of {r} chips (rank r runs on chip r), e.g. "
             f"{{shape}} with {r} chips", "shape")
+    if comm_groups:
+        check_ranks(comm_groups, r if r > 1 else n_chips, cset.source)
     notes: dict[str, int] = _Counter()
     dims = PodDims.of(topology)
     # Each distinct program is converted once (ranks whose node records are the same bytes
@@ -358,13 +377,13 @@ def chakra_trace(cset: ChakraSet, topology: Topology,
     for rank, rp in enumerate(cset.ranks):
         if rp.digest not in programs:
             programs[rp.digest] = _program(rp, rank, r if r > 1 else n_chips, compute, notes,
-                                           dims=dims)
+                                           dims=dims, comm_groups=comm_groups)
         per_rank.append(programs[rp.digest])
     if r > 1 and not _one_program(per_rank):
         # Ranks that run different programs (pipeline stages): each chip its own program.
         notes = _Counter()
-        multi = [_program(rp, rank, r, compute, notes, spmd=False, dims=dims)
-                 for rank, rp in enumerate(cset.ranks)]
+        multi = [_program(rp, rank, r, compute, notes, spmd=False, dims=dims,
+                          comm_groups=comm_groups) for rank, rp in enumerate(cset.ranks)]
         traces, prog_of, p2p, approx = programs_trace(cset, multi, topology, compute, notes)
         return ChakraImport(trace=traces[prog_of[0]], num_ranks=r, approximations=approx,
                             programs=traces, program_of_chip=prog_of, p2p=p2p)
@@ -372,7 +391,7 @@ def chakra_trace(cset: ChakraSet, topology: Topology,
     ops: list[Op] = []
     device_groups: list[dict] = []
     group_index: dict[str, int] = {}
-    groups0 = process_groups(cset.ranks[0], r if r > 1 else n_chips)
+    groups0 = _groups(cset.ranks[0], r if r > 1 else n_chips, comm_groups)
     for k, (fields, part) in enumerate(ref):
         gid = -1
         if part is not None:
@@ -548,8 +567,8 @@ def _tpusim_p2p(cset: ChakraSet, prog_of_file: list[int], num_programs: int, n: 
     return {"peers": peers, "sends": sends, "recvs": recvs}
 
 
-def replay_notes(cset: ChakraSet, compute: ChakraCompute | str = ChakraCompute.ROOFLINE) \
-        -> tuple[str, ...]:
+def replay_notes(cset: ChakraSet, compute: ChakraCompute | str = ChakraCompute.ROOFLINE,
+                 comm_groups: dict | None = None) -> tuple[str, ...]:
     """What replaying `cset` approximates (the conversion's notes, without a pod)."""
     compute = ChakraCompute(compute)
     if all("tpusim_format" in rp.metadata.attrs for rp in cset.ranks):
@@ -560,7 +579,8 @@ def replay_notes(cset: ChakraSet, compute: ChakraCompute | str = ChakraCompute.R
         if rp.digest not in done:
             done.add(rp.digest)
             # One file runs on every chip of the pod, so its whole-job groups are never one rank.
-            _program(rp, rank, max(cset.num_ranks, 2), compute, notes)
+            _program(rp, rank, max(cset.num_ranks, 2), compute, notes,
+                     comm_groups=comm_groups)
     return tuple(f"{text} ({count})" for text, count in sorted(notes.items()))
 
 

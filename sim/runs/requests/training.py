@@ -100,11 +100,12 @@ class ReplayRequest(_Step):
 
     COMMAND: ClassVar[str] = "replay"
     FLAGS: ClassVar[tuple[str, ...]] = ("trace", *_POD, "overrides", "no_overlap",
-                                        "chakra_compute", "algorithm", *_PERTURB, *_SPARES,
+                                        "chakra_compute", "chakra_comm_group", "algorithm",
+                                        *_PERTURB, *_SPARES,
                                         "mode", "power_cap")
     # Recorded in inputs.flags only when set: results written before the flag existed, and
     # replays of other traces, record what they always did (and rerun the same).
-    RECORDED_WHEN_SET: ClassVar[tuple[str, ...]] = ("chakra_compute",)
+    RECORDED_WHEN_SET: ClassVar[tuple[str, ...]] = ("chakra_compute", "chakra_comm_group")
     REQUIRED: ClassVar[tuple[str, ...]] = ("trace",)
     SET_SCOPE: ClassVar[tuple[str, ...] | None] = ("chip", "topology", "collective")
 
@@ -113,6 +114,8 @@ class ReplayRequest(_Step):
     algorithm: str = "auto"
     # Chakra input only: how compute nodes are costed (workloads.chakra.convert.ChakraCompute).
     chakra_compute: str = "roofline"
+    # Chakra input only: ASTRA-sim's communicator-group JSON (workloads.chakra.comm_group).
+    chakra_comm_group: str | None = None
     # The trace file's SHA-256 a result recorded: `rerun` refuses a file that changed since.
     trace_sha256: str | None = field(default=None, repr=False)
     # `tpusim export` replays through this request too; its results say so.
