@@ -1380,20 +1380,28 @@ def gen_chakra(rng: random.Random, i: int) -> dict[str, Any]:
     return {"id": f"gen-chakra-{i}", "files": files, "argv": argv, "expect": "any"}
 
 
-_EXPORTS: dict[bool, tuple[tuple[str, bytes], ...]] = {}
+_EXPORTS: dict[tuple[bool, bool], tuple[tuple[str, bytes], ...]] = {}
 
 
-def _tpusim_chakra(every_chip: bool) -> tuple[tuple[str, bytes], ...]:
-    """A one-layer training step's Chakra export (fsdp=2 x tensor=2 on a v5e 2x2): per chip, or
-    its one class file; made once per process."""
-    if every_chip not in _EXPORTS:
+def _tpusim_chakra(every_chip: bool, pipeline: bool = False) -> tuple[tuple[str, bytes], ...]:
+    """A small training step's Chakra export on a v5e 2x2: one layer at fsdp=2 x tensor=2, or
+    two layers in two pipeline stages (pipeline=2 x fsdp=2, two microbatches: a program per
+    stage, sends and receives between them); per chip, or per class; made once per process."""
+    key = (every_chip, pipeline)
+    if key not in _EXPORTS:
         import sim
         from sim.export.chakra import plan_chakra
 
-        run = sim.train(chip="v5e", shape="2x2", model="llama3-8b", seq_len=128,
-                        batch_per_chip=1, mesh="fsdp=2,tensor=2", set={"model.num_layers": 1})
-        _EXPORTS[every_chip] = plan_chakra(run.trace, run.result, every_chip=every_chip).files
-    return _EXPORTS[every_chip]
+        if pipeline:
+            run = sim.train(chip="v5e", shape="2x2", model="llama3-8b", seq_len=128,
+                            batch_per_chip=1, mesh="pipeline=2,fsdp=2", microbatches=2,
+                            set={"model.num_layers": 2})
+        else:
+            run = sim.train(chip="v5e", shape="2x2", model="llama3-8b", seq_len=128,
+                            batch_per_chip=1, mesh="fsdp=2,tensor=2",
+                            set={"model.num_layers": 1})
+        _EXPORTS[key] = plan_chakra(run.trace, run.result, every_chip=every_chip).files
+    return _EXPORTS[key]
 
 
 def _odd_attr(rng: random.Random):
@@ -1474,9 +1482,10 @@ def _mutated_export(rng: random.Random, files) -> dict[str, bytes]:
 
 
 def gen_chakra_export(rng: random.Random, i: int) -> dict[str, Any]:
-    """A set tpusim exported (`--chakra DIR`, per chip or per class) and then edited
-    (`_mutated_export`), replayed on the 2x2 it came from or imported."""
-    files = _mutated_export(rng, _tpusim_chakra(rng.random() < 0.6))
+    """A set tpusim exported (`--chakra DIR`, per chip or per class, one program or a pipeline's
+    stages) and then edited (`_mutated_export`), replayed on the 2x2 it came from or
+    imported."""
+    files = _mutated_export(rng, _tpusim_chakra(rng.random() < 0.6, rng.random() < 0.4))
     case_files = {f"c/{n}": {"latin1": d.decode("latin-1")} for n, d in files.items()}
     if rng.random() < 0.25:
         argv = ["import-chakra", "{tmp}/c"] + rng.choice([[], ["--json"]])

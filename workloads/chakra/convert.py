@@ -505,7 +505,12 @@ def _tpusim_trace(cset: ChakraSet, topology: Topology) -> ChakraImport:
                "columns": ["id", *OP_FIELDS, "deps"], "ops": rows}
         peered = frozenset() if p2p is None else frozenset(
             [*p2p["sends"][pi], *p2p["recvs"][pi].values()])
-        tr = Trace.from_json(json.dumps(doc), source=src, peered_sends=peered)
+        try:
+            tr = Trace.from_json(json.dumps(doc), source=src, peered_sends=peered)
+        except TpusimError as exc:  # the trace's own rules (ids, backward deps): name the set
+            if src in exc.template:
+                raise
+            raise TpusimError(f"{src}: {exc.template}", *exc.params) from None
         meta = tr.meta.with_(kind=TraceKind.CHAKRA, source=cset.source,
                              chakra_ranks=cset.num_ranks, chakra_compute="tpusim_op",
                              approximations=[TPUSIM_NOTE])
@@ -531,6 +536,8 @@ def _tpusim_rows(rp: RankProgram) -> list:
         if text is None:
             continue
         try:
+            if not isinstance(text, str):  # an attribute of another member (edited by hand)
+                raise ValueError(text)
             fields = json.loads(text)
         except (ValueError, RecursionError):
             raise TpusimError(f"chakra file {rp.path!r}: node {nd.id}: tpusim_op is not "
