@@ -1299,9 +1299,14 @@ def _chakra_bytes(rng: random.Random, ranks: int, corrupt: bool) -> list[bytes]:
     from workloads.chakra.wire import (
         CommType,
         GlobalMetadata,
+        IOInfo,
+        Node,
+        NodeType,
+        bool_list_attr,
         coll_node,
         comp_node,
         encode_file,
+        int64_attr,
         p2p_node,
     )
 
@@ -1311,8 +1316,17 @@ def _chakra_bytes(rng: random.Random, ranks: int, corrupt: bool) -> list[bytes]:
     sizes = [rng.choice([0, 1, 4096, 1 << 20, 3, (1 << 40), -1 if corrupt else 8])
              for _ in range(n)]
     comm = [rng.choice(list(CommType)) for _ in range(n)]
+    dims = [rng.choice([None, None, [True], [True, False], [False, True], [False, False],
+                        [True, True, False, True, False], [], "int" if corrupt else None])
+            for _ in range(n)]
+    pgs = [rng.choice([None, None, "", "0", "1", "2" if corrupt else "1"]) for _ in range(n)]
+    groups = rng.choice(['[{"pg_name": "1", "ranks": []}]', '[{"pg_name": "1", "ranks": [0, 1]}]',
+                         '[{"pg_name": "1", "ranks": [0, 9]}]' if corrupt else "[]", None])
     for r in range(ranks):
         nodes = []
+        if groups is not None:
+            nodes.append(Node(id=n + 5, name="process_group:init", type=NodeType.METADATA_NODE,
+                              inputs=IOInfo(values=f"[[{groups}]]")))
         for k in range(n):
             deps = []
             if k and rng.random() < 0.6:
@@ -1324,7 +1338,12 @@ def _chakra_bytes(rng: random.Random, ranks: int, corrupt: bool) -> list[bytes]:
                                            tensor_size=rng.choice([None, 4096]),
                                            data_deps=deps))
                 elif kinds[k] == "coll":
-                    nodes.append(coll_node(k, f"c{k}", comm[k], sizes[k], data_deps=deps))
+                    extra = {}
+                    if dims[k] is not None:  # ASTRA-sim's per-dimension flags, or not a list
+                        extra["involved_dim"] = int64_attr(1) if dims[k] == "int" else \
+                            bool_list_attr(dims[k])
+                    nodes.append(coll_node(k, f"c{k}", comm[k], sizes[k], data_deps=deps,
+                                           pg_name=pgs[k], **extra))
                 else:
                     peer = (r + 1) % ranks if rng.random() < 0.9 else ranks + 3
                     nodes.append(p2p_node(k, f"p{k}", send=r % 2 == 0, src=r, dst=peer,
@@ -1350,7 +1369,8 @@ def _chakra_bytes(rng: random.Random, ranks: int, corrupt: bool) -> list[bytes]:
 def gen_chakra(rng: random.Random, i: int) -> dict[str, Any]:
     """A Chakra execution-trace set built with tpusim's own writer: one to six nodes per rank
     (compute with and without durations and FLOP counts, every collective type, sends and
-    receives, sizes from 0 to 1 TiB), dependencies back, forward, missing or on itself, a rank
+    receives, sizes from 0 to 1 TiB, involved_dim flags, process groups named and defined or
+    not), dependencies back, forward, missing or on itself, a rank
     count that fits the 2x2 pod or not, odd versions, files cut short or with a byte changed,
     gzipped or not, given as PREFIX, directory or one file, sometimes with a communicator-group
     file. `import-chakra` or `replay`."""
@@ -1371,9 +1391,10 @@ def gen_chakra(rng: random.Random, i: int) -> dict[str, Any]:
         argv = ["replay", target, "--chip", "v5e", "--shape", "2x2",
                 "--chakra-compute", rng.choice(["roofline", "recorded"])] + rng.choice(
             [[], ["--json"], ["--perfetto", "{tmp}/p.pftrace"]])
-    if rng.random() < 0.3:  # ASTRA-sim's communicator-group file, odd or not
+    if rng.random() < 0.2:  # ASTRA-sim's communicator-group file, odd or not
         files["groups.json"] = rng.choice([
-            '{"1": [0, 1], "2": [2, 3]}', '{"0": [0, 1, 2, 3]}', '{"1": [0, 1, 2, 3, 4, 5]}',
+            '{"1": [0, 1], "2": [2, 3]}', '{"1": [0, 1], "2": [2, 3]}', '{"1": [0, 1, 2, 3]}',
+            '{"0": [0, 1, 2, 3]}', '{"1": [0, 1, 2, 3, 4, 5]}',
             '{"x": [0]}', '{"1": []}', '{"1": [0, 0]}', "[]", "{", '{"1": [true]}',
             '{"1": [0, 1e400]}', '{"' + "9" * 40 + '": [0]}', "[" * 3000])
         argv += ["--chakra-comm-group", "{tmp}/groups.json"]
