@@ -1,6 +1,7 @@
 """A Chakra set tpusim exported and then edited by hand (what the `chakra_export` fuzz surface
 draws, tests/fuzz_inputs.py): each edit that breaks the program tpusim replays it from is one
-line naming the set or the file and the node, never a traceback."""
+line naming the set or the file and the node, never a traceback; an edit another writer could
+make (every process group named the whole job) keeps the step, read from involved_dim."""
 
 from __future__ import annotations
 
@@ -53,3 +54,36 @@ def test_a_forward_dependency_added_to_a_tpusim_op_names_the_set(exported, tmp_p
         n, data_deps=(*n.data_deps, 10**9)) if n.id == 5 else n)
     err = _refused(capsys, d)
     assert f"chakra trace '{d}" in err and "depends on 1000000000" in err
+
+
+def test_a_two_slice_export_replays_from_its_involved_dim_alone(tmp_path, capsys):
+    # involved_dim's last flag is the DCN dimension: with every pg_name made the whole job,
+    # the flags alone give each collective its slice-crossing (or slice-local) group.
+    import json
+
+    from sim.chips import get_chip
+    from sim.engine.executors import simulate_step
+    from topologies.slices import resolve_topology
+    from workloads.chakra.convert import chakra_trace
+    from workloads.chakra.wire import string_attr
+
+    argv = [*TRAIN, "--slices", "2", "--dcn", "data=2", "--json", "--chakra", str(tmp_path / "e"),
+            "--chakra-every-chip"]
+    capsys.readouterr()
+    assert main(argv) == 0
+    direct = json.loads(capsys.readouterr().out)["step_time_s"]
+    flags = set()
+
+    def whole_job(n):
+        if n.type != 7:  # COMM_COLL_NODE
+            return n
+        flags.add(n.attrs["involved_dim"].value)
+        return dataclasses.replace(n, attrs={**n.attrs, "pg_name": string_attr("0")})
+
+    d = _edit(tmp_path / "e", tmp_path / "w", whole_job)
+    assert (False, False, True) in flags and (True, False, False) in flags
+    chip = get_chip("v5e")
+    topo = resolve_topology(chip_name="v5e", wrap_rule=chip.generation_rule,
+                            max_pod_shape=chip.max_pod_shape, shape="2x2", num_slices=2)
+    imp = chakra_trace(read_set(str(d)), topo, "roofline", tpusim_ops=False)
+    assert simulate_step(imp.trace, chip, topo).step_time_s == pytest.approx(direct, rel=0.01)
