@@ -318,12 +318,26 @@ def test_ranks_that_do_not_fit_the_pod_or_disagree_on_a_collective_are_refused(t
     prefix = microbenchmark(tmp_path, CommType.ALL_REDUCE, 4)
     assert main(["replay", prefix, "--chip", "v5e", "--shape", "2x4"]) == 2
     assert "4 ranks but the 2x4 pod has 8 chips" in capsys.readouterr().err
-    progs = [[coll_node(0, "ar", CommType.ALL_REDUCE, MIB * (1 + (r == 2)))] for r in range(4)]
+    progs = [[coll_node(0, "ar", CommType.ALL_GATHER if r == 2 else CommType.ALL_REDUCE, MIB)]
+             for r in range(4)]
     diff = write_set(tmp_path, "diff", progs)
     assert main(["replay", diff, "--chip", "v5e", "--shape", "2x2"]) == 2
     err = capsys.readouterr().err
     assert "diff.0.et': node 0 ('ar') is a collective over ranks 0, 1, 2, 3" in err
     assert "rank 2's node" in err and err.count("\n") == 1
+
+
+def test_ranks_whose_sizes_differ_run_each_at_its_own_size(tmp_path, capsys):
+    # Rank 2's all-reduce buffer is twice the others': one program at its size, the others at
+    # half of it; the collective ends when its largest member has drained, so the step is the
+    # 2 MiB all-reduce's, and the 1 MiB one on every rank is faster.
+    args = ["--chip", "v5e", "--shape", "2x2"]
+    progs = [[coll_node(0, "ar", CommType.ALL_REDUCE, MIB * (1 + (r == 2)))] for r in range(4)]
+    uneven = _replay([write_set(tmp_path, "uneven", progs), *args], capsys)
+    big = _replay([microbenchmark(tmp_path, CommType.ALL_REDUCE, 4, 2 * MIB), *args], capsys)
+    small = _replay([microbenchmark(tmp_path / "s", CommType.ALL_REDUCE, 4), *args], capsys)
+    assert small["step_time_s"] < uneven["step_time_s"] <= big["step_time_s"] * (1 + 1e-9)
+    assert any("sizes differ between ranks" in a for a in uneven["approximations"])
 
 
 def _two_stages(tmp_path, name, *, recv_tag=7, flops=10**12):

@@ -187,3 +187,52 @@ def test_collectives_name_their_dimensions_and_replay_from_them_alone(tmp_path, 
     assert {(True, False), (False, True)} <= seen
     assert _plain_step(str(tmp_path / "e"), "roofline") == pytest.approx(
         direct["step_time_s"], rel=0.01)
+
+
+MOE = ["train", *POD, "--model", "mixtral-8x7b", "--seq-len", "256", "--batch-per-chip", "1",
+       "--mesh", "fsdp=2,expert=2", "--set", "model.num_layers=2", "--expert-skew", "1.5",
+       "--quiet"]
+
+
+def test_a_skewed_moe_router_writes_each_ranks_expert_loads_and_reads_them_back(tmp_path,
+                                                                               capsys):
+    import numpy as np
+
+    from sim.engine.executors import simulate_chips
+    from sim.engine.perchip import PerChipConfig
+
+    direct = _run([*MOE, "--chakra", str(tmp_path / "c")], capsys)
+    assert direct["num_chip_classes"] > 1  # the hot expert's chips are a class of their own
+    again = _run(["replay", str(tmp_path / "c"), *POD], capsys)
+    assert again["step_time_s"] == pytest.approx(direct["step_time_s"], rel=1e-12)
+    _run([*MOE, "--chakra", str(tmp_path / "e"), "--chakra-every-chip"], capsys)
+    cset = read_set(str(tmp_path / "e"))
+    # Each rank's file holds its own sizes: an expert op's FLOPs differ between the ranks by
+    # the factor the file names (the hottest rank's are the compiled program's).
+    sizes = {}
+    for rank, rp in enumerate(cset.ranks):
+        for nd in rp.nodes:
+            if nd.attr("tpusim_scale") is not None:
+                sizes.setdefault(nd.id, {})[rank] = (nd.attr("num_ops"), nd.attr("comm_size"),
+                                                    nd.attr("tpusim_scale"))
+    assert sizes
+    for op_id, by_rank in sizes.items():
+        op = json.loads(next(n for n in cset.ranks[0].nodes if n.id == op_id).attr("tpusim_op"))
+        for num_ops, _comm, f in by_rank.values():
+            assert 0 < f < 1
+            if num_ops is not None:
+                assert num_ops == round(op[3] * f)  # OP_FIELDS[3]: flops
+    chip = get_chip("v5e")
+    topo = resolve_topology(chip_name="v5e", wrap_rule=chip.generation_rule,
+                            max_pod_shape=chip.max_pod_shape, shape="2x2")
+    assert _run(["replay", str(tmp_path / "e"), *POD], capsys)["step_time_s"] == \
+        pytest.approx(direct["step_time_s"], rel=1e-12)
+    for compute in ("roofline", "recorded"):
+        imp = chakra_trace(cset, topo, compute, tpusim_ops=False)
+        assert imp.op_scale and not imp.programs
+        cfg = PerChipConfig(op_scale={i: np.asarray(c) for i, c in imp.op_scale.items()})
+        step = simulate_chips(imp.trace, chip, topo, config=cfg).step_time_s
+        assert step == pytest.approx(direct["step_time_s"], rel=0.01)
+        # Every chip at the hottest rank's sizes is another step (the loads matter).
+        assert simulate_chips(imp.trace, chip, topo).step_time_s != pytest.approx(step,
+                                                                                  rel=0.005)

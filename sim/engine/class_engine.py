@@ -204,7 +204,7 @@ def _cost_ops(prep: PreparedStep, cl: _ClassState, keep, partners, batch_of, sca
             cl.dur[op.id] = op.bytes / chip.pcie_bytes_per_s
             cl.bound[op.id] = "pcie"
         else:
-            cl.dur[op.id] = op.duration_s
+            cl.dur[op.id] = op.duration_s * scale.get(op.id, 1.0)
             cl.bound[op.id] = "idle"
 
 
@@ -404,7 +404,8 @@ def _class_result(prep: PreparedStep, classes: list[_ClassState]) -> StepResult:
         of_chip=label, reps=prep.rep, counts=count, rows=rows,
         timelines={cl.c: (cl.start, cl.end) for cl in classes}, program=prog_trace,
         programs=own_programs,
-        p2p=(p2p, {cl.c: cl.prog for cl in classes}) if p2p is not None else None)
+        p2p=(p2p, {cl.c: cl.prog for cl in classes}) if p2p is not None else None,
+        op_scale=prep.config.op_scale)
     events = {"sim_events": sum(cl.net.num_events for cl in classes) + prep.class_ops} \
         if ncls > 1 else {}
     # Per link: the bytes the class of its source chip put on that link class.

@@ -76,9 +76,10 @@ class PerChipConfig:
             trace given to `simulate_chips` for every chip). They must have the same op ids for
             collectives, over the same mesh axes.
         program_of_chip: index into `programs` per chip.
-        op_scale: {op id: per-chip factor} on the FLOPs and HBM bytes of that compute op, or on
+        op_scale: {op id: per-chip factor} on the FLOPs and HBM bytes of that compute op, on
             the bytes a chip moves in that collective (MoE all-to-alls: each chip its own
-            volume; the collective still ends when its last member has drained).
+            volume; the collective still ends when its last member has drained), or on the
+            duration of that idle op (a Chakra rank's own recorded duration).
         dead_links: link ids that carry nothing: collectives over their axis detour around them
             (`simulate_collective`'s rerouting, every group at once).
         mode: `auto` (equivalence classes) or `per-chip` (brute force, one actor per chip).

@@ -5,6 +5,7 @@ with the tables' column names and the breakdown's words."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -79,6 +80,7 @@ class ChipClasses:
         programs: per class its own program where classes run several (pipeline stages).
         titles: per class a title (its pipeline stage), for the Perfetto processes.
         p2p: the point-to-point sends (`PointToPoint`) and the program of each class, or None.
+        op_scale: the run's per-chip factors on ops' sizes ({op id: per chip}; MoE expert loads).
     """
 
     of_chip: np.ndarray
@@ -90,6 +92,7 @@ class ChipClasses:
     programs: dict[int, ClassProgram] = field(default_factory=dict)
     titles: dict[int, str] = field(default_factory=dict)
     p2p: tuple | None = None
+    op_scale: Mapping[int, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)

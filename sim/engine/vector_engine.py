@@ -335,7 +335,8 @@ def _vector_result(prep: PreparedStep, lay: _Layout, run: VectorRun, kinds, kind
                    for c, r in enumerate(rep.tolist())},
         program=programs[p], programs=progs_of_class,
         p2p=((p2p, {c: int(prog_of[r]) for c, r in enumerate(rep.tolist())})
-             if p2p is not None else None))
+             if p2p is not None else None),
+        op_scale=prep.config.op_scale)
     dead_links = tuple(prep.config.dead_links)
     return summarize(
         programs[p], chip, topology, dur, bound, run.start[p][row_of], run.end[p][row_of],
@@ -398,7 +399,7 @@ def _dur_bound(K: Kind, chip, s: float, rates0) -> tuple[np.ndarray, list[str]]:
             dur[op.id] = K.host_dur[op.id]
             bound[op.id] = "pcie"
         else:
-            dur[op.id] = op.duration_s
+            dur[op.id] = K.idle[op.id]
             bound[op.id] = "idle"
     return dur, bound
 

@@ -115,7 +115,7 @@ class Kind:
                 self.rate0[op.id] = chip.unit_rate(op)
                 self.core.append(op.id)
             elif op.kind == OpKind.IDLE:
-                self.idle[op.id] = op.duration_s
+                self.idle[op.id] = op.duration_s * scale.get(op.id, 1.0)
                 self.core.append(op.id)
             elif op.kind == OpKind.COLLECTIVE and not overlap and op.id not in self.recv:
                 # (a receive takes no resources and is completed by its send, as in the

@@ -183,6 +183,9 @@ def plan_chakra(trace: Trace, result: StepResult, *, every_chip: bool = False) -
         of_chip, reps = np.asarray(cls.of_chip), np.asarray(cls.reps)
     ranks = list(range(n)) if every_chip else [int(r) for r in reps]
     p2p = _p2p_of(cls)
+    # An uneven MoE router's per-chip loads: each file writes its rank's own sizes.
+    op_scale = {int(i): np.asarray(col, dtype=float)
+                for i, col in (cls.op_scale.items() if cls is not None else ())}
     specs: dict[tuple, int] = {}
     geo: dict[tuple, tuple] = {}  # per group geometry: a step has a handful, used by many ops
     programs: dict[int, _Program] = {}  # by program index (0: `trace`)
@@ -224,7 +227,9 @@ def plan_chakra(trace: Trace, result: StepResult, *, every_chip: bool = False) -
         pi, prog = program_of(k)
         if k not in durs:
             durs[k] = _durations(result, prog.trace, k)
-        nodes, pgs = _rank_nodes(prog, rank, durs[k], n, p2p, dims)
+        scale = {op_id: float(col[rank]) for op_id, col in op_scale.items()
+                 if op_id < len(prog.trace.ops) and float(col[rank]) != 1.0}
+        nodes, pgs = _rank_nodes(prog, rank, durs[k], n, p2p, dims, scale)
         attrs = dict(base_meta)
         if not every_chip:
             chips = np.flatnonzero(of_chip == k).tolist()
@@ -266,7 +271,8 @@ def _involved(dims: dict, mem: list[int]) -> Attr:
     return got[1]
 
 
-def _rank_nodes(prog: _Program, rank: int, dur, n: int, p2p, dims: dict):
+def _rank_nodes(prog: _Program, rank: int, dur, n: int, p2p, dims: dict,
+                scale: dict[int, float]):
     trace, pg_of, op_text, core_prev = prog.trace, prog.pg_of, prog.op_text, prog.core_prev
     nodes: list[Node] = []
     pgs: dict[str, list[int]] = {}
@@ -277,9 +283,12 @@ def _rank_nodes(prog: _Program, rank: int, dur, n: int, p2p, dims: dict):
         attrs = {"is_cpu_op": bool_attr(False)}
         d = float(dur[op.id]) if op.id < len(dur) else 0.0
         micros = int(round(d * 1e6))
+        f = scale.get(op.id, 1.0)
+        if f != 1.0:
+            attrs["tpusim_scale"] = Attr(Member.DOUBLE, f)
         if op.kind == OpKind.COMPUTE:
-            attrs["num_ops"] = int64_attr(int(round(op.flops)))
-            attrs["tensor_size"] = uint64_attr(int(round(op.hbm_bytes)))
+            attrs["num_ops"] = int64_attr(int(round(op.flops * f)))
+            attrs["tensor_size"] = uint64_attr(int(round(op.hbm_bytes * f)))
             t = NodeType.COMP_NODE
         elif op.kind == OpKind.IDLE:
             t = NodeType.COMP_NODE
@@ -303,7 +312,7 @@ def _rank_nodes(prog: _Program, rank: int, dur, n: int, p2p, dims: dict):
             if op.collective in _COMM:
                 ct, per_rank = _COMM[op.collective]
                 attrs["comm_type"] = int64_attr(int(ct))
-                size_b = op.bytes / size if per_rank else op.bytes
+                size_b = (op.bytes / size if per_rank else op.bytes) * f
                 attrs["comm_size"] = int64_attr(int(round(size_b)))
                 g = int(of[rank])
                 mem = members[g]

@@ -410,7 +410,7 @@ def run_replay(req: ReplayRequest, *, check_trace_chips=None) -> Run:
     piped = {}
 
     def simulate(c):
-        if chakra is not None and chakra.programs:
+        if chakra is not None and (chakra.programs or chakra.op_scale):
             return _replay_programs(req, chakra, c, topo)
         if trace.meta.kind == TraceKind.TRAINING and trace.mesh.size("pipeline") > 1:
             r, piped["pipe"] = _replay_pipeline(req, trace, c, topo, path)
@@ -446,16 +446,21 @@ def run_replay(req: ReplayRequest, *, check_trace_chips=None) -> Run:
 
 
 def _replay_programs(req, imp, chip, topo):
-    """A Chakra set whose chips run several programs (an exported pipeline step): each chip
-    its own program on the per-chip engine, the sends between them point-to-point transfers,
-    with the request's perturbations."""
+    """A Chakra set whose chips run several programs (an exported pipeline step) or one program
+    at per-chip sizes (an uneven MoE router's loads): each chip its own program and sizes on
+    the per-chip engine, the sends between programs point-to-point transfers, with the
+    request's perturbations."""
     p2p = imp.p2p
     cfg = dataclasses.replace(
-        per_chip_config(req, imp.trace, topo), programs=imp.programs,
-        program_of_chip=np.asarray(imp.program_of_chip, dtype=np.int64),
-        p2p=None if p2p is None else PointToPoint(
-            peer_of_chip=tuple(np.asarray(nb, dtype=np.int64) for nb in p2p["peers"]),
-            sends=tuple(p2p["sends"]), recvs=tuple(p2p["recvs"])))
+        per_chip_config(req, imp.trace, topo),
+        op_scale={i: np.asarray(col, dtype=float) for i, col in imp.op_scale.items()})
+    if imp.programs:
+        cfg = dataclasses.replace(
+            cfg, programs=imp.programs,
+            program_of_chip=np.asarray(imp.program_of_chip, dtype=np.int64),
+            p2p=None if p2p is None else PointToPoint(
+                peer_of_chip=tuple(np.asarray(nb, dtype=np.int64) for nb in p2p["peers"]),
+                sends=tuple(p2p["sends"]), recvs=tuple(p2p["recvs"])))
     return simulate_chips(imp.trace, chip, topo, config=cfg, algorithm=algorithm_of(req),
                           overlap=False if req.no_overlap else None)
 

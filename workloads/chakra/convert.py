@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -44,7 +44,7 @@ from topologies.mesh import LogicalMesh
 from topologies.torus import Topology
 from workloads.chakra.comm_group import check_ranks
 from workloads.chakra.convert_fields import OP_FIELDS
-from workloads.chakra.programs import programs_trace
+from workloads.chakra.programs import programs_trace, scaled_program
 from workloads.chakra.reader import ChakraSet, RankProgram, comm_bytes_of
 from workloads.chakra.wire import CommType, Node, NodeType
 from workloads.trace import Op, OpKind, Trace, Unit
@@ -96,6 +96,10 @@ class ChakraImport:
     programs: tuple[Trace, ...] = ()
     program_of_chip: tuple[int, ...] = ()
     p2p: dict | None = None
+    # Per-chip factors on ops' sizes ({op id: one factor per chip}): each rank's own sizes of
+    # an op whose size differs between ranks (an uneven MoE router's expert loads), as the
+    # per-chip engine's `op_scale` takes them; empty when every rank has the same sizes.
+    op_scale: dict[int, tuple[float, ...]] = field(default_factory=dict)
 
 
 def process_groups(rp: RankProgram, num_ranks: int) -> dict[str, tuple[int, ...]]:
@@ -379,7 +383,13 @@ def chakra_trace(cset: ChakraSet, topology: Topology,
             programs[rp.digest] = _program(rp, rank, r if r > 1 else n_chips, compute, notes,
                                            dims=dims, comm_groups=comm_groups)
         per_rank.append(programs[rp.digest])
+    op_scale: dict[int, tuple[float, ...]] = {}
+    ref = per_rank[0]
     if r > 1 and not _one_program(per_rank):
+        sized = scaled_program(per_rank, notes)
+        if sized is not None:  # one program, each rank at its own sizes (uneven MoE loads)
+            ref, op_scale = sized
+    if r > 1 and not op_scale and not _one_program(per_rank):
         # Ranks that run different programs (pipeline stages): each chip its own program.
         notes = _Counter()
         multi = [_program(rp, rank, r, compute, notes, spmd=False, dims=dims,
@@ -387,7 +397,6 @@ def chakra_trace(cset: ChakraSet, topology: Topology,
         traces, prog_of, p2p, approx = programs_trace(cset, multi, topology, compute, notes)
         return ChakraImport(trace=traces[prog_of[0]], num_ranks=r, approximations=approx,
                             programs=traces, program_of_chip=prog_of, p2p=p2p)
-    ref = per_rank[0]
     ops: list[Op] = []
     device_groups: list[dict] = []
     group_index: dict[str, int] = {}
@@ -444,7 +453,7 @@ def chakra_trace(cset: ChakraSet, topology: Topology,
                         device_groups=device_groups, chakra_ranks=r,
                         chakra_compute=str(compute), approximations=list(approx))
     trace = Trace(mesh=mesh, ops=tuple(ops), meta=meta)
-    return ChakraImport(trace=trace, num_ranks=r, approximations=approx)
+    return ChakraImport(trace=trace, num_ranks=r, approximations=approx, op_scale=op_scale)
 
 
 TPUSIM_NOTE = ("written by tpusim: replayed op for op from each node's tpusim_op (the program "
@@ -472,9 +481,11 @@ def _tpusim_trace(cset: ChakraSet, topology: Topology) -> ChakraImport:
         raise TpusimError(f"{src} has {cset.num_ranks} rank files for {n} chips; give every "
                           f"chip's file (or the per-class files)")
     rows_of: dict[str, list] = {}
+    scale: dict[int, list[float]] = {}
     for rp in cset.ranks:
         if rp.digest not in rows_of:
             rows_of[rp.digest] = _tpusim_rows(rp)
+        _tpusim_scales(rp, n, scale)
     # Files whose ops are the same (a program's classes differ in durations) share a program.
     index: dict[str, int] = {}
     prog_rows: list[list] = []
@@ -515,9 +526,10 @@ def _tpusim_trace(cset: ChakraSet, topology: Topology) -> ChakraImport:
                              chakra_ranks=cset.num_ranks, chakra_compute="tpusim_op",
                              approximations=[TPUSIM_NOTE])
         traces.append(Trace(mesh=tr.mesh, ops=tr.ops, meta=meta))
+    op_scale = {i: tuple(col) for i, col in sorted(scale.items())}
     if len(traces) == 1:
         return ChakraImport(trace=traces[0], num_ranks=cset.num_ranks,
-                            approximations=(TPUSIM_NOTE,))
+                            approximations=(TPUSIM_NOTE,), op_scale=op_scale)
     prog_of_chip = [0] * n
     for rp, pi in zip(cset.ranks, prog_of_file, strict=True):
         chips = rp.metadata.attrs.get("tpusim_class_chips")
@@ -525,7 +537,27 @@ def _tpusim_trace(cset: ChakraSet, topology: Topology) -> ChakraImport:
             prog_of_chip[int(c)] = pi
     return ChakraImport(trace=traces[prog_of_chip[0]], num_ranks=cset.num_ranks,
                         approximations=(TPUSIM_NOTE,), programs=tuple(traces),
-                        program_of_chip=tuple(prog_of_chip), p2p=p2p)
+                        program_of_chip=tuple(prog_of_chip), p2p=p2p, op_scale=op_scale)
+
+
+def _tpusim_scales(rp: RankProgram, n: int, scale: dict[int, list[float]]) -> None:
+    """Add a tpusim-written file's per-op factors (`tpusim_scale`: its rank's share of an
+    uneven op) to `scale` ({op id: per chip}), for the chips the file stands for."""
+    attrs = rp.metadata.attrs
+    chips = attrs.get("tpusim_class_chips")
+    chips = chips.value if chips is not None else (attrs["tpusim_rank"].value,)
+    for nd in rp.nodes:
+        f = nd.attr("tpusim_scale")
+        if f is None:
+            continue
+        if not isinstance(f, float) or not 0.0 < f <= 1e6:
+            raise TpusimError(f"chakra file {rp.path!r}: node {nd.id}: tpusim_scale = "
+                              f"{str(f)[:40]} must be a factor in (0, 1e6]; re-export the step "
+                              f"with --chakra")
+        col = scale.setdefault(int(nd.id), [1.0] * n)
+        for c in chips:
+            if 0 <= int(c) < n:
+                col[int(c)] = f
 
 
 def _tpusim_rows(rp: RankProgram) -> list:

@@ -13,6 +13,11 @@ tag), as ASTRA-sim matches them: each send needs its receive in the destination'
 each receive its send in the source's, and a program receives each tag once. Each send of a
 program goes out on a channel of the engine's `PointToPoint` (every chip's peer on that
 channel): the fewest channels on which every rank's destinations fit.
+
+Ranks whose programs differ only in their ops' sizes (an uneven MoE router: each rank its own
+expert FLOPs, bytes and all-to-all volume, and its own recorded durations) are one program at
+the largest rank's sizes, with each rank's share as a per-chip factor (`scaled_program`: the
+engine's `op_scale`).
 """
 
 from __future__ import annotations
@@ -164,3 +169,48 @@ def _point_to_point(cset: ChakraSet, per_rank: list[list], prog_of: list[int],
             f"{src}, which has no COMM_SEND_NODE of that tag to rank {dst}; give every rank's "
             f"file, each receive with its send")
     return sends, recvs, peers
+
+
+SIZES = ("flops", "hbm_bytes", "bytes", "duration_s")
+
+
+def scaled_program(per_rank: list[list], notes: dict) \
+        -> tuple[list, dict[int, tuple[float, ...]]] | None:
+    """(the program at the largest rank's sizes, {op: each rank's factor on them}) when the
+    ranks' programs differ only in compute ops' FLOPs and HBM bytes, collectives' bytes and
+    recorded durations (and in the groups and peers they name), else None. A compute op whose
+    FLOPs and bytes scale by different factors on a rank takes the larger (its time is an upper
+    bound; counted)."""
+    ref = per_rank[0]
+    if any(len(p) != len(ref) for p in per_rank):
+        return None
+    out, scale = [], {}
+    uneven = 0
+    for k, (fields, part) in enumerate(ref):
+        rows = [p[k] for p in per_rank]
+        base = {f: v for f, v in fields.items() if f not in SIZES}
+        for fl, pt in rows:
+            if (pt is None) != (part is None) or \
+                    {f: v for f, v in fl.items() if f not in SIZES} != base:
+                return None
+        top = {f: max(fl[f] for fl, _p in rows) for f in SIZES if f in fields}
+        out.append(({**fields, **top}, part))
+        if all(fl is fields for fl, _p in rows) or all(
+                all(fl[f] == top[f] for f in top) for fl, _p in rows):
+            continue
+        col = []
+        for fl, _p in rows:
+            shares = [fl[f] / top[f] for f in top if top[f] > 0]
+            share = max(shares, default=1.0)
+            if shares and max(shares) - min(shares) > 1e-3:
+                uneven += 1
+            col.append(max(share, 1e-9))
+        scale[k] = tuple(col)
+    if not scale:
+        return None
+    notes["ops whose sizes differ between ranks replayed at each rank's own sizes (per-chip "
+          "factors on the largest rank's)"] += len(scale)
+    if uneven:
+        notes["compute ops whose FLOPs and bytes differ between ranks by different factors "
+              "costed at the larger share"] += uneven
+    return out, scale
