@@ -1322,6 +1322,9 @@ def _chakra_bytes(rng: random.Random, ranks: int, corrupt: bool) -> list[bytes]:
     pgs = [rng.choice([None, None, "", "0", "1", "2" if corrupt else "1"]) for _ in range(n)]
     groups = rng.choice(['[{"pg_name": "1", "ranks": []}]', '[{"pg_name": "1", "ranks": [0, 1]}]',
                          '[{"pg_name": "1", "ranks": [0, 9]}]' if corrupt else "[]", None])
+    # Ranks running different programs: sends and receives paired between neighbours (a
+    # pipeline's shape), and collectives whose sizes differ between ranks.
+    paired, skew = rng.random() < 0.4, rng.random() < 0.25
     for r in range(ranks):
         nodes = []
         if groups is not None:
@@ -1342,8 +1345,15 @@ def _chakra_bytes(rng: random.Random, ranks: int, corrupt: bool) -> list[bytes]:
                     if dims[k] is not None:  # ASTRA-sim's per-dimension flags, or not a list
                         extra["involved_dim"] = int64_attr(1) if dims[k] == "int" else \
                             bool_list_attr(dims[k])
-                    nodes.append(coll_node(k, f"c{k}", comm[k], sizes[k], data_deps=deps,
+                    size = sizes[k] * (1 + r % 2) if skew else sizes[k]  # uneven loads
+                    nodes.append(coll_node(k, f"c{k}", comm[k], size, data_deps=deps,
                                            pg_name=pgs[k], **extra))
+                elif paired:  # even ranks send to the next, odd ones receive from the previous
+                    send = r % 2 == 0
+                    src, dst = (r, (r + 1) % ranks) if send else ((r - 1) % ranks, r)
+                    nodes.append(p2p_node(k, f"p{k}", send=send, src=src, dst=dst,
+                                          tag=k if rng.random() < 0.9 else k + 1,
+                                          comm_size=max(sizes[k], 0), data_deps=deps))
                 else:
                     peer = (r + 1) % ranks if rng.random() < 0.9 else ranks + 3
                     nodes.append(p2p_node(k, f"p{k}", send=r % 2 == 0, src=r, dst=peer,
@@ -1369,7 +1379,8 @@ def _chakra_bytes(rng: random.Random, ranks: int, corrupt: bool) -> list[bytes]:
 def gen_chakra(rng: random.Random, i: int) -> dict[str, Any]:
     """A Chakra execution-trace set built with tpusim's own writer: one to six nodes per rank
     (compute with and without durations and FLOP counts, every collective type, sends and
-    receives, sizes from 0 to 1 TiB, involved_dim flags, process groups named and defined or
+    receives (paired between neighbours or not), sizes from 0 to 1 TiB (the same on every rank
+    or not), involved_dim flags, process groups named and defined or
     not), dependencies back, forward, missing or on itself, a rank
     count that fits the 2x2 pod or not, odd versions, files cut short or with a byte changed,
     gzipped or not, given as PREFIX, directory or one file, sometimes with a communicator-group
