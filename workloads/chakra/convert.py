@@ -553,7 +553,7 @@ def _tpusim_scales(rp: RankProgram, n: int, scale: dict[int, list[float]]) -> No
         if not isinstance(f, float) or not 0.0 < f <= 1e6:
             raise TpusimError(f"chakra file {rp.path!r}: node {nd.id}: tpusim_scale = "
                               f"{str(f)[:40]} must be a factor in (0, 1e6]; re-export the step "
-                              f"with --chakra")
+                              f"with {{chakra}}", "chakra")
         col = scale.setdefault(int(nd.id), [1.0] * n)
         for c in chips:
             if 0 <= int(c) < n:
