@@ -236,3 +236,20 @@ def test_a_skewed_moe_router_writes_each_ranks_expert_loads_and_reads_them_back(
         # Every chip at the hottest rank's sizes is another step (the loads matter).
         assert simulate_chips(imp.trace, chip, topo).step_time_s != pytest.approx(step,
                                                                                   rel=0.005)
+
+
+def test_a_tpusim_scale_that_is_not_a_factor_is_one_line(tmp_path, capsys):
+    import dataclasses
+
+    from workloads.chakra.wire import Attr, Member, encode_file
+
+    _run([*MOE, "--chakra", str(tmp_path / "c")], capsys)
+    rp = read_set(str(tmp_path / "c")).ranks[0]
+    nodes = [dataclasses.replace(n, attrs={**n.attrs, "tpusim_scale": Attr(Member.DOUBLE, -2.0)})
+             if n.attr("tpusim_scale") is not None else n for n in rp.nodes]
+    assert nodes != rp.nodes
+    Path(rp.path).write_bytes(encode_file(rp.metadata, nodes))
+    assert main(["replay", str(tmp_path / "c"), *POD]) == 2
+    err = capsys.readouterr().err
+    assert "tpusim_scale = -2.0 must be a factor in (0, 1e6]; re-export the step with --chakra" \
+        in err and err.count("\n") == 1
