@@ -364,6 +364,11 @@ def test_ranks_running_different_programs_replay_each_on_its_chip(tmp_path, caps
     # The chain: rank 0's compute, the transfer, rank 1's compute (closed form from its parts).
     assert out["step_time_s"] == pytest.approx(2 * one + send, rel=1e-9)
     assert any("different programs" in a for a in out["approximations"])
+    capsys.readouterr()
+    assert main(["import-chakra", prefix, "--json"]) == 0  # the inventory says so too
+    inv = json.loads(capsys.readouterr().out)
+    assert inv["num_distinct_programs"] == 2
+    assert any("different programs" in a for a in inv["approximations"])
 
 
 def test_a_send_without_its_receive_is_refused_naming_both_sides(tmp_path, capsys):

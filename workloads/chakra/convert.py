@@ -44,7 +44,7 @@ from topologies.mesh import LogicalMesh
 from topologies.torus import Topology
 from workloads.chakra.comm_group import check_ranks
 from workloads.chakra.convert_fields import OP_FIELDS
-from workloads.chakra.programs import programs_trace, scaled_program
+from workloads.chakra.programs import MULTI_NOTE, programs_trace, scaled_program
 from workloads.chakra.reader import ChakraSet, RankProgram, comm_bytes_of
 from workloads.chakra.wire import CommType, Node, NodeType
 from workloads.trace import Op, OpKind, Trace, Unit
@@ -613,13 +613,22 @@ def replay_notes(cset: ChakraSet, compute: ChakraCompute | str = ChakraCompute.R
     if all("tpusim_format" in rp.metadata.attrs for rp in cset.ranks):
         return (TPUSIM_NOTE,)
     notes: dict[str, int] = _Counter()
-    done: set[str] = set()
+    done: dict[str, list] = {}
+    per_rank = []
     for rank, rp in enumerate(cset.ranks):
         if rp.digest not in done:
-            done.add(rp.digest)
             # One file runs on every chip of the pod, so its whole-job groups are never one rank.
-            _program(rp, rank, max(cset.num_ranks, 2), compute, notes,
+            done[rp.digest] = _program(rp, rank, max(cset.num_ranks, 2), compute, notes,
+                                       comm_groups=comm_groups)
+        per_rank.append(done[rp.digest])
+    if cset.num_ranks > 1 and not _one_program(per_rank) \
+            and scaled_program(per_rank, notes) is None:
+        # Ranks that run different programs: the notes of that conversion (chakra_trace's).
+        notes = _Counter()
+        for rank, rp in enumerate(cset.ranks):
+            _program(rp, rank, cset.num_ranks, compute, notes, spmd=False,
                      comm_groups=comm_groups)
+        notes[MULTI_NOTE] += 1
     return tuple(f"{text} ({count})" for text, count in sorted(notes.items()))
 
 

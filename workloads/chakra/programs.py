@@ -31,6 +31,9 @@ from workloads.chakra.reader import ChakraSet
 from workloads.trace import Op, Trace
 from workloads.trace_meta import TraceKind, TraceMeta
 
+MULTI_NOTE = ("ranks running different programs replayed each on its own chip; sends and "
+              "receives between them matched by (comm_src, comm_dst, comm_tag)")
+
 
 def _key(prog: list) -> tuple:
     """What ranks of one program share: every op's fields, and where its parts are (a send's
@@ -90,8 +93,7 @@ def programs_trace(cset: ChakraSet, per_rank: list[list], topology: Topology, co
     mesh = LogicalMesh(axes=(("data", topology.chips_per_slice),),
                        dcn_axes=(("data", topology.num_slices),)
                        if topology.num_slices > 1 else ())
-    notes["ranks running different programs replayed each on its own chip; sends and "
-          "receives between them matched by (comm_src, comm_dst, comm_tag)"] += 1
+    notes[MULTI_NOTE] += 1
     approx = tuple(f"{text} ({count})" for text, count in sorted(notes.items()))
     meta = TraceMeta.of(kind=TraceKind.CHAKRA, source=cset.source, num_chips=n,
                         device_groups=device_groups, chakra_ranks=r,
