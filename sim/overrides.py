@@ -152,7 +152,8 @@ def set_pairs(items: Iterable[str]) -> dict[str, str]:
 
 
 def parse_overrides(items: Iterable[str] | Mapping[str, Any] | None,
-                    scope: Iterable[str] = SCOPES, *, command: str = "this command") -> Overrides:
+                    scope: Iterable[str] = SCOPES, *, command: str = "this command",
+                    listing: str | None = None) -> Overrides:
     """`["ici_link_bytes_per_s=x2", "model.d_ff=28672"]` (or the same as a dict) -> Overrides.
 
     Args:
@@ -160,6 +161,8 @@ def parse_overrides(items: Iterable[str] | Mapping[str, Any] | None,
             Python API's `set=`). A later value for the same key replaces an earlier one.
         scope: the key groups the command accepts (`chip`, `topology`, `collective`, `model`).
         command: the command's name, for error messages.
+        listing: the Python call that lists the keys the command takes, which an unknown
+            key's error names (a placeholder: the CLI writes the command's help).
 
     Raises:
         TpusimError: a malformed item, an unknown key (the message lists the allowed ones), or
@@ -179,7 +182,8 @@ def parse_overrides(items: Iterable[str] | Mapping[str, Any] | None,
     wrap = algo = None
     for key, value in pairs.items():
         if key not in allowed:
-            raise TpusimError(_unknown_key(key, scope, command, allowed), "set", "help")
+            raise TpusimError(_unknown_key(key, command, allowed, listing), "set",
+                              *([listing] if listing else []))
         if key in CHIP_FIELDS:
             chip.append(_parse_chip(key, value))
         elif key.startswith("model."):
@@ -192,14 +196,16 @@ def parse_overrides(items: Iterable[str] | Mapping[str, Any] | None,
                      given=tuple(pairs.items()))
 
 
-def _unknown_key(key: str, scope: tuple[str, ...], command: str, allowed: list[str]) -> str:
+def _unknown_key(key: str, command: str, allowed: list[str], listing: str | None) -> str:
+    """The template of an unknown key's error; `listing`: the Python call that lists the keys
+    (a placeholder, which the CLI writes as the command's help)."""
     why = "is not a key tpusim knows"
     if key in CHIP_FIELDS or key in TOPOLOGY_KEYS or key in COLLECTIVE_KEYS or key in MODEL_KEYS:
         why = f"does not apply to {command}"
     elif key in MODEL_FIELDS:
         why = f"is not a chip field (model fields are written model.{key})"
-    listing = f"`{command} {{help}}` lists them" if command.startswith("tpusim ") else ""
-    return f"{{set}} {key} {why}; {one_of(key, allowed, listing=listing)}"  # set, help
+    where = f"`{{{listing}}}` lists them" if listing else ""
+    return f"{{set}} {key} {why}; {one_of(key, allowed, listing=where)}"
 
 
 def _text(key: str, value: Any) -> str:

@@ -137,13 +137,20 @@ def test_a_multiplier_pushing_an_efficiency_above_one_is_an_error():
 
 
 def test_unknown_keys_suggest_the_nearest_allowed_ones_of_the_commands_scope():
+    from sim.cli import build_parser
+    from sim.cli.common import flag_spelling
+
+    listing = "sim.overrides.allowed_keys(CollectiveRequest.SET_SCOPE)"
     with pytest.raises(TpusimError) as exc:
-        parse_overrides(["ici_bandwidth=x2"], ("chip", "topology"), command="tpusim collective")
+        parse_overrides(["ici_bandwidth=x2"], ("chip", "topology"), command="tpusim collective",
+                        listing=listing)
     msg = str(exc.value)
     assert "ici_bandwidth" in msg and "ici_link_bytes_per_s" in msg
     n = len(allowed_keys(("chip", "topology")))
-    assert f"({n} in all; `tpusim collective help` lists them)" in msg
-    assert exc.value.render(lambda n: "--" + n).endswith("`tpusim collective --help` lists them)")
+    # Python names the call that lists the keys; the CLI, the command's --help.
+    assert f"({n} in all; `{listing}` lists them)" in msg
+    assert exc.value.render(flag_spelling(build_parser())).endswith(
+        f"({n} in all; `tpusim collective --help` lists them)")
     with pytest.raises(TpusimError, match=r"did you mean topology.wraparound\?"):
         parse_overrides(["topology.wraparond=x"], ("chip", "topology"))
     with pytest.raises(TpusimError) as exc:

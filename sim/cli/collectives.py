@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from sim.cli.common import (
+    TOPOLOGY_KEYS_CALL,
     add_command,
     add_perturbation_args,
     check_outputs,
@@ -210,7 +211,8 @@ def cmd_topology(args: argparse.Namespace) -> int:
     from topologies.metrics import compare_report
     from topologies.slices import SLICES, resolve_topology, untwisted_name
 
-    ov = parse_overrides(dict(set_pairs(args.set or ())), ("chip",), command="tpusim topology")
+    ov = parse_overrides(dict(set_pairs(args.set or ())), ("chip",), command="tpusim topology",
+                         listing=TOPOLOGY_KEYS_CALL)
     # A report on the wiring: without --chip or --slice, a v4's (the chip the twist was
     # published for), so that `tpusim topology --shape 4x4x8 --twist` runs as written.
     name = args.chip or (SLICES.get(untwisted_name(args.slice_name)).chip

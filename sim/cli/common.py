@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.overrides import set_pairs
-from sim.runs.requests import CONVERTERS
+from sim.runs.requests import CONVERTERS, REQUESTS
 from topologies.errors import TpusimError
 from topologies.validate import (
     CAPACITY_FACTOR_RANGE,
@@ -95,8 +95,27 @@ class Parser(argparse.ArgumentParser):
 
 
 # The Python calls a library message names as placeholders (a hint where to look), written as
-# the command that does the same on the command line.
-API_COMMANDS = {"sim.get_chip('v5e').to_dict()": "tpusim presets --json --chip v5e"}
+# the command that does the same on the command line; and a request's listings,
+# `help(TrainRequest)` (its settings) and `sim.overrides.allowed_keys(TrainRequest.SET_SCOPE)`
+# (its override keys), both `tpusim train --help`.
+TOPOLOGY_KEYS_CALL = "sim.overrides.allowed_keys(('chip',))"  # `tpusim topology`'s set keys
+API_COMMANDS = {"sim.get_chip('v5e').to_dict()": "tpusim presets --json --chip v5e",
+                TOPOLOGY_KEYS_CALL: "tpusim topology --help"}
+_REQUEST_LISTING = re.compile(
+    r"(?:help\((\w+)\)|sim\.overrides\.allowed_keys\((\w+)\.SET_SCOPE\))")
+
+
+def api_command(name: str) -> str | None:
+    """The command a Python call that a message names stands for (`API_COMMANDS`, a request's
+    listing), or None."""
+    if name in API_COMMANDS:
+        return API_COMMANDS[name]
+    m = _REQUEST_LISTING.fullmatch(name)
+    if m is None:
+        return None
+    cls = m.group(1) or m.group(2)
+    command = next((c for c, r in REQUESTS.items() if r.__name__ == cls), None)
+    return None if command is None else f"tpusim {command} --help"
 
 
 def flag_spelling(parser: argparse.ArgumentParser, command: str | None = None):
@@ -119,7 +138,7 @@ def flag_spelling(parser: argparse.ArgumentParser, command: str | None = None):
                 options.setdefault(act.dest, (longs or act.option_strings)[0])
 
     def spell(name: str) -> str:
-        return API_COMMANDS.get(name) or options.get(name) or "--" + name.replace("_", "-")
+        return api_command(name) or options.get(name) or "--" + name.replace("_", "-")
 
     return spell
 

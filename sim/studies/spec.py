@@ -115,10 +115,11 @@ def _check_key(key: str, where: str, command: str, actions: dict[str, Any]) -> N
         )
     if key not in actions:
         allowed = sorted(k for k in actions if k not in _OUTPUT_FLAGS)
+        listing = f"help({REQUESTS[command].__name__})"  # the CLI writes its --help
         raise TpusimError(
             f"study {where} key {short_repr(key)} is not a flag of `tpusim {command}`; "
-            f"{one_of(key, allowed, listing=f'`tpusim {command} {{help}}` lists them')} "
-            f"(or set.FIELD for {{set}})", "help", "set"
+            f"{one_of(key, allowed, listing=f'`{{{listing}}}` lists them')} "
+            f"(or set.FIELD for {{set}})", listing, "set"
         )
 
 

@@ -333,7 +333,9 @@ class _Request(metaclass=_Checked):
         if self.SET_SCOPE is None:
             return Overrides()
         return parse_overrides(dict(self.overrides), self.SET_SCOPE,
-                               command=f"tpusim {self.command}")
+                               command=f"tpusim {self.command}",
+                               listing=f"sim.overrides.allowed_keys({type(self).__name__}"
+                                       f".SET_SCOPE)")
 
     @property
     def overrides_dict(self) -> dict[str, str]:
@@ -370,10 +372,11 @@ class _Request(metaclass=_Checked):
                               listing=f"help({caller}) lists them")
                 raise TpusimError(f"{caller}() got unknown keyword(s) "
                                   f"{', '.join(sorted(unknown))[:200]}; {near}")
+            listing = f"help({cls.__name__})"  # a placeholder: the CLI writes its --help
             near = one_of(sorted(unknown)[0], [flag_name(n) for n in cls.FLAGS],
-                          listing=f"`tpusim {cls.COMMAND} {{help}}` lists them")
+                          listing=f"`{{{listing}}}` lists them")
             raise TpusimError(f"tpusim {cls.COMMAND} has no flag(s) "
-                              f"{', '.join(sorted(unknown))[:200]}; {near}", "help")
+                              f"{', '.join(sorted(unknown))[:200]}; {near}", listing)
         missing = [n for n in cls.REQUIRED if kw.get(n) is None and not (
             n == "model" and objects.get("model_spec") is not None)]
         if missing:
@@ -382,14 +385,14 @@ class _Request(metaclass=_Checked):
             names = ["set" if n == "overrides" else n for n in missing]
             raise TpusimError(f"the following arguments are required: "
                               f"{', '.join('{' + n + '}' for n in names)} (see "
-                              f"`tpusim {cls.COMMAND} {{help}}`)", *names, "help")
+                              f"`{{help({cls.__name__})}}`)", *names, f"help({cls.__name__})")
         try:
             return cls(**kw, **{k: v for k, v in objects.items() if v is not None})
         except FlagError as exc:
             if caller:
                 raise
-            raise TpusimError(f"{exc.template} (see `tpusim {cls.COMMAND} {{help}}`)",
-                              *exc.params, "help") from None
+            raise TpusimError(f"{exc.template} (see `{{help({cls.__name__})}}`)",
+                              *exc.params, f"help({cls.__name__})") from None
 
 
 def _check_kind(command: str, name: str, value: Any, caller: str | None,
