@@ -87,6 +87,13 @@ class LogicalMesh:
         return d
 
 
+def job_mesh(topology: Topology) -> LogicalMesh:
+    """The mesh of a program whose collectives name their device groups (an imported HLO module
+    or Chakra set): the whole pod as one `data` axis per slice, `data` across slices."""
+    dcn = (("data", topology.num_slices),) if topology.num_slices > 1 else ()
+    return LogicalMesh(axes=(("data", topology.chips_per_slice),), dcn_axes=dcn)
+
+
 def parse_axis_map(text: str | None) -> tuple[tuple[str, tuple[tuple[str, int], ...]], ...]:
     """`"tensor=x,fsdp=y+z"` or `"tensor=x:4,fsdp=x:4+y+z"` -> explicit placement.
 

@@ -40,11 +40,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from topologies.errors import TpusimError
-from topologies.mesh import LogicalMesh
+from topologies.mesh import job_mesh
 from topologies.torus import Topology
 from workloads.chakra.comm_group import check_ranks
 from workloads.chakra.convert_fields import OP_FIELDS
-from workloads.chakra.programs import MULTI_NOTE, programs_trace, scaled_program
+from workloads.chakra.programs import MULTI_NOTE, intern_group, programs_trace, scaled_program
 from workloads.chakra.reader import ChakraSet, RankProgram, comm_bytes_of
 from workloads.chakra.wire import CommType, Node, NodeType
 from workloads.trace import Op, OpKind, Trace, Unit
@@ -439,15 +439,9 @@ def chakra_trace(cset: ChakraSet, topology: Topology,
                                 f"runs over groups that overlap at rank {c}; tpusim needs the "
                                 f"groups of one collective to be disjoint")
                         seen[c] = 1
-            key = json.dumps(spec, sort_keys=True)
-            if key not in group_index:
-                group_index[key] = len(device_groups)
-                device_groups.append(spec)
-            gid = group_index[key]
+            gid = intern_group(spec, group_index, device_groups)
         ops.append(Op(id=k, group=gid, **fields))
-    mesh = LogicalMesh(axes=(("data", topology.chips_per_slice),),
-                       dcn_axes=(("data", topology.num_slices),)
-                       if topology.num_slices > 1 else ())
+    mesh = job_mesh(topology)
     approx = tuple(f"{text} ({count})" for text, count in sorted(notes.items()))
     meta = TraceMeta.of(kind=TraceKind.CHAKRA, source=cset.source, num_chips=n_chips,
                         device_groups=device_groups, chakra_ranks=r,

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 
 from topologies.errors import TpusimError
-from topologies.mesh import LogicalMesh
+from topologies.mesh import job_mesh
 from topologies.torus import Topology
 from workloads.chakra.reader import ChakraSet
 from workloads.trace import Op, Trace
@@ -34,6 +34,16 @@ from workloads.trace_meta import TraceKind, TraceMeta
 MULTI_NOTE = ("ranks running different programs replayed each on its own chip; sends and "
               "receives between them matched by (comm_src, comm_dst, comm_tag)")
 
+
+
+def intern_group(spec: dict, index: dict[str, int], groups: list[dict]) -> int:
+    """The id of device-group `spec` in `groups` (meta `device_groups`), appended once: equal
+    specs share an id (`index` maps each spec's JSON to it)."""
+    key = json.dumps(spec, sort_keys=True)
+    if key not in index:
+        index[key] = len(groups)
+        groups.append(spec)
+    return index[key]
 
 def _key(prog: list) -> tuple:
     """What ranks of one program share: every op's fields, and where its parts are (a send's
@@ -83,16 +93,10 @@ def programs_trace(cset: ChakraSet, per_rank: list[list], topology: Topology, co
             if part is not None and not (isinstance(part, tuple) and part[0] in ("send",
                                                                                  "recv")):
                 spec = {"groups": [list(g) for g in sorted({per_rank[q][k][1] for q in ranks})]}
-                key = json.dumps(spec, sort_keys=True)
-                if key not in group_index:
-                    group_index[key] = len(device_groups)
-                    device_groups.append(spec)
-                gid = group_index[key]
+                gid = intern_group(spec, group_index, device_groups)
             ops.append(Op(id=k, group=gid, **fields))
         programs.append(ops)
-    mesh = LogicalMesh(axes=(("data", topology.chips_per_slice),),
-                       dcn_axes=(("data", topology.num_slices),)
-                       if topology.num_slices > 1 else ())
+    mesh = job_mesh(topology)
     notes[MULTI_NOTE] += 1
     approx = tuple(f"{text} ({count})" for text, count in sorted(notes.items()))
     meta = TraceMeta.of(kind=TraceKind.CHAKRA, source=cset.source, num_chips=n,

@@ -30,7 +30,7 @@ from typing import Any
 
 from topologies.errors import TpusimError
 from topologies.groups import factor_device_groups, route_pairs
-from topologies.mesh import LogicalMesh
+from topologies.mesh import job_mesh
 from topologies.progress import NO_TASK, task
 from topologies.torus import AXIS_NAMES, Topology
 from topologies.validate import MAX_TRACE_OPS
@@ -417,9 +417,7 @@ class _Lowerer(ModuleCosts):
             self.warnings.append(
                 "unknown opcodes costed from their shapes (HBM bytes, no FLOPs): " + ", ".join(
                     f"{k} x{v}" for k, v in sorted(self.unknown.items())))
-        mesh = LogicalMesh(axes=(("data", self.topo.chips_per_slice),),
-                           dcn_axes=(("data", self.topo.num_slices),)
-                           if self.topo.num_slices > 1 else ())
+        mesh = job_mesh(self.topo)
         meta = TraceMeta.of(
             kind=TraceKind.HLO, source=self.source, module=self.m.name,
             num_chips=self.topo.num_chips, device_groups=self.device_groups,
