@@ -190,17 +190,22 @@ def run_train(req: TrainRequest) -> Run:
         check_schedule(cfg.pipeline_schedule, trace.mesh.size("pipeline"), cfg.microbatches,
                        cfg.virtual_stages)
     piped = {}
+    pipelined = trace.mesh.size("pipeline") > 1
 
-    def simulate(c):
-        if trace.mesh.size("pipeline") > 1:
+    def step(c, algorithm):
+        """(the step on chip `c` under `algorithm`, its PipelineResult or None)."""
+        if pipelined:
             # Every stage's chips run the schedule's passes on the per-chip engine
             # (sim/engine/pipeline.py), with the request's perturbations; the bubble is what the
             # schedule produces.
-            r, piped["pipe"] = simulate_pipeline_chips(
+            return simulate_pipeline_chips(
                 model, trace.mesh, c, topo, cfg, base=_pipeline_base(req, trace, topo),
-                algorithm=algorithm_of(req))
-            return r
-        return simulate_step(req, trace, c, topo)
+                algorithm=algorithm)
+        return simulate_step(req, trace, c, topo, algorithm=algorithm), None
+
+    def simulate(c):
+        r, piped["pipe"] = step(c, algorithm_of(req))
+        return r
 
     result, chip, energy, cap = simulate_with_cap(
         req.power_cap, chip, simulate,
@@ -220,17 +225,10 @@ def run_train(req: TrainRequest) -> Run:
         # A what-if on the chip's links may switch auto's picks: say so where that is what
         # slows the step (the section appears only then). A pipeline's chips run their stages'
         # programs, so its collectives are those programs' (built only where a pick may differ).
-        if pipe is None:
-            programs, held_time = trace, (
-                lambda held: simulate_step(req, trace, chip, topo, algorithm=held).step_time_s)
-        else:
-            programs = (lambda: build_stage_programs(model, trace.mesh, topo.num_chips,
-                                                     cfg).programs)
-            held_time = (lambda held: simulate_pipeline_chips(
-                model, trace.mesh, chip, topo, cfg, base=_pipeline_base(req, trace, topo),
-                algorithm=held)[0].step_time_s)
+        programs = trace if not pipelined else (
+            lambda: build_stage_programs(model, trace.mesh, topo.num_chips, cfg).programs)
         switch = auto_switch_report(programs, chip, pod.base_chip, topo, result.step_time_s,
-                                    held_time)
+                                    lambda held: step(chip, held)[0].step_time_s)
         if switch is not None:
             summary["auto_switch"] = switch
     with_energy(summary, energy, cap)

@@ -39,6 +39,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from workloads.hlo.costs import MAX_CALL_DEPTH
 from workloads.hlo.opcodes import ALIASES, ELEMENTWISE
 from workloads.hlo.parser import DTYPE_BYTES, Computation, HloModule, Instruction, Shape
 
@@ -206,7 +207,7 @@ class _Walk:
     def callee(self, name: str, args: list) -> tuple[int, str]:
         """Walk computation `name` on `args`: (the peak of its own buffers, where)."""
         comp = self.m.computations[name]
-        if self.depth > 64:
+        if self.depth > MAX_CALL_DEPTH:  # the lowering refuses such a module before this walk
             return 0, ""
         w = _Walk(self.m, comp, args, self.depth + 1)
         w.run()
