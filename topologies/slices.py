@@ -7,9 +7,8 @@ does not depend on `sim`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-
-import numpy as np
 
 from topologies.errors import TpusimError
 from topologies.registry import Registry
@@ -33,7 +32,7 @@ class SliceSpec:
 
     @property
     def num_chips(self) -> int:
-        return int(np.prod(self.shape))
+        return math.prod(self.shape)
 
 
 # v4-N and v5p-N count TensorCores (2 per chip); v5e-N, v6e-N and v5litepod-N count chips.
@@ -163,7 +162,7 @@ def is_cube_slice(rule: str, shape: tuple[int, ...]) -> bool:
 
 def num_cubes(shape: tuple[int, ...]) -> int:
     """4x4x4 cubes in a 3D shape of whole cubes."""
-    return int(np.prod([n // CUBE_SIDE for n in shape], dtype=object))
+    return math.prod(n // CUBE_SIDE for n in shape)
 
 
 def check_shape_fits(chip_name: str, max_pod_shape: tuple[int, ...], shape: tuple[int, ...],
@@ -236,9 +235,9 @@ def resolve_topology(
         sl_shape = spec.shape
         if shape is not None:
             given = parse_shape(shape) if isinstance(shape, str) else tuple(shape)
-            if int(np.prod(given)) != spec.num_chips:
+            if math.prod(given) != spec.num_chips:
                 raise TpusimError(
-                    f"shape {'x'.join(map(str, given))} has {int(np.prod(given))} chips but slice "
+                    f"shape {'x'.join(map(str, given))} has {math.prod(given)} chips but slice "
                     f"{slice_name} has {spec.num_chips} ({'x'.join(map(str, sl_shape))}); "
                     f"give a shape with {spec.num_chips} chips or drop {{shape}}", "shape"
                 )
@@ -253,7 +252,7 @@ def resolve_topology(
         raise TpusimError(
             f"{{slices}} {num_slices!r} must be {range_text(1, MAX_SLICES, integer=True)}", "slices"
         )
-    total = int(np.prod(shape_t, dtype=object)) * num_slices
+    total = math.prod(shape_t) * num_slices
     if total > MAX_CHIPS:
         raise TpusimError(
             f"{{shape}} {'x'.join(map(str, shape_t))} x {{slices}} {num_slices} is {total:,} "

@@ -32,12 +32,15 @@ Martinez and Beivide, "Lattice graphs for high-scale interconnection topologies"
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from topologies.errors import TpusimError
 from topologies.validate import ascii_int, short_repr
+
+if TYPE_CHECKING:
+    import numpy as np
 
 AXIS_NAMES = ("x", "y", "z")
 DCN_AXIS = "dcn"
@@ -66,7 +69,7 @@ class Topology:
 
     @property
     def chips_per_slice(self) -> int:
-        return int(np.prod(self.shape))
+        return math.prod(self.shape)
 
     @property
     def num_chips(self) -> int:
@@ -123,8 +126,11 @@ class Topology:
     def coords(self, chip: int) -> tuple[int, ...]:
         """(x, y, z...) of a chip inside its slice, plus the slice index last if multi-slice."""
         s, local = divmod(int(chip), self.chips_per_slice)
-        c = tuple(int(v) for v in np.unravel_index(local, self.shape))
-        return c + ((s,) if self.num_slices > 1 else ())
+        c = []
+        for n in reversed(self.shape):  # row-major: the last axis varies fastest
+            local, r = divmod(local, n)
+            c.append(r)
+        return tuple(reversed(c)) + ((s,) if self.num_slices > 1 else ())
 
     def chip_id(self, coords: tuple[int, ...]) -> int:
         n_ok = (self.ndim, self.ndim + 1) if self.num_slices > 1 else (self.ndim,)
@@ -144,7 +150,10 @@ class Topology:
                 )
         if not 0 <= s < self.num_slices:
             raise TpusimError(f"slice index {s} is outside 0..{self.num_slices - 1}")
-        return int(s * self.chips_per_slice + np.ravel_multi_index(ici, self.shape))
+        local = 0
+        for n, c in zip(self.shape, ici, strict=True):  # row-major, as `coords` reads it
+            local = local * n + int(c)
+        return int(s * self.chips_per_slice + local)
 
     def all_coords(self) -> np.ndarray:
         """[num_chips_per_slice, ndim] array of coordinates, row = local chip id."""
@@ -170,6 +179,9 @@ class Topology:
     def link_via(self) -> np.ndarray:
         """Per ICI link id: `cube` (inside a cube, or any link of a pod without switches) or
         `ocs` (through a switch); `none` where the link does not exist."""
+        # deferred: start-up (numpy loads when link arrays are built, not for `tpusim presets`)
+        import numpy as np
+
         out = np.where(self.ocs_link_mask(), "ocs", "cube").astype(object)
         out[~self.link_mask()] = "none"
         return out
@@ -204,6 +216,9 @@ def _fmt(c: tuple[int, ...]) -> str:
 
 @functools.lru_cache(maxsize=32)
 def _all_coords(shape: tuple[int, ...]) -> np.ndarray:
+    # deferred: start-up (numpy loads when link arrays are built, not for `tpusim presets`)
+    import numpy as np
+
     grids = np.indices(shape).reshape(len(shape), -1).T
     grids.setflags(write=False)
     return grids
@@ -236,11 +251,14 @@ def twist_rule_error(shape: tuple[int, ...]) -> str | None:
 def _link_endpoints(
     shape: tuple[int, ...], wrap: tuple[bool, ...], num_slices: int, twisted: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
+    # deferred: start-up (numpy loads when link arrays are built, not for `tpusim presets`)
+    import numpy as np
+
     ndim = len(shape)
-    per_slice = int(np.prod(shape))
+    per_slice = math.prod(shape)
     n = per_slice * num_slices
     coords = _all_coords(shape)
-    strides = np.array([int(np.prod(shape[i + 1 :])) for i in range(ndim)], dtype=np.int64)
+    strides = np.array([math.prod(shape[i + 1 :]) for i in range(ndim)], dtype=np.int64)
     src = np.full(n * 2 * ndim, -1, dtype=np.int64)
     dst = np.full(n * 2 * ndim, -1, dtype=np.int64)
     local = np.arange(per_slice, dtype=np.int64)
@@ -286,6 +304,9 @@ _CUBE_SIDE = 4
 @functools.lru_cache(maxsize=32)
 def _ocs_mask(shape: tuple[int, ...], wrap: tuple[bool, ...], num_slices: int,
               ocs: bool) -> np.ndarray:
+    # deferred: start-up (numpy loads when link arrays are built, not for `tpusim presets`)
+    import numpy as np
+
     ndim = len(shape)
     exists = _link_mask(shape, wrap, num_slices)
     mask = np.zeros(len(exists), dtype=bool)
@@ -304,7 +325,9 @@ def _ocs_mask(shape: tuple[int, ...], wrap: tuple[bool, ...], num_slices: int,
 @functools.lru_cache(maxsize=8)
 def _graph(shape: tuple[int, ...], wrap: tuple[bool, ...], num_slices: int,
            twisted: bool = False):
+    # deferred: start-up (numpy loads when link arrays are built, not for `tpusim presets`)
     import networkx as nx
+    import numpy as np
 
     topo = Topology(shape=shape, wraparound=wrap, num_slices=num_slices, twisted=twisted)
     g = nx.MultiDiGraph()
