@@ -389,6 +389,38 @@ def test_resume_refuses_result_columns_whose_kind_changed_without_declared_metri
     pd.testing.assert_frame_equal(_no_wall(again), _no_wall(full))
 
 
+# A Ctrl-C at a terminal reaches a foreground job whose SIGINT is at its default, which Python
+# turns into KeyboardInterrupt. A job started in the background of a non-interactive shell
+# (`bash -c '... &'`, nohup, some CI runners) inherits SIGINT *ignored* instead, and Python
+# keeps an inherited SIG_IGN (it installs its handler only over SIG_DFL): a `tpusim sweep`
+# started from such a test run would ignore the test's signal and finish every point. So the
+# child is started as the terminal would start it: SIGINT back to its default, then `exec`
+# of the same `python -m sim` (the handler set here is reset to SIG_DFL by exec, so the sweep
+# process starts exactly as a foreground command does, whatever this process inherited).
+_FOREGROUND_SIGINT = ("import os, signal, sys; "
+                      "signal.signal(signal.SIGINT, signal.default_int_handler); "
+                      "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
+
+
+def _foreground(argv: list[str]) -> list[str]:
+    """`argv` (a `python ...` command line) run with SIGINT at its default, as at a terminal."""
+    return [sys.executable, "-c", _FOREGROUND_SIGINT, *argv[1:]]
+
+
+def test_foreground_child_takes_sigint_even_when_this_process_ignores_it():
+    # The premise of the Ctrl-C test below: with SIGINT ignored here (as under `bash -c '...&'`)
+    # a plain child inherits SIG_IGN, a `_foreground` child has Python's KeyboardInterrupt.
+    probe = [sys.executable, "-c",
+             "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"]
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        plain = subprocess.run(probe, capture_output=True, text=True, check=True).stdout
+        fg = subprocess.run(_foreground(probe), capture_output=True, text=True, check=True).stdout
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert (plain.strip(), fg.strip()) == ("False", "True")
+
+
 def test_ctrl_c_keeps_every_finished_row(tmp_path, tiny_model):
     # The interrupt must land mid-study. Rows reach the disk every `write_every_s` (2 s), so a
     # study that runs faster than that shows its first rows only when it has finished (on a
@@ -405,8 +437,9 @@ def test_ctrl_c_keeps_every_finished_row(tmp_path, tiny_model):
         study.write_text(json.dumps(s), encoding="utf-8")
         out = tmp_path / f"out{attempt}"
         proc = subprocess.Popen(
-            [sys.executable, "-m", "sim", "sweep", str(study), "--out", str(out), "--workers",
-             "1", "--quiet"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            _foreground([sys.executable, "-m", "sim", "sweep", str(study), "--out", str(out),
+                         "--workers", "1", "--quiet"]),
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             env={**os.environ, "PYTHONPATH": str(ROOT)})
         # Generous deadlines: under a loaded machine (a parallel suite beside other jobs) the
         # child's start-up and first point can take tens of seconds; the assertions below do
