@@ -208,6 +208,10 @@ def _commands(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
         "train": (["train", *_POD, "--model", tiny, "--seq-len", "1024", "--batch-per-chip",
                    "1", "--mesh", "fsdp=4", "--chip-variation", "0.02", "--json"],
                   "chip classes"),
+        # 32 chips each its own class: the vector executor's bar.
+        "vector": (["train", "--chip", "v5e", "--shape", "4x8", "--model", tiny, "--seq-len",
+                    "512", "--batch-per-chip", "1", "--mesh", "fsdp=32", "--chip-variation",
+                    "0.02", "--json"], "vector classes"),
         # A pipelined step runs every stage's chips on the per-chip engine.
         "pipeline": (["train", *_POD, "--model", tiny, "--seq-len", "1024", "--batch-per-chip",
                       "1", "--mesh", "pipeline=2,fsdp=2", "--pipeline-schedule", "1f1b",
@@ -223,8 +227,8 @@ def _commands(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
     }
 
 
-@pytest.mark.parametrize("command", ["plan", "sweep", "train", "pipeline", "perfetto",
-                                     "import-hlo", "serve"])
+@pytest.mark.parametrize("command", ["plan", "sweep", "train", "vector", "pipeline",
+                                     "perfetto", "import-hlo", "serve"])
 def test_progress_appears_on_a_terminal_on_stderr_never_in_stdout(tmp_path, command):
     args, name = _commands(tmp_path)[command]
     rc, out, err = _tpusim(args, tty=True)

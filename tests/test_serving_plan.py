@@ -140,3 +140,18 @@ def test_the_plan_searches_replica_slices_as_separate_plans_would():
 def test_a_replica_slice_that_does_not_exist_is_refused_before_any_run():
     with pytest.raises(TpusimError, match="replica_slices entry 'v5e-3'"):
         plan_serving(BASE, ServePlanConfig(replica_slices=("v5e-3",)))
+
+
+def test_a_candidate_whose_weights_leave_no_room_is_a_row_saying_so_never_the_best():
+    # Nothing unrunnable presented as a result (issue 30): with HBM cut to 60 MB, the tiny
+    # model's ~100 MB of weights on every chip of a data=4 replica leave no KV cache, while
+    # tensor=4 (a quarter each) serves; the plan keeps the first as a row with the reason.
+    plan = plan_serving(BASE.replace(overrides={"hbm_bytes": "6e7"}),
+                        ServePlanConfig(meshes=("tensor=4", "data=4"), max_replicas=4,
+                                        attainment=0.95))
+    by = {r["mesh"]: r for r in plan.rows}
+    unfit = by["data=4"]
+    assert not unfit["meets_slo"] and unfit["replicas"] is None
+    assert unfit["tokens_per_s_per_chip"] is None
+    assert "does not fit a replica's KV cache" in str(unfit["note"])
+    assert by["tensor=4"]["meets_slo"] and plan.best["mesh"] == "tensor=4"

@@ -640,3 +640,21 @@ def test_energy_and_cost_are_sweep_metrics_equal_to_the_single_run(tiny_model):
     assert slow["step_time_s"] > fast["step_time_s"]
     assert slow["energy_mxu_j"] == pytest.approx(fast["energy_mxu_j"] / 4)
     assert "mxu" not in df.columns  # the sections' leaves are not columns of their own
+
+
+def test_a_serve_point_that_does_not_fit_is_an_error_row_not_a_result(tiny_model):
+    # `serve` refuses a replica whose weights leave no KV cache; in a study that point is a
+    # row with status `error` and the reason, with no metrics, beside the point that runs.
+    import sim
+
+    s = {"command": "serve",
+         "base": {"chip": "v5e", "shape": "2x2", "model": tiny_model, "rate": 100,
+                  "requests": 20, "prompt-tokens": "fixed:64", "output-tokens": "fixed:8",
+                  "set.hbm_bytes": "3e9"},
+         "grid": {"mesh": ["tensor=4", "data=4"]},
+         "metrics": ["tokens_per_s_per_chip"]}
+    df = sim.sweep(s, workers=1).set_index("mesh")
+    assert list(df["status"].loc[["tensor=4", "data=4"]]) == ["ok", "error"]
+    assert "does not fit a replica's KV cache" in df[ERROR_COLUMN]["data=4"]
+    assert df["tokens_per_s_per_chip"]["tensor=4"] > 0
+    assert pd.isna(df["tokens_per_s_per_chip"]["data=4"])
