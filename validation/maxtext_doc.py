@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
-from validation import energy, template, xla_crosscheck_doc, xla_moe_pair
+from validation import energy, maxtext_unfitted, template, xla_crosscheck_doc, xla_moe_pair
 from validation.maxtext_effects import effects
 from validation.maxtext_fit import DCN_FIT_OBJECTIVES, SCAN_GRID, FitResult
 from validation.maxtext_predict import (
@@ -96,6 +96,7 @@ def render_doc(cases: list[Case], skips: list[Skip], preds: list[Prediction],
                                    [(s.id, s.chip, s.quality, s.reason) for s in skips], 99),
         "xla_collectives": f"\n{xla}\n" if xla else "",
         "energy_calibration": energy.section(),
+        "unfitted_summary": maxtext_unfitted.summary_block(),
     })
 
 
