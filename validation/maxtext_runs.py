@@ -108,7 +108,7 @@ class Skip:
 # ---- reading the reference -------------------------------------------------------------------
 
 
-def _model_for(raw: dict) -> TransformerSpec | str:
+def model_for(raw: dict) -> TransformerSpec | str:
     """The case's model as a `TransformerSpec`, or the reason it cannot be expressed."""
     m = raw["model"]
     pattern = m.get("attention_pattern") or {}
@@ -150,7 +150,7 @@ def _model_for(raw: dict) -> TransformerSpec | str:
         return f"model not expressible: {exc}"
 
 
-def _mesh_for(raw: dict) -> tuple[str, str, str] | str:
+def mesh_for(raw: dict) -> tuple[str, str, str] | str:
     """(ICI mesh, DCN mesh, axis map) strings for `parse_mesh`, or the reason there is none."""
     par = raw.get("parallelism") or {}
     ici: dict[str, int] = {}
@@ -290,11 +290,11 @@ def load_cases(
                               reason="no per-device batch / sequence length published "
                                      "(MFU only)"))
             continue
-        model = _model_for(raw)
+        model = model_for(raw)
         if isinstance(model, str):
             skips.append(Skip(id=cid, chip=chip, quality=quality, reason=model))
             continue
-        mesh = _mesh_for(raw)
+        mesh = mesh_for(raw)
         if isinstance(mesh, str):
             skips.append(Skip(id=cid, chip=chip, quality=quality, reason=mesh))
             continue

@@ -38,8 +38,8 @@ from validation.maxtext_runs import (
     ROOT,
     Case,
     Skip,
-    _mesh_for,
-    _model_for,
+    mesh_for,
+    model_for,
     params_dtype_for,
     remat_for,
     trace_config,
@@ -122,8 +122,8 @@ def _run_for(raw: dict) -> UnfittedRun | Skip:
     """One record as an `UnfittedRun` (the `Case` `validation.maxtext_runs` would build, with
     the era's compiler rules and the settings the fitted runs do not need), or a `Skip`."""
     chip, cid, quality = raw["hardware"]["tpu"], raw["id"], raw.get("quality", "")
-    model = _model_for(raw)
-    mesh = _mesh_for(raw)
+    model = model_for(raw)
+    mesh = mesh_for(raw)
     reason = model if isinstance(model, str) else mesh if isinstance(mesh, str) else ""
     batch = raw.get("batch") or {}
     meas = raw.get("measured") or {}
