@@ -371,6 +371,107 @@ def test_ranks_running_different_programs_replay_each_on_its_chip(tmp_path, caps
     assert any("different programs" in a for a in inv["approximations"])
 
 
+def _stages_of_uneven_ranks(tmp_path, name, *, even=False):
+    """Two stages on a 2x2, each rank at its own sizes: ranks 0 and 1 compute 4F and F FLOPs
+    and send 1 MiB and 2 MiB to ranks 2 and 3, which receive, compute F and 4F and run an
+    all-to-all of 1 MiB and 2 MiB per rank over their line along y (involved_dim). `even`: every
+    rank at the largest sizes."""
+    f = 10**12
+    big = (lambda r: True) if even else (lambda r: r in (0, 3))
+    mib = (lambda r: 2 * MIB) if even else (lambda r: MIB * (1 + r % 2))
+    stage0 = [[comp_node(1, "fwd", num_ops=4 * f if big(r) else f),
+               p2p_node(2, "send", send=True, src=r, dst=r + 2, tag=1, comm_size=mib(r),
+                        data_deps=(1,))] for r in (0, 1)]
+    stage1 = [[p2p_node(1, "recv", send=False, src=r - 2, dst=r, tag=1, comm_size=mib(r - 2)),
+               comp_node(2, "fwd", num_ops=4 * f if big(r) else f, data_deps=(1,)),
+               coll_node(3, "a2a", CommType.ALL_TO_ALL, mib(r), data_deps=(2,),
+                         involved_dim=bool_list_attr([False, True]))] for r in (2, 3)]
+    return write_set(tmp_path, name, stage0 + stage1)
+
+
+def test_stages_whose_ranks_differ_in_sizes_replay_each_rank_at_its_own(tmp_path, capsys):
+    from sim.engine.perchip import p2p_cost
+
+    pod = ["--chip", "v5e", "--shape", "2x2"]
+    out = _replay([_stages_of_uneven_ranks(tmp_path, "uneven"), *pod], capsys)
+    chip, topo = _v5e("2x2")
+
+    def compute(flops):  # one compute node on every chip: the chip model's time for it
+        prefix = write_set(tmp_path / f"c{flops}", "c", [[comp_node(1, "c", num_ops=flops)]])
+        return _replay([prefix, *pod], capsys)["step_time_s"]
+
+    f1, f4 = compute(10**12), compute(4 * 10**12)
+    s1, s2 = (p2p_cost(chip, topo, src, src + 2, b, {}).time_s for src, b in ((0, MIB),
+                                                                            (1, 2 * MIB)))
+    # Chips 2 and 3 of a 2x2 share x: the all-to-all is over y, at its largest member's V.
+    a2a = simulate_collective(chip=chip, topology=topo, op="all-to-all", axes="y",
+                              nbytes=2 * 2 * MIB).time_s
+    # Rank 3 (F, the 2 MiB send, 4F) arrives at the all-to-all last; rank 2 (4F, 1 MiB, F)
+    # waits for it; the all-to-all ends when its larger member has drained.
+    want = max(f4 + s1 + f1, f1 + s2 + f4) + a2a
+    assert out["step_time_s"] == pytest.approx(want, rel=1e-9)
+    even = _replay([_stages_of_uneven_ranks(tmp_path, "even", even=True), *pod], capsys)
+    assert even["step_time_s"] == pytest.approx(f4 + s2 + f4 + a2a, rel=1e-9)
+    assert out["step_time_s"] < even["step_time_s"] - 0.5 * (f4 - f1)
+    notes = out["approximations"]
+    assert any("different programs" in a for a in notes)
+    assert any("sizes differ between ranks" in a and a.endswith("(2)") for a in notes), notes
+    capsys.readouterr()
+    assert main(["import-chakra", str(tmp_path / "uneven" / "uneven"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["approximations"] == notes
+
+
+def test_a_collective_two_stages_share_runs_at_its_largest_members_size(tmp_path, capsys):
+    # Ranks 0 and 1 run different programs (rank 0 computes F before its all-reduce, rank 1
+    # waits 10 us before it and computes F after) and all-reduce 1 MiB and 3 MiB together:
+    # each program's collective is at 3 MiB, rank 0 at a third of it, so the step is the
+    # compute, the 3 MiB all-reduce, the compute.
+    f = 10**12
+    progs = [[comp_node(1, "c", num_ops=f), coll_node(2, "ar", CommType.ALL_REDUCE, MIB,
+                                                      data_deps=(1,))],
+             [comp_node(1, "wait", duration_micros=10),
+              coll_node(2, "ar", CommType.ALL_REDUCE, 3 * MIB, data_deps=(1,)),
+              comp_node(3, "c", num_ops=f, data_deps=(2,))]]
+    pod = ["--chip", "v5e", "--shape", "2x1"]
+    prefix = write_set(tmp_path, "shared", progs)
+    out = _replay([prefix, *pod], capsys)
+    chip, topo = _v5e("2x1")
+    ar = simulate_collective(chip=chip, topology=topo, op="all-reduce", axes="x",
+                             nbytes=3 * MIB).time_s
+    one = _replay([write_set(tmp_path, "one", [[comp_node(1, "c", num_ops=f)]]), *pod],
+                  capsys)["step_time_s"]
+    assert out["step_time_s"] == pytest.approx(one + ar + one, rel=1e-9)
+    cset = read_set(prefix)
+    from workloads.chakra.convert import chakra_trace
+
+    imp = chakra_trace(cset, topo)
+    assert [p.ops[1].bytes for p in imp.programs] == [3 * MIB, 3 * MIB]
+    assert imp.op_scale == {1: (1 / 3, 1.0)}
+
+
+def test_host_transfers_that_differ_between_ranks_run_at_each_ranks_own_size(tmp_path,
+                                                                             capsys):
+    # A host transfer's bytes are not scaled per chip: ranks that differ there run programs of
+    # their own. Rank 0 stores 4 MiB then computes F, rank 1 stores 1 MiB then computes 4F.
+    f = 10**12
+    progs = [[Node(id=1, name="store", type=NodeType.MEM_STORE_NODE,
+                   attrs={"tensor_size": int64_attr(b)}),
+              comp_node(2, "c", num_ops=flops, data_deps=(1,))]
+             for b, flops in ((4 * MIB, f), (MIB, 4 * f))]
+    pod = ["--chip", "v5e", "--shape", "2x1"]
+    out = _replay([write_set(tmp_path, "host", progs), *pod], capsys)
+    chip = get_chip("v5e")
+
+    def compute(flops):
+        prefix = write_set(tmp_path / f"c{flops}", "c", [[comp_node(1, "c", num_ops=flops)]])
+        return _replay([prefix, *pod], capsys)["step_time_s"]
+
+    pcie = chip.pcie_bytes_per_s
+    want = max(4 * MIB / pcie + compute(f), MIB / pcie + compute(4 * f))
+    assert out["step_time_s"] == pytest.approx(want, rel=1e-9)
+    assert any("different programs" in a for a in out["approximations"])
+
+
 def test_a_send_without_its_receive_is_refused_naming_both_sides(tmp_path, capsys):
     prefix = _two_stages(tmp_path, "lonely", recv_tag=8)
     assert main(["replay", prefix, "--chip", "v5e", "--shape", "2x1"]) == 2

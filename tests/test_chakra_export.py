@@ -238,6 +238,58 @@ def test_a_skewed_moe_router_writes_each_ranks_expert_loads_and_reads_them_back(
                                                                                   rel=0.005)
 
 
+def _programs_config(imp, *, scale=True):
+    """The per-chip engine's config of a Chakra import of several programs."""
+    import numpy as np
+
+    from sim.engine.perchip import PerChipConfig, PointToPoint
+
+    p2p = imp.p2p
+    return PerChipConfig(
+        programs=imp.programs, program_of_chip=np.asarray(imp.program_of_chip),
+        op_scale={i: np.asarray(c) for i, c in imp.op_scale.items()} if scale else {},
+        p2p=PointToPoint(peer_of_chip=tuple(np.asarray(nb) for nb in p2p["peers"]),
+                         sends=tuple(p2p["sends"]), recvs=tuple(p2p["recvs"])))
+
+
+def _mxu_busy(result) -> float:
+    """MXU busy seconds summed over every chip (each class's times its chips)."""
+    cl = result.classes
+    return float(sum(row[1] * n for row, n in zip(cl.rows, cl.counts, strict=True)))
+
+
+def test_a_skewed_moe_pipeline_read_from_the_chakra_fields_alone_keeps_each_ranks_loads(
+        tmp_path, capsys):
+    # Stages run different programs and, under the skewed router, each stage's ranks their own
+    # expert loads: read as another reader reads the files, each rank runs its own sizes.
+    from sim.engine.executors import simulate_chips
+
+    pipe_moe = [*MOE[:MOE.index("--mesh")], "--mesh", "pipeline=2,expert=2", "--microbatches",
+                "2", *MOE[MOE.index("--mesh") + 2:]]
+    direct = _run([*pipe_moe, "--chakra", str(tmp_path / "e"), "--chakra-every-chip"],
+                  capsys)["step_time_s"]
+    chip = get_chip("v5e")
+    topo = resolve_topology(chip_name="v5e", wrap_rule=chip.generation_rule,
+                            max_pod_shape=chip.max_pod_shape, shape="2x2")
+    cset = read_set(str(tmp_path / "e"))
+    exact = chakra_trace(cset, topo)  # from tpusim_op: the program as simulated
+    run = simulate_chips(exact.trace, chip, topo, config=_programs_config(exact))
+    assert run.step_time_s == pytest.approx(direct, rel=1e-12)
+    for compute in ("roofline", "recorded"):
+        imp = chakra_trace(cset, topo, compute, tpusim_ops=False)
+        assert len(imp.programs) == 2 and imp.op_scale
+        step = simulate_chips(imp.trace, chip, topo, config=_programs_config(imp))
+        assert step.step_time_s == pytest.approx(direct, rel=0.01)
+        assert step.num_chip_classes == run.num_chip_classes
+    # The hot expert's rank sets the step, so the loads show in the chips' work: every chip's
+    # MXU time is its own (within 1%), where every chip at the hottest rank's sizes is far off.
+    imp = chakra_trace(cset, topo, "roofline", tpusim_ops=False)
+    own = simulate_chips(imp.trace, chip, topo, config=_programs_config(imp))
+    top = simulate_chips(imp.trace, chip, topo, config=_programs_config(imp, scale=False))
+    assert _mxu_busy(own) == pytest.approx(_mxu_busy(run), rel=0.01)
+    assert _mxu_busy(top) > 1.2 * _mxu_busy(run)
+
+
 def test_a_tpusim_scale_that_is_not_a_factor_is_one_line(tmp_path, capsys):
     import dataclasses
 

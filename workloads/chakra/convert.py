@@ -44,7 +44,15 @@ from topologies.mesh import job_mesh
 from topologies.torus import Topology
 from workloads.chakra.comm_group import check_ranks
 from workloads.chakra.convert_fields import OP_FIELDS
-from workloads.chakra.programs import MULTI_NOTE, intern_group, programs_trace, scaled_program
+from workloads.chakra.programs import (
+    MULTI_NOTE,
+    intern_group,
+    program_of_ranks,
+    programs_trace,
+    rendezvous,
+    scaled_program,
+    sized_programs,
+)
 from workloads.chakra.reader import ChakraSet, RankProgram, comm_bytes_of
 from workloads.chakra.wire import CommType, Node, NodeType
 from workloads.trace import Op, OpKind, Trace, Unit
@@ -394,9 +402,10 @@ def chakra_trace(cset: ChakraSet, topology: Topology,
         notes = _Counter()
         multi = [_program(rp, rank, r, compute, notes, spmd=False, dims=dims,
                           comm_groups=comm_groups) for rank, rp in enumerate(cset.ranks)]
-        traces, prog_of, p2p, approx = programs_trace(cset, multi, topology, compute, notes)
+        traces, prog_of, p2p, approx, scale = programs_trace(cset, multi, topology, compute,
+                                                             notes)
         return ChakraImport(trace=traces[prog_of[0]], num_ranks=r, approximations=approx,
-                            programs=traces, program_of_chip=prog_of, p2p=p2p)
+                            programs=traces, program_of_chip=prog_of, p2p=p2p, op_scale=scale)
     ops: list[Op] = []
     device_groups: list[dict] = []
     group_index: dict[str, int] = {}
@@ -619,9 +628,10 @@ def replay_notes(cset: ChakraSet, compute: ChakraCompute | str = ChakraCompute.R
             and scaled_program(per_rank, notes) is None:
         # Ranks that run different programs: the notes of that conversion (chakra_trace's).
         notes = _Counter()
-        for rank, rp in enumerate(cset.ranks):
-            _program(rp, rank, cset.num_ranks, compute, notes, spmd=False,
-                     comm_groups=comm_groups)
+        multi = [_program(rp, rank, cset.num_ranks, compute, notes, spmd=False,
+                          comm_groups=comm_groups) for rank, rp in enumerate(cset.ranks)]
+        prog_of, ranks_of = program_of_ranks(multi)
+        sized_programs(multi, ranks_of, rendezvous(multi, prog_of), notes)
         notes[MULTI_NOTE] += 1
     return tuple(f"{text} ({count})" for text, count in sorted(notes.items()))
 

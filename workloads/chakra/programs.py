@@ -2,33 +2,39 @@
 their own nodes, sends and receives between the stages) as per-chip programs for the per-chip
 engine.
 
-Ranks whose nodes convert to the same ops (up to the groups their collectives name and the
-peers their sends and receives name) share a program. A collective is a rendezvous of the
-ranks of its process group at the same place in their programs (ops are numbered in each
-rank's dependency order): every member must run the same collective there (kind and size), or
-the set is refused naming both nodes. A COMM_SEND_NODE is a point-to-point transfer of
-comm_size bytes to comm_dst on its route; a COMM_RECV_NODE is done when the send of the same
-comm_tag from its comm_src has landed. Sends are matched to receives by (source, destination,
-tag), as ASTRA-sim matches them: each send needs its receive in the destination's file and
-each receive its send in the source's, and a program receives each tag once. Each send of a
-program goes out on a channel of the engine's `PointToPoint` (every chip's peer on that
-channel): the fewest channels on which every rank's destinations fit.
+Ranks whose nodes convert to the same ops (up to the groups their collectives name, the peers
+their sends and receives name, and the sizes that scale per chip) share a program. A
+collective is a rendezvous of the ranks of its process group at the same place in their
+programs (ops are numbered in each rank's dependency order): every member must run the same
+kind of collective over the same group there, or the set is refused naming both nodes; its
+members may move different sizes. A COMM_SEND_NODE is a point-to-point transfer of comm_size
+bytes to comm_dst on its route; a COMM_RECV_NODE is done when the send of the same comm_tag
+from its comm_src has landed. Sends are matched to receives by (source, destination, tag), as
+ASTRA-sim matches them: each send needs its receive in the destination's file and each receive
+its send in the source's, and a program receives each tag once. Each send of a program goes
+out on a channel of the engine's `PointToPoint` (every chip's peer on that channel): the
+fewest channels on which every rank's destinations fit.
 
 Ranks whose programs differ only in their ops' sizes (an uneven MoE router: each rank its own
 expert FLOPs, bytes and all-to-all volume, and its own recorded durations) are one program at
 the largest rank's sizes, with each rank's share as a per-chip factor (`scaled_program`: the
-engine's `op_scale`).
+engine's `op_scale`). So are the ranks of one program in a set of several (a pipeline stage's
+ranks under an uneven router, `sized_programs`), where a collective that members of several
+programs run is at the largest member's size in each of them. Sizes the engine takes from the
+program alone (a send's bytes, a host transfer's) are part of what a program is: ranks that
+differ there run programs of their own (`scaled_fields` says which fields scale).
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 from topologies.errors import TpusimError
 from topologies.mesh import job_mesh
 from topologies.torus import Topology
 from workloads.chakra.reader import ChakraSet
-from workloads.trace import Op, Trace
+from workloads.trace import Op, OpKind, Trace
 from workloads.trace_meta import TraceKind, TraceMeta
 
 MULTI_NOTE = ("ranks running different programs replayed each on its own chip; sends and "
@@ -45,14 +51,38 @@ def intern_group(spec: dict, index: dict[str, int], groups: list[dict]) -> int:
         groups.append(spec)
     return index[key]
 
+def _p2p(part) -> str | None:
+    """"send" or "recv" for the part of a send or receive between programs, else None."""
+    return part[0] if isinstance(part, tuple) and part and part[0] in ("send", "recv") else None
+
+
+def scaled_fields(fields: dict, part) -> tuple[str, ...]:
+    """The fields of an op that may differ between the ranks of one program, each rank at its
+    own share of the largest (the per-chip engine's `op_scale` multiplies them): a compute op's
+    FLOPs and HBM bytes, an idle op's duration, a collective's bytes, and a receive's (it takes
+    no resources). A send's bytes between programs and a host transfer's are the program's
+    (the engine reads them from the op)."""
+    kind = fields.get("kind")
+    if kind == OpKind.COMPUTE:
+        return ("flops", "hbm_bytes")
+    if kind == OpKind.IDLE:
+        return ("duration_s",)
+    if kind == OpKind.COLLECTIVE and _p2p(part) != "send":
+        return ("bytes",)
+    return ()
+
+
 def _key(prog: list) -> tuple:
-    """What ranks of one program share: every op's fields, and where its parts are (a send's
-    and a receive's tag too: the program's receives are keyed by it)."""
+    """What ranks of one program share: every op's fields but the sizes that scale per chip,
+    and where its parts are (a send's and a receive's tag too: the program's receives are
+    keyed by it)."""
     out = []
     for fields, part in prog:
-        tag = part[2] if isinstance(part, tuple) and part and part[0] in ("send", "recv") \
-            else None
-        out.append((tuple(sorted((k, v) for k, v in fields.items())), part is not None, tag))
+        kind = _p2p(part)
+        tag = part[2] if kind else None
+        skip = scaled_fields(fields, part)
+        out.append((tuple(sorted((k, v) for k, v in fields.items() if k not in skip)),
+                    part is not None, tag))
     return tuple(out)
 
 
@@ -61,13 +91,9 @@ def _where(cset: ChakraSet, rank: int, k: int) -> str:
     return f"chakra file {cset.ranks[rank].path!r}: node {n.id} ({n.name[:60]!r})"
 
 
-def programs_trace(cset: ChakraSet, per_rank: list[list], topology: Topology, compute,
-                   notes: dict) -> tuple[tuple[Trace, ...], tuple[int, ...], dict, tuple]:
-    """(each program, every chip's program, the point-to-point sends as `ChakraImport.p2p`,
-    the approximations) of a set whose ranks run different programs (the module docstring):
-    `per_rank[r]` is rank r's (op fields, part) list from `convert._program(spmd=False)`."""
-    n = topology.num_chips
-    r = len(per_rank)
+def program_of_ranks(per_rank: list[list]) -> tuple[list[int], list[list[int]]]:
+    """(every rank's program, each program's ranks) of a set of several programs: ranks whose
+    ops are the same up to their scaled sizes (`_key`) run one program."""
     index: dict[tuple, int] = {}
     by_id: dict[int, int] = {}
     prog_of: list[int] = []
@@ -81,17 +107,30 @@ def programs_trace(cset: ChakraSet, per_rank: list[list], topology: Topology, co
             ranks_of.append([])
         ranks_of[pi].append(rank)
         prog_of.append(pi)
-    _check_groups(cset, per_rank)
+    return prog_of, ranks_of
+
+
+def programs_trace(cset: ChakraSet, per_rank: list[list], topology: Topology, compute,
+                   notes: dict) -> tuple[tuple[Trace, ...], tuple[int, ...], dict, tuple,
+                                         dict[int, tuple[float, ...]]]:
+    """(each program, every chip's program, the point-to-point sends as `ChakraImport.p2p`,
+    the approximations, every chip's factors on its program's sizes as `ChakraImport.op_scale`)
+    of a set whose ranks run different programs (the module docstring): `per_rank[r]` is rank
+    r's (op fields, part) list from `convert._program(spmd=False)`."""
+    n = topology.num_chips
+    r = len(per_rank)
+    prog_of, ranks_of = program_of_ranks(per_rank)
+    shared = rendezvous(per_rank, prog_of, cset)
     sends, recvs, peers = _point_to_point(cset, per_rank, prog_of, ranks_of, n)
+    sized, op_scale = sized_programs(per_rank, ranks_of, shared, notes)
     device_groups: list[dict] = []
     group_index: dict[str, int] = {}
     programs = []
-    for ranks in ranks_of:
+    for ranks, prog in zip(ranks_of, sized, strict=True):
         ops = []
-        for k, (fields, part) in enumerate(per_rank[ranks[0]]):
+        for k, (fields, part) in enumerate(prog):
             gid = -1
-            if part is not None and not (isinstance(part, tuple) and part[0] in ("send",
-                                                                                 "recv")):
+            if part is not None and not _p2p(part):
                 spec = {"groups": [list(g) for g in sorted({per_rank[q][k][1] for q in ranks})]}
                 gid = intern_group(spec, group_index, device_groups)
             ops.append(Op(id=k, group=gid, **fields))
@@ -103,25 +142,106 @@ def programs_trace(cset: ChakraSet, per_rank: list[list], topology: Topology, co
                         device_groups=device_groups, chakra_ranks=r,
                         chakra_compute=str(compute), approximations=list(approx))
     traces = tuple(Trace(mesh=mesh, ops=tuple(ops), meta=meta) for ops in programs)
-    return traces, tuple(prog_of), {"peers": peers, "sends": sends, "recvs": recvs}, approx
+    p2p = {"peers": peers, "sends": sends, "recvs": recvs}
+    return traces, tuple(prog_of), p2p, approx, op_scale
 
 
-def _check_groups(cset: ChakraSet, per_rank: list[list]) -> None:
-    """Every member of a rank's collective runs the same collective at the same place."""
+def rendezvous(per_rank: list[list], prog_of: list[int],
+               cset: ChakraSet | None = None) -> dict[int, list[list[int]]]:
+    """{op: the sets of programs whose ranks run that collective together} (only sets of more
+    than one program). With `cset`, every member of a rank's collective must run the same kind
+    of collective over the same ranks at the same place, or the set is refused naming both
+    nodes (without it, the members that do not are skipped: `replay_notes`)."""
+    parent: dict[int, dict[int, int]] = {}  # per op, a union-find forest over programs
+
+    def root(uf: dict[int, int], p: int) -> int:
+        while uf.get(p, p) != p:
+            p = uf[p]
+        return p
+
     for rank, prog in enumerate(per_rank):
         for k, (fields, part) in enumerate(prog):
-            if part is None or (isinstance(part, tuple) and part[0] in ("send", "recv")):
+            if part is None or _p2p(part):
                 continue
             for m in part:
                 other = per_rank[m][k] if k < len(per_rank[m]) else (None, None)
-                if other[1] != part or any(other[0].get(f) != fields.get(f)
-                                           for f in ("collective", "bytes")):
+                if other[1] != part or other[0].get("collective") != fields.get("collective"):
+                    if cset is None:
+                        continue
                     raise TpusimError(
                         f"{_where(cset, rank, k)} is a collective over ranks "
                         f"{', '.join(map(str, part[:8]))}{', ...' if len(part) > 8 else ''}, "
                         f"but rank {m}'s node at the same place in its dependency order is not "
                         f"the same collective over the same ranks; the ranks of a process group "
-                        f"must issue its collectives in one order with one kind and size")
+                        f"must issue its collectives in one order, each of one kind (their "
+                        f"sizes may differ)")
+                if prog_of[m] != prog_of[rank]:
+                    uf = parent.setdefault(k, {})
+                    a, b = root(uf, prog_of[m]), root(uf, prog_of[rank])
+                    uf.setdefault(a, a)
+                    uf.setdefault(b, b)
+                    if a != b:
+                        uf[max(a, b)] = min(a, b)
+    out: dict[int, list[list[int]]] = {}
+    for k, uf in parent.items():
+        sets: dict[int, list[int]] = {}
+        for p in sorted(uf):
+            sets.setdefault(root(uf, p), []).append(p)
+        out[k] = [s for s in sets.values() if len(s) > 1]
+    return out
+
+
+SIZES_NOTE = ("ops whose sizes differ between ranks replayed at each rank's own sizes (per-chip "
+              "factors on the largest rank's)")
+UNEVEN_NOTE = ("compute ops whose FLOPs and bytes differ between ranks by different factors "
+               "costed at the larger share")
+
+
+def sized_programs(per_rank: list[list], ranks_of: list[list[int]],
+                   shared: dict[int, list[list[int]]], notes: dict) \
+        -> tuple[list[list], dict[int, tuple[float, ...]]]:
+    """(each program's (op fields, part) list at its largest rank's sizes, {op: every chip's
+    factor on them}) of a set of several programs: `ranks_of[p]` are program p's ranks, whose
+    ops differ at most in their `scaled_fields`. A collective that ranks of several programs
+    run together (`shared`, from `rendezvous`) is at its largest member's bytes in each of
+    them, so the programs agree where they meet. A compute op whose FLOPs and bytes scale by
+    different factors on a rank takes the larger (an upper bound; counted)."""
+    n = len(per_rank)
+    joint: dict[tuple[int, int], float] = {}  # (program, op) -> the bytes its members share
+    for k, sets in shared.items():
+        for progs in sets:
+            top = max(per_rank[q][k][0]["bytes"] for p in progs for q in ranks_of[p])
+            for p in progs:
+                joint[(p, k)] = top
+    scale: dict[int, list[float]] = {}
+    out = []
+    uneven = 0
+    for p, ranks in enumerate(ranks_of):
+        rows = [per_rank[q] for q in ranks]
+        prog = []
+        for k, (fields, part) in enumerate(rows[0]):
+            sizes = [f for f in scaled_fields(fields, part) if f in fields]
+            top = {f: max(row[k][0][f] for row in rows) for f in sizes}
+            if (p, k) in joint:
+                top["bytes"] = joint[(p, k)]
+            prog.append(({**fields, **top}, part))
+            if not sizes or _p2p(part) == "recv":
+                continue
+            spread = False
+            for q, row in zip(ranks, rows, strict=True):
+                fl = row[k][0]
+                shares = [fl[f] / top[f] for f in sizes if top[f] > 0]
+                if not shares or min(shares) == max(shares) == 1.0:
+                    continue
+                spread = spread or max(shares) - min(shares) > 1e-3
+                scale.setdefault(k, [1.0] * n)[q] = max(max(shares), 1e-9)
+            uneven += spread
+        out.append(prog)
+    if scale:
+        notes[SIZES_NOTE] += len(scale)
+    if uneven:
+        notes[UNEVEN_NOTE] += uneven
+    return out, {k: tuple(col) for k, col in sorted(scale.items())}
 
 
 def _point_to_point(cset: ChakraSet, per_rank: list[list], prog_of: list[int],
@@ -177,46 +297,27 @@ def _point_to_point(cset: ChakraSet, per_rank: list[list], prog_of: list[int],
     return sends, recvs, peers
 
 
-SIZES = ("flops", "hbm_bytes", "bytes", "duration_s")
-
-
 def scaled_program(per_rank: list[list], notes: dict) \
         -> tuple[list, dict[int, tuple[float, ...]]] | None:
     """(the program at the largest rank's sizes, {op: each rank's factor on them}) when the
-    ranks' programs differ only in compute ops' FLOPs and HBM bytes, collectives' bytes and
-    recorded durations (and in the groups and peers they name), else None. A compute op whose
-    FLOPs and bytes scale by different factors on a rank takes the larger (its time is an upper
-    bound; counted)."""
+    ranks' programs differ only in their `scaled_fields` (compute ops' FLOPs and HBM bytes,
+    collectives' bytes, recorded durations) and in the groups and peers they name, else None
+    (`sized_programs` on one program of every rank)."""
     ref = per_rank[0]
     if any(len(p) != len(ref) for p in per_rank):
         return None
-    out, scale = [], {}
-    uneven = 0
     for k, (fields, part) in enumerate(ref):
-        rows = [p[k] for p in per_rank]
-        base = {f: v for f, v in fields.items() if f not in SIZES}
-        for fl, pt in rows:
-            if (pt is None) != (part is None) or \
-                    {f: v for f, v in fl.items() if f not in SIZES} != base:
+        skip = scaled_fields(fields, part)
+        base = {f: v for f, v in fields.items() if f not in skip}
+        for p in per_rank:
+            fl, pt = p[k]
+            if fl is not fields and ((pt is None) != (part is None) or
+                                     {f: v for f, v in fl.items() if f not in skip} != base):
                 return None
-        top = {f: max(fl[f] for fl, _p in rows) for f in SIZES if f in fields}
-        out.append(({**fields, **top}, part))
-        if all(fl is fields for fl, _p in rows) or all(
-                all(fl[f] == top[f] for f in top) for fl, _p in rows):
-            continue
-        col = []
-        for fl, _p in rows:
-            shares = [fl[f] / top[f] for f in top if top[f] > 0]
-            share = max(shares, default=1.0)
-            if shares and max(shares) - min(shares) > 1e-3:
-                uneven += 1
-            col.append(max(share, 1e-9))
-        scale[k] = tuple(col)
+    probe: Counter = Counter()
+    (out,), scale = sized_programs(per_rank, [list(range(len(per_rank)))], {}, probe)
     if not scale:
         return None
-    notes["ops whose sizes differ between ranks replayed at each rank's own sizes (per-chip "
-          "factors on the largest rank's)"] += len(scale)
-    if uneven:
-        notes["compute ops whose FLOPs and bytes differ between ranks by different factors "
-              "costed at the larger share"] += uneven
+    for text, count in probe.items():
+        notes[text] = notes.get(text, 0) + count
     return out, scale
