@@ -309,3 +309,28 @@ def test_the_docs_hold_no_dates_or_commit_hashes_outside_the_changelog():
         found = _DATE.findall(text) + _COMMIT.findall(text)
         bad += [f"{path.relative_to(REPO)}: {m}" for m in found]
     assert not bad, "\n".join(bad)
+
+
+# A speed figure: CPU seconds or minutes, or a wall time ("33.9 CPU-s", "80 s wall").
+_SPEED = re.compile(r"\d[\d.,]*\s*(?:CPU-s\b|CPU-min|CPU-seconds|CPU-minutes|CPU s\b|s of CPU|"
+                    r"s CPU\b|s wall\b|min wall\b|wall s\b)")
+# What measured it: a benchmark script, a validation command, `/usr/bin/time` beside the
+# command, or the test that times it.
+_MEASURED_BY = re.compile(r"benchmarks/|bench_\w+\.py|validation[./]\w+|/usr/bin/time|"
+                          r"tests/test_\w+\.py")
+
+
+def test_every_speed_figure_names_what_measured_it():
+    """Issue 30: every CPU or wall figure in the README and docs is produced by a command named
+    beside it (in the same section: the text from one heading to the next). docs/validation.md
+    is the validation pipeline's own output."""
+    bad = []
+    for path in DOCS:
+        if path.name in ("CHANGELOG.md", "validation.md"):
+            continue
+        for section in re.split(r"\n(?=#)", path.read_text()):
+            m = _SPEED.search(section)
+            if m and not _MEASURED_BY.search(section):
+                bad.append(f"{path.relative_to(REPO)}: {m.group(0)!r} in "
+                           f"{section.splitlines()[0][:60]!r}")
+    assert not bad, "\n".join(bad)
