@@ -60,6 +60,18 @@ def test_each_run_is_rebuilt_with_its_own_settings(loaded):
     assert v5p.later.case.measured_step_s == pytest.approx(v5p.case.measured_step_s)
 
 
+def test_every_run_and_its_later_variant_compiles_on_its_slice(loaded):
+    # Every row rebuilds (compiled, about 3 CPU-s for all); three are also simulated below.
+    total = {r["id"]: r["hardware"]["total_chips"] for r in RAWS}
+    variants = [(r, r.case.id) for r in loaded[0]] + [
+        (r.later, r.case.id) for r in loaded[0] if r.later is not None]
+    assert len(variants) > len(RAWS)
+    for run, rid in variants:
+        trace, topo, chip = mu.build(run)
+        assert topo.num_chips == total[rid] and chip.name == run.case.chip
+        assert trace.ops, rid
+
+
 def test_derived_steps_are_the_era_formula_over_mfu_times_peak():
     # Closed form, from the stored dims alone: 6 P T (+ 6 H L D S T from November 2023) per
     # chip and step, over MFU x peak; P = the matmul weights and the tied embedding.

@@ -168,8 +168,8 @@ def _run_for(raw: dict) -> UnfittedRun | Skip:
         source=f"{raw['source_repo']} {raw['source_path']}")
 
 
-def predict(run: UnfittedRun) -> dict:
-    """The run's predicted step under the shipped preset of its chip, as a cache row."""
+def build(run: UnfittedRun):
+    """(compiled trace, topology, chip preset) of the run, as `tpusim train --chip` builds them."""
     c = run.case
     chip = get_chip(c.chip)
     topo = resolve_topology(chip_name=chip.name, wrap_rule=chip.generation_rule,
@@ -182,6 +182,13 @@ def predict(run: UnfittedRun) -> dict:
     trace = compile_training_step(c.model, parse_mesh(c.mesh, c.dcn or None,
                                                       c.axis_map or None),
                                   topo.num_chips, cfg)
+    return trace, topo, chip
+
+
+def predict(run: UnfittedRun) -> dict:
+    """The run's predicted step under the shipped preset of its chip, as a cache row."""
+    c = run.case
+    trace, topo, chip = build(run)
     r = simulate_step(trace, chip, topo, executor=Executor.REPRESENTATIVE)
     step = float(r.step_time_s)
     return {"id": c.id, "chip": c.chip, "slice": c.slice_name, "slices": c.num_slices,
