@@ -127,3 +127,17 @@ def test_cached_mode_refuses_a_cache_older_than_the_runs_file(tmp_path, capsys):
     runs.write_text(json.dumps(RAWS[:1]))
     assert mu.main(["--cached", "--runs", str(runs)]) == 1
     assert "stale" in capsys.readouterr().err
+
+
+def test_implied_mxu_efficiency_is_the_preset_where_the_step_is_exact_and_scales_with_it():
+    eff = get_chip("v5p").mxu_efficiency
+    row = {"chip": "v5p", "measured_step_s": 12.0,
+           "breakdown": {"mxu_compute_s": 10.0, "exposed_comm_s": 1.5, "hbm_bound_s": 0.4,
+                         "vpu_s": 0.1}}
+    assert mu.implied_mxu_efficiency(row) == pytest.approx(eff)
+    # half the MXU-bound time measured: the matmuls would have to run twice as fast
+    row["measured_step_s"] = 2.0 + 5.0
+    assert mu.implied_mxu_efficiency(row) == pytest.approx(2 * eff)
+    worst = mu.worst_md(CACHE["rows"]).splitlines()
+    assert len(worst) == 2 + min(mu.WORST_SHOWN, len(CACHE["rows"]))
+    assert mu.worst(CACHE["rows"])["id"] in worst[2]

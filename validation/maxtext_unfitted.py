@@ -34,6 +34,7 @@ from sim.engine.executors import Executor, simulate_step
 from topologies.mesh import parse_mesh
 from topologies.slices import SLICES, resolve_topology
 from validation.maxtext_runs import (
+    GENERATIONS,
     REFERENCE_DIR,
     ROOT,
     Case,
@@ -198,7 +199,8 @@ def predict(run: UnfittedRun) -> dict:
             "measured_step_s": round(c.measured_step_s, 6), "predicted_step_s": round(step, 6),
             "error": round((step - c.measured_step_s) / c.measured_step_s, 6),
             "fits_in_hbm": bool(r.fits_in_hbm),
-            "hbm_peak_gb": round(float(r.hbm_peak_bytes) / 1e9, 3)}
+            "hbm_peak_gb": round(float(r.hbm_peak_bytes) / 1e9, 3),
+            "breakdown": {k: round(float(v), 6) for k, v in sorted(r.breakdown.items())}}
 
 
 def file_digest(path: Path = UNFITTED_FILE) -> str:
@@ -299,6 +301,34 @@ def stats_md(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def implied_mxu_efficiency(row: dict) -> float:
+    """The MXU efficiency that would make the row's step exact if everything but the MXU-bound
+    time on the critical path (exposed communication, HBM- and VPU-bound ops) costs what
+    tpusim says (`validation.maxtext_predict.implied_mxu_efficiency` on a cache row)."""
+    b = row["breakdown"]
+    rest = b.get("exposed_comm_s", 0.0) + b.get("hbm_bound_s", 0.0) + b.get("vpu_s", 0.0)
+    eff = get_chip(row["chip"]).mxu_efficiency
+    return eff * b.get("mxu_compute_s", 0.0) / max(row["measured_step_s"] - rest, 1e-9)
+
+
+WORST_SHOWN = 8
+
+
+def worst_md(rows: list[dict]) -> str:
+    """Where the predicted step of the runs furthest off goes, and the MXU efficiency their
+    measured step implies (the `WORST_SHOWN` largest |errors|)."""
+    lines = ["| run | error | MXU-bound s | exposed communication s | HBM- and VPU-bound s | "
+             "implied mxu_efficiency |", "|---|---:|---:|---:|---:|---:|"]
+    for r in sorted(rows, key=lambda r: (-abs(r["error"]), r["id"]))[:WORST_SHOWN]:
+        b = r["breakdown"]
+        lines.append(
+            f"| {r['id']} | {_pct(r['error'])} | {b.get('mxu_compute_s', 0.0):.2f} | "
+            f"{b.get('exposed_comm_s', 0.0):.2f} | "
+            f"{b.get('hbm_bound_s', 0.0) + b.get('vpu_s', 0.0):.2f} | "
+            f"{implied_mxu_efficiency(r):.2f} |")
+    return "\n".join(lines)
+
+
 def twins(rows: list[dict]) -> list[tuple[dict, dict]]:
     """(one-slice run, multi-slice run) pairs that differ only in the slice count (their ids
     differ only in the `-Nx-` part)."""
@@ -330,7 +360,11 @@ def section(cache: dict) -> str:
     return template.render("validation/unfitted.md", {
         "begin": BEGIN, "end": END, "command": COMMAND, "n": str(len(rows)),
         "stats_table": stats_md(rows), "runs_table": table_md(rows),
-        "slowdown_table": slowdown_md(rows), "summary": summary_line(cache, link=False),
+        "slowdown_table": slowdown_md(rows), "worst_table": worst_md(rows),
+        "n_worst": str(min(WORST_SHOWN, len(rows))),
+        "fitted_factors": ", ".join(f"{g} {get_chip(g).mxu_efficiency:g}"
+                                    for g in GENERATIONS),
+        "summary": summary_line(cache, link=False),
         "skipped": skipped or " none.",
         "v5p_factor": f"{get_chip('v5p').mxu_efficiency:g}",
         "v4_factor": f"{get_chip('v4').mxu_efficiency:g}",
