@@ -140,7 +140,7 @@ class Energy:
         }
 
 
-def _overheads(chip: ChipSpec, chip_j: float) -> tuple[float, float]:
+def power_overheads(chip: ChipSpec, chip_j: float) -> tuple[float, float]:
     """(host J, data-centre overhead J) on top of `chip_j` chip joules."""
     host = chip.host_power_share * chip_j
     return host, (chip.pue - 1.0) * (chip_j + host)
@@ -301,7 +301,7 @@ def step_energy(result, trace: Trace, chip: ChipSpec, *, tokens: float | None,
         dyn = per_op.sum(axis=0)
         units = dict(zip(CHIP_UNITS, [*map(float, dyn), chip.idle_power_w * t], strict=True))
         chip_j = sum(units.values())
-        units["host"], units["overhead"] = _overheads(chip, chip_j)
+        units["host"], units["overhead"] = power_overheads(chip, chip_j)
         peak = chip.idle_power_w + peak_power_w(start, end, per_op.sum(axis=1), t, window_s)
         name = coords_text(pod, rep) if pod is not None else str(rep)
         classes.append(ClassEnergy(chip_class=k, chip=name, num_chips=count,
@@ -340,7 +340,7 @@ def collective_energy(res, chip: ChipSpec) -> Energy:
     units["hbm"] = hbm * chip.hbm_j_per_byte
     units["static"] = chip.idle_power_w * t * res.num_chips
     chip_j = sum(units[u] for u in CHIP_UNITS)
-    units["host"], units["overhead"] = _overheads(chip, chip_j)
+    units["host"], units["overhead"] = power_overheads(chip, chip_j)
     busiest = chip.ici_j_per_byte * float(ici_per_chip.max(initial=0.0))
     if len(dcn_out):
         busiest = max(busiest, float(np.max(chip.ici_j_per_byte * ici_per_chip[:len(dcn_out)]

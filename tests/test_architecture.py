@@ -430,29 +430,7 @@ def test_product_code_reads_trace_meta_by_attribute_not_by_string_key():
 # A name another module uses is public API of its module: no project module imports an
 # underscore name from another (`from sim.engine.summary import _summarize`). Still to rename:
 # each entry goes when its module imports no such name; the set only shrinks.
-PENDING_PRIVATE_IMPORTS = {
-    "sim/cli/goodput.py",
-    "sim/cli/inference.py",
-    "sim/export/collective_plots.py",
-    "sim/export/energy_plots.py",
-    "sim/export/goodput_plots.py",
-    "sim/export/goodput_trace.py",
-    "sim/export/serving_plots.py",
-    "sim/export/serving_trace.py",
-    "sim/export/step_plots.py",
-    "sim/export/torus_plots.py",
-    "sim/runs/requests/__init__.py",
-    "sim/runs/requests/collective.py",
-    "sim/runs/requests/goodput.py",
-    "sim/runs/requests/inference.py",
-    "sim/runs/requests/training.py",
-    "sim/runs/rerun.py",
-    "sim/serving/energy.py",
-    "sim/studies/plan_jobs.py",
-    "sim/studies/plots.py",
-    "workloads/trace.py",
-    "workloads/training/__init__.py",
-}
+PENDING_PRIVATE_IMPORTS: set[str] = set()
 
 
 def _private_imports(path: Path) -> list[str]:

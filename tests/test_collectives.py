@@ -1192,3 +1192,19 @@ def test_a_refused_candidates_reason_names_the_python_argument_and_the_cli_the_f
     assert main(["compare-collectives", *argv]) == 0
     rows = json.loads(capsys.readouterr().out)["results"]
     assert next(x for x in rows if x["algorithm"] == "ring")["reason"] == ring_cli["reason"]
+
+
+def test_the_share_grid_is_the_simplex_grid_row_by_row():
+    """The vectorised grid of shares equals, bit for bit, the per-row construction: every
+    point of the simplex at its resolution, the last share closing the row to 1."""
+    import itertools
+
+    from sim.collectives import algorithms
+
+    for k, res in ((2, 240), (3, 120)):
+        rows = [np.array(p, dtype=float) / res
+                for p in itertools.product(range(res + 1), repeat=k - 1) if sum(p) <= res]
+        oracle = np.array([np.append(p, 1.0 - p.sum()) for p in rows])
+        grid = algorithms._share_grid(k)
+        assert grid.shape == oracle.shape and grid.tobytes() == oracle.tobytes()
+        assert not grid.flags.writeable

@@ -419,7 +419,7 @@ def test_compiled_traces_are_reused_across_axis_orders_and_equal_a_fresh_compile
     first = compile_training_step(model, a, 4, cfg)
     again = compile_training_step(model, b, 4, cfg)
     assert again.mesh == b and again.ops is first.ops  # reused, on the order asked for
-    fresh = training._compiler(model, b, 4, cfg).build()
+    fresh = training.program_compiler(model, b, 4, cfg).build()
     assert fresh.ops == again.ops and fresh.meta == again.meta
 
 

@@ -413,13 +413,14 @@ def test_phase_lane_has_no_gap_where_a_trailing_dcn_all_reduce_runs(tiny):
     # compute op and before the optimizer. Its time belongs to the backward band; the bands
     # tile the step from 0 to its end with no hole.
     from sim.engine.result import OP_COLUMNS
-    from sim.export.plots import _table
+    from sim.export.plots import draw_table
     from sim.export.step_plots import _phase_spans
 
     run = sim.train(chip="v5e", shape="2x2", slices=2, model=tiny, seq_len=128,
                     batch_per_chip=1, mesh="fsdp=4", dcn="data=2")
     res = run.result
-    ops = _table(res.op_rows, OP_COLUMNS, ("kind", "unit", "bound", "phase", "start_s", "end_s"))
+    ops = draw_table(res.op_rows, OP_COLUMNS,
+                     ("kind", "unit", "bound", "phase", "start_s", "end_s"))
     spans = _phase_spans(ops)
     compute = (ops["kind"] == "compute") & (ops["phase"] == "bwd")
     last_bwd_compute = ops["end_s"][compute].max()

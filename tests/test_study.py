@@ -222,7 +222,7 @@ def test_points_run_in_one_worker_equal_each_point_run_with_cold_caches(tiny_mod
     from workloads import training
 
     def cold():
-        training._TRACE_CACHE.clear()
+        training.cache._TRACE_CACHE.clear()
         engine._COST_CACHE.clear()
         algorithms._SCHEDULE_CACHE.clear()
 
@@ -233,7 +233,7 @@ def test_points_run_in_one_worker_equal_each_point_run_with_cold_caches(tiny_mod
     argvs = [point_request(study, p) for p in study.points()]
     cold()
     warm = [run_point(a) for a in argvs]
-    assert len(training._TRACE_CACHE) == 2  # one trace per (mesh, remat), reused
+    assert len(training.cache._TRACE_CACHE) == 2  # one trace per (mesh, remat), reused
     runs = []
     for a in argvs:
         cold()

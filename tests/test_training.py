@@ -1264,7 +1264,7 @@ def _first_microbatch_counts(monkeypatch, model, mesh, cfg):
     monkeypatch.setattr(training._Compiler, "check_program_size",
                         lambda self, start, per: (seen.append((start, per)),
                                                   check(self, start, per))[1])
-    total = len(training._compiler(model_from_dict(model), parse_mesh(mesh), 4, cfg).build().ops)
+    total = len(training.program_compiler(model_from_dict(model), parse_mesh(mesh), 4, cfg).build().ops)
     monkeypatch.undo()
     (start, per), = seen
     return start, per, total
@@ -1318,11 +1318,11 @@ def test_a_step_over_the_op_limit_is_refused_once_its_first_microbatch_is_built(
             rf"^microbatches 8 x 2 layers compiles to at least {start + 8 * per:,} ops "
             rf"\({per:,} per microbatch, counted on the first\), over the {limit:,} tpusim "
             rf"simulates in one program; use at most 4 microbatches$")):
-        training._compiler(model_from_dict(TINY), parse_mesh("fsdp=4"), 4,
+        training.program_compiler(model_from_dict(TINY), parse_mesh("fsdp=4"), 4,
                            TrainingConfig(microbatches=8, **cfg)).build()
     assert len(built) == start + per  # one microbatch built, not the limit's ops
     # The count it names fits under the same limit.
-    fits = training._compiler(model_from_dict(TINY), parse_mesh("fsdp=4"), 4,
+    fits = training.program_compiler(model_from_dict(TINY), parse_mesh("fsdp=4"), 4,
                               TrainingConfig(microbatches=4, **cfg)).build()
     assert len(fits.ops) <= limit
     # Room for one microbatch only: it names that count (not "at most 1 microbatches").
@@ -1330,9 +1330,9 @@ def test_a_step_over_the_op_limit_is_refused_once_its_first_microbatch_is_built(
                         functools.partial(TraceBuilder, max_ops=start + 2 * per - 1))
     with pytest.raises(TpusimError, match=r"over the [\d,]+ tpusim simulates in one program; "
                                           r"use microbatches 1$"):
-        training._compiler(model_from_dict(TINY), parse_mesh("fsdp=4"), 4,
+        training.program_compiler(model_from_dict(TINY), parse_mesh("fsdp=4"), 4,
                            TrainingConfig(microbatches=2, **cfg)).build()
-    one = training._compiler(model_from_dict(TINY), parse_mesh("fsdp=4"), 4,
+    one = training.program_compiler(model_from_dict(TINY), parse_mesh("fsdp=4"), 4,
                              TrainingConfig(microbatches=1, **cfg)).build()
     assert len(one.ops) <= start + 2 * per - 1
 

@@ -31,14 +31,14 @@ from topologies.validate import (
 )
 
 
-class _Refused(Exception):
+class RefusedInput(Exception):
     """A document feature the loader refuses (aliases, deep nesting, huge integers)."""
 
 
 def _int(text: str) -> int:
     digits = text.lstrip("+-")
     if len(digits) > MAX_INT_DIGITS:
-        raise _Refused(f"an integer of {len(digits)} digits (the limit is {MAX_INT_DIGITS})")
+        raise RefusedInput(f"an integer of {len(digits)} digits (the limit is {MAX_INT_DIGITS})")
     return int(text, 0) if digits[:2].lower() in ("0x", "0o", "0b") else int(text)
 
 
@@ -51,7 +51,7 @@ class _StrictLoader(yaml.SafeLoader):
     def compose_node(self, parent, index):  # type: ignore[override]
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
-            raise _Refused(
+            raise RefusedInput(
                 f"an alias *{event.anchor} at line {event.start_mark.line + 1} (aliases are not "
                 f"supported; write the value out)"
             )
@@ -59,7 +59,7 @@ class _StrictLoader(yaml.SafeLoader):
         try:
             if self._depth > MAX_NESTING:
                 mark = self.peek_event().start_mark
-                raise _Refused(f"nesting deeper than {MAX_NESTING} levels at line "
+                raise RefusedInput(f"nesting deeper than {MAX_NESTING} levels at line "
                                f"{mark.line + 1}")
             return super().compose_node(parent, index)
         finally:
@@ -68,8 +68,8 @@ class _StrictLoader(yaml.SafeLoader):
     def construct_yaml_int(self, node):  # type: ignore[override]
         try:
             return _int(self.construct_scalar(node).replace("_", ""))
-        except _Refused as exc:
-            raise _Refused(f"{exc} at line {node.start_mark.line + 1}") from None
+        except RefusedInput as exc:
+            raise RefusedInput(f"{exc} at line {node.start_mark.line + 1}") from None
 
 
 _StrictLoader.add_constructor("tag:yaml.org,2002:int", _StrictLoader.construct_yaml_int)
@@ -98,24 +98,24 @@ MAX_YAML_ITEMS = 20_000
 
 
 def parse_yaml(text: str) -> Any:
-    """Parse YAML text with the strict loader (raises `_Refused` or `yaml.YAMLError`)."""
+    """Parse YAML text with the strict loader (raises `RefusedInput` or `yaml.YAMLError`)."""
     items = text.count(",") + text.count("\n")
     if items > MAX_YAML_ITEMS:
-        raise _Refused(f"about {items:,} items (commas and lines; the limit of a YAML file is "
+        raise RefusedInput(f"about {items:,} items (commas and lines; the limit of a YAML file is "
                        f"{MAX_YAML_ITEMS:,}): give fewer values, or write the file as JSON")
     return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
 
 
 def _json_constant(name: str):
-    raise _Refused(f"{name} (numbers must be finite)")
+    raise RefusedInput(f"{name} (numbers must be finite)")
 
 
 def parse_json(text: str) -> Any:
     """Parse JSON text: finite numbers, integers of at most `MAX_INT_DIGITS` digits, nesting at
-    most `MAX_NESTING` deep (raises `_Refused` or `json.JSONDecodeError`)."""
+    most `MAX_NESTING` deep (raises `RefusedInput` or `json.JSONDecodeError`)."""
     depth = max_depth_json(text)
     if depth > MAX_NESTING:
-        raise _Refused(f"nesting deeper than {MAX_NESTING} levels")
+        raise RefusedInput(f"nesting deeper than {MAX_NESTING} levels")
     return json.loads(text, parse_int=_int, parse_constant=_json_constant)
 
 
@@ -167,7 +167,7 @@ def read_yaml_mapping(path: Path, *, what: str) -> dict[str, Any]:
     is_json = path.suffix.lower() == ".json"
     try:
         data = parse_json(text) if is_json else parse_yaml(text)
-    except _Refused as exc:
+    except RefusedInput as exc:
         raise TpusimError(f"{src} holds {exc}") from None
     except json.JSONDecodeError as exc:
         raise TpusimError(

@@ -186,7 +186,7 @@ class Trace:
         """
         # deferred: start-up (topologies.yamlio loads PyYAML, which `tpusim collective`,
         # a trace's user that reads no file, never needs)
-        from topologies.yamlio import _Refused, parse_json
+        from topologies.yamlio import RefusedInput, parse_json
 
         if len(text) > MAX_TRACE_FILE_BYTES:
             raise TpusimError(f"{source} is {len(text):,} characters, over the limit of "
@@ -200,7 +200,7 @@ class Trace:
                 f"{source} is not a tpusim trace: invalid JSON at line {exc.lineno} column "
                 f"{exc.colno} (truncated or corrupted file?); {fix}"
             ) from None
-        except _Refused as exc:
+        except RefusedInput as exc:
             raise TpusimError(f"{source} is not a valid tpusim trace: it holds {exc}; {fix}") \
                 from None
         if not isinstance(doc, dict) or doc.get("format") != TRACE_FORMAT:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sim.cli import common as cli
 from sim.cli.common import check_outputs
-from sim.cli.training import _add_training_args
+from sim.cli.training import add_training_args
 from sim.runs.requests import GoodputRequest
 from topologies.errors import render_said
 
@@ -193,7 +193,7 @@ def _register_goodput(sub, name: str) -> None:
                         "failures) or simpy (every checkpoint an event; the oracle, slower, the "
                         "same numbers)")
     t = p.add_argument_group("the step model (train's flags, instead of --step-time)")
-    _add_training_args(t, required=False)
+    add_training_args(t, required=False)
     p.add_argument("--algorithm", default="auto",
                    help="collective algorithm for gathers/reductions (default auto)")
     o = p.add_argument_group("results")

@@ -10,7 +10,7 @@ from typing import Any
 
 from sim.cli import common as cli
 from sim.cli.common import check_outputs
-from sim.cli.training import _write_outputs, print_notes
+from sim.cli.training import print_notes, write_outputs
 from sim.runs.requests import CONVERTERS, DecodeRequest, PrefillRequest, ServeSweepRequest
 from topologies.validate import (
     MAX_CHUNKS,
@@ -66,7 +66,7 @@ def cmd_decode(args: argparse.Namespace) -> int:
     check_outputs(args)
     run = _with_trace_chips(args, run_decode, req)
     s = run.summary
-    notes = _write_outputs(args, run)
+    notes = write_outputs(args, run)
     if args.json:
         cli.emit_json(run.to_dict())
         return 0
@@ -108,7 +108,7 @@ def cmd_prefill(args: argparse.Namespace) -> int:
     run = _with_trace_chips(args, run_prefill, req)
     s = run.summary
     t = s["time_s"]
-    notes = _write_outputs(args, run)
+    notes = write_outputs(args, run)
     if args.json:
         cli.emit_json(run.to_dict())
         return 0

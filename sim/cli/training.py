@@ -17,7 +17,7 @@ from topologies.errors import TpusimError, render_said
 from workloads.trace_meta import TraceKind
 
 
-def _add_training_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+def add_training_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     """The step model's flags (`train`, `compile`; `goodput` without `required`: its step time
     may be given instead), in their `--help` order."""
     _add_shape_args(p, required)
@@ -207,7 +207,7 @@ def _print_training(s: dict[str, Any]) -> None:
 check_outputs = cli.check_outputs  # re-exported: other command families import it here
 
 
-def _write_outputs(args, run) -> list[str]:
+def write_outputs(args, run) -> list[str]:
     """Write a step's --out, --perfetto, --plots and --chakra (already validated); returns
     `wrote ...` lines."""
     result, summary, trace, energy = run.result, run.to_dict(), run.trace, run.energy_detail
@@ -313,7 +313,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if getattr(args, "perfetto", None):
         cli.check_trace_chips(args, resolve_pod(req).topology.num_chips)  # before simulating
     run = run_train(req)
-    notes = _write_outputs(args, run)
+    notes = write_outputs(args, run)
     notes += _windowed_ring_note(args, run.trace) + _grad_ring_note(run.trace)
     if args.json:
         cli.emit_json(run.to_dict())
@@ -375,7 +375,7 @@ def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
     check_outputs(args)
     run = run_replay(req, check_trace_chips=lambda n: cli.check_trace_chips(args, n))
     trace, result, summary = run.trace, run.result, run.summary
-    notes = _write_outputs(args, run)
+    notes = write_outputs(args, run)
     if quiet:
         return 0
     if args.json:
@@ -421,7 +421,7 @@ def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
 def _register_train(sub, name: str) -> None:
     p = cli.add_command(sub, name, "simulate one training step", cmd_train,
                         set_scope=TrainRequest.SET_SCOPE)
-    _add_training_args(p)
+    add_training_args(p)
     cli.add_output_args(p, trace_chips=True)
     cli.add_step_perturbation_args(p)
 
@@ -433,7 +433,7 @@ def _register_compile(sub, name: str) -> None:
                    help="chip count, instead of --chip/--shape/--slice")
     # compile only writes the program: the chip, topology and algorithm apply at replay.
     cli.add_set_arg(p, CompileRequest.SET_SCOPE)
-    _add_training_args(p)
+    add_training_args(p)
     cli.add_moe_args(p)
     p.add_argument("-o", "--output", required=True, help="trace file to write (JSON)")
     p.set_defaults(func=cmd_compile)

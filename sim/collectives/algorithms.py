@@ -343,9 +343,11 @@ def _share_grid(k: int) -> np.ndarray:
     hit = _SHARE_GRIDS.get(k)
     if hit is None:
         res = 240 if k == 2 else 120
-        grid = [np.array(p, dtype=float) / res
-                for p in itertools.product(range(res + 1), repeat=k - 1) if sum(p) <= res]
-        hit = _SHARE_GRIDS[k] = np.array([np.append(p, 1.0 - p.sum()) for p in grid])
+        parts = np.array([p for p in itertools.product(range(res + 1), repeat=k - 1)
+                          if sum(p) <= res], dtype=float).reshape(-1, k - 1) / res
+        # The last share closes each row to 1 (a row sum over k - 1 <= 2 entries adds them in
+        # order, as a per-row loop did: the same floats).
+        hit = _SHARE_GRIDS[k] = np.column_stack([parts, 1.0 - parts.sum(axis=1)])
         hit.flags.writeable = False
     return hit
 

@@ -15,19 +15,19 @@ import numpy as np
 
 from sim.collectives.result import TIMELINE_COLUMNS
 from sim.export.plots import (
-    _STEP_COLORS,
     MAX_PANELS,
-    _figure,
-    _fmt_bytes,
-    _fmt_time,
-    _legend,
-    _legend_height,
-    _styled,
-    _table,
-    _time_unit,
-    _wrap,
+    STEP_COLORS,
+    add_legend,
+    bytes_label,
     collective_caption,
+    draw_table,
+    legend_height,
+    new_figure,
     save,
+    styled,
+    time_label,
+    time_unit,
+    wrap_text,
 )
 from sim.export.torus_plots import torus_figure
 
@@ -39,7 +39,7 @@ def plot_collective(res, out_dir: str | Path, *, max_panels: int = MAX_PANELS) -
             for name, fig in collective_figures(res, max_panels=max_panels).items()]
 
 
-@_styled
+@styled
 def collective_figures(res, *, max_panels: int = MAX_PANELS) -> dict[str, Any]:
     """The collective's figures by file name."""
     denom = res.link_capacity * res.time_s
@@ -48,8 +48,8 @@ def collective_figures(res, *, max_panels: int = MAX_PANELS) -> dict[str, Any]:
                      where=denom > 0)
     caption = collective_caption(res)
     over = f" over {','.join(res.axes)}" if res.axes else ""
-    what = (f"{res.op} of {_fmt_bytes(res.bytes)}{over} ({res.algorithm}): "
-            f"{_fmt_time(res.time_s)}; link utilization")
+    what = (f"{res.op} of {bytes_label(res.bytes)}{over} ({res.algorithm}): "
+            f"{time_label(res.time_s)}; link utilization")
     figs = {"links_on_torus.png": torus_figure(res.pod, util, capacity=res.link_capacity,
                                                caption=caption, what=what,
                                                max_panels=max_panels),
@@ -71,7 +71,7 @@ def _last_group(res) -> int:
     return int(max(res.timeline_rows, key=lambda r: (r[end], -r[g]))[g])
 
 
-@_styled
+@styled
 def collective_links_figure(res, caption: str):
     """The collective's steps per link: one lane per link the last replica group to finish
     loads (its busiest `MAX_LINK_LANES`), a bar per step on each link it loads, from the step's
@@ -125,7 +125,7 @@ def collective_links_figure(res, caption: str):
     detour = [k for k in links if k < n and k not in dead and (
         k in rerouted if rerouted is not None else axis_of(k) not in axes_used)]
     t_end = max([res.time_s] + [sp[1] for sp in spans.values()] + [1e-12])
-    scale, unit = _time_unit(t_end)
+    scale, unit = time_unit(t_end)
     lanes = {k: i for i, k in enumerate(links)}
     util = []
     bars = []
@@ -145,11 +145,11 @@ def collective_links_figure(res, caption: str):
     notes = [f"{hidden} less loaded link(s) not drawn" if hidden else "",
              f"{len(detour)} link(s) carry the detours around {len(dead)} dead link(s) "
              f"(lanes marked 'detour', in red)" if detour or dead else ""]
-    title = _wrap(width, f"{res.op} ({res.algorithm}): the links of replica group {g} per step "
-                         f"(a bar per step on each link it loads); {_fmt_time(res.time_s)} in "
+    title = wrap_text(width, f"{res.op} ({res.algorithm}): the links of replica group {g} per step "
+                         f"(a bar per step on each link it loads); {time_label(res.time_s)} in "
                          f"all", caption, "; ".join(x for x in notes if x))
     right = 1.4
-    fig = _figure(width, 0.5 + 0.2 * max(len(links), 1), title, left=1.9, right=right,
+    fig = new_figure(width, 0.5 + 0.2 * max(len(links), 1), title, left=1.9, right=right,
                   bottom=0.55)
     ax = fig.add_subplot()
     from matplotlib.collections import PolyCollection
@@ -215,7 +215,7 @@ def step_words(label: str) -> str:
 def _collective_timeline(res, caption: str):
     from matplotlib.patches import Patch
 
-    tl = _table(res.timeline_rows, TIMELINE_COLUMNS,
+    tl = draw_table(res.timeline_rows, TIMELINE_COLUMNS,
                 ("group", "chip", "stream", "step", "label", "start_s", "end_s"))
     width = 11.0
     # The group that finishes last sets the time; its first simulated chip stands for it.
@@ -246,16 +246,16 @@ def _collective_timeline(res, caption: str):
         who = "the one replica group"
     streams = sorted(set(rows["stream"]))
     t_end = max(res.time_s, max(rows["end_s"], default=0.0), 1e-12)
-    scale, unit = _time_unit(t_end)
+    scale, unit = time_unit(t_end)
     kinds = [step_words(lab) for lab in rows["label"]]
     names = list(dict.fromkeys(kinds))
-    color = {k: _STEP_COLORS[i % len(_STEP_COLORS)] for i, k in enumerate(names)}
+    color = {k: STEP_COLORS[i % len(STEP_COLORS)] for i, k in enumerate(names)}
     handles = [Patch(color=color[k], label=k) for k in names]
     ncol = 4
-    title = _wrap(width, f"{res.op} ({res.algorithm}): steps per stream of {who}; "
-                         f"{_fmt_time(res.time_s)} in all", caption)
-    fig = _figure(width, 0.5 + 0.34 * max(len(streams), 1), title, left=1.4 if chunked else 0.9,
-                  bottom=0.5 + _legend_height(len(handles), ncol, titled=True))
+    title = wrap_text(width, f"{res.op} ({res.algorithm}): steps per stream of {who}; "
+                         f"{time_label(res.time_s)} in all", caption)
+    fig = new_figure(width, 0.5 + 0.34 * max(len(streams), 1), title, left=1.4 if chunked else 0.9,
+                  bottom=0.5 + legend_height(len(handles), ncol, titled=True))
     ax = fig.add_subplot()
     bars: dict[tuple[tuple[int, int], str], list] = {}
     for stream, kind, s, e in zip(rows["stream"], kinds, rows["start_s"], rows["end_s"],
@@ -279,6 +279,6 @@ def _collective_timeline(res, caption: str):
     ax.set_xlim(0, t_end * scale)
     ax.set_xlabel(f"time ({unit})")
     if handles:
-        _legend(fig, handles, ncol, title="what each step does (bars: step number: step)",
+        add_legend(fig, handles, ncol, title="what each step does (bars: step number: step)",
                 title_fontsize=8)
     return fig

@@ -14,18 +14,18 @@ import numpy as np
 
 from sim.energy import UNITS, Energy
 from sim.export.plots import (
-    _COLORS,
+    COLORS,
     UNIT_WORDS,
-    _figure,
-    _legend,
-    _legend_height,
-    _styled,
-    _time_unit,
-    _wrap,
+    add_legend,
+    legend_height,
+    new_figure,
+    styled,
+    time_unit,
+    wrap_text,
 )
 
 # Energy units' colours: the chip units as everywhere, then static, host and overhead in greys.
-ENERGY_COLORS = {**_COLORS, "static": "#999999", "host": "#BBBBBB", "overhead": "#DDDDDD"}
+ENERGY_COLORS = {**COLORS, "static": "#999999", "host": "#BBBBBB", "overhead": "#DDDDDD"}
 ENERGY_WORDS = {**UNIT_WORDS, "static": "static (idle power)", "host": "host share",
                 "overhead": "data-centre overhead (PUE)"}
 # Chip classes drawn on the power panel: the ones with the highest peak first; the caption says
@@ -34,21 +34,21 @@ MAX_POWER_CLASSES = 6
 _CLASS_COLORS = ("#4C72B0", "#C44E52", "#55A868", "#8172B2", "#CCB974", "#64B5CD")
 
 
-@_styled
+@styled
 def energy_figure(energy: Energy, caption: str, *, cap_w: float | None = None):
     """The step's energy figure (see the module docstring)."""
     width = 10.0
     per_chip = {u: energy.step_j_by_unit[u] / energy.num_chips for u in UNITS}
     total = sum(per_chip.values())
-    title = _wrap(width, f"energy of the step: {total:.4g} J per chip "
+    title = wrap_text(width, f"energy of the step: {total:.4g} J per chip "
                          f"({energy.step_j:.4g} J for the {energy.num_chips} chips), "
                          f"chip power mean {energy.chip_power_w_mean:.1f} W, peak "
                          f"{energy.chip_power_w_peak:.1f} W over "
                          f"{energy.power_window_s * 1e3:g} ms", caption)
     classes = sorted(energy.classes, key=lambda c: (-c.chip_power_w_peak, c.chip_class))
     shown = classes[:MAX_POWER_CLASSES]
-    fig = _figure(width, 2.8, title, left=1.9, axes_titles=True, wspace=0.35,
-                  bottom=0.55 + _legend_height(len(shown) + (cap_w is not None), 3))
+    fig = new_figure(width, 2.8, title, left=1.9, axes_titles=True, wspace=0.35,
+                  bottom=0.55 + legend_height(len(shown) + (cap_w is not None), 3))
     a1, a2 = fig.subplots(1, 2)
     units = [u for u in UNITS if per_chip[u] > 0] or list(UNITS)
     ys = np.arange(len(units))[::-1]
@@ -62,7 +62,7 @@ def energy_figure(energy: Energy, caption: str, *, cap_w: float | None = None):
     a1.set_xlim(0, top * 1.45)
     a1.set_xlabel("joules per chip")
     a1.set_title("where the joules go")
-    scale, unit = _time_unit(energy.time_s)
+    scale, unit = time_unit(energy.time_s)
     handles = []
     for i, c in enumerate(shown):
         pts = np.asarray(c.power_w, dtype=float).reshape(-1, 2)
@@ -84,7 +84,7 @@ def energy_figure(energy: Energy, caption: str, *, cap_w: float | None = None):
     a2.set_title("chip power over the step" + (f" ({left_out} more chip classes not drawn)"
                                                 if left_out else ""))
     if handles:
-        _legend(fig, handles, ncol=3)
+        add_legend(fig, handles, ncol=3)
     return fig
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.export.plots import _figure, _styled, _wrap, save
+from sim.export.plots import new_figure, save, styled, wrap_text
 
 PLOT_FILES = ("goodput_timeline.png", "goodput_vs_interval.png")
 # Lanes of the timeline: (label, colour, the event kinds and details drawn in it).
@@ -46,15 +46,15 @@ def _title(s: dict) -> str:
             f"{s['checkpoint_interval_s']:,.4g} s")
 
 
-@_styled
+@styled
 def goodput_figures(summary: dict, result) -> dict[str, object]:
     """{file name: Figure} of a `goodput` run (`result` its `GoodputResult`)."""
     events = result.events()
-    title = _wrap(9.0, _title(summary))
+    title = wrap_text(9.0, _title(summary))
     end_h = result.outcome.outcomes[0].wall_s / 3600
     swaps = summary["swaps_cubes"]
     rows = 3 if swaps else 2
-    fig = _figure(9.0, 1.9 * rows + 0.6, title, axes_titles=True, hspace=0.55)
+    fig = new_figure(9.0, 1.9 * rows + 0.6, title, axes_titles=True, hspace=0.55)
     axes = fig.subplots(rows, 1, sharex=True, gridspec_kw={"height_ratios": [1.2] + [1] *
                                                             (rows - 1)})
     ax = axes[0]
@@ -124,7 +124,7 @@ def goodput_figures(summary: dict, result) -> dict[str, object]:
     axes[-1].set_xlabel("wall-clock hours")
     axes[-1].set_xlim(0, max(end_h, 1e-9))
     out = {"goodput_timeline.png": fig}
-    fig2 = _figure(7.0, 3.4, _wrap(7.0, _title(summary)), axes_titles=True)
+    fig2 = new_figure(7.0, 3.4, wrap_text(7.0, _title(summary)), axes_titles=True)
     ax = fig2.subplots(1, 1)
     pts = [(r["checkpoint_interval_s"], r["goodput"]) for r in summary["interval_search"]
            if r["goodput"] is not None]

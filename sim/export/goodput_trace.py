@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.export.perfetto import TracePlan, _chrome_events, _Proc, check_span
+from sim.export.perfetto import TracePlan, TraceProcess, check_span, chrome_events
 from sim.export.pftrace import encode_tracks
 
 MAX_REPAIR_LANES = 64
@@ -127,10 +127,10 @@ def export_goodput(summary: dict, result, path: str | Path) -> Path:
     tracks, counters = job_tracks(summary, result)
 
     def encode(_key, as_json: bool):
-        return _chrome_events(tracks, counters) if as_json else encode_tracks(tracks, counters)
+        return chrome_events(tracks, counters) if as_json else encode_tracks(tracks, counters)
 
     name = (f"training job, seed 0: {summary['num_chips']:,} {summary['chip']} chips, "
             f"goodput {summary['goodput']:.1%}")
-    plan = TracePlan(Path(path), [_Proc(chip=0, name=name, key=0)], encode, what="the job")
+    plan = TracePlan(Path(path), [TraceProcess(chip=0, name=name, key=0)], encode, what="the job")
     plan.check_size()
     return plan.write()

@@ -8,8 +8,8 @@ and sizing the file before anything is written: `TracePlan.check_size` warns abo
 `WARN_TRACE_BYTES` and refuses over `MAX_TRACE_BYTES`), and `TracePlan.write()` streams it to a
 temporary file renamed over the target (`output.atomic_write`). `export_step` and
 `export_collective(s)` do both. A new kind of process (e.g. one per pipeline stage) is a
-`_Proc` whose `key` names its timeline plus an `encode(key, as_json)` that returns
-`encode_tracks(tracks, counters)` (or `_chrome_events(...)` for JSON) for that key, where
+`TraceProcess` whose `key` names its timeline plus an `encode(key, as_json)` that returns
+`encode_tracks(tracks, counters)` (or `chrome_events(...)` for JSON) for that key, where
 `tracks` maps a track name to `(start_s, end_s, name, args, op_id)` slices.
 
 Layout of a step: one process per exported chip (or per host, chips as track groups, when more
@@ -242,7 +242,7 @@ def _mb(nbytes: float) -> str:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class _Proc:
+class TraceProcess:
     """One chip's process (or track group, under its host process when `host` is set)."""
 
     chip: int
@@ -260,7 +260,7 @@ class TracePlan:
     chip class and flow pattern, however many chips show it.
     """
 
-    def __init__(self, path: Path, procs: list[_Proc], encode, *, flows=None,
+    def __init__(self, path: Path, procs: list[TraceProcess], encode, *, flows=None,
                  what: str = "the trace") -> None:
         self.path = path
         self.procs = procs
@@ -353,7 +353,7 @@ _PID_PLACEHOLDER = 987654321987654321  # replaced by each process's pid in the J
 _PID_MARK = f'"pid":{_PID_PLACEHOLDER},'
 
 
-def _chrome_events(tracks, counters, *, flows_out: frozenset[int] = frozenset(),
+def chrome_events(tracks, counters, *, flows_out: frozenset[int] = frozenset(),
                    flows_in: frozenset[int] = frozenset(),
                    flow_tracks: tuple[str, ...] = ()) -> str:
     """One process's Chrome JSON events (after its process_name), pid and flow ids left as
@@ -469,7 +469,7 @@ def plan_step_trace(result, path: str | Path, *, chips: list[int] | None = None,
     for c, name in zip(chips, names, strict=True):
         pattern = (tuple((c in outs[i], c in preds[i]) for i in range(len(keys))),
                    frozenset(send_out.get(c, ())), frozenset(send_in.get(c, ())))
-        procs.append(_Proc(chip=c, name=name, key=(class_of[c], pattern),
+        procs.append(TraceProcess(chip=c, name=name, key=(class_of[c], pattern),
                            host=c // 8 if per_host else None))
     track_cache: dict[int, tuple] = {}
 
@@ -489,12 +489,12 @@ def plan_step_trace(result, path: str | Path, *, chips: list[int] | None = None,
         fo = frozenset(op for i, g in enumerate(keys) if coll[i][0] for op in by_axes[g]) | s_out
         fi = frozenset(op for i, g in enumerate(keys) if coll[i][1] for op in by_axes[g]) | s_in
         if as_json:
-            return _chrome_events(tracks, counters, flows_out=fo, flows_in=fi,
+            return chrome_events(tracks, counters, flows_out=fo, flows_in=fi,
                                   flow_tracks=(_COLL_TRACK,))
         return encode_tracks(tracks, counters, flows_out=fo, flows_in=fi,
                              flow_tracks=(_COLL_TRACK,))
 
-    def flows(p: _Proc):
+    def flows(p: TraceProcess):
         """Flow id lookup tables (by op id) for the flows leaving and ending on chip p."""
         import numpy as np
 
@@ -604,12 +604,12 @@ def plan_collective_trace(results, path: str | Path) -> TracePlan:
     parts = []
     for i, res in enumerate(results):
         for name, tracks in _collective_processes(res):
-            procs.append(_Proc(chip=len(parts), name=name, key=len(parts)))
+            procs.append(TraceProcess(chip=len(parts), name=name, key=len(parts)))
             parts.append((i, tracks))
 
     def encode(key, as_json: bool):
         tracks = parts[key][1]
-        return _chrome_events(tracks, {}) if as_json else encode_tracks(tracks, {})
+        return chrome_events(tracks, {}) if as_json else encode_tracks(tracks, {})
 
     return TracePlan(Path(path), procs, encode, what=f"{len(results)} collective(s)")
 

@@ -28,16 +28,16 @@ from sim.export.output import atomic_write
 
 DPI = 100
 # Bound units (op colours) and the words for them.
-_COLORS = {"mxu": "#4C72B0", "vpu": "#55A868", "hbm": "#C44E52", "ici": "#8172B2",
+COLORS = {"mxu": "#4C72B0", "vpu": "#55A868", "hbm": "#C44E52", "ici": "#8172B2",
            "dcn": "#64B5CD", "pcie": "#CCB974", "idle": "#999999"}
 UNIT_WORDS = {"mxu": "MXU", "vpu": "VPU", "hbm": "HBM", "ici": "ICI", "dcn": "DCN",
               "pcie": "PCIe", "idle": "idle"}
-_BOUND_WORDS = {"idle": "idle (waiting)"}
+BOUND_WORDS = {"idle": "idle (waiting)"}
 PHASE_WORDS = {"fwd": "forward", "bwd": "backward", "loss": "loss", "optimizer": "optimizer",
                "": "no phase recorded"}
-_PHASE_COLORS = {"fwd": "#9ECAE1", "bwd": "#FDAE6B", "loss": "#D9D9D9", "optimizer": "#A1D99B"}
-_OTHER_PHASE_COLORS = ("#DADAEB", "#FDD0A2", "#C7E9C0", "#FCBBA1", "#D9D9D9")
-_STEP_COLORS = ("#8172B2", "#4C72B0", "#55A868", "#C44E52", "#CCB974", "#64B5CD", "#8C8C8C")
+PHASE_COLORS = {"fwd": "#9ECAE1", "bwd": "#FDAE6B", "loss": "#D9D9D9", "optimizer": "#A1D99B"}
+OTHER_PHASE_COLORS = ("#DADAEB", "#FDD0A2", "#C7E9C0", "#FCBBA1", "#D9D9D9")
+STEP_COLORS = ("#8172B2", "#4C72B0", "#55A868", "#C44E52", "#CCB974", "#64B5CD", "#8C8C8C")
 # Fixed style: text in the font matplotlib ships (never a system font that differs between
 # machines), so the same inputs give the same bytes.
 _RC = {"font.family": "DejaVu Sans", "font.size": 9, "axes.titlesize": 9,
@@ -46,7 +46,7 @@ _SAVE_META = {"Software": None}
 MAX_PANELS = 32  # z slices (x slices) drawn per link; more are sampled, and the plot says so
 
 
-def _fig():
+def agg_pyplot():
     """pyplot on the Agg backend (kept for the study and plan plots, which use pyplot)."""
     import matplotlib
 
@@ -56,7 +56,7 @@ def _fig():
     return plt
 
 
-def _styled(fn):
+def styled(fn):
     """Run a figure builder under the fixed style (fonts are resolved when artists are made)."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -68,13 +68,13 @@ def _styled(fn):
     return wrapper
 
 
-def _wrap(width_in: float, *lines: str, size: float = _RC["figure.titlesize"]) -> str:
+def wrap_text(width_in: float, *lines: str, size: float = _RC["figure.titlesize"]) -> str:
     """Lines of text wrapped to the figure's width (a title that fits)."""
     chars = max(int(width_in * 72 / (0.6 * size)), 30)
     return "\n".join(textwrap.fill(s, chars) for s in lines if s)
 
 
-def _figure(width_in: float, body_in: float, title: str, *, left: float = 0.9,
+def new_figure(width_in: float, body_in: float, title: str, *, left: float = 0.9,
             right: float = 0.3, bottom: float = 0.55, axes_titles: bool = False,
             wspace: float | None = None, hspace: float | None = None):
     """A figure `body_in` inches tall for the axes plus room for the title above and `bottom`
@@ -91,22 +91,22 @@ def _figure(width_in: float, body_in: float, title: str, *, left: float = 0.9,
     return fig
 
 
-def _legend(fig, handles, ncol: int, y_in: float = 0.0, **kw) -> None:
+def add_legend(fig, handles, ncol: int, y_in: float = 0.0, **kw) -> None:
     """A legend under the axes (never on the lanes), in the figure's bottom margin."""
     y = y_in / fig.get_figheight()
     fig.legend(handles=handles, loc="lower center", bbox_to_anchor=(0.5, y), ncol=ncol,
                fontsize=8, frameon=False, **kw)
 
 
-def _legend_height(n: int, ncol: int, titled: bool = False) -> float:
+def legend_height(n: int, ncol: int, titled: bool = False) -> float:
     return 0.1 + 0.2 * math.ceil(n / max(ncol, 1)) + (0.2 if titled else 0.0)
 
 
-def _footnote(width_in: float, text: str) -> tuple[str, float]:
+def add_footnote(width_in: float, text: str) -> tuple[str, float]:
     """A note for the bottom of a figure, wrapped; and the inches it takes."""
     if not text:
         return "", 0.0
-    t = _wrap(width_in, text, size=8)
+    t = wrap_text(width_in, text, size=8)
     return t, 0.08 + 0.16 * (t.count("\n") + 1)
 
 
@@ -115,14 +115,14 @@ def save(fig, path: Path) -> Path:
                                                     metadata=_SAVE_META))
 
 
-def _table(rows: list[tuple], columns: list[str], wanted: tuple[str, ...]) -> dict[str, Any]:
+def draw_table(rows: list[tuple], columns: list[str], wanted: tuple[str, ...]) -> dict[str, Any]:
     """Columns `wanted` of a result's rows as numpy arrays (plots need no pandas, whose import
     alone takes a good part of a second)."""
     idx = [columns.index(c) for c in wanted]
     return {c: np.asarray([r[i] for r in rows]) for c, i in zip(wanted, idx, strict=True)}
 
 
-def _time_unit(t: float) -> tuple[float, str]:
+def time_unit(t: float) -> tuple[float, str]:
     if t >= 1:
         return 1.0, "s"
     if t >= 1e-3:
@@ -130,12 +130,12 @@ def _time_unit(t: float) -> tuple[float, str]:
     return 1e6, "us"
 
 
-def _fmt_time(t: float) -> str:
-    scale, unit = _time_unit(t)
+def time_label(t: float) -> str:
+    scale, unit = time_unit(t)
     return f"{t * scale:.4g} {unit}"
 
 
-def _fmt_bytes(b: float) -> str:
+def bytes_label(b: float) -> str:
     for unit, m in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if b >= m:
             return f"{b / m:.3g} {unit}"

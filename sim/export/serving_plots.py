@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.export.plots import _figure, _styled, save
+from sim.export.plots import new_figure, save, styled
 
 PLOT_FILES = ("latency_cdf.png", "kv_queue.png")
-_COLORS = ("#4C72B0", "#55A868", "#C44E52", "#8172B2", "#CCB974", "#64B5CD", "#8C8C8C")
+COLORS = ("#4C72B0", "#55A868", "#C44E52", "#8172B2", "#CCB974", "#64B5CD", "#8C8C8C")
 # At most this many points a line: a long run's iterations are thinned for drawing (every
 # k-th point, so the figure stays a function of the run alone).
 _MAX_POINTS = 20_000
@@ -24,7 +24,7 @@ def _thin(x: np.ndarray) -> np.ndarray:
     return x[::k]
 
 
-@_styled
+@styled
 def serving_figures(summary: dict, result) -> dict[str, object]:
     """{file name: Figure} of a `serve` run (`result` its `ServeResult`)."""
     title = (f"{summary['model']} on {summary['num_replicas']} replica(s), {summary['chip']}, "
@@ -32,9 +32,9 @@ def serving_figures(summary: dict, result) -> dict[str, object]:
     req = result.requests
     lat = {"TTFT": req["ttft_s"], "TPOT": req["tpot_s"], "end to end": req["e2e_s"],
            "queueing": req["queue_s"]}
-    fig = _figure(8.0, 3.2, title, axes_titles=True, wspace=0.3)
+    fig = new_figure(8.0, 3.2, title, axes_titles=True, wspace=0.3)
     axes = fig.subplots(1, 4)
-    for ax, (name, x), color in zip(axes, lat.items(), _COLORS, strict=False):
+    for ax, (name, x), color in zip(axes, lat.items(), COLORS, strict=False):
         x = np.sort(x[np.isfinite(x)])
         ax.set_title(name)
         ax.set_xlabel("seconds")
@@ -48,15 +48,15 @@ def serving_figures(summary: dict, result) -> dict[str, object]:
     axes[0].set_ylabel("share of requests")
     out = {"latency_cdf.png": fig}
     its = result.iterations_frame()
-    fig2 = _figure(8.0, 4.0, title, axes_titles=True, hspace=0.45)
+    fig2 = new_figure(8.0, 4.0, title, axes_titles=True, hspace=0.45)
     a1, a2 = fig2.subplots(2, 1, sharex=True)
     blocks = {p["role"]: p["kv_blocks"] for p in summary["pools"]}
     for i, (rep, g) in enumerate(its.groupby("replica", sort=True)):
-        if i >= len(_COLORS):
+        if i >= len(COLORS):
             break
         t = g.start_s.to_numpy() + g.duration_s.to_numpy()
         share = g.kv_blocks_used.to_numpy() / max(blocks[g.role.iloc[0]], 1)
-        a1.plot(_thin(t), _thin(share), lw=0.8, color=_COLORS[i], label=f"replica {rep}")
+        a1.plot(_thin(t), _thin(share), lw=0.8, color=COLORS[i], label=f"replica {rep}")
     a1.set_title("KV blocks in use (share of the replica's)")
     a1.set_ylim(0, 1.02)
     a1.grid(alpha=0.3)

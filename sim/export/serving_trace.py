@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.export.perfetto import POWER_COUNTER, TracePlan, _chrome_events, _Proc, check_span
+from sim.export.perfetto import POWER_COUNTER, TracePlan, TraceProcess, check_span, chrome_events
 from sim.export.pftrace import encode_tracks
 
 MAX_REQUEST_LANES = 1024
@@ -193,10 +193,10 @@ def plan_serving_trace(summary: dict, result, path: str | Path) -> TracePlan:
     def encode(key: int, as_json: bool):
         tracks, counters = per_rep[key]
         kw = {"flows_out": outs, "flows_in": ins, "flow_tracks": (REQUEST_TRACK,)}
-        return _chrome_events(tracks, counters, **kw) if as_json else \
+        return chrome_events(tracks, counters, **kw) if as_json else \
             encode_tracks(tracks, counters, **kw)
 
-    procs = [_Proc(chip=r, name=name, key=r)
+    procs = [TraceProcess(chip=r, name=name, key=r)
              for r, name in enumerate(_replica_names(summary, left_out))]
     return TracePlan(Path(path), procs, encode, flows=lambda _p: (out_ids, in_ids),
                      what="the serving run")

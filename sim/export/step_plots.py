@@ -26,22 +26,22 @@ from sim.collectives.simulate import simulate_collective
 from sim.engine.result import LINK_CLASS_COLUMNS, OP_COLUMNS, UNIT_COLUMNS, breakdown_label
 from sim.export.energy_plots import energy_figures
 from sim.export.plots import (
-    _BOUND_WORDS,
-    _COLORS,
-    _OTHER_PHASE_COLORS,
-    _PHASE_COLORS,
+    BOUND_WORDS,
+    COLORS,
+    OTHER_PHASE_COLORS,
+    PHASE_COLORS,
     PHASE_WORDS,
     UNIT_WORDS,
-    _figure,
-    _fmt_time,
-    _legend,
-    _legend_height,
-    _styled,
-    _table,
-    _time_unit,
-    _wrap,
+    add_legend,
+    draw_table,
+    legend_height,
+    new_figure,
     save,
     step_caption,
+    styled,
+    time_label,
+    time_unit,
+    wrap_text,
 )
 from sim.export.torus_plots import chip_maps, torus_figure
 from topologies.errors import TpusimError
@@ -56,7 +56,7 @@ def plot_step(result, summary: dict, out_dir: str | Path, *, energy=None) -> lis
             for name, fig in step_figures(result, summary, energy=energy).items()]
 
 
-@_styled
+@styled
 def step_figures(result, summary: dict, *, energy=None) -> dict[str, Any]:
     """The step's figures by file name (`energy.png` with the step's `sim.energy.Energy`)."""
     caption = step_caption(result, summary)
@@ -95,7 +95,7 @@ def step_figures(result, summary: dict, *, energy=None) -> dict[str, Any]:
         # not on a line or a factor of an axis.
         from sim.engine.result import LINK_CLASS_COLUMNS
 
-        lk = _table(result.link_class_rows, LINK_CLASS_COLUMNS, ("link_class", "utilization"))
+        lk = draw_table(result.link_class_rows, LINK_CLASS_COLUMNS, ("link_class", "utilization"))
         class_util = dict(zip(lk["link_class"].tolist(), lk["utilization"].tolist(),
                               strict=True))
         n, nl = topo.num_ici_links, 2 * topo.ndim
@@ -224,10 +224,10 @@ def _phase_spans(ops: dict[str, np.ndarray]) -> list[tuple[str, float, float]]:
 def _timeline(result, caption: str):
     from matplotlib.patches import Patch
 
-    ops = _table(result.op_rows, OP_COLUMNS,
+    ops = draw_table(result.op_rows, OP_COLUMNS,
                  ("kind", "unit", "bound", "phase", "start_s", "end_s"))
     step = max(result.step_time_s, 1e-12)
-    scale, unit = _time_unit(step)
+    scale, unit = time_unit(step)
     lanes = ["PCIe / host / idle", "collectives (ICI/DCN)", "VPU", "MXU", "phase"]
     start = ops["start_s"].astype(float)
     end = ops["end_s"].astype(float)
@@ -236,22 +236,22 @@ def _timeline(result, caption: str):
     lane = np.where(kind == "collective", 1, 0)
     lane = np.where(kind == "compute", np.where(ops["unit"] == "mxu", 3, 2), lane)
     bound = ops["bound"]
-    present = [b for b in _COLORS if ((bound == b) & live).any()]
+    present = [b for b in COLORS if ((bound == b) & live).any()]
     present += sorted(set(bound[live].tolist()) - set(present))
     spans = _phase_spans(ops)
     phases = list(dict.fromkeys(p for p, _s, _e in spans))
-    pcolor = {p: _PHASE_COLORS.get(p, _OTHER_PHASE_COLORS[i % len(_OTHER_PHASE_COLORS)])
+    pcolor = {p: PHASE_COLORS.get(p, OTHER_PHASE_COLORS[i % len(OTHER_PHASE_COLORS)])
               for i, p in enumerate(phases)}
-    handles = [Patch(color=_COLORS.get(b, "#333333"),
-                     label=_BOUND_WORDS.get(b, f"{UNIT_WORDS.get(b, b)}-bound"))
+    handles = [Patch(color=COLORS.get(b, "#333333"),
+                     label=BOUND_WORDS.get(b, f"{UNIT_WORDS.get(b, b)}-bound"))
                for b in present]
     handles += [Patch(color=pcolor[p], label=_phase_word(p)) for p in phases]
     width, ncol = 12.0, 8
-    title = _wrap(width, f"chip 0 timeline of one step ({_fmt_time(result.step_time_s)}): "
+    title = wrap_text(width, f"chip 0 timeline of one step ({time_label(result.step_time_s)}): "
                          f"ops per unit, coloured by the unit that bounds them; phases on top",
                   caption)
-    leg = _legend_height(len(handles), ncol)
-    fig = _figure(width, 3.0, title, left=1.75, bottom=0.5 + leg)
+    leg = legend_height(len(handles), ncol)
+    fig = new_figure(width, 3.0, title, left=1.75, bottom=0.5 + leg)
     ax = fig.add_subplot()
     # One collection per lane and colour: thousands of ops, a few dozen artists.
     for y in range(4):
@@ -259,7 +259,7 @@ def _timeline(result, caption: str):
             sel = live & (lane == y) & (bound == b)
             if sel.any():
                 ax.broken_barh(np.column_stack([start[sel] * scale, (end - start)[sel] * scale]),
-                               (y - 0.4, 0.8), facecolors=_COLORS.get(b, "#333333"),
+                               (y - 0.4, 0.8), facecolors=COLORS.get(b, "#333333"),
                                linewidth=0)
     # Phase lane: forward / backward / optimizer bands, labelled where they are wide enough.
     for p in phases:
@@ -288,7 +288,7 @@ def _timeline(result, caption: str):
     ax.set_ylim(-0.6, 4.6)
     ax.set_xlim(0, step * scale)
     ax.set_xlabel(f"time ({unit})")
-    _legend(fig, handles, ncol)
+    add_legend(fig, handles, ncol)
     return fig
 
 
@@ -299,9 +299,9 @@ def _breakdown(result, caption: str):
     vals = [float(bd[k]) for k in keys]
     step = result.step_time_s
     width = 8.0
-    title = _wrap(width, f"where the step time ({_fmt_time(step)}) goes: the critical path",
+    title = wrap_text(width, f"where the step time ({time_label(step)}) goes: the critical path",
                   caption)
-    fig = _figure(width, 0.4 + 0.36 * len(keys), title, left=1.8)
+    fig = new_figure(width, 0.4 + 0.36 * len(keys), title, left=1.8)
     ax = fig.add_subplot()
     ys = list(range(len(keys)))[::-1]  # first key on top
     palette = ["#4C72B0", "#55A868", "#C44E52", "#8172B2", "#999999"]
@@ -310,7 +310,7 @@ def _breakdown(result, caption: str):
     top = max(vals, default=0.0) or 1.0
     for y, v in zip(ys, vals, strict=True):
         share = v / step if step else 0.0
-        ax.text(v + 0.01 * top, y, f"{_fmt_time(v)} ({share:.1%})", va="center", fontsize=8)
+        ax.text(v + 0.01 * top, y, f"{time_label(v)} ({share:.1%})", va="center", fontsize=8)
     ax.set_xlim(0, top * 1.35)
     ax.set_xlabel("time on the critical path (s)")
     return fig
@@ -318,20 +318,20 @@ def _breakdown(result, caption: str):
 
 def _utilization(result, caption: str):
     width = 10.0
-    title = _wrap(width, "utilization over the step", caption)
-    fig = _figure(width, 2.6, title, left=0.75, axes_titles=True, wspace=0.25)
+    title = wrap_text(width, "utilization over the step", caption)
+    fig = new_figure(width, 2.6, title, left=0.75, axes_titles=True, wspace=0.25)
     a1, a2 = fig.subplots(1, 2)
 
-    u = _table(result.unit_rows, UNIT_COLUMNS, ("unit", "utilization"))
+    u = draw_table(result.unit_rows, UNIT_COLUMNS, ("unit", "utilization"))
     units = u["unit"].tolist()
     a1.bar([UNIT_WORDS.get(x, x) for x in units], u["utilization"],
-           color=[_COLORS.get(x, "#333") for x in units])
+           color=[COLORS.get(x, "#333") for x in units])
     for i, v in enumerate(u["utilization"].tolist()):
         a1.text(i, v + 0.02, f"{v:.0%}", ha="center", fontsize=8)
     a1.set_ylim(0, 1.12)
     a1.set_ylabel("busy time / step time")
     a1.set_title("chip 0's units")
-    lk = _table(result.link_class_rows, LINK_CLASS_COLUMNS, ("link_class", "utilization"))
+    lk = draw_table(result.link_class_rows, LINK_CLASS_COLUMNS, ("link_class", "utilization"))
     if len(result.link_class_rows):
         names = [c.replace("dcn-out", "DCN out").replace("dcn-in", "DCN in")
                  for c in lk["link_class"].tolist()]

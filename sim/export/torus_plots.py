@@ -19,15 +19,15 @@ import numpy as np
 from sim.export.plots import (
     DPI,
     MAX_PANELS,
-    _figure,
-    _fmt_time,
-    _footnote,
-    _legend,
-    _legend_height,
-    _styled,
-    _time_unit,
-    _wrap,
+    add_footnote,
+    add_legend,
+    legend_height,
+    new_figure,
     save,
+    styled,
+    time_label,
+    time_unit,
+    wrap_text,
 )
 
 
@@ -154,7 +154,7 @@ def draw_chip_map(topo, values, title: str, path: Path, *, label: str = "value",
                 Path(path))
 
 
-@_styled
+@styled
 def torus_figure(topo, util, *, caption: str, what: str, capacity=None, per_class: bool = False,
                  alike_because: str | None = None, max_panels: int = MAX_PANELS):
     """ICI link utilization: per link when links of a class differ (or a link is dead or slow),
@@ -229,9 +229,9 @@ def _torus_per_class(topo, util, *, caption: str, what: str, because: str):
                        "ports, from other slices", (-0.72, 0.72), False))
     norm, cmap = _norm_cmap(np.array([v for _n, v, k, *_ in arrows if k]))
     width = 7.5
-    note, note_h = _footnote(width, f"{because}: drawn once per class, around one chip "
+    note, note_h = add_footnote(width, f"{because}: drawn once per class, around one chip "
                                     f"({topo.name}, {_wrap_words(topo)})")
-    fig = _figure(width, 4.6, _wrap(width, what, caption), left=0.2, right=0.2,
+    fig = new_figure(width, 4.6, wrap_text(width, what, caption), left=0.2, right=0.2,
                   bottom=note_h + 0.1)
     fig.text(0.5, 0.01, note, ha="center", va="bottom", fontsize=8)
     ax = fig.add_subplot()
@@ -356,9 +356,9 @@ def _torus_per_link(topo, util, *, caption: str, what: str, capacity, max_panels
     ncol = 3 if width >= 10 else 2
     notes = [f"links of a class differ: every link drawn ({topo.name}, {_wrap_words(topo)})",
              omitted, _dcn_words(topo, util)]
-    title = _wrap(width, what, caption, "; ".join(x for x in notes if x))
-    fig = _figure(width, rows * ph, title, left=0.6, right=0.8,
-                  bottom=0.45 + _legend_height(len(handles), ncol), axes_titles=True,
+    title = wrap_text(width, what, caption, "; ".join(x for x in notes if x))
+    fig = new_figure(width, rows * ph, title, left=0.6, right=0.8,
+                  bottom=0.45 + legend_height(len(handles), ncol), axes_titles=True,
                   wspace=0.3, hspace=0.45)
     axes = fig.subplots(rows, cols, squeeze=False)
     px = min(pw / (nx + 0.5), ph / (ny + 0.5) if ndim > 1 else 1.0) * DPI  # pixels per chip
@@ -416,7 +416,7 @@ def _torus_per_link(topo, util, *, caption: str, what: str, capacity, max_panels
     fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=axes.ravel().tolist(),
                  label="link utilization", shrink=min(0.9, 5.0 / (rows * ph)),
                  fraction=0.3 / width, pad=0.25 / width)
-    _legend(fig, handles, ncol)
+    add_legend(fig, handles, ncol)
     return fig
 
 
@@ -470,7 +470,7 @@ def _chip_words(topo, chip: int) -> str:
     return f"({coords})" + (f" of slice {chip // per}" if topo.num_slices > 1 else "")
 
 
-@_styled
+@styled
 def chip_map_figure(topo, values, *, caption: str, what: str, label: str,
                     time_values: bool = False, percent: bool = False, cmap: str = "magma",
                     max_panels: int = MAX_PANELS):
@@ -489,12 +489,12 @@ def chip_map_figure(topo, values, *, caption: str, what: str, label: str,
     coords[:, :ndim] = topo.all_coords()
     panels, omitted = _panels(topo, vals[:, None], max_panels)
     lo, hi = (float(vals.min()), float(vals.max())) if len(vals) else (0.0, 0.0)
-    scale, unit = _time_unit(max(abs(lo), abs(hi))) if time_values else (1.0, "")
+    scale, unit = time_unit(max(abs(lo), abs(hi))) if time_values else (1.0, "")
     if percent:
         scale, unit = 100.0, "%"
     if hi - lo <= 1e-9 * max(abs(hi), abs(lo), 1e-300):
         # Alike to rounding: one colour, and the plot says so (no colour bar of noise).
-        shown = _fmt_time(hi) if time_values else f"{hi * 100:+.3g}%" if percent else f"{hi:.4g}"
+        shown = time_label(hi) if time_values else f"{hi * 100:+.3g}%" if percent else f"{hi:.4g}"
         what = f"{what}; every chip alike: {shown}"
         pad = abs(hi) * 0.01 + 1e-12
         lo, hi = hi - pad, hi + pad
@@ -507,8 +507,8 @@ def chip_map_figure(topo, values, *, caption: str, what: str, label: str,
     cols, rows, pw, ph = _grid(len(panels), pw, ph)
     right = 1.5  # inches for the colour bar, its tick labels and its label
     width = max(cols * pw + 0.6 + right, 7.0)
-    fig = _figure(width, rows * ph, _wrap(width, what, caption, omitted), left=0.6, right=right,
-                  bottom=0.5, axes_titles=True, wspace=0.3, hspace=0.45)
+    fig = new_figure(width, rows * ph, wrap_text(width, what, caption, omitted), left=0.6,
+                     right=right, bottom=0.5, axes_titles=True, wspace=0.3, hspace=0.45)
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.axis("off")

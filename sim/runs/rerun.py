@@ -16,7 +16,7 @@ from sim.runs import REQUESTS, Request, Run, run
 from topologies.errors import TpusimError
 from topologies.scenario import scenario_from_dict
 from topologies.validate import MAX_TRACE_FILE_BYTES, short_repr
-from topologies.yamlio import _Refused, parse_json, read_text_bounded
+from topologies.yamlio import RefusedInput, parse_json, read_text_bounded
 from workloads.zoo import model_from_dict
 
 RERUNNABLE = ("collective", "compare-collectives", "train", "replay", "decode", "prefill",
@@ -121,7 +121,7 @@ def read_result(path: Path) -> tuple[Any, str]:
         raise TpusimError(exc.template, *exc.params, "json", "out") from None
     try:
         data = parse_json(text)
-    except _Refused as exc:
+    except RefusedInput as exc:
         raise TpusimError(f"result file {str(path)!r} holds {exc}; {hint}", "json",
                           "out") from None
     except json.JSONDecodeError as exc:

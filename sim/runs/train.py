@@ -199,7 +199,7 @@ def run_train(req: TrainRequest) -> Run:
             # (sim/engine/pipeline.py), with the request's perturbations; the bubble is what the
             # schedule produces.
             return simulate_pipeline_chips(
-                model, trace.mesh, c, topo, cfg, base=_pipeline_base(req, trace, topo),
+                model, trace.mesh, c, topo, cfg, base=pipeline_base(req, trace, topo),
                 algorithm=algorithm)
         return simulate_step(req, trace, c, topo, algorithm=algorithm), None
 
@@ -236,7 +236,7 @@ def run_train(req: TrainRequest) -> Run:
                energy_detail=energy)
 
 
-def _pipeline_base(req, trace, topo):
+def pipeline_base(req, trace, topo):
     """The request's perturbations for a pipeline run (its MoE expert loads come from the stage
     programs, not from the whole-step trace's op ids)."""
     return dataclasses.replace(per_chip_config(req, trace, topo), op_scale={})
@@ -481,6 +481,6 @@ def _replay_pipeline(req, trace, chip, topo, path):
     if req.no_overlap:
         cfg = dataclasses.replace(cfg, overlap=False)
     return simulate_pipeline_chips(model, trace.mesh, chip, topo, cfg,
-                                   base=_pipeline_base(req, trace, topo),
+                                   base=pipeline_base(req, trace, topo),
                                    algorithm=algorithm_of(req),
                                    overlap=False if req.no_overlap else None)

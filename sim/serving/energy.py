@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sim.energy import CHIP_UNITS, UNITS, _overheads
+from sim.energy import CHIP_UNITS, UNITS, power_overheads
 from sim.serving.costs import DYNAMIC_UNITS
 
 
@@ -76,7 +76,7 @@ def pool_joules(pool: PoolWork, span_s: float) -> tuple[dict[str, float], float]
         units["dcn"] += pool.sent_bytes * chip.dcn_j_per_byte
     units["static"] = chip.idle_power_w * pool.num_chips * span_s
     chip_j = sum(units[u] for u in CHIP_UNITS)
-    units["host"], units["overhead"] = _overheads(chip, chip_j)
+    units["host"], units["overhead"] = power_overheads(chip, chip_j)
     return units, max(peak, chip.idle_power_w)
 
 

@@ -19,7 +19,7 @@ from sim.engine.memory import static_hbm_bytes
 from sim.engine.pipeline import check_schedule, simulate_pipeline_chips
 from sim.runs.bind import algorithm_of, moe_config, resolve_pod, scenario_of
 from sim.runs.requests import TrainRequest
-from sim.runs.train import _pipeline_base, compile_inputs, compile_step
+from sim.runs.train import compile_inputs, compile_step, pipeline_base
 from sim.studies.plan_bounds import (
     Floors,
     Uncontended,
@@ -246,14 +246,14 @@ def hbm_prefix(req: TrainRequest,
 def _pipeline_run(req: TrainRequest) -> None:
     """The engine run of the candidate's pipeline step as `sim.runs.train.run_train` makes
     it (the same stage programs, perturbations and algorithm), without compiling the whole
-    step's trace, which only its summary needs (dense models: `_pipeline_base` takes no expert
+    step's trace, which only its summary needs (dense models: `pipeline_base` takes no expert
     loads from it)."""
     chip, topo, model, mesh, tcfg = _bound_inputs(req)
     check_schedule(tcfg.pipeline_schedule, mesh.size("pipeline"), tcfg.microbatches,
                    tcfg.virtual_stages)
     sp = stage_programs(model, mesh, topo.num_chips, tcfg)
     simulate_pipeline_chips(model, mesh, chip, topo, tcfg,
-                            base=_pipeline_base(req, sp.programs[0], topo),
+                            base=pipeline_base(req, sp.programs[0], topo),
                             algorithm=algorithm_of(req))
 
 

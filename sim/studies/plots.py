@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sim.export.output import atomic_write
-from sim.export.plots import _fig
+from sim.export.plots import agg_pyplot
 from sim.studies.results import ERROR_COLUMN, STATUS_COLUMN, STATUS_DOES_NOT_FIT, STATUS_OK
 from sim.studies.spec import StudySpec
 
@@ -33,7 +33,7 @@ def plot_study(study: StudySpec, df, out_dir: str | Path, *, allow_oom: bool = F
     knee = plot_serving_knee(study, df, out_dir)
     if not study.plots:
         return knee
-    plt = _fig()  # matplotlib, loaded on the first plot
+    plt = agg_pyplot()  # matplotlib, loaded on the first plot
     ran = df[df[ERROR_COLUMN].isna()]
     if STATUS_COLUMN in ran.columns and not allow_oom:
         ok = ran[ran[STATUS_COLUMN] == STATUS_OK]
@@ -117,7 +117,7 @@ def plot_serving_knee(study: StudySpec, df, out_dir: str | Path) -> list[Path]:
     lines = knee_lines(study, df)
     if not lines:
         return []
-    plt = _fig()
+    plt = agg_pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for label, g, ok, sat in lines:
         for ax, (y, _name) in zip(axes, _KNEE_Y, strict=True):
@@ -161,7 +161,7 @@ def plot_frontier(result: PlanResult, path) -> Any:
     frontier (nothing else is both faster and smaller) drawn through them, the winner marked;
     candidates simulated to the end that do not fit are hollow grey markers, on neither the
     frontier nor the winner (their numbers describe a run that cannot happen)."""
-    plt = _fig()  # matplotlib, loaded on the first plot
+    plt = agg_pyplot()  # matplotlib, loaded on the first plot
     t = result.table
     ok = t[t["status"] == STATUS_OK]
     unfit = t[(t["status"] == STATUS_DOES_NOT_FIT) & t["tokens_per_s_per_chip"].notna()]
@@ -195,7 +195,7 @@ def plot_cost_frontier(result: PlanResult, path) -> Any | None:
            & t["step_time_s"].notna()]
     if not len(ok):
         return None
-    plt = _fig()  # matplotlib, loaded on the first plot
+    plt = agg_pyplot()  # matplotlib, loaded on the first plot
     fig, ax = plt.subplots(figsize=(7, 4.2))
     cost = ok["cost_per_million_tokens_usd"]
     b = ok.iloc[0]

@@ -26,14 +26,14 @@ The package by concept:
 """
 
 from workloads.dtypes import dtype_bytes
-from workloads.training.cache import _TRACE_CACHE, TRACE_CACHE_SIZE
+from workloads.training.cache import TRACE_CACHE_SIZE
 from workloads.training.compiler import (
     MIN_OPS_PER_LAYER,
     Compiler,
-    _compiler,
     compile_pipeline_chunk,
     compile_training_step,
     estimate_training_memory,
+    program_compiler,
 )
 from workloads.training.config import (
     TrainingConfig,
@@ -67,9 +67,8 @@ from workloads.training.xla_rules import XLA_ALLREDUCE_ALONE_BYTES, XLA_MAX_WIND
 _Compiler = Compiler
 
 __all__ = [
-    "_TRACE_CACHE",
     "_Compiler",
-    "_compiler",
+    "program_compiler",
     "DP_GRAD_SPLITS",
     "FSDP_GATHER_MODES",
     "FSDP_GRAD_MODES",

@@ -81,7 +81,7 @@ def compile_training_step(
     key = (model, tuple(sorted(mesh.axes)), tuple(sorted(mesh.dcn_axes)), num_chips, config)
     hit = cache.cached(key)
     if hit is None:
-        hit = _compiler(model, mesh, num_chips, config).build()
+        hit = program_compiler(model, mesh, num_chips, config).build()
         if mesh.size("pipeline") > 1:
             hit = _with_meta(hit, hit.meta.with_(pipeline_compile={
                 "model": model.to_dict(), "config": training_config_to_dict(config)}))
@@ -108,13 +108,13 @@ def estimate_training_memory(
     `activations_bytes` (saved activations at their peak, when the forward ends; together a
     lower bound of the step's peak), the same numbers as the trace's `static_hbm_bytes` and
     `activation_bytes_estimate`. Raises the compiler's errors for a mesh that cannot run."""
-    c = _compiler(model, mesh, num_chips, config)
+    c = program_compiler(model, mesh, num_chips, config)
     p_local = c.local_params()
     return {"static_bytes": p_local * (c.wb + c.state_bytes_per_param),
             "activations_bytes": c.activation_peak()}
 
 
-def _compiler(
+def program_compiler(
     model: TransformerSpec, mesh: LogicalMesh, num_chips: int, config: TrainingConfig
 ) -> Compiler:
     tp, fs, dp = mesh.size("tensor"), mesh.size("fsdp"), mesh.size("data")
@@ -226,7 +226,7 @@ def compile_pipeline_chunk(
         )
     _check_pattern_per_stage(model, model.num_layers // (pp * v),
                              f"pipeline={pp} x virtual stages={v}")
-    c = _compiler(model, mesh, num_chips, dataclasses.replace(config, microbatches=1))
+    c = program_compiler(model, mesh, num_chips, dataclasses.replace(config, microbatches=1))
     # One microbatch of the real microbatch size, through num_layers / (pp x V) layers.
     c.d = dataclasses.replace(c.d, n=c.d.n / config.microbatches,
                               layers=model.num_layers // (pp * v))

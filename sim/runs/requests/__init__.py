@@ -23,7 +23,7 @@ from __future__ import annotations
 from sim.runs.requests.base import (
     CONVERTERS,
     SEED_RANGE,
-    _Request,
+    RequestBase,
     flag_name,
     mesh_text,
     scenario_number,
@@ -59,9 +59,9 @@ __all__ = [
 ]
 
 # Every request class that `sim.run` runs, by its command.
-REQUESTS: dict[str, type[_Request]] = {
+REQUESTS: dict[str, type[RequestBase]] = {
     cls.COMMAND: cls for cls in (CollectiveRequest, CompareCollectivesRequest, TrainRequest,
                                  ReplayRequest, DecodeRequest, PrefillRequest, ServeSweepRequest,
                                  ServeRequest, GoodputRequest)
 }
-Request = _Request
+Request = RequestBase

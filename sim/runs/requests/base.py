@@ -1,8 +1,8 @@
 """The shared part of every request: the converters of the run settings (text or a number in,
-the typed value out), the checks a Python caller's values meet, and `_Request`, the frozen base
+the typed value out), the checks a Python caller's values meet, and `RequestBase`, the frozen base
 class that normalises them, records them (`flags()`) and builds a request from settings keyed by
-flag or Python name (`from_flags`); `_Perturbed` and `_Step` add the perturbations and the power
-cap the simulating commands share. The request of each command is in this package's other
+flag or Python name (`from_flags`); `PerturbedRequest` and `StepRequest` add the perturbations and
+the power cap the simulating commands share. The request of each command is in this package's other
 modules (`sim.runs.requests` exports them all).
 """
 
@@ -185,7 +185,7 @@ def mesh_text(caller: str, mesh: Mapping) -> str:
 class _Checked(type):
     """The requests' metaclass: a constructor call that does not match the fields (a setting
     given positionally, a misspelt one) is a one-line `TpusimError` naming the request, as a
-    wrong-typed field is (`_Request._check_types`), never Python's own `TypeError`."""
+    wrong-typed field is (`RequestBase._check_types`), never Python's own `TypeError`."""
 
     def __call__(cls, *args: Any, **kwargs: Any):
         if args or kwargs.keys() - _field_names(cls):
@@ -206,7 +206,7 @@ def _field_names(cls: type) -> frozenset[str]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class _Request(metaclass=_Checked):
+class RequestBase(metaclass=_Checked):
     """What every request has: the pod, `set` overrides, and the objects a caller may hand
     over instead of names."""
 
@@ -341,7 +341,7 @@ class _Request(metaclass=_Checked):
     def overrides_dict(self) -> dict[str, str]:
         return dict(self.overrides)
 
-    def replace(self, **changes: Any) -> _Request:
+    def replace(self, **changes: Any) -> RequestBase:
         """A copy with `changes` (checked like the constructor's arguments); `overrides`
         replaces the overrides as a whole."""
         return dataclasses.replace(self, **changes)
@@ -349,7 +349,7 @@ class _Request(metaclass=_Checked):
     # -- building from names --------------------------------------------------------------------
     @classmethod
     def from_flags(cls, flags: Mapping[str, Any], *, caller: str | None = None,
-                   source: str | None = None, **objects: Any) -> _Request:
+                   source: str | None = None, **objects: Any) -> RequestBase:
         """A request from settings keyed by flag name (`seq-len`) or Python name (`seq_len`):
         the Python API's keywords, a study point, a result's `inputs.flags`. `caller` names the
         Python function they were given to (its errors name it); `source` the file they were
@@ -429,16 +429,16 @@ def _check_kind(command: str, name: str, value: Any, caller: str | None,
 _RECORDED_WHEN_SET = ("remat_save", "remat_offload")
 
 
-_POD = ("chip", "slice", "shape", "wraparound", "slices", "twist")
-_PERTURB = ("scenario", "slow_chip", "slow_link", "dead_link", "chip_variation", "seed",
+POD_FIELDS = ("chip", "slice", "shape", "wraparound", "slices", "twist")
+PERTURB_FIELDS = ("scenario", "slow_chip", "slow_link", "dead_link", "chip_variation", "seed",
             "expert_skew", "capacity_factor", "failed_chip")
 # The spare cubes that replace failed chips and whether the switches swap them: after the
 # perturbations on every command but `goodput`, which has its own (its failures' spares).
-_SPARES = ("spare_cubes", "no_ocs")
+SPARE_FIELDS = ("spare_cubes", "no_ocs")
 
 
 @dataclass(frozen=True, kw_only=True)
-class _Perturbed(_Request):
+class PerturbedRequest(RequestBase):
     """The perturbations: slow chips and links, dead links, chip variation, the MoE router."""
 
     scenario: str | None = None
@@ -456,7 +456,7 @@ class _Perturbed(_Request):
 
 
 @dataclass(frozen=True, kw_only=True)
-class _Step(_Perturbed):
+class StepRequest(PerturbedRequest):
     """A simulated step (train, replay, decode, prefill): the perturbations and a power cap in
     watts per chip (`power_cap`; None: uncapped)."""
 

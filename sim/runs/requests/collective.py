@@ -7,21 +7,21 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from sim.runs.requests.base import (
-    _PERTURB,
-    _POD,
-    _SPARES,
-    _Perturbed,
+    PERTURB_FIELDS,
+    POD_FIELDS,
+    SPARE_FIELDS,
+    PerturbedRequest,
 )
 
 
 @dataclass(frozen=True, kw_only=True)
-class CollectiveRequest(_Perturbed):
+class CollectiveRequest(PerturbedRequest):
     """One collective (`tpusim collective`): `op` over the pod's `axes` with `bytes` V."""
 
     COMMAND: ClassVar[str] = "collective"
-    FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", "op", "axes", "bytes", "algorithm",
-                                        "src", "dst", "shift", *_PERTURB, *_SPARES, "mode",
-                                        "chunks")
+    FLAGS: ClassVar[tuple[str, ...]] = (
+        *POD_FIELDS, "overrides", "op", "axes", "bytes", "algorithm", "src", "dst", "shift",
+        *PERTURB_FIELDS, *SPARE_FIELDS, "mode", "chunks")
     REQUIRED: ClassVar[tuple[str, ...]] = ("op", "bytes")
     SET_SCOPE: ClassVar[tuple[str, ...] | None] = ("chip", "topology", "collective")
 
@@ -41,7 +41,8 @@ class CompareCollectivesRequest(CollectiveRequest):
 
     COMMAND: ClassVar[str] = "compare-collectives"
     SET_SCOPE: ClassVar[tuple[str, ...] | None] = ("chip", "topology")
-    FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", "op", "axes", "bytes", "src", "dst",
-                                        "shift", *_PERTURB, *_SPARES, "mode", "chunks")
+    FLAGS: ClassVar[tuple[str, ...]] = (
+        *POD_FIELDS, "overrides", "op", "axes", "bytes", "src", "dst", "shift", *PERTURB_FIELDS,
+        *SPARE_FIELDS, "mode", "chunks")
 
 

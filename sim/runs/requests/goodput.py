@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from sim.runs.requests.base import (
-    _PERTURB,
-    _POD,
+    PERTURB_FIELDS,
+    POD_FIELDS,
 )
-from sim.runs.requests.training import _TRAINING, TrainRequest
+from sim.runs.requests.training import TRAINING_FIELDS, TrainRequest
 from topologies.validate import (
     MAX_CHIPS,
     FlagError,
@@ -67,8 +67,9 @@ class GoodputRequest(TrainRequest):
     failure draws as well as the perturbations."""
 
     COMMAND: ClassVar[str] = "goodput"
-    FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", *_GOODPUT, *_TRAINING, "algorithm",
-                                        *_PERTURB, "mode", "power_cap")
+    FLAGS: ClassVar[tuple[str, ...]] = (
+        *POD_FIELDS, "overrides", *_GOODPUT, *TRAINING_FIELDS, "algorithm", *PERTURB_FIELDS,
+        "mode", "power_cap")
     REQUIRED: ClassVar[tuple[str, ...]] = ()
     OWN_CONVERTERS: ClassVar[dict[str, Callable[[Any], Any]]] = {
         "step_time": _bounded_number(
@@ -104,8 +105,8 @@ class GoodputRequest(TrainRequest):
         "seeds": int_flag("seeds", hi=1000),
     }
     # The train flags the step model reads: none of them applies with --step-time.
-    STEP_MODEL: ClassVar[tuple[str, ...]] = ("overrides", *_TRAINING, "algorithm",
-                                             *(p for p in _PERTURB if p != "seed"), "mode",
+    STEP_MODEL: ClassVar[tuple[str, ...]] = ("overrides", *TRAINING_FIELDS, "algorithm",
+                                             *(p for p in PERTURB_FIELDS if p != "seed"), "mode",
                                              "power_cap")
 
     step_time: float | None = None

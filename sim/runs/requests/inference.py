@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from sim.runs.requests.base import (
-    _PERTURB,
-    _POD,
-    _SPARES,
-    _Perturbed,
-    _Request,
-    _Step,
+    PERTURB_FIELDS,
+    POD_FIELDS,
+    SPARE_FIELDS,
+    PerturbedRequest,
+    RequestBase,
+    StepRequest,
 )
 from topologies.validate import (
     MAX_BATCH,
@@ -32,7 +32,7 @@ _INFERENCE = ("model", "batch", "context_len", "mesh", "dcn", "weight_dtype", "k
 
 
 @dataclass(frozen=True, kw_only=True)
-class _Decoding(_Request):
+class _Decoding(RequestBase):
     """What every decode-step command has: the model, its KV cache and its number formats."""
 
     model: str | None = None
@@ -46,12 +46,13 @@ class _Decoding(_Request):
 
 
 @dataclass(frozen=True, kw_only=True)
-class DecodeRequest(_Step, _Decoding):
+class DecodeRequest(StepRequest, _Decoding):
     """One decode step with a KV cache (`tpusim decode`)."""
 
     COMMAND: ClassVar[str] = "decode"
-    FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", *_INFERENCE, "algorithm", *_PERTURB,
-                                        *_SPARES, "mode", "power_cap")
+    FLAGS: ClassVar[tuple[str, ...]] = (
+        *POD_FIELDS, "overrides", *_INFERENCE, "algorithm", *PERTURB_FIELDS, *SPARE_FIELDS, "mode",
+        "power_cap")
     REQUIRED: ClassVar[tuple[str, ...]] = ("model", "batch", "context_len", "mesh")
 
     batch: int | None = None
@@ -63,9 +64,9 @@ class PrefillRequest(DecodeRequest):
     """The prefill of a batch of prompts (`tpusim prefill`)."""
 
     COMMAND: ClassVar[str] = "prefill"
-    FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", *_INFERENCE, "prompt_len",
-                                        "prefill_chunk", "algorithm", *_PERTURB, *_SPARES,
-                                        "mode", "power_cap")
+    FLAGS: ClassVar[tuple[str, ...]] = (
+        *POD_FIELDS, "overrides", *_INFERENCE, "prompt_len", "prefill_chunk", "algorithm",
+        *PERTURB_FIELDS, *SPARE_FIELDS, "mode", "power_cap")
     REQUIRED: ClassVar[tuple[str, ...]] = ("model", "batch", "prompt_len", "mesh")
 
     prompt_len: int | None = None
@@ -81,9 +82,10 @@ class ServeSweepRequest(_Decoding):
     list several meshes separated by `;`, the dtypes several separated by `,`."""
 
     COMMAND: ClassVar[str] = "serve-sweep"
-    FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", "model", "context_len", "mesh", "dcn",
-                                        "weight_dtype", "kv_dtype", "matmul_dtype", "sampling",
-                                        "expert_skew", "capacity_factor", "seed", "batches")
+    FLAGS: ClassVar[tuple[str, ...]] = (
+        *POD_FIELDS, "overrides", "model", "context_len", "mesh", "dcn", "weight_dtype",
+        "kv_dtype", "matmul_dtype", "sampling", "expert_skew", "capacity_factor", "seed",
+        "batches")
     REQUIRED: ClassVar[tuple[str, ...]] = ("model", "context_len", "mesh")
 
     expert_skew: float = 0.0
@@ -121,15 +123,16 @@ _SERVE = ("arrival", "rate", "cv", "trace", "requests", "duration", "prompt_toke
 
 
 @dataclass(frozen=True, kw_only=True)
-class ServeRequest(_Perturbed, _Decoding):
+class ServeRequest(PerturbedRequest, _Decoding):
     """Requests served by replicas over time (`tpusim serve`): the workload (arrivals and
     lengths), the deployment (replicas of the pod and mesh, or prefill and decode pools) and
     each replica's scheduler; `seed` seeds the workload's draws as well as the perturbations."""
 
     COMMAND: ClassVar[str] = "serve"
-    FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", "model", "mesh", "dcn",
+    FLAGS: ClassVar[tuple[str, ...]] = (*POD_FIELDS, "overrides", "model", "mesh", "dcn",
                                         "weight_dtype", "kv_dtype", "matmul_dtype", "sampling",
-                                        *_SERVE, "algorithm", *_PERTURB, *_SPARES, "mode")
+                                        *_SERVE, "algorithm", *PERTURB_FIELDS, *SPARE_FIELDS,
+                                        "mode")
     REQUIRED: ClassVar[tuple[str, ...]] = ("model", "mesh")
     OWN_CONVERTERS: ClassVar[dict[str, Callable[[Any], Any]]] = {
         "rate": _positive_number("rate", "give requests per second, e.g. {rate} 10"),

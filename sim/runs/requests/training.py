@@ -9,15 +9,15 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from sim.runs.requests.base import (
-    _PERTURB,
-    _POD,
-    _SPARES,
-    _Request,
-    _Step,
+    PERTURB_FIELDS,
+    POD_FIELDS,
+    SPARE_FIELDS,
+    RequestBase,
+    StepRequest,
 )
 from topologies.validate import whole_flag
 
-_TRAINING = ("model", "seq_len", "batch_per_chip", "mesh", "dcn", "axis_map", "remat",
+TRAINING_FIELDS = ("model", "seq_len", "batch_per_chip", "mesh", "dcn", "axis_map", "remat",
              "remat_save", "remat_offload", "attention", "microbatches", "param_dtype",
              "grad_dtype", "gather_dtype",
              "optimizer_dtype", "optimizer", "pipeline_schedule", "virtual_stages", "no_overlap",
@@ -32,12 +32,13 @@ _QUANT_FLAGS = ("matmul_dtype", "quantize_attention", "quantize_logits", "quant_
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainRequest(_Step):
+class TrainRequest(StepRequest):
     """One training step (`tpusim train`): a model on a mesh of the pod, with its settings."""
 
     COMMAND: ClassVar[str] = "train"
-    FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", *_TRAINING, "algorithm", *_PERTURB,
-                                        *_SPARES, "mode", "power_cap")
+    FLAGS: ClassVar[tuple[str, ...]] = (
+        *POD_FIELDS, "overrides", *TRAINING_FIELDS, "algorithm", *PERTURB_FIELDS, *SPARE_FIELDS,
+        "mode", "power_cap")
     RECORDED_WHEN_SET: ClassVar[tuple[str, ...]] = _QUANT_FLAGS
     REQUIRED: ClassVar[tuple[str, ...]] = ("model", "seq_len", "batch_per_chip", "mesh")
 
@@ -85,8 +86,9 @@ class CompileRequest(TrainRequest):
     overrides apply: the chip, topology and algorithm are the replay's."""
 
     COMMAND: ClassVar[str] = "compile"
-    FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "chips", "overrides", *_TRAINING, "expert_skew",
-                                        "capacity_factor", "seed")
+    FLAGS: ClassVar[tuple[str, ...]] = (
+        *POD_FIELDS, "chips", "overrides", *TRAINING_FIELDS, "expert_skew", "capacity_factor",
+        "seed")
     SET_SCOPE: ClassVar[tuple[str, ...] | None] = ("model",)
 
     chips: int | None = None
@@ -95,13 +97,13 @@ class CompileRequest(TrainRequest):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ReplayRequest(_Step):
+class ReplayRequest(StepRequest):
     """A trace file or XLA's compiled HLO text replayed on a pod (`tpusim replay`)."""
 
     COMMAND: ClassVar[str] = "replay"
-    FLAGS: ClassVar[tuple[str, ...]] = ("trace", *_POD, "overrides", "no_overlap",
+    FLAGS: ClassVar[tuple[str, ...]] = ("trace", *POD_FIELDS, "overrides", "no_overlap",
                                         "chakra_compute", "chakra_comm_group", "algorithm",
-                                        *_PERTURB, *_SPARES,
+                                        *PERTURB_FIELDS, *SPARE_FIELDS,
                                         "mode", "power_cap")
     # Recorded in inputs.flags only when set: results written before the flag existed, and
     # replays of other traces, record what they always did (and rerun the same).
@@ -128,11 +130,11 @@ class ReplayRequest(_Step):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ImportHloRequest(_Request):
+class ImportHloRequest(RequestBase):
     """XLA's compiled HLO text read for a pod (`tpusim import-hlo`): its inventory and trace."""
 
     COMMAND: ClassVar[str] = "import-hlo"
-    FLAGS: ClassVar[tuple[str, ...]] = ("program", *_POD)
+    FLAGS: ClassVar[tuple[str, ...]] = ("program", *POD_FIELDS)
     REQUIRED: ClassVar[tuple[str, ...]] = ("program",)
     SET_SCOPE: ClassVar[tuple[str, ...] | None] = None
 
@@ -146,21 +148,19 @@ _WHOLE = ("seq_len", "global_batch", "top", "workers", "max_simulations", "max_t
 
 
 @dataclass(frozen=True, kw_only=True)
-class PlanRequest(_Request):
+class PlanRequest(RequestBase):
     """A search of the ways to run one training step (`tpusim plan`): the pod, the model and
     the batch, and the search space (comma lists, as the command line gives them). `workers`
     and `dask` say where candidates run (`dask`: "local", an address or a
     `distributed.Client`)."""
 
     COMMAND: ClassVar[str] = "plan"
-    FLAGS: ClassVar[tuple[str, ...]] = (*_POD, "overrides", "model", "seq_len", "global_batch",
-                                        "top", "workers", "dask", "exhaustive", "max_simulations",
-                                        "objective", "axes", "max_tensor", "max_data",
-                                        "max_sequence", "max_pipeline", "max_expert",
-                                        "default_placement",
-                                        "remat", "microbatches", "param_dtype", "grad_dtype",
-                                        "optimizer_dtype", "optimizer", "gather_dtype",
-                                        "shapes", "wiring")
+    FLAGS: ClassVar[tuple[str, ...]] = (
+        *POD_FIELDS, "overrides", "model", "seq_len", "global_batch", "top", "workers", "dask",
+        "exhaustive", "max_simulations", "objective", "axes", "max_tensor", "max_data",
+        "max_sequence", "max_pipeline", "max_expert", "default_placement", "remat", "microbatches",
+        "param_dtype", "grad_dtype", "optimizer_dtype", "optimizer", "gather_dtype", "shapes",
+        "wiring")
     REQUIRED: ClassVar[tuple[str, ...]] = ("model", "seq_len", "global_batch")
     SET_SCOPE: ClassVar[tuple[str, ...] | None] = ("chip", "topology", "model")
     OWN_CONVERTERS: ClassVar[dict[str, Callable[[Any], Any]]] = {
