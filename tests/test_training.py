@@ -1264,7 +1264,8 @@ def _first_microbatch_counts(monkeypatch, model, mesh, cfg):
     monkeypatch.setattr(training._Compiler, "check_program_size",
                         lambda self, start, per: (seen.append((start, per)),
                                                   check(self, start, per))[1])
-    total = len(training.program_compiler(model_from_dict(model), parse_mesh(mesh), 4, cfg).build().ops)
+    program = training.program_compiler(model_from_dict(model), parse_mesh(mesh), 4, cfg)
+    total = len(program.build().ops)
     monkeypatch.undo()
     (start, per), = seen
     return start, per, total
