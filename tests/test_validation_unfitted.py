@@ -10,6 +10,7 @@ import pytest
 from sim.chips import efficiency_sources, get_chip
 from tests.conftest import REFERENCE_DIR
 from validation import maxtext_unfitted as mu
+from validation.template import splice
 from workloads.training import Remat
 from workloads.training.config import Attention
 
@@ -117,9 +118,9 @@ def test_the_document_shows_the_cached_table_and_its_summary_line():
 
 
 def test_splice_replaces_between_markers_or_appends():
-    assert mu.splice("a <!-- x -->old<!-- /x --> b", "<!-- x -->", "<!-- /x -->",
+    assert splice("a <!-- x -->old<!-- /x --> b", "<!-- x -->", "<!-- /x -->",
                      "<!-- x -->new<!-- /x -->") == "a <!-- x -->new<!-- /x --> b"
-    assert mu.splice("a\n", "<!-- x -->", "<!-- /x -->", "T") == "a\n\nT\n"
+    assert splice("a\n", "<!-- x -->", "<!-- /x -->", "T") == "a\n\nT\n"
 
 
 def test_cached_mode_refuses_a_cache_older_than_the_runs_file(tmp_path, capsys):

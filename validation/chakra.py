@@ -25,6 +25,7 @@ from pathlib import Path
 
 import sim
 from sim.runs.requests import ReplayRequest
+from validation.template import splice
 from workloads.chakra.reader import inventory, read_set
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,12 +140,7 @@ def main(argv=None) -> int:
                  f"ring's per dimension (N-1 steps, 2(N-1) for an all-reduce, each the latency "
                  f"plus its message: comm_size / N, an all-gather's comm_size).\n\n{table}\n"
                  f"{END}")
-        if BEGIN in text:
-            a, b = text.index(BEGIN), text.index(END) + len(END)
-            text = text[:a] + block + text[b:]
-        else:
-            text = text.rstrip("\n") + "\n\n" + block + "\n"
-        DOC.write_text(text)
+        DOC.write_text(splice(text, BEGIN, END, block))
         print(f"wrote {DOC}")
     return 0 if ok else 1
 

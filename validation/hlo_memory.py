@@ -31,6 +31,7 @@ import tempfile
 from pathlib import Path
 
 from validation import xla_compile, xla_live_ranges
+from validation.template import splice
 from workloads.hlo.memory import hlo_memory
 from workloads.hlo.parser import parse_hlo
 
@@ -140,9 +141,7 @@ def main() -> int:
         doc = DOC.read_text()
         if BEGIN not in doc:
             sys.exit(f"hlo_memory: {DOC} has no {BEGIN} marker")
-        head, rest = doc.split(BEGIN, 1)
-        tail = rest.split(END, 1)[1]
-        DOC.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+        DOC.write_text(splice(doc, BEGIN, END, f"{BEGIN}\n{text}\n{END}"))
         print(f"wrote {DOC.relative_to(REPO)}")
     else:
         print(text)

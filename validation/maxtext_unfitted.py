@@ -45,6 +45,7 @@ from validation.maxtext_runs import (
     remat_for,
     trace_config,
 )
+from validation.template import splice
 from workloads.training import Remat, compile_training_step
 from workloads.training.config import Attention
 
@@ -369,15 +370,6 @@ def section(cache: dict) -> str:
         "v5p_factor": f"{get_chip('v5p').mxu_efficiency:g}",
         "v4_factor": f"{get_chip('v4').mxu_efficiency:g}",
     })
-
-
-def splice(doc: str, begin: str, end: str, text: str) -> str:
-    """`doc` with the text between `begin` and `end` (markers included) replaced by `text`, or
-    `text` appended when the markers are absent."""
-    if begin in doc:
-        start, stop = doc.index(begin), doc.index(end) + len(end)
-        return doc[:start] + text + doc[stop:]
-    return doc.rstrip("\n") + "\n\n" + text + "\n"
 
 
 def write_doc(cache: dict, doc_file: Path = DOC_FILE) -> None:

@@ -12,6 +12,16 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 
 
+def splice(doc: str, begin: str, end: str, text: str) -> str:
+    """`doc` with the text from `begin` to `end` (markers included) replaced by `text`, or `text`
+    appended after a blank line when the markers are absent: how every pipeline rewrites its
+    generated section of a document and leaves the rest as it is."""
+    if begin in doc:
+        start, stop = doc.index(begin), doc.index(end) + len(end)
+        return doc[:start] + text + doc[stop:]
+    return doc.rstrip("\n") + "\n\n" + text + "\n"
+
+
 def render(name: str, values: dict[str, str]) -> str:
     """templates/NAME with its placeholders replaced by `values` (the file's last newline is
     not part of the text)."""

@@ -18,6 +18,7 @@ from sim.chips import get_chip
 from sim.collectives.simulate import simulate_collective
 from topologies.metrics import compare_report
 from topologies.slices import resolve_topology
+from validation.template import splice
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "validation.md"
 BEGIN, END = "<!-- twisted -->", "<!-- /twisted -->"
@@ -147,12 +148,7 @@ the page's figure is rounded, or counts a slightly faster link).
 def write() -> None:
     doc = DOC.read_text()
     text = section()
-    if BEGIN in doc:
-        start, end = doc.index(BEGIN), doc.index(END) + len(END)
-        doc = doc[:start] + text.rstrip("\n") + doc[end:]
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + text
-    DOC.write_text(doc)
+    DOC.write_text(splice(doc, BEGIN, END, text.rstrip("\n")))
 
 
 def main(argv: list[str] | None = None) -> int:
