@@ -44,15 +44,6 @@ from workloads.training import (
 PLAN_AXES = ("data", "fsdp", "pipeline", "expert", "sequence", "tensor")
 
 
-def _check_dtype(value: str, name: str) -> None:
-    """`dtype_bytes`' check of a value of the dtype setting `name` (a Python name), its
-    error naming the setting as a placeholder."""
-    try:
-        dtype_bytes(value, "{" + name + "}")
-    except TpusimError as exc:
-        raise TpusimError(exc.template, *exc.params, name) from None
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlanConfig:
     """What `plan` may consider (the flags of `tpusim plan`)."""
@@ -99,7 +90,7 @@ class PlanConfig:
                               "axes")
         parse_optimizer(self.optimizer)
         if self.gather_dtype is not None:
-            _check_dtype(self.gather_dtype, "gather_dtype")
+            dtype_bytes(self.gather_dtype, "gather_dtype")
 
         if not self.remat:
             raise TpusimError("{remat} lists no policy; give e.g. full,minimal", "remat")
@@ -121,7 +112,7 @@ class PlanConfig:
             if not vals:
                 raise TpusimError(f"{{{name}}} lists no dtype; give e.g. bf16", name)
             for v in vals:
-                _check_dtype(v, name)
+                dtype_bytes(v, name)
         check_stateless_optimizer(self.optimizer, self.optimizer_dtypes)
 
 
