@@ -76,7 +76,7 @@ CASES = [
      ["sweep", "{tmp}/study.yaml", "--workers", "1", "--out", "{tmp}/s"]),
     ("plan v5e 4x4 llama3-8b", "bench_sweep.py --plans",
      ["plan", "--chip", "v5e", "--shape", "4x4", "--model", "llama3-8b", "--seq-len", "4096",
-      "--global-batch", "32", "--json"]),
+      "--global-batch", "32", "--out", "{tmp}/plan", "--json"]),
 ]
 
 
