@@ -449,6 +449,33 @@ def test_a_collective_two_stages_share_runs_at_its_largest_members_size(tmp_path
     assert imp.op_scale == {1: (1 / 3, 1.0)}
 
 
+def test_compute_whose_flops_and_bytes_differ_by_different_factors_is_each_ranks_own(
+        tmp_path, capsys):
+    # Rank 0 computes 4F then F, rank 1 F then 4F, both over the same 1 MiB: one factor per
+    # chip cannot scale FLOPs and not bytes, so each rank runs its own program at its exact
+    # sizes (the hottest rank's FLOPs on both would be 4F + 4F).
+    from workloads.chakra.convert import chakra_trace
+
+    f = 10**12
+
+    def prog(a, b):
+        return [comp_node(1, "c1", num_ops=a, tensor_size=MIB),
+                comp_node(2, "c2", num_ops=b, tensor_size=MIB, data_deps=(1,))]
+
+    pod = ["--chip", "v5e", "--shape", "2x1"]
+    prefix = write_set(tmp_path, "ratio", [prog(4 * f, f), prog(f, 4 * f)])
+    out = _replay([prefix, *pod], capsys)
+
+    def compute(flops):
+        one = write_set(tmp_path / f"c{flops}", "c", [[comp_node(1, "c", num_ops=flops,
+                                                                 tensor_size=MIB)]])
+        return _replay([one, *pod], capsys)["step_time_s"]
+
+    assert out["step_time_s"] == pytest.approx(compute(4 * f) + compute(f), rel=1e-9)
+    imp = chakra_trace(read_set(prefix), _v5e("2x1")[1])
+    assert len(imp.programs) == 2 and not imp.op_scale
+
+
 def test_host_transfers_that_differ_between_ranks_run_at_each_ranks_own_size(tmp_path,
                                                                              capsys):
     # A host transfer's bytes are not scaled per chip: ranks that differ there run programs of
@@ -470,6 +497,40 @@ def test_host_transfers_that_differ_between_ranks_run_at_each_ranks_own_size(tmp
     want = max(4 * MIB / pcie + compute(f), MIB / pcie + compute(4 * f))
     assert out["step_time_s"] == pytest.approx(want, rel=1e-9)
     assert any("different programs" in a for a in out["approximations"])
+
+
+def test_a_stages_process_group_runs_over_its_block_of_the_torus(tmp_path, capsys):
+    # 4x2: stage 0 is ranks 0-3 (x 0-1), stage 1 ranks 4-7 (x 2-3). Each stage all-reduces over
+    # its process group, a 2x2 block, and stage 0 sends to stage 1 between: each all-reduce
+    # takes the time of the same groups' all-reduce in a set of one program (the stage's block,
+    # not the whole pod its ranks' coordinates span).
+    from sim.engine.perchip import p2p_cost
+
+    pgs = json.dumps([{"pg_name": "1", "ranks": [0, 1, 2, 3]},
+                      {"pg_name": "2", "ranks": [4, 5, 6, 7]}])
+
+    def meta():
+        return Node(id=0, name="process_group:init", type=NodeType.METADATA_NODE,
+                    inputs=IOInfo(values=f"[[{pgs}]]"))
+
+    progs = [[meta(), coll_node(1, "ar", CommType.ALL_REDUCE, MIB, pg_name="1", data_deps=(0,)),
+              p2p_node(2, "send", send=True, src=r, dst=r + 4, tag=0, comm_size=MIB,
+                       data_deps=(1,))] for r in range(4)]
+    progs += [[meta(), p2p_node(1, "recv", send=False, src=r - 4, dst=r, tag=0, comm_size=MIB,
+                                data_deps=(0,)),
+               coll_node(2, "ar", CommType.ALL_REDUCE, MIB, pg_name="2", data_deps=(1,))]
+              for r in range(4, 8)]
+    pod = ["--chip", "v5e", "--shape", "4x2"]
+    out = _replay([write_set(tmp_path, "blocks", progs), *pod], capsys)
+    one = [[meta(), coll_node(1, "ar", CommType.ALL_REDUCE, MIB, pg_name="1" if r < 4 else "2",
+                              data_deps=(0,))] for r in range(8)]
+    ar = _replay([write_set(tmp_path, "one", one), *pod], capsys)["step_time_s"]
+    chip, topo = _v5e("4x2")
+    whole = simulate_collective(chip=chip, topology=topo, op="all-reduce", axes="x,y",
+                                nbytes=MIB).time_s
+    assert ar < whole  # the block's all-reduce is not the pod's
+    send = p2p_cost(chip, topo, 0, 4, MIB, {}).time_s
+    assert out["step_time_s"] == pytest.approx(ar + send + ar, rel=1e-9)
 
 
 def test_a_send_without_its_receive_is_refused_naming_both_sides(tmp_path, capsys):

@@ -538,6 +538,35 @@ def _digit_factors(values: list[int]) -> list[tuple[int, int]] | None:
     return [(run, step)] + inner
 
 
+def _block_factors(topology: Topology, groups: list[list[int]]):
+    """(the axis factors of the first group, their geometry or None for one chip, the geometry's
+    groups the given ones are) when every group is a digit-aligned block of those factors and
+    no two are one geometry group, else None."""
+    coords = np.asarray([topology.coords(c) for c in range(topology.num_chips)])
+    names = list(AXIS_NAMES[: topology.ndim]) + ([DCN_AXIS] if topology.num_slices > 1 else [])
+    g0 = np.asarray(groups[0])
+    factors: list[GroupAxis] = []
+    for col, axis in enumerate(names):
+        vals = sorted({int(v) for v in coords[g0, col]})
+        fs = _digit_factors(vals)
+        if fs is None:
+            return None
+        for size, stride in fs:
+            factors.append(axis_factor(topology, axis, size, stride))
+    if int(np.prod([f.size for f in factors] or [1])) != len(groups[0]):
+        return None
+    if not factors:
+        return (), None, set()
+    geo = GroupGeometry(topology, tuple(factors))
+    seen: set[int] = set()
+    for g in groups:
+        ids = {int(geo.group_of_chip[c]) for c in g}
+        if len(ids) != 1 or len(g) != geo.group_size or ids & seen:
+            return None
+        seen |= ids
+    return tuple(factors), geo, seen
+
+
 def factor_device_groups(
     topology: Topology, groups: list[list[int]]
 ) -> tuple[tuple[GroupAxis, ...], bool]:
@@ -547,38 +576,28 @@ def factor_device_groups(
     Exact when every group is a digit-aligned block of factors and the groups are exactly the
     ones `GroupGeometry` cuts the pod into. Otherwise the whole physical axes along which some
     group varies are returned with `False` (the caller says so in a warning)."""
+    found = _block_factors(topology, groups)
+    if found is not None and (found[1] is None or len(found[2]) == found[1].num_groups):
+        order = {n: i for i, n in enumerate(AXIS_NAMES + (DCN_AXIS,))}
+        return tuple(sorted(found[0], key=lambda g: (order[g.physical_name], g.stride))), True
     coords = np.asarray([topology.coords(c) for c in range(topology.num_chips)])
     names = list(AXIS_NAMES[: topology.ndim]) + ([DCN_AXIS] if topology.num_slices > 1 else [])
-    g0 = np.asarray(groups[0])
-    factors: list[GroupAxis] = []
-    exact = True
-    for col, axis in enumerate(names):
-        vals = sorted({int(v) for v in coords[g0, col]})
-        fs = _digit_factors(vals)
-        if fs is None:
-            exact = False
-            break
-        for size, stride in fs:
-            factors.append(axis_factor(topology, axis, size, stride))
-    if exact and int(np.prod([f.size for f in factors] or [1])) != len(groups[0]):
-        exact = False
-    if exact and factors:
-        geo = GroupGeometry(topology, tuple(factors))
-        seen = set()
-        for g in groups:
-            ids = {int(geo.group_of_chip[c]) for c in g}
-            if len(ids) != 1 or len(g) != geo.group_size or ids & seen:
-                exact = False
-                break
-            seen |= ids
-        if exact and len(seen) != geo.num_groups:
-            exact = False
-    if exact:
-        order = {n: i for i, n in enumerate(AXIS_NAMES + (DCN_AXIS,))}
-        return tuple(sorted(factors, key=lambda g: (order[g.physical_name], g.stride))), True
     spanned = [a for col, a in enumerate(names)
                if any(len({int(v) for v in coords[np.asarray(g), col]}) > 1 for g in groups)]
     return tuple(axis_factor(topology, a, topology.axis_size(a), 1) for a in spanned), False
+
+
+def tile_device_groups(topology: Topology, groups: list[list[int]]) -> list[list[int]] | None:
+    """Every group of the pod cut into blocks of the shape `groups` share (each a digit-aligned
+    block of the same axis factors, as `factor_device_groups` finds them), the given ones among
+    them, or None when they are not such blocks. Groups that cover part of the pod (the ranks of
+    one pipeline stage) are exact on this tiling, where `factor_device_groups` of them alone
+    would span whole axes."""
+    found = _block_factors(topology, groups)
+    if found is None or found[1] is None:
+        return None
+    label = found[1].group_of_chip
+    return sorted(np.flatnonzero(label == g).tolist() for g in range(found[1].num_groups))
 
 
 def route_pairs(topology: Topology, pairs: list[tuple[int, int]]) -> tuple[np.ndarray, int]:

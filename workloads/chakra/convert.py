@@ -386,18 +386,19 @@ def chakra_trace(cset: ChakraSet, topology: Topology,
     # share it); one file alone runs on every chip.
     programs: dict[str, list] = {}
     per_rank = []
-    for rank, rp in enumerate(cset.ranks):
+    several = _lengths_differ(cset)
+    for rank, rp in enumerate(cset.ranks if not several else ()):
         if rp.digest not in programs:
             programs[rp.digest] = _program(rp, rank, r if r > 1 else n_chips, compute, notes,
                                            dims=dims, comm_groups=comm_groups)
         per_rank.append(programs[rp.digest])
     op_scale: dict[int, tuple[float, ...]] = {}
-    ref = per_rank[0]
-    if r > 1 and not _one_program(per_rank):
+    ref = per_rank[0] if per_rank else []
+    if r > 1 and not several and not _one_program(per_rank):
         sized = scaled_program(per_rank, notes)
         if sized is not None:  # one program, each rank at its own sizes (uneven MoE loads)
             ref, op_scale = sized
-    if r > 1 and not op_scale and not _one_program(per_rank):
+    if several or (r > 1 and not op_scale and not _one_program(per_rank)):
         # Ranks that run different programs (pipeline stages): each chip its own program.
         notes = _Counter()
         multi = [_program(rp, rank, r, compute, notes, spmd=False, dims=dims,
@@ -618,14 +619,15 @@ def replay_notes(cset: ChakraSet, compute: ChakraCompute | str = ChakraCompute.R
     notes: dict[str, int] = _Counter()
     done: dict[str, list] = {}
     per_rank = []
-    for rank, rp in enumerate(cset.ranks):
+    several = _lengths_differ(cset)
+    for rank, rp in enumerate(cset.ranks if not several else ()):
         if rp.digest not in done:
             # One file runs on every chip of the pod, so its whole-job groups are never one rank.
             done[rp.digest] = _program(rp, rank, max(cset.num_ranks, 2), compute, notes,
                                        comm_groups=comm_groups)
         per_rank.append(done[rp.digest])
-    if cset.num_ranks > 1 and not _one_program(per_rank) \
-            and scaled_program(per_rank, notes) is None:
+    if several or (cset.num_ranks > 1 and not _one_program(per_rank)
+                   and scaled_program(per_rank, notes) is None):
         # Ranks that run different programs: the notes of that conversion (chakra_trace's).
         notes = _Counter()
         multi = [_program(rp, rank, cset.num_ranks, compute, notes, spmd=False,
@@ -639,6 +641,12 @@ def replay_notes(cset: ChakraSet, compute: ChakraCompute | str = ChakraCompute.R
 class _Counter(dict):
     def __missing__(self, key):
         return 0
+
+
+def _lengths_differ(cset: ChakraSet) -> bool:
+    """Whether ranks hold different numbers of nodes: then they run different programs (a node
+    is one op), and the conversion as one program is skipped."""
+    return len({len(rp.nodes) for rp in cset.ranks}) > 1
 
 
 def _one_program(per_rank: list) -> bool:

@@ -28,9 +28,11 @@ differ there run programs of their own (`scaled_fields` says which fields scale)
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 
 from topologies.errors import TpusimError
+from topologies.groups import tile_device_groups
 from topologies.mesh import job_mesh
 from topologies.torus import Topology
 from workloads.chakra.reader import ChakraSet
@@ -72,17 +74,36 @@ def scaled_fields(fields: dict, part) -> tuple[str, ...]:
     return ()
 
 
+# A compute op's FLOPs to HBM bytes ratio, in bins of 0.1% (`_shape`).
+RATIO_BIN = math.log(1.001)
+
+
+def _shape(fields: dict) -> tuple:
+    """What the ranks of one program share of a compute op's sizes: the ratio of its FLOPs to
+    its HBM bytes, to 0.1% (a bin of its logarithm; a Chakra file's counts are whole numbers,
+    so ranks scaled alike differ in the ratio by their rounding), since one factor per chip
+    scales both. Ranks whose FLOPs and bytes differ by different factors run programs of their
+    own, each at its exact sizes; within a bin a rank takes the larger of its two shares (its
+    time is at most 0.1% long)."""
+    if fields.get("kind") != OpKind.COMPUTE:
+        return ()
+    f, h = fields["flops"], fields["hbm_bytes"]
+    if f <= 0 or h <= 0:
+        return (f > 0, h > 0)
+    return (round(math.log(f / h) / RATIO_BIN),)
+
+
 def _key(prog: list) -> tuple:
-    """What ranks of one program share: every op's fields but the sizes that scale per chip,
-    and where its parts are (a send's and a receive's tag too: the program's receives are
-    keyed by it)."""
+    """What ranks of one program share: every op's fields but the sizes that scale per chip
+    (a compute op's FLOPs to bytes ratio still), and where its parts are (a send's and a
+    receive's tag too: the program's receives are keyed by it)."""
     out = []
     for fields, part in prog:
         kind = _p2p(part)
         tag = part[2] if kind else None
         skip = scaled_fields(fields, part)
         out.append((tuple(sorted((k, v) for k, v in fields.items() if k not in skip)),
-                    part is not None, tag))
+                    _shape(fields), part is not None, tag))
     return tuple(out)
 
 
@@ -125,13 +146,21 @@ def programs_trace(cset: ChakraSet, per_rank: list[list], topology: Topology, co
     sized, op_scale = sized_programs(per_rank, ranks_of, shared, notes)
     device_groups: list[dict] = []
     group_index: dict[str, int] = {}
+    tiles: dict[tuple, list] = {}
     programs = []
     for ranks, prog in zip(ranks_of, sized, strict=True):
         ops = []
         for k, (fields, part) in enumerate(prog):
             gid = -1
             if part is not None and not _p2p(part):
-                spec = {"groups": [list(g) for g in sorted({per_rank[q][k][1] for q in ranks})]}
+                groups = [list(g) for g in sorted({per_rank[q][k][1] for q in ranks})]
+                # The program's ranks are part of the pod: its groups as blocks of a tiling of
+                # the pod (the other blocks are other programs' ranks), so they are exact
+                # groups of the torus rather than the whole axes they span.
+                key = tuple(map(tuple, groups))
+                if key not in tiles:
+                    tiles[key] = tile_device_groups(topology, groups) or groups
+                spec = {"groups": tiles[key]}
                 gid = intern_group(spec, group_index, device_groups)
             ops.append(Op(id=k, group=gid, **fields))
         programs.append(ops)
@@ -193,8 +222,6 @@ def rendezvous(per_rank: list[list], prog_of: list[int],
 
 SIZES_NOTE = ("ops whose sizes differ between ranks replayed at each rank's own sizes (per-chip "
               "factors on the largest rank's)")
-UNEVEN_NOTE = ("compute ops whose FLOPs and bytes differ between ranks by different factors "
-               "costed at the larger share")
 
 
 def sized_programs(per_rank: list[list], ranks_of: list[list[int]],
@@ -204,8 +231,8 @@ def sized_programs(per_rank: list[list], ranks_of: list[list[int]],
     factor on them}) of a set of several programs: `ranks_of[p]` are program p's ranks, whose
     ops differ at most in their `scaled_fields`. A collective that ranks of several programs
     run together (`shared`, from `rendezvous`) is at its largest member's bytes in each of
-    them, so the programs agree where they meet. A compute op whose FLOPs and bytes scale by
-    different factors on a rank takes the larger (an upper bound; counted)."""
+    them, so the programs agree where they meet. A compute op's FLOPs and bytes scale by one
+    factor on each rank (its program's ranks share their ratio to 0.1%: `_shape`)."""
     n = len(per_rank)
     joint: dict[tuple[int, int], float] = {}  # (program, op) -> the bytes its members share
     for k, sets in shared.items():
@@ -215,7 +242,6 @@ def sized_programs(per_rank: list[list], ranks_of: list[list[int]],
                 joint[(p, k)] = top
     scale: dict[int, list[float]] = {}
     out = []
-    uneven = 0
     for p, ranks in enumerate(ranks_of):
         rows = [per_rank[q] for q in ranks]
         prog = []
@@ -227,20 +253,16 @@ def sized_programs(per_rank: list[list], ranks_of: list[list[int]],
             prog.append(({**fields, **top}, part))
             if not sizes or _p2p(part) == "recv":
                 continue
-            spread = False
             for q, row in zip(ranks, rows, strict=True):
                 fl = row[k][0]
+                # (a compute op's two shares are equal to 0.1%: the larger is taken)
                 shares = [fl[f] / top[f] for f in sizes if top[f] > 0]
                 if not shares or min(shares) == max(shares) == 1.0:
                     continue
-                spread = spread or max(shares) - min(shares) > 1e-3
                 scale.setdefault(k, [1.0] * n)[q] = max(max(shares), 1e-9)
-            uneven += spread
         out.append(prog)
     if scale:
         notes[SIZES_NOTE] += len(scale)
-    if uneven:
-        notes[UNEVEN_NOTE] += uneven
     return out, {k: tuple(col) for k, col in sorted(scale.items())}
 
 
@@ -300,18 +322,19 @@ def _point_to_point(cset: ChakraSet, per_rank: list[list], prog_of: list[int],
 def scaled_program(per_rank: list[list], notes: dict) \
         -> tuple[list, dict[int, tuple[float, ...]]] | None:
     """(the program at the largest rank's sizes, {op: each rank's factor on them}) when the
-    ranks' programs differ only in their `scaled_fields` (compute ops' FLOPs and HBM bytes,
-    collectives' bytes, recorded durations) and in the groups and peers they name, else None
-    (`sized_programs` on one program of every rank)."""
+    ranks' programs differ only in their `scaled_fields` (compute ops' FLOPs and HBM bytes by
+    one factor, collectives' bytes, recorded durations) and in the groups and peers they name,
+    else None (`sized_programs` on one program of every rank)."""
     ref = per_rank[0]
     if any(len(p) != len(ref) for p in per_rank):
         return None
     for k, (fields, part) in enumerate(ref):
         skip = scaled_fields(fields, part)
         base = {f: v for f, v in fields.items() if f not in skip}
+        shape = _shape(fields)
         for p in per_rank:
             fl, pt = p[k]
-            if fl is not fields and ((pt is None) != (part is None) or
+            if fl is not fields and ((pt is None) != (part is None) or _shape(fl) != shape or
                                      {f: v for f, v in fl.items() if f not in skip} != base):
                 return None
     probe: Counter = Counter()
