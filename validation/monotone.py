@@ -39,7 +39,9 @@ KINDS = (*FASTER, "dcn", *FAULTS)
 # 3,3:y-:0.5, 0.5% faster; v5e 2x4 data=4 x tensor=2 over 2 slices, DCN x1.25, 1.8% slower:
 # two layers' chains of data all-reduces interleave differently on DCN; the census's worst,
 # `--cases 300 --seed 0`: v5e 4x4 data=8 x tensor=2, dead link 0,2:y+, 3.8% faster). The
-# suite bounds such a reversal by ANOMALY; the census counts every one, however small.
+# suite bounds such a reversal by ANOMALY; the census counts every one, however small. Why the
+# dead link's reversal happens, and the two sharing rules tried against it (one removes every
+# reversal of the census but changes two golden cases): benchmarks/README.md, "Monotone physics".
 ANOMALY = 0.05
 
 
