@@ -104,3 +104,24 @@ def test_compiled_here_when_jax_is_importable_and_replays(capsys, tmp_path):
                     reason="set TPUSIM_JAX_PYTHON to a python with jax[tpu]")
 def test_compiled_under_jax_python_and_replays(capsys, tmp_path):
     _compile_and_replay(capsys, tmp_path, ["--jax-python", os.environ["TPUSIM_JAX_PYTHON"]])
+
+
+def test_the_jax_path_is_documented_as_a_user_meets_it():
+    # Issue 30: the `hlo` extra's pin, its size on disk, its install time and the harmless
+    # libtpu warnings a compile prints are in the how-to, and agree with pyproject.toml, the
+    # command's own install hint and the README.
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    pin = re.search(r'^hlo = \["(jax\[tpu\]==[\d.]+)"\]', (root / "pyproject.toml").read_text(),
+                    re.M).group(1)
+    howto = (root / "docs/howto/hlo.md").read_text()
+    assert f"pip install '{pin}'" in howto
+    size = re.search(r"(\d+(?:\.\d+)?) GB on\s+disk", howto).group(1)
+    assert f"a {size} GB venv of its own" in (root / "README.md").read_text()
+    assert re.search(r"\d+ s wall, \d+ CPU-s for the `pip install`", howto)
+    assert "harmless on a machine without a TPU" in howto and "libtpu" in howto
+    from workloads.hlo.make import PINNED_JAX
+
+    assert PINNED_JAX == pin
