@@ -102,6 +102,11 @@ def test_the_cache_is_current_and_rows_rebuild_to_it(loaded):
     for run in loaded[0]:
         if run.case.id in REBUILT:
             assert mu.predict_with_later(run) == cached[run.case.id], run.case.id
+    # The document says the later 1024B layout on v5p-4096 (data=16 x tensor=8) does not fit.
+    for n in (1, 2):
+        later = cached[f"maxtext-v5p-1024b-{n}x-v5p-4096"]["later"]
+        assert later["mesh"].startswith("data=16,fsdp=16,tensor=8")
+        assert not later["fits_in_hbm"]
     for r in CACHE["rows"]:
         assert r["error"] == pytest.approx(
             (r["predicted_step_s"] - r["measured_step_s"]) / r["measured_step_s"], abs=2e-6)

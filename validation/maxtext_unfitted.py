@@ -110,8 +110,9 @@ def _with_later(raw: dict, later: dict) -> dict:
     scale = later["per_device_batch_size"] / raw["batch"]["per_device_batch_size"]
     out["id"] = raw["id"] + "#later"
     out["batch"]["per_device_batch_size"] = later["per_device_batch_size"]
-    for key in ("ici_fsdp_parallelism", "ici_tensor_parallelism"):
-        out["parallelism"][key] = later[key]
+    for key, value in later.items():
+        if key.startswith("ici_"):
+            out["parallelism"][key] = value
     acct = out.get("maxtext_flop_accounting")
     if acct and acct.get("implied_step_time_s"):
         acct["implied_step_time_s"] = acct["implied_step_time_s"] * scale
