@@ -264,7 +264,8 @@ def summary_line(cache: dict, *, link: bool = True) -> str:
     rows = cache["rows"]
     s, w = stats(rows), worst(rows)
     where = "[below](#runs-no-rule-or-fit-used-tpu-v5p-v4)" if link else "this section"
-    return (f"**Runs no rule or fit used** ({where}: {s['n']} public v5p and v4 runs): median "
+    chips = " and ".join(sorted({r["chip"] for r in rows}))
+    return (f"**Runs no rule or fit used** ({where}: {s['n']} public {chips} runs): median "
             f"|error| {100 * s['median_abs']:.1f}%, worst {100 * s['max_abs']:.1f}% "
             f"({w['id']}, {_pct(w['error'])}).")
 
