@@ -582,6 +582,26 @@ def test_a_chakra_replay_result_reruns_to_the_same_step(tmp_path, capsys):
     assert roof["step_time_s"] != out["step_time_s"]
 
 
+def test_a_chakra_replay_takes_every_what_if_and_output_of_a_trace_replay(tmp_path, capsys):
+    # Four ranks: an HBM-bound compute node (1 GiB) then a 1 MiB all-gather, on a 2x2.
+    progs = [[comp_node(1, "gemm", num_ops=10**9, tensor_size=1 << 30),
+              coll_node(2, "ag", CommType.ALL_GATHER, MIB, data_deps=(1,))] for _r in range(4)]
+    prefix = write_set(tmp_path, "w", progs)
+    pod = [prefix, "--chip", "v5e", "--shape", "2x2"]
+    plain = _replay(pod, capsys)["step_time_s"]
+    for extra in (["--set", "hbm_bytes_per_s=4e11"], ["--slow-chip", "0,0:0.5"],
+                  ["--dead-link", "0,0:y+"], ["--chip-variation", "0.05", "--seed", "1"]):
+        assert _replay([*pod, *extra], capsys)["step_time_s"] > plain * 1.001, extra
+    out = _replay([*pod, "--perfetto", str(tmp_path / "s.pftrace"), "--plots",
+                   str(tmp_path / "plots"), "--out", str(tmp_path / "tables"), "--chakra",
+                   str(tmp_path / "again")], capsys)
+    assert out["step_time_s"] == plain
+    assert (tmp_path / "s.pftrace").stat().st_size > 0
+    assert any((tmp_path / "plots").glob("*.png")) and (tmp_path / "tables" / "chips.csv").exists()
+    # The replay's own export replays to the same step.
+    assert _replay([str(tmp_path / "again"), *pod[1:]], capsys)["step_time_s"] == plain
+
+
 # -- involved_dim: ASTRA-sim's per-dimension flags -------------------------------------------
 def _v5e(shape):
     from topologies.slices import resolve_topology

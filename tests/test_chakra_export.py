@@ -53,6 +53,46 @@ def test_export_then_replay_reproduces_the_step(tmp_path, capsys, argv):
         assert _plain_step(str(tmp_path / "e"), compute) == pytest.approx(direct, rel=0.01)
 
 
+def test_a_prefill_exports_and_replays_to_the_same_time(tmp_path, capsys):
+    prefill = ["prefill", *POD, "--model", "llama3-8b", "--set", "model.num_layers=2", "--batch",
+               "2", "--prompt-len", "256", "--mesh", "tensor=4", "--quiet"]
+    direct = _run([*prefill, "--chakra", str(tmp_path / "p")], capsys)["time_s"]
+    again = _run(["replay", str(tmp_path / "p"), *POD], capsys)["step_time_s"]
+    assert again == pytest.approx(direct, rel=1e-12)
+
+
+def test_collective_permutes_export_as_sends_and_receives_listed_as_approximated(tmp_path,
+                                                                               capsys):
+    # XLA's windowed einsum (HLO fixture, v5e 4x4): its ring of collective-permutes is what
+    # Chakra cannot say; each becomes a send to the next rank of its group and a receive from
+    # the previous one, the files' metadata says so, and the files replay from the Chakra
+    # fields alone within 1% of the direct replay.
+    hlo = str(Path(__file__).parent / "fixtures" / "hlo" / "windowed_einsum_v5e16.hlo.txt.gz")
+    pod = ["--chip", "v5e", "--shape", "4x4"]
+    direct = _run(["replay", hlo, *pod], capsys)["step_time_s"]
+    capsys.readouterr()
+    assert main(["export", hlo, *pod, "--chakra", str(tmp_path / "e"), "--chakra-every-chip",
+                 "--quiet"]) == 0
+    cset = read_set(str(tmp_path / "e"))
+    inv = inventory(cset)
+    sends, recvs = inv["nodes_by_type"]["COMM_SEND_NODE"], inv["nodes_by_type"]["COMM_RECV_NODE"]
+    assert sends == recvs > 0
+    pairs = {(n.attr("comm_src"), n.attr("comm_dst"), n.attr("comm_tag"))
+             for rp in cset.ranks for n in rp.nodes if n.type == 5}
+    assert pairs == {(n.attr("comm_src"), n.attr("comm_dst"), n.attr("comm_tag"))
+                     for rp in cset.ranks for n in rp.nodes if n.type == 6}
+    for rp in cset.ranks:
+        notes = rp.metadata.attrs["tpusim_approximations"].value
+        assert any(a.startswith("collective-permute: a COMM_SEND_NODE") for a in notes)
+    chip = get_chip("v5e")
+    topo = resolve_topology(chip_name="v5e", wrap_rule=chip.generation_rule,
+                            max_pod_shape=chip.max_pod_shape, shape="4x4")
+    for compute in ("roofline", "recorded"):
+        imp = chakra_trace(cset, topo, compute, tpusim_ops=False)
+        assert simulate_step(imp.trace, chip, topo).step_time_s == pytest.approx(direct,
+                                                                                 rel=0.01)
+
+
 def test_the_files_name_each_chips_groups_and_astra_sims_comm_size(tmp_path, capsys):
     _run([*DECODE, "--chakra", str(tmp_path / "e"), "--chakra-every-chip"], capsys)
     cset = read_set(str(tmp_path / "e"))
