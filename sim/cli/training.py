@@ -135,6 +135,13 @@ def _add_schedule_args(p: argparse.ArgumentParser) -> None:
                         "the backward recomputes each chunk's logits (default 1: no tiling; "
                         "at most 4,096, dividing the tokens each chip's loss processes per "
                         "microbatch)")
+    p.add_argument("--logits-dtype", default="bf16",
+                   help="the output projection's dot: bf16 (default, MaxText's: the dot in "
+                        "bf16, its logits cast to f32 for the loss) or fp32 (MaxText's "
+                        "logits_dot_in_fp32: both operands cast to f32, so the gathered output "
+                        "projection, the logit gradients and the projection's gradient are "
+                        "f32; the dot runs at the MXU's bf16 rate, as XLA runs f32 dots at "
+                        "jax's default precision; docs/model/training.md)")
 
 
 def _add_quant_args(p: argparse.ArgumentParser) -> None:

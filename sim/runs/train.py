@@ -81,6 +81,7 @@ def training_config(req, moe=None, chip=None) -> TrainingConfig:
         dp_grad_split=req.dp_grad_split,
         ep_alltoall=req.ep_alltoall,
         vocab_tiling=req.vocab_tiling,
+        logits_dtype=req.logits_dtype,
         pipeline_schedule=req.pipeline_schedule or "1f1b",
         virtual_stages=req.virtual_stages,
         matmul_dtype=req.matmul_dtype,

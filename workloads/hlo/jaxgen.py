@@ -123,12 +123,15 @@ class Decoder:
     `shard_map` whose batch is on data x fsdp and heads on `tensor`; GQA by the kernel's own
     grouping, unfused dq and dkv backward kernels) with every block size `flash_block`
     (MaxText's default sa_block_* is 512). weight_dot: the weight matmuls' dot (AQT's int8
-    one in validation/xla_int8.py), None for bf16."""
+    one in validation/xla_int8.py), None for bf16. logits_dtype: "bf16" (the output
+    projection's dot in bf16, its logits cast to f32 for the loss: MaxText's default
+    `logits_dot_in_fp32: False` with `cast_logits_to_fp32: True`) or "fp32" (both operands
+    cast to f32 before the dot, MaxText's `logits_dot_in_fp32: True`)."""
 
     def __init__(self, mesh, dims: dict, *, act_spec=None, scopes: bool = False,
                  tag: Callable = _identity_tag, param_dtype: str = "bfloat16",
                  attention: str = "dot", flash_block: int = 512,
-                 weight_dot: Callable | None = None):
+                 weight_dot: Callable | None = None, logits_dtype: str = "bf16"):
         import jax.numpy as jnp
         from jax.sharding import PartitionSpec as P
 
@@ -148,6 +151,9 @@ class Decoder:
         # validation/xla_int8.aqt_dot; `seed` a traced uint32 (from the step's tokens).
         self.weight_dot = weight_dot
         self._seed = None
+        if logits_dtype not in ("bf16", "fp32"):
+            raise ValueError(f"logits_dtype {logits_dtype!r}: use 'bf16' or 'fp32'")
+        self.logits_dtype = logits_dtype
         self.bf = jnp.bfloat16
         if attention not in ("dot", "splash"):
             raise ValueError(f"attention {attention!r}: use 'dot' or 'splash'")
@@ -330,7 +336,11 @@ class Decoder:
         with self.scope("head"):
             with self.scope("norm"):
                 x = self.rms(x, p["nf"])
-            logits = (x @ p["unembed"].astype(self.bf)).astype(jnp.float32)
+            if self.logits_dtype == "fp32":
+                f32 = jnp.float32
+                logits = x.astype(f32) @ p["unembed"].astype(f32)
+            else:
+                logits = (x @ p["unembed"].astype(self.bf)).astype(jnp.float32)
             lse = jax.nn.logsumexp(logits, axis=-1)
             tgt = jnp.take_along_axis(logits, tok[..., None], axis=-1)[..., 0]
             return jnp.mean(lse - tgt)

@@ -59,6 +59,10 @@ def check_stateless_optimizer(optimizer: str, optimizer_dtypes: tuple[str, ...])
         "optimizer_dtype", "optimizer")
 
 
+# `logits_dtype`'s values (fp32's other spelling, f32, reads as fp32).
+LOGITS_DTYPES = ("bf16", "fp32")
+
+
 def _mode(choices: type[enum.StrEnum], value: object) -> enum.StrEnum | None:
     """`value` as a member of the mode `choices` (its exact text, or a member), else None."""
     try:
@@ -162,6 +166,13 @@ class TrainingConfig:
     # Stochastic rounding of the gradient operand of both backward matmuls (AQT's config_v3:
     # uniform noise from random bits), or round-to-nearest.
     stochastic_rounding: bool = field(default=True, metadata={"recorded_when_set": True})
+    # The dtype of the output projection's dot (docs/model/training.md "The logits path's
+    # dtype"): "bf16", its operands in bf16 and its logits cast to f32 for the loss (MaxText's
+    # default, `logits_dot_in_fp32: False` with `cast_logits_to_fp32: True`), or "fp32", both
+    # operands cast to f32 before the dot (`logits_dot_in_fp32: True`): the gathered output
+    # projection, the logit gradients and the projection's gradients in f32. Recorded only
+    # when not the default.
+    logits_dtype: str = field(default="bf16", metadata={"recorded_when_set": True})
 
     def __post_init__(self) -> None:
         # The checks run in this order so that a config with several bad settings names the
@@ -311,6 +322,15 @@ class TrainingConfig:
         if self.gather_dtype is not None:
             dtype_bytes(self.gather_dtype, "gather_dtype")
         check_stateless_optimizer(self.optimizer, (self.optimizer_dtype,))
+        v = self.logits_dtype
+        if isinstance(v, str) and v.lower() == "f32":
+            v = "fp32"
+        if not isinstance(v, str) or v.lower() not in LOGITS_DTYPES:
+            raise TpusimError(f"{{logits_dtype}} {short_repr(v)} must be bf16 (the output "
+                              f"projection's dot in bf16, its logits cast to f32: MaxText's "
+                              f"default) or fp32 (the dot's operands in f32, MaxText's "
+                              f"logits_dot_in_fp32)", "logits_dtype")
+        object.__setattr__(self, "logits_dtype", v.lower())
         self._check_quantization()
 
     def _check_quantization(self) -> None:
@@ -331,6 +351,10 @@ class TrainingConfig:
             if not isinstance(getattr(self, name), bool):
                 raise TpusimError(f"{name} {short_repr(getattr(self, name))} must be true or "
                                   f"false")
+        if self.quantize_logits and self.logits_dtype != "bf16":
+            raise TpusimError("{quantize_logits} with {logits_dtype} fp32: the output "
+                              "projection's dot is either quantized or in f32; drop one",
+                              "quantize_logits", "logits_dtype")
         if self.matmul_dtype == "bf16":
             given = [(name, value) for name, value, on in (
                 ("quantize_attention", "", self.quantize_attention),

@@ -152,6 +152,12 @@ class ProgramBuilder:
         # Optimizer state per parameter (the moments, in --optimizer-dtype).
         self.state_bytes_per_param = self.opt.state_tensors * self.ob
         self.act = float(Dtype.BF16.nbytes)  # activations in bf16
+        # The logits path (`logits_dtype`): bytes per element of the output projection's dot
+        # operands as it reads them, of its gathered weight and of the logit gradients and
+        # the projection's gradients (f32 under fp32; else the activations' and the gathered
+        # weights' own).
+        self.lb = float(Dtype.FP32.nbytes) if cfg.logits_dtype == "fp32" else self.act
+        self.lw = float(Dtype.FP32.nbytes) if cfg.logits_dtype == "fp32" else self.wc
         # Router skew and capacity (workloads/moe.py): a routing group is one sequence's local
         # shard, as MaxText computes expert capacity per sequence.
         self.routing: MoeRouting | None = (

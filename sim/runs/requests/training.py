@@ -22,13 +22,16 @@ TRAINING_FIELDS = ("model", "seq_len", "batch_per_chip", "mesh", "dcn", "axis_ma
              "grad_dtype", "gather_dtype",
              "optimizer_dtype", "optimizer", "pipeline_schedule", "virtual_stages", "no_overlap",
              "no_fusion", "tp_activations", "tp_comm", "dp_allreduce", "dp_grad_split",
-             "fsdp_grad", "ep_alltoall", "vocab_tiling", "matmul_dtype",
+             "fsdp_grad", "ep_alltoall", "vocab_tiling", "logits_dtype", "matmul_dtype",
              "quantize_attention", "quantize_logits", "quant_scales", "quant_gather",
              "no_stochastic_rounding", "fsdp_gather")
 # int8 training's settings: recorded in `inputs.flags` only when not their defaults, so bf16
 # results read (and rerun) as before.
 _QUANT_FLAGS = ("matmul_dtype", "quantize_attention", "quantize_logits", "quant_scales",
                 "quant_gather", "no_stochastic_rounding")
+# Recorded in `inputs.flags` only when not their defaults (results from before they existed
+# read and rerun as before): int8 training's settings and the logits path's dtype.
+_WHEN_SET = (*_QUANT_FLAGS, "logits_dtype")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,7 +42,7 @@ class TrainRequest(StepRequest):
     FLAGS: ClassVar[tuple[str, ...]] = (
         *POD_FIELDS, "overrides", *TRAINING_FIELDS, "algorithm", *PERTURB_FIELDS, *SPARE_FIELDS,
         "mode", "power_cap")
-    RECORDED_WHEN_SET: ClassVar[tuple[str, ...]] = _QUANT_FLAGS
+    RECORDED_WHEN_SET: ClassVar[tuple[str, ...]] = _WHEN_SET
     REQUIRED: ClassVar[tuple[str, ...]] = ("model", "seq_len", "batch_per_chip", "mesh")
 
     model: str | None = None
@@ -69,6 +72,7 @@ class TrainRequest(StepRequest):
     fsdp_grad: str = "reduce-scatter"
     ep_alltoall: str = "sync"
     vocab_tiling: int = 1
+    logits_dtype: str = "bf16"
     fsdp_gather: str = "async"
     matmul_dtype: str = "bf16"
     quantize_attention: bool = False

@@ -1,0 +1,269 @@
+"""The logits path's dtype against XLA: the output projection's dot in bf16 (its logits cast to
+f32 for the loss, MaxText's default) and in f32 (MaxText's `logits_dot_in_fp32`), compiled
+deviceless for a TPU topology, read back and compared with tpusim's `--logits-dtype`.
+
+XLA side: the LLaMA-style decoder of `validation/xla_compile.py` (SMALL widths, 4 layers
+scanned as MaxText's scan_layers, dot attention with f32 scores, bf16 params, f32 Adam
+moments, donated arguments), its logits computed as `workloads.hlo.jaxgen.Decoder` does with
+`logits_dtype` "bf16" (`(x @ w).astype(f32)`) or "fp32" (`x.astype(f32) @ w.astype(f32)`, at
+jax's default matmul precision, as MaxText's `matmul_precision: default`). The two programs
+differ only in the logits path, so the difference of their non-matmul bytes, all-gathered
+bytes and peaks is what the f32 dot costs.
+
+What is read off each compile (`--dump`: the module and its buffer assignment), as
+`validation/xla_int8.py` reads it: dot FLOPs per chip by operand type (every dot times its
+loop trips, as `tpusim import-hlo` counts them), the HBM peak of XLA's buffer assignment
+(`xla_live_ranges.hbm_peak`), the non-matmul instructions' HBM bytes and the matmuls' HBM
+bytes (operands and results, times loop trips) and the all-gathered bytes. tpusim side:
+`tpusim train` on the same model, mesh and batch with `--logits-dtype bf16` or `fp32`.
+
+Run (the XLA side needs a python with jax[tpu]==0.10.2; docs/xla_crosscheck.md):
+    python -m validation.xla_logits                         # the table from the cache
+    python -m validation.xla_logits --compile --jax-python /work/jaxvenv/bin/python
+    python -m validation.xla_logits --write                 # rewrite its docs/validation.md section
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from validation import xla_compile, xla_live_ranges
+from validation.template import splice
+
+REPO = xla_compile.REPO
+CACHE = xla_compile.RESULTS / "xla_logits.json"
+DOC = REPO / "docs" / "validation.md"
+MARKER = "<!-- logits-dtype -->"
+END = "<!-- /logits-dtype -->"
+LAYERS = 4
+
+# Physical topology and tpusim pod flags.
+CHIPS = {"v5e": ("v5e:4x4", ["--chip", "v5e", "--shape", "4x4"])}
+MESHES = {"fsdp": {"fsdp": 16}}
+
+# name -> settings. Every program here was compiled after the rules of docs/model/training.md
+# "The logits path's dtype" were written down (tpusim's predictions are in
+# validation/results/xla_logits_predictions.txt, written before the compiles).
+CONFIGS = {
+    "v5e_fsdp_full": dict(chip="v5e", mesh="fsdp", remat="full"),
+}
+SEQ, BATCH_PER_CHIP = 2048, 2
+FORMS = ("bf16", "fp32")
+
+
+# --------------------------------------------------------------------------------------------
+# jax side (runs under the jax python)
+# --------------------------------------------------------------------------------------------
+
+def _worker(name: str, form: str, dump: str | None) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        dump = dump or tmp
+        xla_compile.init_jax(dump)
+        # jax is optional: imported only where a program is compiled (the jax[tpu] python).
+        import jax.numpy as jnp
+        from jax.sharding import PartitionSpec as P
+
+        cfg = CONFIGS[name]
+        mesh, devices = xla_compile.build_mesh(CHIPS[cfg["chip"]][0], MESHES[cfg["mesh"]],
+                                               placement="topology")
+        n_chips = devices.size
+        model = xla_compile.Decoder(mesh, xla_compile.SMALL, act_spec=P("fsdp", None, None),
+                                    logits_dtype=form)
+        params = model.params(LAYERS, stacked=True)
+        tokens = model.sds((int(BATCH_PER_CHIP * n_chips), SEQ), P("fsdp", None), jnp.int32)
+        compiled = model.lower_train(params, tokens, remat=cfg["remat"], scan=True).compile()
+        text = compiled.as_text()
+        out = {"config": name, "form": form, "num_chips": int(n_chips),
+               **xla_compile.memory_stats(compiled),
+               "hbm_peak_bytes": int(xla_live_ranges.hbm_peak(Path(dump)))}
+        Path(dump, "module.hlo.txt.gz").write_bytes(gzip.compress(text.encode()))
+        xla_compile.emit(out)
+
+
+# --------------------------------------------------------------------------------------------
+# driver side (the project's python)
+# --------------------------------------------------------------------------------------------
+
+def _counts(ops) -> dict:
+    """MXU FLOPs by dtype, the matmuls' and the other compute ops' HBM bytes, gathered bytes."""
+    flops: dict[str, float] = {}
+    mxu_bytes = vpu_bytes = gathered = 0.0
+    for o in ops:
+        if o.kind == "compute" and o.unit == "mxu":
+            flops[o.dtype] = flops.get(o.dtype, 0.0) + o.flops
+            mxu_bytes += o.hbm_bytes
+        elif o.kind == "compute":
+            vpu_bytes += o.hbm_bytes
+        elif o.collective == "all-gather":
+            gathered += o.bytes
+    return {"dot_flops": flops, "mxu_bytes": mxu_bytes, "vpu_bytes": vpu_bytes,
+            "allgather_bytes": gathered}
+
+
+def read_module(name: str, text: str) -> dict:
+    """What tpusim's HLO importer counts in a compiled module (`_counts`)."""
+    # Driver side only: the jax worker's python has none of tpusim's other dependencies.
+    from sim.chips import get_chip
+    from topologies.slices import resolve_topology
+    from workloads.hlo.lower import import_hlo
+
+    chip, shape = CHIPS[CONFIGS[name]["chip"]][0].split(":")
+    c = get_chip(chip)
+    topo = resolve_topology(chip_name=c.name, wrap_rule=c.generation_rule,
+                            max_pod_shape=c.max_pod_shape, shape=shape)
+    return _counts(import_hlo(text, topology=topo, source=name).trace.ops)
+
+
+def run_xla(name: str, form: str, jax_python: str, dump: str | None) -> dict:
+    """Compile one program under the jax python and read its module."""
+    with tempfile.TemporaryDirectory() as tmp:
+        where = Path(dump, f"{name}_{form}") if dump else Path(tmp)
+        where.mkdir(parents=True, exist_ok=True)
+        extra = ["--form", form, "--dump", str(where)]
+        result = xla_compile.run_worker("validation.xla_logits", name, jax_python, extra)
+        text = gzip.decompress(Path(where, "module.hlo.txt.gz").read_bytes()).decode()
+        return {**result, **read_module(name, text)}
+
+
+def tpusim_flags(name: str, form: str) -> list[str]:
+    cfg = CONFIGS[name]
+    mesh = ",".join(f"{k}={v}" for k, v in MESHES[cfg["mesh"]].items())
+    return [*CHIPS[cfg["chip"]][1], "--mesh", mesh, "--seq-len", str(SEQ),
+            "--batch-per-chip", str(BATCH_PER_CHIP), "--remat", cfg["remat"],
+            "--attention", "dot", "--tp-activations", "replicated",
+            "--fsdp-gather", "mixed-async", "--logits-dtype", form]
+
+
+def tpusim_side(name: str, form: str) -> dict:
+    """tpusim's step of the same program: HBM peak (and its breakdown) and `_counts`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp, "model.yaml")
+        model.write_text(xla_compile.tpusim_model_yaml(
+            xla_compile.tpusim_model_dict(xla_compile.SMALL, LAYERS, "xla-logits")))
+        trace_file = Path(tmp, "step.json")
+        cmd = [sys.executable, "-m", "sim", "compile", "--model", str(model), "-o",
+               str(trace_file), *tpusim_flags(name, form)]
+        subprocess.run(cmd, check=True, capture_output=True, cwd=REPO)
+        trace = json.loads(trace_file.read_text())
+        run = subprocess.run([sys.executable, "-m", "sim", "train", "--model", str(model),
+                              "--json", *tpusim_flags(name, form)], check=True,
+                             capture_output=True, text=True, cwd=REPO)
+    doc = json.loads(run.stdout)
+    # Driver side only (the jax worker's python lacks tpusim's dependencies).
+    from workloads.trace import Trace
+
+    t = Trace.from_json(json.dumps(trace), source=name)
+    return {"hbm_peak_bytes": doc["hbm_peak_bytes"], **_counts(t.ops),
+            "hbm_peak_breakdown": doc["hbm_peak_breakdown"]}
+
+
+def predictions() -> str:
+    """tpusim's numbers for every program and form, one line each (written to
+    validation/results/xla_logits_predictions.txt before the compiles)."""
+    lines = []
+    for name in CONFIGS:
+        for form in FORMS:
+            t = tpusim_side(name, form)
+            lines.append(
+                f"{name} {form} peak {t['hbm_peak_bytes'] / 1e9:.4f} GB, dots "
+                f"{ {d: round(v / 1e12, 4) for d, v in t['dot_flops'].items()} } TFLOP, "
+                f"matmul bytes {t['mxu_bytes'] / 1e9:.3f} GB, non-matmul bytes "
+                f"{t['vpu_bytes'] / 1e9:.3f} GB, gathered {t['allgather_bytes'] / 1e9:.4f} GB")
+    return "\n".join(lines) + "\n"
+
+
+def describe(name: str) -> str:
+    cfg = CONFIGS[name]
+    mesh = " x ".join(f"{k}={v}" for k, v in MESHES[cfg["mesh"]].items())
+    return f"{CHIPS[cfg['chip']][0]} {mesh}, remat {cfg['remat']}"
+
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:.3f}"
+
+
+def section(cache: dict) -> str:
+    """The docs/validation.md section (between MARKER and END)."""
+    lines = [MARKER, "## The logits path's dtype against XLA", "",
+             "_Generated by `python -m validation.xla_logits --write` from the cached compiles "
+             "in `validation/results/xla_logits.json`; tpusim's predictions, written before "
+             "the compiles, are in `validation/results/xla_logits_predictions.txt`._", "",
+             "XLA side: the decoder of the peak-HBM table above (SMALL widths, 4 layers "
+             "scanned, dot attention, seq 2048, 2 sequences per chip, bf16 params, Adam) with "
+             "the output projection's dot in bf16 and its logits cast to f32 (MaxText's "
+             "default: `logits_dot_in_fp32: False`, `cast_logits_to_fp32: True`) and with "
+             "both its operands cast to f32 before the dot (`logits_dot_in_fp32: True`, at "
+             "jax's default matmul precision). tpusim side: `tpusim train --logits-dtype bf16` "
+             "or `fp32` (`--attention dot --tp-activations replicated --fsdp-gather "
+             "mixed-async`). Dot FLOPs per chip by operand type as tpusim's HLO importer "
+             "counts them; the HBM peak of XLA's buffer assignment; the matmuls' and the "
+             "other ops' HBM bytes (operands and results, times loop trips) and the "
+             "all-gathered bytes per chip.", "",
+             "| program | logits dot | XLA dot TFLOP by type | tpusim | XLA peak GB | "
+             "tpusim | error | matmul GB, XLA / tpusim | non-matmul GB, XLA / tpusim | "
+             "gathered GB, XLA / tpusim |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for name in CONFIGS:
+        for form in FORMS:
+            x = cache.get(f"{name}/{form}")
+            if x is None:
+                continue
+            t = tpusim_side(name, form)
+
+            def by_type(d: dict) -> str:
+                return ", ".join(f"{k} {v / 1e12:.4f}" for k, v in sorted(d.items()))
+            err = t["hbm_peak_bytes"] / x["hbm_peak_bytes"] - 1
+            lines.append(
+                f"| {describe(name)} | {form} | {by_type(x['dot_flops'])} | "
+                f"{by_type(t['dot_flops'])} | {_gb(x['hbm_peak_bytes'])} | "
+                f"{_gb(t['hbm_peak_bytes'])} | {err:+.1%} | {_gb(x['mxu_bytes'])} / "
+                f"{_gb(t['mxu_bytes'])} | {_gb(x['vpu_bytes'])} / {_gb(t['vpu_bytes'])} | "
+                f"{x['allgather_bytes'] / 1e9:.4f} / {t['allgather_bytes'] / 1e9:.4f} |")
+    lines += ["", END]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--form", default="bf16", help=argparse.SUPPRESS)
+    ap.add_argument("--dump", help="XLA dump directory (one subdirectory per program)")
+    ap.add_argument("--compile", action="store_true",
+                    help="compile the programs missing from the cache with the jax python")
+    ap.add_argument("--jax-python", default="/work/jaxvenv/bin/python",
+                    help="python with jax[tpu]==0.10.2 (default %(default)s)")
+    ap.add_argument("--forms", default=",".join(FORMS), help="comma list of logits dtypes")
+    ap.add_argument("--predict", action="store_true",
+                    help="print tpusim's predictions of every program (before compiling)")
+    ap.add_argument("--write", action="store_true",
+                    help="rewrite the logits-dtype section of docs/validation.md")
+    args = ap.parse_args()
+    if args.worker:
+        _worker(args.worker, args.form, args.dump)
+        return 0
+    if args.predict:
+        print(predictions(), end="")
+        return 0
+    if args.compile:
+        keys = [f"{n}/{f}" for n in CONFIGS for f in args.forms.split(",")]
+        xla_compile.compile_into_cache(
+            keys, CACHE, lambda k: run_xla(*k.split("/"), args.jax_python, args.dump),
+            report=lambda k, r: f"peak {r['hbm_peak_bytes'] / 1e9:.3f} GB, dots "
+                                f"{ {d: round(v / 1e12, 4) for d, v in r['dot_flops'].items()} }")
+    text = section(xla_compile.load_cache(CACHE))
+    if args.write:
+        DOC.write_text(splice(DOC.read_text(), MARKER, END, text))
+        print(f"wrote {DOC.relative_to(REPO)}")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
