@@ -710,6 +710,29 @@ def test_a_comm_group_file_defines_the_groups_pg_name_names(tmp_path, capsys):
     assert "has changed since the result was written" in capsys.readouterr().err
 
 
+def test_process_groups_that_are_not_blocks_of_the_torus_are_listed_as_approximated(
+        tmp_path, capsys):
+    # On a 4x1, ranks {0, 1} and {2, 3} are blocks of x; {0, 3} and {1, 2} are not (their
+    # all-reduces run over the whole of x): the replay says so.
+    pod = ["--chip", "v5e", "--shape", "4x1"]
+    note = "not blocks of the torus"
+    block = _replay([_pg_set(tmp_path, "blocks", metadata=[
+        {"pg_name": "1", "ranks": [0, 1]}, {"pg_name": "2", "ranks": [2, 3]}]), *pod], capsys)
+    assert not any(note in a for a in block["approximations"])
+    odd = _pg_set(tmp_path, "odd", metadata=[{"pg_name": "1", "ranks": [0, 3]},
+                                            {"pg_name": "2", "ranks": [1, 2]}])
+    progs = read_set(odd)
+    assert [rp.nodes[1].attr("pg_name") for rp in progs.ranks] == ["1", "1", "2", "2"]
+    # rank r's all-reduce names its own group: ranks 1 and 3 swap theirs
+    for r, pg in ((1, "2"), (3, "1")):
+        nodes = [progs.ranks[r].nodes[0],
+                 coll_node(1, "ar", CommType.ALL_REDUCE, MIB, pg_name=pg)]
+        (tmp_path / "odd" / f"odd.{r}.et").write_bytes(encode_file(GlobalMetadata(), nodes))
+    out = _replay([odd, *pod], capsys)
+    assert any(note in a and a.endswith("(1)") for a in out["approximations"]), out
+    assert out["step_time_s"] >= block["step_time_s"]
+
+
 @pytest.mark.parametrize("text,rule", [
     ("[1, 2]", "must be a non-empty JSON object"),
     ("{\"1\": [0, 1", "is not JSON"),

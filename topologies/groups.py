@@ -552,6 +552,8 @@ def _block_factors(topology: Topology, groups: list[list[int]]):
         if fs is None:
             return None
         for size, stride in fs:
+            if topology.axis_size(axis) % (size * stride):
+                return None  # e.g. chips 0 and 3 of a 4-ring: no digit of the axis
             factors.append(axis_factor(topology, axis, size, stride))
     if int(np.prod([f.size for f in factors] or [1])) != len(groups[0]):
         return None

@@ -46,6 +46,7 @@ from workloads.chakra.comm_group import check_ranks
 from workloads.chakra.convert_fields import OP_FIELDS
 from workloads.chakra.programs import (
     MULTI_NOTE,
+    count_not_block,
     intern_group,
     program_of_ranks,
     programs_trace,
@@ -410,6 +411,7 @@ def chakra_trace(cset: ChakraSet, topology: Topology,
     ops: list[Op] = []
     device_groups: list[dict] = []
     group_index: dict[str, int] = {}
+    not_block: dict[int, bool] = {}
     groups0 = _groups(cset.ranks[0], r if r > 1 else n_chips, comm_groups)
     for k, (fields, part) in enumerate(ref):
         gid = -1
@@ -450,6 +452,7 @@ def chakra_trace(cset: ChakraSet, topology: Topology,
                                 f"groups of one collective to be disjoint")
                         seen[c] = 1
             gid = intern_group(spec, group_index, device_groups)
+            count_not_block(topology, spec, gid, not_block, notes)
         ops.append(Op(id=k, group=gid, **fields))
     mesh = job_mesh(topology)
     approx = tuple(f"{text} ({count})" for text, count in sorted(notes.items()))

@@ -32,7 +32,7 @@ import math
 from collections import Counter
 
 from topologies.errors import TpusimError
-from topologies.groups import tile_device_groups
+from topologies.groups import factor_device_groups, tile_device_groups
 from topologies.mesh import job_mesh
 from topologies.torus import Topology
 from workloads.chakra.reader import ChakraSet
@@ -42,6 +42,21 @@ from workloads.trace_meta import TraceKind, TraceMeta
 MULTI_NOTE = ("ranks running different programs replayed each on its own chip; sends and "
               "receives between them matched by (comm_src, comm_dst, comm_tag)")
 
+
+
+NOT_BLOCK = ("collectives whose process groups are not blocks of the torus run over the whole "
+             "dimensions their ranks span (an upper bound)")
+
+
+def count_not_block(topology: Topology, spec: dict, gid: int, seen: dict[int, bool],
+                    notes: dict) -> None:
+    """Count in `notes` a collective over device-group spec `gid` whose groups are not blocks
+    of the torus (`factor_device_groups` is not exact: the engine runs it over the whole axes
+    they span); `seen` caches each spec's verdict."""
+    if gid not in seen:
+        seen[gid] = "groups" in spec and not factor_device_groups(topology, spec["groups"])[1]
+    if seen[gid]:
+        notes[NOT_BLOCK] += 1
 
 
 def intern_group(spec: dict, index: dict[str, int], groups: list[dict]) -> int:
@@ -147,6 +162,7 @@ def programs_trace(cset: ChakraSet, per_rank: list[list], topology: Topology, co
     device_groups: list[dict] = []
     group_index: dict[str, int] = {}
     tiles: dict[tuple, list] = {}
+    not_block: dict[int, bool] = {}
     programs = []
     for ranks, prog in zip(ranks_of, sized, strict=True):
         ops = []
@@ -162,6 +178,7 @@ def programs_trace(cset: ChakraSet, per_rank: list[list], topology: Topology, co
                     tiles[key] = tile_device_groups(topology, groups) or groups
                 spec = {"groups": tiles[key]}
                 gid = intern_group(spec, group_index, device_groups)
+                count_not_block(topology, spec, gid, not_block, notes)
             ops.append(Op(id=k, group=gid, **fields))
         programs.append(ops)
     mesh = job_mesh(topology)
