@@ -44,14 +44,16 @@ END = "<!-- /logits-dtype -->"
 LAYERS = 4
 
 # Physical topology and tpusim pod flags.
-CHIPS = {"v5e": ("v5e:4x4", ["--chip", "v5e", "--shape", "4x4"])}
-MESHES = {"fsdp": {"fsdp": 16}}
+CHIPS = {"v5e": ("v5e:4x4", ["--chip", "v5e", "--shape", "4x4"]),
+         "v5p": ("v5p:2x2x4", ["--chip", "v5p", "--shape", "2x2x4"])}
+MESHES = {"fsdp": {"fsdp": 16}, "fsdp_tp": {"fsdp": 4, "tensor": 4}}
 
-# name -> settings. Every program here was compiled after the rules of docs/model/training.md
-# "The logits path's dtype" were written down (tpusim's predictions are in
-# validation/results/xla_logits_predictions.txt, written before the compiles).
+# name -> settings. `held_out`: compiled after the rules of docs/model/training.md "The logits
+# path's dtype" were read off the others (tpusim's predictions, written before each compile,
+# are in validation/results/xla_logits_predictions.txt).
 CONFIGS = {
     "v5e_fsdp_full": dict(chip="v5e", mesh="fsdp", remat="full"),
+    "v5p_fsdp_tp_full": dict(chip="v5p", mesh="fsdp_tp", remat="full", held_out=True),
 }
 SEQ, BATCH_PER_CHIP = 2048, 2
 FORMS = ("bf16", "fp32")
@@ -136,8 +138,8 @@ def tpusim_flags(name: str, form: str) -> list[str]:
     mesh = ",".join(f"{k}={v}" for k, v in MESHES[cfg["mesh"]].items())
     return [*CHIPS[cfg["chip"]][1], "--mesh", mesh, "--seq-len", str(SEQ),
             "--batch-per-chip", str(BATCH_PER_CHIP), "--remat", cfg["remat"],
-            "--attention", "dot", "--tp-activations", "replicated",
-            "--fsdp-gather", "mixed-async", "--logits-dtype", form]
+            "--attention", "dot", "--tp-activations", "replicated", "--fsdp-gather",
+            "mixed-async" if cfg["chip"] == "v5e" else "mixed-blocking", "--logits-dtype", form]
 
 
 def tpusim_side(name: str, form: str) -> dict:

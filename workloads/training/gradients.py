@@ -21,9 +21,6 @@ class StepState:
 
     emb_w: float  # one vocabulary matrix (the output projection) at the gather dtype
     emb_all: float  # every embedding parameter at the gather dtype
-    # The gathered output projection as the logits' dot reads it (in f32 under
-    # `logits_dtype` fp32: each shard cast before its gather), else `emb_w`.
-    emb_head: float
     # The input table is read by an all-to-all of the activations instead of being gathered
     # (`xla_rules.embedding_lookup_alltoall`; never in a later pipeline chunk, whose input
     # activations arrive from the previous one).

@@ -152,12 +152,11 @@ class ProgramBuilder:
         # Optimizer state per parameter (the moments, in --optimizer-dtype).
         self.state_bytes_per_param = self.opt.state_tensors * self.ob
         self.act = float(Dtype.BF16.nbytes)  # activations in bf16
-        # The logits path (`logits_dtype`): bytes per element of the output projection's dot
-        # operands as it reads them, of its gathered weight and of the logit gradients and
-        # the projection's gradients (f32 under fp32; else the activations' and the gathered
-        # weights' own).
-        self.lb = float(Dtype.FP32.nbytes) if cfg.logits_dtype == "fp32" else self.act
-        self.lw = float(Dtype.FP32.nbytes) if cfg.logits_dtype == "fp32" else self.wc
+        # Bytes per element of the output projection's weight gradient as its dot writes it
+        # and its fsdp reduction carries it: f32 under `logits_dtype` fp32 (the f32 dot's
+        # result, converted to the params' dtype only after the reduction), else the
+        # gradients' dtype (docs/model/training.md "The logits path's dtype").
+        self.head_gb = float(Dtype.FP32.nbytes) if cfg.logits_dtype == "fp32" else self.gb
         # Router skew and capacity (workloads/moe.py): a routing group is one sequence's local
         # shard, as MaxText computes expert capacity per sequence.
         self.routing: MoeRouting | None = (
@@ -297,7 +296,8 @@ class ProgramBuilder:
             return self.ring_accumulators(name, op, w_elems * self.wc, layer, phase)
         return op
 
-    def ring_accumulators(self, name, dep, w_bytes, layer, phase) -> int:
+    def ring_accumulators(self, name, dep, w_bytes, layer, phase,
+                          grad_bytes: float | None = None) -> int:
         """The accumulator traffic of a weight gradient's windowed reduce-scatter (a collective
         matmul), as the fusion of its own XLA runs it as, after the dW matmul (`NAME_accum`).
 
@@ -309,7 +309,7 @@ class ProgramBuilder:
         zeroes the accumulators on the first step reads and writes each of the two accumulators
         once per two steps (1 shard per step): 4 x |W| bytes over the N steps, one add per
         gradient element (docs/model.md "Training steps")."""
-        g = w_bytes / self.wc * self.gb
+        g = w_bytes / self.wc * (self.gb if grad_bytes is None else grad_bytes)
         return self.vpu(f"{name}_accum", w_bytes / self.wc, 4.0 * g, [dep], layer, phase)
 
     def vpu(self, name, flops, nbytes, deps, layer, phase, **kw):

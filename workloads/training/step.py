@@ -51,6 +51,7 @@ class Head:
     prev: int  # the output gradient entering the last layer's backward
     held: float  # logits-path bytes live through the backward loop
     head_accum: int | None  # the output projection's windowed-ring accumulators
+    head_grad_extra: float = 0.0  # f32 head-gradient bytes held until its reduction
 
 
 @dataclass(slots=True)
@@ -85,7 +86,8 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
                                  self.rows() * m.d_model * self.act, [prev], 0, "bwd")
                 prev = send if send is not None else prev
             emb_bwd = self.embedding_backward(st, prev, dp_wait)
-            self.embedding_gradient_reductions(st, mb, emb_bwd, head.head_accum)
+            erc = self.embedding_gradient_reductions(st, mb, emb_bwd, head.head_accum)
+            self.mem(erc if erc is not None else emb_bwd, G.GRADIENTS, -head.head_grad_extra)
             st.prev_compute = emb_bwd
         self.norm_gradient_reductions(st)
         return self.update(st)
@@ -104,7 +106,6 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
             cast = self.vpu(WEIGHT_CAST, p_cast, p_cast * (self.wb + self.wc), [], -1, "fwd")
         return StepState(
             emb_w=emb_w, emb_all=emb_w * (1 if m.tied_embeddings else 2),
-            emb_head=emb_w / self.wc * self.lw if self.head_on else emb_w,
             lookup_a2a=self.embed_on and xla.embedding_lookup_alltoall(
                 tied=m.tied_embeddings, shards=self.fsdp_shards),
             cast=cast, p_cast=p_cast)
@@ -146,7 +147,7 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
         # The last layer's device copies complete with the loop (before the final norm).
         self.mem(prev, G.SAVED_ACTIVATIONS, -in_flight)
         if late_head:
-            self.mem(prev, G.GATHERED_WEIGHTS, st.emb_head)
+            self.mem(prev, G.GATHERED_WEIGHTS, st.emb_w)
         return Forward(start=start, emb_g=emb_g, stack=stack, prev=prev)
 
     def embedding_forward(self, st: StepState) -> tuple[list[int], int | None, bool, int]:
@@ -158,18 +159,15 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
         emb_w = st.emb_w
         start = [st.prev_compute] if st.prev_compute is not None else \
             ([st.cast] if st.cast is not None else [])
-        # The matrix is gathered as the output projection reads it (f32 under `logits_dtype`
-        # fp32: the program casts each shard to f32 before the dot, and the gather runs on
-        # the cast shard, as under `gather_dtype`).
-        emb_g = self.coll("fsdp_allgather_embed", "all-gather", A2A_AXES, st.emb_head, start,
-                          -1, "fwd") if self.embed_on or self.head_on else None
+        emb_g = self.coll("fsdp_allgather_embed", "all-gather", A2A_AXES, emb_w, start, -1,
+                          "fwd") if self.embed_on or self.head_on else None
         # The output projection's gather is issued at the start either way (its time is hidden
         # behind the forward); when XLA holds the gathered matrix is `head_gathered_late`.
         late_head = (emb_g is not None and self.head_on and xla.head_gathered_late(
             lookup_alltoall=st.lookup_a2a, holds_embedding=self.embed_on,
             forward_windowed=self.forward_windowed))
         if not late_head:
-            self.mem(emb_g, G.GATHERED_WEIGHTS, st.emb_head)
+            self.mem(emb_g, G.GATHERED_WEIGHTS, emb_w)
         lk = None
         if st.lookup_a2a:
             tok = self.token_gathers(start, "fwd")
@@ -236,11 +234,9 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
     def head_pass(self, st: StepState, fwd: Forward) -> Head:
         """The final norm, the output projection, the loss and their backward (a pipeline chunk
         before the last: the output gradient arriving from the next)."""
-        m, d, cfg, a, lb = self.m, self.d, self.cfg, self.act, self.lb
+        m, d, cfg, a = self.m, self.d, self.cfg, self.act
         b, n, D, V = self.b, d.n, m.d_model, m.vocab_size
-        # `logits_dtype` fp32: the dot reads the gathered projection in f32 (`emb_head`) and
-        # the logit gradients and the projection's input and weight gradients are f32 (`lb`).
-        emb_w, emb_g, prev = st.emb_head, fwd.emb_g, fwd.prev
+        emb_w, emb_g, prev = st.emb_w, fwd.emb_g, fwd.prev
         if not self.head_on:
             # A pipeline chunk before the last: its output gradient arrives from the next.
             final_norm = prev = b.add("stage_grad_input", kind=OpKind.COMPUTE,
@@ -284,22 +280,34 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
                              k=D))
             dlog_deps = [self.vpu("softmax_xent_recompute", 6 * n * V / d.tp,
                                   2 * n * V / d.tp * 4, [rl], -1, "bwd")]
-        dlog = self.vpu("dlogits", 4 * n * V / d.tp, n * V / d.tp * (a + lb), dlog_deps,
+        dlog = self.vpu("dlogits", 4 * n * V / d.tp, 2 * n * V / d.tp * a, dlog_deps,
                         -1, "bwd")
+        # `logits_dtype` fp32 (docs/model/training.md "The logits path's dtype"): XLA rounds a
+        # default-precision f32 dot's operands to bf16, so the gathered projection, the final
+        # norm's output and the logit gradients stay bf16 and only the weight gradient, the
+        # f32 dot's result, is f32 (`head_gb`) until its fsdp reduction.
         dx = self.mm("logits_bwd", 4 * n * D * V / d.tp, 2 * emb_w * tiles,
-                     n * V / d.tp * lb, n * D * a + emb_w, [dlog], -1, "bwd",
+                     n * V / d.tp * a, n * D * a + emb_w / self.wc * self.head_gb, [dlog],
+                     -1, "bwd",
                      q=Q("logits", act=n * D, sr=2 * n * V / d.tp, weight=emb_w / self.wc,
                          out=n * D + emb_w / self.wc, k=V / d.tp))
         if self.rs_windowed and self.fsdp_shards > 1:
             # The output projection's gradient is reduce-scattered by a windowed ring
             # too (XLA's largest one: [d_model / N, vocab] accumulators).
-            head_accum = self.ring_accumulators("logits_bwd_weights", dx, st.emb_w, -1,
-                                                "bwd")
+            head_accum = self.ring_accumulators("logits_bwd_weights", dx, emb_w, -1,
+                                                "bwd", grad_bytes=self.head_gb)
         held = self.head_held_bytes()
+        # The f32 weight gradient's extra bytes over the gradients' dtype (`logits_dtype`
+        # fp32), held from the backward dot until its fsdp reduction after the backward loop:
+        # the two [d_model / N, vocab] accumulators of a windowed ring, else the whole matrix
+        # (v5e fsdp=16: XLA's peak +16.8 MB, the two f32 accumulators).
+        extra = (self.head_gb - self.gb) * emb_w / self.wc * (
+            2 / self.fsdp_shards if self.rs_windowed and self.fsdp_shards > 1 else 1.0)
+        self.mem(dx, G.GRADIENTS, extra)
         # At the loss XLA holds the logits in f32 and a bf16 buffer for their
         # gradients (workloads/memory.py), plus the gathered output projection; all die
         # with the logits' backward matmul. Vocab tiling holds one chunk's at a time.
-        lt = loss_tensors(rows=n / tiles, local_vocab=V / d.tp, act_bytes=lb)
+        lt = loss_tensors(rows=n / tiles, local_vocab=V / d.tp, act_bytes=a)
         self.mem(logits, G.LOGITS, sum(t.num_bytes for t in lt))
         self.mem(dx, G.LOGITS, -sum(t.num_bytes for t in lt) + held)
         self.mem(dx, G.GATHERED_WEIGHTS, -emb_w if emb_g is not None else 0.0)
@@ -307,7 +315,7 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
         # activations are sharded, all-reduced when they are replicated).
         dar_deps = self.tp_exit("", "logits_bwd", dx, [dx], -1, "bwd")
         return Head(final_norm=final_norm, prev=dar_deps[-1], held=held,
-                    head_accum=head_accum)
+                    head_accum=head_accum, head_grad_extra=extra)
 
     def mtp_heads(self, prev: int, emb_g: int | None) -> None:
         """Each MTP module's loss (DeepSeek-V3 §2.2: the module's own final norm, then the
@@ -344,7 +352,7 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
     def head_held_bytes(self) -> float:
         """Logits-path bytes the chip's compiler keeps through the backward loop (the
         deferred head weight gradient, the f32 logits of a loss value scheduled after it)."""
-        m, d, cfg, a = self.m, self.d, self.cfg, self.lb
+        m, d, cfg, a = self.m, self.d, self.cfg, self.act
         n, D, V, tiles = d.n, m.d_model, m.vocab_size, cfg.vocab_tiling
         held = deferred_head_gradient_bytes(
             rows=n, d_model=D, local_vocab=V / d.tp, act_bytes=a, tensor=d.tp,
@@ -557,7 +565,7 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
         return emb_bwd
 
     def embedding_gradient_reductions(self, st: StepState, mb: int, emb_bwd: int,
-                                      head_accum: int | None) -> None:
+                                      head_accum: int | None) -> int | None:
         """The embedding tables' gradients summed over fsdp (and, on the last microbatch,
         over the data-parallel axes), and the HBM of the rest of the local gradient shard."""
         cfg, fse = self.cfg, self.fsdp_shards
@@ -566,8 +574,7 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
         if self.embed_on or self.head_on:
             erc = self.coll(f"fsdp_grad_{self.grad_kind.replace('-', '')}_embed",
                             self.grad_kind, A2A_AXES,
-                            emb_w / self.wc * (self.lw if self.head_on and
-                                               cfg.logits_dtype == "fp32" else self.gb)
+                            emb_w / self.wc * (self.head_gb if self.head_on else self.gb)
                             * (self.ring(fse, "reduce-scatter") if self.rs_windowed else 1.0),
                             [emb_bwd] + ([head_accum] if head_accum is not None else []),
                             -1, "bwd")
@@ -585,6 +592,7 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
         if mb == 0:  # embedding and norm gradients: the rest of the local shard
             self.mem(erc if erc is not None else emb_bwd, G.GRADIENTS,
                      max(self.local_params() * self.gh - st.grads_allocated, 0.0))
+        return erc
 
     def update(self, st: StepState) -> Trace:
         """The optimizer update on the local parameter shard, and the trace of the step."""
@@ -658,6 +666,6 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
             # The loss's temporaries (pipeline stages add them to the last stage's peak).
             logits_bytes=sum(t.num_bytes for t in loss_tensors(
                 rows=d.n / cfg.vocab_tiling, local_vocab=m.vocab_size / d.tp,
-                act_bytes=self.lb))
+                act_bytes=self.act))
             if self.head_on else 0.0,
         )
