@@ -1,7 +1,8 @@
 """The logits path's dtype (`logits_dtype`, MaxText's `logits_dot_in_fp32`): under fp32 the
-output projection is gathered and read in f32, the logit gradients and the projection's
-weight gradient are f32, the dot's FLOPs and MXU rate are bf16's (one pass at jax's default
-precision); bf16 (the default) is the model as before. Closed forms on a tiny model."""
+output projection's weight gradient is f32 (written, held and reduced over fsdp in f32) while
+its gather, the logits and the logit gradients are as under bf16 and the dot's FLOPs and MXU
+rate are bf16's (one pass at jax's default precision); bf16 (the default) is the model as
+before. Closed forms on a tiny model."""
 
 from __future__ import annotations
 
@@ -36,54 +37,64 @@ def _op(trace, name):
     return op
 
 
-@pytest.mark.parametrize("form,lb", [("bf16", 2), ("fp32", 4)])
-def test_the_output_projection_dot_and_its_backward_in_closed_form(form, lb):
+@pytest.mark.parametrize("form,hg", [("bf16", 2), ("fp32", 4)])
+def test_the_output_projection_dot_and_its_backward_in_closed_form(form, hg):
     t = _trace(form)
     fwd, bwd = _op(t, "logits"), _op(t, "logits_bwd")
     # The same FLOPs at the same (bf16) MXU rate in either form.
     assert (fwd.flops, bwd.flops) == (2 * N * D * V, 4 * N * D * V)
     assert fwd.dtype == bwd.dtype == "bf16"
-    w = V * D * lb  # the gathered projection as the dot reads it (bf16 params)
+    w = V * D * 2  # the gathered projection, bf16 in either form (XLA rounds the operands)
     # Forward: the weight, the bf16 final-norm output, the f32 logits.
     assert fwd.hbm_bytes == w + N * D * 2 + N * V * 4
-    # Backward: the weight twice, the logit gradients (f32 under fp32), the bf16 input
-    # gradient and the weight gradient in the dot's dtype.
-    assert bwd.hbm_bytes == 2 * w + N * V * lb + N * D * 2 + w
-    # The loss holds the f32 logits and the logit gradients from the dot to its backward.
+    # Backward: the weight twice, the bf16 logit gradients, the bf16 input gradient and the
+    # weight gradient in the dot's result type (f32 under fp32).
+    assert bwd.hbm_bytes == 2 * w + N * V * 2 + N * D * 2 + V * D * hg
+    # The loss holds the f32 logits and bf16 logit gradients in either form.
     ev = {t.ops[i].name: delta for i, cat, delta in t.meta.memory_events if cat == "logits"}
-    assert ev["logits"] == N * V * (4 + lb)
+    assert ev["logits"] == N * V * 6
 
 
-@pytest.mark.parametrize("form,lb", [("bf16", 2), ("fp32", 4)])
-def test_the_projection_is_gathered_and_its_gradient_reduce_scattered_in_the_dot_dtype(
-        form, lb):
+@pytest.mark.parametrize("form,hg", [("bf16", 2), ("fp32", 4)])
+def test_the_projection_gradient_is_reduced_in_f32_and_held_until_then(form, hg):
     t = _trace(form)
-    # fsdp=2: each chip holds half the [vocab, d_model] matrix; the gather carries the
-    # whole of it (the collective's bytes), the reduce-scatter the whole gradient.
-    assert _op(t, "fsdp_allgather_embed").bytes == V * D * lb
-    assert _op(t, "fsdp_grad_reducescatter_embed").bytes == V * D * lb
-    # HBM holds the gathered matrix in the same dtype (from the gather or, when XLA holds it
-    # late, from the last layer's forward) until the backward dot.
-    held = [d for i, cat, d in t.meta.memory_events if cat == "gathered_weights"
-            and t.ops[i].layer == -1 or cat == "gathered_weights" and d == V * D * lb]
-    assert V * D * lb in held and -V * D * lb in held
+    # fsdp=2: the gather carries the whole [vocab, d_model] matrix in bf16 either way, the
+    # reduce-scatter the whole gradient in the dot's result type.
+    assert _op(t, "fsdp_allgather_embed").bytes == V * D * 2
+    rs = _op(t, "fsdp_grad_reducescatter_embed")
+    assert rs.bytes == V * D * hg
+    # The f32 gradient's extra 2 bytes an element live from the backward dot to the
+    # reduce-scatter (no windowed ring here: the whole matrix).
+    grads = [(t.ops[i].name, d) for i, cat, d in t.meta.memory_events if cat == "gradients"
+             and t.ops[i].name in ("logits_bwd", rs.name) and abs(d) == V * D * 2]
+    assert grads == ([("logits_bwd", V * D * 2), (rs.name, -V * D * 2)]
+                     if form == "fp32" else [])
 
 
-def test_fp32_changes_only_the_logits_path():
+def test_fp32_changes_only_the_projection_gradient():
     bf, f = _trace("bf16"), _trace("fp32")
-    head = {"logits", "logits_bwd", "dlogits", "fsdp_allgather_embed",
-            "fsdp_grad_reducescatter_embed"}
     for a, b in zip(bf.ops, f.ops, strict=True):
         assert a.name == b.name
-        if a.name not in head:
+        if a.name not in ("logits_bwd", "fsdp_grad_reducescatter_embed"):
             assert (a.flops, a.hbm_bytes, a.bytes) == (b.flops, b.hbm_bytes, b.bytes), a.name
     mxu = [sum(o.flops for o in t.ops if o.kind == OpKind.COMPUTE and o.unit == Unit.MXU)
            for t in (bf, f)]
     assert mxu[0] == mxu[1]
-    # The dlogits fusion writes f32 gradients: its traffic grows by 2 bytes a logit where it
-    # is not fused away.
-    d0, d1 = _op(bf, "dlogits").hbm_bytes, _op(f, "dlogits").hbm_bytes
-    assert d1 - d0 in (0.0, 2 * N * V) and (d0 == 0) == (d1 == 0)
+
+
+def test_a_windowed_head_ring_holds_two_f32_accumulator_shards():
+    # fsdp=4 with windowed gathers: the projection's gradient is reduce-scattered by a
+    # windowed ring whose accumulators (two [d_model / 4, vocab] shards) are f32 under fp32,
+    # as are its accumulator traffic and the ring's bytes.
+    kw = dict(mesh="fsdp=4", chips=4, fsdp_gather="windowed")
+    bf, f = _trace("bf16", **kw), _trace("fp32", **kw)
+    acc = [_op(t, "logits_bwd_weights_accum").hbm_bytes for t in (bf, f)]
+    assert acc == [4 * V * D * 2, 4 * V * D * 4]
+    extra = [d for i, cat, d in f.meta.memory_events if cat == "gradients"
+             and f.ops[i].name == "logits_bwd"]
+    assert extra == [2 * (V * D / 4) * 2]
+    assert _op(f, "fsdp_grad_reducescatter_embed").bytes == \
+        2 * _op(bf, "fsdp_grad_reducescatter_embed").bytes
 
 
 def test_the_default_is_bf16_and_is_not_recorded():

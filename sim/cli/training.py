@@ -138,10 +138,10 @@ def _add_schedule_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--logits-dtype", default="bf16",
                    help="the output projection's dot: bf16 (default, MaxText's: the dot in "
                         "bf16, its logits cast to f32 for the loss) or fp32 (MaxText's "
-                        "logits_dot_in_fp32: both operands cast to f32, so the gathered output "
-                        "projection, the logit gradients and the projection's gradient are "
-                        "f32; the dot runs at the MXU's bf16 rate, as XLA runs f32 dots at "
-                        "jax's default precision; docs/model/training.md)")
+                        "logits_dot_in_fp32: both operands cast to f32; at jax's default "
+                        "precision XLA runs the dot as one bf16 pass on bf16-rounded operands, "
+                        "so only the projection's weight gradient is f32, held and "
+                        "reduce-scattered in f32; docs/model/training.md)")
 
 
 def _add_quant_args(p: argparse.ArgumentParser) -> None:

@@ -169,9 +169,9 @@ class TrainingConfig:
     # The dtype of the output projection's dot (docs/model/training.md "The logits path's
     # dtype"): "bf16", its operands in bf16 and its logits cast to f32 for the loss (MaxText's
     # default, `logits_dot_in_fp32: False` with `cast_logits_to_fp32: True`), or "fp32", both
-    # operands cast to f32 before the dot (`logits_dot_in_fp32: True`): the gathered output
-    # projection, the logit gradients and the projection's gradients in f32. Recorded only
-    # when not the default.
+    # operands cast to f32 before the dot (`logits_dot_in_fp32: True`): at jax's default
+    # precision the dot runs as one bf16 pass on bf16-rounded operands, so only the
+    # projection's weight gradient is f32. Recorded only when not the default.
     logits_dtype: str = field(default="bf16", metadata={"recorded_when_set": True})
 
     def __post_init__(self) -> None:
