@@ -355,7 +355,8 @@ def attention_temporaries(*, rows: float, context: float, local_heads: float,
 
 
 def attention_backward_score_buffers(*, remat: str, score_grad_fusion: bool = False,
-                                     bwd_probs_buffer: bool = False) -> int:
+                                     bwd_probs_buffer: bool = False,
+                                     int8: bool = False) -> int:
     """How many bf16 buffers of the score matrix's size ([rows, context, local heads]) a dot
     attention's backward holds at its score gradient, the peak of the layer's backward.
 
@@ -379,7 +380,7 @@ def attention_backward_score_buffers(*, remat: str, score_grad_fusion: bool = Fa
     if remat == "none":
         return 3
     buffers = 2 + (0 if score_grad_fusion else 1)
-    if bwd_probs_buffer and remat in ("minimal", "offload"):
+    if bwd_probs_buffer and (remat in ("minimal", "offload") or int8):
         buffers += 1
     return buffers
 
@@ -433,7 +434,8 @@ def deferred_head_gradient_bytes(*, rows: float, d_model: int, local_vocab: floa
                                  tensor: int, fsdp: int, tp_activations: str, remat: str,
                                  act_bytes: float = 2.0,
                                  residual_rows: float | None = None,
-                                 attention: str = "dot", gather: str = "async") -> float:
+                                 attention: str = "dot", gather: str = "async",
+                                 int8: bool = False) -> float:
     """Bytes of the logits path that stay live through the whole backward layer loop (per
     chip): 0, or, when XLA defers the output projection's weight gradient past the loop, the
     bf16 logits it recomputes the logit gradients from (2 bytes per local logit) and the final
@@ -469,7 +471,7 @@ def deferred_head_gradient_bytes(*, rows: float, d_model: int, local_vocab: floa
     programs defer with either form); windowed gathers and sharded activations are assumed
     to defer as with dot attention (no flash program of that kind was compiled).
     """
-    if tensor <= 1 or fsdp <= 1:
+    if tensor <= 1 or fsdp <= 1 or int8:
         return 0.0
     if attention == "flash" and tp_activations == "replicated" and gather == "blocking":
         return 0.0

@@ -102,7 +102,7 @@ class HbmModel(ProgramBuilder):
         seventh compiled after); MoE layers keep theirs too (not measured)."""
         if self.cfg.remat_plan.rule not in ("full", "minimal") or self.layer_is_moe(layer) \
                 or self.m.parallel_block \
-                or xla.mlp_grads_after_attention(self.cfg, rs_windowed=self.rs_windowed):
+                or self.mlp_grads_last:
             return 0.0, 0.0
         side = {"residual_mid", "norm_mlp_stats", "norm_mlp_out", "mlp_hidden", "mlp_act_out",
                 "attn_out_proj"}

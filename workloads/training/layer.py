@@ -18,6 +18,7 @@ from workloads.memory import (
     score_exp_fused,
 )
 from workloads.moe import dispatch_flops
+from workloads.training import xla_rules as xla
 from workloads.training.program import MTP_PROJ, ProgramBuilder, Q
 from workloads.training.quant import RANDOM_BITS_BYTES
 
@@ -436,7 +437,7 @@ class LayerProgram(ProgramBuilder):
         """Bytes of stochastic rounding's random bits a layer's backward holds from its start
         (`quant.SR_HELD_RULE`): the weight gradients' output-gradient noise of the MLP and of
         the attention, and the q, k, v input gradients' (none without stochastic rounding)."""
-        if not self.cfg.stochastic_rounding:
+        if not self.cfg.stochastic_rounding or not xla.sr_bits_early(self.cfg):
             return {}
         m, d = self.m, self.d
         n, D, tp, hd = d.n, m.d_model, d.tp, m.head_dim
@@ -533,8 +534,9 @@ class LayerProgram(ProgramBuilder):
                          q=Q(act=n * D + n * F / tp, sr=n * F * (mats - 1) / tp + n * D,
                              out=w_mlp / self.wc, k=n))
         self.mlp_weights_done = self.last_matmul  # the MLP matrices' last reader
-        self.mem(self.last_matmul, MemoryCategory.TEMPORARIES,
-                 -self._sr_held.get("mlp_weights", 0.0))
+        if not self.mlp_grads_last:
+            self.mem(self.last_matmul, MemoryCategory.TEMPORARIES,
+                     -self._sr_held.pop("mlp_weights", 0.0))
         dcomb_deps: list[int] = []
         if moe:
             ar1, dcomb_deps = self.moe_router_backward(layer, dmlp_w, dact, cb, ar1, sync)
@@ -713,8 +715,9 @@ class LayerProgram(ProgramBuilder):
                           proj_in, 0.0, [rope], layer, "bwd",
                           keys=self.attn_keys(), whole_bytes=whole_w, q=q_dproj_w)
         self.attn_weights_done = dproj_w
+        # The MLP's weight-gradient bits too where XLA runs those gradients last.
         self.mem(self.last_matmul, MemoryCategory.TEMPORARIES,
-                 -self._sr_held.get("attn_weights", 0.0))
+                 -self._sr_held.get("attn_weights", 0.0) - self._sr_held.get("mlp_weights", 0.0))
         out = self.vpu("norm_attn_bwd", 10 * r * D, 4 * r * D * a,
                        att_exit + [dact, dmlp_w, dproj_w], layer, "bwd")
         return self.mtp_backward(layer, out) if self.is_mtp_layer(layer) else out
@@ -758,7 +761,8 @@ class LayerProgram(ProgramBuilder):
             # counted as saved or recomputed.
             extra = (attention_backward_score_buffers(
                 remat=self.cfg.remat_plan.rule, score_grad_fusion=self.cfg.score_grad_fusion,
-                bwd_probs_buffer=self.cfg.bwd_probs_buffer) - 1) * scores * a
+                bwd_probs_buffer=self.cfg.bwd_probs_buffer,
+                int8=self.quantizes("weight")) - 1) * scores * a
             self.mem(dproj, MemoryCategory.TEMPORARIES, extra - self.bwd_probs_bytes)
             self.mem(datt, MemoryCategory.TEMPORARIES, -extra)
             self.bwd_probs_bytes = 0.0

@@ -513,6 +513,12 @@ class ProgramBuilder:
         """`rs_windowed_for` the non-expert weights' group (fsdp x expert)."""
         return self.rs_windowed_for(self.fsdp_shards)
 
+    @property
+    def mlp_grads_last(self) -> bool:
+        """`xla_rules.mlp_grads_after_attention` of this run: the MLP's weight gradients run
+        after the attention's backward (memory only: their operands live through it)."""
+        return xla.mlp_grads_after_attention(self.cfg, rs_windowed=self.rs_windowed)
+
     def grad_kind_for(self, group: int) -> str:
         """`xla_rules.grad_kind` over an FSDP group of `group` chips."""
         return xla.grad_kind(self.cfg, group)

@@ -358,7 +358,7 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
             rows=n, d_model=D, local_vocab=V / d.tp, act_bytes=a, tensor=d.tp,
             fsdp=d.fs, tp_activations=cfg.tp_activations, remat=cfg.remat_plan.rule,
             residual_rows=self.rows(), attention=cfg.attention,
-            gather=self.plain_gather_form)
+            gather=self.plain_gather_form, int8=self.quantizes("weight"))
         held += windowed_head_gradient_bytes(
             rows=n, d_model=D, local_vocab=V / d.tp, act_bytes=a, tensor=d.tp,
             fsdp=self.fsdp_shards, windowed=self.rs_windowed, cast_weights=self.wb != self.wc,

@@ -212,5 +212,14 @@ def head_gathered_late(*, lookup_alltoall: bool, holds_embedding: bool,
 def mlp_grads_after_attention(cfg: TrainingConfig, *, rs_windowed: bool) -> bool:
     """The chip's compiler runs a layer's MLP weight-gradient rings after the attention's
     backward with windowed weight gathers (`TrainingConfig.mlp_grad_after_attention`: the
-    seven windowed v5e `full` and `minimal` programs of benchmarks/xla_memory.py)."""
-    return cfg.mlp_grad_after_attention and rs_windowed
+    seven windowed v5e `full` and `minimal` programs of benchmarks/xla_memory.py), and every
+    compiler does with int8 weight matmuls (`INT8_MLP_GRADS_LAST`)."""
+    return (cfg.mlp_grad_after_attention and rs_windowed) or cfg.quantized
+
+
+def sr_bits_early(cfg: TrainingConfig) -> bool:
+    """XLA issues a layer backward's stochastic-rounding random bits early, as that backward
+    starts, and holds them to their quantizations (`quant.SR_HELD_RULE`), where the plain
+    weight gathers are async collectives; with blocking ones each random-bit generator runs
+    right before the fusion that reads its bits."""
+    return plain_gather_form(cfg) == "async"
