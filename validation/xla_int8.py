@@ -66,6 +66,8 @@ CONFIGS = {
     "v5p_fsdp_tp_full": dict(chip="v5p", mesh="fsdp_tp", remat="full", held_out=True),
     "v5p_fsdp_full": dict(chip="v5p", mesh="fsdp", remat="full"),
     "v5e_fsdp_tp_full": dict(chip="v5e", mesh="fsdp_tp", remat="full", held_out=True),
+    "v5e_fsdp_tp_save_dot_except_mlpwi": dict(chip="v5e", mesh="fsdp_tp",
+                                              remat="save_dot_except_mlpwi", held_out=True),
     "v5p_fsdp_tp_save_dot_except_mlpwi": dict(chip="v5p", mesh="fsdp_tp",
                                               remat="save_dot_except_mlpwi", held_out=True),
 }

@@ -372,7 +372,9 @@ def attention_backward_score_buffers(*, remat: str, score_grad_fusion: bool = Fa
     when the policy keeps the layer's projections (`minimal`, `offload`: 4 in v5p fsdp=16
     `minimal`, fsdp=4 x tensor=4 `offload` and `minimal` at seq 4096); under `full` v5p
     writes them earlier and the value-gradient matmul has read them by then (3 in its fsdp,
-    fsdp x tensor and data x fsdp `full` programs).
+    fsdp x tensor and data x fsdp `full` programs), except with int8 weight matmuls (`int8`):
+    its AQT `full` programs hold the probabilities to the score gradient too (4 in v5p
+    fsdp=16 and fsdp=4 x tensor=4, `validation/xla_int8.py`; v5e's int8 programs keep 2).
 
     Source: the live ranges of the `benchmarks/xla_memory.py` programs
     (`benchmarks/xla_live_ranges.py`), at the fusion that writes the bf16 score gradient.
@@ -470,8 +472,14 @@ def deferred_head_gradient_bytes(*, rows: float, d_model: int, local_vocab: floa
     (`full`). Why the scheduler differs with the kernel is not known (the dot-attention
     programs defer with either form); windowed gathers and sharded activations are assumed
     to defer as with dot attention (no flash program of that kind was compiled).
+
+    With int8 weight matmuls (`int8`) the gather form decides, as with flash attention: in
+    the AQT programs of `validation/xla_int8.py` on fsdp=4 x tensor=4 `full` the bf16 logits
+    die before the backward loop on v5p (blocking gathers; its bf16 twin keeps them through
+    it) and live through it on v5e (async gathers, compiled after the v5p program with the
+    prediction that they die there too: -14.8% with that rule, -2.8% with this one).
     """
-    if tensor <= 1 or fsdp <= 1 or int8:
+    if tensor <= 1 or fsdp <= 1 or (int8 and gather != "async"):
         return 0.0
     if attention == "flash" and tp_activations == "replicated" and gather == "blocking":
         return 0.0

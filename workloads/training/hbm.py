@@ -14,7 +14,6 @@ from workloads.memory import (
     offloaded_tensors,
     saved_tensors,
 )
-from workloads.training import xla_rules as xla
 from workloads.training.modes import Remat
 from workloads.training.program import ProgramBuilder
 from workloads.training.remat import remat_plan
@@ -99,10 +98,12 @@ class HbmModel(ProgramBuilder):
         `minimal` with windowed gathers (`mlp_grad_after_attention`: the gate, up and gated
         product, 3 x tokens x d_ff bf16, at the score gradient of the seven windowed v5e
         `full` and `minimal` programs, one or two sequences per chip; read off six, the
-        seventh compiled after); MoE layers keep theirs too (not measured)."""
+        seventh compiled after), and every compiler with int8 weight matmuls (the gate and up
+        outputs and their gradients at the score gradient of every `validation/xla_int8.py`
+        compile, `xla_rules.mlp_grads_after_attention`); MoE layers keep theirs too (not
+        measured)."""
         if self.cfg.remat_plan.rule not in ("full", "minimal") or self.layer_is_moe(layer) \
-                or self.m.parallel_block \
-                or self.mlp_grads_last:
+                or self.m.parallel_block or self.mlp_grads_last:
             return 0.0, 0.0
         side = {"residual_mid", "norm_mlp_stats", "norm_mlp_out", "mlp_hidden", "mlp_act_out",
                 "attn_out_proj"}

@@ -49,14 +49,18 @@ SR_BITS_BYTES = 2 * 4
 # Random bits per stochastically rounded element (u32, `rng-bit-generator`).
 RANDOM_BITS_BYTES = 4
 # Memory (read off validation/xla_int8.py's v5e fsdp=16 `full` int8 compile, docs/validation.md;
-# checked on the v5p fsdp x tensor compiles made after it was written down): XLA generates the
-# random bits of a layer's backward early, as the layer's backward starts, and keeps them to
-# their quantizing fusions, so at the attention's score gradient every weight gradient's
-# output-gradient noise of the layer (gate, up, down, q, k, v, o) and the q, k, v input
-# gradients' noise are live (448 MiB of the 468 MiB by which that program's peak exceeds its
-# bf16 twin's). `LayerProgram.sr_bits_held` holds them from the MLP's input-gradient
-# quantization to the matmuls that consume them.
-SR_HELD_RULE = "random bits from the layer backward's start to their quantization"
+# where it holds re-read off v5p fsdp=16 and fsdp=4 x tensor=4 compiles, and checked on a v5e
+# fsdp=4 x tensor=4 one compiled after): with async plain weight gathers
+# (`xla_rules.sr_bits_early`, v5e) XLA generates the random bits of a layer's backward early,
+# after the MLP's input gradients, and keeps them to their quantizing fusions, so at the
+# attention's score gradient every weight gradient's output-gradient noise of the layer (gate,
+# up, down, q, k, v, o) and the q, k, v input gradients' noise are live (448 MiB of the 468 MiB
+# by which the v5e program's peak exceeds its bf16 twin's); with blocking ones (v5p) each
+# generator runs right before its quantization and nothing is held. `LayerProgram.sr_bits_held`
+# holds them from the MLP's input-gradient quantization to the matmuls that consume them (the
+# MLP's weight gradients run last in int8, `xla_rules.mlp_grads_after_attention`).
+SR_HELD_RULE = ("with async gathers, random bits from the layer backward's start to their "
+                "quantization; with blocking ones, none held")
 # A scale is f32 (written by the quantization, read by the dequantizing output fusion).
 SCALE_BYTES = 4
 

@@ -213,13 +213,20 @@ def mlp_grads_after_attention(cfg: TrainingConfig, *, rs_windowed: bool) -> bool
     """The chip's compiler runs a layer's MLP weight-gradient rings after the attention's
     backward with windowed weight gathers (`TrainingConfig.mlp_grad_after_attention`: the
     seven windowed v5e `full` and `minimal` programs of benchmarks/xla_memory.py), and every
-    compiler does with int8 weight matmuls (`INT8_MLP_GRADS_LAST`)."""
+    compiler does with int8 weight matmuls: in the AQT programs of `validation/xla_int8.py`
+    (v5e fsdp=16, v5p fsdp=16 and fsdp=4 x tensor=4, `full`) the gate and up projections'
+    weight gradients are the layer's last matmuls, and their recomputed outputs and output
+    gradients are live at the attention's score gradient, on v5p too, whose bf16 programs
+    free them before it (docs/model/int8.md)."""
     return (cfg.mlp_grad_after_attention and rs_windowed) or cfg.quantized
 
 
 def sr_bits_early(cfg: TrainingConfig) -> bool:
-    """XLA issues a layer backward's stochastic-rounding random bits early, as that backward
-    starts, and holds them to their quantizations (`quant.SR_HELD_RULE`), where the plain
-    weight gathers are async collectives; with blocking ones each random-bit generator runs
-    right before the fusion that reads its bits."""
+    """XLA issues a layer backward's stochastic-rounding random bits early and holds them to
+    their quantizations (`quant.SR_HELD_RULE`) where the plain weight gathers are async
+    collectives (v5e fsdp=16 `full`: every weight gradient's and the q, k, v input
+    gradients' `rng-bit-generator` together, after the MLP's input gradients); with blocking
+    ones (v5p fsdp=16 and fsdp=4 x tensor=4 `full`, the same program otherwise) each
+    generator runs right before the fusion that reads its bits, a few instructions earlier,
+    and no bits are held (`validation/xla_int8.py`)."""
     return plain_gather_form(cfg) == "async"
