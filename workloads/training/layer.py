@@ -436,7 +436,8 @@ class LayerProgram(ProgramBuilder):
     def sr_bits_held(self, layer, F, mats) -> dict[str, float]:
         """Bytes of stochastic rounding's random bits a layer's backward holds from its start
         (`quant.SR_HELD_RULE`): the weight gradients' output-gradient noise of the MLP and of
-        the attention, and the q, k, v input gradients' (none without stochastic rounding)."""
+        the attention, and the q, k, v input gradients' (none without stochastic rounding,
+        nor where XLA generates each right before its quantization: blocking gathers)."""
         if not self.cfg.stochastic_rounding or not xla.sr_bits_early(self.cfg):
             return {}
         m, d = self.m, self.d
@@ -505,8 +506,8 @@ class LayerProgram(ProgramBuilder):
                            out=n * D + n * F / tp, k=F / tp))
         # int8 with stochastic rounding: the random bits of the layer's weight-gradient
         # quantizations (every matrix's output gradient) and of the q, k, v input gradients'
-        # are generated as the layer's backward starts and live until their quantizations
-        # (`quant.sr_bits_held`).
+        # are generated as the layer's backward starts (with async gathers) and live until
+        # their quantizations (`sr_bits_held`).
         held = self.sr_bits_held(layer, F, mats) if self.quantizes("weight") else {}
         if held:
             self.mem(self.last_quant, MemoryCategory.TEMPORARIES, sum(held.values()))
