@@ -54,6 +54,7 @@ MESHES = {"fsdp": {"fsdp": 16}, "fsdp_tp": {"fsdp": 4, "tensor": 4}}
 CONFIGS = {
     "v5e_fsdp_full": dict(chip="v5e", mesh="fsdp", remat="full"),
     "v5p_fsdp_tp_full": dict(chip="v5p", mesh="fsdp_tp", remat="full", held_out=True),
+    "v5e_fsdp_tp_full": dict(chip="v5e", mesh="fsdp_tp", remat="full", held_out=True),
 }
 SEQ, BATCH_PER_CHIP = 2048, 2
 FORMS = ("bf16", "fp32")
@@ -178,7 +179,8 @@ def predictions() -> str:
                 f"{name} {form} peak {t['hbm_peak_bytes'] / 1e9:.4f} GB, dots "
                 f"{ {d: round(v / 1e12, 4) for d, v in t['dot_flops'].items()} } TFLOP, "
                 f"matmul bytes {t['mxu_bytes'] / 1e9:.3f} GB, non-matmul bytes "
-                f"{t['vpu_bytes'] / 1e9:.3f} GB, gathered {t['allgather_bytes'] / 1e9:.4f} GB")
+                f"{t['vpu_bytes'] / 1e9:.3f} GB, gathered {t['allgather_bytes'] / 1e9:.4f} GB, "
+                f"collectives {t['collective_bytes'] / 1e9:.4f} GB")
     return "\n".join(lines) + "\n"
 
 

@@ -356,8 +356,10 @@ class ProgramBuilder:
             return [], []
         return ([], [ag]) if self.tp_overlap else ([ag], [])
 
-    def tp_exit(self, tag, name, mm_id, last_matmuls, layer, phase) -> list[int]:
-        """After a sublayer's last matmul: deps for the residual that consumes its output.
+    def tp_exit(self, tag, name, mm_id, last_matmuls, layer, phase,
+                elem_bytes: float | None = None) -> list[int]:
+        """After a sublayer's last matmul: deps for the residual that consumes its output
+        (`elem_bytes` a byte per element of the reduced tensor, the activations' by default).
 
         With collective matmuls the reduction starts when the last matmul(s) producing its
         input can start (their own dependencies), and runs alongside them."""
@@ -368,7 +370,8 @@ class ProgramBuilder:
         else:
             start = [mm_id]
         c = self.coll(f"{tag}tp_{short}_{name}", kind, ("tensor",),
-                      self.d.n * self.m.d_model * self.act, start, layer, phase)
+                      self.d.n * self.m.d_model * (self.act if elem_bytes is None
+                                                   else elem_bytes), start, layer, phase)
         return [mm_id] + ([c] if c is not None else [])
 
     # -- per-layer shapes -------------------------------------------------------------------

@@ -286,8 +286,12 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
         # default-precision f32 dot's operands to bf16, so the gathered projection, the final
         # norm's output and the logit gradients stay bf16 and only the weight gradient, the
         # f32 dot's result, is f32 (`head_gb`) until its fsdp reduction.
+        # With the vocabulary split over `tensor` the input gradient is f32 too until its
+        # reduction over `tensor` (XLA's all-reduce reads the f32 sum and writes bf16: the
+        # v5p fsdp=4 x tensor=4 compile); without it the convert is fused into the dot.
+        dxb = 4.0 if cfg.logits_dtype == "fp32" and d.tp > 1 else a
         dx = self.mm("logits_bwd", 4 * n * D * V / d.tp, 2 * emb_w * tiles,
-                     n * V / d.tp * a, n * D * a + emb_w / self.wc * self.head_gb, [dlog],
+                     n * V / d.tp * a, n * D * dxb + emb_w / self.wc * self.head_gb, [dlog],
                      -1, "bwd",
                      q=Q("logits", act=n * D, sr=2 * n * V / d.tp, weight=emb_w / self.wc,
                          out=n * D + emb_w / self.wc, k=V / d.tp))
@@ -313,7 +317,10 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
         self.mem(dx, G.GATHERED_WEIGHTS, -emb_w if emb_g is not None else 0.0)
         # The input gradient is summed over the vocab shards (reduce-scattered when the
         # activations are sharded, all-reduced when they are replicated).
-        dar_deps = self.tp_exit("", "logits_bwd", dx, [dx], -1, "bwd")
+        dar_deps = self.tp_exit("", "logits_bwd", dx, [dx], -1, "bwd", elem_bytes=dxb)
+        if dxb != a:  # the f32 input gradient's extra bytes, until its reduction
+            self.mem(dx, G.TEMPORARIES, n * D * (dxb - a))
+            self.mem(dar_deps[-1], G.TEMPORARIES, -n * D * (dxb - a))
         return Head(final_norm=final_norm, prev=dar_deps[-1], held=held,
                     head_accum=head_accum, head_grad_extra=extra)
 
