@@ -125,3 +125,21 @@ def test_train_takes_the_flag_and_records_it_only_when_set(tmp_path, capsys):
     assert "logits-dtype" not in out["bf16"]["inputs"]["flags"]
     assert out["fp32"]["inputs"]["flags"]["logits-dtype"] == "fp32"
     assert out["fp32"]["hbm_peak_bytes"] >= out["bf16"]["hbm_peak_bytes"]
+
+
+def test_under_tensor_the_input_gradient_is_f32_until_its_tensor_reduction():
+    kw = dict(mesh="fsdp=2,tensor=2", chips=4, tp_activations="replicated")
+    bf, f = _trace("bf16", **kw), _trace("fp32", **kw)
+    name = "tp_allreduce_logits_bwd"
+    nd2 = _op(bf, name).bytes  # the bf16 [tokens, d_model] input gradient
+    assert _op(f, name).bytes == 2 * nd2
+    # The backward dot writes it in f32 (2 more bytes an element) and the projection's
+    # [d_model, vocab / 2] gradient in f32 (2 more bytes an element).
+    assert _op(f, "logits_bwd").hbm_bytes - _op(bf, "logits_bwd").hbm_bytes == \
+        nd2 + V * D / 2 * 2
+    temps = [(f.ops[i].name, d) for i, cat, d in f.meta.memory_events
+             if cat == "temporaries" and abs(d) == nd2]
+    assert temps == [("logits_bwd", nd2), (name, -nd2)]
+    at = [sum(d for i, cat, d in t.meta.memory_events
+              if cat == "temporaries" and t.ops[i].name == name) for t in (bf, f)]
+    assert at[1] - at[0] == -nd2

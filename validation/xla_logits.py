@@ -52,9 +52,12 @@ MESHES = {"fsdp": {"fsdp": 16}, "fsdp_tp": {"fsdp": 4, "tensor": 4}}
 # path's dtype" were read off the others (tpusim's predictions, written before each compile,
 # are in validation/results/xla_logits_predictions.txt).
 CONFIGS = {
-    "v5e_fsdp_full": dict(chip="v5e", mesh="fsdp", remat="full"),
-    "v5p_fsdp_tp_full": dict(chip="v5p", mesh="fsdp_tp", remat="full", held_out=True),
-    "v5e_fsdp_tp_full": dict(chip="v5e", mesh="fsdp_tp", remat="full", held_out=True),
+    "v5e_fsdp_full": dict(chip="v5e", mesh="fsdp", remat="full",
+                          when="rules read off"),
+    "v5p_fsdp_tp_full": dict(chip="v5p", mesh="fsdp_tp", remat="full", held_out=True,
+                             when="held out; the tensor rule then read off"),
+    "v5e_fsdp_tp_full": dict(chip="v5e", mesh="fsdp_tp", remat="full", held_out=True,
+                             when="after every rule (held out)"),
 }
 SEQ, BATCH_PER_CHIP = 2048, 2
 FORMS = ("bf16", "fp32")
@@ -213,13 +216,17 @@ def section(cache: dict) -> str:
              "per chip, the matmuls' and the other ops' HBM bytes (operands and results, times "
              "loop trips) and every collective's bytes. The v5e rules were read off its fp32 "
              "compile (the first rules, written before it, predicted a peak +32% above XLA's: "
-             "docs/model/training.md); the v5p program was compiled after the rewrite.", "",
+             "docs/model/training.md); the v5p program was compiled after the rewrite, and the "
+             "rule for the f32 input gradient under `tensor` read off it; the v5e fsdp x "
+             "tensor program was compiled after that. XLA's collective bytes count an "
+             "all-reduce's operand (its f32 input gradient under fp32 with `tensor`, though "
+             "it writes bf16), as tpusim does.", "",
              "| program | compiled | logits dot | dot TFLOP, XLA / tpusim | XLA peak GB | "
              "tpusim | error | fp32 - bf16 peak MB, XLA / tpusim | matmul GB, XLA / tpusim | "
              "non-matmul GB, XLA / tpusim | collective GB, XLA / tpusim |",
              "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, cfg in CONFIGS.items():
-        when = "after the rules (held out)" if cfg.get("held_out") else "rules read off"
+        when = cfg["when"]
         sides = {f: (cache.get(f"{name}/{f}"), tpusim_side(name, f)) for f in FORMS
                  if f"{name}/{f}" in cache}
         for form, (x, t) in sides.items():
