@@ -163,30 +163,50 @@ def op_energies(trace: Trace, chip: ChipSpec, link_classes: dict[int, dict[str, 
     and written to HBM once (sent from and received into buffers). A host transfer: its PCIe
     bytes, also through HBM. `scale`: per op id a factor on its work (MoE expert loads).
     """
-    n = len(trace.ops)
-    out = np.zeros((n, 6))
+    out = np.zeros((len(trace.ops), 6))
     clock = clock_energy_factor(chip)
     for op in trace.ops:
         k = 1.0 if scale is None else scale.get(op.id, 1.0)
-        row = out[op.id]
-        if op.kind == OpKind.COMPUTE:
-            if op.unit == "mxu":
-                j = chip.mxu_int8_j_per_op if op.dtype in ("int8", "fp8") else \
-                    chip.mxu_j_per_flop
-                row[0] = op.flops * k * j * clock
-            else:
-                row[1] = op.flops * k * chip.vpu_j_per_flop * clock
-            row[2] = op.hbm_bytes * k * chip.hbm_j_per_byte
-        elif op.kind == OpKind.COLLECTIVE:
-            per_link = link_classes.get(op.id, {})
-            ici = sum(v for c, v in per_link.items() if c in _ICI_CLASSES) * k
-            dcn = per_link.get(_DCN_OUT, 0.0) * k
-            row[3] = ici * chip.ici_j_per_byte
-            row[4] = dcn * chip.dcn_j_per_byte
-            row[2] = 2.0 * (ici + dcn) * chip.hbm_j_per_byte
-        elif op.kind == OpKind.HOST:
-            row[5] = op.bytes * k * chip.pcie_j_per_byte
-            row[2] = op.bytes * k * chip.hbm_j_per_byte
+        _op_row(op, chip, link_classes, k, clock, out[op.id])
+    return out
+
+
+def _op_row(op, chip: ChipSpec, link_classes: dict[int, dict[str, float]], k: float,
+            clock: float, row: np.ndarray) -> None:
+    """One op's dynamic joules by unit into `row` (`op_energies`' rule)."""
+    if op.kind == OpKind.COMPUTE:
+        if op.unit == "mxu":
+            j = chip.mxu_int8_j_per_op if op.dtype in ("int8", "fp8") else chip.mxu_j_per_flop
+            row[0] = op.flops * k * j * clock
+        else:
+            row[1] = op.flops * k * chip.vpu_j_per_flop * clock
+        row[2] = op.hbm_bytes * k * chip.hbm_j_per_byte
+    elif op.kind == OpKind.COLLECTIVE:
+        per_link = link_classes.get(op.id, {})
+        ici = sum(v for c, v in per_link.items() if c in _ICI_CLASSES) * k
+        dcn = per_link.get(_DCN_OUT, 0.0) * k
+        row[3] = ici * chip.ici_j_per_byte
+        row[4] = dcn * chip.dcn_j_per_byte
+        row[2] = 2.0 * (ici + dcn) * chip.hbm_j_per_byte
+    elif op.kind == OpKind.HOST:
+        row[5] = op.bytes * k * chip.pcie_j_per_byte
+        row[2] = op.bytes * k * chip.hbm_j_per_byte
+
+
+def class_op_energies(trace: Trace, chip: ChipSpec, link_classes: dict[int, dict[str, float]],
+                      scale: dict[int, float] | None, base: np.ndarray) -> np.ndarray:
+    """`op_energies(trace, chip, link_classes, scale)` from `base`, the same program's table
+    without a scale: only the ops whose factor is not 1 are costed again, by the same rule
+    (every chip class of a step shares its program, so a 512-class step costs its ops once,
+    not 512 times; equal to the op-by-op table to the last bit, tests/test_energy.py)."""
+    scaled = [(i, k) for i, k in (scale or {}).items() if k != 1.0]
+    if not scaled:
+        return base
+    out = base.copy()
+    clock = clock_energy_factor(chip)
+    for i, k in scaled:
+        out[i] = 0.0
+        _op_row(trace.ops[i], chip, link_classes, k, clock, out[i])
     return out
 
 
@@ -247,7 +267,7 @@ def power_steps(start: np.ndarray, end: np.ndarray, joules: np.ndarray, time_s: 
     watts = idle_w + np.maximum(rate, 0.0)
     keep = np.r_[True, watts[1:] != watts[:-1]]  # drop samples that change nothing
     out = [(0.0, float(idle_w))] if t[0] > 0 else []
-    out += [(float(a), float(b)) for a, b in zip(t[keep], watts[keep], strict=True)]
+    out += zip(t[keep].tolist(), watts[keep].tolist(), strict=True)  # Python floats, exact
     if out[-1][0] < time_s:
         out.append((float(time_s), float(idle_w)))
     return tuple(out)
@@ -290,12 +310,16 @@ def step_energy(result, trace: Trace, chip: ChipSpec, *, tokens: float | None,
     pod = result.pod
     classes = []
     pod_j = dict.fromkeys(UNITS, 0.0)
+    unscaled: dict[tuple[int, int], np.ndarray] = {}  # per (program, link classes): its table
     for k, rep, count, prog, links, (start, end) in _class_programs(result, trace):
         scale = None
         if op_scale:
             scale = {i: float(v[rep]) for i, v in op_scale.items()
                      if i < len(prog.ops)}
-        per_op = op_energies(prog, chip, links, scale)
+        key = (id(prog), id(links))
+        if key not in unscaled:
+            unscaled[key] = op_energies(prog, chip, links)
+        per_op = class_op_energies(prog, chip, links, scale, unscaled[key])
         start = np.asarray(start, dtype=float)[: len(per_op)]
         end = np.asarray(end, dtype=float)[: len(per_op)]
         dyn = per_op.sum(axis=0)

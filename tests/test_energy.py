@@ -450,3 +450,25 @@ def test_compare_collectives_gives_each_algorithm_the_energy_its_own_run_gives()
     # twice the time powered): more ICI joules and more static ones.
     by = {r["algorithm_requested"]: r for r in ok}
     assert by["direct"]["energy"]["step_j"] > by["multi-axis"]["energy"]["step_j"]
+
+
+def test_a_class_table_from_the_unscaled_one_equals_the_op_by_op_table_to_the_last_bit():
+    """`class_op_energies` re-costs only the ops whose factor is not 1 (the step's classes
+    share one unscaled table): equal, bit for bit, to costing every op with the factors."""
+    from sim.energy import class_op_energies, op_energies
+
+    run = sim.train(chip="v5e", shape="2x2", model="llama3-8b", seq_len=1024, batch_per_chip=1,
+                    mesh="fsdp=2,tensor=2")
+    trace, chip = run.trace, get_chip("v5e")
+    links = run.result.collectives.link_classes
+    assert [op.id for op in trace.ops] == list(range(len(trace.ops)))
+    assert {op.kind for op in trace.ops} >= {OpKind.COMPUTE, OpKind.COLLECTIVE}
+    base = op_energies(trace, chip, links)
+    rng = random.Random(3)
+    scale = {op.id: rng.choice((1.0, 0.37, 1.9, 2.0 / 3.0)) for op in trace.ops
+             if rng.random() < 0.3}
+    assert any(k != 1.0 for k in scale.values())
+    oracle = op_energies(trace, chip, links, scale)
+    assert class_op_energies(trace, chip, links, scale, base).tobytes() == oracle.tobytes()
+    assert class_op_energies(trace, chip, links, None, base) is base
+    assert not np.array_equal(oracle, base)
