@@ -26,10 +26,13 @@ The models (one place, so every script compiles the same decoder):
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 import re
 import subprocess
+import sys
+import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -402,3 +405,75 @@ def tpusim_model_dict(dims: dict, num_layers: int, name: str, base: str | None =
 
 def tpusim_model_yaml(model: dict) -> str:
     return "".join(f"{k}: {v}\n" for k, v in model.items())
+
+
+# --------------------------------------------------------------------------------------------
+# driver side (the project's python): one program's numbers, XLA's and tpusim's, as the
+# dtype cross-checks (validation/xla_int8.py, validation/xla_logits.py) compare them
+# --------------------------------------------------------------------------------------------
+
+def trace_counts(ops) -> dict:
+    """MXU FLOPs by dtype, the matmuls' and the other compute ops' HBM bytes, all-gathered and
+    all collective bytes of a tpusim trace's ops (each as the trace counts it)."""
+    flops: dict[str, float] = {}
+    mxu_bytes = vpu_bytes = gathered = collective = 0.0
+    for o in ops:
+        if o.kind == "compute" and o.unit == "mxu":
+            flops[o.dtype] = flops.get(o.dtype, 0.0) + o.flops
+            mxu_bytes += o.hbm_bytes
+        elif o.kind == "compute":
+            vpu_bytes += o.hbm_bytes
+        elif o.kind == "collective":
+            collective += o.bytes
+            if o.collective == "all-gather":
+                gathered += o.bytes
+    return {"dot_flops": flops, "mxu_bytes": mxu_bytes, "vpu_bytes": vpu_bytes,
+            "allgather_bytes": gathered, "collective_bytes": collective}
+
+
+def module_counts(text: str, physical: str, source: str) -> dict:
+    """`trace_counts` of a compiled module as tpusim's HLO importer reads it (each op times
+    its loop trips) on the pod `physical` (`"v5e:4x4"`)."""
+    # deferred: the jax worker imports this module under the jax[tpu] python, which has none of
+    # tpusim's other dependencies; only the driver reads modules.
+    from sim.chips import get_chip
+    from topologies.slices import resolve_topology
+    from workloads.hlo.lower import import_hlo
+
+    chip, shape = physical.split(":")
+    c = get_chip(chip)
+    topo = resolve_topology(chip_name=c.name, wrap_rule=c.generation_rule,
+                            max_pod_shape=c.max_pod_shape, shape=shape)
+    return trace_counts(import_hlo(text, topology=topo, source=source).trace.ops)
+
+
+def compile_form(module: str, name: str, form: str, physical: str, jax_python: str,
+                 dump: str | None) -> dict:
+    """Compile program `name` in `form` by `python -m MODULE --worker NAME --form FORM` under
+    the jax python (its module kept in `dump`/NAME_FORM if given) and read the module back:
+    the worker's result and `module_counts`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        where = Path(dump, f"{name}_{form}") if dump else Path(tmp)
+        where.mkdir(parents=True, exist_ok=True)
+        result = run_worker(module, name, jax_python, ["--form", form, "--dump", str(where)])
+        text = gzip.decompress(Path(where, "module.hlo.txt.gz").read_bytes()).decode()
+        return {**result, **module_counts(text, physical, name)}
+
+
+def tpusim_step(model: dict, flags: list[str], source: str) -> tuple[dict, object]:
+    """tpusim's side of a program: `tpusim train --json` and the compiled trace (`tpusim
+    compile`) of `model` with `flags`, each a whole process as a user runs it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp, "model.yaml")
+        path.write_text(tpusim_model_yaml(model))
+        trace_file = Path(tmp, "step.json")
+        subprocess.run([sys.executable, "-m", "sim", "compile", "--model", str(path), "-o",
+                        str(trace_file), *flags], check=True, capture_output=True, cwd=REPO)
+        trace = trace_file.read_text()
+        run = subprocess.run([sys.executable, "-m", "sim", "train", "--model", str(path),
+                              "--json", *flags], check=True, capture_output=True, text=True,
+                             cwd=REPO)
+    # deferred: driver side only (see `module_counts`).
+    from workloads.trace import Trace
+
+    return json.loads(run.stdout), Trace.from_json(trace, source=source)

@@ -34,9 +34,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -155,43 +153,11 @@ def _worker(name: str, form: str, dump: str | None) -> None:
 # driver side (the project's python)
 # --------------------------------------------------------------------------------------------
 
-def read_module(name: str, text: str) -> dict:
-    """What tpusim's HLO importer counts in a compiled module: MXU FLOPs per chip by the dots'
-    operand type, non-matmul HBM bytes, all-gathered bytes (each times its loop trips)."""
-    # Driver side only: the jax worker imports this module under the jax[tpu] python, which
-    # has jax and numpy and none of tpusim's other dependencies (it loads only
-    # `workloads.hlo.jaxgen`, which needs nothing else).
-    from sim.chips import get_chip
-    from topologies.slices import resolve_topology
-    from workloads.hlo.lower import import_hlo
-    from workloads.trace import OpKind
-
-    chip, shape = CHIPS[CONFIGS[name]["chip"]][0].split(":")
-    c = get_chip(chip)
-    topo = resolve_topology(chip_name=c.name, wrap_rule=c.generation_rule,
-                            max_pod_shape=c.max_pod_shape, shape=shape)
-    trace = import_hlo(text, topology=topo, source=name).trace
-    flops: dict[str, float] = {}
-    vpu_bytes = gathered = 0.0
-    for o in trace.ops:
-        if o.kind == OpKind.COMPUTE and o.unit == "mxu":
-            flops[o.dtype] = flops.get(o.dtype, 0.0) + o.flops
-        elif o.kind == OpKind.COMPUTE:
-            vpu_bytes += o.hbm_bytes
-        elif o.collective == "all-gather":
-            gathered += o.bytes
-    return {"dot_flops": flops, "vpu_bytes": vpu_bytes, "allgather_bytes": gathered}
-
-
-def run_xla(name: str, form: str, jax_python: str, dump: str | None) -> dict:
-    """Compile one program under the jax python (aqtp on its path) and read its module."""
-    with tempfile.TemporaryDirectory() as tmp:
-        where = Path(dump, f"{name}_{form}") if dump else Path(tmp)
-        where.mkdir(parents=True, exist_ok=True)
-        extra = ["--form", form, "--dump", str(where)]
-        result = xla_compile.run_worker("validation.xla_int8", name, jax_python, extra)
-        text = gzip.decompress(Path(where, "module.hlo.txt.gz").read_bytes()).decode()
-        return {**result, **read_module(name, text)}
+def run_xla(key: str, jax_python: str, dump: str | None) -> dict:
+    """Compile one program (`name/form`) under the jax python and read its module back."""
+    name, form = key.split("/")
+    return xla_compile.compile_form("validation.xla_int8", name, form,
+                                    CHIPS[CONFIGS[name]["chip"]][0], jax_python, dump)
 
 
 def tpusim_flags(name: str, form: str) -> list[str]:
@@ -205,35 +171,12 @@ def tpusim_flags(name: str, form: str) -> list[str]:
 
 
 def tpusim_side(name: str, form: str) -> dict:
-    """tpusim's step of the same program: HBM peak, MXU FLOPs by dtype, VPU bytes, gathers."""
-    with tempfile.TemporaryDirectory() as tmp:
-        model = Path(tmp, "model.yaml")
-        model.write_text(xla_compile.tpusim_model_yaml(
-            xla_compile.tpusim_model_dict(xla_compile.SMALL, LAYERS, "xla-int8")))
-        trace_file = Path(tmp, "step.json")
-        cmd = [sys.executable, "-m", "sim", "compile", "--model", str(model), "-o",
-               str(trace_file), *tpusim_flags(name, form)]
-        subprocess.run(cmd, check=True, capture_output=True, cwd=REPO)
-        trace = json.loads(trace_file.read_text())
-        run = subprocess.run([sys.executable, "-m", "sim", "train", "--model", str(model),
-                              "--json", *tpusim_flags(name, form)], check=True,
-                             capture_output=True, text=True, cwd=REPO)
-    doc = json.loads(run.stdout)
-    # Driver side only (the jax worker's python lacks tpusim's dependencies, `read_module`).
-    from workloads.trace import Trace
-
-    t = Trace.from_json(json.dumps(trace), source=name)
-    flops: dict[str, float] = {}
-    vpu_bytes = gathered = 0.0
-    for o in t.ops:
-        if o.kind == "compute" and o.unit == "mxu":
-            flops[o.dtype] = flops.get(o.dtype, 0.0) + o.flops
-        elif o.kind == "compute":
-            vpu_bytes += o.hbm_bytes
-        elif o.collective == "all-gather":
-            gathered += o.bytes
-    return {"hbm_peak_bytes": doc["hbm_peak_bytes"], "dot_flops": flops,
-            "vpu_bytes": vpu_bytes, "allgather_bytes": gathered,
+    """tpusim's step of the same program: HBM peak (and its breakdown) and
+    `xla_compile.trace_counts` (MXU FLOPs by dtype, non-matmul bytes, gathers)."""
+    doc, trace = xla_compile.tpusim_step(
+        xla_compile.tpusim_model_dict(xla_compile.SMALL, LAYERS, "xla-int8"),
+        tpusim_flags(name, form), name)
+    return {"hbm_peak_bytes": doc["hbm_peak_bytes"], **xla_compile.trace_counts(trace.ops),
             "hbm_peak_breakdown": doc["hbm_peak_breakdown"]}
 
 
@@ -321,7 +264,7 @@ def main() -> int:
     if args.compile:
         keys = [f"{n}/{f}" for n in names for f in FORMS]
         xla_compile.compile_into_cache(
-            keys, CACHE, lambda k: run_xla(*k.split("/"), args.jax_python, args.dump),
+            keys, CACHE, lambda k: run_xla(k, args.jax_python, args.dump),
             report=lambda k, r: f"peak {r['hbm_peak_bytes'] / 1e9:.3f} GB, dots "
                                 f"{ {d: round(v / 1e12, 4) for d, v in r['dot_flops'].items()} }")
     cache = xla_compile.load_cache(CACHE)

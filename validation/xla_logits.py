@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -96,47 +94,11 @@ def _worker(name: str, form: str, dump: str | None) -> None:
 # driver side (the project's python)
 # --------------------------------------------------------------------------------------------
 
-def _counts(ops) -> dict:
-    """MXU FLOPs by dtype, the matmuls' and the other compute ops' HBM bytes, gathered bytes."""
-    flops: dict[str, float] = {}
-    mxu_bytes = vpu_bytes = gathered = collective = 0.0
-    for o in ops:
-        if o.kind == "compute" and o.unit == "mxu":
-            flops[o.dtype] = flops.get(o.dtype, 0.0) + o.flops
-            mxu_bytes += o.hbm_bytes
-        elif o.kind == "compute":
-            vpu_bytes += o.hbm_bytes
-        elif o.kind == "collective":
-            collective += o.bytes
-            if o.collective == "all-gather":
-                gathered += o.bytes
-    return {"dot_flops": flops, "mxu_bytes": mxu_bytes, "vpu_bytes": vpu_bytes,
-            "allgather_bytes": gathered, "collective_bytes": collective}
-
-
-def read_module(name: str, text: str) -> dict:
-    """What tpusim's HLO importer counts in a compiled module (`_counts`)."""
-    # Driver side only: the jax worker's python has none of tpusim's other dependencies.
-    from sim.chips import get_chip
-    from topologies.slices import resolve_topology
-    from workloads.hlo.lower import import_hlo
-
-    chip, shape = CHIPS[CONFIGS[name]["chip"]][0].split(":")
-    c = get_chip(chip)
-    topo = resolve_topology(chip_name=c.name, wrap_rule=c.generation_rule,
-                            max_pod_shape=c.max_pod_shape, shape=shape)
-    return _counts(import_hlo(text, topology=topo, source=name).trace.ops)
-
-
-def run_xla(name: str, form: str, jax_python: str, dump: str | None) -> dict:
-    """Compile one program under the jax python and read its module."""
-    with tempfile.TemporaryDirectory() as tmp:
-        where = Path(dump, f"{name}_{form}") if dump else Path(tmp)
-        where.mkdir(parents=True, exist_ok=True)
-        extra = ["--form", form, "--dump", str(where)]
-        result = xla_compile.run_worker("validation.xla_logits", name, jax_python, extra)
-        text = gzip.decompress(Path(where, "module.hlo.txt.gz").read_bytes()).decode()
-        return {**result, **read_module(name, text)}
+def run_xla(key: str, jax_python: str, dump: str | None) -> dict:
+    """Compile one program (`name/form`) under the jax python and read its module back."""
+    name, form = key.split("/")
+    return xla_compile.compile_form("validation.xla_logits", name, form,
+                                    CHIPS[CONFIGS[name]["chip"]][0], jax_python, dump)
 
 
 def tpusim_flags(name: str, form: str) -> list[str]:
@@ -149,25 +111,12 @@ def tpusim_flags(name: str, form: str) -> list[str]:
 
 
 def tpusim_side(name: str, form: str) -> dict:
-    """tpusim's step of the same program: HBM peak (and its breakdown) and `_counts`."""
-    with tempfile.TemporaryDirectory() as tmp:
-        model = Path(tmp, "model.yaml")
-        model.write_text(xla_compile.tpusim_model_yaml(
-            xla_compile.tpusim_model_dict(xla_compile.SMALL, LAYERS, "xla-logits")))
-        trace_file = Path(tmp, "step.json")
-        cmd = [sys.executable, "-m", "sim", "compile", "--model", str(model), "-o",
-               str(trace_file), *tpusim_flags(name, form)]
-        subprocess.run(cmd, check=True, capture_output=True, cwd=REPO)
-        trace = json.loads(trace_file.read_text())
-        run = subprocess.run([sys.executable, "-m", "sim", "train", "--model", str(model),
-                              "--json", *tpusim_flags(name, form)], check=True,
-                             capture_output=True, text=True, cwd=REPO)
-    doc = json.loads(run.stdout)
-    # Driver side only (the jax worker's python lacks tpusim's dependencies).
-    from workloads.trace import Trace
-
-    t = Trace.from_json(json.dumps(trace), source=name)
-    return {"hbm_peak_bytes": doc["hbm_peak_bytes"], **_counts(t.ops),
+    """tpusim's step of the same program: HBM peak (and its breakdown) and
+    `xla_compile.trace_counts`."""
+    doc, trace = xla_compile.tpusim_step(
+        xla_compile.tpusim_model_dict(xla_compile.SMALL, LAYERS, "xla-logits"),
+        tpusim_flags(name, form), name)
+    return {"hbm_peak_bytes": doc["hbm_peak_bytes"], **xla_compile.trace_counts(trace.ops),
             "hbm_peak_breakdown": doc["hbm_peak_breakdown"]}
 
 
@@ -270,7 +219,7 @@ def main() -> int:
     if args.compile:
         keys = [f"{n}/{f}" for n in CONFIGS for f in args.forms.split(",")]
         xla_compile.compile_into_cache(
-            keys, CACHE, lambda k: run_xla(*k.split("/"), args.jax_python, args.dump),
+            keys, CACHE, lambda k: run_xla(k, args.jax_python, args.dump),
             report=lambda k, r: f"peak {r['hbm_peak_bytes'] / 1e9:.3f} GB, dots "
                                 f"{ {d: round(v / 1e12, 4) for d, v in r['dot_flops'].items()} }")
     text = section(xla_compile.load_cache(CACHE))
