@@ -326,13 +326,14 @@ def step_energy(result, trace: Trace, chip: ChipSpec, *, tokens: float | None,
         units = dict(zip(CHIP_UNITS, [*map(float, dyn), chip.idle_power_w * t], strict=True))
         chip_j = sum(units.values())
         units["host"], units["overhead"] = power_overheads(chip, chip_j)
-        peak = chip.idle_power_w + peak_power_w(start, end, per_op.sum(axis=1), t, window_s)
+        op_j = per_op.sum(axis=1)
+        peak = chip.idle_power_w + peak_power_w(start, end, op_j, t, window_s)
         name = coords_text(pod, rep) if pod is not None else str(rep)
         classes.append(ClassEnergy(chip_class=k, chip=name, num_chips=count,
                                    chip_j_by_unit=units,
                                    chip_power_w_mean=chip_j / t if t > 0 else 0.0,
                                    chip_power_w_peak=peak,
-                                   power_w=power_steps(start, end, per_op.sum(axis=1), t,
+                                   power_w=power_steps(start, end, op_j, t,
                                                        chip.idle_power_w)))
         for u, v in units.items():
             pod_j[u] += v * count
