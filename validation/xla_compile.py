@@ -414,8 +414,10 @@ def tpusim_model_yaml(model: dict) -> str:
 
 def trace_counts(ops) -> dict:
     """MXU FLOPs by dtype, the matmuls' and the other compute ops' HBM bytes, all-gathered and
-    all collective bytes of a tpusim trace's ops (each as the trace counts it)."""
+    all collective bytes (and those by collective kind) of a tpusim trace's ops (each as the
+    trace counts it)."""
     flops: dict[str, float] = {}
+    by_kind: dict[str, float] = {}
     mxu_bytes = vpu_bytes = gathered = collective = 0.0
     for o in ops:
         if o.kind == "compute" and o.unit == "mxu":
@@ -425,10 +427,13 @@ def trace_counts(ops) -> dict:
             vpu_bytes += o.hbm_bytes
         elif o.kind == "collective":
             collective += o.bytes
+            kind = str(o.collective)
+            by_kind[kind] = by_kind.get(kind, 0.0) + o.bytes
             if o.collective == "all-gather":
                 gathered += o.bytes
     return {"dot_flops": flops, "mxu_bytes": mxu_bytes, "vpu_bytes": vpu_bytes,
-            "allgather_bytes": gathered, "collective_bytes": collective}
+            "allgather_bytes": gathered, "collective_bytes": collective,
+            "collective_bytes_by_kind": dict(sorted(by_kind.items()))}
 
 
 def module_counts(text: str, physical: str, source: str) -> dict:

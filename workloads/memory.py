@@ -82,6 +82,10 @@ class LayerShapeSpec:
     latent_width: float = 0.0
     q_producer: str = "qkv_proj"
     kv_producer: str = "qkv_proj"
+    # Bytes per element of the MLP activation's intermediates a scanned layer stack keeps
+    # without remat (the activation's output and its derivative terms): 4 under
+    # `mlp_act_dtype` fp32 (MaxText's activations_in_float32), else the activations' own (0).
+    mlp_act_bytes: float = 0.0
 
     @property
     def value_width(self) -> float:
@@ -207,8 +211,12 @@ def _residuals(shape: LayerShapeSpec, layer_input: SavedTensor, qkv: tuple[Saved
         if stacked:
             out.append(SavedTensor(name="norm_mlp_f32", num_elements=2 * r * D,
                                    dtype_bytes=4.0, producer="norm_mlp"))
+    # Under `mlp_act_dtype` fp32 the stack's activation output and derivative terms are the
+    # f32 values JAX's autodiff keeps (the gate and up outputs stay bf16: they are cast after
+    # the matmuls, and the gated product is cast back to bf16 for the down projection).
+    ab = s.mlp_act_bytes if stacked and s.mlp_act_bytes else a
     out += [*router, hidden,
-            SavedTensor(name="mlp_act_out", num_elements=n * s.ff_width, dtype_bytes=a,
+            SavedTensor(name="mlp_act_out", num_elements=n * s.ff_width, dtype_bytes=ab,
                         producer="mlp_act")]
     if stacked:
         # The activation's derivative terms: ReLU's one-byte mask, or two bf16 terms for the
@@ -219,7 +227,7 @@ def _residuals(shape: LayerShapeSpec, layer_input: SavedTensor, qkv: tuple[Saved
                                    dtype_bytes=1.0, producer="mlp_act"))
         else:
             out.append(SavedTensor(name="mlp_act_terms", num_elements=2 * n * s.ff_width,
-                                   dtype_bytes=a, producer="mlp_act"))
+                                   dtype_bytes=ab, producer="mlp_act"))
         if s.mlp_matrices > 2:
             out.append(SavedTensor(name="mlp_gated_product", num_elements=n * s.ff_width,
                                    dtype_bytes=a, producer="mlp_act"))

@@ -142,6 +142,20 @@ def _add_schedule_args(p: argparse.ArgumentParser) -> None:
                         "precision XLA runs the dot as one bf16 pass on bf16-rounded operands, "
                         "so only the projection's weight gradient is f32, held and "
                         "reduce-scattered in f32; docs/model/training.md)")
+    p.add_argument("--mlp-act-dtype", default="bf16",
+                   help="the dtype of the MLP's activation intermediates: bf16 (default, "
+                        "MaxText's activations_in_float32: False) or fp32 (MaxText's "
+                        "activations_in_float32: True: the gate and up projections' bf16 "
+                        "outputs cast to f32 for the activation and its backward, the product "
+                        "cast back to bf16 for the down projection; docs/model/training.md)")
+    p.add_argument("--embed-lookup", default="auto",
+                   help="the embedding lookup's collective, forward and gradient: auto "
+                        "(default: XLA's choice by rule; an untied FSDP-sharded table is "
+                        "looked up by an all-to-all of the activations, docs/model.md), "
+                        "all-to-all (the activations' all-to-all over fsdp, the gradient rows "
+                        "sent back the same way) or all-gather (the table all-gathered over "
+                        "fsdp for the lookup, its gradient reduce-scattered with the other "
+                        "weights')")
 
 
 def _add_quant_args(p: argparse.ArgumentParser) -> None:

@@ -82,6 +82,8 @@ def training_config(req, moe=None, chip=None) -> TrainingConfig:
         ep_alltoall=req.ep_alltoall,
         vocab_tiling=req.vocab_tiling,
         logits_dtype=req.logits_dtype,
+        mlp_act_dtype=req.mlp_act_dtype,
+        embed_lookup=req.embed_lookup,
         pipeline_schedule=req.pipeline_schedule or "1f1b",
         virtual_stages=req.virtual_stages,
         matmul_dtype=req.matmul_dtype,

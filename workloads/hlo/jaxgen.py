@@ -126,12 +126,20 @@ class Decoder:
     one in validation/xla_int8.py), None for bf16. logits_dtype: "bf16" (the output
     projection's dot in bf16, its logits cast to f32 for the loss: MaxText's default
     `logits_dot_in_fp32: False` with `cast_logits_to_fp32: True`) or "fp32" (both operands
-    cast to f32 before the dot, MaxText's `logits_dot_in_fp32: True`)."""
+    cast to f32 before the dot, MaxText's `logits_dot_in_fp32: True`). mlp_act_dtype: "bf16"
+    (the SwiGLU's activation and product in the activations' dtype, MaxText's default
+    `activations_in_float32: False`) or "fp32" (the gate and up projections' bf16 outputs
+    cast to f32 before the activation, the product cast back to bf16 for the down
+    projection: MaxText's `MlpBlock` with `activations_in_float32: True`). embed_lookup:
+    "auto" (`jnp.take` of the sharded table: XLA's own choice) or "all-gather" (the table's
+    d_model replicated by a sharding constraint before the lookup, its vocabulary still split
+    over `tensor`, so XLA gathers it over fsdp)."""
 
     def __init__(self, mesh, dims: dict, *, act_spec=None, scopes: bool = False,
                  tag: Callable = _identity_tag, param_dtype: str = "bfloat16",
                  attention: str = "dot", flash_block: int = 512,
-                 weight_dot: Callable | None = None, logits_dtype: str = "bf16"):
+                 weight_dot: Callable | None = None, logits_dtype: str = "bf16",
+                 mlp_act_dtype: str = "bf16", embed_lookup: str = "auto"):
         import jax.numpy as jnp
         from jax.sharding import PartitionSpec as P
 
@@ -154,6 +162,12 @@ class Decoder:
         if logits_dtype not in ("bf16", "fp32"):
             raise ValueError(f"logits_dtype {logits_dtype!r}: use 'bf16' or 'fp32'")
         self.logits_dtype = logits_dtype
+        if mlp_act_dtype not in ("bf16", "fp32"):
+            raise ValueError(f"mlp_act_dtype {mlp_act_dtype!r}: use 'bf16' or 'fp32'")
+        self.mlp_act_dtype = mlp_act_dtype
+        if embed_lookup not in ("auto", "all-gather"):
+            raise ValueError(f"embed_lookup {embed_lookup!r}: use 'auto' or 'all-gather'")
+        self.embed_lookup = embed_lookup
         self.bf = jnp.bfloat16
         if attention not in ("dot", "splash"):
             raise ValueError(f"attention {attention!r}: use 'dot' or 'splash'")
@@ -305,8 +319,12 @@ class Decoder:
             x = self.constrain(x + tag(self.wmm(a, w["wo"]), "out_proj"))
             with self.scope("norm"):
                 y = self.rms(x, w["n2"])
-            m = jax.nn.silu(tag(self.wmm(y, w["w1"]), "mlpwi_0")) * \
-                tag(self.wmm(y, w["w3"]), "mlpwi_1")
+            g = tag(self.wmm(y, w["w1"]), "mlpwi_0")
+            u = tag(self.wmm(y, w["w3"]), "mlpwi_1")
+            if self.mlp_act_dtype == "fp32":
+                m = (jax.nn.silu(g.astype(jnp.float32)) * u.astype(jnp.float32)).astype(self.bf)
+            else:
+                m = jax.nn.silu(g) * u
             return self.constrain(x + tag(self.wmm(m, w["w2"]), "mlpwo"))
 
     def wmm(self, x, w):
@@ -321,12 +339,18 @@ class Decoder:
         # jax is optional: imported only where a program is compiled (the jax[tpu] python).
         import jax
         import jax.numpy as jnp
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
 
         if self.weight_dot is not None:
             # A traced seed for the stochastic rounding (a constant key could be folded).
             self._seed = tok[0, 0].astype(jnp.uint32)
         with self.scope("embed"):
-            x = self.constrain(jnp.take(p["embed"].astype(self.bf), tok, axis=0))
+            table = p["embed"].astype(self.bf)
+            if self.embed_lookup == "all-gather":
+                table = jax.lax.with_sharding_constraint(table, NamedSharding(self.mesh,
+                                                                           P(self.tp, None)))
+            x = self.constrain(jnp.take(table, tok, axis=0))
         if scan:
             body = remat_layer(lambda x, w: self.layer(x, w), remat)
             x, _ = jax.lax.scan(lambda x, w: (body(x, w), None), x, p["layers"])

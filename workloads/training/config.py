@@ -59,8 +59,11 @@ def check_stateless_optimizer(optimizer: str, optimizer_dtypes: tuple[str, ...])
         "optimizer_dtype", "optimizer")
 
 
-# `logits_dtype`'s values (fp32's other spelling, f32, reads as fp32).
+# `logits_dtype`'s and `mlp_act_dtype`'s values (fp32's other spelling, f32, reads as fp32).
 LOGITS_DTYPES = ("bf16", "fp32")
+MLP_ACT_DTYPES = ("bf16", "fp32")
+# `embed_lookup`'s values: XLA's choice by rule, or one form forced (forward and gradient).
+EMBED_LOOKUPS = ("auto", "all-to-all", "all-gather")
 
 
 def _mode(choices: type[enum.StrEnum], value: object) -> enum.StrEnum | None:
@@ -173,6 +176,19 @@ class TrainingConfig:
     # precision the dot runs as one bf16 pass on bf16-rounded operands, so only the
     # projection's weight gradient is f32. Recorded only when not the default.
     logits_dtype: str = field(default="bf16", metadata={"recorded_when_set": True})
+    # The dtype of the MLP's activation intermediates (docs/model/training.md "The MLP
+    # activation's dtype"): "bf16" (MaxText's default, `activations_in_float32: False`) or
+    # "fp32" (`activations_in_float32: True`: the gate and up projections' bf16 outputs cast
+    # to f32 before the activation, the product cast back to bf16 for the down projection).
+    # Recorded only when not the default.
+    mlp_act_dtype: str = field(default="bf16", metadata={"recorded_when_set": True})
+    # The embedding lookup's collective, forward and gradient (docs/model.md "Collectives as
+    # XLA emits them"): "auto" (`xla_rules.embedding_lookup_alltoall` and
+    # `embedding_grad_rows_gathered` decide), "all-to-all" (the activations' all-to-all over
+    # the table's d_model shards, the gradient rows sent back by all-to-all) or "all-gather"
+    # (the table all-gathered for the lookup, its gradient reduce-scattered as a weight's).
+    # Recorded only when not the default.
+    embed_lookup: str = field(default="auto", metadata={"recorded_when_set": True})
 
     def __post_init__(self) -> None:
         # The checks run in this order so that a config with several bad settings names the
@@ -331,6 +347,22 @@ class TrainingConfig:
                               f"default) or fp32 (the dot's operands in f32, MaxText's "
                               f"logits_dot_in_fp32)", "logits_dtype")
         object.__setattr__(self, "logits_dtype", v.lower())
+        v = self.mlp_act_dtype
+        if isinstance(v, str) and v.lower() == "f32":
+            v = "fp32"
+        if not isinstance(v, str) or v.lower() not in MLP_ACT_DTYPES:
+            raise TpusimError(f"{{mlp_act_dtype}} {short_repr(v)} must be bf16 (the MLP's "
+                              f"activation in bf16: MaxText's default) or fp32 (its "
+                              f"intermediates in f32, MaxText's activations_in_float32)",
+                              "mlp_act_dtype")
+        object.__setattr__(self, "mlp_act_dtype", v.lower())
+        v = self.embed_lookup
+        if not isinstance(v, str) or v.lower() not in EMBED_LOOKUPS:
+            raise TpusimError(f"{{embed_lookup}} {short_repr(v)} must be auto (XLA's choice "
+                              f"by rule), all-to-all (the activations' all-to-all over the "
+                              f"table's shards) or all-gather (the table gathered for the "
+                              f"lookup)", "embed_lookup")
+        object.__setattr__(self, "embed_lookup", v.lower())
         self._check_quantization()
 
     def _check_quantization(self) -> None:

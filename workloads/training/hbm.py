@@ -43,7 +43,8 @@ class HbmModel(ProgramBuilder):
             kv_width=max(m.num_kv_heads / d.tp, 1.0) * m.head_dim,
             local_heads=m.num_heads / d.tp, ff_width=ff / d.tp,
             mlp_matrices=m.mlp.num_matrices, mlp_kind=str(m.mlp), parallel_block=m.parallel_block,
-            num_experts=m.num_experts if moe else 0, **mla)
+            num_experts=m.num_experts if moe else 0,
+            mlp_act_bytes=4.0 if self.cfg.mlp_act_dtype == "fp32" else 0.0, **mla)
 
     def saved(self, layer: int, remat: Remat | None = None):
         plan = self.cfg.remat_plan if remat is None else remat_plan(remat)

@@ -104,10 +104,15 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
         p_cast = self.local_params()
         if self.wc != self.wb and self.cast_per_pass:
             cast = self.vpu(WEIGHT_CAST, p_cast, p_cast * (self.wb + self.wc), [], -1, "fwd")
+        form = self.cfg.embed_lookup
+        lookup_a2a = self.embed_on and (
+            xla.embedding_lookup_alltoall(tied=m.tied_embeddings, shards=self.fsdp_shards)
+            if form == "auto" else form == "all-to-all" and self.fsdp_shards > 1)
         return StepState(
             emb_w=emb_w, emb_all=emb_w * (1 if m.tied_embeddings else 2),
-            lookup_a2a=self.embed_on and xla.embedding_lookup_alltoall(
-                tied=m.tied_embeddings, shards=self.fsdp_shards),
+            lookup_a2a=lookup_a2a,
+            lookup_gathered=(self.embed_on and form == "all-gather"
+                             and not m.tied_embeddings and self.fsdp_shards > 1),
             cast=cast, p_cast=p_cast)
 
     def token_gathers(self, after: list[int], phase: str) -> list[int]:
@@ -173,13 +178,22 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
             tok = self.token_gathers(start, "fwd")
             lk = self.coll("embed_lookup_alltoall", "all-to-all", A2A_AXES,
                            self.fsdp_shards * n * D * a, start + tok, -1, "fwd")
-        table = lk if st.lookup_a2a else (emb_g if self.embed_on else None)
+        elif st.lookup_gathered:
+            # `embed_lookup` all-gather on an untied table: the input table is gathered over
+            # its d_model shards (as a tied table is for the logits), held until the lookup.
+            lk = self.coll("fsdp_allgather_embed_lookup", "all-gather", A2A_AXES, emb_w,
+                           start, -1, "fwd")
+            self.mem(lk, G.GATHERED_WEIGHTS, emb_w)
+        table = lk if st.lookup_a2a or st.lookup_gathered else \
+            (emb_g if self.embed_on else None)
         x = b.add("embed_lookup" if self.embed_on else "stage_input", kind=OpKind.COMPUTE,
                   unit=Unit.VPU, flops=0.0,
                   hbm_bytes=2 * self.rows() * D * a if self.embed_on else 0.0,
                   deps=[st.prev_compute] + ([table] if table is not None else []),
                   layer=-1, phase="fwd")
         if emb_g is not None and not self.head_on:  # no logits here to keep it for
+            self.mem(x, G.GATHERED_WEIGHTS, -emb_w)
+        if st.lookup_gathered:
             self.mem(x, G.GATHERED_WEIGHTS, -emb_w)
         prev = x
         if self.embed_on and d.tp > 1:
@@ -542,7 +556,15 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
                            "bwd")
         rows_v = d.dp * self.fsdp_shards * n * D * a  # every chip's gradient rows
         table_v = st.emb_w / self.wc * self.gb  # the chip's whole table gradient
-        if st.lookup_a2a and d.dp > 1 and xla.embedding_grad_rows_gathered(
+        auto = self.cfg.embed_lookup == "auto"
+        if st.lookup_gathered:
+            # The gathered table's gradient: every chip scatter-adds its own rows into a zero
+            # table of the whole width, reduce-scattered over fsdp with the output
+            # projection's (`embedding_gradient_reductions`); it is held until then.
+            emb_bwd = self.vpu("embed_grad_scatter_add", n * D,
+                               3 * n * D * a + 2 * table_v, [emb_bwd], -1, "bwd")
+            self.mem(emb_bwd, G.GRADIENTS, table_v)
+        elif st.lookup_a2a and d.dp > 1 and auto and xla.embedding_grad_rows_gathered(
                 rows_bytes=rows_v, table_bytes=table_v):
             # The rows replicated: every chip's [n, d_model] input gradient is all-gathered
             # over data x fsdp (x expert), each chip keeps its fsdp group's rows and its
@@ -553,7 +575,7 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
                            ("data",) + A2A_AXES, rows_v, [emb_bwd] + tok, -1, "bwd")
             emb_bwd = self.vpu("embed_grad_scatter_add", n * D, 3 * n * D * a,
                                [emb_bwd] + ([ga] if ga is not None else []), -1, "bwd")
-        elif st.lookup_a2a and d.dp > 1:
+        elif st.lookup_a2a and d.dp > 1 and auto:
             # ... and here the table: each chip scatter-adds its own rows into a zero
             # table of the whole width and the table is all-reduced over data x fsdp
             # (x expert), already summed over data.
@@ -564,6 +586,9 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
             st.table_reduced = True
             emb_bwd = tr if tr is not None else emb_bwd
         elif st.lookup_a2a:
+            # (Forced by `embed_lookup` all-to-all with a data axis too: the rows go back to
+            # their fsdp group's shards and the shard is summed over data with the other
+            # embedding gradients, `dp_grad_allreduce_embed`.)
             tok = self.token_gathers([prev], "bwd")
             ga = self.coll("embed_grad_alltoall", "all-to-all", A2A_AXES,
                            self.fsdp_shards * n * D * a, [emb_bwd] + tok, -1, "bwd")
@@ -579,14 +604,20 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
         emb_w = st.emb_w
         erc = None
         if self.embed_on or self.head_on:
+            # A gathered untied input table's whole gradient goes with the projection's.
+            tables = emb_w / self.wc * ((self.head_gb if self.head_on else self.gb)
+                                        + (self.gb if st.lookup_gathered else 0.0))
             erc = self.coll(f"fsdp_grad_{self.grad_kind.replace('-', '')}_embed",
                             self.grad_kind, A2A_AXES,
-                            emb_w / self.wc * (self.head_gb if self.head_on else self.gb)
+                            tables
                             * (self.ring(fse, "reduce-scatter") if self.rs_windowed else 1.0),
                             [emb_bwd] + ([head_accum] if head_accum is not None else []),
                             -1, "bwd")
             if erc is not None:
                 st.last_grad_ops.append(erc)
+            if st.lookup_gathered:
+                self.mem(erc if erc is not None else emb_bwd, G.GRADIENTS,
+                         -emb_w / self.wc * self.gb)
             if mb == cfg.microbatches - 1:
                 ear = self.coll("dp_grad_allreduce_embed", "all-reduce", ("data", "sequence"),
                                 (st.emb_all - (emb_w if st.table_reduced else 0.0))

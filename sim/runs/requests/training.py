@@ -22,7 +22,8 @@ TRAINING_FIELDS = ("model", "seq_len", "batch_per_chip", "mesh", "dcn", "axis_ma
              "grad_dtype", "gather_dtype",
              "optimizer_dtype", "optimizer", "pipeline_schedule", "virtual_stages", "no_overlap",
              "no_fusion", "tp_activations", "tp_comm", "dp_allreduce", "dp_grad_split",
-             "fsdp_grad", "ep_alltoall", "vocab_tiling", "logits_dtype", "matmul_dtype",
+             "fsdp_grad", "ep_alltoall", "vocab_tiling", "logits_dtype", "mlp_act_dtype",
+             "embed_lookup", "matmul_dtype",
              "quantize_attention", "quantize_logits", "quant_scales", "quant_gather",
              "no_stochastic_rounding", "fsdp_gather")
 # int8 training's settings: recorded in `inputs.flags` only when not their defaults, so bf16
@@ -30,8 +31,9 @@ TRAINING_FIELDS = ("model", "seq_len", "batch_per_chip", "mesh", "dcn", "axis_ma
 _QUANT_FLAGS = ("matmul_dtype", "quantize_attention", "quantize_logits", "quant_scales",
                 "quant_gather", "no_stochastic_rounding")
 # Recorded in `inputs.flags` only when not their defaults (results from before they existed
-# read and rerun as before): int8 training's settings and the logits path's dtype.
-_WHEN_SET = (*_QUANT_FLAGS, "logits_dtype")
+# read and rerun as before): int8 training's settings, the logits path's and the MLP
+# activation's dtypes and the embedding lookup's form.
+_WHEN_SET = (*_QUANT_FLAGS, "logits_dtype", "mlp_act_dtype", "embed_lookup")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,6 +75,8 @@ class TrainRequest(StepRequest):
     ep_alltoall: str = "sync"
     vocab_tiling: int = 1
     logits_dtype: str = "bf16"
+    mlp_act_dtype: str = "bf16"
+    embed_lookup: str = "auto"
     fsdp_gather: str = "async"
     matmul_dtype: str = "bf16"
     quantize_attention: bool = False

@@ -1,0 +1,169 @@
+"""Two program choices as flags with XLA's defaults: the dtype of the MLP's activation
+intermediates (`mlp_act_dtype`, MaxText's `activations_in_float32`) and the embedding lookup's
+collective (`embed_lookup`). Closed forms on a tiny model: each value's bytes, collectives and
+saved tensors, the defaults unchanged, bad values as one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sim.cli import main
+from topologies.errors import TpusimError
+from topologies.mesh import parse_mesh
+from workloads.memory import LayerShapeSpec, saved_tensors
+from workloads.training import TrainingConfig, compile_training_step
+from workloads.training.config import training_config_to_dict
+from workloads.zoo import model_from_dict
+
+# d_model 256, 8 heads of 32 (4 KV heads), d_ff 1024, 2 layers, vocab 512, untied.
+MODEL = {"name": "flags-tiny", "num_layers": 2, "d_model": 256, "num_heads": 8,
+         "num_kv_heads": 4, "head_dim": 32, "d_ff": 1024, "mlp": "swiglu", "vocab_size": 512,
+         "tied_embeddings": False}
+D, F, V, L = 256, 1024, 512, 2
+SEQ, BATCH = 512, 2
+N = SEQ * BATCH  # tokens per chip
+
+
+def _trace(mesh="fsdp=2", chips=2, model=MODEL, **kw):
+    cfg = TrainingConfig(seq_len=SEQ, batch_per_chip=BATCH, **kw)
+    return compile_training_step(model_from_dict(model), parse_mesh(mesh), chips, cfg)
+
+
+def _op(trace, name):
+    (op,) = [o for o in trace.ops if o.name == name]
+    return op
+
+
+def _names(trace):
+    return {o.name for o in trace.ops}
+
+
+def _same_ops(a, b):
+    assert [o.name for o in a.ops] == [o.name for o in b.ops]
+    for x, y in zip(a.ops, b.ops, strict=True):
+        assert (x.flops, x.hbm_bytes, x.bytes) == (y.flops, y.hbm_bytes, y.bytes), x.name
+
+
+
+# -- the MLP activation's dtype -----------------------------------------------------------------
+
+def test_fp32_activations_cost_a_recomputed_layer_nothing():
+    # The casts fuse into the activation's fusions, which read and write bf16 either way.
+    for remat in ("full", "minimal"):
+        bf, f = _trace(remat=remat), _trace(remat=remat, mlp_act_dtype="fp32")
+        _same_ops(bf, f)
+        assert bf.meta.memory_events == f.meta.memory_events
+
+
+def test_without_remat_the_stack_keeps_the_activation_terms_in_f32():
+    bf, f = _trace(remat="none"), _trace(remat="none", mlp_act_dtype="fp32")
+    _same_ops(bf, f)
+    saved = [[d for i, cat, d in t.meta.memory_events if cat == "saved_activations" and d > 0]
+             for t in (bf, f)]
+    # The scanned stack is allocated whole before the first layer: the activation's output
+    # and its two derivative terms ([tokens, d_ff] each) take 2 more bytes an element.
+    assert max(saved[1]) - max(saved[0]) == L * 3 * N * F * 2
+
+
+def test_the_saved_set_in_closed_form():
+    shape = LayerShapeSpec(rows=10, residual_rows=10, context=10, d_model=4, q_width=4,
+                           kv_width=2, local_heads=2, ff_width=8, mlp_matrices=3,
+                           parallel_block=False, mlp_act_bytes=4.0)
+    got = {t.name: t.dtype_bytes for t in saved_tensors(shape, remat="none", attention="dot")}
+    assert (got["mlp_act_out"], got["mlp_act_terms"]) == (4.0, 4.0)
+    assert (got["mlp_hidden"], got["mlp_gated_product"]) == (2.0, 2.0)
+    fused = {t.name: t.dtype_bytes for t in saved_tensors(shape, remat="none", attention="dot",
+                                                           stacked=False)}
+    assert fused["mlp_act_out"] == 2.0  # a fused backward recomputes it in its fusion
+
+
+def test_mlp_act_dtype_default_and_errors():
+    cfg = TrainingConfig(seq_len=SEQ, batch_per_chip=BATCH)
+    assert cfg.mlp_act_dtype == "bf16" and "mlp_act_dtype" not in training_config_to_dict(cfg)
+    f = TrainingConfig(seq_len=SEQ, batch_per_chip=BATCH, mlp_act_dtype="F32")
+    assert f.mlp_act_dtype == "fp32" and training_config_to_dict(f)["mlp_act_dtype"] == "fp32"
+    with pytest.raises(TpusimError, match=r"^mlp_act_dtype 'int8' must be bf16 .* or fp32"
+                       ) as e:
+        TrainingConfig(seq_len=SEQ, batch_per_chip=BATCH, mlp_act_dtype="int8")
+    assert "\n" not in str(e.value)
+
+
+# -- the embedding lookup's collective ----------------------------------------------------------
+
+def test_auto_keeps_the_rules_and_all_to_all_is_their_form_on_fsdp():
+    auto, a2a = _trace(), _trace(embed_lookup="all-to-all")
+    _same_ops(auto, a2a)
+    # fsdp=2, untied: the lookup and the gradient rows go by all-to-all ([tokens, d_model]
+    # from each of the 2 chips).
+    assert _op(auto, "embed_lookup_alltoall").bytes == 2 * N * D * 2
+    assert _op(auto, "embed_grad_alltoall").bytes == 2 * N * D * 2
+    assert "fsdp_allgather_embed_lookup" not in _names(auto)
+
+
+def test_all_gather_gathers_the_table_and_reduce_scatters_its_gradient():
+    auto, ag = _trace(), _trace(embed_lookup="all-gather")
+    names = _names(ag)
+    assert not {"embed_lookup_alltoall", "embed_grad_alltoall"} & names
+    assert not any(n.startswith("embed_tokens_allgather") for n in names)
+    # The whole [vocab, d_model] bf16 input table gathered (fsdp=2), as the projection is.
+    assert _op(ag, "fsdp_allgather_embed_lookup").bytes == V * D * 2
+    assert _op(ag, "fsdp_allgather_embed").bytes == _op(auto, "fsdp_allgather_embed").bytes
+    # Its gradient: the rows scatter-added into a zero table of the whole width (read and
+    # written), then reduce-scattered with the projection's: two tables.
+    assert _op(ag, "embed_grad_scatter_add").hbm_bytes == 3 * N * D * 2 + 2 * V * D * 2
+    rs = "fsdp_grad_reducescatter_embed"
+    assert _op(ag, rs).bytes == 2 * _op(auto, rs).bytes == 2 * V * D * 2
+    # The gathered table is held from its gather to the lookup, the whole gradient from the
+    # scatter-add to the reduce-scatter.
+    ev = [(ag.ops[i].name, cat, d) for i, cat, d in ag.meta.memory_events
+          if abs(d) == V * D * 2 and ag.ops[i].name in (
+              "fsdp_allgather_embed_lookup", "embed_lookup", "embed_grad_scatter_add", rs)]
+    assert ("fsdp_allgather_embed_lookup", "gathered_weights", V * D * 2) in ev
+    assert ("embed_lookup", "gathered_weights", -V * D * 2) in ev
+    assert ("embed_grad_scatter_add", "gradients", V * D * 2) in ev
+    assert (rs, "gradients", -V * D * 2) in ev
+
+
+def test_all_to_all_with_a_data_axis_sends_the_rows_back_by_all_to_all():
+    kw = dict(mesh="data=2,fsdp=2", chips=4)
+    auto, a2a = _trace(**kw), _trace(embed_lookup="all-to-all", **kw)
+    # With data the rule replicates the rows or the table (here the table: 256 KiB against
+    # 1 MiB of rows); forced, the rows go back within each fsdp group ...
+    assert "embed_grad_table_allreduce" in _names(auto)
+    assert not {"embed_grad_table_allreduce", "embed_grad_allgather"} & _names(a2a)
+    assert _op(a2a, "embed_grad_alltoall").bytes == 2 * N * D * 2
+    # ... and the table's shard is summed over data with the projection's shard.
+    assert _op(a2a, "dp_grad_allreduce_embed").bytes == \
+        _op(auto, "dp_grad_allreduce_embed").bytes + V * D * 2 / 2
+
+
+def test_a_tied_table_is_gathered_under_auto_and_all_gather_alike():
+    tied = {**MODEL, "tied_embeddings": True}
+    _same_ops(_trace(model=tied), _trace(model=tied, embed_lookup="all-gather"))
+    assert "embed_lookup_alltoall" in _names(_trace(model=tied, embed_lookup="all-to-all"))
+
+
+def test_embed_lookup_default_and_errors():
+    cfg = TrainingConfig(seq_len=SEQ, batch_per_chip=BATCH)
+    assert cfg.embed_lookup == "auto" and "embed_lookup" not in training_config_to_dict(cfg)
+    with pytest.raises(TpusimError, match=r"^embed_lookup 'all-reduce' must be auto .*"
+                       r"all-to-all .* all-gather") as e:
+        TrainingConfig(seq_len=SEQ, batch_per_chip=BATCH, embed_lookup="all-reduce")
+    assert "\n" not in str(e.value)
+
+
+def test_train_takes_both_flags_and_records_them_only_when_set(tmp_path, capsys):
+    model = tmp_path / "m.json"
+    model.write_text(json.dumps(MODEL))
+    base = ["train", "--chip", "v5e", "--shape", "2x1", "--mesh", "fsdp=2", "--model",
+            str(model), "--seq-len", str(SEQ), "--batch-per-chip", str(BATCH), "--json"]
+    assert main(base) == 0
+    default = json.loads(capsys.readouterr().out)["inputs"]["flags"]
+    assert not {"mlp-act-dtype", "embed-lookup"} & set(default)
+    assert main(base + ["--mlp-act-dtype", "fp32", "--embed-lookup", "all-gather"]) == 0
+    flags = json.loads(capsys.readouterr().out)["inputs"]["flags"]
+    assert (flags["mlp-act-dtype"], flags["embed-lookup"]) == ("fp32", "all-gather")
+    assert main(base + ["--embed-lookup", "gather"]) == 2
+    assert "embed-lookup" in capsys.readouterr().err
