@@ -64,16 +64,8 @@ def own_algorithms(prefix: str, n: int) -> float:
         "step_time_s"]
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--root", default=str(SHARED), help="the shared Chakra reference folder")
-    ap.add_argument("--write", action="store_true", help="write the table into docs/validation.md")
-    args = ap.parse_args(argv)
-    root = Path(args.root)
-    if not (root / "manifest.json").is_file():
-        print(f"validation.chakra: {root} holds no manifest.json; give the shared Chakra "
-              f"reference folder with --root", file=sys.stderr)
-        return 2
+def table(root: Path) -> tuple[str, bool]:
+    """The section's tables from the shared copies under `root`, and whether every check held."""
     manifest = json.loads((root / "manifest.json").read_text())
     by_path = {f["path"]: f for f in manifest["files"]}
     lines = ["| trace | ranks | tpusim, ASTRA-sim conventions | ring formula | difference | "
@@ -127,20 +119,42 @@ def main(argv=None) -> int:
               f"{inv['duration_micros'] / 1e3:.3f} ms, the 5 all-reduces' included, which the "
               f"replay replaces by their time on the torus; the rest runs in dependency order "
               f"on one core."]
-    table = "\n".join(lines)
-    print(table)
+    return "\n".join(lines), ok
+
+
+def block(tables: str) -> str:
+    """The section, from its begin marker to its end marker."""
+    return (f"{BEGIN}\n## Chakra traces (ASTRA-sim's microbenchmarks, Chakra's PyTorch "
+            f"trace)\n\nWritten by `python -m validation.chakra --write` from the shared "
+            f"copies of the traces (not in the repository; docs/reference/chakra.md §8). "
+            f"ASTRA-sim's conventions: a unidirectional ring on an N x 1 torus with "
+            f"wraparound, links at {BANDWIDTH_BYTES_PER_S / 1e9:g} GB/s one way, "
+            f"{LATENCY_S * 1e9:g} ns per hop, no efficiency factor; the formula is the "
+            f"ring's per dimension (N-1 steps, 2(N-1) for an all-reduce, each the latency "
+            f"plus its message: comm_size / N, an all-gather's comm_size).\n\n{tables}\n"
+            f"{END}")
+
+
+def updated(doc: str, root: Path = SHARED) -> str:
+    """`doc` (docs/validation.md's text) with this section regenerated from the shared copies
+    under `root`, nothing else changed."""
+    return splice(doc, BEGIN, END, block(table(root)[0]))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", default=str(SHARED), help="the shared Chakra reference folder")
+    ap.add_argument("--write", action="store_true", help="write the table into docs/validation.md")
+    args = ap.parse_args(argv)
+    root = Path(args.root)
+    if not (root / "manifest.json").is_file():
+        print(f"validation.chakra: {root} holds no manifest.json; give the shared Chakra "
+              f"reference folder with --root", file=sys.stderr)
+        return 2
+    tables, ok = table(root)
+    print(tables)
     if args.write:
-        text = DOC.read_text()
-        block = (f"{BEGIN}\n## Chakra traces (ASTRA-sim's microbenchmarks, Chakra's PyTorch "
-                 f"trace)\n\nWritten by `python -m validation.chakra --write` from the shared "
-                 f"copies of the traces (not in the repository; docs/reference/chakra.md §8). "
-                 f"ASTRA-sim's conventions: a unidirectional ring on an N x 1 torus with "
-                 f"wraparound, links at {BANDWIDTH_BYTES_PER_S / 1e9:g} GB/s one way, "
-                 f"{LATENCY_S * 1e9:g} ns per hop, no efficiency factor; the formula is the "
-                 f"ring's per dimension (N-1 steps, 2(N-1) for an all-reduce, each the latency "
-                 f"plus its message: comm_size / N, an all-gather's comm_size).\n\n{table}\n"
-                 f"{END}")
-        DOC.write_text(splice(text, BEGIN, END, block))
+        DOC.write_text(splice(DOC.read_text(), BEGIN, END, block(tables)))
         print(f"wrote {DOC}")
     return 0 if ok else 1
 

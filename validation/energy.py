@@ -98,18 +98,26 @@ def section() -> str:
     return "\n".join(lines)
 
 
-def write(doc: Path = DOC_FILE) -> None:
-    """Replace the "Energy" section of `doc` (from its header to the next `## ` or the end)."""
-    text = doc.read_text(encoding="utf-8")
-    new = section()
+def updated(text: str, new: str | None = None) -> str:
+    """`text` (docs/validation.md's) with its "Energy" section (from its header to the next
+    `## `, a marker comment or the end) replaced by `new` (else computed)."""
+    new = section() if new is None else new
     start = text.find("\n" + HEADER + "\n")
     if start < 0:
-        text = text.rstrip("\n") + "\n\n" + new + "\n"
-    else:
-        end = text.find("\n## ", start + 1)
-        tail = text[end:] if end >= 0 else "\n"
-        text = text[:start + 1] + new + ("\n" + tail if end >= 0 else tail)
-    doc.write_text(text, encoding="utf-8")
+        return text.rstrip("\n") + "\n\n" + new + "\n"
+    after = [i for i in (text.find("\n## ", start + 1), text.find("\n<!-- ", start + 1))
+             if i >= 0]
+    if not after:
+        return text[:start + 1] + new + "\n"
+    end = min(after)
+    # A heading follows after a blank line; a marker comment (the next generated section's)
+    # on the line after the section's last.
+    return text[:start + 1] + new + ("\n" if text.startswith("\n## ", end) else "") + text[end:]
+
+
+def write(doc: Path = DOC_FILE) -> None:
+    """Replace the "Energy" section of `doc`."""
+    doc.write_text(updated(doc.read_text(encoding="utf-8")), encoding="utf-8")
 
 
 def main() -> int:

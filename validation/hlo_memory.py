@@ -107,6 +107,19 @@ def table(cache: dict) -> str:
     return "\n".join([head, "", *lines])
 
 
+def updated(doc: str, cache: dict) -> str:
+    """`doc` (docs/hlo.md's text) with the table of `cache` (after `fixture_rows`)."""
+    return splice(doc, BEGIN, END, f"{BEGIN}\n{table(cache)}\n{END}")
+
+
+def current_cache() -> dict:
+    """The cache with tpusim's side of the fixture rows recomputed (XLA's side and the
+    `xla_memory` rows, whose modules are not in the repository, as cached); not written."""
+    cache = xla_compile.load_cache(CACHE)
+    fixture_rows(cache)
+    return dict(sorted(cache.items()))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -141,7 +154,7 @@ def main() -> int:
         doc = DOC.read_text()
         if BEGIN not in doc:
             sys.exit(f"hlo_memory: {DOC} has no {BEGIN} marker")
-        DOC.write_text(splice(doc, BEGIN, END, f"{BEGIN}\n{text}\n{END}"))
+        DOC.write_text(updated(doc, cache))
         print(f"wrote {DOC.relative_to(REPO)}")
     else:
         print(text)

@@ -31,8 +31,14 @@ import os
 import sys
 from pathlib import Path
 
-from validation.maxtext_doc import render_doc, write_collectives_section
-from validation.maxtext_fit import FitResult, run_fits
+from validation.maxtext_doc import (
+    FITS_FILE,
+    fits_text,
+    load_fits,
+    updated,
+    write_collectives_section,
+)
+from validation.maxtext_fit import run_fits
 from validation.maxtext_predict import DOC_FILE, predict_all, summary
 from validation.maxtext_runs import (
     NAMED,
@@ -75,9 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {s.id} ({s.chip}, {s.quality}): {s.reason}")
     if args.fit or args.write:
         if args.reuse_fits:
-            fits = [FitResult(**{k: (list(map(tuple, v)) if k.endswith("_scan") else v)
-                                 for k, v in d.items()})
-                    for d in json.loads(args.reuse_fits.read_text())]
+            fits = load_fits(args.reuse_fits)
         else:
             fits = run_fits(args.runs, args.jobs)
         if args.save_fits:
@@ -95,12 +99,11 @@ def main(argv: list[str] | None = None) -> int:
                           f"{f.dcn_message}")
         if args.write:
             DOC_FILE.parent.mkdir(parents=True, exist_ok=True)
-            # Keep the HLO-import section that validation/hlo_import.py writes at the end.
+            # The sections after it (validation.hlo_import's on) are kept as they are.
             prev = DOC_FILE.read_text() if DOC_FILE.exists() else ""
-            marker = "<!-- hlo-import -->"
-            tail = "\n" + prev[prev.index(marker):] if marker in prev else ""
-            DOC_FILE.write_text(render_doc(cases, skips, preds, stats, fits) + tail)
-            print(f"\nwrote {DOC_FILE.relative_to(ROOT)}")
+            DOC_FILE.write_text(updated(prev, cases, skips, preds, stats, fits))
+            FITS_FILE.write_text(fits_text(fits))
+            print(f"\nwrote {DOC_FILE.relative_to(ROOT)} and {FITS_FILE.relative_to(ROOT)}")
     return 0
 
 

@@ -5,12 +5,22 @@ numbers filled in (`render_doc`), and the sections from the XLA cross-checks' ca
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import statistics
 import sys
+from pathlib import Path
 
+from sim.chips import get_chip
 from validation import energy, maxtext_unfitted, template, xla_crosscheck_doc, xla_moe_pair
 from validation.maxtext_effects import effects
-from validation.maxtext_fit import DCN_FIT_OBJECTIVES, SCAN_GRID, FitResult
+from validation.maxtext_fit import (
+    DCN_FIT_OBJECTIVES,
+    SCAN_GRID,
+    FitResult,
+    objective,
+    subset_cases,
+)
 from validation.maxtext_predict import (
     DOC_FILE,
     TARGET_MEDIAN,
@@ -29,6 +39,57 @@ from validation.maxtext_runs import (
     Skip,
 )
 from validation.maxtext_tables import case_set, explain, fits_rows, md_table, shipped_factors
+
+# The fit behind the document (`--write` writes it, `--reuse-fits` and validation.check read
+# it): a full fit costs 840-1080 CPU-s (validation/README.md), rendering from it a few minutes.
+FITS_FILE = ROOT / "validation" / "results" / "maxtext_fits.json"
+# Where the section the maxtext document ends before begins (validation.hlo_import's).
+TAIL_MARKER = "<!-- hlo-import -->"
+
+
+def fits_text(fits: list[FitResult]) -> str:
+    """The fits file's text (deterministic: the fit's results only)."""
+    return json.dumps([dataclasses.asdict(f) for f in fits], indent=1, sort_keys=True) + "\n"
+
+
+def load_fits(path: Path = FITS_FILE) -> list[FitResult]:
+    """The fit results a `fits_text` file (or a `--save-fits` one) holds."""
+    return [FitResult(**{k: (list(map(tuple, v)) if k.endswith("_scan")
+                             else tuple(v) if k == "dcn_pairs" else v)
+                         for k, v in d.items()})
+            for d in json.loads(path.read_text())]
+
+
+def stale_fits(fits: list[FitResult], cases: list[Case], preds: list[Prediction]) -> list[str]:
+    """Where the saved fit no longer describes the code: each generation's and half's fitted
+    objective recomputed at the fit's own factors (the fit half's from `preds` where the
+    shipped preset is that point). Cheap (one evaluation per half, not the search): it finds a
+    changed objective, not a moved optimum."""
+    by_id = {p.case.id: p for p in preds}
+    out = []
+    for f in fits:
+        if f.custom_remat != NAMED:
+            continue
+        chosen = subset_cases(cases, f.generation, f.subset)
+        point = get_chip(f.generation).with_overrides(
+            mxu_efficiency=f.mxu, hbm_efficiency=1.0, ici_efficiency=1.0, vpu_efficiency=1.0,
+            dcn_efficiency=1.0, op_overhead_s=0.0, dcn_message_overhead_s=f.dcn_message)
+        if point == get_chip(f.generation) and all(c.id in by_id for c in chosen):
+            now = round(statistics.fmean(abs(by_id[c.id].log_error) for c in chosen), 9)
+        else:
+            now = objective(chosen, point)
+        if abs(now - f.objective) > 1e-9:
+            out.append(f"{f.generation} {f.subset} half: objective {now:.6f} at the saved fit's "
+                       f"mxu_efficiency {f.mxu:.2f}, saved {f.objective:.6f}")
+    return out
+
+
+def updated(doc: str, cases: list[Case], skips: list[Skip], preds: list[Prediction],
+            stats: dict[str, dict[str, float]], fits: list[FitResult]) -> str:
+    """`doc` (docs/validation.md's text) with the maxtext document regenerated (everything
+    before TAIL_MARKER; the sections from it on kept as they are)."""
+    tail = "\n" + doc[doc.index(TAIL_MARKER):] if TAIL_MARKER in doc else ""
+    return render_doc(cases, skips, preds, stats, fits) + tail
 
 
 def _split_note(cases: list[Case]) -> str:

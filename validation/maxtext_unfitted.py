@@ -374,15 +374,24 @@ def section(cache: dict) -> str:
     })
 
 
-def write_doc(cache: dict, doc_file: Path = DOC_FILE) -> None:
-    doc = doc_file.read_text()
+def updated(doc: str, cache: dict) -> str:
+    """`doc` (docs/validation.md's text) with this section and the summary's line rendered
+    from `cache` (`build_cache`'s), nothing else changed."""
     doc = splice(doc, BEGIN, END, section(cache))
     if SUMMARY_BEGIN not in doc:
-        raise ValueError(f"{doc_file} has no {SUMMARY_BEGIN} marker in its summary; "
+        raise ValueError(f"{DOC_FILE.name} has no {SUMMARY_BEGIN} marker in its summary; "
                          f"regenerate it with `python -m validation.maxtext --write`")
-    doc = splice(doc, SUMMARY_BEGIN, SUMMARY_END,
-                 f"{SUMMARY_BEGIN}{summary_line(cache)}{SUMMARY_END}")
-    doc_file.write_text(doc)
+    return splice(doc, SUMMARY_BEGIN, SUMMARY_END,
+                  f"{SUMMARY_BEGIN}{summary_line(cache)}{SUMMARY_END}")
+
+
+def cache_text(cache: dict) -> str:
+    """The cache file's text."""
+    return json.dumps(cache, indent=1, sort_keys=True) + "\n"
+
+
+def write_doc(cache: dict, doc_file: Path = DOC_FILE) -> None:
+    doc_file.write_text(updated(doc_file.read_text(), cache))
 
 
 def summary_block(cache_file: Path = CACHE_FILE) -> str:
@@ -420,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         cache = build_cache(args.runs)
     print_table(cache)
     if args.write:
-        CACHE_FILE.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
+        CACHE_FILE.write_text(cache_text(cache))
         write_doc(cache)
         print(f"\nwrote {CACHE_FILE.relative_to(ROOT)} and the unfitted-runs section of "
               f"{DOC_FILE.relative_to(ROOT)}")

@@ -27,10 +27,11 @@ from pathlib import Path
 import numpy as np
 
 from sim.api import serve
+from validation.template import splice
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "validation.md"
-MARKER = "<!-- serving -->"
+MARKER, END = "<!-- serving -->", "<!-- /serving -->"
 PROMPT_MEAN, OUTPUT_MEAN, SIGMA, CUT = 161, 338, 1.0, 1024
 NUM_REQUESTS = 2000
 SEED = 0
@@ -110,25 +111,33 @@ def render(results: list[dict], means: dict[str, float]) -> str:
               f"ratio of the two models' measured throughputs ({measured_ratio:.2f} in bf16) is "
               f"lower than tpusim's ({sim_ratio:.2f}). The July Llama-3-8B row is the April "
               "configuration after a software regression the source notes; tpusim cannot see "
-              "it. No factor is fitted to these rows."]
-    return "\n".join(lines) + "\n"
+              "it. No factor is fitted to these rows.", END]
+    return "\n".join(lines)
+
+
+def section() -> str:
+    """The section, from its begin marker to its end marker: every row run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "sharegpt_like.csv"
+        means = write_trace(trace)
+        results = [predict(m, d, b, trace) for _date, _n, m, d, b, _c, _meas in ROWS]
+    return render(results, means)
+
+
+def updated(doc: str, text: str | None = None) -> str:
+    """`doc` (docs/validation.md's text) with this section regenerated, nothing else changed."""
+    return splice(doc, MARKER, END, section() if text is None else text)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--write", action="store_true",
-                    help=f"rewrite {DOC.relative_to(ROOT)} from the {MARKER} marker on")
+                    help=f"rewrite its section of {DOC.relative_to(ROOT)}")
     args = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        trace = Path(tmp) / "sharegpt_like.csv"
-        means = write_trace(trace)
-        results = [predict(m, d, b, trace) for _date, _n, m, d, b, _c, _meas in ROWS]
-    text = render(results, means)
+    text = section()
     print(text)
     if args.write:
-        old = DOC.read_text()
-        head = old[:old.index(MARKER)] if MARKER in old else old.rstrip("\n") + "\n\n"
-        DOC.write_text(head + text)
+        DOC.write_text(updated(DOC.read_text(), text))
         print(f"wrote {DOC.relative_to(ROOT)}", file=sys.stderr)
     return 0
 

@@ -363,12 +363,17 @@ def load_cache(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def write_cache(path: Path, cache: dict, compact: bool = False) -> None:
-    """The cache, programs sorted by name; `compact`: no whitespace (long op lists)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def cache_text(cache: dict, compact: bool = False) -> str:
+    """A cache file's text: programs sorted by name; `compact`: no whitespace (long op lists)."""
     text = json.dumps(dict(sorted(cache.items())), separators=(",", ":")) if compact else \
         json.dumps(dict(sorted(cache.items())), indent=1)
-    path.write_text(text + "\n")
+    return text + "\n"
+
+
+def write_cache(path: Path, cache: dict, compact: bool = False) -> None:
+    """Write `cache_text(cache, compact)` to `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(cache_text(cache, compact))
 
 
 def compile_into_cache(names: Iterable[str], path: Path, compile_one: Callable[[str], dict],

@@ -40,6 +40,7 @@ import tempfile
 from pathlib import Path
 
 from validation import xla_compile, xla_live_ranges
+from validation.template import splice
 
 REPO = xla_compile.REPO
 CACHE = xla_compile.RESULTS / "xla_int8.json"
@@ -241,6 +242,13 @@ def section(cache: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def updated(doc: str, text: str | None = None) -> str:
+    """`doc` (docs/validation.md's text) with this section regenerated (XLA's side from the
+    cache, tpusim's recomputed), nothing else changed."""
+    text = section(xla_compile.load_cache(CACHE)) if text is None else text
+    return splice(doc, MARKER, END, text.rstrip("\n"))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -270,11 +278,7 @@ def main() -> int:
     cache = xla_compile.load_cache(CACHE)
     text = section({k: v for k, v in cache.items() if k.split("/")[0] in names})
     if args.write:
-        old = DOC.read_text()
-        if MARKER in old:  # in place: the sections after it keep their order
-            DOC.write_text(old[:old.index(MARKER)] + text + old[old.index(END) + len(END) + 1:])
-        else:
-            DOC.write_text(old.rstrip("\n") + "\n\n" + text)
+        DOC.write_text(updated(DOC.read_text(), text))
         print(f"wrote {DOC.relative_to(REPO)}")
     else:
         print(text)

@@ -24,9 +24,10 @@ Run:
     .venv/bin/python -m validation.xla_memory --compile --jax-python /work/fid-venv/bin/python
     .venv/bin/python -m validation.xla_memory [--write]    # table from the cache
 
-`--write` rewrites docs/validation.md from the `<!-- peak-hbm -->` marker on (the sections
-before it belong to `validation.maxtext` and `validation.hlo_import`). This module is also the
-XLA worker (`--worker NAME`, run under the jax python: a venv with `pip install '.[hlo]'`).
+`--write` rewrites its section of docs/validation.md (between the `<!-- peak-hbm -->` and
+`<!-- /peak-hbm -->` markers; `python -m validation.check` says whether it is current). This
+module is also the XLA worker (`--worker NAME`, run under the jax python: a venv with
+`pip install '.[hlo]'`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import statistics
 import sys
 
 from validation import xla_compile, xla_flash_cost
+from validation.template import splice
 from validation.xla_memory_programs import (
     ALL,
     CACHE,
@@ -43,6 +45,7 @@ from validation.xla_memory_programs import (
     CONFIGS,
     DIMS,
     DOC,
+    END,
     FLASH_BLOCK,
     LAYERS,
     MARKER,
@@ -298,7 +301,15 @@ _LONG_RING_NOTE = (
 )
 
 
+def updated(doc: str, text: str | None = None) -> str:
+    """`doc` (docs/validation.md's text) with this section regenerated (`text`, else computed
+    from the cache: XLA's side cached, tpusim's recomputed), nothing else changed."""
+    return splice(doc, MARKER, END, section(xla_compile.load_cache(CACHE)) if text is None
+                  else text)
+
+
 def section(cache: dict) -> str:
+    """The section, from its begin marker to its end marker."""
     tab, by_name = table(cache)
     errs = list(by_name.values())
     abs_e = [abs(e) for e in errs]
@@ -320,7 +331,7 @@ def section(cache: dict) -> str:
         f"{', '.join(n for n in ALL if n not in cache) or 'none'}.", "",
         _RULES_NOTE, "",
         _LONG_RING_NOTE,
-        "",
+        END,
     ])
 
 
@@ -443,7 +454,7 @@ def main() -> int:
                     help="set the cached programs' hbm_peak_bytes from earlier --dump "
                          "directories (DIR/PROGRAM) and exit")
     ap.add_argument("--write", action="store_true",
-                    help=f"rewrite docs/validation.md from the {MARKER} marker on")
+                    help="rewrite its section of docs/validation.md")
     args = ap.parse_args()
     if args.worker:
         worker(args.worker, args.dump)
@@ -467,12 +478,7 @@ def main() -> int:
         cache = xla_compile.load_cache(CACHE)
     text = section({n: cache[n] for n in names if n in cache})
     if args.write:
-        old = DOC.read_text()
-        head = old[:old.index(MARKER)] if MARKER in old else old.rstrip("\n") + "\n\n"
-        # The serving section after it belongs to validation.serving_jetstream: kept.
-        serving = "<!-- serving -->"
-        tail = "\n" + old[old.index(serving):] if serving in old else ""
-        DOC.write_text(head + text + tail)
+        DOC.write_text(splice(DOC.read_text(), MARKER, END, text))
         print(f"wrote {DOC.relative_to(REPO)}")
     else:
         print(text)

@@ -22,7 +22,7 @@ from workloads.zoo import model_from_dict
 REPO = xla_compile.REPO
 CACHE = xla_compile.RESULTS / "xla_memory.json"
 DOC = REPO / "docs" / "validation.md"
-MARKER = "<!-- peak-hbm -->"
+MARKER, END = "<!-- peak-hbm -->", "<!-- /peak-hbm -->"
 
 # A LLaMA-style decoder small enough to compile in tens of seconds: d_model 2048, 16 heads of
 # 128 (8 KV heads), SwiGLU d_ff 8192, vocab 32768, untied embeddings.
