@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from sim.engine.perchip import coords_text
 from sim.hardware import ChipSpec
 from topologies.errors import TpusimError
 from topologies.groups import CLASS_NAMES, DCN_IN_CLASS, DCN_OUT_CLASS
@@ -328,7 +327,7 @@ def step_energy(result, trace: Trace, chip: ChipSpec, *, tokens: float | None,
         units["host"], units["overhead"] = power_overheads(chip, chip_j)
         op_j = per_op.sum(axis=1)
         peak = chip.idle_power_w + peak_power_w(start, end, op_j, t, window_s)
-        name = coords_text(pod, rep) if pod is not None else str(rep)
+        name = pod.coords_text(rep) if pod is not None else str(rep)
         classes.append(ClassEnergy(chip_class=k, chip=name, num_chips=count,
                                    chip_j_by_unit=units,
                                    chip_power_w_mean=chip_j / t if t > 0 else 0.0,

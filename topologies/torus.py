@@ -132,6 +132,10 @@ class Topology:
             c.append(r)
         return tuple(reversed(c)) + ((s,) if self.num_slices > 1 else ())
 
+    def coords_text(self, chip: int) -> str:
+        """`coords` as the flags write them: "x,y,z" (",slice" after them if multi-slice)."""
+        return ",".join(map(str, self.coords(chip)))
+
     def chip_id(self, coords: tuple[int, ...]) -> int:
         n_ok = (self.ndim, self.ndim + 1) if self.num_slices > 1 else (self.ndim,)
         if len(coords) not in n_ok:

@@ -52,7 +52,6 @@ from sim.engine.perchip import (
     PreparedStep,
     coll_labels,
     common_parts,
-    coords_text,
     core_predecessors,
     no_receiver_error,
     per_link_bytes_of_chips,
@@ -415,7 +414,7 @@ def _class_result(prep: PreparedStep, classes: list[_ClassState]) -> StepResult:
         **common_parts(topology, {i: op_key[(p, i)][1] for p, i in op_geom if p == sc.prog},
                        {**sc.coll_cost, **sc.send_cost}, prep.lm, prep.slow, cfg.dead_links,
                        _per_link_bytes(topology, label, classes)),
-        num_chip_classes=ncls, slowest_chip=coords_text(topology, sc.rep),
+        num_chip_classes=ncls, slowest_chip=topology.coords_text(sc.rep),
         critical_path=critical_path(_ClassPaths(classes, prep, count), slowest, topology,
                                     prep.slow, cfg.dead_links),
         classes=chip_classes)

@@ -20,7 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
-from sim.engine.perchip import add_path_links, coords_text
+from sim.engine.perchip import add_path_links
 from topologies.torus import Topology
 from workloads.trace import OpKind
 
@@ -115,7 +115,7 @@ def _segments(view: PathView, steps: list[tuple[int, int]], topology: Topology, 
         if node != c:
             node = c
             segments.append({
-                "chip": coords_text(topology, view.chip(c)),
+                "chip": topology.coords_text(view.chip(c)),
                 "chips_in_class": int(view.class_size(c)), "first_op": op.name,
                 "last_op": op.name, "num_ops": 0, "start_s": float(start[k]),
                 "end_s": float(end[k]), "links": [],

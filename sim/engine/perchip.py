@@ -347,14 +347,6 @@ def _cost_collectives(trace: Trace, chip: ChipSpec, topology: Topology, cfg: Per
     return op_geom, op_key, geoms, base_costs, group_cost, key_geom
 
 
-def coords_text(topology: Topology, chip: int) -> str:
-    per = topology.chips_per_slice
-    c = [int(v) for v in topology.all_coords()[chip % per]]
-    if topology.num_slices > 1:
-        c.append(chip // per)
-    return ",".join(map(str, c))
-
-
 def relabel(cols: list[np.ndarray]) -> np.ndarray:
     """Dense labels of the distinct rows of `cols`, numbered by first chip (deterministic)."""
     stacked = np.stack([np.asarray(c, dtype=float) for c in cols], axis=1)
@@ -555,7 +547,7 @@ def no_receiver_error(topology: Topology, prog: int, op, chip: int, tag, channel
     """A send op with no receive op on its peer (the class and the vector engine alike)."""
     return TpusimError(
         f"send op {op.id} ({op.name}) of program {prog} on chip "
-        f"{coords_text(topology, chip)} has no receiver (tag {tag} on channel {channel}); "
+        f"{topology.coords_text(chip)} has no receiver (tag {tag} on channel {channel}); "
         f"every send needs a matching receive op on its peer")
 
 

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sim.chips import load_chip
-from sim.engine.executors import simulate_step as run_step
-from sim.engine.perchip import PerChipConfig
 from sim.hardware import ChipSpec
 from sim.overrides import Overrides
 from sim.runs.requests import Request
@@ -29,6 +27,9 @@ from topologies.torus import Topology
 from workloads.models import TransformerSpec
 from workloads.moe import MoeConfig, expert_op_scales
 from workloads.zoo import load_model
+
+if TYPE_CHECKING:
+    from sim.engine.perchip import PerChipConfig
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,9 @@ def check_router_matches_trace(scenario: Scenario, trace) -> None:
 def per_chip_config(req: Request, trace, topology: Topology) -> PerChipConfig:
     """The per-chip engine's `PerChipConfig` for the request's perturbations (and the MoE
     expert loads of `trace`)."""
+    # deferred: start-up (as `simulate_step`: the engine's modules, for a step only)
+    from sim.engine.perchip import PerChipConfig
+
     scenario = scenario_of(req, topology)
     if scenario.expert_skew or scenario.capacity_factor is not None:
         check_router_matches_trace(scenario, trace)
@@ -203,6 +207,10 @@ def simulate_step(req: Request, trace, chip: ChipSpec, topology: Topology, *, ov
     """Replay `trace` with the request's perturbations on the per-chip engine (one chip class,
     and `replay`'s result to the last bit, when nothing is perturbed); `algorithm` (default:
     the request's) may hold some collectives' algorithms (`HeldAlgorithms`)."""
+    # deferred: start-up (the collective commands bind pods here and never run a step: the
+    # executors and their engines are six modules they would load for nothing)
+    from sim.engine.executors import simulate_step as run_step
+
     return run_step(trace, chip, topology, executor=getattr(req, "mode", "auto") or "auto",
                     config=per_chip_config(req, trace, topology),
                     algorithm=algorithm_of(req) if algorithm is None else algorithm,

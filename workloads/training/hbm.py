@@ -22,9 +22,25 @@ from workloads.training.remat import remat_plan
 class HbmModel(ProgramBuilder):
     """Saved, recomputed and offloaded activations of the step's layers, and their events."""
 
+    def _per_kind(self, key: tuple, make):
+        """`make()` once per layer kind: a layer's tensors depend on it only through whether it
+        is an MoE layer (`layer_shape`), and a step asks for them about ten times a layer
+        (78,000 times in the v5e 4x4 LLaMA-3-8B plan's builds). Kept with the `Dims` they
+        were sized for (a pipeline chunk's compiler replaces its `d` before building)."""
+        memo = self.__dict__.get("_kind_memo")
+        if memo is None or memo[0] is not self.d:
+            memo = self._kind_memo = (self.d, {})
+        hit = memo[1].get(key)
+        if hit is None:
+            hit = memo[1][key] = make()
+        return hit
+
     def layer_shape(self, layer: int) -> LayerShapeSpec:
-        m, d = self.m, self.d
         moe = self.layer_is_moe(layer)
+        return self._per_kind(("shape", moe), lambda: self._layer_shape(moe))
+
+    def _layer_shape(self, moe: bool) -> LayerShapeSpec:
+        m, d = self.m, self.d
         # An MoE layer's hidden: its top-k routed experts' and its shared experts'.
         ff = m.expert_d_ff * (m.experts_per_token + m.num_shared_experts) if moe else m.d_ff
         mla = {}
@@ -47,6 +63,10 @@ class HbmModel(ProgramBuilder):
             mlp_act_bytes=4.0 if self.cfg.mlp_act_dtype == "fp32" else 0.0, **mla)
 
     def saved(self, layer: int, remat: Remat | None = None):
+        return self._per_kind(("saved", self.layer_is_moe(layer), remat),
+                              lambda: self._saved(layer, remat))
+
+    def _saved(self, layer: int, remat: Remat | None):
         plan = self.cfg.remat_plan if remat is None else remat_plan(remat)
         if not plan.legacy:
             return named_tensors(self.layer_shape(layer), plan.device, act_bytes=self.act,
@@ -83,8 +103,9 @@ class HbmModel(ProgramBuilder):
     def recomputed_set(self, layer: int):
         """What a layer's backward holds after recomputing its forward (the set a backward
         fused with its forward reads: no stacked f32 residuals)."""
-        return saved_tensors(self.layer_shape(layer), remat="none",
-                             attention=self.cfg.attention, act_bytes=self.act, stacked=False)
+        return self._per_kind(("recomputed", self.layer_is_moe(layer)), lambda: saved_tensors(
+            self.layer_shape(layer), remat="none", attention=self.cfg.attention,
+            act_bytes=self.act, stacked=False))
 
     def mlp_side_bytes(self, layer: int) -> tuple[float, float]:
         """(copies of stack entries, recomputed tensors) of a dense layer's backward whose last
@@ -121,6 +142,10 @@ class HbmModel(ProgramBuilder):
 
     def offloaded(self, layer: int):
         """The tensors the remat policy moves to host memory per layer (and fetches back)."""
+        return self._per_kind(("offloaded", self.layer_is_moe(layer)),
+                              lambda: self._offloaded(layer))
+
+    def _offloaded(self, layer: int):
         plan = self.cfg.remat_plan
         if not plan.legacy:
             return named_tensors(self.layer_shape(layer), plan.host, act_bytes=self.act,
