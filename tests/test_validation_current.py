@@ -124,3 +124,11 @@ def test_every_section_has_a_command_and_its_files_exist():
     for s in check.SECTIONS:
         assert s.command.startswith("python -m validation."), s.name
         assert all((check.ROOT / f).is_file() for f in s.files), s.name
+
+
+def test_every_generated_section_of_the_docs_is_one_the_check_regenerates():
+    for path in (check.VALIDATION_MD, check.HLO_MD):
+        text = (check.ROOT / path).read_text(encoding="utf-8")
+        assert check.unregistered(path, text) == [], path
+    assert check.unregistered(check.VALIDATION_MD, DOC + "\n<!-- new-table -->\n") == [
+        "<!-- new-table -->"]

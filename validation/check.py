@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import multiprocessing
+import re
 import resource
 import sys
 import time
@@ -42,6 +43,7 @@ class Section:
     files: tuple[str, ...]
     command: str
     regenerate: Callable[[dict[str, str]], tuple[dict[str, str], list[str]]]
+    markers: tuple[str, ...] = ()  # the begin markers of what it writes (`<!-- name -->`)
 
 
 # ---- the sections ------------------------------------------------------------------------------
@@ -135,6 +137,18 @@ def _logits(texts):
     return {VALIDATION_MD: xla_logits.updated(texts[VALIDATION_MD])}, []
 
 
+def _program_flags(texts):
+    # deferred: as every section's (above)
+    from validation import xla_compile, xla_progflags
+    from validation.template import splice
+
+    doc = texts[VALIDATION_MD]
+    if xla_progflags.MARKER not in doc:
+        return texts, ["skipped: not in the document yet (`--write` adds it)"]
+    text = xla_progflags.section(xla_compile.load_cache(xla_progflags.CACHE))
+    return {VALIDATION_MD: splice(doc, xla_progflags.MARKER, xla_progflags.END, text)}, []
+
+
 def _hlo_memory(texts):
     # deferred: as every section's (above)
     from validation import hlo_memory, xla_compile
@@ -150,21 +164,37 @@ SECTIONS = (
             "maxtext_fits.json (the fit itself: --write alone)", _maxtext),
     Section("energy", (VALIDATION_MD,), "python -m validation.energy --write", _energy),
     Section("hlo-import", (VALIDATION_MD,), "python -m validation.hlo_import --write",
-            _hlo_import),
-    Section("peak-hbm", (VALIDATION_MD,), "python -m validation.xla_memory --write", _peak_hbm),
-    Section("chakra", (VALIDATION_MD,), "python -m validation.chakra --write", _chakra),
+            _hlo_import, ("<!-- hlo-import -->",)),
+    Section("peak-hbm", (VALIDATION_MD,), "python -m validation.xla_memory --write", _peak_hbm,
+            ("<!-- peak-hbm -->",)),
+    Section("chakra", (VALIDATION_MD,), "python -m validation.chakra --write", _chakra,
+            ("<!-- chakra -->",)),
     Section("serving", (VALIDATION_MD,), "python -m validation.serving_jetstream --write",
-            _serving),
-    Section("twisted", (VALIDATION_MD,), "python -m validation.twisted --write", _twisted),
-    Section("int8", (VALIDATION_MD,), "python -m validation.xla_int8 --write", _int8),
+            _serving, ("<!-- serving -->",)),
+    Section("twisted", (VALIDATION_MD,), "python -m validation.twisted --write", _twisted,
+            ("<!-- twisted -->",)),
+    Section("int8", (VALIDATION_MD,), "python -m validation.xla_int8 --write", _int8,
+            ("<!-- int8 -->",)),
     Section("unfitted", (VALIDATION_MD, "validation/results/maxtext_unfitted.json"),
-            "python -m validation.maxtext_unfitted --write", _unfitted),
+            "python -m validation.maxtext_unfitted --write", _unfitted,
+            ("<!-- unfitted -->", "<!-- unfitted-summary -->")),
     Section("logits-dtype", (VALIDATION_MD,), "python -m validation.xla_logits --write",
-            _logits),
+            _logits, ("<!-- logits-dtype -->",)),
+    Section("program-flags", (VALIDATION_MD,), "python -m validation.xla_progflags --write",
+            _program_flags, ("<!-- program-flags -->",)),
     Section("hlo-memory", (HLO_MD, "validation/results/hlo_memory.json"),
-            "python -m validation.hlo_memory --write", _hlo_memory),
+            "python -m validation.hlo_memory --write", _hlo_memory, ("<!-- hlo-memory -->",)),
 )
 BY_NAME = {s.name: s for s in SECTIONS}
+# A begin marker: `<!-- name -->` on a line of its own or opening one (end markers: `/name`).
+_MARKER = re.compile(r"<!-- ([a-z0-9-]+) -->")
+
+
+def unregistered(path: str, text: str) -> list[str]:
+    """The begin markers in `text` (the file `path`) that no section writes: a generated
+    section this check would not see."""
+    known = {m for s in SECTIONS if path in s.files for m in s.markers}
+    return sorted({m.group(0) for m in _MARKER.finditer(text)} - known)
 
 
 # ---- checking ----------------------------------------------------------------------------------
@@ -236,6 +266,11 @@ def main(argv: list[str] | None = None) -> int:
                 for f in results[-1]["stale"]:
                     (ROOT / f).write_text(results[-1]["new"][f], encoding="utf-8")
     stale = []
+    for path in sorted({f for n in names for f in BY_NAME[n].files if f.startswith("docs/")}):
+        for m in unregistered(path, (ROOT / path).read_text(encoding="utf-8")):
+            stale.append(m)
+            print(f"STALE {path}: {m} starts a section no entry of validation.check.SECTIONS "
+                  "writes; add it there")
     for r in results:
         sec = BY_NAME[r["name"]]
         bad = is_stale(r)
