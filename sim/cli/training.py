@@ -390,7 +390,7 @@ def replay_request(args: argparse.Namespace) -> ReplayRequest:
 def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
     # deferred: start-up
     from sim.engine.result import breakdown_label
-    from sim.runs.train import run_replay
+    from sim.runs.replay import run_replay
 
     req = replay_request(args)
     check_outputs(args)

@@ -5,7 +5,7 @@ ways to run a step (`tpusim plan`), with the training settings they share."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, ClassVar
 
 from sim.runs.requests.base import (
@@ -14,6 +14,7 @@ from sim.runs.requests.base import (
     SPARE_FIELDS,
     RequestBase,
     StepRequest,
+    request_dataclass,
 )
 from topologies.validate import whole_flag
 
@@ -36,7 +37,7 @@ _QUANT_FLAGS = ("matmul_dtype", "quantize_attention", "quantize_logits", "quant_
 _WHEN_SET = (*_QUANT_FLAGS, "logits_dtype", "mlp_act_dtype", "embed_lookup")
 
 
-@dataclass(frozen=True, kw_only=True)
+@request_dataclass
 class TrainRequest(StepRequest):
     """One training step (`tpusim train`): a model on a mesh of the pod, with its settings."""
 
@@ -87,7 +88,7 @@ class TrainRequest(StepRequest):
     algorithm: str = "auto"
 
 
-@dataclass(frozen=True, kw_only=True)
+@request_dataclass
 class CompileRequest(TrainRequest):
     """A training step compiled into a trace (`tpusim compile`): for the pod's chip, or for
     `chips` chips of no particular generation (its compiler's memory rules off). Only `model.*`
@@ -104,7 +105,7 @@ class CompileRequest(TrainRequest):
     seed: int | None = 0
 
 
-@dataclass(frozen=True, kw_only=True)
+@request_dataclass
 class ReplayRequest(StepRequest):
     """A trace file or XLA's compiled HLO text replayed on a pod (`tpusim replay`)."""
 
@@ -137,7 +138,7 @@ class ReplayRequest(StepRequest):
 
 
 
-@dataclass(frozen=True, kw_only=True)
+@request_dataclass
 class ImportHloRequest(RequestBase):
     """XLA's compiled HLO text read for a pod (`tpusim import-hlo`): its inventory and trace."""
 
@@ -155,7 +156,7 @@ _WHOLE = ("seq_len", "global_batch", "top", "workers", "max_simulations", "max_t
           "max_data", "max_sequence", "max_pipeline", "max_expert")
 
 
-@dataclass(frozen=True, kw_only=True)
+@request_dataclass
 class PlanRequest(RequestBase):
     """A search of the ways to run one training step (`tpusim plan`): the pod, the model and
     the batch, and the search space (comma lists, as the command line gives them). `workers`
