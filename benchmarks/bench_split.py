@@ -32,14 +32,19 @@ PHASES: dict[str, tuple[str, ...]] = {
     "compile": ("sim.cli.training:_compile", "sim.runs.train:compile_step",
                 "sim.cli.hlo:load_hlo", "sim.runs.replay:load_hlo"),
     "simulate": ("sim.cli.common:simulate_step", "sim.engine.executors:simulate_step",
+                 "sim.pipeline:simulate_pipeline_chips",
+                 "sim.engine.pipeline:simulate_pipeline_chips",
                  "sim.collective_sim:simulate_collective",
                  "sim.collectives.simulate:simulate_collective"),
+    # The newer tree's: a sweep point, plan candidate or step that `auto` switched algorithm
+    # for is re-run with the base point's algorithms (issue 30), and every step's energy.
+    "auto-switch": ("sim.runs.auto_switch:auto_switch_report",),
     "energy": ("sim.energy:step_energy", "sim.energy:collective_energy"),
     "bounds": ("sim.planner:lower_bounds", "sim.studies.plan_jobs:lower_bounds",
                "sim.planner:sharper_bound", "sim.studies.plan_jobs:sharper_bound"),
     "outputs": ("sim.cli.training:_write_outputs", "sim.cli.training:write_outputs",
-                "sim.export.plots:plot_study", "sim.export.study_plots:plot_study",
-                "sim.export.plots:plot_plan", "sim.export.plan_plots:plot_plan"),
+                "sim.study:plot_study", "sim.studies.plots:plot_study",
+                "sim.planner:plot_frontier", "sim.studies.plots:plot_frontier"),
 }
 
 # Run in the tree's process: wrap each phase's entry (wherever a module holds it, so `from x
