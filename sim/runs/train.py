@@ -64,6 +64,7 @@ def training_config(req, moe=None, chip=None) -> TrainingConfig:
         fsdp_grad=req.fsdp_grad,
         dp_grad_split=req.dp_grad_split,
         ep_alltoall=req.ep_alltoall,
+        moe_dispatch=req.moe_dispatch,
         vocab_tiling=req.vocab_tiling,
         logits_dtype=req.logits_dtype,
         mlp_act_dtype=req.mlp_act_dtype,

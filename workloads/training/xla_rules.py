@@ -230,3 +230,19 @@ def sr_bits_early(cfg: TrainingConfig) -> bool:
     generator runs right before the fusion that reads its bits, a few instructions earlier,
     and no bits are held (`validation/xla_int8.py`)."""
     return plain_gather_form(cfg) == "async"
+
+
+def moe_dispatch_form(cfg: TrainingConfig) -> str:
+    """How an MoE layer's tokens reach its experts over `expert`: "all-to-all" or "all-gather"
+    (`TrainingConfig.moe_dispatch`; docs/model/moe.md "The dispatch form").
+
+    `auto` is XLA's choice. It follows the sharding the program gives the MoE block's tokens,
+    not the mesh's sizes: every deviceless compile of the MaxText-style dropping MoE whose
+    batch is split over fsdp x expert (`validation/xla_moe_dispatch.py`: v6e fsdp=4 x expert=4
+    with 8 experts top-2 and with 64 experts top-8, sequences of 512 and 2,048, and the
+    programs of `validation/xla_moe_schedule.py`) moves the tokens by all-to-alls. tpusim's
+    batch is always split over data x fsdp x expert (whole sequences, the routing groups, on
+    each chip), so `auto` is the all-to-all form."""
+    if cfg.moe_dispatch == "all-gather":
+        return "all-gather"
+    return "all-to-all"

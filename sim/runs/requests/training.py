@@ -23,8 +23,8 @@ TRAINING_FIELDS = ("model", "seq_len", "batch_per_chip", "mesh", "dcn", "axis_ma
              "grad_dtype", "gather_dtype",
              "optimizer_dtype", "optimizer", "pipeline_schedule", "virtual_stages", "no_overlap",
              "no_fusion", "tp_activations", "tp_comm", "dp_allreduce", "dp_grad_split",
-             "fsdp_grad", "ep_alltoall", "vocab_tiling", "logits_dtype", "mlp_act_dtype",
-             "embed_lookup", "matmul_dtype",
+             "fsdp_grad", "ep_alltoall", "moe_dispatch", "vocab_tiling", "logits_dtype",
+             "mlp_act_dtype", "embed_lookup", "matmul_dtype",
              "quantize_attention", "quantize_logits", "quant_scales", "quant_gather",
              "no_stochastic_rounding", "fsdp_gather")
 # int8 training's settings: recorded in `inputs.flags` only when not their defaults, so bf16
@@ -33,8 +33,8 @@ _QUANT_FLAGS = ("matmul_dtype", "quantize_attention", "quantize_logits", "quant_
                 "quant_gather", "no_stochastic_rounding")
 # Recorded in `inputs.flags` only when not their defaults (results from before they existed
 # read and rerun as before): int8 training's settings, the logits path's and the MLP
-# activation's dtypes and the embedding lookup's form.
-_WHEN_SET = (*_QUANT_FLAGS, "logits_dtype", "mlp_act_dtype", "embed_lookup")
+# activation's dtypes, the embedding lookup's form and the MoE dispatch form.
+_WHEN_SET = (*_QUANT_FLAGS, "logits_dtype", "mlp_act_dtype", "embed_lookup", "moe_dispatch")
 
 
 @request_dataclass
@@ -74,6 +74,7 @@ class TrainRequest(StepRequest):
     dp_grad_split: str = "per-matrix"
     fsdp_grad: str = "reduce-scatter"
     ep_alltoall: str = "sync"
+    moe_dispatch: str = "auto"
     vocab_tiling: int = 1
     logits_dtype: str = "bf16"
     mlp_act_dtype: str = "bf16"
