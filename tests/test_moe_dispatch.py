@@ -47,45 +47,61 @@ def test_auto_is_the_all_to_all_form_on_tpusims_batch_split_over_expert():
 
 
 def test_all_gather_form_moves_the_expert_groups_tokens_in_closed_form():
-    ep = 4
+    ep, E, k = 4, 8, 2
+    cap = expert_capacity(SEQ, E, k, 1.25)
     trace = _trace("all-gather")
     coll = _over_expert(trace)
-    assert not any(kind == "all-to-all" for _, kind in coll)
     tokens = ep * SEQ * D * A  # the expert group's tokens, gathered
-    # Forward and its recomputation under remat full: the tokens gathered, the combine's
-    # partial sums reduce-scattered back; backward: the output gradient gathered, the input
-    # gradient's partial sums reduce-scattered.
-    assert coll[("ep_token_allgather", "all-gather")] == 2 * tokens
-    assert coll[("ep_grad_allgather", "all-gather")] == tokens
-    assert coll[("ep_token_grad_reducescatter", "reduce-scatter")] == tokens
-    assert coll[("ep_combine_reducescatter", "reduce-scatter")] == tokens
+    # Forward: the tokens and the combine masks gathered; the experts' outputs still go back
+    # by an all-to-all for the combine (the a2a form's buffer: E x cap slots of the chip's
+    # sequence). Recomputation (remat full): the tokens gathered again, the router and masks
+    # rerun on them, no all-to-all. Backward: the output gradient gathered, the top-k weights'
+    # gradient all-reduced, the input gradient reduce-scattered.
+    assert coll == {
+        ("ep_token_allgather", "all-gather"): 2 * tokens,
+        ("ep_mask_allgather", "all-gather"): ep * SEQ * E * cap * A,
+        ("ep_combine", "all-to-all"): E * cap * D * A * ep,
+        ("ep_grad_allgather", "all-gather"): tokens,
+        ("ep_topk_grad_allreduce", "all-reduce"): ep * SEQ * k * A,
+        ("ep_token_grad_reducescatter", "reduce-scatter"): tokens,
+    }
+    a2a = _over_expert(_trace("all-to-all"))
+    assert a2a[("ep_dispatch", "all-to-all")] == 2 * E * cap * D * A * ep  # fwd + recompute
+    assert ("ep_token_allgather", "all-gather") not in a2a
 
 
-def test_all_gather_form_keeps_the_dense_dispatch_flops_and_runs_the_router_on_the_group():
-    ep = 4
+def test_all_gather_form_keeps_the_dense_dispatch_flops_and_reruns_the_router_on_the_group():
+    ep, E = 4, 8
     ag, a2a = _trace("all-gather"), _trace("all-to-all")
-    cap = expert_capacity(SEQ, 8, 2, 1.25)
+    cap = expert_capacity(SEQ, E, 2, 1.25)
 
     def flops(trace, name):
-        return sum(o.flops for o in trace.ops if o.name.removeprefix("re-") == name)
+        return sum(o.flops for o in trace.ops if o.name == name)
 
-    for name in ("moe_dispatch", "moe_combine", "expert_in", "expert_out", "mlp_bwd"):
+    for name in ("moe_dispatch", "re-moe_dispatch", "moe_combine", "expert_in", "expert_out",
+                 "mlp_bwd", "moe_dispatch_bwd", "moe_combine_bwd"):
         assert flops(ag, name) == flops(a2a, name), name
-    assert next(o for o in ag.ops if o.name == "moe_dispatch").flops == 2 * SEQ * 8 * cap * D
-    # The router sees the ep chips' tokens (forward and recomputation).
-    assert flops(ag, "router") == ep * flops(a2a, "router") == 2 * 2 * ep * SEQ * D * 8
+    assert flops(ag, "moe_dispatch") == 2 * SEQ * E * cap * D
+    router = 2 * SEQ * D * E  # one router matmul over the chip's own tokens
+    assert flops(ag, "router") == flops(a2a, "router") == router
+    assert flops(ag, "re-router") == ep * router
+    assert flops(ag, "router_bwd") == ep * flops(a2a, "router_bwd") == 2 * ep * router
 
 
 def test_dropless_all_gather_form_is_maxtexts_ring_of_experts():
-    ep = 4
+    ep, E = 4, 8
     trace = _trace("all-gather", cf=None)
     coll = _over_expert(trace)
-    assert not any(kind == "all-to-all" for _, kind in coll)
     tokens = ep * SEQ * D * A
-    assert coll[("ep_token_allgather", "all-gather")] == 2 * tokens  # forward, recomputation
-    assert coll[("ep_combine_reducescatter", "reduce-scatter")] == tokens
-    assert coll[("ep_grad_allgather", "all-gather")] == tokens
-    assert coll[("ep_token_grad_reducescatter", "reduce-scatter")] == tokens
+    logits = ep * SEQ * E * 4
+    assert coll == {
+        ("ep_token_allgather", "all-gather"): 2 * tokens,  # forward, recomputation
+        ("ep_logits_allgather", "all-gather"): 2 * logits,
+        ("ep_combine_reducescatter", "reduce-scatter"): tokens,  # forward only: dead in re-
+        ("ep_grad_allgather", "all-gather"): tokens,
+        ("ep_logits_grad_reducescatter", "reduce-scatter"): logits,
+        ("ep_token_grad_reducescatter", "reduce-scatter"): tokens,
+    }
 
 
 @pytest.mark.parametrize("kw,needles", [
