@@ -47,12 +47,12 @@ PHASES: dict[str, tuple[str, ...]] = {
                 "sim.planner:plot_frontier", "sim.studies.plots:plot_frontier"),
 }
 
-# Run in the tree's process: wrap each phase's entry (wherever a module holds it, so `from x
-# import f` bindings are wrapped too), run the command, write {phase: CPU s} to argv[1].
+# Run in the tree's process: wrap each phase's entry in its module as that module loads (so
+# every `from x import f` binding made later is the wrapper), run the command, write {phase:
+# CPU s} to argv[2].
 DRIVER = r"""
-import functools, importlib, json, sys, time
+import functools, importlib.machinery, json, sys, time
 phases, out, argv = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3:]
-import sim.cli
 spent = dict.fromkeys(phases, 0.0)
 depth = [0]
 def wrap(phase, f):
@@ -68,25 +68,32 @@ def wrap(phase, f):
             spent[phase] += time.process_time() - t0
             depth[0] -= 1
     return timed
-def install(phase, entry):
-    mod, name = entry.split(":")
-    try:
-        m = importlib.import_module(mod)
-    except ImportError:
-        return
-    f = getattr(m, name, None)
-    if f is None:
-        return
-    w = wrap(phase, f)
-    for other in list(sys.modules.values()):
-        d = getattr(other, "__dict__", None)
-        if d is not None and d is not globals():
-            for key, value in list(d.items()):
-                if value is f:
-                    d[key] = w
+wanted = {}
 for phase, entries in phases.items():
     for entry in entries:
-        install(phase, entry)
+        mod, name = entry.split(":")
+        wanted.setdefault(mod, []).append((name, phase))
+class Wrapping:
+    # Wraps a phase's entry as its module finishes loading, before any importer reads it (no
+    # module is imported that the command would not import itself).
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name not in wanted:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+        def exec_module(module):
+            run(module)
+            for fname, phase in wanted[name]:
+                f = module.__dict__.get(fname)
+                if f is not None:
+                    module.__dict__[fname] = wrap(phase, f)
+        spec.loader.exec_module = exec_module
+        return spec
+sys.meta_path.insert(0, Wrapping)
+import sim.cli
 try:
     code = sim.cli.main(argv)
 finally:
