@@ -62,9 +62,11 @@ def test_without_remat_the_stack_keeps_the_activation_terms_in_f32():
     _same_ops(bf, f)
     saved = [[d for i, cat, d in t.meta.memory_events if cat == "saved_activations" and d > 0]
              for t in (bf, f)]
-    # The scanned stack is allocated whole before the first layer: the activation's output
-    # and its two derivative terms ([tokens, d_ff] each) take 2 more bytes an element.
-    assert max(saved[1]) - max(saved[0]) == L * 3 * N * F * 2
+    # The scanned stack is allocated whole before the first layer: the gate and up outputs,
+    # the activation's output and its two derivative terms ([tokens, d_ff] each) take 2 more
+    # bytes an element (5 f32 buffers where bf16 keeps 5 bf16 ones; the gated product stays
+    # bf16).
+    assert max(saved[1]) - max(saved[0]) == L * 5 * N * F * 2
 
 
 def test_the_saved_set_in_closed_form():
@@ -72,8 +74,8 @@ def test_the_saved_set_in_closed_form():
                            kv_width=2, local_heads=2, ff_width=8, mlp_matrices=3,
                            parallel_block=False, mlp_act_bytes=4.0)
     got = {t.name: t.dtype_bytes for t in saved_tensors(shape, remat="none", attention="dot")}
-    assert (got["mlp_act_out"], got["mlp_act_terms"]) == (4.0, 4.0)
-    assert (got["mlp_hidden"], got["mlp_gated_product"]) == (2.0, 2.0)
+    assert (got["mlp_hidden"], got["mlp_act_out"], got["mlp_act_terms"]) == (4.0, 4.0, 4.0)
+    assert got["mlp_gated_product"] == 2.0
     fused = {t.name: t.dtype_bytes for t in saved_tensors(shape, remat="none", attention="dot",
                                                            stacked=False)}
     assert fused["mlp_act_out"] == 2.0  # a fused backward recomputes it in its fusion
@@ -111,19 +113,49 @@ def test_all_gather_gathers_the_table_and_reduce_scatters_its_gradient():
     assert _op(ag, "fsdp_allgather_embed_lookup").bytes == V * D * 2
     assert _op(ag, "fsdp_allgather_embed").bytes == _op(auto, "fsdp_allgather_embed").bytes
     # Its gradient: the rows scatter-added into a zero table of the whole width (read and
-    # written), then reduce-scattered with the projection's: two tables.
+    # written), then all-reduced whole over fsdp by a collective of its own (each chip keeps
+    # its shard); the projection's reduce-scatter is as before.
     assert _op(ag, "embed_grad_scatter_add").hbm_bytes == 3 * N * D * 2 + 2 * V * D * 2
-    rs = "fsdp_grad_reducescatter_embed"
-    assert _op(ag, rs).bytes == 2 * _op(auto, rs).bytes == 2 * V * D * 2
+    rs = "embed_grad_table_allreduce"
+    assert _op(ag, rs).bytes == V * D * 2 and _op(ag, rs).collective == "all-reduce"
+    head = "fsdp_grad_reducescatter_embed"
+    assert _op(ag, head).bytes == _op(auto, head).bytes == V * D * 2
     # The gathered table is held from its gather to the lookup, the whole gradient from the
     # scatter-add to the reduce-scatter.
     ev = [(ag.ops[i].name, cat, d) for i, cat, d in ag.meta.memory_events
           if abs(d) == V * D * 2 and ag.ops[i].name in (
               "fsdp_allgather_embed_lookup", "embed_lookup", "embed_grad_scatter_add", rs)]
+    assert len(ev) == 4
     assert ("fsdp_allgather_embed_lookup", "gathered_weights", V * D * 2) in ev
     assert ("embed_lookup", "gathered_weights", -V * D * 2) in ev
     assert ("embed_grad_scatter_add", "gradients", V * D * 2) in ev
     assert (rs, "gradients", -V * D * 2) in ev
+
+
+@pytest.mark.parametrize("form", ["auto", "all-to-all"])
+def test_under_tensor_the_rows_go_into_a_whole_vocabulary_table_reduced_over_tensor(form):
+    t = _trace(mesh="fsdp=2,tensor=2", chips=4, tp_activations="replicated",
+               embed_lookup=form)
+    whole = V * D / 2 * 2  # [vocab, d_model / fsdp] bf16 on every tensor shard
+    n = N * 2  # tokens per chip: the activations are replicated over tensor
+    assert _op(t, "embed_grad_scatter_add").hbm_bytes == 3 * n * D * 2 + 2 * whole
+    assert _op(t, "tp_embed_grad_reducescatter").bytes == whole
+    ev = [(t.ops[i].name, d) for i, cat, d in t.meta.memory_events if cat == "temporaries"
+          and t.ops[i].name in ("embed_grad_scatter_add", "tp_embed_grad_reducescatter")]
+    assert ev == [("embed_grad_scatter_add", whole), ("tp_embed_grad_reducescatter", -whole)]
+    # Without tensor the rows are scattered into the chip's own shard.
+    assert "tp_embed_grad_reducescatter" not in _names(_trace(embed_lookup=form))
+
+
+def test_all_gather_under_tensor_reduce_scatters_the_table_gradient():
+    kw = dict(mesh="fsdp=2,tensor=2", chips=4, tp_activations="replicated")
+    ag = _trace(embed_lookup="all-gather", **kw)
+    assert "embed_grad_table_allreduce" not in _names(ag)
+    # The [vocab / tensor, d_model] table gathered and its gradient reduce-scattered over fsdp.
+    assert _op(ag, "fsdp_allgather_embed_lookup").bytes == V / 2 * D * 2
+    rs = _op(ag, "fsdp_grad_reducescatter_embed_lookup")
+    assert (rs.collective, rs.bytes) == ("reduce-scatter", V / 2 * D * 2)
+    assert "tp_embed_grad_reducescatter" not in _names(ag)
 
 
 def test_all_to_all_with_a_data_axis_sends_the_rows_back_by_all_to_all():

@@ -211,10 +211,15 @@ def _residuals(shape: LayerShapeSpec, layer_input: SavedTensor, qkv: tuple[Saved
         if stacked:
             out.append(SavedTensor(name="norm_mlp_f32", num_elements=2 * r * D,
                                    dtype_bytes=4.0, producer="norm_mlp"))
-    # Under `mlp_act_dtype` fp32 the stack's activation output and derivative terms are the
-    # f32 values JAX's autodiff keeps (the gate and up outputs stay bf16: they are cast after
-    # the matmuls, and the gated product is cast back to bf16 for the down projection).
+    # Under `mlp_act_dtype` fp32 the stack keeps the f32 values JAX's autodiff saves: the gate
+    # and up outputs as cast to f32, the activation's output and its derivative terms; only
+    # the gated product, cast back to bf16 for the down projection, stays bf16 (the v5e
+    # fsdp=16 `none` compiles of validation/xla_progflags.py: 5 f32 and 1 bf16 [layers,
+    # tokens, d_ff] stacked buffers, against 6 bf16 ones).
     ab = s.mlp_act_bytes if stacked and s.mlp_act_bytes else a
+    if ab != a:
+        hidden = SavedTensor(name=hidden.name, num_elements=hidden.num_elements,
+                             dtype_bytes=ab, producer=hidden.producer)
     out += [*router, hidden,
             SavedTensor(name="mlp_act_out", num_elements=n * s.ff_width, dtype_bytes=ab,
                         producer="mlp_act")]

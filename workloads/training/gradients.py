@@ -36,8 +36,7 @@ class StepState:
     layer_outputs: dict[tuple[int, int], int] = field(default_factory=dict)  # (mb, layer)
     table_reduced: bool = False  # the input table's gradient all-reduced whole (data axis)
     # An untied input table gathered over its FSDP shards for the lookup (`embed_lookup`
-    # all-gather): its gradient is computed whole and reduce-scattered with the output
-    # projection's.
+    # all-gather): its gradient is computed whole and reduce-scattered over them.
     lookup_gathered: bool = False
 
 

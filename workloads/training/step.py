@@ -559,11 +559,24 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
         auto = self.cfg.embed_lookup == "auto"
         if st.lookup_gathered:
             # The gathered table's gradient: every chip scatter-adds its own rows into a zero
-            # table of the whole width, reduce-scattered over fsdp with the output
-            # projection's (`embedding_gradient_reductions`); it is held until then.
+            # table of the whole width, held until a plain collective of its own sums it
+            # (not the output projection's windowed ring): `xla.gathered_table_grad_kind`.
             emb_bwd = self.vpu("embed_grad_scatter_add", n * D,
                                3 * n * D * a + 2 * table_v, [emb_bwd], -1, "bwd")
             self.mem(emb_bwd, G.GRADIENTS, table_v)
+            if xla.gathered_table_grad_kind(tensor=d.tp) == "all-reduce":
+                # All-reduced whole over data x fsdp, each chip keeping its shard (the
+                # data-parallel sum included, as `embed_grad_table_allreduce` above).
+                rs = self.coll("embed_grad_table_allreduce", "all-reduce",
+                               ("data",) + A2A_AXES, table_v, [emb_bwd], -1, "bwd")
+                st.table_reduced = True
+            else:
+                rs = self.coll("fsdp_grad_reducescatter_embed_lookup", "reduce-scatter",
+                               A2A_AXES, table_v, [emb_bwd], -1, "bwd")
+            self.mem(rs if rs is not None else emb_bwd, G.GRADIENTS, -table_v)
+            if rs is not None:
+                st.last_grad_ops.append(rs)
+                emb_bwd = rs
         elif st.lookup_a2a and d.dp > 1 and auto and xla.embedding_grad_rows_gathered(
                 rows_bytes=rows_v, table_bytes=table_v):
             # The rows replicated: every chip's [n, d_model] input gradient is all-gathered
@@ -592,8 +605,19 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
             tok = self.token_gathers([prev], "bwd")
             ga = self.coll("embed_grad_alltoall", "all-to-all", A2A_AXES,
                            self.fsdp_shards * n * D * a, [emb_bwd] + tok, -1, "bwd")
-            emb_bwd = self.vpu("embed_grad_scatter_add", n * D, 3 * n * D * a,
+            # With the vocabulary split over `tensor` the rows are scatter-added into a table
+            # of the whole vocabulary on every tensor shard, summed over `tensor` and sliced
+            # to the chip's shard (`xla.embedding_grad_whole_vocab`).
+            whole = m.vocab_size * D / self.fsdp_shards * a \
+                if xla.embedding_grad_whole_vocab(tensor=d.tp) else 0.0
+            emb_bwd = self.vpu("embed_grad_scatter_add", n * D, 3 * n * D * a + 2 * whole,
                                [emb_bwd] + ([ga] if ga is not None else []), -1, "bwd")
+            if whole:
+                self.mem(emb_bwd, G.TEMPORARIES, whole)
+                rs = self.coll("tp_embed_grad_reducescatter", "reduce-scatter", ("tensor",),
+                               whole, [emb_bwd], -1, "bwd")
+                self.mem(rs if rs is not None else emb_bwd, G.TEMPORARIES, -whole)
+                emb_bwd = rs if rs is not None else emb_bwd
         return emb_bwd
 
     def embedding_gradient_reductions(self, st: StepState, mb: int, emb_bwd: int,
@@ -604,20 +628,14 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
         emb_w = st.emb_w
         erc = None
         if self.embed_on or self.head_on:
-            # A gathered untied input table's whole gradient goes with the projection's.
-            tables = emb_w / self.wc * ((self.head_gb if self.head_on else self.gb)
-                                        + (self.gb if st.lookup_gathered else 0.0))
             erc = self.coll(f"fsdp_grad_{self.grad_kind.replace('-', '')}_embed",
                             self.grad_kind, A2A_AXES,
-                            tables
+                            emb_w / self.wc * (self.head_gb if self.head_on else self.gb)
                             * (self.ring(fse, "reduce-scatter") if self.rs_windowed else 1.0),
                             [emb_bwd] + ([head_accum] if head_accum is not None else []),
                             -1, "bwd")
             if erc is not None:
                 st.last_grad_ops.append(erc)
-            if st.lookup_gathered:
-                self.mem(erc if erc is not None else emb_bwd, G.GRADIENTS,
-                         -emb_w / self.wc * self.gb)
             if mb == cfg.microbatches - 1:
                 ear = self.coll("dp_grad_allreduce_embed", "all-reduce", ("data", "sequence"),
                                 (st.emb_all - (emb_w if st.table_reduced else 0.0))

@@ -188,6 +188,27 @@ def embedding_lookup_alltoall(*, tied: bool, shards: int) -> bool:
     return (not tied) and shards > 1
 
 
+def embedding_grad_whole_vocab(*, tensor: int) -> bool:
+    """With the vocabulary split over `tensor` (and the rows looked up by all-to-all) XLA
+    scatter-adds the gradient rows into a table of the whole vocabulary, [vocab, d_model /
+    fsdp], on every tensor shard, all-reduces it over `tensor` and slices the chip's shard
+    (its all-reduce-scatter fusion: 32 MiB for vocab 32768 and d_model 2048 / 4 in the v5e
+    fsdp=4 x tensor=4 compile of `validation/xla_progflags.py`, a reduce-scatter as tpusim's
+    HLO importer reads it), instead of scattering only the rows its shard holds."""
+    return tensor > 1
+
+
+def gathered_table_grad_kind(*, tensor: int) -> str:
+    """The collective that sums the gradient of an input table gathered for the lookup
+    (`embed_lookup` all-gather: the table's d_model replicated before `jnp.take`): XLA
+    scatter-adds the rows into a zero table of the whole width and all-reduces it (v5e
+    fsdp=16: one synchronous all-reduce of the [vocab, d_model] table, each chip slicing its
+    shard after), or, with the vocabulary split over `tensor`, reduce-scatters it over fsdp
+    (v5e fsdp=4 x tensor=4: its all-reduce-scatter fusion, a reduce-scatter as tpusim's HLO
+    importer reads it); the compiles of `validation/xla_progflags.py`."""
+    return "reduce-scatter" if tensor > 1 else "all-reduce"
+
+
 def embedding_grad_rows_gathered(*, rows_bytes: float, table_bytes: float) -> bool:
     """With a data axis XLA's SPMD partitioner does not send the embedding's gradient rows
     back by all-to-all: it replicates the smaller of the scatter-add's updates (every chip's
@@ -230,23 +251,3 @@ def sr_bits_early(cfg: TrainingConfig) -> bool:
     generator runs right before the fusion that reads its bits, a few instructions earlier,
     and no bits are held (`validation/xla_int8.py`)."""
     return plain_gather_form(cfg) == "async"
-
-
-def moe_dispatch_form(cfg: TrainingConfig) -> str:
-    """How an MoE layer's tokens reach its experts over `expert`: "all-to-all" or "all-gather"
-    (`TrainingConfig.moe_dispatch`; docs/model/moe.md "The dispatch form").
-
-    `auto` is XLA's choice, which follows how the program shards the MoE block's tokens, not
-    the mesh's sizes. Deviceless compiles (jax/libtpu 0.10.2) of the MaxText-style dropping MoE
-    (`validation.xla_compile.lower_moe_train`, MaxText's router, 2 layers under remat full)
-    with its batch split over fsdp x expert move the tokens by all-to-alls at every size
-    tried: v6e 4x4 fsdp=4 x expert=4 with 8 experts top-2 (sequences of 512 and 2,048) and 64
-    experts top-8, fsdp=8 x expert=2, and v6e 2x4 expert=8 (one expert per chip). With the MoE
-    block's input constrained to the batch over fsdp only (`moe_tokens_gathered`, MaxText's
-    `activation_batch_no_exp`) XLA gathers the tokens instead (the all-gather form); with the
-    batch over fsdp only everywhere (`tokens_over_expert=False`) it all-reduces the combine
-    over expert and sends no token by all-to-all. tpusim's batch is always split over
-    data x fsdp x expert, so `auto` is the all-to-all form."""
-    if cfg.moe_dispatch == "all-gather":
-        return "all-gather"
-    return "all-to-all"

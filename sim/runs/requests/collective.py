@@ -3,6 +3,7 @@ algorithm (`tpusim compare-collectives`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 from sim.runs.requests.base import (
@@ -10,11 +11,10 @@ from sim.runs.requests.base import (
     POD_FIELDS,
     SPARE_FIELDS,
     PerturbedRequest,
-    request_dataclass,
 )
 
 
-@request_dataclass
+@dataclass(frozen=True, kw_only=True)
 class CollectiveRequest(PerturbedRequest):
     """One collective (`tpusim collective`): `op` over the pod's `axes` with `bytes` V."""
 
@@ -35,7 +35,7 @@ class CollectiveRequest(PerturbedRequest):
     chunks: int = 1
 
 
-@request_dataclass
+@dataclass(frozen=True, kw_only=True)
 class CompareCollectivesRequest(CollectiveRequest):
     """One collective under every algorithm (`tpusim compare-collectives`)."""
 

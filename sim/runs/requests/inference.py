@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from sim.runs.requests.base import (
@@ -16,7 +16,6 @@ from sim.runs.requests.base import (
     PerturbedRequest,
     RequestBase,
     StepRequest,
-    request_dataclass,
 )
 from topologies.validate import (
     MAX_BATCH,
@@ -32,7 +31,7 @@ _INFERENCE = ("model", "batch", "context_len", "mesh", "dcn", "weight_dtype", "k
               "matmul_dtype", "sampling")
 
 
-@request_dataclass
+@dataclass(frozen=True, kw_only=True)
 class _Decoding(RequestBase):
     """What every decode-step command has: the model, its KV cache and its number formats."""
 
@@ -46,7 +45,7 @@ class _Decoding(RequestBase):
     sampling: str = "top-k"
 
 
-@request_dataclass
+@dataclass(frozen=True, kw_only=True)
 class DecodeRequest(StepRequest, _Decoding):
     """One decode step with a KV cache (`tpusim decode`)."""
 
@@ -60,7 +59,7 @@ class DecodeRequest(StepRequest, _Decoding):
     algorithm: str = "auto"
 
 
-@request_dataclass
+@dataclass(frozen=True, kw_only=True)
 class PrefillRequest(DecodeRequest):
     """The prefill of a batch of prompts (`tpusim prefill`)."""
 
@@ -77,7 +76,7 @@ class PrefillRequest(DecodeRequest):
 _DEFAULT_BATCHES = "1,2,4,8,16,32,64,128,256"
 
 
-@request_dataclass
+@dataclass(frozen=True, kw_only=True)
 class ServeSweepRequest(_Decoding):
     """Decode latency against throughput over batch sizes (`tpusim serve-sweep`); `mesh` may
     list several meshes separated by `;`, the dtypes several separated by `,`."""
@@ -123,7 +122,7 @@ _SERVE = ("arrival", "rate", "cv", "trace", "requests", "duration", "prompt_toke
           "kv_transfer", "slo", "exact_costs")
 
 
-@request_dataclass
+@dataclass(frozen=True, kw_only=True)
 class ServeRequest(PerturbedRequest, _Decoding):
     """Requests served by replicas over time (`tpusim serve`): the workload (arrivals and
     lengths), the deployment (replicas of the pod and mesh, or prefill and decode pools) and
