@@ -161,7 +161,7 @@ def _hlo_memory(texts):
 SECTIONS = (
     Section("maxtext", (VALIDATION_MD,),
             "python -m validation.maxtext --write --reuse-fits validation/results/"
-            "maxtext_fits.json (the fit itself: --write alone)", _maxtext),
+            "maxtext_fits.json", _maxtext),
     Section("energy", (VALIDATION_MD,), "python -m validation.energy --write", _energy),
     Section("hlo-import", (VALIDATION_MD,), "python -m validation.hlo_import --write",
             _hlo_import, ("<!-- hlo-import -->",)),
