@@ -137,16 +137,29 @@ def _logits(texts):
     return {VALIDATION_MD: xla_logits.updated(texts[VALIDATION_MD])}, []
 
 
-def _program_flags(texts):
+def _cached_xla(module: str, texts):
+    """A section of `validation.<module>` (its MARKER, END, CACHE and `section(cache)`): XLA's
+    side from the cache, tpusim's recomputed; skipped while the document lacks it."""
     # deferred: as every section's (above)
-    from validation import xla_compile, xla_progflags
+    import importlib
+
+    from validation import xla_compile
     from validation.template import splice
 
+    mod = importlib.import_module(f"validation.{module}")
     doc = texts[VALIDATION_MD]
-    if xla_progflags.MARKER not in doc:
+    if mod.MARKER not in doc:
         return texts, ["skipped: not in the document yet (`--write` adds it)"]
-    text = xla_progflags.section(xla_compile.load_cache(xla_progflags.CACHE))
-    return {VALIDATION_MD: splice(doc, xla_progflags.MARKER, xla_progflags.END, text)}, []
+    text = mod.section(xla_compile.load_cache(mod.CACHE))
+    return {VALIDATION_MD: splice(doc, mod.MARKER, mod.END, text)}, []
+
+
+def _program_flags(texts):
+    return _cached_xla("xla_progflags", texts)
+
+
+def _moe_dispatch(texts):
+    return _cached_xla("xla_moe_dispatch", texts)
 
 
 def _hlo_memory(texts):
@@ -182,6 +195,8 @@ SECTIONS = (
             _logits, ("<!-- logits-dtype -->",)),
     Section("program-flags", (VALIDATION_MD,), "python -m validation.xla_progflags --write",
             _program_flags, ("<!-- program-flags -->",)),
+    Section("moe-dispatch", (VALIDATION_MD,), "python -m validation.xla_moe_dispatch --write",
+            _moe_dispatch, ("<!-- moe-dispatch -->",)),
     Section("hlo-memory", (HLO_MD, "validation/results/hlo_memory.json"),
             "python -m validation.hlo_memory --write", _hlo_memory, ("<!-- hlo-memory -->",)),
 )
