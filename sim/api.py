@@ -116,8 +116,9 @@ def train(req: TrainRequest | None = None, /, **flags: Any) -> Run:
     Settings: the pod (chip/slice/shape/...), model, seq_len, batch_per_chip, mesh, dcn,
     axis_map, remat, attention, microbatches, param_dtype/grad_dtype/gather_dtype/
     optimizer_dtype, optimizer, pipeline_schedule, no_overlap, no_fusion, tp_activations,
-    tp_comm, dp_allreduce, fsdp_grad, dp_grad_split, ep_alltoall, vocab_tiling, logits_dtype,
-    mlp_act_dtype, embed_lookup, fsdp_gather, algorithm, the perturbations, set={...}.
+    tp_comm, dp_allreduce, fsdp_grad, dp_grad_split, ep_alltoall, moe_dispatch, vocab_tiling,
+    logits_dtype, mlp_act_dtype, embed_lookup, fsdp_gather, algorithm, the perturbations,
+    set={...}.
     `Run.result` is the `StepResult` (`.ops`, `.units`, `.links`, `.memory`), `Run.trace` the
     compiled program.
     """

@@ -101,7 +101,9 @@ def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: i
                     num_layers: int, vocab_size: int, scopes: bool = False,
                     optimizer: str = "sgd", final_norm: bool = False,
                     router: str = "f32", num_kv_heads: int | None = None,
-                    batch_per_chip: int = 1, attention_block: int = 0):
+                    batch_per_chip: int = 1, attention_block: int = 0,
+                    moe_matmul: str = "dropping", tokens_over_expert: bool = True,
+                    moe_tokens_gathered: bool = False):
     """A MaxText-style dropping MoE decoder's SGD training step, lowered (MaxText
     `RoutedMoE.dense_matmul` with a capacity factor: one-hot dispatch and combine masks [batch,
     seq, experts, capacity], the einsums `BSM,BSEC->EBCM` and `EBCM,BSEC->BSM`, experts over
@@ -125,7 +127,17 @@ def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: i
     the dense half of a matched pair (`xla_moe_pair.py`). attention_block: causal attention
     in blocks of that many queries, each against the keys up to its last query and under its
     own `jax.checkpoint` (as a flash kernel skips the masked blocks and keeps no scores): what
-    lets the runs' batches of long sequences fit a chip (0: one [seq, seq] score matrix)."""
+    lets the runs' batches of long sequences fit a chip (0: one [seq, seq] score matrix).
+    moe_matmul: "dropping" (the capacity-factor path above) or "dense" (MaxText
+    `RoutedMoE.dense_matmul` with capacity_factor <= 0: every token through every expert,
+    `BSM,EMH->BSEH`, `BSEH,EHM->BSEM`, then `BSEM,BSE->BSM` in f32 against the [batch, seq,
+    experts] top-k weights; no masks and no sharding constraint inside the MoE, so XLA picks
+    the collectives). tokens_over_expert: the batch sharded over fsdp x expert (MaxText's
+    `activation_batch` with `expert` in it); False: over fsdp only, replicated over expert.
+    moe_tokens_gathered: the residual stream over fsdp x expert, but the MoE block's input and
+    its masks constrained to the batch over fsdp only (MaxText's `activation_batch_no_exp`),
+    its output back over fsdp x expert: every chip of an expert group sees its fsdp group's
+    tokens."""
     # jax is optional: imported only where a program is compiled (the jax[tpu] python).
     import jax
     import jax.numpy as jnp
@@ -139,7 +151,7 @@ def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: i
     bf = jnp.bfloat16
     dense = E == 0
     # MaxText generate_masks, per sequence
-    cap = 0 if dense else int(max(-(-SEQ * K // E) * CF, CF))
+    cap = 0 if dense or moe_matmul == "dense" else int(max(-(-SEQ * K // E) * CF, CF))
 
     def scope(name):
         return jax.named_scope(name) if scopes else contextlib.nullcontext()
@@ -150,7 +162,7 @@ def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: i
     def sds(shp, spec, dt=bf):
         return jax.ShapeDtypeStruct(shp, dt, sharding=ns(spec))
 
-    batch = ("fsdp", "expert")
+    batch = ("fsdp", "expert") if tokens_over_expert else ("fsdp",)
     # MaxText's logical-axis rules: a weight's `embed` dimension goes to fsdp and expert, except
     # the routed experts' (`embed_no_exp`: fsdp only; their `exp` dimension takes expert).
     fe = ("fsdp", "expert")
@@ -196,9 +208,28 @@ def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: i
         comb = (weights[..., None] * in_cap)[..., 1:]
         return comb.astype(bool), comb
 
+    def dense_moe(x, w):
+        # MaxText dense_matmul at capacity_factor <= 0: get_topk, reshape_and_update_weights.
+        b, s, _ = x.shape
+        logits = jnp.einsum("bsm,me->bse", x, w["gate"])
+        topw, topi = jax.lax.top_k(logits, K)
+        topw = jax.nn.softmax(topw.astype(jnp.float32), axis=-1).astype(bf)
+        weights = jnp.zeros((b, s, E), dtype=bf).at[
+            jnp.arange(b)[:, None, None], jnp.arange(s)[:, None], topi].set(topw)
+        hh = jax.nn.silu(jnp.einsum("bsm,emh->bseh", x, w["w0"])) * \
+            jnp.einsum("bsm,emh->bseh", x, w["w1"])
+        o = jnp.einsum("bseh,ehm->bsem", hh, w["wout"])
+        out = jnp.einsum("bsem,bse->bsm", o.astype(jnp.float32),
+                         weights.astype(jnp.float32)).astype(bf)
+        return jax.lax.with_sharding_constraint(out, ns(act))
+
     def moe(x, w):
         if dense:
             return (jax.nn.silu(x @ w["w0"]) * (x @ w["w1"])) @ w["wout"]
+        if moe_matmul == "dense":
+            return dense_moe(x, w)
+        if moe_tokens_gathered:
+            x = jax.lax.with_sharding_constraint(x, ns(P("fsdp", None, None)))
         with scope("router"):
             if router == "maxtext":
                 disp, comb = maxtext_masks(jnp.einsum("bsm,me->bse", x, w["gate"]))
@@ -213,7 +244,8 @@ def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: i
                 disp = jnp.sum(jax.nn.one_hot(slot, cap, dtype=bf) * keep[..., None], axis=2)
                 comb = jnp.sum(jax.nn.one_hot(slot, cap, dtype=jnp.float32)
                                * (keep * topw[..., None])[..., None], axis=2).astype(bf)
-        disp = jax.lax.with_sharding_constraint(disp, ns(P(batch, None, None, None)))
+        disp = jax.lax.with_sharding_constraint(
+            disp, ns(P("fsdp" if moe_tokens_gathered else batch, None, None, None)))
         xe = jnp.einsum("bsm,bsec->ebcm", x, disp)
         xe = jax.lax.with_sharding_constraint(xe, ns(P("expert", "fsdp", None, None)))
         hh = jax.nn.silu(jnp.einsum("ebcm,emh->ebch", xe, w["w0"])) * \

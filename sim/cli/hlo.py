@@ -43,8 +43,8 @@ def _print_inventory(inv: dict[str, Any], topo_name: str, chip: str) -> None:
 def cmd_import_hlo(args: argparse.Namespace) -> int:
     from sim.export.output import atomic_write, check_output_file  # loaded when it runs
     from sim.runs.bind import resolve_pod
+    from sim.runs.replay import check_hlo_has_ops, load_hlo
     from sim.runs.requests import ImportHloRequest
-    from sim.runs.train import check_hlo_has_ops, load_hlo
 
     if args.output is not None:
         # `-o ''` is a typo for a path, not "no file": refused, as the trace would be lost.

@@ -129,6 +129,13 @@ def _add_schedule_args(p: argparse.ArgumentParser) -> None:
                         "them) or async (libtpu's --xla_tpu_enable_async_all_to_all: the "
                         "backward's overlap independent matmuls; needs an MoE model and an "
                         "expert axis)")
+    p.add_argument("--moe-dispatch", default="auto",
+                   help="how MoE tokens reach their experts over expert: all-to-all (to the "
+                        "experts' chips and back), all-gather (every chip of an expert group "
+                        "gathers the group's tokens, runs its own experts on them and the "
+                        "combine's partial sums are reduced over expert) or auto (XLA's choice "
+                        "for the program, default; docs/model/moe.md \"The dispatch form\"; "
+                        "needs an MoE model and an expert axis unless auto)")
     p.add_argument("--vocab-tiling", type=CONVERTERS["vocab_tiling"], default=1,
                    help="MaxText's num_vocab_tiling: the output projection and loss run in this "
                         "many chunks of the tokens (one chunk's logits in HBM at a time) and "
@@ -390,7 +397,7 @@ def replay_request(args: argparse.Namespace) -> ReplayRequest:
 def cmd_replay(args: argparse.Namespace, quiet: bool = False) -> int:
     # deferred: start-up
     from sim.engine.result import breakdown_label
-    from sim.runs.train import run_replay
+    from sim.runs.replay import run_replay
 
     req = replay_request(args)
     check_outputs(args)

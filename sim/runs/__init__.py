@@ -59,13 +59,13 @@ def runner(request_type: type[Request]):
     """The function that runs requests of this type."""
     # The runners pull in the compilers and executors: loaded when the first run starts, so
     # that building requests (and `tpusim --help`) stays cheap.
-    from sim.runs import collective, goodput, inference, serve, train
+    from sim.runs import collective, goodput, inference, replay, serve, train
 
     return {
         CollectiveRequest: collective.run_collective,
         CompareCollectivesRequest: collective.run_compare,
         TrainRequest: train.run_train,
-        ReplayRequest: train.run_replay,
+        ReplayRequest: replay.run_replay,
         DecodeRequest: inference.run_decode,
         PrefillRequest: inference.run_prefill,
         ServeSweepRequest: inference.run_serve_sweep,

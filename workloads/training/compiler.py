@@ -194,6 +194,18 @@ def program_compiler(
             f"{{ep_alltoall}} async overlaps the MoE all-to-alls over the expert axis, and this "
             f"run has none ({why}); drop {{ep_alltoall}}"
             + ("" if not model.is_moe else " or add expert=N to the mesh"), "ep_alltoall")
+    if config.moe_dispatch != "auto" and ep == 1:
+        # Both forms move tokens over an expert axis: without one the flag changes nothing.
+        why = f"{model.name} is dense" if not model.is_moe else "the mesh has no expert axis"
+        raise TpusimError(
+            f"{{moe_dispatch}} {config.moe_dispatch} chooses how MoE tokens cross the expert "
+            f"axis, and this run has none ({why}); drop {{moe_dispatch}}"
+            + ("" if not model.is_moe else " or add expert=N to the mesh"), "moe_dispatch")
+    if config.moe_dispatch == "all-gather" and config.ep_alltoall == "async":
+        raise TpusimError(
+            "{ep_alltoall} async overlaps the MoE all-to-alls, and {moe_dispatch} all-gather "
+            "has none (its gathers and reductions are synchronous, as XLA compiles them); "
+            "drop one", "ep_alltoall", "moe_dispatch")
     loss_rows = local_seqs * config.seq_len / sp / config.microbatches
     if config.vocab_tiling > 1 and loss_rows % config.vocab_tiling:
         raise TpusimError(

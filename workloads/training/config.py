@@ -32,6 +32,7 @@ from workloads.training.modes import (
     EpAlltoall,
     FsdpGather,
     FsdpGrad,
+    MoeDispatch,
     Optimizer,
     PipelineSchedule,
     QuantScales,
@@ -120,6 +121,13 @@ class TrainingConfig:
     # "per-layer", one all-reduce of the layer's gradient shards (tpusim's earlier model).
     dp_grad_split: DpGradSplit = DpGradSplit.PER_MATRIX
     ep_alltoall: EpAlltoall = EpAlltoall.SYNC
+    # How an MoE layer's tokens reach its experts over `expert` (docs/model/moe.md "The
+    # dispatch form"): "all-to-all" (the tokens to their experts' chips and back), "all-gather"
+    # (every chip of an expert group gathers the group's tokens, runs its own experts on them
+    # and the combine's partial sums are reduced over `expert`) or "auto", XLA's choice for
+    # the program (`xla_rules.moe_dispatch_form`). Recorded only when not the default.
+    moe_dispatch: MoeDispatch = field(default=MoeDispatch.AUTO,
+                                      metadata={"recorded_when_set": True})
     pipeline_schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
     virtual_stages: int = 1
     moe: MoeConfig = field(default_factory=MoeConfig)
@@ -312,6 +320,12 @@ class TrainingConfig:
             raise TpusimError(
                 f"{{ep_alltoall}} {short_repr(self.ep_alltoall)} must be sync (XLA's default) or "
                 f"async (libtpu's {{xla}}_tpu_enable_async_all_to_all)", "ep_alltoall", "xla"
+            )
+        if not self._set_mode("moe_dispatch", MoeDispatch):
+            raise TpusimError(
+                f"{{moe_dispatch}} {short_repr(self.moe_dispatch)} must be auto (XLA's choice, "
+                f"default), all-to-all or all-gather (the tokens gathered over expert, the "
+                f"combine reduced)", "moe_dispatch"
             )
 
     def _check_schedule_and_dtypes(self) -> None:

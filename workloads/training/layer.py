@@ -17,9 +17,9 @@ from workloads.memory import (
     one_sequence_per_chip,
     score_exp_fused,
 )
-from workloads.moe import dispatch_flops
 from workloads.training import xla_rules as xla
-from workloads.training.program import MTP_PROJ, ProgramBuilder, Q
+from workloads.training.moe_layer import MoeProgram
+from workloads.training.program import MTP_PROJ, Q
 from workloads.training.quant import RANDOM_BITS_BYTES
 
 
@@ -34,7 +34,7 @@ class MlpGrads(NamedTuple):
     after: list[int]
 
 
-class LayerProgram(ProgramBuilder):
+class LayerProgram(MoeProgram):
     """The ops of one layer, forward (also as a remat recomputation) and backward."""
 
     def layer_forward(self, layer, deps, gather, phase="fwd", recompute=False):
@@ -334,87 +334,8 @@ class LayerProgram(ProgramBuilder):
         n, D, tp = d.n, m.d_model, d.tp
         mats = m.mlp.num_matrices
         if self.layer_is_moe(layer):
-            E, k, F = m.num_experts, m.experts_per_token, m.expert_d_ff
-            rt = self.routing
-            # Rows the (busiest) chip's experts process per local token: k when routing is
-            # uniform and dropless, k x the hottest shard's load factor under skew, E x
-            # capacity / group tokens on the dense dropping path (padded to capacity).
-            rows = rt.expert_rows_per_token
-            router = self.mm(f"{tag}router", 2 * n * D * E, D * E * self.wc, n * D * a,
-                             n * E * 4, [dep], layer, phase, keys=("router",),
-                             acc_bytes=n * E * 4)
-            topk = self.vpu(f"{tag}topk_route", 4 * n * E, n * E * 4, [router], layer, phase)
-            pre = topk
-            if rt.dense_dispatch:
-                # MaxText's dropping path: one-hot dispatch and combine masks [tokens, experts,
-                # capacity] (bf16), then the dispatch einsum BSM,BSEC->EBCM on the MXU.
-                mask = n * E * rt.capacity * a
-                masks = self.vpu(f"{tag}moe_masks", 2 * n * E * rt.capacity, 2 * mask, [topk],
-                                 layer, phase)
-                pre = self.mm(f"{tag}moe_dispatch", dispatch_flops(n, E, rt.capacity, D), 0.0,
-                              mask + n * D * a, n * rows * D * a, [masks], layer, phase)
-            disp = self.coll(f"{tag}ep_dispatch", "all-to-all", ("expert",),
-                             n * rows * D * a * d.ep, [pre], layer, phase)
-            x = [pre] + ([disp] if disp is not None else [])
-            w_bytes = (E / d.ep) * mats * D * F / tp * self.wc
-            # A recomputation whose experts' hidden outputs were kept (`mlpwi`) reruns only
-            # their activation.
-            h = x[-1] if kept_in else self.mm(
-                f"{tag}expert_in", 2 * n * rows * D * F * (mats - 1) / tp,
-                w_bytes * (mats - 1) / mats, n * rows * D * a,
-                n * rows * F * (mats - 1) / tp * a, x + wdeps, layer, phase,
-                keys=("expert_gate", "expert_up"),
-                acc_bytes=n * rows * F * (mats - 1) / tp * a,
-                q=Q(act=n * rows * D, weight=w_bytes * (mats - 1) / mats / self.wc,
-                    out=n * rows * F * (mats - 1) / tp, k=D))
-            act = self.vpu(f"{tag}expert_act", 8 * n * rows * F / tp,
-                           n * rows * F * (mats - 1) / tp * a + n * rows * F / tp * a,
-                           [h, *after], layer, phase)
-            o = self.mm(f"{tag}expert_out", 2 * n * rows * F * D / tp, w_bytes / mats,
-                        n * rows * F / tp * a, n * rows * D * a, [act] + wdeps, layer, phase,
-                        keys=("expert_down",), whole_bytes=n * rows * F / tp * a,
-                        q=Q(act=n * rows * F / tp, weight=w_bytes / mats / self.wc,
-                            out=n * rows * D, k=F / tp))
-            # A recomputation on the dense dropping path does not send the experts' outputs
-            # back: XLA computes the combine weights' gradient where they live (expert-sharded)
-            # and sends that gradient instead (`layer_backward`; the compiled program of
-            # benchmarks/xla_moe_schedule.py).
-            comb = None if dead_tail and rt.dense_dispatch else \
-                self.coll(f"{tag}ep_combine", "all-to-all", ("expert",),
-                          n * rows * D * a * d.ep, [o], layer, phase)
-            out_deps = [o] + ([comb] if comb is not None else [])
-            if m.num_shared_experts:
-                sF = m.num_shared_experts * F
-                live = (mats - 1) / mats if dead_tail else 1.0  # its down projection is dead
-                sh = self.mm(f"{tag}shared_expert", 2 * n * D * sF * mats / tp * live,
-                             mats * D * sF / tp * self.wc * live, n * D * a,
-                             n * D * a if not dead_tail else n * sF * (mats - 1) / tp * a,
-                             [dep] + wdeps, layer, phase,
-                             keys=("shared_gate", "shared_up") + (() if dead_tail
-                                                                   else ("shared_down",)),
-                             acc_bytes=n * sF * (mats - 1) / tp * a,
-                             whole_bytes=0.0 if dead_tail else n * sF / tp * a,
-                             q=Q(act=n * D + (0.0 if dead_tail else n * sF / tp),
-                                 weight=mats * D * sF / tp * live,
-                                 out=n * sF * (mats - 1) / tp + (0.0 if dead_tail else n * D),
-                                 k=D))
-                out_deps.append(sh)
-            if dead_tail:
-                # The experts' outputs (back at their tokens) are read by the backward of the
-                # combine weights (the router's gradient); the weighted sum itself is dead.
-                self.recompute_leaves.extend(out_deps[:-1])
-                return out_deps[-1]
-            if rt.dense_dispatch:
-                # The combine einsum EBCM,BSEC->BSM weights and sums the experts' outputs.
-                cmb = self.mm(f"{tag}moe_combine", dispatch_flops(n, E, rt.capacity, D), 0.0,
-                              n * E * rt.capacity * a + n * rows * D * a, n * D * a, out_deps,
-                              layer, phase)
-                if not m.num_shared_experts:
-                    return cmb
-                return self.vpu(f"{tag}expert_combine", n * D, 3 * n * D * a, [cmb, sh], layer,
-                                phase)
-            return self.vpu(f"{tag}expert_combine", 2 * n * k * D, (k + 1) * n * D * a,
-                            out_deps, layer, phase)
+            return self.moe_forward(layer, dep, wdeps, phase, tag, after, dead_tail,
+                                    kept_in)
         F = m.d_ff
         # A recomputation whose MLP input projections were kept (`mlpwi`) reruns only the
         # activation (the MLP norm before it is rerun for the projections' weight gradients).
@@ -517,7 +438,7 @@ class LayerProgram(ProgramBuilder):
                         [dmlp, *after], layer,
                         "bwd")
         ar1 = None
-        if moe:
+        if moe and not self.moe_gathered:
             # Transpose of the forward's dispatch all-to-all, after the experts' backward. XLA's
             # all-to-alls are synchronous by default (benchmarks/xla_moe_schedule.py): the
             # weight gradients wait for it rather than hiding it. With libtpu's async
@@ -552,76 +473,6 @@ class LayerProgram(ProgramBuilder):
                        "bwd")
         return MlpGrads(norm=nrm, dmlp=dmlp, dact=dact, dmlp_w=dmlp_w, mm_deps=mm_deps,
                         after=after)
-
-    def moe_output_backward(self, layer, deps, grad) -> tuple[list[int], int | None]:
-        """An MoE layer's backward up to its experts': the combine einsum's (dense dispatch)
-        and the combine all-to-all's transpose. Returns (deps of the experts' backward, the
-        combine einsum's backward op or None)."""
-        m, d, a = self.m, self.d, self.act
-        n, D = d.n, m.d_model
-        rt = self.routing
-        cb = None
-        if rt.dense_dispatch:
-            # Combine einsum backward: gradients of the expert outputs and of the combine
-            # weights (the router's gradient), two einsums of the forward's size. XLA computes
-            # the combine weights' gradient where the experts' outputs live (sharded over
-            # expert): the output gradient is first gathered over `expert` (every chip of an
-            # expert group needs its fsdp group's sequences; async under the recipes'
-            # collective-fusion flags), and the result goes back to the tokens' chips with an
-            # all-to-all at the end of the MoE backward (`ep_combine_weights_grad`).
-            gout = self.coll("ep_grad_allgather", "all-gather", ("expert",), d.ep * n * D * a,
-                             [grad] if grad is not None else list(deps), layer, "bwd")
-            mask = n * m.num_experts * rt.capacity * a
-            cb = self.mm("moe_combine_bwd", 2 * dispatch_flops(n, m.num_experts, rt.capacity, D),
-                         0.0, mask + n * D * a + n * rt.expert_rows_per_token * D * a,
-                         n * rt.expert_rows_per_token * D * a + mask,
-                         list(deps) + ([gout] if gout is not None else []), layer, "bwd")
-            deps = [cb]
-        # Transpose of the forward's combine all-to-all, before the experts' backward.
-        comb = self.coll("ep_combine_bwd", "all-to-all", ("expert",),
-                         n * rt.expert_rows_per_token * D * a * d.ep, deps, layer, "bwd")
-        if comb is not None:
-            deps = list(deps) + [comb]
-        return deps, cb
-
-    def moe_router_backward(self, layer, dmlp_w, dact, cb, ar1, sync
-                            ) -> tuple[int | None, list[int]]:
-        """An MoE layer's backward after its experts' weight gradients: the combine weights'
-        gradient sent back (dense dispatch), the dispatch einsum's backward and the router's.
-        Returns (the dispatch's backward op or None, deps of the MLP norm's backward)."""
-        m, d, a = self.m, self.d, self.act
-        n, D = d.n, m.d_model
-        rt = self.routing
-        dcomb_deps: list[int] = []
-        if rt.dense_dispatch:
-            # The combine weights' gradient back to the tokens' chips (synchronous: after the
-            # experts' weight gradients, as XLA schedules it; async: as soon as it is
-            # computed); the router's backward, and so the layer's input gradient, reads it.
-            # MaxText builds the combine mask in the activation dtype (`generate_masks`: the
-            # bf16 top-k weights times an int32 one-hot of the capacity slot, cut from cap + 1
-            # slots to cap), so its gradient is bf16 and XLA sends it before the cut:
-            # [tokens, E, cap + 1] (benchmarks/xla_moe_schedule.py, MaxText's router, at the
-            # 750B's per-chip sizes and at the cross-check's).
-            dc = self.coll("ep_combine_weights_grad", "all-to-all", ("expert",),
-                           d.ep * n * m.num_experts * (rt.capacity + 1) * a,
-                           [dmlp_w] if sync else [cb], layer, "bwd")
-            dcomb_deps = [dc] if dc is not None else []
-            # Dispatch einsum backward: the input gradient only (the one-hot mask has none).
-            ar1 = self.mm("moe_dispatch_bwd", dispatch_flops(n, m.num_experts, rt.capacity, D),
-                          0.0, n * m.num_experts * rt.capacity * a
-                          + n * rt.expert_rows_per_token * D * a, n * D * a,
-                          [dact] + ([ar1] if ar1 is not None else []), layer, "bwd")
-        # The router's backward: the combine weights' gradient through the top-k softmax
-        # into the router logits, then the router matmul's input and weight gradients,
-        # twice its forward FLOPs (the compiled MoE step's dot FLOPs: without them tpusim
-        # had 4 n D E per layer fewer). Issued after the dispatch's backward, which does
-        # not wait for the combine weights' gradient (a chip runs its ops in order).
-        E = m.num_experts
-        rb = self.mm("router_bwd", 4 * n * D * E, D * E * self.wc,
-                     n * D * a + n * E * 4, n * D * a, dcomb_deps or [dact], layer, "bwd",
-                     keys=("router",), whole_bytes=n * E * 4)
-        self.router_grad_done = rb
-        return ar1, [rb]
 
     def attention_backward(self, layer, mlp: MlpGrads):
         """The attention sublayer's backward, from the MLP norm's backward to the attention

@@ -111,6 +111,16 @@ class EpAlltoall(enum.StrEnum):
     ASYNC = "async"
 
 
+class MoeDispatch(enum.StrEnum):
+    """How an MoE layer's tokens reach the experts over `expert` and their outputs come back:
+    all-to-alls, or the tokens all-gathered and the combine's partial sums reduced
+    (`xla_rules.moe_dispatch_form`); `auto` is XLA's choice for the program."""
+
+    AUTO = "auto"
+    ALL_TO_ALL = "all-to-all"
+    ALL_GATHER = "all-gather"
+
+
 class QuantScales(enum.StrEnum):
     """The scales of an int8 matmul's operands (`quant_scales`): one per row or column along
     the contraction (AQT's default calibration, MaxText's int8) or one per tensor."""

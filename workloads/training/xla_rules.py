@@ -251,3 +251,23 @@ def sr_bits_early(cfg: TrainingConfig) -> bool:
     generator runs right before the fusion that reads its bits, a few instructions earlier,
     and no bits are held (`validation/xla_int8.py`)."""
     return plain_gather_form(cfg) == "async"
+
+
+def moe_dispatch_form(cfg: TrainingConfig) -> str:
+    """How an MoE layer's tokens reach its experts over `expert`: "all-to-all" or "all-gather"
+    (`TrainingConfig.moe_dispatch`; docs/model/moe.md "The dispatch form").
+
+    `auto` is XLA's choice, which follows how the program shards the MoE block's tokens, not
+    the mesh's sizes. Deviceless compiles (jax/libtpu 0.10.2) of the MaxText-style dropping MoE
+    (`validation.xla_compile.lower_moe_train`, MaxText's router, 2 layers under remat full)
+    with its batch split over fsdp x expert move the tokens by all-to-alls at every size
+    tried: v6e 4x4 fsdp=4 x expert=4 with 8 experts top-2 (sequences of 512 and 2,048) and 64
+    experts top-8, fsdp=8 x expert=2, and v6e 2x4 expert=8 (one expert per chip). With the MoE
+    block's input constrained to the batch over fsdp only (`moe_tokens_gathered`, MaxText's
+    `activation_batch_no_exp`) XLA gathers the tokens instead (the all-gather form); with the
+    batch over fsdp only everywhere (`tokens_over_expert=False`) it all-reduces the combine
+    over expert and sends no token by all-to-all. tpusim's batch is always split over
+    data x fsdp x expert, so `auto` is the all-to-all form."""
+    if cfg.moe_dispatch == "all-gather":
+        return "all-gather"
+    return "all-to-all"

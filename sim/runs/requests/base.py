@@ -205,7 +205,26 @@ def _field_names(cls: type) -> frozenset[str]:
     return frozenset(f.name for f in dataclasses.fields(cls) if f.init)
 
 
-@dataclass(frozen=True, kw_only=True)
+@functools.cache
+def _compared(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls) if f.compare)
+
+
+@functools.cache
+def _shown(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls) if f.repr)
+
+
+# Every request class is a frozen keyword-only dataclass whose `==`, hash and repr are
+# RequestBase's, one generic method each, as dataclasses would generate them (fields compared
+# and hashed as one tuple, `Name(field=value, ...)` of the fields shown). Generated per class
+# they were about 50 functions of up to 60 fields that `exec` compiled at import: 20-30 ms of
+# every command's start-up (`benchmarks/bench_startup.py`).
+request_dataclass = functools.partial(dataclass, frozen=True, kw_only=True, eq=False,
+                                      repr=False)
+
+
+@request_dataclass
 class RequestBase(metaclass=_Checked):
     """What every request has: the pod, `set` overrides, and the objects a caller may hand
     over instead of names."""
@@ -265,6 +284,21 @@ class RequestBase(metaclass=_Checked):
             elif v is not None and (conv := self.OWN_CONVERTERS.get(f.name)
                                     or CONVERTERS.get(f.name)) is not None:
                 set_(f.name, conv(str(v).strip() if isinstance(v, str) else str(v)))
+
+    def _values(self) -> tuple:
+        return tuple(getattr(self, name) for name in _compared(type(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return self._values() == other._values()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in _shown(type(self)))
+        return f"{type(self).__qualname__}({shown})"
 
     def _wrong(self, name: str, value: Any, want: str) -> TpusimError:
         cls = type(self).__name__
@@ -437,7 +471,7 @@ PERTURB_FIELDS = ("scenario", "slow_chip", "slow_link", "dead_link", "chip_varia
 SPARE_FIELDS = ("spare_cubes", "no_ocs")
 
 
-@dataclass(frozen=True, kw_only=True)
+@request_dataclass
 class PerturbedRequest(RequestBase):
     """The perturbations: slow chips and links, dead links, chip variation, the MoE router."""
 
@@ -455,7 +489,7 @@ class PerturbedRequest(RequestBase):
     mode: str = "auto"
 
 
-@dataclass(frozen=True, kw_only=True)
+@request_dataclass
 class StepRequest(PerturbedRequest):
     """A simulated step (train, replay, decode, prefill): the perturbations and a power cap in
     watts per chip (`power_cap`; None: uncapped)."""

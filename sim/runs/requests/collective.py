@@ -3,7 +3,6 @@ algorithm (`tpusim compare-collectives`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 from sim.runs.requests.base import (
@@ -11,10 +10,11 @@ from sim.runs.requests.base import (
     POD_FIELDS,
     SPARE_FIELDS,
     PerturbedRequest,
+    request_dataclass,
 )
 
 
-@dataclass(frozen=True, kw_only=True)
+@request_dataclass
 class CollectiveRequest(PerturbedRequest):
     """One collective (`tpusim collective`): `op` over the pod's `axes` with `bytes` V."""
 
@@ -35,7 +35,7 @@ class CollectiveRequest(PerturbedRequest):
     chunks: int = 1
 
 
-@dataclass(frozen=True, kw_only=True)
+@request_dataclass
 class CompareCollectivesRequest(CollectiveRequest):
     """One collective under every algorithm (`tpusim compare-collectives`)."""
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from sim.runs.requests.base import (
     PERTURB_FIELDS,
     POD_FIELDS,
+    request_dataclass,
 )
 from sim.runs.requests.training import TRAINING_FIELDS, TrainRequest
 from topologies.validate import (
@@ -58,7 +58,7 @@ _GOODPUT = ("step_time", "steps", "hours", "mtbf_hours", "chip_mtbf_hours", "hos
 _MTBF_FIX = "give hours between failures, e.g. {{{name}}} {eg}"
 
 
-@dataclass(frozen=True, kw_only=True)
+@request_dataclass
 class GoodputRequest(TrainRequest):
     """A training job's goodput under failures (`tpusim goodput`): the job (a step time, or
     the `train` settings whose step `sim.run` simulates; steps or wall-clock hours), the

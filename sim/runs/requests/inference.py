@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, ClassVar
 
 from sim.runs.requests.base import (
@@ -16,6 +16,7 @@ from sim.runs.requests.base import (
     PerturbedRequest,
     RequestBase,
     StepRequest,
+    request_dataclass,
 )
 from topologies.validate import (
     MAX_BATCH,
@@ -31,7 +32,7 @@ _INFERENCE = ("model", "batch", "context_len", "mesh", "dcn", "weight_dtype", "k
               "matmul_dtype", "sampling")
 
 
-@dataclass(frozen=True, kw_only=True)
+@request_dataclass
 class _Decoding(RequestBase):
     """What every decode-step command has: the model, its KV cache and its number formats."""
 
@@ -45,7 +46,7 @@ class _Decoding(RequestBase):
     sampling: str = "top-k"
 
 
-@dataclass(frozen=True, kw_only=True)
+@request_dataclass
 class DecodeRequest(StepRequest, _Decoding):
     """One decode step with a KV cache (`tpusim decode`)."""
 
@@ -59,7 +60,7 @@ class DecodeRequest(StepRequest, _Decoding):
     algorithm: str = "auto"
 
 
-@dataclass(frozen=True, kw_only=True)
+@request_dataclass
 class PrefillRequest(DecodeRequest):
     """The prefill of a batch of prompts (`tpusim prefill`)."""
 
@@ -76,7 +77,7 @@ class PrefillRequest(DecodeRequest):
 _DEFAULT_BATCHES = "1,2,4,8,16,32,64,128,256"
 
 
-@dataclass(frozen=True, kw_only=True)
+@request_dataclass
 class ServeSweepRequest(_Decoding):
     """Decode latency against throughput over batch sizes (`tpusim serve-sweep`); `mesh` may
     list several meshes separated by `;`, the dtypes several separated by `,`."""
@@ -122,7 +123,7 @@ _SERVE = ("arrival", "rate", "cv", "trace", "requests", "duration", "prompt_toke
           "kv_transfer", "slo", "exact_costs")
 
 
-@dataclass(frozen=True, kw_only=True)
+@request_dataclass
 class ServeRequest(PerturbedRequest, _Decoding):
     """Requests served by replicas over time (`tpusim serve`): the workload (arrivals and
     lengths), the deployment (replicas of the pod and mesh, or prefill and decode pools) and

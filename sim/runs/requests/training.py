@@ -5,7 +5,7 @@ ways to run a step (`tpusim plan`), with the training settings they share."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, ClassVar
 
 from sim.runs.requests.base import (
@@ -14,6 +14,7 @@ from sim.runs.requests.base import (
     SPARE_FIELDS,
     RequestBase,
     StepRequest,
+    request_dataclass,
 )
 from topologies.validate import whole_flag
 
@@ -22,8 +23,8 @@ TRAINING_FIELDS = ("model", "seq_len", "batch_per_chip", "mesh", "dcn", "axis_ma
              "grad_dtype", "gather_dtype",
              "optimizer_dtype", "optimizer", "pipeline_schedule", "virtual_stages", "no_overlap",
              "no_fusion", "tp_activations", "tp_comm", "dp_allreduce", "dp_grad_split",
-             "fsdp_grad", "ep_alltoall", "vocab_tiling", "logits_dtype", "mlp_act_dtype",
-             "embed_lookup", "matmul_dtype",
+             "fsdp_grad", "ep_alltoall", "moe_dispatch", "vocab_tiling", "logits_dtype",
+             "mlp_act_dtype", "embed_lookup", "matmul_dtype",
              "quantize_attention", "quantize_logits", "quant_scales", "quant_gather",
              "no_stochastic_rounding", "fsdp_gather")
 # int8 training's settings: recorded in `inputs.flags` only when not their defaults, so bf16
@@ -32,11 +33,11 @@ _QUANT_FLAGS = ("matmul_dtype", "quantize_attention", "quantize_logits", "quant_
                 "quant_gather", "no_stochastic_rounding")
 # Recorded in `inputs.flags` only when not their defaults (results from before they existed
 # read and rerun as before): int8 training's settings, the logits path's and the MLP
-# activation's dtypes and the embedding lookup's form.
-_WHEN_SET = (*_QUANT_FLAGS, "logits_dtype", "mlp_act_dtype", "embed_lookup")
+# activation's dtypes, the embedding lookup's form and the MoE dispatch form.
+_WHEN_SET = (*_QUANT_FLAGS, "logits_dtype", "mlp_act_dtype", "embed_lookup", "moe_dispatch")
 
 
-@dataclass(frozen=True, kw_only=True)
+@request_dataclass
 class TrainRequest(StepRequest):
     """One training step (`tpusim train`): a model on a mesh of the pod, with its settings."""
 
@@ -73,6 +74,7 @@ class TrainRequest(StepRequest):
     dp_grad_split: str = "per-matrix"
     fsdp_grad: str = "reduce-scatter"
     ep_alltoall: str = "sync"
+    moe_dispatch: str = "auto"
     vocab_tiling: int = 1
     logits_dtype: str = "bf16"
     mlp_act_dtype: str = "bf16"
@@ -87,7 +89,7 @@ class TrainRequest(StepRequest):
     algorithm: str = "auto"
 
 
-@dataclass(frozen=True, kw_only=True)
+@request_dataclass
 class CompileRequest(TrainRequest):
     """A training step compiled into a trace (`tpusim compile`): for the pod's chip, or for
     `chips` chips of no particular generation (its compiler's memory rules off). Only `model.*`
@@ -104,7 +106,7 @@ class CompileRequest(TrainRequest):
     seed: int | None = 0
 
 
-@dataclass(frozen=True, kw_only=True)
+@request_dataclass
 class ReplayRequest(StepRequest):
     """A trace file or XLA's compiled HLO text replayed on a pod (`tpusim replay`)."""
 
@@ -137,7 +139,7 @@ class ReplayRequest(StepRequest):
 
 
 
-@dataclass(frozen=True, kw_only=True)
+@request_dataclass
 class ImportHloRequest(RequestBase):
     """XLA's compiled HLO text read for a pod (`tpusim import-hlo`): its inventory and trace."""
 
@@ -155,7 +157,7 @@ _WHOLE = ("seq_len", "global_batch", "top", "workers", "max_simulations", "max_t
           "max_data", "max_sequence", "max_pipeline", "max_expert")
 
 
-@dataclass(frozen=True, kw_only=True)
+@request_dataclass
 class PlanRequest(RequestBase):
     """A search of the ways to run one training step (`tpusim plan`): the pod, the model and
     the batch, and the search space (comma lists, as the command line gives them). `workers`

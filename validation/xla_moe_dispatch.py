@@ -1,0 +1,256 @@
+"""The MoE dispatch form against XLA: a MaxText-style dropping MoE whose tokens reach the
+experts by all-to-alls (the batch split over fsdp x expert up to the experts, MaxText's
+default logical-axis rules) and the same program whose MoE block is handed its tokens split
+over fsdp only (MaxText's `activation_batch_no_exp`: every chip of an expert group gathers the
+group's tokens), compiled deviceless for a TPU topology, read back and compared with tpusim's
+`--moe-dispatch all-to-all` and `all-gather`.
+
+XLA side: `xla_compile.lower_moe_train` (MaxText `RoutedMoE.dense_matmul` with a capacity
+factor, its router and masks as `generate_masks` builds them, 2 scanned layers under full
+remat, the final norm, Adam with f32 moments) with `moe_tokens_gathered` False or True. What
+is read off each compile: dot FLOPs per chip (every dot and convolution times its loop trips,
+as `tpusim import-hlo` counts them), the peak of `compiled.memory_analysis()`, and every
+collective's bytes by kind and mesh axes in tpusim's convention (`xla_crosscheck_doc.
+xla_logical_bytes`: all-gather = the gathered array, reduce-scatter and all-reduce = the
+unreduced operand, all-to-all = the group's buffer). tpusim side: `tpusim train` on the same
+model, mesh and batch with `--moe-dispatch all-to-all` or `all-gather`.
+
+Run (the XLA side needs a python with jax[tpu]==0.10.2; docs/xla_crosscheck.md):
+    python -m validation.xla_moe_dispatch                      # the table from the cache
+    python -m validation.xla_moe_dispatch --predict            # tpusim's side only
+    python -m validation.xla_moe_dispatch --compile --jax-python /work/jaxvenv/bin/python
+    python -m validation.xla_moe_dispatch --write              # rewrite its docs section
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import sys
+import tempfile
+from pathlib import Path
+
+from validation import xla_compile
+from validation.template import splice
+
+REPO = xla_compile.REPO
+CACHE = xla_compile.RESULTS / "xla_moe_dispatch.json"
+PREDICTIONS = xla_compile.RESULTS / "xla_moe_dispatch_predictions.txt"
+DOC = REPO / "docs" / "validation.md"
+MARKER = "<!-- moe-dispatch -->"
+END = "<!-- /moe-dispatch -->"
+LAYERS = 2
+FORMS = ("all-to-all", "all-gather")
+
+# The programs' MoE layers (MaxText names: emb_dim, num_experts, num_experts_per_tok, mlp_dim,
+# capacity_factor) and pods.
+SMALL = dict(d_model=1024, d_ff=2048, num_experts=8, top_k=2, capacity_factor=1.25,
+             num_heads=8, head_dim=128, vocab_size=4096)
+WIDER = dict(d_model=2048, d_ff=1024, num_experts=16, top_k=4, capacity_factor=1.5,
+             num_heads=16, head_dim=128, vocab_size=8192)
+CONFIGS = {
+    "v6e_fsdp4_ep4": dict(topology="v6e:4x4", mesh={"fsdp": 4, "expert": 4}, seq=2048,
+                          moe=SMALL, gather="mixed-blocking", when="rule read off"),
+    "v5e_fsdp4_ep4_e16": dict(topology="v5e:4x4", mesh={"fsdp": 4, "expert": 4}, seq=1024,
+                              moe=WIDER, gather="mixed-async", held_out=True,
+                              when="after the rule (held out)"),
+}
+
+
+# --------------------------------------------------------------------------------------------
+# jax side (runs under the jax python)
+# --------------------------------------------------------------------------------------------
+
+def _worker(name: str, form: str, dump: str | None) -> None:
+    cfg = CONFIGS[name]
+    xla_compile.init_jax()
+    mesh, devices = xla_compile.build_mesh(cfg["topology"], cfg["mesh"])
+    lowered = xla_compile.lower_moe_train(
+        mesh, seq=cfg["seq"], num_layers=LAYERS, optimizer="adam", final_norm=True,
+        router="maxtext", moe_tokens_gathered=form == "all-gather", **cfg["moe"])
+    compiled = lowered.compile()
+    text = compiled.as_text()
+    out = {"config": name, "form": form, "num_chips": int(devices.size),
+           "mesh_axes": list(cfg["mesh"]), "mesh_shape": list(cfg["mesh"].values()),
+           "mesh_device_ids": [int(dv.id) for dv in devices.flat],
+           **xla_compile.memory_stats(compiled)}
+    if dump:
+        Path(dump).mkdir(parents=True, exist_ok=True)
+        Path(dump, "module.hlo.txt.gz").write_bytes(gzip.compress(text.encode()))
+    xla_compile.emit(out)
+
+
+# --------------------------------------------------------------------------------------------
+# driver side (the project's python)
+# --------------------------------------------------------------------------------------------
+
+def run_xla(key: str, jax_python: str, dump: str | None) -> dict:
+    """Compile one program (`name/form`) under the jax python and read its module back: the
+    peak, dot FLOPs and collective bytes by (kind, axes)."""
+    # deferred: these import tpusim's HLO reader, which the jax worker (importing this
+    # module) does not have.
+    from validation.xla_crosscheck_doc import xla_logical_bytes
+    from validation.xla_hlo_read import parse_hlo_collectives
+
+    name, form = key.split("/")
+    with tempfile.TemporaryDirectory() as tmp:
+        where = Path(dump, f"{name}_{form}") if dump else Path(tmp)
+        result = xla_compile.run_worker("validation.xla_moe_dispatch", name, jax_python,
+                                        ["--form", form, "--dump", str(where)])
+        text = gzip.decompress(Path(where, "module.hlo.txt.gz").read_bytes()).decode()
+    counts = xla_compile.module_counts(text, CONFIGS[name]["topology"], name)
+    result["ops"] = parse_hlo_collectives(text)
+    by_kind = {f"{k}|{a}": v for (k, a), v in sorted(xla_logical_bytes(result).items())}
+    keep = ("config", "form", "num_chips", "peak_bytes", "temp_bytes", "argument_bytes")
+    return {**{k: result[k] for k in keep}, "dot_flops": counts["dot_flops"],
+            "collectives": by_kind}
+
+
+def tpusim_flags(name: str, form: str) -> list[str]:
+    cfg = CONFIGS[name]
+    chip, shape = cfg["topology"].split(":")
+    mesh = ",".join(f"{k}={v}" for k, v in cfg["mesh"].items())
+    return ["--chip", chip, "--shape", shape, "--mesh", mesh, "--seq-len", str(cfg["seq"]),
+            "--batch-per-chip", "1", "--remat", "full", "--attention", "dot",
+            "--capacity-factor", str(cfg["moe"]["capacity_factor"]),
+            "--fsdp-gather", cfg["gather"], "--moe-dispatch", form]
+
+
+def tpusim_model(name: str) -> dict:
+    m = CONFIGS[name]["moe"]
+    dims = dict(d_model=m["d_model"], num_heads=m["num_heads"], num_kv_heads=m["num_heads"],
+                head_dim=m["head_dim"], d_ff=m["d_ff"], vocab_size=m["vocab_size"],
+                num_experts=m["num_experts"], experts_per_token=m["top_k"],
+                moe_d_ff=m["d_ff"])
+    return xla_compile.tpusim_model_dict(dims, LAYERS, "xla-moe-dispatch")
+
+
+def tpusim_side(name: str, form: str) -> dict:
+    """tpusim's step of the same program: HBM peak, dot FLOPs, collective bytes by (kind,
+    axes)."""
+    doc, trace = xla_compile.tpusim_step(tpusim_model(name), tpusim_flags(name, form), name)
+    coll: dict[str, float] = {}
+    for o in trace.ops:
+        if o.kind == "collective":
+            key = f"{o.collective}|{','.join(o.mesh_axes)}"
+            coll[key] = coll.get(key, 0.0) + o.bytes
+    counts = xla_compile.trace_counts(trace.ops)
+    return {"peak_bytes": doc["hbm_peak_bytes"], "dot_flops": counts["dot_flops"],
+            "collectives": dict(sorted(coll.items()))}
+
+
+def _mib(x: float) -> str:
+    return f"{x / 2**20:.2f}"
+
+
+def predictions() -> str:
+    """tpusim's numbers for every program and form (written to PREDICTIONS before the
+    compiles): peak, dot FLOPs and collective MiB by kind and axes."""
+    lines = []
+    for name in CONFIGS:
+        for form in FORMS:
+            t = tpusim_side(name, form)
+            coll = ", ".join(f"{k} {_mib(v)}" for k, v in t["collectives"].items())
+            lines.append(f"{name} {form} peak {_mib(t['peak_bytes'])} MiB, dots "
+                         f"{sum(t['dot_flops'].values()) / 1e12:.4f} TFLOP, collectives MiB: "
+                         f"{coll}")
+    return "\n".join(lines) + "\n"
+
+
+def describe(name: str) -> str:
+    cfg = CONFIGS[name]
+    m = cfg["moe"]
+    mesh = " x ".join(f"{k}={v}" for k, v in cfg["mesh"].items())
+    return (f"{cfg['topology']} {mesh}, {m['num_experts']} experts top-{m['top_k']}, "
+            f"d_model {m['d_model']}, seq {cfg['seq']}, cf {m['capacity_factor']}")
+
+
+def _expert_cells(x: dict, t: dict) -> str:
+    """The collectives over `expert` (alone), XLA / tpusim MiB by kind."""
+    keys = sorted(k for k in {*x["collectives"], *t["collectives"]} if k.endswith("|expert"))
+    return "; ".join(f"{k.split('|')[0]} {_mib(x['collectives'].get(k, 0.0))} / "
+                     f"{_mib(t['collectives'].get(k, 0.0))}" for k in keys) or "-"
+
+
+def section(cache: dict) -> str:
+    """The docs/validation.md section (between MARKER and END)."""
+    lines = [MARKER, "## The MoE dispatch form against XLA", "",
+             "_Generated by `python -m validation.xla_moe_dispatch --write` from the cached "
+             "compiles in `validation/results/xla_moe_dispatch.json`; tpusim's predictions, "
+             "each written before its compile, are in "
+             "`validation/results/xla_moe_dispatch_predictions.txt`._", "",
+             "XLA side: the MaxText-style dropping MoE step of the cross-check "
+             "(`xla_compile.lower_moe_train`: one-hot dispatch and combine masks with a "
+             "capacity factor, MaxText's router, experts over `expert`, 2 scanned layers under "
+             "full remat, the final norm, bf16 params, Adam), one sequence per chip, with the "
+             "MoE block's tokens split over fsdp x expert (MaxText's default rules: the "
+             "all-to-all form) or handed to it split over fsdp only (`activation_batch_no_exp`:"
+             " the all-gather form). tpusim side: `tpusim train --moe-dispatch all-to-all` or "
+             "`all-gather` (`--remat full --attention dot --capacity-factor C`, `--fsdp-gather "
+             "mixed-blocking` on v6e, `mixed-async` on v5e). Dot FLOPs per chip as tpusim's "
+             "HLO importer counts them; XLA's peak is `memory_analysis()`'s; collective MiB "
+             "per chip in tpusim's convention, XLA / tpusim, of the collectives over "
+             "`expert` alone (the dispatch's), then every collective's total. The v6e pair is "
+             "the one the form's costs were read off; the v5e pair (twice the width, 16 experts "
+             "top-4, capacity factor 1.5) was compiled after they were written down.", "",
+             "| program | compiled | form | dot TFLOP, XLA / tpusim | XLA peak MiB | tpusim | "
+             "error | over expert, MiB XLA / tpusim | all collectives MiB, XLA / tpusim |",
+             "|---|---|---|---|---:|---:|---:|---|---:|"]
+    for name, cfg in CONFIGS.items():
+        for form in FORMS:
+            x = cache.get(f"{name}/{form}")
+            if x is None:
+                continue
+            t = tpusim_side(name, form)
+            err = t["peak_bytes"] / x["peak_bytes"] - 1
+            xf = sum(x["dot_flops"].values()) / 1e12
+            tf = sum(t["dot_flops"].values()) / 1e12
+            lines.append(
+                f"| {describe(name)} | {cfg['when']} | {form} | {xf:.4f} / {tf:.4f} | "
+                f"{_mib(x['peak_bytes'])} | {_mib(t['peak_bytes'])} | {err:+.1%} | "
+                f"{_expert_cells(x, t)} | {_mib(sum(x['collectives'].values()))} / "
+                f"{_mib(sum(t['collectives'].values()))} |")
+    lines += ["", END]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--form", default="all-to-all", help=argparse.SUPPRESS)
+    ap.add_argument("--dump", help="keep each compiled module here (one subdirectory each)")
+    ap.add_argument("--compile", action="store_true",
+                    help="compile the programs missing from the cache with the jax python")
+    ap.add_argument("--jax-python", default="/work/jaxvenv/bin/python",
+                    help="python with jax[tpu]==0.10.2 (default %(default)s)")
+    ap.add_argument("--programs", default=",".join(CONFIGS), help="comma list of programs")
+    ap.add_argument("--forms", default=",".join(FORMS), help="comma list of dispatch forms")
+    ap.add_argument("--predict", action="store_true",
+                    help="print tpusim's predictions of every program (before compiling)")
+    ap.add_argument("--write", action="store_true",
+                    help="rewrite the moe-dispatch section of docs/validation.md")
+    args = ap.parse_args()
+    if args.worker:
+        _worker(args.worker, args.form, args.dump)
+        return 0
+    if args.predict:
+        print(predictions(), end="")
+        return 0
+    if args.compile:
+        keys = [f"{n}/{f}" for n in args.programs.split(",") for f in args.forms.split(",")]
+        xla_compile.compile_into_cache(
+            keys, CACHE, lambda k: run_xla(k, args.jax_python, args.dump),
+            report=lambda k, r: f"peak {_mib(r['peak_bytes'])} MiB, collectives MiB "
+                                f"{ {c: round(v / 2**20, 2) for c, v in r['collectives'].items()} }"
+        )
+    text = section(xla_compile.load_cache(CACHE))
+    if args.write:
+        DOC.write_text(splice(DOC.read_text(), MARKER, END, text))
+        print(f"wrote {DOC.relative_to(REPO)}")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
