@@ -215,13 +215,24 @@ def _shown(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls) if f.repr)
 
 
-# Every request class is a frozen keyword-only dataclass whose `==`, hash and repr are
-# RequestBase's, one generic method each, as dataclasses would generate them (fields compared
-# and hashed as one tuple, `Name(field=value, ...)` of the fields shown). Generated per class
-# they were about 50 functions of up to 60 fields that `exec` compiled at import: 20-30 ms of
-# every command's start-up (`benchmarks/bench_startup.py`).
-request_dataclass = functools.partial(dataclass, frozen=True, kw_only=True, eq=False,
-                                      repr=False)
+@functools.cache
+def _defaults(cls: type) -> tuple[tuple[str, Any], ...]:
+    return tuple((f.name, f.default) for f in dataclasses.fields(cls) if f.init)
+
+
+def request_dataclass(cls: type) -> type:
+    """A request class: a frozen keyword-only dataclass whose constructor, `==`, hash and repr
+    are RequestBase's, one generic method each, as dataclasses would generate them (every
+    setting from its keyword or its default, then `__post_init__`; fields compared and hashed
+    as one tuple; `Name(field=value, ...)` of the fields shown). Generated per class they were
+    about 70 functions of up to 70 fields that `exec` compiled at import, 20-30 ms of every
+    command's start-up (`benchmarks/bench_startup.py`). Every field has a plain default (the
+    constructor has no `default_factory`)."""
+    cls = dataclass(frozen=True, kw_only=True, eq=False, repr=False, init=False)(cls)
+    for f in dataclasses.fields(cls):
+        if f.default is dataclasses.MISSING:
+            raise TypeError(f"{cls.__name__}.{f.name} needs a plain default (request_dataclass)")
+    return cls
 
 
 @request_dataclass
@@ -284,6 +295,12 @@ class RequestBase(metaclass=_Checked):
             elif v is not None and (conv := self.OWN_CONVERTERS.get(f.name)
                                     or CONVERTERS.get(f.name)) is not None:
                 set_(f.name, conv(str(v).strip() if isinstance(v, str) else str(v)))
+
+    def __init__(self, **settings: Any) -> None:
+        # The metaclass has refused positional and unknown settings (`_Checked`).
+        for name, default in _defaults(type(self)):
+            object.__setattr__(self, name, settings.get(name, default))
+        self.__post_init__()
 
     def _values(self) -> tuple:
         return tuple(getattr(self, name) for name in _compared(type(self)))
