@@ -54,12 +54,12 @@ def test_all_gather_form_moves_the_expert_groups_tokens_in_closed_form():
     tokens = ep * SEQ * D * A  # the expert group's tokens, gathered
     # Forward: the tokens and the combine masks gathered; the experts' outputs still go back
     # by an all-to-all for the combine (the a2a form's buffer: E x cap slots of the chip's
-    # sequence). Recomputation (remat full): the tokens gathered again, the router and masks
-    # rerun on them, no all-to-all. Backward: the output gradient gathered, the top-k weights'
-    # gradient all-reduced, the input gradient reduce-scattered.
+    # sequence). Recomputation (remat full): the tokens and masks gathered again, no
+    # all-to-all. Backward: the output gradient gathered, the top-k weights' gradient
+    # all-reduced, the input gradient reduce-scattered.
     assert coll == {
         ("ep_token_allgather", "all-gather"): 2 * tokens,
-        ("ep_mask_allgather", "all-gather"): ep * SEQ * E * cap * A,
+        ("ep_mask_allgather", "all-gather"): 2 * ep * SEQ * E * cap * A,
         ("ep_combine", "all-to-all"): E * cap * D * A * ep,
         ("ep_grad_allgather", "all-gather"): tokens,
         ("ep_topk_grad_allreduce", "all-reduce"): ep * SEQ * k * A,

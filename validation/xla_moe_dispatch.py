@@ -50,10 +50,17 @@ WIDER = dict(d_model=2048, d_ff=1024, num_experts=16, top_k=4, capacity_factor=1
              num_heads=16, head_dim=128, vocab_size=8192)
 CONFIGS = {
     "v6e_fsdp4_ep4": dict(topology="v6e:4x4", mesh={"fsdp": 4, "expert": 4}, seq=2048,
-                          moe=SMALL, gather="mixed-blocking", when="rule read off"),
+                          moe=SMALL, gather="mixed-blocking",
+                          when="first rule read off (SGD twin); second rule read off"),
     "v5e_fsdp4_ep4_e16": dict(topology="v5e:4x4", mesh={"fsdp": 4, "expert": 4}, seq=1024,
                               moe=WIDER, gather="mixed-async", held_out=True,
-                              when="after the rule (held out)"),
+                              when="after the first rule (held out); second rule read off"),
+    # Compiled after the second rule (the masks gathered again in the recomputation) was
+    # written down: the expert axis twice as long, 16 experts, devices in topology order.
+    "v6e_fsdp2_ep8_e16": dict(topology="v6e:4x4", mesh={"fsdp": 2, "expert": 8}, seq=2048,
+                              moe={**SMALL, "num_experts": 16}, gather="mixed-blocking",
+                              placement="topology", held_out=True,
+                              when="after the second rule (held out)"),
 }
 
 
@@ -64,7 +71,8 @@ CONFIGS = {
 def _worker(name: str, form: str, dump: str | None) -> None:
     cfg = CONFIGS[name]
     xla_compile.init_jax()
-    mesh, devices = xla_compile.build_mesh(cfg["topology"], cfg["mesh"])
+    mesh, devices = xla_compile.build_mesh(cfg["topology"], cfg["mesh"],
+                                           placement=cfg.get("placement", "make_mesh"))
     lowered = xla_compile.lower_moe_train(
         mesh, seq=cfg["seq"], num_layers=LAYERS, optimizer="adam", final_norm=True,
         router="maxtext", moe_tokens_gathered=form == "all-gather", **cfg["moe"])

@@ -42,12 +42,12 @@ class MoeProgram(ProgramBuilder):
         rows = rt.expert_rows_per_token
         # The all-gather form (`moe_gathered`, docs/model/moe.md "The dispatch form"):
         # the expert group's tokens are gathered and each chip runs its own experts on
-        # all of them. On the dense dispatch path the forward's router and masks run on
-        # the chip's own tokens and the masks are gathered too; the recomputation gathers
-        # only the tokens and reruns the router and masks on all of them (the compiled
-        # program's dot FLOPs: (ep - 1) x 3 router matmuls' more per layer than the
-        # all-to-all form's, recomputation and backward). Dropless (MaxText's ring of
-        # experts) the router's logits are gathered with the tokens.
+        # all of them. On the dense dispatch path the masks are built from the chip's own
+        # tokens and gathered too, forward and in the recomputation, whose router runs on
+        # the gathered tokens (the compiled program's dot FLOPs: (ep - 1) x 3 router
+        # matmuls' more per layer than the all-to-all form's, recomputation and backward).
+        # Dropless (MaxText's ring of experts) the router's logits are gathered with the
+        # tokens.
         gathered = self.moe_gathered
         ng = n * d.ep if gathered else n
         on_group = gathered and rt.dense_dispatch and tag == "re-"
@@ -65,11 +65,11 @@ class MoeProgram(ProgramBuilder):
         if rt.dense_dispatch:
             # MaxText's dropping path: one-hot dispatch and combine masks [tokens, experts,
             # capacity] (bf16), then the dispatch einsum BSM,BSEC->EBCM on the MXU.
-            mask = nr * E * rt.capacity * a
-            masks = self.vpu(f"{tag}moe_masks", 2 * nr * E * rt.capacity, 2 * mask, [topk],
+            mask = n * E * rt.capacity * a
+            masks = self.vpu(f"{tag}moe_masks", 2 * n * E * rt.capacity, 2 * mask, [topk],
                              layer, phase)
             mdeps = [masks]
-            if gathered and not on_group:
+            if gathered:
                 mag = self.coll(f"{tag}ep_mask_allgather", "all-gather", ("expert",),
                                 d.ep * n * E * rt.capacity * a, [masks], layer, phase)
                 mdeps += [mag] if mag is not None else []
