@@ -198,9 +198,23 @@ def section(cache: dict) -> str:
              "mixed-blocking` on v6e, `mixed-async` on v5e). Dot FLOPs per chip as tpusim's "
              "HLO importer counts them; XLA's peak is `memory_analysis()`'s; collective MiB "
              "per chip in tpusim's convention, XLA / tpusim, of the collectives over "
-             "`expert` alone (the dispatch's), then every collective's total. The v6e pair is "
-             "the one the form's costs were read off; the v5e pair (twice the width, 16 experts "
-             "top-4, capacity factor 1.5) was compiled after they were written down.", "",
+             "`expert` alone (the dispatch's), then every collective's total.", "",
+             "How the all-gather form's rules were checked: its first costs were read off an "
+             "SGD twin of the v6e fsdp=4 x expert=4 program (no final norm) and written down "
+             "with tpusim's predictions before the v6e and v5e pairs below were compiled. "
+             "Both refuted one of them: the combine masks are gathered again in the "
+             "recomputation (over expert +80 MiB a layer on v6e, +48 MiB on v5e), which the "
+             "SGD twin did not do; dot FLOPs and every other collective over expert were as "
+             "predicted. That second rule was written down, with new predictions, before the "
+             "v6e fsdp=2 x expert=8 pair (16 experts, devices in topology order) was "
+             "compiled: it is the held-out check, every collective over expert as predicted. "
+             "The peak is the form's open miss: tpusim models no HBM for the gathered tokens "
+             "and masks (the MoE masks are outside its memory model in either form), and "
+             "XLA's all-gather-form peak is 50, 41 and 168 MiB above its all-to-all form's "
+             "on the three programs (the gathered masks are 80, 48 and 160 MiB), where "
+             "tpusim's moves by 0, -16 and 0 MiB. Outside the expert axis, on the fsdp=2 "
+             "program XLA gathers and reduce-scatters 24 MiB less over fsdp than tpusim (the "
+             "experts' weights over a 2-chip fsdp group), in both forms.", "",
              "| program | compiled | form | dot TFLOP, XLA / tpusim | XLA peak MiB | tpusim | "
              "error | over expert, MiB XLA / tpusim | all collectives MiB, XLA / tpusim |",
              "|---|---|---|---|---:|---:|---:|---|---:|"]
