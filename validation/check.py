@@ -63,8 +63,9 @@ def _maxtext(texts: dict[str, str]) -> tuple[dict[str, str], list[str]]:
     preds = maxtext_predict.predict_all(cases)
     stats = maxtext_predict.summary(preds)
     new = maxtext_doc.updated(texts[VALIDATION_MD], cases, skips, preds, stats, fits)
-    notes = [f"STALE fit ({n}): re-run the fit, `python -m validation.maxtext --write --jobs "
-             "2`" for n in maxtext_doc.stale_fits(fits, cases, preds)]
+    notes = [f"STALE fit ({n[6:]}): re-run the fit, `python -m validation.maxtext --write "
+             "--jobs 2`" if n.startswith("STALE ") else f"fit: {n}"
+             for n in maxtext_doc.stale_fits(fits, cases, preds)]
     return {VALIDATION_MD: new}, notes
 
 
@@ -142,10 +143,13 @@ def _cached_xla(module: str, texts):
     side from the cache, tpusim's recomputed; skipped while the document lacks it."""
     # deferred: as every section's (above)
     import importlib
+    import importlib.util
 
     from validation import xla_compile
     from validation.template import splice
 
+    if importlib.util.find_spec(f"validation.{module}") is None:
+        return texts, [f"skipped: validation/{module}.py is not in this tree"]
     mod = importlib.import_module(f"validation.{module}")
     doc = texts[VALIDATION_MD]
     if mod.MARKER not in doc:
