@@ -838,3 +838,42 @@ def test_replay_of_a_missing_file_hints_at_what_makes_that_kind_of_file(capsys, 
     assert says in err and never not in err
     assert err.startswith("tpusim: error: HLO file " if ".hlo" in name else
                           "tpusim: error: trace file ")
+
+
+# -- one command's parser ------------------------------------------------------------------------
+ONE_COMMAND_LINES = [
+    ["collective", "--chip", "v5e", "--shape", "4x4", "--op", "all-gather", "--axes", "x",
+     "--bytes", "1MiB"],
+    ["--quiet", "train", "--chip", "v5e", "--shape", "4x4", "--model", "llama3-8b",
+     "--seq-len", "4096", "--batch-per-chip", "1", "--mesh", "fsdp=16", "--set",
+     "ici_link_bytes_per_s=x2"],
+    ["decode", "--slice", "v5e-8", "--model", "llama3-8b", "--batch", "8", "--context-len",
+     "1024", "--mesh", "tensor=8"],
+    ["plan", "--serve", "--slice", "v5e-8", "--model", "llama3-8b", "--slo", "ttft=0.5"],
+    ["presets", "--json"],
+    ["rerun", "result.json", "--check"],
+]
+
+
+@pytest.mark.parametrize("argv", ONE_COMMAND_LINES, ids=lambda a: a[0] if a[0] != "--quiet"
+                         else a[1])
+def test_a_command_line_parses_the_same_with_its_command_alone(argv):
+    """`main` builds only the named command's parser (`parser_for`): the namespace is the full
+    parser's, field for field (the oracle), and no other command's parser is built."""
+    from sim.cli import parse, parser_for
+
+    one, full = parser_for(argv), build_parser()
+    got, want = vars(parse(argv, parser=one)), vars(parse(argv, parser=full))
+    assert len(one.get_default("commands")) == 1
+    for d in (got, want):
+        d.pop("parser"), d.pop("commands")
+    assert got == want
+
+
+def test_a_misspelt_command_gets_the_whole_parser_and_its_suggestion(capsys):
+    from sim.cli import parser_for
+
+    assert len(parser_for(["trian", "--chip", "v5e"]).get_default("commands")) > 20
+    assert len(parser_for(["--help"]).get_default("commands")) > 20
+    assert main(["trian", "--chip", "v5e"]) == 2
+    assert "train" in capsys.readouterr().err

@@ -35,7 +35,7 @@ from sim.cli import (
     studies,
     training,
 )
-from sim.cli.common import Parser, flag_spelling, request_of
+from sim.cli.common import OneCommand, Parser, flag_spelling, request_of
 from sim.cli.progress import terminal_progress
 from sim.runs.convert import parse_bytes, parse_coords
 from topologies.errors import TpusimError
@@ -45,16 +45,32 @@ from topologies.validate import short_repr
 __all__ = ["build_parser", "main", "parse", "parse_bytes", "parse_coords", "request_from_argv"]
 
 
-def build_parser() -> Parser:
+def build_parser(only: str | None = None) -> Parser:
+    """The `tpusim` parser with every command (`only`: with that command's alone, which is all
+    a command line that names it needs)."""
     p = Parser(prog="tpusim", description="Discrete-event simulator of TPU pods.")
     p.add_argument("--quiet", action="store_true",
                    help="no progress bars (they only appear on a terminal, on stderr, after 1 s)")
     sub = p.add_subparsers(dest="command", parser_class=Parser)
+    target = sub if only is None else OneCommand(sub, only)
     for family in (collectives, training, inference, serving, goodput, studies, reruns, hlo,
                    chakra):
-        family.register(sub)
+        family.register(target)
     p.set_defaults(commands=sub.choices)
     return p
+
+
+def parser_for(argv: Sequence[str] | None) -> Parser:
+    """The parser of a command line: the named command's alone when the line names a command
+    (its first word not an option), else every command's (`--help`, a bare `tpusim` and a
+    misspelt command, whose error lists them all)."""
+    words = serve_plan_argv(sys.argv[1:] if argv is None else list(argv))
+    name = next((w for w in words if not w.startswith("-")), None)
+    if name is not None:
+        p = build_parser(only=name)
+        if name in p.get_default("commands"):
+            return p
+    return build_parser()
 
 
 def parse(argv: Sequence[str] | None, *, parser: Parser | None = None) -> argparse.Namespace:
@@ -121,7 +137,7 @@ def dispatch(parser: Parser, argv: Sequence[str] | None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    parser = parser_for(argv)
     try:
         return dispatch(parser, argv)
     except TpusimError as exc:

@@ -15,6 +15,7 @@ from sim.cli.common import (
     fmt_time,
     print_energy,
     print_failures,
+    register_commands,
     request_of,
 )
 from sim.runs.requests import CONVERTERS, CollectiveRequest, CompareCollectivesRequest
@@ -394,28 +395,34 @@ def _print_power(sources: dict[str, dict[str, dict]]) -> None:
     print()
 
 
-def register(sub) -> None:
-    c = add_command(sub, "collective", "simulate one collective", cmd_collective,
+def _register_collective(sub, name: str) -> None:
+    c = add_command(sub, name, "simulate one collective", cmd_collective,
                     set_scope=CollectiveRequest.SET_SCOPE)
     _add_collective_args(c, with_algorithm=True)
     c.add_argument("--out", help="write links/timeline tables (CSV+Parquet) and summary.json")
     c.add_argument("--perfetto", help="write a Perfetto trace (.pftrace, or .json for Chrome)")
     c.add_argument("--plots", help="write PNG plots (links on the torus, step timeline) here")
 
+
+def _register_compare(sub, name: str) -> None:
     # compare-collectives runs every algorithm, so collective.algorithm is not its to take.
-    cc = add_command(sub, "compare-collectives", "one collective under every algorithm",
+    cc = add_command(sub, name, "one collective under every algorithm",
                      cmd_compare, set_scope=CompareCollectivesRequest.SET_SCOPE)
     _add_collective_args(cc, with_algorithm=False)
     cc.add_argument("--perfetto",
                     help="write every algorithm's steps as one trace, a process per algorithm")
 
-    tp = add_command(sub, "topology", "diameter, hops, bisection and all-to-all bound of a "
+
+def _register_topology(sub, name: str) -> None:
+    tp = add_command(sub, name, "diameter, hops, bisection and all-to-all bound of a "
                      "slice (with --twist: plain against twisted; chip v4 unless --chip or "
                      "--slice says)", cmd_topology, set_scope=("chip",))
     tp.add_argument("--json", action="store_true", help="print one JSON object")
 
-    pr = sub.add_parser("presets", help="list chip presets (with the source of every efficiency "
-                                         "factor) and named slices")
+
+def _register_presets(sub, name: str) -> None:
+    pr = sub.add_parser(name, help="list chip presets (with the source of every efficiency "
+                                   "factor) and named slices")
     pr.add_argument("--chip", help="one chip: a preset name or a chip YAML file; with --json, "
                                    "print it as a chip file (tpusim presets --json --chip v5p "
                                    "> my.yaml)")
@@ -423,3 +430,9 @@ def register(sub) -> None:
                     help="print chips (under the chip YAML keys), the source of every "
                          "efficiency factor and the slices as one JSON object")
     pr.set_defaults(func=cmd_presets)
+
+
+def register(sub) -> None:
+    register_commands(sub, [("collective", _register_collective),
+                            ("compare-collectives", _register_compare),
+                            ("topology", _register_topology), ("presets", _register_presets)])

@@ -162,5 +162,5 @@ def _register_make(sub, name: str) -> None:
 
 
 def register(sub) -> None:
-    _register_import(sub, "import-hlo")
-    _register_make(sub, "make-hlo-fixture")
+    cli.register_commands(sub, [("import-hlo", _register_import),
+                                ("make-hlo-fixture", _register_make)])

@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from sim.cli.common import flag_spelling
+from sim.cli.common import flag_spelling, register_commands
 from topologies.errors import render_said
 
 
@@ -32,9 +32,13 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub) -> None:
-    p = sub.add_parser("rerun", help="run a recorded result again from its inputs")
+def _register_rerun(sub, name: str) -> None:
+    p = sub.add_parser(name, help="run a recorded result again from its inputs")
     p.add_argument("result", help="a --json result, or an --out directory's summary.json")
     p.add_argument("--check", action="store_true",
                    help="exit 1 (naming the fields) if the new result is not byte-identical")
     p.set_defaults(func=cmd_rerun)
+
+
+def register(sub) -> None:
+    register_commands(sub, [("rerun", _register_rerun)])
