@@ -132,10 +132,12 @@ def hbm_peak_lower_bound(trace, off_core: Iterable[int] = ()) -> float:
     after its dependencies, which are earlier ops (lower ids). So when core op X's events have
     been applied, every earlier core op and every ancestor of those has ended and was applied
     first; anything else applied by then is an op off the core (a collective or a host
-    transfer) that X does not wait for, and it can only have added memory if no op off the
-    core has a net negative delta. Under that condition the level after X is at least static +
-    the deltas of X, the earlier core ops and all their ancestors: the largest of these over X
-    is the bound. 0 when the condition fails or the trace has no events (no bound).
+    transfer) that X does not wait for. Such an op with a net positive delta only adds memory;
+    one with a net negative delta (a free at a collective, e.g. the embedding gradient's
+    reduce-scatter over tensor) is counted as if it had ended before every op, so the level
+    after X is at least static + every off-core op's net negative delta + the deltas of X, the
+    earlier core ops and all their ancestors (the off-core negatives once): the largest of
+    these over X is the bound. 0 when the trace has no events (no bound).
     `off_core`: ops the core skips although of a core kind (a pipeline stage's receives,
     completed by the peer's send)."""
     meta = trace.meta
@@ -156,9 +158,11 @@ def hbm_peak_lower_bound(trace, off_core: Iterable[int] = ()) -> float:
         return o.id not in skipped and (o.kind in (OpKind.COMPUTE, OpKind.IDLE) or
                                         (o.kind == OpKind.COLLECTIVE and not overlap))
 
-    if any(delta[o.id] < 0 for o in ops if not on_core(o)):
-        return 0.0
     level = static_hbm_bytes(meta)
+    for o in ops:
+        if delta[o.id] < 0 and not on_core(o):
+            level += delta[o.id]  # freed as early as it could be
+            delta[o.id] = 0.0
     peak = level
     ended = [False] * len(ops)
     for x in ops:
