@@ -1,10 +1,11 @@
 """docs/validation.md's generated tables are what the code now produces: a handful of rows
 across the sections recomputed with the scripts' own code (a held-out MaxText run on one and on
 four slices, a run no rule or fit used, an XLA peak-HBM row from its cache, an imported HLO
-fixture's table, the energy and twisted-tori sections whole) and compared with the committed
-text, a few CPU-s; `python -m validation.check` regenerates every section (validation/README.md
-gives its cost). And the check itself: it names a stale section, and each script's splice
-leaves the rest of the document as it is."""
+fixture's table, the energy and twisted-tori sections whole, the saved fit's objective on
+v5e's fit half) and compared with the committed text, about 6 CPU-s; `python -m
+validation.check` regenerates every section (validation/README.md gives its cost). And the
+check itself: it names a stale section, and each script's splice leaves the rest of the
+document as it is."""
 
 from __future__ import annotations
 
@@ -132,3 +133,23 @@ def test_every_generated_section_of_the_docs_is_one_the_check_regenerates():
         assert check.unregistered(path, text) == [], path
     assert check.unregistered(check.VALIDATION_MD, DOC + "\n<!-- new-table -->\n") == [
         "<!-- new-table -->"]
+
+
+def test_the_saved_fit_holds_on_the_current_code_and_a_moved_objective_is_stale():
+    # v5e's fit half (its runs are the cheapest to predict, about 2 CPU-s): at the shipped
+    # preset, which is the saved fit's point, the objective is the saved one.
+    import dataclasses
+
+    from validation.maxtext_fit import subset_cases
+
+    fit = next(f for f in maxtext_doc.load_fits() if (f.generation, f.subset, f.custom_remat)
+               == ("v5e", "odd", maxtext_runs.NAMED))
+    cases, _ = maxtext_runs.load_cases(maxtext_runs.RUNS_FILE)
+    preds = [maxtext_predict.predict(c) for c in subset_cases(cases, "v5e", "odd")]
+    assert maxtext_doc.stale_fits([fit], cases, preds) == []
+    moved = maxtext_doc.stale_fits([dataclasses.replace(fit, objective=fit.objective + 1e-3)],
+                                   cases, preds)
+    assert len(moved) == 1 and moved[0].startswith("STALE v5e odd half")
+    tiny = maxtext_doc.stale_fits([dataclasses.replace(fit, objective=fit.objective + 1e-8)],
+                                  cases, preds)
+    assert len(tiny) == 1 and "below the 4 decimals" in tiny[0]
