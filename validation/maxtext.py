@@ -8,18 +8,22 @@ time under the shipped chip presets and compares it with the measured step time:
     .venv/bin/python -m validation.maxtext            # table + median errors
     .venv/bin/python -m validation.maxtext --fit      # also re-run the factor fit
     .venv/bin/python -m validation.maxtext --write    # fit + regenerate docs/validation.md
+    .venv/bin/python -m validation.maxtext --write --reuse-fits validation/results/maxtext_fits.json
+
+`--write` also saves the fit to `validation/results/maxtext_fits.json`, which `--reuse-fits`
+and `python -m validation.check` (is every generated section current?) read.
 
 The error is `(predicted - measured) / measured` of the step time (tokens/s per chip is
 `batch x seq / step`, so its error is the reciprocal one). Medians are of the absolute error.
 Cases graded `low` by the reference are shown, but kept out of the headline medians and the fit.
 
-The fit (`--fit`, `--write`; a few minutes) works per chip generation on physics knobs only,
-never a per-case constant: `mxu_efficiency` on a 0.01 grid minimising the mean absolute log error
-on the odd-indexed cases of that generation (file order), with the even-indexed ones held out;
-`hbm_efficiency` and `ici_efficiency` are scanned (MXU re-optimised) on both halves to test
-whether the data identify them; the same fit on the even half and with the other mappings of
-MaxText's custom remat policies checks robustness. The output is deterministic (no timings, no
-dates, independent of `--jobs`).
+The fit (`--fit`, `--write`; 600-1,100 CPU-s, validation/README.md) works per chip generation on
+physics knobs only, never a per-case constant: `mxu_efficiency` on a 0.01 grid minimising the
+mean absolute log error on the odd-indexed cases of that generation (file order), with the
+even-indexed ones held out; `hbm_efficiency` and `ici_efficiency` are scanned (MXU re-optimised)
+on both halves to test whether the data identify them; the same fit on the even half and with
+the other mappings of MaxText's custom remat policies checks robustness. The output is
+deterministic (no timings, no dates, independent of `--jobs`).
 """
 
 from __future__ import annotations
@@ -52,7 +56,8 @@ from validation.maxtext_tables import print_fits, print_summary, print_table, sh
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=Path, default=RUNS_FILE, help="maxtext_runs.json to use")
-    ap.add_argument("--fit", action="store_true", help="re-run the efficiency fit (~1-2 min)")
+    ap.add_argument("--fit", action="store_true",
+                    help="re-run the efficiency fit (600-1,100 CPU-s)")
     ap.add_argument("--write", action="store_true",
                     help=f"fit and regenerate {DOC_FILE.relative_to(ROOT)}")
     ap.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1),
