@@ -12,6 +12,8 @@ import pytest
 from sim.cli import main
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
+from validation import xla_compile
+from validation import xla_progflags as xp
 from workloads.memory import LayerShapeSpec, saved_tensors
 from workloads.training import TrainingConfig, compile_training_step
 from workloads.training.config import training_config_to_dict
@@ -199,3 +201,55 @@ def test_train_takes_both_flags_and_records_them_only_when_set(tmp_path, capsys)
     assert (flags["mlp-act-dtype"], flags["embed-lookup"]) == ("fp32", "all-gather")
     assert main(base + ["--embed-lookup", "gather"]) == 2
     assert "embed-lookup" in capsys.readouterr().err
+
+
+# -- against the saved XLA compiles --------------------------------------------------------------
+
+def _tpusim_counts(name, form):
+    cfg = xp.CONFIGS[name]
+    mesh = ",".join(f"{k}={v}" for k, v in xp.MESHES[cfg["mesh"]].items())
+    choice = {"mlp_act_dtype" if cfg["flag"] == "mlp" else "embed_lookup": form}
+    t = compile_training_step(
+        model_from_dict(xla_compile.tpusim_model_dict(xla_compile.SMALL, xp.LAYERS,
+                                                      "xla-progflags")),
+        parse_mesh(mesh), 16,
+        TrainingConfig(seq_len=xp.SEQ, batch_per_chip=xp.BATCH_PER_CHIP, remat=cfg["remat"],
+                       attention="dot", tp_activations="replicated",
+                       fsdp_gather="mixed-async" if cfg["chip"] == "v5e" else "mixed-blocking",
+                       **choice))
+    return xla_compile.trace_counts(t.ops), t
+
+
+def test_the_flags_against_the_saved_xla_compiles(tmp_path, capsys):
+    """validation/results/xla_progflags.json (no jax needed): dot FLOPs by type exact on every
+    program; the embedding forms' all-to-all and all-reduce bytes exact and their other
+    changes (the table's gather) within 2%; the f32 stack's extra bytes without remat within
+    1% of XLA's on both meshes (v5e read off, v5p held out)."""
+    cache = xla_compile.load_cache(xp.CACHE)
+    for key, x in cache.items():
+        t, _ = _tpusim_counts(*key.split("/"))
+        assert t["dot_flops"] == pytest.approx(x["dot_flops"], rel=1e-9), key
+    for name in ("embed_v5e_fsdp_tp_full", "embed_v5e_fsdp_full"):
+        for form in ("auto", "all-gather"):
+            t, _ = _tpusim_counts(name, form)
+            xk, tk = cache[f"{name}/{form}"]["collective_bytes_by_kind"], \
+                t["collective_bytes_by_kind"]
+            for kind in ("all-to-all", "all-reduce"):
+                assert tk.get(kind, 0.0) == pytest.approx(xk.get(kind, 0.0), rel=1e-3,
+                                                          abs=1e6), (name, form, kind)
+        xg = [cache[f"{name}/{f}"]["collective_bytes_by_kind"]["all-gather"]
+              for f in ("auto", "all-gather")]
+        tg = [_tpusim_counts(name, f)[0]["collective_bytes_by_kind"]["all-gather"]
+              for f in ("auto", "all-gather")]
+        assert tg[1] - tg[0] == pytest.approx(xg[1] - xg[0], rel=0.02), name
+    model = tmp_path / "model.yaml"
+    model.write_text(xla_compile.tpusim_model_yaml(
+        xla_compile.tpusim_model_dict(xla_compile.SMALL, xp.LAYERS, "xla-progflags")))
+    for name in ("mlp_v5e_fsdp_none", "mlp_v5p_fsdp_tp_none"):
+        xd = cache[f"{name}/fp32"]["hbm_peak_bytes"] - cache[f"{name}/bf16"]["hbm_peak_bytes"]
+        peaks = []
+        for form in ("bf16", "fp32"):
+            assert main(["train", "--model", str(model), "--json",
+                         *xp.tpusim_flags(name, form)]) == 0
+            peaks.append(json.loads(capsys.readouterr().out)["hbm_peak_bytes"])
+        assert peaks[1] - peaks[0] == pytest.approx(xd, rel=0.01), name
