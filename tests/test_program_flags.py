@@ -123,15 +123,19 @@ def test_all_gather_gathers_the_table_and_reduce_scatters_its_gradient():
     head = "fsdp_grad_reducescatter_embed"
     assert _op(ag, head).bytes == _op(auto, head).bytes == V * D * 2
     # The gathered table is held from its gather to the lookup, the whole gradient from the
-    # scatter-add to the reduce-scatter.
+    # scatter-add to the update.
     ev = [(ag.ops[i].name, cat, d) for i, cat, d in ag.meta.memory_events
           if abs(d) == V * D * 2 and ag.ops[i].name in (
-              "fsdp_allgather_embed_lookup", "embed_lookup", "embed_grad_scatter_add", rs)]
-    assert len(ev) == 4
+              "fsdp_allgather_embed_lookup", "embed_lookup", "embed_grad_scatter_add")]
+    assert len(ev) == 3
+    upd = {ag.ops[i].name: d for i, cat, d in ag.meta.memory_events if cat == "gradients"
+           and ag.ops[i].name == "adam_update"}
+    base = {auto.ops[i].name: d for i, cat, d in auto.meta.memory_events
+            if cat == "gradients" and auto.ops[i].name == "adam_update"}
+    assert upd["adam_update"] - base["adam_update"] == -V * D * 2
     assert ("fsdp_allgather_embed_lookup", "gathered_weights", V * D * 2) in ev
     assert ("embed_lookup", "gathered_weights", -V * D * 2) in ev
     assert ("embed_grad_scatter_add", "gradients", V * D * 2) in ev
-    assert (rs, "gradients", -V * D * 2) in ev
 
 
 @pytest.mark.parametrize("form", ["auto", "all-to-all"])
@@ -142,9 +146,9 @@ def test_under_tensor_the_rows_go_into_a_whole_vocabulary_table_reduced_over_ten
     n = N * 2  # tokens per chip: the activations are replicated over tensor
     assert _op(t, "embed_grad_scatter_add").hbm_bytes == 3 * n * D * 2 + 2 * whole
     assert _op(t, "tp_embed_grad_reducescatter").bytes == whole
-    ev = [(t.ops[i].name, d) for i, cat, d in t.meta.memory_events if cat == "temporaries"
-          and t.ops[i].name in ("embed_grad_scatter_add", "tp_embed_grad_reducescatter")]
-    assert ev == [("embed_grad_scatter_add", whole), ("tp_embed_grad_reducescatter", -whole)]
+    # No memory event on the collective (the planner's HBM bound needs none that frees).
+    assert not [e for e in t.meta.memory_events
+                if t.ops[e[0]].name == "tp_embed_grad_reducescatter"]
     # Without tensor the rows are scattered into the chip's own shard.
     assert "tp_embed_grad_reducescatter" not in _names(_trace(embed_lookup=form))
 

@@ -38,6 +38,7 @@ class StepState:
     # An untied input table gathered over its FSDP shards for the lookup (`embed_lookup`
     # all-gather): its gradient is computed whole and reduce-scattered over them.
     lookup_gathered: bool = False
+    gathered_grad_held: float = 0.0  # that table's whole gradient, held until the update
 
 
 class GradientReductions(ProgramBuilder):

@@ -559,11 +559,15 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
         auto = self.cfg.embed_lookup == "auto"
         if st.lookup_gathered:
             # The gathered table's gradient: every chip scatter-adds its own rows into a zero
-            # table of the whole width, held until a plain collective of its own sums it
-            # (not the output projection's windowed ring): `xla.gathered_table_grad_kind`.
+            # table of the whole width, summed by a plain collective of its own (not the
+            # output projection's windowed ring): `xla.gathered_table_grad_kind`. The table
+            # is held from the first microbatch's scatter-add to the update (a compute op:
+            # a free on the collective would void the planner's HBM bound).
             emb_bwd = self.vpu("embed_grad_scatter_add", n * D,
                                3 * n * D * a + 2 * table_v, [emb_bwd], -1, "bwd")
-            self.mem(emb_bwd, G.GRADIENTS, table_v)
+            if not st.gathered_grad_held:
+                self.mem(emb_bwd, G.GRADIENTS, table_v)
+                st.gathered_grad_held = table_v
             if xla.gathered_table_grad_kind(tensor=d.tp) == "all-reduce":
                 # All-reduced whole over data x fsdp, each chip keeping its shard (the
                 # data-parallel sum included, as `embed_grad_table_allreduce` above).
@@ -573,7 +577,6 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
             else:
                 rs = self.coll("fsdp_grad_reducescatter_embed_lookup", "reduce-scatter",
                                A2A_AXES, table_v, [emb_bwd], -1, "bwd")
-            self.mem(rs if rs is not None else emb_bwd, G.GRADIENTS, -table_v)
             if rs is not None:
                 st.last_grad_ops.append(rs)
                 emb_bwd = rs
@@ -607,16 +610,16 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
                            self.fsdp_shards * n * D * a, [emb_bwd] + tok, -1, "bwd")
             # With the vocabulary split over `tensor` the rows are scatter-added into a table
             # of the whole vocabulary on every tensor shard, summed over `tensor` and sliced
-            # to the chip's shard (`xla.embedding_grad_whole_vocab`).
+            # to the chip's shard (`xla.embedding_grad_whole_vocab`). The table is not held
+            # in the memory model: it lives after the backward loop, and a free on the
+            # collective would void the planner's HBM bound (`plan_bounds`).
             whole = m.vocab_size * D / self.fsdp_shards * a \
                 if xla.embedding_grad_whole_vocab(tensor=d.tp) else 0.0
             emb_bwd = self.vpu("embed_grad_scatter_add", n * D, 3 * n * D * a + 2 * whole,
                                [emb_bwd] + ([ga] if ga is not None else []), -1, "bwd")
             if whole:
-                self.mem(emb_bwd, G.TEMPORARIES, whole)
                 rs = self.coll("tp_embed_grad_reducescatter", "reduce-scatter", ("tensor",),
                                whole, [emb_bwd], -1, "bwd")
-                self.mem(rs if rs is not None else emb_bwd, G.TEMPORARIES, -whole)
                 emb_bwd = rs if rs is not None else emb_bwd
         return emb_bwd
 
@@ -658,7 +661,8 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
         upd = self.vpu(f"{self.opt.value}_update", self.opt.update_flops_per_param * p_local,
                        p_local * (2 * self.wb + self.gb + 2 * self.state_bytes_per_param),
                        [st.prev_compute] + st.last_grad_ops, -1, "optimizer")
-        self.mem(upd, G.GRADIENTS, -max(p_local * self.gh, st.grads_allocated))
+        self.mem(upd, G.GRADIENTS, -max(p_local * self.gh, st.grads_allocated)
+                 - st.gathered_grad_held)
         if self.wc != self.wb and not self.cast_per_pass:
             # A pipeline chunk's cast, last and alone (so its passes hold none): the stage
             # composition, the pass-level schedule and the plan's bound run it once, before
