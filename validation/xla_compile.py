@@ -519,3 +519,72 @@ def tpusim_step(model: dict, flags: list[str], source: str) -> tuple[dict, objec
     from workloads.trace import Trace
 
     return json.loads(run.stdout), Trace.from_json(trace, source=source)
+
+
+# -- the dense decoder's one-choice cross-checks -----------------------------------------------
+# validation/xla_int8.py, xla_logits.py and xla_progflags.py compile one decoder (SMALL widths,
+# DENSE_LAYERS scanned layers, dot attention, bf16 params, Adam) on the same pods, meshes and
+# batch, varying one choice (the weight matmuls' format, the logits dot's dtype, the MLP's
+# activation dtype, the embedding lookup), and run tpusim on the same step: these are their
+# shared pieces. A program's settings name its `chip` and `mesh` (keys of the tables below)
+# and its `remat`.
+DENSE_CHIPS = {"v5e": ("v5e:4x4", ["--chip", "v5e", "--shape", "4x4"]),
+               "v5p": ("v5p:2x2x4", ["--chip", "v5p", "--shape", "2x2x4"])}
+DENSE_MESHES = {"fsdp": {"fsdp": 16}, "fsdp_tp": {"fsdp": 4, "tensor": 4}}
+DENSE_LAYERS, DENSE_SEQ, DENSE_BATCH_PER_CHIP = 4, 2048, 2
+
+
+def dense_mesh(cfg: dict):
+    """(jax python) The program's (mesh, devices) on its physical topology."""
+    return build_mesh(DENSE_CHIPS[cfg["chip"]][0], DENSE_MESHES[cfg["mesh"]],
+                      placement="topology")
+
+
+def compile_dense_step(model, name: str, form: str, n_chips: int, remat: str, dump: str) -> None:
+    """(jax python) Compile `model`'s training step on the dense programs' batch (tokens split
+    over fsdp) and emit the worker's result: memory statistics and the HBM peak of XLA's buffer
+    assignment; the module is kept in `dump` for `compile_form` to read back."""
+    # deferred: jax is optional (the jax[tpu] python that compiles has it)
+    import jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+
+    from validation import xla_live_ranges
+
+    params = model.params(DENSE_LAYERS, stacked=True)
+    tokens = model.sds((int(DENSE_BATCH_PER_CHIP * n_chips), DENSE_SEQ), P("fsdp", None),
+                       jnp.int32)
+    compiled = model.lower_train(params, tokens, remat=remat, scan=True).compile()
+    text = compiled.as_text()
+    out = {"config": name, "form": form, "num_chips": int(n_chips), **memory_stats(compiled),
+           "hbm_peak_bytes": int(xla_live_ranges.hbm_peak(Path(dump)))}
+    Path(dump, "module.hlo.txt.gz").write_bytes(gzip.compress(text.encode()))
+    emit(out)
+
+
+def dense_tpusim_flags(cfg: dict, choice: list[str]) -> list[str]:
+    """`tpusim train` flags of the same step, with the `choice` flags the program varies."""
+    mesh = ",".join(f"{k}={v}" for k, v in DENSE_MESHES[cfg["mesh"]].items())
+    gather = "mixed-async" if cfg["chip"] == "v5e" else "mixed-blocking"
+    return [*DENSE_CHIPS[cfg["chip"]][1], "--mesh", mesh, "--seq-len", str(DENSE_SEQ),
+            "--batch-per-chip", str(DENSE_BATCH_PER_CHIP), "--remat", cfg["remat"],
+            "--attention", "dot", "--tp-activations", "replicated", "--fsdp-gather", gather,
+            *choice]
+
+
+def dense_tpusim_side(model_name: str, flags: list[str], source: str) -> dict:
+    """tpusim's step of a dense program: HBM peak (and its breakdown) and `trace_counts`."""
+    doc, trace = tpusim_step(tpusim_model_dict(SMALL, DENSE_LAYERS, model_name), flags, source)
+    return {"hbm_peak_bytes": doc["hbm_peak_bytes"], **trace_counts(trace.ops),
+            "hbm_peak_breakdown": doc["hbm_peak_breakdown"]}
+
+
+def dense_describe(cfg: dict) -> str:
+    """A dense program's row label: physical topology, mesh, remat."""
+    mesh = " x ".join(f"{k}={v}" for k, v in DENSE_MESHES[cfg["mesh"]].items())
+    return f"{DENSE_CHIPS[cfg['chip']][0]} {mesh}, remat {cfg['remat']}"
+
+
+def dots_report(_key: str, result: dict) -> str:
+    """`compile_into_cache`'s line for a compiled dense program: its peak and dot FLOPs."""
+    dots = {d: round(v / 1e12, 4) for d, v in result["dot_flops"].items()}
+    return f"peak {result['hbm_peak_bytes'] / 1e9:.3f} GB, dots {dots}"

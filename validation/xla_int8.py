@@ -33,13 +33,12 @@ Run (the XLA side needs a python with jax[tpu]==0.10.2 and aqtp; docs/xla_crossc
 from __future__ import annotations
 
 import argparse
-import gzip
 import os
 import sys
 import tempfile
 from pathlib import Path
 
-from validation import xla_compile, xla_live_ranges
+from validation import xla_compile
 from validation.template import splice
 
 REPO = xla_compile.REPO
@@ -47,14 +46,11 @@ CACHE = xla_compile.RESULTS / "xla_int8.json"
 DOC = REPO / "docs" / "validation.md"
 MARKER = "<!-- int8 -->"
 END = "<!-- /int8 -->"
-LAYERS = 4
-
-# Physical topology and tpusim pod flags.
-CHIPS = {
-    "v5e": ("v5e:4x4", ["--chip", "v5e", "--shape", "4x4"]),
-    "v5p": ("v5p:2x2x4", ["--chip", "v5p", "--shape", "2x2x4"]),
-}
-MESHES = {"fsdp": {"fsdp": 16}, "fsdp_tp": {"fsdp": 4, "tensor": 4}}
+# The dense decoder's programs (`xla_compile.DENSE_*`, shared with xla_logits and
+# xla_progflags).
+CHIPS, MESHES = xla_compile.DENSE_CHIPS, xla_compile.DENSE_MESHES
+LAYERS, SEQ, BATCH_PER_CHIP = (xla_compile.DENSE_LAYERS, xla_compile.DENSE_SEQ,
+                               xla_compile.DENSE_BATCH_PER_CHIP)
 
 # name -> settings. `compiled`: when, relative to the rules of docs/model/int8.md (held out:
 # compiled after the rules it checks were written down, with tpusim's peak written down
@@ -76,7 +72,6 @@ CONFIGS = {
                                               remat="save_dot_except_mlpwi",
                                               compiled="held out"),
 }
-SEQ, BATCH_PER_CHIP = 2048, 2
 # The program's two forms: AQT int8 weight matmuls, and the same program in bf16.
 FORMS = ("int8", "bf16")
 
@@ -122,32 +117,20 @@ def _worker(name: str, form: str, dump: str | None) -> None:
         xla_compile.init_jax(dump)
         # jax is optional: imported only where a program is compiled (the jax[tpu] python).
         import jax
-        import jax.numpy as jnp
         from jax.sharding import PartitionSpec as P
 
         # MaxText's PRNG (train.py: jax_default_prng_impl = unsafe_rbg).
         jax.config.update("jax_default_prng_impl", "unsafe_rbg")
         cfg = CONFIGS[name]
-        mesh, devices = xla_compile.build_mesh(CHIPS[cfg["chip"]][0], MESHES[cfg["mesh"]],
-                                               placement="topology")
-        n_chips = devices.size
-        bs = "fsdp"
+        mesh, devices = xla_compile.dense_mesh(cfg)
         remat = cfg["remat"]
         if remat not in ("none", "full", "minimal"):
             from jax.ad_checkpoint import checkpoint_name as tag
         else:
             tag = xla_compile._identity_tag
-        model = xla_compile.Decoder(mesh, xla_compile.SMALL, act_spec=P(bs, None, None),
+        model = xla_compile.Decoder(mesh, xla_compile.SMALL, act_spec=P("fsdp", None, None),
                                     tag=tag, weight_dot=aqt_dot() if form == "int8" else None)
-        params = model.params(LAYERS, stacked=True)
-        tokens = model.sds((int(BATCH_PER_CHIP * n_chips), SEQ), P(bs, None), jnp.int32)
-        compiled = model.lower_train(params, tokens, remat=remat, scan=True).compile()
-        text = compiled.as_text()
-        out = {"config": name, "form": form, "num_chips": int(n_chips),
-               **xla_compile.memory_stats(compiled),
-               "hbm_peak_bytes": int(xla_live_ranges.hbm_peak(Path(dump)))}
-        Path(dump, "module.hlo.txt.gz").write_bytes(gzip.compress(text.encode()))
-        xla_compile.emit(out)
+        xla_compile.compile_dense_step(model, name, form, devices.size, remat, dump)
 
 
 # --------------------------------------------------------------------------------------------
@@ -162,23 +145,14 @@ def run_xla(key: str, jax_python: str, dump: str | None) -> dict:
 
 
 def tpusim_flags(name: str, form: str) -> list[str]:
-    cfg = CONFIGS[name]
-    mesh = ",".join(f"{k}={v}" for k, v in MESHES[cfg["mesh"]].items())
-    gather = "mixed-async" if cfg["chip"] == "v5e" else "mixed-blocking"
-    return [*CHIPS[cfg["chip"]][1], "--mesh", mesh, "--seq-len", str(SEQ),
-            "--batch-per-chip", str(BATCH_PER_CHIP), "--remat", cfg["remat"],
-            "--attention", "dot", "--tp-activations", "replicated", "--fsdp-gather", gather,
-            *(["--matmul-dtype", "int8"] if form == "int8" else [])]
+    return xla_compile.dense_tpusim_flags(
+        CONFIGS[name], ["--matmul-dtype", "int8"] if form == "int8" else [])
 
 
 def tpusim_side(name: str, form: str) -> dict:
-    """tpusim's step of the same program: HBM peak (and its breakdown) and
-    `xla_compile.trace_counts` (MXU FLOPs by dtype, non-matmul bytes, gathers)."""
-    doc, trace = xla_compile.tpusim_step(
-        xla_compile.tpusim_model_dict(xla_compile.SMALL, LAYERS, "xla-int8"),
-        tpusim_flags(name, form), name)
-    return {"hbm_peak_bytes": doc["hbm_peak_bytes"], **xla_compile.trace_counts(trace.ops),
-            "hbm_peak_breakdown": doc["hbm_peak_breakdown"]}
+    """tpusim's step of the same program (`xla_compile.dense_tpusim_side`: MXU FLOPs by
+    dtype, non-matmul bytes, gathers)."""
+    return xla_compile.dense_tpusim_side("xla-int8", tpusim_flags(name, form), name)
 
 
 def rows(cache: dict) -> list[dict]:
@@ -195,9 +169,7 @@ def rows(cache: dict) -> list[dict]:
 
 
 def describe(name: str) -> str:
-    cfg = CONFIGS[name]
-    mesh = " x ".join(f"{k}={v}" for k, v in MESHES[cfg["mesh"]].items())
-    return f"{CHIPS[cfg['chip']][0]} {mesh}, remat {cfg['remat']}"
+    return xla_compile.dense_describe(CONFIGS[name])
 
 
 def section(cache: dict) -> str:
@@ -273,8 +245,7 @@ def main() -> int:
         keys = [f"{n}/{f}" for n in names for f in FORMS]
         xla_compile.compile_into_cache(
             keys, CACHE, lambda k: run_xla(k, args.jax_python, args.dump),
-            report=lambda k, r: f"peak {r['hbm_peak_bytes'] / 1e9:.3f} GB, dots "
-                                f"{ {d: round(v / 1e12, 4) for d, v in r['dot_flops'].items()} }")
+            report=xla_compile.dots_report)
     cache = xla_compile.load_cache(CACHE)
     text = section({k: v for k, v in cache.items() if k.split("/")[0] in names})
     if args.write:

@@ -26,12 +26,10 @@ Run (the XLA side needs a python with jax[tpu]==0.10.2; docs/xla_crosscheck.md):
 from __future__ import annotations
 
 import argparse
-import gzip
 import sys
 import tempfile
-from pathlib import Path
 
-from validation import xla_compile, xla_live_ranges
+from validation import xla_compile
 from validation.template import splice
 
 REPO = xla_compile.REPO
@@ -39,12 +37,8 @@ CACHE = xla_compile.RESULTS / "xla_logits.json"
 DOC = REPO / "docs" / "validation.md"
 MARKER = "<!-- logits-dtype -->"
 END = "<!-- /logits-dtype -->"
-LAYERS = 4
-
-# Physical topology and tpusim pod flags.
-CHIPS = {"v5e": ("v5e:4x4", ["--chip", "v5e", "--shape", "4x4"]),
-         "v5p": ("v5p:2x2x4", ["--chip", "v5p", "--shape", "2x2x4"])}
-MESHES = {"fsdp": {"fsdp": 16}, "fsdp_tp": {"fsdp": 4, "tensor": 4}}
+# The dense decoder's programs: `xla_compile.DENSE_*` (shared with xla_int8 and xla_progflags).
+CHIPS = xla_compile.DENSE_CHIPS
 
 # name -> settings. `held_out`: compiled after the rules of docs/model/training.md "The logits
 # path's dtype" were read off the others (tpusim's predictions, written before each compile,
@@ -57,7 +51,6 @@ CONFIGS = {
     "v5e_fsdp_tp_full": dict(chip="v5e", mesh="fsdp_tp", remat="full", held_out=True,
                              when="after every rule (held out)"),
 }
-SEQ, BATCH_PER_CHIP = 2048, 2
 FORMS = ("bf16", "fp32")
 
 
@@ -70,24 +63,13 @@ def _worker(name: str, form: str, dump: str | None) -> None:
         dump = dump or tmp
         xla_compile.init_jax(dump)
         # jax is optional: imported only where a program is compiled (the jax[tpu] python).
-        import jax.numpy as jnp
         from jax.sharding import PartitionSpec as P
 
         cfg = CONFIGS[name]
-        mesh, devices = xla_compile.build_mesh(CHIPS[cfg["chip"]][0], MESHES[cfg["mesh"]],
-                                               placement="topology")
-        n_chips = devices.size
+        mesh, devices = xla_compile.dense_mesh(cfg)
         model = xla_compile.Decoder(mesh, xla_compile.SMALL, act_spec=P("fsdp", None, None),
                                     logits_dtype=form)
-        params = model.params(LAYERS, stacked=True)
-        tokens = model.sds((int(BATCH_PER_CHIP * n_chips), SEQ), P("fsdp", None), jnp.int32)
-        compiled = model.lower_train(params, tokens, remat=cfg["remat"], scan=True).compile()
-        text = compiled.as_text()
-        out = {"config": name, "form": form, "num_chips": int(n_chips),
-               **xla_compile.memory_stats(compiled),
-               "hbm_peak_bytes": int(xla_live_ranges.hbm_peak(Path(dump)))}
-        Path(dump, "module.hlo.txt.gz").write_bytes(gzip.compress(text.encode()))
-        xla_compile.emit(out)
+        xla_compile.compile_dense_step(model, name, form, devices.size, cfg["remat"], dump)
 
 
 # --------------------------------------------------------------------------------------------
@@ -102,22 +84,12 @@ def run_xla(key: str, jax_python: str, dump: str | None) -> dict:
 
 
 def tpusim_flags(name: str, form: str) -> list[str]:
-    cfg = CONFIGS[name]
-    mesh = ",".join(f"{k}={v}" for k, v in MESHES[cfg["mesh"]].items())
-    return [*CHIPS[cfg["chip"]][1], "--mesh", mesh, "--seq-len", str(SEQ),
-            "--batch-per-chip", str(BATCH_PER_CHIP), "--remat", cfg["remat"],
-            "--attention", "dot", "--tp-activations", "replicated", "--fsdp-gather",
-            "mixed-async" if cfg["chip"] == "v5e" else "mixed-blocking", "--logits-dtype", form]
+    return xla_compile.dense_tpusim_flags(CONFIGS[name], ["--logits-dtype", form])
 
 
 def tpusim_side(name: str, form: str) -> dict:
-    """tpusim's step of the same program: HBM peak (and its breakdown) and
-    `xla_compile.trace_counts`."""
-    doc, trace = xla_compile.tpusim_step(
-        xla_compile.tpusim_model_dict(xla_compile.SMALL, LAYERS, "xla-logits"),
-        tpusim_flags(name, form), name)
-    return {"hbm_peak_bytes": doc["hbm_peak_bytes"], **xla_compile.trace_counts(trace.ops),
-            "hbm_peak_breakdown": doc["hbm_peak_breakdown"]}
+    """tpusim's step of the same program (`xla_compile.dense_tpusim_side`)."""
+    return xla_compile.dense_tpusim_side("xla-logits", tpusim_flags(name, form), name)
 
 
 def predictions() -> str:
@@ -137,9 +109,7 @@ def predictions() -> str:
 
 
 def describe(name: str) -> str:
-    cfg = CONFIGS[name]
-    mesh = " x ".join(f"{k}={v}" for k, v in MESHES[cfg["mesh"]].items())
-    return f"{CHIPS[cfg['chip']][0]} {mesh}, remat {cfg['remat']}"
+    return xla_compile.dense_describe(CONFIGS[name])
 
 
 def _gb(x: float) -> str:
@@ -227,8 +197,7 @@ def main() -> int:
         keys = [f"{n}/{f}" for n in CONFIGS for f in args.forms.split(",")]
         xla_compile.compile_into_cache(
             keys, CACHE, lambda k: run_xla(k, args.jax_python, args.dump),
-            report=lambda k, r: f"peak {r['hbm_peak_bytes'] / 1e9:.3f} GB, dots "
-                                f"{ {d: round(v / 1e12, 4) for d, v in r['dot_flops'].items()} }")
+            report=xla_compile.dots_report)
     text = section(xla_compile.load_cache(CACHE))
     if args.write:
         DOC.write_text(updated(DOC.read_text(), text))

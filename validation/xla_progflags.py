@@ -31,12 +31,10 @@ Run (the XLA side needs a python with jax[tpu]==0.10.2; docs/xla_crosscheck.md):
 from __future__ import annotations
 
 import argparse
-import gzip
 import sys
 import tempfile
-from pathlib import Path
 
-from validation import xla_compile, xla_live_ranges
+from validation import xla_compile
 from validation.template import splice
 
 REPO = xla_compile.REPO
@@ -44,12 +42,10 @@ CACHE = xla_compile.RESULTS / "xla_progflags.json"
 DOC = REPO / "docs" / "validation.md"
 MARKER = "<!-- program-flags -->"
 END = "<!-- /program-flags -->"
-LAYERS = 4
-
-# Physical topology and tpusim pod flags.
-CHIPS = {"v5e": ("v5e:4x4", ["--chip", "v5e", "--shape", "4x4"]),
-         "v5p": ("v5p:2x2x4", ["--chip", "v5p", "--shape", "2x2x4"])}
-MESHES = {"fsdp": {"fsdp": 16}, "fsdp_tp": {"fsdp": 4, "tensor": 4}}
+# The dense decoder's programs (`xla_compile.DENSE_*`, shared with xla_int8 and xla_logits).
+CHIPS, MESHES = xla_compile.DENSE_CHIPS, xla_compile.DENSE_MESHES
+LAYERS, SEQ, BATCH_PER_CHIP = (xla_compile.DENSE_LAYERS, xla_compile.DENSE_SEQ,
+                               xla_compile.DENSE_BATCH_PER_CHIP)
 # The flag each program varies, its forms (the default first) and tpusim's option for it.
 FLAGS = {"mlp": (("bf16", "fp32"), "--mlp-act-dtype"),
          "embed": (("auto", "all-gather"), "--embed-lookup")}
@@ -77,7 +73,9 @@ CONFIGS = {
 # Programs that are another's (the default forms of the two flags are the same decoder): the
 # cache entry read for them.
 SAME_PROGRAM = {"embed_v5p_fsdp_tp_full/auto": "mlp_v5p_fsdp_tp_full/bf16"}
-SEQ, BATCH_PER_CHIP = 2048, 2
+# Collective kinds as the table abbreviates them.
+SHORT_KINDS = {"all-gather": "AG", "reduce-scatter": "RS", "all-reduce": "AR",
+               "all-to-all": "A2A", "collective-permute": "CP"}
 
 
 def forms(name: str) -> tuple[str, ...]:
@@ -93,25 +91,14 @@ def _worker(name: str, form: str, dump: str | None) -> None:
         dump = dump or tmp
         xla_compile.init_jax(dump)
         # jax is optional: imported only where a program is compiled (the jax[tpu] python).
-        import jax.numpy as jnp
         from jax.sharding import PartitionSpec as P
 
         cfg = CONFIGS[name]
-        mesh, devices = xla_compile.build_mesh(CHIPS[cfg["chip"]][0], MESHES[cfg["mesh"]],
-                                               placement="topology")
-        n_chips = devices.size
+        mesh, devices = xla_compile.dense_mesh(cfg)
         choice = {"mlp_act_dtype": form} if cfg["flag"] == "mlp" else {"embed_lookup": form}
         model = xla_compile.Decoder(mesh, xla_compile.SMALL, act_spec=P("fsdp", None, None),
                                     **choice)
-        params = model.params(LAYERS, stacked=True)
-        tokens = model.sds((int(BATCH_PER_CHIP * n_chips), SEQ), P("fsdp", None), jnp.int32)
-        compiled = model.lower_train(params, tokens, remat=cfg["remat"], scan=True).compile()
-        text = compiled.as_text()
-        out = {"config": name, "form": form, "num_chips": int(n_chips),
-               **xla_compile.memory_stats(compiled),
-               "hbm_peak_bytes": int(xla_live_ranges.hbm_peak(Path(dump)))}
-        Path(dump, "module.hlo.txt.gz").write_bytes(gzip.compress(text.encode()))
-        xla_compile.emit(out)
+        xla_compile.compile_dense_step(model, name, form, devices.size, cfg["remat"], dump)
 
 
 # --------------------------------------------------------------------------------------------
@@ -127,23 +114,13 @@ def run_xla(key: str, jax_python: str, dump: str | None) -> dict:
 
 def tpusim_flags(name: str, form: str) -> list[str]:
     cfg = CONFIGS[name]
-    mesh = ",".join(f"{k}={v}" for k, v in MESHES[cfg["mesh"]].items())
     values, option = FLAGS[cfg["flag"]]
-    chosen = [option, form] if form != values[0] else []
-    return [*CHIPS[cfg["chip"]][1], "--mesh", mesh, "--seq-len", str(SEQ),
-            "--batch-per-chip", str(BATCH_PER_CHIP), "--remat", cfg["remat"],
-            "--attention", "dot", "--tp-activations", "replicated", "--fsdp-gather",
-            "mixed-async" if cfg["chip"] == "v5e" else "mixed-blocking", *chosen]
+    return xla_compile.dense_tpusim_flags(cfg, [option, form] if form != values[0] else [])
 
 
 def tpusim_side(name: str, form: str) -> dict:
-    """tpusim's step of the same program: HBM peak (and its breakdown) and
-    `xla_compile.trace_counts`."""
-    doc, trace = xla_compile.tpusim_step(
-        xla_compile.tpusim_model_dict(xla_compile.SMALL, LAYERS, "xla-progflags"),
-        tpusim_flags(name, form), name)
-    return {"hbm_peak_bytes": doc["hbm_peak_bytes"], **xla_compile.trace_counts(trace.ops),
-            "hbm_peak_breakdown": doc["hbm_peak_breakdown"]}
+    """tpusim's step of the same program (`xla_compile.dense_tpusim_side`)."""
+    return xla_compile.dense_tpusim_side("xla-progflags", tpusim_flags(name, form), name)
 
 
 def _by_kind(d: dict) -> str:
@@ -167,9 +144,7 @@ def predictions(names=None) -> str:
 
 
 def describe(name: str) -> str:
-    cfg = CONFIGS[name]
-    mesh = " x ".join(f"{k}={v}" for k, v in MESHES[cfg["mesh"]].items())
-    return f"{CHIPS[cfg['chip']][0]} {mesh}, remat {cfg['remat']}"
+    return xla_compile.dense_describe(CONFIGS[name])
 
 
 def _gb(x: float) -> str:
@@ -179,10 +154,9 @@ def _gb(x: float) -> str:
 def _kinds(x: dict, t: dict) -> str:
     """Collective GB by kind, XLA / tpusim (every kind either side has)."""
     xk, tk = x.get("collective_bytes_by_kind", {}), t.get("collective_bytes_by_kind", {})
-    short = {"all-gather": "AG", "reduce-scatter": "RS", "all-reduce": "AR",
-             "all-to-all": "A2A", "collective-permute": "CP"}
-    return "; ".join(f"{short.get(k, k)} {xk.get(k, 0.0) / 1e9:.3f} / {tk.get(k, 0.0) / 1e9:.3f}"
-                     for k in sorted(set(xk) | set(tk)))
+    return "; ".join(
+        f"{SHORT_KINDS.get(k, k)} {xk.get(k, 0.0) / 1e9:.3f} / {tk.get(k, 0.0) / 1e9:.3f}"
+        for k in sorted(set(xk) | set(tk)))
 
 
 def _kind_deltas(x: dict, xb: dict, t: dict, tb: dict) -> str:
@@ -196,9 +170,7 @@ def _kind_deltas(x: dict, xb: dict, t: dict, tb: dict) -> str:
                                                                    {}))
     kinds |= set(xb.get("collective_bytes_by_kind", {})) | set(
         tb.get("collective_bytes_by_kind", {}))
-    short = {"all-gather": "AG", "reduce-scatter": "RS", "all-reduce": "AR",
-             "all-to-all": "A2A", "collective-permute": "CP"}
-    parts = [f"{short.get(k, k)} {delta(x, xb, k):+.1f} / {delta(t, tb, k):+.1f}"
+    parts = [f"{SHORT_KINDS.get(k, k)} {delta(x, xb, k):+.1f} / {delta(t, tb, k):+.1f}"
              for k in sorted(kinds)
              if abs(delta(x, xb, k)) > 0.5 or abs(delta(t, tb, k)) > 0.5]
     return "; ".join(parts) or "none"
@@ -286,8 +258,7 @@ def main() -> int:
             [f"{n}/{f}" for n in CONFIGS for f in forms(n) if f"{n}/{f}" not in SAME_PROGRAM]
         xla_compile.compile_into_cache(
             keys, CACHE, lambda k: run_xla(k, args.jax_python, args.dump),
-            report=lambda k, r: f"peak {r['hbm_peak_bytes'] / 1e9:.3f} GB, dots "
-                                f"{ {d: round(v / 1e12, 4) for d, v in r['dot_flops'].items()} }")
+            report=xla_compile.dots_report)
     text = section(xla_compile.load_cache(CACHE))
     if args.write:
         DOC.write_text(splice(DOC.read_text(), MARKER, END, text))

@@ -202,7 +202,7 @@ class _Checked(type):
 
 @functools.cache
 def _field_names(cls: type) -> frozenset[str]:
-    return frozenset(f.name for f in dataclasses.fields(cls) if f.init)
+    return frozenset(name for name, _ in _defaults(cls))
 
 
 @functools.cache
