@@ -561,8 +561,9 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
             # The gathered table's gradient: every chip scatter-adds its own rows into a zero
             # table of the whole width, summed by a plain collective of its own (not the
             # output projection's windowed ring): `xla.gathered_table_grad_kind`. The table
-            # is held from the first microbatch's scatter-add to the update (a compute op:
-            # a free on the collective would void the planner's HBM bound).
+            # is held from the first microbatch's scatter-add to the update (freed at a compute
+            # op; a free at the collective would weaken the planner's HBM bound, which counts
+            # such a free from the step's start: `plan_bounds.hbm_peak_lower_bound`).
             emb_bwd = self.vpu("embed_grad_scatter_add", n * D,
                                3 * n * D * a + 2 * table_v, [emb_bwd], -1, "bwd")
             if not st.gathered_grad_held:
@@ -611,8 +612,8 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
             # With the vocabulary split over `tensor` the rows are scatter-added into a table
             # of the whole vocabulary on every tensor shard, summed over `tensor` and sliced
             # to the chip's shard (`xla.embedding_grad_whole_vocab`). The table is not held
-            # in the memory model: it lives after the backward loop, and a free on the
-            # collective would void the planner's HBM bound (`plan_bounds`).
+            # in the memory model: it lives after the backward loop, until this collective,
+            # and is not modelled (the planner's HBM bound takes a free at a collective).
             whole = m.vocab_size * D / self.fsdp_shards * a \
                 if xla.embedding_grad_whole_vocab(tensor=d.tp) else 0.0
             emb_bwd = self.vpu("embed_grad_scatter_add", n * D, 3 * n * D * a + 2 * whole,
