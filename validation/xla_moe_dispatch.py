@@ -61,6 +61,14 @@ CONFIGS = {
                               moe={**SMALL, "num_experts": 16}, gather="mixed-blocking",
                               placement="topology", held_out=True,
                               when="after the second rule (held out)"),
+    # Compiled after the third rule (the all-gather form's gathered buffers held in HBM, read
+    # off the v6e fsdp=4 x expert=4 module's live ranges) and its predictions were written
+    # down: another chip, top-4 of 16 experts without capacity slack.
+    "v5e_fsdp2_ep8_e16k4": dict(topology="v5e:4x4", mesh={"fsdp": 2, "expert": 8}, seq=2048,
+                                moe={**SMALL, "num_experts": 16, "top_k": 4,
+                                     "capacity_factor": 1.0},
+                                gather="mixed-async", placement="topology", held_out=True,
+                                when="after the third rule (held out)"),
 }
 
 

@@ -7,6 +7,7 @@ and their backward up to and after the experts' (the experts' own backward is th
 
 from __future__ import annotations
 
+from workloads.memory import MemoryCategory
 from workloads.moe import dispatch_flops
 from workloads.training import xla_rules as xla
 from workloads.training.program import ProgramBuilder, Q
@@ -31,6 +32,33 @@ class MoeProgram(ProgramBuilder):
         red = self.coll(f"{tag}ep_combine_reducescatter", "reduce-scatter", ("expert",),
                         d.ep * d.n * self.m.d_model * self.act, [dep], layer, phase)
         return red if red is not None else dep
+
+    # The all-gather form's gathered buffers of the recomputation held to the MoE backward
+    # ([op id, bytes] each; `hold_gathered`, `release_gathered`).
+    _moe_held: tuple = ()
+
+    def hold_gathered(self, tok, tok_bytes, mag, mask_bytes) -> None:
+        """The all-gather form on the dense dispatch path under remat (docs/model/moe.md "The
+        dispatch form"): the recomputation's gathered tokens (`ep n D`, bf16) and gathered
+        masks (`ep n E cap`, bf16) are held from their gathers to the end of the layer's MoE
+        backward, which reads them (the experts' and the dispatch's backward). Source: XLA's
+        live ranges in the v6e fsdp=4 x expert=4 compile of `validation/xla_moe_dispatch.py`
+        (workloads/hlo/memory.py on the kept module): at its peak, the experts' backward in the
+        layer loop, the recomputation's gathered masks (80 MiB) and tokens (16 MiB) are live,
+        the masks from their gather to the experts' backward, the tokens to the dispatch's;
+        the same module's output gradient gathered over `expert` (16 MiB) is live there too
+        (`moe_output_backward`)."""
+        held = tuple((op, b) for op, b in ((tok, tok_bytes), (mag, mask_bytes))
+                     if op is not None)
+        for op, b in held:
+            self.mem(op, MemoryCategory.TEMPORARIES, b)
+        self._moe_held = self._moe_held + held
+
+    def release_gathered(self, op) -> None:
+        """Free what `hold_gathered` (and the output gradient's gather) hold, when `op` ends."""
+        total = sum(b for _o, b in self._moe_held)
+        self._moe_held = ()
+        self.mem(op, MemoryCategory.TEMPORARIES, -total)
 
     def moe_route(self, layer, dep, phase, tag) -> list[int]:
         """An MoE layer's router and dispatch, up to the experts' input: the ops the expert
@@ -73,6 +101,8 @@ class MoeProgram(ProgramBuilder):
                 mag = self.coll(f"{tag}ep_mask_allgather", "all-gather", ("expert",),
                                 d.ep * n * E * rt.capacity * a, [masks], layer, phase)
                 mdeps += [mag] if mag is not None else []
+                if tag == "re-":
+                    self.hold_gathered(tok, d.ep * n * D * a, mag, d.ep * n * E * rt.capacity * a)
             # Gathered, a chip's experts read their slots of every gathered token's mask.
             pre = self.mm(f"{tag}moe_dispatch", dispatch_flops(n, E, rt.capacity, D), 0.0,
                           n * E * rt.capacity * a + ng * D * a, n * rows * D * a,
@@ -210,6 +240,11 @@ class MoeProgram(ProgramBuilder):
                          list(deps) + ([gout] if gout is not None else []), layer, "bwd")
             deps = [cb]
             if gathered:
+                if self._moe_held and gout is not None:
+                    # The gathered output gradient is held with the recomputation's gathered
+                    # buffers (`hold_gathered`): read again by the dispatch's backward.
+                    self.mem(gout, MemoryCategory.TEMPORARIES, d.ep * n * D * a)
+                    self._moe_held = self._moe_held + ((gout, d.ep * n * D * a),)
                 return deps, cb
         # Transpose of the forward's combine all-to-all, before the experts' backward.
         comb = self.coll("ep_combine_bwd", "all-to-all", ("expert",),
@@ -284,5 +319,7 @@ class MoeProgram(ProgramBuilder):
             rs = self.coll("ep_token_grad_reducescatter", "reduce-scatter", ("expert",),
                            ng * D * a, [rb] + ([ar1] if ar1 is not None else [dact]), layer,
                            "bwd")
+            if self._moe_held:
+                self.release_gathered(ar1 if ar1 is not None else rb)
             return None, [rs if rs is not None else rb]
         return ar1, [rb]
