@@ -7,9 +7,12 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from sim.chips import get_chip
 from sim.cli import main
+from sim.engine.replay import replay
 from topologies.errors import TpusimError
 from topologies.mesh import parse_mesh
+from topologies.slices import resolve_topology
 from workloads.moe import MoeConfig, expert_capacity
 from workloads.training import TrainingConfig, compile_training_step
 from workloads.zoo import model_from_dict
@@ -86,6 +89,44 @@ def test_all_gather_form_keeps_the_dense_dispatch_flops_and_reruns_the_router_on
     assert flops(ag, "router") == flops(a2a, "router") == router
     assert flops(ag, "re-router") == ep * router
     assert flops(ag, "router_bwd") == ep * flops(a2a, "router_bwd") == 2 * ep * router
+
+
+def _temporaries(trace) -> dict[str, float]:
+    """op name -> the TEMPORARIES bytes allocated (+) or freed (-) when it ends."""
+    out: dict[str, float] = {}
+    for op_id, cat, delta in trace.meta.memory_events:
+        if cat == "temporaries":
+            name = trace.ops[int(op_id)].name
+            out[name] = out.get(name, 0.0) + float(delta)
+    return out
+
+
+def test_all_gather_form_holds_the_recomputations_gathered_buffers_to_the_dispatch_backward():
+    ep, E = 4, 8
+    cap = expert_capacity(SEQ, E, 2, 1.25)
+    tokens = ep * SEQ * D * A
+    masks = ep * SEQ * E * cap * A
+    ag = _temporaries(_trace("all-gather"))
+    # The recomputation's gathered tokens and masks and the gathered output gradient, from
+    # their gathers to the dispatch's backward (XLA's live ranges at its peak, docs/model/moe.md
+    # "The dispatch form"); the forward's gathers are not held (the recomputation reruns them).
+    assert ag["re-ep_token_allgather"] == tokens
+    assert ag["re-ep_mask_allgather"] == masks
+    assert ag["ep_grad_allgather"] == tokens
+    assert ag["moe_dispatch_bwd"] == -(2 * tokens + masks)
+    assert "ep_token_allgather" not in ag and "ep_mask_allgather" not in ag
+    a2a = _temporaries(_trace("all-to-all"))
+    assert not {"ep_grad_allgather", "moe_dispatch_bwd"} & set(a2a)
+    # The peak rises by at most what is held (the rest of the step is the same program).
+    peak = {f: _run_peak(f) for f in ("all-gather", "all-to-all")}
+    assert 0 < peak["all-gather"] - peak["all-to-all"] <= 2 * tokens + masks
+
+
+def _run_peak(form: str) -> float:
+    chip = get_chip("v5e")
+    topo = resolve_topology(chip_name=chip.name, wrap_rule=chip.generation_rule,
+                            max_pod_shape=chip.max_pod_shape, shape="2x4")
+    return replay(_trace(form), chip, topo).hbm_peak_bytes
 
 
 def test_dropless_all_gather_form_is_maxtexts_ring_of_experts():

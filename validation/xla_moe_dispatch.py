@@ -51,16 +51,17 @@ WIDER = dict(d_model=2048, d_ff=1024, num_experts=16, top_k=4, capacity_factor=1
 CONFIGS = {
     "v6e_fsdp4_ep4": dict(topology="v6e:4x4", mesh={"fsdp": 4, "expert": 4}, seq=2048,
                           moe=SMALL, gather="mixed-blocking",
-                          when="first rule read off (SGD twin); second rule read off"),
+                          when="first rule read off (SGD twin); second and third rules read off"),
     "v5e_fsdp4_ep4_e16": dict(topology="v5e:4x4", mesh={"fsdp": 4, "expert": 4}, seq=1024,
                               moe=WIDER, gather="mixed-async", held_out=True,
-                              when="after the first rule (held out); second rule read off"),
+                              when="after the first rule (held out); second rule read off; "
+                                   "before the third"),
     # Compiled after the second rule (the masks gathered again in the recomputation) was
     # written down: the expert axis twice as long, 16 experts, devices in topology order.
     "v6e_fsdp2_ep8_e16": dict(topology="v6e:4x4", mesh={"fsdp": 2, "expert": 8}, seq=2048,
                               moe={**SMALL, "num_experts": 16}, gather="mixed-blocking",
                               placement="topology", held_out=True,
-                              when="after the second rule (held out)"),
+                              when="after the second rule (held out); before the third"),
     # Compiled after the third rule (the all-gather form's gathered buffers held in HBM, read
     # off the v6e fsdp=4 x expert=4 module's live ranges) and its predictions were written
     # down: another chip, top-4 of 16 experts without capacity slack.
@@ -216,18 +217,28 @@ def section(cache: dict) -> str:
              "predicted. That second rule was written down, with new predictions, before the "
              "v6e fsdp=2 x expert=8 pair (16 experts, devices in topology order) was "
              "compiled: it is the held-out check, every collective over expert as predicted. "
-             "The peak is the form's open miss: tpusim models no HBM for the gathered tokens "
-             "and masks (the MoE masks are outside its memory model in either form), and "
-             "XLA's all-gather-form peak is 50, 41 and 168 MiB above its all-to-all form's "
-             "on the three programs (the gathered masks are 80, 48 and 160 MiB), where "
-             "tpusim's moves by 0, -16 and 0 MiB. XLA's peak is in the backward loop, at the "
-             "experts' backward, where the recomputation's gathered masks and tokens are live "
-             "(80 and 16 MiB on v6e fsdp=4 x expert=4, read from the kept modules with "
-             "tpusim's live-range reader, `workloads/hlo/memory.py`, which puts both peaks "
-             "within 0.1% of XLA's); tpusim's own peak falls elsewhere in its step, so holding "
-             "them there in tpusim does not move its peak on that program: left open. Outside "
-             "the expert axis, on the fsdp=2 "
-             "program XLA gathers and reduce-scatters 24 MiB less over fsdp than tpusim (the "
+             "The peak (the third rule): XLA's all-gather-form peak is 50, 41 and 168 MiB "
+             "above its all-to-all form's on the first three programs, in the layer loop at the "
+             "experts' backward, where the recomputation's gathered masks (`ep n E cap`, bf16) "
+             "and gathered tokens (`ep n D`) and the output gradient gathered over expert "
+             "(`ep n D`) are live (80, 16 and 16 MiB on v6e fsdp=4 x expert=4, read from that "
+             "kept module with tpusim's live-range reader, `workloads/hlo/memory.py`, which "
+             "puts its peak within 0.1% of XLA's); tpusim held none of them and its peak was "
+             "the attention backward's (-10.8%, -17.9%, -24.9%). It now holds the three from "
+             "their gathers to the dispatch's backward (`MoeProgram.hold_gathered`), and its "
+             "peak moves to the experts' backward as XLA's. The rule was read off the v6e "
+             "fsdp=4 x expert=4 module alone; the v5e and v6e fsdp=2 modules were compiled "
+             "before it (their peaks known, their live ranges not read), and the v5e fsdp=2 x "
+             "expert=8 pair (16 experts top-4, capacity factor 1.0) was compiled after it and "
+             "tpusim's predictions were written down: the held-out check, its all-gather-form "
+             "peak 766.27 MiB predicted against XLA's 770.73 (-0.6%; XLA's peak there is at "
+             "the experts' backward too, the gathered masks 256 MiB of it) and every "
+             "collective over expert as predicted. The all-to-all form keeps no MoE buffers "
+             "of its own (its peak is the attention backward's on these programs; at XLA's, "
+             "the experts' backward, its recomputed combine mask, dispatched tokens and "
+             "gathered output gradient are live, not modelled). Outside the expert axis, on "
+             "the fsdp=2 programs XLA gathers and reduce-scatters 24 MiB less over fsdp than "
+             "tpusim (the "
              "experts' weights over a 2-chip fsdp group), in both forms.", "",
              "| program | compiled | form | dot TFLOP, XLA / tpusim | XLA peak MiB | tpusim | "
              "error | over expert, MiB XLA / tpusim | all collectives MiB, XLA / tpusim |",
