@@ -15,7 +15,7 @@ from topologies.mesh import parse_mesh
 from validation import xla_compile
 from validation import xla_progflags as xp
 from workloads.memory import LayerShapeSpec, saved_tensors
-from workloads.training import TrainingConfig, compile_training_step
+from workloads.training import TrainingConfig, compile_training_step, xla_rules
 from workloads.training.config import training_config_to_dict
 from workloads.zoo import model_from_dict
 
@@ -151,6 +151,58 @@ def test_under_tensor_the_rows_go_into_a_whole_vocabulary_table_reduced_over_ten
                 if t.ops[e[0]].name == "tp_embed_grad_reducescatter"]
     # Without tensor the rows are scattered into the chip's own shard.
     assert "tp_embed_grad_reducescatter" not in _names(_trace(embed_lookup=form))
+
+
+MIB = 2**20
+
+
+@pytest.mark.parametrize("vocab, d_model, fsdp, tokens, table_mib, rows_mib, whole", [
+    # v5e fsdp=4 x tensor=4 (validation/xla_progflags.py, SMALL widths): 32 sequences of 2048
+    # over fsdp=4; XLA's all-reduce-scatter of the table.
+    (32768, 2048, 4, 8 * 2048, 32, 64, True),
+    # The committed HLO fixture train_fsdp_tp_v5p64 (TINY widths, fsdp=16 x tensor=4): 64
+    # sequences of 1024 over fsdp=16; its all-reduce-scatter of a bf16[8192, 64] table.
+    (8192, 1024, 16, 4 * 1024, 1, 8, True),
+    # validation/xla_crosscheck.py's fsdp_tp_v5p64 (LLaMA-3-8B widths, fsdp=16 x tensor=4):
+    # 16 sequences of 2048 over fsdp=16; the rows all-to-all'd back over fsdp, no table.
+    (128256, 4096, 16, 2048, 128256 * 4096 / 16 * 2 / MIB, 16, False),
+])
+def test_the_whole_vocabulary_table_is_the_smaller_of_table_and_rows(
+        vocab, d_model, fsdp, tokens, table_mib, rows_mib, whole):
+    table, rows = vocab * d_model / fsdp * 2, tokens * d_model * 2
+    assert (table / MIB, rows / MIB) == (table_mib, rows_mib)
+    assert xla_rules.embedding_grad_whole_vocab(tensor=4, rows_bytes=rows,
+                                                table_bytes=table) is whole
+    # Without a tensor axis the rows go into the chip's own shard either way.
+    assert not xla_rules.embedding_grad_whole_vocab(tensor=1, rows_bytes=rows,
+                                                    table_bytes=table)
+
+
+@pytest.mark.parametrize("seq, whole", [(64, False), (128, True)])
+def test_under_tensor_rows_smaller_than_the_table_are_scattered_where_they_live(seq, whole):
+    # fsdp=2 x tensor=2, one sequence a chip: n = 2 x seq tokens a tensor group. The table
+    # [512, 256 / 2] bf16 is 128 KiB; the rows [n, 256] bf16 are 64 KiB at seq 64 (rows),
+    # 128 KiB at seq 128 (a tie: the table, as XLA replicates the rows only when smaller).
+    cfg = TrainingConfig(seq_len=seq, batch_per_chip=1, tp_activations="replicated")
+    t = compile_training_step(model_from_dict(MODEL), parse_mesh("fsdp=2,tensor=2"), 4, cfg)
+    table, n = V * D / 2 * 2, 2 * seq
+    assert (n * D * 2 < table) is not whole
+    assert ("tp_embed_grad_reducescatter" in _names(t)) is whole
+    # The rows' all-to-all either way; the scatter-add reads and writes the table only with it.
+    assert _op(t, "embed_grad_alltoall").bytes == 2 * n * D * 2
+    assert _op(t, "embed_grad_scatter_add").hbm_bytes == \
+        3 * n * D * 2 + (2 * table if whole else 0)
+
+
+def test_at_llama3_8b_widths_over_fsdp16_tensor4_the_rows_go_back_by_all_to_all():
+    # validation/xla_crosscheck.py's fsdp_tp_v5p64 program: no reduce-scatter over tensor.
+    model = {**MODEL, **xla_compile.LLAMA3_8B, "name": "8b-wide"}
+    cfg = TrainingConfig(seq_len=2048, batch_per_chip=0.25, tp_activations="replicated")
+    t = compile_training_step(model_from_dict(model), parse_mesh("fsdp=16,tensor=4"), 64, cfg)
+    assert "tp_embed_grad_reducescatter" not in _names(t)
+    assert not [o for o in t.ops if o.collective == "reduce-scatter"
+                and o.mesh_axes == ("tensor",)]
+    assert _op(t, "embed_grad_alltoall").bytes == 16 * 2048 * 4096 * 2
 
 
 def test_all_gather_under_tensor_reduce_scatters_the_table_gradient():

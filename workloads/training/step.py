@@ -609,13 +609,17 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
             tok = self.token_gathers([prev], "bwd")
             ga = self.coll("embed_grad_alltoall", "all-to-all", A2A_AXES,
                            self.fsdp_shards * n * D * a, [emb_bwd] + tok, -1, "bwd")
-            # With the vocabulary split over `tensor` the rows are scatter-added into a table
-            # of the whole vocabulary on every tensor shard, summed over `tensor` and sliced
-            # to the chip's shard (`xla.embedding_grad_whole_vocab`). The table is not held
-            # in the memory model: it lives after the backward loop, until this collective,
-            # and is not modelled (the planner's HBM bound takes a free at a collective).
-            whole = m.vocab_size * D / self.fsdp_shards * a \
-                if xla.embedding_grad_whole_vocab(tensor=d.tp) else 0.0
+            # With the vocabulary split over `tensor`, when such a table is smaller than the
+            # chip's gradient rows, the rows are scatter-added into a table of the whole
+            # vocabulary on every tensor shard, summed over `tensor` and sliced to the chip's
+            # shard (`xla.embedding_grad_whole_vocab`); else each shard scatters the rows it
+            # holds. The table is not held in the memory model: it lives after the backward
+            # loop, until this collective, and is not modelled (the planner's HBM bound takes
+            # a free at a collective).
+            whole = m.vocab_size * D / self.fsdp_shards * a
+            if not xla.embedding_grad_whole_vocab(tensor=d.tp, rows_bytes=n * D * a,
+                                                  table_bytes=whole):
+                whole = 0.0
             emb_bwd = self.vpu("embed_grad_scatter_add", n * D, 3 * n * D * a + 2 * whole,
                                [emb_bwd] + ([ga] if ga is not None else []), -1, "bwd")
             if whole:

@@ -188,14 +188,23 @@ def embedding_lookup_alltoall(*, tied: bool, shards: int) -> bool:
     return (not tied) and shards > 1
 
 
-def embedding_grad_whole_vocab(*, tensor: int) -> bool:
-    """With the vocabulary split over `tensor` (and the rows looked up by all-to-all) XLA
+def embedding_grad_whole_vocab(*, tensor: int, rows_bytes: float, table_bytes: float) -> bool:
+    """With the vocabulary split over `tensor` (and the rows looked up by all-to-all) XLA either
     scatter-adds the gradient rows into a table of the whole vocabulary, [vocab, d_model /
     fsdp], on every tensor shard, all-reduces it over `tensor` and slices the chip's shard
-    (its all-reduce-scatter fusion: 32 MiB for vocab 32768 and d_model 2048 / 4 in the v5e
-    fsdp=4 x tensor=4 compile of `validation/xla_progflags.py`, a reduce-scatter as tpusim's
-    HLO importer reads it), instead of scattering only the rows its shard holds."""
-    return tensor > 1
+    (its all-reduce-scatter fusion, a reduce-scatter as tpusim's HLO importer reads it), or
+    sends the rows back over fsdp by all-to-all and scatters only those its shard holds: the
+    smaller of the table (`table_bytes`, per chip) and the rows (`rows_bytes`, the chip's
+    [tokens, d_model] gradient rows, the all-to-all's buffer), the comparison of
+    `embedding_grad_rows_gathered`. Three deviceless compiles fit it: the table in the v5e
+    fsdp=4 x tensor=4 program of `validation/xla_progflags.py` (32 MiB for vocab 32768 and
+    d_model 2048 / 4 against 64 MiB of rows) and in the committed HLO fixture of v5p fsdp=16 x
+    tensor=4 (`train_fsdp_tp_v5p64`: 1 MiB for vocab 8192 and d_model 1024 / 16 against 8 MiB),
+    the rows in the v5p fsdp=16 x tensor=4 program of `validation/xla_crosscheck.py`
+    (`fsdp_tp_v5p64`, LLaMA-3-8B widths: a 62.6 MiB table against 16 MiB of rows, no
+    reduce-scatter over `tensor`)."""
+    return tensor > 1 and not embedding_grad_rows_gathered(rows_bytes=rows_bytes,
+                                                           table_bytes=table_bytes)
 
 
 def gathered_table_grad_kind(*, tensor: int) -> str:
@@ -210,13 +219,15 @@ def gathered_table_grad_kind(*, tensor: int) -> str:
 
 
 def embedding_grad_rows_gathered(*, rows_bytes: float, table_bytes: float) -> bool:
-    """With a data axis XLA's SPMD partitioner does not send the embedding's gradient rows
-    back by all-to-all: it replicates the smaller of the scatter-add's updates (every chip's
-    gradient rows, `rows_bytes`) and its table (`table_bytes`): the rows, all-gathered, when
-    they are smaller (v6e data=4 x fsdp=4: 256 MiB of rows for n = 2048, d_model 4096 against
-    a 1002 MiB table, docs/model.md), else the table, all-reduced (the v5e, v5p and v6e
-    data=2 x fsdp=8 programs of benchmarks/xla_memory.py: a 128 MiB [32768, 2048] table
-    against 256 MiB of rows)."""
+    """XLA's SPMD partitioner replicates the smaller of the embedding gradient's scatter-add
+    updates (the gradient rows, `rows_bytes`) and its table (`table_bytes`): True for the
+    rows. With a data axis it does not send the rows back by all-to-all: the rows are every
+    chip's, all-gathered, when they are smaller (v6e data=4 x fsdp=4: 256 MiB of rows for n =
+    2048, d_model 4096 against a 1002 MiB table, docs/model.md), else the table, all-reduced
+    (the v5e, v5p and v6e data=2 x fsdp=8 programs of benchmarks/xla_memory.py: a 128 MiB
+    [32768, 2048] table against 256 MiB of rows). With the vocabulary split over `tensor` the
+    same comparison decides between the rows' all-to-all and a whole-vocabulary table
+    (`embedding_grad_whole_vocab`)."""
     return rows_bytes < table_bytes
 
 
