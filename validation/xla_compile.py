@@ -96,6 +96,34 @@ remat_layer = _jaxgen.remat_layer
 # Long: one JAX program whose closures (router, experts, attention, layer, loss, the two
 # optimizer steps) share the mesh, the widths and the sharding specs; it is checked only by
 # compiling under the jax[tpu] python, which the project's environment does not have.
+def maxtext_moe_masks(logits, K: int, E: int, cap: int):
+    """(jax python) MaxText's `RoutedMoE.get_topk` (softmax over the k in f32, cast to the bf16
+    activation dtype), `reshape_and_update_weights` and `generate_masks` on router logits
+    [batch, seq, experts] at capacity `cap` per sequence: (the dispatch mask, the bf16 combine
+    mask), each [batch, seq, experts, cap]."""
+    # jax is optional: imported only where a program is compiled (the jax[tpu] python).
+    import jax
+    import jax.numpy as jnp
+
+    bf = jnp.bfloat16
+    b, s, _ = logits.shape
+    topw, topi = jax.lax.top_k(logits, K)
+    topw = jax.nn.softmax(topw.astype(jnp.float32), axis=-1).astype(bf)
+    weights = jnp.zeros((b, s, E), dtype=bf).at[
+        jnp.arange(b)[:, None, None], jnp.arange(s)[:, None], topi].set(topw)
+    expert_mask = jax.nn.one_hot(topi, num_classes=E, dtype=jnp.int32)
+    fused = expert_mask.reshape(b, s * K, E)
+    count_fused = jnp.cumsum(fused, axis=1)
+    count = count_fused.reshape(b, s, K, E)
+    trunc = expert_mask * jnp.less_equal(count, cap)
+    combined = jnp.sum(trunc, axis=2)
+    weights = weights * combined
+    position = jnp.sum((fused * count_fused).reshape(b, s, K, E), axis=2) * combined
+    in_cap = jax.nn.one_hot(position, num_classes=cap + 1, dtype=jnp.int32)
+    comb = (weights[..., None] * in_cap)[..., 1:]
+    return comb.astype(bool), comb
+
+
 def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: int,
                     capacity_factor: float, seq: int, num_heads: int, head_dim: int,
                     num_layers: int, vocab_size: int, scopes: bool = False,
@@ -189,24 +217,7 @@ def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: i
         return (y * w).astype(bf)
 
     def maxtext_masks(logits):
-        # MaxText RoutedMoE.get_topk (softmax over the k in f32, cast to the bf16 activation
-        # dtype), reshape_and_update_weights and generate_masks, line for line.
-        b, s, _ = logits.shape
-        topw, topi = jax.lax.top_k(logits, K)
-        topw = jax.nn.softmax(topw.astype(jnp.float32), axis=-1).astype(bf)
-        weights = jnp.zeros((b, s, E), dtype=bf).at[
-            jnp.arange(b)[:, None, None], jnp.arange(s)[:, None], topi].set(topw)
-        expert_mask = jax.nn.one_hot(topi, num_classes=E, dtype=jnp.int32)
-        fused = expert_mask.reshape(b, s * K, E)
-        count_fused = jnp.cumsum(fused, axis=1)
-        count = count_fused.reshape(b, s, K, E)
-        trunc = expert_mask * jnp.less_equal(count, cap)
-        combined = jnp.sum(trunc, axis=2)
-        weights = weights * combined
-        position = jnp.sum((fused * count_fused).reshape(b, s, K, E), axis=2) * combined
-        in_cap = jax.nn.one_hot(position, num_classes=cap + 1, dtype=jnp.int32)
-        comb = (weights[..., None] * in_cap)[..., 1:]
-        return comb.astype(bool), comb
+        return maxtext_moe_masks(logits, K, E, cap)
 
     def dense_moe(x, w):
         # MaxText dense_matmul at capacity_factor <= 0: get_topk, reshape_and_update_weights.

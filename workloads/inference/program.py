@@ -16,6 +16,24 @@ from workloads.trace import OpKind, TraceBuilder, Unit
 from workloads.trace_meta import TraceMeta
 
 
+
+def moe_dispatch_form(tokens_per_sequence: int) -> str:
+    """How an MoE layer's tokens cross the expert axis in an inference step (docs/model/moe.md
+    "The dispatch form"): "all-gather" for a decode step (one new token per sequence), as XLA
+    compiles it; "all-to-all" for a prefill (not compiled).
+
+    Read off deviceless compiles (jax/libtpu 0.10.2, `validation/xla_moe_decode.py`) of a small
+    MoE decoder's decode step on v5e 2x4 with its batch and KV cache split over expert=8 (the
+    layout of `layout.py`): with MaxText's dropping masks (capacity factor 1.25, one token's
+    capacity) at 8, 64 and 512 sequences per chip, and dropless (MaxText's `dense_matmul`
+    without capacity) at 8, XLA gathers the expert group's tokens over `expert` for the
+    dispatch (V = ep n D, bf16) and reduce-scatters the combine's partial sums back (bf16 on
+    the dropping path, f32 dropless), with no all-to-all of tokens; the dropping path's masks
+    cross by two small all-to-alls ([tokens, experts, capacity] bf16, dispatch and combine).
+    Training programs with the batch split over expert move the tokens by all-to-alls
+    (`workloads.training.xla_rules.moe_dispatch_form`)."""
+    return "all-gather" if tokens_per_sequence == 1 else "all-to-all"
+
 class InferenceCompiler:
     """The ops of one inference program, added layer by layer (`steps.py` drives it)."""
 
@@ -304,6 +322,35 @@ class InferenceCompiler:
         return self.mm("attention", flops, 0.0, kv_read + kv_write + chunk_kv + qo, deps, layer,
                        phase, weights=False, narrow_dim=hd)
 
+    def gathered_combine(self, layer, phase, n, rt, o, mask_a2a, shared) -> int:
+        """The all-gather form's combine: each chip weights and sums its own experts' outputs
+        for every gathered token (the combine einsum on the dropping path, after the combine
+        mask's all-to-all; the top-k weighted sum dropless), and the partial sums are
+        reduce-scattered over `expert` back to the tokens' chips (bf16 on the dropping path;
+        f32 dropless, as MaxText's `dense_matmul` sums in f32: `moe_dispatch_form`)."""
+        m, lay, a = self.m, self.lay, ACT_BYTES
+        D, E, k = m.d_model, m.num_experts, m.experts_per_token
+        ng = n * lay.ep
+        rows = rt.expert_rows_per_token
+        if rt.dense_dispatch:
+            mask = n * E * rt.capacity * a
+            mask_c = self.coll("ep_mask_alltoall", "all-to-all", ("expert",), mask * lay.ep,
+                               [mask_a2a] if mask_a2a is not None else [o], layer, phase)
+            part = self.mm("moe_combine", dispatch_flops(n, E, rt.capacity, D), 0.0,
+                           mask + n * rows * D * a + ng * D * a,
+                           self._deps(o, mask_c), layer, phase, weights=False)
+            red_bytes = ng * D * a
+        else:
+            part = self.vpu("expert_combine", 2 * n * k * D, n * rows * D * a + ng * D * 4,
+                            [o], layer, phase)
+            red_bytes = ng * D * 4.0
+        red = self.coll("ep_combine_reducescatter", "reduce-scatter", ("expert",), red_bytes,
+                        [part], layer, phase)
+        out = red if red is not None else part
+        if shared is None:
+            return out
+        return self.vpu("expert_shared_add", n * D, 3 * n * D * a, [out, shared], layer, phase)
+
     def mlp(self, layer: int, dep: int, n: float, phase: str, t: int) -> int:
         m, lay, a, wb = self.m, self.lay, ACT_BYTES, self.wb
         D, tp, mats = m.d_model, lay.tp, m.mlp.num_matrices
@@ -318,6 +365,14 @@ class InferenceCompiler:
             topk = self.vpu("topk_route", 4 * n * E, n * E * 4, [router], layer, phase)
             pre = topk
             e_loc = E / lay.ep
+            # The dispatch form (`moe_dispatch_form`): a decode step gathers the expert
+            # group's tokens and reduce-scatters the combine; a prefill sends them by
+            # all-to-alls.
+            gathered = moe_dispatch_form(t) == "all-gather" and lay.ep > 1
+            ng = n * lay.ep if gathered else n
+            tok = self.coll("ep_token_allgather", "all-gather", ("expert",), ng * D * a, [dep],
+                            layer, phase) if gathered else None
+            mask_a2a = None
             if rt.dense_dispatch:
                 # MaxText's dropping path: one-hot [tokens, experts, capacity] masks and the
                 # dispatch einsum; every expert computes its whole (padded) capacity, so all
@@ -325,8 +380,16 @@ class InferenceCompiler:
                 mask = n * E * rt.capacity * a
                 masks = self.vpu("moe_masks", 2 * n * E * rt.capacity, 2 * mask, [topk], layer,
                                  phase)
+                mdeps = [masks]
+                if gathered:
+                    # The masks' expert dimension to the experts' chips (XLA's small
+                    # all-to-all of the [tokens, experts, capacity] mask, once for the
+                    # dispatch and once for the combine).
+                    mask_a2a = self.coll("ep_mask_alltoall", "all-to-all", ("expert",),
+                                         mask * lay.ep, [masks], layer, phase)
+                    mdeps += [x for x in (tok, mask_a2a) if x is not None]
                 pre = self.mm("moe_dispatch", dispatch_flops(n, E, rt.capacity, D), 0.0,
-                              mask + n * D * a + n * rows * D * a, [masks], layer, phase,
+                              mask + ng * D * a + n * rows * D * a, mdeps, layer, phase,
                               weights=False)
                 touched = e_loc
             else:
@@ -340,8 +403,11 @@ class InferenceCompiler:
                     touched = e_loc * (1 - (1 - k / E) ** (n * lay.ep))
                 else:
                     touched = sum(1 - (1 - k * qe) ** (n * lay.ep) for qe in q)
-            disp = self.coll("ep_dispatch", "all-to-all", ("expert",),
-                             n * rows * D * a * lay.ep, [pre], layer, phase)
+            if gathered and not rt.dense_dispatch:
+                pre = tok if tok is not None else pre
+            disp = None if gathered else self.coll(
+                "ep_dispatch", "all-to-all", ("expert",), n * rows * D * a * lay.ep, [pre],
+                layer, phase)
             w_exp = mats * D * F / tp * wb
             h = self.mm("expert_in", 2 * n * rows * D * F * (mats - 1) / tp,
                         touched * w_exp * (mats - 1) / mats,
@@ -351,13 +417,18 @@ class InferenceCompiler:
                            [h], layer, phase)
             o = self.mm("expert_out", 2 * n * rows * F * D / tp, touched * w_exp / mats,
                         n * rows * F / tp * a + n * rows * D * a, [act], layer, phase)
-            comb = self.coll("ep_combine", "all-to-all", ("expert",),
-                             n * rows * D * a * lay.ep, [o], layer, phase)
+            comb = None if gathered else self.coll(
+                "ep_combine", "all-to-all", ("expert",), n * rows * D * a * lay.ep, [o], layer,
+                phase)
             outs = self._deps(o, comb)
+            shared = None
             if m.num_shared_experts:
                 sF = m.num_shared_experts * F
-                outs.append(self.mm("shared_expert", 2 * n * D * sF * mats / tp,
-                                    mats * D * sF / tp * wb, 2 * n * D * a, [dep], layer, phase))
+                shared = self.mm("shared_expert", 2 * n * D * sF * mats / tp,
+                                 mats * D * sF / tp * wb, 2 * n * D * a, [dep], layer, phase)
+                outs.append(shared)
+            if gathered:
+                return self.gathered_combine(layer, phase, n, rt, o, mask_a2a, shared)
             if rt.dense_dispatch:
                 return self.mm("moe_combine", dispatch_flops(n, E, rt.capacity, D), 0.0,
                                n * E * rt.capacity * a + n * rows * D * a + 2 * n * D * a, outs,
