@@ -25,6 +25,7 @@ from workloads.inference import (
     max_batch_that_fits,
 )
 from workloads.models import MlpKind, TransformerSpec
+from workloads.moe import MoeConfig, expert_capacity
 from workloads.zoo import load_model
 
 REFERENCE = Path(__file__).resolve().parents[1] / "docs" / "reference"
@@ -225,11 +226,41 @@ def test_tp_allreduce_is_latency_bound():
     assert ar[0]["time_s"] >= 3 * chip.ici_hop_latency_s  # several 1 µs hops
 
 
-def test_moe_decode_emits_expert_all_to_all():
+def _over_expert(trace) -> dict[tuple[str, str], float]:
+    out: dict[tuple[str, str], float] = {}
+    for o in trace.ops:
+        if o.kind == "collective" and tuple(o.mesh_axes) == ("expert",):
+            out[(o.name, o.collective)] = out.get((o.name, o.collective), 0.0) + o.bytes
+    return out
+
+
+@pytest.mark.parametrize("cf", [1.25, None])
+def test_moe_decode_gathers_the_expert_groups_tokens(cf):
+    # A decode step's dispatch is XLA's all-gather form (workloads/inference/program.py
+    # `moe_dispatch_form`, validation/xla_moe_decode.py): the group's tokens gathered, the
+    # combine's partial sums reduce-scattered (bf16 dropping, f32 dropless), the dropping
+    # masks sent by two all-to-alls of [tokens, experts, capacity].
     m = load_model("mixtral-8x7b")
+    ep, batch, D, L = 2, 8, m.d_model, m.num_layers
+    n = batch / ep  # sequences per chip (expert=2 x tensor=2: the batch over expert)
     trace = compile_decode_step(m, parse_mesh("expert=2,tensor=2"), 4,
-                                DecodeConfig(batch=8, context_len=1024))
-    assert any(o.name == "ep_dispatch" for o in trace.ops)
+                                DecodeConfig(batch=batch, context_len=1024,
+                                             moe=MoeConfig(capacity_factor=cf)))
+    coll = _over_expert(trace)
+    want = {("ep_token_allgather", "all-gather"): L * ep * n * D * 2,
+            ("ep_combine_reducescatter", "reduce-scatter"): L * ep * n * D * (2 if cf else 4)}
+    if cf:
+        cap = expert_capacity(1, m.num_experts, m.experts_per_token, cf)
+        want[("ep_mask_alltoall", "all-to-all")] = L * 2 * n * m.num_experts * cap * 2 * ep
+    assert coll == want
+
+
+def test_moe_prefill_keeps_the_all_to_all_form():
+    m = load_model("mixtral-8x7b")
+    trace = compile_prefill(m, parse_mesh("expert=2,tensor=2"), 4,
+                            DecodeConfig(batch=8, context_len=1024, prompt_len=512))
+    coll = _over_expert(trace)
+    assert {name for name, _kind in coll} == {"ep_dispatch", "ep_combine"}
 
 
 # -- config and CLI ------------------------------------------------------------------------------

@@ -166,6 +166,10 @@ def _moe_dispatch(texts):
     return _cached_xla("xla_moe_dispatch", texts)
 
 
+def _moe_decode(texts):
+    return _cached_xla("xla_moe_decode", texts)
+
+
 def _hlo_memory(texts):
     # deferred: as every section's (above)
     from validation import hlo_memory, xla_compile
@@ -201,6 +205,8 @@ SECTIONS = (
             _program_flags, ("<!-- program-flags -->",)),
     Section("moe-dispatch", (VALIDATION_MD,), "python -m validation.xla_moe_dispatch --write",
             _moe_dispatch, ("<!-- moe-dispatch -->",)),
+    Section("moe-decode", (VALIDATION_MD,), "python -m validation.xla_moe_decode --write",
+            _moe_decode, ("<!-- moe-decode -->",)),
     Section("hlo-memory", (HLO_MD, "validation/results/hlo_memory.json"),
             "python -m validation.hlo_memory --write", _hlo_memory, ("<!-- hlo-memory -->",)),
 )

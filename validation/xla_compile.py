@@ -93,9 +93,6 @@ partition_coords = _jaxgen.partition_coords
 remat_layer = _jaxgen.remat_layer
 
 
-# Long: one JAX program whose closures (router, experts, attention, layer, loss, the two
-# optimizer steps) share the mesh, the widths and the sharding specs; it is checked only by
-# compiling under the jax[tpu] python, which the project's environment does not have.
 def maxtext_moe_masks(logits, K: int, E: int, cap: int):
     """(jax python) MaxText's `RoutedMoE.get_topk` (softmax over the k in f32, cast to the bf16
     activation dtype), `reshape_and_update_weights` and `generate_masks` on router logits
@@ -124,6 +121,9 @@ def maxtext_moe_masks(logits, K: int, E: int, cap: int):
     return comb.astype(bool), comb
 
 
+# Long: one JAX program whose closures (router, experts, attention, layer, loss, the two
+# optimizer steps) share the mesh, the widths and the sharding specs; it is checked only by
+# compiling under the jax[tpu] python, which the project's environment does not have.
 def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: int,
                     capacity_factor: float, seq: int, num_heads: int, head_dim: int,
                     num_layers: int, vocab_size: int, scopes: bool = False,
@@ -156,8 +156,13 @@ def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: i
     in blocks of that many queries, each against the keys up to its last query and under its
     own `jax.checkpoint` (as a flash kernel skips the masked blocks and keeps no scores): what
     lets the runs' batches of long sequences fit a chip (0: one [seq, seq] score matrix).
-    moe_matmul: "dropping" (the capacity-factor path above) or "dense" (MaxText
-    `RoutedMoE.dense_matmul` with capacity_factor <= 0: every token through every expert,
+    moe_matmul: "dropping" (the capacity-factor path above), "ring" (MaxText's dropless
+    `sparse_matmul` with `use_ring_of_experts`: an explicit `shard_map` over the mesh in which
+    each chip gathers its expert group's tokens and router logits over `expert`, routes every
+    gathered token, sorts its own experts' assignments and runs them by `jax.lax.ragged_dot`
+    (the grouped matmul megablox computes), and reduce-scatters the weighted outputs back;
+    the experts' weights enter it over `expert` only, gathered over fsdp before it) or "dense"
+    (MaxText `RoutedMoE.dense_matmul` with capacity_factor <= 0: every token through every expert,
     `BSM,EMH->BSEH`, `BSEH,EHM->BSEM`, then `BSEM,BSE->BSM` in f32 against the [batch, seq,
     experts] top-k weights; no masks and no sharding constraint inside the MoE, so XLA picks
     the collectives). tokens_over_expert: the batch sharded over fsdp x expert (MaxText's
@@ -234,11 +239,46 @@ def lower_moe_train(mesh, *, d_model: int, d_ff: int, num_experts: int, top_k: i
                          weights.astype(jnp.float32)).astype(bf)
         return jax.lax.with_sharding_constraint(out, ns(act))
 
+    def ring_local(xl, ll, w0, w1, wo):
+        # One chip's shard of MaxText's ring of experts: the expert group's tokens and router
+        # logits gathered, top-k routing of every gathered token, the assignments to this
+        # shard's experts sorted by expert and run through them (`ragged_dot`), unsorted,
+        # weighted and summed, and the partial sums reduce-scattered back.
+        ep = jax.lax.axis_size("expert")
+        xg = jax.lax.all_gather(xl, "expert", axis=0, tiled=True)
+        lg = jax.lax.all_gather(ll, "expert", axis=0, tiled=True)
+        b, s, _ = xg.shape
+        xf, lf = xg.reshape(b * s, D), lg.reshape(b * s, E)
+        topw, topi = jax.lax.top_k(lf, K)
+        topw = jax.nn.softmax(topw.astype(jnp.float32), axis=-1).astype(bf)
+        e_loc = E // ep
+        local = topi.reshape(-1) - jax.lax.axis_index("expert") * e_loc
+        mine = (local >= 0) & (local < e_loc)
+        key = jnp.where(mine, local, e_loc)
+        order = jnp.argsort(key)
+        sizes = jnp.bincount(key, length=e_loc + 1)[:e_loc].astype(jnp.int32)
+        xs = xf[order // K]
+        hh = jax.nn.silu(jax.lax.ragged_dot(xs, w0, sizes)) * jax.lax.ragged_dot(xs, w1, sizes)
+        o = jax.lax.ragged_dot(hh, wo, sizes)
+        o = jnp.zeros_like(o).at[order].set(o).reshape(b * s, K, D)
+        wk = (topw * mine.reshape(b * s, K)).astype(bf)
+        y = jnp.einsum("tkm,tk->tm", o, wk).reshape(b, s, D)
+        return jax.lax.psum_scatter(y, "expert", scatter_dimension=0, tiled=True)
+
+    def ring_moe(x, w):
+        logits = jnp.einsum("bsm,me->bse", x, w["gate"])
+        spec, wspec = P(batch, None, None), P("expert", None, None)
+        return jax.shard_map(ring_local, mesh=mesh, in_specs=(spec, spec, wspec, wspec, wspec),
+                             out_specs=spec, check_vma=False)(
+            x, logits, w["w0"], w["w1"], w["wout"])
+
     def moe(x, w):
         if dense:
             return (jax.nn.silu(x @ w["w0"]) * (x @ w["w1"])) @ w["wout"]
         if moe_matmul == "dense":
             return dense_moe(x, w)
+        if moe_matmul == "ring":
+            return ring_moe(x, w)
         if moe_tokens_gathered:
             x = jax.lax.with_sharding_constraint(x, ns(P("fsdp", None, None)))
         with scope("router"):

@@ -244,12 +244,27 @@ def section(cache: dict) -> str:
              "XLA side: a small MoE decoder's one-token decode step (`xla_moe_decode."
              "lower_moe_decode`: 2 layers, d_model 1024, 8 experts of d_ff 2048 top-2, 8 heads, "
              "a bf16 KV cache, greedy sampling) with its batch and KV cache split over "
-             "`expert` and the routed experts over `expert`, as `tpusim decode` lays out a "
-             "mesh `expert=8`, the MoE as MaxText's `dense_matmul` with a capacity factor "
+             "data x `expert` and the routed experts over `expert`, as `tpusim decode` "
+             "lays out such a mesh, the MoE as MaxText's `dense_matmul` with a capacity factor "
              "(one-hot masks at one token's capacity) or without (every token through every "
-             "expert). tpusim side: `tpusim decode --mesh expert=8 --batch 64 --context-len "
-             "1024 --sampling greedy` (`--capacity-factor 1.25` on the dropping row). "
-             "Collectives per chip in tpusim's convention (MiB), dot FLOPs per chip.", "",
+             "expert). tpusim side: `tpusim decode --mesh ... --batch B --context-len T "
+             "--sampling greedy` (`--capacity-factor C` on the dropping rows). Collectives "
+             "per chip in tpusim's convention (MiB), dot FLOPs per chip.", "",
+             "What the compiles show: XLA gathers the expert group's tokens over `expert` and "
+             "reduce-scatters the combine's partial sums back; no token crosses by an "
+             "all-to-all (the dropping masks do, two small all-to-alls a layer). That is the "
+             "all-gather form, unlike the training programs with the batch split over expert "
+             "(their all-to-alls, \"The MoE dispatch form against XLA\" above). The rule "
+             "(`workloads.inference.program.moe_dispatch_form`: a decode step dispatches in "
+             "the all-gather form, a prefill, not compiled, by all-to-alls) was read off the "
+             "four v5e rows; tpusim's prediction for the v6e data=2 x expert=4 row was "
+             "written before its compile (`validation/results/"
+             "xla_moe_decode_predictions.txt`): every collective over `expert` as predicted. "
+             "Dot FLOPs: on the dropping rows tpusim counts 0.4-4.0% more than XLA's module; "
+             "dropless, MaxText's `dense_matmul` runs every token through every local expert "
+             "(2.7x tpusim's, which runs each token through its top-k experts only, as a "
+             "sparse kernel does): the dropless decode's expert work is not checked by this "
+             "program.", "",
              "| program | compiled | XLA's collectives | tpusim's collectives | dot GFLOP, "
              "XLA / tpusim |",
              "|---|---|---|---|---|"]
@@ -259,7 +274,8 @@ def section(cache: dict) -> str:
             continue
         t = tpusim_side(name)
         lines.append(
-            f"| {cfg['topology']} expert=8, batch {cfg['batch']}, cache {cfg['kv_len']}, "
+            f"| {cfg['topology']} {' x '.join(f'{k}={v}' for k, v in cfg['mesh'].items())}, "
+            f"batch {cfg['batch']}, cache {cfg['kv_len']}, "
             f"{cfg['moe_matmul']}"
             + (f" (cf {cfg['capacity_factor']})" if cfg["capacity_factor"] > 0 else "")
             + f" | {cfg['when']} | {_cells(x['collectives'])} | {_cells(t['collectives'])} | "

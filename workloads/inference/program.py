@@ -16,7 +16,6 @@ from workloads.trace import OpKind, TraceBuilder, Unit
 from workloads.trace_meta import TraceMeta
 
 
-
 def moe_dispatch_form(tokens_per_sequence: int) -> str:
     """How an MoE layer's tokens cross the expert axis in an inference step (docs/model/moe.md
     "The dispatch form"): "all-gather" for a decode step (one new token per sequence), as XLA
@@ -33,6 +32,7 @@ def moe_dispatch_form(tokens_per_sequence: int) -> str:
     Training programs with the batch split over expert move the tokens by all-to-alls
     (`workloads.training.xla_rules.moe_dispatch_form`)."""
     return "all-gather" if tokens_per_sequence == 1 else "all-to-all"
+
 
 class InferenceCompiler:
     """The ops of one inference program, added layer by layer (`steps.py` drives it)."""
