@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import itertools
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -70,6 +72,13 @@ CONFIGS = {
                                      "capacity_factor": 1.0},
                                 gather="mixed-async", placement="topology", held_out=True,
                                 when="after the third rule (held out)"),
+    # Dropless: MaxText's ring of experts (`sparse_matmul` with `use_ring_of_experts`, an
+    # explicit shard_map; `lower_moe_train(moe_matmul="ring")`), the all-gather form's only
+    # program. Its costs were taken from MaxText's code and committed before this compile.
+    "v6e_fsdp4_ep4_ring": dict(topology="v6e:4x4", mesh={"fsdp": 4, "expert": 4}, seq=2048,
+                               moe={**SMALL, "capacity_factor": 0.0}, gather="mixed-blocking",
+                               moe_matmul="ring", forms=("all-gather",), held_out=True,
+                               when="after the dropless costs (from MaxText's code; held out)"),
 }
 
 
@@ -84,7 +93,8 @@ def _worker(name: str, form: str, dump: str | None) -> None:
                                            placement=cfg.get("placement", "make_mesh"))
     lowered = xla_compile.lower_moe_train(
         mesh, seq=cfg["seq"], num_layers=LAYERS, optimizer="adam", final_norm=True,
-        router="maxtext", moe_tokens_gathered=form == "all-gather", **cfg["moe"])
+        router="maxtext", moe_matmul=cfg.get("moe_matmul", "dropping"),
+        moe_tokens_gathered=form == "all-gather" and "moe_matmul" not in cfg, **cfg["moe"])
     compiled = lowered.compile()
     text = compiled.as_text()
     out = {"config": name, "form": form, "num_chips": int(devices.size),
@@ -115,6 +125,11 @@ def run_xla(key: str, jax_python: str, dump: str | None) -> dict:
         result = xla_compile.run_worker("validation.xla_moe_dispatch", name, jax_python,
                                         ["--form", form, "--dump", str(where)])
         text = gzip.decompress(Path(where, "module.hlo.txt.gz").read_bytes()).decode()
+    if CONFIGS[name].get("moe_matmul") == "ring":
+        # A shard_map's own collectives all carry channel_id=1 (the reader keeps one
+        # collective per channel): numbered apart, one logical collective each.
+        fresh = itertools.count(1_000_000)
+        text = re.sub(r"channel_id=1,", lambda _m: f"channel_id={next(fresh)},", text)
     counts = xla_compile.module_counts(text, CONFIGS[name]["topology"], name)
     result["ops"] = parse_hlo_collectives(text)
     by_kind = {f"{k}|{a}": v for (k, a), v in sorted(xla_logical_bytes(result).items())}
@@ -127,9 +142,10 @@ def tpusim_flags(name: str, form: str) -> list[str]:
     cfg = CONFIGS[name]
     chip, shape = cfg["topology"].split(":")
     mesh = ",".join(f"{k}={v}" for k, v in cfg["mesh"].items())
+    cf = cfg["moe"]["capacity_factor"]
     return ["--chip", chip, "--shape", shape, "--mesh", mesh, "--seq-len", str(cfg["seq"]),
             "--batch-per-chip", "1", "--remat", "full", "--attention", "dot",
-            "--capacity-factor", str(cfg["moe"]["capacity_factor"]),
+            *(["--capacity-factor", str(cf)] if cf > 0 else []),
             "--fsdp-gather", cfg["gather"], "--moe-dispatch", form]
 
 
@@ -164,8 +180,8 @@ def predictions() -> str:
     """tpusim's numbers for every program and form (written to PREDICTIONS before the
     compiles): peak, dot FLOPs and collective MiB by kind and axes."""
     lines = []
-    for name in CONFIGS:
-        for form in FORMS:
+    for name, cfg in CONFIGS.items():
+        for form in cfg.get("forms", FORMS):
             t = tpusim_side(name, form)
             coll = ", ".join(f"{k} {_mib(v)}" for k, v in t["collectives"].items())
             lines.append(f"{name} {form} peak {_mib(t['peak_bytes'])} MiB, dots "
@@ -178,8 +194,10 @@ def describe(name: str) -> str:
     cfg = CONFIGS[name]
     m = cfg["moe"]
     mesh = " x ".join(f"{k}={v}" for k, v in cfg["mesh"].items())
+    cf = f"cf {m['capacity_factor']}" if m["capacity_factor"] > 0 else \
+        "dropless (ring of experts)"
     return (f"{cfg['topology']} {mesh}, {m['num_experts']} experts top-{m['top_k']}, "
-            f"d_model {m['d_model']}, seq {cfg['seq']}, cf {m['capacity_factor']}")
+            f"d_model {m['d_model']}, seq {cfg['seq']}, {cf}")
 
 
 def _expert_cells(x: dict, t: dict) -> str:
@@ -240,11 +258,28 @@ def section(cache: dict) -> str:
              "the fsdp=2 programs XLA gathers and reduce-scatters 24 MiB less over fsdp than "
              "tpusim (the "
              "experts' weights over a 2-chip fsdp group), in both forms.", "",
+             "Dropless (the last row): MaxText's ring of experts (`sparse_matmul` with "
+             "`use_ring_of_experts`) as `lower_moe_train(moe_matmul=\"ring\")` expresses it, "
+             "an explicit `shard_map` with `jax.lax.ragged_dot` for the grouped matmuls, "
+             "compiled deviceless after tpusim's dropless costs (taken from MaxText's code) "
+             "were committed: the tokens (16 MiB a layer) gathered over expert forward and in "
+             "the recomputation, the output gradient gathered, the combine's partial sums and "
+             "the input gradient reduce-scattered, as tpusim has them; the router logits' "
+             "gathers and their gradient's reduce-scatter are bf16 in this program (the "
+             "router einsum's dtype) where tpusim carries f32 (0.75 MiB of the step's "
+             "difference over expert). Its dot FLOPs are not comparable: XLA runs the forward "
+             "and input-gradient grouped matmuls as Mosaic kernels (`tpu_custom_call` after a "
+             "`ragged-dot-metadata` kernel), whose work a module's dots do not show, and the "
+             "weight gradients as masked dense convolutions over all `ep n k` sorted rows for "
+             "each local expert (3 x 275 GFLOP over the step). Its peak is far above tpusim's "
+             "(the sorted `ep n k` rows, the experts' hidden on them and the unsort buffers "
+             "are not in tpusim's memory model): open. The shard_map's collectives all carry "
+             "channel_id=1 and are numbered apart before reading.", "",
              "| program | compiled | form | dot TFLOP, XLA / tpusim | XLA peak MiB | tpusim | "
              "error | over expert, MiB XLA / tpusim | all collectives MiB, XLA / tpusim |",
              "|---|---|---|---|---:|---:|---:|---|---:|"]
     for name, cfg in CONFIGS.items():
-        for form in FORMS:
+        for form in cfg.get("forms", FORMS):
             x = cache.get(f"{name}/{form}")
             if x is None:
                 continue
@@ -284,7 +319,8 @@ def main() -> int:
         print(predictions(), end="")
         return 0
     if args.compile:
-        keys = [f"{n}/{f}" for n in args.programs.split(",") for f in args.forms.split(",")]
+        keys = [f"{n}/{f}" for n in args.programs.split(",") for f in args.forms.split(",")
+                if f in CONFIGS[n].get("forms", FORMS)]
         xla_compile.compile_into_cache(
             keys, CACHE, lambda k: run_xla(k, args.jax_python, args.dump),
             report=lambda k, r: f"peak {_mib(r['peak_bytes'])} MiB, collectives MiB "
