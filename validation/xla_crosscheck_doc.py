@@ -47,6 +47,7 @@ LIKE_FOR_LIKE = {
     "data_fsdp_v6e16": {"fsdp_gather": "mixed-blocking"},
     "fsdp_v5p16": {"fsdp_gather": "mixed-blocking"},
     "fsdp_tp_v5p64": {"tp_activations": "replicated", "fsdp_gather": "mixed-blocking"},
+    "fsdp_tp_v5e16_8b": {"tp_activations": "replicated", "fsdp_gather": "mixed-async"},
     "moe_fsdp_ep_v6e16": {"fsdp_gather": "mixed-blocking"},
 }
 
@@ -441,6 +442,7 @@ def render_collectives_section(results: dict) -> str:
                   f"{cfg['batch_per_chip']}"
                   + ("".join(f", {k} {v}" for k, v in widths.items()) if widths else "")
                   + _mode_label(cfg), "",
+                  *([f"Compiled: {cfg['when']}.", ""] if cfg.get("when") else []),
                   "| kind | axes | XLA MiB | tpusim MiB | error | XLA n | tpusim n |",
                   "|---|---|---:|---:|---:|---:|---:|"]
         for kind, axes, xb, tb, err, xn, tn in rows:
