@@ -442,7 +442,7 @@ def render_collectives_section(results: dict) -> str:
                   f"{cfg['batch_per_chip']}"
                   + ("".join(f", {k} {v}" for k, v in widths.items()) if widths else "")
                   + _mode_label(cfg), "",
-                  *([f"Compiled: {cfg['when']}.", ""] if cfg.get("when") else []),
+                  *([f"Compiled {cfg['when']}.", ""] if cfg.get("when") else []),
                   "| kind | axes | XLA MiB | tpusim MiB | error | XLA n | tpusim n |",
                   "|---|---|---:|---:|---:|---:|---:|"]
         for kind, axes, xb, tb, err, xn, tn in rows:

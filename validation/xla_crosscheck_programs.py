@@ -31,8 +31,13 @@ CONFIGS = {
     # table against 16 MiB of rows a chip) where its former form (tensor > 1) picked the table.
     "fsdp_tp_v5e16_8b": dict(topology="v5e:4x4", mesh={"fsdp": 4, "tensor": 4}, layers=2,
                              seq=2048, batch_per_chip=0.25, mode="train",
-                             when="compiled after the embedding gradient's size rule was "
-                                  "written down (held out)"),
+                             when="after the embedding gradient's size rule was written "
+                                  "down, with tpusim's predictions (held out: "
+                                  "validation/results/xla_embed_grad_predictions.txt); the "
+                                  "rule held: no reduce-scatter over tensor, the all-to-alls "
+                                  "exact. The fsdp rows miss: XLA builds no windowed loop "
+                                  "here and has 5 reduce-scatters to tpusim's 15 (not read "
+                                  "off yet)"),
     "data_fsdp_v6e16": dict(topology="v6e:4x4", mesh={"data": 4, "fsdp": 4}, layers=2,
                             seq=2048, batch_per_chip=1, mode="train"),
     # f32 master weights cast to bf16 in each layer (flax param_dtype=float32, dtype=bfloat16:
