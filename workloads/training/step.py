@@ -613,9 +613,9 @@ class StepProgram(LayerProgram, HbmModel, GradientReductions):
             # chip's gradient rows, the rows are scatter-added into a table of the whole
             # vocabulary on every tensor shard, summed over `tensor` and sliced to the chip's
             # shard (`xla.embedding_grad_whole_vocab`); else each shard scatters the rows it
-            # holds. The table is not held in the memory model: it lives after the backward
-            # loop, until this collective, and is not modelled (the planner's HBM bound takes
-            # a free at a collective).
+            # holds. The table is not held in the memory model: in the compiles' live ranges it
+            # is a VMEM buffer on v5e and, on v5p, an HBM one live only from the scatter-add to
+            # this collective, long after the step's peak (docs/model/training.md).
             whole = m.vocab_size * D / self.fsdp_shards * a
             if not xla.embedding_grad_whole_vocab(tensor=d.tp, rows_bytes=n * D * a,
                                                   table_bytes=whole):
